@@ -1,0 +1,13 @@
+// The CPU BLAS (OpenBLAS) behind the CPU GEMMs: its identity and its thread count, which is
+// pinned per rank so that ranks sharing a node do not oversubscribe its cores.
+#pragma once
+
+#include <string>
+
+namespace zerort {
+
+std::string BlasVersion();      // OpenBLAS's configuration string
+int BlasThreads();              // threads OpenBLAS will use
+void SetBlasThreads(int threads);
+
+}  // namespace zerort

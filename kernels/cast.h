@@ -1,0 +1,22 @@
+// Element-wise casts between f32, bf16 and f16 (round to nearest even, as runtime/dtype.h).
+// Cast() validates and dispatches on the views' device: CPU (OpenMP + SIMD) or CUDA (one fused
+// pass on `stream`). CastReference is the scalar CPU reference the twins are tested against.
+#pragma once
+
+#include "runtime/device.h"
+#include "runtime/status.h"
+#include "runtime/tensor.h"
+
+namespace zerort {
+
+Status Cast(const TensorView& src, const TensorView& dst, Stream* stream);
+Status CastReference(const TensorView& src, const TensorView& dst);
+
+namespace internal {
+// Raw entry points behind Cast(), on validated arguments.
+void CpuCast(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n);
+Status CudaCast(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
+                Stream* stream);
+}  // namespace internal
+
+}  // namespace zerort

@@ -1,0 +1,329 @@
+// The shared half of every communicator: validation, tracing, error context, CUDA staging.
+#include "runtime/communicator.h"
+
+#include <limits>
+
+#include "runtime/watchdog.h"
+#include "runtime/strings.h"
+
+namespace zerort {
+namespace {
+
+bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const auto* pa = static_cast<const char*>(a);
+  const auto* pb = static_cast<const char*>(b);
+  return a_bytes > 0 && b_bytes > 0 && pa < pb + b_bytes && pb < pa + a_bytes;
+}
+
+Status CheckBuffer(const void* ptr, size_t count, std::string_view what) {
+  if (ptr == nullptr && count > 0) {
+    return absl::InvalidArgumentError(StrCat(what, " buffer is null for ", count, " elements"));
+  }
+  return absl::OkStatus();
+}
+
+Status CheckReduce(DType dtype, ReduceOp op) {
+  if (op == ReduceOp::kAvg && !IsFloatingPoint(dtype)) {
+    return absl::InvalidArgumentError(
+        StrCat("reduce op avg needs a floating-point dtype, got ", DTypeName(dtype)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string_view ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
+  }
+  return "invalid";
+}
+
+struct Communicator::Call {
+  CollectiveOp op;
+  size_t bytes;
+  DType dtype;
+  int peer;
+};
+
+Communicator::Communicator(int rank, int size, std::string backend, CommOptions options,
+                           Watchdog* watchdog, std::function<void()> abort)
+    : rank_(rank),
+      size_(size),
+      options_(std::move(options)),
+      trace_(options_.name, std::move(backend), rank, size, options_.trace_capacity),
+      watchdog_(watchdog) {
+  ZR_CHECK(size_ > 0 && rank_ >= 0 && rank_ < size_) << "rank " << rank_ << " of " << size_;
+  if (watchdog_ != nullptr) watchdog_->Register(&trace_, std::move(abort));
+}
+
+Communicator::~Communicator() {
+  if (watchdog_ != nullptr) watchdog_->Unregister(&trace_);
+}
+
+bool Communicator::NeedsStaging(Stream* stream) const {
+  return host_buffers() && stream != nullptr && stream->device().is_cuda();
+}
+
+Status Communicator::CheckStream(Stream* stream) const {
+  const bool on_device = stream != nullptr && stream->device().is_cuda();
+  if (!host_buffers() && !on_device) {
+    return absl::InvalidArgumentError(StrCat(
+        "the ", backend(),
+        " communicator moves CUDA buffers only; pass the CUDA stream the buffers belong to"));
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<Buffer> Communicator::Staging(size_t bytes) {
+  if (staging_allocator_ == nullptr) {
+    ZR_ASSIGN_OR_RETURN(staging_allocator_, MakePinnedHostAllocator(options_.tracker));
+  }
+  return staging_allocator_->Allocate(bytes, MemoryCategory::kCommBuffers);
+}
+
+Status Communicator::Run(const Call& call, const std::function<Status(Stream*)>& body,
+                         Stream* stream) {
+  ZR_RETURN_IF_ERROR(CheckStream(stream));
+  const bool staged = NeedsStaging(stream);
+  if (staged) {
+    // Host backends read the buffers when called: the stream's work must have produced them.
+    ZR_RETURN_IF_ERROR(stream->Synchronize());
+  }
+  const uint64_t seq =
+      trace_.Begin(call.op, call.bytes, call.dtype, call.peer, options_.timeout);
+  Status status = body(staged ? nullptr : stream);
+  if (!status.ok()) {
+    trace_.End(seq, false);
+    return Annotate(status, StrCat("rank ", rank_, "/", size_, " in group '",
+                                         options_.name, "' (", backend(), "), ",
+                                         CollectiveOpName(call.op), " of ", call.bytes, " bytes"));
+  }
+  CompletionProbe probe = staged ? CompletionProbe() : MakeProbe(stream);
+  if (probe) {
+    trace_.AttachProbe(seq, std::move(probe));
+  } else {
+    trace_.End(seq, true);
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Copies between a CUDA buffer and its host staging copy (synchronously).
+Status ToHost(void* host, const void* device_ptr, Device device, size_t bytes) {
+  return CopyBytes(host, Device::Cpu(), device_ptr, device, bytes, nullptr);
+}
+Status ToDevice(void* device_ptr, Device device, const void* host, size_t bytes) {
+  return CopyBytes(device_ptr, device, host, Device::Cpu(), bytes, nullptr);
+}
+
+}  // namespace
+
+Status Communicator::AllGather(const void* send, void* recv, size_t count, DType dtype,
+                               Stream* stream) {
+  const size_t elem = DTypeSize(dtype);
+  if (count > std::numeric_limits<size_t>::max() / elem / static_cast<size_t>(size_)) {
+    return absl::InvalidArgumentError(StrCat("all_gather count ", count, " overflows"));
+  }
+  const size_t bytes = count * elem;
+  ZR_RETURN_IF_ERROR(CheckBuffer(send, count, "all_gather send"));
+  ZR_RETURN_IF_ERROR(CheckBuffer(recv, count, "all_gather recv"));
+  auto* own_slot = static_cast<char*>(recv) + static_cast<size_t>(rank_) * bytes;
+  if (send != own_slot && Overlaps(send, bytes, recv, bytes * size_)) {
+    return absl::InvalidArgumentError(
+        "all_gather buffers overlap; in place means send == recv + rank * count");
+  }
+  const Call call{CollectiveOp::kAllGather, bytes * size_, dtype, -1};
+  if (NeedsStaging(stream)) {
+    return Run(call, [&](Stream*) -> Status {
+      ZR_ASSIGN_OR_RETURN(Buffer host, Staging(bytes * size_));
+      char* host_slot = host.as<char>() + static_cast<size_t>(rank_) * bytes;
+      ZR_RETURN_IF_ERROR(ToHost(host_slot, send, stream->device(), bytes));
+      ZR_RETURN_IF_ERROR(DoAllGather(host_slot, host.data(), count, dtype, nullptr));
+      return ToDevice(recv, stream->device(), host.data(), bytes * size_);
+    }, stream);
+  }
+  return Run(call, [&](Stream* s) { return DoAllGather(send, recv, count, dtype, s); }, stream);
+}
+
+Status Communicator::ReduceScatter(const void* send, void* recv, size_t count, DType dtype,
+                                   ReduceOp op, Stream* stream) {
+  ZR_RETURN_IF_ERROR(CheckReduce(dtype, op));
+  const size_t elem = DTypeSize(dtype);
+  if (count > std::numeric_limits<size_t>::max() / elem / static_cast<size_t>(size_)) {
+    return absl::InvalidArgumentError(StrCat("reduce_scatter count ", count, " overflows"));
+  }
+  const size_t bytes = count * elem;
+  ZR_RETURN_IF_ERROR(CheckBuffer(send, count, "reduce_scatter send"));
+  ZR_RETURN_IF_ERROR(CheckBuffer(recv, count, "reduce_scatter recv"));
+  const auto* own_block = static_cast<const char*>(send) + static_cast<size_t>(rank_) * bytes;
+  if (recv != own_block && Overlaps(send, bytes * size_, recv, bytes)) {
+    return absl::InvalidArgumentError(
+        "reduce_scatter buffers overlap; in place means recv == send + rank * count");
+  }
+  const Call call{CollectiveOp::kReduceScatter, bytes * size_, dtype, -1};
+  if (NeedsStaging(stream)) {
+    return Run(call, [&](Stream*) -> Status {
+      ZR_ASSIGN_OR_RETURN(Buffer host, Staging(bytes * size_));
+      char* host_block = host.as<char>() + static_cast<size_t>(rank_) * bytes;
+      ZR_RETURN_IF_ERROR(ToHost(host.data(), send, stream->device(), bytes * size_));
+      ZR_RETURN_IF_ERROR(DoReduceScatter(host.data(), host_block, count, dtype, op, nullptr));
+      return ToDevice(recv, stream->device(), host_block, bytes);
+    }, stream);
+  }
+  return Run(call, [&](Stream* s) { return DoReduceScatter(send, recv, count, dtype, op, s); },
+             stream);
+}
+
+Status Communicator::AllReduce(const void* send, void* recv, size_t count, DType dtype,
+                               ReduceOp op, Stream* stream) {
+  ZR_RETURN_IF_ERROR(CheckReduce(dtype, op));
+  const size_t elem = DTypeSize(dtype);
+  if (count > std::numeric_limits<size_t>::max() / elem) {
+    return absl::InvalidArgumentError(StrCat("all_reduce count ", count, " overflows"));
+  }
+  const size_t bytes = count * elem;
+  ZR_RETURN_IF_ERROR(CheckBuffer(send, count, "all_reduce send"));
+  ZR_RETURN_IF_ERROR(CheckBuffer(recv, count, "all_reduce recv"));
+  if (send != recv && Overlaps(send, bytes, recv, bytes)) {
+    return absl::InvalidArgumentError("all_reduce buffers overlap; in place means send == recv");
+  }
+  const Call call{CollectiveOp::kAllReduce, bytes, dtype, -1};
+  if (NeedsStaging(stream)) {
+    return Run(call, [&](Stream*) -> Status {
+      ZR_ASSIGN_OR_RETURN(Buffer host, Staging(bytes));
+      ZR_RETURN_IF_ERROR(ToHost(host.data(), send, stream->device(), bytes));
+      ZR_RETURN_IF_ERROR(DoAllReduce(host.data(), host.data(), count, dtype, op, nullptr));
+      return ToDevice(recv, stream->device(), host.data(), bytes);
+    }, stream);
+  }
+  return Run(call, [&](Stream* s) { return DoAllReduce(send, recv, count, dtype, op, s); },
+             stream);
+}
+
+Status Communicator::Broadcast(void* buffer, size_t count, DType dtype, int root, Stream* stream) {
+  if (root < 0 || root >= size_) {
+    return absl::InvalidArgumentError(StrCat("broadcast root ", root, " is not a rank of ",
+                                                   "group '", options_.name, "' (size ", size_, ")"));
+  }
+  ZR_RETURN_IF_ERROR(CheckBuffer(buffer, count, "broadcast"));
+  const size_t bytes = count * DTypeSize(dtype);
+  const Call call{CollectiveOp::kBroadcast, bytes, dtype, root};
+  if (NeedsStaging(stream)) {
+    return Run(call, [&](Stream*) -> Status {
+      ZR_ASSIGN_OR_RETURN(Buffer host, Staging(bytes));
+      if (rank_ == root) ZR_RETURN_IF_ERROR(ToHost(host.data(), buffer, stream->device(), bytes));
+      ZR_RETURN_IF_ERROR(DoBroadcast(host.data(), count, dtype, root, nullptr));
+      return rank_ == root ? absl::OkStatus() : ToDevice(buffer, stream->device(), host.data(), bytes);
+    }, stream);
+  }
+  return Run(call, [&](Stream* s) { return DoBroadcast(buffer, count, dtype, root, s); }, stream);
+}
+
+namespace {
+
+Status CheckPeer(int peer, int rank, int size, std::string_view what, bool allow_self) {
+  if (peer < 0 || peer >= size) {
+    return absl::InvalidArgumentError(StrCat(what, " peer ", peer, " is not a rank of a ",
+                                                   "group of size ", size));
+  }
+  if (!allow_self && peer == rank) {
+    return absl::InvalidArgumentError(StrCat(what, " to itself (rank ", rank,
+                                                   "); use SendRecv or a copy"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Status Communicator::Send(const void* buffer, size_t count, DType dtype, int peer, Stream* stream) {
+  ZR_RETURN_IF_ERROR(CheckPeer(peer, rank_, size_, "send", false));
+  ZR_RETURN_IF_ERROR(CheckBuffer(buffer, count, "send"));
+  const size_t bytes = count * DTypeSize(dtype);
+  const Call call{CollectiveOp::kSend, bytes, dtype, peer};
+  if (NeedsStaging(stream)) {
+    return Run(call, [&](Stream*) -> Status {
+      ZR_ASSIGN_OR_RETURN(Buffer host, Staging(bytes));
+      ZR_RETURN_IF_ERROR(ToHost(host.data(), buffer, stream->device(), bytes));
+      return DoSend(host.data(), count, dtype, peer, nullptr);
+    }, stream);
+  }
+  return Run(call, [&](Stream* s) { return DoSend(buffer, count, dtype, peer, s); }, stream);
+}
+
+Status Communicator::Recv(void* buffer, size_t count, DType dtype, int peer, Stream* stream) {
+  ZR_RETURN_IF_ERROR(CheckPeer(peer, rank_, size_, "recv", false));
+  ZR_RETURN_IF_ERROR(CheckBuffer(buffer, count, "recv"));
+  const size_t bytes = count * DTypeSize(dtype);
+  const Call call{CollectiveOp::kRecv, bytes, dtype, peer};
+  if (NeedsStaging(stream)) {
+    return Run(call, [&](Stream*) -> Status {
+      ZR_ASSIGN_OR_RETURN(Buffer host, Staging(bytes));
+      ZR_RETURN_IF_ERROR(DoRecv(host.data(), count, dtype, peer, nullptr));
+      return ToDevice(buffer, stream->device(), host.data(), bytes);
+    }, stream);
+  }
+  return Run(call, [&](Stream* s) { return DoRecv(buffer, count, dtype, peer, s); }, stream);
+}
+
+Status Communicator::SendRecv(const void* send, size_t send_count, int dst, void* recv,
+                              size_t recv_count, int src, DType dtype, Stream* stream) {
+  ZR_RETURN_IF_ERROR(CheckPeer(dst, rank_, size_, "send_recv destination", true));
+  ZR_RETURN_IF_ERROR(CheckPeer(src, rank_, size_, "send_recv source", true));
+  ZR_RETURN_IF_ERROR(CheckBuffer(send, send_count, "send_recv send"));
+  ZR_RETURN_IF_ERROR(CheckBuffer(recv, recv_count, "send_recv recv"));
+  const size_t elem = DTypeSize(dtype);
+  if (Overlaps(send, send_count * elem, recv, recv_count * elem)) {
+    return absl::InvalidArgumentError("send_recv buffers overlap");
+  }
+  const Call call{CollectiveOp::kSendRecv, (send_count + recv_count) * elem, dtype, dst};
+  if (NeedsStaging(stream)) {
+    return Run(call, [&](Stream*) -> Status {
+      ZR_ASSIGN_OR_RETURN(Buffer host, Staging((send_count + recv_count) * elem));
+      char* host_recv = host.as<char>() + send_count * elem;
+      ZR_RETURN_IF_ERROR(ToHost(host.data(), send, stream->device(), send_count * elem));
+      ZR_RETURN_IF_ERROR(
+          DoSendRecv(host.data(), send_count, dst, host_recv, recv_count, src, dtype, nullptr));
+      return ToDevice(recv, stream->device(), host_recv, recv_count * elem);
+    }, stream);
+  }
+  return Run(call, [&](Stream* s) {
+    return DoSendRecv(send, send_count, dst, recv, recv_count, src, dtype, s);
+  }, stream);
+}
+
+Status Communicator::Barrier() {
+  const Call call{CollectiveOp::kBarrier, 0, DType::kU8, -1};
+  const uint64_t seq = trace_.Begin(call.op, 0, call.dtype, -1, options_.timeout);
+  Status status = DoBarrier();
+  trace_.End(seq, status.ok());
+  if (!status.ok()) {
+    return Annotate(status, StrCat("rank ", rank_, "/", size_, " in group '", options_.name,
+                                         "' (", backend(), "), barrier"));
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int key,
+                                                            CommOptions options) {
+  if (color < kNoColor) {
+    return absl::InvalidArgumentError(StrCat("split colour ", color,
+                                                   " is negative (use kNoColor to opt out)"));
+  }
+  const uint64_t seq = trace_.Begin(CollectiveOp::kSplit, 0, DType::kI32, color, options_.timeout);
+  StatusOr<std::unique_ptr<Communicator>> result = DoSplit(color, key, std::move(options));
+  trace_.End(seq, result.ok());
+  if (!result.ok()) {
+    return Annotate(result.status(), StrCat("rank ", rank_, "/", size_, " in group '",
+                                                  options_.name, "' (", backend(), "), split"));
+  }
+  return result;
+}
+
+}  // namespace zerort

@@ -1,0 +1,131 @@
+// Communicator: the narrow interface every collective goes through, and the base that all
+// backends share. The base validates arguments once for every backend (counts, ranks, buffer
+// overlap, reduce-op/dtype pairs), keeps the collective trace the watchdog reads, annotates
+// errors with rank and group, and stages CUDA buffers through pinned host memory for backends
+// that only move host memory (loopback, MPI).
+//
+// Buffer conventions (count is always in elements of `dtype`):
+//   AllGather:     send has `count`, recv has size*count; rank r's send lands at recv[r*count].
+//                  In place when send == recv + rank*count.
+//   ReduceScatter: send has size*count, recv has `count`: block `rank` of the reduction.
+//                  In place when recv == send + rank*count.
+//   AllReduce:     send and recv have `count`; in place when send == recv.
+//   kAvg divides the sum by the group size (floating-point dtypes only); bf16/f16 reduce in
+//   fp32 and round once where the backend allows it (loopback, MPI).
+// Work runs on `stream`: nullptr or a CPU stream means host buffers, a CUDA stream means device
+// buffers of that stream's device. Host backends complete before returning; NCCL enqueues on the
+// stream and returns.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "runtime/allocator.h"
+#include "runtime/collective_trace.h"
+#include "runtime/device.h"
+#include "runtime/dtype.h"
+#include "runtime/memory.h"
+#include "runtime/status.h"
+
+namespace zerort {
+
+class Watchdog;
+
+enum class ReduceOp : uint8_t { kSum, kAvg, kMax };
+std::string_view ReduceOpName(ReduceOp op);
+
+struct CommOptions {
+  std::string name = "world";                     // group name in logs and traces
+  std::chrono::milliseconds timeout{600'000};     // per collective; the watchdog enforces it
+  size_t trace_capacity = 64;                     // records kept for the hang report
+  MemoryTracker* tracker = nullptr;               // accounts staging buffers (comm_buffers)
+};
+
+// Colour for Split that leaves the caller out of every new group.
+inline constexpr int kNoColor = -1;
+
+class Communicator {
+ public:
+  virtual ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return options_.name; }
+  const CommOptions& options() const { return options_; }
+  virtual std::string_view backend() const = 0;
+  // How the backend carries out `op`, for benchmark tables.
+  virtual std::string algorithm(CollectiveOp op) const = 0;
+
+  Status AllGather(const void* send, void* recv, size_t count, DType dtype,
+                   Stream* stream = nullptr);
+  Status ReduceScatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                       Stream* stream = nullptr);
+  Status AllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                   Stream* stream = nullptr);
+  Status Broadcast(void* buffer, size_t count, DType dtype, int root, Stream* stream = nullptr);
+  // Send may complete before the matching Recv is posted (it does on loopback), or may wait for
+  // it (MPI, large messages): exchanges in a ring use SendRecv.
+  Status Send(const void* buffer, size_t count, DType dtype, int peer, Stream* stream = nullptr);
+  Status Recv(void* buffer, size_t count, DType dtype, int peer, Stream* stream = nullptr);
+  Status SendRecv(const void* send, size_t send_count, int dst, void* recv, size_t recv_count,
+                  int src, DType dtype, Stream* stream = nullptr);
+  Status Barrier();
+  // Collective over this group: callers with the same colour form a new group, ordered by
+  // (key, rank). kNoColor gives nullptr.
+  StatusOr<std::unique_ptr<Communicator>> Split(int color, int key, CommOptions options);
+
+  // Labels the following records of the trace (e.g. "gather blocks.3"); "" clears it.
+  void SetTraceLabel(std::string label) { trace_.SetLabel(std::move(label)); }
+  const CollectiveTrace& trace() const { return trace_; }
+
+ protected:
+  Communicator(int rank, int size, std::string backend, CommOptions options, Watchdog* watchdog,
+               std::function<void()> abort = {});
+
+  // True when the backend moves host memory only; CUDA buffers are then staged.
+  virtual bool host_buffers() const = 0;
+
+  // Backend operations on arguments the base has validated (and staged to the host for host
+  // backends).
+  virtual Status DoAllGather(const void* send, void* recv, size_t count, DType dtype,
+                             Stream* stream) = 0;
+  virtual Status DoReduceScatter(const void* send, void* recv, size_t count, DType dtype,
+                                 ReduceOp op, Stream* stream) = 0;
+  virtual Status DoAllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                             Stream* stream) = 0;
+  virtual Status DoBroadcast(void* buffer, size_t count, DType dtype, int root,
+                             Stream* stream) = 0;
+  virtual Status DoSend(const void* buffer, size_t count, DType dtype, int peer,
+                        Stream* stream) = 0;
+  virtual Status DoRecv(void* buffer, size_t count, DType dtype, int peer, Stream* stream) = 0;
+  virtual Status DoSendRecv(const void* send, size_t send_count, int dst, void* recv,
+                            size_t recv_count, int src, DType dtype, Stream* stream) = 0;
+  virtual Status DoBarrier() = 0;
+  virtual StatusOr<std::unique_ptr<Communicator>> DoSplit(int color, int key,
+                                                          CommOptions options) = 0;
+  // For stream backends: how the watchdog learns that the work just issued on `stream` ended.
+  virtual CompletionProbe MakeProbe(Stream* stream) { return {}; }
+
+  Watchdog* watchdog() const { return watchdog_; }
+
+ private:
+  struct Call;
+  // Runs `body` under the trace, with the stream it should use (nullptr once staged to host).
+  Status Run(const Call& call, const std::function<Status(Stream*)>& body, Stream* stream);
+  Status CheckStream(Stream* stream) const;
+  bool NeedsStaging(Stream* stream) const;
+  StatusOr<Buffer> Staging(size_t bytes);
+
+  const int rank_;
+  const int size_;
+  const CommOptions options_;
+  CollectiveTrace trace_;
+  Watchdog* const watchdog_;
+  std::unique_ptr<Allocator> staging_allocator_;
+};
+
+}  // namespace zerort

@@ -1,0 +1,95 @@
+// CachingAllocator backends over cudaMalloc (device tier) and cudaHostAlloc (pinned host tier).
+#include <cuda_runtime_api.h>
+
+#include "runtime/allocator.h"
+#include "runtime/internal/cuda_check.h"
+#include "runtime/strings.h"
+
+namespace zerort {
+namespace {
+
+class CudaDeviceBackend final : public CachingBackend {
+ public:
+  explicit CudaDeviceBackend(Device device) : device_(device) {}
+  Device device() const override { return device_; }
+  std::string_view name() const override { return "cudaMalloc"; }
+  StatusOr<void*> Map(size_t bytes) override {
+    ZR_RETURN_IF_ERROR(SetCurrentDevice(device_));
+    void* ptr = nullptr;
+    const cudaError_t err = cudaMalloc(&ptr, bytes);
+    if (err != cudaSuccess) {
+      cudaGetLastError();  // an allocation failure is not sticky; clear it for the retry
+      return internal::CudaError(StrCat("cudaMalloc(", bytes, ")"), err);
+    }
+    return ptr;
+  }
+  void Unmap(void* ptr, size_t) override { cudaFree(ptr); }
+  Status SynchronizeDevice() override {
+    ZR_RETURN_IF_ERROR(SetCurrentDevice(device_));
+    ZR_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    return absl::OkStatus();
+  }
+  StatusOr<std::unique_ptr<Event>> NewEvent() override { return CreateEvent(device_); }
+
+ private:
+  Device device_;
+};
+
+class PinnedHostBackend final : public CachingBackend {
+ public:
+  explicit PinnedHostBackend(Device event_device) : event_device_(event_device) {}
+  Device device() const override { return Device::Cpu(); }
+  std::string_view name() const override { return "cudaHostAlloc"; }
+  StatusOr<void*> Map(size_t bytes) override {
+    void* ptr = nullptr;
+    const cudaError_t err = cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return internal::CudaError(StrCat("cudaHostAlloc(", bytes, ")"), err);
+    }
+    return ptr;
+  }
+  void Unmap(void* ptr, size_t) override { cudaFreeHost(ptr); }
+  Status SynchronizeDevice() override {
+    ZR_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    return absl::OkStatus();
+  }
+  StatusOr<std::unique_ptr<Event>> NewEvent() override { return CreateEvent(event_device_); }
+
+ private:
+  Device event_device_;
+};
+
+Status NeedDevice(std::string_view what) {
+  if (CudaDeviceCount() > 0) return absl::OkStatus();
+  const CudaInfo info = QueryCuda();
+  return absl::FailedPreconditionError(
+      StrCat(what, " needs a CUDA device: ", info.unavailable_reason));
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Allocator>> MakeCudaCachingAllocator(Device device, MemoryTracker* tracker) {
+  ZR_RETURN_IF_ERROR(NeedDevice("the CUDA caching allocator"));
+  if (!device.is_cuda() || device.index >= CudaDeviceCount()) {
+    return absl::InvalidArgumentError(StrCat("no CUDA device ", device.ToString()));
+  }
+  CachingAllocatorOptions options;
+  options.tier = MemoryTier::kDevice;
+  options.tracker = tracker;
+  return std::unique_ptr<Allocator>(
+      new CachingAllocator(std::make_unique<CudaDeviceBackend>(device), options));
+}
+
+StatusOr<std::unique_ptr<Allocator>> MakePinnedHostAllocator(MemoryTracker* tracker) {
+  ZR_RETURN_IF_ERROR(NeedDevice("pinned host memory"));
+  int current = 0;
+  ZR_CUDA_RETURN_IF_ERROR(cudaGetDevice(&current));
+  CachingAllocatorOptions options;
+  options.tier = MemoryTier::kPinnedHost;
+  options.tracker = tracker;
+  return std::unique_ptr<Allocator>(
+      new CachingAllocator(std::make_unique<PinnedHostBackend>(Device::Cuda(current)), options));
+}
+
+}  // namespace zerort

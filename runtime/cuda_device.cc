@@ -1,0 +1,183 @@
+// CUDA streams and events (RAII over cudaStream_t / cudaEvent_t), copies and device queries.
+#include <cuda_runtime_api.h>
+
+#include "runtime/device.h"
+#include "runtime/internal/cuda_check.h"
+#include "runtime/internal/device_backend.h"
+#include "runtime/strings.h"
+
+namespace zerort {
+namespace internal {
+
+Status CudaError(std::string_view call, cudaError_t err) {
+  const std::string message =
+      StrCat(call, " failed: ", cudaGetErrorString(err), " (", cudaGetErrorName(err), ")");
+  if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
+  if (err == cudaErrorInvalidValue || err == cudaErrorInvalidDevice) {
+    return absl::InvalidArgumentError(message);
+  }
+  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) {
+    return absl::UnavailableError(message);
+  }
+  return absl::InternalError(message);
+}
+
+Status CublasError(std::string_view call, cublasStatus_t err) {
+  return absl::InternalError(StrCat(call, " failed: ", cublasGetStatusString(err), " (",
+                                    cublasGetStatusName(err), ")"));
+}
+
+namespace {
+
+// Restores the calling thread's current device when it goes out of scope.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int index) {
+    cudaGetDevice(&previous_);
+    if (previous_ != index) cudaSetDevice(index);
+  }
+  ~DeviceGuard() { cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+
+class CudaStream final : public Stream {
+ public:
+  CudaStream(Device device, cudaStream_t stream, std::string name)
+      : device_(device), stream_(stream), name_(std::move(name)) {}
+  ~CudaStream() override {
+    DeviceGuard guard(device_.index);
+    cudaStreamDestroy(stream_);
+  }
+  Device device() const override { return device_; }
+  std::string_view name() const override { return name_; }
+  Status Synchronize() override {
+    ZR_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+  Status WaitEvent(const Event& event) override {
+    if (!event.device().is_cuda()) return absl::OkStatus();  // a CPU event is always complete
+    ZR_CUDA_RETURN_IF_ERROR(
+        cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(event.native_handle()), 0));
+    return absl::OkStatus();
+  }
+  void* native_handle() const override { return stream_; }
+
+ private:
+  Device device_;
+  cudaStream_t stream_;
+  std::string name_;
+};
+
+class CudaEvent final : public Event {
+ public:
+  CudaEvent(Device device, cudaEvent_t event) : device_(device), event_(event) {}
+  ~CudaEvent() override { cudaEventDestroy(event_); }
+  Device device() const override { return device_; }
+  Status Record(Stream& stream) override {
+    if (!stream.device().is_cuda()) {
+      return absl::InvalidArgumentError(
+          StrCat("CUDA event recorded on a stream of ", stream.device().ToString()));
+    }
+    ZR_CUDA_RETURN_IF_ERROR(
+        cudaEventRecord(event_, static_cast<cudaStream_t>(stream.native_handle())));
+    return absl::OkStatus();
+  }
+  StatusOr<bool> Query() const override {
+    const cudaError_t err = cudaEventQuery(event_);
+    if (err == cudaSuccess) return true;
+    if (err == cudaErrorNotReady) return false;
+    return CudaError("cudaEventQuery", err);
+  }
+  Status Synchronize() const override {
+    ZR_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(event_));
+    return absl::OkStatus();
+  }
+  void* native_handle() const override { return event_; }
+
+ private:
+  Device device_;
+  cudaEvent_t event_;
+};
+
+Status CheckUsable(Device device) {
+  const int count = CudaDeviceCount();
+  if (device.index < 0 || device.index >= count) {
+    const CudaInfo info = QueryCuda();
+    return absl::FailedPreconditionError(StrCat(
+        "CUDA device ", device.index, " is not available (", count, " visible",
+        info.unavailable_reason.empty() ? "" : "; ", info.unavailable_reason, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Stream>> CreateCudaStream(Device device, std::string name) {
+  ZR_RETURN_IF_ERROR(CheckUsable(device));
+  DeviceGuard guard(device.index);
+  cudaStream_t stream = nullptr;
+  ZR_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return std::unique_ptr<Stream>(new CudaStream(device, stream, std::move(name)));
+}
+
+StatusOr<std::unique_ptr<Event>> CreateCudaEvent(Device device) {
+  ZR_RETURN_IF_ERROR(CheckUsable(device));
+  DeviceGuard guard(device.index);
+  cudaEvent_t event = nullptr;
+  ZR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  return std::unique_ptr<Event>(new CudaEvent(device, event));
+}
+
+Status CudaCopyBytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
+                     Stream* stream) {
+  if (stream != nullptr && stream->device().is_cuda()) {
+    ZR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
+                                            static_cast<cudaStream_t>(stream->native_handle())));
+    return absl::OkStatus();
+  }
+  ZR_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  return absl::OkStatus();
+}
+
+}  // namespace internal
+
+CudaInfo QueryCuda() {
+  CudaInfo info;
+  info.compiled = true;
+  cudaRuntimeGetVersion(&info.runtime_version);
+  if (cudaDriverGetVersion(&info.driver_version) != cudaSuccess) info.driver_version = 0;
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    info.unavailable_reason = StrCat("cudaGetDeviceCount: ", cudaGetErrorString(err));
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return info;
+  }
+  if (count == 0) info.unavailable_reason = "no CUDA device is visible";
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
+    info.devices.push_back(CudaDeviceInfo{i, prop.name, prop.major, prop.minor, prop.totalGlobalMem,
+                                          prop.multiProcessorCount});
+  }
+  return info;
+}
+
+int CudaDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+Status SetCurrentDevice(Device device) {
+  if (device.is_cpu()) return absl::OkStatus();
+  ZR_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.index));
+  return absl::OkStatus();
+}
+
+}  // namespace zerort

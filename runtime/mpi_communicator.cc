@@ -1,0 +1,248 @@
+// The MPI communicator: blocking MPI collectives, fp32 reductions for 16-bit floats.
+#include "runtime/mpi_communicator.h"
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstring>
+#include <vector>
+
+#include "runtime/internal/host_reduce.h"
+#include "spdlog/spdlog.h"
+#include "runtime/strings.h"
+
+namespace zerort {
+namespace {
+
+Status MpiError(std::string_view call, int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
+  return absl::InternalError(StrCat(call, " failed: ", std::string_view(text, length),
+                                          " (MPI error ", code, ")"));
+}
+
+#define ZR_MPI_RETURN_IF_ERROR(call)                                      \
+  do {                                                                    \
+    if (int zr_mpi_err_ = (call); zr_mpi_err_ != MPI_SUCCESS) {           \
+      return MpiError(#call, zr_mpi_err_);                                \
+    }                                                                     \
+  } while (false)
+
+// The MPI type that moves `dtype`'s bits (16-bit floats move as uint16).
+MPI_Datatype MoveType(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return MPI_FLOAT;
+    case DType::kBF16:
+    case DType::kF16:
+      return MPI_UINT16_T;
+    case DType::kI32:
+      return MPI_INT32_T;
+    case DType::kI64:
+      return MPI_INT64_T;
+    case DType::kU8:
+      return MPI_UINT8_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op MpiOp(ReduceOp op) { return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM; }
+
+StatusOr<int> ToInt(size_t count) {
+  if (count > static_cast<size_t>(INT_MAX)) {
+    return absl::UnimplementedError(StrCat(
+        "a single MPI message of ", count, " elements exceeds MPI's int count; split it"));
+  }
+  return static_cast<int>(count);
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm comm, int rank, int size, CommOptions options, Watchdog* watchdog)
+      : Communicator(rank, size, "mpi", std::move(options), watchdog), comm_(comm) {}
+  ~MpiCommunicator() override {
+    if (comm_ != MPI_COMM_WORLD) MPI_Comm_free(&comm_);
+  }
+
+  std::string_view backend() const override { return "mpi"; }
+  std::string algorithm(CollectiveOp op) const override {
+    switch (op) {
+      case CollectiveOp::kAllGather:
+        return "MPI_Allgather";
+      case CollectiveOp::kReduceScatter:
+        return "MPI_Reduce_scatter_block";
+      case CollectiveOp::kAllReduce:
+        return "MPI_Allreduce";
+      default:
+        return "MPI";
+    }
+  }
+
+ protected:
+  bool host_buffers() const override { return true; }
+
+  Status DoAllGather(const void* send, void* recv, size_t count, DType dtype, Stream*) override {
+    ZR_ASSIGN_OR_RETURN(int n, ToInt(count));
+    const bool in_place = send == static_cast<char*>(recv) + count * DTypeSize(dtype) * rank();
+    ZR_MPI_RETURN_IF_ERROR(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, MoveType(dtype), recv,
+                                         n, MoveType(dtype), comm_));
+    return absl::OkStatus();
+  }
+
+  Status DoReduceScatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                         Stream*) override {
+    ZR_ASSIGN_OR_RETURN(int n, ToInt(count));
+    const size_t total = count * static_cast<size_t>(size());
+    if (!IsFloatingPoint(dtype) || dtype == DType::kF32) {
+      // MPI's in-place form reads the input from recv, so an aliased send is copied first.
+      std::vector<std::byte> copy;
+      const void* input = send;
+      if (recv == static_cast<const char*>(send) + count * DTypeSize(dtype) * rank()) {
+        const auto* bytes = static_cast<const std::byte*>(send);
+        copy.assign(bytes, bytes + total * DTypeSize(dtype));
+        input = copy.data();
+      }
+      ZR_MPI_RETURN_IF_ERROR(
+          MPI_Reduce_scatter_block(input, recv, n, MoveType(dtype), MpiOp(op), comm_));
+      if (op == ReduceOp::kAvg) internal::DivideHost(recv, count, dtype, size());
+      return absl::OkStatus();
+    }
+    std::vector<float> wide(total);
+    std::vector<float> result(count);
+    internal::ToFloat32(send, dtype, wide.data(), total);
+    ZR_MPI_RETURN_IF_ERROR(
+        MPI_Reduce_scatter_block(wide.data(), result.data(), n, MPI_FLOAT, MpiOp(op), comm_));
+    if (op == ReduceOp::kAvg) internal::DivideHost(result.data(), count, DType::kF32, size());
+    internal::FromFloat32(result.data(), recv, dtype, count);
+    return absl::OkStatus();
+  }
+
+  Status DoAllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                     Stream*) override {
+    ZR_ASSIGN_OR_RETURN(int n, ToInt(count));
+    if (!IsFloatingPoint(dtype) || dtype == DType::kF32) {
+      ZR_MPI_RETURN_IF_ERROR(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, n,
+                                           MoveType(dtype), MpiOp(op), comm_));
+      if (op == ReduceOp::kAvg) internal::DivideHost(recv, count, dtype, size());
+      return absl::OkStatus();
+    }
+    std::vector<float> wide(count);
+    internal::ToFloat32(send, dtype, wide.data(), count);
+    ZR_MPI_RETURN_IF_ERROR(MPI_Allreduce(MPI_IN_PLACE, wide.data(), n, MPI_FLOAT, MpiOp(op), comm_));
+    if (op == ReduceOp::kAvg) internal::DivideHost(wide.data(), count, DType::kF32, size());
+    internal::FromFloat32(wide.data(), recv, dtype, count);
+    return absl::OkStatus();
+  }
+
+  Status DoBroadcast(void* buffer, size_t count, DType dtype, int root, Stream*) override {
+    ZR_ASSIGN_OR_RETURN(int n, ToInt(count));
+    ZR_MPI_RETURN_IF_ERROR(MPI_Bcast(buffer, n, MoveType(dtype), root, comm_));
+    return absl::OkStatus();
+  }
+
+  Status DoSend(const void* buffer, size_t count, DType dtype, int peer, Stream*) override {
+    ZR_ASSIGN_OR_RETURN(int n, ToInt(count));
+    ZR_MPI_RETURN_IF_ERROR(MPI_Send(buffer, n, MoveType(dtype), peer, kTag, comm_));
+    return absl::OkStatus();
+  }
+
+  Status DoRecv(void* buffer, size_t count, DType dtype, int peer, Stream*) override {
+    ZR_ASSIGN_OR_RETURN(int n, ToInt(count));
+    MPI_Status status;
+    ZR_MPI_RETURN_IF_ERROR(MPI_Recv(buffer, n, MoveType(dtype), peer, kTag, comm_, &status));
+    return CheckReceived(status, n, dtype, peer);
+  }
+
+  Status DoSendRecv(const void* send, size_t send_count, int dst, void* recv, size_t recv_count,
+                    int src, DType dtype, Stream*) override {
+    ZR_ASSIGN_OR_RETURN(int ns, ToInt(send_count));
+    ZR_ASSIGN_OR_RETURN(int nr, ToInt(recv_count));
+    MPI_Status status;
+    ZR_MPI_RETURN_IF_ERROR(MPI_Sendrecv(send, ns, MoveType(dtype), dst, kTag, recv, nr,
+                                        MoveType(dtype), src, kTag, comm_, &status));
+    return CheckReceived(status, nr, dtype, src);
+  }
+
+  Status DoBarrier() override {
+    ZR_MPI_RETURN_IF_ERROR(MPI_Barrier(comm_));
+    return absl::OkStatus();
+  }
+
+  StatusOr<std::unique_ptr<Communicator>> DoSplit(int color, int key,
+                                                  CommOptions options) override {
+    MPI_Comm child = MPI_COMM_NULL;
+    ZR_MPI_RETURN_IF_ERROR(
+        MPI_Comm_split(comm_, color == kNoColor ? MPI_UNDEFINED : color, key, &child));
+    if (child == MPI_COMM_NULL) return std::unique_ptr<Communicator>();
+    ZR_MPI_RETURN_IF_ERROR(MPI_Comm_set_errhandler(child, MPI_ERRORS_RETURN));
+    int rank = 0;
+    int size = 0;
+    MPI_Comm_rank(child, &rank);
+    MPI_Comm_size(child, &size);
+    return std::unique_ptr<Communicator>(
+        new MpiCommunicator(child, rank, size, std::move(options), watchdog()));
+  }
+
+ private:
+  static constexpr int kTag = 7001;
+
+  Status CheckReceived(const MPI_Status& status, int expected, DType dtype, int peer) {
+    int received = 0;
+    MPI_Get_count(&status, MoveType(dtype), &received);
+    if (received != expected) {
+      return absl::InvalidArgumentError(StrCat("received ", received, " elements from rank ",
+                                                     peer, ", expected ", expected));
+    }
+    return absl::OkStatus();
+  }
+
+  MPI_Comm comm_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<MpiContext>> MpiContext::Init(int* argc, char*** argv, Options options) {
+  std::unique_ptr<MpiContext> context(new MpiContext());
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) {
+    MPI_Query_thread(&context->thread_level_);
+  } else {
+    ZR_MPI_RETURN_IF_ERROR(
+        MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &context->thread_level_));
+    context->owns_init_ = true;
+  }
+  if (context->thread_level_ < MPI_THREAD_SERIALIZED) {
+    spdlog::warn("MPI provides thread level {} only; zerort calls MPI from one thread at a time",
+                 context->thread_level_);
+  }
+  ZR_MPI_RETURN_IF_ERROR(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  MPI_Comm_rank(MPI_COMM_WORLD, &context->world_rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &context->world_size_);
+  context->watchdog_ = std::make_unique<Watchdog>(std::move(options.watchdog));
+  if (options.install_signal_dump) ZR_RETURN_IF_ERROR(context->watchdog_->InstallSignalDump());
+  return context;
+}
+
+MpiContext::~MpiContext() {
+  watchdog_.reset();
+  if (owns_init_) MPI_Finalize();
+}
+
+StatusOr<std::unique_ptr<Communicator>> MpiContext::World(CommOptions options) {
+  return std::unique_ptr<Communicator>(new MpiCommunicator(
+      MPI_COMM_WORLD, world_rank_, world_size_, std::move(options), watchdog_.get()));
+}
+
+bool MpiCompiled() { return true; }
+
+std::string MpiLibraryVersion() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING];
+  int length = 0;
+  MPI_Get_library_version(text, &length);
+  std::string version(text, length);
+  return version.substr(0, version.find_first_of("\n,"));
+}
+
+}  // namespace zerort

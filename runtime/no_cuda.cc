@@ -1,0 +1,54 @@
+// The CUDA entry points of a build without CUDA: each answers with a clear error.
+#include "runtime/allocator.h"
+#include "runtime/device.h"
+#include "runtime/internal/device_backend.h"
+
+namespace zerort {
+namespace internal {
+namespace {
+
+Status NoCuda(std::string_view what) {
+  return absl::FailedPreconditionError(
+      std::string(what) + ": zerort was built without CUDA (reconfigure with -DZR_ENABLE_CUDA=ON)");
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Stream>> CreateCudaStream(Device, std::string) {
+  return NoCuda("CreateStream(cuda)");
+}
+StatusOr<std::unique_ptr<Event>> CreateCudaEvent(Device) { return NoCuda("CreateEvent(cuda)"); }
+Status CudaCopyBytes(void*, Device, const void*, Device, size_t, Stream*) {
+  return NoCuda("CopyBytes to or from CUDA memory");
+}
+
+}  // namespace internal
+
+CudaInfo QueryCuda() {
+  CudaInfo info;
+  info.unavailable_reason = "built without CUDA";
+  return info;
+}
+
+int CudaDeviceCount() { return 0; }
+
+Status SetCurrentDevice(Device device) {
+  if (device.is_cpu()) return absl::OkStatus();
+  return internal::NoCuda("SetCurrentDevice");
+}
+
+}  // namespace zerort
+
+// Allocators that need CUDA.
+
+namespace zerort {
+
+StatusOr<std::unique_ptr<Allocator>> MakeCudaCachingAllocator(Device, MemoryTracker*) {
+  return internal::NoCuda("the CUDA caching allocator");
+}
+
+StatusOr<std::unique_ptr<Allocator>> MakePinnedHostAllocator(MemoryTracker*) {
+  return internal::NoCuda("pinned host memory");
+}
+
+}  // namespace zerort

@@ -1,0 +1,21 @@
+// The MPI entry points of a build without MPI.
+#include "runtime/mpi_communicator.h"
+
+namespace zerort {
+
+StatusOr<std::unique_ptr<MpiContext>> MpiContext::Init(int*, char***, Options) {
+  return absl::FailedPreconditionError(
+      "zerort was built without MPI (install libopenmpi-dev and reconfigure)");
+}
+
+MpiContext::~MpiContext() = default;
+
+StatusOr<std::unique_ptr<Communicator>> MpiContext::World(CommOptions) {
+  return absl::FailedPreconditionError("zerort was built without MPI");
+}
+
+bool MpiCompiled() { return false; }
+
+std::string MpiLibraryVersion() { return "not built"; }
+
+}  // namespace zerort

@@ -1,0 +1,36 @@
+// The zerort subcommands. Each returns a process exit code (runtime/exit_codes.h) and prints its
+// result on stdout; diagnostics go to the log (stderr).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "runtime/launch_env.h"
+#include "runtime/status.h"
+
+namespace zerort::cli {
+
+struct EnvOptions {
+  bool json = false;
+};
+int RunEnv(const EnvOptions& options, const LaunchEnv& launch);
+
+struct BenchCommOptions {
+  std::string backend;  // loopback, mpi, nccl; empty: mpi under a launcher, loopback otherwise
+  int ranks = 4;        // loopback only
+  std::string min_bytes = "4KiB";
+  std::string max_bytes = "64MiB";
+  std::string dtype = "f32";
+  std::vector<std::string> ops = {"all_gather", "reduce_scatter", "all_reduce"};
+  int rounds = 5;               // alternating zerort/baseline rounds; medians are reported
+  double seconds_per_round = 0.05;  // time each round aims for
+  bool json = false;
+};
+int RunBenchComm(const BenchCommOptions& options, const LaunchEnv& launch, int* argc,
+                 char*** argv);
+
+// Parses "4096", "4KiB", "64MiB", "1GiB", "1.5GB".
+StatusOr<size_t> ParseBytes(const std::string& text);
+std::string FormatBytes(double bytes);  // "4 KiB", "64 MiB"
+
+}  // namespace zerort::cli

@@ -1,0 +1,94 @@
+// The zerort command line: discovers the launch environment, sets up rank-prefixed logging and
+// dispatches to a subcommand. Exit codes: runtime/exit_codes.h.
+#include <cstdio>
+
+#include "CLI/CLI.hpp"
+#include "runtime/exit_codes.h"
+#include "runtime/launch_env.h"
+#include "runtime/log.h"
+#include "tools/commands.h"
+
+namespace {
+
+// Subcommands whose issues have not landed: they exist so that a user gets a clear answer.
+constexpr const char* kNotYet[][2] = {
+    {"train", "JSON-config training runs"},
+    {"eval", "evaluation of a checkpoint"},
+    {"estimate", "the memory-footprint estimator"},
+    {"checkpoint", "checkpoint inspection and export"},
+    {"data", "token-file preparation"},
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace zerort;
+  CLI::App app{"zerort: a ZeRO/FSDP sharded-optimizer training runtime"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "zerort 0.1.0");
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")
+      ->capture_default_str();
+
+  cli::EnvOptions env_options;
+  CLI::App* env = app.add_subcommand("env", "Print version, build, devices, libraries and launch environment");
+  env->add_flag("--json", env_options.json, "One JSON object instead of text");
+
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks measured against a same-run baseline");
+  bench->require_subcommand(1);
+  cli::BenchCommOptions comm_options;
+  CLI::App* comm = bench->add_subcommand("comm", "Collective bandwidth against raw MPI / a copy floor");
+  comm->add_option("--backend", comm_options.backend,
+                   "loopback, mpi or nccl (default: mpi under a launcher, else loopback)")
+      ->check(CLI::IsMember({"loopback", "mpi", "nccl"}));
+  comm->add_option("--ranks", comm_options.ranks, "Loopback ranks (threads)")->capture_default_str();
+  comm->add_option("--min-bytes", comm_options.min_bytes, "Smallest message")->capture_default_str();
+  comm->add_option("--max-bytes", comm_options.max_bytes, "Largest message (x4 steps)")->capture_default_str();
+  comm->add_option("--dtype", comm_options.dtype, "f32, bf16 or f16")->capture_default_str();
+  comm->add_option("--ops", comm_options.ops, "Operations to measure")->delimiter(',');
+  comm->add_option("--rounds", comm_options.rounds, "Alternating rounds (medians reported)")
+      ->capture_default_str();
+  comm->add_option("--seconds-per-round", comm_options.seconds_per_round,
+                   "Target duration of one round")->capture_default_str();
+  comm->add_flag("--json", comm_options.json, "One JSON object instead of a table");
+
+  for (const auto& [name, what] : kNotYet) {
+    app.add_subcommand(name, std::string(what) + " (not available in this version)")
+        ->allow_extras()
+        ->prefix_command();
+  }
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? kExitOk : kExitUsage;
+  }
+
+  StatusOr<spdlog::level::level_enum> level = ParseLogLevel(log_level);
+  if (!level.ok()) {
+    std::fprintf(stderr, "zerort: %s\n", std::string(level.status().message()).c_str());
+    return kExitUsage;
+  }
+  StatusOr<LaunchEnv> launch = DiscoverLaunchEnv(ProcessEnv());
+  if (!launch.ok()) {
+    std::fprintf(stderr, "zerort: %s\n", std::string(launch.status().message()).c_str());
+    return kExitUsage;
+  }
+  ConfigureLogging(LogOptions{launch->rank, launch->world_size, *level, /*all_ranks=*/true});
+  if (launch->rank == 0) {
+    spdlog::info("{}", launch->ToString());
+  } else {
+    spdlog::debug("{}", launch->ToString());
+  }
+
+  for (const auto& [name, what] : kNotYet) {
+    if (app.got_subcommand(name)) {
+      spdlog::error("'zerort {}' ({}) is not available in zerort 0.1.0 yet", name, what);
+      return kExitUsage;
+    }
+  }
+  if (app.got_subcommand(env)) return cli::RunEnv(env_options, *launch);
+  if (comm->parsed()) return cli::RunBenchComm(comm_options, *launch, &argc, &argv);
+  return kExitUsage;
+}
