@@ -62,7 +62,9 @@ class LoopbackGroup {
   int size() const { return size_; }
 
   // Waits until every rank has arrived; `on_last` runs in the last arriving thread, under the
-  // lock, before the others are released.
+  // lock, before the others are released. When the ranks publish slots, the last arriver also
+  // checks that all made the same call, and every rank returns that verdict: it is computed
+  // under the lock because a rank released first may publish its next slot at once.
   Status Arrive(int rank, const Slot* slot, Clock::time_point deadline,
                 const std::function<void()>& on_last = {}) {
     std::unique_lock lock(mu_);
@@ -70,11 +72,12 @@ class LoopbackGroup {
     if (slot != nullptr) slots_[rank] = *slot;
     const uint64_t generation = generation_;
     if (++arrived_ == size_) {
-      if (on_last) on_last();
+      verdict_ = slot != nullptr ? CheckSameCall() : absl::OkStatus();
+      if (on_last && verdict_.ok()) on_last();
       arrived_ = 0;
       ++generation_;
       cv_.notify_all();
-      return absl::OkStatus();
+      return verdict_;
     }
     while (generation_ == generation) {
       if (broken_) return Broken();
@@ -86,19 +89,8 @@ class LoopbackGroup {
             " ranks did not reach the collective in time"));
       }
     }
-    return absl::OkStatus();
-  }
-
-  // Checks, after a rendezvous, that every rank made the same call as rank 0.
-  Status CheckSameCall() const {
-    for (int r = 1; r < size_; ++r) {
-      if (!SameCall(slots_[0], slots_[r])) {
-        return absl::InvalidArgumentError(StrCat("mismatched collectives: rank 0 called ",
-                                                       Describe(slots_[0]), " but rank ", r,
-                                                       " called ", Describe(slots_[r])));
-      }
-    }
-    return absl::OkStatus();
+    // Stable: the next rendezvous cannot complete, and so rewrite it, until this rank arrives.
+    return verdict_;
   }
 
   const Slot& slot(int rank) const { return slots_[rank]; }
@@ -127,6 +119,18 @@ class LoopbackGroup {
   }
 
  private:
+  // Whether every rank made the same call as rank 0 (called under the lock).
+  Status CheckSameCall() const {
+    for (int r = 1; r < size_; ++r) {
+      if (!SameCall(slots_[0], slots_[r])) {
+        return absl::InvalidArgumentError(StrCat("mismatched collectives: rank 0 called ",
+                                                       Describe(slots_[0]), " but rank ", r,
+                                                       " called ", Describe(slots_[r])));
+      }
+    }
+    return absl::OkStatus();
+  }
+
   Status Broken() const {
     return absl::FailedPreconditionError(
         "loopback group is unusable after an earlier collective timed out");
@@ -139,6 +143,7 @@ class LoopbackGroup {
   int arrived_ = 0;
   bool broken_ = false;
   std::vector<Slot> slots_;
+  Status verdict_;  // of the last rendezvous that published slots
   std::vector<std::byte> scratch_;
   std::vector<SplitResult> split_results_;
   std::map<std::pair<int, int>, std::vector<Message>> mailboxes_;
@@ -279,15 +284,10 @@ class LoopbackCommunicator final : public Communicator {
     return group_->Arrive(rank(), slot, Clock::now() + wait_, on_last);
   }
 
-  // First rendezvous of a collective: publishes this rank's call, then checks all agree. On a
-  // mismatch every rank sees the same slots, so all fail together after the closing rendezvous.
+  // First rendezvous of a collective: publishes this rank's call; every rank gets the same
+  // verdict on whether all made the same call, so on a mismatch all fail together.
   Status Begin(const Slot& slot, const std::function<void()>& on_last = {}) {
-    ZR_RETURN_IF_ERROR(Arrive(&slot, on_last));
-    if (Status same = group_->CheckSameCall(); !same.ok()) {
-      ZR_RETURN_IF_ERROR(Arrive(nullptr));
-      return same;
-    }
-    return absl::OkStatus();
+    return Arrive(&slot, on_last);
   }
 
   std::vector<const void*> Inputs() const {

@@ -273,7 +273,7 @@ int RunBenchComm(const BenchCommOptions& o, const LaunchEnv& launch, int* argc, 
   if (o.rounds < 1) return fail(absl::InvalidArgumentError("--rounds must be at least 1"), kExitUsage);
 
   CommOptions comm_options;
-  comm_options.timeout = std::chrono::minutes(5);
+  comm_options.timeout = std::chrono::seconds(20);
 
   if (backend == "loopback") {
     if (o.ranks < 1) return fail(absl::InvalidArgumentError("--ranks must be at least 1"), kExitUsage);

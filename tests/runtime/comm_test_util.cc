@@ -1,0 +1,147 @@
+// Collective semantics checks shared by the loopback and MPI tests.
+#include "tests/runtime/comm_test_util.h"
+
+namespace zerort::testing {
+namespace {
+
+std::string Compare(const std::vector<std::byte>& got, DType dtype, size_t count,
+                    const std::function<double(size_t)>& expected, int size,
+                    std::string_view what) {
+  for (size_t i = 0; i < count; ++i) {
+    const double want = expected(i);
+    const double have = ValueAt(got, dtype, i);
+    if (!(std::abs(have - want) <= Tolerance(dtype, want, size))) {
+      return StrCat(what, " ", DTypeName(dtype), " count ", count, ": element ", i, " is ", have,
+                    ", expected ", want);
+    }
+  }
+  return "";
+}
+
+std::string StatusText(const Status& s, std::string_view what) {
+  return s.ok() ? std::string() : StrCat(what, ": ", s.ToString());
+}
+
+}  // namespace
+
+std::string CheckAllGather(Communicator& comm, DType dtype, size_t count, uint64_t seed,
+                           bool in_place) {
+  const size_t elem = DTypeSize(dtype);
+  const int n = comm.size();
+  std::vector<std::byte> send = RandomData(dtype, count, seed, comm.rank());
+  std::vector<std::byte> recv(count * n * elem + 1, std::byte{0x5a});  // poisoned
+  const void* src = send.data();
+  if (in_place) {
+    std::memcpy(recv.data() + comm.rank() * count * elem, send.data(), count * elem);
+    src = recv.data() + comm.rank() * count * elem;
+  }
+  if (auto s = comm.AllGather(src, recv.data(), count, dtype); !s.ok()) return StatusText(s, "all_gather");
+  const auto all = AllRanksData(dtype, count, seed, n);
+  return Compare(recv, dtype, count * n, [&](size_t i) {
+    return ValueAt(all[i / count], dtype, i % count);
+  }, 1, in_place ? "all_gather(in place)" : "all_gather");
+}
+
+std::string CheckReduceScatter(Communicator& comm, DType dtype, size_t count, ReduceOp op,
+                               uint64_t seed, bool in_place) {
+  const size_t elem = DTypeSize(dtype);
+  const int n = comm.size();
+  const size_t total = count * n;
+  std::vector<std::byte> send = RandomData(dtype, total, seed, comm.rank());
+  std::vector<std::byte> recv(count * elem + 1, std::byte{0x5a});
+  void* dst = in_place ? static_cast<void*>(send.data() + comm.rank() * count * elem) : recv.data();
+  if (auto s = comm.ReduceScatter(send.data(), dst, count, dtype, op); !s.ok()) {
+    return StatusText(s, "reduce_scatter");
+  }
+  if (in_place) std::memcpy(recv.data(), dst, count * elem);
+  const auto all = AllRanksData(dtype, total, seed, n);
+  return Compare(recv, dtype, count, [&](size_t i) {
+    return ReferenceReduce(all, dtype, comm.rank() * count + i, op);
+  }, n, StrCat("reduce_scatter(", ReduceOpName(op), in_place ? ", in place)" : ")"));
+}
+
+std::string CheckAllReduce(Communicator& comm, DType dtype, size_t count, ReduceOp op,
+                           uint64_t seed, bool in_place) {
+  const size_t elem = DTypeSize(dtype);
+  const int n = comm.size();
+  std::vector<std::byte> send = RandomData(dtype, count, seed, comm.rank());
+  std::vector<std::byte> recv(count * elem + 1, std::byte{0x5a});
+  if (in_place) recv = send;
+  if (auto s = comm.AllReduce(in_place ? recv.data() : send.data(), recv.data(), count, dtype, op);
+      !s.ok()) {
+    return StatusText(s, "all_reduce");
+  }
+  const auto all = AllRanksData(dtype, count, seed, n);
+  return Compare(recv, dtype, count, [&](size_t i) {
+    return ReferenceReduce(all, dtype, i, op);
+  }, n, StrCat("all_reduce(", ReduceOpName(op), in_place ? ", in place)" : ")"));
+}
+
+std::string CheckBroadcast(Communicator& comm, DType dtype, size_t count, int root, uint64_t seed) {
+  std::vector<std::byte> buffer = RandomData(dtype, count, seed, comm.rank());
+  if (auto s = comm.Broadcast(buffer.data(), count, dtype, root); !s.ok()) {
+    return StatusText(s, "broadcast");
+  }
+  const std::vector<std::byte> want = RandomData(dtype, count, seed, root);
+  return Compare(buffer, dtype, count, [&](size_t i) { return ValueAt(want, dtype, i); }, 1,
+                 StrCat("broadcast(root ", root, ")"));
+}
+
+std::string CheckSendRecvRing(Communicator& comm, DType dtype, size_t count, uint64_t seed) {
+  const int n = comm.size();
+  const int right = (comm.rank() + 1) % n;
+  const int left = (comm.rank() + n - 1) % n;
+  std::vector<std::byte> send = RandomData(dtype, count, seed, comm.rank());
+  std::vector<std::byte> recv(count * DTypeSize(dtype) + 1, std::byte{0x5a});
+  if (auto s = comm.SendRecv(send.data(), count, right, recv.data(), count, left, dtype); !s.ok()) {
+    return StatusText(s, "send_recv");
+  }
+  const std::vector<std::byte> want = RandomData(dtype, count, seed, left);
+  std::string err = Compare(recv, dtype, count, [&](size_t i) { return ValueAt(want, dtype, i); },
+                            1, "send_recv ring");
+  if (!err.empty() || n == 1) return err;
+  // Plain Send/Recv around the ring, ordered so that no rank waits on an unposted receive.
+  std::vector<std::byte> got(count * DTypeSize(dtype) + 1, std::byte{0x5a});
+  Status s;
+  if (comm.rank() % 2 == 0) {
+    s = comm.Send(send.data(), count, dtype, right);
+    if (s.ok()) s = comm.Recv(got.data(), count, dtype, left);
+  } else {
+    s = comm.Recv(got.data(), count, dtype, left);
+    if (s.ok()) s = comm.Send(send.data(), count, dtype, right);
+  }
+  if (!s.ok()) return StatusText(s, "send/recv ring");
+  return Compare(got, dtype, count, [&](size_t i) { return ValueAt(want, dtype, i); }, 1,
+                 "send/recv ring");
+}
+
+std::string CheckEverything(Communicator& comm, uint64_t seed) {
+  const size_t large = (size_t{1} << 20) + 3;  // 1 Mi + 3 elements: uneven and multi-tile
+  for (DType dtype : AllDTypes()) {
+    std::vector<ReduceOp> ops = {ReduceOp::kSum, ReduceOp::kMax};
+    if (IsFloatingPoint(dtype)) ops.push_back(ReduceOp::kAvg);
+    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}}) {
+      for (bool in_place : {false, true}) {
+        if (auto e = CheckAllGather(comm, dtype, count, seed + count, in_place); !e.empty()) return e;
+        for (ReduceOp op : ops) {
+          if (auto e = CheckReduceScatter(comm, dtype, count, op, seed + count + 1, in_place); !e.empty()) return e;
+          if (auto e = CheckAllReduce(comm, dtype, count, op, seed + count + 2, in_place); !e.empty()) return e;
+        }
+      }
+      for (int root = 0; root < comm.size(); root += std::max(1, comm.size() - 1)) {
+        if (auto e = CheckBroadcast(comm, dtype, count, root, seed + count + 3); !e.empty()) return e;
+      }
+      if (auto e = CheckSendRecvRing(comm, dtype, count, seed + count + 4); !e.empty()) return e;
+    }
+  }
+  // Large messages in the two dtypes that matter most for training.
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    if (auto e = CheckAllReduce(comm, dtype, large, ReduceOp::kSum, seed + 5, false); !e.empty()) return e;
+    if (auto e = CheckReduceScatter(comm, dtype, large / comm.size() + 1, ReduceOp::kAvg, seed + 6, true); !e.empty()) return e;
+    if (auto e = CheckAllGather(comm, dtype, large / comm.size() + 1, seed + 7, false); !e.empty()) return e;
+  }
+  if (auto s = comm.Barrier(); !s.ok()) return StatusText(s, "barrier");
+  return "";
+}
+
+}  // namespace zerort::testing

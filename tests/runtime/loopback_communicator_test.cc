@@ -1,0 +1,159 @@
+// Loopback collectives: semantics for 1-8 ranks, sub-groups, mismatches, timeouts, hang exit.
+#include "runtime/loopback_communicator.h"
+
+#include <atomic>
+
+#include "gtest/gtest.h"
+#include "runtime/exit_codes.h"
+#include "runtime/watchdog.h"
+#include "tests/runtime/comm_test_util.h"
+
+namespace zerort {
+namespace {
+
+CommOptions Quick(std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  CommOptions o;
+  o.timeout = timeout;
+  return o;
+}
+
+class LoopbackSemantics : public ::testing::TestWithParam<int> {};
+
+TEST_P(LoopbackSemantics, EveryCollectiveEveryDtype) {
+  const int size = GetParam();
+  std::vector<std::string> errors(size);
+  ASSERT_TRUE(RunLoopbackRanks(size, Quick(), nullptr, [&](Communicator& comm) {
+                errors[comm.rank()] = testing::CheckEverything(comm, 42 + size);
+                return absl::OkStatus();
+              }).ok());
+  for (int r = 0; r < size; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, LoopbackSemantics, ::testing::Values(1, 2, 3, 4, 5, 8));
+
+TEST(LoopbackTest, SplitFormsGroupsOrderedByKey) {
+  // Colours: even/odd ranks; keys reverse the order inside each group; rank 5 opts out.
+  std::vector<std::string> errors(6);
+  ASSERT_TRUE(RunLoopbackRanks(6, Quick(), nullptr, [&](Communicator& comm) -> Status {
+    const int color = comm.rank() == 5 ? kNoColor : comm.rank() % 2;
+    ZR_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> sub,
+                        comm.Split(color, -comm.rank(), Quick()));
+    if (comm.rank() == 5) {
+      if (sub != nullptr) errors[5] = "rank 5 got a group for kNoColor";
+      return absl::OkStatus();
+    }
+    const int expected_size = color == 0 ? 3 : 2;  // {0,2,4} and {1,3}
+    if (sub->size() != expected_size) {
+      errors[comm.rank()] = StrCat("size ", sub->size());
+      return absl::OkStatus();
+    }
+    // Higher world rank, lower key, lower sub-rank.
+    const int expected_rank = color == 0 ? (4 - comm.rank()) / 2 : (3 - comm.rank()) / 2;
+    if (sub->rank() != expected_rank) errors[comm.rank()] = StrCat("sub rank ", sub->rank());
+    // The sub-group works and is independent of the other one.
+    int32_t v = comm.rank();
+    ZR_RETURN_IF_ERROR(sub->AllReduce(&v, &v, 1, DType::kI32, ReduceOp::kSum));
+    const int want = color == 0 ? 0 + 2 + 4 : 1 + 3;
+    if (v != want && errors[comm.rank()].empty()) errors[comm.rank()] = StrCat("sum ", v);
+    errors[comm.rank()] += testing::CheckEverything(*sub, 7);
+    return absl::OkStatus();
+  }).ok());
+  for (int r = 0; r < 6; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+TEST(LoopbackTest, MismatchedCollectivesNameBothCalls) {
+  std::vector<Status> results(2);
+  ASSERT_FALSE(RunLoopbackRanks(2, Quick(), nullptr, [&](Communicator& comm) {
+                 float x[4] = {1, 2, 3, 4};
+                 float y[8];
+                 results[comm.rank()] =
+                     comm.rank() == 0 ? comm.AllReduce(x, x, 4, DType::kF32, ReduceOp::kSum)
+                                      : comm.AllGather(x, y, 4, DType::kF32);
+                 return results[comm.rank()];
+               }).ok());
+  for (const Status& s : results) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("rank 0 called all_reduce(count=4, f32, sum)"), std::string::npos)
+        << s;
+    EXPECT_NE(s.message().find("rank 1 called all_gather(count=4, f32)"), std::string::npos) << s;
+  }
+}
+
+TEST(LoopbackTest, ValidationRejectsBadArguments) {
+  ASSERT_TRUE(RunLoopbackRanks(2, Quick(), nullptr, [&](Communicator& comm) {
+                float buf[8] = {};
+                EXPECT_EQ(comm.Broadcast(buf, 1, DType::kF32, 2).code(),
+                          absl::StatusCode::kInvalidArgument);
+                EXPECT_EQ(comm.AllReduce(buf, buf, 1, DType::kI32, ReduceOp::kAvg).code(),
+                          absl::StatusCode::kInvalidArgument);
+                EXPECT_EQ(comm.AllReduce(buf, buf + 1, 4, DType::kF32, ReduceOp::kSum).code(),
+                          absl::StatusCode::kInvalidArgument);
+                EXPECT_EQ(comm.Send(buf, 1, DType::kF32, comm.rank()).code(),
+                          absl::StatusCode::kInvalidArgument);
+                EXPECT_EQ(comm.AllGather(nullptr, buf, 1, DType::kF32).code(),
+                          absl::StatusCode::kInvalidArgument);
+                return absl::OkStatus();
+              }).ok());
+}
+
+TEST(LoopbackTest, MissingPeerTimesOutWithoutWatchdog) {
+  std::vector<Status> results(3);
+  const auto start = Clock::now();
+  RunLoopbackRanks(3, Quick(std::chrono::milliseconds(300)), nullptr, [&](Communicator& comm) {
+    float x = 1;
+    // Rank 2 skips the collective.
+    results[comm.rank()] = comm.rank() == 2 ? absl::OkStatus()
+                                            : comm.AllReduce(&x, &x, 1, DType::kF32, ReduceOp::kSum);
+    return results[comm.rank()];
+  }).IgnoreError();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kDeadlineExceeded) << results[0];
+  EXPECT_EQ(results[1].code(), absl::StatusCode::kDeadlineExceeded) << results[1];
+}
+
+TEST(LoopbackTest, WatchdogReportsTheHungCollective) {
+  std::string report;
+  std::atomic<bool> fired{false};
+  Watchdog::Options wo;
+  wo.poll_interval = std::chrono::milliseconds(20);
+  wo.on_timeout = [&](const std::string& r) {
+    report = r;
+    fired = true;
+  };
+  Watchdog watchdog(wo);
+  RunLoopbackRanks(2, Quick(std::chrono::milliseconds(200)), &watchdog, [&](Communicator& comm) {
+    comm.SetTraceLabel("gather blocks.3");
+    float x[2] = {1, 2};
+    if (comm.rank() == 0) return comm.Broadcast(x, 2, DType::kF32, 0);
+    return absl::OkStatus();
+  }).IgnoreError();
+  ASSERT_TRUE(fired.load());
+  EXPECT_NE(report.find("broadcast seq 1 of rank 0/2 in group 'world' timed out"), std::string::npos)
+      << report;
+  EXPECT_NE(report.find("TIMED-OUT"), std::string::npos) << report;
+  EXPECT_NE(report.find("gather blocks.3"), std::string::npos) << report;
+  EXPECT_NE(report.find("last 0 collectives of rank 1/2"), std::string::npos) << report;
+}
+
+TEST(LoopbackDeathTest, HungCollectiveExitsWithCode3AndTrace) {
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";
+  EXPECT_EXIT(
+      {
+        Watchdog watchdog(Watchdog::Options{std::chrono::milliseconds(20), {}});
+        RunLoopbackRanks(3, Quick(std::chrono::milliseconds(300)), &watchdog,
+                         [&](Communicator& comm) -> Status {
+                           float x = 1;
+                           ZR_RETURN_IF_ERROR(comm.AllReduce(&x, &x, 1, DType::kF32, ReduceOp::kSum));
+                           if (comm.rank() == 1) return absl::OkStatus();  // skips the next one
+                           return comm.AllReduce(&x, &x, 1, DType::kF32, ReduceOp::kSum);
+                         })
+            .IgnoreError();
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(kExitCollectiveTimeout),
+      "all_reduce seq 2 of rank [02]/3 in group .world. timed out(.|\n)*"
+      "last 2 collectives of rank 0/3(.|\n)*seq 2 all_reduce");
+}
+
+}  // namespace
+}  // namespace zerort
