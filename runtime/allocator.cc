@@ -3,7 +3,7 @@
 
 #include <cstdlib>
 
-#include "spdlog/spdlog.h"
+#include "runtime/log.h"
 #include "runtime/strings.h"
 
 namespace zerort {
@@ -118,12 +118,12 @@ CachingAllocator::CachingAllocator(std::unique_ptr<CachingBackend> backend,
 CachingAllocator::~CachingAllocator() {
   std::lock_guard lock(mu_);
   if (live_blocks_ != 0) {
-    spdlog::error("{} allocator destroyed with {} buffers still in use; their memory is leaked",
+    Logger()->error("{} allocator destroyed with {} buffers still in use; their memory is leaked",
                   backend_->name(), live_blocks_);
     return;
   }
   const Status status = ReleaseCachedSegments();
-  if (!status.ok()) spdlog::error("releasing cached memory: {}", status.ToString());
+  if (!status.ok()) Logger()->error("releasing cached memory: {}", status.ToString());
 }
 
 CachingAllocator::Pool& CachingAllocator::PoolFor(size_t rounded_bytes) {
@@ -247,7 +247,7 @@ void CachingAllocator::Release(void* data, size_t bytes, MemoryCategory category
     Status recorded = event.ok() ? (*event)->Record(*s) : event.status();
     if (!recorded.ok()) {
       // Without an event the only safe reuse point is after the whole device is idle.
-      spdlog::warn("RecordStream event failed ({}); synchronising the device before reuse",
+      Logger()->warn("RecordStream event failed ({}); synchronising the device before reuse",
                    recorded.ToString());
       ZR_CHECK_OK(backend_->SynchronizeDevice());
       continue;

@@ -5,10 +5,15 @@
 #include "runtime/strings.h"
 
 namespace zerort {
+namespace {
+
+constexpr const char* kLoggerName = "zerort";
+
+}  // namespace
 
 void ConfigureLogging(const LogOptions& options) {
   auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
-  auto logger = std::make_shared<spdlog::logger>("zerort", std::move(sink));
+  auto logger = std::make_shared<spdlog::logger>(kLoggerName, std::move(sink));
   logger->set_pattern(StrCat("[%H:%M:%S.%e] [rank ", options.rank, "/", options.world_size,
                                    "] [%^%l%$] %v"));
   auto level = options.level;
@@ -17,7 +22,18 @@ void ConfigureLogging(const LogOptions& options) {
   }
   logger->set_level(level);
   logger->flush_on(spdlog::level::warn);
+  spdlog::drop(kLoggerName);
+  spdlog::register_logger(logger);
   spdlog::set_default_logger(logger);
+}
+
+std::shared_ptr<spdlog::logger> Logger() {
+  if (auto logger = spdlog::get(kLoggerName)) return logger;
+  try {
+    return spdlog::stderr_color_mt(kLoggerName);
+  } catch (const spdlog::spdlog_ex&) {  // another thread registered it first
+    return spdlog::get(kLoggerName);
+  }
 }
 
 StatusOr<spdlog::level::level_enum> ParseLogLevel(const std::string& name) {

@@ -1,5 +1,6 @@
-// Logging through spdlog. The library never writes to stdout: ConfigureLogging installs a stderr
-// logger whose lines carry a "[rank r/w]" prefix. Library code logs with spdlog::info(...) etc.
+// Logging through spdlog. The library never writes to stdout: it logs through Logger(), a stderr
+// logger named "zerort", which ConfigureLogging replaces with one whose lines carry a
+// "[rank r/w]" prefix (and also installs as spdlog's default logger, for applications).
 #pragma once
 
 #include <string>
@@ -17,8 +18,11 @@ struct LogOptions {
   bool all_ranks = true;
 };
 
-// Replaces spdlog's default logger with a stderr logger carrying the rank prefix.
+// Installs a stderr logger carrying the rank prefix as Logger() and as spdlog's default.
 void ConfigureLogging(const LogOptions& options);
+
+// The logger of the library: the configured one, or a plain stderr logger before configuration.
+std::shared_ptr<spdlog::logger> Logger();
 
 // Parses "trace", "debug", "info", "warn", "error", "off".
 StatusOr<spdlog::level::level_enum> ParseLogLevel(const std::string& name);

@@ -80,7 +80,10 @@ class LoopbackGroup {
       return verdict_;
     }
     while (generation_ == generation) {
-      if (broken_) return Broken();
+      if (broken_) {  // a peer waiting in this same rendezvous reached the deadline first
+        return absl::DeadlineExceededError(
+            StrCat("loopback rank ", rank, ": the collective timed out on another rank"));
+      }
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && generation_ == generation) {
         broken_ = true;
         cv_.notify_all();

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "runtime/internal/host_reduce.h"
-#include "spdlog/spdlog.h"
+#include "runtime/log.h"
 #include "runtime/strings.h"
 
 namespace zerort {
@@ -48,6 +48,32 @@ MPI_Datatype MoveType(DType dtype) {
 }
 
 MPI_Op MpiOp(ReduceOp op) { return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM; }
+
+// Reductions MPI cannot be trusted with directly: 16-bit floats (no MPI type; reduced in fp32,
+// rounded once) and 8-bit sums (Open MPI 4.1's AVX reduction saturates them instead of wrapping;
+// reduced in int32, wrapped on the way back).
+bool Widened(DType dtype, ReduceOp op) {
+  return dtype == DType::kBF16 || dtype == DType::kF16 || (dtype == DType::kU8 && op == ReduceOp::kSum);
+}
+DType WideType(DType dtype) { return dtype == DType::kU8 ? DType::kI32 : DType::kF32; }
+
+void Widen(const void* src, DType dtype, void* dst, size_t count) {
+  if (dtype == DType::kU8) {
+    for (size_t i = 0; i < count; ++i) static_cast<int32_t*>(dst)[i] = static_cast<const uint8_t*>(src)[i];
+  } else {
+    internal::ToFloat32(src, dtype, static_cast<float*>(dst), count);
+  }
+}
+
+void Narrow(const void* src, void* dst, DType dtype, size_t count) {
+  if (dtype == DType::kU8) {
+    for (size_t i = 0; i < count; ++i) {
+      static_cast<uint8_t*>(dst)[i] = static_cast<uint8_t>(static_cast<const int32_t*>(src)[i] & 0xff);
+    }
+  } else {
+    internal::FromFloat32(static_cast<const float*>(src), dst, dtype, count);
+  }
+}
 
 StatusOr<int> ToInt(size_t count) {
   if (count > static_cast<size_t>(INT_MAX)) {
@@ -94,7 +120,7 @@ class MpiCommunicator final : public Communicator {
                          Stream*) override {
     ZR_ASSIGN_OR_RETURN(int n, ToInt(count));
     const size_t total = count * static_cast<size_t>(size());
-    if (!IsFloatingPoint(dtype) || dtype == DType::kF32) {
+    if (!Widened(dtype, op)) {
       // MPI's in-place form reads the input from recv, so an aliased send is copied first.
       std::vector<std::byte> copy;
       const void* input = send;
@@ -108,30 +134,33 @@ class MpiCommunicator final : public Communicator {
       if (op == ReduceOp::kAvg) internal::DivideHost(recv, count, dtype, size());
       return absl::OkStatus();
     }
-    std::vector<float> wide(total);
-    std::vector<float> result(count);
-    internal::ToFloat32(send, dtype, wide.data(), total);
-    ZR_MPI_RETURN_IF_ERROR(
-        MPI_Reduce_scatter_block(wide.data(), result.data(), n, MPI_FLOAT, MpiOp(op), comm_));
-    if (op == ReduceOp::kAvg) internal::DivideHost(result.data(), count, DType::kF32, size());
-    internal::FromFloat32(result.data(), recv, dtype, count);
+    const DType wide_type = WideType(dtype);
+    std::vector<uint32_t> wide(total);  // 4-byte elements: fp32 or int32
+    std::vector<uint32_t> result(count);
+    Widen(send, dtype, wide.data(), total);
+    ZR_MPI_RETURN_IF_ERROR(MPI_Reduce_scatter_block(wide.data(), result.data(), n,
+                                                    MoveType(wide_type), MpiOp(op), comm_));
+    if (op == ReduceOp::kAvg) internal::DivideHost(result.data(), count, wide_type, size());
+    Narrow(result.data(), recv, dtype, count);
     return absl::OkStatus();
   }
 
   Status DoAllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                      Stream*) override {
     ZR_ASSIGN_OR_RETURN(int n, ToInt(count));
-    if (!IsFloatingPoint(dtype) || dtype == DType::kF32) {
+    if (!Widened(dtype, op)) {
       ZR_MPI_RETURN_IF_ERROR(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, n,
                                            MoveType(dtype), MpiOp(op), comm_));
       if (op == ReduceOp::kAvg) internal::DivideHost(recv, count, dtype, size());
       return absl::OkStatus();
     }
-    std::vector<float> wide(count);
-    internal::ToFloat32(send, dtype, wide.data(), count);
-    ZR_MPI_RETURN_IF_ERROR(MPI_Allreduce(MPI_IN_PLACE, wide.data(), n, MPI_FLOAT, MpiOp(op), comm_));
-    if (op == ReduceOp::kAvg) internal::DivideHost(wide.data(), count, DType::kF32, size());
-    internal::FromFloat32(wide.data(), recv, dtype, count);
+    const DType wide_type = WideType(dtype);
+    std::vector<uint32_t> wide(count);
+    Widen(send, dtype, wide.data(), count);
+    ZR_MPI_RETURN_IF_ERROR(
+        MPI_Allreduce(MPI_IN_PLACE, wide.data(), n, MoveType(wide_type), MpiOp(op), comm_));
+    if (op == ReduceOp::kAvg) internal::DivideHost(wide.data(), count, wide_type, size());
+    Narrow(wide.data(), recv, dtype, count);
     return absl::OkStatus();
   }
 
@@ -214,7 +243,7 @@ StatusOr<std::unique_ptr<MpiContext>> MpiContext::Init(int* argc, char*** argv, 
     context->owns_init_ = true;
   }
   if (context->thread_level_ < MPI_THREAD_SERIALIZED) {
-    spdlog::warn("MPI provides thread level {} only; zerort calls MPI from one thread at a time",
+    Logger()->warn("MPI provides thread level {} only; zerort calls MPI from one thread at a time",
                  context->thread_level_);
   }
   ZR_MPI_RETURN_IF_ERROR(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));

@@ -1,7 +1,8 @@
 // MPI backend (Open MPI). MpiContext owns MPI's initialisation (unless the application already
 // initialised MPI) and the process's watchdog; World() gives MPI_COMM_WORLD as a Communicator.
 // Collectives are the blocking MPI calls on the caller's thread, so their speed is MPI's; the
-// watchdog thread enforces their deadlines. bf16/f16 reductions are carried out in fp32. CUDA
+// watchdog thread enforces their deadlines. bf16/f16 reductions are carried out in fp32 and 8-bit
+// sums in int32 (see Widened() in the .cc). CUDA
 // buffers are staged through pinned host memory by the Communicator base. No MPI header here.
 #pragma once
 

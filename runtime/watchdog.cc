@@ -9,7 +9,7 @@
 #include <cstdio>
 
 #include "runtime/exit_codes.h"
-#include "spdlog/spdlog.h"
+#include "runtime/log.h"
 #include "runtime/strings.h"
 
 namespace zerort {
@@ -98,8 +98,8 @@ void Watchdog::Fire(const std::string& headline) {
     options_.on_timeout(report);
     return;
   }
-  spdlog::error("{}", report);
-  spdlog::default_logger()->flush();
+  Logger()->error("{}", report);
+  Logger()->flush();
   std::fflush(stderr);
   _exit(kExitCollectiveTimeout);
 }
@@ -114,9 +114,9 @@ void Watchdog::Run() {
       while (read(wake_pipe_[0], &byte, 1) == 1) {
         if (byte == 0) continue;  // a wake-up from the destructor
         const int signo = byte;
-        spdlog::error("received signal {} ({}); collective state at that moment:\n{}", signo,
+        Logger()->error("received signal {} ({}); collective state at that moment:\n{}", signo,
                       strsignal(signo), DumpAll());
-        spdlog::default_logger()->flush();
+        Logger()->flush();
         std::signal(signo, SIG_DFL);
         std::raise(signo);
       }

@@ -18,7 +18,7 @@
 #include "runtime/loopback_communicator.h"
 #include "runtime/mpi_communicator.h"
 #include "runtime/nccl_communicator.h"
-#include "spdlog/spdlog.h"
+#include "runtime/log.h"
 #include "tools/commands.h"
 #include "tools/raw_mpi.h"
 #include "runtime/strings.h"
@@ -248,7 +248,7 @@ int RunBenchComm(const BenchCommOptions& o, const LaunchEnv& launch, int* argc, 
   const std::string backend =
       !o.backend.empty() ? o.backend : (launch.world_size > 1 ? "mpi" : "loopback");
   auto fail = [](const Status& s, int code) {
-    spdlog::error("bench comm: {}", s.ToString());
+    Logger()->error("bench comm: {}", s.ToString());
     return code;
   };
   StatusOr<DType> dtype = ParseDType(o.dtype);

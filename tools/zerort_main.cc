@@ -77,14 +77,14 @@ int main(int argc, char** argv) {
   }
   ConfigureLogging(LogOptions{launch->rank, launch->world_size, *level, /*all_ranks=*/true});
   if (launch->rank == 0) {
-    spdlog::info("{}", launch->ToString());
+    Logger()->info("{}", launch->ToString());
   } else {
-    spdlog::debug("{}", launch->ToString());
+    Logger()->debug("{}", launch->ToString());
   }
 
   for (const auto& [name, what] : kNotYet) {
     if (app.got_subcommand(name)) {
-      spdlog::error("'zerort {}' ({}) is not available in zerort 0.1.0 yet", name, what);
+      Logger()->error("'zerort {}' ({}) is not available in zerort 0.1.0 yet", name, what);
       return kExitUsage;
     }
   }

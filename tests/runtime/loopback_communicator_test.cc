@@ -1,5 +1,6 @@
 // Loopback collectives: semantics for 1-8 ranks, sub-groups, mismatches, timeouts, hang exit.
 #include "runtime/loopback_communicator.h"
+#include "runtime/strings.h"
 
 #include <atomic>
 

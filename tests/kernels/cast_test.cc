@@ -1,0 +1,56 @@
+// Cast: the vectorised CPU cast against the scalar reference, bitwise. The CUDA twin is tested
+// against the CPU cast in cast_cuda_test.cc (gpu label).
+#include "kernels/cast.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "runtime/allocator.h"
+
+namespace zerort {
+namespace {
+
+std::vector<float> RandomFloats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng) * std::exp2(static_cast<float>(static_cast<int>(rng() % 40) - 20));
+  v[0] = 65520.0f;  // f16 overflow boundary
+  v[1] = -0.0f;
+  v[2] = std::ldexp(1.0f, -25);
+  return v;
+}
+
+const DType kTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+
+TEST(CastTest, VectorisedMatchesReferenceBitwise) {
+  const size_t n = (1 << 18) + 5;  // large enough for the threaded path, uneven
+  std::vector<float> input = RandomFloats(n, 11);
+  for (DType from : kTypes) {
+    std::vector<std::byte> src(n * DTypeSize(from));
+    internal::CpuCast(input.data(), DType::kF32, src.data(), from, n);
+    for (DType to : kTypes) {
+      std::vector<std::byte> fast(n * DTypeSize(to), std::byte{0x5a});
+      std::vector<std::byte> ref(n * DTypeSize(to), std::byte{0xa5});
+      TensorView s(src.data(), from, {static_cast<int64_t>(n)});
+      ASSERT_TRUE(Cast(s, TensorView(fast.data(), to, {static_cast<int64_t>(n)}), nullptr).ok());
+      ASSERT_TRUE(CastReference(s, TensorView(ref.data(), to, {static_cast<int64_t>(n)})).ok());
+      ASSERT_EQ(std::memcmp(fast.data(), ref.data(), fast.size()), 0)
+          << DTypeName(from) << " -> " << DTypeName(to);
+    }
+  }
+}
+
+TEST(CastTest, RejectsBadArguments) {
+  float a[4];
+  uint16_t b[3];
+  EXPECT_EQ(Cast(TensorView(a, DType::kF32, {4}), TensorView(b, DType::kBF16, {3}), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Cast(TensorView(a, DType::kI32, {4}), TensorView(a, DType::kF32, {4}), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace zerort

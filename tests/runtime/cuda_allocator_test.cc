@@ -1,0 +1,43 @@
+// The CUDA allocators (gpu label): device and pinned caching allocators, accounting, and no
+// cudaMalloc per allocation in steady state. Skipped with the reason when no GPU is present.
+#include <cstring>
+
+#include "gtest/gtest.h"
+#include "runtime/allocator.h"
+
+namespace zerort {
+namespace {
+
+TEST(CudaAllocatorTest, DeviceAndPinnedAllocatorsWhenAGpuIsPresent) {
+  if (CudaDeviceCount() == 0) {
+    GTEST_SKIP() << "no CUDA device: " << QueryCuda().unavailable_reason;
+  }
+  MemoryTracker tracker;
+  StatusOr<std::unique_ptr<Allocator>> device = MakeCudaCachingAllocator(Device::Cuda(0), &tracker);
+  ASSERT_TRUE(device.ok()) << device.status();
+  StatusOr<std::unique_ptr<Allocator>> pinned = MakePinnedHostAllocator(&tracker);
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  StatusOr<std::unique_ptr<Stream>> stream = CreateStream(Device::Cuda(0), "test");
+  ASSERT_TRUE(stream.ok());
+  Buffer d = *(*device)->Allocate(1 << 20, MemoryCategory::kGatheredWeights, stream->get());
+  Buffer h = *(*pinned)->Allocate(1 << 20, MemoryCategory::kCommBuffers, nullptr);
+  std::vector<float> src(1 << 18);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = 0.5f * i;
+  ASSERT_TRUE(CopyBytes(d.data(), Device::Cuda(0), src.data(), Device::Cpu(), 1 << 20, stream->get()).ok());
+  ASSERT_TRUE(CopyBytes(h.data(), Device::Cpu(), d.data(), Device::Cuda(0), 1 << 20, stream->get()).ok());
+  ASSERT_TRUE((*stream)->Synchronize().ok());
+  EXPECT_EQ(std::memcmp(h.data(), src.data(), 1 << 20), 0);
+  EXPECT_EQ(tracker.Usage(MemoryTier::kDevice, MemoryCategory::kGatheredWeights).current, 1 << 20);
+  EXPECT_EQ(tracker.Usage(MemoryTier::kPinnedHost, MemoryCategory::kCommBuffers).current, 1 << 20);
+  auto* caching = dynamic_cast<CachingAllocator*>(device->get());
+  ASSERT_NE(caching, nullptr);
+  const int64_t maps = caching->stats().segments_mapped;
+  d.Reset();
+  for (int i = 0; i < 100; ++i) {
+    Buffer again = *(*device)->Allocate(1 << 20, MemoryCategory::kGatheredWeights, stream->get());
+  }
+  EXPECT_EQ(caching->stats().segments_mapped, maps) << "no cudaMalloc per allocation";
+}
+
+}  // namespace
+}  // namespace zerort
