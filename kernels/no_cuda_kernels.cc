@@ -1,10 +1,28 @@
 // Kernel entry points of a build without CUDA.
 #include "kernels/cast.h"
+#include "kernels/optimizer.h"
+#include "kernels/reduce.h"
 
 namespace zerort::internal {
 
 Status CudaCast(const void*, DType, void*, DType, int64_t, Stream*) {
   return absl::FailedPreconditionError("Cast on CUDA: zerort was built without CUDA");
 }
+
+namespace {
+Status NoCuda(const char* what) {
+  return absl::FailedPreconditionError(std::string(what) + " on CUDA: zerort was built without CUDA");
+}
+}  // namespace
+
+Status CudaAdam(const AdamHyper&, float*, const float*, float*, float*, void*, DType, int64_t, Stream*) {
+  return NoCuda("AdamStep");
+}
+Status CudaSgd(const SgdHyper&, float*, const float*, float*, void*, DType, int64_t, Stream*) {
+  return NoCuda("SgdStep");
+}
+Status CudaSumOfSquares(const void*, DType, int64_t, float*, Stream*) { return NoCuda("SumOfSquares"); }
+Status CudaCountNonFinite(const void*, DType, int64_t, float*, Stream*) { return NoCuda("CountNonFinite"); }
+Status CudaScale(void*, DType, int64_t, float, Stream*) { return NoCuda("Scale"); }
 
 }  // namespace zerort::internal

@@ -79,6 +79,31 @@ inline float F16BitsToFloat(uint16_t bits) {
   return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
 }
 
+// Element i of a floating-point buffer of `dtype`, as fp32 (exact), and the rounded store.
+inline float LoadAsFloat(const void* base, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kBF16:
+      return Bf16BitsToFloat(static_cast<const uint16_t*>(base)[i]);
+    case DType::kF16:
+      return F16BitsToFloat(static_cast<const uint16_t*>(base)[i]);
+    default:
+      return static_cast<const float*>(base)[i];
+  }
+}
+
+inline void StoreFromFloat(void* base, DType dtype, int64_t i, float value) {
+  switch (dtype) {
+    case DType::kBF16:
+      static_cast<uint16_t*>(base)[i] = FloatToBf16Bits(value);
+      return;
+    case DType::kF16:
+      static_cast<uint16_t*>(base)[i] = FloatToF16Bits(value);
+      return;
+    default:
+      static_cast<float*>(base)[i] = value;
+  }
+}
+
 // Storage types for the 16-bit formats: raw bits with explicit conversions.
 struct BFloat16 {
   uint16_t bits = 0;

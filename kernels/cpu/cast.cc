@@ -8,30 +8,6 @@
 namespace zerort {
 namespace {
 
-float LoadAsFloat(const void* src, DType dtype, int64_t i) {
-  switch (dtype) {
-    case DType::kBF16:
-      return Bf16BitsToFloat(static_cast<const uint16_t*>(src)[i]);
-    case DType::kF16:
-      return F16BitsToFloat(static_cast<const uint16_t*>(src)[i]);
-    default:
-      return static_cast<const float*>(src)[i];
-  }
-}
-
-void StoreFloat(void* dst, DType dtype, int64_t i, float v) {
-  switch (dtype) {
-    case DType::kBF16:
-      static_cast<uint16_t*>(dst)[i] = FloatToBf16Bits(v);
-      return;
-    case DType::kF16:
-      static_cast<uint16_t*>(dst)[i] = FloatToF16Bits(v);
-      return;
-    default:
-      static_cast<float*>(dst)[i] = v;
-  }
-}
-
 // One loop per (src, dst) pair so the compiler sees straight-line code it can vectorise.
 template <typename Load, typename Store>
 void CastLoop(int64_t n, Load load, Store store) {
@@ -112,7 +88,7 @@ Status CastReference(const TensorView& src, const TensorView& dst) {
   ZR_RETURN_IF_ERROR(Validate(src, dst));
   if (!src.device().is_cpu()) return absl::InvalidArgumentError("CastReference runs on the CPU");
   for (int64_t i = 0; i < src.numel(); ++i) {
-    StoreFloat(dst.data(), dst.dtype(), i, LoadAsFloat(src.data(), src.dtype(), i));
+    StoreFromFloat(dst.data(), dst.dtype(), i, LoadAsFloat(src.data(), src.dtype(), i));
   }
   return absl::OkStatus();
 }

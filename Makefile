@@ -1,0 +1,66 @@
+# zerort: the two set-up commands of the README.
+#   make run   installs what is missing, builds, and runs the default job
+#   make test  installs what is missing, builds, and runs the tests (CPU, MPI, sanitizers,
+#              installed-package consumer; GPU tests run when a GPU is present, else skip)
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+# Open MPI refuses to run as root without these; harmless otherwise.
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+# In containers the single-copy shared-memory path (CMA) is often not permitted.
+export OMPI_MCA_btl_vader_single_copy_mechanism := none
+MPIRUN := mpirun --oversubscribe
+ZERORT := $(BUILD)/tools/zerort
+
+.PHONY: all deps build run test test-unit test-asan test-install bench clean
+
+all: build
+
+deps:
+	./scripts/install-deps.sh
+
+build: deps
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j$(JOBS)
+
+# Until `zerort train` lands, the default job shows the environment and a short comm benchmark
+# (loopback ranks in one process, then two MPI processes against raw MPI).
+run: build
+	$(ZERORT) env
+	$(ZERORT) bench comm --backend loopback --ranks 4 --max-bytes 4MiB --rounds 3
+	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(MPIRUN) -np 2 $(ZERORT) bench comm --backend mpi \
+	  --min-bytes 64KiB --max-bytes 16MiB --rounds 3
+
+test: test-unit test-install test-asan
+
+test-unit: build
+	ctest --test-dir $(BUILD) -L 'cpu|mpi|gpu' --output-on-failure -j2
+
+# The installed package, consumed by a program that knows only find_package(zerort).
+test-install: build
+	rm -rf $(BUILD)/install-test $(BUILD)/hello_comm
+	cmake --install $(BUILD) --prefix $(CURDIR)/$(BUILD)/install-test > /dev/null
+	cmake -S examples/hello_comm -B $(BUILD)/hello_comm -G Ninja \
+	  -DCMAKE_PREFIX_PATH=$(CURDIR)/$(BUILD)/install-test > /dev/null
+	cmake --build $(BUILD)/hello_comm
+	$(BUILD)/hello_comm/hello_comm
+	$(MPIRUN) -np 2 $(BUILD)/hello_comm/hello_comm
+	@echo "test-install: 2 passed, 0 failed"
+
+# The CPU tests again under AddressSanitizer and UndefinedBehaviorSanitizer (CPU-only build).
+test-asan: deps
+	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZR_ENABLE_CUDA=OFF \
+	  -DZR_SANITIZE=address,undefined $(CMAKE_FLAGS)
+	cmake --build $(ASAN_BUILD) -j$(JOBS)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --test-dir $(ASAN_BUILD) -L cpu --output-on-failure -j2
+
+# The measured benchmarks recorded in docs/benchmarks.md.
+bench: build
+	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(MPIRUN) -np 4 $(ZERORT) bench comm --backend mpi \
+	  --min-bytes 64KiB --max-bytes 64MiB --rounds 9 --json
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,0 +1,228 @@
+// CPU optimizer steps: the scalar references and the vectorised versions (one fused pass, OpenMP
+// threads over static chunks, SIMD inside), plus the validating entries shared with CUDA.
+#include <cmath>
+
+#include "kernels/optimizer.h"
+#include "runtime/dtype.h"
+#include "runtime/strings.h"
+
+namespace zerort {
+namespace {
+
+// Host-side constants, computed in double as PyTorch does for Python scalars, then rounded.
+struct AdamConstants {
+  float step_size;         // lr / (1 - beta1^step)
+  float bias2_sqrt;        // sqrt(1 - beta2^step)
+  float decay_factor;      // 1 - lr * wd for AdamW, 1 otherwise
+  float l2;                // wd for Adam (L2 on the gradient), 0 for AdamW
+};
+
+AdamConstants Constants(const AdamHyper& h) {
+  const double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), static_cast<double>(h.step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(h.beta2), static_cast<double>(h.step));
+  return AdamConstants{static_cast<float>(h.lr / bc1), static_cast<float>(std::sqrt(bc2)),
+                       h.decoupled ? static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay) : 1.0f,
+                       h.decoupled ? 0.0f : h.weight_decay};
+}
+
+template <typename Out>
+inline void Store(Out* out, int64_t i, float value) {
+  if constexpr (std::is_same_v<Out, float>) {
+    out[i] = value;
+  } else if constexpr (std::is_same_v<Out, BFloat16>) {
+    out[i].bits = FloatToBf16Bits(value);
+  } else if constexpr (std::is_same_v<Out, Half>) {
+    out[i].bits = FloatToF16Bits(value);
+  }
+}
+
+// One element of AdamW/Adam, in torch.optim's order of operations.
+inline float AdamElement(const AdamHyper& h, const AdamConstants& c, float p, float g, float& m,
+                         float& v) {
+  g *= h.grad_scale;
+  g += c.l2 * p;
+  p *= c.decay_factor;
+  m += (1.0f - h.beta1) * (g - m);  // exp_avg.lerp_(grad, 1 - beta1)
+  v = v * h.beta2 + (1.0f - h.beta2) * g * g;
+  const float denom = std::sqrt(v) / c.bias2_sqrt + h.eps;
+  return p - c.step_size * (m / denom);
+}
+
+inline float SgdElement(const SgdHyper& h, float p, float g, float* buf) {
+  g *= h.grad_scale;
+  g += h.weight_decay * p;
+  if (h.momentum != 0.0f) {
+    const float b = h.step <= 1 ? g : *buf * h.momentum + (1.0f - h.dampening) * g;
+    *buf = b;
+    g = h.nesterov ? g + h.momentum * b : b;
+  }
+  return p - h.lr * g;
+}
+
+template <typename Out>
+void AdamLoop(const AdamHyper& h, float* __restrict p, const float* __restrict g,
+              float* __restrict m, float* __restrict v, Out* __restrict out, int64_t n) {
+  const AdamConstants c = Constants(h);
+#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 15))
+  for (int64_t i = 0; i < n; ++i) {
+    const float np = AdamElement(h, c, p[i], g[i], m[i], v[i]);
+    p[i] = np;
+    if constexpr (!std::is_same_v<Out, void>) Store(out, i, np);
+  }
+}
+
+template <typename Out>
+void SgdLoop(const SgdHyper& h, float* __restrict p, const float* __restrict g,
+             float* __restrict buf, Out* __restrict out, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 15))
+  for (int64_t i = 0; i < n; ++i) {
+    const float np = SgdElement(h, p[i], g[i], buf + i);
+    p[i] = np;
+    if constexpr (!std::is_same_v<Out, void>) Store(out, i, np);
+  }
+}
+
+Status CheckF32(const TensorView& v, int64_t n, const char* what, Device device) {
+  if (v.dtype() != DType::kF32) return absl::InvalidArgumentError(StrCat(what, " must be f32, not ", DTypeName(v.dtype())));
+  if (v.numel() != n) return absl::InvalidArgumentError(StrCat(what, " has ", v.numel(), " elements, expected ", n));
+  if (v.device() != device) return absl::InvalidArgumentError(StrCat(what, " is on ", v.device().ToString(), ", expected ", device.ToString()));
+  if (n > 0 && v.data() == nullptr) return absl::InvalidArgumentError(StrCat(what, " is null"));
+  return absl::OkStatus();
+}
+
+Status CheckOut(const TensorView& out, int64_t n, Device device) {
+  if (out.data() == nullptr) return absl::OkStatus();  // no compute copy wanted
+  if (!IsFloatingPoint(out.dtype())) return absl::InvalidArgumentError("compute_out must be f32, bf16 or f16");
+  if (out.numel() != n) return absl::InvalidArgumentError(StrCat("compute_out has ", out.numel(), " elements, expected ", n));
+  if (out.device() != device) return absl::InvalidArgumentError("compute_out is on another device");
+  return absl::OkStatus();
+}
+
+Status CheckAdam(const AdamHyper& h, const TensorView& p, const TensorView& g, const TensorView& m,
+                 const TensorView& v, const TensorView& out) {
+  const int64_t n = p.numel();
+  ZR_RETURN_IF_ERROR(CheckF32(p, n, "master", p.device()));
+  ZR_RETURN_IF_ERROR(CheckF32(g, n, "grad", p.device()));
+  ZR_RETURN_IF_ERROR(CheckF32(m, n, "exp_avg", p.device()));
+  ZR_RETURN_IF_ERROR(CheckF32(v, n, "exp_avg_sq", p.device()));
+  ZR_RETURN_IF_ERROR(CheckOut(out, n, p.device()));
+  if (h.step < 1) return absl::InvalidArgumentError(StrCat("Adam step ", h.step, " is below 1"));
+  if (!(h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1)) {
+    return absl::InvalidArgumentError(StrCat("Adam betas (", h.beta1, ", ", h.beta2, ") must be in [0, 1)"));
+  }
+  return absl::OkStatus();
+}
+
+Status CheckSgd(const SgdHyper& h, const TensorView& p, const TensorView& g, const TensorView& buf,
+                const TensorView& out) {
+  const int64_t n = p.numel();
+  ZR_RETURN_IF_ERROR(CheckF32(p, n, "master", p.device()));
+  ZR_RETURN_IF_ERROR(CheckF32(g, n, "grad", p.device()));
+  if (h.momentum != 0.0f) ZR_RETURN_IF_ERROR(CheckF32(buf, n, "momentum_buffer", p.device()));
+  ZR_RETURN_IF_ERROR(CheckOut(out, n, p.device()));
+  if (h.nesterov && (h.momentum <= 0 || h.dampening != 0)) {
+    return absl::InvalidArgumentError("Nesterov momentum needs momentum > 0 and zero dampening");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+namespace internal {
+
+void CpuAdam(const AdamHyper& h, float* p, const float* g, float* m, float* v, void* out,
+             DType out_dtype, int64_t n) {
+  if (out == nullptr) return AdamLoop<void>(h, p, g, m, v, nullptr, n);
+  switch (out_dtype) {
+    case DType::kBF16:
+      return AdamLoop(h, p, g, m, v, static_cast<BFloat16*>(out), n);
+    case DType::kF16:
+      return AdamLoop(h, p, g, m, v, static_cast<Half*>(out), n);
+    default:
+      return AdamLoop(h, p, g, m, v, static_cast<float*>(out), n);
+  }
+}
+
+void CpuSgd(const SgdHyper& h, float* p, const float* g, float* buf, void* out, DType out_dtype,
+            int64_t n) {
+  if (out == nullptr) return SgdLoop<void>(h, p, g, buf, nullptr, n);
+  switch (out_dtype) {
+    case DType::kBF16:
+      return SgdLoop(h, p, g, buf, static_cast<BFloat16*>(out), n);
+    case DType::kF16:
+      return SgdLoop(h, p, g, buf, static_cast<Half*>(out), n);
+    default:
+      return SgdLoop(h, p, g, buf, static_cast<float*>(out), n);
+  }
+}
+
+}  // namespace internal
+
+Status AdamStep(const AdamHyper& h, const TensorView& master, const TensorView& grad,
+                const TensorView& exp_avg, const TensorView& exp_avg_sq,
+                const TensorView& compute_out, Stream* stream) {
+  ZR_RETURN_IF_ERROR(CheckAdam(h, master, grad, exp_avg, exp_avg_sq, compute_out));
+  auto* p = master.data_as<float>();
+  auto* g = grad.data_as<float>();
+  auto* m = exp_avg.data_as<float>();
+  auto* v = exp_avg_sq.data_as<float>();
+  if (master.device().is_cuda()) {
+    if (stream == nullptr || stream->device() != master.device()) {
+      return absl::InvalidArgumentError("AdamStep on CUDA views needs a stream of their device");
+    }
+    return internal::CudaAdam(h, p, g, m, v, compute_out.data(), compute_out.dtype(),
+                              master.numel(), stream);
+  }
+  internal::CpuAdam(h, p, g, m, v, compute_out.data(), compute_out.dtype(), master.numel());
+  return absl::OkStatus();
+}
+
+Status SgdStep(const SgdHyper& h, const TensorView& master, const TensorView& grad,
+               const TensorView& momentum_buffer, const TensorView& compute_out, Stream* stream) {
+  ZR_RETURN_IF_ERROR(CheckSgd(h, master, grad, momentum_buffer, compute_out));
+  auto* p = master.data_as<float>();
+  auto* g = grad.data_as<float>();
+  auto* buf = h.momentum != 0.0f ? momentum_buffer.data_as<float>() : nullptr;
+  if (master.device().is_cuda()) {
+    if (stream == nullptr || stream->device() != master.device()) {
+      return absl::InvalidArgumentError("SgdStep on CUDA views needs a stream of their device");
+    }
+    return internal::CudaSgd(h, p, g, buf, compute_out.data(), compute_out.dtype(),
+                             master.numel(), stream);
+  }
+  internal::CpuSgd(h, p, g, buf, compute_out.data(), compute_out.dtype(), master.numel());
+  return absl::OkStatus();
+}
+
+Status AdamStepReference(const AdamHyper& h, const TensorView& master, const TensorView& grad,
+                         const TensorView& exp_avg, const TensorView& exp_avg_sq,
+                         const TensorView& compute_out) {
+  ZR_RETURN_IF_ERROR(CheckAdam(h, master, grad, exp_avg, exp_avg_sq, compute_out));
+  if (!master.device().is_cpu()) return absl::InvalidArgumentError("references run on the CPU");
+  const AdamConstants c = Constants(h);
+  float* p = master.data_as<float>();
+  float* m = exp_avg.data_as<float>();
+  float* v = exp_avg_sq.data_as<float>();
+  const float* g = grad.data_as<float>();
+  for (int64_t i = 0; i < master.numel(); ++i) {
+    p[i] = AdamElement(h, c, p[i], g[i], m[i], v[i]);
+    if (compute_out.data() != nullptr) StoreFromFloat(compute_out.data(), compute_out.dtype(), i, p[i]);
+  }
+  return absl::OkStatus();
+}
+
+Status SgdStepReference(const SgdHyper& h, const TensorView& master, const TensorView& grad,
+                        const TensorView& momentum_buffer, const TensorView& compute_out) {
+  ZR_RETURN_IF_ERROR(CheckSgd(h, master, grad, momentum_buffer, compute_out));
+  if (!master.device().is_cpu()) return absl::InvalidArgumentError("references run on the CPU");
+  float* p = master.data_as<float>();
+  const float* g = grad.data_as<float>();
+  float* buf = h.momentum != 0.0f ? momentum_buffer.data_as<float>() : nullptr;
+  for (int64_t i = 0; i < master.numel(); ++i) {
+    p[i] = SgdElement(h, p[i], g[i], buf != nullptr ? buf + i : nullptr);
+    if (compute_out.data() != nullptr) StoreFromFloat(compute_out.data(), compute_out.dtype(), i, p[i]);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zerort

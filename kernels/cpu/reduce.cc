@@ -1,0 +1,121 @@
+// CPU reductions (vectorised with per-thread partial sums in a fixed order, so results do not
+// depend on timing) and their scalar double-precision references, plus the validating entries.
+#include <cmath>
+#include <vector>
+
+#include <omp.h>
+
+#include "kernels/reduce.h"
+#include "runtime/strings.h"
+
+namespace zerort {
+namespace {
+
+Status CheckArgs(const TensorView& x, const TensorView* out) {
+  if (!IsFloatingPoint(x.dtype())) {
+    return absl::InvalidArgumentError(StrCat("reduction over ", DTypeName(x.dtype()), " data"));
+  }
+  if (x.numel() > 0 && x.data() == nullptr) return absl::InvalidArgumentError("null input");
+  if (out != nullptr) {
+    if (out->dtype() != DType::kF32 || out->numel() != 1 || out->data() == nullptr) {
+      return absl::InvalidArgumentError("the output must be one f32 element");
+    }
+    if (out->device() != x.device()) return absl::InvalidArgumentError("output on another device");
+  }
+  return absl::OkStatus();
+}
+
+Status CheckStream(const TensorView& x, Stream* stream) {
+  if (stream == nullptr || stream->device() != x.device()) {
+    return absl::InvalidArgumentError("a reduction on CUDA data needs a stream of its device");
+  }
+  return absl::OkStatus();
+}
+
+// Sum of f(x_i) in double, with one partial per fixed chunk combined in chunk order: accurate
+// enough for a global norm over billions of elements, and deterministic.
+template <typename F>
+double ChunkedSum(const TensorView& x, F f) {
+  const int64_t n = x.numel();
+  constexpr int64_t kChunk = int64_t{1} << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partial(static_cast<size_t>(std::max<int64_t>(chunks, 1)), 0.0);
+  const void* base = x.data();
+  const DType dtype = x.dtype();
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t end = std::min(n, (c + 1) * kChunk);
+    double acc = 0.0;
+    if (dtype == DType::kF32) {
+      const float* p = static_cast<const float*>(base);
+#pragma omp simd reduction(+ : acc)
+      for (int64_t i = c * kChunk; i < end; ++i) acc += f(p[i]);
+    } else {
+#pragma omp simd reduction(+ : acc)
+      for (int64_t i = c * kChunk; i < end; ++i) acc += f(LoadAsFloat(base, dtype, i));
+    }
+    partial[static_cast<size_t>(c)] = acc;
+  }
+  double total = 0.0;
+  for (double p : partial) total += p;
+  return total;
+}
+
+}  // namespace
+
+Status SumOfSquares(const TensorView& x, const TensorView& out, Stream* stream) {
+  ZR_RETURN_IF_ERROR(CheckArgs(x, &out));
+  if (x.device().is_cuda()) {
+    ZR_RETURN_IF_ERROR(CheckStream(x, stream));
+    return internal::CudaSumOfSquares(x.data(), x.dtype(), x.numel(), out.data_as<float>(), stream);
+  }
+  *out.data_as<float>() += static_cast<float>(ChunkedSum(x, [](float v) { return static_cast<double>(v) * v; }));
+  return absl::OkStatus();
+}
+
+Status CountNonFinite(const TensorView& x, const TensorView& out, Stream* stream) {
+  ZR_RETURN_IF_ERROR(CheckArgs(x, &out));
+  if (x.device().is_cuda()) {
+    ZR_RETURN_IF_ERROR(CheckStream(x, stream));
+    return internal::CudaCountNonFinite(x.data(), x.dtype(), x.numel(), out.data_as<float>(), stream);
+  }
+  *out.data_as<float>() += static_cast<float>(ChunkedSum(x, [](float v) { return std::isfinite(v) ? 0.0 : 1.0; }));
+  return absl::OkStatus();
+}
+
+Status Scale(const TensorView& x, float factor, Stream* stream) {
+  ZR_RETURN_IF_ERROR(CheckArgs(x, nullptr));
+  if (x.device().is_cuda()) {
+    ZR_RETURN_IF_ERROR(CheckStream(x, stream));
+    return internal::CudaScale(x.data(), x.dtype(), x.numel(), factor, stream);
+  }
+  void* base = x.data();
+  const DType dtype = x.dtype();
+  const int64_t n = x.numel();
+  if (dtype == DType::kF32) {
+    float* p = static_cast<float*>(base);
+#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 16))
+    for (int64_t i = 0; i < n; ++i) p[i] *= factor;
+  } else {
+#pragma omp parallel for schedule(static) if (n > (int64_t{1} << 16))
+    for (int64_t i = 0; i < n; ++i) StoreFromFloat(base, dtype, i, LoadAsFloat(base, dtype, i) * factor);
+  }
+  return absl::OkStatus();
+}
+
+double SumOfSquaresReference(const TensorView& x) {
+  double acc = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double v = LoadAsFloat(x.data(), x.dtype(), i);
+    acc += v * v;
+  }
+  return acc;
+}
+
+int64_t CountNonFiniteReference(const TensorView& x) {
+  int64_t count = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) count += std::isfinite(LoadAsFloat(x.data(), x.dtype(), i)) ? 0 : 1;
+  return count;
+}
+
+}  // namespace zerort

@@ -1,0 +1,30 @@
+// Reductions and element-wise helpers over one buffer, for clipping and loss scaling. Each
+// accumulates into a one-element fp32 `out` view on the same device (out += ...), so several
+// shards sum into one scalar without a host round trip; the caller zeroes it first.
+//   SumOfSquares:   out += sum(x^2) (CPU: double partials; CUDA: fp32 per thread, then a tree)
+//   CountNonFinite: out += number of inf/NaN elements
+//   Scale:          x *= factor, in place
+// CPU (vectorised, with a scalar reference for the tests) and CUDA twins.
+#pragma once
+
+#include "runtime/device.h"
+#include "runtime/status.h"
+#include "runtime/tensor.h"
+
+namespace zerort {
+
+Status SumOfSquares(const TensorView& x, const TensorView& out, Stream* stream);
+Status CountNonFinite(const TensorView& x, const TensorView& out, Stream* stream);
+Status Scale(const TensorView& x, float factor, Stream* stream);
+
+// Scalar references (CPU): double accumulation.
+double SumOfSquaresReference(const TensorView& x);
+int64_t CountNonFiniteReference(const TensorView& x);
+
+namespace internal {
+Status CudaSumOfSquares(const void* x, DType dtype, int64_t n, float* out, Stream* stream);
+Status CudaCountNonFinite(const void* x, DType dtype, int64_t n, float* out, Stream* stream);
+Status CudaScale(void* x, DType dtype, int64_t n, float factor, Stream* stream);
+}  // namespace internal
+
+}  // namespace zerort

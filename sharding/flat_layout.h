@@ -1,0 +1,71 @@
+// FlatLayout: where each parameter of a unit lives in the unit's flat vector, how that vector is
+// padded, and which pieces of which parameters fall in each rank's shard. A pure function of the
+// parameter list, the data-parallel size and the alignment; the shard manager and the memory
+// estimator both use it, so they cannot disagree.
+//
+// Each parameter starts at a multiple of `alignment` elements (so views into the gathered buffer
+// are aligned for vector loads and GEMMs); the flat vector is padded to a multiple of
+// dp_size * alignment, so every shard has the same size and starts aligned. Padding elements
+// belong to no parameter and stay zero.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "runtime/status.h"
+#include "runtime/tensor.h"
+#include "sharding/range.h"
+
+namespace zerort {
+
+struct ParamSpec {
+  std::string name;           // "blocks.3.attn.qkv.weight"
+  Shape shape;                // the local shape (already divided by tensor parallelism)
+  bool weight_decay = true;   // false for biases and norms, as GPT-2 training does
+  int tensor_split_dim = -1;  // dimension split across the tensor-parallel group, -1: replicated
+
+  int64_t numel() const { return NumElements(shape); }
+};
+
+// A part of one parameter that lies in one rank's shard.
+struct ShardPiece {
+  int param = 0;       // index into FlatLayout::params()
+  Range param_range;   // elements of the (flattened) parameter
+  Range shard_range;   // where they are in the shard
+};
+
+class FlatLayout {
+ public:
+  static constexpr int64_t kDefaultAlignment = 16;  // elements: 64 B in fp32, 32 B in bf16
+
+  // Fails on an empty list, duplicate names, negative dimensions or a non-positive dp_size /
+  // alignment; never on sizes (uneven sizes are padded).
+  static StatusOr<FlatLayout> Create(std::vector<ParamSpec> params, int dp_size,
+                                     int64_t alignment = kDefaultAlignment);
+
+  const std::vector<ParamSpec>& params() const { return params_; }
+  int dp_size() const { return dp_size_; }
+  int64_t alignment() const { return alignment_; }
+  int64_t params_numel() const { return params_numel_; }  // sum of parameter sizes
+  int64_t padded_numel() const { return padded_numel_; }  // the flat vector, padding included
+  int64_t shard_numel() const { return padded_numel_ / dp_size_; }
+
+  Range flat_range(int param) const { return flat_ranges_.at(param); }
+  // The rank's shard in the flat frame.
+  Range shard_flat_range(int rank) const {
+    return Range{rank * shard_numel(), (rank + 1) * shard_numel()};
+  }
+  // The pieces of parameters in the rank's shard, in flat order.
+  std::vector<ShardPiece> ShardPieces(int rank) const;
+  int FindParam(const std::string& name) const;  // -1 when absent
+
+ private:
+  std::vector<ParamSpec> params_;
+  std::vector<Range> flat_ranges_;
+  int dp_size_ = 1;
+  int64_t alignment_ = kDefaultAlignment;
+  int64_t params_numel_ = 0;
+  int64_t padded_numel_ = 0;
+};
+
+}  // namespace zerort

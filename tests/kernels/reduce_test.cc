@@ -1,0 +1,53 @@
+// Reductions: the vectorised CPU kernels against double-precision references, and in-place
+// scaling, in fp32, bf16 and f16.
+#include "kernels/reduce.h"
+
+#include <cmath>
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace zerort {
+namespace {
+
+TEST(ReduceTest, SumOfSquaresAndNonFinite) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> d(0.0f, 2.0f);
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const int64_t n = (1 << 20) + 17;
+    std::vector<uint32_t> storage(n);
+    TensorView x(storage.data(), dtype, {n});
+    for (int64_t i = 0; i < n; ++i) StoreFromFloat(storage.data(), dtype, i, d(rng));
+    float acc = 1.5f;  // accumulates on top of what is there
+    ASSERT_TRUE(SumOfSquares(x, TensorView(&acc, DType::kF32, {1}), nullptr).ok());
+    const double want = SumOfSquaresReference(x) + 1.5;
+    EXPECT_NEAR(acc, want, 1e-5 * want) << DTypeName(dtype);
+
+    float count = 0;
+    ASSERT_TRUE(CountNonFinite(x, TensorView(&count, DType::kF32, {1}), nullptr).ok());
+    EXPECT_EQ(count, 0);
+    StoreFromFloat(storage.data(), dtype, 5, INFINITY);
+    StoreFromFloat(storage.data(), dtype, n - 1, NAN);
+    ASSERT_TRUE(CountNonFinite(x, TensorView(&count, DType::kF32, {1}), nullptr).ok());
+    EXPECT_EQ(count, 2);
+    EXPECT_EQ(CountNonFiniteReference(x), 2);
+
+    const float before = LoadAsFloat(storage.data(), dtype, 1000);
+    ASSERT_TRUE(Scale(x, 0.5f, nullptr).ok());
+    EXPECT_EQ(LoadAsFloat(storage.data(), dtype, 1000), before * 0.5f);  // exact: power of two
+  }
+}
+
+TEST(ReduceTest, ChecksArguments) {
+  float x[4] = {1, 2, 3, 4};
+  double wrong = 0;
+  EXPECT_EQ(SumOfSquares(TensorView(x, DType::kF32, {4}), TensorView(&wrong, DType::kI64, {1}), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  int32_t ints[2] = {1, 2};
+  float out = 0;
+  EXPECT_EQ(SumOfSquares(TensorView(ints, DType::kI32, {2}), TensorView(&out, DType::kF32, {1}), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace zerort

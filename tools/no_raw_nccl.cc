@@ -1,0 +1,10 @@
+// Without NCCL (or MPI to bootstrap it) there is no raw NCCL baseline.
+#include "tools/raw_nccl.h"
+
+namespace zerort::cli {
+
+StatusOr<std::unique_ptr<RawNccl>> CreateRawNccl(Device) {
+  return absl::FailedPreconditionError("zerort was built without NCCL and MPI");
+}
+
+}  // namespace zerort::cli
