@@ -30,11 +30,13 @@ bool IsFloatingPoint(DType dtype);
 StatusOr<DType> ParseDType(std::string_view name);
 
 inline uint16_t FloatToBf16Bits(float value) {
-  uint32_t bits = std::bit_cast<uint32_t>(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
   const uint32_t lsb = (bits >> 16) & 1u;
-  bits += 0x7fffu + lsb;  // round to nearest even; carries into the exponent (and to inf) correctly
-  return static_cast<uint16_t>(bits >> 16);
+  // Round to nearest even; the carry runs into the exponent (and to inf) correctly.
+  const uint32_t rounded = (bits + 0x7fffu + lsb) >> 16;
+  const uint32_t quiet_nan = (bits >> 16) | 0x0040u;
+  // A select, not a branch, so loops that convert vectorise.
+  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
 inline float Bf16BitsToFloat(uint16_t bits) {

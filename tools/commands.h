@@ -29,6 +29,13 @@ struct BenchCommOptions {
 int RunBenchComm(const BenchCommOptions& options, const LaunchEnv& launch, int* argc,
                  char*** argv);
 
+struct BenchAdamwOptions {
+  int64_t params = int64_t{32} << 20;  // 32 Mi parameters: 960 MiB of state, far beyond caches
+  int rounds = 7;
+  bool json = false;
+};
+int RunBenchAdamw(const BenchAdamwOptions& options);
+
 // Parses "4096", "4KiB", "64MiB", "1GiB", "1.5GB".
 StatusOr<size_t> ParseBytes(const std::string& text);
 std::string FormatBytes(double bytes);  // "4 KiB", "64 MiB"

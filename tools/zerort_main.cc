@@ -51,6 +51,12 @@ int main(int argc, char** argv) {
   comm->add_option("--seconds-per-round", comm_options.seconds_per_round,
                    "Target duration of one round")->capture_default_str();
   comm->add_flag("--json", comm_options.json, "One JSON object instead of a table");
+  cli::BenchAdamwOptions adamw_options;
+  CLI::App* adamw = bench->add_subcommand("adamw", "Fused AdamW against the memory-bandwidth floor");
+  adamw->add_option("--params", adamw_options.params, "Parameters in the shard")->capture_default_str();
+  adamw->add_option("--rounds", adamw_options.rounds, "Alternating rounds (medians reported)")
+      ->capture_default_str();
+  adamw->add_flag("--json", adamw_options.json, "One JSON object instead of text");
 
   for (const auto& [name, what] : kNotYet) {
     app.add_subcommand(name, std::string(what) + " (not available in this version)")
@@ -90,5 +96,6 @@ int main(int argc, char** argv) {
   }
   if (app.got_subcommand(env)) return cli::RunEnv(env_options, *launch);
   if (comm->parsed()) return cli::RunBenchComm(comm_options, *launch, &argc, &argv);
+  if (adamw->parsed()) return cli::RunBenchAdamw(adamw_options);
   return kExitUsage;
 }

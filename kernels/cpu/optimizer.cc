@@ -71,14 +71,35 @@ void AdamLoop(const AdamHyper& h, float* __restrict p, const float* __restrict g
   }
 }
 
+// One loop per momentum case, so no loop carries a branch or a load through a null pointer.
 template <typename Out>
 void SgdLoop(const SgdHyper& h, float* __restrict p, const float* __restrict g,
              float* __restrict buf, Out* __restrict out, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 15))
-  for (int64_t i = 0; i < n; ++i) {
-    const float np = SgdElement(h, p[i], g[i], buf + i);
+  const float lr = h.lr, wd = h.weight_decay, scale = h.grad_scale, mu = h.momentum;
+  const float keep = 1.0f - h.dampening;
+  const bool nesterov = h.nesterov;
+  auto store = [&](int64_t i, float np) {
     p[i] = np;
     if constexpr (!std::is_same_v<Out, void>) Store(out, i, np);
+  };
+  if (mu == 0.0f) {
+#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 15))
+    for (int64_t i = 0; i < n; ++i) store(i, p[i] - lr * (g[i] * scale + wd * p[i]));
+  } else if (h.step <= 1) {
+#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 15))
+    for (int64_t i = 0; i < n; ++i) {
+      const float d = g[i] * scale + wd * p[i];
+      buf[i] = d;
+      store(i, p[i] - lr * (nesterov ? d + mu * d : d));
+    }
+  } else {
+#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 15))
+    for (int64_t i = 0; i < n; ++i) {
+      const float d = g[i] * scale + wd * p[i];
+      const float b = buf[i] * mu + keep * d;
+      buf[i] = b;
+      store(i, p[i] - lr * (nesterov ? d + mu * b : b));
+    }
   }
 }
 
