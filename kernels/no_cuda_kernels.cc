@@ -24,5 +24,6 @@ Status CudaSgd(const SgdHyper&, float*, const float*, float*, void*, DType, int6
 Status CudaSumOfSquares(const void*, DType, int64_t, float*, Stream*) { return NoCuda("SumOfSquares"); }
 Status CudaCountNonFinite(const void*, DType, int64_t, float*, Stream*) { return NoCuda("CountNonFinite"); }
 Status CudaScale(void*, DType, int64_t, float, Stream*) { return NoCuda("Scale"); }
+Status CudaAccumulateInto(const void*, DType, float*, int64_t, Stream*) { return NoCuda("AccumulateInto"); }
 
 }  // namespace zerort::internal

@@ -4,6 +4,7 @@
 //   SumOfSquares:   out += sum(x^2) (CPU: double partials; CUDA: fp32 per thread, then a tree)
 //   CountNonFinite: out += number of inf/NaN elements
 //   Scale:          x *= factor, in place
+//   AccumulateInto: dst (f32) += src (any float dtype), element-wise
 // CPU (vectorised, with a scalar reference for the tests) and CUDA twins.
 #pragma once
 
@@ -16,6 +17,7 @@ namespace zerort {
 Status SumOfSquares(const TensorView& x, const TensorView& out, Stream* stream);
 Status CountNonFinite(const TensorView& x, const TensorView& out, Stream* stream);
 Status Scale(const TensorView& x, float factor, Stream* stream);
+Status AccumulateInto(const TensorView& src, const TensorView& dst, Stream* stream);
 
 // Scalar references (CPU): double accumulation.
 double SumOfSquaresReference(const TensorView& x);
@@ -25,6 +27,7 @@ namespace internal {
 Status CudaSumOfSquares(const void* x, DType dtype, int64_t n, float* out, Stream* stream);
 Status CudaCountNonFinite(const void* x, DType dtype, int64_t n, float* out, Stream* stream);
 Status CudaScale(void* x, DType dtype, int64_t n, float factor, Stream* stream);
+Status CudaAccumulateInto(const void* src, DType dtype, float* dst, int64_t n, Stream* stream);
 }  // namespace internal
 
 }  // namespace zerort

@@ -69,4 +69,13 @@ Status CopyBytes(void* dst, Device dst_device, const void* src, Device src_devic
   return internal::CudaCopyBytes(dst, dst_device, src, src_device, bytes, stream);
 }
 
+Status FillZero(void* ptr, Device device, size_t bytes, Stream* stream) {
+  if (bytes == 0) return absl::OkStatus();
+  if (device.is_cpu()) {
+    std::memset(ptr, 0, bytes);
+    return absl::OkStatus();
+  }
+  return internal::CudaFillZero(ptr, device, bytes, stream);
+}
+
 }  // namespace zerort

@@ -141,6 +141,16 @@ Status CudaCopyBytes(void* dst, Device dst_device, const void* src, Device src_d
   return absl::OkStatus();
 }
 
+Status CudaFillZero(void* ptr, Device device, size_t bytes, Stream* stream) {
+  if (stream != nullptr && stream->device() == device) {
+    ZR_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(ptr, 0, bytes, static_cast<cudaStream_t>(stream->native_handle())));
+    return absl::OkStatus();
+  }
+  ZR_CUDA_RETURN_IF_ERROR(cudaMemset(ptr, 0, bytes));
+  return absl::OkStatus();
+}
+
 }  // namespace internal
 
 CudaInfo QueryCuda() {

@@ -66,6 +66,10 @@ StatusOr<std::unique_ptr<Event>> CreateEvent(Device device);
 Status CopyBytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
                  Stream* stream);
 
+// Sets `bytes` bytes at `ptr` to zero: asynchronously on a CUDA stream for device memory,
+// immediately for host memory.
+Status FillZero(void* ptr, Device device, size_t bytes, Stream* stream);
+
 struct CudaDeviceInfo {
   int index = 0;
   std::string name;

@@ -21,6 +21,7 @@ StatusOr<std::unique_ptr<Event>> CreateCudaEvent(Device) { return NoCuda("Create
 Status CudaCopyBytes(void*, Device, const void*, Device, size_t, Stream*) {
   return NoCuda("CopyBytes to or from CUDA memory");
 }
+Status CudaFillZero(void*, Device, size_t, Stream*) { return NoCuda("FillZero of CUDA memory"); }
 
 }  // namespace internal
 

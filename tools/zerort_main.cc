@@ -64,6 +64,19 @@ int main(int argc, char** argv) {
         ->prefix_command();
   }
 
+  // CLI11 would only say "a subcommand is required": name the word that is not a command.
+  if (argc > 1 && argv[1][0] != '-') {
+    bool known = false;
+    std::string names;
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+      known = known || sub->get_name() == argv[1];
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!known) {
+      std::fprintf(stderr, "zerort: unknown command '%s'; commands: %s\n", argv[1], names.c_str());
+      return kExitUsage;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -103,6 +103,31 @@ Status Scale(const TensorView& x, float factor, Stream* stream) {
   return absl::OkStatus();
 }
 
+Status AccumulateInto(const TensorView& src, const TensorView& dst, Stream* stream) {
+  ZR_RETURN_IF_ERROR(CheckArgs(src, nullptr));
+  if (dst.dtype() != DType::kF32 || dst.numel() != src.numel() || dst.device() != src.device()) {
+    return absl::InvalidArgumentError(StrCat("AccumulateInto needs an f32 destination of ", src.numel(),
+                                             " elements on ", src.device().ToString()));
+  }
+  if (src.device().is_cuda()) {
+    ZR_RETURN_IF_ERROR(CheckStream(src, stream));
+    return internal::CudaAccumulateInto(src.data(), src.dtype(), dst.data_as<float>(), src.numel(), stream);
+  }
+  float* out = dst.data_as<float>();
+  const void* in = src.data();
+  const DType dtype = src.dtype();
+  const int64_t n = src.numel();
+  if (dtype == DType::kF32) {
+    const float* f = static_cast<const float*>(in);
+#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 16))
+    for (int64_t i = 0; i < n; ++i) out[i] += f[i];
+  } else {
+#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 16))
+    for (int64_t i = 0; i < n; ++i) out[i] += LoadAsFloat(in, dtype, i);
+  }
+  return absl::OkStatus();
+}
+
 double SumOfSquaresReference(const TensorView& x) {
   double acc = 0;
   for (int64_t i = 0; i < x.numel(); ++i) {

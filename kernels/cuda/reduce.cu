@@ -85,6 +85,14 @@ __global__ void ScaleKernel<__half>(__half* __restrict__ x, int64_t n, float fac
   }
 }
 
+template <typename T>
+static __global__ void AccumulateKernel(const T* __restrict__ src, float* __restrict__ dst, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    dst[i] += Load(src, i);
+  }
+}
+
 template <typename Op>
 static Status LaunchReduce(const void* x, DType dtype, int64_t n, float* out, Op op, cudaStream_t s) {
   float* partial = nullptr;
@@ -131,6 +139,24 @@ Status CudaScale(void* x, DType dtype, int64_t n, float factor, Stream* stream) 
       break;
     default:
       ScaleKernel<<<blocks, kThreads, 0, s>>>(static_cast<float*>(x), n, factor);
+  }
+  ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+Status CudaAccumulateInto(const void* src, DType dtype, float* dst, int64_t n, Stream* stream) {
+  if (n == 0) return absl::OkStatus();
+  auto s = static_cast<cudaStream_t>(stream->native_handle());
+  const int blocks = static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096));
+  switch (dtype) {
+    case DType::kBF16:
+      AccumulateKernel<<<blocks, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(src), dst, n);
+      break;
+    case DType::kF16:
+      AccumulateKernel<<<blocks, kThreads, 0, s>>>(static_cast<const __half*>(src), dst, n);
+      break;
+    default:
+      AccumulateKernel<<<blocks, kThreads, 0, s>>>(static_cast<const float*>(src), dst, n);
   }
   ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();

@@ -1,0 +1,34 @@
+// Dynamic loss scaling for fp16, with DeepSpeed's semantics (DynamicLossScaler): the scale
+// halves after `hysteresis` overflows (never below min_loss_scale) and doubles after
+// `loss_scale_window` overflow-free steps. Every rank feeds it the all-reduced overflow flag,
+// so every rank holds the same scale. A long run of skipped steps is an error.
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/status.h"
+#include "sharding/options.h"
+
+namespace zerort {
+
+class LossScaler {
+ public:
+  explicit LossScaler(const LossScaleOptions& options, bool enabled);
+
+  float scale() const { return scale_; }
+  int64_t skipped_steps() const { return skipped_; }
+  // Records a step's outcome. Fails once max_consecutive_skips steps in a row overflowed.
+  Status Update(bool overflow);
+
+ private:
+  LossScaleOptions options_;
+  bool enabled_;
+  float scale_;
+  int hysteresis_left_;
+  int64_t iteration_ = 0;
+  int64_t last_overflow_iteration_ = -1;
+  int64_t skipped_ = 0;
+  int consecutive_skips_ = 0;
+};
+
+}  // namespace zerort

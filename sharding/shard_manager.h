@@ -1,0 +1,128 @@
+// ShardManager: the embedding API of zerort. A trainer that owns its forward/backward code
+// registers its parameters in units, brackets each unit's forward and backward with a scope,
+// and calls Step() once per optimizer step; the manager does the rest: ZeRO stage semantics,
+// gathering and releasing with prefetch in recorded order, gradient reduction, loss scaling,
+// clipping and the sharded optimizer. Public header: no CUDA, NCCL or MPI includes.
+//
+//   auto manager = ShardManager::Create(options, resources);
+//   int fc1 = *manager->AddUnit("fc1", {{"fc1.weight", {64, 32}}, {"fc1.bias", {64}, false}});
+//   ZR_RETURN_IF_ERROR(manager->Initialize(init));
+//   for each step:
+//     for each micro-batch:
+//       { auto s = *manager->Forward(fc1); use s.param(0), s.param(1); ZR_RETURN_IF_ERROR(s.End()); }
+//       loss *= manager->loss_scale();  // before backward
+//       { auto s = *manager->Backward(fc1); add into s.grad(0), s.grad(1); ZR_RETURN_IF_ERROR(s.End()); }
+//     StepResult r = *manager->Step({.lr = lr, .micro_batches = k});
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/allocator.h"
+#include "runtime/communicator.h"
+#include "runtime/memory.h"
+#include "sharding/loss_scaler.h"
+#include "sharding/options.h"
+#include "sharding/sharded_unit.h"
+
+namespace zerort {
+
+class ShardManager;
+
+// A unit in use for one forward or backward pass: gathered when created, released (and for a
+// backward, its gradients reduced) by End(). End() is called by the destructor if the caller
+// did not, and a failure there stops the program: call End() to handle errors yourself.
+class UnitScope {
+ public:
+  UnitScope(UnitScope&& other) noexcept;
+  UnitScope& operator=(UnitScope&&) = delete;
+  UnitScope(const UnitScope&) = delete;
+  ~UnitScope();
+
+  TensorView param(int i) const;  // compute dtype
+  TensorView grad(int i) const;   // reduce dtype; backward scopes only; add (+=) into it
+  Status End();
+
+ private:
+  friend class ShardManager;
+  UnitScope(ShardManager* manager, int unit, bool backward)
+      : manager_(manager), unit_(unit), backward_(backward) {}
+  ShardManager* manager_;
+  int unit_;
+  bool backward_;
+};
+
+struct StepInputs {
+  float lr = 0.0f;
+  int micro_batches = 1;  // gradients accumulated since the last step
+};
+
+struct StepResult {
+  bool skipped = false;     // non-finite gradients on some rank: no parameter changed
+  double grad_norm = 0.0;   // global L2 norm of the averaged, unscaled gradient, before clipping
+  float loss_scale = 1.0f;  // the scale this step's gradients carried
+  int64_t step = 0;         // optimizer steps taken so far (skipped ones excluded)
+};
+
+class ShardManager {
+ public:
+  struct Resources {
+    Communicator* dp = nullptr;             // data-parallel group (required)
+    Allocator* device_allocator = nullptr;  // required; its tracker gets every byte
+    Stream* compute = nullptr;              // optional: created on the allocator's device
+    Stream* comm = nullptr;                 // optional: created on the allocator's device
+  };
+
+  static StatusOr<std::unique_ptr<ShardManager>> Create(const ShardManagerOptions& options,
+                                                        const Resources& resources);
+  ~ShardManager();
+
+  // Registers a unit (before Initialize). Returns its index.
+  StatusOr<int> AddUnit(std::string name, std::vector<ParamSpec> params);
+  // Allocates and initialises every unit (collective over the data-parallel group).
+  Status Initialize(const Initializer& init);
+
+  StatusOr<UnitScope> Forward(int unit);
+  StatusOr<UnitScope> Backward(int unit);
+  // Completes this step's gradient reduction (stages 0-1 all-reduce here; 2-3 reduced as each
+  // unit's backward ended). Step() calls it when the caller has not; calling it first lets a
+  // caller inspect the reduced gradient shards (ShardedUnit::GradShard) before the update.
+  Status ReduceGradients();
+  StatusOr<StepResult> Step(const StepInputs& inputs);
+
+  float loss_scale() const { return scaler_.scale(); }
+  int64_t skipped_steps() const { return scaler_.skipped_steps(); }
+  int num_units() const { return static_cast<int>(units_.size()); }
+  ShardedUnit& unit(int i) { return *units_.at(i); }
+  const ShardManagerOptions& options() const { return options_; }
+  Stream& compute_stream() { return *resources_.compute; }
+  // Bytes of gathered weights of non-persistent units currently gathered or gathering.
+  int64_t live_gathered_bytes() const;
+
+ private:
+  friend class UnitScope;
+  ShardManager(const ShardManagerOptions& options, const Resources& resources);
+  Status EnsureGathered(int unit);
+  Status Prefetch(int after_position);
+  Status EndScope(int unit, bool backward);
+  void EndStepOrder();
+
+  ShardManagerOptions options_;
+  Resources resources_;
+  std::unique_ptr<Stream> owned_compute_;
+  std::unique_ptr<Stream> owned_comm_;
+  std::vector<std::unique_ptr<ShardedUnit>> units_;
+  LossScaler scaler_;
+  bool initialized_ = false;
+  int64_t steps_ = 0;
+
+  // Gather order of the first step (forward then backward), replayed for prefetch afterwards.
+  std::vector<int> recorded_order_;
+  bool recording_ = true;
+  bool order_changed_ = false;
+  bool gradients_reduced_ = false;
+  size_t position_ = 0;  // next index into recorded_order_ in the current step
+};
+
+}  // namespace zerort

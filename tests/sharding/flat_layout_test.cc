@@ -1,0 +1,50 @@
+// FlatLayout: alignment, padding of uneven sizes, shard pieces that tile every parameter once.
+#include "sharding/flat_layout.h"
+
+#include "gtest/gtest.h"
+
+namespace zerort {
+namespace {
+
+TEST(FlatLayoutTest, PadsUnevenSizesAndAlignsParameters) {
+  auto layout = *FlatLayout::Create({{"w", {13, 7}}, {"b", {13}, false}, {"g", {5}}}, 3);
+  EXPECT_EQ(layout.params_numel(), 91 + 13 + 5);
+  EXPECT_EQ(layout.flat_range(0), (Range{0, 91}));
+  EXPECT_EQ(layout.flat_range(1), (Range{96, 109}));  // aligned to 16 elements
+  EXPECT_EQ(layout.flat_range(2), (Range{112, 117}));
+  EXPECT_EQ(layout.padded_numel() % (3 * 16), 0);
+  EXPECT_GE(layout.padded_numel(), 117);
+  EXPECT_EQ(layout.shard_numel() * 3, layout.padded_numel());
+}
+
+TEST(FlatLayoutTest, PiecesCoverEveryParameterExactlyOnce) {
+  for (int dp : {1, 2, 3, 4, 7, 64}) {
+    auto layout = *FlatLayout::Create({{"a", {1000, 3}}, {"b", {1}}, {"c", {17, 17}}, {"d", {0}}}, dp);
+    std::vector<std::vector<int>> covered(4);
+    for (int i = 0; i < 4; ++i) covered[i].assign(layout.params()[i].numel(), 0);
+    for (int r = 0; r < dp; ++r) {
+      for (const ShardPiece& p : layout.ShardPieces(r)) {
+        ASSERT_EQ(p.param_range.size(), p.shard_range.size());
+        ASSERT_GE(p.shard_range.begin, 0);
+        ASSERT_LE(p.shard_range.end, layout.shard_numel());
+        // The piece sits where the flat layout says.
+        ASSERT_EQ(layout.flat_range(p.param).begin + p.param_range.begin,
+                  r * layout.shard_numel() + p.shard_range.begin);
+        for (int64_t k = p.param_range.begin; k < p.param_range.end; ++k) ++covered[p.param][k];
+      }
+    }
+    for (const auto& c : covered) {
+      for (int n : c) ASSERT_EQ(n, 1) << "dp " << dp;
+    }
+  }
+}
+
+TEST(FlatLayoutTest, RejectsBadInput) {
+  EXPECT_FALSE(FlatLayout::Create({}, 2).ok());
+  EXPECT_FALSE(FlatLayout::Create({{"a", {2}}, {"a", {3}}}, 2).ok());
+  EXPECT_FALSE(FlatLayout::Create({{"a", {-1}}}, 2).ok());
+  EXPECT_FALSE(FlatLayout::Create({{"a", {2}}}, 0).ok());
+}
+
+}  // namespace
+}  // namespace zerort
