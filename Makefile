@@ -38,16 +38,21 @@ test: test-unit test-install test-asan
 test-unit: build
 	ctest --test-dir $(BUILD) -L 'cpu|mpi|gpu' --output-on-failure -j2
 
-# The installed package, consumed by a program that knows only find_package(zerort).
+# The installed package, consumed by programs that know only find_package(zerort): a
+# communicator hello and a trainer that embeds the shard manager (ZeRO-3) for its own MLP.
 test-install: build
-	rm -rf $(BUILD)/install-test $(BUILD)/hello_comm
+	rm -rf $(BUILD)/install-test $(BUILD)/hello_comm $(BUILD)/embed
 	cmake --install $(BUILD) --prefix $(CURDIR)/$(BUILD)/install-test > /dev/null
-	cmake -S examples/hello_comm -B $(BUILD)/hello_comm -G Ninja \
-	  -DCMAKE_PREFIX_PATH=$(CURDIR)/$(BUILD)/install-test > /dev/null
-	cmake --build $(BUILD)/hello_comm
+	for ex in hello_comm embed; do \
+	  cmake -S examples/$$ex -B $(BUILD)/$$ex -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	    -DCMAKE_PREFIX_PATH=$(CURDIR)/$(BUILD)/install-test > /dev/null && \
+	  cmake --build $(BUILD)/$$ex || exit 1; \
+	done
 	$(BUILD)/hello_comm/hello_comm
 	$(MPIRUN) -np 2 $(BUILD)/hello_comm/hello_comm
-	@echo "test-install: 2 passed, 0 failed"
+	$(BUILD)/embed/embed_mlp
+	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(MPIRUN) -np 2 $(BUILD)/embed/embed_mlp
+	@echo "test-install: 4 passed, 0 failed"
 
 # The CPU tests again under AddressSanitizer and UndefinedBehaviorSanitizer (CPU-only build).
 test-asan: deps

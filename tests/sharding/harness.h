@@ -1,0 +1,125 @@
+// The training harness of the shard-manager tests: the MLP trained through the manager on any
+// communicator (loopback ranks or MPI processes), the unsharded reference run, and the
+// comparison metric.
+#pragma once
+
+#include <cmath>
+
+#include "runtime/loopback_communicator.h"
+#include "tests/sharding/mlp.h"
+
+namespace zerort::testing {
+
+constexpr int kGlobalBatch = 12;  // divisible by world sizes 1-4 and by micro-batch counts
+constexpr float kLr = 0.01f;
+
+struct RunConfig {
+  ZeroStage stage = ZeroStage::k3;
+  int world = 1;
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+  DType compute = DType::kF32;
+  float clip = 0.0f;
+  int micro_batches = 1;
+  int steps = 20;
+  int64_t persistence_threshold = 0;  // stage 3: every unit is gathered and released
+};
+
+inline ShardManagerOptions Options(const RunConfig& c) {
+  ShardManagerOptions o;
+  o.stage = c.stage;
+  o.compute_dtype = c.compute;
+  o.reduce_dtype = c.compute == DType::kF32 ? DType::kF32 : c.compute;
+  o.gradient_clipping = c.clip;
+  o.stage3_param_persistence_threshold = c.persistence_threshold;
+  o.optimizer.kind = c.optimizer;
+  o.optimizer.weight_decay = 0.05f;
+  o.optimizer.beta2 = 0.95f;
+  if (c.optimizer == OptimizerKind::kSgd) {
+    o.optimizer.momentum = 0.9f;
+    o.optimizer.nesterov = true;
+  }
+  return o;
+}
+
+struct RunResult {
+  std::vector<std::vector<float>> params;  // full master values, gathered on rank 0
+  std::vector<double> grad_norms;
+  std::vector<bool> skipped;
+  std::string error;
+};
+
+// One rank's part of a training run of the MLP through the shard manager; rank 0 fills `result`.
+inline Status TrainRank(const RunConfig& c, Communicator& comm, RunResult& result) {
+    MemoryTracker tracker;
+    std::unique_ptr<Allocator> allocator = MakeCpuCachingAllocator(&tracker);
+    ZR_ASSIGN_OR_RETURN(std::unique_ptr<ShardManager> m,
+                        ShardManager::Create(Options(c), {.dp = &comm, .device_allocator = allocator.get()}));
+    std::vector<int> units;
+    for (int l = 0; l < MlpLayers(); ++l) {
+      ZR_ASSIGN_OR_RETURN(int u, m->AddUnit("fc" + std::to_string(l), MlpUnitParams(l)));
+      units.push_back(u);
+    }
+    ZR_RETURN_IF_ERROR(m->Initialize(MlpInit));
+    const int per_rank = kGlobalBatch / c.world;
+    const int per_micro = per_rank / c.micro_batches;
+    for (int step = 0; step < c.steps; ++step) {
+      for (int k = 0; k < c.micro_batches; ++k) {
+        const int64_t first = int64_t{step} * kGlobalBatch + comm.rank() * per_rank + k * per_micro;
+        ZR_RETURN_IF_ERROR(MlpForwardBackward(*m, units, first, per_micro, m->loss_scale()).status());
+      }
+      ZR_ASSIGN_OR_RETURN(StepResult r, m->Step({.lr = kLr, .micro_batches = c.micro_batches}));
+      if (comm.rank() == 0) {
+        result.grad_norms.push_back(r.grad_norm);
+        result.skipped.push_back(r.skipped);
+      }
+    }
+    for (int u : units) {
+      for (size_t i = 0; i < m->unit(u).layout().params().size(); ++i) {
+        std::vector<float> full(m->unit(u).layout().params()[i].numel());
+        ZR_RETURN_IF_ERROR(m->unit(u).GatherMaster(static_cast<int>(i), full));
+        if (comm.rank() == 0) result.params.push_back(std::move(full));
+      }
+    }
+    return absl::OkStatus();
+}
+
+// The same run on `c.world` loopback ranks.
+inline RunResult Train(const RunConfig& c) {
+  RunResult result;
+  CommOptions comm_options;
+  comm_options.timeout = std::chrono::seconds(60);
+  const Status status = RunLoopbackRanks(c.world, comm_options, nullptr,
+                                         [&](Communicator& comm) { return TrainRank(c, comm, result); });
+  if (!status.ok()) result.error = status.ToString();
+  return result;
+}
+
+inline MlpReference Reference(const RunConfig& c, std::vector<double>* norms) {
+  MlpReference ref(Options(c).seed);
+  const ShardManagerOptions o = Options(c);
+  for (int step = 0; step < c.steps; ++step) {
+    ref.Backward(int64_t{step} * kGlobalBatch, kGlobalBatch);
+    const double norm = ref.GradNorm(1.0f);
+    if (norms != nullptr) norms->push_back(norm);
+    const double clip = c.clip > 0 ? std::min(1.0, c.clip / (norm + 1e-6)) : 1.0;
+    ref.Step(o, kLr, static_cast<float>(clip));
+  }
+  return ref;
+}
+
+// Largest norm-wise relative error ||a - b|| / ||b|| over the parameter tensors.
+inline double MaxRelativeError(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  double worst = 0;
+  for (size_t k = 0; k < b.size(); ++k) {
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < b[k].size(); ++i) {
+      const double d = static_cast<double>(a[k][i]) - b[k][i];
+      diff += d * d;
+      norm += static_cast<double>(b[k][i]) * b[k][i];
+    }
+    worst = std::max(worst, std::sqrt(diff / std::max(norm, 1e-30)));
+  }
+  return worst;
+}
+
+}  // namespace zerort::testing
