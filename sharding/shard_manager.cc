@@ -64,7 +64,13 @@ StatusOr<std::unique_ptr<ShardManager>> ShardManager::Create(const ShardManagerO
     ZR_ASSIGN_OR_RETURN(m->owned_comm_, CreateStream(device, "comm"));
     m->resources_.comm = m->owned_comm_.get();
   }
+  m->reducer_ = std::make_unique<GradientReducer>(m->UnitResourcesOf());
   return m;
+}
+
+UnitResources ShardManager::UnitResourcesOf() const {
+  return UnitResources{&options_, resources_.dp, resources_.device_allocator, resources_.compute,
+                       resources_.comm};
 }
 
 StatusOr<int> ShardManager::AddUnit(std::string name, std::vector<ParamSpec> params) {
@@ -72,9 +78,8 @@ StatusOr<int> ShardManager::AddUnit(std::string name, std::vector<ParamSpec> par
   for (const auto& u : units_) {
     if (u->name() == name) return absl::InvalidArgumentError(StrCat("unit '", name, "' added twice"));
   }
-  const UnitResources r{&options_, resources_.dp, resources_.device_allocator, resources_.compute,
-                        resources_.comm};
-  ZR_ASSIGN_OR_RETURN(std::unique_ptr<ShardedUnit> unit, ShardedUnit::Create(std::move(name), std::move(params), r));
+  ZR_ASSIGN_OR_RETURN(std::unique_ptr<ShardedUnit> unit,
+                      ShardedUnit::Create(std::move(name), std::move(params), UnitResourcesOf()));
   units_.push_back(std::move(unit));
   return static_cast<int>(units_.size() - 1);
 }
@@ -162,14 +167,16 @@ void ShardManager::EndStepOrder() {
 
 Status ShardManager::EndScope(int unit, bool backward) {
   ShardedUnit& u = *units_[unit];
-  if (backward) ZR_RETURN_IF_ERROR(u.EndBackward());
+  if (backward && (options_.stage == ZeroStage::k2 || options_.stage == ZeroStage::k3)) {
+    ZR_RETURN_IF_ERROR(reducer_->Add(u));
+  }
   return u.Release();
 }
 
 Status ShardManager::ReduceGradients() {
   if (!initialized_) return absl::FailedPreconditionError("Initialize the ShardManager first");
   if (gradients_reduced_) return absl::OkStatus();
-  for (auto& u : units_) ZR_RETURN_IF_ERROR(u->ReduceForStep());
+  ZR_RETURN_IF_ERROR(reducer_->Finish(units_));
   gradients_reduced_ = true;
   return absl::OkStatus();
 }

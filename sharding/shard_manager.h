@@ -22,6 +22,7 @@
 #include "runtime/allocator.h"
 #include "runtime/communicator.h"
 #include "runtime/memory.h"
+#include "sharding/gradient_reducer.h"
 #include "sharding/loss_scaler.h"
 #include "sharding/options.h"
 #include "sharding/sharded_unit.h"
@@ -99,6 +100,8 @@ class ShardManager {
   Stream& compute_stream() { return *resources_.compute; }
   // Bytes of gathered weights of non-persistent units currently gathered or gathering.
   int64_t live_gathered_bytes() const;
+  // Gradient collectives issued so far (bucketing packs several units into one).
+  int64_t gradient_collectives() const { return reducer_->collectives(); }
 
  private:
   friend class UnitScope;
@@ -107,12 +110,14 @@ class ShardManager {
   Status Prefetch(int after_position);
   Status EndScope(int unit, bool backward);
   void EndStepOrder();
+  UnitResources UnitResourcesOf() const;
 
   ShardManagerOptions options_;
   Resources resources_;
   std::unique_ptr<Stream> owned_compute_;
   std::unique_ptr<Stream> owned_comm_;
   std::vector<std::unique_ptr<ShardedUnit>> units_;
+  std::unique_ptr<GradientReducer> reducer_;
   LossScaler scaler_;
   bool initialized_ = false;
   int64_t steps_ = 0;

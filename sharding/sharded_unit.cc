@@ -194,47 +194,30 @@ TensorView ShardedUnit::Grad(int i) const {
 Status ShardedUnit::BeginBackward() {
   const ShardManagerOptions& o = options();
   if (o.stage == ZeroStage::k0 || o.stage == ZeroStage::k1) return absl::OkStatus();  // persistent
-  ZR_CHECK(!full_grad_) << "BeginBackward twice on unit '" << name_ << "'";
+  // Still waiting in a reduce bucket from an earlier micro-batch: keep accumulating into it.
+  if (full_grad_) return absl::OkStatus();
   return Allocate(&full_grad_, layout_.padded_numel() * DTypeSize(o.reduce_dtype),
                   MemoryCategory::kGradients, resources_.compute);
 }
 
-Status ShardedUnit::EndBackward() {
-  const ShardManagerOptions& o = options();
-  if (o.stage == ZeroStage::k0 || o.stage == ZeroStage::k1) return absl::OkStatus();
-  ZR_CHECK(full_grad_) << "EndBackward without BeginBackward on unit '" << name_ << "'";
-  Stream* comm = resources_.comm;
-  ZR_ASSIGN_OR_RETURN(std::unique_ptr<Event> produced, CreateEvent(device()));
-  ZR_RETURN_IF_ERROR(produced->Record(*resources_.compute));
-  ZR_RETURN_IF_ERROR(comm->WaitEvent(*produced));
-  const int64_t shard = layout_.shard_numel();
-  Buffer reduced;
-  ZR_RETURN_IF_ERROR(Allocate(&reduced, shard * DTypeSize(o.reduce_dtype), MemoryCategory::kCommBuffers, comm));
-  resources_.dp->SetTraceLabel(StrCat("reduce-scatter ", name_));
-  ZR_RETURN_IF_ERROR(resources_.dp->ReduceScatter(full_grad_.data(), reduced.data(), shard,
-                                                  o.reduce_dtype, ReduceOp::kAvg, comm));
-  resources_.dp->SetTraceLabel("");
-  ZR_RETURN_IF_ERROR(AccumulateInto(TensorView(reduced.data(), o.reduce_dtype, {shard}, device()), GradShard(), comm));
-  // The optimizer (compute stream) reads the gradient shard after this.
-  ZR_RETURN_IF_ERROR(gathered_event_->Record(*comm));
-  ZR_RETURN_IF_ERROR(resources_.compute->WaitEvent(*gathered_event_));
-  ZR_RETURN_IF_ERROR(resources_.device->RecordStream(full_grad_, *comm));
+TensorView ShardedUnit::FullGrad() const {
+  ZR_CHECK(full_grad_) << "full gradient of unit '" << name_ << "' outside its backward";
+  return TensorView(full_grad_.data(), options().reduce_dtype, {layout_.padded_numel()}, device());
+}
+
+Status ShardedUnit::DropFullGrad(Stream& used_on) {
+  ZR_CHECK(full_grad_) << "DropFullGrad of unit '" << name_ << "' without a full gradient";
+  ZR_RETURN_IF_ERROR(resources_.device->RecordStream(full_grad_, used_on));
   full_grad_.Reset();
   return absl::OkStatus();
 }
 
-Status ShardedUnit::ReduceForStep() {
+Status ShardedUnit::TakeAllReducedGradient() {
   const ShardManagerOptions& o = options();
-  if (o.stage != ZeroStage::k0 && o.stage != ZeroStage::k1) return absl::OkStatus();
+  ZR_CHECK(o.stage == ZeroStage::k0 || o.stage == ZeroStage::k1) << "unit '" << name_ << "'";
   Stream* compute = resources_.compute;
-  const int64_t padded = layout_.padded_numel();
-  resources_.dp->SetTraceLabel(StrCat("all-reduce ", name_));
-  ZR_RETURN_IF_ERROR(resources_.dp->AllReduce(full_grad_.data(), full_grad_.data(), padded,
-                                              o.reduce_dtype, ReduceOp::kAvg, compute));
-  resources_.dp->SetTraceLabel("");
   const int64_t shard = layout_.shard_numel();
-  TensorView all(full_grad_.data(), o.reduce_dtype, {padded}, device());
-  ZR_RETURN_IF_ERROR(Cast(all.Flat(rank_ * shard, shard), GradShard(), compute));
+  ZR_RETURN_IF_ERROR(Cast(FullGrad().Flat(rank_ * shard, shard), GradShard(), compute));
   return FillZero(full_grad_.data(), device(), full_grad_.bytes(), compute);
 }
 

@@ -66,17 +66,20 @@ class ShardedUnit {
 
   // Compute-dtype view of parameter `i` (UNSHARDED only).
   TensorView Param(int i) const;
-  // Reduce-dtype view of parameter i's full gradient (between BeginBackward and EndBackward).
+  // Reduce-dtype view of parameter i's full gradient (from BeginBackward until reduced).
   // Layers add (+=) their gradients into it.
   TensorView Grad(int i) const;
   Status BeginBackward();
-  // Stages 2-3: reduce-scatter (average over ranks) into the fp32 gradient shard, accumulating
-  // over micro-batches, and free the full gradient. Stages 0-1: nothing until Step.
-  Status EndBackward();
 
-  // Step, in order: ReduceForStep (stages 0-1: all-reduce of the full gradient into the
-  // gradient shard), AccumulateNorm, OptimizerStep or SkipStep, then AfterStep.
-  Status ReduceForStep();
+  // The whole reduce-dtype gradient; GradientReducer reduces it over the data-parallel group.
+  TensorView FullGrad() const;
+  // Stages 2-3, after the reduction: frees the full gradient once `used_on` has finished.
+  Status DropFullGrad(Stream& used_on);
+  // Stages 0-1, after the all-reduce: this rank's slice becomes the fp32 gradient shard and the
+  // full gradient is zeroed for the next step.
+  Status TakeAllReducedGradient();
+
+  // Step, in order (after GradientReducer::Finish): AccumulateNorm, OptimizerStep, AfterStep.
   // sum_sq += sum of squares of the gradient shard; nonfinite += count of inf/NaN in it.
   Status AccumulateNorm(const TensorView& sum_sq, const TensorView& nonfinite);
   Status OptimizerStep(const OptimizerStepArgs& args);

@@ -22,6 +22,7 @@ struct RunConfig {
   int micro_batches = 1;
   int steps = 20;
   int64_t persistence_threshold = 0;  // stage 3: every unit is gathered and released
+  int64_t reduce_bucket_size = 500'000'000;  // elements; 1 reduces every unit alone
 };
 
 inline ShardManagerOptions Options(const RunConfig& c) {
@@ -31,6 +32,7 @@ inline ShardManagerOptions Options(const RunConfig& c) {
   o.reduce_dtype = c.compute == DType::kF32 ? DType::kF32 : c.compute;
   o.gradient_clipping = c.clip;
   o.stage3_param_persistence_threshold = c.persistence_threshold;
+  o.reduce_bucket_size = c.reduce_bucket_size;
   o.optimizer.kind = c.optimizer;
   o.optimizer.weight_decay = 0.05f;
   o.optimizer.beta2 = 0.95f;
@@ -43,6 +45,7 @@ inline ShardManagerOptions Options(const RunConfig& c) {
 
 struct RunResult {
   std::vector<std::vector<float>> params;  // full master values, gathered on rank 0
+  int64_t gradient_collectives = 0;        // on rank 0
   std::vector<double> grad_norms;
   std::vector<bool> skipped;
   std::string error;
@@ -73,6 +76,7 @@ inline Status TrainRank(const RunConfig& c, Communicator& comm, RunResult& resul
         result.skipped.push_back(r.skipped);
       }
     }
+    if (comm.rank() == 0) result.gradient_collectives = m->gradient_collectives();
     for (int u : units) {
       for (size_t i = 0; i < m->unit(u).layout().params().size(); ++i) {
         std::vector<float> full(m->unit(u).layout().params()[i].numel());

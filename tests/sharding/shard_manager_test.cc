@@ -120,6 +120,22 @@ TEST(ShardManagerTest, AccumulatingMicroBatchesEqualsOneBatch) {
   }
 }
 
+TEST(ShardManagerTest, BucketingPacksSmallUnitsWithoutChangingANumber) {
+  for (ZeroStage stage : {ZeroStage::k0, ZeroStage::k1, ZeroStage::k2, ZeroStage::k3}) {
+    RunConfig bucketed{.stage = stage, .world = 3, .steps = 4};
+    RunConfig alone = bucketed;
+    alone.reduce_bucket_size = 1;
+    const RunResult a = Train(bucketed);
+    const RunResult b = Train(alone);
+    ASSERT_EQ(a.error, "");
+    ASSERT_EQ(b.error, "");
+    EXPECT_EQ(a.params, b.params) << "stage " << static_cast<int>(stage);
+    // Four units: one collective per step when bucketed, four when each unit goes alone.
+    EXPECT_EQ(a.gradient_collectives, 4) << "stage " << static_cast<int>(stage);
+    EXPECT_EQ(b.gradient_collectives, 16) << "stage " << static_cast<int>(stage);
+  }
+}
+
 TEST(ShardManagerTest, ClippingUsesTheGlobalNorm) {
   for (ZeroStage stage : {ZeroStage::k0, ZeroStage::k1, ZeroStage::k3}) {
     RunConfig c{.stage = stage, .world = 3, .clip = 0.05f, .steps = 8};

@@ -1,0 +1,142 @@
+// GradientReducer: bucketed reduce-scatter (rank-major packing) and all-reduce.
+#include "sharding/gradient_reducer.h"
+
+#include <algorithm>
+
+#include "kernels/reduce.h"
+#include "runtime/strings.h"
+
+namespace zerort {
+
+GradientReducer::GradientReducer(const UnitResources& resources) : resources_(resources) {
+  event_ = *CreateEvent(resources_.device->device());
+}
+
+Status GradientReducer::CommAfterCompute() {
+  ZR_RETURN_IF_ERROR(event_->Record(*resources_.compute));
+  return resources_.comm->WaitEvent(*event_);
+}
+
+Status GradientReducer::Add(ShardedUnit& unit) {
+  const int64_t bucket = resources_.options->reduce_bucket_size;
+  // Another micro-batch of a unit already waiting: its gradient accumulated in place.
+  if (std::find(pending_.begin(), pending_.end(), &unit) != pending_.end()) return absl::OkStatus();
+  pending_.push_back(&unit);
+  pending_numel_ += unit.layout().padded_numel();
+  if (pending_numel_ >= bucket) return FlushReduceScatter();
+  return absl::OkStatus();
+}
+
+Status GradientReducer::FlushReduceScatter() {
+  if (pending_.empty()) return absl::OkStatus();
+  const ShardManagerOptions& o = *resources_.options;
+  const DType dtype = o.reduce_dtype;
+  const size_t elem = DTypeSize(dtype);
+  const Device device = resources_.device->device();
+  const int ranks = resources_.dp->size();
+  Stream* comm = resources_.comm;
+  ZR_RETURN_IF_ERROR(CommAfterCompute());
+
+  int64_t bucket_shard = 0;
+  for (ShardedUnit* u : pending_) bucket_shard += u->layout().shard_numel();
+  const bool single = pending_.size() == 1;
+  // A single unit is reduced straight from its full gradient, which is already rank-major.
+  Buffer packed;
+  if (!single) {
+    ZR_ASSIGN_OR_RETURN(packed, resources_.device->Allocate(bucket_shard * ranks * elem,
+                                                            MemoryCategory::kCommBuffers, comm));
+    for (int r = 0; r < ranks; ++r) {
+      int64_t offset = 0;
+      for (ShardedUnit* u : pending_) {
+        const int64_t s = u->layout().shard_numel();
+        ZR_RETURN_IF_ERROR(CopyBytes(packed.as<char>() + (r * bucket_shard + offset) * elem, device,
+                                     static_cast<const char*>(u->FullGrad().data()) + r * s * elem,
+                                     device, s * elem, comm));
+        offset += s;
+      }
+    }
+  }
+  ZR_ASSIGN_OR_RETURN(Buffer reduced, resources_.device->Allocate(bucket_shard * elem,
+                                                                  MemoryCategory::kCommBuffers, comm));
+  resources_.dp->SetTraceLabel(single ? StrCat("reduce-scatter ", pending_[0]->name())
+                                      : StrCat("reduce-scatter bucket of ", pending_.size(), " units"));
+  ZR_RETURN_IF_ERROR(resources_.dp->ReduceScatter(single ? pending_[0]->FullGrad().data() : packed.data(),
+                                                  reduced.data(), bucket_shard, dtype, ReduceOp::kAvg, comm));
+  resources_.dp->SetTraceLabel("");
+  ++collectives_;
+  const TensorView all(reduced.data(), dtype, {bucket_shard}, device);
+  int64_t offset = 0;
+  for (ShardedUnit* u : pending_) {
+    const int64_t s = u->layout().shard_numel();
+    ZR_RETURN_IF_ERROR(AccumulateInto(all.Flat(offset, s), u->GradShard(), comm));
+    ZR_RETURN_IF_ERROR(u->DropFullGrad(*comm));
+    offset += s;
+  }
+  pending_.clear();
+  pending_numel_ = 0;
+  return absl::OkStatus();
+}
+
+Status GradientReducer::AllReduceBucket(const std::vector<ShardedUnit*>& bucket) {
+  if (bucket.empty()) return absl::OkStatus();
+  const DType dtype = resources_.options->reduce_dtype;
+  const size_t elem = DTypeSize(dtype);
+  const Device device = resources_.device->device();
+  Stream* comm = resources_.comm;
+  resources_.dp->SetTraceLabel(bucket.size() == 1 ? StrCat("all-reduce ", bucket[0]->name())
+                                                  : StrCat("all-reduce bucket of ", bucket.size(), " units"));
+  if (bucket.size() == 1) {
+    const TensorView g = bucket[0]->FullGrad();
+    ZR_RETURN_IF_ERROR(resources_.dp->AllReduce(g.data(), g.data(), g.numel(), dtype, ReduceOp::kAvg, comm));
+  } else {
+    int64_t total = 0;
+    for (ShardedUnit* u : bucket) total += u->layout().padded_numel();
+    ZR_ASSIGN_OR_RETURN(Buffer packed, resources_.device->Allocate(total * elem, MemoryCategory::kCommBuffers, comm));
+    int64_t offset = 0;
+    for (ShardedUnit* u : bucket) {
+      const TensorView g = u->FullGrad();
+      ZR_RETURN_IF_ERROR(CopyBytes(packed.as<char>() + offset * elem, device, g.data(), device, g.nbytes(), comm));
+      offset += g.numel();
+    }
+    ZR_RETURN_IF_ERROR(resources_.dp->AllReduce(packed.data(), packed.data(), total, dtype, ReduceOp::kAvg, comm));
+    offset = 0;
+    for (ShardedUnit* u : bucket) {
+      const TensorView g = u->FullGrad();
+      ZR_RETURN_IF_ERROR(CopyBytes(g.data(), device, packed.as<char>() + offset * elem, device, g.nbytes(), comm));
+      offset += g.numel();
+    }
+  }
+  resources_.dp->SetTraceLabel("");
+  ++collectives_;
+  return absl::OkStatus();
+}
+
+Status GradientReducer::Finish(std::vector<std::unique_ptr<ShardedUnit>>& units) {
+  const ShardManagerOptions& o = *resources_.options;
+  if (o.stage == ZeroStage::k2 || o.stage == ZeroStage::k3) {
+    ZR_RETURN_IF_ERROR(FlushReduceScatter());
+  } else {
+    ZR_RETURN_IF_ERROR(CommAfterCompute());
+    std::vector<ShardedUnit*> bucket;
+    int64_t numel = 0;
+    for (auto& u : units) {
+      bucket.push_back(u.get());
+      numel += u->layout().padded_numel();
+      if (numel >= o.reduce_bucket_size) {
+        ZR_RETURN_IF_ERROR(AllReduceBucket(bucket));
+        bucket.clear();
+        numel = 0;
+      }
+    }
+    ZR_RETURN_IF_ERROR(AllReduceBucket(bucket));
+  }
+  // The optimizer, on the compute stream, reads what the comm stream produced.
+  ZR_RETURN_IF_ERROR(event_->Record(*resources_.comm));
+  ZR_RETURN_IF_ERROR(resources_.compute->WaitEvent(*event_));
+  if (o.stage == ZeroStage::k0 || o.stage == ZeroStage::k1) {
+    for (auto& u : units) ZR_RETURN_IF_ERROR(u->TakeAllReducedGradient());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zerort

@@ -1,0 +1,45 @@
+// GradientReducer: reduces the full gradients of units over the data-parallel group, packing
+// units smaller than reduce_bucket_size into one collective.
+//
+// Stages 2-3 (reduce-scatter, as each unit's backward ends): a bucket of units U1..Uk with shard
+// sizes s1..sk is packed rank-major — for each rank r, the r-th shard of U1, then of U2, ... —
+// so one reduce-scatter of count s1+...+sk hands every rank exactly its shard of every unit,
+// which is then added to the units' fp32 gradient shards. A unit of reduce_bucket_size elements
+// or more is reduced alone, without packing.
+// Stages 0-1 (all-reduce, at the step): units are concatenated up to the bucket size, one
+// all-reduce per bucket.
+// Work runs on the comm stream after the compute stream's gradients (an event), and the compute
+// stream waits for the comm stream before the optimizer reads the gradient shards.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "sharding/sharded_unit.h"
+
+namespace zerort {
+
+class GradientReducer {
+ public:
+  explicit GradientReducer(const UnitResources& resources);
+
+  // Stages 2-3: the unit's backward ended; reduces now or when the bucket is full.
+  Status Add(ShardedUnit& unit);
+  // Reduces whatever is pending (stages 2-3), or every unit's full gradient (stages 0-1), and
+  // makes the compute stream wait for the result.
+  Status Finish(std::vector<std::unique_ptr<ShardedUnit>>& units);
+  int64_t collectives() const { return collectives_; }  // issued so far, for tests
+
+ private:
+  Status FlushReduceScatter();
+  Status AllReduceBucket(const std::vector<ShardedUnit*>& bucket);
+  Status CommAfterCompute();
+
+  UnitResources resources_;
+  std::vector<ShardedUnit*> pending_;
+  int64_t pending_numel_ = 0;
+  int64_t collectives_ = 0;
+  std::unique_ptr<Event> event_;
+};
+
+}  // namespace zerort
