@@ -5,6 +5,7 @@
 
 #include "runtime/device.h"
 #include "runtime/dtype.h"
+#include "runtime/memory.h"
 
 namespace zerort {
 
@@ -34,11 +35,21 @@ struct LossScaleOptions {
   int max_consecutive_skips = 50;  // then the run stops with a clear error (zerort's own)
 };
 
+// Where each shard buffer lives. Offload is a placement, not another code path: the unit asks
+// for each buffer's tier. Only kDevice exists today; the offload issue adds kPinnedHost and kNvme
+// (DeepSpeed's offload_optimizer moves master and state, offload_param the compute shard).
+struct ShardPlacement {
+  MemoryTier master = MemoryTier::kDevice;
+  MemoryTier optimizer_state = MemoryTier::kDevice;
+  MemoryTier compute_shard = MemoryTier::kDevice;
+};
+
 struct ShardManagerOptions {
   ZeroStage stage = ZeroStage::k3;
   DType compute_dtype = DType::kF32;   // gathered weights and activations
   DType reduce_dtype = DType::kF32;    // full gradients and their reduction
   OptimizerOptions optimizer;
+  ShardPlacement placement;
   LossScaleOptions loss_scale;         // used when compute_dtype is f16
   float gradient_clipping = 0.0f;      // max global L2 norm; 0 disables
   int64_t reduce_bucket_size = 500'000'000;               // elements (DeepSpeed's default)

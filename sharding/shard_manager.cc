@@ -50,6 +50,14 @@ StatusOr<std::unique_ptr<ShardManager>> ShardManager::Create(const ShardManagerO
   if (!IsFloatingPoint(options.compute_dtype) || !IsFloatingPoint(options.reduce_dtype)) {
     return absl::InvalidArgumentError("compute and reduce dtypes must be f32, bf16 or f16");
   }
+  for (auto [tier, key] : {std::pair{options.placement.master, "offload_optimizer (master weights)"},
+                           std::pair{options.placement.optimizer_state, "offload_optimizer"},
+                           std::pair{options.placement.compute_shard, "offload_param"}}) {
+    if (tier != MemoryTier::kDevice) {
+      return absl::UnimplementedError(StrCat(key, " to the ", MemoryTierName(tier),
+                                             " tier is not available yet: only device placement is"));
+    }
+  }
   if (options.gradient_clipping < 0) {
     return absl::InvalidArgumentError(StrCat("gradient_clipping ", options.gradient_clipping, " is negative"));
   }

@@ -45,7 +45,10 @@ int64_t ShardedUnit::gathered_bytes() const {
   return layout_.padded_numel() * static_cast<int64_t>(DTypeSize(options().compute_dtype));
 }
 
-Status ShardedUnit::Allocate(Buffer* buffer, size_t bytes, MemoryCategory category, Stream* stream) {
+Status ShardedUnit::Allocate(Buffer* buffer, size_t bytes, MemoryCategory category, Stream* stream,
+                              MemoryTier tier) {
+  // ShardManager::Create refuses other placements until the offload tier exists.
+  ZR_CHECK(tier == MemoryTier::kDevice) << "unit '" << name_ << "': tier " << MemoryTierName(tier);
   StatusOr<Buffer> b = resources_.device->Allocate(bytes, category, stream);
   if (!b.ok()) return Annotate(b.status(), StrCat("unit '", name_, "'"));
   *buffer = std::move(*b);
@@ -84,20 +87,23 @@ Status ShardedUnit::Initialize(const Initializer& init) {
     std::copy(full.begin() + piece.param_range.begin, full.begin() + piece.param_range.end,
               host_shard.begin() + piece.shard_range.begin);
   }
-  ZR_RETURN_IF_ERROR(Allocate(&master_, shard * 4, MemoryCategory::kParameters, compute));
+  const ShardPlacement& at = o.placement;
+  ZR_RETURN_IF_ERROR(Allocate(&master_, shard * 4, MemoryCategory::kParameters, compute, at.master));
   ZR_RETURN_IF_ERROR(CopyBytes(master_.data(), device(), host_shard.data(), Device::Cpu(), shard * 4, compute));
 
   const bool adam = o.optimizer.kind != OptimizerKind::kSgd;
   if (adam || o.optimizer.momentum != 0.0f) {
-    ZR_RETURN_IF_ERROR(Allocate(&exp_avg_, shard * 4, MemoryCategory::kOptimizerState, compute));
+    ZR_RETURN_IF_ERROR(Allocate(&exp_avg_, shard * 4, MemoryCategory::kOptimizerState, compute, at.optimizer_state));
   }
-  if (adam) ZR_RETURN_IF_ERROR(Allocate(&exp_avg_sq_, shard * 4, MemoryCategory::kOptimizerState, compute));
+  if (adam) {
+    ZR_RETURN_IF_ERROR(Allocate(&exp_avg_sq_, shard * 4, MemoryCategory::kOptimizerState, compute, at.optimizer_state));
+  }
   ZR_RETURN_IF_ERROR(Allocate(&grad_shard_, shard * 4, MemoryCategory::kGradients, compute));
 
   const size_t csize = DTypeSize(o.compute_dtype);
   switch (o.stage) {
     case ZeroStage::k3:
-      ZR_RETURN_IF_ERROR(Allocate(&compute_shard_, shard * csize, MemoryCategory::kParameters, compute));
+      ZR_RETURN_IF_ERROR(Allocate(&compute_shard_, shard * csize, MemoryCategory::kParameters, compute, at.compute_shard));
       ZR_RETURN_IF_ERROR(Cast(MasterShard(), TensorView(compute_shard_.data(), o.compute_dtype, {shard}, device()), compute));
       persistent_ = layout_.padded_numel() < o.stage3_param_persistence_threshold;
       break;

@@ -96,7 +96,9 @@ class ShardedUnit {
 
  private:
   ShardedUnit(std::string name, FlatLayout layout, const UnitResources& resources);
-  Status Allocate(Buffer* buffer, size_t bytes, MemoryCategory category, Stream* stream);
+  // Allocates a zeroed buffer on `tier` (the placement of that buffer kind).
+  Status Allocate(Buffer* buffer, size_t bytes, MemoryCategory category, Stream* stream,
+                  MemoryTier tier = MemoryTier::kDevice);
   TensorView ComputeFlat() const;  // the whole compute-dtype flat vector (full or gathered)
   bool sharded_params() const { return options().stage == ZeroStage::k3; }
   const ShardManagerOptions& options() const { return *resources_.options; }

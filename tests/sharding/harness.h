@@ -23,6 +23,7 @@ struct RunConfig {
   int steps = 20;
   int64_t persistence_threshold = 0;  // stage 3: every unit is gathered and released
   int64_t reduce_bucket_size = 500'000'000;  // elements; 1 reduces every unit alone
+  Device device = Device::Cpu();              // CUDA: loopback ranks share one GPU
 };
 
 inline ShardManagerOptions Options(const RunConfig& c) {
@@ -54,7 +55,13 @@ struct RunResult {
 // One rank's part of a training run of the MLP through the shard manager; rank 0 fills `result`.
 inline Status TrainRank(const RunConfig& c, Communicator& comm, RunResult& result) {
     MemoryTracker tracker;
-    std::unique_ptr<Allocator> allocator = MakeCpuCachingAllocator(&tracker);
+    std::unique_ptr<Allocator> allocator;
+    if (c.device.is_cuda()) {
+      ZR_RETURN_IF_ERROR(SetCurrentDevice(c.device));
+      ZR_ASSIGN_OR_RETURN(allocator, MakeCudaCachingAllocator(c.device, &tracker));
+    } else {
+      allocator = MakeCpuCachingAllocator(&tracker);
+    }
     ZR_ASSIGN_OR_RETURN(std::unique_ptr<ShardManager> m,
                         ShardManager::Create(Options(c), {.dp = &comm, .device_allocator = allocator.get()}));
     std::vector<int> units;

@@ -39,6 +39,28 @@ inline void MlpInit(const ParamSpec& spec, uint64_t seed, std::span<float> full)
   for (float& x : full) x = normal(rng);
 }
 
+// A view's values as host floats (device views are copied once the stream has produced them).
+inline std::vector<float> HostFloats(const TensorView& v, Stream& stream) {
+  std::vector<std::byte> raw(v.nbytes());
+  ZR_CHECK_OK(CopyBytes(raw.data(), Device::Cpu(), v.data(), v.device(), raw.size(), &stream));
+  ZR_CHECK_OK(stream.Synchronize());
+  std::vector<float> out(static_cast<size_t>(v.numel()));
+  for (int64_t i = 0; i < v.numel(); ++i) out[i] = LoadAsFloat(raw.data(), v.dtype(), i);
+  return out;
+}
+
+// view += add, element-wise, in the view's dtype (one rounding per element).
+inline void AddInto(const TensorView& v, const std::vector<float>& add, Stream& stream) {
+  std::vector<std::byte> raw(v.nbytes());
+  ZR_CHECK_OK(CopyBytes(raw.data(), Device::Cpu(), v.data(), v.device(), raw.size(), &stream));
+  ZR_CHECK_OK(stream.Synchronize());
+  for (int64_t i = 0; i < v.numel(); ++i) {
+    StoreFromFloat(raw.data(), v.dtype(), i, LoadAsFloat(raw.data(), v.dtype(), i) + add[i]);
+  }
+  ZR_CHECK_OK(CopyBytes(v.data(), v.device(), raw.data(), Device::Cpu(), raw.size(), &stream));
+  ZR_CHECK_OK(stream.Synchronize());
+}
+
 struct Sample {
   std::vector<float> x;
   std::vector<float> target;
@@ -65,16 +87,17 @@ inline StatusOr<double> MlpForwardBackward(ShardManager& m, const std::vector<in
   // acts[l][b]: input of layer l for sample b (after tanh for l > 0).
   std::vector<std::vector<std::vector<float>>> acts(layers + 1);
   for (const Sample& s : batch) acts[0].push_back(s.x);
+  Stream& stream = m.compute_stream();
   for (int l = 0; l < layers; ++l) {
     ZR_ASSIGN_OR_RETURN(UnitScope scope, m.Forward(units[l]));
-    const TensorView w = scope.param(0);
-    const TensorView bias = scope.param(1);
+    const std::vector<float> w = HostFloats(scope.param(0), stream);
+    const std::vector<float> bias = HostFloats(scope.param(1), stream);
     const int in = MlpWidths()[l], out = MlpWidths()[l + 1];
     for (int b = 0; b < count; ++b) {
       std::vector<float> y(out);
       for (int o = 0; o < out; ++o) {
-        float acc = LoadAsFloat(bias.data(), bias.dtype(), o);
-        for (int i = 0; i < in; ++i) acc += LoadAsFloat(w.data(), w.dtype(), o * in + i) * acts[l][b][i];
+        float acc = bias[o];
+        for (int i = 0; i < in; ++i) acc += w[o * in + i] * acts[l][b][i];
         y[o] = l + 1 < layers ? std::tanh(acc) : acc;
       }
       acts[l + 1].push_back(std::move(y));
@@ -93,24 +116,20 @@ inline StatusOr<double> MlpForwardBackward(ShardManager& m, const std::vector<in
   }
   for (int l = layers - 1; l >= 0; --l) {
     ZR_ASSIGN_OR_RETURN(UnitScope scope, m.Backward(units[l]));
-    const TensorView w = scope.param(0);
-    const TensorView gw = scope.grad(0);
-    const TensorView gb = scope.grad(1);
+    const std::vector<float> w = HostFloats(scope.param(0), stream);
     const int in = MlpWidths()[l], out = MlpWidths()[l + 1];
+    std::vector<float> dw(static_cast<size_t>(out) * in, 0.0f), db(out, 0.0f);
     std::vector<std::vector<float>> prev(count, std::vector<float>(in, 0.0f));
     for (int o = 0; o < out; ++o) {
-      float db = 0;
-      for (int b = 0; b < count; ++b) db += delta[b][o];
-      StoreFromFloat(gb.data(), gb.dtype(), o, LoadAsFloat(gb.data(), gb.dtype(), o) + db);
+      for (int b = 0; b < count; ++b) db[o] += delta[b][o];
       for (int i = 0; i < in; ++i) {
-        float dw = 0;
-        for (int b = 0; b < count; ++b) dw += delta[b][o] * acts[l][b][i];
-        const int64_t k = o * in + i;
-        StoreFromFloat(gw.data(), gw.dtype(), k, LoadAsFloat(gw.data(), gw.dtype(), k) + dw);
-        for (int b = 0; b < count; ++b) prev[b][i] += delta[b][o] * LoadAsFloat(w.data(), w.dtype(), k);
+        for (int b = 0; b < count; ++b) dw[o * in + i] += delta[b][o] * acts[l][b][i];
+        for (int b = 0; b < count; ++b) prev[b][i] += delta[b][o] * w[o * in + i];
       }
     }
-    if (poison && l == 0) StoreFromFloat(gw.data(), gw.dtype(), 0, INFINITY);
+    if (poison && l == 0) dw[0] = INFINITY;
+    AddInto(scope.grad(0), dw, stream);
+    AddInto(scope.grad(1), db, stream);
     if (l > 0) {  // through tanh: d/dz tanh(z) = 1 - tanh(z)^2
       for (int b = 0; b < count; ++b) {
         for (int i = 0; i < in; ++i) prev[b][i] *= 1.0f - acts[l][b][i] * acts[l][b][i];

@@ -292,6 +292,11 @@ TEST(ShardManagerTest, StepRefusesAGatheredUnitAndBadInputs) {
   EXPECT_EQ(m->Step({.lr = -1}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(m->Step({.lr = kLr, .micro_batches = 0}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(m->Forward(7).status().code(), absl::StatusCode::kInvalidArgument);
+  ShardManagerOptions offload = Options({});
+  offload.placement.optimizer_state = MemoryTier::kPinnedHost;
+  const auto refused = ShardManager::Create(offload, {.dp = comms[0].get(), .device_allocator = allocator.get()});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(refused.status().message().find("offload_optimizer"), std::string_view::npos) << refused.status();
 }
 
 }  // namespace
