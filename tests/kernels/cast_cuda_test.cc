@@ -5,22 +5,14 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "tests/kernels/random_floats.h"
 #include "kernels/cast.h"
 #include "runtime/allocator.h"
 
 namespace zerort {
 namespace {
 
-std::vector<float> RandomFloats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 3.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng) * std::exp2(static_cast<float>(static_cast<int>(rng() % 40) - 20));
-  v[0] = 65520.0f;  // f16 overflow boundary
-  v[1] = -0.0f;
-  v[2] = std::ldexp(1.0f, -25);
-  return v;
-}
+using testing::RandomFloats;
 
 const DType kTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
 

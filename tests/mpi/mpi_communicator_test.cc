@@ -4,14 +4,12 @@
 #include "runtime/mpi_communicator.h"
 
 #include "gtest/gtest.h"
+#include "tests/mpi/mpi_test_main.h"
 #include "runtime/device_mesh.h"
-#include "runtime/log.h"
 #include "tests/runtime/comm_test_util.h"
 
 namespace zerort {
 namespace {
-
-MpiContext* g_mpi = nullptr;
 
 CommOptions Options() {
   CommOptions o;
@@ -20,12 +18,12 @@ CommOptions Options() {
 }
 
 TEST(MpiCommunicatorTest, EveryCollectiveEveryDtype) {
-  std::unique_ptr<Communicator> world = *g_mpi->World(Options());
+  std::unique_ptr<Communicator> world = *testing::Mpi().World(Options());
   EXPECT_EQ(testing::CheckEverything(*world, 99 + world->size()), "");
 }
 
 TEST(MpiCommunicatorTest, SplitEvenOdd) {
-  std::unique_ptr<Communicator> world = *g_mpi->World(Options());
+  std::unique_ptr<Communicator> world = *testing::Mpi().World(Options());
   StatusOr<std::unique_ptr<Communicator>> sub = world->Split(world->rank() % 2, world->rank(), Options());
   ASSERT_TRUE(sub.ok()) << sub.status();
   EXPECT_EQ((*sub)->size(), (world->size() + 1 - world->rank() % 2) / 2);
@@ -37,7 +35,7 @@ TEST(MpiCommunicatorTest, SplitEvenOdd) {
 }
 
 TEST(MpiCommunicatorTest, DeviceMeshGroups) {
-  std::unique_ptr<Communicator> world = *g_mpi->World(Options());
+  std::unique_ptr<Communicator> world = *testing::Mpi().World(Options());
   if (world->size() != 4) GTEST_SKIP() << "the mesh test uses 4 ranks";
   StatusOr<std::unique_ptr<DeviceMesh>> mesh =
       DeviceMesh::Create(*world, {.data = 2, .tensor = 2, .pipeline = 1}, Options());
@@ -52,7 +50,7 @@ TEST(MpiCommunicatorTest, DeviceMeshGroups) {
 
 TEST(MpiCommunicatorTest, CudaBuffersAreStagedThroughPinnedMemory) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device: " << QueryCuda().unavailable_reason;
-  std::unique_ptr<Communicator> world = *g_mpi->World(Options());
+  std::unique_ptr<Communicator> world = *testing::Mpi().World(Options());
   const Device device = Device::Cuda(world->rank() % CudaDeviceCount());
   MemoryTracker tracker;
   std::unique_ptr<Allocator> allocator = *MakeCudaCachingAllocator(device, &tracker);
@@ -73,22 +71,3 @@ TEST(MpiCommunicatorTest, CudaBuffersAreStagedThroughPinnedMemory) {
 
 }  // namespace
 }  // namespace zerort
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  auto mpi = zerort::MpiContext::Init(&argc, &argv, {});
-  if (!mpi.ok()) {
-    std::fprintf(stderr, "%s\n", mpi.status().ToString().c_str());
-    return 1;
-  }
-  zerort::ConfigureLogging({(*mpi)->world_rank(), (*mpi)->world_size()});
-  zerort::g_mpi = mpi->get();
-  // Only rank 0 prints gtest's progress; every rank's failures still fail the run.
-  if ((*mpi)->world_rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  const int rc = RUN_ALL_TESTS();
-  mpi->reset();
-  return rc;
-}

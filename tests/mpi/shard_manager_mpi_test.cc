@@ -3,7 +3,7 @@
 // rank. MPI may sum ranks in another order than loopback does, so agreement is to 1e-6
 // (norm-wise relative), not bitwise.
 #include "gtest/gtest.h"
-#include "runtime/log.h"
+#include "tests/mpi/mpi_test_main.h"
 #include "runtime/mpi_communicator.h"
 #include "tests/sharding/harness.h"
 
@@ -11,10 +11,8 @@ namespace zerort {
 namespace {
 
 using namespace testing;
-MpiContext* g_mpi = nullptr;
-
 TEST(ShardManagerMpiTest, EveryStageMatchesTheReference) {
-  std::unique_ptr<Communicator> world = *g_mpi->World({});
+  std::unique_ptr<Communicator> world = *testing::Mpi().World({});
   for (OptimizerKind opt : {OptimizerKind::kAdamW, OptimizerKind::kSgd}) {
     for (ZeroStage stage : {ZeroStage::k0, ZeroStage::k1, ZeroStage::k2, ZeroStage::k3}) {
       RunConfig c{.stage = stage, .world = world->size(), .optimizer = opt};
@@ -30,18 +28,3 @@ TEST(ShardManagerMpiTest, EveryStageMatchesTheReference) {
 
 }  // namespace
 }  // namespace zerort
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  auto mpi = zerort::MpiContext::Init(&argc, &argv, {});
-  if (!mpi.ok()) return 1;
-  zerort::ConfigureLogging({(*mpi)->world_rank(), (*mpi)->world_size()});
-  zerort::g_mpi = mpi->get();
-  if ((*mpi)->world_rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  const int rc = RUN_ALL_TESTS();
-  mpi->reset();
-  return rc;
-}
