@@ -6,8 +6,8 @@
 
 namespace zerort {
 
-std::string BlasVersion();      // OpenBLAS's configuration string
-int BlasThreads();              // threads OpenBLAS will use
+std::string BlasVersion();  // OpenBLAS's configuration string
+int BlasThreads();          // threads OpenBLAS will use
 void SetBlasThreads(int threads);
 
 }  // namespace zerort

@@ -11,19 +11,27 @@ Status CudaCast(const void*, DType, void*, DType, int64_t, Stream*) {
 
 namespace {
 Status NoCuda(const char* what) {
-  return absl::FailedPreconditionError(std::string(what) + " on CUDA: zerort was built without CUDA");
+  return absl::FailedPreconditionError(std::string(what) +
+                                       " on CUDA: zerort was built without CUDA");
 }
 }  // namespace
 
-Status CudaAdam(const AdamHyper&, float*, const float*, float*, float*, void*, DType, int64_t, Stream*) {
+Status CudaAdam(const AdamHyper&, float*, const float*, float*, float*, void*, DType, int64_t,
+                Stream*) {
   return NoCuda("AdamStep");
 }
 Status CudaSgd(const SgdHyper&, float*, const float*, float*, void*, DType, int64_t, Stream*) {
   return NoCuda("SgdStep");
 }
-Status CudaSumOfSquares(const void*, DType, int64_t, float*, Stream*) { return NoCuda("SumOfSquares"); }
-Status CudaCountNonFinite(const void*, DType, int64_t, float*, Stream*) { return NoCuda("CountNonFinite"); }
+Status CudaSumOfSquares(const void*, DType, int64_t, float*, Stream*) {
+  return NoCuda("SumOfSquares");
+}
+Status CudaCountNonFinite(const void*, DType, int64_t, float*, Stream*) {
+  return NoCuda("CountNonFinite");
+}
 Status CudaScale(void*, DType, int64_t, float, Stream*) { return NoCuda("Scale"); }
-Status CudaAccumulateInto(const void*, DType, float*, int64_t, Stream*) { return NoCuda("AccumulateInto"); }
+Status CudaAccumulateInto(const void*, DType, float*, int64_t, Stream*) {
+  return NoCuda("AccumulateInto");
+}
 
 }  // namespace zerort::internal

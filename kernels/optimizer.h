@@ -31,7 +31,7 @@ struct SgdHyper {
   float dampening = 0.0f;
   float weight_decay = 0.0f;  // L2, as torch.optim.SGD
   bool nesterov = false;
-  int64_t step = 1;           // the momentum buffer is initialised to the gradient at step 1
+  int64_t step = 1;  // the momentum buffer is initialised to the gradient at step 1
   float grad_scale = 1.0f;
 };
 
@@ -58,8 +58,8 @@ void CpuSgd(const SgdHyper& h, float* p, const float* g, float* buf, void* out, 
             int64_t n);
 Status CudaAdam(const AdamHyper& h, float* p, const float* g, float* m, float* v, void* out,
                 DType out_dtype, int64_t n, Stream* stream);
-Status CudaSgd(const SgdHyper& h, float* p, const float* g, float* buf, void* out,
-               DType out_dtype, int64_t n, Stream* stream);
+Status CudaSgd(const SgdHyper& h, float* p, const float* g, float* buf, void* out, DType out_dtype,
+               int64_t n, Stream* stream);
 }  // namespace internal
 
 }  // namespace zerort

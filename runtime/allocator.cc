@@ -61,7 +61,9 @@ Buffer Allocator::MakeBuffer(void* data, size_t bytes, MemoryCategory category, 
 
 namespace {
 
-size_t RoundUp(size_t value, size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+size_t RoundUp(size_t value, size_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
 
 }  // namespace
 
@@ -69,9 +71,8 @@ StatusOr<Buffer> HostAllocator::Allocate(size_t bytes, MemoryCategory category, 
   const size_t size = RoundUp(std::max<size_t>(bytes, 1), options_.alignment);
   void* ptr = std::aligned_alloc(options_.alignment, size);
   if (ptr == nullptr) {
-    return absl::ResourceExhaustedError(StrCat("aligned_alloc(", options_.alignment, ", ",
-                                                     size, ") failed for ",
-                                                     MemoryCategoryName(category)));
+    return absl::ResourceExhaustedError(StrCat("aligned_alloc(", options_.alignment, ", ", size,
+                                               ") failed for ", MemoryCategoryName(category)));
   }
   if (options_.tracker != nullptr) {
     options_.tracker->OnAllocate(options_.tier, category, static_cast<int64_t>(bytes));
@@ -84,7 +85,8 @@ void HostAllocator::Release(void* data, size_t bytes, MemoryCategory category, v
   std::free(data);
   if (options_.tracker != nullptr) {
     options_.tracker->OnFree(options_.tier, category, static_cast<int64_t>(bytes));
-    options_.tracker->OnReserve(options_.tier, -static_cast<int64_t>(reinterpret_cast<size_t>(handle)));
+    options_.tracker->OnReserve(options_.tier,
+                                -static_cast<int64_t>(reinterpret_cast<size_t>(handle)));
   }
 }
 
@@ -92,7 +94,7 @@ void HostAllocator::Release(void* data, size_t bytes, MemoryCategory category, v
 
 struct CachingAllocator::Block {
   char* ptr = nullptr;
-  size_t size = 0;  // rounded
+  size_t size = 0;           // rounded
   Stream* stream = nullptr;  // the stream it was allocated for; it is reused only there
   bool small = false;
   enum class State { kFree, kAllocated, kPending } state = State::kFree;
@@ -119,7 +121,7 @@ CachingAllocator::~CachingAllocator() {
   std::lock_guard lock(mu_);
   if (live_blocks_ != 0) {
     Logger()->error("{} allocator destroyed with {} buffers still in use; their memory is leaked",
-                  backend_->name(), live_blocks_);
+                    backend_->name(), live_blocks_);
     return;
   }
   const Status status = ReleaseCachedSegments();
@@ -161,7 +163,8 @@ StatusOr<CachingAllocator::Block*> CachingAllocator::MapSegment(Pool& pool, Stre
   block->small = small;
   ++stats_.segments_mapped;
   stats_.reserved_bytes += static_cast<int64_t>(size);
-  if (options_.tracker != nullptr) options_.tracker->OnReserve(options_.tier, static_cast<int64_t>(size));
+  if (options_.tracker != nullptr)
+    options_.tracker->OnReserve(options_.tier, static_cast<int64_t>(size));
   return block;
 }
 
@@ -186,8 +189,7 @@ StatusOr<Buffer> CachingAllocator::Allocate(size_t bytes, MemoryCategory categor
   if (stream != nullptr && stream->device() != backend_->device() &&
       !(stream->device().is_cuda() && backend_->device().is_cpu())) {
     return absl::InvalidArgumentError(StrCat("allocation on ", backend_->device().ToString(),
-                                                   " for a stream of ",
-                                                   stream->device().ToString()));
+                                             " for a stream of ", stream->device().ToString()));
   }
   std::lock_guard lock(mu_);
   ProcessPendingEvents();
@@ -248,7 +250,7 @@ void CachingAllocator::Release(void* data, size_t bytes, MemoryCategory category
     if (!recorded.ok()) {
       // Without an event the only safe reuse point is after the whole device is idle.
       Logger()->warn("RecordStream event failed ({}); synchronising the device before reuse",
-                   recorded.ToString());
+                     recorded.ToString());
       ZR_CHECK_OK(backend_->SynchronizeDevice());
       continue;
     }

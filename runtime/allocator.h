@@ -117,9 +117,9 @@ class CachingBackend {
 
 struct CachingAllocatorOptions {
   MemoryTier tier = MemoryTier::kDevice;
-  MemoryTracker* tracker = nullptr;             // null: no accounting
-  size_t round_bytes = 512;                     // every block is a multiple of this
-  size_t small_limit = size_t{1} << 20;         // requests up to this share small segments
+  MemoryTracker* tracker = nullptr;              // null: no accounting
+  size_t round_bytes = 512;                      // every block is a multiple of this
+  size_t small_limit = size_t{1} << 20;          // requests up to this share small segments
   size_t small_segment_bytes = size_t{2} << 20;  // size of a segment for small requests
   size_t large_segment_round = size_t{2} << 20;  // large segments are multiples of this
 };
@@ -174,7 +174,8 @@ class CachingAllocator final : public Allocator {
 std::unique_ptr<Allocator> MakeCpuCachingAllocator(MemoryTracker* tracker,
                                                    MemoryTier tier = MemoryTier::kDevice);
 // A CachingAllocator over cudaMalloc on `device` (fails in a build or on a machine without CUDA).
-StatusOr<std::unique_ptr<Allocator>> MakeCudaCachingAllocator(Device device, MemoryTracker* tracker);
+StatusOr<std::unique_ptr<Allocator>> MakeCudaCachingAllocator(Device device,
+                                                              MemoryTracker* tracker);
 // A CachingAllocator over cudaHostAlloc: pinned host memory for copies and staging.
 StatusOr<std::unique_ptr<Allocator>> MakePinnedHostAllocator(MemoryTracker* tracker);
 

@@ -7,8 +7,8 @@
 namespace zerort {
 
 struct BuildInfo {
-  std::string version;          // zerort's own
-  std::string build_type;       // Release, Debug, ...
+  std::string version;     // zerort's own
+  std::string build_type;  // Release, Debug, ...
   std::string compiler;
   bool cuda = false;
   std::string cuda_architectures;

@@ -2,7 +2,6 @@
 #include "runtime/collective_trace.h"
 #include "runtime/strings.h"
 
-
 namespace zerort {
 
 std::string_view CollectiveOpName(CollectiveOp op) {
@@ -140,16 +139,17 @@ std::vector<CollectiveRecord> CollectiveTrace::Records() const {
 std::string CollectiveTrace::Dump() const {
   const std::vector<CollectiveRecord> records = Records();
   const Clock::time_point now = Clock::now();
-  std::string out = fmt::sprintf("last %d collectives of rank %d/%d in group '%s' (%s):",
-                                    records.size(), rank_, size_, group_, backend_);
+  std::string out =
+      fmt::sprintf("last %d collectives of rank %d/%d in group '%s' (%s):", records.size(), rank_,
+                   size_, group_, backend_);
   for (const CollectiveRecord& r : records) {
     const auto end = r.state == CollectiveState::kIssued || r.state == CollectiveState::kTimedOut
                          ? now
                          : r.finished;
     const double ms = std::chrono::duration<double, std::milli>(end - r.issued).count();
-    out += fmt::sprintf("\n  seq %d %-14s %12d bytes %-4s peer %-3d %-10s %10.3f ms%s%s",
-                          r.seq, CollectiveOpName(r.op), r.bytes, DTypeName(r.dtype), r.peer,
-                          CollectiveStateName(r.state), ms, r.label.empty() ? "" : "  ", r.label);
+    out += fmt::sprintf("\n  seq %d %-14s %12d bytes %-4s peer %-3d %-10s %10.3f ms%s%s", r.seq,
+                        CollectiveOpName(r.op), r.bytes, DTypeName(r.dtype), r.peer,
+                        CollectiveStateName(r.state), ms, r.label.empty() ? "" : "  ", r.label);
   }
   return out;
 }

@@ -3,8 +3,8 @@
 
 #include <limits>
 
-#include "runtime/watchdog.h"
 #include "runtime/strings.h"
+#include "runtime/watchdog.h"
 
 namespace zerort {
 namespace {
@@ -95,14 +95,13 @@ Status Communicator::Run(const Call& call, const std::function<Status(Stream*)>&
     // Host backends read the buffers when called: the stream's work must have produced them.
     ZR_RETURN_IF_ERROR(stream->Synchronize());
   }
-  const uint64_t seq =
-      trace_.Begin(call.op, call.bytes, call.dtype, call.peer, options_.timeout);
+  const uint64_t seq = trace_.Begin(call.op, call.bytes, call.dtype, call.peer, options_.timeout);
   Status status = body(staged ? nullptr : stream);
   if (!status.ok()) {
     trace_.End(seq, false);
-    return Annotate(status, StrCat("rank ", rank_, "/", size_, " in group '",
-                                         options_.name, "' (", backend(), "), ",
-                                         CollectiveOpName(call.op), " of ", call.bytes, " bytes"));
+    return Annotate(
+        status, StrCat("rank ", rank_, "/", size_, " in group '", options_.name, "' (", backend(),
+                       "), ", CollectiveOpName(call.op), " of ", call.bytes, " bytes"));
   }
   CompletionProbe probe = staged ? CompletionProbe() : MakeProbe(stream);
   if (probe) {
@@ -141,15 +140,19 @@ Status Communicator::AllGather(const void* send, void* recv, size_t count, DType
   }
   const Call call{CollectiveOp::kAllGather, bytes * size_, dtype, -1};
   if (NeedsStaging(stream)) {
-    return Run(call, [&](Stream*) -> Status {
-      ZR_ASSIGN_OR_RETURN(Buffer host, Staging(bytes * size_));
-      char* host_slot = host.as<char>() + static_cast<size_t>(rank_) * bytes;
-      ZR_RETURN_IF_ERROR(ToHost(host_slot, send, stream->device(), bytes));
-      ZR_RETURN_IF_ERROR(DoAllGather(host_slot, host.data(), count, dtype, nullptr));
-      return ToDevice(recv, stream->device(), host.data(), bytes * size_);
-    }, stream);
+    return Run(
+        call,
+        [&](Stream*) -> Status {
+          ZR_ASSIGN_OR_RETURN(Buffer host, Staging(bytes * size_));
+          char* host_slot = host.as<char>() + static_cast<size_t>(rank_) * bytes;
+          ZR_RETURN_IF_ERROR(ToHost(host_slot, send, stream->device(), bytes));
+          ZR_RETURN_IF_ERROR(DoAllGather(host_slot, host.data(), count, dtype, nullptr));
+          return ToDevice(recv, stream->device(), host.data(), bytes * size_);
+        },
+        stream);
   }
-  return Run(call, [&](Stream* s) { return DoAllGather(send, recv, count, dtype, s); }, stream);
+  return Run(
+      call, [&](Stream* s) { return DoAllGather(send, recv, count, dtype, s); }, stream);
 }
 
 Status Communicator::ReduceScatter(const void* send, void* recv, size_t count, DType dtype,
@@ -169,20 +172,23 @@ Status Communicator::ReduceScatter(const void* send, void* recv, size_t count, D
   }
   const Call call{CollectiveOp::kReduceScatter, bytes * size_, dtype, -1};
   if (NeedsStaging(stream)) {
-    return Run(call, [&](Stream*) -> Status {
-      ZR_ASSIGN_OR_RETURN(Buffer host, Staging(bytes * size_));
-      char* host_block = host.as<char>() + static_cast<size_t>(rank_) * bytes;
-      ZR_RETURN_IF_ERROR(ToHost(host.data(), send, stream->device(), bytes * size_));
-      ZR_RETURN_IF_ERROR(DoReduceScatter(host.data(), host_block, count, dtype, op, nullptr));
-      return ToDevice(recv, stream->device(), host_block, bytes);
-    }, stream);
+    return Run(
+        call,
+        [&](Stream*) -> Status {
+          ZR_ASSIGN_OR_RETURN(Buffer host, Staging(bytes * size_));
+          char* host_block = host.as<char>() + static_cast<size_t>(rank_) * bytes;
+          ZR_RETURN_IF_ERROR(ToHost(host.data(), send, stream->device(), bytes * size_));
+          ZR_RETURN_IF_ERROR(DoReduceScatter(host.data(), host_block, count, dtype, op, nullptr));
+          return ToDevice(recv, stream->device(), host_block, bytes);
+        },
+        stream);
   }
-  return Run(call, [&](Stream* s) { return DoReduceScatter(send, recv, count, dtype, op, s); },
-             stream);
+  return Run(
+      call, [&](Stream* s) { return DoReduceScatter(send, recv, count, dtype, op, s); }, stream);
 }
 
-Status Communicator::AllReduce(const void* send, void* recv, size_t count, DType dtype,
-                               ReduceOp op, Stream* stream) {
+Status Communicator::AllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                               Stream* stream) {
   ZR_RETURN_IF_ERROR(CheckReduce(dtype, op));
   const size_t elem = DTypeSize(dtype);
   if (count > std::numeric_limits<size_t>::max() / elem) {
@@ -196,46 +202,55 @@ Status Communicator::AllReduce(const void* send, void* recv, size_t count, DType
   }
   const Call call{CollectiveOp::kAllReduce, bytes, dtype, -1};
   if (NeedsStaging(stream)) {
-    return Run(call, [&](Stream*) -> Status {
-      ZR_ASSIGN_OR_RETURN(Buffer host, Staging(bytes));
-      ZR_RETURN_IF_ERROR(ToHost(host.data(), send, stream->device(), bytes));
-      ZR_RETURN_IF_ERROR(DoAllReduce(host.data(), host.data(), count, dtype, op, nullptr));
-      return ToDevice(recv, stream->device(), host.data(), bytes);
-    }, stream);
+    return Run(
+        call,
+        [&](Stream*) -> Status {
+          ZR_ASSIGN_OR_RETURN(Buffer host, Staging(bytes));
+          ZR_RETURN_IF_ERROR(ToHost(host.data(), send, stream->device(), bytes));
+          ZR_RETURN_IF_ERROR(DoAllReduce(host.data(), host.data(), count, dtype, op, nullptr));
+          return ToDevice(recv, stream->device(), host.data(), bytes);
+        },
+        stream);
   }
-  return Run(call, [&](Stream* s) { return DoAllReduce(send, recv, count, dtype, op, s); },
-             stream);
+  return Run(
+      call, [&](Stream* s) { return DoAllReduce(send, recv, count, dtype, op, s); }, stream);
 }
 
 Status Communicator::Broadcast(void* buffer, size_t count, DType dtype, int root, Stream* stream) {
   if (root < 0 || root >= size_) {
     return absl::InvalidArgumentError(StrCat("broadcast root ", root, " is not a rank of ",
-                                                   "group '", options_.name, "' (size ", size_, ")"));
+                                             "group '", options_.name, "' (size ", size_, ")"));
   }
   ZR_RETURN_IF_ERROR(CheckBuffer(buffer, count, "broadcast"));
   const size_t bytes = count * DTypeSize(dtype);
   const Call call{CollectiveOp::kBroadcast, bytes, dtype, root};
   if (NeedsStaging(stream)) {
-    return Run(call, [&](Stream*) -> Status {
-      ZR_ASSIGN_OR_RETURN(Buffer host, Staging(bytes));
-      if (rank_ == root) ZR_RETURN_IF_ERROR(ToHost(host.data(), buffer, stream->device(), bytes));
-      ZR_RETURN_IF_ERROR(DoBroadcast(host.data(), count, dtype, root, nullptr));
-      return rank_ == root ? absl::OkStatus() : ToDevice(buffer, stream->device(), host.data(), bytes);
-    }, stream);
+    return Run(
+        call,
+        [&](Stream*) -> Status {
+          ZR_ASSIGN_OR_RETURN(Buffer host, Staging(bytes));
+          if (rank_ == root)
+            ZR_RETURN_IF_ERROR(ToHost(host.data(), buffer, stream->device(), bytes));
+          ZR_RETURN_IF_ERROR(DoBroadcast(host.data(), count, dtype, root, nullptr));
+          return rank_ == root ? absl::OkStatus()
+                               : ToDevice(buffer, stream->device(), host.data(), bytes);
+        },
+        stream);
   }
-  return Run(call, [&](Stream* s) { return DoBroadcast(buffer, count, dtype, root, s); }, stream);
+  return Run(
+      call, [&](Stream* s) { return DoBroadcast(buffer, count, dtype, root, s); }, stream);
 }
 
 namespace {
 
 Status CheckPeer(int peer, int rank, int size, std::string_view what, bool allow_self) {
   if (peer < 0 || peer >= size) {
-    return absl::InvalidArgumentError(StrCat(what, " peer ", peer, " is not a rank of a ",
-                                                   "group of size ", size));
+    return absl::InvalidArgumentError(
+        StrCat(what, " peer ", peer, " is not a rank of a ", "group of size ", size));
   }
   if (!allow_self && peer == rank) {
-    return absl::InvalidArgumentError(StrCat(what, " to itself (rank ", rank,
-                                                   "); use SendRecv or a copy"));
+    return absl::InvalidArgumentError(
+        StrCat(what, " to itself (rank ", rank, "); use SendRecv or a copy"));
   }
   return absl::OkStatus();
 }
@@ -248,13 +263,17 @@ Status Communicator::Send(const void* buffer, size_t count, DType dtype, int pee
   const size_t bytes = count * DTypeSize(dtype);
   const Call call{CollectiveOp::kSend, bytes, dtype, peer};
   if (NeedsStaging(stream)) {
-    return Run(call, [&](Stream*) -> Status {
-      ZR_ASSIGN_OR_RETURN(Buffer host, Staging(bytes));
-      ZR_RETURN_IF_ERROR(ToHost(host.data(), buffer, stream->device(), bytes));
-      return DoSend(host.data(), count, dtype, peer, nullptr);
-    }, stream);
+    return Run(
+        call,
+        [&](Stream*) -> Status {
+          ZR_ASSIGN_OR_RETURN(Buffer host, Staging(bytes));
+          ZR_RETURN_IF_ERROR(ToHost(host.data(), buffer, stream->device(), bytes));
+          return DoSend(host.data(), count, dtype, peer, nullptr);
+        },
+        stream);
   }
-  return Run(call, [&](Stream* s) { return DoSend(buffer, count, dtype, peer, s); }, stream);
+  return Run(
+      call, [&](Stream* s) { return DoSend(buffer, count, dtype, peer, s); }, stream);
 }
 
 Status Communicator::Recv(void* buffer, size_t count, DType dtype, int peer, Stream* stream) {
@@ -263,13 +282,17 @@ Status Communicator::Recv(void* buffer, size_t count, DType dtype, int peer, Str
   const size_t bytes = count * DTypeSize(dtype);
   const Call call{CollectiveOp::kRecv, bytes, dtype, peer};
   if (NeedsStaging(stream)) {
-    return Run(call, [&](Stream*) -> Status {
-      ZR_ASSIGN_OR_RETURN(Buffer host, Staging(bytes));
-      ZR_RETURN_IF_ERROR(DoRecv(host.data(), count, dtype, peer, nullptr));
-      return ToDevice(buffer, stream->device(), host.data(), bytes);
-    }, stream);
+    return Run(
+        call,
+        [&](Stream*) -> Status {
+          ZR_ASSIGN_OR_RETURN(Buffer host, Staging(bytes));
+          ZR_RETURN_IF_ERROR(DoRecv(host.data(), count, dtype, peer, nullptr));
+          return ToDevice(buffer, stream->device(), host.data(), bytes);
+        },
+        stream);
   }
-  return Run(call, [&](Stream* s) { return DoRecv(buffer, count, dtype, peer, s); }, stream);
+  return Run(
+      call, [&](Stream* s) { return DoRecv(buffer, count, dtype, peer, s); }, stream);
 }
 
 Status Communicator::SendRecv(const void* send, size_t send_count, int dst, void* recv,
@@ -284,18 +307,22 @@ Status Communicator::SendRecv(const void* send, size_t send_count, int dst, void
   }
   const Call call{CollectiveOp::kSendRecv, (send_count + recv_count) * elem, dtype, dst};
   if (NeedsStaging(stream)) {
-    return Run(call, [&](Stream*) -> Status {
-      ZR_ASSIGN_OR_RETURN(Buffer host, Staging((send_count + recv_count) * elem));
-      char* host_recv = host.as<char>() + send_count * elem;
-      ZR_RETURN_IF_ERROR(ToHost(host.data(), send, stream->device(), send_count * elem));
-      ZR_RETURN_IF_ERROR(
-          DoSendRecv(host.data(), send_count, dst, host_recv, recv_count, src, dtype, nullptr));
-      return ToDevice(recv, stream->device(), host_recv, recv_count * elem);
-    }, stream);
+    return Run(
+        call,
+        [&](Stream*) -> Status {
+          ZR_ASSIGN_OR_RETURN(Buffer host, Staging((send_count + recv_count) * elem));
+          char* host_recv = host.as<char>() + send_count * elem;
+          ZR_RETURN_IF_ERROR(ToHost(host.data(), send, stream->device(), send_count * elem));
+          ZR_RETURN_IF_ERROR(
+              DoSendRecv(host.data(), send_count, dst, host_recv, recv_count, src, dtype, nullptr));
+          return ToDevice(recv, stream->device(), host_recv, recv_count * elem);
+        },
+        stream);
   }
-  return Run(call, [&](Stream* s) {
-    return DoSendRecv(send, send_count, dst, recv, recv_count, src, dtype, s);
-  }, stream);
+  return Run(
+      call,
+      [&](Stream* s) { return DoSendRecv(send, send_count, dst, recv, recv_count, src, dtype, s); },
+      stream);
 }
 
 Status Communicator::Barrier() {
@@ -304,8 +331,8 @@ Status Communicator::Barrier() {
   Status status = DoBarrier();
   trace_.End(seq, status.ok());
   if (!status.ok()) {
-    return Annotate(status, StrCat("rank ", rank_, "/", size_, " in group '", options_.name,
-                                         "' (", backend(), "), barrier"));
+    return Annotate(status, StrCat("rank ", rank_, "/", size_, " in group '", options_.name, "' (",
+                                   backend(), "), barrier"));
   }
   return absl::OkStatus();
 }
@@ -313,15 +340,15 @@ Status Communicator::Barrier() {
 StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int key,
                                                             CommOptions options) {
   if (color < kNoColor) {
-    return absl::InvalidArgumentError(StrCat("split colour ", color,
-                                                   " is negative (use kNoColor to opt out)"));
+    return absl::InvalidArgumentError(
+        StrCat("split colour ", color, " is negative (use kNoColor to opt out)"));
   }
   const uint64_t seq = trace_.Begin(CollectiveOp::kSplit, 0, DType::kI32, color, options_.timeout);
   StatusOr<std::unique_ptr<Communicator>> result = DoSplit(color, key, std::move(options));
   trace_.End(seq, result.ok());
   if (!result.ok()) {
     return Annotate(result.status(), StrCat("rank ", rank_, "/", size_, " in group '",
-                                                  options_.name, "' (", backend(), "), split"));
+                                            options_.name, "' (", backend(), "), split"));
   }
   return result;
 }

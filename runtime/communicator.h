@@ -37,10 +37,10 @@ enum class ReduceOp : uint8_t { kSum, kAvg, kMax };
 std::string_view ReduceOpName(ReduceOp op);
 
 struct CommOptions {
-  std::string name = "world";                     // group name in logs and traces
-  std::chrono::milliseconds timeout{600'000};     // per collective; the watchdog enforces it
-  size_t trace_capacity = 64;                     // records kept for the hang report
-  MemoryTracker* tracker = nullptr;               // accounts staging buffers (comm_buffers)
+  std::string name = "world";                  // group name in logs and traces
+  std::chrono::milliseconds timeout{600'000};  // per collective; the watchdog enforces it
+  size_t trace_capacity = 64;                  // records kept for the hang report
+  MemoryTracker* tracker = nullptr;            // accounts staging buffers (comm_buffers)
 };
 
 // Colour for Split that leaves the caller out of every new group.
@@ -97,8 +97,7 @@ class Communicator {
                                  ReduceOp op, Stream* stream) = 0;
   virtual Status DoAllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                              Stream* stream) = 0;
-  virtual Status DoBroadcast(void* buffer, size_t count, DType dtype, int root,
-                             Stream* stream) = 0;
+  virtual Status DoBroadcast(void* buffer, size_t count, DType dtype, int root, Stream* stream) = 0;
   virtual Status DoSend(const void* buffer, size_t count, DType dtype, int peer,
                         Stream* stream) = 0;
   virtual Status DoRecv(void* buffer, size_t count, DType dtype, int peer, Stream* stream) = 0;

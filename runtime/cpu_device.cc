@@ -16,9 +16,8 @@ class CpuStream final : public Stream {
   Status Synchronize() override { return absl::OkStatus(); }
   Status WaitEvent(const Event& event) override {
     if (!event.device().is_cpu()) {
-      return absl::InvalidArgumentError(StrCat("CPU stream '", name_,
-                                                     "' cannot wait for an event on ",
-                                                     event.device().ToString()));
+      return absl::InvalidArgumentError(StrCat(
+          "CPU stream '", name_, "' cannot wait for an event on ", event.device().ToString()));
     }
     return absl::OkStatus();
   }

@@ -69,7 +69,8 @@ Status NeedDevice(std::string_view what) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Allocator>> MakeCudaCachingAllocator(Device device, MemoryTracker* tracker) {
+StatusOr<std::unique_ptr<Allocator>> MakeCudaCachingAllocator(Device device,
+                                                              MemoryTracker* tracker) {
   ZR_RETURN_IF_ERROR(NeedDevice("the CUDA caching allocator"));
   if (!device.is_cuda() || device.index >= CudaDeviceCount()) {
     return absl::InvalidArgumentError(StrCat("no CUDA device ", device.ToString()));

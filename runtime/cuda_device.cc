@@ -23,8 +23,8 @@ Status CudaError(std::string_view call, cudaError_t err) {
 }
 
 Status CublasError(std::string_view call, cublasStatus_t err) {
-  return absl::InternalError(StrCat(call, " failed: ", cublasGetStatusString(err), " (",
-                                    cublasGetStatusName(err), ")"));
+  return absl::InternalError(
+      StrCat(call, " failed: ", cublasGetStatusString(err), " (", cublasGetStatusName(err), ")"));
 }
 
 namespace {
@@ -105,9 +105,9 @@ Status CheckUsable(Device device) {
   const int count = CudaDeviceCount();
   if (device.index < 0 || device.index >= count) {
     const CudaInfo info = QueryCuda();
-    return absl::FailedPreconditionError(StrCat(
-        "CUDA device ", device.index, " is not available (", count, " visible",
-        info.unavailable_reason.empty() ? "" : "; ", info.unavailable_reason, ")"));
+    return absl::FailedPreconditionError(
+        StrCat("CUDA device ", device.index, " is not available (", count, " visible",
+               info.unavailable_reason.empty() ? "" : "; ", info.unavailable_reason, ")"));
   }
   return absl::OkStatus();
 }

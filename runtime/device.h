@@ -80,9 +80,9 @@ struct CudaDeviceInfo {
 };
 
 struct CudaInfo {
-  bool compiled = false;        // built with CUDA
-  int runtime_version = 0;      // e.g. 13000
-  int driver_version = 0;       // 0 when no driver is loaded
+  bool compiled = false;           // built with CUDA
+  int runtime_version = 0;         // e.g. 13000
+  int driver_version = 0;          // 0 when no driver is loaded
   std::string unavailable_reason;  // why no device can be used, empty when one can
   std::vector<CudaDeviceInfo> devices;
 };

@@ -2,7 +2,6 @@
 #include "runtime/device_mesh.h"
 #include "runtime/strings.h"
 
-
 namespace zerort {
 
 MeshCoord MeshCoordOf(int rank, const MeshShape& shape) {
@@ -20,14 +19,14 @@ int MeshRankOf(const MeshCoord& coord, const MeshShape& shape) {
 StatusOr<std::unique_ptr<DeviceMesh>> DeviceMesh::Create(Communicator& world, MeshShape shape,
                                                          const CommOptions& options) {
   if (shape.data < 1 || shape.tensor < 1 || shape.pipeline < 1) {
-    return absl::InvalidArgumentError(StrCat("mesh sizes must be at least 1: data=",
-                                                   shape.data, " tensor=", shape.tensor,
-                                                   " pipeline=", shape.pipeline));
+    return absl::InvalidArgumentError(StrCat("mesh sizes must be at least 1: data=", shape.data,
+                                             " tensor=", shape.tensor,
+                                             " pipeline=", shape.pipeline));
   }
   if (shape.world_size() != world.size()) {
-    return absl::InvalidArgumentError(StrCat(
-        "mesh data=", shape.data, " x tensor=", shape.tensor, " x pipeline=", shape.pipeline,
-        " = ", shape.world_size(), " ranks, but the world has ", world.size()));
+    return absl::InvalidArgumentError(
+        StrCat("mesh data=", shape.data, " x tensor=", shape.tensor, " x pipeline=", shape.pipeline,
+               " = ", shape.world_size(), " ranks, but the world has ", world.size()));
   }
   std::unique_ptr<DeviceMesh> mesh(new DeviceMesh(world, shape));
   const MeshCoord c = MeshCoordOf(world.rank(), shape);
@@ -37,12 +36,12 @@ StatusOr<std::unique_ptr<DeviceMesh>> DeviceMesh::Create(Communicator& world, Me
     o.name = StrCat(options.name, ".", name);
     return o;
   };
-  ZR_ASSIGN_OR_RETURN(mesh->tensor_, world.Split(c.pipeline * shape.data + c.data, c.tensor,
-                                                 named("tp")));
-  ZR_ASSIGN_OR_RETURN(mesh->data_, world.Split(c.pipeline * shape.tensor + c.tensor, c.data,
-                                               named("dp")));
-  ZR_ASSIGN_OR_RETURN(mesh->pipeline_, world.Split(c.data * shape.tensor + c.tensor, c.pipeline,
-                                                   named("pp")));
+  ZR_ASSIGN_OR_RETURN(mesh->tensor_,
+                      world.Split(c.pipeline * shape.data + c.data, c.tensor, named("tp")));
+  ZR_ASSIGN_OR_RETURN(mesh->data_,
+                      world.Split(c.pipeline * shape.tensor + c.tensor, c.data, named("dp")));
+  ZR_ASSIGN_OR_RETURN(mesh->pipeline_,
+                      world.Split(c.data * shape.tensor + c.tensor, c.pipeline, named("pp")));
   return mesh;
 }
 

@@ -49,14 +49,16 @@ bool IsFloatingPoint(DType dtype) {
 
 StatusOr<DType> ParseDType(std::string_view name) {
   const std::string lower = absl::AsciiStrToLower(std::string(name));
-  if (lower == "f32" || lower == "fp32" || lower == "float32" || lower == "float") return DType::kF32;
+  if (lower == "f32" || lower == "fp32" || lower == "float32" || lower == "float")
+    return DType::kF32;
   if (lower == "bf16" || lower == "bfloat16") return DType::kBF16;
-  if (lower == "f16" || lower == "fp16" || lower == "float16" || lower == "half") return DType::kF16;
+  if (lower == "f16" || lower == "fp16" || lower == "float16" || lower == "half")
+    return DType::kF16;
   if (lower == "i32" || lower == "int32") return DType::kI32;
   if (lower == "i64" || lower == "int64") return DType::kI64;
   if (lower == "u8" || lower == "uint8") return DType::kU8;
-  return absl::InvalidArgumentError(StrCat(
-      "unknown dtype '", name, "'; expected one of fp32, bf16, fp16, int32, int64, uint8"));
+  return absl::InvalidArgumentError(
+      StrCat("unknown dtype '", name, "'; expected one of fp32, bf16, fp16, int32, int64, uint8"));
 }
 
 }  // namespace zerort

@@ -48,10 +48,11 @@ inline uint16_t FloatToF16Bits(float value) {
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
   const uint32_t abs = bits & 0x7fffffffu;
   if (abs >= 0x7f800000u) {  // inf stays inf; NaN becomes quiet NaN keeping the top payload bits
-    return static_cast<uint16_t>(sign | (abs > 0x7f800000u ? 0x7e00u | ((abs >> 13) & 0x3ffu) : 0x7c00u));
+    return static_cast<uint16_t>(sign |
+                                 (abs > 0x7f800000u ? 0x7e00u | ((abs >> 13) & 0x3ffu) : 0x7c00u));
   }
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 rounds to inf
-  if (abs < 0x38800000u) {  // below 2^-14: f16 subnormal or zero
+  if (abs < 0x38800000u) {                // below 2^-14: f16 subnormal or zero
     if (abs <= 0x33000000u) return sign;  // <= 2^-25, half of the smallest subnormal: ties to 0
     const uint32_t exponent = abs >> 23;
     const uint32_t significand = (abs & 0x7fffffu) | 0x800000u;
@@ -123,16 +124,28 @@ struct Half {
 template <typename T>
 struct DTypeOf;
 template <>
-struct DTypeOf<float> { static constexpr DType value = DType::kF32; };
+struct DTypeOf<float> {
+  static constexpr DType value = DType::kF32;
+};
 template <>
-struct DTypeOf<BFloat16> { static constexpr DType value = DType::kBF16; };
+struct DTypeOf<BFloat16> {
+  static constexpr DType value = DType::kBF16;
+};
 template <>
-struct DTypeOf<Half> { static constexpr DType value = DType::kF16; };
+struct DTypeOf<Half> {
+  static constexpr DType value = DType::kF16;
+};
 template <>
-struct DTypeOf<int32_t> { static constexpr DType value = DType::kI32; };
+struct DTypeOf<int32_t> {
+  static constexpr DType value = DType::kI32;
+};
 template <>
-struct DTypeOf<int64_t> { static constexpr DType value = DType::kI64; };
+struct DTypeOf<int64_t> {
+  static constexpr DType value = DType::kI64;
+};
 template <>
-struct DTypeOf<uint8_t> { static constexpr DType value = DType::kU8; };
+struct DTypeOf<uint8_t> {
+  static constexpr DType value = DType::kU8;
+};
 
 }  // namespace zerort

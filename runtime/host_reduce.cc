@@ -39,7 +39,8 @@ void ReduceFloat(std::span<const void* const> inputs, size_t offset, void* out, 
     for (size_t i = 0; i < n; ++i) acc[i] = Load<T>(inputs[0], offset + begin + i);
     for (size_t k = 1; k < inputs.size(); ++k) {
       if (op == ReduceOp::kMax) {
-        for (size_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], Load<T>(inputs[k], offset + begin + i));
+        for (size_t i = 0; i < n; ++i)
+          acc[i] = std::max(acc[i], Load<T>(inputs[k], offset + begin + i));
       } else {
         for (size_t i = 0; i < n; ++i) acc[i] += Load<T>(inputs[k], offset + begin + i);
       }
@@ -110,7 +111,8 @@ void FromFloat32(const float* src, void* dst, DType dtype, size_t count) {
       std::copy_n(src, count, static_cast<float*>(dst));
       return;
     case DType::kBF16:
-      for (size_t i = 0; i < count; ++i) static_cast<BFloat16*>(dst)[i] = BFloat16::FromFloat(src[i]);
+      for (size_t i = 0; i < count; ++i)
+        static_cast<BFloat16*>(dst)[i] = BFloat16::FromFloat(src[i]);
       return;
     case DType::kF16:
       for (size_t i = 0; i < count; ++i) static_cast<Half*>(dst)[i] = Half::FromFloat(src[i]);

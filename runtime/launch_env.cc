@@ -51,8 +51,13 @@ StatusOr<std::optional<Reading>> ReadOpenMpi(const EnvLookup& env) {
   if (!rank && !size) return std::optional<Reading>();
   ZR_READ_INT(local_rank, env, "OMPI_COMM_WORLD_LOCAL_RANK");
   ZR_READ_INT(local_size, env, "OMPI_COMM_WORLD_LOCAL_SIZE");
-  return Reading{"openmpi", rank.value_or(-1), size.value_or(-1), local_rank.value_or(-1),
-                 local_size.value_or(-1), "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"};
+  return Reading{"openmpi",
+                 rank.value_or(-1),
+                 size.value_or(-1),
+                 local_rank.value_or(-1),
+                 local_size.value_or(-1),
+                 "OMPI_COMM_WORLD_RANK",
+                 "OMPI_COMM_WORLD_SIZE"};
 }
 
 StatusOr<std::optional<Reading>> ReadPmix(const EnvLookup& env) {
@@ -68,8 +73,13 @@ StatusOr<std::optional<Reading>> ReadPmi(const EnvLookup& env) {
   if (!rank && !size) return std::optional<Reading>();
   ZR_READ_INT(local_rank, env, "MPI_LOCALRANKID");
   ZR_READ_INT(local_size, env, "MPI_LOCALNRANKS");
-  return Reading{"pmi",  rank.value_or(-1), size.value_or(-1), local_rank.value_or(-1),
-                 local_size.value_or(-1), "PMI_RANK", "PMI_SIZE"};
+  return Reading{"pmi",
+                 rank.value_or(-1),
+                 size.value_or(-1),
+                 local_rank.value_or(-1),
+                 local_size.value_or(-1),
+                 "PMI_RANK",
+                 "PMI_SIZE"};
 }
 
 StatusOr<std::optional<Reading>> ReadSlurm(const EnvLookup& env) {
@@ -79,8 +89,13 @@ StatusOr<std::optional<Reading>> ReadSlurm(const EnvLookup& env) {
   ZR_READ_INT(local_rank, env, "SLURM_LOCALID");
   std::optional<int> local_size = FirstTaskCount(env("SLURM_STEP_TASKS_PER_NODE"));
   if (!local_size) local_size = FirstTaskCount(env("SLURM_TASKS_PER_NODE"));
-  return Reading{"slurm", rank.value_or(-1), size.value_or(-1), local_rank.value_or(-1),
-                 local_size.value_or(-1), "SLURM_PROCID", "SLURM_NTASKS"};
+  return Reading{"slurm",
+                 rank.value_or(-1),
+                 size.value_or(-1),
+                 local_rank.value_or(-1),
+                 local_size.value_or(-1),
+                 "SLURM_PROCID",
+                 "SLURM_NTASKS"};
 }
 
 StatusOr<std::optional<Reading>> ReadTorchrun(const EnvLookup& env) {
@@ -89,8 +104,13 @@ StatusOr<std::optional<Reading>> ReadTorchrun(const EnvLookup& env) {
   if (!rank && !size) return std::optional<Reading>();
   ZR_READ_INT(local_rank, env, "LOCAL_RANK");
   ZR_READ_INT(local_size, env, "LOCAL_WORLD_SIZE");
-  return Reading{"torchrun", rank.value_or(-1), size.value_or(-1), local_rank.value_or(-1),
-                 local_size.value_or(-1), "RANK", "WORLD_SIZE"};
+  return Reading{"torchrun",
+                 rank.value_or(-1),
+                 size.value_or(-1),
+                 local_rank.value_or(-1),
+                 local_size.value_or(-1),
+                 "RANK",
+                 "WORLD_SIZE"};
 }
 
 #undef ZR_READ_INT
@@ -98,8 +118,8 @@ StatusOr<std::optional<Reading>> ReadTorchrun(const EnvLookup& env) {
 }  // namespace
 
 std::string LaunchEnv::ToString() const {
-  std::string out = StrCat("launch environment: ", source, ", rank ", rank, " of ",
-                                 world_size, ", local rank ", local_rank, " of ", local_world_size);
+  std::string out = StrCat("launch environment: ", source, ", rank ", rank, " of ", world_size,
+                           ", local rank ", local_rank, " of ", local_world_size);
   for (const std::string& note : notes) StrAppend(&out, "; ", note);
   return out;
 }
@@ -145,31 +165,32 @@ StatusOr<LaunchEnv> DiscoverLaunchEnv(const EnvLookup& env) {
     }
   }
   if (primary.rank < 0) {
-    return absl::InvalidArgumentError(StrCat(primary.size_var, " is set but ",
-                                                   primary.rank_var, " is not"));
+    return absl::InvalidArgumentError(
+        StrCat(primary.size_var, " is set but ", primary.rank_var, " is not"));
   }
   if (primary.world_size < 0) {
-    return absl::InvalidArgumentError(StrCat(primary.rank_var, " is set but no launcher "
-                                                   "variable gives the world size (",
-                                                   primary.size_var, ")"));
+    return absl::InvalidArgumentError(StrCat(primary.rank_var,
+                                             " is set but no launcher "
+                                             "variable gives the world size (",
+                                             primary.size_var, ")"));
   }
   if (primary.world_size == 0 || primary.rank >= primary.world_size) {
     return absl::InvalidArgumentError(StrCat(primary.rank_var, "=", primary.rank, " with ",
-                                                   primary.size_var, "=", primary.world_size,
-                                                   ": the rank must be below the world size"));
+                                             primary.size_var, "=", primary.world_size,
+                                             ": the rank must be below the world size"));
   }
   for (const Reading& r : used) {
     if (r.rank >= 0 && r.rank != primary.rank) {
-      return absl::InvalidArgumentError(StrCat(
-          "launcher variables disagree on this process's rank: ", primary.rank_var, "=",
-          primary.rank, " (", primary.source, ") but ", r.rank_var, "=", r.rank, " (", r.source,
-          "); unset the stale ones"));
+      return absl::InvalidArgumentError(
+          StrCat("launcher variables disagree on this process's rank: ", primary.rank_var, "=",
+                 primary.rank, " (", primary.source, ") but ", r.rank_var, "=", r.rank, " (",
+                 r.source, "); unset the stale ones"));
     }
     if (r.world_size >= 0 && r.world_size != primary.world_size) {
-      return absl::InvalidArgumentError(StrCat(
-          "launcher variables disagree on the world size: ", primary.size_var, "=",
-          primary.world_size, " (", primary.source, ") but ", r.size_var, "=", r.world_size, " (",
-          r.source, "); unset the stale ones"));
+      return absl::InvalidArgumentError(
+          StrCat("launcher variables disagree on the world size: ", primary.size_var, "=",
+                 primary.world_size, " (", primary.source, ") but ", r.size_var, "=", r.world_size,
+                 " (", r.source, "); unset the stale ones"));
     }
   }
 
@@ -181,9 +202,8 @@ StatusOr<LaunchEnv> DiscoverLaunchEnv(const EnvLookup& env) {
       primary.local_world_size > 0 ? primary.local_world_size : primary.world_size;
   if (result.local_rank >= result.local_world_size) {
     return absl::InvalidArgumentError(StrCat("local rank ", result.local_rank,
-                                                   " is not below the local world size ",
-                                                   result.local_world_size, " (", primary.source,
-                                                   ")"));
+                                             " is not below the local world size ",
+                                             result.local_world_size, " (", primary.source, ")"));
   }
   return result;
 }

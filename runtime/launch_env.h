@@ -27,7 +27,7 @@ struct LaunchEnv {
   int world_size = 1;
   int local_rank = 0;
   int local_world_size = 1;
-  std::string source = "none";  // "openmpi", "pmix", "pmi", "slurm", "torchrun", "none"
+  std::string source = "none";     // "openmpi", "pmix", "pmi", "slurm", "torchrun", "none"
   std::vector<std::string> notes;  // sources that were present but ignored, and why
 
   std::string ToString() const;  // one line for the log

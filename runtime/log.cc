@@ -1,8 +1,8 @@
 // The rank-prefixed stderr logger.
 #include "runtime/log.h"
 
-#include "spdlog/sinks/stdout_color_sinks.h"
 #include "runtime/strings.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
 
 namespace zerort {
 namespace {
@@ -14,8 +14,8 @@ constexpr const char* kLoggerName = "zerort";
 void ConfigureLogging(const LogOptions& options) {
   auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
   auto logger = std::make_shared<spdlog::logger>(kLoggerName, std::move(sink));
-  logger->set_pattern(StrCat("[%H:%M:%S.%e] [rank ", options.rank, "/", options.world_size,
-                                   "] [%^%l%$] %v"));
+  logger->set_pattern(
+      StrCat("[%H:%M:%S.%e] [rank ", options.rank, "/", options.world_size, "] [%^%l%$] %v"));
   auto level = options.level;
   if (!options.all_ranks && options.rank != 0 && level < spdlog::level::warn) {
     level = spdlog::level::warn;
@@ -39,8 +39,8 @@ std::shared_ptr<spdlog::logger> Logger() {
 StatusOr<spdlog::level::level_enum> ParseLogLevel(const std::string& name) {
   const auto level = spdlog::level::from_str(name);
   if (level == spdlog::level::off && name != "off") {
-    return absl::InvalidArgumentError(StrCat(
-        "unknown log level '", name, "'; expected trace, debug, info, warn, error or off"));
+    return absl::InvalidArgumentError(
+        StrCat("unknown log level '", name, "'; expected trace, debug, info, warn, error or off"));
   }
   return level;
 }

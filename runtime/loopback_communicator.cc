@@ -27,8 +27,7 @@ struct Slot {
 };
 
 std::string Describe(const Slot& s) {
-  std::string out = StrCat(CollectiveOpName(s.op), "(count=", s.count, ", ",
-                                 DTypeName(s.dtype));
+  std::string out = StrCat(CollectiveOpName(s.op), "(count=", s.count, ", ", DTypeName(s.dtype));
   if (s.op == CollectiveOp::kAllReduce || s.op == CollectiveOp::kReduceScatter) {
     StrAppend(&out, ", ", ReduceOpName(s.reduce));
   }
@@ -87,9 +86,9 @@ class LoopbackGroup {
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && generation_ == generation) {
         broken_ = true;
         cv_.notify_all();
-        return absl::DeadlineExceededError(StrCat(
-            "loopback rank ", rank, ": ", size_ - arrived_, " of ", size_,
-            " ranks did not reach the collective in time"));
+        return absl::DeadlineExceededError(StrCat("loopback rank ", rank, ": ", size_ - arrived_,
+                                                  " of ", size_,
+                                                  " ranks did not reach the collective in time"));
       }
     }
     // Stable: the next rendezvous cannot complete, and so rewrite it, until this rank arrives.
@@ -127,8 +126,8 @@ class LoopbackGroup {
     for (int r = 1; r < size_; ++r) {
       if (!SameCall(slots_[0], slots_[r])) {
         return absl::InvalidArgumentError(StrCat("mismatched collectives: rank 0 called ",
-                                                       Describe(slots_[0]), " but rank ", r,
-                                                       " called ", Describe(slots_[r])));
+                                                 Describe(slots_[0]), " but rank ", r, " called ",
+                                                 Describe(slots_[r])));
       }
     }
     return absl::OkStatus();
@@ -226,18 +225,18 @@ class LoopbackCommunicator final : public Communicator {
 
   Status DoSend(const void* buffer, size_t count, DType dtype, int peer, Stream*) override {
     const auto* bytes = static_cast<const std::byte*>(buffer);
-    group_->Post(rank(), peer,
-                 Message{std::vector<std::byte>(bytes, bytes + count * DTypeSize(dtype)), count,
-                         dtype});
+    group_->Post(
+        rank(), peer,
+        Message{std::vector<std::byte>(bytes, bytes + count * DTypeSize(dtype)), count, dtype});
     return absl::OkStatus();
   }
 
   Status DoRecv(void* buffer, size_t count, DType dtype, int peer, Stream*) override {
     ZR_ASSIGN_OR_RETURN(Message message, group_->Take(peer, rank(), Clock::now() + wait_));
     if (message.count != count || message.dtype != dtype) {
-      return absl::InvalidArgumentError(StrCat(
-          "recv of ", count, " ", DTypeName(dtype), " from rank ", peer, " matched a send of ",
-          message.count, " ", DTypeName(message.dtype)));
+      return absl::InvalidArgumentError(StrCat("recv of ", count, " ", DTypeName(dtype),
+                                               " from rank ", peer, " matched a send of ",
+                                               message.count, " ", DTypeName(message.dtype)));
     }
     std::memcpy(buffer, message.data.data(), message.data.size());
     return absl::OkStatus();
@@ -277,9 +276,8 @@ class LoopbackCommunicator final : public Communicator {
     group_->split_results()[rank()] = SplitResult{};
     ZR_RETURN_IF_ERROR(Arrive(nullptr));
     if (color == kNoColor) return std::unique_ptr<Communicator>();
-    return std::unique_ptr<Communicator>(
-        new LoopbackCommunicator(std::move(result.group), result.rank, std::move(options),
-                                 watchdog()));
+    return std::unique_ptr<Communicator>(new LoopbackCommunicator(
+        std::move(result.group), result.rank, std::move(options), watchdog()));
   }
 
  private:

@@ -99,21 +99,20 @@ void MemoryTracker::ResetPeaks() {
 
 std::string MemoryTracker::Report() const {
   const MemorySnapshot s = Snapshot();
-  std::string out = fmt::sprintf("%-12s %-17s %14s %14s\n", "tier", "category", "current",
-                                    "peak");
+  std::string out = fmt::sprintf("%-12s %-17s %14s %14s\n", "tier", "category", "current", "peak");
   for (int t = 0; t < kNumMemoryTiers; ++t) {
     const auto tier = static_cast<MemoryTier>(t);
     for (int c = 0; c < kNumMemoryCategories; ++c) {
       const MemoryUsage& u = s.by_category[t][c];
       if (u.peak == 0) continue;
       out += fmt::sprintf("%-12s %-17s %14d %14d\n", MemoryTierName(tier),
-                            MemoryCategoryName(static_cast<MemoryCategory>(c)), u.current, u.peak);
+                          MemoryCategoryName(static_cast<MemoryCategory>(c)), u.current, u.peak);
     }
     if (s.in_use[t].peak != 0 || s.reserved[t].peak != 0) {
       out += fmt::sprintf("%-12s %-17s %14d %14d\n", MemoryTierName(tier), "(in use)",
-                            s.in_use[t].current, s.in_use[t].peak);
+                          s.in_use[t].current, s.in_use[t].peak);
       out += fmt::sprintf("%-12s %-17s %14d %14d\n", MemoryTierName(tier), "(reserved)",
-                            s.reserved[t].current, s.reserved[t].peak);
+                          s.reserved[t].current, s.reserved[t].peak);
     }
   }
   return out;

@@ -18,15 +18,15 @@ Status MpiError(std::string_view call, int code) {
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
   if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
-  return absl::InternalError(StrCat(call, " failed: ", std::string_view(text, length),
-                                          " (MPI error ", code, ")"));
+  return absl::InternalError(
+      StrCat(call, " failed: ", std::string_view(text, length), " (MPI error ", code, ")"));
 }
 
-#define ZR_MPI_RETURN_IF_ERROR(call)                                      \
-  do {                                                                    \
-    if (int zr_mpi_err_ = (call); zr_mpi_err_ != MPI_SUCCESS) {           \
-      return MpiError(#call, zr_mpi_err_);                                \
-    }                                                                     \
+#define ZR_MPI_RETURN_IF_ERROR(call)                            \
+  do {                                                          \
+    if (int zr_mpi_err_ = (call); zr_mpi_err_ != MPI_SUCCESS) { \
+      return MpiError(#call, zr_mpi_err_);                      \
+    }                                                           \
   } while (false)
 
 // The MPI type that moves `dtype`'s bits (16-bit floats move as uint16).
@@ -53,13 +53,15 @@ MPI_Op MpiOp(ReduceOp op) { return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM; }
 // rounded once) and 8-bit sums (Open MPI 4.1's AVX reduction saturates them instead of wrapping;
 // reduced in int32, wrapped on the way back).
 bool Widened(DType dtype, ReduceOp op) {
-  return dtype == DType::kBF16 || dtype == DType::kF16 || (dtype == DType::kU8 && op == ReduceOp::kSum);
+  return dtype == DType::kBF16 || dtype == DType::kF16 ||
+         (dtype == DType::kU8 && op == ReduceOp::kSum);
 }
 DType WideType(DType dtype) { return dtype == DType::kU8 ? DType::kI32 : DType::kF32; }
 
 void Widen(const void* src, DType dtype, void* dst, size_t count) {
   if (dtype == DType::kU8) {
-    for (size_t i = 0; i < count; ++i) static_cast<int32_t*>(dst)[i] = static_cast<const uint8_t*>(src)[i];
+    for (size_t i = 0; i < count; ++i)
+      static_cast<int32_t*>(dst)[i] = static_cast<const uint8_t*>(src)[i];
   } else {
     internal::ToFloat32(src, dtype, static_cast<float*>(dst), count);
   }
@@ -68,7 +70,8 @@ void Widen(const void* src, DType dtype, void* dst, size_t count) {
 void Narrow(const void* src, void* dst, DType dtype, size_t count) {
   if (dtype == DType::kU8) {
     for (size_t i = 0; i < count; ++i) {
-      static_cast<uint8_t*>(dst)[i] = static_cast<uint8_t>(static_cast<const int32_t*>(src)[i] & 0xff);
+      static_cast<uint8_t*>(dst)[i] =
+          static_cast<uint8_t>(static_cast<const int32_t*>(src)[i] & 0xff);
     }
   } else {
     internal::FromFloat32(static_cast<const float*>(src), dst, dtype, count);
@@ -77,8 +80,8 @@ void Narrow(const void* src, void* dst, DType dtype, size_t count) {
 
 StatusOr<int> ToInt(size_t count) {
   if (count > static_cast<size_t>(INT_MAX)) {
-    return absl::UnimplementedError(StrCat(
-        "a single MPI message of ", count, " elements exceeds MPI's int count; split it"));
+    return absl::UnimplementedError(
+        StrCat("a single MPI message of ", count, " elements exceeds MPI's int count; split it"));
   }
   return static_cast<int>(count);
 }
@@ -220,8 +223,8 @@ class MpiCommunicator final : public Communicator {
     int received = 0;
     MPI_Get_count(&status, MoveType(dtype), &received);
     if (received != expected) {
-      return absl::InvalidArgumentError(StrCat("received ", received, " elements from rank ",
-                                                     peer, ", expected ", expected));
+      return absl::InvalidArgumentError(
+          StrCat("received ", received, " elements from rank ", peer, ", expected ", expected));
     }
     return absl::OkStatus();
   }
@@ -244,7 +247,7 @@ StatusOr<std::unique_ptr<MpiContext>> MpiContext::Init(int* argc, char*** argv, 
   }
   if (context->thread_level_ < MPI_THREAD_SERIALIZED) {
     Logger()->warn("MPI provides thread level {} only; zerort calls MPI from one thread at a time",
-                 context->thread_level_);
+                   context->thread_level_);
   }
   ZR_MPI_RETURN_IF_ERROR(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   MPI_Comm_rank(MPI_COMM_WORLD, &context->world_rank_);
@@ -260,8 +263,8 @@ MpiContext::~MpiContext() {
 }
 
 StatusOr<std::unique_ptr<Communicator>> MpiContext::World(CommOptions options) {
-  return std::unique_ptr<Communicator>(new MpiCommunicator(
-      MPI_COMM_WORLD, world_rank_, world_size_, std::move(options), watchdog_.get()));
+  return std::unique_ptr<Communicator>(new MpiCommunicator(MPI_COMM_WORLD, world_rank_, world_size_,
+                                                           std::move(options), watchdog_.get()));
 }
 
 bool MpiCompiled() { return true; }

@@ -7,17 +7,17 @@
 #include <thread>
 
 #include "runtime/internal/cuda_check.h"
-#include "runtime/watchdog.h"
 #include "runtime/strings.h"
+#include "runtime/watchdog.h"
 
 namespace zerort {
 namespace {
 
 Status NcclError(std::string_view call, ncclResult_t result, ncclComm_t comm) {
   const char* last = comm != nullptr ? ncclGetLastError(comm) : nullptr;
-  return absl::InternalError(StrCat(call, " failed: ", ncclGetErrorString(result),
-                                          last != nullptr && *last ? StrCat(" (", last, ")")
-                                                                   : std::string()));
+  return absl::InternalError(
+      StrCat(call, " failed: ", ncclGetErrorString(result),
+             last != nullptr && *last ? StrCat(" (", last, ")") : std::string()));
 }
 
 ncclDataType_t NcclType(DType dtype) {
@@ -109,8 +109,8 @@ class NcclCommunicator final : public Communicator {
   Status DoReduceScatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                          Stream* stream) override {
     ZR_RETURN_IF_ERROR(CheckDevice(stream));
-    ZR_NCCL_CALL(ncclReduceScatter(send, recv, count, NcclType(dtype), NcclOp(op), comm_,
-                                   Native(stream)));
+    ZR_NCCL_CALL(
+        ncclReduceScatter(send, recv, count, NcclType(dtype), NcclOp(op), comm_, Native(stream)));
     return absl::OkStatus();
   }
 
@@ -149,7 +149,8 @@ class NcclCommunicator final : public Communicator {
     ncclResult_t received = ncclRecv(recv, recv_count, NcclType(dtype), src, comm_, Native(stream));
     ncclResult_t grouped = ncclGroupEnd();
     for (ncclResult_t r : {sent, received, grouped}) {
-      if (r != ncclSuccess && r != ncclInProgress) return NcclError("ncclSend/ncclRecv group", r, comm_);
+      if (r != ncclSuccess && r != ncclInProgress)
+        return NcclError("ncclSend/ncclRecv group", r, comm_);
     }
     return WaitReady(comm_, Clock::now() + options().timeout, "ncclGroupEnd");
   }
@@ -183,8 +184,8 @@ class NcclCommunicator final : public Communicator {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclComm_t child = nullptr;
-    ZR_NCCL_CALL(ncclCommSplit(comm_, color == kNoColor ? NCCL_SPLIT_NOCOLOR : color, key, &child,
-                               &config));
+    ZR_NCCL_CALL(
+        ncclCommSplit(comm_, color == kNoColor ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config));
     if (child == nullptr) return std::unique_ptr<Communicator>();
     ZR_RETURN_IF_ERROR(WaitReady(child, Clock::now() + child_options.timeout, "ncclCommSplit"));
     int rank = 0;
@@ -222,8 +223,8 @@ class NcclCommunicator final : public Communicator {
   Status CheckDevice(Stream* stream) const {
     if (stream->device() != device_) {
       return absl::InvalidArgumentError(StrCat("NCCL communicator of ", device_.ToString(),
-                                                     " used with a stream of ",
-                                                     stream->device().ToString()));
+                                               " used with a stream of ",
+                                               stream->device().ToString()));
     }
     return absl::OkStatus();
   }
@@ -240,14 +241,13 @@ class NcclCommunicator final : public Communicator {
 }  // namespace
 
 StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& bootstrap,
-                                                               Device device,
-                                                               CommOptions options,
+                                                               Device device, CommOptions options,
                                                                Watchdog* watchdog) {
   if (!device.is_cuda() || device.index >= CudaDeviceCount()) {
-    return absl::FailedPreconditionError(StrCat(
-        "NCCL needs a CUDA device; ", device.ToString(), " is not available (",
-        CudaDeviceCount(), " visible", QueryCuda().unavailable_reason.empty() ? "" : ": ",
-        QueryCuda().unavailable_reason, ")"));
+    return absl::FailedPreconditionError(
+        StrCat("NCCL needs a CUDA device; ", device.ToString(), " is not available (",
+               CudaDeviceCount(), " visible", QueryCuda().unavailable_reason.empty() ? "" : ": ",
+               QueryCuda().unavailable_reason, ")"));
   }
   ncclUniqueId id{};
   if (bootstrap.rank() == 0) {

@@ -14,8 +14,7 @@ namespace zerort {
 
 // Collective over `bootstrap`: every rank passes its own CUDA device.
 StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& bootstrap,
-                                                               Device device,
-                                                               CommOptions options,
+                                                               Device device, CommOptions options,
                                                                Watchdog* watchdog);
 
 bool NcclCompiled();

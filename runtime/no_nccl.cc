@@ -3,8 +3,8 @@
 
 namespace zerort {
 
-StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator&, Device,
-                                                               CommOptions, Watchdog*) {
+StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator&, Device, CommOptions,
+                                                               Watchdog*) {
   return absl::FailedPreconditionError(
       "zerort was built without NCCL (needs CUDA and NCCL; reconfigure with -DZR_ENABLE_NCCL=ON)");
 }

@@ -7,7 +7,6 @@
 #include <cstring>
 #include "runtime/strings.h"
 
-
 namespace zerort {
 namespace internal {
 

@@ -52,11 +52,11 @@ Status Annotate(const Status& status, std::string_view context);
 #define ZR_INTERNAL_CONCAT2(a, b) a##b
 #define ZR_INTERNAL_CONCAT(a, b) ZR_INTERNAL_CONCAT2(a, b)
 
-#define ZR_RETURN_IF_ERROR(expr)                                                           \
-  do {                                                                                     \
-    if (auto&& zr_status_ = (expr); !::zerort::internal::GetStatus(zr_status_).ok()) {     \
-      return ::zerort::internal::GetStatus(zr_status_);                                    \
-    }                                                                                      \
+#define ZR_RETURN_IF_ERROR(expr)                                                       \
+  do {                                                                                 \
+    if (auto&& zr_status_ = (expr); !::zerort::internal::GetStatus(zr_status_).ok()) { \
+      return ::zerort::internal::GetStatus(zr_status_);                                \
+    }                                                                                  \
   } while (false)
 
 #define ZR_ASSIGN_OR_RETURN(lhs, rexpr) \
@@ -68,12 +68,12 @@ Status Annotate(const Status& status, std::string_view context);
   lhs = std::move(tmp).value()
 
 // Always on, also in release builds. Usage: ZR_CHECK(n > 0) << "n=" << n;
-#define ZR_CHECK(cond)             \
+#define ZR_CHECK(cond)                 \
   while (__builtin_expect(!(cond), 0)) \
   ::zerort::internal::CheckFailure(__FILE__, __LINE__, #cond).stream()
 
-#define ZR_CHECK_OK(expr)                                                                  \
-  for (::zerort::Status zr_check_status_ = ::zerort::internal::GetStatus(expr);            \
-       __builtin_expect(!zr_check_status_.ok(), 0);)                                      \
-  ::zerort::internal::CheckFailure(__FILE__, __LINE__, #expr " is OK").stream()           \
+#define ZR_CHECK_OK(expr)                                                       \
+  for (::zerort::Status zr_check_status_ = ::zerort::internal::GetStatus(expr); \
+       __builtin_expect(!zr_check_status_.ok(), 0);)                            \
+  ::zerort::internal::CheckFailure(__FILE__, __LINE__, #expr " is OK").stream() \
       << zr_check_status_.ToString() << " "

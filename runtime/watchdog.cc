@@ -115,7 +115,7 @@ void Watchdog::Run() {
         if (byte == 0) continue;  // a wake-up from the destructor
         const int signo = byte;
         Logger()->error("received signal {} ({}); collective state at that moment:\n{}", signo,
-                      strsignal(signo), DumpAll());
+                        strsignal(signo), DumpAll());
         Logger()->flush();
         std::signal(signo, SIG_DFL);
         std::raise(signo);
@@ -132,14 +132,13 @@ void Watchdog::Run() {
       std::optional<CollectiveRecord> overdue = e.trace->PollOverdue(now);
       if (!overdue) continue;
       const double waited = std::chrono::duration<double>(now - overdue->issued).count();
-      const std::string what =
-          overdue->state == CollectiveState::kTimedOut
-              ? StrCat("timed out after ", waited, " s")
-              : StrCat("failed asynchronously");
-      Fire(StrCat("collective ", CollectiveOpName(overdue->op), " seq ", overdue->seq,
-                        " of rank ", e.trace->rank(), "/", e.trace->size(), " in group '",
-                        e.trace->group(), "' ", what, " (", overdue->bytes,
-                        " bytes); aborting the run with exit code ", kExitCollectiveTimeout));
+      const std::string what = overdue->state == CollectiveState::kTimedOut
+                                   ? StrCat("timed out after ", waited, " s")
+                                   : StrCat("failed asynchronously");
+      Fire(StrCat("collective ", CollectiveOpName(overdue->op), " seq ", overdue->seq, " of rank ",
+                  e.trace->rank(), "/", e.trace->size(), " in group '", e.trace->group(), "' ",
+                  what, " (", overdue->bytes, " bytes); aborting the run with exit code ",
+                  kExitCollectiveTimeout));
       break;
     }
   }

@@ -8,7 +8,9 @@
 namespace zerort {
 namespace {
 
-int64_t RoundUp(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+int64_t RoundUp(int64_t value, int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
 
 }  // namespace
 
@@ -16,7 +18,8 @@ StatusOr<FlatLayout> FlatLayout::Create(std::vector<ParamSpec> params, int dp_si
                                         int64_t alignment) {
   if (params.empty()) return absl::InvalidArgumentError("a unit needs at least one parameter");
   if (dp_size < 1) return absl::InvalidArgumentError(StrCat("dp_size ", dp_size, " is below 1"));
-  if (alignment < 1) return absl::InvalidArgumentError(StrCat("alignment ", alignment, " is below 1"));
+  if (alignment < 1)
+    return absl::InvalidArgumentError(StrCat("alignment ", alignment, " is below 1"));
   FlatLayout layout;
   layout.dp_size_ = dp_size;
   layout.alignment_ = alignment;
@@ -25,8 +28,8 @@ StatusOr<FlatLayout> FlatLayout::Create(std::vector<ParamSpec> params, int dp_si
   for (const ParamSpec& p : params) {
     for (int64_t d : p.shape) {
       if (d < 0) {
-        return absl::InvalidArgumentError(StrCat("parameter '", p.name, "' has a negative dimension in ",
-                                                 ShapeToString(p.shape)));
+        return absl::InvalidArgumentError(StrCat(
+            "parameter '", p.name, "' has a negative dimension in ", ShapeToString(p.shape)));
       }
     }
     if (!names.insert(p.name).second) {
@@ -37,7 +40,8 @@ StatusOr<FlatLayout> FlatLayout::Create(std::vector<ParamSpec> params, int dp_si
     flat_end = begin + p.numel();
     layout.params_numel_ += p.numel();
   }
-  layout.padded_numel_ = std::max<int64_t>(RoundUp(flat_end, dp_size * alignment), dp_size * alignment);
+  layout.padded_numel_ =
+      std::max<int64_t>(RoundUp(flat_end, dp_size * alignment), dp_size * alignment);
   layout.params_ = std::move(params);
   return layout;
 }

@@ -29,9 +29,9 @@ struct ParamSpec {
 
 // A part of one parameter that lies in one rank's shard.
 struct ShardPiece {
-  int param = 0;       // index into FlatLayout::params()
-  Range param_range;   // elements of the (flattened) parameter
-  Range shard_range;   // where they are in the shard
+  int param = 0;      // index into FlatLayout::params()
+  Range param_range;  // elements of the (flattened) parameter
+  Range shard_range;  // where they are in the shard
 };
 
 class FlatLayout {

@@ -56,12 +56,14 @@ Status GradientReducer::FlushReduceScatter() {
       }
     }
   }
-  ZR_ASSIGN_OR_RETURN(Buffer reduced, resources_.device->Allocate(bucket_shard * elem,
-                                                                  MemoryCategory::kCommBuffers, comm));
-  resources_.dp->SetTraceLabel(single ? StrCat("reduce-scatter ", pending_[0]->name())
-                                      : StrCat("reduce-scatter bucket of ", pending_.size(), " units"));
-  ZR_RETURN_IF_ERROR(resources_.dp->ReduceScatter(single ? pending_[0]->FullGrad().data() : packed.data(),
-                                                  reduced.data(), bucket_shard, dtype, ReduceOp::kAvg, comm));
+  ZR_ASSIGN_OR_RETURN(Buffer reduced, resources_.device->Allocate(
+                                          bucket_shard * elem, MemoryCategory::kCommBuffers, comm));
+  resources_.dp->SetTraceLabel(
+      single ? StrCat("reduce-scatter ", pending_[0]->name())
+             : StrCat("reduce-scatter bucket of ", pending_.size(), " units"));
+  ZR_RETURN_IF_ERROR(
+      resources_.dp->ReduceScatter(single ? pending_[0]->FullGrad().data() : packed.data(),
+                                   reduced.data(), bucket_shard, dtype, ReduceOp::kAvg, comm));
   resources_.dp->SetTraceLabel("");
   ++collectives_;
   const TensorView all(reduced.data(), dtype, {bucket_shard}, device);
@@ -83,26 +85,32 @@ Status GradientReducer::AllReduceBucket(const std::vector<ShardedUnit*>& bucket)
   const size_t elem = DTypeSize(dtype);
   const Device device = resources_.device->device();
   Stream* comm = resources_.comm;
-  resources_.dp->SetTraceLabel(bucket.size() == 1 ? StrCat("all-reduce ", bucket[0]->name())
-                                                  : StrCat("all-reduce bucket of ", bucket.size(), " units"));
+  resources_.dp->SetTraceLabel(bucket.size() == 1
+                                   ? StrCat("all-reduce ", bucket[0]->name())
+                                   : StrCat("all-reduce bucket of ", bucket.size(), " units"));
   if (bucket.size() == 1) {
     const TensorView g = bucket[0]->FullGrad();
-    ZR_RETURN_IF_ERROR(resources_.dp->AllReduce(g.data(), g.data(), g.numel(), dtype, ReduceOp::kAvg, comm));
+    ZR_RETURN_IF_ERROR(
+        resources_.dp->AllReduce(g.data(), g.data(), g.numel(), dtype, ReduceOp::kAvg, comm));
   } else {
     int64_t total = 0;
     for (ShardedUnit* u : bucket) total += u->layout().padded_numel();
-    ZR_ASSIGN_OR_RETURN(Buffer packed, resources_.device->Allocate(total * elem, MemoryCategory::kCommBuffers, comm));
+    ZR_ASSIGN_OR_RETURN(Buffer packed, resources_.device->Allocate(
+                                           total * elem, MemoryCategory::kCommBuffers, comm));
     int64_t offset = 0;
     for (ShardedUnit* u : bucket) {
       const TensorView g = u->FullGrad();
-      ZR_RETURN_IF_ERROR(CopyBytes(packed.as<char>() + offset * elem, device, g.data(), device, g.nbytes(), comm));
+      ZR_RETURN_IF_ERROR(
+          CopyBytes(packed.as<char>() + offset * elem, device, g.data(), device, g.nbytes(), comm));
       offset += g.numel();
     }
-    ZR_RETURN_IF_ERROR(resources_.dp->AllReduce(packed.data(), packed.data(), total, dtype, ReduceOp::kAvg, comm));
+    ZR_RETURN_IF_ERROR(
+        resources_.dp->AllReduce(packed.data(), packed.data(), total, dtype, ReduceOp::kAvg, comm));
     offset = 0;
     for (ShardedUnit* u : bucket) {
       const TensorView g = u->FullGrad();
-      ZR_RETURN_IF_ERROR(CopyBytes(g.data(), device, packed.as<char>() + offset * elem, device, g.nbytes(), comm));
+      ZR_RETURN_IF_ERROR(
+          CopyBytes(g.data(), device, packed.as<char>() + offset * elem, device, g.nbytes(), comm));
       offset += g.numel();
     }
   }

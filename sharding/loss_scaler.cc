@@ -11,7 +11,7 @@ namespace zerort {
 LossScaler::LossScaler(const LossScaleOptions& options, bool enabled)
     : options_(options),
       enabled_(enabled),
-      scale_(!enabled ? 1.0f
+      scale_(!enabled          ? 1.0f
              : options.dynamic ? std::ldexp(1.0f, options.initial_scale_power)
                                : options.static_scale),
       hysteresis_left_(options.hysteresis) {}
@@ -30,8 +30,9 @@ Status LossScaler::Update(bool overflow) {
     last_overflow_iteration_ = iteration_;
     if (consecutive_skips_ >= options_.max_consecutive_skips) {
       return absl::FailedPreconditionError(StrCat(
-          consecutive_skips_, " consecutive steps had non-finite gradients and were skipped (loss scale ",
-          scale_, "); the run cannot make progress: lower the learning rate, check the data, or use bf16"));
+          consecutive_skips_,
+          " consecutive steps had non-finite gradients and were skipped (loss scale ", scale_,
+          "); the run cannot make progress: lower the learning rate, check the data, or use bf16"));
     }
   } else {
     consecutive_skips_ = 0;

@@ -21,7 +21,9 @@ struct Range {
   }
   // The same span expressed relative to `origin` (e.g. flat -> shard: Shift(-shard_begin)).
   Range Shift(int64_t delta) const { return Range{begin + delta, end + delta}; }
-  std::string ToString() const { return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")"; }
+  std::string ToString() const {
+    return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
+  }
   friend bool operator==(const Range&, const Range&) = default;
 };
 

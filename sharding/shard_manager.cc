@@ -11,7 +11,9 @@ namespace zerort {
 // ---------------------------------------------------------------- UnitScope
 
 UnitScope::UnitScope(UnitScope&& other) noexcept
-    : manager_(std::exchange(other.manager_, nullptr)), unit_(other.unit_), backward_(other.backward_) {}
+    : manager_(std::exchange(other.manager_, nullptr)),
+      unit_(other.unit_),
+      backward_(other.backward_) {}
 
 UnitScope::~UnitScope() {
   if (manager_ != nullptr) ZR_CHECK_OK(End());
@@ -43,23 +45,27 @@ ShardManager::ShardManager(const ShardManagerOptions& options, const Resources& 
 ShardManager::~ShardManager() = default;
 
 StatusOr<std::unique_ptr<ShardManager>> ShardManager::Create(const ShardManagerOptions& options,
-                                                            const Resources& resources) {
+                                                             const Resources& resources) {
   if (resources.dp == nullptr || resources.device_allocator == nullptr) {
-    return absl::InvalidArgumentError("ShardManager needs a data-parallel group and a device allocator");
+    return absl::InvalidArgumentError(
+        "ShardManager needs a data-parallel group and a device allocator");
   }
   if (!IsFloatingPoint(options.compute_dtype) || !IsFloatingPoint(options.reduce_dtype)) {
     return absl::InvalidArgumentError("compute and reduce dtypes must be f32, bf16 or f16");
   }
-  for (auto [tier, key] : {std::pair{options.placement.master, "offload_optimizer (master weights)"},
-                           std::pair{options.placement.optimizer_state, "offload_optimizer"},
-                           std::pair{options.placement.compute_shard, "offload_param"}}) {
+  for (auto [tier, key] :
+       {std::pair{options.placement.master, "offload_optimizer (master weights)"},
+        std::pair{options.placement.optimizer_state, "offload_optimizer"},
+        std::pair{options.placement.compute_shard, "offload_param"}}) {
     if (tier != MemoryTier::kDevice) {
-      return absl::UnimplementedError(StrCat(key, " to the ", MemoryTierName(tier),
-                                             " tier is not available yet: only device placement is"));
+      return absl::UnimplementedError(
+          StrCat(key, " to the ", MemoryTierName(tier),
+                 " tier is not available yet: only device placement is"));
     }
   }
   if (options.gradient_clipping < 0) {
-    return absl::InvalidArgumentError(StrCat("gradient_clipping ", options.gradient_clipping, " is negative"));
+    return absl::InvalidArgumentError(
+        StrCat("gradient_clipping ", options.gradient_clipping, " is negative"));
   }
   std::unique_ptr<ShardManager> m(new ShardManager(options, resources));
   const Device device = resources.device_allocator->device();
@@ -82,9 +88,11 @@ UnitResources ShardManager::UnitResourcesOf() const {
 }
 
 StatusOr<int> ShardManager::AddUnit(std::string name, std::vector<ParamSpec> params) {
-  if (initialized_) return absl::FailedPreconditionError(StrCat("unit '", name, "' added after Initialize"));
+  if (initialized_)
+    return absl::FailedPreconditionError(StrCat("unit '", name, "' added after Initialize"));
   for (const auto& u : units_) {
-    if (u->name() == name) return absl::InvalidArgumentError(StrCat("unit '", name, "' added twice"));
+    if (u->name() == name)
+      return absl::InvalidArgumentError(StrCat("unit '", name, "' added twice"));
   }
   ZR_ASSIGN_OR_RETURN(std::unique_ptr<ShardedUnit> unit,
                       ShardedUnit::Create(std::move(name), std::move(params), UnitResourcesOf()));
@@ -132,7 +140,8 @@ Status ShardManager::Prefetch(int after_position) {
 Status ShardManager::EnsureGathered(int unit) {
   if (!initialized_) return absl::FailedPreconditionError("Initialize the ShardManager first");
   if (unit < 0 || unit >= num_units()) {
-    return absl::InvalidArgumentError(StrCat("unit index ", unit, " out of range (", num_units(), " units)"));
+    return absl::InvalidArgumentError(
+        StrCat("unit index ", unit, " out of range (", num_units(), " units)"));
   }
   ShardedUnit& u = *units_[unit];
   if (recording_) {
@@ -192,13 +201,16 @@ Status ShardManager::ReduceGradients() {
 StatusOr<StepResult> ShardManager::Step(const StepInputs& inputs) {
   if (!initialized_) return absl::FailedPreconditionError("Initialize the ShardManager first");
   if (inputs.micro_batches < 1) {
-    return absl::InvalidArgumentError(StrCat("micro_batches ", inputs.micro_batches, " is below 1"));
+    return absl::InvalidArgumentError(
+        StrCat("micro_batches ", inputs.micro_batches, " is below 1"));
   }
-  if (!(inputs.lr >= 0)) return absl::InvalidArgumentError(StrCat("learning rate ", inputs.lr, " is negative"));
+  if (!(inputs.lr >= 0))
+    return absl::InvalidArgumentError(StrCat("learning rate ", inputs.lr, " is negative"));
   for (auto& u : units_) {
     if (!u->persistent() && u->state() != ShardState::kSharded) {
       return absl::FailedPreconditionError(StrCat("Step while unit '", u->name(), "' is ",
-                                                  ShardStateName(u->state()), "; end its scope first"));
+                                                  ShardStateName(u->state()),
+                                                  "; end its scope first"));
     }
   }
   Stream& compute = *resources_.compute;
@@ -207,7 +219,8 @@ StatusOr<StepResult> ShardManager::Step(const StepInputs& inputs) {
   gradients_reduced_ = false;
 
   // Sum of squares and non-finite count of every gradient shard, then one all-reduce.
-  ZR_ASSIGN_OR_RETURN(Buffer acc, resources_.device_allocator->Allocate(2 * sizeof(float), MemoryCategory::kWorkspace, &compute));
+  ZR_ASSIGN_OR_RETURN(Buffer acc, resources_.device_allocator->Allocate(
+                                      2 * sizeof(float), MemoryCategory::kWorkspace, &compute));
   ZR_RETURN_IF_ERROR(FillZero(acc.data(), device, acc.bytes(), &compute));
   const TensorView sum_sq(acc.data(), DType::kF32, {1}, device);
   const TensorView nonfinite(static_cast<float*>(acc.data()) + 1, DType::kF32, {1}, device);
@@ -215,7 +228,8 @@ StatusOr<StepResult> ShardManager::Step(const StepInputs& inputs) {
   float host[2] = {0, 0};
   ZR_RETURN_IF_ERROR(CopyBytes(host, Device::Cpu(), acc.data(), device, sizeof(host), &compute));
   ZR_RETURN_IF_ERROR(compute.Synchronize());
-  if (options_.stage != ZeroStage::k0) {  // stage 0 holds the whole (identical) gradient on every rank
+  if (options_.stage !=
+      ZeroStage::k0) {  // stage 0 holds the whole (identical) gradient on every rank
     ZR_RETURN_IF_ERROR(resources_.dp->AllReduce(host, host, 2, DType::kF32, ReduceOp::kSum));
   }
   // Every rank saw the same sums, so every rank takes the same decision.

@@ -9,9 +9,9 @@
 //   ZR_RETURN_IF_ERROR(manager->Initialize(init));
 //   for each step:
 //     for each micro-batch:
-//       { auto s = *manager->Forward(fc1); use s.param(0), s.param(1); ZR_RETURN_IF_ERROR(s.End()); }
-//       loss *= manager->loss_scale();  // before backward
-//       { auto s = *manager->Backward(fc1); add into s.grad(0), s.grad(1); ZR_RETURN_IF_ERROR(s.End()); }
+//       { auto s = *manager->Forward(fc1); use s.param(0), s.param(1); ZR_RETURN_IF_ERROR(s.End());
+//       } loss *= manager->loss_scale();  // before backward { auto s = *manager->Backward(fc1);
+//       add into s.grad(0), s.grad(1); ZR_RETURN_IF_ERROR(s.End()); }
 //     StepResult r = *manager->Step({.lr = lr, .micro_batches = k});
 #pragma once
 

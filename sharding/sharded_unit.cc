@@ -46,7 +46,7 @@ int64_t ShardedUnit::gathered_bytes() const {
 }
 
 Status ShardedUnit::Allocate(Buffer* buffer, size_t bytes, MemoryCategory category, Stream* stream,
-                              MemoryTier tier) {
+                             MemoryTier tier) {
   // ShardManager::Create refuses other placements until the offload tier exists.
   ZR_CHECK(tier == MemoryTier::kDevice) << "unit '" << name_ << "': tier " << MemoryTierName(tier);
   StatusOr<Buffer> b = resources_.device->Allocate(bytes, category, stream);
@@ -66,8 +66,9 @@ TensorView ShardedUnit::GradShard() const {
 TensorView ShardedUnit::ComputeFlat() const {
   const ShardManagerOptions& o = options();
   void* data = o.stage == ZeroStage::k3 ? gathered_.data()
-               : (o.stage == ZeroStage::k0 && o.compute_dtype == DType::kF32) ? master_.data()
-                                                                               : compute_full_.data();
+               : (o.stage == ZeroStage::k0 && o.compute_dtype == DType::kF32)
+                   ? master_.data()
+                   : compute_full_.data();
   return TensorView(data, o.compute_dtype, {layout_.padded_numel()}, device());
 }
 
@@ -88,44 +89,55 @@ Status ShardedUnit::Initialize(const Initializer& init) {
               host_shard.begin() + piece.shard_range.begin);
   }
   const ShardPlacement& at = o.placement;
-  ZR_RETURN_IF_ERROR(Allocate(&master_, shard * 4, MemoryCategory::kParameters, compute, at.master));
-  ZR_RETURN_IF_ERROR(CopyBytes(master_.data(), device(), host_shard.data(), Device::Cpu(), shard * 4, compute));
+  ZR_RETURN_IF_ERROR(
+      Allocate(&master_, shard * 4, MemoryCategory::kParameters, compute, at.master));
+  ZR_RETURN_IF_ERROR(
+      CopyBytes(master_.data(), device(), host_shard.data(), Device::Cpu(), shard * 4, compute));
 
   const bool adam = o.optimizer.kind != OptimizerKind::kSgd;
   if (adam || o.optimizer.momentum != 0.0f) {
-    ZR_RETURN_IF_ERROR(Allocate(&exp_avg_, shard * 4, MemoryCategory::kOptimizerState, compute, at.optimizer_state));
+    ZR_RETURN_IF_ERROR(Allocate(&exp_avg_, shard * 4, MemoryCategory::kOptimizerState, compute,
+                                at.optimizer_state));
   }
   if (adam) {
-    ZR_RETURN_IF_ERROR(Allocate(&exp_avg_sq_, shard * 4, MemoryCategory::kOptimizerState, compute, at.optimizer_state));
+    ZR_RETURN_IF_ERROR(Allocate(&exp_avg_sq_, shard * 4, MemoryCategory::kOptimizerState, compute,
+                                at.optimizer_state));
   }
   ZR_RETURN_IF_ERROR(Allocate(&grad_shard_, shard * 4, MemoryCategory::kGradients, compute));
 
   const size_t csize = DTypeSize(o.compute_dtype);
   switch (o.stage) {
     case ZeroStage::k3:
-      ZR_RETURN_IF_ERROR(Allocate(&compute_shard_, shard * csize, MemoryCategory::kParameters, compute, at.compute_shard));
-      ZR_RETURN_IF_ERROR(Cast(MasterShard(), TensorView(compute_shard_.data(), o.compute_dtype, {shard}, device()), compute));
+      ZR_RETURN_IF_ERROR(Allocate(&compute_shard_, shard * csize, MemoryCategory::kParameters,
+                                  compute, at.compute_shard));
+      ZR_RETURN_IF_ERROR(Cast(MasterShard(),
+                              TensorView(compute_shard_.data(), o.compute_dtype, {shard}, device()),
+                              compute));
       persistent_ = layout_.padded_numel() < o.stage3_param_persistence_threshold;
       break;
     case ZeroStage::k1:
     case ZeroStage::k2: {
-      ZR_RETURN_IF_ERROR(Allocate(&compute_full_, padded * csize, MemoryCategory::kParameters, compute));
+      ZR_RETURN_IF_ERROR(
+          Allocate(&compute_full_, padded * csize, MemoryCategory::kParameters, compute));
       TensorView own = ComputeFlat().Flat(rank_ * shard, shard);
       ZR_RETURN_IF_ERROR(Cast(MasterShard(), own, compute));
-      ZR_RETURN_IF_ERROR(resources_.dp->AllGather(own.data(), compute_full_.data(), shard, o.compute_dtype, compute));
+      ZR_RETURN_IF_ERROR(resources_.dp->AllGather(own.data(), compute_full_.data(), shard,
+                                                  o.compute_dtype, compute));
       persistent_ = true;
       break;
     }
     case ZeroStage::k0:
       if (o.compute_dtype != DType::kF32) {
-        ZR_RETURN_IF_ERROR(Allocate(&compute_full_, padded * csize, MemoryCategory::kParameters, compute));
+        ZR_RETURN_IF_ERROR(
+            Allocate(&compute_full_, padded * csize, MemoryCategory::kParameters, compute));
         ZR_RETURN_IF_ERROR(Cast(MasterShard(), ComputeFlat(), compute));
       }
       persistent_ = true;
       break;
   }
   if (o.stage == ZeroStage::k0 || o.stage == ZeroStage::k1) {
-    ZR_RETURN_IF_ERROR(Allocate(&full_grad_, padded * DTypeSize(o.reduce_dtype), MemoryCategory::kGradients, compute));
+    ZR_RETURN_IF_ERROR(Allocate(&full_grad_, padded * DTypeSize(o.reduce_dtype),
+                                MemoryCategory::kGradients, compute));
   }
   ZR_ASSIGN_OR_RETURN(gathered_event_, CreateEvent(device()));
   initialized_ = true;
@@ -250,15 +262,25 @@ Status ShardedUnit::OptimizerStep(const OptimizerStepArgs& args) {
     }
     const Range& r = piece.shard_range;
     if (opt.kind == OptimizerKind::kSgd) {
-      const SgdHyper h{.lr = args.lr, .momentum = opt.momentum, .dampening = opt.dampening,
-                       .weight_decay = wd, .nesterov = opt.nesterov, .step = args.step,
+      const SgdHyper h{.lr = args.lr,
+                       .momentum = opt.momentum,
+                       .dampening = opt.dampening,
+                       .weight_decay = wd,
+                       .nesterov = opt.nesterov,
+                       .step = args.step,
                        .grad_scale = args.grad_scale};
       TensorView momentum = exp_avg_ ? f32(exp_avg_, r) : TensorView();
-      ZR_RETURN_IF_ERROR(SgdStep(h, f32(master_, r), f32(grad_shard_, r), momentum, out, resources_.compute));
+      ZR_RETURN_IF_ERROR(
+          SgdStep(h, f32(master_, r), f32(grad_shard_, r), momentum, out, resources_.compute));
     } else {
-      const AdamHyper h{.lr = args.lr, .beta1 = opt.beta1, .beta2 = opt.beta2, .eps = opt.eps,
-                        .weight_decay = wd, .decoupled = opt.kind == OptimizerKind::kAdamW,
-                        .step = args.step, .grad_scale = args.grad_scale};
+      const AdamHyper h{.lr = args.lr,
+                        .beta1 = opt.beta1,
+                        .beta2 = opt.beta2,
+                        .eps = opt.eps,
+                        .weight_decay = wd,
+                        .decoupled = opt.kind == OptimizerKind::kAdamW,
+                        .step = args.step,
+                        .grad_scale = args.grad_scale};
       ZR_RETURN_IF_ERROR(AdamStep(h, f32(master_, r), f32(grad_shard_, r), f32(exp_avg_, r),
                                   f32(exp_avg_sq_, r), out, resources_.compute));
     }
@@ -272,9 +294,11 @@ Status ShardedUnit::AfterStep() {
   ZR_RETURN_IF_ERROR(FillZero(grad_shard_.data(), device(), grad_shard_.bytes(), compute));
   const int64_t shard = layout_.shard_numel();
   if (o.stage == ZeroStage::k1 || o.stage == ZeroStage::k2) {
-    void* own = static_cast<char*>(compute_full_.data()) + rank_ * shard * DTypeSize(o.compute_dtype);
+    void* own =
+        static_cast<char*>(compute_full_.data()) + rank_ * shard * DTypeSize(o.compute_dtype);
     resources_.dp->SetTraceLabel(StrCat("all-gather updated ", name_));
-    ZR_RETURN_IF_ERROR(resources_.dp->AllGather(own, compute_full_.data(), shard, o.compute_dtype, compute));
+    ZR_RETURN_IF_ERROR(
+        resources_.dp->AllGather(own, compute_full_.data(), shard, o.compute_dtype, compute));
     resources_.dp->SetTraceLabel("");
   } else if (o.stage == ZeroStage::k3) {
     if (!persistent_) {
@@ -297,7 +321,8 @@ Status ShardedUnit::GatherMaster(int i, std::span<float> out) {
   const int64_t shard = layout_.shard_numel();
   std::vector<float> full(static_cast<size_t>(layout_.padded_numel()));
   float* own = full.data() + rank_ * shard;
-  ZR_RETURN_IF_ERROR(CopyBytes(own, Device::Cpu(), master_.data(), device(), shard * 4, resources_.compute));
+  ZR_RETURN_IF_ERROR(
+      CopyBytes(own, Device::Cpu(), master_.data(), device(), shard * 4, resources_.compute));
   ZR_RETURN_IF_ERROR(resources_.compute->Synchronize());
   if (layout_.dp_size() > 1) {
     ZR_RETURN_IF_ERROR(resources_.dp->AllGather(own, full.data(), shard, DType::kF32));

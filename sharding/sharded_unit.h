@@ -23,22 +23,23 @@ std::string_view ShardStateName(ShardState state);
 
 // Fills one whole parameter (fp32, in its flattened row-major order). Called identically on every
 // rank, so initial values do not depend on the world size or the stage.
-using Initializer = std::function<void(const ParamSpec& spec, uint64_t seed, std::span<float> full)>;
+using Initializer =
+    std::function<void(const ParamSpec& spec, uint64_t seed, std::span<float> full)>;
 
 // What a unit borrows from its manager.
 struct UnitResources {
   const ShardManagerOptions* options = nullptr;
-  Communicator* dp = nullptr;      // the data-parallel group
-  Allocator* device = nullptr;     // device-tier memory
-  Stream* compute = nullptr;       // where the model's kernels run
-  Stream* comm = nullptr;          // all-gathers and reductions, to overlap with compute
+  Communicator* dp = nullptr;   // the data-parallel group
+  Allocator* device = nullptr;  // device-tier memory
+  Stream* compute = nullptr;    // where the model's kernels run
+  Stream* comm = nullptr;       // all-gathers and reductions, to overlap with compute
 };
 
 // Per-step scalars of the optimizer.
 struct OptimizerStepArgs {
   float lr = 0.0f;
-  int64_t step = 1;          // 1-based count of steps taken (skipped ones excluded)
-  float grad_scale = 1.0f;   // 1 / (loss scale x micro-batches) x clip coefficient
+  int64_t step = 1;         // 1-based count of steps taken (skipped ones excluded)
+  float grad_scale = 1.0f;  // 1 / (loss scale x micro-batches) x clip coefficient
 };
 
 class ShardedUnit {
@@ -107,7 +108,7 @@ class ShardedUnit {
   std::string name_;
   FlatLayout layout_;
   UnitResources resources_;
-  int rank_ = 0;         // in the layout's frame (0 at stage 0, which does not shard)
+  int rank_ = 0;  // in the layout's frame (0 at stage 0, which does not shard)
   ShardState state_ = ShardState::kSharded;
   bool persistent_ = false;
   bool initialized_ = false;

@@ -46,7 +46,9 @@ int RunBenchAdamw(const BenchAdamwOptions& o) {
   }
   const int64_t n = o.params;
   HostAllocator host({.alignment = 4096, .tier = MemoryTier::kHost, .tracker = nullptr});
-  auto alloc = [&](size_t bytes) { return *host.Allocate(bytes, MemoryCategory::kWorkspace, nullptr); };
+  auto alloc = [&](size_t bytes) {
+    return *host.Allocate(bytes, MemoryCategory::kWorkspace, nullptr);
+  };
   Buffer p = alloc(n * 4), g = alloc(n * 4), m = alloc(n * 4), v = alloc(n * 4), out = alloc(n * 2);
   {
     std::mt19937 rng(1);
@@ -70,8 +72,9 @@ int RunBenchAdamw(const BenchAdamwOptions& o) {
   };
   auto scalar = [&] {
     h.step = ++step;
-    ZR_CHECK_OK(AdamStepReference(h, view(p, DType::kF32), view(g, DType::kF32), view(m, DType::kF32),
-                                  view(v, DType::kF32), view(out, DType::kBF16)));
+    ZR_CHECK_OK(AdamStepReference(h, view(p, DType::kF32), view(g, DType::kF32),
+                                  view(m, DType::kF32), view(v, DType::kF32),
+                                  view(out, DType::kBF16)));
   };
   // Triad a = b + s*c over the same buffers (3 x 4 bytes per element moved; write-allocate not
   // counted, as STREAM does), with the same threads as the optimizer.
@@ -117,25 +120,32 @@ int RunBenchAdamw(const BenchAdamwOptions& o) {
     auto stream = CreateStream(gpu, "bench");
     auto e0 = CreateEvent(gpu);
     if (allocator.ok() && stream.ok()) {
-      auto dalloc = [&](size_t bytes) { return *(*allocator)->Allocate(bytes, MemoryCategory::kWorkspace, stream->get()); };
-      Buffer dp = dalloc(n * 4), dg = dalloc(n * 4), dm = dalloc(n * 4), dv = dalloc(n * 4), dout = dalloc(n * 2);
+      auto dalloc = [&](size_t bytes) {
+        return *(*allocator)->Allocate(bytes, MemoryCategory::kWorkspace, stream->get());
+      };
+      Buffer dp = dalloc(n * 4), dg = dalloc(n * 4), dm = dalloc(n * 4), dv = dalloc(n * 4),
+             dout = dalloc(n * 2);
       Buffer copy_src = dalloc(static_cast<size_t>(kBytesPerParam * n / 2));
       Buffer copy_dst = dalloc(static_cast<size_t>(kBytesPerParam * n / 2));
-      for (Buffer* bb : {&dp, &dg}) ZR_CHECK_OK(CopyBytes(bb->data(), gpu, p.data(), Device::Cpu(), n * 4, stream->get()));
-      for (Buffer* bb : {&dm, &dv}) ZR_CHECK_OK(CopyBytes(bb->data(), gpu, m.data(), Device::Cpu(), n * 4, stream->get()));
+      for (Buffer* bb : {&dp, &dg})
+        ZR_CHECK_OK(CopyBytes(bb->data(), gpu, p.data(), Device::Cpu(), n * 4, stream->get()));
+      for (Buffer* bb : {&dm, &dv})
+        ZR_CHECK_OK(CopyBytes(bb->data(), gpu, m.data(), Device::Cpu(), n * 4, stream->get()));
       auto dview = [&](Buffer& bb, DType t) { return TensorView(bb.data(), t, {n}, gpu); };
       auto gadam = [&] {
         h.step = ++step;
         for (int k = 0; k < 10; ++k) {
-          ZR_CHECK_OK(AdamStep(h, dview(dp, DType::kF32), dview(dg, DType::kF32), dview(dm, DType::kF32),
-                               dview(dv, DType::kF32), dview(dout, DType::kBF16), stream->get()));
+          ZR_CHECK_OK(AdamStep(h, dview(dp, DType::kF32), dview(dg, DType::kF32),
+                               dview(dm, DType::kF32), dview(dv, DType::kF32),
+                               dview(dout, DType::kBF16), stream->get()));
         }
         ZR_CHECK_OK((*stream)->Synchronize());
       };
       // A copy reads and writes half the bytes each: the same total traffic as the step.
       auto gcopy = [&] {
         for (int k = 0; k < 10; ++k) {
-          ZR_CHECK_OK(CopyBytes(copy_dst.data(), gpu, copy_src.data(), gpu, copy_src.bytes(), stream->get()));
+          ZR_CHECK_OK(CopyBytes(copy_dst.data(), gpu, copy_src.data(), gpu, copy_src.bytes(),
+                                stream->get()));
         }
         ZR_CHECK_OK((*stream)->Synchronize());
       };
@@ -155,7 +165,8 @@ int RunBenchAdamw(const BenchAdamwOptions& o) {
     return kExitOk;
   }
   std::printf("zerort bench adamw: %lld parameters, %d threads; baseline: %s\n",
-              static_cast<long long>(n), omp_get_max_threads(), result["baseline"].get<std::string>().c_str());
+              static_cast<long long>(n), omp_get_max_threads(),
+              result["baseline"].get<std::string>().c_str());
   std::printf("  fused AdamW (CPU)     %10.1f M params/s  %6.2f GB/s\n", n / adam_s / 1e6,
               kBytesPerParam * n / adam_s / 1e9);
   std::printf("  triad bandwidth       %10s             %6.2f GB/s\n", "", bandwidth / 1e9);
@@ -163,9 +174,12 @@ int RunBenchAdamw(const BenchAdamwOptions& o) {
   std::printf("  ratio to the bandwidth floor %.3f, speedup over the scalar reference %.2fx\n",
               floor_s / adam_s, scalar_s / adam_s);
   if (result.contains("cuda")) {
-    std::printf("  fused AdamW (CUDA)    %10.1f M params/s  %6.1f GB/s; device copy %.1f GB/s; ratio %.3f\n",
-                result["cuda"]["params_per_s"].get<double>() / 1e6, result["cuda"]["gbps"].get<double>(),
-                result["cuda"]["copy_gbps"].get<double>(), result["cuda"]["ratio_vs_device_copy"].get<double>());
+    std::printf(
+        "  fused AdamW (CUDA)    %10.1f M params/s  %6.1f GB/s; device copy %.1f GB/s; ratio "
+        "%.3f\n",
+        result["cuda"]["params_per_s"].get<double>() / 1e6, result["cuda"]["gbps"].get<double>(),
+        result["cuda"]["copy_gbps"].get<double>(),
+        result["cuda"]["ratio_vs_device_copy"].get<double>());
   }
   return kExitOk;
 }

@@ -15,14 +15,14 @@
 #include "nlohmann/json.hpp"
 #include "runtime/allocator.h"
 #include "runtime/exit_codes.h"
+#include "runtime/log.h"
 #include "runtime/loopback_communicator.h"
 #include "runtime/mpi_communicator.h"
 #include "runtime/nccl_communicator.h"
-#include "runtime/log.h"
+#include "runtime/strings.h"
 #include "tools/commands.h"
 #include "tools/raw_mpi.h"
 #include "tools/raw_nccl.h"
-#include "runtime/strings.h"
 
 namespace zerort::cli {
 
@@ -45,7 +45,8 @@ StatusOr<size_t> ParseBytes(const std::string& text) {
   }
   double value = 0;
   if (!absl::SimpleAtod(s, &value) || value < 0) {
-    return absl::InvalidArgumentError(StrCat("'", text, "' is not a size (e.g. 4096, 4KiB, 64MiB)"));
+    return absl::InvalidArgumentError(
+        StrCat("'", text, "' is not a size (e.g. 4096, 4KiB, 64MiB)"));
   }
   return static_cast<size_t>(value * scale);
 }
@@ -72,12 +73,12 @@ struct Row {
 };
 
 StatusOr<CollectiveOp> ParseOp(const std::string& name) {
-  for (CollectiveOp op : {CollectiveOp::kAllGather, CollectiveOp::kReduceScatter,
-                          CollectiveOp::kAllReduce}) {
+  for (CollectiveOp op :
+       {CollectiveOp::kAllGather, CollectiveOp::kReduceScatter, CollectiveOp::kAllReduce}) {
     if (name == CollectiveOpName(op)) return op;
   }
-  return absl::InvalidArgumentError(StrCat(
-      "unknown operation '", name, "'; expected all_gather, reduce_scatter or all_reduce"));
+  return absl::InvalidArgumentError(
+      StrCat("unknown operation '", name, "'; expected all_gather, reduce_scatter or all_reduce"));
 }
 
 double BusFactor(CollectiveOp op, int n) {
@@ -93,8 +94,8 @@ double Median(std::vector<double> v) {
 // Everything one rank needs to run the sweep on its communicator.
 struct Harness {
   Communicator& comm;
-  Stream* stream;          // null for host buffers
-  Allocator& allocator;    // where the buffers live
+  Stream* stream;        // null for host buffers
+  Allocator& allocator;  // where the buffers live
   // (op, send, recv, count, output bytes): the baseline on the same buffers.
   std::function<Status(CollectiveOp, const void*, void*, size_t, size_t)> baseline;
 };
@@ -106,7 +107,8 @@ class CopyFloor {
   CopyFloor(Allocator& allocator, Stream* stream) : allocator_(allocator), stream_(stream) {}
   Status operator()(CollectiveOp, const void*, void* recv, size_t, size_t out_bytes) {
     if (source_.bytes() < out_bytes) {
-      ZR_ASSIGN_OR_RETURN(source_, allocator_.Allocate(out_bytes, MemoryCategory::kWorkspace, stream_));
+      ZR_ASSIGN_OR_RETURN(source_,
+                          allocator_.Allocate(out_bytes, MemoryCategory::kWorkspace, stream_));
       std::vector<std::byte> ones(out_bytes, std::byte{1});
       ZR_RETURN_IF_ERROR(CopyBytes(source_.data(), allocator_.device(), ones.data(), Device::Cpu(),
                                    out_bytes, nullptr));
@@ -143,15 +145,17 @@ StatusOr<std::vector<Row>> Sweep(Harness& h, const BenchCommOptions& o,
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   for (CollectiveOp op : ops) {
     for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
-      const size_t count = std::max<size_t>(
-          1, op == CollectiveOp::kAllReduce ? bytes / elem : bytes / elem / n);
+      const size_t count =
+          std::max<size_t>(1, op == CollectiveOp::kAllReduce ? bytes / elem : bytes / elem / n);
       const size_t send_elems = op == CollectiveOp::kReduceScatter ? count * n : count;
       const size_t recv_elems = op == CollectiveOp::kAllGather ? count * n : count;
       const size_t size_bytes = std::max(send_elems, recv_elems) * elem;
-      ZR_ASSIGN_OR_RETURN(Buffer send, h.allocator.Allocate(send_elems * elem,
-                                                            MemoryCategory::kCommBuffers, h.stream));
-      ZR_ASSIGN_OR_RETURN(Buffer recv, h.allocator.Allocate(recv_elems * elem,
-                                                            MemoryCategory::kCommBuffers, h.stream));
+      ZR_ASSIGN_OR_RETURN(
+          Buffer send,
+          h.allocator.Allocate(send_elems * elem, MemoryCategory::kCommBuffers, h.stream));
+      ZR_ASSIGN_OR_RETURN(
+          Buffer recv,
+          h.allocator.Allocate(recv_elems * elem, MemoryCategory::kCommBuffers, h.stream));
       std::vector<float> host(send_elems);
       for (float& x : host) x = dist(rng);
       ZR_RETURN_IF_ERROR(CopyBytes(send.data(), h.allocator.device(), host.data(), Device::Cpu(),
@@ -168,12 +172,15 @@ StatusOr<std::vector<Row>> Sweep(Harness& h, const BenchCommOptions& o,
                                     h.stream);
         }
       };
-      auto base = [&]() { return h.baseline(op, send.data(), recv.data(), count, recv_elems * elem); };
+      auto base = [&]() {
+        return h.baseline(op, send.data(), recv.data(), count, recv_elems * elem);
+      };
       // Calibrate the iteration count on zerort's path; all ranks take the largest.
       ZR_RETURN_IF_ERROR(run());
       ZR_RETURN_IF_ERROR(base());
       ZR_ASSIGN_OR_RETURN(double once, TimeIters(h, 1, run));
-      int64_t iters = std::clamp<int64_t>(static_cast<int64_t>(o.seconds_per_round / std::max(once, 1e-7)), 2, 2000);
+      int64_t iters = std::clamp<int64_t>(
+          static_cast<int64_t>(o.seconds_per_round / std::max(once, 1e-7)), 2, 2000);
       ZR_RETURN_IF_ERROR(h.comm.AllReduce(&iters, &iters, 1, DType::kI64, ReduceOp::kMax));
       std::vector<double> ours;
       std::vector<double> theirs;
@@ -183,7 +190,8 @@ StatusOr<std::vector<Row>> Sweep(Harness& h, const BenchCommOptions& o,
         ours.push_back(a);
         theirs.push_back(b);
       }
-      rows.push_back(Row{op, size_bytes, count, Median(ours), Median(theirs), h.comm.algorithm(op)});
+      rows.push_back(
+          Row{op, size_bytes, count, Median(ours), Median(theirs), h.comm.algorithm(op)});
     }
   }
   return rows;
@@ -201,21 +209,23 @@ void Report(const std::vector<Row>& rows, const BenchCommOptions& o, std::string
   for (const Row& r : rows) {
     const double ratio = r.baseline_s / r.time_s;
     if (!any_big || r.bytes >= (size_t{4} << 20)) big_ratios.push_back(ratio);
-    results.push_back({{"op", CollectiveOpName(r.op)},
-                       {"bytes", r.bytes},
-                       {"count_per_rank", r.count},
-                       {"time_us", r.time_s * 1e6},
-                       {"algbw_gbps", r.bytes / r.time_s / kGB},
-                       {"busbw_gbps", r.bytes / r.time_s / kGB * BusFactor(r.op, ranks)},
-                       {"baseline_time_us", r.baseline_s * 1e6},
-                       {"baseline_busbw_gbps", r.bytes / r.baseline_s / kGB * BusFactor(r.op, ranks)},
-                       {"ratio", ratio},
-                       {"algorithm", r.algorithm}});
+    results.push_back(
+        {{"op", CollectiveOpName(r.op)},
+         {"bytes", r.bytes},
+         {"count_per_rank", r.count},
+         {"time_us", r.time_s * 1e6},
+         {"algbw_gbps", r.bytes / r.time_s / kGB},
+         {"busbw_gbps", r.bytes / r.time_s / kGB * BusFactor(r.op, ranks)},
+         {"baseline_time_us", r.baseline_s * 1e6},
+         {"baseline_busbw_gbps", r.bytes / r.baseline_s / kGB * BusFactor(r.op, ranks)},
+         {"ratio", ratio},
+         {"algorithm", r.algorithm}});
   }
   double geo = 0;
   for (double x : big_ratios) geo += std::log(x);
   const double big_geo = big_ratios.empty() ? 0 : std::exp(geo / big_ratios.size());
-  const double big_min = big_ratios.empty() ? 0 : *std::min_element(big_ratios.begin(), big_ratios.end());
+  const double big_min =
+      big_ratios.empty() ? 0 : *std::min_element(big_ratios.begin(), big_ratios.end());
   if (o.json) {
     const nlohmann::json out = {
         {"bench", "comm"},
@@ -224,9 +234,8 @@ void Report(const std::vector<Row>& rows, const BenchCommOptions& o, std::string
         {"dtype", o.dtype},
         {"baseline", baseline},
         {"ratio", big_geo},
-        {"ratio_definition",
-         StrCat("geometric mean of baseline time / zerort time over messages ",
-                any_big ? ">= 4 MiB" : "of every size (none reached 4 MiB)")},
+        {"ratio_definition", StrCat("geometric mean of baseline time / zerort time over messages ",
+                                    any_big ? ">= 4 MiB" : "of every size (none reached 4 MiB)")},
         {"min_ratio", big_min},
         {"results", results}};
     std::printf("%s\n", out.dump(2).c_str());
@@ -243,8 +252,10 @@ void Report(const std::vector<Row>& rows, const BenchCommOptions& o, std::string
                 r["busbw_gbps"].get<double>(), r["baseline_time_us"].get<double>(),
                 r["ratio"].get<double>(), r["algorithm"].get<std::string>().c_str());
   }
-  std::printf("ratio (baseline time / zerort time) over messages %s: geometric mean %.3f, "
-              "min %.3f\n", any_big ? ">= 4 MiB" : "of every size", big_geo, big_min);
+  std::printf(
+      "ratio (baseline time / zerort time) over messages %s: geometric mean %.3f, "
+      "min %.3f\n",
+      any_big ? ">= 4 MiB" : "of every size", big_geo, big_min);
 }
 
 }  // namespace
@@ -275,23 +286,27 @@ int RunBenchComm(const BenchCommOptions& o, const LaunchEnv& launch, int* argc, 
     if (!op.ok()) return fail(op.status(), kExitUsage);
     ops.push_back(*op);
   }
-  if (o.rounds < 1) return fail(absl::InvalidArgumentError("--rounds must be at least 1"), kExitUsage);
+  if (o.rounds < 1)
+    return fail(absl::InvalidArgumentError("--rounds must be at least 1"), kExitUsage);
 
   CommOptions comm_options;
   comm_options.timeout = std::chrono::seconds(20);
 
   if (backend == "loopback") {
-    if (o.ranks < 1) return fail(absl::InvalidArgumentError("--ranks must be at least 1"), kExitUsage);
+    if (o.ranks < 1)
+      return fail(absl::InvalidArgumentError("--ranks must be at least 1"), kExitUsage);
     MemoryTracker tracker;
     std::vector<Row> rows;
-    Status status = RunLoopbackRanks(o.ranks, comm_options, nullptr, [&](Communicator& comm) -> Status {
-      std::unique_ptr<Allocator> allocator = MakeCpuCachingAllocator(&tracker);
-      CopyFloor floor(*allocator, nullptr);
-      Harness h{comm, nullptr, *allocator, std::ref(floor)};
-      ZR_ASSIGN_OR_RETURN(std::vector<Row> mine, Sweep(h, o, ops, *min_bytes, *max_bytes, *dtype));
-      if (comm.rank() == 0) rows = std::move(mine);
-      return absl::OkStatus();
-    });
+    Status status =
+        RunLoopbackRanks(o.ranks, comm_options, nullptr, [&](Communicator& comm) -> Status {
+          std::unique_ptr<Allocator> allocator = MakeCpuCachingAllocator(&tracker);
+          CopyFloor floor(*allocator, nullptr);
+          Harness h{comm, nullptr, *allocator, std::ref(floor)};
+          ZR_ASSIGN_OR_RETURN(std::vector<Row> mine,
+                              Sweep(h, o, ops, *min_bytes, *max_bytes, *dtype));
+          if (comm.rank() == 0) rows = std::move(mine);
+          return absl::OkStatus();
+        });
     if (!status.ok()) return fail(status, kExitRuntimeFailure);
     Report(rows, o, backend, o.ranks,
            "memcpy of each rank's output bytes by every rank at once (a memory-bandwidth floor)");
@@ -299,8 +314,8 @@ int RunBenchComm(const BenchCommOptions& o, const LaunchEnv& launch, int* argc, 
   }
 
   if (backend != "mpi" && backend != "nccl") {
-    return fail(absl::InvalidArgumentError(StrCat("unknown backend '", backend,
-                                                        "'; expected loopback, mpi or nccl")),
+    return fail(absl::InvalidArgumentError(
+                    StrCat("unknown backend '", backend, "'; expected loopback, mpi or nccl")),
                 kExitUsage);
   }
   MpiContext::Options mpi_options;
@@ -317,7 +332,8 @@ int RunBenchComm(const BenchCommOptions& o, const LaunchEnv& launch, int* argc, 
     std::string baseline;
     if (backend == "mpi") {
       if (*dtype != DType::kF32) {
-        return fail(absl::InvalidArgumentError("the raw MPI baseline needs --dtype f32"), kExitUsage);
+        return fail(absl::InvalidArgumentError("the raw MPI baseline needs --dtype f32"),
+                    kExitUsage);
       }
       std::unique_ptr<Allocator> allocator = MakeCpuCachingAllocator(&tracker);
       Harness h{**world, nullptr, *allocator,
@@ -327,7 +343,8 @@ int RunBenchComm(const BenchCommOptions& o, const LaunchEnv& launch, int* argc, 
       StatusOr<std::vector<Row>> r = Sweep(h, o, ops, *min_bytes, *max_bytes, *dtype);
       status = r.status();
       if (r.ok()) rows = std::move(*r);
-      baseline = "raw MPI (MPI_Allgather / MPI_Reduce_scatter_block / MPI_Allreduce) on the same buffers";
+      baseline =
+          "raw MPI (MPI_Allgather / MPI_Reduce_scatter_block / MPI_Allreduce) on the same buffers";
     } else {
       const int devices = CudaDeviceCount();
       const Device device = Device::Cuda(devices > 0 ? launch.local_rank % devices : 0);
@@ -349,7 +366,9 @@ int RunBenchComm(const BenchCommOptions& o, const LaunchEnv& launch, int* argc, 
         status = r.status();
         if (r.ok()) rows = std::move(*r);
       }
-      baseline = "raw NCCL (ncclAllGather / ncclReduceScatter / ncclAllReduce) on the same buffers and stream";
+      baseline =
+          "raw NCCL (ncclAllGather / ncclReduceScatter / ncclAllReduce) on the same buffers and "
+          "stream";
     }
     if (!status.ok()) {
       code = fail(status, kExitRuntimeFailure);

@@ -22,12 +22,11 @@ struct BenchCommOptions {
   std::string max_bytes = "64MiB";
   std::string dtype = "f32";
   std::vector<std::string> ops = {"all_gather", "reduce_scatter", "all_reduce"};
-  int rounds = 5;               // alternating zerort/baseline rounds; medians are reported
+  int rounds = 5;                   // alternating zerort/baseline rounds; medians are reported
   double seconds_per_round = 0.05;  // time each round aims for
   bool json = false;
 };
-int RunBenchComm(const BenchCommOptions& options, const LaunchEnv& launch, int* argc,
-                 char*** argv);
+int RunBenchComm(const BenchCommOptions& options, const LaunchEnv& launch, int* argc, char*** argv);
 
 struct BenchAdamwOptions {
   int64_t params = int64_t{32} << 20;  // 32 Mi parameters: 960 MiB of state, far beyond caches

@@ -9,8 +9,8 @@
 #include "runtime/device.h"
 #include "runtime/mpi_communicator.h"
 #include "runtime/nccl_communicator.h"
-#include "tools/commands.h"
 #include "runtime/strings.h"
+#include "tools/commands.h"
 
 namespace zerort::cli {
 namespace {
@@ -28,34 +28,37 @@ int RunEnv(const EnvOptions& options, const LaunchEnv& launch) {
   for (const CudaDeviceInfo& d : cuda.devices) {
     devices.push_back({{"index", d.index},
                        {"name", d.name},
-                       {"compute_capability",
-                        fmt::sprintf("%d.%d", d.compute_capability_major, d.compute_capability_minor)},
+                       {"compute_capability", fmt::sprintf("%d.%d", d.compute_capability_major,
+                                                           d.compute_capability_minor)},
                        {"memory_bytes", d.total_memory_bytes},
                        {"multiprocessors", d.multiprocessor_count}});
   }
   const nlohmann::json out = {
       {"version", build.version},
-      {"build", {{"type", build.build_type},
-                 {"compiler", build.compiler},
-                 {"cuda", build.cuda},
-                 {"cuda_architectures", build.cuda ? build.cuda_architectures : ""},
-                 {"mpi", build.mpi},
-                 {"nccl", build.nccl},
-                 {"sanitizers", build.sanitizers}}},
-      {"cuda", {{"runtime", CudaVersionString(cuda.runtime_version)},
-                {"driver", CudaVersionString(cuda.driver_version)},
-                {"unavailable_reason", cuda.unavailable_reason},
-                {"devices", devices}}},
+      {"build",
+       {{"type", build.build_type},
+        {"compiler", build.compiler},
+        {"cuda", build.cuda},
+        {"cuda_architectures", build.cuda ? build.cuda_architectures : ""},
+        {"mpi", build.mpi},
+        {"nccl", build.nccl},
+        {"sanitizers", build.sanitizers}}},
+      {"cuda",
+       {{"runtime", CudaVersionString(cuda.runtime_version)},
+        {"driver", CudaVersionString(cuda.driver_version)},
+        {"unavailable_reason", cuda.unavailable_reason},
+        {"devices", devices}}},
       {"nccl", NcclVersion()},
       {"mpi", MpiLibraryVersion()},
       {"openblas", {{"config", BlasVersion()}, {"threads", BlasThreads()}}},
       {"host", {{"hardware_threads", std::thread::hardware_concurrency()}}},
-      {"launch", {{"source", launch.source},
-                  {"rank", launch.rank},
-                  {"world_size", launch.world_size},
-                  {"local_rank", launch.local_rank},
-                  {"local_world_size", launch.local_world_size},
-                  {"notes", launch.notes}}},
+      {"launch",
+       {{"source", launch.source},
+        {"rank", launch.rank},
+        {"world_size", launch.world_size},
+        {"local_rank", launch.local_rank},
+        {"local_world_size", launch.local_world_size},
+        {"notes", launch.notes}}},
   };
   if (options.json) {
     std::printf("%s\n", out.dump(2).c_str());
@@ -67,13 +70,14 @@ int RunEnv(const EnvOptions& options, const LaunchEnv& launch) {
               build.cuda ? (" (sm " + build.cuda_architectures + ")").c_str() : "",
               build.mpi ? "on" : "off", build.nccl ? "on" : "off",
               build.sanitizers.empty() ? "none" : build.sanitizers.c_str());
-  std::printf("%-10s runtime %s, driver %s%s%s\n", "CUDA:", CudaVersionString(cuda.runtime_version).c_str(),
+  std::printf("%-10s runtime %s, driver %s%s%s\n",
+              "CUDA:", CudaVersionString(cuda.runtime_version).c_str(),
               CudaVersionString(cuda.driver_version).c_str(),
               cuda.unavailable_reason.empty() ? "" : "; ", cuda.unavailable_reason.c_str());
   if (cuda.devices.empty()) std::printf("%-10s none (runs use the CPU)\n", "devices:");
   for (const CudaDeviceInfo& d : cuda.devices) {
-    std::printf("%-10s cuda:%d %s, sm %d.%d, %.1f GiB, %d SMs\n", "device:", d.index, d.name.c_str(),
-                d.compute_capability_major, d.compute_capability_minor,
+    std::printf("%-10s cuda:%d %s, sm %d.%d, %.1f GiB, %d SMs\n", "device:", d.index,
+                d.name.c_str(), d.compute_capability_major, d.compute_capability_minor,
                 static_cast<double>(d.total_memory_bytes) / (1 << 30), d.multiprocessor_count);
   }
   std::printf("%-10s %s\n", "NCCL:", NcclVersion().c_str());

@@ -4,7 +4,6 @@
 #include <mpi.h>
 #include "runtime/strings.h"
 
-
 namespace zerort::cli {
 
 Status RawMpiCollective(CollectiveOp op, const void* send, void* recv, size_t count, DType dtype) {

@@ -31,29 +31,37 @@ int main(int argc, char** argv) {
       ->capture_default_str();
 
   cli::EnvOptions env_options;
-  CLI::App* env = app.add_subcommand("env", "Print version, build, devices, libraries and launch environment");
+  CLI::App* env =
+      app.add_subcommand("env", "Print version, build, devices, libraries and launch environment");
   env->add_flag("--json", env_options.json, "One JSON object instead of text");
 
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks measured against a same-run baseline");
   bench->require_subcommand(1);
   cli::BenchCommOptions comm_options;
-  CLI::App* comm = bench->add_subcommand("comm", "Collective bandwidth against raw MPI / a copy floor");
+  CLI::App* comm =
+      bench->add_subcommand("comm", "Collective bandwidth against raw MPI / a copy floor");
   comm->add_option("--backend", comm_options.backend,
                    "loopback, mpi or nccl (default: mpi under a launcher, else loopback)")
       ->check(CLI::IsMember({"loopback", "mpi", "nccl"}));
-  comm->add_option("--ranks", comm_options.ranks, "Loopback ranks (threads)")->capture_default_str();
-  comm->add_option("--min-bytes", comm_options.min_bytes, "Smallest message")->capture_default_str();
-  comm->add_option("--max-bytes", comm_options.max_bytes, "Largest message (x4 steps)")->capture_default_str();
+  comm->add_option("--ranks", comm_options.ranks, "Loopback ranks (threads)")
+      ->capture_default_str();
+  comm->add_option("--min-bytes", comm_options.min_bytes, "Smallest message")
+      ->capture_default_str();
+  comm->add_option("--max-bytes", comm_options.max_bytes, "Largest message (x4 steps)")
+      ->capture_default_str();
   comm->add_option("--dtype", comm_options.dtype, "f32, bf16 or f16")->capture_default_str();
   comm->add_option("--ops", comm_options.ops, "Operations to measure")->delimiter(',');
   comm->add_option("--rounds", comm_options.rounds, "Alternating rounds (medians reported)")
       ->capture_default_str();
   comm->add_option("--seconds-per-round", comm_options.seconds_per_round,
-                   "Target duration of one round")->capture_default_str();
+                   "Target duration of one round")
+      ->capture_default_str();
   comm->add_flag("--json", comm_options.json, "One JSON object instead of a table");
   cli::BenchAdamwOptions adamw_options;
-  CLI::App* adamw = bench->add_subcommand("adamw", "Fused AdamW against the memory-bandwidth floor");
-  adamw->add_option("--params", adamw_options.params, "Parameters in the shard")->capture_default_str();
+  CLI::App* adamw =
+      bench->add_subcommand("adamw", "Fused AdamW against the memory-bandwidth floor");
+  adamw->add_option("--params", adamw_options.params, "Parameters in the shard")
+      ->capture_default_str();
   adamw->add_option("--rounds", adamw_options.rounds, "Alternating rounds (medians reported)")
       ->capture_default_str();
   adamw->add_flag("--json", adamw_options.json, "One JSON object instead of text");

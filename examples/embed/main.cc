@@ -53,13 +53,16 @@ Batch MakeBatch(int64_t first, int count) {
   return b;
 }
 
-float At(const zerort::TensorView& v, int64_t i) { return zerort::LoadAsFloat(v.data(), v.dtype(), i); }
+float At(const zerort::TensorView& v, int64_t i) {
+  return zerort::LoadAsFloat(v.data(), v.dtype(), i);
+}
 void AddAt(const zerort::TensorView& v, int64_t i, float d) {
   zerort::StoreFromFloat(v.data(), v.dtype(), i, At(v, i) + d);
 }
 
 // One forward/backward of this rank's batch through the manager's scopes; returns the loss.
-StatusOr<double> TrainMicroBatch(zerort::ShardManager& m, const std::vector<int>& units, const Batch& b) {
+StatusOr<double> TrainMicroBatch(zerort::ShardManager& m, const std::vector<int>& units,
+                                 const Batch& b) {
   const int n = static_cast<int>(b.x.size());
   std::vector<std::vector<std::vector<float>>> acts(kLayers + 1);
   acts[0] = b.x;
@@ -120,25 +123,30 @@ Status Train(zerort::Communicator& dp, bool* fell) {
   options.stage3_param_persistence_threshold = 0;  // gather and release every layer
   options.optimizer.weight_decay = 0.01f;
   options.gradient_clipping = 1.0f;
-  ZR_ASSIGN_OR_RETURN(auto manager, zerort::ShardManager::Create(options, {.dp = &dp, .device_allocator = allocator.get()}));
+  ZR_ASSIGN_OR_RETURN(auto manager, zerort::ShardManager::Create(
+                                        options, {.dp = &dp, .device_allocator = allocator.get()}));
   std::vector<int> units;
   for (int l = 0; l < kLayers; ++l) {
     const std::string name = "fc" + std::to_string(l);
-    ZR_ASSIGN_OR_RETURN(int u, manager->AddUnit(name, {{name + ".weight", {kWidths[l + 1], kWidths[l]}, true},
-                                                       {name + ".bias", {kWidths[l + 1]}, false}}));
+    ZR_ASSIGN_OR_RETURN(
+        int u, manager->AddUnit(name, {{name + ".weight", {kWidths[l + 1], kWidths[l]}, true},
+                                       {name + ".bias", {kWidths[l + 1]}, false}}));
     units.push_back(u);
   }
   // Scaled-normal initialisation, identical on every rank.
-  ZR_RETURN_IF_ERROR(manager->Initialize([](const zerort::ParamSpec& spec, uint64_t seed, std::span<float> full) {
-    std::mt19937 rng(static_cast<uint32_t>(seed + std::hash<std::string>{}(spec.name)));
-    const float stddev = spec.shape.size() == 2 ? 1.0f / std::sqrt(static_cast<float>(spec.shape[1])) : 0.0f;
-    std::normal_distribution<float> n(0.0f, 1.0f);
-    for (float& v : full) v = stddev * n(rng);
-  }));
+  ZR_RETURN_IF_ERROR(
+      manager->Initialize([](const zerort::ParamSpec& spec, uint64_t seed, std::span<float> full) {
+        std::mt19937 rng(static_cast<uint32_t>(seed + std::hash<std::string>{}(spec.name)));
+        const float stddev =
+            spec.shape.size() == 2 ? 1.0f / std::sqrt(static_cast<float>(spec.shape[1])) : 0.0f;
+        std::normal_distribution<float> n(0.0f, 1.0f);
+        for (float& v : full) v = stddev * n(rng);
+      }));
   double first = 0, last = 0;
   for (int step = 0; step < 150; ++step) {
     const int64_t offset = (int64_t{step} * dp.size() + dp.rank()) * kBatchPerRank;
-    ZR_ASSIGN_OR_RETURN(double loss, TrainMicroBatch(*manager, units, MakeBatch(offset, kBatchPerRank)));
+    ZR_ASSIGN_OR_RETURN(double loss,
+                        TrainMicroBatch(*manager, units, MakeBatch(offset, kBatchPerRank)));
     float mean = static_cast<float>(loss);
     ZR_RETURN_IF_ERROR(dp.AllReduce(&mean, &mean, 1, zerort::DType::kF32, zerort::ReduceOp::kAvg));
     ZR_ASSIGN_OR_RETURN(zerort::StepResult r, manager->Step({.lr = 3e-3f}));
@@ -149,10 +157,13 @@ Status Train(zerort::Communicator& dp, bool* fell) {
     }
   }
   if (dp.rank() == 0) {
-    const auto usage = tracker.Usage(zerort::MemoryTier::kDevice, zerort::MemoryCategory::kGatheredWeights);
-    std::printf("embed_mlp: %d ranks, ZeRO-3; loss %.5f -> %.5f; gathered weights peak %lld bytes (now %lld)\n",
-                dp.size(), first, last, static_cast<long long>(usage.peak),
-                static_cast<long long>(usage.current));
+    const auto usage =
+        tracker.Usage(zerort::MemoryTier::kDevice, zerort::MemoryCategory::kGatheredWeights);
+    std::printf(
+        "embed_mlp: %d ranks, ZeRO-3; loss %.5f -> %.5f; gathered weights peak %lld bytes (now "
+        "%lld)\n",
+        dp.size(), first, last, static_cast<long long>(usage.peak),
+        static_cast<long long>(usage.current));
   }
   *fell = last < 0.5 * first;
   return absl::OkStatus();

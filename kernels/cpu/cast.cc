@@ -18,16 +18,16 @@ void CastLoop(int64_t n, Load load, Store store) {
 Status Validate(const TensorView& src, const TensorView& dst) {
   if (!IsFloatingPoint(src.dtype()) || !IsFloatingPoint(dst.dtype())) {
     return absl::InvalidArgumentError(StrCat("Cast supports f32/bf16/f16, got ",
-                                                   DTypeName(src.dtype()), " -> ",
-                                                   DTypeName(dst.dtype())));
+                                             DTypeName(src.dtype()), " -> ",
+                                             DTypeName(dst.dtype())));
   }
   if (src.numel() != dst.numel()) {
-    return absl::InvalidArgumentError(StrCat("Cast of ", src.numel(), " elements into ",
-                                                   dst.numel()));
+    return absl::InvalidArgumentError(
+        StrCat("Cast of ", src.numel(), " elements into ", dst.numel()));
   }
   if (src.device() != dst.device()) {
-    return absl::InvalidArgumentError(StrCat("Cast from ", src.device().ToString(), " to ",
-                                                   dst.device().ToString()));
+    return absl::InvalidArgumentError(
+        StrCat("Cast from ", src.device().ToString(), " to ", dst.device().ToString()));
   }
   if (src.numel() > 0 && (src.data() == nullptr || dst.data() == nullptr)) {
     return absl::InvalidArgumentError("Cast of a null buffer");
@@ -49,23 +49,29 @@ void CpuCast(const void* src, DType s, void* dst, DType d, int64_t n) {
   auto* f32_out = static_cast<float*>(dst);
   auto* u16_out = static_cast<uint16_t*>(dst);
   if (s == DType::kF32 && d == DType::kBF16) {
-    CastLoop(n, [&](int64_t i) { return f32_in[i]; },
-             [&](int64_t i, float v) { u16_out[i] = FloatToBf16Bits(v); });
+    CastLoop(
+        n, [&](int64_t i) { return f32_in[i]; },
+        [&](int64_t i, float v) { u16_out[i] = FloatToBf16Bits(v); });
   } else if (s == DType::kF32 && d == DType::kF16) {
-    CastLoop(n, [&](int64_t i) { return f32_in[i]; },
-             [&](int64_t i, float v) { u16_out[i] = FloatToF16Bits(v); });
+    CastLoop(
+        n, [&](int64_t i) { return f32_in[i]; },
+        [&](int64_t i, float v) { u16_out[i] = FloatToF16Bits(v); });
   } else if (s == DType::kBF16 && d == DType::kF32) {
-    CastLoop(n, [&](int64_t i) { return Bf16BitsToFloat(u16_in[i]); },
-             [&](int64_t i, float v) { f32_out[i] = v; });
+    CastLoop(
+        n, [&](int64_t i) { return Bf16BitsToFloat(u16_in[i]); },
+        [&](int64_t i, float v) { f32_out[i] = v; });
   } else if (s == DType::kF16 && d == DType::kF32) {
-    CastLoop(n, [&](int64_t i) { return F16BitsToFloat(u16_in[i]); },
-             [&](int64_t i, float v) { f32_out[i] = v; });
+    CastLoop(
+        n, [&](int64_t i) { return F16BitsToFloat(u16_in[i]); },
+        [&](int64_t i, float v) { f32_out[i] = v; });
   } else if (s == DType::kBF16 && d == DType::kF16) {
-    CastLoop(n, [&](int64_t i) { return Bf16BitsToFloat(u16_in[i]); },
-             [&](int64_t i, float v) { u16_out[i] = FloatToF16Bits(v); });
+    CastLoop(
+        n, [&](int64_t i) { return Bf16BitsToFloat(u16_in[i]); },
+        [&](int64_t i, float v) { u16_out[i] = FloatToF16Bits(v); });
   } else {  // f16 -> bf16
-    CastLoop(n, [&](int64_t i) { return F16BitsToFloat(u16_in[i]); },
-             [&](int64_t i, float v) { u16_out[i] = FloatToBf16Bits(v); });
+    CastLoop(
+        n, [&](int64_t i) { return F16BitsToFloat(u16_in[i]); },
+        [&](int64_t i, float v) { u16_out[i] = FloatToBf16Bits(v); });
   }
 }
 

@@ -11,18 +11,19 @@ namespace {
 
 // Host-side constants, computed in double as PyTorch does for Python scalars, then rounded.
 struct AdamConstants {
-  float step_size;         // lr / (1 - beta1^step)
-  float bias2_sqrt;        // sqrt(1 - beta2^step)
-  float decay_factor;      // 1 - lr * wd for AdamW, 1 otherwise
-  float l2;                // wd for Adam (L2 on the gradient), 0 for AdamW
+  float step_size;     // lr / (1 - beta1^step)
+  float bias2_sqrt;    // sqrt(1 - beta2^step)
+  float decay_factor;  // 1 - lr * wd for AdamW, 1 otherwise
+  float l2;            // wd for Adam (L2 on the gradient), 0 for AdamW
 };
 
 AdamConstants Constants(const AdamHyper& h) {
   const double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), static_cast<double>(h.step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(h.beta2), static_cast<double>(h.step));
-  return AdamConstants{static_cast<float>(h.lr / bc1), static_cast<float>(std::sqrt(bc2)),
-                       h.decoupled ? static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay) : 1.0f,
-                       h.decoupled ? 0.0f : h.weight_decay};
+  return AdamConstants{
+      static_cast<float>(h.lr / bc1), static_cast<float>(std::sqrt(bc2)),
+      h.decoupled ? static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay) : 1.0f,
+      h.decoupled ? 0.0f : h.weight_decay};
 }
 
 template <typename Out>
@@ -104,17 +105,24 @@ void SgdLoop(const SgdHyper& h, float* __restrict p, const float* __restrict g,
 }
 
 Status CheckF32(const TensorView& v, int64_t n, const char* what, Device device) {
-  if (v.dtype() != DType::kF32) return absl::InvalidArgumentError(StrCat(what, " must be f32, not ", DTypeName(v.dtype())));
-  if (v.numel() != n) return absl::InvalidArgumentError(StrCat(what, " has ", v.numel(), " elements, expected ", n));
-  if (v.device() != device) return absl::InvalidArgumentError(StrCat(what, " is on ", v.device().ToString(), ", expected ", device.ToString()));
+  if (v.dtype() != DType::kF32)
+    return absl::InvalidArgumentError(StrCat(what, " must be f32, not ", DTypeName(v.dtype())));
+  if (v.numel() != n)
+    return absl::InvalidArgumentError(StrCat(what, " has ", v.numel(), " elements, expected ", n));
+  if (v.device() != device)
+    return absl::InvalidArgumentError(
+        StrCat(what, " is on ", v.device().ToString(), ", expected ", device.ToString()));
   if (n > 0 && v.data() == nullptr) return absl::InvalidArgumentError(StrCat(what, " is null"));
   return absl::OkStatus();
 }
 
 Status CheckOut(const TensorView& out, int64_t n, Device device) {
   if (out.data() == nullptr) return absl::OkStatus();  // no compute copy wanted
-  if (!IsFloatingPoint(out.dtype())) return absl::InvalidArgumentError("compute_out must be f32, bf16 or f16");
-  if (out.numel() != n) return absl::InvalidArgumentError(StrCat("compute_out has ", out.numel(), " elements, expected ", n));
+  if (!IsFloatingPoint(out.dtype()))
+    return absl::InvalidArgumentError("compute_out must be f32, bf16 or f16");
+  if (out.numel() != n)
+    return absl::InvalidArgumentError(
+        StrCat("compute_out has ", out.numel(), " elements, expected ", n));
   if (out.device() != device) return absl::InvalidArgumentError("compute_out is on another device");
   return absl::OkStatus();
 }
@@ -129,7 +137,8 @@ Status CheckAdam(const AdamHyper& h, const TensorView& p, const TensorView& g, c
   ZR_RETURN_IF_ERROR(CheckOut(out, n, p.device()));
   if (h.step < 1) return absl::InvalidArgumentError(StrCat("Adam step ", h.step, " is below 1"));
   if (!(h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1)) {
-    return absl::InvalidArgumentError(StrCat("Adam betas (", h.beta1, ", ", h.beta2, ") must be in [0, 1)"));
+    return absl::InvalidArgumentError(
+        StrCat("Adam betas (", h.beta1, ", ", h.beta2, ") must be in [0, 1)"));
   }
   return absl::OkStatus();
 }
@@ -208,8 +217,8 @@ Status SgdStep(const SgdHyper& h, const TensorView& master, const TensorView& gr
     if (stream == nullptr || stream->device() != master.device()) {
       return absl::InvalidArgumentError("SgdStep on CUDA views needs a stream of their device");
     }
-    return internal::CudaSgd(h, p, g, buf, compute_out.data(), compute_out.dtype(),
-                             master.numel(), stream);
+    return internal::CudaSgd(h, p, g, buf, compute_out.data(), compute_out.dtype(), master.numel(),
+                             stream);
   }
   internal::CpuSgd(h, p, g, buf, compute_out.data(), compute_out.dtype(), master.numel());
   return absl::OkStatus();
@@ -227,7 +236,8 @@ Status AdamStepReference(const AdamHyper& h, const TensorView& master, const Ten
   const float* g = grad.data_as<float>();
   for (int64_t i = 0; i < master.numel(); ++i) {
     p[i] = AdamElement(h, c, p[i], g[i], m[i], v[i]);
-    if (compute_out.data() != nullptr) StoreFromFloat(compute_out.data(), compute_out.dtype(), i, p[i]);
+    if (compute_out.data() != nullptr)
+      StoreFromFloat(compute_out.data(), compute_out.dtype(), i, p[i]);
   }
   return absl::OkStatus();
 }
@@ -241,7 +251,8 @@ Status SgdStepReference(const SgdHyper& h, const TensorView& master, const Tenso
   float* buf = h.momentum != 0.0f ? momentum_buffer.data_as<float>() : nullptr;
   for (int64_t i = 0; i < master.numel(); ++i) {
     p[i] = SgdElement(h, p[i], g[i], buf != nullptr ? buf + i : nullptr);
-    if (compute_out.data() != nullptr) StoreFromFloat(compute_out.data(), compute_out.dtype(), i, p[i]);
+    if (compute_out.data() != nullptr)
+      StoreFromFloat(compute_out.data(), compute_out.dtype(), i, p[i]);
   }
   return absl::OkStatus();
 }

@@ -69,7 +69,8 @@ Status SumOfSquares(const TensorView& x, const TensorView& out, Stream* stream) 
     ZR_RETURN_IF_ERROR(CheckStream(x, stream));
     return internal::CudaSumOfSquares(x.data(), x.dtype(), x.numel(), out.data_as<float>(), stream);
   }
-  *out.data_as<float>() += static_cast<float>(ChunkedSum(x, [](float v) { return static_cast<double>(v) * v; }));
+  *out.data_as<float>() +=
+      static_cast<float>(ChunkedSum(x, [](float v) { return static_cast<double>(v) * v; }));
   return absl::OkStatus();
 }
 
@@ -77,9 +78,11 @@ Status CountNonFinite(const TensorView& x, const TensorView& out, Stream* stream
   ZR_RETURN_IF_ERROR(CheckArgs(x, &out));
   if (x.device().is_cuda()) {
     ZR_RETURN_IF_ERROR(CheckStream(x, stream));
-    return internal::CudaCountNonFinite(x.data(), x.dtype(), x.numel(), out.data_as<float>(), stream);
+    return internal::CudaCountNonFinite(x.data(), x.dtype(), x.numel(), out.data_as<float>(),
+                                        stream);
   }
-  *out.data_as<float>() += static_cast<float>(ChunkedSum(x, [](float v) { return std::isfinite(v) ? 0.0 : 1.0; }));
+  *out.data_as<float>() +=
+      static_cast<float>(ChunkedSum(x, [](float v) { return std::isfinite(v) ? 0.0 : 1.0; }));
   return absl::OkStatus();
 }
 
@@ -98,7 +101,8 @@ Status Scale(const TensorView& x, float factor, Stream* stream) {
     for (int64_t i = 0; i < n; ++i) p[i] *= factor;
   } else {
 #pragma omp parallel for schedule(static) if (n > (int64_t{1} << 16))
-    for (int64_t i = 0; i < n; ++i) StoreFromFloat(base, dtype, i, LoadAsFloat(base, dtype, i) * factor);
+    for (int64_t i = 0; i < n; ++i)
+      StoreFromFloat(base, dtype, i, LoadAsFloat(base, dtype, i) * factor);
   }
   return absl::OkStatus();
 }
@@ -106,12 +110,14 @@ Status Scale(const TensorView& x, float factor, Stream* stream) {
 Status AccumulateInto(const TensorView& src, const TensorView& dst, Stream* stream) {
   ZR_RETURN_IF_ERROR(CheckArgs(src, nullptr));
   if (dst.dtype() != DType::kF32 || dst.numel() != src.numel() || dst.device() != src.device()) {
-    return absl::InvalidArgumentError(StrCat("AccumulateInto needs an f32 destination of ", src.numel(),
-                                             " elements on ", src.device().ToString()));
+    return absl::InvalidArgumentError(StrCat("AccumulateInto needs an f32 destination of ",
+                                             src.numel(), " elements on ",
+                                             src.device().ToString()));
   }
   if (src.device().is_cuda()) {
     ZR_RETURN_IF_ERROR(CheckStream(src, stream));
-    return internal::CudaAccumulateInto(src.data(), src.dtype(), dst.data_as<float>(), src.numel(), stream);
+    return internal::CudaAccumulateInto(src.data(), src.dtype(), dst.data_as<float>(), src.numel(),
+                                        stream);
   }
   float* out = dst.data_as<float>();
   const void* in = src.data();
@@ -139,7 +145,8 @@ double SumOfSquaresReference(const TensorView& x) {
 
 int64_t CountNonFiniteReference(const TensorView& x) {
   int64_t count = 0;
-  for (int64_t i = 0; i < x.numel(); ++i) count += std::isfinite(LoadAsFloat(x.data(), x.dtype(), i)) ? 0 : 1;
+  for (int64_t i = 0; i < x.numel(); ++i)
+    count += std::isfinite(LoadAsFloat(x.data(), x.dtype(), i)) ? 0 : 1;
   return count;
 }
 

@@ -13,25 +13,38 @@ namespace {
 template <typename T>
 __device__ __forceinline__ float ToFloat(T v);
 template <>
-__device__ __forceinline__ float ToFloat<float>(float v) { return v; }
+__device__ __forceinline__ float ToFloat<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
 template <>
-__device__ __forceinline__ float ToFloat<__half>(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ToFloat<__half>(__half v) {
+  return __half2float(v);
+}
 
 template <typename T>
 __device__ __forceinline__ T FromFloat(float v);
 template <>
-__device__ __forceinline__ float FromFloat<float>(float v) { return v; }
+__device__ __forceinline__ float FromFloat<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 template <>
-__device__ __forceinline__ __half FromFloat<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half FromFloat<__half>(float v) {
+  return __float2half_rn(v);
+}
 
 template <typename In, typename Out>
 static __global__ void CastKernel(const In* __restrict__ src, Out* __restrict__ dst, int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
     dst[i] = FromFloat<Out>(ToFloat<In>(src[i]));
   }
 }
@@ -42,8 +55,8 @@ static cudaError_t LaunchCast(const void* src, void* dst, int64_t n, cudaStream_
   constexpr int kThreads = 256;
   const int64_t blocks64 = (n + kThreads - 1) / kThreads;
   const int blocks = static_cast<int>(blocks64 < 65536 ? blocks64 : 65536);
-  CastKernel<In, Out><<<blocks, kThreads, 0, stream>>>(static_cast<const In*>(src),
-                                                       static_cast<Out*>(dst), n);
+  CastKernel<In, Out>
+      <<<blocks, kThreads, 0, stream>>>(static_cast<const In*>(src), static_cast<Out*>(dst), n);
   return cudaGetLastError();
 }
 

@@ -26,7 +26,9 @@ struct SgdArgs {
 template <typename Out>
 __device__ __forceinline__ void StoreOut(Out* out, int64_t i, float v);
 template <>
-__device__ __forceinline__ void StoreOut<float>(float* out, int64_t i, float v) { out[i] = v; }
+__device__ __forceinline__ void StoreOut<float>(float* out, int64_t i, float v) {
+  out[i] = v;
+}
 template <>
 __device__ __forceinline__ void StoreOut<__nv_bfloat16>(__nv_bfloat16* out, int64_t i, float v) {
   out[i] = __float2bfloat16_rn(v);
@@ -41,7 +43,8 @@ static __global__ void AdamKernel(AdamArgs a, float* __restrict__ p, const float
                                   float* __restrict__ m, float* __restrict__ v,
                                   Out* __restrict__ out, int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
     float grad = g[i] * a.grad_scale;
     float param = p[i];
     grad = fmaf(a.l2, param, grad);
@@ -62,7 +65,8 @@ template <typename Out>
 static __global__ void SgdKernel(SgdArgs a, float* __restrict__ p, const float* __restrict__ g,
                                  float* __restrict__ buf, Out* __restrict__ out, int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
     float param = p[i];
     float grad = g[i] * a.grad_scale;
     grad = fmaf(a.weight_decay, param, grad);
@@ -105,10 +109,15 @@ Status CudaAdam(const AdamHyper& h, float* p, const float* g, float* m, float* v
   if (n == 0) return absl::OkStatus();
   const double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), static_cast<double>(h.step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(h.beta2), static_cast<double>(h.step));
-  const AdamArgs a{h.beta1, h.beta2, h.eps, h.grad_scale, static_cast<float>(h.lr / bc1),
-                   static_cast<float>(std::sqrt(bc2)),
-                   h.decoupled ? static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay) : 1.0f,
-                   h.decoupled ? 0.0f : h.weight_decay};
+  const AdamArgs a{
+      h.beta1,
+      h.beta2,
+      h.eps,
+      h.grad_scale,
+      static_cast<float>(h.lr / bc1),
+      static_cast<float>(std::sqrt(bc2)),
+      h.decoupled ? static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay) : 1.0f,
+      h.decoupled ? 0.0f : h.weight_decay};
   auto s = static_cast<cudaStream_t>(stream->native_handle());
   cudaError_t err;
   if (out == nullptr || out_dtype == DType::kF32) {
@@ -122,10 +131,11 @@ Status CudaAdam(const AdamHyper& h, float* p, const float* g, float* m, float* v
   return absl::OkStatus();
 }
 
-Status CudaSgd(const SgdHyper& h, float* p, const float* g, float* buf, void* out,
-               DType out_dtype, int64_t n, Stream* stream) {
+Status CudaSgd(const SgdHyper& h, float* p, const float* g, float* buf, void* out, DType out_dtype,
+               int64_t n, Stream* stream) {
   if (n == 0) return absl::OkStatus();
-  const SgdArgs a{h.lr, h.momentum, h.dampening, h.weight_decay, h.grad_scale, h.nesterov, h.step <= 1};
+  const SgdArgs a{h.lr,         h.momentum, h.dampening, h.weight_decay,
+                  h.grad_scale, h.nesterov, h.step <= 1};
   auto s = static_cast<cudaStream_t>(stream->native_handle());
   cudaError_t err;
   if (out == nullptr || out_dtype == DType::kF32) {

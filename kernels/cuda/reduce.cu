@@ -18,13 +18,17 @@ constexpr int kThreads = 256;
 template <typename T>
 __device__ __forceinline__ float Load(const T* x, int64_t i);
 template <>
-__device__ __forceinline__ float Load<float>(const float* x, int64_t i) { return x[i]; }
+__device__ __forceinline__ float Load<float>(const float* x, int64_t i) {
+  return x[i];
+}
 template <>
 __device__ __forceinline__ float Load<__nv_bfloat16>(const __nv_bfloat16* x, int64_t i) {
   return __bfloat162float(x[i]);
 }
 template <>
-__device__ __forceinline__ float Load<__half>(const __half* x, int64_t i) { return __half2float(x[i]); }
+__device__ __forceinline__ float Load<__half>(const __half* x, int64_t i) {
+  return __half2float(x[i]);
+}
 
 struct SquareOp {
   __device__ float operator()(float v) const { return v * v; }
@@ -46,10 +50,12 @@ __device__ float BlockSum(float v) {
 }
 
 template <typename T, typename Op>
-static __global__ void PartialKernel(const T* __restrict__ x, int64_t n, float* __restrict__ partial, Op op) {
+static __global__ void PartialKernel(const T* __restrict__ x, int64_t n,
+                                     float* __restrict__ partial, Op op) {
   float acc = 0.0f;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
     acc += op(Load(x, i));
   }
   acc = BlockSum(acc);
@@ -68,44 +74,54 @@ static __global__ void ScaleKernel(T* __restrict__ x, int64_t n, float factor);
 template <>
 __global__ void ScaleKernel<float>(float* __restrict__ x, int64_t n, float factor) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) x[i] *= factor;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    x[i] *= factor;
 }
 template <>
 __global__ void ScaleKernel<__nv_bfloat16>(__nv_bfloat16* __restrict__ x, int64_t n, float factor) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
     x[i] = __float2bfloat16_rn(__bfloat162float(x[i]) * factor);
   }
 }
 template <>
 __global__ void ScaleKernel<__half>(__half* __restrict__ x, int64_t n, float factor) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
     x[i] = __float2half_rn(__half2float(x[i]) * factor);
   }
 }
 
 template <typename T>
-static __global__ void AccumulateKernel(const T* __restrict__ src, float* __restrict__ dst, int64_t n) {
+static __global__ void AccumulateKernel(const T* __restrict__ src, float* __restrict__ dst,
+                                        int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
     dst[i] += Load(src, i);
   }
 }
 
 template <typename Op>
-static Status LaunchReduce(const void* x, DType dtype, int64_t n, float* out, Op op, cudaStream_t s) {
+static Status LaunchReduce(const void* x, DType dtype, int64_t n, float* out, Op op,
+                           cudaStream_t s) {
   float* partial = nullptr;
-  ZR_CUDA_RETURN_IF_ERROR(cudaMallocAsync(reinterpret_cast<void**>(&partial), kReduceBlocks * sizeof(float), s));
+  ZR_CUDA_RETURN_IF_ERROR(
+      cudaMallocAsync(reinterpret_cast<void**>(&partial), kReduceBlocks * sizeof(float), s));
   switch (dtype) {
     case DType::kBF16:
-      PartialKernel<<<kReduceBlocks, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(x), n, partial, op);
+      PartialKernel<<<kReduceBlocks, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(x), n,
+                                                       partial, op);
       break;
     case DType::kF16:
-      PartialKernel<<<kReduceBlocks, kThreads, 0, s>>>(static_cast<const __half*>(x), n, partial, op);
+      PartialKernel<<<kReduceBlocks, kThreads, 0, s>>>(static_cast<const __half*>(x), n, partial,
+                                                       op);
       break;
     default:
-      PartialKernel<<<kReduceBlocks, kThreads, 0, s>>>(static_cast<const float*>(x), n, partial, op);
+      PartialKernel<<<kReduceBlocks, kThreads, 0, s>>>(static_cast<const float*>(x), n, partial,
+                                                       op);
   }
   ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   FinalKernel<<<1, kThreads, 0, s>>>(partial, out);
@@ -119,11 +135,13 @@ static Status LaunchReduce(const void* x, DType dtype, int64_t n, float* out, Op
 namespace internal {
 
 Status CudaSumOfSquares(const void* x, DType dtype, int64_t n, float* out, Stream* stream) {
-  return LaunchReduce(x, dtype, n, out, SquareOp{}, static_cast<cudaStream_t>(stream->native_handle()));
+  return LaunchReduce(x, dtype, n, out, SquareOp{},
+                      static_cast<cudaStream_t>(stream->native_handle()));
 }
 
 Status CudaCountNonFinite(const void* x, DType dtype, int64_t n, float* out, Stream* stream) {
-  return LaunchReduce(x, dtype, n, out, NonFiniteOp{}, static_cast<cudaStream_t>(stream->native_handle()));
+  return LaunchReduce(x, dtype, n, out, NonFiniteOp{},
+                      static_cast<cudaStream_t>(stream->native_handle()));
 }
 
 Status CudaScale(void* x, DType dtype, int64_t n, float factor, Stream* stream) {

@@ -17,16 +17,16 @@ Status CublasError(std::string_view call, cublasStatus_t err);
 
 }  // namespace zerort::internal
 
-#define ZR_CUDA_RETURN_IF_ERROR(call)                                            \
-  do {                                                                           \
-    if (cudaError_t zr_cuda_err_ = (call); zr_cuda_err_ != cudaSuccess) {        \
-      return ::zerort::internal::CudaError(#call, zr_cuda_err_);                 \
-    }                                                                            \
+#define ZR_CUDA_RETURN_IF_ERROR(call)                                     \
+  do {                                                                    \
+    if (cudaError_t zr_cuda_err_ = (call); zr_cuda_err_ != cudaSuccess) { \
+      return ::zerort::internal::CudaError(#call, zr_cuda_err_);          \
+    }                                                                     \
   } while (false)
 
-#define ZR_CUBLAS_RETURN_IF_ERROR(call)                                                \
-  do {                                                                                 \
+#define ZR_CUBLAS_RETURN_IF_ERROR(call)                                                    \
+  do {                                                                                     \
     if (cublasStatus_t zr_cublas_err_ = (call); zr_cublas_err_ != CUBLAS_STATUS_SUCCESS) { \
-      return ::zerort::internal::CublasError(#call, zr_cublas_err_);                   \
-    }                                                                                  \
+      return ::zerort::internal::CublasError(#call, zr_cublas_err_);                       \
+    }                                                                                      \
   } while (false)

@@ -7,8 +7,8 @@
 #include <random>
 
 #include "gtest/gtest.h"
-#include "tests/kernels/random_floats.h"
 #include "runtime/allocator.h"
+#include "tests/kernels/random_floats.h"
 
 namespace zerort {
 namespace {

@@ -19,10 +19,14 @@ struct Gpu {
   std::unique_ptr<Allocator> allocator;
   std::unique_ptr<Stream> stream;
   std::vector<Buffer> buffers;
-  Gpu() : allocator(*MakeCudaCachingAllocator(device, nullptr)), stream(*CreateStream(device, "compute")) {}
+  Gpu()
+      : allocator(*MakeCudaCachingAllocator(device, nullptr)),
+        stream(*CreateStream(device, "compute")) {}
   TensorView Upload(const void* host, DType dtype, int64_t n) {
-    buffers.push_back(*allocator->Allocate(n * DTypeSize(dtype), MemoryCategory::kWorkspace, stream.get()));
-    ZR_CHECK_OK(CopyBytes(buffers.back().data(), device, host, Device::Cpu(), n * DTypeSize(dtype), stream.get()));
+    buffers.push_back(
+        *allocator->Allocate(n * DTypeSize(dtype), MemoryCategory::kWorkspace, stream.get()));
+    ZR_CHECK_OK(CopyBytes(buffers.back().data(), device, host, Device::Cpu(), n * DTypeSize(dtype),
+                          stream.get()));
     return TensorView(buffers.back().data(), dtype, {n}, device);
   }
   void Download(void* host, const TensorView& v) {
@@ -52,11 +56,14 @@ TEST(OptimizerCudaTest, AdamMatchesCpu) {
     TensorView dp = gpu.Upload(p.data(), DType::kF32, n), dg = gpu.Upload(g.data(), DType::kF32, n);
     TensorView dm = gpu.Upload(m.data(), DType::kF32, n), dv = gpu.Upload(v.data(), DType::kF32, n);
     TensorView dout = gpu.Upload(out.data(), DType::kBF16, n);
-    const AdamHyper h{.lr = 1e-3f, .weight_decay = 0.1f, .decoupled = decoupled, .step = 3, .grad_scale = 0.5f};
+    const AdamHyper h{
+        .lr = 1e-3f, .weight_decay = 0.1f, .decoupled = decoupled, .step = 3, .grad_scale = 0.5f};
     ASSERT_TRUE(AdamStep(h, dp, dg, dm, dv, dout, gpu.stream.get()).ok());
-    ASSERT_TRUE(AdamStep(h, TensorView(p.data(), DType::kF32, {n}), TensorView(g.data(), DType::kF32, {n}),
-                         TensorView(m.data(), DType::kF32, {n}), TensorView(v.data(), DType::kF32, {n}),
-                         TensorView(out.data(), DType::kBF16, {n}), nullptr).ok());
+    ASSERT_TRUE(
+        AdamStep(h, TensorView(p.data(), DType::kF32, {n}), TensorView(g.data(), DType::kF32, {n}),
+                 TensorView(m.data(), DType::kF32, {n}), TensorView(v.data(), DType::kF32, {n}),
+                 TensorView(out.data(), DType::kBF16, {n}), nullptr)
+            .ok());
     std::vector<float> gp(n);
     std::vector<uint16_t> gout(n);
     gpu.Download(gp.data(), dp);
@@ -75,10 +82,13 @@ TEST(OptimizerCudaTest, SgdMatchesCpu) {
   std::vector<float> p = Random(n, 5), g = Random(n, 6), b = Random(n, 7);
   TensorView dp = gpu.Upload(p.data(), DType::kF32, n), dg = gpu.Upload(g.data(), DType::kF32, n);
   TensorView db = gpu.Upload(b.data(), DType::kF32, n);
-  const SgdHyper h{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-3f, .nesterov = true, .step = 4};
+  const SgdHyper h{
+      .lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-3f, .nesterov = true, .step = 4};
   ASSERT_TRUE(SgdStep(h, dp, dg, db, TensorView(), gpu.stream.get()).ok());
-  ASSERT_TRUE(SgdStep(h, TensorView(p.data(), DType::kF32, {n}), TensorView(g.data(), DType::kF32, {n}),
-                      TensorView(b.data(), DType::kF32, {n}), TensorView(), nullptr).ok());
+  ASSERT_TRUE(SgdStep(h, TensorView(p.data(), DType::kF32, {n}),
+                      TensorView(g.data(), DType::kF32, {n}),
+                      TensorView(b.data(), DType::kF32, {n}), TensorView(), nullptr)
+                  .ok());
   std::vector<float> gp(n);
   gpu.Download(gp.data(), dp);
   for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(gp[i], p[i], 1e-6f * (std::abs(p[i]) + 1e-3f)) << i;

@@ -20,7 +20,9 @@ std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
   return v;
 }
 
-TensorView View(std::vector<float>& v) { return TensorView(v.data(), DType::kF32, {static_cast<int64_t>(v.size())}); }
+TensorView View(std::vector<float>& v) {
+  return TensorView(v.data(), DType::kF32, {static_cast<int64_t>(v.size())});
+}
 
 // Textbook Adam(W) in double (Loshchilov & Hutter; Kingma & Ba), written independently.
 void TextbookAdam(const AdamHyper& h, std::vector<double>& p, const std::vector<float>& g,
@@ -49,7 +51,8 @@ void TextbookSgd(const SgdHyper& h, std::vector<double>& p, const std::vector<fl
   }
 }
 
-void ExpectClose(const std::vector<float>& got, const std::vector<double>& want, double rel, const char* what) {
+void ExpectClose(const std::vector<float>& got, const std::vector<double>& want, double rel,
+                 const char* what) {
   for (size_t i = 0; i < got.size(); ++i) {
     // Parameters are O(1): a cancellation near zero leaves an absolute error of O(eps).
     ASSERT_NEAR(got[i], want[i], rel * (std::abs(want[i]) + 1.0)) << what << " element " << i;
@@ -61,7 +64,11 @@ TEST(OptimizerTest, AdamReferenceMatchesTextbook) {
     const size_t n = 1001;
     std::vector<float> p = Random(n, 1), m(n, 0), v(n, 0);
     std::vector<double> pd(p.begin(), p.end()), md(n, 0), vd(n, 0);
-    AdamHyper h{.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+    AdamHyper h{.lr = 3e-3f,
+                .beta1 = 0.9f,
+                .beta2 = 0.95f,
+                .eps = 1e-8f,
+                .weight_decay = 0.1f,
                 .decoupled = decoupled};
     for (int step = 1; step <= 6; ++step) {
       std::vector<float> g = Random(n, 100 + step, 0.5f);
@@ -75,13 +82,20 @@ TEST(OptimizerTest, AdamReferenceMatchesTextbook) {
 }
 
 TEST(OptimizerTest, SgdReferenceMatchesTextbook) {
-  struct Case { float momentum, dampening; bool nesterov; float wd; };
-  for (const Case& c : {Case{0, 0, false, 0}, Case{0.9f, 0, false, 0.01f}, Case{0.9f, 0.1f, false, 0},
-                        Case{0.9f, 0, true, 0.05f}}) {
+  struct Case {
+    float momentum, dampening;
+    bool nesterov;
+    float wd;
+  };
+  for (const Case& c : {Case{0, 0, false, 0}, Case{0.9f, 0, false, 0.01f},
+                        Case{0.9f, 0.1f, false, 0}, Case{0.9f, 0, true, 0.05f}}) {
     const size_t n = 777;
     std::vector<float> p = Random(n, 2), buf(n, 0);
     std::vector<double> pd(p.begin(), p.end()), bufd(n, 0);
-    SgdHyper h{.lr = 0.05f, .momentum = c.momentum, .dampening = c.dampening, .weight_decay = c.wd,
+    SgdHyper h{.lr = 0.05f,
+               .momentum = c.momentum,
+               .dampening = c.dampening,
+               .weight_decay = c.wd,
                .nesterov = c.nesterov};
     for (int step = 1; step <= 5; ++step) {
       std::vector<float> g = Random(n, 200 + step);
@@ -123,7 +137,8 @@ TEST(OptimizerTest, VectorisedSgdMatchesReferenceBitwise) {
   const size_t n = (1 << 17) + 9;
   std::vector<float> p1 = Random(n, 7), b1 = Random(n, 8), g = Random(n, 9);
   std::vector<float> p2 = p1, b2 = b1;
-  const SgdHyper h{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-4f, .nesterov = true, .step = 3};
+  const SgdHyper h{
+      .lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-4f, .nesterov = true, .step = 3};
   ASSERT_TRUE(SgdStep(h, View(p1), View(g), View(b1), TensorView(), nullptr).ok());
   ASSERT_TRUE(SgdStepReference(h, View(p2), View(g), View(b2), TensorView()).ok());
   ASSERT_EQ(std::memcmp(p1.data(), p2.data(), n * 4), 0);
@@ -136,8 +151,10 @@ TEST(OptimizerTest, RejectsBadArguments) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(AdamStep({.step = 0}, View(a), View(a), View(a), View(a), TensorView(), nullptr).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SgdStep({.momentum = 0, .nesterov = true}, View(a), View(a), View(a), TensorView(), nullptr).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      SgdStep({.momentum = 0, .nesterov = true}, View(a), View(a), View(a), TensorView(), nullptr)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

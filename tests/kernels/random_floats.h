@@ -13,7 +13,8 @@ inline std::vector<float> RandomFloats(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 3.0f);
   std::vector<float> v(n);
-  for (float& x : v) x = normal(rng) * std::exp2(static_cast<float>(static_cast<int>(rng() % 40) - 20));
+  for (float& x : v)
+    x = normal(rng) * std::exp2(static_cast<float>(static_cast<int>(rng() % 40) - 20));
   v[0] = 65520.0f;
   v[1] = -0.0f;
   v[2] = std::ldexp(1.0f, -25);

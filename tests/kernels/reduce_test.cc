@@ -41,12 +41,16 @@ TEST(ReduceTest, SumOfSquaresAndNonFinite) {
 TEST(ReduceTest, ChecksArguments) {
   float x[4] = {1, 2, 3, 4};
   double wrong = 0;
-  EXPECT_EQ(SumOfSquares(TensorView(x, DType::kF32, {4}), TensorView(&wrong, DType::kI64, {1}), nullptr).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      SumOfSquares(TensorView(x, DType::kF32, {4}), TensorView(&wrong, DType::kI64, {1}), nullptr)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
   int32_t ints[2] = {1, 2};
   float out = 0;
-  EXPECT_EQ(SumOfSquares(TensorView(ints, DType::kI32, {2}), TensorView(&out, DType::kF32, {1}), nullptr).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      SumOfSquares(TensorView(ints, DType::kI32, {2}), TensorView(&out, DType::kF32, {1}), nullptr)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -43,7 +43,8 @@ TEST(HangTest, SkippedCollectiveExitsWithCode3AndEveryRankPrintsItsTrace) {
   for (int rank : {0, 2}) {
     EXPECT_NE(r.output.find("last 2 collectives of rank " + std::to_string(rank) + "/3"),
               std::string::npos)
-        << "rank " << rank << " did not print its trace:\n" << r.output;
+        << "rank " << rank << " did not print its trace:\n"
+        << r.output;
   }
   EXPECT_NE(r.output.find("unit blocks.3 backward"), std::string::npos) << r.output;
   // The stuck rank is terminated by mpirun and prints what it had done.

@@ -4,8 +4,8 @@
 #include "runtime/mpi_communicator.h"
 
 #include "gtest/gtest.h"
-#include "tests/mpi/mpi_test_main.h"
 #include "runtime/device_mesh.h"
+#include "tests/mpi/mpi_test_main.h"
 #include "tests/runtime/comm_test_util.h"
 
 namespace zerort {
@@ -24,7 +24,8 @@ TEST(MpiCommunicatorTest, EveryCollectiveEveryDtype) {
 
 TEST(MpiCommunicatorTest, SplitEvenOdd) {
   std::unique_ptr<Communicator> world = *testing::Mpi().World(Options());
-  StatusOr<std::unique_ptr<Communicator>> sub = world->Split(world->rank() % 2, world->rank(), Options());
+  StatusOr<std::unique_ptr<Communicator>> sub =
+      world->Split(world->rank() % 2, world->rank(), Options());
   ASSERT_TRUE(sub.ok()) << sub.status();
   EXPECT_EQ((*sub)->size(), (world->size() + 1 - world->rank() % 2) / 2);
   EXPECT_EQ((*sub)->rank(), world->rank() / 2);
@@ -59,9 +60,13 @@ TEST(MpiCommunicatorTest, CudaBuffersAreStagedThroughPinnedMemory) {
   std::vector<float> host(count);
   for (size_t i = 0; i < count; ++i) host[i] = 0.25f * static_cast<float>(i % 97) + world->rank();
   Buffer buf = *allocator->Allocate(count * 4, MemoryCategory::kGradients, stream.get());
-  ASSERT_TRUE(CopyBytes(buf.data(), device, host.data(), Device::Cpu(), count * 4, stream.get()).ok());
-  ASSERT_TRUE(world->AllReduce(buf.data(), buf.data(), count, DType::kF32, ReduceOp::kSum, stream.get()).ok());
-  ASSERT_TRUE(CopyBytes(host.data(), Device::Cpu(), buf.data(), device, count * 4, stream.get()).ok());
+  ASSERT_TRUE(
+      CopyBytes(buf.data(), device, host.data(), Device::Cpu(), count * 4, stream.get()).ok());
+  ASSERT_TRUE(
+      world->AllReduce(buf.data(), buf.data(), count, DType::kF32, ReduceOp::kSum, stream.get())
+          .ok());
+  ASSERT_TRUE(
+      CopyBytes(host.data(), Device::Cpu(), buf.data(), device, count * 4, stream.get()).ok());
   ASSERT_TRUE(stream->Synchronize().ok());
   const int n = world->size();
   for (size_t i = 0; i < count; i += 1013) {

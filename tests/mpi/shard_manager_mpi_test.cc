@@ -3,8 +3,8 @@
 // rank. MPI may sum ranks in another order than loopback does, so agreement is to 1e-6
 // (norm-wise relative), not bitwise.
 #include "gtest/gtest.h"
-#include "tests/mpi/mpi_test_main.h"
 #include "runtime/mpi_communicator.h"
+#include "tests/mpi/mpi_test_main.h"
 #include "tests/sharding/harness.h"
 
 namespace zerort {
@@ -21,7 +21,8 @@ TEST(ShardManagerMpiTest, EveryStageMatchesTheReference) {
       if (world->rank() != 0) continue;
       const MlpReference ref = Reference(c, nullptr);
       EXPECT_LE(MaxRelativeError(run.params, ref.params), 1e-6)
-          << "stage " << static_cast<int>(stage) << (opt == OptimizerKind::kSgd ? " SGD" : " AdamW");
+          << "stage " << static_cast<int>(stage)
+          << (opt == OptimizerKind::kSgd ? " SGD" : " AdamW");
     }
   }
 }

@@ -38,7 +38,9 @@ class FakeEvent final : public Event {
     mark_ = stream_->issued;
     return absl::OkStatus();
   }
-  StatusOr<bool> Query() const override { return stream_ == nullptr || stream_->completed >= mark_; }
+  StatusOr<bool> Query() const override {
+    return stream_ == nullptr || stream_->completed >= mark_;
+  }
   Status Synchronize() const override { return absl::OkStatus(); }
   void* native_handle() const override { return nullptr; }
 
@@ -61,7 +63,8 @@ class FakeBackend final : public CachingBackend {
   Device device() const override { return Device::Cpu(); }
   std::string_view name() const override { return "fake_map"; }
   StatusOr<void*> Map(size_t bytes) override {
-    if (c_->mapped + bytes > c_->capacity) return absl::ResourceExhaustedError("fake device is full");
+    if (c_->mapped + bytes > c_->capacity)
+      return absl::ResourceExhaustedError("fake device is full");
     ++c_->maps;
     c_->mapped += bytes;
     return std::aligned_alloc(4096, bytes);
@@ -129,7 +132,8 @@ TEST(CachingAllocatorTest, ReusesWithoutMappingPerLayer) {
     }
   }
   EXPECT_EQ(f.counters.maps, maps_after_warmup) << "steady state must not map new segments";
-  EXPECT_EQ(f.tracker.Usage(MemoryTier::kDevice, MemoryCategory::kActivations).peak, 12 * (3 << 20));
+  EXPECT_EQ(f.tracker.Usage(MemoryTier::kDevice, MemoryCategory::kActivations).peak,
+            12 * (3 << 20));
   EXPECT_EQ(f.tracker.Usage(MemoryTier::kDevice, MemoryCategory::kActivations).current, 0);
   EXPECT_EQ(f.tracker.Usage(MemoryTier::kDevice, MemoryCategory::kWorkspace).peak, 100'000);
   EXPECT_EQ(f.allocator->stats().allocated_bytes, 0);

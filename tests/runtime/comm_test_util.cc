@@ -35,11 +35,12 @@ std::string CheckAllGather(Communicator& comm, DType dtype, size_t count, uint64
     std::memcpy(recv.data() + comm.rank() * count * elem, send.data(), count * elem);
     src = recv.data() + comm.rank() * count * elem;
   }
-  if (auto s = comm.AllGather(src, recv.data(), count, dtype); !s.ok()) return StatusText(s, "all_gather");
+  if (auto s = comm.AllGather(src, recv.data(), count, dtype); !s.ok())
+    return StatusText(s, "all_gather");
   const auto all = AllRanksData(dtype, count, seed, n);
-  return Compare(recv, dtype, count * n, [&](size_t i) {
-    return ValueAt(all[i / count], dtype, i % count);
-  }, 1, in_place ? "all_gather(in place)" : "all_gather");
+  return Compare(
+      recv, dtype, count * n, [&](size_t i) { return ValueAt(all[i / count], dtype, i % count); },
+      1, in_place ? "all_gather(in place)" : "all_gather");
 }
 
 std::string CheckReduceScatter(Communicator& comm, DType dtype, size_t count, ReduceOp op,
@@ -55,9 +56,10 @@ std::string CheckReduceScatter(Communicator& comm, DType dtype, size_t count, Re
   }
   if (in_place) std::memcpy(recv.data(), dst, count * elem);
   const auto all = AllRanksData(dtype, total, seed, n);
-  return Compare(recv, dtype, count, [&](size_t i) {
-    return ReferenceReduce(all, dtype, comm.rank() * count + i, op);
-  }, n, StrCat("reduce_scatter(", ReduceOpName(op), in_place ? ", in place)" : ")"));
+  return Compare(
+      recv, dtype, count,
+      [&](size_t i) { return ReferenceReduce(all, dtype, comm.rank() * count + i, op); }, n,
+      StrCat("reduce_scatter(", ReduceOpName(op), in_place ? ", in place)" : ")"));
 }
 
 std::string CheckAllReduce(Communicator& comm, DType dtype, size_t count, ReduceOp op,
@@ -72,9 +74,9 @@ std::string CheckAllReduce(Communicator& comm, DType dtype, size_t count, Reduce
     return StatusText(s, "all_reduce");
   }
   const auto all = AllRanksData(dtype, count, seed, n);
-  return Compare(recv, dtype, count, [&](size_t i) {
-    return ReferenceReduce(all, dtype, i, op);
-  }, n, StrCat("all_reduce(", ReduceOpName(op), in_place ? ", in place)" : ")"));
+  return Compare(
+      recv, dtype, count, [&](size_t i) { return ReferenceReduce(all, dtype, i, op); }, n,
+      StrCat("all_reduce(", ReduceOpName(op), in_place ? ", in place)" : ")"));
 }
 
 std::string CheckBroadcast(Communicator& comm, DType dtype, size_t count, int root, uint64_t seed) {
@@ -83,8 +85,9 @@ std::string CheckBroadcast(Communicator& comm, DType dtype, size_t count, int ro
     return StatusText(s, "broadcast");
   }
   const std::vector<std::byte> want = RandomData(dtype, count, seed, root);
-  return Compare(buffer, dtype, count, [&](size_t i) { return ValueAt(want, dtype, i); }, 1,
-                 StrCat("broadcast(root ", root, ")"));
+  return Compare(
+      buffer, dtype, count, [&](size_t i) { return ValueAt(want, dtype, i); }, 1,
+      StrCat("broadcast(root ", root, ")"));
 }
 
 std::string CheckSendRecvRing(Communicator& comm, DType dtype, size_t count, uint64_t seed) {
@@ -97,8 +100,8 @@ std::string CheckSendRecvRing(Communicator& comm, DType dtype, size_t count, uin
     return StatusText(s, "send_recv");
   }
   const std::vector<std::byte> want = RandomData(dtype, count, seed, left);
-  std::string err = Compare(recv, dtype, count, [&](size_t i) { return ValueAt(want, dtype, i); },
-                            1, "send_recv ring");
+  std::string err = Compare(
+      recv, dtype, count, [&](size_t i) { return ValueAt(want, dtype, i); }, 1, "send_recv ring");
   if (!err.empty() || n == 1) return err;
   // Plain Send/Recv around the ring, ordered so that no rank waits on an unposted receive.
   std::vector<std::byte> got(count * DTypeSize(dtype) + 1, std::byte{0x5a});
@@ -111,8 +114,8 @@ std::string CheckSendRecvRing(Communicator& comm, DType dtype, size_t count, uin
     if (s.ok()) s = comm.Send(send.data(), count, dtype, right);
   }
   if (!s.ok()) return StatusText(s, "send/recv ring");
-  return Compare(got, dtype, count, [&](size_t i) { return ValueAt(want, dtype, i); }, 1,
-                 "send/recv ring");
+  return Compare(
+      got, dtype, count, [&](size_t i) { return ValueAt(want, dtype, i); }, 1, "send/recv ring");
 }
 
 std::string CheckEverything(Communicator& comm, uint64_t seed) {
@@ -122,23 +125,34 @@ std::string CheckEverything(Communicator& comm, uint64_t seed) {
     if (IsFloatingPoint(dtype)) ops.push_back(ReduceOp::kAvg);
     for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}}) {
       for (bool in_place : {false, true}) {
-        if (auto e = CheckAllGather(comm, dtype, count, seed + count, in_place); !e.empty()) return e;
+        if (auto e = CheckAllGather(comm, dtype, count, seed + count, in_place); !e.empty())
+          return e;
         for (ReduceOp op : ops) {
-          if (auto e = CheckReduceScatter(comm, dtype, count, op, seed + count + 1, in_place); !e.empty()) return e;
-          if (auto e = CheckAllReduce(comm, dtype, count, op, seed + count + 2, in_place); !e.empty()) return e;
+          if (auto e = CheckReduceScatter(comm, dtype, count, op, seed + count + 1, in_place);
+              !e.empty())
+            return e;
+          if (auto e = CheckAllReduce(comm, dtype, count, op, seed + count + 2, in_place);
+              !e.empty())
+            return e;
         }
       }
       for (int root = 0; root < comm.size(); root += std::max(1, comm.size() - 1)) {
-        if (auto e = CheckBroadcast(comm, dtype, count, root, seed + count + 3); !e.empty()) return e;
+        if (auto e = CheckBroadcast(comm, dtype, count, root, seed + count + 3); !e.empty())
+          return e;
       }
       if (auto e = CheckSendRecvRing(comm, dtype, count, seed + count + 4); !e.empty()) return e;
     }
   }
   // Large messages in the two dtypes that matter most for training.
   for (DType dtype : {DType::kF32, DType::kBF16}) {
-    if (auto e = CheckAllReduce(comm, dtype, large, ReduceOp::kSum, seed + 5, false); !e.empty()) return e;
-    if (auto e = CheckReduceScatter(comm, dtype, large / comm.size() + 1, ReduceOp::kAvg, seed + 6, true); !e.empty()) return e;
-    if (auto e = CheckAllGather(comm, dtype, large / comm.size() + 1, seed + 7, false); !e.empty()) return e;
+    if (auto e = CheckAllReduce(comm, dtype, large, ReduceOp::kSum, seed + 5, false); !e.empty())
+      return e;
+    if (auto e = CheckReduceScatter(comm, dtype, large / comm.size() + 1, ReduceOp::kAvg, seed + 6,
+                                    true);
+        !e.empty())
+      return e;
+    if (auto e = CheckAllGather(comm, dtype, large / comm.size() + 1, seed + 7, false); !e.empty())
+      return e;
   }
   if (auto s = comm.Barrier(); !s.ok()) return StatusText(s, "barrier");
   return "";

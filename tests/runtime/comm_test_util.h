@@ -99,8 +99,8 @@ inline std::vector<std::vector<std::byte>> AllRanksData(DType dtype, size_t coun
 }
 
 // Reference reduction in double of element i over all ranks' data.
-inline double ReferenceReduce(const std::vector<std::vector<std::byte>>& all, DType dtype,
-                              size_t i, ReduceOp op) {
+inline double ReferenceReduce(const std::vector<std::vector<std::byte>>& all, DType dtype, size_t i,
+                              ReduceOp op) {
   const int size = static_cast<int>(all.size());
   double acc = op == ReduceOp::kMax ? -INFINITY : 0.0;
   for (int r = 0; r < size; ++r) {

@@ -23,8 +23,10 @@ TEST(CudaAllocatorTest, DeviceAndPinnedAllocatorsWhenAGpuIsPresent) {
   Buffer h = *(*pinned)->Allocate(1 << 20, MemoryCategory::kCommBuffers, nullptr);
   std::vector<float> src(1 << 18);
   for (size_t i = 0; i < src.size(); ++i) src[i] = 0.5f * i;
-  ASSERT_TRUE(CopyBytes(d.data(), Device::Cuda(0), src.data(), Device::Cpu(), 1 << 20, stream->get()).ok());
-  ASSERT_TRUE(CopyBytes(h.data(), Device::Cpu(), d.data(), Device::Cuda(0), 1 << 20, stream->get()).ok());
+  ASSERT_TRUE(
+      CopyBytes(d.data(), Device::Cuda(0), src.data(), Device::Cpu(), 1 << 20, stream->get()).ok());
+  ASSERT_TRUE(
+      CopyBytes(h.data(), Device::Cpu(), d.data(), Device::Cuda(0), 1 << 20, stream->get()).ok());
   ASSERT_TRUE((*stream)->Synchronize().ok());
   EXPECT_EQ(std::memcmp(h.data(), src.data(), 1 << 20), 0);
   EXPECT_EQ(tracker.Usage(MemoryTier::kDevice, MemoryCategory::kGatheredWeights).current, 1 << 20);

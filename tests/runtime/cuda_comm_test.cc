@@ -4,8 +4,8 @@
 
 #include "gtest/gtest.h"
 #include "runtime/loopback_communicator.h"
-#include "runtime/strings.h"
 #include "runtime/nccl_communicator.h"
+#include "runtime/strings.h"
 #include "runtime/watchdog.h"
 
 namespace zerort {
@@ -28,11 +28,17 @@ std::string CheckOnDevice(Communicator& comm, Stream& stream, Allocator& allocat
   std::vector<float> mine = Pattern(count * n, comm.rank());
   Buffer send = *allocator.Allocate(count * n * 4, MemoryCategory::kCommBuffers, &stream);
   Buffer recv = *allocator.Allocate(count * n * 4, MemoryCategory::kCommBuffers, &stream);
-  if (!CopyBytes(send.data(), d, mine.data(), Device::Cpu(), count * n * 4, &stream).ok()) return "copy";
+  if (!CopyBytes(send.data(), d, mine.data(), Device::Cpu(), count * n * 4, &stream).ok())
+    return "copy";
   std::vector<float> got(count * n);
   // All-reduce of the whole buffer.
-  if (auto s = comm.AllReduce(send.data(), recv.data(), count * n, DType::kF32, ReduceOp::kSum, &stream); !s.ok()) return s.ToString();
-  if (!CopyBytes(got.data(), Device::Cpu(), recv.data(), d, count * n * 4, &stream).ok() || !stream.Synchronize().ok()) return "copy back";
+  if (auto s =
+          comm.AllReduce(send.data(), recv.data(), count * n, DType::kF32, ReduceOp::kSum, &stream);
+      !s.ok())
+    return s.ToString();
+  if (!CopyBytes(got.data(), Device::Cpu(), recv.data(), d, count * n * 4, &stream).ok() ||
+      !stream.Synchronize().ok())
+    return "copy back";
   for (size_t i = 0; i < count * n; ++i) {
     float want = 0;
     for (int r = 0; r < n; ++r) want += Pattern(count * n, r)[i];
@@ -40,8 +46,11 @@ std::string CheckOnDevice(Communicator& comm, Stream& stream, Allocator& allocat
     if (i > 64) break;
   }
   // All-gather of the first `count` elements of each rank.
-  if (auto s = comm.AllGather(send.data(), recv.data(), count, DType::kF32, &stream); !s.ok()) return s.ToString();
-  if (!CopyBytes(got.data(), Device::Cpu(), recv.data(), d, count * n * 4, &stream).ok() || !stream.Synchronize().ok()) return "copy back";
+  if (auto s = comm.AllGather(send.data(), recv.data(), count, DType::kF32, &stream); !s.ok())
+    return s.ToString();
+  if (!CopyBytes(got.data(), Device::Cpu(), recv.data(), d, count * n * 4, &stream).ok() ||
+      !stream.Synchronize().ok())
+    return "copy back";
   for (int r = 0; r < n; ++r) {
     if (std::memcmp(&got[r * count], Pattern(count * n, r).data(), count * 4) != 0) {
       return StrCat("all_gather block ", r);
@@ -56,12 +65,13 @@ TEST(CudaCommTest, LoopbackRanksOnOneGpu) {
   CommOptions o;
   o.timeout = std::chrono::seconds(60);
   ASSERT_TRUE(RunLoopbackRanks(2, o, nullptr, [&](Communicator& comm) -> Status {
-    ZR_RETURN_IF_ERROR(SetCurrentDevice(Device::Cuda(0)));
-    ZR_ASSIGN_OR_RETURN(auto stream, CreateStream(Device::Cuda(0), "comm"));
-    ZR_ASSIGN_OR_RETURN(auto allocator, MakeCudaCachingAllocator(Device::Cuda(0), nullptr));
-    errors[comm.rank()] = CheckOnDevice(comm, *stream, *allocator);
-    return absl::OkStatus();
-  }).ok());
+                ZR_RETURN_IF_ERROR(SetCurrentDevice(Device::Cuda(0)));
+                ZR_ASSIGN_OR_RETURN(auto stream, CreateStream(Device::Cuda(0), "comm"));
+                ZR_ASSIGN_OR_RETURN(auto allocator,
+                                    MakeCudaCachingAllocator(Device::Cuda(0), nullptr));
+                errors[comm.rank()] = CheckOnDevice(comm, *stream, *allocator);
+                return absl::OkStatus();
+              }).ok());
   EXPECT_EQ(errors[0], "");
   EXPECT_EQ(errors[1], "");
 }

@@ -83,7 +83,7 @@ TEST(DTypeTest, MidpointsRoundToNearestEven) {
       const float a = f.to_float(lo);
       const float c = f.to_float(hi);
       if (!std::isfinite(a) || !std::isfinite(c)) continue;  // overflow: OverflowAndUnderflow
-      const double mid = (static_cast<double>(a) + c) / 2;  // exact in double, and in float
+      const double mid = (static_cast<double>(a) + c) / 2;   // exact in double, and in float
       const auto midf = static_cast<float>(mid);
       ASSERT_EQ(static_cast<double>(midf), mid);
       const uint16_t even = (lo & 1) == 0 ? lo : hi;

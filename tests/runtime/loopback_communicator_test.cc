@@ -36,29 +36,32 @@ TEST(LoopbackTest, SplitFormsGroupsOrderedByKey) {
   // Colours: even/odd ranks; keys reverse the order inside each group; rank 5 opts out.
   std::vector<std::string> errors(6);
   ASSERT_TRUE(RunLoopbackRanks(6, Quick(), nullptr, [&](Communicator& comm) -> Status {
-    const int color = comm.rank() == 5 ? kNoColor : comm.rank() % 2;
-    ZR_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> sub,
-                        comm.Split(color, -comm.rank(), Quick()));
-    if (comm.rank() == 5) {
-      if (sub != nullptr) errors[5] = "rank 5 got a group for kNoColor";
-      return absl::OkStatus();
-    }
-    const int expected_size = color == 0 ? 3 : 2;  // {0,2,4} and {1,3}
-    if (sub->size() != expected_size) {
-      errors[comm.rank()] = StrCat("size ", sub->size());
-      return absl::OkStatus();
-    }
-    // Higher world rank, lower key, lower sub-rank.
-    const int expected_rank = color == 0 ? (4 - comm.rank()) / 2 : (3 - comm.rank()) / 2;
-    if (sub->rank() != expected_rank) errors[comm.rank()] = StrCat("sub rank ", sub->rank());
-    // The sub-group works and is independent of the other one.
-    int32_t v = comm.rank();
-    ZR_RETURN_IF_ERROR(sub->AllReduce(&v, &v, 1, DType::kI32, ReduceOp::kSum));
-    const int want = color == 0 ? 0 + 2 + 4 : 1 + 3;
-    if (v != want && errors[comm.rank()].empty()) errors[comm.rank()] = StrCat("sum ", v);
-    errors[comm.rank()] += testing::CheckEverything(*sub, 7);
-    return absl::OkStatus();
-  }).ok());
+                const int color = comm.rank() == 5 ? kNoColor : comm.rank() % 2;
+                ZR_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> sub,
+                                    comm.Split(color, -comm.rank(), Quick()));
+                if (comm.rank() == 5) {
+                  if (sub != nullptr) errors[5] = "rank 5 got a group for kNoColor";
+                  return absl::OkStatus();
+                }
+                const int expected_size = color == 0 ? 3 : 2;  // {0,2,4} and {1,3}
+                if (sub->size() != expected_size) {
+                  errors[comm.rank()] = StrCat("size ", sub->size());
+                  return absl::OkStatus();
+                }
+                // Higher world rank, lower key, lower sub-rank.
+                const int expected_rank =
+                    color == 0 ? (4 - comm.rank()) / 2 : (3 - comm.rank()) / 2;
+                if (sub->rank() != expected_rank)
+                  errors[comm.rank()] = StrCat("sub rank ", sub->rank());
+                // The sub-group works and is independent of the other one.
+                int32_t v = comm.rank();
+                ZR_RETURN_IF_ERROR(sub->AllReduce(&v, &v, 1, DType::kI32, ReduceOp::kSum));
+                const int want = color == 0 ? 0 + 2 + 4 : 1 + 3;
+                if (v != want && errors[comm.rank()].empty())
+                  errors[comm.rank()] = StrCat("sum ", v);
+                errors[comm.rank()] += testing::CheckEverything(*sub, 7);
+                return absl::OkStatus();
+              }).ok());
   for (int r = 0; r < 6; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
@@ -67,9 +70,9 @@ TEST(LoopbackTest, MismatchedCollectivesNameBothCalls) {
   ASSERT_FALSE(RunLoopbackRanks(2, Quick(), nullptr, [&](Communicator& comm) {
                  float x[4] = {1, 2, 3, 4};
                  float y[8];
-                 results[comm.rank()] =
-                     comm.rank() == 0 ? comm.AllReduce(x, x, 4, DType::kF32, ReduceOp::kSum)
-                                      : comm.AllGather(x, y, 4, DType::kF32);
+                 results[comm.rank()] = comm.rank() == 0
+                                            ? comm.AllReduce(x, x, 4, DType::kF32, ReduceOp::kSum)
+                                            : comm.AllGather(x, y, 4, DType::kF32);
                  return results[comm.rank()];
                }).ok());
   for (const Status& s : results) {
@@ -103,8 +106,9 @@ TEST(LoopbackTest, MissingPeerTimesOutWithoutWatchdog) {
   RunLoopbackRanks(3, Quick(std::chrono::milliseconds(300)), nullptr, [&](Communicator& comm) {
     float x = 1;
     // Rank 2 skips the collective.
-    results[comm.rank()] = comm.rank() == 2 ? absl::OkStatus()
-                                            : comm.AllReduce(&x, &x, 1, DType::kF32, ReduceOp::kSum);
+    results[comm.rank()] = comm.rank() == 2
+                               ? absl::OkStatus()
+                               : comm.AllReduce(&x, &x, 1, DType::kF32, ReduceOp::kSum);
     return results[comm.rank()];
   }).IgnoreError();
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
@@ -129,7 +133,8 @@ TEST(LoopbackTest, WatchdogReportsTheHungCollective) {
     return absl::OkStatus();
   }).IgnoreError();
   ASSERT_TRUE(fired.load());
-  EXPECT_NE(report.find("broadcast seq 1 of rank 0/2 in group 'world' timed out"), std::string::npos)
+  EXPECT_NE(report.find("broadcast seq 1 of rank 0/2 in group 'world' timed out"),
+            std::string::npos)
       << report;
   EXPECT_NE(report.find("TIMED-OUT"), std::string::npos) << report;
   EXPECT_NE(report.find("gather blocks.3"), std::string::npos) << report;
@@ -141,13 +146,14 @@ TEST(LoopbackDeathTest, HungCollectiveExitsWithCode3AndTrace) {
   EXPECT_EXIT(
       {
         Watchdog watchdog(Watchdog::Options{std::chrono::milliseconds(20), {}});
-        RunLoopbackRanks(3, Quick(std::chrono::milliseconds(300)), &watchdog,
-                         [&](Communicator& comm) -> Status {
-                           float x = 1;
-                           ZR_RETURN_IF_ERROR(comm.AllReduce(&x, &x, 1, DType::kF32, ReduceOp::kSum));
-                           if (comm.rank() == 1) return absl::OkStatus();  // skips the next one
-                           return comm.AllReduce(&x, &x, 1, DType::kF32, ReduceOp::kSum);
-                         })
+        RunLoopbackRanks(
+            3, Quick(std::chrono::milliseconds(300)), &watchdog,
+            [&](Communicator& comm) -> Status {
+              float x = 1;
+              ZR_RETURN_IF_ERROR(comm.AllReduce(&x, &x, 1, DType::kF32, ReduceOp::kSum));
+              if (comm.rank() == 1) return absl::OkStatus();  // skips the next one
+              return comm.AllReduce(&x, &x, 1, DType::kF32, ReduceOp::kSum);
+            })
             .IgnoreError();
         std::exit(0);
       },

@@ -19,7 +19,8 @@ TEST(FlatLayoutTest, PadsUnevenSizesAndAlignsParameters) {
 
 TEST(FlatLayoutTest, PiecesCoverEveryParameterExactlyOnce) {
   for (int dp : {1, 2, 3, 4, 7, 64}) {
-    auto layout = *FlatLayout::Create({{"a", {1000, 3}}, {"b", {1}}, {"c", {17, 17}}, {"d", {0}}}, dp);
+    auto layout =
+        *FlatLayout::Create({{"a", {1000, 3}}, {"b", {1}}, {"c", {17, 17}}, {"d", {0}}}, dp);
     std::vector<std::vector<int>> covered(4);
     for (int i = 0; i < 4; ++i) covered[i].assign(layout.params()[i].numel(), 0);
     for (int r = 0; r < dp; ++r) {

@@ -21,9 +21,9 @@ struct RunConfig {
   float clip = 0.0f;
   int micro_batches = 1;
   int steps = 20;
-  int64_t persistence_threshold = 0;  // stage 3: every unit is gathered and released
+  int64_t persistence_threshold = 0;         // stage 3: every unit is gathered and released
   int64_t reduce_bucket_size = 500'000'000;  // elements; 1 reduces every unit alone
-  Device device = Device::Cpu();              // CUDA: loopback ranks share one GPU
+  Device device = Device::Cpu();             // CUDA: loopback ranks share one GPU
 };
 
 inline ShardManagerOptions Options(const RunConfig& c) {
@@ -54,44 +54,45 @@ struct RunResult {
 
 // One rank's part of a training run of the MLP through the shard manager; rank 0 fills `result`.
 inline Status TrainRank(const RunConfig& c, Communicator& comm, RunResult& result) {
-    MemoryTracker tracker;
-    std::unique_ptr<Allocator> allocator;
-    if (c.device.is_cuda()) {
-      ZR_RETURN_IF_ERROR(SetCurrentDevice(c.device));
-      ZR_ASSIGN_OR_RETURN(allocator, MakeCudaCachingAllocator(c.device, &tracker));
-    } else {
-      allocator = MakeCpuCachingAllocator(&tracker);
+  MemoryTracker tracker;
+  std::unique_ptr<Allocator> allocator;
+  if (c.device.is_cuda()) {
+    ZR_RETURN_IF_ERROR(SetCurrentDevice(c.device));
+    ZR_ASSIGN_OR_RETURN(allocator, MakeCudaCachingAllocator(c.device, &tracker));
+  } else {
+    allocator = MakeCpuCachingAllocator(&tracker);
+  }
+  ZR_ASSIGN_OR_RETURN(
+      std::unique_ptr<ShardManager> m,
+      ShardManager::Create(Options(c), {.dp = &comm, .device_allocator = allocator.get()}));
+  std::vector<int> units;
+  for (int l = 0; l < MlpLayers(); ++l) {
+    ZR_ASSIGN_OR_RETURN(int u, m->AddUnit("fc" + std::to_string(l), MlpUnitParams(l)));
+    units.push_back(u);
+  }
+  ZR_RETURN_IF_ERROR(m->Initialize(MlpInit));
+  const int per_rank = kGlobalBatch / c.world;
+  const int per_micro = per_rank / c.micro_batches;
+  for (int step = 0; step < c.steps; ++step) {
+    for (int k = 0; k < c.micro_batches; ++k) {
+      const int64_t first = int64_t{step} * kGlobalBatch + comm.rank() * per_rank + k * per_micro;
+      ZR_RETURN_IF_ERROR(MlpForwardBackward(*m, units, first, per_micro, m->loss_scale()).status());
     }
-    ZR_ASSIGN_OR_RETURN(std::unique_ptr<ShardManager> m,
-                        ShardManager::Create(Options(c), {.dp = &comm, .device_allocator = allocator.get()}));
-    std::vector<int> units;
-    for (int l = 0; l < MlpLayers(); ++l) {
-      ZR_ASSIGN_OR_RETURN(int u, m->AddUnit("fc" + std::to_string(l), MlpUnitParams(l)));
-      units.push_back(u);
+    ZR_ASSIGN_OR_RETURN(StepResult r, m->Step({.lr = kLr, .micro_batches = c.micro_batches}));
+    if (comm.rank() == 0) {
+      result.grad_norms.push_back(r.grad_norm);
+      result.skipped.push_back(r.skipped);
     }
-    ZR_RETURN_IF_ERROR(m->Initialize(MlpInit));
-    const int per_rank = kGlobalBatch / c.world;
-    const int per_micro = per_rank / c.micro_batches;
-    for (int step = 0; step < c.steps; ++step) {
-      for (int k = 0; k < c.micro_batches; ++k) {
-        const int64_t first = int64_t{step} * kGlobalBatch + comm.rank() * per_rank + k * per_micro;
-        ZR_RETURN_IF_ERROR(MlpForwardBackward(*m, units, first, per_micro, m->loss_scale()).status());
-      }
-      ZR_ASSIGN_OR_RETURN(StepResult r, m->Step({.lr = kLr, .micro_batches = c.micro_batches}));
-      if (comm.rank() == 0) {
-        result.grad_norms.push_back(r.grad_norm);
-        result.skipped.push_back(r.skipped);
-      }
+  }
+  if (comm.rank() == 0) result.gradient_collectives = m->gradient_collectives();
+  for (int u : units) {
+    for (size_t i = 0; i < m->unit(u).layout().params().size(); ++i) {
+      std::vector<float> full(m->unit(u).layout().params()[i].numel());
+      ZR_RETURN_IF_ERROR(m->unit(u).GatherMaster(static_cast<int>(i), full));
+      if (comm.rank() == 0) result.params.push_back(std::move(full));
     }
-    if (comm.rank() == 0) result.gradient_collectives = m->gradient_collectives();
-    for (int u : units) {
-      for (size_t i = 0; i < m->unit(u).layout().params().size(); ++i) {
-        std::vector<float> full(m->unit(u).layout().params()[i].numel());
-        ZR_RETURN_IF_ERROR(m->unit(u).GatherMaster(static_cast<int>(i), full));
-        if (comm.rank() == 0) result.params.push_back(std::move(full));
-      }
-    }
-    return absl::OkStatus();
+  }
+  return absl::OkStatus();
 }
 
 // The same run on `c.world` loopback ranks.
@@ -99,8 +100,9 @@ inline RunResult Train(const RunConfig& c) {
   RunResult result;
   CommOptions comm_options;
   comm_options.timeout = std::chrono::seconds(60);
-  const Status status = RunLoopbackRanks(c.world, comm_options, nullptr,
-                                         [&](Communicator& comm) { return TrainRank(c, comm, result); });
+  const Status status = RunLoopbackRanks(c.world, comm_options, nullptr, [&](Communicator& comm) {
+    return TrainRank(c, comm, result);
+  });
   if (!status.ok()) result.error = status.ToString();
   return result;
 }
@@ -119,7 +121,8 @@ inline MlpReference Reference(const RunConfig& c, std::vector<double>* norms) {
 }
 
 // Largest norm-wise relative error ||a - b|| / ||b|| over the parameter tensors.
-inline double MaxRelativeError(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+inline double MaxRelativeError(const std::vector<std::vector<float>>& a,
+                               const std::vector<std::vector<float>>& b) {
   double worst = 0;
   for (size_t k = 0; k < b.size(); ++k) {
     double diff = 0, norm = 0;

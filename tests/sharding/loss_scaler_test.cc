@@ -14,9 +14,9 @@ TEST(LossScalerTest, FollowsDeepSpeedsDynamicScaler) {
   o.min_loss_scale = 2;
   LossScaler s(o, true);
   EXPECT_EQ(s.scale(), 16);
-  ASSERT_TRUE(s.Update(true).ok());   // first overflow: hysteresis 2 -> 1, scale kept
+  ASSERT_TRUE(s.Update(true).ok());  // first overflow: hysteresis 2 -> 1, scale kept
   EXPECT_EQ(s.scale(), 16);
-  ASSERT_TRUE(s.Update(true).ok());   // second: halves
+  ASSERT_TRUE(s.Update(true).ok());  // second: halves
   EXPECT_EQ(s.scale(), 8);
   ASSERT_TRUE(s.Update(false).ok());  // iteration 2, last overflow 1: (2-1) % 3 != 0
   ASSERT_TRUE(s.Update(false).ok());

@@ -224,14 +224,22 @@ struct MlpReference {
       TensorView p(params[k].data(), DType::kF32, {n}), g(grads[k].data(), DType::kF32, {n});
       TensorView mv(m[k].data(), DType::kF32, {n}), vv(v[k].data(), DType::kF32, {n});
       if (o.optimizer.kind == OptimizerKind::kSgd) {
-        const SgdHyper h{.lr = lr, .momentum = o.optimizer.momentum, .dampening = o.optimizer.dampening,
-                         .weight_decay = wd, .nesterov = o.optimizer.nesterov, .step = steps,
+        const SgdHyper h{.lr = lr,
+                         .momentum = o.optimizer.momentum,
+                         .dampening = o.optimizer.dampening,
+                         .weight_decay = wd,
+                         .nesterov = o.optimizer.nesterov,
+                         .step = steps,
                          .grad_scale = grad_scale};
         ZR_CHECK_OK(SgdStepReference(h, p, g, mv, TensorView()));
       } else {
-        const AdamHyper h{.lr = lr, .beta1 = o.optimizer.beta1, .beta2 = o.optimizer.beta2,
-                          .eps = o.optimizer.eps, .weight_decay = wd,
-                          .decoupled = o.optimizer.kind == OptimizerKind::kAdamW, .step = steps,
+        const AdamHyper h{.lr = lr,
+                          .beta1 = o.optimizer.beta1,
+                          .beta2 = o.optimizer.beta2,
+                          .eps = o.optimizer.eps,
+                          .weight_decay = wd,
+                          .decoupled = o.optimizer.kind == OptimizerKind::kAdamW,
+                          .step = steps,
                           .grad_scale = grad_scale};
         ZR_CHECK_OK(AdamStepReference(h, p, g, mv, vv, TensorView()));
       }

@@ -26,7 +26,11 @@ TEST(ShardManagerCudaTest, StagesAndWorldsMatchTheReference) {
 
 TEST(ShardManagerCudaTest, Bf16ComputeOnTheGpu) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device: " << QueryCuda().unavailable_reason;
-  RunConfig c{.stage = ZeroStage::k3, .world = 2, .compute = DType::kBF16, .steps = 10, .device = Device::Cuda(0)};
+  RunConfig c{.stage = ZeroStage::k3,
+              .world = 2,
+              .compute = DType::kBF16,
+              .steps = 10,
+              .device = Device::Cuda(0)};
   const RunResult run = Train(c);
   ASSERT_EQ(run.error, "");
   EXPECT_LE(MaxRelativeError(run.params, Reference(c, nullptr).params), 2e-2);

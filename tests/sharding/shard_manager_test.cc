@@ -61,9 +61,10 @@ std::vector<EquivalenceCase> AllCases() {
 
 INSTANTIATE_TEST_SUITE_P(StagesWorldsOptimizers, StageEquivalence, ::testing::ValuesIn(AllCases()),
                          [](const ::testing::TestParamInfo<EquivalenceCase>& info) {
-                           return StrCat(info.param.optimizer == OptimizerKind::kSgd ? "Sgd" : "AdamW",
-                                         "Stage", static_cast<int>(info.param.stage), "World",
-                                         info.param.world);
+                           return StrCat(
+                               info.param.optimizer == OptimizerKind::kSgd ? "Sgd" : "AdamW",
+                               "Stage", static_cast<int>(info.param.stage), "World",
+                               info.param.world);
                          });
 
 TEST(ShardManagerTest, GradientShardsMatchReferenceSliceBySlice) {
@@ -72,41 +73,47 @@ TEST(ShardManagerTest, GradientShardsMatchReferenceSliceBySlice) {
     MlpReference ref(Options({}).seed);
     ref.Backward(0, kGlobalBatch);
     std::vector<std::string> errors(world);
-    ASSERT_TRUE(RunLoopbackRanks(world, {}, nullptr, [&](Communicator& comm) -> Status {
-      MemoryTracker tracker;
-      auto allocator = MakeCpuCachingAllocator(&tracker);
-      RunConfig c{.stage = stage, .world = world};
-      ZR_ASSIGN_OR_RETURN(auto m, ShardManager::Create(Options(c), {.dp = &comm, .device_allocator = allocator.get()}));
-      std::vector<int> units;
-      for (int l = 0; l < MlpLayers(); ++l) units.push_back(*m->AddUnit("fc" + std::to_string(l), MlpUnitParams(l)));
-      ZR_RETURN_IF_ERROR(m->Initialize(MlpInit));
-      const int per_rank = kGlobalBatch / world;
-      ZR_RETURN_IF_ERROR(MlpForwardBackward(*m, units, comm.rank() * per_rank, per_rank, 1.0f).status());
-      ZR_RETURN_IF_ERROR(m->ReduceGradients());
-      int k = 0;
-      for (int u : units) {
-        const FlatLayout& layout = m->unit(u).layout();
-        const float* shard = m->unit(u).GradShard().data_as<float>();
-        for (const ShardPiece& piece : layout.ShardPieces(comm.rank())) {
-          const std::vector<float>& want = ref.grads[k + piece.param];
-          // Ranks sum their samples apart, then average: the difference from one sum over the
-          // batch is rounding of the terms, so it is measured against the tensor's scale.
-          float scale = 0;
-          for (float w : want) scale = std::max(scale, std::abs(w));
-          for (int64_t i = 0; i < piece.param_range.size(); ++i) {
-            const float got = shard[piece.shard_range.begin + i];
-            const float w = want[piece.param_range.begin + i];
-            if (std::abs(got - w) > 1e-5f * scale && errors[comm.rank()].empty()) {
-              errors[comm.rank()] = StrCat("unit ", u, " param ", piece.param, " element ",
-                                           piece.param_range.begin + i, ": ", got, " vs ", w);
+    ASSERT_TRUE(
+        RunLoopbackRanks(world, {}, nullptr, [&](Communicator& comm) -> Status {
+          MemoryTracker tracker;
+          auto allocator = MakeCpuCachingAllocator(&tracker);
+          RunConfig c{.stage = stage, .world = world};
+          ZR_ASSIGN_OR_RETURN(
+              auto m,
+              ShardManager::Create(Options(c), {.dp = &comm, .device_allocator = allocator.get()}));
+          std::vector<int> units;
+          for (int l = 0; l < MlpLayers(); ++l)
+            units.push_back(*m->AddUnit("fc" + std::to_string(l), MlpUnitParams(l)));
+          ZR_RETURN_IF_ERROR(m->Initialize(MlpInit));
+          const int per_rank = kGlobalBatch / world;
+          ZR_RETURN_IF_ERROR(
+              MlpForwardBackward(*m, units, comm.rank() * per_rank, per_rank, 1.0f).status());
+          ZR_RETURN_IF_ERROR(m->ReduceGradients());
+          int k = 0;
+          for (int u : units) {
+            const FlatLayout& layout = m->unit(u).layout();
+            const float* shard = m->unit(u).GradShard().data_as<float>();
+            for (const ShardPiece& piece : layout.ShardPieces(comm.rank())) {
+              const std::vector<float>& want = ref.grads[k + piece.param];
+              // Ranks sum their samples apart, then average: the difference from one sum over the
+              // batch is rounding of the terms, so it is measured against the tensor's scale.
+              float scale = 0;
+              for (float w : want) scale = std::max(scale, std::abs(w));
+              for (int64_t i = 0; i < piece.param_range.size(); ++i) {
+                const float got = shard[piece.shard_range.begin + i];
+                const float w = want[piece.param_range.begin + i];
+                if (std::abs(got - w) > 1e-5f * scale && errors[comm.rank()].empty()) {
+                  errors[comm.rank()] = StrCat("unit ", u, " param ", piece.param, " element ",
+                                               piece.param_range.begin + i, ": ", got, " vs ", w);
+                }
+              }
             }
+            k += static_cast<int>(layout.params().size());
           }
-        }
-        k += static_cast<int>(layout.params().size());
-      }
-      return absl::OkStatus();
-    }).ok());
-    for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "stage " << static_cast<int>(stage) << " rank " << r;
+          return absl::OkStatus();
+        }).ok());
+    for (int r = 0; r < world; ++r)
+      EXPECT_EQ(errors[r], "") << "stage " << static_cast<int>(stage) << " rank " << r;
   }
 }
 
@@ -116,7 +123,8 @@ TEST(ShardManagerTest, AccumulatingMicroBatchesEqualsOneBatch) {
     const RunResult four = Train({.stage = stage, .world = 2, .micro_batches = 3, .steps = 5});
     ASSERT_EQ(one.error, "");
     ASSERT_EQ(four.error, "");
-    EXPECT_LE(MaxRelativeError(four.params, one.params), 1e-6) << "stage " << static_cast<int>(stage);
+    EXPECT_LE(MaxRelativeError(four.params, one.params), 1e-6)
+        << "stage " << static_cast<int>(stage);
   }
 }
 
@@ -155,41 +163,52 @@ TEST(ShardManagerTest, InfOnOneRankMakesEveryRankSkipAndLowersTheScale) {
   const int world = 3;
   for (ZeroStage stage : {ZeroStage::k0, ZeroStage::k2, ZeroStage::k3}) {
     std::vector<std::string> errors(world);
-    ASSERT_TRUE(RunLoopbackRanks(world, {}, nullptr, [&](Communicator& comm) -> Status {
-      MemoryTracker tracker;
-      auto allocator = MakeCpuCachingAllocator(&tracker);
-      RunConfig c{.stage = stage, .world = world, .compute = DType::kF16};
-      ShardManagerOptions o = Options(c);
-      o.loss_scale.initial_scale_power = 8;
-      o.loss_scale.hysteresis = 1;
-      ZR_ASSIGN_OR_RETURN(auto m, ShardManager::Create(o, {.dp = &comm, .device_allocator = allocator.get()}));
-      std::vector<int> units;
-      for (int l = 0; l < MlpLayers(); ++l) units.push_back(*m->AddUnit("fc" + std::to_string(l), MlpUnitParams(l)));
-      ZR_RETURN_IF_ERROR(m->Initialize(MlpInit));
-      const int per_rank = kGlobalBatch / world;
-      ZR_RETURN_IF_ERROR(MlpForwardBackward(*m, units, comm.rank() * per_rank, per_rank, m->loss_scale()).status());
-      ZR_ASSIGN_OR_RETURN(StepResult first, m->Step({.lr = kLr}));
-      std::vector<float> before(MlpUnitParams(0)[0].numel());
-      ZR_RETURN_IF_ERROR(m->unit(units[0]).GatherMaster(0, before));
-      // Only rank 1 sees an inf in its gradient.
-      ZR_RETURN_IF_ERROR(MlpForwardBackward(*m, units, kGlobalBatch + comm.rank() * per_rank, per_rank,
-                                            m->loss_scale(), comm.rank() == 1).status());
-      ZR_ASSIGN_OR_RETURN(StepResult second, m->Step({.lr = kLr}));
-      std::vector<float> after(before.size());
-      ZR_RETURN_IF_ERROR(m->unit(units[0]).GatherMaster(0, after));
-      std::string& e = errors[comm.rank()];
-      if (first.skipped) e += "first step skipped; ";
-      if (!second.skipped) e += "second step not skipped; ";
-      if (second.loss_scale != 256.0f || m->loss_scale() != 128.0f) e += StrCat("scale ", m->loss_scale(), "; ");
-      if (before != after) e += "parameters changed on a skipped step; ";
-      if (m->skipped_steps() != 1 || second.step != 1) e += "skip count; ";
-      // Training goes on after the skip.
-      ZR_RETURN_IF_ERROR(MlpForwardBackward(*m, units, 2 * kGlobalBatch + comm.rank() * per_rank, per_rank, m->loss_scale()).status());
-      ZR_ASSIGN_OR_RETURN(StepResult third, m->Step({.lr = kLr}));
-      if (third.skipped || third.step != 2) e += "third step; ";
-      return absl::OkStatus();
-    }).ok());
-    for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "stage " << static_cast<int>(stage) << " rank " << r;
+    ASSERT_TRUE(
+        RunLoopbackRanks(world, {}, nullptr, [&](Communicator& comm) -> Status {
+          MemoryTracker tracker;
+          auto allocator = MakeCpuCachingAllocator(&tracker);
+          RunConfig c{.stage = stage, .world = world, .compute = DType::kF16};
+          ShardManagerOptions o = Options(c);
+          o.loss_scale.initial_scale_power = 8;
+          o.loss_scale.hysteresis = 1;
+          ZR_ASSIGN_OR_RETURN(
+              auto m, ShardManager::Create(o, {.dp = &comm, .device_allocator = allocator.get()}));
+          std::vector<int> units;
+          for (int l = 0; l < MlpLayers(); ++l)
+            units.push_back(*m->AddUnit("fc" + std::to_string(l), MlpUnitParams(l)));
+          ZR_RETURN_IF_ERROR(m->Initialize(MlpInit));
+          const int per_rank = kGlobalBatch / world;
+          ZR_RETURN_IF_ERROR(
+              MlpForwardBackward(*m, units, comm.rank() * per_rank, per_rank, m->loss_scale())
+                  .status());
+          ZR_ASSIGN_OR_RETURN(StepResult first, m->Step({.lr = kLr}));
+          std::vector<float> before(MlpUnitParams(0)[0].numel());
+          ZR_RETURN_IF_ERROR(m->unit(units[0]).GatherMaster(0, before));
+          // Only rank 1 sees an inf in its gradient.
+          ZR_RETURN_IF_ERROR(MlpForwardBackward(*m, units, kGlobalBatch + comm.rank() * per_rank,
+                                                per_rank, m->loss_scale(), comm.rank() == 1)
+                                 .status());
+          ZR_ASSIGN_OR_RETURN(StepResult second, m->Step({.lr = kLr}));
+          std::vector<float> after(before.size());
+          ZR_RETURN_IF_ERROR(m->unit(units[0]).GatherMaster(0, after));
+          std::string& e = errors[comm.rank()];
+          if (first.skipped) e += "first step skipped; ";
+          if (!second.skipped) e += "second step not skipped; ";
+          if (second.loss_scale != 256.0f || m->loss_scale() != 128.0f)
+            e += StrCat("scale ", m->loss_scale(), "; ");
+          if (before != after) e += "parameters changed on a skipped step; ";
+          if (m->skipped_steps() != 1 || second.step != 1) e += "skip count; ";
+          // Training goes on after the skip.
+          ZR_RETURN_IF_ERROR(MlpForwardBackward(*m, units,
+                                                2 * kGlobalBatch + comm.rank() * per_rank, per_rank,
+                                                m->loss_scale())
+                                 .status());
+          ZR_ASSIGN_OR_RETURN(StepResult third, m->Step({.lr = kLr}));
+          if (third.skipped || third.step != 2) e += "third step; ";
+          return absl::OkStatus();
+        }).ok());
+    for (int r = 0; r < world; ++r)
+      EXPECT_EQ(errors[r], "") << "stage " << static_cast<int>(stage) << " rank " << r;
   }
 }
 
@@ -209,7 +228,8 @@ TEST(ShardManagerTest, Bf16ComputeStaysCloseAcrossStagesAndWorlds) {
       c.world = world;
       const RunResult run = Train(c);
       ASSERT_EQ(run.error, "");
-      EXPECT_LE(MaxRelativeError(run.params, anchor.params), 2e-2) << static_cast<int>(stage) << "/" << world;
+      EXPECT_LE(MaxRelativeError(run.params, anchor.params), 2e-2)
+          << static_cast<int>(stage) << "/" << world;
     }
   }
 }
@@ -217,40 +237,52 @@ TEST(ShardManagerTest, Bf16ComputeStaysCloseAcrossStagesAndWorlds) {
 TEST(ShardManagerTest, Stage3MemoryMatchesTheLayoutAndTheGatherBudget) {
   const int world = 4;
   std::vector<std::string> errors(world);
-  ASSERT_TRUE(RunLoopbackRanks(world, {}, nullptr, [&](Communicator& comm) -> Status {
-    MemoryTracker tracker;
-    auto allocator = MakeCpuCachingAllocator(&tracker);
-    ShardManagerOptions o = Options({.stage = ZeroStage::k3, .world = world});
-    // Room for two units gathered at once: the one in use and one prefetched.
-    int64_t largest = 0;
-    for (int l = 0; l < MlpLayers(); ++l) {
-      auto layout = *FlatLayout::Create(MlpUnitParams(l), world);
-      largest = std::max(largest, layout.padded_numel());
-    }
-    o.stage3_max_live_parameters = 2 * largest;
-    ZR_ASSIGN_OR_RETURN(auto m, ShardManager::Create(o, {.dp = &comm, .device_allocator = allocator.get()}));
-    std::vector<int> units;
-    for (int l = 0; l < MlpLayers(); ++l) units.push_back(*m->AddUnit("fc" + std::to_string(l), MlpUnitParams(l)));
-    ZR_RETURN_IF_ERROR(m->Initialize(MlpInit));
-    int64_t shard_total = 0;
-    for (int u : units) shard_total += m->unit(u).layout().shard_numel();
-    std::string& e = errors[comm.rank()];
-    const MemorySnapshot s = tracker.Snapshot();
-    // AdamW: master (fp32) and compute shard (fp32) are parameters; exp_avg and exp_avg_sq.
-    if (s.Get(MemoryTier::kDevice, MemoryCategory::kParameters).current != 2 * 4 * shard_total) e += "parameters; ";
-    if (s.Get(MemoryTier::kDevice, MemoryCategory::kOptimizerState).current != 2 * 4 * shard_total) e += "optimizer state; ";
-    if (s.Get(MemoryTier::kDevice, MemoryCategory::kGatheredWeights).current != 0) e += "gathered at rest; ";
-    tracker.ResetPeaks();
-    for (int step = 0; step < 3; ++step) {
-      ZR_RETURN_IF_ERROR(MlpForwardBackward(*m, units, step * kGlobalBatch + comm.rank() * 3, 3, 1.0f).status());
-      ZR_RETURN_IF_ERROR(m->Step({.lr = kLr}).status());
-    }
-    const int64_t peak = tracker.Usage(MemoryTier::kDevice, MemoryCategory::kGatheredWeights).peak;
-    if (peak > 2 * largest * 4) e += StrCat("gathered peak ", peak, " over budget ", 2 * largest * 4, "; ");
-    if (peak < largest * 4) e += "nothing was gathered; ";
-    if (tracker.Usage(MemoryTier::kDevice, MemoryCategory::kGatheredWeights).current != 0) e += "gathered after step; ";
-    return absl::OkStatus();
-  }).ok());
+  ASSERT_TRUE(
+      RunLoopbackRanks(world, {}, nullptr, [&](Communicator& comm) -> Status {
+        MemoryTracker tracker;
+        auto allocator = MakeCpuCachingAllocator(&tracker);
+        ShardManagerOptions o = Options({.stage = ZeroStage::k3, .world = world});
+        // Room for two units gathered at once: the one in use and one prefetched.
+        int64_t largest = 0;
+        for (int l = 0; l < MlpLayers(); ++l) {
+          auto layout = *FlatLayout::Create(MlpUnitParams(l), world);
+          largest = std::max(largest, layout.padded_numel());
+        }
+        o.stage3_max_live_parameters = 2 * largest;
+        ZR_ASSIGN_OR_RETURN(
+            auto m, ShardManager::Create(o, {.dp = &comm, .device_allocator = allocator.get()}));
+        std::vector<int> units;
+        for (int l = 0; l < MlpLayers(); ++l)
+          units.push_back(*m->AddUnit("fc" + std::to_string(l), MlpUnitParams(l)));
+        ZR_RETURN_IF_ERROR(m->Initialize(MlpInit));
+        int64_t shard_total = 0;
+        for (int u : units) shard_total += m->unit(u).layout().shard_numel();
+        std::string& e = errors[comm.rank()];
+        const MemorySnapshot s = tracker.Snapshot();
+        // AdamW: master (fp32) and compute shard (fp32) are parameters; exp_avg and exp_avg_sq.
+        if (s.Get(MemoryTier::kDevice, MemoryCategory::kParameters).current != 2 * 4 * shard_total)
+          e += "parameters; ";
+        if (s.Get(MemoryTier::kDevice, MemoryCategory::kOptimizerState).current !=
+            2 * 4 * shard_total)
+          e += "optimizer state; ";
+        if (s.Get(MemoryTier::kDevice, MemoryCategory::kGatheredWeights).current != 0)
+          e += "gathered at rest; ";
+        tracker.ResetPeaks();
+        for (int step = 0; step < 3; ++step) {
+          ZR_RETURN_IF_ERROR(
+              MlpForwardBackward(*m, units, step * kGlobalBatch + comm.rank() * 3, 3, 1.0f)
+                  .status());
+          ZR_RETURN_IF_ERROR(m->Step({.lr = kLr}).status());
+        }
+        const int64_t peak =
+            tracker.Usage(MemoryTier::kDevice, MemoryCategory::kGatheredWeights).peak;
+        if (peak > 2 * largest * 4)
+          e += StrCat("gathered peak ", peak, " over budget ", 2 * largest * 4, "; ");
+        if (peak < largest * 4) e += "nothing was gathered; ";
+        if (tracker.Usage(MemoryTier::kDevice, MemoryCategory::kGatheredWeights).current != 0)
+          e += "gathered after step; ";
+        return absl::OkStatus();
+      }).ok());
   for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
@@ -260,43 +292,72 @@ TEST(ShardManagerDeathTest, IllegalTransitionsStopWithTheUnitName) {
     static MemoryTracker tracker;
     static std::unique_ptr<Allocator> allocator = MakeCpuCachingAllocator(&tracker);
     static std::vector<std::unique_ptr<Communicator>> comms = *CreateLoopbackGroup(1, {}, nullptr);
-    auto m = *ShardManager::Create(Options({.stage = stage}), {.dp = comms[0].get(), .device_allocator = allocator.get()});
+    auto m = *ShardManager::Create(Options({.stage = stage}),
+                                   {.dp = comms[0].get(), .device_allocator = allocator.get()});
     ZR_CHECK_OK(m->AddUnit("fc0", MlpUnitParams(0)).status());
     ZR_CHECK_OK(m->Initialize(MlpInit));
     return m;
   };
-  EXPECT_DEATH({ auto m = make(ZeroStage::k3); m->unit(0).Param(0); }, "unit 'fc0' read in state SHARDED");
-  EXPECT_DEATH({ auto m = make(ZeroStage::k3); m->unit(0).Release(); }, "Release of unit 'fc0' in state SHARDED");
-  EXPECT_DEATH({
-    auto m = make(ZeroStage::k3);
-    ZR_CHECK_OK(m->unit(0).StartGather());
-    m->unit(0).StartGather().IgnoreError();
-  }, "StartGather on unit 'fc0' in state GATHERING");
-  EXPECT_DEATH({ auto m = make(ZeroStage::k3); m->unit(0).FinishGather().IgnoreError(); }, "FinishGather on unit 'fc0' in state SHARDED");
-  EXPECT_DEATH({ auto m = make(ZeroStage::k2); m->unit(0).Grad(0); }, "gradient of unit 'fc0' outside its backward");
+  EXPECT_DEATH(
+      {
+        auto m = make(ZeroStage::k3);
+        m->unit(0).Param(0);
+      },
+      "unit 'fc0' read in state SHARDED");
+  EXPECT_DEATH(
+      {
+        auto m = make(ZeroStage::k3);
+        m->unit(0).Release();
+      },
+      "Release of unit 'fc0' in state SHARDED");
+  EXPECT_DEATH(
+      {
+        auto m = make(ZeroStage::k3);
+        ZR_CHECK_OK(m->unit(0).StartGather());
+        m->unit(0).StartGather().IgnoreError();
+      },
+      "StartGather on unit 'fc0' in state GATHERING");
+  EXPECT_DEATH(
+      {
+        auto m = make(ZeroStage::k3);
+        m->unit(0).FinishGather().IgnoreError();
+      },
+      "FinishGather on unit 'fc0' in state SHARDED");
+  EXPECT_DEATH(
+      {
+        auto m = make(ZeroStage::k2);
+        m->unit(0).Grad(0);
+      },
+      "gradient of unit 'fc0' outside its backward");
 }
 
 TEST(ShardManagerTest, StepRefusesAGatheredUnitAndBadInputs) {
   MemoryTracker tracker;
   auto allocator = MakeCpuCachingAllocator(&tracker);
   auto comms = *CreateLoopbackGroup(1, {}, nullptr);
-  auto m = *ShardManager::Create(Options({.stage = ZeroStage::k3}), {.dp = comms[0].get(), .device_allocator = allocator.get()});
+  auto m = *ShardManager::Create(Options({.stage = ZeroStage::k3}),
+                                 {.dp = comms[0].get(), .device_allocator = allocator.get()});
   const int u = *m->AddUnit("fc0", MlpUnitParams(0));
-  EXPECT_EQ(m->AddUnit("fc0", MlpUnitParams(1)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m->AddUnit("fc0", MlpUnitParams(1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(m->Initialize(MlpInit).ok());
-  EXPECT_EQ(m->AddUnit("late", MlpUnitParams(1)).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(m->AddUnit("late", MlpUnitParams(1)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   {
     UnitScope scope = *m->Forward(u);
     EXPECT_EQ(m->Step({.lr = kLr}).status().code(), absl::StatusCode::kFailedPrecondition);
   }
   EXPECT_EQ(m->Step({.lr = -1}).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(m->Step({.lr = kLr, .micro_batches = 0}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m->Step({.lr = kLr, .micro_batches = 0}).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(m->Forward(7).status().code(), absl::StatusCode::kInvalidArgument);
   ShardManagerOptions offload = Options({});
   offload.placement.optimizer_state = MemoryTier::kPinnedHost;
-  const auto refused = ShardManager::Create(offload, {.dp = comms[0].get(), .device_allocator = allocator.get()});
+  const auto refused =
+      ShardManager::Create(offload, {.dp = comms[0].get(), .device_allocator = allocator.get()});
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(refused.status().message().find("offload_optimizer"), std::string_view::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("offload_optimizer"), std::string_view::npos)
+      << refused.status();
 }
 
 }  // namespace
