@@ -9,6 +9,8 @@
 namespace zerort {
 
 GradientReducer::GradientReducer(const UnitResources& resources) : resources_(resources) {
+  // Without overlap_comm the reductions run on the compute stream itself, in program order.
+  if (!resources_.options->overlap_comm) resources_.comm = resources_.compute;
   event_ = *CreateEvent(resources_.device->device());
 }
 

@@ -50,8 +50,9 @@ struct ShardManagerOptions {
   DType reduce_dtype = DType::kF32;   // full gradients and their reduction
   OptimizerOptions optimizer;
   ShardPlacement placement;
-  LossScaleOptions loss_scale;                           // used when compute_dtype is f16
-  float gradient_clipping = 0.0f;                        // max global L2 norm; 0 disables
+  LossScaleOptions loss_scale;     // used when compute_dtype is f16
+  float gradient_clipping = 0.0f;  // max global L2 norm; 0 disables
+  bool overlap_comm = true;  // reduce gradients on the comm stream, overlapping backward compute
   int64_t reduce_bucket_size = 500'000'000;              // elements (DeepSpeed's default)
   int64_t stage3_prefetch_bucket_size = 50'000'000;      // elements issued ahead
   int64_t stage3_max_live_parameters = 1'000'000'000;    // elements gathered at once

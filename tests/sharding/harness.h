@@ -24,6 +24,7 @@ struct RunConfig {
   int64_t persistence_threshold = 0;         // stage 3: every unit is gathered and released
   int64_t reduce_bucket_size = 500'000'000;  // elements; 1 reduces every unit alone
   Device device = Device::Cpu();             // CUDA: loopback ranks share one GPU
+  bool overlap_comm = true;
 };
 
 inline ShardManagerOptions Options(const RunConfig& c) {
@@ -34,6 +35,7 @@ inline ShardManagerOptions Options(const RunConfig& c) {
   o.gradient_clipping = c.clip;
   o.stage3_param_persistence_threshold = c.persistence_threshold;
   o.reduce_bucket_size = c.reduce_bucket_size;
+  o.overlap_comm = c.overlap_comm;
   o.optimizer.kind = c.optimizer;
   o.optimizer.weight_decay = 0.05f;
   o.optimizer.beta2 = 0.95f;

@@ -144,6 +144,13 @@ TEST(ShardManagerTest, BucketingPacksSmallUnitsWithoutChangingANumber) {
   }
 }
 
+TEST(ShardManagerTest, OverlapCommChangesNoNumber) {
+  RunConfig overlapped{.stage = ZeroStage::k3, .world = 2, .steps = 4};
+  RunConfig serial = overlapped;
+  serial.overlap_comm = false;
+  EXPECT_EQ(Train(overlapped).params, Train(serial).params);
+}
+
 TEST(ShardManagerTest, ClippingUsesTheGlobalNorm) {
   for (ZeroStage stage : {ZeroStage::k0, ZeroStage::k1, ZeroStage::k3}) {
     RunConfig c{.stage = stage, .world = 3, .clip = 0.05f, .steps = 8};
