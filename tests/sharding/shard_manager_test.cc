@@ -144,6 +144,17 @@ TEST(ShardManagerTest, BucketingPacksSmallUnitsWithoutChangingANumber) {
   }
 }
 
+TEST(ShardManagerTest, PersistentUnitsStayGatheredAndChangeNoNumber) {
+  // Units below stage3_param_persistence_threshold elements are gathered once and kept; the
+  // optimizer step re-gathers them. Every MLP unit is below 1000 elements.
+  RunConfig persistent{.stage = ZeroStage::k3, .world = 3, .steps = 6, .persistence_threshold = 1000};
+  RunConfig released = persistent;
+  released.persistence_threshold = 0;
+  const RunResult a = Train(persistent);
+  ASSERT_EQ(a.error, "");
+  EXPECT_EQ(a.params, Train(released).params);
+}
+
 TEST(ShardManagerTest, OverlapCommChangesNoNumber) {
   RunConfig overlapped{.stage = ZeroStage::k3, .world = 2, .steps = 4};
   RunConfig serial = overlapped;
