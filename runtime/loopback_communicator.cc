@@ -13,6 +13,12 @@
 namespace zerort {
 namespace {
 
+// memcpy with a null pointer is undefined even for zero bytes, and empty messages carry null
+// pointers: every copy of this backend goes through here.
+void CopyHost(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+}
+
 // What one rank brought to a rendezvous; all ranks must bring the same kind of call.
 struct Slot {
   CollectiveOp op = CollectiveOp::kBarrier;
@@ -185,7 +191,7 @@ class LoopbackCommunicator final : public Communicator {
     const size_t bytes = count * DTypeSize(dtype);
     for (int r = 0; r < size(); ++r) {
       char* dst = static_cast<char*>(recv) + static_cast<size_t>(r) * bytes;
-      if (dst != group_->slot(r).send) std::memcpy(dst, group_->slot(r).send, bytes);
+      if (dst != group_->slot(r).send) CopyHost(dst, group_->slot(r).send, bytes);
     }
     return Arrive(nullptr);
   }
@@ -212,14 +218,14 @@ class LoopbackCommunicator final : public Communicator {
     const size_t n = std::min(count, begin + chunk) - begin;
     internal::ReduceHost(Inputs(), begin, group_->scratch().data() + begin * elem, n, dtype, op);
     ZR_RETURN_IF_ERROR(Arrive(nullptr));
-    std::memcpy(recv, group_->scratch().data(), count * elem);
+    CopyHost(recv, group_->scratch().data(), count * elem);
     return Arrive(nullptr);
   }
 
   Status DoBroadcast(void* buffer, size_t count, DType dtype, int root, Stream*) override {
     Slot slot{CollectiveOp::kBroadcast, buffer, buffer, count, dtype, ReduceOp::kSum, root};
     ZR_RETURN_IF_ERROR(Begin(slot));
-    if (rank() != root) std::memcpy(buffer, group_->slot(root).send, count * DTypeSize(dtype));
+    if (rank() != root) CopyHost(buffer, group_->slot(root).send, count * DTypeSize(dtype));
     return Arrive(nullptr);
   }
 
@@ -238,7 +244,7 @@ class LoopbackCommunicator final : public Communicator {
                                                " from rank ", peer, " matched a send of ",
                                                message.count, " ", DTypeName(message.dtype)));
     }
-    std::memcpy(buffer, message.data.data(), message.data.size());
+    CopyHost(buffer, message.data.data(), message.data.size());
     return absl::OkStatus();
   }
 

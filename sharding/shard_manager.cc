@@ -225,13 +225,15 @@ StatusOr<StepResult> ShardManager::Step(const StepInputs& inputs) {
   const TensorView sum_sq(acc.data(), DType::kF32, {1}, device);
   const TensorView nonfinite(static_cast<float*>(acc.data()) + 1, DType::kF32, {1}, device);
   for (auto& u : units_) ZR_RETURN_IF_ERROR(u->AccumulateNorm(sum_sq, nonfinite));
+  // On the device buffer and the compute stream, so that an NCCL group works as well as MPI.
+  // Stage 0 holds the whole, identical gradient on every rank: its sums are already global.
+  if (options_.stage != ZeroStage::k0) {
+    ZR_RETURN_IF_ERROR(
+        resources_.dp->AllReduce(acc.data(), acc.data(), 2, DType::kF32, ReduceOp::kSum, &compute));
+  }
   float host[2] = {0, 0};
   ZR_RETURN_IF_ERROR(CopyBytes(host, Device::Cpu(), acc.data(), device, sizeof(host), &compute));
   ZR_RETURN_IF_ERROR(compute.Synchronize());
-  if (options_.stage !=
-      ZeroStage::k0) {  // stage 0 holds the whole (identical) gradient on every rank
-    ZR_RETURN_IF_ERROR(resources_.dp->AllReduce(host, host, 2, DType::kF32, ReduceOp::kSum));
-  }
   // Every rank saw the same sums, so every rank takes the same decision.
   const bool overflow = host[1] > 0 || !std::isfinite(host[0]);
   const float loss_scale = scaler_.scale();

@@ -318,15 +318,22 @@ Status ShardedUnit::GatherMaster(int i, std::span<float> out) {
     return absl::InvalidArgumentError(StrCat("GatherMaster of '", spec.name, "' into ", out.size(),
                                              " elements, expected ", spec.numel()));
   }
+  // Gathered on the device and the compute stream (any backend, NCCL included), then copied.
+  // Stage 0 does not shard: every rank holds the whole master already.
   const int64_t shard = layout_.shard_numel();
+  Stream* compute = resources_.compute;
   std::vector<float> full(static_cast<size_t>(layout_.padded_numel()));
-  float* own = full.data() + rank_ * shard;
-  ZR_RETURN_IF_ERROR(
-      CopyBytes(own, Device::Cpu(), master_.data(), device(), shard * 4, resources_.compute));
-  ZR_RETURN_IF_ERROR(resources_.compute->Synchronize());
+  Buffer gathered;
+  const void* source = master_.data();
   if (layout_.dp_size() > 1) {
-    ZR_RETURN_IF_ERROR(resources_.dp->AllGather(own, full.data(), shard, DType::kF32));
+    ZR_RETURN_IF_ERROR(Allocate(&gathered, full.size() * 4, MemoryCategory::kWorkspace, compute));
+    ZR_RETURN_IF_ERROR(
+        resources_.dp->AllGather(master_.data(), gathered.data(), shard, DType::kF32, compute));
+    source = gathered.data();
   }
+  ZR_RETURN_IF_ERROR(
+      CopyBytes(full.data(), Device::Cpu(), source, device(), full.size() * 4, compute));
+  ZR_RETURN_IF_ERROR(compute->Synchronize());
   const Range flat = layout_.flat_range(i);
   std::copy(full.begin() + flat.begin, full.begin() + flat.end, out.begin());
   return absl::OkStatus();

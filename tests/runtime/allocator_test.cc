@@ -174,9 +174,10 @@ TEST(CachingAllocatorTest, BlocksAreReusedOnlyByTheirStream) {
 }
 
 TEST(CachingAllocatorTest, RecordStreamDelaysReuseUntilOtherStreamFinishes) {
-  Fixture f;
+  // The streams outlive the allocator, whose destructor synchronises them.
   FakeStream compute("compute");
   FakeStream comm("comm");
+  Fixture f;
   f.counters.streams = {&compute, &comm};
   void* first = nullptr;
   {

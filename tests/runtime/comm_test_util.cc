@@ -32,7 +32,7 @@ std::string CheckAllGather(Communicator& comm, DType dtype, size_t count, uint64
   std::vector<std::byte> recv(count * n * elem + 1, std::byte{0x5a});  // poisoned
   const void* src = send.data();
   if (in_place) {
-    std::memcpy(recv.data() + comm.rank() * count * elem, send.data(), count * elem);
+    if (count > 0) std::memcpy(recv.data() + comm.rank() * count * elem, send.data(), count * elem);
     src = recv.data() + comm.rank() * count * elem;
   }
   if (auto s = comm.AllGather(src, recv.data(), count, dtype); !s.ok())
@@ -54,7 +54,7 @@ std::string CheckReduceScatter(Communicator& comm, DType dtype, size_t count, Re
   if (auto s = comm.ReduceScatter(send.data(), dst, count, dtype, op); !s.ok()) {
     return StatusText(s, "reduce_scatter");
   }
-  if (in_place) std::memcpy(recv.data(), dst, count * elem);
+  if (in_place && count > 0) std::memcpy(recv.data(), dst, count * elem);
   const auto all = AllRanksData(dtype, total, seed, n);
   return Compare(
       recv, dtype, count,
