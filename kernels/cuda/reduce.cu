@@ -70,27 +70,26 @@ static __global__ void FinalKernel(const float* __restrict__ partial, float* __r
 }
 
 template <typename T>
-static __global__ void ScaleKernel(T* __restrict__ x, int64_t n, float factor);
+__device__ __forceinline__ T Store(float v);
 template <>
-__global__ void ScaleKernel<float>(float* __restrict__ x, int64_t n, float factor) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    x[i] *= factor;
+__device__ __forceinline__ float Store<float>(float v) {
+  return v;
 }
 template <>
-__global__ void ScaleKernel<__nv_bfloat16>(__nv_bfloat16* __restrict__ x, int64_t n, float factor) {
+__device__ __forceinline__ __nv_bfloat16 Store<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half Store<__half>(float v) {
+  return __float2half_rn(v);
+}
+
+template <typename T>
+static __global__ void ScaleKernel(T* __restrict__ x, int64_t n, float factor) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    x[i] = __float2bfloat16_rn(__bfloat162float(x[i]) * factor);
-  }
-}
-template <>
-__global__ void ScaleKernel<__half>(__half* __restrict__ x, int64_t n, float factor) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    x[i] = __float2half_rn(__half2float(x[i]) * factor);
+    x[i] = Store<T>(Load(x, i) * factor);
   }
 }
 

@@ -54,25 +54,39 @@ struct RunResult {
   std::string error;
 };
 
+// A manager on `comm` with the MLP's units registered and initialised.
+struct MlpRun {
+  std::unique_ptr<Allocator> allocator;
+  std::unique_ptr<ShardManager> manager;
+  std::vector<int> units;
+};
+
+inline StatusOr<MlpRun> MakeMlpRun(const ShardManagerOptions& options, Communicator& comm,
+                                   MemoryTracker& tracker, Device device = Device::Cpu()) {
+  MlpRun run;
+  if (device.is_cuda()) {
+    ZR_RETURN_IF_ERROR(SetCurrentDevice(device));
+    ZR_ASSIGN_OR_RETURN(run.allocator, MakeCudaCachingAllocator(device, &tracker));
+  } else {
+    run.allocator = MakeCpuCachingAllocator(&tracker);
+  }
+  ZR_ASSIGN_OR_RETURN(
+      run.manager,
+      ShardManager::Create(options, {.dp = &comm, .device_allocator = run.allocator.get()}));
+  for (int l = 0; l < MlpLayers(); ++l) {
+    ZR_ASSIGN_OR_RETURN(int u, run.manager->AddUnit("fc" + std::to_string(l), MlpUnitParams(l)));
+    run.units.push_back(u);
+  }
+  ZR_RETURN_IF_ERROR(run.manager->Initialize(MlpInit));
+  return run;
+}
+
 // One rank's part of a training run of the MLP through the shard manager; rank 0 fills `result`.
 inline Status TrainRank(const RunConfig& c, Communicator& comm, RunResult& result) {
   MemoryTracker tracker;
-  std::unique_ptr<Allocator> allocator;
-  if (c.device.is_cuda()) {
-    ZR_RETURN_IF_ERROR(SetCurrentDevice(c.device));
-    ZR_ASSIGN_OR_RETURN(allocator, MakeCudaCachingAllocator(c.device, &tracker));
-  } else {
-    allocator = MakeCpuCachingAllocator(&tracker);
-  }
-  ZR_ASSIGN_OR_RETURN(
-      std::unique_ptr<ShardManager> m,
-      ShardManager::Create(Options(c), {.dp = &comm, .device_allocator = allocator.get()}));
-  std::vector<int> units;
-  for (int l = 0; l < MlpLayers(); ++l) {
-    ZR_ASSIGN_OR_RETURN(int u, m->AddUnit("fc" + std::to_string(l), MlpUnitParams(l)));
-    units.push_back(u);
-  }
-  ZR_RETURN_IF_ERROR(m->Initialize(MlpInit));
+  ZR_ASSIGN_OR_RETURN(MlpRun run, MakeMlpRun(Options(c), comm, tracker, c.device));
+  ShardManager* m = run.manager.get();
+  const std::vector<int>& units = run.units;
   const int per_rank = kGlobalBatch / c.world;
   const int per_micro = per_rank / c.micro_batches;
   for (int step = 0; step < c.steps; ++step) {

@@ -76,15 +76,10 @@ TEST(ShardManagerTest, GradientShardsMatchReferenceSliceBySlice) {
     ASSERT_TRUE(
         RunLoopbackRanks(world, {}, nullptr, [&](Communicator& comm) -> Status {
           MemoryTracker tracker;
-          auto allocator = MakeCpuCachingAllocator(&tracker);
           RunConfig c{.stage = stage, .world = world};
-          ZR_ASSIGN_OR_RETURN(
-              auto m,
-              ShardManager::Create(Options(c), {.dp = &comm, .device_allocator = allocator.get()}));
-          std::vector<int> units;
-          for (int l = 0; l < MlpLayers(); ++l)
-            units.push_back(*m->AddUnit("fc" + std::to_string(l), MlpUnitParams(l)));
-          ZR_RETURN_IF_ERROR(m->Initialize(MlpInit));
+          ZR_ASSIGN_OR_RETURN(MlpRun run, MakeMlpRun(Options(c), comm, tracker));
+          ShardManager* m = run.manager.get();
+          const std::vector<int>& units = run.units;
           const int per_rank = kGlobalBatch / world;
           ZR_RETURN_IF_ERROR(
               MlpForwardBackward(*m, units, comm.rank() * per_rank, per_rank, 1.0f).status());
@@ -147,7 +142,8 @@ TEST(ShardManagerTest, BucketingPacksSmallUnitsWithoutChangingANumber) {
 TEST(ShardManagerTest, PersistentUnitsStayGatheredAndChangeNoNumber) {
   // Units below stage3_param_persistence_threshold elements are gathered once and kept; the
   // optimizer step re-gathers them. Every MLP unit is below 1000 elements.
-  RunConfig persistent{.stage = ZeroStage::k3, .world = 3, .steps = 6, .persistence_threshold = 1000};
+  RunConfig persistent{
+      .stage = ZeroStage::k3, .world = 3, .steps = 6, .persistence_threshold = 1000};
   RunConfig released = persistent;
   released.persistence_threshold = 0;
   const RunResult a = Train(persistent);
@@ -181,50 +177,46 @@ TEST(ShardManagerTest, InfOnOneRankMakesEveryRankSkipAndLowersTheScale) {
   const int world = 3;
   for (ZeroStage stage : {ZeroStage::k0, ZeroStage::k2, ZeroStage::k3}) {
     std::vector<std::string> errors(world);
-    ASSERT_TRUE(
-        RunLoopbackRanks(world, {}, nullptr, [&](Communicator& comm) -> Status {
-          MemoryTracker tracker;
-          auto allocator = MakeCpuCachingAllocator(&tracker);
-          RunConfig c{.stage = stage, .world = world, .compute = DType::kF16};
-          ShardManagerOptions o = Options(c);
-          o.loss_scale.initial_scale_power = 8;
-          o.loss_scale.hysteresis = 1;
-          ZR_ASSIGN_OR_RETURN(
-              auto m, ShardManager::Create(o, {.dp = &comm, .device_allocator = allocator.get()}));
-          std::vector<int> units;
-          for (int l = 0; l < MlpLayers(); ++l)
-            units.push_back(*m->AddUnit("fc" + std::to_string(l), MlpUnitParams(l)));
-          ZR_RETURN_IF_ERROR(m->Initialize(MlpInit));
-          const int per_rank = kGlobalBatch / world;
-          ZR_RETURN_IF_ERROR(
-              MlpForwardBackward(*m, units, comm.rank() * per_rank, per_rank, m->loss_scale())
-                  .status());
-          ZR_ASSIGN_OR_RETURN(StepResult first, m->Step({.lr = kLr}));
-          std::vector<float> before(MlpUnitParams(0)[0].numel());
-          ZR_RETURN_IF_ERROR(m->unit(units[0]).GatherMaster(0, before));
-          // Only rank 1 sees an inf in its gradient.
-          ZR_RETURN_IF_ERROR(MlpForwardBackward(*m, units, kGlobalBatch + comm.rank() * per_rank,
-                                                per_rank, m->loss_scale(), comm.rank() == 1)
-                                 .status());
-          ZR_ASSIGN_OR_RETURN(StepResult second, m->Step({.lr = kLr}));
-          std::vector<float> after(before.size());
-          ZR_RETURN_IF_ERROR(m->unit(units[0]).GatherMaster(0, after));
-          std::string& e = errors[comm.rank()];
-          if (first.skipped) e += "first step skipped; ";
-          if (!second.skipped) e += "second step not skipped; ";
-          if (second.loss_scale != 256.0f || m->loss_scale() != 128.0f)
-            e += StrCat("scale ", m->loss_scale(), "; ");
-          if (before != after) e += "parameters changed on a skipped step; ";
-          if (m->skipped_steps() != 1 || second.step != 1) e += "skip count; ";
-          // Training goes on after the skip.
-          ZR_RETURN_IF_ERROR(MlpForwardBackward(*m, units,
-                                                2 * kGlobalBatch + comm.rank() * per_rank, per_rank,
-                                                m->loss_scale())
-                                 .status());
-          ZR_ASSIGN_OR_RETURN(StepResult third, m->Step({.lr = kLr}));
-          if (third.skipped || third.step != 2) e += "third step; ";
-          return absl::OkStatus();
-        }).ok());
+    ASSERT_TRUE(RunLoopbackRanks(world, {}, nullptr, [&](Communicator& comm) -> Status {
+                  MemoryTracker tracker;
+                  RunConfig c{.stage = stage, .world = world, .compute = DType::kF16};
+                  ShardManagerOptions o = Options(c);
+                  o.loss_scale.initial_scale_power = 8;
+                  o.loss_scale.hysteresis = 1;
+                  ZR_ASSIGN_OR_RETURN(MlpRun run, MakeMlpRun(o, comm, tracker));
+                  ShardManager* m = run.manager.get();
+                  const std::vector<int>& units = run.units;
+                  const int per_rank = kGlobalBatch / world;
+                  ZR_RETURN_IF_ERROR(MlpForwardBackward(*m, units, comm.rank() * per_rank, per_rank,
+                                                        m->loss_scale())
+                                         .status());
+                  ZR_ASSIGN_OR_RETURN(StepResult first, m->Step({.lr = kLr}));
+                  std::vector<float> before(MlpUnitParams(0)[0].numel());
+                  ZR_RETURN_IF_ERROR(m->unit(units[0]).GatherMaster(0, before));
+                  // Only rank 1 sees an inf in its gradient.
+                  ZR_RETURN_IF_ERROR(MlpForwardBackward(*m, units,
+                                                        kGlobalBatch + comm.rank() * per_rank,
+                                                        per_rank, m->loss_scale(), comm.rank() == 1)
+                                         .status());
+                  ZR_ASSIGN_OR_RETURN(StepResult second, m->Step({.lr = kLr}));
+                  std::vector<float> after(before.size());
+                  ZR_RETURN_IF_ERROR(m->unit(units[0]).GatherMaster(0, after));
+                  std::string& e = errors[comm.rank()];
+                  if (first.skipped) e += "first step skipped; ";
+                  if (!second.skipped) e += "second step not skipped; ";
+                  if (second.loss_scale != 256.0f || m->loss_scale() != 128.0f)
+                    e += StrCat("scale ", m->loss_scale(), "; ");
+                  if (before != after) e += "parameters changed on a skipped step; ";
+                  if (m->skipped_steps() != 1 || second.step != 1) e += "skip count; ";
+                  // Training goes on after the skip.
+                  ZR_RETURN_IF_ERROR(MlpForwardBackward(*m, units,
+                                                        2 * kGlobalBatch + comm.rank() * per_rank,
+                                                        per_rank, m->loss_scale())
+                                         .status());
+                  ZR_ASSIGN_OR_RETURN(StepResult third, m->Step({.lr = kLr}));
+                  if (third.skipped || third.step != 2) e += "third step; ";
+                  return absl::OkStatus();
+                }).ok());
     for (int r = 0; r < world; ++r)
       EXPECT_EQ(errors[r], "") << "stage " << static_cast<int>(stage) << " rank " << r;
   }
@@ -258,7 +250,6 @@ TEST(ShardManagerTest, Stage3MemoryMatchesTheLayoutAndTheGatherBudget) {
   ASSERT_TRUE(
       RunLoopbackRanks(world, {}, nullptr, [&](Communicator& comm) -> Status {
         MemoryTracker tracker;
-        auto allocator = MakeCpuCachingAllocator(&tracker);
         ShardManagerOptions o = Options({.stage = ZeroStage::k3, .world = world});
         // Room for two units gathered at once: the one in use and one prefetched.
         int64_t largest = 0;
@@ -267,12 +258,9 @@ TEST(ShardManagerTest, Stage3MemoryMatchesTheLayoutAndTheGatherBudget) {
           largest = std::max(largest, layout.padded_numel());
         }
         o.stage3_max_live_parameters = 2 * largest;
-        ZR_ASSIGN_OR_RETURN(
-            auto m, ShardManager::Create(o, {.dp = &comm, .device_allocator = allocator.get()}));
-        std::vector<int> units;
-        for (int l = 0; l < MlpLayers(); ++l)
-          units.push_back(*m->AddUnit("fc" + std::to_string(l), MlpUnitParams(l)));
-        ZR_RETURN_IF_ERROR(m->Initialize(MlpInit));
+        ZR_ASSIGN_OR_RETURN(MlpRun run, MakeMlpRun(o, comm, tracker));
+        ShardManager* m = run.manager.get();
+        const std::vector<int>& units = run.units;
         int64_t shard_total = 0;
         for (int u : units) shard_total += m->unit(u).layout().shard_numel();
         std::string& e = errors[comm.rank()];
