@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds zerort for the GPU (or reuses a build passed as $1), runs every gpu-labelled test and
-# prints a summary table. Logs go to $OUT when set (the device tool returns that folder).
+# Builds zerort for the GPU (or reuses a build passed as $1), runs every gpu-labelled test and the
+# mpi-labelled ones (MPI with CUDA buffers staged through pinned memory runs there), and prints
+# a summary table. Logs go to $OUT when set (the device tool returns that folder).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build-gpu}
@@ -15,7 +16,8 @@ cmake --build "$build" -j"$(nproc)" >"$logs/build.log" 2>&1 || { tail -80 "$logs
 nvidia-smi >"$logs/nvidia-smi.txt" 2>&1 || true
 "$build/tools/zerort" env >"$logs/env.txt" 2>&1; cat "$logs/env.txt"
 
-ctest --test-dir "$build" -L gpu --output-on-failure --output-junit "$logs/gpu-junit.xml" \
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+ctest --test-dir "$build" -L 'gpu|mpi' --output-on-failure --output-junit "$logs/gpu-junit.xml" \
   >"$logs/ctest-gpu.log" 2>&1
 rc=$?
 echo
