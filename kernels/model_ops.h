@@ -1,0 +1,53 @@
+// CPU operations of the GPT model (forward and backward), the readable reference the CUDA
+// twins will be tested against. Templated on the element type: float for training, double for
+// the finite-difference gradient checks. Row-major. Backward functions ADD (+=) into every
+// gradient, weight and input alike, as the shard manager's gradient buffers accumulate; a null
+// gradient pointer skips that gradient. Token ids are int32.
+#pragma once
+
+#include <cstdint>
+
+namespace zerort::cpu {
+
+// out[r, o] = sum_i inp[r, i] * weight[o, i] + bias[o]   (weight is [out_features, in]; bias
+// may be null). GEMMs through OpenBLAS.
+template <typename T>
+void MatmulForward(T* out, const T* inp, const T* weight, const T* bias, int64_t rows, int in,
+                   int out_features);
+template <typename T>
+void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                    int64_t rows, int in, int out_features);
+
+// y = (x - mean) * rstd * weight + bias over the last dimension C; mean and rstd ([rows]) are
+// saved for the backward.
+template <typename T>
+void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
+                      int64_t rows, int channels, T eps = T(1e-5));
+template <typename T>
+void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                       const T* mean, const T* rstd, int64_t rows, int channels);
+
+// GELU, tanh approximation (GPT-2's): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+template <typename T>
+void GeluForward(T* out, const T* inp, int64_t n);
+template <typename T>
+void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n);
+
+// probs = softmax(logits) per row; returns the mean over rows of -log probs[target].
+template <typename T>
+T SoftmaxCrossEntropyForward(T* probs, const T* logits, const int32_t* targets, int64_t rows,
+                             int vocab);
+// dlogits += (probs - onehot(target)) * dloss / rows: the gradient of dloss x mean loss.
+template <typename T>
+void SoftmaxCrossEntropyBackward(T* dlogits, const T* probs, const int32_t* targets, int64_t rows,
+                                 int vocab, T dloss);
+
+// out[b, t] = wte[tokens[b, t]] + wpe[t]  for b < batch, t < seq, each a row of `channels`.
+template <typename T>
+void EmbeddingForward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int batch, int seq,
+                      int channels);
+template <typename T>
+void EmbeddingBackward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int batch, int seq,
+                       int channels);
+
+}  // namespace zerort::cpu

@@ -1,0 +1,218 @@
+// The GPT model's CPU operations: every backward against central finite differences in double
+// precision (loss = sum(out * R) for a fixed random R, so dout = R), a small chain of them
+// through the cross-entropy, and the float instantiation against the double one.
+#include "kernels/model_ops.h"
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace zerort::cpu {
+namespace {
+
+std::vector<double> Random(size_t n, uint32_t seed, double scale = 1.0) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> d(0.0, scale);
+  std::vector<double> v(n);
+  for (double& x : v) x = d(rng);
+  return v;
+}
+
+double Dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Compares `analytic` with central differences of `loss` with respect to `x`.
+void CheckGradient(const char* what, std::vector<double>& x, const std::vector<double>& analytic,
+                   const std::function<double()>& loss) {
+  ASSERT_EQ(x.size(), analytic.size()) << what;
+  double scale = 1e-3;
+  for (double g : analytic) scale = std::max(scale, std::abs(g));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double saved = x[i];
+    const double h = 1e-6 * std::max(1.0, std::abs(saved));
+    x[i] = saved + h;
+    const double up = loss();
+    x[i] = saved - h;
+    const double down = loss();
+    x[i] = saved;
+    const double numeric = (up - down) / (2 * h);
+    ASSERT_NEAR(analytic[i], numeric, 1e-6 * scale) << what << " element " << i;
+  }
+}
+
+TEST(ModelOpsTest, MatmulGradients) {
+  const int rows = 5, in = 7, out = 4;
+  std::vector<double> x = Random(rows * in, 1), w = Random(out * in, 2), b = Random(out, 3);
+  const std::vector<double> r = Random(rows * out, 4);
+  auto loss = [&] {
+    std::vector<double> y(rows * out);
+    MatmulForward(y.data(), x.data(), w.data(), b.data(), rows, in, out);
+    return Dot(y, r);
+  };
+  std::vector<double> dx(x.size(), 0.0), dw(w.size(), 0.0), db(b.size(), 0.0);
+  MatmulBackward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), rows, in, out);
+  CheckGradient("matmul dinp", x, dx, loss);
+  CheckGradient("matmul dweight", w, dw, loss);
+  CheckGradient("matmul dbias", b, db, loss);
+}
+
+TEST(ModelOpsTest, LayerNormGradients) {
+  const int rows = 3, c = 8;
+  std::vector<double> x = Random(rows * c, 5, 2.0), g = Random(c, 6), b = Random(c, 7);
+  const std::vector<double> r = Random(rows * c, 8);
+  std::vector<double> mean(rows), rstd(rows);
+  auto loss = [&] {
+    std::vector<double> y(rows * c);
+    LayerNormForward(y.data(), mean.data(), rstd.data(), x.data(), g.data(), b.data(), rows, c);
+    return Dot(y, r);
+  };
+  loss();  // fills mean and rstd at the unperturbed point
+  std::vector<double> dx(x.size(), 0.0), dg(c, 0.0), db(c, 0.0);
+  LayerNormBackward(dx.data(), dg.data(), db.data(), r.data(), x.data(), g.data(), mean.data(),
+                    rstd.data(), rows, c);
+  CheckGradient("layernorm dinp", x, dx, loss);
+  CheckGradient("layernorm dweight", g, dg, loss);
+  CheckGradient("layernorm dbias", b, db, loss);
+}
+
+TEST(ModelOpsTest, GeluGradient) {
+  std::vector<double> x = Random(40, 9, 2.0);
+  const std::vector<double> r = Random(40, 10);
+  auto loss = [&] {
+    std::vector<double> y(x.size());
+    GeluForward(y.data(), x.data(), static_cast<int64_t>(x.size()));
+    return Dot(y, r);
+  };
+  std::vector<double> dx(x.size(), 0.0);
+  GeluBackward(dx.data(), x.data(), r.data(), static_cast<int64_t>(x.size()));
+  CheckGradient("gelu", x, dx, loss);
+  // Known values of GPT-2's tanh approximation.
+  double y[3];
+  const double in[3] = {0.0, 1.0, -2.0};
+  GeluForward(y, in, 3);
+  EXPECT_EQ(y[0], 0.0);
+  EXPECT_NEAR(y[1], 0.8411919906082768, 1e-15);
+  EXPECT_NEAR(y[2], -0.04540230591222453, 1e-15);
+}
+
+TEST(ModelOpsTest, SoftmaxCrossEntropyGradientAndValue) {
+  const int rows = 4, vocab = 9;
+  std::vector<double> z = Random(rows * vocab, 11, 3.0);
+  const std::vector<int32_t> targets = {0, 8, 3, 3};
+  std::vector<double> probs(z.size());
+  auto loss = [&] {
+    return SoftmaxCrossEntropyForward(probs.data(), z.data(), targets.data(), rows, vocab);
+  };
+  const double value = loss();
+  // Independent value: mean of log(sum exp z) - z[target].
+  double want = 0;
+  for (int r = 0; r < rows; ++r) {
+    double s = 0;
+    for (int v = 0; v < vocab; ++v) s += std::exp(z[r * vocab + v]);
+    want += std::log(s) - z[r * vocab + targets[r]];
+  }
+  EXPECT_NEAR(value, want / rows, 1e-12);
+  std::vector<double> dz(z.size(), 0.0);
+  SoftmaxCrossEntropyBackward(dz.data(), probs.data(), targets.data(), rows, vocab, 1.0);
+  CheckGradient("softmax cross-entropy", z, dz, loss);
+}
+
+TEST(ModelOpsTest, EmbeddingGradients) {
+  const int batch = 2, seq = 3, c = 4, vocab = 5;
+  std::vector<double> wte = Random(vocab * c, 12), wpe = Random(seq * c, 13);
+  const std::vector<int32_t> tokens = {1, 4, 1, 0, 2, 1};  // token 1 repeats: gradients add up
+  const std::vector<double> r = Random(batch * seq * c, 14);
+  auto loss = [&] {
+    std::vector<double> y(batch * seq * c);
+    EmbeddingForward(y.data(), tokens.data(), wte.data(), wpe.data(), batch, seq, c);
+    return Dot(y, r);
+  };
+  std::vector<double> dwte(wte.size(), 0.0), dwpe(wpe.size(), 0.0);
+  EmbeddingBackward(dwte.data(), dwpe.data(), r.data(), tokens.data(), batch, seq, c);
+  CheckGradient("embedding dwte", wte, dwte, loss);
+  CheckGradient("embedding dwpe", wpe, dwpe, loss);
+}
+
+// LayerNorm -> Matmul -> GELU -> Matmul -> cross-entropy: the backward pieces compose, and the
+// accumulating (+=) contract holds when a weight is used twice (tied weights).
+TEST(ModelOpsTest, ChainWithTiedWeights) {
+  const int rows = 3, c = 6, hidden = 5, vocab = 6;
+  std::vector<double> x = Random(rows * c, 15), g = Random(c, 16), b = Random(c, 17);
+  std::vector<double> w1 = Random(hidden * c, 18), w2 = Random(vocab * hidden, 19);
+  const std::vector<int32_t> targets = {2, 0, 5};
+  struct Saved {
+    std::vector<double> mean, rstd, ln, h, a, z, probs;
+  } s;
+  auto forward = [&] {
+    s.mean.assign(rows, 0);
+    s.rstd.assign(rows, 0);
+    s.ln.assign(rows * c, 0);
+    s.h.assign(rows * hidden, 0);
+    s.a.assign(rows * hidden, 0);
+    s.z.assign(rows * vocab, 0);
+    s.probs.assign(rows * vocab, 0);
+    LayerNormForward(s.ln.data(), s.mean.data(), s.rstd.data(), x.data(), g.data(), b.data(), rows,
+                     c);
+    MatmulForward(s.h.data(), s.ln.data(), w1.data(), static_cast<const double*>(nullptr), rows, c,
+                  hidden);
+    GeluForward(s.a.data(), s.h.data(), rows * hidden);
+    MatmulForward(s.z.data(), s.a.data(), w2.data(), static_cast<const double*>(nullptr), rows,
+                  hidden, vocab);
+    // w1 is used a second time, as a tied weight is: ln @ w1^T is also added (overlaid by flat
+    // index) onto the logits, so dw1 must accumulate both contributions.
+    std::vector<double> extra(rows * hidden);
+    MatmulForward(extra.data(), s.ln.data(), w1.data(), static_cast<const double*>(nullptr), rows,
+                  c, hidden);
+    for (int i = 0; i < rows * vocab && i < rows * hidden; ++i) s.z[i] += 0.5 * extra[i];
+    return SoftmaxCrossEntropyForward(s.probs.data(), s.z.data(), targets.data(), rows, vocab);
+  };
+  forward();
+  std::vector<double> dz(rows * vocab, 0), da(rows * hidden, 0), dh(rows * hidden, 0),
+      dln(rows * c, 0);
+  std::vector<double> dx(x.size(), 0), dg(c, 0), db(c, 0), dw1(w1.size(), 0), dw2(w2.size(), 0);
+  SoftmaxCrossEntropyBackward(dz.data(), s.probs.data(), targets.data(), rows, vocab, 1.0);
+  std::vector<double> dextra(rows * hidden, 0);
+  for (int i = 0; i < rows * vocab && i < rows * hidden; ++i) dextra[i] = 0.5 * dz[i];
+  MatmulBackward(dln.data(), dw1.data(), static_cast<double*>(nullptr), dextra.data(), s.ln.data(),
+                 w1.data(), rows, c, hidden);
+  MatmulBackward(da.data(), dw2.data(), static_cast<double*>(nullptr), dz.data(), s.a.data(),
+                 w2.data(), rows, hidden, vocab);
+  GeluBackward(dh.data(), s.h.data(), da.data(), rows * hidden);
+  MatmulBackward(dln.data(), dw1.data(), static_cast<double*>(nullptr), dh.data(), s.ln.data(),
+                 w1.data(), rows, c, hidden);
+  LayerNormBackward(dx.data(), dg.data(), db.data(), dln.data(), x.data(), g.data(), s.mean.data(),
+                    s.rstd.data(), rows, c);
+  CheckGradient("chain dx", x, dx, forward);
+  CheckGradient("chain dgamma", g, dg, forward);
+  CheckGradient("chain dbeta", b, db, forward);
+  CheckGradient("chain dw1 (used twice)", w1, dw1, forward);
+  CheckGradient("chain dw2", w2, dw2, forward);
+}
+
+TEST(ModelOpsTest, FloatAgreesWithDouble) {
+  const int rows = 16, in = 64, out = 48;
+  const std::vector<double> xd = Random(rows * in, 20), wd = Random(out * in, 21),
+                            bd = Random(out, 22);
+  std::vector<float> xf(xd.begin(), xd.end()), wf(wd.begin(), wd.end()), bf(bd.begin(), bd.end());
+  std::vector<double> yd(rows * out);
+  std::vector<float> yf(rows * out);
+  MatmulForward(yd.data(), xd.data(), wd.data(), bd.data(), rows, in, out);
+  MatmulForward(yf.data(), xf.data(), wf.data(), bf.data(), rows, in, out);
+  for (int i = 0; i < rows * out; ++i) ASSERT_NEAR(yf[i], yd[i], 1e-5 * (std::abs(yd[i]) + 8)) << i;
+  std::vector<double> md(rows), rd(rows), ld(rows * in);
+  std::vector<float> mf(rows), rf(rows), lf(rows * in);
+  const std::vector<double> gd(in, 1.5), betad(in, -0.25);
+  const std::vector<float> gf(in, 1.5f), betaf(in, -0.25f);
+  LayerNormForward(ld.data(), md.data(), rd.data(), xd.data(), gd.data(), betad.data(), rows, in);
+  LayerNormForward(lf.data(), mf.data(), rf.data(), xf.data(), gf.data(), betaf.data(), rows, in);
+  for (int i = 0; i < rows * in; ++i) ASSERT_NEAR(lf[i], ld[i], 1e-5) << i;
+}
+
+}  // namespace
+}  // namespace zerort::cpu
