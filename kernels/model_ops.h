@@ -42,6 +42,16 @@ template <typename T>
 void SoftmaxCrossEntropyBackward(T* dlogits, const T* probs, const int32_t* targets, int64_t rows,
                                  int vocab, T dloss);
 
+// Causal multi-head self-attention. qkv is [batch, seq, 3 * channels] (queries, keys, values
+// side by side, each split into `heads` heads of channels / heads); out is [batch, seq,
+// channels]; att ([batch, heads, seq, seq]) saves the softmax probabilities for the backward
+// (zero above the diagonal). Scores are scaled by 1 / sqrt(head size).
+template <typename T>
+void AttentionForward(T* out, T* att, const T* qkv, int batch, int seq, int channels, int heads);
+template <typename T>
+void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int batch, int seq,
+                       int channels, int heads);
+
 // out[b, t] = wte[tokens[b, t]] + wpe[t]  for b < batch, t < seq, each a row of `channels`.
 template <typename T>
 void EmbeddingForward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int batch, int seq,

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
 namespace zerort::cpu {
 namespace {
@@ -157,6 +158,87 @@ void SoftmaxCrossEntropyBackward(T* dlogits, const T* probs, const int32_t* targ
 }
 
 template <typename T>
+void AttentionForward(T* out, T* att, const T* qkv, int batch, int seq, int channels, int heads) {
+  const int hs = channels / heads;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+  const int64_t c3 = 3 * static_cast<int64_t>(channels);
+  for (int b = 0; b < batch; ++b) {
+    const T* base = qkv + static_cast<int64_t>(b) * seq * c3;
+    for (int h = 0; h < heads; ++h) {
+      for (int t = 0; t < seq; ++t) {
+        const T* q = base + t * c3 + h * hs;
+        T* a = att + ((static_cast<int64_t>(b) * heads + h) * seq + t) * seq;
+        T max = -INFINITY;
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const T* k = base + t2 * c3 + channels + h * hs;
+          T dot = 0;
+          for (int i = 0; i < hs; ++i) dot += q[i] * k[i];
+          a[t2] = dot * scale;
+          max = std::max(max, a[t2]);
+        }
+        T sum = 0;
+        for (int t2 = 0; t2 <= t; ++t2) {
+          a[t2] = std::exp(a[t2] - max);
+          sum += a[t2];
+        }
+        for (int t2 = 0; t2 < seq; ++t2) a[t2] = t2 <= t ? a[t2] / sum : T(0);
+        T* o = out + (static_cast<int64_t>(b) * seq + t) * channels + h * hs;
+        for (int i = 0; i < hs; ++i) o[i] = 0;
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const T* v = base + t2 * c3 + 2 * channels + h * hs;
+          for (int i = 0; i < hs; ++i) o[i] += a[t2] * v[i];
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int batch, int seq,
+                       int channels, int heads) {
+  const int hs = channels / heads;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+  const int64_t c3 = 3 * static_cast<int64_t>(channels);
+  std::vector<T> datt(seq), dscore(seq);
+  for (int b = 0; b < batch; ++b) {
+    const T* base = qkv + static_cast<int64_t>(b) * seq * c3;
+    T* dbase = dqkv + static_cast<int64_t>(b) * seq * c3;
+    for (int h = 0; h < heads; ++h) {
+      for (int t = 0; t < seq; ++t) {
+        const T* a = att + ((static_cast<int64_t>(b) * heads + h) * seq + t) * seq;
+        const T* d = dout + (static_cast<int64_t>(b) * seq + t) * channels + h * hs;
+        // Through out = sum_t2 a[t2] v[t2].
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const T* v = base + t2 * c3 + 2 * channels + h * hs;
+          T* dv = dbase + t2 * c3 + 2 * channels + h * hs;
+          T s = 0;
+          for (int i = 0; i < hs; ++i) {
+            s += v[i] * d[i];
+            dv[i] += a[t2] * d[i];
+          }
+          datt[t2] = s;
+        }
+        // Through the softmax: dscore = a * (datt - sum(a * datt)).
+        T weighted = 0;
+        for (int t2 = 0; t2 <= t; ++t2) weighted += a[t2] * datt[t2];
+        for (int t2 = 0; t2 <= t; ++t2) dscore[t2] = a[t2] * (datt[t2] - weighted);
+        // Through score = scale * q . k.
+        const T* q = base + t * c3 + h * hs;
+        T* dq = dbase + t * c3 + h * hs;
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const T* k = base + t2 * c3 + channels + h * hs;
+          T* dk = dbase + t2 * c3 + channels + h * hs;
+          for (int i = 0; i < hs; ++i) {
+            dq[i] += k[i] * dscore[t2] * scale;
+            dk[i] += q[i] * dscore[t2] * scale;
+          }
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
 void EmbeddingForward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int batch, int seq,
                       int channels) {
   for (int b = 0; b < batch; ++b) {
@@ -197,6 +279,8 @@ void EmbeddingBackward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, i
   template void GeluBackward<T>(T*, const T*, const T*, int64_t);                                  \
   template T SoftmaxCrossEntropyForward<T>(T*, const T*, const int32_t*, int64_t, int);            \
   template void SoftmaxCrossEntropyBackward<T>(T*, const T*, const int32_t*, int64_t, int, T);     \
+  template void AttentionForward<T>(T*, T*, const T*, int, int, int, int);                         \
+  template void AttentionBackward<T>(T*, const T*, const T*, const T*, int, int, int, int);        \
   template void EmbeddingForward<T>(T*, const int32_t*, const T*, const T*, int, int, int);        \
   template void EmbeddingBackward<T>(T*, T*, const T*, const int32_t*, int, int, int);
 

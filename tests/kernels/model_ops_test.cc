@@ -123,6 +123,36 @@ TEST(ModelOpsTest, SoftmaxCrossEntropyGradientAndValue) {
   CheckGradient("softmax cross-entropy", z, dz, loss);
 }
 
+TEST(ModelOpsTest, AttentionGradientAndCausality) {
+  const int batch = 2, seq = 4, c = 6, heads = 2;
+  std::vector<double> qkv = Random(batch * seq * 3 * c, 23);
+  const std::vector<double> r = Random(batch * seq * c, 24);
+  std::vector<double> att(batch * heads * seq * seq);
+  std::vector<double> y(batch * seq * c);
+  auto loss = [&] {
+    AttentionForward(y.data(), att.data(), qkv.data(), batch, seq, c, heads);
+    return Dot(y, r);
+  };
+  loss();
+  // Causal: no weight above the diagonal, rows sum to one; the first position sees only itself,
+  // so its output is its own value vector.
+  for (int bh = 0; bh < batch * heads; ++bh) {
+    for (int t = 0; t < seq; ++t) {
+      double sum = 0;
+      for (int t2 = 0; t2 < seq; ++t2) {
+        const double a = att[(bh * seq + t) * seq + t2];
+        if (t2 > t) EXPECT_EQ(a, 0.0);
+        sum += a;
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-12);
+    }
+  }
+  for (int i = 0; i < c; ++i) EXPECT_NEAR(y[i], qkv[2 * c + i], 1e-12);
+  std::vector<double> dqkv(qkv.size(), 0.0);
+  AttentionBackward(dqkv.data(), r.data(), qkv.data(), att.data(), batch, seq, c, heads);
+  CheckGradient("attention dqkv", qkv, dqkv, loss);
+}
+
 TEST(ModelOpsTest, EmbeddingGradients) {
   const int batch = 2, seq = 3, c = 4, vocab = 5;
   std::vector<double> wte = Random(vocab * c, 12), wpe = Random(seq * c, 13);
