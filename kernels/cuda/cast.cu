@@ -5,40 +5,14 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cast.h"
+#include "kernels/cuda/convert.cuh"
 #include "runtime/internal/cuda_check.h"
 
 namespace zerort {
 namespace {
 
-template <typename T>
-__device__ __forceinline__ float ToFloat(T v);
-template <>
-__device__ __forceinline__ float ToFloat<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <>
-__device__ __forceinline__ float ToFloat<__half>(__half v) {
-  return __half2float(v);
-}
-
-template <typename T>
-__device__ __forceinline__ T FromFloat(float v);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half FromFloat<__half>(float v) {
-  return __float2half_rn(v);
-}
+using cuda::FromFloat;
+using cuda::ToFloat;
 
 template <typename In, typename Out>
 static __global__ void CastKernel(const In* __restrict__ src, Out* __restrict__ dst, int64_t n) {

@@ -8,6 +8,7 @@
 
 #include <cmath>
 
+#include "kernels/cuda/convert.cuh"
 #include "kernels/optimizer.h"
 #include "runtime/internal/cuda_check.h"
 
@@ -22,21 +23,6 @@ struct SgdArgs {
   float lr, momentum, dampening, weight_decay, grad_scale;
   bool nesterov, first_step;
 };
-
-template <typename Out>
-__device__ __forceinline__ void StoreOut(Out* out, int64_t i, float v);
-template <>
-__device__ __forceinline__ void StoreOut<float>(float* out, int64_t i, float v) {
-  out[i] = v;
-}
-template <>
-__device__ __forceinline__ void StoreOut<__nv_bfloat16>(__nv_bfloat16* out, int64_t i, float v) {
-  out[i] = __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ void StoreOut<__half>(__half* out, int64_t i, float v) {
-  out[i] = __float2half_rn(v);
-}
 
 template <typename Out>
 static __global__ void AdamKernel(AdamArgs a, float* __restrict__ p, const float* __restrict__ g,
@@ -57,7 +43,7 @@ static __global__ void AdamKernel(AdamArgs a, float* __restrict__ p, const float
     p[i] = param;
     m[i] = mi;
     v[i] = vi;
-    if (out != nullptr) StoreOut(out, i, param);
+    if (out != nullptr) out[i] = cuda::FromFloat<Out>(param);
   }
 }
 
@@ -77,7 +63,7 @@ static __global__ void SgdKernel(SgdArgs a, float* __restrict__ p, const float* 
     }
     param = param - a.lr * grad;
     p[i] = param;
-    if (out != nullptr) StoreOut(out, i, param);
+    if (out != nullptr) out[i] = cuda::FromFloat<Out>(param);
   }
 }
 

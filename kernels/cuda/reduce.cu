@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/convert.cuh"
 #include "kernels/reduce.h"
 #include "runtime/internal/cuda_check.h"
 
@@ -14,21 +15,6 @@ namespace {
 
 constexpr int kReduceBlocks = 512;
 constexpr int kThreads = 256;
-
-template <typename T>
-__device__ __forceinline__ float Load(const T* x, int64_t i);
-template <>
-__device__ __forceinline__ float Load<float>(const float* x, int64_t i) {
-  return x[i];
-}
-template <>
-__device__ __forceinline__ float Load<__nv_bfloat16>(const __nv_bfloat16* x, int64_t i) {
-  return __bfloat162float(x[i]);
-}
-template <>
-__device__ __forceinline__ float Load<__half>(const __half* x, int64_t i) {
-  return __half2float(x[i]);
-}
 
 struct SquareOp {
   __device__ float operator()(float v) const { return v * v; }
@@ -56,7 +42,7 @@ static __global__ void PartialKernel(const T* __restrict__ x, int64_t n,
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    acc += op(Load(x, i));
+    acc += op(cuda::ToFloat(x[i]));
   }
   acc = BlockSum(acc);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
@@ -70,26 +56,11 @@ static __global__ void FinalKernel(const float* __restrict__ partial, float* __r
 }
 
 template <typename T>
-__device__ __forceinline__ T Store(float v);
-template <>
-__device__ __forceinline__ float Store<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 Store<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half Store<__half>(float v) {
-  return __float2half_rn(v);
-}
-
-template <typename T>
 static __global__ void ScaleKernel(T* __restrict__ x, int64_t n, float factor) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    x[i] = Store<T>(Load(x, i) * factor);
+    x[i] = cuda::FromFloat<T>(cuda::ToFloat(x[i]) * factor);
   }
 }
 
@@ -99,7 +70,7 @@ static __global__ void AccumulateKernel(const T* __restrict__ src, float* __rest
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    dst[i] += Load(src, i);
+    dst[i] += cuda::ToFloat(src[i]);
   }
 }
 
