@@ -123,14 +123,6 @@ std::optional<CollectiveRecord> CollectiveTrace::PollOverdue(Clock::time_point n
   return std::nullopt;
 }
 
-bool CollectiveTrace::HasInFlight() const {
-  std::lock_guard lock(mu_);
-  for (const CollectiveRecord& record : records_) {
-    if (record.state == CollectiveState::kIssued) return true;
-  }
-  return false;
-}
-
 std::vector<CollectiveRecord> CollectiveTrace::Records() const {
   std::lock_guard lock(mu_);
   return {records_.begin(), records_.end()};

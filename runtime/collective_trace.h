@@ -66,7 +66,6 @@ class CollectiveTrace {
   // Polls attached probes, then returns the oldest in-flight record past its deadline, marking
   // it timed out; a probe that reports an error marks its record failed and returns it too.
   std::optional<CollectiveRecord> PollOverdue(Clock::time_point now);
-  bool HasInFlight() const;
 
   std::vector<CollectiveRecord> Records() const;  // oldest first
   // "last collectives of rank r/w in group G (backend):" followed by one line per record.

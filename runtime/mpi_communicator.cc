@@ -267,8 +267,6 @@ StatusOr<std::unique_ptr<Communicator>> MpiContext::World(CommOptions options) {
                                                            std::move(options), watchdog_.get()));
 }
 
-bool MpiCompiled() { return true; }
-
 std::string MpiLibraryVersion() {
   char text[MPI_MAX_LIBRARY_VERSION_STRING];
   int length = 0;

@@ -41,8 +41,6 @@ class MpiContext {
   std::unique_ptr<Watchdog> watchdog_;
 };
 
-// True in a build with MPI.
-bool MpiCompiled();
 // MPI_Get_library_version's first line, or why there is none.
 std::string MpiLibraryVersion();
 

@@ -269,8 +269,6 @@ StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& boo
       comm, device, bootstrap.rank(), bootstrap.size(), std::move(options), watchdog));
 }
 
-bool NcclCompiled() { return true; }
-
 std::string NcclVersion() {
   int version = 0;
   if (ncclGetVersion(&version) != ncclSuccess) return "unknown";

@@ -17,7 +17,6 @@ StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& boo
                                                                Device device, CommOptions options,
                                                                Watchdog* watchdog);
 
-bool NcclCompiled();
 std::string NcclVersion();  // "2.27.7", or why there is none
 
 }  // namespace zerort

@@ -14,8 +14,6 @@ StatusOr<std::unique_ptr<Communicator>> MpiContext::World(CommOptions) {
   return absl::FailedPreconditionError("zerort was built without MPI");
 }
 
-bool MpiCompiled() { return false; }
-
 std::string MpiLibraryVersion() { return "not built"; }
 
 }  // namespace zerort

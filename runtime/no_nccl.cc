@@ -9,8 +9,6 @@ StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator&, De
       "zerort was built without NCCL (needs CUDA and NCCL; reconfigure with -DZR_ENABLE_NCCL=ON)");
 }
 
-bool NcclCompiled() { return false; }
-
 std::string NcclVersion() { return "not built"; }
 
 }  // namespace zerort

@@ -58,11 +58,4 @@ std::vector<ShardPiece> FlatLayout::ShardPieces(int rank) const {
   return pieces;
 }
 
-int FlatLayout::FindParam(const std::string& name) const {
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (params_[i].name == name) return static_cast<int>(i);
-  }
-  return -1;
-}
-
 }  // namespace zerort

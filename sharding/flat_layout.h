@@ -57,7 +57,6 @@ class FlatLayout {
   }
   // The pieces of parameters in the rank's shard, in flat order.
   std::vector<ShardPiece> ShardPieces(int rank) const;
-  int FindParam(const std::string& name) const;  // -1 when absent
 
  private:
   std::vector<ParamSpec> params_;
