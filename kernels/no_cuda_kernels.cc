@@ -1,5 +1,6 @@
 // Kernel entry points of a build without CUDA.
 #include "kernels/cast.h"
+#include "kernels/model_kernels.h"
 #include "kernels/optimizer.h"
 #include "kernels/reduce.h"
 
@@ -35,3 +36,9 @@ Status CudaAccumulateInto(const void*, DType, float*, int64_t, Stream*) {
 }
 
 }  // namespace zerort::internal
+
+namespace zerort {
+StatusOr<std::unique_ptr<ModelKernels>> MakeCudaModelKernels(DType, DType, Stream&, Allocator&) {
+  return absl::FailedPreconditionError("the GPT model on CUDA: zerort was built without CUDA");
+}
+}  // namespace zerort

@@ -1,0 +1,92 @@
+// ModelKernels: the GPT model's operations behind one interface, so the layer code is written
+// once for CPU and CUDA. Every pointer is memory of the kernels' device; work is issued on the
+// kernels' stream (CPU: done when the call returns). Element types:
+//   - activations, weights and their gradients-in-flight: act dtype (act_size() bytes);
+//   - weight gradients (the shard manager's gradient buffers): grad dtype (grad_size() bytes);
+//   - LayerNorm statistics and per-row losses: stat_size() bytes (fp32; fp64 for double kernels);
+//   - token ids: int32.
+// Backward operations ADD (+=) into every gradient they write, as the shard manager's gradient
+// buffers accumulate across micro-batches; a null gradient pointer skips that gradient.
+// Implementations: CPU (float for training, double for finite-difference checks; OpenBLAS
+// GEMMs) and CUDA (fp32 or bf16 activations, fp32 accumulation; cuBLASLt GEMMs).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "runtime/allocator.h"
+#include "runtime/device.h"
+#include "runtime/dtype.h"
+#include "runtime/status.h"
+
+namespace zerort {
+
+class ModelKernels {
+ public:
+  virtual ~ModelKernels() = default;
+
+  virtual Device device() const = 0;
+  virtual Stream& stream() = 0;
+  virtual size_t act_size() const = 0;
+  virtual size_t grad_size() const = 0;
+  virtual size_t stat_size() const = 0;
+  // Copies n activation elements (act dtype) or statistics (stat dtype) to host doubles; waits.
+  virtual Status ActToHost(const void* src, int64_t n, double* out) = 0;
+  virtual Status StatToHost(const void* src, int64_t n, double* out) = 0;
+
+  // out[b, t] = wte[tokens[b, t]] + wpe[t]; rows of `channels`.
+  virtual Status Embedding(void* out, const int32_t* tokens, const void* wte, const void* wpe,
+                           int batch, int seq, int channels) = 0;
+  virtual Status EmbeddingBackward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens,
+                                   int batch, int seq, int channels) = 0;
+
+  // Over the last dimension, eps 1e-5 (GPT-2's); mean and rstd are saved for the backward.
+  virtual Status LayerNorm(void* out, void* mean, void* rstd, const void* inp, const void* weight,
+                           const void* bias, int64_t rows, int channels) = 0;
+  virtual Status LayerNormBackward(void* dinp, void* dweight, void* dbias, const void* dout,
+                                   const void* inp, const void* weight, const void* mean,
+                                   const void* rstd, int64_t rows, int channels) = 0;
+
+  // out[r, o] = inp[r, :] . weight[o, :] + bias[o]  (weight [out_features, in]; bias may be null).
+  virtual Status Matmul(void* out, const void* inp, const void* weight, const void* bias,
+                        int64_t rows, int in, int out_features) = 0;
+  virtual Status MatmulBackward(void* dinp, void* dweight, void* dbias, const void* dout,
+                                const void* inp, const void* weight, int64_t rows, int in,
+                                int out_features) = 0;
+
+  // Causal multi-head self-attention; qkv [batch, seq, 3 * channels], out [batch, seq, channels],
+  // att [batch, heads, seq, seq] saves the probabilities (zero above the diagonal).
+  virtual Status Attention(void* out, void* att, const void* qkv, int batch, int seq, int channels,
+                           int heads) = 0;
+  virtual Status AttentionBackward(void* dqkv, const void* dout, const void* qkv, const void* att,
+                                   int batch, int seq, int channels, int heads) = 0;
+
+  // GELU, tanh approximation.
+  virtual Status Gelu(void* out, const void* inp, int64_t n) = 0;
+  virtual Status GeluBackward(void* dinp, const void* inp, const void* dout, int64_t n) = 0;
+
+  // out = a + b (the residual connection).
+  virtual Status Add(void* out, const void* a, const void* b, int64_t n) = 0;
+  // dst += src (the residual's backward; act dtype).
+  virtual Status Accumulate(void* dst, const void* src, int64_t n) = 0;
+
+  // Softmax cross-entropy per row: losses[r] = -log softmax(logits[r])[targets[r]] (stat dtype).
+  // With `dloss` non-zero, logits are overwritten by their gradient
+  // (softmax - onehot(target)) * dloss / rows, the gradient of dloss x mean loss: the logits are
+  // not needed afterwards, and this saves a [rows, vocab] buffer.
+  virtual Status CrossEntropy(void* logits, void* losses, const int32_t* targets, int64_t rows,
+                              int vocab, float dloss) = 0;
+};
+
+// CPU kernels in float (act, grad and stat all fp32) or, for gradient checks, double.
+enum class CpuPrecision { kFloat, kDouble };
+std::unique_ptr<ModelKernels> MakeCpuModelKernels(CpuPrecision precision);
+
+// CUDA kernels with activations/weights in `act` (kF32 or kBF16) and weight gradients in `grad`
+// (kF32 or kBF16); fp32 accumulation everywhere. Scratch memory (GEMM workspace, attention
+// scores) comes from `workspace` (tagged kWorkspace). Fails when CUDA is not built or present.
+StatusOr<std::unique_ptr<ModelKernels>> MakeCudaModelKernels(DType act, DType grad, Stream& stream,
+                                                             Allocator& workspace);
+
+}  // namespace zerort

@@ -1,0 +1,111 @@
+// GptModel: the built-in GPT-2-style decoder (token + position embeddings, pre-LayerNorm blocks of
+// causal self-attention with a fused QKV projection and a 4x tanh-GELU MLP, a final LayerNorm,
+// the output projection tied to the token embedding, softmax cross-entropy), forward and backward
+// on any ModelKernels, with its weights in a WeightStore.
+//
+// Units (what the shard manager gathers and releases together): 0 = "embeddings" (wte, wpe),
+// 1..n_layer = "blocks.i", n_layer + 1 = "final_norm". Order of use in a training micro-batch:
+//   forward:  embeddings, blocks.0 .. blocks.L-1, final_norm;
+//   backward: embeddings (the tied output projection: opened for the logits and kept open, since
+//             its gradient gets a second contribution from the input embedding at the very end),
+//             final_norm, blocks.L-1 .. blocks.0, then embeddings closed.
+// Under ZeRO-3 a block's weights are gathered only while that block computes (forward, and again
+// for its backward).
+//
+// Activations (accounted as kActivations in the allocator's tracker): per block, the tensors its
+// backward needs (llm.c's set: ln1 and its statistics, qkv, attention probabilities, attention
+// output, residual, ln2 and its statistics, MLP pre- and post-GELU, block output). With
+// activation checkpointing only each block's input is kept, and one block's set is recomputed at a
+// time during the backward. Gradients of activations are kWorkspace.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/model_kernels.h"
+#include "layers/gpt_config.h"
+#include "layers/tensor_parallel.h"
+#include "layers/weight_store.h"
+#include "runtime/allocator.h"
+#include "sharding/sharded_unit.h"
+
+namespace zerort {
+
+struct GptModelOptions {
+  GptConfig config;
+  int micro_batch = 1;                    // sequences per micro-batch: the activation sizes
+  bool activation_checkpointing = false;  // recompute each block's forward in its backward
+  TensorParallelGroup tp;                 // size 1 until tensor parallelism lands
+};
+
+// The model's units as ParamSpecs (see the unit list above). Names follow GPT-2's structure:
+// wte, wpe, blocks.i.{ln1,attn.qkv,attn.proj,ln2,mlp.fc,mlp.proj}.{weight,bias},
+// ln_f.{weight,bias}.
+struct GptUnit {
+  std::string name;
+  std::vector<ParamSpec> params;
+};
+StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& config, const TensorParallelGroup& tp);
+
+// GPT-2's initialisation: weights normal(0, 0.02), the residual projections (attn.proj.weight,
+// mlp.proj.weight) normal(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm weights 1. Each value
+// is a function of (seed, parameter name, element index) only: no dependence on world size,
+// stage or the order units are initialised.
+Initializer GptInitializer(const GptConfig& config);
+
+struct SamplingOptions {
+  float temperature = 1.0f;  // 0: greedy (argmax)
+  int top_k = 0;             // keep the k most likely tokens; 0: all
+  uint64_t seed = 1;
+};
+// Picks a token from one row of logits.
+int32_t SampleToken(std::span<const double> logits, const SamplingOptions& options,
+                    std::mt19937_64& rng);
+
+class GptModel {
+ public:
+  // Declares the model's units in `store` (before the store is initialised).
+  static StatusOr<std::unique_ptr<GptModel>> Create(const GptModelOptions& options,
+                                                    WeightStore& store, ModelKernels& kernels,
+                                                    Allocator& activations);
+  ~GptModel();
+
+  const GptConfig& config() const { return options_.config; }
+  const GptModelOptions& options() const { return options_; }
+
+  // One micro-batch: tokens and targets are host int32 [batch, seq] with batch <= micro_batch
+  // and seq <= seq_len. Adds the gradient of loss_scale x (mean cross-entropy) into the store's
+  // gradient buffers and returns the mean cross-entropy.
+  StatusOr<double> ForwardBackward(std::span<const int32_t> tokens,
+                                   std::span<const int32_t> targets, int batch, int seq,
+                                   float loss_scale);
+  // Forward only: the mean cross-entropy.
+  StatusOr<double> Loss(std::span<const int32_t> tokens, std::span<const int32_t> targets,
+                        int batch, int seq);
+  // Forward only: the logits [batch, seq, vocab] as host doubles.
+  StatusOr<std::vector<double>> Logits(std::span<const int32_t> tokens, int batch, int seq);
+  // Continues `prompt` by `new_tokens` tokens (the window slides once it exceeds seq_len).
+  StatusOr<std::vector<int32_t>> Generate(std::vector<int32_t> prompt, int new_tokens,
+                                          const SamplingOptions& sampling);
+
+ private:
+  struct Pass;
+  GptModel(const GptModelOptions& options, WeightStore& store, ModelKernels& kernels,
+           Allocator& activations);
+  // Forward through the final LayerNorm and the logits; with `train`, then the loss gradient and
+  // the whole backward. Returns the mean loss when targets are given.
+  StatusOr<double> Run(Pass& pass, std::span<const int32_t> tokens,
+                       std::span<const int32_t> targets, bool train, float loss_scale,
+                       std::vector<double>* logits);
+
+  GptModelOptions options_;
+  WeightStore& store_;
+  ModelKernels& kernels_;
+  Allocator& activations_;
+};
+
+}  // namespace zerort

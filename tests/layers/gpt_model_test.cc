@@ -1,0 +1,236 @@
+// The GPT model: whole-model finite-difference gradients in double, equality of ZeRO stages and
+// world sizes through the shard manager, activation checkpointing (same numbers, less memory),
+// initialisation, sampling, and input validation.
+#include "layers/gpt_model.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "runtime/loopback_communicator.h"
+#include "tests/layers/gpt_harness.h"
+
+namespace zerort {
+namespace {
+
+using testing::GptBatch;
+using testing::GptRunConfig;
+using testing::TinyGpt;
+
+template <typename T>
+struct HostModel {
+  HostWeightStore<T> store;
+  std::unique_ptr<ModelKernels> kernels;
+  MemoryTracker tracker;
+  std::unique_ptr<Allocator> allocator = MakeCpuCachingAllocator(&tracker);
+  std::unique_ptr<GptModel> model;
+
+  explicit HostModel(const GptConfig& config, int micro_batch, bool checkpointing = false) {
+    kernels = MakeCpuModelKernels(std::is_same_v<T, double> ? CpuPrecision::kDouble
+                                                            : CpuPrecision::kFloat);
+    model = *GptModel::Create(
+        {.config = config, .micro_batch = micro_batch, .activation_checkpointing = checkpointing},
+        store, *kernels, *allocator);
+    store.Initialize(GptInitializer(config), 7);
+  }
+};
+
+// Every parameter's gradient of the whole model against central differences, in double.
+TEST(GptModelTest, WholeModelGradientMatchesFiniteDifferences) {
+  const GptConfig config{.n_layer = 2, .n_head = 2, .d_model = 8, .seq_len = 5, .vocab_size = 11};
+  HostModel<double> m(config, 2);
+  // Larger weights than GPT-2's 0.02 so every path carries a visible gradient.
+  std::mt19937 rng(3);
+  std::normal_distribution<double> normal(0.0, 0.3);
+  for (const std::string& name : m.store.names()) {
+    for (double& v : *m.store.param(name)) v += normal(rng);
+  }
+  std::vector<int32_t> tokens, targets;
+  GptBatch(0, 2, config.seq_len, config.vocab_size, tokens, targets);
+  ASSERT_TRUE(m.model->ForwardBackward(tokens, targets, 2, config.seq_len, 1.0f).ok());
+  const double h = 1e-5;
+  int checked = 0;
+  for (const std::string& name : m.store.names()) {
+    std::vector<double>& p = *m.store.param(name);
+    const std::vector<double> grad = *m.store.grad(name);
+    double err2 = 0, ref2 = 0;
+    for (size_t i = 0; i < p.size(); ++i) {
+      const double saved = p[i];
+      p[i] = saved + h;
+      const double up = *m.model->Loss(tokens, targets, 2, config.seq_len);
+      p[i] = saved - h;
+      const double down = *m.model->Loss(tokens, targets, 2, config.seq_len);
+      p[i] = saved;
+      const double fd = (up - down) / (2 * h);
+      err2 += (fd - grad[i]) * (fd - grad[i]);
+      ref2 += fd * fd;
+      EXPECT_NEAR(grad[i], fd, 1e-7 + 1e-5 * std::abs(fd)) << name << "[" << i << "]";
+      ++checked;
+    }
+    EXPECT_GT(ref2, 0) << name << " has no gradient at all";
+    EXPECT_LE(std::sqrt(err2), 1e-6 * std::sqrt(ref2)) << name;
+  }
+  EXPECT_EQ(checked, config.NumParameters());
+}
+
+TEST(GptModelTest, CountsAndPresets) {
+  const GptConfig gpt2 = *GptPreset("gpt2");
+  EXPECT_EQ(gpt2.NumParameters(), 124'439'808);  // Hugging Face's GPT2LMHeadModel, tied head
+  EXPECT_FALSE(GptPreset("gpt5").ok());
+  EXPECT_EQ(GptPreset("gpt2-xl")->NumParameters(), 1'557'611'200);
+  const std::vector<GptUnit> units = *GptUnits(TinyGpt(), {});
+  int64_t total = 0;
+  for (const GptUnit& u : units) {
+    for (const ParamSpec& p : u.params) total += p.numel();
+  }
+  EXPECT_EQ(total, TinyGpt().NumParameters());
+  ASSERT_EQ(units.size(), 4u);
+  EXPECT_EQ(units[1].name, "blocks.0");
+  EXPECT_EQ(units[1].params[2].name, "blocks.0.attn.qkv.weight");
+  EXPECT_EQ(units[1].params[2].tensor_split_dim, 0);  // column-parallel
+  EXPECT_EQ(units[1].params[4].tensor_split_dim, 1);  // row-parallel
+  EXPECT_EQ(units[0].params[0].tensor_split_dim, 0);  // vocabulary-parallel
+  GptConfig bad = TinyGpt();
+  bad.n_head = 3;
+  EXPECT_NE(bad.Validate().message().find("does not divide"), std::string::npos);
+}
+
+TEST(GptModelTest, InitialisationFollowsGpt2) {
+  const GptConfig config{
+      .n_layer = 4, .n_head = 4, .d_model = 64, .seq_len = 32, .vocab_size = 300};
+  const Initializer init = GptInitializer(config);
+  auto stddev = [&](const std::string& name, int64_t n) {
+    std::vector<float> v(n);
+    init(ParamSpec{name, {n}}, 5, v);
+    double s = 0;
+    for (float x : v) s += double{x} * x;
+    return std::sqrt(s / n);
+  };
+  EXPECT_NEAR(stddev("wte", 64 * 300), 0.02, 0.001);
+  EXPECT_NEAR(stddev("blocks.1.mlp.fc.weight", 64 * 256), 0.02, 0.001);
+  EXPECT_NEAR(stddev("blocks.1.mlp.proj.weight", 64 * 256), 0.02 / std::sqrt(8.0), 0.0005);
+  EXPECT_NEAR(stddev("blocks.1.attn.proj.weight", 64 * 64), 0.02 / std::sqrt(8.0), 0.0005);
+  std::vector<float> v(64);
+  init(ParamSpec{"blocks.0.ln2.weight", {64}}, 5, v);
+  EXPECT_EQ(v, std::vector<float>(64, 1.0f));
+  init(ParamSpec{"blocks.0.mlp.fc.bias", {64}}, 5, v);
+  EXPECT_EQ(v, std::vector<float>(64, 0.0f));
+  // A function of (seed, name, index): a prefix of a longer tensor is the same values.
+  std::vector<float> a(10), b(11);
+  init(ParamSpec{"wpe", {10}}, 9, a);
+  init(ParamSpec{"wpe", {11}}, 9, b);
+  EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin()));
+  init(ParamSpec{"wpe", {11}}, 10, b);
+  EXPECT_FALSE(std::equal(a.begin(), a.end(), b.begin()));
+}
+
+std::vector<double> TrainLosses(const GptRunConfig& c, int world) {
+  std::vector<double> losses;
+  CommOptions options;
+  options.timeout = std::chrono::seconds(60);
+  const Status status = RunLoopbackRanks(world, options, nullptr, [&](Communicator& comm) {
+    return testing::TrainGptRank(c, comm, losses);
+  });
+  EXPECT_TRUE(status.ok()) << status;
+  return losses;
+}
+
+// Stage and world size are memory choices, never semantics.
+TEST(GptModelTest, StagesAndWorldSizesGiveTheSameLosses) {
+  GptRunConfig c;
+  c.stage = ZeroStage::k0;
+  const std::vector<double> reference = TrainLosses(c, 1);
+  ASSERT_EQ(reference.size(), static_cast<size_t>(c.steps));
+  EXPECT_LT(reference.back(), reference.front() - 0.05) << "the model did not learn";
+  for (ZeroStage stage : {ZeroStage::k0, ZeroStage::k3}) {
+    for (int world : {1, 4}) {
+      c.stage = stage;
+      const std::vector<double> losses = TrainLosses(c, world);
+      ASSERT_EQ(losses.size(), reference.size());
+      for (size_t i = 0; i < losses.size(); ++i) {
+        EXPECT_NEAR(losses[i], reference[i], 1e-5 * reference[i])
+            << "stage " << static_cast<int>(stage) << " world " << world << " step " << i;
+      }
+    }
+  }
+}
+
+TEST(GptModelTest, ActivationCheckpointingChangesNoNumberAndSavesMemory) {
+  const GptConfig config{.n_layer = 4, .n_head = 2, .d_model = 16, .seq_len = 16, .vocab_size = 29};
+  HostModel<float> plain(config, 3, false), ckpt(config, 3, true);
+  std::vector<int32_t> tokens, targets;
+  GptBatch(5, 3, config.seq_len, config.vocab_size, tokens, targets);
+  const double a = *plain.model->ForwardBackward(tokens, targets, 3, config.seq_len, 1.0f);
+  const double b = *ckpt.model->ForwardBackward(tokens, targets, 3, config.seq_len, 1.0f);
+  EXPECT_EQ(a, b);
+  for (const std::string& name : plain.store.names()) {
+    EXPECT_EQ(*plain.store.grad(name), *ckpt.store.grad(name)) << name;
+  }
+  const int64_t peak_plain =
+      plain.tracker.Usage(MemoryTier::kDevice, MemoryCategory::kActivations).peak;
+  const int64_t peak_ckpt =
+      ckpt.tracker.Usage(MemoryTier::kDevice, MemoryCategory::kActivations).peak;
+  // Four blocks' sets against one set plus the block inputs.
+  EXPECT_LT(peak_ckpt * 2, peak_plain) << peak_ckpt << " vs " << peak_plain;
+  EXPECT_EQ(plain.tracker.Usage(MemoryTier::kDevice, MemoryCategory::kActivations).current, 0);
+}
+
+TEST(GptModelTest, SamplingIsGreedyTopKAndSeeded) {
+  const std::vector<double> logits = {0.1, 2.0, -1.0, 1.9, 0.0};
+  std::mt19937_64 rng(1);
+  EXPECT_EQ(SampleToken(logits, {.temperature = 0.0f}, rng), 1);
+  for (int i = 0; i < 50; ++i) {
+    EXPECT_EQ(SampleToken(logits, {.temperature = 1.0f, .top_k = 1}, rng), 1);
+    const int32_t t = SampleToken(logits, {.temperature = 1.0f, .top_k = 2}, rng);
+    EXPECT_TRUE(t == 1 || t == 3) << t;
+  }
+  // Frequencies follow softmax(logits / temperature).
+  std::vector<int> counts(5, 0);
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) ++counts[SampleToken(logits, {.temperature = 2.0f}, rng)];
+  double z = 0;
+  for (double l : logits) z += std::exp(l / 2);
+  for (int v = 0; v < 5; ++v) {
+    EXPECT_NEAR(counts[v] / double{n}, std::exp(logits[v] / 2) / z, 0.015) << v;
+  }
+}
+
+TEST(GptModelTest, GenerateContinuesThePrompt) {
+  const GptConfig config = TinyGpt();
+  HostModel<float> m(config, 1);
+  const SamplingOptions greedy{.temperature = 0.0f};
+  const std::vector<int32_t> a = *m.model->Generate({1, 2, 3}, 12, greedy);
+  ASSERT_EQ(a.size(), 15u);  // past seq_len: the window slides
+  EXPECT_EQ((std::vector<int32_t>(a.begin(), a.begin() + 3)), (std::vector<int32_t>{1, 2, 3}));
+  for (int32_t t : a) EXPECT_TRUE(t >= 0 && t < config.vocab_size);
+  EXPECT_EQ(*m.model->Generate({1, 2, 3}, 12, greedy), a);
+  // Greedy picks the argmax of the last position's logits.
+  const std::vector<double> logits = *m.model->Logits(std::vector<int32_t>{1, 2, 3}, 1, 3);
+  const auto last = std::span(logits).last(config.vocab_size);
+  EXPECT_EQ(a[3], std::max_element(last.begin(), last.end()) - last.begin());
+  const SamplingOptions sampled{.temperature = 1.0f, .top_k = 5, .seed = 9};
+  EXPECT_EQ(*m.model->Generate({4}, 10, sampled), *m.model->Generate({4}, 10, sampled));
+  EXPECT_FALSE(m.model->Generate({}, 3, greedy).ok());
+}
+
+TEST(GptModelTest, BadInputIsRefusedWithItsPosition) {
+  HostModel<float> m(TinyGpt(), 2);
+  std::vector<int32_t> tokens(16, 1), targets(16, 1);
+  targets[5] = 23;
+  Status s = m.model->ForwardBackward(tokens, targets, 2, 8, 1.0f).status();
+  EXPECT_NE(s.message().find("targets[5] = 23 is outside the vocabulary [0, 23)"),
+            std::string::npos)
+      << s;
+  s = m.model->Loss(tokens, tokens, 3, 8).status();  // more sequences than micro_batch
+  EXPECT_FALSE(s.ok());
+  s = m.model->Loss(std::vector<int32_t>(18, 1), std::vector<int32_t>(18, 1), 2, 9).status();
+  EXPECT_FALSE(s.ok()) << "seq above seq_len";
+  TensorParallelGroup tp;
+  MemoryTracker tracker;
+  auto comms = *CreateLoopbackGroup(2, {}, nullptr);
+  tp.comm = comms[0].get();
+  EXPECT_EQ(GptUnits(TinyGpt(), tp).status().code(), absl::StatusCode::kUnimplemented);
+}
+
+}  // namespace
+}  // namespace zerort
