@@ -1,0 +1,282 @@
+// CUDA twins of the GPT model's kernels against the CPU ones, on fresh random inputs (gpu label;
+// skipped with the reason when no GPU is present), in fp32 (1e-5 norm-wise: fp32 accumulation
+// in another order) and bf16 (2e-2: bf16 storage of inputs, outputs and intermediates); then a
+// whole forward/backward/step of the GPT model through the shard manager on CUDA against CPU.
+#include <cmath>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "kernels/model_kernels.h"
+#include "layers/gpt_model.h"
+#include "runtime/allocator.h"
+#include "runtime/loopback_communicator.h"
+#include "tests/layers/gpt_harness.h"
+
+namespace zerort {
+namespace {
+
+#define ZR_NEED_GPU() \
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device: " << QueryCuda().unavailable_reason
+
+std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+double RelErr(const std::vector<float>& got, const std::vector<float>& want) {
+  double e = 0, r = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    e += (double{got[i]} - want[i]) * (double{got[i]} - want[i]);
+    r += double{want[i]} * want[i];
+  }
+  return std::sqrt(e / std::max(r, 1e-30));
+}
+
+// One op's inputs on both sides: CPU float vectors, GPU copies in the act (or grad) dtype.
+struct Twin {
+  DType act;
+  DType grad;
+  Device device = Device::Cuda(0);
+  std::unique_ptr<Allocator> allocator = *MakeCudaCachingAllocator(device, nullptr);
+  std::unique_ptr<Stream> stream = *CreateStream(device, "compute");
+  std::unique_ptr<ModelKernels> gpu = *MakeCudaModelKernels(act, grad, *stream, *allocator);
+  std::unique_ptr<ModelKernels> cpu = MakeCpuModelKernels(CpuPrecision::kFloat);
+  std::vector<Buffer> buffers;
+
+  Twin(DType a, DType g) : act(a), grad(g) {}
+  double tol() const { return act == DType::kF32 ? 1e-5 : 2e-2; }
+
+  // Rounds `host` to `dtype` in place (so the CPU sees what the GPU sees) and uploads it.
+  void* Up(std::vector<float>& host, DType dtype) {
+    std::vector<std::byte> raw(host.size() * DTypeSize(dtype));
+    for (size_t i = 0; i < host.size(); ++i) {
+      StoreFromFloat(raw.data(), dtype, i, host[i]);
+      host[i] = LoadAsFloat(raw.data(), dtype, i);
+    }
+    buffers.push_back(*allocator->Allocate(raw.size(), MemoryCategory::kWorkspace, stream.get()));
+    ZR_CHECK_OK(CopyBytes(buffers.back().data(), device, raw.data(), Device::Cpu(), raw.size(),
+                          stream.get()));
+    return buffers.back().data();
+  }
+  void* A(std::vector<float>& host) { return Up(host, act); }
+  void* G(std::vector<float>& host) { return Up(host, grad); }
+  int32_t* Ids(const std::vector<int32_t>& ids) {
+    buffers.push_back(
+        *allocator->Allocate(ids.size() * 4, MemoryCategory::kWorkspace, stream.get()));
+    ZR_CHECK_OK(CopyBytes(buffers.back().data(), device, ids.data(), Device::Cpu(), ids.size() * 4,
+                          stream.get()));
+    return buffers.back().as<int32_t>();
+  }
+  std::vector<float> Down(const void* p, size_t n, DType dtype) {
+    std::vector<std::byte> raw(n * DTypeSize(dtype));
+    ZR_CHECK_OK(CopyBytes(raw.data(), Device::Cpu(), p, device, raw.size(), stream.get()));
+    ZR_CHECK_OK(stream->Synchronize());
+    std::vector<float> out(n);
+    for (size_t i = 0; i < n; ++i) out[i] = LoadAsFloat(raw.data(), dtype, i);
+    return out;
+  }
+  void Expect(const char* what, const void* gpu_ptr, const std::vector<float>& cpu_values,
+              DType dtype) {
+    const std::vector<float> got = Down(gpu_ptr, cpu_values.size(), dtype);
+    EXPECT_LE(RelErr(got, cpu_values), tol()) << what << " (" << DTypeName(act) << ")";
+  }
+};
+
+const std::vector<std::pair<DType, DType>> kTypes = {
+    {DType::kF32, DType::kF32}, {DType::kBF16, DType::kF32}, {DType::kBF16, DType::kBF16}};
+
+TEST(ModelKernelsCudaTest, LinearLayerNormGeluResidual) {
+  ZR_NEED_GPU();
+  for (auto [act, grad] : kTypes) {
+    Twin t(act, grad);
+    const int rows = 37, in = 48, out = 72;
+    std::vector<float> x = Random(rows * in, 1), w = Random(out * in, 2, 0.2f), b = Random(out, 3),
+                       dy = Random(rows * out, 4);
+    std::vector<float> y(rows * out), dx = Random(rows * in, 5), dw = Random(out * in, 6),
+                                      db = Random(out, 7);
+    void *gx = t.A(x), *gw = t.A(w), *gb = t.A(b), *gdy = t.A(dy), *gy = t.A(y);
+    void *gdx = t.A(dx), *gdw = t.G(dw), *gdb = t.G(db);
+    ASSERT_TRUE(t.gpu->Matmul(gy, gx, gw, gb, rows, in, out).ok());
+    ASSERT_TRUE(t.cpu->Matmul(y.data(), x.data(), w.data(), b.data(), rows, in, out).ok());
+    t.Expect("Matmul", gy, y, act);
+    ASSERT_TRUE(t.gpu->MatmulBackward(gdx, gdw, gdb, gdy, gx, gw, rows, in, out).ok());
+    ASSERT_TRUE(t.cpu
+                    ->MatmulBackward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
+                                     rows, in, out)
+                    .ok());
+    t.Expect("MatmulBackward dinp", gdx, dx, act);
+    t.Expect("MatmulBackward dweight", gdw, dw, grad);
+    t.Expect("MatmulBackward dbias", gdb, db, grad);
+
+    std::vector<float> lw = Random(in, 8), lb = Random(in, 9), ln(rows * in), mean(rows),
+                       rstd(rows), dln = Random(rows * in, 10), dlw = Random(in, 11),
+                       dlb = Random(in, 12), dlx = Random(rows * in, 13);
+    void *glw = t.A(lw), *glb = t.A(lb), *gln = t.A(ln), *gdln = t.A(dln), *gdlx = t.A(dlx);
+    void *gdlw = t.G(dlw), *gdlb = t.G(dlb);
+    std::vector<float> zeros(rows);
+    void* gmean = t.Up(zeros, DType::kF32);
+    void* grstd = t.Up(zeros, DType::kF32);
+    ASSERT_TRUE(t.gpu->LayerNorm(gln, gmean, grstd, gx, glw, glb, rows, in).ok());
+    ASSERT_TRUE(t.cpu
+                    ->LayerNorm(ln.data(), mean.data(), rstd.data(), x.data(), lw.data(), lb.data(),
+                                rows, in)
+                    .ok());
+    t.Expect("LayerNorm", gln, ln, act);
+    t.Expect("LayerNorm rstd", grstd, rstd, DType::kF32);
+    ASSERT_TRUE(
+        t.gpu->LayerNormBackward(gdlx, gdlw, gdlb, gdln, gx, glw, gmean, grstd, rows, in).ok());
+    ASSERT_TRUE(t.cpu
+                    ->LayerNormBackward(dlx.data(), dlw.data(), dlb.data(), dln.data(), x.data(),
+                                        lw.data(), mean.data(), rstd.data(), rows, in)
+                    .ok());
+    t.Expect("LayerNormBackward dinp", gdlx, dlx, act);
+    t.Expect("LayerNormBackward dweight", gdlw, dlw, grad);
+    t.Expect("LayerNormBackward dbias", gdlb, dlb, grad);
+
+    const int64_t n = rows * in;
+    std::vector<float> ge(n), dge = Random(n, 14), sum(n), acc = Random(n, 15);
+    void *gge = t.A(ge), *gdge = t.A(dge), *gsum = t.A(sum), *gacc = t.A(acc);
+    ASSERT_TRUE(t.gpu->Gelu(gge, gx, n).ok());
+    ASSERT_TRUE(t.cpu->Gelu(ge.data(), x.data(), n).ok());
+    t.Expect("Gelu", gge, ge, act);
+    ASSERT_TRUE(t.gpu->GeluBackward(gdge, gx, gdx, n).ok());
+    ASSERT_TRUE(t.cpu->GeluBackward(dge.data(), x.data(), dx.data(), n).ok());
+    t.Expect("GeluBackward", gdge, dge, act);
+    ASSERT_TRUE(t.gpu->Add(gsum, gx, gdx, n).ok());
+    ASSERT_TRUE(t.cpu->Add(sum.data(), x.data(), dx.data(), n).ok());
+    t.Expect("Add", gsum, sum, act);
+    ASSERT_TRUE(t.gpu->Accumulate(gacc, gx, n).ok());
+    ASSERT_TRUE(t.cpu->Accumulate(acc.data(), x.data(), n).ok());
+    t.Expect("Accumulate", gacc, acc, act);
+  }
+}
+
+TEST(ModelKernelsCudaTest, AttentionEmbeddingCrossEntropy) {
+  ZR_NEED_GPU();
+  for (auto [act, grad] : kTypes) {
+    Twin t(act, grad);
+    const int batch = 3, seq = 33, channels = 48, heads = 4, vocab = 101;
+    const int64_t rows = int64_t{batch} * seq;
+    std::vector<float> qkv = Random(rows * 3 * channels, 1), out(rows * channels),
+                       att(int64_t{batch} * heads * seq * seq), dout = Random(rows * channels, 2),
+                       dqkv = Random(rows * 3 * channels, 3);
+    void *gqkv = t.A(qkv), *gout = t.A(out), *gatt = t.A(att), *gdout = t.A(dout),
+         *gdqkv = t.A(dqkv);
+    ASSERT_TRUE(t.gpu->Attention(gout, gatt, gqkv, batch, seq, channels, heads).ok());
+    ASSERT_TRUE(
+        t.cpu->Attention(out.data(), att.data(), qkv.data(), batch, seq, channels, heads).ok());
+    t.Expect("Attention out", gout, out, act);
+    t.Expect("Attention probabilities", gatt, att, act);
+    // The backward reads the probabilities each side computed (bf16 rounding stays local).
+    att = t.Down(gatt, att.size(), act);
+    ASSERT_TRUE(
+        t.gpu->AttentionBackward(gdqkv, gdout, gqkv, gatt, batch, seq, channels, heads).ok());
+    ASSERT_TRUE(t.cpu
+                    ->AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), batch,
+                                        seq, channels, heads)
+                    .ok());
+    t.Expect("AttentionBackward", gdqkv, dqkv, act);
+
+    std::vector<int32_t> tokens(rows);
+    std::mt19937 rng(4);
+    for (int32_t& id : tokens) id = static_cast<int32_t>(rng() % vocab);
+    int32_t* gtok = t.Ids(tokens);
+    std::vector<float> wte = Random(vocab * channels, 5), wpe = Random(seq * channels, 6),
+                       emb(rows * channels), dwte = Random(vocab * channels, 7),
+                       dwpe = Random(seq * channels, 8);
+    void *gwte = t.A(wte), *gwpe = t.A(wpe), *gemb = t.A(emb), *gdwte = t.G(dwte),
+         *gdwpe = t.G(dwpe);
+    ASSERT_TRUE(t.gpu->Embedding(gemb, gtok, gwte, gwpe, batch, seq, channels).ok());
+    ASSERT_TRUE(
+        t.cpu->Embedding(emb.data(), tokens.data(), wte.data(), wpe.data(), batch, seq, channels)
+            .ok());
+    t.Expect("Embedding", gemb, emb, act);
+    ASSERT_TRUE(t.gpu->EmbeddingBackward(gdwte, gdwpe, gdout, gtok, batch, seq, channels).ok());
+    ASSERT_TRUE(t.cpu
+                    ->EmbeddingBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), batch,
+                                        seq, channels)
+                    .ok());
+    t.Expect("EmbeddingBackward wte", gdwte, dwte, grad);
+    t.Expect("EmbeddingBackward wpe", gdwpe, dwpe, grad);
+
+    std::vector<float> logits = Random(rows * vocab, 9, 3.0f), losses(rows);
+    void* glogits = t.A(logits);
+    std::vector<float> zeros(rows);
+    void* glosses = t.Up(zeros, DType::kF32);
+    ASSERT_TRUE(t.gpu->CrossEntropy(glogits, glosses, gtok, rows, vocab, 2.0f).ok());
+    ASSERT_TRUE(
+        t.cpu->CrossEntropy(logits.data(), losses.data(), tokens.data(), rows, vocab, 2.0f).ok());
+    t.Expect("CrossEntropy losses", glosses, losses, DType::kF32);
+    t.Expect("CrossEntropy gradient", glogits, logits, act);
+  }
+}
+
+// The whole model through the shard manager (ZeRO-3, 2 loopback ranks on one GPU) against the
+// same run on CPU: the losses of 4 steps.
+TEST(ModelKernelsCudaTest, WholeModelTrainsLikeCpu) {
+  ZR_NEED_GPU();
+  testing::GptRunConfig c;
+  c.steps = 4;
+  auto run = [&](bool cuda, DType dtype) {
+    std::vector<double> losses;
+    CommOptions options;
+    options.timeout = std::chrono::seconds(60);
+    const Status status = RunLoopbackRanks(2, options, nullptr, [&](Communicator& comm) -> Status {
+      MemoryTracker tracker;
+      std::unique_ptr<Allocator> allocator;
+      std::unique_ptr<Stream> stream;
+      if (cuda) {
+        ZR_RETURN_IF_ERROR(SetCurrentDevice(Device::Cuda(0)));
+        ZR_ASSIGN_OR_RETURN(allocator, MakeCudaCachingAllocator(Device::Cuda(0), &tracker));
+      } else {
+        allocator = MakeCpuCachingAllocator(&tracker);
+      }
+      ShardManagerOptions o;
+      o.stage = ZeroStage::k3;
+      o.compute_dtype = dtype;
+      o.reduce_dtype = DType::kF32;
+      o.stage3_param_persistence_threshold = 0;
+      ZR_ASSIGN_OR_RETURN(auto manager, ShardManager::Create(
+                                            o, {.dp = &comm, .device_allocator = allocator.get()}));
+      auto store = MakeShardManagerStore(*manager);
+      std::unique_ptr<ModelKernels> kernels;
+      if (cuda) {
+        ZR_ASSIGN_OR_RETURN(kernels, MakeCudaModelKernels(dtype, DType::kF32,
+                                                          manager->compute_stream(), *allocator));
+      } else {
+        kernels = MakeCpuModelKernels(CpuPrecision::kFloat);
+      }
+      const int per_rank = c.global_batch / 2;
+      ZR_ASSIGN_OR_RETURN(auto model, GptModel::Create({.config = c.model, .micro_batch = per_rank},
+                                                       *store, *kernels, *allocator));
+      ZR_RETURN_IF_ERROR(manager->Initialize(GptInitializer(c.model)));
+      std::vector<int32_t> tokens, targets;
+      for (int step = 0; step < c.steps; ++step) {
+        testing::GptBatch(int64_t{step} * c.global_batch + comm.rank() * per_rank, per_rank,
+                          c.model.seq_len, c.model.vocab_size, tokens, targets);
+        ZR_ASSIGN_OR_RETURN(
+            double loss, model->ForwardBackward(tokens, targets, per_rank, c.model.seq_len, 1.0f));
+        ZR_RETURN_IF_ERROR(manager->Step({.lr = c.lr}).status());
+        if (comm.rank() == 0) losses.push_back(loss);
+      }
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(status.ok()) << status;
+    return losses;
+  };
+  const std::vector<double> cpu = run(false, DType::kF32);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const std::vector<double> gpu = run(true, dtype);
+    ASSERT_EQ(gpu.size(), cpu.size());
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      EXPECT_NEAR(gpu[i], cpu[i], (dtype == DType::kF32 ? 1e-5 : 2e-2) * cpu[i])
+          << DTypeName(dtype) << " step " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zerort
