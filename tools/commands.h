@@ -35,6 +35,14 @@ struct BenchAdamwOptions {
 };
 int RunBenchAdamw(const BenchAdamwOptions& options);
 
+struct BenchModelOptions {
+  std::string config;  // run config (JSON): the model section and the batch/precision keys
+  int iters = 3;       // measured iterations after one warm-up; the median is reported
+  bool cpu = false;    // measure on the CPU even when a GPU is present
+  bool json = false;
+};
+int RunBenchModel(const BenchModelOptions& options);
+
 // Parses "4096", "4KiB", "64MiB", "1GiB", "1.5GB".
 StatusOr<size_t> ParseBytes(const std::string& text);
 std::string FormatBytes(double bytes);  // "4 KiB", "64 MiB"

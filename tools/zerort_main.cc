@@ -66,6 +66,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   adamw->add_flag("--json", adamw_options.json, "One JSON object instead of text");
 
+  cli::BenchModelOptions model_options;
+  CLI::App* model = bench->add_subcommand(
+      "model", "GPT forward+backward: tokens/s, FLOP/s, MFU against the model's own GEMM rate");
+  model->add_option("--config", model_options.config, "Run config (JSON)")->required();
+  model->add_option("--iters", model_options.iters, "Measured iterations")->capture_default_str();
+  model->add_flag("--cpu", model_options.cpu, "Measure on the CPU even when a GPU is present");
+  model->add_flag("--json", model_options.json, "One JSON object instead of text");
+
   for (const auto& [name, what] : kNotYet) {
     app.add_subcommand(name, std::string(what) + " (not available in this version)")
         ->allow_extras()
@@ -118,5 +126,6 @@ int main(int argc, char** argv) {
   if (app.got_subcommand(env)) return cli::RunEnv(env_options, *launch);
   if (comm->parsed()) return cli::RunBenchComm(comm_options, *launch, &argc, &argv);
   if (adamw->parsed()) return cli::RunBenchAdamw(adamw_options);
+  if (model->parsed()) return cli::RunBenchModel(model_options);
   return kExitUsage;
 }
