@@ -175,6 +175,8 @@ void SoftmaxCrossEntropyFused(T* logits, T* losses, const int32_t* targets, int6
   }
 }
 
+// Attention per (batch, head) through GEMMs on strided views of qkv (the causal upper triangle
+// is computed and then masked: twice the FLOPs of the causal part, at BLAS speed).
 template <typename T>
 void AttentionForward(T* out, T* att, const T* qkv, int batch, int seq, int channels, int heads) {
   const int hs = channels / heads;
@@ -183,30 +185,27 @@ void AttentionForward(T* out, T* att, const T* qkv, int batch, int seq, int chan
   for (int b = 0; b < batch; ++b) {
     const T* base = qkv + static_cast<int64_t>(b) * seq * c3;
     for (int h = 0; h < heads; ++h) {
+      const T* q = base + h * hs;
+      const T* k = base + channels + h * hs;
+      const T* v = base + 2 * channels + h * hs;
+      T* a = att + (static_cast<int64_t>(b) * heads + h) * seq * seq;
+      // scores [T, T] = q [T, hs] k^T
+      Gemm<T>(false, true, seq, seq, hs, q, c3, k, c3, T(0), a, seq);
       for (int t = 0; t < seq; ++t) {
-        const T* q = base + t * c3 + h * hs;
-        T* a = att + ((static_cast<int64_t>(b) * heads + h) * seq + t) * seq;
+        T* row = a + static_cast<int64_t>(t) * seq;
         T max = -INFINITY;
-        for (int t2 = 0; t2 <= t; ++t2) {
-          const T* k = base + t2 * c3 + channels + h * hs;
-          T dot = 0;
-          for (int i = 0; i < hs; ++i) dot += q[i] * k[i];
-          a[t2] = dot * scale;
-          max = std::max(max, a[t2]);
-        }
+        for (int t2 = 0; t2 <= t; ++t2) max = std::max(max, row[t2] * scale);
         T sum = 0;
         for (int t2 = 0; t2 <= t; ++t2) {
-          a[t2] = std::exp(a[t2] - max);
-          sum += a[t2];
+          row[t2] = std::exp(row[t2] * scale - max);
+          sum += row[t2];
         }
-        for (int t2 = 0; t2 < seq; ++t2) a[t2] = t2 <= t ? a[t2] / sum : T(0);
-        T* o = out + (static_cast<int64_t>(b) * seq + t) * channels + h * hs;
-        for (int i = 0; i < hs; ++i) o[i] = 0;
-        for (int t2 = 0; t2 <= t; ++t2) {
-          const T* v = base + t2 * c3 + 2 * channels + h * hs;
-          for (int i = 0; i < hs; ++i) o[i] += a[t2] * v[i];
-        }
+        const T inv = T(1) / sum;
+        for (int t2 = 0; t2 < seq; ++t2) row[t2] = t2 <= t ? row[t2] * inv : T(0);
       }
+      // out [T, hs] (row stride channels) = att [T, T] v [T, hs]
+      T* o = out + static_cast<int64_t>(b) * seq * channels + h * hs;
+      Gemm<T>(false, false, seq, hs, seq, a, seq, v, c3, T(0), o, channels);
     }
   }
 }
@@ -217,41 +216,34 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int b
   const int hs = channels / heads;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   const int64_t c3 = 3 * static_cast<int64_t>(channels);
-  std::vector<T> datt(seq), dscore(seq);
+  std::vector<T> datt(static_cast<size_t>(seq) * seq);
   for (int b = 0; b < batch; ++b) {
     const T* base = qkv + static_cast<int64_t>(b) * seq * c3;
     T* dbase = dqkv + static_cast<int64_t>(b) * seq * c3;
+    const T* d = dout + static_cast<int64_t>(b) * seq * channels;
     for (int h = 0; h < heads; ++h) {
+      const T* q = base + h * hs;
+      const T* k = base + channels + h * hs;
+      const T* v = base + 2 * channels + h * hs;
+      const T* a = att + (static_cast<int64_t>(b) * heads + h) * seq * seq;
+      const T* dh = d + h * hs;
+      // Through out = att v: datt = dout v^T, dv += att^T dout.
+      Gemm<T>(false, true, seq, seq, hs, dh, channels, v, c3, T(0), datt.data(), seq);
+      Gemm<T>(true, false, seq, hs, seq, a, seq, dh, channels, T(1), dbase + 2 * channels + h * hs,
+              c3);
+      // Through the softmax: dscore = att * (datt - sum(att * datt)), zero above the diagonal.
       for (int t = 0; t < seq; ++t) {
-        const T* a = att + ((static_cast<int64_t>(b) * heads + h) * seq + t) * seq;
-        const T* d = dout + (static_cast<int64_t>(b) * seq + t) * channels + h * hs;
-        // Through out = sum_t2 a[t2] v[t2].
-        for (int t2 = 0; t2 <= t; ++t2) {
-          const T* v = base + t2 * c3 + 2 * channels + h * hs;
-          T* dv = dbase + t2 * c3 + 2 * channels + h * hs;
-          T s = 0;
-          for (int i = 0; i < hs; ++i) {
-            s += v[i] * d[i];
-            dv[i] += a[t2] * d[i];
-          }
-          datt[t2] = s;
-        }
-        // Through the softmax: dscore = a * (datt - sum(a * datt)).
+        const T* arow = a + static_cast<int64_t>(t) * seq;
+        T* drow = datt.data() + static_cast<int64_t>(t) * seq;
         T weighted = 0;
-        for (int t2 = 0; t2 <= t; ++t2) weighted += a[t2] * datt[t2];
-        for (int t2 = 0; t2 <= t; ++t2) dscore[t2] = a[t2] * (datt[t2] - weighted);
-        // Through score = scale * q . k.
-        const T* q = base + t * c3 + h * hs;
-        T* dq = dbase + t * c3 + h * hs;
-        for (int t2 = 0; t2 <= t; ++t2) {
-          const T* k = base + t2 * c3 + channels + h * hs;
-          T* dk = dbase + t2 * c3 + channels + h * hs;
-          for (int i = 0; i < hs; ++i) {
-            dq[i] += k[i] * dscore[t2] * scale;
-            dk[i] += q[i] * dscore[t2] * scale;
-          }
-        }
+        for (int t2 = 0; t2 <= t; ++t2) weighted += arow[t2] * drow[t2];
+        for (int t2 = 0; t2 < seq; ++t2)
+          drow[t2] = t2 <= t ? arow[t2] * (drow[t2] - weighted) * scale : T(0);
       }
+      // Through score = scale q . k: dq += dscore k, dk += dscore^T q.
+      Gemm<T>(false, false, seq, hs, seq, datt.data(), seq, k, c3, T(1), dbase + h * hs, c3);
+      Gemm<T>(true, false, seq, hs, seq, datt.data(), seq, q, c3, T(1), dbase + channels + h * hs,
+              c3);
     }
   }
 }

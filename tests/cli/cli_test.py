@@ -47,7 +47,31 @@ check("bench covers the three collectives", ops == {"all_gather", "reduce_scatte
       str(ops))
 check("bench sizes 4, 16, 64 KiB per op", len(bench["results"]) == 9, r.stdout)
 
+import os
+import tempfile
+
+configs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs")
+r = run("bench", "model", "--config", os.path.join(configs, "bench-tiny.json"), "--iters", "1",
+        "--cpu", "--json")
+check("bench model exits 0", r.returncode == 0, r.stderr)
+model = json.loads(r.stdout) if r.returncode == 0 else {}
+for key in ("bench", "baseline", "ratio", "tokens_per_s", "achieved_tflops", "flops_per_token"):
+    check(f"bench model json has {key}", key in model, r.stdout)
+check("bench model counts tiny's parameters", model.get("params") == 120576, r.stdout)
+check("bench model ratio in (0, 2)", 0 < model.get("ratio", 0) < 2, r.stdout)
+
+tmp = tempfile.mkdtemp()
+bad_heads = os.path.join(tmp, "bad-heads.json")
+with open(bad_heads, "w") as f:
+    json.dump({"model": {"preset": "tiny", "n_head": 5}}, f)
+bad_preset = os.path.join(tmp, "bad-preset.json")
+with open(bad_preset, "w") as f:
+    json.dump({"model": {"preset": "gpt9"}}, f)
+
 for args, needle in [
+    (["bench", "model", "--config", bad_heads], "does not divide"),
+    (["bench", "model", "--config", bad_preset], "gpt9"),
+    (["bench", "model", "--config", os.path.join(tmp, "missing.json")], "missing.json"),
     (["bench", "comm", "--backend", "carrier-pigeon"], "carrier-pigeon"),
     (["bench", "comm", "--max-bytes", "12QB"], "12QB"),
     (["bench", "comm", "--ops", "all_to_all"], "all_to_all"),
