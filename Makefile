@@ -32,6 +32,7 @@ run: build
 	$(ZERORT) bench comm --backend loopback --ranks 4 --max-bytes 4MiB --rounds 3
 	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(MPIRUN) -np 2 $(ZERORT) bench comm --backend mpi \
 	  --min-bytes 64KiB --max-bytes 16MiB --rounds 3
+	$(ZERORT) bench model --config configs/bench-tiny.json
 
 test: test-unit test-install test-asan
 
