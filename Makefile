@@ -25,14 +25,11 @@ build: deps
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j$(JOBS)
 
-# Until `zerort train` lands, the default job shows the environment and a short comm benchmark
-# (loopback ranks in one process, then two MPI processes against raw MPI).
+# The default job: the environment, then the tiny GPT trained on the built-in corpus (CPU, about a
+# minute on 2 cores; metrics in runs/tiny-cpu/metrics.jsonl, a text sample at the end).
 run: build
 	$(ZERORT) env
-	$(ZERORT) bench comm --backend loopback --ranks 4 --max-bytes 4MiB --rounds 3
-	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(MPIRUN) -np 2 $(ZERORT) bench comm --backend mpi \
-	  --min-bytes 64KiB --max-bytes 16MiB --rounds 3
-	$(ZERORT) bench model --config configs/bench-tiny.json
+	$(ZERORT) train configs/tiny-cpu.json
 
 test: test-unit test-install test-asan
 
@@ -68,6 +65,8 @@ test-asan: deps
 bench: build
 	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(MPIRUN) -np 4 $(ZERORT) bench comm --backend mpi \
 	  --min-bytes 64KiB --max-bytes 64MiB --rounds 9 --json
+	$(ZERORT) bench adamw --json
+	$(ZERORT) bench model --config configs/bench-tiny.json --json
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

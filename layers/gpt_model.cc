@@ -162,6 +162,7 @@ int32_t SampleToken(std::span<const double> logits, const SamplingOptions& optio
 }
 
 struct GptModel::Pass {
+  Pass(int batch, int seq) : batch(batch), seq(seq) {}
   int batch = 0, seq = 0;
   Buffer tokens, targets;          // int32 [batch, seq]
   std::vector<Buffer> block_out;   // [0] embeddings output, [l + 1] output of block l
@@ -420,21 +421,21 @@ StatusOr<double> GptModel::Run(Pass& pass, std::span<const int32_t> tokens,
 StatusOr<double> GptModel::ForwardBackward(std::span<const int32_t> tokens,
                                            std::span<const int32_t> targets, int batch, int seq,
                                            float loss_scale) {
-  Pass pass{.batch = batch, .seq = seq};
+  Pass pass(batch, seq);
   if (targets.empty()) return absl::InvalidArgumentError("ForwardBackward needs targets");
   return Run(pass, tokens, targets, true, loss_scale, nullptr);
 }
 
 StatusOr<double> GptModel::Loss(std::span<const int32_t> tokens, std::span<const int32_t> targets,
                                 int batch, int seq) {
-  Pass pass{.batch = batch, .seq = seq};
+  Pass pass(batch, seq);
   if (targets.empty()) return absl::InvalidArgumentError("Loss needs targets");
   return Run(pass, tokens, targets, false, 0.0f, nullptr);
 }
 
 StatusOr<std::vector<double>> GptModel::Logits(std::span<const int32_t> tokens, int batch,
                                                int seq) {
-  Pass pass{.batch = batch, .seq = seq};
+  Pass pass(batch, seq);
   std::vector<double> out;
   ZR_RETURN_IF_ERROR(Run(pass, tokens, {}, false, 0.0f, &out).status());
   return out;
@@ -447,7 +448,7 @@ StatusOr<std::vector<int32_t>> GptModel::Generate(std::vector<int32_t> prompt, i
   std::mt19937_64 rng(sampling.seed);
   for (int i = 0; i < new_tokens; ++i) {
     const int seq = std::min<int>(static_cast<int>(prompt.size()), options_.config.seq_len);
-    Pass pass{.batch = 1, .seq = seq};
+    Pass pass(1, seq);
     pass.logits_from_row = seq - 1;  // only the last position is needed
     std::vector<double> last;
     ZR_RETURN_IF_ERROR(Run(pass, std::span(prompt).last(seq), {}, false, 0.0f, &last).status());

@@ -39,7 +39,7 @@ struct GptModelOptions {
   GptConfig config;
   int micro_batch = 1;                    // sequences per micro-batch: the activation sizes
   bool activation_checkpointing = false;  // recompute each block's forward in its backward
-  TensorParallelGroup tp;                 // size 1 until tensor parallelism lands
+  TensorParallelGroup tp = {};            // size 1 until tensor parallelism lands
 };
 
 // The model's units as ParamSpecs (see the unit list above). Names follow GPT-2's structure:

@@ -43,6 +43,20 @@ struct BenchModelOptions {
 };
 int RunBenchModel(const BenchModelOptions& options);
 
+struct TrainOptions {
+  std::string config;                  // run config (JSON)
+  std::vector<std::string> overrides;  // --set path.to.key=value
+  bool print_config = false;           // print the resolved config and exit
+  bool resume = false;                 // continue from checkpoint.dir/latest
+};
+int RunTrain(const TrainOptions& options, const LaunchEnv& launch, int* argc, char*** argv);
+
+struct DataPrepareOptions {
+  std::string text;  // input text file
+  std::string out;   // token file to write
+};
+int RunDataPrepare(const DataPrepareOptions& options);
+
 // Parses "4096", "4KiB", "64MiB", "1GiB", "1.5GB".
 StatusOr<size_t> ParseBytes(const std::string& text);
 std::string FormatBytes(double bytes);  // "4 KiB", "64 MiB"

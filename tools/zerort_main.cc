@@ -12,11 +12,9 @@ namespace {
 
 // Subcommands whose issues have not landed: they exist so that a user gets a clear answer.
 constexpr const char* kNotYet[][2] = {
-    {"train", "JSON-config training runs"},
     {"eval", "evaluation of a checkpoint"},
     {"estimate", "the memory-footprint estimator"},
     {"checkpoint", "checkpoint inspection and export"},
-    {"data", "token-file preparation"},
 };
 
 }  // namespace
@@ -65,6 +63,24 @@ int main(int argc, char** argv) {
   adamw->add_option("--rounds", adamw_options.rounds, "Alternating rounds (medians reported)")
       ->capture_default_str();
   adamw->add_flag("--json", adamw_options.json, "One JSON object instead of text");
+
+  cli::TrainOptions train_options;
+  CLI::App* train = app.add_subcommand("train", "Train the GPT model from a JSON run config");
+  train->add_option("config", train_options.config, "Run config (JSON)")->required();
+  train->add_option("--set", train_options.overrides, "Override a key: path.to.key=value")
+      ->take_all()
+      ->allow_extra_args(false);
+  train->add_flag("--print-config", train_options.print_config,
+                  "Print the resolved config and exit");
+  train->add_flag("--resume", train_options.resume, "Continue from checkpoint.dir/latest");
+
+  CLI::App* data = app.add_subcommand("data", "Token files");
+  data->require_subcommand(1);
+  cli::DataPrepareOptions prepare_options;
+  CLI::App* prepare =
+      data->add_subcommand("prepare", "Turn a text file into byte-level tokens (vocabulary 256)");
+  prepare->add_option("text", prepare_options.text, "Input text file")->required();
+  prepare->add_option("out", prepare_options.out, "Token file to write")->required();
 
   cli::BenchModelOptions model_options;
   CLI::App* model = bench->add_subcommand(
@@ -127,5 +143,7 @@ int main(int argc, char** argv) {
   if (comm->parsed()) return cli::RunBenchComm(comm_options, *launch, &argc, &argv);
   if (adamw->parsed()) return cli::RunBenchAdamw(adamw_options);
   if (model->parsed()) return cli::RunBenchModel(model_options);
+  if (train->parsed()) return cli::RunTrain(train_options, *launch, &argc, &argv);
+  if (prepare->parsed()) return cli::RunDataPrepare(prepare_options);
   return kExitUsage;
 }

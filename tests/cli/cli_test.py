@@ -76,7 +76,8 @@ for args, needle in [
     (["bench", "comm", "--max-bytes", "12QB"], "12QB"),
     (["bench", "comm", "--ops", "all_to_all"], "all_to_all"),
     (["bench", "comm", "--min-bytes", "1MiB", "--max-bytes", "1KiB"], "--min-bytes"),
-    (["train", "run.json"], "not available"),
+    (["train", "no-such-run.json"], "no-such-run.json: cannot be read"),
+    (["eval", "run.json"], "not available"),
     (["no-such-command"], "no-such-command"),
 ]:
     r = run(*args)

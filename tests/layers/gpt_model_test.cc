@@ -213,6 +213,29 @@ TEST(GptModelTest, GenerateContinuesThePrompt) {
   EXPECT_FALSE(m.model->Generate({}, 3, greedy).ok());
 }
 
+// Causality: position t's logits depend only on tokens 0..t, so a prefix run (what generation
+// does) reproduces the full sequence's rows.
+TEST(GptModelTest, PrefixRunsReproduceTheFullSequenceLogits) {
+  const GptConfig config = TinyGpt();
+  HostModel<float> m(config, 1);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 0.2f);
+  for (const std::string& name : m.store.names()) {
+    for (float& v : *m.store.param(name)) v += normal(rng);
+  }
+  std::vector<int32_t> tokens, targets;
+  GptBatch(3, 1, config.seq_len, config.vocab_size, tokens, targets);
+  const std::vector<double> full = *m.model->Logits(tokens, 1, config.seq_len);
+  for (int t = 1; t <= config.seq_len; ++t) {
+    const std::vector<double> prefix = *m.model->Logits(std::span(tokens).first(t), 1, t);
+    for (int v = 0; v < config.vocab_size; ++v) {
+      ASSERT_NEAR(prefix[(t - 1) * config.vocab_size + v], full[(t - 1) * config.vocab_size + v],
+                  1e-5)
+          << "position " << t - 1 << " token " << v;
+    }
+  }
+}
+
 TEST(GptModelTest, BadInputIsRefusedWithItsPosition) {
   HostModel<float> m(TinyGpt(), 2);
   std::vector<int32_t> tokens(16, 1), targets(16, 1);

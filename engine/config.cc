@@ -1,0 +1,496 @@
+// Reading, validating and printing RunConfig.
+#include "engine/config.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "engine/json_reader.h"
+#include "runtime/strings.h"
+
+namespace zerort {
+namespace {
+
+const KeyDirectory& Directory() {
+  static const KeyDirectory kDirectory = {
+      {"",
+       {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+        "zero_optimization", "fp16", "bf16", "optimizer", "scheduler", "gradient_clipping",
+        "steps_per_print", "seed", "model", "data", "train", "checkpoint", "logging", "parallel"}},
+      {"zero_optimization",
+       {"stage", "overlap_comm", "reduce_bucket_size", "stage3_prefetch_bucket_size",
+        "stage3_param_persistence_threshold", "stage3_max_live_parameters", "contiguous_gradients",
+        "offload_optimizer", "offload_param"}},
+      {"zero_optimization.offload_optimizer",
+       {"device", "nvme_path", "pin_memory", "buffer_count"}},
+      {"zero_optimization.offload_param", {"device", "nvme_path", "pin_memory", "buffer_count"}},
+      {"fp16",
+       {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+        "min_loss_scale"}},
+      {"bf16", {"enabled"}},
+      {"optimizer", {"type", "params"}},
+      {"optimizer.params",
+       {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "momentum", "dampening", "nesterov"}},
+      {"scheduler", {"type", "params"}},
+      {"scheduler.params",
+       {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps",
+        "warmup_min_ratio", "cos_min_ratio"}},
+      {"model",
+       {"preset", "n_layer", "n_head", "d_model", "seq_len", "vocab_size",
+        "activation_checkpointing"}},
+      {"data", {"path", "validation_fraction"}},
+      {"train",
+       {"steps", "eval_interval", "eval_windows", "sample_tokens", "sample_prompt", "device"}},
+      {"checkpoint", {"dir", "interval", "keep_last_n"}},
+      {"logging", {"metrics_file", "level"}},
+      {"parallel", {"tensor_parallel_size", "pipeline_parallel_size"}},
+  };
+  return kDirectory;
+}
+
+constexpr int64_t kMaxInt = int64_t{1} << 53;
+
+Status ReadOffload(const JsonSection& zero, const char* key, OffloadConfig& out) {
+  ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> s, zero.Object(key));
+  if (!s) return absl::OkStatus();
+  ZR_RETURN_IF_ERROR(s->String("device", out.device, {"none", "cpu", "nvme"}));
+  ZR_RETURN_IF_ERROR(s->String("nvme_path", out.nvme_path));
+  ZR_RETURN_IF_ERROR(s->Bool("pin_memory", out.pin_memory));
+  ZR_RETURN_IF_ERROR(s->Int("buffer_count", out.buffer_count, 1, 1024));
+  ZR_RETURN_IF_ERROR(s->Finish());
+  if (out.device == "nvme" && out.nvme_path.empty()) {
+    return absl::InvalidArgumentError(
+        StrCat(s->PathOf("nvme_path"), " is required when ", s->PathOf("device"), " is \"nvme\""));
+  }
+  if (out.device != "none") {
+    return absl::InvalidArgumentError(
+        StrCat(s->PathOf("device"), " = \"", out.device,
+               "\": offload is not yet supported in this version of zerort (use \"none\")"));
+  }
+  return absl::OkStatus();
+}
+
+Status ReadScheduler(const JsonSection& top, SchedulerConfig& out) {
+  ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> s, top.Object("scheduler"));
+  if (!s) return absl::OkStatus();
+  if (!s->Has("type")) {
+    return absl::InvalidArgumentError(
+        "scheduler.type is required (WarmupLR, WarmupDecayLR or "
+        "WarmupCosineLR)");
+  }
+  ZR_RETURN_IF_ERROR(s->String("type", out.type, {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}));
+  ZR_RETURN_IF_ERROR(s->Finish());
+  ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> p, s->Object("params"));
+  if (!p) p.emplace(nlohmann::json::object(), "scheduler.params", Directory());
+  const bool cosine = out.type == "WarmupCosineLR";
+  // DeepSpeed's parameters of each type; another type's parameter is a mistake worth naming.
+  const std::vector<std::string> own =
+      cosine ? std::vector<std::string>{"warmup_num_steps", "warmup_type", "total_num_steps",
+                                        "warmup_min_ratio", "cos_min_ratio"}
+      : out.type == "WarmupDecayLR"
+          ? std::vector<std::string>{"warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
+                                     "warmup_type", "total_num_steps"}
+          : std::vector<std::string>{"warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
+                                     "warmup_type"};
+  for (const std::string& key : Directory().at("scheduler.params")) {
+    if (p->Has(key) && std::find(own.begin(), own.end(), key) == own.end()) {
+      return absl::InvalidArgumentError(
+          StrCat(p->PathOf(key), " is not a parameter of ", out.type,
+                 " (its parameters: ", fmt::format("{}", fmt::join(own, ", ")), ")"));
+    }
+  }
+  ZR_RETURN_IF_ERROR(p->Float("warmup_min_lr", out.warmup_min_lr, 0.0f, 1e3f));
+  ZR_RETURN_IF_ERROR(p->Float("warmup_max_lr", out.warmup_max_lr, 0.0f, 1e3f));
+  ZR_RETURN_IF_ERROR(p->Int("warmup_num_steps", out.warmup_num_steps, 0, kMaxInt));
+  ZR_RETURN_IF_ERROR(p->String("warmup_type", out.warmup_type, {"log", "linear"}));
+  ZR_RETURN_IF_ERROR(p->Int("total_num_steps", out.total_num_steps, 1, kMaxInt));
+  ZR_RETURN_IF_ERROR(p->Float("warmup_min_ratio", out.warmup_min_ratio, 0.0f, 1.0f));
+  ZR_RETURN_IF_ERROR(p->Float("cos_min_ratio", out.cos_min_ratio, 0.0f, 1.0f));
+  ZR_RETURN_IF_ERROR(p->Finish());
+  if (out.type != "WarmupLR" && !p->Has("total_num_steps")) {
+    return absl::InvalidArgumentError(
+        StrCat("scheduler.params.total_num_steps is required by ", out.type));
+  }
+  if (out.type != "WarmupLR" && out.total_num_steps < out.warmup_num_steps) {
+    return absl::InvalidArgumentError(
+        StrCat("scheduler.params.total_num_steps = ", out.total_num_steps,
+               " is below scheduler.params.warmup_num_steps = ", out.warmup_num_steps));
+  }
+  return absl::OkStatus();
+}
+
+Status ReadModel(const JsonSection& top, ModelConfig& out) {
+  ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> s, top.Object("model"));
+  if (!s) return absl::OkStatus();
+  std::string preset;
+  ZR_RETURN_IF_ERROR(s->String("preset", preset));
+  if (!preset.empty()) {
+    StatusOr<GptConfig> p = GptPreset(preset);
+    if (!p.ok()) return absl::InvalidArgumentError(StrCat("model.preset: ", p.status().message()));
+    out.shape = *p;
+  }
+  ZR_RETURN_IF_ERROR(s->Int("n_layer", out.shape.n_layer, 1, 1 << 16));
+  ZR_RETURN_IF_ERROR(s->Int("n_head", out.shape.n_head, 1, 1 << 16));
+  ZR_RETURN_IF_ERROR(s->Int("d_model", out.shape.d_model, 1, 1 << 20));
+  ZR_RETURN_IF_ERROR(s->Int("seq_len", out.shape.seq_len, 1, 1 << 20));
+  ZR_RETURN_IF_ERROR(s->Int("vocab_size", out.shape.vocab_size, 1, 1 << 24));
+  ZR_RETURN_IF_ERROR(s->Bool("activation_checkpointing", out.activation_checkpointing));
+  ZR_RETURN_IF_ERROR(s->Finish());
+  return out.shape.Validate();
+}
+
+// Nothing is created here: the directory, or its nearest existing ancestor, must be writable.
+Status CheckWritableDir(const std::string& key, const std::string& dir) {
+  std::filesystem::path p = std::filesystem::absolute(dir);
+  std::error_code ec;
+  while (!std::filesystem::exists(p, ec)) {
+    if (!p.has_parent_path() || p.parent_path() == p) break;
+    p = p.parent_path();
+  }
+  if (std::filesystem::exists(p, ec) && !std::filesystem::is_directory(p, ec)) {
+    return absl::InvalidArgumentError(
+        StrCat(key, " = \"", dir, "\": ", p.string(), " exists and is not a directory"));
+  }
+  if (::access(p.c_str(), W_OK | X_OK) != 0) {
+    return absl::InvalidArgumentError(
+        StrCat(key, " = \"", dir, "\": ", p.string(), " is not writable"));
+  }
+  return absl::OkStatus();
+}
+
+Status SetOverride(nlohmann::json& json, const std::string& assignment) {
+  const size_t eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    return absl::InvalidArgumentError(
+        StrCat("--set '", assignment, "': expected path.to.key=value"));
+  }
+  const std::string path = assignment.substr(0, eq);
+  const std::string text = assignment.substr(eq + 1);
+  nlohmann::json value;
+  try {
+    value = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception&) {
+    value = text;  // a bare word is a string
+  }
+  nlohmann::json* node = &json;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = path.find('.', start);
+    const std::string key = path.substr(start, dot - start);
+    if (key.empty())
+      return absl::InvalidArgumentError(StrCat("--set '", assignment, "': empty key"));
+    if (dot == std::string::npos) {
+      (*node)[key] = value;
+      return absl::OkStatus();
+    }
+    nlohmann::json& child = (*node)[key];
+    if (child.is_null()) child = nlohmann::json::object();
+    if (!child.is_object()) {
+      return absl::InvalidArgumentError(
+          StrCat("--set '", assignment, "': ", path.substr(0, dot), " is not an object"));
+    }
+    node = &child;
+    start = dot + 1;
+  }
+}
+
+}  // namespace
+
+StatusOr<RunConfig> ParseRunConfig(const nlohmann::json& json, const std::string& file) {
+  RunConfig c;
+  const JsonSection top(json, "", Directory());
+  auto in_file = [&](Status s) { return Annotate(s, file); };
+  Status status = [&]() -> Status {
+    ZR_RETURN_IF_ERROR(top.Finish());
+    ZR_RETURN_IF_ERROR(top.Int("train_batch_size", c.train_batch_size, 1, kMaxInt));
+    ZR_RETURN_IF_ERROR(
+        top.Int("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu, 1, kMaxInt));
+    ZR_RETURN_IF_ERROR(
+        top.Int("gradient_accumulation_steps", c.gradient_accumulation_steps, 1, kMaxInt));
+    ZR_RETURN_IF_ERROR(top.Float("gradient_clipping", c.gradient_clipping, 0.0f, 1e30f));
+    ZR_RETURN_IF_ERROR(top.Int("steps_per_print", c.steps_per_print, 1, kMaxInt));
+    int64_t seed = static_cast<int64_t>(c.seed);
+    ZR_RETURN_IF_ERROR(top.Int("seed", seed, 0, kMaxInt));
+    c.seed = static_cast<uint64_t>(seed);
+
+    ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> zero, top.Object("zero_optimization"));
+    if (zero) {
+      ZeroConfig& z = c.zero;
+      ZR_RETURN_IF_ERROR(zero->Int("stage", z.stage, 0, 3));
+      ZR_RETURN_IF_ERROR(zero->Bool("overlap_comm", z.overlap_comm));
+      ZR_RETURN_IF_ERROR(zero->Int("reduce_bucket_size", z.reduce_bucket_size, 1, kMaxInt));
+      ZR_RETURN_IF_ERROR(
+          zero->Int("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size, 0, kMaxInt));
+      ZR_RETURN_IF_ERROR(zero->Int("stage3_param_persistence_threshold",
+                                   z.stage3_param_persistence_threshold, 0, kMaxInt));
+      ZR_RETURN_IF_ERROR(
+          zero->Int("stage3_max_live_parameters", z.stage3_max_live_parameters, 1, kMaxInt));
+      ZR_RETURN_IF_ERROR(zero->Bool("contiguous_gradients", z.contiguous_gradients));
+      ZR_RETURN_IF_ERROR(zero->Finish());
+      ZR_RETURN_IF_ERROR(ReadOffload(*zero, "offload_optimizer", z.offload_optimizer));
+      ZR_RETURN_IF_ERROR(ReadOffload(*zero, "offload_param", z.offload_param));
+    }
+    ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> fp16, top.Object("fp16"));
+    if (fp16) {
+      Fp16Config& f = c.fp16;
+      ZR_RETURN_IF_ERROR(fp16->Bool("enabled", f.enabled));
+      ZR_RETURN_IF_ERROR(fp16->Float("loss_scale", f.loss_scale, 0.0f, 1e30f));
+      ZR_RETURN_IF_ERROR(fp16->Int("initial_scale_power", f.initial_scale_power, 0, 64));
+      ZR_RETURN_IF_ERROR(fp16->Int("loss_scale_window", f.loss_scale_window, 1, 1 << 30));
+      ZR_RETURN_IF_ERROR(fp16->Int("hysteresis", f.hysteresis, 1, 1 << 30));
+      ZR_RETURN_IF_ERROR(fp16->Float("min_loss_scale", f.min_loss_scale, 0.0f, 1e30f));
+      ZR_RETURN_IF_ERROR(fp16->Finish());
+    }
+    ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> bf16, top.Object("bf16"));
+    if (bf16) {
+      ZR_RETURN_IF_ERROR(bf16->Bool("enabled", c.bf16));
+      ZR_RETURN_IF_ERROR(bf16->Finish());
+    }
+    if (c.bf16 && c.fp16.enabled) {
+      return absl::InvalidArgumentError(
+          "fp16.enabled and bf16.enabled are both true: choose one compute precision");
+    }
+    ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> opt, top.Object("optimizer"));
+    if (opt) {
+      OptimizerConfig& o = c.optimizer;
+      ZR_RETURN_IF_ERROR(opt->String("type", o.type, {"AdamW", "Adam", "SGD"}));
+      ZR_RETURN_IF_ERROR(opt->Finish());
+      ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> p, opt->Object("params"));
+      if (p) {
+        ZR_RETURN_IF_ERROR(p->Float("lr", o.lr, 0.0f, 1e3f));
+        std::vector<double> betas = {o.beta1, o.beta2};
+        ZR_RETURN_IF_ERROR(p->Numbers("betas", betas, 2, 0.0, 0.999999999));
+        o.beta1 = static_cast<float>(betas[0]);
+        o.beta2 = static_cast<float>(betas[1]);
+        ZR_RETURN_IF_ERROR(p->Float("eps", o.eps, 0.0f, 1.0f));
+        ZR_RETURN_IF_ERROR(p->Float("weight_decay", o.weight_decay, 0.0f, 1e3f));
+        ZR_RETURN_IF_ERROR(p->Bool("adam_w_mode", o.adam_w_mode));
+        ZR_RETURN_IF_ERROR(p->Float("momentum", o.momentum, 0.0f, 1.0f));
+        ZR_RETURN_IF_ERROR(p->Float("dampening", o.dampening, 0.0f, 1.0f));
+        ZR_RETURN_IF_ERROR(p->Bool("nesterov", o.nesterov));
+        ZR_RETURN_IF_ERROR(p->Finish());
+        const bool sgd = o.type == "SGD";
+        for (const char* key : {"momentum", "dampening", "nesterov"}) {
+          if (!sgd && p->Has(key)) {
+            return absl::InvalidArgumentError(
+                StrCat(p->PathOf(key), " is an SGD parameter, but optimizer.type is ", o.type));
+          }
+        }
+        for (const char* key : {"betas", "eps", "adam_w_mode"}) {
+          if (sgd && p->Has(key)) {
+            return absl::InvalidArgumentError(
+                StrCat(p->PathOf(key), " is an Adam parameter, but optimizer.type is SGD"));
+          }
+        }
+        if (o.type == "AdamW" && p->Has("adam_w_mode") && !o.adam_w_mode) {
+          return absl::InvalidArgumentError(
+              "optimizer.params.adam_w_mode = false contradicts optimizer.type AdamW (use "
+              "\"Adam\" for L2-coupled weight decay)");
+        }
+        if (sgd && o.nesterov && (o.momentum <= 0 || o.dampening != 0)) {
+          return absl::InvalidArgumentError(
+              "optimizer.params.nesterov needs momentum > 0 and dampening 0 (as PyTorch's SGD)");
+        }
+      }
+    }
+    ZR_RETURN_IF_ERROR(ReadScheduler(top, c.scheduler));
+    ZR_RETURN_IF_ERROR(ReadModel(top, c.model));
+
+    ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> data, top.Object("data"));
+    if (data) {
+      ZR_RETURN_IF_ERROR(data->String("path", c.data.path));
+      ZR_RETURN_IF_ERROR(data->Number("validation_fraction", c.data.validation_fraction, 0.0, 0.5));
+      ZR_RETURN_IF_ERROR(data->Finish());
+      if (!c.data.path.empty() && ::access(c.data.path.c_str(), R_OK) != 0) {
+        return absl::InvalidArgumentError(
+            StrCat("data.path = \"", c.data.path, "\": cannot be read (", std::strerror(errno),
+                   "); prepare one with `zerort data prepare TEXT_FILE OUT`"));
+      }
+    }
+    ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> train, top.Object("train"));
+    if (train) {
+      TrainConfig& t = c.train;
+      ZR_RETURN_IF_ERROR(train->Int("steps", t.steps, 1, kMaxInt));
+      ZR_RETURN_IF_ERROR(train->Int("eval_interval", t.eval_interval, 0, kMaxInt));
+      ZR_RETURN_IF_ERROR(train->Int("eval_windows", t.eval_windows, 1, 1 << 20));
+      ZR_RETURN_IF_ERROR(train->Int("sample_tokens", t.sample_tokens, 0, 1 << 20));
+      ZR_RETURN_IF_ERROR(train->String("sample_prompt", t.sample_prompt));
+      ZR_RETURN_IF_ERROR(train->String("device", t.device, {"cpu", "cuda"}));
+      ZR_RETURN_IF_ERROR(train->Finish());
+    }
+    ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> ckpt, top.Object("checkpoint"));
+    if (ckpt) {
+      ZR_RETURN_IF_ERROR(ckpt->String("dir", c.checkpoint.dir));
+      ZR_RETURN_IF_ERROR(ckpt->Int("interval", c.checkpoint.interval, 0, kMaxInt));
+      ZR_RETURN_IF_ERROR(ckpt->Int("keep_last_n", c.checkpoint.keep_last_n, 0, 1 << 20));
+      ZR_RETURN_IF_ERROR(ckpt->Finish());
+      if (!c.checkpoint.dir.empty()) {
+        ZR_RETURN_IF_ERROR(CheckWritableDir("checkpoint.dir", c.checkpoint.dir));
+      }
+    }
+    ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> logging, top.Object("logging"));
+    if (logging) {
+      ZR_RETURN_IF_ERROR(logging->String("metrics_file", c.logging.metrics_file));
+      ZR_RETURN_IF_ERROR(logging->String("level", c.logging.level,
+                                         {"trace", "debug", "info", "warn", "error", "off"}));
+      ZR_RETURN_IF_ERROR(logging->Finish());
+    }
+    ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> parallel, top.Object("parallel"));
+    if (parallel) {
+      ZR_RETURN_IF_ERROR(
+          parallel->Int("tensor_parallel_size", c.parallel.tensor_parallel_size, 1, 1 << 16));
+      ZR_RETURN_IF_ERROR(
+          parallel->Int("pipeline_parallel_size", c.parallel.pipeline_parallel_size, 1, 1 << 16));
+      ZR_RETURN_IF_ERROR(parallel->Finish());
+      for (const auto& [key, value] :
+           {std::pair{"parallel.tensor_parallel_size", c.parallel.tensor_parallel_size},
+            std::pair{"parallel.pipeline_parallel_size", c.parallel.pipeline_parallel_size}}) {
+        if (value > 1) {
+          return absl::InvalidArgumentError(
+              StrCat(key, " = ", value, ": not yet supported in this version of zerort (use 1)"));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) return in_file(status);
+  return c;
+}
+
+StatusOr<RunConfig> LoadRunConfig(const std::string& file,
+                                  const std::vector<std::string>& overrides) {
+  ZR_ASSIGN_OR_RETURN(nlohmann::json json, ParseJsonFile(file));
+  for (const std::string& o : overrides) ZR_RETURN_IF_ERROR(SetOverride(json, o));
+  return ParseRunConfig(json, file);
+}
+
+Status ResolveBatch(RunConfig& c, int dp, const std::string& dp_source) {
+  int64_t& t = c.train_batch_size;
+  int64_t& m = c.train_micro_batch_size_per_gpu;
+  int64_t& a = c.gradient_accumulation_steps;
+  const std::string numbers = StrCat("train_batch_size = ", t ? StrCat(t) : "unset",
+                                     ", train_micro_batch_size_per_gpu = ", m ? StrCat(m) : "unset",
+                                     ", gradient_accumulation_steps = ", a ? StrCat(a) : "unset",
+                                     ", data-parallel size = ", dp, " (", dp_source, ")");
+  auto fail = [&](std::string_view why) {
+    return absl::InvalidArgumentError(StrCat("batch sizes do not multiply out: ", why, "; ",
+                                             numbers,
+                                             "; train_batch_size must equal micro x accumulation "
+                                             "x data-parallel size"));
+  };
+  if (t && m && a) {
+    if (t != m * a * dp) return fail(StrCat(m, " x ", a, " x ", dp, " = ", m * a * dp, " != ", t));
+  } else if (t && m) {
+    if (t % (m * dp) != 0) return fail(StrCat(t, " is not a multiple of ", m, " x ", dp));
+    a = t / (m * dp);
+  } else if (t && a) {
+    if (t % (a * dp) != 0) return fail(StrCat(t, " is not a multiple of ", a, " x ", dp));
+    m = t / (a * dp);
+  } else if (m) {
+    if (!a) a = 1;
+    t = m * a * dp;
+  } else if (t) {
+    if (t % dp != 0) return fail(StrCat(t, " is not a multiple of ", dp));
+    m = t / dp;
+    a = 1;
+  } else {
+    return absl::InvalidArgumentError(
+        StrCat("set train_micro_batch_size_per_gpu (and gradient_accumulation_steps or "
+               "train_batch_size if you like); ",
+               numbers));
+  }
+  return absl::OkStatus();
+}
+
+nlohmann::json RunConfig::ToJson() const {
+  auto offload = [](const OffloadConfig& o) {
+    return nlohmann::json{{"device", o.device},
+                          {"nvme_path", o.nvme_path},
+                          {"pin_memory", o.pin_memory},
+                          {"buffer_count", o.buffer_count}};
+  };
+  nlohmann::json opt_params = {{"lr", optimizer.lr}, {"weight_decay", optimizer.weight_decay}};
+  if (optimizer.type == "SGD") {
+    opt_params["momentum"] = optimizer.momentum;
+    opt_params["dampening"] = optimizer.dampening;
+    opt_params["nesterov"] = optimizer.nesterov;
+  } else {
+    opt_params["betas"] = {optimizer.beta1, optimizer.beta2};
+    opt_params["eps"] = optimizer.eps;
+    if (optimizer.type == "Adam") opt_params["adam_w_mode"] = optimizer.adam_w_mode;
+  }
+  nlohmann::json j = {
+      {"zero_optimization",
+       {{"stage", zero.stage},
+        {"overlap_comm", zero.overlap_comm},
+        {"reduce_bucket_size", zero.reduce_bucket_size},
+        {"stage3_prefetch_bucket_size", zero.stage3_prefetch_bucket_size},
+        {"stage3_param_persistence_threshold", zero.stage3_param_persistence_threshold},
+        {"stage3_max_live_parameters", zero.stage3_max_live_parameters},
+        {"contiguous_gradients", zero.contiguous_gradients},
+        {"offload_optimizer", offload(zero.offload_optimizer)},
+        {"offload_param", offload(zero.offload_param)}}},
+      {"fp16",
+       {{"enabled", fp16.enabled},
+        {"loss_scale", fp16.loss_scale},
+        {"initial_scale_power", fp16.initial_scale_power},
+        {"loss_scale_window", fp16.loss_scale_window},
+        {"hysteresis", fp16.hysteresis},
+        {"min_loss_scale", fp16.min_loss_scale}}},
+      {"bf16", {{"enabled", bf16}}},
+      {"optimizer", {{"type", optimizer.type}, {"params", opt_params}}},
+      {"gradient_clipping", gradient_clipping},
+      {"steps_per_print", steps_per_print},
+      {"seed", seed},
+      {"model",
+       {{"n_layer", model.shape.n_layer},
+        {"n_head", model.shape.n_head},
+        {"d_model", model.shape.d_model},
+        {"seq_len", model.shape.seq_len},
+        {"vocab_size", model.shape.vocab_size},
+        {"activation_checkpointing", model.activation_checkpointing}}},
+      {"data", {{"path", data.path}, {"validation_fraction", data.validation_fraction}}},
+      {"train",
+       {{"steps", train.steps},
+        {"eval_interval", train.eval_interval},
+        {"eval_windows", train.eval_windows},
+        {"sample_tokens", train.sample_tokens},
+        {"sample_prompt", train.sample_prompt}}},
+      {"checkpoint",
+       {{"dir", checkpoint.dir},
+        {"interval", checkpoint.interval},
+        {"keep_last_n", checkpoint.keep_last_n}}},
+      {"logging", {{"metrics_file", logging.metrics_file}, {"level", logging.level}}},
+      {"parallel",
+       {{"tensor_parallel_size", parallel.tensor_parallel_size},
+        {"pipeline_parallel_size", parallel.pipeline_parallel_size}}},
+  };
+  if (!train.device.empty()) j["train"]["device"] = train.device;  // absent: chosen at run time
+  // Batch keys not given (0) stay out, so the output reads back as the same config.
+  if (train_batch_size) j["train_batch_size"] = train_batch_size;
+  if (train_micro_batch_size_per_gpu) {
+    j["train_micro_batch_size_per_gpu"] = train_micro_batch_size_per_gpu;
+  }
+  if (gradient_accumulation_steps) j["gradient_accumulation_steps"] = gradient_accumulation_steps;
+  if (!scheduler.type.empty()) {
+    nlohmann::json p;
+    if (scheduler.type == "WarmupCosineLR") {
+      p = {{"warmup_num_steps", scheduler.warmup_num_steps},
+           {"warmup_type", scheduler.warmup_type},
+           {"total_num_steps", scheduler.total_num_steps},
+           {"warmup_min_ratio", scheduler.warmup_min_ratio},
+           {"cos_min_ratio", scheduler.cos_min_ratio}};
+    } else {
+      p = {{"warmup_min_lr", scheduler.warmup_min_lr},
+           {"warmup_max_lr", scheduler.warmup_max_lr},
+           {"warmup_num_steps", scheduler.warmup_num_steps},
+           {"warmup_type", scheduler.warmup_type}};
+      if (scheduler.type == "WarmupDecayLR") p["total_num_steps"] = scheduler.total_num_steps;
+    }
+    j["scheduler"] = {{"type", scheduler.type}, {"params", p}};
+  }
+  return j;
+}
+
+}  // namespace zerort

@@ -1,0 +1,143 @@
+// RunConfig: the schema of a `zerort train` config, one typed struct per section. Keys follow
+// DeepSpeed's names where DeepSpeed has them (its top-level batch keys, zero_optimization, fp16,
+// bf16, optimizer, scheduler, gradient_clipping, steps_per_print), so a ds_config.json section can
+// be pasted in; zerort's own sections are model, data, train, checkpoint, logging, parallel.
+// Every field says its default and why. LoadRunConfig is strict (json_reader.h): unknown keys,
+// wrong types, out-of-range values, duplicates and "auto" are refused naming the JSON path.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "layers/gpt_config.h"
+#include "nlohmann/json.hpp"
+#include "runtime/status.h"
+
+namespace zerort {
+
+struct OffloadConfig {
+  std::string device =
+      "none";              // none | cpu | nvme: where the buffers go; none keeps them on device
+  std::string nvme_path;   // directory of the NVMe store (device nvme only)
+  bool pin_memory = true;  // page-locked host buffers: DeepSpeed's default, faster copies
+  int buffer_count = 5;    // DeepSpeed's default number of staging buffers (nvme)
+};
+
+struct ZeroConfig {
+  int stage = 0;             // DeepSpeed's default: plain data parallelism
+  bool overlap_comm = true;  // reduce gradients on the comm stream during the backward
+  int64_t reduce_bucket_size = 500'000'000;              // elements, DeepSpeed's default
+  int64_t stage3_prefetch_bucket_size = 50'000'000;      // elements issued ahead, DeepSpeed's
+  int64_t stage3_param_persistence_threshold = 100'000;  // smaller units stay gathered
+  int64_t stage3_max_live_parameters = 1'000'000'000;    // elements gathered at once
+  bool contiguous_gradients = true;  // accepted for DeepSpeed compatibility; always contiguous
+  OffloadConfig offload_optimizer;   // master weights + optimizer state (offload issue)
+  OffloadConfig offload_param;       // compute shards (offload issue)
+};
+
+struct Fp16Config {
+  bool enabled = false;          // fp16 compute with dynamic loss scaling
+  float loss_scale = 0.0f;       // 0: dynamic (DeepSpeed's convention)
+  int initial_scale_power = 16;  // dynamic scale starts at 2^16, DeepSpeed's default
+  int loss_scale_window = 1000;  // overflow-free steps before the scale doubles
+  int hysteresis = 2;            // overflows tolerated before the scale halves
+  float min_loss_scale = 1.0f;   // the scale never goes below this
+};
+
+struct OptimizerConfig {
+  std::string type = "AdamW";  // AdamW | Adam | SGD
+  float lr = 3e-4f;            // a common GPT-2-small rate; overridden by a scheduler
+  float beta1 = 0.9f;          // params.betas[0]
+  float beta2 = 0.999f;        // params.betas[1], PyTorch's default
+  float eps = 1e-8f;           // PyTorch's default
+  float weight_decay = 0.0f;   // PyTorch's Adam default (AdamW users set 0.1 for GPT-2)
+  bool adam_w_mode = true;     // Adam only: decoupled decay, DeepSpeed's FusedAdam default
+  float momentum = 0.0f;       // SGD
+  float dampening = 0.0f;      // SGD
+  bool nesterov = false;       // SGD
+};
+
+struct SchedulerConfig {
+  std::string type;                 // "" (constant lr) | WarmupLR | WarmupDecayLR | WarmupCosineLR
+  float warmup_min_lr = 0.0f;       // WarmupLR/WarmupDecayLR: lr at step 0
+  float warmup_max_lr = 0.001f;     // WarmupLR/WarmupDecayLR: lr after warm-up (DeepSpeed's)
+  int64_t warmup_num_steps = 1000;  // DeepSpeed's default
+  std::string warmup_type = "log";  // log | linear, DeepSpeed's default log
+  int64_t total_num_steps = 0;      // WarmupDecayLR/WarmupCosineLR: required
+  float warmup_min_ratio = 0.0f;    // WarmupCosineLR: lr ratio at step 0
+  float cos_min_ratio = 0.0001f;    // WarmupCosineLR: final ratio, DeepSpeed's default
+};
+
+struct ModelConfig {
+  GptConfig shape;                        // from "preset" and/or the five shape keys
+  bool activation_checkpointing = false;  // recompute blocks in the backward: off, it costs time
+};
+
+struct DataConfig {
+  std::string path;                   // token file (zerort data prepare); "" -> the built-in corpus
+  double validation_fraction = 0.05;  // the file's tail held out for evaluation
+};
+
+struct TrainConfig {
+  int64_t steps = 100;               // optimizer steps of the run
+  int64_t eval_interval = 0;         // evaluate every N steps; 0: only at the end
+  int eval_windows = 8;              // validation windows per evaluation (per run, not per rank)
+  int sample_tokens = 64;            // text sampled at the end; 0: none
+  std::string sample_prompt = "\n";  // the sample's prompt (bytes)
+  std::string device;                // cpu | cuda; "" -> cuda when a GPU is present, else cpu
+};
+
+struct CheckpointConfig {
+  std::string dir;       // "" -> no checkpoints
+  int64_t interval = 0;  // save every N steps; 0: only at the end and on signals
+  int keep_last_n = 2;   // older step directories are removed; 0 keeps all
+};
+
+struct LoggingConfig {
+  std::string metrics_file;  // "" -> <checkpoint.dir>/metrics.jsonl, or none without a dir
+  std::string level = "info";
+};
+
+struct ParallelConfig {
+  int tensor_parallel_size = 1;    // > 1 is refused until tensor parallelism lands
+  int pipeline_parallel_size = 1;  // > 1 is refused until pipeline parallelism lands
+};
+
+struct RunConfig {
+  // DeepSpeed's batch triple: train_batch_size = micro x accumulation x data-parallel size.
+  // Any two determine the third; 0 means "not given".
+  int64_t train_batch_size = 0;
+  int64_t train_micro_batch_size_per_gpu = 0;
+  int64_t gradient_accumulation_steps = 0;
+  ZeroConfig zero;
+  Fp16Config fp16;
+  bool bf16 = false;  // bf16.enabled: bf16 compute, fp32 masters and reduction
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  float gradient_clipping = 0.0f;  // max global norm; 0: off (DeepSpeed's default)
+  int64_t steps_per_print = 10;    // DeepSpeed's default
+  uint64_t seed = 1234;            // initialisation and data order
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  CheckpointConfig checkpoint;
+  LoggingConfig logging;
+  ParallelConfig parallel;
+
+  // The resolved config as JSON (every field, defaults included): --print-config and metadata.
+  nlohmann::json ToJson() const;
+};
+
+// Reads and validates a config. `overrides` are "path.to.key=value" strings (--set), applied to
+// the JSON before validation; a value is parsed as JSON when it can be, else taken as a string.
+StatusOr<RunConfig> LoadRunConfig(const std::string& file,
+                                  const std::vector<std::string>& overrides = {});
+StatusOr<RunConfig> ParseRunConfig(const nlohmann::json& json, const std::string& file);
+
+// Resolves the batch triple for `dp_size` data-parallel ranks (`dp_source` says where that
+// number came from, for the message): fills the missing member(s) or fails showing the numbers.
+Status ResolveBatch(RunConfig& config, int dp_size, const std::string& dp_source);
+
+}  // namespace zerort

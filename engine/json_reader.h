@@ -1,0 +1,71 @@
+// Strict reading of JSON config files. ParseJsonFile refuses duplicate keys (naming the path
+// and the line); JsonSection reads one object's keys with typed, range-checked getters whose
+// errors name the JSON path, the value and what was expected, refuses DeepSpeed's "auto", and
+// Finish() refuses every key the section does not know, with a did-you-mean or the section the
+// key belongs to. All errors are InvalidArgument: the CLI maps them to exit code 2.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "runtime/status.h"
+
+namespace zerort {
+
+// Parses `text` (read from `file`, for messages); duplicate keys at any level are an error.
+StatusOr<nlohmann::json> ParseJsonText(std::string_view text, std::string_view file);
+StatusOr<nlohmann::json> ParseJsonFile(const std::string& file);
+
+// The closest of `candidates` to `key` (edit distance at most a third of the key's length, at
+// least 2), or "" when none is close.
+std::string ClosestKey(std::string_view key, const std::vector<std::string>& candidates);
+
+// Where every known key lives: section path ("" for the top level) -> its keys. Used to tell a
+// user that a key is valid, but in another section.
+using KeyDirectory = std::map<std::string, std::vector<std::string>>;
+
+class JsonSection {
+ public:
+  // `object` must outlive the section. `path` is "" for the top level, else "a.b".
+  JsonSection(const nlohmann::json& object, std::string path, const KeyDirectory& directory);
+
+  // Whether the key is present (and not null).
+  bool Has(std::string_view key) const;
+  // Each getter leaves `out` unchanged when the key is absent.
+  Status Int(std::string_view key, int64_t& out, int64_t min, int64_t max) const;
+  Status Int(std::string_view key, int& out, int min, int max) const;
+  Status Number(std::string_view key, double& out, double min, double max) const;
+  Status Float(std::string_view key, float& out, float min, float max) const;
+  Status Bool(std::string_view key, bool& out) const;
+  // With `allowed` non-empty, the value must be one of them (compared case-insensitively; `out`
+  // gets the spelling from `allowed`).
+  Status String(std::string_view key, std::string& out,
+                const std::vector<std::string>& allowed = {}) const;
+  // A JSON array of exactly `n` numbers in [min, max].
+  Status Numbers(std::string_view key, std::vector<double>& out, size_t n, double min,
+                 double max) const;
+  // A sub-object; nullopt when absent; an error when present but not an object.
+  StatusOr<std::optional<JsonSection>> Object(std::string_view key) const;
+
+  // Refuses keys of this object that are not in the directory's list for this path.
+  Status Finish() const;
+
+  // "zero_optimization.stage", or "stage" at the top level.
+  std::string PathOf(std::string_view key) const;
+  const std::string& path() const { return path_; }
+
+ private:
+  const nlohmann::json* Find(std::string_view key) const;
+  Status TypeError(std::string_view key, const nlohmann::json& value, const char* expected) const;
+
+  const nlohmann::json& object_;
+  std::string path_;
+  const KeyDirectory& directory_;
+};
+
+}  // namespace zerort

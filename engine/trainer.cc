@@ -1,0 +1,363 @@
+// The training loop.
+#include "engine/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "engine/data_loader.h"
+#include "engine/lr_schedule.h"
+#include "engine/token_file.h"
+#include "kernels/model_kernels.h"
+#include "layers/gpt_model.h"
+#include "runtime/log.h"
+#include "runtime/strings.h"
+#include "sharding/shard_manager.h"
+
+namespace zerort {
+namespace {
+
+constexpr size_t kBuiltinCorpusBytes = 1 << 20;
+
+StatusOr<ShardManagerOptions> ManagerOptions(const RunConfig& c, DType compute) {
+  ShardManagerOptions o;
+  o.stage = static_cast<ZeroStage>(c.zero.stage);
+  o.compute_dtype = compute;
+  o.reduce_dtype = DType::kF32;
+  o.gradient_clipping = c.gradient_clipping;
+  o.overlap_comm = c.zero.overlap_comm;
+  o.reduce_bucket_size = c.zero.reduce_bucket_size;
+  o.stage3_prefetch_bucket_size = c.zero.stage3_prefetch_bucket_size;
+  o.stage3_max_live_parameters = c.zero.stage3_max_live_parameters;
+  o.stage3_param_persistence_threshold = c.zero.stage3_param_persistence_threshold;
+  o.seed = c.seed;
+  const OptimizerConfig& opt = c.optimizer;
+  if (opt.type == "SGD") {
+    o.optimizer.kind = OptimizerKind::kSgd;
+  } else if (opt.type == "Adam" && !opt.adam_w_mode) {
+    o.optimizer.kind = OptimizerKind::kAdam;
+  } else {
+    o.optimizer.kind = OptimizerKind::kAdamW;  // AdamW, and DeepSpeed's Adam in adam_w_mode
+  }
+  o.optimizer.beta1 = opt.beta1;
+  o.optimizer.beta2 = opt.beta2;
+  o.optimizer.eps = opt.eps;
+  o.optimizer.weight_decay = opt.weight_decay;
+  o.optimizer.momentum = opt.momentum;
+  o.optimizer.dampening = opt.dampening;
+  o.optimizer.nesterov = opt.nesterov;
+  o.loss_scale.dynamic = c.fp16.loss_scale == 0.0f;
+  o.loss_scale.static_scale = c.fp16.loss_scale == 0.0f ? 1.0f : c.fp16.loss_scale;
+  o.loss_scale.initial_scale_power = c.fp16.initial_scale_power;
+  o.loss_scale.loss_scale_window = c.fp16.loss_scale_window;
+  o.loss_scale.hysteresis = c.fp16.hysteresis;
+  o.loss_scale.min_loss_scale = c.fp16.min_loss_scale;
+  return o;
+}
+
+std::string Mib(int64_t bytes) { return fmt::format("{:.1f}", bytes / 1048576.0); }
+
+class Run {
+ public:
+  Run(RunConfig config, const TrainerContext& ctx) : c_(std::move(config)), ctx_(ctx) {}
+
+  Status Setup();
+  StatusOr<TrainResult> Loop();
+
+ private:
+  Status Evaluate(double& loss);
+  void Emit(const nlohmann::json& record, const std::string& line);
+
+  RunConfig c_;
+  TrainerContext ctx_;
+  Communicator& dp() { return *ctx_.dp; }
+  bool cuda_ = false;
+  Device device_ = Device::Cpu();
+  MemoryTracker tracker_;
+  std::unique_ptr<Allocator> allocator_;
+  std::unique_ptr<ShardManager> manager_;
+  std::unique_ptr<WeightStore> store_;
+  std::unique_ptr<ModelKernels> kernels_;
+  std::unique_ptr<GptModel> model_;
+  std::unique_ptr<DataLoader> data_;
+  std::ofstream metrics_;
+  double peak_flops_ = 0;
+};
+
+Status Run::Setup() {
+  ZR_RETURN_IF_ERROR(ResolveBatch(c_, dp().size(), ctx_.dp_source));
+  if (!c_.checkpoint.dir.empty()) {
+    return absl::UnimplementedError(
+        "checkpoint.dir is set, but checkpoints are not yet supported in this version of zerort; "
+        "remove the checkpoint section");
+  }
+  const std::string& want = c_.train.device;
+  cuda_ = want == "cuda" || (want.empty() && CudaDeviceCount() > 0);
+  if (cuda_ && CudaDeviceCount() == 0) {
+    return absl::InvalidArgumentError(StrCat(
+        "train.device = \"cuda\", but there is no usable GPU: ", QueryCuda().unavailable_reason));
+  }
+  DType compute = DType::kF32;
+  if (c_.bf16) compute = DType::kBF16;
+  if (c_.fp16.enabled) {
+    return absl::InvalidArgumentError(
+        "fp16.enabled: the GPT model's kernels compute in fp32 or bf16; use bf16.enabled");
+  }
+  if (!cuda_ && compute != DType::kF32) {
+    return absl::InvalidArgumentError(
+        "bf16.enabled on the CPU: the CPU kernels compute in fp32; set bf16.enabled false or "
+        "train.device \"cuda\"");
+  }
+  if (cuda_) {
+    device_ = Device::Cuda(ctx_.local_rank % CudaDeviceCount());
+    ZR_RETURN_IF_ERROR(SetCurrentDevice(device_));
+    ZR_ASSIGN_OR_RETURN(allocator_, MakeCudaCachingAllocator(device_, &tracker_));
+  } else {
+    allocator_ = MakeCpuCachingAllocator(&tracker_);
+  }
+  ZR_ASSIGN_OR_RETURN(ShardManagerOptions mo, ManagerOptions(c_, compute));
+  ZR_ASSIGN_OR_RETURN(
+      manager_, ShardManager::Create(mo, {.dp = ctx_.dp, .device_allocator = allocator_.get()}));
+  store_ = MakeShardManagerStore(*manager_);
+  if (cuda_) {
+    ZR_ASSIGN_OR_RETURN(kernels_, MakeCudaModelKernels(compute, DType::kF32,
+                                                       manager_->compute_stream(), *allocator_));
+  } else {
+    kernels_ = MakeCpuModelKernels(CpuPrecision::kFloat);
+  }
+  ZR_ASSIGN_OR_RETURN(
+      model_, GptModel::Create({.config = c_.model.shape,
+                                .micro_batch = static_cast<int>(c_.train_micro_batch_size_per_gpu),
+                                .activation_checkpointing = c_.model.activation_checkpointing},
+                               *store_, *kernels_, *allocator_));
+  ZR_RETURN_IF_ERROR(manager_->Initialize(GptInitializer(c_.model.shape)));
+
+  std::vector<int32_t> tokens;
+  std::string source;
+  int vocab = 256;
+  if (c_.data.path.empty()) {
+    source = "the built-in corpus";
+    tokens = ByteTokens(BuiltinCorpus(kBuiltinCorpusBytes, 20261121));
+  } else {
+    source = c_.data.path;
+    ZR_ASSIGN_OR_RETURN(TokenFile file, ReadTokenFile(c_.data.path));
+    tokens = std::move(file.tokens);
+    vocab = file.vocab_size;
+  }
+  if (vocab > c_.model.shape.vocab_size) {
+    return absl::InvalidArgumentError(
+        StrCat(source, " has a vocabulary of ", vocab,
+               " tokens, more than model.vocab_size = ", c_.model.shape.vocab_size));
+  }
+  ZR_ASSIGN_OR_RETURN(DataLoader loader,
+                      DataLoader::Create(std::move(tokens), c_.model.shape.seq_len,
+                                         c_.data.validation_fraction, source));
+  data_ = std::make_unique<DataLoader>(std::move(loader));
+
+  std::string metrics = c_.logging.metrics_file;
+  if (metrics.empty() && !c_.checkpoint.dir.empty()) metrics = c_.checkpoint.dir + "/metrics.jsonl";
+  if (!metrics.empty() && dp().rank() == 0) {
+    const std::filesystem::path parent = std::filesystem::path(metrics).parent_path();
+    std::error_code ec;
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    metrics_.open(metrics, std::ios::trunc);
+    if (!metrics_) {
+      const int err = errno;
+      return ErrnoError(StrCat("open logging.metrics_file ", metrics), err);
+    }
+  }
+  if (cuda_) {
+    const std::string name = QueryCuda().devices.at(device_.index).name;
+    peak_flops_ = name.find("H100") != std::string::npos
+                      ? (name.find("PCIe") != std::string::npos ? 756e12 : 989e12)
+                  : name.find("H200") != std::string::npos ? 989e12
+                                                           : 0;
+  }
+  if (dp().rank() == 0) {
+    Logger()->info(
+        "training {} parameters ({} layers, d {}, {} heads, seq {}) on {} x {} ({}), ZeRO-{}, "
+        "batch {} = {} micro x {} accumulation x {} ranks; data: {} ({} training tokens, {} "
+        "validation)",
+        c_.model.shape.NumParameters(), c_.model.shape.n_layer, c_.model.shape.d_model,
+        c_.model.shape.n_head, c_.model.shape.seq_len, dp().size(), device_.ToString(),
+        DTypeName(compute), c_.zero.stage, c_.train_batch_size, c_.train_micro_batch_size_per_gpu,
+        c_.gradient_accumulation_steps, dp().size(), source, data_->train_tokens(),
+        data_->validation_tokens());
+  }
+  return absl::OkStatus();
+}
+
+void Run::Emit(const nlohmann::json& record, const std::string& line) {
+  if (dp().rank() != 0) return;
+  if (metrics_.is_open()) {
+    metrics_ << record.dump() << "\n";
+    metrics_.flush();
+  }
+  if (!line.empty()) {
+    std::fprintf(ctx_.out, "%s\n", line.c_str());
+    std::fflush(ctx_.out);
+  }
+}
+
+Status Run::Evaluate(double& loss) {
+  // Every rank runs the same number of forward passes (at ZeRO-3 each is collective); a rank
+  // with no window left in a round repeats window 0 with weight 0.
+  const int64_t windows = std::min<int64_t>(c_.train.eval_windows, data_->validation_windows());
+  if (windows == 0) return absl::FailedPreconditionError("no validation windows");
+  const int m = static_cast<int>(c_.train_micro_batch_size_per_gpu);
+  const int seq = c_.model.shape.seq_len;
+  const int world = dp().size();
+  float sums[2] = {0, 0};  // loss x windows, windows
+  std::vector<int32_t> in(static_cast<size_t>(m) * seq), out(in.size());
+  for (int64_t first = 0; first < windows; first += int64_t{m} * world) {
+    const int64_t mine = first + int64_t{dp().rank()} * m;
+    const int count = static_cast<int>(std::clamp<int64_t>(windows - mine, 0, m));
+    const int run = std::max(count, 1);
+    for (int b = 0; b < run; ++b) {
+      data_->ValidationWindow(count > 0 ? mine + b : 0, std::span(in).subspan(b * seq, seq),
+                              std::span(out).subspan(b * seq, seq));
+    }
+    ZR_ASSIGN_OR_RETURN(double l, model_->Loss(std::span(in).first(run * seq),
+                                               std::span(out).first(run * seq), run, seq));
+    sums[0] += static_cast<float>(l * count);
+    sums[1] += static_cast<float>(count);
+  }
+  ZR_RETURN_IF_ERROR(dp().AllReduce(sums, sums, 2, DType::kF32, ReduceOp::kSum, nullptr));
+  loss = sums[0] / sums[1];
+  return absl::OkStatus();
+}
+
+StatusOr<TrainResult> Run::Loop() {
+  TrainResult result;
+  const int64_t steps = c_.train.steps;
+  const int m = static_cast<int>(c_.train_micro_batch_size_per_gpu);
+  const int accumulation = static_cast<int>(c_.gradient_accumulation_steps);
+  const int seq = c_.model.shape.seq_len;
+  const int64_t global = c_.train_batch_size;
+  const double tokens_per_step = static_cast<double>(global) * seq;
+  const bool tty = dp().rank() == 0 && ctx_.progress_bar;
+  std::vector<int32_t> in(static_cast<size_t>(m) * seq), out(in.size());
+  for (int64_t step = 0; step < steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    tracker_.ResetPeaks();
+    const double lr = LearningRate(c_.optimizer, c_.scheduler, step);
+    double loss_sum = 0;
+    for (int k = 0; k < accumulation; ++k) {
+      const int64_t first =
+          step * global + int64_t{dp().rank()} * m * accumulation + int64_t{k} * m;
+      for (int b = 0; b < m; ++b) {
+        data_->TrainSequence(first + b, std::span(in).subspan(b * seq, seq),
+                             std::span(out).subspan(b * seq, seq));
+      }
+      ZR_ASSIGN_OR_RETURN(double l,
+                          model_->ForwardBackward(in, out, m, seq, manager_->loss_scale()));
+      loss_sum += l;
+    }
+    ZR_ASSIGN_OR_RETURN(StepResult r, manager_->Step({.lr = static_cast<float>(lr),
+                                                      .micro_batches = accumulation}));
+    float loss = static_cast<float>(loss_sum / accumulation);
+    ZR_RETURN_IF_ERROR(dp().AllReduce(&loss, &loss, 1, DType::kF32, ReduceOp::kAvg, nullptr));
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    result.steps = step + 1;
+    result.final_loss = loss;
+
+    const bool last = step + 1 == steps;
+    const bool print = (step + 1) % c_.steps_per_print == 0 || last || step == 0;
+    double val = -1;
+    if ((c_.train.eval_interval > 0 && (step + 1) % c_.train.eval_interval == 0) || last) {
+      if (data_->validation_windows() > 0) {
+        ZR_RETURN_IF_ERROR(Evaluate(val));
+        result.val_loss = val;
+      }
+    }
+    const MemorySnapshot mem = tracker_.Snapshot();
+    nlohmann::json memory;
+    std::string mem_line;
+    for (int cat = 0; cat < kNumMemoryCategories; ++cat) {
+      const int64_t peak = mem.Get(MemoryTier::kDevice, static_cast<MemoryCategory>(cat)).peak;
+      const std::string name(MemoryCategoryName(static_cast<MemoryCategory>(cat)));
+      memory[name] = peak;
+    }
+    const int64_t peak_total = mem.in_use[static_cast<int>(MemoryTier::kDevice)].peak;
+    const double tokens_per_s = tokens_per_step / dt;
+    const double flops_per_device = c_.model.shape.FlopsPerToken() * tokens_per_s / dp().size();
+    nlohmann::json record = {
+        {"step", step + 1},
+        {"steps", steps},
+        {"loss", loss},
+        {"grad_norm", r.grad_norm},
+        {"lr", lr},
+        {"loss_scale", r.loss_scale},
+        {"skipped", r.skipped},
+        {"skipped_steps", manager_->skipped_steps()},
+        {"tokens", static_cast<int64_t>(tokens_per_step * (step + 1))},
+        {"step_time_s", dt},
+        {"tokens_per_s", tokens_per_s},
+        {"tokens_per_s_per_device", tokens_per_s / dp().size()},
+        {"tflops_per_device", flops_per_device / 1e12},
+        {"mfu",
+         peak_flops_ > 0 ? nlohmann::json(flops_per_device / peak_flops_) : nlohmann::json()},
+        {"peak_memory_bytes", memory},
+        {"peak_memory_total_bytes", peak_total},
+    };
+    if (val >= 0) record["val_loss"] = val;
+    std::string line;
+    if (print) {
+      line = fmt::format(
+          "step {:>5}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f}{} | {:.0f} tok/s "
+          "({:.0f}/device) | {:.3f} TFLOP/s/device{} | peak {} MiB (params {}, grads {}, optim "
+          "{}, gathered {}, activations {}) | skipped {}",
+          step + 1, steps, loss, val >= 0 ? fmt::format(" | val {:.4f}", val) : "", lr, r.grad_norm,
+          c_.fp16.enabled ? fmt::format(" | scale {}", r.loss_scale) : "", tokens_per_s,
+          tokens_per_s / dp().size(), flops_per_device / 1e12,
+          peak_flops_ > 0 ? fmt::format(" | MFU {:.1f}%", 100 * flops_per_device / peak_flops_)
+                          : "",
+          Mib(peak_total), Mib(memory["parameters"].get<int64_t>()),
+          Mib(memory["gradients"].get<int64_t>()), Mib(memory["optimizer_state"].get<int64_t>()),
+          Mib(memory["gathered_weights"].get<int64_t>()), Mib(memory["activations"].get<int64_t>()),
+          manager_->skipped_steps());
+      if (tty) line = "\r\033[K" + line;
+    }
+    Emit(record, line);
+    if (tty && !last) {
+      const int width = 30;
+      const int done = static_cast<int>(width * (step + 1) / steps);
+      std::fprintf(ctx_.out, "\r[%s%s] %lld/%lld", std::string(done, '#').c_str(),
+                   std::string(width - done, '.').c_str(), static_cast<long long>(step + 1),
+                   static_cast<long long>(steps));
+      std::fflush(ctx_.out);
+    }
+    if (!std::isfinite(loss)) {
+      Logger()->error("step {}: the loss is {} on the data-parallel mean; stopping", step + 1,
+                      loss);
+      result.non_finite = true;
+      return result;
+    }
+  }
+  if (c_.train.sample_tokens > 0) {
+    const std::vector<int32_t> prompt = ByteTokens(c_.train.sample_prompt);
+    if (prompt.empty()) return result;
+    ZR_ASSIGN_OR_RETURN(std::vector<int32_t> text,
+                        model_->Generate(prompt, c_.train.sample_tokens,
+                                         {.temperature = 0.8f, .top_k = 40, .seed = c_.seed}));
+    result.sample = BytesText(text);
+    if (dp().rank() == 0) {
+      std::fprintf(ctx_.out, "sample (temperature 0.8, top-k 40):\n%s\n", result.sample.c_str());
+      std::fflush(ctx_.out);
+    }
+  }
+  return result;
+}
+
+}  // namespace
+
+StatusOr<TrainResult> Train(RunConfig config, const TrainerContext& context) {
+  if (context.dp == nullptr) return absl::InvalidArgumentError("Train needs a data-parallel group");
+  Run run(std::move(config), context);
+  ZR_RETURN_IF_ERROR(run.Setup());
+  return run.Loop();
+}
+
+}  // namespace zerort

@@ -1,0 +1,35 @@
+// The training loop of `zerort train`: builds the shard manager, the GPT model and the data from a
+// RunConfig, then runs micro-batches with gradient accumulation, the LR schedule, the rank-0
+// metrics line (every steps_per_print steps) and metrics.jsonl (every step), evaluation every
+// eval_interval steps and at the end, and a text sample at the end. Every rank calls Train; the
+// data-parallel group is the caller's (MPI world, or a loopback group of one).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "engine/config.h"
+#include "runtime/communicator.h"
+
+namespace zerort {
+
+struct TrainerContext {
+  Communicator* dp = nullptr;  // data-parallel group (required)
+  std::string dp_source;       // where its size came from ("mpirun (OMPI_COMM_WORLD_SIZE)")
+  int local_rank = 0;          // picks the GPU on a multi-GPU node
+  std::FILE* out = stdout;     // rank 0's metrics lines and sample
+  bool progress_bar = false;   // draw one on `out` (rank 0): only when it is a terminal
+};
+
+struct TrainResult {
+  int64_t steps = 0;        // optimizer steps run
+  double final_loss = 0;    // global mean loss of the last step
+  double val_loss = -1;     // last evaluation; -1 when there was none
+  std::string sample;       // the text sampled at the end
+  bool non_finite = false;  // the run stopped on a non-finite loss (exit code 4)
+};
+
+StatusOr<TrainResult> Train(RunConfig config, const TrainerContext& context);
+
+}  // namespace zerort

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""`zerort train` end to end: stage 0 on one process and stage 3 under `mpirun -np 4` give the
+same loss curve (fp32, 1e-5 relative) read from metrics.jsonl; --print-config; `zerort data
+prepare` feeding a run; and exit code 2 with the JSON path for each kind of bad config.
+Usage: train_test.py PATH_TO_ZERORT MPIEXEC"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+zerort, mpiexec = sys.argv[1], sys.argv[2]
+tmp = tempfile.mkdtemp()
+failures = []
+passed = 0
+
+
+def check(name, condition, detail=""):
+    global passed
+    if condition:
+        passed += 1
+    else:
+        failures.append(f"{name}: {detail}")
+
+
+def write(name, obj):
+    path = os.path.join(tmp, name)
+    with open(path, "w") as f:
+        f.write(obj if isinstance(obj, str) else json.dumps(obj))
+    return path
+
+
+BASE = {
+    "train_batch_size": 8,
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
+    "gradient_clipping": 1.0,
+    "steps_per_print": 5,
+    "model": {"n_layer": 2, "n_head": 2, "d_model": 32, "seq_len": 32, "vocab_size": 256},
+    "train": {"steps": 10, "eval_windows": 4, "sample_tokens": 20, "device": "cpu"},
+}
+
+
+def losses(path):
+    with open(path) as f:
+        return [json.loads(line)["loss"] for line in f]
+
+
+env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+single = dict(BASE, train_micro_batch_size_per_gpu=8, zero_optimization={"stage": 0},
+              logging={"metrics_file": os.path.join(tmp, "single.jsonl")})
+r = subprocess.run([zerort, "train", write("single.json", single)], capture_output=True,
+                   text=True, env=env, timeout=300)
+check("single-process run exits 0", r.returncode == 0, r.stderr[-2000:])
+check("prints metrics lines", "step    10/10 | loss" in r.stdout, r.stdout[-2000:])
+check("prints a sample", "sample (temperature" in r.stdout, r.stdout[-500:])
+sharded = dict(BASE, train_micro_batch_size_per_gpu=1,
+               zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0},
+               logging={"metrics_file": os.path.join(tmp, "sharded.jsonl")})
+r = subprocess.run([mpiexec, "-np", "4", "--oversubscribe", zerort, "train",
+                    write("sharded.json", sharded)], capture_output=True, text=True, env=env,
+                   timeout=300)
+check("mpirun -np 4 stage-3 run exits 0", r.returncode == 0, r.stderr[-2000:])
+if not failures:
+    a, b = losses(os.path.join(tmp, "single.jsonl")), losses(os.path.join(tmp, "sharded.jsonl"))
+    check("ten steps each", len(a) == len(b) == 10, f"{len(a)} {len(b)}")
+    check("the loss falls", a[-1] < a[0] - 0.3, str(a))
+    worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+    check("stage 3 x 4 ranks == stage 0 x 1 rank to 1e-5", worst <= 1e-5, f"{worst} {a} {b}")
+
+r = subprocess.run([zerort, "train", write("print.json", single), "--print-config",
+                    "--set", "zero_optimization.stage=2"], capture_output=True, text=True)
+check("--print-config exits 0", r.returncode == 0, r.stderr)
+printed = json.loads(r.stdout) if r.returncode == 0 else {}
+check("--set applied", printed.get("zero_optimization", {}).get("stage") == 2, r.stdout[:300])
+check("batch resolved", printed.get("gradient_accumulation_steps") == 1, r.stdout[:300])
+
+text = os.path.join(tmp, "text.txt")
+with open(text, "w") as f:
+    f.write("abcdefghij" * 2000)
+tokens = os.path.join(tmp, "tokens.bin")
+r = subprocess.run([zerort, "data", "prepare", text, tokens], capture_output=True, text=True)
+check("data prepare exits 0", r.returncode == 0, r.stderr)
+check("data prepare counts", "20000 byte-level tokens" in r.stdout, r.stdout)
+prepared = dict(single, data={"path": tokens}, train=dict(BASE["train"], steps=3),
+                logging={"metrics_file": os.path.join(tmp, "prepared.jsonl")})
+r = subprocess.run([zerort, "train", write("prepared.json", prepared)], capture_output=True,
+                   text=True, env=env, timeout=300)
+check("training on a prepared file exits 0", r.returncode == 0, r.stderr[-1000:])
+
+bad_cases = [
+    ({"trian": {}}, "did you mean 'train'"),
+    ({"stage": 3}, "zero_optimization.stage"),
+    ({"zero_optimization": {"stage": 5}}, "zero_optimization.stage = 5"),
+    ({"optimizer": {"type": "AdamW", "params": {"lr": -1}}}, "optimizer.params.lr = -1"),
+    ({"bf16": {"enabled": "yes"}}, "bf16.enabled"),
+    ({"train_batch_size": "auto"}, "\"auto\""),
+    ({"train_batch_size": 7, "train_micro_batch_size_per_gpu": 2}, "do not multiply out"),
+    ({"data": {"path": "/no/such/tokens.bin"}}, "/no/such/tokens.bin"),
+    ({"checkpoint": {"dir": "/proc/zerort-ckpt"}}, "checkpoint.dir"),
+]
+for i, (config, needle) in enumerate(bad_cases):
+    merged = dict(single)
+    merged.update(config)
+    r = subprocess.run([zerort, "train", write(f"bad{i}.json", merged)], capture_output=True,
+                       text=True, timeout=60)
+    check(f"bad config {i} exits 2", r.returncode == 2, f"rc={r.returncode} {r.stderr[-500:]}")
+    check(f"bad config {i} names {needle}", needle in r.stderr, r.stderr[-500:])
+r = subprocess.run([zerort, "train", write("dup.json", '{"seed": 1, "seed": 2}')],
+                   capture_output=True, text=True)
+check("duplicate key exits 2", r.returncode == 2 and "duplicate key 'seed'" in r.stderr, r.stderr)
+check("nothing was created by bad configs", not os.path.exists("/proc/zerort-ckpt"))
+
+print(f"train_test: {passed} passed, {len(failures)} failed")
+for f in failures:
+    print("FAILED", f)
+sys.exit(1 if failures else 0)

@@ -1,0 +1,201 @@
+// The run-config schema: defaults, DeepSpeed sections, --set overrides, the batch triple, and
+// one test per kind of bad input, each checking that the message names the JSON path, the value
+// and what was expected.
+#include "engine/config.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "engine/json_reader.h"
+
+namespace zerort {
+namespace {
+
+StatusOr<RunConfig> Parse(const std::string& text) {
+  ZR_ASSIGN_OR_RETURN(nlohmann::json j, ParseJsonText(text, "run.json"));
+  return ParseRunConfig(j, "run.json");
+}
+
+// The error message of parsing `text` (empty when it parses).
+std::string Error(const std::string& text) {
+  StatusOr<RunConfig> c = Parse(text);
+  return c.ok() ? "" : std::string(c.status().message());
+}
+
+#define EXPECT_ERROR_HAS(text, ...)                                                           \
+  do {                                                                                        \
+    const std::string message = Error(text);                                                  \
+    EXPECT_FALSE(message.empty()) << "accepted: " << text;                                    \
+    for (const char* needle : {__VA_ARGS__}) {                                                \
+      EXPECT_NE(message.find(needle), std::string::npos) << needle << " not in: " << message; \
+    }                                                                                         \
+  } while (false)
+
+TEST(ConfigTest, DeepSpeedSectionsAndDefaults) {
+  const RunConfig c = *Parse(R"({
+    "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+    "zero_optimization": {"stage": 3, "overlap_comm": false, "reduce_bucket_size": 5e7,
+                          "contiguous_gradients": true,
+                          "offload_optimizer": {"device": "none"}},
+    "bf16": {"enabled": true},
+    "optimizer": {"type": "adamw", "params": {"lr": 6e-4, "betas": [0.9, 0.95],
+                                             "weight_decay": 0.1}},
+    "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 10,
+                                                       "total_num_steps": 100}},
+    "gradient_clipping": 1.0,
+    "model": {"preset": "tiny", "seq_len": 32, "activation_checkpointing": true}
+  })");
+  EXPECT_EQ(c.zero.stage, 3);
+  EXPECT_FALSE(c.zero.overlap_comm);
+  EXPECT_EQ(c.zero.reduce_bucket_size, 50'000'000);
+  EXPECT_TRUE(c.bf16);
+  EXPECT_EQ(c.optimizer.type, "AdamW");  // case-insensitive, DeepSpeed's spelling kept
+  EXPECT_FLOAT_EQ(c.optimizer.beta2, 0.95f);
+  EXPECT_EQ(c.scheduler.type, "WarmupCosineLR");
+  EXPECT_EQ(c.scheduler.total_num_steps, 100);
+  EXPECT_FLOAT_EQ(c.scheduler.cos_min_ratio, 0.0001f);  // DeepSpeed's default
+  EXPECT_EQ(c.model.shape.d_model, 64);                 // from the preset
+  EXPECT_EQ(c.model.shape.seq_len, 32);                 // overridden
+  EXPECT_TRUE(c.model.activation_checkpointing);
+  EXPECT_EQ(c.steps_per_print, 10);
+  // The resolved config round-trips.
+  const RunConfig again = *ParseRunConfig(c.ToJson(), "resolved");
+  EXPECT_EQ(again.ToJson(), c.ToJson());
+}
+
+TEST(ConfigTest, SetOverridesAKeyBeforeValidation) {
+  const std::string path = ::testing::TempDir() + "/set.json";
+  std::ofstream(path)
+      << R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1}})";
+  const RunConfig c = *LoadRunConfig(
+      path, {"zero_optimization.stage=3", "optimizer.params.lr=0.01", "train.device=cpu"});
+  EXPECT_EQ(c.zero.stage, 3);
+  EXPECT_FLOAT_EQ(c.optimizer.lr, 0.01f);
+  EXPECT_EQ(c.train.device, "cpu");
+  EXPECT_NE(LoadRunConfig(path, {"zero_optimization.stage=5"})
+                .status()
+                .message()
+                .find("zero_optimization.stage = 5"),
+            std::string::npos);
+  EXPECT_FALSE(LoadRunConfig(path, {"no_equals_sign"}).ok());
+}
+
+TEST(ConfigTest, BatchTripleResolvesOrShowsTheNumbers) {
+  RunConfig c;
+  c.train_micro_batch_size_per_gpu = 4;
+  c.gradient_accumulation_steps = 2;
+  ASSERT_TRUE(ResolveBatch(c, 4, "mpirun").ok());
+  EXPECT_EQ(c.train_batch_size, 32);
+  RunConfig d;
+  d.train_batch_size = 32;
+  d.train_micro_batch_size_per_gpu = 4;
+  ASSERT_TRUE(ResolveBatch(d, 2, "mpirun").ok());
+  EXPECT_EQ(d.gradient_accumulation_steps, 4);
+  RunConfig e;
+  e.train_batch_size = 30;
+  e.train_micro_batch_size_per_gpu = 4;
+  e.gradient_accumulation_steps = 2;
+  const Status s = ResolveBatch(e, 4, "world size 4 from OMPI_COMM_WORLD_SIZE");
+  for (const char* needle :
+       {"4 x 2 x 4 = 32 != 30", "OMPI_COMM_WORLD_SIZE", "train_batch_size = 30"}) {
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s;
+  }
+  RunConfig f;
+  f.train_batch_size = 10;
+  EXPECT_NE(ResolveBatch(f, 4, "x").message().find("not a multiple of 4"), std::string::npos);
+  RunConfig g;
+  EXPECT_NE(ResolveBatch(g, 1, "x").message().find("train_micro_batch_size_per_gpu"),
+            std::string::npos);
+}
+
+TEST(ConfigTest, UnknownKeysAtEveryLevelWithDidYouMean) {
+  EXPECT_ERROR_HAS(R"({"train_batch_sise": 8})", "unknown key 'train_batch_sise'",
+                   "did you mean 'train_batch_size'");
+  EXPECT_ERROR_HAS(R"({"zero_optimization": {"stgae": 2}})",
+                   "unknown key 'zero_optimization.stgae'", "zero_optimization.stage");
+  EXPECT_ERROR_HAS(R"({"optimizer": {"type": "AdamW", "params": {"lr": 1, "wd": 0.1}}})",
+                   "optimizer.params.wd");
+  EXPECT_ERROR_HAS(R"({"model": {"n_layers": 2}})", "did you mean 'model.n_layer'");
+}
+
+TEST(ConfigTest, KeyInTheWrongSection) {
+  EXPECT_ERROR_HAS(R"({"stage": 2})", "unknown key 'stage'",
+                   "belongs in section 'zero_optimization' (zero_optimization.stage)");
+  EXPECT_ERROR_HAS(R"({"zero_optimization": {"gradient_clipping": 1.0}})",
+                   "it belongs at the top level");
+}
+
+TEST(ConfigTest, WrongTypes) {
+  EXPECT_ERROR_HAS(R"({"zero_optimization": {"stage": "three"}})",
+                   "zero_optimization.stage = \"three\"", "expected an integer", "got a string");
+  EXPECT_ERROR_HAS(R"({"bf16": {"enabled": 1}})", "bf16.enabled = 1", "true or false");
+  EXPECT_ERROR_HAS(R"({"zero_optimization": 3})", "zero_optimization = 3", "an object");
+  EXPECT_ERROR_HAS(R"({"optimizer": {"params": {"betas": 0.9}}})", "optimizer.params.betas",
+                   "an array of 2 numbers");
+  EXPECT_ERROR_HAS(R"([1, 2])", "must be a JSON object");
+  EXPECT_ERROR_HAS(R"({"train_batch_size": 8,})", "not valid JSON");
+}
+
+TEST(ConfigTest, OutOfRangeValues) {
+  EXPECT_ERROR_HAS(R"({"zero_optimization": {"stage": 5}})", "zero_optimization.stage = 5",
+                   "[0, 3]");
+  EXPECT_ERROR_HAS(R"({"optimizer": {"type": "AdamW", "params": {"lr": -0.001}}})",
+                   "optimizer.params.lr = -0.001", "out of range");
+  EXPECT_ERROR_HAS(R"({"train_micro_batch_size_per_gpu": 0})",
+                   "train_micro_batch_size_per_gpu = 0");
+  EXPECT_ERROR_HAS(R"({"optimizer": {"type": "Lion"}})", "optimizer.type = \"Lion\"",
+                   "AdamW, Adam, SGD");
+  EXPECT_ERROR_HAS(R"({"model": {"preset": "tiny", "n_head": 5}})", "does not divide");
+  EXPECT_ERROR_HAS(R"({"model": {"preset": "gpt9"}})", "gpt9", "gpt2-xl");
+}
+
+TEST(ConfigTest, DuplicateKeys) {
+  EXPECT_ERROR_HAS(R"({"seed": 1, "seed": 2})", "duplicate key 'seed'");
+  EXPECT_ERROR_HAS(R"({"zero_optimization": {"stage": 1, "stage": 2}})",
+                   "duplicate key 'zero_optimization.stage'");
+  // The same key in two different objects is fine.
+  EXPECT_EQ(Error(R"({"fp16": {"enabled": false}, "bf16": {"enabled": true}})"), "");
+}
+
+TEST(ConfigTest, AutoIsRefused) {
+  EXPECT_ERROR_HAS(R"({"train_batch_size": "auto"})", "train_batch_size = \"auto\"",
+                   "does not fill in \"auto\"", "an integer");
+  EXPECT_ERROR_HAS(R"({"optimizer": {"type": "AdamW", "params": {"lr": "auto"}}})",
+                   "optimizer.params.lr = \"auto\"");
+}
+
+TEST(ConfigTest, ContradictionsAndUnsupportedFeatures) {
+  EXPECT_ERROR_HAS(R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})", "choose one");
+  EXPECT_ERROR_HAS(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}})",
+                   "zero_optimization.offload_optimizer.device = \"cpu\"", "not yet supported");
+  EXPECT_ERROR_HAS(R"({"zero_optimization": {"offload_param": {"device": "nvme"}}})",
+                   "nvme_path is required");
+  EXPECT_ERROR_HAS(R"({"parallel": {"tensor_parallel_size": 2}})", "not yet supported");
+  EXPECT_ERROR_HAS(R"({"scheduler": {"type": "WarmupDecayLR", "params": {}}})",
+                   "total_num_steps is required by WarmupDecayLR");
+  EXPECT_ERROR_HAS(R"({"scheduler": {"type": "WarmupLR", "params": {"cos_min_ratio": 0.1}}})",
+                   "scheduler.params.cos_min_ratio is not a parameter of WarmupLR");
+  EXPECT_ERROR_HAS(R"({"optimizer": {"type": "AdamW", "params": {"momentum": 0.9}}})",
+                   "an SGD parameter");
+}
+
+TEST(ConfigTest, MissingDataFileAndUnwritableCheckpointDir) {
+  EXPECT_ERROR_HAS(R"({"data": {"path": "/nonexistent/tokens.bin"}})",
+                   "data.path = \"/nonexistent/tokens.bin\": cannot be read");
+  const std::string file = ::testing::TempDir() + "/not-a-dir";
+  std::ofstream(file) << "x";
+  EXPECT_ERROR_HAS(R"({"checkpoint": {"dir": ")" + file + R"(/ckpt"}})", "is not a directory");
+  if (::geteuid() != 0) {  // root can write anywhere
+    EXPECT_ERROR_HAS(R"({"checkpoint": {"dir": "/proc/ckpt"}})", "not writable");
+  }
+  // Validation creates nothing.
+  const std::string fresh = ::testing::TempDir() + "/fresh-ckpt-dir";
+  std::filesystem::remove_all(fresh);
+  EXPECT_EQ(Error(R"({"checkpoint": {"dir": ")" + fresh + R"("}})"), "");
+  EXPECT_FALSE(std::filesystem::exists(fresh));
+}
+
+}  // namespace
+}  // namespace zerort

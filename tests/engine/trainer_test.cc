@@ -1,0 +1,210 @@
+// The training engine: LR schedules against DeepSpeed's formulas, token files (round trip and each
+// corruption named), the data loader's determinism, and whole training runs on loopback ranks:
+// stage 0 on one rank and stage 3 on four give the same loss curve in metrics.jsonl.
+#include "engine/trainer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "engine/data_loader.h"
+#include "engine/lr_schedule.h"
+#include "engine/token_file.h"
+#include "runtime/loopback_communicator.h"
+
+namespace zerort {
+namespace {
+
+TEST(LrScheduleTest, DeepSpeedFormulas) {
+  OptimizerConfig opt;
+  opt.lr = 0.5f;
+  SchedulerConfig s;
+  EXPECT_DOUBLE_EQ(LearningRate(opt, s, 123), 0.5f);  // no scheduler: the optimizer's lr
+  s.type = "WarmupLR";
+  s.warmup_min_lr = 0.0f;
+  s.warmup_max_lr = 1.0f;
+  s.warmup_num_steps = 100;
+  s.warmup_type = "log";
+  EXPECT_DOUBLE_EQ(LearningRate(opt, s, 0), 0.0);
+  EXPECT_NEAR(LearningRate(opt, s, 9), std::log(10.0) / std::log(100.0), 1e-7);
+  EXPECT_DOUBLE_EQ(LearningRate(opt, s, 100), 1.0);
+  EXPECT_DOUBLE_EQ(LearningRate(opt, s, 5000), 1.0);
+  s.warmup_type = "linear";
+  EXPECT_NEAR(LearningRate(opt, s, 25), 0.25, 1e-7);
+  s.type = "WarmupDecayLR";
+  s.total_num_steps = 300;
+  EXPECT_NEAR(LearningRate(opt, s, 100), 1.0, 1e-7);
+  EXPECT_NEAR(LearningRate(opt, s, 200), 0.5, 1e-7);
+  EXPECT_NEAR(LearningRate(opt, s, 300), 0.0, 1e-7);
+  EXPECT_NEAR(LearningRate(opt, s, 400), 0.0, 1e-7);
+  s.type = "WarmupCosineLR";
+  s.warmup_min_ratio = 0.1f;
+  s.cos_min_ratio = 0.01f;
+  EXPECT_NEAR(LearningRate(opt, s, 0), 0.5 * 0.1, 1e-7);
+  EXPECT_NEAR(LearningRate(opt, s, 50), 0.5 * (0.1 + 0.9 * 0.5), 1e-7);
+  // real_last_step = it - warmup + 1 of real_total = 200: half way at it = 199.
+  EXPECT_NEAR(LearningRate(opt, s, 199), 0.5 * (0.01 + 0.99 * 0.5), 1e-6);
+  EXPECT_NEAR(LearningRate(opt, s, 299), 0.5 * 0.01, 1e-7);
+}
+
+TEST(TokenFileTest, RoundTripAndEveryCorruptionNamed) {
+  const std::string dir = ::testing::TempDir();
+  const std::string path = dir + "/tokens.bin";
+  const std::vector<int32_t> bytes = ByteTokens("hello, tokens\n");
+  ASSERT_TRUE(WriteTokenFile(path, bytes, 256).ok());
+  TokenFile f = *ReadTokenFile(path);
+  EXPECT_EQ(f.tokens, bytes);
+  EXPECT_EQ(f.width, 1);
+  const std::vector<int32_t> wide = {0, 300, 65535, 7};
+  ASSERT_TRUE(WriteTokenFile(path, wide, 70000).ok());
+  f = *ReadTokenFile(path);
+  EXPECT_EQ(f.tokens, wide);
+  EXPECT_EQ(f.width, 4);
+  EXPECT_FALSE(WriteTokenFile(path, {256}, 256).ok());
+
+  std::string raw;
+  {
+    std::ifstream in(path, std::ios::binary);
+    raw.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto corrupt = [&](std::string data, const char* needle) {
+    const std::string bad = dir + "/bad.bin";
+    std::ofstream(bad, std::ios::binary) << data;
+    const Status s = ReadTokenFile(bad).status();
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s;
+    EXPECT_NE(s.message().find(bad), std::string::npos) << "names the file: " << s;
+  };
+  corrupt(raw.substr(0, 20), "shorter than the 32-byte");
+  corrupt("X" + raw.substr(1), "no ZRTOKENS magic");
+  corrupt(raw.substr(0, raw.size() - 1), "holds 15 bytes");
+  std::string big = raw;
+  big[32 + 4] = '\x7f';  // token 1 = 0x7f.. beyond the vocabulary
+  big[32 + 7] = '\x7f';
+  corrupt(big, "outside the vocabulary");
+  std::string version = raw;
+  version[8] = 9;
+  corrupt(version, "version 9");
+}
+
+TEST(DataLoaderTest, WindowsAreDeterministicAndSplit) {
+  std::vector<int32_t> tokens(1000);
+  for (int i = 0; i < 1000; ++i) tokens[i] = i % 251;
+  const DataLoader d = *DataLoader::Create(tokens, 16, 0.1, "test");
+  EXPECT_EQ(d.train_tokens(), 900);
+  EXPECT_EQ(d.validation_windows(), 100 / 17);
+  std::vector<int32_t> in(16), out(16);
+  d.TrainSequence(3, in, out);
+  EXPECT_EQ(in[0], 48);
+  EXPECT_EQ(out[0], 49);
+  EXPECT_EQ(out[15], 64);
+  d.ValidationWindow(1, in, out);
+  EXPECT_EQ(in[0], (900 + 17) % 251);
+  EXPECT_FALSE(DataLoader::Create(std::vector<int32_t>(10, 1), 16, 0.0, "short.bin").ok());
+  EXPECT_NE(DataLoader::Create(tokens, 16, 0.01, "x.bin").status().message().find("no window"),
+            std::string::npos);
+}
+
+std::vector<double> MetricLosses(const std::string& path) {
+  std::vector<double> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line).at("loss"));
+  return out;
+}
+
+RunConfig SmallRun(const std::string& metrics) {
+  RunConfig c = *ParseRunConfig(nlohmann::json::parse(R"({
+    "train_batch_size": 8, "train_micro_batch_size_per_gpu": 1,
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 3, "warmup_max_lr": 3e-3,
+                                                  "warmup_type": "linear"}},
+    "gradient_clipping": 1.0, "steps_per_print": 100,
+    "model": {"n_layer": 2, "n_head": 2, "d_model": 32, "seq_len": 16, "vocab_size": 256},
+    "train": {"steps": 8, "eval_windows": 4, "sample_tokens": 0, "device": "cpu"}
+  })"),
+                                "test");
+  c.logging.metrics_file = metrics;
+  return c;
+}
+
+std::vector<double> TrainOn(int world, int stage, int accumulation_per_rank,
+                            const std::string& name) {
+  const std::string metrics = ::testing::TempDir() + "/" + name + ".jsonl";
+  std::filesystem::remove(metrics);
+  RunConfig c = SmallRun(metrics);
+  c.zero.stage = stage;
+  c.zero.stage3_param_persistence_threshold = 0;
+  c.train_micro_batch_size_per_gpu = 8 / world / accumulation_per_rank;
+  std::FILE* sink = std::fopen("/dev/null", "w");
+  CommOptions options;
+  options.timeout = std::chrono::seconds(120);
+  const Status status = RunLoopbackRanks(world, options, nullptr, [&](Communicator& comm) {
+    return Train(c, {.dp = &comm, .dp_source = "test", .out = sink}).status();
+  });
+  std::fclose(sink);
+  EXPECT_TRUE(status.ok()) << status;
+  return MetricLosses(metrics);
+}
+
+TEST(TrainerTest, Stage3OnFourRanksFollowsStage0OnOne) {
+  const std::vector<double> reference = TrainOn(1, 0, 1, "w1s0");
+  ASSERT_EQ(reference.size(), 8u);
+  EXPECT_LT(reference.back(), reference.front() - 0.3) << "the loss did not fall";
+  const std::vector<double> sharded = TrainOn(4, 3, 1, "w4s3");
+  const std::vector<double> accumulated = TrainOn(2, 2, 2, "w2s2acc2");
+  ASSERT_EQ(sharded.size(), reference.size());
+  ASSERT_EQ(accumulated.size(), reference.size());
+  for (size_t i = 0; i < reference.size(); ++i) {
+    EXPECT_NEAR(sharded[i], reference[i], 1e-5 * reference[i]) << "step " << i + 1;
+    EXPECT_NEAR(accumulated[i], reference[i], 1e-5 * reference[i]) << "step " << i + 1;
+  }
+}
+
+TEST(TrainerTest, MetricsCarryEveryField) {
+  const std::string metrics = ::testing::TempDir() + "/fields.jsonl";
+  RunConfig c = SmallRun(metrics);
+  c.train.steps = 2;
+  c.train.eval_interval = 1;
+  c.train.sample_tokens = 5;
+  c.train.sample_prompt = "ab";
+  auto group = *CreateLoopbackGroup(1, {}, nullptr);
+  std::FILE* sink = std::fopen("/dev/null", "w");
+  const TrainResult r = *Train(c, {.dp = group[0].get(), .dp_source = "test", .out = sink});
+  std::fclose(sink);
+  EXPECT_EQ(r.steps, 2);
+  EXPECT_GT(r.val_loss, 0);
+  EXPECT_EQ(r.sample.substr(0, 2), "ab");
+  std::ifstream in(metrics);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  const nlohmann::json j = nlohmann::json::parse(line);
+  for (const char* key :
+       {"step", "steps", "loss", "val_loss", "grad_norm", "lr", "loss_scale", "skipped",
+        "skipped_steps", "tokens", "step_time_s", "tokens_per_s", "tokens_per_s_per_device",
+        "tflops_per_device", "mfu", "peak_memory_bytes", "peak_memory_total_bytes"}) {
+    EXPECT_TRUE(j.contains(key)) << key << " missing from " << line;
+  }
+  EXPECT_GT(j["peak_memory_bytes"]["activations"].get<int64_t>(), 0);
+  EXPECT_EQ(j["tokens"], 8 * 16);
+}
+
+TEST(TrainerTest, RefusesWhatDoesNotExistYet) {
+  RunConfig c = SmallRun("");
+  c.checkpoint.dir = ::testing::TempDir() + "/ckpt";
+  auto group = *CreateLoopbackGroup(1, {}, nullptr);
+  const Status s = Train(c, {.dp = group[0].get(), .dp_source = "test"}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_FALSE(std::filesystem::exists(c.checkpoint.dir));
+  c.checkpoint.dir.clear();
+  c.bf16 = true;
+  EXPECT_NE(Train(c, {.dp = group[0].get(), .dp_source = "test"})
+                .status()
+                .message()
+                .find("bf16.enabled on the CPU"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace zerort

@@ -1,0 +1,150 @@
+// zerort train CONFIG and zerort data prepare TEXT OUT.
+//
+// train: the config is read and validated on every rank before anything else happens (nothing is
+// created on disk before it is valid); then the data-parallel group is MPI's world under a
+// launcher (NCCL over it on GPUs when built with NCCL), or a group of one.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "engine/config.h"
+#include "engine/token_file.h"
+#include "engine/trainer.h"
+#include "runtime/exit_codes.h"
+#include "runtime/log.h"
+#include "runtime/loopback_communicator.h"
+#include "runtime/mpi_communicator.h"
+#include "runtime/nccl_communicator.h"
+#include "runtime/strings.h"
+#include "tools/commands.h"
+
+namespace zerort::cli {
+namespace {
+
+// Config and usage problems are the user's to fix (exit 2); the rest are runtime failures.
+int ExitCodeOf(const Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kUnimplemented:
+    case absl::StatusCode::kNotFound:
+      return kExitUsage;
+    default:
+      return kExitRuntimeFailure;
+  }
+}
+
+}  // namespace
+
+int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** argv) {
+  StatusOr<RunConfig> config = LoadRunConfig(o.config, o.overrides);
+  if (!config.ok()) {
+    Logger()->error("{}", config.status().message());
+    return kExitUsage;
+  }
+  if (o.resume) {
+    Logger()->error("--resume: checkpoints are not yet supported in this version of zerort");
+    return kExitUsage;
+  }
+  if (o.print_config) {
+    // The batch triple is resolved for the world this process was launched in.
+    RunConfig resolved = *config;
+    const Status batch = ResolveBatch(resolved, launch.world_size,
+                                      StrCat("world size from the launcher: ", launch.source));
+    if (!batch.ok()) {
+      Logger()->error("{}: {}", o.config, batch.message());
+      return kExitUsage;
+    }
+    if (launch.rank == 0) std::printf("%s\n", resolved.ToJson().dump(2).c_str());
+    return kExitOk;
+  }
+  if (!config->logging.level.empty()) {
+    if (auto level = ParseLogLevel(config->logging.level); level.ok()) Logger()->set_level(*level);
+  }
+
+  std::unique_ptr<MpiContext> mpi;
+  std::vector<std::unique_ptr<Communicator>> comms;
+  std::unique_ptr<Communicator> world, nccl;
+  Communicator* dp = nullptr;
+  std::string dp_source = "a single process (no launcher)";
+  CommOptions comm_options;
+  comm_options.name = "dp";
+  if (launch.world_size > 1) {
+    MpiContext::Options mpi_options;
+    mpi_options.install_signal_dump = true;
+    StatusOr<std::unique_ptr<MpiContext>> m = MpiContext::Init(argc, argv, std::move(mpi_options));
+    if (!m.ok()) {
+      Logger()->error("starting MPI for {} ranks: {}", launch.world_size, m.status().message());
+      return kExitRuntimeFailure;
+    }
+    mpi = std::move(*m);
+    StatusOr<std::unique_ptr<Communicator>> w = mpi->World(comm_options);
+    if (!w.ok()) {
+      Logger()->error("{}", w.status().message());
+      return kExitRuntimeFailure;
+    }
+    world = std::move(*w);
+    dp = world.get();
+    dp_source = StrCat("world size ", launch.world_size, " from the ", launch.source, " launcher");
+    const bool gpu =
+        config->train.device == "cuda" || (config->train.device.empty() && CudaDeviceCount() > 0);
+    if (gpu) {
+      StatusOr<std::unique_ptr<Communicator>> n = CreateNcclCommunicator(
+          *world, Device::Cuda(launch.local_rank % std::max(1, CudaDeviceCount())), comm_options,
+          &mpi->watchdog());
+      if (n.ok()) {
+        nccl = std::move(*n);
+        dp = nccl.get();
+      } else {
+        Logger()->warn("NCCL unavailable ({}); gradients go through MPI with host staging",
+                       n.status().message());
+      }
+    }
+  } else {
+    StatusOr<std::vector<std::unique_ptr<Communicator>>> group =
+        CreateLoopbackGroup(1, comm_options, nullptr);
+    if (!group.ok()) {
+      Logger()->error("{}", group.status().message());
+      return kExitRuntimeFailure;
+    }
+    comms = std::move(*group);
+    dp = comms[0].get();
+  }
+  // Open MPI gives ranks a pseudo-terminal even when mpirun's own output is a pipe, so a
+  // launched run never draws the bar.
+  const bool progress_bar = ::isatty(STDOUT_FILENO) && launch.source == "none";
+  StatusOr<TrainResult> result = Train(*config, {.dp = dp,
+                                                 .dp_source = dp_source,
+                                                 .local_rank = launch.local_rank,
+                                                 .progress_bar = progress_bar});
+  if (!result.ok()) {
+    Logger()->error("{}", result.status().message());
+    return ExitCodeOf(result.status());
+  }
+  return result->non_finite ? kExitNonFinite : kExitOk;
+}
+
+int RunDataPrepare(const DataPrepareOptions& o) {
+  std::ifstream in(o.text, std::ios::binary);
+  if (!in) {
+    Logger()->error("data prepare: {} cannot be read", o.text);
+    return kExitUsage;
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::vector<int32_t> tokens = ByteTokens(buffer.str());
+  if (tokens.empty()) {
+    Logger()->error("data prepare: {} is empty", o.text);
+    return kExitUsage;
+  }
+  if (Status s = WriteTokenFile(o.out, tokens, 256); !s.ok()) {
+    Logger()->error("data prepare: {}", s.message());
+    return kExitRuntimeFailure;
+  }
+  std::printf("wrote %s: %zu byte-level tokens (vocabulary 256) from %s\n", o.out.c_str(),
+              tokens.size(), o.text.c_str());
+  return kExitOk;
+}
+
+}  // namespace zerort::cli
