@@ -3,6 +3,9 @@
 
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -156,6 +159,14 @@ Status CheckWritableDir(const std::string& key, const std::string& dir) {
     return absl::InvalidArgumentError(
         StrCat(key, " = \"", dir, "\": ", p.string(), " is not writable"));
   }
+  // access() says yes to root everywhere; a directory made and removed at once tells the truth
+  // (read-only mounts, /proc) and leaves nothing behind.
+  std::string probe = (p / ".zerort-probe-XXXXXX").string();
+  if (::mkdtemp(probe.data()) == nullptr) {
+    return absl::InvalidArgumentError(StrCat(key, " = \"", dir, "\": cannot create directories in ",
+                                             p.string(), " (", std::strerror(errno), ")"));
+  }
+  ::rmdir(probe.c_str());
   return absl::OkStatus();
 }
 

@@ -7,11 +7,15 @@
 #include <fstream>
 #include <memory>
 
+#include <csignal>
+
+#include "engine/checkpoint.h"
 #include "engine/data_loader.h"
 #include "engine/lr_schedule.h"
 #include "engine/token_file.h"
 #include "kernels/model_kernels.h"
 #include "layers/gpt_model.h"
+#include "runtime/host_collectives.h"
 #include "runtime/log.h"
 #include "runtime/strings.h"
 #include "sharding/shard_manager.h"
@@ -20,6 +24,32 @@ namespace zerort {
 namespace {
 
 constexpr size_t kBuiltinCorpusBytes = 1 << 20;
+
+// Set by SIGTERM/SIGUSR1 while a run is in progress; read once per step. A signal handler can
+// reach nothing else, so this one flag is process-wide by necessity.
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void OnStopSignal(int signal) { g_stop_signal = signal; }
+
+// Installs the handlers for the lifetime of a run and restores the previous ones.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = OnStopSignal;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+    ::sigaction(SIGUSR1, &sa, &old_usr1_);
+  }
+  ~StopSignals() {
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+    ::sigaction(SIGUSR1, &old_usr1_, nullptr);
+  }
+
+ private:
+  struct sigaction old_term_ {};
+  struct sigaction old_usr1_ {};
+};
 
 StatusOr<ShardManagerOptions> ManagerOptions(const RunConfig& c, DType compute) {
   ShardManagerOptions o;
@@ -73,6 +103,11 @@ class Run {
   RunConfig c_;
   TrainerContext ctx_;
   Communicator& dp() { return *ctx_.dp; }
+  // fp32 values on the host, reduced over the data-parallel group (any backend).
+  Status HostAllReduce(float* values, size_t count, ReduceOp op) {
+    return AllReduceHostValues(dp(), *allocator_, manager_->compute_stream(), values, count,
+                               DType::kF32, op);
+  }
   bool cuda_ = false;
   Device device_ = Device::Cpu();
   MemoryTracker tracker_;
@@ -84,14 +119,30 @@ class Run {
   std::unique_ptr<DataLoader> data_;
   std::ofstream metrics_;
   double peak_flops_ = 0;
+  RunState start_;  // where this run starts: step 0, or the resumed checkpoint's state
+  Status Save(int64_t step, int64_t consumed);
 };
+
+Status Run::Save(int64_t step, int64_t consumed) {
+  const auto t0 = std::chrono::steady_clock::now();
+  RunState state{.step = step,
+                 .consumed_sequences = consumed,
+                 .manager_steps = manager_->steps(),
+                 .scaler = manager_->scaler_state(),
+                 .config = c_.ToJson()};
+  ZR_RETURN_IF_ERROR(
+      SaveCheckpoint(c_.checkpoint.dir, state, *manager_, dp(), c_.checkpoint.keep_last_n));
+  if (dp().rank() == 0) {
+    Logger()->info("saved checkpoint {}/step_{} in {:.2f} s", c_.checkpoint.dir, step,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return absl::OkStatus();
+}
 
 Status Run::Setup() {
   ZR_RETURN_IF_ERROR(ResolveBatch(c_, dp().size(), ctx_.dp_source));
-  if (!c_.checkpoint.dir.empty()) {
-    return absl::UnimplementedError(
-        "checkpoint.dir is set, but checkpoints are not yet supported in this version of zerort; "
-        "remove the checkpoint section");
+  if (ctx_.resume && c_.checkpoint.dir.empty()) {
+    return absl::InvalidArgumentError("--resume needs checkpoint.dir in the config");
   }
   const std::string& want = c_.train.device;
   cuda_ = want == "cuda" || (want.empty() && CudaDeviceCount() > 0);
@@ -133,6 +184,14 @@ Status Run::Setup() {
                                 .activation_checkpointing = c_.model.activation_checkpointing},
                                *store_, *kernels_, *allocator_));
   ZR_RETURN_IF_ERROR(manager_->Initialize(GptInitializer(c_.model.shape)));
+  if (ctx_.resume) {
+    ZR_ASSIGN_OR_RETURN(const std::string step_dir, LatestCheckpoint(c_.checkpoint.dir));
+    ZR_ASSIGN_OR_RETURN(start_, LoadCheckpoint(step_dir, *manager_, dp()));
+    if (dp().rank() == 0) {
+      Logger()->info("resumed from {} (step {}, {} sequences consumed)", step_dir, start_.step,
+                     start_.consumed_sequences);
+    }
+  }
 
   std::vector<int32_t> tokens;
   std::string source;
@@ -162,7 +221,7 @@ Status Run::Setup() {
     const std::filesystem::path parent = std::filesystem::path(metrics).parent_path();
     std::error_code ec;
     if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-    metrics_.open(metrics, std::ios::trunc);
+    metrics_.open(metrics, ctx_.resume ? std::ios::app : std::ios::trunc);
     if (!metrics_) {
       const int err = errno;
       return ErrnoError(StrCat("open logging.metrics_file ", metrics), err);
@@ -224,7 +283,7 @@ Status Run::Evaluate(double& loss) {
     sums[0] += static_cast<float>(l * count);
     sums[1] += static_cast<float>(count);
   }
-  ZR_RETURN_IF_ERROR(dp().AllReduce(sums, sums, 2, DType::kF32, ReduceOp::kSum, nullptr));
+  ZR_RETURN_IF_ERROR(HostAllReduce(sums, 2, ReduceOp::kSum));
   loss = sums[0] / sums[1];
   return absl::OkStatus();
 }
@@ -239,7 +298,11 @@ StatusOr<TrainResult> Run::Loop() {
   const double tokens_per_step = static_cast<double>(global) * seq;
   const bool tty = dp().rank() == 0 && ctx_.progress_bar;
   std::vector<int32_t> in(static_cast<size_t>(m) * seq), out(in.size());
-  for (int64_t step = 0; step < steps; ++step) {
+  const bool checkpoints = !c_.checkpoint.dir.empty();
+  StopSignals signals;
+  if (ctx_.resume) result.resumed_from = start_.step;
+  int64_t consumed = start_.consumed_sequences;
+  for (int64_t step = start_.step; step < steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     tracker_.ResetPeaks();
     const double lr = LearningRate(c_.optimizer, c_.scheduler, step);
@@ -257,8 +320,9 @@ StatusOr<TrainResult> Run::Loop() {
     }
     ZR_ASSIGN_OR_RETURN(StepResult r, manager_->Step({.lr = static_cast<float>(lr),
                                                       .micro_batches = accumulation}));
+    consumed += global;
     float loss = static_cast<float>(loss_sum / accumulation);
-    ZR_RETURN_IF_ERROR(dp().AllReduce(&loss, &loss, 1, DType::kF32, ReduceOp::kAvg, nullptr));
+    ZR_RETURN_IF_ERROR(HostAllReduce(&loss, 1, ReduceOp::kAvg));
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     result.steps = step + 1;
     result.final_loss = loss;
@@ -292,7 +356,7 @@ StatusOr<TrainResult> Run::Loop() {
         {"loss_scale", r.loss_scale},
         {"skipped", r.skipped},
         {"skipped_steps", manager_->skipped_steps()},
-        {"tokens", static_cast<int64_t>(tokens_per_step * (step + 1))},
+        {"tokens", consumed * seq},
         {"step_time_s", dt},
         {"tokens_per_s", tokens_per_s},
         {"tokens_per_s_per_device", tokens_per_s / dp().size()},
@@ -333,6 +397,19 @@ StatusOr<TrainResult> Run::Loop() {
       Logger()->error("step {}: the loss is {} on the data-parallel mean; stopping", step + 1,
                       loss);
       result.non_finite = true;
+      return result;
+    }
+    // A signal on any rank stops every rank at the same step boundary.
+    float stop = static_cast<float>(g_stop_signal);
+    ZR_RETURN_IF_ERROR(HostAllReduce(&stop, 1, ReduceOp::kMax));
+    const bool interval = c_.checkpoint.interval > 0 && (step + 1) % c_.checkpoint.interval == 0;
+    if (checkpoints && (interval || last || stop > 0)) ZR_RETURN_IF_ERROR(Save(step + 1, consumed));
+    if (stop > 0) {
+      if (dp().rank() == 0) {
+        Logger()->warn("stopping after step {} on signal {}{}", step + 1, static_cast<int>(stop),
+                       checkpoints ? " (checkpoint saved; continue with --resume)" : "");
+      }
+      result.stopped_by_signal = true;
       return result;
     }
   }

@@ -1,8 +1,10 @@
 // The training loop of `zerort train`: builds the shard manager, the GPT model and the data from a
 // RunConfig, then runs micro-batches with gradient accumulation, the LR schedule, the rank-0
 // metrics line (every steps_per_print steps) and metrics.jsonl (every step), evaluation every
-// eval_interval steps and at the end, and a text sample at the end. Every rank calls Train; the
-// data-parallel group is the caller's (MPI world, or a loopback group of one).
+// eval_interval steps and at the end, checkpoints (every checkpoint.interval steps, at the end,
+// and when a rank receives SIGTERM or SIGUSR1: the ranks agree at the next step boundary, save,
+// and stop), resumption from checkpoint.dir/latest, and a text sample at the end. Every rank
+// calls Train; the data-parallel group is the caller's (MPI world, or a loopback group of one).
 #pragma once
 
 #include <cstdint>
@@ -20,14 +22,17 @@ struct TrainerContext {
   int local_rank = 0;          // picks the GPU on a multi-GPU node
   std::FILE* out = stdout;     // rank 0's metrics lines and sample
   bool progress_bar = false;   // draw one on `out` (rank 0): only when it is a terminal
+  bool resume = false;         // continue from checkpoint.dir/latest
 };
 
 struct TrainResult {
-  int64_t steps = 0;        // optimizer steps run
-  double final_loss = 0;    // global mean loss of the last step
-  double val_loss = -1;     // last evaluation; -1 when there was none
-  std::string sample;       // the text sampled at the end
-  bool non_finite = false;  // the run stopped on a non-finite loss (exit code 4)
+  int64_t steps = 0;               // optimizer steps run
+  double final_loss = 0;           // global mean loss of the last step
+  double val_loss = -1;            // last evaluation; -1 when there was none
+  std::string sample;              // the text sampled at the end
+  bool non_finite = false;         // the run stopped on a non-finite loss (exit code 4)
+  bool stopped_by_signal = false;  // SIGTERM/SIGUSR1: saved a checkpoint and stopped early
+  int64_t resumed_from = -1;       // the step the run resumed from; -1: a fresh run
 };
 
 StatusOr<TrainResult> Train(RunConfig config, const TrainerContext& context);

@@ -20,6 +20,28 @@ class LossScaler {
   // Records a step's outcome. Fails once max_consecutive_skips steps in a row overflowed.
   Status Update(bool overflow);
 
+  // Everything Update reads and writes, for checkpoints: a restored scaler continues exactly.
+  struct State {
+    float scale = 1.0f;
+    int hysteresis_left = 0;
+    int64_t iteration = 0;
+    int64_t last_overflow_iteration = -1;
+    int64_t skipped = 0;
+    int consecutive_skips = 0;
+  };
+  State state() const {
+    return {scale_,   hysteresis_left_,  iteration_, last_overflow_iteration_,
+            skipped_, consecutive_skips_};
+  }
+  void Restore(const State& s) {
+    scale_ = s.scale;
+    hysteresis_left_ = s.hysteresis_left;
+    iteration_ = s.iteration;
+    last_overflow_iteration_ = s.last_overflow_iteration;
+    skipped_ = s.skipped;
+    consecutive_skips_ = s.consecutive_skips;
+  }
+
  private:
   LossScaleOptions options_;
   bool enabled_;

@@ -109,6 +109,14 @@ Status ShardManager::Initialize(const Initializer& init) {
   return absl::OkStatus();
 }
 
+Status ShardManager::RestoreCounters(int64_t steps, const LossScaler::State& scaler) {
+  if (!initialized_) return absl::FailedPreconditionError("Initialize the ShardManager first");
+  if (steps < 0) return absl::InvalidArgumentError(StrCat("step count ", steps, " is negative"));
+  steps_ = steps;
+  scaler_.Restore(scaler);
+  return absl::OkStatus();
+}
+
 int64_t ShardManager::live_gathered_bytes() const {
   int64_t bytes = 0;
   for (const auto& u : units_) {

@@ -93,11 +93,17 @@ class ShardManager {
   StatusOr<StepResult> Step(const StepInputs& inputs);
 
   float loss_scale() const { return scaler_.scale(); }
+  // Optimizer steps taken (skipped ones excluded) and the loss scaler, for checkpoints.
+  int64_t steps() const { return steps_; }
+  LossScaler::State scaler_state() const { return scaler_.state(); }
+  // Restores both (after the units' shards were written with ShardedUnit::WriteShard).
+  Status RestoreCounters(int64_t steps, const LossScaler::State& scaler);
   int64_t skipped_steps() const { return scaler_.skipped_steps(); }
   int num_units() const { return static_cast<int>(units_.size()); }
   ShardedUnit& unit(int i) { return *units_.at(i); }
   const ShardManagerOptions& options() const { return options_; }
   Stream& compute_stream() { return *resources_.compute; }
+  Allocator& device_allocator() { return *resources_.device_allocator; }
   // Bytes of gathered weights of non-persistent units currently gathered or gathering.
   int64_t live_gathered_bytes() const;
   // Gradient collectives issued so far (bucketing packs several units into one).

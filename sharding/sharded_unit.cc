@@ -339,4 +339,61 @@ Status ShardedUnit::GatherMaster(int i, std::span<float> out) {
   return absl::OkStatus();
 }
 
+bool ShardedUnit::HasState(StateBuffer kind) const {
+  switch (kind) {
+    case StateBuffer::kMaster:
+      return static_cast<bool>(master_);
+    case StateBuffer::kExpAvg:
+      return static_cast<bool>(exp_avg_);
+    case StateBuffer::kExpAvgSq:
+      return static_cast<bool>(exp_avg_sq_);
+  }
+  return false;
+}
+
+StatusOr<std::vector<float>> ShardedUnit::ReadState(StateBuffer kind) const {
+  if (!HasState(kind)) {
+    return absl::FailedPreconditionError(StrCat("unit '", name_, "' keeps no such state"));
+  }
+  const Buffer& b = kind == StateBuffer::kMaster   ? master_
+                    : kind == StateBuffer::kExpAvg ? exp_avg_
+                                                   : exp_avg_sq_;
+  std::vector<float> out(static_cast<size_t>(layout_.shard_numel()));
+  ZR_RETURN_IF_ERROR(CopyBytes(out.data(), Device::Cpu(), b.data(), b.device(), out.size() * 4,
+                               resources_.compute));
+  ZR_RETURN_IF_ERROR(resources_.compute->Synchronize());
+  return out;
+}
+
+Status ShardedUnit::WriteState(StateBuffer kind, std::span<const float> values) {
+  if (!HasState(kind)) {
+    return absl::FailedPreconditionError(StrCat("unit '", name_, "' keeps no such state"));
+  }
+  const int64_t shard = layout_.shard_numel();
+  if (static_cast<int64_t>(values.size()) != shard) {
+    return absl::InvalidArgumentError(StrCat("WriteState of unit '", name_, "': ", values.size(),
+                                             " values for a shard of ", shard));
+  }
+  ZR_CHECK(state_ == ShardState::kSharded || persistent_)
+      << "WriteState while unit '" << name_ << "' is " << ShardStateName(state_);
+  Stream* compute = resources_.compute;
+  Buffer& b = kind == StateBuffer::kMaster   ? master_
+              : kind == StateBuffer::kExpAvg ? exp_avg_
+                                             : exp_avg_sq_;
+  ZR_RETURN_IF_ERROR(
+      CopyBytes(b.data(), b.device(), values.data(), Device::Cpu(), values.size() * 4, compute));
+  if (kind != StateBuffer::kMaster) return compute->Synchronize();
+  const ShardManagerOptions& o = options();
+  if (o.stage == ZeroStage::k3) {
+    ZR_RETURN_IF_ERROR(Cast(MasterShard(),
+                            TensorView(compute_shard_.data(), o.compute_dtype, {shard}, device()),
+                            compute));
+  } else if (compute_full_) {
+    ZR_RETURN_IF_ERROR(Cast(MasterShard(), ComputeFlat().Flat(rank_ * shard, shard), compute));
+  }
+  // Gradients zeroed, compute copies all-gathered as after an optimizer step.
+  ZR_RETURN_IF_ERROR(AfterStep());
+  return compute->Synchronize();
+}
+
 }  // namespace zerort

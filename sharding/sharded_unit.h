@@ -95,6 +95,20 @@ class ShardedUnit {
   TensorView GradShard() const;
   TensorView MasterShard() const;
 
+  // The fp32 shard buffers a checkpoint holds. Optimizer states a run does not keep (Adam's
+  // second moment under SGD, momentum under plain SGD) are absent.
+  enum class StateBuffer { kMaster, kExpAvg, kExpAvgSq };
+  bool HasState(StateBuffer kind) const;
+  // This rank's shard of `kind` (shard_numel values, padding included) as host floats.
+  StatusOr<std::vector<float>> ReadState(StateBuffer kind) const;
+  // Overwrites this rank's shard of `kind`. Writing the master refreshes the compute copies
+  // (cast, then all-gathered where the stage keeps full parameters): collective over the
+  // data-parallel group; every unit must be SHARDED.
+  Status WriteState(StateBuffer kind, std::span<const float> values);
+  // This rank's index in the layout's frame: the data-parallel rank, or 0 at stage 0, where
+  // every rank holds the whole (identical) state.
+  int layout_rank() const { return rank_; }
+
  private:
   ShardedUnit(std::string name, FlatLayout layout, const UnitResources& resources);
   // Allocates a zeroed buffer on `tier` (the placement of that buffer kind).

@@ -28,7 +28,8 @@ int ExitCodeOf(const Status& s) {
   switch (s.code()) {
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kUnimplemented:
-    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kNotFound:  // --resume without a checkpoint
+    case absl::StatusCode::kDataLoss:  // a damaged checkpoint or data file
       return kExitUsage;
     default:
       return kExitRuntimeFailure;
@@ -43,8 +44,8 @@ int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** 
     Logger()->error("{}", config.status().message());
     return kExitUsage;
   }
-  if (o.resume) {
-    Logger()->error("--resume: checkpoints are not yet supported in this version of zerort");
+  if (o.resume && config->checkpoint.dir.empty()) {
+    Logger()->error("{}: --resume needs checkpoint.dir", o.config);
     return kExitUsage;
   }
   if (o.print_config) {
@@ -117,12 +118,15 @@ int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** 
   StatusOr<TrainResult> result = Train(*config, {.dp = dp,
                                                  .dp_source = dp_source,
                                                  .local_rank = launch.local_rank,
-                                                 .progress_bar = progress_bar});
+                                                 .progress_bar = progress_bar,
+                                                 .resume = o.resume});
   if (!result.ok()) {
     Logger()->error("{}", result.status().message());
     return ExitCodeOf(result.status());
   }
-  return result->non_finite ? kExitNonFinite : kExitOk;
+  if (result->non_finite) return kExitNonFinite;
+  if (result->stopped_by_signal) return kExitOk;  // saved; continue with --resume
+  return kExitOk;
 }
 
 int RunDataPrepare(const DataPrepareOptions& o) {

@@ -190,20 +190,20 @@ TEST(TrainerTest, MetricsCarryEveryField) {
   EXPECT_EQ(j["tokens"], 8 * 16);
 }
 
-TEST(TrainerTest, RefusesWhatDoesNotExistYet) {
+TEST(TrainerTest, RefusesWhatCannotRun) {
   RunConfig c = SmallRun("");
-  c.checkpoint.dir = ::testing::TempDir() + "/ckpt";
   auto group = *CreateLoopbackGroup(1, {}, nullptr);
-  const Status s = Train(c, {.dp = group[0].get(), .dp_source = "test"}).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_FALSE(std::filesystem::exists(c.checkpoint.dir));
+  Status s = Train(c, {.dp = group[0].get(), .dp_source = "test", .resume = true}).status();
+  EXPECT_NE(s.message().find("--resume needs checkpoint.dir"), std::string::npos) << s;
+  c.checkpoint.dir = ::testing::TempDir() + "/never-written";
+  std::filesystem::remove_all(c.checkpoint.dir);
+  s = Train(c, {.dp = group[0].get(), .dp_source = "test", .resume = true}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_NE(s.message().find("no checkpoint to resume from"), std::string::npos) << s;
   c.checkpoint.dir.clear();
   c.bf16 = true;
-  EXPECT_NE(Train(c, {.dp = group[0].get(), .dp_source = "test"})
-                .status()
-                .message()
-                .find("bf16.enabled on the CPU"),
-            std::string::npos);
+  s = Train(c, {.dp = group[0].get(), .dp_source = "test"}).status();
+  EXPECT_NE(s.message().find("bf16.enabled on the CPU"), std::string::npos) << s;
 }
 
 }  // namespace

@@ -1,0 +1,444 @@
+// Sharded checkpoints: the commit protocol, logical addressing, verification.
+#include "engine/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "runtime/host_collectives.h"
+#include "runtime/log.h"
+#include "runtime/strings.h"
+
+namespace zerort {
+namespace fs = std::filesystem;
+namespace {
+
+using StateBuffer = ShardedUnit::StateBuffer;
+
+struct Kind {
+  StateBuffer buffer;
+  const char* name;
+};
+constexpr Kind kKinds[] = {{StateBuffer::kMaster, "master"},
+                           {StateBuffer::kExpAvg, "exp_avg"},
+                           {StateBuffer::kExpAvgSq, "exp_avg_sq"}};
+constexpr int kNumKinds = 3;
+
+std::string FileName(int rank, const char* kind) { return StrCat("rank", rank, ".", kind, ".bin"); }
+std::string Hex(uint64_t v) { return fmt::format("{:016x}", v); }
+
+Status WriteAndSync(const std::string& path, const void* data, size_t bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError(StrCat("open ", path), errno);
+  const char* p = static_cast<const char*>(data);
+  size_t left = bytes;
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      return ErrnoError(StrCat("write ", path), err);
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoError(StrCat("fsync ", path), err);
+  }
+  if (::close(fd) != 0) return ErrnoError(StrCat("close ", path), errno);
+  return absl::OkStatus();
+}
+
+Status SyncDir(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(StrCat("open directory ", path), errno);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return ErrnoError(StrCat("fsync directory ", path), err);
+  return absl::OkStatus();
+}
+
+StatusOr<std::string> ReadWhole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::DataLossError(StrCat(path, ": missing or unreadable"));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+Status HostCollective(ShardManager& m, Communicator& dp, std::vector<int64_t>& send,
+                      std::vector<int64_t>* gathered, bool max_reduce) {
+  if (gathered != nullptr) {
+    gathered->resize(send.size() * dp.size());
+    return AllGatherHostValues(dp, m.device_allocator(), m.compute_stream(), send.data(),
+                               gathered->data(), send.size(), DType::kI64);
+  }
+  return AllReduceHostValues(dp, m.device_allocator(), m.compute_stream(), send.data(), send.size(),
+                             DType::kI64, max_reduce ? ReduceOp::kMax : ReduceOp::kSum);
+}
+
+// Every rank learns whether every rank succeeded, and gets the first failing rank's message (so
+// the error names the damaged file on every rank, not only where it was read).
+Status Agree(ShardManager& m, Communicator& dp, const Status& local, std::string_view what) {
+  constexpr size_t kMessage = 1024;
+  std::vector<uint8_t> mine(kMessage, 0), all(kMessage * dp.size());
+  if (!local.ok()) {
+    const std::string text = StrCat(local.message());
+    mine[0] = static_cast<uint8_t>(static_cast<int>(local.code()));
+    std::copy_n(text.begin(), std::min(text.size(), kMessage - 2), mine.begin() + 1);
+  }
+  ZR_RETURN_IF_ERROR(AllGatherHostValues(dp, m.device_allocator(), m.compute_stream(), mine.data(),
+                                         all.data(), kMessage, DType::kU8));
+  if (!local.ok()) return local;
+  for (int r = 0; r < dp.size(); ++r) {
+    const uint8_t* entry = all.data() + r * kMessage;
+    if (entry[0] == 0) continue;
+    const std::string text(reinterpret_cast<const char*>(entry + 1));
+    return absl::Status(static_cast<absl::StatusCode>(entry[0]),
+                        StrCat(text, " (", what, ", reported by rank ", r, ")"));
+  }
+  return absl::OkStatus();
+}
+
+// Which ranks write, in the layouts' frame: all of them, or rank 0 alone at stage 0.
+int Writers(ShardManager& m) { return m.unit(0).layout().dp_size(); }
+
+nlohmann::json ScalerJson(const LossScaler::State& s) {
+  return {{"scale", s.scale},         {"hysteresis_left", s.hysteresis_left},
+          {"iteration", s.iteration}, {"last_overflow_iteration", s.last_overflow_iteration},
+          {"skipped", s.skipped},     {"consecutive_skips", s.consecutive_skips}};
+}
+
+LossScaler::State ScalerFromJson(const nlohmann::json& j) {
+  LossScaler::State s;
+  s.scale = j.at("scale");
+  s.hysteresis_left = j.at("hysteresis_left");
+  s.iteration = j.at("iteration");
+  s.last_overflow_iteration = j.at("last_overflow_iteration");
+  s.skipped = j.at("skipped");
+  s.consecutive_skips = j.at("consecutive_skips");
+  return s;
+}
+
+StatusOr<nlohmann::json> ReadMetadata(const std::string& step_dir) {
+  const std::string path = step_dir + "/metadata.json";
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(
+        StrCat(path,
+               ": missing (not a complete checkpoint; an interrupted save leaves "
+               "step_<N>.tmp, which is never loaded)"));
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(StrCat(path, ": not valid JSON: ", e.what()));
+  }
+  if (!j.is_object() || !j.contains("format_version") || !j.contains("ranks")) {
+    return absl::DataLossError(StrCat(path, ": not zerort checkpoint metadata"));
+  }
+  if (j["format_version"] != kCheckpointFormatVersion) {
+    return absl::DataLossError(StrCat(path, ": format version ", j["format_version"].dump(),
+                                      ", this zerort reads ", kCheckpointFormatVersion));
+  }
+  return j;
+}
+
+// Checks a file's size and checksum against its metadata entry; returns its contents.
+StatusOr<std::string> ReadVerified(const std::string& step_dir, const nlohmann::json& entry) {
+  const std::string path = step_dir + "/" + entry.at("name").get<std::string>();
+  ZR_ASSIGN_OR_RETURN(std::string data, ReadWhole(path));
+  const int64_t bytes = entry.at("bytes");
+  if (static_cast<int64_t>(data.size()) != bytes) {
+    return absl::DataLossError(StrCat(path, ": ", data.size(), " bytes, metadata says ", bytes,
+                                      " (truncated or overwritten)"));
+  }
+  const std::string sum = Hex(XXH3_64bits(data.data(), data.size()));
+  if (sum != entry.at("xxh3").get<std::string>()) {
+    return absl::DataLossError(StrCat(path, ": XXH3 checksum ", sum, ", metadata says ",
+                                      entry.at("xxh3").get<std::string>(), " (corrupted)"));
+  }
+  return data;
+}
+
+}  // namespace
+
+Status SaveCheckpoint(const std::string& dir, const RunState& state, ShardManager& m,
+                      Communicator& dp, int keep_last_n) {
+  const std::string name = StrCat("step_", state.step);
+  const std::string final_dir = dir + "/" + name;
+  const std::string tmp_dir = final_dir + ".tmp";
+  const int writers = Writers(m);
+  const bool writer = dp.rank() < writers;
+
+  // Phase 1: rank 0 prepares the directory (a stale .tmp of a crashed save is discarded).
+  Status local = absl::OkStatus();
+  if (dp.rank() == 0) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (!ec) fs::remove_all(tmp_dir, ec);
+    if (!ec) fs::create_directory(tmp_dir, ec);
+    if (ec) local = absl::InternalError(StrCat("create ", tmp_dir, ": ", ec.message()));
+  }
+  ZR_RETURN_IF_ERROR(Agree(m, dp, local, "creating the checkpoint directory"));
+
+  // Phase 2: each writer writes its pieces of each state, in unit and piece order.
+  std::vector<int64_t> record(2 * kNumKinds, -1);  // (bytes, checksum) per kind; -1: absent
+  local = [&]() -> Status {
+    if (!writer) return absl::OkStatus();
+    for (int k = 0; k < kNumKinds; ++k) {
+      if (!m.unit(0).HasState(kKinds[k].buffer)) continue;
+      std::vector<float> values;
+      for (int u = 0; u < m.num_units(); ++u) {
+        ShardedUnit& unit = m.unit(u);
+        ZR_ASSIGN_OR_RETURN(std::vector<float> shard, unit.ReadState(kKinds[k].buffer));
+        for (const ShardPiece& piece : unit.layout().ShardPieces(unit.layout_rank())) {
+          values.insert(values.end(), shard.begin() + piece.shard_range.begin,
+                        shard.begin() + piece.shard_range.end);
+        }
+      }
+      const size_t bytes = values.size() * sizeof(float);
+      ZR_RETURN_IF_ERROR(
+          WriteAndSync(tmp_dir + "/" + FileName(dp.rank(), kKinds[k].name), values.data(), bytes));
+      record[2 * k] = static_cast<int64_t>(bytes);
+      record[2 * k + 1] = static_cast<int64_t>(XXH3_64bits(values.data(), bytes));
+    }
+    return absl::OkStatus();
+  }();
+  ZR_RETURN_IF_ERROR(Agree(m, dp, local, "writing checkpoint shards"));
+  std::vector<int64_t> records;
+  ZR_RETURN_IF_ERROR(HostCollective(m, dp, record, &records, false));
+
+  // Phase 3: rank 0 writes the metadata last, then commits by renames.
+  local = [&]() -> Status {
+    if (dp.rank() != 0) return absl::OkStatus();
+    nlohmann::json params = nlohmann::json::array();
+    for (int u = 0; u < m.num_units(); ++u) {
+      for (const ParamSpec& p : m.unit(u).layout().params()) {
+        params.push_back({{"name", p.name}, {"shape", p.shape}, {"unit", m.unit(u).name()}});
+      }
+    }
+    nlohmann::json ranks = nlohmann::json::array();
+    for (int r = 0; r < writers; ++r) {
+      nlohmann::json pieces = nlohmann::json::array();
+      for (int u = 0; u < m.num_units(); ++u) {
+        const FlatLayout& layout = m.unit(u).layout();
+        for (const ShardPiece& piece : layout.ShardPieces(r)) {
+          pieces.push_back({layout.params()[piece.param].name, piece.param_range.begin,
+                            piece.param_range.size()});
+        }
+      }
+      nlohmann::json files = nlohmann::json::object();
+      for (int k = 0; k < kNumKinds; ++k) {
+        const int64_t bytes = records[r * 2 * kNumKinds + 2 * k];
+        if (bytes < 0) continue;
+        files[kKinds[k].name] = {
+            {"name", FileName(r, kKinds[k].name)},
+            {"bytes", bytes},
+            {"xxh3", Hex(static_cast<uint64_t>(records[r * 2 * kNumKinds + 2 * k + 1]))}};
+      }
+      ranks.push_back({{"rank", r}, {"pieces", pieces}, {"files", files}});
+    }
+    const nlohmann::json meta = {
+        {"format_version", kCheckpointFormatVersion},
+        {"step", state.step},
+        {"run_state",
+         {{"step", state.step},
+          {"consumed_sequences", state.consumed_sequences},
+          {"manager_steps", state.manager_steps},
+          {"loss_scaler", ScalerJson(state.scaler)}}},
+        {"saved_with", {{"world_size", dp.size()}, {"writers", writers}}},
+        {"config", state.config},
+        {"params", params},
+        {"ranks", ranks},
+    };
+    const std::string text = meta.dump(1);
+    ZR_RETURN_IF_ERROR(WriteAndSync(tmp_dir + "/metadata.json", text.data(), text.size()));
+    ZR_RETURN_IF_ERROR(SyncDir(tmp_dir));
+    std::error_code ec;
+    if (fs::exists(final_dir)) fs::remove_all(final_dir, ec);  // the same step saved again
+    fs::rename(tmp_dir, final_dir, ec);
+    if (ec)
+      return absl::InternalError(StrCat("rename ", tmp_dir, " to ", final_dir, ": ", ec.message()));
+    const std::string latest_tmp = dir + "/latest.tmp";
+    const std::string latest_text = name + "\n";
+    ZR_RETURN_IF_ERROR(WriteAndSync(latest_tmp, latest_text.data(), latest_text.size()));
+    fs::rename(latest_tmp, dir + "/latest", ec);
+    if (ec) return absl::InternalError(StrCat("rename ", latest_tmp, ": ", ec.message()));
+    ZR_RETURN_IF_ERROR(SyncDir(dir));
+    if (keep_last_n > 0) {
+      std::vector<std::pair<int64_t, fs::path>> steps;
+      for (const auto& entry : fs::directory_iterator(dir, ec)) {
+        const std::string n = entry.path().filename().string();
+        if (!entry.is_directory() || n.rfind("step_", 0) != 0 || n.ends_with(".tmp")) continue;
+        char* end = nullptr;
+        const long long v = std::strtoll(n.c_str() + 5, &end, 10);
+        if (end != nullptr && *end == '\0') steps.emplace_back(v, entry.path());
+      }
+      std::sort(steps.begin(), steps.end(), [](auto& a, auto& b) { return a.first > b.first; });
+      for (size_t i = static_cast<size_t>(keep_last_n); i < steps.size(); ++i) {
+        if (steps[i].second.filename() == name) continue;
+        fs::remove_all(steps[i].second, ec);
+      }
+    }
+    return absl::OkStatus();
+  }();
+  return Agree(m, dp, local, "committing the checkpoint");
+}
+
+StatusOr<std::string> LatestCheckpoint(const std::string& dir) {
+  const std::string path = dir + "/latest";
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(StrCat(path, ": no checkpoint to resume from"));
+  std::string name;
+  std::getline(in, name);
+  if (name.empty() || name.find('/') != std::string::npos) {
+    return absl::DataLossError(StrCat(path, ": does not name a step directory"));
+  }
+  const std::string step_dir = dir + "/" + name;
+  ZR_RETURN_IF_ERROR(ReadMetadata(step_dir).status());
+  return step_dir;
+}
+
+StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& m, Communicator& dp) {
+  // Phase 1 (no collectives): read, verify and assemble this rank's shards.
+  RunState state;
+  std::vector<std::array<std::vector<float>, kNumKinds>> shards(m.num_units());
+  Status local = [&]() -> Status {
+    ZR_ASSIGN_OR_RETURN(nlohmann::json meta, ReadMetadata(step_dir));
+    try {
+      const nlohmann::json& rs = meta.at("run_state");
+      state.step = rs.at("step");
+      state.consumed_sequences = rs.at("consumed_sequences");
+      state.manager_steps = rs.at("manager_steps");
+      state.scaler = ScalerFromJson(rs.at("loss_scaler"));
+      state.config = meta.at("config");
+      std::map<std::string, Shape> shapes;
+      for (const auto& p : meta.at("params")) {
+        shapes[p.at("name")] = p.at("shape").get<Shape>();
+      }
+      // Where each parameter's elements are: (rank entry, param offset, length, file offset).
+      struct Saved {
+        int rank_entry;
+        int64_t offset, length, file_offset;
+      };
+      std::map<std::string, std::vector<Saved>> where;
+      const nlohmann::json& ranks = meta.at("ranks");
+      for (int e = 0; e < static_cast<int>(ranks.size()); ++e) {
+        int64_t file_offset = 0;
+        for (const auto& piece : ranks[e].at("pieces")) {
+          const int64_t length = piece.at(2);
+          where[piece.at(0)].push_back({e, piece.at(1), length, file_offset});
+          file_offset += length;
+        }
+      }
+      // Files are read lazily, once, and verified when first read.
+      std::map<std::pair<int, int>, std::string> files;
+      auto file = [&](int entry, int kind) -> StatusOr<const std::string*> {
+        auto it = files.find({entry, kind});
+        if (it != files.end()) return &it->second;
+        const nlohmann::json& f = ranks[entry].at("files");
+        if (!f.contains(kKinds[kind].name)) {
+          return absl::InvalidArgumentError(
+              StrCat(step_dir, " holds no ", kKinds[kind].name,
+                     " state (saved with another optimizer?), which this run's optimizer needs"));
+        }
+        ZR_ASSIGN_OR_RETURN(std::string data, ReadVerified(step_dir, f.at(kKinds[kind].name)));
+        return &files.emplace(std::pair{entry, kind}, std::move(data)).first->second;
+      };
+      for (int u = 0; u < m.num_units(); ++u) {
+        ShardedUnit& unit = m.unit(u);
+        const FlatLayout& layout = unit.layout();
+        for (const ParamSpec& p : layout.params()) {
+          auto s = shapes.find(p.name);
+          if (s == shapes.end()) {
+            return absl::InvalidArgumentError(
+                StrCat(step_dir, " has no parameter '", p.name, "' (a different model?)"));
+          }
+          if (s->second != p.shape) {
+            return absl::InvalidArgumentError(
+                StrCat(step_dir, ": parameter '", p.name, "' has shape ",
+                       fmt::format("{}", fmt::join(s->second, "x")), ", this model's is ",
+                       fmt::format("{}", fmt::join(p.shape, "x"))));
+          }
+        }
+        for (int k = 0; k < kNumKinds; ++k) {
+          if (!unit.HasState(kKinds[k].buffer)) continue;
+          std::vector<float>& shard = shards[u][k];
+          shard.assign(static_cast<size_t>(layout.shard_numel()), 0.0f);
+          for (const ShardPiece& piece : layout.ShardPieces(unit.layout_rank())) {
+            const ParamSpec& p = layout.params()[piece.param];
+            int64_t covered = 0;
+            for (const Saved& saved : where[p.name]) {
+              const int64_t begin = std::max(piece.param_range.begin, saved.offset);
+              const int64_t end = std::min(piece.param_range.end, saved.offset + saved.length);
+              if (begin >= end) continue;
+              ZR_ASSIGN_OR_RETURN(const std::string* data, file(saved.rank_entry, k));
+              const float* src = reinterpret_cast<const float*>(data->data()) + saved.file_offset +
+                                 (begin - saved.offset);
+              std::copy(
+                  src, src + (end - begin),
+                  shard.begin() + piece.shard_range.begin + (begin - piece.param_range.begin));
+              covered += end - begin;
+            }
+            if (covered != piece.param_range.size()) {
+              return absl::DataLossError(StrCat(step_dir, ": the ", kKinds[k].name, " of '", p.name,
+                                                "' [", piece.param_range.begin, ", ",
+                                                piece.param_range.end, ") is not fully stored"));
+            }
+          }
+        }
+      }
+    } catch (const nlohmann::json::exception& e) {
+      return absl::DataLossError(StrCat(step_dir, "/metadata.json: ", e.what()));
+    }
+    return absl::OkStatus();
+  }();
+  ZR_RETURN_IF_ERROR(Agree(m, dp, local, StrCat("loading ", step_dir)));
+  // Phase 2 (collective where the stage all-gathers): install. Moments first: writing the master
+  // refreshes the compute copies.
+  for (int u = 0; u < m.num_units(); ++u) {
+    for (int k = kNumKinds - 1; k >= 0; --k) {
+      if (!m.unit(u).HasState(kKinds[k].buffer)) continue;
+      ZR_RETURN_IF_ERROR(m.unit(u).WriteState(kKinds[k].buffer, shards[u][k]));
+    }
+  }
+  ZR_RETURN_IF_ERROR(m.RestoreCounters(state.manager_steps, state.scaler));
+  return state;
+}
+
+StatusOr<CheckpointSummary> InspectCheckpoint(const std::string& step_dir) {
+  CheckpointSummary out;
+  out.dir = step_dir;
+  ZR_ASSIGN_OR_RETURN(out.metadata, ReadMetadata(step_dir));
+  try {
+    for (const auto& rank : out.metadata.at("ranks")) {
+      for (const auto& [kind, entry] : rank.at("files").items()) {
+        const int64_t bytes = entry.at("bytes");
+        out.bytes += bytes;
+        const StatusOr<std::string> data = ReadVerified(step_dir, entry);
+        out.ok = out.ok && data.ok();
+        out.files.push_back(StrCat(entry.at("name").get<std::string>(), ": ", bytes, " bytes, ",
+                                   data.ok() ? "checksum ok" : data.status().message()));
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(StrCat(step_dir, "/metadata.json: ", e.what()));
+  }
+  return out;
+}
+
+}  // namespace zerort

@@ -1,0 +1,68 @@
+// Sharded checkpoints (DESIGN.md section 8).
+//
+// Layout of `dir`:
+//   step_<N>/metadata.json        written last: format version, step, config, the run state
+//                                 (steps taken, consumed sequences, loss scaler), the parameter
+//                                 table (name, shape), and per file its size, XXH3-64 checksum
+//                                 and pieces (parameter, offset, length) in file order
+//   step_<N>/rank<r>.master.bin   fp32 master values of the pieces rank r owns
+//   step_<N>/rank<r>.exp_avg.bin  the first optimizer moment (Adam) or momentum (SGD), same pieces
+//   step_<N>/rank<r>.exp_avg_sq.bin  Adam's second moment, same pieces
+//   latest                        "step_<N>": the newest complete checkpoint
+// Pieces are addressed logically (parameter name and element range), so a checkpoint loads at
+// any world size and ZeRO stage. At stage 0 every rank holds the same state and rank 0 alone
+// writes it.
+//
+// Commit protocol: every rank writes its files into step_<N>.tmp/ and fsyncs them; the sizes and
+// checksums are gathered to rank 0, which writes metadata.json and fsyncs it; all ranks agree that
+// every write succeeded; rank 0 renames step_<N>.tmp to step_<N>, then replaces `latest` by a
+// rename, and removes step directories beyond keep_last_n. A crash at any point leaves the previous
+// checkpoint and `latest` intact; directories without valid metadata (*.tmp) are never loaded.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "runtime/communicator.h"
+#include "sharding/loss_scaler.h"
+#include "sharding/shard_manager.h"
+
+namespace zerort {
+
+inline constexpr int kCheckpointFormatVersion = 1;
+
+// What a resumed run needs besides the shards.
+struct RunState {
+  int64_t step = 0;                // optimizer steps of the run so far (the LR schedule's clock)
+  int64_t consumed_sequences = 0;  // global training sequences consumed (the data position)
+  int64_t manager_steps = 0;       // the shard manager's count (skipped steps excluded)
+  LossScaler::State scaler;
+  nlohmann::json config;  // the resolved run config that wrote it
+};
+
+// Collective over `dp`. Writes dir/step_<state.step> and moves `latest` to it.
+Status SaveCheckpoint(const std::string& dir, const RunState& state, ShardManager& manager,
+                      Communicator& dp, int keep_last_n);
+
+// The step directory `latest` names, after checking that its metadata parses.
+StatusOr<std::string> LatestCheckpoint(const std::string& dir);
+
+// Collective over `dp`: fills every unit's master and optimizer state from `step_dir` (checksums
+// verified for every file read; a truncated or corrupted file is refused naming it) and restores
+// the manager's counters. Returns the run state stored with it.
+StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& manager,
+                                  Communicator& dp);
+
+struct CheckpointSummary {
+  std::string dir;
+  nlohmann::json metadata;
+  int64_t bytes = 0;               // sum of the shard files
+  std::vector<std::string> files;  // "name: size, checksum ok|MISMATCH|missing"
+  bool ok = true;                  // every file present with its size and checksum
+};
+// Reads metadata.json and checks every file (for `zerort checkpoint inspect`).
+StatusOr<CheckpointSummary> InspectCheckpoint(const std::string& step_dir);
+
+}  // namespace zerort

@@ -1,0 +1,19 @@
+// Collectives on a few host values (a loss, a flag, checksums) over any backend: the values are
+// staged through the allocator's memory on a stream, because NCCL takes device memory only. The
+// call waits for the result. For decisions every rank must take together.
+#pragma once
+
+#include <cstddef>
+
+#include "runtime/allocator.h"
+#include "runtime/communicator.h"
+
+namespace zerort {
+
+Status AllReduceHostValues(Communicator& comm, Allocator& allocator, Stream& stream, void* values,
+                           size_t count, DType dtype, ReduceOp op);
+// out holds count x comm.size() values, rank-major.
+Status AllGatherHostValues(Communicator& comm, Allocator& allocator, Stream& stream,
+                           const void* values, void* out, size_t count, DType dtype);
+
+}  // namespace zerort

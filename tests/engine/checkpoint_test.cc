@@ -1,0 +1,152 @@
+// Checkpoints through the training engine on loopback ranks: bitwise resumption at the same world
+// size, resumption at another world size and ZeRO stage, keep_last_n, an interrupted save that
+// leaves the previous checkpoint loadable, and truncated or bit-flipped shards refused by name.
+#include "engine/checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "engine/trainer.h"
+#include "runtime/loopback_communicator.h"
+
+namespace zerort {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Fresh(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/ckpt_" + name;
+  fs::remove_all(dir);
+  return dir;
+}
+
+RunConfig Config(const std::string& dir, int world, int stage, int64_t steps) {
+  RunConfig c = *ParseRunConfig(nlohmann::json::parse(R"({
+    "train_batch_size": 8,
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
+    "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 3,
+                  "total_num_steps": 20, "warmup_type": "linear"}},
+    "gradient_clipping": 1.0, "steps_per_print": 100,
+    "model": {"n_layer": 2, "n_head": 2, "d_model": 32, "seq_len": 16, "vocab_size": 256},
+    "train": {"eval_windows": 2, "sample_tokens": 0, "device": "cpu"}
+  })"),
+                                "test");
+  c.train.steps = steps;
+  c.train_micro_batch_size_per_gpu = 8 / world;
+  c.zero.stage = stage;
+  c.zero.stage3_param_persistence_threshold = 0;
+  c.checkpoint.dir = dir;
+  c.checkpoint.keep_last_n = 0;
+  c.logging.metrics_file = dir + "/metrics.jsonl";
+  return c;
+}
+
+Status TrainRanks(const RunConfig& c, int world, bool resume) {
+  std::FILE* sink = std::fopen("/dev/null", "w");
+  CommOptions options;
+  options.timeout = std::chrono::seconds(120);
+  const Status status = RunLoopbackRanks(world, options, nullptr, [&](Communicator& comm) {
+    return Train(c, {.dp = &comm, .dp_source = "test", .out = sink, .resume = resume}).status();
+  });
+  std::fclose(sink);
+  return status;
+}
+
+std::vector<float> Losses(const std::string& metrics) {
+  std::vector<float> out;
+  std::ifstream in(metrics);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line).at("loss"));
+  return out;
+}
+
+TEST(CheckpointTest, ResumeIsBitwiseAtTheSameWorldSize) {
+  const std::string straight = Fresh("straight");
+  ASSERT_TRUE(TrainRanks(Config(straight, 2, 3, 20), 2, false).ok());
+  const std::string split = Fresh("split");
+  ASSERT_TRUE(TrainRanks(Config(split, 2, 3, 10), 2, false).ok());
+  EXPECT_EQ(LatestCheckpoint(split).value_or(""), split + "/step_10");
+  ASSERT_TRUE(TrainRanks(Config(split, 2, 3, 20), 2, true).ok());
+  const std::vector<float> a = Losses(straight + "/metrics.jsonl");
+  const std::vector<float> b = Losses(split + "/metrics.jsonl");
+  ASSERT_EQ(a.size(), 20u);
+  ASSERT_EQ(b.size(), 20u);  // 10 + 10 appended
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
+}
+
+TEST(CheckpointTest, ResumeAtAnotherWorldSizeAndStage) {
+  const std::string straight = Fresh("w4s3");
+  ASSERT_TRUE(TrainRanks(Config(straight, 4, 3, 20), 4, false).ok());
+  const std::string moved = Fresh("w4s3_to_w2s1");
+  ASSERT_TRUE(TrainRanks(Config(moved, 4, 3, 10), 4, false).ok());
+  ASSERT_TRUE(TrainRanks(Config(moved, 2, 1, 20), 2, true).ok());
+  const std::string to_stage0 = Fresh("w4s3_to_w1s0");
+  ASSERT_TRUE(TrainRanks(Config(to_stage0, 4, 3, 10), 4, false).ok());
+  ASSERT_TRUE(TrainRanks(Config(to_stage0, 1, 0, 20), 1, true).ok());
+  const std::vector<float> a = Losses(straight + "/metrics.jsonl");
+  for (const std::string& dir : {moved, to_stage0}) {
+    const std::vector<float> b = Losses(dir + "/metrics.jsonl");
+    ASSERT_EQ(b.size(), a.size()) << dir;
+    for (size_t i = 10; i < a.size(); ++i) {
+      EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << dir << " step " << i + 1;
+    }
+  }
+}
+
+TEST(CheckpointTest, IntervalsKeepLastNAndInterruptedSaves) {
+  const std::string dir = Fresh("keep");
+  RunConfig c = Config(dir, 2, 2, 6);
+  c.checkpoint.interval = 2;
+  c.checkpoint.keep_last_n = 2;
+  ASSERT_TRUE(TrainRanks(c, 2, false).ok());
+  EXPECT_FALSE(fs::exists(dir + "/step_2"));
+  EXPECT_TRUE(fs::exists(dir + "/step_4"));
+  EXPECT_TRUE(fs::exists(dir + "/step_6"));
+  // A save killed half way leaves a .tmp directory; latest still names step_6 and it loads.
+  fs::create_directory(dir + "/step_8.tmp");
+  std::ofstream(dir + "/step_8.tmp/rank0.master.bin") << "partial";
+  EXPECT_EQ(*LatestCheckpoint(dir), dir + "/step_6");
+  c.train.steps = 8;
+  c.checkpoint.interval = 0;
+  ASSERT_TRUE(TrainRanks(c, 2, true).ok());
+  EXPECT_EQ(*LatestCheckpoint(dir), dir + "/step_8");
+  EXPECT_FALSE(fs::exists(dir + "/step_8.tmp"));
+  const CheckpointSummary s = *InspectCheckpoint(dir + "/step_8");
+  EXPECT_TRUE(s.ok);
+  EXPECT_EQ(s.metadata["step"], 8);
+  EXPECT_EQ(s.files.size(), 6u);  // 2 ranks x (master, exp_avg, exp_avg_sq)
+}
+
+TEST(CheckpointTest, DamagedShardsAreRefusedByName) {
+  const std::string dir = Fresh("damaged");
+  ASSERT_TRUE(TrainRanks(Config(dir, 2, 3, 2), 2, false).ok());
+  const std::string file = dir + "/step_2/rank1.exp_avg.bin";
+  const std::string original = [&] {
+    std::ifstream in(file, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  auto expect_refused = [&](const std::string& contents, const char* needle) {
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << contents;
+    const Status s = TrainRanks(Config(dir, 2, 3, 4), 2, true);
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find(file), std::string::npos) << s;
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s;
+    EXPECT_FALSE(InspectCheckpoint(dir + "/step_2")->ok);
+  };
+  expect_refused(original.substr(0, original.size() - 4), "truncated");
+  std::string flipped = original;
+  flipped[flipped.size() / 2] ^= 0x10;
+  expect_refused(flipped, "corrupted");
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << original;
+  EXPECT_TRUE(InspectCheckpoint(dir + "/step_2")->ok);
+  // A checkpoint of another model is refused naming the parameter.
+  RunConfig other = Config(dir, 2, 3, 4);
+  other.model.shape.d_model = 48;
+  const Status s = TrainRanks(other, 2, true);
+  EXPECT_NE(s.message().find("has shape"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace zerort
