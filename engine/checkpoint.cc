@@ -70,14 +70,6 @@ Status SyncDir(const std::string& path) {
   return absl::OkStatus();
 }
 
-StatusOr<std::string> ReadWhole(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::DataLossError(StrCat(path, ": missing or unreadable"));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
 Status HostCollective(ShardManager& m, Communicator& dp, std::vector<int64_t>& send,
                       std::vector<int64_t>* gathered, bool max_reduce) {
   if (gathered != nullptr) {
@@ -157,21 +149,34 @@ StatusOr<nlohmann::json> ReadMetadata(const std::string& step_dir) {
   return j;
 }
 
-// Checks a file's size and checksum against its metadata entry; returns its contents.
-StatusOr<std::string> ReadVerified(const std::string& step_dir, const nlohmann::json& entry) {
+// Checks a file's size and checksum against its metadata entry, reading it in blocks.
+Status VerifyFile(const std::string& step_dir, const nlohmann::json& entry) {
   const std::string path = step_dir + "/" + entry.at("name").get<std::string>();
-  ZR_ASSIGN_OR_RETURN(std::string data, ReadWhole(path));
-  const int64_t bytes = entry.at("bytes");
-  if (static_cast<int64_t>(data.size()) != bytes) {
-    return absl::DataLossError(StrCat(path, ": ", data.size(), " bytes, metadata says ", bytes,
-                                      " (truncated or overwritten)"));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::DataLossError(StrCat(path, ": missing or unreadable"));
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  std::vector<char> block(1 << 20);
+  int64_t size = 0;
+  while (in) {
+    in.read(block.data(), static_cast<std::streamsize>(block.size()));
+    const std::streamsize n = in.gcount();
+    if (n <= 0) break;
+    XXH3_64bits_update(state, block.data(), static_cast<size_t>(n));
+    size += n;
   }
-  const std::string sum = Hex(XXH3_64bits(data.data(), data.size()));
+  const std::string sum = Hex(XXH3_64bits_digest(state));
+  XXH3_freeState(state);
+  const int64_t bytes = entry.at("bytes");
+  if (size != bytes) {
+    return absl::DataLossError(
+        StrCat(path, ": ", size, " bytes, metadata says ", bytes, " (truncated or overwritten)"));
+  }
   if (sum != entry.at("xxh3").get<std::string>()) {
     return absl::DataLossError(StrCat(path, ": XXH3 checksum ", sum, ", metadata says ",
                                       entry.at("xxh3").get<std::string>(), " (corrupted)"));
   }
-  return data;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -313,97 +318,145 @@ StatusOr<std::string> LatestCheckpoint(const std::string& dir) {
   return step_dir;
 }
 
+StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& step_dir) {
+  CheckpointReader r;
+  r.dir_ = step_dir;
+  ZR_ASSIGN_OR_RETURN(r.metadata_, ReadMetadata(step_dir));
+  try {
+    for (const auto& p : r.metadata_.at("params")) {
+      r.params_.emplace_back(p.at("name").get<std::string>(), p.at("shape").get<Shape>());
+    }
+    const nlohmann::json& ranks = r.metadata_.at("ranks");
+    for (int e = 0; e < static_cast<int>(ranks.size()); ++e) {
+      int64_t file_offset = 0;
+      for (const auto& piece : ranks[e].at("pieces")) {
+        const int64_t length = piece.at(2);
+        r.where_[piece.at(0).get<std::string>()].push_back({e, piece.at(1), length, file_offset});
+        file_offset += length;
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(StrCat(step_dir, "/metadata.json: ", e.what()));
+  }
+  return r;
+}
+
+bool CheckpointReader::HasKind(const std::string& kind) const {
+  const nlohmann::json& ranks = metadata_.at("ranks");
+  return !ranks.empty() && ranks[0].at("files").contains(kind);
+}
+
+Status CheckpointReader::Verify(int rank_entry, const std::string& kind) {
+  if (verified_.contains({rank_entry, kind})) return absl::OkStatus();
+  const nlohmann::json& files = metadata_.at("ranks")[rank_entry].at("files");
+  if (!files.contains(kind)) {
+    return absl::InvalidArgumentError(StrCat(dir_, " holds no ", kind,
+                                             " state (saved with another optimizer?), which this "
+                                             "run's optimizer needs"));
+  }
+  ZR_RETURN_IF_ERROR(VerifyFile(dir_, files.at(kind)));
+  verified_.insert({rank_entry, kind});
+  return absl::OkStatus();
+}
+
+StatusOr<std::vector<float>> CheckpointReader::Read(const std::string& name,
+                                                    const std::string& kind, int64_t begin,
+                                                    int64_t end) {
+  std::vector<float> out(static_cast<size_t>(end - begin));
+  int64_t covered = 0;
+  auto it = where_.find(name);
+  if (it == where_.end()) {
+    return absl::InvalidArgumentError(
+        StrCat(dir_, " has no parameter '", name, "' (a different model?)"));
+  }
+  try {
+    for (const Saved& saved : it->second) {
+      const int64_t lo = std::max(begin, saved.offset);
+      const int64_t hi = std::min(end, saved.offset + saved.length);
+      if (lo >= hi) continue;
+      ZR_RETURN_IF_ERROR(Verify(saved.rank_entry, kind));
+      const std::string path = dir_ + "/" +
+                               metadata_.at("ranks")[saved.rank_entry]
+                                   .at("files")
+                                   .at(kind)
+                                   .at("name")
+                                   .get<std::string>();
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) return ErrnoError(StrCat("open ", path), errno);
+      const size_t bytes = static_cast<size_t>(hi - lo) * sizeof(float);
+      const off_t at = static_cast<off_t>((saved.file_offset + (lo - saved.offset)) * 4);
+      const ssize_t n = ::pread(fd, out.data() + (lo - begin), bytes, at);
+      const int err = errno;
+      ::close(fd);
+      if (n != static_cast<ssize_t>(bytes)) {
+        return n < 0 ? ErrnoError(StrCat("read ", path), err)
+                     : absl::DataLossError(StrCat(path, ": short read"));
+      }
+      covered += hi - lo;
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(StrCat(dir_, "/metadata.json: ", e.what()));
+  }
+  if (covered != end - begin) {
+    return absl::DataLossError(StrCat(dir_, ": the ", kind, " of '", name, "' [", begin, ", ", end,
+                                      ") is not fully stored"));
+  }
+  return out;
+}
+
+StatusOr<std::vector<float>> CheckpointReader::ReadAll(const std::string& name,
+                                                       const std::string& kind) {
+  for (const auto& [n, shape] : params_) {
+    if (n == name) return Read(name, kind, 0, NumElements(shape));
+  }
+  return absl::InvalidArgumentError(
+      StrCat(dir_, " has no parameter '", name, "' (a different model?)"));
+}
+
 StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& m, Communicator& dp) {
   // Phase 1 (no collectives): read, verify and assemble this rank's shards.
   RunState state;
   std::vector<std::array<std::vector<float>, kNumKinds>> shards(m.num_units());
   Status local = [&]() -> Status {
-    ZR_ASSIGN_OR_RETURN(nlohmann::json meta, ReadMetadata(step_dir));
+    ZR_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(step_dir));
     try {
-      const nlohmann::json& rs = meta.at("run_state");
+      const nlohmann::json& rs = reader.metadata().at("run_state");
       state.step = rs.at("step");
       state.consumed_sequences = rs.at("consumed_sequences");
       state.manager_steps = rs.at("manager_steps");
       state.scaler = ScalerFromJson(rs.at("loss_scaler"));
-      state.config = meta.at("config");
-      std::map<std::string, Shape> shapes;
-      for (const auto& p : meta.at("params")) {
-        shapes[p.at("name")] = p.at("shape").get<Shape>();
-      }
-      // Where each parameter's elements are: (rank entry, param offset, length, file offset).
-      struct Saved {
-        int rank_entry;
-        int64_t offset, length, file_offset;
-      };
-      std::map<std::string, std::vector<Saved>> where;
-      const nlohmann::json& ranks = meta.at("ranks");
-      for (int e = 0; e < static_cast<int>(ranks.size()); ++e) {
-        int64_t file_offset = 0;
-        for (const auto& piece : ranks[e].at("pieces")) {
-          const int64_t length = piece.at(2);
-          where[piece.at(0)].push_back({e, piece.at(1), length, file_offset});
-          file_offset += length;
-        }
-      }
-      // Files are read lazily, once, and verified when first read.
-      std::map<std::pair<int, int>, std::string> files;
-      auto file = [&](int entry, int kind) -> StatusOr<const std::string*> {
-        auto it = files.find({entry, kind});
-        if (it != files.end()) return &it->second;
-        const nlohmann::json& f = ranks[entry].at("files");
-        if (!f.contains(kKinds[kind].name)) {
-          return absl::InvalidArgumentError(
-              StrCat(step_dir, " holds no ", kKinds[kind].name,
-                     " state (saved with another optimizer?), which this run's optimizer needs"));
-        }
-        ZR_ASSIGN_OR_RETURN(std::string data, ReadVerified(step_dir, f.at(kKinds[kind].name)));
-        return &files.emplace(std::pair{entry, kind}, std::move(data)).first->second;
-      };
-      for (int u = 0; u < m.num_units(); ++u) {
-        ShardedUnit& unit = m.unit(u);
-        const FlatLayout& layout = unit.layout();
-        for (const ParamSpec& p : layout.params()) {
-          auto s = shapes.find(p.name);
-          if (s == shapes.end()) {
-            return absl::InvalidArgumentError(
-                StrCat(step_dir, " has no parameter '", p.name, "' (a different model?)"));
-          }
-          if (s->second != p.shape) {
-            return absl::InvalidArgumentError(
-                StrCat(step_dir, ": parameter '", p.name, "' has shape ",
-                       fmt::format("{}", fmt::join(s->second, "x")), ", this model's is ",
-                       fmt::format("{}", fmt::join(p.shape, "x"))));
-          }
-        }
-        for (int k = 0; k < kNumKinds; ++k) {
-          if (!unit.HasState(kKinds[k].buffer)) continue;
-          std::vector<float>& shard = shards[u][k];
-          shard.assign(static_cast<size_t>(layout.shard_numel()), 0.0f);
-          for (const ShardPiece& piece : layout.ShardPieces(unit.layout_rank())) {
-            const ParamSpec& p = layout.params()[piece.param];
-            int64_t covered = 0;
-            for (const Saved& saved : where[p.name]) {
-              const int64_t begin = std::max(piece.param_range.begin, saved.offset);
-              const int64_t end = std::min(piece.param_range.end, saved.offset + saved.length);
-              if (begin >= end) continue;
-              ZR_ASSIGN_OR_RETURN(const std::string* data, file(saved.rank_entry, k));
-              const float* src = reinterpret_cast<const float*>(data->data()) + saved.file_offset +
-                                 (begin - saved.offset);
-              std::copy(
-                  src, src + (end - begin),
-                  shard.begin() + piece.shard_range.begin + (begin - piece.param_range.begin));
-              covered += end - begin;
-            }
-            if (covered != piece.param_range.size()) {
-              return absl::DataLossError(StrCat(step_dir, ": the ", kKinds[k].name, " of '", p.name,
-                                                "' [", piece.param_range.begin, ", ",
-                                                piece.param_range.end, ") is not fully stored"));
-            }
-          }
-        }
-      }
+      state.config = reader.metadata().at("config");
     } catch (const nlohmann::json::exception& e) {
       return absl::DataLossError(StrCat(step_dir, "/metadata.json: ", e.what()));
+    }
+    std::map<std::string, Shape> shapes(reader.params().begin(), reader.params().end());
+    for (int u = 0; u < m.num_units(); ++u) {
+      ShardedUnit& unit = m.unit(u);
+      const FlatLayout& layout = unit.layout();
+      for (const ParamSpec& p : layout.params()) {
+        auto s = shapes.find(p.name);
+        if (s == shapes.end()) {
+          return absl::InvalidArgumentError(
+              StrCat(step_dir, " has no parameter '", p.name, "' (a different model?)"));
+        }
+        if (s->second != p.shape) {
+          return absl::InvalidArgumentError(
+              StrCat(step_dir, ": parameter '", p.name, "' has shape ",
+                     fmt::format("{}", fmt::join(s->second, "x")), ", this model's is ",
+                     fmt::format("{}", fmt::join(p.shape, "x"))));
+        }
+      }
+      for (int k = 0; k < kNumKinds; ++k) {
+        if (!unit.HasState(kKinds[k].buffer)) continue;
+        std::vector<float>& shard = shards[u][k];
+        shard.assign(static_cast<size_t>(layout.shard_numel()), 0.0f);
+        for (const ShardPiece& piece : layout.ShardPieces(unit.layout_rank())) {
+          ZR_ASSIGN_OR_RETURN(std::vector<float> values,
+                              reader.Read(layout.params()[piece.param].name, kKinds[k].name,
+                                          piece.param_range.begin, piece.param_range.end));
+          std::copy(values.begin(), values.end(), shard.begin() + piece.shard_range.begin);
+        }
+      }
     }
     return absl::OkStatus();
   }();
@@ -429,10 +482,10 @@ StatusOr<CheckpointSummary> InspectCheckpoint(const std::string& step_dir) {
       for (const auto& [kind, entry] : rank.at("files").items()) {
         const int64_t bytes = entry.at("bytes");
         out.bytes += bytes;
-        const StatusOr<std::string> data = ReadVerified(step_dir, entry);
-        out.ok = out.ok && data.ok();
+        const Status verified = VerifyFile(step_dir, entry);
+        out.ok = out.ok && verified.ok();
         out.files.push_back(StrCat(entry.at("name").get<std::string>(), ": ", bytes, " bytes, ",
-                                   data.ok() ? "checksum ok" : data.status().message()));
+                                   verified.ok() ? "checksum ok" : verified.message()));
       }
     }
   } catch (const nlohmann::json::exception& e) {

@@ -21,7 +21,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nlohmann/json.hpp"
@@ -54,6 +57,36 @@ StatusOr<std::string> LatestCheckpoint(const std::string& dir);
 // the manager's counters. Returns the run state stored with it.
 StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& manager,
                                   Communicator& dp);
+
+// Reads a step directory by parameter name: any element range of any parameter's master or
+// moment, wherever (whichever rank's file) it was saved. Each file's size and checksum are
+// verified once, streaming, before its first use; then only the needed bytes are read.
+class CheckpointReader {
+ public:
+  static StatusOr<CheckpointReader> Open(const std::string& step_dir);
+
+  const nlohmann::json& metadata() const { return metadata_; }
+  const std::string& dir() const { return dir_; }
+  // Parameter names and shapes in saved order.
+  const std::vector<std::pair<std::string, Shape>>& params() const { return params_; }
+  // Elements [begin, end) of parameter `name`'s `kind` ("master", "exp_avg", "exp_avg_sq").
+  StatusOr<std::vector<float>> Read(const std::string& name, const std::string& kind, int64_t begin,
+                                    int64_t end);
+  StatusOr<std::vector<float>> ReadAll(const std::string& name, const std::string& kind);
+  bool HasKind(const std::string& kind) const;
+
+ private:
+  struct Saved {
+    int rank_entry;
+    int64_t offset, length, file_offset;  // parameter frame; elements into the file
+  };
+  Status Verify(int rank_entry, const std::string& kind);
+  std::string dir_;
+  nlohmann::json metadata_;
+  std::vector<std::pair<std::string, Shape>> params_;
+  std::map<std::string, std::vector<Saved>> where_;
+  std::set<std::pair<int, std::string>> verified_;
+};
 
 struct CheckpointSummary {
   std::string dir;

@@ -57,6 +57,22 @@ struct DataPrepareOptions {
 };
 int RunDataPrepare(const DataPrepareOptions& options);
 
+struct EvalOptions {
+  std::string config;       // run config: the model shape (and data.path by default)
+  std::string checkpoint;   // step directory, or a checkpoint directory with `latest`
+  std::string data;         // token file; default: the config's data.path or the built-in corpus
+  int64_t max_windows = 0;  // 0: every window of the file
+  bool json = false;
+};
+int RunEval(const EvalOptions& options);
+
+struct CheckpointOptions {
+  std::string dir;      // step directory, or a checkpoint directory with `latest`
+  std::string out_dir;  // export only
+};
+int RunCheckpointInspect(const CheckpointOptions& options);
+int RunCheckpointExport(const CheckpointOptions& options);
+
 // Parses "4096", "4KiB", "64MiB", "1GiB", "1.5GB".
 StatusOr<size_t> ParseBytes(const std::string& text);
 std::string FormatBytes(double bytes);  // "4 KiB", "64 MiB"

@@ -12,9 +12,7 @@ namespace {
 
 // Subcommands whose issues have not landed: they exist so that a user gets a clear answer.
 constexpr const char* kNotYet[][2] = {
-    {"eval", "evaluation of a checkpoint"},
     {"estimate", "the memory-footprint estimator"},
-    {"checkpoint", "checkpoint inspection and export"},
 };
 
 }  // namespace
@@ -82,6 +80,28 @@ int main(int argc, char** argv) {
   prepare->add_option("text", prepare_options.text, "Input text file")->required();
   prepare->add_option("out", prepare_options.out, "Token file to write")->required();
 
+  cli::EvalOptions eval_options;
+  CLI::App* eval = app.add_subcommand(
+      "eval", "Mean next-token loss of a checkpoint over the first windows of a token file");
+  eval->add_option("config", eval_options.config, "Run config (JSON)")->required();
+  eval->add_option("--checkpoint", eval_options.checkpoint, "Checkpoint (step) directory")
+      ->required();
+  eval->add_option("--data", eval_options.data, "Token file (default: the config's data)");
+  eval->add_option("--max-windows", eval_options.max_windows,
+                   "Windows of seq_len + 1 tokens from the start (0: all)");
+  eval->add_flag("--json", eval_options.json, "{\"loss\": ..., \"tokens\": ...}");
+
+  CLI::App* checkpoint = app.add_subcommand("checkpoint", "Checkpoint inspection and export");
+  checkpoint->require_subcommand(1);
+  cli::CheckpointOptions ckpt_options;
+  CLI::App* inspect = checkpoint->add_subcommand(
+      "inspect", "Step, config, layout, sizes and checksum status of a checkpoint");
+  inspect->add_option("dir", ckpt_options.dir, "Checkpoint (step) directory")->required();
+  CLI::App* export_cmd = checkpoint->add_subcommand(
+      "export", "Master weights as a Hugging Face GPT-2 model (model.safetensors, config.json)");
+  export_cmd->add_option("dir", ckpt_options.dir, "Checkpoint (step) directory")->required();
+  export_cmd->add_option("out_dir", ckpt_options.out_dir, "Output directory")->required();
+
   cli::BenchModelOptions model_options;
   CLI::App* model = bench->add_subcommand(
       "model", "GPT forward+backward: tokens/s, FLOP/s, MFU against the model's own GEMM rate");
@@ -145,5 +165,8 @@ int main(int argc, char** argv) {
   if (model->parsed()) return cli::RunBenchModel(model_options);
   if (train->parsed()) return cli::RunTrain(train_options, *launch, &argc, &argv);
   if (prepare->parsed()) return cli::RunDataPrepare(prepare_options);
+  if (eval->parsed()) return cli::RunEval(eval_options);
+  if (inspect->parsed()) return cli::RunCheckpointInspect(ckpt_options);
+  if (export_cmd->parsed()) return cli::RunCheckpointExport(ckpt_options);
   return kExitUsage;
 }

@@ -77,7 +77,7 @@ for args, needle in [
     (["bench", "comm", "--ops", "all_to_all"], "all_to_all"),
     (["bench", "comm", "--min-bytes", "1MiB", "--max-bytes", "1KiB"], "--min-bytes"),
     (["train", "no-such-run.json"], "no-such-run.json: cannot be read"),
-    (["eval", "run.json"], "not available"),
+    (["estimate", "run.json"], "not available"),
     (["no-such-command"], "no-such-command"),
 ]:
     r = run(*args)

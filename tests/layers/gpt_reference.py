@@ -10,9 +10,16 @@ zerort's fp32 run must agree to 1e-5 relative.
 Regenerate (Debian: apt-get install python3-torch):
     /usr/bin/python3 tests/layers/gpt_reference.py tests/layers/golden/gpt_tiny.json
 CI does not run this script; it reads the committed JSON.
+
+Second use, checking `zerort checkpoint export` and `zerort eval` (tests/cli/export_eval_test.py):
+    gpt_reference.py --eval EXPORT_DIR TOKEN_FILE MAX_WINDOWS
+loads EXPORT_DIR/model.safetensors (Hugging Face GPT-2 names, read without the safetensors
+library) into this model and prints {"loss": ..., "tokens": ...}: the mean next-token loss over the
+first MAX_WINDOWS non-overlapping windows of seq_len + 1 tokens of a zerort token file.
 """
 import json
 import math
+import os
 import sys
 
 import torch
@@ -109,7 +116,75 @@ def golden(path):
     print(f"wrote {path}: loss {loss.item():.10f}")
 
 
+def read_safetensors(path):
+    import struct
+    with open(path, "rb") as f:
+        data = f.read()
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + size])
+    base = 8 + size
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        assert entry["dtype"] == "F32", entry
+        begin, end = entry["data_offsets"]
+        t = torch.frombuffer(bytearray(data[base + begin:base + end]), dtype=torch.float32)
+        out[name] = t.reshape(entry["shape"])
+    return out
+
+
+def read_tokens(path):
+    import struct
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"ZRTOKENS", "not a zerort token file"
+    version, width, count, vocab = struct.unpack("<IIQI", data[8:28])
+    fmt = {1: "B", 2: "H", 4: "I"}[width]
+    return list(struct.unpack(f"<{count}{fmt}", data[32:32 + count * width]))
+
+
+def evaluate(export_dir, token_file, max_windows):
+    with open(os.path.join(export_dir, "config.json")) as f:
+        hf = json.load(f)
+    config = dict(n_layer=hf["n_layer"], n_head=hf["n_head"], d_model=hf["n_embd"],
+                  seq_len=hf["n_positions"], vocab_size=hf["vocab_size"])
+    model = Gpt(config).double()
+    tensors = read_safetensors(os.path.join(export_dir, "model.safetensors"))
+    ours = dict(model.named_zerort())
+    with torch.no_grad():
+        for name, value in tensors.items():
+            parts = name.split(".")
+            if parts[1] in ("wte", "wpe"):
+                target = parts[1]
+            elif parts[1] == "ln_f":
+                target = "ln_f." + parts[2]
+            else:  # transformer.h.<i>.<module>.<sub>.<leaf> or transformer.h.<i>.<ln>.<leaf>
+                i, rest = parts[2], ".".join(parts[3:])
+                for hf_part, our_part in (("ln_1.", "ln1."), ("ln_2.", "ln2."),
+                                          ("attn.c_attn.", "attn.qkv."),
+                                          ("attn.c_proj.", "attn.proj."),
+                                          ("mlp.c_fc.", "mlp.fc."), ("mlp.c_proj.", "mlp.proj.")):
+                    if rest.startswith(hf_part):
+                        target = f"blocks.{i}." + our_part + rest[len(hf_part):]
+                        break
+                if target.endswith(".weight") and "ln" not in rest.split(".")[0]:
+                    value = value.T  # Conv1D [in, out] -> Linear [out, in]
+            ours[target].copy_(value.double())
+    tokens = read_tokens(token_file)
+    seq = config["seq_len"]
+    windows = min(max_windows, len(tokens) // (seq + 1))
+    data = torch.tensor(tokens[:windows * (seq + 1)]).view(windows, seq + 1)
+    with torch.no_grad():
+        logits = model(data[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, config["vocab_size"]), data[:, 1:].reshape(-1))
+    print(json.dumps({"loss": loss.item(), "tokens": windows * seq}))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) == 5 and sys.argv[1] == "--eval":
+        evaluate(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif len(sys.argv) == 2:
+        golden(sys.argv[1])
+    else:
         sys.exit(__doc__)
-    golden(sys.argv[1])

@@ -1,0 +1,206 @@
+// Hugging Face GPT-2 export (safetensors, streamed) and checkpoint evaluation.
+#include "engine/export.h"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "engine/checkpoint.h"
+#include "engine/token_file.h"
+#include "kernels/model_kernels.h"
+#include "layers/gpt_model.h"
+#include "runtime/loopback_communicator.h"
+#include "runtime/strings.h"
+
+namespace zerort {
+namespace fs = std::filesystem;
+namespace {
+
+// GPT-2's name for one of ours, and whether the weight is stored transposed (Conv1D: [in, out]).
+struct HfName {
+  std::string name;
+  bool transpose = false;
+};
+
+StatusOr<HfName> ToHuggingFace(const std::string& ours) {
+  if (ours == "wte") return HfName{"transformer.wte.weight"};
+  if (ours == "wpe") return HfName{"transformer.wpe.weight"};
+  if (ours == "ln_f.weight") return HfName{"transformer.ln_f.weight"};
+  if (ours == "ln_f.bias") return HfName{"transformer.ln_f.bias"};
+  // blocks.<i>.<part>.<weight|bias>
+  const std::string prefix = "blocks.";
+  if (ours.rfind(prefix, 0) == 0) {
+    const size_t dot = ours.find('.', prefix.size());
+    const std::string layer = ours.substr(prefix.size(), dot - prefix.size());
+    const std::string rest = ours.substr(dot + 1);
+    static const std::pair<const char*, const char*> kParts[] = {{"ln1.", "ln_1."},
+                                                                 {"ln2.", "ln_2."},
+                                                                 {"attn.qkv.", "attn.c_attn."},
+                                                                 {"attn.proj.", "attn.c_proj."},
+                                                                 {"mlp.fc.", "mlp.c_fc."},
+                                                                 {"mlp.proj.", "mlp.c_proj."}};
+    for (const auto& [from, to] : kParts) {
+      const std::string f = from;
+      if (rest.rfind(f, 0) == 0) {
+        const std::string leaf = rest.substr(f.size());
+        const bool linear_weight = leaf == "weight" && f.rfind("ln", 0) != 0;
+        return HfName{StrCat("transformer.h.", layer, ".", to, leaf), linear_weight};
+      }
+    }
+  }
+  return absl::InvalidArgumentError(StrCat("no GPT-2 name for parameter '", ours, "'"));
+}
+
+}  // namespace
+
+StatusOr<std::string> ResolveStepDir(const std::string& checkpoint) {
+  if (fs::exists(checkpoint + "/metadata.json")) return checkpoint;
+  if (fs::exists(checkpoint + "/latest")) return LatestCheckpoint(checkpoint);
+  return absl::NotFoundError(StrCat(checkpoint,
+                                    ": neither a checkpoint step directory (with "
+                                    "metadata.json) nor a checkpoint directory (with "
+                                    "latest)"));
+}
+
+StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std::string& out_dir) {
+  ZR_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(step_dir));
+  const nlohmann::json& model = reader.metadata().at("config").at("model");
+  // The header first: names, shapes and offsets are known from the metadata alone.
+  struct Entry {
+    std::string ours;
+    HfName hf;
+    Shape shape;  // as written
+    int64_t begin = 0, end = 0;
+  };
+  std::vector<Entry> entries;
+  nlohmann::json header = nlohmann::json::object();
+  int64_t offset = 0;
+  for (const auto& [name, shape] : reader.params()) {
+    ZR_ASSIGN_OR_RETURN(HfName hf, ToHuggingFace(name));
+    Shape written = shape;
+    if (hf.transpose) std::swap(written[0], written[1]);
+    const int64_t bytes = NumElements(shape) * 4;
+    entries.push_back({name, hf, written, offset, offset + bytes});
+    header[hf.name] = {
+        {"dtype", "F32"}, {"shape", written}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  header["__metadata__"] = {{"format", "pt"}, {"source", "zerort checkpoint export"}};
+  std::string text = header.dump();
+  while ((text.size() + 8) % 8 != 0) text.push_back(' ');  // data aligned to 8 bytes
+
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) return absl::InvalidArgumentError(StrCat("create ", out_dir, ": ", ec.message()));
+  const std::string path = out_dir + "/model.safetensors";
+  std::ofstream out(path + ".tmp", std::ios::binary | std::ios::trunc);
+  if (!out) return ErrnoError(StrCat("open ", path, ".tmp"), errno);
+  const uint64_t header_size = text.size();
+  for (int i = 0; i < 8; ++i) out.put(static_cast<char>((header_size >> (8 * i)) & 0xff));
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  ExportSummary summary;
+  for (const Entry& e : entries) {  // one parameter in memory at a time
+    ZR_ASSIGN_OR_RETURN(std::vector<float> v, reader.ReadAll(e.ours, "master"));
+    if (e.hf.transpose) {
+      const int64_t rows = e.shape[1], cols = e.shape[0];  // ours: [rows = out, cols = in]
+      std::vector<float> t(v.size());
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = v[r * cols + c];
+      }
+      v.swap(t);
+    }
+    out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+    ++summary.tensors;
+    summary.bytes += static_cast<int64_t>(v.size() * 4);
+  }
+  out.flush();
+  if (!out) return ErrnoError(StrCat("write ", path, ".tmp"), errno);
+  out.close();
+  fs::rename(path + ".tmp", path, ec);
+  if (ec) return absl::InternalError(StrCat("rename to ", path, ": ", ec.message()));
+
+  const nlohmann::json config = {
+      {"architectures", {"GPT2LMHeadModel"}},
+      {"model_type", "gpt2"},
+      {"vocab_size", model.at("vocab_size")},
+      {"n_positions", model.at("seq_len")},
+      {"n_ctx", model.at("seq_len")},
+      {"n_embd", model.at("d_model")},
+      {"n_layer", model.at("n_layer")},
+      {"n_head", model.at("n_head")},
+      {"n_inner", nullptr},
+      {"activation_function", "gelu_new"},  // the tanh approximation
+      {"layer_norm_epsilon", 1e-5},
+      {"resid_pdrop", 0.0},
+      {"embd_pdrop", 0.0},
+      {"attn_pdrop", 0.0},
+      {"initializer_range", 0.02},
+      {"tie_word_embeddings", true},
+      {"torch_dtype", "float32"},
+  };
+  std::ofstream cfg(out_dir + "/config.json", std::ios::trunc);
+  cfg << config.dump(2) << "\n";
+  if (!cfg) return ErrnoError(StrCat("write ", out_dir, "/config.json"), errno);
+  return summary;
+}
+
+StatusOr<EvalResult> EvaluateCheckpoint(const RunConfig& config, const std::string& step_dir,
+                                        const std::string& data_path, int64_t max_windows) {
+  // One process, stage 0, on the CPU: the checkpoint's logical layout loads at any world size.
+  const GptConfig& shape = config.model.shape;
+  const int micro = 8;
+  std::vector<int32_t> tokens;
+  if (data_path.empty()) {
+    tokens = ByteTokens(BuiltinCorpus(1 << 20, 20261121));
+  } else {
+    ZR_ASSIGN_OR_RETURN(TokenFile file, ReadTokenFile(data_path));
+    if (file.vocab_size > shape.vocab_size) {
+      return absl::InvalidArgumentError(
+          StrCat(data_path, " has a vocabulary of ", file.vocab_size,
+                 ", more than model.vocab_size = ", shape.vocab_size));
+    }
+    tokens = std::move(file.tokens);
+  }
+  const int64_t available = static_cast<int64_t>(tokens.size()) / (shape.seq_len + 1);
+  const int64_t windows = max_windows > 0 ? std::min(max_windows, available) : available;
+  if (windows == 0) {
+    return absl::InvalidArgumentError(
+        StrCat(data_path.empty() ? "the corpus" : data_path,
+               " holds no window of seq_len + 1 = ", shape.seq_len + 1, " tokens"));
+  }
+  ZR_ASSIGN_OR_RETURN(auto group, CreateLoopbackGroup(1, {}, nullptr));
+  MemoryTracker tracker;
+  auto allocator = MakeCpuCachingAllocator(&tracker);
+  // Plain SGD keeps no moments, so only the master weights are read.
+  ShardManagerOptions o;
+  o.stage = ZeroStage::k0;
+  o.optimizer.kind = OptimizerKind::kSgd;
+  ZR_ASSIGN_OR_RETURN(auto manager, ShardManager::Create(o, {.dp = group[0].get(),
+                                                             .device_allocator = allocator.get()}));
+  auto store = MakeShardManagerStore(*manager);
+  auto kernels = MakeCpuModelKernels(CpuPrecision::kFloat);
+  ZR_ASSIGN_OR_RETURN(auto model, GptModel::Create({.config = shape, .micro_batch = micro}, *store,
+                                                   *kernels, *allocator));
+  ZR_RETURN_IF_ERROR(manager->Initialize(GptInitializer(shape)));
+  ZR_RETURN_IF_ERROR(LoadCheckpoint(step_dir, *manager, *group[0]).status());
+  const int seq = shape.seq_len;
+  double sum = 0;
+  std::vector<int32_t> in, target;
+  for (int64_t first = 0; first < windows; first += micro) {
+    const int count = static_cast<int>(std::min<int64_t>(micro, windows - first));
+    in.clear();
+    target.clear();
+    for (int b = 0; b < count; ++b) {
+      const auto start = tokens.begin() + (first + b) * (seq + 1);
+      in.insert(in.end(), start, start + seq);
+      target.insert(target.end(), start + 1, start + seq + 1);
+    }
+    ZR_ASSIGN_OR_RETURN(double loss, model->Loss(in, target, count, seq));
+    sum += loss * count;
+  }
+  return EvalResult{
+      .loss = sum / static_cast<double>(windows), .tokens = windows * seq, .windows = windows};
+}
+
+}  // namespace zerort

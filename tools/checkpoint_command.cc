@@ -1,0 +1,84 @@
+// zerort eval, zerort checkpoint inspect, zerort checkpoint export.
+#include <cstdio>
+
+#include "engine/checkpoint.h"
+#include "engine/config.h"
+#include "engine/export.h"
+#include "runtime/exit_codes.h"
+#include "runtime/log.h"
+#include "runtime/strings.h"
+#include "tools/commands.h"
+
+namespace zerort::cli {
+namespace {
+
+int Fail(const Status& s) {
+  Logger()->error("{}", s.message());
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kDataLoss:
+      return kExitUsage;
+    default:
+      return kExitRuntimeFailure;
+  }
+}
+
+}  // namespace
+
+int RunEval(const EvalOptions& o) {
+  StatusOr<RunConfig> config = LoadRunConfig(o.config);
+  if (!config.ok()) return Fail(config.status());
+  StatusOr<std::string> step_dir = ResolveStepDir(o.checkpoint);
+  if (!step_dir.ok()) return Fail(step_dir.status());
+  const std::string data = o.data.empty() ? config->data.path : o.data;
+  StatusOr<EvalResult> r = EvaluateCheckpoint(*config, *step_dir, data, o.max_windows);
+  if (!r.ok()) return Fail(r.status());
+  if (o.json) {
+    std::printf("%s\n", nlohmann::json{{"loss", r->loss}, {"tokens", r->tokens}}.dump().c_str());
+  } else {
+    std::printf("%s: loss %.6f over %lld tokens (%lld windows of %s)\n", step_dir->c_str(), r->loss,
+                static_cast<long long>(r->tokens), static_cast<long long>(r->windows),
+                data.empty() ? "the built-in corpus" : data.c_str());
+  }
+  return kExitOk;
+}
+
+int RunCheckpointInspect(const CheckpointOptions& o) {
+  StatusOr<std::string> step_dir = ResolveStepDir(o.dir);
+  if (!step_dir.ok()) return Fail(step_dir.status());
+  StatusOr<CheckpointSummary> s = InspectCheckpoint(*step_dir);
+  if (!s.ok()) return Fail(s.status());
+  const nlohmann::json& meta = s->metadata;
+  const nlohmann::json& model = meta["config"]["model"];
+  std::printf("checkpoint %s\n", step_dir->c_str());
+  std::printf("  step %lld, %lld sequences consumed, saved by %d ranks (%d writing), format %d\n",
+              static_cast<long long>(meta["step"].get<int64_t>()),
+              static_cast<long long>(meta["run_state"]["consumed_sequences"].get<int64_t>()),
+              meta["saved_with"]["world_size"].get<int>(), meta["saved_with"]["writers"].get<int>(),
+              meta["format_version"].get<int>());
+  std::printf("  model: %d layers, d %d, %d heads, seq %d, vocab %d; ZeRO-%d, %s\n",
+              model["n_layer"].get<int>(), model["d_model"].get<int>(), model["n_head"].get<int>(),
+              model["seq_len"].get<int>(), model["vocab_size"].get<int>(),
+              meta["config"]["zero_optimization"]["stage"].get<int>(),
+              meta["config"]["optimizer"]["type"].get<std::string>().c_str());
+  int64_t numel = 0;
+  for (const auto& p : meta["params"]) numel += NumElements(p["shape"].get<Shape>());
+  std::printf("  %zu parameters, %lld elements; %zu shard files, %.2f MiB\n", meta["params"].size(),
+              static_cast<long long>(numel), s->files.size(), s->bytes / 1048576.0);
+  for (const std::string& f : s->files) std::printf("    %s\n", f.c_str());
+  std::printf("  checksums: %s\n", s->ok ? "all ok" : "MISMATCH (see above)");
+  return s->ok ? kExitOk : kExitUsage;
+}
+
+int RunCheckpointExport(const CheckpointOptions& o) {
+  StatusOr<std::string> step_dir = ResolveStepDir(o.dir);
+  if (!step_dir.ok()) return Fail(step_dir.status());
+  StatusOr<ExportSummary> s = ExportHuggingFace(*step_dir, o.out_dir);
+  if (!s.ok()) return Fail(s.status());
+  std::printf("exported %s to %s: %d tensors, %.2f MiB (model.safetensors, config.json)\n",
+              step_dir->c_str(), o.out_dir.c_str(), s->tensors, s->bytes / 1048576.0);
+  return kExitOk;
+}
+
+}  // namespace zerort::cli
