@@ -67,6 +67,26 @@ if not failures:
     worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
     check("stage 3 x 4 ranks == stage 0 x 1 rank to 1e-5", worst <= 1e-5, f"{worst} {a} {b}")
 
+# A checkpoint saved at world size 4 and stage 3, resumed at world size 2 and stage 1.
+ckpt = os.path.join(tmp, "moved")
+first = dict(sharded, train=dict(BASE["train"], steps=5), checkpoint={"dir": ckpt},
+             logging={"metrics_file": os.path.join(tmp, "moved.jsonl")})
+r = subprocess.run([mpiexec, "-np", "4", "--oversubscribe", zerort, "train",
+                    write("moved1.json", first)], capture_output=True, text=True, env=env,
+                   timeout=300)
+check("5 steps at np 4 stage 3 with a checkpoint", r.returncode == 0, r.stderr[-2000:])
+second = dict(first, train_micro_batch_size_per_gpu=2, zero_optimization={"stage": 1},
+              train=dict(BASE["train"], steps=10))
+r = subprocess.run([mpiexec, "-np", "2", "--oversubscribe", zerort, "train",
+                    write("moved2.json", second), "--resume"], capture_output=True, text=True,
+                   env=env, timeout=300)
+check("resumed at np 2 stage 1", r.returncode == 0, r.stderr[-2000:])
+if r.returncode == 0 and os.path.exists(os.path.join(tmp, "sharded.jsonl")):
+    a, b = losses(os.path.join(tmp, "sharded.jsonl")), losses(os.path.join(tmp, "moved.jsonl"))
+    check("10 steps in the moved run", len(b) == 10, str(b))
+    worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+    check("the moved run follows the straight one to 1e-5", worst <= 1e-5, f"{worst} {a} {b}")
+
 r = subprocess.run([zerort, "train", write("print.json", single), "--print-config",
                     "--set", "zero_optimization.stage=2"], capture_output=True, text=True)
 check("--print-config exits 0", r.returncode == 0, r.stderr)
