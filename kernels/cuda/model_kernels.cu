@@ -49,16 +49,26 @@ __device__ __forceinline__ float WarpMax(float v) {
   return v;
 }
 
-// Sum over a block of kThreads threads; every thread gets the result.
-__device__ float BlockSum(float v) {
+struct SumOp {
+  static constexpr float kIdentity = 0.0f;
+  __device__ static float Warp(float v) { return WarpSum(v); }
+};
+struct MaxOp {
+  static constexpr float kIdentity = -INFINITY;
+  __device__ static float Warp(float v) { return WarpMax(v); }
+};
+
+// Reduction over a block of kThreads threads; every thread gets the result.
+template <typename Op>
+__device__ float BlockReduce(float v) {
   __shared__ float partial[kThreads / 32];
   __shared__ float total;
-  v = WarpSum(v);
+  v = Op::Warp(v);
   if ((threadIdx.x & 31) == 0) partial[threadIdx.x / 32] = v;
   __syncthreads();
   if (threadIdx.x < 32) {
-    float w = threadIdx.x < kThreads / 32 ? partial[threadIdx.x] : 0.0f;
-    w = WarpSum(w);
+    float w = threadIdx.x < kThreads / 32 ? partial[threadIdx.x] : Op::kIdentity;
+    w = Op::Warp(w);
     if (threadIdx.x == 0) total = w;
   }
   __syncthreads();
@@ -66,22 +76,8 @@ __device__ float BlockSum(float v) {
   __syncthreads();
   return out;
 }
-__device__ float BlockMax(float v) {
-  __shared__ float partial[kThreads / 32];
-  __shared__ float total;
-  v = WarpMax(v);
-  if ((threadIdx.x & 31) == 0) partial[threadIdx.x / 32] = v;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float w = threadIdx.x < kThreads / 32 ? partial[threadIdx.x] : -INFINITY;
-    w = WarpMax(w);
-    if (threadIdx.x == 0) total = w;
-  }
-  __syncthreads();
-  const float out = total;
-  __syncthreads();
-  return out;
-}
+__device__ float BlockSum(float v) { return BlockReduce<SumOp>(v); }
+__device__ float BlockMax(float v) { return BlockReduce<MaxOp>(v); }
 
 __device__ __forceinline__ void AtomicAddTo(float* p, float v) { atomicAdd(p, v); }
 __device__ __forceinline__ void AtomicAddTo(bf16* p, float v) { atomicAdd(p, __float2bfloat16(v)); }

@@ -14,20 +14,16 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Checks  # noqa: E402
+
 zerort = sys.argv[1]
+checks = Checks("checkpoint_cli_test")
+check = checks.check
 here = os.path.dirname(os.path.abspath(__file__))
 tmp = tempfile.mkdtemp()
-failures = []
-passed = 0
 env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 
-
-def check(name, condition, detail=""):
-    global passed
-    if condition:
-        passed += 1
-    else:
-        failures.append(f"{name}: {detail}")
 
 
 def config(name, steps, ckpt, **extra):
@@ -143,7 +139,4 @@ if have_torch:
 else:
     print("SKIPPED: the PyTorch comparison of the export (python3-torch not installed)")
 
-print(f"checkpoint_cli_test: {passed} passed, {len(failures)} failed")
-for f in failures:
-    print("FAILED", f)
-sys.exit(1 if failures else 0)
+checks.finish()

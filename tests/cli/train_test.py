@@ -9,18 +9,14 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Checks  # noqa: E402
+
 zerort, mpiexec = sys.argv[1], sys.argv[2]
+checks = Checks("train_test")
+check = checks.check
 tmp = tempfile.mkdtemp()
-failures = []
-passed = 0
 
-
-def check(name, condition, detail=""):
-    global passed
-    if condition:
-        passed += 1
-    else:
-        failures.append(f"{name}: {detail}")
 
 
 def write(name, obj):
@@ -60,7 +56,7 @@ r = subprocess.run([mpiexec, "-np", "4", "--oversubscribe", zerort, "train",
                     write("sharded.json", sharded)], capture_output=True, text=True, env=env,
                    timeout=300)
 check("mpirun -np 4 stage-3 run exits 0", r.returncode == 0, r.stderr[-2000:])
-if not failures:
+if not checks.failures:
     a, b = losses(os.path.join(tmp, "single.jsonl")), losses(os.path.join(tmp, "sharded.jsonl"))
     check("ten steps each", len(a) == len(b) == 10, f"{len(a)} {len(b)}")
     check("the loss falls", a[-1] < a[0] - 0.3, str(a))
@@ -130,7 +126,4 @@ r = subprocess.run([zerort, "train", write("dup.json", '{"seed": 1, "seed": 2}')
 check("duplicate key exits 2", r.returncode == 2 and "duplicate key 'seed'" in r.stderr, r.stderr)
 check("nothing was created by bad configs", not os.path.exists("/proc/zerort-ckpt"))
 
-print(f"train_test: {passed} passed, {len(failures)} failed")
-for f in failures:
-    print("FAILED", f)
-sys.exit(1 if failures else 0)
+checks.finish()

@@ -10,6 +10,7 @@
 
 #include "engine/trainer.h"
 #include "runtime/loopback_communicator.h"
+#include "tests/engine/metrics_file.h"
 
 namespace zerort {
 namespace {
@@ -54,14 +55,6 @@ Status TrainRanks(const RunConfig& c, int world, bool resume) {
   return status;
 }
 
-std::vector<float> Losses(const std::string& metrics) {
-  std::vector<float> out;
-  std::ifstream in(metrics);
-  std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line).at("loss"));
-  return out;
-}
-
 TEST(CheckpointTest, ResumeIsBitwiseAtTheSameWorldSize) {
   const std::string straight = Fresh("straight");
   ASSERT_TRUE(TrainRanks(Config(straight, 2, 3, 20), 2, false).ok());
@@ -69,8 +62,8 @@ TEST(CheckpointTest, ResumeIsBitwiseAtTheSameWorldSize) {
   ASSERT_TRUE(TrainRanks(Config(split, 2, 3, 10), 2, false).ok());
   EXPECT_EQ(LatestCheckpoint(split).value_or(""), split + "/step_10");
   ASSERT_TRUE(TrainRanks(Config(split, 2, 3, 20), 2, true).ok());
-  const std::vector<float> a = Losses(straight + "/metrics.jsonl");
-  const std::vector<float> b = Losses(split + "/metrics.jsonl");
+  const std::vector<double> a = testing::MetricLosses(straight + "/metrics.jsonl");
+  const std::vector<double> b = testing::MetricLosses(split + "/metrics.jsonl");
   ASSERT_EQ(a.size(), 20u);
   ASSERT_EQ(b.size(), 20u);  // 10 + 10 appended
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
@@ -85,9 +78,9 @@ TEST(CheckpointTest, ResumeAtAnotherWorldSizeAndStage) {
   const std::string to_stage0 = Fresh("w4s3_to_w1s0");
   ASSERT_TRUE(TrainRanks(Config(to_stage0, 4, 3, 10), 4, false).ok());
   ASSERT_TRUE(TrainRanks(Config(to_stage0, 1, 0, 20), 1, true).ok());
-  const std::vector<float> a = Losses(straight + "/metrics.jsonl");
+  const std::vector<double> a = testing::MetricLosses(straight + "/metrics.jsonl");
   for (const std::string& dir : {moved, to_stage0}) {
-    const std::vector<float> b = Losses(dir + "/metrics.jsonl");
+    const std::vector<double> b = testing::MetricLosses(dir + "/metrics.jsonl");
     ASSERT_EQ(b.size(), a.size()) << dir;
     for (size_t i = 10; i < a.size(); ++i) {
       EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << dir << " step " << i + 1;

@@ -13,6 +13,7 @@
 #include "engine/lr_schedule.h"
 #include "engine/token_file.h"
 #include "runtime/loopback_communicator.h"
+#include "tests/engine/metrics_file.h"
 
 namespace zerort {
 namespace {
@@ -106,14 +107,6 @@ TEST(DataLoaderTest, WindowsAreDeterministicAndSplit) {
             std::string::npos);
 }
 
-std::vector<double> MetricLosses(const std::string& path) {
-  std::vector<double> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line).at("loss"));
-  return out;
-}
-
 RunConfig SmallRun(const std::string& metrics) {
   RunConfig c = *ParseRunConfig(nlohmann::json::parse(R"({
     "train_batch_size": 8, "train_micro_batch_size_per_gpu": 1,
@@ -145,7 +138,7 @@ std::vector<double> TrainOn(int world, int stage, int accumulation_per_rank,
   });
   std::fclose(sink);
   EXPECT_TRUE(status.ok()) << status;
-  return MetricLosses(metrics);
+  return testing::MetricLosses(metrics);
 }
 
 TEST(TrainerTest, Stage3OnFourRanksFollowsStage0OnOne) {

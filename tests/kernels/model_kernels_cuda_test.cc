@@ -10,6 +10,7 @@
 #include "layers/gpt_model.h"
 #include "runtime/allocator.h"
 #include "runtime/loopback_communicator.h"
+#include "tests/kernels/random_floats.h"
 #include "tests/layers/gpt_harness.h"
 
 namespace zerort {
@@ -18,12 +19,8 @@ namespace {
 #define ZR_NEED_GPU() \
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device: " << QueryCuda().unavailable_reason
 
-std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
+std::vector<float> Random(size_t n, uint32_t seed, float scale = 1) {
+  return testing::RandomNormal<float>(n, seed, scale);
 }
 
 double RelErr(const std::vector<float>& got, const std::vector<float>& want) {

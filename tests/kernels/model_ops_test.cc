@@ -9,16 +9,13 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/kernels/random_floats.h"
 
 namespace zerort::cpu {
 namespace {
 
-std::vector<double> Random(size_t n, uint32_t seed, double scale = 1.0) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<double> d(0.0, scale);
-  std::vector<double> v(n);
-  for (double& x : v) x = d(rng);
-  return v;
+std::vector<double> Random(size_t n, uint32_t seed, double scale = 1) {
+  return testing::RandomNormal<double>(n, seed, scale);
 }
 
 double Dot(const std::vector<double>& a, const std::vector<double>& b) {

@@ -8,16 +8,13 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "tests/kernels/random_floats.h"
 
 namespace zerort {
 namespace {
 
-std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
+std::vector<float> Random(size_t n, uint32_t seed, float scale = 1) {
+  return testing::RandomNormal<float>(n, seed, scale);
 }
 
 TensorView View(std::vector<float>& v) {

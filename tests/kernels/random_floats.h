@@ -21,4 +21,14 @@ inline std::vector<float> RandomFloats(size_t n, uint32_t seed) {
   return v;
 }
 
+// Normal values, mean 0, for inputs that must stay in a kernel's ordinary range.
+template <typename T = float>
+std::vector<T> RandomNormal(size_t n, uint32_t seed, T scale = T(1)) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<T> d(T(0), scale);
+  std::vector<T> v(n);
+  for (T& x : v) x = d(rng);
+  return v;
+}
+
 }  // namespace zerort::testing
