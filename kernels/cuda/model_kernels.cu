@@ -226,6 +226,17 @@ static __global__ void BiasGradKernel(G* dbias, const T* dout, int64_t rows, int
 
 // ---- attention pieces ------------------------------------------------------------------------
 
+// Element i of a head-major tensor [B, NH, T, HS]: where the same element sits in a token-major
+// one with `parts` tensors side by side per token ([B, T, parts, NH, HS]; parts 3 for qkv).
+__device__ __forceinline__ int64_t TokenMajorIndex(int64_t i, int seq, int heads, int hs,
+                                                   int parts) {
+  const int d = static_cast<int>(i % hs);
+  const int t = static_cast<int>((i / hs) % seq);
+  const int h = static_cast<int>((i / (int64_t{hs} * seq)) % heads);
+  const int64_t b = i / (int64_t{hs} * seq * heads);
+  return ((b * seq + t) * parts * heads + h) * hs + d;
+}
+
 // qkv [B, T, 3, NH, HS] -> q, k, v [B, NH, T, HS]
 template <typename T>
 static __global__ void SplitHeadsKernel(T* q, T* k, T* v, const T* qkv, int batch, int seq,
@@ -233,11 +244,7 @@ static __global__ void SplitHeadsKernel(T* q, T* k, T* v, const T* qkv, int batc
   const int64_t n = int64_t{batch} * heads * seq * hs;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const int d = static_cast<int>(i % hs);
-    const int t = static_cast<int>((i / hs) % seq);
-    const int h = static_cast<int>((i / (int64_t{hs} * seq)) % heads);
-    const int64_t b = i / (int64_t{hs} * seq * heads);
-    const int64_t src = ((b * seq + t) * 3 * heads + h) * hs + d;
+    const int64_t src = TokenMajorIndex(i, seq, heads, hs, 3);
     const int64_t c = int64_t{heads} * hs;
     q[i] = qkv[src];
     k[i] = qkv[src + c];
@@ -252,11 +259,7 @@ static __global__ void MergeHeadGradsKernel(T* dqkv, const T* dq, const T* dk, c
   const int64_t n = int64_t{batch} * heads * seq * hs;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const int d = static_cast<int>(i % hs);
-    const int t = static_cast<int>((i / hs) % seq);
-    const int h = static_cast<int>((i / (int64_t{hs} * seq)) % heads);
-    const int64_t b = i / (int64_t{hs} * seq * heads);
-    const int64_t dst = ((b * seq + t) * 3 * heads + h) * hs + d;
+    const int64_t dst = TokenMajorIndex(i, seq, heads, hs, 3);
     const int64_t c = int64_t{heads} * hs;
     dqkv[dst] = FromFloat<T>(ToFloat(dqkv[dst]) + ToFloat(dq[i]));
     dqkv[dst + c] = FromFloat<T>(ToFloat(dqkv[dst + c]) + ToFloat(dk[i]));
@@ -271,11 +274,7 @@ static __global__ void HeadsLayoutKernel(T* dst, const T* src, int batch, int se
   const int64_t n = int64_t{batch} * heads * seq * hs;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const int d = static_cast<int>(i % hs);
-    const int t = static_cast<int>((i / hs) % seq);
-    const int h = static_cast<int>((i / (int64_t{hs} * seq)) % heads);
-    const int64_t b = i / (int64_t{hs} * seq * heads);
-    const int64_t tok = ((b * seq + t) * heads + h) * hs + d;
+    const int64_t tok = TokenMajorIndex(i, seq, heads, hs, 1);
     if (to_tokens) {
       dst[tok] = src[i];
     } else {
