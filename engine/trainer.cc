@@ -329,6 +329,8 @@ StatusOr<TrainResult> Run::Loop() {
 
     const bool last = step + 1 == steps;
     const bool print = (step + 1) % c_.steps_per_print == 0 || last || step == 0;
+    const MemorySnapshot mem = tracker_.Snapshot();  // the step's training, before evaluation
+    result.last_step_memory = mem;
     double val = -1;
     if ((c_.train.eval_interval > 0 && (step + 1) % c_.train.eval_interval == 0) || last) {
       if (data_->validation_windows() > 0) {
@@ -336,7 +338,6 @@ StatusOr<TrainResult> Run::Loop() {
         result.val_loss = val;
       }
     }
-    const MemorySnapshot mem = tracker_.Snapshot();
     nlohmann::json memory;
     std::string mem_line;
     for (int cat = 0; cat < kNumMemoryCategories; ++cat) {

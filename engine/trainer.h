@@ -13,6 +13,7 @@
 
 #include "engine/config.h"
 #include "runtime/communicator.h"
+#include "runtime/memory.h"
 
 namespace zerort {
 
@@ -26,13 +27,14 @@ struct TrainerContext {
 };
 
 struct TrainResult {
-  int64_t steps = 0;               // optimizer steps run
-  double final_loss = 0;           // global mean loss of the last step
-  double val_loss = -1;            // last evaluation; -1 when there was none
-  std::string sample;              // the text sampled at the end
-  bool non_finite = false;         // the run stopped on a non-finite loss (exit code 4)
-  bool stopped_by_signal = false;  // SIGTERM/SIGUSR1: saved a checkpoint and stopped early
-  int64_t resumed_from = -1;       // the step the run resumed from; -1: a fresh run
+  int64_t steps = 0;                // optimizer steps run
+  double final_loss = 0;            // global mean loss of the last step
+  double val_loss = -1;             // last evaluation; -1 when there was none
+  std::string sample;               // the text sampled at the end
+  bool non_finite = false;          // the run stopped on a non-finite loss (exit code 4)
+  bool stopped_by_signal = false;   // SIGTERM/SIGUSR1: saved a checkpoint and stopped early
+  int64_t resumed_from = -1;        // the step the run resumed from; -1: a fresh run
+  MemorySnapshot last_step_memory;  // peaks of the last step's training (evaluation excluded)
 };
 
 StatusOr<TrainResult> Train(RunConfig config, const TrainerContext& context);

@@ -73,6 +73,24 @@ struct CheckpointOptions {
 int RunCheckpointInspect(const CheckpointOptions& options);
 int RunCheckpointExport(const CheckpointOptions& options);
 
+struct EstimateOptions {
+  std::string config;    // run config; else a model shape or a parameter count
+  int world_size = 1;    // data-parallel ranks for a run config
+  std::string device;    // cpu | cuda for a run config; default: its train.device
+  bool measure = false;  // run two real steps and compare (run config only)
+  std::string model;     // gpt2, gpt2-medium, gpt2-large, gpt2-xl, tiny
+  int layers = 0, hidden = 0, heads = 0, vocab = 50257;  // SHAPE instead of --model
+  int gpus = 1, nodes = 1;                               // GPUs per node, nodes
+  int seq_len = 0;                                       // 0: the model's
+  int micro_batch = 1;
+  double params = 0;                // cold mode
+  double largest_layer_params = 0;  // cold mode
+  std::string fit;                  // "80GiB": only layouts that fit, fastest first
+  bool explain = false;
+  bool json = false;
+};
+int RunEstimate(const EstimateOptions& options);
+
 // Parses "4096", "4KiB", "64MiB", "1GiB", "1.5GB".
 StatusOr<size_t> ParseBytes(const std::string& text);
 std::string FormatBytes(double bytes);  // "4 KiB", "64 MiB"

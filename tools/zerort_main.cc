@@ -8,14 +8,7 @@
 #include "runtime/log.h"
 #include "tools/commands.h"
 
-namespace {
-
-// Subcommands whose issues have not landed: they exist so that a user gets a clear answer.
-constexpr const char* kNotYet[][2] = {
-    {"estimate", "the memory-footprint estimator"},
-};
-
-}  // namespace
+namespace {}  // namespace
 
 int main(int argc, char** argv) {
   using namespace zerort;
@@ -102,6 +95,33 @@ int main(int argc, char** argv) {
   export_cmd->add_option("dir", ckpt_options.dir, "Checkpoint (step) directory")->required();
   export_cmd->add_option("out_dir", ckpt_options.out_dir, "Output directory")->required();
 
+  cli::EstimateOptions est;
+  CLI::App* estimate = app.add_subcommand(
+      "estimate", "Memory per GPU/rank by tier and category, for a run config or a model shape");
+  estimate->add_option("config", est.config, "Run config (JSON)");
+  estimate->add_option("--world-size", est.world_size, "Data-parallel ranks (run config)")
+      ->capture_default_str();
+  estimate->add_option("--device", est.device, "cpu or cuda (run config; default train.device)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  estimate->add_flag("--measure", est.measure,
+                     "Run two real steps and print estimate against measured, per category");
+  estimate->add_option("--model", est.model, "tiny, gpt2, gpt2-medium, gpt2-large or gpt2-xl");
+  estimate->add_option("--layers", est.layers, "Shape: transformer blocks");
+  estimate->add_option("--hidden", est.hidden, "Shape: d_model");
+  estimate->add_option("--heads", est.heads, "Shape: attention heads");
+  estimate->add_option("--vocab", est.vocab, "Shape: vocabulary")->capture_default_str();
+  estimate->add_option("--gpus", est.gpus, "GPUs per node")->capture_default_str();
+  estimate->add_option("--nodes", est.nodes, "Nodes")->capture_default_str();
+  estimate->add_option("--seq-len", est.seq_len, "Sequence length (default: the model's)");
+  estimate->add_option("--micro-batch", est.micro_batch, "Sequences per GPU per micro-batch")
+      ->capture_default_str();
+  estimate->add_option("--params", est.params, "Cold mode: total parameters");
+  estimate->add_option("--largest-layer-params", est.largest_layer_params,
+                       "Cold mode: parameters of the largest layer");
+  estimate->add_option("--fit", est.fit, "Only layouts that fit in this much device memory");
+  estimate->add_flag("--explain", est.explain, "Every term with its formula and size");
+  estimate->add_flag("--json", est.json, "One JSON object");
+
   cli::BenchModelOptions model_options;
   CLI::App* model = bench->add_subcommand(
       "model", "GPT forward+backward: tokens/s, FLOP/s, MFU against the model's own GEMM rate");
@@ -109,12 +129,6 @@ int main(int argc, char** argv) {
   model->add_option("--iters", model_options.iters, "Measured iterations")->capture_default_str();
   model->add_flag("--cpu", model_options.cpu, "Measure on the CPU even when a GPU is present");
   model->add_flag("--json", model_options.json, "One JSON object instead of text");
-
-  for (const auto& [name, what] : kNotYet) {
-    app.add_subcommand(name, std::string(what) + " (not available in this version)")
-        ->allow_extras()
-        ->prefix_command();
-  }
 
   // CLI11 would only say "a subcommand is required": name the word that is not a command.
   if (argc > 1 && argv[1][0] != '-') {
@@ -153,16 +167,11 @@ int main(int argc, char** argv) {
     Logger()->debug("{}", launch->ToString());
   }
 
-  for (const auto& [name, what] : kNotYet) {
-    if (app.got_subcommand(name)) {
-      Logger()->error("'zerort {}' ({}) is not available in zerort 0.1.0 yet", name, what);
-      return kExitUsage;
-    }
-  }
   if (app.got_subcommand(env)) return cli::RunEnv(env_options, *launch);
   if (comm->parsed()) return cli::RunBenchComm(comm_options, *launch, &argc, &argv);
   if (adamw->parsed()) return cli::RunBenchAdamw(adamw_options);
   if (model->parsed()) return cli::RunBenchModel(model_options);
+  if (estimate->parsed()) return cli::RunEstimate(est);
   if (train->parsed()) return cli::RunTrain(train_options, *launch, &argc, &argv);
   if (prepare->parsed()) return cli::RunDataPrepare(prepare_options);
   if (eval->parsed()) return cli::RunEval(eval_options);

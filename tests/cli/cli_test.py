@@ -56,6 +56,32 @@ for key in ("bench", "baseline", "ratio", "tokens_per_s", "achieved_tflops", "fl
 check("bench model counts tiny's parameters", model.get("params") == 120576, r.stdout)
 check("bench model ratio positive", model.get("ratio", 0) > 0, r.stdout)
 
+r = run("estimate", "--model", "gpt2-xl", "--gpus", "8")
+check("estimate gpt2-xl exits 0", r.returncode == 0, r.stderr)
+check("estimate prints 24 layouts", r.stdout.count("\n  ") >= 21, r.stdout)
+check("estimate prints its caveats", "Not modelled" in r.stdout, r.stdout)
+r = run("estimate", "--model", "gpt2", "--gpus", "1", "--micro-batch", "8", "--fit", "5GiB",
+        "--json")
+fit = json.loads(r.stdout) if r.returncode == 0 else {"rows": []}
+check("--fit keeps only what fits", all(x["device_bytes"] <= 5 * 2**30 for x in fit["rows"]),
+      r.stdout[:300])
+check("--fit says why", all("why" in x for x in fit["rows"]) and len(fit["rows"]) > 0,
+      r.stdout[:300])
+r = run("estimate", "--params", "7.5e9", "--largest-layer-params", "1e8", "--gpus", "64",
+        "--json")
+cold = json.loads(r.stdout) if r.returncode == 0 else {"rows": [{}] * 4}
+gb = [x.get("device_bytes", 0) / 1e9 for x in cold["rows"]]
+check("cold mode reproduces the ZeRO paper (120, 31.4, 16.6 GB)",
+      abs(gb[0] - 120) < 0.1 and abs(gb[1] - 31.4) < 0.1 and abs(gb[2] - 16.6) < 0.1, str(gb))
+r = run("estimate", os.path.join(configs, "tiny-cpu.json"), "--world-size", "2",
+        "--measure", "--json")
+check("estimate --measure exits 0", r.returncode == 0, r.stderr[-500:])
+measured = json.loads(r.stdout) if r.returncode == 0 else {}
+if measured:
+    est = measured["tiers"]["device"]["total"]
+    got = measured["measured_device"]["total"]
+    check("--measure total within 5%", abs(est - got) <= 0.05 * got, f"{est} {got}")
+
 tmp = tempfile.mkdtemp()
 bad_heads = os.path.join(tmp, "bad-heads.json")
 with open(bad_heads, "w") as f:
@@ -73,7 +99,11 @@ for args, needle in [
     (["bench", "comm", "--ops", "all_to_all"], "all_to_all"),
     (["bench", "comm", "--min-bytes", "1MiB", "--max-bytes", "1KiB"], "--min-bytes"),
     (["train", "no-such-run.json"], "no-such-run.json: cannot be read"),
-    (["estimate", "run.json"], "not available"),
+    (["estimate", "no-such-run.json"], "no-such-run.json"),
+    (["estimate", "--model", "gpt7", "--gpus", "8"], "gpt7"),
+    (["estimate", "--model", "gpt2", "--gpus", "0"], "--gpus 0"),
+    (["estimate", "--layers", "4", "--hidden", "100", "--heads", "3"], "does not divide"),
+    (["estimate", "--model", "gpt2", "--fit", "lots"], "--fit lots"),
     (["no-such-command"], "no-such-command"),
 ]:
     r = run(*args)

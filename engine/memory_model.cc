@@ -1,0 +1,506 @@
+// The memory model: a replay of one steady-state training step's allocations.
+#include "engine/memory_model.h"
+
+#include <algorithm>
+#include <map>
+
+#include "layers/gpt_model.h"
+#include "runtime/strings.h"
+#include "sharding/flat_layout.h"
+
+namespace zerort {
+namespace {
+
+using Cat = MemoryCategory;
+using Tier = MemoryTier;
+
+constexpr int64_t kLtWorkspace = int64_t{32} << 20;  // kernels/cuda/model_kernels.cu
+
+Tier TierOf(const std::string& offload) {
+  if (offload == "cpu") return Tier::kPinnedHost;
+  if (offload == "nvme") return Tier::kNvme;
+  return Tier::kDevice;
+}
+
+// The replay: allocations and frees into a MemoryTracker, with the phase peaks on the side.
+class Replay {
+ public:
+  enum Phase { kInit, kForward, kBackward, kStep };
+
+  struct Handle {
+    Tier tier = Tier::kDevice;
+    Cat cat = Cat::kWorkspace;
+    int64_t bytes = 0;
+    bool live = false;
+  };
+
+  Handle Alloc(Cat cat, int64_t bytes, Tier tier = Tier::kDevice) {
+    tracker_.OnAllocate(tier, cat, bytes);
+    Note();
+    return Handle{tier, cat, bytes, true};
+  }
+  void Free(Handle& h) {
+    if (!h.live) return;
+    tracker_.OnFree(h.tier, h.cat, h.bytes);
+    h.live = false;
+  }
+  void SetPhase(Phase p) { phase_ = p; }
+  MemorySnapshot Snapshot() const { return tracker_.Snapshot(); }
+  void ResetPeaks() {
+    tracker_.ResetPeaks();
+    phase_peak_ = {};
+  }
+  const std::array<std::array<int64_t, kNumMemoryTiers>, 4>& phase_peaks() const {
+    return phase_peak_;
+  }
+
+ private:
+  void Note() {
+    const MemorySnapshot s = tracker_.Snapshot();
+    for (int t = 0; t < kNumMemoryTiers; ++t) {
+      phase_peak_[phase_][t] = std::max(phase_peak_[phase_][t], s.in_use[t].current);
+    }
+  }
+  MemoryTracker tracker_;
+  Phase phase_ = kInit;
+  std::array<std::array<int64_t, kNumMemoryTiers>, 4> phase_peak_{};
+};
+
+struct Unit {
+  FlatLayout layout;
+  bool persistent = false;
+  bool gathered = false;  // stage 3: a gathered buffer exists (gathering or unsharded)
+  Replay::Handle gathered_buffer, full_grad;
+};
+
+class StepModel {
+ public:
+  StepModel(const MemoryModelInput& in, std::vector<Unit> units, MemoryEstimate& out)
+      : in_(in), units_(std::move(units)), out_(out) {}
+
+  void Run();
+
+ private:
+  int64_t csize() const { return static_cast<int64_t>(DTypeSize(in_.compute)); }
+  static constexpr int64_t kRsize = 4;  // reduce dtype fp32
+  bool stage3() const { return in_.stage == 3; }
+  int64_t GatheredBytes(const Unit& u) const { return u.layout.padded_numel() * csize(); }
+  void Term(Tier tier, Cat cat, std::string what, std::string formula, int64_t bytes) {
+    out_.terms.push_back({tier, cat, std::move(what), std::move(formula), bytes});
+  }
+
+  void Init();
+  void MicroBatch();
+  void Step();
+  void Ensure(int u);
+  void Prefetch();
+  void Open(int u, bool backward);
+  void Close(int u, bool backward);
+  void ReducerAdd(int u);
+  void Flush();
+  void AttentionScratch(bool backward);
+
+  const MemoryModelInput& in_;
+  std::vector<Unit> units_;
+  MemoryEstimate& out_;
+  Replay r_;
+  std::vector<int> order_;  // recorded unit order of one step
+  size_t position_ = 0;
+  std::vector<int> pending_;
+  int64_t pending_numel_ = 0;
+  std::vector<Replay::Handle> persistent_;
+  bool activation_terms_ = false;
+};
+
+void StepModel::Init() {
+  const Tier opt_tier = TierOf(in_.offload_optimizer);
+  const Tier param_tier = TierOf(in_.offload_param);
+  int64_t master = 0, moments = 0, compute = 0, full_grad = 0, gathered = 0, shards = 0;
+  for (Unit& u : units_) {
+    const int64_t shard = u.layout.shard_numel(), padded = u.layout.padded_numel();
+    persistent_.push_back(r_.Alloc(Cat::kParameters, shard * 4, opt_tier));
+    master += shard * 4;
+    for (int s = 0; s < in_.optimizer_states; ++s) {
+      persistent_.push_back(r_.Alloc(Cat::kOptimizerState, shard * 4, opt_tier));
+      moments += shard * 4;
+    }
+    persistent_.push_back(r_.Alloc(Cat::kGradients, shard * 4, opt_tier));
+    shards += shard * 4;
+    if (stage3()) {
+      persistent_.push_back(r_.Alloc(Cat::kParameters, shard * csize(), param_tier));
+      compute += shard * csize();
+      u.persistent = padded < in_.stage3_param_persistence_threshold;
+    } else if (in_.stage > 0 || csize() != 4) {
+      persistent_.push_back(r_.Alloc(Cat::kParameters, padded * csize()));
+      compute += padded * csize();
+    }
+    if (in_.stage <= 1) {
+      persistent_.push_back(r_.Alloc(Cat::kGradients, padded * kRsize));
+      full_grad += padded * kRsize;
+    }
+    if (stage3() && u.persistent) {
+      u.gathered_buffer = r_.Alloc(Cat::kGatheredWeights, GatheredBytes(u));
+      u.gathered = true;
+      gathered += GatheredBytes(u);
+    }
+  }
+  const char* shard_what =
+      in_.stage == 0 ? "padded_numel (stage 0 does not shard)" : "shard_numel = padded_numel / dp";
+  Term(opt_tier, Cat::kParameters, "fp32 master",
+       StrCat("sum over units of ", shard_what, " x 4 B"), master);
+  if (compute > 0) {
+    Term(stage3() ? param_tier : Tier::kDevice, Cat::kParameters,
+         StrCat("compute copy (", DTypeName(in_.compute), ")"),
+         stage3() ? "sum of shard_numel x compute bytes" : "sum of padded_numel x compute bytes",
+         compute);
+  }
+  Term(opt_tier, Cat::kOptimizerState, StrCat(in_.optimizer_states, " fp32 moments"),
+       StrCat(in_.optimizer_states, " x sum of shard_numel x 4 B"), moments);
+  Term(opt_tier, Cat::kGradients, "fp32 gradient shards", "sum of shard_numel x 4 B", shards);
+  if (full_grad > 0) {
+    Term(Tier::kDevice, Cat::kGradients, "full gradients, kept (stages 0-1)",
+         "sum of padded_numel x 4 B", full_grad);
+  }
+  if (gathered > 0) {
+    Term(Tier::kDevice, Cat::kGatheredWeights, "persistent units, always gathered",
+         "units below stage3_param_persistence_threshold: padded_numel x compute bytes", gathered);
+  }
+  if (in_.cuda) {
+    persistent_.push_back(r_.Alloc(Cat::kWorkspace, kLtWorkspace));
+    Term(Tier::kDevice, Cat::kWorkspace, "cuBLASLt workspace", "32 MiB", kLtWorkspace);
+  }
+}
+
+void StepModel::Ensure(int u) {
+  Unit& unit = units_[u];
+  if (stage3() && !unit.persistent && !unit.gathered) {
+    unit.gathered_buffer = r_.Alloc(Cat::kGatheredWeights, GatheredBytes(unit));
+    unit.gathered = true;
+  }
+  if (stage3()) Prefetch();
+  ++position_;
+}
+
+// As ShardManager::Prefetch: the next units of the recorded order, within both budgets.
+void StepModel::Prefetch() {
+  const int64_t live_budget = in_.stage3_max_live_parameters * csize();
+  const int64_t ahead_budget = in_.stage3_prefetch_bucket_size * csize();
+  int64_t ahead = 0;
+  for (size_t i = position_ + 1; i < order_.size(); ++i) {
+    Unit& u = units_[order_[i]];
+    if (u.persistent || u.gathered) continue;
+    int64_t live = 0;
+    for (const Unit& v : units_) {
+      if (!v.persistent && v.gathered) live += GatheredBytes(v);
+    }
+    if (ahead + GatheredBytes(u) > ahead_budget || live + GatheredBytes(u) > live_budget) break;
+    u.gathered_buffer = r_.Alloc(Cat::kGatheredWeights, GatheredBytes(u));
+    u.gathered = true;
+    ahead += GatheredBytes(u);
+  }
+}
+
+void StepModel::Open(int u, bool backward) {
+  Ensure(u);
+  if (backward && in_.stage >= 2 && !units_[u].full_grad.live) {
+    units_[u].full_grad = r_.Alloc(Cat::kGradients, units_[u].layout.padded_numel() * kRsize);
+  }
+}
+
+void StepModel::Close(int u, bool backward) {
+  if (backward && in_.stage >= 2) ReducerAdd(u);
+  Unit& unit = units_[u];
+  if (stage3() && !unit.persistent) {
+    r_.Free(unit.gathered_buffer);
+    unit.gathered = false;
+  }
+}
+
+void StepModel::ReducerAdd(int u) {
+  if (std::find(pending_.begin(), pending_.end(), u) != pending_.end()) return;
+  pending_.push_back(u);
+  pending_numel_ += units_[u].layout.padded_numel();
+  if (pending_numel_ >= in_.reduce_bucket_size) Flush();
+}
+
+// As GradientReducer::FlushReduceScatter.
+void StepModel::Flush() {
+  if (pending_.empty()) return;
+  int64_t bucket_shard = 0;
+  for (int u : pending_) bucket_shard += units_[u].layout.shard_numel();
+  Replay::Handle packed;
+  if (pending_.size() > 1) packed = r_.Alloc(Cat::kCommBuffers, bucket_shard * in_.dp * kRsize);
+  Replay::Handle reduced = r_.Alloc(Cat::kCommBuffers, bucket_shard * kRsize);
+  for (int u : pending_) r_.Free(units_[u].full_grad);
+  r_.Free(reduced);
+  r_.Free(packed);
+  pending_.clear();
+  pending_numel_ = 0;
+}
+
+// The CUDA attention's scratch (kernels/cuda/model_kernels.cu), allocated and freed per call.
+void StepModel::AttentionScratch(bool backward) {
+  if (!in_.cuda) return;
+  const GptConfig& c = in_.model;
+  const int64_t n = int64_t{in_.micro_batch} * c.seq_len * (c.d_model / in_.tp) * csize();
+  const int64_t tt =
+      int64_t{in_.micro_batch} * (c.n_head / in_.tp) * c.seq_len * c.seq_len * csize();
+  std::vector<Replay::Handle> h;
+  for (int i = 0; i < (backward ? 4 : 3); ++i) h.push_back(r_.Alloc(Cat::kWorkspace, n));
+  h.push_back(r_.Alloc(Cat::kWorkspace, tt));
+  if (backward) h.push_back(r_.Alloc(Cat::kWorkspace, n));
+  for (auto& x : h) r_.Free(x);
+}
+
+void StepModel::MicroBatch() {
+  const GptConfig& c = in_.model;
+  const int blocks = static_cast<int>(units_.size()) - (in_.pp == 1 ? 2 : 1);
+  const int64_t rows = int64_t{in_.micro_batch} * c.seq_len;
+  const int64_t d = c.d_model, dl = d / in_.tp;  // full and tensor-parallel-local channels
+  const int64_t act = csize(), stat = 4;
+  const int64_t heads = c.n_head / in_.tp;
+  std::vector<Replay::Handle> acts;
+  auto a = [&](int64_t bytes) { acts.push_back(r_.Alloc(Cat::kActivations, bytes)); };
+  r_.SetPhase(Replay::kForward);
+  const bool per_block = !in_.activation_checkpointing;
+  const int sets = (per_block ? blocks : 1);
+  const int64_t set_bytes =
+      4 * rows * d * act + 4 * rows * stat + 3 * rows * dl * act + rows * dl * act +
+      int64_t{in_.micro_batch} * heads * c.seq_len * c.seq_len * act + 8 * rows * dl * act;
+  // A pipeline's first stage holds pp micro-batches' activations at once under 1F1B.
+  for (int inflight = 0; inflight < in_.pp; ++inflight) {
+    a(rows * 4);  // tokens
+    a(rows * 4);  // targets
+    for (int s = 0; s < sets; ++s) {
+      a(rows * d * act);                                                  // ln1
+      a(rows * stat);                                                     // ln1 mean
+      a(rows * stat);                                                     // ln1 rstd
+      a(rows * 3 * dl * act);                                             // qkv
+      a(rows * dl * act);                                                 // attention output
+      a(int64_t{in_.micro_batch} * heads * c.seq_len * c.seq_len * act);  // probabilities
+      a(rows * d * act);                                                  // residual
+      a(rows * d * act);                                                  // ln2
+      a(rows * stat);
+      a(rows * stat);
+      a(rows * 4 * dl * act);  // MLP pre-GELU
+      a(rows * 4 * dl * act);  // MLP post-GELU
+    }
+    for (int l = 0; l <= blocks; ++l) a(rows * d * act);  // block inputs/outputs
+  }
+  if (!activation_terms_) {
+    activation_terms_ = true;
+    Term(Tier::kDevice, Cat::kActivations,
+         StrCat("one block's activation set, held x ", sets,
+                per_block ? " (one per block)" : " (checkpointing: one, reused)",
+                in_.pp > 1 ? StrCat(" x ", in_.pp, " micro-batches in flight") : ""),
+         "rows (B x T) x (4 d + 12 d/tp) x act + 4 rows x 4 B + B x heads/tp x T x T x act",
+         set_bytes);
+    Term(Tier::kDevice, Cat::kActivations, StrCat(blocks + 1, " block inputs/outputs"),
+         "(blocks + 1) x rows x d x act", (blocks + 1) * rows * d * act);
+    Term(Tier::kDevice, Cat::kActivations, "logits (freed after the head's backward)",
+         "rows x vocab/tp x act", rows * (c.vocab_size / in_.tp) * act);
+    Term(Tier::kDevice, Cat::kWorkspace, "backward scratch", "rows x (2 d + 8 d/tp) x act",
+         rows * (2 * d + 8 * dl) * act);
+  }
+  const int norm = blocks + 1;
+  const bool has_norm = in_.pp == 1;
+  Open(0, false);
+  Close(0, false);
+  for (int l = 0; l < blocks; ++l) {
+    Open(1 + l, false);
+    AttentionScratch(false);
+    Close(1 + l, false);
+  }
+  a(rows * d * act);  // final LayerNorm
+  a(rows * stat);
+  a(rows * stat);
+  if (has_norm) {
+    Open(norm, false);
+    Close(norm, false);
+  }
+  r_.SetPhase(Replay::kBackward);
+  Open(0, true);
+  Replay::Handle logits = r_.Alloc(Cat::kActivations, rows * (c.vocab_size / in_.tp) * act);
+  a(rows * stat);  // losses
+  std::vector<Replay::Handle> ws;
+  ws.push_back(r_.Alloc(Cat::kWorkspace, rows * d * act));  // residual gradient
+  ws.push_back(r_.Alloc(Cat::kWorkspace, rows * d * act));
+  r_.Free(logits);
+  auto ln_scratch = [&] {
+    if (!in_.cuda) return;
+    Replay::Handle h = r_.Alloc(Cat::kWorkspace, 2 * d * 4);
+    r_.Free(h);
+  };
+  if (has_norm) {
+    Open(norm, true);
+    ln_scratch();
+    Close(norm, true);
+  }
+  ws.push_back(r_.Alloc(Cat::kWorkspace, rows * 4 * dl * act));
+  ws.push_back(r_.Alloc(Cat::kWorkspace, rows * 4 * dl * act));
+  for (int l = blocks - 1; l >= 0; --l) {
+    Open(1 + l, true);
+    if (!per_block) AttentionScratch(false);  // the recomputed forward
+    ln_scratch();
+    AttentionScratch(true);
+    ln_scratch();
+    Close(1 + l, true);
+  }
+  Close(0, true);
+  for (auto& h : acts) r_.Free(h);
+  for (auto& h : ws) r_.Free(h);
+}
+
+void StepModel::Step() {
+  r_.SetPhase(Replay::kStep);
+  if (in_.stage >= 2) {
+    Flush();
+  } else {
+    // As GradientReducer::Finish: all-reduce buckets of whole units; one unit needs no packing.
+    std::vector<int> bucket;
+    int64_t numel = 0;
+    auto reduce = [&] {
+      if (bucket.size() > 1) {
+        Replay::Handle h = r_.Alloc(Cat::kCommBuffers, numel * kRsize);
+        r_.Free(h);
+      }
+      bucket.clear();
+      numel = 0;
+    };
+    for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
+      bucket.push_back(u);
+      numel += units_[u].layout.padded_numel();
+      if (numel >= in_.reduce_bucket_size) reduce();
+    }
+    reduce();
+  }
+  Replay::Handle acc = r_.Alloc(Cat::kWorkspace, 8);  // the norm/overflow accumulator
+  r_.Free(acc);
+  for (int i = 0; i < 2; ++i) {  // the trainer's loss mean and stop flag
+    Replay::Handle h = r_.Alloc(Cat::kCommBuffers, 4);
+    r_.Free(h);
+  }
+}
+
+void StepModel::Run() {
+  const int blocks = static_cast<int>(units_.size()) - (in_.pp == 1 ? 2 : 1);
+  const int norm = blocks + 1;
+  for (int k = 0; k < in_.accumulation; ++k) {  // the order the first step records
+    order_.push_back(0);
+    for (int l = 0; l < blocks; ++l) order_.push_back(1 + l);
+    if (in_.pp == 1) order_.push_back(norm);
+    order_.push_back(0);
+    if (in_.pp == 1) order_.push_back(norm);
+    for (int l = blocks - 1; l >= 0; --l) order_.push_back(1 + l);
+  }
+  Init();
+  r_.ResetPeaks();  // the measured step starts here
+  position_ = 0;
+  for (int k = 0; k < in_.accumulation; ++k) MicroBatch();
+  Step();
+  out_.peaks = r_.Snapshot();
+  const auto& phases = r_.phase_peaks();
+  for (int t = 0; t < kNumMemoryTiers; ++t) {
+    out_.phase_forward[t] = phases[Replay::kForward][t];
+    out_.phase_backward[t] = phases[Replay::kBackward][t];
+    out_.phase_step[t] = phases[Replay::kStep][t];
+  }
+}
+
+}  // namespace
+
+Status MemoryModelInput::Validate() const {
+  ZR_RETURN_IF_ERROR(model.Validate());
+  auto positive = [](const char* what, int64_t v) -> Status {
+    if (v < 1) return absl::InvalidArgumentError(StrCat(what, " = ", v, ": must be >= 1"));
+    return absl::OkStatus();
+  };
+  ZR_RETURN_IF_ERROR(positive("micro-batch", micro_batch));
+  ZR_RETURN_IF_ERROR(positive("gradient accumulation", accumulation));
+  ZR_RETURN_IF_ERROR(positive("data-parallel size", dp));
+  ZR_RETURN_IF_ERROR(positive("tensor-parallel size", tp));
+  ZR_RETURN_IF_ERROR(positive("pipeline-parallel size", pp));
+  if (stage < 0 || stage > 3) return absl::InvalidArgumentError(StrCat("ZeRO stage ", stage));
+  if (model.n_head % tp != 0 || model.d_model % tp != 0 || model.vocab_size % tp != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("tensor-parallel size ", tp, " does not divide the heads (", model.n_head,
+               "), d_model (", model.d_model, ") and vocabulary (", model.vocab_size, ")"));
+  }
+  if (model.n_layer % pp != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("pipeline-parallel size ", pp, " does not divide the layers (", model.n_layer, ")"));
+  }
+  if (offload_optimizer != "none" && stage == 0) {
+    return absl::InvalidArgumentError("offload_optimizer needs ZeRO stage 1 or higher");
+  }
+  if (offload_param != "none" && stage != 3) {
+    return absl::InvalidArgumentError("offload_param needs ZeRO stage 3");
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<MemoryModelInput> MemoryModelInput::FromConfig(const RunConfig& config, int dp,
+                                                        bool cuda) {
+  RunConfig c = config;
+  ZR_RETURN_IF_ERROR(ResolveBatch(c, dp, StrCat("--world-size ", dp)));
+  MemoryModelInput in;
+  in.model = c.model.shape;
+  in.micro_batch = static_cast<int>(c.train_micro_batch_size_per_gpu);
+  in.accumulation = static_cast<int>(c.gradient_accumulation_steps);
+  in.dp = dp;
+  in.tp = c.parallel.tensor_parallel_size;
+  in.pp = c.parallel.pipeline_parallel_size;
+  in.stage = c.zero.stage;
+  in.compute = c.bf16 ? DType::kBF16 : DType::kF32;
+  in.optimizer_states = c.optimizer.type == "SGD" ? (c.optimizer.momentum != 0 ? 1 : 0) : 2;
+  in.activation_checkpointing = c.model.activation_checkpointing;
+  in.offload_optimizer = c.zero.offload_optimizer.device;
+  in.offload_param = c.zero.offload_param.device;
+  in.cuda = cuda;
+  in.reduce_bucket_size = c.zero.reduce_bucket_size;
+  in.stage3_prefetch_bucket_size = c.zero.stage3_prefetch_bucket_size;
+  in.stage3_max_live_parameters = c.zero.stage3_max_live_parameters;
+  in.stage3_param_persistence_threshold = c.zero.stage3_param_persistence_threshold;
+  return in;
+}
+
+StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& in) {
+  ZR_RETURN_IF_ERROR(in.Validate());
+  // The units of this rank: the runtime's own parameter list, split as tensor parallelism
+  // splits it, and the first pipeline stage's share of the blocks.
+  ZR_ASSIGN_OR_RETURN(std::vector<GptUnit> all, GptUnits(in.model, {}));
+  const int blocks = in.model.n_layer / in.pp;
+  std::vector<Unit> units;
+  MemoryEstimate out;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const bool block = i >= 1 && i <= static_cast<size_t>(in.model.n_layer);
+    if (block && static_cast<int>(i) > blocks) continue;
+    if (!block && i != 0 && in.pp > 1) continue;  // the final norm lives on the last stage
+    for (ParamSpec& p : all[i].params) {
+      if (p.tensor_split_dim >= 0 && in.tp > 1) p.shape[p.tensor_split_dim] /= in.tp;
+      out.parameters += p.numel();
+    }
+    ZR_ASSIGN_OR_RETURN(FlatLayout layout,
+                        FlatLayout::Create(all[i].params, in.stage == 0 ? 1 : in.dp));
+    units.push_back(Unit{std::move(layout)});
+  }
+  StepModel model(in, std::move(units), out);
+  model.Run();
+  return out;
+}
+
+double ZeroPaperModelStates(double params, int ranks, int stage, double k) {
+  const double n = ranks;
+  switch (stage) {
+    case 0:
+      return (2 + 2 + k) * params;
+    case 1:
+      return 2 * params + 2 * params + k * params / n;
+    case 2:
+      return 2 * params + (2 + k) * params / n;
+    default:
+      return (2 + 2 + k) * params / n;
+  }
+}
+
+}  // namespace zerort

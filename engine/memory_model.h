@@ -1,0 +1,87 @@
+// MemoryModel: the bytes a training step of the GPT model takes, per rank, per tier and per
+// category, predicted by replaying the runtime's allocations in program order into a
+// MemoryTracker (the class that accounts the real run), so peaks mean the same thing in both.
+//
+// The replay is built from the same code the runtime runs: FlatLayout for every unit (padding,
+// shard sizes), GptUnits for the parameter list, the ShardManager's gather/prefetch budgets and
+// bucketing rules, and the GPT model's activation set (layers/README.md). What it replays, in
+// order (steady state, i.e. the second step, when prefetch follows the recorded order):
+//   init:     per unit master, moments, gradient shard, compute copy or shard, full gradient
+//             (stages 0-1), gathered buffer of persistent stage-3 units; CUDA: cuBLASLt workspace
+//   per micro-batch: token buffers, per-block activation sets (one with checkpointing), block
+//             outputs, gathers and releases with prefetch (stage 3), logits, the backward scratch,
+//             full gradients and reduce-scatter buckets (stages 2-3), CUDA attention scratch
+//   step:     all-reduce buckets (stages 0-1), the norm accumulator
+// Offload and tensor/pipeline parallel sizes are inputs already: offload moves the master and
+// moments (offload_optimizer) or the compute shard (offload_param) to the pinned-host or NVMe tier;
+// tensor parallelism divides the split dimensions of the weights and the per-head activations;
+// pipeline parallelism keeps L / pp blocks per rank and multiplies the activation sets by the
+// micro-batches in flight (pp for the first stage under 1F1B).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "runtime/dtype.h"
+#include "runtime/memory.h"
+
+namespace zerort {
+
+struct MemoryModelInput {
+  GptConfig model;
+  int micro_batch = 1;
+  int accumulation = 1;
+  int dp = 1;              // data-parallel ranks
+  int tp = 1;              // tensor-parallel size
+  int pp = 1;              // pipeline-parallel size
+  int ranks_per_node = 1;  // for the per-node host column
+  int stage = 0;
+  DType compute = DType::kF32;
+  int optimizer_states = 2;  // fp32 moments per parameter: Adam 2, SGD with momentum 1, SGD 0
+  bool activation_checkpointing = false;
+  std::string offload_optimizer = "none";  // none | cpu | nvme
+  std::string offload_param = "none";      // none | cpu | nvme (stage 3)
+  bool cuda = false;  // CUDA kernels keep a cuBLASLt workspace and attention scratch
+  int64_t reduce_bucket_size = 500'000'000;
+  int64_t stage3_prefetch_bucket_size = 50'000'000;
+  int64_t stage3_max_live_parameters = 1'000'000'000;
+  int64_t stage3_param_persistence_threshold = 100'000;
+
+  // From a run config at a given data-parallel size (the batch triple resolved there).
+  static StatusOr<MemoryModelInput> FromConfig(const RunConfig& config, int dp, bool cuda);
+  Status Validate() const;
+};
+
+// One term of the estimate, for --explain.
+struct MemoryTerm {
+  MemoryTier tier;
+  MemoryCategory category;
+  std::string what;     // "master shards (fp32)"
+  std::string formula;  // "sum over units of shard_numel x 4 B"
+  int64_t bytes = 0;    // the term's size (per occurrence)
+};
+
+struct MemoryEstimate {
+  MemorySnapshot peaks;  // current = 0 after the step; peaks per tier x category
+  std::array<int64_t, kNumMemoryTiers> phase_forward{}, phase_backward{}, phase_step{};
+  std::vector<MemoryTerm> terms;
+  int64_t parameters = 0;  // model parameters on this rank (after tp/pp split)
+
+  int64_t Peak(MemoryTier tier, MemoryCategory category) const {
+    return peaks.Get(tier, category).peak;
+  }
+  int64_t PeakTotal(MemoryTier tier) const { return peaks.in_use[static_cast<int>(tier)].peak; }
+};
+
+StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& input);
+
+// The ZeRO paper's model-state accounting (Rajbhandari et al. 2020, section 5): Psi parameters,
+// mixed precision with K bytes of optimizer state per parameter (12 for Adam), N ranks:
+// stage 0: (2 + 2 + K) Psi; 1: 2 Psi + 2 Psi + K Psi / N; 2: 2 Psi + (2 + K) Psi / N;
+// 3: (2 + 2 + K) Psi / N. Bytes per rank.
+double ZeroPaperModelStates(double params, int ranks, int stage, double k = 12);
+
+}  // namespace zerort

@@ -1,0 +1,161 @@
+// The memory model against measured runs: for a grid of configurations (ZeRO stages 0-3, world
+// sizes 1, 2 and 4, activation checkpointing off and on; fp32 on the CPU) the second training step
+// is measured by the runtime's own tracker on rank 0, and every category of 1 MiB or more, and
+// the total, must be within 5% of the estimate. Also the ZeRO paper's model-state example and
+// input validation.
+#include "engine/memory_model.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "engine/token_file.h"
+#include "engine/trainer.h"
+#include "runtime/loopback_communicator.h"
+#include "runtime/strings.h"
+
+namespace zerort {
+namespace {
+
+// A small token file shared by the grid (the built-in corpus would be generated per rank).
+const std::string& GridTokens() {
+  static const std::string path = [] {
+    const std::string p = ::testing::TempDir() + "/memory_grid_tokens.bin";
+    std::vector<int32_t> tokens(20000);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7919) % 251);
+    ZR_CHECK_OK(WriteTokenFile(p, tokens, 256));
+    return p;
+  }();
+  return path;
+}
+
+RunConfig GridConfig(int stage, int world, bool checkpointing) {
+  RunConfig c = *ParseRunConfig(nlohmann::json::parse(R"({
+    "train_batch_size": 8,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+    "model": {"n_layer": 3, "n_head": 4, "d_model": 128, "seq_len": 64, "vocab_size": 256},
+    "data": {"validation_fraction": 0.0},
+    "train": {"steps": 2, "sample_tokens": 0, "device": "cpu"},
+    "zero_optimization": {"stage3_param_persistence_threshold": 20000,
+                          "stage3_prefetch_bucket_size": 250000}
+  })"),
+                                "grid");
+  c.zero.stage = stage;
+  c.data.path = GridTokens();
+  c.train_micro_batch_size_per_gpu = 8 / world / 2;  // two micro-batches per step
+  c.model.activation_checkpointing = checkpointing;
+  return c;
+}
+
+struct Params {
+  int stage, world;
+  bool checkpointing;
+};
+
+class MemoryGridTest : public ::testing::TestWithParam<Params> {};
+
+TEST_P(MemoryGridTest, EstimateMatchesTheMeasuredStep) {
+  const Params p = GetParam();
+  const RunConfig c = GridConfig(p.stage, p.world, p.checkpointing);
+  MemorySnapshot measured;
+  CommOptions options;
+  options.timeout = std::chrono::seconds(120);
+  std::FILE* sink = std::fopen("/dev/null", "w");
+  const Status status = RunLoopbackRanks(p.world, options, nullptr, [&](Communicator& comm) {
+    ZR_ASSIGN_OR_RETURN(TrainResult r, Train(c, {.dp = &comm, .dp_source = "test", .out = sink}));
+    if (comm.rank() == 0) measured = r.last_step_memory;
+    return absl::OkStatus();
+  });
+  std::fclose(sink);
+  ASSERT_TRUE(status.ok()) << status;
+  const MemoryModelInput in = *MemoryModelInput::FromConfig(c, p.world, false);
+  const MemoryEstimate est = *EstimateMemory(in);
+  int compared = 0;
+  for (int k = 0; k < kNumMemoryCategories; ++k) {
+    const auto cat = static_cast<MemoryCategory>(k);
+    const int64_t got = measured.Get(MemoryTier::kDevice, cat).peak;
+    const int64_t want = est.Peak(MemoryTier::kDevice, cat);
+    if (std::max(got, want) < (int64_t{1} << 20)) continue;
+    ++compared;
+    EXPECT_NEAR(static_cast<double>(want), static_cast<double>(got), 0.05 * got)
+        << MemoryCategoryName(cat) << ": estimate " << want << ", measured " << got;
+  }
+  const int64_t total = measured.in_use[0].peak;
+  EXPECT_NEAR(static_cast<double>(est.PeakTotal(MemoryTier::kDevice)), static_cast<double>(total),
+              0.05 * total);
+  EXPECT_GE(compared, 3);
+  if (std::getenv("ZR_PRINT_MEMORY") != nullptr) {
+    for (int k = 0; k < kNumMemoryCategories; ++k) {
+      const auto cat = static_cast<MemoryCategory>(k);
+      std::printf("%-18s measured %10lld estimate %10lld\n",
+                  std::string(MemoryCategoryName(cat)).c_str(),
+                  static_cast<long long>(measured.Get(MemoryTier::kDevice, cat).peak),
+                  static_cast<long long>(est.Peak(MemoryTier::kDevice, cat)));
+    }
+    std::printf("%-18s measured %10lld estimate %10lld\n", "total",
+                static_cast<long long>(total),
+                static_cast<long long>(est.PeakTotal(MemoryTier::kDevice)));
+  }
+}
+
+std::vector<Params> Grid() {
+  std::vector<Params> out;
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (int world : {1, 2, 4}) {
+      for (bool ckpt : {false, true}) out.push_back({stage, world, ckpt});
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, MemoryGridTest, ::testing::ValuesIn(Grid()),
+                         [](const ::testing::TestParamInfo<Params>& info) {
+                           return zerort::StrCat("stage", info.param.stage, "_world", info.param.world,
+                                         info.param.checkpointing ? "_ckpt" : "");
+                         });
+
+// Rajbhandari et al. 2020, figure 1: 7.5B parameters, N = 64, K = 12.
+TEST(MemoryModelTest, ZeroPaperModelStates) {
+  const double psi = 7.5e9;
+  EXPECT_NEAR(ZeroPaperModelStates(psi, 64, 0) / 1e9, 120.0, 0.05);
+  EXPECT_NEAR(ZeroPaperModelStates(psi, 64, 1) / 1e9, 31.4, 0.05);
+  EXPECT_NEAR(ZeroPaperModelStates(psi, 64, 2) / 1e9, 16.6, 0.05);
+  EXPECT_NEAR(ZeroPaperModelStates(psi, 64, 3) / 1e9, 1.9, 0.05);
+}
+
+TEST(MemoryModelTest, ShardingDividesModelStates) {
+  MemoryModelInput in;
+  in.model = *GptPreset("gpt2");
+  in.micro_batch = 4;
+  for (int stage = 0; stage <= 3; ++stage) {
+    in.stage = stage;
+    in.dp = 8;
+    const MemoryEstimate e = *EstimateMemory(in);
+    const int64_t optim = e.Peak(MemoryTier::kDevice, MemoryCategory::kOptimizerState);
+    const double full = 2.0 * 4 * in.model.NumParameters();
+    EXPECT_NEAR(optim, stage == 0 ? full : full / 8, 0.01 * full) << "stage " << stage;
+  }
+  in.offload_optimizer = "cpu";
+  const MemoryEstimate e = *EstimateMemory(in);
+  EXPECT_EQ(e.Peak(MemoryTier::kDevice, MemoryCategory::kOptimizerState), 0);
+  EXPECT_GT(e.Peak(MemoryTier::kPinnedHost, MemoryCategory::kOptimizerState), 0);
+}
+
+TEST(MemoryModelTest, InvalidInputIsRefused) {
+  MemoryModelInput in;
+  in.model = *GptPreset("gpt2");
+  in.dp = 0;
+  EXPECT_NE(EstimateMemory(in).status().message().find("data-parallel size = 0"),
+            std::string::npos);
+  in.dp = 1;
+  in.tp = 5;
+  EXPECT_NE(EstimateMemory(in).status().message().find("does not divide"), std::string::npos);
+  in.tp = 1;
+  in.model.n_head = 7;
+  EXPECT_NE(EstimateMemory(in).status().message().find("does not divide"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace zerort

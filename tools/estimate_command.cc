@@ -1,0 +1,354 @@
+// zerort estimate: the memory model as a command. Three ways in: a run config (the estimate for
+// that config, and --measure to prove it against a real step), a model shape and a GPU count (a
+// table of layouts: ZeRO stage x offload x activation checkpointing), or a cold parameter count
+// (the ZeRO paper's model-state accounting, as DeepSpeed's estimators do).
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+#include "engine/config.h"
+#include "engine/memory_model.h"
+#include "engine/trainer.h"
+#include "runtime/exit_codes.h"
+#include "runtime/log.h"
+#include "runtime/loopback_communicator.h"
+#include "runtime/strings.h"
+#include "tools/commands.h"
+
+namespace zerort::cli {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string Gib(double bytes) { return fmt::format("{:.2f}", bytes / kGiB); }
+std::string Mib(double bytes) { return fmt::format("{:.1f}", bytes / 1048576.0); }
+
+int Usage(const std::string& message) {
+  Logger()->error("estimate: {}", message);
+  return kExitUsage;
+}
+
+struct Row {
+  int stage;
+  std::string offload;  // none | cpu | nvme (optimizer; and parameters at stage 3)
+  bool checkpointing;
+  MemoryEstimate estimate;
+  double device = 0, host_node = 0, nvme = 0;
+};
+
+// Expected speed order, fastest first, and the reason: offload moves every step's optimizer work
+// over PCIe (NVMe slower still); checkpointing recomputes the forward (about a third more
+// compute); higher stages add collectives (stage 3 gathers every unit twice per step).
+std::pair<int, std::string> SpeedRank(const Row& r) {
+  const int offload = r.offload == "none" ? 0 : r.offload == "cpu" ? 1 : 2;
+  const int rank = offload * 100 + (r.checkpointing ? 10 : 0) + r.stage;
+  std::string why = r.offload == "none"  ? "no offload traffic"
+                    : r.offload == "cpu" ? "optimizer state over PCIe every step"
+                                         : "optimizer state through NVMe every step";
+  why += r.checkpointing ? ", forward recomputed (~1.33x compute)" : ", no recomputation";
+  static const char* kStage[] = {", no sharding collectives", ", reduce-scatter only",
+                                 ", reduce-scatter only", ", gathers each unit twice per step"};
+  why += kStage[r.stage];
+  return {rank, why};
+}
+
+std::vector<Row> Table(MemoryModelInput base, int ranks_per_node) {
+  std::vector<Row> rows;
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (const char* offload : {"none", "cpu", "nvme"}) {
+      for (bool ckpt : {false, true}) {
+        MemoryModelInput in = base;
+        in.stage = stage;
+        in.offload_optimizer = offload;
+        in.offload_param = stage == 3 ? offload : "none";
+        in.activation_checkpointing = ckpt;
+        StatusOr<MemoryEstimate> e = EstimateMemory(in);
+        if (!e.ok()) continue;
+        Row r{stage, offload, ckpt, *e};
+        r.device = static_cast<double>(e->PeakTotal(MemoryTier::kDevice));
+        r.host_node = static_cast<double>(e->PeakTotal(MemoryTier::kPinnedHost) +
+                                          e->PeakTotal(MemoryTier::kHost)) *
+                      ranks_per_node;
+        r.nvme = static_cast<double>(e->PeakTotal(MemoryTier::kNvme)) * ranks_per_node;
+        rows.push_back(std::move(r));
+      }
+    }
+  }
+  return rows;
+}
+
+const char* kCaveats =
+    "Not modelled: the CUDA context and cuBLAS/NCCL internal buffers (typically 0.5-1 GiB per "
+    "GPU), allocator fragmentation (reserved minus in-use), pinned staging buffers of offload (the "
+    "runtime has no offload yet; offload rows place the buffers on their tier), host memory of "
+    "data loading and checkpointing, and pipeline schedules other than 1F1B.";
+
+void PrintCategories(const MemoryEstimate& e, const MemorySnapshot* measured) {
+  std::printf("  %-10s %-18s %12s", "tier", "category", "estimate MiB");
+  if (measured != nullptr) std::printf(" %12s %8s", "measured MiB", "error");
+  std::printf("\n");
+  for (int t = 0; t < kNumMemoryTiers; ++t) {
+    for (int k = 0; k < kNumMemoryCategories; ++k) {
+      const auto tier = static_cast<MemoryTier>(t);
+      const auto cat = static_cast<MemoryCategory>(k);
+      const int64_t est = e.Peak(tier, cat);
+      const int64_t got = measured != nullptr ? measured->Get(tier, cat).peak : 0;
+      if (est == 0 && got == 0) continue;
+      std::printf("  %-10s %-18s %12s", std::string(MemoryTierName(tier)).c_str(),
+                  std::string(MemoryCategoryName(cat)).c_str(), Mib(est).c_str());
+      if (measured != nullptr) {
+        std::printf(" %12s %7.2f%%", Mib(got).c_str(),
+                    got > 0 ? 100.0 * (static_cast<double>(est) - got) / got : 0.0);
+      }
+      std::printf("\n");
+    }
+    const int64_t est = e.PeakTotal(static_cast<MemoryTier>(t));
+    const int64_t got = measured != nullptr ? measured->in_use[t].peak : 0;
+    if (est == 0 && got == 0) continue;
+    std::printf("  %-10s %-18s %12s",
+                std::string(MemoryTierName(static_cast<MemoryTier>(t))).c_str(), "TOTAL (peak)",
+                Mib(est).c_str());
+    if (measured != nullptr) {
+      std::printf(" %12s %7.2f%%", Mib(got).c_str(),
+                  got > 0 ? 100.0 * (static_cast<double>(est) - got) / got : 0.0);
+    }
+    std::printf("\n");
+  }
+  std::printf("  phases (device): forward %s MiB, backward %s MiB, optimizer step %s MiB\n",
+              Mib(e.phase_forward[0]).c_str(), Mib(e.phase_backward[0]).c_str(),
+              Mib(e.phase_step[0]).c_str());
+}
+
+nlohmann::json EstimateJson(const MemoryEstimate& e) {
+  nlohmann::json tiers = nlohmann::json::object();
+  for (int t = 0; t < kNumMemoryTiers; ++t) {
+    nlohmann::json cats = nlohmann::json::object();
+    for (int k = 0; k < kNumMemoryCategories; ++k) {
+      cats[std::string(MemoryCategoryName(static_cast<MemoryCategory>(k)))] =
+          e.Peak(static_cast<MemoryTier>(t), static_cast<MemoryCategory>(k));
+    }
+    tiers[std::string(MemoryTierName(static_cast<MemoryTier>(t)))] = {
+        {"categories", cats}, {"total", e.PeakTotal(static_cast<MemoryTier>(t))}};
+  }
+  return {{"tiers", tiers},
+          {"parameters", e.parameters},
+          {"phases_device",
+           {{"forward", e.phase_forward[0]},
+            {"backward", e.phase_backward[0]},
+            {"step", e.phase_step[0]}}}};
+}
+
+void Explain(const MemoryEstimate& e) {
+  std::printf("terms:\n");
+  for (const MemoryTerm& t : e.terms) {
+    std::printf("  [%s/%s] %s = %s: %s MiB\n", std::string(MemoryTierName(t.tier)).c_str(),
+                std::string(MemoryCategoryName(t.category)).c_str(), t.what.c_str(),
+                t.formula.c_str(), Mib(t.bytes).c_str());
+  }
+}
+
+StatusOr<double> ParseFit(const std::string& text) {
+  StatusOr<size_t> bytes = ParseBytes(text);
+  if (!bytes.ok()) return bytes.status();
+  return static_cast<double>(*bytes);
+}
+
+int RunFromConfig(const EstimateOptions& o) {
+  StatusOr<RunConfig> config = LoadRunConfig(o.config);
+  if (!config.ok()) return Usage(std::string(config.status().message()));
+  const bool cuda = o.device == "cuda" || (o.device.empty() && config->train.device == "cuda");
+  StatusOr<MemoryModelInput> in = MemoryModelInput::FromConfig(*config, o.world_size, cuda);
+  if (!in.ok()) return Usage(std::string(in.status().message()));
+  StatusOr<MemoryEstimate> e = EstimateMemory(*in);
+  if (!e.ok()) return Usage(std::string(e.status().message()));
+  MemorySnapshot measured;
+  if (o.measure) {
+    if (cuda && CudaDeviceCount() == 0) return Usage("--measure on cuda: no GPU is present");
+    RunConfig run = *config;
+    run.train.steps = 2;  // the second step follows the recorded order, as the model does
+    run.train.sample_tokens = 0;
+    run.train.device = cuda ? "cuda" : "cpu";
+    run.data.validation_fraction = 0.0;
+    run.checkpoint.dir.clear();
+    run.logging.metrics_file.clear();
+    std::FILE* sink = std::fopen("/dev/null", "w");
+    CommOptions options;
+    options.timeout = std::chrono::seconds(600);
+    const Status status =
+        RunLoopbackRanks(o.world_size, options, nullptr, [&](Communicator& comm) -> Status {
+          ZR_ASSIGN_OR_RETURN(TrainResult r,
+                              Train(run, {.dp = &comm, .dp_source = "--world-size", .out = sink}));
+          if (comm.rank() == 0) measured = r.last_step_memory;
+          return absl::OkStatus();
+        });
+    std::fclose(sink);
+    if (!status.ok()) {
+      Logger()->error("estimate --measure: {}", status.message());
+      return kExitRuntimeFailure;
+    }
+  }
+  if (o.json) {
+    nlohmann::json j = EstimateJson(*e);
+    j["config"] = o.config;
+    j["world_size"] = o.world_size;
+    if (o.measure) {
+      nlohmann::json m = nlohmann::json::object();
+      for (int k = 0; k < kNumMemoryCategories; ++k) {
+        m[std::string(MemoryCategoryName(static_cast<MemoryCategory>(k)))] =
+            measured.Get(MemoryTier::kDevice, static_cast<MemoryCategory>(k)).peak;
+      }
+      j["measured_device"] = {{"categories", m}, {"total", measured.in_use[0].peak}};
+    }
+    std::printf("%s\n", j.dump().c_str());
+    return kExitOk;
+  }
+  std::printf("zerort estimate: %s at data-parallel size %d on %s (per rank, steady-state step)\n",
+              o.config.c_str(), o.world_size, cuda ? "cuda" : "cpu");
+  std::printf(
+      "  %lld parameters on this rank, ZeRO-%d, %s, micro-batch %d x %d, %d micro-batches"
+      "%s\n",
+      static_cast<long long>(e->parameters), in->stage, std::string(DTypeName(in->compute)).c_str(),
+      in->micro_batch, in->model.seq_len, in->accumulation,
+      in->activation_checkpointing ? ", activation checkpointing" : "");
+  PrintCategories(*e, o.measure ? &measured : nullptr);
+  if (o.explain) Explain(*e);
+  std::printf("%s\n", kCaveats);
+  return kExitOk;
+}
+
+}  // namespace
+
+int RunEstimate(const EstimateOptions& o) {
+  if (o.world_size < 1) return Usage(StrCat("--world-size ", o.world_size, ": must be >= 1"));
+  if (!o.config.empty()) return RunFromConfig(o);
+  if (o.measure) return Usage("--measure needs a run config (zerort estimate run.json --measure)");
+  const int gpus = o.gpus * o.nodes;
+  if (o.gpus < 1 || o.nodes < 1) {
+    return Usage(StrCat("--gpus ", o.gpus, " --nodes ", o.nodes, ": both must be >= 1"));
+  }
+  std::optional<double> fit;
+  if (!o.fit.empty()) {
+    StatusOr<double> f = ParseFit(o.fit);
+    if (!f.ok()) return Usage(StrCat("--fit ", o.fit, ": ", f.status().message()));
+    fit = *f;
+  }
+  if (o.params > 0) {  // cold mode: model states only, as DeepSpeed's estimators
+    if (o.largest_layer_params <= 0 || o.largest_layer_params > o.params) {
+      return Usage("--largest-layer-params must be in (0, --params]");
+    }
+    nlohmann::json rows = nlohmann::json::array();
+    if (!o.json) {
+      std::printf(
+          "zerort estimate: %.3g parameters, largest layer %.3g, %d GPUs (model states "
+          "only: mixed precision, Adam, K = 12)\n",
+          o.params, o.largest_layer_params, gpus);
+      std::printf("  %-6s %-16s %-14s\n", "stage", "per GPU GiB", "ZeRO-3 gather");
+    }
+    for (int stage = 0; stage <= 3; ++stage) {
+      const double states = ZeroPaperModelStates(o.params, gpus, stage);
+      // Stage 3 also holds the largest layer gathered in 16 bits, plus its prefetched successor.
+      const double gather = stage == 3 ? 2 * 2 * o.largest_layer_params : 0;
+      rows.push_back({{"stage", stage}, {"device_bytes", states + gather}});
+      if (!o.json) {
+        std::printf("  %-6d %-16s %-14s\n", stage, Gib(states + gather).c_str(),
+                    stage == 3 ? Gib(gather).c_str() : "-");
+      }
+    }
+    if (o.json) {
+      std::printf(
+          "%s\n",
+          nlohmann::json{{"params", o.params}, {"gpus", gpus}, {"rows", rows}}.dump().c_str());
+    } else {
+      std::printf(
+          "Activations, buffers and workspace need the shape: use --model or a run "
+          "config.\n%s\n",
+          kCaveats);
+    }
+    return kExitOk;
+  }
+  MemoryModelInput base;
+  if (!o.model.empty()) {
+    StatusOr<GptConfig> preset = GptPreset(o.model);
+    if (!preset.ok()) return Usage(std::string(preset.status().message()));
+    base.model = *preset;
+  } else if (o.layers > 0) {
+    base.model = GptConfig{o.layers, o.heads, o.hidden, base.model.seq_len, o.vocab};
+    base.model.seq_len = 1024;
+  } else {
+    return Usage(
+        "give a run config, --model NAME, --layers/--hidden/--heads/--vocab, or "
+        "--params/--largest-layer-params");
+  }
+  if (o.seq_len > 0) base.model.seq_len = o.seq_len;
+  const Status valid = base.model.Validate();
+  if (!valid.ok()) return Usage(std::string(valid.message()));
+  base.micro_batch = o.micro_batch;
+  base.dp = gpus;
+  base.ranks_per_node = o.gpus;
+  base.compute = DType::kBF16;
+  base.cuda = true;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<Row> rows = Table(base, o.gpus);
+  if (rows.empty()) {
+    return Usage(std::string(EstimateMemory(base).status().message()));
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (fit) {
+    std::vector<Row> fitting;
+    for (const Row& r : rows) {
+      if (r.device <= *fit) fitting.push_back(r);
+    }
+    std::sort(fitting.begin(), fitting.end(),
+              [](const Row& a, const Row& b) { return SpeedRank(a).first < SpeedRank(b).first; });
+    rows = std::move(fitting);
+  }
+  if (o.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const Row& r : rows) {
+      nlohmann::json j = EstimateJson(r.estimate);
+      j["stage"] = r.stage;
+      j["offload"] = r.offload;
+      j["activation_checkpointing"] = r.checkpointing;
+      j["device_bytes"] = r.device;
+      j["host_bytes_per_node"] = r.host_node;
+      j["nvme_bytes_per_node"] = r.nvme;
+      if (fit) j["why"] = SpeedRank(r).second;
+      out.push_back(j);
+    }
+    std::printf("%s\n",
+                nlohmann::json{{"model", base.model.NumParameters()}, {"gpus", gpus}, {"rows", out}}
+                    .dump()
+                    .c_str());
+    return kExitOk;
+  }
+  std::printf(
+      "zerort estimate: %s (%.1fM parameters, %d layers, d %d, %d heads, seq %d), %d GPU(s) "
+      "on %d node(s), micro-batch %d, bf16, AdamW; per GPU, steady-state step\n",
+      o.model.empty() ? "custom shape" : o.model.c_str(), base.model.NumParameters() / 1e6,
+      base.model.n_layer, base.model.d_model, base.model.n_head, base.model.seq_len, gpus, o.nodes,
+      o.micro_batch);
+  if (fit) {
+    std::printf("layouts that fit in %s GiB per GPU, expected fastest first:\n", Gib(*fit).c_str());
+  }
+  std::printf("  %-5s %-7s %-5s %10s %10s %10s %10s %10s %12s %10s%s\n", "stage", "offload", "ckpt",
+              "GPU GiB", "params", "grads", "optim", "activ.", "host/node", "NVMe/node",
+              fit ? "  why" : "");
+  for (const Row& r : rows) {
+    const MemoryEstimate& e = r.estimate;
+    auto dev = [&](MemoryCategory c) { return Gib(e.Peak(MemoryTier::kDevice, c)); };
+    std::printf("  %-5d %-7s %-5s %10s %10s %10s %10s %10s %12s %10s%s%s\n", r.stage,
+                r.offload.c_str(), r.checkpointing ? "on" : "off", Gib(r.device).c_str(),
+                dev(MemoryCategory::kParameters).c_str(), dev(MemoryCategory::kGradients).c_str(),
+                dev(MemoryCategory::kOptimizerState).c_str(),
+                dev(MemoryCategory::kActivations).c_str(), Gib(r.host_node).c_str(),
+                Gib(r.nvme).c_str(), fit ? "  " : "", fit ? SpeedRank(r).second.c_str() : "");
+  }
+  if (fit && rows.empty()) std::printf("  (none: more GPUs, a smaller micro-batch or seq-len)\n");
+  if (o.explain && !rows.empty()) Explain(rows.front().estimate);
+  std::printf("(%zu layouts estimated in %.3f s)\n%s\n", rows.size(), seconds, kCaveats);
+  return kExitOk;
+}
+
+}  // namespace zerort::cli
