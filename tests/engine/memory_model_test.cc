@@ -94,8 +94,7 @@ TEST_P(MemoryGridTest, EstimateMatchesTheMeasuredStep) {
                   static_cast<long long>(measured.Get(MemoryTier::kDevice, cat).peak),
                   static_cast<long long>(est.Peak(MemoryTier::kDevice, cat)));
     }
-    std::printf("%-18s measured %10lld estimate %10lld\n", "total",
-                static_cast<long long>(total),
+    std::printf("%-18s measured %10lld estimate %10lld\n", "total", static_cast<long long>(total),
                 static_cast<long long>(est.PeakTotal(MemoryTier::kDevice)));
   }
 }
@@ -112,8 +111,9 @@ std::vector<Params> Grid() {
 
 INSTANTIATE_TEST_SUITE_P(Grid, MemoryGridTest, ::testing::ValuesIn(Grid()),
                          [](const ::testing::TestParamInfo<Params>& info) {
-                           return zerort::StrCat("stage", info.param.stage, "_world", info.param.world,
-                                         info.param.checkpointing ? "_ckpt" : "");
+                           return zerort::StrCat("stage", info.param.stage, "_world",
+                                                 info.param.world,
+                                                 info.param.checkpointing ? "_ckpt" : "");
                          });
 
 // Rajbhandari et al. 2020, figure 1: 7.5B parameters, N = 64, K = 12.

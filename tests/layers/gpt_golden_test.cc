@@ -70,8 +70,8 @@ TEST(GptGoldenTest, LossLogitsAndGradientsMatchPyTorch) {
   auto kernels = MakeCpuModelKernels(CpuPrecision::kFloat);
   MemoryTracker tracker;
   auto allocator = MakeCpuCachingAllocator(&tracker);
-  auto model = *GptModel::Create({.config = g.config, .micro_batch = g.batch}, store, *kernels,
-                                 *allocator);
+  auto model =
+      *GptModel::Create({.config = g.config, .micro_batch = g.batch}, store, *kernels, *allocator);
   ASSERT_EQ(store.names().size(), g.params.size());
   store.Initialize(FromGolden(g), 0);
   const int seq = g.config.seq_len, vocab = g.config.vocab_size;
@@ -109,13 +109,12 @@ TEST(GptGoldenTest, ShardedZero3MatchesPyTorch) {
     ShardManagerOptions o;
     o.stage = ZeroStage::k3;
     o.stage3_param_persistence_threshold = 0;
-    ZR_ASSIGN_OR_RETURN(auto manager,
-                        ShardManager::Create(o, {.dp = &comm, .device_allocator = allocator.get()}));
+    ZR_ASSIGN_OR_RETURN(
+        auto manager, ShardManager::Create(o, {.dp = &comm, .device_allocator = allocator.get()}));
     auto store = MakeShardManagerStore(*manager);
     auto kernels = MakeCpuModelKernels(CpuPrecision::kFloat);
-    ZR_ASSIGN_OR_RETURN(auto model,
-                        GptModel::Create({.config = g.config, .micro_batch = 1}, *store, *kernels,
-                                         *allocator));
+    ZR_ASSIGN_OR_RETURN(auto model, GptModel::Create({.config = g.config, .micro_batch = 1}, *store,
+                                                     *kernels, *allocator));
     ZR_RETURN_IF_ERROR(manager->Initialize(FromGolden(g)));
     const int r = comm.rank();
     const std::span<const int32_t> tokens(g.tokens.data() + r * seq, seq);
