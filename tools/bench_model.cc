@@ -7,10 +7,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <random>
 #include <vector>
 
+#include "engine/config.h"
 #include "kernels/blas.h"
 #include "kernels/model_kernels.h"
 #include "layers/gpt_model.h"
@@ -32,48 +32,18 @@ struct BenchModelConfig {
   ZeroStage stage = ZeroStage::k0;
 };
 
-// The keys bench reads from a run config: model (a preset name in "preset", or the five shape
-// keys), train_micro_batch_size_per_gpu, bf16.enabled, zero_optimization.stage and
-// activation_checkpointing.enabled. The full schema and its validation are `zerort train`'s.
+// A run config, read and validated as `zerort train` reads it; bench uses the model, the
+// micro-batch (1 when unset), bf16, the ZeRO stage and activation checkpointing.
 StatusOr<BenchModelConfig> LoadBenchConfig(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(StrCat(path, ": cannot be read"));
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(StrCat(path, ": not JSON: ", e.what()));
-  }
+  ZR_ASSIGN_OR_RETURN(RunConfig run, LoadRunConfig(path));
   BenchModelConfig c;
-  try {
-    const nlohmann::json& m = j.at("model");
-    if (m.contains("preset")) {
-      ZR_ASSIGN_OR_RETURN(c.model, GptPreset(m.at("preset").get<std::string>()));
-    }
-    auto get = [&](const char* key, int& out) {
-      if (m.contains(key)) out = m.at(key).get<int>();
-    };
-    get("n_layer", c.model.n_layer);
-    get("n_head", c.model.n_head);
-    get("d_model", c.model.d_model);
-    get("seq_len", c.model.seq_len);
-    get("vocab_size", c.model.vocab_size);
-    c.micro_batch = j.value("train_micro_batch_size_per_gpu", 1);
-    if (j.contains("bf16")) c.bf16 = j.at("bf16").value("enabled", false);
-    if (j.contains("zero_optimization")) {
-      c.stage = static_cast<ZeroStage>(j.at("zero_optimization").value("stage", 0));
-    }
-    if (j.contains("activation_checkpointing")) {
-      c.checkpointing = j.at("activation_checkpointing").value("enabled", false);
-    }
-  } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(StrCat(path, ": ", e.what()));
-  }
-  ZR_RETURN_IF_ERROR(Annotate(c.model.Validate(), path));
-  if (c.micro_batch < 1) {
-    return absl::InvalidArgumentError(
-        StrCat(path, ": train_micro_batch_size_per_gpu = ", c.micro_batch, ": must be >= 1"));
-  }
+  c.model = run.model.shape;
+  c.micro_batch = run.train_micro_batch_size_per_gpu > 0
+                      ? static_cast<int>(run.train_micro_batch_size_per_gpu)
+                      : 1;
+  c.bf16 = run.bf16;
+  c.checkpointing = run.model.activation_checkpointing;
+  c.stage = static_cast<ZeroStage>(run.zero.stage);
   return c;
 }
 
