@@ -308,8 +308,9 @@ StatusOr<TrainResult> Run::Loop() {
     const double lr = LearningRate(c_.optimizer, c_.scheduler, step);
     double loss_sum = 0;
     for (int k = 0; k < accumulation; ++k) {
-      const int64_t first =
-          step * global + int64_t{dp().rank()} * m * accumulation + int64_t{k} * m;
+      // The data position is the global count of sequences consumed, which a checkpoint keeps:
+      // a resumed run continues from it even with another global batch size.
+      const int64_t first = consumed + int64_t{dp().rank()} * m * accumulation + int64_t{k} * m;
       for (int b = 0; b < m; ++b) {
         data_->TrainSequence(first + b, std::span(in).subspan(b * seq, seq),
                              std::span(out).subspan(b * seq, seq));
