@@ -156,11 +156,6 @@ Status Run::Setup() {
     return absl::InvalidArgumentError(
         "fp16.enabled: the GPT model's kernels compute in fp32 or bf16; use bf16.enabled");
   }
-  if (!cuda_ && compute != DType::kF32) {
-    return absl::InvalidArgumentError(
-        "bf16.enabled on the CPU: the CPU kernels compute in fp32; set bf16.enabled false or "
-        "train.device \"cuda\"");
-  }
   if (cuda_) {
     device_ = Device::Cuda(ctx_.local_rank % CudaDeviceCount());
     ZR_RETURN_IF_ERROR(SetCurrentDevice(device_));
@@ -176,7 +171,8 @@ Status Run::Setup() {
     ZR_ASSIGN_OR_RETURN(kernels_, MakeCudaModelKernels(compute, DType::kF32,
                                                        manager_->compute_stream(), *allocator_));
   } else {
-    kernels_ = MakeCpuModelKernels(CpuPrecision::kFloat);
+    kernels_ =
+        MakeCpuModelKernels(compute == DType::kBF16 ? CpuPrecision::kBf16 : CpuPrecision::kFloat);
   }
   ZR_ASSIGN_OR_RETURN(
       model_, GptModel::Create({.config = c_.model.shape,

@@ -7,7 +7,7 @@
 //   - token ids: int32.
 // Backward operations ADD (+=) into every gradient they write, as the shard manager's gradient
 // buffers accumulate across micro-batches; a null gradient pointer skips that gradient.
-// Implementations: CPU (float for training, double for finite-difference checks; OpenBLAS
+// Implementations: CPU (float or bf16 for training, double for finite-difference checks; OpenBLAS
 // GEMMs) and CUDA (fp32 or bf16 activations, fp32 accumulation; cuBLASLt GEMMs).
 #pragma once
 
@@ -79,8 +79,9 @@ class ModelKernels {
                               int vocab, float dloss) = 0;
 };
 
-// CPU kernels in float (act, grad and stat all fp32) or, for gradient checks, double.
-enum class CpuPrecision { kFloat, kDouble };
+// CPU kernels in float (act, grad and stat all fp32), bf16 (activations and weights stored in
+// bf16, fp32 math and weight gradients), or, for gradient checks, double.
+enum class CpuPrecision { kFloat, kBf16, kDouble };
 std::unique_ptr<ModelKernels> MakeCpuModelKernels(CpuPrecision precision);
 
 // CUDA kernels with activations/weights in `act` (kF32 or kBF16) and weight gradients in `grad`

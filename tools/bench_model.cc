@@ -72,10 +72,6 @@ int RunBenchModel(const BenchModelOptions& o) {
   }
   BenchModelConfig c = *loaded;
   const bool cuda = !o.cpu && CudaDeviceCount() > 0;
-  if (c.bf16 && !cuda) {
-    Logger()->warn("bench model: bf16 on CPU is not supported; measuring fp32");
-    c.bf16 = false;
-  }
   const Device device = cuda ? Device::Cuda(0) : Device::Cpu();
   const DType dtype = c.bf16 ? DType::kBF16 : DType::kF32;
   const GptConfig& m = c.model;
@@ -107,7 +103,7 @@ int RunBenchModel(const BenchModelOptions& o) {
       ZR_ASSIGN_OR_RETURN(
           kernels, MakeCudaModelKernels(dtype, DType::kF32, manager->compute_stream(), *allocator));
     } else {
-      kernels = MakeCpuModelKernels(CpuPrecision::kFloat);
+      kernels = MakeCpuModelKernels(c.bf16 ? CpuPrecision::kBf16 : CpuPrecision::kFloat);
     }
     ZR_ASSIGN_OR_RETURN(auto model, GptModel::Create({.config = m,
                                                       .micro_batch = batch,

@@ -2,9 +2,11 @@
 // float (training) or double (finite-difference checks). Synchronous: the stream is a CPU stream.
 #include <algorithm>
 #include <memory>
+#include <vector>
 
 #include "kernels/model_kernels.h"
 #include "kernels/model_ops.h"
+#include "runtime/dtype.h"
 
 namespace zerort {
 namespace {
@@ -104,10 +106,161 @@ class CpuModelKernels final : public ModelKernels {
   std::unique_ptr<Stream> stream_;
 };
 
+// bf16 activations and weights with fp32 math: every operand is widened to fp32, the float
+// kernel runs, and each result is rounded back (to nearest even) once. Gradients of weights are
+// fp32 (the shard manager's reduce dtype); statistics and losses fp32.
+class CpuBf16ModelKernels final : public ModelKernels {
+ public:
+  Device device() const override { return Device::Cpu(); }
+  Stream& stream() override { return f_.stream(); }
+  size_t act_size() const override { return 2; }
+  size_t grad_size() const override { return 4; }
+  size_t stat_size() const override { return 4; }
+
+  Status ActToHost(const void* src, int64_t n, double* out) override {
+    const auto* bits = static_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < n; ++i) out[i] = Bf16BitsToFloat(bits[i]);
+    return absl::OkStatus();
+  }
+  Status StatToHost(const void* src, int64_t n, double* out) override {
+    return f_.StatToHost(src, n, out);
+  }
+  Status Embedding(void* out, const int32_t* tokens, const void* wte, const void* wpe, int batch,
+                   int seq, int channels) override {
+    const int vocab_rows = MaxToken(tokens, int64_t{batch} * seq) + 1;
+    F o(out, int64_t{batch} * seq * channels, false);
+    ZR_RETURN_IF_ERROR(f_.Embedding(o.data(), tokens,
+                                    In(wte, int64_t{vocab_rows} * channels).data(),
+                                    In(wpe, int64_t{seq} * channels).data(), batch, seq, channels));
+    return o.Store();
+  }
+  Status EmbeddingBackward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens,
+                           int batch, int seq, int channels) override {
+    return f_.EmbeddingBackward(dwte, dwpe, In(dout, int64_t{batch} * seq * channels).data(),
+                                tokens, batch, seq, channels);
+  }
+  Status LayerNorm(void* out, void* mean, void* rstd, const void* inp, const void* weight,
+                   const void* bias, int64_t rows, int channels) override {
+    F o(out, rows * channels, false);
+    ZR_RETURN_IF_ERROR(f_.LayerNorm(o.data(), mean, rstd, In(inp, rows * channels).data(),
+                                    In(weight, channels).data(), In(bias, channels).data(), rows,
+                                    channels));
+    return o.Store();
+  }
+  Status LayerNormBackward(void* dinp, void* dweight, void* dbias, const void* dout,
+                           const void* inp, const void* weight, const void* mean, const void* rstd,
+                           int64_t rows, int channels) override {
+    F di(dinp, rows * channels, true);
+    ZR_RETURN_IF_ERROR(f_.LayerNormBackward(
+        di.data(), dweight, dbias, In(dout, rows * channels).data(),
+        In(inp, rows * channels).data(), In(weight, channels).data(), mean, rstd, rows, channels));
+    return di.Store();
+  }
+  Status Matmul(void* out, const void* inp, const void* weight, const void* bias, int64_t rows,
+                int in, int out_features) override {
+    F o(out, rows * out_features, false);
+    const std::vector<float> b = bias != nullptr ? In(bias, out_features) : std::vector<float>();
+    ZR_RETURN_IF_ERROR(f_.Matmul(o.data(), In(inp, rows * in).data(),
+                                 In(weight, int64_t{out_features} * in).data(),
+                                 bias != nullptr ? b.data() : nullptr, rows, in, out_features));
+    return o.Store();
+  }
+  Status MatmulBackward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                        const void* weight, int64_t rows, int in, int out_features) override {
+    F di(dinp, rows * in, true);
+    ZR_RETURN_IF_ERROR(
+        f_.MatmulBackward(dinp != nullptr ? di.data() : nullptr, dweight, dbias,
+                          In(dout, rows * out_features).data(), In(inp, rows * in).data(),
+                          In(weight, int64_t{out_features} * in).data(), rows, in, out_features));
+    return di.Store();
+  }
+  Status Attention(void* out, void* att, const void* qkv, int batch, int seq, int channels,
+                   int heads) override {
+    const int64_t n = int64_t{batch} * seq * channels;
+    F o(out, n, false);
+    F a(att, int64_t{batch} * heads * seq * seq, false);
+    ZR_RETURN_IF_ERROR(
+        f_.Attention(o.data(), a.data(), In(qkv, 3 * n).data(), batch, seq, channels, heads));
+    ZR_RETURN_IF_ERROR(a.Store());
+    return o.Store();
+  }
+  Status AttentionBackward(void* dqkv, const void* dout, const void* qkv, const void* att,
+                           int batch, int seq, int channels, int heads) override {
+    const int64_t n = int64_t{batch} * seq * channels;
+    F d(dqkv, 3 * n, true);
+    ZR_RETURN_IF_ERROR(f_.AttentionBackward(d.data(), In(dout, n).data(), In(qkv, 3 * n).data(),
+                                            In(att, int64_t{batch} * heads * seq * seq).data(),
+                                            batch, seq, channels, heads));
+    return d.Store();
+  }
+  Status Gelu(void* out, const void* inp, int64_t n) override {
+    F o(out, n, false);
+    ZR_RETURN_IF_ERROR(f_.Gelu(o.data(), In(inp, n).data(), n));
+    return o.Store();
+  }
+  Status GeluBackward(void* dinp, const void* inp, const void* dout, int64_t n) override {
+    F d(dinp, n, true);
+    ZR_RETURN_IF_ERROR(f_.GeluBackward(d.data(), In(inp, n).data(), In(dout, n).data(), n));
+    return d.Store();
+  }
+  Status Add(void* out, const void* a, const void* b, int64_t n) override {
+    F o(out, n, false);
+    ZR_RETURN_IF_ERROR(f_.Add(o.data(), In(a, n).data(), In(b, n).data(), n));
+    return o.Store();
+  }
+  Status Accumulate(void* dst, const void* src, int64_t n) override {
+    F d(dst, n, true);
+    ZR_RETURN_IF_ERROR(f_.Accumulate(d.data(), In(src, n).data(), n));
+    return d.Store();
+  }
+  Status CrossEntropy(void* logits, void* losses, const int32_t* targets, int64_t rows, int vocab,
+                      float dloss) override {
+    F z(logits, rows * vocab, true);
+    ZR_RETURN_IF_ERROR(f_.CrossEntropy(z.data(), losses, targets, rows, vocab, dloss));
+    return dloss != 0.0f ? z.Store() : absl::OkStatus();
+  }
+
+ private:
+  // A bf16 buffer widened to fp32 (loaded when the op reads or accumulates into it) and stored
+  // back, rounded, by Store().
+  class F {
+   public:
+    F(void* bits, int64_t n, bool load) : bits_(static_cast<uint16_t*>(bits)), v_(bits ? n : 0) {
+      if (load && bits_ != nullptr) {
+        for (int64_t i = 0; i < n; ++i) v_[i] = Bf16BitsToFloat(bits_[i]);
+      }
+    }
+    float* data() { return v_.data(); }
+    Status Store() {
+      if (bits_ != nullptr) {
+        for (size_t i = 0; i < v_.size(); ++i) bits_[i] = FloatToBf16Bits(v_[i]);
+      }
+      return absl::OkStatus();
+    }
+
+   private:
+    uint16_t* bits_;
+    std::vector<float> v_;
+  };
+  static std::vector<float> In(const void* bits, int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    const auto* b = static_cast<const uint16_t*>(bits);
+    for (int64_t i = 0; i < n; ++i) v[i] = Bf16BitsToFloat(b[i]);
+    return v;
+  }
+  static int MaxToken(const int32_t* tokens, int64_t n) {
+    int m = 0;
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, tokens[i]);
+    return m;
+  }
+  CpuModelKernels<float> f_;
+};
+
 }  // namespace
 
 std::unique_ptr<ModelKernels> MakeCpuModelKernels(CpuPrecision precision) {
   if (precision == CpuPrecision::kDouble) return std::make_unique<CpuModelKernels<double>>();
+  if (precision == CpuPrecision::kBf16) return std::make_unique<CpuBf16ModelKernels>();
   return std::make_unique<CpuModelKernels<float>>();
 }
 

@@ -1,5 +1,5 @@
 // The memory model against measured runs: for a grid of configurations (ZeRO stages 0-3, world
-// sizes 1, 2 and 4, activation checkpointing off and on; fp32 on the CPU) the second training step
+// sizes 1, 2 and 4, activation checkpointing off and on; fp32, and bf16 for some) the second step
 // is measured by the runtime's own tracker on rank 0, and every category of 1 MiB or more, and
 // the total, must be within 5% of the estimate. Also the ZeRO paper's model-state example and
 // input validation.
@@ -52,13 +52,15 @@ RunConfig GridConfig(int stage, int world, bool checkpointing) {
 struct Params {
   int stage, world;
   bool checkpointing;
+  bool bf16 = false;
 };
 
 class MemoryGridTest : public ::testing::TestWithParam<Params> {};
 
 TEST_P(MemoryGridTest, EstimateMatchesTheMeasuredStep) {
   const Params p = GetParam();
-  const RunConfig c = GridConfig(p.stage, p.world, p.checkpointing);
+  RunConfig c = GridConfig(p.stage, p.world, p.checkpointing);
+  c.bf16 = p.bf16;
   MemorySnapshot measured;
   CommOptions options;
   options.timeout = std::chrono::seconds(120);
@@ -105,6 +107,8 @@ std::vector<Params> Grid() {
     for (int world : {1, 2, 4}) {
       for (bool ckpt : {false, true}) out.push_back({stage, world, ckpt});
     }
+    out.push_back({stage, 2, false, true});  // bf16 compute (bf16 storage on the CPU)
+    out.push_back({stage, 4, true, true});
   }
   return out;
 }
@@ -113,7 +117,8 @@ INSTANTIATE_TEST_SUITE_P(Grid, MemoryGridTest, ::testing::ValuesIn(Grid()),
                          [](const ::testing::TestParamInfo<Params>& info) {
                            return zerort::StrCat("stage", info.param.stage, "_world",
                                                  info.param.world,
-                                                 info.param.checkpointing ? "_ckpt" : "");
+                                                 info.param.checkpointing ? "_ckpt" : "",
+                                                 info.param.bf16 ? "_bf16" : "");
                          });
 
 // Rajbhandari et al. 2020, figure 1: 7.5B parameters, N = 64, K = 12.

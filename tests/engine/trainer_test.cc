@@ -194,9 +194,33 @@ TEST(TrainerTest, RefusesWhatCannotRun) {
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
   EXPECT_NE(s.message().find("no checkpoint to resume from"), std::string::npos) << s;
   c.checkpoint.dir.clear();
-  c.bf16 = true;
+  c.fp16.enabled = true;
   s = Train(c, {.dp = group[0].get(), .dp_source = "test"}).status();
-  EXPECT_NE(s.message().find("bf16.enabled on the CPU"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("fp16.enabled"), std::string::npos) << s;
+}
+
+// bf16 on the CPU (bf16 storage, fp32 math) follows the fp32 run within bf16's precision.
+TEST(TrainerTest, Bf16FollowsFp32) {
+  const std::vector<double> fp32 = TrainOn(2, 3, 1, "bf16_reference");
+  const std::string metrics = ::testing::TempDir() + "/bf16.jsonl";
+  std::filesystem::remove(metrics);
+  RunConfig c = SmallRun(metrics);
+  c.bf16 = true;
+  c.zero.stage = 3;
+  c.train_micro_batch_size_per_gpu = 4;
+  auto status = RunLoopbackRanks(2, {}, nullptr, [&](Communicator& comm) {
+    std::FILE* sink = std::fopen("/dev/null", "w");
+    Status s = Train(c, {.dp = &comm, .dp_source = "test", .out = sink}).status();
+    std::fclose(sink);
+    return s;
+  });
+  ASSERT_TRUE(status.ok()) << status;
+  const std::vector<double> bf16 = testing::MetricLosses(metrics);
+  ASSERT_EQ(bf16.size(), fp32.size());
+  for (size_t i = 0; i < fp32.size(); ++i) {
+    EXPECT_NEAR(bf16[i], fp32[i], 3e-2 * fp32[i]) << "step " << i + 1;
+  }
+  EXPECT_NE(bf16, fp32) << "bf16 rounding changed nothing: not a bf16 run";
 }
 
 }  // namespace
