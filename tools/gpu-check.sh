@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds zerort for the GPU (or reuses a build passed as $1), runs every gpu-labelled test and the
 # mpi-labelled ones (MPI with CUDA buffers staged through pinned memory runs there), and prints
-# a summary table. Logs go to $OUT when set (the device tool returns that folder).
+# a summary table; then the GPU measurements the docs want: bench model (GPT-2 124M, bf16, MFU),
+# bench adamw and estimate --measure, as JSON in $OUT. Logs go to $OUT when set (the device tool
+# returns that folder).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build-gpu}
@@ -31,4 +33,13 @@ for case in root.iter("testcase"):
     print(f"{case.get('name')[:70]:<70} {result:<8} {float(case.get('time', 0)):.2f}")
 PY
 tail -3 "$logs/ctest-gpu.log"
+
+# Measurements (not tests): each prints one JSON object, kept in $logs.
+zr="$build/tools/zerort"
+"$zr" bench model --config "$root/configs/bench-gpt2.json" --json >"$logs/bench-model-gpt2.json" \
+  2>"$logs/bench-model-gpt2.log" && cat "$logs/bench-model-gpt2.json"
+"$zr" bench adamw --json >"$logs/bench-adamw.json" 2>"$logs/bench-adamw.log" &&
+  cat "$logs/bench-adamw.json"
+"$zr" estimate "$root/configs/gpt2-124m-bf16-zero3.json" --device cuda --measure \
+  >"$logs/estimate-measure.txt" 2>&1; cat "$logs/estimate-measure.txt"
 exit $rc
