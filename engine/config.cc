@@ -44,7 +44,8 @@ const KeyDirectory& Directory() {
         "activation_checkpointing"}},
       {"data", {"path", "validation_fraction"}},
       {"train",
-       {"steps", "eval_interval", "eval_windows", "sample_tokens", "sample_prompt", "device"}},
+       {"steps", "eval_interval", "eval_windows", "sample_tokens", "sample_prompt",
+        "sample_temperature", "sample_top_k", "device"}},
       {"checkpoint", {"dir", "interval", "keep_last_n"}},
       {"logging", {"metrics_file", "level"}},
       {"parallel", {"tensor_parallel_size", "pipeline_parallel_size"}},
@@ -327,6 +328,8 @@ StatusOr<RunConfig> ParseRunConfig(const nlohmann::json& json, const std::string
       ZR_RETURN_IF_ERROR(train->Int("eval_windows", t.eval_windows, 1, 1 << 20));
       ZR_RETURN_IF_ERROR(train->Int("sample_tokens", t.sample_tokens, 0, 1 << 20));
       ZR_RETURN_IF_ERROR(train->String("sample_prompt", t.sample_prompt));
+      ZR_RETURN_IF_ERROR(train->Float("sample_temperature", t.sample_temperature, 0.0f, 100.0f));
+      ZR_RETURN_IF_ERROR(train->Int("sample_top_k", t.sample_top_k, 0, 1 << 24));
       ZR_RETURN_IF_ERROR(train->String("device", t.device, {"cpu", "cuda"}));
       ZR_RETURN_IF_ERROR(train->Finish());
     }
@@ -467,7 +470,9 @@ nlohmann::json RunConfig::ToJson() const {
         {"eval_interval", train.eval_interval},
         {"eval_windows", train.eval_windows},
         {"sample_tokens", train.sample_tokens},
-        {"sample_prompt", train.sample_prompt}}},
+        {"sample_prompt", train.sample_prompt},
+        {"sample_temperature", train.sample_temperature},
+        {"sample_top_k", train.sample_top_k}}},
       {"checkpoint",
        {{"dir", checkpoint.dir},
         {"interval", checkpoint.interval},

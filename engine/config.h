@@ -86,6 +86,8 @@ struct TrainConfig {
   int eval_windows = 8;              // validation windows per evaluation (per run, not per rank)
   int sample_tokens = 64;            // text sampled at the end; 0: none
   std::string sample_prompt = "\n";  // the sample's prompt (bytes)
+  float sample_temperature = 0.8f;   // 0: greedy; below 1 sharpens a small model's text
+  int sample_top_k = 40;             // 0: the whole vocabulary
   std::string device;                // cpu | cuda; "" -> cuda when a GPU is present, else cpu
 };
 

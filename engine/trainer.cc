@@ -416,10 +416,13 @@ StatusOr<TrainResult> Run::Loop() {
     if (prompt.empty()) return result;
     ZR_ASSIGN_OR_RETURN(std::vector<int32_t> text,
                         model_->Generate(prompt, c_.train.sample_tokens,
-                                         {.temperature = 0.8f, .top_k = 40, .seed = c_.seed}));
+                                         {.temperature = c_.train.sample_temperature,
+                                          .top_k = c_.train.sample_top_k,
+                                          .seed = c_.seed}));
     result.sample = BytesText(text);
     if (dp().rank() == 0) {
-      std::fprintf(ctx_.out, "sample (temperature 0.8, top-k 40):\n%s\n", result.sample.c_str());
+      std::fprintf(ctx_.out, "sample (temperature %g, top-k %d):\n%s\n",
+                   c_.train.sample_temperature, c_.train.sample_top_k, result.sample.c_str());
       std::fflush(ctx_.out);
     }
   }
