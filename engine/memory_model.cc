@@ -5,6 +5,8 @@
 #include <map>
 
 #include "layers/gpt_model.h"
+#include "runtime/allocator.h"
+#include "runtime/device.h"
 #include "runtime/strings.h"
 #include "sharding/flat_layout.h"
 
@@ -22,7 +24,28 @@ Tier TierOf(const std::string& offload) {
   return Tier::kDevice;
 }
 
-// The replay: allocations and frees into a MemoryTracker, with the phase peaks on the side.
+// A caching-allocator backend that hands out address space and no memory: the replay runs the
+// runtime's own CachingAllocator (rounding, segments, per-stream pools, split and merge) over it,
+// so reserved bytes (allocator overhead) are predicted by the same policy code that makes them.
+class AddressSpaceBackend final : public CachingBackend {
+ public:
+  Device device() const override { return Device::Cpu(); }
+  std::string_view name() const override { return "the memory model's address space"; }
+  StatusOr<void*> Map(size_t bytes) override {
+    void* p = reinterpret_cast<void*>(next_);
+    next_ += (bytes + 4095) / 4096 * 4096;
+    return p;
+  }
+  void Unmap(void*, size_t) override {}
+  Status SynchronizeDevice() override { return absl::OkStatus(); }
+  StatusOr<std::unique_ptr<Event>> NewEvent() override { return CreateEvent(Device::Cpu()); }
+
+ private:
+  uintptr_t next_ = uintptr_t{1} << 30;
+};
+
+// The replay: allocations and frees through caching allocators (device, pinned host) into a
+// MemoryTracker, NVMe bytes straight into it, with the phase peaks on the side.
 class Replay {
  public:
   enum Phase { kInit, kForward, kBackward, kStep };
@@ -32,16 +55,41 @@ class Replay {
     Cat cat = Cat::kWorkspace;
     int64_t bytes = 0;
     bool live = false;
+    Buffer buffer;  // device and pinned-host tiers
   };
 
-  Handle Alloc(Cat cat, int64_t bytes, Tier tier = Tier::kDevice) {
-    tracker_.OnAllocate(tier, cat, bytes);
+  Replay() {
+    for (Tier tier : {Tier::kDevice, Tier::kPinnedHost}) {
+      CachingAllocatorOptions o;  // the defaults, as the CPU and CUDA allocators use them
+      o.tier = tier;
+      o.tracker = &tracker_;
+      allocators_[static_cast<int>(tier)] =
+          std::make_unique<CachingAllocator>(std::make_unique<AddressSpaceBackend>(), o);
+    }
+  }
+
+  Handle Alloc(Cat cat, int64_t bytes, Stream* stream, Tier tier = Tier::kDevice) {
+    Handle h{tier, cat, bytes, true, Buffer()};
+    if (Allocator* a = allocators_[static_cast<int>(tier)].get()) {
+      h.buffer = *a->Allocate(static_cast<size_t>(bytes), cat, stream);
+    } else {
+      tracker_.OnAllocate(tier, cat, bytes);
+    }
     Note();
-    return Handle{tier, cat, bytes, true};
+    return h;
+  }
+  // The buffer is also used on `stream` (its block is reused only after that stream's work).
+  void Use(Handle& h, Stream& stream) {
+    if (h.buffer)
+      ZR_CHECK_OK(allocators_[static_cast<int>(h.tier)]->RecordStream(h.buffer, stream));
   }
   void Free(Handle& h) {
     if (!h.live) return;
-    tracker_.OnFree(h.tier, h.cat, h.bytes);
+    if (h.buffer) {
+      h.buffer.Reset();
+    } else {
+      tracker_.OnFree(h.tier, h.cat, h.bytes);
+    }
     h.live = false;
   }
   void SetPhase(Phase p) { phase_ = p; }
@@ -61,7 +109,8 @@ class Replay {
       phase_peak_[phase_][t] = std::max(phase_peak_[phase_][t], s.in_use[t].current);
     }
   }
-  MemoryTracker tracker_;
+  MemoryTracker tracker_;  // declared first: the allocators report to it until they are gone
+  std::array<std::unique_ptr<Allocator>, kNumMemoryTiers> allocators_;
   Phase phase_ = kInit;
   std::array<std::array<int64_t, kNumMemoryTiers>, 4> phase_peak_{};
 };
@@ -76,7 +125,16 @@ struct Unit {
 class StepModel {
  public:
   StepModel(const MemoryModelInput& in, std::vector<Unit> units, MemoryEstimate& out)
-      : in_(in), units_(std::move(units)), out_(out) {}
+      : in_(in), units_(std::move(units)), out_(out) {
+    // The runtime's streams: the manager's compute and comm streams (comm is compute without
+    // overlap_comm), and the kernels' own (the CPU kernels have one; CUDA's use compute).
+    compute_stream_ = *CreateStream(Device::Cpu(), "compute");
+    comm_stream_ = *CreateStream(Device::Cpu(), "comm");
+    model_stream_ = *CreateStream(Device::Cpu(), "model");
+    compute_ = compute_stream_.get();
+    comm_ = in.overlap_comm ? comm_stream_.get() : compute_;
+    kernels_ = in.cuda ? compute_ : model_stream_.get();
+  }
 
   void Run();
 
@@ -100,7 +158,19 @@ class StepModel {
   void Flush();
   void AttentionScratch(bool backward);
 
+  // A unit's all-gather: its buffer on the comm stream, then read on the compute stream.
+  Replay::Handle Gather(const Unit& u) {
+    Replay::Handle h = r_.Alloc(Cat::kGatheredWeights, GatheredBytes(u), comm_);
+    r_.Use(h, *compute_);
+    return h;
+  }
+
   const MemoryModelInput& in_;
+  std::unique_ptr<Stream> compute_stream_, comm_stream_, model_stream_;
+  Stream* compute_ = nullptr;
+  Stream* comm_ = nullptr;
+  Stream* kernels_ = nullptr;
+  bool recording_ = true;  // the first step records the unit order; no prefetch yet
   std::vector<Unit> units_;
   MemoryEstimate& out_;
   Replay r_;
@@ -118,28 +188,28 @@ void StepModel::Init() {
   int64_t master = 0, moments = 0, compute = 0, full_grad = 0, gathered = 0, shards = 0;
   for (Unit& u : units_) {
     const int64_t shard = u.layout.shard_numel(), padded = u.layout.padded_numel();
-    persistent_.push_back(r_.Alloc(Cat::kParameters, shard * 4, opt_tier));
+    persistent_.push_back(r_.Alloc(Cat::kParameters, shard * 4, compute_, opt_tier));
     master += shard * 4;
     for (int s = 0; s < in_.optimizer_states; ++s) {
-      persistent_.push_back(r_.Alloc(Cat::kOptimizerState, shard * 4, opt_tier));
+      persistent_.push_back(r_.Alloc(Cat::kOptimizerState, shard * 4, compute_, opt_tier));
       moments += shard * 4;
     }
-    persistent_.push_back(r_.Alloc(Cat::kGradients, shard * 4, opt_tier));
+    persistent_.push_back(r_.Alloc(Cat::kGradients, shard * 4, compute_, opt_tier));
     shards += shard * 4;
     if (stage3()) {
-      persistent_.push_back(r_.Alloc(Cat::kParameters, shard * csize(), param_tier));
+      persistent_.push_back(r_.Alloc(Cat::kParameters, shard * csize(), compute_, param_tier));
       compute += shard * csize();
       u.persistent = padded < in_.stage3_param_persistence_threshold;
     } else if (in_.stage > 0 || csize() != 4) {
-      persistent_.push_back(r_.Alloc(Cat::kParameters, padded * csize()));
+      persistent_.push_back(r_.Alloc(Cat::kParameters, padded * csize(), compute_));
       compute += padded * csize();
     }
     if (in_.stage <= 1) {
-      persistent_.push_back(r_.Alloc(Cat::kGradients, padded * kRsize));
+      persistent_.push_back(r_.Alloc(Cat::kGradients, padded * kRsize, compute_));
       full_grad += padded * kRsize;
     }
     if (stage3() && u.persistent) {
-      u.gathered_buffer = r_.Alloc(Cat::kGatheredWeights, GatheredBytes(u));
+      u.gathered_buffer = Gather(u);
       u.gathered = true;
       gathered += GatheredBytes(u);
     }
@@ -166,7 +236,7 @@ void StepModel::Init() {
          "units below stage3_param_persistence_threshold: padded_numel x compute bytes", gathered);
   }
   if (in_.cuda) {
-    persistent_.push_back(r_.Alloc(Cat::kWorkspace, kLtWorkspace));
+    persistent_.push_back(r_.Alloc(Cat::kWorkspace, kLtWorkspace, kernels_));
     Term(Tier::kDevice, Cat::kWorkspace, "cuBLASLt workspace", "32 MiB", kLtWorkspace);
   }
 }
@@ -174,10 +244,10 @@ void StepModel::Init() {
 void StepModel::Ensure(int u) {
   Unit& unit = units_[u];
   if (stage3() && !unit.persistent && !unit.gathered) {
-    unit.gathered_buffer = r_.Alloc(Cat::kGatheredWeights, GatheredBytes(unit));
+    unit.gathered_buffer = Gather(unit);
     unit.gathered = true;
   }
-  if (stage3()) Prefetch();
+  if (stage3() && !recording_) Prefetch();
   ++position_;
 }
 
@@ -194,7 +264,7 @@ void StepModel::Prefetch() {
       if (!v.persistent && v.gathered) live += GatheredBytes(v);
     }
     if (ahead + GatheredBytes(u) > ahead_budget || live + GatheredBytes(u) > live_budget) break;
-    u.gathered_buffer = r_.Alloc(Cat::kGatheredWeights, GatheredBytes(u));
+    u.gathered_buffer = Gather(u);
     u.gathered = true;
     ahead += GatheredBytes(u);
   }
@@ -203,7 +273,8 @@ void StepModel::Prefetch() {
 void StepModel::Open(int u, bool backward) {
   Ensure(u);
   if (backward && in_.stage >= 2 && !units_[u].full_grad.live) {
-    units_[u].full_grad = r_.Alloc(Cat::kGradients, units_[u].layout.padded_numel() * kRsize);
+    units_[u].full_grad =
+        r_.Alloc(Cat::kGradients, units_[u].layout.padded_numel() * kRsize, compute_);
   }
 }
 
@@ -229,9 +300,14 @@ void StepModel::Flush() {
   int64_t bucket_shard = 0;
   for (int u : pending_) bucket_shard += units_[u].layout.shard_numel();
   Replay::Handle packed;
-  if (pending_.size() > 1) packed = r_.Alloc(Cat::kCommBuffers, bucket_shard * in_.dp * kRsize);
-  Replay::Handle reduced = r_.Alloc(Cat::kCommBuffers, bucket_shard * kRsize);
-  for (int u : pending_) r_.Free(units_[u].full_grad);
+  if (pending_.size() > 1) {
+    packed = r_.Alloc(Cat::kCommBuffers, bucket_shard * in_.dp * kRsize, comm_);
+  }
+  Replay::Handle reduced = r_.Alloc(Cat::kCommBuffers, bucket_shard * kRsize, comm_);
+  for (int u : pending_) {  // DropFullGrad: reused once the comm stream is done with it
+    r_.Use(units_[u].full_grad, *comm_);
+    r_.Free(units_[u].full_grad);
+  }
   r_.Free(reduced);
   r_.Free(packed);
   pending_.clear();
@@ -246,9 +322,9 @@ void StepModel::AttentionScratch(bool backward) {
   const int64_t tt =
       int64_t{in_.micro_batch} * (c.n_head / in_.tp) * c.seq_len * c.seq_len * csize();
   std::vector<Replay::Handle> h;
-  for (int i = 0; i < (backward ? 4 : 3); ++i) h.push_back(r_.Alloc(Cat::kWorkspace, n));
-  h.push_back(r_.Alloc(Cat::kWorkspace, tt));
-  if (backward) h.push_back(r_.Alloc(Cat::kWorkspace, n));
+  for (int i = 0; i < (backward ? 4 : 3); ++i) h.push_back(r_.Alloc(Cat::kWorkspace, n, kernels_));
+  h.push_back(r_.Alloc(Cat::kWorkspace, tt, kernels_));
+  if (backward) h.push_back(r_.Alloc(Cat::kWorkspace, n, kernels_));
   for (auto& x : h) r_.Free(x);
 }
 
@@ -260,7 +336,7 @@ void StepModel::MicroBatch() {
   const int64_t act = csize(), stat = 4;
   const int64_t heads = c.n_head / in_.tp;
   std::vector<Replay::Handle> acts;
-  auto a = [&](int64_t bytes) { acts.push_back(r_.Alloc(Cat::kActivations, bytes)); };
+  auto a = [&](int64_t bytes) { acts.push_back(r_.Alloc(Cat::kActivations, bytes, kernels_)); };
   r_.SetPhase(Replay::kForward);
   const bool per_block = !in_.activation_checkpointing;
   const int sets = (per_block ? blocks : 1);
@@ -320,15 +396,16 @@ void StepModel::MicroBatch() {
   }
   r_.SetPhase(Replay::kBackward);
   Open(0, true);
-  Replay::Handle logits = r_.Alloc(Cat::kActivations, rows * (c.vocab_size / in_.tp) * act);
+  Replay::Handle logits =
+      r_.Alloc(Cat::kActivations, rows * (c.vocab_size / in_.tp) * act, kernels_);
   a(rows * stat);  // losses
   std::vector<Replay::Handle> ws;
-  ws.push_back(r_.Alloc(Cat::kWorkspace, rows * d * act));  // residual gradient
-  ws.push_back(r_.Alloc(Cat::kWorkspace, rows * d * act));
+  ws.push_back(r_.Alloc(Cat::kWorkspace, rows * d * act, kernels_));  // residual gradient
+  ws.push_back(r_.Alloc(Cat::kWorkspace, rows * d * act, kernels_));
   r_.Free(logits);
   auto ln_scratch = [&] {
     if (!in_.cuda) return;
-    Replay::Handle h = r_.Alloc(Cat::kWorkspace, 2 * d * 4);
+    Replay::Handle h = r_.Alloc(Cat::kWorkspace, 2 * d * 4, kernels_);
     r_.Free(h);
   };
   if (has_norm) {
@@ -336,8 +413,8 @@ void StepModel::MicroBatch() {
     ln_scratch();
     Close(norm, true);
   }
-  ws.push_back(r_.Alloc(Cat::kWorkspace, rows * 4 * dl * act));
-  ws.push_back(r_.Alloc(Cat::kWorkspace, rows * 4 * dl * act));
+  ws.push_back(r_.Alloc(Cat::kWorkspace, rows * 4 * dl * act, kernels_));
+  ws.push_back(r_.Alloc(Cat::kWorkspace, rows * 4 * dl * act, kernels_));
   for (int l = blocks - 1; l >= 0; --l) {
     Open(1 + l, true);
     if (!per_block) AttentionScratch(false);  // the recomputed forward
@@ -361,7 +438,7 @@ void StepModel::Step() {
     int64_t numel = 0;
     auto reduce = [&] {
       if (bucket.size() > 1) {
-        Replay::Handle h = r_.Alloc(Cat::kCommBuffers, numel * kRsize);
+        Replay::Handle h = r_.Alloc(Cat::kCommBuffers, numel * kRsize, comm_);
         r_.Free(h);
       }
       bucket.clear();
@@ -374,10 +451,10 @@ void StepModel::Step() {
     }
     reduce();
   }
-  Replay::Handle acc = r_.Alloc(Cat::kWorkspace, 8);  // the norm/overflow accumulator
+  Replay::Handle acc = r_.Alloc(Cat::kWorkspace, 8, compute_);  // norm/overflow accumulator
   r_.Free(acc);
   for (int i = 0; i < 2; ++i) {  // the trainer's loss mean and stop flag
-    Replay::Handle h = r_.Alloc(Cat::kCommBuffers, 4);
+    Replay::Handle h = r_.Alloc(Cat::kCommBuffers, 4, compute_);
     r_.Free(h);
   }
 }
@@ -394,7 +471,12 @@ void StepModel::Run() {
     for (int l = blocks - 1; l >= 0; --l) order_.push_back(1 + l);
   }
   Init();
-  r_.ResetPeaks();  // the measured step starts here
+  // The first step records the order (no prefetch) and fills the allocator's cache; the second,
+  // the one measured, replays it with prefetch, as every later step does.
+  for (int k = 0; k < in_.accumulation; ++k) MicroBatch();
+  Step();
+  recording_ = false;
+  r_.ResetPeaks();
   position_ = 0;
   for (int k = 0; k < in_.accumulation; ++k) MicroBatch();
   Step();
@@ -404,6 +486,12 @@ void StepModel::Run() {
     out_.phase_forward[t] = phases[Replay::kForward][t];
     out_.phase_backward[t] = phases[Replay::kBackward][t];
     out_.phase_step[t] = phases[Replay::kStep][t];
+  }
+  // Every buffer back to its allocator before the allocators go.
+  for (Replay::Handle& h : persistent_) r_.Free(h);
+  for (Unit& u : units_) {
+    r_.Free(u.gathered_buffer);
+    r_.Free(u.full_grad);
   }
 }
 
@@ -457,6 +545,7 @@ StatusOr<MemoryModelInput> MemoryModelInput::FromConfig(const RunConfig& config,
   in.offload_optimizer = c.zero.offload_optimizer.device;
   in.offload_param = c.zero.offload_param.device;
   in.cuda = cuda;
+  in.overlap_comm = c.zero.overlap_comm;
   in.reduce_bucket_size = c.zero.reduce_bucket_size;
   in.stage3_prefetch_bucket_size = c.zero.stage3_prefetch_bucket_size;
   in.stage3_max_live_parameters = c.zero.stage3_max_live_parameters;

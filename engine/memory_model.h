@@ -1,11 +1,14 @@
 // MemoryModel: the bytes a training step of the GPT model takes, per rank, per tier and per
-// category, predicted by replaying the runtime's allocations in program order into a
-// MemoryTracker (the class that accounts the real run), so peaks mean the same thing in both.
+// category, predicted by replaying the runtime's allocations in program order through the
+// runtime's CachingAllocator (over a backend that maps address space, no memory) into a
+// MemoryTracker (the class that accounts the real run): in-use and reserved peaks (allocator
+// overhead included) mean the same thing in both.
 //
 // The replay is built from the same code the runtime runs: FlatLayout for every unit (padding,
 // shard sizes), GptUnits for the parameter list, the ShardManager's gather/prefetch budgets and
 // bucketing rules, and the GPT model's activation set (layers/README.md). What it replays, in
-// order (steady state, i.e. the second step, when prefetch follows the recorded order):
+// order, on the streams the runtime uses (a step that records the unit order first, then the
+// measured steady-state step, when prefetch follows the recorded order):
 //   init:     per unit master, moments, gradient shard, compute copy or shard, full gradient
 //             (stages 0-1), gathered buffer of persistent stage-3 units; CUDA: cuBLASLt workspace
 //   per micro-batch: token buffers, per-block activation sets (one with checkpointing), block
@@ -44,7 +47,8 @@ struct MemoryModelInput {
   bool activation_checkpointing = false;
   std::string offload_optimizer = "none";  // none | cpu | nvme
   std::string offload_param = "none";      // none | cpu | nvme (stage 3)
-  bool cuda = false;  // CUDA kernels keep a cuBLASLt workspace and attention scratch
+  bool cuda = false;         // CUDA kernels keep a cuBLASLt workspace and attention scratch
+  bool overlap_comm = true;  // reductions on their own stream (pools are per stream)
   int64_t reduce_bucket_size = 500'000'000;
   int64_t stage3_prefetch_bucket_size = 50'000'000;
   int64_t stage3_max_live_parameters = 1'000'000'000;
@@ -74,6 +78,10 @@ struct MemoryEstimate {
     return peaks.Get(tier, category).peak;
   }
   int64_t PeakTotal(MemoryTier tier) const { return peaks.in_use[static_cast<int>(tier)].peak; }
+  // Bytes the caching allocator holds at its peak (in use plus cached and rounding).
+  int64_t PeakReserved(MemoryTier tier) const {
+    return peaks.reserved[static_cast<int>(tier)].peak;
+  }
 };
 
 StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& input);

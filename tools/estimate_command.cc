@@ -80,7 +80,7 @@ std::vector<Row> Table(MemoryModelInput base, int ranks_per_node) {
 
 const char* kCaveats =
     "Not modelled: the CUDA context and cuBLAS/NCCL internal buffers (typically 0.5-1 GiB per "
-    "GPU), allocator fragmentation (reserved minus in-use), pinned staging buffers of offload (the "
+    "GPU), pinned staging buffers of offload (the "
     "runtime has no offload yet; offload rows place the buffers on their tier), host memory of "
     "data loading and checkpointing, and pipeline schedules other than 1F1B.";
 
@@ -115,6 +115,19 @@ void PrintCategories(const MemoryEstimate& e, const MemorySnapshot* measured) {
     }
     std::printf("\n");
   }
+  for (int t = 0; t < kNumMemoryTiers; ++t) {
+    const auto tier = static_cast<MemoryTier>(t);
+    const int64_t est = e.PeakReserved(tier);
+    const int64_t got = measured != nullptr ? measured->reserved[t].peak : 0;
+    if (est == 0 && got == 0) continue;
+    std::printf("  %-10s %-18s %12s", std::string(MemoryTierName(tier)).c_str(), "RESERVED (peak)",
+                Mib(est).c_str());
+    if (measured != nullptr) {
+      std::printf(" %12s %7.2f%%", Mib(got).c_str(),
+                  got > 0 ? 100.0 * (static_cast<double>(est) - got) / got : 0.0);
+    }
+    std::printf("   allocator overhead %s MiB\n", Mib(est - e.PeakTotal(tier)).c_str());
+  }
   std::printf("  phases (device): forward %s MiB, backward %s MiB, optimizer step %s MiB\n",
               Mib(e.phase_forward[0]).c_str(), Mib(e.phase_backward[0]).c_str(),
               Mib(e.phase_step[0]).c_str());
@@ -129,7 +142,9 @@ nlohmann::json EstimateJson(const MemoryEstimate& e) {
           e.Peak(static_cast<MemoryTier>(t), static_cast<MemoryCategory>(k));
     }
     tiers[std::string(MemoryTierName(static_cast<MemoryTier>(t)))] = {
-        {"categories", cats}, {"total", e.PeakTotal(static_cast<MemoryTier>(t))}};
+        {"categories", cats},
+        {"total", e.PeakTotal(static_cast<MemoryTier>(t))},
+        {"reserved", e.PeakReserved(static_cast<MemoryTier>(t))}};
   }
   return {{"tiers", tiers},
           {"parameters", e.parameters},
@@ -198,7 +213,9 @@ int RunFromConfig(const EstimateOptions& o) {
         m[std::string(MemoryCategoryName(static_cast<MemoryCategory>(k)))] =
             measured.Get(MemoryTier::kDevice, static_cast<MemoryCategory>(k)).peak;
       }
-      j["measured_device"] = {{"categories", m}, {"total", measured.in_use[0].peak}};
+      j["measured_device"] = {{"categories", m},
+                              {"total", measured.in_use[0].peak},
+                              {"reserved", measured.reserved[0].peak}};
     }
     std::printf("%s\n", j.dump().c_str());
     return kExitOk;
@@ -298,7 +315,8 @@ int RunEstimate(const EstimateOptions& o) {
   if (fit) {
     std::vector<Row> fitting;
     for (const Row& r : rows) {
-      if (r.device <= *fit) fitting.push_back(r);
+      // What the allocator holds at its peak must fit, not just the bytes in use.
+      if (r.estimate.PeakReserved(MemoryTier::kDevice) <= *fit) fitting.push_back(r);
     }
     std::sort(fitting.begin(), fitting.end(),
               [](const Row& a, const Row& b) { return SpeedRank(a).first < SpeedRank(b).first; });
@@ -332,14 +350,15 @@ int RunEstimate(const EstimateOptions& o) {
   if (fit) {
     std::printf("layouts that fit in %s GiB per GPU, expected fastest first:\n", Gib(*fit).c_str());
   }
-  std::printf("  %-5s %-7s %-5s %10s %10s %10s %10s %10s %12s %10s%s\n", "stage", "offload", "ckpt",
-              "GPU GiB", "params", "grads", "optim", "activ.", "host/node", "NVMe/node",
-              fit ? "  why" : "");
+  std::printf("  %-5s %-7s %-5s %10s %10s %10s %10s %10s %10s %12s %10s%s\n", "stage", "offload",
+              "ckpt", "GPU GiB", "reserved", "params", "grads", "optim", "activ.", "host/node",
+              "NVMe/node", fit ? "  why" : "");
   for (const Row& r : rows) {
     const MemoryEstimate& e = r.estimate;
     auto dev = [&](MemoryCategory c) { return Gib(e.Peak(MemoryTier::kDevice, c)); };
-    std::printf("  %-5d %-7s %-5s %10s %10s %10s %10s %10s %12s %10s%s%s\n", r.stage,
+    std::printf("  %-5d %-7s %-5s %10s %10s %10s %10s %10s %10s %12s %10s%s%s\n", r.stage,
                 r.offload.c_str(), r.checkpointing ? "on" : "off", Gib(r.device).c_str(),
+                Gib(e.PeakReserved(MemoryTier::kDevice)).c_str(),
                 dev(MemoryCategory::kParameters).c_str(), dev(MemoryCategory::kGradients).c_str(),
                 dev(MemoryCategory::kOptimizerState).c_str(),
                 dev(MemoryCategory::kActivations).c_str(), Gib(r.host_node).c_str(),

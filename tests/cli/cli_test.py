@@ -63,7 +63,8 @@ check("estimate prints its caveats", "Not modelled" in r.stdout, r.stdout)
 r = run("estimate", "--model", "gpt2", "--gpus", "1", "--micro-batch", "8", "--fit", "5GiB",
         "--json")
 fit = json.loads(r.stdout) if r.returncode == 0 else {"rows": []}
-check("--fit keeps only what fits", all(x["device_bytes"] <= 5 * 2**30 for x in fit["rows"]),
+check("--fit keeps only what fits",
+      all(x["tiers"]["device"]["reserved"] <= 5 * 2**30 for x in fit["rows"]),
       r.stdout[:300])
 check("--fit says why", all("why" in x for x in fit["rows"]) and len(fit["rows"]) > 0,
       r.stdout[:300])

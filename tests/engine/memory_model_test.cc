@@ -88,6 +88,11 @@ TEST_P(MemoryGridTest, EstimateMatchesTheMeasuredStep) {
   EXPECT_NEAR(static_cast<double>(est.PeakTotal(MemoryTier::kDevice)), static_cast<double>(total),
               0.05 * total);
   EXPECT_GE(compared, 3);
+  // Allocator overhead: the caching allocator's reserved bytes, replayed through the same
+  // allocator class over an address-only backend.
+  const int64_t reserved = measured.reserved[0].peak;
+  EXPECT_NEAR(static_cast<double>(est.PeakReserved(MemoryTier::kDevice)),
+              static_cast<double>(reserved), 0.05 * reserved);
   if (std::getenv("ZR_PRINT_MEMORY") != nullptr) {
     for (int k = 0; k < kNumMemoryCategories; ++k) {
       const auto cat = static_cast<MemoryCategory>(k);
@@ -98,6 +103,9 @@ TEST_P(MemoryGridTest, EstimateMatchesTheMeasuredStep) {
     }
     std::printf("%-18s measured %10lld estimate %10lld\n", "total", static_cast<long long>(total),
                 static_cast<long long>(est.PeakTotal(MemoryTier::kDevice)));
+    std::printf("%-18s measured %10lld estimate %10lld\n", "reserved",
+                static_cast<long long>(reserved),
+                static_cast<long long>(est.PeakReserved(MemoryTier::kDevice)));
   }
 }
 
