@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -22,7 +24,9 @@ namespace {
 // A small token file shared by the grid (the built-in corpus would be generated per rank).
 const std::string& GridTokens() {
   static const std::string path = [] {
-    const std::string p = ::testing::TempDir() + "/memory_grid_tokens.bin";
+    // One file per process: ctest runs the grid's tests in parallel processes.
+    const std::string p =
+        ::testing::TempDir() + "/memory_grid_tokens." + std::to_string(::getpid()) + ".bin";
     std::vector<int32_t> tokens(20000);
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7919) % 251);
     ZR_CHECK_OK(WriteTokenFile(p, tokens, 256));
