@@ -224,11 +224,7 @@ Status Run::Setup() {
     }
   }
   if (cuda_) {
-    const std::string name = QueryCuda().devices.at(device_.index).name;
-    peak_flops_ = name.find("H100") != std::string::npos
-                      ? (name.find("PCIe") != std::string::npos ? 756e12 : 989e12)
-                  : name.find("H200") != std::string::npos ? 989e12
-                                                           : 0;
+    peak_flops_ = DenseBf16PeakFlops(QueryCuda().devices.at(device_.index).name);
   }
   if (dp().rank() == 0) {
     Logger()->info(

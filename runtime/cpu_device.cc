@@ -77,4 +77,13 @@ Status FillZero(void* ptr, Device device, size_t bytes, Stream* stream) {
   return internal::CudaFillZero(ptr, device, bytes, stream);
 }
 
+double DenseBf16PeakFlops(std::string_view name) {
+  if (name.find("H100") != std::string_view::npos) {
+    return name.find("PCIe") != std::string_view::npos ? 756e12 : 989e12;
+  }
+  if (name.find("H200") != std::string_view::npos) return 989e12;
+  if (name.find("A100") != std::string_view::npos) return 312e12;
+  return 0;
+}
+
 }  // namespace zerort

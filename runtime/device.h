@@ -90,6 +90,10 @@ struct CudaInfo {
 // What CUDA can offer this process; never fails: a missing driver or device is a reason.
 CudaInfo QueryCuda();
 
+// Dense bf16 peak FLOP/s (no sparsity) of a GPU by its name (CudaDeviceInfo::name), the MFU
+// denominator; 0 when the name is not known.
+double DenseBf16PeakFlops(std::string_view device_name);
+
 // Number of usable CUDA devices (0 without CUDA, driver or device).
 int CudaDeviceCount();
 

@@ -47,16 +47,6 @@ StatusOr<BenchModelConfig> LoadBenchConfig(const std::string& path) {
   return c;
 }
 
-// Dense bf16 peak (no sparsity) of the GPUs this project runs on; 0 when unknown.
-double BF16PeakFlops(const std::string& name) {
-  if (name.find("H100") != std::string::npos) {
-    return name.find("PCIe") != std::string::npos ? 756e12 : 989e12;
-  }
-  if (name.find("H200") != std::string::npos) return 989e12;
-  if (name.find("A100") != std::string::npos) return 312e12;
-  return 0;
-}
-
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -185,7 +175,7 @@ int RunBenchModel(const BenchModelOptions& o) {
          tracker.Usage(MemoryTier::kDevice, MemoryCategory::kActivations).peak},
     };
     if (cuda) {
-      const double peak = BF16PeakFlops(QueryCuda().devices.at(0).name);
+      const double peak = DenseBf16PeakFlops(QueryCuda().devices.at(0).name);
       result["bf16_peak_tflops"] = peak / 1e12;
       result["mfu"] = peak > 0 ? flops / peak : 0.0;
     }

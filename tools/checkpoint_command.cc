@@ -14,14 +14,7 @@ namespace {
 
 int Fail(const Status& s) {
   Logger()->error("{}", s.message());
-  switch (s.code()) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kDataLoss:
-      return kExitUsage;
-    default:
-      return kExitRuntimeFailure;
-  }
+  return ExitCodeOf(s);
 }
 
 }  // namespace

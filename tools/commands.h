@@ -91,6 +91,10 @@ struct EstimateOptions {
 };
 int RunEstimate(const EstimateOptions& options);
 
+// The exit code of a failed command: 2 for what the user can fix (bad config or input, a
+// missing or damaged checkpoint or data file, a feature not available yet), else 1.
+int ExitCodeOf(const Status& status);
+
 // Parses "4096", "4KiB", "64MiB", "1GiB", "1.5GB".
 StatusOr<size_t> ParseBytes(const std::string& text);
 std::string FormatBytes(double bytes);  // "4 KiB", "64 MiB"

@@ -21,9 +21,7 @@
 #include "tools/commands.h"
 
 namespace zerort::cli {
-namespace {
 
-// Config and usage problems are the user's to fix (exit 2); the rest are runtime failures.
 int ExitCodeOf(const Status& s) {
   switch (s.code()) {
     case absl::StatusCode::kInvalidArgument:
@@ -35,8 +33,6 @@ int ExitCodeOf(const Status& s) {
       return kExitRuntimeFailure;
   }
 }
-
-}  // namespace
 
 int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** argv) {
   StatusOr<RunConfig> config = LoadRunConfig(o.config, o.overrides);
