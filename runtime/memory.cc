@@ -33,6 +33,8 @@ std::string_view MemoryCategoryName(MemoryCategory category) {
       return "comm_buffers";
     case MemoryCategory::kWorkspace:
       return "workspace";
+    case MemoryCategory::kStaging:
+      return "staging";
   }
   return "invalid";
 }

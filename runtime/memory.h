@@ -21,8 +21,9 @@ enum class MemoryCategory : uint8_t {
   kActivations,      // saved activations of forward for backward
   kCommBuffers,      // reduce buckets, staging for collectives
   kWorkspace,        // scratch of kernels (GEMM workspace, reductions)
+  kStaging,          // offload staging: host buffers that NVMe and device copies pass through
 };
-inline constexpr int kNumMemoryCategories = 7;
+inline constexpr int kNumMemoryCategories = 8;
 
 enum class MemoryTier : uint8_t {
   kDevice,      // where compute runs: GPU memory, or host memory on a CPU run

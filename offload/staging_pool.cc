@@ -1,0 +1,70 @@
+// StagingPool: leases of equal, aligned host buffers, reused only after their fences.
+#include "offload/staging_pool.h"
+
+#include "runtime/strings.h"
+
+namespace zerort {
+
+namespace {
+constexpr size_t kAlign = 4096;
+size_t RoundUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+}  // namespace
+
+StatusOr<std::unique_ptr<StagingPool>> StagingPool::Create(Allocator& host, int count,
+                                                           size_t bytes) {
+  if (count < 1 || bytes == 0) {
+    return absl::InvalidArgumentError(
+        StrCat("staging pool of ", count, " buffers of ", bytes, " bytes"));
+  }
+  if (host.device() != Device::Cpu()) {
+    return absl::InvalidArgumentError("staging buffers must be host memory");
+  }
+  std::unique_ptr<StagingPool> pool(new StagingPool());
+  pool->buffer_bytes_ = RoundUp(bytes);
+  ZR_ASSIGN_OR_RETURN(
+      pool->memory_, host.Allocate(pool->buffer_bytes_ * count + kAlign, MemoryCategory::kStaging));
+  const uintptr_t base =
+      (reinterpret_cast<uintptr_t>(pool->memory_.data()) + kAlign - 1) / kAlign * kAlign;
+  for (int i = 0; i < count; ++i) {
+    pool->slots_.push_back({reinterpret_cast<void*>(base + i * pool->buffer_bytes_), {}});
+    pool->free_.push_back(i);
+  }
+  return pool;
+}
+
+StatusOr<StagingPool::Lease> StagingPool::Acquire() {
+  ZR_CHECK(!free_.empty()) << "all " << slots_.size() << " staging buffers are leased";
+  const int slot = free_.front();
+  free_.pop_front();
+  Status first = absl::OkStatus();
+  for (Fence& fence : slots_[slot].fences) {
+    Status s = fence();
+    if (first.ok() && !s.ok()) first = std::move(s);
+  }
+  slots_[slot].fences.clear();
+  if (!first.ok()) {
+    free_.push_front(slot);
+    return first;
+  }
+  return Lease{slot, slots_[slot].data, buffer_bytes_};
+}
+
+void StagingPool::Return(Lease lease, std::vector<Fence> fences) {
+  ZR_CHECK(lease.slot >= 0 && lease.slot < count()) << "returning a lease this pool did not give";
+  slots_[lease.slot].fences = std::move(fences);
+  free_.push_back(lease.slot);
+}
+
+Status StagingPool::Drain() {
+  Status first = absl::OkStatus();
+  for (Slot& slot : slots_) {
+    for (Fence& fence : slot.fences) {
+      Status s = fence();
+      if (first.ok() && !s.ok()) first = std::move(s);
+    }
+    slot.fences.clear();
+  }
+  return first;
+}
+
+}  // namespace zerort
