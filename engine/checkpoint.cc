@@ -21,43 +21,72 @@ namespace zerort {
 namespace fs = std::filesystem;
 namespace {
 
-using StateBuffer = ShardedUnit::StateBuffer;
-
 struct Kind {
-  StateBuffer buffer;
+  StateKind buffer;
   const char* name;
 };
-constexpr Kind kKinds[] = {{StateBuffer::kMaster, "master"},
-                           {StateBuffer::kExpAvg, "exp_avg"},
-                           {StateBuffer::kExpAvgSq, "exp_avg_sq"}};
+constexpr Kind kKinds[] = {{StateKind::kMaster, "master"},
+                           {StateKind::kExpAvg, "exp_avg"},
+                           {StateKind::kExpAvgSq, "exp_avg_sq"}};
 constexpr int kNumKinds = 3;
 
 std::string FileName(int rank, const char* kind) { return StrCat("rank", rank, ".", kind, ".bin"); }
 std::string Hex(uint64_t v) { return fmt::format("{:016x}", v); }
 
-Status WriteAndSync(const std::string& path, const void* data, size_t bytes) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError(StrCat("open ", path), errno);
-  const char* p = static_cast<const char*>(data);
-  size_t left = bytes;
-  while (left > 0) {
-    const ssize_t n = ::write(fd, p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
+// A file written in pieces with its XXH3-64 checksum kept on the way; Close() fsyncs it. A
+// writer that is destroyed without Close() closes the descriptor (the .tmp directory it is in is
+// never committed).
+class SyncedWriter {
+ public:
+  explicit SyncedWriter(std::string path) : path_(std::move(path)), hash_(XXH3_createState()) {
+    XXH3_64bits_reset(hash_);
+  }
+  ~SyncedWriter() {
+    if (fd_ >= 0) ::close(fd_);
+    XXH3_freeState(hash_);
+  }
+  Status Open() {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    return fd_ < 0 ? ErrnoError(StrCat("open ", path_), errno) : absl::OkStatus();
+  }
+  Status Append(const void* data, size_t bytes) {
+    XXH3_64bits_update(hash_, data, bytes);
+    const char* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+      const ssize_t n = ::write(fd_, p, bytes);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return ErrnoError(StrCat("write ", path_), errno);
+      p += n;
+      bytes -= static_cast<size_t>(n);
+      written_ += n;
+    }
+    return absl::OkStatus();
+  }
+  Status Close() {
+    const int fd = std::exchange(fd_, -1);
+    if (::fsync(fd) != 0) {
       const int err = errno;
       ::close(fd);
-      return ErrnoError(StrCat("write ", path), err);
+      return ErrnoError(StrCat("fsync ", path_), err);
     }
-    p += n;
-    left -= static_cast<size_t>(n);
+    if (::close(fd) != 0) return ErrnoError(StrCat("close ", path_), errno);
+    return absl::OkStatus();
   }
-  if (::fsync(fd) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return ErrnoError(StrCat("fsync ", path), err);
-  }
-  if (::close(fd) != 0) return ErrnoError(StrCat("close ", path), errno);
-  return absl::OkStatus();
+  int64_t bytes() const { return written_; }
+  uint64_t checksum() const { return XXH3_64bits_digest(hash_); }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  XXH3_state_t* hash_;
+  int64_t written_ = 0;
+};
+
+Status WriteAndSync(const std::string& path, const void* data, size_t bytes) {
+  SyncedWriter w(path);
+  ZR_RETURN_IF_ERROR(w.Open());
+  ZR_RETURN_IF_ERROR(w.Append(data, bytes));
+  return w.Close();
 }
 
 Status SyncDir(const std::string& path) {
@@ -200,26 +229,28 @@ Status SaveCheckpoint(const std::string& dir, const RunState& state, ShardManage
   }
   ZR_RETURN_IF_ERROR(Agree(m, dp, local, "creating the checkpoint directory"));
 
-  // Phase 2: each writer writes its pieces of each state, in unit and piece order.
+  // Phase 2: each writer writes its pieces of each state, in unit and piece order, one unit's
+  // shard in memory at a time (read from whichever tier holds it).
   std::vector<int64_t> record(2 * kNumKinds, -1);  // (bytes, checksum) per kind; -1: absent
   local = [&]() -> Status {
     if (!writer) return absl::OkStatus();
     for (int k = 0; k < kNumKinds; ++k) {
-      if (!m.unit(0).HasState(kKinds[k].buffer)) continue;
-      std::vector<float> values;
+      if (!m.optimizer().HasState(kKinds[k].buffer)) continue;
+      SyncedWriter file(tmp_dir + "/" + FileName(dp.rank(), kKinds[k].name));
+      ZR_RETURN_IF_ERROR(file.Open());
+      std::vector<float> shard;
       for (int u = 0; u < m.num_units(); ++u) {
         ShardedUnit& unit = m.unit(u);
-        ZR_ASSIGN_OR_RETURN(std::vector<float> shard, unit.ReadState(kKinds[k].buffer));
+        shard.resize(static_cast<size_t>(unit.layout().shard_numel()));
+        ZR_RETURN_IF_ERROR(m.ReadState(u, kKinds[k].buffer, shard));
         for (const ShardPiece& piece : unit.layout().ShardPieces(unit.layout_rank())) {
-          values.insert(values.end(), shard.begin() + piece.shard_range.begin,
-                        shard.begin() + piece.shard_range.end);
+          ZR_RETURN_IF_ERROR(file.Append(shard.data() + piece.shard_range.begin,
+                                         piece.shard_range.size() * sizeof(float)));
         }
       }
-      const size_t bytes = values.size() * sizeof(float);
-      ZR_RETURN_IF_ERROR(
-          WriteAndSync(tmp_dir + "/" + FileName(dp.rank(), kKinds[k].name), values.data(), bytes));
-      record[2 * k] = static_cast<int64_t>(bytes);
-      record[2 * k + 1] = static_cast<int64_t>(XXH3_64bits(values.data(), bytes));
+      ZR_RETURN_IF_ERROR(file.Close());
+      record[2 * k] = file.bytes();
+      record[2 * k + 1] = static_cast<int64_t>(file.checksum());
     }
     return absl::OkStatus();
   }();
@@ -414,9 +445,9 @@ StatusOr<std::vector<float>> CheckpointReader::ReadAll(const std::string& name,
 }
 
 StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& m, Communicator& dp) {
-  // Phase 1 (no collectives): read, verify and assemble this rank's shards.
+  // Phase 1 (no collectives): read and verify this rank's shards and install them one unit at a
+  // time (master, moments, and the compute values cast from the master).
   RunState state;
-  std::vector<std::array<std::vector<float>, kNumKinds>> shards(m.num_units());
   Status local = [&]() -> Status {
     ZR_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(step_dir));
     try {
@@ -446,29 +477,23 @@ StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& m, 
                      fmt::format("{}", fmt::join(p.shape, "x"))));
         }
       }
-      for (int k = 0; k < kNumKinds; ++k) {
-        if (!unit.HasState(kKinds[k].buffer)) continue;
-        std::vector<float>& shard = shards[u][k];
-        shard.assign(static_cast<size_t>(layout.shard_numel()), 0.0f);
+      for (int k = kNumKinds - 1; k >= 0; --k) {
+        if (!m.optimizer().HasState(kKinds[k].buffer)) continue;
+        std::vector<float> shard(static_cast<size_t>(layout.shard_numel()), 0.0f);
         for (const ShardPiece& piece : layout.ShardPieces(unit.layout_rank())) {
           ZR_ASSIGN_OR_RETURN(std::vector<float> values,
                               reader.Read(layout.params()[piece.param].name, kKinds[k].name,
                                           piece.param_range.begin, piece.param_range.end));
           std::copy(values.begin(), values.end(), shard.begin() + piece.shard_range.begin);
         }
+        ZR_RETURN_IF_ERROR(m.LoadState(u, kKinds[k].buffer, shard));
       }
     }
     return absl::OkStatus();
   }();
   ZR_RETURN_IF_ERROR(Agree(m, dp, local, StrCat("loading ", step_dir)));
-  // Phase 2 (collective where the stage all-gathers): install. Moments first: writing the master
-  // refreshes the compute copies.
-  for (int u = 0; u < m.num_units(); ++u) {
-    for (int k = kNumKinds - 1; k >= 0; --k) {
-      if (!m.unit(u).HasState(kKinds[k].buffer)) continue;
-      ZR_RETURN_IF_ERROR(m.unit(u).WriteState(kKinds[k].buffer, shards[u][k]));
-    }
-  }
+  // Phase 2 (collective where the stage all-gathers): the full compute parameters.
+  ZR_RETURN_IF_ERROR(m.RefreshComputeCopies());
   ZR_RETURN_IF_ERROR(m.RestoreCounters(state.manager_steps, state.scaler));
   return state;
 }

@@ -19,6 +19,14 @@ Status CountNonFinite(const TensorView& x, const TensorView& out, Stream* stream
 Status Scale(const TensorView& x, float factor, Stream* stream);
 Status AccumulateInto(const TensorView& src, const TensorView& dst, Stream* stream);
 
+// Host views: the double sum behind SumOfSquares / CountNonFinite, continued from `running`.
+// Consecutive pieces of a buffer whose boundaries are multiples of kReduceChunk elements chain to
+// exactly the value one call over the whole buffer gives (the sum runs chunk by chunk in order),
+// so a buffer streamed from NVMe in pieces has the same norm as one held in memory.
+inline constexpr int64_t kReduceChunk = int64_t{1} << 16;
+double HostSumOfSquares(const TensorView& x, double running);
+double HostCountNonFinite(const TensorView& x, double running);
+
 // Scalar references (CPU): double accumulation.
 double SumOfSquaresReference(const TensorView& x);
 int64_t CountNonFiniteReference(const TensorView& x);

@@ -8,10 +8,11 @@
 
 namespace zerort {
 
-GradientReducer::GradientReducer(const UnitResources& resources) : resources_(resources) {
+GradientReducer::GradientReducer(const UnitResources& resources, ShardedOptimizer* optimizer)
+    : resources_(resources), optimizer_(optimizer) {
   // Without overlap_comm the reductions run on the compute stream itself, in program order.
   if (!resources_.options->overlap_comm) resources_.comm = resources_.compute;
-  event_ = *CreateEvent(resources_.device->device());
+  event_ = *CreateEvent(resources_.tiers.device->device());
 }
 
 Status GradientReducer::CommAfterCompute() {
@@ -34,7 +35,7 @@ Status GradientReducer::FlushReduceScatter() {
   const ShardManagerOptions& o = *resources_.options;
   const DType dtype = o.reduce_dtype;
   const size_t elem = DTypeSize(dtype);
-  const Device device = resources_.device->device();
+  const Device device = resources_.tiers.device->device();
   const int ranks = resources_.dp->size();
   Stream* comm = resources_.comm;
   ZR_RETURN_IF_ERROR(CommAfterCompute());
@@ -45,8 +46,9 @@ Status GradientReducer::FlushReduceScatter() {
   // A single unit is reduced straight from its full gradient, which is already rank-major.
   Buffer packed;
   if (!single) {
-    ZR_ASSIGN_OR_RETURN(packed, resources_.device->Allocate(bucket_shard * ranks * elem,
-                                                            MemoryCategory::kCommBuffers, comm));
+    ZR_ASSIGN_OR_RETURN(packed,
+                        resources_.tiers.device->Allocate(bucket_shard * ranks * elem,
+                                                          MemoryCategory::kCommBuffers, comm));
     for (int r = 0; r < ranks; ++r) {
       int64_t offset = 0;
       for (ShardedUnit* u : pending_) {
@@ -58,7 +60,7 @@ Status GradientReducer::FlushReduceScatter() {
       }
     }
   }
-  ZR_ASSIGN_OR_RETURN(Buffer reduced, resources_.device->Allocate(
+  ZR_ASSIGN_OR_RETURN(Buffer reduced, resources_.tiers.device->Allocate(
                                           bucket_shard * elem, MemoryCategory::kCommBuffers, comm));
   resources_.dp->SetTraceLabel(
       single ? StrCat("reduce-scatter ", pending_[0]->name())
@@ -72,7 +74,7 @@ Status GradientReducer::FlushReduceScatter() {
   int64_t offset = 0;
   for (ShardedUnit* u : pending_) {
     const int64_t s = u->layout().shard_numel();
-    ZR_RETURN_IF_ERROR(AccumulateInto(all.Flat(offset, s), u->GradShard(), comm));
+    ZR_RETURN_IF_ERROR(optimizer_->AccumulateGradient(*u, all.Flat(offset, s), *comm));
     ZR_RETURN_IF_ERROR(u->DropFullGrad(*comm));
     offset += s;
   }
@@ -85,7 +87,7 @@ Status GradientReducer::AllReduceBucket(const std::vector<ShardedUnit*>& bucket)
   if (bucket.empty()) return absl::OkStatus();
   const DType dtype = resources_.options->reduce_dtype;
   const size_t elem = DTypeSize(dtype);
-  const Device device = resources_.device->device();
+  const Device device = resources_.tiers.device->device();
   Stream* comm = resources_.comm;
   resources_.dp->SetTraceLabel(bucket.size() == 1
                                    ? StrCat("all-reduce ", bucket[0]->name())
@@ -97,7 +99,7 @@ Status GradientReducer::AllReduceBucket(const std::vector<ShardedUnit*>& bucket)
   } else {
     int64_t total = 0;
     for (ShardedUnit* u : bucket) total += u->layout().padded_numel();
-    ZR_ASSIGN_OR_RETURN(Buffer packed, resources_.device->Allocate(
+    ZR_ASSIGN_OR_RETURN(Buffer packed, resources_.tiers.device->Allocate(
                                            total * elem, MemoryCategory::kCommBuffers, comm));
     int64_t offset = 0;
     for (ShardedUnit* u : bucket) {
@@ -144,7 +146,13 @@ Status GradientReducer::Finish(std::vector<std::unique_ptr<ShardedUnit>>& units)
   ZR_RETURN_IF_ERROR(event_->Record(*resources_.comm));
   ZR_RETURN_IF_ERROR(resources_.compute->WaitEvent(*event_));
   if (o.stage == ZeroStage::k0 || o.stage == ZeroStage::k1) {
-    for (auto& u : units) ZR_RETURN_IF_ERROR(u->TakeAllReducedGradient());
+    // This rank's slice of the all-reduced gradient becomes its gradient shard.
+    for (auto& u : units) {
+      const int64_t shard = u->layout().shard_numel();
+      ZR_RETURN_IF_ERROR(optimizer_->AccumulateGradient(
+          *u, u->FullGrad().Flat(u->layout_rank() * shard, shard), *resources_.compute));
+      ZR_RETURN_IF_ERROR(u->ZeroFullGrad());
+    }
   }
   return absl::OkStatus();
 }

@@ -15,13 +15,15 @@
 #include <memory>
 #include <vector>
 
+#include "sharding/sharded_optimizer.h"
 #include "sharding/sharded_unit.h"
 
 namespace zerort {
 
 class GradientReducer {
  public:
-  explicit GradientReducer(const UnitResources& resources);
+  // Reduced gradients are added into `optimizer`'s gradient shards.
+  GradientReducer(const UnitResources& resources, ShardedOptimizer* optimizer);
 
   // Stages 2-3: the unit's backward ended; reduces now or when the bucket is full.
   Status Add(ShardedUnit& unit);
@@ -36,6 +38,7 @@ class GradientReducer {
   Status CommAfterCompute();
 
   UnitResources resources_;
+  ShardedOptimizer* optimizer_;
   std::vector<ShardedUnit*> pending_;
   int64_t pending_numel_ = 0;
   int64_t collectives_ = 0;

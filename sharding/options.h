@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "runtime/device.h"
 #include "runtime/dtype.h"
@@ -35,13 +36,32 @@ struct LossScaleOptions {
   int max_consecutive_skips = 50;  // then the run stops with a clear error (zerort's own)
 };
 
-// Where each shard buffer lives. Offload is a placement, not another code path: the unit asks
-// for each buffer's tier. Only kDevice exists today; the offload issue adds kPinnedHost and kNvme
-// (DeepSpeed's offload_optimizer moves master and state, offload_param the compute shard).
+// Where the shard buffers live. Offload is a placement, not another code path: UnitPlan gives
+// every buffer its tier from here.
+//   optimizer: fp32 master, moments and gradient shard (DeepSpeed's offload_optimizer): kDevice,
+//              kPinnedHost or kHost (device "cpu", pinned or not), or kNvme; the optimizer step
+//              runs on the CPU when they are not on the device.
+//   params:    the stage-3 compute shard (DeepSpeed's offload_param), fetched before each gather.
 struct ShardPlacement {
-  MemoryTier master = MemoryTier::kDevice;
-  MemoryTier optimizer_state = MemoryTier::kDevice;
-  MemoryTier compute_shard = MemoryTier::kDevice;
+  MemoryTier optimizer = MemoryTier::kDevice;
+  MemoryTier params = MemoryTier::kDevice;
+};
+
+// The offload tier's knobs (DeepSpeed's offload_* buffer keys and its "aio" section).
+struct OffloadOptions {
+  std::string nvme_path;           // directory of this rank's NVMe file (kNvme placements)
+  int optimizer_buffer_count = 4;  // offload_optimizer.buffer_count: chunks in flight (>= 2)
+  int param_buffer_count = 5;      // offload_param.buffer_count: parameter fetches in flight
+  int64_t param_buffer_size = 100'000'000;  // offload_param.buffer_size: elements per fetch
+  int64_t sub_group_size = 1'000'000'000;   // elements per optimizer chunk (DeepSpeed's key)
+  int64_t aio_block_size = 1 << 20;         // aio.block_size: bytes per I/O request
+  int aio_queue_depth = 8;                  // aio.queue_depth
+  int aio_thread_count = 1;                 // aio.thread_count: pread/pwrite engine threads
+  bool aio_single_submit = false;           // aio.single_submit
+  bool aio_overlap_events = true;           // aio.overlap_events
+  std::string aio_engine = "auto";          // auto | io_uring | threads (zerort's own key)
+  int64_t fail_io_request = 0;              // test hook: the k-th NVMe request fails (0: never)
+  int fail_io_errno = 5;                    // with this errno (EIO)
 };
 
 struct ShardManagerOptions {
@@ -50,6 +70,7 @@ struct ShardManagerOptions {
   DType reduce_dtype = DType::kF32;   // full gradients and their reduction
   OptimizerOptions optimizer;
   ShardPlacement placement;
+  OffloadOptions offload;
   LossScaleOptions loss_scale;     // used when compute_dtype is f16
   float gradient_clipping = 0.0f;  // max global L2 norm; 0 disables
   bool overlap_comm = true;  // reduce gradients on the comm stream, overlapping backward compute

@@ -44,6 +44,64 @@ ShardManager::ShardManager(const ShardManagerOptions& options, const Resources& 
 
 ShardManager::~ShardManager() = default;
 
+namespace {
+
+bool IsHostTier(MemoryTier t) { return t == MemoryTier::kPinnedHost || t == MemoryTier::kHost; }
+
+// DeepSpeed's rules: optimizer offload from stage 1, parameter offload at stage 3 only.
+Status CheckPlacement(const ShardManagerOptions& o) {
+  const ShardPlacement& p = o.placement;
+  if (p.optimizer != MemoryTier::kDevice && o.stage == ZeroStage::k0) {
+    return absl::InvalidArgumentError(
+        "offload_optimizer needs ZeRO stage 1, 2 or 3 (stage 0 keeps no optimizer shards)");
+  }
+  if (p.params != MemoryTier::kDevice && o.stage != ZeroStage::k3) {
+    return absl::InvalidArgumentError(
+        StrCat("offload_param needs ZeRO stage 3 (stage is ", static_cast<int>(o.stage), ")"));
+  }
+  if (p.params == MemoryTier::kNvme && p.optimizer != MemoryTier::kNvme) {
+    return absl::InvalidArgumentError(
+        "offload_param to nvme needs offload_optimizer on nvme too (the step writes the "
+        "parameters it updates straight to their NVMe file)");
+  }
+  if (IsHostTier(p.optimizer) && IsHostTier(p.params) && p.optimizer != p.params) {
+    return absl::InvalidArgumentError("offload_optimizer and offload_param disagree on pin_memory");
+  }
+  if ((p.optimizer == MemoryTier::kNvme || p.params == MemoryTier::kNvme) &&
+      o.offload.nvme_path.empty()) {
+    return absl::InvalidArgumentError("an nvme offload needs nvme_path");
+  }
+  if (o.offload.optimizer_buffer_count < 2 || o.offload.param_buffer_count < 1 ||
+      o.offload.param_buffer_size < 1 || o.offload.sub_group_size < 1) {
+    return absl::InvalidArgumentError(
+        "offload buffers: optimizer buffer_count must be >= 2, param buffer_count, buffer_size "
+        "and sub_group_size >= 1");
+  }
+  return absl::OkStatus();
+}
+
+// This rank's fp32 master shard, from whole parameters generated identically on every rank.
+std::vector<float> InitialShard(const FlatLayout& layout, int rank, const Initializer& init,
+                                uint64_t seed) {
+  std::vector<float> shard(static_cast<size_t>(layout.shard_numel()), 0.0f);
+  for (const ShardPiece& piece : layout.ShardPieces(rank)) {
+    const ParamSpec& spec = layout.params()[piece.param];
+    std::vector<float> full(static_cast<size_t>(spec.numel()));
+    init(spec, seed, full);
+    std::copy(full.begin() + piece.param_range.begin, full.begin() + piece.param_range.end,
+              shard.begin() + piece.shard_range.begin);
+  }
+  return shard;
+}
+
+IoEngine EngineOf(const std::string& name) {
+  return name == "io_uring"  ? IoEngine::kIoUring
+         : name == "threads" ? IoEngine::kThreads
+                             : IoEngine::kAuto;
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<ShardManager>> ShardManager::Create(const ShardManagerOptions& options,
                                                              const Resources& resources) {
   if (resources.dp == nullptr || resources.device_allocator == nullptr) {
@@ -53,16 +111,7 @@ StatusOr<std::unique_ptr<ShardManager>> ShardManager::Create(const ShardManagerO
   if (!IsFloatingPoint(options.compute_dtype) || !IsFloatingPoint(options.reduce_dtype)) {
     return absl::InvalidArgumentError("compute and reduce dtypes must be f32, bf16 or f16");
   }
-  for (auto [tier, key] :
-       {std::pair{options.placement.master, "offload_optimizer (master weights)"},
-        std::pair{options.placement.optimizer_state, "offload_optimizer"},
-        std::pair{options.placement.compute_shard, "offload_param"}}) {
-    if (tier != MemoryTier::kDevice) {
-      return absl::UnimplementedError(
-          StrCat(key, " to the ", MemoryTierName(tier),
-                 " tier is not available yet: only device placement is"));
-    }
-  }
+  ZR_RETURN_IF_ERROR(CheckPlacement(options));
   if (options.gradient_clipping < 0) {
     return absl::InvalidArgumentError(
         StrCat("gradient_clipping ", options.gradient_clipping, " is negative"));
@@ -78,13 +127,74 @@ StatusOr<std::unique_ptr<ShardManager>> ShardManager::Create(const ShardManagerO
     ZR_ASSIGN_OR_RETURN(m->owned_comm_, CreateStream(device, "comm"));
     m->resources_.comm = m->owned_comm_.get();
   }
-  m->reducer_ = std::make_unique<GradientReducer>(m->UnitResourcesOf());
+  ZR_RETURN_IF_ERROR(m->CreateTiers());
+  m->optimizer_ = std::make_unique<ShardedOptimizer>(
+      OptimizerResources{&m->options_, resources.dp, m->tiers_, m->resources_.compute});
+  m->reducer_ = std::make_unique<GradientReducer>(m->UnitResourcesOf(), m->optimizer_.get());
   return m;
 }
 
+Status ShardManager::CreateTiers() {
+  const ShardPlacement& p = options_.placement;
+  tiers_.device = resources_.device_allocator;
+  const bool host = IsHostTier(p.optimizer) || IsHostTier(p.params);
+  const bool nvme = p.optimizer == MemoryTier::kNvme || p.params == MemoryTier::kNvme;
+  if (!host && !nvme) return absl::OkStatus();
+  tiers_.host = resources_.host_allocator;
+  if (tiers_.host == nullptr) {
+    // Staging for NVMe is pinned, as DeepSpeed's; a host tier takes the tier it names.
+    const MemoryTier tier = IsHostTier(p.optimizer) ? p.optimizer
+                            : IsHostTier(p.params)  ? p.params
+                                                    : MemoryTier::kPinnedHost;
+    if (resources_.device_allocator->device().is_cuda() && tier == MemoryTier::kPinnedHost) {
+      ZR_ASSIGN_OR_RETURN(owned_host_, MakePinnedHostAllocator(resources_.tracker));
+    } else {
+      owned_host_ = MakeCpuCachingAllocator(resources_.tracker, tier);
+    }
+    tiers_.host = owned_host_.get();
+  }
+  if (nvme) {
+    const OffloadOptions& o = options_.offload;
+    NvmeStoreOptions n;
+    n.dir = o.nvme_path;
+    n.file_tag = StrCat("zerort-rank", resources_.dp->rank());
+    n.engine = EngineOf(o.aio_engine);
+    n.block_bytes = o.aio_block_size;
+    n.queue_depth = o.aio_queue_depth;
+    n.thread_count = o.aio_thread_count;
+    n.single_submit = o.aio_single_submit;
+    n.overlap_events = o.aio_overlap_events;
+    n.tracker = resources_.tracker;
+    n.fail_request = o.fail_io_request;
+    n.fail_errno = o.fail_io_errno;
+    ZR_ASSIGN_OR_RETURN(nvme_, NvmeStore::Create(n));
+    tiers_.nvme = nvme_.get();
+  }
+  if (p.params == MemoryTier::kNvme) {
+    const int64_t csize = static_cast<int64_t>(DTypeSize(options_.compute_dtype));
+    ZR_ASSIGN_OR_RETURN(param_staging_,
+                        StagingPool::Create(*tiers_.host, options_.offload.param_buffer_count,
+                                            options_.offload.param_buffer_size * csize));
+  }
+  return absl::OkStatus();
+}
+
 UnitResources ShardManager::UnitResourcesOf() const {
-  return UnitResources{&options_, resources_.dp, resources_.device_allocator, resources_.compute,
-                       resources_.comm};
+  return UnitResources{&options_,          resources_.dp,   tiers_,
+                       resources_.compute, resources_.comm, param_staging_.get()};
+}
+
+// Before anything is written: does this rank's NVMe state fit where it goes?
+Status ShardManager::CheckNvmeSpace() const {
+  if (!nvme_) return absl::OkStatus();
+  int64_t bytes = 0;
+  for (const auto& u : units_) {
+    for (const PlannedBuffer& b : u->plan().buffers) {
+      if (b.tier == MemoryTier::kNvme) bytes += (b.bytes() + 4095) / 4096 * 4096;
+    }
+  }
+  return NvmeStore::CheckFreeSpace(options_.offload.nvme_path, bytes,
+                                   StrCat("the offloaded state of rank ", resources_.dp->rank()));
 }
 
 StatusOr<int> ShardManager::AddUnit(std::string name, std::vector<ParamSpec> params) {
@@ -103,9 +213,86 @@ StatusOr<int> ShardManager::AddUnit(std::string name, std::vector<ParamSpec> par
 Status ShardManager::Initialize(const Initializer& init) {
   if (initialized_) return absl::FailedPreconditionError("Initialize called twice");
   if (units_.empty()) return absl::FailedPreconditionError("no units were added");
-  for (auto& u : units_) ZR_RETURN_IF_ERROR(u->Initialize(init));
+  ZR_RETURN_IF_ERROR(CheckNvmeSpace());
+  if (options_.placement.params == MemoryTier::kNvme) {
+    // Every offloaded compute shard must fit one fetch buffer (offload_param.buffer_size).
+    for (const auto& u : units_) {
+      if (!u->persistent() && u->layout().shard_numel() > options_.offload.param_buffer_size) {
+        return absl::InvalidArgumentError(
+            StrCat("offload_param.buffer_size ", options_.offload.param_buffer_size,
+                   " elements is smaller than unit '", u->name(), "''s shard of ",
+                   u->layout().shard_numel(), " elements: raise it to at least that"));
+      }
+    }
+  }
+  for (auto& u : units_) {
+    std::vector<float> initial = InitialShard(u->layout(), u->layout_rank(), init, options_.seed);
+    ZR_ASSIGN_OR_RETURN(TensorView master, optimizer_->AddUnit(*u, initial));
+    ZR_RETURN_IF_ERROR(u->Initialize(master));
+  }
+  ZR_RETURN_IF_ERROR(optimizer_->Finalize());
   ZR_RETURN_IF_ERROR(resources_.compute->Synchronize());
   initialized_ = true;
+  return absl::OkStatus();
+}
+
+Status ShardManager::AfterStep() {
+  ZR_RETURN_IF_ERROR(optimizer_->ZeroGradients());
+  return RefreshComputeCopies();
+}
+
+Status ShardManager::RefreshComputeCopies() {
+  for (auto& u : units_) ZR_RETURN_IF_ERROR(u->RefreshAfterStep());
+  return absl::OkStatus();
+}
+
+Status ShardManager::ReadState(int u, StateKind kind, std::span<float> out) {
+  return optimizer_->ReadState(u, kind, out);
+}
+
+Status ShardManager::LoadState(int u, StateKind kind, std::span<const float> values) {
+  ShardedUnit& unit = *units_.at(u);
+  ZR_CHECK(unit.state() == ShardState::kSharded || unit.persistent())
+      << "LoadState while unit '" << unit.name() << "' is " << ShardStateName(unit.state());
+  ZR_RETURN_IF_ERROR(optimizer_->WriteState(u, kind, values));
+  if (kind != StateKind::kMaster) return absl::OkStatus();
+  const TensorView master(const_cast<float*>(values.data()), DType::kF32,
+                          {static_cast<int64_t>(values.size())}, Device::Cpu());
+  return unit.SetComputeFromMaster(master);
+}
+
+Status ShardManager::GatherMaster(int u, int param, std::span<float> out) {
+  ShardedUnit& unit = *units_.at(u);
+  const FlatLayout& layout = unit.layout();
+  const ParamSpec& spec = layout.params().at(param);
+  if (static_cast<int64_t>(out.size()) != spec.numel()) {
+    return absl::InvalidArgumentError(StrCat("GatherMaster of '", spec.name, "' into ", out.size(),
+                                             " elements, expected ", spec.numel()));
+  }
+  // Gathered through device memory on the compute stream (any backend, NCCL included).
+  const int64_t shard = layout.shard_numel();
+  std::vector<float> own(static_cast<size_t>(shard));
+  ZR_RETURN_IF_ERROR(optimizer_->ReadState(u, StateKind::kMaster, own));
+  std::vector<float> full(static_cast<size_t>(layout.padded_numel()));
+  Stream& compute = *resources_.compute;
+  const Device device = tiers_.device->device();
+  if (layout.dp_size() > 1) {
+    ZR_ASSIGN_OR_RETURN(Buffer mine,
+                        tiers_.device->Allocate(shard * 4, MemoryCategory::kWorkspace, &compute));
+    ZR_ASSIGN_OR_RETURN(
+        Buffer all, tiers_.device->Allocate(full.size() * 4, MemoryCategory::kWorkspace, &compute));
+    ZR_RETURN_IF_ERROR(
+        CopyBytes(mine.data(), device, own.data(), Device::Cpu(), shard * 4, &compute));
+    ZR_RETURN_IF_ERROR(
+        resources_.dp->AllGather(mine.data(), all.data(), shard, DType::kF32, &compute));
+    ZR_RETURN_IF_ERROR(
+        CopyBytes(full.data(), Device::Cpu(), all.data(), device, full.size() * 4, &compute));
+    ZR_RETURN_IF_ERROR(compute.Synchronize());
+  } else {
+    full = std::move(own);
+  }
+  const Range flat = layout.flat_range(param);
+  std::copy(full.begin() + flat.begin, full.begin() + flat.end, out.begin());
   return absl::OkStatus();
 }
 
@@ -120,25 +307,42 @@ Status ShardManager::RestoreCounters(int64_t steps, const LossScaler::State& sca
 int64_t ShardManager::live_gathered_bytes() const {
   int64_t bytes = 0;
   for (const auto& u : units_) {
-    if (!u->persistent() && u->state() != ShardState::kSharded) bytes += u->gathered_bytes();
+    if (!u->persistent() &&
+        (u->state() == ShardState::kGathering || u->state() == ShardState::kUnsharded)) {
+      bytes += u->gathered_bytes();
+    }
   }
   return bytes;
 }
 
 Status ShardManager::Prefetch(int after_position) {
-  // Issue the next units of the recorded order while both budgets allow (in bytes of the
-  // compute dtype, as DeepSpeed counts these knobs in elements).
+  // Offloaded compute shards: start reading the next units' shards from NVMe, as far ahead as
+  // the fetch buffers allow (offload_param.buffer_count).
+  if (param_staging_) {
+    for (size_t i = static_cast<size_t>(after_position) + 1;
+         i < recorded_order_.size() && param_staging_->available() > 0; ++i) {
+      ShardedUnit& u = *units_[recorded_order_[i]];
+      if (!u.persistent() && u.state() == ShardState::kSharded) ZR_RETURN_IF_ERROR(u.StartFetch());
+    }
+  }
+  // Then issue the next units' all-gathers while both budgets allow (in bytes of the compute
+  // dtype, as DeepSpeed counts these knobs in elements). A unit whose fetch is still reading is
+  // skipped, not waited for: the gather is issued when it is needed, or by a later prefetch.
   const int64_t elem = static_cast<int64_t>(DTypeSize(options_.compute_dtype));
   const int64_t live_budget = options_.stage3_max_live_parameters * elem;
   const int64_t ahead_budget = options_.stage3_prefetch_bucket_size * elem;
   int64_t ahead = 0;
   for (size_t i = static_cast<size_t>(after_position) + 1; i < recorded_order_.size(); ++i) {
     ShardedUnit& u = *units_[recorded_order_[i]];
-    if (u.persistent() || u.state() != ShardState::kSharded) continue;
+    if (u.persistent() || u.state() == ShardState::kGathering ||
+        u.state() == ShardState::kUnsharded) {
+      continue;
+    }
     if (ahead + u.gathered_bytes() > ahead_budget ||
         live_gathered_bytes() + u.gathered_bytes() > live_budget) {
       break;
     }
+    if (!u.fetch_ready()) continue;
     ZR_RETURN_IF_ERROR(u.StartGather());
     ahead += u.gathered_bytes();
   }
@@ -160,7 +364,10 @@ Status ShardManager::EnsureGathered(int unit) {
     Logger()->debug("unit order changed at position {}; prefetch re-records next step", position_);
     order_changed_ = true;
   }
-  if (!u.persistent() && u.state() == ShardState::kSharded) ZR_RETURN_IF_ERROR(u.StartGather());
+  if (!u.persistent() &&
+      (u.state() == ShardState::kSharded || u.state() == ShardState::kFetching)) {
+    ZR_RETURN_IF_ERROR(u.StartGather());
+  }
   ZR_RETURN_IF_ERROR(u.FinishGather());
   if (!recording_ && !order_changed_) ZR_RETURN_IF_ERROR(Prefetch(static_cast<int>(position_)));
   ++position_;
@@ -232,7 +439,7 @@ StatusOr<StepResult> ShardManager::Step(const StepInputs& inputs) {
   ZR_RETURN_IF_ERROR(FillZero(acc.data(), device, acc.bytes(), &compute));
   const TensorView sum_sq(acc.data(), DType::kF32, {1}, device);
   const TensorView nonfinite(static_cast<float*>(acc.data()) + 1, DType::kF32, {1}, device);
-  for (auto& u : units_) ZR_RETURN_IF_ERROR(u->AccumulateNorm(sum_sq, nonfinite));
+  ZR_RETURN_IF_ERROR(optimizer_->AccumulateNorm(sum_sq, nonfinite));
   // On the device buffer and the compute stream, so that an NCCL group works as well as MPI.
   // Stage 0 holds the whole, identical gradient on every rank: its sums are already global.
   if (options_.stage != ZeroStage::k0) {
@@ -251,7 +458,7 @@ StatusOr<StepResult> ShardManager::Step(const StepInputs& inputs) {
   result.grad_norm = std::sqrt(static_cast<double>(host[0])) * unscale;
   if (overflow) {
     result.skipped = true;
-    for (auto& u : units_) ZR_RETURN_IF_ERROR(u->AfterStep());
+    ZR_RETURN_IF_ERROR(AfterStep());
     ZR_RETURN_IF_ERROR(scaler_.Update(true));
     Logger()->warn("step {} skipped: non-finite gradients (loss scale {} -> {})", steps_ + 1,
                    loss_scale, scaler_.scale());
@@ -266,8 +473,8 @@ StatusOr<StepResult> ShardManager::Step(const StepInputs& inputs) {
   }
   ++steps_;
   const OptimizerStepArgs args{inputs.lr, steps_, static_cast<float>(unscale * clip)};
-  for (auto& u : units_) ZR_RETURN_IF_ERROR(u->OptimizerStep(args));
-  for (auto& u : units_) ZR_RETURN_IF_ERROR(u->AfterStep());
+  ZR_RETURN_IF_ERROR(optimizer_->Step(args));
+  ZR_RETURN_IF_ERROR(AfterStep());
   ZR_RETURN_IF_ERROR(compute.Synchronize());
   ZR_RETURN_IF_ERROR(scaler_.Update(false));
   EndStepOrder();

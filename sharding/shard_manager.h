@@ -2,20 +2,25 @@
 // registers its parameters in units, brackets each unit's forward and backward with a scope,
 // and calls Step() once per optimizer step; the manager does the rest: ZeRO stage semantics,
 // gathering and releasing with prefetch in recorded order, gradient reduction, loss scaling,
-// clipping and the sharded optimizer. Public header: no CUDA, NCCL or MPI includes.
+// clipping, the sharded optimizer, and offload of optimizer state and parameters to host memory
+// or NVMe (options.placement). Public header: no CUDA, NCCL or MPI includes.
 //
-//   auto manager = ShardManager::Create(options, resources);
-//   int fc1 = *manager->AddUnit("fc1", {{"fc1.weight", {64, 32}}, {"fc1.bias", {64}, false}});
+//   ZR_ASSIGN_OR_RETURN(auto manager, ShardManager::Create(options, resources));
+//   ZR_ASSIGN_OR_RETURN(int fc1, manager->AddUnit("fc1", {{"fc1.weight", {64, 32}},
+//                                                        {"fc1.bias", {64}, false}}));
 //   ZR_RETURN_IF_ERROR(manager->Initialize(init));
 //   for each step:
 //     for each micro-batch:
-//       { auto s = *manager->Forward(fc1); use s.param(0), s.param(1); ZR_RETURN_IF_ERROR(s.End());
-//       } loss *= manager->loss_scale();  // before backward { auto s = *manager->Backward(fc1);
-//       add into s.grad(0), s.grad(1); ZR_RETURN_IF_ERROR(s.End()); }
-//     StepResult r = *manager->Step({.lr = lr, .micro_batches = k});
+//       { ZR_ASSIGN_OR_RETURN(UnitScope s, manager->Forward(fc1));  // read s.param(0), s.param(1)
+//         ZR_RETURN_IF_ERROR(s.End()); }
+//       scale the loss's gradient by manager->loss_scale(), then, in reverse order:
+//       { ZR_ASSIGN_OR_RETURN(UnitScope s, manager->Backward(fc1));  // add into s.grad(0), ...
+//         ZR_RETURN_IF_ERROR(s.End()); }
+//     ZR_ASSIGN_OR_RETURN(StepResult r, manager->Step({.lr = lr, .micro_batches = k}));
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -25,6 +30,7 @@
 #include "sharding/gradient_reducer.h"
 #include "sharding/loss_scaler.h"
 #include "sharding/options.h"
+#include "sharding/sharded_optimizer.h"
 #include "sharding/sharded_unit.h"
 
 namespace zerort {
@@ -73,6 +79,11 @@ class ShardManager {
     Allocator* device_allocator = nullptr;  // required; its tracker gets every byte
     Stream* compute = nullptr;              // optional: created on the allocator's device
     Stream* comm = nullptr;                 // optional: created on the allocator's device
+    // Offload tiers (options.placement not on the device): host memory for the host tier and
+    // staging, created when null (pinned for kPinnedHost on CUDA); `tracker` accounts the host
+    // and NVMe tiers (usually the device allocator's).
+    Allocator* host_allocator = nullptr;
+    MemoryTracker* tracker = nullptr;
   };
 
   static StatusOr<std::unique_ptr<ShardManager>> Create(const ShardManagerOptions& options,
@@ -88,7 +99,7 @@ class ShardManager {
   StatusOr<UnitScope> Backward(int unit);
   // Completes this step's gradient reduction (stages 0-1 all-reduce here; 2-3 reduced as each
   // unit's backward ended). Step() calls it when the caller has not; calling it first lets a
-  // caller inspect the reduced gradient shards (ShardedUnit::GradShard) before the update.
+  // caller inspect the reduced gradient shards (optimizer().GradShard) before the update.
   Status ReduceGradients();
   StatusOr<StepResult> Step(const StepInputs& inputs);
 
@@ -96,11 +107,23 @@ class ShardManager {
   // Optimizer steps taken (skipped ones excluded) and the loss scaler, for checkpoints.
   int64_t steps() const { return steps_; }
   LossScaler::State scaler_state() const { return scaler_.state(); }
-  // Restores both (after the units' shards were written with ShardedUnit::WriteShard).
+  // Restores both (after the units' state was loaded with LoadState).
   Status RestoreCounters(int64_t steps, const LossScaler::State& scaler);
+  // Checkpoints, one unit at a time: this rank's shard of `kind` of unit `u`. LoadState of the
+  // master also sets the unit's compute values; after loading every unit, RefreshComputeCopies
+  // (collective) all-gathers them where the stage keeps full parameters.
+  Status ReadState(int u, StateKind kind, std::span<float> out);
+  Status LoadState(int u, StateKind kind, std::span<const float> values);
+  Status RefreshComputeCopies();
+  // The full fp32 master value of parameter `param` of unit `u`, assembled from every rank's
+  // shard (collective over the data-parallel group). For tests and inspection.
+  Status GatherMaster(int u, int param, std::span<float> out);
   int64_t skipped_steps() const { return scaler_.skipped_steps(); }
   int num_units() const { return static_cast<int>(units_.size()); }
   ShardedUnit& unit(int i) { return *units_.at(i); }
+  ShardedOptimizer& optimizer() { return *optimizer_; }
+  // The NVMe store of this rank (null without an NVMe placement).
+  const NvmeStore* nvme_store() const { return nvme_.get(); }
   const ShardManagerOptions& options() const { return options_; }
   Stream& compute_stream() { return *resources_.compute; }
   Allocator& device_allocator() { return *resources_.device_allocator; }
@@ -114,6 +137,9 @@ class ShardManager {
   ShardManager(const ShardManagerOptions& options, const Resources& resources);
   Status EnsureGathered(int unit);
   Status Prefetch(int after_position);
+  Status CreateTiers();
+  Status AfterStep();  // zero the gradient shards, refresh the compute copies
+  Status CheckNvmeSpace() const;
   Status EndScope(int unit, bool backward);
   void EndStepOrder();
   UnitResources UnitResourcesOf() const;
@@ -122,6 +148,11 @@ class ShardManager {
   Resources resources_;
   std::unique_ptr<Stream> owned_compute_;
   std::unique_ptr<Stream> owned_comm_;
+  std::unique_ptr<Allocator> owned_host_;
+  std::unique_ptr<NvmeStore> nvme_;
+  std::unique_ptr<StagingPool> param_staging_;  // fetches of offloaded compute shards
+  Tiers tiers_;
+  std::unique_ptr<ShardedOptimizer> optimizer_;
   std::vector<std::unique_ptr<ShardedUnit>> units_;
   std::unique_ptr<GradientReducer> reducer_;
   LossScaler scaler_;

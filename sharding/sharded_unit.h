@@ -1,7 +1,9 @@
-// ShardedUnit: one unit's flat layout, its buffers (see README.md, "Per-unit buffers") and its
-// shard state machine. Only the unit's own methods change its state, and each checks its
-// precondition with ZR_CHECK: a caller that gathers twice or reads a released unit is a bug that
-// stops the program with the unit's name, not a silent corruption.
+// ShardedUnit: the parameter side of one unit — its flat layout and plan, the compute copies of
+// its parameters (compute shard, full parameters or gathered buffer), its full gradient, and its
+// shard state machine. The optimizer side (master, moments, gradient shard) is ShardedOptimizer's.
+// Only the unit's own methods change its state, and each checks its precondition with ZR_CHECK:
+// a caller that gathers twice or reads a released unit is a bug that stops the program with the
+// unit's name, not a silent corruption.
 #pragma once
 
 #include <functional>
@@ -10,15 +12,15 @@
 #include <string>
 #include <vector>
 
-#include "runtime/allocator.h"
+#include "offload/staging_pool.h"
 #include "runtime/communicator.h"
-#include "runtime/device.h"
-#include "sharding/flat_layout.h"
-#include "sharding/options.h"
+#include "sharding/placed_buffer.h"
 
 namespace zerort {
 
-enum class ShardState { kSharded, kGathering, kUnsharded };
+// FETCHING exists only for units whose compute shard is offloaded (offload_param): the shard is
+// on its way from host memory or NVMe into a staging buffer the all-gather reads.
+enum class ShardState { kSharded, kFetching, kGathering, kUnsharded };
 std::string_view ShardStateName(ShardState state);
 
 // Fills one whole parameter (fp32, in its flattened row-major order). Called identically on every
@@ -29,17 +31,18 @@ using Initializer =
 // What a unit borrows from its manager.
 struct UnitResources {
   const ShardManagerOptions* options = nullptr;
-  Communicator* dp = nullptr;   // the data-parallel group
-  Allocator* device = nullptr;  // device-tier memory
-  Stream* compute = nullptr;    // where the model's kernels run
-  Stream* comm = nullptr;       // all-gathers and reductions, to overlap with compute
+  Communicator* dp = nullptr;            // the data-parallel group
+  Tiers tiers;                           // device memory, and the offload tiers in use
+  Stream* compute = nullptr;             // where the model's kernels run
+  Stream* comm = nullptr;                // all-gathers and reductions, to overlap with compute
+  StagingPool* param_staging = nullptr;  // fetches of offloaded compute shards
 };
 
-// Per-step scalars of the optimizer.
-struct OptimizerStepArgs {
-  float lr = 0.0f;
-  int64_t step = 1;         // 1-based count of steps taken (skipped ones excluded)
-  float grad_scale = 1.0f;  // 1 / (loss scale x micro-batches) x clip coefficient
+// Where the optimizer writes this rank's updated compute values: shard element i goes to element
+// `offset + i` of `buffer`. A null buffer: the model reads the master itself (stage 0, fp32).
+struct ComputeCopy {
+  PlacedBuffer* buffer = nullptr;
+  int64_t offset = 0;
 };
 
 class ShardedUnit {
@@ -51,14 +54,21 @@ class ShardedUnit {
 
   const std::string& name() const { return name_; }
   const FlatLayout& layout() const { return layout_; }
+  const UnitPlan& plan() const { return plan_; }
   ShardState state() const { return state_; }
-  bool persistent() const { return persistent_; }
+  bool persistent() const { return plan_.persistent; }
   int64_t gathered_bytes() const;  // padded_numel x compute dtype size
+  // This rank's index in the layout's frame: the data-parallel rank, or 0 when replicated.
+  int layout_rank() const { return rank_; }
 
-  // Allocates every buffer and fills the master shard and compute copies from `init`.
-  Status Initialize(const Initializer& init);
+  // Allocates the parameter-side buffers and sets the compute copies from this rank's fp32
+  // master shard `master` (any device; `master_storage` aliases it at stage 0 in fp32).
+  Status Initialize(const TensorView& master);
 
-  // SHARDED -> GATHERING: issues the all-gather of the compute shards on the comm stream.
+  // SHARDED -> FETCHING: starts reading an offloaded compute shard; no-op otherwise.
+  Status StartFetch();
+  bool fetch_ready() const;  // the fetch's I/O has completed (or there is none)
+  // SHARDED/FETCHING -> GATHERING: issues the all-gather of the compute shards on the comm stream.
   Status StartGather();
   // GATHERING -> UNSHARDED (the compute stream waits for the all-gather); no-op when UNSHARDED.
   Status FinishGather();
@@ -71,71 +81,46 @@ class ShardedUnit {
   // Layers add (+=) their gradients into it.
   TensorView Grad(int i) const;
   Status BeginBackward();
-
   // The whole reduce-dtype gradient; GradientReducer reduces it over the data-parallel group.
   TensorView FullGrad() const;
   // Stages 2-3, after the reduction: frees the full gradient once `used_on` has finished.
   Status DropFullGrad(Stream& used_on);
-  // Stages 0-1, after the all-reduce: this rank's slice becomes the fp32 gradient shard and the
-  // full gradient is zeroed for the next step.
-  Status TakeAllReducedGradient();
+  // Stages 0-1, after the step took this rank's slice: zeroes the kept full gradient.
+  Status ZeroFullGrad();
 
-  // Step, in order (after GradientReducer::Finish): AccumulateNorm, OptimizerStep, AfterStep.
-  // sum_sq += sum of squares of the gradient shard; nonfinite += count of inf/NaN in it.
-  Status AccumulateNorm(const TensorView& sum_sq, const TensorView& nonfinite);
-  Status OptimizerStep(const OptimizerStepArgs& args);
-  // Zeroes gradients; stages 1-2 all-gather the updated compute parameters; stage-3 persistent
-  // units re-gather theirs.
-  Status AfterStep();
-
-  // The full fp32 master value of parameter `i`, assembled from every rank's shard
-  // (collective over the data-parallel group). For tests and checkpoints.
-  Status GatherMaster(int i, std::span<float> out);
-  // This rank's fp32 gradient shard and master shard (host or device views).
-  TensorView GradShard() const;
-  TensorView MasterShard() const;
-
-  // The fp32 shard buffers a checkpoint holds. Optimizer states a run does not keep (Adam's
-  // second moment under SGD, momentum under plain SGD) are absent.
-  enum class StateBuffer { kMaster, kExpAvg, kExpAvgSq };
-  bool HasState(StateBuffer kind) const;
-  // This rank's shard of `kind` (shard_numel values, padding included) as host floats.
-  StatusOr<std::vector<float>> ReadState(StateBuffer kind) const;
-  // Overwrites this rank's shard of `kind`. Writing the master refreshes the compute copies
-  // (cast, then all-gathered where the stage keeps full parameters): collective over the
-  // data-parallel group; every unit must be SHARDED.
-  Status WriteState(StateBuffer kind, std::span<const float> values);
-  // This rank's index in the layout's frame: the data-parallel rank, or 0 at stage 0, where
-  // every rank holds the whole (identical) state.
-  int layout_rank() const { return rank_; }
+  ComputeCopy compute_copy();
+  // Sets this rank's compute values from fp32 master values (a loaded checkpoint); local, the
+  // all-gathers follow in RefreshAfterStep.
+  Status SetComputeFromMaster(const TensorView& master);
+  // After the optimizer wrote this rank's compute values: stages 1-2 all-gather the full
+  // parameters; persistent stage-3 units re-gather theirs.
+  Status RefreshAfterStep();
 
  private:
   ShardedUnit(std::string name, FlatLayout layout, const UnitResources& resources);
-  // Allocates a zeroed buffer on `tier` (the placement of that buffer kind).
-  Status Allocate(Buffer* buffer, size_t bytes, MemoryCategory category, Stream* stream,
-                  MemoryTier tier = MemoryTier::kDevice);
+  Status Allocate(PlacedBuffer* buffer, UnitBuffer which);
+  Status Fail(const Status& status) const;  // annotates with the unit's name
   TensorView ComputeFlat() const;  // the whole compute-dtype flat vector (full or gathered)
-  bool sharded_params() const { return options().stage == ZeroStage::k3; }
   const ShardManagerOptions& options() const { return *resources_.options; }
-  Device device() const { return resources_.device->device(); }
+  Device device() const { return resources_.tiers.device->device(); }
 
   std::string name_;
   FlatLayout layout_;
+  UnitPlan plan_;
   UnitResources resources_;
-  int rank_ = 0;  // in the layout's frame (0 at stage 0, which does not shard)
+  int rank_ = 0;  // in the layout's frame (0 when replicated)
   ShardState state_ = ShardState::kSharded;
-  bool persistent_ = false;
   bool initialized_ = false;
 
-  Buffer master_;         // fp32, shard
-  Buffer exp_avg_;        // fp32, shard (Adam) or momentum (SGD)
-  Buffer exp_avg_sq_;     // fp32, shard (Adam)
-  Buffer compute_shard_;  // compute dtype, shard (stage 3)
-  Buffer compute_full_;   // compute dtype, padded (stages 0-2; unused at stage 0 in fp32)
-  Buffer gathered_;       // compute dtype, padded (stage 3, while GATHERING/UNSHARDED)
-  Buffer full_grad_;      // reduce dtype, padded
-  Buffer grad_shard_;     // fp32, shard
+  TensorView master_alias_;     // stage 0 in fp32: the model reads the master
+  PlacedBuffer compute_shard_;  // compute dtype, shard (stage 3; offload_param places it)
+  PlacedBuffer compute_full_;   // compute dtype, padded (stages 0-2)
+  Buffer gathered_;             // compute dtype, padded (stage 3, while GATHERING/UNSHARDED)
+  Buffer full_grad_;            // reduce dtype, padded
   std::unique_ptr<Event> gathered_event_;  // end of the all-gather on the comm stream
+  // An offloaded compute shard on its way: the staging lease, the NVMe read (if any).
+  StagingPool::Lease fetch_lease_;
+  IoHandle fetch_io_;
 };
 
 }  // namespace zerort

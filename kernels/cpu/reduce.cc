@@ -35,9 +35,9 @@ Status CheckStream(const TensorView& x, Stream* stream) {
 // Sum of f(x_i) in double, with one partial per fixed chunk combined in chunk order: accurate
 // enough for a global norm over billions of elements, and deterministic.
 template <typename F>
-double ChunkedSum(const TensorView& x, F f) {
+double ChunkedSum(const TensorView& x, F f, double total = 0.0) {
   const int64_t n = x.numel();
-  constexpr int64_t kChunk = int64_t{1} << 16;
+  constexpr int64_t kChunk = kReduceChunk;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   std::vector<double> partial(static_cast<size_t>(std::max<int64_t>(chunks, 1)), 0.0);
   const void* base = x.data();
@@ -56,7 +56,6 @@ double ChunkedSum(const TensorView& x, F f) {
     }
     partial[static_cast<size_t>(c)] = acc;
   }
-  double total = 0.0;
   for (double p : partial) total += p;
   return total;
 }
@@ -84,6 +83,19 @@ Status CountNonFinite(const TensorView& x, const TensorView& out, Stream* stream
   *out.data_as<float>() +=
       static_cast<float>(ChunkedSum(x, [](float v) { return std::isfinite(v) ? 0.0 : 1.0; }));
   return absl::OkStatus();
+}
+
+double HostSumOfSquares(const TensorView& x, double running) {
+  ZR_CHECK(x.device().is_cpu() && IsFloatingPoint(x.dtype())) << "HostSumOfSquares on device data";
+  return ChunkedSum(
+      x, [](float v) { return static_cast<double>(v) * v; }, running);
+}
+
+double HostCountNonFinite(const TensorView& x, double running) {
+  ZR_CHECK(x.device().is_cpu() && IsFloatingPoint(x.dtype()))
+      << "HostCountNonFinite on device data";
+  return ChunkedSum(
+      x, [](float v) { return std::isfinite(v) ? 0.0 : 1.0; }, running);
 }
 
 Status Scale(const TensorView& x, float factor, Stream* stream) {

@@ -87,7 +87,7 @@ TEST(ShardManagerTest, GradientShardsMatchReferenceSliceBySlice) {
           int k = 0;
           for (int u : units) {
             const FlatLayout& layout = m->unit(u).layout();
-            const float* shard = m->unit(u).GradShard().data_as<float>();
+            const float* shard = m->optimizer().GradShard(u).data_as<float>();
             for (const ShardPiece& piece : layout.ShardPieces(comm.rank())) {
               const std::vector<float>& want = ref.grads[k + piece.param];
               // Ranks sum their samples apart, then average: the difference from one sum over the
@@ -192,7 +192,7 @@ TEST(ShardManagerTest, InfOnOneRankMakesEveryRankSkipAndLowersTheScale) {
                                          .status());
                   ZR_ASSIGN_OR_RETURN(StepResult first, m->Step({.lr = kLr}));
                   std::vector<float> before(MlpUnitParams(0)[0].numel());
-                  ZR_RETURN_IF_ERROR(m->unit(units[0]).GatherMaster(0, before));
+                  ZR_RETURN_IF_ERROR(m->GatherMaster(units[0], 0, before));
                   // Only rank 1 sees an inf in its gradient.
                   ZR_RETURN_IF_ERROR(MlpForwardBackward(*m, units,
                                                         kGlobalBatch + comm.rank() * per_rank,
@@ -200,7 +200,7 @@ TEST(ShardManagerTest, InfOnOneRankMakesEveryRankSkipAndLowersTheScale) {
                                          .status());
                   ZR_ASSIGN_OR_RETURN(StepResult second, m->Step({.lr = kLr}));
                   std::vector<float> after(before.size());
-                  ZR_RETURN_IF_ERROR(m->unit(units[0]).GatherMaster(0, after));
+                  ZR_RETURN_IF_ERROR(m->GatherMaster(units[0], 0, after));
                   std::string& e = errors[comm.rank()];
                   if (first.skipped) e += "first step skipped; ";
                   if (!second.skipped) e += "second step not skipped; ";
@@ -358,12 +358,21 @@ TEST(ShardManagerTest, StepRefusesAGatheredUnitAndBadInputs) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(m->Forward(7).status().code(), absl::StatusCode::kInvalidArgument);
   ShardManagerOptions offload = Options({});
-  offload.placement.optimizer_state = MemoryTier::kPinnedHost;
+  offload.stage = ZeroStage::k2;
+  offload.placement.params = MemoryTier::kPinnedHost;  // DeepSpeed: parameters at stage 3 only
   const auto refused =
       ShardManager::Create(offload, {.dp = comms[0].get(), .device_allocator = allocator.get()});
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(refused.status().message().find("offload_optimizer"), std::string_view::npos)
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("offload_param"), std::string_view::npos)
       << refused.status();
+  offload.stage = ZeroStage::k0;
+  offload.placement = {.optimizer = MemoryTier::kPinnedHost};
+  EXPECT_NE(
+      ShardManager::Create(offload, {.dp = comms[0].get(), .device_allocator = allocator.get()})
+          .status()
+          .message()
+          .find("offload_optimizer"),
+      std::string_view::npos);
 }
 
 }  // namespace

@@ -1,0 +1,455 @@
+// ShardedOptimizer: master, moments and gradient shards on their tier; accumulation, norm, step.
+#include "sharding/sharded_optimizer.h"
+
+#include <cstring>
+#include <deque>
+
+#include "kernels/cast.h"
+#include "kernels/optimizer.h"
+#include "kernels/reduce.h"
+#include "runtime/strings.h"
+
+namespace zerort {
+
+struct ShardedOptimizer::UnitState {
+  ShardedUnit* unit = nullptr;
+  PlacedBuffer master, exp_avg, exp_avg_sq, grad;
+  // NVMe gradient shards: whether the shard holds this step's gradient yet (else it reads as
+  // zero), and its norm parts as of its last write.
+  bool grad_written = false;
+  float sum_sq = 0.0f, nonfinite = 0.0f;
+};
+
+namespace {
+int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+constexpr int64_t kPage = NvmeStore::kAlignment;
+
+TensorView HostF32(void* data, int64_t n) {
+  return TensorView(data, DType::kF32, {n}, Device::Cpu());
+}
+}  // namespace
+
+ShardedOptimizer::ShardedOptimizer(const OptimizerResources& resources) : resources_(resources) {}
+
+ShardedOptimizer::~ShardedOptimizer() {
+  if (staging_) ZR_CHECK_OK(staging_->Drain());
+}
+
+int ShardedOptimizer::IndexOf(const ShardedUnit& unit) const {
+  auto it = index_.find(&unit);
+  ZR_CHECK(it != index_.end()) << "unit '" << unit.name() << "' unknown to the optimizer";
+  return it->second;
+}
+
+PlacedBuffer* ShardedOptimizer::Buffer(int u, StateKind kind) {
+  UnitState& s = *units_.at(u);
+  PlacedBuffer* b = kind == StateKind::kMaster   ? &s.master
+                    : kind == StateKind::kExpAvg ? &s.exp_avg
+                                                 : &s.exp_avg_sq;
+  return *b ? b : nullptr;
+}
+
+StatusOr<TensorView> ShardedOptimizer::AddUnit(ShardedUnit& unit, std::span<const float> initial) {
+  const UnitPlan& plan = unit.plan();
+  const int64_t shard = unit.layout().shard_numel();
+  ZR_CHECK(static_cast<int64_t>(initial.size()) == shard) << "unit '" << unit.name() << "'";
+  auto state = std::make_unique<UnitState>();
+  state->unit = &unit;
+  auto allocate = [&](PlacedBuffer& b, UnitBuffer which) -> Status {
+    const PlannedBuffer* p = plan.Find(which);
+    if (p == nullptr) return absl::OkStatus();
+    StatusOr<PlacedBuffer> placed =
+        PlacedBuffer::Allocate(*p, resources_.tiers, resources_.compute);
+    if (!placed.ok()) return Annotate(placed.status(), StrCat("unit '", unit.name(), "'"));
+    b = std::move(*placed);
+    return absl::OkStatus();
+  };
+  // In plan order (the memory model replays the same order).
+  ZR_RETURN_IF_ERROR(allocate(state->master, UnitBuffer::kMaster));
+  const int u = static_cast<int>(units_.size());
+  units_.push_back(std::move(state));
+  index_[&unit] = u;
+  ZR_RETURN_IF_ERROR(WriteState(u, StateKind::kMaster, initial));
+  UnitState& s = *units_.back();
+  ZR_RETURN_IF_ERROR(allocate(s.exp_avg, UnitBuffer::kExpAvg));
+  ZR_RETURN_IF_ERROR(allocate(s.exp_avg_sq, UnitBuffer::kExpAvgSq));
+  ZR_RETURN_IF_ERROR(allocate(s.grad, UnitBuffer::kGradShard));
+  if (s.master.in_memory()) return s.master.View();
+  return TensorView(const_cast<float*>(initial.data()), DType::kF32, {shard}, Device::Cpu());
+}
+
+Status ShardedOptimizer::Finalize() {
+  if (tier() != MemoryTier::kNvme || staging_) return absl::OkStatus();
+  const ShardManagerOptions& o = *resources_.options;
+  int64_t largest = 0;
+  for (const auto& s : units_) largest = std::max(largest, s->unit->layout().shard_numel());
+  chunk_numel_ =
+      RoundUp(std::min(largest, std::max<int64_t>(o.offload.sub_group_size, 1)), kReduceChunk);
+  const int64_t csize = static_cast<int64_t>(DTypeSize(o.compute_dtype));
+  const int64_t set_bytes =
+      4 * RoundUp(chunk_numel_ * 4, kPage) + RoundUp(chunk_numel_ * csize, kPage);
+  ZR_ASSIGN_OR_RETURN(staging_, StagingPool::Create(*resources_.tiers.host,
+                                                    std::max(o.offload.optimizer_buffer_count, 2),
+                                                    static_cast<size_t>(set_bytes)));
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------------ gradients and norm
+
+Status ShardedOptimizer::AccumulateGradient(const ShardedUnit& unit, const TensorView& reduced,
+                                            Stream& stream) {
+  const int u = IndexOf(unit);
+  UnitState& s = *units_[u];
+  const int64_t n = reduced.numel();
+  TensorView host = reduced;
+  ::zerort::Buffer staged;  // a device gradient on its way to the host tiers (CUDA)
+  if (s.grad.tier() == MemoryTier::kDevice) {
+    return AccumulateInto(reduced, s.grad.View(), &stream);
+  }
+  if (!reduced.device().is_cpu()) {
+    const size_t bytes = reduced.nbytes();
+    ZR_ASSIGN_OR_RETURN(staged, resources_.tiers.host->Allocate(bytes, MemoryCategory::kStaging));
+    ZR_RETURN_IF_ERROR(
+        CopyBytes(staged.data(), Device::Cpu(), reduced.data(), reduced.device(), bytes, &stream));
+    ZR_RETURN_IF_ERROR(stream.Synchronize());
+    host = TensorView(staged.data(), reduced.dtype(), {n}, Device::Cpu());
+  }
+  if (s.grad.in_memory()) return AccumulateInto(host, s.grad.View(), nullptr);
+  return AccumulateNvme(u, host);
+}
+
+// Read (unless this step has not written it yet), add, write, chunk by chunk; the norm parts are
+// taken on the way, chained so that they equal one pass over the whole shard.
+Status ShardedOptimizer::AccumulateNvme(int u, const TensorView& reduced) {
+  UnitState& s = *units_[u];
+  NvmeStore& store = *resources_.tiers.nvme;
+  const int64_t shard = s.grad.numel();
+  double sum_sq = 0.0, nonfinite = 0.0;
+  for (int64_t begin = 0; begin < shard; begin += chunk_numel_) {
+    const int64_t n = std::min(chunk_numel_, shard - begin);
+    ZR_ASSIGN_OR_RETURN(StagingPool::Lease lease, staging_->Acquire());
+    const TensorView chunk = HostF32(lease.data, n);
+    Status status = absl::OkStatus();
+    if (s.grad_written) {
+      status = store.StartRead(s.grad.region(), begin * 4, lease.data, n * 4).Finish();
+    } else {
+      std::memset(lease.data, 0, n * 4);
+    }
+    if (status.ok()) status = AccumulateInto(reduced.Flat(begin, n), chunk, nullptr);
+    if (status.ok()) {
+      sum_sq = HostSumOfSquares(chunk, sum_sq);
+      nonfinite = HostCountNonFinite(chunk, nonfinite);
+      status = store.StartWrite(s.grad.region(), begin * 4, lease.data, n * 4).Finish();
+    }
+    staging_->Return(lease);
+    if (!status.ok()) {
+      return Annotate(status, StrCat("gradient shard of unit '", s.unit->name(), "'"));
+    }
+  }
+  s.grad_written = true;
+  s.sum_sq = static_cast<float>(sum_sq);
+  s.nonfinite = static_cast<float>(nonfinite);
+  return absl::OkStatus();
+}
+
+Status ShardedOptimizer::AccumulateNorm(const TensorView& sum_sq, const TensorView& nonfinite) {
+  if (tier() == MemoryTier::kDevice) {
+    for (auto& s : units_) {
+      ZR_RETURN_IF_ERROR(SumOfSquares(s->grad.View(), sum_sq, resources_.compute));
+      ZR_RETURN_IF_ERROR(CountNonFinite(s->grad.View(), nonfinite, resources_.compute));
+    }
+    return absl::OkStatus();
+  }
+  // Host tiers: the same float additions, unit by unit, on the host.
+  float totals[2] = {0.0f, 0.0f};
+  for (auto& s : units_) {
+    if (s->grad.in_memory()) {
+      float part[2] = {0.0f, 0.0f};
+      ZR_RETURN_IF_ERROR(SumOfSquares(s->grad.View(), HostF32(&part[0], 1), nullptr));
+      ZR_RETURN_IF_ERROR(CountNonFinite(s->grad.View(), HostF32(&part[1], 1), nullptr));
+      totals[0] += part[0];
+      totals[1] += part[1];
+    } else if (s->grad_written) {
+      totals[0] += s->sum_sq;
+      totals[1] += s->nonfinite;
+    }
+  }
+  float current[2];
+  Stream* compute = resources_.compute;
+  ZR_RETURN_IF_ERROR(
+      CopyBytes(&current[0], Device::Cpu(), sum_sq.data(), sum_sq.device(), 4, compute));
+  ZR_RETURN_IF_ERROR(
+      CopyBytes(&current[1], Device::Cpu(), nonfinite.data(), nonfinite.device(), 4, compute));
+  ZR_RETURN_IF_ERROR(compute->Synchronize());
+  current[0] += totals[0];
+  current[1] += totals[1];
+  ZR_RETURN_IF_ERROR(
+      CopyBytes(sum_sq.data(), sum_sq.device(), &current[0], Device::Cpu(), 4, compute));
+  ZR_RETURN_IF_ERROR(
+      CopyBytes(nonfinite.data(), nonfinite.device(), &current[1], Device::Cpu(), 4, compute));
+  return compute->Synchronize();
+}
+
+Status ShardedOptimizer::ZeroGradients() {
+  for (auto& s : units_) {
+    if (s->grad.in_memory()) {
+      const TensorView g = s->grad.View();
+      ZR_RETURN_IF_ERROR(FillZero(g.data(), g.device(), g.nbytes(),
+                                  g.device().is_cpu() ? nullptr : resources_.compute));
+    }
+    s->grad_written = false;
+    s->sum_sq = s->nonfinite = 0.0f;
+  }
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------------ the step
+
+Status ShardedOptimizer::Update(int u, const Range& range, const OptimizerStepArgs& args,
+                                const TensorView& master, const TensorView& grad,
+                                const TensorView& exp_avg, const TensorView& exp_avg_sq,
+                                const TensorView& out) {
+  const ShardManagerOptions& o = *resources_.options;
+  const OptimizerOptions& opt = o.optimizer;
+  const FlatLayout& layout = units_[u]->unit->layout();
+  Stream* stream = master.device().is_cpu() ? nullptr : resources_.compute;
+  for (const ShardPiece& piece : layout.ShardPieces(units_[u]->unit->layout_rank())) {
+    const Range r{std::max(piece.shard_range.begin, range.begin),
+                  std::min(piece.shard_range.end, range.end)};
+    if (r.begin >= r.end) continue;
+    const int64_t at = r.begin - range.begin, n = r.size();
+    auto part = [&](const TensorView& v) { return v.data() ? v.Flat(at, n) : TensorView(); };
+    const float wd = layout.params()[piece.param].weight_decay ? opt.weight_decay : 0.0f;
+    if (opt.kind == OptimizerKind::kSgd) {
+      const SgdHyper h{.lr = args.lr,
+                       .momentum = opt.momentum,
+                       .dampening = opt.dampening,
+                       .weight_decay = wd,
+                       .nesterov = opt.nesterov,
+                       .step = args.step,
+                       .grad_scale = args.grad_scale};
+      ZR_RETURN_IF_ERROR(SgdStep(h, part(master), part(grad), part(exp_avg), part(out), stream));
+    } else {
+      const AdamHyper h{.lr = args.lr,
+                        .beta1 = opt.beta1,
+                        .beta2 = opt.beta2,
+                        .eps = opt.eps,
+                        .weight_decay = wd,
+                        .decoupled = opt.kind == OptimizerKind::kAdamW,
+                        .step = args.step,
+                        .grad_scale = args.grad_scale};
+      ZR_RETURN_IF_ERROR(AdamStep(h, part(master), part(grad), part(exp_avg), part(exp_avg_sq),
+                                  part(out), stream));
+    }
+  }
+  return absl::OkStatus();
+}
+
+Status ShardedOptimizer::Step(const OptimizerStepArgs& args) {
+  if (tier() == MemoryTier::kNvme) return StepNvme(args);
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
+    ZR_RETURN_IF_ERROR(StepInMemory(u, args));
+  }
+  return absl::OkStatus();
+}
+
+Status ShardedOptimizer::StepInMemory(int u, const OptimizerStepArgs& args) {
+  UnitState& s = *units_[u];
+  const int64_t shard = s.master.numel();
+  const ComputeCopy copy = s.unit->compute_copy();
+  const Device at = s.master.View().device();
+  TensorView out;
+  ::zerort::Buffer staged;  // the compute values on their way to another device (CUDA)
+  if (copy.buffer != nullptr) {
+    ZR_CHECK(copy.buffer->in_memory()) << "an NVMe compute shard needs NVMe optimizer state";
+    const TensorView target = copy.buffer->View().Flat(copy.offset, shard);
+    if (target.device() == at) {
+      out = target;
+    } else {
+      ZR_ASSIGN_OR_RETURN(
+          staged, resources_.tiers.host->Allocate(target.nbytes(), MemoryCategory::kStaging));
+      out = TensorView(staged.data(), target.dtype(), {shard}, Device::Cpu());
+    }
+  }
+  auto view = [](PlacedBuffer& b) { return b ? b.View() : TensorView(); };
+  ZR_RETURN_IF_ERROR(Update(u, Range{0, shard}, args, s.master.View(), s.grad.View(),
+                            view(s.exp_avg), view(s.exp_avg_sq), out));
+  if (staged) {
+    const TensorView target = copy.buffer->View().Flat(copy.offset, shard);
+    ZR_RETURN_IF_ERROR(CopyBytes(target.data(), target.device(), staged.data(), Device::Cpu(),
+                                 target.nbytes(), nullptr));
+  }
+  return absl::OkStatus();
+}
+
+// The NVMe pipeline: reads run up to buffer_count - 1 chunks ahead, a chunk's writes overlap the
+// next chunk's update, and a staging set is reused only after its writes (StagingPool fences).
+Status ShardedOptimizer::StepNvme(const OptimizerStepArgs& args) {
+  NvmeStore& store = *resources_.tiers.nvme;
+  const ShardManagerOptions& o = *resources_.options;
+  const int64_t csize = static_cast<int64_t>(DTypeSize(o.compute_dtype));
+  const int64_t part = RoundUp(chunk_numel_ * 4, kPage);
+  std::vector<Chunk> chunks;
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
+    const int64_t shard = units_[u]->master.numel();
+    for (int64_t b = 0; b < shard; b += chunk_numel_) {
+      chunks.push_back({u, Range{b, std::min(shard, b + chunk_numel_)}});
+    }
+  }
+  struct Job {
+    Chunk chunk;
+    StagingPool::Lease lease;
+    std::vector<IoHandle> reads;
+  };
+  auto buffers = [&](const Job& j) {
+    char* base = static_cast<char*>(j.lease.data);
+    return std::array<char*, 5>{base, base + part, base + 2 * part, base + 3 * part,
+                                base + 4 * part};
+  };
+  std::deque<Job> in_flight;
+  size_t next = 0;
+  const size_t ahead = static_cast<size_t>(staging_->count() - 1);
+  Status failed = absl::OkStatus();
+  auto issue = [&]() -> Status {
+    Job j{chunks[next++], {}, {}};
+    ZR_ASSIGN_OR_RETURN(j.lease, staging_->Acquire());
+    UnitState& s = *units_[j.chunk.unit];
+    const auto buf = buffers(j);
+    const int64_t off = j.chunk.range.begin * 4, bytes = j.chunk.range.size() * 4;
+    int i = 0;
+    for (PlacedBuffer* b : {&s.master, &s.exp_avg, &s.exp_avg_sq}) {
+      if (*b) j.reads.push_back(store.StartRead(b->region(), off, buf[i], bytes));
+      ++i;
+    }
+    if (s.grad_written) {
+      j.reads.push_back(store.StartRead(s.grad.region(), off, buf[3], bytes));
+    } else {
+      std::memset(buf[3], 0, bytes);
+    }
+    in_flight.push_back(std::move(j));
+    return absl::OkStatus();
+  };
+  while (failed.ok() && (next < chunks.size() || !in_flight.empty())) {
+    while (failed.ok() && next < chunks.size() && in_flight.size() < ahead) failed = issue();
+    if (!failed.ok() || in_flight.empty()) break;
+    Job j = std::move(in_flight.front());
+    in_flight.pop_front();
+    UnitState& s = *units_[j.chunk.unit];
+    for (IoHandle& r : j.reads) {
+      Status st = r.Finish();
+      if (failed.ok() && !st.ok()) failed = st;
+    }
+    const auto buf = buffers(j);
+    const Range& r = j.chunk.range;
+    const int64_t n = r.size();
+    std::vector<Fence> fences;
+    if (failed.ok()) {
+      const ComputeCopy copy = s.unit->compute_copy();
+      TensorView out;
+      bool out_staged = false;
+      if (copy.buffer != nullptr) {
+        if (copy.buffer->in_memory() && copy.buffer->View().device().is_cpu()) {
+          out = copy.buffer->View().Flat(copy.offset + r.begin, n);
+        } else {
+          out = TensorView(buf[4], o.compute_dtype, {n}, Device::Cpu());
+          out_staged = true;
+        }
+      }
+      failed = Update(j.chunk.unit, r, args, HostF32(buf[0], n), HostF32(buf[3], n),
+                      s.exp_avg ? HostF32(buf[1], n) : TensorView(),
+                      s.exp_avg_sq ? HostF32(buf[2], n) : TensorView(), out);
+      int i = 0;
+      for (PlacedBuffer* b : {&s.master, &s.exp_avg, &s.exp_avg_sq}) {
+        if (failed.ok() && *b) {
+          IoHandle w = store.StartWrite(b->region(), r.begin * 4, buf[i], n * 4);
+          fences.push_back([w]() mutable { return w.Finish(); });
+        }
+        ++i;
+      }
+      if (failed.ok() && out_staged) {
+        if (copy.buffer->in_memory()) {  // device memory (CUDA)
+          const TensorView target = copy.buffer->View().Flat(copy.offset + r.begin, n);
+          failed = CopyBytes(target.data(), target.device(), buf[4], Device::Cpu(), target.nbytes(),
+                             nullptr);
+        } else {
+          IoHandle w = store.StartWrite(copy.buffer->region(), (copy.offset + r.begin) * csize,
+                                        buf[4], n * csize);
+          fences.push_back([w]() mutable { return w.Finish(); });
+        }
+      }
+    }
+    staging_->Return(j.lease, std::move(fences));
+  }
+  for (Job& j : in_flight) {  // after a failure: let the reads finish before the memory is reused
+    for (IoHandle& r : j.reads) r.Finish().IgnoreError();
+    staging_->Return(j.lease);
+  }
+  Status drained = staging_->Drain();  // every write of this step has landed
+  if (!failed.ok()) return Annotate(failed, "optimizer step on the nvme tier");
+  return Annotate(drained, "optimizer step on the nvme tier");
+}
+
+// ------------------------------------------------------------------ checkpoint state
+
+bool ShardedOptimizer::HasState(StateKind kind) const {
+  if (units_.empty()) return false;
+  const UnitState& s = *units_[0];
+  return kind == StateKind::kMaster   ? static_cast<bool>(s.master)
+         : kind == StateKind::kExpAvg ? static_cast<bool>(s.exp_avg)
+                                      : static_cast<bool>(s.exp_avg_sq);
+}
+
+Status ShardedOptimizer::ReadState(int u, StateKind kind, std::span<float> out) {
+  PlacedBuffer* b = Buffer(u, kind);
+  if (b == nullptr) return absl::FailedPreconditionError("the optimizer keeps no such state");
+  if (static_cast<int64_t>(out.size()) != b->numel()) {
+    return absl::InvalidArgumentError(
+        StrCat("ReadState into ", out.size(), " values, shard of ", b->numel()));
+  }
+  if (b->in_memory()) {
+    const TensorView v = b->View();
+    ZR_RETURN_IF_ERROR(CopyBytes(out.data(), Device::Cpu(), v.data(), v.device(), v.nbytes(),
+                                 v.device().is_cpu() ? nullptr : resources_.compute));
+    return v.device().is_cpu() ? absl::OkStatus() : resources_.compute->Synchronize();
+  }
+  ZR_ASSIGN_OR_RETURN(
+      ::zerort::Buffer staged,
+      resources_.tiers.host->Allocate(b->region().capacity + kPage, MemoryCategory::kStaging));
+  char* aligned = reinterpret_cast<char*>(RoundUp(reinterpret_cast<int64_t>(staged.data()), kPage));
+  ZR_RETURN_IF_ERROR(
+      resources_.tiers.nvme->StartRead(b->region(), 0, aligned, b->bytes()).Finish());
+  std::memcpy(out.data(), aligned, b->bytes());
+  return absl::OkStatus();
+}
+
+Status ShardedOptimizer::WriteState(int u, StateKind kind, std::span<const float> values) {
+  PlacedBuffer* b = Buffer(u, kind);
+  if (b == nullptr) return absl::FailedPreconditionError("the optimizer keeps no such state");
+  if (static_cast<int64_t>(values.size()) != b->numel()) {
+    return absl::InvalidArgumentError(StrCat("WriteState of unit '", units_[u]->unit->name(), "': ",
+                                             values.size(), " values for a shard of ", b->numel()));
+  }
+  if (b->in_memory()) {
+    const TensorView v = b->View();
+    ZR_RETURN_IF_ERROR(CopyBytes(v.data(), v.device(), values.data(), Device::Cpu(), v.nbytes(),
+                                 v.device().is_cpu() ? nullptr : resources_.compute));
+    if (!v.device().is_cpu()) ZR_RETURN_IF_ERROR(resources_.compute->Synchronize());
+  } else {
+    ZR_ASSIGN_OR_RETURN(
+        ::zerort::Buffer staged,
+        resources_.tiers.host->Allocate(b->region().capacity + kPage, MemoryCategory::kStaging));
+    char* aligned =
+        reinterpret_cast<char*>(RoundUp(reinterpret_cast<int64_t>(staged.data()), kPage));
+    std::memcpy(aligned, values.data(), b->bytes());
+    ZR_RETURN_IF_ERROR(
+        resources_.tiers.nvme->StartWrite(b->region(), 0, aligned, b->bytes()).Finish());
+  }
+  return absl::OkStatus();
+}
+
+TensorView ShardedOptimizer::GradShard(int u) const {
+  const PlacedBuffer& g = units_.at(u)->grad;
+  return g.in_memory() ? g.View() : TensorView();
+}
+
+}  // namespace zerort

@@ -1,0 +1,97 @@
+// ShardedOptimizer: the optimizer side of every unit — fp32 master, moments and gradient shard on
+// the optimizer tier (device, host, or NVMe: DeepSpeed's offload_optimizer) — and what is done
+// with them: gradient accumulation into the shards, the local part of the global norm, the step
+// (fused AdamW / Adam / SGD kernels, writing the compute copy in the same pass), zeroing, and the
+// state a checkpoint reads and writes, one unit at a time.
+//
+// Device and host tiers are updated in place by the kernels (on the CPU for the host tier). The
+// NVMe tier streams: each unit's shard is cut in chunks of at most sub_group_size elements
+// (a multiple of kReduceChunk), and chunk k is updated on the CPU while chunk k+1.. are read and
+// chunk k-1 is written, through `buffer_count` staging sets. The norm of an NVMe gradient shard is
+// taken when the shard is written during the backward (the last write of the step is the final
+// value), so the step needs no extra pass over NVMe before its first update, clipping or not.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "offload/staging_pool.h"
+#include "runtime/communicator.h"
+#include "sharding/sharded_unit.h"
+
+namespace zerort {
+
+// Per-step scalars of the optimizer.
+struct OptimizerStepArgs {
+  float lr = 0.0f;
+  int64_t step = 1;         // 1-based count of steps taken (skipped ones excluded)
+  float grad_scale = 1.0f;  // 1 / (loss scale x micro-batches) x clip coefficient
+};
+
+// The fp32 shard buffers a checkpoint holds.
+enum class StateKind { kMaster, kExpAvg, kExpAvgSq };
+
+struct OptimizerResources {
+  const ShardManagerOptions* options = nullptr;
+  Communicator* dp = nullptr;
+  Tiers tiers;
+  Stream* compute = nullptr;
+};
+
+class ShardedOptimizer {
+ public:
+  explicit ShardedOptimizer(const OptimizerResources& resources);
+  ~ShardedOptimizer();
+
+  // Allocates `unit`'s master, moments and gradient shard from its plan and sets the master to
+  // `initial` (this rank's shard, host memory). Returns the master's values as a view the unit
+  // initialises its compute copies from (the master itself in memory; `initial` for NVMe).
+  StatusOr<TensorView> AddUnit(ShardedUnit& unit, std::span<const float> initial);
+  // After every AddUnit: the staging sets of the NVMe pipeline.
+  Status Finalize();
+
+  // Adds a reduced gradient slice (reduce dtype, shard_numel elements, device memory written on
+  // `stream`) into the unit's fp32 gradient shard.
+  Status AccumulateGradient(const ShardedUnit& unit, const TensorView& reduced, Stream& stream);
+  // Adds this rank's sum of squares and count of non-finite values over every gradient shard,
+  // unit by unit in order, into one-element f32 device views (zeroed by the caller).
+  Status AccumulateNorm(const TensorView& sum_sq, const TensorView& nonfinite);
+  // Updates every unit's master and moments, and writes its compute copy.
+  Status Step(const OptimizerStepArgs& args);
+  Status ZeroGradients();
+
+  bool HasState(StateKind kind) const;
+  // This rank's shard of `kind` of unit `u` (shard_numel values, padding included).
+  Status ReadState(int u, StateKind kind, std::span<float> out);
+  // Overwrites it (the unit's compute copy is the caller's: ShardManager::LoadState).
+  Status WriteState(int u, StateKind kind, std::span<const float> values);
+  // The fp32 gradient shard of unit `u`, when it is in memory (tests, inspection).
+  TensorView GradShard(int u) const;
+  MemoryTier tier() const { return resources_.options->placement.optimizer; }
+
+ private:
+  struct UnitState;
+  struct Chunk {
+    int unit;
+    Range range;  // in the shard frame
+  };
+  Status StepInMemory(int u, const OptimizerStepArgs& args);
+  Status StepNvme(const OptimizerStepArgs& args);
+  // The fused kernel on one range of unit u, given fp32 views of that range and the compute out.
+  Status Update(int u, const Range& range, const OptimizerStepArgs& args, const TensorView& master,
+                const TensorView& grad, const TensorView& exp_avg, const TensorView& exp_avg_sq,
+                const TensorView& out);
+  Status AccumulateNvme(int u, const TensorView& reduced_host);
+  PlacedBuffer* Buffer(int u, StateKind kind);
+  int IndexOf(const ShardedUnit& unit) const;
+
+  OptimizerResources resources_;
+  std::vector<std::unique_ptr<UnitState>> units_;
+  std::unordered_map<const ShardedUnit*, int> index_;
+  int64_t chunk_numel_ = 0;               // NVMe pipeline chunk
+  std::unique_ptr<StagingPool> staging_;  // NVMe pipeline staging sets
+};
+
+}  // namespace zerort

@@ -1,0 +1,79 @@
+// UnitPlan: which buffers a unit keeps, where, and for how long.
+#include "sharding/unit_plan.h"
+
+namespace zerort {
+
+std::string_view UnitBufferName(UnitBuffer buffer) {
+  switch (buffer) {
+    case UnitBuffer::kMaster:
+      return "master";
+    case UnitBuffer::kExpAvg:
+      return "exp_avg";
+    case UnitBuffer::kExpAvgSq:
+      return "exp_avg_sq";
+    case UnitBuffer::kGradShard:
+      return "gradient shard";
+    case UnitBuffer::kComputeShard:
+      return "compute shard";
+    case UnitBuffer::kComputeFull:
+      return "full compute parameters";
+    case UnitBuffer::kGathered:
+      return "gathered parameters";
+    case UnitBuffer::kFullGrad:
+      return "full gradient";
+  }
+  return "invalid";
+}
+
+const PlannedBuffer* UnitPlan::Find(UnitBuffer buffer) const {
+  for (const PlannedBuffer& b : buffers) {
+    if (b.buffer == buffer) return &b;
+  }
+  return nullptr;
+}
+
+int ShardCount(ZeroStage stage, int dp_size) { return stage == ZeroStage::k0 ? 1 : dp_size; }
+
+int OptimizerStateCount(const OptimizerOptions& optimizer) {
+  if (optimizer.kind != OptimizerKind::kSgd) return 2;
+  return optimizer.momentum != 0.0f ? 1 : 0;
+}
+
+UnitPlan PlanUnit(const ShardManagerOptions& o, const FlatLayout& layout) {
+  UnitPlan plan;
+  const int64_t shard = layout.shard_numel();
+  const int64_t padded = layout.padded_numel();
+  const MemoryTier opt_tier = o.placement.optimizer;
+  plan.partitioning = o.stage == ZeroStage::k0 ? Partitioning::kReplicated : Partitioning::kSharded;
+  plan.sharded_params = o.stage == ZeroStage::k3;
+  plan.persistent = !plan.sharded_params || padded < o.stage3_param_persistence_threshold;
+  plan.compute_is_master = o.stage == ZeroStage::k0 && o.compute_dtype == DType::kF32;
+
+  using C = MemoryCategory;
+  auto add = [&](UnitBuffer b, int64_t numel, DType dtype, MemoryTier tier, C category,
+                 Lifetime lifetime = Lifetime::kPersistent) {
+    plan.buffers.push_back({b, numel, dtype, tier, category, lifetime});
+  };
+  add(UnitBuffer::kMaster, shard, DType::kF32, opt_tier, C::kParameters);
+  const int states = OptimizerStateCount(o.optimizer);
+  if (states >= 1) add(UnitBuffer::kExpAvg, shard, DType::kF32, opt_tier, C::kOptimizerState);
+  if (states >= 2) add(UnitBuffer::kExpAvgSq, shard, DType::kF32, opt_tier, C::kOptimizerState);
+  add(UnitBuffer::kGradShard, shard, DType::kF32, opt_tier, C::kGradients);
+  if (plan.sharded_params) {
+    // Persistent units stay gathered on the device, so their shard stays there too (as
+    // DeepSpeed keeps parameters below the persistence threshold on the GPU).
+    const MemoryTier tier = plan.persistent ? MemoryTier::kDevice : o.placement.params;
+    add(UnitBuffer::kComputeShard, shard, o.compute_dtype, tier, C::kParameters);
+  } else if (!plan.compute_is_master) {
+    add(UnitBuffer::kComputeFull, padded, o.compute_dtype, MemoryTier::kDevice, C::kParameters);
+  }
+  add(UnitBuffer::kFullGrad, padded, o.reduce_dtype, MemoryTier::kDevice, C::kGradients,
+      o.stage <= ZeroStage::k1 ? Lifetime::kPersistent : Lifetime::kDuringBackward);
+  if (plan.sharded_params) {
+    add(UnitBuffer::kGathered, padded, o.compute_dtype, MemoryTier::kDevice, C::kGatheredWeights,
+        plan.persistent ? Lifetime::kPersistent : Lifetime::kWhileGathered);
+  }
+  return plan;
+}
+
+}  // namespace zerort
