@@ -1,6 +1,7 @@
 // Reading, validating and printing RunConfig.
 #include "engine/config.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -20,14 +21,20 @@ const KeyDirectory& Directory() {
       {"",
        {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
         "zero_optimization", "fp16", "bf16", "optimizer", "scheduler", "gradient_clipping",
-        "steps_per_print", "seed", "model", "data", "train", "checkpoint", "logging", "parallel"}},
+        "steps_per_print", "seed", "model", "data", "train", "checkpoint", "logging", "parallel",
+        "aio"}},
       {"zero_optimization",
        {"stage", "overlap_comm", "reduce_bucket_size", "stage3_prefetch_bucket_size",
         "stage3_param_persistence_threshold", "stage3_max_live_parameters", "contiguous_gradients",
-        "offload_optimizer", "offload_param"}},
+        "offload_optimizer", "offload_param", "sub_group_size"}},
       {"zero_optimization.offload_optimizer",
-       {"device", "nvme_path", "pin_memory", "buffer_count"}},
-      {"zero_optimization.offload_param", {"device", "nvme_path", "pin_memory", "buffer_count"}},
+       {"device", "nvme_path", "pin_memory", "buffer_count", "fast_init", "ratio", "pipeline_read",
+        "pipeline_write"}},
+      {"zero_optimization.offload_param",
+       {"device", "nvme_path", "pin_memory", "buffer_count", "buffer_size", "max_in_cpu"}},
+      {"aio",
+       {"block_size", "queue_depth", "thread_count", "single_submit", "overlap_events", "use_gds",
+        "engine"}},
       {"fp16",
        {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
         "min_loss_scale"}},
@@ -58,19 +65,77 @@ constexpr int64_t kMaxInt = int64_t{1} << 53;
 Status ReadOffload(const JsonSection& zero, const char* key, OffloadConfig& out) {
   ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> s, zero.Object(key));
   if (!s) return absl::OkStatus();
+  const bool param = std::string_view(key) == "offload_param";
+  if (param) out.buffer_count = 5;  // DeepSpeed's default for parameters
   ZR_RETURN_IF_ERROR(s->String("device", out.device, {"none", "cpu", "nvme"}));
   ZR_RETURN_IF_ERROR(s->String("nvme_path", out.nvme_path));
   ZR_RETURN_IF_ERROR(s->Bool("pin_memory", out.pin_memory));
-  ZR_RETURN_IF_ERROR(s->Int("buffer_count", out.buffer_count, 1, 1024));
+  ZR_RETURN_IF_ERROR(s->Int("buffer_count", out.buffer_count, param ? 1 : 2, 1024));
+  ZR_RETURN_IF_ERROR(s->Int("buffer_size", out.buffer_size, 1, kMaxInt));
+  ZR_RETURN_IF_ERROR(s->Int("max_in_cpu", out.max_in_cpu, 0, kMaxInt));
+  bool ignored = false;
+  // Knobs that only tune how DeepSpeed's own pipeline runs; zerort always pipelines.
+  ZR_RETURN_IF_ERROR(s->Bool("fast_init", ignored));
+  ZR_RETURN_IF_ERROR(s->Bool("pipeline_read", ignored));
+  ZR_RETURN_IF_ERROR(s->Bool("pipeline_write", ignored));
+  float ratio = 1.0f;
+  ZR_RETURN_IF_ERROR(s->Float("ratio", ratio, 0.0f, 1.0f));
+  out.ratio = ratio;
   ZR_RETURN_IF_ERROR(s->Finish());
+  if (out.ratio != 1.0) {
+    return absl::InvalidArgumentError(StrCat(
+        s->PathOf("ratio"), " = ", out.ratio,
+        ": partial optimizer offload (DeepSpeed's ZeRO++ twin-flow) is not supported; use 1"));
+  }
   if (out.device == "nvme" && out.nvme_path.empty()) {
     return absl::InvalidArgumentError(
         StrCat(s->PathOf("nvme_path"), " is required when ", s->PathOf("device"), " is \"nvme\""));
   }
-  if (out.device != "none") {
+  if (out.device == "nvme") {
+    std::error_code ec;
+    const auto status = std::filesystem::status(out.nvme_path, ec);
+    if (ec || !std::filesystem::exists(status)) {
+      return absl::InvalidArgumentError(
+          StrCat(s->PathOf("nvme_path"), " = \"", out.nvme_path, "\" does not exist"));
+    }
+    if (!std::filesystem::is_directory(status)) {
+      return absl::InvalidArgumentError(
+          StrCat(s->PathOf("nvme_path"), " = \"", out.nvme_path, "\" is not a directory"));
+    }
+    // access() answers yes to root: probe with a file that is removed at once.
+    const std::string probe = StrCat(out.nvme_path, "/.zerort-probe-", ::getpid());
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      return absl::InvalidArgumentError(StrCat(s->PathOf("nvme_path"), " = \"", out.nvme_path,
+                                               "\" is not writable: ", std::strerror(errno)));
+    }
+    ::close(fd);
+    ::unlink(probe.c_str());
+  }
+  return absl::OkStatus();
+}
+
+Status ReadAio(const JsonSection& top, AioConfig& out) {
+  ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> s, top.Object("aio"));
+  if (!s) return absl::OkStatus();
+  ZR_RETURN_IF_ERROR(s->Int("block_size", out.block_size, 4096, int64_t{1} << 30));
+  ZR_RETURN_IF_ERROR(s->Int("queue_depth", out.queue_depth, 1, 4096));
+  ZR_RETURN_IF_ERROR(s->Int("thread_count", out.thread_count, 1, 256));
+  ZR_RETURN_IF_ERROR(s->Bool("single_submit", out.single_submit));
+  ZR_RETURN_IF_ERROR(s->Bool("overlap_events", out.overlap_events));
+  ZR_RETURN_IF_ERROR(s->String("engine", out.engine, {"auto", "io_uring", "threads"}));
+  bool gds = false;
+  ZR_RETURN_IF_ERROR(s->Bool("use_gds", gds));
+  ZR_RETURN_IF_ERROR(s->Finish());
+  if (gds) {
     return absl::InvalidArgumentError(
-        StrCat(s->PathOf("device"), " = \"", out.device,
-               "\": offload is not yet supported in this version of zerort (use \"none\")"));
+        StrCat(s->PathOf("use_gds"),
+               " = true: GPUDirect Storage is not supported; zerort stages NVMe I/O through "
+               "pinned host memory (set it to false)"));
+  }
+  if (out.block_size % 4096 != 0) {
+    return absl::InvalidArgumentError(StrCat(s->PathOf("block_size"), " = ", out.block_size,
+                                             " is not a multiple of 4096 (O_DIRECT's alignment)"));
   }
   return absl::OkStatus();
 }
@@ -240,9 +305,39 @@ StatusOr<RunConfig> ParseRunConfig(const nlohmann::json& json, const std::string
           zero->Int("stage3_max_live_parameters", z.stage3_max_live_parameters, 1, kMaxInt));
       ZR_RETURN_IF_ERROR(zero->Bool("contiguous_gradients", z.contiguous_gradients));
       ZR_RETURN_IF_ERROR(zero->Finish());
+      ZR_RETURN_IF_ERROR(zero->Int("sub_group_size", z.sub_group_size, 1, kMaxInt));
       ZR_RETURN_IF_ERROR(ReadOffload(*zero, "offload_optimizer", z.offload_optimizer));
       ZR_RETURN_IF_ERROR(ReadOffload(*zero, "offload_param", z.offload_param));
+      // DeepSpeed's rules: optimizer offload from stage 1, parameter offload at stage 3 only.
+      if (z.offload_optimizer.device != "none" && z.stage == 0) {
+        return absl::InvalidArgumentError("zero_optimization.offload_optimizer.device = \"" +
+                                          z.offload_optimizer.device +
+                                          "\" needs zero_optimization.stage 1, 2 or 3 (it is 0)");
+      }
+      if (z.offload_param.device != "none" && z.stage != 3) {
+        return absl::InvalidArgumentError(
+            StrCat("zero_optimization.offload_param.device = \"", z.offload_param.device,
+                   "\" needs zero_optimization.stage 3 (it is ", z.stage, ")"));
+      }
+      if (z.offload_param.device == "nvme" && z.offload_optimizer.device != "nvme") {
+        return absl::InvalidArgumentError(
+            "zero_optimization.offload_param.device = \"nvme\" needs "
+            "zero_optimization.offload_optimizer.device = \"nvme\" too");
+      }
+      if (z.offload_param.device == "nvme" &&
+          z.offload_param.nvme_path != z.offload_optimizer.nvme_path) {
+        return absl::InvalidArgumentError(
+            StrCat("zero_optimization.offload_param.nvme_path = \"", z.offload_param.nvme_path,
+                   "\" differs from zero_optimization.offload_optimizer.nvme_path = \"",
+                   z.offload_optimizer.nvme_path, "\": zerort keeps one NVMe file per rank"));
+      }
+      if (z.offload_optimizer.device == "cpu" && z.offload_param.device == "cpu" &&
+          z.offload_optimizer.pin_memory != z.offload_param.pin_memory) {
+        return absl::InvalidArgumentError(
+            "zero_optimization.offload_param.pin_memory and offload_optimizer.pin_memory differ");
+      }
     }
+    ZR_RETURN_IF_ERROR(ReadAio(top, c.aio));
     ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> fp16, top.Object("fp16"));
     if (fp16) {
       Fp16Config& f = c.fp16;
@@ -418,11 +513,18 @@ Status ResolveBatch(RunConfig& c, int dp, const std::string& dp_source) {
 }
 
 nlohmann::json RunConfig::ToJson() const {
-  auto offload = [](const OffloadConfig& o) {
-    return nlohmann::json{{"device", o.device},
-                          {"nvme_path", o.nvme_path},
-                          {"pin_memory", o.pin_memory},
-                          {"buffer_count", o.buffer_count}};
+  auto offload = [](const OffloadConfig& o, bool param) {
+    nlohmann::json j{{"device", o.device},
+                     {"nvme_path", o.nvme_path},
+                     {"pin_memory", o.pin_memory},
+                     {"buffer_count", o.buffer_count}};
+    if (param) {
+      j["buffer_size"] = o.buffer_size;
+      j["max_in_cpu"] = o.max_in_cpu;
+    } else {
+      j["ratio"] = o.ratio;
+    }
+    return j;
   };
   nlohmann::json opt_params = {{"lr", optimizer.lr}, {"weight_decay", optimizer.weight_decay}};
   if (optimizer.type == "SGD") {
@@ -443,8 +545,16 @@ nlohmann::json RunConfig::ToJson() const {
         {"stage3_param_persistence_threshold", zero.stage3_param_persistence_threshold},
         {"stage3_max_live_parameters", zero.stage3_max_live_parameters},
         {"contiguous_gradients", zero.contiguous_gradients},
-        {"offload_optimizer", offload(zero.offload_optimizer)},
-        {"offload_param", offload(zero.offload_param)}}},
+        {"sub_group_size", zero.sub_group_size},
+        {"offload_optimizer", offload(zero.offload_optimizer, false)},
+        {"offload_param", offload(zero.offload_param, true)}}},
+      {"aio",
+       {{"block_size", aio.block_size},
+        {"queue_depth", aio.queue_depth},
+        {"thread_count", aio.thread_count},
+        {"single_submit", aio.single_submit},
+        {"overlap_events", aio.overlap_events},
+        {"engine", aio.engine}}},
       {"fp16",
        {{"enabled", fp16.enabled},
         {"loss_scale", fp16.loss_scale},

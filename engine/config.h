@@ -22,7 +22,20 @@ struct OffloadConfig {
       "none";              // none | cpu | nvme: where the buffers go; none keeps them on device
   std::string nvme_path;   // directory of the NVMe store (device nvme only)
   bool pin_memory = true;  // page-locked host buffers: DeepSpeed's default, faster copies
-  int buffer_count = 5;    // DeepSpeed's default number of staging buffers (nvme)
+  int buffer_count = 4;    // staging buffers in flight: DeepSpeed's 4 (optimizer), 5 (param)
+  int64_t buffer_size = 100'000'000;   // offload_param: elements per fetch buffer, DeepSpeed's
+  int64_t max_in_cpu = 1'000'000'000;  // offload_param: accepted; zerort keeps no host cache
+  double ratio = 1.0;                  // offload_optimizer: only 1 (the whole state) is supported
+};
+
+// DeepSpeed's "aio" section: how the NVMe tier does its I/O.
+struct AioConfig {
+  int64_t block_size = 1 << 20;  // bytes per request, DeepSpeed's default (multiple of 4096)
+  int queue_depth = 8;           // requests in flight, DeepSpeed's default
+  int thread_count = 1;          // pread/pwrite threads when io_uring is refused, DeepSpeed's
+  bool single_submit = false;    // submit requests one at a time, DeepSpeed's default
+  bool overlap_events = true;    // refill the queue as requests complete, DeepSpeed's default
+  std::string engine = "auto";   // zerort's: auto | io_uring | threads (force the fallback)
 };
 
 struct ZeroConfig {
@@ -33,8 +46,9 @@ struct ZeroConfig {
   int64_t stage3_param_persistence_threshold = 100'000;  // smaller units stay gathered
   int64_t stage3_max_live_parameters = 1'000'000'000;    // elements gathered at once
   bool contiguous_gradients = true;  // accepted for DeepSpeed compatibility; always contiguous
-  OffloadConfig offload_optimizer;   // master weights + optimizer state (offload issue)
-  OffloadConfig offload_param;       // compute shards (offload issue)
+  OffloadConfig offload_optimizer;   // master weights, optimizer state and gradient shards
+  OffloadConfig offload_param;       // stage-3 compute shards
+  int64_t sub_group_size = 1'000'000'000;  // elements per optimizer chunk, DeepSpeed's default
 };
 
 struct Fp16Config {
@@ -114,6 +128,7 @@ struct RunConfig {
   int64_t train_micro_batch_size_per_gpu = 0;
   int64_t gradient_accumulation_steps = 0;
   ZeroConfig zero;
+  AioConfig aio;
   Fp16Config fp16;
   bool bf16 = false;  // bf16.enabled: bf16 compute, fp32 masters and reduction
   OptimizerConfig optimizer;

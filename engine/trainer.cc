@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -63,6 +64,30 @@ StatusOr<ShardManagerOptions> ManagerOptions(const RunConfig& c, DType compute) 
   o.stage3_max_live_parameters = c.zero.stage3_max_live_parameters;
   o.stage3_param_persistence_threshold = c.zero.stage3_param_persistence_threshold;
   o.seed = c.seed;
+  // Offload (DeepSpeed's offload_optimizer / offload_param / aio): a placement of the buffers.
+  auto tier = [](const OffloadConfig& off) {
+    return off.device == "nvme"  ? MemoryTier::kNvme
+           : off.device == "cpu" ? (off.pin_memory ? MemoryTier::kPinnedHost : MemoryTier::kHost)
+                                 : MemoryTier::kDevice;
+  };
+  o.placement.optimizer = tier(c.zero.offload_optimizer);
+  o.placement.params = tier(c.zero.offload_param);
+  OffloadOptions& off = o.offload;
+  off.nvme_path = c.zero.offload_optimizer.nvme_path.empty() ? c.zero.offload_param.nvme_path
+                                                             : c.zero.offload_optimizer.nvme_path;
+  off.optimizer_buffer_count = c.zero.offload_optimizer.buffer_count;
+  off.param_buffer_count = c.zero.offload_param.buffer_count;
+  off.param_buffer_size = c.zero.offload_param.buffer_size;
+  off.sub_group_size = c.zero.sub_group_size;
+  off.aio_block_size = c.aio.block_size;
+  off.aio_queue_depth = c.aio.queue_depth;
+  off.aio_thread_count = c.aio.thread_count;
+  off.aio_single_submit = c.aio.single_submit;
+  off.aio_overlap_events = c.aio.overlap_events;
+  off.aio_engine = c.aio.engine;
+  // Test hook for the fault tests (an I/O error at the k-th NVMe request), not a config key.
+  if (const char* k = std::getenv("ZERORT_FAIL_NVME_REQUEST")) off.fail_io_request = std::atoll(k);
+  if (const char* e = std::getenv("ZERORT_FAIL_NVME_ERRNO")) off.fail_io_errno = std::atoi(e);
   const OptimizerConfig& opt = c.optimizer;
   if (opt.type == "SGD") {
     o.optimizer.kind = OptimizerKind::kSgd;
@@ -164,8 +189,9 @@ Status Run::Setup() {
     allocator_ = MakeCpuCachingAllocator(&tracker_);
   }
   ZR_ASSIGN_OR_RETURN(ShardManagerOptions mo, ManagerOptions(c_, compute));
-  ZR_ASSIGN_OR_RETURN(
-      manager_, ShardManager::Create(mo, {.dp = ctx_.dp, .device_allocator = allocator_.get()}));
+  ZR_ASSIGN_OR_RETURN(manager_, ShardManager::Create(mo, {.dp = ctx_.dp,
+                                                          .device_allocator = allocator_.get(),
+                                                          .tracker = &tracker_}));
   store_ = MakeShardManagerStore(*manager_);
   if (cuda_) {
     ZR_ASSIGN_OR_RETURN(kernels_, MakeCudaModelKernels(compute, DType::kF32,

@@ -326,8 +326,9 @@ Status ShardManager::Prefetch(int after_position) {
     }
   }
   // Then issue the next units' all-gathers while both budgets allow (in bytes of the compute
-  // dtype, as DeepSpeed counts these knobs in elements). A unit whose fetch is still reading is
-  // skipped, not waited for: the gather is issued when it is needed, or by a later prefetch.
+  // dtype, as DeepSpeed counts these knobs in elements). A gather whose fetch is still reading
+  // waits for it: which gathers are issued must not depend on I/O timing, or ranks would issue
+  // their collectives in different orders.
   const int64_t elem = static_cast<int64_t>(DTypeSize(options_.compute_dtype));
   const int64_t live_budget = options_.stage3_max_live_parameters * elem;
   const int64_t ahead_budget = options_.stage3_prefetch_bucket_size * elem;
@@ -342,7 +343,6 @@ Status ShardManager::Prefetch(int after_position) {
         live_gathered_bytes() + u.gathered_bytes() > live_budget) {
       break;
     }
-    if (!u.fetch_ready()) continue;
     ZR_RETURN_IF_ERROR(u.StartGather());
     ahead += u.gathered_bytes();
   }

@@ -153,8 +153,6 @@ Status ShardedUnit::StartFetch() {
   return absl::OkStatus();
 }
 
-bool ShardedUnit::fetch_ready() const { return fetch_io_.Done(); }
-
 Status ShardedUnit::StartGather() {
   ZR_CHECK(initialized_ && plan_.sharded_params &&
            (state_ == ShardState::kSharded || state_ == ShardState::kFetching))

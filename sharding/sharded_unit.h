@@ -67,7 +67,6 @@ class ShardedUnit {
 
   // SHARDED -> FETCHING: starts reading an offloaded compute shard; no-op otherwise.
   Status StartFetch();
-  bool fetch_ready() const;  // the fetch's I/O has completed (or there is none)
   // SHARDED/FETCHING -> GATHERING: issues the all-gather of the compute shards on the comm stream.
   Status StartGather();
   // GATHERING -> UNSHARDED (the compute stream waits for the all-gather); no-op when UNSHARDED.

@@ -25,6 +25,9 @@ struct RunConfig {
   int64_t reduce_bucket_size = 500'000'000;  // elements; 1 reduces every unit alone
   Device device = Device::Cpu();             // CUDA: loopback ranks share one GPU
   bool overlap_comm = true;
+  ShardPlacement placement;  // offload: optimizer state and (stage 3) parameters
+  std::string nvme_path;     // for kNvme placements
+  IoEngine io_engine = IoEngine::kAuto;
 };
 
 inline ShardManagerOptions Options(const RunConfig& c) {
@@ -37,6 +40,10 @@ inline ShardManagerOptions Options(const RunConfig& c) {
   o.reduce_bucket_size = c.reduce_bucket_size;
   o.overlap_comm = c.overlap_comm;
   o.optimizer.kind = c.optimizer;
+  o.placement = c.placement;
+  o.offload.nvme_path = c.nvme_path;
+  o.offload.aio_engine = std::string(IoEngineName(c.io_engine));
+  o.offload.optimizer_buffer_count = 2;  // the smallest pipeline: every staging set reused
   o.optimizer.weight_decay = 0.05f;
   o.optimizer.beta2 = 0.95f;
   if (c.optimizer == OptimizerKind::kSgd) {
@@ -72,7 +79,8 @@ inline StatusOr<MlpRun> MakeMlpRun(const ShardManagerOptions& options, Communica
   }
   ZR_ASSIGN_OR_RETURN(
       run.manager,
-      ShardManager::Create(options, {.dp = &comm, .device_allocator = run.allocator.get()}));
+      ShardManager::Create(
+          options, {.dp = &comm, .device_allocator = run.allocator.get(), .tracker = &tracker}));
   for (int l = 0; l < MlpLayers(); ++l) {
     ZR_ASSIGN_OR_RETURN(int u, run.manager->AddUnit("fc" + std::to_string(l), MlpUnitParams(l)));
     run.units.push_back(u);

@@ -1,0 +1,206 @@
+// Offload is a placement, not another computation: the MLP trained with its optimizer state on
+// the host tier or on NVMe, and at stage 3 its parameters too, gives bitwise the parameters and
+// gradient norms of the run that keeps everything on the device — at ZeRO stages 1-3, world
+// sizes 1, 2 and 4 (loopback ranks), AdamW and SGD with Nesterov momentum, both NVMe engines,
+// with micro-batch accumulation and clipping. Also: the tiers are accounted, an NVMe fault stops
+// the step naming the file, and nothing is left in nvme_path.
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "gtest/gtest.h"
+#include "tests/sharding/harness.h"
+
+namespace zerort {
+namespace {
+
+using namespace testing;  // the harness: RunConfig, Train, MLP
+namespace fs = std::filesystem;
+
+class NvmeDir {
+ public:
+  NvmeDir() : path_(fs::temp_directory_path() / ("zerort_parity." + std::to_string(::getpid()))) {
+    fs::create_directories(path_);
+  }
+  ~NvmeDir() { fs::remove_all(path_); }
+  std::string str() const { return path_.string(); }
+  bool empty() const { return fs::is_empty(path_); }
+
+ private:
+  fs::path path_;
+};
+
+struct Case {
+  ZeroStage stage;
+  int world;
+  OptimizerKind optimizer;
+};
+
+class OffloadParity : public ::testing::TestWithParam<Case> {};
+
+TEST_P(OffloadParity, EveryPlacementEqualsTheDeviceRunBitwise) {
+  const Case c = GetParam();
+  NvmeDir dir;
+  RunConfig base{.stage = c.stage, .world = c.world, .optimizer = c.optimizer, .steps = 6};
+  const RunResult device = Train(base);
+  ASSERT_EQ(device.error, "");
+  struct Variant {
+    const char* name;
+    ShardPlacement placement;
+    IoEngine engine;
+  };
+  std::vector<Variant> variants = {
+      {"optimizer on pinned host", {.optimizer = MemoryTier::kPinnedHost}, IoEngine::kAuto},
+      {"optimizer on host", {.optimizer = MemoryTier::kHost}, IoEngine::kAuto},
+      {"optimizer on nvme (io_uring)", {.optimizer = MemoryTier::kNvme}, IoEngine::kIoUring},
+      {"optimizer on nvme (threads)", {.optimizer = MemoryTier::kNvme}, IoEngine::kThreads},
+  };
+  if (c.stage == ZeroStage::k3) {
+    variants.push_back({"optimizer and parameters on host",
+                        {.optimizer = MemoryTier::kPinnedHost, .params = MemoryTier::kPinnedHost},
+                        IoEngine::kAuto});
+    variants.push_back({"optimizer and parameters on nvme",
+                        {.optimizer = MemoryTier::kNvme, .params = MemoryTier::kNvme},
+                        IoEngine::kAuto});
+  }
+  for (const Variant& v : variants) {
+    RunConfig offloaded = base;
+    offloaded.placement = v.placement;
+    offloaded.nvme_path = dir.str();
+    offloaded.io_engine = v.engine;
+    const RunResult r = Train(offloaded);
+    ASSERT_EQ(r.error, "") << v.name;
+    EXPECT_EQ(r.params, device.params) << v.name;
+    EXPECT_EQ(r.grad_norms, device.grad_norms) << v.name;
+    EXPECT_TRUE(dir.empty()) << v.name << ": files left in nvme_path";
+  }
+}
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  for (ZeroStage stage : {ZeroStage::k1, ZeroStage::k2, ZeroStage::k3}) {
+    for (int world : {1, 2, 4}) {
+      for (OptimizerKind opt : {OptimizerKind::kAdamW, OptimizerKind::kSgd}) {
+        cases.push_back({stage, world, opt});
+      }
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(StagesWorldsOptimizers, OffloadParity, ::testing::ValuesIn(Cases()),
+                         [](const auto& info) {
+                           return "stage" + std::to_string(static_cast<int>(info.param.stage)) +
+                                  "_world" + std::to_string(info.param.world) +
+                                  (info.param.optimizer == OptimizerKind::kSgd ? "_sgd" : "_adamw");
+                         });
+
+TEST(OffloadParity, AccumulationAndClippingOnNvmeEqualTheDeviceRun) {
+  // Three micro-batches: the NVMe gradient shard is read, added to and written back; clipping
+  // needs the global norm before any update (taken as the shards were written).
+  NvmeDir dir;
+  for (ZeroStage stage : {ZeroStage::k1, ZeroStage::k2, ZeroStage::k3}) {
+    RunConfig base{.stage = stage, .world = 2, .clip = 0.05f, .micro_batches = 3, .steps = 5};
+    RunConfig nvme = base;
+    nvme.placement = {.optimizer = MemoryTier::kNvme,
+                      .params = stage == ZeroStage::k3 ? MemoryTier::kNvme : MemoryTier::kDevice};
+    nvme.nvme_path = dir.str();
+    const RunResult a = Train(base), b = Train(nvme);
+    ASSERT_EQ(a.error, "");
+    ASSERT_EQ(b.error, "");
+    EXPECT_EQ(a.params, b.params) << "stage " << static_cast<int>(stage);
+    EXPECT_EQ(a.grad_norms, b.grad_norms) << "stage " << static_cast<int>(stage);
+  }
+}
+
+TEST(OffloadTiers, StateIsAccountedOnItsTierAndLeavesTheDevice) {
+  NvmeDir dir;
+  auto group = *CreateLoopbackGroup(1, {}, nullptr);
+  for (MemoryTier tier : {MemoryTier::kDevice, MemoryTier::kPinnedHost, MemoryTier::kNvme}) {
+    MemoryTracker tracker;
+    ShardManagerOptions o = Options({.stage = ZeroStage::k3});
+    o.placement = {.optimizer = tier, .params = tier};
+    o.offload.nvme_path = dir.str();
+    StatusOr<MlpRun> run = MakeMlpRun(o, *group[0], tracker);
+    ASSERT_TRUE(run.ok()) << run.status();
+    int64_t master = 0;
+    for (int u : run->units) master += run->manager->unit(u).layout().shard_numel() * 4;
+    const MemorySnapshot s = tracker.Snapshot();
+    EXPECT_EQ(s.Get(tier, MemoryCategory::kOptimizerState).current, 2 * master)
+        << MemoryTierName(tier);
+    EXPECT_EQ(s.Get(tier, MemoryCategory::kGradients).current, master) << MemoryTierName(tier);
+    if (tier != MemoryTier::kDevice) {
+      EXPECT_EQ(s.Get(MemoryTier::kDevice, MemoryCategory::kOptimizerState).current, 0);
+      EXPECT_EQ(s.Get(tier, MemoryCategory::kParameters).current, master + master)
+          << "fp32 master and fp32 compute shard";
+    }
+    if (tier == MemoryTier::kNvme) {
+      ASSERT_NE(run->manager->nvme_store(), nullptr);
+      EXPECT_GT(s.Get(MemoryTier::kPinnedHost, MemoryCategory::kStaging).current, 0);
+    }
+  }
+  EXPECT_TRUE(dir.empty());
+}
+
+TEST(OffloadTiers, AnNvmeFaultFailsTheStepNamingTheFile) {
+  NvmeDir dir;
+  for (int64_t k : {5, 40}) {  // during initialisation, and during training
+    RunConfig c{.stage = ZeroStage::k3, .world = 2, .steps = 3};
+    c.placement = {.optimizer = MemoryTier::kNvme, .params = MemoryTier::kNvme};
+    c.nvme_path = dir.str();
+    RunResult result;
+    CommOptions comm_options;
+    comm_options.timeout = std::chrono::seconds(4);  // the healthy rank waits this long
+    const Status status = RunLoopbackRanks(2, comm_options, nullptr, [&](Communicator& comm) {
+      ShardManagerOptions o = Options(c);
+      if (comm.rank() == 0) {
+        o.offload.fail_io_request = k;
+        o.offload.fail_io_errno = ENOSPC;
+      }
+      MemoryTracker tracker;
+      ZR_ASSIGN_OR_RETURN(MlpRun run, MakeMlpRun(o, comm, tracker));
+      for (int step = 0; step < c.steps; ++step) {
+        ZR_RETURN_IF_ERROR(MlpForwardBackward(*run.manager, run.units, step * kGlobalBatch, 6,
+                                              run.manager->loss_scale())
+                               .status());
+        ZR_RETURN_IF_ERROR(run.manager->Step({.lr = kLr}).status());
+      }
+      return absl::OkStatus();
+    });
+    ASSERT_FALSE(status.ok()) << "fault at request " << k;
+    EXPECT_NE(status.message().find("zerort-rank0"), std::string::npos) << status;
+    EXPECT_NE(status.message().find("No space left"), std::string::npos) << status;
+    EXPECT_TRUE(dir.empty());
+  }
+}
+
+TEST(OffloadTiers, NotEnoughSpaceOrABadPathIsAConfigError) {
+  auto group = *CreateLoopbackGroup(1, {}, nullptr);
+  MemoryTracker tracker;
+  ShardManagerOptions o = Options({.stage = ZeroStage::k2});
+  o.placement.optimizer = MemoryTier::kNvme;
+  o.offload.nvme_path = "/nonexistent/zerort";
+  StatusOr<MlpRun> run = MakeMlpRun(o, *group[0], tracker);
+  ASSERT_FALSE(run.ok());
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kInvalidArgument) << run.status();
+  // /dev/shm is a tmpfs of bounded size: a parameter list far beyond it must be refused before
+  // anything is written, saying how much is needed.
+  NvmeDir dir;
+  o.offload.nvme_path = dir.str();
+  StatusOr<std::unique_ptr<ShardManager>> m =
+      ShardManager::Create(o, {.dp = group[0].get(), .device_allocator = nullptr});
+  EXPECT_FALSE(m.ok());  // a device allocator is required
+  auto allocator = MakeCpuCachingAllocator(&tracker);
+  m = ShardManager::Create(
+      o, {.dp = group[0].get(), .device_allocator = allocator.get(), .tracker = &tracker});
+  ASSERT_TRUE(m.ok()) << m.status();
+  // 2^40 elements in one parameter: 4 TiB of master alone, not allocated before the check.
+  ASSERT_TRUE((*m)->AddUnit("huge", {{"huge.weight", {int64_t{1} << 20, int64_t{1} << 20}}}).ok());
+  const Status init = (*m)->Initialize(MlpInit);
+  EXPECT_EQ(init.code(), absl::StatusCode::kInvalidArgument) << init;
+  EXPECT_NE(init.message().find("GiB"), std::string::npos) << init;
+  EXPECT_TRUE(dir.empty());
+}
+
+}  // namespace
+}  // namespace zerort
