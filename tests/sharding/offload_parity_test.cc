@@ -100,7 +100,14 @@ TEST(OffloadParity, AccumulationAndClippingOnNvmeEqualTheDeviceRun) {
   // needs the global norm before any update (taken as the shards were written).
   NvmeDir dir;
   for (ZeroStage stage : {ZeroStage::k1, ZeroStage::k2, ZeroStage::k3}) {
-    RunConfig base{.stage = stage, .world = 2, .clip = 0.05f, .micro_batches = 3, .steps = 5};
+    // reduce_bucket_size 1: every unit is reduced at the end of each micro-batch's backward
+    // (stages 2-3), so its NVMe shard is written once and then read, added to and written again.
+    RunConfig base{.stage = stage,
+                   .world = 2,
+                   .clip = 0.05f,
+                   .micro_batches = 3,
+                   .steps = 5,
+                   .reduce_bucket_size = 1};
     RunConfig nvme = base;
     nvme.placement = {.optimizer = MemoryTier::kNvme,
                       .params = stage == ZeroStage::k3 ? MemoryTier::kNvme : MemoryTier::kDevice};
