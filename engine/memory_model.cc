@@ -5,10 +5,13 @@
 #include <map>
 
 #include "layers/gpt_model.h"
+#include "offload/staging_pool.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
 #include "runtime/strings.h"
 #include "sharding/flat_layout.h"
+#include "sharding/sharded_optimizer.h"
+#include "sharding/unit_plan.h"
 
 namespace zerort {
 namespace {
@@ -18,10 +21,28 @@ using Tier = MemoryTier;
 
 constexpr int64_t kLtWorkspace = int64_t{32} << 20;  // kernels/cuda/model_kernels.cu
 
-Tier TierOf(const std::string& offload) {
-  if (offload == "cpu") return Tier::kPinnedHost;
+Tier TierOf(const std::string& offload, bool pin_memory) {
+  if (offload == "cpu") return pin_memory ? Tier::kPinnedHost : Tier::kHost;
   if (offload == "nvme") return Tier::kNvme;
   return Tier::kDevice;
+}
+
+// The shard manager's options this input stands for: UnitPlan and the offload sizes read them.
+ShardManagerOptions ManagerOptionsOf(const MemoryModelInput& in) {
+  ShardManagerOptions o;
+  o.stage = static_cast<ZeroStage>(in.stage);
+  o.compute_dtype = in.compute;
+  o.reduce_dtype = DType::kF32;
+  o.optimizer.kind = in.optimizer_states == 2 ? OptimizerKind::kAdamW : OptimizerKind::kSgd;
+  o.optimizer.momentum = in.optimizer_states == 1 ? 0.9f : 0.0f;
+  o.stage3_param_persistence_threshold = in.stage3_param_persistence_threshold;
+  o.placement.optimizer = TierOf(in.offload_optimizer, in.pin_memory);
+  o.placement.params = TierOf(in.offload_param, in.pin_memory);
+  o.offload.optimizer_buffer_count = in.optimizer_buffer_count;
+  o.offload.param_buffer_count = in.param_buffer_count;
+  o.offload.param_buffer_size = in.param_buffer_size;
+  o.offload.sub_group_size = in.sub_group_size;
+  return o;
 }
 
 // A caching-allocator backend that hands out address space and no memory: the replay runs the
@@ -59,7 +80,7 @@ class Replay {
   };
 
   Replay() {
-    for (Tier tier : {Tier::kDevice, Tier::kPinnedHost}) {
+    for (Tier tier : {Tier::kDevice, Tier::kPinnedHost, Tier::kHost}) {
       CachingAllocatorOptions o;  // the defaults, as the CPU and CUDA allocators use them
       o.tier = tier;
       o.tracker = &tracker_;
@@ -117,6 +138,7 @@ class Replay {
 
 struct Unit {
   FlatLayout layout;
+  UnitPlan plan;
   bool persistent = false;
   bool gathered = false;  // stage 3: a gathered buffer exists (gathering or unsharded)
   Replay::Handle gathered_buffer, full_grad;
@@ -125,7 +147,7 @@ struct Unit {
 class StepModel {
  public:
   StepModel(const MemoryModelInput& in, std::vector<Unit> units, MemoryEstimate& out)
-      : in_(in), units_(std::move(units)), out_(out) {
+      : in_(in), options_(ManagerOptionsOf(in)), units_(std::move(units)), out_(out) {
     // The runtime's streams: the manager's compute and comm streams (comm is compute without
     // overlap_comm), and the kernels' own (the CPU kernels have one; CUDA's use compute).
     compute_stream_ = *CreateStream(Device::Cpu(), "compute");
@@ -166,6 +188,7 @@ class StepModel {
   }
 
   const MemoryModelInput& in_;
+  const ShardManagerOptions options_;
   std::unique_ptr<Stream> compute_stream_, comm_stream_, model_stream_;
   Stream* compute_ = nullptr;
   Stream* comm_ = nullptr;
@@ -182,58 +205,70 @@ class StepModel {
   bool activation_terms_ = false;
 };
 
+// As ShardManager::Create and Initialize: the parameter fetch pool, then per unit the buffers of
+// its plan with a persistent lifetime, in plan order (optimizer side, then parameter side), with
+// the transient host buffers an NVMe write of initial values takes; then the NVMe pipeline's
+// staging sets.
 void StepModel::Init() {
-  const Tier opt_tier = TierOf(in_.offload_optimizer);
-  const Tier param_tier = TierOf(in_.offload_param);
-  int64_t master = 0, moments = 0, compute = 0, full_grad = 0, gathered = 0, shards = 0;
+  const ShardPlacement& at = options_.placement;
+  const Tier host_tier =
+      at.optimizer == Tier::kHost || at.params == Tier::kHost ? Tier::kHost : Tier::kPinnedHost;
+  auto transient = [&](int64_t bytes) {  // staging of an initial NVMe write
+    Replay::Handle h = r_.Alloc(Cat::kStaging, bytes, nullptr, host_tier);
+    r_.Free(h);
+  };
+  auto capacity = [](int64_t bytes) { return (bytes + 4095) / 4096 * 4096; };
+  if (at.params == Tier::kNvme) {
+    const int64_t bytes = StagingPool::AllocationBytes(
+        in_.param_buffer_count, static_cast<size_t>(in_.param_buffer_size * csize()));
+    persistent_.push_back(r_.Alloc(Cat::kStaging, bytes, nullptr, host_tier));
+    Term(host_tier, Cat::kStaging, "parameter fetch buffers (offload_param nvme)",
+         "buffer_count x buffer_size x compute bytes", bytes);
+  }
+  std::map<std::pair<Tier, Cat>, std::pair<std::string, int64_t>> sums;
+  int64_t gathered = 0, largest_shard = 0;
   for (Unit& u : units_) {
-    const int64_t shard = u.layout.shard_numel(), padded = u.layout.padded_numel();
-    persistent_.push_back(r_.Alloc(Cat::kParameters, shard * 4, compute_, opt_tier));
-    master += shard * 4;
-    for (int s = 0; s < in_.optimizer_states; ++s) {
-      persistent_.push_back(r_.Alloc(Cat::kOptimizerState, shard * 4, compute_, opt_tier));
-      moments += shard * 4;
-    }
-    persistent_.push_back(r_.Alloc(Cat::kGradients, shard * 4, compute_, opt_tier));
-    shards += shard * 4;
-    if (stage3()) {
-      persistent_.push_back(r_.Alloc(Cat::kParameters, shard * csize(), compute_, param_tier));
-      compute += shard * csize();
-      u.persistent = padded < in_.stage3_param_persistence_threshold;
-    } else if (in_.stage > 0 || csize() != 4) {
-      persistent_.push_back(r_.Alloc(Cat::kParameters, padded * csize(), compute_));
-      compute += padded * csize();
-    }
-    if (in_.stage <= 1) {
-      persistent_.push_back(r_.Alloc(Cat::kGradients, padded * kRsize, compute_));
-      full_grad += padded * kRsize;
-    }
-    if (stage3() && u.persistent) {
-      u.gathered_buffer = Gather(u);
-      u.gathered = true;
-      gathered += GatheredBytes(u);
+    u.persistent = u.plan.persistent;
+    largest_shard = std::max(largest_shard, u.layout.shard_numel());
+    for (const PlannedBuffer& b : u.plan.buffers) {
+      if (b.lifetime != Lifetime::kPersistent) continue;
+      if (b.buffer == UnitBuffer::kGathered) {
+        u.gathered_buffer = Gather(u);
+        u.gathered = true;
+        gathered += b.bytes();
+        continue;
+      }
+      persistent_.push_back(r_.Alloc(b.category, b.bytes(), compute_, b.tier));
+      auto& sum = sums[{b.tier, b.category}];
+      sum.first += (sum.first.empty() ? "" : ", ") + std::string(UnitBufferName(b.buffer));
+      sum.second += b.bytes();
+      // The master's and the compute shard's initial values go to NVMe through a host buffer.
+      if (b.tier == Tier::kNvme &&
+          (b.buffer == UnitBuffer::kMaster || b.buffer == UnitBuffer::kComputeShard)) {
+        transient(capacity(b.bytes()) + 4096);
+      }
     }
   }
-  const char* shard_what =
-      in_.stage == 0 ? "padded_numel (stage 0 does not shard)" : "shard_numel = padded_numel / dp";
-  Term(opt_tier, Cat::kParameters, "fp32 master",
-       StrCat("sum over units of ", shard_what, " x 4 B"), master);
-  if (compute > 0) {
-    Term(stage3() ? param_tier : Tier::kDevice, Cat::kParameters,
-         StrCat("compute copy (", DTypeName(in_.compute), ")"),
-         stage3() ? "sum of shard_numel x compute bytes" : "sum of padded_numel x compute bytes",
-         compute);
-  }
-  Term(opt_tier, Cat::kOptimizerState, StrCat(in_.optimizer_states, " fp32 moments"),
-       StrCat(in_.optimizer_states, " x sum of shard_numel x 4 B"), moments);
-  Term(opt_tier, Cat::kGradients, "fp32 gradient shards", "sum of shard_numel x 4 B", shards);
-  if (full_grad > 0) {
-    Term(Tier::kDevice, Cat::kGradients, "full gradients, kept (stages 0-1)",
-         "sum of padded_numel x 4 B", full_grad);
+  for (const auto& [key, what] : sums) {
+    // One line per tier and category: which buffers, summed over units.
+    std::string names = what.first;
+    if (names.size() > 60) names = names.substr(0, 57) + "...";
+    Term(key.first, key.second, names,
+         "sum over units of the planned buffers (sharding/unit_plan.h)", what.second);
   }
   if (gathered > 0) {
     Term(Tier::kDevice, Cat::kGatheredWeights, "persistent units, always gathered",
          "units below stage3_param_persistence_threshold: padded_numel x compute bytes", gathered);
+  }
+  if (at.optimizer == Tier::kNvme) {
+    const int64_t chunk = ShardedOptimizer::NvmeChunkNumel(options_, largest_shard);
+    const int64_t bytes = StagingPool::AllocationBytes(
+        std::max(in_.optimizer_buffer_count, 2),
+        static_cast<size_t>(ShardedOptimizer::StagingSetBytes(options_, chunk)));
+    persistent_.push_back(r_.Alloc(Cat::kStaging, bytes, nullptr, host_tier));
+    Term(host_tier, Cat::kStaging, "optimizer chunk staging sets (offload_optimizer nvme)",
+         "buffer_count x (4 x chunk x 4 B + chunk x compute bytes), chunk <= sub_group_size",
+         bytes);
   }
   if (in_.cuda) {
     persistent_.push_back(r_.Alloc(Cat::kWorkspace, kLtWorkspace, kernels_));
@@ -544,6 +579,12 @@ StatusOr<MemoryModelInput> MemoryModelInput::FromConfig(const RunConfig& config,
   in.activation_checkpointing = c.model.activation_checkpointing;
   in.offload_optimizer = c.zero.offload_optimizer.device;
   in.offload_param = c.zero.offload_param.device;
+  in.pin_memory = c.zero.offload_optimizer.device == "cpu" ? c.zero.offload_optimizer.pin_memory
+                                                           : c.zero.offload_param.pin_memory;
+  in.optimizer_buffer_count = c.zero.offload_optimizer.buffer_count;
+  in.param_buffer_count = c.zero.offload_param.buffer_count;
+  in.param_buffer_size = c.zero.offload_param.buffer_size;
+  in.sub_group_size = c.zero.sub_group_size;
   in.cuda = cuda;
   in.overlap_comm = c.zero.overlap_comm;
   in.reduce_bucket_size = c.zero.reduce_bucket_size;
@@ -561,6 +602,7 @@ StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& in) {
   const int blocks = in.model.n_layer / in.pp;
   std::vector<Unit> units;
   MemoryEstimate out;
+  const ShardManagerOptions options = ManagerOptionsOf(in);
   for (size_t i = 0; i < all.size(); ++i) {
     const bool block = i >= 1 && i <= static_cast<size_t>(in.model.n_layer);
     if (block && static_cast<int>(i) > blocks) continue;
@@ -569,9 +611,11 @@ StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& in) {
       if (p.tensor_split_dim >= 0 && in.tp > 1) p.shape[p.tensor_split_dim] /= in.tp;
       out.parameters += p.numel();
     }
-    ZR_ASSIGN_OR_RETURN(FlatLayout layout,
-                        FlatLayout::Create(all[i].params, in.stage == 0 ? 1 : in.dp));
-    units.push_back(Unit{std::move(layout)});
+    ZR_ASSIGN_OR_RETURN(
+        FlatLayout layout,
+        FlatLayout::Create(all[i].params, ShardCount(static_cast<ZeroStage>(in.stage), in.dp)));
+    UnitPlan plan = PlanUnit(options, layout);
+    units.push_back(Unit{std::move(layout), std::move(plan)});
   }
   StepModel model(in, std::move(units), out);
   model.Run();

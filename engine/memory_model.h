@@ -15,8 +15,9 @@
 //             outputs, gathers and releases with prefetch (stage 3), logits, the backward scratch,
 //             full gradients and reduce-scatter buckets (stages 2-3), CUDA attention scratch
 //   step:     all-reduce buckets (stages 0-1), the norm accumulator
-// Offload and tensor/pipeline parallel sizes are inputs already: offload moves the master and
-// moments (offload_optimizer) or the compute shard (offload_param) to the pinned-host or NVMe tier;
+// Which buffer lives where comes from sharding's UnitPlan, the runtime's own: offload moves the
+// master, moments and gradient shard (offload_optimizer) or the stage-3 compute shard
+// (offload_param) to the host or NVMe tier, and adds the staging pools the runtime allocates;
 // tensor parallelism divides the split dimensions of the weights and the per-head activations;
 // pipeline parallelism keeps L / pp blocks per rank and multiplies the activation sets by the
 // micro-batches in flight (pp for the first stage under 1F1B).
@@ -45,8 +46,13 @@ struct MemoryModelInput {
   DType compute = DType::kF32;
   int optimizer_states = 2;  // fp32 moments per parameter: Adam 2, SGD with momentum 1, SGD 0
   bool activation_checkpointing = false;
-  std::string offload_optimizer = "none";  // none | cpu | nvme
-  std::string offload_param = "none";      // none | cpu | nvme (stage 3)
+  std::string offload_optimizer = "none";   // none | cpu | nvme
+  std::string offload_param = "none";       // none | cpu | nvme (stage 3)
+  bool pin_memory = true;                   // "cpu" offload on pinned (true) or plain host memory
+  int optimizer_buffer_count = 4;           // NVMe pipeline staging sets
+  int param_buffer_count = 5;               // parameter fetch buffers (offload_param nvme)
+  int64_t param_buffer_size = 100'000'000;  // elements per fetch buffer
+  int64_t sub_group_size = 1'000'000'000;   // elements per optimizer chunk
   bool cuda = false;         // CUDA kernels keep a cuBLASLt workspace and attention scratch
   bool overlap_comm = true;  // reductions on their own stream (pools are per stream)
   int64_t reduce_bucket_size = 500'000'000;

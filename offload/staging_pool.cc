@@ -10,6 +10,10 @@ constexpr size_t kAlign = 4096;
 size_t RoundUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
+int64_t StagingPool::AllocationBytes(int count, size_t bytes) {
+  return static_cast<int64_t>(RoundUp(bytes) * count + kAlign);
+}
+
 StatusOr<std::unique_ptr<StagingPool>> StagingPool::Create(Allocator& host, int count,
                                                            size_t bytes) {
   if (count < 1 || bytes == 0) {

@@ -30,6 +30,8 @@ class StagingPool {
 
   // `count` buffers of `bytes` each (rounded up to 4 KiB), from one allocation on `host`.
   static StatusOr<std::unique_ptr<StagingPool>> Create(Allocator& host, int count, size_t bytes);
+  // The bytes Create asks its allocator for (for the memory model).
+  static int64_t AllocationBytes(int count, size_t bytes);
 
   // The buffer returned longest ago, once its fences have finished (their first failure is
   // returned, and the buffer stays usable). ZR_CHECK: a lease is available (callers hold at

@@ -78,16 +78,23 @@ StatusOr<TensorView> ShardedOptimizer::AddUnit(ShardedUnit& unit, std::span<cons
   return TensorView(const_cast<float*>(initial.data()), DType::kF32, {shard}, Device::Cpu());
 }
 
+int64_t ShardedOptimizer::NvmeChunkNumel(const ShardManagerOptions& o, int64_t largest_shard) {
+  return RoundUp(std::min(largest_shard, std::max<int64_t>(o.offload.sub_group_size, 1)),
+                 kReduceChunk);
+}
+
+int64_t ShardedOptimizer::StagingSetBytes(const ShardManagerOptions& o, int64_t chunk_numel) {
+  const int64_t csize = static_cast<int64_t>(DTypeSize(o.compute_dtype));
+  return 4 * RoundUp(chunk_numel * 4, kPage) + RoundUp(chunk_numel * csize, kPage);
+}
+
 Status ShardedOptimizer::Finalize() {
   if (tier() != MemoryTier::kNvme || staging_) return absl::OkStatus();
   const ShardManagerOptions& o = *resources_.options;
   int64_t largest = 0;
   for (const auto& s : units_) largest = std::max(largest, s->unit->layout().shard_numel());
-  chunk_numel_ =
-      RoundUp(std::min(largest, std::max<int64_t>(o.offload.sub_group_size, 1)), kReduceChunk);
-  const int64_t csize = static_cast<int64_t>(DTypeSize(o.compute_dtype));
-  const int64_t set_bytes =
-      4 * RoundUp(chunk_numel_ * 4, kPage) + RoundUp(chunk_numel_ * csize, kPage);
+  chunk_numel_ = NvmeChunkNumel(o, largest);
+  const int64_t set_bytes = StagingSetBytes(o, chunk_numel_);
   ZR_ASSIGN_OR_RETURN(staging_, StagingPool::Create(*resources_.tiers.host,
                                                     std::max(o.offload.optimizer_buffer_count, 2),
                                                     static_cast<size_t>(set_bytes)));

@@ -71,6 +71,11 @@ class ShardedOptimizer {
   TensorView GradShard(int u) const;
   MemoryTier tier() const { return resources_.options->placement.optimizer; }
 
+  // The NVMe pipeline's sizes (the memory model uses them too): elements per chunk, given the
+  // largest shard, and bytes per staging set (master, two moments, gradient, compute values).
+  static int64_t NvmeChunkNumel(const ShardManagerOptions& options, int64_t largest_shard);
+  static int64_t StagingSetBytes(const ShardManagerOptions& options, int64_t chunk_numel);
+
  private:
   struct UnitState;
   struct Chunk {

@@ -168,8 +168,6 @@ TEST(ConfigTest, AutoIsRefused) {
 
 TEST(ConfigTest, ContradictionsAndUnsupportedFeatures) {
   EXPECT_ERROR_HAS(R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})", "choose one");
-  EXPECT_ERROR_HAS(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}})",
-                   "zero_optimization.offload_optimizer.device = \"cpu\"", "not yet supported");
   EXPECT_ERROR_HAS(R"({"zero_optimization": {"offload_param": {"device": "nvme"}}})",
                    "nvme_path is required");
   EXPECT_ERROR_HAS(R"({"parallel": {"tensor_parallel_size": 2}})", "not yet supported");
@@ -179,6 +177,57 @@ TEST(ConfigTest, ContradictionsAndUnsupportedFeatures) {
                    "scheduler.params.cos_min_ratio is not a parameter of WarmupLR");
   EXPECT_ERROR_HAS(R"({"optimizer": {"type": "AdamW", "params": {"momentum": 0.9}}})",
                    "an SGD parameter");
+}
+
+TEST(ConfigTest, OffloadKeysFollowDeepSpeedsRules) {
+  // Optimizer offload from stage 1, parameter offload at stage 3 only (DeepSpeed's rules).
+  EXPECT_ERROR_HAS(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}})",
+                   "offload_optimizer.device = \"cpu\" needs zero_optimization.stage 1, 2 or 3");
+  EXPECT_ERROR_HAS(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})",
+                   "offload_param.device = \"cpu\" needs zero_optimization.stage 3 (it is 2)");
+  EXPECT_ERROR_HAS(R"({"zero_optimization": {"stage": 2, "offload_optimizer":
+                       {"device": "nvme", "nvme_path": "/nonexistent/swap"}}})",
+                   "offload_optimizer.nvme_path = \"/nonexistent/swap\" does not exist");
+  EXPECT_ERROR_HAS(R"({"zero_optimization": {"stage": 2, "offload_optimizer":
+                       {"device": "nvme", "nvme_path": "/etc/hostname"}}})",
+                   "is not a directory");
+  EXPECT_ERROR_HAS(R"({"zero_optimization": {"stage": 2, "offload_optimizer":
+                       {"device": "nvme", "nvme_path": "/proc"}}})",
+                   "is not writable");
+  EXPECT_ERROR_HAS(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                       "offload_param": {"device": "nvme", "nvme_path": "/tmp"}}})",
+                   "offload_param.device = \"nvme\" needs", "offload_optimizer.device = \"nvme\"");
+  EXPECT_ERROR_HAS(R"({"zero_optimization": {"stage": 3,
+                       "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"},
+                       "offload_param": {"device": "nvme", "nvme_path": "/var/tmp"}}})",
+                   "differs from", "one NVMe file per rank");
+  EXPECT_ERROR_HAS(R"({"zero_optimization": {"stage": 1,
+                       "offload_optimizer": {"device": "cpu", "ratio": 0.3}}})",
+                   "offload_optimizer.ratio = 0.3", "not supported");
+  EXPECT_ERROR_HAS(R"({"zero_optimization": {"stage": 1,
+                       "offload_optimizer": {"device": "cpu", "buffer_count": 1}}})",
+                   "offload_optimizer.buffer_count");
+  EXPECT_ERROR_HAS(R"({"aio": {"use_gds": true}})", "aio.use_gds = true",
+                   "GPUDirect Storage is not supported");
+  EXPECT_ERROR_HAS(R"({"aio": {"block_size": 5000}})", "aio.block_size = 5000", "multiple of 4096");
+  EXPECT_ERROR_HAS(R"({"aio": {"queue_depth": 0}})", "aio.queue_depth");
+  EXPECT_ERROR_HAS(R"({"aio": {"engine": "libaio"}})", "aio.engine");
+  EXPECT_ERROR_HAS(R"({"aio": {"block_sise": 4096}})", "block_size");
+  // What DeepSpeed's configs carry is accepted.
+  StatusOr<RunConfig> ok = ParseRunConfig(nlohmann::json::parse(R"({
+      "zero_optimization": {"stage": 3, "sub_group_size": 1e8,
+        "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "pin_memory": true,
+                              "buffer_count": 4, "fast_init": false, "pipeline_read": false,
+                              "pipeline_write": false, "ratio": 1},
+        "offload_param": {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 5,
+                          "buffer_size": 1e8, "max_in_cpu": 1e9}},
+      "aio": {"block_size": 1048576, "queue_depth": 8, "thread_count": 1,
+              "single_submit": false, "overlap_events": true, "use_gds": false}})"),
+                                          "ds.json");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->zero.offload_param.buffer_size, 100'000'000);
+  EXPECT_EQ(ok->zero.sub_group_size, 100'000'000);
+  EXPECT_EQ(ok->aio.block_size, 1 << 20);
 }
 
 TEST(ConfigTest, MissingDataFileAndUnwritableCheckpointDir) {

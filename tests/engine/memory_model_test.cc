@@ -57,6 +57,8 @@ struct Params {
   int stage, world;
   bool checkpointing;
   bool bf16 = false;
+  const char* offload_optimizer = "none";  // none | cpu | nvme
+  const char* offload_param = "none";      // none | cpu | nvme (stage 3)
 };
 
 class MemoryGridTest : public ::testing::TestWithParam<Params> {};
@@ -65,6 +67,11 @@ TEST_P(MemoryGridTest, EstimateMatchesTheMeasuredStep) {
   const Params p = GetParam();
   RunConfig c = GridConfig(p.stage, p.world, p.checkpointing);
   c.bf16 = p.bf16;
+  c.zero.offload_optimizer.device = p.offload_optimizer;
+  c.zero.offload_param.device = p.offload_param;
+  c.zero.offload_optimizer.nvme_path = c.zero.offload_param.nvme_path = ::testing::TempDir();
+  c.zero.offload_param.buffer_size = 200'000;  // the grid's largest shard is ~197,000 elements
+  c.zero.sub_group_size = 100'000;             // two chunks per block
   MemorySnapshot measured;
   CommOptions options;
   options.timeout = std::chrono::seconds(120);
@@ -79,24 +86,31 @@ TEST_P(MemoryGridTest, EstimateMatchesTheMeasuredStep) {
   const MemoryModelInput in = *MemoryModelInput::FromConfig(c, p.world, false);
   const MemoryEstimate est = *EstimateMemory(in);
   int compared = 0;
-  for (int k = 0; k < kNumMemoryCategories; ++k) {
-    const auto cat = static_cast<MemoryCategory>(k);
-    const int64_t got = measured.Get(MemoryTier::kDevice, cat).peak;
-    const int64_t want = est.Peak(MemoryTier::kDevice, cat);
-    if (std::max(got, want) < (int64_t{1} << 20)) continue;
-    ++compared;
-    EXPECT_NEAR(static_cast<double>(want), static_cast<double>(got), 0.05 * got)
-        << MemoryCategoryName(cat) << ": estimate " << want << ", measured " << got;
+  for (int t = 0; t < kNumMemoryTiers; ++t) {
+    const auto tier = static_cast<MemoryTier>(t);
+    for (int k = 0; k < kNumMemoryCategories; ++k) {
+      const auto cat = static_cast<MemoryCategory>(k);
+      const int64_t got = measured.Get(tier, cat).peak;
+      const int64_t want = est.Peak(tier, cat);
+      if (std::max(got, want) < (int64_t{1} << 20)) continue;
+      ++compared;
+      EXPECT_NEAR(static_cast<double>(want), static_cast<double>(got), 0.05 * got)
+          << MemoryTierName(tier) << " " << MemoryCategoryName(cat) << ": estimate " << want
+          << ", measured " << got;
+    }
+    const int64_t total = measured.in_use[t].peak;
+    EXPECT_NEAR(static_cast<double>(est.PeakTotal(tier)), static_cast<double>(total), 0.05 * total)
+        << MemoryTierName(tier);
+    // Allocator overhead: the caching allocators' reserved bytes, replayed through the same
+    // allocator class over an address-only backend.
+    const int64_t reserved = measured.reserved[t].peak;
+    EXPECT_NEAR(static_cast<double>(est.PeakReserved(tier)), static_cast<double>(reserved),
+                0.05 * reserved)
+        << MemoryTierName(tier);
   }
-  const int64_t total = measured.in_use[0].peak;
-  EXPECT_NEAR(static_cast<double>(est.PeakTotal(MemoryTier::kDevice)), static_cast<double>(total),
-              0.05 * total);
   EXPECT_GE(compared, 3);
-  // Allocator overhead: the caching allocator's reserved bytes, replayed through the same
-  // allocator class over an address-only backend.
+  const int64_t total = measured.in_use[0].peak;
   const int64_t reserved = measured.reserved[0].peak;
-  EXPECT_NEAR(static_cast<double>(est.PeakReserved(MemoryTier::kDevice)),
-              static_cast<double>(reserved), 0.05 * reserved);
   if (std::getenv("ZR_PRINT_MEMORY") != nullptr) {
     for (int k = 0; k < kNumMemoryCategories; ++k) {
       const auto cat = static_cast<MemoryCategory>(k);
@@ -121,6 +135,13 @@ std::vector<Params> Grid() {
     }
     out.push_back({stage, 2, false, true});  // bf16 compute (bf16 storage on the CPU)
     out.push_back({stage, 4, true, true});
+    if (stage == 0) continue;
+    // The offload tiers: optimizer state on the host or NVMe, parameters too at stage 3.
+    for (const char* tier : {"cpu", "nvme"}) {
+      out.push_back({stage, 1, false, false, tier});
+      out.push_back({stage, 2, true, true, tier});
+      if (stage == 3) out.push_back({stage, 2, false, false, tier, tier});
+    }
   }
   return out;
 }
@@ -130,7 +151,13 @@ INSTANTIATE_TEST_SUITE_P(Grid, MemoryGridTest, ::testing::ValuesIn(Grid()),
                            return zerort::StrCat("stage", info.param.stage, "_world",
                                                  info.param.world,
                                                  info.param.checkpointing ? "_ckpt" : "",
-                                                 info.param.bf16 ? "_bf16" : "");
+                                                 info.param.bf16 ? "_bf16" : "",
+                                                 std::string(info.param.offload_optimizer) != "none"
+                                                     ? StrCat("_opt_", info.param.offload_optimizer)
+                                                     : "",
+                                                 std::string(info.param.offload_param) != "none"
+                                                     ? StrCat("_param_", info.param.offload_param)
+                                                     : "");
                          });
 
 // Rajbhandari et al. 2020, figure 1: 7.5B parameters, N = 64, K = 12.
