@@ -387,12 +387,35 @@ StatusOr<TrainResult> Run::Loop() {
         {"peak_memory_total_bytes", peak_total},
     };
     if (val >= 0) record["val_loss"] = val;
+    // Offload: the host tiers' and the NVMe tier's peaks, by category, beside the device's.
+    const bool offload =
+        c_.zero.offload_optimizer.device != "none" || c_.zero.offload_param.device != "none";
+    std::string offload_line;
+    if (offload) {
+      int64_t host = 0;
+      nlohmann::json by_tier;
+      for (MemoryTier tier : {MemoryTier::kPinnedHost, MemoryTier::kHost, MemoryTier::kNvme}) {
+        nlohmann::json cats;
+        for (int cat = 0; cat < kNumMemoryCategories; ++cat) {
+          const int64_t peak = mem.Get(tier, static_cast<MemoryCategory>(cat)).peak;
+          if (peak > 0)
+            cats[std::string(MemoryCategoryName(static_cast<MemoryCategory>(cat)))] = peak;
+        }
+        const int64_t total = mem.in_use[static_cast<int>(tier)].peak;
+        if (total == 0) continue;
+        by_tier[std::string(MemoryTierName(tier))] = {{"total", total}, {"by_category", cats}};
+        if (tier != MemoryTier::kNvme) host += total;
+      }
+      record["peak_offload_bytes"] = by_tier;
+      offload_line = fmt::format(" | host {} MiB | nvme {} MiB", Mib(host),
+                                 Mib(mem.in_use[static_cast<int>(MemoryTier::kNvme)].peak));
+    }
     std::string line;
     if (print) {
       line = fmt::format(
           "step {:>5}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f}{} | {:.0f} tok/s "
           "({:.0f}/device) | {:.3f} TFLOP/s/device{} | peak {} MiB (params {}, grads {}, optim "
-          "{}, gathered {}, activations {}) | skipped {}",
+          "{}, gathered {}, activations {}){} | skipped {}",
           step + 1, steps, loss, val >= 0 ? fmt::format(" | val {:.4f}", val) : "", lr, r.grad_norm,
           c_.fp16.enabled ? fmt::format(" | scale {}", r.loss_scale) : "", tokens_per_s,
           tokens_per_s / dp().size(), flops_per_device / 1e12,
@@ -401,7 +424,7 @@ StatusOr<TrainResult> Run::Loop() {
           Mib(peak_total), Mib(memory["parameters"].get<int64_t>()),
           Mib(memory["gradients"].get<int64_t>()), Mib(memory["optimizer_state"].get<int64_t>()),
           Mib(memory["gathered_weights"].get<int64_t>()), Mib(memory["activations"].get<int64_t>()),
-          manager_->skipped_steps());
+          offload_line, manager_->skipped_steps());
       if (tty) line = "\r\033[K" + line;
     }
     Emit(record, line);

@@ -82,6 +82,14 @@ std::string Describe(const std::string& path, const Block& b) {
 
 int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
+// A failed read or write is a runtime failure (exit 1), whatever errno says: EINVAL or EACCES
+// from an I/O call do not mean the user's configuration was wrong.
+Status IoError(std::string_view call, int err) {
+  Status s = ErrnoError(call, err);
+  if (s.code() == absl::StatusCode::kResourceExhausted) return s;
+  return absl::InternalError(s.message());
+}
+
 }  // namespace
 
 class NvmeStore::Engine {
@@ -116,7 +124,7 @@ class ThreadEngine final : public NvmeStore::Engine {
                                 : ::pread(fd_, b.buf + done, b.bytes - done, b.file_offset + done);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0)
-        return ErrnoError(StrCat(b.write ? "pwrite" : "pread", ": ", Describe(path_, b)), errno);
+        return IoError(StrCat(b.write ? "pwrite" : "pread", ": ", Describe(path_, b)), errno);
       if (n == 0)
         return absl::InternalError(StrCat("unexpected end of file: ", Describe(path_, b)));
       done += n;
@@ -223,7 +231,7 @@ class UringEngine final : public NvmeStore::Engine {
         rest.bytes -= res;
         waiting_.push_front(std::move(rest));
       } else if (res < 0) {
-        block->request->Complete(ErrnoError(
+        block->request->Complete(IoError(
             StrCat("io_uring ", block->write ? "write" : "read", ": ", Describe(path_, *block)),
             -res));
       } else if (res == 0 && block->bytes > 0) {
@@ -376,9 +384,9 @@ IoHandle NvmeStore::Start(bool write, const NvmeRegion& region, int64_t offset, 
                                                   kAlignment, "-aligned and inside the region)")));
   }
   if (options_.fail_request > 0 && requests_ == options_.fail_request) {
-    return fail(ErrnoError(StrCat("injected fault: ", op, " of ", path_, " at offset ", file_offset,
-                                  ", ", length, " bytes"),
-                           options_.fail_errno));
+    return fail(IoError(StrCat("injected fault: ", op, " of ", path_, " at offset ", file_offset,
+                               ", ", length, " bytes"),
+                        options_.fail_errno));
   }
   std::vector<Block> blocks;
   for (int64_t done = 0; done < length; done += options_.block_bytes) {

@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""Offload from the command line: `zerort train` with optimizer state (and at stage 3 the
+parameters) on the host or on NVMe follows the run without offload to the bit (losses in
+metrics.jsonl); a checkpoint saved with NVMe offload resumes without offload and the reverse
+(and, with MPIEXEC, at another world size: np 1 <-> np 2); an injected I/O error stops the run with
+exit 1 naming the file while the previous checkpoint still loads; a disk too small for the state
+(a 1 MiB tmpfs, where mounting is allowed) and bad offload configs exit 2 naming the key; nothing
+is ever left in nvme_path.
+Usage: offload_cli_test.py PATH_TO_ZERORT [MPIEXEC]"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Checks  # noqa: E402
+
+zerort = sys.argv[1]
+mpiexec = sys.argv[2] if len(sys.argv) > 2 else None
+checks = Checks("offload_cli_test")
+check = checks.check
+tmp = tempfile.mkdtemp()
+nvme = os.path.join(tmp, "nvme")
+os.makedirs(nvme)
+env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+           OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_btl_vader_single_copy_mechanism="none")
+
+
+def offload(optimizer="none", param="none", path=nvme, engine="auto"):
+    z = {"stage": 3, "stage3_param_persistence_threshold": 0, "sub_group_size": 65536,
+         "offload_optimizer": {"device": optimizer, "nvme_path": path},
+         "offload_param": {"device": param, "nvme_path": path, "buffer_size": 200000}}
+    return z, {"engine": engine}
+
+
+def config(name, steps, ckpt=None, micro=4, optimizer="none", param="none", engine="auto",
+           path=nvme, **extra):
+    zero, aio = offload(optimizer, param, path, engine)
+    c = {
+        "train_batch_size": 8, "train_micro_batch_size_per_gpu": micro,
+        "zero_optimization": zero, "aio": aio,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
+        "gradient_clipping": 1.0,
+        "steps_per_print": 1000,
+        "model": {"n_layer": 2, "n_head": 4, "d_model": 64, "seq_len": 64, "vocab_size": 256},
+        "train": {"steps": steps, "eval_windows": 2, "sample_tokens": 0, "device": "cpu"},
+        "logging": {"metrics_file": os.path.join(tmp, name + ".jsonl")},
+    }
+    if ckpt:
+        c["checkpoint"] = {"dir": ckpt, "interval": 3, "keep_last_n": 3}
+    c.update(extra)
+    path = os.path.join(tmp, name + ".json")
+    with open(path, "w") as f:
+        json.dump(c, f)
+    return path
+
+
+def run(args, launcher=(), extra_env=None):
+    return subprocess.run([*launcher, zerort, *args], capture_output=True, text=True,
+                          env=dict(env, **(extra_env or {})), timeout=300)
+
+
+def losses(name):
+    with open(os.path.join(tmp, name + ".jsonl")) as f:
+        return [json.loads(line)["loss"] for line in f]
+
+
+def nvme_empty(what):
+    left = os.listdir(nvme)
+    check(f"{what}: nothing left in nvme_path", not left, left)
+
+
+# Every placement equals the device run, bitwise.
+r = run(["train", config("device", 6)])
+check("device run exits 0", r.returncode == 0, r.stderr[-2000:])
+device = losses("device")
+for name, kw in [("cpu", dict(optimizer="cpu")),
+                 ("cpu_params", dict(optimizer="cpu", param="cpu")),
+                 ("nvme_uring", dict(optimizer="nvme", param="nvme", engine="io_uring")),
+                 ("nvme_threads", dict(optimizer="nvme", param="nvme", engine="threads"))]:
+    r = run(["train", config(name, 6, **kw)])
+    if check(f"{name} run exits 0", r.returncode == 0, r.stderr[-2000:]):
+        check(f"{name} losses equal the device run's bitwise", losses(name) == device,
+              (losses(name), device))
+    if name == "nvme_uring":
+        with open(os.path.join(tmp, name + ".jsonl")) as f:
+            rec = json.loads(f.readline())
+        check("metrics.jsonl carries the nvme tier's peak",
+              rec.get("peak_offload_bytes", {}).get("nvme", {}).get("total", 0) > 0, rec)
+    nvme_empty(name)
+
+# Resume across tiers: saved with NVMe offload, resumed without, and the reverse.
+for first, second in [(dict(optimizer="nvme", param="nvme"), {}),
+                      ({}, dict(optimizer="nvme", param="nvme"))]:
+    ckpt = os.path.join(tmp, "ckpt_" + ("nvme_first" if first else "device_first"))
+    tag = "nvme -> device" if first else "device -> nvme"
+    a, b = "a_" + os.path.basename(ckpt), "b_" + os.path.basename(ckpt)
+    r = run(["train", config(a, 3, ckpt, **first)])
+    check(f"{tag}: first half exits 0", r.returncode == 0, r.stderr[-2000:])
+    r = run(["train", config(b, 6, ckpt, **second), "--resume"])
+    check(f"{tag}: resumed half exits 0", r.returncode == 0, r.stderr[-2000:])
+    if r.returncode == 0:
+        check(f"{tag}: steps 4-6 equal the straight run's bitwise", losses(b) == device[3:],
+              (losses(b), device[3:]))
+    nvme_empty(tag)
+
+# At another world size (MPI): np 1 with NVMe offload -> np 2 without, and np 2 -> np 1 NVMe.
+if mpiexec:
+    for first_np, second_np in [(1, 2), (2, 1)]:
+        ckpt = os.path.join(tmp, f"ckpt_np{first_np}")
+        first = dict(optimizer="nvme", param="nvme") if first_np == 1 else {}
+        second = {} if first_np == 1 else dict(optimizer="nvme", param="nvme")
+        launch = lambda np_: (mpiexec, "-np", "2", "--oversubscribe") if np_ == 2 else ()
+        w1, w2 = f"w1_np{first_np}", f"w2_np{first_np}"
+        r = run(["train", config(w1, 3, ckpt, micro=4 // first_np, **first)], launch(first_np))
+        check(f"np {first_np}: first half exits 0", r.returncode == 0, r.stderr[-2000:])
+        r = run(["train", config(w2, 6, ckpt, micro=4 // second_np, **second), "--resume"],
+                launch(second_np))
+        check(f"np {first_np} -> np {second_np}: resumed half exits 0", r.returncode == 0,
+              r.stderr[-2000:])
+        if r.returncode == 0:
+            got = losses(w2)
+            close = len(got) == 3 and all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(got, device[3:]))
+            check(f"np {first_np} -> np {second_np}: steps 4-6 equal the straight run to 1e-5",
+                  close, (got, device[3:]))
+        nvme_empty(f"np {first_np} -> np {second_np}")
+else:
+    print("offload_cli_test: no MPIEXEC given; the world-size resume is skipped")
+
+# An I/O error during training: exit 1 naming the file; the checkpoint saved before still loads.
+ckpt = os.path.join(tmp, "ckpt_fault")
+r = run(["train", config("f1", 3, ckpt, optimizer="nvme", param="nvme")])
+check("fault: the run before the fault exits 0", r.returncode == 0, r.stderr[-2000:])
+r = run(["train", config("f2", 9, ckpt, optimizer="nvme", param="nvme"), "--resume"],
+        extra_env={"ZERORT_FAIL_NVME_REQUEST": "150", "ZERORT_FAIL_NVME_ERRNO": "5"})
+check("fault: an injected EIO exits 1", r.returncode == 1, (r.returncode, r.stderr[-2000:]))
+check("fault: the message names the NVMe file", "zerort-rank0" in r.stderr and
+      "Input/output error" in r.stderr, r.stderr[-2000:])
+r2 = run(["checkpoint", "inspect", ckpt])
+check("fault: the checkpoint saved before the fault still inspects clean", r2.returncode == 0 and
+      ("step_3" in r2.stdout or "step_6" in r2.stdout), r2.stdout[-1000:] + r2.stderr[-1000:])
+r2 = run(["train", config("f3", 4, ckpt, optimizer="nvme", param="nvme"), "--resume"])
+check("fault: and resumes", r2.returncode == 0, r2.stderr[-2000:])
+nvme_empty("fault")
+
+# A disk too small for the state: a 1 MiB tmpfs, when this machine lets us mount one.
+small = os.path.join(tmp, "small")
+os.makedirs(small)
+mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", small],
+                         capture_output=True).returncode == 0
+if mounted:
+    try:
+        r = run(["train", config("small", 2, optimizer="nvme", param="nvme", path=small)])
+        check("small disk: exit 2", r.returncode == 2, (r.returncode, r.stderr[-2000:]))
+        check("small disk: says how much is needed and free", "GiB" in r.stderr and small in
+              r.stderr, r.stderr[-2000:])
+        check("small disk: nothing left", not os.listdir(small), os.listdir(small))
+    finally:
+        subprocess.run(["umount", small])
+else:
+    print("offload_cli_test: mount is not allowed here; the small-disk case is skipped")
+
+# Bad offload configs: exit 2 naming the key.
+plain = os.path.join(tmp, "plain_file")
+open(plain, "w").close()
+bad = [
+    ("missing nvme_path", dict(optimizer="nvme", path=os.path.join(tmp, "nope")),
+     "offload_optimizer.nvme_path"),
+    ("a file as nvme_path", dict(optimizer="nvme", path=plain), "is not a directory"),
+]
+for what, kw, expect in bad:
+    r = run(["train", config("bad", 2, **kw)])
+    check(f"{what}: exit 2", r.returncode == 2, (r.returncode, r.stderr[-1000:]))
+    check(f"{what}: names it", expect in r.stderr, r.stderr[-1000:])
+stage2 = config("stage2", 2, param="cpu")
+with open(stage2) as f:
+    c = json.load(f)
+c["zero_optimization"]["stage"] = 2
+with open(stage2, "w") as f:
+    json.dump(c, f)
+r = run(["train", stage2])
+check("offload_param at stage 2: exit 2 naming the key", r.returncode == 2 and
+      "zero_optimization.offload_param.device" in r.stderr, r.stderr[-1000:])
+r = run(["train", config("gds", 2, optimizer="nvme"), "--set", "aio.use_gds=true"])
+check("aio.use_gds: exit 2", r.returncode == 2 and "aio.use_gds" in r.stderr, r.stderr[-1000:])
+nvme_empty("bad configs")
+
+shutil.rmtree(tmp, ignore_errors=True)
+checks.finish()
