@@ -262,7 +262,10 @@ class UringEngine final : public NvmeStore::Engine {
 
 Status NvmeStore::CheckFreeSpace(const std::string& dir, int64_t bytes, std::string_view what) {
   struct statvfs fs {};
-  if (::statvfs(dir.c_str(), &fs) != 0) return ErrnoError(StrCat("statvfs(", dir, ")"), errno);
+  if (::statvfs(dir.c_str(), &fs) != 0) {
+    return absl::InvalidArgumentError(
+        StrCat(what, ": nvme_path '", dir, "': ", std::strerror(errno)));
+  }
   const int64_t free_bytes = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
   if (free_bytes < bytes) {
     return absl::InvalidArgumentError(

@@ -35,6 +35,18 @@ struct BenchAdamwOptions {
 };
 int RunBenchAdamw(const BenchAdamwOptions& options);
 
+struct BenchOffloadOptions {
+  std::string path = ".";                 // directory on the disk to measure (nvme_path)
+  int64_t size_bytes = int64_t{1} << 30;  // one request of this size, each way
+  int64_t block_size = 1 << 20;           // aio.block_size
+  int queue_depth = 8;                    // aio.queue_depth
+  std::string engine = "auto";            // auto | io_uring | threads
+  int rounds = 3;                         // alternating rounds; medians reported
+  std::string config;                     // optional: step time with and without offload
+  bool json = false;
+};
+int RunBenchOffload(const BenchOffloadOptions& options);
+
 struct BenchModelOptions {
   std::string config;  // run config (JSON): the model section and the batch/precision keys
   int iters = 3;       // measured iterations after one warm-up; the median is reported

@@ -55,6 +55,27 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   adamw->add_flag("--json", adamw_options.json, "One JSON object instead of text");
 
+  cli::BenchOffloadOptions offload_options;
+  CLI::App* offload = bench->add_subcommand(
+      "offload",
+      "NVMe store bandwidth against fio on the same path; step time with/without offload");
+  offload->add_option("--path", offload_options.path, "Directory on the disk to measure")
+      ->capture_default_str();
+  offload->add_option("--size", offload_options.size_bytes, "Bytes written and read per round")
+      ->capture_default_str();
+  offload->add_option("--block-size", offload_options.block_size, "Bytes per I/O request")
+      ->capture_default_str();
+  offload->add_option("--queue-depth", offload_options.queue_depth, "Requests in flight")
+      ->capture_default_str();
+  offload->add_option("--engine", offload_options.engine, "auto, io_uring or threads")
+      ->check(CLI::IsMember({"auto", "io_uring", "threads"}))
+      ->capture_default_str();
+  offload->add_option("--rounds", offload_options.rounds, "Alternating rounds (medians)")
+      ->capture_default_str();
+  offload->add_option("--config", offload_options.config,
+                      "Run config: also its step time with and without its offload");
+  offload->add_flag("--json", offload_options.json, "One JSON object instead of text");
+
   cli::TrainOptions train_options;
   CLI::App* train = app.add_subcommand("train", "Train the GPT model from a JSON run config");
   train->add_option("config", train_options.config, "Run config (JSON)")->required();
@@ -171,6 +192,7 @@ int main(int argc, char** argv) {
   if (comm->parsed()) return cli::RunBenchComm(comm_options, *launch, &argc, &argv);
   if (adamw->parsed()) return cli::RunBenchAdamw(adamw_options);
   if (model->parsed()) return cli::RunBenchModel(model_options);
+  if (offload->parsed()) return cli::RunBenchOffload(offload_options);
   if (estimate->parsed()) return cli::RunEstimate(est);
   if (train->parsed()) return cli::RunTrain(train_options, *launch, &argc, &argv);
   if (prepare->parsed()) return cli::RunDataPrepare(prepare_options);

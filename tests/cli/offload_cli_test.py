@@ -188,5 +188,20 @@ r = run(["train", config("gds", 2, optimizer="nvme"), "--set", "aio.use_gds=true
 check("aio.use_gds: exit 2", r.returncode == 2 and "aio.use_gds" in r.stderr, r.stderr[-1000:])
 nvme_empty("bad configs")
 
+# bench offload: one JSON object with the baseline named and the ratio; bad flags exit 2.
+r = run(["bench", "offload", "--path", nvme, "--size", str(8 << 20), "--rounds", "1", "--json"])
+if check("bench offload exits 0", r.returncode == 0, r.stderr[-1500:]):
+    j = json.loads(r.stdout)
+    check("bench offload reports against fio", j.get("bench") == "offload" and
+          "fio" in j.get("baseline", "") and j.get("ratio", 0) > 0 and
+          j.get("fio_read_bytes_per_s", 0) > 0, j)
+for flags in (["--block-size", "5000"], ["--rounds", "0"], ["--queue-depth", "-1"],
+              ["--size", "100"], ["--engine", "libaio"]):
+    r = run(["bench", "offload", "--path", nvme, *flags])
+    check(f"bench offload {' '.join(flags)}: exit 2", r.returncode == 2, (r.returncode, r.stderr[-500:]))
+r = run(["bench", "offload", "--path", os.path.join(tmp, "nope")])
+check("bench offload on a missing path: exit 2", r.returncode == 2, (r.returncode, r.stderr[-500:]))
+nvme_empty("bench offload")
+
 shutil.rmtree(tmp, ignore_errors=True)
 checks.finish()

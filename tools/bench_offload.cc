@@ -1,0 +1,194 @@
+// zerort bench offload: the NVMe store's sequential write and read bandwidth (one request of
+// --size bytes split into --block-size blocks, --queue-depth in flight, O_DIRECT) against fio run
+// by the bench on the same directory, file size, block size, queue depth and io_uring engine with
+// O_DIRECT, alternating round by round in the same run; and, with --config, the median step time
+// of that run config as written (offload) against the same config with offload removed.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/trainer.h"
+#include "nlohmann/json.hpp"
+#include "offload/nvme_store.h"
+#include "runtime/allocator.h"
+#include "runtime/exit_codes.h"
+#include "runtime/log.h"
+#include "runtime/loopback_communicator.h"
+#include "runtime/strings.h"
+#include "tools/commands.h"
+
+namespace zerort::cli {
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// One fio job on `file`; returns its bandwidth in bytes/s.
+StatusOr<double> Fio(const BenchOffloadOptions& o, const std::string& file, bool write) {
+  const std::string out = StrCat(file, ".json");
+  const std::string cmd = StrCat(
+      "fio --name=zerort --filename=", file, " --rw=", write ? "write" : "read",
+      " --bs=", o.block_size, " --iodepth=", o.queue_depth, " --size=", o.size_bytes,
+      " --ioengine=io_uring --direct=1 --numjobs=1 --thread --output-format=json --output=", out,
+      " > /dev/null 2>&1");
+  if (std::system(cmd.c_str()) != 0) {
+    return absl::InternalError(StrCat("fio failed (", cmd,
+                                      "); is it installed (apt-get install "
+                                      "fio) and does ",
+                                      o.path, " allow O_DIRECT?"));
+  }
+  std::ifstream in(out);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  std::filesystem::remove(out);
+  if (j.is_discarded()) return absl::InternalError("fio wrote no JSON");
+  try {
+    return j.at("jobs").at(0).at(write ? "write" : "read").at("bw_bytes").get<double>();
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InternalError(StrCat("fio's JSON: ", e.what()));
+  }
+}
+
+// Median step time (steps after the first) of `config` trained in this process.
+StatusOr<double> StepTime(RunConfig c, const std::string& metrics) {
+  c.logging.metrics_file = metrics;
+  c.checkpoint.dir.clear();
+  c.train.sample_tokens = 0;
+  c.train.eval_interval = 0;
+  ZR_ASSIGN_OR_RETURN(auto group, CreateLoopbackGroup(1, {}, nullptr));
+  std::FILE* sink = std::fopen("/dev/null", "w");
+  StatusOr<TrainResult> r = Train(c, {.dp = group[0].get(), .dp_source = "bench", .out = sink});
+  std::fclose(sink);
+  if (!r.ok()) return r.status();
+  std::ifstream in(metrics);
+  std::vector<double> times;
+  std::string line;
+  for (int i = 0; std::getline(in, line); ++i) {
+    if (i > 0) times.push_back(nlohmann::json::parse(line).at("step_time_s").get<double>());
+  }
+  std::filesystem::remove(metrics);
+  if (times.empty()) return absl::InvalidArgumentError("the config trains fewer than 2 steps");
+  return Median(times);
+}
+
+}  // namespace
+
+int RunBenchOffload(const BenchOffloadOptions& o) {
+  auto fail = [](const Status& s) {
+    Logger()->error("bench offload: {}", s.message());
+    return s.code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitRuntimeFailure;
+  };
+  if (o.size_bytes < o.block_size || o.block_size < 4096 || o.block_size % 4096 != 0 ||
+      o.queue_depth < 1 || o.rounds < 1) {
+    return fail(absl::InvalidArgumentError(
+        "--block-size must be a multiple of 4096, --size at least one block, --queue-depth and "
+        "--rounds at least 1"));
+  }
+  NvmeStoreOptions so;
+  so.dir = o.path;
+  so.file_tag = "zerort-bench";
+  so.engine = o.engine == "threads"    ? IoEngine::kThreads
+              : o.engine == "io_uring" ? IoEngine::kIoUring
+                                       : IoEngine::kAuto;
+  so.block_bytes = o.block_size;
+  so.queue_depth = o.queue_depth;
+  if (Status s = NvmeStore::CheckFreeSpace(o.path, 2 * o.size_bytes, "bench offload"); !s.ok()) {
+    return fail(s);
+  }
+  StatusOr<std::unique_ptr<NvmeStore>> store = NvmeStore::Create(so);
+  if (!store.ok()) return fail(store.status());
+  StatusOr<NvmeRegion> region = (*store)->Reserve(o.size_bytes, MemoryCategory::kStaging);
+  if (!region.ok()) return fail(region.status());
+  HostAllocator host({.alignment = 4096, .tier = MemoryTier::kHost, .tracker = nullptr});
+  StatusOr<Buffer> buf = host.Allocate(region->capacity, MemoryCategory::kStaging, nullptr);
+  if (!buf.ok()) return fail(buf.status());
+  for (int64_t i = 0; i < region->capacity; i += 4096) buf->as<char>()[i] = static_cast<char>(i);
+  const std::string fio_file = StrCat(o.path, "/zerort-bench-fio.", ::getpid());
+
+  std::vector<double> ours_w, ours_r, fio_w, fio_r;
+  for (int round = 0; round < o.rounds; ++round) {
+    for (bool write : {true, false}) {
+      const auto t0 = std::chrono::steady_clock::now();
+      IoHandle h = write ? (*store)->StartWrite(*region, 0, buf->data(), o.size_bytes)
+                         : (*store)->StartRead(*region, 0, buf->data(), o.size_bytes);
+      if (Status s = h.Finish(); !s.ok()) return fail(s);
+      const double dt =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      (write ? ours_w : ours_r).push_back(o.size_bytes / dt);
+      StatusOr<double> f = Fio(o, fio_file, write);
+      if (!f.ok()) {
+        std::filesystem::remove(fio_file);
+        return fail(f.status());
+      }
+      (write ? fio_w : fio_r).push_back(*f);
+    }
+  }
+  std::filesystem::remove(fio_file);
+  const double w = Median(ours_w), r = Median(ours_r), fw = Median(fio_w), fr = Median(fio_r);
+  nlohmann::json j = {
+      {"bench", "offload"},
+      {"baseline",
+       "fio (io_uring, O_DIRECT) on the same path, file size, block size and queue "
+       "depth, alternating with zerort in the same run"},
+      {"path", o.path},
+      {"engine", std::string(IoEngineName((*store)->engine()))},
+      {"direct", (*store)->direct()},
+      {"size_bytes", o.size_bytes},
+      {"block_size", o.block_size},
+      {"queue_depth", o.queue_depth},
+      {"rounds", o.rounds},
+      {"write_bytes_per_s", w},
+      {"read_bytes_per_s", r},
+      {"fio_write_bytes_per_s", fw},
+      {"fio_read_bytes_per_s", fr},
+      {"write_ratio", w / fw},
+      {"read_ratio", r / fr},
+      {"ratio", std::min(w / fw, r / fr)},
+  };
+  store->reset();
+  if (!o.config.empty()) {
+    StatusOr<RunConfig> c = LoadRunConfig(o.config);
+    if (!c.ok()) return fail(c.status());
+    if (Status s = ResolveBatch(*c, 1, "bench offload (one process)"); !s.ok()) return fail(s);
+    RunConfig plain = *c;
+    plain.zero.offload_optimizer.device = plain.zero.offload_param.device = "none";
+    const std::string metrics = StrCat(o.path, "/zerort-bench-metrics.", ::getpid(), ".jsonl");
+    StatusOr<double> off = StepTime(*c, metrics);
+    if (!off.ok()) return fail(off.status());
+    StatusOr<double> base = StepTime(plain, metrics);
+    if (!base.ok()) return fail(base.status());
+    j["config"] = o.config;
+    j["step_time_s"] = *off;
+    j["step_time_s_without_offload"] = *base;
+    j["step_time_ratio"] = *base / *off;  // higher is better for the offloaded run
+  }
+  if (o.json) {
+    std::printf("%s\n", j.dump().c_str());
+    return kExitOk;
+  }
+  std::printf(
+      "bench offload: %s, %s engine, O_DIRECT %s, %lld MiB, block %lld KiB, queue depth %d, "
+      "%d rounds (medians)\n",
+      o.path.c_str(), j["engine"].get<std::string>().c_str(),
+      j["direct"].get<bool>() ? "on" : "off", static_cast<long long>(o.size_bytes >> 20),
+      static_cast<long long>(o.block_size >> 10), o.queue_depth, o.rounds);
+  std::printf("  %-6s %12s %12s %8s\n", "", "zerort MB/s", "fio MB/s", "ratio");
+  std::printf("  %-6s %12.0f %12.0f %8.3f\n", "write", w / 1e6, fw / 1e6, w / fw);
+  std::printf("  %-6s %12.0f %12.0f %8.3f\n", "read", r / 1e6, fr / 1e6, r / fr);
+  if (!o.config.empty()) {
+    std::printf("  step time: %.4f s with the config's offload, %.4f s without (ratio %.3f)\n",
+                j["step_time_s"].get<double>(), j["step_time_s_without_offload"].get<double>(),
+                j["step_time_ratio"].get<double>());
+  }
+  return kExitOk;
+}
+
+}  // namespace zerort::cli
