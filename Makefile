@@ -37,7 +37,8 @@ test-unit: build
 	ctest --test-dir $(BUILD) -L 'cpu|mpi|gpu' --output-on-failure -j2
 
 # The installed package, consumed by programs that know only find_package(zerort): a
-# communicator hello and a trainer that embeds the shard manager (ZeRO-3) for its own MLP.
+# communicator hello and a trainer that embeds the shard manager (ZeRO-3) for its own MLP, once
+# more with its optimizer state and parameters on NVMe (nothing may be left in the directory).
 test-install: build
 	rm -rf $(BUILD)/install-test $(BUILD)/hello_comm $(BUILD)/embed
 	cmake --install $(BUILD) --prefix $(CURDIR)/$(BUILD)/install-test > /dev/null
@@ -50,7 +51,10 @@ test-install: build
 	$(MPIRUN) -np 2 $(BUILD)/hello_comm/hello_comm
 	$(BUILD)/embed/embed_mlp
 	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(MPIRUN) -np 2 $(BUILD)/embed/embed_mlp
-	@echo "test-install: 4 passed, 0 failed"
+	rm -rf $(BUILD)/embed-nvme && mkdir -p $(BUILD)/embed-nvme
+	$(BUILD)/embed/embed_mlp --nvme $(CURDIR)/$(BUILD)/embed-nvme
+	test -z "$$(ls -A $(BUILD)/embed-nvme)"
+	@echo "test-install: 5 passed, 0 failed"
 
 # The CPU tests again under AddressSanitizer and UndefinedBehaviorSanitizer (CPU-only build, -O1
 # with line tables: what ASan recommends, and quick to compile on two cores).
