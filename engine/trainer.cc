@@ -144,7 +144,8 @@ class Run {
   std::unique_ptr<DataLoader> data_;
   std::ofstream metrics_;
   double peak_flops_ = 0;
-  RunState start_;  // where this run starts: step 0, or the resumed checkpoint's state
+  RunState start_;             // where this run starts: step 0, or the resumed checkpoint's state
+  OffloadStats offload_seen_;  // the manager's offload counters at the last metrics record
   Status Save(int64_t step, int64_t consumed);
 };
 
@@ -407,8 +408,22 @@ StatusOr<TrainResult> Run::Loop() {
         if (tier != MemoryTier::kNvme) host += total;
       }
       record["peak_offload_bytes"] = by_tier;
-      offload_line = fmt::format(" | host {} MiB | nvme {} MiB", Mib(host),
-                                 Mib(mem.in_use[static_cast<int>(MemoryTier::kNvme)].peak));
+      const OffloadStats now = manager_->offload_stats();
+      const OffloadStats step_stats{now.fetch_wait_s - offload_seen_.fetch_wait_s,
+                                    now.grad_io_s - offload_seen_.grad_io_s,
+                                    now.optimizer_s - offload_seen_.optimizer_s,
+                                    now.optimizer_io_wait_s - offload_seen_.optimizer_io_wait_s};
+      offload_seen_ = now;
+      record["offload_time_s"] = {{"fetch_wait", step_stats.fetch_wait_s},
+                                  {"grad_io", step_stats.grad_io_s},
+                                  {"optimizer", step_stats.optimizer_s},
+                                  {"optimizer_io_wait", step_stats.optimizer_io_wait_s}};
+      offload_line = fmt::format(
+          " | host {} MiB | nvme {} MiB | optimizer {:.2f} s (io wait {:.2f}), fetch wait {:.2f} "
+          "s, grad io {:.2f} s",
+          Mib(host), Mib(mem.in_use[static_cast<int>(MemoryTier::kNvme)].peak),
+          step_stats.optimizer_s, step_stats.optimizer_io_wait_s, step_stats.fetch_wait_s,
+          step_stats.grad_io_s);
     }
     std::string line;
     if (print) {

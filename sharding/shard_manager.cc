@@ -128,8 +128,8 @@ StatusOr<std::unique_ptr<ShardManager>> ShardManager::Create(const ShardManagerO
     m->resources_.comm = m->owned_comm_.get();
   }
   ZR_RETURN_IF_ERROR(m->CreateTiers());
-  m->optimizer_ = std::make_unique<ShardedOptimizer>(
-      OptimizerResources{&m->options_, resources.dp, m->tiers_, m->resources_.compute});
+  m->optimizer_ = std::make_unique<ShardedOptimizer>(OptimizerResources{
+      &m->options_, resources.dp, m->tiers_, m->resources_.compute, &m->offload_stats_});
   m->reducer_ = std::make_unique<GradientReducer>(m->UnitResourcesOf(), m->optimizer_.get());
   return m;
 }
@@ -179,9 +179,9 @@ Status ShardManager::CreateTiers() {
   return absl::OkStatus();
 }
 
-UnitResources ShardManager::UnitResourcesOf() const {
-  return UnitResources{&options_,          resources_.dp,   tiers_,
-                       resources_.compute, resources_.comm, param_staging_.get()};
+UnitResources ShardManager::UnitResourcesOf() {
+  return UnitResources{&options_,       resources_.dp,        tiers_,         resources_.compute,
+                       resources_.comm, param_staging_.get(), &offload_stats_};
 }
 
 // Before anything is written: does this rank's NVMe state fit where it goes?

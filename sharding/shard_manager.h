@@ -131,6 +131,8 @@ class ShardManager {
   int64_t live_gathered_bytes() const;
   // Gradient collectives issued so far (bucketing packs several units into one).
   int64_t gradient_collectives() const { return reducer_->collectives(); }
+  // Where the offload tier's time went so far (cumulative seconds).
+  const OffloadStats& offload_stats() const { return offload_stats_; }
 
  private:
   friend class UnitScope;
@@ -142,7 +144,7 @@ class ShardManager {
   Status CheckNvmeSpace() const;
   Status EndScope(int unit, bool backward);
   void EndStepOrder();
-  UnitResources UnitResourcesOf() const;
+  UnitResources UnitResourcesOf();
 
   ShardManagerOptions options_;
   Resources resources_;
@@ -153,6 +155,7 @@ class ShardManager {
   std::unique_ptr<StagingPool> param_staging_;  // fetches of offloaded compute shards
   Tiers tiers_;
   std::unique_ptr<ShardedOptimizer> optimizer_;
+  OffloadStats offload_stats_;
   std::vector<std::unique_ptr<ShardedUnit>> units_;
   std::unique_ptr<GradientReducer> reducer_;
   LossScaler scaler_;

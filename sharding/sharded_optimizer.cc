@@ -1,6 +1,7 @@
 // ShardedOptimizer: master, moments and gradient shards on their tier; accumulation, norm, step.
 #include "sharding/sharded_optimizer.h"
 
+#include <chrono>
 #include <cstring>
 #include <deque>
 
@@ -22,6 +23,21 @@ struct ShardedOptimizer::UnitState {
 
 namespace {
 int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+// Adds the seconds of its lifetime to *into (when there is a counter).
+class Timed {
+ public:
+  explicit Timed(double* into) : into_(into), t0_(std::chrono::steady_clock::now()) {}
+  ~Timed() {
+    if (into_ != nullptr) {
+      *into_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    }
+  }
+
+ private:
+  double* into_;
+  std::chrono::steady_clock::time_point t0_;
+};
 constexpr int64_t kPage = NvmeStore::kAlignment;
 
 TensorView HostF32(void* data, int64_t n) {
@@ -128,6 +144,7 @@ Status ShardedOptimizer::AccumulateGradient(const ShardedUnit& unit, const Tenso
 // Read (unless this step has not written it yet), add, write, chunk by chunk; the norm parts are
 // taken on the way, chained so that they equal one pass over the whole shard.
 Status ShardedOptimizer::AccumulateNvme(int u, const TensorView& reduced) {
+  Timed timed(resources_.stats ? &resources_.stats->grad_io_s : nullptr);
   UnitState& s = *units_[u];
   NvmeStore& store = *resources_.tiers.nvme;
   const int64_t shard = s.grad.numel();
@@ -253,6 +270,8 @@ Status ShardedOptimizer::Update(int u, const Range& range, const OptimizerStepAr
 }
 
 Status ShardedOptimizer::Step(const OptimizerStepArgs& args) {
+  Timed timed(resources_.stats && tier() != MemoryTier::kDevice ? &resources_.stats->optimizer_s
+                                                                : nullptr);
   if (tier() == MemoryTier::kNvme) return StepNvme(args);
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     ZR_RETURN_IF_ERROR(StepInMemory(u, args));
@@ -317,9 +336,13 @@ Status ShardedOptimizer::StepNvme(const OptimizerStepArgs& args) {
   size_t next = 0;
   const size_t ahead = static_cast<size_t>(staging_->count() - 1);
   Status failed = absl::OkStatus();
+  double* io_wait = resources_.stats ? &resources_.stats->optimizer_io_wait_s : nullptr;
   auto issue = [&]() -> Status {
     Job j{chunks[next++], {}, {}};
-    ZR_ASSIGN_OR_RETURN(j.lease, staging_->Acquire());
+    {
+      Timed waited(io_wait);  // a staging set is free once its last writes have landed
+      ZR_ASSIGN_OR_RETURN(j.lease, staging_->Acquire());
+    }
     UnitState& s = *units_[j.chunk.unit];
     const auto buf = buffers(j);
     const int64_t off = j.chunk.range.begin * 4, bytes = j.chunk.range.size() * 4;
@@ -342,9 +365,12 @@ Status ShardedOptimizer::StepNvme(const OptimizerStepArgs& args) {
     Job j = std::move(in_flight.front());
     in_flight.pop_front();
     UnitState& s = *units_[j.chunk.unit];
-    for (IoHandle& r : j.reads) {
-      Status st = r.Finish();
-      if (failed.ok() && !st.ok()) failed = st;
+    {
+      Timed waited(io_wait);
+      for (IoHandle& r : j.reads) {
+        Status st = r.Finish();
+        if (failed.ok() && !st.ok()) failed = st;
+      }
     }
     const auto buf = buffers(j);
     const Range& r = j.chunk.range;
@@ -391,7 +417,11 @@ Status ShardedOptimizer::StepNvme(const OptimizerStepArgs& args) {
     for (IoHandle& r : j.reads) r.Finish().IgnoreError();
     staging_->Return(j.lease);
   }
-  Status drained = staging_->Drain();  // every write of this step has landed
+  Status drained;
+  {
+    Timed waited(io_wait);
+    drained = staging_->Drain();  // every write of this step has landed
+  }
   if (!failed.ok()) return Annotate(failed, "optimizer step on the nvme tier");
   return Annotate(drained, "optimizer step on the nvme tier");
 }

@@ -38,6 +38,7 @@ struct OptimizerResources {
   Communicator* dp = nullptr;
   Tiers tiers;
   Stream* compute = nullptr;
+  OffloadStats* stats = nullptr;  // null: not counted
 };
 
 class ShardedOptimizer {

@@ -2,6 +2,8 @@
 // the full gradient.
 #include "sharding/sharded_unit.h"
 
+#include <chrono>
+
 #include "kernels/cast.h"
 #include "runtime/strings.h"
 
@@ -164,7 +166,12 @@ Status ShardedUnit::StartGather() {
   const void* input = nullptr;
   Device input_device = Device::Cpu();
   if (state_ == ShardState::kFetching) {
+    const auto t0 = std::chrono::steady_clock::now();
     const Status read = fetch_io_.Finish();
+    if (resources_.stats != nullptr) {
+      resources_.stats->fetch_wait_s +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
     fetch_io_ = IoHandle();
     if (!read.ok()) {
       resources_.param_staging->Return(std::exchange(fetch_lease_, {}));

@@ -28,6 +28,14 @@ std::string_view ShardStateName(ShardState state);
 using Initializer =
     std::function<void(const ParamSpec& spec, uint64_t seed, std::span<float> full)>;
 
+// Where the offload tier's time goes (seconds, cumulative; the trainer reports per-step deltas).
+struct OffloadStats {
+  double fetch_wait_s = 0;         // waiting for parameter shards to arrive from NVMe
+  double grad_io_s = 0;            // writing (and re-reading) NVMe gradient shards in the backward
+  double optimizer_s = 0;          // the whole optimizer step on the host or NVMe tier
+  double optimizer_io_wait_s = 0;  // of which: waiting for NVMe reads and staging sets
+};
+
 // What a unit borrows from its manager.
 struct UnitResources {
   const ShardManagerOptions* options = nullptr;
@@ -36,6 +44,7 @@ struct UnitResources {
   Stream* compute = nullptr;             // where the model's kernels run
   Stream* comm = nullptr;                // all-gathers and reductions, to overlap with compute
   StagingPool* param_staging = nullptr;  // fetches of offloaded compute shards
+  OffloadStats* stats = nullptr;         // the manager's; null: not counted
 };
 
 // Where the optimizer writes this rank's updated compute values: shard element i goes to element

@@ -80,9 +80,8 @@ std::vector<Row> Table(MemoryModelInput base, int ranks_per_node) {
 
 const char* kCaveats =
     "Not modelled: the CUDA context and cuBLAS/NCCL internal buffers (typically 0.5-1 GiB per "
-    "GPU), pinned staging buffers of offload (the "
-    "runtime has no offload yet; offload rows place the buffers on their tier), host memory of "
-    "data loading and checkpointing, and pipeline schedules other than 1F1B.";
+    "GPU), the CUDA staging copies of offloaded shards (on a GPU; the CPU run has none), host "
+    "memory of data loading and checkpointing, and pipeline schedules other than 1F1B.";
 
 void PrintCategories(const MemoryEstimate& e, const MemorySnapshot* measured) {
   std::printf("  %-10s %-18s %12s", "tier", "category", "estimate MiB");
