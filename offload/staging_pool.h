@@ -16,6 +16,14 @@
 
 namespace zerort {
 
+// One 4 KiB-aligned host buffer of at least `bytes` (rounded up to 4 KiB), for an O_DIRECT
+// transfer outside a pool (initial values, checkpoint state). Accounted as kStaging.
+struct AlignedHostBuffer {
+  Buffer memory;
+  char* data = nullptr;
+};
+StatusOr<AlignedHostBuffer> AllocateAligned(Allocator& host, int64_t bytes);
+
 // Something to wait for before a staging buffer is reused.
 using Fence = std::function<Status()>;
 

@@ -449,13 +449,11 @@ Status ShardedOptimizer::ReadState(int u, StateKind kind, std::span<float> out) 
                                  v.device().is_cpu() ? nullptr : resources_.compute));
     return v.device().is_cpu() ? absl::OkStatus() : resources_.compute->Synchronize();
   }
-  ZR_ASSIGN_OR_RETURN(
-      ::zerort::Buffer staged,
-      resources_.tiers.host->Allocate(b->region().capacity + kPage, MemoryCategory::kStaging));
-  char* aligned = reinterpret_cast<char*>(RoundUp(reinterpret_cast<int64_t>(staged.data()), kPage));
+  ZR_ASSIGN_OR_RETURN(AlignedHostBuffer staged,
+                      AllocateAligned(*resources_.tiers.host, b->bytes()));
   ZR_RETURN_IF_ERROR(
-      resources_.tiers.nvme->StartRead(b->region(), 0, aligned, b->bytes()).Finish());
-  std::memcpy(out.data(), aligned, b->bytes());
+      resources_.tiers.nvme->StartRead(b->region(), 0, staged.data, b->bytes()).Finish());
+  std::memcpy(out.data(), staged.data, b->bytes());
   return absl::OkStatus();
 }
 
@@ -472,14 +470,11 @@ Status ShardedOptimizer::WriteState(int u, StateKind kind, std::span<const float
                                  v.device().is_cpu() ? nullptr : resources_.compute));
     if (!v.device().is_cpu()) ZR_RETURN_IF_ERROR(resources_.compute->Synchronize());
   } else {
-    ZR_ASSIGN_OR_RETURN(
-        ::zerort::Buffer staged,
-        resources_.tiers.host->Allocate(b->region().capacity + kPage, MemoryCategory::kStaging));
-    char* aligned =
-        reinterpret_cast<char*>(RoundUp(reinterpret_cast<int64_t>(staged.data()), kPage));
-    std::memcpy(aligned, values.data(), b->bytes());
+    ZR_ASSIGN_OR_RETURN(AlignedHostBuffer staged,
+                        AllocateAligned(*resources_.tiers.host, b->bytes()));
+    std::memcpy(staged.data, values.data(), b->bytes());
     ZR_RETURN_IF_ERROR(
-        resources_.tiers.nvme->StartWrite(b->region(), 0, aligned, b->bytes()).Finish());
+        resources_.tiers.nvme->StartWrite(b->region(), 0, staged.data, b->bytes()).Finish());
   }
   return absl::OkStatus();
 }

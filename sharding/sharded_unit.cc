@@ -94,12 +94,9 @@ Status CastInto(const TensorView& values, PlacedBuffer& dst, int64_t offset, con
   // NVMe: cast into an aligned host buffer, then one write of the region.
   const int64_t bytes = n * static_cast<int64_t>(DTypeSize(dst.dtype()));
   ZR_CHECK(offset == 0 && n == dst.numel()) << "partial initial write of an NVMe buffer";
-  ZR_ASSIGN_OR_RETURN(Buffer staged,
-                      tiers.host->Allocate(dst.region().capacity + 4096, MemoryCategory::kStaging));
-  char* aligned =
-      reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(staged.data()) + 4095) / 4096 * 4096);
-  ZR_RETURN_IF_ERROR(Cast(src, TensorView(aligned, dst.dtype(), {n}, Device::Cpu()), nullptr));
-  return tiers.nvme->StartWrite(dst.region(), 0, aligned, bytes).Finish();
+  ZR_ASSIGN_OR_RETURN(AlignedHostBuffer staged, AllocateAligned(*tiers.host, bytes));
+  ZR_RETURN_IF_ERROR(Cast(src, TensorView(staged.data, dst.dtype(), {n}, Device::Cpu()), nullptr));
+  return tiers.nvme->StartWrite(dst.region(), 0, staged.data, bytes).Finish();
 }
 
 }  // namespace

@@ -120,6 +120,26 @@ TEST(OffloadParity, AccumulationAndClippingOnNvmeEqualTheDeviceRun) {
   }
 }
 
+TEST(OffloadParity, Bf16ComputeOnEveryTierEqualsTheDeviceRun) {
+  // bf16 compute copies written by the CPU step into host memory or an NVMe region, and bf16
+  // gradients reduced into fp32 shards on the host tiers (what configs/gpt2-xl-nvme.json runs).
+  NvmeDir dir;
+  for (int world : {1, 2}) {
+    RunConfig base{.stage = ZeroStage::k3, .world = world, .compute = DType::kBF16, .steps = 5};
+    const RunResult device = Train(base);
+    ASSERT_EQ(device.error, "");
+    for (MemoryTier tier : {MemoryTier::kPinnedHost, MemoryTier::kNvme}) {
+      RunConfig c = base;
+      c.placement = {.optimizer = tier, .params = tier};
+      c.nvme_path = dir.str();
+      const RunResult r = Train(c);
+      ASSERT_EQ(r.error, "");
+      EXPECT_EQ(r.params, device.params) << MemoryTierName(tier) << " world " << world;
+      EXPECT_EQ(r.grad_norms, device.grad_norms) << MemoryTierName(tier) << " world " << world;
+    }
+  }
+}
+
 TEST(OffloadTiers, StateIsAccountedOnItsTierAndLeavesTheDevice) {
   NvmeDir dir;
   auto group = *CreateLoopbackGroup(1, {}, nullptr);
