@@ -92,6 +92,25 @@ for name, kw in [("cpu", dict(optimizer="cpu")),
               rec.get("peak_offload_bytes", {}).get("nvme", {}).get("total", 0) > 0, rec)
     nvme_empty(name)
 
+# Units larger than one optimizer chunk (d_model 128: 197K-element blocks in 65,536-element
+# chunks), bf16, two micro-batches reduced one by one: the chunked NVMe pipeline and gradient
+# read-add-write change no bit either.
+wide = dict(model={"n_layer": 3, "n_head": 4, "d_model": 128, "seq_len": 64, "vocab_size": 256},
+            bf16={"enabled": True})
+for name, kw in [("wide_device", {}), ("wide_nvme", dict(optimizer="nvme", param="nvme"))]:
+    cfg = config(name, 5, micro=2, train_batch_size=4, **kw, **wide)
+    with open(cfg) as f:
+        c = json.load(f)
+    c["zero_optimization"].update({"reduce_bucket_size": 1})
+    c["zero_optimization"]["offload_param"]["buffer_size"] = 300000
+    with open(cfg, "w") as f:
+        json.dump(c, f)
+    r = run(["train", cfg])
+    check(f"{name} exits 0", r.returncode == 0, r.stderr[-2000:])
+check("multi-chunk NVMe units, bf16: losses equal the device run bitwise",
+      losses("wide_nvme") == losses("wide_device"), (losses("wide_nvme"), losses("wide_device")))
+nvme_empty("multi-chunk")
+
 # Resume across tiers: saved with NVMe offload, resumed without, and the reverse.
 for first, second in [(dict(optimizer="nvme", param="nvme"), {}),
                       ({}, dict(optimizer="nvme", param="nvme"))]:
@@ -187,6 +206,51 @@ check("offload_param at stage 2: exit 2 naming the key", r.returncode == 2 and
 r = run(["train", config("gds", 2, optimizer="nvme"), "--set", "aio.use_gds=true"])
 check("aio.use_gds: exit 2", r.returncode == 2 and "aio.use_gds" in r.stderr, r.stderr[-1000:])
 nvme_empty("bad configs")
+
+# Memory: a 114 M-parameter model with its state on NVMe stays within what the estimator gives
+# for the memory tiers (reserved bytes, allocator overhead included) plus a fixed allowance for
+# the process itself (code, libraries, BLAS and OpenMP buffers, the corpus), and far below the
+# same run without offload. Resident set from wait4's rusage of each child alone.
+def max_rss_bytes(args):
+    p = subprocess.Popen([zerort, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         env=env, text=True)
+    _, status, usage = os.wait4(p.pid, 0)
+    err = p.stderr.read()
+    return os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024, err
+
+
+big = {"n_layer": 16, "n_head": 12, "d_model": 768, "seq_len": 64, "vocab_size": 256}
+allowance = 512 << 20
+for name, kw in [("m100_nvme", dict(optimizer="nvme", param="nvme")), ("m100_plain", {})]:
+    cfg = config(name, 1, micro=1, **kw, train_batch_size=1,
+                 model=big, train={"steps": 1, "eval_windows": 1, "sample_tokens": 0,
+                                   "device": "cpu"})
+    with open(cfg) as f:
+        c = json.load(f)
+    c["zero_optimization"].update({"reduce_bucket_size": 1, "sub_group_size": 4194304})
+    c["zero_optimization"]["offload_param"].update({"buffer_size": 8000000, "buffer_count": 2})
+    with open(cfg, "w") as f:
+        json.dump(c, f)
+    code, rss, err = max_rss_bytes(["train", cfg])
+    check(f"{name}: exits 0", code == 0, err[-1500:])
+    est = json.loads(run(["estimate", cfg, "--json"]).stdout)["tiers"]
+    memory_tiers = sum(est[t]["reserved"] for t in ("device", "pinned_host", "host"))
+    print(f"offload_cli_test: {name}: max resident set {rss >> 20} MiB; estimate of the memory "
+          f"tiers {memory_tiers >> 20} MiB, nvme {est['nvme']['total'] >> 20} MiB")
+    if name == "m100_nvme":
+        nvme_rss, nvme_bound = rss, memory_tiers + allowance
+        check(f"{name}: resident set {rss >> 20} MiB within the estimate's {memory_tiers >> 20} MiB "
+              f"+ {allowance >> 20} MiB", rss <= nvme_bound, (rss, nvme_bound))
+        with open(os.path.join(tmp, name + ".jsonl")) as f:
+            rec = json.loads(f.readline())
+        measured = rec["peak_offload_bytes"]["pinned_host"]["total"]
+        check(f"{name}: the host tier's tracked peak equals the estimate",
+              abs(measured - est["pinned_host"]["total"]) <= 0.05 * measured,
+              (measured, est["pinned_host"]["total"]))
+    else:
+        check(f"NVMe offload's resident set ({nvme_rss >> 20} MiB) is under half the run "
+              f"without offload ({rss >> 20} MiB)", nvme_rss < 0.5 * rss, (nvme_rss, rss))
+    nvme_empty(name)
 
 # bench offload: one JSON object with the baseline named and the ratio; bad flags exit 2.
 r = run(["bench", "offload", "--path", nvme, "--size", str(8 << 20), "--rounds", "1", "--json"])
