@@ -317,10 +317,11 @@ int64_t ShardManager::live_gathered_bytes() const {
 
 Status ShardManager::Prefetch(int after_position) {
   // Offloaded compute shards: start reading the next units' shards from NVMe, as far ahead as
-  // the fetch buffers allow (offload_param.buffer_count).
+  // the fetch buffers allow (offload_param.buffer_count), always leaving one for a unit needed
+  // out of the recorded order (a model that changes its order mid-step).
   if (param_staging_) {
     for (size_t i = static_cast<size_t>(after_position) + 1;
-         i < recorded_order_.size() && param_staging_->available() > 0; ++i) {
+         i < recorded_order_.size() && param_staging_->available() > 1; ++i) {
       ShardedUnit& u = *units_[recorded_order_[i]];
       if (!u.persistent() && u.state() == ShardState::kSharded) ZR_RETURN_IF_ERROR(u.StartFetch());
     }
@@ -422,6 +423,13 @@ StatusOr<StepResult> ShardManager::Step(const StepInputs& inputs) {
   if (!(inputs.lr >= 0))
     return absl::InvalidArgumentError(StrCat("learning rate ", inputs.lr, " is negative"));
   for (auto& u : units_) {
+    // Prefetched for a use that did not come (the model changed its order): a fetch gives its
+    // buffer back, a gather is completed and released. A scope still open is the caller's bug.
+    ZR_RETURN_IF_ERROR(u->CancelFetch());
+    if (!u->persistent() && u->state() == ShardState::kGathering) {
+      ZR_RETURN_IF_ERROR(u->FinishGather());
+      ZR_RETURN_IF_ERROR(u->Release());
+    }
     if (!u->persistent() && u->state() != ShardState::kSharded) {
       return absl::FailedPreconditionError(StrCat("Step while unit '", u->name(), "' is ",
                                                   ShardStateName(u->state()),

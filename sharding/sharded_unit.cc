@@ -152,6 +152,15 @@ Status ShardedUnit::StartFetch() {
   return absl::OkStatus();
 }
 
+Status ShardedUnit::CancelFetch() {
+  if (state_ != ShardState::kFetching) return absl::OkStatus();
+  const Status read = fetch_io_.Finish();
+  fetch_io_ = IoHandle();
+  resources_.param_staging->Return(std::exchange(fetch_lease_, {}));
+  state_ = ShardState::kSharded;
+  return read.ok() ? absl::OkStatus() : Fail(Annotate(read, "fetching its compute shard"));
+}
+
 Status ShardedUnit::StartGather() {
   ZR_CHECK(initialized_ && plan_.sharded_params &&
            (state_ == ShardState::kSharded || state_ == ShardState::kFetching))

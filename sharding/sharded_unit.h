@@ -76,6 +76,9 @@ class ShardedUnit {
 
   // SHARDED -> FETCHING: starts reading an offloaded compute shard; no-op otherwise.
   Status StartFetch();
+  // FETCHING -> SHARDED: a fetch that will not be used this step (the model changed its order)
+  // waits for its read and gives its buffer back; no-op in any other state.
+  Status CancelFetch();
   // SHARDED/FETCHING -> GATHERING: issues the all-gather of the compute shards on the comm stream.
   Status StartGather();
   // GATHERING -> UNSHARDED (the compute stream waits for the all-gather); no-op when UNSHARDED.

@@ -43,7 +43,8 @@ inline ShardManagerOptions Options(const RunConfig& c) {
   o.placement = c.placement;
   o.offload.nvme_path = c.nvme_path;
   o.offload.aio_engine = std::string(IoEngineName(c.io_engine));
-  o.offload.optimizer_buffer_count = 2;  // the smallest pipeline: every staging set reused
+  o.offload.optimizer_buffer_count = 2;   // the smallest pipeline: every staging set reused
+  o.offload.param_buffer_size = 1 << 16;  // elements: above the MLP's largest shard, not 1e8
   o.optimizer.weight_decay = 0.05f;
   o.optimizer.beta2 = 0.95f;
   if (c.optimizer == OptimizerKind::kSgd) {
