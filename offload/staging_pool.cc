@@ -32,6 +32,10 @@ StatusOr<std::unique_ptr<StagingPool>> StagingPool::Create(Allocator& host, int 
   if (host.device() != Device::Cpu()) {
     return absl::InvalidArgumentError("staging buffers must be host memory");
   }
+  if (bytes > (size_t{1} << 48) / static_cast<size_t>(count)) {  // 256 TiB: no machine has it
+    return absl::InvalidArgumentError(StrCat("staging pool of ", count, " buffers of ", bytes,
+                                             " bytes is beyond any host memory"));
+  }
   std::unique_ptr<StagingPool> pool(new StagingPool());
   pool->buffer_bytes_ = RoundUp(bytes);
   ZR_ASSIGN_OR_RETURN(

@@ -172,9 +172,18 @@ Status ShardManager::CreateTiers() {
   }
   if (p.params == MemoryTier::kNvme) {
     const int64_t csize = static_cast<int64_t>(DTypeSize(options_.compute_dtype));
-    ZR_ASSIGN_OR_RETURN(param_staging_,
-                        StagingPool::Create(*tiers_.host, options_.offload.param_buffer_count,
-                                            options_.offload.param_buffer_size * csize));
+    if (options_.offload.param_buffer_size > (int64_t{1} << 48) / csize) {
+      return absl::InvalidArgumentError(StrCat("offload_param.buffer_size ",
+                                               options_.offload.param_buffer_size,
+                                               " elements is beyond any host memory"));
+    }
+    StatusOr<std::unique_ptr<StagingPool>> pool =
+        StagingPool::Create(*tiers_.host, options_.offload.param_buffer_count,
+                            options_.offload.param_buffer_size * csize);
+    if (!pool.ok()) {
+      return Annotate(pool.status(), "offload_param fetch buffers (buffer_count x buffer_size)");
+    }
+    param_staging_ = std::move(*pool);
   }
   return absl::OkStatus();
 }

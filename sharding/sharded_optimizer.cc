@@ -111,9 +111,14 @@ Status ShardedOptimizer::Finalize() {
   for (const auto& s : units_) largest = std::max(largest, s->unit->layout().shard_numel());
   chunk_numel_ = NvmeChunkNumel(o, largest);
   const int64_t set_bytes = StagingSetBytes(o, chunk_numel_);
-  ZR_ASSIGN_OR_RETURN(staging_, StagingPool::Create(*resources_.tiers.host,
-                                                    std::max(o.offload.optimizer_buffer_count, 2),
-                                                    static_cast<size_t>(set_bytes)));
+  StatusOr<std::unique_ptr<StagingPool>> pool =
+      StagingPool::Create(*resources_.tiers.host, std::max(o.offload.optimizer_buffer_count, 2),
+                          static_cast<size_t>(set_bytes));
+  if (!pool.ok()) {
+    return Annotate(pool.status(),
+                    "offload_optimizer staging sets (buffer_count x sub_group_size chunks)");
+  }
+  staging_ = std::move(*pool);
   return absl::OkStatus();
 }
 

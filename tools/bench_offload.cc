@@ -5,6 +5,9 @@
 // virtual disks fio's io_uring engine is much the slower), alternating round by round in the
 // same run; and, with --config, the median step time
 // of that run config as written (offload) against the same config with offload removed.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,20 +38,41 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-// One fio job on `file`; returns its bandwidth in bytes/s.
+// One fio job on `file`; returns its bandwidth in bytes/s. fio runs from an argument vector
+// (posix_spawnp), never through a shell, so any directory name is passed as it is.
 StatusOr<double> Fio(const BenchOffloadOptions& o, const std::string& file, bool write,
                      const char* engine) {
   const std::string out = StrCat(file, ".json");
-  const std::string cmd = StrCat(
-      "fio --name=zerort --filename=", file, " --rw=", write ? "write" : "read",
-      " --bs=", o.block_size, " --iodepth=", o.queue_depth, " --size=", o.size_bytes,
-      " --ioengine=", engine,
-      " --direct=1 --numjobs=1 --thread --output-format=json --output=", out, " > /dev/null 2>&1");
-  if (std::system(cmd.c_str()) != 0) {
-    return absl::InternalError(StrCat("fio failed (", cmd,
-                                      "); is it installed (apt-get install "
-                                      "fio) and does ",
-                                      o.path, " allow O_DIRECT?"));
+  std::vector<std::string> args = {"fio",
+                                   "--name=zerort",
+                                   StrCat("--filename=", file),
+                                   StrCat("--rw=", write ? "write" : "read"),
+                                   StrCat("--bs=", o.block_size),
+                                   StrCat("--iodepth=", o.queue_depth),
+                                   StrCat("--size=", o.size_bytes),
+                                   StrCat("--ioengine=", engine),
+                                   "--direct=1",
+                                   "--numjobs=1",
+                                   "--thread",
+                                   "--output-format=json",
+                                   StrCat("--output=", out)};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, "fio", &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  int status = 0;
+  if (rc == 0) ::waitpid(pid, &status, 0);
+  if (rc != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::filesystem::remove(out);
+    return absl::InternalError(StrCat(
+        "fio (", engine, ") failed on ", file, rc != 0 ? StrCat(": ", std::strerror(rc)) : "",
+        "; is it installed (apt-get install fio) and does ", o.path, " allow O_DIRECT?"));
   }
   std::ifstream in(out);
   nlohmann::json j = nlohmann::json::parse(in, nullptr, false);

@@ -203,6 +203,18 @@ with open(stage2, "w") as f:
 r = run(["train", stage2])
 check("offload_param at stage 2: exit 2 naming the key", r.returncode == 2 and
       "zero_optimization.offload_param.device" in r.stderr, r.stderr[-1000:])
+for key, value, expect in [
+        ("zero_optimization.offload_param.buffer_size", "1e15", "buffer_size"),
+        ("zero_optimization.offload_param.buffer_count", "0", "buffer_count"),
+        ("zero_optimization.offload_optimizer.buffer_count", "1e9", "buffer_count"),
+        ("zero_optimization.sub_group_size", "-5", "sub_group_size"),
+        ("aio.queue_depth", "\"eight\"", "aio.queue_depth"),
+        ("aio.block_size", "1e300", "aio.block_size"),
+        ("zero_optimization.offload_optimizer.nvme_path", "\"\"", "nvme_path")]:
+    r = run(["train", config("hostile", 2, optimizer="nvme", param="nvme"), "--set",
+             f"{key}={value}"])
+    check(f"{key}={value}: exit 1 or 2, no crash", r.returncode in (1, 2), (r.returncode, r.stderr[-800:]))
+    check(f"{key}={value}: the message names it", expect in r.stderr, r.stderr[-800:])
 r = run(["train", config("gds", 2, optimizer="nvme"), "--set", "aio.use_gds=true"])
 check("aio.use_gds: exit 2", r.returncode == 2 and "aio.use_gds" in r.stderr, r.stderr[-1000:])
 nvme_empty("bad configs")
@@ -263,6 +275,13 @@ for flags in (["--block-size", "5000"], ["--rounds", "0"], ["--queue-depth", "-1
               ["--size", "100"], ["--engine", "libaio"]):
     r = run(["bench", "offload", "--path", nvme, *flags])
     check(f"bench offload {' '.join(flags)}: exit 2", r.returncode == 2, (r.returncode, r.stderr[-500:]))
+odd = os.path.join(tmp, "odd dir; echo pwned > " + os.path.join(tmp, "pwned"))
+os.makedirs(odd)
+r = run(["bench", "offload", "--path", odd, "--size", str(4 << 20), "--rounds", "1", "--json"])
+check("bench offload in a directory with a space and a ';': exit 0", r.returncode == 0,
+      r.stderr[-800:])
+check("...and nothing ran through a shell", not os.path.exists(os.path.join(tmp, "pwned")), "")
+check("...and nothing is left there", not os.listdir(odd), os.listdir(odd))
 r = run(["bench", "offload", "--path", os.path.join(tmp, "nope")])
 check("bench offload on a missing path: exit 2", r.returncode == 2, (r.returncode, r.stderr[-500:]))
 nvme_empty("bench offload")
