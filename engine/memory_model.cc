@@ -598,7 +598,8 @@ StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& in) {
   ZR_RETURN_IF_ERROR(in.Validate());
   // The units of this rank: the runtime's own parameter list, split as tensor parallelism
   // splits it, and the first pipeline stage's share of the blocks.
-  ZR_ASSIGN_OR_RETURN(std::vector<GptUnit> all, GptUnits(in.model, {}));
+  // Rank 0's parameters: every tensor-parallel rank's parts have the same shapes.
+  ZR_ASSIGN_OR_RETURN(std::vector<GptUnit> all, GptUnits(in.model, in.tp, 0));
   const int blocks = in.model.n_layer / in.pp;
   std::vector<Unit> units;
   MemoryEstimate out;
@@ -607,10 +608,7 @@ StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& in) {
     const bool block = i >= 1 && i <= static_cast<size_t>(in.model.n_layer);
     if (block && static_cast<int>(i) > blocks) continue;
     if (!block && i != 0 && in.pp > 1) continue;  // the final norm lives on the last stage
-    for (ParamSpec& p : all[i].params) {
-      if (p.tensor_split_dim >= 0 && in.tp > 1) p.shape[p.tensor_split_dim] /= in.tp;
-      out.parameters += p.numel();
-    }
+    for (const ParamSpec& p : all[i].params) out.parameters += p.numel();
     ZR_ASSIGN_OR_RETURN(
         FlatLayout layout,
         FlatLayout::Create(all[i].params, ShardCount(static_cast<ZeroStage>(in.stage), in.dp)));

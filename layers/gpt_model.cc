@@ -54,27 +54,35 @@ struct BlockActs {
 
 }  // namespace
 
-StatusOr<ParamSpec> TensorParallelParam(std::string name, Shape global_shape, bool weight_decay,
-                                        TensorSplit split, const TensorParallelGroup& tp) {
-  int dim = -1;
-  if (split == TensorSplit::kColumn || split == TensorSplit::kVocab) dim = 0;
-  if (split == TensorSplit::kRow) dim = global_shape.size() > 1 ? 1 : -1;  // a row bias is whole
-  if (tp.size() > 1) {
-    // The shapes below would divide, but the column/row communication does not exist yet.
-    return absl::UnimplementedError(StrCat("tensor parallelism (size ", tp.size(), ", for '", name,
-                                           "') is not yet supported: use tensor_parallel_size 1"));
-  }
-  return ParamSpec{std::move(name), std::move(global_shape), weight_decay, dim};
+StatusOr<ParamSpec> TensorParallelSpec(std::string name, Shape global_shape, bool weight_decay,
+                                       TensorSplit split, int tp_size, int tp_rank, int groups) {
+  GlobalFrame frame{.split_dim = -1, .parts = tp_size, .part = tp_rank, .groups = groups};
+  if (split == TensorSplit::kColumn || split == TensorSplit::kVocab) frame.split_dim = 0;
+  if (split == TensorSplit::kRow && global_shape.size() > 1) frame.split_dim = 1;
+  return SplitParam(std::move(name), std::move(global_shape), weight_decay, frame);
 }
 
 StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& c, const TensorParallelGroup& tp) {
+  if (tp.size() > 1) {
+    // The frames below are exact, but the column/row communication does not exist yet.
+    return absl::UnimplementedError(StrCat("tensor parallelism (size ", tp.size(),
+                                           ") is not yet supported: use tensor_parallel_size 1"));
+  }
+  return GptUnits(c, 1, 0);
+}
+
+StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& c, int tp_size, int tp_rank) {
   ZR_RETURN_IF_ERROR(c.Validate());
+  if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size || c.n_head % tp_size != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("tensor-parallel rank ", tp_rank, " of ", tp_size, " for ", c.n_head, " heads"));
+  }
   const int64_t d = c.d_model;
   std::vector<GptUnit> units;
   auto param = [&](std::vector<ParamSpec>& out, std::string name, Shape shape, bool decay,
-                   TensorSplit split) -> Status {
-    ZR_ASSIGN_OR_RETURN(ParamSpec p,
-                        TensorParallelParam(std::move(name), std::move(shape), decay, split, tp));
+                   TensorSplit split, int groups = 1) -> Status {
+    ZR_ASSIGN_OR_RETURN(ParamSpec p, TensorParallelSpec(std::move(name), std::move(shape), decay,
+                                                        split, tp_size, tp_rank, groups));
     out.push_back(std::move(p));
     return absl::OkStatus();
   };
@@ -88,8 +96,9 @@ StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& c, const TensorParallel
     using enum TensorSplit;
     ZR_RETURN_IF_ERROR(param(b.params, p + "ln1.weight", {d}, false, kReplicated));
     ZR_RETURN_IF_ERROR(param(b.params, p + "ln1.bias", {d}, false, kReplicated));
-    ZR_RETURN_IF_ERROR(param(b.params, p + "attn.qkv.weight", {3 * d, d}, true, kColumn));
-    ZR_RETURN_IF_ERROR(param(b.params, p + "attn.qkv.bias", {3 * d}, false, kColumn));
+    // Fused Q, K, V: split per head (3 stacked blocks), not contiguously.
+    ZR_RETURN_IF_ERROR(param(b.params, p + "attn.qkv.weight", {3 * d, d}, true, kColumn, 3));
+    ZR_RETURN_IF_ERROR(param(b.params, p + "attn.qkv.bias", {3 * d}, false, kColumn, 3));
     ZR_RETURN_IF_ERROR(param(b.params, p + "attn.proj.weight", {d, d}, true, kRow));
     ZR_RETURN_IF_ERROR(param(b.params, p + "attn.proj.bias", {d}, false, kRow));
     ZR_RETURN_IF_ERROR(param(b.params, p + "ln2.weight", {d}, false, kReplicated));
@@ -122,13 +131,29 @@ Initializer GptInitializer(const GptConfig& config) {
     const bool residual = EndsWith(name, "attn.proj.weight") || EndsWith(name, "mlp.proj.weight");
     const double stddev = residual ? residual_std : 0.02;
     const uint64_t key = SplitMix64(seed ^ NameHash(name));
-    for (size_t i = 0; i < full.size(); i += 2) {
-      // Box-Muller on a counter-based generator: element i depends on (seed, name, i) only.
-      const uint64_t pair = i / 2;
+    // Box-Muller on a counter-based generator: the element at global position g depends on
+    // (seed, name, g) only, so a tensor-parallel rank's part equals the same elements of the
+    // whole tensor initialised at any other tensor-parallel size.
+    auto normal_pair = [&](uint64_t pair, double* c, double* s) {
       const double r = std::sqrt(-2.0 * std::log(Unit53(SplitMix64(key + 2 * pair))));
       const double theta = 2.0 * M_PI * Unit53(SplitMix64(key + 2 * pair + 1));
-      full[i] = static_cast<float>(stddev * r * std::cos(theta));
-      if (i + 1 < full.size()) full[i + 1] = static_cast<float>(stddev * r * std::sin(theta));
+      *c = stddev * r * std::cos(theta);
+      *s = stddev * r * std::sin(theta);
+    };
+    if (spec.frame.split_dim < 0 || spec.frame.parts == 1) {
+      for (size_t i = 0; i < full.size(); i += 2) {  // local == global: a pair at a time
+        double c, s;
+        normal_pair(i / 2, &c, &s);
+        full[i] = static_cast<float>(c);
+        if (i + 1 < full.size()) full[i + 1] = static_cast<float>(s);
+      }
+      return;
+    }
+    for (size_t i = 0; i < full.size(); ++i) {
+      const auto g = static_cast<uint64_t>(GlobalIndex(spec, static_cast<int64_t>(i)));
+      double c, s;
+      normal_pair(g / 2, &c, &s);
+      full[i] = static_cast<float>(g % 2 == 0 ? c : s);
     }
   };
 }

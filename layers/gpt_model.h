@@ -50,6 +50,10 @@ struct GptUnit {
   std::vector<ParamSpec> params;
 };
 StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& config, const TensorParallelGroup& tp);
+// The units of tensor-parallel rank `tp_rank` of `tp_size`, with each parameter's global frame.
+// Pure (no group needed): the estimator and the tests use it; the overload above refuses a
+// group of size above 1 until the tensor-parallel layers exist.
+StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& config, int tp_size, int tp_rank);
 
 // GPT-2's initialisation: weights normal(0, 0.02), the residual projections (attn.proj.weight,
 // mlp.proj.weight) normal(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm weights 1. Each value

@@ -1,9 +1,9 @@
-// Tensor parallelism, as far as this issue goes: every linear and embedding layer is declared
-// with the tensor-parallel group it belongs to and the dimension it splits (Megatron's column-
-// and row-parallel linears, the vocabulary-parallel embedding), and records that dimension in its
-// ParamSpec. The group has size 1 today; the column/row communication (all-reduce of a row-
-// parallel output, of a column-parallel input's gradient) goes in the marked places of
-// gpt_model.cc when a later issue adds it, and a size above 1 is refused until then.
+// Tensor parallelism, as far as it goes today: every linear and embedding layer declares how its
+// weight splits over the tensor-parallel group (Megatron's column- and row-parallel linears, the
+// vocabulary-parallel embedding, the fused QKV split per head), and its ParamSpec carries the
+// global frame (sharding/flat_layout.h: global shape, split dimension, this rank's part), which
+// initialisation, the estimator and (next) checkpoints read. The column/row communication is not
+// there yet: the model refuses a group of size above 1.
 #pragma once
 
 #include <string>
@@ -28,9 +28,11 @@ enum class TensorSplit {
   kVocab,       // embedding [vocab, channels] split along vocab (dim 0)
 };
 
-// The ParamSpec of a weight of global shape `global_shape` on one rank of `tp`: the local shape
-// and the split dimension. The split dimension must divide by the group size.
-StatusOr<ParamSpec> TensorParallelParam(std::string name, Shape global_shape, bool weight_decay,
-                                        TensorSplit split, const TensorParallelGroup& tp);
+// The ParamSpec of this rank's part of a weight of global shape `global_shape` at tensor-parallel
+// size `tp_size`: the local shape and its global frame. `groups` > 1 splits a fused weight per
+// block (QKV: 3, so each rank holds Q, K and V of the same heads). A row-parallel bias is whole
+// (added once, after the reduction). Pure: the estimator and checkpoints read the same frame.
+StatusOr<ParamSpec> TensorParallelSpec(std::string name, Shape global_shape, bool weight_decay,
+                                       TensorSplit split, int tp_size, int tp_rank, int groups = 1);
 
 }  // namespace zerort

@@ -14,6 +14,48 @@ int64_t RoundUp(int64_t value, int64_t multiple) {
 
 }  // namespace
 
+Shape ParamSpec::global_shape() const {
+  Shape g = shape;
+  if (frame.split_dim >= 0) g[frame.split_dim] *= frame.parts;
+  return g;
+}
+
+StatusOr<ParamSpec> SplitParam(std::string name, Shape global_shape, bool weight_decay,
+                               GlobalFrame frame) {
+  ParamSpec spec{std::move(name), global_shape, weight_decay, frame};
+  if (frame.split_dim < 0) {
+    spec.frame = GlobalFrame{};
+    return spec;
+  }
+  const int64_t cut = int64_t{frame.parts} * frame.groups;
+  if (frame.split_dim >= static_cast<int>(global_shape.size()) || frame.parts < 1 ||
+      frame.groups < 1 || frame.part < 0 || frame.part >= frame.parts ||
+      global_shape[frame.split_dim] % cut != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("'", spec.name, "': dimension ", frame.split_dim, " of ",
+               fmt::format("{}", fmt::join(global_shape, "x")), " does not split into ",
+               frame.groups, " x ", frame.parts, " equal pieces"));
+  }
+  spec.shape[frame.split_dim] /= frame.parts;
+  return spec;
+}
+
+int64_t GlobalIndex(const ParamSpec& spec, int64_t local_index) {
+  const GlobalFrame& f = spec.frame;
+  if (f.split_dim < 0 || f.parts == 1) return local_index;
+  int64_t inner = 1;
+  for (size_t d = f.split_dim + 1; d < spec.shape.size(); ++d) inner *= spec.shape[d];
+  const int64_t local_len = spec.shape[f.split_dim];
+  const int64_t global_len = local_len * f.parts;
+  const int64_t piece = local_len / f.groups;  // this rank's rows of one stacked block
+  const int64_t outer = local_index / (local_len * inner);
+  const int64_t rest = local_index % (local_len * inner);
+  const int64_t row = rest / inner;
+  const int64_t group = row / piece;
+  const int64_t global_row = group * (global_len / f.groups) + f.part * piece + row % piece;
+  return (outer * global_len + global_row) * inner + rest % inner;
+}
+
 StatusOr<FlatLayout> FlatLayout::Create(std::vector<ParamSpec> params, int dp_size,
                                         int64_t alignment) {
   if (params.empty()) return absl::InvalidArgumentError("a unit needs at least one parameter");

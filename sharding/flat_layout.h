@@ -18,14 +18,34 @@
 
 namespace zerort {
 
-struct ParamSpec {
-  std::string name;           // "blocks.3.attn.qkv.weight"
-  Shape shape;                // the local shape (already divided by tensor parallelism)
-  bool weight_decay = true;   // false for biases and norms, as GPT-2 training does
-  int tensor_split_dim = -1;  // dimension split across the tensor-parallel group, -1: replicated
-
-  int64_t numel() const { return NumElements(shape); }
+// Where a tensor-parallel rank's parameter lies in its global tensor (Megatron's splits). The
+// split dimension holds `groups` equal blocks stacked (a fused QKV weight: Q, K, V), each cut
+// into `parts` contiguous pieces; rank `part` holds piece `part` of every block, so it has the
+// same heads of Q, K and V. With split_dim -1 the parameter is whole (replicated) on every rank.
+struct GlobalFrame {
+  int split_dim = -1;
+  int parts = 1;   // the tensor-parallel size
+  int part = 0;    // this rank's index in the tensor-parallel group
+  int groups = 1;  // blocks stacked along split_dim
+  friend bool operator==(const GlobalFrame&, const GlobalFrame&) = default;
 };
+
+struct ParamSpec {
+  std::string name;          // "blocks.3.attn.qkv.weight"
+  Shape shape;               // the local shape (this rank's part of the global tensor)
+  bool weight_decay = true;  // false for biases and norms, as GPT-2 training does
+  GlobalFrame frame;         // how the local shape sits in the global one
+  int64_t numel() const { return NumElements(shape); }
+  Shape global_shape() const;
+  int64_t global_numel() const { return NumElements(global_shape()); }
+};
+
+// The ParamSpec of this rank's part of a tensor of `global_shape` split as `frame` says; fails
+// when the split dimension does not divide into groups x parts equal pieces.
+StatusOr<ParamSpec> SplitParam(std::string name, Shape global_shape, bool weight_decay,
+                               GlobalFrame frame);
+// The position in the global tensor (flattened row-major) of local element `local_index`.
+int64_t GlobalIndex(const ParamSpec& spec, int64_t local_index);
 
 // A part of one parameter that lies in one rank's shard.
 struct ShardPiece {

@@ -87,9 +87,11 @@ TEST(GptModelTest, CountsAndPresets) {
   ASSERT_EQ(units.size(), 4u);
   EXPECT_EQ(units[1].name, "blocks.0");
   EXPECT_EQ(units[1].params[2].name, "blocks.0.attn.qkv.weight");
-  EXPECT_EQ(units[1].params[2].tensor_split_dim, 0);  // column-parallel
-  EXPECT_EQ(units[1].params[4].tensor_split_dim, 1);  // row-parallel
-  EXPECT_EQ(units[0].params[0].tensor_split_dim, 0);  // vocabulary-parallel
+  EXPECT_EQ(units[1].params[2].frame.split_dim, 0);   // column-parallel
+  EXPECT_EQ(units[1].params[2].frame.groups, 3);      // fused QKV: per head
+  EXPECT_EQ(units[1].params[4].frame.split_dim, 1);   // row-parallel
+  EXPECT_EQ(units[1].params[5].frame.split_dim, -1);  // row-parallel bias: whole
+  EXPECT_EQ(units[0].params[0].frame.split_dim, 0);   // vocabulary-parallel
   GptConfig bad = TinyGpt();
   bad.n_head = 3;
   EXPECT_NE(bad.Validate().message().find("does not divide"), std::string::npos);
