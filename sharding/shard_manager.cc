@@ -128,8 +128,13 @@ StatusOr<std::unique_ptr<ShardManager>> ShardManager::Create(const ShardManagerO
     m->resources_.comm = m->owned_comm_.get();
   }
   ZR_RETURN_IF_ERROR(m->CreateTiers());
-  m->optimizer_ = std::make_unique<ShardedOptimizer>(OptimizerResources{
-      &m->options_, resources.dp, m->tiers_, m->resources_.compute, &m->offload_stats_});
+  if (resources.tensor_parallel_rank < 0) {
+    return absl::InvalidArgumentError(
+        StrCat("tensor-parallel rank ", resources.tensor_parallel_rank, " is negative"));
+  }
+  m->optimizer_ = std::make_unique<ShardedOptimizer>(
+      OptimizerResources{&m->options_, resources.dp, m->tiers_, m->resources_.compute,
+                         &m->offload_stats_, resources.tensor_parallel_rank == 0});
   m->reducer_ = std::make_unique<GradientReducer>(m->UnitResourcesOf(), m->optimizer_.get());
   return m;
 }
@@ -462,6 +467,14 @@ StatusOr<StepResult> ShardManager::Step(const StepInputs& inputs) {
   if (options_.stage != ZeroStage::k0) {
     ZR_RETURN_IF_ERROR(
         resources_.dp->AllReduce(acc.data(), acc.data(), 2, DType::kF32, ReduceOp::kSum, &compute));
+  }
+  // Then over the ranks holding the other parts of the model (replicated parameters entered on
+  // tensor-parallel rank 0 only), so every rank of every group takes the same decision.
+  if (resources_.model_parallel != nullptr && resources_.model_parallel->size() > 1) {
+    resources_.model_parallel->SetTraceLabel("gradient norm over the model-parallel group");
+    ZR_RETURN_IF_ERROR(resources_.model_parallel->AllReduce(acc.data(), acc.data(), 2, DType::kF32,
+                                                            ReduceOp::kSum, &compute));
+    resources_.model_parallel->SetTraceLabel("");
   }
   float host[2] = {0, 0};
   ZR_RETURN_IF_ERROR(CopyBytes(host, Device::Cpu(), acc.data(), device, sizeof(host), &compute));

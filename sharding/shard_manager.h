@@ -84,6 +84,12 @@ class ShardManager {
     // and NVMe tiers (usually the device allocator's).
     Allocator* host_allocator = nullptr;
     MemoryTracker* tracker = nullptr;
+    // With tensor (and pipeline) parallelism: the group of ranks that hold different parts of
+    // one model replica (tensor x pipeline), over which the gradient norm and the overflow
+    // decision are summed after the data-parallel reduction, and this rank's index in its
+    // tensor-parallel group (parameters replicated across that group count on index 0 only).
+    Communicator* model_parallel = nullptr;
+    int tensor_parallel_rank = 0;
   };
 
   static StatusOr<std::unique_ptr<ShardManager>> Create(const ShardManagerOptions& options,

@@ -166,7 +166,10 @@ Status ShardedOptimizer::AccumulateNvme(int u, const TensorView& reduced) {
     }
     if (status.ok()) status = AccumulateInto(reduced.Flat(begin, n), chunk, nullptr);
     if (status.ok()) {
-      sum_sq = HostSumOfSquares(chunk, sum_sq);
+      for (const Range& r : NormRanges(u)) {  // the whole chunk unless replicated parts are out
+        const int64_t b = std::max(r.begin, begin), e = std::min(r.end, begin + n);
+        if (b < e) sum_sq = HostSumOfSquares(chunk.Flat(b - begin, e - b), sum_sq);
+      }
       nonfinite = HostCountNonFinite(chunk, nonfinite);
       status = store.StartWrite(s.grad.region(), begin * 4, lease.data, n * 4).Finish();
     }
@@ -181,20 +184,47 @@ Status ShardedOptimizer::AccumulateNvme(int u, const TensorView& reduced) {
   return absl::OkStatus();
 }
 
+std::vector<Range> ShardedOptimizer::NormRanges(int u) const {
+  const ShardedUnit& unit = *units_[u]->unit;
+  const int64_t shard = unit.layout().shard_numel();
+  if (resources_.count_replicated) return {Range{0, shard}};
+  std::vector<Range> ranges;
+  for (const ShardPiece& piece : unit.layout().ShardPieces(unit.layout_rank())) {
+    const GlobalFrame& f = unit.layout().params()[piece.param].frame;
+    if (f.split_dim >= 0 && f.parts > 1) ranges.push_back(piece.shard_range);
+  }
+  return ranges;
+}
+
+Status ShardedOptimizer::SumOfSquaresOfNormRanges(int u, const TensorView& grad, int64_t offset,
+                                                  const TensorView& out, Stream* stream) const {
+  const int64_t end = offset + grad.numel();
+  for (const Range& r : NormRanges(u)) {
+    const int64_t b = std::max(r.begin, offset), e = std::min(r.end, end);
+    if (b >= e) continue;
+    ZR_RETURN_IF_ERROR(SumOfSquares(grad.Flat(b - offset, e - b), out, stream));
+  }
+  return absl::OkStatus();
+}
+
 Status ShardedOptimizer::AccumulateNorm(const TensorView& sum_sq, const TensorView& nonfinite) {
+  const int n = static_cast<int>(units_.size());
   if (tier() == MemoryTier::kDevice) {
-    for (auto& s : units_) {
-      ZR_RETURN_IF_ERROR(SumOfSquares(s->grad.View(), sum_sq, resources_.compute));
-      ZR_RETURN_IF_ERROR(CountNonFinite(s->grad.View(), nonfinite, resources_.compute));
+    for (int u = 0; u < n; ++u) {
+      const TensorView g = units_[u]->grad.View();
+      ZR_RETURN_IF_ERROR(SumOfSquaresOfNormRanges(u, g, 0, sum_sq, resources_.compute));
+      ZR_RETURN_IF_ERROR(CountNonFinite(g, nonfinite, resources_.compute));
     }
     return absl::OkStatus();
   }
   // Host tiers: the same float additions, unit by unit, on the host.
   float totals[2] = {0.0f, 0.0f};
-  for (auto& s : units_) {
+  for (int u = 0; u < n; ++u) {
+    UnitState* s = units_[u].get();
     if (s->grad.in_memory()) {
       float part[2] = {0.0f, 0.0f};
-      ZR_RETURN_IF_ERROR(SumOfSquares(s->grad.View(), HostF32(&part[0], 1), nullptr));
+      ZR_RETURN_IF_ERROR(
+          SumOfSquaresOfNormRanges(u, s->grad.View(), 0, HostF32(&part[0], 1), nullptr));
       ZR_RETURN_IF_ERROR(CountNonFinite(s->grad.View(), HostF32(&part[1], 1), nullptr));
       totals[0] += part[0];
       totals[1] += part[1];

@@ -39,6 +39,10 @@ struct OptimizerResources {
   Tiers tiers;
   Stream* compute = nullptr;
   OffloadStats* stats = nullptr;  // null: not counted
+  // False on every tensor-parallel rank but the first: parameters replicated across the
+  // tensor-parallel group (frame not split) are left out of this rank's norm, so the sum over
+  // the model-parallel group counts them once.
+  bool count_replicated = true;
 };
 
 class ShardedOptimizer {
@@ -90,6 +94,13 @@ class ShardedOptimizer {
                 const TensorView& grad, const TensorView& exp_avg, const TensorView& exp_avg_sq,
                 const TensorView& out);
   Status AccumulateNvme(int u, const TensorView& reduced_host);
+  // The ranges of unit u's shard that enter this rank's norm: all of it, or without the
+  // pieces of replicated parameters (count_replicated false).
+  std::vector<Range> NormRanges(int u) const;
+  // out += sum of squares of `grad` (the unit's whole shard, or the part at `offset` of it)
+  // over NormRanges(u).
+  Status SumOfSquaresOfNormRanges(int u, const TensorView& grad, int64_t offset,
+                                  const TensorView& out, Stream* stream) const;
   PlacedBuffer* Buffer(int u, StateKind kind);
   int IndexOf(const ShardedUnit& unit) const;
 
