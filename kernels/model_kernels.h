@@ -70,6 +70,8 @@ class ModelKernels {
   virtual Status Add(void* out, const void* a, const void* b, int64_t n) = 0;
   // dst += src (the residual's backward; act dtype).
   virtual Status Accumulate(void* dst, const void* src, int64_t n) = 0;
+  // out[r, c] += bias[c]: a bias added after a reduction (the row-parallel linear's, once).
+  virtual Status AddBias(void* out, const void* bias, int64_t rows, int cols) = 0;
 
   // Softmax cross-entropy per row: losses[r] = -log softmax(logits[r])[targets[r]] (stat dtype).
   // With `dloss` non-zero, logits are overwritten by their gradient

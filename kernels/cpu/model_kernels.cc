@@ -93,6 +93,14 @@ class CpuModelKernels final : public ModelKernels {
     for (int64_t i = 0; i < n; ++i) d[i] += s[i];
     return absl::OkStatus();
   }
+  Status AddBias(void* out, const void* bias, int64_t rows, int cols) override {
+    T* o = P(out);
+    const T* b = P(bias);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int c = 0; c < cols; ++c) o[r * cols + c] += b[c];
+    }
+    return absl::OkStatus();
+  }
   Status CrossEntropy(void* logits, void* losses, const int32_t* targets, int64_t rows, int vocab,
                       float dloss) override {
     cpu::SoftmaxCrossEntropyFused<T>(P(logits), P(losses), targets, rows, vocab, T(dloss));
@@ -212,6 +220,11 @@ class CpuBf16ModelKernels final : public ModelKernels {
     F d(dst, n, true);
     ZR_RETURN_IF_ERROR(f_.Accumulate(d.data(), In(src, n).data(), n));
     return d.Store();
+  }
+  Status AddBias(void* out, const void* bias, int64_t rows, int cols) override {
+    F o(out, rows * cols, true);
+    ZR_RETURN_IF_ERROR(f_.AddBias(o.data(), In(bias, cols).data(), rows, cols));
+    return o.Store();
   }
   Status CrossEntropy(void* logits, void* losses, const int32_t* targets, int64_t rows, int vocab,
                       float dloss) override {

@@ -100,6 +100,15 @@ static __global__ void AccumulateKernel(D* dst, const S* src, int64_t n) {
   }
 }
 
+template <typename T>
+static __global__ void AddBiasKernel(T* out, const T* bias, int64_t rows, int cols) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = FromFloat<T>(ToFloat(out[i]) + ToFloat(bias[i % cols]));
+  }
+}
+
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 
 template <typename T>
@@ -556,6 +565,10 @@ class CudaModelKernels final : public ModelKernels {
   Status Accumulate(void* dst, const void* src, int64_t n) override {
     AccumulateKernel<T, T><<<Blocks(n), kThreads, 0, s()>>>(A(dst), A(src), n);
     return Launched("Accumulate");
+  }
+  Status AddBias(void* out, const void* bias, int64_t rows, int cols) override {
+    AddBiasKernel<T><<<Blocks(rows * cols), kThreads, 0, s()>>>(A(out), A(bias), rows, cols);
+    return Launched("AddBias");
   }
   Status CrossEntropy(void* logits, void* losses, const int32_t* targets, int64_t rows, int vocab,
                       float dloss) override {

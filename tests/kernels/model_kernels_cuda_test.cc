@@ -148,6 +148,12 @@ TEST(ModelKernelsCudaTest, LinearLayerNormGeluResidual) {
     ASSERT_TRUE(t.gpu->Accumulate(gacc, gx, n).ok());
     ASSERT_TRUE(t.cpu->Accumulate(acc.data(), x.data(), n).ok());
     t.Expect("Accumulate", gacc, acc, act);
+    // The row-parallel linear's bias, added after the reduction.
+    std::vector<float> biased = Random(rows * out, 8), bias = Random(out, 9);
+    void *gbiased = t.A(biased), *gbias = t.A(bias);
+    ASSERT_TRUE(t.gpu->AddBias(gbiased, gbias, rows, out).ok());
+    ASSERT_TRUE(t.cpu->AddBias(biased.data(), bias.data(), rows, out).ok());
+    t.Expect("AddBias", gbiased, biased, act);
   }
 }
 

@@ -1,0 +1,63 @@
+// Megatron-LM's tensor-parallel building blocks over ModelKernels and a tensor-parallel group:
+// the mappings (each a forward and its backward) and the column- and row-parallel linears. Every
+// buffer is memory of the kernels' device, in act dtype; collectives run on the kernels' stream.
+// Public (no CUDA/MPI includes): a trainer built on the installed package can split its own
+// layers with them. The GPT model does not use them yet (tensor_parallel_size > 1 is refused).
+//
+// Mappings (Megatron's names in brackets):
+//   CopyToRegion     [f]: forward identity;                    backward: all-reduce (sum)
+//   ReduceFromRegion [g]: forward all-reduce (sum);            backward identity
+//   GatherFromSequence:   forward all-gather along the leading (sequence) dimension;
+//                         backward reduce-scatter (sum) — ScatterToSequence's forward
+//   ScatterToSequence:    forward reduce-scatter (sum);        backward all-gather
+// The identity halves have no function. The activation layout that makes the sequence split
+// contiguous is [seq, batch, hidden], as Megatron's.
+//
+// Column-parallel linear: weight [out/tp, in] (rank r holds rows r*out/tp ...), bias [out/tp];
+// input x [rows, in] is whole on every rank; output [rows, out/tp]. Its backward all-reduces
+// the input gradient ([f]'s backward).
+// Row-parallel linear: weight [out, in/tp], input x_local [rows, in/tp]; the partial outputs are
+// all-reduced ([g]) and the bias [out], whole on every rank, is added once, after the
+// reduction; its gradient is the same on every rank (a replicated parameter).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/model_kernels.h"
+#include "layers/tensor_parallel.h"
+#include "runtime/allocator.h"
+
+namespace zerort {
+
+struct TpContext {
+  TensorParallelGroup group;  // size 1: every function is the plain linear / a no-op
+  ModelKernels* kernels = nullptr;
+  DType act = DType::kF32;         // the kernels' activation dtype, for the collectives
+  Allocator* workspace = nullptr;  // scratch on the kernels' device (kWorkspace)
+};
+
+// [f]'s backward: grad (n elements) summed over the group, in place.
+Status CopyToRegionBackward(const TpContext& tp, void* grad, int64_t n);
+// [g]'s forward: x (n elements) summed over the group, in place.
+Status ReduceFromRegionForward(const TpContext& tp, void* x, int64_t n);
+// Sequence parallelism: `local` holds this rank's local_n elements (its rows); `full` tp x as many.
+Status GatherFromSequence(const TpContext& tp, const void* local, void* full, int64_t local_n);
+Status ScatterToSequence(const TpContext& tp, const void* full, void* local, int64_t local_n);
+
+// out_local = x w_local^T + b_local.
+Status ColumnParallelForward(const TpContext& tp, void* out_local, const void* x,
+                             const void* w_local, const void* b_local, int64_t rows, int in,
+                             int out_local_features);
+// dx (+=) the whole input gradient, reduced over the group; dw_local, db_local (+=).
+Status ColumnParallelBackward(const TpContext& tp, void* dx, void* dw_local, void* db_local,
+                              const void* dout_local, const void* x, const void* w_local,
+                              int64_t rows, int in, int out_local_features);
+// out = allreduce(x_local w_local^T) + b (written, not added).
+Status RowParallelForward(const TpContext& tp, void* out, const void* x_local, const void* w_local,
+                          const void* b, int64_t rows, int in_local, int out_features);
+// dx_local, dw_local (+=); db (+=) the bias gradient, identical on every rank.
+Status RowParallelBackward(const TpContext& tp, void* dx_local, void* dw_local, void* db,
+                           const void* dout, const void* x_local, const void* w_local, int64_t rows,
+                           int in_local, int out_features);
+
+}  // namespace zerort
