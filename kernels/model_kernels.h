@@ -70,6 +70,21 @@ class ModelKernels {
   virtual Status Add(void* out, const void* a, const void* b, int64_t n) = 0;
   // dst += src (the residual's backward; act dtype).
   virtual Status Accumulate(void* dst, const void* src, int64_t n) = 0;
+  // Vocabulary-parallel softmax cross-entropy (Megatron), on this rank's columns of the logits,
+  // [rows, vocab], global columns [begin, begin + vocab), of which the first `valid` are real
+  // vocabulary (the rest is padding, never counted). Per-row values are stat dtype.
+  //   VocabMax:    max[r] = max over the valid columns (-inf when there are none)
+  //   VocabSums:   sums[r] = sum of exp(logits - gmax[r]) over the valid columns;
+  //                sums[rows + r] = logits[r, targets[r] - begin] when that column is here, else 0
+  //   VocabCrossEntropyFinish: losses[r] = log(gsums[r]) + gmax[r] - gsums[rows + r]; with dloss
+  //                non-zero the logits become their gradient (softmax - onehot) * dloss / rows,
+  //                0 on padding.
+  virtual Status VocabMax(const void* logits, void* max, int64_t rows, int vocab, int valid) = 0;
+  virtual Status VocabSums(const void* logits, const void* gmax, const int32_t* targets, void* sums,
+                           int64_t rows, int vocab, int valid, int begin) = 0;
+  virtual Status VocabCrossEntropyFinish(void* logits, void* losses, const void* gmax,
+                                         const void* gsums, const int32_t* targets, int64_t rows,
+                                         int vocab, int valid, int begin, float dloss) = 0;
   // out[r, c] += bias[c]: a bias added after a reduction (the row-parallel linear's, once).
   virtual Status AddBias(void* out, const void* bias, int64_t rows, int cols) = 0;
 

@@ -91,4 +91,35 @@ Status RowParallelBackward(const TpContext& tp, void* dx_local, void* dw_local, 
                                     out_features);
 }
 
+Status VocabParallelCrossEntropy(const TpContext& tp, void* logits_local, void* losses,
+                                 const int32_t* targets, int64_t rows, int vocab_local,
+                                 int valid_local, int vocab_begin, float dloss) {
+  ZR_RETURN_IF_ERROR(Check(tp));
+  ModelKernels& k = *tp.kernels;
+  if (tp.group.size() > 1 && k.stat_size() != 4) {
+    return absl::InvalidArgumentError(
+        "the vocabulary-parallel cross-entropy's collectives need fp32 statistics");
+  }
+  if (valid_local < 0 || valid_local > vocab_local) {
+    return absl::InvalidArgumentError(StrCat("valid columns ", valid_local, " of ", vocab_local));
+  }
+  const size_t stat = k.stat_size();
+  Allocator& a = *tp.workspace;
+  ZR_ASSIGN_OR_RETURN(Buffer max, a.Allocate(rows * stat, MemoryCategory::kWorkspace, On(tp)));
+  ZR_ASSIGN_OR_RETURN(Buffer sums, a.Allocate(2 * rows * stat, MemoryCategory::kWorkspace, On(tp)));
+  ZR_RETURN_IF_ERROR(k.VocabMax(logits_local, max.data(), rows, vocab_local, valid_local));
+  if (tp.group.size() > 1) {
+    ZR_RETURN_IF_ERROR(tp.group.comm->AllReduce(max.data(), max.data(), rows, DType::kF32,
+                                                ReduceOp::kMax, On(tp)));
+  }
+  ZR_RETURN_IF_ERROR(k.VocabSums(logits_local, max.data(), targets, sums.data(), rows, vocab_local,
+                                 valid_local, vocab_begin));
+  if (tp.group.size() > 1) {
+    ZR_RETURN_IF_ERROR(tp.group.comm->AllReduce(sums.data(), sums.data(), 2 * rows, DType::kF32,
+                                                ReduceOp::kSum, On(tp)));
+  }
+  return k.VocabCrossEntropyFinish(logits_local, losses, max.data(), sums.data(), targets, rows,
+                                   vocab_local, valid_local, vocab_begin, dloss);
+}
+
 }  // namespace zerort

@@ -1,6 +1,8 @@
 // ModelKernels on the CPU: the templated operations of model_ops.h behind the interface, in
 // float (training) or double (finite-difference checks). Synchronous: the stream is a CPU stream.
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -91,6 +93,53 @@ class CpuModelKernels final : public ModelKernels {
     T* d = P(dst);
     const T* s = P(src);
     for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+    return absl::OkStatus();
+  }
+  Status VocabMax(const void* logits, void* max, int64_t rows, int vocab, int valid) override {
+    const T* z = P(logits);
+    T* m = P(max);
+    for (int64_t r = 0; r < rows; ++r) {
+      T v = -std::numeric_limits<T>::infinity();
+      for (int c = 0; c < valid; ++c) v = std::max(v, z[r * vocab + c]);
+      m[r] = v;
+    }
+    return absl::OkStatus();
+  }
+  Status VocabSums(const void* logits, const void* gmax, const int32_t* targets, void* sums,
+                   int64_t rows, int vocab, int valid, int begin) override {
+    const T* z = P(logits);
+    const T* m = P(gmax);
+    T* out = P(sums);
+    for (int64_t r = 0; r < rows; ++r) {
+      T sum = 0;
+      for (int c = 0; c < valid; ++c) sum += std::exp(z[r * vocab + c] - m[r]);
+      const int t = targets[r] - begin;
+      out[r] = sum;
+      out[rows + r] = t >= 0 && t < valid ? z[r * vocab + t] : T(0);
+    }
+    return absl::OkStatus();
+  }
+  Status VocabCrossEntropyFinish(void* logits, void* losses, const void* gmax, const void* gsums,
+                                 const int32_t* targets, int64_t rows, int vocab, int valid,
+                                 int begin, float dloss) override {
+    T* z = P(logits);
+    const T* m = P(gmax);
+    const T* s = P(gsums);
+    T* l = P(losses);
+    const T scale = T(dloss) / static_cast<T>(rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      l[r] = std::log(s[r]) + m[r] - s[rows + r];
+      if (dloss == 0.0f) continue;
+      for (int c = 0; c < vocab; ++c) {
+        T& v = z[r * vocab + c];
+        if (c >= valid) {
+          v = 0;
+          continue;
+        }
+        const T p = std::exp(v - m[r]) / s[r];
+        v = (p - (c + begin == targets[r] ? T(1) : T(0))) * scale;
+      }
+    }
     return absl::OkStatus();
   }
   Status AddBias(void* out, const void* bias, int64_t rows, int cols) override {
@@ -220,6 +269,22 @@ class CpuBf16ModelKernels final : public ModelKernels {
     F d(dst, n, true);
     ZR_RETURN_IF_ERROR(f_.Accumulate(d.data(), In(src, n).data(), n));
     return d.Store();
+  }
+  Status VocabMax(const void* logits, void* max, int64_t rows, int vocab, int valid) override {
+    return f_.VocabMax(In(logits, rows * vocab).data(), max, rows, vocab, valid);
+  }
+  Status VocabSums(const void* logits, const void* gmax, const int32_t* targets, void* sums,
+                   int64_t rows, int vocab, int valid, int begin) override {
+    return f_.VocabSums(In(logits, rows * vocab).data(), gmax, targets, sums, rows, vocab, valid,
+                        begin);
+  }
+  Status VocabCrossEntropyFinish(void* logits, void* losses, const void* gmax, const void* gsums,
+                                 const int32_t* targets, int64_t rows, int vocab, int valid,
+                                 int begin, float dloss) override {
+    F z(logits, rows * vocab, true);
+    ZR_RETURN_IF_ERROR(f_.VocabCrossEntropyFinish(z.data(), losses, gmax, gsums, targets, rows,
+                                                  vocab, valid, begin, dloss));
+    return dloss != 0.0f ? z.Store() : absl::OkStatus();
   }
   Status AddBias(void* out, const void* bias, int64_t rows, int cols) override {
     F o(out, rows * cols, true);

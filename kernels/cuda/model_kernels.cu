@@ -354,6 +354,51 @@ static __global__ void CrossEntropyKernel(T* logits, float* losses, const int32_
   }
 }
 
+// Vocabulary-parallel cross-entropy (ModelKernels::VocabMax / VocabSums / ...Finish): one block
+// per row, over this rank's `valid` columns of a row of `vocab`.
+template <typename T>
+static __global__ void VocabMaxKernel(const T* logits, float* max, int vocab, int valid) {
+  const T* z = logits + blockIdx.x * int64_t{vocab};
+  float m = -INFINITY;
+  for (int v = threadIdx.x; v < valid; v += blockDim.x) m = fmaxf(m, ToFloat(z[v]));
+  m = BlockMax(m);
+  if (threadIdx.x == 0) max[blockIdx.x] = m;
+}
+
+template <typename T>
+static __global__ void VocabSumsKernel(const T* logits, const float* gmax, const int32_t* targets,
+                                       float* sums, int64_t rows, int vocab, int valid, int begin) {
+  const int64_t row = blockIdx.x;
+  const T* z = logits + row * vocab;
+  float sum = 0.0f;
+  for (int v = threadIdx.x; v < valid; v += blockDim.x) sum += expf(ToFloat(z[v]) - gmax[row]);
+  sum = BlockSum(sum);
+  if (threadIdx.x == 0) {
+    const int t = targets[row] - begin;
+    sums[row] = sum;
+    sums[rows + row] = t >= 0 && t < valid ? ToFloat(z[t]) : 0.0f;
+  }
+}
+
+template <typename T>
+static __global__ void VocabFinishKernel(T* logits, float* losses, const float* gmax,
+                                         const float* gsums, const int32_t* targets, int64_t rows,
+                                         int vocab, int valid, int begin, float scale) {
+  const int64_t row = blockIdx.x;
+  T* z = logits + row * vocab;
+  const float m = gmax[row], sum = gsums[row];
+  if (threadIdx.x == 0) losses[row] = logf(sum) + m - gsums[rows + row];
+  if (scale == 0.0f) return;
+  for (int v = threadIdx.x; v < vocab; v += blockDim.x) {
+    if (v >= valid) {
+      z[v] = FromFloat<T>(0.0f);
+      continue;
+    }
+    const float p = expf(ToFloat(z[v]) - m) / sum;
+    z[v] = FromFloat<T>((p - (v + begin == targets[row] ? 1.0f : 0.0f)) * scale);
+  }
+}
+
 // ---- the interface ---------------------------------------------------------------------------
 
 template <typename T>
@@ -565,6 +610,27 @@ class CudaModelKernels final : public ModelKernels {
   Status Accumulate(void* dst, const void* src, int64_t n) override {
     AccumulateKernel<T, T><<<Blocks(n), kThreads, 0, s()>>>(A(dst), A(src), n);
     return Launched("Accumulate");
+  }
+  Status VocabMax(const void* logits, void* max, int64_t rows, int vocab, int valid) override {
+    VocabMaxKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s()>>>(
+        A(logits), static_cast<float*>(max), vocab, valid);
+    return Launched("VocabMax");
+  }
+  Status VocabSums(const void* logits, const void* gmax, const int32_t* targets, void* sums,
+                   int64_t rows, int vocab, int valid, int begin) override {
+    VocabSumsKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s()>>>(
+        A(logits), static_cast<const float*>(gmax), targets, static_cast<float*>(sums), rows, vocab,
+        valid, begin);
+    return Launched("VocabSums");
+  }
+  Status VocabCrossEntropyFinish(void* logits, void* losses, const void* gmax, const void* gsums,
+                                 const int32_t* targets, int64_t rows, int vocab, int valid,
+                                 int begin, float dloss) override {
+    VocabFinishKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s()>>>(
+        A(logits), static_cast<float*>(losses), static_cast<const float*>(gmax),
+        static_cast<const float*>(gsums), targets, rows, vocab, valid, begin,
+        dloss / static_cast<float>(rows));
+    return Launched("VocabCrossEntropyFinish");
   }
   Status AddBias(void* out, const void* bias, int64_t rows, int cols) override {
     AddBiasKernel<T><<<Blocks(rows * cols), kThreads, 0, s()>>>(A(out), A(bias), rows, cols);

@@ -214,6 +214,34 @@ TEST(ModelKernelsCudaTest, AttentionEmbeddingCrossEntropy) {
         t.cpu->CrossEntropy(logits.data(), losses.data(), tokens.data(), rows, vocab, 2.0f).ok());
     t.Expect("CrossEntropy losses", glosses, losses, DType::kF32);
     t.Expect("CrossEntropy gradient", glogits, logits, act);
+
+    // The vocabulary-parallel parts on one rank's 40 columns, 33 of them real, from column 60.
+    const int local = 40, valid = 33, begin = 60;
+    std::vector<float> part = Random(rows * local, 10, 3.0f), vmax(rows), sums(2 * rows),
+                       vloss(rows);
+    void* gpart = t.A(part);
+    std::vector<float> zmax(rows), zsums(2 * rows), zloss(rows);
+    void *gmax = t.Up(zmax, DType::kF32), *gsums = t.Up(zsums, DType::kF32),
+         *gvloss = t.Up(zloss, DType::kF32);
+    ASSERT_TRUE(t.gpu->VocabMax(gpart, gmax, rows, local, valid).ok());
+    ASSERT_TRUE(t.cpu->VocabMax(part.data(), vmax.data(), rows, local, valid).ok());
+    t.Expect("VocabMax", gmax, vmax, DType::kF32);
+    ASSERT_TRUE(t.gpu->VocabSums(gpart, gmax, gtok, gsums, rows, local, valid, begin).ok());
+    ASSERT_TRUE(t.cpu
+                    ->VocabSums(part.data(), vmax.data(), tokens.data(), sums.data(), rows, local,
+                                valid, begin)
+                    .ok());
+    t.Expect("VocabSums", gsums, sums, DType::kF32);
+    ASSERT_TRUE(t.gpu
+                    ->VocabCrossEntropyFinish(gpart, gvloss, gmax, gsums, gtok, rows, local, valid,
+                                              begin, 2.0f)
+                    .ok());
+    ASSERT_TRUE(t.cpu
+                    ->VocabCrossEntropyFinish(part.data(), vloss.data(), vmax.data(), sums.data(),
+                                              tokens.data(), rows, local, valid, begin, 2.0f)
+                    .ok());
+    t.Expect("VocabCrossEntropyFinish losses", gvloss, vloss, DType::kF32);
+    t.Expect("VocabCrossEntropyFinish gradient", gpart, part, act);
   }
 }
 

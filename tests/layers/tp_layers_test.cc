@@ -1,8 +1,8 @@
 // Megatron's tensor-parallel linears at TP 2 and 4 (loopback ranks) against the single-rank
 // linear on the same global tensors: column-parallel (output split; the input gradient reduced
 // over the group and added to what dx held), row-parallel (input split; the partial outputs
-// reduced and the bias added once), every output and gradient to 1e-5; and the sequence-parallel
-// mappings as each other's inverse.
+// reduced and the bias added once), every output and gradient to 1e-5; the sequence-parallel
+// mappings as each other's inverse; the vocabulary-parallel cross-entropy with a padded vocabulary.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -134,6 +134,43 @@ TEST(TpLayers, SequenceGatherAndScatterAreEachOthersBackward) {
       ASSERT_NEAR(mine[i], tp * full_grad[r * local_n + i], 1e-6);
     }
   });
+}
+
+// Against the single-rank fused cross-entropy on the whole rows: losses and every logit's
+// gradient. At TP 4 the 10-word vocabulary is padded to 12 (Megatron's
+// make_vocab_size_divisible_by); the padding columns hold large values that must change nothing.
+TEST(TpLayers, VocabularyParallelCrossEntropyEqualsTheWholeOne) {
+  constexpr int64_t kRowsCe = 6;
+  constexpr int kVocab = 10;
+  const std::vector<float> logits = Random(kRowsCe * kVocab, 21);
+  const std::vector<int32_t> targets = {0, 9, 4, 5, 3, 7};
+  const float dloss = 0.75f;
+  std::vector<float> want_grad = logits, want_loss(kRowsCe);
+  ZR_CHECK_OK(MakeCpuModelKernels(CpuPrecision::kFloat)
+                  ->CrossEntropy(want_grad.data(), want_loss.data(), targets.data(), kRowsCe,
+                                 kVocab, dloss));
+  for (int tp : {1, 2, 4}) {
+    const int local = (kVocab + tp - 1) / tp;  // padded: local x tp >= kVocab
+    OnRanks(tp, [&](const TpContext& ctx, int r) {
+      const int begin = r * local;
+      const int valid = std::max(0, std::min(local, kVocab - begin));
+      std::vector<float> mine(kRowsCe * local, 100.0f);  // padding: large, and never counted
+      for (int64_t row = 0; row < kRowsCe; ++row) {
+        for (int c = 0; c < valid; ++c) mine[row * local + c] = logits[row * kVocab + begin + c];
+      }
+      std::vector<float> loss(kRowsCe);
+      ZR_CHECK_OK(VocabParallelCrossEntropy(ctx, mine.data(), loss.data(), targets.data(), kRowsCe,
+                                            local, valid, begin, dloss));
+      ExpectClose(loss, want_loss, "losses");
+      for (int64_t row = 0; row < kRowsCe; ++row) {
+        for (int c = 0; c < local; ++c) {
+          const float want = c < valid ? want_grad[row * kVocab + begin + c] : 0.0f;
+          ASSERT_NEAR(mine[row * local + c], want, 1e-6)
+              << "tp " << tp << " row " << row << " column " << begin + c;
+        }
+      }
+    });
+  }
 }
 
 }  // namespace
