@@ -217,7 +217,6 @@ void StepModel::Init() {
     Replay::Handle h = r_.Alloc(Cat::kStaging, bytes, nullptr, host_tier);
     r_.Free(h);
   };
-  auto capacity = [](int64_t bytes) { return (bytes + 4095) / 4096 * 4096; };
   if (at.params == Tier::kNvme) {
     const int64_t bytes = StagingPool::AllocationBytes(
         in_.param_buffer_count, static_cast<size_t>(in_.param_buffer_size * csize()));
@@ -245,7 +244,7 @@ void StepModel::Init() {
       // The master's and the compute shard's initial values go to NVMe through a host buffer.
       if (b.tier == Tier::kNvme &&
           (b.buffer == UnitBuffer::kMaster || b.buffer == UnitBuffer::kComputeShard)) {
-        transient(capacity(b.bytes()) + 4096);
+        transient(AlignedAllocationBytes(b.bytes()));
       }
     }
   }

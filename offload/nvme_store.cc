@@ -59,12 +59,6 @@ Status IoHandle::Finish() {
   return state_->status;
 }
 
-bool IoHandle::Done() const {
-  if (!state_) return true;
-  std::lock_guard lock(state_->mu);
-  return state_->done;
-}
-
 namespace {
 
 struct Block {
@@ -105,7 +99,7 @@ namespace {
 class ThreadEngine final : public NvmeStore::Engine {
  public:
   ThreadEngine(int fd, std::string path, int threads)
-      : fd_(fd), path_(std::move(path)), pool_(threads, "nvme pread/pwrite") {}
+      : fd_(fd), path_(std::move(path)), pool_(threads) {}
   IoEngine kind() const override { return IoEngine::kThreads; }
   void Submit(std::vector<Block> blocks) override {
     for (Block& b : blocks) {

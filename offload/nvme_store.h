@@ -54,7 +54,6 @@ class IoHandle {
  public:
   IoHandle() = default;  // nothing in flight
   Status Finish();
-  bool Done() const;
   struct State;
 
  private:
@@ -85,8 +84,6 @@ class NvmeStore {
   IoEngine engine() const;
   const std::string& path() const { return path_; }
   bool direct() const { return direct_; }
-  int64_t reserved_bytes() const { return end_; }
-  int64_t requests() const { return requests_; }
   int fd() const { return fd_; }  // the unlinked file (tests read it through /proc/self/fd)
 
   class Engine;  // io_uring or threads (nvme_store.cc)

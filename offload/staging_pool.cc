@@ -10,10 +10,14 @@ constexpr size_t kAlign = 4096;
 size_t RoundUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
+int64_t AlignedAllocationBytes(int64_t bytes) {
+  return static_cast<int64_t>(RoundUp(static_cast<size_t>(bytes)) + kAlign);
+}
+
 StatusOr<AlignedHostBuffer> AllocateAligned(Allocator& host, int64_t bytes) {
   AlignedHostBuffer b;
-  ZR_ASSIGN_OR_RETURN(b.memory, host.Allocate(RoundUp(static_cast<size_t>(bytes)) + kAlign,
-                                              MemoryCategory::kStaging));
+  ZR_ASSIGN_OR_RETURN(b.memory,
+                      host.Allocate(AlignedAllocationBytes(bytes), MemoryCategory::kStaging));
   b.data = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(b.memory.data()) + kAlign - 1) /
                                    kAlign * kAlign);
   return b;

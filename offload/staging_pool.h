@@ -23,6 +23,8 @@ struct AlignedHostBuffer {
   char* data = nullptr;
 };
 StatusOr<AlignedHostBuffer> AllocateAligned(Allocator& host, int64_t bytes);
+// The bytes AllocateAligned asks its allocator for (for the memory model).
+int64_t AlignedAllocationBytes(int64_t bytes);
 
 // Something to wait for before a staging buffer is reused.
 using Fence = std::function<Status()>;

@@ -10,13 +10,7 @@ Status Task::Wait() const {
   return state_->status;
 }
 
-bool Task::Done() const {
-  if (!state_) return true;
-  std::lock_guard lock(state_->mu);
-  return state_->done;
-}
-
-TaskPool::TaskPool(int threads, std::string name) : name_(std::move(name)) {
+TaskPool::TaskPool(int threads) {
   for (int i = 0; i < std::max(threads, 1); ++i) workers_.emplace_back([this] { Work(); });
 }
 

@@ -22,7 +22,6 @@ class Task {
  public:
   Task() = default;  // an empty task: already done, OK
   Status Wait() const;
-  bool Done() const;
   explicit operator bool() const { return state_ != nullptr; }
 
  private:
@@ -38,19 +37,15 @@ class Task {
 
 class TaskPool {
  public:
-  // `name` says what the threads are for (log and error messages).
-  TaskPool(int threads, std::string name);
+  explicit TaskPool(int threads);
   ~TaskPool();  // runs what is queued, then joins
   TaskPool(const TaskPool&) = delete;
   TaskPool& operator=(const TaskPool&) = delete;
 
   Task Submit(std::function<Status()> work);
-  int threads() const { return static_cast<int>(workers_.size()); }
-  const std::string& name() const { return name_; }
 
  private:
   void Work();
-  std::string name_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::pair<std::function<Status()>, std::shared_ptr<Task::State>>> queue_;

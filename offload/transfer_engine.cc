@@ -19,7 +19,7 @@ StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(Device device) 
   std::unique_ptr<TransferEngine> e(new TransferEngine());
   e->device_ = device;
   ZR_ASSIGN_OR_RETURN(e->copy_, CreateStream(device, "copy"));
-  if (device.is_cpu()) e->pool_ = std::make_unique<TaskPool>(1, "host copies");
+  if (device.is_cpu()) e->pool_ = std::make_unique<TaskPool>(1);
   return e;
 }
 

@@ -204,7 +204,10 @@ Status ShardManager::CheckNvmeSpace() const {
   int64_t bytes = 0;
   for (const auto& u : units_) {
     for (const PlannedBuffer& b : u->plan().buffers) {
-      if (b.tier == MemoryTier::kNvme) bytes += (b.bytes() + 4095) / 4096 * 4096;
+      if (b.tier == MemoryTier::kNvme) {  // as NvmeStore::Reserve rounds a region
+        bytes +=
+            (b.bytes() + NvmeStore::kAlignment - 1) / NvmeStore::kAlignment * NvmeStore::kAlignment;
+      }
     }
   }
   return NvmeStore::CheckFreeSpace(options_.offload.nvme_path, bytes,

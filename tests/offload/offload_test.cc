@@ -66,7 +66,7 @@ std::vector<char> ReadFile(int fd, int64_t offset, size_t n) {
 }
 
 TEST(TaskPool, RunsInOrderAndReturnsStatus) {
-  TaskPool pool(1, "test");
+  TaskPool pool(1);
   std::vector<int> order;
   std::vector<Task> tasks;
   for (int i = 0; i < 5; ++i) {
@@ -92,7 +92,7 @@ TEST(StagingPool, ReusesABufferOnlyAfterItsFences) {
   EXPECT_NE(a.data, b.data);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data) % 4096, 0u);
   std::atomic<bool> finished{false};
-  TaskPool slow(1, "slow");
+  TaskPool slow(1);
   Task t = slow.Submit([&]() -> Status {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     finished = true;
@@ -120,6 +120,13 @@ TEST(TransferEngine, CpuCopiesOverlapOnAWorkerThread) {
   ASSERT_TRUE(t.Finish().ok());
   ASSERT_TRUE(t.Finish().ok());  // idempotent
   EXPECT_EQ(dst, src);
+  // A stream ordered after a copy sees the copied bytes (a CPU stream: the host waits).
+  std::vector<float> again(src.size(), 0.0f);
+  auto stream = *CreateStream(Device::Cpu(), "compute");
+  Transfer u = *engine->StartCopy(again.data(), Device::Cpu(), src.data(), Device::Cpu(),
+                                  src.size() * 4, nullptr);
+  ASSERT_TRUE(u.OrderBefore(*stream).ok());
+  EXPECT_EQ(again, src);
 }
 
 class NvmeStoreTest : public ::testing::TestWithParam<IoEngine> {
