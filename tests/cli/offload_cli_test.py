@@ -185,10 +185,13 @@ else:
 # Bad offload configs: exit 2 naming the key.
 plain = os.path.join(tmp, "plain_file")
 open(plain, "w").close()
+fifo = os.path.join(tmp, "a_fifo")
+os.mkfifo(fifo)
 bad = [
     ("missing nvme_path", dict(optimizer="nvme", path=os.path.join(tmp, "nope")),
      "offload_optimizer.nvme_path"),
     ("a file as nvme_path", dict(optimizer="nvme", path=plain), "is not a directory"),
+    ("a FIFO as nvme_path", dict(optimizer="nvme", path=fifo), "is not a directory"),
 ]
 for what, kw, expect in bad:
     r = run(["train", config("bad", 2, **kw)])
