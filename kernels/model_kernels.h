@@ -35,11 +35,16 @@ class ModelKernels {
   virtual Status ActToHost(const void* src, int64_t n, double* out) = 0;
   virtual Status StatToHost(const void* src, int64_t n, double* out) = 0;
 
-  // out[b, t] = wte[tokens[b, t]] + wpe[t]; rows of `channels`.
+  // out[b, t] = wte[tokens[b, t] - vocab_begin] + wpe[t]; rows of `channels`. `wte` holds the
+  // rows of tokens [vocab_begin, vocab_begin + vocab_count) (all of them without tensor
+  // parallelism); a token outside that range contributes zeros (the vocabulary-parallel
+  // embedding: the ranks' outputs are summed afterwards). `wpe` null: no position term.
   virtual Status Embedding(void* out, const int32_t* tokens, const void* wte, const void* wpe,
-                           int batch, int seq, int channels) = 0;
+                           int batch, int seq, int channels, int vocab_begin, int vocab_count) = 0;
+  // dwte (+=) for the tokens in range, dwpe (+=) for every row; either may be null.
   virtual Status EmbeddingBackward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens,
-                                   int batch, int seq, int channels) = 0;
+                                   int batch, int seq, int channels, int vocab_begin,
+                                   int vocab_count) = 0;
 
   // Over the last dimension, eps 1e-5 (GPT-2's); mean and rstd are saved for the backward.
   virtual Status LayerNorm(void* out, void* mean, void* rstd, const void* inp, const void* weight,
@@ -70,6 +75,8 @@ class ModelKernels {
   virtual Status Add(void* out, const void* a, const void* b, int64_t n) = 0;
   // dst += src (the residual's backward; act dtype).
   virtual Status Accumulate(void* dst, const void* src, int64_t n) = 0;
+  // dst += src in grad dtype (a weight gradient reduced over the tensor-parallel group, added).
+  virtual Status AccumulateGrad(void* dst, const void* src, int64_t n) = 0;
   // Vocabulary-parallel softmax cross-entropy (Megatron), on this rank's columns of the logits,
   // [rows, vocab], global columns [begin, begin + vocab), of which the first `valid` are real
   // vocabulary (the rest is padding, never counted). Per-row values are stat dtype.

@@ -58,12 +58,13 @@ template <typename T>
 void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int batch, int seq,
                        int channels, int heads);
 
-// out[b, t] = wte[tokens[b, t]] + wpe[t]  for b < batch, t < seq, each a row of `channels`.
+// out[b, t] = wte[tokens[b, t] - begin] + wpe[t]  for b < batch, t < seq, each a row of
+// `channels`; a token outside [begin, begin + count) gives zeros, a null wpe no position term.
 template <typename T>
 void EmbeddingForward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int batch, int seq,
-                      int channels);
+                      int channels, int begin, int count);
 template <typename T>
 void EmbeddingBackward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int batch, int seq,
-                       int channels);
+                       int channels, int begin, int count);
 
 }  // namespace zerort::cpu

@@ -1,6 +1,8 @@
 // GptConfig validation, counts and presets.
 #include "layers/gpt_config.h"
 
+#include <algorithm>
+
 #include "runtime/strings.h"
 
 namespace zerort {
@@ -20,6 +22,11 @@ int64_t GptConfig::NumParameters() const {
 double GptConfig::FlopsPerToken() const {
   const double n = static_cast<double>(NumParameters() - static_cast<int64_t>(seq_len) * d_model);
   return 6.0 * n + 12.0 * n_layer * d_model * static_cast<double>(seq_len);
+}
+
+int64_t PaddedVocab(const GptConfig& config, int tp, int vocab_multiple) {
+  const int64_t m = static_cast<int64_t>(std::max(tp, 1)) * std::max(vocab_multiple, 1);
+  return (config.vocab_size + m - 1) / m * m;
 }
 
 Status GptConfig::Validate() const {

@@ -32,6 +32,12 @@ struct GptConfig {
   bool operator==(const GptConfig&) const = default;
 };
 
+// The rows of the token embedding with the vocabulary padded to a multiple of
+// vocab_multiple x tp (Megatron's make_vocab_size_divisible_by): every tensor-parallel rank holds
+// as many. The padding rows are zero, never trained, and never reach a loss, a sample, a
+// checkpoint or an export. vocab_size itself at tp 1 and multiple 1.
+int64_t PaddedVocab(const GptConfig& config, int tp, int vocab_multiple);
+
 // "tiny" (a few hundred thousand parameters, for CPU tests and demos), "gpt2" (124M),
 // "gpt2-medium" (350M), "gpt2-large" (774M), "gpt2-xl" (1.5B); the GPT-2 shapes have vocabulary
 // 50257 and context 1024.

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "layers/tp_layers.h"
 #include "runtime/strings.h"
 
 namespace zerort {
@@ -62,20 +63,16 @@ StatusOr<ParamSpec> TensorParallelSpec(std::string name, Shape global_shape, boo
   return SplitParam(std::move(name), std::move(global_shape), weight_decay, frame);
 }
 
-StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& c, const TensorParallelGroup& tp) {
-  if (tp.size() > 1) {
-    // The frames below are exact, but the column/row communication does not exist yet.
-    return absl::UnimplementedError(StrCat("tensor parallelism (size ", tp.size(),
-                                           ") is not yet supported: use tensor_parallel_size 1"));
-  }
-  return GptUnits(c, 1, 0);
-}
-
-StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& c, int tp_size, int tp_rank) {
+StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& c, int tp_size, int tp_rank,
+                                        int vocab_multiple) {
   ZR_RETURN_IF_ERROR(c.Validate());
   if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size || c.n_head % tp_size != 0) {
     return absl::InvalidArgumentError(
         StrCat("tensor-parallel rank ", tp_rank, " of ", tp_size, " for ", c.n_head, " heads"));
+  }
+  if (vocab_multiple < 1) {
+    return absl::InvalidArgumentError(
+        StrCat("make_vocab_size_divisible_by = ", vocab_multiple, ": must be >= 1"));
   }
   const int64_t d = c.d_model;
   std::vector<GptUnit> units;
@@ -87,7 +84,9 @@ StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& c, int tp_size, int tp_
     return absl::OkStatus();
   };
   GptUnit emb{"embeddings", {}};
-  ZR_RETURN_IF_ERROR(param(emb.params, "wte", {c.vocab_size, d}, true, TensorSplit::kVocab));
+  // Padded (Megatron's make_vocab_size_divisible_by) so that every rank holds as many rows.
+  ZR_RETURN_IF_ERROR(param(emb.params, "wte", {PaddedVocab(c, tp_size, vocab_multiple), d}, true,
+                           TensorSplit::kVocab));
   ZR_RETURN_IF_ERROR(param(emb.params, "wpe", {c.seq_len, d}, true, TensorSplit::kReplicated));
   units.push_back(std::move(emb));
   for (int l = 0; l < c.n_layer; ++l) {
@@ -118,7 +117,15 @@ StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& c, int tp_size, int tp_
 
 Initializer GptInitializer(const GptConfig& config) {
   const double residual_std = 0.02 / std::sqrt(2.0 * config.n_layer);
-  return [residual_std](const ParamSpec& spec, uint64_t seed, std::span<float> full) {
+  // Rows of wte past the vocabulary (padding) start, and stay, zero.
+  const int64_t wte_real = static_cast<int64_t>(config.vocab_size) * config.d_model;
+  auto zero_padding = [wte_real](const ParamSpec& spec, std::span<float> full) {
+    if (spec.name != "wte" || spec.global_numel() == wte_real) return;
+    for (size_t i = 0; i < full.size(); ++i) {
+      if (GlobalIndex(spec, static_cast<int64_t>(i)) >= wte_real) full[i] = 0.0f;
+    }
+  };
+  return [residual_std, zero_padding](const ParamSpec& spec, uint64_t seed, std::span<float> full) {
     const std::string_view name = spec.name;
     if (EndsWith(name, ".bias")) {
       std::fill(full.begin(), full.end(), 0.0f);
@@ -147,6 +154,7 @@ Initializer GptInitializer(const GptConfig& config) {
         full[i] = static_cast<float>(c);
         if (i + 1 < full.size()) full[i + 1] = static_cast<float>(s);
       }
+      zero_padding(spec, full);
       return;
     }
     for (size_t i = 0; i < full.size(); ++i) {
@@ -155,6 +163,7 @@ Initializer GptInitializer(const GptConfig& config) {
       normal_pair(g / 2, &c, &s);
       full[i] = static_cast<float>(g % 2 == 0 ? c : s);
     }
+    zero_padding(spec, full);
   };
 }
 
@@ -190,11 +199,13 @@ struct GptModel::Pass {
   Pass(int batch, int seq) : batch(batch), seq(seq) {}
   int batch = 0, seq = 0;
   Buffer tokens, targets;          // int32 [batch, seq]
-  std::vector<Buffer> block_out;   // [0] embeddings output, [l + 1] output of block l
+  std::vector<Buffer> block_out;   // [0] embeddings output, [l + 1] output of block l (this
+                                   // rank's rows under sequence parallelism)
   std::vector<BlockActs> acts;     // one per block, or a single reused set
-  Buffer lnf, lnf_mean, lnf_rstd;  // final LayerNorm
-  Buffer logits;                   // [batch, seq, vocab]; the loss gradient replaces it
+  Buffer lnf, lnf_mean, lnf_rstd;  // final LayerNorm: output of every row, this rank's statistics
+  Buffer logits;                   // [batch, seq, vocab / tp]; the loss gradient replaces it
   Buffer losses;                   // [batch, seq] stat dtype
+  Buffer seq_local, seq_full;      // forward scratch of the tensor-parallel collectives
   int64_t logits_from_row = 0;     // rows copied out by Run when logits are asked for
 };
 
@@ -214,7 +225,13 @@ StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptModelOptions& opti
     return absl::InvalidArgumentError(StrCat("activations on ", activations.device().ToString(),
                                              " but kernels on ", kernels.device().ToString()));
   }
-  ZR_ASSIGN_OR_RETURN(std::vector<GptUnit> units, GptUnits(options.config, options.tp));
+  if (options.tp.size() > 1 && (kernels.act_size() > 4 || kernels.grad_size() > 4)) {
+    return absl::InvalidArgumentError(
+        "tensor parallelism needs fp32 or bf16 kernels (the collectives have no fp64)");
+  }
+  ZR_ASSIGN_OR_RETURN(
+      std::vector<GptUnit> units,
+      GptUnits(options.config, options.tp.size(), options.tp.rank(), options.vocab_multiple));
   for (const GptUnit& u : units) ZR_RETURN_IF_ERROR(store.AddUnit(u.name, u.params));
   return std::unique_ptr<GptModel>(new GptModel(options, store, kernels, activations));
 }
@@ -235,70 +252,204 @@ Status CheckTokens(std::span<const int32_t> ids, const char* what, int64_t expec
   return absl::OkStatus();
 }
 
-// Issues a block's forward: x -> out, saving what the backward needs in `a`.
-Status BlockForward(ModelKernels& k, const std::vector<void*>& w, const void* x, BlockActs& a,
-                    void* out, int batch, int seq, const GptConfig& c) {
-  const int64_t rows = static_cast<int64_t>(batch) * seq;
-  const int d = c.d_model;
-  ZR_RETURN_IF_ERROR(k.LayerNorm(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w[kLn1W],
-                                 w[kLn1B], rows, d));
-  ZR_RETURN_IF_ERROR(k.Matmul(a.qkv.data(), a.ln1.data(), w[kQkvW], w[kQkvB], rows, d, 3 * d));
+DType DTypeOfSize(size_t size) { return size == 2 ? DType::kBF16 : DType::kF32; }
+
+// The sizes one rank works with in a pass: t tensor-parallel ranks, this one r.
+struct Geometry {
+  int t = 1, r = 0;
+  bool sp = false;  // sequence parallelism in this pass: the residual stream split by rows
+  int batch = 0, seq = 0;
+  int64_t rows = 0, rows_l = 0;           // every row; this rank's rows of the residual stream
+  int d = 0, d_l = 0, h_l = 0, f_l = 0;   // channels; attention channels, heads, MLP channels here
+  int v_l = 0, v_begin = 0, v_valid = 0;  // vocabulary rows here, the first one's id, real ones
+  bool whole_vocab() const { return t == 1 && v_l == v_valid; }
+};
+
+Geometry MakeGeometry(const GptModelOptions& o, int batch, int seq) {
+  Geometry g;
+  g.t = o.tp.size();
+  g.r = o.tp.rank();
+  g.batch = batch;
+  g.seq = seq;
+  g.rows = static_cast<int64_t>(batch) * seq;
+  // Any contiguous split of the rows works: every op in the sequence-parallel region (LayerNorm,
+  // residual additions) is per row. A pass whose rows do not divide (a short prompt) runs
+  // without it, which computes the same values.
+  g.sp = o.sequence_parallel && g.t > 1 && g.rows % g.t == 0;
+  g.rows_l = g.sp ? g.rows / g.t : g.rows;
+  const GptConfig& c = o.config;
+  g.d = c.d_model;
+  g.d_l = c.d_model / g.t;
+  g.h_l = c.n_head / g.t;
+  g.f_l = 4 * c.d_model / g.t;
+  g.v_l = static_cast<int>(PaddedVocab(c, g.t, o.vocab_multiple) / g.t);
+  g.v_begin = g.r * g.v_l;
+  g.v_valid = std::clamp(c.vocab_size - g.v_begin, 0, g.v_l);
+  return g;
+}
+
+// What the layer functions below share in one pass.
+struct Ctx {
+  ModelKernels& k;
+  const TpContext& tp;
+  const Geometry& g;
+  DType grad;       // weight gradients' dtype (the sequence-parallel norm reductions)
+  void* seq_local;  // [rows_l, d] scratch (sequence parallelism)
+  void* seq_full;   // [rows, d] scratch (tensor parallelism)
+};
+
+// LayerNorm of this rank's rows of the residual stream; `out` gets every row (the input of a
+// column-parallel layer): under sequence parallelism gathered from the other ranks (SP's g).
+Status NormToColumn(const Ctx& c, void* out, void* mean, void* rstd, const void* x, const void* w,
+                    const void* b) {
+  const Geometry& g = c.g;
+  if (!g.sp) return c.k.LayerNorm(out, mean, rstd, x, w, b, g.rows, g.d);
+  ZR_RETURN_IF_ERROR(c.k.LayerNorm(c.seq_local, mean, rstd, x, w, b, g.rows_l, g.d));
+  return GatherFromSequence(c.tp, c.seq_local, out, g.rows_l * g.d);
+}
+
+// A row-parallel layer's output into this rank's rows of the residual stream: partial sums
+// all-reduced (Megatron's g) or, under sequence parallelism, reduce-scattered; the bias added
+// once, after the reduction.
+Status RowToResidual(const Ctx& c, void* out, const void* x_local, const void* w, const void* b,
+                     int in_local) {
+  const Geometry& g = c.g;
+  if (g.t == 1) return c.k.Matmul(out, x_local, w, b, g.rows, in_local, g.d);
+  if (!g.sp) return RowParallelForward(c.tp, out, x_local, w, b, g.rows, in_local, g.d);
+  ZR_RETURN_IF_ERROR(c.k.Matmul(c.seq_full, x_local, w, nullptr, g.rows, in_local, g.d));
+  ZR_RETURN_IF_ERROR(ScatterToSequence(c.tp, c.seq_full, out, g.rows_l * g.d));
+  return c.k.AddBias(out, b, g.rows_l, g.d);
+}
+
+// Issues a block's forward: x -> out (this rank's rows), saving what the backward needs in `a`.
+Status BlockForward(const Ctx& c, const std::vector<void*>& w, const void* x, BlockActs& a,
+                    void* out) {
+  const Geometry& g = c.g;
+  ModelKernels& k = c.k;
   ZR_RETURN_IF_ERROR(
-      k.Attention(a.atty.data(), a.att.data(), a.qkv.data(), batch, seq, d, c.n_head));
-  ZR_RETURN_IF_ERROR(k.Matmul(a.res2.data(), a.atty.data(), w[kProjW], w[kProjB], rows, d, d));
-  // Tensor parallelism: the row-parallel projection's partial sums are all-reduced here.
-  ZR_RETURN_IF_ERROR(k.Add(a.res2.data(), a.res2.data(), x, rows * d));
-  ZR_RETURN_IF_ERROR(k.LayerNorm(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(),
-                                 w[kLn2W], w[kLn2B], rows, d));
-  ZR_RETURN_IF_ERROR(k.Matmul(a.fch.data(), a.ln2.data(), w[kFcW], w[kFcB], rows, d, 4 * d));
-  ZR_RETURN_IF_ERROR(k.Gelu(a.fch_gelu.data(), a.fch.data(), rows * 4 * d));
-  ZR_RETURN_IF_ERROR(k.Matmul(out, a.fch_gelu.data(), w[kFcProjW], w[kFcProjB], rows, 4 * d, d));
-  // Tensor parallelism: and the MLP projection's here.
-  return k.Add(out, out, a.res2.data(), rows * d);
+      NormToColumn(c, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w[kLn1W], w[kLn1B]));
+  // Column-parallel QKV: this rank's heads (Q, K and V of each).
+  ZR_RETURN_IF_ERROR(
+      k.Matmul(a.qkv.data(), a.ln1.data(), w[kQkvW], w[kQkvB], g.rows, g.d, 3 * g.d_l));
+  ZR_RETURN_IF_ERROR(
+      k.Attention(a.atty.data(), a.att.data(), a.qkv.data(), g.batch, g.seq, g.d_l, g.h_l));
+  ZR_RETURN_IF_ERROR(RowToResidual(c, a.res2.data(), a.atty.data(), w[kProjW], w[kProjB], g.d_l));
+  ZR_RETURN_IF_ERROR(k.Add(a.res2.data(), a.res2.data(), x, g.rows_l * g.d));
+  ZR_RETURN_IF_ERROR(NormToColumn(c, a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
+                                  a.res2.data(), w[kLn2W], w[kLn2B]));
+  ZR_RETURN_IF_ERROR(k.Matmul(a.fch.data(), a.ln2.data(), w[kFcW], w[kFcB], g.rows, g.d, g.f_l));
+  ZR_RETURN_IF_ERROR(k.Gelu(a.fch_gelu.data(), a.fch.data(), g.rows * g.f_l));
+  ZR_RETURN_IF_ERROR(RowToResidual(c, out, a.fch_gelu.data(), w[kFcProjW], w[kFcProjB], g.f_l));
+  return k.Add(out, out, a.res2.data(), g.rows_l * g.d);
 }
 
 // Scratch of the backward: gradients of activations (kWorkspace).
 struct BackwardScratch {
-  Buffer dres;  // [rows, d]: the gradient flowing down the residual stream
-  Buffer dbtc;  // [rows, d]
-  Buffer d4a;   // [rows, 4d]
-  Buffer d4b;   // [rows, 4d]
+  Buffer dres;   // [rows_l, d]: the gradient flowing down the residual stream (this rank's rows)
+  Buffer dfull;  // [rows, d]: dres gathered from every rank (sequence parallelism)
+  Buffer dbtc;   // [rows, d]
+  Buffer dloc;   // [rows_l, d]: dbtc reduce-scattered (sequence parallelism)
+  Buffer d4a;    // [rows, 4d / tp]
+  Buffer d4b;    // [rows, 4d / tp]
+  Buffer norm;   // [4d] grad dtype: LayerNorm weight gradients of this rank's rows (SP)
 };
 
-// A block's backward: dres holds d(out) on entry and d(x) on return; weight gradients are added.
-Status BlockBackward(ModelKernels& k, const UnitTensors& u, const void* x, const BlockActs& a,
-                     BackwardScratch& s, int batch, int seq, const GptConfig& c) {
-  const int64_t rows = static_cast<int64_t>(batch) * seq;
-  const int d = c.d_model;
+// The residual gradient of every row, for a row-parallel layer's backward: under sequence
+// parallelism gathered (the reduce-scatter's backward), otherwise dres itself.
+StatusOr<const void*> ResidualGradOfEveryRow(const Ctx& c, BackwardScratch& s) {
+  if (!c.g.sp) return static_cast<const void*>(s.dres.data());
+  ZR_RETURN_IF_ERROR(GatherFromSequence(c.tp, s.dres.data(), s.dfull.data(), c.g.rows_l * c.g.d));
+  return static_cast<const void*>(s.dfull.data());
+}
+
+// A column-parallel layer's input gradient (dbtc, this rank's columns' share of every row)
+// summed over the group: all-reduced (Megatron's f backward) or, under sequence parallelism,
+// reduce-scattered to this rank's rows. Returns where it is.
+StatusOr<const void*> ReduceColumnInputGrad(const Ctx& c, BackwardScratch& s) {
+  const Geometry& g = c.g;
+  if (g.sp) {
+    ZR_RETURN_IF_ERROR(ScatterToSequence(c.tp, s.dbtc.data(), s.dloc.data(), g.rows_l * g.d));
+    return static_cast<const void*>(s.dloc.data());
+  }
+  ZR_RETURN_IF_ERROR(CopyToRegionBackward(c.tp, s.dbtc.data(), g.rows * g.d));
+  return static_cast<const void*>(s.dbtc.data());
+}
+
+// A LayerNorm's backward on this rank's rows. Under sequence parallelism its weight gradients
+// cover only these rows: they go to s.norm at `slot` (of 2 x d) and ReduceNormGrads sums them.
+Status NormBackward(const Ctx& c, BackwardScratch& s, int slot, const void* dout, const void* x,
+                    const std::vector<void*>& w, const std::vector<void*>& grads, int weight,
+                    const void* mean, const void* rstd) {
+  const Geometry& g = c.g;
+  void* dw = grads[weight];
+  void* db = grads[weight + 1];
+  if (g.sp) {
+    auto* base = static_cast<std::byte*>(s.norm.data());
+    dw = base + static_cast<size_t>(2 * slot) * g.d * c.k.grad_size();
+    db = base + static_cast<size_t>(2 * slot + 1) * g.d * c.k.grad_size();
+  }
+  return c.k.LayerNormBackward(s.dres.data(), dw, db, dout, x, w[weight], mean, rstd, g.rows_l,
+                               g.d);
+}
+
+// Sums the `norms` LayerNorms' gradients in s.norm over the group (one all-reduce) and adds
+// them to the weights' gradients; `targets` lists each norm's weight gradient, bias next to it.
+Status ReduceNormGrads(const Ctx& c, BackwardScratch& s,
+                       std::initializer_list<std::pair<void*, void*>> targets) {
+  const Geometry& g = c.g;
+  if (!g.sp) return absl::OkStatus();
+  const int64_t n = static_cast<int64_t>(targets.size()) * 2 * g.d;
+  ZR_RETURN_IF_ERROR(c.tp.group.comm->AllReduce(s.norm.data(), s.norm.data(), n, c.grad,
+                                                ReduceOp::kSum, &c.k.stream()));
+  auto* base = static_cast<std::byte*>(s.norm.data());
+  const size_t vec = static_cast<size_t>(g.d) * c.k.grad_size();
+  size_t i = 0;
+  for (const auto& [dw, db] : targets) {
+    ZR_RETURN_IF_ERROR(c.k.AccumulateGrad(dw, base + (i++) * vec, g.d));
+    ZR_RETURN_IF_ERROR(c.k.AccumulateGrad(db, base + (i++) * vec, g.d));
+  }
+  return FillZero(s.norm.data(), c.k.device(), s.norm.bytes(), &c.k.stream());
+}
+
+// A block's backward: dres holds d(out) on entry and d(x) on return (this rank's rows); weight
+// gradients are added.
+Status BlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const BlockActs& a,
+                     BackwardScratch& s) {
+  const Geometry& g = c.g;
+  ModelKernels& k = c.k;
   const Device dev = k.device();
   Stream* st = &k.stream();
   const std::vector<void*>& w = u.params;
-  const std::vector<void*>& g = u.grads;
+  const std::vector<void*>& gr = u.grads;
   const size_t act = k.act_size();
-  // Tensor parallelism: a column-parallel layer's input gradient is all-reduced after each of
-  // the two LayerNorm backwards' inputs (dbtc below) is complete.
-  ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, rows * 4 * d * act, st));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.d4a.data(), g[kFcProjW], g[kFcProjB], s.dres.data(),
-                                      a.fch_gelu.data(), w[kFcProjW], rows, 4 * d, d));
-  ZR_RETURN_IF_ERROR(FillZero(s.d4b.data(), dev, rows * 4 * d * act, st));
-  ZR_RETURN_IF_ERROR(k.GeluBackward(s.d4b.data(), a.fch.data(), s.d4a.data(), rows * 4 * d));
-  ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, rows * d * act, st));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), g[kFcW], g[kFcB], s.d4b.data(), a.ln2.data(),
-                                      w[kFcW], rows, d, 4 * d));
-  ZR_RETURN_IF_ERROR(k.LayerNormBackward(s.dres.data(), g[kLn2W], g[kLn2B], s.dbtc.data(),
-                                         a.res2.data(), w[kLn2W], a.ln2_mean.data(),
-                                         a.ln2_rstd.data(), rows, d));
-  ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, rows * d * act, st));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), g[kProjW], g[kProjB], s.dres.data(),
-                                      a.atty.data(), w[kProjW], rows, d, d));
-  ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, rows * 3 * d * act, st));
+  // MLP: row-parallel projection, GELU, column-parallel fc.
+  ZR_ASSIGN_OR_RETURN(const void* dout, ResidualGradOfEveryRow(c, s));
+  ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, g.rows * g.f_l * act, st));
+  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.d4a.data(), gr[kFcProjW], gr[kFcProjB], dout,
+                                      a.fch_gelu.data(), w[kFcProjW], g.rows, g.f_l, g.d));
+  ZR_RETURN_IF_ERROR(FillZero(s.d4b.data(), dev, g.rows * g.f_l * act, st));
+  ZR_RETURN_IF_ERROR(k.GeluBackward(s.d4b.data(), a.fch.data(), s.d4a.data(), g.rows * g.f_l));
+  ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
+  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kFcW], gr[kFcB], s.d4b.data(), a.ln2.data(),
+                                      w[kFcW], g.rows, g.d, g.f_l));
+  ZR_ASSIGN_OR_RETURN(const void* dln2, ReduceColumnInputGrad(c, s));
+  ZR_RETURN_IF_ERROR(NormBackward(c, s, 0, dln2, a.res2.data(), w, gr, kLn2W, a.ln2_mean.data(),
+                                  a.ln2_rstd.data()));
+  // Attention: row-parallel projection, this rank's heads, column-parallel QKV.
+  ZR_ASSIGN_OR_RETURN(dout, ResidualGradOfEveryRow(c, s));
+  ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d_l * act, st));
+  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kProjW], gr[kProjB], dout, a.atty.data(),
+                                      w[kProjW], g.rows, g.d_l, g.d));
+  ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, g.rows * 3 * g.d_l * act, st));
   ZR_RETURN_IF_ERROR(k.AttentionBackward(s.d4a.data(), s.dbtc.data(), a.qkv.data(), a.att.data(),
-                                         batch, seq, d, c.n_head));
-  ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, rows * d * act, st));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), g[kQkvW], g[kQkvB], s.d4a.data(), a.ln1.data(),
-                                      w[kQkvW], rows, d, 3 * d));
-  return k.LayerNormBackward(s.dres.data(), g[kLn1W], g[kLn1B], s.dbtc.data(), x, w[kLn1W],
-                             a.ln1_mean.data(), a.ln1_rstd.data(), rows, d);
+                                         g.batch, g.seq, g.d_l, g.h_l));
+  ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
+  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kQkvW], gr[kQkvB], s.d4a.data(),
+                                      a.ln1.data(), w[kQkvW], g.rows, g.d, 3 * g.d_l));
+  ZR_ASSIGN_OR_RETURN(const void* dln1, ReduceColumnInputGrad(c, s));
+  ZR_RETURN_IF_ERROR(
+      NormBackward(c, s, 1, dln1, x, w, gr, kLn1W, a.ln1_mean.data(), a.ln1_rstd.data()));
+  return ReduceNormGrads(c, s, {{gr[kLn2W], gr[kLn2B]}, {gr[kLn1W], gr[kLn1B]}});
 }
 
 }  // namespace
@@ -306,21 +457,23 @@ Status BlockBackward(ModelKernels& k, const UnitTensors& u, const void* x, const
 StatusOr<double> GptModel::Run(Pass& pass, std::span<const int32_t> tokens,
                                std::span<const int32_t> targets, bool train, float loss_scale,
                                std::vector<double>* logits) {
-  const GptConfig& c = options_.config;
+  const GptConfig& cfg = options_.config;
   const int batch = pass.batch, seq = pass.seq;
-  if (batch < 1 || batch > options_.micro_batch || seq < 1 || seq > c.seq_len) {
+  if (batch < 1 || batch > options_.micro_batch || seq < 1 || seq > cfg.seq_len) {
     return absl::InvalidArgumentError(StrCat("batch x seq = ", batch, " x ", seq, " is outside 1..",
-                                             options_.micro_batch, " x 1..", c.seq_len));
+                                             options_.micro_batch, " x 1..", cfg.seq_len));
   }
-  const int64_t rows = static_cast<int64_t>(batch) * seq;
-  const int d = c.d_model;
-  const int L = c.n_layer;
-  ZR_RETURN_IF_ERROR(CheckTokens(tokens, "tokens", rows, c.vocab_size));
-  if (!targets.empty()) ZR_RETURN_IF_ERROR(CheckTokens(targets, "targets", rows, c.vocab_size));
+  const Geometry g = MakeGeometry(options_, batch, seq);
+  const int64_t rows = g.rows, rows_l = g.rows_l;
+  const int d = g.d;
+  const int L = cfg.n_layer;
+  ZR_RETURN_IF_ERROR(CheckTokens(tokens, "tokens", rows, cfg.vocab_size));
+  if (!targets.empty()) ZR_RETURN_IF_ERROR(CheckTokens(targets, "targets", rows, cfg.vocab_size));
   ModelKernels& k = kernels_;
   Stream* st = &k.stream();
   const Device dev = k.device();
   const size_t act = k.act_size(), stat = k.stat_size();
+  const TpContext tp{options_.tp, &k, DTypeOfSize(act), &activations_};
   auto alloc = [&](Buffer& b, int64_t elems, size_t size,
                    MemoryCategory cat = MemoryCategory::kActivations) -> Status {
     ZR_ASSIGN_OR_RETURN(b, activations_.Allocate(static_cast<size_t>(elems) * size, cat, st));
@@ -335,68 +488,80 @@ StatusOr<double> GptModel::Run(Pass& pass, std::span<const int32_t> tokens,
                                  rows * sizeof(int32_t), st));
   }
   // A set per block when the backward follows without recomputation; otherwise one, reused.
+  // Under tensor parallelism the column layers' outputs hold this rank's columns; the residual
+  // stream and LayerNorm statistics this rank's rows (sequence parallelism).
   const bool per_block = train && !options_.activation_checkpointing;
   pass.acts.resize(per_block ? L : 1);
   for (BlockActs& a : pass.acts) {
     ZR_RETURN_IF_ERROR(alloc(a.ln1, rows * d, act));
-    ZR_RETURN_IF_ERROR(alloc(a.ln1_mean, rows, stat));
-    ZR_RETURN_IF_ERROR(alloc(a.ln1_rstd, rows, stat));
-    ZR_RETURN_IF_ERROR(alloc(a.qkv, rows * 3 * d, act));
-    ZR_RETURN_IF_ERROR(alloc(a.atty, rows * d, act));
-    ZR_RETURN_IF_ERROR(alloc(a.att, static_cast<int64_t>(batch) * c.n_head * seq * seq, act));
-    ZR_RETURN_IF_ERROR(alloc(a.res2, rows * d, act));
+    ZR_RETURN_IF_ERROR(alloc(a.ln1_mean, rows_l, stat));
+    ZR_RETURN_IF_ERROR(alloc(a.ln1_rstd, rows_l, stat));
+    ZR_RETURN_IF_ERROR(alloc(a.qkv, rows * 3 * g.d_l, act));
+    ZR_RETURN_IF_ERROR(alloc(a.atty, rows * g.d_l, act));
+    ZR_RETURN_IF_ERROR(alloc(a.att, static_cast<int64_t>(batch) * g.h_l * seq * seq, act));
+    ZR_RETURN_IF_ERROR(alloc(a.res2, rows_l * d, act));
     ZR_RETURN_IF_ERROR(alloc(a.ln2, rows * d, act));
-    ZR_RETURN_IF_ERROR(alloc(a.ln2_mean, rows, stat));
-    ZR_RETURN_IF_ERROR(alloc(a.ln2_rstd, rows, stat));
-    ZR_RETURN_IF_ERROR(alloc(a.fch, rows * 4 * d, act));
-    ZR_RETURN_IF_ERROR(alloc(a.fch_gelu, rows * 4 * d, act));
+    ZR_RETURN_IF_ERROR(alloc(a.ln2_mean, rows_l, stat));
+    ZR_RETURN_IF_ERROR(alloc(a.ln2_rstd, rows_l, stat));
+    ZR_RETURN_IF_ERROR(alloc(a.fch, rows * g.f_l, act));
+    ZR_RETURN_IF_ERROR(alloc(a.fch_gelu, rows * g.f_l, act));
   }
   pass.block_out.resize(L + 1);
-  for (Buffer& b : pass.block_out) ZR_RETURN_IF_ERROR(alloc(b, rows * d, act));
+  for (Buffer& b : pass.block_out) ZR_RETURN_IF_ERROR(alloc(b, rows_l * d, act));
+  if (g.sp) ZR_RETURN_IF_ERROR(alloc(pass.seq_local, rows_l * d, act, MemoryCategory::kWorkspace));
+  if (g.sp) ZR_RETURN_IF_ERROR(alloc(pass.seq_full, rows * d, act, MemoryCategory::kWorkspace));
+  const Ctx c{k, tp, g, DTypeOfSize(k.grad_size()), pass.seq_local.data(), pass.seq_full.data()};
 
-  // Forward.
+  // Forward. The vocabulary-parallel embedding: each rank looks up the tokens of its rows of
+  // wte (zeros for the others), rank 0 adds the positions, and the sum over the group (reduced
+  // to this rank's rows under sequence parallelism) is the embedding.
   {
     ZR_ASSIGN_OR_RETURN(UnitTensors emb, store_.Open(kEmbeddings, false));
-    ZR_RETURN_IF_ERROR(k.Embedding(pass.block_out[0].data(), pass.tokens.as<int32_t>(),
-                                   emb.params[0], emb.params[1], batch, seq, d));
+    void* out = g.sp ? pass.seq_full.data() : pass.block_out[0].data();
+    ZR_RETURN_IF_ERROR(k.Embedding(out, pass.tokens.as<int32_t>(), emb.params[0],
+                                   g.r == 0 ? emb.params[1] : nullptr, batch, seq, d, g.v_begin,
+                                   g.v_valid));
+    if (g.sp) {
+      ZR_RETURN_IF_ERROR(ScatterToSequence(tp, out, pass.block_out[0].data(), rows_l * d));
+    } else {
+      ZR_RETURN_IF_ERROR(ReduceFromRegionForward(tp, out, rows * d));
+    }
     ZR_RETURN_IF_ERROR(store_.Close(kEmbeddings));
   }
   for (int l = 0; l < L; ++l) {
     ZR_ASSIGN_OR_RETURN(UnitTensors block, store_.Open(1 + l, false));
-    ZR_RETURN_IF_ERROR(BlockForward(k, block.params, pass.block_out[l].data(),
-                                    pass.acts[per_block ? l : 0], pass.block_out[l + 1].data(),
-                                    batch, seq, c));
+    ZR_RETURN_IF_ERROR(BlockForward(c, block.params, pass.block_out[l].data(),
+                                    pass.acts[per_block ? l : 0], pass.block_out[l + 1].data()));
     ZR_RETURN_IF_ERROR(store_.Close(1 + l));
   }
   const int norm_unit = L + 1;
   ZR_RETURN_IF_ERROR(alloc(pass.lnf, rows * d, act));
-  ZR_RETURN_IF_ERROR(alloc(pass.lnf_mean, rows, stat));
-  ZR_RETURN_IF_ERROR(alloc(pass.lnf_rstd, rows, stat));
+  ZR_RETURN_IF_ERROR(alloc(pass.lnf_mean, rows_l, stat));
+  ZR_RETURN_IF_ERROR(alloc(pass.lnf_rstd, rows_l, stat));
   {
     ZR_ASSIGN_OR_RETURN(UnitTensors norm, store_.Open(norm_unit, false));
-    ZR_RETURN_IF_ERROR(k.LayerNorm(pass.lnf.data(), pass.lnf_mean.data(), pass.lnf_rstd.data(),
-                                   pass.block_out[L].data(), norm.params[0], norm.params[1], rows,
-                                   d));
+    ZR_RETURN_IF_ERROR(NormToColumn(c, pass.lnf.data(), pass.lnf_mean.data(), pass.lnf_rstd.data(),
+                                    pass.block_out[L].data(), norm.params[0], norm.params[1]));
     ZR_RETURN_IF_ERROR(store_.Close(norm_unit));
   }
-  // The output projection, tied to the token embedding (vocabulary-parallel under TP).
+  // The output projection, tied to the token embedding: column-parallel over the vocabulary.
   ZR_ASSIGN_OR_RETURN(UnitTensors head, store_.Open(kEmbeddings, train));
-  ZR_RETURN_IF_ERROR(alloc(pass.logits, rows * c.vocab_size, act));
-  ZR_RETURN_IF_ERROR(k.Matmul(pass.logits.data(), pass.lnf.data(), head.params[0], nullptr, rows, d,
-                              c.vocab_size));
-  if (logits != nullptr) {
-    const int64_t from = pass.logits_from_row;
-    logits->resize(static_cast<size_t>((rows - from) * c.vocab_size));
-    ZR_RETURN_IF_ERROR(
-        k.ActToHost(static_cast<std::byte*>(pass.logits.data()) + from * c.vocab_size * act,
-                    (rows - from) * c.vocab_size, logits->data()));
-  }
+  ZR_RETURN_IF_ERROR(alloc(pass.logits, rows * g.v_l, act));
+  ZR_RETURN_IF_ERROR(
+      k.Matmul(pass.logits.data(), pass.lnf.data(), head.params[0], nullptr, rows, d, g.v_l));
+  if (logits != nullptr) ZR_RETURN_IF_ERROR(CopyLogits(pass, g.t, g.v_l, logits));
   double loss = 0;
   if (!targets.empty()) {
     ZR_RETURN_IF_ERROR(alloc(pass.losses, rows, stat));
-    ZR_RETURN_IF_ERROR(k.CrossEntropy(pass.logits.data(), pass.losses.data(),
-                                      pass.targets.as<int32_t>(), rows, c.vocab_size,
-                                      train ? loss_scale : 0.0f));
+    const float dloss = train ? loss_scale : 0.0f;
+    if (g.whole_vocab()) {
+      ZR_RETURN_IF_ERROR(k.CrossEntropy(pass.logits.data(), pass.losses.data(),
+                                        pass.targets.as<int32_t>(), rows, g.v_l, dloss));
+    } else {
+      ZR_RETURN_IF_ERROR(VocabParallelCrossEntropy(tp, pass.logits.data(), pass.losses.data(),
+                                                   pass.targets.as<int32_t>(), rows, g.v_l,
+                                                   g.v_valid, g.v_begin, dloss));
+    }
     std::vector<double> host(rows);
     ZR_RETURN_IF_ERROR(k.StatToHost(pass.losses.data(), rows, host.data()));
     for (double v : host) loss += v;
@@ -408,39 +573,86 @@ StatusOr<double> GptModel::Run(Pass& pass, std::span<const int32_t> tokens,
   }
 
   // Backward. The embeddings unit stays open until the input embedding's gradient is added.
+  pass.seq_local.Reset();
   BackwardScratch s;
   const auto ws = MemoryCategory::kWorkspace;
-  ZR_RETURN_IF_ERROR(alloc(s.dres, rows * d, act, ws));
+  ZR_RETURN_IF_ERROR(alloc(s.dres, rows_l * d, act, ws));
   ZR_RETURN_IF_ERROR(alloc(s.dbtc, rows * d, act, ws));
+  if (g.sp) {
+    pass.seq_full.Reset();
+    ZR_RETURN_IF_ERROR(alloc(s.dfull, rows * d, act, ws));
+    ZR_RETURN_IF_ERROR(alloc(s.dloc, rows_l * d, act, ws));
+    ZR_RETURN_IF_ERROR(alloc(s.norm, 4 * d, k.grad_size(), ws));
+    ZR_RETURN_IF_ERROR(FillZero(s.norm.data(), dev, s.norm.bytes(), st));
+  }
   ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, rows * d * act, st));
   ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), head.grads[0], nullptr, pass.logits.data(),
-                                      pass.lnf.data(), head.params[0], rows, d, c.vocab_size));
+                                      pass.lnf.data(), head.params[0], rows, d, g.v_l));
   pass.logits.Reset();
   {
     ZR_ASSIGN_OR_RETURN(UnitTensors norm, store_.Open(norm_unit, true));
-    ZR_RETURN_IF_ERROR(FillZero(s.dres.data(), dev, rows * d * act, st));
-    ZR_RETURN_IF_ERROR(k.LayerNormBackward(s.dres.data(), norm.grads[0], norm.grads[1],
-                                           s.dbtc.data(), pass.block_out[L].data(), norm.params[0],
-                                           pass.lnf_mean.data(), pass.lnf_rstd.data(), rows, d));
+    ZR_ASSIGN_OR_RETURN(const void* dlnf, ReduceColumnInputGrad(c, s));
+    ZR_RETURN_IF_ERROR(FillZero(s.dres.data(), dev, rows_l * d * act, st));
+    ZR_RETURN_IF_ERROR(NormBackward(c, s, 0, dlnf, pass.block_out[L].data(), norm.params,
+                                    norm.grads, 0, pass.lnf_mean.data(), pass.lnf_rstd.data()));
+    ZR_RETURN_IF_ERROR(ReduceNormGrads(c, s, {{norm.grads[0], norm.grads[1]}}));
     ZR_RETURN_IF_ERROR(store_.Close(norm_unit));
   }
-  ZR_RETURN_IF_ERROR(alloc(s.d4a, rows * 4 * d, act, ws));
-  ZR_RETURN_IF_ERROR(alloc(s.d4b, rows * 4 * d, act, ws));
+  ZR_RETURN_IF_ERROR(alloc(s.d4a, rows * g.f_l, act, ws));
+  ZR_RETURN_IF_ERROR(alloc(s.d4b, rows * g.f_l, act, ws));
   for (int l = L - 1; l >= 0; --l) {
     ZR_ASSIGN_OR_RETURN(UnitTensors block, store_.Open(1 + l, true));
     BlockActs& a = pass.acts[per_block ? l : 0];
     if (!per_block) {
-      // Recompute: the block's output is written again with the same values.
-      ZR_RETURN_IF_ERROR(BlockForward(k, block.params, pass.block_out[l].data(), a,
-                                      pass.block_out[l + 1].data(), batch, seq, c));
+      // Recompute: the block's output is written again with the same values (under sequence
+      // parallelism through forward scratch borrowed for the block).
+      Buffer local, full;
+      if (g.sp) {
+        ZR_RETURN_IF_ERROR(alloc(local, rows_l * d, act, ws));
+        ZR_RETURN_IF_ERROR(alloc(full, rows * d, act, ws));
+      }
+      const Ctx rc{k, tp, g, c.grad, local.data(), full.data()};
+      ZR_RETURN_IF_ERROR(BlockForward(rc, block.params, pass.block_out[l].data(), a,
+                                      pass.block_out[l + 1].data()));
     }
-    ZR_RETURN_IF_ERROR(BlockBackward(k, block, pass.block_out[l].data(), a, s, batch, seq, c));
+    ZR_RETURN_IF_ERROR(BlockBackward(c, block, pass.block_out[l].data(), a, s));
     ZR_RETURN_IF_ERROR(store_.Close(1 + l));
   }
-  ZR_RETURN_IF_ERROR(k.EmbeddingBackward(head.grads[0], head.grads[1], s.dres.data(),
-                                         pass.tokens.as<int32_t>(), batch, seq, d));
+  // The embedding's backward needs the gradient of every row (each rank holds its wte rows).
+  ZR_ASSIGN_OR_RETURN(const void* demb, ResidualGradOfEveryRow(c, s));
+  ZR_RETURN_IF_ERROR(k.EmbeddingBackward(head.grads[0], head.grads[1], demb,
+                                         pass.tokens.as<int32_t>(), batch, seq, d, g.v_begin,
+                                         g.v_valid));
   ZR_RETURN_IF_ERROR(store_.Close(kEmbeddings));
   return loss;
+}
+
+Status GptModel::CopyLogits(Pass& pass, int tp, int vocab_local, std::vector<double>* out) {
+  const GptConfig& cfg = options_.config;
+  ModelKernels& k = kernels_;
+  const int64_t rows = static_cast<int64_t>(pass.batch) * pass.seq;
+  const int64_t from = pass.logits_from_row;
+  const size_t act = k.act_size();
+  out->resize(static_cast<size_t>((rows - from) * cfg.vocab_size));
+  if (tp == 1 && vocab_local == cfg.vocab_size) {
+    return k.ActToHost(static_cast<std::byte*>(pass.logits.data()) + from * vocab_local * act,
+                       (rows - from) * vocab_local, out->data());
+  }
+  // Every rank's columns, gathered ([tp, rows, vocab_local]), then rearranged to rows of the real
+  // vocabulary: the padding never leaves this function.
+  ZR_ASSIGN_OR_RETURN(Buffer all, activations_.Allocate(tp * rows * vocab_local * act,
+                                                        MemoryCategory::kWorkspace, &k.stream()));
+  const TpContext ctx{options_.tp, &k, DTypeOfSize(act), &activations_};
+  ZR_RETURN_IF_ERROR(GatherFromSequence(ctx, pass.logits.data(), all.data(), rows * vocab_local));
+  std::vector<double> host(static_cast<size_t>(tp * rows * vocab_local));
+  ZR_RETURN_IF_ERROR(k.ActToHost(all.data(), static_cast<int64_t>(host.size()), host.data()));
+  for (int64_t row = from; row < rows; ++row) {
+    for (int v = 0; v < cfg.vocab_size; ++v) {
+      const int64_t part = v / vocab_local, col = v % vocab_local;
+      (*out)[(row - from) * cfg.vocab_size + v] = host[(part * rows + row) * vocab_local + col];
+    }
+  }
+  return absl::OkStatus();
 }
 
 StatusOr<double> GptModel::ForwardBackward(std::span<const int32_t> tokens,

@@ -39,7 +39,15 @@ struct GptModelOptions {
   GptConfig config;
   int micro_batch = 1;                    // sequences per micro-batch: the activation sizes
   bool activation_checkpointing = false;  // recompute each block's forward in its backward
-  TensorParallelGroup tp = {};            // size 1 until tensor parallelism lands
+  // Tensor parallelism (Megatron): heads, MLP channels and vocabulary split over `tp`; the
+  // weights are this rank's parts (GptUnits below). The store holds this rank's units only.
+  TensorParallelGroup tp = {};
+  // Sequence parallelism: the residual stream, LayerNorms and their statistics split by rows
+  // over `tp` (all-gathers and reduce-scatters instead of all-reduces). Any contiguous split of
+  // the batch x seq rows is valid, since every op between the TP regions works per row; a pass
+  // whose rows tp does not divide (a short prompt) runs without it, with the same values.
+  bool sequence_parallel = false;
+  int vocab_multiple = 1;  // Megatron's make_vocab_size_divisible_by (x tp): wte's padding
 };
 
 // The model's units as ParamSpecs (see the unit list above). Names follow GPT-2's structure:
@@ -49,11 +57,11 @@ struct GptUnit {
   std::string name;
   std::vector<ParamSpec> params;
 };
-StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& config, const TensorParallelGroup& tp);
-// The units of tensor-parallel rank `tp_rank` of `tp_size`, with each parameter's global frame.
-// Pure (no group needed): the estimator and the tests use it; the overload above refuses a
-// group of size above 1 until the tensor-parallel layers exist.
-StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& config, int tp_size, int tp_rank);
+// The units of tensor-parallel rank `tp_rank` of `tp_size`, with each parameter's global frame
+// (wte's global shape is the padded vocabulary, PaddedVocab). Pure (no group needed): the model,
+// the estimator and checkpoints all use it.
+StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& config, int tp_size, int tp_rank,
+                                        int vocab_multiple = 1);
 
 // GPT-2's initialisation: weights normal(0, 0.02), the residual projections (attn.proj.weight,
 // mlp.proj.weight) normal(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm weights 1. Each value
@@ -105,6 +113,9 @@ class GptModel {
   StatusOr<double> Run(Pass& pass, std::span<const int32_t> tokens,
                        std::span<const int32_t> targets, bool train, float loss_scale,
                        std::vector<double>* logits);
+  // The pass's logits (rows from pass.logits_from_row) as [rows, vocab] host doubles, gathered
+  // from every tensor-parallel rank, padding left out.
+  Status CopyLogits(Pass& pass, int tp, int vocab_local, std::vector<double>* out);
 
   GptModelOptions options_;
   WeightStore& store_;

@@ -42,6 +42,8 @@ StatusOr<std::unique_ptr<DeviceMesh>> DeviceMesh::Create(Communicator& world, Me
                       world.Split(c.pipeline * shape.tensor + c.tensor, c.data, named("dp")));
   ZR_ASSIGN_OR_RETURN(mesh->pipeline_,
                       world.Split(c.data * shape.tensor + c.tensor, c.pipeline, named("pp")));
+  ZR_ASSIGN_OR_RETURN(mesh->model_parallel_,
+                      world.Split(c.data, c.pipeline * shape.tensor + c.tensor, named("mp")));
   return mesh;
 }
 

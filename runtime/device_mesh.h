@@ -1,7 +1,7 @@
 // The device mesh: world ranks arranged as pipeline x data x tensor, tensor-parallel ranks
 // adjacent (fastest), then data, then pipeline, as Megatron-LM orders them:
 //   rank = (pipeline * data_size + data) * tensor_size + tensor
-// Each rank gets three process groups, split from the world and handed out explicitly.
+// Each rank gets four process groups, split from the world and handed out explicitly.
 #pragma once
 
 #include <memory>
@@ -39,6 +39,9 @@ class DeviceMesh {
   Communicator& data() const { return *data_; }          // same tensor and pipeline coordinate
   Communicator& tensor() const { return *tensor_; }      // same data and pipeline coordinate
   Communicator& pipeline() const { return *pipeline_; }  // same data and tensor coordinate
+  // One model replica: every tensor and pipeline coordinate of this data coordinate (the
+  // gradient norm and the overflow decision are agreed over it).
+  Communicator& model_parallel() const { return *model_parallel_; }
 
  private:
   DeviceMesh(Communicator& world, MeshShape shape) : world_(world), shape_(shape) {}
@@ -48,6 +51,7 @@ class DeviceMesh {
   std::unique_ptr<Communicator> data_;
   std::unique_ptr<Communicator> tensor_;
   std::unique_ptr<Communicator> pipeline_;
+  std::unique_ptr<Communicator> model_parallel_;
 };
 
 }  // namespace zerort

@@ -32,13 +32,16 @@ class CpuModelKernels final : public ModelKernels {
   }
 
   Status Embedding(void* out, const int32_t* tokens, const void* wte, const void* wpe, int batch,
-                   int seq, int channels) override {
-    cpu::EmbeddingForward<T>(P(out), tokens, P(wte), P(wpe), batch, seq, channels);
+                   int seq, int channels, int vocab_begin, int vocab_count) override {
+    cpu::EmbeddingForward<T>(P(out), tokens, P(wte), P(wpe), batch, seq, channels, vocab_begin,
+                             vocab_count);
     return absl::OkStatus();
   }
   Status EmbeddingBackward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens,
-                           int batch, int seq, int channels) override {
-    cpu::EmbeddingBackward<T>(P(dwte), P(dwpe), P(dout), tokens, batch, seq, channels);
+                           int batch, int seq, int channels, int vocab_begin,
+                           int vocab_count) override {
+    cpu::EmbeddingBackward<T>(P(dwte), P(dwpe), P(dout), tokens, batch, seq, channels, vocab_begin,
+                              vocab_count);
     return absl::OkStatus();
   }
   Status LayerNorm(void* out, void* mean, void* rstd, const void* inp, const void* weight,
@@ -94,6 +97,9 @@ class CpuModelKernels final : public ModelKernels {
     const T* s = P(src);
     for (int64_t i = 0; i < n; ++i) d[i] += s[i];
     return absl::OkStatus();
+  }
+  Status AccumulateGrad(void* dst, const void* src, int64_t n) override {
+    return Accumulate(dst, src, n);  // gradients are T too
   }
   Status VocabMax(const void* logits, void* max, int64_t rows, int vocab, int valid) override {
     const T* z = P(logits);
@@ -183,18 +189,24 @@ class CpuBf16ModelKernels final : public ModelKernels {
     return f_.StatToHost(src, n, out);
   }
   Status Embedding(void* out, const int32_t* tokens, const void* wte, const void* wpe, int batch,
-                   int seq, int channels) override {
-    const int vocab_rows = MaxToken(tokens, int64_t{batch} * seq) + 1;
-    F o(out, int64_t{batch} * seq * channels, false);
-    ZR_RETURN_IF_ERROR(f_.Embedding(o.data(), tokens,
-                                    In(wte, int64_t{vocab_rows} * channels).data(),
-                                    In(wpe, int64_t{seq} * channels).data(), batch, seq, channels));
+                   int seq, int channels, int vocab_begin, int vocab_count) override {
+    // Only the rows up to the largest token used are widened.
+    const int64_t n = int64_t{batch} * seq;
+    const int vocab_rows =
+        std::clamp<int>(MaxToken(tokens, n) - vocab_begin + 1, 0, std::max(vocab_count, 0));
+    F o(out, n * channels, false);
+    std::vector<float> pe;
+    if (wpe != nullptr) pe = In(wpe, int64_t{seq} * channels);
+    ZR_RETURN_IF_ERROR(f_.Embedding(
+        o.data(), tokens, In(wte, int64_t{vocab_rows} * channels).data(),
+        wpe == nullptr ? nullptr : pe.data(), batch, seq, channels, vocab_begin, vocab_rows));
     return o.Store();
   }
   Status EmbeddingBackward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens,
-                           int batch, int seq, int channels) override {
+                           int batch, int seq, int channels, int vocab_begin,
+                           int vocab_count) override {
     return f_.EmbeddingBackward(dwte, dwpe, In(dout, int64_t{batch} * seq * channels).data(),
-                                tokens, batch, seq, channels);
+                                tokens, batch, seq, channels, vocab_begin, vocab_count);
   }
   Status LayerNorm(void* out, void* mean, void* rstd, const void* inp, const void* weight,
                    const void* bias, int64_t rows, int channels) override {
@@ -269,6 +281,9 @@ class CpuBf16ModelKernels final : public ModelKernels {
     F d(dst, n, true);
     ZR_RETURN_IF_ERROR(f_.Accumulate(d.data(), In(src, n).data(), n));
     return d.Store();
+  }
+  Status AccumulateGrad(void* dst, const void* src, int64_t n) override {
+    return f_.Accumulate(dst, src, n);  // weight gradients are fp32
   }
   Status VocabMax(const void* logits, void* max, int64_t rows, int vocab, int valid) override {
     return f_.VocabMax(In(logits, rows * vocab).data(), max, rows, vocab, valid);

@@ -250,25 +250,29 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int b
 
 template <typename T>
 void EmbeddingForward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int batch, int seq,
-                      int channels) {
+                      int channels, int begin, int count) {
   for (int b = 0; b < batch; ++b) {
     for (int t = 0; t < seq; ++t) {
-      const T* te = wte + static_cast<int64_t>(tokens[b * seq + t]) * channels;
-      const T* pe = wpe + static_cast<int64_t>(t) * channels;
+      const int64_t row = tokens[b * seq + t] - int64_t{begin};
+      const T* te = row >= 0 && row < count ? wte + row * channels : nullptr;
+      const T* pe = wpe == nullptr ? nullptr : wpe + static_cast<int64_t>(t) * channels;
       T* o = out + (static_cast<int64_t>(b) * seq + t) * channels;
-      for (int c = 0; c < channels; ++c) o[c] = te[c] + pe[c];
+      for (int c = 0; c < channels; ++c) {
+        o[c] = (te != nullptr ? te[c] : T(0)) + (pe != nullptr ? pe[c] : T(0));
+      }
     }
   }
 }
 
 template <typename T>
 void EmbeddingBackward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int batch, int seq,
-                       int channels) {
+                       int channels, int begin, int count) {
   for (int b = 0; b < batch; ++b) {
     for (int t = 0; t < seq; ++t) {
       const T* d = dout + (static_cast<int64_t>(b) * seq + t) * channels;
-      if (dwte != nullptr) {
-        T* te = dwte + static_cast<int64_t>(tokens[b * seq + t]) * channels;
+      const int64_t row = tokens[b * seq + t] - int64_t{begin};
+      if (dwte != nullptr && row >= 0 && row < count) {
+        T* te = dwte + row * channels;
         for (int c = 0; c < channels; ++c) te[c] += d[c];
       }
       if (dwpe != nullptr) {
@@ -292,8 +296,9 @@ void EmbeddingBackward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, i
   template void SoftmaxCrossEntropyFused<T>(T*, T*, const int32_t*, int64_t, int, T);              \
   template void AttentionForward<T>(T*, T*, const T*, int, int, int, int);                         \
   template void AttentionBackward<T>(T*, const T*, const T*, const T*, int, int, int, int);        \
-  template void EmbeddingForward<T>(T*, const int32_t*, const T*, const T*, int, int, int);        \
-  template void EmbeddingBackward<T>(T*, T*, const T*, const int32_t*, int, int, int);
+  template void EmbeddingForward<T>(T*, const int32_t*, const T*, const T*, int, int, int, int,    \
+                                    int);                                                          \
+  template void EmbeddingBackward<T>(T*, T*, const T*, const int32_t*, int, int, int, int, int);
 
 ZR_INSTANTIATE(float)
 ZR_INSTANTIATE(double)

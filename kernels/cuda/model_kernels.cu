@@ -136,28 +136,31 @@ static __global__ void GeluBackwardKernel(T* dinp, const T* inp, const T* dout, 
 
 template <typename T>
 static __global__ void EmbeddingKernel(T* out, const int32_t* tokens, const T* wte, const T* wpe,
-                                       int seq, int channels, int64_t n) {
+                                       int seq, int channels, int begin, int count, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t row = i / channels;
     const int c = static_cast<int>(i % channels);
     const int t = static_cast<int>(row % seq);
-    out[i] = FromFloat<T>(ToFloat(wte[int64_t{tokens[row]} * channels + c]) +
-                          ToFloat(wpe[int64_t{t} * channels + c]));
+    const int64_t v = tokens[row] - int64_t{begin};
+    const float te = v >= 0 && v < count ? ToFloat(wte[v * channels + c]) : 0.0f;
+    const float pe = wpe != nullptr ? ToFloat(wpe[int64_t{t} * channels + c]) : 0.0f;
+    out[i] = FromFloat<T>(te + pe);
   }
 }
 
 template <typename T, typename G>
 static __global__ void EmbeddingBackwardKernel(G* dwte, G* dwpe, const T* dout,
                                                const int32_t* tokens, int seq, int channels,
-                                               int64_t n) {
+                                               int begin, int count, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t row = i / channels;
     const int c = static_cast<int>(i % channels);
     const int t = static_cast<int>(row % seq);
     const float d = ToFloat(dout[i]);
-    if (dwte != nullptr) AtomicAddTo(dwte + int64_t{tokens[row]} * channels + c, d);
+    const int64_t v = tokens[row] - int64_t{begin};
+    if (dwte != nullptr && v >= 0 && v < count) AtomicAddTo(dwte + v * channels + c, d);
     if (dwpe != nullptr) AtomicAddTo(dwpe + int64_t{t} * channels + c, d);
   }
 }
@@ -461,17 +464,18 @@ class CudaModelKernels final : public ModelKernels {
   }
 
   Status Embedding(void* out, const int32_t* tokens, const void* wte, const void* wpe, int batch,
-                   int seq, int channels) override {
+                   int seq, int channels, int vocab_begin, int vocab_count) override {
     const int64_t n = int64_t{batch} * seq * channels;
-    EmbeddingKernel<T>
-        <<<Blocks(n), kThreads, 0, s()>>>(A(out), tokens, A(wte), A(wpe), seq, channels, n);
+    EmbeddingKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(out), tokens, A(wte), A(wpe), seq,
+                                                        channels, vocab_begin, vocab_count, n);
     return Launched("Embedding");
   }
   Status EmbeddingBackward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens,
-                           int batch, int seq, int channels) override {
+                           int batch, int seq, int channels, int vocab_begin,
+                           int vocab_count) override {
     const int64_t n = int64_t{batch} * seq * channels;
-    EmbeddingBackwardKernel<T, G>
-        <<<Blocks(n), kThreads, 0, s()>>>(Gp(dwte), Gp(dwpe), A(dout), tokens, seq, channels, n);
+    EmbeddingBackwardKernel<T, G><<<Blocks(n), kThreads, 0, s()>>>(
+        Gp(dwte), Gp(dwpe), A(dout), tokens, seq, channels, vocab_begin, vocab_count, n);
     return Launched("EmbeddingBackward");
   }
 
@@ -611,6 +615,10 @@ class CudaModelKernels final : public ModelKernels {
     AccumulateKernel<T, T><<<Blocks(n), kThreads, 0, s()>>>(A(dst), A(src), n);
     return Launched("Accumulate");
   }
+  Status AccumulateGrad(void* dst, const void* src, int64_t n) override {
+    AccumulateKernel<G, G><<<Blocks(n), kThreads, 0, s()>>>(Gp(dst), Gp(src), n);
+    return Launched("AccumulateGrad");
+  }
   Status VocabMax(const void* logits, void* max, int64_t rows, int vocab, int valid) override {
     VocabMaxKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s()>>>(
         A(logits), static_cast<float*>(max), vocab, valid);
@@ -648,6 +656,7 @@ class CudaModelKernels final : public ModelKernels {
   static T* A(void* p) { return static_cast<T*>(p); }
   static const T* A(const void* p) { return static_cast<const T*>(p); }
   static G* Gp(void* p) { return static_cast<G*>(p); }
+  static const G* Gp(const void* p) { return static_cast<const G*>(p); }
   StatusOr<Buffer> Scratch(size_t bytes) {
     return ws_.Allocate(bytes, MemoryCategory::kWorkspace, &stream_);
   }

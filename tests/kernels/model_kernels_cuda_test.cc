@@ -192,18 +192,34 @@ TEST(ModelKernelsCudaTest, AttentionEmbeddingCrossEntropy) {
                        dwpe = Random(seq * channels, 8);
     void *gwte = t.A(wte), *gwpe = t.A(wpe), *gemb = t.A(emb), *gdwte = t.G(dwte),
          *gdwpe = t.G(dwpe);
-    ASSERT_TRUE(t.gpu->Embedding(gemb, gtok, gwte, gwpe, batch, seq, channels).ok());
-    ASSERT_TRUE(
-        t.cpu->Embedding(emb.data(), tokens.data(), wte.data(), wpe.data(), batch, seq, channels)
-            .ok());
+    ASSERT_TRUE(t.gpu->Embedding(gemb, gtok, gwte, gwpe, batch, seq, channels, 0, vocab).ok());
+    ASSERT_TRUE(t.cpu
+                    ->Embedding(emb.data(), tokens.data(), wte.data(), wpe.data(), batch, seq,
+                                channels, 0, vocab)
+                    .ok());
     t.Expect("Embedding", gemb, emb, act);
-    ASSERT_TRUE(t.gpu->EmbeddingBackward(gdwte, gdwpe, gdout, gtok, batch, seq, channels).ok());
+    ASSERT_TRUE(
+        t.gpu->EmbeddingBackward(gdwte, gdwpe, gdout, gtok, batch, seq, channels, 0, vocab).ok());
     ASSERT_TRUE(t.cpu
                     ->EmbeddingBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), batch,
-                                        seq, channels)
+                                        seq, channels, 0, vocab)
                     .ok());
     t.Expect("EmbeddingBackward wte", gdwte, dwte, grad);
     t.Expect("EmbeddingBackward wpe", gdwpe, dwpe, grad);
+    // A vocabulary slice (tensor parallelism): rows [40, 80) of wte, no position term.
+    ASSERT_TRUE(t.gpu->Embedding(gemb, gtok, gwte, nullptr, batch, seq, channels, 40, 40).ok());
+    ASSERT_TRUE(t.cpu
+                    ->Embedding(emb.data(), tokens.data(), wte.data(), nullptr, batch, seq,
+                                channels, 40, 40)
+                    .ok());
+    t.Expect("Embedding slice", gemb, emb, act);
+    ASSERT_TRUE(
+        t.gpu->EmbeddingBackward(gdwte, nullptr, gdout, gtok, batch, seq, channels, 40, 40).ok());
+    ASSERT_TRUE(t.cpu
+                    ->EmbeddingBackward(dwte.data(), nullptr, dout.data(), tokens.data(), batch,
+                                        seq, channels, 40, 40)
+                    .ok());
+    t.Expect("EmbeddingBackward slice", gdwte, dwte, grad);
 
     std::vector<float> logits = Random(rows * vocab, 9, 3.0f), losses(rows);
     void* glogits = t.A(logits);

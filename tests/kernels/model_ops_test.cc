@@ -157,13 +157,37 @@ TEST(ModelOpsTest, EmbeddingGradients) {
   const std::vector<double> r = Random(batch * seq * c, 14);
   auto loss = [&] {
     std::vector<double> y(batch * seq * c);
-    EmbeddingForward(y.data(), tokens.data(), wte.data(), wpe.data(), batch, seq, c);
+    EmbeddingForward(y.data(), tokens.data(), wte.data(), wpe.data(), batch, seq, c, 0, vocab);
     return Dot(y, r);
   };
   std::vector<double> dwte(wte.size(), 0.0), dwpe(wpe.size(), 0.0);
-  EmbeddingBackward(dwte.data(), dwpe.data(), r.data(), tokens.data(), batch, seq, c);
+  EmbeddingBackward(dwte.data(), dwpe.data(), r.data(), tokens.data(), batch, seq, c, 0, vocab);
   CheckGradient("embedding dwte", wte, dwte, loss);
   CheckGradient("embedding dwpe", wpe, dwpe, loss);
+}
+
+// The vocabulary-parallel embedding: slices of the vocabulary, each with its own rows, summed
+// (the position term added by one slice only) give the whole embedding and its gradients.
+TEST(ModelOpsTest, EmbeddingVocabularySlicesSumToTheWhole) {
+  const int batch = 2, seq = 3, c = 4, vocab = 6;
+  const std::vector<double> wte = Random(vocab * c, 12), wpe = Random(seq * c, 13);
+  const std::vector<int32_t> tokens = {1, 5, 1, 0, 2, 3};
+  const std::vector<double> r = Random(batch * seq * c, 14);
+  std::vector<double> whole(batch * seq * c), dwte(wte.size(), 0.0);
+  EmbeddingForward(whole.data(), tokens.data(), wte.data(), wpe.data(), batch, seq, c, 0, vocab);
+  EmbeddingBackward(dwte.data(), static_cast<double*>(nullptr), r.data(), tokens.data(), batch, seq,
+                    c, 0, vocab);
+  std::vector<double> sum(whole.size(), 0.0), y(whole.size());
+  for (int begin : {0, 2, 4}) {
+    EmbeddingForward(y.data(), tokens.data(), wte.data() + begin * c,
+                     begin == 0 ? wpe.data() : nullptr, batch, seq, c, begin, 2);
+    for (size_t i = 0; i < y.size(); ++i) sum[i] += y[i];
+    std::vector<double> part(2 * c, 0.0);
+    EmbeddingBackward(part.data(), static_cast<double*>(nullptr), r.data(), tokens.data(), batch,
+                      seq, c, begin, 2);
+    for (int i = 0; i < 2 * c; ++i) EXPECT_EQ(part[i], dwte[begin * c + i]) << begin << " " << i;
+  }
+  for (size_t i = 0; i < whole.size(); ++i) EXPECT_EQ(sum[i], whole[i]) << i;
 }
 
 // LayerNorm -> Matmul -> GELU -> Matmul -> cross-entropy: the backward pieces compose, and the

@@ -8,6 +8,7 @@
 
 #include "layers/gpt_model.h"
 #include "runtime/communicator.h"
+#include "runtime/device_mesh.h"
 #include "sharding/shard_manager.h"
 
 namespace zerort::testing {
@@ -49,9 +50,13 @@ struct GptRunConfig {
   int steps = 6;
   bool checkpointing = false;
   float lr = 3e-3f;
+  int tp = 1;  // tensor-parallel size: the world is data x tensor (tensor fastest)
+  bool sequence_parallel = false;
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
 };
 
 struct GptRank {
+  std::unique_ptr<DeviceMesh> mesh;
   std::unique_ptr<Allocator> allocator;
   std::unique_ptr<ShardManager> manager;
   std::unique_ptr<WeightStore> store;
@@ -62,37 +67,49 @@ struct GptRank {
 inline StatusOr<GptRank> MakeGptRank(const GptRunConfig& c, Communicator& comm,
                                      MemoryTracker& tracker) {
   GptRank r;
+  ZR_ASSIGN_OR_RETURN(r.mesh, DeviceMesh::Create(comm, {.data = comm.size() / c.tp, .tensor = c.tp},
+                                                 {.name = "gpt"}));
   r.allocator = MakeCpuCachingAllocator(&tracker);
   ShardManagerOptions o;
   o.stage = c.stage;
+  o.optimizer.kind = c.optimizer;
   o.optimizer.weight_decay = 0.1f;
   o.optimizer.beta2 = 0.95f;
+  o.optimizer.momentum = 0.9f;
   o.stage3_param_persistence_threshold = 0;
   o.seed = 42;
   ZR_ASSIGN_OR_RETURN(
-      r.manager, ShardManager::Create(o, {.dp = &comm, .device_allocator = r.allocator.get()}));
+      r.manager,
+      ShardManager::Create(o, {.dp = &r.mesh->data(),
+                               .device_allocator = r.allocator.get(),
+                               .model_parallel = c.tp > 1 ? &r.mesh->model_parallel() : nullptr,
+                               .tensor_parallel_rank = r.mesh->coord().tensor}));
   r.store = MakeShardManagerStore(*r.manager);
   r.kernels = MakeCpuModelKernels(CpuPrecision::kFloat);
-  const int per_rank = c.global_batch / comm.size();
+  const int per_rank = c.global_batch / r.mesh->shape().data;
   ZR_ASSIGN_OR_RETURN(r.model, GptModel::Create({.config = c.model,
                                                  .micro_batch = per_rank,
-                                                 .activation_checkpointing = c.checkpointing},
+                                                 .activation_checkpointing = c.checkpointing,
+                                                 .tp = {c.tp > 1 ? &r.mesh->tensor() : nullptr},
+                                                 .sequence_parallel = c.sequence_parallel},
                                                 *r.store, *r.kernels, *r.allocator));
   ZR_RETURN_IF_ERROR(r.manager->Initialize(GptInitializer(c.model)));
   return r;
 }
 
-// Trains c.steps steps; `losses` (rank 0) gets the global mean loss of each step.
+// Trains c.steps steps; `losses` (rank 0) gets the global mean loss of each step (the ranks of a
+// tensor-parallel group compute the same loss, so the world's mean is the replicas' mean).
 inline Status TrainGptRank(const GptRunConfig& c, Communicator& comm, std::vector<double>& losses,
                            MemoryTracker* tracker_out = nullptr) {
   MemoryTracker local;
   MemoryTracker& tracker = tracker_out != nullptr ? *tracker_out : local;
   ZR_ASSIGN_OR_RETURN(GptRank r, MakeGptRank(c, comm, tracker));
-  const int per_rank = c.global_batch / comm.size();
+  const int per_rank = c.global_batch / r.mesh->shape().data;
   const int seq = c.model.seq_len;
   std::vector<int32_t> tokens, targets;
   for (int step = 0; step < c.steps; ++step) {
-    GptBatch(int64_t{step} * c.global_batch + comm.rank() * per_rank, per_rank, seq,
+    // Tensor-parallel ranks of one replica see the same sequences.
+    GptBatch(int64_t{step} * c.global_batch + r.mesh->coord().data * per_rank, per_rank, seq,
              c.model.vocab_size, tokens, targets);
     ZR_ASSIGN_OR_RETURN(double loss, r.model->ForwardBackward(tokens, targets, per_rank, seq,
                                                               r.manager->loss_scale()));

@@ -47,6 +47,9 @@ TEST(MpiCommunicatorTest, DeviceMeshGroups) {
   v = world->rank();
   ASSERT_TRUE((*mesh)->data().AllReduce(&v, &v, 1, DType::kI32, ReduceOp::kSum).ok());
   EXPECT_EQ(v, world->rank() % 2 == 0 ? 0 + 2 : 1 + 3);
+  v = world->rank();  // without pipeline stages, one replica is one tensor-parallel group
+  ASSERT_TRUE((*mesh)->model_parallel().AllReduce(&v, &v, 1, DType::kI32, ReduceOp::kSum).ok());
+  EXPECT_EQ(v, world->rank() < 2 ? 0 + 1 : 2 + 3);
 }
 
 TEST(MpiCommunicatorTest, CudaBuffersAreStagedThroughPinnedMemory) {

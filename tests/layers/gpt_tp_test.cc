@@ -1,0 +1,196 @@
+// The GPT model under tensor parallelism (and sequence parallelism) on loopback ranks equals the
+// same model on one rank: the loss, the logits, greedy samples and every gradient gathered to
+// the global frame (tp 2 and 4, a vocabulary padded for both, with and without activation
+// checkpointing); 20 training steps with AdamW and SGD-momentum at tp 2 and 4, and a data x
+// tensor mesh (dp 2 x tp 2) at ZeRO stages 0-3 with SP on and off, give the one-rank losses.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <mutex>
+
+#include "layers/gpt_model.h"
+#include "runtime/loopback_communicator.h"
+#include "tests/layers/gpt_harness.h"
+
+namespace zerort {
+namespace {
+
+using testing::GptBatch;
+using testing::GptRunConfig;
+
+// 4 heads, so tp 4 has one head per rank; vocabulary 37 pads to 38 (tp 2) and 40 (tp 4).
+GptConfig Config() {
+  return GptConfig{.n_layer = 2, .n_head = 4, .d_model = 16, .seq_len = 8, .vocab_size = 37};
+}
+
+struct Result {
+  double loss = 0;
+  std::vector<double> logits;      // of a pass whose rows tp does not divide (no SP)
+  std::vector<int32_t> generated;  // greedy
+  std::map<std::string, std::vector<float>> grads;  // global frame, padding rows left out
+};
+
+// One training micro-batch (2 sequences of 8) at tensor-parallel size `tp`.
+Result RunMicroBatch(int tp, bool sp, bool checkpointing) {
+  const GptConfig config = Config();
+  std::vector<int32_t> tokens, targets;
+  GptBatch(3, 2, config.seq_len, config.vocab_size, tokens, targets);
+  Result result;
+  std::vector<Result> ranks(tp);
+  std::mutex mu;
+  const Status status = RunLoopbackRanks(tp, {}, nullptr, [&](Communicator& comm) -> Status {
+    MemoryTracker tracker;
+    auto allocator = MakeCpuCachingAllocator(&tracker);
+    auto kernels = MakeCpuModelKernels(CpuPrecision::kFloat);
+    HostWeightStore<float> store;
+    ZR_ASSIGN_OR_RETURN(auto model, GptModel::Create({.config = config,
+                                                      .micro_batch = 2,
+                                                      .activation_checkpointing = checkpointing,
+                                                      .tp = {tp > 1 ? &comm : nullptr},
+                                                      .sequence_parallel = sp},
+                                                     store, *kernels, *allocator));
+    store.Initialize(GptInitializer(config), 7);
+    ZR_ASSIGN_OR_RETURN(double loss,
+                        model->ForwardBackward(tokens, targets, 2, config.seq_len, 1.0f));
+    std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + 7);
+    ZR_ASSIGN_OR_RETURN(std::vector<double> logits, model->Logits(prompt, 1, 7));
+    ZR_ASSIGN_OR_RETURN(std::vector<int32_t> generated,
+                        model->Generate({1, 2, 3}, 9, {.temperature = 0.0f}));
+    ZR_ASSIGN_OR_RETURN(std::vector<GptUnit> units, GptUnits(config, tp, comm.rank()));
+    std::lock_guard lock(mu);
+    ranks[comm.rank()] = {loss, logits, generated, {}};
+    for (const GptUnit& u : units) {
+      for (const ParamSpec& p : u.params) {
+        const std::vector<float>& local = *store.grad(p.name);
+        const int64_t real =
+            p.name == "wte" ? int64_t{config.vocab_size} * config.d_model : p.global_numel();
+        std::vector<float>& global = result.grads[p.name];
+        global.resize(real, NAN);
+        for (int64_t i = 0; i < p.numel(); ++i) {
+          const int64_t g = GlobalIndex(p, i);
+          if (g >= real) {
+            EXPECT_EQ(local[i], 0.0f) << p.name << " padding element " << g;
+            continue;
+          }
+          // A replicated parameter's gradient is the same on every rank.
+          if (!std::isnan(global[g])) EXPECT_EQ(local[i], global[g]) << p.name << " " << g;
+          global[g] = local[i];
+        }
+      }
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(status.ok()) << status;
+  result.loss = ranks[0].loss;
+  result.logits = ranks[0].logits;
+  result.generated = ranks[0].generated;
+  for (int r = 1; r < tp; ++r) {
+    // Every rank of the group computes the same loss and gathers the same logits.
+    EXPECT_EQ(ranks[r].loss, result.loss) << "rank " << r;
+    EXPECT_EQ(ranks[r].logits, result.logits) << "rank " << r;
+    EXPECT_EQ(ranks[r].generated, result.generated) << "rank " << r;
+  }
+  return result;
+}
+
+void ExpectClose(double got, double want, double scale, const std::string& what) {
+  EXPECT_NEAR(got, want, 1e-5 * std::max(std::abs(want), scale)) << what;
+}
+
+void ExpectSame(const Result& got, const Result& want, const std::string& what) {
+  ExpectClose(got.loss, want.loss, 0, what + " loss");
+  ASSERT_EQ(got.logits.size(), want.logits.size()) << what;
+  for (size_t i = 0; i < got.logits.size(); ++i) {
+    ExpectClose(got.logits[i], want.logits[i], 1e-2, what + " logit " + std::to_string(i));
+  }
+  EXPECT_EQ(got.generated, want.generated) << what;
+  ASSERT_EQ(got.grads.size(), want.grads.size()) << what;
+  for (const auto& [name, ref] : want.grads) {
+    const std::vector<float>& g = got.grads.at(name);
+    ASSERT_EQ(g.size(), ref.size()) << what << " " << name;
+    // Relative in norm over the tensor (single elements that come out of cancellation carry
+    // the rounding of sums the ranks associate differently): |got - want| <= 1e-5 |want|.
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      diff += (double{g[i]} - ref[i]) * (double{g[i]} - ref[i]);
+      norm += double{ref[i]} * ref[i];
+    }
+    EXPECT_LE(std::sqrt(diff), 1e-5 * std::sqrt(norm)) << what << " " << name;
+    EXPECT_GT(norm, 0) << what << " " << name;
+  }
+}
+
+TEST(GptTensorParallelTest, EveryGradientEqualsOneRank) {
+  const Result reference = RunMicroBatch(1, false, false);
+  EXPECT_GT(reference.loss, 3.0);
+  for (int tp : {2, 4}) {
+    for (bool sp : {false, true}) {
+      for (bool ckpt : {false, true}) {
+        const std::string what =
+            "tp " + std::to_string(tp) + (sp ? " sp" : "") + (ckpt ? " checkpointing" : "");
+        ExpectSame(RunMicroBatch(tp, sp, ckpt), reference, what);
+      }
+    }
+  }
+}
+
+std::vector<double> TrainLosses(const GptRunConfig& c, int world) {
+  std::vector<double> losses;
+  CommOptions options;
+  options.timeout = std::chrono::seconds(60);
+  const Status status = RunLoopbackRanks(world, options, nullptr, [&](Communicator& comm) {
+    return testing::TrainGptRank(c, comm, losses);
+  });
+  EXPECT_TRUE(status.ok()) << status;
+  return losses;
+}
+
+void ExpectLosses(const std::vector<double>& got, const std::vector<double>& want,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << what << " step " << i;
+  }
+}
+
+TEST(GptTensorParallelTest, TwentyStepsEqualOneRank) {
+  GptRunConfig c;
+  c.model = Config();
+  c.steps = 20;
+  c.stage = ZeroStage::k0;
+  for (OptimizerKind opt : {OptimizerKind::kAdamW, OptimizerKind::kSgd}) {
+    c.optimizer = opt;
+    c.lr = opt == OptimizerKind::kSgd ? 0.3f : 3e-3f;
+    c.tp = 1;
+    const std::vector<double> reference = TrainLosses(c, 1);
+    EXPECT_LT(reference.back(), reference.front() - 0.05) << "the model did not learn";
+    for (int tp : {2, 4}) {
+      c.tp = tp;
+      c.sequence_parallel = tp == 4;
+      ExpectLosses(TrainLosses(c, tp), reference,
+                   "tp " + std::to_string(tp) + (opt == OptimizerKind::kSgd ? " sgd" : " adamw"));
+    }
+  }
+}
+
+TEST(GptTensorParallelTest, DataByTensorMeshAtEveryStage) {
+  GptRunConfig c;
+  c.model = Config();
+  c.steps = 6;
+  c.stage = ZeroStage::k0;
+  const std::vector<double> reference = TrainLosses(c, 1);
+  c.tp = 2;
+  for (ZeroStage stage : {ZeroStage::k0, ZeroStage::k1, ZeroStage::k2, ZeroStage::k3}) {
+    for (bool sp : {false, true}) {
+      c.stage = stage;
+      c.sequence_parallel = sp;
+      ExpectLosses(
+          TrainLosses(c, 4), reference,
+          "dp 2 x tp 2 stage " + std::to_string(static_cast<int>(stage)) + (sp ? " sp" : ""));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zerort
