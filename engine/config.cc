@@ -55,7 +55,9 @@ const KeyDirectory& Directory() {
         "sample_temperature", "sample_top_k", "device"}},
       {"checkpoint", {"dir", "interval", "keep_last_n"}},
       {"logging", {"metrics_file", "level"}},
-      {"parallel", {"tensor_parallel_size", "pipeline_parallel_size"}},
+      {"parallel",
+       {"tensor_parallel_size", "sequence_parallel", "make_vocab_size_divisible_by",
+        "pipeline_parallel_size"}},
   };
   return kDirectory;
 }
@@ -449,16 +451,16 @@ StatusOr<RunConfig> ParseRunConfig(const nlohmann::json& json, const std::string
     if (parallel) {
       ZR_RETURN_IF_ERROR(
           parallel->Int("tensor_parallel_size", c.parallel.tensor_parallel_size, 1, 1 << 16));
+      ZR_RETURN_IF_ERROR(parallel->Bool("sequence_parallel", c.parallel.sequence_parallel));
+      ZR_RETURN_IF_ERROR(parallel->Int("make_vocab_size_divisible_by",
+                                       c.parallel.make_vocab_size_divisible_by, 1, 1 << 16));
       ZR_RETURN_IF_ERROR(
           parallel->Int("pipeline_parallel_size", c.parallel.pipeline_parallel_size, 1, 1 << 16));
       ZR_RETURN_IF_ERROR(parallel->Finish());
-      for (const auto& [key, value] :
-           {std::pair{"parallel.tensor_parallel_size", c.parallel.tensor_parallel_size},
-            std::pair{"parallel.pipeline_parallel_size", c.parallel.pipeline_parallel_size}}) {
-        if (value > 1) {
-          return absl::InvalidArgumentError(
-              StrCat(key, " = ", value, ": not yet supported in this version of zerort (use 1)"));
-        }
+      if (c.parallel.pipeline_parallel_size > 1) {
+        return absl::InvalidArgumentError(
+            StrCat("parallel.pipeline_parallel_size = ", c.parallel.pipeline_parallel_size,
+                   ": not yet supported in this version of zerort (use 1)"));
       }
     }
     return absl::OkStatus();
@@ -590,6 +592,8 @@ nlohmann::json RunConfig::ToJson() const {
       {"logging", {{"metrics_file", logging.metrics_file}, {"level", logging.level}}},
       {"parallel",
        {{"tensor_parallel_size", parallel.tensor_parallel_size},
+        {"sequence_parallel", parallel.sequence_parallel},
+        {"make_vocab_size_divisible_by", parallel.make_vocab_size_divisible_by},
         {"pipeline_parallel_size", parallel.pipeline_parallel_size}}},
   };
   if (!train.device.empty()) j["train"]["device"] = train.device;  // absent: chosen at run time

@@ -117,8 +117,12 @@ struct LoggingConfig {
 };
 
 struct ParallelConfig {
-  int tensor_parallel_size = 1;    // > 1 is refused until tensor parallelism lands
-  int pipeline_parallel_size = 1;  // > 1 is refused until pipeline parallelism lands
+  // Megatron-style tensor parallelism: the world is data x tensor (tensor fastest), the
+  // data-parallel size world / tensor_parallel_size; n_head and d_model must divide.
+  int tensor_parallel_size = 1;
+  bool sequence_parallel = false;        // split LayerNorms and the residual stream by rows too
+  int make_vocab_size_divisible_by = 1;  // wte padded to a multiple of this x tensor size
+  int pipeline_parallel_size = 1;        // > 1 is refused until pipeline parallelism lands
 };
 
 struct RunConfig {

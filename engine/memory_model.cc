@@ -363,39 +363,53 @@ void StepModel::AttentionScratch(bool backward) {
 }
 
 void StepModel::MicroBatch() {
+  // Replays GptModel::Run's allocations in its order (layers/gpt_model.cc), with tensor and
+  // sequence parallelism's local sizes from the same geometry: columns split by tp, the
+  // residual stream's rows by tp under sequence parallelism, the padded vocabulary's rows by tp.
   const GptConfig& c = in_.model;
   const int blocks = static_cast<int>(units_.size()) - (in_.pp == 1 ? 2 : 1);
+  const int64_t tp = in_.tp;
   const int64_t rows = int64_t{in_.micro_batch} * c.seq_len;
-  const int64_t d = c.d_model, dl = d / in_.tp;  // full and tensor-parallel-local channels
-  const int64_t act = csize(), stat = 4;
-  const int64_t heads = c.n_head / in_.tp;
+  const bool sp = in_.sequence_parallel && tp > 1 && rows % tp == 0;
+  const int64_t rows_l = sp ? rows / tp : rows;  // this rank's rows of the residual stream
+  const int64_t d = c.d_model, dl = d / tp;      // full and tensor-parallel-local channels
+  const int64_t act = csize(), stat = 4, grad = 4;
+  const int64_t heads = c.n_head / tp;
+  const int64_t vocab_l = PaddedVocab(c, in_.tp, in_.vocab_multiple) / tp;
+  const bool whole_vocab = tp == 1 && vocab_l == c.vocab_size;
   std::vector<Replay::Handle> acts;
   auto a = [&](int64_t bytes) { acts.push_back(r_.Alloc(Cat::kActivations, bytes, kernels_)); };
   r_.SetPhase(Replay::kForward);
   const bool per_block = !in_.activation_checkpointing;
   const int sets = (per_block ? blocks : 1);
-  const int64_t set_bytes =
-      4 * rows * d * act + 4 * rows * stat + 3 * rows * dl * act + rows * dl * act +
-      int64_t{in_.micro_batch} * heads * c.seq_len * c.seq_len * act + 8 * rows * dl * act;
+  const int64_t set_bytes = 2 * rows * d * act + rows_l * d * act + 4 * rows_l * stat +
+                            3 * rows * dl * act + rows * dl * act +
+                            int64_t{in_.micro_batch} * heads * c.seq_len * c.seq_len * act +
+                            8 * rows * dl * act;
   // A pipeline's first stage holds pp micro-batches' activations at once under 1F1B.
   for (int inflight = 0; inflight < in_.pp; ++inflight) {
     a(rows * 4);  // tokens
     a(rows * 4);  // targets
     for (int s = 0; s < sets; ++s) {
-      a(rows * d * act);                                                  // ln1
-      a(rows * stat);                                                     // ln1 mean
-      a(rows * stat);                                                     // ln1 rstd
+      a(rows * d * act);                                                  // ln1 (every row)
+      a(rows_l * stat);                                                   // ln1 mean
+      a(rows_l * stat);                                                   // ln1 rstd
       a(rows * 3 * dl * act);                                             // qkv
       a(rows * dl * act);                                                 // attention output
       a(int64_t{in_.micro_batch} * heads * c.seq_len * c.seq_len * act);  // probabilities
-      a(rows * d * act);                                                  // residual
-      a(rows * d * act);                                                  // ln2
-      a(rows * stat);
-      a(rows * stat);
+      a(rows_l * d * act);                                                // residual
+      a(rows * d * act);                                                  // ln2 (every row)
+      a(rows_l * stat);
+      a(rows_l * stat);
       a(rows * 4 * dl * act);  // MLP pre-GELU
       a(rows * 4 * dl * act);  // MLP post-GELU
     }
-    for (int l = 0; l <= blocks; ++l) a(rows * d * act);  // block inputs/outputs
+    for (int l = 0; l <= blocks; ++l) a(rows_l * d * act);  // block inputs/outputs
+  }
+  Replay::Handle seq_local, seq_full;  // sequence parallelism's forward scratch
+  if (sp) {
+    seq_local = r_.Alloc(Cat::kWorkspace, rows_l * d * act, kernels_);
+    seq_full = r_.Alloc(Cat::kWorkspace, rows * d * act, kernels_);
   }
   if (!activation_terms_) {
     activation_terms_ = true;
@@ -403,14 +417,21 @@ void StepModel::MicroBatch() {
          StrCat("one block's activation set, held x ", sets,
                 per_block ? " (one per block)" : " (checkpointing: one, reused)",
                 in_.pp > 1 ? StrCat(" x ", in_.pp, " micro-batches in flight") : ""),
-         "rows (B x T) x (4 d + 12 d/tp) x act + 4 rows x 4 B + B x heads/tp x T x T x act",
+         sp ? "rows x (2 d + 12 d/tp) x act + rows/tp x d x act + 4 rows/tp x 4 B + B x heads/tp "
+              "x T x T x act"
+            : "rows (B x T) x (3 d + 12 d/tp) x act + 4 rows x 4 B + B x heads/tp x T x T x act",
          set_bytes);
     Term(Tier::kDevice, Cat::kActivations, StrCat(blocks + 1, " block inputs/outputs"),
-         "(blocks + 1) x rows x d x act", (blocks + 1) * rows * d * act);
+         sp ? "(blocks + 1) x rows/tp x d x act" : "(blocks + 1) x rows x d x act",
+         (blocks + 1) * rows_l * d * act);
     Term(Tier::kDevice, Cat::kActivations, "logits (freed after the head's backward)",
-         "rows x vocab/tp x act", rows * (c.vocab_size / in_.tp) * act);
-    Term(Tier::kDevice, Cat::kWorkspace, "backward scratch", "rows x (2 d + 8 d/tp) x act",
-         rows * (2 * d + 8 * dl) * act);
+         "rows x padded vocab/tp x act", rows * vocab_l * act);
+    Term(Tier::kDevice, Cat::kWorkspace, "backward scratch",
+         sp ? "rows x (2 d + 8 d/tp) x act + 2 rows/tp x d x act + 4 d x 4 B"
+            : "rows x (2 d + 8 d/tp) x act",
+         sp ? rows * d * act + rows_l * d * act + rows * 8 * dl * act + rows * d * act +
+                  rows_l * d * act + 4 * d * grad
+            : rows * (2 * d + 8 * dl) * act);
   }
   const int norm = blocks + 1;
   const bool has_norm = in_.pp == 1;
@@ -421,21 +442,33 @@ void StepModel::MicroBatch() {
     AttentionScratch(false);
     Close(1 + l, false);
   }
-  a(rows * d * act);  // final LayerNorm
-  a(rows * stat);
-  a(rows * stat);
+  a(rows * d * act);  // final LayerNorm (every row)
+  a(rows_l * stat);
+  a(rows_l * stat);
   if (has_norm) {
     Open(norm, false);
     Close(norm, false);
   }
   r_.SetPhase(Replay::kBackward);
   Open(0, true);
-  Replay::Handle logits =
-      r_.Alloc(Cat::kActivations, rows * (c.vocab_size / in_.tp) * act, kernels_);
-  a(rows * stat);  // losses
+  Replay::Handle logits = r_.Alloc(Cat::kActivations, rows * vocab_l * act, kernels_);
+  a(rows * stat);      // losses
+  if (!whole_vocab) {  // the vocabulary-parallel cross-entropy's per-row statistics
+    Replay::Handle max = r_.Alloc(Cat::kWorkspace, rows * stat, kernels_);
+    Replay::Handle sums = r_.Alloc(Cat::kWorkspace, 2 * rows * stat, kernels_);
+    r_.Free(sums);
+    r_.Free(max);
+  }
+  if (sp) r_.Free(seq_local);
   std::vector<Replay::Handle> ws;
-  ws.push_back(r_.Alloc(Cat::kWorkspace, rows * d * act, kernels_));  // residual gradient
+  ws.push_back(r_.Alloc(Cat::kWorkspace, rows_l * d * act, kernels_));  // residual gradient
   ws.push_back(r_.Alloc(Cat::kWorkspace, rows * d * act, kernels_));
+  if (sp) {
+    r_.Free(seq_full);
+    ws.push_back(r_.Alloc(Cat::kWorkspace, rows * d * act, kernels_));    // gathered gradient
+    ws.push_back(r_.Alloc(Cat::kWorkspace, rows_l * d * act, kernels_));  // reduce-scattered
+    ws.push_back(r_.Alloc(Cat::kWorkspace, 4 * d * grad, kernels_));      // LayerNorm gradients
+  }
   r_.Free(logits);
   auto ln_scratch = [&] {
     if (!in_.cuda) return;
@@ -451,7 +484,18 @@ void StepModel::MicroBatch() {
   ws.push_back(r_.Alloc(Cat::kWorkspace, rows * 4 * dl * act, kernels_));
   for (int l = blocks - 1; l >= 0; --l) {
     Open(1 + l, true);
-    if (!per_block) AttentionScratch(false);  // the recomputed forward
+    if (!per_block) {  // the recomputed forward
+      Replay::Handle local, full;
+      if (sp) {
+        local = r_.Alloc(Cat::kWorkspace, rows_l * d * act, kernels_);
+        full = r_.Alloc(Cat::kWorkspace, rows * d * act, kernels_);
+      }
+      AttentionScratch(false);
+      if (sp) {
+        r_.Free(full);
+        r_.Free(local);
+      }
+    }
     ln_scratch();
     AttentionScratch(true);
     ln_scratch();
@@ -543,11 +587,12 @@ Status MemoryModelInput::Validate() const {
   ZR_RETURN_IF_ERROR(positive("tensor-parallel size", tp));
   ZR_RETURN_IF_ERROR(positive("pipeline-parallel size", pp));
   if (stage < 0 || stage > 3) return absl::InvalidArgumentError(StrCat("ZeRO stage ", stage));
-  if (model.n_head % tp != 0 || model.d_model % tp != 0 || model.vocab_size % tp != 0) {
-    return absl::InvalidArgumentError(
-        StrCat("tensor-parallel size ", tp, " does not divide the heads (", model.n_head,
-               "), d_model (", model.d_model, ") and vocabulary (", model.vocab_size, ")"));
+  if (model.n_head % tp != 0 || model.d_model % tp != 0) {
+    return absl::InvalidArgumentError(StrCat("tensor-parallel size ", tp,
+                                             " does not divide the heads (", model.n_head,
+                                             ") and d_model (", model.d_model, ")"));
   }
+  ZR_RETURN_IF_ERROR(positive("make_vocab_size_divisible_by", vocab_multiple));
   if (model.n_layer % pp != 0) {
     return absl::InvalidArgumentError(
         StrCat("pipeline-parallel size ", pp, " does not divide the layers (", model.n_layer, ")"));
@@ -561,16 +606,25 @@ Status MemoryModelInput::Validate() const {
   return absl::OkStatus();
 }
 
-StatusOr<MemoryModelInput> MemoryModelInput::FromConfig(const RunConfig& config, int dp,
+StatusOr<MemoryModelInput> MemoryModelInput::FromConfig(const RunConfig& config, int world_size,
                                                         bool cuda) {
   RunConfig c = config;
-  ZR_RETURN_IF_ERROR(ResolveBatch(c, dp, StrCat("--world-size ", dp)));
+  const int tp = c.parallel.tensor_parallel_size;
+  if (world_size < 1 || world_size % tp != 0) {
+    return absl::InvalidArgumentError(StrCat("parallel.tensor_parallel_size = ", tp,
+                                             " does not divide --world-size ", world_size));
+  }
+  const int dp = world_size / tp;
+  ZR_RETURN_IF_ERROR(
+      ResolveBatch(c, dp, StrCat("--world-size ", world_size, " / tensor_parallel_size ", tp)));
   MemoryModelInput in;
   in.model = c.model.shape;
   in.micro_batch = static_cast<int>(c.train_micro_batch_size_per_gpu);
   in.accumulation = static_cast<int>(c.gradient_accumulation_steps);
   in.dp = dp;
   in.tp = c.parallel.tensor_parallel_size;
+  in.sequence_parallel = c.parallel.sequence_parallel;
+  in.vocab_multiple = c.parallel.make_vocab_size_divisible_by;
   in.pp = c.parallel.pipeline_parallel_size;
   in.stage = c.zero.stage;
   in.compute = c.bf16 ? DType::kBF16 : DType::kF32;
@@ -598,7 +652,7 @@ StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& in) {
   // The units of this rank: the runtime's own parameter list, split as tensor parallelism
   // splits it, and the first pipeline stage's share of the blocks.
   // Rank 0's parameters: every tensor-parallel rank's parts have the same shapes.
-  ZR_ASSIGN_OR_RETURN(std::vector<GptUnit> all, GptUnits(in.model, in.tp, 0));
+  ZR_ASSIGN_OR_RETURN(std::vector<GptUnit> all, GptUnits(in.model, in.tp, 0, in.vocab_multiple));
   const int blocks = in.model.n_layer / in.pp;
   std::vector<Unit> units;
   MemoryEstimate out;

@@ -38,8 +38,10 @@ struct MemoryModelInput {
   GptConfig model;
   int micro_batch = 1;
   int accumulation = 1;
-  int dp = 1;              // data-parallel ranks
-  int tp = 1;              // tensor-parallel size
+  int dp = 1;  // data-parallel ranks
+  int tp = 1;  // tensor-parallel size
+  bool sequence_parallel = false;
+  int vocab_multiple = 1;  // make_vocab_size_divisible_by
   int pp = 1;              // pipeline-parallel size
   int ranks_per_node = 1;  // for the per-node host column
   int stage = 0;
@@ -60,8 +62,9 @@ struct MemoryModelInput {
   int64_t stage3_max_live_parameters = 1'000'000'000;
   int64_t stage3_param_persistence_threshold = 100'000;
 
-  // From a run config at a given data-parallel size (the batch triple resolved there).
-  static StatusOr<MemoryModelInput> FromConfig(const RunConfig& config, int dp, bool cuda);
+  // From a run config on `world_size` ranks: data-parallel size world / tensor_parallel_size
+  // (the batch triple resolved there).
+  static StatusOr<MemoryModelInput> FromConfig(const RunConfig& config, int world_size, bool cuda);
   Status Validate() const;
 };
 

@@ -16,6 +16,7 @@
 #include "engine/token_file.h"
 #include "kernels/model_kernels.h"
 #include "layers/gpt_model.h"
+#include "runtime/device_mesh.h"
 #include "runtime/host_collectives.h"
 #include "runtime/log.h"
 #include "runtime/strings.h"
@@ -125,13 +126,23 @@ class Run {
   Status Evaluate(double& loss);
   void Emit(const nlohmann::json& record, const std::string& line);
 
+  Status SetupMesh();
+
   RunConfig c_;
   TrainerContext ctx_;
-  Communicator& dp() { return *ctx_.dp; }
-  // fp32 values on the host, reduced over the data-parallel group (any backend).
-  Status HostAllReduce(float* values, size_t count, ReduceOp op) {
-    return AllReduceHostValues(dp(), *allocator_, manager_->compute_stream(), values, count,
-                               DType::kF32, op);
+  // The data x tensor mesh (tensor_parallel_size > 1); without it the world is the
+  // data-parallel group.
+  std::unique_ptr<DeviceMesh> mesh_;
+  Communicator& world() { return *ctx_.world; }
+  Communicator& dp() { return mesh_ ? mesh_->data() : *ctx_.world; }
+  Communicator* tp() { return mesh_ ? &mesh_->tensor() : nullptr; }
+  // Rank 0 of the world prints and writes metrics.
+  bool leader() { return ctx_.world->rank() == 0; }
+  // fp32 values on the host, reduced over `group` (the data-parallel group by default: the
+  // ranks of a tensor-parallel group hold the same losses).
+  Status HostAllReduce(float* values, size_t count, ReduceOp op, Communicator* group = nullptr) {
+    return AllReduceHostValues(group != nullptr ? *group : dp(), *allocator_,
+                               manager_->compute_stream(), values, count, DType::kF32, op);
   }
   bool cuda_ = false;
   Device device_ = Device::Cpu();
@@ -158,15 +169,49 @@ Status Run::Save(int64_t step, int64_t consumed) {
                  .config = c_.ToJson()};
   ZR_RETURN_IF_ERROR(
       SaveCheckpoint(c_.checkpoint.dir, state, *manager_, dp(), c_.checkpoint.keep_last_n));
-  if (dp().rank() == 0) {
+  if (leader()) {
     Logger()->info("saved checkpoint {}/step_{} in {:.2f} s", c_.checkpoint.dir, step,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return absl::OkStatus();
 }
 
+// The mesh: data-parallel size = world / tensor_parallel_size, ranks in Megatron's order.
+Status Run::SetupMesh() {
+  const int tp = c_.parallel.tensor_parallel_size;
+  const int world_size = world().size();
+  if (world_size % tp != 0) {
+    return absl::InvalidArgumentError(StrCat("parallel.tensor_parallel_size = ", tp,
+                                             " does not divide the world size ", world_size, " (",
+                                             ctx_.world_source, ")"));
+  }
+  const GptConfig& m = c_.model.shape;
+  if (m.n_head % tp != 0) {
+    return absl::InvalidArgumentError(StrCat("parallel.tensor_parallel_size = ", tp,
+                                             " does not divide model.n_head = ", m.n_head));
+  }
+  if (m.d_model % tp != 0) {
+    return absl::InvalidArgumentError(StrCat("parallel.tensor_parallel_size = ", tp,
+                                             " does not divide model.d_model = ", m.d_model));
+  }
+  if (tp == 1) return absl::OkStatus();
+  if (!c_.checkpoint.dir.empty() || ctx_.resume) {
+    return absl::UnimplementedError(
+        StrCat("checkpoint.dir with parallel.tensor_parallel_size = ", tp,
+               ": checkpoints of a tensor-parallel run are not yet supported (format v2 is "
+               "next); leave checkpoint out or use tensor_parallel_size 1"));
+  }
+  ZR_ASSIGN_OR_RETURN(mesh_, DeviceMesh::Create(world(), {.data = world_size / tp, .tensor = tp},
+                                                world().options()));
+  return absl::OkStatus();
+}
+
 Status Run::Setup() {
-  ZR_RETURN_IF_ERROR(ResolveBatch(c_, dp().size(), ctx_.dp_source));
+  ZR_RETURN_IF_ERROR(SetupMesh());
+  const std::string dp_source =
+      mesh_ ? StrCat(ctx_.world_source, " / tensor_parallel_size ", mesh_->shape().tensor)
+            : ctx_.world_source;
+  ZR_RETURN_IF_ERROR(ResolveBatch(c_, dp().size(), dp_source));
   if (ctx_.resume && c_.checkpoint.dir.empty()) {
     return absl::InvalidArgumentError("--resume needs checkpoint.dir in the config");
   }
@@ -190,9 +235,13 @@ Status Run::Setup() {
     allocator_ = MakeCpuCachingAllocator(&tracker_);
   }
   ZR_ASSIGN_OR_RETURN(ShardManagerOptions mo, ManagerOptions(c_, compute));
-  ZR_ASSIGN_OR_RETURN(manager_, ShardManager::Create(mo, {.dp = ctx_.dp,
-                                                          .device_allocator = allocator_.get(),
-                                                          .tracker = &tracker_}));
+  ZR_ASSIGN_OR_RETURN(
+      manager_,
+      ShardManager::Create(mo, {.dp = &dp(),
+                                .device_allocator = allocator_.get(),
+                                .tracker = &tracker_,
+                                .model_parallel = mesh_ ? &mesh_->model_parallel() : nullptr,
+                                .tensor_parallel_rank = mesh_ ? mesh_->coord().tensor : 0}));
   store_ = MakeShardManagerStore(*manager_);
   if (cuda_) {
     ZR_ASSIGN_OR_RETURN(kernels_, MakeCudaModelKernels(compute, DType::kF32,
@@ -204,13 +253,16 @@ Status Run::Setup() {
   ZR_ASSIGN_OR_RETURN(
       model_, GptModel::Create({.config = c_.model.shape,
                                 .micro_batch = static_cast<int>(c_.train_micro_batch_size_per_gpu),
-                                .activation_checkpointing = c_.model.activation_checkpointing},
+                                .activation_checkpointing = c_.model.activation_checkpointing,
+                                .tp = {tp()},
+                                .sequence_parallel = c_.parallel.sequence_parallel,
+                                .vocab_multiple = c_.parallel.make_vocab_size_divisible_by},
                                *store_, *kernels_, *allocator_));
   ZR_RETURN_IF_ERROR(manager_->Initialize(GptInitializer(c_.model.shape)));
   if (ctx_.resume) {
     ZR_ASSIGN_OR_RETURN(const std::string step_dir, LatestCheckpoint(c_.checkpoint.dir));
     ZR_ASSIGN_OR_RETURN(start_, LoadCheckpoint(step_dir, *manager_, dp()));
-    if (dp().rank() == 0) {
+    if (leader()) {
       Logger()->info("resumed from {} (step {}, {} sequences consumed)", step_dir, start_.step,
                      start_.consumed_sequences);
     }
@@ -240,7 +292,7 @@ Status Run::Setup() {
 
   std::string metrics = c_.logging.metrics_file;
   if (metrics.empty() && !c_.checkpoint.dir.empty()) metrics = c_.checkpoint.dir + "/metrics.jsonl";
-  if (!metrics.empty() && dp().rank() == 0) {
+  if (!metrics.empty() && leader()) {
     const std::filesystem::path parent = std::filesystem::path(metrics).parent_path();
     std::error_code ec;
     if (!parent.empty()) std::filesystem::create_directories(parent, ec);
@@ -253,22 +305,25 @@ Status Run::Setup() {
   if (cuda_) {
     peak_flops_ = DenseBf16PeakFlops(QueryCuda().devices.at(device_.index).name);
   }
-  if (dp().rank() == 0) {
+  if (leader()) {
     Logger()->info(
-        "training {} parameters ({} layers, d {}, {} heads, seq {}) on {} x {} ({}), ZeRO-{}, "
-        "batch {} = {} micro x {} accumulation x {} ranks; data: {} ({} training tokens, {} "
-        "validation)",
+        "training {} parameters ({} layers, d {}, {} heads, seq {}) on {} x {} ({}), ZeRO-{}{}, "
+        "batch {} = {} micro x {} accumulation x {} data-parallel ranks; data: {} ({} training "
+        "tokens, {} validation)",
         c_.model.shape.NumParameters(), c_.model.shape.n_layer, c_.model.shape.d_model,
-        c_.model.shape.n_head, c_.model.shape.seq_len, dp().size(), device_.ToString(),
-        DTypeName(compute), c_.zero.stage, c_.train_batch_size, c_.train_micro_batch_size_per_gpu,
-        c_.gradient_accumulation_steps, dp().size(), source, data_->train_tokens(),
-        data_->validation_tokens());
+        c_.model.shape.n_head, c_.model.shape.seq_len, world().size(), device_.ToString(),
+        DTypeName(compute), c_.zero.stage,
+        mesh_ ? fmt::format(", data {} x tensor {}{}", mesh_->shape().data, mesh_->shape().tensor,
+                            c_.parallel.sequence_parallel ? " (sequence parallel)" : "")
+              : "",
+        c_.train_batch_size, c_.train_micro_batch_size_per_gpu, c_.gradient_accumulation_steps,
+        dp().size(), source, data_->train_tokens(), data_->validation_tokens());
   }
   return absl::OkStatus();
 }
 
 void Run::Emit(const nlohmann::json& record, const std::string& line) {
-  if (dp().rank() != 0) return;
+  if (!leader()) return;
   if (metrics_.is_open()) {
     metrics_ << record.dump() << "\n";
     metrics_.flush();
@@ -315,7 +370,7 @@ StatusOr<TrainResult> Run::Loop() {
   const int seq = c_.model.shape.seq_len;
   const int64_t global = c_.train_batch_size;
   const double tokens_per_step = static_cast<double>(global) * seq;
-  const bool tty = dp().rank() == 0 && ctx_.progress_bar;
+  const bool tty = leader() && ctx_.progress_bar;
   std::vector<int32_t> in(static_cast<size_t>(m) * seq), out(in.size());
   const bool checkpoints = !c_.checkpoint.dir.empty();
   StopSignals signals;
@@ -367,7 +422,10 @@ StatusOr<TrainResult> Run::Loop() {
     }
     const int64_t peak_total = mem.in_use[static_cast<int>(MemoryTier::kDevice)].peak;
     const double tokens_per_s = tokens_per_step / dt;
-    const double flops_per_device = c_.model.shape.FlopsPerToken() * tokens_per_s / dp().size();
+    // Per device: every rank of the mesh shares the work (a tensor-parallel group computes one
+    // replica's FLOPs together), so the whole throughput is divided by the world size.
+    const int devices = world().size();
+    const double flops_per_device = c_.model.shape.FlopsPerToken() * tokens_per_s / devices;
     nlohmann::json record = {
         {"step", step + 1},
         {"steps", steps},
@@ -380,7 +438,7 @@ StatusOr<TrainResult> Run::Loop() {
         {"tokens", consumed * seq},
         {"step_time_s", dt},
         {"tokens_per_s", tokens_per_s},
-        {"tokens_per_s_per_device", tokens_per_s / dp().size()},
+        {"tokens_per_s_per_device", tokens_per_s / devices},
         {"tflops_per_device", flops_per_device / 1e12},
         {"mfu",
          peak_flops_ > 0 ? nlohmann::json(flops_per_device / peak_flops_) : nlohmann::json()},
@@ -433,7 +491,7 @@ StatusOr<TrainResult> Run::Loop() {
           "{}, gathered {}, activations {}){} | skipped {}",
           step + 1, steps, loss, val >= 0 ? fmt::format(" | val {:.4f}", val) : "", lr, r.grad_norm,
           c_.fp16.enabled ? fmt::format(" | scale {}", r.loss_scale) : "", tokens_per_s,
-          tokens_per_s / dp().size(), flops_per_device / 1e12,
+          tokens_per_s / devices, flops_per_device / 1e12,
           peak_flops_ > 0 ? fmt::format(" | MFU {:.1f}%", 100 * flops_per_device / peak_flops_)
                           : "",
           Mib(peak_total), Mib(memory["parameters"].get<int64_t>()),
@@ -459,11 +517,11 @@ StatusOr<TrainResult> Run::Loop() {
     }
     // A signal on any rank stops every rank at the same step boundary.
     float stop = static_cast<float>(g_stop_signal);
-    ZR_RETURN_IF_ERROR(HostAllReduce(&stop, 1, ReduceOp::kMax));
+    ZR_RETURN_IF_ERROR(HostAllReduce(&stop, 1, ReduceOp::kMax, &world()));
     const bool interval = c_.checkpoint.interval > 0 && (step + 1) % c_.checkpoint.interval == 0;
     if (checkpoints && (interval || last || stop > 0)) ZR_RETURN_IF_ERROR(Save(step + 1, consumed));
     if (stop > 0) {
-      if (dp().rank() == 0) {
+      if (leader()) {
         Logger()->warn("stopping after step {} on signal {}{}", step + 1, static_cast<int>(stop),
                        checkpoints ? " (checkpoint saved; continue with --resume)" : "");
       }
@@ -480,7 +538,7 @@ StatusOr<TrainResult> Run::Loop() {
                                           .top_k = c_.train.sample_top_k,
                                           .seed = c_.seed}));
     result.sample = BytesText(text);
-    if (dp().rank() == 0) {
+    if (leader()) {
       std::fprintf(ctx_.out, "sample (temperature %g, top-k %d):\n%s\n",
                    c_.train.sample_temperature, c_.train.sample_top_k, result.sample.c_str());
       std::fflush(ctx_.out);
@@ -492,7 +550,7 @@ StatusOr<TrainResult> Run::Loop() {
 }  // namespace
 
 StatusOr<TrainResult> Train(RunConfig config, const TrainerContext& context) {
-  if (context.dp == nullptr) return absl::InvalidArgumentError("Train needs a data-parallel group");
+  if (context.world == nullptr) return absl::InvalidArgumentError("Train needs the world group");
   Run run(std::move(config), context);
   ZR_RETURN_IF_ERROR(run.Setup());
   return run.Loop();

@@ -4,7 +4,9 @@
 // eval_interval steps and at the end, checkpoints (every checkpoint.interval steps, at the end,
 // and when a rank receives SIGTERM or SIGUSR1: the ranks agree at the next step boundary, save,
 // and stop), resumption from checkpoint.dir/latest, and a text sample at the end. Every rank
-// calls Train; the data-parallel group is the caller's (MPI world, or a loopback group of one).
+// calls Train with the world (MPI, or a loopback group of one); with
+// parallel.tensor_parallel_size > 1 the trainer splits it into a data x tensor mesh (Megatron's
+// order, tensor fastest) and hands the groups out explicitly.
 #pragma once
 
 #include <cstdint>
@@ -18,12 +20,12 @@
 namespace zerort {
 
 struct TrainerContext {
-  Communicator* dp = nullptr;  // data-parallel group (required)
-  std::string dp_source;       // where its size came from ("mpirun (OMPI_COMM_WORLD_SIZE)")
-  int local_rank = 0;          // picks the GPU on a multi-GPU node
-  std::FILE* out = stdout;     // rank 0's metrics lines and sample
-  bool progress_bar = false;   // draw one on `out` (rank 0): only when it is a terminal
-  bool resume = false;         // continue from checkpoint.dir/latest
+  Communicator* world = nullptr;  // every rank of the run (required)
+  std::string world_source;       // where its size came from ("mpirun (OMPI_COMM_WORLD_SIZE)")
+  int local_rank = 0;             // picks the GPU on a multi-GPU node
+  std::FILE* out = stdout;        // rank 0's metrics lines and sample
+  bool progress_bar = false;      // draw one on `out` (rank 0): only when it is a terminal
+  bool resume = false;            // continue from checkpoint.dir/latest
 };
 
 struct TrainResult {

@@ -286,16 +286,22 @@ StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Create(const NvmeStoreOptions& o
   }
   std::unique_ptr<NvmeStore> s(new NvmeStore());
   s->options_ = options;
-  s->path_ = StrCat(options.dir, "/", options.file_tag, ".", ::getpid(), ".swap");
   const int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
   s->direct_ = options.direct;
-  s->fd_ = ::open(s->path_.c_str(), flags | (s->direct_ ? O_DIRECT : 0), 0600);
-  if (s->fd_ < 0 && s->direct_ && errno == EINVAL) {
-    // A file system without O_DIRECT (old tmpfs, some FUSE): the page cache it is.
-    Logger()->warn("nvme_path {}: no O_DIRECT on this file system; using buffered I/O",
-                   options.dir);
-    s->direct_ = false;
-    s->fd_ = ::open(s->path_.c_str(), flags, 0600);
+  // Stores of one process can share a tag (ranks of different data-parallel groups, the same
+  // data-parallel rank, in one process): a name taken is skipped for the next.
+  for (int k = 0; k < 1000; ++k) {
+    s->path_ = StrCat(options.dir, "/", options.file_tag, ".", ::getpid(),
+                      k == 0 ? "" : StrCat(".", k), ".swap");
+    s->fd_ = ::open(s->path_.c_str(), flags | (s->direct_ ? O_DIRECT : 0), 0600);
+    if (s->fd_ < 0 && s->direct_ && errno == EINVAL) {
+      // A file system without O_DIRECT (old tmpfs, some FUSE): the page cache it is.
+      Logger()->warn("nvme_path {}: no O_DIRECT on this file system; using buffered I/O",
+                     options.dir);
+      s->direct_ = false;
+      s->fd_ = ::open(s->path_.c_str(), flags, 0600);
+    }
+    if (s->fd_ >= 0 || errno != EEXIST) break;
   }
   if (s->fd_ < 0) {
     const int err = errno;

@@ -93,7 +93,8 @@ StatusOr<double> StepTime(RunConfig c, const std::string& metrics) {
   c.train.eval_interval = 0;
   ZR_ASSIGN_OR_RETURN(auto group, CreateLoopbackGroup(1, {}, nullptr));
   std::FILE* sink = std::fopen("/dev/null", "w");
-  StatusOr<TrainResult> r = Train(c, {.dp = group[0].get(), .dp_source = "bench", .out = sink});
+  StatusOr<TrainResult> r =
+      Train(c, {.world = group[0].get(), .world_source = "bench", .out = sink});
   std::fclose(sink);
   if (!r.ok()) return r.status();
   std::ifstream in(metrics);

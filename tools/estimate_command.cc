@@ -191,8 +191,9 @@ int RunFromConfig(const EstimateOptions& o) {
     options.timeout = std::chrono::seconds(600);
     const Status status =
         RunLoopbackRanks(o.world_size, options, nullptr, [&](Communicator& comm) -> Status {
-          ZR_ASSIGN_OR_RETURN(TrainResult r,
-                              Train(run, {.dp = &comm, .dp_source = "--world-size", .out = sink}));
+          ZR_ASSIGN_OR_RETURN(
+              TrainResult r,
+              Train(run, {.world = &comm, .world_source = "--world-size", .out = sink}));
           if (comm.rank() == 0) measured = r.last_step_memory;
           return absl::OkStatus();
         });

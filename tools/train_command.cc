@@ -63,10 +63,10 @@ int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** 
   std::unique_ptr<MpiContext> mpi;
   std::vector<std::unique_ptr<Communicator>> comms;
   std::unique_ptr<Communicator> world, nccl;
-  Communicator* dp = nullptr;
-  std::string dp_source = "a single process (no launcher)";
+  Communicator* run_world = nullptr;  // the backend the run uses (NCCL over the MPI world)
+  std::string world_source = "a single process (no launcher)";
   CommOptions comm_options;
-  comm_options.name = "dp";
+  comm_options.name = "world";
   if (launch.world_size > 1) {
     MpiContext::Options mpi_options;
     mpi_options.install_signal_dump = true;
@@ -82,8 +82,9 @@ int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** 
       return kExitRuntimeFailure;
     }
     world = std::move(*w);
-    dp = world.get();
-    dp_source = StrCat("world size ", launch.world_size, " from the ", launch.source, " launcher");
+    run_world = world.get();
+    world_source =
+        StrCat("world size ", launch.world_size, " from the ", launch.source, " launcher");
     const bool gpu =
         config->train.device == "cuda" || (config->train.device.empty() && CudaDeviceCount() > 0);
     if (gpu) {
@@ -92,7 +93,7 @@ int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** 
           &mpi->watchdog());
       if (n.ok()) {
         nccl = std::move(*n);
-        dp = nccl.get();
+        run_world = nccl.get();
       } else {
         Logger()->warn("NCCL unavailable ({}); gradients go through MPI with host staging",
                        n.status().message());
@@ -106,13 +107,13 @@ int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** 
       return kExitRuntimeFailure;
     }
     comms = std::move(*group);
-    dp = comms[0].get();
+    run_world = comms[0].get();
   }
   // Open MPI gives ranks a pseudo-terminal even when mpirun's own output is a pipe, so a
   // launched run never draws the bar.
   const bool progress_bar = ::isatty(STDOUT_FILENO) && launch.source == "none";
-  StatusOr<TrainResult> result = Train(*config, {.dp = dp,
-                                                 .dp_source = dp_source,
+  StatusOr<TrainResult> result = Train(*config, {.world = run_world,
+                                                 .world_source = world_source,
                                                  .local_rank = launch.local_rank,
                                                  .progress_bar = progress_bar,
                                                  .resume = o.resume});

@@ -49,7 +49,8 @@ Status TrainRanks(const RunConfig& c, int world, bool resume) {
   CommOptions options;
   options.timeout = std::chrono::seconds(120);
   const Status status = RunLoopbackRanks(world, options, nullptr, [&](Communicator& comm) {
-    return Train(c, {.dp = &comm, .dp_source = "test", .out = sink, .resume = resume}).status();
+    return Train(c, {.world = &comm, .world_source = "test", .out = sink, .resume = resume})
+        .status();
   });
   std::fclose(sink);
   return status;

@@ -170,7 +170,9 @@ TEST(ConfigTest, ContradictionsAndUnsupportedFeatures) {
   EXPECT_ERROR_HAS(R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})", "choose one");
   EXPECT_ERROR_HAS(R"({"zero_optimization": {"offload_param": {"device": "nvme"}}})",
                    "nvme_path is required");
-  EXPECT_ERROR_HAS(R"({"parallel": {"tensor_parallel_size": 2}})", "not yet supported");
+  EXPECT_ERROR_HAS(R"({"parallel": {"pipeline_parallel_size": 2}})", "not yet supported");
+  EXPECT_ERROR_HAS(R"({"parallel": {"make_vocab_size_divisible_by": 0}})",
+                   "parallel.make_vocab_size_divisible_by");
   EXPECT_ERROR_HAS(R"({"scheduler": {"type": "WarmupDecayLR", "params": {}}})",
                    "total_num_steps is required by WarmupDecayLR");
   EXPECT_ERROR_HAS(R"({"scheduler": {"type": "WarmupLR", "params": {"cos_min_ratio": 0.1}}})",

@@ -48,7 +48,7 @@ RunConfig GridConfig(int stage, int world, bool checkpointing) {
                                 "grid");
   c.zero.stage = stage;
   c.data.path = GridTokens();
-  c.train_micro_batch_size_per_gpu = 8 / world / 2;  // two micro-batches per step
+  c.train_micro_batch_size_per_gpu = 8 / world / 2;  // two micro-batches per step (per replica)
   c.model.activation_checkpointing = checkpointing;
   return c;
 }
@@ -59,13 +59,19 @@ struct Params {
   bool bf16 = false;
   const char* offload_optimizer = "none";  // none | cpu | nvme
   const char* offload_param = "none";      // none | cpu | nvme (stage 3)
+  int tp = 1;                              // tensor-parallel size (world = data x tp)
+  bool sp = false;                         // sequence parallelism
+  int vocab_multiple = 1;                  // make_vocab_size_divisible_by
 };
 
 class MemoryGridTest : public ::testing::TestWithParam<Params> {};
 
 TEST_P(MemoryGridTest, EstimateMatchesTheMeasuredStep) {
   const Params p = GetParam();
-  RunConfig c = GridConfig(p.stage, p.world, p.checkpointing);
+  RunConfig c = GridConfig(p.stage, p.world / p.tp, p.checkpointing);
+  c.parallel.tensor_parallel_size = p.tp;
+  c.parallel.sequence_parallel = p.sp;
+  c.parallel.make_vocab_size_divisible_by = p.vocab_multiple;
   c.bf16 = p.bf16;
   c.zero.offload_optimizer.device = p.offload_optimizer;
   c.zero.offload_param.device = p.offload_param;
@@ -77,7 +83,8 @@ TEST_P(MemoryGridTest, EstimateMatchesTheMeasuredStep) {
   options.timeout = std::chrono::seconds(120);
   std::FILE* sink = std::fopen("/dev/null", "w");
   const Status status = RunLoopbackRanks(p.world, options, nullptr, [&](Communicator& comm) {
-    ZR_ASSIGN_OR_RETURN(TrainResult r, Train(c, {.dp = &comm, .dp_source = "test", .out = sink}));
+    ZR_ASSIGN_OR_RETURN(TrainResult r,
+                        Train(c, {.world = &comm, .world_source = "test", .out = sink}));
     if (comm.rank() == 0) measured = r.last_step_memory;
     return absl::OkStatus();
   });
@@ -143,21 +150,39 @@ std::vector<Params> Grid() {
       if (stage == 3) out.push_back({stage, 2, false, false, tier, tier});
     }
   }
+  // Tensor (and sequence) parallelism: the split parts at 1/tp, the activations by the same
+  // geometry as the model's; a padded vocabulary (256 -> 258 at tp 2, multiple 3).
+  auto tp = [&](int stage, int world, int tp, bool sp, bool ckpt, int multiple = 1) {
+    Params p{stage, world, ckpt};
+    p.tp = tp;
+    p.sp = sp;
+    p.vocab_multiple = multiple;
+    out.push_back(p);
+  };
+  tp(0, 2, 2, false, false);
+  tp(1, 4, 2, true, true);
+  tp(2, 4, 4, true, false);
+  tp(3, 4, 2, false, false, 3);
+  tp(3, 4, 4, true, true);
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, MemoryGridTest, ::testing::ValuesIn(Grid()),
                          [](const ::testing::TestParamInfo<Params>& info) {
-                           return zerort::StrCat("stage", info.param.stage, "_world",
-                                                 info.param.world,
-                                                 info.param.checkpointing ? "_ckpt" : "",
-                                                 info.param.bf16 ? "_bf16" : "",
-                                                 std::string(info.param.offload_optimizer) != "none"
-                                                     ? StrCat("_opt_", info.param.offload_optimizer)
-                                                     : "",
-                                                 std::string(info.param.offload_param) != "none"
-                                                     ? StrCat("_param_", info.param.offload_param)
-                                                     : "");
+                           return zerort::StrCat(
+                               "stage", info.param.stage, "_world", info.param.world,
+                               info.param.tp > 1
+                                   ? StrCat("_tp", info.param.tp, info.param.sp ? "_sp" : "",
+                                            info.param.vocab_multiple > 1 ? "_padded" : "")
+                                   : "",
+                               info.param.checkpointing ? "_ckpt" : "",
+                               info.param.bf16 ? "_bf16" : "",
+                               std::string(info.param.offload_optimizer) != "none"
+                                   ? StrCat("_opt_", info.param.offload_optimizer)
+                                   : "",
+                               std::string(info.param.offload_param) != "none"
+                                   ? StrCat("_param_", info.param.offload_param)
+                                   : "");
                          });
 
 // Rajbhandari et al. 2020, figure 1: 7.5B parameters, N = 64, K = 12.

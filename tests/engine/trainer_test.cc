@@ -134,7 +134,7 @@ std::vector<double> TrainOn(int world, int stage, int accumulation_per_rank,
   CommOptions options;
   options.timeout = std::chrono::seconds(120);
   const Status status = RunLoopbackRanks(world, options, nullptr, [&](Communicator& comm) {
-    return Train(c, {.dp = &comm, .dp_source = "test", .out = sink}).status();
+    return Train(c, {.world = &comm, .world_source = "test", .out = sink}).status();
   });
   std::fclose(sink);
   EXPECT_TRUE(status.ok()) << status;
@@ -164,7 +164,7 @@ TEST(TrainerTest, MetricsCarryEveryField) {
   c.train.sample_prompt = "ab";
   auto group = *CreateLoopbackGroup(1, {}, nullptr);
   std::FILE* sink = std::fopen("/dev/null", "w");
-  const TrainResult r = *Train(c, {.dp = group[0].get(), .dp_source = "test", .out = sink});
+  const TrainResult r = *Train(c, {.world = group[0].get(), .world_source = "test", .out = sink});
   std::fclose(sink);
   EXPECT_EQ(r.steps, 2);
   EXPECT_GT(r.val_loss, 0);
@@ -186,16 +186,16 @@ TEST(TrainerTest, MetricsCarryEveryField) {
 TEST(TrainerTest, RefusesWhatCannotRun) {
   RunConfig c = SmallRun("");
   auto group = *CreateLoopbackGroup(1, {}, nullptr);
-  Status s = Train(c, {.dp = group[0].get(), .dp_source = "test", .resume = true}).status();
+  Status s = Train(c, {.world = group[0].get(), .world_source = "test", .resume = true}).status();
   EXPECT_NE(s.message().find("--resume needs checkpoint.dir"), std::string::npos) << s;
   c.checkpoint.dir = ::testing::TempDir() + "/never-written";
   std::filesystem::remove_all(c.checkpoint.dir);
-  s = Train(c, {.dp = group[0].get(), .dp_source = "test", .resume = true}).status();
+  s = Train(c, {.world = group[0].get(), .world_source = "test", .resume = true}).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
   EXPECT_NE(s.message().find("no checkpoint to resume from"), std::string::npos) << s;
   c.checkpoint.dir.clear();
   c.fp16.enabled = true;
-  s = Train(c, {.dp = group[0].get(), .dp_source = "test"}).status();
+  s = Train(c, {.world = group[0].get(), .world_source = "test"}).status();
   EXPECT_NE(s.message().find("fp16.enabled"), std::string::npos) << s;
 }
 
@@ -210,7 +210,7 @@ TEST(TrainerTest, Bf16FollowsFp32) {
   c.train_micro_batch_size_per_gpu = 4;
   auto status = RunLoopbackRanks(2, {}, nullptr, [&](Communicator& comm) {
     std::FILE* sink = std::fopen("/dev/null", "w");
-    Status s = Train(c, {.dp = &comm, .dp_source = "test", .out = sink}).status();
+    Status s = Train(c, {.world = &comm, .world_source = "test", .out = sink}).status();
     std::fclose(sink);
     return s;
   });

@@ -65,8 +65,12 @@ Status TpRank(Communicator& mp, MemoryTier tier, int nan_on, int claimed_tp_rank
 std::vector<Result> RunTwoRanks(MemoryTier tier, int nan_on = -1,
                                 bool every_rank_claims_zero = false) {
   std::vector<Result> out(2);
-  const Status s = RunLoopbackRanks(2, {}, nullptr, [&](Communicator& mp) {
-    return TpRank(mp, tier, nan_on, every_rank_claims_zero ? 0 : mp.rank(), out);
+  CommOptions options;
+  options.timeout = std::chrono::seconds(20);
+  const Status s = RunLoopbackRanks(2, options, nullptr, [&](Communicator& mp) {
+    Status st = TpRank(mp, tier, nan_on, every_rank_claims_zero ? 0 : mp.rank(), out);
+    if (!st.ok()) std::fprintf(stderr, "rank %d: %s\n", mp.rank(), st.ToString().c_str());
+    return st;
   });
   EXPECT_TRUE(s.ok()) << s;
   return out;
