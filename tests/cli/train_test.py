@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""`zerort train` end to end: stage 0 on one process and stage 3 under `mpirun -np 4` give the
-same loss curve (fp32, 1e-5 relative) read from metrics.jsonl; --print-config; `zerort data
-prepare` feeding a run; and exit code 2 with the JSON path for each kind of bad config.
+"""`zerort train` end to end: stage 0 on one process, stage 3 under `mpirun -np 4`, and tensor
+parallelism (tp 2 at np 2; dp 2 x tp 2 with sequence parallelism at np 4) give the same loss curve
+(fp32, 1e-5 relative) read from metrics.jsonl; --print-config; `zerort data prepare` feeding a
+run; and exit code 2 with the JSON path for each kind of bad config (tensor-parallel ones under
+mpirun).
 Usage: train_test.py PATH_TO_ZERORT MPIEXEC"""
 import json
 import os
@@ -63,6 +65,24 @@ if not checks.failures:
     worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
     check("stage 3 x 4 ranks == stage 0 x 1 rank to 1e-5", worst <= 1e-5, f"{worst} {a} {b}")
 
+# Tensor parallelism: the same global batch and data order, so the same losses.
+for np_, tp, sp, micro, stage in [(2, 2, False, 8, 0), (4, 2, True, 4, 1)]:
+    name = f"tp{tp}_np{np_}"
+    run = dict(BASE, train_micro_batch_size_per_gpu=micro, zero_optimization={"stage": stage},
+               parallel={"tensor_parallel_size": tp, "sequence_parallel": sp},
+               logging={"metrics_file": os.path.join(tmp, name + ".jsonl")})
+    r = subprocess.run([mpiexec, "-np", str(np_), "--oversubscribe", zerort, "train",
+                        write(name + ".json", run)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    check(f"{name} exits 0", r.returncode == 0, r.stderr[-2000:])
+    check(f"{name} reports the mesh", f"data {np_ // tp} x tensor {tp}" in r.stderr,
+          r.stderr[-2000:])
+    check(f"{name}: one rank prints", r.stdout.count("step    10/10 | loss") == 1, r.stdout[-2000:])
+    if r.returncode == 0 and os.path.exists(os.path.join(tmp, "single.jsonl")):
+        a, b = losses(os.path.join(tmp, "single.jsonl")), losses(os.path.join(tmp, name + ".jsonl"))
+        worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+        check(f"{name} == one rank to 1e-5", len(b) == 10 and worst <= 1e-5, f"{worst} {a} {b}")
+
 # A checkpoint saved at world size 4 and stage 3, resumed at world size 2 and stage 1.
 ckpt = os.path.join(tmp, "moved")
 first = dict(sharded, train=dict(BASE["train"], steps=5), checkpoint={"dir": ckpt},
@@ -121,6 +141,28 @@ for i, (config, needle) in enumerate(bad_cases):
                        text=True, timeout=60)
     check(f"bad config {i} exits 2", r.returncode == 2, f"rc={r.returncode} {r.stderr[-500:]}")
     check(f"bad config {i} names {needle}", needle in r.stderr, r.stderr[-500:])
+tp_cases = [  # (ranks, config, what stderr names)
+    (1, {"parallel": {"tensor_parallel_size": 2}},
+     "parallel.tensor_parallel_size = 2 does not divide the world size 1"),
+    (2, {"parallel": {"tensor_parallel_size": 3}},
+     "parallel.tensor_parallel_size = 3 does not divide the world size 2"),
+    (4, {"parallel": {"tensor_parallel_size": 4}},
+     "parallel.tensor_parallel_size = 4 does not divide model.n_head = 2"),
+    (4, {"parallel": {"tensor_parallel_size": 2}, "train_micro_batch_size_per_gpu": 3},
+     "do not multiply out"),
+    (2, {"parallel": {"tensor_parallel_size": 2}, "checkpoint": {"dir": os.path.join(tmp, "c")}},
+     "checkpoints of a tensor-parallel run are not yet supported"),
+]
+for i, (ranks, config, needle) in enumerate(tp_cases):
+    merged = dict(single)
+    merged.update(config)
+    cmd = [zerort, "train", write(f"badtp{i}.json", merged)]
+    if ranks > 1:
+        cmd = [mpiexec, "-np", str(ranks), "--oversubscribe"] + cmd
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    check(f"bad tp config {i} exits 2", r.returncode == 2, f"rc={r.returncode} {r.stderr[-800:]}")
+    check(f"bad tp config {i} names {needle}", needle in r.stderr, r.stderr[-800:])
+check("a refused checkpoint directory is not created", not os.path.exists(os.path.join(tmp, "c")))
 r = subprocess.run([zerort, "train", write("dup.json", '{"seed": 1, "seed": 2}')],
                    capture_output=True, text=True)
 check("duplicate key exits 2", r.returncode == 2 and "duplicate key 'seed'" in r.stderr, r.stderr)
