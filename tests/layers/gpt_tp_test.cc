@@ -135,6 +135,60 @@ TEST(GptTensorParallelTest, EveryGradientEqualsOneRank) {
   }
 }
 
+// Megatron's communication count, read from the tensor-parallel group's collective trace of one
+// training micro-batch (rows R = B x T, d channels, L layers, tp 2):
+//   without SP: per layer 2 all-reduces of R x d forward and 2 backward, plus the embedding's
+//               and the head's (4L + 2 in all), and the cross-entropy's two of R and 2R values;
+//   with SP:    per layer 2 all-gathers and 2 reduce-scatters of R x d each way, plus the
+//               embedding's and the final LayerNorm's (4L + 2 of each), and all-reduces of the
+//               LayerNorm weight gradients (L + 1: 4d values per layer, 2d for the final one).
+TEST(GptTensorParallelTest, CollectivesPerLayerMatchMegatronsCount) {
+  const GptConfig config = Config();
+  const int tp = 2, batch = 2, L = config.n_layer;
+  const int64_t rows = int64_t{batch} * config.seq_len, d = config.d_model;
+  std::vector<int32_t> tokens, targets;
+  GptBatch(3, batch, config.seq_len, config.vocab_size, tokens, targets);
+  for (bool sp : {false, true}) {
+    std::vector<std::vector<CollectiveRecord>> traces(tp);
+    CommOptions options;
+    options.trace_capacity = 1000;
+    const Status status = RunLoopbackRanks(tp, options, nullptr, [&](Communicator& comm) -> Status {
+      MemoryTracker tracker;
+      auto allocator = MakeCpuCachingAllocator(&tracker);
+      auto kernels = MakeCpuModelKernels(CpuPrecision::kFloat);
+      HostWeightStore<float> store;
+      ZR_ASSIGN_OR_RETURN(
+          auto model,
+          GptModel::Create(
+              {.config = config, .micro_batch = batch, .tp = {&comm}, .sequence_parallel = sp},
+              store, *kernels, *allocator));
+      store.Initialize(GptInitializer(config), 7);
+      ZR_RETURN_IF_ERROR(
+          model->ForwardBackward(tokens, targets, batch, config.seq_len, 1.0f).status());
+      traces[comm.rank()] = comm.trace().Records();
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(status.ok()) << status;
+    std::map<std::pair<CollectiveOp, size_t>, int> count;
+    for (const CollectiveRecord& r : traces[0]) ++count[{r.op, r.bytes}];
+    const size_t f = sizeof(float);
+    std::map<std::pair<CollectiveOp, size_t>, int> want;
+    if (!sp) {
+      want[{CollectiveOp::kAllReduce, rows * d * f}] = 4 * L + 2;
+    } else {
+      // The trace records a gather's or a scatter's whole R x d tensor (R/tp rows a rank).
+      want[{CollectiveOp::kAllGather, rows * d * f}] = 4 * L + 2;
+      want[{CollectiveOp::kReduceScatter, rows * d * f}] = 4 * L + 2;
+      want[{CollectiveOp::kAllReduce, 4 * d * f}] = L;
+      want[{CollectiveOp::kAllReduce, 2 * d * f}] = 1;
+    }
+    want[{CollectiveOp::kAllReduce, rows * f}] += 1;      // the cross-entropy's max
+    want[{CollectiveOp::kAllReduce, 2 * rows * f}] += 1;  // its sum-exp and target logit
+    EXPECT_EQ(count, want) << (sp ? "with" : "without") << " sequence parallelism";
+    EXPECT_EQ(traces[0].size(), traces[1].size());
+  }
+}
+
 std::vector<double> TrainLosses(const GptRunConfig& c, int world) {
   std::vector<double> losses;
   CommOptions options;
