@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
   CLI::App* estimate = app.add_subcommand(
       "estimate", "Memory per GPU/rank by tier and category, for a run config or a model shape");
   estimate->add_option("config", est.config, "Run config (JSON)");
-  estimate->add_option("--world-size", est.world_size, "Data-parallel ranks (run config)")
+  estimate->add_option("--world-size", est.world_size, "Ranks of the run (run config): data-parallel x tensor_parallel_size")
       ->capture_default_str();
   estimate->add_option("--device", est.device, "cpu or cuda (run config; default train.device)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
