@@ -30,7 +30,10 @@ constexpr Kind kKinds[] = {{StateKind::kMaster, "master"},
                            {StateKind::kExpAvgSq, "exp_avg_sq"}};
 constexpr int kNumKinds = 3;
 
-std::string FileName(int rank, const char* kind) { return StrCat("rank", rank, ".", kind, ".bin"); }
+// Named by mesh coordinate: data-parallel rank, tensor-parallel rank.
+std::string FileName(int dp_rank, int tp_rank, const char* kind) {
+  return StrCat("dp", dp_rank, "-tp", tp_rank, ".", kind, ".bin");
+}
 std::string Hex(uint64_t v) { return fmt::format("{:016x}", v); }
 
 // A file written in pieces with its XXH3-64 checksum kept on the way; Close() fsyncs it. A
@@ -99,31 +102,27 @@ Status SyncDir(const std::string& path) {
   return absl::OkStatus();
 }
 
-Status HostCollective(ShardManager& m, Communicator& dp, std::vector<int64_t>& send,
-                      std::vector<int64_t>* gathered, bool max_reduce) {
-  if (gathered != nullptr) {
-    gathered->resize(send.size() * dp.size());
-    return AllGatherHostValues(dp, m.device_allocator(), m.compute_stream(), send.data(),
-                               gathered->data(), send.size(), DType::kI64);
-  }
-  return AllReduceHostValues(dp, m.device_allocator(), m.compute_stream(), send.data(), send.size(),
-                             DType::kI64, max_reduce ? ReduceOp::kMax : ReduceOp::kSum);
+Status AllGatherInts(ShardManager& m, Communicator& group, std::vector<int64_t>& send,
+                     std::vector<int64_t>* gathered) {
+  gathered->resize(send.size() * group.size());
+  return AllGatherHostValues(group, m.device_allocator(), m.compute_stream(), send.data(),
+                             gathered->data(), send.size(), DType::kI64);
 }
 
 // Every rank learns whether every rank succeeded, and gets the first failing rank's message (so
 // the error names the damaged file on every rank, not only where it was read).
-Status Agree(ShardManager& m, Communicator& dp, const Status& local, std::string_view what) {
+Status Agree(ShardManager& m, Communicator& group, const Status& local, std::string_view what) {
   constexpr size_t kMessage = 1024;
-  std::vector<uint8_t> mine(kMessage, 0), all(kMessage * dp.size());
+  std::vector<uint8_t> mine(kMessage, 0), all(kMessage * group.size());
   if (!local.ok()) {
     const std::string text = StrCat(local.message());
     mine[0] = static_cast<uint8_t>(static_cast<int>(local.code()));
     std::copy_n(text.begin(), std::min(text.size(), kMessage - 2), mine.begin() + 1);
   }
-  ZR_RETURN_IF_ERROR(AllGatherHostValues(dp, m.device_allocator(), m.compute_stream(), mine.data(),
-                                         all.data(), kMessage, DType::kU8));
+  ZR_RETURN_IF_ERROR(AllGatherHostValues(group, m.device_allocator(), m.compute_stream(),
+                                         mine.data(), all.data(), kMessage, DType::kU8));
   if (!local.ok()) return local;
-  for (int r = 0; r < dp.size(); ++r) {
+  for (int r = 0; r < group.size(); ++r) {
     const uint8_t* entry = all.data() + r * kMessage;
     if (entry[0] == 0) continue;
     const std::string text(reinterpret_cast<const char*>(entry + 1));
@@ -171,9 +170,9 @@ StatusOr<nlohmann::json> ReadMetadata(const std::string& step_dir) {
   if (!j.is_object() || !j.contains("format_version") || !j.contains("ranks")) {
     return absl::DataLossError(StrCat(path, ": not zerort checkpoint metadata"));
   }
-  if (j["format_version"] != kCheckpointFormatVersion) {
+  if (j["format_version"] != 1 && j["format_version"] != kCheckpointFormatVersion) {
     return absl::DataLossError(StrCat(path, ": format version ", j["format_version"].dump(),
-                                      ", this zerort reads ", kCheckpointFormatVersion));
+                                      ", this zerort reads 1 and ", kCheckpointFormatVersion));
   }
   return j;
 }
@@ -211,7 +210,9 @@ Status VerifyFile(const std::string& step_dir, const nlohmann::json& entry) {
 }  // namespace
 
 Status SaveCheckpoint(const std::string& dir, const RunState& state, ShardManager& m,
-                      Communicator& dp, int keep_last_n) {
+                      const CheckpointGroups& groups, int keep_last_n) {
+  Communicator& world = *groups.world;
+  Communicator& dp = *groups.dp;
   const std::string name = StrCat("step_", state.step);
   const std::string final_dir = dir + "/" + name;
   const std::string tmp_dir = final_dir + ".tmp";
@@ -220,23 +221,28 @@ Status SaveCheckpoint(const std::string& dir, const RunState& state, ShardManage
 
   // Phase 1: rank 0 prepares the directory (a stale .tmp of a crashed save is discarded).
   Status local = absl::OkStatus();
-  if (dp.rank() == 0) {
+  if (world.rank() == 0) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (!ec) fs::remove_all(tmp_dir, ec);
     if (!ec) fs::create_directory(tmp_dir, ec);
     if (ec) local = absl::InternalError(StrCat("create ", tmp_dir, ": ", ec.message()));
   }
-  ZR_RETURN_IF_ERROR(Agree(m, dp, local, "creating the checkpoint directory"));
+  ZR_RETURN_IF_ERROR(Agree(m, world, local, "creating the checkpoint directory"));
 
   // Phase 2: each writer writes its pieces of each state, in unit and piece order, one unit's
-  // shard in memory at a time (read from whichever tier holds it).
-  std::vector<int64_t> record(2 * kNumKinds, -1);  // (bytes, checksum) per kind; -1: absent
+  // shard in memory at a time (read from whichever tier holds it). Every tensor-parallel rank
+  // writes its own parts.
+  // Record: writer flag, data and tensor coordinate, then (bytes, checksum) per kind.
+  std::vector<int64_t> record(3 + 2 * kNumKinds, -1);
+  record[0] = writer ? 1 : 0;
+  record[1] = dp.rank();
+  record[2] = groups.tensor_rank;
   local = [&]() -> Status {
     if (!writer) return absl::OkStatus();
     for (int k = 0; k < kNumKinds; ++k) {
       if (!m.optimizer().HasState(kKinds[k].buffer)) continue;
-      SyncedWriter file(tmp_dir + "/" + FileName(dp.rank(), kKinds[k].name));
+      SyncedWriter file(tmp_dir + "/" + FileName(dp.rank(), groups.tensor_rank, kKinds[k].name));
       ZR_RETURN_IF_ERROR(file.Open());
       std::vector<float> shard;
       for (int u = 0; u < m.num_units(); ++u) {
@@ -249,26 +255,36 @@ Status SaveCheckpoint(const std::string& dir, const RunState& state, ShardManage
         }
       }
       ZR_RETURN_IF_ERROR(file.Close());
-      record[2 * k] = file.bytes();
-      record[2 * k + 1] = static_cast<int64_t>(file.checksum());
+      record[3 + 2 * k] = file.bytes();
+      record[3 + 2 * k + 1] = static_cast<int64_t>(file.checksum());
     }
     return absl::OkStatus();
   }();
-  ZR_RETURN_IF_ERROR(Agree(m, dp, local, "writing checkpoint shards"));
+  ZR_RETURN_IF_ERROR(Agree(m, world, local, "writing checkpoint shards"));
   std::vector<int64_t> records;
-  ZR_RETURN_IF_ERROR(HostCollective(m, dp, record, &records, false));
+  ZR_RETURN_IF_ERROR(AllGatherInts(m, world, record, &records));
 
-  // Phase 3: rank 0 writes the metadata last, then commits by renames.
+  // Phase 3: rank 0 writes the metadata last, then commits by renames. Every tensor-parallel
+  // rank's layout has the same local shapes, so rank 0 knows every file's pieces.
   local = [&]() -> Status {
-    if (dp.rank() != 0) return absl::OkStatus();
+    if (world.rank() != 0) return absl::OkStatus();
     nlohmann::json params = nlohmann::json::array();
     for (int u = 0; u < m.num_units(); ++u) {
       for (const ParamSpec& p : m.unit(u).layout().params()) {
-        params.push_back({{"name", p.name}, {"shape", p.shape}, {"unit", m.unit(u).name()}});
+        params.push_back({{"name", p.name},
+                          {"shape", p.real_shape()},
+                          {"padded_shape", p.global_shape()},
+                          {"split_dim", p.frame.split_dim},
+                          {"groups", p.frame.groups},
+                          {"unit", m.unit(u).name()}});
       }
     }
     nlohmann::json ranks = nlohmann::json::array();
-    for (int r = 0; r < writers; ++r) {
+    const size_t stride = record.size();
+    for (int w = 0; w < world.size(); ++w) {
+      const int64_t* rec = records.data() + w * stride;
+      if (rec[0] == 0) continue;
+      const int r = static_cast<int>(rec[1]), t = static_cast<int>(rec[2]);
       nlohmann::json pieces = nlohmann::json::array();
       for (int u = 0; u < m.num_units(); ++u) {
         const FlatLayout& layout = m.unit(u).layout();
@@ -279,14 +295,14 @@ Status SaveCheckpoint(const std::string& dir, const RunState& state, ShardManage
       }
       nlohmann::json files = nlohmann::json::object();
       for (int k = 0; k < kNumKinds; ++k) {
-        const int64_t bytes = records[r * 2 * kNumKinds + 2 * k];
+        const int64_t bytes = rec[3 + 2 * k];
         if (bytes < 0) continue;
-        files[kKinds[k].name] = {
-            {"name", FileName(r, kKinds[k].name)},
-            {"bytes", bytes},
-            {"xxh3", Hex(static_cast<uint64_t>(records[r * 2 * kNumKinds + 2 * k + 1]))}};
+        files[kKinds[k].name] = {{"name", FileName(r, t, kKinds[k].name)},
+                                 {"bytes", bytes},
+                                 {"xxh3", Hex(static_cast<uint64_t>(rec[3 + 2 * k + 1]))}};
       }
-      ranks.push_back({{"rank", r}, {"pieces", pieces}, {"files", files}});
+      ranks.push_back(
+          {{"rank", w}, {"data", r}, {"tensor", t}, {"pieces", pieces}, {"files", files}});
     }
     const nlohmann::json meta = {
         {"format_version", kCheckpointFormatVersion},
@@ -296,7 +312,8 @@ Status SaveCheckpoint(const std::string& dir, const RunState& state, ShardManage
           {"consumed_sequences", state.consumed_sequences},
           {"manager_steps", state.manager_steps},
           {"loss_scaler", ScalerJson(state.scaler)}}},
-        {"saved_with", {{"world_size", dp.size()}, {"writers", writers}}},
+        {"saved_with", {{"world_size", world.size()}, {"writers", writers}}},
+        {"mesh", {{"data", dp.size()}, {"tensor", groups.tensor_size}}},
         {"config", state.config},
         {"params", params},
         {"ranks", ranks},
@@ -332,7 +349,7 @@ Status SaveCheckpoint(const std::string& dir, const RunState& state, ShardManage
     }
     return absl::OkStatus();
   }();
-  return Agree(m, dp, local, "committing the checkpoint");
+  return Agree(m, world, local, "committing the checkpoint");
 }
 
 StatusOr<std::string> LatestCheckpoint(const std::string& dir) {
@@ -354,15 +371,57 @@ StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& step_dir) {
   r.dir_ = step_dir;
   ZR_ASSIGN_OR_RETURN(r.metadata_, ReadMetadata(step_dir));
   try {
+    // Format 1: one tensor-parallel part, local == global. Format 2: every parameter's global
+    // frame, and files by (data, tensor) coordinate holding local ranges of that part.
+    const int tensor =
+        r.metadata_.contains("mesh") ? r.metadata_["mesh"].at("tensor").get<int>() : 1;
+    std::map<std::string, ParamSpec> frames;  // part 0's spec; parts differ only in `part`
     for (const auto& p : r.metadata_.at("params")) {
-      r.params_.emplace_back(p.at("name").get<std::string>(), p.at("shape").get<Shape>());
+      const std::string name = p.at("name");
+      const Shape shape = p.at("shape").get<Shape>();
+      r.params_.emplace_back(name, shape);
+      const Shape padded = p.contains("padded_shape") ? p["padded_shape"].get<Shape>() : shape;
+      const GlobalFrame frame{.split_dim = p.value("split_dim", -1),
+                              .parts = tensor,
+                              .part = 0,
+                              .groups = p.value("groups", 1)};
+      ZR_ASSIGN_OR_RETURN(ParamSpec spec, SplitParam(name, padded, true, frame));
+      if (padded != shape && !shape.empty()) spec.frame.valid_rows = shape[0];
+      frames.emplace(name, std::move(spec));
     }
     const nlohmann::json& ranks = r.metadata_.at("ranks");
     for (int e = 0; e < static_cast<int>(ranks.size()); ++e) {
+      const int part = ranks[e].value("tensor", 0);
       int64_t file_offset = 0;
       for (const auto& piece : ranks[e].at("pieces")) {
-        const int64_t length = piece.at(2);
-        r.where_[piece.at(0).get<std::string>()].push_back({e, piece.at(1), length, file_offset});
+        const std::string name = piece.at(0);
+        const int64_t begin = piece.at(1), length = piece.at(2);
+        auto f = frames.find(name);
+        if (f == frames.end()) {
+          return absl::DataLossError(
+              StrCat(step_dir, "/metadata.json: piece of '", name, "', which is not in params"));
+        }
+        ParamSpec spec = f->second;
+        const bool replicated = spec.frame.split_dim < 0 || tensor == 1;
+        if (part < 0 || part >= tensor || begin < 0 || length < 0 ||
+            begin + length > spec.numel()) {
+          return absl::DataLossError(StrCat(step_dir, "/metadata.json: piece of '", name, "' [",
+                                            begin, ", +", length, ") of part ", part,
+                                            " is outside it"));
+        }
+        // A replicated parameter is saved by every tensor-parallel part: part 0's copy is read.
+        if (!replicated || part == 0) {
+          spec.frame.part = replicated ? 0 : part;
+          const int64_t run = ContiguousRun(spec), real = spec.real_numel();
+          for (int64_t i = begin; i < begin + length;) {
+            const int64_t n = std::min(begin + length, (i / run + 1) * run) - i;
+            const int64_t g = GlobalIndex(spec, i);
+            if (g < real) {
+              r.where_[name].push_back({e, g, std::min(n, real - g), file_offset + (i - begin)});
+            }
+            i += n;
+          }
+        }
         file_offset += length;
       }
     }
@@ -444,9 +503,11 @@ StatusOr<std::vector<float>> CheckpointReader::ReadAll(const std::string& name,
       StrCat(dir_, " has no parameter '", name, "' (a different model?)"));
 }
 
-StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& m, Communicator& dp) {
+StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& m,
+                                  const CheckpointGroups& groups) {
   // Phase 1 (no collectives): read and verify this rank's shards and install them one unit at a
-  // time (master, moments, and the compute values cast from the master).
+  // time (master, moments, and the compute values cast from the master). Pieces are read by
+  // their global positions, so any data x tensor layout loads any other.
   RunState state;
   Status local = [&]() -> Status {
     ZR_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(step_dir));
@@ -470,28 +531,39 @@ StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& m, 
           return absl::InvalidArgumentError(
               StrCat(step_dir, " has no parameter '", p.name, "' (a different model?)"));
         }
-        if (s->second != p.shape) {
+        if (s->second != p.real_shape()) {
           return absl::InvalidArgumentError(
               StrCat(step_dir, ": parameter '", p.name, "' has shape ",
                      fmt::format("{}", fmt::join(s->second, "x")), ", this model's is ",
-                     fmt::format("{}", fmt::join(p.shape, "x"))));
+                     fmt::format("{}", fmt::join(p.real_shape(), "x"))));
         }
       }
       for (int k = kNumKinds - 1; k >= 0; --k) {
         if (!m.optimizer().HasState(kKinds[k].buffer)) continue;
         std::vector<float> shard(static_cast<size_t>(layout.shard_numel()), 0.0f);
         for (const ShardPiece& piece : layout.ShardPieces(unit.layout_rank())) {
-          ZR_ASSIGN_OR_RETURN(std::vector<float> values,
-                              reader.Read(layout.params()[piece.param].name, kKinds[k].name,
-                                          piece.param_range.begin, piece.param_range.end));
-          std::copy(values.begin(), values.end(), shard.begin() + piece.shard_range.begin);
+          const ParamSpec& p = layout.params()[piece.param];
+          const int64_t run = ContiguousRun(p), real = p.real_numel();
+          const int64_t end = piece.param_range.end;
+          for (int64_t i = piece.param_range.begin; i < end;) {
+            const int64_t n = std::min(end, (i / run + 1) * run) - i;
+            const int64_t g = GlobalIndex(p, i);
+            const int64_t stored = std::clamp<int64_t>(real - g, 0, n);  // padding stays zero
+            if (stored > 0) {
+              ZR_ASSIGN_OR_RETURN(std::vector<float> values,
+                                  reader.Read(p.name, kKinds[k].name, g, g + stored));
+              std::copy(values.begin(), values.end(),
+                        shard.begin() + piece.shard_range.begin + (i - piece.param_range.begin));
+            }
+            i += n;
+          }
         }
         ZR_RETURN_IF_ERROR(m.LoadState(u, kKinds[k].buffer, shard));
       }
     }
     return absl::OkStatus();
   }();
-  ZR_RETURN_IF_ERROR(Agree(m, dp, local, StrCat("loading ", step_dir)));
+  ZR_RETURN_IF_ERROR(Agree(m, *groups.world, local, StrCat("loading ", step_dir)));
   // Phase 2 (collective where the stage all-gathers): the full compute parameters.
   ZR_RETURN_IF_ERROR(m.RefreshComputeCopies());
   ZR_RETURN_IF_ERROR(m.RestoreCounters(state.manager_steps, state.scaler));

@@ -2,20 +2,26 @@
 //
 // Layout of `dir`:
 //   step_<N>/metadata.json        written last: format version, step, config, the run state
-//                                 (steps taken, consumed sequences, loss scaler), the parameter
-//                                 table (name, shape), and per file its size, XXH3-64 checksum
-//                                 and pieces (parameter, offset, length) in file order
-//   step_<N>/rank<r>.master.bin   fp32 master values of the pieces rank r owns
-//   step_<N>/rank<r>.exp_avg.bin  the first optimizer moment (Adam) or momentum (SGD), same pieces
-//   step_<N>/rank<r>.exp_avg_sq.bin  Adam's second moment, same pieces
+//                                 (steps taken, consumed sequences, loss scaler), the mesh
+//                                 (data x tensor sizes), the parameter table (name, real global
+//                                 shape, padded shape, split dimension, groups: the global frame),
+//                                 and per file its mesh coordinate, size, XXH3-64 checksum and
+//                                 pieces (parameter, offset, length in that part's local frame)
+//   step_<N>/dp<r>-tp<t>.master.bin  fp32 master values of the pieces of data rank r, tensor part t
+//   step_<N>/dp<r>-tp<t>.exp_avg.bin  the first moment (Adam) or momentum (SGD), same pieces
+//   step_<N>/dp<r>-tp<t>.exp_avg_sq.bin  Adam's second moment, same pieces
 //   latest                        "step_<N>": the newest complete checkpoint
-// Pieces are addressed logically (parameter name and element range), so a checkpoint loads at
-// any world size and ZeRO stage. At stage 0 every rank holds the same state and rank 0 alone
-// writes it.
+// Pieces are addressed logically: a local range of a tensor-parallel part is, through the
+// parameter's global frame, a set of N-dimensional boxes of the global tensor (one contiguous
+// global run per ContiguousRun elements: a row-parallel weight's local rows are strided), so a
+// checkpoint loads at any world size, ZeRO stage and tensor-parallel size. Padding rows (a padded
+// vocabulary) are never stored; replicated parameters are read from part 0. At stage 0 every
+// data rank holds the same state and data rank 0 alone writes it (each tensor part its own).
+// Format 1 (files rank<r>.*.bin, one part, local == global) still loads.
 //
 // Commit protocol: every rank writes its files into step_<N>.tmp/ and fsyncs them; the sizes and
-// checksums are gathered to rank 0, which writes metadata.json and fsyncs it; all ranks agree that
-// every write succeeded; rank 0 renames step_<N>.tmp to step_<N>, then replaces `latest` by a
+// checksums are gathered to world rank 0, which writes metadata.json and fsyncs it; all ranks agree
+// that every write succeeded; rank 0 renames step_<N>.tmp to step_<N>, then replaces `latest` by a
 // rename, and removes step directories beyond keep_last_n. A crash at any point leaves the previous
 // checkpoint and `latest` intact; directories without valid metadata (*.tmp) are never loaded.
 #pragma once
@@ -34,7 +40,18 @@
 
 namespace zerort {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+// 2: files by mesh coordinate and every parameter's global frame; format 1 still loads.
+inline constexpr int kCheckpointFormatVersion = 2;
+
+// The groups a checkpoint is saved and loaded over: the world (every rank agrees on success),
+// the data-parallel group (whose ranks hold different shards) and this rank's tensor-parallel
+// coordinate. Without tensor parallelism world and dp are the same group.
+struct CheckpointGroups {
+  Communicator* world = nullptr;
+  Communicator* dp = nullptr;
+  int tensor_size = 1;
+  int tensor_rank = 0;
+};
 
 // What a resumed run needs besides the shards.
 struct RunState {
@@ -45,22 +62,24 @@ struct RunState {
   nlohmann::json config;  // the resolved run config that wrote it
 };
 
-// Collective over `dp`. Writes dir/step_<state.step> and moves `latest` to it.
+// Collective over the world. Writes dir/step_<state.step> and moves `latest` to it.
 Status SaveCheckpoint(const std::string& dir, const RunState& state, ShardManager& manager,
-                      Communicator& dp, int keep_last_n);
+                      const CheckpointGroups& groups, int keep_last_n);
 
 // The step directory `latest` names, after checking that its metadata parses.
 StatusOr<std::string> LatestCheckpoint(const std::string& dir);
 
-// Collective over `dp`: fills every unit's master and optimizer state from `step_dir` (checksums
-// verified for every file read; a truncated or corrupted file is refused naming it) and restores
-// the manager's counters. Returns the run state stored with it.
+// Collective over the world: fills every unit's master and optimizer state from `step_dir`
+// (checksums verified for every file read; a truncated or corrupted file is refused naming it),
+// whatever data x tensor layout saved it, and restores the manager's counters. Returns the run
+// state stored with it.
 StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& manager,
-                                  Communicator& dp);
+                                  const CheckpointGroups& groups);
 
-// Reads a step directory by parameter name: any element range of any parameter's master or
-// moment, wherever (whichever rank's file) it was saved. Each file's size and checksum are
-// verified once, streaming, before its first use; then only the needed bytes are read.
+// Reads a step directory by parameter name: any element range (of the real global tensor) of any
+// parameter's master or moment, wherever (whichever rank's file, whichever part) it was saved. Each
+// file's size and checksum are verified once, streaming, before its first use; then only the needed
+// bytes are read.
 class CheckpointReader {
  public:
   static StatusOr<CheckpointReader> Open(const std::string& step_dir);
@@ -78,7 +97,7 @@ class CheckpointReader {
  private:
   struct Saved {
     int rank_entry;
-    int64_t offset, length, file_offset;  // parameter frame; elements into the file
+    int64_t offset, length, file_offset;  // global frame (real); elements into the file
   };
   Status Verify(int rank_entry, const std::string& kind);
   std::string dir_;

@@ -183,7 +183,8 @@ StatusOr<EvalResult> EvaluateCheckpoint(const RunConfig& config, const std::stri
   ZR_ASSIGN_OR_RETURN(auto model, GptModel::Create({.config = shape, .micro_batch = micro}, *store,
                                                    *kernels, *allocator));
   ZR_RETURN_IF_ERROR(manager->Initialize(GptInitializer(shape)));
-  ZR_RETURN_IF_ERROR(LoadCheckpoint(step_dir, *manager, *group[0]).status());
+  ZR_RETURN_IF_ERROR(
+      LoadCheckpoint(step_dir, *manager, {.world = group[0].get(), .dp = group[0].get()}).status());
   const int seq = shape.seq_len;
   double sum = 0;
   std::vector<int32_t> in, target;

@@ -136,6 +136,12 @@ class Run {
   Communicator& world() { return *ctx_.world; }
   Communicator& dp() { return mesh_ ? mesh_->data() : *ctx_.world; }
   Communicator* tp() { return mesh_ ? &mesh_->tensor() : nullptr; }
+  CheckpointGroups Groups() {
+    return {.world = &world(),
+            .dp = &dp(),
+            .tensor_size = mesh_ ? mesh_->shape().tensor : 1,
+            .tensor_rank = mesh_ ? mesh_->coord().tensor : 0};
+  }
   // Rank 0 of the world prints and writes metrics.
   bool leader() { return ctx_.world->rank() == 0; }
   // fp32 values on the host, reduced over `group` (the data-parallel group by default: the
@@ -168,7 +174,7 @@ Status Run::Save(int64_t step, int64_t consumed) {
                  .scaler = manager_->scaler_state(),
                  .config = c_.ToJson()};
   ZR_RETURN_IF_ERROR(
-      SaveCheckpoint(c_.checkpoint.dir, state, *manager_, dp(), c_.checkpoint.keep_last_n));
+      SaveCheckpoint(c_.checkpoint.dir, state, *manager_, Groups(), c_.checkpoint.keep_last_n));
   if (leader()) {
     Logger()->info("saved checkpoint {}/step_{} in {:.2f} s", c_.checkpoint.dir, step,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -195,12 +201,6 @@ Status Run::SetupMesh() {
                                              " does not divide model.d_model = ", m.d_model));
   }
   if (tp == 1) return absl::OkStatus();
-  if (!c_.checkpoint.dir.empty() || ctx_.resume) {
-    return absl::UnimplementedError(
-        StrCat("checkpoint.dir with parallel.tensor_parallel_size = ", tp,
-               ": checkpoints of a tensor-parallel run are not yet supported (format v2 is "
-               "next); leave checkpoint out or use tensor_parallel_size 1"));
-  }
   ZR_ASSIGN_OR_RETURN(mesh_, DeviceMesh::Create(world(), {.data = world_size / tp, .tensor = tp},
                                                 world().options()));
   return absl::OkStatus();
@@ -261,7 +261,7 @@ Status Run::Setup() {
   ZR_RETURN_IF_ERROR(manager_->Initialize(GptInitializer(c_.model.shape)));
   if (ctx_.resume) {
     ZR_ASSIGN_OR_RETURN(const std::string step_dir, LatestCheckpoint(c_.checkpoint.dir));
-    ZR_ASSIGN_OR_RETURN(start_, LoadCheckpoint(step_dir, *manager_, dp()));
+    ZR_ASSIGN_OR_RETURN(start_, LoadCheckpoint(step_dir, *manager_, Groups()));
     if (leader()) {
       Logger()->info("resumed from {} (step {}, {} sequences consumed)", step_dir, start_.step,
                      start_.consumed_sequences);

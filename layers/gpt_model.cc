@@ -87,6 +87,9 @@ StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& c, int tp_size, int tp_
   // Padded (Megatron's make_vocab_size_divisible_by) so that every rank holds as many rows.
   ZR_RETURN_IF_ERROR(param(emb.params, "wte", {PaddedVocab(c, tp_size, vocab_multiple), d}, true,
                            TensorSplit::kVocab));
+  if (emb.params.back().global_shape()[0] != c.vocab_size) {
+    emb.params.back().frame.valid_rows = c.vocab_size;  // the rest is padding
+  }
   ZR_RETURN_IF_ERROR(param(emb.params, "wpe", {c.seq_len, d}, true, TensorSplit::kReplicated));
   units.push_back(std::move(emb));
   for (int l = 0; l < c.n_layer; ++l) {

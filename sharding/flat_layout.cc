@@ -1,6 +1,7 @@
 // FlatLayout construction and shard pieces.
 #include "sharding/flat_layout.h"
 
+#include <algorithm>
 #include <set>
 
 #include "runtime/strings.h"
@@ -18,6 +19,20 @@ Shape ParamSpec::global_shape() const {
   Shape g = shape;
   if (frame.split_dim >= 0) g[frame.split_dim] *= frame.parts;
   return g;
+}
+
+Shape ParamSpec::real_shape() const {
+  Shape g = global_shape();
+  if (frame.valid_rows >= 0 && !g.empty()) g[0] = std::min(g[0], frame.valid_rows);
+  return g;
+}
+
+int64_t ContiguousRun(const ParamSpec& spec) {
+  const GlobalFrame& f = spec.frame;
+  if (f.split_dim < 0 || f.parts == 1) return std::max<int64_t>(spec.numel(), 1);
+  int64_t run = spec.shape[f.split_dim] / f.groups;
+  for (size_t d = f.split_dim + 1; d < spec.shape.size(); ++d) run *= spec.shape[d];
+  return std::max<int64_t>(run, 1);
 }
 
 StatusOr<ParamSpec> SplitParam(std::string name, Shape global_shape, bool weight_decay,

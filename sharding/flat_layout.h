@@ -27,6 +27,9 @@ struct GlobalFrame {
   int parts = 1;   // the tensor-parallel size
   int part = 0;    // this rank's index in the tensor-parallel group
   int groups = 1;  // blocks stacked along split_dim
+  // Rows of dimension 0 of the global tensor that are real; the rest is padding (a vocabulary
+  // padded to a multiple of the tensor-parallel size). -1: every row. Padding is never saved.
+  int64_t valid_rows = -1;
   friend bool operator==(const GlobalFrame&, const GlobalFrame&) = default;
 };
 
@@ -38,6 +41,10 @@ struct ParamSpec {
   int64_t numel() const { return NumElements(shape); }
   Shape global_shape() const;
   int64_t global_numel() const { return NumElements(global_shape()); }
+  // The global tensor without padding rows (frame.valid_rows): what checkpoints and exports hold.
+  // Row-major, so its elements are global indices [0, real_numel()).
+  Shape real_shape() const;
+  int64_t real_numel() const { return NumElements(real_shape()); }
 };
 
 // The ParamSpec of this rank's part of a tensor of `global_shape` split as `frame` says; fails
@@ -46,6 +53,10 @@ StatusOr<ParamSpec> SplitParam(std::string name, Shape global_shape, bool weight
                                GlobalFrame frame);
 // The position in the global tensor (flattened row-major) of local element `local_index`.
 int64_t GlobalIndex(const ParamSpec& spec, int64_t local_index);
+// Local elements [k C, (k + 1) C) are contiguous in the global tensor too, for this C (the whole
+// tensor when it is not split or split along dimension 0 in one block; one row of a
+// row-parallel weight).
+int64_t ContiguousRun(const ParamSpec& spec);
 
 // A part of one parameter that lies in one rank's shard.
 struct ShardPiece {

@@ -88,7 +88,7 @@ with open(os.path.join(ckpt, "metrics.jsonl")) as f:
 check("metrics continue without a gap", steps == list(range(1, stopped + 4)), str(steps[-6:]))
 
 # Damaged shards are refused by name; inspect reports them.
-shard = os.path.join(ckpt, f"step_{stopped + 3}", "rank0.master.bin")
+shard = os.path.join(ckpt, f"step_{stopped + 3}", "dp0-tp0.master.bin")
 with open(shard, "rb") as f:
     original = f.read()
 for label, data, needle in [("truncated", original[:-8], "truncated"),

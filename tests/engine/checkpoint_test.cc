@@ -10,7 +10,9 @@
 
 #include "engine/trainer.h"
 #include "runtime/loopback_communicator.h"
+#include "runtime/strings.h"
 #include "tests/engine/metrics_file.h"
+#include "tests/layers/gpt_harness.h"
 
 namespace zerort {
 namespace {
@@ -100,7 +102,7 @@ TEST(CheckpointTest, IntervalsKeepLastNAndInterruptedSaves) {
   EXPECT_TRUE(fs::exists(dir + "/step_6"));
   // A save killed half way leaves a .tmp directory; latest still names step_6 and it loads.
   fs::create_directory(dir + "/step_8.tmp");
-  std::ofstream(dir + "/step_8.tmp/rank0.master.bin") << "partial";
+  std::ofstream(dir + "/step_8.tmp/dp0-tp0.master.bin") << "partial";
   EXPECT_EQ(*LatestCheckpoint(dir), dir + "/step_6");
   c.train.steps = 8;
   c.checkpoint.interval = 0;
@@ -116,7 +118,7 @@ TEST(CheckpointTest, IntervalsKeepLastNAndInterruptedSaves) {
 TEST(CheckpointTest, DamagedShardsAreRefusedByName) {
   const std::string dir = Fresh("damaged");
   ASSERT_TRUE(TrainRanks(Config(dir, 2, 3, 2), 2, false).ok());
-  const std::string file = dir + "/step_2/rank1.exp_avg.bin";
+  const std::string file = dir + "/step_2/dp1-tp0.exp_avg.bin";
   const std::string original = [&] {
     std::ifstream in(file, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
@@ -140,6 +142,124 @@ TEST(CheckpointTest, DamagedShardsAreRefusedByName) {
   other.model.shape.d_model = 48;
   const Status s = TrainRanks(other, 2, true);
   EXPECT_NE(s.message().find("has shape"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace zerort
+
+namespace zerort {
+namespace {
+
+// Checkpoints move between data x tensor layouts: a checkpoint saved after two AdamW steps at
+// each of (dp 2, tp 2), (dp 4, tp 1), (dp 1, tp 4) and (dp 1, tp 1) loads at every other layout
+// and, saved again there, holds bitwise the same master weights and moments for every
+// parameter (a vocabulary of 37 is padded differently at tp 2 and tp 4; the padding is never
+// stored).
+struct Layout {
+  int dp, tp;
+};
+
+Status TrainAndSave(Layout l, const std::string& dir) {
+  testing::GptRunConfig c;
+  c.model = GptConfig{.n_layer = 2, .n_head = 4, .d_model = 16, .seq_len = 8, .vocab_size = 37};
+  c.stage = ZeroStage::k3;
+  c.tp = l.tp;
+  c.global_batch = 4;
+  return RunLoopbackRanks(l.dp * l.tp, {}, nullptr, [&](Communicator& comm) -> Status {
+    MemoryTracker tracker;
+    ZR_ASSIGN_OR_RETURN(testing::GptRank r, testing::MakeGptRank(c, comm, tracker));
+    const int per_rank = c.global_batch / l.dp;
+    std::vector<int32_t> tokens, targets;
+    for (int step = 0; step < 2; ++step) {
+      testing::GptBatch(step * c.global_batch + r.mesh->coord().data * per_rank, per_rank,
+                        c.model.seq_len, c.model.vocab_size, tokens, targets);
+      ZR_RETURN_IF_ERROR(
+          r.model->ForwardBackward(tokens, targets, per_rank, c.model.seq_len, 1.0f).status());
+      ZR_RETURN_IF_ERROR(r.manager->Step({.lr = 1e-2f}).status());
+    }
+    const CheckpointGroups g{&comm, &r.mesh->data(), l.tp, r.mesh->coord().tensor};
+    return SaveCheckpoint(dir, {.step = 2, .manager_steps = 2}, *r.manager, g, 0);
+  });
+}
+
+Status LoadAndSave(Layout l, const std::string& from, const std::string& dir) {
+  testing::GptRunConfig c;
+  c.model = GptConfig{.n_layer = 2, .n_head = 4, .d_model = 16, .seq_len = 8, .vocab_size = 37};
+  c.stage = ZeroStage::k1;  // another stage too
+  c.tp = l.tp;
+  return RunLoopbackRanks(l.dp * l.tp, {}, nullptr, [&](Communicator& comm) -> Status {
+    MemoryTracker tracker;
+    ZR_ASSIGN_OR_RETURN(testing::GptRank r, testing::MakeGptRank(c, comm, tracker));
+    const CheckpointGroups g{&comm, &r.mesh->data(), l.tp, r.mesh->coord().tensor};
+    ZR_ASSIGN_OR_RETURN(RunState state, LoadCheckpoint(from, *r.manager, g));
+    return SaveCheckpoint(dir, state, *r.manager, g, 0);
+  });
+}
+
+TEST(CheckpointTest, MovesBetweenDataAndTensorLayoutsBitwise) {
+  const std::vector<Layout> layouts = {{2, 2}, {4, 1}, {1, 4}, {1, 1}};
+  for (Layout s : layouts) {
+    const std::string src = Fresh(StrCat("layout_dp", s.dp, "_tp", s.tp));
+    ASSERT_TRUE(TrainAndSave(s, src).ok());
+    CheckpointReader want = *CheckpointReader::Open(src + "/step_2");
+    EXPECT_EQ(want.metadata().at("mesh").at("tensor"), s.tp);
+    for (Layout t : layouts) {
+      if (t.dp == s.dp && t.tp == s.tp) continue;
+      const std::string dst = src + StrCat("_to_dp", t.dp, "_tp", t.tp);
+      fs::remove_all(dst);
+      const Status st = LoadAndSave(t, src + "/step_2", dst);
+      ASSERT_TRUE(st.ok()) << st;
+      CheckpointReader got = *CheckpointReader::Open(dst + "/step_2");
+      ASSERT_EQ(got.params(), want.params());
+      for (const auto& [name, shape] : want.params()) {
+        for (const char* kind : {"master", "exp_avg", "exp_avg_sq"}) {
+          const std::vector<float> a = *want.ReadAll(name, kind);
+          const std::vector<float> b = *got.ReadAll(name, kind);
+          ASSERT_EQ(a, b) << name << " " << kind << ": dp " << s.dp << " tp " << s.tp << " -> dp "
+                          << t.dp << " tp " << t.tp;
+        }
+      }
+    }
+  }
+}
+
+// Format 1 (before tensor parallelism: files rank<r>.*.bin, no frames, no mesh) still loads: a
+// format-2 checkpoint at tp 1 rewritten as format 1 wrote it loads and saves the same values.
+TEST(CheckpointTest, FormatOneStillLoads) {
+  const std::string src = Fresh("format1_src");
+  ASSERT_TRUE(TrainAndSave({2, 1}, src).ok());
+  const std::string step = src + "/step_2";
+  nlohmann::json meta = nlohmann::json::parse(std::ifstream(step + "/metadata.json"));
+  meta["format_version"] = 1;
+  meta.erase("mesh");
+  for (auto& p : meta["params"]) {
+    p.erase("padded_shape");
+    p.erase("split_dim");
+    p.erase("groups");
+  }
+  for (auto& r : meta["ranks"]) {
+    const int rank = r["data"];
+    r.erase("data");
+    r.erase("tensor");
+    r["rank"] = rank;
+    for (auto& [kind, file] : r["files"].items()) {
+      const std::string old = file["name"], now = StrCat("rank", rank, ".", kind, ".bin");
+      fs::rename(step + "/" + old, step + "/" + now);
+      file["name"] = now;
+    }
+  }
+  std::ofstream(step + "/metadata.json") << meta.dump(1);
+  const std::string dst = Fresh("format1_dst");
+  for (Layout t : {Layout{1, 1}, Layout{2, 2}}) {
+    fs::remove_all(dst);
+    const Status st = LoadAndSave(t, step, dst);
+    ASSERT_TRUE(st.ok()) << st;
+    CheckpointReader want = *CheckpointReader::Open(step);
+    CheckpointReader got = *CheckpointReader::Open(dst + "/step_2");
+    for (const auto& [name, shape] : want.params()) {
+      EXPECT_EQ(*want.ReadAll(name, "master"), *got.ReadAll(name, "master")) << name;
+    }
+  }
 }
 
 }  // namespace

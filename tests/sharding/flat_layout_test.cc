@@ -49,3 +49,41 @@ TEST(FlatLayoutTest, RejectsBadInput) {
 
 }  // namespace
 }  // namespace zerort
+
+namespace zerort {
+namespace {
+
+// Local runs of ContiguousRun elements are contiguous in the global tensor, for column, row,
+// per-head (grouped) and replicated splits; the global positions of all parts cover the tensor
+// once.
+TEST(FlatLayoutTest, ContiguousRunsOfEverySplit) {
+  struct Case {
+    Shape shape;
+    int dim, groups;
+  };
+  for (const Case& c : {Case{{12, 4}, 0, 1}, Case{{12, 4}, 0, 3}, Case{{4, 12}, 1, 1},
+                        Case{{2, 6, 4}, 1, 3}, Case{{5, 3}, -1, 1}}) {
+    for (int parts : {1, 2}) {
+      std::vector<int> seen(NumElements(c.shape), 0);
+      for (int part = 0; part < parts; ++part) {
+        const ParamSpec s =
+            *SplitParam("p", c.shape, true,
+                        {.split_dim = c.dim, .parts = parts, .part = part, .groups = c.groups});
+        const int64_t run = ContiguousRun(s);
+        ASSERT_EQ(s.numel() % run, 0);
+        for (int64_t i = 0; i < s.numel(); ++i) {
+          ++seen[GlobalIndex(s, i)];
+          if (i % run != 0) EXPECT_EQ(GlobalIndex(s, i), GlobalIndex(s, i - 1) + 1) << i;
+        }
+      }
+      for (int v : seen) EXPECT_EQ(v, c.dim < 0 ? parts : 1);  // replicated: every part
+    }
+  }
+  ParamSpec padded = *SplitParam("wte", {8, 3}, true, {.split_dim = 0, .parts = 2, .part = 1});
+  padded.frame.valid_rows = 7;
+  EXPECT_EQ(padded.real_shape(), (Shape{7, 3}));
+  EXPECT_EQ(padded.real_numel(), 21);
+}
+
+}  // namespace
+}  // namespace zerort
