@@ -1,7 +1,8 @@
 // The GPT model against golden values from an independent PyTorch implementation
 // (tests/layers/gpt_reference.py, committed output in tests/layers/golden/): loss, logits and
-// every parameter's gradient in fp32 to 1e-5, on plain host weights and through the shard
-// manager at ZeRO-3 on two ranks.
+// every parameter's gradient in fp32 to 1e-5, on plain host weights, through the shard manager at
+// ZeRO-3 on two ranks, and split over two tensor-parallel ranks (sequence parallel, the
+// vocabulary of 23 padded to 24, the vocabulary-parallel cross-entropy).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -139,6 +140,66 @@ TEST(GptGoldenTest, ShardedZero3MatchesPyTorch) {
   });
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_NEAR((rank_loss[0] + rank_loss[1]) / 2, g.loss, 1e-5 * g.loss);
+  ASSERT_EQ(grads.size(), g.grads.size());
+  for (const auto& [name, want] : g.grads) {
+    EXPECT_LE(RelativeError(grads.at(name), want), 1e-5) << name;
+  }
+}
+
+// Two tensor-parallel ranks, each holding its part of the golden weights (through the global
+// frame): the loss, the logits (gathered) and every gradient gathered to the global frame.
+TEST(GptGoldenTest, TensorParallelTwoMatchesPyTorch) {
+  const Golden g = LoadGolden();
+  const int seq = g.config.seq_len, vocab = g.config.vocab_size;
+  std::vector<double> loss(2);
+  std::vector<std::vector<double>> logits(2);
+  std::map<std::string, std::vector<float>> grads;
+  std::mutex mu;
+  const Status status = RunLoopbackRanks(2, {}, nullptr, [&](Communicator& comm) -> Status {
+    MemoryTracker tracker;
+    auto allocator = MakeCpuCachingAllocator(&tracker);
+    auto kernels = MakeCpuModelKernels(CpuPrecision::kFloat);
+    HostWeightStore<float> store;
+    ZR_ASSIGN_OR_RETURN(auto model, GptModel::Create({.config = g.config,
+                                                      .micro_batch = g.batch,
+                                                      .tp = {&comm},
+                                                      .sequence_parallel = true},
+                                                     store, *kernels, *allocator));
+    store.Initialize(
+        [&g](const ParamSpec& spec, uint64_t, std::span<float> local) {
+          const std::vector<float>& v = g.params.at(spec.name);
+          for (size_t i = 0; i < local.size(); ++i) {
+            const int64_t at = GlobalIndex(spec, static_cast<int64_t>(i));
+            local[i] = at < spec.real_numel() ? v.at(at) : 0.0f;
+          }
+        },
+        0);
+    const int r = comm.rank();
+    ZR_ASSIGN_OR_RETURN(logits[r], model->Logits(g.tokens, g.batch, seq));
+    ZR_ASSIGN_OR_RETURN(loss[r], model->ForwardBackward(g.tokens, g.targets, g.batch, seq, 1.0f));
+    ZR_ASSIGN_OR_RETURN(std::vector<GptUnit> units, GptUnits(g.config, 2, r));
+    std::lock_guard lock(mu);
+    for (const GptUnit& u : units) {
+      for (const ParamSpec& p : u.params) {
+        std::vector<float>& full = grads[p.name];
+        full.resize(p.real_numel());
+        const std::vector<float>& local = *store.grad(p.name);
+        for (int64_t i = 0; i < p.numel(); ++i) {
+          const int64_t at = GlobalIndex(p, i);
+          if (at < p.real_numel()) full[at] = local[i];
+        }
+      }
+    }
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_NEAR(loss[0], g.loss, 1e-5 * g.loss);
+  EXPECT_EQ(loss[0], loss[1]);
+  for (size_t i = 0; i < g.positions.size(); ++i) {
+    const auto [b, t] = g.positions[i];
+    const std::span<const double> row(logits[0].data() + (int64_t{b} * seq + t) * vocab, vocab);
+    EXPECT_LE(RelativeError(row, g.logits[i]), 1e-5) << "logits at " << b << ", " << t;
+  }
   ASSERT_EQ(grads.size(), g.grads.size());
   for (const auto& [name, want] : g.grads) {
     EXPECT_LE(RelativeError(grads.at(name), want), 1e-5) << name;
