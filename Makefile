@@ -38,11 +38,13 @@ test-unit: build
 
 # The installed package, consumed by programs that know only find_package(zerort): a
 # communicator hello and a trainer that embeds the shard manager (ZeRO-3) for its own MLP, once
-# more with its optimizer state and parameters on NVMe (nothing may be left in the directory).
+# more with its optimizer state and parameters on NVMe (nothing may be left in the directory),
+# and one that splits its own MLP over a tensor-parallel group (tp 1 = tp 2 on one process;
+# data 1 x tensor 2 under mpirun -np 2).
 test-install: build
-	rm -rf $(BUILD)/install-test $(BUILD)/hello_comm $(BUILD)/embed
+	rm -rf $(BUILD)/install-test $(BUILD)/hello_comm $(BUILD)/embed $(BUILD)/embed_tp
 	cmake --install $(BUILD) --prefix $(CURDIR)/$(BUILD)/install-test > /dev/null
-	for ex in hello_comm embed; do \
+	for ex in hello_comm embed embed_tp; do \
 	  cmake -S examples/$$ex -B $(BUILD)/$$ex -G Ninja -DCMAKE_BUILD_TYPE=Release \
 	    -DCMAKE_PREFIX_PATH=$(CURDIR)/$(BUILD)/install-test > /dev/null && \
 	  cmake --build $(BUILD)/$$ex || exit 1; \
@@ -54,7 +56,9 @@ test-install: build
 	rm -rf $(BUILD)/embed-nvme && mkdir -p $(BUILD)/embed-nvme
 	$(BUILD)/embed/embed_mlp --nvme $(CURDIR)/$(BUILD)/embed-nvme
 	test -z "$$(ls -A $(BUILD)/embed-nvme)"
-	@echo "test-install: 5 passed, 0 failed"
+	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(BUILD)/embed_tp/embed_tp_mlp
+	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(MPIRUN) -np 2 $(BUILD)/embed_tp/embed_tp_mlp
+	@echo "test-install: 7 passed, 0 failed"
 
 # The CPU tests again under AddressSanitizer and UndefinedBehaviorSanitizer (CPU-only build, -O1
 # with line tables: what ASan recommends, and quick to compile on two cores).
