@@ -3,9 +3,13 @@
 // (6 N + 12 L d T per token), against a same-run baseline: the throughput of the model's own
 // largest GEMM shape (the MLP's [rows, d] x [d, 4d]) through the same GEMM path (OpenBLAS on CPU,
 // cuBLASLt on a GPU), i.e. the fraction of the machine's dense-math rate the whole model reaches.
-// On a GPU it also reports MFU against the device's dense bf16 peak.
+// On a GPU it also reports MFU against the device's dense bf16 peak. Under mpirun with
+// parallel.tensor_parallel_size in the config, every rank runs its part of the model on a data x
+// tensor mesh; throughput and FLOP/s are reported per device (the whole run's over every
+// device), the baseline is this rank's own GEMM shape ([rows, d] x [d, 4d/tp]).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -15,9 +19,11 @@
 #include "kernels/model_kernels.h"
 #include "layers/gpt_model.h"
 #include "nlohmann/json.hpp"
+#include "runtime/device_mesh.h"
 #include "runtime/exit_codes.h"
 #include "runtime/log.h"
 #include "runtime/loopback_communicator.h"
+#include "runtime/mpi_communicator.h"
 #include "runtime/strings.h"
 #include "tools/commands.h"
 
@@ -30,6 +36,9 @@ struct BenchModelConfig {
   bool bf16 = false;
   bool checkpointing = false;
   ZeroStage stage = ZeroStage::k0;
+  int tp = 1;
+  bool sequence_parallel = false;
+  int vocab_multiple = 1;
 };
 
 // A run config, read and validated as `zerort train` reads it; bench uses the model, the
@@ -44,6 +53,9 @@ StatusOr<BenchModelConfig> LoadBenchConfig(const std::string& path) {
   c.bf16 = run.bf16;
   c.checkpointing = run.model.activation_checkpointing;
   c.stage = static_cast<ZeroStage>(run.zero.stage);
+  c.tp = run.parallel.tensor_parallel_size;
+  c.sequence_parallel = run.parallel.sequence_parallel;
+  c.vocab_multiple = run.parallel.make_vocab_size_divisible_by;
   return c;
 }
 
@@ -54,24 +66,44 @@ double Median(std::vector<double> v) {
 
 }  // namespace
 
-int RunBenchModel(const BenchModelOptions& o) {
+int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc, char*** argv) {
   StatusOr<BenchModelConfig> loaded = LoadBenchConfig(o.config);
   if (!loaded.ok()) {
     Logger()->error("bench model: {}", loaded.status().message());
     return kExitUsage;
   }
   BenchModelConfig c = *loaded;
+  if (launch.world_size % c.tp != 0) {
+    Logger()->error(
+        "bench model: parallel.tensor_parallel_size = {} does not divide the world size {}{}", c.tp,
+        launch.world_size, launch.world_size == 1 ? " (run it under mpirun -np <tp x data>)" : "");
+    return kExitUsage;
+  }
   const bool cuda = !o.cpu && CudaDeviceCount() > 0;
-  const Device device = cuda ? Device::Cuda(0) : Device::Cpu();
+  const Device device =
+      cuda ? Device::Cuda(launch.local_rank % std::max(1, CudaDeviceCount())) : Device::Cpu();
   const DType dtype = c.bf16 ? DType::kBF16 : DType::kF32;
   const GptConfig& m = c.model;
   const int batch = c.micro_batch, seq = m.seq_len;
   const double tokens = static_cast<double>(batch) * seq;
 
   nlohmann::json result;
+  std::unique_ptr<MpiContext> mpi;
   const Status status = [&]() -> Status {
-    auto comms = CreateLoopbackGroup(1, {}, nullptr);
-    ZR_RETURN_IF_ERROR(comms.status());
+    std::vector<std::unique_ptr<Communicator>> comms;
+    std::unique_ptr<Communicator> world_owned;
+    Communicator* world = nullptr;
+    if (launch.world_size > 1) {
+      ZR_ASSIGN_OR_RETURN(mpi, MpiContext::Init(argc, argv, {}));
+      ZR_ASSIGN_OR_RETURN(world_owned, mpi->World({}));
+      world = world_owned.get();
+    } else {
+      ZR_ASSIGN_OR_RETURN(comms, CreateLoopbackGroup(1, {}, nullptr));
+      world = comms[0].get();
+    }
+    ZR_ASSIGN_OR_RETURN(auto mesh,
+                        DeviceMesh::Create(*world, {.data = world->size() / c.tp, .tensor = c.tp},
+                                           world->options()));
     MemoryTracker tracker;
     std::unique_ptr<Allocator> allocator;
     if (cuda) {
@@ -86,7 +118,10 @@ int RunBenchModel(const BenchModelOptions& o) {
     so.reduce_dtype = DType::kF32;
     ZR_ASSIGN_OR_RETURN(
         auto manager,
-        ShardManager::Create(so, {.dp = (*comms)[0].get(), .device_allocator = allocator.get()}));
+        ShardManager::Create(so, {.dp = &mesh->data(),
+                                  .device_allocator = allocator.get(),
+                                  .model_parallel = c.tp > 1 ? &mesh->model_parallel() : nullptr,
+                                  .tensor_parallel_rank = mesh->coord().tensor}));
     auto store = MakeShardManagerStore(*manager);
     std::unique_ptr<ModelKernels> kernels;
     if (cuda) {
@@ -97,7 +132,10 @@ int RunBenchModel(const BenchModelOptions& o) {
     }
     ZR_ASSIGN_OR_RETURN(auto model, GptModel::Create({.config = m,
                                                       .micro_batch = batch,
-                                                      .activation_checkpointing = c.checkpointing},
+                                                      .activation_checkpointing = c.checkpointing,
+                                                      .tp = {c.tp > 1 ? &mesh->tensor() : nullptr},
+                                                      .sequence_parallel = c.sequence_parallel,
+                                                      .vocab_multiple = c.vocab_multiple},
                                                      *store, *kernels, *allocator));
     ZR_RETURN_IF_ERROR(manager->Initialize(GptInitializer(m)));
     std::mt19937 rng(1);
@@ -107,21 +145,22 @@ int RunBenchModel(const BenchModelOptions& o) {
     auto now = [] { return std::chrono::steady_clock::now(); };
     auto seconds = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
 
-    // Baseline: the MLP's up-projection GEMM on buffers of the same shapes, same GEMM path.
+    // Baseline: the MLP's up-projection GEMM on buffers of this rank's shapes, same GEMM path.
     const int64_t rows = static_cast<int64_t>(tokens);
+    const int hidden = 4 * m.d_model / c.tp;
     const size_t act = kernels->act_size();
     ZR_ASSIGN_OR_RETURN(Buffer x,
                         allocator->Allocate(rows * m.d_model * act, MemoryCategory::kWorkspace,
                                             &kernels->stream()));
-    ZR_ASSIGN_OR_RETURN(Buffer w,
-                        allocator->Allocate(int64_t{4} * m.d_model * m.d_model * act,
-                                            MemoryCategory::kWorkspace, &kernels->stream()));
-    ZR_ASSIGN_OR_RETURN(Buffer y,
-                        allocator->Allocate(rows * 4 * m.d_model * act, MemoryCategory::kWorkspace,
-                                            &kernels->stream()));
+    ZR_ASSIGN_OR_RETURN(
+        Buffer w, allocator->Allocate(int64_t{hidden} * m.d_model * act, MemoryCategory::kWorkspace,
+                                      &kernels->stream()));
+    ZR_ASSIGN_OR_RETURN(
+        Buffer y,
+        allocator->Allocate(rows * hidden * act, MemoryCategory::kWorkspace, &kernels->stream()));
     ZR_RETURN_IF_ERROR(FillZero(x.data(), device, x.bytes(), &kernels->stream()));
     ZR_RETURN_IF_ERROR(FillZero(w.data(), device, w.bytes(), &kernels->stream()));
-    const double gemm_flops = 2.0 * rows * m.d_model * 4.0 * m.d_model;
+    const double gemm_flops = 2.0 * rows * m.d_model * hidden;
     const int gemm_repeats = std::max(1, static_cast<int>(5e10 / gemm_flops));
 
     std::vector<double> step_s, gemm_s;
@@ -136,20 +175,29 @@ int RunBenchModel(const BenchModelOptions& o) {
       const auto t2 = now();
       for (int r = 0; r < gemm_repeats; ++r) {
         ZR_RETURN_IF_ERROR(
-            kernels->Matmul(y.data(), x.data(), w.data(), nullptr, rows, m.d_model, 4 * m.d_model));
+            kernels->Matmul(y.data(), x.data(), w.data(), nullptr, rows, m.d_model, hidden));
       }
       ZR_RETURN_IF_ERROR(kernels->stream().Synchronize());
       const auto t3 = now();
       if (it > 0) {
         step_s.push_back(seconds(t0, t1));
         gemm_s.push_back(seconds(t2, t3) / gemm_repeats);
-        Logger()->info("iteration {}: forward+backward {:.3f} s, optimizer step {:.3f} s", it,
-                       seconds(t0, t1), seconds(t1, t2));
+        if (world->rank() == 0) {
+          Logger()->info("iteration {}: forward+backward {:.3f} s, optimizer step {:.3f} s", it,
+                         seconds(t0, t1), seconds(t1, t2));
+        }
       }
     }
-    const double fb = Median(step_s);
-    const double flops = m.FlopsPerToken() * tokens / fb;
-    const double gemm_rate = gemm_flops / Median(gemm_s);
+    // The slowest rank's median sets the pace; every data-parallel replica processes `tokens`
+    // per iteration, and the whole run's FLOPs are shared by every device of the mesh.
+    int64_t ns[2] = {std::llround(Median(step_s) * 1e9), std::llround(Median(gemm_s) * 1e9)};
+    ZR_RETURN_IF_ERROR(world->AllReduce(ns, ns, 2, DType::kI64, ReduceOp::kMax));
+    const double medians[2] = {ns[0] * 1e-9, ns[1] * 1e-9};
+    const double fb = medians[0];
+    const int devices = world->size();
+    const double run_tokens_per_s = tokens * mesh->shape().data / fb;
+    const double flops = m.FlopsPerToken() * run_tokens_per_s / devices;  // per device
+    const double gemm_rate = gemm_flops / medians[1];
     result = {
         {"bench", "model"},
         {"baseline", "the model's largest GEMM shape ([rows, d] x [d, 4d]) alone, same GEMM path"},
@@ -163,10 +211,15 @@ int RunBenchModel(const BenchModelOptions& o) {
         {"micro_batch", batch},
         {"activation_checkpointing", c.checkpointing},
         {"zero_stage", static_cast<int>(c.stage)},
+        {"world_size", devices},
+        {"data_parallel", mesh->shape().data},
+        {"tensor_parallel", c.tp},
+        {"sequence_parallel", c.sequence_parallel},
         {"threads", cuda ? 0 : BlasThreads()},
         {"iterations", o.iters},
         {"forward_backward_s", fb},
-        {"tokens_per_s", tokens / fb},
+        {"tokens_per_s", run_tokens_per_s},
+        {"tokens_per_s_per_device", run_tokens_per_s / devices},
         {"flops_per_token", m.FlopsPerToken()},
         {"achieved_tflops", flops / 1e12},
         {"gemm_tflops", gemm_rate / 1e12},
@@ -185,6 +238,7 @@ int RunBenchModel(const BenchModelOptions& o) {
     Logger()->error("bench model: {}", status.message());
     return kExitRuntimeFailure;
   }
+  if (launch.rank != 0) return kExitOk;
   if (o.json) {
     std::printf("%s\n", result.dump().c_str());
     return kExitOk;
@@ -195,8 +249,12 @@ int RunBenchModel(const BenchModelOptions& o) {
               batch, seq);
   std::printf("  forward+backward      %10.4f s   (median of %d)\n",
               result["forward_backward_s"].get<double>(), o.iters);
-  std::printf("  tokens/s              %10.1f\n", result["tokens_per_s"].get<double>());
-  std::printf("  achieved TFLOP/s      %10.4f   (PaLM: %.3g FLOPs/token)\n",
+  std::printf("  mesh                  data %d x tensor %d%s\n", result["data_parallel"].get<int>(),
+              c.tp, c.sequence_parallel ? " (SP)" : "");
+  std::printf("  tokens/s              %10.1f   (%.1f per device)\n",
+              result["tokens_per_s"].get<double>(),
+              result["tokens_per_s_per_device"].get<double>());
+  std::printf("  TFLOP/s per device    %10.4f   (PaLM: %.3g FLOPs/token)\n",
               result["achieved_tflops"].get<double>(), m.FlopsPerToken());
   std::printf("  GEMM baseline TFLOP/s %10.4f\n", result["gemm_tflops"].get<double>());
   std::printf("  ratio (model / GEMM)  %10.3f\n", result["ratio"].get<double>());

@@ -53,7 +53,8 @@ struct BenchModelOptions {
   bool cpu = false;    // measure on the CPU even when a GPU is present
   bool json = false;
 };
-int RunBenchModel(const BenchModelOptions& options);
+int RunBenchModel(const BenchModelOptions& options, const LaunchEnv& launch, int* argc,
+                  char*** argv);
 
 struct TrainOptions {
   std::string config;                  // run config (JSON)

@@ -120,7 +120,9 @@ int main(int argc, char** argv) {
   CLI::App* estimate = app.add_subcommand(
       "estimate", "Memory per GPU/rank by tier and category, for a run config or a model shape");
   estimate->add_option("config", est.config, "Run config (JSON)");
-  estimate->add_option("--world-size", est.world_size, "Ranks of the run (run config): data-parallel x tensor_parallel_size")
+  estimate
+      ->add_option("--world-size", est.world_size,
+                   "Ranks of the run (run config): data-parallel x tensor_parallel_size")
       ->capture_default_str();
   estimate->add_option("--device", est.device, "cpu or cuda (run config; default train.device)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
@@ -191,7 +193,7 @@ int main(int argc, char** argv) {
   if (app.got_subcommand(env)) return cli::RunEnv(env_options, *launch);
   if (comm->parsed()) return cli::RunBenchComm(comm_options, *launch, &argc, &argv);
   if (adamw->parsed()) return cli::RunBenchAdamw(adamw_options);
-  if (model->parsed()) return cli::RunBenchModel(model_options);
+  if (model->parsed()) return cli::RunBenchModel(model_options, *launch, &argc, &argv);
   if (offload->parsed()) return cli::RunBenchOffload(offload_options);
   if (estimate->parsed()) return cli::RunEstimate(est);
   if (train->parsed()) return cli::RunTrain(train_options, *launch, &argc, &argv);

@@ -83,6 +83,23 @@ for np_, tp, sp, micro, stage in [(2, 2, False, 8, 0), (4, 2, True, 4, 1)]:
         worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
         check(f"{name} == one rank to 1e-5", len(b) == 10 and worst <= 1e-5, f"{worst} {a} {b}")
 
+# zerort bench model on a data x tensor mesh: per-device numbers over every device.
+bench_cfg = dict(BASE, train_micro_batch_size_per_gpu=8,
+                 parallel={"tensor_parallel_size": 2, "sequence_parallel": True})
+r = subprocess.run([mpiexec, "-np", "2", "--oversubscribe", zerort, "bench", "model", "--config",
+                    write("bench_tp.json", bench_cfg), "--cpu", "--iters", "1", "--json"],
+                   capture_output=True, text=True, env=env, timeout=300)
+check("bench model at tp 2 exits 0", r.returncode == 0, r.stderr[-2000:])
+if r.returncode == 0:
+    lines = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+    check("one rank reports", len(lines) == 1, r.stdout[-1000:])
+    b = lines[0] if lines else {}
+    check("bench model reports the mesh", b.get("tensor_parallel") == 2 and
+          b.get("data_parallel") == 1 and b.get("world_size") == 2, str(b))
+    check("per device = run / devices",
+          abs(b.get("tokens_per_s_per_device", 0) * 2 - b.get("tokens_per_s", -1)) < 1e-6 *
+          b.get("tokens_per_s", 1), str(b))
+
 # A checkpoint saved at dp 2 x tp 2 (np 4, sequence parallel, a padded vocabulary) after 5 steps,
 # resumed on one process (tp 1) for the other 5: the losses of the straight one-process run; and
 # exported to Hugging Face from the tensor-parallel layout.
