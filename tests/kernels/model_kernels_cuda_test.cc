@@ -148,6 +148,12 @@ TEST(ModelKernelsCudaTest, LinearLayerNormGeluResidual) {
     ASSERT_TRUE(t.gpu->Accumulate(gacc, gx, n).ok());
     ASSERT_TRUE(t.cpu->Accumulate(acc.data(), x.data(), n).ok());
     t.Expect("Accumulate", gacc, acc, act);
+    // A weight gradient reduced over the tensor-parallel group, added (grad dtype).
+    std::vector<float> wgrad = Random(n, 10), reduced = Random(n, 11);
+    void *gwgrad = t.G(wgrad), *greduced = t.G(reduced);
+    ASSERT_TRUE(t.gpu->AccumulateGrad(gwgrad, greduced, n).ok());
+    ASSERT_TRUE(t.cpu->AccumulateGrad(wgrad.data(), reduced.data(), n).ok());
+    t.Expect("AccumulateGrad", gwgrad, wgrad, grad);
     // The row-parallel linear's bias, added after the reduction.
     std::vector<float> biased = Random(rows * out, 8), bias = Random(out, 9);
     void *gbiased = t.A(biased), *gbias = t.A(bias);
