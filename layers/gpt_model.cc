@@ -120,12 +120,12 @@ StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& c, int tp_size, int tp_
 
 Initializer GptInitializer(const GptConfig& config) {
   const double residual_std = 0.02 / std::sqrt(2.0 * config.n_layer);
-  // Rows of wte past the vocabulary (padding) start, and stay, zero.
-  const int64_t wte_real = static_cast<int64_t>(config.vocab_size) * config.d_model;
-  auto zero_padding = [wte_real](const ParamSpec& spec, std::span<float> full) {
-    if (spec.name != "wte" || spec.global_numel() == wte_real) return;
+  // Padding rows (a padded vocabulary: frame.valid_rows) start, and stay, zero.
+  auto zero_padding = [](const ParamSpec& spec, std::span<float> full) {
+    const int64_t real = spec.real_numel();
+    if (real == spec.global_numel()) return;
     for (size_t i = 0; i < full.size(); ++i) {
-      if (GlobalIndex(spec, static_cast<int64_t>(i)) >= wte_real) full[i] = 0.0f;
+      if (GlobalIndex(spec, static_cast<int64_t>(i)) >= real) full[i] = 0.0f;
     }
   };
   return [residual_std, zero_padding](const ParamSpec& spec, uint64_t seed, std::span<float> full) {

@@ -69,8 +69,9 @@ Result RunMicroBatch(int tp, bool sp, bool checkpointing) {
         global.resize(real, NAN);
         for (int64_t i = 0; i < p.numel(); ++i) {
           const int64_t g = GlobalIndex(p, i);
-          if (g >= real) {
-            EXPECT_EQ(local[i], 0.0f) << p.name << " padding element " << g;
+          if (g >= real) {  // padding: zero, and never trained
+            EXPECT_EQ(local[i], 0.0f) << p.name << " padding gradient " << g;
+            EXPECT_EQ((*store.param(p.name))[i], 0.0f) << p.name << " padding weight " << g;
             continue;
           }
           // A replicated parameter's gradient is the same on every rank.
