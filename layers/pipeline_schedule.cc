@@ -1,0 +1,156 @@
+// Pipeline schedules as data.
+#include "layers/pipeline_schedule.h"
+
+#include <algorithm>
+
+#include "runtime/strings.h"
+
+namespace zerort {
+
+std::string_view PipelineScheduleName(PipelineSchedule s) {
+  switch (s) {
+    case PipelineSchedule::kGpipe:
+      return "gpipe";
+    case PipelineSchedule::k1F1B:
+      return "1f1b";
+    case PipelineSchedule::kInterleaved:
+      return "interleaved";
+  }
+  return "?";
+}
+
+StatusOr<PipelineSchedule> ParsePipelineSchedule(std::string_view name) {
+  for (PipelineSchedule s :
+       {PipelineSchedule::kGpipe, PipelineSchedule::k1F1B, PipelineSchedule::kInterleaved}) {
+    if (name == PipelineScheduleName(s)) return s;
+  }
+  return absl::InvalidArgumentError(
+      StrCat("pipeline schedule '", name, "': one of gpipe, 1f1b, interleaved"));
+}
+
+std::string_view PipelineOpName(PipelineOp op) {
+  switch (op) {
+    case PipelineOp::kRecvForward:
+      return "recv_forward";
+    case PipelineOp::kForward:
+      return "forward";
+    case PipelineOp::kSendForward:
+      return "send_forward";
+    case PipelineOp::kRecvBackward:
+      return "recv_backward";
+    case PipelineOp::kBackward:
+      return "backward";
+    case PipelineOp::kSendBackward:
+      return "send_backward";
+  }
+  return "?";
+}
+
+Status ValidatePipelineShape(const PipelineShape& s) {
+  const int p = s.stages, m = s.micro_batches, v = s.virtual_stages;
+  if (p < 1 || m < 1 || v < 1) {
+    return absl::InvalidArgumentError(StrCat("pipeline of ", p, " stages, ", m, " micro-batches, ",
+                                             v, " virtual stages: each must be at least 1"));
+  }
+  switch (s.schedule) {
+    case PipelineSchedule::kGpipe:
+    case PipelineSchedule::k1F1B:
+      if (v != 1) {
+        return absl::InvalidArgumentError(StrCat("virtual_pipeline_stages = ", v,
+                                                 " needs the interleaved schedule, not ",
+                                                 PipelineScheduleName(s.schedule)));
+      }
+      if (s.schedule == PipelineSchedule::k1F1B && m < p) {
+        return absl::InvalidArgumentError(
+            StrCat("the 1f1b schedule needs at least as many micro-batches per step as stages: ", m,
+                   " micro-batches (gradient_accumulation_steps) < ", p, " stages"));
+      }
+      return absl::OkStatus();
+    case PipelineSchedule::kInterleaved:
+      if (v < 2) {
+        return absl::InvalidArgumentError(
+            StrCat("the interleaved schedule needs virtual_pipeline_stages >= 2 (", v, " given)"));
+      }
+      if (m % p != 0) {
+        return absl::InvalidArgumentError(
+            StrCat("the interleaved schedule needs the micro-batches per step to be a multiple "
+                   "of the stages (Megatron's requirement): ",
+                   m, " micro-batches, ", p, " stages"));
+      }
+      return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError("unknown pipeline schedule");
+}
+
+int PipelineWarmup(const PipelineShape& s, int stage) {
+  const int p = s.stages, m = s.micro_batches, v = s.virtual_stages;
+  switch (s.schedule) {
+    case PipelineSchedule::kGpipe:
+      return m;
+    case PipelineSchedule::k1F1B:
+      return std::min(p - stage - 1, m);
+    case PipelineSchedule::kInterleaved: {
+      const int total = m * v;
+      if (m == p) return total;  // Megatron: every forward first
+      return std::min((p - stage - 1) * 2 + (v - 1) * p, total);
+    }
+  }
+  return 0;
+}
+
+ChunkAddress NextChunk(const PipelineShape& s, int stage, int chunk) {
+  if (stage + 1 < s.stages) return {stage + 1, chunk};
+  if (chunk + 1 < s.virtual_stages) return {0, chunk + 1};
+  return {};
+}
+
+ChunkAddress PreviousChunk(const PipelineShape& s, int stage, int chunk) {
+  if (stage > 0) return {stage - 1, chunk};
+  if (chunk > 0) return {s.stages - 1, chunk - 1};
+  return {};
+}
+
+StatusOr<std::vector<PipelineAction>> PipelineActions(const PipelineShape& s, int stage) {
+  ZR_RETURN_IF_ERROR(ValidatePipelineShape(s));
+  const int p = s.stages, m = s.micro_batches, v = s.virtual_stages;
+  if (stage < 0 || stage >= p) {
+    return absl::InvalidArgumentError(StrCat("pipeline stage ", stage, " of ", p));
+  }
+  std::vector<PipelineAction> out;
+  auto forward = [&](int mb, int chunk) {
+    const bool first = PreviousChunk(s, stage, chunk).stage < 0;
+    const bool last = NextChunk(s, stage, chunk).stage < 0;
+    if (!first) out.push_back({PipelineOp::kRecvForward, mb, chunk});
+    out.push_back({PipelineOp::kForward, mb, chunk});
+    if (!last) out.push_back({PipelineOp::kSendForward, mb, chunk});
+  };
+  auto backward = [&](int mb, int chunk) {
+    const bool first = PreviousChunk(s, stage, chunk).stage < 0;
+    const bool last = NextChunk(s, stage, chunk).stage < 0;
+    if (!last) out.push_back({PipelineOp::kRecvBackward, mb, chunk});
+    out.push_back({PipelineOp::kBackward, mb, chunk});
+    if (!first) out.push_back({PipelineOp::kSendBackward, mb, chunk});
+  };
+  // Step k of the forward (backward) sequence: which micro-batch and chunk. Interleaved: groups
+  // of p micro-batches go through chunk 0, then chunk 1, ... (backward: the last chunk first).
+  auto micro_batch = [&](int k) {
+    return s.schedule == PipelineSchedule::kInterleaved ? (k / (p * v)) * p + k % p : k;
+  };
+  auto chunk_of = [&](int k, bool fwd) {
+    if (s.schedule != PipelineSchedule::kInterleaved) return 0;
+    const int c = (k % (p * v)) / p;
+    return fwd ? c : v - 1 - c;
+  };
+  const int total = m * v;
+  const int warmup = PipelineWarmup(s, stage);
+  const int steady = total - warmup;
+  for (int k = 0; k < warmup; ++k) forward(micro_batch(k), chunk_of(k, true));
+  for (int i = 0; i < steady; ++i) {
+    forward(micro_batch(warmup + i), chunk_of(warmup + i, true));
+    backward(micro_batch(i), chunk_of(i, false));
+  }
+  for (int k = steady; k < total; ++k) backward(micro_batch(k), chunk_of(k, false));
+  return out;
+}
+
+}  // namespace zerort
