@@ -198,20 +198,6 @@ int32_t SampleToken(std::span<const double> logits, const SamplingOptions& optio
   return ids[keep - 1];
 }
 
-struct GptModel::Pass {
-  Pass(int batch, int seq) : batch(batch), seq(seq) {}
-  int batch = 0, seq = 0;
-  Buffer tokens, targets;          // int32 [batch, seq]
-  std::vector<Buffer> block_out;   // [0] embeddings output, [l + 1] output of block l (this
-                                   // rank's rows under sequence parallelism)
-  std::vector<BlockActs> acts;     // one per block, or a single reused set
-  Buffer lnf, lnf_mean, lnf_rstd;  // final LayerNorm: output of every row, this rank's statistics
-  Buffer logits;                   // [batch, seq, vocab / tp]; the loss gradient replaces it
-  Buffer losses;                   // [batch, seq] stat dtype
-  Buffer seq_local, seq_full;      // forward scratch of the tensor-parallel collectives
-  int64_t logits_from_row = 0;     // rows copied out by Run when logits are asked for
-};
-
 GptModel::GptModel(const GptModelOptions& options, WeightStore& store, ModelKernels& kernels,
                    Allocator& activations)
     : options_(options), store_(store), kernels_(kernels), activations_(activations) {}
@@ -457,15 +443,42 @@ Status BlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const Bl
 
 }  // namespace
 
-StatusOr<double> GptModel::Run(Pass& pass, std::span<const int32_t> tokens,
-                               std::span<const int32_t> targets, bool train, float loss_scale,
-                               std::vector<double>* logits) {
+// One micro-batch on this rank: its activations (kept from its forward to its backward), the
+// tied head's weights while they are open, and the backward's scratch.
+struct GptModel::MicroBatch {
+  MicroBatch(const Geometry& g, const TpContext& tp) : g(g), tp(tp) {}
+  Geometry g;
+  TpContext tp;
+  bool train = false;
+  bool per_block = false;          // a set per block (no recomputation)
+  Buffer tokens, targets;          // int32 [batch, seq]
+  std::vector<Buffer> block_out;   // [0] embeddings output, [l + 1] output of block l (this
+                                   // rank's rows under sequence parallelism)
+  std::vector<BlockActs> acts;     // one per block, or a single reused set
+  Buffer lnf, lnf_mean, lnf_rstd;  // final LayerNorm: output of every row, this rank's statistics
+  Buffer logits;                   // [batch, seq, vocab / tp]; the loss gradient replaces it
+  Buffer losses;                   // [batch, seq] stat dtype
+  Buffer seq_local, seq_full;      // forward scratch of the tensor-parallel collectives
+  int64_t logits_from_row = 0;     // rows HeadForward copies out when logits are asked for
+  UnitTensors head;                // the tied embeddings, open from HeadForward to EmbedBackward
+  bool head_open = false;
+  BackwardScratch s;
+  Ctx ctx(ModelKernels& k) {
+    return Ctx{k, tp, g, DTypeOfSize(k.grad_size()), seq_local.data(), seq_full.data()};
+  }
+};
+
+void GptModel::MicroBatchDeleter::operator()(MicroBatch* mb) const { delete mb; }
+
+StatusOr<GptModel::MicroBatchPtr> GptModel::Begin(std::span<const int32_t> tokens,
+                                                  std::span<const int32_t> targets, int batch,
+                                                  int seq, bool train) {
   const GptConfig& cfg = options_.config;
-  const int batch = pass.batch, seq = pass.seq;
   if (batch < 1 || batch > options_.micro_batch || seq < 1 || seq > cfg.seq_len) {
     return absl::InvalidArgumentError(StrCat("batch x seq = ", batch, " x ", seq, " is outside 1..",
                                              options_.micro_batch, " x 1..", cfg.seq_len));
   }
+  if (train && targets.empty()) return absl::InvalidArgumentError("training needs targets");
   const Geometry g = MakeGeometry(options_, batch, seq);
   const int64_t rows = g.rows, rows_l = g.rows_l;
   const int d = g.d;
@@ -476,26 +489,27 @@ StatusOr<double> GptModel::Run(Pass& pass, std::span<const int32_t> tokens,
   Stream* st = &k.stream();
   const Device dev = k.device();
   const size_t act = k.act_size(), stat = k.stat_size();
-  const TpContext tp{options_.tp, &k, DTypeOfSize(act), &activations_};
+  MicroBatchPtr mb(new MicroBatch(g, TpContext{options_.tp, &k, DTypeOfSize(act), &activations_}));
+  mb->train = train;
   auto alloc = [&](Buffer& b, int64_t elems, size_t size,
                    MemoryCategory cat = MemoryCategory::kActivations) -> Status {
     ZR_ASSIGN_OR_RETURN(b, activations_.Allocate(static_cast<size_t>(elems) * size, cat, st));
     return absl::OkStatus();
   };
-  ZR_RETURN_IF_ERROR(alloc(pass.tokens, rows, sizeof(int32_t)));
+  ZR_RETURN_IF_ERROR(alloc(mb->tokens, rows, sizeof(int32_t)));
   ZR_RETURN_IF_ERROR(
-      CopyBytes(pass.tokens.data(), dev, tokens.data(), Device::Cpu(), rows * sizeof(int32_t), st));
+      CopyBytes(mb->tokens.data(), dev, tokens.data(), Device::Cpu(), rows * sizeof(int32_t), st));
   if (!targets.empty()) {
-    ZR_RETURN_IF_ERROR(alloc(pass.targets, rows, sizeof(int32_t)));
-    ZR_RETURN_IF_ERROR(CopyBytes(pass.targets.data(), dev, targets.data(), Device::Cpu(),
+    ZR_RETURN_IF_ERROR(alloc(mb->targets, rows, sizeof(int32_t)));
+    ZR_RETURN_IF_ERROR(CopyBytes(mb->targets.data(), dev, targets.data(), Device::Cpu(),
                                  rows * sizeof(int32_t), st));
   }
   // A set per block when the backward follows without recomputation; otherwise one, reused.
   // Under tensor parallelism the column layers' outputs hold this rank's columns; the residual
   // stream and LayerNorm statistics this rank's rows (sequence parallelism).
-  const bool per_block = train && !options_.activation_checkpointing;
-  pass.acts.resize(per_block ? L : 1);
-  for (BlockActs& a : pass.acts) {
+  mb->per_block = train && !options_.activation_checkpointing;
+  mb->acts.resize(mb->per_block ? L : 1);
+  for (BlockActs& a : mb->acts) {
     ZR_RETURN_IF_ERROR(alloc(a.ln1, rows * d, act));
     ZR_RETURN_IF_ERROR(alloc(a.ln1_mean, rows_l, stat));
     ZR_RETURN_IF_ERROR(alloc(a.ln1_rstd, rows_l, stat));
@@ -509,131 +523,208 @@ StatusOr<double> GptModel::Run(Pass& pass, std::span<const int32_t> tokens,
     ZR_RETURN_IF_ERROR(alloc(a.fch, rows * g.f_l, act));
     ZR_RETURN_IF_ERROR(alloc(a.fch_gelu, rows * g.f_l, act));
   }
-  pass.block_out.resize(L + 1);
-  for (Buffer& b : pass.block_out) ZR_RETURN_IF_ERROR(alloc(b, rows_l * d, act));
-  if (g.sp) ZR_RETURN_IF_ERROR(alloc(pass.seq_local, rows_l * d, act, MemoryCategory::kWorkspace));
-  if (g.sp) ZR_RETURN_IF_ERROR(alloc(pass.seq_full, rows * d, act, MemoryCategory::kWorkspace));
-  const Ctx c{k, tp, g, DTypeOfSize(k.grad_size()), pass.seq_local.data(), pass.seq_full.data()};
+  mb->block_out.resize(L + 1);
+  for (Buffer& b : mb->block_out) ZR_RETURN_IF_ERROR(alloc(b, rows_l * d, act));
+  if (g.sp) ZR_RETURN_IF_ERROR(alloc(mb->seq_local, rows_l * d, act, MemoryCategory::kWorkspace));
+  if (g.sp) ZR_RETURN_IF_ERROR(alloc(mb->seq_full, rows * d, act, MemoryCategory::kWorkspace));
+  return mb;
+}
 
-  // Forward. The vocabulary-parallel embedding: each rank looks up the tokens of its rows of
-  // wte (zeros for the others), rank 0 adds the positions, and the sum over the group (reduced
-  // to this rank's rows under sequence parallelism) is the embedding.
-  {
-    ZR_ASSIGN_OR_RETURN(UnitTensors emb, store_.Open(kEmbeddings, false));
-    void* out = g.sp ? pass.seq_full.data() : pass.block_out[0].data();
-    ZR_RETURN_IF_ERROR(k.Embedding(out, pass.tokens.as<int32_t>(), emb.params[0],
-                                   g.r == 0 ? emb.params[1] : nullptr, batch, seq, d, g.v_begin,
-                                   g.v_valid));
-    if (g.sp) {
-      ZR_RETURN_IF_ERROR(ScatterToSequence(tp, out, pass.block_out[0].data(), rows_l * d));
-    } else {
-      ZR_RETURN_IF_ERROR(ReduceFromRegionForward(tp, out, rows * d));
-    }
-    ZR_RETURN_IF_ERROR(store_.Close(kEmbeddings));
+Status GptModel::EmbedForward(MicroBatch& mb) {
+  // The vocabulary-parallel embedding: each rank looks up the tokens of its rows of wte (zeros
+  // for the others), rank 0 adds the positions, and the sum over the group (reduced to this
+  // rank's rows under sequence parallelism) is the embedding.
+  const Geometry& g = mb.g;
+  ZR_ASSIGN_OR_RETURN(UnitTensors emb, store_.Open(kEmbeddings, false));
+  void* out = g.sp ? mb.seq_full.data() : mb.block_out[0].data();
+  ZR_RETURN_IF_ERROR(kernels_.Embedding(out, mb.tokens.as<int32_t>(), emb.params[0],
+                                        g.r == 0 ? emb.params[1] : nullptr, g.batch, g.seq, g.d,
+                                        g.v_begin, g.v_valid));
+  if (g.sp) {
+    ZR_RETURN_IF_ERROR(ScatterToSequence(mb.tp, out, mb.block_out[0].data(), g.rows_l * g.d));
+  } else {
+    ZR_RETURN_IF_ERROR(ReduceFromRegionForward(mb.tp, out, g.rows * g.d));
   }
-  for (int l = 0; l < L; ++l) {
+  return store_.Close(kEmbeddings);
+}
+
+Status GptModel::BlocksForward(MicroBatch& mb, int first, int last) {
+  const Ctx c = mb.ctx(kernels_);
+  for (int l = first; l < last; ++l) {
     ZR_ASSIGN_OR_RETURN(UnitTensors block, store_.Open(1 + l, false));
-    ZR_RETURN_IF_ERROR(BlockForward(c, block.params, pass.block_out[l].data(),
-                                    pass.acts[per_block ? l : 0], pass.block_out[l + 1].data()));
+    ZR_RETURN_IF_ERROR(BlockForward(c, block.params, mb.block_out[l].data(),
+                                    mb.acts[mb.per_block ? l : 0], mb.block_out[l + 1].data()));
     ZR_RETURN_IF_ERROR(store_.Close(1 + l));
   }
+  return absl::OkStatus();
+}
+
+StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
+                                       std::vector<double>* logits) {
+  const Geometry& g = mb.g;
+  const int L = options_.config.n_layer;
   const int norm_unit = L + 1;
-  ZR_RETURN_IF_ERROR(alloc(pass.lnf, rows * d, act));
-  ZR_RETURN_IF_ERROR(alloc(pass.lnf_mean, rows_l, stat));
-  ZR_RETURN_IF_ERROR(alloc(pass.lnf_rstd, rows_l, stat));
+  ModelKernels& k = kernels_;
+  Stream* st = &k.stream();
+  const size_t act = k.act_size(), stat = k.stat_size();
+  auto alloc = [&](Buffer& b, int64_t elems, size_t size) -> Status {
+    ZR_ASSIGN_OR_RETURN(b, activations_.Allocate(static_cast<size_t>(elems) * size,
+                                                 MemoryCategory::kActivations, st));
+    return absl::OkStatus();
+  };
+  ZR_RETURN_IF_ERROR(alloc(mb.lnf, g.rows * g.d, act));
+  ZR_RETURN_IF_ERROR(alloc(mb.lnf_mean, g.rows_l, stat));
+  ZR_RETURN_IF_ERROR(alloc(mb.lnf_rstd, g.rows_l, stat));
   {
     ZR_ASSIGN_OR_RETURN(UnitTensors norm, store_.Open(norm_unit, false));
-    ZR_RETURN_IF_ERROR(NormToColumn(c, pass.lnf.data(), pass.lnf_mean.data(), pass.lnf_rstd.data(),
-                                    pass.block_out[L].data(), norm.params[0], norm.params[1]));
+    ZR_RETURN_IF_ERROR(NormToColumn(mb.ctx(k), mb.lnf.data(), mb.lnf_mean.data(),
+                                    mb.lnf_rstd.data(), mb.block_out[L].data(), norm.params[0],
+                                    norm.params[1]));
     ZR_RETURN_IF_ERROR(store_.Close(norm_unit));
   }
   // The output projection, tied to the token embedding: column-parallel over the vocabulary.
-  ZR_ASSIGN_OR_RETURN(UnitTensors head, store_.Open(kEmbeddings, train));
-  ZR_RETURN_IF_ERROR(alloc(pass.logits, rows * g.v_l, act));
+  // Kept open through the backward when training: its gradient is complete only after the
+  // input embedding's (EmbedBackward).
+  ZR_ASSIGN_OR_RETURN(mb.head, store_.Open(kEmbeddings, mb.train));
+  mb.head_open = true;
+  ZR_RETURN_IF_ERROR(alloc(mb.logits, g.rows * g.v_l, act));
   ZR_RETURN_IF_ERROR(
-      k.Matmul(pass.logits.data(), pass.lnf.data(), head.params[0], nullptr, rows, d, g.v_l));
-  if (logits != nullptr) ZR_RETURN_IF_ERROR(CopyLogits(pass, g.t, g.v_l, logits));
+      k.Matmul(mb.logits.data(), mb.lnf.data(), mb.head.params[0], nullptr, g.rows, g.d, g.v_l));
+  if (logits != nullptr) ZR_RETURN_IF_ERROR(CopyLogits(mb, logits));
   double loss = 0;
-  if (!targets.empty()) {
-    ZR_RETURN_IF_ERROR(alloc(pass.losses, rows, stat));
-    const float dloss = train ? loss_scale : 0.0f;
+  if (mb.targets) {
+    ZR_RETURN_IF_ERROR(alloc(mb.losses, g.rows, stat));
+    const float dloss = mb.train ? loss_scale : 0.0f;
     if (g.whole_vocab()) {
-      ZR_RETURN_IF_ERROR(k.CrossEntropy(pass.logits.data(), pass.losses.data(),
-                                        pass.targets.as<int32_t>(), rows, g.v_l, dloss));
+      ZR_RETURN_IF_ERROR(k.CrossEntropy(mb.logits.data(), mb.losses.data(),
+                                        mb.targets.as<int32_t>(), g.rows, g.v_l, dloss));
     } else {
-      ZR_RETURN_IF_ERROR(VocabParallelCrossEntropy(tp, pass.logits.data(), pass.losses.data(),
-                                                   pass.targets.as<int32_t>(), rows, g.v_l,
+      ZR_RETURN_IF_ERROR(VocabParallelCrossEntropy(mb.tp, mb.logits.data(), mb.losses.data(),
+                                                   mb.targets.as<int32_t>(), g.rows, g.v_l,
                                                    g.v_valid, g.v_begin, dloss));
     }
-    std::vector<double> host(rows);
-    ZR_RETURN_IF_ERROR(k.StatToHost(pass.losses.data(), rows, host.data()));
+    std::vector<double> host(g.rows);
+    ZR_RETURN_IF_ERROR(k.StatToHost(mb.losses.data(), g.rows, host.data()));
     for (double v : host) loss += v;
-    loss /= static_cast<double>(rows);
+    loss /= static_cast<double>(g.rows);
   }
-  if (!train) {
+  if (!mb.train) {
+    mb.head_open = false;
     ZR_RETURN_IF_ERROR(store_.Close(kEmbeddings));
-    return loss;
   }
+  return loss;
+}
 
-  // Backward. The embeddings unit stays open until the input embedding's gradient is added.
-  pass.seq_local.Reset();
-  BackwardScratch s;
-  const auto ws = MemoryCategory::kWorkspace;
-  ZR_RETURN_IF_ERROR(alloc(s.dres, rows_l * d, act, ws));
-  ZR_RETURN_IF_ERROR(alloc(s.dbtc, rows * d, act, ws));
+Status GptModel::HeadBackward(MicroBatch& mb) {
+  if (!mb.train || !mb.head_open) {
+    return absl::FailedPreconditionError("HeadBackward needs a training HeadForward first");
+  }
+  const Geometry& g = mb.g;
+  const int norm_unit = options_.config.n_layer + 1;
+  ModelKernels& k = kernels_;
+  Stream* st = &k.stream();
+  const Device dev = k.device();
+  const size_t act = k.act_size();
+  BackwardScratch& s = mb.s;
+  auto alloc = [&](Buffer& b, int64_t elems, size_t size) -> Status {
+    ZR_ASSIGN_OR_RETURN(b, activations_.Allocate(static_cast<size_t>(elems) * size,
+                                                 MemoryCategory::kWorkspace, st));
+    return absl::OkStatus();
+  };
+  mb.seq_local.Reset();
+  ZR_RETURN_IF_ERROR(alloc(s.dres, g.rows_l * g.d, act));
+  ZR_RETURN_IF_ERROR(alloc(s.dbtc, g.rows * g.d, act));
   if (g.sp) {
-    pass.seq_full.Reset();
-    ZR_RETURN_IF_ERROR(alloc(s.dfull, rows * d, act, ws));
-    ZR_RETURN_IF_ERROR(alloc(s.dloc, rows_l * d, act, ws));
-    ZR_RETURN_IF_ERROR(alloc(s.norm, 4 * d, k.grad_size(), ws));
+    mb.seq_full.Reset();
+    ZR_RETURN_IF_ERROR(alloc(s.dfull, g.rows * g.d, act));
+    ZR_RETURN_IF_ERROR(alloc(s.dloc, g.rows_l * g.d, act));
+    ZR_RETURN_IF_ERROR(alloc(s.norm, 4 * g.d, k.grad_size()));
     ZR_RETURN_IF_ERROR(FillZero(s.norm.data(), dev, s.norm.bytes(), st));
   }
-  ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, rows * d * act, st));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), head.grads[0], nullptr, pass.logits.data(),
-                                      pass.lnf.data(), head.params[0], rows, d, g.v_l));
-  pass.logits.Reset();
-  {
-    ZR_ASSIGN_OR_RETURN(UnitTensors norm, store_.Open(norm_unit, true));
-    ZR_ASSIGN_OR_RETURN(const void* dlnf, ReduceColumnInputGrad(c, s));
-    ZR_RETURN_IF_ERROR(FillZero(s.dres.data(), dev, rows_l * d * act, st));
-    ZR_RETURN_IF_ERROR(NormBackward(c, s, 0, dlnf, pass.block_out[L].data(), norm.params,
-                                    norm.grads, 0, pass.lnf_mean.data(), pass.lnf_rstd.data()));
-    ZR_RETURN_IF_ERROR(ReduceNormGrads(c, s, {{norm.grads[0], norm.grads[1]}}));
-    ZR_RETURN_IF_ERROR(store_.Close(norm_unit));
+  ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
+  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), mb.head.grads[0], nullptr, mb.logits.data(),
+                                      mb.lnf.data(), mb.head.params[0], g.rows, g.d, g.v_l));
+  mb.logits.Reset();
+  const Ctx c = mb.ctx(k);
+  ZR_ASSIGN_OR_RETURN(UnitTensors norm, store_.Open(norm_unit, true));
+  ZR_ASSIGN_OR_RETURN(const void* dlnf, ReduceColumnInputGrad(c, s));
+  ZR_RETURN_IF_ERROR(FillZero(s.dres.data(), dev, g.rows_l * g.d * act, st));
+  ZR_RETURN_IF_ERROR(NormBackward(c, s, 0, dlnf, mb.block_out[options_.config.n_layer].data(),
+                                  norm.params, norm.grads, 0, mb.lnf_mean.data(),
+                                  mb.lnf_rstd.data()));
+  ZR_RETURN_IF_ERROR(ReduceNormGrads(c, s, {{norm.grads[0], norm.grads[1]}}));
+  return store_.Close(norm_unit);
+}
+
+Status GptModel::BlocksBackward(MicroBatch& mb, int first, int last) {
+  const Geometry& g = mb.g;
+  ModelKernels& k = kernels_;
+  Stream* st = &k.stream();
+  const size_t act = k.act_size();
+  const auto ws = MemoryCategory::kWorkspace;
+  BackwardScratch& s = mb.s;
+  if (!s.dres) return absl::FailedPreconditionError("BlocksBackward before HeadBackward");
+  if (!s.d4a) {
+    ZR_ASSIGN_OR_RETURN(s.d4a, activations_.Allocate(g.rows * g.f_l * act, ws, st));
+    ZR_ASSIGN_OR_RETURN(s.d4b, activations_.Allocate(g.rows * g.f_l * act, ws, st));
   }
-  ZR_RETURN_IF_ERROR(alloc(s.d4a, rows * g.f_l, act, ws));
-  ZR_RETURN_IF_ERROR(alloc(s.d4b, rows * g.f_l, act, ws));
-  for (int l = L - 1; l >= 0; --l) {
+  const Ctx c = mb.ctx(k);
+  for (int l = last - 1; l >= first; --l) {
     ZR_ASSIGN_OR_RETURN(UnitTensors block, store_.Open(1 + l, true));
-    BlockActs& a = pass.acts[per_block ? l : 0];
-    if (!per_block) {
+    BlockActs& a = mb.acts[mb.per_block ? l : 0];
+    if (!mb.per_block) {
       // Recompute: the block's output is written again with the same values (under sequence
       // parallelism through forward scratch borrowed for the block).
       Buffer local, full;
       if (g.sp) {
-        ZR_RETURN_IF_ERROR(alloc(local, rows_l * d, act, ws));
-        ZR_RETURN_IF_ERROR(alloc(full, rows * d, act, ws));
+        ZR_ASSIGN_OR_RETURN(local, activations_.Allocate(g.rows_l * g.d * act, ws, st));
+        ZR_ASSIGN_OR_RETURN(full, activations_.Allocate(g.rows * g.d * act, ws, st));
       }
-      const Ctx rc{k, tp, g, c.grad, local.data(), full.data()};
-      ZR_RETURN_IF_ERROR(BlockForward(rc, block.params, pass.block_out[l].data(), a,
-                                      pass.block_out[l + 1].data()));
+      const Ctx rc{k, mb.tp, g, c.grad, local.data(), full.data()};
+      ZR_RETURN_IF_ERROR(
+          BlockForward(rc, block.params, mb.block_out[l].data(), a, mb.block_out[l + 1].data()));
     }
-    ZR_RETURN_IF_ERROR(BlockBackward(c, block, pass.block_out[l].data(), a, s));
+    ZR_RETURN_IF_ERROR(BlockBackward(c, block, mb.block_out[l].data(), a, s));
     ZR_RETURN_IF_ERROR(store_.Close(1 + l));
   }
+  return absl::OkStatus();
+}
+
+Status GptModel::EmbedBackward(MicroBatch& mb) {
+  if (!mb.head_open || !mb.s.dres) {
+    return absl::FailedPreconditionError("EmbedBackward before HeadBackward");
+  }
+  const Geometry& g = mb.g;
   // The embedding's backward needs the gradient of every row (each rank holds its wte rows).
-  ZR_ASSIGN_OR_RETURN(const void* demb, ResidualGradOfEveryRow(c, s));
-  ZR_RETURN_IF_ERROR(k.EmbeddingBackward(head.grads[0], head.grads[1], demb,
-                                         pass.tokens.as<int32_t>(), batch, seq, d, g.v_begin,
-                                         g.v_valid));
-  ZR_RETURN_IF_ERROR(store_.Close(kEmbeddings));
+  ZR_ASSIGN_OR_RETURN(const void* demb, ResidualGradOfEveryRow(mb.ctx(kernels_), mb.s));
+  ZR_RETURN_IF_ERROR(kernels_.EmbeddingBackward(mb.head.grads[0], mb.head.grads[1], demb,
+                                                mb.tokens.as<int32_t>(), g.batch, g.seq, g.d,
+                                                g.v_begin, g.v_valid));
+  mb.head_open = false;
+  return store_.Close(kEmbeddings);
+}
+
+StatusOr<double> GptModel::Run(std::span<const int32_t> tokens, std::span<const int32_t> targets,
+                               int batch, int seq, bool train, float loss_scale,
+                               std::vector<double>* logits, int64_t logits_from_row) {
+  ZR_ASSIGN_OR_RETURN(MicroBatchPtr mb, Begin(tokens, targets, batch, seq, train));
+  mb->logits_from_row = logits_from_row;
+  const int L = options_.config.n_layer;
+  ZR_RETURN_IF_ERROR(EmbedForward(*mb));
+  ZR_RETURN_IF_ERROR(BlocksForward(*mb, 0, L));
+  ZR_ASSIGN_OR_RETURN(double loss, HeadForward(*mb, loss_scale, logits));
+  if (!train) return loss;
+  ZR_RETURN_IF_ERROR(HeadBackward(*mb));
+  ZR_RETURN_IF_ERROR(BlocksBackward(*mb, 0, L));
+  ZR_RETURN_IF_ERROR(EmbedBackward(*mb));
   return loss;
 }
 
-Status GptModel::CopyLogits(Pass& pass, int tp, int vocab_local, std::vector<double>* out) {
+Status GptModel::CopyLogits(MicroBatch& pass, std::vector<double>* out) {
   const GptConfig& cfg = options_.config;
   ModelKernels& k = kernels_;
-  const int64_t rows = static_cast<int64_t>(pass.batch) * pass.seq;
+  const int tp = pass.g.t, vocab_local = pass.g.v_l;
+  const int64_t rows = pass.g.rows;
   const int64_t from = pass.logits_from_row;
   const size_t act = k.act_size();
   out->resize(static_cast<size_t>((rows - from) * cfg.vocab_size));
@@ -645,8 +736,8 @@ Status GptModel::CopyLogits(Pass& pass, int tp, int vocab_local, std::vector<dou
   // vocabulary: the padding never leaves this function.
   ZR_ASSIGN_OR_RETURN(Buffer all, activations_.Allocate(tp * rows * vocab_local * act,
                                                         MemoryCategory::kWorkspace, &k.stream()));
-  const TpContext ctx{options_.tp, &k, DTypeOfSize(act), &activations_};
-  ZR_RETURN_IF_ERROR(GatherFromSequence(ctx, pass.logits.data(), all.data(), rows * vocab_local));
+  ZR_RETURN_IF_ERROR(
+      GatherFromSequence(pass.tp, pass.logits.data(), all.data(), rows * vocab_local));
   std::vector<double> host(static_cast<size_t>(tp * rows * vocab_local));
   ZR_RETURN_IF_ERROR(k.ActToHost(all.data(), static_cast<int64_t>(host.size()), host.data()));
   for (int64_t row = from; row < rows; ++row) {
@@ -661,23 +752,20 @@ Status GptModel::CopyLogits(Pass& pass, int tp, int vocab_local, std::vector<dou
 StatusOr<double> GptModel::ForwardBackward(std::span<const int32_t> tokens,
                                            std::span<const int32_t> targets, int batch, int seq,
                                            float loss_scale) {
-  Pass pass(batch, seq);
   if (targets.empty()) return absl::InvalidArgumentError("ForwardBackward needs targets");
-  return Run(pass, tokens, targets, true, loss_scale, nullptr);
+  return Run(tokens, targets, batch, seq, true, loss_scale, nullptr, 0);
 }
 
 StatusOr<double> GptModel::Loss(std::span<const int32_t> tokens, std::span<const int32_t> targets,
                                 int batch, int seq) {
-  Pass pass(batch, seq);
   if (targets.empty()) return absl::InvalidArgumentError("Loss needs targets");
-  return Run(pass, tokens, targets, false, 0.0f, nullptr);
+  return Run(tokens, targets, batch, seq, false, 0.0f, nullptr, 0);
 }
 
 StatusOr<std::vector<double>> GptModel::Logits(std::span<const int32_t> tokens, int batch,
                                                int seq) {
-  Pass pass(batch, seq);
   std::vector<double> out;
-  ZR_RETURN_IF_ERROR(Run(pass, tokens, {}, false, 0.0f, &out).status());
+  ZR_RETURN_IF_ERROR(Run(tokens, {}, batch, seq, false, 0.0f, &out, 0).status());
   return out;
 }
 
@@ -688,10 +776,9 @@ StatusOr<std::vector<int32_t>> GptModel::Generate(std::vector<int32_t> prompt, i
   std::mt19937_64 rng(sampling.seed);
   for (int i = 0; i < new_tokens; ++i) {
     const int seq = std::min<int>(static_cast<int>(prompt.size()), options_.config.seq_len);
-    Pass pass(1, seq);
-    pass.logits_from_row = seq - 1;  // only the last position is needed
-    std::vector<double> last;
-    ZR_RETURN_IF_ERROR(Run(pass, std::span(prompt).last(seq), {}, false, 0.0f, &last).status());
+    std::vector<double> last;  // only the last position is needed
+    ZR_RETURN_IF_ERROR(
+        Run(std::span(prompt).last(seq), {}, 1, seq, false, 0.0f, &last, seq - 1).status());
     prompt.push_back(SampleToken(last, sampling, rng));
   }
   return prompt;

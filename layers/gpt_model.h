@@ -104,18 +104,38 @@ class GptModel {
   StatusOr<std::vector<int32_t>> Generate(std::vector<int32_t> prompt, int new_tokens,
                                           const SamplingOptions& sampling);
 
+  // Stage primitives, what a pipeline schedule runs: one micro-batch's activations live in a
+  // MicroBatch from Begin to its last backward (or its head's forward, for evaluation).
+  // ForwardBackward is Begin, EmbedForward, BlocksForward(0, L), HeadForward, HeadBackward,
+  // BlocksBackward(0, L), EmbedBackward. The tied embedding unit is opened by HeadForward and
+  // stays open until EmbedBackward (its gradient has two parts).
+  struct MicroBatch;
+  struct MicroBatchDeleter {
+    void operator()(MicroBatch* mb) const;
+  };
+  using MicroBatchPtr = std::unique_ptr<MicroBatch, MicroBatchDeleter>;
+  StatusOr<MicroBatchPtr> Begin(std::span<const int32_t> tokens, std::span<const int32_t> targets,
+                                int batch, int seq, bool train);
+  Status EmbedForward(MicroBatch& mb);
+  Status BlocksForward(MicroBatch& mb, int first, int last);  // blocks [first, last)
+  // Final LayerNorm, logits, loss (the mean cross-entropy; 0 without targets). Training: the
+  // logits become their gradient x loss_scale.
+  StatusOr<double> HeadForward(MicroBatch& mb, float loss_scale, std::vector<double>* logits);
+  Status HeadBackward(MicroBatch& mb);
+  Status BlocksBackward(MicroBatch& mb, int first, int last);  // blocks last-1 .. first
+  Status EmbedBackward(MicroBatch& mb);
+
  private:
-  struct Pass;
   GptModel(const GptModelOptions& options, WeightStore& store, ModelKernels& kernels,
            Allocator& activations);
-  // Forward through the final LayerNorm and the logits; with `train`, then the loss gradient and
-  // the whole backward. Returns the mean loss when targets are given.
-  StatusOr<double> Run(Pass& pass, std::span<const int32_t> tokens,
-                       std::span<const int32_t> targets, bool train, float loss_scale,
-                       std::vector<double>* logits);
-  // The pass's logits (rows from pass.logits_from_row) as [rows, vocab] host doubles, gathered
+  // The whole model on one micro-batch through the primitives; returns the mean loss when
+  // targets are given.
+  StatusOr<double> Run(std::span<const int32_t> tokens, std::span<const int32_t> targets, int batch,
+                       int seq, bool train, float loss_scale, std::vector<double>* logits,
+                       int64_t logits_from_row);
+  // The micro-batch's logits (rows from logits_from_row) as [rows, vocab] host doubles, gathered
   // from every tensor-parallel rank, padding left out.
-  Status CopyLogits(Pass& pass, int tp, int vocab_local, std::vector<double>* out);
+  Status CopyLogits(MicroBatch& mb, std::vector<double>* out);
 
   GptModelOptions options_;
   WeightStore& store_;

@@ -252,5 +252,40 @@ TEST(GptModelTest, BadInputIsRefusedWithItsPosition) {
   EXPECT_FALSE(s.ok()) << "seq above seq_len";
 }
 
+// The stage primitives in a schedule's order: forwards of two micro-batches (the blocks in two
+// ranges), then their backwards in the same order, give bitwise the gradients of two
+// ForwardBackward calls; a backward before its head's fails clearly.
+TEST(GptModelTest, StagePrimitivesRunInterleavedMicroBatches) {
+  const GptConfig config{.n_layer = 3, .n_head = 2, .d_model = 16, .seq_len = 8, .vocab_size = 23};
+  for (bool ckpt : {false, true}) {
+    HostModel<float> whole(config, 2, ckpt), staged(config, 2, ckpt);
+    std::vector<int32_t> ta, ya, tb, yb;
+    GptBatch(1, 2, config.seq_len, config.vocab_size, ta, ya);
+    GptBatch(7, 2, config.seq_len, config.vocab_size, tb, yb);
+    const double la = *whole.model->ForwardBackward(ta, ya, 2, config.seq_len, 1.0f);
+    const double lb = *whole.model->ForwardBackward(tb, yb, 2, config.seq_len, 1.0f);
+    GptModel& m = *staged.model;
+    auto a = *m.Begin(ta, ya, 2, config.seq_len, true);
+    auto b = *m.Begin(tb, yb, 2, config.seq_len, true);
+    EXPECT_EQ(m.BlocksBackward(*a, 0, 3).code(), absl::StatusCode::kFailedPrecondition);
+    for (auto* mb : {a.get(), b.get()}) {
+      ASSERT_TRUE(m.EmbedForward(*mb).ok());
+      ASSERT_TRUE(m.BlocksForward(*mb, 0, 1).ok());
+      ASSERT_TRUE(m.BlocksForward(*mb, 1, 3).ok());
+    }
+    EXPECT_EQ(*m.HeadForward(*a, 1.0f, nullptr), la);
+    EXPECT_EQ(*m.HeadForward(*b, 1.0f, nullptr), lb);
+    for (auto* mb : {a.get(), b.get()}) {
+      ASSERT_TRUE(m.HeadBackward(*mb).ok());
+      ASSERT_TRUE(m.BlocksBackward(*mb, 2, 3).ok());
+      ASSERT_TRUE(m.BlocksBackward(*mb, 0, 2).ok());
+      ASSERT_TRUE(m.EmbedBackward(*mb).ok());
+    }
+    for (const std::string& name : whole.store.names()) {
+      EXPECT_EQ(*whole.store.grad(name), *staged.store.grad(name)) << name << " ckpt " << ckpt;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zerort
