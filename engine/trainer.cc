@@ -123,6 +123,18 @@ class Run {
   StatusOr<TrainResult> Loop();
 
  private:
+  // What one optimizer step produced, for the report.
+  struct StepOutcome {
+    double lr = 0;
+    double loss = 0;  // data-parallel mean
+    StepResult result;
+    double seconds = 0;
+    MemorySnapshot memory;
+  };
+  StatusOr<StepOutcome> TrainStep(int64_t step, int64_t consumed);
+  void Report(int64_t step, int64_t consumed, const StepOutcome& outcome, double val);
+  StatusOr<bool> SaveOrStop(int64_t step, int64_t consumed);
+  Status Sample(TrainResult& result);
   Status Evaluate(double& loss);
   void Emit(const nlohmann::json& record, const std::string& line);
 
@@ -362,188 +374,213 @@ Status Run::Evaluate(double& loss) {
   return absl::OkStatus();
 }
 
-StatusOr<TrainResult> Run::Loop() {
-  TrainResult result;
-  const int64_t steps = c_.train.steps;
+// One optimizer step: the micro-batches of this rank's share of the global batch, the step, the
+// data-parallel mean loss.
+StatusOr<Run::StepOutcome> Run::TrainStep(int64_t step, int64_t consumed) {
+  const auto t0 = std::chrono::steady_clock::now();
+  tracker_.ResetPeaks();
   const int m = static_cast<int>(c_.train_micro_batch_size_per_gpu);
   const int accumulation = static_cast<int>(c_.gradient_accumulation_steps);
   const int seq = c_.model.shape.seq_len;
-  const int64_t global = c_.train_batch_size;
-  const double tokens_per_step = static_cast<double>(global) * seq;
-  const bool tty = leader() && ctx_.progress_bar;
   std::vector<int32_t> in(static_cast<size_t>(m) * seq), out(in.size());
+  StepOutcome o;
+  o.lr = LearningRate(c_.optimizer, c_.scheduler, step);
+  double loss_sum = 0;
+  for (int k = 0; k < accumulation; ++k) {
+    // The data position is the global count of sequences consumed, which a checkpoint keeps:
+    // a resumed run continues from it even with another global batch size.
+    const int64_t first = consumed + int64_t{dp().rank()} * m * accumulation + int64_t{k} * m;
+    for (int b = 0; b < m; ++b) {
+      data_->TrainSequence(first + b, std::span(in).subspan(b * seq, seq),
+                           std::span(out).subspan(b * seq, seq));
+    }
+    ZR_ASSIGN_OR_RETURN(double l, model_->ForwardBackward(in, out, m, seq, manager_->loss_scale()));
+    loss_sum += l;
+  }
+  ZR_ASSIGN_OR_RETURN(
+      o.result, manager_->Step({.lr = static_cast<float>(o.lr), .micro_batches = accumulation}));
+  float loss = static_cast<float>(loss_sum / accumulation);
+  ZR_RETURN_IF_ERROR(HostAllReduce(&loss, 1, ReduceOp::kAvg));
+  o.loss = loss;
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  o.memory = tracker_.Snapshot();  // the step's training, before evaluation
+  return o;
+}
+
+// The metrics record (every step, metrics.jsonl), the metrics line (every steps_per_print
+// steps, the first and the last) and the progress bar, on world rank 0.
+void Run::Report(int64_t step, int64_t consumed, const StepOutcome& o, double val) {
+  const int64_t steps = c_.train.steps;
+  const int seq = c_.model.shape.seq_len;
+  const bool last = step + 1 == steps;
+  const bool print = (step + 1) % c_.steps_per_print == 0 || last || step == 0;
+  const bool tty = leader() && ctx_.progress_bar;
+  const MemorySnapshot& mem = o.memory;
+  const StepResult& r = o.result;
+  nlohmann::json memory;
+  for (int cat = 0; cat < kNumMemoryCategories; ++cat) {
+    const int64_t peak = mem.Get(MemoryTier::kDevice, static_cast<MemoryCategory>(cat)).peak;
+    const std::string name(MemoryCategoryName(static_cast<MemoryCategory>(cat)));
+    memory[name] = peak;
+  }
+  const int64_t peak_total = mem.in_use[static_cast<int>(MemoryTier::kDevice)].peak;
+  const double tokens_per_s = static_cast<double>(c_.train_batch_size) * seq / o.seconds;
+  // Per device: every rank of the mesh shares the work (a tensor-parallel group computes one
+  // replica's FLOPs together), so the whole throughput is divided by the world size.
+  const int devices = world().size();
+  const double flops_per_device = c_.model.shape.FlopsPerToken() * tokens_per_s / devices;
+  nlohmann::json record = {
+      {"step", step + 1},
+      {"steps", steps},
+      {"loss", o.loss},
+      {"grad_norm", r.grad_norm},
+      {"lr", o.lr},
+      {"loss_scale", r.loss_scale},
+      {"skipped", r.skipped},
+      {"skipped_steps", manager_->skipped_steps()},
+      {"tokens", consumed * seq},
+      {"step_time_s", o.seconds},
+      {"tokens_per_s", tokens_per_s},
+      {"tokens_per_s_per_device", tokens_per_s / devices},
+      {"tflops_per_device", flops_per_device / 1e12},
+      {"mfu", peak_flops_ > 0 ? nlohmann::json(flops_per_device / peak_flops_) : nlohmann::json()},
+      {"peak_memory_bytes", memory},
+      {"peak_memory_total_bytes", peak_total},
+  };
+  if (val >= 0) record["val_loss"] = val;
+  // Offload: the host tiers' and the NVMe tier's peaks, by category, beside the device's.
+  const bool offload =
+      c_.zero.offload_optimizer.device != "none" || c_.zero.offload_param.device != "none";
+  std::string offload_line;
+  if (offload) {
+    int64_t host = 0;
+    nlohmann::json by_tier;
+    for (MemoryTier tier : {MemoryTier::kPinnedHost, MemoryTier::kHost, MemoryTier::kNvme}) {
+      nlohmann::json cats;
+      for (int cat = 0; cat < kNumMemoryCategories; ++cat) {
+        const int64_t peak = mem.Get(tier, static_cast<MemoryCategory>(cat)).peak;
+        if (peak > 0)
+          cats[std::string(MemoryCategoryName(static_cast<MemoryCategory>(cat)))] = peak;
+      }
+      const int64_t total = mem.in_use[static_cast<int>(tier)].peak;
+      if (total == 0) continue;
+      by_tier[std::string(MemoryTierName(tier))] = {{"total", total}, {"by_category", cats}};
+      if (tier != MemoryTier::kNvme) host += total;
+    }
+    record["peak_offload_bytes"] = by_tier;
+    const OffloadStats now = manager_->offload_stats();
+    const OffloadStats step_stats{now.fetch_wait_s - offload_seen_.fetch_wait_s,
+                                  now.grad_io_s - offload_seen_.grad_io_s,
+                                  now.optimizer_s - offload_seen_.optimizer_s,
+                                  now.optimizer_io_wait_s - offload_seen_.optimizer_io_wait_s};
+    offload_seen_ = now;
+    record["offload_time_s"] = {{"fetch_wait", step_stats.fetch_wait_s},
+                                {"grad_io", step_stats.grad_io_s},
+                                {"optimizer", step_stats.optimizer_s},
+                                {"optimizer_io_wait", step_stats.optimizer_io_wait_s}};
+    offload_line = fmt::format(
+        " | host {} MiB | nvme {} MiB | optimizer {:.2f} s (io wait {:.2f}), fetch wait {:.2f} "
+        "s, grad io {:.2f} s",
+        Mib(host), Mib(mem.in_use[static_cast<int>(MemoryTier::kNvme)].peak),
+        step_stats.optimizer_s, step_stats.optimizer_io_wait_s, step_stats.fetch_wait_s,
+        step_stats.grad_io_s);
+  }
+  std::string line;
+  if (print) {
+    line = fmt::format(
+        "step {:>5}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f}{} | {:.0f} tok/s "
+        "({:.0f}/device) | {:.3f} TFLOP/s/device{} | peak {} MiB (params {}, grads {}, optim "
+        "{}, gathered {}, activations {}){} | skipped {}",
+        step + 1, steps, o.loss, val >= 0 ? fmt::format(" | val {:.4f}", val) : "", o.lr,
+        r.grad_norm, c_.fp16.enabled ? fmt::format(" | scale {}", r.loss_scale) : "", tokens_per_s,
+        tokens_per_s / devices, flops_per_device / 1e12,
+        peak_flops_ > 0 ? fmt::format(" | MFU {:.1f}%", 100 * flops_per_device / peak_flops_) : "",
+        Mib(peak_total), Mib(memory["parameters"].get<int64_t>()),
+        Mib(memory["gradients"].get<int64_t>()), Mib(memory["optimizer_state"].get<int64_t>()),
+        Mib(memory["gathered_weights"].get<int64_t>()), Mib(memory["activations"].get<int64_t>()),
+        offload_line, manager_->skipped_steps());
+    if (tty) line = "\r\033[K" + line;
+  }
+  Emit(record, line);
+  if (tty && !last) {
+    const int width = 30;
+    const int done = static_cast<int>(width * (step + 1) / steps);
+    std::fprintf(ctx_.out, "\r[%s%s] %lld/%lld", std::string(done, '#').c_str(),
+                 std::string(width - done, '.').c_str(), static_cast<long long>(step + 1),
+                 static_cast<long long>(steps));
+    std::fflush(ctx_.out);
+  }
+}
+
+// After a step: a signal on any rank stops every rank at the same step boundary; checkpoints at
+// the interval, at the end and on a stop. Returns whether to stop.
+StatusOr<bool> Run::SaveOrStop(int64_t step, int64_t consumed) {
+  const bool last = step + 1 == c_.train.steps;
   const bool checkpoints = !c_.checkpoint.dir.empty();
+  float stop = static_cast<float>(g_stop_signal);
+  ZR_RETURN_IF_ERROR(HostAllReduce(&stop, 1, ReduceOp::kMax, &world()));
+  const bool interval = c_.checkpoint.interval > 0 && (step + 1) % c_.checkpoint.interval == 0;
+  if (checkpoints && (interval || last || stop > 0)) ZR_RETURN_IF_ERROR(Save(step + 1, consumed));
+  if (stop > 0 && leader()) {
+    Logger()->warn("stopping after step {} on signal {}{}", step + 1, static_cast<int>(stop),
+                   checkpoints ? " (checkpoint saved; continue with --resume)" : "");
+  }
+  return stop > 0;
+}
+
+// The text sample at the end of a run.
+Status Run::Sample(TrainResult& result) {
+  if (c_.train.sample_tokens <= 0) return absl::OkStatus();
+  const std::vector<int32_t> prompt = ByteTokens(c_.train.sample_prompt);
+  if (prompt.empty()) return absl::OkStatus();
+  ZR_ASSIGN_OR_RETURN(std::vector<int32_t> text,
+                      model_->Generate(prompt, c_.train.sample_tokens,
+                                       {.temperature = c_.train.sample_temperature,
+                                        .top_k = c_.train.sample_top_k,
+                                        .seed = c_.seed}));
+  result.sample = BytesText(text);
+  if (leader()) {
+    std::fprintf(ctx_.out, "sample (temperature %g, top-k %d):\n%s\n", c_.train.sample_temperature,
+                 c_.train.sample_top_k, result.sample.c_str());
+    std::fflush(ctx_.out);
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<TrainResult> Run::Loop() {
+  TrainResult result;
+  const int64_t steps = c_.train.steps;
   StopSignals signals;
   if (ctx_.resume) result.resumed_from = start_.step;
   int64_t consumed = start_.consumed_sequences;
   for (int64_t step = start_.step; step < steps; ++step) {
-    const auto t0 = std::chrono::steady_clock::now();
-    tracker_.ResetPeaks();
-    const double lr = LearningRate(c_.optimizer, c_.scheduler, step);
-    double loss_sum = 0;
-    for (int k = 0; k < accumulation; ++k) {
-      // The data position is the global count of sequences consumed, which a checkpoint keeps:
-      // a resumed run continues from it even with another global batch size.
-      const int64_t first = consumed + int64_t{dp().rank()} * m * accumulation + int64_t{k} * m;
-      for (int b = 0; b < m; ++b) {
-        data_->TrainSequence(first + b, std::span(in).subspan(b * seq, seq),
-                             std::span(out).subspan(b * seq, seq));
-      }
-      ZR_ASSIGN_OR_RETURN(double l,
-                          model_->ForwardBackward(in, out, m, seq, manager_->loss_scale()));
-      loss_sum += l;
-    }
-    ZR_ASSIGN_OR_RETURN(StepResult r, manager_->Step({.lr = static_cast<float>(lr),
-                                                      .micro_batches = accumulation}));
-    consumed += global;
-    float loss = static_cast<float>(loss_sum / accumulation);
-    ZR_RETURN_IF_ERROR(HostAllReduce(&loss, 1, ReduceOp::kAvg));
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ZR_ASSIGN_OR_RETURN(StepOutcome o, TrainStep(step, consumed));
+    consumed += c_.train_batch_size;
     result.steps = step + 1;
-    result.final_loss = loss;
-
-    const bool last = step + 1 == steps;
-    const bool print = (step + 1) % c_.steps_per_print == 0 || last || step == 0;
-    const MemorySnapshot mem = tracker_.Snapshot();  // the step's training, before evaluation
-    result.last_step_memory = mem;
+    result.final_loss = o.loss;
+    result.last_step_memory = o.memory;
     double val = -1;
+    const bool last = step + 1 == steps;
     if ((c_.train.eval_interval > 0 && (step + 1) % c_.train.eval_interval == 0) || last) {
       if (data_->validation_windows() > 0) {
         ZR_RETURN_IF_ERROR(Evaluate(val));
         result.val_loss = val;
       }
     }
-    nlohmann::json memory;
-    std::string mem_line;
-    for (int cat = 0; cat < kNumMemoryCategories; ++cat) {
-      const int64_t peak = mem.Get(MemoryTier::kDevice, static_cast<MemoryCategory>(cat)).peak;
-      const std::string name(MemoryCategoryName(static_cast<MemoryCategory>(cat)));
-      memory[name] = peak;
-    }
-    const int64_t peak_total = mem.in_use[static_cast<int>(MemoryTier::kDevice)].peak;
-    const double tokens_per_s = tokens_per_step / dt;
-    // Per device: every rank of the mesh shares the work (a tensor-parallel group computes one
-    // replica's FLOPs together), so the whole throughput is divided by the world size.
-    const int devices = world().size();
-    const double flops_per_device = c_.model.shape.FlopsPerToken() * tokens_per_s / devices;
-    nlohmann::json record = {
-        {"step", step + 1},
-        {"steps", steps},
-        {"loss", loss},
-        {"grad_norm", r.grad_norm},
-        {"lr", lr},
-        {"loss_scale", r.loss_scale},
-        {"skipped", r.skipped},
-        {"skipped_steps", manager_->skipped_steps()},
-        {"tokens", consumed * seq},
-        {"step_time_s", dt},
-        {"tokens_per_s", tokens_per_s},
-        {"tokens_per_s_per_device", tokens_per_s / devices},
-        {"tflops_per_device", flops_per_device / 1e12},
-        {"mfu",
-         peak_flops_ > 0 ? nlohmann::json(flops_per_device / peak_flops_) : nlohmann::json()},
-        {"peak_memory_bytes", memory},
-        {"peak_memory_total_bytes", peak_total},
-    };
-    if (val >= 0) record["val_loss"] = val;
-    // Offload: the host tiers' and the NVMe tier's peaks, by category, beside the device's.
-    const bool offload =
-        c_.zero.offload_optimizer.device != "none" || c_.zero.offload_param.device != "none";
-    std::string offload_line;
-    if (offload) {
-      int64_t host = 0;
-      nlohmann::json by_tier;
-      for (MemoryTier tier : {MemoryTier::kPinnedHost, MemoryTier::kHost, MemoryTier::kNvme}) {
-        nlohmann::json cats;
-        for (int cat = 0; cat < kNumMemoryCategories; ++cat) {
-          const int64_t peak = mem.Get(tier, static_cast<MemoryCategory>(cat)).peak;
-          if (peak > 0)
-            cats[std::string(MemoryCategoryName(static_cast<MemoryCategory>(cat)))] = peak;
-        }
-        const int64_t total = mem.in_use[static_cast<int>(tier)].peak;
-        if (total == 0) continue;
-        by_tier[std::string(MemoryTierName(tier))] = {{"total", total}, {"by_category", cats}};
-        if (tier != MemoryTier::kNvme) host += total;
-      }
-      record["peak_offload_bytes"] = by_tier;
-      const OffloadStats now = manager_->offload_stats();
-      const OffloadStats step_stats{now.fetch_wait_s - offload_seen_.fetch_wait_s,
-                                    now.grad_io_s - offload_seen_.grad_io_s,
-                                    now.optimizer_s - offload_seen_.optimizer_s,
-                                    now.optimizer_io_wait_s - offload_seen_.optimizer_io_wait_s};
-      offload_seen_ = now;
-      record["offload_time_s"] = {{"fetch_wait", step_stats.fetch_wait_s},
-                                  {"grad_io", step_stats.grad_io_s},
-                                  {"optimizer", step_stats.optimizer_s},
-                                  {"optimizer_io_wait", step_stats.optimizer_io_wait_s}};
-      offload_line = fmt::format(
-          " | host {} MiB | nvme {} MiB | optimizer {:.2f} s (io wait {:.2f}), fetch wait {:.2f} "
-          "s, grad io {:.2f} s",
-          Mib(host), Mib(mem.in_use[static_cast<int>(MemoryTier::kNvme)].peak),
-          step_stats.optimizer_s, step_stats.optimizer_io_wait_s, step_stats.fetch_wait_s,
-          step_stats.grad_io_s);
-    }
-    std::string line;
-    if (print) {
-      line = fmt::format(
-          "step {:>5}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f}{} | {:.0f} tok/s "
-          "({:.0f}/device) | {:.3f} TFLOP/s/device{} | peak {} MiB (params {}, grads {}, optim "
-          "{}, gathered {}, activations {}){} | skipped {}",
-          step + 1, steps, loss, val >= 0 ? fmt::format(" | val {:.4f}", val) : "", lr, r.grad_norm,
-          c_.fp16.enabled ? fmt::format(" | scale {}", r.loss_scale) : "", tokens_per_s,
-          tokens_per_s / devices, flops_per_device / 1e12,
-          peak_flops_ > 0 ? fmt::format(" | MFU {:.1f}%", 100 * flops_per_device / peak_flops_)
-                          : "",
-          Mib(peak_total), Mib(memory["parameters"].get<int64_t>()),
-          Mib(memory["gradients"].get<int64_t>()), Mib(memory["optimizer_state"].get<int64_t>()),
-          Mib(memory["gathered_weights"].get<int64_t>()), Mib(memory["activations"].get<int64_t>()),
-          offload_line, manager_->skipped_steps());
-      if (tty) line = "\r\033[K" + line;
-    }
-    Emit(record, line);
-    if (tty && !last) {
-      const int width = 30;
-      const int done = static_cast<int>(width * (step + 1) / steps);
-      std::fprintf(ctx_.out, "\r[%s%s] %lld/%lld", std::string(done, '#').c_str(),
-                   std::string(width - done, '.').c_str(), static_cast<long long>(step + 1),
-                   static_cast<long long>(steps));
-      std::fflush(ctx_.out);
-    }
-    if (!std::isfinite(loss)) {
+    Report(step, consumed, o, val);
+    if (!std::isfinite(o.loss)) {
       Logger()->error("step {}: the loss is {} on the data-parallel mean; stopping", step + 1,
-                      loss);
+                      o.loss);
       result.non_finite = true;
       return result;
     }
-    // A signal on any rank stops every rank at the same step boundary.
-    float stop = static_cast<float>(g_stop_signal);
-    ZR_RETURN_IF_ERROR(HostAllReduce(&stop, 1, ReduceOp::kMax, &world()));
-    const bool interval = c_.checkpoint.interval > 0 && (step + 1) % c_.checkpoint.interval == 0;
-    if (checkpoints && (interval || last || stop > 0)) ZR_RETURN_IF_ERROR(Save(step + 1, consumed));
-    if (stop > 0) {
-      if (leader()) {
-        Logger()->warn("stopping after step {} on signal {}{}", step + 1, static_cast<int>(stop),
-                       checkpoints ? " (checkpoint saved; continue with --resume)" : "");
-      }
+    ZR_ASSIGN_OR_RETURN(const bool stop, SaveOrStop(step, consumed));
+    if (stop) {
       result.stopped_by_signal = true;
       return result;
     }
   }
-  if (c_.train.sample_tokens > 0) {
-    const std::vector<int32_t> prompt = ByteTokens(c_.train.sample_prompt);
-    if (prompt.empty()) return result;
-    ZR_ASSIGN_OR_RETURN(std::vector<int32_t> text,
-                        model_->Generate(prompt, c_.train.sample_tokens,
-                                         {.temperature = c_.train.sample_temperature,
-                                          .top_k = c_.train.sample_top_k,
-                                          .seed = c_.seed}));
-    result.sample = BytesText(text);
-    if (leader()) {
-      std::fprintf(ctx_.out, "sample (temperature %g, top-k %d):\n%s\n",
-                   c_.train.sample_temperature, c_.train.sample_top_k, result.sample.c_str());
-      std::fflush(ctx_.out);
-    }
-  }
+  ZR_RETURN_IF_ERROR(Sample(result));
   return result;
 }
 
