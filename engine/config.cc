@@ -57,7 +57,8 @@ const KeyDirectory& Directory() {
       {"logging", {"metrics_file", "level"}},
       {"parallel",
        {"tensor_parallel_size", "sequence_parallel", "make_vocab_size_divisible_by",
-        "pipeline_parallel_size"}},
+        "pipeline_parallel_size", "pipeline_schedule", "virtual_pipeline_stages",
+        "pipeline_layers"}},
   };
   return kDirectory;
 }
@@ -456,6 +457,45 @@ StatusOr<RunConfig> ParseRunConfig(const nlohmann::json& json, const std::string
                                        c.parallel.make_vocab_size_divisible_by, 1, 1 << 16));
       ZR_RETURN_IF_ERROR(
           parallel->Int("pipeline_parallel_size", c.parallel.pipeline_parallel_size, 1, 1 << 16));
+      ParallelConfig& par = c.parallel;
+      ZR_RETURN_IF_ERROR(parallel->String("pipeline_schedule", par.pipeline_schedule,
+                                          {"gpipe", "1f1b", "interleaved"}));
+      ZR_RETURN_IF_ERROR(
+          parallel->Int("virtual_pipeline_stages", par.virtual_pipeline_stages, 1, 1 << 10));
+      const int chunks = par.pipeline_parallel_size * par.virtual_pipeline_stages;
+      if (parallel->Has("pipeline_layers")) {
+        std::vector<double> layers;
+        ZR_RETURN_IF_ERROR(
+            parallel->Numbers("pipeline_layers", layers, static_cast<size_t>(chunks), 1, 1 << 16));
+        int sum = 0;
+        for (double l : layers) {
+          if (l != static_cast<int>(l)) {
+            return absl::InvalidArgumentError(
+                StrCat("parallel.pipeline_layers: ", l, " is not a whole number of blocks"));
+          }
+          par.pipeline_layers.push_back(static_cast<int>(l));
+          sum += static_cast<int>(l);
+        }
+        if (sum != c.model.shape.n_layer) {
+          return absl::InvalidArgumentError(StrCat("parallel.pipeline_layers sums to ", sum,
+                                                   " blocks, model.n_layer is ",
+                                                   c.model.shape.n_layer));
+        }
+      } else if (c.model.shape.n_layer % chunks != 0) {
+        return absl::InvalidArgumentError(
+            StrCat("model.n_layer = ", c.model.shape.n_layer,
+                   " does not split into pipeline_parallel_size x virtual_pipeline_stages = ",
+                   par.pipeline_parallel_size, " x ", par.virtual_pipeline_stages,
+                   " equal chunks (give parallel.pipeline_layers)"));
+      }
+      const bool interleaved = par.pipeline_schedule == "interleaved";
+      if (interleaved != (par.virtual_pipeline_stages > 1)) {
+        return absl::InvalidArgumentError(
+            StrCat("parallel.virtual_pipeline_stages = ", par.virtual_pipeline_stages,
+                   " with parallel.pipeline_schedule = \"", par.pipeline_schedule,
+                   "\": the interleaved schedule needs 2 or more model chunks per stage, the "
+                   "others exactly 1"));
+      }
       ZR_RETURN_IF_ERROR(parallel->Finish());
       if (c.parallel.pipeline_parallel_size > 1) {
         return absl::InvalidArgumentError(
@@ -594,7 +634,12 @@ nlohmann::json RunConfig::ToJson() const {
        {{"tensor_parallel_size", parallel.tensor_parallel_size},
         {"sequence_parallel", parallel.sequence_parallel},
         {"make_vocab_size_divisible_by", parallel.make_vocab_size_divisible_by},
-        {"pipeline_parallel_size", parallel.pipeline_parallel_size}}},
+        {"pipeline_parallel_size", parallel.pipeline_parallel_size},
+        {"pipeline_schedule", parallel.pipeline_schedule},
+        {"virtual_pipeline_stages", parallel.virtual_pipeline_stages},
+        {"pipeline_layers", parallel.pipeline_layers.empty()
+                                ? nlohmann::json()  // null: an even split
+                                : nlohmann::json(parallel.pipeline_layers)}}},
   };
   if (!train.device.empty()) j["train"]["device"] = train.device;  // absent: chosen at run time
   // Batch keys not given (0) stay out, so the output reads back as the same config.

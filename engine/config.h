@@ -123,6 +123,12 @@ struct ParallelConfig {
   bool sequence_parallel = false;        // split LayerNorms and the residual stream by rows too
   int make_vocab_size_divisible_by = 1;  // wte padded to a multiple of this x tensor size
   int pipeline_parallel_size = 1;        // > 1 is refused until pipeline parallelism lands
+  // Checked now, used when pipeline parallelism lands: gpipe | 1f1b | interleaved; model chunks
+  // per stage (interleaved: >= 2); blocks per chunk (pipeline_parallel_size x
+  // virtual_pipeline_stages numbers summing to model.n_layer; empty: an even split).
+  std::string pipeline_schedule = "1f1b";
+  int virtual_pipeline_stages = 1;
+  std::vector<int> pipeline_layers;
 };
 
 struct RunConfig {

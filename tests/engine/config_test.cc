@@ -171,6 +171,21 @@ TEST(ConfigTest, ContradictionsAndUnsupportedFeatures) {
   EXPECT_ERROR_HAS(R"({"zero_optimization": {"offload_param": {"device": "nvme"}}})",
                    "nvme_path is required");
   EXPECT_ERROR_HAS(R"({"parallel": {"pipeline_parallel_size": 2}})", "not yet supported");
+  // Pipeline keys are checked before pipeline parallelism is refused.
+  EXPECT_ERROR_HAS(R"({"model": {"preset": "gpt2"},
+                      "parallel": {"pipeline_parallel_size": 2, "pipeline_layers": [6, 5]}})",
+                   "parallel.pipeline_layers sums to 11 blocks, model.n_layer is 12");
+  EXPECT_ERROR_HAS(R"({"model": {"preset": "gpt2"},
+                      "parallel": {"pipeline_parallel_size": 5}})",
+                   "model.n_layer = 12 does not split into", "5 x 1");
+  EXPECT_ERROR_HAS(R"({"model": {"preset": "gpt2"}, "parallel": {"pipeline_parallel_size": 2,
+                      "virtual_pipeline_stages": 2}})",
+                   "parallel.virtual_pipeline_stages = 2", "\"1f1b\"");
+  EXPECT_ERROR_HAS(R"({"parallel": {"pipeline_schedule": "zb-v"}})", "parallel.pipeline_schedule");
+  EXPECT_ERROR_HAS(R"({"model": {"preset": "gpt2"}, "parallel": {"pipeline_parallel_size": 2,
+                      "pipeline_schedule": "interleaved", "virtual_pipeline_stages": 2,
+                      "pipeline_layers": [3, 3, 3, 3]}})",
+                   "parallel.pipeline_parallel_size = 2: not yet supported");
   EXPECT_ERROR_HAS(R"({"parallel": {"make_vocab_size_divisible_by": 0}})",
                    "parallel.make_vocab_size_divisible_by");
   EXPECT_ERROR_HAS(R"({"scheduler": {"type": "WarmupDecayLR", "params": {}}})",
