@@ -54,7 +54,7 @@ const KeyDirectory& Directory() {
        {"steps", "eval_interval", "eval_windows", "sample_tokens", "sample_prompt",
         "sample_temperature", "sample_top_k", "device"}},
       {"checkpoint", {"dir", "interval", "keep_last_n"}},
-      {"logging", {"metrics_file", "level"}},
+      {"logging", {"metrics_file", "level", "trace_file"}},
       {"parallel",
        {"tensor_parallel_size", "sequence_parallel", "make_vocab_size_divisible_by",
         "pipeline_parallel_size", "pipeline_schedule", "virtual_pipeline_stages",
@@ -444,6 +444,7 @@ StatusOr<RunConfig> ParseRunConfig(const nlohmann::json& json, const std::string
     ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> logging, top.Object("logging"));
     if (logging) {
       ZR_RETURN_IF_ERROR(logging->String("metrics_file", c.logging.metrics_file));
+      ZR_RETURN_IF_ERROR(logging->String("trace_file", c.logging.trace_file));
       ZR_RETURN_IF_ERROR(logging->String("level", c.logging.level,
                                          {"trace", "debug", "info", "warn", "error", "off"}));
       ZR_RETURN_IF_ERROR(logging->Finish());
@@ -629,7 +630,10 @@ nlohmann::json RunConfig::ToJson() const {
        {{"dir", checkpoint.dir},
         {"interval", checkpoint.interval},
         {"keep_last_n", checkpoint.keep_last_n}}},
-      {"logging", {{"metrics_file", logging.metrics_file}, {"level", logging.level}}},
+      {"logging",
+       {{"metrics_file", logging.metrics_file},
+        {"level", logging.level},
+        {"trace_file", logging.trace_file}}},
       {"parallel",
        {{"tensor_parallel_size", parallel.tensor_parallel_size},
         {"sequence_parallel", parallel.sequence_parallel},

@@ -114,6 +114,7 @@ struct CheckpointConfig {
 struct LoggingConfig {
   std::string metrics_file;  // "" -> <checkpoint.dir>/metrics.jsonl, or none without a dir
   std::string level = "info";
+  std::string trace_file;  // Chrome trace-event JSON of every rank's work; "" -> none
 };
 
 struct ParallelConfig {

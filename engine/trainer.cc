@@ -13,6 +13,7 @@
 #include "engine/checkpoint.h"
 #include "engine/data_loader.h"
 #include "engine/lr_schedule.h"
+#include "engine/timeline.h"
 #include "engine/token_file.h"
 #include "kernels/model_kernels.h"
 #include "layers/gpt_model.h"
@@ -120,7 +121,7 @@ class Run {
   Run(RunConfig config, const TrainerContext& ctx) : c_(std::move(config)), ctx_(ctx) {}
 
   Status Setup();
-  StatusOr<TrainResult> Loop();
+  StatusOr<TrainResult> Loop();  // Steps, then the trace file
 
  private:
   // What one optimizer step produced, for the report.
@@ -135,6 +136,7 @@ class Run {
   void Report(int64_t step, int64_t consumed, const StepOutcome& outcome, double val);
   StatusOr<bool> SaveOrStop(int64_t step, int64_t consumed);
   Status Sample(TrainResult& result);
+  StatusOr<TrainResult> Steps();
   Status Evaluate(double& loss);
   void Emit(const nlohmann::json& record, const std::string& line);
 
@@ -172,6 +174,7 @@ class Run {
   std::unique_ptr<GptModel> model_;
   std::unique_ptr<DataLoader> data_;
   std::ofstream metrics_;
+  std::unique_ptr<Timeline> timeline_;  // logging.trace_file
   double peak_flops_ = 0;
   RunState start_;             // where this run starts: step 0, or the resumed checkpoint's state
   OffloadStats offload_seen_;  // the manager's offload counters at the last metrics record
@@ -180,6 +183,7 @@ class Run {
 
 Status Run::Save(int64_t step, int64_t consumed) {
   const auto t0 = std::chrono::steady_clock::now();
+  Timeline::Scope span(timeline_.get(), StrCat("checkpoint save ", step), "io");
   RunState state{.step = step,
                  .consumed_sequences = consumed,
                  .manager_steps = manager_->steps(),
@@ -314,6 +318,23 @@ Status Run::Setup() {
       return ErrnoError(StrCat("open logging.metrics_file ", metrics), err);
     }
   }
+  if (!c_.logging.trace_file.empty()) {
+    timeline_ = std::make_unique<Timeline>(world().rank());
+    if (leader()) {  // writable before any training
+      const std::filesystem::path parent =
+          std::filesystem::path(c_.logging.trace_file).parent_path();
+      std::error_code ec;
+      if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+      const std::string probe = c_.logging.trace_file + ".tmp";
+      std::ofstream test(probe, std::ios::trunc);
+      if (!test) {
+        const int err = errno;
+        return ErrnoError(StrCat("logging.trace_file ", c_.logging.trace_file), err);
+      }
+      test.close();
+      std::filesystem::remove(probe, ec);
+    }
+  }
   if (cuda_) {
     peak_flops_ = DenseBf16PeakFlops(QueryCuda().devices.at(device_.index).name);
   }
@@ -394,11 +415,15 @@ StatusOr<Run::StepOutcome> Run::TrainStep(int64_t step, int64_t consumed) {
       data_->TrainSequence(first + b, std::span(in).subspan(b * seq, seq),
                            std::span(out).subspan(b * seq, seq));
     }
+    Timeline::Scope span(timeline_.get(), StrCat("forward+backward ", step + 1, ".", k), "compute");
     ZR_ASSIGN_OR_RETURN(double l, model_->ForwardBackward(in, out, m, seq, manager_->loss_scale()));
     loss_sum += l;
   }
-  ZR_ASSIGN_OR_RETURN(
-      o.result, manager_->Step({.lr = static_cast<float>(o.lr), .micro_batches = accumulation}));
+  {
+    Timeline::Scope span(timeline_.get(), StrCat("optimizer step ", step + 1), "compute");
+    ZR_ASSIGN_OR_RETURN(
+        o.result, manager_->Step({.lr = static_cast<float>(o.lr), .micro_batches = accumulation}));
+  }
   float loss = static_cast<float>(loss_sum / accumulation);
   ZR_RETURN_IF_ERROR(HostAllReduce(&loss, 1, ReduceOp::kAvg));
   o.loss = loss;
@@ -548,6 +573,15 @@ Status Run::Sample(TrainResult& result) {
 }
 
 StatusOr<TrainResult> Run::Loop() {
+  ZR_ASSIGN_OR_RETURN(TrainResult result, Steps());
+  if (timeline_) {
+    ZR_RETURN_IF_ERROR(
+        timeline_->Write(world(), *allocator_, manager_->compute_stream(), c_.logging.trace_file));
+  }
+  return result;
+}
+
+StatusOr<TrainResult> Run::Steps() {
   TrainResult result;
   const int64_t steps = c_.train.steps;
   StopSignals signals;
@@ -563,6 +597,7 @@ StatusOr<TrainResult> Run::Loop() {
     const bool last = step + 1 == steps;
     if ((c_.train.eval_interval > 0 && (step + 1) % c_.train.eval_interval == 0) || last) {
       if (data_->validation_windows() > 0) {
+        Timeline::Scope span(timeline_.get(), "evaluation", "compute");
         ZR_RETURN_IF_ERROR(Evaluate(val));
         result.val_loss = val;
       }

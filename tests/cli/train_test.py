@@ -83,6 +83,34 @@ for np_, tp, sp, micro, stage in [(2, 2, False, 8, 0), (4, 2, True, 4, 1)]:
         worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
         check(f"{name} == one rank to 1e-5", len(b) == 10 and worst <= 1e-5, f"{worst} {a} {b}")
 
+# logging.trace_file: Chrome trace-event JSON with one process per rank and its tracks.
+trace = os.path.join(tmp, "traces", "run.json")
+traced = dict(BASE, train_micro_batch_size_per_gpu=4, zero_optimization={"stage": 1},
+              parallel={"tensor_parallel_size": 2}, train=dict(BASE["train"], steps=3),
+              checkpoint={"dir": os.path.join(tmp, "traced_ckpt")},
+              logging={"trace_file": trace})
+r = subprocess.run([mpiexec, "-np", "4", "--oversubscribe", zerort, "train",
+                    write("traced.json", traced)], capture_output=True, text=True, env=env,
+                   timeout=300)
+check("a traced run exits 0", r.returncode == 0, r.stderr[-2000:])
+if r.returncode == 0:
+    with open(trace) as f:
+        events = json.load(f)
+    check("the trace is a list of events", isinstance(events, list) and len(events) > 0)
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    check("one process per rank", names == {r_: f"rank {r_}" for r_ in range(4)}, str(names))
+    spans = [e for e in events if e.get("ph") == "X"]
+    check("complete events carry times", all(isinstance(e["ts"], int) and e["dur"] >= 0
+                                             for e in spans))
+    for rank in range(4):
+        mine = {e["name"] for e in spans if e["pid"] == rank}
+        check(f"rank {rank}: every micro-batch, step and the save",
+              {"forward+backward 1.0", "forward+backward 3.0", "optimizer step 3",
+               "checkpoint save 3"} <= mine, str(sorted(mine))[:500])
+    tracks = {(e["pid"], e["args"]["name"]) for e in events if e.get("name") == "thread_name"}
+    check("compute and io tracks on every rank",
+          all((rank, t) in tracks for rank in range(4) for t in ("compute", "io")), str(tracks))
+
 # zerort bench model on a data x tensor mesh: per-device numbers over every device.
 bench_cfg = dict(BASE, train_micro_batch_size_per_gpu=8,
                  parallel={"tensor_parallel_size": 2, "sequence_parallel": True})

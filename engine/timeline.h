@@ -1,0 +1,70 @@
+// Timeline: what each rank did when, written as Chrome trace-event JSON (`logging.trace_file`;
+// opens in Perfetto and chrome://tracing): one process per rank, one track ("thread") per
+// stream of work, complete events ("ph": "X") with microsecond times from the system clock (so
+// ranks on different machines line up as well as their clocks do). The trainer records each
+// micro-batch's forward + backward, the optimizer step, evaluation and checkpoint saves; a
+// pipeline executor will record forward and backward per micro-batch and chunk and its sends.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/allocator.h"
+#include "runtime/communicator.h"
+#include "runtime/status.h"
+
+namespace zerort {
+
+class Timeline {
+ public:
+  using Clock = std::chrono::system_clock;
+
+  // Tracks are numbered in the order first used; `rank` is this process's world rank.
+  explicit Timeline(int rank) : rank_(rank) {}
+
+  void Span(std::string_view name, std::string_view track, Clock::time_point begin,
+            Clock::time_point end);
+
+  // Records [construction, destruction) as a span.
+  class Scope {
+   public:
+    Scope(Timeline* timeline, std::string name, std::string track)
+        : timeline_(timeline),
+          name_(std::move(name)),
+          track_(std::move(track)),
+          begin_(Clock::now()) {}
+    ~Scope() {
+      if (timeline_ != nullptr) timeline_->Span(name_, track_, begin_, Clock::now());
+    }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    Timeline* timeline_;
+    std::string name_, track_;
+    Clock::time_point begin_;
+  };
+
+  size_t size() const { return events_.size(); }
+  // This rank's events and track names as trace-event JSON objects, one per line (no brackets).
+  std::string Serialize() const;
+
+  // Collective over `world`: gathers every rank's events to rank 0, which writes `path` (a JSON
+  // array of trace events) through a temporary file and a rename. Host buffers.
+  Status Write(Communicator& world, Allocator& host, Stream& stream, const std::string& path) const;
+
+ private:
+  struct Event {
+    std::string name;
+    int track;
+    int64_t begin_us, duration_us;
+  };
+  int Track(std::string_view name);
+  int rank_;
+  std::vector<std::string> tracks_;
+  std::vector<Event> events_;
+};
+
+}  // namespace zerort
