@@ -50,9 +50,12 @@ int RunCheckpointInspect(const CheckpointOptions& o) {
               static_cast<long long>(meta["run_state"]["consumed_sequences"].get<int64_t>()),
               meta["saved_with"]["world_size"].get<int>(), meta["saved_with"]["writers"].get<int>(),
               meta["format_version"].get<int>());
-  if (meta.contains("mesh") && meta["mesh"].is_object()) {
-    std::printf("  mesh: data %d x tensor %d (loads at any other layout)\n",
-                meta["mesh"].value("data", 1), meta["mesh"].value("tensor", 1));
+  if (meta.contains("mesh") && meta["mesh"].is_object() &&
+      meta["mesh"].value("data", nlohmann::json()).is_number_integer() &&
+      meta["mesh"].value("tensor", nlohmann::json()).is_number_integer()) {
+    std::printf("  mesh: data %lld x tensor %lld (loads at any other layout)\n",
+                static_cast<long long>(meta["mesh"]["data"].get<int64_t>()),
+                static_cast<long long>(meta["mesh"]["tensor"].get<int64_t>()));
   }
   std::printf("  model: %d layers, d %d, %d heads, seq %d, vocab %d; ZeRO-%d, %s\n",
               model["n_layer"].get<int>(), model["d_model"].get<int>(), model["n_head"].get<int>(),
