@@ -102,7 +102,11 @@ Status Timeline::Write(Communicator& world, Allocator& host, Stream& stream,
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
-  if (ec) return absl::InternalError(StrCat("rename ", tmp, " to ", path, ": ", ec.message()));
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    return absl::InternalError(StrCat("rename ", tmp, " to ", path, ": ", ec.message()));
+  }
   return absl::OkStatus();
 }
 

@@ -320,10 +320,15 @@ Status Run::Setup() {
   }
   if (!c_.logging.trace_file.empty()) {
     timeline_ = std::make_unique<Timeline>(world().rank());
-    if (leader()) {  // writable before any training
+    if (leader()) {  // a file, and writable, before any training
       const std::filesystem::path parent =
           std::filesystem::path(c_.logging.trace_file).parent_path();
       std::error_code ec;
+      const auto status = std::filesystem::status(c_.logging.trace_file, ec);
+      if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+        return absl::InvalidArgumentError(StrCat("logging.trace_file ", c_.logging.trace_file,
+                                                 " exists and is not a regular file"));
+      }
       if (!parent.empty()) std::filesystem::create_directories(parent, ec);
       const std::string probe = c_.logging.trace_file + ".tmp";
       std::ofstream test(probe, std::ios::trunc);

@@ -212,6 +212,8 @@ bad_cases = [
     ({"train_batch_size": 7, "train_micro_batch_size_per_gpu": 2}, "do not multiply out"),
     ({"data": {"path": "/no/such/tokens.bin"}}, "/no/such/tokens.bin"),
     ({"checkpoint": {"dir": "/proc/zerort-ckpt"}}, "checkpoint.dir"),
+    ({"logging": {"trace_file": tmp}}, "is not a regular file"),
+    ({"logging": {"trace_file": 7}}, "logging.trace_file"),
 ]
 for i, (config, needle) in enumerate(bad_cases):
     merged = dict(single)
@@ -244,6 +246,7 @@ for i, (ranks, config, needle) in enumerate(tp_cases):
 r = subprocess.run([zerort, "train", write("dup.json", '{"seed": 1, "seed": 2}')],
                    capture_output=True, text=True)
 check("duplicate key exits 2", r.returncode == 2 and "duplicate key 'seed'" in r.stderr, r.stderr)
-check("nothing was created by bad configs", not os.path.exists("/proc/zerort-ckpt"))
+check("nothing was created by bad configs", not os.path.exists("/proc/zerort-ckpt") and
+      not os.path.exists(tmp + ".tmp"))
 
 checks.finish()

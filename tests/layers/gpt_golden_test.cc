@@ -160,11 +160,11 @@ TEST(GptGoldenTest, TensorParallelTwoMatchesPyTorch) {
     auto allocator = MakeCpuCachingAllocator(&tracker);
     auto kernels = MakeCpuModelKernels(CpuPrecision::kFloat);
     HostWeightStore<float> store;
-    ZR_ASSIGN_OR_RETURN(auto model, GptModel::Create({.config = g.config,
-                                                      .micro_batch = g.batch,
-                                                      .tp = {&comm},
-                                                      .sequence_parallel = true},
-                                                     store, *kernels, *allocator));
+    ZR_ASSIGN_OR_RETURN(
+        auto model,
+        GptModel::Create(
+            {.config = g.config, .micro_batch = g.batch, .tp = {&comm}, .sequence_parallel = true},
+            store, *kernels, *allocator));
     store.Initialize(
         [&g](const ParamSpec& spec, uint64_t, std::span<float> local) {
           const std::vector<float>& v = g.params.at(spec.name);

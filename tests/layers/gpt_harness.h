@@ -3,12 +3,14 @@
 // so every world size sees the same global batch) and a run of steps returning the global losses.
 #pragma once
 
+#include <cstdio>
 #include <memory>
 #include <vector>
 
 #include "layers/gpt_model.h"
 #include "runtime/communicator.h"
 #include "runtime/device_mesh.h"
+#include "runtime/loopback_communicator.h"
 #include "sharding/shard_manager.h"
 
 namespace zerort::testing {
@@ -120,6 +122,18 @@ inline Status TrainGptRank(const GptRunConfig& c, Communicator& comm, std::vecto
     if (comm.rank() == 0) losses.push_back(local_loss);
   }
   return absl::OkStatus();
+}
+
+// The losses of c.steps steps on `world` loopback ranks (empty, with the error on stderr, when the
+// run failed: the caller's size comparison then fails).
+inline std::vector<double> TrainLoopback(const GptRunConfig& c, int world) {
+  std::vector<double> losses;
+  CommOptions options;
+  options.timeout = std::chrono::seconds(60);
+  const Status s = RunLoopbackRanks(
+      world, options, nullptr, [&](Communicator& comm) { return TrainGptRank(c, comm, losses); });
+  if (!s.ok()) std::fprintf(stderr, "TrainLoopback: %s\n", s.ToString().c_str());
+  return s.ok() ? losses : std::vector<double>{};
 }
 
 }  // namespace zerort::testing

@@ -126,28 +126,17 @@ TEST(GptModelTest, InitialisationFollowsGpt2) {
   EXPECT_FALSE(std::equal(a.begin(), a.end(), b.begin()));
 }
 
-std::vector<double> TrainLosses(const GptRunConfig& c, int world) {
-  std::vector<double> losses;
-  CommOptions options;
-  options.timeout = std::chrono::seconds(60);
-  const Status status = RunLoopbackRanks(world, options, nullptr, [&](Communicator& comm) {
-    return testing::TrainGptRank(c, comm, losses);
-  });
-  EXPECT_TRUE(status.ok()) << status;
-  return losses;
-}
-
 // Stage and world size are memory choices, never semantics.
 TEST(GptModelTest, StagesAndWorldSizesGiveTheSameLosses) {
   GptRunConfig c;
   c.stage = ZeroStage::k0;
-  const std::vector<double> reference = TrainLosses(c, 1);
+  const std::vector<double> reference = testing::TrainLoopback(c, 1);
   ASSERT_EQ(reference.size(), static_cast<size_t>(c.steps));
   EXPECT_LT(reference.back(), reference.front() - 0.05) << "the model did not learn";
   for (ZeroStage stage : {ZeroStage::k0, ZeroStage::k3}) {
     for (int world : {1, 4}) {
       c.stage = stage;
-      const std::vector<double> losses = TrainLosses(c, world);
+      const std::vector<double> losses = testing::TrainLoopback(c, world);
       ASSERT_EQ(losses.size(), reference.size());
       for (size_t i = 0; i < losses.size(); ++i) {
         EXPECT_NEAR(losses[i], reference[i], 1e-5 * reference[i])

@@ -190,17 +190,6 @@ TEST(GptTensorParallelTest, CollectivesPerLayerMatchMegatronsCount) {
   }
 }
 
-std::vector<double> TrainLosses(const GptRunConfig& c, int world) {
-  std::vector<double> losses;
-  CommOptions options;
-  options.timeout = std::chrono::seconds(60);
-  const Status status = RunLoopbackRanks(world, options, nullptr, [&](Communicator& comm) {
-    return testing::TrainGptRank(c, comm, losses);
-  });
-  EXPECT_TRUE(status.ok()) << status;
-  return losses;
-}
-
 void ExpectLosses(const std::vector<double>& got, const std::vector<double>& want,
                   const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
@@ -218,12 +207,12 @@ TEST(GptTensorParallelTest, TwentyStepsEqualOneRank) {
     c.optimizer = opt;
     c.lr = opt == OptimizerKind::kSgd ? 0.3f : 3e-3f;
     c.tp = 1;
-    const std::vector<double> reference = TrainLosses(c, 1);
+    const std::vector<double> reference = testing::TrainLoopback(c, 1);
     EXPECT_LT(reference.back(), reference.front() - 0.05) << "the model did not learn";
     for (int tp : {2, 4}) {
       c.tp = tp;
       c.sequence_parallel = tp == 4;
-      ExpectLosses(TrainLosses(c, tp), reference,
+      ExpectLosses(testing::TrainLoopback(c, tp), reference,
                    "tp " + std::to_string(tp) + (opt == OptimizerKind::kSgd ? " sgd" : " adamw"));
     }
   }
@@ -234,14 +223,14 @@ TEST(GptTensorParallelTest, DataByTensorMeshAtEveryStage) {
   c.model = Config();
   c.steps = 6;
   c.stage = ZeroStage::k0;
-  const std::vector<double> reference = TrainLosses(c, 1);
+  const std::vector<double> reference = testing::TrainLoopback(c, 1);
   c.tp = 2;
   for (ZeroStage stage : {ZeroStage::k0, ZeroStage::k1, ZeroStage::k2, ZeroStage::k3}) {
     for (bool sp : {false, true}) {
       c.stage = stage;
       c.sequence_parallel = sp;
       ExpectLosses(
-          TrainLosses(c, 4), reference,
+          TrainLoopback(c, 4), reference,
           "dp 2 x tp 2 stage " + std::to_string(static_cast<int>(stage)) + (sp ? " sp" : ""));
     }
   }
