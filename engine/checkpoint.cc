@@ -385,7 +385,12 @@ StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& step_dir) {
                               .parts = tensor,
                               .part = 0,
                               .groups = p.value("groups", 1)};
-      ZR_ASSIGN_OR_RETURN(ParamSpec spec, SplitParam(name, padded, true, frame));
+      StatusOr<ParamSpec> split = SplitParam(name, padded, true, frame);
+      if (!split.ok()) {
+        return absl::DataLossError(
+            StrCat(step_dir, "/metadata.json: the saved frame of ", split.status().message()));
+      }
+      ParamSpec spec = *std::move(split);
       if (padded != shape && !shape.empty()) spec.frame.valid_rows = shape[0];
       frames.emplace(name, std::move(spec));
     }
@@ -412,14 +417,9 @@ StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& step_dir) {
         // A replicated parameter is saved by every tensor-parallel part: part 0's copy is read.
         if (!replicated || part == 0) {
           spec.frame.part = replicated ? 0 : part;
-          const int64_t run = ContiguousRun(spec), real = spec.real_numel();
-          for (int64_t i = begin; i < begin + length;) {
-            const int64_t n = std::min(begin + length, (i / run + 1) * run) - i;
-            const int64_t g = GlobalIndex(spec, i);
-            if (g < real) {
-              r.where_[name].push_back({e, g, std::min(n, real - g), file_offset + (i - begin)});
-            }
-            i += n;
+          for (const GlobalRun& run : RealGlobalRuns(spec, begin, begin + length)) {
+            r.where_[name].push_back(
+                {e, run.global, run.length, file_offset + (run.local - begin)});
           }
         }
         file_offset += length;
@@ -428,8 +428,25 @@ StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& step_dir) {
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(StrCat(step_dir, "/metadata.json: ", e.what()));
   }
+  for (auto& [name, saved] : r.where_) {
+    std::sort(saved.begin(), saved.end(),
+              [](const Saved& a, const Saved& b) { return a.offset < b.offset; });
+    for (size_t i = 1; i < saved.size(); ++i) {
+      if (saved[i].offset < saved[i - 1].offset + saved[i - 1].length) {
+        return absl::DataLossError(StrCat(step_dir, "/metadata.json: element ", saved[i].offset,
+                                          " of '", name, "' is stored twice"));
+      }
+    }
+  }
   return r;
 }
+
+struct CheckpointReader::OpenFile {
+  int fd = -1;
+  ~OpenFile() {
+    if (fd >= 0) ::close(fd);
+  }
+};
 
 bool CheckpointReader::HasKind(const std::string& kind) const {
   const nlohmann::json& ranks = metadata_.at("ranks");
@@ -460,7 +477,13 @@ StatusOr<std::vector<float>> CheckpointReader::Read(const std::string& name,
         StrCat(dir_, " has no parameter '", name, "' (a different model?)"));
   }
   try {
-    for (const Saved& saved : it->second) {
+    // The first run that ends after `begin`; runs are sorted and disjoint.
+    const std::vector<Saved>& runs = it->second;
+    auto first = std::partition_point(runs.begin(), runs.end(), [&](const Saved& saved) {
+      return saved.offset + saved.length <= begin;
+    });
+    for (auto run = first; run != runs.end() && run->offset < end; ++run) {
+      const Saved& saved = *run;
       const int64_t lo = std::max(begin, saved.offset);
       const int64_t hi = std::min(end, saved.offset + saved.length);
       if (lo >= hi) continue;
@@ -471,15 +494,18 @@ StatusOr<std::vector<float>> CheckpointReader::Read(const std::string& name,
                                    .at(kind)
                                    .at("name")
                                    .get<std::string>();
-      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) return ErrnoError(StrCat("open ", path), errno);
+      std::shared_ptr<OpenFile>& file = open_[{saved.rank_entry, kind}];
+      if (file == nullptr) {
+        auto opened = std::make_shared<OpenFile>();
+        opened->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (opened->fd < 0) return ErrnoError(StrCat("open ", path), errno);
+        file = std::move(opened);
+      }
       const size_t bytes = static_cast<size_t>(hi - lo) * sizeof(float);
       const off_t at = static_cast<off_t>((saved.file_offset + (lo - saved.offset)) * 4);
-      const ssize_t n = ::pread(fd, out.data() + (lo - begin), bytes, at);
-      const int err = errno;
-      ::close(fd);
+      const ssize_t n = ::pread(file->fd, out.data() + (lo - begin), bytes, at);
       if (n != static_cast<ssize_t>(bytes)) {
-        return n < 0 ? ErrnoError(StrCat("read ", path), err)
+        return n < 0 ? ErrnoError(StrCat("read ", path), errno)
                      : absl::DataLossError(StrCat(path, ": short read"));
       }
       covered += hi - lo;
@@ -543,19 +569,15 @@ StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& m,
         std::vector<float> shard(static_cast<size_t>(layout.shard_numel()), 0.0f);
         for (const ShardPiece& piece : layout.ShardPieces(unit.layout_rank())) {
           const ParamSpec& p = layout.params()[piece.param];
-          const int64_t run = ContiguousRun(p), real = p.real_numel();
-          const int64_t end = piece.param_range.end;
-          for (int64_t i = piece.param_range.begin; i < end;) {
-            const int64_t n = std::min(end, (i / run + 1) * run) - i;
-            const int64_t g = GlobalIndex(p, i);
-            const int64_t stored = std::clamp<int64_t>(real - g, 0, n);  // padding stays zero
-            if (stored > 0) {
-              ZR_ASSIGN_OR_RETURN(std::vector<float> values,
-                                  reader.Read(p.name, kKinds[k].name, g, g + stored));
-              std::copy(values.begin(), values.end(),
-                        shard.begin() + piece.shard_range.begin + (i - piece.param_range.begin));
-            }
-            i += n;
+          // Padding rows are not stored: they stay zero.
+          for (const GlobalRun& run :
+               RealGlobalRuns(p, piece.param_range.begin, piece.param_range.end)) {
+            ZR_ASSIGN_OR_RETURN(
+                std::vector<float> values,
+                reader.Read(p.name, kKinds[k].name, run.global, run.global + run.length));
+            std::copy(
+                values.begin(), values.end(),
+                shard.begin() + piece.shard_range.begin + (run.local - piece.param_range.begin));
           }
         }
         ZR_RETURN_IF_ERROR(m.LoadState(u, kKinds[k].buffer, shard));

@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
@@ -103,8 +104,11 @@ class CheckpointReader {
   std::string dir_;
   nlohmann::json metadata_;
   std::vector<std::pair<std::string, Shape>> params_;
-  std::map<std::string, std::vector<Saved>> where_;
+  std::map<std::string, std::vector<Saved>> where_;  // by parameter, sorted, disjoint
   std::set<std::pair<int, std::string>> verified_;
+  // Shard files opened once each (a row-parallel part is read row by row).
+  struct OpenFile;
+  std::map<std::pair<int, std::string>, std::shared_ptr<OpenFile>> open_;
 };
 
 struct CheckpointSummary {

@@ -35,6 +35,18 @@ int64_t ContiguousRun(const ParamSpec& spec) {
   return std::max<int64_t>(run, 1);
 }
 
+std::vector<GlobalRun> RealGlobalRuns(const ParamSpec& spec, int64_t begin, int64_t end) {
+  std::vector<GlobalRun> runs;
+  const int64_t run = ContiguousRun(spec), real = spec.real_numel();
+  for (int64_t i = begin; i < end;) {
+    const int64_t n = std::min(end, (i / run + 1) * run) - i;
+    const int64_t g = GlobalIndex(spec, i);
+    if (g < real) runs.push_back({i, g, std::min(n, real - g)});
+    i += n;
+  }
+  return runs;
+}
+
 StatusOr<ParamSpec> SplitParam(std::string name, Shape global_shape, bool weight_decay,
                                GlobalFrame frame) {
   ParamSpec spec{std::move(name), global_shape, weight_decay, frame};

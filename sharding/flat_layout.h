@@ -57,6 +57,12 @@ int64_t GlobalIndex(const ParamSpec& spec, int64_t local_index);
 // tensor when it is not split or split along dimension 0 in one block; one row of a
 // row-parallel weight).
 int64_t ContiguousRun(const ParamSpec& spec);
+// Local elements [begin, end) as runs contiguous in the global tensor, padding rows
+// (frame.valid_rows) left out: what checkpoints store and read.
+struct GlobalRun {
+  int64_t local = 0, global = 0, length = 0;
+};
+std::vector<GlobalRun> RealGlobalRuns(const ParamSpec& spec, int64_t begin, int64_t end);
 
 // A part of one parameter that lies in one rank's shard.
 struct ShardPiece {

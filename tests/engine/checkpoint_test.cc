@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "engine/trainer.h"
 #include "runtime/loopback_communicator.h"
@@ -260,6 +261,54 @@ TEST(CheckpointTest, FormatOneStillLoads) {
       EXPECT_EQ(*want.ReadAll(name, "master"), *got.ReadAll(name, "master")) << name;
     }
   }
+}
+
+// Format 2's new metadata fields, damaged: refused with DataLoss naming metadata.json, never a
+// crash and never a read outside the saved pieces.
+nlohmann::json& Qkv(nlohmann::json& meta) {
+  for (auto& p : meta["params"]) {
+    if (p["name"] == "blocks.0.attn.qkv.weight") return p;
+  }
+  return meta["params"][0];
+}
+
+TEST(CheckpointTest, DamagedFormatTwoFramesAreRefused) {
+  const std::string src = Fresh("frames_src");
+  ASSERT_TRUE(TrainAndSave({1, 2}, src).ok());
+  const std::string step = src + "/step_2";
+  const nlohmann::json good = nlohmann::json::parse(std::ifstream(step + "/metadata.json"));
+  using Edit = std::function<void(nlohmann::json&)>;
+  const std::vector<std::pair<std::string, Edit>> edits = {
+      {"mesh tensor 0", [](nlohmann::json& m) { m["mesh"]["tensor"] = 0; }},
+      {"mesh tensor a string", [](nlohmann::json& m) { m["mesh"]["tensor"] = "two"; }},
+      {"mesh tensor huge", [](nlohmann::json& m) { m["mesh"]["tensor"] = 1 << 30; }},
+      {"a file of part 7", [](nlohmann::json& m) { m["ranks"][1]["tensor"] = 7; }},
+      {"split dimension 9", [](nlohmann::json& m) { Qkv(m)["split_dim"] = 9; }},
+      {"groups 0", [](nlohmann::json& m) { Qkv(m)["groups"] = 0; }},
+      {"groups 5", [](nlohmann::json& m) { Qkv(m)["groups"] = 5; }},
+      {"a piece past its part",
+       [](nlohmann::json& m) { m["ranks"][0]["pieces"][0][2] = int64_t{1} << 40; }},
+      {"a piece stored twice",
+       [](nlohmann::json& m) {
+         auto& pieces = m["ranks"][0]["pieces"];
+         for (const auto& p : pieces) {
+           if (p[0] == "blocks.0.attn.qkv.weight") {
+             pieces.push_back(p);
+             break;
+           }
+         }
+       }},
+  };
+  for (const auto& [what, edit] : edits) {
+    nlohmann::json meta = good;
+    edit(meta);
+    std::ofstream(step + "/metadata.json") << meta.dump(1);
+    const StatusOr<CheckpointReader> r = CheckpointReader::Open(step);
+    ASSERT_FALSE(r.ok()) << what;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << what << ": " << r.status();
+  }
+  std::ofstream(step + "/metadata.json") << good.dump(1);
+  EXPECT_TRUE(CheckpointReader::Open(step).ok());
 }
 
 }  // namespace

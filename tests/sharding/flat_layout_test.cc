@@ -83,6 +83,21 @@ TEST(FlatLayoutTest, ContiguousRunsOfEverySplit) {
   padded.frame.valid_rows = 7;
   EXPECT_EQ(padded.real_shape(), (Shape{7, 3}));
   EXPECT_EQ(padded.real_numel(), 21);
+  // Part 1 holds rows 4..7 of 8; row 7 is padding: one run of rows 4..6, none for row 7.
+  const std::vector<GlobalRun> runs = RealGlobalRuns(padded, 0, padded.numel());
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].local, 0);
+  EXPECT_EQ(runs[0].global, 12);
+  EXPECT_EQ(runs[0].length, 9);
+  // A row-parallel part: one run per row, from the middle of a row.
+  const ParamSpec row = *SplitParam("w", {3, 4}, true, {.split_dim = 1, .parts = 2, .part = 1});
+  const std::vector<GlobalRun> rows = RealGlobalRuns(row, 1, 6);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].global, 3);
+  EXPECT_EQ(rows[0].length, 1);
+  EXPECT_EQ(rows[1].global, 6);
+  EXPECT_EQ(rows[2].global, 10);
+  EXPECT_EQ(rows[2].length, 2);
 }
 
 }  // namespace
