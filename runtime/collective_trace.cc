@@ -20,6 +20,8 @@ std::string_view CollectiveOpName(CollectiveOp op) {
       return "recv";
     case CollectiveOp::kSendRecv:
       return "send_recv";
+    case CollectiveOp::kExchange:
+      return "exchange";
     case CollectiveOp::kBarrier:
       return "barrier";
     case CollectiveOp::kSplit:

@@ -27,6 +27,7 @@ enum class CollectiveOp : uint8_t {
   kSend,
   kRecv,
   kSendRecv,
+  kExchange,  // a batch of sends and receives, posted together and completed together
   kBarrier,
   kSplit,
 };

@@ -2,6 +2,7 @@
 #include "runtime/communicator.h"
 
 #include <limits>
+#include <vector>
 
 #include "runtime/strings.h"
 #include "runtime/watchdog.h"
@@ -323,6 +324,61 @@ Status Communicator::SendRecv(const void* send, size_t send_count, int dst, void
       call,
       [&](Stream* s) { return DoSendRecv(send, send_count, dst, recv, recv_count, src, dtype, s); },
       stream);
+}
+
+Status Communicator::Exchange(std::span<const P2POp> ops, DType dtype, Stream* stream) {
+  const size_t elem = DTypeSize(dtype);
+  size_t bytes = 0;
+  int peer = ops.empty() ? -1 : ops[0].peer;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const P2POp& op = ops[i];
+    const bool send = op.kind == P2POp::kSend;
+    ZR_RETURN_IF_ERROR(
+        CheckPeer(op.peer, rank_, size_, send ? "exchange send" : "exchange recv", false));
+    ZR_RETURN_IF_ERROR(CheckBuffer(op.buffer, op.count, send ? "exchange send" : "exchange recv"));
+    if (op.count > (std::numeric_limits<size_t>::max() - bytes) / elem) {
+      return absl::InvalidArgumentError("exchange: the batch's bytes overflow");
+    }
+    bytes += op.count * elem;
+    if (op.peer != peer) peer = -1;
+    if (send) continue;
+    for (size_t j = 0; j < ops.size(); ++j) {
+      if (j != i && Overlaps(op.buffer, op.count * elem, ops[j].buffer, ops[j].count * elem)) {
+        return absl::InvalidArgumentError(
+            StrCat("exchange: receive ", i, " overlaps operation ", j, " of the batch"));
+      }
+    }
+  }
+  if (ops.empty()) return absl::OkStatus();
+  const Call call{CollectiveOp::kExchange, bytes, dtype, peer};
+  if (NeedsStaging(stream)) {
+    return Run(
+        call,
+        [&](Stream*) -> Status {
+          // One host buffer for the whole batch: sends copied in, receives copied out after.
+          ZR_ASSIGN_OR_RETURN(Buffer host, Staging(bytes));
+          std::vector<P2POp> staged(ops.begin(), ops.end());
+          size_t offset = 0;
+          for (P2POp& op : staged) {
+            void* h = host.as<char>() + offset;
+            if (op.kind == P2POp::kSend) {
+              ZR_RETURN_IF_ERROR(ToHost(h, op.buffer, stream->device(), op.count * elem));
+            }
+            op.buffer = h;
+            offset += op.count * elem;
+          }
+          ZR_RETURN_IF_ERROR(DoExchange(staged, dtype, nullptr));
+          for (size_t i = 0; i < ops.size(); ++i) {
+            if (ops[i].kind != P2POp::kRecv) continue;
+            ZR_RETURN_IF_ERROR(
+                ToDevice(ops[i].buffer, stream->device(), staged[i].buffer, ops[i].count * elem));
+          }
+          return absl::OkStatus();
+        },
+        stream);
+  }
+  return Run(
+      call, [&](Stream* s) { return DoExchange(ops, dtype, s); }, stream);
 }
 
 Status Communicator::Barrier() {

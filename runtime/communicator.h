@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -41,6 +42,15 @@ struct CommOptions {
   std::chrono::milliseconds timeout{600'000};  // per collective; the watchdog enforces it
   size_t trace_capacity = 64;                  // records kept for the hang report
   MemoryTracker* tracker = nullptr;            // accounts staging buffers (comm_buffers)
+};
+
+// One send or receive of a batch (Communicator::Exchange).
+struct P2POp {
+  enum Kind : uint8_t { kSend, kRecv };
+  Kind kind = kSend;
+  void* buffer = nullptr;  // read by a send, written by a receive
+  size_t count = 0;        // elements of the batch's dtype
+  int peer = 0;
 };
 
 // Colour for Split that leaves the caller out of every new group.
@@ -73,6 +83,13 @@ class Communicator {
   Status Recv(void* buffer, size_t count, DType dtype, int peer, Stream* stream = nullptr);
   Status SendRecv(const void* send, size_t send_count, int dst, void* recv, size_t recv_count,
                   int src, DType dtype, Stream* stream = nullptr);
+  // A batch of point-to-point operations (pipeline stages' activations and gradients, as
+  // Megatron's batch_isend_irecv): every one is posted non-blocking, then the call returns when
+  // all have completed, under one trace record and so under the watchdog's deadline. Operations
+  // to or from one peer match the peer's in the order listed; receive buffers must not overlap
+  // any other buffer of the batch. MPI: Isend/Irecv and Waitall; NCCL: one group; loopback:
+  // the sends are buffered, then the receives wait.
+  Status Exchange(std::span<const P2POp> ops, DType dtype, Stream* stream = nullptr);
   Status Barrier();
   // Collective over this group: callers with the same colour form a new group, ordered by
   // (key, rank). kNoColor gives nullptr.
@@ -103,6 +120,7 @@ class Communicator {
   virtual Status DoRecv(void* buffer, size_t count, DType dtype, int peer, Stream* stream) = 0;
   virtual Status DoSendRecv(const void* send, size_t send_count, int dst, void* recv,
                             size_t recv_count, int src, DType dtype, Stream* stream) = 0;
+  virtual Status DoExchange(std::span<const P2POp> ops, DType dtype, Stream* stream) = 0;
   virtual Status DoBarrier() = 0;
   virtual StatusOr<std::unique_ptr<Communicator>> DoSplit(int color, int key,
                                                           CommOptions options) = 0;

@@ -254,6 +254,19 @@ class LoopbackCommunicator final : public Communicator {
     return DoRecv(recv, recv_count, dtype, src, stream);
   }
 
+  Status DoExchange(std::span<const P2POp> ops, DType dtype, Stream* stream) override {
+    // Sends never wait here, so posting them all first cannot deadlock.
+    for (const P2POp& op : ops) {
+      if (op.kind == P2POp::kSend)
+        ZR_RETURN_IF_ERROR(DoSend(op.buffer, op.count, dtype, op.peer, stream));
+    }
+    for (const P2POp& op : ops) {
+      if (op.kind == P2POp::kRecv)
+        ZR_RETURN_IF_ERROR(DoRecv(op.buffer, op.count, dtype, op.peer, stream));
+    }
+    return absl::OkStatus();
+  }
+
   Status DoBarrier() override {
     Slot slot{CollectiveOp::kBarrier};
     return Begin(slot);

@@ -196,6 +196,39 @@ class MpiCommunicator final : public Communicator {
     return CheckReceived(status, nr, dtype, src);
   }
 
+  Status DoExchange(std::span<const P2POp> ops, DType dtype, Stream*) override {
+    std::vector<MPI_Request> requests(ops.size(), MPI_REQUEST_NULL);
+    std::vector<int> counts(ops.size());
+    Status status = absl::OkStatus();
+    size_t posted = 0;
+    for (; posted < ops.size() && status.ok(); ++posted) {
+      const P2POp& op = ops[posted];
+      StatusOr<int> n = ToInt(op.count);
+      if (!n.ok()) {
+        status = n.status();
+        break;
+      }
+      counts[posted] = *n;
+      const int rc =
+          op.kind == P2POp::kSend
+              ? MPI_Isend(op.buffer, *n, MoveType(dtype), op.peer, kTag, comm_, &requests[posted])
+              : MPI_Irecv(op.buffer, *n, MoveType(dtype), op.peer, kTag, comm_, &requests[posted]);
+      if (rc != MPI_SUCCESS)
+        status = MpiError(op.kind == P2POp::kSend ? "MPI_Isend" : "MPI_Irecv", rc);
+    }
+    // Whatever was posted completes before the buffers go back to the caller.
+    std::vector<MPI_Status> statuses(ops.size());
+    const int rc = MPI_Waitall(static_cast<int>(posted), requests.data(), statuses.data());
+    ZR_RETURN_IF_ERROR(status);
+    if (rc != MPI_SUCCESS) return MpiError("MPI_Waitall", rc);
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].kind == P2POp::kRecv) {
+        ZR_RETURN_IF_ERROR(CheckReceived(statuses[i], counts[i], dtype, ops[i].peer));
+      }
+    }
+    return absl::OkStatus();
+  }
+
   Status DoBarrier() override {
     ZR_MPI_RETURN_IF_ERROR(MPI_Barrier(comm_));
     return absl::OkStatus();

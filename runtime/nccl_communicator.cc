@@ -155,6 +155,26 @@ class NcclCommunicator final : public Communicator {
     return WaitReady(comm_, Clock::now() + options().timeout, "ncclGroupEnd");
   }
 
+  Status DoExchange(std::span<const P2POp> ops, DType dtype, Stream* stream) override {
+    ZR_RETURN_IF_ERROR(CheckDevice(stream));
+    ncclGroupStart();
+    ncclResult_t first_error = ncclSuccess;
+    for (const P2POp& op : ops) {
+      const ncclResult_t r =
+          op.kind == P2POp::kSend
+              ? ncclSend(op.buffer, op.count, NcclType(dtype), op.peer, comm_, Native(stream))
+              : ncclRecv(op.buffer, op.count, NcclType(dtype), op.peer, comm_, Native(stream));
+      if (first_error == ncclSuccess && r != ncclSuccess && r != ncclInProgress) first_error = r;
+    }
+    const ncclResult_t grouped = ncclGroupEnd();
+    for (ncclResult_t r : {first_error, grouped}) {
+      if (r != ncclSuccess && r != ncclInProgress) {
+        return NcclError("ncclSend/ncclRecv group", r, comm_);
+      }
+    }
+    return WaitReady(comm_, Clock::now() + options().timeout, "ncclGroupEnd");
+  }
+
   Status DoBarrier() override {
     ZR_RETURN_IF_ERROR(SetCurrentDevice(device_));
     if (barrier_stream_ == nullptr) {

@@ -118,6 +118,38 @@ std::string CheckSendRecvRing(Communicator& comm, DType dtype, size_t count, uin
       got, dtype, count, [&](size_t i) { return ValueAt(want, dtype, i); }, 1, "send/recv ring");
 }
 
+std::string CheckExchange(Communicator& comm, DType dtype, size_t count, uint64_t seed) {
+  const int n = comm.size();
+  if (n == 1) return "";
+  const int right = (comm.rank() + 1) % n;
+  const int left = (comm.rank() + n - 1) % n;
+  // Three messages of different sizes: two to the right (matched in order), one to the left;
+  // every rank posts its sends before its receives, which blocking sends of large messages
+  // could not survive.
+  const size_t sizes[3] = {count, count / 2 + 1, count + 5};
+  const int to[3] = {right, left, right};
+  const int from[3] = {left, right, left};
+  std::vector<std::vector<std::byte>> send(3), recv(3);
+  std::vector<P2POp> ops;
+  for (int i = 0; i < 3; ++i) {
+    send[i] = RandomData(dtype, sizes[i], seed + i, comm.rank());
+    ops.push_back({P2POp::kSend, send[i].data(), sizes[i], to[i]});
+  }
+  for (int i = 0; i < 3; ++i) {
+    recv[i].assign(sizes[i] * DTypeSize(dtype) + 1, std::byte{0x5a});
+    ops.push_back({P2POp::kRecv, recv[i].data(), sizes[i], from[i]});
+  }
+  if (auto s = comm.Exchange(ops, dtype); !s.ok()) return StatusText(s, "exchange");
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<std::byte> want = RandomData(dtype, sizes[i], seed + i, from[i]);
+    std::string err = Compare(
+        recv[i], dtype, sizes[i], [&](size_t k) { return ValueAt(want, dtype, k); }, 1,
+        StrCat("exchange message ", i));
+    if (!err.empty()) return err;
+  }
+  return "";
+}
+
 std::string CheckEverything(Communicator& comm, uint64_t seed) {
   const size_t large = (size_t{1} << 20) + 3;  // 1 Mi + 3 elements: uneven and multi-tile
   for (DType dtype : AllDTypes()) {
@@ -141,6 +173,7 @@ std::string CheckEverything(Communicator& comm, uint64_t seed) {
           return e;
       }
       if (auto e = CheckSendRecvRing(comm, dtype, count, seed + count + 4); !e.empty()) return e;
+      if (auto e = CheckExchange(comm, dtype, count, seed + count + 8); !e.empty()) return e;
     }
   }
   // Large messages in the two dtypes that matter most for training.
@@ -154,6 +187,7 @@ std::string CheckEverything(Communicator& comm, uint64_t seed) {
     if (auto e = CheckAllGather(comm, dtype, large / comm.size() + 1, seed + 7, false); !e.empty())
       return e;
   }
+  if (auto e = CheckExchange(comm, DType::kF32, large, seed + 9); !e.empty()) return e;
   if (auto s = comm.Barrier(); !s.ok()) return StatusText(s, "barrier");
   return "";
 }

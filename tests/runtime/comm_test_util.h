@@ -141,6 +141,8 @@ std::string CheckAllReduce(Communicator& comm, DType dtype, size_t count, Reduce
                            uint64_t seed, bool in_place);
 std::string CheckBroadcast(Communicator& comm, DType dtype, size_t count, int root, uint64_t seed);
 std::string CheckSendRecvRing(Communicator& comm, DType dtype, size_t count, uint64_t seed);
+// A batch (Exchange) of three sends and three receives around the ring, sends posted first.
+std::string CheckExchange(Communicator& comm, DType dtype, size_t count, uint64_t seed);
 // Every collective, every dtype and op, counts 0, 1, uneven, and large.
 std::string CheckEverything(Communicator& comm, uint64_t seed);
 
