@@ -218,11 +218,48 @@ StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptModelOptions& opti
     return absl::InvalidArgumentError(
         "tensor parallelism needs fp32 or bf16 kernels (the collectives have no fp64)");
   }
+  const GptStagePart& part = options.stage;
+  const int L = options.config.n_layer;
+  int previous_end = -1;
+  for (const auto& [first, last] : part.chunks) {
+    if (first < 0 || first >= last || last > L || first < previous_end) {
+      return absl::InvalidArgumentError(StrCat("stage chunk of blocks [", first, ", ", last,
+                                               ") is empty, out of 0..", L, " or out of order"));
+    }
+    previous_end = last;
+  }
   ZR_ASSIGN_OR_RETURN(
       std::vector<GptUnit> units,
       GptUnits(options.config, options.tp.size(), options.tp.rank(), options.vocab_multiple));
-  for (const GptUnit& u : units) ZR_RETURN_IF_ERROR(store.AddUnit(u.name, u.params));
-  return std::unique_ptr<GptModel>(new GptModel(options, store, kernels, activations));
+  std::unique_ptr<GptModel> model(new GptModel(options, store, kernels, activations));
+  model->block_unit_.assign(L, -1);
+  int next = 0;
+  if (part.first || part.last) {
+    // The first stage counts the tied embedding in the norm; the last one's copy is its twin.
+    const bool tied = part.embedding_group != nullptr && !(part.first && part.last);
+    const UnitOptions emb{.tied = tied ? part.embedding_group : nullptr,
+                          .counts_in_norm = part.first};
+    ZR_RETURN_IF_ERROR(store.AddUnit(units[kEmbeddings].name, units[kEmbeddings].params, emb));
+    model->embedding_unit_ = next++;
+  }
+  for (int l = 0; l < L; ++l) {
+    if (!part.holds(l)) continue;
+    ZR_RETURN_IF_ERROR(store.AddUnit(units[1 + l].name, units[1 + l].params));
+    model->block_unit_[l] = next++;
+  }
+  if (part.last) {
+    ZR_RETURN_IF_ERROR(store.AddUnit(units[L + 1].name, units[L + 1].params));
+    model->norm_unit_ = next++;
+  }
+  return model;
+}
+
+bool GptStagePart::holds(int block) const {
+  if (chunks.empty()) return true;
+  for (const auto& [first, last] : chunks) {
+    if (block >= first && block < last) return true;
+  }
+  return false;
 }
 
 namespace {
@@ -509,7 +546,10 @@ StatusOr<GptModel::MicroBatchPtr> GptModel::Begin(std::span<const int32_t> token
   // stream and LayerNorm statistics this rank's rows (sequence parallelism).
   mb->per_block = train && !options_.activation_checkpointing;
   mb->acts.resize(mb->per_block ? L : 1);
-  for (BlockActs& a : mb->acts) {
+  const GptStagePart& part = options_.stage;
+  for (int i = 0; i < static_cast<int>(mb->acts.size()); ++i) {
+    if (mb->per_block && !part.holds(i)) continue;  // another stage's block
+    BlockActs& a = mb->acts[i];
     ZR_RETURN_IF_ERROR(alloc(a.ln1, rows * d, act));
     ZR_RETURN_IF_ERROR(alloc(a.ln1_mean, rows_l, stat));
     ZR_RETURN_IF_ERROR(alloc(a.ln1_rstd, rows_l, stat));
@@ -523,8 +563,14 @@ StatusOr<GptModel::MicroBatchPtr> GptModel::Begin(std::span<const int32_t> token
     ZR_RETURN_IF_ERROR(alloc(a.fch, rows * g.f_l, act));
     ZR_RETURN_IF_ERROR(alloc(a.fch_gelu, rows * g.f_l, act));
   }
+  // The residual stream at every block boundary this stage touches: the inputs and outputs of
+  // its blocks, the embedding's output on the first stage, the last block's on the last.
   mb->block_out.resize(L + 1);
-  for (Buffer& b : mb->block_out) ZR_RETURN_IF_ERROR(alloc(b, rows_l * d, act));
+  for (int l = 0; l <= L; ++l) {
+    const bool used = part.holds(l) || (l > 0 && part.holds(l - 1)) || (l == 0 && part.first) ||
+                      (l == L && part.last);
+    if (used) ZR_RETURN_IF_ERROR(alloc(mb->block_out[l], rows_l * d, act));
+  }
   if (g.sp) ZR_RETURN_IF_ERROR(alloc(mb->seq_local, rows_l * d, act, MemoryCategory::kWorkspace));
   if (g.sp) ZR_RETURN_IF_ERROR(alloc(mb->seq_full, rows * d, act, MemoryCategory::kWorkspace));
   return mb;
@@ -535,7 +581,10 @@ Status GptModel::EmbedForward(MicroBatch& mb) {
   // for the others), rank 0 adds the positions, and the sum over the group (reduced to this
   // rank's rows under sequence parallelism) is the embedding.
   const Geometry& g = mb.g;
-  ZR_ASSIGN_OR_RETURN(UnitTensors emb, store_.Open(kEmbeddings, false));
+  if (!options_.stage.first) {
+    return absl::FailedPreconditionError("EmbedForward on a stage without the input embedding");
+  }
+  ZR_ASSIGN_OR_RETURN(UnitTensors emb, store_.Open(embedding_unit_, false));
   void* out = g.sp ? mb.seq_full.data() : mb.block_out[0].data();
   ZR_RETURN_IF_ERROR(kernels_.Embedding(out, mb.tokens.as<int32_t>(), emb.params[0],
                                         g.r == 0 ? emb.params[1] : nullptr, g.batch, g.seq, g.d,
@@ -545,25 +594,52 @@ Status GptModel::EmbedForward(MicroBatch& mb) {
   } else {
     ZR_RETURN_IF_ERROR(ReduceFromRegionForward(mb.tp, out, g.rows * g.d));
   }
-  return store_.Close(kEmbeddings);
+  return store_.Close(embedding_unit_);
 }
 
-Status GptModel::BlocksForward(MicroBatch& mb, int first, int last) {
-  const Ctx c = mb.ctx(kernels_);
+namespace {
+Status CheckBlocks(const GptStagePart& part, int n_layer, int first, int last) {
+  if (first < 0 || first > last || last > n_layer) {
+    return absl::InvalidArgumentError(
+        StrCat("blocks [", first, ", ", last, ") outside 0..", n_layer));
+  }
   for (int l = first; l < last; ++l) {
-    ZR_ASSIGN_OR_RETURN(UnitTensors block, store_.Open(1 + l, false));
-    ZR_RETURN_IF_ERROR(BlockForward(c, block.params, mb.block_out[l].data(),
-                                    mb.acts[mb.per_block ? l : 0], mb.block_out[l + 1].data()));
-    ZR_RETURN_IF_ERROR(store_.Close(1 + l));
+    if (!part.holds(l)) {
+      return absl::FailedPreconditionError(StrCat("block ", l, " is not on this stage"));
+    }
   }
   return absl::OkStatus();
 }
+}  // namespace
+
+Status GptModel::BlocksForward(MicroBatch& mb, int first, int last) {
+  ZR_RETURN_IF_ERROR(CheckBlocks(options_.stage, options_.config.n_layer, first, last));
+  const Ctx c = mb.ctx(kernels_);
+  for (int l = first; l < last; ++l) {
+    ZR_ASSIGN_OR_RETURN(UnitTensors block, store_.Open(block_unit_[l], false));
+    ZR_RETURN_IF_ERROR(BlockForward(c, block.params, mb.block_out[l].data(),
+                                    mb.acts[mb.per_block ? l : 0], mb.block_out[l + 1].data()));
+    ZR_RETURN_IF_ERROR(store_.Close(block_unit_[l]));
+  }
+  return absl::OkStatus();
+}
+
+void* GptModel::BlockInput(MicroBatch& mb, int block) { return mb.block_out.at(block).data(); }
+
+int64_t GptModel::BoundaryElements(const MicroBatch& mb) const {
+  return mb.g.rows_l * mb.g.d;
+}
+
+DType GptModel::BoundaryDType() const { return DTypeOfSize(kernels_.act_size()); }
 
 StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
                                        std::vector<double>* logits) {
   const Geometry& g = mb.g;
   const int L = options_.config.n_layer;
-  const int norm_unit = L + 1;
+  const int norm_unit = norm_unit_;
+  if (!options_.stage.last) {
+    return absl::FailedPreconditionError("HeadForward on a stage without the head");
+  }
   ModelKernels& k = kernels_;
   Stream* st = &k.stream();
   const size_t act = k.act_size(), stat = k.stat_size();
@@ -583,9 +659,12 @@ StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
     ZR_RETURN_IF_ERROR(store_.Close(norm_unit));
   }
   // The output projection, tied to the token embedding: column-parallel over the vocabulary.
-  // Kept open through the backward when training: its gradient is complete only after the
-  // input embedding's (EmbedBackward).
-  ZR_ASSIGN_OR_RETURN(mb.head, store_.Open(kEmbeddings, mb.train));
+  // Kept open through the backward when training on a stage that also holds the input
+  // embedding: the unit's gradient is complete only after EmbedBackward. A last stage that is
+  // not the first opens it again for HeadBackward (its gradient meets the first stage's in the
+  // tied reduction).
+  const bool keep_open = mb.train && options_.stage.first;
+  ZR_ASSIGN_OR_RETURN(mb.head, store_.Open(embedding_unit_, keep_open));
   mb.head_open = true;
   ZR_RETURN_IF_ERROR(alloc(mb.logits, g.rows * g.v_l, act));
   ZR_RETURN_IF_ERROR(
@@ -608,38 +687,28 @@ StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
     for (double v : host) loss += v;
     loss /= static_cast<double>(g.rows);
   }
-  if (!mb.train) {
+  if (!keep_open) {
     mb.head_open = false;
-    ZR_RETURN_IF_ERROR(store_.Close(kEmbeddings));
+    ZR_RETURN_IF_ERROR(store_.Close(embedding_unit_));
   }
   return loss;
 }
 
 Status GptModel::HeadBackward(MicroBatch& mb) {
-  if (!mb.train || !mb.head_open) {
+  if (!mb.train || !mb.logits) {
     return absl::FailedPreconditionError("HeadBackward needs a training HeadForward first");
   }
   const Geometry& g = mb.g;
-  const int norm_unit = options_.config.n_layer + 1;
+  const int norm_unit = norm_unit_;
   ModelKernels& k = kernels_;
   Stream* st = &k.stream();
   const Device dev = k.device();
   const size_t act = k.act_size();
   BackwardScratch& s = mb.s;
-  auto alloc = [&](Buffer& b, int64_t elems, size_t size) -> Status {
-    ZR_ASSIGN_OR_RETURN(b, activations_.Allocate(static_cast<size_t>(elems) * size,
-                                                 MemoryCategory::kWorkspace, st));
-    return absl::OkStatus();
-  };
-  mb.seq_local.Reset();
-  ZR_RETURN_IF_ERROR(alloc(s.dres, g.rows_l * g.d, act));
-  ZR_RETURN_IF_ERROR(alloc(s.dbtc, g.rows * g.d, act));
-  if (g.sp) {
-    mb.seq_full.Reset();
-    ZR_RETURN_IF_ERROR(alloc(s.dfull, g.rows * g.d, act));
-    ZR_RETURN_IF_ERROR(alloc(s.dloc, g.rows_l * g.d, act));
-    ZR_RETURN_IF_ERROR(alloc(s.norm, 4 * g.d, k.grad_size()));
-    ZR_RETURN_IF_ERROR(FillZero(s.norm.data(), dev, s.norm.bytes(), st));
+  ZR_RETURN_IF_ERROR(EnsureBackwardScratch(mb));
+  if (!mb.head_open) {  // a last stage that is not the first: the head's own backward scope
+    ZR_ASSIGN_OR_RETURN(mb.head, store_.Open(embedding_unit_, true));
+    mb.head_open = true;
   }
   ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
   ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), mb.head.grads[0], nullptr, mb.logits.data(),
@@ -653,16 +722,53 @@ Status GptModel::HeadBackward(MicroBatch& mb) {
                                   norm.params, norm.grads, 0, mb.lnf_mean.data(),
                                   mb.lnf_rstd.data()));
   ZR_RETURN_IF_ERROR(ReduceNormGrads(c, s, {{norm.grads[0], norm.grads[1]}}));
-  return store_.Close(norm_unit);
+  ZR_RETURN_IF_ERROR(store_.Close(norm_unit));
+  if (!options_.stage.first) {
+    mb.head_open = false;
+    ZR_RETURN_IF_ERROR(store_.Close(embedding_unit_));
+  }
+  return absl::OkStatus();
 }
 
-Status GptModel::BlocksBackward(MicroBatch& mb, int first, int last) {
+Status GptModel::EnsureBackwardScratch(MicroBatch& mb) {
+  BackwardScratch& s = mb.s;
+  if (s.dres) return absl::OkStatus();
+  const Geometry& g = mb.g;
+  ModelKernels& k = kernels_;
+  Stream* st = &k.stream();
+  const size_t act = k.act_size();
+  auto alloc = [&](Buffer& b, int64_t elems, size_t size) -> Status {
+    ZR_ASSIGN_OR_RETURN(b, activations_.Allocate(static_cast<size_t>(elems) * size,
+                                                 MemoryCategory::kWorkspace, st));
+    return absl::OkStatus();
+  };
+  // The forward is over for this micro-batch: its scratch goes.
+  mb.seq_local.Reset();
+  mb.seq_full.Reset();
+  ZR_RETURN_IF_ERROR(alloc(s.dres, g.rows_l * g.d, act));
+  ZR_RETURN_IF_ERROR(alloc(s.dbtc, g.rows * g.d, act));
+  if (g.sp) {
+    ZR_RETURN_IF_ERROR(alloc(s.dfull, g.rows * g.d, act));
+    ZR_RETURN_IF_ERROR(alloc(s.dloc, g.rows_l * g.d, act));
+    ZR_RETURN_IF_ERROR(alloc(s.norm, 4 * g.d, k.grad_size()));
+    ZR_RETURN_IF_ERROR(FillZero(s.norm.data(), k.device(), s.norm.bytes(), st));
+  }
+  return absl::OkStatus();
+}
+
+Status GptModel::BlocksBackward(MicroBatch& mb, int first, int last, const void* dout, void* dx) {
+  ZR_RETURN_IF_ERROR(CheckBlocks(options_.stage, options_.config.n_layer, first, last));
   const Geometry& g = mb.g;
   ModelKernels& k = kernels_;
   Stream* st = &k.stream();
   const size_t act = k.act_size();
   const auto ws = MemoryCategory::kWorkspace;
   BackwardScratch& s = mb.s;
+  if (dout != nullptr) {
+    ZR_RETURN_IF_ERROR(EnsureBackwardScratch(mb));
+    ZR_RETURN_IF_ERROR(CopyBytes(s.dres.data(), k.device(), dout, k.device(),
+                                 static_cast<size_t>(g.rows_l) * g.d * act, st));
+  }
   if (!s.dres) return absl::FailedPreconditionError("BlocksBackward before HeadBackward");
   if (!s.d4a) {
     ZR_ASSIGN_OR_RETURN(s.d4a, activations_.Allocate(g.rows * g.f_l * act, ws, st));
@@ -670,7 +776,7 @@ Status GptModel::BlocksBackward(MicroBatch& mb, int first, int last) {
   }
   const Ctx c = mb.ctx(k);
   for (int l = last - 1; l >= first; --l) {
-    ZR_ASSIGN_OR_RETURN(UnitTensors block, store_.Open(1 + l, true));
+    ZR_ASSIGN_OR_RETURN(UnitTensors block, store_.Open(block_unit_[l], true));
     BlockActs& a = mb.acts[mb.per_block ? l : 0];
     if (!mb.per_block) {
       // Recompute: the block's output is written again with the same values (under sequence
@@ -685,14 +791,23 @@ Status GptModel::BlocksBackward(MicroBatch& mb, int first, int last) {
           BlockForward(rc, block.params, mb.block_out[l].data(), a, mb.block_out[l + 1].data()));
     }
     ZR_RETURN_IF_ERROR(BlockBackward(c, block, mb.block_out[l].data(), a, s));
-    ZR_RETURN_IF_ERROR(store_.Close(1 + l));
+    ZR_RETURN_IF_ERROR(store_.Close(block_unit_[l]));
+  }
+  if (dx != nullptr) {
+    ZR_RETURN_IF_ERROR(CopyBytes(dx, k.device(), s.dres.data(), k.device(),
+                                 static_cast<size_t>(g.rows_l) * g.d * act, st));
   }
   return absl::OkStatus();
 }
 
 Status GptModel::EmbedBackward(MicroBatch& mb) {
-  if (!mb.head_open || !mb.s.dres) {
-    return absl::FailedPreconditionError("EmbedBackward before HeadBackward");
+  if (!options_.stage.first || !mb.s.dres) {
+    return absl::FailedPreconditionError(
+        "EmbedBackward before the blocks' backward, or on a stage without the input embedding");
+  }
+  if (!mb.head_open) {  // a first stage that is not the last: the embedding's own scope
+    ZR_ASSIGN_OR_RETURN(mb.head, store_.Open(embedding_unit_, true));
+    mb.head_open = true;
   }
   const Geometry& g = mb.g;
   // The embedding's backward needs the gradient of every row (each rank holds its wte rows).
@@ -701,7 +816,7 @@ Status GptModel::EmbedBackward(MicroBatch& mb) {
                                                 mb.tokens.as<int32_t>(), g.batch, g.seq, g.d,
                                                 g.v_begin, g.v_valid));
   mb.head_open = false;
-  return store_.Close(kEmbeddings);
+  return store_.Close(embedding_unit_);
 }
 
 StatusOr<double> GptModel::Run(std::span<const int32_t> tokens, std::span<const int32_t> targets,

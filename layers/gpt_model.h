@@ -24,6 +24,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/model_kernels.h"
@@ -34,6 +35,19 @@
 #include "sharding/sharded_unit.h"
 
 namespace zerort {
+
+// The part of the model a pipeline stage holds: some blocks (in model chunks), the input
+// embedding on the first stage, the final LayerNorm and the tied head on the last. With p > 1
+// the first and last stages each hold the "embeddings" unit (wte, wpe; the last uses wte only),
+// tied over `embedding_group`: the shard manager sums its gradient over the two and counts it
+// in the norm on the first stage only.
+struct GptStagePart {
+  std::vector<std::pair<int, int>> chunks;  // blocks [first, last) per local chunk; empty: all
+  bool first = true;                        // the input embedding
+  bool last = true;                         // the final LayerNorm, the head and the loss
+  Communicator* embedding_group = nullptr;  // first and last stage (null when one stage)
+  bool holds(int block) const;
+};
 
 struct GptModelOptions {
   GptConfig config;
@@ -48,6 +62,7 @@ struct GptModelOptions {
   // whose rows tp does not divide (a short prompt) runs without it, with the same values.
   bool sequence_parallel = false;
   int vocab_multiple = 1;  // Megatron's make_vocab_size_divisible_by (x tp): wte's padding
+  GptStagePart stage = {};  // pipeline parallelism: what this rank holds (default: everything)
 };
 
 // The model's units as ParamSpecs (see the unit list above). Names follow GPT-2's structure:
@@ -122,8 +137,18 @@ class GptModel {
   // logits become their gradient x loss_scale.
   StatusOr<double> HeadForward(MicroBatch& mb, float loss_scale, std::vector<double>* logits);
   Status HeadBackward(MicroBatch& mb);
-  Status BlocksBackward(MicroBatch& mb, int first, int last);  // blocks last-1 .. first
+  // Blocks last-1 .. first. `dout` (a received gradient, BoundaryElements of act dtype) is the
+  // gradient of block last-1's output when the head's backward did not produce it here; `dx`
+  // (when given) receives the gradient of block first's input, to send on.
+  Status BlocksBackward(MicroBatch& mb, int first, int last, const void* dout = nullptr,
+                        void* dx = nullptr);
   Status EmbedBackward(MicroBatch& mb);
+  // Pipeline boundaries: block `block`'s input (block - 1's output; the embedding's for 0), this
+  // rank's rows of the residual stream, BoundaryElements of BoundaryDType. A stage receives a
+  // chunk's input into it and sends a chunk's output from it.
+  void* BlockInput(MicroBatch& mb, int block);
+  int64_t BoundaryElements(const MicroBatch& mb) const;
+  DType BoundaryDType() const;
 
  private:
   GptModel(const GptModelOptions& options, WeightStore& store, ModelKernels& kernels,
@@ -137,7 +162,14 @@ class GptModel {
   // from every tensor-parallel rank, padding left out.
   Status CopyLogits(MicroBatch& mb, std::vector<double>* out);
 
+  // The scratch of a micro-batch's backward (HeadBackward's, or the first BlocksBackward's on a
+  // stage without the head).
+  Status EnsureBackwardScratch(MicroBatch& mb);
+
   GptModelOptions options_;
+  // This stage's units in the store: -1 when not held.
+  int embedding_unit_ = -1, norm_unit_ = -1;
+  std::vector<int> block_unit_;
   WeightStore& store_;
   ModelKernels& kernels_;
   Allocator& activations_;

@@ -1,9 +1,8 @@
-// Tensor parallelism, as far as it goes today: every linear and embedding layer declares how its
-// weight splits over the tensor-parallel group (Megatron's column- and row-parallel linears, the
-// vocabulary-parallel embedding, the fused QKV split per head), and its ParamSpec carries the
-// global frame (sharding/flat_layout.h: global shape, split dimension, this rank's part), which
-// initialisation, the estimator and (next) checkpoints read. The column/row communication is not
-// there yet: the model refuses a group of size above 1.
+// Tensor parallelism: every linear and embedding layer declares how its weight splits over the
+// tensor-parallel group (Megatron's column- and row-parallel linears, the vocabulary-parallel
+// embedding, the fused QKV split per head), and its ParamSpec carries the global frame
+// (sharding/flat_layout.h: global shape, split dimension, this rank's part), which
+// initialisation, the estimator and checkpoints read. The communication is tp_layers.h's.
 #pragma once
 
 #include <string>

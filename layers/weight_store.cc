@@ -13,8 +13,9 @@ class ShardManagerStore final : public WeightStore {
  public:
   explicit ShardManagerStore(ShardManager& manager) : manager_(manager) {}
 
-  Status AddUnit(const std::string& name, const std::vector<ParamSpec>& params) override {
-    ZR_ASSIGN_OR_RETURN(int index, manager_.AddUnit(name, params));
+  Status AddUnit(const std::string& name, const std::vector<ParamSpec>& params,
+                 const UnitOptions& options) override {
+    ZR_ASSIGN_OR_RETURN(int index, manager_.AddUnit(name, params, options));
     units_.push_back({index, static_cast<int>(params.size())});
     return absl::OkStatus();
   }

@@ -24,7 +24,9 @@ class WeightStore {
  public:
   virtual ~WeightStore() = default;
   // Declares the model's units in order (unit i of the model is the i-th call).
-  virtual Status AddUnit(const std::string& name, const std::vector<ParamSpec>& params) = 0;
+  // `options` (tied units across pipeline stages) matter to the shard manager only.
+  virtual Status AddUnit(const std::string& name, const std::vector<ParamSpec>& params,
+                         const UnitOptions& options = {}) = 0;
   virtual StatusOr<UnitTensors> Open(int unit, bool backward) = 0;
   virtual Status Close(int unit) = 0;
 };
@@ -37,7 +39,8 @@ std::unique_ptr<WeightStore> MakeShardManagerStore(ShardManager& manager);
 template <typename T>
 class HostWeightStore final : public WeightStore {
  public:
-  Status AddUnit(const std::string& name, const std::vector<ParamSpec>& params) override {
+  Status AddUnit(const std::string& name, const std::vector<ParamSpec>& params,
+                 const UnitOptions& = {}) override {
     Unit u;
     u.specs = params;
     for (const ParamSpec& p : params) {

@@ -74,6 +74,10 @@ struct ShardManagerOptions {
   LossScaleOptions loss_scale;     // used when compute_dtype is f16
   float gradient_clipping = 0.0f;  // max global L2 norm; 0 disables
   bool overlap_comm = true;  // reduce gradients on the comm stream, overlapping backward compute
+  // Stages 2-3: keep each unit's full gradient through the step's micro-batches and reduce it
+  // once, at the step, instead of as each backward ends (a pipeline's micro-batches: m-fold
+  // fewer gradient collectives for every unit's full gradient held through the step).
+  bool reduce_at_step = false;
   int64_t reduce_bucket_size = 500'000'000;              // elements (DeepSpeed's default)
   int64_t stage3_prefetch_bucket_size = 50'000'000;      // elements issued ahead
   int64_t stage3_max_live_parameters = 1'000'000'000;    // elements gathered at once

@@ -214,16 +214,23 @@ Status ShardManager::CheckNvmeSpace() const {
                                    StrCat("the offloaded state of rank ", resources_.dp->rank()));
 }
 
-StatusOr<int> ShardManager::AddUnit(std::string name, std::vector<ParamSpec> params) {
+StatusOr<int> ShardManager::AddUnit(std::string name, std::vector<ParamSpec> params,
+                                    const UnitOptions& unit_options) {
   if (initialized_)
     return absl::FailedPreconditionError(StrCat("unit '", name, "' added after Initialize"));
   for (const auto& u : units_) {
     if (u->name() == name)
       return absl::InvalidArgumentError(StrCat("unit '", name, "' added twice"));
   }
+  if (unit_options.tied != nullptr && options_.placement.optimizer == MemoryTier::kNvme) {
+    return absl::UnimplementedError(
+        StrCat("unit '", name, "' is tied across pipeline stages, which needs the optimizer "
+               "state in memory: offload_optimizer to nvme is not supported with it yet"));
+  }
   ZR_ASSIGN_OR_RETURN(std::unique_ptr<ShardedUnit> unit,
                       ShardedUnit::Create(std::move(name), std::move(params), UnitResourcesOf()));
   units_.push_back(std::move(unit));
+  unit_options_.push_back(unit_options);
   return static_cast<int>(units_.size() - 1);
 }
 
@@ -246,6 +253,9 @@ Status ShardManager::Initialize(const Initializer& init) {
     std::vector<float> initial = InitialShard(u->layout(), u->layout_rank(), init, options_.seed);
     ZR_ASSIGN_OR_RETURN(TensorView master, optimizer_->AddUnit(*u, initial));
     ZR_RETURN_IF_ERROR(u->Initialize(master));
+  }
+  for (size_t i = 0; i < units_.size(); ++i) {
+    if (!unit_options_[i].counts_in_norm) optimizer_->ExcludeFromNorm(static_cast<int>(i));
   }
   ZR_RETURN_IF_ERROR(optimizer_->Finalize());
   ZR_RETURN_IF_ERROR(resources_.compute->Synchronize());
@@ -417,7 +427,8 @@ void ShardManager::EndStepOrder() {
 
 Status ShardManager::EndScope(int unit, bool backward) {
   ShardedUnit& u = *units_[unit];
-  if (backward && (options_.stage == ZeroStage::k2 || options_.stage == ZeroStage::k3)) {
+  if (backward && (options_.stage == ZeroStage::k2 || options_.stage == ZeroStage::k3) &&
+      !options_.reduce_at_step) {
     ZR_RETURN_IF_ERROR(reducer_->Add(u));
   }
   return u.Release();
@@ -426,7 +437,30 @@ Status ShardManager::EndScope(int unit, bool backward) {
 Status ShardManager::ReduceGradients() {
   if (!initialized_) return absl::FailedPreconditionError("Initialize the ShardManager first");
   if (gradients_reduced_) return absl::OkStatus();
+  if (options_.reduce_at_step &&
+      (options_.stage == ZeroStage::k2 || options_.stage == ZeroStage::k3)) {
+    // Every full gradient kept through the micro-batches, reduced now, last unit first (the
+    // order a backward ends them in; any order the data-parallel ranks share would do).
+    for (auto it = units_.rbegin(); it != units_.rend(); ++it) {
+      if ((*it)->has_full_grad()) ZR_RETURN_IF_ERROR(reducer_->Add(**it));
+    }
+  }
   ZR_RETURN_IF_ERROR(reducer_->Finish(units_));
+  // Tied units: this rank's shard summed over the ranks that hold the same unit.
+  for (size_t i = 0; i < units_.size(); ++i) {
+    Communicator* tied = unit_options_[i].tied;
+    if (tied == nullptr || tied->size() == 1) continue;
+    const TensorView g = optimizer_->GradShard(static_cast<int>(i));
+    Stream* stream = resources_.compute;
+    if (g.device().is_cpu() && !resources_.compute->device().is_cpu()) {
+      ZR_RETURN_IF_ERROR(resources_.compute->Synchronize());  // host shards: written by then
+      stream = nullptr;
+    }
+    tied->SetTraceLabel(StrCat("tied gradient of ", units_[i]->name()));
+    ZR_RETURN_IF_ERROR(
+        tied->AllReduce(g.data(), g.data(), g.numel(), DType::kF32, ReduceOp::kSum, stream));
+    tied->SetTraceLabel("");
+  }
   gradients_reduced_ = true;
   return absl::OkStatus();
 }

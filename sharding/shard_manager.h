@@ -60,6 +60,17 @@ class UnitScope {
   bool backward_;
 };
 
+// How a unit takes part beyond its data-parallel group (AddUnit).
+struct UnitOptions {
+  // A unit held by several ranks of one model replica (the tied embedding on a pipeline's first
+  // and last stage): after the data-parallel reduction its gradient shard is summed over
+  // `tied` (every member holds the same unit, sharded alike, so the shards line up), and every
+  // member then takes the same step. Needs the optimizer state in memory (not on NVMe).
+  Communicator* tied = nullptr;
+  // False on every member of `tied` but one, so that the model-parallel norm counts it once.
+  bool counts_in_norm = true;
+};
+
 struct StepInputs {
   float lr = 0.0f;
   int micro_batches = 1;  // gradients accumulated since the last step
@@ -97,14 +108,16 @@ class ShardManager {
   ~ShardManager();
 
   // Registers a unit (before Initialize). Returns its index.
-  StatusOr<int> AddUnit(std::string name, std::vector<ParamSpec> params);
+  StatusOr<int> AddUnit(std::string name, std::vector<ParamSpec> params,
+                        const UnitOptions& unit_options = {});
   // Allocates and initialises every unit (collective over the data-parallel group).
   Status Initialize(const Initializer& init);
 
   StatusOr<UnitScope> Forward(int unit);
   StatusOr<UnitScope> Backward(int unit);
   // Completes this step's gradient reduction (stages 0-1 all-reduce here; 2-3 reduced as each
-  // unit's backward ended). Step() calls it when the caller has not; calling it first lets a
+  // unit's backward ended, or here with options.reduce_at_step), then sums tied units'
+  // gradient shards over their groups. Step() calls it when the caller has not; calling it first lets a
   // caller inspect the reduced gradient shards (optimizer().GradShard) before the update.
   Status ReduceGradients();
   StatusOr<StepResult> Step(const StepInputs& inputs);
@@ -163,6 +176,7 @@ class ShardManager {
   std::unique_ptr<ShardedOptimizer> optimizer_;
   OffloadStats offload_stats_;
   std::vector<std::unique_ptr<ShardedUnit>> units_;
+  std::vector<UnitOptions> unit_options_;  // one per unit
   std::unique_ptr<GradientReducer> reducer_;
   LossScaler scaler_;
   bool initialized_ = false;

@@ -19,6 +19,7 @@ struct ShardedOptimizer::UnitState {
   // zero), and its norm parts as of its last write.
   bool grad_written = false;
   float sum_sq = 0.0f, nonfinite = 0.0f;
+  bool in_norm = true;  // false: a tied copy that another rank counts
 };
 
 namespace {
@@ -187,6 +188,7 @@ Status ShardedOptimizer::AccumulateNvme(int u, const TensorView& reduced) {
 std::vector<Range> ShardedOptimizer::NormRanges(int u) const {
   const ShardedUnit& unit = *units_[u]->unit;
   const int64_t shard = unit.layout().shard_numel();
+  if (!units_[u]->in_norm) return {};
   if (resources_.count_replicated) return {Range{0, shard}};
   std::vector<Range> ranges;
   for (const ShardPiece& piece : unit.layout().ShardPieces(unit.layout_rank())) {
@@ -513,6 +515,8 @@ Status ShardedOptimizer::WriteState(int u, StateKind kind, std::span<const float
   }
   return absl::OkStatus();
 }
+
+void ShardedOptimizer::ExcludeFromNorm(int u) { units_.at(u)->in_norm = false; }
 
 TensorView ShardedOptimizer::GradShard(int u) const {
   const PlacedBuffer& g = units_.at(u)->grad;

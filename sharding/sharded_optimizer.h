@@ -63,6 +63,8 @@ class ShardedOptimizer {
   // Adds this rank's sum of squares and count of non-finite values over every gradient shard,
   // unit by unit in order, into one-element f32 device views (zeroed by the caller).
   Status AccumulateNorm(const TensorView& sum_sq, const TensorView& nonfinite);
+  // Leaves unit `u` out of this rank's norm (a tied copy another rank counts).
+  void ExcludeFromNorm(int u);
   // Updates every unit's master and moments, and writes its compute copy.
   Status Step(const OptimizerStepArgs& args);
   Status ZeroGradients();

@@ -94,6 +94,7 @@ class ShardedUnit {
   Status BeginBackward();
   // The whole reduce-dtype gradient; GradientReducer reduces it over the data-parallel group.
   TensorView FullGrad() const;
+  bool has_full_grad() const { return static_cast<bool>(full_grad_); }
   // Stages 2-3, after the reduction: frees the full gradient once `used_on` has finished.
   Status DropFullGrad(Stream& used_on);
   // Stages 0-1, after the step took this rank's slice: zeroes the kept full gradient.
