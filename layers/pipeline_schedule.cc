@@ -67,6 +67,11 @@ Status ValidatePipelineShape(const PipelineShape& s) {
       }
       return absl::OkStatus();
     case PipelineSchedule::kInterleaved:
+      if (p < 2) {
+        return absl::InvalidArgumentError(
+            "the interleaved schedule needs at least 2 pipeline stages (one stage runs its "
+            "chunks one after the other: use 1f1b)");
+      }
       if (v < 2) {
         return absl::InvalidArgumentError(
             StrCat("the interleaved schedule needs virtual_pipeline_stages >= 2 (", v, " given)"));
@@ -150,6 +155,44 @@ StatusOr<std::vector<PipelineAction>> PipelineActions(const PipelineShape& s, in
     backward(micro_batch(i), chunk_of(i, false));
   }
   for (int k = steady; k < total; ++k) backward(micro_batch(k), chunk_of(k, false));
+  return out;
+}
+
+bool IsCommunication(PipelineOp op) {
+  return op != PipelineOp::kForward && op != PipelineOp::kBackward;
+}
+
+std::vector<std::vector<PipelineAction>> PipelineBatches(
+    const std::vector<PipelineAction>& actions) {
+  std::vector<std::vector<PipelineAction>> out;
+  bool open = false;  // the last batch takes more receives
+  for (const PipelineAction& a : actions) {
+    const bool recv = a.op == PipelineOp::kRecvForward || a.op == PipelineOp::kRecvBackward;
+    if (recv && open) {
+      out.back().push_back(a);
+      continue;
+    }
+    out.push_back({a});
+    open = recv;
+  }
+  return out;
+}
+
+StatusOr<std::vector<PipelineAction>> PipelineForwardActions(const PipelineShape& s, int stage) {
+  if (s.stages < 1 || s.micro_batches < 1 || s.virtual_stages < 1 || stage < 0 ||
+      stage >= s.stages) {
+    return absl::InvalidArgumentError(StrCat("pipeline stage ", stage, " of ", s.stages, ", ",
+                                             s.micro_batches, " micro-batches, ",
+                                             s.virtual_stages, " virtual stages"));
+  }
+  std::vector<PipelineAction> out;
+  for (int mb = 0; mb < s.micro_batches; ++mb) {
+    for (int c = 0; c < s.virtual_stages; ++c) {
+      if (PreviousChunk(s, stage, c).stage >= 0) out.push_back({PipelineOp::kRecvForward, mb, c});
+      out.push_back({PipelineOp::kForward, mb, c});
+      if (NextChunk(s, stage, c).stage >= 0) out.push_back({PipelineOp::kSendForward, mb, c});
+    }
+  }
   return out;
 }
 

@@ -68,6 +68,19 @@ int PipelineWarmup(const PipelineShape& shape, int stage);
 // of the sends on each link equals the order of the receives at the other end.
 StatusOr<std::vector<PipelineAction>> PipelineActions(const PipelineShape& shape, int stage);
 
+// What an executor runs, in order: one compute action, one send, or a batch of consecutive
+// receives waited for together. Sends are posted without waiting and complete in the background
+// once their receive is posted (Communicator::PostSend), so a stage waits only at receives: the
+// buffered-send semantics under which the tests simulate every schedule. (With sends that
+// block until received, no grouping of consecutive actions is deadlock-free for the
+// interleaved schedule: the test shows the cycle.)
+std::vector<std::vector<PipelineAction>> PipelineBatches(const std::vector<PipelineAction>& actions);
+bool IsCommunication(PipelineOp op);
+
+// Forward-only (evaluation): every micro-batch through every local chunk in order, with its
+// receives and sends.
+StatusOr<std::vector<PipelineAction>> PipelineForwardActions(const PipelineShape& shape, int stage);
+
 // The local chunk and stage a forward output of (stage, chunk) goes to; {-1, -1} for the last.
 struct ChunkAddress {
   int stage = -1, chunk = -1;
