@@ -626,9 +626,7 @@ Status GptModel::BlocksForward(MicroBatch& mb, int first, int last) {
 
 void* GptModel::BlockInput(MicroBatch& mb, int block) { return mb.block_out.at(block).data(); }
 
-int64_t GptModel::BoundaryElements(const MicroBatch& mb) const {
-  return mb.g.rows_l * mb.g.d;
-}
+int64_t GptModel::BoundaryElements(const MicroBatch& mb) const { return mb.g.rows_l * mb.g.d; }
 
 DType GptModel::BoundaryDType() const { return DTypeOfSize(kernels_.act_size()); }
 

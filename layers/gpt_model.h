@@ -61,7 +61,7 @@ struct GptModelOptions {
   // the batch x seq rows is valid, since every op between the TP regions works per row; a pass
   // whose rows tp does not divide (a short prompt) runs without it, with the same values.
   bool sequence_parallel = false;
-  int vocab_multiple = 1;  // Megatron's make_vocab_size_divisible_by (x tp): wte's padding
+  int vocab_multiple = 1;   // Megatron's make_vocab_size_divisible_by (x tp): wte's padding
   GptStagePart stage = {};  // pipeline parallelism: what this rank holds (default: everything)
 };
 

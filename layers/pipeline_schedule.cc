@@ -182,8 +182,8 @@ StatusOr<std::vector<PipelineAction>> PipelineForwardActions(const PipelineShape
   if (s.stages < 1 || s.micro_batches < 1 || s.virtual_stages < 1 || stage < 0 ||
       stage >= s.stages) {
     return absl::InvalidArgumentError(StrCat("pipeline stage ", stage, " of ", s.stages, ", ",
-                                             s.micro_batches, " micro-batches, ",
-                                             s.virtual_stages, " virtual stages"));
+                                             s.micro_batches, " micro-batches, ", s.virtual_stages,
+                                             " virtual stages"));
   }
   std::vector<PipelineAction> out;
   for (int mb = 0; mb < s.micro_batches; ++mb) {

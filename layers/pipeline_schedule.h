@@ -74,7 +74,8 @@ StatusOr<std::vector<PipelineAction>> PipelineActions(const PipelineShape& shape
 // buffered-send semantics under which the tests simulate every schedule. (With sends that
 // block until received, no grouping of consecutive actions is deadlock-free for the
 // interleaved schedule: the test shows the cycle.)
-std::vector<std::vector<PipelineAction>> PipelineBatches(const std::vector<PipelineAction>& actions);
+std::vector<std::vector<PipelineAction>> PipelineBatches(
+    const std::vector<PipelineAction>& actions);
 bool IsCommunication(PipelineOp op);
 
 // Forward-only (evaluation): every micro-batch through every local chunk in order, with its

@@ -377,8 +377,62 @@ Status Communicator::Exchange(std::span<const P2POp> ops, DType dtype, Stream* s
         },
         stream);
   }
-  return Run(
-      call, [&](Stream* s) { return DoExchange(ops, dtype, s); }, stream);
+  ZR_RETURN_IF_ERROR(Run(
+      call, [&](Stream* s) { return DoExchange(ops, dtype, s); }, stream));
+  return PollSends();
+}
+
+Status Communicator::PostSend(const void* buffer, size_t count, DType dtype, int peer,
+                              Stream* stream) {
+  ZR_RETURN_IF_ERROR(CheckPeer(peer, rank_, size_, "posted send", false));
+  ZR_RETURN_IF_ERROR(CheckBuffer(buffer, count, "posted send"));
+  ZR_RETURN_IF_ERROR(CheckStream(stream));
+  const size_t bytes = count * DTypeSize(dtype);
+  auto fail = [&](const Status& status) {
+    return Annotate(status, StrCat("rank ", rank_, "/", size_, " in group '", options_.name, "' (",
+                                   backend(), "), posted send of ", bytes, " bytes to ", peer));
+  };
+  PostedSend posted{};
+  const void* from = buffer;
+  Stream* on = stream;
+  if (NeedsStaging(stream)) {
+    ZR_RETURN_IF_ERROR(stream->Synchronize());
+    ZR_ASSIGN_OR_RETURN(posted.staging, Staging(bytes));
+    ZR_RETURN_IF_ERROR(ToHost(posted.staging.data(), buffer, stream->device(), bytes));
+    from = posted.staging.data();
+    on = nullptr;
+  } else if (stream != nullptr && stream->device().is_cpu()) {
+    on = nullptr;
+  }
+  posted.seq = trace_.Begin(CollectiveOp::kSend, bytes, dtype, peer, options_.timeout);
+  if (Status status = DoPostSend(from, count, dtype, peer, on); !status.ok()) {
+    trace_.End(posted.seq, false);
+    return fail(status);
+  }
+  posted_.push_back(std::move(posted));
+  return PollSends();
+}
+
+Status Communicator::PollSends() {
+  if (posted_.empty()) return absl::OkStatus();
+  ZR_ASSIGN_OR_RETURN(size_t done, DoPollSends());
+  for (; done > 0 && !posted_.empty(); --done) {
+    trace_.End(posted_.front().seq, true);
+    posted_.pop_front();
+  }
+  return absl::OkStatus();
+}
+
+Status Communicator::WaitSends() {
+  if (posted_.empty()) return absl::OkStatus();
+  Status status = DoWaitSends();
+  for (const PostedSend& p : posted_) trace_.End(p.seq, status.ok());
+  posted_.clear();
+  if (!status.ok()) {
+    return Annotate(status, StrCat("rank ", rank_, "/", size_, " in group '", options_.name, "' (",
+                                   backend(), "), waiting for posted sends"));
+  }
+  return absl::OkStatus();
 }
 
 Status Communicator::Barrier() {

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <span>
 #include <string>
@@ -90,6 +91,16 @@ class Communicator {
   // any other buffer of the batch. MPI: Isend/Irecv and Waitall; NCCL: one group; loopback:
   // the sends are buffered, then the receives wait.
   Status Exchange(std::span<const P2POp> ops, DType dtype, Stream* stream = nullptr);
+  // A send posted without waiting for it: it completes in the background once the peer posts
+  // its receive (MPI Isend, loopback buffered, NCCL on a stream per peer), so a stage waits only
+  // at its receives (a pipeline's sends). `buffer` must stay unchanged until WaitSends. Its
+  // trace record stays open until the backend reports it complete (polled at every PostSend,
+  // Exchange and WaitSends): a send nobody receives meets the watchdog's deadline.
+  Status PostSend(const void* buffer, size_t count, DType dtype, int peer,
+                  Stream* stream = nullptr);
+  // Waits for every posted send.
+  Status WaitSends();
+  size_t posted_sends() const { return posted_.size(); }
   Status Barrier();
   // Collective over this group: callers with the same colour form a new group, ordered by
   // (key, rank). kNoColor gives nullptr.
@@ -121,6 +132,11 @@ class Communicator {
   virtual Status DoSendRecv(const void* send, size_t send_count, int dst, void* recv,
                             size_t recv_count, int src, DType dtype, Stream* stream) = 0;
   virtual Status DoExchange(std::span<const P2POp> ops, DType dtype, Stream* stream) = 0;
+  virtual Status DoPostSend(const void* buffer, size_t count, DType dtype, int peer,
+                            Stream* stream) = 0;
+  // How many of the oldest posted sends have completed, in posting order, without waiting.
+  virtual StatusOr<size_t> DoPollSends() = 0;
+  virtual Status DoWaitSends() = 0;  // every posted send
   virtual Status DoBarrier() = 0;
   virtual StatusOr<std::unique_ptr<Communicator>> DoSplit(int color, int key,
                                                           CommOptions options) = 0;
@@ -134,6 +150,7 @@ class Communicator {
   // Runs `body` under the trace, with the stream it should use (nullptr once staged to host).
   Status Run(const Call& call, const std::function<Status(Stream*)>& body, Stream* stream);
   Status CheckStream(Stream* stream) const;
+  Status PollSends();
   bool NeedsStaging(Stream* stream) const;
   StatusOr<Buffer> Staging(size_t bytes);
 
@@ -143,6 +160,11 @@ class Communicator {
   CollectiveTrace trace_;
   Watchdog* const watchdog_;
   std::unique_ptr<Allocator> staging_allocator_;
+  struct PostedSend {
+    uint64_t seq;    // its trace record
+    Buffer staging;  // the host copy of a CUDA buffer (host backends)
+  };
+  std::deque<PostedSend> posted_;  // oldest first
 };
 
 }  // namespace zerort

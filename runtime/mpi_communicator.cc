@@ -2,6 +2,7 @@
 #include "runtime/mpi_communicator.h"
 
 #include <mpi.h>
+#include <deque>
 
 #include <climits>
 #include <cstring>
@@ -229,6 +230,34 @@ class MpiCommunicator final : public Communicator {
     return absl::OkStatus();
   }
 
+  Status DoPostSend(const void* buffer, size_t count, DType dtype, int peer, Stream*) override {
+    ZR_ASSIGN_OR_RETURN(int n, ToInt(count));
+    MPI_Request request;
+    ZR_MPI_RETURN_IF_ERROR(MPI_Isend(buffer, n, MoveType(dtype), peer, kTag, comm_, &request));
+    posted_.push_back(request);
+    return absl::OkStatus();
+  }
+
+  StatusOr<size_t> DoPollSends() override {
+    size_t done = 0;
+    while (!posted_.empty()) {
+      int flag = 0;
+      ZR_MPI_RETURN_IF_ERROR(MPI_Test(&posted_.front(), &flag, MPI_STATUS_IGNORE));
+      if (!flag) break;
+      posted_.pop_front();
+      ++done;
+    }
+    return done;
+  }
+
+  Status DoWaitSends() override {
+    std::vector<MPI_Request> all(posted_.begin(), posted_.end());
+    posted_.clear();
+    ZR_MPI_RETURN_IF_ERROR(
+        MPI_Waitall(static_cast<int>(all.size()), all.data(), MPI_STATUSES_IGNORE));
+    return absl::OkStatus();
+  }
+
   Status DoBarrier() override {
     ZR_MPI_RETURN_IF_ERROR(MPI_Barrier(comm_));
     return absl::OkStatus();
@@ -263,6 +292,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   MPI_Comm comm_;
+  std::deque<MPI_Request> posted_;  // PostSend's, oldest first
 };
 
 }  // namespace

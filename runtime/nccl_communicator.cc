@@ -3,6 +3,8 @@
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+#include <deque>
+#include <map>
 
 #include <thread>
 
@@ -84,6 +86,8 @@ class NcclCommunicator final : public Communicator {
         comm_(comm),
         device_(device) {}
   ~NcclCommunicator() override {
+    for (auto& [peer, st] : send_streams_) cudaStreamDestroy(st);
+    for (cudaEvent_t e : posted_) cudaEventDestroy(e);
     if (barrier_scratch_ != nullptr) cudaFree(barrier_scratch_);
     if (barrier_stream_ != nullptr) cudaStreamDestroy(barrier_stream_);
     ncclCommFinalize(comm_);
@@ -175,6 +179,57 @@ class NcclCommunicator final : public Communicator {
     return WaitReady(comm_, Clock::now() + options().timeout, "ncclGroupEnd");
   }
 
+  // Posted sends run on a stream per peer, after the work that wrote their buffer: one that
+  // waits for its receive holds up only later sends to the same peer (in the receiver's order).
+  Status DoPostSend(const void* buffer, size_t count, DType dtype, int peer,
+                    Stream* stream) override {
+    ZR_RETURN_IF_ERROR(CheckDevice(stream));
+    ZR_RETURN_IF_ERROR(SetCurrentDevice(device_));
+    cudaStream_t& on = send_streams_[peer];
+    if (on == nullptr)
+      ZR_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&on, cudaStreamNonBlocking));
+    cudaEvent_t ready = nullptr, done = nullptr;
+    ZR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    ZR_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready, Native(stream)));
+    const cudaError_t waited = cudaStreamWaitEvent(on, ready, 0);
+    cudaEventDestroy(ready);
+    ZR_CUDA_RETURN_IF_ERROR(waited);
+    ZR_NCCL_CALL(ncclSend(buffer, count, NcclType(dtype), peer, comm_, on));
+    ZR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    ZR_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, on));
+    posted_.push_back(done);
+    return absl::OkStatus();
+  }
+
+  StatusOr<size_t> DoPollSends() override {
+    size_t done = 0;
+    while (!posted_.empty()) {
+      const cudaError_t err = cudaEventQuery(posted_.front());
+      if (err == cudaErrorNotReady) break;
+      cudaEventDestroy(posted_.front());
+      posted_.pop_front();
+      if (err != cudaSuccess) return internal::CudaError("cudaEventQuery(posted send)", err);
+      ++done;
+    }
+    return done;
+  }
+
+  Status DoWaitSends() override {
+    const Clock::time_point deadline = Clock::now() + options().timeout;
+    while (!posted_.empty()) {
+      ZR_ASSIGN_OR_RETURN(size_t done, DoPollSends());
+      if (done == 0) {
+        ZR_RETURN_IF_ERROR(WaitReady(comm_, deadline, "posted ncclSend"));
+        if (Clock::now() > deadline) {
+          ncclCommAbort(comm_);
+          return absl::DeadlineExceededError("posted NCCL sends did not finish in time");
+        }
+        std::this_thread::yield();
+      }
+    }
+    return absl::OkStatus();
+  }
+
   Status DoBarrier() override {
     ZR_RETURN_IF_ERROR(SetCurrentDevice(device_));
     if (barrier_stream_ == nullptr) {
@@ -256,6 +311,8 @@ class NcclCommunicator final : public Communicator {
   Device device_;
   cudaStream_t barrier_stream_ = nullptr;
   float* barrier_scratch_ = nullptr;
+  std::map<int, cudaStream_t> send_streams_;  // PostSend's, per peer
+  std::deque<cudaEvent_t> posted_;            // each posted send's end, oldest first
 };
 
 }  // namespace

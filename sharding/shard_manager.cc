@@ -224,7 +224,8 @@ StatusOr<int> ShardManager::AddUnit(std::string name, std::vector<ParamSpec> par
   }
   if (unit_options.tied != nullptr && options_.placement.optimizer == MemoryTier::kNvme) {
     return absl::UnimplementedError(
-        StrCat("unit '", name, "' is tied across pipeline stages, which needs the optimizer "
+        StrCat("unit '", name,
+               "' is tied across pipeline stages, which needs the optimizer "
                "state in memory: offload_optimizer to nvme is not supported with it yet"));
   }
   ZR_ASSIGN_OR_RETURN(std::unique_ptr<ShardedUnit> unit,

@@ -117,8 +117,8 @@ class ShardManager {
   StatusOr<UnitScope> Backward(int unit);
   // Completes this step's gradient reduction (stages 0-1 all-reduce here; 2-3 reduced as each
   // unit's backward ended, or here with options.reduce_at_step), then sums tied units'
-  // gradient shards over their groups. Step() calls it when the caller has not; calling it first lets a
-  // caller inspect the reduced gradient shards (optimizer().GradShard) before the update.
+  // gradient shards over their groups. Step() calls it when the caller has not; calling it first
+  // lets a caller inspect the reduced gradient shards (optimizer().GradShard) before the update.
   Status ReduceGradients();
   StatusOr<StepResult> Step(const StepInputs& inputs);
 

@@ -219,8 +219,7 @@ std::string SimulateRendezvous(const PipelineShape& s, bool forward_only,
           ops[st][b].push_back({{st, to.stage, bwd}, v.size(), true});
           v.push_back(b);
         } else if (IsCommunication(a.op)) {
-          const ChunkAddress from =
-              bwd ? NextChunk(s, st, a.chunk) : PreviousChunk(s, st, a.chunk);
+          const ChunkAddress from = bwd ? NextChunk(s, st, a.chunk) : PreviousChunk(s, st, a.chunk);
           auto& v = recv_at[{from.stage, st, bwd}];
           ops[st][b].push_back({{from.stage, st, bwd}, v.size(), false});
           v.push_back(b);

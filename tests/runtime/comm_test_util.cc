@@ -150,6 +150,41 @@ std::string CheckExchange(Communicator& comm, DType dtype, size_t count, uint64_
   return "";
 }
 
+std::string CheckPostedSends(Communicator& comm, DType dtype, size_t count, uint64_t seed) {
+  const int n = comm.size();
+  if (n == 1) return "";
+  const int right = (comm.rank() + 1) % n;
+  const int left = (comm.rank() + n - 1) % n;
+  // Every rank posts all its sends first (two to the right, one to the left), then receives
+  // them in a batch, then waits for its sends: posted sends never wait for their receive.
+  const size_t sizes[3] = {count, count + 3, count / 2 + 1};
+  const int to[3] = {right, right, left};
+  const int from[3] = {left, left, right};
+  std::vector<std::vector<std::byte>> send(3), recv(3);
+  for (int i = 0; i < 3; ++i) {
+    send[i] = RandomData(dtype, sizes[i], seed + i, comm.rank());
+    if (auto s = comm.PostSend(send[i].data(), sizes[i], dtype, to[i]); !s.ok()) {
+      return StatusText(s, "post send");
+    }
+  }
+  std::vector<P2POp> ops;
+  for (int i = 0; i < 3; ++i) {
+    recv[i].assign(sizes[i] * DTypeSize(dtype) + 1, std::byte{0x5a});
+    ops.push_back({P2POp::kRecv, recv[i].data(), sizes[i], from[i]});
+  }
+  if (auto s = comm.Exchange(ops, dtype); !s.ok()) return StatusText(s, "exchange of receives");
+  if (auto s = comm.WaitSends(); !s.ok()) return StatusText(s, "wait sends");
+  if (comm.posted_sends() != 0) return "posted sends left after WaitSends";
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<std::byte> want = RandomData(dtype, sizes[i], seed + i, from[i]);
+    std::string err = Compare(
+        recv[i], dtype, sizes[i], [&](size_t k) { return ValueAt(want, dtype, k); }, 1,
+        StrCat("posted send ", i));
+    if (!err.empty()) return err;
+  }
+  return "";
+}
+
 std::string CheckEverything(Communicator& comm, uint64_t seed) {
   const size_t large = (size_t{1} << 20) + 3;  // 1 Mi + 3 elements: uneven and multi-tile
   for (DType dtype : AllDTypes()) {
@@ -174,6 +209,7 @@ std::string CheckEverything(Communicator& comm, uint64_t seed) {
       }
       if (auto e = CheckSendRecvRing(comm, dtype, count, seed + count + 4); !e.empty()) return e;
       if (auto e = CheckExchange(comm, dtype, count, seed + count + 8); !e.empty()) return e;
+      if (auto e = CheckPostedSends(comm, dtype, count, seed + count + 11); !e.empty()) return e;
     }
   }
   // Large messages in the two dtypes that matter most for training.
@@ -188,6 +224,7 @@ std::string CheckEverything(Communicator& comm, uint64_t seed) {
       return e;
   }
   if (auto e = CheckExchange(comm, DType::kF32, large, seed + 9); !e.empty()) return e;
+  if (auto e = CheckPostedSends(comm, DType::kF32, large, seed + 12); !e.empty()) return e;
   if (auto s = comm.Barrier(); !s.ok()) return StatusText(s, "barrier");
   return "";
 }

@@ -143,6 +143,8 @@ std::string CheckBroadcast(Communicator& comm, DType dtype, size_t count, int ro
 std::string CheckSendRecvRing(Communicator& comm, DType dtype, size_t count, uint64_t seed);
 // A batch (Exchange) of three sends and three receives around the ring, sends posted first.
 std::string CheckExchange(Communicator& comm, DType dtype, size_t count, uint64_t seed);
+// Sends posted (PostSend) before any receive, then received in a batch and waited for.
+std::string CheckPostedSends(Communicator& comm, DType dtype, size_t count, uint64_t seed);
 // Every collective, every dtype and op, counts 0, 1, uneven, and large.
 std::string CheckEverything(Communicator& comm, uint64_t seed);
 
