@@ -631,7 +631,12 @@ int64_t GptModel::BoundaryElements(const MicroBatch& mb) const { return mb.g.row
 DType GptModel::BoundaryDType() const { return DTypeOfSize(kernels_.act_size()); }
 
 StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
-                                       std::vector<double>* logits) {
+                                       std::vector<double>* logits, int64_t logits_from_row) {
+  if (logits_from_row < 0 || logits_from_row >= mb.g.rows) {
+    return absl::InvalidArgumentError(
+        StrCat("logits from row ", logits_from_row, " of ", mb.g.rows));
+  }
+  mb.logits_from_row = logits_from_row;
   const Geometry& g = mb.g;
   const int L = options_.config.n_layer;
   const int norm_unit = norm_unit_;
@@ -821,11 +826,10 @@ StatusOr<double> GptModel::Run(std::span<const int32_t> tokens, std::span<const 
                                int batch, int seq, bool train, float loss_scale,
                                std::vector<double>* logits, int64_t logits_from_row) {
   ZR_ASSIGN_OR_RETURN(MicroBatchPtr mb, Begin(tokens, targets, batch, seq, train));
-  mb->logits_from_row = logits_from_row;
   const int L = options_.config.n_layer;
   ZR_RETURN_IF_ERROR(EmbedForward(*mb));
   ZR_RETURN_IF_ERROR(BlocksForward(*mb, 0, L));
-  ZR_ASSIGN_OR_RETURN(double loss, HeadForward(*mb, loss_scale, logits));
+  ZR_ASSIGN_OR_RETURN(double loss, HeadForward(*mb, loss_scale, logits, logits_from_row));
   if (!train) return loss;
   ZR_RETURN_IF_ERROR(HeadBackward(*mb));
   ZR_RETURN_IF_ERROR(BlocksBackward(*mb, 0, L));

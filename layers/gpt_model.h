@@ -135,7 +135,9 @@ class GptModel {
   Status BlocksForward(MicroBatch& mb, int first, int last);  // blocks [first, last)
   // Final LayerNorm, logits, loss (the mean cross-entropy; 0 without targets). Training: the
   // logits become their gradient x loss_scale.
-  StatusOr<double> HeadForward(MicroBatch& mb, float loss_scale, std::vector<double>* logits);
+  // `logits` (when given) gets rows logits_from_row .. of the logits, padding left out.
+  StatusOr<double> HeadForward(MicroBatch& mb, float loss_scale, std::vector<double>* logits,
+                               int64_t logits_from_row = 0);
   Status HeadBackward(MicroBatch& mb);
   // Blocks last-1 .. first. `dout` (a received gradient, BoundaryElements of act dtype) is the
   // gradient of block last-1's output when the head's backward did not produce it here; `dx`

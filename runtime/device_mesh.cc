@@ -44,6 +44,11 @@ StatusOr<std::unique_ptr<DeviceMesh>> DeviceMesh::Create(Communicator& world, Me
                       world.Split(c.data * shape.tensor + c.tensor, c.pipeline, named("pp")));
   ZR_ASSIGN_OR_RETURN(mesh->model_parallel_,
                       world.Split(c.data, c.pipeline * shape.tensor + c.tensor, named("mp")));
+  // The first and last stage of each pipeline (Megatron's embedding group), when there are two.
+  const bool ends = shape.pipeline > 1 && (c.pipeline == 0 || c.pipeline == shape.pipeline - 1);
+  ZR_ASSIGN_OR_RETURN(
+      mesh->embedding_,
+      world.Split(ends ? c.data * shape.tensor + c.tensor : kNoColor, c.pipeline, named("emb")));
   return mesh;
 }
 

@@ -1,7 +1,8 @@
 // The device mesh: world ranks arranged as pipeline x data x tensor, tensor-parallel ranks
 // adjacent (fastest), then data, then pipeline, as Megatron-LM orders them:
 //   rank = (pipeline * data_size + data) * tensor_size + tensor
-// Each rank gets four process groups, split from the world and handed out explicitly.
+// Each rank gets its process groups (data, tensor, pipeline, model-parallel and, on a pipeline's
+// first and last stage, embedding), split from the world and handed out explicitly.
 #pragma once
 
 #include <memory>
@@ -42,6 +43,9 @@ class DeviceMesh {
   // One model replica: every tensor and pipeline coordinate of this data coordinate (the
   // gradient norm and the overflow decision are agreed over it).
   Communicator& model_parallel() const { return *model_parallel_; }
+  // The first and last pipeline stage of this data and tensor coordinate (they both hold the
+  // tied embedding); null on the other stages and with one stage.
+  Communicator* embedding() const { return embedding_.get(); }
 
  private:
   DeviceMesh(Communicator& world, MeshShape shape) : world_(world), shape_(shape) {}
@@ -52,6 +56,7 @@ class DeviceMesh {
   std::unique_ptr<Communicator> tensor_;
   std::unique_ptr<Communicator> pipeline_;
   std::unique_ptr<Communicator> model_parallel_;
+  std::unique_ptr<Communicator> embedding_;
 };
 
 }  // namespace zerort

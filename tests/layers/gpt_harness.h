@@ -4,10 +4,14 @@
 #pragma once
 
 #include <cstdio>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "layers/gpt_model.h"
+#include "layers/pipeline_executor.h"
 #include "runtime/communicator.h"
 #include "runtime/device_mesh.h"
 #include "runtime/loopback_communicator.h"
@@ -55,6 +59,12 @@ struct GptRunConfig {
   int tp = 1;  // tensor-parallel size: the world is data x tensor (tensor fastest)
   bool sequence_parallel = false;
   OptimizerKind optimizer = OptimizerKind::kAdamW;
+  int micro_batches = 1;  // per step (gradient accumulation); the pipeline's m
+  // Pipeline parallelism: the world is data x tensor x pipeline (Megatron's order).
+  int pp = 1;
+  PipelineSchedule schedule = PipelineSchedule::k1F1B;
+  int virtual_stages = 1;
+  bool scatter_gather = true;
 };
 
 struct GptRank {
@@ -64,13 +74,16 @@ struct GptRank {
   std::unique_ptr<WeightStore> store;
   std::unique_ptr<ModelKernels> kernels;
   std::unique_ptr<GptModel> model;
+  std::unique_ptr<PipelineExecutor> executor;  // pp > 1
 };
 
 inline StatusOr<GptRank> MakeGptRank(const GptRunConfig& c, Communicator& comm,
                                      MemoryTracker& tracker) {
   GptRank r;
-  ZR_ASSIGN_OR_RETURN(r.mesh, DeviceMesh::Create(comm, {.data = comm.size() / c.tp, .tensor = c.tp},
-                                                 {.name = "gpt"}));
+  const int dp = comm.size() / (c.tp * c.pp);
+  ZR_ASSIGN_OR_RETURN(
+      r.mesh,
+      DeviceMesh::Create(comm, {.data = dp, .tensor = c.tp, .pipeline = c.pp}, {.name = "gpt"}));
   r.allocator = MakeCpuCachingAllocator(&tracker);
   ShardManagerOptions o;
   o.stage = c.stage;
@@ -80,58 +93,124 @@ inline StatusOr<GptRank> MakeGptRank(const GptRunConfig& c, Communicator& comm,
   o.optimizer.momentum = 0.9f;
   o.stage3_param_persistence_threshold = 0;
   o.seed = 42;
+  o.reduce_at_step = c.pp > 1;  // a pipeline reduces once per step
+  const bool model_parallel = c.tp > 1 || c.pp > 1;
   ZR_ASSIGN_OR_RETURN(
-      r.manager,
-      ShardManager::Create(o, {.dp = &r.mesh->data(),
-                               .device_allocator = r.allocator.get(),
-                               .model_parallel = c.tp > 1 ? &r.mesh->model_parallel() : nullptr,
-                               .tensor_parallel_rank = r.mesh->coord().tensor}));
+      r.manager, ShardManager::Create(
+                     o, {.dp = &r.mesh->data(),
+                         .device_allocator = r.allocator.get(),
+                         .model_parallel = model_parallel ? &r.mesh->model_parallel() : nullptr,
+                         .tensor_parallel_rank = r.mesh->coord().tensor}));
   r.store = MakeShardManagerStore(*r.manager);
   r.kernels = MakeCpuModelKernels(CpuPrecision::kFloat);
-  const int per_rank = c.global_batch / r.mesh->shape().data;
+  const int per_rank = c.global_batch / dp / c.micro_batches;
+  const int stage = r.mesh->coord().pipeline;
+  GptStagePart part;
+  if (c.pp > 1) {
+    ZR_ASSIGN_OR_RETURN(part.chunks,
+                        StageChunks(c.model.n_layer, c.pp, c.virtual_stages, {}, stage));
+    part.first = stage == 0;
+    part.last = stage == c.pp - 1;
+    part.embedding_group = r.mesh->embedding();
+  }
   ZR_ASSIGN_OR_RETURN(r.model, GptModel::Create({.config = c.model,
                                                  .micro_batch = per_rank,
                                                  .activation_checkpointing = c.checkpointing,
                                                  .tp = {c.tp > 1 ? &r.mesh->tensor() : nullptr},
-                                                 .sequence_parallel = c.sequence_parallel},
+                                                 .sequence_parallel = c.sequence_parallel,
+                                                 .stage = part},
                                                 *r.store, *r.kernels, *r.allocator));
   ZR_RETURN_IF_ERROR(r.manager->Initialize(GptInitializer(c.model)));
+  if (c.pp > 1) {
+    ZR_ASSIGN_OR_RETURN(
+        r.executor, PipelineExecutor::Create(
+                        *r.model, {.shape = {c.schedule, c.pp, c.micro_batches, c.virtual_stages},
+                                   .stage = stage,
+                                   .pipeline = &r.mesh->pipeline(),
+                                   .tp = {c.tp > 1 ? &r.mesh->tensor() : nullptr},
+                                   .sequence_parallel = c.sequence_parallel,
+                                   .scatter_gather = c.scatter_gather,
+                                   .chunks = part.chunks,
+                                   .allocator = r.allocator.get(),
+                                   .stream = &r.kernels->stream()}));
+  }
   return r;
 }
 
+// Every parameter's full fp32 master by name, assembled from the ranks of one process
+// (loopback): each rank writes its tensor-parallel part's elements at their global positions.
+using GptMasters = std::map<std::string, std::vector<float>>;
+inline Status CollectMasters(GptRank& r, GptMasters& out, std::mutex& mu) {
+  for (int u = 0; u < r.manager->num_units(); ++u) {
+    const std::vector<ParamSpec>& params = r.manager->unit(u).layout().params();
+    for (int k = 0; k < static_cast<int>(params.size()); ++k) {
+      const ParamSpec& spec = params[k];
+      std::vector<float> local(static_cast<size_t>(spec.numel()));
+      ZR_RETURN_IF_ERROR(r.manager->GatherMaster(u, k, local));  // over the data-parallel group
+      std::lock_guard<std::mutex> lock(mu);
+      std::vector<float>& full = out[spec.name];
+      full.resize(static_cast<size_t>(spec.global_numel()));
+      for (int64_t i = 0; i < spec.numel(); ++i) full[GlobalIndex(spec, i)] = local[i];
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Trains c.steps steps; `losses` (rank 0) gets the global mean loss of each step (the ranks of a
-// tensor-parallel group compute the same loss, so the world's mean is the replicas' mean).
+// tensor-parallel group compute the same loss, so the world's mean is the replicas' mean; under
+// pipeline parallelism the last stage has it). `masters` (when given) gets the final weights.
 inline Status TrainGptRank(const GptRunConfig& c, Communicator& comm, std::vector<double>& losses,
-                           MemoryTracker* tracker_out = nullptr) {
+                           MemoryTracker* tracker_out = nullptr, GptMasters* masters = nullptr,
+                           std::mutex* masters_mu = nullptr) {
   MemoryTracker local;
   MemoryTracker& tracker = tracker_out != nullptr ? *tracker_out : local;
   ZR_ASSIGN_OR_RETURN(GptRank r, MakeGptRank(c, comm, tracker));
-  const int per_rank = c.global_batch / r.mesh->shape().data;
+  const int dp = r.mesh->shape().data;
+  const int per_rank = c.global_batch / dp / c.micro_batches;
   const int seq = c.model.seq_len;
-  std::vector<int32_t> tokens, targets;
+  const bool last_stage = r.mesh->coord().pipeline == c.pp - 1;
+  std::vector<std::vector<int32_t>> tokens(c.micro_batches), targets(c.micro_batches);
   for (int step = 0; step < c.steps; ++step) {
-    // Tensor-parallel ranks of one replica see the same sequences.
-    GptBatch(int64_t{step} * c.global_batch + r.mesh->coord().data * per_rank, per_rank, seq,
-             c.model.vocab_size, tokens, targets);
-    ZR_ASSIGN_OR_RETURN(double loss, r.model->ForwardBackward(tokens, targets, per_rank, seq,
-                                                              r.manager->loss_scale()));
-    ZR_RETURN_IF_ERROR(r.manager->Step({.lr = c.lr}).status());
-    float local_loss = static_cast<float>(loss);
+    // Tensor-parallel ranks and pipeline stages of one replica see the same sequences.
+    std::vector<PipelineData> data;
+    for (int k = 0; k < c.micro_batches; ++k) {
+      GptBatch(
+          int64_t{step} * c.global_batch + (r.mesh->coord().data * c.micro_batches + k) * per_rank,
+          per_rank, seq, c.model.vocab_size, tokens[k], targets[k]);
+      data.push_back({tokens[k], targets[k]});
+    }
+    double loss_sum = 0;
+    if (r.executor) {
+      ZR_ASSIGN_OR_RETURN(loss_sum,
+                          r.executor->Train(data, per_rank, seq, r.manager->loss_scale()));
+    } else {
+      for (const PipelineData& d : data) {
+        ZR_ASSIGN_OR_RETURN(double loss, r.model->ForwardBackward(d.tokens, d.targets, per_rank,
+                                                                  seq, r.manager->loss_scale()));
+        loss_sum += loss;
+      }
+    }
+    ZR_RETURN_IF_ERROR(r.manager->Step({.lr = c.lr, .micro_batches = c.micro_batches}).status());
+    float local_loss = last_stage ? static_cast<float>(loss_sum / c.micro_batches) : 0.0f;
     ZR_RETURN_IF_ERROR(
-        comm.AllReduce(&local_loss, &local_loss, 1, DType::kF32, ReduceOp::kAvg, nullptr));
-    if (comm.rank() == 0) losses.push_back(local_loss);
+        comm.AllReduce(&local_loss, &local_loss, 1, DType::kF32, ReduceOp::kSum, nullptr));
+    if (comm.rank() == 0) losses.push_back(local_loss / (dp * c.tp));
   }
+  if (masters != nullptr) ZR_RETURN_IF_ERROR(CollectMasters(r, *masters, *masters_mu));
   return absl::OkStatus();
 }
 
 // The losses of c.steps steps on `world` loopback ranks (empty, with the error on stderr, when the
 // run failed: the caller's size comparison then fails).
-inline std::vector<double> TrainLoopback(const GptRunConfig& c, int world) {
+inline std::vector<double> TrainLoopback(const GptRunConfig& c, int world,
+                                         GptMasters* masters = nullptr) {
   std::vector<double> losses;
   CommOptions options;
   options.timeout = std::chrono::seconds(60);
-  const Status s = RunLoopbackRanks(
-      world, options, nullptr, [&](Communicator& comm) { return TrainGptRank(c, comm, losses); });
+  std::mutex mu;
+  const Status s = RunLoopbackRanks(world, options, nullptr, [&](Communicator& comm) {
+    return TrainGptRank(c, comm, losses, nullptr, masters, &mu);
+  });
   if (!s.ok()) std::fprintf(stderr, "TrainLoopback: %s\n", s.ToString().c_str());
   return s.ok() ? losses : std::vector<double>{};
 }

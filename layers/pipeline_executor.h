@@ -1,0 +1,103 @@
+// PipelineExecutor: runs one pipeline stage of a GptModel through a schedule's actions
+// (pipeline_schedule.h). Each micro-batch's activations live in a GptModel::MicroBatch from its
+// first forward on this stage to its last backward here; receives are waited for in batches
+// (Communicator::Exchange), sends are posted (Communicator::PostSend) from copies the executor
+// owns until the backend reports them complete, so a MicroBatch can go as soon as its backward
+// ends. Every point-to-point runs under the watchdog's deadline like the collectives.
+//
+// Scatter/gather (Megatron's optimisation of cross-stage sends): without sequence parallelism
+// the boundary activation is the same on every tensor-parallel rank, so each sends 1/tp of it
+// and the receiving stage all-gathers the pieces over its tensor-parallel group: tp-fold fewer
+// bytes between stages. Under sequence parallelism each rank's rows are already its own 1/tp.
+//
+// Losses: the last stage computes them; Train and Evaluate return the sum of the micro-batches'
+// mean losses there and 0 on the other stages (the caller reduces over the pipeline group).
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "layers/gpt_model.h"
+#include "layers/pipeline_schedule.h"
+#include "layers/tensor_parallel.h"
+#include "runtime/allocator.h"
+#include "runtime/communicator.h"
+
+namespace zerort {
+
+// The blocks of every model chunk of stage `stage`: p x v chunks in model order, `layers[k]`
+// blocks in chunk k (an even split when empty); stage s holds chunks s, s + p, ... (its local
+// chunks 0 .. v-1). Fails with the numbers when they do not split.
+StatusOr<std::vector<std::pair<int, int>>> StageChunks(int n_layer, int stages, int virtual_stages,
+                                                       std::span<const int> layers, int stage);
+
+// Where a span of work goes (the trainer's timeline): name, track, begin, end.
+using SpanSink = std::function<void(std::string_view name, std::string_view track,
+                                    std::chrono::system_clock::time_point begin,
+                                    std::chrono::system_clock::time_point end)>;
+
+struct PipelineStageOptions {
+  PipelineShape shape;                      // schedule, p, m, v
+  int stage = 0;                            // this rank's pipeline coordinate
+  Communicator* pipeline = nullptr;         // rank == stage; null when one stage
+  TensorParallelGroup tp = {};              // the scatter/gather's all-gather
+  bool sequence_parallel = false;           // boundaries already split by rows
+  bool scatter_gather = true;               // send 1/tp of a replicated boundary
+  std::vector<std::pair<int, int>> chunks;  // the model's GptStagePart::chunks
+  Allocator* allocator = nullptr;           // send copies and received gradients
+  Stream* stream = nullptr;                 // the model's compute stream
+  SpanSink span;                            // optional
+};
+
+struct PipelineData {
+  std::span<const int32_t> tokens, targets;  // [batch, seq] each
+};
+
+class PipelineExecutor {
+ public:
+  static StatusOr<std::unique_ptr<PipelineExecutor>> Create(GptModel& model,
+                                                            PipelineStageOptions options);
+
+  // One training step over data.size() == micro_batches micro-batches: gradients of
+  // loss_scale x each micro-batch's mean loss are added to the store.
+  StatusOr<double> Train(std::span<const PipelineData> data, int batch, int seq, float loss_scale);
+  // Forward only, any number of micro-batches.
+  StatusOr<double> Evaluate(std::span<const PipelineData> data, int batch, int seq);
+  // Continues `prompt` on every stage: the last stage samples each token and broadcasts it.
+  StatusOr<std::vector<int32_t>> Generate(std::vector<int32_t> prompt, int new_tokens,
+                                          const SamplingOptions& sampling);
+
+  // Bytes this rank sent to other stages so far (the scatter/gather's measurement).
+  int64_t bytes_sent() const { return bytes_sent_; }
+  const PipelineStageOptions& options() const { return options_; }
+
+ private:
+  PipelineExecutor(GptModel& model, PipelineStageOptions options)
+      : model_(model), options_(std::move(options)) {}
+  struct Step;
+  StatusOr<double> Run(const std::vector<PipelineAction>& actions,
+                       std::span<const PipelineData> data, int batch, int seq, bool train,
+                       float loss_scale);
+  Status Compute(Step& step, const PipelineAction& a);
+  Status Send(Step& step, const PipelineAction& a);
+  Status Receive(Step& step, const std::vector<PipelineAction>& batch);
+  Status ReleaseSent();              // send copies whose sends completed
+  bool FirstChunk(int chunk) const;  // the model's first chunk (it embeds)
+  bool LastChunk(int chunk) const;   // the model's last chunk (it has the head)
+  // The part of a boundary of `n` elements this rank sends and receives: all of it, or its
+  // 1/tp (scatter/gather): {offset, count}.
+  std::pair<int64_t, int64_t> Slice(int64_t n) const;
+
+  GptModel& model_;
+  PipelineStageOptions options_;
+  std::deque<Buffer> in_flight_;  // copies of posted sends, oldest first
+  int64_t bytes_sent_ = 0;
+};
+
+}  // namespace zerort

@@ -1,0 +1,182 @@
+// Pipeline parallelism on loopback ranks equals one rank: 20 training steps of GPipe, 1F1B and
+// interleaved 1F1B at pp 2 and 4, ZeRO stages 0-3, with tensor (and sequence) parallelism and
+// the scatter/gather on and off, give the one-rank losses and master weights (every parameter,
+// assembled from the stages' parts) to 1e-5; the scatter/gather sends tp-fold fewer bytes;
+// evaluation and greedy sampling through the stages equal one rank's.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "layers/pipeline_executor.h"
+#include "runtime/loopback_communicator.h"
+#include "runtime/strings.h"
+#include "tests/layers/gpt_harness.h"
+
+namespace zerort {
+namespace {
+
+using testing::GptMasters;
+using testing::GptRunConfig;
+using testing::TrainLoopback;
+
+GptRunConfig Base(int n_layer = 4) {
+  GptRunConfig c;
+  c.model =
+      GptConfig{.n_layer = n_layer, .n_head = 2, .d_model = 16, .seq_len = 8, .vocab_size = 23};
+  c.global_batch = 8;
+  c.micro_batches = 4;
+  c.steps = 20;
+  return c;
+}
+
+std::string Describe(const GptRunConfig& c, int world) {
+  return StrCat(PipelineScheduleName(c.schedule), " pp", c.pp, " v", c.virtual_stages, " m",
+                c.micro_batches, " tp", c.tp, c.sequence_parallel ? " sp" : "", " zero",
+                static_cast<int>(c.stage), c.scatter_gather ? "" : " whole sends", " world ",
+                world);
+}
+
+// Losses and every master weight of `c` on `world` ranks against the same run without the
+// pipeline (pp 1, same tensor parallelism, one data-parallel rank): the pipeline must change no
+// number beyond summation order. (Tensor parallelism against one rank is gpt_tp_test's.)
+void ExpectMatchesOneRank(GptRunConfig c, int world) {
+  const std::string what = Describe(c, world);
+  GptRunConfig one = c;
+  one.pp = 1;
+  one.virtual_stages = 1;
+  GptMasters want, got;
+  const std::vector<double> reference = TrainLoopback(one, c.tp, &want);
+  const std::vector<double> losses = TrainLoopback(c, world, &got);
+  ASSERT_EQ(losses.size(), reference.size()) << what;
+  for (size_t i = 0; i < losses.size(); ++i) {
+    EXPECT_NEAR(losses[i], reference[i], 1e-5) << what << " step " << i + 1;
+  }
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (const auto& [name, w] : want) {
+    const std::vector<float>& g = got[name];
+    ASSERT_EQ(g.size(), w.size()) << what << " " << name;
+    double worst = 0;
+    for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, std::fabs(double{g[i]} - w[i]));
+    EXPECT_LT(worst, 1e-5) << what << " " << name;
+  }
+  EXPECT_LT(losses.back(), losses.front() - 0.1) << what << ": it did not learn";
+}
+
+TEST(GptPipelineTest, TwoStagesEverySchedulesEveryZeroStageEqualOneRank) {
+  for (ZeroStage stage : {ZeroStage::k0, ZeroStage::k1, ZeroStage::k2, ZeroStage::k3}) {
+    for (PipelineSchedule s :
+         {PipelineSchedule::kGpipe, PipelineSchedule::k1F1B, PipelineSchedule::kInterleaved}) {
+      GptRunConfig c = Base();
+      c.stage = stage;
+      c.pp = 2;
+      c.schedule = s;
+      c.virtual_stages = s == PipelineSchedule::kInterleaved ? 2 : 1;
+      ExpectMatchesOneRank(c, 2);
+    }
+  }
+}
+
+TEST(GptPipelineTest, FourStagesWithDataParallelism) {
+  GptRunConfig c = Base(8);
+  c.pp = 4;
+  c.stage = ZeroStage::k1;
+  ExpectMatchesOneRank(c, 4);  // 1F1B
+  c.schedule = PipelineSchedule::kGpipe;
+  c.stage = ZeroStage::k3;
+  c.micro_batches = 8;
+  ExpectMatchesOneRank(c, 4);
+  c.schedule = PipelineSchedule::kInterleaved;
+  c.virtual_stages = 2;
+  c.micro_batches = 4;
+  c.stage = ZeroStage::k2;
+  ExpectMatchesOneRank(c, 8);  // dp 2 x pp 4
+}
+
+TEST(GptPipelineTest, TensorTimesPipelineWithAndWithoutScatterGather) {
+  GptRunConfig c = Base();
+  c.pp = 2;
+  c.tp = 2;
+  c.stage = ZeroStage::k2;
+  ExpectMatchesOneRank(c, 4);
+  c.scatter_gather = false;
+  ExpectMatchesOneRank(c, 4);
+  c.sequence_parallel = true;
+  c.stage = ZeroStage::k3;
+  ExpectMatchesOneRank(c, 4);
+  // dp 2 x tp 2 x pp 2 on 8 ranks.
+  c.sequence_parallel = false;
+  c.scatter_gather = true;
+  c.schedule = PipelineSchedule::kInterleaved;
+  c.virtual_stages = 2;
+  c.stage = ZeroStage::k1;
+  ExpectMatchesOneRank(c, 8);
+}
+
+// Evaluation losses and greedy samples through the stages (interleaved, with tp) equal one
+// rank's, and the scatter/gather sends half the bytes at tp 2.
+TEST(GptPipelineTest, EvaluationSamplingAndScatterGatherBytes) {
+  GptRunConfig c = Base();
+  c.pp = 2;
+  c.tp = 2;
+  c.schedule = PipelineSchedule::kInterleaved;
+  c.virtual_stages = 2;
+  auto run = [&](const GptRunConfig& rc, int world, double* loss, std::vector<int32_t>* sample,
+                 int64_t* bytes) {
+    std::mutex mu;
+    CommOptions options;
+    options.timeout = std::chrono::seconds(60);
+    const Status st = RunLoopbackRanks(world, options, nullptr, [&](Communicator& comm) -> Status {
+      MemoryTracker tracker;
+      ZR_ASSIGN_OR_RETURN(testing::GptRank r, testing::MakeGptRank(rc, comm, tracker));
+      std::vector<std::vector<int32_t>> tokens(3), targets(3);
+      std::vector<PipelineData> data;
+      for (int k = 0; k < 3; ++k) {
+        testing::GptBatch(10 + 2 * k, 2, rc.model.seq_len, rc.model.vocab_size, tokens[k],
+                          targets[k]);
+        data.push_back({tokens[k], targets[k]});
+      }
+      double sum = 0;
+      std::vector<int32_t> generated;
+      if (r.executor) {
+        ZR_ASSIGN_OR_RETURN(sum, r.executor->Evaluate(data, 2, rc.model.seq_len));
+        ZR_ASSIGN_OR_RETURN(generated, r.executor->Generate({1, 2, 3}, 9, {.temperature = 0}));
+      } else {
+        for (const PipelineData& d : data) {
+          ZR_ASSIGN_OR_RETURN(double l, r.model->Loss(d.tokens, d.targets, 2, rc.model.seq_len));
+          sum += l;
+        }
+        ZR_ASSIGN_OR_RETURN(generated, r.model->Generate({1, 2, 3}, 9, {.temperature = 0}));
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      if (r.mesh->coord().pipeline == rc.pp - 1 && r.mesh->coord().tensor == 0) *loss = sum;
+      if (comm.rank() == 0) *sample = generated;
+      if (r.executor && comm.rank() == 0) *bytes = r.executor->bytes_sent();
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(st.ok()) << st;
+  };
+  GptRunConfig one = c;
+  one.pp = 1;
+  one.tp = 1;
+  one.virtual_stages = 1;
+  one.global_batch = 2;
+  one.micro_batches = 1;
+  c.global_batch = 4;  // micro-batches of 2 sequences
+  c.micro_batches = 2;
+  double want = 0, got = -1;
+  std::vector<int32_t> want_sample, got_sample;
+  int64_t scattered = 0, whole = 0;
+  run(one, 1, &want, &want_sample, nullptr);
+  run(c, 4, &got, &got_sample, &scattered);
+  EXPECT_NEAR(got, want, 1e-5);
+  EXPECT_EQ(got_sample, want_sample);
+  EXPECT_EQ(got_sample.size(), 12u);
+  c.scatter_gather = false;
+  run(c, 4, &got, &got_sample, &whole);
+  EXPECT_NEAR(got, want, 1e-5);
+  EXPECT_GT(scattered, 0);
+  EXPECT_EQ(whole, 2 * scattered) << "tp 2: the scatter/gather sends half";
+}
+
+}  // namespace
+}  // namespace zerort
