@@ -58,7 +58,7 @@ const KeyDirectory& Directory() {
       {"parallel",
        {"tensor_parallel_size", "sequence_parallel", "make_vocab_size_divisible_by",
         "pipeline_parallel_size", "pipeline_schedule", "virtual_pipeline_stages",
-        "pipeline_layers"}},
+        "pipeline_layers", "pipeline_scatter_gather"}},
   };
   return kDirectory;
 }
@@ -463,6 +463,7 @@ StatusOr<RunConfig> ParseRunConfig(const nlohmann::json& json, const std::string
                                           {"gpipe", "1f1b", "interleaved"}));
       ZR_RETURN_IF_ERROR(
           parallel->Int("virtual_pipeline_stages", par.virtual_pipeline_stages, 1, 1 << 10));
+      ZR_RETURN_IF_ERROR(parallel->Bool("pipeline_scatter_gather", par.pipeline_scatter_gather));
       const int chunks = par.pipeline_parallel_size * par.virtual_pipeline_stages;
       if (parallel->Has("pipeline_layers")) {
         std::vector<double> layers;
@@ -498,11 +499,6 @@ StatusOr<RunConfig> ParseRunConfig(const nlohmann::json& json, const std::string
                    "others exactly 1"));
       }
       ZR_RETURN_IF_ERROR(parallel->Finish());
-      if (c.parallel.pipeline_parallel_size > 1) {
-        return absl::InvalidArgumentError(
-            StrCat("parallel.pipeline_parallel_size = ", c.parallel.pipeline_parallel_size,
-                   ": not yet supported in this version of zerort (use 1)"));
-      }
     }
     return absl::OkStatus();
   }();
@@ -643,7 +639,8 @@ nlohmann::json RunConfig::ToJson() const {
         {"virtual_pipeline_stages", parallel.virtual_pipeline_stages},
         {"pipeline_layers", parallel.pipeline_layers.empty()
                                 ? nlohmann::json()  // null: an even split
-                                : nlohmann::json(parallel.pipeline_layers)}}},
+                                : nlohmann::json(parallel.pipeline_layers)},
+        {"pipeline_scatter_gather", parallel.pipeline_scatter_gather}}},
   };
   if (!train.device.empty()) j["train"]["device"] = train.device;  // absent: chosen at run time
   // Batch keys not given (0) stay out, so the output reads back as the same config.

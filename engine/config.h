@@ -118,18 +118,22 @@ struct LoggingConfig {
 };
 
 struct ParallelConfig {
-  // Megatron-style tensor parallelism: the world is data x tensor (tensor fastest), the
-  // data-parallel size world / tensor_parallel_size; n_head and d_model must divide.
+  // Megatron-style tensor and pipeline parallelism: the world is data x tensor x pipeline
+  // (tensor fastest), the data-parallel size world / (tensor_parallel_size x
+  // pipeline_parallel_size); n_head and d_model must divide.
   int tensor_parallel_size = 1;
   bool sequence_parallel = false;        // split LayerNorms and the residual stream by rows too
   int make_vocab_size_divisible_by = 1;  // wte padded to a multiple of this x tensor size
-  int pipeline_parallel_size = 1;        // > 1 is refused until pipeline parallelism lands
-  // Checked now, used when pipeline parallelism lands: gpipe | 1f1b | interleaved; model chunks
-  // per stage (interleaved: >= 2); blocks per chunk (pipeline_parallel_size x
-  // virtual_pipeline_stages numbers summing to model.n_layer; empty: an even split).
+  int pipeline_parallel_size = 1;  // stages; the world is data x tensor x pipeline
+  // gpipe | 1f1b | interleaved; model chunks per stage (interleaved: >= 2); blocks per chunk
+  // (pipeline_parallel_size x virtual_pipeline_stages numbers summing to model.n_layer; empty:
+  // an even split). The micro-batches per step (gradient_accumulation_steps) are the schedule's.
   std::string pipeline_schedule = "1f1b";
   int virtual_pipeline_stages = 1;
   std::vector<int> pipeline_layers;
+  // Megatron's scatter/gather of cross-stage sends: each tensor-parallel rank sends 1/tp of a
+  // boundary activation, the next stage all-gathers it (tp-fold fewer bytes between stages).
+  bool pipeline_scatter_gather = true;
 };
 
 struct RunConfig {

@@ -17,6 +17,7 @@
 #include "engine/token_file.h"
 #include "kernels/model_kernels.h"
 #include "layers/gpt_model.h"
+#include "layers/pipeline_executor.h"
 #include "runtime/device_mesh.h"
 #include "runtime/host_collectives.h"
 #include "runtime/log.h"
@@ -150,6 +151,16 @@ class Run {
   Communicator& world() { return *ctx_.world; }
   Communicator& dp() { return mesh_ ? mesh_->data() : *ctx_.world; }
   Communicator* tp() { return mesh_ ? &mesh_->tensor() : nullptr; }
+  int pp() const { return c_.parallel.pipeline_parallel_size; }
+  bool last_stage() const { return !mesh_ || mesh_->coord().pipeline == pp() - 1; }
+  // The pipeline's losses live on its last stage: summed over the pipeline group (the other
+  // stages add 0) so every rank holds them.
+  Status FromLastStage(float* values, size_t count) {
+    if (pp() == 1) return absl::OkStatus();
+    if (!last_stage()) std::fill(values, values + count, 0.0f);
+    return HostAllReduce(values, count, ReduceOp::kSum, &mesh_->pipeline());
+  }
+  Status SetupPipeline();
   CheckpointGroups Groups() {
     return {.world = &world(),
             .dp = &dp(),
@@ -172,6 +183,8 @@ class Run {
   std::unique_ptr<WeightStore> store_;
   std::unique_ptr<ModelKernels> kernels_;
   std::unique_ptr<GptModel> model_;
+  std::unique_ptr<PipelineExecutor> executor_;  // pipeline_parallel_size > 1
+  GptStagePart part_;                           // what this rank's stage holds
   std::unique_ptr<DataLoader> data_;
   std::ofstream metrics_;
   std::unique_ptr<Timeline> timeline_;  // logging.trace_file
@@ -198,14 +211,16 @@ Status Run::Save(int64_t step, int64_t consumed) {
   return absl::OkStatus();
 }
 
-// The mesh: data-parallel size = world / tensor_parallel_size, ranks in Megatron's order.
+// The mesh: data-parallel size = world / (tensor_parallel_size x pipeline_parallel_size), ranks
+// in Megatron's order (tensor fastest, then data, then pipeline).
 Status Run::SetupMesh() {
   const int tp = c_.parallel.tensor_parallel_size;
+  const int pp = c_.parallel.pipeline_parallel_size;
   const int world_size = world().size();
-  if (world_size % tp != 0) {
-    return absl::InvalidArgumentError(StrCat("parallel.tensor_parallel_size = ", tp,
-                                             " does not divide the world size ", world_size, " (",
-                                             ctx_.world_source, ")"));
+  if (world_size % (tp * pp) != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("parallel.tensor_parallel_size x pipeline_parallel_size = ", tp, " x ", pp,
+               " does not divide the world size ", world_size, " (", ctx_.world_source, ")"));
   }
   const GptConfig& m = c_.model.shape;
   if (m.n_head % tp != 0) {
@@ -216,18 +231,49 @@ Status Run::SetupMesh() {
     return absl::InvalidArgumentError(StrCat("parallel.tensor_parallel_size = ", tp,
                                              " does not divide model.d_model = ", m.d_model));
   }
-  if (tp == 1) return absl::OkStatus();
-  ZR_ASSIGN_OR_RETURN(mesh_, DeviceMesh::Create(world(), {.data = world_size / tp, .tensor = tp},
-                                                world().options()));
+  if (tp == 1 && pp == 1) return absl::OkStatus();
+  ZR_ASSIGN_OR_RETURN(
+      mesh_, DeviceMesh::Create(world(),
+                                {.data = world_size / (tp * pp), .tensor = tp, .pipeline = pp},
+                                world().options()));
+  return absl::OkStatus();
+}
+
+// The stage's part of the model, after the batch is resolved (the schedule's micro-batches are
+// gradient_accumulation_steps).
+Status Run::SetupPipeline() {
+  if (pp() == 1) return absl::OkStatus();
+  const ParallelConfig& par = c_.parallel;
+  ZR_ASSIGN_OR_RETURN(PipelineSchedule schedule, ParsePipelineSchedule(par.pipeline_schedule));
+  const PipelineShape shape{schedule, pp(), static_cast<int>(c_.gradient_accumulation_steps),
+                            par.virtual_pipeline_stages};
+  if (Status s = ValidatePipelineShape(shape); !s.ok()) {
+    return absl::InvalidArgumentError(StrCat("parallel.pipeline_schedule \"", par.pipeline_schedule,
+                                             "\" with ", pp(), " stages: ", s.message()));
+  }
+  if (!c_.checkpoint.dir.empty()) {
+    return absl::UnimplementedError(
+        "checkpoint.dir with parallel.pipeline_parallel_size > 1: checkpoints of pipeline runs "
+        "are not supported yet (leave checkpoint.dir out)");
+  }
+  const int stage = mesh_->coord().pipeline;
+  ZR_ASSIGN_OR_RETURN(part_.chunks, StageChunks(c_.model.shape.n_layer, pp(),
+                                                par.virtual_pipeline_stages, par.pipeline_layers,
+                                                stage));
+  part_.first = stage == 0;
+  part_.last = stage == pp() - 1;
+  part_.embedding_group = mesh_->embedding();
   return absl::OkStatus();
 }
 
 Status Run::Setup() {
   ZR_RETURN_IF_ERROR(SetupMesh());
   const std::string dp_source =
-      mesh_ ? StrCat(ctx_.world_source, " / tensor_parallel_size ", mesh_->shape().tensor)
+      mesh_ ? StrCat(ctx_.world_source, " / (tensor_parallel_size ", mesh_->shape().tensor,
+                     " x pipeline_parallel_size ", mesh_->shape().pipeline, ")")
             : ctx_.world_source;
   ZR_RETURN_IF_ERROR(ResolveBatch(c_, dp().size(), dp_source));
+  ZR_RETURN_IF_ERROR(SetupPipeline());
   if (ctx_.resume && c_.checkpoint.dir.empty()) {
     return absl::InvalidArgumentError("--resume needs checkpoint.dir in the config");
   }
@@ -251,6 +297,7 @@ Status Run::Setup() {
     allocator_ = MakeCpuCachingAllocator(&tracker_);
   }
   ZR_ASSIGN_OR_RETURN(ShardManagerOptions mo, ManagerOptions(c_, compute));
+  mo.reduce_at_step = pp() > 1;  // the pipeline's micro-batches: one reduction per step
   ZR_ASSIGN_OR_RETURN(
       manager_,
       ShardManager::Create(mo, {.dp = &dp(),
@@ -272,9 +319,26 @@ Status Run::Setup() {
                                 .activation_checkpointing = c_.model.activation_checkpointing,
                                 .tp = {tp()},
                                 .sequence_parallel = c_.parallel.sequence_parallel,
-                                .vocab_multiple = c_.parallel.make_vocab_size_divisible_by},
+                                .vocab_multiple = c_.parallel.make_vocab_size_divisible_by,
+                                .stage = part_},
                                *store_, *kernels_, *allocator_));
   ZR_RETURN_IF_ERROR(manager_->Initialize(GptInitializer(c_.model.shape)));
+  if (pp() > 1) {
+    ZR_ASSIGN_OR_RETURN(PipelineSchedule schedule,
+                        ParsePipelineSchedule(c_.parallel.pipeline_schedule));
+    PipelineStageOptions po{
+        .shape = {schedule, pp(), static_cast<int>(c_.gradient_accumulation_steps),
+                  c_.parallel.virtual_pipeline_stages},
+        .stage = mesh_->coord().pipeline,
+        .pipeline = &mesh_->pipeline(),
+        .tp = {tp()},
+        .sequence_parallel = c_.parallel.sequence_parallel,
+        .scatter_gather = c_.parallel.pipeline_scatter_gather,
+        .chunks = part_.chunks,
+        .allocator = allocator_.get(),
+        .stream = &manager_->compute_stream()};
+    ZR_ASSIGN_OR_RETURN(executor_, PipelineExecutor::Create(*model_, std::move(po)));
+  }
   if (ctx_.resume) {
     ZR_ASSIGN_OR_RETURN(const std::string step_dir, LatestCheckpoint(c_.checkpoint.dir));
     ZR_ASSIGN_OR_RETURN(start_, LoadCheckpoint(step_dir, *manager_, Groups()));
@@ -340,6 +404,14 @@ Status Run::Setup() {
       std::filesystem::remove(probe, ec);
     }
   }
+  if (executor_ && timeline_) {
+    Timeline* timeline = timeline_.get();
+    executor_->SetSpanSink([timeline](std::string_view name, std::string_view track,
+                                      Timeline::Clock::time_point begin,
+                                      Timeline::Clock::time_point end) {
+      timeline->Span(name, track, begin, end);
+    });
+  }
   if (cuda_) {
     peak_flops_ = DenseBf16PeakFlops(QueryCuda().devices.at(device_.index).name);
   }
@@ -351,8 +423,13 @@ Status Run::Setup() {
         c_.model.shape.NumParameters(), c_.model.shape.n_layer, c_.model.shape.d_model,
         c_.model.shape.n_head, c_.model.shape.seq_len, world().size(), device_.ToString(),
         DTypeName(compute), c_.zero.stage,
-        mesh_ ? fmt::format(", data {} x tensor {}{}", mesh_->shape().data, mesh_->shape().tensor,
-                            c_.parallel.sequence_parallel ? " (sequence parallel)" : "")
+        mesh_ ? fmt::format(", data {} x tensor {}{}{}", mesh_->shape().data,
+                            mesh_->shape().tensor,
+                            c_.parallel.sequence_parallel ? " (sequence parallel)" : "",
+                            pp() > 1 ? fmt::format(" x pipeline {} ({}, {} chunk(s) per stage)",
+                                                   pp(), c_.parallel.pipeline_schedule,
+                                                   c_.parallel.virtual_pipeline_stages)
+                                     : "")
               : "",
         c_.train_batch_size, c_.train_micro_batch_size_per_gpu, c_.gradient_accumulation_steps,
         dp().size(), source, data_->train_tokens(), data_->validation_tokens());
@@ -390,11 +467,18 @@ Status Run::Evaluate(double& loss) {
       data_->ValidationWindow(count > 0 ? mine + b : 0, std::span(in).subspan(b * seq, seq),
                               std::span(out).subspan(b * seq, seq));
     }
-    ZR_ASSIGN_OR_RETURN(double l, model_->Loss(std::span(in).first(run * seq),
-                                               std::span(out).first(run * seq), run, seq));
+    double l = 0;
+    if (executor_) {
+      const PipelineData d{std::span(in).first(run * seq), std::span(out).first(run * seq)};
+      ZR_ASSIGN_OR_RETURN(l, executor_->Evaluate(std::span(&d, 1), run, seq));
+    } else {
+      ZR_ASSIGN_OR_RETURN(l, model_->Loss(std::span(in).first(run * seq),
+                                          std::span(out).first(run * seq), run, seq));
+    }
     sums[0] += static_cast<float>(l * count);
     sums[1] += static_cast<float>(count);
   }
+  ZR_RETURN_IF_ERROR(FromLastStage(sums, 2));
   ZR_RETURN_IF_ERROR(HostAllReduce(sums, 2, ReduceOp::kSum));
   loss = sums[0] / sums[1];
   return absl::OkStatus();
@@ -412,6 +496,10 @@ StatusOr<Run::StepOutcome> Run::TrainStep(int64_t step, int64_t consumed) {
   StepOutcome o;
   o.lr = LearningRate(c_.optimizer, c_.scheduler, step);
   double loss_sum = 0;
+  // Every stage of a pipeline reads the same micro-batches (the first uses the tokens, the last
+  // the targets).
+  std::vector<std::vector<int32_t>> ins(executor_ ? accumulation : 0), outs(ins.size());
+  std::vector<PipelineData> pipeline_data;
   for (int k = 0; k < accumulation; ++k) {
     // The data position is the global count of sequences consumed, which a checkpoint keeps:
     // a resumed run continues from it even with another global batch size.
@@ -420,9 +508,19 @@ StatusOr<Run::StepOutcome> Run::TrainStep(int64_t step, int64_t consumed) {
       data_->TrainSequence(first + b, std::span(in).subspan(b * seq, seq),
                            std::span(out).subspan(b * seq, seq));
     }
+    if (executor_) {
+      ins[k] = in;
+      outs[k] = out;
+      pipeline_data.push_back({ins[k], outs[k]});
+      continue;
+    }
     Timeline::Scope span(timeline_.get(), StrCat("forward+backward ", step + 1, ".", k), "compute");
     ZR_ASSIGN_OR_RETURN(double l, model_->ForwardBackward(in, out, m, seq, manager_->loss_scale()));
     loss_sum += l;
+  }
+  if (executor_) {  // the schedule's forwards and backwards, spans recorded by the executor
+    ZR_ASSIGN_OR_RETURN(loss_sum,
+                        executor_->Train(pipeline_data, m, seq, manager_->loss_scale()));
   }
   {
     Timeline::Scope span(timeline_.get(), StrCat("optimizer step ", step + 1), "compute");
@@ -430,6 +528,7 @@ StatusOr<Run::StepOutcome> Run::TrainStep(int64_t step, int64_t consumed) {
         o.result, manager_->Step({.lr = static_cast<float>(o.lr), .micro_batches = accumulation}));
   }
   float loss = static_cast<float>(loss_sum / accumulation);
+  ZR_RETURN_IF_ERROR(FromLastStage(&loss, 1));
   ZR_RETURN_IF_ERROR(HostAllReduce(&loss, 1, ReduceOp::kAvg));
   o.loss = loss;
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -563,11 +662,12 @@ Status Run::Sample(TrainResult& result) {
   if (c_.train.sample_tokens <= 0) return absl::OkStatus();
   const std::vector<int32_t> prompt = ByteTokens(c_.train.sample_prompt);
   if (prompt.empty()) return absl::OkStatus();
+  const SamplingOptions sampling{.temperature = c_.train.sample_temperature,
+                                 .top_k = c_.train.sample_top_k,
+                                 .seed = c_.seed};
   ZR_ASSIGN_OR_RETURN(std::vector<int32_t> text,
-                      model_->Generate(prompt, c_.train.sample_tokens,
-                                       {.temperature = c_.train.sample_temperature,
-                                        .top_k = c_.train.sample_top_k,
-                                        .seed = c_.seed}));
+                      executor_ ? executor_->Generate(prompt, c_.train.sample_tokens, sampling)
+                                : model_->Generate(prompt, c_.train.sample_tokens, sampling));
   result.sample = BytesText(text);
   if (leader()) {
     std::fprintf(ctx_.out, "sample (temperature %g, top-k %d):\n%s\n", c_.train.sample_temperature,

@@ -73,6 +73,7 @@ class PipelineExecutor {
   StatusOr<std::vector<int32_t>> Generate(std::vector<int32_t> prompt, int new_tokens,
                                           const SamplingOptions& sampling);
 
+  void SetSpanSink(SpanSink span) { options_.span = std::move(span); }
   // Bytes this rank sent to other stages so far (the scatter/gather's measurement).
   int64_t bytes_sent() const { return bytes_sent_; }
   const PipelineStageOptions& options() const { return options_; }
