@@ -57,8 +57,8 @@ const KeyDirectory& Directory() {
       {"logging", {"metrics_file", "level", "trace_file"}},
       {"parallel",
        {"tensor_parallel_size", "sequence_parallel", "make_vocab_size_divisible_by",
-        "pipeline_parallel_size", "pipeline_schedule", "virtual_pipeline_stages",
-        "pipeline_layers", "pipeline_scatter_gather"}},
+        "pipeline_parallel_size", "pipeline_schedule", "virtual_pipeline_stages", "pipeline_layers",
+        "pipeline_scatter_gather"}},
   };
   return kDirectory;
 }

@@ -124,7 +124,7 @@ struct ParallelConfig {
   int tensor_parallel_size = 1;
   bool sequence_parallel = false;        // split LayerNorms and the residual stream by rows too
   int make_vocab_size_divisible_by = 1;  // wte padded to a multiple of this x tensor size
-  int pipeline_parallel_size = 1;  // stages; the world is data x tensor x pipeline
+  int pipeline_parallel_size = 1;        // stages; the world is data x tensor x pipeline
   // gpipe | 1f1b | interleaved; model chunks per stage (interleaved: >= 2); blocks per chunk
   // (pipeline_parallel_size x virtual_pipeline_stages numbers summing to model.n_layer; empty:
   // an even split). The micro-batches per step (gradient_accumulation_steps) are the schedule's.

@@ -233,9 +233,9 @@ Status Run::SetupMesh() {
   }
   if (tp == 1 && pp == 1) return absl::OkStatus();
   ZR_ASSIGN_OR_RETURN(
-      mesh_, DeviceMesh::Create(world(),
-                                {.data = world_size / (tp * pp), .tensor = tp, .pipeline = pp},
-                                world().options()));
+      mesh_,
+      DeviceMesh::Create(world(), {.data = world_size / (tp * pp), .tensor = tp, .pipeline = pp},
+                         world().options()));
   return absl::OkStatus();
 }
 
@@ -257,9 +257,9 @@ Status Run::SetupPipeline() {
         "are not supported yet (leave checkpoint.dir out)");
   }
   const int stage = mesh_->coord().pipeline;
-  ZR_ASSIGN_OR_RETURN(part_.chunks, StageChunks(c_.model.shape.n_layer, pp(),
-                                                par.virtual_pipeline_stages, par.pipeline_layers,
-                                                stage));
+  ZR_ASSIGN_OR_RETURN(part_.chunks,
+                      StageChunks(c_.model.shape.n_layer, pp(), par.virtual_pipeline_stages,
+                                  par.pipeline_layers, stage));
   part_.first = stage == 0;
   part_.last = stage == pp() - 1;
   part_.embedding_group = mesh_->embedding();
@@ -406,11 +406,9 @@ Status Run::Setup() {
   }
   if (executor_ && timeline_) {
     Timeline* timeline = timeline_.get();
-    executor_->SetSpanSink([timeline](std::string_view name, std::string_view track,
-                                      Timeline::Clock::time_point begin,
-                                      Timeline::Clock::time_point end) {
-      timeline->Span(name, track, begin, end);
-    });
+    executor_->SetSpanSink(
+        [timeline](std::string_view name, std::string_view track, Timeline::Clock::time_point begin,
+                   Timeline::Clock::time_point end) { timeline->Span(name, track, begin, end); });
   }
   if (cuda_) {
     peak_flops_ = DenseBf16PeakFlops(QueryCuda().devices.at(device_.index).name);
@@ -423,8 +421,7 @@ Status Run::Setup() {
         c_.model.shape.NumParameters(), c_.model.shape.n_layer, c_.model.shape.d_model,
         c_.model.shape.n_head, c_.model.shape.seq_len, world().size(), device_.ToString(),
         DTypeName(compute), c_.zero.stage,
-        mesh_ ? fmt::format(", data {} x tensor {}{}{}", mesh_->shape().data,
-                            mesh_->shape().tensor,
+        mesh_ ? fmt::format(", data {} x tensor {}{}{}", mesh_->shape().data, mesh_->shape().tensor,
                             c_.parallel.sequence_parallel ? " (sequence parallel)" : "",
                             pp() > 1 ? fmt::format(" x pipeline {} ({}, {} chunk(s) per stage)",
                                                    pp(), c_.parallel.pipeline_schedule,
@@ -519,8 +516,7 @@ StatusOr<Run::StepOutcome> Run::TrainStep(int64_t step, int64_t consumed) {
     loss_sum += l;
   }
   if (executor_) {  // the schedule's forwards and backwards, spans recorded by the executor
-    ZR_ASSIGN_OR_RETURN(loss_sum,
-                        executor_->Train(pipeline_data, m, seq, manager_->loss_scale()));
+    ZR_ASSIGN_OR_RETURN(loss_sum, executor_->Train(pipeline_data, m, seq, manager_->loss_scale()));
   }
   {
     Timeline::Scope span(timeline_.get(), StrCat("optimizer step ", step + 1), "compute");
@@ -662,9 +658,8 @@ Status Run::Sample(TrainResult& result) {
   if (c_.train.sample_tokens <= 0) return absl::OkStatus();
   const std::vector<int32_t> prompt = ByteTokens(c_.train.sample_prompt);
   if (prompt.empty()) return absl::OkStatus();
-  const SamplingOptions sampling{.temperature = c_.train.sample_temperature,
-                                 .top_k = c_.train.sample_top_k,
-                                 .seed = c_.seed};
+  const SamplingOptions sampling{
+      .temperature = c_.train.sample_temperature, .top_k = c_.train.sample_top_k, .seed = c_.seed};
   ZR_ASSIGN_OR_RETURN(std::vector<int32_t> text,
                       executor_ ? executor_->Generate(prompt, c_.train.sample_tokens, sampling)
                                 : model_->Generate(prompt, c_.train.sample_tokens, sampling));

@@ -170,8 +170,14 @@ TEST(ConfigTest, ContradictionsAndUnsupportedFeatures) {
   EXPECT_ERROR_HAS(R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})", "choose one");
   EXPECT_ERROR_HAS(R"({"zero_optimization": {"offload_param": {"device": "nvme"}}})",
                    "nvme_path is required");
-  EXPECT_ERROR_HAS(R"({"parallel": {"pipeline_parallel_size": 2}})", "not yet supported");
-  // Pipeline keys are checked before pipeline parallelism is refused.
+  // Pipeline keys: read, and checked with the numbers.
+  const StatusOr<RunConfig> pipeline = Parse(R"({"parallel": {"pipeline_parallel_size": 2,
+                      "pipeline_scatter_gather": false}})");
+  ASSERT_TRUE(pipeline.ok()) << pipeline.status();
+  EXPECT_EQ(pipeline->parallel.pipeline_parallel_size, 2);
+  EXPECT_FALSE(pipeline->parallel.pipeline_scatter_gather);
+  EXPECT_ERROR_HAS(R"({"parallel": {"pipeline_scatter_gather": 1}})",
+                   "parallel.pipeline_scatter_gather");
   EXPECT_ERROR_HAS(R"({"model": {"preset": "gpt2"},
                       "parallel": {"pipeline_parallel_size": 2, "pipeline_layers": [6, 5]}})",
                    "parallel.pipeline_layers sums to 11 blocks, model.n_layer is 12");
@@ -182,10 +188,12 @@ TEST(ConfigTest, ContradictionsAndUnsupportedFeatures) {
                       "virtual_pipeline_stages": 2}})",
                    "parallel.virtual_pipeline_stages = 2", "\"1f1b\"");
   EXPECT_ERROR_HAS(R"({"parallel": {"pipeline_schedule": "zb-v"}})", "parallel.pipeline_schedule");
-  EXPECT_ERROR_HAS(R"({"model": {"preset": "gpt2"}, "parallel": {"pipeline_parallel_size": 2,
+  const StatusOr<RunConfig> interleaved =
+      Parse(R"({"model": {"preset": "gpt2"}, "parallel": {"pipeline_parallel_size": 2,
                       "pipeline_schedule": "interleaved", "virtual_pipeline_stages": 2,
-                      "pipeline_layers": [3, 3, 3, 3]}})",
-                   "parallel.pipeline_parallel_size = 2: not yet supported");
+                      "pipeline_layers": [3, 3, 3, 3]}})");
+  ASSERT_TRUE(interleaved.ok()) << interleaved.status();
+  EXPECT_EQ(interleaved->parallel.pipeline_layers, (std::vector<int>{3, 3, 3, 3}));
   EXPECT_ERROR_HAS(R"({"parallel": {"make_vocab_size_divisible_by": 0}})",
                    "parallel.make_vocab_size_divisible_by");
   EXPECT_ERROR_HAS(R"({"scheduler": {"type": "WarmupDecayLR", "params": {}}})",
