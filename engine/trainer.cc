@@ -217,6 +217,11 @@ Status Run::SetupMesh() {
   const int tp = c_.parallel.tensor_parallel_size;
   const int pp = c_.parallel.pipeline_parallel_size;
   const int world_size = world().size();
+  if (pp == 1 && world_size % tp != 0) {
+    return absl::InvalidArgumentError(StrCat("parallel.tensor_parallel_size = ", tp,
+                                             " does not divide the world size ", world_size, " (",
+                                             ctx_.world_source, ")"));
+  }
   if (world_size % (tp * pp) != 0) {
     return absl::InvalidArgumentError(
         StrCat("parallel.tensor_parallel_size x pipeline_parallel_size = ", tp, " x ", pp,
