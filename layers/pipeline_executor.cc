@@ -165,30 +165,38 @@ Status PipelineExecutor::Send(Step& step, const PipelineAction& a) {
                                   : PreviousChunk(options_.shape, options_.stage, a.chunk);
   const DType dtype = model_.BoundaryDType();
   const size_t elem = DTypeSize(dtype);
-  Buffer copy;
-  int64_t n = 0;
-  if (forward) {
-    auto& mb = step.mbs[a.micro_batch];
-    n = model_.BoundaryElements(*mb);
-    const auto [offset, count] = Slice(n);
+  // The boundary: the micro-batch's output (a forward), or the input gradient BlocksBackward
+  // wrote for this send (a backward: the micro-batch itself may be gone by now).
+  auto& mb = step.mbs[a.micro_batch];
+  Buffer gradient;
+  if (!forward) {
+    auto it = step.grad_out.find({a.micro_batch, a.chunk});
+    if (it == step.grad_out.end()) return absl::InternalError("a gradient sent before computed");
+    gradient = std::move(it->second);
+    step.grad_out.erase(it);
+  }
+  const int64_t n =
+      forward ? model_.BoundaryElements(*mb) : static_cast<int64_t>(gradient.bytes() / elem);
+  const auto [offset, count] = Slice(n);  // all of it, or this rank's 1/tp (scatter/gather)
+  Buffer copy;                            // what the send reads until it completes
+  const void* data;                       // this rank's part within it
+  if (forward) {  // a copy of the part, so the micro-batch can go before the send ends
     ZR_ASSIGN_OR_RETURN(copy, options_.allocator->Allocate(
                                   count * elem, MemoryCategory::kCommBuffers, options_.stream));
     const auto* from =
         static_cast<const std::byte*>(model_.BlockInput(*mb, options_.chunks[a.chunk].second));
     ZR_RETURN_IF_ERROR(CopyBytes(copy.data(), options_.allocator->device(), from + offset * elem,
                                  options_.allocator->device(), count * elem, options_.stream));
+    data = copy.data();
     if (!step.train && a.chunk + 1 == options_.shape.virtual_stages) mb.reset();
   } else {
-    auto it = step.grad_out.find({a.micro_batch, a.chunk});
-    if (it == step.grad_out.end()) return absl::InternalError("a gradient sent before computed");
-    copy = std::move(it->second);
-    step.grad_out.erase(it);
-    n = static_cast<int64_t>(copy.bytes() / elem);
+    copy = std::move(gradient);
+    data = static_cast<const std::byte*>(copy.data()) + offset * elem;
   }
-  const auto [offset, count] = Slice(n);
-  const auto* data = static_cast<const std::byte*>(copy.data()) + (forward ? 0 : offset * elem);
   options_.pipeline->SetTraceLabel(StrCat(PipelineOpName(a.op), " ", a.micro_batch, ".", a.chunk));
-  ZR_RETURN_IF_ERROR(options_.pipeline->PostSend(data, count, dtype, to.stage, options_.stream));
+  const Status posted = options_.pipeline->PostSend(data, count, dtype, to.stage, options_.stream);
+  options_.pipeline->SetTraceLabel("");  // later collectives on the group are not this send
+  ZR_RETURN_IF_ERROR(posted);
   bytes_sent_ += count * static_cast<int64_t>(elem);
   in_flight_.push_back(std::move(copy));
   ZR_RETURN_IF_ERROR(ReleaseSent());
@@ -233,12 +241,16 @@ Status PipelineExecutor::Receive(Step& step, const std::vector<PipelineAction>& 
               a.chunk);
   }
   options_.pipeline->SetTraceLabel(label);
-  ZR_RETURN_IF_ERROR(options_.pipeline->Exchange(ops, dtype, options_.stream));
+  const Status received = options_.pipeline->Exchange(ops, dtype, options_.stream);
+  options_.pipeline->SetTraceLabel("");
+  ZR_RETURN_IF_ERROR(received);
   for (const auto& [into, n] : gathers) {
     const auto [offset, count] = Slice(n);
     options_.tp.comm->SetTraceLabel("pipeline scatter/gather");
-    ZR_RETURN_IF_ERROR(
-        options_.tp.comm->AllGather(into + offset * elem, into, count, dtype, options_.stream));
+    const Status gathered =
+        options_.tp.comm->AllGather(into + offset * elem, into, count, dtype, options_.stream);
+    options_.tp.comm->SetTraceLabel("");  // the model's own collectives follow on this group
+    ZR_RETURN_IF_ERROR(gathered);
   }
   ZR_RETURN_IF_ERROR(ReleaseSent());
   if (options_.span) options_.span(label, "p2p", t0, std::chrono::system_clock::now());

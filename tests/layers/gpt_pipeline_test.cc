@@ -140,6 +140,12 @@ TEST(GptPipelineTest, EvaluationSamplingAndScatterGatherBytes) {
       if (r.executor) {
         ZR_ASSIGN_OR_RETURN(sum, r.executor->Evaluate(data, 2, rc.model.seq_len));
         ZR_ASSIGN_OR_RETURN(generated, r.executor->Generate({1, 2, 3}, 9, {.temperature = 0}));
+        // The executor's labels name its own sends and receives only: the collectives after
+        // them (the sampled token's sum, the model's tensor-parallel ones) carry none.
+        for (Communicator* g : {&r.mesh->pipeline(), &r.mesh->tensor()}) {
+          const std::string label = g->trace().Records().back().label;
+          if (!label.empty()) return absl::InternalError("a stale trace label: " + label);
+        }
       } else {
         for (const PipelineData& d : data) {
           ZR_ASSIGN_OR_RETURN(double l, r.model->Loss(d.tokens, d.targets, 2, rc.model.seq_len));
