@@ -30,9 +30,11 @@ constexpr Kind kKinds[] = {{StateKind::kMaster, "master"},
                            {StateKind::kExpAvgSq, "exp_avg_sq"}};
 constexpr int kNumKinds = 3;
 
-// Named by mesh coordinate: data-parallel rank, tensor-parallel rank.
-std::string FileName(int dp_rank, int tp_rank, const char* kind) {
-  return StrCat("dp", dp_rank, "-tp", tp_rank, ".", kind, ".bin");
+// Named by mesh coordinate: pipeline stage (when there are several), data-parallel rank,
+// tensor-parallel rank.
+std::string FileName(const CheckpointGroups& g, int dp_rank, const char* kind) {
+  const std::string stage = g.pipeline_size > 1 ? StrCat("pp", g.pipeline_rank, "-") : "";
+  return StrCat(stage, "dp", dp_rank, "-tp", g.tensor_rank, ".", kind, ".bin");
 }
 std::string Hex(uint64_t v) { return fmt::format("{:016x}", v); }
 
@@ -107,6 +109,24 @@ Status AllGatherInts(ShardManager& m, Communicator& group, std::vector<int64_t>&
   gathered->resize(send.size() * group.size());
   return AllGatherHostValues(group, m.device_allocator(), m.compute_stream(), send.data(),
                              gathered->data(), send.size(), DType::kI64);
+}
+
+// Every rank's `text`, in group order (lengths first, then the texts padded to the longest).
+StatusOr<std::vector<std::string>> AllGatherText(ShardManager& m, Communicator& group,
+                                                 const std::string& text) {
+  std::vector<int64_t> length{static_cast<int64_t>(text.size())}, lengths;
+  ZR_RETURN_IF_ERROR(AllGatherInts(m, group, length, &lengths));
+  const size_t longest = static_cast<size_t>(*std::max_element(lengths.begin(), lengths.end()));
+  std::vector<uint8_t> mine(std::max<size_t>(longest, 1), 0), all(mine.size() * group.size());
+  std::copy(text.begin(), text.end(), mine.begin());
+  ZR_RETURN_IF_ERROR(AllGatherHostValues(group, m.device_allocator(), m.compute_stream(),
+                                         mine.data(), all.data(), mine.size(), DType::kU8));
+  std::vector<std::string> out;
+  for (int r = 0; r < group.size(); ++r) {
+    const char* at = reinterpret_cast<const char*>(all.data() + r * mine.size());
+    out.emplace_back(at, static_cast<size_t>(lengths[r]));
+  }
+  return out;
 }
 
 // Every rank learns whether every rank succeeded, and gets the first failing rank's message (so
@@ -231,21 +251,25 @@ Status SaveCheckpoint(const std::string& dir, const RunState& state, ShardManage
   ZR_RETURN_IF_ERROR(Agree(m, world, local, "creating the checkpoint directory"));
 
   // Phase 2: each writer writes its pieces of each state, in unit and piece order, one unit's
-  // shard in memory at a time (read from whichever tier holds it). Every tensor-parallel rank
-  // writes its own parts.
-  // Record: writer flag, data and tensor coordinate, then (bytes, checksum) per kind.
-  std::vector<int64_t> record(3 + 2 * kNumKinds, -1);
-  record[0] = writer ? 1 : 0;
-  record[1] = dp.rank();
-  record[2] = groups.tensor_rank;
+  // shard in memory at a time (read from whichever tier holds it). Every tensor-parallel rank and
+  // pipeline stage writes its own parts; a tied unit's twin (not counted in the norm) is skipped.
+  // Each writer describes what it wrote: its file entry and its units' parameter table.
+  auto saved = [&](int u) { return m.unit_options(u).counts_in_norm; };
+  auto position = [&](int u) {
+    return groups.unit_positions.empty() ? u : groups.unit_positions.at(static_cast<size_t>(u));
+  };
+  nlohmann::json described;  // null for a rank that writes nothing
   local = [&]() -> Status {
     if (!writer) return absl::OkStatus();
+    nlohmann::json files = nlohmann::json::object();
     for (int k = 0; k < kNumKinds; ++k) {
       if (!m.optimizer().HasState(kKinds[k].buffer)) continue;
-      SyncedWriter file(tmp_dir + "/" + FileName(dp.rank(), groups.tensor_rank, kKinds[k].name));
+      const std::string file_name = FileName(groups, dp.rank(), kKinds[k].name);
+      SyncedWriter file(tmp_dir + "/" + file_name);
       ZR_RETURN_IF_ERROR(file.Open());
       std::vector<float> shard;
       for (int u = 0; u < m.num_units(); ++u) {
+        if (!saved(u)) continue;
         ShardedUnit& unit = m.unit(u);
         shard.resize(static_cast<size_t>(unit.layout().shard_numel()));
         ZR_RETURN_IF_ERROR(m.ReadState(u, kKinds[k].buffer, shard));
@@ -255,55 +279,63 @@ Status SaveCheckpoint(const std::string& dir, const RunState& state, ShardManage
         }
       }
       ZR_RETURN_IF_ERROR(file.Close());
-      record[3 + 2 * k] = file.bytes();
-      record[3 + 2 * k + 1] = static_cast<int64_t>(file.checksum());
+      files[kKinds[k].name] = {
+          {"name", file_name}, {"bytes", file.bytes()}, {"xxh3", Hex(file.checksum())}};
     }
-    return absl::OkStatus();
-  }();
-  ZR_RETURN_IF_ERROR(Agree(m, world, local, "writing checkpoint shards"));
-  std::vector<int64_t> records;
-  ZR_RETURN_IF_ERROR(AllGatherInts(m, world, record, &records));
-
-  // Phase 3: rank 0 writes the metadata last, then commits by renames. Every tensor-parallel
-  // rank's layout has the same local shapes, so rank 0 knows every file's pieces.
-  local = [&]() -> Status {
-    if (world.rank() != 0) return absl::OkStatus();
+    nlohmann::json pieces = nlohmann::json::array();
     nlohmann::json params = nlohmann::json::array();
     for (int u = 0; u < m.num_units(); ++u) {
-      for (const ParamSpec& p : m.unit(u).layout().params()) {
+      if (!saved(u)) continue;
+      const FlatLayout& layout = m.unit(u).layout();
+      for (const ShardPiece& piece : layout.ShardPieces(m.unit(u).layout_rank())) {
+        pieces.push_back(
+            {layout.params()[piece.param].name, piece.param_range.begin, piece.param_range.size()});
+      }
+      for (const ParamSpec& p : layout.params()) {
+        if (dp.rank() != 0) break;  // the other data ranks' tables are the same
         params.push_back({{"name", p.name},
                           {"shape", p.real_shape()},
                           {"padded_shape", p.global_shape()},
                           {"split_dim", p.frame.split_dim},
                           {"groups", p.frame.groups},
-                          {"unit", m.unit(u).name()}});
+                          {"unit", m.unit(u).name()},
+                          {"position", position(u)}});
       }
     }
+    described = {{"entry",
+                  {{"rank", world.rank()},
+                   {"data", dp.rank()},
+                   {"tensor", groups.tensor_rank},
+                   {"pipeline", groups.pipeline_rank},
+                   {"pieces", pieces},
+                   {"files", files}}},
+                 {"params", params}};
+    return absl::OkStatus();
+  }();
+  ZR_RETURN_IF_ERROR(Agree(m, world, local, "writing checkpoint shards"));
+  ZR_ASSIGN_OR_RETURN(std::vector<std::string> descriptions,
+                      AllGatherText(m, world, described.dump()));
+
+  // Phase 3: rank 0 writes the metadata last, then commits by renames. The parameter table is
+  // the union of the writers' tables (tensor parts and data ranks describe the same parameters)
+  // in model order.
+  local = [&]() -> Status {
+    if (world.rank() != 0) return absl::OkStatus();
+    nlohmann::json params = nlohmann::json::array();
     nlohmann::json ranks = nlohmann::json::array();
-    const size_t stride = record.size();
-    for (int w = 0; w < world.size(); ++w) {
-      const int64_t* rec = records.data() + w * stride;
-      if (rec[0] == 0) continue;
-      const int r = static_cast<int>(rec[1]), t = static_cast<int>(rec[2]);
-      nlohmann::json pieces = nlohmann::json::array();
-      for (int u = 0; u < m.num_units(); ++u) {
-        const FlatLayout& layout = m.unit(u).layout();
-        for (const ShardPiece& piece : layout.ShardPieces(r)) {
-          pieces.push_back({layout.params()[piece.param].name, piece.param_range.begin,
-                            piece.param_range.size()});
-        }
+    std::set<std::string> listed;
+    for (const std::string& text : descriptions) {
+      const nlohmann::json d = nlohmann::json::parse(text);
+      if (d.is_null()) continue;
+      ranks.push_back(d.at("entry"));
+      for (const auto& p : d.at("params")) {
+        if (listed.insert(p.at("name").get<std::string>()).second) params.push_back(p);
       }
-      nlohmann::json files = nlohmann::json::object();
-      for (int k = 0; k < kNumKinds; ++k) {
-        const int64_t bytes = rec[3 + 2 * k];
-        if (bytes < 0) continue;
-        files[kKinds[k].name] = {{"name", FileName(r, t, kKinds[k].name)},
-                                 {"bytes", bytes},
-                                 {"xxh3", Hex(static_cast<uint64_t>(rec[3 + 2 * k + 1]))}};
-      }
-      ranks.push_back(
-          {{"rank", w}, {"data", r}, {"tensor", t}, {"pieces", pieces}, {"files", files}});
     }
+    std::stable_sort(params.begin(), params.end(), [](const auto& a, const auto& b) {
+      return a.at("position").template get<int>() < b.at("position").template get<int>();
+    });
+    for (auto& p : params) p.erase("position");
     const nlohmann::json meta = {
         {"format_version", kCheckpointFormatVersion},
         {"step", state.step},
@@ -313,7 +345,8 @@ Status SaveCheckpoint(const std::string& dir, const RunState& state, ShardManage
           {"manager_steps", state.manager_steps},
           {"loss_scaler", ScalerJson(state.scaler)}}},
         {"saved_with", {{"world_size", world.size()}, {"writers", writers}}},
-        {"mesh", {{"data", dp.size()}, {"tensor", groups.tensor_size}}},
+        {"mesh",
+         {{"data", dp.size()}, {"tensor", groups.tensor_size}, {"pipeline", groups.pipeline_size}}},
         {"config", state.config},
         {"params", params},
         {"ranks", ranks},

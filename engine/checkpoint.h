@@ -3,27 +3,32 @@
 // Layout of `dir`:
 //   step_<N>/metadata.json        written last: format version, step, config, the run state
 //                                 (steps taken, consumed sequences, loss scaler), the mesh
-//                                 (data x tensor sizes), the parameter table (name, real global
-//                                 shape, padded shape, split dimension, groups: the global frame),
-//                                 and per file its mesh coordinate, size, XXH3-64 checksum and
-//                                 pieces (parameter, offset, length in that part's local frame)
+//                                 (data x tensor x pipeline sizes), the parameter table in model
+//                                 order (name, real global shape, padded shape, split dimension,
+//                                 groups: the global frame), and per file its mesh coordinate,
+//                                 size, XXH3-64 checksum and pieces (parameter, offset, length in
+//                                 that part's local frame)
 //   step_<N>/dp<r>-tp<t>.master.bin  fp32 master values of the pieces of data rank r, tensor part t
+//                                 (pp<s>-dp<r>-tp<t>.* when the run had pipeline stages: stage s)
 //   step_<N>/dp<r>-tp<t>.exp_avg.bin  the first moment (Adam) or momentum (SGD), same pieces
 //   step_<N>/dp<r>-tp<t>.exp_avg_sq.bin  Adam's second moment, same pieces
 //   latest                        "step_<N>": the newest complete checkpoint
 // Pieces are addressed logically: a local range of a tensor-parallel part is, through the
 // parameter's global frame, a set of N-dimensional boxes of the global tensor (one contiguous
 // global run per ContiguousRun elements: a row-parallel weight's local rows are strided), so a
-// checkpoint loads at any world size, ZeRO stage and tensor-parallel size. Padding rows (a padded
-// vocabulary) are never stored; replicated parameters are read from part 0. At stage 0 every
-// data rank holds the same state and data rank 0 alone writes it (each tensor part its own).
-// Format 1 (files rank<r>.*.bin, one part, local == global) still loads.
+// checkpoint loads at any world size, ZeRO stage, tensor-parallel and pipeline size. Padding rows
+// (a padded vocabulary) are never stored; replicated parameters are read from part 0; a unit tied
+// across pipeline stages (the embedding on the first and last stage) is written once, by the
+// member that counts it in the norm (the first stage), and every holder loads it by name. At stage
+// 0 every data rank holds the same state and data rank 0 alone writes it (each tensor part and
+// pipeline stage its own). Format 1 (files rank<r>.*.bin, one part, local == global) still loads.
 //
-// Commit protocol: every rank writes its files into step_<N>.tmp/ and fsyncs them; the sizes and
-// checksums are gathered to world rank 0, which writes metadata.json and fsyncs it; all ranks agree
-// that every write succeeded; rank 0 renames step_<N>.tmp to step_<N>, then replaces `latest` by a
-// rename, and removes step directories beyond keep_last_n. A crash at any point leaves the previous
-// checkpoint and `latest` intact; directories without valid metadata (*.tmp) are never loaded.
+// Commit protocol: every rank writes its files into step_<N>.tmp/ and fsyncs them; each writer's
+// file entry (sizes, checksums, pieces) and parameter table are gathered to world rank 0, which
+// writes metadata.json and fsyncs it; all ranks agree that every write succeeded; rank 0 renames
+// step_<N>.tmp to step_<N>, then replaces `latest` by a rename, and removes step directories
+// beyond keep_last_n. A crash at any point leaves the previous checkpoint and `latest` intact;
+// directories without valid metadata (*.tmp) are never loaded.
 #pragma once
 
 #include <cstdint>
@@ -45,13 +50,19 @@ namespace zerort {
 inline constexpr int kCheckpointFormatVersion = 2;
 
 // The groups a checkpoint is saved and loaded over: the world (every rank agrees on success),
-// the data-parallel group (whose ranks hold different shards) and this rank's tensor-parallel
-// coordinate. Without tensor parallelism world and dp are the same group.
+// the data-parallel group (whose ranks hold different shards) and this rank's tensor-parallel and
+// pipeline coordinates. Without model parallelism world and dp are the same group.
 struct CheckpointGroups {
   Communicator* world = nullptr;
   Communicator* dp = nullptr;
   int tensor_size = 1;
   int tensor_rank = 0;
+  int pipeline_size = 1;
+  int pipeline_rank = 0;
+  // The model-wide position of each of this rank's units (a pipeline stage holds some of the
+  // model's units), so that the metadata lists parameters in model order whatever the split.
+  // Empty: the units' own order.
+  std::vector<int> unit_positions;
 };
 
 // What a resumed run needs besides the shards.

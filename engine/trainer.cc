@@ -165,7 +165,10 @@ class Run {
     return {.world = &world(),
             .dp = &dp(),
             .tensor_size = mesh_ ? mesh_->shape().tensor : 1,
-            .tensor_rank = mesh_ ? mesh_->coord().tensor : 0};
+            .tensor_rank = mesh_ ? mesh_->coord().tensor : 0,
+            .pipeline_size = pp(),
+            .pipeline_rank = mesh_ ? mesh_->coord().pipeline : 0,
+            .unit_positions = model_->UnitPositions()};
   }
   // Rank 0 of the world prints and writes metrics.
   bool leader() { return ctx_.world->rank() == 0; }
@@ -255,11 +258,6 @@ Status Run::SetupPipeline() {
   if (Status s = ValidatePipelineShape(shape); !s.ok()) {
     return absl::InvalidArgumentError(StrCat("parallel.pipeline_schedule \"", par.pipeline_schedule,
                                              "\" with ", pp(), " stages: ", s.message()));
-  }
-  if (!c_.checkpoint.dir.empty()) {
-    return absl::UnimplementedError(
-        "checkpoint.dir with parallel.pipeline_parallel_size > 1: checkpoints of pipeline runs "
-        "are not supported yet (leave checkpoint.dir out)");
   }
   const int stage = mesh_->coord().pipeline;
   ZR_ASSIGN_OR_RETURN(part_.chunks,

@@ -254,6 +254,18 @@ StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptModelOptions& opti
   return model;
 }
 
+std::vector<int> GptModel::UnitPositions() const {
+  const int L = options_.config.n_layer;
+  std::vector<int> positions(static_cast<size_t>(L + 2), -1);
+  if (embedding_unit_ >= 0) positions[embedding_unit_] = 0;
+  for (int l = 0; l < L; ++l) {
+    if (block_unit_[l] >= 0) positions[block_unit_[l]] = 1 + l;
+  }
+  if (norm_unit_ >= 0) positions[norm_unit_] = L + 1;
+  while (!positions.empty() && positions.back() < 0) positions.pop_back();
+  return positions;
+}
+
 bool GptStagePart::holds(int block) const {
   if (chunks.empty()) return true;
   for (const auto& [first, last] : chunks) {

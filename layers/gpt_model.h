@@ -103,6 +103,9 @@ class GptModel {
 
   const GptConfig& config() const { return options_.config; }
   const GptModelOptions& options() const { return options_; }
+  // The model-wide position of each unit this rank holds, in the store's order (embeddings 0,
+  // block l at 1 + l, the final norm at n_layer + 1): a pipeline stage holds some of them.
+  std::vector<int> UnitPositions() const;
 
   // One micro-batch: tokens and targets are host int32 [batch, seq] with batch <= micro_batch
   // and seq <= seq_len. Adds the gradient of loss_scale x (mean cross-entropy) into the store's

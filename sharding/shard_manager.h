@@ -140,6 +140,7 @@ class ShardManager {
   int64_t skipped_steps() const { return scaler_.skipped_steps(); }
   int num_units() const { return static_cast<int>(units_.size()); }
   ShardedUnit& unit(int i) { return *units_.at(i); }
+  const UnitOptions& unit_options(int i) const { return unit_options_.at(i); }
   ShardedOptimizer& optimizer() { return *optimizer_; }
   // The NVMe store of this rank (null without an NVMe placement).
   const NvmeStore* nvme_store() const { return nvme_.get(); }

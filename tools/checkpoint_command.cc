@@ -53,9 +53,11 @@ int RunCheckpointInspect(const CheckpointOptions& o) {
   if (meta.contains("mesh") && meta["mesh"].is_object() &&
       meta["mesh"].value("data", nlohmann::json()).is_number_integer() &&
       meta["mesh"].value("tensor", nlohmann::json()).is_number_integer()) {
-    std::printf("  mesh: data %lld x tensor %lld (loads at any other layout)\n",
+    const nlohmann::json pipeline = meta["mesh"].value("pipeline", nlohmann::json(1));
+    std::printf("  mesh: data %lld x tensor %lld x pipeline %lld (loads at any other layout)\n",
                 static_cast<long long>(meta["mesh"]["data"].get<int64_t>()),
-                static_cast<long long>(meta["mesh"]["tensor"].get<int64_t>()));
+                static_cast<long long>(meta["mesh"]["tensor"].get<int64_t>()),
+                pipeline.is_number_integer() ? static_cast<long long>(pipeline.get<int64_t>()) : 1);
   }
   std::printf("  model: %d layers, d %d, %d heads, seq %d, vocab %d; ZeRO-%d, %s\n",
               model["n_layer"].get<int>(), model["d_model"].get<int>(), model["n_head"].get<int>(),
