@@ -110,19 +110,23 @@ if os.path.exists(trace):
     check("compute and p2p tracks on every rank",
           all((rank, t) in tracks for rank in range(4) for t in ("compute", "p2p")), str(tracks))
 
-# A checkpoint moves between pipeline layouts: 3 steps at tp 2 x pp 2 interleaved (ZeRO-1, np 4),
-# resumed at pp 4 1F1B (ZeRO-3, np 4) for 3 more, then on one process for the last 2: the losses
-# of the straight one-process run. The tied embedding is written once (by stage 0), or the loads
-# would refuse it as stored twice; every stage's files carry its coordinate.
+# A checkpoint moves between pipeline layouts: 2 steps at tp 2 x pp 2 GPipe (ZeRO-1, np 4),
+# resumed at pp 4 1F1B (ZeRO-3, np 4), then at dp 2 x pp 2 interleaved (ZeRO-2, np 4), then on one
+# process, 2 steps each: the losses of the straight one-process run. The tied embedding is written
+# once (by stage 0), or the loads would refuse it as stored twice; every stage's files carry its
+# coordinate; the parameter table (and so an export) is in model order whatever the split.
 moved = os.path.join(tmp, "pp_moved")
 legs = [
-    ("tp2_pp2_interleaved", 4, 3, False,
+    ("tp2_pp2_gpipe", 4, 2, False,
      {"parallel": {"pipeline_parallel_size": 2, "tensor_parallel_size": 2,
-                   "pipeline_schedule": "interleaved", "virtual_pipeline_stages": 2},
+                   "pipeline_schedule": "gpipe"},
       "zero_optimization": {"stage": 1}}),
-    ("pp4_1f1b", 4, 6, True,
+    ("pp4_1f1b", 4, 4, True,
      {"parallel": {"pipeline_parallel_size": 4},
       "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}),
+    ("dp2_pp2_interleaved", 4, 6, True,
+     {"parallel": {"pipeline_parallel_size": 2, "pipeline_schedule": "interleaved",
+                   "virtual_pipeline_stages": 2}, "train_micro_batch_size_per_gpu": 1}),
     ("one process", 1, 8, True, {}),
 ]
 for what, np_, steps, resume, overrides in legs:
@@ -137,23 +141,23 @@ for what, np_, steps, resume, overrides in legs:
           r.stderr[-2000:])
     if resume:
         check(f"checkpoint move: {what} resumed", "resumed from" in r.stderr, r.stderr[-1500:])
-    if what == "tp2_pp2_interleaved":
-        files = sorted(os.listdir(os.path.join(moved, "step_3")))
+    if what == "tp2_pp2_gpipe":
+        files = sorted(os.listdir(os.path.join(moved, "step_2")))
         check("pipeline checkpoint files by stage, data and tensor coordinate",
               files == sorted(["metadata.json"] + [f"pp{s}-dp0-tp{t}.{k}.bin" for s in (0, 1)
                                                     for t in (0, 1)
                                                     for k in ("master", "exp_avg",
                                                               "exp_avg_sq")]), str(files))
-        r = subprocess.run([zerort, "checkpoint", "inspect", os.path.join(moved, "step_3")],
+        r = subprocess.run([zerort, "checkpoint", "inspect", os.path.join(moved, "step_2")],
                            capture_output=True, text=True, timeout=60)
         check("inspect names the pipeline mesh", r.returncode == 0 and
               "data 1 x tensor 2 x pipeline 2" in r.stdout and "checksums: all ok" in r.stdout,
               r.stdout + r.stderr)
-        # Stage 0 holds blocks 0 and 2, stage 1 blocks 1 and 3: the export is in model order.
+        # Stage 0 holds blocks 0-1, stage 1 (after the embedding's twin) blocks 2-3.
         hf = os.path.join(tmp, "pp_hf")
-        r = subprocess.run([zerort, "checkpoint", "export", os.path.join(moved, "step_3"), hf],
+        r = subprocess.run([zerort, "checkpoint", "export", os.path.join(moved, "step_2"), hf],
                            capture_output=True, text=True, timeout=120)
-        check("export from a tp 2 x pp 2 interleaved checkpoint exits 0", r.returncode == 0, r.stderr[-1000:])
+        check("export from a tp 2 x pp 2 checkpoint exits 0", r.returncode == 0, r.stderr[-1000:])
         if r.returncode == 0:
             with open(os.path.join(hf, "model.safetensors"), "rb") as f:
                 n = int.from_bytes(f.read(8), "little")
