@@ -5,6 +5,8 @@
 #include <map>
 
 #include "layers/gpt_model.h"
+#include "layers/pipeline_executor.h"
+#include "layers/pipeline_schedule.h"
 #include "offload/staging_pool.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
@@ -144,10 +146,27 @@ struct Unit {
   Replay::Handle gathered_buffer, full_grad;
 };
 
+// What one pipeline stage holds (the whole model without pipeline parallelism), as unit indexes.
+struct StageUnits {
+  int embedding = -1;       // the first stage's input embedding, the last stage's tied head
+  int norm = -1;            // the final LayerNorm, on the last stage
+  std::vector<int> blocks;  // in model order
+  int boundaries = 0;       // residual-stream buffers per micro-batch (GptModel::Begin's block_out)
+  bool first = true, last = true;
+  int live = 1;           // micro-batches whose activations the stage holds at once
+  int head_live = 1;      // of them, between their head's forward and backward (the last stage)
+  int backward_live = 1;  // of them, between their first backward and their last (its scratch)
+};
+
 class StepModel {
  public:
-  StepModel(const MemoryModelInput& in, std::vector<Unit> units, MemoryEstimate& out)
-      : in_(in), options_(ManagerOptionsOf(in)), units_(std::move(units)), out_(out) {
+  StepModel(const MemoryModelInput& in, std::vector<Unit> units, StageUnits stage,
+            MemoryEstimate& out)
+      : in_(in),
+        options_(ManagerOptionsOf(in)),
+        units_(std::move(units)),
+        st_(std::move(stage)),
+        out_(out) {
     // The runtime's streams: the manager's compute and comm streams (comm is compute without
     // overlap_comm), and the kernels' own (the CPU kernels have one; CUDA's use compute).
     compute_stream_ = *CreateStream(Device::Cpu(), "compute");
@@ -164,6 +183,8 @@ class StepModel {
   int64_t csize() const { return static_cast<int64_t>(DTypeSize(in_.compute)); }
   static constexpr int64_t kRsize = 4;  // reduce dtype fp32
   bool stage3() const { return in_.stage == 3; }
+  // Under pipeline parallelism stages 2-3 reduce once per step (ShardManagerOptions).
+  bool reduce_at_step() const { return in_.pp > 1; }
   int64_t GatheredBytes(const Unit& u) const { return u.layout.padded_numel() * csize(); }
   void Term(Tier tier, Cat cat, std::string what, std::string formula, int64_t bytes) {
     out_.terms.push_back({tier, cat, std::move(what), std::move(formula), bytes});
@@ -195,6 +216,7 @@ class StepModel {
   Stream* kernels_ = nullptr;
   bool recording_ = true;  // the first step records the unit order; no prefetch yet
   std::vector<Unit> units_;
+  const StageUnits st_;
   MemoryEstimate& out_;
   Replay r_;
   std::vector<int> order_;  // recorded unit order of one step
@@ -313,7 +335,7 @@ void StepModel::Open(int u, bool backward) {
 }
 
 void StepModel::Close(int u, bool backward) {
-  if (backward && in_.stage >= 2) ReducerAdd(u);
+  if (backward && in_.stage >= 2 && !reduce_at_step()) ReducerAdd(u);
   Unit& unit = units_[u];
   if (stage3() && !unit.persistent) {
     r_.Free(unit.gathered_buffer);
@@ -367,7 +389,7 @@ void StepModel::MicroBatch() {
   // sequence parallelism's local sizes from the same geometry: columns split by tp, the
   // residual stream's rows by tp under sequence parallelism, the padded vocabulary's rows by tp.
   const GptConfig& c = in_.model;
-  const int blocks = static_cast<int>(units_.size()) - (in_.pp == 1 ? 2 : 1);
+  const int blocks = static_cast<int>(st_.blocks.size());
   const int64_t tp = in_.tp;
   const int64_t rows = int64_t{in_.micro_batch} * c.seq_len;
   const bool sp = in_.sequence_parallel && tp > 1 && rows % tp == 0;
@@ -386,8 +408,8 @@ void StepModel::MicroBatch() {
                             3 * rows * dl * act + rows * dl * act +
                             int64_t{in_.micro_batch} * heads * c.seq_len * c.seq_len * act +
                             8 * rows * dl * act;
-  // A pipeline's first stage holds pp micro-batches' activations at once under 1F1B.
-  for (int inflight = 0; inflight < in_.pp; ++inflight) {
+  // A pipeline stage holds the activations of the micro-batches its schedule keeps in flight.
+  for (int inflight = 0; inflight < st_.live; ++inflight) {
     a(rows * 4);  // tokens
     a(rows * 4);  // targets
     for (int s = 0; s < sets; ++s) {
@@ -404,7 +426,7 @@ void StepModel::MicroBatch() {
       a(rows * 4 * dl * act);  // MLP pre-GELU
       a(rows * 4 * dl * act);  // MLP post-GELU
     }
-    for (int l = 0; l <= blocks; ++l) a(rows_l * d * act);  // block inputs/outputs
+    for (int l = 0; l < st_.boundaries; ++l) a(rows_l * d * act);  // block inputs/outputs
   }
   Replay::Handle seq_local, seq_full;  // sequence parallelism's forward scratch
   if (sp) {
@@ -416,14 +438,14 @@ void StepModel::MicroBatch() {
     Term(Tier::kDevice, Cat::kActivations,
          StrCat("one block's activation set, held x ", sets,
                 per_block ? " (one per block)" : " (checkpointing: one, reused)",
-                in_.pp > 1 ? StrCat(" x ", in_.pp, " micro-batches in flight") : ""),
+                in_.pp > 1 ? StrCat(" x ", st_.live, " micro-batches in flight") : ""),
          sp ? "rows x (2 d + 12 d/tp) x act + rows/tp x d x act + 4 rows/tp x 4 B + B x heads/tp "
               "x T x T x act"
             : "rows (B x T) x (3 d + 12 d/tp) x act + 4 rows x 4 B + B x heads/tp x T x T x act",
          set_bytes);
-    Term(Tier::kDevice, Cat::kActivations, StrCat(blocks + 1, " block inputs/outputs"),
+    Term(Tier::kDevice, Cat::kActivations, StrCat(st_.boundaries, " block inputs/outputs"),
          sp ? "(blocks + 1) x rows/tp x d x act" : "(blocks + 1) x rows x d x act",
-         (blocks + 1) * rows_l * d * act);
+         st_.boundaries * rows_l * d * act);
     Term(Tier::kDevice, Cat::kActivations, "logits (freed after the head's backward)",
          "rows x padded vocab/tp x act", rows * vocab_l * act);
     Term(Tier::kDevice, Cat::kWorkspace, "backward scratch",
@@ -433,27 +455,43 @@ void StepModel::MicroBatch() {
                   rows_l * d * act + 4 * d * grad
             : rows * (2 * d + 8 * dl) * act);
   }
-  const int norm = blocks + 1;
-  const bool has_norm = in_.pp == 1;
-  Open(0, false);
-  Close(0, false);
-  for (int l = 0; l < blocks; ++l) {
-    Open(1 + l, false);
-    AttentionScratch(false);
-    Close(1 + l, false);
+  const int emb = st_.embedding, norm = st_.norm;
+  if (st_.first) {
+    Open(emb, false);
+    Close(emb, false);
   }
-  a(rows * d * act);  // final LayerNorm (every row)
-  a(rows_l * stat);
-  a(rows_l * stat);
-  if (has_norm) {
+  for (int u : st_.blocks) {
+    Open(u, false);
+    AttentionScratch(false);
+    Close(u, false);
+  }
+  if (st_.last) {
+    a(rows * d * act);  // final LayerNorm (every row)
+    a(rows_l * stat);
+    a(rows_l * stat);
     Open(norm, false);
     Close(norm, false);
+    if (!st_.first) {  // the head's forward opens the tied twin (kept open only for the input)
+      Open(emb, false);
+      Close(emb, false);
+    }
+    // The other micro-batches between their head's forward and backward (GPipe: every one).
+    for (int k = 1; k < st_.head_live; ++k) {
+      a(rows * d * act);
+      a(rows_l * stat);
+      a(rows_l * stat);
+      a(rows * vocab_l * act);  // logits
+      a(rows * stat);           // losses
+    }
   }
   r_.SetPhase(Replay::kBackward);
-  Open(0, true);
-  Replay::Handle logits = r_.Alloc(Cat::kActivations, rows * vocab_l * act, kernels_);
-  a(rows * stat);      // losses
-  if (!whole_vocab) {  // the vocabulary-parallel cross-entropy's per-row statistics
+  Replay::Handle logits;
+  if (st_.last) {
+    Open(emb, true);
+    logits = r_.Alloc(Cat::kActivations, rows * vocab_l * act, kernels_);
+    a(rows * stat);  // losses
+  }
+  if (st_.last && !whole_vocab) {  // the vocabulary-parallel cross-entropy's per-row statistics
     Replay::Handle max = r_.Alloc(Cat::kWorkspace, rows * stat, kernels_);
     Replay::Handle sums = r_.Alloc(Cat::kWorkspace, 2 * rows * stat, kernels_);
     r_.Free(sums);
@@ -470,20 +508,30 @@ void StepModel::MicroBatch() {
     ws.push_back(r_.Alloc(Cat::kWorkspace, 4 * d * grad, kernels_));      // LayerNorm gradients
   }
   r_.Free(logits);
+  if (st_.last && !st_.first) Close(emb, true);
   auto ln_scratch = [&] {
     if (!in_.cuda) return;
     Replay::Handle h = r_.Alloc(Cat::kWorkspace, 2 * d * 4, kernels_);
     r_.Free(h);
   };
-  if (has_norm) {
+  if (st_.last) {
     Open(norm, true);
     ln_scratch();
     Close(norm, true);
   }
   ws.push_back(r_.Alloc(Cat::kWorkspace, rows * 4 * dl * act, kernels_));
   ws.push_back(r_.Alloc(Cat::kWorkspace, rows * 4 * dl * act, kernels_));
+  // The micro-batch's backward scratch lives from its first backward to its last: the
+  // interleaved schedule has several micro-batches between the two.
+  const size_t one_scratch = ws.size();
+  for (int k = 1; k < st_.backward_live; ++k) {
+    for (size_t i = 0; i < one_scratch; ++i) {
+      ws.push_back(r_.Alloc(Cat::kWorkspace, ws[i].bytes, kernels_));
+    }
+  }
   for (int l = blocks - 1; l >= 0; --l) {
-    Open(1 + l, true);
+    const int u = st_.blocks[l];
+    Open(u, true);
     if (!per_block) {  // the recomputed forward
       Replay::Handle local, full;
       if (sp) {
@@ -499,9 +547,12 @@ void StepModel::MicroBatch() {
     ln_scratch();
     AttentionScratch(true);
     ln_scratch();
-    Close(1 + l, true);
+    Close(u, true);
   }
-  Close(0, true);
+  if (st_.first) {
+    if (!st_.last) Open(emb, true);  // the input embedding's backward
+    Close(emb, true);
+  }
   for (auto& h : acts) r_.Free(h);
   for (auto& h : ws) r_.Free(h);
 }
@@ -509,6 +560,11 @@ void StepModel::MicroBatch() {
 void StepModel::Step() {
   r_.SetPhase(Replay::kStep);
   if (in_.stage >= 2) {
+    if (reduce_at_step()) {  // as ShardManager::ReduceGradients: every full gradient, last first
+      for (int u = static_cast<int>(units_.size()) - 1; u >= 0; --u) {
+        if (units_[u].full_grad.live) ReducerAdd(u);
+      }
+    }
     Flush();
   } else {
     // As GradientReducer::Finish: all-reduce buckets of whole units; one unit needs no packing.
@@ -538,15 +594,17 @@ void StepModel::Step() {
 }
 
 void StepModel::Run() {
-  const int blocks = static_cast<int>(units_.size()) - (in_.pp == 1 ? 2 : 1);
-  const int norm = blocks + 1;
   for (int k = 0; k < in_.accumulation; ++k) {  // the order the first step records
-    order_.push_back(0);
-    for (int l = 0; l < blocks; ++l) order_.push_back(1 + l);
-    if (in_.pp == 1) order_.push_back(norm);
-    order_.push_back(0);
-    if (in_.pp == 1) order_.push_back(norm);
-    for (int l = blocks - 1; l >= 0; --l) order_.push_back(1 + l);
+    if (st_.first) order_.push_back(st_.embedding);
+    for (int u : st_.blocks) order_.push_back(u);
+    if (st_.last) {
+      order_.push_back(st_.norm);
+      order_.push_back(st_.embedding);  // the head (the first stage's stays open)
+      if (!st_.first) order_.push_back(st_.embedding);
+      order_.push_back(st_.norm);
+    }
+    for (auto it = st_.blocks.rbegin(); it != st_.blocks.rend(); ++it) order_.push_back(*it);
+    if (st_.first && !st_.last) order_.push_back(st_.embedding);
   }
   Init();
   // The first step records the order (no prefetch) and fills the allocator's cache; the second,
@@ -593,10 +651,16 @@ Status MemoryModelInput::Validate() const {
                                              ") and d_model (", model.d_model, ")"));
   }
   ZR_RETURN_IF_ERROR(positive("make_vocab_size_divisible_by", vocab_multiple));
-  if (model.n_layer % pp != 0) {
+  if (pipeline_stage < 0 || pipeline_stage >= pp) {
     return absl::InvalidArgumentError(
-        StrCat("pipeline-parallel size ", pp, " does not divide the layers (", model.n_layer, ")"));
+        StrCat("pipeline stage ", pipeline_stage, " of ", pp, " stages"));
   }
+  if (pp > 1) {
+    ZR_ASSIGN_OR_RETURN(const PipelineSchedule schedule, ParsePipelineSchedule(pipeline_schedule));
+    ZR_RETURN_IF_ERROR(ValidatePipelineShape({schedule, pp, accumulation, virtual_stages}));
+  }
+  ZR_RETURN_IF_ERROR(
+      StageChunks(model.n_layer, pp, virtual_stages, pipeline_layers, pipeline_stage).status());
   if (offload_optimizer != "none" && stage == 0) {
     return absl::InvalidArgumentError("offload_optimizer needs ZeRO stage 1 or higher");
   }
@@ -610,13 +674,16 @@ StatusOr<MemoryModelInput> MemoryModelInput::FromConfig(const RunConfig& config,
                                                         bool cuda) {
   RunConfig c = config;
   const int tp = c.parallel.tensor_parallel_size;
-  if (world_size < 1 || world_size % tp != 0) {
-    return absl::InvalidArgumentError(StrCat("parallel.tensor_parallel_size = ", tp,
-                                             " does not divide --world-size ", world_size));
+  const int pp = c.parallel.pipeline_parallel_size;
+  if (world_size < 1 || world_size % (tp * pp) != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("parallel.tensor_parallel_size x pipeline_parallel_size = ", tp, " x ", pp,
+               " does not divide --world-size ", world_size));
   }
-  const int dp = world_size / tp;
-  ZR_RETURN_IF_ERROR(
-      ResolveBatch(c, dp, StrCat("--world-size ", world_size, " / tensor_parallel_size ", tp)));
+  const int dp = world_size / (tp * pp);
+  ZR_RETURN_IF_ERROR(ResolveBatch(
+      c, dp,
+      StrCat("--world-size ", world_size, " / (tensor x pipeline parallel size ", tp * pp, ")")));
   MemoryModelInput in;
   in.model = c.model.shape;
   in.micro_batch = static_cast<int>(c.train_micro_batch_size_per_gpu);
@@ -625,7 +692,10 @@ StatusOr<MemoryModelInput> MemoryModelInput::FromConfig(const RunConfig& config,
   in.tp = c.parallel.tensor_parallel_size;
   in.sequence_parallel = c.parallel.sequence_parallel;
   in.vocab_multiple = c.parallel.make_vocab_size_divisible_by;
-  in.pp = c.parallel.pipeline_parallel_size;
+  in.pp = pp;
+  in.pipeline_schedule = c.parallel.pipeline_schedule;
+  in.virtual_stages = c.parallel.virtual_pipeline_stages;
+  in.pipeline_layers = c.parallel.pipeline_layers;
   in.stage = c.zero.stage;
   in.compute = c.bf16 ? DType::kBF16 : DType::kF32;
   in.optimizer_states = c.optimizer.type == "SGD" ? (c.optimizer.momentum != 0 ? 1 : 0) : 2;
@@ -650,26 +720,106 @@ StatusOr<MemoryModelInput> MemoryModelInput::FromConfig(const RunConfig& config,
 StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& in) {
   ZR_RETURN_IF_ERROR(in.Validate());
   // The units of this rank: the runtime's own parameter list, split as tensor parallelism
-  // splits it, and the first pipeline stage's share of the blocks.
+  // splits it, and the stage's share of it as the runtime splits it (GptModel::Create).
   // Rank 0's parameters: every tensor-parallel rank's parts have the same shapes.
   ZR_ASSIGN_OR_RETURN(std::vector<GptUnit> all, GptUnits(in.model, in.tp, 0, in.vocab_multiple));
-  const int blocks = in.model.n_layer / in.pp;
+  const int L = in.model.n_layer;
+  GptStagePart part;
+  part.first = in.pipeline_stage == 0;
+  part.last = in.pipeline_stage == in.pp - 1;
+  if (in.pp > 1) {
+    ZR_ASSIGN_OR_RETURN(part.chunks, StageChunks(L, in.pp, in.virtual_stages, in.pipeline_layers,
+                                                 in.pipeline_stage));
+  }
+  StageUnits stage{.first = part.first, .last = part.last};
   std::vector<Unit> units;
   MemoryEstimate out;
   const ShardManagerOptions options = ManagerOptionsOf(in);
-  for (size_t i = 0; i < all.size(); ++i) {
-    const bool block = i >= 1 && i <= static_cast<size_t>(in.model.n_layer);
-    if (block && static_cast<int>(i) > blocks) continue;
-    if (!block && i != 0 && in.pp > 1) continue;  // the final norm lives on the last stage
-    for (const ParamSpec& p : all[i].params) out.parameters += p.numel();
+  auto add = [&](const GptUnit& unit) -> StatusOr<int> {
+    for (const ParamSpec& p : unit.params) out.parameters += p.numel();
     ZR_ASSIGN_OR_RETURN(
         FlatLayout layout,
-        FlatLayout::Create(all[i].params, ShardCount(static_cast<ZeroStage>(in.stage), in.dp)));
+        FlatLayout::Create(unit.params, ShardCount(static_cast<ZeroStage>(in.stage), in.dp)));
     UnitPlan plan = PlanUnit(options, layout);
     units.push_back(Unit{std::move(layout), std::move(plan)});
+    return static_cast<int>(units.size()) - 1;
+  };
+  if (part.first || part.last) {
+    ZR_ASSIGN_OR_RETURN(stage.embedding, add(all[0]));
   }
-  StepModel model(in, std::move(units), out);
+  for (int l = 0; l < L; ++l) {
+    if (!part.holds(l)) continue;
+    ZR_ASSIGN_OR_RETURN(const int u, add(all[1 + l]));
+    stage.blocks.push_back(u);
+  }
+  if (part.last) {
+    ZR_ASSIGN_OR_RETURN(stage.norm, add(all[L + 1]));
+  }
+  for (int l = 0; l <= L; ++l) {  // as GptModel::Begin
+    const bool used = part.holds(l) || (l > 0 && part.holds(l - 1)) || (l == 0 && part.first) ||
+                      (l == L && part.last);
+    stage.boundaries += used ? 1 : 0;
+  }
+  if (in.pp > 1) {
+    ZR_ASSIGN_OR_RETURN(const PipelineSchedule schedule,
+                        ParsePipelineSchedule(in.pipeline_schedule));
+    ZR_ASSIGN_OR_RETURN(
+        const std::vector<PipelineAction> actions,
+        PipelineActions({schedule, in.pp, in.accumulation, in.virtual_stages}, in.pipeline_stage));
+    stage.live = PipelineLiveMicroBatches(actions);
+    // Held between two of a micro-batch's computations on this stage: the head's activations
+    // (its last local chunk's forward to that chunk's backward) and the backward scratch (its
+    // first backward, of the last local chunk, to its last, of chunk 0).
+    const int last_chunk = in.virtual_stages - 1;
+    auto between = [&](PipelineOp first_op, int first_chunk) {
+      std::vector<PipelineAction> spans;
+      for (const PipelineAction& a : actions) {
+        const bool opens = a.op == first_op && a.chunk == first_chunk;
+        const bool closes = a.op == PipelineOp::kBackward && a.chunk == 0;
+        if (opens) spans.push_back({PipelineOp::kForward, a.micro_batch, 1});
+        if (closes) spans.push_back({PipelineOp::kBackward, a.micro_batch, 0});
+      }
+      return PipelineLiveMicroBatches(spans);
+    };
+    stage.backward_live = between(PipelineOp::kBackward, last_chunk);
+    // The head's logits go at the backward of the last chunk itself.
+    std::vector<PipelineAction> head;
+    for (const PipelineAction& a : actions) {
+      if (a.chunk == last_chunk && (a.op == PipelineOp::kForward || a.op == PipelineOp::kBackward))
+        head.push_back({a.op, a.micro_batch, 0});
+    }
+    stage.head_live = part.last ? PipelineLiveMicroBatches(head) : 0;
+  }
+  StepModel model(in, std::move(units), std::move(stage), out);
   model.Run();
+  return out;
+}
+
+StatusOr<std::vector<MemoryEstimate>> EstimateMemoryPerStage(const MemoryModelInput& input) {
+  std::vector<MemoryEstimate> out;
+  for (int s = 0; s < input.pp; ++s) {
+    MemoryModelInput in = input;
+    in.pipeline_stage = s;
+    ZR_ASSIGN_OR_RETURN(MemoryEstimate e, EstimateMemory(in));
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+MemorySnapshot MaxOverStages(const std::vector<MemorySnapshot>& snapshots) {
+  MemorySnapshot out;
+  auto take = [](MemoryUsage& into, const MemoryUsage& from) {
+    into.peak = std::max(into.peak, from.peak);
+    into.current = std::max(into.current, from.current);
+  };
+  for (const MemorySnapshot& s : snapshots) {
+    for (int t = 0; t < kNumMemoryTiers; ++t) {
+      for (int k = 0; k < kNumMemoryCategories; ++k)
+        take(out.by_category[t][k], s.by_category[t][k]);
+      take(out.in_use[t], s.in_use[t]);
+      take(out.reserved[t], s.reserved[t]);
+    }
+  }
   return out;
 }
 

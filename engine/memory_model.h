@@ -19,8 +19,13 @@
 // master, moments and gradient shard (offload_optimizer) or the stage-3 compute shard
 // (offload_param) to the host or NVMe tier, and adds the staging pools the runtime allocates;
 // tensor parallelism divides the split dimensions of the weights and the per-head activations;
-// pipeline parallelism keeps L / pp blocks per rank and multiplies the activation sets by the
-// micro-batches in flight (pp for the first stage under 1F1B).
+// pipeline parallelism models one stage: its blocks (StageChunks, the runtime's split), the
+// embedding on the first and last stage (the last one's is the tied twin), the final norm and head
+// on the last; the activation sets of as many micro-batches as the stage's schedule holds at once
+// (PipelineLiveMicroBatches of the runtime's own action list: GPipe m, 1F1B p - s, interleaved
+// more), the head's logits of each on the last stage, and at ZeRO-2/3 every full gradient kept
+// until the step (one reduction per step). EstimateMemoryPerStage and MaxOverStages give the
+// maximum over the stages, per category, as the busiest rank sees it.
 #pragma once
 
 #include <array>
@@ -43,7 +48,11 @@ struct MemoryModelInput {
   bool sequence_parallel = false;
   int vocab_multiple = 1;  // make_vocab_size_divisible_by
   int pp = 1;              // pipeline-parallel size
-  int ranks_per_node = 1;  // for the per-node host column
+  int pipeline_stage = 0;  // which stage this estimate is of (0 .. pp-1)
+  std::string pipeline_schedule = "1f1b";
+  int virtual_stages = 1;
+  std::vector<int> pipeline_layers;  // blocks per chunk; empty: an even split
+  int ranks_per_node = 1;            // for the per-node host column
   int stage = 0;
   DType compute = DType::kF32;
   int optimizer_states = 2;  // fp32 moments per parameter: Adam 2, SGD with momentum 1, SGD 0
@@ -62,8 +71,8 @@ struct MemoryModelInput {
   int64_t stage3_max_live_parameters = 1'000'000'000;
   int64_t stage3_param_persistence_threshold = 100'000;
 
-  // From a run config on `world_size` ranks: data-parallel size world / tensor_parallel_size
-  // (the batch triple resolved there).
+  // From a run config on `world_size` ranks: data-parallel size world / (tensor x pipeline
+  // size) (the batch triple resolved there); stage 0.
   static StatusOr<MemoryModelInput> FromConfig(const RunConfig& config, int world_size, bool cuda);
   Status Validate() const;
 };
@@ -94,6 +103,11 @@ struct MemoryEstimate {
 };
 
 StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& input);
+// Every pipeline stage's estimate (one without pipeline parallelism).
+StatusOr<std::vector<MemoryEstimate>> EstimateMemoryPerStage(const MemoryModelInput& input);
+// Per tier and category the largest peak of `snapshots` (each stage's, or each rank's measured):
+// what the busiest rank needs of each. The totals are the largest totals.
+MemorySnapshot MaxOverStages(const std::vector<MemorySnapshot>& snapshots);
 
 // The ZeRO paper's model-state accounting (Rajbhandari et al. 2020, section 5): Psi parameters,
 // mixed precision with K bytes of optimizer state per parameter (12 for Adam), N ranks:

@@ -2,6 +2,7 @@
 #include "layers/pipeline_schedule.h"
 
 #include <algorithm>
+#include <set>
 
 #include "runtime/strings.h"
 
@@ -85,6 +86,29 @@ Status ValidatePipelineShape(const PipelineShape& s) {
       return absl::OkStatus();
   }
   return absl::InvalidArgumentError("unknown pipeline schedule");
+}
+
+int PipelineLiveMicroBatches(const std::vector<PipelineAction>& actions) {
+  bool training = false;
+  int last_chunk = 0;
+  for (const PipelineAction& a : actions) {
+    training = training || a.op == PipelineOp::kBackward;
+    last_chunk = std::max(last_chunk, a.chunk);
+  }
+  std::set<int> live, done_with;
+  size_t peak = 0;
+  for (const PipelineAction& a : actions) {
+    if (done_with.contains(a.micro_batch)) continue;  // its last send
+    live.insert(a.micro_batch);
+    peak = std::max(peak, live.size());
+    const bool done = training ? a.op == PipelineOp::kBackward && a.chunk == 0
+                               : a.op == PipelineOp::kForward && a.chunk == last_chunk;
+    if (done) {
+      live.erase(a.micro_batch);
+      done_with.insert(a.micro_batch);
+    }
+  }
+  return static_cast<int>(peak);
 }
 
 int PipelineWarmup(const PipelineShape& s, int stage) {

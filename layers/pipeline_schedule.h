@@ -68,6 +68,12 @@ int PipelineWarmup(const PipelineShape& shape, int stage);
 // of the sends on each link equals the order of the receives at the other end.
 StatusOr<std::vector<PipelineAction>> PipelineActions(const PipelineShape& shape, int stage);
 
+// The most micro-batches whose activations a stage holds at once when it runs `actions` as the
+// executor does: a micro-batch is held from its first action on the stage (its forward, or the
+// receive of its input) to its backward through local chunk 0 (forward-only lists: to its last
+// forward). 1F1B: min(p - s, m); GPipe: m; interleaved: more than p on the early stages.
+int PipelineLiveMicroBatches(const std::vector<PipelineAction>& actions);
+
 // What an executor runs, in order: one compute action, one send, or a batch of consecutive
 // receives waited for together. Sends are posted without waiting and complete in the background
 // once their receive is posted (Communicator::PostSend), so a stage waits only at receives: the

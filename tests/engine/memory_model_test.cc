@@ -62,13 +62,32 @@ struct Params {
   int tp = 1;                              // tensor-parallel size (world = data x tp)
   bool sp = false;                         // sequence parallelism
   int vocab_multiple = 1;                  // make_vocab_size_divisible_by
+  int pp = 1;                              // pipeline stages (world = data x tp x pp)
+  const char* schedule = "1f1b";
+  int virtual_stages = 1;
+  std::vector<int> layers;  // model.n_layer 3 unless given (the chunk sizes' sum)
+  int d_model = 128;
 };
 
 class MemoryGridTest : public ::testing::TestWithParam<Params> {};
 
+// Every category of 1 MiB or more, the total and the reserved bytes within 5%.
+void CompareWithMeasured(const MemoryEstimate& est, const MemorySnapshot& measured);
+
 TEST_P(MemoryGridTest, EstimateMatchesTheMeasuredStep) {
   const Params p = GetParam();
-  RunConfig c = GridConfig(p.stage, p.world / p.tp, p.checkpointing);
+  RunConfig c = GridConfig(p.stage, p.world / p.tp / p.pp, p.checkpointing);
+  if (p.pp > 1) {  // four micro-batches per step, so that the schedules differ
+    c.train_micro_batch_size_per_gpu = 8 / (p.world / p.tp / p.pp) / 4;
+    c.parallel.pipeline_parallel_size = p.pp;
+    c.parallel.pipeline_schedule = p.schedule;
+    c.parallel.virtual_pipeline_stages = p.virtual_stages;
+    c.parallel.pipeline_layers = p.layers;
+    int n = 0;
+    for (int l : p.layers) n += l;
+    if (n > 0) c.model.shape.n_layer = n;
+  }
+  c.model.shape.d_model = p.d_model;
   c.parallel.tensor_parallel_size = p.tp;
   c.parallel.sequence_parallel = p.sp;
   c.parallel.make_vocab_size_divisible_by = p.vocab_multiple;
@@ -78,20 +97,42 @@ TEST_P(MemoryGridTest, EstimateMatchesTheMeasuredStep) {
   c.zero.offload_optimizer.nvme_path = c.zero.offload_param.nvme_path = ::testing::TempDir();
   c.zero.offload_param.buffer_size = 200'000;  // the grid's largest shard is ~197,000 elements
   c.zero.sub_group_size = 100'000;             // two chunks per block
-  MemorySnapshot measured;
+  std::vector<MemorySnapshot> by_rank(p.world);
   CommOptions options;
   options.timeout = std::chrono::seconds(120);
   std::FILE* sink = std::fopen("/dev/null", "w");
   const Status status = RunLoopbackRanks(p.world, options, nullptr, [&](Communicator& comm) {
     ZR_ASSIGN_OR_RETURN(TrainResult r,
                         Train(c, {.world = &comm, .world_source = "test", .out = sink}));
-    if (comm.rank() == 0) measured = r.last_step_memory;
+    by_rank[comm.rank()] = r.last_step_memory;
     return absl::OkStatus();
   });
   std::fclose(sink);
   ASSERT_TRUE(status.ok()) << status;
   const MemoryModelInput in = *MemoryModelInput::FromConfig(c, p.world, false);
-  const MemoryEstimate est = *EstimateMemory(in);
+  const std::vector<MemoryEstimate> stages = *EstimateMemoryPerStage(in);
+  ASSERT_EQ(stages.size(), static_cast<size_t>(p.pp));
+  // Each stage's estimate against its first rank (Megatron's order: the pipeline coordinate is
+  // the slowest), then the maximum over stages against the maximum over ranks.
+  std::vector<MemorySnapshot> estimated;
+  for (const MemoryEstimate& e : stages) estimated.push_back(e.peaks);
+  for (int s = 0; s <= p.pp; ++s) {
+    if (p.pp == 1 && s == 1) break;
+    SCOPED_TRACE(s < p.pp ? StrCat("pipeline stage ", s) : std::string("maximum over stages"));
+    MemoryEstimate est;
+    MemorySnapshot measured;
+    if (s < p.pp) {
+      est = stages[s];
+      measured = by_rank[s * (p.world / p.pp)];
+    } else {
+      est.peaks = MaxOverStages(estimated);
+      measured = MaxOverStages(by_rank);
+    }
+    CompareWithMeasured(est, measured);
+  }
+}
+
+void CompareWithMeasured(const MemoryEstimate& est, const MemorySnapshot& measured) {
   int compared = 0;
   for (int t = 0; t < kNumMemoryTiers; ++t) {
     const auto tier = static_cast<MemoryTier>(t);
@@ -164,26 +205,44 @@ std::vector<Params> Grid() {
   tp(2, 4, 4, true, false);
   tp(3, 4, 2, false, false, 3);
   tp(3, 4, 4, true, true);
+  // Pipeline stages: each stage's units (the embedding's tied twin on the last), the micro-batches
+  // its schedule holds (GPipe all four, 1F1B p - s), the head's logits of each on the last stage,
+  // every full gradient kept to the step at ZeRO-2/3; an uneven split; tp x pp; dp x pp.
+  auto pp = [&](int stage, int world, const char* schedule, std::vector<int> layers, int tp = 1,
+                int v = 1, bool ckpt = false) {
+    Params p{stage, world, ckpt};
+    p.pp = 2;
+    p.schedule = schedule;
+    p.layers = std::move(layers);
+    p.tp = tp;
+    p.virtual_stages = v;
+    p.d_model = tp > 1 ? 256 : 128;  // model states of 1 MiB and more per part
+    out.push_back(p);
+  };
+  pp(1, 2, "1f1b", {2, 1});
+  pp(2, 2, "gpipe", {2, 2});
+  pp(0, 4, "1f1b", {1, 2}, 2);
+  pp(3, 4, "interleaved", {1, 1, 1, 1}, 1, 2);
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(Grid, MemoryGridTest, ::testing::ValuesIn(Grid()),
-                         [](const ::testing::TestParamInfo<Params>& info) {
-                           return zerort::StrCat(
-                               "stage", info.param.stage, "_world", info.param.world,
-                               info.param.tp > 1
-                                   ? StrCat("_tp", info.param.tp, info.param.sp ? "_sp" : "",
-                                            info.param.vocab_multiple > 1 ? "_padded" : "")
-                                   : "",
-                               info.param.checkpointing ? "_ckpt" : "",
-                               info.param.bf16 ? "_bf16" : "",
-                               std::string(info.param.offload_optimizer) != "none"
-                                   ? StrCat("_opt_", info.param.offload_optimizer)
-                                   : "",
-                               std::string(info.param.offload_param) != "none"
-                                   ? StrCat("_param_", info.param.offload_param)
-                                   : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Grid, MemoryGridTest, ::testing::ValuesIn(Grid()),
+    [](const ::testing::TestParamInfo<Params>& info) {
+      return zerort::StrCat(
+          "stage", info.param.stage, "_world", info.param.world,
+          info.param.tp > 1 ? StrCat("_tp", info.param.tp, info.param.sp ? "_sp" : "",
+                                     info.param.vocab_multiple > 1 ? "_padded" : "")
+                            : "",
+          info.param.pp > 1 ? StrCat("_pp", info.param.pp, "_", info.param.schedule) : "",
+          info.param.checkpointing ? "_ckpt" : "", info.param.bf16 ? "_bf16" : "",
+          std::string(info.param.offload_optimizer) != "none"
+              ? StrCat("_opt_", info.param.offload_optimizer)
+              : "",
+          std::string(info.param.offload_param) != "none"
+              ? StrCat("_param_", info.param.offload_param)
+              : "");
+    });
 
 // Rajbhandari et al. 2020, figure 1: 7.5B parameters, N = 64, K = 12.
 TEST(MemoryModelTest, ZeroPaperModelStates) {

@@ -177,6 +177,28 @@ TEST(PipelineScheduleTest, SendsPairWithReceivesAndNothingDeadlocks) {
           break;
       }
       EXPECT_EQ(sim.max_in_flight[st], bound) << Name(s) << " stage " << st;
+      // What the estimator reads: whole micro-batches held by the executor (a micro-batch holds
+      // every local chunk's activations from its first forward to its chunk-0 backward).
+      const int live = PipelineLiveMicroBatches(*PipelineActions(s, st));
+      if (s.schedule == PipelineSchedule::kInterleaved) {
+        const int v = s.virtual_stages;
+        EXPECT_GE(live, (bound + v - 1) / v) << Name(s) << " stage " << st;
+        EXPECT_LE(live, s.micro_batches) << Name(s) << " stage " << st;
+      } else {
+        EXPECT_EQ(live, bound) << Name(s) << " stage " << st;
+      }
+    }
+  }
+}
+
+TEST(PipelineScheduleTest, LiveMicroBatchesOfForwardOnlyLists) {
+  // Evaluation holds a micro-batch until its last local forward, and runs each one through all
+  // its chunks before the next: one at a time, whatever the schedule.
+  for (const PipelineShape& s : {PipelineShape{PipelineSchedule::kGpipe, 4, 8, 1},
+                                 PipelineShape{PipelineSchedule::k1F1B, 4, 8, 1},
+                                 PipelineShape{PipelineSchedule::kInterleaved, 4, 8, 2}}) {
+    for (int st = 0; st < 4; ++st) {
+      EXPECT_EQ(PipelineLiveMicroBatches(*PipelineForwardActions(s, st)), 1) << Name(s) << st;
     }
   }
 }
