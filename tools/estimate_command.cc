@@ -81,7 +81,9 @@ std::vector<Row> Table(MemoryModelInput base, int ranks_per_node) {
 const char* kCaveats =
     "Not modelled: the CUDA context and cuBLAS/NCCL internal buffers (typically 0.5-1 GiB per "
     "GPU), the CUDA staging copies of offloaded shards (on a GPU; the CPU run has none), host "
-    "memory of data loading and checkpointing, and pipeline schedules other than 1F1B.";
+    "memory of data loading and checkpointing, and the pipeline's boundary send/receive buffers "
+    "(one "
+    "micro-batch's residual stream each).";
 
 void PrintCategories(const MemoryEstimate& e, const MemorySnapshot* measured) {
   std::printf("  %-10s %-18s %12s", "tier", "category", "estimate MiB");
@@ -174,9 +176,25 @@ int RunFromConfig(const EstimateOptions& o) {
   const bool cuda = o.device == "cuda" || (o.device.empty() && config->train.device == "cuda");
   StatusOr<MemoryModelInput> in = MemoryModelInput::FromConfig(*config, o.world_size, cuda);
   if (!in.ok()) return Usage(std::string(in.status().message()));
-  StatusOr<MemoryEstimate> e = EstimateMemory(*in);
-  if (!e.ok()) return Usage(std::string(e.status().message()));
+  StatusOr<std::vector<MemoryEstimate>> stages = EstimateMemoryPerStage(*in);
+  if (!stages.ok()) return Usage(std::string(stages.status().message()));
+  // With pipeline stages: per category the largest stage's (the busiest rank's needs).
+  StatusOr<MemoryEstimate> e = (*stages)[0];
+  if (stages->size() > 1) {
+    std::vector<MemorySnapshot> peaks;
+    for (const MemoryEstimate& s : *stages) {
+      peaks.push_back(s.peaks);
+      e->parameters = std::max(e->parameters, s.parameters);
+      for (int t = 0; t < kNumMemoryTiers; ++t) {
+        e->phase_forward[t] = std::max(e->phase_forward[t], s.phase_forward[t]);
+        e->phase_backward[t] = std::max(e->phase_backward[t], s.phase_backward[t]);
+        e->phase_step[t] = std::max(e->phase_step[t], s.phase_step[t]);
+      }
+    }
+    e->peaks = MaxOverStages(peaks);
+  }
   MemorySnapshot measured;
+  std::vector<MemorySnapshot> measured_by_rank(static_cast<size_t>(o.world_size));
   if (o.measure) {
     if (cuda && CudaDeviceCount() == 0) return Usage("--measure on cuda: no GPU is present");
     RunConfig run = *config;
@@ -194,9 +212,10 @@ int RunFromConfig(const EstimateOptions& o) {
           ZR_ASSIGN_OR_RETURN(
               TrainResult r,
               Train(run, {.world = &comm, .world_source = "--world-size", .out = sink}));
-          if (comm.rank() == 0) measured = r.last_step_memory;
+          measured_by_rank[comm.rank()] = r.last_step_memory;
           return absl::OkStatus();
         });
+    measured = MaxOverStages(measured_by_rank);
     std::fclose(sink);
     if (!status.ok()) {
       Logger()->error("estimate --measure: {}", status.message());
@@ -207,6 +226,27 @@ int RunFromConfig(const EstimateOptions& o) {
     nlohmann::json j = EstimateJson(*e);
     j["config"] = o.config;
     j["world_size"] = o.world_size;
+    if (stages->size() > 1) {
+      nlohmann::json per_stage = nlohmann::json::array();
+      const int ranks_per_stage = o.world_size / in->pp;
+      for (int st = 0; st < in->pp; ++st) {
+        const MemoryEstimate& se = (*stages)[st];
+        nlohmann::json entry = {
+            {"parameters", se.parameters},
+            {"device_total", se.PeakTotal(MemoryTier::kDevice)},
+            {"activations", se.Peak(MemoryTier::kDevice, MemoryCategory::kActivations)}};
+        if (o.measure) {
+          std::vector<MemorySnapshot> mine(measured_by_rank.begin() + st * ranks_per_stage,
+                                           measured_by_rank.begin() + (st + 1) * ranks_per_stage);
+          const MemorySnapshot stage_max = MaxOverStages(mine);
+          entry["measured_device_total"] = stage_max.in_use[0].peak;
+          entry["measured_activations"] =
+              stage_max.Get(MemoryTier::kDevice, MemoryCategory::kActivations).peak;
+        }
+        per_stage.push_back(entry);
+      }
+      j["stages"] = per_stage;
+    }
     if (o.measure) {
       nlohmann::json m = nlohmann::json::object();
       for (int k = 0; k < kNumMemoryCategories; ++k) {
@@ -220,14 +260,33 @@ int RunFromConfig(const EstimateOptions& o) {
     std::printf("%s\n", j.dump().c_str());
     return kExitOk;
   }
-  std::printf("zerort estimate: %s at data-parallel size %d on %s (per rank, steady-state step)\n",
-              o.config.c_str(), o.world_size, cuda ? "cuda" : "cpu");
+  std::printf(
+      "zerort estimate: %s on %d ranks (data %d x tensor %d x pipeline %d) on %s (per rank, "
+      "steady-state step)\n",
+      o.config.c_str(), o.world_size, in->dp, in->tp, in->pp, cuda ? "cuda" : "cpu");
   std::printf(
       "  %lld parameters on this rank, ZeRO-%d, %s, micro-batch %d x %d, %d micro-batches"
       "%s\n",
       static_cast<long long>(e->parameters), in->stage, std::string(DTypeName(in->compute)).c_str(),
       in->micro_batch, in->model.seq_len, in->accumulation,
       in->activation_checkpointing ? ", activation checkpointing" : "");
+  if (stages->size() > 1) {
+    std::printf("  pipeline: %d stages (%s); the table is the maximum over stages (and ranks)\n",
+                in->pp, in->pipeline_schedule.c_str());
+    const int ranks_per_stage = o.world_size / in->pp;
+    for (int st = 0; st < in->pp; ++st) {
+      const MemoryEstimate& se = (*stages)[st];
+      std::printf("    stage %d: %lld parameters, device peak %s MiB", st,
+                  static_cast<long long>(se.parameters),
+                  Mib(se.PeakTotal(MemoryTier::kDevice)).c_str());
+      if (o.measure) {
+        std::vector<MemorySnapshot> mine(measured_by_rank.begin() + st * ranks_per_stage,
+                                         measured_by_rank.begin() + (st + 1) * ranks_per_stage);
+        std::printf(", measured %s MiB", Mib(MaxOverStages(mine).in_use[0].peak).c_str());
+      }
+      std::printf("\n");
+    }
+  }
   PrintCategories(*e, o.measure ? &measured : nullptr);
   if (o.explain) Explain(*e);
   std::printf("%s\n", kCaveats);
