@@ -156,6 +156,7 @@ struct StageUnits {
   int live = 1;           // micro-batches whose activations the stage holds at once
   int head_live = 1;      // of them, between their head's forward and backward (the last stage)
   int backward_live = 1;  // of them, between their first backward and their last (its scratch)
+  int live_sets = 0;  // block activation sets held at once (chunks between forward and backward)
 };
 
 class StepModel {
@@ -403,31 +404,39 @@ void StepModel::MicroBatch() {
   auto a = [&](int64_t bytes) { acts.push_back(r_.Alloc(Cat::kActivations, bytes, kernels_)); };
   r_.SetPhase(Replay::kForward);
   const bool per_block = !in_.activation_checkpointing;
-  const int sets = (per_block ? blocks : 1);
   const int64_t set_bytes = 2 * rows * d * act + rows_l * d * act + 4 * rows_l * stat +
                             3 * rows * dl * act + rows * dl * act +
                             int64_t{in_.micro_batch} * heads * c.seq_len * c.seq_len * act +
                             8 * rows * dl * act;
-  // A pipeline stage holds the activations of the micro-batches its schedule keeps in flight.
+  // One block's activation set (GptModel's AllocateBlockActs).
+  auto block_set = [&](std::vector<Replay::Handle>& into) {
+    auto a = [&](int64_t bytes) { into.push_back(r_.Alloc(Cat::kActivations, bytes, kernels_)); };
+    a(rows * d * act);                                                  // ln1 (every row)
+    a(rows_l * stat);                                                   // ln1 mean
+    a(rows_l * stat);                                                   // ln1 rstd
+    a(rows * 3 * dl * act);                                             // qkv
+    a(rows * dl * act);                                                 // attention output
+    a(int64_t{in_.micro_batch} * heads * c.seq_len * c.seq_len * act);  // probabilities
+    a(rows_l * d * act);                                                // residual
+    a(rows * d * act);                                                  // ln2 (every row)
+    a(rows_l * stat);
+    a(rows_l * stat);
+    a(rows * 4 * dl * act);  // MLP pre-GELU
+    a(rows * 4 * dl * act);  // MLP post-GELU
+  };
+  // A pipeline stage holds the activations of the micro-batches its schedule keeps in flight:
+  // each one's tokens and block boundaries, and the sets of the chunks it is between the forward
+  // and the backward of (with checkpointing: one set per micro-batch).
   for (int inflight = 0; inflight < st_.live; ++inflight) {
     a(rows * 4);  // tokens
     a(rows * 4);  // targets
-    for (int s = 0; s < sets; ++s) {
-      a(rows * d * act);                                                  // ln1 (every row)
-      a(rows_l * stat);                                                   // ln1 mean
-      a(rows_l * stat);                                                   // ln1 rstd
-      a(rows * 3 * dl * act);                                             // qkv
-      a(rows * dl * act);                                                 // attention output
-      a(int64_t{in_.micro_batch} * heads * c.seq_len * c.seq_len * act);  // probabilities
-      a(rows_l * d * act);                                                // residual
-      a(rows * d * act);                                                  // ln2 (every row)
-      a(rows_l * stat);
-      a(rows_l * stat);
-      a(rows * 4 * dl * act);  // MLP pre-GELU
-      a(rows * 4 * dl * act);  // MLP post-GELU
-    }
+    if (!per_block) block_set(acts);
     for (int l = 0; l < st_.boundaries; ++l) a(rows_l * d * act);  // block inputs/outputs
   }
+  // The other micro-batches' sets held at the peak.
+  const int live_sets = per_block ? std::max(st_.live_sets, blocks) : st_.live;
+  for (int k = blocks; per_block && k < live_sets; ++k) block_set(acts);
+
   Replay::Handle seq_local, seq_full;  // sequence parallelism's forward scratch
   if (sp) {
     seq_local = r_.Alloc(Cat::kWorkspace, rows_l * d * act, kernels_);
@@ -436,7 +445,7 @@ void StepModel::MicroBatch() {
   if (!activation_terms_) {
     activation_terms_ = true;
     Term(Tier::kDevice, Cat::kActivations,
-         StrCat("one block's activation set, held x ", sets,
+         StrCat("one block's activation set, held x ", live_sets,
                 per_block ? " (one per block)" : " (checkpointing: one, reused)",
                 in_.pp > 1 ? StrCat(" x ", st_.live, " micro-batches in flight") : ""),
          sp ? "rows x (2 d + 12 d/tp) x act + rows/tp x d x act + 4 rows/tp x 4 B + B x heads/tp "
@@ -460,10 +469,12 @@ void StepModel::MicroBatch() {
     Open(emb, false);
     Close(emb, false);
   }
-  for (int u : st_.blocks) {
-    Open(u, false);
+  std::vector<std::vector<Replay::Handle>> sets_of(static_cast<size_t>(blocks));
+  for (int l = 0; l < blocks; ++l) {
+    if (per_block) block_set(sets_of[l]);  // allocated by the block's forward
+    Open(st_.blocks[l], false);
     AttentionScratch(false);
-    Close(u, false);
+    Close(st_.blocks[l], false);
   }
   if (st_.last) {
     a(rows * d * act);  // final LayerNorm (every row)
@@ -548,6 +559,7 @@ void StepModel::MicroBatch() {
     AttentionScratch(true);
     ln_scratch();
     Close(u, true);
+    for (auto& h : sets_of[l]) r_.Free(h);  // spent by the block's backward
   }
   if (st_.first) {
     if (!st_.last) Open(emb, true);  // the input embedding's backward
@@ -767,6 +779,13 @@ StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& in) {
         const std::vector<PipelineAction> actions,
         PipelineActions({schedule, in.pp, in.accumulation, in.virtual_stages}, in.pipeline_stage));
     stage.live = PipelineLiveMicroBatches(actions);
+    int held = 0;
+    for (const PipelineAction& a : actions) {
+      const auto [first, last] = part.chunks[static_cast<size_t>(a.chunk)];
+      if (a.op == PipelineOp::kForward) held += last - first;
+      if (a.op == PipelineOp::kBackward) held -= last - first;
+      stage.live_sets = std::max(stage.live_sets, held);
+    }
     // Held between two of a micro-batch's computations on this stage: the head's activations
     // (its last local chunk's forward to that chunk's backward) and the backward scratch (its
     // first backward, of the last local chunk, to its last, of chunk 0).

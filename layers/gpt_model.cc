@@ -517,6 +517,33 @@ struct GptModel::MicroBatch {
   }
 };
 
+// Under tensor parallelism the column layers' outputs hold this rank's columns; the residual
+// stream and LayerNorm statistics this rank's rows (sequence parallelism).
+static Status AllocateBlockActs(const Geometry& g, ModelKernels& k, Allocator& activations,
+                                BlockActs& a) {
+  const int64_t rows = g.rows, rows_l = g.rows_l, d = g.d;
+  const size_t act = k.act_size(), stat = k.stat_size();
+  Stream* st = &k.stream();
+  auto alloc = [&](Buffer& b, int64_t elems, size_t size) -> Status {
+    ZR_ASSIGN_OR_RETURN(b, activations.Allocate(static_cast<size_t>(elems) * size,
+                                                MemoryCategory::kActivations, st));
+    return absl::OkStatus();
+  };
+  ZR_RETURN_IF_ERROR(alloc(a.ln1, rows * d, act));
+  ZR_RETURN_IF_ERROR(alloc(a.ln1_mean, rows_l, stat));
+  ZR_RETURN_IF_ERROR(alloc(a.ln1_rstd, rows_l, stat));
+  ZR_RETURN_IF_ERROR(alloc(a.qkv, rows * 3 * g.d_l, act));
+  ZR_RETURN_IF_ERROR(alloc(a.atty, rows * g.d_l, act));
+  ZR_RETURN_IF_ERROR(alloc(a.att, static_cast<int64_t>(g.batch) * g.h_l * g.seq * g.seq, act));
+  ZR_RETURN_IF_ERROR(alloc(a.res2, rows_l * d, act));
+  ZR_RETURN_IF_ERROR(alloc(a.ln2, rows * d, act));
+  ZR_RETURN_IF_ERROR(alloc(a.ln2_mean, rows_l, stat));
+  ZR_RETURN_IF_ERROR(alloc(a.ln2_rstd, rows_l, stat));
+  ZR_RETURN_IF_ERROR(alloc(a.fch, rows * g.f_l, act));
+  ZR_RETURN_IF_ERROR(alloc(a.fch_gelu, rows * g.f_l, act));
+  return absl::OkStatus();
+}
+
 void GptModel::MicroBatchDeleter::operator()(MicroBatch* mb) const { delete mb; }
 
 StatusOr<GptModel::MicroBatchPtr> GptModel::Begin(std::span<const int32_t> tokens,
@@ -537,7 +564,7 @@ StatusOr<GptModel::MicroBatchPtr> GptModel::Begin(std::span<const int32_t> token
   ModelKernels& k = kernels_;
   Stream* st = &k.stream();
   const Device dev = k.device();
-  const size_t act = k.act_size(), stat = k.stat_size();
+  const size_t act = k.act_size();
   MicroBatchPtr mb(new MicroBatch(g, TpContext{options_.tp, &k, DTypeOfSize(act), &activations_}));
   mb->train = train;
   auto alloc = [&](Buffer& b, int64_t elems, size_t size,
@@ -553,28 +580,13 @@ StatusOr<GptModel::MicroBatchPtr> GptModel::Begin(std::span<const int32_t> token
     ZR_RETURN_IF_ERROR(CopyBytes(mb->targets.data(), dev, targets.data(), Device::Cpu(),
                                  rows * sizeof(int32_t), st));
   }
-  // A set per block when the backward follows without recomputation; otherwise one, reused.
-  // Under tensor parallelism the column layers' outputs hold this rank's columns; the residual
-  // stream and LayerNorm statistics this rank's rows (sequence parallelism).
+  // A set per block when the backward follows without recomputation (each allocated by its
+  // block's forward and freed by its backward, so a pipeline stage holds only the sets of the
+  // chunks in flight); otherwise one, reused, for the whole micro-batch.
   mb->per_block = train && !options_.activation_checkpointing;
   mb->acts.resize(mb->per_block ? L : 1);
+  if (!mb->per_block) ZR_RETURN_IF_ERROR(AllocateBlockActs(g, k, activations_, mb->acts[0]));
   const GptStagePart& part = options_.stage;
-  for (int i = 0; i < static_cast<int>(mb->acts.size()); ++i) {
-    if (mb->per_block && !part.holds(i)) continue;  // another stage's block
-    BlockActs& a = mb->acts[i];
-    ZR_RETURN_IF_ERROR(alloc(a.ln1, rows * d, act));
-    ZR_RETURN_IF_ERROR(alloc(a.ln1_mean, rows_l, stat));
-    ZR_RETURN_IF_ERROR(alloc(a.ln1_rstd, rows_l, stat));
-    ZR_RETURN_IF_ERROR(alloc(a.qkv, rows * 3 * g.d_l, act));
-    ZR_RETURN_IF_ERROR(alloc(a.atty, rows * g.d_l, act));
-    ZR_RETURN_IF_ERROR(alloc(a.att, static_cast<int64_t>(batch) * g.h_l * seq * seq, act));
-    ZR_RETURN_IF_ERROR(alloc(a.res2, rows_l * d, act));
-    ZR_RETURN_IF_ERROR(alloc(a.ln2, rows * d, act));
-    ZR_RETURN_IF_ERROR(alloc(a.ln2_mean, rows_l, stat));
-    ZR_RETURN_IF_ERROR(alloc(a.ln2_rstd, rows_l, stat));
-    ZR_RETURN_IF_ERROR(alloc(a.fch, rows * g.f_l, act));
-    ZR_RETURN_IF_ERROR(alloc(a.fch_gelu, rows * g.f_l, act));
-  }
   // The residual stream at every block boundary this stage touches: the inputs and outputs of
   // its blocks, the embedding's output on the first stage, the last block's on the last.
   mb->block_out.resize(L + 1);
@@ -628,6 +640,8 @@ Status GptModel::BlocksForward(MicroBatch& mb, int first, int last) {
   ZR_RETURN_IF_ERROR(CheckBlocks(options_.stage, options_.config.n_layer, first, last));
   const Ctx c = mb.ctx(kernels_);
   for (int l = first; l < last; ++l) {
+    if (mb.per_block)
+      ZR_RETURN_IF_ERROR(AllocateBlockActs(mb.g, kernels_, activations_, mb.acts[l]));
     ZR_ASSIGN_OR_RETURN(UnitTensors block, store_.Open(block_unit_[l], false));
     ZR_RETURN_IF_ERROR(BlockForward(c, block.params, mb.block_out[l].data(),
                                     mb.acts[mb.per_block ? l : 0], mb.block_out[l + 1].data()));
@@ -807,6 +821,7 @@ Status GptModel::BlocksBackward(MicroBatch& mb, int first, int last, const void*
     }
     ZR_RETURN_IF_ERROR(BlockBackward(c, block, mb.block_out[l].data(), a, s));
     ZR_RETURN_IF_ERROR(store_.Close(block_unit_[l]));
+    if (mb.per_block) a = BlockActs{};  // its activations are spent
   }
   if (dx != nullptr) {
     ZR_RETURN_IF_ERROR(CopyBytes(dx, k.device(), s.dres.data(), k.device(),
