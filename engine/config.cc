@@ -58,7 +58,7 @@ const KeyDirectory& Directory() {
       {"parallel",
        {"tensor_parallel_size", "sequence_parallel", "make_vocab_size_divisible_by",
         "pipeline_parallel_size", "pipeline_schedule", "virtual_pipeline_stages", "pipeline_layers",
-        "pipeline_scatter_gather"}},
+        "pipeline_scatter_gather", "collective_timeout_s"}},
   };
   return kDirectory;
 }
@@ -464,6 +464,8 @@ StatusOr<RunConfig> ParseRunConfig(const nlohmann::json& json, const std::string
       ZR_RETURN_IF_ERROR(
           parallel->Int("virtual_pipeline_stages", par.virtual_pipeline_stages, 1, 1 << 10));
       ZR_RETURN_IF_ERROR(parallel->Bool("pipeline_scatter_gather", par.pipeline_scatter_gather));
+      ZR_RETURN_IF_ERROR(
+          parallel->Number("collective_timeout_s", par.collective_timeout_s, 0.1, 7 * 86400));
       const int chunks = par.pipeline_parallel_size * par.virtual_pipeline_stages;
       if (parallel->Has("pipeline_layers")) {
         std::vector<double> layers;
@@ -640,7 +642,8 @@ nlohmann::json RunConfig::ToJson() const {
         {"pipeline_layers", parallel.pipeline_layers.empty()
                                 ? nlohmann::json()  // null: an even split
                                 : nlohmann::json(parallel.pipeline_layers)},
-        {"pipeline_scatter_gather", parallel.pipeline_scatter_gather}}},
+        {"pipeline_scatter_gather", parallel.pipeline_scatter_gather},
+        {"collective_timeout_s", parallel.collective_timeout_s}}},
   };
   if (!train.device.empty()) j["train"]["device"] = train.device;  // absent: chosen at run time
   // Batch keys not given (0) stay out, so the output reads back as the same config.

@@ -134,6 +134,10 @@ struct ParallelConfig {
   // Megatron's scatter/gather of cross-stage sends: each tensor-parallel rank sends 1/tp of a
   // boundary activation, the next stage all-gathers it (tp-fold fewer bytes between stages).
   bool pipeline_scatter_gather = true;
+  // Seconds any collective or point-to-point transfer may wait for its peers before the watchdog
+  // stops every rank with exit code 3 and each rank's last collectives (a rank that died or
+  // skipped a send).
+  double collective_timeout_s = 600;
 };
 
 struct RunConfig {

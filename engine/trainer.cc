@@ -340,6 +340,12 @@ Status Run::Setup() {
         .chunks = part_.chunks,
         .allocator = allocator_.get(),
         .stream = &manager_->compute_stream()};
+    // Test hook for the hang tests ("<stage>:skip" or "<stage>:die"), not a config key.
+    if (const char* f = std::getenv("ZERORT_FAIL_PIPELINE_SEND")) {
+      const std::string fault = f;
+      po.fail_send_stage = std::atoi(fault.c_str());
+      po.fail_send_dies = fault.ends_with(":die");
+    }
     ZR_ASSIGN_OR_RETURN(executor_, PipelineExecutor::Create(*model_, std::move(po)));
   }
   if (ctx_.resume) {

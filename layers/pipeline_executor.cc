@@ -1,11 +1,13 @@
 // PipelineExecutor: one stage's actions over a GptModel.
 #include "layers/pipeline_executor.h"
 
+#include <cstdlib>
 #include <map>
 #include <numeric>
 #include <random>
 
 #include "runtime/host_collectives.h"
+#include "runtime/log.h"
 #include "runtime/strings.h"
 
 namespace zerort {
@@ -160,6 +162,14 @@ Status PipelineExecutor::Compute(Step& step, const PipelineAction& a) {
 
 Status PipelineExecutor::Send(Step& step, const PipelineAction& a) {
   const auto t0 = std::chrono::system_clock::now();
+  if (options_.stage == options_.fail_send_stage && !failed_send_) {
+    failed_send_ = true;
+    Logger()->warn("fault injection: stage {} {} its {} {}.{}", options_.stage,
+                   options_.fail_send_dies ? "dies at" : "skips", PipelineOpName(a.op),
+                   a.micro_batch, a.chunk);
+    if (options_.fail_send_dies) std::_Exit(7);
+    return absl::OkStatus();
+  }
   const bool forward = a.op == PipelineOp::kSendForward;
   const ChunkAddress to = forward ? NextChunk(options_.shape, options_.stage, a.chunk)
                                   : PreviousChunk(options_.shape, options_.stage, a.chunk);

@@ -53,6 +53,10 @@ struct PipelineStageOptions {
   Allocator* allocator = nullptr;           // send copies and received gradients
   Stream* stream = nullptr;                 // the model's compute stream
   SpanSink span;                            // optional
+  // Fault injection for the hang tests: stage `fail_send_stage` skips its first send (never
+  // posts it) or, with `fail_send_dies`, exits at it, as a crashed or buggy stage would.
+  int fail_send_stage = -1;
+  bool fail_send_dies = false;
 };
 
 struct PipelineData {
@@ -99,6 +103,7 @@ class PipelineExecutor {
   PipelineStageOptions options_;
   std::deque<Buffer> in_flight_;  // copies of posted sends, oldest first
   int64_t bytes_sent_ = 0;
+  bool failed_send_ = false;  // the injected fault happened
 };
 
 }  // namespace zerort

@@ -67,6 +67,8 @@ int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** 
   std::string world_source = "a single process (no launcher)";
   CommOptions comm_options;
   comm_options.name = "world";
+  comm_options.timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(config->parallel.collective_timeout_s * 1000.0));
   if (launch.world_size > 1) {
     MpiContext::Options mpi_options;
     mpi_options.install_signal_dump = true;

@@ -3,13 +3,16 @@
 dp 2 x pp 2 with a trace (np 4) and GPipe at tp 2 x pp 2 (np 4) give the one-process loss curve
 (fp32, 1e-5 relative, from metrics.jsonl); the trace has each rank's forwards and backwards per
 micro-batch and chunk and its sends and receives; a checkpoint moves from tp 2 x pp 2 to pp 4 to
-one process on the same loss curve; bad pipeline setups exit 2 naming the numbers.
+one process on the same loss curve; a stage that skips a send or dies stops every surviving rank
+with exit 3 and its trace within the collective timeout; bad pipeline setups exit 2 naming the
+numbers.
 Usage: pipeline_cli_test.py PATH_TO_ZERORT MPIEXEC"""
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import Checks  # noqa: E402
@@ -175,6 +178,39 @@ if reference and os.path.exists(os.path.join(tmp, "pp_moved.jsonl")):
     worst = max(abs(x - y) / abs(x) for x, y in zip(reference, got))
     check("the moved run follows the one-process one to 1e-5", len(got) == 8 and worst <= 1e-5,
           f"{worst} {reference} {got}")
+# A stage that skips a send or dies: every surviving rank stops with exit 3 and its trace (the
+# p2p transfers it waited on) within the collective timeout plus a few seconds. mpirun is told not
+# to kill the job when a rank exits, so each rank's own exit code is seen (written by a wrapper).
+hang = dict(BASE, parallel={"pipeline_parallel_size": 2, "collective_timeout_s": 2},
+            train=dict(BASE["train"], steps=4))
+hang_cfg = write("hang.json", hang)
+for what, fault, want in [("stage 0 skips a send", "0:skip", {0: 3, 1: 3}),
+                          ("stage 1 skips a send", "1:skip", {0: 3, 1: 3}),
+                          ("stage 1 dies", "1:die", {0: 3, 1: 7})]:
+    codes = os.path.join(tmp, "rc_" + fault.replace(":", "_"))
+    start = time.monotonic()
+    r = subprocess.run([mpiexec, "--mca", "orte_abort_on_non_zero_status", "0", "-np", "2",
+                        "--oversubscribe", "sh", "-c",
+                        '"$0" train "$1"; c=$?; echo $c > "$2.$OMPI_COMM_WORLD_RANK"; exit $c',
+                        zerort, hang_cfg, codes],
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(env, ZERORT_FAIL_PIPELINE_SEND=fault))
+    seconds = time.monotonic() - start
+    got = {}
+    for rank in (0, 1):
+        if os.path.exists(f"{codes}.{rank}"):
+            with open(f"{codes}.{rank}") as f:
+                got[rank] = int(f.read().strip() or -1)
+    check(f"{what}: each rank's exit code {want}", got == want, f"{got} {r.stderr[-2500:]}")
+    check(f"{what}: within the timeout plus a few seconds", seconds < 2 + 8, f"{seconds:.1f} s")
+    for rank, code in want.items():
+        if code == 3:
+            check(f"{what}: rank {rank} prints its pipeline transfers",
+                  f"collectives of rank {rank}/2 in group 'world.pp'" in r.stderr and
+                  "timed out after" in r.stderr, r.stderr[-2500:])
+    check(f"{what}: the trace names the transfers", "send_forward 0.0" in r.stderr,
+          r.stderr[-2500:])
+
 # Bad pipeline setups: exit 2 with the numbers, before any training.
 bad = [
     ("1f1b with fewer micro-batches than stages", 2,
