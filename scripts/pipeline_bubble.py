@@ -1,9 +1,14 @@
 #!/usr/bin/env python3
-"""The bubble of a pipeline run, measured from its logging.trace_file: for each rank and each step
-after the first, the window between the end of the previous optimizer step and the start of this
-one, and the share of it not spent in forward/backward spans (idle: waiting for receives, the
-bubble, plus the sends' and receives' own time). Prints the median over steps of the mean over
-ranks, and the steady step time.
+"""The bubble of a pipeline run, measured from its logging.trace_file, for each step after the
+first (median over steps):
+- "bubble": Megatron's measure, the pipeline's compute window (the first forward's start to the
+  last backward's end over all ranks of the step) minus a rank's own forward/backward time, over
+  that compute time, mean over ranks: (p-1)/m for GPipe and 1F1B, (p-1)/(v m) interleaved, with
+  uniform costs and free communication;
+- "idle_share": the same idle time over the compute window: (p-1)/(m+p-1) in theory;
+- "step_idle_share": the share of the whole window between two optimizer steps not spent in
+  forward/backward spans (also the loss and evaluation all-reduces, the data loading);
+- "step_us" and "compute_window_us": the slowest rank's step window and the compute window.
 Usage: pipeline_bubble.py TRACE.json"""
 import json
 import statistics
@@ -12,20 +17,28 @@ import sys
 with open(sys.argv[1]) as f:
     events = [e for e in json.load(f) if e.get("ph") == "X"]
 ranks = sorted({e["pid"] for e in events})
-bubbles, windows = [], []
 steps = sorted({int(e["name"].split()[-1]) for e in events if e["name"].startswith("optimizer step")})
+out = {"bubble": [], "idle_share": [], "step_idle_share": [], "step_us": [],
+       "compute_window_us": []}
 for step in steps[1:]:
-    per_rank, per_window = [], []
+    busy, step_idle, windows, computes = {}, [], [], []
     for r in ranks:
         mine = [e for e in events if e["pid"] == r]
         prev = next(e for e in mine if e["name"] == f"optimizer step {step - 1}")
         this = next(e for e in mine if e["name"] == f"optimizer step {step}")
         begin, end = prev["ts"] + prev["dur"], this["ts"]
-        busy = sum(e["dur"] for e in mine if e["name"].split()[0] in ("forward", "backward")
-                   and begin <= e["ts"] < end)
-        per_rank.append(1 - busy / (end - begin))
-        per_window.append(end - begin)
-    bubbles.append(statistics.mean(per_rank))
-    windows.append(max(per_window))
-print(json.dumps({"bubble": statistics.median(bubbles), "step_us": statistics.median(windows),
-                  "steps": len(bubbles), "ranks": len(ranks)}))
+        compute = [e for e in mine if e["name"].split()[0] in ("forward", "backward")
+                   and begin <= e["ts"] < end]
+        busy[r] = sum(e["dur"] for e in compute)
+        step_idle.append(1 - busy[r] / (end - begin))
+        windows.append(end - begin)
+        computes += compute
+    window = max(e["ts"] + e["dur"] for e in computes) - min(e["ts"] for e in computes)
+    out["bubble"].append(statistics.mean((window - busy[r]) / busy[r] for r in ranks))
+    out["idle_share"].append(statistics.mean((window - busy[r]) / window for r in ranks))
+    out["step_idle_share"].append(statistics.mean(step_idle))
+    out["step_us"].append(max(windows))
+    out["compute_window_us"].append(window)
+result = {k: statistics.median(v) for k, v in out.items()}
+result.update({"steps": len(out["bubble"]), "ranks": len(ranks)})
+print(json.dumps(result))
