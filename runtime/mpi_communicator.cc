@@ -2,10 +2,14 @@
 #include "runtime/mpi_communicator.h"
 
 #include <mpi.h>
-#include <deque>
 
+#include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "runtime/internal/host_reduce.h"
@@ -92,6 +96,14 @@ class MpiCommunicator final : public Communicator {
   MpiCommunicator(MPI_Comm comm, int rank, int size, CommOptions options, Watchdog* watchdog)
       : Communicator(rank, size, "mpi", std::move(options), watchdog), comm_(comm) {}
   ~MpiCommunicator() override {
+    if (progress_.joinable()) {
+      {
+        std::lock_guard lock(posted_mu_);
+        stop_progress_ = true;
+      }
+      posted_cv_.notify_all();
+      progress_.join();
+    }
     if (comm_ != MPI_COMM_WORLD) MPI_Comm_free(&comm_);
   }
 
@@ -232,13 +244,21 @@ class MpiCommunicator final : public Communicator {
 
   Status DoPostSend(const void* buffer, size_t count, DType dtype, int peer, Stream*) override {
     ZR_ASSIGN_OR_RETURN(int n, ToInt(count));
+    std::lock_guard lock(posted_mu_);
     MPI_Request request;
     ZR_MPI_RETURN_IF_ERROR(MPI_Isend(buffer, n, MoveType(dtype), peer, kTag, comm_, &request));
     posted_.push_back(request);
+    if (!progress_.joinable()) {
+      int level = MPI_THREAD_SINGLE;
+      MPI_Query_thread(&level);
+      if (level == MPI_THREAD_MULTIPLE) progress_ = std::thread([this] { Progress(); });
+    }
+    posted_cv_.notify_all();
     return absl::OkStatus();
   }
 
   StatusOr<size_t> DoPollSends() override {
+    std::lock_guard lock(posted_mu_);
     size_t done = 0;
     while (!posted_.empty()) {
       int flag = 0;
@@ -251,8 +271,12 @@ class MpiCommunicator final : public Communicator {
   }
 
   Status DoWaitSends() override {
-    std::vector<MPI_Request> all(posted_.begin(), posted_.end());
-    posted_.clear();
+    std::vector<MPI_Request> all;
+    {
+      std::lock_guard lock(posted_mu_);
+      all.assign(posted_.begin(), posted_.end());
+      posted_.clear();
+    }
     ZR_MPI_RETURN_IF_ERROR(
         MPI_Waitall(static_cast<int>(all.size()), all.data(), MPI_STATUSES_IGNORE));
     return absl::OkStatus();
@@ -291,8 +315,32 @@ class MpiCommunicator final : public Communicator {
     return absl::OkStatus();
   }
 
+  // MPI moves a message only inside MPI calls: a large (rendezvous) Isend whose rank goes on
+  // computing would wait for that rank's next MPI call, and its receiver with it (measured: a
+  // pipeline stage's receive waited a whole forward of the sender). With MPI_THREAD_MULTIPLE this
+  // thread tests the posted sends every 100 us while any is pending (a completed request becomes
+  // MPI_REQUEST_NULL, which the caller's next poll counts), and sleeps otherwise.
+  void Progress() {
+    std::unique_lock lock(posted_mu_);
+    while (!stop_progress_) {
+      if (posted_.empty()) {
+        posted_cv_.wait(lock);
+        continue;
+      }
+      for (MPI_Request& request : posted_) {
+        int flag = 0;
+        if (request != MPI_REQUEST_NULL) MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
+      }
+      posted_cv_.wait_for(lock, std::chrono::microseconds(100));
+    }
+  }
+
   MPI_Comm comm_;
+  std::mutex posted_mu_;  // posted_ and stop_progress_, shared with the progress thread
+  std::condition_variable posted_cv_;
   std::deque<MPI_Request> posted_;  // PostSend's, oldest first
+  bool stop_progress_ = false;
+  std::thread progress_;  // started by the first PostSend under MPI_THREAD_MULTIPLE
 };
 
 }  // namespace
