@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """`zerort train` with pipeline parallelism under mpirun: 1F1B at pp 2 (np 2), interleaved at
-dp 2 x pp 2 with a trace (np 4) and GPipe at tp 2 x pp 2 (np 4) give the one-process loss curve
+dp 2 x pp 2 with a trace (np 4), GPipe at tp 2 x pp 2 (np 4) and interleaved at dp 2 x tp 2 x pp 2
+at ZeRO-3 (np 8, oversubscribed) give the one-process loss curve
 (fp32, 1e-5 relative, from metrics.jsonl); the trace has each rank's forwards and backwards per
 micro-batch and chunk and its sends and receives; a checkpoint moves from tp 2 x pp 2 to pp 4 to
 one process on the same loss curve; a stage that skips a send or dies stops every surviving rank
@@ -73,6 +74,11 @@ runs = [
     ("tp2_pp2_gpipe", 4,
      {"parallel": {"pipeline_parallel_size": 2, "tensor_parallel_size": 2,
                    "pipeline_schedule": "gpipe"}, "zero_optimization": {"stage": 1}}, 1),
+    ("dp2_tp2_pp2_interleaved_8_ranks", 8,
+     {"parallel": {"pipeline_parallel_size": 2, "tensor_parallel_size": 2,
+                   "pipeline_schedule": "interleaved", "virtual_pipeline_stages": 2},
+      "train_micro_batch_size_per_gpu": 1,
+      "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}, 2),
 ]
 for name, np_, overrides, dp in runs:
     traced = overrides.pop("logging_trace", None)
