@@ -5,28 +5,16 @@
 #include <cmath>
 #include <numeric>
 
+#include "layers/gpt_block.h"
 #include "layers/tp_layers.h"
 #include "runtime/strings.h"
 
 namespace zerort {
 namespace {
 
+using namespace gpt;  // the block layers (gpt_block.h)
+
 constexpr int kEmbeddings = 0;
-// Parameters of a block unit, in their order in the unit.
-enum BlockParam {
-  kLn1W,
-  kLn1B,
-  kQkvW,
-  kQkvB,
-  kProjW,
-  kProjB,
-  kLn2W,
-  kLn2B,
-  kFcW,
-  kFcB,
-  kFcProjW,
-  kFcProjB,
-};
 
 uint64_t SplitMix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -49,9 +37,6 @@ bool EndsWith(std::string_view s, std::string_view suffix) {
 }
 
 // The tensors a block's backward needs, in act dtype (statistics in stat dtype).
-struct BlockActs {
-  Buffer ln1, ln1_mean, ln1_rstd, qkv, atty, att, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
-};
 
 }  // namespace
 
@@ -290,206 +275,6 @@ Status CheckTokens(std::span<const int32_t> ids, const char* what, int64_t expec
   return absl::OkStatus();
 }
 
-DType DTypeOfSize(size_t size) { return size == 2 ? DType::kBF16 : DType::kF32; }
-
-// The sizes one rank works with in a pass: t tensor-parallel ranks, this one r.
-struct Geometry {
-  int t = 1, r = 0;
-  bool sp = false;  // sequence parallelism in this pass: the residual stream split by rows
-  int batch = 0, seq = 0;
-  int64_t rows = 0, rows_l = 0;           // every row; this rank's rows of the residual stream
-  int d = 0, d_l = 0, h_l = 0, f_l = 0;   // channels; attention channels, heads, MLP channels here
-  int v_l = 0, v_begin = 0, v_valid = 0;  // vocabulary rows here, the first one's id, real ones
-  bool whole_vocab() const { return t == 1 && v_l == v_valid; }
-};
-
-Geometry MakeGeometry(const GptModelOptions& o, int batch, int seq) {
-  Geometry g;
-  g.t = o.tp.size();
-  g.r = o.tp.rank();
-  g.batch = batch;
-  g.seq = seq;
-  g.rows = static_cast<int64_t>(batch) * seq;
-  // Any contiguous split of the rows works: every op in the sequence-parallel region (LayerNorm,
-  // residual additions) is per row. A pass whose rows do not divide (a short prompt) runs
-  // without it, which computes the same values.
-  g.sp = o.sequence_parallel && g.t > 1 && g.rows % g.t == 0;
-  g.rows_l = g.sp ? g.rows / g.t : g.rows;
-  const GptConfig& c = o.config;
-  g.d = c.d_model;
-  g.d_l = c.d_model / g.t;
-  g.h_l = c.n_head / g.t;
-  g.f_l = 4 * c.d_model / g.t;
-  g.v_l = static_cast<int>(PaddedVocab(c, g.t, o.vocab_multiple) / g.t);
-  g.v_begin = g.r * g.v_l;
-  g.v_valid = std::clamp(c.vocab_size - g.v_begin, 0, g.v_l);
-  return g;
-}
-
-// What the layer functions below share in one pass.
-struct Ctx {
-  ModelKernels& k;
-  const TpContext& tp;
-  const Geometry& g;
-  DType grad;       // weight gradients' dtype (the sequence-parallel norm reductions)
-  void* seq_local;  // [rows_l, d] scratch (sequence parallelism)
-  void* seq_full;   // [rows, d] scratch (tensor parallelism)
-};
-
-// LayerNorm of this rank's rows of the residual stream; `out` gets every row (the input of a
-// column-parallel layer): under sequence parallelism gathered from the other ranks (SP's g).
-Status NormToColumn(const Ctx& c, void* out, void* mean, void* rstd, const void* x, const void* w,
-                    const void* b) {
-  const Geometry& g = c.g;
-  if (!g.sp) return c.k.LayerNorm(out, mean, rstd, x, w, b, g.rows, g.d);
-  ZR_RETURN_IF_ERROR(c.k.LayerNorm(c.seq_local, mean, rstd, x, w, b, g.rows_l, g.d));
-  return GatherFromSequence(c.tp, c.seq_local, out, g.rows_l * g.d);
-}
-
-// A row-parallel layer's output into this rank's rows of the residual stream: partial sums
-// all-reduced (Megatron's g) or, under sequence parallelism, reduce-scattered; the bias added
-// once, after the reduction.
-Status RowToResidual(const Ctx& c, void* out, const void* x_local, const void* w, const void* b,
-                     int in_local) {
-  const Geometry& g = c.g;
-  if (g.t == 1) return c.k.Matmul(out, x_local, w, b, g.rows, in_local, g.d);
-  if (!g.sp) return RowParallelForward(c.tp, out, x_local, w, b, g.rows, in_local, g.d);
-  ZR_RETURN_IF_ERROR(c.k.Matmul(c.seq_full, x_local, w, nullptr, g.rows, in_local, g.d));
-  ZR_RETURN_IF_ERROR(ScatterToSequence(c.tp, c.seq_full, out, g.rows_l * g.d));
-  return c.k.AddBias(out, b, g.rows_l, g.d);
-}
-
-// Issues a block's forward: x -> out (this rank's rows), saving what the backward needs in `a`.
-Status BlockForward(const Ctx& c, const std::vector<void*>& w, const void* x, BlockActs& a,
-                    void* out) {
-  const Geometry& g = c.g;
-  ModelKernels& k = c.k;
-  ZR_RETURN_IF_ERROR(
-      NormToColumn(c, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w[kLn1W], w[kLn1B]));
-  // Column-parallel QKV: this rank's heads (Q, K and V of each).
-  ZR_RETURN_IF_ERROR(
-      k.Matmul(a.qkv.data(), a.ln1.data(), w[kQkvW], w[kQkvB], g.rows, g.d, 3 * g.d_l));
-  ZR_RETURN_IF_ERROR(
-      k.Attention(a.atty.data(), a.att.data(), a.qkv.data(), g.batch, g.seq, g.d_l, g.h_l));
-  ZR_RETURN_IF_ERROR(RowToResidual(c, a.res2.data(), a.atty.data(), w[kProjW], w[kProjB], g.d_l));
-  ZR_RETURN_IF_ERROR(k.Add(a.res2.data(), a.res2.data(), x, g.rows_l * g.d));
-  ZR_RETURN_IF_ERROR(NormToColumn(c, a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
-                                  a.res2.data(), w[kLn2W], w[kLn2B]));
-  ZR_RETURN_IF_ERROR(k.Matmul(a.fch.data(), a.ln2.data(), w[kFcW], w[kFcB], g.rows, g.d, g.f_l));
-  ZR_RETURN_IF_ERROR(k.Gelu(a.fch_gelu.data(), a.fch.data(), g.rows * g.f_l));
-  ZR_RETURN_IF_ERROR(RowToResidual(c, out, a.fch_gelu.data(), w[kFcProjW], w[kFcProjB], g.f_l));
-  return k.Add(out, out, a.res2.data(), g.rows_l * g.d);
-}
-
-// Scratch of the backward: gradients of activations (kWorkspace).
-struct BackwardScratch {
-  Buffer dres;   // [rows_l, d]: the gradient flowing down the residual stream (this rank's rows)
-  Buffer dfull;  // [rows, d]: dres gathered from every rank (sequence parallelism)
-  Buffer dbtc;   // [rows, d]
-  Buffer dloc;   // [rows_l, d]: dbtc reduce-scattered (sequence parallelism)
-  Buffer d4a;    // [rows, 4d / tp]
-  Buffer d4b;    // [rows, 4d / tp]
-  Buffer norm;   // [4d] grad dtype: LayerNorm weight gradients of this rank's rows (SP)
-};
-
-// The residual gradient of every row, for a row-parallel layer's backward: under sequence
-// parallelism gathered (the reduce-scatter's backward), otherwise dres itself.
-StatusOr<const void*> ResidualGradOfEveryRow(const Ctx& c, BackwardScratch& s) {
-  if (!c.g.sp) return static_cast<const void*>(s.dres.data());
-  ZR_RETURN_IF_ERROR(GatherFromSequence(c.tp, s.dres.data(), s.dfull.data(), c.g.rows_l * c.g.d));
-  return static_cast<const void*>(s.dfull.data());
-}
-
-// A column-parallel layer's input gradient (dbtc, this rank's columns' share of every row)
-// summed over the group: all-reduced (Megatron's f backward) or, under sequence parallelism,
-// reduce-scattered to this rank's rows. Returns where it is.
-StatusOr<const void*> ReduceColumnInputGrad(const Ctx& c, BackwardScratch& s) {
-  const Geometry& g = c.g;
-  if (g.sp) {
-    ZR_RETURN_IF_ERROR(ScatterToSequence(c.tp, s.dbtc.data(), s.dloc.data(), g.rows_l * g.d));
-    return static_cast<const void*>(s.dloc.data());
-  }
-  ZR_RETURN_IF_ERROR(CopyToRegionBackward(c.tp, s.dbtc.data(), g.rows * g.d));
-  return static_cast<const void*>(s.dbtc.data());
-}
-
-// A LayerNorm's backward on this rank's rows. Under sequence parallelism its weight gradients
-// cover only these rows: they go to s.norm at `slot` (of 2 x d) and ReduceNormGrads sums them.
-Status NormBackward(const Ctx& c, BackwardScratch& s, int slot, const void* dout, const void* x,
-                    const std::vector<void*>& w, const std::vector<void*>& grads, int weight,
-                    const void* mean, const void* rstd) {
-  const Geometry& g = c.g;
-  void* dw = grads[weight];
-  void* db = grads[weight + 1];
-  if (g.sp) {
-    auto* base = static_cast<std::byte*>(s.norm.data());
-    dw = base + static_cast<size_t>(2 * slot) * g.d * c.k.grad_size();
-    db = base + static_cast<size_t>(2 * slot + 1) * g.d * c.k.grad_size();
-  }
-  return c.k.LayerNormBackward(s.dres.data(), dw, db, dout, x, w[weight], mean, rstd, g.rows_l,
-                               g.d);
-}
-
-// Sums the `norms` LayerNorms' gradients in s.norm over the group (one all-reduce) and adds
-// them to the weights' gradients; `targets` lists each norm's weight gradient, bias next to it.
-Status ReduceNormGrads(const Ctx& c, BackwardScratch& s,
-                       std::initializer_list<std::pair<void*, void*>> targets) {
-  const Geometry& g = c.g;
-  if (!g.sp) return absl::OkStatus();
-  const int64_t n = static_cast<int64_t>(targets.size()) * 2 * g.d;
-  ZR_RETURN_IF_ERROR(c.tp.group.comm->AllReduce(s.norm.data(), s.norm.data(), n, c.grad,
-                                                ReduceOp::kSum, &c.k.stream()));
-  auto* base = static_cast<std::byte*>(s.norm.data());
-  const size_t vec = static_cast<size_t>(g.d) * c.k.grad_size();
-  size_t i = 0;
-  for (const auto& [dw, db] : targets) {
-    ZR_RETURN_IF_ERROR(c.k.AccumulateGrad(dw, base + (i++) * vec, g.d));
-    ZR_RETURN_IF_ERROR(c.k.AccumulateGrad(db, base + (i++) * vec, g.d));
-  }
-  return FillZero(s.norm.data(), c.k.device(), s.norm.bytes(), &c.k.stream());
-}
-
-// A block's backward: dres holds d(out) on entry and d(x) on return (this rank's rows); weight
-// gradients are added.
-Status BlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const BlockActs& a,
-                     BackwardScratch& s) {
-  const Geometry& g = c.g;
-  ModelKernels& k = c.k;
-  const Device dev = k.device();
-  Stream* st = &k.stream();
-  const std::vector<void*>& w = u.params;
-  const std::vector<void*>& gr = u.grads;
-  const size_t act = k.act_size();
-  // MLP: row-parallel projection, GELU, column-parallel fc.
-  ZR_ASSIGN_OR_RETURN(const void* dout, ResidualGradOfEveryRow(c, s));
-  ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, g.rows * g.f_l * act, st));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.d4a.data(), gr[kFcProjW], gr[kFcProjB], dout,
-                                      a.fch_gelu.data(), w[kFcProjW], g.rows, g.f_l, g.d));
-  ZR_RETURN_IF_ERROR(FillZero(s.d4b.data(), dev, g.rows * g.f_l * act, st));
-  ZR_RETURN_IF_ERROR(k.GeluBackward(s.d4b.data(), a.fch.data(), s.d4a.data(), g.rows * g.f_l));
-  ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kFcW], gr[kFcB], s.d4b.data(), a.ln2.data(),
-                                      w[kFcW], g.rows, g.d, g.f_l));
-  ZR_ASSIGN_OR_RETURN(const void* dln2, ReduceColumnInputGrad(c, s));
-  ZR_RETURN_IF_ERROR(NormBackward(c, s, 0, dln2, a.res2.data(), w, gr, kLn2W, a.ln2_mean.data(),
-                                  a.ln2_rstd.data()));
-  // Attention: row-parallel projection, this rank's heads, column-parallel QKV.
-  ZR_ASSIGN_OR_RETURN(dout, ResidualGradOfEveryRow(c, s));
-  ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d_l * act, st));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kProjW], gr[kProjB], dout, a.atty.data(),
-                                      w[kProjW], g.rows, g.d_l, g.d));
-  ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, g.rows * 3 * g.d_l * act, st));
-  ZR_RETURN_IF_ERROR(k.AttentionBackward(s.d4a.data(), s.dbtc.data(), a.qkv.data(), a.att.data(),
-                                         g.batch, g.seq, g.d_l, g.h_l));
-  ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kQkvW], gr[kQkvB], s.d4a.data(),
-                                      a.ln1.data(), w[kQkvW], g.rows, g.d, 3 * g.d_l));
-  ZR_ASSIGN_OR_RETURN(const void* dln1, ReduceColumnInputGrad(c, s));
-  ZR_RETURN_IF_ERROR(
-      NormBackward(c, s, 1, dln1, x, w, gr, kLn1W, a.ln1_mean.data(), a.ln1_rstd.data()));
-  return ReduceNormGrads(c, s, {{gr[kLn2W], gr[kLn2B]}, {gr[kLn1W], gr[kLn1B]}});
-}
-
 }  // namespace
 
 // One micro-batch on this rank: its activations (kept from its forward to its backward), the
@@ -516,33 +301,6 @@ struct GptModel::MicroBatch {
     return Ctx{k, tp, g, DTypeOfSize(k.grad_size()), seq_local.data(), seq_full.data()};
   }
 };
-
-// Under tensor parallelism the column layers' outputs hold this rank's columns; the residual
-// stream and LayerNorm statistics this rank's rows (sequence parallelism).
-static Status AllocateBlockActs(const Geometry& g, ModelKernels& k, Allocator& activations,
-                                BlockActs& a) {
-  const int64_t rows = g.rows, rows_l = g.rows_l, d = g.d;
-  const size_t act = k.act_size(), stat = k.stat_size();
-  Stream* st = &k.stream();
-  auto alloc = [&](Buffer& b, int64_t elems, size_t size) -> Status {
-    ZR_ASSIGN_OR_RETURN(b, activations.Allocate(static_cast<size_t>(elems) * size,
-                                                MemoryCategory::kActivations, st));
-    return absl::OkStatus();
-  };
-  ZR_RETURN_IF_ERROR(alloc(a.ln1, rows * d, act));
-  ZR_RETURN_IF_ERROR(alloc(a.ln1_mean, rows_l, stat));
-  ZR_RETURN_IF_ERROR(alloc(a.ln1_rstd, rows_l, stat));
-  ZR_RETURN_IF_ERROR(alloc(a.qkv, rows * 3 * g.d_l, act));
-  ZR_RETURN_IF_ERROR(alloc(a.atty, rows * g.d_l, act));
-  ZR_RETURN_IF_ERROR(alloc(a.att, static_cast<int64_t>(g.batch) * g.h_l * g.seq * g.seq, act));
-  ZR_RETURN_IF_ERROR(alloc(a.res2, rows_l * d, act));
-  ZR_RETURN_IF_ERROR(alloc(a.ln2, rows * d, act));
-  ZR_RETURN_IF_ERROR(alloc(a.ln2_mean, rows_l, stat));
-  ZR_RETURN_IF_ERROR(alloc(a.ln2_rstd, rows_l, stat));
-  ZR_RETURN_IF_ERROR(alloc(a.fch, rows * g.f_l, act));
-  ZR_RETURN_IF_ERROR(alloc(a.fch_gelu, rows * g.f_l, act));
-  return absl::OkStatus();
-}
 
 void GptModel::MicroBatchDeleter::operator()(MicroBatch* mb) const { delete mb; }
 

@@ -1,0 +1,182 @@
+// GPT block layers: LayerNorm/linear transitions under tensor and sequence parallelism, a
+// block's forward and backward, its activation set.
+#include "layers/gpt_block.h"
+
+#include "runtime/strings.h"
+
+namespace zerort::gpt {
+
+Geometry MakeGeometry(const GptModelOptions& o, int batch, int seq) {
+  Geometry g;
+  g.t = o.tp.size();
+  g.r = o.tp.rank();
+  g.batch = batch;
+  g.seq = seq;
+  g.rows = static_cast<int64_t>(batch) * seq;
+  // Any contiguous split of the rows works: every op in the sequence-parallel region (LayerNorm,
+  // residual additions) is per row. A pass whose rows do not divide (a short prompt) runs
+  // without it, which computes the same values.
+  g.sp = o.sequence_parallel && g.t > 1 && g.rows % g.t == 0;
+  g.rows_l = g.sp ? g.rows / g.t : g.rows;
+  const GptConfig& c = o.config;
+  g.d = c.d_model;
+  g.d_l = c.d_model / g.t;
+  g.h_l = c.n_head / g.t;
+  g.f_l = 4 * c.d_model / g.t;
+  g.v_l = static_cast<int>(PaddedVocab(c, g.t, o.vocab_multiple) / g.t);
+  g.v_begin = g.r * g.v_l;
+  g.v_valid = std::clamp(c.vocab_size - g.v_begin, 0, g.v_l);
+  return g;
+}
+
+Status NormToColumn(const Ctx& c, void* out, void* mean, void* rstd, const void* x, const void* w,
+                    const void* b) {
+  const Geometry& g = c.g;
+  if (!g.sp) return c.k.LayerNorm(out, mean, rstd, x, w, b, g.rows, g.d);
+  ZR_RETURN_IF_ERROR(c.k.LayerNorm(c.seq_local, mean, rstd, x, w, b, g.rows_l, g.d));
+  return GatherFromSequence(c.tp, c.seq_local, out, g.rows_l * g.d);
+}
+
+Status RowToResidual(const Ctx& c, void* out, const void* x_local, const void* w, const void* b,
+                     int in_local) {
+  const Geometry& g = c.g;
+  if (g.t == 1) return c.k.Matmul(out, x_local, w, b, g.rows, in_local, g.d);
+  if (!g.sp) return RowParallelForward(c.tp, out, x_local, w, b, g.rows, in_local, g.d);
+  ZR_RETURN_IF_ERROR(c.k.Matmul(c.seq_full, x_local, w, nullptr, g.rows, in_local, g.d));
+  ZR_RETURN_IF_ERROR(ScatterToSequence(c.tp, c.seq_full, out, g.rows_l * g.d));
+  return c.k.AddBias(out, b, g.rows_l, g.d);
+}
+
+Status BlockForward(const Ctx& c, const std::vector<void*>& w, const void* x, BlockActs& a,
+                    void* out) {
+  const Geometry& g = c.g;
+  ModelKernels& k = c.k;
+  ZR_RETURN_IF_ERROR(
+      NormToColumn(c, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w[kLn1W], w[kLn1B]));
+  // Column-parallel QKV: this rank's heads (Q, K and V of each).
+  ZR_RETURN_IF_ERROR(
+      k.Matmul(a.qkv.data(), a.ln1.data(), w[kQkvW], w[kQkvB], g.rows, g.d, 3 * g.d_l));
+  ZR_RETURN_IF_ERROR(
+      k.Attention(a.atty.data(), a.att.data(), a.qkv.data(), g.batch, g.seq, g.d_l, g.h_l));
+  ZR_RETURN_IF_ERROR(RowToResidual(c, a.res2.data(), a.atty.data(), w[kProjW], w[kProjB], g.d_l));
+  ZR_RETURN_IF_ERROR(k.Add(a.res2.data(), a.res2.data(), x, g.rows_l * g.d));
+  ZR_RETURN_IF_ERROR(NormToColumn(c, a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
+                                  a.res2.data(), w[kLn2W], w[kLn2B]));
+  ZR_RETURN_IF_ERROR(k.Matmul(a.fch.data(), a.ln2.data(), w[kFcW], w[kFcB], g.rows, g.d, g.f_l));
+  ZR_RETURN_IF_ERROR(k.Gelu(a.fch_gelu.data(), a.fch.data(), g.rows * g.f_l));
+  ZR_RETURN_IF_ERROR(RowToResidual(c, out, a.fch_gelu.data(), w[kFcProjW], w[kFcProjB], g.f_l));
+  return k.Add(out, out, a.res2.data(), g.rows_l * g.d);
+}
+
+StatusOr<const void*> ResidualGradOfEveryRow(const Ctx& c, BackwardScratch& s) {
+  if (!c.g.sp) return static_cast<const void*>(s.dres.data());
+  ZR_RETURN_IF_ERROR(GatherFromSequence(c.tp, s.dres.data(), s.dfull.data(), c.g.rows_l * c.g.d));
+  return static_cast<const void*>(s.dfull.data());
+}
+
+StatusOr<const void*> ReduceColumnInputGrad(const Ctx& c, BackwardScratch& s) {
+  const Geometry& g = c.g;
+  if (g.sp) {
+    ZR_RETURN_IF_ERROR(ScatterToSequence(c.tp, s.dbtc.data(), s.dloc.data(), g.rows_l * g.d));
+    return static_cast<const void*>(s.dloc.data());
+  }
+  ZR_RETURN_IF_ERROR(CopyToRegionBackward(c.tp, s.dbtc.data(), g.rows * g.d));
+  return static_cast<const void*>(s.dbtc.data());
+}
+
+Status NormBackward(const Ctx& c, BackwardScratch& s, int slot, const void* dout, const void* x,
+                    const std::vector<void*>& w, const std::vector<void*>& grads, int weight,
+                    const void* mean, const void* rstd) {
+  const Geometry& g = c.g;
+  void* dw = grads[weight];
+  void* db = grads[weight + 1];
+  if (g.sp) {
+    auto* base = static_cast<std::byte*>(s.norm.data());
+    dw = base + static_cast<size_t>(2 * slot) * g.d * c.k.grad_size();
+    db = base + static_cast<size_t>(2 * slot + 1) * g.d * c.k.grad_size();
+  }
+  return c.k.LayerNormBackward(s.dres.data(), dw, db, dout, x, w[weight], mean, rstd, g.rows_l,
+                               g.d);
+}
+
+Status ReduceNormGrads(const Ctx& c, BackwardScratch& s,
+                       std::initializer_list<std::pair<void*, void*>> targets) {
+  const Geometry& g = c.g;
+  if (!g.sp) return absl::OkStatus();
+  const int64_t n = static_cast<int64_t>(targets.size()) * 2 * g.d;
+  ZR_RETURN_IF_ERROR(c.tp.group.comm->AllReduce(s.norm.data(), s.norm.data(), n, c.grad,
+                                                ReduceOp::kSum, &c.k.stream()));
+  auto* base = static_cast<std::byte*>(s.norm.data());
+  const size_t vec = static_cast<size_t>(g.d) * c.k.grad_size();
+  size_t i = 0;
+  for (const auto& [dw, db] : targets) {
+    ZR_RETURN_IF_ERROR(c.k.AccumulateGrad(dw, base + (i++) * vec, g.d));
+    ZR_RETURN_IF_ERROR(c.k.AccumulateGrad(db, base + (i++) * vec, g.d));
+  }
+  return FillZero(s.norm.data(), c.k.device(), s.norm.bytes(), &c.k.stream());
+}
+
+Status BlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const BlockActs& a,
+                     BackwardScratch& s) {
+  const Geometry& g = c.g;
+  ModelKernels& k = c.k;
+  const Device dev = k.device();
+  Stream* st = &k.stream();
+  const std::vector<void*>& w = u.params;
+  const std::vector<void*>& gr = u.grads;
+  const size_t act = k.act_size();
+  // MLP: row-parallel projection, GELU, column-parallel fc.
+  ZR_ASSIGN_OR_RETURN(const void* dout, ResidualGradOfEveryRow(c, s));
+  ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, g.rows * g.f_l * act, st));
+  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.d4a.data(), gr[kFcProjW], gr[kFcProjB], dout,
+                                      a.fch_gelu.data(), w[kFcProjW], g.rows, g.f_l, g.d));
+  ZR_RETURN_IF_ERROR(FillZero(s.d4b.data(), dev, g.rows * g.f_l * act, st));
+  ZR_RETURN_IF_ERROR(k.GeluBackward(s.d4b.data(), a.fch.data(), s.d4a.data(), g.rows * g.f_l));
+  ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
+  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kFcW], gr[kFcB], s.d4b.data(), a.ln2.data(),
+                                      w[kFcW], g.rows, g.d, g.f_l));
+  ZR_ASSIGN_OR_RETURN(const void* dln2, ReduceColumnInputGrad(c, s));
+  ZR_RETURN_IF_ERROR(NormBackward(c, s, 0, dln2, a.res2.data(), w, gr, kLn2W, a.ln2_mean.data(),
+                                  a.ln2_rstd.data()));
+  // Attention: row-parallel projection, this rank's heads, column-parallel QKV.
+  ZR_ASSIGN_OR_RETURN(dout, ResidualGradOfEveryRow(c, s));
+  ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d_l * act, st));
+  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kProjW], gr[kProjB], dout, a.atty.data(),
+                                      w[kProjW], g.rows, g.d_l, g.d));
+  ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, g.rows * 3 * g.d_l * act, st));
+  ZR_RETURN_IF_ERROR(k.AttentionBackward(s.d4a.data(), s.dbtc.data(), a.qkv.data(), a.att.data(),
+                                         g.batch, g.seq, g.d_l, g.h_l));
+  ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
+  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kQkvW], gr[kQkvB], s.d4a.data(),
+                                      a.ln1.data(), w[kQkvW], g.rows, g.d, 3 * g.d_l));
+  ZR_ASSIGN_OR_RETURN(const void* dln1, ReduceColumnInputGrad(c, s));
+  ZR_RETURN_IF_ERROR(
+      NormBackward(c, s, 1, dln1, x, w, gr, kLn1W, a.ln1_mean.data(), a.ln1_rstd.data()));
+  return ReduceNormGrads(c, s, {{gr[kLn2W], gr[kLn2B]}, {gr[kLn1W], gr[kLn1B]}});
+}
+
+Status AllocateBlockActs(const Geometry& g, ModelKernels& k, Allocator& activations, BlockActs& a) {
+  const int64_t rows = g.rows, rows_l = g.rows_l, d = g.d;
+  const size_t act = k.act_size(), stat = k.stat_size();
+  Stream* st = &k.stream();
+  auto alloc = [&](Buffer& b, int64_t elems, size_t size) -> Status {
+    ZR_ASSIGN_OR_RETURN(b, activations.Allocate(static_cast<size_t>(elems) * size,
+                                                MemoryCategory::kActivations, st));
+    return absl::OkStatus();
+  };
+  ZR_RETURN_IF_ERROR(alloc(a.ln1, rows * d, act));
+  ZR_RETURN_IF_ERROR(alloc(a.ln1_mean, rows_l, stat));
+  ZR_RETURN_IF_ERROR(alloc(a.ln1_rstd, rows_l, stat));
+  ZR_RETURN_IF_ERROR(alloc(a.qkv, rows * 3 * g.d_l, act));
+  ZR_RETURN_IF_ERROR(alloc(a.atty, rows * g.d_l, act));
+  ZR_RETURN_IF_ERROR(alloc(a.att, static_cast<int64_t>(g.batch) * g.h_l * g.seq * g.seq, act));
+  ZR_RETURN_IF_ERROR(alloc(a.res2, rows_l * d, act));
+  ZR_RETURN_IF_ERROR(alloc(a.ln2, rows * d, act));
+  ZR_RETURN_IF_ERROR(alloc(a.ln2_mean, rows_l, stat));
+  ZR_RETURN_IF_ERROR(alloc(a.ln2_rstd, rows_l, stat));
+  ZR_RETURN_IF_ERROR(alloc(a.fch, rows * g.f_l, act));
+  ZR_RETURN_IF_ERROR(alloc(a.fch_gelu, rows * g.f_l, act));
+  return absl::OkStatus();
+}
+
+}  // namespace zerort::gpt

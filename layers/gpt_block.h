@@ -1,0 +1,119 @@
+// GPT block layers over ModelKernels, shared by GptModel's stage primitives (internal: not
+// installed). One pass's sizes (Geometry), what the layer functions share (Ctx), a block's
+// activation set (BlockActs) and the backward's scratch; the tensor- and sequence-parallel
+// transitions (Megatron's f and g, SP's gather/scatter) around the LayerNorms and linears.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <utility>
+#include <vector>
+
+#include "layers/gpt_model.h"
+#include "layers/tp_layers.h"
+#include "runtime/allocator.h"
+
+namespace zerort::gpt {
+
+// Parameters of a block unit, in their order in the unit.
+enum BlockParam {
+  kLn1W,
+  kLn1B,
+  kQkvW,
+  kQkvB,
+  kProjW,
+  kProjB,
+  kLn2W,
+  kLn2B,
+  kFcW,
+  kFcB,
+  kFcProjW,
+  kFcProjB,
+};
+
+struct BlockActs {
+  Buffer ln1, ln1_mean, ln1_rstd, qkv, atty, att, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
+};
+
+inline DType DTypeOfSize(size_t size) { return size == 2 ? DType::kBF16 : DType::kF32; }
+
+// The sizes one rank works with in a pass: t tensor-parallel ranks, this one r.
+struct Geometry {
+  int t = 1, r = 0;
+  bool sp = false;  // sequence parallelism in this pass: the residual stream split by rows
+  int batch = 0, seq = 0;
+  int64_t rows = 0, rows_l = 0;           // every row; this rank's rows of the residual stream
+  int d = 0, d_l = 0, h_l = 0, f_l = 0;   // channels; attention channels, heads, MLP channels here
+  int v_l = 0, v_begin = 0, v_valid = 0;  // vocabulary rows here, the first one's id, real ones
+  bool whole_vocab() const { return t == 1 && v_l == v_valid; }
+};
+
+Geometry MakeGeometry(const GptModelOptions& o, int batch, int seq);
+
+// What the layer functions below share in one pass.
+struct Ctx {
+  ModelKernels& k;
+  const TpContext& tp;
+  const Geometry& g;
+  DType grad;       // weight gradients' dtype (the sequence-parallel norm reductions)
+  void* seq_local;  // [rows_l, d] scratch (sequence parallelism)
+  void* seq_full;   // [rows, d] scratch (tensor parallelism)
+};
+
+// LayerNorm of this rank's rows of the residual stream; `out` gets every row (the input of a
+// column-parallel layer): under sequence parallelism gathered from the other ranks (SP's g).
+Status NormToColumn(const Ctx& c, void* out, void* mean, void* rstd, const void* x, const void* w,
+                    const void* b);
+
+// A row-parallel layer's output into this rank's rows of the residual stream: partial sums
+// all-reduced (Megatron's g) or, under sequence parallelism, reduce-scattered; the bias added
+// once, after the reduction.
+Status RowToResidual(const Ctx& c, void* out, const void* x_local, const void* w, const void* b,
+                     int in_local);
+
+// Issues a block's forward: x -> out (this rank's rows), saving what the backward needs in `a`.
+Status BlockForward(const Ctx& c, const std::vector<void*>& w, const void* x, BlockActs& a,
+                    void* out);
+
+// Scratch of the backward: gradients of activations (kWorkspace).
+struct BackwardScratch {
+  Buffer dres;   // [rows_l, d]: the gradient flowing down the residual stream (this rank's rows)
+  Buffer dfull;  // [rows, d]: dres gathered from every rank (sequence parallelism)
+  Buffer dbtc;   // [rows, d]
+  Buffer dloc;   // [rows_l, d]: dbtc reduce-scattered (sequence parallelism)
+  Buffer d4a;    // [rows, 4d / tp]
+  Buffer d4b;    // [rows, 4d / tp]
+  Buffer norm;   // [4d] grad dtype: LayerNorm weight gradients of this rank's rows (SP)
+};
+
+// The residual gradient of every row, for a row-parallel layer's backward: under sequence
+// parallelism gathered (the reduce-scatter's backward), otherwise dres itself.
+StatusOr<const void*> ResidualGradOfEveryRow(const Ctx& c, BackwardScratch& s);
+
+// A column-parallel layer's input gradient (dbtc, this rank's columns' share of every row)
+// summed over the group: all-reduced (Megatron's f backward) or, under sequence parallelism,
+// reduce-scattered to this rank's rows. Returns where it is.
+StatusOr<const void*> ReduceColumnInputGrad(const Ctx& c, BackwardScratch& s);
+
+// A LayerNorm's backward on this rank's rows. Under sequence parallelism its weight gradients
+// cover only these rows: they go to s.norm at `slot` (of 2 x d) and ReduceNormGrads sums them.
+Status NormBackward(const Ctx& c, BackwardScratch& s, int slot, const void* dout, const void* x,
+                    const std::vector<void*>& w, const std::vector<void*>& grads, int weight,
+                    const void* mean, const void* rstd);
+
+// Sums the `norms` LayerNorms' gradients in s.norm over the group (one all-reduce) and adds
+// them to the weights' gradients; `targets` lists each norm's weight gradient, bias next to it.
+Status ReduceNormGrads(const Ctx& c, BackwardScratch& s,
+                       std::initializer_list<std::pair<void*, void*>> targets);
+
+// A block's backward: dres holds d(out) on entry and d(x) on return (this rank's rows); weight
+// gradients are added.
+Status BlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const BlockActs& a,
+                     BackwardScratch& s);
+
+// A block's activation set (allocated by its forward, freed by its backward): under tensor
+// parallelism the column layers' outputs hold this rank's columns; the residual stream and
+// LayerNorm statistics this rank's rows (sequence parallelism).
+Status AllocateBlockActs(const Geometry& g, ModelKernels& k, Allocator& activations, BlockActs& a);
+
+}  // namespace zerort::gpt
