@@ -81,9 +81,8 @@ std::vector<Row> Table(MemoryModelInput base, int ranks_per_node) {
 const char* kCaveats =
     "Not modelled: the CUDA context and cuBLAS/NCCL internal buffers (typically 0.5-1 GiB per "
     "GPU), the CUDA staging copies of offloaded shards (on a GPU; the CPU run has none), host "
-    "memory of data loading and checkpointing, and the pipeline's boundary send/receive buffers "
-    "(one "
-    "micro-batch's residual stream each).";
+    "memory of data loading and checkpointing, and the pipeline's boundary send/receive "
+    "buffers (one micro-batch's residual stream each).";
 
 void PrintCategories(const MemoryEstimate& e, const MemorySnapshot* measured) {
   std::printf("  %-10s %-18s %12s", "tier", "category", "estimate MiB");
@@ -195,6 +194,7 @@ int RunFromConfig(const EstimateOptions& o) {
   }
   MemorySnapshot measured;
   std::vector<MemorySnapshot> measured_by_rank(static_cast<size_t>(o.world_size));
+  std::vector<MemorySnapshot> measured_by_stage;  // the largest of each stage's ranks
   if (o.measure) {
     if (cuda && CudaDeviceCount() == 0) return Usage("--measure on cuda: no GPU is present");
     RunConfig run = *config;
@@ -216,6 +216,12 @@ int RunFromConfig(const EstimateOptions& o) {
           return absl::OkStatus();
         });
     measured = MaxOverStages(measured_by_rank);
+    const int ranks_per_stage = o.world_size / in->pp;
+    for (int st = 0; st < in->pp; ++st) {  // Megatron's order: the stage is the slowest coordinate
+      measured_by_stage.push_back(MaxOverStages(
+          std::vector<MemorySnapshot>(measured_by_rank.begin() + st * ranks_per_stage,
+                                      measured_by_rank.begin() + (st + 1) * ranks_per_stage)));
+    }
     std::fclose(sink);
     if (!status.ok()) {
       Logger()->error("estimate --measure: {}", status.message());
@@ -228,7 +234,6 @@ int RunFromConfig(const EstimateOptions& o) {
     j["world_size"] = o.world_size;
     if (stages->size() > 1) {
       nlohmann::json per_stage = nlohmann::json::array();
-      const int ranks_per_stage = o.world_size / in->pp;
       for (int st = 0; st < in->pp; ++st) {
         const MemoryEstimate& se = (*stages)[st];
         nlohmann::json entry = {
@@ -236,9 +241,7 @@ int RunFromConfig(const EstimateOptions& o) {
             {"device_total", se.PeakTotal(MemoryTier::kDevice)},
             {"activations", se.Peak(MemoryTier::kDevice, MemoryCategory::kActivations)}};
         if (o.measure) {
-          std::vector<MemorySnapshot> mine(measured_by_rank.begin() + st * ranks_per_stage,
-                                           measured_by_rank.begin() + (st + 1) * ranks_per_stage);
-          const MemorySnapshot stage_max = MaxOverStages(mine);
+          const MemorySnapshot& stage_max = measured_by_stage[st];
           entry["measured_device_total"] = stage_max.in_use[0].peak;
           entry["measured_activations"] =
               stage_max.Get(MemoryTier::kDevice, MemoryCategory::kActivations).peak;
@@ -273,16 +276,13 @@ int RunFromConfig(const EstimateOptions& o) {
   if (stages->size() > 1) {
     std::printf("  pipeline: %d stages (%s); the table is the maximum over stages (and ranks)\n",
                 in->pp, in->pipeline_schedule.c_str());
-    const int ranks_per_stage = o.world_size / in->pp;
     for (int st = 0; st < in->pp; ++st) {
       const MemoryEstimate& se = (*stages)[st];
       std::printf("    stage %d: %lld parameters, device peak %s MiB", st,
                   static_cast<long long>(se.parameters),
                   Mib(se.PeakTotal(MemoryTier::kDevice)).c_str());
       if (o.measure) {
-        std::vector<MemorySnapshot> mine(measured_by_rank.begin() + st * ranks_per_stage,
-                                         measured_by_rank.begin() + (st + 1) * ranks_per_stage);
-        std::printf(", measured %s MiB", Mib(MaxOverStages(mine).in_use[0].peak).c_str());
+        std::printf(", measured %s MiB", Mib(measured_by_stage[st].in_use[0].peak).c_str());
       }
       std::printf("\n");
     }

@@ -184,6 +184,25 @@ if reference and os.path.exists(os.path.join(tmp, "pp_moved.jsonl")):
     worst = max(abs(x - y) / abs(x) for x, y in zip(reference, got))
     check("the moved run follows the one-process one to 1e-5", len(got) == 8 and worst <= 1e-5,
           f"{worst} {reference} {got}")
+# zerort estimate of a pipeline config: one entry per stage, each within 5% of the stage's measured
+# peak (its ranks' largest), the first stage above the last under 1F1B (p - s micro-batches).
+est = dict(BASE, parallel={"pipeline_parallel_size": 2},
+           model=dict(BASE["model"], d_model=128, seq_len=128), train_micro_batch_size_per_gpu=2)
+r = subprocess.run([zerort, "estimate", write("est.json", est), "--world-size", "4", "--measure",
+                    "--json"], capture_output=True, text=True, env=env, timeout=300)
+check("estimate --measure of dp 2 x pp 2 exits 0", r.returncode == 0, r.stderr[-1500:])
+if r.returncode == 0:
+    j = json.loads(r.stdout)
+    stages = j.get("stages", [])
+    check("estimate lists both stages", len(stages) == 2, r.stdout[:500])
+    for s_, st in enumerate(stages):
+        check(f"stage {s_}: estimate within 5% of measured",
+              abs(st["device_total"] - st["measured_device_total"]) <= 0.05 *
+              st["measured_device_total"], str(st))
+    if len(stages) == 2:
+        check("1F1B: stage 0 holds more activations than stage 1",
+              stages[0]["measured_activations"] > stages[1]["measured_activations"], str(stages))
+
 # A stage that skips a send or dies: every surviving rank stops with exit 3 and its trace (the
 # p2p transfers it waited on) within the collective timeout plus a few seconds. mpirun is told not
 # to kill the job when a rank exits, so each rank's own exit code is seen (written by a wrapper).
