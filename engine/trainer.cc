@@ -22,6 +22,7 @@
 #include "runtime/host_collectives.h"
 #include "runtime/log.h"
 #include "runtime/strings.h"
+#include "runtime/watchdog.h"
 #include "sharding/shard_manager.h"
 
 namespace zerort {
@@ -32,7 +33,13 @@ constexpr size_t kBuiltinCorpusBytes = 1 << 20;
 // Set by SIGTERM/SIGUSR1 while a run is in progress; read once per step. A signal handler can
 // reach nothing else, so this one flag is process-wide by necessity.
 volatile std::sig_atomic_t g_stop_signal = 0;
-extern "C" void OnStopSignal(int signal) { g_stop_signal = signal; }
+// The watchdog is told too: if a collective is blocked (a peer died; mpirun's SIGTERM), it logs
+// every rank's trace and ends the run with exit code 3 instead of waiting for a step boundary
+// that will not come.
+extern "C" void OnStopSignal(int signal) {
+  g_stop_signal = signal;
+  Watchdog::ForwardStopSignal(signal);
+}
 
 // Installs the handlers for the lifetime of a run and restores the previous ones.
 class StopSignals {

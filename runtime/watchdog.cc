@@ -27,7 +27,58 @@ extern "C" void WatchdogSignalHandler(int signo) {
   }
 }
 
+// A forwarded stop signal travels as 0x80 | signo, a signal the watchdog handles as signo.
+constexpr unsigned char kForwarded = 0x80;
+
 }  // namespace
+
+void Watchdog::ForwardStopSignal(int signo) {
+  const int fd = g_signal_pipe.load();
+  if (fd >= 0 && signo > 0 && signo < kForwarded) {
+    const unsigned char byte = static_cast<unsigned char>(kForwarded | signo);
+    [[maybe_unused]] ssize_t n = write(fd, &byte, 1);
+  }
+}
+
+void Watchdog::OnStopSignal(int signo) {
+  std::vector<Entry> entries;
+  {
+    std::lock_guard lock(mu_);
+    entries = entries_;
+  }
+  PendingStop pending{signo, Clock::now(), {}};
+  for (const Entry& e : entries) {
+    for (const CollectiveRecord& r : e.trace->Records()) {
+      if (r.state == CollectiveState::kIssued) pending.in_flight.emplace_back(e.trace, r.seq);
+    }
+  }
+  if (pending.in_flight.empty()) return;  // the run reaches its graceful stop
+  Logger()->error(
+      "received signal {} ({}) while {} collective(s) are in flight; collective state at that "
+      "moment:\n{}",
+      signo, strsignal(signo), pending.in_flight.size(), DumpAll());
+  Logger()->flush();
+  pending_stop_ = std::move(pending);
+}
+
+void Watchdog::CheckStopGrace() {
+  if (!pending_stop_ || Clock::now() - pending_stop_->at < options_.stop_grace) return;
+  const PendingStop pending = *std::move(pending_stop_);
+  pending_stop_.reset();
+  for (const auto& [trace, seq] : pending.in_flight) {
+    for (const CollectiveRecord& r : trace->Records()) {
+      if (r.seq != seq || r.state != CollectiveState::kIssued) continue;
+      Fire(StrCat("collective ", CollectiveOpName(r.op), " seq ", r.seq, " of rank ", trace->rank(),
+                  "/", trace->size(), " in group '", trace->group(), "' is still waiting ",
+                  std::chrono::duration<double>(options_.stop_grace).count(), " s after signal ",
+                  pending.signo, " (", strsignal(pending.signo),
+                  "): the graceful stop cannot be reached (a peer died or hung); aborting the run "
+                  "with exit code ",
+                  kExitCollectiveTimeout));
+      return;
+    }
+  }
+}
 
 Watchdog::Watchdog(Options options) : options_(std::move(options)) {
   ZR_CHECK(pipe2(wake_pipe_, O_CLOEXEC | O_NONBLOCK) == 0) << "pipe2 for the watchdog failed";
@@ -113,6 +164,10 @@ void Watchdog::Run() {
       unsigned char byte = 0;
       while (read(wake_pipe_[0], &byte, 1) == 1) {
         if (byte == 0) continue;  // a wake-up from the destructor
+        if (byte & kForwarded) {
+          OnStopSignal(byte & ~kForwarded);
+          continue;
+        }
         const int signo = byte;
         Logger()->error("received signal {} ({}); collective state at that moment:\n{}", signo,
                         strsignal(signo), DumpAll());
@@ -121,6 +176,7 @@ void Watchdog::Run() {
         std::raise(signo);
       }
     }
+    CheckStopGrace();
     std::vector<Entry> entries;
     {
       std::lock_guard lock(mu_);

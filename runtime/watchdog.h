@@ -5,13 +5,18 @@
 // collectives of each, and ends the process with exit code 3 (kExitCollectiveTimeout), so no
 // rank waits forever on a peer that skipped a collective or died. Optionally it also logs the
 // traces when the process receives SIGTERM or SIGINT (what a launcher sends to the surviving
-// ranks once one has failed) before letting the signal take its default action.
+// ranks once one has failed) before letting the signal take its default action. A program that
+// handles SIGTERM itself (the trainer stops gracefully at the next step) forwards it with
+// ForwardStopSignal instead: the traces are logged at once if a collective is in flight, and if
+// that collective is still waiting after `stop_grace` the process cannot reach its graceful stop
+// (a peer died or hung), so it aborts with exit code 3 as on a timeout.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,6 +33,9 @@ class Watchdog {
     // Called with the report instead of logging it and exiting with code 3 (for tests that
     // observe a timeout in-process). The default (empty) is the real behaviour.
     std::function<void(const std::string& report)> on_timeout;
+    // How long a collective in flight at a forwarded stop signal may go on before the process
+    // aborts (mpirun sends SIGKILL 1 s after SIGTERM).
+    std::chrono::milliseconds stop_grace{500};
   };
 
   explicit Watchdog(Options options);
@@ -46,6 +54,10 @@ class Watchdog {
   // Every registered trace, one block per communicator.
   std::string DumpAll() const;
 
+  // Async-signal-safe: tells the watchdog that installed the signal dump that the program's own
+  // handler received `signo` (1..127) and means to stop gracefully (see the class comment).
+  static void ForwardStopSignal(int signo);
+
  private:
   struct Entry {
     CollectiveTrace* trace;
@@ -53,6 +65,15 @@ class Watchdog {
   };
   void Run();
   void Fire(const std::string& headline);
+  // A forwarded stop signal: the collectives in flight when it came (trace, seq), and when.
+  void OnStopSignal(int signo);
+  void CheckStopGrace();
+  struct PendingStop {
+    int signo = 0;
+    Clock::time_point at;
+    std::vector<std::pair<CollectiveTrace*, uint64_t>> in_flight;
+  };
+  std::optional<PendingStop> pending_stop_;  // watchdog thread only
 
   Options options_;
   mutable std::mutex mu_;

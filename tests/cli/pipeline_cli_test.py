@@ -204,22 +204,30 @@ if r.returncode == 0:
               stages[0]["measured_activations"] > stages[1]["measured_activations"], str(stages))
 
 # A stage that skips a send or dies: every surviving rank stops with exit 3 and its trace (the
-# p2p transfers it waited on) within the collective timeout plus a few seconds. mpirun is told not
-# to kill the job when a rank exits, so each rank's own exit code is seen (written by a wrapper).
+# p2p transfers it waited on). Each rank's own exit code is written by a wrapper (which ignores
+# SIGTERM itself; zerort installs its own handler). With mpirun told not to abort the job when a
+# rank exits, the survivors reach the collective timeout (2 s); with mpirun's default, mpirun
+# sends them SIGTERM, the trainer's graceful-stop handler forwards it to the watchdog, and since
+# a transfer is blocked they log their trace at once and exit 3 0.5 s later (timeout 60 s here,
+# so only the signal path can end them in time).
 hang = dict(BASE, parallel={"pipeline_parallel_size": 2, "collective_timeout_s": 2},
             train=dict(BASE["train"], steps=4))
 hang_cfg = write("hang.json", hang)
-for what, fault, want in [("stage 0 skips a send", "0:skip", {0: 3, 1: 3}),
-                          ("stage 1 skips a send", "1:skip", {0: 3, 1: 3}),
-                          ("stage 1 dies", "1:die", {0: 3, 1: 7})]:
-    codes = os.path.join(tmp, "rc_" + fault.replace(":", "_"))
+hang_slow = write("hang_slow.json", dict(hang, parallel={"pipeline_parallel_size": 2,
+                                                         "collective_timeout_s": 60}))
+no_abort = ["--mca", "orte_abort_on_non_zero_status", "0"]
+for what, fault, want, mpi_args, cfg, signal in [
+        ("stage 0 skips a send", "0:skip", {0: 3, 1: 3}, no_abort, hang_cfg, False),
+        ("stage 1 skips a send", "1:skip", {0: 3, 1: 3}, no_abort, hang_cfg, False),
+        ("stage 1 dies", "1:die", {0: 3, 1: 7}, no_abort, hang_cfg, False),
+        ("stage 1 dies, mpirun's SIGTERM", "1:die", {0: 3, 1: 7}, [], hang_slow, True)]:
+    codes = os.path.join(tmp, "rc_" + fault.replace(":", "_") + ("_sig" if signal else ""))
     start = time.monotonic()
-    r = subprocess.run([mpiexec, "--mca", "orte_abort_on_non_zero_status", "0", "-np", "2",
-                        "--oversubscribe", "sh", "-c",
-                        '"$0" train "$1"; c=$?; echo $c > "$2.$OMPI_COMM_WORLD_RANK"; exit $c',
-                        zerort, hang_cfg, codes],
-                       capture_output=True, text=True, timeout=120,
-                       env=dict(env, ZERORT_FAIL_PIPELINE_SEND=fault))
+    r = subprocess.run([mpiexec] + mpi_args + [
+        "-np", "2", "--oversubscribe", "sh", "-c",
+        'trap "" TERM; "$0" train "$1"; c=$?; echo $c > "$2.$OMPI_COMM_WORLD_RANK"; exit $c',
+        zerort, cfg, codes], capture_output=True, text=True, timeout=120,
+        env=dict(env, ZERORT_FAIL_PIPELINE_SEND=fault))
     seconds = time.monotonic() - start
     got = {}
     for rank in (0, 1):
@@ -231,8 +239,10 @@ for what, fault, want in [("stage 0 skips a send", "0:skip", {0: 3, 1: 3}),
     for rank, code in want.items():
         if code == 3:
             check(f"{what}: rank {rank} prints its pipeline transfers",
-                  f"collectives of rank {rank}/2 in group 'world.pp'" in r.stderr and
-                  "timed out after" in r.stderr, r.stderr[-2500:])
+                  f"collectives of rank {rank}/2 in group 'world.pp'" in r.stderr, r.stderr[-2500:])
+    check(f"{what}: says why", ("received signal 15" in r.stderr and
+                                "the graceful stop cannot be reached" in r.stderr) if signal
+          else "timed out after" in r.stderr, r.stderr[-2500:])
     check(f"{what}: the trace names the transfers", "send_forward 0.0" in r.stderr,
           r.stderr[-2500:])
 
