@@ -3,6 +3,9 @@
 #include "runtime/strings.h"
 
 #include <atomic>
+#include <csignal>
+#include <mutex>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "runtime/exit_codes.h"
@@ -160,6 +163,48 @@ TEST(LoopbackDeathTest, HungCollectiveExitsWithCode3AndTrace) {
       ::testing::ExitedWithCode(kExitCollectiveTimeout),
       "all_reduce seq 2 of rank [02]/3 in group .world. timed out(.|\n)*"
       "last 2 collectives of rank 0/3(.|\n)*seq 2 all_reduce");
+}
+
+// A program that handles SIGTERM itself forwards it (Watchdog::ForwardStopSignal): nothing in
+// flight, or a collective that completes within the grace, is a graceful stop; a collective still
+// blocked after the grace (a dead peer under mpirun) ends the run as a timeout would.
+TEST(WatchdogTest, ForwardedStopSignalAbortsOnlyWhenACollectiveStaysBlocked) {
+  std::mutex mu;
+  std::string report;
+  std::atomic<int> fired{0};
+  Watchdog::Options wo;
+  wo.poll_interval = std::chrono::milliseconds(20);
+  wo.stop_grace = std::chrono::milliseconds(200);
+  wo.on_timeout = [&](const std::string& r) {
+    std::lock_guard lock(mu);
+    report = r;
+    ++fired;
+  };
+  Watchdog watchdog(wo);
+  ASSERT_TRUE(watchdog.InstallSignalDump().ok());
+  CollectiveTrace trace("world", "test", 0, 2, 16);
+  watchdog.Register(&trace, nullptr);
+  Watchdog::ForwardStopSignal(SIGUSR1);  // nothing in flight
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  EXPECT_EQ(fired.load(), 0);
+  const uint64_t quick =
+      trace.Begin(CollectiveOp::kAllReduce, 4, DType::kF32, -1, std::chrono::seconds(60));
+  Watchdog::ForwardStopSignal(SIGUSR1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  trace.End(quick, true);  // completes within the grace
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  EXPECT_EQ(fired.load(), 0);
+  trace.SetLabel("recv_forward 0.0");
+  trace.Begin(CollectiveOp::kExchange, 8, DType::kF32, 1, std::chrono::seconds(60));
+  Watchdog::ForwardStopSignal(SIGUSR1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  EXPECT_EQ(fired.load(), 1);
+  {
+    std::lock_guard lock(mu);
+    EXPECT_NE(report.find("still waiting 0.2 s after signal"), std::string::npos) << report;
+    EXPECT_NE(report.find("recv_forward 0.0"), std::string::npos) << report;
+  }
+  watchdog.Unregister(&trace);
 }
 
 }  // namespace
