@@ -23,12 +23,13 @@
 // 0 every data rank holds the same state and data rank 0 alone writes it (each tensor part and
 // pipeline stage its own). Format 1 (files rank<r>.*.bin, one part, local == global) still loads.
 //
-// Commit protocol: every rank writes its files into step_<N>.tmp/ and fsyncs them; each writer's
-// file entry (sizes, checksums, pieces) and parameter table are gathered to world rank 0, which
-// writes metadata.json and fsyncs it; all ranks agree that every write succeeded; rank 0 renames
-// step_<N>.tmp to step_<N>, then replaces `latest` by a rename, and removes step directories
-// beyond keep_last_n. A crash at any point leaves the previous checkpoint and `latest` intact;
-// directories without valid metadata (*.tmp) are never loaded.
+// Commit protocol: rank 0 creates step_<N>.tmp/ with a marker naming the run (.zerort-run);
+// every rank writes its files there and fsyncs them; each writer's file entry (sizes, checksums,
+// pieces) and parameter table are gathered to world rank 0, which writes metadata.json (with the
+// run id) and fsyncs it, then drops the marker; all ranks agree that every write succeeded; rank 0
+// renames step_<N>.tmp to step_<N>, then replaces `latest` by a rename, and removes this run's
+// step directories beyond keep_last_n. A crash at any point leaves the previous checkpoint and
+// `latest` intact; directories without valid metadata (*.tmp) are never loaded.
 #pragma once
 
 #include <cstdint>
@@ -72,11 +73,21 @@ struct RunState {
   int64_t manager_steps = 0;       // the shard manager's count (skipped steps excluded)
   LossScaler::State scaler;
   nlohmann::json config;  // the resolved run config that wrote it
+  // The run's id (engine/run_dir.h NewRunId; kept on resume): rotation and the cleanup of a
+  // failed save delete only step directories that carry it. Required by SaveCheckpoint; "" when
+  // loaded from a checkpoint written before ids existed.
+  std::string run_id;
 };
 
-// Collective over the world. Writes dir/step_<state.step> and moves `latest` to it.
+// Collective over the world. Writes dir/step_<state.step> and moves `latest` to it. Deletes only
+// directories of this run (state.run_id): an older step_<N> beyond keep_last_n, its own leftover
+// step_<N>.tmp, the same step saved again; a failed save removes its own .tmp. A step_<N> or
+// step_<N>.tmp of another run (or a user's) in the way is an error (AlreadyExists) naming it;
+// with replace_earlier_runs (`zerort train --overwrite`) an earlier zerort run's is replaced,
+// a user's never.
 Status SaveCheckpoint(const std::string& dir, const RunState& state, ShardManager& manager,
-                      const CheckpointGroups& groups, int keep_last_n);
+                      const CheckpointGroups& groups, int keep_last_n,
+                      bool replace_earlier_runs = false);
 
 // The step directory `latest` names, after checking that its metadata parses.
 StatusOr<std::string> LatestCheckpoint(const std::string& dir);

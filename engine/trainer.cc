@@ -13,6 +13,7 @@
 #include "engine/checkpoint.h"
 #include "engine/data_loader.h"
 #include "engine/lr_schedule.h"
+#include "engine/run_dir.h"
 #include "engine/timeline.h"
 #include "engine/token_file.h"
 #include "kernels/model_kernels.h"
@@ -168,6 +169,15 @@ class Run {
     return HostAllReduce(values, count, ReduceOp::kSum, &mesh_->pipeline());
   }
   Status SetupPipeline();
+  // Rank 0: the checkpoint directory's lock, and a new run's refusal to take over an earlier
+  // run's checkpoints or metrics (engine/run_dir.h).
+  Status ClaimRunFiles();
+  // Every rank learns rank 0's verdict (its code; rank 0 logs the message) in one collective.
+  Status AgreeWithLeader(const Status& mine);
+  std::string MetricsPath() const {
+    if (!c_.logging.metrics_file.empty()) return c_.logging.metrics_file;
+    return c_.checkpoint.dir.empty() ? "" : c_.checkpoint.dir + "/metrics.jsonl";
+  }
   CheckpointGroups Groups() {
     return {.world = &world(),
             .dp = &dp(),
@@ -199,10 +209,37 @@ class Run {
   std::ofstream metrics_;
   std::unique_ptr<Timeline> timeline_;  // logging.trace_file
   double peak_flops_ = 0;
-  RunState start_;             // where this run starts: step 0, or the resumed checkpoint's state
-  OffloadStats offload_seen_;  // the manager's offload counters at the last metrics record
+  RunState start_;  // where this run starts: step 0, or the resumed checkpoint's state
+  std::unique_ptr<RunLock> lock_;  // rank 0, with checkpoint.dir: held for the run's lifetime
+  std::string run_id_;             // a new run's, or the resumed one's
+  OffloadStats offload_seen_;      // the manager's offload counters at the last metrics record
   Status Save(int64_t step, int64_t consumed);
 };
+
+Status Run::ClaimRunFiles() {
+  run_id_ = NewRunId();  // kept unless the resumed checkpoint has one
+  if (!c_.checkpoint.dir.empty()) {
+    ZR_ASSIGN_OR_RETURN(lock_, RunLock::Acquire(c_.checkpoint.dir));
+    if (!ctx_.resume) ZR_RETURN_IF_ERROR(CheckNewRunDirectory(c_.checkpoint.dir, ctx_.overwrite));
+  }
+  const std::string metrics = MetricsPath();
+  if (!ctx_.resume && !metrics.empty()) {
+    ZR_RETURN_IF_ERROR(CheckNewMetricsFile(metrics, ctx_.overwrite));
+  }
+  return absl::OkStatus();
+}
+
+Status Run::AgreeWithLeader(const Status& mine) {
+  float code = mine.ok() ? 0.0f : static_cast<float>(static_cast<int>(mine.code()));
+  ZR_RETURN_IF_ERROR(AllReduceHostValues(world(), *allocator_, manager_->compute_stream(), &code, 1,
+                                         DType::kF32, ReduceOp::kMax));
+  if (!mine.ok()) return mine;
+  if (code != 0.0f) {
+    return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(code)),
+                        "rank 0 refused to start the run (its message says why)");
+  }
+  return absl::OkStatus();
+}
 
 Status Run::Save(int64_t step, int64_t consumed) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -211,9 +248,10 @@ Status Run::Save(int64_t step, int64_t consumed) {
                  .consumed_sequences = consumed,
                  .manager_steps = manager_->steps(),
                  .scaler = manager_->scaler_state(),
-                 .config = c_.ToJson()};
-  ZR_RETURN_IF_ERROR(
-      SaveCheckpoint(c_.checkpoint.dir, state, *manager_, Groups(), c_.checkpoint.keep_last_n));
+                 .config = c_.ToJson(),
+                 .run_id = run_id_};
+  ZR_RETURN_IF_ERROR(SaveCheckpoint(c_.checkpoint.dir, state, *manager_, Groups(),
+                                    c_.checkpoint.keep_last_n, ctx_.overwrite));
   if (leader()) {
     Logger()->info("saved checkpoint {}/step_{} in {:.2f} s", c_.checkpoint.dir, step,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -315,6 +353,7 @@ Status Run::Setup() {
                                 .tracker = &tracker_,
                                 .model_parallel = mesh_ ? &mesh_->model_parallel() : nullptr,
                                 .tensor_parallel_rank = mesh_ ? mesh_->coord().tensor : 0}));
+  ZR_RETURN_IF_ERROR(AgreeWithLeader(leader() ? ClaimRunFiles() : absl::OkStatus()));
   store_ = MakeShardManagerStore(*manager_);
   if (cuda_) {
     ZR_ASSIGN_OR_RETURN(kernels_, MakeCudaModelKernels(compute, DType::kF32,
@@ -358,6 +397,7 @@ Status Run::Setup() {
   if (ctx_.resume) {
     ZR_ASSIGN_OR_RETURN(const std::string step_dir, LatestCheckpoint(c_.checkpoint.dir));
     ZR_ASSIGN_OR_RETURN(start_, LoadCheckpoint(step_dir, *manager_, Groups()));
+    if (!start_.run_id.empty()) run_id_ = start_.run_id;  // an older checkpoint has none
     if (leader()) {
       Logger()->info("resumed from {} (step {}, {} sequences consumed)", step_dir, start_.step,
                      start_.consumed_sequences);
@@ -386,8 +426,7 @@ Status Run::Setup() {
                                          c_.data.validation_fraction, source));
   data_ = std::make_unique<DataLoader>(std::move(loader));
 
-  std::string metrics = c_.logging.metrics_file;
-  if (metrics.empty() && !c_.checkpoint.dir.empty()) metrics = c_.checkpoint.dir + "/metrics.jsonl";
+  const std::string metrics = MetricsPath();
   if (!metrics.empty() && leader()) {
     const std::filesystem::path parent = std::filesystem::path(metrics).parent_path();
     std::error_code ec;

@@ -26,6 +26,7 @@ struct TrainerContext {
   std::FILE* out = stdout;        // rank 0's metrics lines and sample
   bool progress_bar = false;      // draw one on `out` (rank 0): only when it is a terminal
   bool resume = false;            // continue from checkpoint.dir/latest
+  bool overwrite = false;         // a new run where an earlier run's checkpoints or metrics are
 };
 
 struct TrainResult {

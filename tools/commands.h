@@ -61,6 +61,7 @@ struct TrainOptions {
   std::vector<std::string> overrides;  // --set path.to.key=value
   bool print_config = false;           // print the resolved config and exit
   bool resume = false;                 // continue from checkpoint.dir/latest
+  bool overwrite = false;              // a new run where an earlier run's files are
 };
 int RunTrain(const TrainOptions& options, const LaunchEnv& launch, int* argc, char*** argv);
 

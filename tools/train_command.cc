@@ -26,8 +26,9 @@ int ExitCodeOf(const Status& s) {
   switch (s.code()) {
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kUnimplemented:
-    case absl::StatusCode::kNotFound:  // --resume without a checkpoint
-    case absl::StatusCode::kDataLoss:  // a damaged checkpoint or data file
+    case absl::StatusCode::kNotFound:       // --resume without a checkpoint
+    case absl::StatusCode::kDataLoss:       // a damaged checkpoint or data file
+    case absl::StatusCode::kAlreadyExists:  // another run's directory, lock or metrics file
       return kExitUsage;
     default:
       return kExitRuntimeFailure;
@@ -118,7 +119,8 @@ int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** 
                                                  .world_source = world_source,
                                                  .local_rank = launch.local_rank,
                                                  .progress_bar = progress_bar,
-                                                 .resume = o.resume});
+                                                 .resume = o.resume,
+                                                 .overwrite = o.overwrite});
   if (!result.ok()) {
     Logger()->error("{}", result.status().message());
     return ExitCodeOf(result.status());

@@ -85,6 +85,9 @@ int main(int argc, char** argv) {
   train->add_flag("--print-config", train_options.print_config,
                   "Print the resolved config and exit");
   train->add_flag("--resume", train_options.resume, "Continue from checkpoint.dir/latest");
+  train->add_flag("--overwrite", train_options.overwrite,
+                  "Start a new run in a checkpoint.dir or metrics file that holds an earlier "
+                  "run's (its steps are kept; only this run's are rotated)");
 
   CLI::App* data = app.add_subcommand("data", "Token files");
   data->require_subcommand(1);

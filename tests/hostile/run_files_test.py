@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""Hostile and careless use of a checkpoint directory and metrics file (`zerort train`): zerort
+deletes only what it wrote, never takes over an earlier run, and one run holds a directory at a
+time. Every case states the exit code and the message it expects, and checks that the files it
+must not touch are byte-identical afterwards.
+Usage: run_files_test.py PATH_TO_ZERORT"""
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
+from harness import Checks  # noqa: E402
+
+zerort = sys.argv[1]
+checks = Checks("run_files_test")
+check = checks.check
+tmp = tempfile.mkdtemp()
+env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+
+
+def config(name, ckpt, steps, interval=1, keep=1, metrics=None):
+    c = {
+        "train_batch_size": 4, "train_micro_batch_size_per_gpu": 4,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "steps_per_print": 1000,
+        "model": {"n_layer": 1, "n_head": 2, "d_model": 32, "seq_len": 32, "vocab_size": 256},
+        "train": {"steps": steps, "eval_windows": 1, "sample_tokens": 0, "device": "cpu"},
+        "checkpoint": {"dir": ckpt, "interval": interval, "keep_last_n": keep},
+    }
+    if metrics is not None:
+        c["logging"] = {"metrics_file": metrics}
+    path = os.path.join(tmp, name + ".json")
+    with open(path, "w") as f:
+        json.dump(c, f)
+    return path
+
+
+def train(cfg, *flags):
+    return subprocess.run([zerort, "train", cfg, *flags], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def snapshot(root, skip=(".zerort.lock",)):
+    """Every file under root (not following links) -> sha256 of its bytes, or the link target."""
+    out = {}
+    for d, dirs, files in os.walk(root):
+        for name in files + [x for x in dirs if os.path.islink(os.path.join(d, x))]:
+            path = os.path.join(d, name)
+            rel = os.path.relpath(path, root)
+            if name in skip:
+                continue
+            if os.path.islink(path):
+                out[rel] = "link:" + os.readlink(path)
+            else:
+                with open(path, "rb") as f:
+                    out[rel] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def subset(before, after):
+    """The files of `before`, unchanged, in `after`."""
+    return {k: v for k, v in after.items() if k in before} == before
+
+
+def user_files(ckpt, names):
+    for rel, text in names.items():
+        path = os.path.join(ckpt, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+
+
+# 1. A new run in a directory holding an earlier run's checkpoints: exit 2, says how on, and the
+#    earlier run is byte-identical. With --overwrite it runs; the earlier run's steps stay (its
+#    rotation is of its own steps; a step it saves again would replace an earlier run's, never a
+#    user's directory).
+a = os.path.join(tmp, "earlier")
+r = train(config("earlier", a, 2))
+check("an earlier run saves", r.returncode == 0, r.stderr[-1500:])
+earlier = snapshot(a)
+r = train(config("again", a, 3))
+check("a new run over an earlier run: exit 2", r.returncode == 2, f"{r.returncode} {r.stderr[-800:]}")
+check("... says --resume, another directory or --overwrite",
+      "holds an earlier run's checkpoints" in r.stderr and "--resume" in r.stderr and
+      "--overwrite" in r.stderr, r.stderr[-800:])
+check("... the earlier run is untouched", snapshot(a) == earlier)
+r = train(config("again", a, 3, interval=0), "--overwrite")  # saves step 3 only
+check("--overwrite starts a new run there", r.returncode == 0, r.stderr[-1500:])
+check("... the earlier run's last step is kept (only this run's are rotated)",
+      subset({k: v for k, v in earlier.items() if k.startswith("step_2/")}, snapshot(a)),
+      sorted(snapshot(a)))
+with open(os.path.join(a, "latest")) as f:
+    check("... latest names the new run's step", f.read().strip() == "step_3")
+
+# 2. A user's directories that look like steps, and files among them: a run saving every step
+#    with keep_last_n 1 deletes none of them.
+b = os.path.join(tmp, "users")
+user_files(b, {"step_5/notes.txt": "mine", "step_007/weights.bin": "x" * 100,
+               "step_1x/a": "a", "notes.txt": "keep me"})
+mine = snapshot(b)
+r = train(config("users", b, 3))
+check("a run among a user's step-like directories exits 0", r.returncode == 0, r.stderr[-1500:])
+check("... the user's files are byte-identical", subset(mine, snapshot(b)), sorted(snapshot(b)))
+steps = sorted(n for n in os.listdir(b) if n.startswith("step_") and
+               os.path.exists(os.path.join(b, n, "metadata.json")))
+check("... its own rotation kept only its last step", steps == ["step_3"], str(steps))
+
+# 3. A user's step_2.tmp or step_2 where the run saves step 2: exit 2 naming it, untouched, and
+#    the step before is intact.
+for what, rel in [("step_2.tmp", "step_2.tmp/data"), ("step_2", "step_2/data")]:
+    c = os.path.join(tmp, "inway_" + what.replace(".", "_"))
+    user_files(c, {rel: "user data"})
+    mine = snapshot(c)
+    r = train(config("inway", c, 3, keep=0))
+    check(f"a user's {what} in the way: exit 2", r.returncode == 2,
+          f"{r.returncode} {r.stderr[-800:]}")
+    check(f"... names it", f"{what} exists and was not written by this run" in r.stderr,
+          r.stderr[-800:])
+    check(f"... untouched", subset(mine, snapshot(c)))
+    check(f"... step_1 intact", os.path.exists(os.path.join(c, "step_1", "metadata.json")))
+    check(f"... no .tmp of the failed save left",
+          not any(n.endswith(".tmp") for n in os.listdir(c) if n != "step_2.tmp"),
+          str(os.listdir(c)))
+
+# 4. A leftover step_3.tmp of this same run (a crashed save) is removed by its next save.
+d = os.path.join(tmp, "leftover")
+r = train(config("leftover", d, 2))
+with open(os.path.join(d, "step_2", "metadata.json")) as f:
+    run_id = json.load(f).get("run_id", "")
+check("the metadata names the run", len(run_id) == 16, run_id)
+user_files(d, {"step_3.tmp/.zerort-run": run_id + "\n", "step_3.tmp/partial.bin": "half"})
+user_files(d, {"step_9.tmp/.zerort-run": "0123456789abcdef\n", "step_9.tmp/other.bin": "x"})
+other = snapshot(os.path.join(d, "step_9.tmp"))
+r = train(config("leftover", d, 4), "--resume")
+check("resume over its own crashed save exits 0", r.returncode == 0, r.stderr[-1500:])
+check("... its leftover .tmp is gone", not os.path.exists(os.path.join(d, "step_3.tmp")))
+check("... another run's .tmp is untouched",
+      snapshot(os.path.join(d, "step_9.tmp")) == other)
+with open(os.path.join(d, "step_4", "metadata.json")) as f:
+    check("... the resumed run keeps its id", json.load(f).get("run_id") == run_id)
+
+# 5. Two runs in one directory at once: the second exits 2 naming the first's pid; the first
+#    finishes unharmed.
+e = os.path.join(tmp, "busy")
+first = subprocess.Popen([zerort, "train", config("busy", e, 100000, interval=0)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+lock = os.path.join(e, ".zerort.lock")
+deadline = time.time() + 60
+while time.time() < deadline and not (os.path.exists(lock) and os.path.getsize(lock) > 0):
+    time.sleep(0.1)
+time.sleep(0.5)
+start = time.time()
+r = train(config("busy2", e, 2))
+seconds = time.time() - start
+check("a second run in a busy directory: exit 2", r.returncode == 2,
+      f"{r.returncode} {r.stderr[-800:]}")
+check("... names the holder's pid", f"in use by another run (process {first.pid}" in r.stderr,
+      r.stderr[-800:])
+check("... within a few seconds", seconds < 10, f"{seconds:.1f} s")
+r = train(config("busy2", e, 2), "--resume")
+check("... with --resume too", r.returncode == 2 and "in use by another run" in r.stderr,
+      r.stderr[-800:])
+first.send_signal(signal.SIGTERM)
+_, err = first.communicate(timeout=120)
+check("the first run saves and stops on SIGTERM", first.returncode == 0, err[-1500:])
+check("... its checkpoint is complete", os.path.exists(os.path.join(e, "latest")))
+with open(os.path.join(e, "latest")) as f:
+    stopped = int(f.read().strip().split("_")[1])
+r = train(config("busy3", e, stopped + 1), "--resume")
+check("after it, the directory is free: --resume continues", r.returncode == 0, r.stderr[-1500:])
+
+# 6. A metrics file of an earlier run: a new run refuses to truncate it; --overwrite replaces it.
+m = os.path.join(tmp, "metrics", "run.jsonl")
+os.makedirs(os.path.dirname(m))
+with open(m, "w") as f:
+    f.write('{"step": 1, "loss": 5.0}\n')
+before = snapshot(os.path.dirname(m))
+cfg = config("metrics", os.path.join(tmp, "metrics_ckpt"), 1, metrics=m)
+r = train(cfg)
+check("a new run over a non-empty metrics file: exit 2", r.returncode == 2,
+      f"{r.returncode} {r.stderr[-800:]}")
+check("... names it and the ways on", "logging.metrics_file " + m in r.stderr and
+      "--overwrite" in r.stderr, r.stderr[-800:])
+check("... the file is byte-identical", snapshot(os.path.dirname(m)) == before)
+check("... no checkpoint directory was started",
+      not os.path.exists(os.path.join(tmp, "metrics_ckpt", "latest")))
+r = train(cfg, "--overwrite")
+check("--overwrite replaces it", r.returncode == 0, r.stderr[-1500:])
+with open(m) as f:
+    check("... with this run's one step", len(f.readlines()) == 1)
+
+sys.exit(checks.finish())
