@@ -100,7 +100,8 @@ with open(os.path.join(a, "latest")) as f:
 # 2. A user's directories that look like steps, and files among them: a run saving every step
 #    with keep_last_n 1 deletes none of them.
 b = os.path.join(tmp, "users")
-user_files(b, {"step_5/notes.txt": "mine", "step_007/weights.bin": "x" * 100,
+user_files(b, {"step_0/notes.txt": "mine", "step_5/notes.txt": "mine",
+                "step_007/weights.bin": "x" * 100,
                "step_1x/a": "a", "notes.txt": "keep me"})
 mine = snapshot(b)
 r = train(config("users", b, 3))
