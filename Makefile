@@ -29,7 +29,7 @@ build: deps
 # minute on 2 cores; metrics in runs/tiny-cpu/metrics.jsonl, a text sample at the end).
 run: build
 	$(ZERORT) env
-	$(ZERORT) train configs/tiny-cpu.json
+	$(ZERORT) train configs/tiny-cpu.json --overwrite  # a fresh demo run each time
 
 test: test-unit test-install test-asan
 

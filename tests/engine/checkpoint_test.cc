@@ -101,8 +101,13 @@ TEST(CheckpointTest, IntervalsKeepLastNAndInterruptedSaves) {
   EXPECT_FALSE(fs::exists(dir + "/step_2"));
   EXPECT_TRUE(fs::exists(dir + "/step_4"));
   EXPECT_TRUE(fs::exists(dir + "/step_6"));
-  // A save killed half way leaves a .tmp directory; latest still names step_6 and it loads.
+  // A save killed half way leaves a .tmp directory with the run's marker; latest still names
+  // step_6 and it loads; the run's next save of step 8 replaces it. (A .tmp without this run's
+  // marker is refused: tests/hostile/run_files_test.py.)
+  const std::string run_id =
+      nlohmann::json::parse(std::ifstream(dir + "/step_6/metadata.json")).at("run_id");
   fs::create_directory(dir + "/step_8.tmp");
+  std::ofstream(dir + "/step_8.tmp/.zerort-run") << run_id << "\n";
   std::ofstream(dir + "/step_8.tmp/dp0-tp0.master.bin") << "partial";
   EXPECT_EQ(*LatestCheckpoint(dir), dir + "/step_6");
   c.train.steps = 8;
@@ -179,7 +184,8 @@ Status TrainAndSave(Layout l, const std::string& dir) {
       ZR_RETURN_IF_ERROR(r.manager->Step({.lr = 1e-2f}).status());
     }
     const CheckpointGroups g{&comm, &r.mesh->data(), l.tp, r.mesh->coord().tensor};
-    return SaveCheckpoint(dir, {.step = 2, .manager_steps = 2}, *r.manager, g, 0);
+    return SaveCheckpoint(dir, {.step = 2, .manager_steps = 2, .run_id = "layout-test"},
+                          *r.manager, g, 0);
   });
 }
 

@@ -157,6 +157,7 @@ TEST(TrainerTest, Stage3OnFourRanksFollowsStage0OnOne) {
 
 TEST(TrainerTest, MetricsCarryEveryField) {
   const std::string metrics = ::testing::TempDir() + "/fields.jsonl";
+  std::filesystem::remove(metrics);  // a new run refuses an earlier run's metrics
   RunConfig c = SmallRun(metrics);
   c.train.steps = 2;
   c.train.eval_interval = 1;

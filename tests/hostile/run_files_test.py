@@ -101,8 +101,7 @@ with open(os.path.join(a, "latest")) as f:
 #    with keep_last_n 1 deletes none of them.
 b = os.path.join(tmp, "users")
 user_files(b, {"step_0/notes.txt": "mine", "step_5/notes.txt": "mine",
-                "step_007/weights.bin": "x" * 100,
-               "step_1x/a": "a", "notes.txt": "keep me"})
+               "step_007/weights.bin": "x" * 100, "step_1x/a": "a", "notes.txt": "keep me"})
 mine = snapshot(b)
 r = train(config("users", b, 3))
 check("a run among a user's step-like directories exits 0", r.returncode == 0, r.stderr[-1500:])
