@@ -1,14 +1,18 @@
 // The training loop.
 #include "engine/trainer.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
-
-#include <csignal>
+#include <utility>
 
 #include "engine/checkpoint.h"
 #include "engine/data_loader.h"
@@ -128,6 +132,9 @@ std::string Mib(int64_t bytes) { return fmt::format("{:.1f}", bytes / 1048576.0)
 class Run {
  public:
   Run(RunConfig config, const TrainerContext& ctx) : c_(std::move(config)), ctx_(ctx) {}
+  ~Run() {
+    if (metrics_fd_ >= 0) ::close(metrics_fd_);
+  }
 
   Status Setup();
   StatusOr<TrainResult> Loop();  // Steps, then the trace file
@@ -206,7 +213,12 @@ class Run {
   std::unique_ptr<PipelineExecutor> executor_;  // pipeline_parallel_size > 1
   GptStagePart part_;                           // what this rank's stage holds
   std::unique_ptr<DataLoader> data_;
-  std::ofstream metrics_;
+  // Rank 0's metrics file: every write checked; the first failure stops the run at the next step
+  // boundary on every rank (exit 1 naming the file); fsynced and closed at the end.
+  int metrics_fd_ = -1;
+  std::string metrics_path_;
+  Status write_error_;
+  Status CloseMetrics();
   std::unique_ptr<Timeline> timeline_;  // logging.trace_file
   double peak_flops_ = 0;
   RunState start_;  // where this run starts: step 0, or the resumed checkpoint's state
@@ -223,9 +235,31 @@ Status Run::ClaimRunFiles() {
     if (!ctx_.resume) ZR_RETURN_IF_ERROR(CheckNewRunDirectory(c_.checkpoint.dir, ctx_.overwrite));
   }
   const std::string metrics = MetricsPath();
-  if (!ctx_.resume && !metrics.empty()) {
-    ZR_RETURN_IF_ERROR(CheckNewMetricsFile(metrics, ctx_.overwrite));
+  if (metrics.empty()) return absl::OkStatus();
+  if (!ctx_.resume) ZR_RETURN_IF_ERROR(CheckNewMetricsFile(metrics, ctx_.overwrite));
+  const std::filesystem::path parent = std::filesystem::path(metrics).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  // Non-blocking open: a FIFO nobody reads is an error (ENXIO), not a hang.
+  metrics_fd_ = ::open(
+      metrics.c_str(),
+      O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | (ctx_.resume ? O_APPEND : O_TRUNC), 0644);
+  if (metrics_fd_ < 0) return ErrnoError(StrCat("open logging.metrics_file ", metrics), errno);
+  ::fcntl(metrics_fd_, F_SETFL, ::fcntl(metrics_fd_, F_GETFL) & ~O_NONBLOCK);
+  metrics_path_ = metrics;
+  return absl::OkStatus();
+}
+
+Status Run::CloseMetrics() {
+  if (metrics_fd_ < 0) return absl::OkStatus();
+  const int fd = std::exchange(metrics_fd_, -1);
+  if (::fsync(fd) != 0 && errno != EINVAL) {  // EINVAL: a special file (a pipe, /dev/null)
+    const int err = errno;
+    ::close(fd);
+    return ErrnoError(StrCat("fsync logging.metrics_file ", metrics_path_), err);
   }
+  if (::close(fd) != 0)
+    return ErrnoError(StrCat("close logging.metrics_file ", metrics_path_), errno);
   return absl::OkStatus();
 }
 
@@ -426,17 +460,6 @@ Status Run::Setup() {
                                          c_.data.validation_fraction, source));
   data_ = std::make_unique<DataLoader>(std::move(loader));
 
-  const std::string metrics = MetricsPath();
-  if (!metrics.empty() && leader()) {
-    const std::filesystem::path parent = std::filesystem::path(metrics).parent_path();
-    std::error_code ec;
-    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-    metrics_.open(metrics, ctx_.resume ? std::ios::app : std::ios::trunc);
-    if (!metrics_) {
-      const int err = errno;
-      return ErrnoError(StrCat("open logging.metrics_file ", metrics), err);
-    }
-  }
   if (!c_.logging.trace_file.empty()) {
     timeline_ = std::make_unique<Timeline>(world().rank());
     if (leader()) {  // a file, and writable, before any training
@@ -491,9 +514,19 @@ Status Run::Setup() {
 
 void Run::Emit(const nlohmann::json& record, const std::string& line) {
   if (!leader()) return;
-  if (metrics_.is_open()) {
-    metrics_ << record.dump() << "\n";
-    metrics_.flush();
+  if (metrics_fd_ >= 0 && write_error_.ok()) {
+    const std::string text = record.dump() + "\n";
+    size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::write(metrics_fd_, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        write_error_ = ErrnoError(StrCat("write logging.metrics_file ", metrics_path_),
+                                  n < 0 ? errno : ENOSPC);
+        break;
+      }
+      done += static_cast<size_t>(n);
+    }
   }
   if (!line.empty()) {
     std::fprintf(ctx_.out, "%s\n", line.c_str());
@@ -697,8 +730,14 @@ void Run::Report(int64_t step, int64_t consumed, const StepOutcome& o, double va
 StatusOr<bool> Run::SaveOrStop(int64_t step, int64_t consumed) {
   const bool last = step + 1 == c_.train.steps;
   const bool checkpoints = !c_.checkpoint.dir.empty();
-  float stop = static_cast<float>(g_stop_signal);
-  ZR_RETURN_IF_ERROR(HostAllReduce(&stop, 1, ReduceOp::kMax, &world()));
+  // The stop signal and rank 0's write failure, agreed over the world in one collective.
+  float agreed[2] = {static_cast<float>(g_stop_signal), write_error_.ok() ? 0.0f : 1.0f};
+  ZR_RETURN_IF_ERROR(HostAllReduce(agreed, 2, ReduceOp::kMax, &world()));
+  if (agreed[1] > 0) {
+    if (!write_error_.ok()) return write_error_;
+    return absl::InternalError("rank 0 could not write its metrics file; stopping (its message)");
+  }
+  const float stop = agreed[0];
   const bool interval = c_.checkpoint.interval > 0 && (step + 1) % c_.checkpoint.interval == 0;
   if (checkpoints && (interval || last || stop > 0)) ZR_RETURN_IF_ERROR(Save(step + 1, consumed));
   if (stop > 0 && leader()) {
@@ -729,6 +768,8 @@ Status Run::Sample(TrainResult& result) {
 
 StatusOr<TrainResult> Run::Loop() {
   ZR_ASSIGN_OR_RETURN(TrainResult result, Steps());
+  ZR_RETURN_IF_ERROR(write_error_);  // a write after the last agreement (the final records)
+  ZR_RETURN_IF_ERROR(CloseMetrics());
   if (timeline_) {
     ZR_RETURN_IF_ERROR(
         timeline_->Write(world(), *allocator_, manager_->compute_stream(), c_.logging.trace_file));

@@ -194,4 +194,30 @@ check("--overwrite replaces it", r.returncode == 0, r.stderr[-1500:])
 with open(m) as f:
     check("... with this run's one step", len(f.readlines()) == 1)
 
+# 7. Writes that fail are errors: a metrics file on a full disk (/dev/full) stops the run with
+#    exit 1 naming the file; a FIFO nobody reads and a directory are refused at once.
+full = os.path.join(tmp, "full.json")
+with open(config("full_base", os.path.join(tmp, "full_ckpt"), 3)) as f:
+    cfg = json.load(f)
+cfg.pop("checkpoint")
+with open(full, "w") as f:
+    cfg["logging"] = {"metrics_file": "/dev/full"}
+    json.dump(cfg, f)
+r = train(full)
+check("metrics on a full disk: exit 1", r.returncode == 1, f"{r.returncode} {r.stderr[-800:]}")
+check("... names the file and the error",
+      "write logging.metrics_file /dev/full" in r.stderr and "No space left" in r.stderr,
+      r.stderr[-800:])
+fifo = os.path.join(tmp, "metrics.fifo")
+os.mkfifo(fifo)
+for what, target in [("a FIFO nobody reads", fifo), ("a directory", tmp)]:
+    cfg["logging"] = {"metrics_file": target}
+    with open(full, "w") as f:
+        json.dump(cfg, f)
+    start = time.time()
+    r = train(full, "--overwrite")
+    check(f"metrics file is {what}: refused", r.returncode in (1, 2) and
+          "logging.metrics_file " + target in r.stderr, f"{r.returncode} {r.stderr[-800:]}")
+    check(f"... within a second or two", time.time() - start < 5, f"{time.time() - start:.1f} s")
+
 sys.exit(checks.finish())
