@@ -67,6 +67,33 @@ class StopSignals {
   struct sigaction old_usr1_ {};
 };
 
+// A resumed run's config against the one that saved the checkpoint: what shapes the saved state
+// must match (the model's shape, the optimizer and the compute dtype); what is meant to change
+// (ZeRO stage, world size and layout, batch size, learning-rate schedule) may.
+Status CheckResumable(const nlohmann::json& saved, const nlohmann::json& now,
+                      const std::string& step_dir) {
+  static const char* const kShaping[][2] = {
+      {"model", "n_layer"},    {"model", "n_head"},   {"model", "d_model"}, {"model", "seq_len"},
+      {"model", "vocab_size"}, {"optimizer", "type"}, {"bf16", "enabled"}};
+  for (const auto& [section, key] : kShaping) {
+    auto at = [&](const nlohmann::json& j) {
+      return j.is_object() && j.contains(section) && j[section].is_object() &&
+                     j[section].contains(key)
+                 ? j[section][key]
+                 : nlohmann::json();
+    };
+    const nlohmann::json was = at(saved), is = at(now);
+    if (was != is) {
+      return absl::InvalidArgumentError(StrCat(
+          "--resume: ", step_dir, " was saved with ", section, ".", key, " = ", was.dump(),
+          ", this run's config has ", is.dump(),
+          ": resume with the same value (the ZeRO stage, world size and layout, batch size and "
+          "learning-rate schedule may change)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 StatusOr<ShardManagerOptions> ManagerOptions(const RunConfig& c, DType compute) {
   ShardManagerOptions o;
   o.stage = static_cast<ZeroStage>(c.zero.stage);
@@ -431,6 +458,7 @@ Status Run::Setup() {
   if (ctx_.resume) {
     ZR_ASSIGN_OR_RETURN(const std::string step_dir, LatestCheckpoint(c_.checkpoint.dir));
     ZR_ASSIGN_OR_RETURN(start_, LoadCheckpoint(step_dir, *manager_, Groups()));
+    ZR_RETURN_IF_ERROR(CheckResumable(start_.config, c_.ToJson(), step_dir));
     if (!start_.run_id.empty()) run_id_ = start_.run_id;  // an older checkpoint has none
     if (leader()) {
       Logger()->info("resumed from {} (step {}, {} sequences consumed)", step_dir, start_.step,

@@ -220,4 +220,36 @@ for what, target in [("a FIFO nobody reads", fifo), ("a directory", tmp)]:
           "logging.metrics_file " + target in r.stderr, f"{r.returncode} {r.stderr[-800:]}")
     check(f"... within a second or two", time.time() - start < 5, f"{time.time() - start:.1f} s")
 
+# 8. Resume checks the config that shapes the saved state: a changed head count, optimizer or
+#    compute dtype is refused with both values, the checkpoint untouched; a changed ZeRO stage
+#    and batch size are allowed.
+g = os.path.join(tmp, "shaped")
+r = train(config("shaped", g, 2))
+saved = snapshot(g)
+with open(config("shaped_base", g, 3)) as f:
+    base = json.load(f)
+for what, edit, message in [
+        ("n_head", lambda c: c["model"].update(n_head=4), "model.n_head = 2, this run's config has 4"),
+        ("the optimizer", lambda c: c.update(optimizer={"type": "SGD", "params": {"lr": 0.1}}),
+         'optimizer.type = "AdamW", this run\'s config has "SGD"'),
+        ("bf16", lambda c: c.update(bf16={"enabled": True}),
+         "bf16.enabled = false, this run's config has true")]:
+    c = json.loads(json.dumps(base))
+    edit(c)
+    path = os.path.join(tmp, "shaped_edit.json")
+    with open(path, "w") as f:
+        json.dump(c, f)
+    r = train(path, "--resume")
+    check(f"resume with another {what}: exit 2", r.returncode == 2,
+          f"{r.returncode} {r.stderr[-800:]}")
+    check(f"... names both values", message in r.stderr, r.stderr[-800:])
+    check(f"... the checkpoint is untouched", subset(saved, snapshot(g)))
+c = json.loads(json.dumps(base))
+c.update(zero_optimization={"stage": 2}, train_batch_size=8)
+path = os.path.join(tmp, "shaped_ok.json")
+with open(path, "w") as f:
+    json.dump(c, f)
+r = train(path, "--resume")
+check("resume with another ZeRO stage and batch size runs", r.returncode == 0, r.stderr[-1500:])
+
 sys.exit(checks.finish())
