@@ -137,24 +137,6 @@ Status AllGatherInts(ShardManager& m, Communicator& group, std::vector<int64_t>&
                              gathered->data(), send.size(), DType::kI64);
 }
 
-// Every rank's `text`, in group order (lengths first, then the texts padded to the longest).
-StatusOr<std::vector<std::string>> AllGatherText(ShardManager& m, Communicator& group,
-                                                 const std::string& text) {
-  std::vector<int64_t> length{static_cast<int64_t>(text.size())}, lengths;
-  ZR_RETURN_IF_ERROR(AllGatherInts(m, group, length, &lengths));
-  const size_t longest = static_cast<size_t>(*std::max_element(lengths.begin(), lengths.end()));
-  std::vector<uint8_t> mine(std::max<size_t>(longest, 1), 0), all(mine.size() * group.size());
-  std::copy(text.begin(), text.end(), mine.begin());
-  ZR_RETURN_IF_ERROR(AllGatherHostValues(group, m.device_allocator(), m.compute_stream(),
-                                         mine.data(), all.data(), mine.size(), DType::kU8));
-  std::vector<std::string> out;
-  for (int r = 0; r < group.size(); ++r) {
-    const char* at = reinterpret_cast<const char*>(all.data() + r * mine.size());
-    out.emplace_back(at, static_cast<size_t>(lengths[r]));
-  }
-  return out;
-}
-
 // Every rank learns whether every rank succeeded, and gets the first failing rank's message (so
 // the error names the damaged file on every rank, not only where it was read).
 Status Agree(ShardManager& m, Communicator& group, const Status& local, std::string_view what) {
@@ -360,8 +342,9 @@ Status SaveCheckpoint(const std::string& dir, const RunState& state, ShardManage
       return absl::OkStatus();
     }();
     ZR_RETURN_IF_ERROR(Agree(m, world, local, "writing checkpoint shards"));
-    ZR_ASSIGN_OR_RETURN(std::vector<std::string> descriptions,
-                        AllGatherText(m, world, described.dump()));
+    ZR_ASSIGN_OR_RETURN(
+        std::vector<std::string> descriptions,
+        AllGatherHostStrings(world, m.device_allocator(), m.compute_stream(), described.dump()));
 
     // Phase 3: rank 0 writes the metadata last, then commits by renames. The parameter table is
     // the union of the writers' tables (tensor parts and data ranks describe the same parameters)

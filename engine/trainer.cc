@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -203,6 +204,10 @@ class Run {
     return HostAllReduce(values, count, ReduceOp::kSum, &mesh_->pipeline());
   }
   Status SetupPipeline();
+  // Every rank's resolved config against every other's, in one gather before any other
+  // collective: ranks that differ (an MPMD job, a --set on one node) exit 2 naming the first
+  // differing key and both values.
+  Status AgreeOnConfig();
   // Rank 0: the checkpoint directory's lock, and a new run's refusal to take over an earlier
   // run's checkpoints or metrics (engine/run_dir.h).
   Status ClaimRunFiles();
@@ -254,6 +259,50 @@ class Run {
   OffloadStats offload_seen_;      // the manager's offload counters at the last metrics record
   Status Save(int64_t step, int64_t consumed);
 };
+
+Status Run::AgreeOnConfig() {
+  if (world().size() == 1) return absl::OkStatus();
+  ZR_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, CreateStream(allocator_->device(), "setup"));
+  const nlohmann::json mine = c_.ToJson();
+  ZR_ASSIGN_OR_RETURN(const std::vector<std::string> all,
+                      AllGatherHostStrings(world(), *allocator_, *stream, mine.dump()));
+  // Compare with rank 0, or (when this rank agrees with it) with the first rank that does not.
+  const int me = world().rank();
+  int other = all[me] != all[0] ? 0 : -1;
+  for (int r = 0; other < 0 && r < world().size(); ++r) {
+    if (all[r] != all[0]) other = r;
+  }
+  if (other < 0) return absl::OkStatus();
+  nlohmann::json theirs;
+  try {
+    theirs = nlohmann::json::parse(all[other]);
+  } catch (const nlohmann::json::exception&) {
+    return absl::InvalidArgumentError(StrCat("rank ", other, "'s config could not be read"));
+  }
+  const nlohmann::json patch = nlohmann::json::diff(theirs, mine);
+  std::string where = "(somewhere)";
+  std::string has_mine = "?", has_theirs = "?";
+  if (!patch.empty()) {
+    const nlohmann::json::json_pointer at(patch[0].at("path").get<std::string>());
+    where = at.to_string().substr(1);
+    std::replace(where.begin(), where.end(), '/', '.');
+    // Numbers as the config wrote them (a float field shows as 0.001, not its double widening).
+    auto show = [&](const nlohmann::json& j) -> std::string {
+      if (!j.contains(at)) return "nothing";
+      const nlohmann::json& v = j[at];
+      if (!v.is_number_float()) return v.dump();
+      const double d = v.get<double>();
+      const float f = static_cast<float>(d);
+      return static_cast<double>(f) == d ? fmt::format("{}", f) : fmt::format("{}", d);
+    };
+    has_mine = show(mine);
+    has_theirs = show(theirs);
+  }
+  return absl::InvalidArgumentError(
+      StrCat("the ranks run different configs: at ", where, " rank ", me, " has ", has_mine,
+             ", rank ", other, " has ", has_theirs,
+             " (every rank must run the same config: check the launch line and --set)"));
+}
 
 Status Run::ClaimRunFiles() {
   run_id_ = NewRunId();  // kept unless the resumed checkpoint has one
@@ -376,6 +425,22 @@ Status Run::SetupPipeline() {
 }
 
 Status Run::Setup() {
+  // The device and the allocator first: the ranks' agreement on the config goes through them,
+  // before the mesh and any other collective.
+  const std::string& want = c_.train.device;
+  cuda_ = want == "cuda" || (want.empty() && CudaDeviceCount() > 0);
+  if (cuda_ && CudaDeviceCount() == 0) {
+    return absl::InvalidArgumentError(StrCat(
+        "train.device = \"cuda\", but there is no usable GPU: ", QueryCuda().unavailable_reason));
+  }
+  if (cuda_) {
+    device_ = Device::Cuda(ctx_.local_rank % CudaDeviceCount());
+    ZR_RETURN_IF_ERROR(SetCurrentDevice(device_));
+    ZR_ASSIGN_OR_RETURN(allocator_, MakeCudaCachingAllocator(device_, &tracker_));
+  } else {
+    allocator_ = MakeCpuCachingAllocator(&tracker_);
+  }
+  ZR_RETURN_IF_ERROR(AgreeOnConfig());
   ZR_RETURN_IF_ERROR(SetupMesh());
   const std::string dp_source =
       mesh_ ? StrCat(ctx_.world_source, " / (tensor_parallel_size ", mesh_->shape().tensor,
@@ -386,24 +451,11 @@ Status Run::Setup() {
   if (ctx_.resume && c_.checkpoint.dir.empty()) {
     return absl::InvalidArgumentError("--resume needs checkpoint.dir in the config");
   }
-  const std::string& want = c_.train.device;
-  cuda_ = want == "cuda" || (want.empty() && CudaDeviceCount() > 0);
-  if (cuda_ && CudaDeviceCount() == 0) {
-    return absl::InvalidArgumentError(StrCat(
-        "train.device = \"cuda\", but there is no usable GPU: ", QueryCuda().unavailable_reason));
-  }
   DType compute = DType::kF32;
   if (c_.bf16) compute = DType::kBF16;
   if (c_.fp16.enabled) {
     return absl::InvalidArgumentError(
         "fp16.enabled: the GPT model's kernels compute in fp32 or bf16; use bf16.enabled");
-  }
-  if (cuda_) {
-    device_ = Device::Cuda(ctx_.local_rank % CudaDeviceCount());
-    ZR_RETURN_IF_ERROR(SetCurrentDevice(device_));
-    ZR_ASSIGN_OR_RETURN(allocator_, MakeCudaCachingAllocator(device_, &tracker_));
-  } else {
-    allocator_ = MakeCpuCachingAllocator(&tracker_);
   }
   ZR_ASSIGN_OR_RETURN(ShardManagerOptions mo, ManagerOptions(c_, compute));
   mo.reduce_at_step = pp() > 1;  // the pipeline's micro-batches: one reduction per step

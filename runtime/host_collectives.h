@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
+#include <vector>
 
 #include "runtime/allocator.h"
 #include "runtime/communicator.h"
@@ -15,5 +17,8 @@ Status AllReduceHostValues(Communicator& comm, Allocator& allocator, Stream& str
 // out holds count x comm.size() values, rank-major.
 Status AllGatherHostValues(Communicator& comm, Allocator& allocator, Stream& stream,
                            const void* values, void* out, size_t count, DType dtype);
+// Every rank's `text`, in rank order (the lengths first, then the texts padded to the longest).
+StatusOr<std::vector<std::string>> AllGatherHostStrings(Communicator& comm, Allocator& allocator,
+                                                        Stream& stream, const std::string& text);
 
 }  // namespace zerort

@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Hostile and careless launches under mpirun: ranks that run different configs (an MPMD job, a
+--set on one rank) exit 2 on every rank naming the first differing key and both values, before
+any training collective and before anything is written.
+Usage: mpi_test.py PATH_TO_ZERORT MPIEXEC"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
+from harness import Checks  # noqa: E402
+
+zerort, mpiexec = sys.argv[1], sys.argv[2]
+checks = Checks("hostile_mpi_test")
+check = checks.check
+tmp = tempfile.mkdtemp()
+env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+BASE = {
+    "train_batch_size": 4, "train_micro_batch_size_per_gpu": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+    "model": {"n_layer": 1, "n_head": 2, "d_model": 32, "seq_len": 32, "vocab_size": 256},
+    "train": {"steps": 2, "eval_windows": 1, "sample_tokens": 0, "device": "cpu"},
+}
+
+
+def write(name, obj):
+    path = os.path.join(tmp, name)
+    with open(path, "w") as f:
+        json.dump(obj, f)
+    return path
+
+
+def mpmd(*ranks):
+    cmd = [mpiexec]
+    for i, args in enumerate(ranks):
+        if i:
+            cmd.append(":")
+        cmd += ["-np", "1", "--oversubscribe", zerort, "train", *args]
+    start = time.time()
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    return r, time.time() - start
+
+
+ckpt = os.path.join(tmp, "ckpt")
+a = write("a.json", dict(BASE, checkpoint={"dir": ckpt}))
+b = write("b.json", dict(BASE, checkpoint={"dir": ckpt},
+                         model=dict(BASE["model"], n_head=4)))
+cases = [
+    ("another n_head on rank 1", [[a], [b]], "at model.n_head rank 0 has 2, rank 1 has 4",
+     "at model.n_head rank 1 has 4, rank 0 has 2"),
+    ("a --set on rank 1 only", [[a], [a, "--set", "train.steps=3"]],
+     "at train.steps rank 0 has 2, rank 1 has 3", "at train.steps rank 1 has 3, rank 0 has 2"),
+    ("rank 2 of 3 differs", [[a], [a], [a, "--set", "optimizer.params.lr=0.01"]],
+     "at optimizer.params.lr rank 0 has 0.001, rank 2 has 0.01",
+     "at optimizer.params.lr rank 2 has 0.01, rank 0 has 0.001"),
+]
+for what, ranks, says0, says_other in cases:
+    r, seconds = mpmd(*ranks)
+    check(f"{what}: exit 2", r.returncode == 2, f"{r.returncode} {r.stderr[-1500:]}")
+    check(f"{what}: rank 0 names the key and both values", says0 in r.stderr, r.stderr[-1500:])
+    check(f"{what}: the differing rank too", says_other in r.stderr, r.stderr[-1500:])
+    check(f"{what}: within a few seconds", seconds < 20, f"{seconds:.1f} s")
+    check(f"{what}: nothing written", not os.path.exists(os.path.join(ckpt, "latest")),
+          str(os.listdir(ckpt)) if os.path.exists(ckpt) else "")
+r, _ = mpmd([a, "--set", "train.steps=2"], [a])  # the same resolved config both ways
+check("the same config reached two ways runs", r.returncode == 0, r.stderr[-1500:])
+
+sys.exit(checks.finish())
