@@ -467,6 +467,9 @@ Status Run::Setup() {
                                 .model_parallel = mesh_ ? &mesh_->model_parallel() : nullptr,
                                 .tensor_parallel_rank = mesh_ ? mesh_->coord().tensor : 0}));
   ZR_RETURN_IF_ERROR(AgreeWithLeader(leader() ? ClaimRunFiles() : absl::OkStatus()));
+  // The setup's few host values leave no cached segment behind: the run's memory (and the
+  // estimator's replay of it) starts from the model's own allocations.
+  ZR_RETURN_IF_ERROR(allocator_->EmptyCache());
   store_ = MakeShardManagerStore(*manager_);
   if (cuda_) {
     ZR_ASSIGN_OR_RETURN(kernels_, MakeCudaModelKernels(compute, DType::kF32,
