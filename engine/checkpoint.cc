@@ -2,6 +2,7 @@
 #include "engine/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -94,16 +95,20 @@ constexpr char kRunMarker[] = ".zerort-run";
 // its marker says so, or its metadata's run_id does.
 // An empty `run_id` matches any zerort-written directory (a marker, or metadata with a format
 // version): the earlier runs a user told a new run to overwrite.
+StatusOr<std::string> ReadSmallFile(const std::string& dir, const std::string& name, int64_t limit);
+
 bool OwnedByRun(const fs::path& path, const std::string& run_id) {
   std::error_code ec;
   if (fs::is_symlink(path, ec) || !fs::is_directory(path, ec)) return false;
-  std::ifstream marker(path / kRunMarker);
-  std::string id;
-  if (marker && std::getline(marker, id)) return run_id.empty() || id == run_id;
-  std::ifstream in(path / "metadata.json");
-  if (!in) return false;
+  // Read as untrusted files: no link followed, regular files only, bounded.
+  if (StatusOr<std::string> marker = ReadSmallFile(path.string(), kRunMarker, 64); marker.ok()) {
+    const std::string id = marker->substr(0, marker->find('\n'));
+    return run_id.empty() || id == run_id;
+  }
+  StatusOr<std::string> text = ReadSmallFile(path.string(), "metadata.json", int64_t{1} << 30);
+  if (!text.ok()) return false;
   try {
-    const nlohmann::json j = nlohmann::json::parse(in);
+    const nlohmann::json j = nlohmann::json::parse(*text);
     if (!j.is_object() || !j.contains("format_version")) return false;
     if (run_id.empty()) return true;
     return j.contains("run_id") && j["run_id"].is_string() &&
@@ -180,18 +185,90 @@ LossScaler::State ScalerFromJson(const nlohmann::json& j) {
   return s;
 }
 
+// A file a checkpoint names is untrusted input: a plain name inside its step directory (no '/',
+// not "." or ".."), opened without following a link (the step directory's last component too),
+// non-blocking (a FIFO never hangs the open), and a regular file whose size is the metadata's
+// (`expected_bytes`, or any when negative). Returns the descriptor, which the caller closes.
+StatusOr<int> OpenCheckpointFile(const std::string& step_dir, const std::string& name,
+                                 int64_t expected_bytes) {
+  const std::string path = step_dir + "/" + name;
+  if (name.empty() || name.size() > 255 || name == "." || name == ".." ||
+      name.find('/') != std::string::npos || name.find('\0') != std::string::npos) {
+    return absl::DataLossError(StrCat(step_dir, "/metadata.json: file name \"", name,
+                                      "\" is not a plain name inside the checkpoint"));
+  }
+  const int dir_fd = ::open(step_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dir_fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) return absl::NotFoundError(StrCat(step_dir, ": no such directory"));
+    if (err == ELOOP || err == ENOTDIR) {
+      return absl::DataLossError(StrCat(step_dir, ": not a directory (a link or a file)"));
+    }
+    return ErrnoError(StrCat("open ", step_dir), err);
+  }
+  const int fd = ::openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  const int err = errno;
+  ::close(dir_fd);
+  if (fd < 0) {
+    if (err == ENOENT) return absl::NotFoundError(StrCat(path, ": missing"));
+    if (err == ELOOP) {
+      return absl::DataLossError(
+          StrCat(path, ": a symbolic link (a checkpoint's files are never links; not followed)"));
+    }
+    return ErrnoError(StrCat("open ", path), err);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::DataLossError(
+        StrCat(path, ": not a regular file (a FIFO, device or directory is never read)"));
+  }
+  if (expected_bytes >= 0 && st.st_size != expected_bytes) {
+    ::close(fd);
+    return absl::DataLossError(StrCat(path, ": ", st.st_size, " bytes, metadata says ",
+                                      expected_bytes, " (truncated or overwritten)"));
+  }
+  return fd;
+}
+
+// Reads a whole small file (metadata, latest) through OpenCheckpointFile, refusing more than
+// `limit` bytes.
+StatusOr<std::string> ReadSmallFile(const std::string& dir, const std::string& name,
+                                    int64_t limit) {
+  ZR_ASSIGN_OR_RETURN(const int fd, OpenCheckpointFile(dir, name, -1));
+  struct stat st {};
+  ::fstat(fd, &st);
+  if (st.st_size > limit) {
+    ::close(fd);
+    return absl::DataLossError(StrCat(dir, "/", name, ": ", st.st_size, " bytes, more than the ",
+                                      limit, " such a file can hold"));
+  }
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  text.resize(done);
+  return text;
+}
+
 StatusOr<nlohmann::json> ReadMetadata(const std::string& step_dir) {
   const std::string path = step_dir + "/metadata.json";
-  std::ifstream in(path);
-  if (!in) {
+  StatusOr<std::string> text = ReadSmallFile(step_dir, "metadata.json", int64_t{1} << 30);
+  if (absl::IsNotFound(text.status())) {
     return absl::NotFoundError(
         StrCat(path,
                ": missing (not a complete checkpoint; an interrupted save leaves "
                "step_<N>.tmp, which is never loaded)"));
   }
+  ZR_RETURN_IF_ERROR(text.status());
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(*text);
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(StrCat(path, ": not valid JSON: ", e.what()));
   }
@@ -208,22 +285,27 @@ StatusOr<nlohmann::json> ReadMetadata(const std::string& step_dir) {
 // Checks a file's size and checksum against its metadata entry, reading it in blocks.
 Status VerifyFile(const std::string& step_dir, const nlohmann::json& entry) {
   const std::string path = step_dir + "/" + entry.at("name").get<std::string>();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::DataLossError(StrCat(path, ": missing or unreadable"));
+  const int64_t bytes = entry.at("bytes");
+  StatusOr<int> opened = OpenCheckpointFile(step_dir, entry.at("name").get<std::string>(), bytes);
+  if (absl::IsNotFound(opened.status())) {
+    return absl::DataLossError(StrCat(path, ": missing (the metadata names it)"));
+  }
+  ZR_RETURN_IF_ERROR(opened.status());
+  const int fd = *opened;
   XXH3_state_t* state = XXH3_createState();
   XXH3_64bits_reset(state);
   std::vector<char> block(1 << 20);
   int64_t size = 0;
-  while (in) {
-    in.read(block.data(), static_cast<std::streamsize>(block.size()));
-    const std::streamsize n = in.gcount();
+  for (;;) {
+    const ssize_t n = ::read(fd, block.data(), block.size());
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     XXH3_64bits_update(state, block.data(), static_cast<size_t>(n));
     size += n;
   }
+  ::close(fd);
   const std::string sum = Hex(XXH3_64bits_digest(state));
   XXH3_freeState(state);
-  const int64_t bytes = entry.at("bytes");
   if (size != bytes) {
     return absl::DataLossError(
         StrCat(path, ": ", size, " bytes, metadata says ", bytes, " (truncated or overwritten)"));
@@ -444,12 +526,19 @@ Status SaveCheckpoint(const std::string& dir, const RunState& state, ShardManage
 
 StatusOr<std::string> LatestCheckpoint(const std::string& dir) {
   const std::string path = dir + "/latest";
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(StrCat(path, ": no checkpoint to resume from"));
-  std::string name;
-  std::getline(in, name);
-  if (name.empty() || name.find('/') != std::string::npos) {
-    return absl::DataLossError(StrCat(path, ": does not name a step directory"));
+  StatusOr<std::string> text = ReadSmallFile(dir, "latest", 256);
+  if (absl::IsNotFound(text.status())) {
+    return absl::NotFoundError(StrCat(path, ": no checkpoint to resume from"));
+  }
+  ZR_RETURN_IF_ERROR(text.status());
+  std::string name = text->substr(0, text->find('\n'));
+  // step_<N>, N as zerort writes it: nothing else (no path, no "..") is followed.
+  const std::string digits = name.rfind("step_", 0) == 0 ? name.substr(5) : "";
+  if (digits.empty() || digits.size() > 18 ||
+      digits.find_first_not_of("0123456789") != std::string::npos ||
+      (digits.size() > 1 && digits[0] == '0')) {
+    return absl::DataLossError(StrCat(path, ": \"", name.substr(0, 64),
+                                      "\" does not name a step_<N> directory of this checkpoint"));
   }
   const std::string step_dir = dir + "/" + name;
   ZR_RETURN_IF_ERROR(ReadMetadata(step_dir).status());
@@ -586,9 +675,11 @@ StatusOr<std::vector<float>> CheckpointReader::Read(const std::string& name,
                                    .get<std::string>();
       std::shared_ptr<OpenFile>& file = open_[{saved.rank_entry, kind}];
       if (file == nullptr) {
+        const nlohmann::json& entry = metadata_.at("ranks")[saved.rank_entry].at("files").at(kind);
         auto opened = std::make_shared<OpenFile>();
-        opened->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-        if (opened->fd < 0) return ErrnoError(StrCat("open ", path), errno);
+        ZR_ASSIGN_OR_RETURN(opened->fd,
+                            OpenCheckpointFile(dir_, entry.at("name").get<std::string>(),
+                                               entry.at("bytes").get<int64_t>()));
         file = std::move(opened);
       }
       const size_t bytes = static_cast<size_t>(hi - lo) * sizeof(float);
