@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""A checkpoint is untrusted input: tampered file names (`..`, `/`, absolute), symbolic links to
+files outside it and to /dev/zero, FIFOs and directories in place of shards, a `latest` that
+points elsewhere, a metadata file that is a link to /dev/zero or far too large. Every loader
+(`train --resume`, `checkpoint inspect`, `checkpoint export`, `eval`) refuses each with exit 2 and
+a message naming the file, within a few seconds, without reading outside the checkpoint, and
+nothing is changed. Usage: checkpoint_test.py PATH_TO_ZERORT"""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
+from harness import Checks  # noqa: E402
+
+zerort = sys.argv[1]
+checks = Checks("hostile_checkpoint_test")
+check = checks.check
+tmp = tempfile.mkdtemp()
+env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+CONFIG = {
+    "train_batch_size": 4, "train_micro_batch_size_per_gpu": 4,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+    "model": {"n_layer": 1, "n_head": 2, "d_model": 32, "seq_len": 32, "vocab_size": 256},
+    "train": {"steps": 2, "eval_windows": 1, "sample_tokens": 0, "device": "cpu"},
+}
+
+
+def run(*args, timeout=60):
+    start = time.time()
+    r = subprocess.run([zerort, *args], capture_output=True, text=True, env=env, timeout=timeout)
+    return r, time.time() - start
+
+
+def digest(root):
+    out = {}
+    for d, dirs, files in os.walk(root):
+        for name in files + dirs:
+            path = os.path.join(d, name)
+            rel = os.path.relpath(path, root)
+            if name == ".zerort.lock":  # a loader's own lock, not the checkpoint's content
+                continue
+            if os.path.islink(path):
+                out[rel] = "link:" + os.readlink(path)
+            elif os.path.isfile(path) and not name.endswith(".fifo"):
+                with open(path, "rb") as f:
+                    out[rel] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+# One good checkpoint, copied and tampered per case.
+good = os.path.join(tmp, "good")
+cfg_path = os.path.join(tmp, "run.json")
+with open(cfg_path, "w") as f:
+    json.dump(dict(CONFIG, checkpoint={"dir": good}), f)
+r, _ = run("train", cfg_path)
+check("the good checkpoint is written", r.returncode == 0, r.stderr[-1500:])
+outside = os.path.join(tmp, "outside.bin")
+with open(outside, "wb") as f:
+    f.write(b"\0" * 4096)
+
+
+def tamper(name, edit):
+    """A copy of the good checkpoint directory with `edit(step_dir, metadata)` applied."""
+    d = os.path.join(tmp, name)
+    shutil.copytree(good, d, symlinks=True)
+    step = os.path.join(d, "step_2")
+    with open(os.path.join(step, "metadata.json")) as f:
+        meta = json.load(f)
+    if edit(d, step, meta) is not False:
+        with open(os.path.join(step, "metadata.json"), "w") as f:
+            json.dump(meta, f)
+    return d
+
+
+def rename_file(meta, new):
+    meta["ranks"][0]["files"]["master"]["name"] = new
+
+
+def replace_master(step, make):
+    path = os.path.join(step, "dp0-tp0.master.bin")
+    os.remove(path)
+    make(path)
+
+
+cases = [
+    ("a file name with ..", lambda d, s, m: rename_file(m, "../../outside.bin"),
+     "is not a plain name inside the checkpoint"),
+    ("an absolute file name", lambda d, s, m: rename_file(m, outside),
+     "is not a plain name inside the checkpoint"),
+    ("a file name with /", lambda d, s, m: rename_file(m, "sub/dp0-tp0.master.bin"),
+     "is not a plain name inside the checkpoint"),
+    ("an empty file name", lambda d, s, m: rename_file(m, ""),
+     "is not a plain name inside the checkpoint"),
+    ("a shard that links outside",
+     lambda d, s, m: replace_master(s, lambda p: os.symlink(outside, p)), "a symbolic link"),
+    ("a shard that links to /dev/zero",
+     lambda d, s, m: replace_master(s, lambda p: os.symlink("/dev/zero", p)), "a symbolic link"),
+    ("a shard that is a FIFO", lambda d, s, m: replace_master(s, os.mkfifo),
+     "not a regular file"),
+    ("a shard that is a directory", lambda d, s, m: replace_master(s, os.mkdir),
+     "not a regular file"),
+    ("metadata that links to /dev/zero",
+     lambda d, s, m: (os.remove(os.path.join(s, "metadata.json")),
+                      os.symlink("/dev/zero", os.path.join(s, "metadata.json")), False)[-1],
+     "a symbolic link"),
+    ("latest naming ../", lambda d, s, m: (open(os.path.join(d, "latest"), "w").write("../good/step_2\n"), None)[-1],
+     "does not name a step_<N> directory"),
+    ("latest naming step_02", lambda d, s, m: (open(os.path.join(d, "latest"), "w").write("step_02\n"), None)[-1],
+     "does not name a step_<N> directory"),
+    ("a step directory that links elsewhere",
+     lambda d, s, m: (shutil.move(s, os.path.join(d, "real_step")),
+                      os.symlink(os.path.join(d, "real_step"), s), False)[-1],
+     "not a directory"),
+    ("latest that links to /dev/zero",
+     lambda d, s, m: (os.remove(os.path.join(d, "latest")),
+                      os.symlink("/dev/zero", os.path.join(d, "latest")), None)[-1],
+     "a symbolic link"),
+]
+for index, (what, edit, message) in enumerate(cases):
+    d = tamper(f"case_{index}", edit)
+    before = digest(d)
+    outside_before = digest(tmp)["outside.bin"]
+    resume_cfg = os.path.join(tmp, "resume.json")
+    with open(resume_cfg, "w") as f:
+        json.dump(dict(CONFIG, checkpoint={"dir": d}, train=dict(CONFIG["train"], steps=3)), f)
+    for loader, args in [("train --resume", ["train", resume_cfg, "--resume"]),
+                         ("checkpoint inspect", ["checkpoint", "inspect", d]),
+                         ("checkpoint export", ["checkpoint", "export", d,
+                                                os.path.join(tmp, "export_out")]),
+                         ("eval", ["eval", resume_cfg, "--checkpoint", d])]:
+        r, seconds = run(*args)
+        code_ok = r.returncode == 2
+        # inspect reports a damaged shard file in its table and exits 2; other loaders refuse.
+        said = message in r.stderr or message in r.stdout
+        check(f"{what}: {loader} exits 2", code_ok, f"{r.returncode} {r.stderr[-600:]}")
+        check(f"{what}: {loader} says why", said, (r.stderr + r.stdout)[-600:])
+        check(f"{what}: {loader} within a few seconds", seconds < 10, f"{seconds:.1f} s")
+    check(f"{what}: nothing changed", digest(d) == before)
+    check(f"{what}: the outside file untouched", digest(tmp)["outside.bin"] == outside_before)
+
+sys.exit(checks.finish())
