@@ -40,16 +40,29 @@ double MedianSeconds(int repeats, F f) {
 }  // namespace
 
 int RunBenchAdamw(const BenchAdamwOptions& o) {
-  if (o.params < 1024) {
-    Logger()->error("bench adamw: --params must be at least 1024");
+  if (o.params < 1024 || o.params > (int64_t{1} << 32)) {
+    Logger()->error("bench adamw: --params {} must be in [1024, 2^32]", o.params);
+    return kExitUsage;
+  }
+  if (o.rounds < 1 || o.rounds > 1000) {
+    Logger()->error("bench adamw: --rounds {} must be in [1, 1000]", o.rounds);
     return kExitUsage;
   }
   const int64_t n = o.params;
   HostAllocator host({.alignment = 4096, .tier = MemoryTier::kHost, .tracker = nullptr});
-  auto alloc = [&](size_t bytes) {
-    return *host.Allocate(bytes, MemoryCategory::kWorkspace, nullptr);
-  };
-  Buffer p = alloc(n * 4), g = alloc(n * 4), m = alloc(n * 4), v = alloc(n * 4), out = alloc(n * 2);
+  std::vector<Buffer> buffers;
+  for (int64_t bytes : {n * 4, n * 4, n * 4, n * 4, n * 2}) {
+    StatusOr<Buffer> b =
+        host.Allocate(static_cast<size_t>(bytes), MemoryCategory::kWorkspace, nullptr);
+    if (!b.ok()) {
+      Logger()->error("bench adamw: --params {} needs {} of host memory: {}", n,
+                      FormatBytes(18.0 * static_cast<double>(n)),
+                      std::string(b.status().message()));
+      return kExitRuntimeFailure;
+    }
+    buffers.push_back(*std::move(b));
+  }
+  Buffer &p = buffers[0], &g = buffers[1], &m = buffers[2], &v = buffers[3], &out = buffers[4];
   {
     std::mt19937 rng(1);
     std::normal_distribution<float> d(0.0f, 1.0f);

@@ -286,15 +286,24 @@ int RunBenchComm(const BenchCommOptions& o, const LaunchEnv& launch, int* argc, 
     if (!op.ok()) return fail(op.status(), kExitUsage);
     ops.push_back(*op);
   }
-  if (o.rounds < 1)
-    return fail(absl::InvalidArgumentError("--rounds must be at least 1"), kExitUsage);
+  if (o.rounds < 1 || o.rounds > 1000) {
+    return fail(absl::InvalidArgumentError(StrCat("--rounds ", o.rounds, " must be in [1, 1000]")),
+                kExitUsage);
+  }
+  if (!(o.seconds_per_round > 0 && o.seconds_per_round <= 60)) {
+    return fail(absl::InvalidArgumentError(
+                    StrCat("--seconds-per-round ", o.seconds_per_round, " must be in (0, 60]")),
+                kExitUsage);
+  }
 
   CommOptions comm_options;
   comm_options.timeout = std::chrono::seconds(20);
 
   if (backend == "loopback") {
-    if (o.ranks < 1)
-      return fail(absl::InvalidArgumentError("--ranks must be at least 1"), kExitUsage);
+    if (o.ranks < 1 || o.ranks > 256) {  // one thread per loopback rank
+      return fail(absl::InvalidArgumentError(StrCat("--ranks ", o.ranks, " must be in [1, 256]")),
+                  kExitUsage);
+    }
     MemoryTracker tracker;
     std::vector<Row> rows;
     Status status =

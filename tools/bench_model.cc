@@ -67,6 +67,10 @@ double Median(std::vector<double> v) {
 }  // namespace
 
 int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc, char*** argv) {
+  if (o.iters < 1 || o.iters > 100000) {
+    Logger()->error("bench model: --iters {} must be in [1, 100000]", o.iters);
+    return kExitUsage;
+  }
   StatusOr<BenchModelConfig> loaded = LoadBenchConfig(o.config);
   if (!loaded.ok()) {
     Logger()->error("bench model: {}", loaded.status().message());

@@ -309,6 +309,14 @@ int RunEstimate(const EstimateOptions& o) {
     if (!f.ok()) return Usage(StrCat("--fit ", o.fit, ": ", f.status().message()));
     fit = *f;
   }
+  if (o.gpus > (1 << 20) || o.nodes > (1 << 20) || int64_t{o.gpus} * o.nodes > (1 << 20)) {
+    return Usage(StrCat("--gpus ", o.gpus, " x --nodes ", o.nodes, ": at most 2^20 in all"));
+  }
+  if (!(o.params >= 0 && o.params <= 1e15) ||
+      !(o.largest_layer_params >= 0 && o.largest_layer_params <= 1e15)) {
+    return Usage(StrCat("--params ", o.params, " and --largest-layer-params ",
+                        o.largest_layer_params, " must be in (0, 1e15]"));
+  }
   if (o.params > 0) {  // cold mode: model states only, as DeepSpeed's estimators
     if (o.largest_layer_params <= 0 || o.largest_layer_params > o.params) {
       return Usage("--largest-layer-params must be in (0, --params]");
@@ -356,9 +364,34 @@ int RunEstimate(const EstimateOptions& o) {
         "give a run config, --model NAME, --layers/--hidden/--heads/--vocab, or "
         "--params/--largest-layer-params");
   }
-  if (o.seq_len > 0) base.model.seq_len = o.seq_len;
+  if (o.seq_len != 0) base.model.seq_len = o.seq_len;
   const Status valid = base.model.Validate();
   if (!valid.ok()) return Usage(std::string(valid.message()));
+  // Shapes the replay can hold in 64-bit byte counts and replay within a second (GPT-3 175B is
+  // 96 layers, d 12288, 96 heads).
+  const GptConfig& shape = base.model;
+  if (shape.n_layer > 4096 || shape.d_model > (1 << 18) || shape.n_head > (1 << 14) ||
+      shape.vocab_size > 10'000'000 || shape.seq_len > (1 << 20) || o.micro_batch < 1 ||
+      int64_t{o.micro_batch} * shape.seq_len > (int64_t{1} << 24)) {
+    return Usage(StrCat("shape out of range: layers ", shape.n_layer, " (at most 4096), hidden ",
+                        shape.d_model, " (2^18), heads ", shape.n_head, " (2^14), vocab ",
+                        shape.vocab_size, " (1e7), seq-len ", shape.seq_len,
+                        " (2^20), micro-batch ", o.micro_batch,
+                        " (>= 1, micro-batch x seq-len at most 2^24)"));
+  }
+  {
+    // The largest terms, in doubles: beyond 2^53 bytes (8 PiB) per rank the replay's 64-bit
+    // counters could wrap, and no machine holds it anyway.
+    const double L = shape.n_layer, d = shape.d_model, H = shape.n_head, T = shape.seq_len;
+    const double rows = static_cast<double>(o.micro_batch) * T;
+    const double largest =
+        std::max({16.0 * 12.0 * L * d * d, 4.0 * rows * shape.vocab_size,
+                  4.0 * L * o.micro_batch * H * T * T, 4.0 * 20.0 * L * rows * d});
+    if (largest > 9007199254740992.0) {
+      return Usage(StrCat("this shape needs more than 8 PiB per rank (", largest,
+                          " bytes in its largest term): not modelled"));
+    }
+  }
   base.micro_batch = o.micro_batch;
   base.dp = gpus;
   base.ranks_per_node = o.gpus;

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Flags at 0, negative and huge for `zerort estimate` and `zerort bench`: each is exit 2 with a
+message naming the flag, within two seconds, never a crash, a hang or an exit 0.
+Usage: cli_flags_test.py PATH_TO_ZERORT CONFIGS_DIR"""
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
+from harness import Checks  # noqa: E402
+
+zerort, configs = sys.argv[1], sys.argv[2]
+checks = Checks("hostile_cli_flags_test")
+check = checks.check
+env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+tiny = os.path.join(configs, "tiny-cpu.json")
+bench_tiny = os.path.join(configs, "bench-tiny.json")
+HUGE = "9223372036854775807"
+
+cases = [
+    # estimate: cold mode, shapes, layouts
+    (["estimate", "--params", "-1", "--largest-layer-params", "10", "--gpus", "8"], "--params -1"),
+    (["estimate", "--params", "1e16", "--largest-layer-params", "1e9", "--gpus", "8"],
+     "must be in (0, 1e15]"),
+    (["estimate", "--params", "1e9", "--largest-layer-params", "-5", "--gpus", "8"],
+     "--largest-layer-params"),
+    (["estimate", "--model", "gpt2", "--gpus", "0"], "--gpus 0"),
+    (["estimate", "--model", "gpt2", "--gpus", "-1"], "--gpus -1"),
+    (["estimate", "--model", "gpt2", "--gpus", "2147483648"], "--gpus"),
+    (["estimate", "--model", "gpt2", "--gpus", "65536", "--nodes", "65536"], "at most 2^20"),
+    (["estimate", "--model", "gpt2", "--gpus", "1", "--nodes", "-1"], "--nodes -1"),
+    (["estimate", "--layers", "100000000", "--hidden", "768", "--heads", "12", "--gpus", "1"],
+     "shape out of range"),
+    (["estimate", "--layers", "12", "--hidden", "100000000", "--heads", "1", "--gpus", "1"],
+     "shape out of range"),
+    (["estimate", "--layers", "12", "--hidden", "768", "--heads", "0", "--gpus", "1"],
+     "model.n_head = 0"),
+    (["estimate", "--layers", "-3", "--hidden", "768", "--heads", "12", "--gpus", "1"],
+     "give a run config"),
+    (["estimate", "--model", "gpt2", "--gpus", "1", "--seq-len", "-5"], "model.seq_len = -5"),
+    (["estimate", "--model", "gpt2", "--gpus", "1", "--seq-len", "2000000"], "shape out of range"),
+    (["estimate", "--model", "gpt2", "--gpus", "1", "--micro-batch", "0"], "micro-batch 0"),
+    (["estimate", "--model", "gpt2", "--gpus", "1", "--micro-batch", "2147483647"],
+     "shape out of range"),
+    (["estimate", "--layers", "4096", "--hidden", "262144", "--heads", "16384", "--vocab",
+      "10000000", "--seq-len", "1048576", "--micro-batch", "16", "--gpus", "1"],
+     "more than 8 PiB per rank"),
+    (["estimate", "--model", "gpt2", "--gpus", "1", "--fit", "garbage"], "--fit garbage"),
+    (["estimate", "--model", "gpt2", "--gpus", "1", "--fit", "-5GiB"], "--fit -5GiB"),
+    (["estimate", "--model", "nonexistent", "--gpus", "1"], "nonexistent"),
+    (["estimate", tiny, "--world-size", "0"], "--world-size 0"),
+    (["estimate", tiny, "--world-size", "-3"], "--world-size -3"),
+    # bench
+    (["bench", "adamw", "--params", "0"], "--params 0"),
+    (["bench", "adamw", "--params", "-1"], "--params -1"),
+    (["bench", "adamw", "--params", HUGE], "--params"),
+    (["bench", "adamw", "--rounds", "0"], "--rounds 0"),
+    (["bench", "adamw", "--rounds", "-1"], "--rounds -1"),
+    (["bench", "model", "--config", bench_tiny, "--iters", "0"], "--iters 0"),
+    (["bench", "model", "--config", bench_tiny, "--iters", "-1"], "--iters -1"),
+    (["bench", "model", "--config", "/nonexistent.json"], "/nonexistent.json"),
+    (["bench", "comm", "--rounds", "0"], "--rounds 0"),
+    (["bench", "comm", "--rounds", "5000"], "--rounds 5000"),
+    (["bench", "comm", "--ranks", "0"], "--ranks 0"),
+    (["bench", "comm", "--ranks", "100000"], "--ranks 100000"),
+    (["bench", "comm", "--seconds-per-round", "-1"], "--seconds-per-round -1"),
+    (["bench", "comm", "--min-bytes", "0"], "--min-bytes"),
+    (["bench", "comm", "--max-bytes", "1TiB"], "1TiB"),
+    (["bench", "comm", "--dtype", "f64"], "f64"),
+    (["bench", "comm", "--ops", "foo"], "foo"),
+    (["bench", "offload", "--path", "/tmp", "--size", "0"], "--size"),
+    (["bench", "offload", "--path", "/tmp", "--rounds", "0"], "--rounds"),
+    (["bench", "offload", "--path", "/tmp", "--queue-depth", "-1"], "--queue-depth"),
+    (["bench", "offload", "--path", "/tmp", "--block-size", "1000"], "--block-size"),
+    (["bench", "offload", "--path", "/nonexistent"], "/nonexistent"),
+    (["bench", "offload", "--path", "/tmp", "--size", "99999999999999999"], "free"),
+]
+for args, says in cases:
+    start = time.time()
+    try:
+        r = subprocess.run([zerort, *args], capture_output=True, text=True, env=env, timeout=30)
+        code, out = r.returncode, r.stdout + r.stderr
+    except subprocess.TimeoutExpired:
+        code, out = "timeout", ""
+    seconds = time.time() - start
+    what = " ".join(a if len(a) < 30 else "..." + a[-20:] for a in args)
+    check(f"{what}: exit 2", code == 2, f"{code} {out[-500:]}")
+    check(f"{what}: names {says}", says in out, out[-500:])
+    check(f"{what}: within 2 s", seconds < 2, f"{seconds:.2f} s")
+
+sys.exit(checks.finish())
