@@ -1,6 +1,10 @@
 // Token files, byte tokens and the built-in corpus.
 #include "engine/token_file.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -70,12 +74,38 @@ Status WriteTokenFile(const std::string& path, const std::vector<int32_t>& token
   return absl::OkStatus();
 }
 
-StatusOr<TokenFile> ReadTokenFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f)
+StatusOr<std::string> ReadDataFile(const std::string& path, int64_t limit) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
     return absl::InvalidArgumentError(
         StrCat(path, ": cannot be read (", std::strerror(errno), ")"));
-  const std::string data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(
+        StrCat(path, ": not a regular file (a FIFO, device or directory is not read as data)"));
+  }
+  if (st.st_size > limit) {
+    ::close(fd);
+    return absl::InvalidArgumentError(StrCat(path, ": ", st.st_size, " bytes, more than the ",
+                                             limit, " zerort reads into memory whole"));
+  }
+  std::string data(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::read(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  data.resize(done);
+  return data;
+}
+
+StatusOr<TokenFile> ReadTokenFile(const std::string& path) {
+  ZR_ASSIGN_OR_RETURN(const std::string data, ReadDataFile(path, int64_t{8} << 30));
   if (data.size() < kHeaderBytes) {
     return absl::InvalidArgumentError(
         StrCat(path, ": ", data.size(), " bytes, shorter than the 32-byte token-file header"));
@@ -102,7 +132,9 @@ StatusOr<TokenFile> ReadTokenFile(const std::string& path) {
   if (vocab < 1 || vocab > (uint64_t{1} << 31)) {
     return absl::InvalidArgumentError(StrCat(path, ": vocabulary size ", vocab));
   }
-  if (data.size() - kHeaderBytes != count * width) {
+  // count x width can wrap a 64-bit integer: compare by division.
+  const uint64_t payload = data.size() - kHeaderBytes;
+  if (count > payload / width || payload != count * width) {
     return absl::InvalidArgumentError(StrCat(path, ": header says ", count, " tokens of ", width,
                                              " bytes, but the file holds ",
                                              data.size() - kHeaderBytes, " bytes after it"));

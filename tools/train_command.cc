@@ -131,14 +131,13 @@ int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** 
 }
 
 int RunDataPrepare(const DataPrepareOptions& o) {
-  std::ifstream in(o.text, std::ios::binary);
-  if (!in) {
-    Logger()->error("data prepare: {} cannot be read", o.text);
+  // One int32 token per byte: a 2 GiB text takes 8 GiB as tokens.
+  StatusOr<std::string> text = ReadDataFile(o.text, int64_t{2} << 30);
+  if (!text.ok()) {
+    Logger()->error("data prepare: {}", text.status().message());
     return kExitUsage;
   }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  const std::vector<int32_t> tokens = ByteTokens(buffer.str());
+  const std::vector<int32_t> tokens = ByteTokens(*text);
   if (tokens.empty()) {
     Logger()->error("data prepare: {} is empty", o.text);
     return kExitUsage;

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Token files and text as untrusted data: a FIFO, /dev/zero, a directory, a header whose token
+count times width wraps 64 bits or exceeds the file, a width or version out of range, a token
+outside the vocabulary; and `zerort data prepare` given a FIFO, /dev/zero or a directory. Each is
+exit 2 naming the file within seconds, in bounded memory, never a hang, a crash or bad_alloc.
+Usage: data_test.py PATH_TO_ZERORT"""
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
+from harness import Checks  # noqa: E402
+
+zerort = sys.argv[1]
+checks = Checks("hostile_data_test")
+check = checks.check
+tmp = tempfile.mkdtemp()
+env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+
+
+def header(count, width=2, version=1, vocab=256, magic=b"ZRTOKENS"):
+    return magic + struct.pack("<IIQII", version, width, count, vocab, 0)
+
+
+def token_file(name, data):
+    path = os.path.join(tmp, name)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+fifo = os.path.join(tmp, "data.fifo")
+os.mkfifo(fifo)
+cases = [
+    ("a FIFO", fifo, "not a regular file"),
+    ("/dev/zero", "/dev/zero", "not a regular file"),
+    ("a directory", tmp, "not a regular file"),
+    ("a count that wraps 64 bits", token_file("wrap.bin", header(2**63, 2) + b"\0\0"),
+     "header says 9223372036854775808 tokens"),
+    ("a count beyond the file", token_file("long.bin", header(10**12, 4) + b"\0" * 64),
+     "header says 1000000000000 tokens"),
+    ("width 3", token_file("w3.bin", header(4, 3) + b"\0" * 12), "token width 3"),
+    ("version 9", token_file("v9.bin", header(4, 2, 9) + b"\0" * 8), "token-file version 9"),
+    ("vocabulary 0", token_file("v0.bin", header(4, 2, 1, 0) + b"\0" * 8), "vocabulary size 0"),
+    ("a token outside the vocabulary",
+     token_file("oov.bin", header(4, 2, 1, 256) + struct.pack("<4H", 1, 2, 300, 4)),
+     "token 2 = 300 is outside the vocabulary"),
+    ("a short header", token_file("short.bin", b"ZRTOK"), "shorter than the 32-byte"),
+    ("no magic", token_file("nomagic.bin", header(4, 2, magic=b"NOTTOKEN") + b"\0" * 8),
+     "not a zerort token file"),
+]
+base = {
+    "train_batch_size": 4, "train_micro_batch_size_per_gpu": 4,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+    "model": {"n_layer": 1, "n_head": 2, "d_model": 32, "seq_len": 8, "vocab_size": 256},
+    "train": {"steps": 1, "eval_windows": 1, "sample_tokens": 0, "device": "cpu"},
+}
+for what, path, says in cases:
+    cfg = os.path.join(tmp, "run.json")
+    with open(cfg, "w") as f:
+        json.dump(dict(base, data={"path": path}), f)
+    start = time.time()
+    try:
+        r = subprocess.run([zerort, "train", cfg], capture_output=True, text=True, env=env,
+                           timeout=60)
+        code, err = r.returncode, r.stderr
+    except subprocess.TimeoutExpired:
+        code, err = "timeout", ""
+    seconds = time.time() - start
+    check(f"data.path is {what}: exit 2", code == 2, f"{code} {err[-600:]}")
+    check(f"data.path is {what}: names the file and why", path in err and says in err,
+          err[-600:])
+    check(f"data.path is {what}: within seconds", seconds < 10, f"{seconds:.1f} s")
+
+for what, path in [("a FIFO", fifo), ("/dev/zero", "/dev/zero"), ("a directory", tmp)]:
+    out = os.path.join(tmp, "prepared.bin")
+    start = time.time()
+    try:
+        r = subprocess.run([zerort, "data", "prepare", path, out], capture_output=True,
+                           text=True, env=env, timeout=60)
+        code, err = r.returncode, r.stderr
+    except subprocess.TimeoutExpired:
+        code, err = "timeout", ""
+    check(f"data prepare of {what}: exit 2", code == 2, f"{code} {err[-600:]}")
+    check(f"data prepare of {what}: says why", "not a regular file" in err, err[-600:])
+    check(f"data prepare of {what}: writes nothing", not os.path.exists(out))
+    check(f"data prepare of {what}: within seconds", time.time() - start < 10)
+
+sys.exit(checks.finish())
