@@ -253,6 +253,12 @@ Status SetOverride(nlohmann::json& json, const std::string& assignment) {
   } catch (const nlohmann::json::exception&) {
     value = text;  // a bare word is a string
   }
+  try {
+    (void)value.dump();  // throws on ill-formed UTF-8, which nothing downstream could print
+  } catch (const nlohmann::json::exception&) {
+    return absl::InvalidArgumentError(
+        StrCat("--set for '", path, "': the value is not valid UTF-8"));
+  }
   nlohmann::json* node = &json;
   size_t start = 0;
   while (true) {

@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "engine/read_file.h"
 #include "runtime/strings.h"
 
 namespace zerort {
@@ -127,7 +128,7 @@ StatusOr<nlohmann::json> ParseJsonText(std::string_view text, std::string_view f
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text.begin(), text.end(), callback);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse errors, numbers out of range
     return absl::InvalidArgumentError(StrCat(file, ": not valid JSON: ", e.what()));
   }
   if (!finder.error.empty()) {
@@ -142,11 +143,9 @@ StatusOr<nlohmann::json> ParseJsonText(std::string_view text, std::string_view f
 }
 
 StatusOr<nlohmann::json> ParseJsonFile(const std::string& file) {
-  std::ifstream in(file);
-  if (!in) return absl::InvalidArgumentError(StrCat(file, ": cannot be read"));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return ParseJsonText(buffer.str(), file);
+  // A config is a regular file of at most 64 MiB (a FIFO or /dev/zero is refused, not read).
+  ZR_ASSIGN_OR_RETURN(const std::string text, ReadDataFile(file, int64_t{64} << 20));
+  return ParseJsonText(text, file);
 }
 
 JsonSection::JsonSection(const nlohmann::json& object, std::string path,

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/read_file.h"
 #include "runtime/status.h"
 
 namespace zerort {
@@ -26,9 +27,6 @@ struct TokenFile {
 };
 
 Status WriteTokenFile(const std::string& path, const std::vector<int32_t>& tokens, int vocab_size);
-// A data file, read whole: it must be a regular file (a FIFO, device such as /dev/zero or a
-// directory is refused at once, never read) of at most `limit` bytes.
-StatusOr<std::string> ReadDataFile(const std::string& path, int64_t limit);
 StatusOr<TokenFile> ReadTokenFile(const std::string& path);
 
 // Byte-level tokens of a text: one token per byte, vocabulary 256.

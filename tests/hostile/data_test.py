@@ -90,4 +90,45 @@ for what, path in [("a FIFO", fifo), ("/dev/zero", "/dev/zero"), ("a directory",
     check(f"data prepare of {what}: writes nothing", not os.path.exists(out))
     check(f"data prepare of {what}: within seconds", time.time() - start < 10)
 
+# Configs: not a regular file, numbers out of double range, ill-formed UTF-8, integers beyond 2^53,
+# deep nesting, a long string, a --set with ill-formed UTF-8.
+def config_file(name, data):
+    path = os.path.join(tmp, name)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+cfg_fifo = os.path.join(tmp, "config.fifo")
+os.mkfifo(cfg_fifo)
+config_cases = [
+    ("/dev/zero", ["/dev/zero"], "not a regular file"),
+    ("a FIFO", [cfg_fifo], "not a regular file"),
+    ("a directory", [tmp], "not a regular file"),
+    ("1e400", [config_file("big.json", b'{"train_batch_size": 1e400}')], "number overflow"),
+    ("ill-formed UTF-8", [config_file("utf.json", b'{"optimizer": {"type": "Adam\xff"}}')],
+     "ill-formed UTF-8"),
+    ("an integer beyond 2^53",
+     [config_file("int.json", b'{"train_batch_size": 99999999999999999999999}')],
+     "train_batch_size"),
+    ("deep nesting", [config_file("deep.json", b'{"x": ' + b"[" * 100000 + b"]" * 100000 + b"}")],
+     "unknown key 'x'"),
+    ("a 50 MB string",
+     [config_file("long.json", b'{"train_batch_size": 4, "x": "' + b"a" * 50000000 + b'"}')],
+     "unknown key 'x'"),
+    ("a --set with ill-formed UTF-8",
+     [config_file("ok.json", json.dumps(base).encode()), "--set", "train.device=cpu\udcff"],
+     "train.device"),
+]
+for what, args, says in config_cases:
+    start = time.time()
+    try:
+        r = subprocess.run([zerort, "train", *args], capture_output=True, env=env, timeout=60)
+        code, err = r.returncode, r.stderr.decode("utf-8", "replace")
+    except subprocess.TimeoutExpired:
+        code, err = "timeout", ""
+    check(f"config is {what}: exit 2", code == 2, f"{code} {err[-600:]}")
+    check(f"config is {what}: says why", says in err, err[-600:])
+    check(f"config is {what}: within seconds", time.time() - start < 10)
+
 sys.exit(checks.finish())
