@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -256,6 +257,153 @@ StatusOr<std::string> ReadSmallFile(const std::string& dir, const std::string& n
   return text;
 }
 
+// Every key a loader or `inspect` reads, with its type and range, before any of them reads it:
+// a wrong type, a missing key or a value out of range is DataLoss naming the JSON path, never an
+// exception. (Pieces are checked against the parameters, and for tiling, by CheckpointReader.)
+Status ValidateMetadata(const std::string& path, const nlohmann::json& j) {
+  constexpr int64_t kMaxCount = int64_t{1} << 53;
+  auto bad = [&](const std::string& where, const nlohmann::json& v, const std::string& want) {
+    std::string shown = v.dump();
+    if (shown.size() > 80) shown = shown.substr(0, 77) + "...";
+    return absl::DataLossError(StrCat(path, ": ", where, " = ", shown, ": expected ", want));
+  };
+  auto integer = [&](const nlohmann::json& parent, const std::string& key, const std::string& where,
+                     int64_t lo, int64_t hi) -> Status {
+    const nlohmann::json v = parent.is_object() && parent.contains(key) ? parent[key] : nullptr;
+    if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+      return bad(where, v, StrCat("an integer in [", lo, ", ", hi, "]"));
+    }
+    return absl::OkStatus();
+  };
+  auto object = [&](const nlohmann::json& parent, const std::string& key,
+                    const std::string& where) -> Status {
+    if (!parent.is_object() || !parent.contains(key) || !parent[key].is_object()) {
+      return bad(where, parent.is_object() && parent.contains(key) ? parent[key] : nullptr,
+                 "an object");
+    }
+    return absl::OkStatus();
+  };
+  auto string = [&](const nlohmann::json& parent, const std::string& key,
+                    const std::string& where) -> Status {
+    if (!parent.is_object() || !parent.contains(key) || !parent[key].is_string()) {
+      return bad(where, parent.is_object() && parent.contains(key) ? parent[key] : nullptr,
+                 "a string");
+    }
+    return absl::OkStatus();
+  };
+  ZR_RETURN_IF_ERROR(integer(j, "step", "step", 0, kMaxCount));
+  if (j.contains("run_id")) ZR_RETURN_IF_ERROR(string(j, "run_id", "run_id"));
+  ZR_RETURN_IF_ERROR(object(j, "run_state", "run_state"));
+  const nlohmann::json& rs = j["run_state"];
+  ZR_RETURN_IF_ERROR(integer(rs, "step", "run_state.step", 0, kMaxCount));
+  ZR_RETURN_IF_ERROR(
+      integer(rs, "consumed_sequences", "run_state.consumed_sequences", 0, kMaxCount));
+  ZR_RETURN_IF_ERROR(integer(rs, "manager_steps", "run_state.manager_steps", 0, kMaxCount));
+  ZR_RETURN_IF_ERROR(object(rs, "loss_scaler", "run_state.loss_scaler"));
+  const nlohmann::json& ls = rs["loss_scaler"];
+  if (!ls.contains("scale") || !ls["scale"].is_number() || !(ls["scale"].get<double>() > 0) ||
+      !std::isfinite(ls["scale"].get<double>())) {
+    return bad("run_state.loss_scaler.scale", ls.value("scale", nlohmann::json()),
+               "a finite number > 0");
+  }
+  for (const char* key : {"hysteresis_left", "iteration", "last_overflow_iteration", "skipped",
+                          "consecutive_skips"}) {
+    ZR_RETURN_IF_ERROR(
+        integer(ls, key, StrCat("run_state.loss_scaler.", key), -kMaxCount, kMaxCount));
+  }
+  ZR_RETURN_IF_ERROR(object(j, "saved_with", "saved_with"));
+  ZR_RETURN_IF_ERROR(integer(j["saved_with"], "world_size", "saved_with.world_size", 1, 1 << 24));
+  ZR_RETURN_IF_ERROR(integer(j["saved_with"], "writers", "saved_with.writers", 1, 1 << 24));
+  if (j.contains("mesh")) {
+    ZR_RETURN_IF_ERROR(object(j, "mesh", "mesh"));
+    for (const char* key : {"data", "tensor"}) {
+      ZR_RETURN_IF_ERROR(integer(j["mesh"], key, StrCat("mesh.", key), 1, 1 << 16));
+    }
+    if (j["mesh"].contains("pipeline")) {
+      ZR_RETURN_IF_ERROR(integer(j["mesh"], "pipeline", "mesh.pipeline", 1, 1 << 16));
+    }
+  }
+  ZR_RETURN_IF_ERROR(object(j, "config", "config"));
+  const nlohmann::json& config = j["config"];
+  ZR_RETURN_IF_ERROR(object(config, "model", "config.model"));
+  for (const char* key : {"n_layer", "n_head", "d_model", "seq_len", "vocab_size"}) {
+    ZR_RETURN_IF_ERROR(
+        integer(config["model"], key, StrCat("config.model.", key), 1, int64_t{1} << 30));
+  }
+  ZR_RETURN_IF_ERROR(object(config, "zero_optimization", "config.zero_optimization"));
+  ZR_RETURN_IF_ERROR(
+      integer(config["zero_optimization"], "stage", "config.zero_optimization.stage", 0, 3));
+  ZR_RETURN_IF_ERROR(object(config, "optimizer", "config.optimizer"));
+  ZR_RETURN_IF_ERROR(string(config["optimizer"], "type", "config.optimizer.type"));
+  // Parameters: a name, a non-negative shape of at most 2^40 elements (the pieces must then
+  // tile it, and the files hold them), a frame.
+  if (!j.contains("params") || !j["params"].is_array()) {
+    return bad("params", j.value("params", nlohmann::json()), "an array");
+  }
+  for (size_t i = 0; i < j["params"].size(); ++i) {
+    const nlohmann::json& p = j["params"][i];
+    const std::string where = StrCat("params[", i, "]");
+    ZR_RETURN_IF_ERROR(string(p, "name", where + ".name"));
+    for (const char* key : {"shape", "padded_shape"}) {
+      if (!p.contains(key) && std::string(key) == "padded_shape") continue;
+      const nlohmann::json v = p.contains(key) ? p[key] : nullptr;
+      bool ok = v.is_array() && !v.empty() && v.size() <= 8;
+      int64_t numel = 1;
+      for (size_t d = 0; ok && d < v.size(); ++d) {
+        ok = v[d].is_number_integer() && v[d].get<int64_t>() >= 1 &&
+             v[d].get<int64_t>() <= (int64_t{1} << 40);
+        if (ok) numel = std::min<int64_t>(numel * v[d].get<int64_t>(), int64_t{1} << 41);
+      }
+      if (!ok || numel > (int64_t{1} << 40)) {
+        return bad(StrCat(where, ".", key), v,
+                   "1 to 8 dimensions >= 1 of at most 2^40 elements in all");
+      }
+    }
+    if (p.contains("split_dim")) {
+      ZR_RETURN_IF_ERROR(integer(p, "split_dim", where + ".split_dim", -1, 7));
+    }
+    if (p.contains("groups"))
+      ZR_RETURN_IF_ERROR(integer(p, "groups", where + ".groups", 1, 1 << 16));
+  }
+  if (!j["ranks"].is_array()) return bad("ranks", j["ranks"], "an array");
+  for (size_t e = 0; e < j["ranks"].size(); ++e) {
+    const nlohmann::json& r = j["ranks"][e];
+    const std::string where = StrCat("ranks[", e, "]");
+    if (!r.is_object()) return bad(where, r, "an object");
+    for (const char* key : {"data", "tensor", "pipeline", "rank"}) {
+      if (r.contains(key)) {
+        ZR_RETURN_IF_ERROR(integer(r, key, StrCat(where, ".", key), 0, 1 << 24));
+      }
+    }
+    if (!r.contains("pieces") || !r["pieces"].is_array()) {
+      return bad(where + ".pieces", r.value("pieces", nlohmann::json()), "an array");
+    }
+    int64_t elements = 0;
+    for (size_t k = 0; k < r["pieces"].size(); ++k) {
+      const nlohmann::json& piece = r["pieces"][k];
+      const bool ok = piece.is_array() && piece.size() == 3 && piece[0].is_string() &&
+                      piece[1].is_number_integer() && piece[2].is_number_integer() &&
+                      piece[1].get<int64_t>() >= 0 && piece[2].get<int64_t>() >= 0 &&
+                      piece[1].get<int64_t>() <= (int64_t{1} << 40) &&
+                      piece[2].get<int64_t>() <= (int64_t{1} << 40);
+      if (!ok) {
+        return bad(StrCat(where, ".pieces[", k, "]"), piece,
+                   "[parameter name, offset >= 0, length >= 0]");
+      }
+      elements += piece[2].get<int64_t>();
+    }
+    ZR_RETURN_IF_ERROR(object(r, "files", where + ".files"));
+    for (const auto& [kind, file] : r["files"].items()) {
+      const std::string at = StrCat(where, ".files.", kind);
+      ZR_RETURN_IF_ERROR(string(file, "name", at + ".name"));
+      ZR_RETURN_IF_ERROR(string(file, "xxh3", at + ".xxh3"));
+      // A file holds exactly its pieces, 4 bytes each.
+      ZR_RETURN_IF_ERROR(integer(file, "bytes", at + ".bytes", elements * 4, elements * 4));
+    }
+  }
+  return absl::OkStatus();
+}
+
 StatusOr<nlohmann::json> ReadMetadata(const std::string& step_dir) {
   const std::string path = step_dir + "/metadata.json";
   StatusOr<std::string> text = ReadSmallFile(step_dir, "metadata.json", int64_t{1} << 30);
@@ -279,6 +427,7 @@ StatusOr<nlohmann::json> ReadMetadata(const std::string& step_dir) {
     return absl::DataLossError(StrCat(path, ": format version ", j["format_version"].dump(),
                                       ", this zerort reads 1 and ", kCheckpointFormatVersion));
   }
+  ZR_RETURN_IF_ERROR(ValidateMetadata(path, j));
   return j;
 }
 
@@ -617,6 +766,19 @@ StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& step_dir) {
       }
     }
   }
+  // The pieces tile every parameter: disjoint (above) and covering it, so no hole is ever read
+  // as zeros (lengths that add up but leave a gap are caught here).
+  for (const auto& [name, shape] : r.params_) {
+    int64_t covered = 0;
+    if (auto it = r.where_.find(name); it != r.where_.end()) {
+      for (const Saved& saved : it->second) covered += saved.length;
+    }
+    if (covered != NumElements(shape)) {
+      return absl::DataLossError(StrCat(step_dir, "/metadata.json: the pieces of '", name,
+                                        "' cover ", covered, " of its ", NumElements(shape),
+                                        " elements"));
+    }
+  }
   return r;
 }
 
@@ -648,13 +810,20 @@ Status CheckpointReader::Verify(int rank_entry, const std::string& kind) {
 StatusOr<std::vector<float>> CheckpointReader::Read(const std::string& name,
                                                     const std::string& kind, int64_t begin,
                                                     int64_t end) {
-  std::vector<float> out(static_cast<size_t>(end - begin));
   int64_t covered = 0;
   auto it = where_.find(name);
   if (it == where_.end()) {
     return absl::InvalidArgumentError(
         StrCat(dir_, " has no parameter '", name, "' (a different model?)"));
   }
+  // The files of the range are verified (sizes and checksums) before its memory is allocated:
+  // metadata cannot make zerort allocate more than the checkpoint's own files hold.
+  for (const Saved& saved : it->second) {
+    if (saved.offset < end && saved.offset + saved.length > begin) {
+      ZR_RETURN_IF_ERROR(Verify(saved.rank_entry, kind));
+    }
+  }
+  std::vector<float> out(static_cast<size_t>(end - begin));
   try {
     // The first run that ends after `begin`; runs are sorted and disjoint.
     const std::vector<Saved>& runs = it->second;
@@ -779,7 +948,9 @@ StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& m,
 StatusOr<CheckpointSummary> InspectCheckpoint(const std::string& step_dir) {
   CheckpointSummary out;
   out.dir = step_dir;
-  ZR_ASSIGN_OR_RETURN(out.metadata, ReadMetadata(step_dir));
+  // What the loaders would refuse in the metadata (types, ranges, tiling), refused here too.
+  ZR_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(step_dir));
+  out.metadata = reader.metadata();
   try {
     for (const auto& rank : out.metadata.at("ranks")) {
       for (const auto& [kind, entry] : rank.at("files").items()) {

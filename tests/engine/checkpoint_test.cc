@@ -184,8 +184,15 @@ Status TrainAndSave(Layout l, const std::string& dir) {
       ZR_RETURN_IF_ERROR(r.manager->Step({.lr = 1e-2f}).status());
     }
     const CheckpointGroups g{&comm, &r.mesh->data(), l.tp, r.mesh->coord().tensor};
-    return SaveCheckpoint(dir, {.step = 2, .manager_steps = 2, .run_id = "layout-test"},
-                          *r.manager, g, 0);
+    // The run config the metadata must carry (what inspect, export and resume read).
+    const nlohmann::json config = {
+        {"model",
+         {{"n_layer", 2}, {"n_head", 4}, {"d_model", 16}, {"seq_len", 8}, {"vocab_size", 37}}},
+        {"zero_optimization", {{"stage", 3}}},
+        {"optimizer", {{"type", "AdamW"}}}};
+    return SaveCheckpoint(
+        dir, {.step = 2, .manager_steps = 2, .config = config, .run_id = "layout-test"}, *r.manager,
+        g, 0);
   });
 }
 

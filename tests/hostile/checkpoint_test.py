@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """A checkpoint is untrusted input: tampered file names (`..`, `/`, absolute), symbolic links to
 files outside it and to /dev/zero, FIFOs and directories in place of shards, a `latest` that
-points elsewhere, a metadata file that is a link to /dev/zero or far too large. Every loader
+points elsewhere, a metadata file that is a link to /dev/zero; metadata keys of the wrong type or
+out of range, shapes negative or huge, pieces that overlap or leave a hole while their lengths add
+up. Every loader
 (`train --resume`, `checkpoint inspect`, `checkpoint export`, `eval`) refuses each with exit 2 and
 a message naming the file, within a few seconds, without reading outside the checkpoint, and
 nothing is changed. Usage: checkpoint_test.py PATH_TO_ZERORT"""
@@ -120,6 +122,47 @@ cases = [
      lambda d, s, m: (os.remove(os.path.join(d, "latest")),
                       os.symlink("/dev/zero", os.path.join(d, "latest")), None)[-1],
      "a symbolic link"),
+]
+
+
+def meta_edit(change):
+    def edit(d, s, m):
+        change(m)
+    return edit
+
+
+def shift_length(m):
+    # wte one short, the next piece one longer: the lengths (and the file) still add up.
+    pieces = m["ranks"][0]["pieces"]
+    pieces[0][2] -= 1
+    pieces[1][2] += 1
+
+
+# Metadata that is wrong in type, range or structure: one validator, shared by every loader and
+# inspect, refuses it naming the JSON path.
+cases += [
+    ("step a string", meta_edit(lambda m: m.update(step="x")), "step = \"x\""),
+    ("consumed sequences negative",
+     meta_edit(lambda m: m["run_state"].update(consumed_sequences=-5)),
+     "run_state.consumed_sequences = -5"),
+    ("run step beyond 2^53", meta_edit(lambda m: m["run_state"].update(step=2**60)),
+     "run_state.step"),
+    ("loss scale negative", meta_edit(lambda m: m["run_state"]["loss_scaler"].update(scale=-1)),
+     "run_state.loss_scaler.scale"),
+    ("saved_with not an object", meta_edit(lambda m: m.update(saved_with=5)), "saved_with = 5"),
+    ("no model in the config", meta_edit(lambda m: m["config"].pop("model")), "config.model"),
+    ("params a string", meta_edit(lambda m: m.update(params="x")), "params = \"x\""),
+    ("a negative shape", meta_edit(lambda m: m["params"][0].update(shape=[-1, 32])),
+     "params[0].shape"),
+    ("a 2^45-element shape", meta_edit(lambda m: m["params"][0].update(shape=[2**40, 32])),
+     "params[0].shape"),
+    ("a negative piece offset", meta_edit(lambda m: m["ranks"][0]["pieces"][0].__setitem__(1, -7)),
+     "ranks[0].pieces[0]"),
+    ("a piece stored twice",
+     meta_edit(lambda m: m["ranks"][0]["pieces"].append(list(m["ranks"][0]["pieces"][0]))),
+     "metadata.json"),
+    ("pieces whose lengths add up around a hole", meta_edit(shift_length), "metadata.json"),
+    ("ranks an object", meta_edit(lambda m: m.update(ranks={})), "ranks = {}"),
 ]
 for index, (what, edit, message) in enumerate(cases):
     d = tamper(f"case_{index}", edit)
