@@ -52,7 +52,7 @@ const KeyDirectory& Directory() {
       {"data", {"path", "validation_fraction"}},
       {"train",
        {"steps", "eval_interval", "eval_windows", "sample_tokens", "sample_prompt",
-        "sample_temperature", "sample_top_k", "device"}},
+        "sample_temperature", "sample_top_k", "device", "check_memory"}},
       {"checkpoint", {"dir", "interval", "keep_last_n"}},
       {"logging", {"metrics_file", "level", "trace_file"}},
       {"parallel",
@@ -435,6 +435,7 @@ StatusOr<RunConfig> ParseRunConfig(const nlohmann::json& json, const std::string
       ZR_RETURN_IF_ERROR(train->Float("sample_temperature", t.sample_temperature, 0.0f, 100.0f));
       ZR_RETURN_IF_ERROR(train->Int("sample_top_k", t.sample_top_k, 0, 1 << 24));
       ZR_RETURN_IF_ERROR(train->String("device", t.device, {"cpu", "cuda"}));
+      ZR_RETURN_IF_ERROR(train->Bool("check_memory", t.check_memory));
       ZR_RETURN_IF_ERROR(train->Finish());
     }
     ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> ckpt, top.Object("checkpoint"));
@@ -629,7 +630,8 @@ nlohmann::json RunConfig::ToJson() const {
         {"sample_tokens", train.sample_tokens},
         {"sample_prompt", train.sample_prompt},
         {"sample_temperature", train.sample_temperature},
-        {"sample_top_k", train.sample_top_k}}},
+        {"sample_top_k", train.sample_top_k},
+        {"check_memory", train.check_memory}}},
       {"checkpoint",
        {{"dir", checkpoint.dir},
         {"interval", checkpoint.interval},

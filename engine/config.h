@@ -103,6 +103,10 @@ struct TrainConfig {
   float sample_temperature = 0.8f;   // 0: greedy; below 1 sharpens a small model's text
   int sample_top_k = 40;             // 0: the whole vocabulary
   std::string device;                // cpu | cuda; "" -> cuda when a GPU is present, else cpu
+  // Before allocating, compare the memory estimator's peak for this rank with the memory it can
+  // use (the GPU's, or the host's available memory and cgroup limit shared by the node's ranks)
+  // and refuse a run that cannot fit (exit 2) instead of being OOM-killed.
+  bool check_memory = true;
 };
 
 struct CheckpointConfig {

@@ -17,7 +17,9 @@
 
 #include "engine/checkpoint.h"
 #include "engine/data_loader.h"
+#include "engine/host_memory.h"
 #include "engine/lr_schedule.h"
+#include "engine/memory_model.h"
 #include "engine/run_dir.h"
 #include "engine/timeline.h"
 #include "engine/token_file.h"
@@ -211,8 +213,12 @@ class Run {
   // Rank 0: the checkpoint directory's lock, and a new run's refusal to take over an earlier
   // run's checkpoints or metrics (engine/run_dir.h).
   Status ClaimRunFiles();
-  // Every rank learns rank 0's verdict (its code; rank 0 logs the message) in one collective.
-  Status AgreeWithLeader(const Status& mine);
+  // Every rank learns whether any rank refused (its code; that rank logs the message) in one
+  // collective over the world.
+  Status AgreeAll(const Status& mine, std::string_view what);
+  // The memory estimator's peak for this rank against what it may use (train.check_memory).
+  Status CheckMemoryFits();
+  std::unique_ptr<Stream> setup_stream_;  // the setup's host collectives
   std::string MetricsPath() const {
     if (!c_.logging.metrics_file.empty()) return c_.logging.metrics_file;
     return c_.checkpoint.dir.empty() ? "" : c_.checkpoint.dir + "/metrics.jsonl";
@@ -261,11 +267,11 @@ class Run {
 };
 
 Status Run::AgreeOnConfig() {
+  ZR_ASSIGN_OR_RETURN(setup_stream_, CreateStream(allocator_->device(), "setup"));
   if (world().size() == 1) return absl::OkStatus();
-  ZR_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, CreateStream(allocator_->device(), "setup"));
   const nlohmann::json mine = c_.ToJson();
   ZR_ASSIGN_OR_RETURN(const std::vector<std::string> all,
-                      AllGatherHostStrings(world(), *allocator_, *stream, mine.dump()));
+                      AllGatherHostStrings(world(), *allocator_, *setup_stream_, mine.dump()));
   // Compare with rank 0, or (when this rank agrees with it) with the first rank that does not.
   const int me = world().rank();
   int other = all[me] != all[0] ? 0 : -1;
@@ -339,16 +345,101 @@ Status Run::CloseMetrics() {
   return absl::OkStatus();
 }
 
-Status Run::AgreeWithLeader(const Status& mine) {
+Status Run::AgreeAll(const Status& mine, std::string_view what) {
   float code = mine.ok() ? 0.0f : static_cast<float>(static_cast<int>(mine.code()));
-  ZR_RETURN_IF_ERROR(AllReduceHostValues(world(), *allocator_, manager_->compute_stream(), &code, 1,
+  ZR_RETURN_IF_ERROR(AllReduceHostValues(world(), *allocator_, *setup_stream_, &code, 1,
                                          DType::kF32, ReduceOp::kMax));
   if (!mine.ok()) return mine;
   if (code != 0.0f) {
-    return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(code)),
-                        "rank 0 refused to start the run (its message says why)");
+    return absl::Status(
+        static_cast<absl::StatusCode>(static_cast<int>(code)),
+        StrCat("another rank refused to start the run: ", what, " (its message says why)"));
   }
   return absl::OkStatus();
+}
+
+Status Run::CheckMemoryFits() {
+  if (!c_.train.check_memory) return absl::OkStatus();
+  StatusOr<MemoryModelInput> input = MemoryModelInput::FromConfig(c_, world().size(), cuda_);
+  if (!input.ok()) return absl::OkStatus();  // what the estimator cannot model goes unchecked
+  MemoryModelInput in = *input;
+  in.pipeline_stage = mesh_ ? mesh_->coord().pipeline : 0;
+  const int ranks_here = std::max(1, ctx_.local_world_size);
+  // Host bytes this rank's node needs (on the CPU every in-memory tier is host memory) and GPU
+  // bytes this rank needs, from the allocator-level (reserved) peaks.
+  auto needs = [&](const MemoryEstimate& e) {
+    int64_t host = e.PeakReserved(MemoryTier::kPinnedHost) + e.PeakReserved(MemoryTier::kHost);
+    if (!cuda_) host += e.PeakReserved(MemoryTier::kDevice);
+    return std::pair<int64_t, int64_t>{host * ranks_here,
+                                       cuda_ ? e.PeakReserved(MemoryTier::kDevice) : 0};
+  };
+  StatusOr<MemoryEstimate> estimate = EstimateMemory(in);
+  if (!estimate.ok()) return absl::OkStatus();
+  const HostMemory host = QueryHostMemory();
+  int64_t gpu = 0;
+  if (cuda_) {
+    const CudaInfo info = QueryCuda();
+    const size_t index = static_cast<size_t>(device_.index);
+    if (index < info.devices.size()) {
+      gpu = static_cast<int64_t>(info.devices[index].total_memory_bytes);
+    }
+  }
+  auto fits = [&](const std::pair<int64_t, int64_t>& need) {
+    return (host.available < 0 || need.first <= host.available) &&
+           (!cuda_ || gpu <= 0 || need.second <= gpu);
+  };
+  const auto need = needs(*estimate);
+  if (fits(need)) return absl::OkStatus();
+  auto gib = [](int64_t b) { return fmt::format("{:.2f} GiB", b / 1073741824.0); };
+  std::string what;
+  if (host.available >= 0 && need.first > host.available) {
+    what = StrCat("host memory: ", gib(need.first / ranks_here), " per rank x ", ranks_here,
+                  " rank(s) on this node = ", gib(need.first), ", but ", gib(host.available),
+                  " is available (", host.source, ")");
+  } else {
+    what = StrCat("GPU memory: ", gib(need.second), " per rank, the GPU has ", gib(gpu));
+  }
+  const MemoryEstimate& e = *estimate;
+  std::string table;
+  for (MemoryCategory cat :
+       {MemoryCategory::kParameters, MemoryCategory::kGradients, MemoryCategory::kOptimizerState,
+        MemoryCategory::kGatheredWeights, MemoryCategory::kActivations,
+        MemoryCategory::kCommBuffers, MemoryCategory::kWorkspace}) {
+    const int64_t b = e.Peak(MemoryTier::kDevice, cat);
+    if (b > 0) StrAppend(&table, table.empty() ? "" : ", ", MemoryCategoryName(cat), " ", gib(b));
+  }
+  const MemoryTerm* largest = nullptr;  // the term to act on first
+  for (const MemoryTerm& t : e.terms) {
+    if (t.tier != MemoryTier::kNvme && (largest == nullptr || t.bytes > largest->bytes)) {
+      largest = &t;
+    }
+  }
+  if (largest != nullptr) {
+    StrAppend(&table, "; the largest term: ", largest->what, " = ", gib(largest->bytes), " (",
+              largest->formula, ")");
+  }
+  // The layouts of the same run that would fit: ZeRO stage x activation checkpointing.
+  std::string fitting;
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (bool checkpointing : {false, true}) {
+      MemoryModelInput alt = in;
+      alt.stage = stage;
+      alt.activation_checkpointing = checkpointing;
+      StatusOr<MemoryEstimate> a = EstimateMemory(alt);
+      if (a.ok() && fits(needs(*a))) {
+        StrAppend(&fitting, fitting.empty() ? "" : ", ", "zero_optimization.stage ", stage,
+                  checkpointing ? " with model.activation_checkpointing" : "");
+      }
+    }
+  }
+  return absl::InvalidArgumentError(StrCat(
+      "this run does not fit in ", what, ". The estimate per rank (device tier): ", table,
+      "; reserved peak ", gib(e.PeakReserved(MemoryTier::kDevice)), ". ",
+      fitting.empty() ? "No ZeRO stage or activation checkpointing makes it fit on this machine: "
+                        "fewer parameters, a smaller micro-batch, more ranks or offload"
+                      : StrCat("It would fit with ", fitting),
+      ". `zerort estimate CONFIG --world-size ", world().size(),
+      " --explain` shows every term; train.check_memory = false skips this check"));
 }
 
 Status Run::Save(int64_t step, int64_t consumed) {
@@ -457,6 +548,7 @@ Status Run::Setup() {
     return absl::InvalidArgumentError(
         "fp16.enabled: the GPT model's kernels compute in fp32 or bf16; use bf16.enabled");
   }
+  ZR_RETURN_IF_ERROR(AgreeAll(CheckMemoryFits(), "the memory check"));
   ZR_ASSIGN_OR_RETURN(ShardManagerOptions mo, ManagerOptions(c_, compute));
   mo.reduce_at_step = pp() > 1;  // the pipeline's micro-batches: one reduction per step
   ZR_ASSIGN_OR_RETURN(
@@ -466,7 +558,8 @@ Status Run::Setup() {
                                 .tracker = &tracker_,
                                 .model_parallel = mesh_ ? &mesh_->model_parallel() : nullptr,
                                 .tensor_parallel_rank = mesh_ ? mesh_->coord().tensor : 0}));
-  ZR_RETURN_IF_ERROR(AgreeWithLeader(leader() ? ClaimRunFiles() : absl::OkStatus()));
+  ZR_RETURN_IF_ERROR(AgreeAll(leader() ? ClaimRunFiles() : absl::OkStatus(),
+                              "the checkpoint directory or metrics file"));
   // The setup's few host values leave no cached segment behind: the run's memory (and the
   // estimator's replay of it) starts from the model's own allocations.
   ZR_RETURN_IF_ERROR(allocator_->EmptyCache());

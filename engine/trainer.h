@@ -27,6 +27,7 @@ struct TrainerContext {
   bool progress_bar = false;      // draw one on `out` (rank 0): only when it is a terminal
   bool resume = false;            // continue from checkpoint.dir/latest
   bool overwrite = false;         // a new run where an earlier run's checkpoints or metrics are
+  int local_world_size = 1;       // ranks on this node (they share its host memory)
 };
 
 struct TrainResult {

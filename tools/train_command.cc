@@ -120,7 +120,8 @@ int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** 
                                                  .local_rank = launch.local_rank,
                                                  .progress_bar = progress_bar,
                                                  .resume = o.resume,
-                                                 .overwrite = o.overwrite});
+                                                 .overwrite = o.overwrite,
+                                                 .local_world_size = launch.local_world_size});
   if (!result.ok()) {
     Logger()->error("{}", result.status().message());
     return ExitCodeOf(result.status());

@@ -131,4 +131,32 @@ for what, args, says in config_cases:
     check(f"config is {what}: says why", says in err, err[-600:])
     check(f"config is {what}: within seconds", time.time() - start < 10)
 
+# Memory before allocating: a run the estimator says cannot fit in this machine's memory is
+# refused at once (exit 2) with the estimate and the layouts that would fit, not OOM-killed
+# (GPT-2 124M at micro-batch 24: 35 GiB without activation checkpointing, 11 GiB with it).
+for what, model, micro, says in [
+        ("GPT-2 XL at micro-batch 8", {"preset": "gpt2-xl"}, 8,
+         "No ZeRO stage or activation checkpointing makes it fit"),
+        ("GPT-2 124M at micro-batch 24", {"preset": "gpt2"}, 24,
+         "It would fit with zero_optimization.stage 0 with model.activation_checkpointing"),
+]:
+    cfg = os.path.join(tmp, "memory.json")
+    ckpt = os.path.join(tmp, "memory_ckpt")
+    with open(cfg, "w") as f:
+        json.dump(dict(base, model=model, train_batch_size=micro,
+                       train_micro_batch_size_per_gpu=micro, checkpoint={"dir": ckpt}), f)
+    start = time.time()
+    try:
+        r = subprocess.run([zerort, "train", cfg], capture_output=True, text=True, env=env,
+                           timeout=60)
+        code, err = r.returncode, r.stderr
+    except subprocess.TimeoutExpired:
+        code, err = "timeout", ""
+    check(f"{what}: exit 2", code == 2, f"{code} {err[-800:]}")
+    check(f"{what}: says it does not fit, with the estimate",
+          "this run does not fit in host memory" in err and "activations" in err and
+          says in err, err[-800:])
+    check(f"{what}: refused within seconds", time.time() - start < 10)
+    check(f"{what}: nothing saved", not os.path.exists(os.path.join(ckpt, "latest")))
+
 sys.exit(checks.finish())
