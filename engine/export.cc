@@ -1,6 +1,9 @@
 // Hugging Face GPT-2 export (safetensors, streamed) and checkpoint evaluation.
 #include "engine/export.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -8,6 +11,7 @@
 
 #include "engine/checkpoint.h"
 #include "engine/token_file.h"
+#include "engine/user_file.h"
 #include "kernels/model_kernels.h"
 #include "layers/gpt_model.h"
 #include "runtime/loopback_communicator.h"
@@ -94,11 +98,37 @@ StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std
   fs::create_directories(out_dir, ec);
   if (ec) return absl::InvalidArgumentError(StrCat("create ", out_dir, ": ", ec.message()));
   const std::string path = out_dir + "/model.safetensors";
-  std::ofstream out(path + ".tmp", std::ios::binary | std::ios::trunc);
-  if (!out) return ErrnoError(StrCat("open ", path, ".tmp"), errno);
+  const std::string tmp = path + ".tmp";
+  // Every write checked; on any failure (a full disk, a damaged checkpoint) the .tmp goes and
+  // nothing partial is left under the export's name.
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return ErrnoError(StrCat("open ", tmp), errno);
+  bool committed = false;
+  struct Cleanup {
+    int fd;
+    const std::string& tmp;
+    bool& committed;
+    ~Cleanup() {
+      if (fd >= 0 && !committed) ::close(fd);
+      if (!committed) ::unlink(tmp.c_str());
+    }
+  } cleanup{fd, tmp, committed};
+  auto write_all = [&](const void* data, size_t bytes) -> Status {
+    const char* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+      const ssize_t n = ::write(fd, p, bytes);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return ErrnoError(StrCat("write ", tmp), n < 0 ? errno : ENOSPC);
+      p += n;
+      bytes -= static_cast<size_t>(n);
+    }
+    return absl::OkStatus();
+  };
   const uint64_t header_size = text.size();
-  for (int i = 0; i < 8; ++i) out.put(static_cast<char>((header_size >> (8 * i)) & 0xff));
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  char size_bytes[8];
+  for (int i = 0; i < 8; ++i) size_bytes[i] = static_cast<char>((header_size >> (8 * i)) & 0xff);
+  ZR_RETURN_IF_ERROR(write_all(size_bytes, 8));
+  ZR_RETURN_IF_ERROR(write_all(text.data(), text.size()));
   ExportSummary summary;
   for (const Entry& e : entries) {  // one parameter in memory at a time
     ZR_ASSIGN_OR_RETURN(std::vector<float> v, reader.ReadAll(e.ours, "master"));
@@ -110,15 +140,16 @@ StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std
       }
       v.swap(t);
     }
-    out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+    ZR_RETURN_IF_ERROR(write_all(v.data(), v.size() * 4));
     ++summary.tensors;
     summary.bytes += static_cast<int64_t>(v.size() * 4);
   }
-  out.flush();
-  if (!out) return ErrnoError(StrCat("write ", path, ".tmp"), errno);
-  out.close();
-  fs::rename(path + ".tmp", path, ec);
-  if (ec) return absl::InternalError(StrCat("rename to ", path, ": ", ec.message()));
+  if (::fsync(fd) != 0) return ErrnoError(StrCat("fsync ", tmp), errno);
+  cleanup.fd = -1;
+  if (::close(fd) != 0) return ErrnoError(StrCat("close ", tmp), errno);
+  fs::rename(tmp, path, ec);
+  if (ec) return absl::InternalError(StrCat("rename ", tmp, " to ", path, ": ", ec.message()));
+  committed = true;
 
   const nlohmann::json config = {
       {"architectures", {"GPT2LMHeadModel"}},
@@ -139,9 +170,8 @@ StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std
       {"tie_word_embeddings", true},
       {"torch_dtype", "float32"},
   };
-  std::ofstream cfg(out_dir + "/config.json", std::ios::trunc);
-  cfg << config.dump(2) << "\n";
-  if (!cfg) return ErrnoError(StrCat("write ", out_dir, "/config.json"), errno);
+  ZR_RETURN_IF_ERROR(
+      WriteFileAtomically(out_dir + "/config.json", config.dump(2) + "\n", "checkpoint export"));
   return summary;
 }
 

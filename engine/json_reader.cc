@@ -8,7 +8,7 @@
 #include <set>
 #include <sstream>
 
-#include "engine/read_file.h"
+#include "engine/user_file.h"
 #include "runtime/strings.h"
 
 namespace zerort {

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "engine/user_file.h"
 #include "nlohmann/json.hpp"
 #include "runtime/host_collectives.h"
 #include "runtime/strings.h"
@@ -78,36 +79,24 @@ Status Timeline::Write(Communicator& world, Allocator& host, Stream& stream,
                                            static_cast<size_t>(longest), DType::kU8));
   }
   if (world.rank() != 0) return absl::OkStatus();
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) return ErrnoError(StrCat("open logging.trace_file ", tmp), errno);
-    out << "[\n";
-    bool first = true;
-    for (int r = 0; r < world.size(); ++r) {
-      const std::string text(all.data() + r * longest, static_cast<size_t>(sizes[r]));
-      size_t at = 0;
-      while (at < text.size()) {
-        const size_t end = text.find('\n', at);
-        const size_t stop = end == std::string::npos ? text.size() : end;
-        if (stop > at) {
-          out << (first ? "" : ",\n") << std::string_view(text).substr(at, stop - at);
-          first = false;
-        }
-        at = stop + 1;
+  std::string out = "[\n";
+  bool first = true;
+  for (int r = 0; r < world.size(); ++r) {
+    const std::string_view text(all.data() + r * longest, static_cast<size_t>(sizes[r]));
+    size_t at = 0;
+    while (at < text.size()) {
+      const size_t end = text.find('\n', at);
+      const size_t stop = end == std::string_view::npos ? text.size() : end;
+      if (stop > at) {
+        StrAppend(&out, first ? "" : ",\n", text.substr(at, stop - at));
+        first = false;
       }
+      at = stop + 1;
     }
-    out << "\n]\n";
-    if (!out) return ErrnoError(StrCat("write logging.trace_file ", tmp), errno);
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);
-    return absl::InternalError(StrCat("rename ", tmp, " to ", path, ": ", ec.message()));
-  }
-  return absl::OkStatus();
+  out += "\n]\n";
+  // Every write checked (a full disk is an error naming the file); nothing partial is left.
+  return WriteFileAtomically(path, out, "logging.trace_file");
 }
 
 }  // namespace zerort

@@ -15,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/read_file.h"
+#include "engine/user_file.h"
 #include "runtime/status.h"
 
 namespace zerort {

@@ -1,0 +1,22 @@
+// A user's files: read whole as untrusted input (configs, token files, text to tokenize), and
+// written so that a failure (a full disk) is an error naming the file and leaves nothing partial.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "runtime/status.h"
+
+namespace zerort {
+
+// A data file, read whole: it must be a regular file (a FIFO, device such as /dev/zero or a
+// directory is refused at once, never read) of at most `limit` bytes.
+StatusOr<std::string> ReadDataFile(const std::string& path, int64_t limit);
+
+// Writes `text` to `path` through `path`.tmp: every write, the fsync and the close checked, then
+// a rename; on any failure the .tmp is removed and the error names `what` (the config key or
+// command) and the file.
+Status WriteFileAtomically(const std::string& path, std::string_view text, std::string_view what);
+
+}  // namespace zerort
