@@ -12,6 +12,7 @@
 #include <fstream>
 #include <random>
 
+#include "engine/user_file.h"
 #include "runtime/strings.h"
 
 namespace zerort {
@@ -54,11 +55,11 @@ Status CheckNewRunDirectory(const std::string& dir, bool overwrite) {
   if (overwrite) return absl::OkStatus();
   std::error_code ec;
   std::string found;
-  if (fs::exists(dir + "/latest", ec)) {
-    std::ifstream in(dir + "/latest");
-    std::string name;
-    std::getline(in, name);
-    found = StrCat("latest -> ", name.empty() ? "(empty)" : name);
+  if (fs::exists(fs::symlink_status(dir + "/latest", ec))) {
+    // Read as untrusted: a regular file, bounded (a link to /dev/zero or a FIFO is not read).
+    StatusOr<std::string> text = ReadDataFile(dir + "/latest", 256);
+    const std::string name = text.ok() ? text->substr(0, text->find('\n')) : "";
+    found = StrCat("latest -> ", name.empty() ? "(unreadable or empty)" : name);
   } else {
     for (const auto& entry : fs::directory_iterator(dir, ec)) {
       const std::string n = entry.path().filename().string();

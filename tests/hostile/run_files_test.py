@@ -97,6 +97,17 @@ check("... the earlier run's last step is kept (only this run's are rotated)",
 with open(os.path.join(a, "latest")) as f:
     check("... latest names the new run's step", f.read().strip() == "step_3")
 
+# 1b. A directory whose `latest` is a link to /dev/zero: a new run refuses it at once (the link is
+#     never read), leaving it as it was.
+z = os.path.join(tmp, "zero_latest")
+os.makedirs(z)
+os.symlink("/dev/zero", os.path.join(z, "latest"))
+start = time.time()
+r = train(config("zero_latest", z, 1))
+check("latest linked to /dev/zero: exit 2 within seconds",
+      r.returncode == 2 and time.time() - start < 10, f"{r.returncode} {r.stderr[-600:]}")
+check("... the link untouched", os.readlink(os.path.join(z, "latest")) == "/dev/zero")
+
 # 2. A user's directories that look like steps, and files among them: a run saving every step
 #    with keep_last_n 1 deletes none of them.
 b = os.path.join(tmp, "users")
