@@ -299,7 +299,6 @@ int RunEstimate(const EstimateOptions& o) {
   if (o.world_size < 1) return Usage(StrCat("--world-size ", o.world_size, ": must be >= 1"));
   if (!o.config.empty()) return RunFromConfig(o);
   if (o.measure) return Usage("--measure needs a run config (zerort estimate run.json --measure)");
-  const int gpus = o.gpus * o.nodes;
   if (o.gpus < 1 || o.nodes < 1) {
     return Usage(StrCat("--gpus ", o.gpus, " --nodes ", o.nodes, ": both must be >= 1"));
   }
@@ -312,6 +311,7 @@ int RunEstimate(const EstimateOptions& o) {
   if (o.gpus > (1 << 20) || o.nodes > (1 << 20) || int64_t{o.gpus} * o.nodes > (1 << 20)) {
     return Usage(StrCat("--gpus ", o.gpus, " x --nodes ", o.nodes, ": at most 2^20 in all"));
   }
+  const int gpus = o.gpus * o.nodes;  // at most 2^20: no overflow
   if (!(o.params >= 0 && o.params <= 1e15) ||
       !(o.largest_layer_params >= 0 && o.largest_layer_params <= 1e15)) {
     return Usage(StrCat("--params ", o.params, " and --largest-layer-params ",
