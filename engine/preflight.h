@@ -1,0 +1,42 @@
+// Preflight checks of a run, before it allocates or trains (the trust boundaries of DESIGN.md
+// section 6): the ranks' configs agree, a resumed checkpoint's shaping config matches, and the
+// memory estimator's peak fits the machine. Pure functions of what the trainer gathers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/host_memory.h"
+#include "engine/memory_model.h"
+#include "nlohmann/json.hpp"
+#include "runtime/status.h"
+
+namespace zerort {
+
+// Every rank's resolved config (JSON text), gathered; `me` is this rank. Ok when all are equal;
+// else InvalidArgument naming the first differing key and both values (this rank's against rank
+// 0's, or when it agrees with rank 0, against the first rank that does not).
+Status CompareRankConfigs(const std::vector<std::string>& configs, int me);
+
+// A resumed run's config against the one that saved the checkpoint: what shapes the saved state
+// must match (the model's shape, the optimizer and the compute dtype); what is meant to change
+// (ZeRO stage, world size and layout, batch size, learning-rate schedule) may.
+Status CheckResumable(const nlohmann::json& saved, const nlohmann::json& now,
+                      const std::string& step_dir);
+
+// What a rank may use: its GPU's memory (cuda), or its node's host memory shared by the node's
+// ranks.
+struct MachineMemory {
+  bool cuda = false;
+  int ranks_on_node = 1;
+  int world_size = 1;     // for the message's estimate command
+  int64_t gpu_bytes = 0;  // 0: unknown
+  HostMemory host;
+};
+// The estimator's reserved peak for `in` (one rank, its pipeline stage) against `machine`: Ok when
+// it fits; else InvalidArgument with the per-category estimate, its largest term and the ZeRO
+// stage x activation checkpointing layouts that would fit.
+Status CheckMemoryFits(const MemoryModelInput& in, const MachineMemory& machine);
+
+}  // namespace zerort
