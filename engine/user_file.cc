@@ -25,6 +25,16 @@ StatusOr<std::string> ReadDataFile(const std::string& path, int64_t limit) {
     return absl::InvalidArgumentError(
         StrCat(path, ": not a regular file (a FIFO, device or directory is not read as data)"));
   }
+  return ReadRegularFd(fd, path, limit);
+}
+
+StatusOr<std::string> ReadRegularFd(int fd, const std::string& path, int64_t limit) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoError(StrCat("stat ", path), err);
+  }
   if (st.st_size > limit) {
     ::close(fd);
     return absl::InvalidArgumentError(StrCat(path, ": ", st.st_size, " bytes, more than the ",

@@ -14,6 +14,10 @@ namespace zerort {
 // directory is refused at once, never read) of at most `limit` bytes.
 StatusOr<std::string> ReadDataFile(const std::string& path, int64_t limit);
 
+// The whole content of `fd` (a regular file the caller opened and checked), or an error naming
+// `path` when it is larger than `limit` bytes. Closes `fd`.
+StatusOr<std::string> ReadRegularFd(int fd, const std::string& path, int64_t limit);
+
 // Writes `text` to `path` through `path`.tmp: every write, the fsync and the close checked, then
 // a rename; on any failure the .tmp is removed and the error names `what` (the config key or
 // command) and the file.
