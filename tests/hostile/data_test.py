@@ -22,6 +22,16 @@ tmp = tempfile.mkdtemp()
 env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 
 
+def run(*args):
+    """zerort's exit code ("timeout" past 60 s), its stderr as text, and the seconds it took."""
+    start = time.time()
+    try:
+        r = subprocess.run([zerort, *args], capture_output=True, env=env, timeout=60)
+        return r.returncode, r.stderr.decode("utf-8", "replace"), time.time() - start
+    except subprocess.TimeoutExpired:
+        return "timeout", "", time.time() - start
+
+
 def header(count, width=2, version=1, vocab=256, magic=b"ZRTOKENS"):
     return magic + struct.pack("<IIQII", version, width, count, vocab, 0)
 
@@ -63,14 +73,7 @@ for what, path, says in cases:
     cfg = os.path.join(tmp, "run.json")
     with open(cfg, "w") as f:
         json.dump(dict(base, data={"path": path}), f)
-    start = time.time()
-    try:
-        r = subprocess.run([zerort, "train", cfg], capture_output=True, text=True, env=env,
-                           timeout=60)
-        code, err = r.returncode, r.stderr
-    except subprocess.TimeoutExpired:
-        code, err = "timeout", ""
-    seconds = time.time() - start
+    code, err, seconds = run("train", cfg)
     check(f"data.path is {what}: exit 2", code == 2, f"{code} {err[-600:]}")
     check(f"data.path is {what}: names the file and why", path in err and says in err,
           err[-600:])
@@ -78,17 +81,11 @@ for what, path, says in cases:
 
 for what, path in [("a FIFO", fifo), ("/dev/zero", "/dev/zero"), ("a directory", tmp)]:
     out = os.path.join(tmp, "prepared.bin")
-    start = time.time()
-    try:
-        r = subprocess.run([zerort, "data", "prepare", path, out], capture_output=True,
-                           text=True, env=env, timeout=60)
-        code, err = r.returncode, r.stderr
-    except subprocess.TimeoutExpired:
-        code, err = "timeout", ""
+    code, err, seconds = run("data", "prepare", path, out)
     check(f"data prepare of {what}: exit 2", code == 2, f"{code} {err[-600:]}")
     check(f"data prepare of {what}: says why", "not a regular file" in err, err[-600:])
     check(f"data prepare of {what}: writes nothing", not os.path.exists(out))
-    check(f"data prepare of {what}: within seconds", time.time() - start < 10)
+    check(f"data prepare of {what}: within seconds", seconds < 10)
 
 # Configs: not a regular file, numbers out of double range, ill-formed UTF-8, integers beyond 2^53,
 # deep nesting, a long string, a --set with ill-formed UTF-8.
@@ -132,15 +129,10 @@ config_cases = [
      "train.device"),
 ]
 for what, args, says in config_cases:
-    start = time.time()
-    try:
-        r = subprocess.run([zerort, "train", *args], capture_output=True, env=env, timeout=60)
-        code, err = r.returncode, r.stderr.decode("utf-8", "replace")
-    except subprocess.TimeoutExpired:
-        code, err = "timeout", ""
+    code, err, seconds = run("train", *args)
     check(f"config is {what}: exit 2", code == 2, f"{code} {err[-600:]}")
     check(f"config is {what}: says why", says in err, err[-600:])
-    check(f"config is {what}: within seconds", time.time() - start < 10)
+    check(f"config is {what}: within seconds", seconds < 10)
 
 # Memory before allocating: a run the estimator says cannot fit in this machine's memory is
 # refused at once (exit 2) with the estimate and the layouts that would fit, not OOM-killed
@@ -156,18 +148,12 @@ for what, model, micro, says in [
     with open(cfg, "w") as f:
         json.dump(dict(base, model=model, train_batch_size=micro,
                        train_micro_batch_size_per_gpu=micro, checkpoint={"dir": ckpt}), f)
-    start = time.time()
-    try:
-        r = subprocess.run([zerort, "train", cfg], capture_output=True, text=True, env=env,
-                           timeout=60)
-        code, err = r.returncode, r.stderr
-    except subprocess.TimeoutExpired:
-        code, err = "timeout", ""
+    code, err, seconds = run("train", cfg)
     check(f"{what}: exit 2", code == 2, f"{code} {err[-800:]}")
     check(f"{what}: says it does not fit, with the estimate",
           "this run does not fit in host memory" in err and "activations" in err and
           says in err, err[-800:])
-    check(f"{what}: refused within seconds", time.time() - start < 10)
+    check(f"{what}: refused within seconds", seconds < 10)
     check(f"{what}: nothing saved", not os.path.exists(os.path.join(ckpt, "latest")))
 
 sys.exit(checks.finish())
