@@ -4,12 +4,14 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
+#include "engine/deepspeed_config.h"
 #include "engine/json_reader.h"
 #include "runtime/strings.h"
 
@@ -19,10 +21,27 @@ namespace {
 const KeyDirectory& Directory() {
   static const KeyDirectory kDirectory = {
       {"",
-       {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-        "zero_optimization", "fp16", "bf16", "optimizer", "scheduler", "gradient_clipping",
-        "steps_per_print", "seed", "model", "data", "train", "checkpoint", "logging", "parallel",
-        "aio"}},
+       {"train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+        "zero_optimization",
+        "fp16",
+        "bf16",
+        "optimizer",
+        "scheduler",
+        "gradient_clipping",
+        "steps_per_print",
+        "seed",
+        "model",
+        "data",
+        "train",
+        "checkpoint",
+        "logging",
+        "parallel",
+        "aio",
+        "prescale_gradients",
+        "gradient_predivide_factor",
+        "wall_clock_breakdown"}},
       {"zero_optimization",
        {"stage", "overlap_comm", "reduce_bucket_size", "stage3_prefetch_bucket_size",
         "stage3_param_persistence_threshold", "stage3_max_live_parameters", "contiguous_gradients",
@@ -41,7 +60,8 @@ const KeyDirectory& Directory() {
       {"bf16", {"enabled"}},
       {"optimizer", {"type", "params"}},
       {"optimizer.params",
-       {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "momentum", "dampening", "nesterov"}},
+       {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "bias_correction", "momentum",
+        "dampening", "nesterov"}},
       {"scheduler", {"type", "params"}},
       {"scheduler.params",
        {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps",
@@ -65,96 +85,125 @@ const KeyDirectory& Directory() {
 
 constexpr int64_t kMaxInt = int64_t{1} << 53;
 
-Status ReadOffload(const JsonSection& zero, const char* key, OffloadConfig& out) {
-  ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> s, zero.Object(key));
-  if (!s) return absl::OkStatus();
+std::string Lower(std::string_view s) {
+  std::string out(s);
+  for (char& ch : out) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return out;
+}
+
+// A sub-object, or nullopt (absent, or not an object: then a problem).
+std::optional<JsonSection> Section(const JsonSection& parent, std::string_view key,
+                                   Problems& problems) {
+  StatusOr<std::optional<JsonSection>> s = parent.Object(key);
+  if (!s.ok()) {
+    problems.Add(s.status());
+    return std::nullopt;
+  }
+  return *s;
+}
+
+void ReadOffload(const JsonSection& zero, const char* key, OffloadConfig& out, Problems& problems) {
+  std::optional<JsonSection> s = Section(zero, key, problems);
+  if (!s) return;
   const bool param = std::string_view(key) == "offload_param";
   if (param) out.buffer_count = 5;  // DeepSpeed's default for parameters
-  ZR_RETURN_IF_ERROR(s->String("device", out.device, {"none", "cpu", "nvme"}));
-  ZR_RETURN_IF_ERROR(s->String("nvme_path", out.nvme_path));
-  ZR_RETURN_IF_ERROR(s->Bool("pin_memory", out.pin_memory));
-  ZR_RETURN_IF_ERROR(s->Int("buffer_count", out.buffer_count, param ? 1 : 2, 1024));
-  ZR_RETURN_IF_ERROR(s->Int("buffer_size", out.buffer_size, 1, kMaxInt));
-  ZR_RETURN_IF_ERROR(s->Int("max_in_cpu", out.max_in_cpu, 0, kMaxInt));
+  problems.Add(s->String("device", out.device, {"none", "cpu", "nvme"}));
+  problems.Add(s->String("nvme_path", out.nvme_path));
+  problems.Add(s->Bool("pin_memory", out.pin_memory));
+  problems.Add(s->Int("buffer_count", out.buffer_count, param ? 1 : 2, 1024));
+  problems.Add(s->Int("buffer_size", out.buffer_size, 1, kMaxInt));
+  problems.Add(s->Int("max_in_cpu", out.max_in_cpu, 0, kMaxInt));
   bool ignored = false;
   // Knobs that only tune how DeepSpeed's own pipeline runs; zerort always pipelines.
-  ZR_RETURN_IF_ERROR(s->Bool("fast_init", ignored));
-  ZR_RETURN_IF_ERROR(s->Bool("pipeline_read", ignored));
-  ZR_RETURN_IF_ERROR(s->Bool("pipeline_write", ignored));
+  problems.Add(s->Bool("fast_init", ignored));
+  problems.Add(s->Bool("pipeline_read", ignored));
+  problems.Add(s->Bool("pipeline_write", ignored));
   float ratio = 1.0f;
-  ZR_RETURN_IF_ERROR(s->Float("ratio", ratio, 0.0f, 1.0f));
+  problems.Add(s->Float("ratio", ratio, 0.0f, 1.0f));
   out.ratio = ratio;
-  ZR_RETURN_IF_ERROR(s->Finish());
+  s->Finish(problems);
   if (out.ratio != 1.0) {
-    return absl::InvalidArgumentError(StrCat(
+    return problems.Add(absl::InvalidArgumentError(StrCat(
         s->PathOf("ratio"), " = ", out.ratio,
-        ": partial optimizer offload (DeepSpeed's ZeRO++ twin-flow) is not supported; use 1"));
+        ": partial optimizer offload (DeepSpeed's ZeRO++ twin-flow) is not supported; use 1")));
   }
   if (out.device == "nvme" && out.nvme_path.empty()) {
-    return absl::InvalidArgumentError(
-        StrCat(s->PathOf("nvme_path"), " is required when ", s->PathOf("device"), " is \"nvme\""));
+    return problems.Add(absl::InvalidArgumentError(
+        StrCat(s->PathOf("nvme_path"), " is required when ", s->PathOf("device"), " is \"nvme\"")));
   }
   if (out.device == "nvme") {
     std::error_code ec;
     const auto status = std::filesystem::status(out.nvme_path, ec);
     if (ec || !std::filesystem::exists(status)) {
-      return absl::InvalidArgumentError(
-          StrCat(s->PathOf("nvme_path"), " = \"", out.nvme_path, "\" does not exist"));
+      return problems.Add(absl::InvalidArgumentError(
+          StrCat(s->PathOf("nvme_path"), " = \"", out.nvme_path, "\" does not exist")));
     }
     if (!std::filesystem::is_directory(status)) {
-      return absl::InvalidArgumentError(
-          StrCat(s->PathOf("nvme_path"), " = \"", out.nvme_path, "\" is not a directory"));
+      return problems.Add(absl::InvalidArgumentError(
+          StrCat(s->PathOf("nvme_path"), " = \"", out.nvme_path, "\" is not a directory")));
     }
     // access() answers yes to root: probe with a file that is removed at once.
     const std::string probe = StrCat(out.nvme_path, "/.zerort-probe-", ::getpid());
     const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) {
-      return absl::InvalidArgumentError(StrCat(s->PathOf("nvme_path"), " = \"", out.nvme_path,
-                                               "\" is not writable: ", std::strerror(errno)));
+      return problems.Add(
+          absl::InvalidArgumentError(StrCat(s->PathOf("nvme_path"), " = \"", out.nvme_path,
+                                            "\" is not writable: ", std::strerror(errno))));
     }
     ::close(fd);
     ::unlink(probe.c_str());
   }
-  return absl::OkStatus();
+  return;
 }
 
-Status ReadAio(const JsonSection& top, AioConfig& out) {
-  ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> s, top.Object("aio"));
-  if (!s) return absl::OkStatus();
-  ZR_RETURN_IF_ERROR(s->Int("block_size", out.block_size, 4096, int64_t{1} << 30));
-  ZR_RETURN_IF_ERROR(s->Int("queue_depth", out.queue_depth, 1, 4096));
-  ZR_RETURN_IF_ERROR(s->Int("thread_count", out.thread_count, 1, 256));
-  ZR_RETURN_IF_ERROR(s->Bool("single_submit", out.single_submit));
-  ZR_RETURN_IF_ERROR(s->Bool("overlap_events", out.overlap_events));
-  ZR_RETURN_IF_ERROR(s->String("engine", out.engine, {"auto", "io_uring", "threads"}));
+void ReadAio(const JsonSection& top, AioConfig& out, Problems& problems) {
+  std::optional<JsonSection> s = Section(top, "aio", problems);
+  if (!s) return;
+  problems.Add(s->Int("block_size", out.block_size, 4096, int64_t{1} << 30));
+  problems.Add(s->Int("queue_depth", out.queue_depth, 1, 4096));
+  problems.Add(s->Int("thread_count", out.thread_count, 1, 256));
+  problems.Add(s->Bool("single_submit", out.single_submit));
+  problems.Add(s->Bool("overlap_events", out.overlap_events));
+  problems.Add(s->String("engine", out.engine, {"auto", "io_uring", "threads"}));
   bool gds = false;
-  ZR_RETURN_IF_ERROR(s->Bool("use_gds", gds));
-  ZR_RETURN_IF_ERROR(s->Finish());
+  problems.Add(s->Bool("use_gds", gds));
+  s->Finish(problems);
   if (gds) {
-    return absl::InvalidArgumentError(
+    return problems.Add(absl::InvalidArgumentError(
         StrCat(s->PathOf("use_gds"),
                " = true: GPUDirect Storage is not supported; zerort stages NVMe I/O through "
-               "pinned host memory (set it to false)"));
+               "pinned host memory (set it to false)")));
   }
   if (out.block_size % 4096 != 0) {
-    return absl::InvalidArgumentError(StrCat(s->PathOf("block_size"), " = ", out.block_size,
-                                             " is not a multiple of 4096 (O_DIRECT's alignment)"));
+    return problems.Add(
+        absl::InvalidArgumentError(StrCat(s->PathOf("block_size"), " = ", out.block_size,
+                                          " is not a multiple of 4096 (O_DIRECT's alignment)")));
   }
-  return absl::OkStatus();
+  return;
 }
 
-Status ReadScheduler(const JsonSection& top, SchedulerConfig& out) {
-  ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> s, top.Object("scheduler"));
-  if (!s) return absl::OkStatus();
+void ReadScheduler(const JsonSection& top, SchedulerConfig& out, Problems& problems) {
+  std::optional<JsonSection> s = Section(top, "scheduler", problems);
+  if (!s) return;
   if (!s->Has("type")) {
-    return absl::InvalidArgumentError(
-        "scheduler.type is required (WarmupLR, WarmupDecayLR or "
-        "WarmupCosineLR)");
+    return problems.Add(
+        absl::InvalidArgumentError("scheduler.type is required (WarmupLR, WarmupDecayLR or "
+                                   "WarmupCosineLR)"));
   }
-  ZR_RETURN_IF_ERROR(s->String("type", out.type, {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}));
-  ZR_RETURN_IF_ERROR(s->Finish());
-  ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> p, s->Object("params"));
-  if (!p) p.emplace(nlohmann::json::object(), "scheduler.params", Directory());
+  std::string type;
+  problems.Add(s->String("type", type));
+  if (Lower(type) == "onecycle" || Lower(type) == "lrrangetest") {
+    s->Finish(problems);
+    return problems.Add(absl::InvalidArgumentError(StrCat(
+        "scheduler.type = \"", type,
+        "\": a DeepSpeed scheduler zerort does not implement (it would train with other learning "
+        "rates); use WarmupLR, WarmupDecayLR or WarmupCosineLR")));
+  }
+  problems.Add(s->String("type", out.type, {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}));
+  s->Finish(problems);
+  std::optional<JsonSection> p = Section(*s, "params", problems);
+  static const nlohmann::json kEmpty = nlohmann::json::object();  // outlives the section
+  if (!p) p.emplace(kEmpty, "scheduler.params", Directory());
   const bool cosine = out.type == "WarmupCosineLR";
   // DeepSpeed's parameters of each type; another type's parameter is a mistake worth naming.
   const std::vector<std::string> own =
@@ -167,49 +216,51 @@ Status ReadScheduler(const JsonSection& top, SchedulerConfig& out) {
                                      "warmup_type"};
   for (const std::string& key : Directory().at("scheduler.params")) {
     if (p->Has(key) && std::find(own.begin(), own.end(), key) == own.end()) {
-      return absl::InvalidArgumentError(
+      return problems.Add(absl::InvalidArgumentError(
           StrCat(p->PathOf(key), " is not a parameter of ", out.type,
-                 " (its parameters: ", fmt::format("{}", fmt::join(own, ", ")), ")"));
+                 " (its parameters: ", fmt::format("{}", fmt::join(own, ", ")), ")")));
     }
   }
-  ZR_RETURN_IF_ERROR(p->Float("warmup_min_lr", out.warmup_min_lr, 0.0f, 1e3f));
-  ZR_RETURN_IF_ERROR(p->Float("warmup_max_lr", out.warmup_max_lr, 0.0f, 1e3f));
-  ZR_RETURN_IF_ERROR(p->Int("warmup_num_steps", out.warmup_num_steps, 0, kMaxInt));
-  ZR_RETURN_IF_ERROR(p->String("warmup_type", out.warmup_type, {"log", "linear"}));
-  ZR_RETURN_IF_ERROR(p->Int("total_num_steps", out.total_num_steps, 1, kMaxInt));
-  ZR_RETURN_IF_ERROR(p->Float("warmup_min_ratio", out.warmup_min_ratio, 0.0f, 1.0f));
-  ZR_RETURN_IF_ERROR(p->Float("cos_min_ratio", out.cos_min_ratio, 0.0f, 1.0f));
-  ZR_RETURN_IF_ERROR(p->Finish());
+  problems.Add(p->Float("warmup_min_lr", out.warmup_min_lr, 0.0f, 1e3f));
+  problems.Add(p->Float("warmup_max_lr", out.warmup_max_lr, 0.0f, 1e3f));
+  problems.Add(p->Int("warmup_num_steps", out.warmup_num_steps, 0, kMaxInt));
+  problems.Add(p->String("warmup_type", out.warmup_type, {"log", "linear"}));
+  problems.Add(p->Int("total_num_steps", out.total_num_steps, 1, kMaxInt));
+  problems.Add(p->Float("warmup_min_ratio", out.warmup_min_ratio, 0.0f, 1.0f));
+  problems.Add(p->Float("cos_min_ratio", out.cos_min_ratio, 0.0f, 1.0f));
+  p->Finish(problems);
   if (out.type != "WarmupLR" && !p->Has("total_num_steps")) {
-    return absl::InvalidArgumentError(
-        StrCat("scheduler.params.total_num_steps is required by ", out.type));
+    return problems.Add(absl::InvalidArgumentError(
+        StrCat("scheduler.params.total_num_steps is required by ", out.type)));
   }
   if (out.type != "WarmupLR" && out.total_num_steps < out.warmup_num_steps) {
-    return absl::InvalidArgumentError(
+    return problems.Add(absl::InvalidArgumentError(
         StrCat("scheduler.params.total_num_steps = ", out.total_num_steps,
-               " is below scheduler.params.warmup_num_steps = ", out.warmup_num_steps));
+               " is below scheduler.params.warmup_num_steps = ", out.warmup_num_steps)));
   }
-  return absl::OkStatus();
+  return;
 }
 
-Status ReadModel(const JsonSection& top, ModelConfig& out) {
-  ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> s, top.Object("model"));
-  if (!s) return absl::OkStatus();
+void ReadModel(const JsonSection& top, ModelConfig& out, Problems& problems) {
+  std::optional<JsonSection> s = Section(top, "model", problems);
+  if (!s) return;
   std::string preset;
-  ZR_RETURN_IF_ERROR(s->String("preset", preset));
+  problems.Add(s->String("preset", preset));
   if (!preset.empty()) {
     StatusOr<GptConfig> p = GptPreset(preset);
-    if (!p.ok()) return absl::InvalidArgumentError(StrCat("model.preset: ", p.status().message()));
+    if (!p.ok())
+      return problems.Add(
+          absl::InvalidArgumentError(StrCat("model.preset: ", p.status().message())));
     out.shape = *p;
   }
-  ZR_RETURN_IF_ERROR(s->Int("n_layer", out.shape.n_layer, 1, 1 << 16));
-  ZR_RETURN_IF_ERROR(s->Int("n_head", out.shape.n_head, 1, 1 << 16));
-  ZR_RETURN_IF_ERROR(s->Int("d_model", out.shape.d_model, 1, 1 << 20));
-  ZR_RETURN_IF_ERROR(s->Int("seq_len", out.shape.seq_len, 1, 1 << 20));
-  ZR_RETURN_IF_ERROR(s->Int("vocab_size", out.shape.vocab_size, 1, 1 << 24));
-  ZR_RETURN_IF_ERROR(s->Bool("activation_checkpointing", out.activation_checkpointing));
-  ZR_RETURN_IF_ERROR(s->Finish());
-  return out.shape.Validate();
+  problems.Add(s->Int("n_layer", out.shape.n_layer, 1, 1 << 16));
+  problems.Add(s->Int("n_head", out.shape.n_head, 1, 1 << 16));
+  problems.Add(s->Int("d_model", out.shape.d_model, 1, 1 << 20));
+  problems.Add(s->Int("seq_len", out.shape.seq_len, 1, 1 << 20));
+  problems.Add(s->Int("vocab_size", out.shape.vocab_size, 1, 1 << 24));
+  problems.Add(s->Bool("activation_checkpointing", out.activation_checkpointing));
+  s->Finish(problems);
+  problems.Add(out.shape.Validate());
 }
 
 // Nothing is created here: the directory, or its nearest existing ancestor, must be writable.
@@ -281,237 +332,281 @@ Status SetOverride(nlohmann::json& json, const std::string& assignment) {
   }
 }
 
-}  // namespace
-
-StatusOr<RunConfig> ParseRunConfig(const nlohmann::json& json, const std::string& file) {
+// The schema proper: every section's keys, types, ranges and cross-checks, each problem added to
+// `problems` (a section's reading goes on past its mistakes, so one run shows them all).
+RunConfig ParseSchema(const nlohmann::json& json, Problems& problems) {
   RunConfig c;
   const JsonSection top(json, "", Directory());
-  auto in_file = [&](Status s) { return Annotate(s, file); };
-  Status status = [&]() -> Status {
-    ZR_RETURN_IF_ERROR(top.Finish());
-    ZR_RETURN_IF_ERROR(top.Int("train_batch_size", c.train_batch_size, 1, kMaxInt));
-    ZR_RETURN_IF_ERROR(
+  {
+    top.Finish(problems);
+    problems.Add(top.Int("train_batch_size", c.train_batch_size, 1, kMaxInt));
+    problems.Add(
         top.Int("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu, 1, kMaxInt));
-    ZR_RETURN_IF_ERROR(
-        top.Int("gradient_accumulation_steps", c.gradient_accumulation_steps, 1, kMaxInt));
-    ZR_RETURN_IF_ERROR(top.Float("gradient_clipping", c.gradient_clipping, 0.0f, 1e30f));
-    ZR_RETURN_IF_ERROR(top.Int("steps_per_print", c.steps_per_print, 1, kMaxInt));
+    problems.Add(top.Int("gradient_accumulation_steps", c.gradient_accumulation_steps, 1, kMaxInt));
+    problems.Add(top.Float("gradient_clipping", c.gradient_clipping, 0.0f, 1e30f));
+    problems.Add(top.Int("steps_per_print", c.steps_per_print, 1, kMaxInt));
+    problems.Add(top.Bool("prescale_gradients", c.prescale_gradients));
+    problems.Add(top.Number("gradient_predivide_factor", c.gradient_predivide_factor, 1e-6, 1e6));
+    problems.Add(top.Bool("wall_clock_breakdown", c.wall_clock_breakdown));
+    if (c.prescale_gradients && top.Has("gradient_predivide_factor") &&
+        c.gradient_predivide_factor != 1.0) {
+      problems.Add(absl::InvalidArgumentError(
+          "prescale_gradients = true and gradient_predivide_factor are both given: prescaling "
+          "divides by the data-parallel size before the reduction, the factor says another "
+          "divisor (keep one)"));
+    }
     int64_t seed = static_cast<int64_t>(c.seed);
-    ZR_RETURN_IF_ERROR(top.Int("seed", seed, 0, kMaxInt));
+    problems.Add(top.Int("seed", seed, 0, kMaxInt));
     c.seed = static_cast<uint64_t>(seed);
 
-    ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> zero, top.Object("zero_optimization"));
+    std::optional<JsonSection> zero = Section(top, "zero_optimization", problems);
     if (zero) {
       ZeroConfig& z = c.zero;
-      ZR_RETURN_IF_ERROR(zero->Int("stage", z.stage, 0, 3));
-      ZR_RETURN_IF_ERROR(zero->Bool("overlap_comm", z.overlap_comm));
-      ZR_RETURN_IF_ERROR(zero->Int("reduce_bucket_size", z.reduce_bucket_size, 1, kMaxInt));
-      ZR_RETURN_IF_ERROR(
+      problems.Add(zero->Int("stage", z.stage, 0, 3));
+      problems.Add(zero->Bool("overlap_comm", z.overlap_comm));
+      problems.Add(zero->Int("reduce_bucket_size", z.reduce_bucket_size, 0, kMaxInt));
+      problems.Add(
           zero->Int("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size, 0, kMaxInt));
-      ZR_RETURN_IF_ERROR(zero->Int("stage3_param_persistence_threshold",
-                                   z.stage3_param_persistence_threshold, 0, kMaxInt));
-      ZR_RETURN_IF_ERROR(
-          zero->Int("stage3_max_live_parameters", z.stage3_max_live_parameters, 1, kMaxInt));
-      ZR_RETURN_IF_ERROR(zero->Bool("contiguous_gradients", z.contiguous_gradients));
-      ZR_RETURN_IF_ERROR(zero->Finish());
-      ZR_RETURN_IF_ERROR(zero->Int("sub_group_size", z.sub_group_size, 1, kMaxInt));
-      ZR_RETURN_IF_ERROR(ReadOffload(*zero, "offload_optimizer", z.offload_optimizer));
-      ZR_RETURN_IF_ERROR(ReadOffload(*zero, "offload_param", z.offload_param));
+      problems.Add(zero->Int("stage3_param_persistence_threshold",
+                             z.stage3_param_persistence_threshold, 0, kMaxInt));
+      problems.Add(
+          zero->Int("stage3_max_live_parameters", z.stage3_max_live_parameters, 0, kMaxInt));
+      problems.Add(zero->Bool("contiguous_gradients", z.contiguous_gradients));
+      zero->Finish(problems);
+      problems.Add(zero->Int("sub_group_size", z.sub_group_size, 1, kMaxInt));
+      ReadOffload(*zero, "offload_optimizer", z.offload_optimizer, problems);
+      ReadOffload(*zero, "offload_param", z.offload_param, problems);
       // DeepSpeed's rules: optimizer offload from stage 1, parameter offload at stage 3 only.
       if (z.offload_optimizer.device != "none" && z.stage == 0) {
-        return absl::InvalidArgumentError("zero_optimization.offload_optimizer.device = \"" +
-                                          z.offload_optimizer.device +
-                                          "\" needs zero_optimization.stage 1, 2 or 3 (it is 0)");
+        problems.Add(absl::InvalidArgumentError(
+            "zero_optimization.offload_optimizer.device = \"" + z.offload_optimizer.device +
+            "\" needs zero_optimization.stage 1, 2 or 3 (it is 0)"));
       }
       if (z.offload_param.device != "none" && z.stage != 3) {
-        return absl::InvalidArgumentError(
+        problems.Add(absl::InvalidArgumentError(
             StrCat("zero_optimization.offload_param.device = \"", z.offload_param.device,
-                   "\" needs zero_optimization.stage 3 (it is ", z.stage, ")"));
+                   "\" needs zero_optimization.stage 3 (it is ", z.stage, ")")));
       }
       if (z.offload_param.device == "nvme" && z.offload_optimizer.device != "nvme") {
-        return absl::InvalidArgumentError(
+        problems.Add(absl::InvalidArgumentError(
             "zero_optimization.offload_param.device = \"nvme\" needs "
-            "zero_optimization.offload_optimizer.device = \"nvme\" too");
+            "zero_optimization.offload_optimizer.device = \"nvme\" too"));
       }
       if (z.offload_param.device == "nvme" &&
           z.offload_param.nvme_path != z.offload_optimizer.nvme_path) {
-        return absl::InvalidArgumentError(
+        problems.Add(absl::InvalidArgumentError(
             StrCat("zero_optimization.offload_param.nvme_path = \"", z.offload_param.nvme_path,
                    "\" differs from zero_optimization.offload_optimizer.nvme_path = \"",
-                   z.offload_optimizer.nvme_path, "\": zerort keeps one NVMe file per rank"));
+                   z.offload_optimizer.nvme_path, "\": zerort keeps one NVMe file per rank")));
       }
       if (z.offload_optimizer.device == "cpu" && z.offload_param.device == "cpu" &&
           z.offload_optimizer.pin_memory != z.offload_param.pin_memory) {
-        return absl::InvalidArgumentError(
-            "zero_optimization.offload_param.pin_memory and offload_optimizer.pin_memory differ");
+        problems.Add(absl::InvalidArgumentError(
+            "zero_optimization.offload_param.pin_memory and offload_optimizer.pin_memory differ"));
       }
     }
-    ZR_RETURN_IF_ERROR(ReadAio(top, c.aio));
-    ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> fp16, top.Object("fp16"));
+    ReadAio(top, c.aio, problems);
+    std::optional<JsonSection> fp16 = Section(top, "fp16", problems);
     if (fp16) {
       Fp16Config& f = c.fp16;
-      ZR_RETURN_IF_ERROR(fp16->Bool("enabled", f.enabled));
-      ZR_RETURN_IF_ERROR(fp16->Float("loss_scale", f.loss_scale, 0.0f, 1e30f));
-      ZR_RETURN_IF_ERROR(fp16->Int("initial_scale_power", f.initial_scale_power, 0, 64));
-      ZR_RETURN_IF_ERROR(fp16->Int("loss_scale_window", f.loss_scale_window, 1, 1 << 30));
-      ZR_RETURN_IF_ERROR(fp16->Int("hysteresis", f.hysteresis, 1, 1 << 30));
-      ZR_RETURN_IF_ERROR(fp16->Float("min_loss_scale", f.min_loss_scale, 0.0f, 1e30f));
-      ZR_RETURN_IF_ERROR(fp16->Finish());
+      problems.Add(fp16->Bool("enabled", f.enabled));
+      problems.Add(fp16->Float("loss_scale", f.loss_scale, 0.0f, 1e30f));
+      problems.Add(fp16->Int("initial_scale_power", f.initial_scale_power, 0, 64));
+      problems.Add(fp16->Int("loss_scale_window", f.loss_scale_window, 1, 1 << 30));
+      problems.Add(fp16->Int("hysteresis", f.hysteresis, 1, 1 << 30));
+      problems.Add(fp16->Float("min_loss_scale", f.min_loss_scale, 0.0f, 1e30f));
+      fp16->Finish(problems);
     }
-    ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> bf16, top.Object("bf16"));
+    std::optional<JsonSection> bf16 = Section(top, "bf16", problems);
     if (bf16) {
-      ZR_RETURN_IF_ERROR(bf16->Bool("enabled", c.bf16));
-      ZR_RETURN_IF_ERROR(bf16->Finish());
+      problems.Add(bf16->Bool("enabled", c.bf16));
+      bf16->Finish(problems);
     }
     if (c.bf16 && c.fp16.enabled) {
-      return absl::InvalidArgumentError(
-          "fp16.enabled and bf16.enabled are both true: choose one compute precision");
+      problems.Add(absl::InvalidArgumentError(
+          "fp16.enabled and bf16.enabled are both true: choose one compute precision"));
     }
-    ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> opt, top.Object("optimizer"));
+    std::optional<JsonSection> opt = Section(top, "optimizer", problems);
     if (opt) {
       OptimizerConfig& o = c.optimizer;
-      ZR_RETURN_IF_ERROR(opt->String("type", o.type, {"AdamW", "Adam", "SGD"}));
-      ZR_RETURN_IF_ERROR(opt->Finish());
-      ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> p, opt->Object("params"));
+      // DeepSpeed's other optimizers, refused by name (they would train other numbers).
+      std::string type;
+      problems.Add(opt->String("type", type));
+      const std::string lower = Lower(type);
+      if (lower == "lamb") {
+        problems.Add(absl::InvalidArgumentError(
+            "optimizer.type = \"Lamb\": a DeepSpeed optimizer zerort does not support yet (its "
+            "per-parameter trust ratio over shards is not implemented); use AdamW"));
+      } else if (lower == "onebitadam" || lower == "onebitlamb" || lower == "zerooneadam") {
+        problems.Add(absl::InvalidArgumentError(StrCat(
+            "optimizer.type = \"", type,
+            "\": a DeepSpeed 1-bit optimizer, which zerort does not support: its compressed, "
+            "error-compensated all-reduce changes the gradients every rank sees; use AdamW")));
+      } else if (!type.empty()) {
+        problems.Add(opt->String("type", o.type, {"AdamW", "Adam", "SGD"}));
+      }
+      opt->Finish(problems);
+      std::optional<JsonSection> p = Section(*opt, "params", problems);
       if (p) {
-        ZR_RETURN_IF_ERROR(p->Float("lr", o.lr, 0.0f, 1e3f));
+        problems.Add(p->Float("lr", o.lr, 0.0f, 1e3f));
         std::vector<double> betas = {o.beta1, o.beta2};
-        ZR_RETURN_IF_ERROR(p->Numbers("betas", betas, 2, 0.0, 0.999999999));
+        problems.Add(p->Numbers("betas", betas, 2, 0.0, 0.999999999));
         o.beta1 = static_cast<float>(betas[0]);
         o.beta2 = static_cast<float>(betas[1]);
-        ZR_RETURN_IF_ERROR(p->Float("eps", o.eps, 0.0f, 1.0f));
-        ZR_RETURN_IF_ERROR(p->Float("weight_decay", o.weight_decay, 0.0f, 1e3f));
-        ZR_RETURN_IF_ERROR(p->Bool("adam_w_mode", o.adam_w_mode));
-        ZR_RETURN_IF_ERROR(p->Float("momentum", o.momentum, 0.0f, 1.0f));
-        ZR_RETURN_IF_ERROR(p->Float("dampening", o.dampening, 0.0f, 1.0f));
-        ZR_RETURN_IF_ERROR(p->Bool("nesterov", o.nesterov));
-        ZR_RETURN_IF_ERROR(p->Finish());
+        problems.Add(p->Float("eps", o.eps, 0.0f, 1.0f));
+        problems.Add(p->Float("weight_decay", o.weight_decay, 0.0f, 1e3f));
+        problems.Add(p->Bool("adam_w_mode", o.adam_w_mode));
+        problems.Add(p->Bool("bias_correction", o.bias_correction));
+        problems.Add(p->Float("momentum", o.momentum, 0.0f, 1.0f));
+        problems.Add(p->Float("dampening", o.dampening, 0.0f, 1.0f));
+        problems.Add(p->Bool("nesterov", o.nesterov));
+        p->Finish(problems);
         const bool sgd = o.type == "SGD";
         for (const char* key : {"momentum", "dampening", "nesterov"}) {
           if (!sgd && p->Has(key)) {
-            return absl::InvalidArgumentError(
-                StrCat(p->PathOf(key), " is an SGD parameter, but optimizer.type is ", o.type));
+            problems.Add(absl::InvalidArgumentError(
+                StrCat(p->PathOf(key), " is an SGD parameter, but optimizer.type is ", o.type)));
           }
         }
-        for (const char* key : {"betas", "eps", "adam_w_mode"}) {
+        for (const char* key : {"betas", "eps", "adam_w_mode", "bias_correction"}) {
           if (sgd && p->Has(key)) {
-            return absl::InvalidArgumentError(
-                StrCat(p->PathOf(key), " is an Adam parameter, but optimizer.type is SGD"));
+            problems.Add(absl::InvalidArgumentError(
+                StrCat(p->PathOf(key), " is an Adam parameter, but optimizer.type is SGD")));
           }
         }
         if (o.type == "AdamW" && p->Has("adam_w_mode") && !o.adam_w_mode) {
-          return absl::InvalidArgumentError(
+          problems.Add(absl::InvalidArgumentError(
               "optimizer.params.adam_w_mode = false contradicts optimizer.type AdamW (use "
-              "\"Adam\" for L2-coupled weight decay)");
+              "\"Adam\" for L2-coupled weight decay)"));
         }
         if (sgd && o.nesterov && (o.momentum <= 0 || o.dampening != 0)) {
-          return absl::InvalidArgumentError(
-              "optimizer.params.nesterov needs momentum > 0 and dampening 0 (as PyTorch's SGD)");
+          problems.Add(absl::InvalidArgumentError(
+              "optimizer.params.nesterov needs momentum > 0 and dampening 0 (as PyTorch's SGD)"));
         }
       }
     }
-    ZR_RETURN_IF_ERROR(ReadScheduler(top, c.scheduler));
-    ZR_RETURN_IF_ERROR(ReadModel(top, c.model));
+    ReadScheduler(top, c.scheduler, problems);
+    ReadModel(top, c.model, problems);
 
-    ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> data, top.Object("data"));
+    std::optional<JsonSection> data = Section(top, "data", problems);
     if (data) {
-      ZR_RETURN_IF_ERROR(data->String("path", c.data.path));
-      ZR_RETURN_IF_ERROR(data->Number("validation_fraction", c.data.validation_fraction, 0.0, 0.5));
-      ZR_RETURN_IF_ERROR(data->Finish());
+      problems.Add(data->String("path", c.data.path));
+      problems.Add(data->Number("validation_fraction", c.data.validation_fraction, 0.0, 0.5));
+      data->Finish(problems);
       if (!c.data.path.empty() && ::access(c.data.path.c_str(), R_OK) != 0) {
-        return absl::InvalidArgumentError(
+        problems.Add(absl::InvalidArgumentError(
             StrCat("data.path = \"", c.data.path, "\": cannot be read (", std::strerror(errno),
-                   "); prepare one with `zerort data prepare TEXT_FILE OUT`"));
+                   "); prepare one with `zerort data prepare TEXT_FILE OUT`")));
       }
     }
-    ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> train, top.Object("train"));
+    std::optional<JsonSection> train = Section(top, "train", problems);
     if (train) {
       TrainConfig& t = c.train;
-      ZR_RETURN_IF_ERROR(train->Int("steps", t.steps, 1, kMaxInt));
-      ZR_RETURN_IF_ERROR(train->Int("eval_interval", t.eval_interval, 0, kMaxInt));
-      ZR_RETURN_IF_ERROR(train->Int("eval_windows", t.eval_windows, 1, 1 << 20));
-      ZR_RETURN_IF_ERROR(train->Int("sample_tokens", t.sample_tokens, 0, 1 << 20));
-      ZR_RETURN_IF_ERROR(train->String("sample_prompt", t.sample_prompt));
-      ZR_RETURN_IF_ERROR(train->Float("sample_temperature", t.sample_temperature, 0.0f, 100.0f));
-      ZR_RETURN_IF_ERROR(train->Int("sample_top_k", t.sample_top_k, 0, 1 << 24));
-      ZR_RETURN_IF_ERROR(train->String("device", t.device, {"cpu", "cuda"}));
-      ZR_RETURN_IF_ERROR(train->Bool("check_memory", t.check_memory));
-      ZR_RETURN_IF_ERROR(train->Finish());
+      problems.Add(train->Int("steps", t.steps, 1, kMaxInt));
+      problems.Add(train->Int("eval_interval", t.eval_interval, 0, kMaxInt));
+      problems.Add(train->Int("eval_windows", t.eval_windows, 1, 1 << 20));
+      problems.Add(train->Int("sample_tokens", t.sample_tokens, 0, 1 << 20));
+      problems.Add(train->String("sample_prompt", t.sample_prompt));
+      problems.Add(train->Float("sample_temperature", t.sample_temperature, 0.0f, 100.0f));
+      problems.Add(train->Int("sample_top_k", t.sample_top_k, 0, 1 << 24));
+      problems.Add(train->String("device", t.device, {"cpu", "cuda"}));
+      problems.Add(train->Bool("check_memory", t.check_memory));
+      train->Finish(problems);
     }
-    ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> ckpt, top.Object("checkpoint"));
+    std::optional<JsonSection> ckpt = Section(top, "checkpoint", problems);
     if (ckpt) {
-      ZR_RETURN_IF_ERROR(ckpt->String("dir", c.checkpoint.dir));
-      ZR_RETURN_IF_ERROR(ckpt->Int("interval", c.checkpoint.interval, 0, kMaxInt));
-      ZR_RETURN_IF_ERROR(ckpt->Int("keep_last_n", c.checkpoint.keep_last_n, 0, 1 << 20));
-      ZR_RETURN_IF_ERROR(ckpt->Finish());
+      problems.Add(ckpt->String("dir", c.checkpoint.dir));
+      problems.Add(ckpt->Int("interval", c.checkpoint.interval, 0, kMaxInt));
+      problems.Add(ckpt->Int("keep_last_n", c.checkpoint.keep_last_n, 0, 1 << 20));
+      ckpt->Finish(problems);
       if (!c.checkpoint.dir.empty()) {
-        ZR_RETURN_IF_ERROR(CheckWritableDir("checkpoint.dir", c.checkpoint.dir));
+        problems.Add(CheckWritableDir("checkpoint.dir", c.checkpoint.dir));
       }
     }
-    ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> logging, top.Object("logging"));
+    std::optional<JsonSection> logging = Section(top, "logging", problems);
     if (logging) {
-      ZR_RETURN_IF_ERROR(logging->String("metrics_file", c.logging.metrics_file));
-      ZR_RETURN_IF_ERROR(logging->String("trace_file", c.logging.trace_file));
-      ZR_RETURN_IF_ERROR(logging->String("level", c.logging.level,
-                                         {"trace", "debug", "info", "warn", "error", "off"}));
-      ZR_RETURN_IF_ERROR(logging->Finish());
+      problems.Add(logging->String("metrics_file", c.logging.metrics_file));
+      problems.Add(logging->String("trace_file", c.logging.trace_file));
+      problems.Add(logging->String("level", c.logging.level,
+                                   {"trace", "debug", "info", "warn", "error", "off"}));
+      logging->Finish(problems);
     }
-    ZR_ASSIGN_OR_RETURN(std::optional<JsonSection> parallel, top.Object("parallel"));
+    std::optional<JsonSection> parallel = Section(top, "parallel", problems);
     if (parallel) {
-      ZR_RETURN_IF_ERROR(
+      problems.Add(
           parallel->Int("tensor_parallel_size", c.parallel.tensor_parallel_size, 1, 1 << 16));
-      ZR_RETURN_IF_ERROR(parallel->Bool("sequence_parallel", c.parallel.sequence_parallel));
-      ZR_RETURN_IF_ERROR(parallel->Int("make_vocab_size_divisible_by",
-                                       c.parallel.make_vocab_size_divisible_by, 1, 1 << 16));
-      ZR_RETURN_IF_ERROR(
+      problems.Add(parallel->Bool("sequence_parallel", c.parallel.sequence_parallel));
+      problems.Add(parallel->Int("make_vocab_size_divisible_by",
+                                 c.parallel.make_vocab_size_divisible_by, 1, 1 << 16));
+      problems.Add(
           parallel->Int("pipeline_parallel_size", c.parallel.pipeline_parallel_size, 1, 1 << 16));
       ParallelConfig& par = c.parallel;
-      ZR_RETURN_IF_ERROR(parallel->String("pipeline_schedule", par.pipeline_schedule,
-                                          {"gpipe", "1f1b", "interleaved"}));
-      ZR_RETURN_IF_ERROR(
+      problems.Add(parallel->String("pipeline_schedule", par.pipeline_schedule,
+                                    {"gpipe", "1f1b", "interleaved"}));
+      problems.Add(
           parallel->Int("virtual_pipeline_stages", par.virtual_pipeline_stages, 1, 1 << 10));
-      ZR_RETURN_IF_ERROR(parallel->Bool("pipeline_scatter_gather", par.pipeline_scatter_gather));
-      ZR_RETURN_IF_ERROR(
+      problems.Add(parallel->Bool("pipeline_scatter_gather", par.pipeline_scatter_gather));
+      problems.Add(
           parallel->Number("collective_timeout_s", par.collective_timeout_s, 0.1, 7 * 86400));
       const int chunks = par.pipeline_parallel_size * par.virtual_pipeline_stages;
       if (parallel->Has("pipeline_layers")) {
         std::vector<double> layers;
-        ZR_RETURN_IF_ERROR(
+        problems.Add(
             parallel->Numbers("pipeline_layers", layers, static_cast<size_t>(chunks), 1, 1 << 16));
         int sum = 0;
         for (double l : layers) {
           if (l != static_cast<int>(l)) {
-            return absl::InvalidArgumentError(
-                StrCat("parallel.pipeline_layers: ", l, " is not a whole number of blocks"));
+            problems.Add(absl::InvalidArgumentError(
+                StrCat("parallel.pipeline_layers: ", l, " is not a whole number of blocks")));
+            sum = -1;
+            break;
           }
           par.pipeline_layers.push_back(static_cast<int>(l));
           sum += static_cast<int>(l);
         }
-        if (sum != c.model.shape.n_layer) {
-          return absl::InvalidArgumentError(StrCat("parallel.pipeline_layers sums to ", sum,
-                                                   " blocks, model.n_layer is ",
-                                                   c.model.shape.n_layer));
+        if (sum >= 0 && sum != c.model.shape.n_layer) {
+          problems.Add(absl::InvalidArgumentError(StrCat("parallel.pipeline_layers sums to ", sum,
+                                                         " blocks, model.n_layer is ",
+                                                         c.model.shape.n_layer)));
         }
       } else if (c.model.shape.n_layer % chunks != 0) {
-        return absl::InvalidArgumentError(
+        problems.Add(absl::InvalidArgumentError(
             StrCat("model.n_layer = ", c.model.shape.n_layer,
                    " does not split into pipeline_parallel_size x virtual_pipeline_stages = ",
                    par.pipeline_parallel_size, " x ", par.virtual_pipeline_stages,
-                   " equal chunks (give parallel.pipeline_layers)"));
+                   " equal chunks (give parallel.pipeline_layers)")));
       }
       const bool interleaved = par.pipeline_schedule == "interleaved";
       if (interleaved != (par.virtual_pipeline_stages > 1)) {
-        return absl::InvalidArgumentError(
+        problems.Add(absl::InvalidArgumentError(
             StrCat("parallel.virtual_pipeline_stages = ", par.virtual_pipeline_stages,
                    " with parallel.pipeline_schedule = \"", par.pipeline_schedule,
                    "\": the interleaved schedule needs 2 or more model chunks per stage, the "
-                   "others exactly 1"));
+                   "others exactly 1")));
       }
-      ZR_RETURN_IF_ERROR(parallel->Finish());
+      parallel->Finish(problems);
     }
-    return absl::OkStatus();
-  }();
-  if (!status.ok()) return in_file(status);
+  }
+  return c;
+}
+
+}  // namespace
+
+StatusOr<RunConfig> ParseRunConfig(const nlohmann::json& given, const std::string& file) {
+  nlohmann::json json = given;
+  Problems problems;
+  std::vector<std::string> notes;
+  AutoKeys autos;
+  NormalizeDeepSpeed(json, problems, notes, autos);
+  if (!autos.empty()) {
+    // The rules read the rest of the config (model.d_model, the optimizer, train.steps).
+    Problems ignored;
+    const RunConfig first = ParseSchema(json, ignored);
+    ResolveAutoValues(autos, first, json, notes);
+  }
+  RunConfig c = ParseSchema(json, problems);
+  if (!problems.empty()) return problems.ToStatus(file);
+  c.notes = std::move(notes);
   return c;
 }
 
@@ -583,6 +678,7 @@ nlohmann::json RunConfig::ToJson() const {
     opt_params["betas"] = {optimizer.beta1, optimizer.beta2};
     opt_params["eps"] = optimizer.eps;
     if (optimizer.type == "Adam") opt_params["adam_w_mode"] = optimizer.adam_w_mode;
+    opt_params["bias_correction"] = optimizer.bias_correction;
   }
   nlohmann::json j = {
       {"zero_optimization",
@@ -614,6 +710,9 @@ nlohmann::json RunConfig::ToJson() const {
       {"optimizer", {{"type", optimizer.type}, {"params", opt_params}}},
       {"gradient_clipping", gradient_clipping},
       {"steps_per_print", steps_per_print},
+      {"prescale_gradients", prescale_gradients},
+      {"gradient_predivide_factor", gradient_predivide_factor},
+      {"wall_clock_breakdown", wall_clock_breakdown},
       {"seed", seed},
       {"model",
        {{"n_layer", model.shape.n_layer},

@@ -3,7 +3,9 @@
 // bf16, optimizer, scheduler, gradient_clipping, steps_per_print), so a ds_config.json section can
 // be pasted in; zerort's own sections are model, data, train, checkpoint, logging, parallel.
 // Every field says its default and why. LoadRunConfig is strict (json_reader.h): unknown keys,
-// wrong types, out-of-range values, duplicates and "auto" are refused naming the JSON path.
+// wrong types, out-of-range values and duplicates are refused naming the JSON path, all of a
+// config's problems in one message; DeepSpeed's other keys, names and "auto" values go through
+// engine/deepspeed_config.h first.
 #pragma once
 
 #include <cstdint>
@@ -61,16 +63,17 @@ struct Fp16Config {
 };
 
 struct OptimizerConfig {
-  std::string type = "AdamW";  // AdamW | Adam | SGD
-  float lr = 3e-4f;            // a common GPT-2-small rate; overridden by a scheduler
-  float beta1 = 0.9f;          // params.betas[0]
-  float beta2 = 0.999f;        // params.betas[1], PyTorch's default
-  float eps = 1e-8f;           // PyTorch's default
-  float weight_decay = 0.0f;   // PyTorch's Adam default (AdamW users set 0.1 for GPT-2)
-  bool adam_w_mode = true;     // Adam only: decoupled decay, DeepSpeed's FusedAdam default
-  float momentum = 0.0f;       // SGD
-  float dampening = 0.0f;      // SGD
-  bool nesterov = false;       // SGD
+  std::string type = "AdamW";   // AdamW | Adam | SGD
+  float lr = 3e-4f;             // a common GPT-2-small rate; overridden by a scheduler
+  float beta1 = 0.9f;           // params.betas[0]
+  float beta2 = 0.999f;         // params.betas[1], PyTorch's default
+  float eps = 1e-8f;            // PyTorch's default
+  float weight_decay = 0.0f;    // PyTorch's Adam default (AdamW users set 0.1 for GPT-2)
+  bool adam_w_mode = true;      // Adam only: decoupled decay, DeepSpeed's FusedAdam default
+  bool bias_correction = true;  // Adam(W): Adam's 1/(1-beta^t) terms, DeepSpeed's default
+  float momentum = 0.0f;        // SGD
+  float dampening = 0.0f;       // SGD
+  bool nesterov = false;        // SGD
 };
 
 struct SchedulerConfig {
@@ -157,14 +160,25 @@ struct RunConfig {
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   float gradient_clipping = 0.0f;  // max global norm; 0: off (DeepSpeed's default)
-  int64_t steps_per_print = 10;    // DeepSpeed's default
-  uint64_t seed = 1234;            // initialisation and data order
+  // Where the data-parallel mean divides (DeepSpeed's keys; the same mean up to rounding):
+  // prescale_gradients divides by the data-parallel size before the reduction;
+  // gradient_predivide_factor f divides by f before and by (size / f) after. Default: after.
+  bool prescale_gradients = false;
+  double gradient_predivide_factor = 1.0;
+  // Seconds per phase (forward, backward, reduce, optimizer, gather) in the metrics.
+  bool wall_clock_breakdown = false;
+  int64_t steps_per_print = 10;  // DeepSpeed's default
+  uint64_t seed = 1234;          // initialisation and data order
   ModelConfig model;
   DataConfig data;
   TrainConfig train;
   CheckpointConfig checkpoint;
   LoggingConfig logging;
   ParallelConfig parallel;
+
+  // What reading the config decided that a user should see once (accepted DeepSpeed keys, other
+  // names, resolved "auto" values): logged at the start of a run and by --print-config.
+  std::vector<std::string> notes;
 
   // The resolved config as JSON (every field, defaults included): --print-config and metadata.
   nlohmann::json ToJson() const;

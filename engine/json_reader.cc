@@ -169,8 +169,8 @@ Status JsonSection::TypeError(std::string_view key, const nlohmann::json& value,
   if (value.is_string() && Lower(value.get<std::string>()) == "auto") {
     return absl::InvalidArgumentError(
         StrCat(PathOf(key),
-               " = \"auto\": zerort does not fill in \"auto\" values (DeepSpeed's "
-               "HF integration does); give ",
+               " = \"auto\": zerort resolves \"auto\" only where Hugging Face's "
+               "DeepSpeed integration defines a rule (README, \"auto\" values); give ",
                expected));
   }
   return absl::InvalidArgumentError(
@@ -284,7 +284,28 @@ StatusOr<std::optional<JsonSection>> JsonSection::Object(std::string_view key) c
   return std::optional<JsonSection>(JsonSection(*v, PathOf(key), directory_));
 }
 
+void Problems::Add(const Status& status) {
+  if (!status.ok()) messages_.emplace_back(status.message());
+}
+
+void Problems::Add(std::string message) { messages_.push_back(std::move(message)); }
+
+Status Problems::ToStatus(std::string_view file) const {
+  if (messages_.empty()) return absl::OkStatus();
+  if (messages_.size() == 1) return absl::InvalidArgumentError(StrCat(file, ": ", messages_[0]));
+  std::string text = StrCat(file, ": ", messages_.size(), " problems:");
+  for (const std::string& m : messages_) text += StrCat("\n  - ", m);
+  return absl::InvalidArgumentError(text);
+}
+
 Status JsonSection::Finish() const {
+  Problems problems;
+  Finish(problems);
+  if (problems.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(problems.messages().front());
+}
+
+void JsonSection::Finish(Problems& problems) const {
   const auto own = directory_.find(path_);
   static const std::vector<std::string> kNone;
   const std::vector<std::string>& known = own == directory_.end() ? kNone : own->second;
@@ -305,11 +326,9 @@ Status JsonSection::Finish() const {
     }
     std::string list;
     for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
-    return absl::InvalidArgumentError(StrCat("unknown key '", PathOf(key), "'", hint,
-                                             " (known keys", path_.empty() ? "" : " of ",
-                                             path_.empty() ? "" : path_, ": ", list, ")"));
+    problems.Add(StrCat("unknown key '", PathOf(key), "'", hint, " (known keys",
+                        path_.empty() ? "" : " of ", path_.empty() ? "" : path_, ": ", list, ")"));
   }
-  return absl::OkStatus();
 }
 
 }  // namespace zerort

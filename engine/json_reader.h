@@ -1,8 +1,9 @@
 // Strict reading of JSON config files. ParseJsonFile refuses duplicate keys (naming the path
 // and the line); JsonSection reads one object's keys with typed, range-checked getters whose
-// errors name the JSON path, the value and what was expected, refuses DeepSpeed's "auto", and
-// Finish() refuses every key the section does not know, with a did-you-mean or the section the
-// key belongs to. All errors are InvalidArgument: the CLI maps them to exit code 2.
+// errors name the JSON path, the value and what was expected, refuses an "auto" left unresolved
+// (engine/deepspeed_config.h resolves the ones it can first), and Finish() refuses every key the
+// section does not know, with a did-you-mean or the section the key belongs to. All errors are
+// InvalidArgument: the CLI maps them to exit code 2.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,22 @@ StatusOr<nlohmann::json> ParseJsonFile(const std::string& file);
 // The closest of `candidates` to `key` (edit distance at most a third of the key's length, at
 // least 2), or "" when none is close.
 std::string ClosestKey(std::string_view key, const std::vector<std::string>& candidates);
+
+// Every problem of one config, so one run reports them all (a config with five mistakes is
+// fixed in one edit, not five runs). ToStatus() joins them under the file's name.
+class Problems {
+ public:
+  void Add(const Status& status);  // an OK status adds nothing
+  void Add(std::string message);
+  bool empty() const { return messages_.empty(); }
+  size_t size() const { return messages_.size(); }
+  const std::vector<std::string>& messages() const { return messages_; }
+  // InvalidArgument "FILE: MESSAGE" for one problem, "FILE: N problems:\n  - ..." for several.
+  Status ToStatus(std::string_view file) const;
+
+ private:
+  std::vector<std::string> messages_;
+};
 
 // Where every known key lives: section path ("" for the top level) -> its keys. Used to tell a
 // user that a key is valid, but in another section.
@@ -52,8 +69,10 @@ class JsonSection {
   // A sub-object; nullopt when absent; an error when present but not an object.
   StatusOr<std::optional<JsonSection>> Object(std::string_view key) const;
 
-  // Refuses keys of this object that are not in the directory's list for this path.
+  // Refuses keys of this object that are not in the directory's list for this path: the first
+  // (Finish) or every one (Finish(problems)).
   Status Finish() const;
+  void Finish(Problems& problems) const;
 
   // "zero_optimization.stage", or "stage" at the top level.
   std::string PathOf(std::string_view key) const;

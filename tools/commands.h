@@ -65,6 +65,9 @@ struct TrainOptions {
 };
 int RunTrain(const TrainOptions& options, const LaunchEnv& launch, int* argc, char*** argv);
 
+// `zerort config keys`: the DeepSpeed key table (README's).
+int RunConfigKeys();
+
 struct DataPrepareOptions {
   std::string text;  // input text file
   std::string out;   // token file to write

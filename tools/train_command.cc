@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "engine/config.h"
+#include "engine/deepspeed_config.h"
 #include "engine/token_file.h"
 #include "engine/trainer.h"
 #include "runtime/exit_codes.h"
@@ -35,6 +36,11 @@ int ExitCodeOf(const Status& s) {
   }
 }
 
+int RunConfigKeys() {
+  std::fputs(DeepSpeedKeysMarkdown().c_str(), stdout);
+  return kExitOk;
+}
+
 int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** argv) {
   StatusOr<RunConfig> config = LoadRunConfig(o.config, o.overrides);
   if (!config.ok()) {
@@ -45,11 +51,28 @@ int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** 
     Logger()->error("{}: --resume needs checkpoint.dir", o.config);
     return kExitUsage;
   }
+  if (launch.rank == 0) {
+    for (const std::string& note : config->notes) Logger()->info("{}: {}", o.config, note);
+  }
   if (o.print_config) {
-    // The batch triple is resolved for the world this process was launched in.
+    // The batch triple is resolved for the data-parallel size of the world this process was
+    // launched in, as train resolves it.
     RunConfig resolved = *config;
-    const Status batch = ResolveBatch(resolved, launch.world_size,
-                                      StrCat("world size from the launcher: ", launch.source));
+    const int model_parallel =
+        resolved.parallel.tensor_parallel_size * resolved.parallel.pipeline_parallel_size;
+    Status batch = absl::OkStatus();
+    if (launch.world_size % model_parallel != 0) {
+      batch = absl::InvalidArgumentError(
+          StrCat("world size ", launch.world_size, " (", launch.source,
+                 ") is not a multiple of tensor_parallel_size x pipeline_parallel_size = ",
+                 model_parallel));
+    } else {
+      batch = ResolveBatch(resolved, launch.world_size / model_parallel,
+                           model_parallel == 1
+                               ? StrCat("world size from the launcher: ", launch.source)
+                               : StrCat("world size from the launcher (", launch.source,
+                                        ") / (tensor_parallel_size x pipeline_parallel_size)"));
+    }
     if (!batch.ok()) {
       Logger()->error("{}: {}", o.config, batch.message());
       return kExitUsage;

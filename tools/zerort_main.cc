@@ -89,6 +89,11 @@ int main(int argc, char** argv) {
                   "Start a new run in a checkpoint.dir or metrics file that holds an earlier "
                   "run's (its steps are kept; only this run's are rotated)");
 
+  CLI::App* config = app.add_subcommand("config", "About run configs");
+  config->require_subcommand(1);
+  CLI::App* keys = config->add_subcommand(
+      "keys", "Every DeepSpeed config key and what zerort does with it (a Markdown table)");
+
   CLI::App* data = app.add_subcommand("data", "Token files");
   data->require_subcommand(1);
   cli::DataPrepareOptions prepare_options;
@@ -200,6 +205,7 @@ int main(int argc, char** argv) {
   if (offload->parsed()) return cli::RunBenchOffload(offload_options);
   if (estimate->parsed()) return cli::RunEstimate(est);
   if (train->parsed()) return cli::RunTrain(train_options, *launch, &argc, &argv);
+  if (keys->parsed()) return cli::RunConfigKeys();
   if (prepare->parsed()) return cli::RunDataPrepare(prepare_options);
   if (eval->parsed()) return cli::RunEval(eval_options);
   if (inspect->parsed()) return cli::RunCheckpointInspect(ckpt_options);

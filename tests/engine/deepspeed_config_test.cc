@@ -1,0 +1,249 @@
+// DeepSpeed's front end: README's key table equals the key list, every key shows its handling
+// with its example value, legacy and alternative names, "auto" by Hugging Face's rules against
+// hand-computed values, and every problem of a config in one message.
+#include "engine/deepspeed_config.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "engine/config.h"
+#include "runtime/strings.h"
+
+namespace zerort {
+namespace {
+
+StatusOr<RunConfig> Parse(const nlohmann::json& j) { return ParseRunConfig(j, "ds.json"); }
+
+std::string Error(const nlohmann::json& j) {
+  StatusOr<RunConfig> c = Parse(j);
+  return c.ok() ? "" : std::string(c.status().message());
+}
+
+bool NotesMention(const RunConfig& c, std::string_view needle) {
+  for (const std::string& n : c.notes) {
+    if (n.find(needle) != std::string::npos) return true;
+  }
+  return false;
+}
+
+nlohmann::json Sets(std::string_view path, const nlohmann::json& value) {
+  nlohmann::json j = nlohmann::json::object();
+  nlohmann::json* node = &j;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = path.find('.', start);
+    const std::string key(path.substr(start, dot - start));
+    if (dot == std::string_view::npos) {
+      (*node)[key] = value;
+      return j;
+    }
+    node = &(*node)[key];
+    start = dot + 1;
+  }
+}
+
+// README's table (between its markers) is the key list's table, row for row.
+TEST(DeepSpeedKeysTest, ReadmeTableIsTheKeyList) {
+  std::ifstream in(ZR_README);
+  ASSERT_TRUE(in) << ZR_README;
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string readme = text.str();
+  const std::string begin = "<!-- deepspeed-keys:begin -->\n", end = "<!-- deepspeed-keys:end -->";
+  const size_t b = readme.find(begin), e = readme.find(end);
+  ASSERT_NE(b, std::string::npos) << "README has no " << begin;
+  ASSERT_NE(e, std::string::npos);
+  const std::string table = readme.substr(b + begin.size(), e - b - begin.size());
+  EXPECT_EQ(table, DeepSpeedKeysMarkdown())
+      << "README's DeepSpeed key table differs from engine/deepspeed_config.cc: run "
+         "scripts/update_readme_keys.sh";
+}
+
+// Each key, alone in a config with its example value, is handled as the list says: implemented
+// and mapped keys parse, accepted keys parse with a note naming them, refused keys fail naming
+// them and saying why.
+TEST(DeepSpeedKeysTest, EveryKeyShowsItsHandling) {
+  std::set<std::string> seen;
+  for (const DsKey& k : DeepSpeedKeys()) {
+    SCOPED_TRACE(std::string(k.path));
+    EXPECT_TRUE(seen.insert(std::string(k.path)).second) << "listed twice";
+    nlohmann::json j = Sets(k.path, nlohmann::json::parse(k.example));
+    if (k.path.starts_with("zero_optimization.offload") ||
+        k.path.starts_with("zero_optimization.cpu_offload")) {
+      j["zero_optimization"]["stage"] = 3;
+    }
+    if (k.path.starts_with("scheduler.params")) {
+      j["scheduler"]["type"] = k.path.ends_with("ratio") ? "WarmupCosineLR" : "WarmupDecayLR";
+      if (k.path != "scheduler.params.total_num_steps") {
+        j["scheduler"]["params"]["total_num_steps"] = 2000;
+      } else {
+        j["scheduler"]["params"]["warmup_num_steps"] = 10;
+      }
+    }
+    if (k.path.starts_with("optimizer.params.") && k.path != "optimizer.params.momentum" &&
+        k.path != "optimizer.params.dampening" && k.path != "optimizer.params.nesterov") {
+      j["optimizer"]["type"] = "AdamW";
+    } else if (k.path.starts_with("optimizer.params.")) {
+      j["optimizer"]["type"] = "SGD";
+      j["optimizer"]["params"]["momentum"] = 0.9;
+    }
+    const StatusOr<RunConfig> c = Parse(j);
+    switch (k.handling) {
+      case DsHandling::kImplemented:
+        EXPECT_TRUE(c.ok()) << j.dump() << ": " << c.status();
+        break;
+      case DsHandling::kMapped:
+        ASSERT_TRUE(c.ok()) << j.dump() << ": " << c.status();
+        EXPECT_TRUE(NotesMention(*c, k.path)) << "no note for " << k.path;
+        break;
+      case DsHandling::kAccepted:
+        ASSERT_TRUE(c.ok()) << j.dump() << ": " << c.status();
+        EXPECT_TRUE(NotesMention(*c, StrCat(k.path, " = "))) << "no note";
+        EXPECT_TRUE(NotesMention(*c, k.detail)) << "the note does not say what zerort does";
+        break;
+      case DsHandling::kRefused: {
+        ASSERT_FALSE(c.ok()) << j.dump() << " was accepted";
+        const std::string m(c.status().message());
+        EXPECT_NE(m.find(k.path), std::string::npos) << m;
+        EXPECT_EQ(m.find("unknown key"), std::string::npos)
+            << "a DeepSpeed key is never unknown: " << m;
+        break;
+      }
+    }
+  }
+}
+
+TEST(DeepSpeedKeysTest, RefusedKeysAskingForNothingAreAccepted) {
+  EXPECT_EQ(Error({{"amp", {{"enabled", false}, {"opt_level", "O1"}}}}), "");
+  EXPECT_EQ(Error({{"communication_data_type", "fp32"}}), "");
+  EXPECT_EQ(Error({{"fp16", {{"enabled", false}, {"auto_cast", false}}}}), "");
+  EXPECT_EQ(Error({{"compression_training",
+                    {{"weight_quantization", {{"shared_parameters", {{"enabled", false}}}}}}}}),
+            "");
+  EXPECT_NE(Error({{"communication_data_type", "bf16"}}).find("does not support"),
+            std::string::npos);
+}
+
+TEST(DeepSpeedKeysTest, TyposAreUnknownButDeepSpeedKeysAreNamedAsUnsupported) {
+  const std::string typo = Error({{"zero_optimization", {{"stgae", 2}}}});
+  EXPECT_NE(typo.find("unknown key 'zero_optimization.stgae'"), std::string::npos) << typo;
+  EXPECT_NE(typo.find("did you mean 'zero_optimization.stage'"), std::string::npos) << typo;
+  const std::string ds = Error({{"sparse_attention", {{"mode", "fixed"}}}});
+  EXPECT_NE(ds.find("a DeepSpeed key zerort does not support"), std::string::npos) << ds;
+  EXPECT_EQ(ds.find("unknown"), std::string::npos) << ds;
+  const std::string lamb = Error({{"optimizer", {{"type", "Lamb"}}}});
+  EXPECT_NE(lamb.find("does not support yet"), std::string::npos) << lamb;
+  const std::string onebit = Error({{"optimizer", {{"type", "OneBitAdam"}}}});
+  EXPECT_NE(onebit.find("compressed"), std::string::npos) << onebit;
+  const std::string cycle = Error({{"scheduler", {{"type", "OneCycle"}}}});
+  EXPECT_NE(cycle.find("scheduler.type = \"OneCycle\""), std::string::npos) << cycle;
+}
+
+TEST(DeepSpeedKeysTest, LegacyAndAlternativeNamesMapToTheCurrentOnes) {
+  const RunConfig c = *Parse(nlohmann::json::parse(R"({
+    "zero_optimization": {"stage": 3, "max_live_parameters": 0, "prefetch_bucket_size": 0,
+                          "param_persistence_threshold": 77, "cpu_offload": true,
+                          "cpu_offload_use_pin_memory": false,
+                          "stage3_gather_fp16_weights_on_model_save": true},
+    "bfloat16": {"enabled": true},
+    "activation_checkpointing": {"partition_activations": true, "number_checkpoints": 4}
+  })"));
+  EXPECT_EQ(c.zero.stage3_max_live_parameters, 0);  // DeepSpeed allows 0
+  EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 0);
+  EXPECT_EQ(c.zero.stage3_param_persistence_threshold, 77);
+  EXPECT_EQ(c.zero.offload_optimizer.device, "cpu");
+  EXPECT_FALSE(c.zero.offload_optimizer.pin_memory);
+  EXPECT_TRUE(c.bf16);
+  EXPECT_TRUE(c.model.activation_checkpointing);
+  EXPECT_TRUE(NotesMention(c, "bfloat16 read as bf16"));
+  const RunConfig legacy = *Parse({{"zero_optimization", true}});
+  EXPECT_EQ(legacy.zero.stage, 1);
+  // An explicit model.activation_checkpointing decides over DeepSpeed's section.
+  const RunConfig off = *Parse(nlohmann::json::parse(
+      R"({"activation_checkpointing": {}, "model": {"activation_checkpointing": false}})"));
+  EXPECT_FALSE(off.model.activation_checkpointing);
+  EXPECT_NE(Error({{"zero_optimization",
+                    {{"max_live_parameters", 1}, {"stage3_max_live_parameters", 2}}}})
+                .find("are both given"),
+            std::string::npos);
+  EXPECT_EQ(Error({{"zero_optimization", {{"reduce_bucket_size", 0}}}}), "");
+}
+
+// Hugging Face's rules, against values computed by hand (model d_model 64 = the tiny preset).
+TEST(DeepSpeedKeysTest, AutoIsResolvedByHuggingFacesRules) {
+  const nlohmann::json j = nlohmann::json::parse(R"({
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": 4,
+    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+    "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": 6e-4, "betas": "auto", "eps": "auto",
+                                             "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto",
+                  "warmup_max_lr": "auto", "warmup_num_steps": "auto",
+                  "total_num_steps": "auto"}},
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto",
+                          "stage3_prefetch_bucket_size": "auto",
+                          "stage3_param_persistence_threshold": "auto"},
+    "model": {"preset": "tiny"}, "train": {"steps": 37}
+  })");
+  const StatusOr<RunConfig> parsed = Parse(j);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const RunConfig& c = *parsed;
+  EXPECT_EQ(c.model.shape.d_model, 64);
+  EXPECT_EQ(c.zero.reduce_bucket_size, 64 * 64);
+  EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 3686);  // int(0.9 x 4096)
+  EXPECT_EQ(c.zero.stage3_param_persistence_threshold, 640);
+  EXPECT_FLOAT_EQ(c.gradient_clipping, 1.0f);
+  EXPECT_FALSE(c.fp16.enabled);
+  EXPECT_FALSE(c.bf16);
+  EXPECT_FLOAT_EQ(c.optimizer.beta1, 0.9f);
+  EXPECT_FLOAT_EQ(c.optimizer.beta2, 0.999f);
+  EXPECT_FLOAT_EQ(c.optimizer.eps, 1e-8f);
+  EXPECT_FLOAT_EQ(c.optimizer.weight_decay, 0.0f);
+  EXPECT_FLOAT_EQ(c.scheduler.warmup_min_lr, 0.0f);
+  EXPECT_FLOAT_EQ(c.scheduler.warmup_max_lr, 6e-4f);  // the optimizer's lr
+  EXPECT_EQ(c.scheduler.warmup_num_steps, 0);
+  EXPECT_EQ(c.scheduler.total_num_steps, 37);  // train.steps
+  EXPECT_TRUE(NotesMention(c, "zero_optimization.reduce_bucket_size = \"auto\" -> 4096"));
+  // The batch triple follows from the micro-batch and the data-parallel size.
+  for (int dp : {1, 2, 4}) {
+    RunConfig b = c;
+    ASSERT_TRUE(ResolveBatch(b, dp, "test").ok());
+    EXPECT_EQ(b.gradient_accumulation_steps, 1);
+    EXPECT_EQ(b.train_batch_size, 4 * dp);
+  }
+  // Given train_batch_size 32 and a micro-batch "auto": accumulation 2 gives micro 16 / dp.
+  RunConfig t = *Parse(nlohmann::json::parse(R"({"train_batch_size": 32,
+      "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 2})"));
+  for (int dp : {1, 2, 4}) {
+    RunConfig b = t;
+    ASSERT_TRUE(ResolveBatch(b, dp, "test").ok());
+    EXPECT_EQ(b.train_micro_batch_size_per_gpu, 16 / dp) << dp;
+  }
+  // All three "auto": Hugging Face's per-device default of 8, accumulation 1.
+  RunConfig all = *Parse(nlohmann::json::parse(R"({"train_batch_size": "auto",
+      "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"})"));
+  ASSERT_TRUE(ResolveBatch(all, 2, "test").ok());
+  EXPECT_EQ(all.train_micro_batch_size_per_gpu, 8);
+  EXPECT_EQ(all.train_batch_size, 16);
+}
+
+TEST(DeepSpeedKeysTest, OneRunReportsEveryProblem) {
+  const std::string m = Error(nlohmann::json::parse(R"({
+    "zero_optimization": {"stage": 7, "stgae": 2},
+    "optimizer": {"type": "AdamW", "params": {"lr": "fast"}},
+    "sparse_attention": {"mode": "fixed"},
+    "train": {"steps": 0}
+  })"));
+  EXPECT_NE(m.find("ds.json: 5 problems"), std::string::npos) << m;
+  for (const char* needle :
+       {"zero_optimization.stage = 7", "zero_optimization.stgae", "optimizer.params.lr = \"fast\"",
+        "sparse_attention", "train.steps = 0"}) {
+    EXPECT_NE(m.find(needle), std::string::npos) << needle << " not in " << m;
+  }
+}
+
+}  // namespace
+}  // namespace zerort
