@@ -77,6 +77,7 @@ StatusOr<ShardManagerOptions> ManagerOptions(const RunConfig& c, DType compute) 
   o.compute_dtype = compute;
   o.reduce_dtype = DType::kF32;
   o.gradient_clipping = c.gradient_clipping;
+  o.gradient_predivide_factor = c.gradient_predivide_factor;
   o.overlap_comm = c.zero.overlap_comm;
   o.reduce_bucket_size = c.zero.reduce_bucket_size;
   o.stage3_prefetch_bucket_size = c.zero.stage3_prefetch_bucket_size;
@@ -118,6 +119,7 @@ StatusOr<ShardManagerOptions> ManagerOptions(const RunConfig& c, DType compute) 
   o.optimizer.beta1 = opt.beta1;
   o.optimizer.beta2 = opt.beta2;
   o.optimizer.eps = opt.eps;
+  o.optimizer.bias_correction = opt.bias_correction;
   o.optimizer.weight_decay = opt.weight_decay;
   o.optimizer.momentum = opt.momentum;
   o.optimizer.dampening = opt.dampening;
@@ -151,6 +153,11 @@ class Run {
     StepResult result;
     double seconds = 0;
     MemorySnapshot memory;
+    // wall_clock_breakdown: disjoint seconds of the step (forward and backward without their
+    // gathers and reductions; other: data, the loss's mean, a pipeline's transfers).
+    struct WallClock {
+      double forward = 0, backward = 0, reduce = 0, optimizer = 0, gather = 0, other = 0;
+    } wall;
   };
   StatusOr<StepOutcome> TrainStep(int64_t step, int64_t consumed);
   void Report(int64_t step, int64_t consumed, const StepOutcome& outcome, double val);
@@ -427,6 +434,8 @@ Status Run::Setup() {
   ZR_RETURN_IF_ERROR(AgreeAll(CheckMemoryFits(), "the memory check"));
   ZR_ASSIGN_OR_RETURN(ShardManagerOptions mo, ManagerOptions(c_, compute));
   mo.reduce_at_step = pp() > 1;  // the pipeline's micro-batches: one reduction per step
+  // DeepSpeed's prescale_gradients: the whole division before the reduction.
+  if (c_.prescale_gradients) mo.gradient_predivide_factor = dp().size();
   ZR_ASSIGN_OR_RETURN(
       manager_,
       ShardManager::Create(mo, {.dp = &dp(),
@@ -626,6 +635,8 @@ Status Run::Evaluate(double& loss) {
 StatusOr<Run::StepOutcome> Run::TrainStep(int64_t step, int64_t consumed) {
   const auto t0 = std::chrono::steady_clock::now();
   tracker_.ResetPeaks();
+  model_->ResetPhaseSeconds();
+  const ShardManager::StepTimes times0 = manager_->step_times();
   const int m = static_cast<int>(c_.train_micro_batch_size_per_gpu);
   const int accumulation = static_cast<int>(c_.gradient_accumulation_steps);
   const int seq = c_.model.shape.seq_len;
@@ -669,6 +680,18 @@ StatusOr<Run::StepOutcome> Run::TrainStep(int64_t step, int64_t consumed) {
   o.loss = loss;
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   o.memory = tracker_.Snapshot();  // the step's training, before evaluation
+  const ShardManager::StepTimes& times = manager_->step_times();
+  const GptModel::PhaseSeconds& phases = model_->phase_seconds();
+  const double gather_fwd = times.gather_forward - times0.gather_forward;
+  const double gather_bwd = times.gather_backward - times0.gather_backward;
+  const double reduce_bwd = times.reduce_backward - times0.reduce_backward;
+  StepOutcome::WallClock& w = o.wall;
+  w.forward = phases.forward - gather_fwd;
+  w.backward = phases.backward - gather_bwd - reduce_bwd;
+  w.gather = gather_fwd + gather_bwd;
+  w.reduce = reduce_bwd + times.reduce_step - times0.reduce_step;
+  w.optimizer = times.optimizer - times0.optimizer;
+  w.other = o.seconds - (w.forward + w.backward + w.gather + w.reduce + w.optimizer);
   return o;
 }
 
@@ -713,6 +736,17 @@ void Run::Report(int64_t step, int64_t consumed, const StepOutcome& o, double va
       {"peak_memory_total_bytes", peak_total},
   };
   if (val >= 0) record["val_loss"] = val;
+  std::string wall_line;
+  if (c_.wall_clock_breakdown) {
+    const StepOutcome::WallClock& w = o.wall;
+    record["wall_clock_s"] = {{"forward", w.forward}, {"backward", w.backward},
+                              {"reduce", w.reduce},   {"optimizer", w.optimizer},
+                              {"gather", w.gather},   {"other", w.other}};
+    wall_line = fmt::format(
+        " | ms: fwd {:.1f} bwd {:.1f} reduce {:.1f} optim {:.1f} gather {:.1f} other {:.1f}",
+        1e3 * w.forward, 1e3 * w.backward, 1e3 * w.reduce, 1e3 * w.optimizer, 1e3 * w.gather,
+        1e3 * w.other);
+  }
   // Offload: the host tiers' and the NVMe tier's peaks, by category, beside the device's.
   const bool offload =
       c_.zero.offload_optimizer.device != "none" || c_.zero.offload_param.device != "none";
@@ -755,7 +789,7 @@ void Run::Report(int64_t step, int64_t consumed, const StepOutcome& o, double va
     line = fmt::format(
         "step {:>5}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f}{} | {:.0f} tok/s "
         "({:.0f}/device) | {:.3f} TFLOP/s/device{} | peak {} MiB (params {}, grads {}, optim "
-        "{}, gathered {}, activations {}){} | skipped {}",
+        "{}, gathered {}, activations {}){}{} | skipped {}",
         step + 1, steps, o.loss, val >= 0 ? fmt::format(" | val {:.4f}", val) : "", o.lr,
         r.grad_norm, c_.fp16.enabled ? fmt::format(" | scale {}", r.loss_scale) : "", tokens_per_s,
         tokens_per_s / devices, flops_per_device / 1e12,
@@ -763,7 +797,7 @@ void Run::Report(int64_t step, int64_t consumed, const StepOutcome& o, double va
         Mib(peak_total), Mib(memory["parameters"].get<int64_t>()),
         Mib(memory["gradients"].get<int64_t>()), Mib(memory["optimizer_state"].get<int64_t>()),
         Mib(memory["gathered_weights"].get<int64_t>()), Mib(memory["activations"].get<int64_t>()),
-        offload_line, manager_->skipped_steps());
+        offload_line, wall_line, manager_->skipped_steps());
     if (tty) line = "\r\033[K" + line;
   }
   Emit(record, line);

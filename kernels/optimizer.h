@@ -19,10 +19,11 @@ struct AdamHyper {
   float beta1 = 0.9f;
   float beta2 = 0.999f;
   float eps = 1e-8f;
-  float weight_decay = 0.0f;  // for this range (0 where the parameter has no decay)
-  bool decoupled = true;      // AdamW (p *= 1 - lr*wd) vs Adam (g += wd*p)
-  int64_t step = 1;           // 1-based, for bias correction
-  float grad_scale = 1.0f;    // multiplies the gradient first
+  float weight_decay = 0.0f;    // for this range (0 where the parameter has no decay)
+  bool decoupled = true;        // AdamW (p *= 1 - lr*wd) vs Adam (g += wd*p)
+  int64_t step = 1;             // 1-based, for bias correction
+  float grad_scale = 1.0f;      // multiplies the gradient first
+  bool bias_correction = true;  // false: DeepSpeed's bias_correction off (no 1/(1-beta^t))
 };
 
 struct SgdHyper {

@@ -7,6 +7,7 @@
 
 #include "layers/gpt_block.h"
 #include "layers/tp_layers.h"
+#include "runtime/scoped_seconds.h"
 #include "runtime/strings.h"
 
 namespace zerort {
@@ -359,6 +360,7 @@ StatusOr<GptModel::MicroBatchPtr> GptModel::Begin(std::span<const int32_t> token
 }
 
 Status GptModel::EmbedForward(MicroBatch& mb) {
+  const ScopedSeconds timed(&phase_seconds_.forward);
   // The vocabulary-parallel embedding: each rank looks up the tokens of its rows of wte (zeros
   // for the others), rank 0 adds the positions, and the sum over the group (reduced to this
   // rank's rows under sequence parallelism) is the embedding.
@@ -395,6 +397,7 @@ Status CheckBlocks(const GptStagePart& part, int n_layer, int first, int last) {
 }  // namespace
 
 Status GptModel::BlocksForward(MicroBatch& mb, int first, int last) {
+  const ScopedSeconds timed(&phase_seconds_.forward);
   ZR_RETURN_IF_ERROR(CheckBlocks(options_.stage, options_.config.n_layer, first, last));
   const Ctx c = mb.ctx(kernels_);
   for (int l = first; l < last; ++l) {
@@ -416,6 +419,7 @@ DType GptModel::BoundaryDType() const { return DTypeOfSize(kernels_.act_size());
 
 StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
                                        std::vector<double>* logits, int64_t logits_from_row) {
+  const ScopedSeconds timed(&phase_seconds_.forward);
   if (logits_from_row < 0 || logits_from_row >= mb.g.rows) {
     return absl::InvalidArgumentError(
         StrCat("logits from row ", logits_from_row, " of ", mb.g.rows));
@@ -482,6 +486,7 @@ StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
 }
 
 Status GptModel::HeadBackward(MicroBatch& mb) {
+  const ScopedSeconds timed(&phase_seconds_.backward);
   if (!mb.train || !mb.logits) {
     return absl::FailedPreconditionError("HeadBackward needs a training HeadForward first");
   }
@@ -544,6 +549,7 @@ Status GptModel::EnsureBackwardScratch(MicroBatch& mb) {
 }
 
 Status GptModel::BlocksBackward(MicroBatch& mb, int first, int last, const void* dout, void* dx) {
+  const ScopedSeconds timed(&phase_seconds_.backward);
   ZR_RETURN_IF_ERROR(CheckBlocks(options_.stage, options_.config.n_layer, first, last));
   const Geometry& g = mb.g;
   ModelKernels& k = kernels_;
@@ -589,6 +595,7 @@ Status GptModel::BlocksBackward(MicroBatch& mb, int first, int last, const void*
 }
 
 Status GptModel::EmbedBackward(MicroBatch& mb) {
+  const ScopedSeconds timed(&phase_seconds_.backward);
   if (!options_.stage.first || !mb.s.dres) {
     return absl::FailedPreconditionError(
         "EmbedBackward before the blocks' backward, or on a stage without the input embedding");

@@ -103,6 +103,15 @@ class GptModel {
 
   const GptConfig& config() const { return options_.config; }
   const GptModelOptions& options() const { return options_; }
+  // Wall seconds spent in the forward primitives (embedding, blocks, head) and the backward ones
+  // since the last reset, gathers and reductions included (wall_clock_breakdown). On a GPU they are
+  // the host's time to issue the work.
+  struct PhaseSeconds {
+    double forward = 0;
+    double backward = 0;
+  };
+  const PhaseSeconds& phase_seconds() const { return phase_seconds_; }
+  void ResetPhaseSeconds() { phase_seconds_ = {}; }
   // The model-wide position of each unit this rank holds, in the store's order (embeddings 0,
   // block l at 1 + l, the final norm at n_layer + 1): a pipeline stage holds some of them.
   std::vector<int> UnitPositions() const;
@@ -178,6 +187,7 @@ class GptModel {
   WeightStore& store_;
   ModelKernels& kernels_;
   Allocator& activations_;
+  PhaseSeconds phase_seconds_;
 };
 
 }  // namespace zerort

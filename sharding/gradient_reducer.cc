@@ -15,6 +15,24 @@ GradientReducer::GradientReducer(const UnitResources& resources, ShardedOptimize
   event_ = *CreateEvent(resources_.tiers.device->device());
 }
 
+// DeepSpeed's gradient_predivide_factor f: divide by f before the reduction (a sum) and by
+// (dp / f) after; f = 1 is a sum then the mean, which the collective's average does at once.
+StatusOr<ReduceOp> GradientReducer::PreDivide(const std::vector<ShardedUnit*>& units,
+                                              Stream* stream) const {
+  const double f = resources_.options->gradient_predivide_factor;
+  if (f == 1.0) return ReduceOp::kAvg;
+  for (ShardedUnit* u : units) {
+    ZR_RETURN_IF_ERROR(Scale(u->FullGrad(), static_cast<float>(1.0 / f), stream));
+  }
+  return ReduceOp::kSum;
+}
+
+Status GradientReducer::PostDivide(const TensorView& reduced, Stream* stream) const {
+  const double f = resources_.options->gradient_predivide_factor;
+  if (f == 1.0) return absl::OkStatus();
+  return Scale(reduced, static_cast<float>(f / resources_.dp->size()), stream);
+}
+
 Status GradientReducer::CommAfterCompute() {
   ZR_RETURN_IF_ERROR(event_->Record(*resources_.compute));
   return resources_.comm->WaitEvent(*event_);
@@ -39,6 +57,7 @@ Status GradientReducer::FlushReduceScatter() {
   const int ranks = resources_.dp->size();
   Stream* comm = resources_.comm;
   ZR_RETURN_IF_ERROR(CommAfterCompute());
+  ZR_ASSIGN_OR_RETURN(const ReduceOp op, PreDivide(pending_, comm));  // before packing
 
   int64_t bucket_shard = 0;
   for (ShardedUnit* u : pending_) bucket_shard += u->layout().shard_numel();
@@ -67,10 +86,11 @@ Status GradientReducer::FlushReduceScatter() {
              : StrCat("reduce-scatter bucket of ", pending_.size(), " units"));
   ZR_RETURN_IF_ERROR(
       resources_.dp->ReduceScatter(single ? pending_[0]->FullGrad().data() : packed.data(),
-                                   reduced.data(), bucket_shard, dtype, ReduceOp::kAvg, comm));
+                                   reduced.data(), bucket_shard, dtype, op, comm));
   resources_.dp->SetTraceLabel("");
   ++collectives_;
   const TensorView all(reduced.data(), dtype, {bucket_shard}, device);
+  ZR_RETURN_IF_ERROR(PostDivide(all, comm));
   int64_t offset = 0;
   for (ShardedUnit* u : pending_) {
     const int64_t s = u->layout().shard_numel();
@@ -89,13 +109,14 @@ Status GradientReducer::AllReduceBucket(const std::vector<ShardedUnit*>& bucket)
   const size_t elem = DTypeSize(dtype);
   const Device device = resources_.tiers.device->device();
   Stream* comm = resources_.comm;
+  ZR_ASSIGN_OR_RETURN(const ReduceOp op, PreDivide(bucket, comm));
   resources_.dp->SetTraceLabel(bucket.size() == 1
                                    ? StrCat("all-reduce ", bucket[0]->name())
                                    : StrCat("all-reduce bucket of ", bucket.size(), " units"));
   if (bucket.size() == 1) {
     const TensorView g = bucket[0]->FullGrad();
-    ZR_RETURN_IF_ERROR(
-        resources_.dp->AllReduce(g.data(), g.data(), g.numel(), dtype, ReduceOp::kAvg, comm));
+    ZR_RETURN_IF_ERROR(resources_.dp->AllReduce(g.data(), g.data(), g.numel(), dtype, op, comm));
+    ZR_RETURN_IF_ERROR(PostDivide(g, comm));
   } else {
     int64_t total = 0;
     for (ShardedUnit* u : bucket) total += u->layout().padded_numel();
@@ -109,7 +130,8 @@ Status GradientReducer::AllReduceBucket(const std::vector<ShardedUnit*>& bucket)
       offset += g.numel();
     }
     ZR_RETURN_IF_ERROR(
-        resources_.dp->AllReduce(packed.data(), packed.data(), total, dtype, ReduceOp::kAvg, comm));
+        resources_.dp->AllReduce(packed.data(), packed.data(), total, dtype, op, comm));
+    ZR_RETURN_IF_ERROR(PostDivide(TensorView(packed.data(), dtype, {total}, device), comm));
     offset = 0;
     for (ShardedUnit* u : bucket) {
       const TensorView g = u->FullGrad();

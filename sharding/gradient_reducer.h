@@ -8,6 +8,9 @@
 // or more is reduced alone, without packing.
 // Stages 0-1 (all-reduce, at the step): units are concatenated up to the bucket size, one
 // all-reduce per bucket.
+// The mean over ranks is a sum divided by the data-parallel size after the reduction, or, with
+// DeepSpeed's gradient_predivide_factor f (prescale_gradients: f = dp), divided by f before and
+// by dp / f after (the same mean up to rounding; a smaller sum where overflow is a risk).
 // Work runs on the comm stream after the compute stream's gradients (an event), and the compute
 // stream waits for the comm stream before the optimizer reads the gradient shards.
 #pragma once
@@ -36,6 +39,10 @@ class GradientReducer {
   Status FlushReduceScatter();
   Status AllReduceBucket(const std::vector<ShardedUnit*>& bucket);
   Status CommAfterCompute();
+  // gradient_predivide_factor: scales the units' full gradients before the reduction and says
+  // which reduction to run; PostDivide scales its result.
+  StatusOr<ReduceOp> PreDivide(const std::vector<ShardedUnit*>& units, Stream* stream) const;
+  Status PostDivide(const TensorView& reduced, Stream* stream) const;
 
   UnitResources resources_;
   ShardedOptimizer* optimizer_;

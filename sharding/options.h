@@ -16,13 +16,14 @@ enum class OptimizerKind { kAdamW, kAdam, kSgd };
 
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::kAdamW;
-  float beta1 = 0.9f;         // Adam(W) "betas"[0]
-  float beta2 = 0.999f;       // Adam(W) "betas"[1]
-  float eps = 1e-8f;          // Adam(W)
-  float weight_decay = 0.0f;  // applied only to parameters whose ParamSpec says so
-  float momentum = 0.0f;      // SGD
-  float dampening = 0.0f;     // SGD
-  bool nesterov = false;      // SGD
+  float beta1 = 0.9f;           // Adam(W) "betas"[0]
+  float beta2 = 0.999f;         // Adam(W) "betas"[1]
+  float eps = 1e-8f;            // Adam(W)
+  bool bias_correction = true;  // Adam(W): DeepSpeed's bias_correction
+  float weight_decay = 0.0f;    // applied only to parameters whose ParamSpec says so
+  float momentum = 0.0f;        // SGD
+  float dampening = 0.0f;       // SGD
+  bool nesterov = false;        // SGD
 };
 
 // fp16 dynamic loss scaling, DeepSpeed's "fp16" section. Unused for fp32/bf16 (scale 1).
@@ -73,6 +74,10 @@ struct ShardManagerOptions {
   OffloadOptions offload;
   LossScaleOptions loss_scale;     // used when compute_dtype is f16
   float gradient_clipping = 0.0f;  // max global L2 norm; 0 disables
+  // Where the data-parallel mean divides (DeepSpeed's gradient_predivide_factor; prescale_gradients
+  // is the factor dp_size): gradients are divided by this before the reduction (a sum) and by
+  // (dp_size / factor) after. 1 (default): the sum, then the mean, as DeepSpeed does by default.
+  double gradient_predivide_factor = 1.0;
   bool overlap_comm = true;  // reduce gradients on the comm stream, overlapping backward compute
   // Stages 2-3: keep each unit's full gradient through the step's micro-batches and reduce it
   // once, at the step, instead of as each backward ends (a pipeline's micro-batches: m-fold

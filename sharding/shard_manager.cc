@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "runtime/log.h"
+#include "runtime/scoped_seconds.h"
 #include "runtime/strings.h"
 
 namespace zerort {
@@ -404,11 +405,13 @@ Status ShardManager::EnsureGathered(int unit) {
 }
 
 StatusOr<UnitScope> ShardManager::Forward(int unit) {
+  const ScopedSeconds timed(&step_times_.gather_forward);
   ZR_RETURN_IF_ERROR(EnsureGathered(unit));
   return UnitScope(this, unit, false);
 }
 
 StatusOr<UnitScope> ShardManager::Backward(int unit) {
+  const ScopedSeconds timed(&step_times_.gather_backward);
   ZR_RETURN_IF_ERROR(EnsureGathered(unit));
   ZR_RETURN_IF_ERROR(units_[unit]->BeginBackward());
   return UnitScope(this, unit, true);
@@ -430,6 +433,7 @@ Status ShardManager::EndScope(int unit, bool backward) {
   ShardedUnit& u = *units_[unit];
   if (backward && (options_.stage == ZeroStage::k2 || options_.stage == ZeroStage::k3) &&
       !options_.reduce_at_step) {
+    const ScopedSeconds timed(&step_times_.reduce_backward);
     ZR_RETURN_IF_ERROR(reducer_->Add(u));
   }
   return u.Release();
@@ -438,6 +442,7 @@ Status ShardManager::EndScope(int unit, bool backward) {
 Status ShardManager::ReduceGradients() {
   if (!initialized_) return absl::FailedPreconditionError("Initialize the ShardManager first");
   if (gradients_reduced_) return absl::OkStatus();
+  const ScopedSeconds timed(&step_times_.reduce_step);
   if (options_.reduce_at_step &&
       (options_.stage == ZeroStage::k2 || options_.stage == ZeroStage::k3)) {
     // Every full gradient kept through the micro-batches, reduced now, last unit first (the
@@ -468,6 +473,18 @@ Status ShardManager::ReduceGradients() {
 
 StatusOr<StepResult> ShardManager::Step(const StepInputs& inputs) {
   if (!initialized_) return absl::FailedPreconditionError("Initialize the ShardManager first");
+  // The optimizer's share: the step's wall time less the reductions it completes.
+  const double reduce_before = step_times_.reduce_step;
+  double step_seconds = 0;
+  StatusOr<StepResult> result = [&] {
+    const ScopedSeconds timed(&step_seconds);
+    return StepImpl(inputs);
+  }();
+  step_times_.optimizer += step_seconds - (step_times_.reduce_step - reduce_before);
+  return result;
+}
+
+StatusOr<StepResult> ShardManager::StepImpl(const StepInputs& inputs) {
   if (inputs.micro_batches < 1) {
     return absl::InvalidArgumentError(
         StrCat("micro_batches ", inputs.micro_batches, " is below 1"));

@@ -153,11 +153,21 @@ class ShardManager {
   int64_t gradient_collectives() const { return reducer_->collectives(); }
   // Where the offload tier's time went so far (cumulative seconds).
   const OffloadStats& offload_stats() const { return offload_stats_; }
+  // Where the step's time went so far (cumulative wall seconds, wall_clock_breakdown).
+  struct StepTimes {
+    double gather_forward = 0;   // Forward(): waiting for and issuing all-gathers
+    double gather_backward = 0;  // Backward(): the same, for the backward
+    double reduce_backward = 0;  // reductions issued as units' backward ends (stages 2-3)
+    double reduce_step = 0;      // ReduceGradients: the reductions left for the step
+    double optimizer = 0;        // Step() without the reductions it completes
+  };
+  const StepTimes& step_times() const { return step_times_; }
 
  private:
   friend class UnitScope;
   ShardManager(const ShardManagerOptions& options, const Resources& resources);
   Status EnsureGathered(int unit);
+  StatusOr<StepResult> StepImpl(const StepInputs& inputs);
   Status Prefetch(int after_position);
   Status CreateTiers();
   Status AfterStep();  // zero the gradient shards, refresh the compute copies
@@ -176,6 +186,7 @@ class ShardManager {
   Tiers tiers_;
   std::unique_ptr<ShardedOptimizer> optimizer_;
   OffloadStats offload_stats_;
+  StepTimes step_times_;
   std::vector<std::unique_ptr<ShardedUnit>> units_;
   std::vector<UnitOptions> unit_options_;  // one per unit
   std::unique_ptr<GradientReducer> reducer_;

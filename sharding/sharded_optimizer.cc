@@ -8,6 +8,7 @@
 #include "kernels/cast.h"
 #include "kernels/optimizer.h"
 #include "kernels/reduce.h"
+#include "runtime/scoped_seconds.h"
 #include "runtime/strings.h"
 
 namespace zerort {
@@ -25,20 +26,6 @@ struct ShardedOptimizer::UnitState {
 namespace {
 int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
-// Adds the seconds of its lifetime to *into (when there is a counter).
-class Timed {
- public:
-  explicit Timed(double* into) : into_(into), t0_(std::chrono::steady_clock::now()) {}
-  ~Timed() {
-    if (into_ != nullptr) {
-      *into_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-    }
-  }
-
- private:
-  double* into_;
-  std::chrono::steady_clock::time_point t0_;
-};
 constexpr int64_t kPage = NvmeStore::kAlignment;
 
 TensorView HostF32(void* data, int64_t n) {
@@ -150,7 +137,7 @@ Status ShardedOptimizer::AccumulateGradient(const ShardedUnit& unit, const Tenso
 // Read (unless this step has not written it yet), add, write, chunk by chunk; the norm parts are
 // taken on the way, chained so that they equal one pass over the whole shard.
 Status ShardedOptimizer::AccumulateNvme(int u, const TensorView& reduced) {
-  Timed timed(resources_.stats ? &resources_.stats->grad_io_s : nullptr);
+  ScopedSeconds timed(resources_.stats ? &resources_.stats->grad_io_s : nullptr);
   UnitState& s = *units_[u];
   NvmeStore& store = *resources_.tiers.nvme;
   const int64_t shard = s.grad.numel();
@@ -298,7 +285,8 @@ Status ShardedOptimizer::Update(int u, const Range& range, const OptimizerStepAr
                         .weight_decay = wd,
                         .decoupled = opt.kind == OptimizerKind::kAdamW,
                         .step = args.step,
-                        .grad_scale = args.grad_scale};
+                        .grad_scale = args.grad_scale,
+                        .bias_correction = opt.bias_correction};
       ZR_RETURN_IF_ERROR(AdamStep(h, part(master), part(grad), part(exp_avg), part(exp_avg_sq),
                                   part(out), stream));
     }
@@ -307,8 +295,8 @@ Status ShardedOptimizer::Update(int u, const Range& range, const OptimizerStepAr
 }
 
 Status ShardedOptimizer::Step(const OptimizerStepArgs& args) {
-  Timed timed(resources_.stats && tier() != MemoryTier::kDevice ? &resources_.stats->optimizer_s
-                                                                : nullptr);
+  ScopedSeconds timed(
+      resources_.stats && tier() != MemoryTier::kDevice ? &resources_.stats->optimizer_s : nullptr);
   if (tier() == MemoryTier::kNvme) return StepNvme(args);
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     ZR_RETURN_IF_ERROR(StepInMemory(u, args));
@@ -377,7 +365,7 @@ Status ShardedOptimizer::StepNvme(const OptimizerStepArgs& args) {
   auto issue = [&]() -> Status {
     Job j{chunks[next++], {}, {}};
     {
-      Timed waited(io_wait);  // a staging set is free once its last writes have landed
+      ScopedSeconds waited(io_wait);  // a staging set is free once its last writes have landed
       ZR_ASSIGN_OR_RETURN(j.lease, staging_->Acquire());
     }
     UnitState& s = *units_[j.chunk.unit];
@@ -403,7 +391,7 @@ Status ShardedOptimizer::StepNvme(const OptimizerStepArgs& args) {
     in_flight.pop_front();
     UnitState& s = *units_[j.chunk.unit];
     {
-      Timed waited(io_wait);
+      ScopedSeconds waited(io_wait);
       for (IoHandle& r : j.reads) {
         Status st = r.Finish();
         if (failed.ok() && !st.ok()) failed = st;
@@ -456,7 +444,7 @@ Status ShardedOptimizer::StepNvme(const OptimizerStepArgs& args) {
   }
   Status drained;
   {
-    Timed waited(io_wait);
+    ScopedSeconds waited(io_wait);
     drained = staging_->Drain();  // every write of this step has landed
   }
   if (!failed.ok()) return Annotate(failed, "optimizer step on the nvme tier");

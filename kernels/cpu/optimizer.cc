@@ -18,8 +18,9 @@ struct AdamConstants {
 };
 
 AdamConstants Constants(const AdamHyper& h) {
-  const double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), static_cast<double>(h.step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(h.beta2), static_cast<double>(h.step));
+  const double t = static_cast<double>(h.step);
+  const double bc1 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta1), t) : 1.0;
+  const double bc2 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta2), t) : 1.0;
   return AdamConstants{
       static_cast<float>(h.lr / bc1), static_cast<float>(std::sqrt(bc2)),
       h.decoupled ? static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay) : 1.0f,

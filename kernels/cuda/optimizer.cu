@@ -93,8 +93,9 @@ namespace internal {
 Status CudaAdam(const AdamHyper& h, float* p, const float* g, float* m, float* v, void* out,
                 DType out_dtype, int64_t n, Stream* stream) {
   if (n == 0) return absl::OkStatus();
-  const double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), static_cast<double>(h.step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(h.beta2), static_cast<double>(h.step));
+  const double t = static_cast<double>(h.step);
+  const double bc1 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta1), t) : 1.0;
+  const double bc2 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta2), t) : 1.0;
   const AdamArgs a{
       h.beta1,
       h.beta2,

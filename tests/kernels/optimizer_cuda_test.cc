@@ -50,14 +50,19 @@ TEST(OptimizerCudaTest, AdamMatchesCpu) {
   ZR_NEED_GPU();
   Gpu gpu;
   const int64_t n = (1 << 20) + 7;
-  for (bool decoupled : {true, false}) {
+  for (const auto [decoupled, bias_correction] :
+       {std::pair{true, true}, std::pair{false, true}, std::pair{true, false}}) {
     std::vector<float> p = Random(n, 1), g = Random(n, 2), m = Random(n, 3), v = Random(n, 4, true);
     std::vector<uint16_t> out(n);
     TensorView dp = gpu.Upload(p.data(), DType::kF32, n), dg = gpu.Upload(g.data(), DType::kF32, n);
     TensorView dm = gpu.Upload(m.data(), DType::kF32, n), dv = gpu.Upload(v.data(), DType::kF32, n);
     TensorView dout = gpu.Upload(out.data(), DType::kBF16, n);
-    const AdamHyper h{
-        .lr = 1e-3f, .weight_decay = 0.1f, .decoupled = decoupled, .step = 3, .grad_scale = 0.5f};
+    const AdamHyper h{.lr = 1e-3f,
+                      .weight_decay = 0.1f,
+                      .decoupled = decoupled,
+                      .step = 3,
+                      .grad_scale = 0.5f,
+                      .bias_correction = bias_correction};
     ASSERT_TRUE(AdamStep(h, dp, dg, dm, dv, dout, gpu.stream.get()).ok());
     ASSERT_TRUE(
         AdamStep(h, TensorView(p.data(), DType::kF32, {n}), TensorView(g.data(), DType::kF32, {n}),

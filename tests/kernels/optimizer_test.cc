@@ -29,8 +29,9 @@ void TextbookAdam(const AdamHyper& h, std::vector<double>& p, const std::vector<
     if (!h.decoupled) grad += h.weight_decay * p[i];
     m[i] = h.beta1 * m[i] + (1 - h.beta1) * grad;
     v[i] = h.beta2 * v[i] + (1 - h.beta2) * grad * grad;
-    const double m_hat = m[i] / (1 - std::pow(h.beta1, h.step));
-    const double v_hat = v[i] / (1 - std::pow(h.beta2, h.step));
+    // DeepSpeed's bias_correction = false drops the two corrections.
+    const double m_hat = h.bias_correction ? m[i] / (1 - std::pow(h.beta1, h.step)) : m[i];
+    const double v_hat = h.bias_correction ? v[i] / (1 - std::pow(h.beta2, h.step)) : v[i];
     if (h.decoupled) p[i] -= h.lr * h.weight_decay * p[i];
     p[i] -= h.lr * m_hat / (std::sqrt(v_hat) + h.eps);
   }
@@ -57,7 +58,8 @@ void ExpectClose(const std::vector<float>& got, const std::vector<double>& want,
 }
 
 TEST(OptimizerTest, AdamReferenceMatchesTextbook) {
-  for (bool decoupled : {true, false}) {
+  for (const auto [decoupled, bias_correction] :
+       {std::pair{true, true}, std::pair{false, true}, std::pair{true, false}}) {
     const size_t n = 1001;
     std::vector<float> p = Random(n, 1), m(n, 0), v(n, 0);
     std::vector<double> pd(p.begin(), p.end()), md(n, 0), vd(n, 0);
@@ -66,7 +68,8 @@ TEST(OptimizerTest, AdamReferenceMatchesTextbook) {
                 .beta2 = 0.95f,
                 .eps = 1e-8f,
                 .weight_decay = 0.1f,
-                .decoupled = decoupled};
+                .decoupled = decoupled,
+                .bias_correction = bias_correction};
     for (int step = 1; step <= 6; ++step) {
       std::vector<float> g = Random(n, 100 + step, 0.5f);
       h.step = step;
@@ -74,7 +77,10 @@ TEST(OptimizerTest, AdamReferenceMatchesTextbook) {
       ASSERT_TRUE(AdamStepReference(h, View(p), View(g), View(m), View(v), TensorView()).ok());
       TextbookAdam(h, pd, g, md, vd);
     }
-    ExpectClose(p, pd, 2e-5, decoupled ? "AdamW" : "Adam");
+    ExpectClose(p, pd, 2e-5,
+                !bias_correction ? "AdamW without bias correction"
+                : decoupled      ? "AdamW"
+                                 : "Adam");
   }
 }
 

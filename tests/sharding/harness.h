@@ -28,6 +28,7 @@ struct RunConfig {
   ShardPlacement placement;  // offload: optimizer state and (stage 3) parameters
   std::string nvme_path;     // for kNvme placements
   IoEngine io_engine = IoEngine::kAuto;
+  double predivide = 1.0;  // gradient_predivide_factor (prescale_gradients: the world size)
 };
 
 inline ShardManagerOptions Options(const RunConfig& c) {
@@ -39,6 +40,7 @@ inline ShardManagerOptions Options(const RunConfig& c) {
   o.stage3_param_persistence_threshold = c.persistence_threshold;
   o.reduce_bucket_size = c.reduce_bucket_size;
   o.overlap_comm = c.overlap_comm;
+  o.gradient_predivide_factor = c.predivide;
   o.optimizer.kind = c.optimizer;
   o.placement = c.placement;
   o.offload.nvme_path = c.nvme_path;

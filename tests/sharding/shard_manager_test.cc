@@ -151,6 +151,25 @@ TEST(ShardManagerTest, PersistentUnitsStayGatheredAndChangeNoNumber) {
   EXPECT_EQ(a.params, Train(released).params);
 }
 
+// DeepSpeed's gradient_predivide_factor and prescale_gradients move the division by the world
+// size around the reduction: the same mean up to rounding, at every stage (SGD with momentum:
+// Adam would hide a wrong scale).
+TEST(ShardManagerTest, PredividingTheGradientKeepsTheMean) {
+  for (ZeroStage stage : {ZeroStage::k0, ZeroStage::k1, ZeroStage::k2, ZeroStage::k3}) {
+    RunConfig after{.stage = stage, .world = 4, .optimizer = OptimizerKind::kSgd, .steps = 4};
+    const RunResult reference = Train(after);
+    ASSERT_EQ(reference.error, "");
+    for (double factor : {2.0, 4.0}) {  // 4: prescale_gradients at world size 4
+      RunConfig before = after;
+      before.predivide = factor;
+      const RunResult r = Train(before);
+      ASSERT_EQ(r.error, "");
+      EXPECT_LE(MaxRelativeError(r.params, reference.params), 1e-6)
+          << "stage " << static_cast<int>(stage) << ", factor " << factor;
+    }
+  }
+}
+
 TEST(ShardManagerTest, OverlapCommChangesNoNumber) {
   RunConfig overlapped{.stage = ZeroStage::k3, .world = 2, .steps = 4};
   RunConfig serial = overlapped;
