@@ -348,13 +348,7 @@ RunConfig ParseSchema(const nlohmann::json& json, Problems& problems) {
     problems.Add(top.Bool("prescale_gradients", c.prescale_gradients));
     problems.Add(top.Number("gradient_predivide_factor", c.gradient_predivide_factor, 1e-6, 1e6));
     problems.Add(top.Bool("wall_clock_breakdown", c.wall_clock_breakdown));
-    if (c.prescale_gradients && top.Has("gradient_predivide_factor") &&
-        c.gradient_predivide_factor != 1.0) {
-      problems.Add(absl::InvalidArgumentError(
-          "prescale_gradients = true and gradient_predivide_factor are both given: prescaling "
-          "divides by the data-parallel size before the reduction, the factor says another "
-          "divisor (keep one)"));
-    }
+    // With prescale_gradients the factor is not used (DeepSpeed's engine ignores it too).
     int64_t seed = static_cast<int64_t>(c.seed);
     problems.Add(top.Int("seed", seed, 0, kMaxInt));
     c.seed = static_cast<uint64_t>(seed);

@@ -162,7 +162,8 @@ struct RunConfig {
   float gradient_clipping = 0.0f;  // max global norm; 0: off (DeepSpeed's default)
   // Where the data-parallel mean divides (DeepSpeed's keys; the same mean up to rounding):
   // prescale_gradients divides by the data-parallel size before the reduction;
-  // gradient_predivide_factor f divides by f before and by (size / f) after. Default: after.
+  // gradient_predivide_factor f divides by f before and by (size / f) after (ignored with
+  // prescale_gradients, as DeepSpeed ignores it). Default: after.
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
   // Seconds per phase (forward, backward, reduce, optimizer, gather) in the metrics.

@@ -52,6 +52,14 @@ constexpr DsKey kKeys[] = {
      "implemented: their compressed all-reduce changes the gradients)",
      "100"},
     {"optimizer.params.cuda_aware", R, "a 1-bit optimizer's parameter", "false"},
+    {"optimizer.params.var_freeze_step", R, "a 0/1 Adam parameter", "100"},
+    {"optimizer.params.var_update_scaler", R, "a 0/1 Adam parameter", "16"},
+    {"optimizer.params.local_step_scaler", R, "a 0/1 Adam parameter", "32678"},
+    {"optimizer.params.local_step_clipper", R, "a 0/1 Adam parameter", "16"},
+    {"optimizer.params.coeff_beta", R, "a 1-bit LAMB parameter", "0.9"},
+    {"optimizer.params.factor_max", R, "a 1-bit LAMB parameter", "4.0"},
+    {"optimizer.params.factor_min", R, "a 1-bit LAMB parameter", "0.5"},
+    {"optimizer.params.factor_threshold", R, "a 1-bit LAMB parameter", "0.1"},
     {"optimizer.params.comm_backend_name", R, "a 1-bit optimizer's parameter", "\"nccl\""},
     {"optimizer.params.max_coeff", R, "a LAMB parameter (LAMB is not implemented yet)", "10.0"},
     {"optimizer.params.min_coeff", R, "a LAMB parameter (LAMB is not implemented yet)", "0.01"},
@@ -334,6 +342,13 @@ constexpr DsKey kKeys[] = {
      "{\"deepcompile\": true}"},
     {"graph_harvesting", A, "zerort records no CUDA graphs", "true"},
     {"zero_allow_untested_optimizer", A, "zerort's optimizers are all sharded", "true"},
+    // Not config keys but DeepSpeed's attribute names, which DeepSpeed ignores in a config; real
+    // configs (LLaMA-Factory's) carry them.
+    {"monitor_config", A,
+     "not a DeepSpeed config key (DeepSpeed ignores it; its monitors are top-level sections)",
+     "{\"enabled\": true}"},
+    {"comms_config", A, "not a DeepSpeed config key (DeepSpeed ignores it; see comms_logger)",
+     "{\"verbose\": false}"},
     {"zero_force_ds_cpu_optimizer", A, "offloaded steps run zerort's own CPU optimizer", "true"},
 };
 
@@ -581,6 +596,13 @@ std::string DeepSpeedKeysMarkdown() {
 
 void NormalizeDeepSpeed(nlohmann::json& json, Problems& problems, std::vector<std::string>& notes,
                         AutoKeys& autos) {
+  // An optimizer zerort refuses by type (the schema says why): its parameters say nothing more.
+  if (const nlohmann::json* type = Find(json, "optimizer.type"); type && type->is_string()) {
+    const std::string t = Lower(type->get<std::string>());
+    if (t == "lamb" || t == "onebitadam" || t == "onebitlamb" || t == "zerooneadam") {
+      Erase(json, "optimizer.params");
+    }
+  }
   // Mapped names first, so "auto" and the other rows see the current paths.
   for (const DsKey& k : kKeys) {
     if (k.handling != DsHandling::kMapped) continue;
