@@ -93,10 +93,10 @@ constexpr DsKey kKeys[] = {
     {"disable_allgather", A, "zerort all-gathers each unit's shards", "true"},
     {"fp32_allreduce", A, "zerort reduces gradients in fp32 already", "true"},
     // Precision.
-    {"fp16.enabled", R,
-     "fp16 training is not implemented yet (the model's kernels take fp32 or bf16); use "
-     "bf16.enabled",
-     "true", "[false]"},
+    {"fp16.enabled", I,
+     "fp16 weights and activations, fp32 math, masters and reduction, dynamic loss scaling "
+     "(skipped steps and the scale in the metrics)",
+     "true"},
     {"fp16.auto_cast", A, "zerort's model casts its own inputs to the compute dtype", "true"},
     {"fp16.loss_scale", I, "0: dynamic loss scaling, else a static scale", "0"},
     {"fp16.initial_scale_power", I, "dynamic scale starts at 2^this", "16"},
@@ -637,10 +637,9 @@ void NormalizeDeepSpeed(nlohmann::json& json, Problems& problems, std::vector<st
     if (k.handling == DsHandling::kRefused && !AsksForNothing(k, value)) {
       problems.Add(StrCat(k.path, " = ", Shown(value),
                           ": a DeepSpeed key zerort does not support: ", k.detail));
-      if (k.path != "fp16.enabled") Erase(json, k.path);  // not "unknown" as well
+      Erase(json, k.path);  // not "unknown" as well
       continue;
     }
-    if (k.path == "fp16.enabled") continue;  // the schema reads it
     Erase(json, k.path);
     if (k.handling == DsHandling::kAccepted) {
       notes.push_back(StrCat(k.path, " = ", Shown(value), ": accepted; ", k.detail));

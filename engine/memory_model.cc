@@ -709,7 +709,7 @@ StatusOr<MemoryModelInput> MemoryModelInput::FromConfig(const RunConfig& config,
   in.virtual_stages = c.parallel.virtual_pipeline_stages;
   in.pipeline_layers = c.parallel.pipeline_layers;
   in.stage = c.zero.stage;
-  in.compute = c.bf16 ? DType::kBF16 : DType::kF32;
+  in.compute = c.bf16 ? DType::kBF16 : c.fp16.enabled ? DType::kF16 : DType::kF32;
   in.optimizer_states = c.optimizer.type == "SGD" ? (c.optimizer.momentum != 0 ? 1 : 0) : 2;
   in.activation_checkpointing = c.model.activation_checkpointing;
   in.offload_optimizer = c.zero.offload_optimizer.device;

@@ -427,10 +427,7 @@ Status Run::Setup() {
   }
   DType compute = DType::kF32;
   if (c_.bf16) compute = DType::kBF16;
-  if (c_.fp16.enabled) {
-    return absl::InvalidArgumentError(
-        "fp16.enabled: the GPT model's kernels compute in fp32 or bf16; use bf16.enabled");
-  }
+  if (c_.fp16.enabled) compute = DType::kF16;  // with the manager's dynamic loss scaler
   ZR_RETURN_IF_ERROR(AgreeAll(CheckMemoryFits(), "the memory check"));
   ZR_ASSIGN_OR_RETURN(ShardManagerOptions mo, ManagerOptions(c_, compute));
   mo.reduce_at_step = pp() > 1;  // the pipeline's micro-batches: one reduction per step
@@ -453,8 +450,9 @@ Status Run::Setup() {
     ZR_ASSIGN_OR_RETURN(kernels_, MakeCudaModelKernels(compute, DType::kF32,
                                                        manager_->compute_stream(), *allocator_));
   } else {
-    kernels_ =
-        MakeCpuModelKernels(compute == DType::kBF16 ? CpuPrecision::kBf16 : CpuPrecision::kFloat);
+    kernels_ = MakeCpuModelKernels(compute == DType::kBF16  ? CpuPrecision::kBf16
+                                   : compute == DType::kF16 ? CpuPrecision::kF16
+                                                            : CpuPrecision::kFloat);
   }
   ZR_ASSIGN_OR_RETURN(
       model_, GptModel::Create({.config = c_.model.shape,

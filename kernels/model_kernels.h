@@ -103,14 +103,15 @@ class ModelKernels {
                               int vocab, float dloss) = 0;
 };
 
-// CPU kernels in float (act, grad and stat all fp32), bf16 (activations and weights stored in
-// bf16, fp32 math and weight gradients), or, for gradient checks, double.
-enum class CpuPrecision { kFloat, kBf16, kDouble };
+// CPU kernels in float (act, grad and stat all fp32), bf16 or fp16 (activations and weights
+// stored in 16 bits, fp32 math and weight gradients), or, for gradient checks, double.
+enum class CpuPrecision { kFloat, kBf16, kF16, kDouble };
 std::unique_ptr<ModelKernels> MakeCpuModelKernels(CpuPrecision precision);
 
-// CUDA kernels with activations/weights in `act` (kF32 or kBF16) and weight gradients in `grad`
-// (kF32 or kBF16); fp32 accumulation everywhere. Scratch memory (GEMM workspace, attention
-// scores) comes from `workspace` (tagged kWorkspace). Fails when CUDA is not built or present.
+// CUDA kernels with activations/weights in `act` (kF32, kBF16 or kF16) and weight gradients in
+// `grad` (kF32, or kBF16 with kBF16 activations); fp32 accumulation everywhere. Scratch memory
+// (GEMM workspace, attention scores) comes from `workspace` (tagged kWorkspace). Fails when CUDA is
+// not built or present.
 StatusOr<std::unique_ptr<ModelKernels>> MakeCudaModelKernels(DType act, DType grad, Stream& stream,
                                                              Allocator& workspace);
 

@@ -169,10 +169,21 @@ class CpuModelKernels final : public ModelKernels {
   std::unique_ptr<Stream> stream_;
 };
 
-// bf16 activations and weights with fp32 math: every operand is widened to fp32, the float
-// kernel runs, and each result is rounded back (to nearest even) once. Gradients of weights are
-// fp32 (the shard manager's reduce dtype); statistics and losses fp32.
-class CpuBf16ModelKernels final : public ModelKernels {
+// 16-bit (bf16 or fp16) activations and weights with fp32 math: every operand is widened to
+// fp32, the float kernel runs, and each result is rounded back (to nearest even) once. Gradients
+// of weights are fp32 (the shard manager's reduce dtype); statistics and losses fp32. `Format`
+// gives the conversions: Bf16Format or F16Format.
+struct Bf16Format {
+  static float ToFloat(uint16_t bits) { return Bf16BitsToFloat(bits); }
+  static uint16_t FromFloat(float v) { return FloatToBf16Bits(v); }
+};
+struct F16Format {
+  static float ToFloat(uint16_t bits) { return F16BitsToFloat(bits); }
+  static uint16_t FromFloat(float v) { return FloatToF16Bits(v); }
+};
+
+template <typename Format>
+class Cpu16ModelKernels final : public ModelKernels {
  public:
   Device device() const override { return Device::Cpu(); }
   Stream& stream() override { return f_.stream(); }
@@ -182,7 +193,7 @@ class CpuBf16ModelKernels final : public ModelKernels {
 
   Status ActToHost(const void* src, int64_t n, double* out) override {
     const auto* bits = static_cast<const uint16_t*>(src);
-    for (int64_t i = 0; i < n; ++i) out[i] = Bf16BitsToFloat(bits[i]);
+    for (int64_t i = 0; i < n; ++i) out[i] = Format::ToFloat(bits[i]);
     return absl::OkStatus();
   }
   Status StatToHost(const void* src, int64_t n, double* out) override {
@@ -314,19 +325,19 @@ class CpuBf16ModelKernels final : public ModelKernels {
   }
 
  private:
-  // A bf16 buffer widened to fp32 (loaded when the op reads or accumulates into it) and stored
+  // A 16-bit buffer widened to fp32 (loaded when the op reads or accumulates into it) and stored
   // back, rounded, by Store().
   class F {
    public:
     F(void* bits, int64_t n, bool load) : bits_(static_cast<uint16_t*>(bits)), v_(bits ? n : 0) {
       if (load && bits_ != nullptr) {
-        for (int64_t i = 0; i < n; ++i) v_[i] = Bf16BitsToFloat(bits_[i]);
+        for (int64_t i = 0; i < n; ++i) v_[i] = Format::ToFloat(bits_[i]);
       }
     }
     float* data() { return v_.data(); }
     Status Store() {
       if (bits_ != nullptr) {
-        for (size_t i = 0; i < v_.size(); ++i) bits_[i] = FloatToBf16Bits(v_[i]);
+        for (size_t i = 0; i < v_.size(); ++i) bits_[i] = Format::FromFloat(v_[i]);
       }
       return absl::OkStatus();
     }
@@ -338,7 +349,7 @@ class CpuBf16ModelKernels final : public ModelKernels {
   static std::vector<float> In(const void* bits, int64_t n) {
     std::vector<float> v(static_cast<size_t>(n));
     const auto* b = static_cast<const uint16_t*>(bits);
-    for (int64_t i = 0; i < n; ++i) v[i] = Bf16BitsToFloat(b[i]);
+    for (int64_t i = 0; i < n; ++i) v[i] = Format::ToFloat(b[i]);
     return v;
   }
   static int MaxToken(const int32_t* tokens, int64_t n) {
@@ -353,7 +364,8 @@ class CpuBf16ModelKernels final : public ModelKernels {
 
 std::unique_ptr<ModelKernels> MakeCpuModelKernels(CpuPrecision precision) {
   if (precision == CpuPrecision::kDouble) return std::make_unique<CpuModelKernels<double>>();
-  if (precision == CpuPrecision::kBf16) return std::make_unique<CpuBf16ModelKernels>();
+  if (precision == CpuPrecision::kBf16) return std::make_unique<Cpu16ModelKernels<Bf16Format>>();
+  if (precision == CpuPrecision::kF16) return std::make_unique<Cpu16ModelKernels<F16Format>>();
   return std::make_unique<CpuModelKernels<float>>();
 }
 

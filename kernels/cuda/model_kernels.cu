@@ -1,5 +1,5 @@
-// ModelKernels on CUDA: the GPT model's operations for fp32 or bf16 activations/weights and fp32
-// or bf16 weight gradients, fp32 accumulation everywhere. GEMMs of the linear layers through
+// ModelKernels on CUDA: the GPT model's operations for fp32, bf16 or fp16 activations/weights and
+// fp32 or bf16 weight gradients, fp32 accumulation everywhere. GEMMs of the linear layers through
 // cuBLASLt (bias fused as an epilogue in the forward; gradients accumulated with beta = 1);
 // attention built on strided-batched cuBLAS GEMMs with a causal softmax kernel between them (the
 // correct-first version; a fused flash-style kernel is the follow-up); the element-wise ops,
@@ -26,6 +26,7 @@ namespace {
 using cuda::FromFloat;
 using cuda::ToFloat;
 using bf16 = __nv_bfloat16;
+using f16 = __half;
 
 constexpr int kThreads = 256;
 constexpr float kLnEps = 1e-5f;
@@ -81,6 +82,7 @@ __device__ float BlockMax(float v) { return BlockReduce<MaxOp>(v); }
 
 __device__ __forceinline__ void AtomicAddTo(float* p, float v) { atomicAdd(p, v); }
 __device__ __forceinline__ void AtomicAddTo(bf16* p, float v) { atomicAdd(p, __float2bfloat16(v)); }
+__device__ __forceinline__ void AtomicAddTo(f16* p, float v) { atomicAdd(p, __float2half(v)); }
 
 // ---- element-wise ----------------------------------------------------------------------------
 
@@ -408,6 +410,8 @@ template <typename T>
 constexpr cudaDataType_t CudaType() {
   if constexpr (std::is_same_v<T, float>) {
     return CUDA_R_32F;
+  } else if constexpr (std::is_same_v<T, f16>) {
+    return CUDA_R_16F;
   } else {
     return CUDA_R_16BF;
   }
@@ -767,8 +771,10 @@ StatusOr<std::unique_ptr<ModelKernels>> MakeCudaModelKernels(DType act, DType gr
   if (act == DType::kF32 && grad == DType::kF32) return Make<float, float>(stream, workspace);
   if (act == DType::kBF16 && grad == DType::kF32) return Make<bf16, float>(stream, workspace);
   if (act == DType::kBF16 && grad == DType::kBF16) return Make<bf16, bf16>(stream, workspace);
+  if (act == DType::kF16 && grad == DType::kF32) return Make<f16, float>(stream, workspace);
   return absl::InvalidArgumentError(
-      std::string("the GPT model's CUDA kernels take f32/f32, bf16/f32 or bf16/bf16 activations/"
+      std::string("the GPT model's CUDA kernels take f32/f32, bf16/f32, bf16/bf16 or f16/f32 "
+                  "activations/"
                   "gradients, not ") +
       std::string(DTypeName(act)) + "/" + std::string(DTypeName(grad)));
 }

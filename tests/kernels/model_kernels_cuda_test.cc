@@ -82,8 +82,10 @@ struct Twin {
   }
 };
 
-const std::vector<std::pair<DType, DType>> kTypes = {
-    {DType::kF32, DType::kF32}, {DType::kBF16, DType::kF32}, {DType::kBF16, DType::kBF16}};
+const std::vector<std::pair<DType, DType>> kTypes = {{DType::kF32, DType::kF32},
+                                                     {DType::kBF16, DType::kF32},
+                                                     {DType::kBF16, DType::kBF16},
+                                                     {DType::kF16, DType::kF32}};
 
 TEST(ModelKernelsCudaTest, LinearLayerNormGeluResidual) {
   ZR_NEED_GPU();
@@ -321,7 +323,7 @@ TEST(ModelKernelsCudaTest, WholeModelTrainsLikeCpu) {
     return losses;
   };
   const std::vector<double> cpu = run(false, DType::kF32);
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
     const std::vector<double> gpu = run(true, dtype);
     ASSERT_EQ(gpu.size(), cpu.size());
     for (size_t i = 0; i < cpu.size(); ++i) {

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""DeepSpeed keys at work in `zerort train`, read from metrics.jsonl:
+- fp16 follows the fp32 loss curve of the same run within 2% a step (fp16 storage of weights
+  and activations, fp32 math: the difference is rounding, documented in README);
+- an overflow (fp16 with a loss scale of 2^30) is skipped on every rank: under mpirun -np 2 the
+  run skips the same steps as one process accumulating the same two micro-batches, lowers the
+  scale the same way and follows its loss curve (1e-4), which it could not if one rank stepped
+  while the other skipped;
+- wall_clock_breakdown's disjoint phases add up to the step time (within 5%), each present;
+- gradient_predivide_factor and prescale_gradients give the default's loss curve (1e-5);
+- a config with five problems reports all five in one run, naming the file, and
+  --print-config shows where each "auto" value came from.
+Usage: deepspeed_run_test.py PATH_TO_ZERORT MPIEXEC"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Checks  # noqa: E402
+
+zerort, mpiexec = sys.argv[1], sys.argv[2]
+checks = Checks("deepspeed_run_test")
+check = checks.check
+tmp = tempfile.mkdtemp()
+env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+
+BASE = {
+    "train_batch_size": 8,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1}},
+    "zero_optimization": {"stage": 2},
+    "steps_per_print": 100,
+    "model": {"n_layer": 2, "n_head": 2, "d_model": 32, "seq_len": 32, "vocab_size": 256},
+    "train": {"steps": 12, "eval_windows": 1, "sample_tokens": 0, "device": "cpu"},
+}
+
+
+def train(name, ranks=1, **keys):
+    config = dict(BASE, **keys)
+    config["logging"] = {"metrics_file": os.path.join(tmp, name + ".jsonl")}
+    path = os.path.join(tmp, name + ".json")
+    with open(path, "w") as f:
+        json.dump(config, f)
+    command = [zerort, "train", path]
+    if ranks > 1:
+        command = [mpiexec, "-np", str(ranks), "--oversubscribe"] + command
+    r = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    check(f"{name}: exits 0", r.returncode == 0, r.stderr[-1500:])
+    if r.returncode != 0:
+        return []
+    with open(config["logging"]["metrics_file"]) as f:
+        return [json.loads(line) for line in f]
+
+
+def close(a, b, rel):
+    return len(a) == len(b) > 0 and all(abs(x - y) <= rel * abs(y) for x, y in zip(a, b))
+
+
+fp32 = train("fp32")
+fp16 = train("fp16", fp16={"enabled": True})
+check("fp16 follows fp32 within 2% a step",
+      close([r["loss"] for r in fp16], [r["loss"] for r in fp32], 0.02),
+      [(round(a["loss"], 4), round(b["loss"], 4)) for a, b in zip(fp16, fp32)])
+check("fp16's metrics carry the loss scale", fp16 and fp16[-1]["loss_scale"] == 65536.0,
+      fp16[-1:] if fp16 else "")
+
+big = {"enabled": True, "initial_scale_power": 30, "hysteresis": 1}
+# The same micro-batches of 4 sequences (a rank's loss is its micro-batch's mean, so the scaled
+# gradients are as large on one process with 2 accumulated micro-batches as on 2 ranks).
+one = train("overflow1", fp16=big, train_micro_batch_size_per_gpu=4)
+two = train("overflow2", ranks=2, fp16=big, train_micro_batch_size_per_gpu=4)
+skipped = [r["step"] for r in one if r["skipped"]]
+check("a 2^30 loss scale overflows fp16 and the step is skipped", len(skipped) >= 1, one[:3])
+check("the scale halves after each overflow",
+      one and one[-1]["loss_scale"] == 2.0 ** (30 - len(skipped)),
+      [(r["step"], r["loss_scale"], r["skipped"]) for r in one])
+check("both ranks skip the same steps (the 2-rank run skips as the 1-process one)",
+      [r["step"] for r in two if r["skipped"]] == skipped,
+      [(r["step"], r["skipped"]) for r in two])
+check("... and follows the same loss curve (1e-4)",
+      close([r["loss"] for r in two], [r["loss"] for r in one], 1e-4),
+      [(round(a["loss"], 5), round(b["loss"], 5)) for a, b in zip(two, one)])
+check("training goes on after the skipped steps", one and not one[-1]["skipped"], one[-1:])
+
+timed = train("wall", wall_clock_breakdown=True)
+phases = ["forward", "backward", "reduce", "optimizer", "gather", "other"]
+check("wall_clock_breakdown: every phase in every record",
+      timed and all(set(r.get("wall_clock_s", {})) == set(phases) for r in timed), timed[:1])
+for r in timed[1:]:
+    w = r["wall_clock_s"]
+    measured = sum(w[p] for p in phases if p != "other")
+    check(f"step {r['step']}: forward + backward + reduce + optimizer + gather within 5% of the "
+          f"step time", abs(measured - r["step_time_s"]) <= 0.05 * r["step_time_s"],
+          (measured, r["step_time_s"], w))
+    check(f"step {r['step']}: forward and backward take time", w["forward"] > 0 and
+          w["backward"] > 0, w)
+
+default = train("mean2", ranks=2, train_micro_batch_size_per_gpu=4)
+for name, keys in [("predivide2", {"gradient_predivide_factor": 2.0}),
+                   ("prescale2", {"prescale_gradients": True})]:
+    got = train(name, ranks=2, train_micro_batch_size_per_gpu=4, **keys)
+    check(f"{name}: the default's loss curve (1e-5)",
+          close([r["loss"] for r in got], [r["loss"] for r in default], 1e-5),
+          [(a["loss"], b["loss"]) for a, b in zip(got, default)])
+
+# Five problems, one run.
+bad = os.path.join(tmp, "five.json")
+with open(bad, "w") as f:
+    json.dump({"zero_optimization": {"stage": 7, "stgae": 2}, "sparse_attention": {"mode": "fixed"},
+               "optimizer": {"type": "AdamW", "params": {"lr": "fast"}}, "train": {"steps": 0}}, f)
+r = subprocess.run([zerort, "train", bad], capture_output=True, text=True, env=env, timeout=60)
+check("five problems: exit 2", r.returncode == 2, r.returncode)
+check("five problems: all named in one message, with the file",
+      f"{bad}: 5 problems" in r.stderr and all(
+          s in r.stderr for s in ["zero_optimization.stage = 7", "zero_optimization.stgae",
+                                  "sparse_attention", "optimizer.params.lr", "train.steps = 0"]),
+      r.stderr[-1500:])
+r2 = subprocess.run([zerort, "train", bad, "--print-config"], capture_output=True, text=True,
+                    env=env, timeout=60)
+check("--print-config refuses what train refuses", r2.returncode == 2 and
+      "5 problems" in r2.stderr, r2.stderr[-800:])
+
+auto = os.path.join(tmp, "auto.json")
+with open(auto, "w") as f:
+    json.dump({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 4,
+               "gradient_accumulation_steps": "auto",
+               "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"},
+               "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+               "model": BASE["model"], "train": BASE["train"]}, f)
+r = subprocess.run([mpiexec, "-np", "2", "--oversubscribe", zerort, "train", auto,
+                    "--print-config"], capture_output=True, text=True, env=env, timeout=60)
+check("auto: --print-config exits 0 under mpirun -np 2", r.returncode == 0, r.stderr[-800:])
+try:
+    printed = json.loads(r.stdout)
+except json.JSONDecodeError:
+    printed = {}
+check("auto: train_batch_size = 4 x 1 x 2 ranks, reduce_bucket_size = d_model^2",
+      printed.get("train_batch_size") == 8 and
+      printed.get("zero_optimization", {}).get("reduce_bucket_size") == 32 * 32, r.stdout[:400])
+check("auto: each value says where it came from",
+      "zero_optimization.reduce_bucket_size = \"auto\" -> 1024 (model.d_model^2)" in r.stderr and
+      "optimizer.params.lr = \"auto\" -> 0.0003" in r.stderr, r.stderr[-1500:])
+checks.finish()

@@ -1,0 +1,130 @@
+// The 16-bit CPU model kernels (bf16 and fp16 storage, fp32 math): each op widens its operands,
+// runs the float kernel and rounds each result once, so its output is, bit for bit, the float
+// kernel's output on the widened inputs rounded to the format (and fp32 outputs equal exactly).
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "kernels/model_kernels.h"
+#include "runtime/dtype.h"
+#include "tests/kernels/random_floats.h"
+
+namespace zerort {
+namespace {
+
+struct Format {
+  CpuPrecision precision;
+  uint16_t (*to_bits)(float);
+  float (*to_float)(uint16_t);
+  const char* name;
+};
+const Format kFormats[] = {{CpuPrecision::kBf16, FloatToBf16Bits, Bf16BitsToFloat, "bf16"},
+                           {CpuPrecision::kF16, FloatToF16Bits, F16BitsToFloat, "fp16"}};
+
+// Random values already representable in the format, as bits and as floats.
+struct Values {
+  std::vector<uint16_t> bits;
+  std::vector<float> floats;
+};
+Values Make(const Format& f, size_t n, uint32_t seed, float scale = 1.0f) {
+  Values v;
+  for (float x : testing::RandomNormal<float>(n, seed, scale)) {
+    v.bits.push_back(f.to_bits(x));
+    v.floats.push_back(f.to_float(v.bits.back()));
+  }
+  return v;
+}
+
+void ExpectRounded(const Format& f, const std::vector<uint16_t>& got,
+                   const std::vector<float>& want, const char* what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i], f.to_bits(want[i])) << f.name << " " << what << " element " << i;
+  }
+}
+
+TEST(ModelKernels16BitTest, EveryOpIsTheFloatOpRoundedOnce) {
+  auto fk = MakeCpuModelKernels(CpuPrecision::kFloat);
+  for (const Format& f : kFormats) {
+    auto k = MakeCpuModelKernels(f.precision);
+    EXPECT_EQ(k->act_size(), 2u);
+    const int rows = 24, in = 16, out = 20;
+    Values x = Make(f, rows * in, 1), w = Make(f, out * in, 2, 0.3f), b = Make(f, out, 3);
+    std::vector<uint16_t> y(rows * out);
+    std::vector<float> yf(rows * out);
+    ASSERT_TRUE(
+        k->Matmul(y.data(), x.bits.data(), w.bits.data(), b.bits.data(), rows, in, out).ok());
+    ASSERT_TRUE(
+        fk->Matmul(yf.data(), x.floats.data(), w.floats.data(), b.floats.data(), rows, in, out)
+            .ok());
+    ExpectRounded(f, y, yf, "Matmul");
+
+    Values g = Make(f, in, 4), beta = Make(f, in, 5);
+    std::vector<uint16_t> ln(rows * in);
+    std::vector<float> lnf(rows * in), mean(rows), rstd(rows), meanf(rows), rstdf(rows);
+    ASSERT_TRUE(k->LayerNorm(ln.data(), mean.data(), rstd.data(), x.bits.data(), g.bits.data(),
+                             beta.bits.data(), rows, in)
+                    .ok());
+    ASSERT_TRUE(fk->LayerNorm(lnf.data(), meanf.data(), rstdf.data(), x.floats.data(),
+                              g.floats.data(), beta.floats.data(), rows, in)
+                    .ok());
+    ExpectRounded(f, ln, lnf, "LayerNorm");
+    EXPECT_EQ(mean, meanf) << f.name << " LayerNorm statistics are fp32";
+    EXPECT_EQ(rstd, rstdf);
+
+    std::vector<uint16_t> ge(rows * in);
+    std::vector<float> gef(rows * in);
+    ASSERT_TRUE(k->Gelu(ge.data(), x.bits.data(), rows * in).ok());
+    ASSERT_TRUE(fk->Gelu(gef.data(), x.floats.data(), rows * in).ok());
+    ExpectRounded(f, ge, gef, "Gelu");
+
+    // Weight gradients are fp32: equal to the float kernel's on the same inputs.
+    Values dy = Make(f, rows * out, 6);
+    std::vector<uint16_t> dx(rows * in, 0);
+    std::vector<float> dxf(rows * in, 0.0f), dw(out * in, 0.0f), dwf(out * in, 0.0f), db(out, 0.0f),
+        dbf(out, 0.0f);
+    ASSERT_TRUE(k->MatmulBackward(dx.data(), dw.data(), db.data(), dy.bits.data(), x.bits.data(),
+                                  w.bits.data(), rows, in, out)
+                    .ok());
+    ASSERT_TRUE(fk->MatmulBackward(dxf.data(), dwf.data(), dbf.data(), dy.floats.data(),
+                                   x.floats.data(), w.floats.data(), rows, in, out)
+                    .ok());
+    ExpectRounded(f, dx, dxf, "MatmulBackward dinp");
+    EXPECT_EQ(dw, dwf) << f.name;
+    EXPECT_EQ(db, dbf) << f.name;
+
+    const int batch = 2, seq = 6, channels = 8, heads = 2;
+    Values qkv = Make(f, batch * seq * 3 * channels, 7);
+    std::vector<uint16_t> att_out(batch * seq * channels), att(batch * heads * seq * seq);
+    std::vector<float> att_outf(att_out.size()), attf(att.size());
+    ASSERT_TRUE(
+        k->Attention(att_out.data(), att.data(), qkv.bits.data(), batch, seq, channels, heads)
+            .ok());
+    ASSERT_TRUE(
+        fk->Attention(att_outf.data(), attf.data(), qkv.floats.data(), batch, seq, channels, heads)
+            .ok());
+    ExpectRounded(f, att, attf, "Attention probabilities");
+    ExpectRounded(f, att_out, att_outf, "Attention");
+  }
+}
+
+// fp16's range: a value beyond 65504 becomes inf (the loss scaler's overflow), bf16 keeps it.
+TEST(ModelKernels16BitTest, Fp16OverflowsWhereBf16DoesNot) {
+  const float big[] = {300.0f, 300.0f};
+  for (const Format& f : kFormats) {
+    auto k = MakeCpuModelKernels(f.precision);
+    const uint16_t a[] = {f.to_bits(big[0]), f.to_bits(big[1])};
+    uint16_t out[2];
+    const uint16_t w[] = {f.to_bits(300.0f), f.to_bits(0.0f)};
+    ASSERT_TRUE(k->Matmul(out, a, w, nullptr, 1, 2, 1).ok());  // 300 x 300 = 90000
+    const float got = f.to_float(out[0]);
+    if (f.precision == CpuPrecision::kF16) {
+      EXPECT_TRUE(std::isinf(got)) << got;
+    } else {
+      EXPECT_NEAR(got, 90000.0f, 90000.0f / 128) << got;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zerort
