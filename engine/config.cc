@@ -41,7 +41,9 @@ const KeyDirectory& Directory() {
         "aio",
         "prescale_gradients",
         "gradient_predivide_factor",
-        "wall_clock_breakdown"}},
+        "wall_clock_breakdown",
+        "csv_monitor"}},
+      {"csv_monitor", {"enabled", "output_path", "job_name"}},
       {"zero_optimization",
        {"stage", "overlap_comm", "reduce_bucket_size", "stage3_prefetch_bucket_size",
         "stage3_param_persistence_threshold", "stage3_max_live_parameters", "contiguous_gradients",
@@ -517,6 +519,20 @@ RunConfig ParseSchema(const nlohmann::json& json, Problems& problems) {
         problems.Add(CheckWritableDir("checkpoint.dir", c.checkpoint.dir));
       }
     }
+    std::optional<JsonSection> csv = Section(top, "csv_monitor", problems);
+    if (csv) {
+      problems.Add(csv->Bool("enabled", c.csv_monitor.enabled));
+      problems.Add(csv->String("output_path", c.csv_monitor.output_path));
+      problems.Add(csv->String("job_name", c.csv_monitor.job_name));
+      csv->Finish(problems);
+      if (c.csv_monitor.job_name.empty() || c.csv_monitor.job_name.find('/') != std::string::npos ||
+          c.csv_monitor.job_name == "." || c.csv_monitor.job_name == "..") {
+        problems.Add(StrCat("csv_monitor.job_name = \"", c.csv_monitor.job_name,
+                            "\": expected a plain directory name"));
+      } else if (c.csv_monitor.enabled) {
+        problems.Add(CheckWritableDir("csv_monitor.output_path", c.csv_monitor.Dir()));
+      }
+    }
     std::optional<JsonSection> logging = Section(top, "logging", problems);
     if (logging) {
       problems.Add(logging->String("metrics_file", c.logging.metrics_file));
@@ -733,6 +749,10 @@ nlohmann::json RunConfig::ToJson() const {
        {{"metrics_file", logging.metrics_file},
         {"level", logging.level},
         {"trace_file", logging.trace_file}}},
+      {"csv_monitor",
+       {{"enabled", csv_monitor.enabled},
+        {"output_path", csv_monitor.output_path},
+        {"job_name", csv_monitor.job_name}}},
       {"parallel",
        {{"tensor_parallel_size", parallel.tensor_parallel_size},
         {"sequence_parallel", parallel.sequence_parallel},

@@ -124,6 +124,15 @@ struct LoggingConfig {
   std::string trace_file;  // Chrome trace-event JSON of every rank's work; "" -> none
 };
 
+// DeepSpeed's csv_monitor: rank 0 writes loss, learning rate, loss scale (fp16), validation loss
+// and tokens/s to CSV files in <output_path>/<job_name>/ (engine/csv_monitor.h).
+struct CsvMonitorConfig {
+  bool enabled = false;
+  std::string output_path;                    // "": the working directory, as DeepSpeed's ""
+  std::string job_name = "DeepSpeedJobName";  // DeepSpeed's default
+  std::string Dir() const { return output_path.empty() ? job_name : output_path + "/" + job_name; }
+};
+
 struct ParallelConfig {
   // Megatron-style tensor and pipeline parallelism: the world is data x tensor x pipeline
   // (tensor fastest), the data-parallel size world / (tensor_parallel_size x
@@ -175,6 +184,7 @@ struct RunConfig {
   TrainConfig train;
   CheckpointConfig checkpoint;
   LoggingConfig logging;
+  CsvMonitorConfig csv_monitor;
   ParallelConfig parallel;
 
   // What reading the config decided that a user should see once (accepted DeepSpeed keys, other

@@ -290,10 +290,13 @@ constexpr DsKey kKeys[] = {
      "{\"enabled\": true}"},
     {"timers", A, "the metrics line has the step time and tokens/s", "{\"throughput\": {}}"},
     {"tensorboard", A,
-     "zerort writes metrics.jsonl (logging.metrics_file); TensorBoard files are not written yet",
+     "TensorBoard event files are not written (Debian has no library that writes them): "
+     "metrics.jsonl and csv_monitor carry the same values",
      "{\"enabled\": true, \"output_path\": \"tb\"}"},
-    {"csv_monitor", A, "zerort writes metrics.jsonl (logging.metrics_file); CSV is not written yet",
-     "{\"enabled\": true, \"output_path\": \"csv\"}"},
+    {"csv_monitor", I,
+     "rank 0 writes DeepSpeed's CSV files (train_loss, lr, loss_scale with fp16; zerort's "
+     "val_loss and tokens_per_s) to output_path/job_name",
+     "{\"enabled\": false, \"output_path\": \"csv\"}"},
     {"wandb", A, "zerort writes metrics.jsonl; nothing is sent to Weights & Biases",
      "{\"enabled\": true}"},
     {"comet", A, "zerort writes metrics.jsonl; nothing is sent to Comet", "{\"enabled\": true}"},

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "engine/checkpoint.h"
+#include "engine/csv_monitor.h"
 #include "engine/data_loader.h"
 #include "engine/host_memory.h"
 #include "engine/lr_schedule.h"
@@ -235,6 +236,7 @@ class Run {
   // Rank 0's metrics file: every write checked; the first failure stops the run at the next step
   // boundary on every rank (exit 1 naming the file); fsynced and closed at the end.
   int metrics_fd_ = -1;
+  std::unique_ptr<CsvMonitor> csv_;  // rank 0, csv_monitor.enabled
   std::string metrics_path_;
   Status write_error_;
   Status CloseMetrics();
@@ -262,6 +264,9 @@ Status Run::ClaimRunFiles() {
     ZR_ASSIGN_OR_RETURN(lock_, RunLock::Acquire(c_.checkpoint.dir));
     if (!ctx_.resume) ZR_RETURN_IF_ERROR(CheckNewRunDirectory(c_.checkpoint.dir, ctx_.overwrite));
   }
+  if (c_.csv_monitor.enabled) {
+    ZR_ASSIGN_OR_RETURN(csv_, CsvMonitor::Open(c_.csv_monitor.Dir()));
+  }
   const std::string metrics = MetricsPath();
   if (metrics.empty()) return absl::OkStatus();
   if (!ctx_.resume) ZR_RETURN_IF_ERROR(CheckNewMetricsFile(metrics, ctx_.overwrite));
@@ -279,6 +284,7 @@ Status Run::ClaimRunFiles() {
 }
 
 Status Run::CloseMetrics() {
+  if (csv_) ZR_RETURN_IF_ERROR(csv_->Flush());
   if (metrics_fd_ < 0) return absl::OkStatus();
   const int fd = std::exchange(metrics_fd_, -1);
   if (::fsync(fd) != 0 && errno != EINVAL) {  // EINVAL: a special file (a pipe, /dev/null)
@@ -734,6 +740,16 @@ void Run::Report(int64_t step, int64_t consumed, const StepOutcome& o, double va
       {"peak_memory_total_bytes", peak_total},
   };
   if (val >= 0) record["val_loss"] = val;
+  if (csv_ && write_error_.ok()) {  // DeepSpeed's events, stepped by global samples
+    const int64_t samples = (step + 1) * c_.train_batch_size;
+    Status s = csv_->Write("Train/Samples/train_loss", samples, o.loss);
+    if (s.ok()) s = csv_->Write("Train/Samples/lr", samples, o.lr);
+    if (s.ok() && c_.fp16.enabled)
+      s = csv_->Write("Train/Samples/loss_scale", samples, r.loss_scale);
+    if (s.ok() && val >= 0) s = csv_->Write("Train/Samples/val_loss", samples, val);
+    if (s.ok()) s = csv_->Write("Train/Samples/tokens_per_s", samples, tokens_per_s);
+    if (!s.ok()) write_error_ = s;
+  }
   std::string wall_line;
   if (c_.wall_clock_breakdown) {
     const StepOutcome::WallClock& w = o.wall;
@@ -819,7 +835,8 @@ StatusOr<bool> Run::SaveOrStop(int64_t step, int64_t consumed) {
   ZR_RETURN_IF_ERROR(HostAllReduce(agreed, 2, ReduceOp::kMax, &world()));
   if (agreed[1] > 0) {
     if (!write_error_.ok()) return write_error_;
-    return absl::InternalError("rank 0 could not write its metrics file; stopping (its message)");
+    return absl::InternalError(
+        "rank 0 could not write its metrics or csv_monitor files; stopping (its message)");
   }
   const float stop = agreed[0];
   const bool interval = c_.checkpoint.interval > 0 && (step + 1) % c_.checkpoint.interval == 0;

@@ -10,6 +10,7 @@ packages=(
   libgtest-dev libgmock-dev
   libopenmpi-dev openmpi-bin
   liburing-dev libopenblas-dev libxxhash-dev fio
+  gnuplot-nox
   python3
 )
 

@@ -68,6 +68,12 @@ int RunTrain(const TrainOptions& options, const LaunchEnv& launch, int* argc, ch
 // `zerort config keys`: the DeepSpeed key table (README's).
 int RunConfigKeys();
 
+struct PlotOptions {
+  std::string metrics;  // a metrics.jsonl of zerort train
+  std::string out;      // .png or .svg
+};
+int RunPlot(const PlotOptions& options);
+
 struct DataPrepareOptions {
   std::string text;  // input text file
   std::string out;   // token file to write

@@ -94,6 +94,14 @@ int main(int argc, char** argv) {
   CLI::App* keys = config->add_subcommand(
       "keys", "Every DeepSpeed config key and what zerort does with it (a Markdown table)");
 
+  cli::PlotOptions plot_options;
+  CLI::App* plot = app.add_subcommand(
+      "plot",
+      "Draw loss, validation loss, learning rate, tokens/s and gradient norm of a "
+      "metrics.jsonl against steps (through gnuplot)");
+  plot->add_option("metrics", plot_options.metrics, "metrics.jsonl of a run")->required();
+  plot->add_option("-o,--out", plot_options.out, "Image to write: .png or .svg")->required();
+
   CLI::App* data = app.add_subcommand("data", "Token files");
   data->require_subcommand(1);
   cli::DataPrepareOptions prepare_options;
@@ -206,6 +214,7 @@ int main(int argc, char** argv) {
   if (estimate->parsed()) return cli::RunEstimate(est);
   if (train->parsed()) return cli::RunTrain(train_options, *launch, &argc, &argv);
   if (keys->parsed()) return cli::RunConfigKeys();
+  if (plot->parsed()) return cli::RunPlot(plot_options);
   if (prepare->parsed()) return cli::RunDataPrepare(prepare_options);
   if (eval->parsed()) return cli::RunEval(eval_options);
   if (inspect->parsed()) return cli::RunCheckpointInspect(ckpt_options);

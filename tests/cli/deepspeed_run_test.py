@@ -9,10 +9,16 @@
 - wall_clock_breakdown's disjoint phases add up to the step time (within 5%), each present;
 - gradient_predivide_factor and prescale_gradients give the default's loss curve (1e-5);
 - a config with five problems reports all five in one run, naming the file, and
-  --print-config shows where each "auto" value came from.
+  --print-config shows where each "auto" value came from;
+- csv_monitor writes DeepSpeed's CSV files; `zerort plot` draws a metrics file into a PNG that
+  decodes (its IDAT stream inflates to height x (1 + width x 3 or 4) bytes) and an SVG that
+  parses, skips a line cut short at the end and refuses a damaged one.
 Usage: deepspeed_run_test.py PATH_TO_ZERORT MPIEXEC"""
 import json
 import os
+import struct
+import xml.etree.ElementTree as ElementTree
+import zlib
 import subprocess
 import sys
 import tempfile
@@ -141,4 +147,87 @@ check("auto: train_batch_size = 4 x 1 x 2 ranks, reduce_bucket_size = d_model^2"
 check("auto: each value says where it came from",
       "zero_optimization.reduce_bucket_size = \"auto\" -> 1024 (model.d_model^2)" in r.stderr and
       "optimizer.params.lr = \"auto\" -> 0.0003" in r.stderr, r.stderr[-1500:])
+
+csv_dir = os.path.join(tmp, "csv")
+watched = train("csv", csv_monitor={"enabled": True, "output_path": csv_dir, "job_name": "job"},
+                fp16={"enabled": True}, train={**BASE["train"], "eval_interval": 6})
+files = sorted(os.listdir(os.path.join(csv_dir, "job"))) if os.path.isdir(
+    os.path.join(csv_dir, "job")) else []
+check("csv_monitor: DeepSpeed's file names", files == [
+    "Train_Samples_loss_scale.csv", "Train_Samples_lr.csv", "Train_Samples_tokens_per_s.csv",
+    "Train_Samples_train_loss.csv", "Train_Samples_val_loss.csv"], files)
+if "Train_Samples_train_loss.csv" in files:
+    with open(os.path.join(csv_dir, "job", "Train_Samples_train_loss.csv")) as f:
+        rows = f.read().split()
+    check("csv_monitor: header, then a row per step by global samples, the metrics' losses",
+          rows[0] == "step,train_loss" and len(rows) == 13 and rows[1].startswith("8,") and
+          abs(float(rows[-1].split(",")[1]) - watched[-1]["loss"]) < 1e-6, rows[:3])
+
+
+def png_decodes(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        return False, "no PNG signature"
+    pos, idat, header = 8, b"", None
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        if zlib.crc32(kind + body) != struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])[0]:
+            return False, f"bad CRC in {kind}"
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    width, height, depth, color = header[:4]
+    channels = {2: 3, 6: 4}.get(color, 0)
+    raw = zlib.decompress(idat)
+    return len(raw) == height * (1 + width * channels * depth // 8) and width >= 800, (
+        width, height, depth, color, len(raw))
+
+
+plot_in = os.path.join(tmp, "fp32.jsonl")
+for ext in ("png", "svg"):
+    out = os.path.join(tmp, f"loss.{ext}")
+    r = subprocess.run([zerort, "plot", plot_in, "-o", out], capture_output=True, text=True,
+                       env=env, timeout=120)
+    check(f"plot {ext}: exit 0", r.returncode == 0, r.stderr[-800:])
+    size = os.path.getsize(out) if os.path.exists(out) else 0
+    check(f"plot {ext}: a real image ({size} bytes)", size > 5000, size)
+    if ext == "png" and size:
+        ok, detail = png_decodes(out)
+        check("plot png: decodes", ok, detail)
+    elif size:
+        try:
+            root = ElementTree.parse(out).getroot()
+            check("plot svg: parses, with drawn paths", root.tag.endswith("svg") and
+                  len(root.findall(".//{http://www.w3.org/2000/svg}path")) > 4, root.tag)
+        except ElementTree.ParseError as e:
+            check("plot svg: parses", False, str(e))
+with open(plot_in) as f:
+    lines = f.read().splitlines()
+cut = os.path.join(tmp, "cut.jsonl")
+with open(cut, "w") as f:
+    f.write("\n".join(lines[:-1]) + "\n" + lines[-1][:20])
+r = subprocess.run([zerort, "plot", cut, "-o", os.path.join(tmp, "cut.png")], capture_output=True,
+                   text=True, env=env, timeout=120)
+check("plot: a last line cut short is skipped with a warning", r.returncode == 0 and
+      "cut short" in r.stderr, r.stderr[-500:])
+damaged = os.path.join(tmp, "damaged.jsonl")
+with open(damaged, "w") as f:
+    f.write(lines[0] + "\n{oops\n" + lines[1] + "\n")
+r = subprocess.run([zerort, "plot", damaged, "-o", os.path.join(tmp, "d.png")], capture_output=True,
+                   text=True, env=env, timeout=120)
+check("plot: a damaged line is exit 2 naming the file and line", r.returncode == 2 and
+      "damaged.jsonl: line 2" in r.stderr and not os.path.exists(os.path.join(tmp, "d.png")),
+      (r.returncode, r.stderr[-500:]))
+r = subprocess.run([zerort, "plot", plot_in, "-o", os.path.join(tmp, "x.jpg")],
+                   capture_output=True, text=True, env=env, timeout=60)
+check("plot: -o x.jpg is exit 2", r.returncode == 2 and ".png or .svg" in r.stderr, r.stderr[-300:])
+for bad_in, bad_out, what in [("/dev/zero", "z.png", "/dev/zero as the metrics file"),
+                              (plot_in, "", "a directory as the output")]:
+    r = subprocess.run([zerort, "plot", bad_in, "-o", os.path.join(tmp, bad_out) if bad_out else
+                        tmp + "/"], capture_output=True, text=True, env=env, timeout=10)
+    check(f"plot: {what} is exit 2 at once", r.returncode == 2, (r.returncode, r.stderr[-300:]))
 checks.finish()

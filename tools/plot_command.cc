@@ -1,0 +1,195 @@
+// zerort plot METRICS.jsonl -o OUT.png|OUT.svg: loss and validation loss, learning rate, tokens/s
+// and gradient norm against steps, drawn by gnuplot (Debian's gnuplot-nox). The metrics file is
+// untrusted: bounded in size, each line parsed on its own (a line cut short by a killed run is
+// skipped with a warning; any other bad line is an error naming it). gnuplot is started without
+// a shell, on a data file and a script in a private temporary directory, and writes next to the
+// output, which is renamed into place only when gnuplot succeeded.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "engine/user_file.h"
+#include "fmt/format.h"
+#include "nlohmann/json.hpp"
+#include "runtime/exit_codes.h"
+#include "runtime/log.h"
+#include "runtime/strings.h"
+#include "tools/commands.h"
+
+extern char** environ;
+
+namespace zerort::cli {
+namespace {
+
+constexpr int64_t kMaxMetricsBytes = int64_t{1} << 30;
+constexpr auto kGnuplotTimeout = std::chrono::seconds(60);
+
+struct Row {
+  int64_t step = 0;
+  double loss = NAN, lr = NAN, tokens_per_s = NAN, grad_norm = NAN, val_loss = NAN;
+};
+
+StatusOr<std::vector<Row>> ReadMetrics(const std::string& path) {
+  ZR_ASSIGN_OR_RETURN(const std::string text, ReadDataFile(path, kMaxMetricsBytes));
+  std::vector<Row> rows;
+  size_t start = 0;
+  int64_t line_no = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    const bool last = end == std::string::npos;
+    if (last) end = text.size();
+    const std::string_view line(text.data() + start, end - start);
+    start = end + 1;
+    ++line_no;
+    if (line.empty()) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception&) {
+      if (last) {  // a run killed while writing its last line
+        Logger()->warn("{}: line {} is cut short; skipped", path, line_no);
+        continue;
+      }
+      return absl::InvalidArgumentError(
+          StrCat(path, ": line ", line_no, " is not a JSON object (a metrics.jsonl record)"));
+    }
+    auto number = [&](const char* key) {
+      auto it = j.is_object() ? j.find(key) : j.end();
+      return it != j.end() && it->is_number() ? it->get<double>() : NAN;
+    };
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) {
+      return absl::InvalidArgumentError(StrCat(
+          path, ": line ", line_no, " has no integer \"step\" (not a zerort metrics file?)"));
+    }
+    rows.push_back({j["step"].get<int64_t>(), number("loss"), number("lr"), number("tokens_per_s"),
+                    number("grad_norm"), number("val_loss")});
+  }
+  if (rows.empty()) return absl::InvalidArgumentError(StrCat(path, ": no metrics records"));
+  return rows;
+}
+
+std::string Value(double v) { return std::isfinite(v) ? fmt::format("{:.9g}", v) : "?"; }
+
+// Runs gnuplot on `script`; fails on a non-zero exit, a signal or the timeout.
+Status RunGnuplot(const std::string& script) {
+  pid_t pid = 0;
+  char* argv[] = {const_cast<char*>("gnuplot"), const_cast<char*>(script.c_str()), nullptr};
+  const int err = ::posix_spawnp(&pid, "gnuplot", nullptr, nullptr, argv, environ);
+  if (err == ENOENT) {
+    return absl::FailedPreconditionError(
+        "gnuplot is not installed (zerort plot draws through it): apt-get install gnuplot-nox");
+  }
+  if (err != 0) return ErrnoError("posix_spawnp gnuplot", err);
+  const auto deadline = std::chrono::steady_clock::now() + kGnuplotTimeout;
+  int status = 0;
+  while (true) {
+    const pid_t done = ::waitpid(pid, &status, WNOHANG);
+    if (done == pid) break;
+    if (done < 0 && errno != EINTR) return ErrnoError("waitpid gnuplot", errno);
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return absl::DeadlineExceededError("gnuplot did not finish within 60 s");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return absl::InternalError(StrCat("gnuplot failed (", WIFEXITED(status) ? "exit " : "signal ",
+                                      WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
+                                      "); its messages are above"));
+  }
+  return absl::OkStatus();
+}
+
+Status Plot(const PlotOptions& o) {
+  const std::filesystem::path out(o.out);
+  const std::string ext = out.extension().string();
+  if (ext != ".png" && ext != ".svg") {
+    return absl::InvalidArgumentError(StrCat("-o ", o.out, ": expected a .png or .svg file name"));
+  }
+  // gnuplot reads paths between single quotes; a quote or newline cannot be passed through.
+  for (const std::string* p : {&o.out, &o.metrics}) {
+    if (p->find_first_of("'\n\r") != std::string::npos) {
+      return absl::InvalidArgumentError(StrCat("\"", *p, "\": a quote or newline in a path"));
+    }
+  }
+  std::error_code ec;
+  const auto st = std::filesystem::symlink_status(out, ec);
+  if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) {
+    return absl::InvalidArgumentError(StrCat("-o ", o.out, ": exists and is not a regular file"));
+  }
+  ZR_ASSIGN_OR_RETURN(const std::vector<Row> rows, ReadMetrics(o.metrics));
+
+  char tmpl[] = "/tmp/zerort-plot-XXXXXX";
+  const char* dir_c = ::mkdtemp(tmpl);
+  if (dir_c == nullptr) return ErrnoError("mkdtemp /tmp/zerort-plot-XXXXXX", errno);
+  const std::string dir(dir_c);
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() {
+      std::error_code e;
+      std::filesystem::remove_all(dir, e);
+    }
+  } cleanup{dir};
+
+  std::string data = "# step loss lr tokens_per_s grad_norm val_loss\n";
+  for (const Row& r : rows) {
+    data += fmt::format("{} {} {} {} {} {}\n", r.step, Value(r.loss), Value(r.lr),
+                        Value(r.tokens_per_s), Value(r.grad_norm), Value(r.val_loss));
+  }
+  const std::string data_path = dir + "/metrics.dat";
+  ZR_RETURN_IF_ERROR(WriteFileAtomically(data_path, data, "zerort plot"));
+  const std::string partial = StrCat(o.out, ".partial-", ::getpid());
+  const bool png = ext == ".png";
+  const std::string title = std::filesystem::path(o.metrics).filename().string();
+  std::string script = fmt::format(
+      "set terminal {} size 1200,800 font ',10'\n"
+      "set output '{}'\n"
+      "set termoption noenhanced\n"
+      "set datafile missing '?'\n"
+      "set grid\n"
+      "set key top right\n"
+      "set xlabel 'step'\n"
+      "set multiplot layout 2,2 title '{}'\n"
+      "set title 'loss (nats per token)'\n"
+      "plot '{}' using 1:2 with lines lw 1.5 title 'train', "
+      "'' using 1:6 with linespoints pt 7 ps 0.6 lw 1.5 title 'validation'\n"
+      "set title 'learning rate'\n"
+      "plot '' using 1:3 with lines lw 1.5 notitle\n"
+      "set title 'tokens/s'\n"
+      "plot '' using 1:4 with lines lw 1.5 notitle\n"
+      "set title 'gradient norm'\n"
+      "plot '' using 1:5 with lines lw 1.5 notitle\n"
+      "unset multiplot\n",
+      png ? "pngcairo" : "svg", partial, title, data_path);
+  const std::string script_path = dir + "/plot.gp";
+  ZR_RETURN_IF_ERROR(WriteFileAtomically(script_path, script, "zerort plot"));
+  Status s = RunGnuplot(script_path);
+  if (s.ok() && ::rename(partial.c_str(), o.out.c_str()) != 0) {
+    s = ErrnoError(StrCat("rename ", partial, " to ", o.out), errno);
+  }
+  if (!s.ok()) ::unlink(partial.c_str());
+  return s;
+}
+
+}  // namespace
+
+int RunPlot(const PlotOptions& o) {
+  const Status s = Plot(o);
+  if (!s.ok()) {
+    Logger()->error("zerort plot: {}", s.message());
+    return ExitCodeOf(s);
+  }
+  Logger()->info("wrote {}", o.out);
+  return kExitOk;
+}
+
+}  // namespace zerort::cli
