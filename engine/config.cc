@@ -63,7 +63,7 @@ const KeyDirectory& Directory() {
       {"optimizer", {"type", "params"}},
       {"optimizer.params",
        {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "bias_correction", "momentum",
-        "dampening", "nesterov"}},
+        "dampening", "nesterov", "max_coeff", "min_coeff"}},
       {"scheduler", {"type", "params"}},
       {"scheduler.params",
        {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps",
@@ -429,17 +429,13 @@ RunConfig ParseSchema(const nlohmann::json& json, Problems& problems) {
       std::string type;
       problems.Add(opt->String("type", type));
       const std::string lower = Lower(type);
-      if (lower == "lamb") {
-        problems.Add(absl::InvalidArgumentError(
-            "optimizer.type = \"Lamb\": a DeepSpeed optimizer zerort does not support yet (its "
-            "per-parameter trust ratio over shards is not implemented); use AdamW"));
-      } else if (lower == "onebitadam" || lower == "onebitlamb" || lower == "zerooneadam") {
+      if (lower == "onebitadam" || lower == "onebitlamb" || lower == "zerooneadam") {
         problems.Add(absl::InvalidArgumentError(StrCat(
             "optimizer.type = \"", type,
             "\": a DeepSpeed 1-bit optimizer, which zerort does not support: its compressed, "
             "error-compensated all-reduce changes the gradients every rank sees; use AdamW")));
       } else if (!type.empty()) {
-        problems.Add(opt->String("type", o.type, {"AdamW", "Adam", "SGD"}));
+        problems.Add(opt->String("type", o.type, {"AdamW", "Adam", "SGD", "Lamb"}));
       }
       opt->Finish(problems);
       std::optional<JsonSection> p = Section(*opt, "params", problems);
@@ -453,6 +449,18 @@ RunConfig ParseSchema(const nlohmann::json& json, Problems& problems) {
         problems.Add(p->Float("weight_decay", o.weight_decay, 0.0f, 1e3f));
         problems.Add(p->Bool("adam_w_mode", o.adam_w_mode));
         problems.Add(p->Bool("bias_correction", o.bias_correction));
+        problems.Add(p->Float("max_coeff", o.max_coeff, 0.0f, 1e6f));
+        problems.Add(p->Float("min_coeff", o.min_coeff, 0.0f, 1e6f));
+        for (const char* key : {"max_coeff", "min_coeff"}) {
+          if (o.type != "Lamb" && p->Has(key)) {
+            problems.Add(
+                StrCat(p->PathOf(key), " is a LAMB parameter, but optimizer.type is ", o.type));
+          }
+        }
+        if (o.min_coeff > o.max_coeff) {
+          problems.Add(StrCat("optimizer.params.min_coeff = ", o.min_coeff,
+                              " is above optimizer.params.max_coeff = ", o.max_coeff));
+        }
         problems.Add(p->Float("momentum", o.momentum, 0.0f, 1.0f));
         problems.Add(p->Float("dampening", o.dampening, 0.0f, 1.0f));
         problems.Add(p->Bool("nesterov", o.nesterov));
@@ -597,6 +605,17 @@ RunConfig ParseSchema(const nlohmann::json& json, Problems& problems) {
       parallel->Finish(problems);
     }
   }
+  // LAMB's per-parameter norms are summed over the data-parallel group only.
+  if (c.optimizer.type == "Lamb" && c.parallel.tensor_parallel_size > 1) {
+    problems.Add(
+        "optimizer.type = \"Lamb\" with parallel.tensor_parallel_size > 1 is not implemented (a "
+        "split parameter's norm would span the tensor-parallel group too)");
+  }
+  if (c.optimizer.type == "Lamb" && c.zero.offload_optimizer.device == "nvme") {
+    problems.Add(
+        "optimizer.type = \"Lamb\" with zero_optimization.offload_optimizer.device \"nvme\" is "
+        "not implemented (the norms need a second pass over the streamed chunks); use \"cpu\"");
+  }
   return c;
 }
 
@@ -689,6 +708,10 @@ nlohmann::json RunConfig::ToJson() const {
     opt_params["eps"] = optimizer.eps;
     if (optimizer.type == "Adam") opt_params["adam_w_mode"] = optimizer.adam_w_mode;
     opt_params["bias_correction"] = optimizer.bias_correction;
+    if (optimizer.type == "Lamb") {
+      opt_params["max_coeff"] = optimizer.max_coeff;
+      opt_params["min_coeff"] = optimizer.min_coeff;
+    }
   }
   nlohmann::json j = {
       {"zero_optimization",

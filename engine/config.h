@@ -63,7 +63,7 @@ struct Fp16Config {
 };
 
 struct OptimizerConfig {
-  std::string type = "AdamW";   // AdamW | Adam | SGD
+  std::string type = "AdamW";   // AdamW | Adam | SGD | Lamb
   float lr = 3e-4f;             // a common GPT-2-small rate; overridden by a scheduler
   float beta1 = 0.9f;           // params.betas[0]
   float beta2 = 0.999f;         // params.betas[1], PyTorch's default
@@ -74,6 +74,8 @@ struct OptimizerConfig {
   float momentum = 0.0f;        // SGD
   float dampening = 0.0f;       // SGD
   bool nesterov = false;        // SGD
+  float max_coeff = 10.0f;      // Lamb: the trust ratio's clamp, DeepSpeed's defaults
+  float min_coeff = 0.01f;
 };
 
 struct SchedulerConfig {

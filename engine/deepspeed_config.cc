@@ -28,8 +28,8 @@ constexpr DsKey kKeys[] = {
     {"managed_gradient_accumulation", A, "zerort's step always runs its own accumulation", "true"},
     // Optimizer and scheduler.
     {"optimizer.type", I,
-     "AdamW, Adam, SGD (torch.optim's); Lamb, OneBitAdam, OneBitLamb, ZeroOneAdam, Adagrad, Lion "
-     "and the Mu* optimizers are refused by name",
+     "AdamW, Adam, SGD (torch.optim's), Lamb (per-parameter trust ratios over shards); "
+     "OneBitAdam, OneBitLamb, ZeroOneAdam are refused by name, other types as not one of these",
      "\"AdamW\""},
     {"optimizer.params.lr", I, "learning rate (a scheduler's warmup_max_lr overrides it)", "0.001"},
     {"optimizer.params.betas", I, "Adam(W) moments' decay", "[0.9, 0.95]"},
@@ -61,8 +61,10 @@ constexpr DsKey kKeys[] = {
     {"optimizer.params.factor_min", R, "a 1-bit LAMB parameter", "0.5"},
     {"optimizer.params.factor_threshold", R, "a 1-bit LAMB parameter", "0.1"},
     {"optimizer.params.comm_backend_name", R, "a 1-bit optimizer's parameter", "\"nccl\""},
-    {"optimizer.params.max_coeff", R, "a LAMB parameter (LAMB is not implemented yet)", "10.0"},
-    {"optimizer.params.min_coeff", R, "a LAMB parameter (LAMB is not implemented yet)", "0.01"},
+    {"optimizer.params.max_coeff", I, "LAMB: the trust ratio's upper clamp (10)", "10.0"},
+    {"optimizer.params.min_coeff", I, "LAMB: the trust ratio's lower clamp (0.01)", "0.01"},
+    {"optimizer.params.max_grad_norm", R,
+     "LAMB's own clipping is not implemented: use gradient_clipping", "1.0", "[0, 0.0]"},
     {"optimizer.legacy_fusion", A, "zerort has one fused optimizer kernel per device", "false"},
     {"scheduler.type", I,
      "WarmupLR, WarmupDecayLR, WarmupCosineLR; OneCycle and LRRangeTest are refused by name",
@@ -602,7 +604,7 @@ void NormalizeDeepSpeed(nlohmann::json& json, Problems& problems, std::vector<st
   // An optimizer zerort refuses by type (the schema says why): its parameters say nothing more.
   if (const nlohmann::json* type = Find(json, "optimizer.type"); type && type->is_string()) {
     const std::string t = Lower(type->get<std::string>());
-    if (t == "lamb" || t == "onebitadam" || t == "onebitlamb" || t == "zerooneadam") {
+    if (t == "onebitadam" || t == "onebitlamb" || t == "zerooneadam") {
       Erase(json, "optimizer.params");
     }
   }

@@ -112,6 +112,8 @@ StatusOr<ShardManagerOptions> ManagerOptions(const RunConfig& c, DType compute) 
   const OptimizerConfig& opt = c.optimizer;
   if (opt.type == "SGD") {
     o.optimizer.kind = OptimizerKind::kSgd;
+  } else if (opt.type == "Lamb") {
+    o.optimizer.kind = OptimizerKind::kLamb;
   } else if (opt.type == "Adam" && !opt.adam_w_mode) {
     o.optimizer.kind = OptimizerKind::kAdam;
   } else {
@@ -121,6 +123,8 @@ StatusOr<ShardManagerOptions> ManagerOptions(const RunConfig& c, DType compute) 
   o.optimizer.beta2 = opt.beta2;
   o.optimizer.eps = opt.eps;
   o.optimizer.bias_correction = opt.bias_correction;
+  o.optimizer.max_coeff = opt.max_coeff;
+  o.optimizer.min_coeff = opt.min_coeff;
   o.optimizer.weight_decay = opt.weight_decay;
   o.optimizer.momentum = opt.momentum;
   o.optimizer.dampening = opt.dampening;

@@ -1,5 +1,6 @@
 // Kernel entry points of a build without CUDA.
 #include "kernels/cast.h"
+#include "kernels/lamb.h"
 #include "kernels/model_kernels.h"
 #include "kernels/optimizer.h"
 #include "kernels/reduce.h"
@@ -23,6 +24,13 @@ Status CudaAdam(const AdamHyper&, float*, const float*, float*, float*, void*, D
 }
 Status CudaSgd(const SgdHyper&, float*, const float*, float*, void*, DType, int64_t, Stream*) {
   return NoCuda("SgdStep");
+}
+Status CudaLambMoments(const LambHyper&, const float*, float*, float*, float*, float*, int64_t,
+                       Stream*) {
+  return NoCuda("LambMoments");
+}
+Status CudaLambApply(float, float*, const float*, void*, DType, int64_t, Stream*) {
+  return NoCuda("LambApply");
 }
 Status CudaSumOfSquares(const void*, DType, int64_t, float*, Stream*) {
   return NoCuda("SumOfSquares");

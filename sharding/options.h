@@ -12,7 +12,7 @@ namespace zerort {
 
 enum class ZeroStage : int { k0 = 0, k1 = 1, k2 = 2, k3 = 3 };
 
-enum class OptimizerKind { kAdamW, kAdam, kSgd };
+enum class OptimizerKind { kAdamW, kAdam, kSgd, kLamb };
 
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::kAdamW;
@@ -24,6 +24,8 @@ struct OptimizerOptions {
   float momentum = 0.0f;        // SGD
   float dampening = 0.0f;       // SGD
   bool nesterov = false;        // SGD
+  float max_coeff = 10.0f;      // LAMB: the trust ratio's clamp (DeepSpeed's defaults)
+  float min_coeff = 0.01f;
 };
 
 // fp16 dynamic loss scaling, DeepSpeed's "fp16" section. Unused for fp32/bf16 (scale 1).

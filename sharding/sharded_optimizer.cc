@@ -6,6 +6,7 @@
 #include <deque>
 
 #include "kernels/cast.h"
+#include "kernels/lamb.h"
 #include "kernels/optimizer.h"
 #include "kernels/reduce.h"
 #include "runtime/scoped_seconds.h"
@@ -294,10 +295,74 @@ Status ShardedOptimizer::Update(int u, const Range& range, const OptimizerStepAr
   return absl::OkStatus();
 }
 
+Status ShardedOptimizer::UpdateLamb(int u, const OptimizerStepArgs& args, const TensorView& master,
+                                    const TensorView& grad, const TensorView& exp_avg,
+                                    const TensorView& exp_avg_sq, const TensorView& out) {
+  const OptimizerOptions& opt = resources_.options->optimizer;
+  const FlatLayout& layout = units_[u]->unit->layout();
+  const Device device = master.device();
+  Stream* stream = device.is_cpu() ? nullptr : resources_.compute;
+  const int64_t params = static_cast<int64_t>(layout.params().size());
+  Allocator* alloc = device.is_cpu() && !resources_.tiers.device->device().is_cpu()
+                         ? resources_.tiers.host
+                         : resources_.tiers.device;
+  ZR_ASSIGN_OR_RETURN(
+      ::zerort::Buffer sums_buffer,
+      alloc->Allocate(2 * params * sizeof(float), MemoryCategory::kWorkspace, stream));
+  const TensorView sums(sums_buffer.data(), DType::kF32, {2 * params}, device);
+  ZR_RETURN_IF_ERROR(FillZero(sums.data(), device, sums.nbytes(), stream));
+  auto hyper = [&](int param) {
+    return LambHyper{.lr = args.lr,
+                     .beta1 = opt.beta1,
+                     .beta2 = opt.beta2,
+                     .eps = opt.eps,
+                     .weight_decay = layout.params()[param].weight_decay ? opt.weight_decay : 0.0f,
+                     .step = args.step,
+                     .grad_scale = args.grad_scale,
+                     .bias_correction = opt.bias_correction,
+                     .max_coeff = opt.max_coeff,
+                     .min_coeff = opt.min_coeff};
+  };
+  const std::vector<ShardPiece> pieces = layout.ShardPieces(units_[u]->unit->layout_rank());
+  auto part = [](const TensorView& v, const ShardPiece& p) {
+    return v.data() ? v.Flat(p.shard_range.begin, p.shard_range.size()) : TensorView();
+  };
+  for (const ShardPiece& p : pieces) {
+    ZR_RETURN_IF_ERROR(LambMoments(hyper(p.param), part(master, p), part(grad, p), part(exp_avg, p),
+                                   part(exp_avg_sq, p), sums.Flat(2 * p.param, 2), stream));
+  }
+  // Every rank of the group joins, holding a piece of the parameter or not. Stage 0 holds the
+  // whole unit on every rank: its sums are already the parameter's.
+  Stream* comm_stream = stream != nullptr ? stream : resources_.compute;
+  if (resources_.options->stage != ZeroStage::k0 && resources_.dp->size() > 1) {
+    resources_.dp->SetTraceLabel(StrCat("LAMB norms of ", units_[u]->unit->name()));
+    ZR_RETURN_IF_ERROR(resources_.dp->AllReduce(sums.data(), sums.data(), 2 * params, DType::kF32,
+                                                ReduceOp::kSum, comm_stream));
+    resources_.dp->SetTraceLabel("");
+  }
+  std::vector<float> host(static_cast<size_t>(2 * params));
+  ZR_RETURN_IF_ERROR(
+      CopyBytes(host.data(), Device::Cpu(), sums.data(), device, sums.nbytes(), stream));
+  if (stream != nullptr) ZR_RETURN_IF_ERROR(stream->Synchronize());
+  for (const ShardPiece& p : pieces) {
+    const LambHyper h = hyper(p.param);
+    const float coeff = LambCoefficient(h, host[2 * p.param], host[2 * p.param + 1]);
+    ZR_RETURN_IF_ERROR(LambApply(h, coeff, part(master, p), part(grad, p), part(out, p), stream));
+  }
+  return absl::OkStatus();
+}
+
 Status ShardedOptimizer::Step(const OptimizerStepArgs& args) {
   ScopedSeconds timed(
       resources_.stats && tier() != MemoryTier::kDevice ? &resources_.stats->optimizer_s : nullptr);
-  if (tier() == MemoryTier::kNvme) return StepNvme(args);
+  if (tier() == MemoryTier::kNvme) {
+    if (resources_.options->optimizer.kind == OptimizerKind::kLamb) {
+      return absl::UnimplementedError(
+          "LAMB with the optimizer state on NVMe is not implemented (its per-parameter norms "
+          "need a second pass over the streamed chunks); use offload_optimizer.device cpu");
+    }
+    return StepNvme(args);
+  }
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     ZR_RETURN_IF_ERROR(StepInMemory(u, args));
   }
@@ -323,8 +388,13 @@ Status ShardedOptimizer::StepInMemory(int u, const OptimizerStepArgs& args) {
     }
   }
   auto view = [](PlacedBuffer& b) { return b ? b.View() : TensorView(); };
-  ZR_RETURN_IF_ERROR(Update(u, Range{0, shard}, args, s.master.View(), s.grad.View(),
-                            view(s.exp_avg), view(s.exp_avg_sq), out));
+  if (resources_.options->optimizer.kind == OptimizerKind::kLamb) {
+    ZR_RETURN_IF_ERROR(UpdateLamb(u, args, s.master.View(), s.grad.View(), view(s.exp_avg),
+                                  view(s.exp_avg_sq), out));
+  } else {
+    ZR_RETURN_IF_ERROR(Update(u, Range{0, shard}, args, s.master.View(), s.grad.View(),
+                              view(s.exp_avg), view(s.exp_avg_sq), out));
+  }
   if (staged) {
     const TensorView target = copy.buffer->View().Flat(copy.offset, shard);
     ZR_RETURN_IF_ERROR(CopyBytes(target.data(), target.device(), staged.data(), Device::Cpu(),

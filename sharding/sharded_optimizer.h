@@ -92,6 +92,12 @@ class ShardedOptimizer {
   Status StepInMemory(int u, const OptimizerStepArgs& args);
   Status StepNvme(const OptimizerStepArgs& args);
   // The fused kernel on one range of unit u, given fp32 views of that range and the compute out.
+  // LAMB over a unit's in-memory shard: moments and updates per parameter piece, the pieces'
+  // sums of p^2 and update^2 summed over the data-parallel group (a parameter's norm spans its
+  // shards), then each parameter's trust ratio applied.
+  Status UpdateLamb(int u, const OptimizerStepArgs& args, const TensorView& master,
+                    const TensorView& grad, const TensorView& exp_avg, const TensorView& exp_avg_sq,
+                    const TensorView& out);
   Status Update(int u, const Range& range, const OptimizerStepArgs& args, const TensorView& master,
                 const TensorView& grad, const TensorView& exp_avg, const TensorView& exp_avg_sq,
                 const TensorView& out);

@@ -83,8 +83,10 @@ TEST(DeepSpeedKeysTest, EveryKeyShowsItsHandling) {
         j["scheduler"]["params"]["warmup_num_steps"] = 10;
       }
     }
-    if (k.path.starts_with("optimizer.params.") && k.path != "optimizer.params.momentum" &&
-        k.path != "optimizer.params.dampening" && k.path != "optimizer.params.nesterov") {
+    if (k.path == "optimizer.params.max_coeff" || k.path == "optimizer.params.min_coeff") {
+      j["optimizer"]["type"] = "Lamb";
+    } else if (k.path.starts_with("optimizer.params.") && k.path != "optimizer.params.momentum" &&
+               k.path != "optimizer.params.dampening" && k.path != "optimizer.params.nesterov") {
       j["optimizer"]["type"] = "AdamW";
     } else if (k.path.starts_with("optimizer.params.")) {
       j["optimizer"]["type"] = "SGD";
@@ -134,8 +136,9 @@ TEST(DeepSpeedKeysTest, TyposAreUnknownButDeepSpeedKeysAreNamedAsUnsupported) {
   const std::string ds = Error({{"sparse_attention", {{"mode", "fixed"}}}});
   EXPECT_NE(ds.find("a DeepSpeed key zerort does not support"), std::string::npos) << ds;
   EXPECT_EQ(ds.find("unknown"), std::string::npos) << ds;
-  const std::string lamb = Error({{"optimizer", {{"type", "Lamb"}}}});
-  EXPECT_NE(lamb.find("does not support yet"), std::string::npos) << lamb;
+  const std::string lamb =
+      Error({{"optimizer", {{"type", "Lamb"}}}, {"parallel", {{"tensor_parallel_size", 2}}}});
+  EXPECT_NE(lamb.find("tensor_parallel_size > 1 is not implemented"), std::string::npos) << lamb;
   const std::string onebit = Error({{"optimizer", {{"type", "OneBitAdam"}}}});
   EXPECT_NE(onebit.find("compressed"), std::string::npos) << onebit;
   const std::string cycle = Error({{"scheduler", {{"type", "OneCycle"}}}});

@@ -12,6 +12,7 @@
 #include "engine/data_loader.h"
 #include "engine/lr_schedule.h"
 #include "engine/token_file.h"
+#include "runtime/device.h"
 #include "runtime/loopback_communicator.h"
 #include "tests/engine/metrics_file.h"
 
@@ -195,9 +196,12 @@ TEST(TrainerTest, RefusesWhatCannotRun) {
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
   EXPECT_NE(s.message().find("no checkpoint to resume from"), std::string::npos) << s;
   c.checkpoint.dir.clear();
-  c.fp16.enabled = true;
-  s = Train(c, {.world = group[0].get(), .world_source = "test"}).status();
-  EXPECT_NE(s.message().find("fp16.enabled"), std::string::npos) << s;
+  if (CudaDeviceCount() == 0) {  // a GPU asked for where there is none
+    c.train.device = "cuda";
+    s = Train(c, {.world = group[0].get(), .world_source = "test"}).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("train.device = \"cuda\""), std::string::npos) << s;
+  }
 }
 
 // bf16 on the CPU (bf16 storage, fp32 math) follows the fp32 run within bf16's precision.

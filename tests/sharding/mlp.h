@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "kernels/lamb.h"
 #include "kernels/optimizer.h"
 #include "runtime/dtype.h"
 #include "sharding/shard_manager.h"
@@ -223,7 +224,21 @@ struct MlpReference {
       const float wd = decay[k] ? o.optimizer.weight_decay : 0.0f;
       TensorView p(params[k].data(), DType::kF32, {n}), g(grads[k].data(), DType::kF32, {n});
       TensorView mv(m[k].data(), DType::kF32, {n}), vv(v[k].data(), DType::kF32, {n});
-      if (o.optimizer.kind == OptimizerKind::kSgd) {
+      if (o.optimizer.kind == OptimizerKind::kLamb) {
+        // The whole parameter at once: its norms need no sum over shards.
+        const LambHyper h{.lr = lr,
+                          .beta1 = o.optimizer.beta1,
+                          .beta2 = o.optimizer.beta2,
+                          .eps = o.optimizer.eps,
+                          .weight_decay = wd,
+                          .step = steps,
+                          .grad_scale = grad_scale};
+        float sums[2] = {0.0f, 0.0f};
+        const TensorView s(sums, DType::kF32, {2});
+        ZR_CHECK_OK(LambMoments(h, p, g, mv, vv, s, nullptr));
+        ZR_CHECK_OK(
+            LambApply(h, LambCoefficient(h, sums[0], sums[1]), p, g, TensorView(), nullptr));
+      } else if (o.optimizer.kind == OptimizerKind::kSgd) {
         const SgdHyper h{.lr = lr,
                          .momentum = o.optimizer.momentum,
                          .dampening = o.optimizer.dampening,

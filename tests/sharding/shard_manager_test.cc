@@ -43,7 +43,15 @@ TEST_P(StageEquivalence, MatchesUnshardedReference) {
     // loopback reductions sum ranks in a fixed order): the stages agree bitwise.
     RunConfig stage0 = c;
     stage0.stage = ZeroStage::k0;
-    EXPECT_EQ(run.params, Train(stage0).params) << "stage " << static_cast<int>(p.stage) << " vs 0";
+    if (p.optimizer == OptimizerKind::kLamb && p.world > 1) {
+      // LAMB's norms are sums over the shards' pieces, added in the group's order: the same
+      // ratio to rounding, not bitwise.
+      EXPECT_LE(MaxRelativeError(run.params, Train(stage0).params), 1e-6)
+          << "stage " << static_cast<int>(p.stage) << " vs 0";
+    } else {
+      EXPECT_EQ(run.params, Train(stage0).params)
+          << "stage " << static_cast<int>(p.stage) << " vs 0";
+    }
   }
   // The run moved: the parameters are not their initial values.
   EXPECT_GT(MaxRelativeError(run.params, MlpReference(Options(c).seed).params), 1e-3);
@@ -51,7 +59,7 @@ TEST_P(StageEquivalence, MatchesUnshardedReference) {
 
 std::vector<EquivalenceCase> AllCases() {
   std::vector<EquivalenceCase> cases;
-  for (OptimizerKind opt : {OptimizerKind::kAdamW, OptimizerKind::kSgd}) {
+  for (OptimizerKind opt : {OptimizerKind::kAdamW, OptimizerKind::kSgd, OptimizerKind::kLamb}) {
     for (ZeroStage stage : {ZeroStage::k0, ZeroStage::k1, ZeroStage::k2, ZeroStage::k3}) {
       for (int world : {1, 2, 3, 4}) cases.push_back({stage, world, opt});
     }
@@ -61,10 +69,11 @@ std::vector<EquivalenceCase> AllCases() {
 
 INSTANTIATE_TEST_SUITE_P(StagesWorldsOptimizers, StageEquivalence, ::testing::ValuesIn(AllCases()),
                          [](const ::testing::TestParamInfo<EquivalenceCase>& info) {
-                           return StrCat(
-                               info.param.optimizer == OptimizerKind::kSgd ? "Sgd" : "AdamW",
-                               "Stage", static_cast<int>(info.param.stage), "World",
-                               info.param.world);
+                           return StrCat(info.param.optimizer == OptimizerKind::kSgd    ? "Sgd"
+                                         : info.param.optimizer == OptimizerKind::kLamb ? "Lamb"
+                                                                                        : "AdamW",
+                                         "Stage", static_cast<int>(info.param.stage), "World",
+                                         info.param.world);
                          });
 
 TEST(ShardManagerTest, GradientShardsMatchReferenceSliceBySlice) {

@@ -1,0 +1,119 @@
+// LAMB on the CPU (two OpenMP passes) and the validating entries shared with CUDA.
+#include "kernels/lamb.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "runtime/dtype.h"
+#include "runtime/strings.h"
+
+namespace zerort {
+namespace {
+
+Status CheckF32(const TensorView& v, int64_t n, const char* what, Device device) {
+  if (v.dtype() != DType::kF32 || v.numel() != n || v.device() != device ||
+      (n > 0 && v.data() == nullptr)) {
+    return absl::InvalidArgumentError(
+        StrCat("LAMB: ", what, " must be ", n, " f32 values on ", device.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+double StepSize(const LambHyper& h) {
+  if (!h.bias_correction) return h.lr;
+  const double t = static_cast<double>(h.step);
+  return h.lr * std::sqrt(1.0 - std::pow(static_cast<double>(h.beta2), t)) /
+         (1.0 - std::pow(static_cast<double>(h.beta1), t));
+}
+
+template <typename Out>
+void Apply(float step_coeff, float* p, const float* u, Out* out, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 15))
+  for (int64_t i = 0; i < n; ++i) {
+    const float np = p[i] - step_coeff * u[i];
+    p[i] = np;
+    if constexpr (std::is_same_v<Out, float>) {
+      out[i] = np;
+    } else if constexpr (std::is_same_v<Out, BFloat16>) {
+      out[i].bits = FloatToBf16Bits(np);
+    } else if constexpr (std::is_same_v<Out, Half>) {
+      out[i].bits = FloatToF16Bits(np);
+    }
+  }
+}
+
+}  // namespace
+
+Status LambMoments(const LambHyper& h, const TensorView& master, const TensorView& grad,
+                   const TensorView& exp_avg, const TensorView& exp_avg_sq, const TensorView& sums,
+                   Stream* stream) {
+  const int64_t n = master.numel();
+  const Device d = master.device();
+  ZR_RETURN_IF_ERROR(CheckF32(master, n, "master", d));
+  ZR_RETURN_IF_ERROR(CheckF32(grad, n, "grad", d));
+  ZR_RETURN_IF_ERROR(CheckF32(exp_avg, n, "exp_avg", d));
+  ZR_RETURN_IF_ERROR(CheckF32(exp_avg_sq, n, "exp_avg_sq", d));
+  ZR_RETURN_IF_ERROR(CheckF32(sums, 2, "sums", d));
+  if (h.step < 1) return absl::InvalidArgumentError(StrCat("LAMB step ", h.step, " is below 1"));
+  const float* p = master.data_as<float>();
+  float* g = grad.data_as<float>();
+  float* m = exp_avg.data_as<float>();
+  float* v = exp_avg_sq.data_as<float>();
+  if (d.is_cuda()) {
+    return internal::CudaLambMoments(h, p, g, m, v, sums.data_as<float>(), n, stream);
+  }
+  double w = 0, u = 0;
+  const float b1 = h.beta1, b2 = h.beta2, eps = h.eps, wd = h.weight_decay, scale = h.grad_scale;
+#pragma omp parallel for simd schedule(static) reduction(+ : w, u) if (n > (int64_t{1} << 15))
+  for (int64_t i = 0; i < n; ++i) {
+    const float grad_i = g[i] * scale;
+    const float mi = b1 * m[i] + (1.0f - b1) * grad_i;
+    const float vi = b2 * v[i] + (1.0f - b2) * grad_i * grad_i;
+    const float update = mi / (std::sqrt(vi) + eps) + wd * p[i];
+    m[i] = mi;
+    v[i] = vi;
+    g[i] = update;
+    w += static_cast<double>(p[i]) * p[i];
+    u += static_cast<double>(update) * update;
+  }
+  float* s = sums.data_as<float>();
+  s[0] += static_cast<float>(w);
+  s[1] += static_cast<float>(u);
+  return absl::OkStatus();
+}
+
+float LambCoefficient(const LambHyper& h, double param_sum_sq, double update_sum_sq) {
+  const double w = std::sqrt(param_sum_sq), u = std::sqrt(update_sum_sq);
+  if (w == 0 || u == 0) return 1.0f;
+  return static_cast<float>(
+      std::clamp(w / u, static_cast<double>(h.min_coeff), static_cast<double>(h.max_coeff)));
+}
+
+Status LambApply(const LambHyper& h, float coeff, const TensorView& master,
+                 const TensorView& update, const TensorView& out, Stream* stream) {
+  const int64_t n = master.numel();
+  const Device d = master.device();
+  ZR_RETURN_IF_ERROR(CheckF32(master, n, "master", d));
+  ZR_RETURN_IF_ERROR(CheckF32(update, n, "update", d));
+  if (out.data() != nullptr && (out.numel() != n || out.device() != d)) {
+    return absl::InvalidArgumentError("LAMB: compute_out does not match the master");
+  }
+  const float step_coeff = static_cast<float>(StepSize(h) * coeff);
+  float* p = master.data_as<float>();
+  const float* u = update.data_as<float>();
+  if (d.is_cuda()) {
+    return internal::CudaLambApply(step_coeff, p, u, out.data(), out.dtype(), n, stream);
+  }
+  if (out.data() == nullptr) {
+    Apply<void>(step_coeff, p, u, nullptr, n);
+  } else if (out.dtype() == DType::kBF16) {
+    Apply(step_coeff, p, u, static_cast<BFloat16*>(out.data()), n);
+  } else if (out.dtype() == DType::kF16) {
+    Apply(step_coeff, p, u, static_cast<Half*>(out.data()), n);
+  } else {
+    Apply(step_coeff, p, u, static_cast<float*>(out.data()), n);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zerort
