@@ -8,6 +8,7 @@
   while the other skipped;
 - wall_clock_breakdown's disjoint phases add up to the step time (within 5%), each present;
 - gradient_predivide_factor and prescale_gradients give the default's loss curve (1e-5);
+- LAMB at ZeRO-3 on 2 ranks gives the one-process loss curve (1e-5);
 - a config with five problems reports all five in one run, naming the file, and
   --print-config shows where each "auto" value came from;
 - csv_monitor writes DeepSpeed's CSV files; `zerort plot` draws a metrics file into a PNG that
@@ -101,6 +102,19 @@ for r in timed[1:]:
           (measured, r["step_time_s"], w))
     check(f"step {r['step']}: forward and backward take time", w["forward"] > 0 and
           w["backward"] > 0, w)
+
+# LAMB: ZeRO-3 over 2 ranks (each parameter's norm summed over its shards) on the one-process
+# curve.
+lamb = {"type": "Lamb", "params": {"lr": 2e-2, "weight_decay": 0.01, "max_coeff": 5.0}}
+lamb1 = train("lamb1", optimizer=lamb, zero_optimization={"stage": 0})
+lamb2 = train("lamb2", ranks=2, optimizer=lamb, train_micro_batch_size_per_gpu=4,
+              zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0})
+check("LAMB: ZeRO-3 on 2 ranks follows one process (1e-5)",
+      close([r["loss"] for r in lamb2], [r["loss"] for r in lamb1], 1e-5),
+      [(a["loss"], b["loss"]) for a, b in zip(lamb2, lamb1)])
+check("LAMB: it trains", lamb1 and lamb1[-1]["loss"] < lamb1[0]["loss"] - 0.1, lamb1[-1:])
+check("LAMB: not AdamW's curve", lamb1 and fp32 and abs(lamb1[3]["loss"] - fp32[3]["loss"]) > 1e-4,
+      (lamb1[3:4], fp32[3:4]))
 
 default = train("mean2", ranks=2, train_micro_batch_size_per_gpu=4)
 for name, keys in [("predivide2", {"gradient_predivide_factor": 2.0}),
