@@ -47,7 +47,8 @@ const KeyDirectory& Directory() {
       {"zero_optimization",
        {"stage", "overlap_comm", "reduce_bucket_size", "stage3_prefetch_bucket_size",
         "stage3_param_persistence_threshold", "stage3_max_live_parameters", "contiguous_gradients",
-        "offload_optimizer", "offload_param", "sub_group_size"}},
+        "offload_optimizer", "offload_param", "sub_group_size",
+        "stage3_gather_16bit_weights_on_model_save"}},
       {"zero_optimization.offload_optimizer",
        {"device", "nvme_path", "pin_memory", "buffer_count", "fast_init", "ratio", "pipeline_read",
         "pipeline_write"}},
@@ -368,6 +369,8 @@ RunConfig ParseSchema(const nlohmann::json& json, Problems& problems) {
       problems.Add(
           zero->Int("stage3_max_live_parameters", z.stage3_max_live_parameters, 0, kMaxInt));
       problems.Add(zero->Bool("contiguous_gradients", z.contiguous_gradients));
+      problems.Add(zero->Bool("stage3_gather_16bit_weights_on_model_save",
+                              z.stage3_gather_16bit_weights_on_model_save));
       zero->Finish(problems);
       problems.Add(zero->Int("sub_group_size", z.sub_group_size, 1, kMaxInt));
       ReadOffload(*zero, "offload_optimizer", z.offload_optimizer, problems);
@@ -723,6 +726,8 @@ nlohmann::json RunConfig::ToJson() const {
         {"stage3_max_live_parameters", zero.stage3_max_live_parameters},
         {"contiguous_gradients", zero.contiguous_gradients},
         {"sub_group_size", zero.sub_group_size},
+        {"stage3_gather_16bit_weights_on_model_save",
+         zero.stage3_gather_16bit_weights_on_model_save},
         {"offload_optimizer", offload(zero.offload_optimizer, false)},
         {"offload_param", offload(zero.offload_param, true)}}},
       {"aio",

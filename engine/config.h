@@ -51,6 +51,9 @@ struct ZeroConfig {
   OffloadConfig offload_optimizer;   // master weights, optimizer state and gradient shards
   OffloadConfig offload_param;       // stage-3 compute shards
   int64_t sub_group_size = 1'000'000'000;  // elements per optimizer chunk, DeepSpeed's default
+  // At each checkpoint save, rank 0 also writes the consolidated weights in the compute dtype
+  // (bf16/fp16; fp32 runs fp32) as a Hugging Face model in step_<N>/hf/ (DeepSpeed's 16-bit save).
+  bool stage3_gather_16bit_weights_on_model_save = false;
 };
 
 struct Fp16Config {

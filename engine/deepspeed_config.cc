@@ -157,9 +157,9 @@ constexpr DsKey kKeys[] = {
      "zerort reduces units in backward order; each rank's shard is contiguous", "true"},
     {"zero_optimization.stage3_max_reuse_distance", A,
      "zerort gathers every unit again for its backward (DeepSpeed's behaviour at 0)", "1e9"},
-    {"zero_optimization.stage3_gather_16bit_weights_on_model_save", A,
-     "the checkpoint keeps fp32 masters; `zerort checkpoint export` writes the consolidated "
-     "weights",
+    {"zero_optimization.stage3_gather_16bit_weights_on_model_save", I,
+     "at each checkpoint save rank 0 also writes the consolidated weights in the compute dtype "
+     "as a Hugging Face model in step_N/hf/ (without checkpoint.dir, nothing is saved)",
      "true"},
     {"zero_optimization.stage3_model_persistence_threshold", A,
      "persistent units are bounded by stage3_param_persistence_threshold only", "1e9"},

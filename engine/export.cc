@@ -67,7 +67,14 @@ StatusOr<std::string> ResolveStepDir(const std::string& checkpoint) {
                                     "latest)"));
 }
 
-StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std::string& out_dir) {
+StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std::string& out_dir,
+                                          DType dtype) {
+  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16) {
+    return absl::InvalidArgumentError(
+        StrCat("export: dtype ", DTypeName(dtype), " (expected f32, bf16 or f16)"));
+  }
+  const int64_t elem = dtype == DType::kF32 ? 4 : 2;
+  const char* st_dtype = dtype == DType::kF32 ? "F32" : dtype == DType::kBF16 ? "BF16" : "F16";
   ZR_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(step_dir));
   const nlohmann::json& model = reader.metadata().at("config").at("model");
   // The header first: names, shapes and offsets are known from the metadata alone.
@@ -84,10 +91,10 @@ StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std
     ZR_ASSIGN_OR_RETURN(HfName hf, ToHuggingFace(name));
     Shape written = shape;
     if (hf.transpose) std::swap(written[0], written[1]);
-    const int64_t bytes = NumElements(shape) * 4;
+    const int64_t bytes = NumElements(shape) * elem;
     entries.push_back({name, hf, written, offset, offset + bytes});
     header[hf.name] = {
-        {"dtype", "F32"}, {"shape", written}, {"data_offsets", {offset, offset + bytes}}};
+        {"dtype", st_dtype}, {"shape", written}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   header["__metadata__"] = {{"format", "pt"}, {"source", "zerort checkpoint export"}};
@@ -140,9 +147,17 @@ StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std
       }
       v.swap(t);
     }
-    ZR_RETURN_IF_ERROR(write_all(v.data(), v.size() * 4));
+    if (dtype == DType::kF32) {
+      ZR_RETURN_IF_ERROR(write_all(v.data(), v.size() * 4));
+    } else {
+      std::vector<uint16_t> bits(v.size());
+      for (size_t i = 0; i < v.size(); ++i) {
+        bits[i] = dtype == DType::kBF16 ? FloatToBf16Bits(v[i]) : FloatToF16Bits(v[i]);
+      }
+      ZR_RETURN_IF_ERROR(write_all(bits.data(), bits.size() * 2));
+    }
     ++summary.tensors;
-    summary.bytes += static_cast<int64_t>(v.size() * 4);
+    summary.bytes += static_cast<int64_t>(v.size()) * elem;
   }
   if (::fsync(fd) != 0) return ErrnoError(StrCat("fsync ", tmp), errno);
   cleanup.fd = -1;
@@ -168,7 +183,9 @@ StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std
       {"attn_pdrop", 0.0},
       {"initializer_range", 0.02},
       {"tie_word_embeddings", true},
-      {"torch_dtype", "float32"},
+      {"torch_dtype", dtype == DType::kF32    ? "float32"
+                      : dtype == DType::kBF16 ? "bfloat16"
+                                              : "float16"},
   };
   ZR_RETURN_IF_ERROR(
       WriteFileAtomically(out_dir + "/config.json", config.dump(2) + "\n", "checkpoint export"));

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "engine/config.h"
+#include "runtime/dtype.h"
 #include "runtime/status.h"
 
 namespace zerort {
@@ -25,7 +26,10 @@ struct ExportSummary {
   int tensors = 0;
   int64_t bytes = 0;
 };
-StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std::string& out_dir);
+// `dtype` kF32 (the masters as they are), or kBF16 / kF16 (each value rounded to nearest even:
+// DeepSpeed's 16-bit model save).
+StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std::string& out_dir,
+                                          DType dtype = DType::kF32);
 
 struct EvalResult {
   double loss = 0;     // mean over tokens

@@ -18,6 +18,7 @@
 #include "engine/checkpoint.h"
 #include "engine/csv_monitor.h"
 #include "engine/data_loader.h"
+#include "engine/export.h"
 #include "engine/host_memory.h"
 #include "engine/lr_schedule.h"
 #include "engine/memory_model.h"
@@ -346,6 +347,14 @@ Status Run::Save(int64_t step, int64_t consumed) {
                  .run_id = run_id_};
   ZR_RETURN_IF_ERROR(SaveCheckpoint(c_.checkpoint.dir, state, *manager_, Groups(),
                                     c_.checkpoint.keep_last_n, ctx_.overwrite));
+  if (c_.zero.stage3_gather_16bit_weights_on_model_save) {
+    // DeepSpeed's 16-bit model save: the consolidated weights from the checkpoint just committed.
+    const DType dtype = c_.bf16 ? DType::kBF16 : c_.fp16.enabled ? DType::kF16 : DType::kF32;
+    const std::string step_dir = StrCat(c_.checkpoint.dir, "/step_", step);
+    Status exported = absl::OkStatus();
+    if (leader()) exported = ExportHuggingFace(step_dir, step_dir + "/hf", dtype).status();
+    ZR_RETURN_IF_ERROR(AgreeAll(exported, "the 16-bit model save"));
+  }
   if (leader()) {
     Logger()->info("saved checkpoint {}/step_{} in {:.2f} s", c_.checkpoint.dir, step,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

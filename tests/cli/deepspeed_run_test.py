@@ -9,6 +9,8 @@
 - wall_clock_breakdown's disjoint phases add up to the step time (within 5%), each present;
 - gradient_predivide_factor and prescale_gradients give the default's loss curve (1e-5);
 - LAMB at ZeRO-3 on 2 ranks gives the one-process loss curve (1e-5);
+- stage3_gather_16bit_weights_on_model_save writes step_N/hf/model.safetensors in bf16 at each
+  save of a ZeRO-3 run on 2 ranks, every value the bf16 rounding of the fp32 export's;
 - a config with five problems reports all five in one run, naming the file, and
   --print-config shows where each "auto" value came from;
 - csv_monitor writes DeepSpeed's CSV files; `zerort plot` draws a metrics file into a PNG that
@@ -115,6 +117,46 @@ check("LAMB: ZeRO-3 on 2 ranks follows one process (1e-5)",
 check("LAMB: it trains", lamb1 and lamb1[-1]["loss"] < lamb1[0]["loss"] - 0.1, lamb1[-1:])
 check("LAMB: not AdamW's curve", lamb1 and fp32 and abs(lamb1[3]["loss"] - fp32[3]["loss"]) > 1e-4,
       (lamb1[3:4], fp32[3:4]))
+
+
+
+def safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    return json.loads(data[8:8 + n]), data[8 + n:]
+
+
+def bf16_bits(x):  # round to nearest even, as runtime/dtype.h
+    b = struct.unpack("<I", struct.pack("<f", x))[0]
+    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
+
+
+ckpt = os.path.join(tmp, "ckpt16")
+saved = train("save16", ranks=2, bf16={"enabled": True}, train_micro_batch_size_per_gpu=4,
+              zero_optimization={"stage": 3, "stage3_gather_16bit_weights_on_model_save": True},
+              checkpoint={"dir": ckpt, "interval": 6})
+hf = [os.path.join(ckpt, f"step_{s}", "hf", "model.safetensors") for s in (6, 12)]
+check("16-bit save: step_6/hf and step_12/hf", all(os.path.exists(p) for p in hf), hf)
+if all(os.path.exists(p) for p in hf):
+    out32 = os.path.join(tmp, "export32")
+    r = subprocess.run([zerort, "checkpoint", "export", os.path.join(ckpt, "step_12"), out32],
+                       capture_output=True, text=True, env=env, timeout=120)
+    check("fp32 export of the same step: exit 0", r.returncode == 0, r.stderr[-500:])
+    h16, d16 = safetensors(hf[1])
+    h32, d32 = safetensors(os.path.join(out32, "model.safetensors"))
+    names = [k for k in h16 if k != "__metadata__"]
+    check("16-bit save: BF16 tensors, the fp32 export's names and shapes",
+          names and all(h16[k]["dtype"] == "BF16" and h16[k]["shape"] == h32[k]["shape"]
+                        for k in names) and set(names) == set(h32) - {"__metadata__"}, names[:3])
+    mismatches = 0
+    for k in names:
+        a, b = h16[k]["data_offsets"], h32[k]["data_offsets"]
+        values = struct.unpack(f"<{(b[1] - b[0]) // 4}f", d32[b[0]:b[1]])
+        bits = struct.unpack(f"<{(a[1] - a[0]) // 2}H", d16[a[0]:a[1]])
+        mismatches += sum(1 for x, y in zip(values, bits) if bf16_bits(x) != y)
+    check("16-bit save: every value is the bf16 rounding of the master", mismatches == 0,
+          mismatches)
 
 default = train("mean2", ranks=2, train_micro_batch_size_per_gpu=4)
 for name, keys in [("predivide2", {"gradient_predivide_factor": 2.0}),
