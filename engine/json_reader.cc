@@ -92,12 +92,21 @@ std::string ClosestKey(std::string_view key, const std::vector<std::string>& can
 
 StatusOr<nlohmann::json> ParseJsonText(std::string_view text, std::string_view file) {
   DuplicateFinder finder;
+  // Deeper nesting is refused while parsing: copying, comparing or printing a JSON value
+  // recurses once per level, and no config needs more than a handful.
+  constexpr size_t kMaxDepth = 64;
+  struct TooDeep {};
   using E = nlohmann::json::parse_event_t;
   auto callback = [&](int depth, E event, nlohmann::json& parsed) -> bool {
     (void)depth;
     switch (event) {
       case E::object_start:
       case E::array_start: {
+        if (finder.stack.size() >= kMaxDepth) {
+          finder.error = StrCat("nested more than ", kMaxDepth, " levels deep at '",
+                                finder.Path("").substr(0, 200), "'");
+          throw TooDeep{};
+        }
         DuplicateFinder::Level level;
         level.is_object = event == E::object_start;
         if (!finder.stack.empty()) {
@@ -130,6 +139,8 @@ StatusOr<nlohmann::json> ParseJsonText(std::string_view text, std::string_view f
     j = nlohmann::json::parse(text.begin(), text.end(), callback);
   } catch (const nlohmann::json::exception& e) {  // parse errors, numbers out of range
     return absl::InvalidArgumentError(StrCat(file, ": not valid JSON: ", e.what()));
+  } catch (const TooDeep&) {
+    return absl::InvalidArgumentError(StrCat(file, ": ", finder.error));
   }
   if (!finder.error.empty()) {
     return absl::InvalidArgumentError(

@@ -109,7 +109,7 @@ config_cases = [
      [config_file("int.json", b'{"train_batch_size": 99999999999999999999999}')],
      "train_batch_size"),
     ("deep nesting", [config_file("deep.json", b'{"x": ' + b"[" * 100000 + b"]" * 100000 + b"}")],
-     "unknown key 'x'"),
+     "nested more than 64 levels deep at 'x[0][0]"),
     ("a 50 MB string",
      [config_file("long.json", b'{"train_batch_size": 4, "x": "' + b"a" * 50000000 + b'"}')],
      "unknown key 'x'"),
