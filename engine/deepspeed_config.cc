@@ -291,10 +291,10 @@ constexpr DsKey kKeys[] = {
     {"comms_logger", A, "logging.trace_file records every collective with its bytes and time",
      "{\"enabled\": true}"},
     {"timers", A, "the metrics line has the step time and tokens/s", "{\"throughput\": {}}"},
-    {"tensorboard", A,
-     "TensorBoard event files are not written (Debian has no library that writes them): "
-     "metrics.jsonl and csv_monitor carry the same values",
-     "{\"enabled\": true, \"output_path\": \"tb\"}"},
+    {"tensorboard", R,
+     "TensorBoard event files cannot be written (Debian has no library that writes them): use "
+     "csv_monitor (DeepSpeed's CSV files) or metrics.jsonl with `zerort plot`",
+     "{\"enabled\": true, \"output_path\": \"tb\"}", "disabled"},
     {"csv_monitor", I,
      "rank 0 writes DeepSpeed's CSV files (train_loss, lr, loss_scale with fp16; zerort's "
      "val_loss and tokens_per_s) to output_path/job_name",
