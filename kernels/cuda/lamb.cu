@@ -15,7 +15,8 @@ namespace {
 constexpr int kThreads = 256;
 
 int Blocks(int64_t n) {
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 1024)));
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 1024)));
 }
 
 struct MomentArgs {
@@ -90,14 +91,14 @@ Status CudaLambApply(float step_coeff, float* p, const float* update, void* out,
   if (n == 0) return absl::OkStatus();
   const cudaStream_t s = Native(stream);
   if (out == nullptr || out_dtype == DType::kF32) {
-    LambApplyKernel<float><<<Blocks(n), kThreads, 0, s>>>(step_coeff, p, update,
-                                                          static_cast<float*>(out), n);
+    LambApplyKernel<float>
+        <<<Blocks(n), kThreads, 0, s>>>(step_coeff, p, update, static_cast<float*>(out), n);
   } else if (out_dtype == DType::kBF16) {
-    LambApplyKernel<__nv_bfloat16><<<Blocks(n), kThreads, 0, s>>>(
-        step_coeff, p, update, static_cast<__nv_bfloat16*>(out), n);
+    LambApplyKernel<__nv_bfloat16>
+        <<<Blocks(n), kThreads, 0, s>>>(step_coeff, p, update, static_cast<__nv_bfloat16*>(out), n);
   } else {
-    LambApplyKernel<__half><<<Blocks(n), kThreads, 0, s>>>(step_coeff, p, update,
-                                                           static_cast<__half*>(out), n);
+    LambApplyKernel<__half>
+        <<<Blocks(n), kThreads, 0, s>>>(step_coeff, p, update, static_cast<__half*>(out), n);
   }
   ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();

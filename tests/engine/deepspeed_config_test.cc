@@ -233,6 +233,21 @@ TEST(DeepSpeedKeysTest, AutoIsResolvedByHuggingFacesRules) {
   EXPECT_EQ(all.train_batch_size, 16);
 }
 
+// csv_monitor names a directory zerort creates: a job name is a plain name, the place writable.
+TEST(DeepSpeedKeysTest, CsvMonitorPathsAreChecked) {
+  EXPECT_NE(Error({{"csv_monitor", {{"enabled", true}, {"job_name", "../escape"}}}})
+                .find("csv_monitor.job_name = \"../escape\": expected a plain directory name"),
+            std::string::npos);
+  EXPECT_NE(Error({{"csv_monitor", {{"enabled", true}, {"job_name", ""}}}}).find("job_name"),
+            std::string::npos);
+  EXPECT_NE(Error({{"csv_monitor", {{"enabled", true}, {"output_path", "/proc/zerort"}}}})
+                .find("csv_monitor.output_path"),
+            std::string::npos);
+  EXPECT_NE(Error({{"csv_monitor", {{"enabled", "yes"}}}}).find("csv_monitor.enabled"),
+            std::string::npos);
+  EXPECT_EQ(Error({{"csv_monitor", {{"enabled", false}, {"output_path", "/proc/zerort"}}}}), "");
+}
+
 TEST(DeepSpeedKeysTest, OneRunReportsEveryProblem) {
   const std::string m = Error(nlohmann::json::parse(R"({
     "zero_optimization": {"stage": 7, "stgae": 2},
