@@ -48,7 +48,7 @@ const KeyDirectory& Directory() {
        {"stage", "overlap_comm", "reduce_bucket_size", "stage3_prefetch_bucket_size",
         "stage3_param_persistence_threshold", "stage3_max_live_parameters", "contiguous_gradients",
         "offload_optimizer", "offload_param", "sub_group_size",
-        "stage3_gather_16bit_weights_on_model_save"}},
+        "stage3_gather_16bit_weights_on_model_save", "allgather_partitions"}},
       {"zero_optimization.offload_optimizer",
        {"device", "nvme_path", "pin_memory", "buffer_count", "fast_init", "ratio", "pipeline_read",
         "pipeline_write"}},
@@ -369,6 +369,7 @@ RunConfig ParseSchema(const nlohmann::json& json, Problems& problems) {
       problems.Add(
           zero->Int("stage3_max_live_parameters", z.stage3_max_live_parameters, 0, kMaxInt));
       problems.Add(zero->Bool("contiguous_gradients", z.contiguous_gradients));
+      problems.Add(zero->Bool("allgather_partitions", z.allgather_partitions));
       problems.Add(zero->Bool("stage3_gather_16bit_weights_on_model_save",
                               z.stage3_gather_16bit_weights_on_model_save));
       zero->Finish(problems);
@@ -725,6 +726,7 @@ nlohmann::json RunConfig::ToJson() const {
         {"stage3_param_persistence_threshold", zero.stage3_param_persistence_threshold},
         {"stage3_max_live_parameters", zero.stage3_max_live_parameters},
         {"contiguous_gradients", zero.contiguous_gradients},
+        {"allgather_partitions", zero.allgather_partitions},
         {"sub_group_size", zero.sub_group_size},
         {"stage3_gather_16bit_weights_on_model_save",
          zero.stage3_gather_16bit_weights_on_model_save},

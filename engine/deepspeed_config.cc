@@ -144,8 +144,9 @@ constexpr DsKey kKeys[] = {
      "{\"device\": \"cpu\"}"},
     {"zero_optimization.offload_param", I, "stage 3: device none | cpu | nvme",
      "{\"device\": \"none\"}"},
-    {"zero_optimization.allgather_partitions", A,
-     "zerort all-gathers each unit's shards (false, a broadcast per rank, gives the same weights)",
+    {"zero_optimization.allgather_partitions", I,
+     "false gathers each unit's shards by one broadcast per rank instead of one all-gather (the "
+     "same weights)",
      "false"},
     {"zero_optimization.allgather_bucket_size", A,
      "zerort gathers one unit's flat vector per collective: the unit is the bucket", "5e8"},

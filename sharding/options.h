@@ -81,6 +81,9 @@ struct ShardManagerOptions {
   // (dp_size / factor) after. 1 (default): the sum, then the mean, as DeepSpeed does by default.
   double gradient_predivide_factor = 1.0;
   bool overlap_comm = true;  // reduce gradients on the comm stream, overlapping backward compute
+  // DeepSpeed's allgather_partitions: false gathers a unit's shards by one broadcast per rank
+  // instead of one all-gather (the same bytes, more collectives).
+  bool allgather_partitions = true;
   // Stages 2-3: keep each unit's full gradient through the step's micro-batches and reduce it
   // once, at the step, instead of as each backward ends (a pipeline's micro-batches: m-fold
   // fewer gradient collectives for every unit's full gradient held through the step).

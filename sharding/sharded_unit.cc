@@ -104,7 +104,6 @@ Status CastInto(const TensorView& values, PlacedBuffer& dst, int64_t offset, con
 Status ShardedUnit::Initialize(const TensorView& master) {
   ZR_CHECK(!initialized_) << "unit '" << name_ << "' initialised twice";
   ZR_CHECK(master.numel() == layout_.shard_numel()) << "unit '" << name_ << "': master size";
-  const ShardManagerOptions& o = options();
   Stream* compute = resources_.compute;
   const int64_t shard = layout_.shard_numel();
   if (plan_.compute_is_master) {
@@ -122,8 +121,7 @@ Status ShardedUnit::Initialize(const TensorView& master) {
         Fail(CastInto(master, compute_full_, own.offset, resources_.tiers, compute)));
     if (plan_.partitioning == Partitioning::kSharded) {
       void* data = compute_full_.View().Flat(own.offset, shard).data();
-      ZR_RETURN_IF_ERROR(resources_.dp->AllGather(data, compute_full_.View().data(), shard,
-                                                  o.compute_dtype, compute));
+      ZR_RETURN_IF_ERROR(GatherShards(data, compute_full_.View().data(), shard, compute));
     }
   }
   const PlannedBuffer* full_grad = plan_.Find(UnitBuffer::kFullGrad);
@@ -165,7 +163,6 @@ Status ShardedUnit::StartGather() {
   ZR_CHECK(initialized_ && plan_.sharded_params &&
            (state_ == ShardState::kSharded || state_ == ShardState::kFetching))
       << "StartGather on unit '" << name_ << "' in state " << ShardStateName(state_);
-  const ShardManagerOptions& o = options();
   Stream* comm = resources_.comm;
   ZR_RETURN_IF_ERROR(StartFetch());
   const int64_t shard_bytes = compute_shard_.bytes();
@@ -206,8 +203,7 @@ Status ShardedUnit::StartGather() {
   if (!gathered.ok()) return Annotate(gathered.status(), StrCat("gathering unit '", name_, "'"));
   gathered_ = std::move(*gathered);
   resources_.dp->SetTraceLabel(StrCat("gather ", name_));
-  ZR_RETURN_IF_ERROR(resources_.dp->AllGather(input, gathered_.data(), layout_.shard_numel(),
-                                              o.compute_dtype, comm));
+  ZR_RETURN_IF_ERROR(GatherShards(input, gathered_.data(), layout_.shard_numel(), comm));
   resources_.dp->SetTraceLabel("");
   ZR_RETURN_IF_ERROR(gathered_event_->Record(*comm));
   if (fetch_lease_) {
@@ -308,15 +304,13 @@ Status ShardedUnit::SetComputeFromMaster(const TensorView& master) {
 }
 
 Status ShardedUnit::RefreshAfterStep() {
-  const ShardManagerOptions& o = options();
   Stream* compute = resources_.compute;
   const int64_t shard = layout_.shard_numel();
   if (!plan_.sharded_params) {
     if (plan_.partitioning == Partitioning::kReplicated) return absl::OkStatus();
     void* own = compute_full_.View().Flat(compute_copy().offset, shard).data();
     resources_.dp->SetTraceLabel(StrCat("all-gather updated ", name_));
-    ZR_RETURN_IF_ERROR(resources_.dp->AllGather(own, compute_full_.View().data(), shard,
-                                                o.compute_dtype, compute));
+    ZR_RETURN_IF_ERROR(GatherShards(own, compute_full_.View().data(), shard, compute));
     resources_.dp->SetTraceLabel("");
     return absl::OkStatus();
   }
@@ -325,8 +319,23 @@ Status ShardedUnit::RefreshAfterStep() {
         << "optimizer step while unit '" << name_ << "' is " << ShardStateName(state_);
     return absl::OkStatus();
   }
-  return resources_.dp->AllGather(compute_shard_.View().data(), gathered_.data(), shard,
-                                  o.compute_dtype, compute);
+  return GatherShards(compute_shard_.View().data(), gathered_.data(), shard, compute);
+}
+
+Status ShardedUnit::GatherShards(const void* mine, void* all, int64_t shard, Stream* stream) {
+  const DType dtype = options().compute_dtype;
+  if (options().allgather_partitions) {
+    return resources_.dp->AllGather(mine, all, shard, dtype, stream);
+  }
+  const size_t bytes = static_cast<size_t>(shard) * DTypeSize(dtype);
+  char* base = static_cast<char*>(all);
+  char* own = base + static_cast<size_t>(resources_.dp->rank()) * bytes;
+  if (own != mine) ZR_RETURN_IF_ERROR(CopyBytes(own, device(), mine, device(), bytes, stream));
+  for (int r = 0; r < resources_.dp->size(); ++r) {
+    ZR_RETURN_IF_ERROR(resources_.dp->Broadcast(base + static_cast<size_t>(r) * bytes,
+                                                static_cast<size_t>(shard), dtype, r, stream));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace zerort

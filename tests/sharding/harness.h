@@ -29,6 +29,7 @@ struct RunConfig {
   std::string nvme_path;     // for kNvme placements
   IoEngine io_engine = IoEngine::kAuto;
   double predivide = 1.0;  // gradient_predivide_factor (prescale_gradients: the world size)
+  bool allgather_partitions = true;
 };
 
 inline ShardManagerOptions Options(const RunConfig& c) {
@@ -41,6 +42,7 @@ inline ShardManagerOptions Options(const RunConfig& c) {
   o.reduce_bucket_size = c.reduce_bucket_size;
   o.overlap_comm = c.overlap_comm;
   o.gradient_predivide_factor = c.predivide;
+  o.allgather_partitions = c.allgather_partitions;
   o.optimizer.kind = c.optimizer;
   o.placement = c.placement;
   o.offload.nvme_path = c.nvme_path;

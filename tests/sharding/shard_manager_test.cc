@@ -179,6 +179,20 @@ TEST(ShardManagerTest, PredividingTheGradientKeepsTheMean) {
   }
 }
 
+// DeepSpeed's allgather_partitions = false: shards gathered by a broadcast per rank, the same
+// weights bit for bit at every stage that gathers.
+TEST(ShardManagerTest, BroadcastGatherChangesNoNumber) {
+  for (ZeroStage stage : {ZeroStage::k1, ZeroStage::k2, ZeroStage::k3}) {
+    RunConfig gathered{.stage = stage, .world = 3, .steps = 4};
+    RunConfig broadcast = gathered;
+    broadcast.allgather_partitions = false;
+    const RunResult a = Train(gathered), b = Train(broadcast);
+    ASSERT_EQ(a.error, "");
+    ASSERT_EQ(b.error, "");
+    EXPECT_EQ(a.params, b.params) << "stage " << static_cast<int>(stage);
+  }
+}
+
 TEST(ShardManagerTest, OverlapCommChangesNoNumber) {
   RunConfig overlapped{.stage = ZeroStage::k3, .world = 2, .steps = 4};
   RunConfig serial = overlapped;
