@@ -48,7 +48,7 @@ const KeyDirectory& Directory() {
        {"stage", "overlap_comm", "reduce_bucket_size", "stage3_prefetch_bucket_size",
         "stage3_param_persistence_threshold", "stage3_max_live_parameters", "contiguous_gradients",
         "offload_optimizer", "offload_param", "sub_group_size",
-        "stage3_gather_16bit_weights_on_model_save", "allgather_partitions"}},
+        "stage3_gather_16bit_weights_on_model_save", "allgather_partitions", "reduce_scatter"}},
       {"zero_optimization.offload_optimizer",
        {"device", "nvme_path", "pin_memory", "buffer_count", "fast_init", "ratio", "pipeline_read",
         "pipeline_write"}},
@@ -370,6 +370,7 @@ RunConfig ParseSchema(const nlohmann::json& json, Problems& problems) {
           zero->Int("stage3_max_live_parameters", z.stage3_max_live_parameters, 0, kMaxInt));
       problems.Add(zero->Bool("contiguous_gradients", z.contiguous_gradients));
       problems.Add(zero->Bool("allgather_partitions", z.allgather_partitions));
+      problems.Add(zero->Bool("reduce_scatter", z.reduce_scatter));
       problems.Add(zero->Bool("stage3_gather_16bit_weights_on_model_save",
                               z.stage3_gather_16bit_weights_on_model_save));
       zero->Finish(problems);
@@ -727,6 +728,7 @@ nlohmann::json RunConfig::ToJson() const {
         {"stage3_max_live_parameters", zero.stage3_max_live_parameters},
         {"contiguous_gradients", zero.contiguous_gradients},
         {"allgather_partitions", zero.allgather_partitions},
+        {"reduce_scatter", zero.reduce_scatter},
         {"sub_group_size", zero.sub_group_size},
         {"stage3_gather_16bit_weights_on_model_save",
          zero.stage3_gather_16bit_weights_on_model_save},

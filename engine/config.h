@@ -49,6 +49,7 @@ struct ZeroConfig {
   int64_t stage3_max_live_parameters = 1'000'000'000;    // elements gathered at once
   bool contiguous_gradients = true;  // accepted for DeepSpeed compatibility; always contiguous
   bool allgather_partitions = true;  // false: a broadcast per rank instead of one all-gather
+  bool reduce_scatter = true;        // false: stages 2-3 all-reduce, each rank keeps its shard
   OffloadConfig offload_optimizer;   // master weights, optimizer state and gradient shards
   OffloadConfig offload_param;       // stage-3 compute shards
   int64_t sub_group_size = 1'000'000'000;  // elements per optimizer chunk, DeepSpeed's default

@@ -150,9 +150,9 @@ constexpr DsKey kKeys[] = {
      "false"},
     {"zero_optimization.allgather_bucket_size", A,
      "zerort gathers one unit's flat vector per collective: the unit is the bucket", "5e8"},
-    {"zero_optimization.reduce_scatter", A,
-     "zerort reduce-scatters at stages 2-3 and all-reduces at 0-1 (false, all-reduce, gives the "
-     "same numbers)",
+    {"zero_optimization.reduce_scatter", I,
+     "false reduces stage 2-3 gradients by an all-reduce, each rank keeping its shard (the same "
+     "numbers); stages 0-1 always all-reduce",
      "false"},
     {"zero_optimization.round_robin_gradients", A,
      "zerort reduces units in backward order; each rank's shard is contiguous", "true"},

@@ -82,6 +82,7 @@ StatusOr<ShardManagerOptions> ManagerOptions(const RunConfig& c, DType compute) 
   o.gradient_predivide_factor = c.gradient_predivide_factor;
   o.overlap_comm = c.zero.overlap_comm;
   o.allgather_partitions = c.zero.allgather_partitions;
+  o.reduce_scatter = c.zero.reduce_scatter;
   o.reduce_bucket_size = c.zero.reduce_bucket_size;
   o.stage3_prefetch_bucket_size = c.zero.stage3_prefetch_bucket_size;
   o.stage3_max_live_parameters = c.zero.stage3_max_live_parameters;

@@ -57,6 +57,21 @@ Status GradientReducer::FlushReduceScatter() {
   const int ranks = resources_.dp->size();
   Stream* comm = resources_.comm;
   ZR_RETURN_IF_ERROR(CommAfterCompute());
+  if (!o.reduce_scatter) {
+    // DeepSpeed's reduce_scatter false: the full gradients all-reduced, this rank's shard (the
+    // full gradient is rank-major) kept.
+    ZR_RETURN_IF_ERROR(AllReduceBucket(pending_));
+    const int64_t rank = resources_.dp->rank();
+    for (ShardedUnit* u : pending_) {
+      const int64_t s = u->layout().shard_numel();
+      ZR_RETURN_IF_ERROR(
+          optimizer_->AccumulateGradient(*u, u->FullGrad().Flat(rank * s, s), *comm));
+      ZR_RETURN_IF_ERROR(u->DropFullGrad(*comm));
+    }
+    pending_.clear();
+    pending_numel_ = 0;
+    return absl::OkStatus();
+  }
   ZR_ASSIGN_OR_RETURN(const ReduceOp op, PreDivide(pending_, comm));  // before packing
 
   int64_t bucket_shard = 0;

@@ -84,6 +84,9 @@ struct ShardManagerOptions {
   // DeepSpeed's allgather_partitions: false gathers a unit's shards by one broadcast per rank
   // instead of one all-gather (the same bytes, more collectives).
   bool allgather_partitions = true;
+  // DeepSpeed's reduce_scatter: false reduces stage 2-3 gradients by an all-reduce of the full
+  // gradients, each rank keeping its shard (the same numbers, more bytes moved).
+  bool reduce_scatter = true;
   // Stages 2-3: keep each unit's full gradient through the step's micro-batches and reduce it
   // once, at the step, instead of as each backward ends (a pipeline's micro-batches: m-fold
   // fewer gradient collectives for every unit's full gradient held through the step).

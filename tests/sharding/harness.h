@@ -30,6 +30,7 @@ struct RunConfig {
   IoEngine io_engine = IoEngine::kAuto;
   double predivide = 1.0;  // gradient_predivide_factor (prescale_gradients: the world size)
   bool allgather_partitions = true;
+  bool reduce_scatter = true;
 };
 
 inline ShardManagerOptions Options(const RunConfig& c) {
@@ -43,6 +44,7 @@ inline ShardManagerOptions Options(const RunConfig& c) {
   o.overlap_comm = c.overlap_comm;
   o.gradient_predivide_factor = c.predivide;
   o.allgather_partitions = c.allgather_partitions;
+  o.reduce_scatter = c.reduce_scatter;
   o.optimizer.kind = c.optimizer;
   o.placement = c.placement;
   o.offload.nvme_path = c.nvme_path;

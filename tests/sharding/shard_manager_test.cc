@@ -193,6 +193,27 @@ TEST(ShardManagerTest, BroadcastGatherChangesNoNumber) {
   }
 }
 
+// DeepSpeed's reduce_scatter = false: stage 2-3 gradients all-reduced, each rank keeping its
+// shard; the same parameters (bucketed and one unit at a time).
+TEST(ShardManagerTest, AllReduceInsteadOfReduceScatterChangesNoNumber) {
+  for (ZeroStage stage : {ZeroStage::k2, ZeroStage::k3}) {
+    for (int64_t bucket : {int64_t{500'000'000}, int64_t{1}}) {
+      RunConfig scattered{.stage = stage,
+                          .world = 3,
+                          .optimizer = OptimizerKind::kSgd,
+                          .steps = 4,
+                          .reduce_bucket_size = bucket};
+      RunConfig reduced = scattered;
+      reduced.reduce_scatter = false;
+      const RunResult a = Train(scattered), b = Train(reduced);
+      ASSERT_EQ(a.error, "");
+      ASSERT_EQ(b.error, "");
+      EXPECT_LE(MaxRelativeError(a.params, b.params), 1e-6)
+          << "stage " << static_cast<int>(stage) << " bucket " << bucket;
+    }
+  }
+}
+
 TEST(ShardManagerTest, OverlapCommChangesNoNumber) {
   RunConfig overlapped{.stage = ZeroStage::k3, .world = 2, .steps = 4};
   RunConfig serial = overlapped;
