@@ -7,25 +7,11 @@
 #include <cerrno>
 #include <filesystem>
 
+#include "engine/user_file.h"
 #include "fmt/format.h"
 #include "runtime/strings.h"
 
 namespace zerort {
-namespace {
-
-Status WriteAll(int fd, const std::string& text, const std::string& path) {
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return ErrnoError(StrCat("write csv_monitor file ", path), n < 0 ? errno : ENOSPC);
-    done += static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 StatusOr<std::unique_ptr<CsvMonitor>> CsvMonitor::Open(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -56,9 +42,11 @@ Status CsvMonitor::Write(std::string_view event, int64_t step, double value) {
     const size_t slash = event.rfind('/');
     const std::string_view header =
         slash == std::string_view::npos ? event : event.substr(slash + 1);
-    ZR_RETURN_IF_ERROR(WriteAll(fd, StrCat("step,", header, "\n"), path));
+    ZR_RETURN_IF_ERROR(
+        WriteAll(fd, StrCat("step,", header, "\n"), StrCat("write csv_monitor file ", path)));
   }
-  return WriteAll(it->second, fmt::format("{},{}\n", step, value), path);
+  return WriteAll(it->second, fmt::format("{},{}\n", step, value),
+                  StrCat("write csv_monitor file ", path));
 }
 
 Status CsvMonitor::Flush() {

@@ -120,16 +120,9 @@ StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std
       if (!committed) ::unlink(tmp.c_str());
     }
   } cleanup{fd, tmp, committed};
-  auto write_all = [&](const void* data, size_t bytes) -> Status {
-    const char* p = static_cast<const char*>(data);
-    while (bytes > 0) {
-      const ssize_t n = ::write(fd, p, bytes);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return ErrnoError(StrCat("write ", tmp), n < 0 ? errno : ENOSPC);
-      p += n;
-      bytes -= static_cast<size_t>(n);
-    }
-    return absl::OkStatus();
+  auto write_all = [&](const void* data, size_t bytes) {
+    return WriteAll(fd, std::string_view(static_cast<const char*>(data), bytes),
+                    StrCat("write ", tmp));
   };
   const uint64_t header_size = text.size();
   char size_bytes[8];

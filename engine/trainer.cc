@@ -26,6 +26,7 @@
 #include "engine/run_dir.h"
 #include "engine/timeline.h"
 #include "engine/token_file.h"
+#include "engine/user_file.h"
 #include "kernels/model_kernels.h"
 #include "layers/gpt_model.h"
 #include "layers/pipeline_executor.h"
@@ -595,18 +596,8 @@ Status Run::Setup() {
 void Run::Emit(const nlohmann::json& record, const std::string& line) {
   if (!leader()) return;
   if (metrics_fd_ >= 0 && write_error_.ok()) {
-    const std::string text = record.dump() + "\n";
-    size_t done = 0;
-    while (done < text.size()) {
-      const ssize_t n = ::write(metrics_fd_, text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        write_error_ = ErrnoError(StrCat("write logging.metrics_file ", metrics_path_),
-                                  n < 0 ? errno : ENOSPC);
-        break;
-      }
-      done += static_cast<size_t>(n);
-    }
+    write_error_ = WriteAll(metrics_fd_, record.dump() + "\n",
+                            StrCat("write logging.metrics_file ", metrics_path_));
   }
   if (!line.empty()) {
     std::fprintf(ctx_.out, "%s\n", line.c_str());

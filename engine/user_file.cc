@@ -63,7 +63,7 @@ Status WriteFileAtomically(const std::string& path, std::string_view text, std::
     return ErrnoError(StrCat(call, " ", what, " ", tmp), err);
   };
   size_t done = 0;
-  while (done < text.size()) {
+  while (done < text.size()) {  // not WriteAll: a failure here also removes the .tmp
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return fail("write", n < 0 ? errno : ENOSPC);
@@ -79,6 +79,17 @@ Status WriteFileAtomically(const std::string& path, std::string_view text, std::
     const int err = errno;
     ::unlink(tmp.c_str());
     return ErrnoError(StrCat("rename ", what, " ", tmp, " to ", path), err);
+  }
+  return absl::OkStatus();
+}
+
+Status WriteAll(int fd, std::string_view bytes, std::string_view what) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return ErrnoError(what, n < 0 ? errno : ENOSPC);
+    done += static_cast<size_t>(n);
   }
   return absl::OkStatus();
 }

@@ -18,6 +18,10 @@ StatusOr<std::string> ReadDataFile(const std::string& path, int64_t limit);
 // `path` when it is larger than `limit` bytes. Closes `fd`.
 StatusOr<std::string> ReadRegularFd(int fd, const std::string& path, int64_t limit);
 
+// Writes all of `bytes` to `fd`, retrying short writes and EINTR; a failure (a write of 0 bytes
+// is a full disk) is ErrnoError(`what`, errno).
+Status WriteAll(int fd, std::string_view bytes, std::string_view what);
+
 // Writes `text` to `path` through `path`.tmp: every write, the fsync and the close checked, then
 // a rename; on any failure the .tmp is removed and the error names `what` (the config key or
 // command) and the file.
