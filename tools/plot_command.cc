@@ -128,9 +128,11 @@ Status Plot(const PlotOptions& o) {
   }
   ZR_ASSIGN_OR_RETURN(const std::vector<Row> rows, ReadMetrics(o.metrics));
 
-  char tmpl[] = "/tmp/zerort-plot-XXXXXX";
-  const char* dir_c = ::mkdtemp(tmpl);
-  if (dir_c == nullptr) return ErrnoError("mkdtemp /tmp/zerort-plot-XXXXXX", errno);
+  // The system's temporary directory ($TMPDIR, else /tmp).
+  std::string tmpl = (std::filesystem::temp_directory_path(ec) / "zerort-plot-XXXXXX").string();
+  if (ec) tmpl = "/tmp/zerort-plot-XXXXXX";
+  const char* dir_c = ::mkdtemp(tmpl.data());
+  if (dir_c == nullptr) return ErrnoError(StrCat("mkdtemp ", tmpl), errno);
   const std::string dir(dir_c);
   struct Cleanup {
     std::string dir;
