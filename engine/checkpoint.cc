@@ -133,13 +133,6 @@ Status SyncDir(const std::string& path) {
   return absl::OkStatus();
 }
 
-Status AllGatherInts(ShardManager& m, Communicator& group, std::vector<int64_t>& send,
-                     std::vector<int64_t>* gathered) {
-  gathered->resize(send.size() * group.size());
-  return AllGatherHostValues(group, m.device_allocator(), m.compute_stream(), send.data(),
-                             gathered->data(), send.size(), DType::kI64);
-}
-
 // Every rank learns whether every rank succeeded, and gets the first failing rank's message (so
 // the error names the damaged file on every rank, not only where it was read).
 Status Agree(ShardManager& m, Communicator& group, const Status& local, std::string_view what) {

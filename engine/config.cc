@@ -46,7 +46,8 @@ const KeyDirectory& Directory() {
       {"csv_monitor", {"enabled", "output_path", "job_name"}},
       {"zero_optimization",
        {"stage", "overlap_comm", "reduce_bucket_size", "stage3_prefetch_bucket_size",
-        "stage3_param_persistence_threshold", "stage3_max_live_parameters", "contiguous_gradients",
+        "stage3_param_persistence_threshold", "stage3_max_live_parameters",
+        "stage3_max_reuse_distance", "allgather_bucket_size", "contiguous_gradients",
         "offload_optimizer", "offload_param", "sub_group_size",
         "stage3_gather_16bit_weights_on_model_save", "allgather_partitions", "reduce_scatter"}},
       {"zero_optimization.offload_optimizer",
@@ -368,6 +369,8 @@ RunConfig ParseSchema(const nlohmann::json& json, Problems& problems) {
                              z.stage3_param_persistence_threshold, 0, kMaxInt));
       problems.Add(
           zero->Int("stage3_max_live_parameters", z.stage3_max_live_parameters, 0, kMaxInt));
+      problems.Add(zero->Int("stage3_max_reuse_distance", z.stage3_max_reuse_distance, 0, kMaxInt));
+      problems.Add(zero->Int("allgather_bucket_size", z.allgather_bucket_size, 1, kMaxInt));
       problems.Add(zero->Bool("contiguous_gradients", z.contiguous_gradients));
       problems.Add(zero->Bool("allgather_partitions", z.allgather_partitions));
       problems.Add(zero->Bool("reduce_scatter", z.reduce_scatter));
@@ -726,6 +729,8 @@ nlohmann::json RunConfig::ToJson() const {
         {"stage3_prefetch_bucket_size", zero.stage3_prefetch_bucket_size},
         {"stage3_param_persistence_threshold", zero.stage3_param_persistence_threshold},
         {"stage3_max_live_parameters", zero.stage3_max_live_parameters},
+        {"stage3_max_reuse_distance", zero.stage3_max_reuse_distance},
+        {"allgather_bucket_size", zero.allgather_bucket_size},
         {"contiguous_gradients", zero.contiguous_gradients},
         {"allgather_partitions", zero.allgather_partitions},
         {"reduce_scatter", zero.reduce_scatter},

@@ -47,6 +47,10 @@ struct ZeroConfig {
   int64_t stage3_prefetch_bucket_size = 50'000'000;      // elements issued ahead, DeepSpeed's
   int64_t stage3_param_persistence_threshold = 100'000;  // smaller units stay gathered
   int64_t stage3_max_live_parameters = 1'000'000'000;    // elements gathered at once
+  // Stage 3: a unit reused within this many elements of other units stays gathered. zerort's
+  // default 0 releases after every use; DeepSpeed's is 1e9 (ShardManagerOptions).
+  int64_t stage3_max_reuse_distance = 0;
+  int64_t allgather_bucket_size = 500'000'000;  // stages 1-2: elements per parameter all-gather
   bool contiguous_gradients = true;  // accepted for DeepSpeed compatibility; always contiguous
   bool allgather_partitions = true;  // false: a broadcast per rank instead of one all-gather
   bool reduce_scatter = true;        // false: stages 2-3 all-reduce, each rank keeps its shard

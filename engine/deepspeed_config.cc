@@ -148,16 +148,24 @@ constexpr DsKey kKeys[] = {
      "false gathers each unit's shards by one broadcast per rank instead of one all-gather (the "
      "same weights)",
      "false"},
-    {"zero_optimization.allgather_bucket_size", A,
-     "zerort gathers one unit's flat vector per collective: the unit is the bucket", "5e8"},
+    {"zero_optimization.allgather_bucket_size", I,
+     "stages 1-2: elements per all-gather of the updated parameters (world x piece); a larger "
+     "unit goes in pieces through a staging buffer of that size",
+     "5e8"},
     {"zero_optimization.reduce_scatter", I,
      "false reduces stage 2-3 gradients by an all-reduce, each rank keeping its shard (the same "
      "numbers); stages 0-1 always all-reduce",
      "false"},
     {"zero_optimization.round_robin_gradients", A,
-     "zerort reduces units in backward order; each rank's shard is contiguous", "true"},
-    {"zero_optimization.stage3_max_reuse_distance", A,
-     "zerort gathers every unit again for its backward (DeepSpeed's behaviour at 0)", "1e9"},
+     "already how zerort splits gradients: every unit's gradient is sharded over all ranks, so "
+     "each rank copies 1/N of every unit as the backward ends it (DeepSpeed's round robin "
+     "balances whole tensors over ranks to get there)",
+     "true"},
+    {"zero_optimization.stage3_max_reuse_distance", I,
+     "stage 3: a unit used again within this many elements of other units stays gathered "
+     "(within stage3_max_live_parameters); zerort's default 0 releases after every use, "
+     "DeepSpeed's is 1e9",
+     "1e9"},
     {"zero_optimization.stage3_gather_16bit_weights_on_model_save", I,
      "at each checkpoint save rank 0 also writes the consolidated weights in the compute dtype "
      "as a Hugging Face model in step_N/hf/ (without checkpoint.dir, nothing is saved)",

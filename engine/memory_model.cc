@@ -12,6 +12,7 @@
 #include "runtime/device.h"
 #include "runtime/strings.h"
 #include "sharding/flat_layout.h"
+#include "sharding/reuse_distance.h"
 #include "sharding/sharded_optimizer.h"
 #include "sharding/unit_plan.h"
 
@@ -143,6 +144,8 @@ struct Unit {
   UnitPlan plan;
   bool persistent = false;
   bool gathered = false;  // stage 3: a gathered buffer exists (gathering or unsharded)
+  bool kept = false;      // stage 3: kept gathered at its use's end (stage3_max_reuse_distance)
+  size_t use_position = 0;
   Replay::Handle gathered_buffer, full_grad;
 };
 
@@ -201,6 +204,7 @@ class StepModel {
   void ReducerAdd(int u);
   void Flush();
   void AttentionScratch(bool backward);
+  int64_t LiveGathered() const;  // bytes of non-persistent units gathered or gathering
 
   // A unit's all-gather: its buffer on the comm stream, then read on the compute stream.
   Replay::Handle Gather(const Unit& u) {
@@ -220,7 +224,8 @@ class StepModel {
   const StageUnits st_;
   MemoryEstimate& out_;
   Replay r_;
-  std::vector<int> order_;  // recorded unit order of one step
+  std::vector<int> order_;                // recorded unit order of one step
+  std::vector<int64_t> reuse_distances_;  // per position of order_ (sharding/reuse_distance.h)
   size_t position_ = 0;
   std::vector<int> pending_;
   int64_t pending_numel_ = 0;
@@ -300,6 +305,8 @@ void StepModel::Init() {
 
 void StepModel::Ensure(int u) {
   Unit& unit = units_[u];
+  unit.use_position = position_;
+  unit.kept = false;
   if (stage3() && !unit.persistent && !unit.gathered) {
     unit.gathered_buffer = Gather(unit);
     unit.gathered = true;
@@ -316,10 +323,7 @@ void StepModel::Prefetch() {
   for (size_t i = position_ + 1; i < order_.size(); ++i) {
     Unit& u = units_[order_[i]];
     if (u.persistent || u.gathered) continue;
-    int64_t live = 0;
-    for (const Unit& v : units_) {
-      if (!v.persistent && v.gathered) live += GatheredBytes(v);
-    }
+    const int64_t live = LiveGathered();
     if (ahead + GatheredBytes(u) > ahead_budget || live + GatheredBytes(u) > live_budget) break;
     u.gathered_buffer = Gather(u);
     u.gathered = true;
@@ -339,9 +343,28 @@ void StepModel::Close(int u, bool backward) {
   if (backward && in_.stage >= 2 && !reduce_at_step()) ReducerAdd(u);
   Unit& unit = units_[u];
   if (stage3() && !unit.persistent) {
+    int64_t next = 0;  // the unit used next, gathered then on demand
+    if (position_ < order_.size()) {
+      const Unit& n = units_[order_[position_]];
+      if (!n.persistent && !n.gathered) next = GatheredBytes(n);
+    }
+    if (!recording_ &&
+        KeepsGathered(reuse_distances_, unit.use_position, in_.stage3_max_reuse_distance) &&
+        LiveGathered() + next <= in_.stage3_max_live_parameters * csize()) {
+      unit.kept = true;  // as ShardManager::KeepGathered
+      return;
+    }
     r_.Free(unit.gathered_buffer);
     unit.gathered = false;
   }
+}
+
+int64_t StepModel::LiveGathered() const {
+  int64_t live = 0;
+  for (const Unit& v : units_) {
+    if (!v.persistent && v.gathered) live += GatheredBytes(v);
+  }
+  return live;
 }
 
 void StepModel::ReducerAdd(int u) {
@@ -571,6 +594,12 @@ void StepModel::MicroBatch() {
 
 void StepModel::Step() {
   r_.SetPhase(Replay::kStep);
+  for (Unit& u : units_) {  // as ShardManager::StepImpl: kept units are released first
+    if (!u.kept) continue;
+    r_.Free(u.gathered_buffer);
+    u.gathered = false;
+    u.kept = false;
+  }
   if (in_.stage >= 2) {
     if (reduce_at_step()) {  // as ShardManager::ReduceGradients: every full gradient, last first
       for (int u = static_cast<int>(units_.size()) - 1; u >= 0; --u) {
@@ -599,6 +628,17 @@ void StepModel::Step() {
   }
   Replay::Handle acc = r_.Alloc(Cat::kWorkspace, 8, compute_);  // norm/overflow accumulator
   r_.Free(acc);
+  // As ShardedUnit::GatherUpdated: stages 1-2 all-gather a unit larger than
+  // allgather_bucket_size through a staging buffer of world x piece elements.
+  if ((in_.stage == 1 || in_.stage == 2) && in_.dp > 1 && in_.allgather_partitions) {
+    for (const Unit& u : units_) {
+      const int64_t shard = u.layout.shard_numel();
+      if (shard * in_.dp <= in_.allgather_bucket_size) continue;
+      const int64_t piece = std::max<int64_t>(1, in_.allgather_bucket_size / in_.dp);
+      Replay::Handle h = r_.Alloc(Cat::kCommBuffers, piece * in_.dp * csize(), compute_);
+      r_.Free(h);
+    }
+  }
   for (int i = 0; i < 2; ++i) {  // the trainer's loss mean and stop flag
     Replay::Handle h = r_.Alloc(Cat::kCommBuffers, 4, compute_);
     r_.Free(h);
@@ -618,6 +658,9 @@ void StepModel::Run() {
     for (auto it = st_.blocks.rbegin(); it != st_.blocks.rend(); ++it) order_.push_back(*it);
     if (st_.first && !st_.last) order_.push_back(st_.embedding);
   }
+  std::vector<int64_t> numel;
+  for (const Unit& u : units_) numel.push_back(u.plan.persistent ? 0 : u.layout.padded_numel());
+  reuse_distances_ = ReuseDistances(order_, numel);
   Init();
   // The first step records the order (no prefetch) and fills the allocator's cache; the second,
   // the one measured, replays it with prefetch, as every later step does.
@@ -725,6 +768,9 @@ StatusOr<MemoryModelInput> MemoryModelInput::FromConfig(const RunConfig& config,
   in.reduce_bucket_size = c.zero.reduce_bucket_size;
   in.stage3_prefetch_bucket_size = c.zero.stage3_prefetch_bucket_size;
   in.stage3_max_live_parameters = c.zero.stage3_max_live_parameters;
+  in.stage3_max_reuse_distance = c.zero.stage3_max_reuse_distance;
+  in.allgather_bucket_size = c.zero.allgather_bucket_size;
+  in.allgather_partitions = c.zero.allgather_partitions;
   in.stage3_param_persistence_threshold = c.zero.stage3_param_persistence_threshold;
   return in;
 }

@@ -69,6 +69,9 @@ struct MemoryModelInput {
   int64_t reduce_bucket_size = 500'000'000;
   int64_t stage3_prefetch_bucket_size = 50'000'000;
   int64_t stage3_max_live_parameters = 1'000'000'000;
+  int64_t stage3_max_reuse_distance = 0;
+  int64_t allgather_bucket_size = 500'000'000;
+  bool allgather_partitions = true;  // false: broadcasts in place, no staging
   int64_t stage3_param_persistence_threshold = 100'000;
 
   // From a run config on `world_size` ranks: data-parallel size world / (tensor x pipeline

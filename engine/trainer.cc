@@ -87,6 +87,8 @@ StatusOr<ShardManagerOptions> ManagerOptions(const RunConfig& c, DType compute) 
   o.reduce_bucket_size = c.zero.reduce_bucket_size;
   o.stage3_prefetch_bucket_size = c.zero.stage3_prefetch_bucket_size;
   o.stage3_max_live_parameters = c.zero.stage3_max_live_parameters;
+  o.stage3_max_reuse_distance = c.zero.stage3_max_reuse_distance;
+  o.allgather_bucket_size = c.zero.allgather_bucket_size;
   o.stage3_param_persistence_threshold = c.zero.stage3_param_persistence_threshold;
   o.seed = c.seed;
   // Offload (DeepSpeed's offload_optimizer / offload_param / aio): a placement of the buffers.

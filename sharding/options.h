@@ -91,9 +91,18 @@ struct ShardManagerOptions {
   // once, at the step, instead of as each backward ends (a pipeline's micro-batches: m-fold
   // fewer gradient collectives for every unit's full gradient held through the step).
   bool reduce_at_step = false;
-  int64_t reduce_bucket_size = 500'000'000;              // elements (DeepSpeed's default)
-  int64_t stage3_prefetch_bucket_size = 50'000'000;      // elements issued ahead
-  int64_t stage3_max_live_parameters = 1'000'000'000;    // elements gathered at once
+  int64_t reduce_bucket_size = 500'000'000;            // elements (DeepSpeed's default)
+  int64_t stage3_prefetch_bucket_size = 50'000'000;    // elements issued ahead
+  int64_t stage3_max_live_parameters = 1'000'000'000;  // elements gathered at once
+  // Stage 3: a unit used again within the step after fewer than this many elements of other
+  // units stays gathered instead of being released and gathered again (sharding/reuse_distance.h;
+  // within stage3_max_live_parameters). 0 (zerort's default): release after every use.
+  // DeepSpeed's default is 1e9, which keeps every block gathered from its forward to its backward.
+  int64_t stage3_max_reuse_distance = 0;
+  // Stages 1-2: the updated parameters are all-gathered after the step in collectives of at most
+  // this many elements (world x piece), through a staging buffer of that size when a unit is
+  // larger (DeepSpeed's allgather_bucket_size); a unit that fits is gathered in place.
+  int64_t allgather_bucket_size = 500'000'000;
   int64_t stage3_param_persistence_threshold = 100'000;  // smaller units stay gathered
   int64_t alignment = 16;                                // elements; see FlatLayout
   uint64_t seed = 1234;                                  // passed to initialisers

@@ -6,6 +6,7 @@
 #include "runtime/log.h"
 #include "runtime/scoped_seconds.h"
 #include "runtime/strings.h"
+#include "sharding/reuse_distance.h"
 
 namespace zerort {
 
@@ -261,6 +262,8 @@ Status ShardManager::Initialize(const Initializer& init) {
   }
   ZR_RETURN_IF_ERROR(optimizer_->Finalize());
   ZR_RETURN_IF_ERROR(resources_.compute->Synchronize());
+  use_position_.assign(units_.size(), 0);
+  kept_gathered_.assign(units_.size(), 0);
   initialized_ = true;
   return absl::OkStatus();
 }
@@ -386,6 +389,8 @@ Status ShardManager::EnsureGathered(int unit) {
         StrCat("unit index ", unit, " out of range (", num_units(), " units)"));
   }
   ShardedUnit& u = *units_[unit];
+  use_position_[unit] = position_;
+  kept_gathered_[unit] = 0;
   if (recording_) {
     recorded_order_.push_back(unit);
   } else if (!order_changed_ &&
@@ -424,9 +429,34 @@ void ShardManager::EndStepOrder() {
     recording_ = true;
     order_changed_ = false;
   } else {
+    if (recording_) {
+      std::vector<int64_t> numel;
+      for (const auto& u : units_)
+        numel.push_back(u->persistent() ? 0 : u->layout().padded_numel());
+      reuse_distances_ = ReuseDistances(recorded_order_, numel);
+    }
     recording_ = false;
   }
   position_ = 0;
+}
+
+bool ShardManager::KeepGathered(int unit) const {
+  const ShardedUnit& u = *units_[unit];
+  if (u.persistent() || recording_ || order_changed_ ||
+      !KeepsGathered(reuse_distances_, use_position_[unit], options_.stage3_max_reuse_distance)) {
+    return false;
+  }
+  // Within the live budget together with the unit used next (gathered then on demand).
+  int64_t next = 0;
+  if (position_ < recorded_order_.size()) {
+    const ShardedUnit& n = *units_[recorded_order_[position_]];
+    if (!n.persistent() &&
+        (n.state() == ShardState::kSharded || n.state() == ShardState::kFetching)) {
+      next = n.gathered_bytes();
+    }
+  }
+  const int64_t elem = static_cast<int64_t>(DTypeSize(options_.compute_dtype));
+  return live_gathered_bytes() + next <= options_.stage3_max_live_parameters * elem;
 }
 
 Status ShardManager::EndScope(int unit, bool backward) {
@@ -435,6 +465,10 @@ Status ShardManager::EndScope(int unit, bool backward) {
       !options_.reduce_at_step) {
     const ScopedSeconds timed(&step_times_.reduce_backward);
     ZR_RETURN_IF_ERROR(reducer_->Add(u));
+  }
+  if (KeepGathered(unit)) {
+    kept_gathered_[unit] = 1;  // used again soon: released at that use's end, or at the step
+    return absl::OkStatus();
   }
   return u.Release();
 }
@@ -491,9 +525,15 @@ StatusOr<StepResult> ShardManager::StepImpl(const StepInputs& inputs) {
   }
   if (!(inputs.lr >= 0))
     return absl::InvalidArgumentError(StrCat("learning rate ", inputs.lr, " is negative"));
-  for (auto& u : units_) {
+  for (size_t i = 0; i < units_.size(); ++i) {
     // Prefetched for a use that did not come (the model changed its order): a fetch gives its
-    // buffer back, a gather is completed and released. A scope still open is the caller's bug.
+    // buffer back, a gather is completed and released; so is a unit kept gathered for a reuse
+    // that did not come. A scope still open is the caller's bug.
+    const std::unique_ptr<ShardedUnit>& u = units_[i];
+    if (kept_gathered_[i]) {
+      kept_gathered_[i] = 0;
+      ZR_RETURN_IF_ERROR(u->Release());
+    }
     ZR_RETURN_IF_ERROR(u->CancelFetch());
     if (!u->persistent() && u->state() == ShardState::kGathering) {
       ZR_RETURN_IF_ERROR(u->FinishGather());

@@ -173,6 +173,7 @@ class ShardManager {
   Status AfterStep();  // zero the gradient shards, refresh the compute copies
   Status CheckNvmeSpace() const;
   Status EndScope(int unit, bool backward);
+  bool KeepGathered(int unit) const;
   void EndStepOrder();
   UnitResources UnitResourcesOf();
 
@@ -200,6 +201,12 @@ class ShardManager {
   bool order_changed_ = false;
   bool gradients_reduced_ = false;
   size_t position_ = 0;  // next index into recorded_order_ in the current step
+  // stage3_max_reuse_distance: per recorded position, the distance to the unit's next use
+  // (sharding/reuse_distance.h); per unit, the position of its current use and whether its
+  // scope ended with the unit kept gathered.
+  std::vector<int64_t> reuse_distances_;
+  std::vector<size_t> use_position_;
+  std::vector<char> kept_gathered_;
 };
 
 }  // namespace zerort

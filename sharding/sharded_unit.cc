@@ -105,7 +105,6 @@ Status ShardedUnit::Initialize(const TensorView& master) {
   ZR_CHECK(!initialized_) << "unit '" << name_ << "' initialised twice";
   ZR_CHECK(master.numel() == layout_.shard_numel()) << "unit '" << name_ << "': master size";
   Stream* compute = resources_.compute;
-  const int64_t shard = layout_.shard_numel();
   if (plan_.compute_is_master) {
     ZR_CHECK(master.device() == device()) << "stage 0 keeps the master on the device";
     master_alias_ = master;
@@ -119,10 +118,7 @@ Status ShardedUnit::Initialize(const TensorView& master) {
     const ComputeCopy own = compute_copy();
     ZR_RETURN_IF_ERROR(
         Fail(CastInto(master, compute_full_, own.offset, resources_.tiers, compute)));
-    if (plan_.partitioning == Partitioning::kSharded) {
-      void* data = compute_full_.View().Flat(own.offset, shard).data();
-      ZR_RETURN_IF_ERROR(GatherShards(data, compute_full_.View().data(), shard, compute));
-    }
+    if (plan_.partitioning == Partitioning::kSharded) ZR_RETURN_IF_ERROR(GatherUpdated(compute));
   }
   const PlannedBuffer* full_grad = plan_.Find(UnitBuffer::kFullGrad);
   if (full_grad->lifetime == Lifetime::kPersistent) ZR_RETURN_IF_ERROR(BeginBackward());
@@ -308,9 +304,8 @@ Status ShardedUnit::RefreshAfterStep() {
   const int64_t shard = layout_.shard_numel();
   if (!plan_.sharded_params) {
     if (plan_.partitioning == Partitioning::kReplicated) return absl::OkStatus();
-    void* own = compute_full_.View().Flat(compute_copy().offset, shard).data();
     resources_.dp->SetTraceLabel(StrCat("all-gather updated ", name_));
-    ZR_RETURN_IF_ERROR(GatherShards(own, compute_full_.View().data(), shard, compute));
+    ZR_RETURN_IF_ERROR(GatherUpdated(compute));
     resources_.dp->SetTraceLabel("");
     return absl::OkStatus();
   }
@@ -320,6 +315,48 @@ Status ShardedUnit::RefreshAfterStep() {
     return absl::OkStatus();
   }
   return GatherShards(compute_shard_.View().data(), gathered_.data(), shard, compute);
+}
+
+Status ShardedUnit::GatherUpdated(Stream* stream) {
+  const int64_t shard = layout_.shard_numel();
+  const int world = resources_.dp->size();
+  const DType dtype = options().compute_dtype;
+  const size_t elem = DTypeSize(dtype);
+  char* full = static_cast<char*>(compute_full_.View().data());
+  char* own = full + static_cast<size_t>(compute_copy().offset) * elem;
+  const int64_t bucket = options().allgather_bucket_size;
+  if (world == 1 || shard * world <= bucket) return GatherShards(own, full, shard, stream);
+  // DeepSpeed's all_gather_dp_groups: pieces of every rank's shard, world x piece <= bucket.
+  const int64_t piece = std::max<int64_t>(1, bucket / world);
+  auto at = [&](int r, int64_t offset) {
+    return full + (static_cast<size_t>(r) * shard + offset) * elem;
+  };
+  if (!options().allgather_partitions) {  // broadcasts write each piece in place
+    for (int64_t offset = 0; offset < shard; offset += piece) {
+      const int64_t n = std::min(piece, shard - offset);
+      for (int r = 0; r < world; ++r) {
+        ZR_RETURN_IF_ERROR(
+            resources_.dp->Broadcast(at(r, offset), static_cast<size_t>(n), dtype, r, stream));
+      }
+    }
+    return absl::OkStatus();
+  }
+  ZR_ASSIGN_OR_RETURN(Buffer staging,
+                      resources_.tiers.device->Allocate(piece * world * static_cast<int64_t>(elem),
+                                                        MemoryCategory::kCommBuffers, stream));
+  char* staged = static_cast<char*>(staging.data());
+  for (int64_t offset = 0; offset < shard; offset += piece) {
+    const int64_t n = std::min(piece, shard - offset);
+    const size_t bytes = static_cast<size_t>(n) * elem;
+    ZR_RETURN_IF_ERROR(
+        resources_.dp->AllGather(at(resources_.dp->rank(), offset), staged, n, dtype, stream));
+    for (int r = 0; r < world; ++r) {
+      if (r == resources_.dp->rank()) continue;  // this rank's piece is in place
+      ZR_RETURN_IF_ERROR(
+          CopyBytes(at(r, offset), device(), staged + r * bytes, device(), bytes, stream));
+    }
+  }
+  return absl::OkStatus();
 }
 
 Status ShardedUnit::GatherShards(const void* mine, void* all, int64_t shard, Stream* stream) {

@@ -112,6 +112,9 @@ class ShardedUnit {
   // Every rank's shard of `shard` elements into `all` (rank-major): one all-gather, or, with
   // DeepSpeed's allgather_partitions false, one broadcast per rank (the same bytes).
   Status GatherShards(const void* mine, void* all, int64_t shard, Stream* stream);
+  // Stages 1-2: the full compute parameters from every rank's shard of them, in collectives of
+  // at most allgather_bucket_size elements.
+  Status GatherUpdated(Stream* stream);
   ShardedUnit(std::string name, FlatLayout layout, const UnitResources& resources);
   Status Allocate(PlacedBuffer* buffer, UnitBuffer which);
   Status Fail(const Status& status) const;  // annotates with the unit's name

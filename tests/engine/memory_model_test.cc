@@ -67,6 +67,9 @@ struct Params {
   int virtual_stages = 1;
   std::vector<int> layers;  // model.n_layer 3 unless given (the chunk sizes' sum)
   int d_model = 128;
+  int64_t reuse_distance = 0;                   // stage3_max_reuse_distance
+  int64_t max_live = 1'000'000'000;             // stage3_max_live_parameters
+  int64_t allgather_bucket_size = 500'000'000;  // stages 1-2
 };
 
 class MemoryGridTest : public ::testing::TestWithParam<Params> {};
@@ -88,6 +91,9 @@ TEST_P(MemoryGridTest, EstimateMatchesTheMeasuredStep) {
     if (n > 0) c.model.shape.n_layer = n;
   }
   c.model.shape.d_model = p.d_model;
+  c.zero.stage3_max_reuse_distance = p.reuse_distance;
+  c.zero.stage3_max_live_parameters = p.max_live;
+  c.zero.allgather_bucket_size = p.allgather_bucket_size;
   c.parallel.tensor_parallel_size = p.tp;
   c.parallel.sequence_parallel = p.sp;
   c.parallel.make_vocab_size_divisible_by = p.vocab_multiple;
@@ -223,6 +229,22 @@ std::vector<Params> Grid() {
   pp(2, 2, "gpipe", {2, 2});
   pp(0, 4, "1f1b", {1, 2}, 2);
   pp(3, 4, "interleaved", {1, 1, 1, 1}, 1, 2);
+  // stage3_max_reuse_distance: blocks kept gathered from their forward to their backward (all of
+  // them, or as many as a live budget of about two blocks allows); allgather_bucket_size: the
+  // updated blocks gathered in pieces through a staging buffer at stages 1-2.
+  for (bool ckpt : {false, true}) {
+    Params p{3, 2, ckpt};
+    p.reuse_distance = 1'000'000'000;
+    out.push_back(p);
+    p.max_live = 420'000;
+    out.push_back(p);
+  }
+  for (int stage : {1, 2}) {
+    Params p{stage, stage == 1 ? 4 : 2, false};
+    p.d_model = 256;
+    p.allgather_bucket_size = 400'000;
+    out.push_back(p);
+  }
   return out;
 }
 
@@ -236,6 +258,9 @@ INSTANTIATE_TEST_SUITE_P(
                             : "",
           info.param.pp > 1 ? StrCat("_pp", info.param.pp, "_", info.param.schedule) : "",
           info.param.checkpointing ? "_ckpt" : "", info.param.bf16 ? "_bf16" : "",
+          info.param.reuse_distance > 0 ? "_reuse" : "",
+          info.param.max_live < 1'000'000'000 ? "_live" : "",
+          info.param.allgather_bucket_size < 500'000'000 ? "_agbucket" : "",
           std::string(info.param.offload_optimizer) != "none"
               ? StrCat("_opt_", info.param.offload_optimizer)
               : "",

@@ -31,6 +31,10 @@ struct RunConfig {
   double predivide = 1.0;  // gradient_predivide_factor (prescale_gradients: the world size)
   bool allgather_partitions = true;
   bool reduce_scatter = true;
+  int64_t max_reuse_distance = 0;               // stage3_max_reuse_distance
+  int64_t max_live = 1'000'000'000;             // stage3_max_live_parameters
+  int64_t prefetch = 50'000'000;                // stage3_prefetch_bucket_size
+  int64_t allgather_bucket_size = 500'000'000;  // stages 1-2
 };
 
 inline ShardManagerOptions Options(const RunConfig& c) {
@@ -45,6 +49,10 @@ inline ShardManagerOptions Options(const RunConfig& c) {
   o.gradient_predivide_factor = c.predivide;
   o.allgather_partitions = c.allgather_partitions;
   o.reduce_scatter = c.reduce_scatter;
+  o.stage3_max_reuse_distance = c.max_reuse_distance;
+  o.stage3_max_live_parameters = c.max_live;
+  o.stage3_prefetch_bucket_size = c.prefetch;
+  o.allgather_bucket_size = c.allgather_bucket_size;
   o.optimizer.kind = c.optimizer;
   o.placement = c.placement;
   o.offload.nvme_path = c.nvme_path;
@@ -63,6 +71,8 @@ inline ShardManagerOptions Options(const RunConfig& c) {
 struct RunResult {
   std::vector<std::vector<float>> params;  // full master values, gathered on rank 0
   int64_t gradient_collectives = 0;        // on rank 0
+  int64_t gathered_peak = 0;               // rank 0: peak bytes of gathered weights
+  int64_t comm_buffer_peak = 0;            // rank 0: peak bytes of communication buffers
   std::vector<double> grad_norms;
   std::vector<bool> skipped;
   std::string error;
@@ -115,7 +125,12 @@ inline Status TrainRank(const RunConfig& c, Communicator& comm, RunResult& resul
       result.skipped.push_back(r.skipped);
     }
   }
-  if (comm.rank() == 0) result.gradient_collectives = m->gradient_collectives();
+  if (comm.rank() == 0) {
+    result.gradient_collectives = m->gradient_collectives();
+    result.gathered_peak =
+        tracker.Usage(MemoryTier::kDevice, MemoryCategory::kGatheredWeights).peak;
+    result.comm_buffer_peak = tracker.Usage(MemoryTier::kDevice, MemoryCategory::kCommBuffers).peak;
+  }
   for (int u : units) {
     for (size_t i = 0; i < m->unit(u).layout().params().size(); ++i) {
       std::vector<float> full(m->unit(u).layout().params()[i].numel());

@@ -214,6 +214,58 @@ TEST(ShardManagerTest, AllReduceInsteadOfReduceScatterChangesNoNumber) {
   }
 }
 
+// stage3_max_reuse_distance: a unit used again soon stays gathered (the MLP's forward then its
+// backward: unit l is reused after the units above it), within stage3_max_live_parameters; the
+// same weights as releasing and gathering again. No prefetch, so that the peak of gathered bytes
+// is what the release decisions leave.
+TEST(ShardManagerTest, KeepingReusedUnitsGatheredChangesNoNumber) {
+  int64_t largest = 0, all = 0;
+  for (int l = 0; l < MlpLayers(); ++l) {
+    const int64_t n = FlatLayout::Create(MlpUnitParams(l), 3)->padded_numel();
+    largest = std::max(largest, n);
+    all += n;
+  }
+  RunConfig released{.stage = ZeroStage::k3, .world = 3, .steps = 4};
+  released.prefetch = 0;
+  const RunResult a = Train(released);
+  ASSERT_EQ(a.error, "");
+  EXPECT_EQ(a.gathered_peak, largest * 4) << "one unit at a time";
+  RunConfig kept = released;
+  kept.max_reuse_distance = 1'000'000'000;
+  const RunResult b = Train(kept);
+  ASSERT_EQ(b.error, "");
+  EXPECT_EQ(a.params, b.params);
+  EXPECT_EQ(b.gathered_peak, all * 4) << "every unit kept from its forward to its backward";
+  kept.max_live = 2 * largest;  // the kept units and the next one within the live budget
+  const RunResult c = Train(kept);
+  ASSERT_EQ(c.error, "");
+  EXPECT_EQ(a.params, c.params);
+  EXPECT_LE(c.gathered_peak, 2 * largest * 4);
+  EXPECT_GT(c.gathered_peak, largest * 4) << "something was kept";
+}
+
+// allgather_bucket_size at stages 1-2: the updated parameters all-gathered in pieces of at most
+// that many elements (through a staging buffer; broadcasts write in place), the same weights.
+TEST(ShardManagerTest, AllGatherInBucketsChangesNoNumber) {
+  for (ZeroStage stage : {ZeroStage::k1, ZeroStage::k2}) {
+    for (bool partitions : {true, false}) {
+      // Units reduced alone: at stage 1 the staging buffer is the only communication buffer.
+      RunConfig whole{.stage = stage, .world = 3, .steps = 4, .reduce_bucket_size = 1};
+      whole.allgather_partitions = partitions;
+      RunConfig pieces = whole;
+      pieces.allgather_bucket_size = 3 * 7;  // 7 elements of each rank's shard per collective
+      const RunResult a = Train(whole), b = Train(pieces);
+      ASSERT_EQ(a.error, "");
+      ASSERT_EQ(b.error, "");
+      EXPECT_EQ(a.params, b.params) << "stage " << static_cast<int>(stage);
+      if (stage == ZeroStage::k1) {
+        EXPECT_EQ(a.comm_buffer_peak, 0);
+        EXPECT_EQ(b.comm_buffer_peak, partitions ? 3 * 7 * 4 : 0) << "the staging buffer";
+      }
+    }
+  }
+}
+
 TEST(ShardManagerTest, OverlapCommChangesNoNumber) {
   RunConfig overlapped{.stage = ZeroStage::k3, .world = 2, .steps = 4};
   RunConfig serial = overlapped;
