@@ -115,6 +115,21 @@ check("LAMB: ZeRO-3 on 2 ranks follows one process (1e-5)",
       close([r["loss"] for r in lamb2], [r["loss"] for r in lamb1], 1e-5),
       [(a["loss"], b["loss"]) for a, b in zip(lamb2, lamb1)])
 check("LAMB: it trains", lamb1 and lamb1[-1]["loss"] < lamb1[0]["loss"] - 0.1, lamb1[-1:])
+# stage3_max_reuse_distance (blocks kept gathered from forward to backward) and
+# allgather_bucket_size (stage 2's updated parameters gathered in pieces) change no number.
+z3 = {"stage": 3, "stage3_param_persistence_threshold": 0}
+base3 = train("z3", ranks=2, train_micro_batch_size_per_gpu=4, zero_optimization=z3)
+reuse3 = train("z3reuse", ranks=2, train_micro_batch_size_per_gpu=4,
+               zero_optimization=dict(z3, stage3_max_reuse_distance=1e9))
+check("stage3_max_reuse_distance 1e9: the same loss curve",
+      base3 and [r["loss"] for r in reuse3] == [r["loss"] for r in base3],
+      [(a["loss"], b["loss"]) for a, b in zip(reuse3, base3)])
+base2 = train("z2", ranks=2, train_micro_batch_size_per_gpu=4)
+pieces2 = train("z2pieces", ranks=2, train_micro_batch_size_per_gpu=4,
+                zero_optimization={"stage": 2, "allgather_bucket_size": 1000})
+check("allgather_bucket_size 1000: the same loss curve",
+      base2 and [r["loss"] for r in pieces2] == [r["loss"] for r in base2],
+      [(a["loss"], b["loss"]) for a, b in zip(pieces2, base2)])
 check("LAMB: not AdamW's curve", lamb1 and fp32 and abs(lamb1[3]["loss"] - fp32[3]["loss"]) > 1e-4,
       (lamb1[3:4], fp32[3:4]))
 
