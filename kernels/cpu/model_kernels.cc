@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/cpu/fast_ops.h"
 #include "kernels/model_kernels.h"
 #include "kernels/model_ops.h"
 #include "runtime/dtype.h"
@@ -89,13 +90,21 @@ class CpuModelKernels final : public ModelKernels {
     T* o = P(out);
     const T* x = P(a);
     const T* y = P(b);
-    for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
+    if constexpr (std::is_same_v<T, float>) {
+      cpu::fast::Add(o, x, y, n);
+    } else {
+      for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
+    }
     return absl::OkStatus();
   }
   Status Accumulate(void* dst, const void* src, int64_t n) override {
     T* d = P(dst);
     const T* s = P(src);
-    for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+    if constexpr (std::is_same_v<T, float>) {
+      cpu::fast::Accumulate(d, s, n);
+    } else {
+      for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+    }
     return absl::OkStatus();
   }
   Status AccumulateGrad(void* dst, const void* src, int64_t n) override {

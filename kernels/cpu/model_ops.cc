@@ -1,4 +1,6 @@
-// The GPT model's CPU operations; explicit instantiations for float and double.
+// The GPT model's CPU operations; explicit instantiations for float and double. The code here is
+// the readable reference (the double instantiation, for gradient checks); float, the training
+// path, goes to the threaded and vectorised versions of fast_ops.h, tested against it.
 #include "kernels/model_ops.h"
 
 #include <cblas.h>
@@ -7,6 +9,8 @@
 #include <cmath>
 #include <type_traits>
 #include <vector>
+
+#include "kernels/cpu/fast_ops.h"
 
 namespace zerort::cpu {
 namespace {
@@ -29,9 +33,13 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* 
 template <typename T>
 void MatmulForward(T* out, const T* inp, const T* weight, const T* bias, int64_t rows, int in,
                    int out_features) {
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int o = 0; o < out_features; ++o)
-      out[r * out_features + o] = bias != nullptr ? bias[o] : T(0);
+  if constexpr (std::is_same_v<T, float>) {
+    fast::FillRows(out, bias, rows, out_features);
+  } else {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int o = 0; o < out_features; ++o)
+        out[r * out_features + o] = bias != nullptr ? bias[o] : T(0);
+    }
   }
   // out[rows, out] += inp[rows, in] * weight[out, in]^T
   Gemm<T>(false, true, rows, out_features, in, inp, in, weight, in, T(1), out, out_features);
@@ -46,6 +54,10 @@ void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, 
   // dweight[out, in] += dout^T[out, rows] * inp[rows, in]
   if (dweight != nullptr)
     Gemm<T>(true, false, out_features, in, rows, dout, out_features, inp, in, T(1), dweight, in);
+  if constexpr (std::is_same_v<T, float>) {
+    if (dbias != nullptr) fast::AddColumnSums(dbias, dout, rows, out_features);
+    return;
+  }
   if (dbias != nullptr) {
     for (int64_t r = 0; r < rows; ++r) {
       for (int o = 0; o < out_features; ++o) dbias[o] += dout[r * out_features + o];
@@ -56,6 +68,9 @@ void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, 
 template <typename T>
 void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
                       int64_t rows, int channels, T eps) {
+  if constexpr (std::is_same_v<T, float>) {
+    return fast::LayerNormForward(out, mean, rstd, inp, weight, bias, rows, channels, eps);
+  }
   for (int64_t r = 0; r < rows; ++r) {
     const T* x = inp + r * channels;
     T m = 0;
@@ -74,6 +89,10 @@ void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* weight, c
 template <typename T>
 void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                        const T* mean, const T* rstd, int64_t rows, int channels) {
+  if constexpr (std::is_same_v<T, float>) {
+    return fast::LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, rows,
+                                   channels);
+  }
   for (int64_t r = 0; r < rows; ++r) {
     const T* x = inp + r * channels;
     const T* dy = dout + r * channels;
@@ -106,6 +125,7 @@ constexpr T kGeluScale = T(0.7978845608028654);  // sqrt(2 / pi)
 
 template <typename T>
 void GeluForward(T* out, const T* inp, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) return fast::GeluForward(out, inp, n);
   for (int64_t i = 0; i < n; ++i) {
     const T x = inp[i];
     out[i] = T(0.5) * x * (T(1) + std::tanh(kGeluScale<T> * (x + T(0.044715) * x * x * x)));
@@ -114,6 +134,7 @@ void GeluForward(T* out, const T* inp, int64_t n) {
 
 template <typename T>
 void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) return fast::GeluBackward(dinp, inp, dout, n);
   for (int64_t i = 0; i < n; ++i) {
     const T x = inp[i];
     const T u = kGeluScale<T> * (x + T(0.044715) * x * x * x);
@@ -160,6 +181,9 @@ void SoftmaxCrossEntropyBackward(T* dlogits, const T* probs, const int32_t* targ
 template <typename T>
 void SoftmaxCrossEntropyFused(T* logits, T* losses, const int32_t* targets, int64_t rows, int vocab,
                               T dloss) {
+  if constexpr (std::is_same_v<T, float>) {
+    return fast::SoftmaxCrossEntropyFused(logits, losses, targets, rows, vocab, dloss);
+  }
   const T scale = dloss / static_cast<T>(rows);
   for (int64_t r = 0; r < rows; ++r) {
     T* z = logits + r * vocab;
@@ -175,10 +199,13 @@ void SoftmaxCrossEntropyFused(T* logits, T* losses, const int32_t* targets, int6
   }
 }
 
-// Attention per (batch, head) through GEMMs on strided views of qkv (the causal upper triangle
-// is computed and then masked: twice the FLOPs of the causal part, at BLAS speed).
+// Attention per (batch, head) through GEMMs on strided views of qkv (the reference computes the
+// causal upper triangle and masks it; the float path skips it by blocks of queries).
 template <typename T>
 void AttentionForward(T* out, T* att, const T* qkv, int batch, int seq, int channels, int heads) {
+  if constexpr (std::is_same_v<T, float>) {
+    return fast::AttentionForward(out, att, qkv, batch, seq, channels, heads);
+  }
   const int hs = channels / heads;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   const int64_t c3 = 3 * static_cast<int64_t>(channels);
@@ -213,6 +240,9 @@ void AttentionForward(T* out, T* att, const T* qkv, int batch, int seq, int chan
 template <typename T>
 void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int batch, int seq,
                        int channels, int heads) {
+  if constexpr (std::is_same_v<T, float>) {
+    return fast::AttentionBackward(dqkv, dout, qkv, att, batch, seq, channels, heads);
+  }
   const int hs = channels / heads;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   const int64_t c3 = 3 * static_cast<int64_t>(channels);

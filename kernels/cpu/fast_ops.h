@@ -1,0 +1,40 @@
+// The float training path of the GPT model's CPU operations (internal to kernels/cpu): the
+// same contracts as model_ops.h, threaded over rows (or attention heads) and vectorised for the
+// machine (vector_math.h). model_ops.h's templates call these for float; the double
+// instantiation stays the readable reference they are tested against (model_ops_test.cc).
+// Results do not depend on the number of OpenMP threads.
+#pragma once
+
+#include <cstdint>
+
+namespace zerort::cpu::fast {
+
+// out[r, :] = bias (or 0): the start of MatmulForward.
+void FillRows(float* out, const float* bias, int64_t rows, int cols);
+// dbias[c] += sum over rows of dout[r, c], in fixed row blocks.
+void AddColumnSums(float* dbias, const float* dout, int64_t rows, int cols);
+
+void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                      const float* bias, int64_t rows, int channels, float eps);
+void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, const float* mean, const float* rstd,
+                       int64_t rows, int channels);
+
+void GeluForward(float* out, const float* inp, int64_t n);
+void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n);
+
+void SoftmaxCrossEntropyFused(float* logits, float* losses, const int32_t* targets, int64_t rows,
+                              int vocab, float dloss);
+
+// Causal attention by blocks of queries: a block of queries [q0, q1) meets keys [0, q1) only,
+// so the masked upper triangle is (mostly) never computed. Threaded over (batch, head).
+void AttentionForward(float* out, float* att, const float* qkv, int batch, int seq, int channels,
+                      int heads);
+void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
+                       int batch, int seq, int channels, int heads);
+
+// out = a + b; dst += src.
+void Add(float* out, const float* a, const float* b, int64_t n);
+void Accumulate(float* dst, const float* src, int64_t n);
+
+}  // namespace zerort::cpu::fast
