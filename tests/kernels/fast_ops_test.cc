@@ -1,0 +1,193 @@
+// The float path of the model's CPU operations (kernels/cpu/fast_ops: threaded, vectorised,
+// attention by query blocks) against the double reference of model_ops.cc, op by op, forward
+// and backward (backward ops add into non-zero gradients); the same bits at 1, 2 and 3 OpenMP
+// threads; causality of the blocked attention (a prefix reproduces the full sequence's rows).
+// Shapes are chosen so that the ops are split over threads and the attention's sequence is not
+// a multiple of its query block.
+#include <omp.h>
+
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/model_ops.h"
+#include "tests/kernels/random_floats.h"
+
+namespace zerort::cpu {
+namespace {
+
+std::vector<double> Random(size_t n, uint32_t seed, double scale = 1) {
+  return testing::RandomNormal<double>(n, seed, scale);
+}
+std::vector<float> ToFloat(const std::vector<double>& v) { return {v.begin(), v.end()}; }
+
+// |float - double| <= tol x (|double| + floor), element by element.
+void ExpectClose(const char* what, const std::vector<float>& f, const std::vector<double>& d,
+                 double tol, double floor = 1.0) {
+  ASSERT_EQ(f.size(), d.size()) << what;
+  for (size_t i = 0; i < f.size(); ++i) {
+    ASSERT_NEAR(f[i], d[i], tol * (std::abs(d[i]) + floor)) << what << " element " << i;
+  }
+}
+
+constexpr int kRows = 200, kChannels = 96;
+
+TEST(FastOpsTest, MatmulBiasAndItsGradient) {
+  const int in = 40, out = kChannels;
+  const auto x = Random(kRows * in, 1), w = Random(out * in, 2), b = Random(out, 3),
+             dy = Random(kRows * out, 4), db0 = Random(out, 5);
+  std::vector<double> yd(kRows * out), dbd = db0;
+  std::vector<float> yf(kRows * out), dbf = ToFloat(db0);
+  MatmulForward(yd.data(), x.data(), w.data(), b.data(), kRows, in, out);
+  MatmulForward(yf.data(), ToFloat(x).data(), ToFloat(w).data(), ToFloat(b).data(), kRows, in, out);
+  ExpectClose("matmul out", yf, yd, 1e-5, 8);
+  MatmulBackward<double>(nullptr, nullptr, dbd.data(), dy.data(), x.data(), w.data(), kRows, in,
+                         out);
+  MatmulBackward<float>(nullptr, nullptr, dbf.data(), ToFloat(dy).data(), ToFloat(x).data(),
+                        ToFloat(w).data(), kRows, in, out);
+  ExpectClose("bias gradient", dbf, dbd, 1e-5, 16);
+}
+
+TEST(FastOpsTest, LayerNormForwardAndBackward) {
+  const auto x = Random(kRows * kChannels, 6, 2), w = Random(kChannels, 7), b = Random(kChannels, 8),
+             dy = Random(kRows * kChannels, 9), dx0 = Random(kRows * kChannels, 10),
+             dw0 = Random(kChannels, 11), db0 = Random(kChannels, 12);
+  std::vector<double> yd(x.size()), md(kRows), rd(kRows), dxd = dx0, dwd = dw0, dbd = db0;
+  std::vector<float> yf(x.size()), mf(kRows), rf(kRows), dxf = ToFloat(dx0), dwf = ToFloat(dw0),
+                                                          dbf = ToFloat(db0);
+  const auto xf = ToFloat(x), wf = ToFloat(w), bf = ToFloat(b), dyf = ToFloat(dy);
+  LayerNormForward(yd.data(), md.data(), rd.data(), x.data(), w.data(), b.data(), kRows, kChannels);
+  LayerNormForward(yf.data(), mf.data(), rf.data(), xf.data(), wf.data(), bf.data(), kRows,
+                   kChannels);
+  ExpectClose("layernorm out", yf, yd, 1e-5);
+  ExpectClose("mean", mf, md, 1e-5);
+  ExpectClose("rstd", rf, rd, 1e-5);
+  LayerNormBackward(dxd.data(), dwd.data(), dbd.data(), dy.data(), x.data(), w.data(), md.data(),
+                    rd.data(), kRows, kChannels);
+  LayerNormBackward(dxf.data(), dwf.data(), dbf.data(), dyf.data(), xf.data(), wf.data(),
+                    mf.data(), rf.data(), kRows, kChannels);
+  ExpectClose("layernorm dinp", dxf, dxd, 1e-5);
+  ExpectClose("layernorm dweight", dwf, dwd, 1e-5, 16);
+  ExpectClose("layernorm dbias", dbf, dbd, 1e-5, 16);
+}
+
+TEST(FastOpsTest, GeluForwardAndBackwardOverTheWholeRange) {
+  const int n = 70'000;
+  auto x = Random(n, 13, 3);
+  x[0] = -100, x[1] = 100, x[2] = 0, x[3] = -9, x[4] = 9;  // saturated and exact points
+  const auto dy = Random(n, 14), dx0 = Random(n, 15);
+  std::vector<double> yd(n), dxd = dx0;
+  std::vector<float> yf(n), dxf = ToFloat(dx0);
+  GeluForward(yd.data(), x.data(), n);
+  GeluForward(yf.data(), ToFloat(x).data(), n);
+  ExpectClose("gelu", yf, yd, 2e-6);
+  GeluBackward(dxd.data(), x.data(), dy.data(), n);
+  GeluBackward(dxf.data(), ToFloat(x).data(), ToFloat(dy).data(), n);
+  ExpectClose("gelu backward", dxf, dxd, 1e-5);
+}
+
+TEST(FastOpsTest, FusedCrossEntropyValueAndGradient) {
+  const int rows = 70, vocab = 300;
+  const auto z = Random(rows * vocab, 16, 4);
+  std::vector<int32_t> targets(rows);
+  for (int r = 0; r < rows; ++r) targets[r] = (r * 37) % vocab;
+  std::vector<double> zd = z, ld(rows);
+  std::vector<float> zf = ToFloat(z), lf(rows);
+  SoftmaxCrossEntropyFused(zd.data(), ld.data(), targets.data(), rows, vocab, 2.0);
+  SoftmaxCrossEntropyFused(zf.data(), lf.data(), targets.data(), rows, vocab, 2.0f);
+  ExpectClose("losses", lf, ld, 1e-5);
+  ExpectClose("dlogits", zf, zd, 1e-5, 1e-3);
+}
+
+struct AttentionShape {
+  int batch = 2, seq = 150, channels = 48, heads = 3;
+  size_t qkv() const { return static_cast<size_t>(batch) * seq * 3 * channels; }
+  size_t out() const { return static_cast<size_t>(batch) * seq * channels; }
+  size_t att() const { return static_cast<size_t>(batch) * heads * seq * seq; }
+};
+
+TEST(FastOpsTest, BlockedAttentionForwardAndBackward) {
+  const AttentionShape s;
+  const auto qkv = Random(s.qkv(), 17), dout = Random(s.out(), 18), dqkv0 = Random(s.qkv(), 19);
+  std::vector<double> od(s.out()), ad(s.att()), dd = dqkv0;
+  std::vector<float> of(s.out()), af(s.att(), 7.0f), df = ToFloat(dqkv0);  // att: stale values
+  const auto qf = ToFloat(qkv);
+  AttentionForward(od.data(), ad.data(), qkv.data(), s.batch, s.seq, s.channels, s.heads);
+  AttentionForward(of.data(), af.data(), qf.data(), s.batch, s.seq, s.channels, s.heads);
+  ExpectClose("attention out", of, od, 1e-5);
+  ExpectClose("probabilities (zero above the diagonal)", af, ad, 1e-5, 1e-2);
+  AttentionBackward(dd.data(), dout.data(), qkv.data(), ad.data(), s.batch, s.seq, s.channels,
+                    s.heads);
+  AttentionBackward(df.data(), ToFloat(dout).data(), qf.data(), af.data(), s.batch, s.seq,
+                    s.channels, s.heads);
+  ExpectClose("dqkv", df, dd, 1e-5);
+}
+
+TEST(FastOpsTest, BlockedAttentionIsCausal) {
+  AttentionShape full;
+  const auto qkv = ToFloat(Random(full.qkv(), 20));
+  std::vector<float> out(full.out()), att(full.att());
+  AttentionForward(out.data(), att.data(), qkv.data(), full.batch, full.seq, full.channels,
+                   full.heads);
+  for (int prefix : {1, 63, 64, 65, 129}) {
+    AttentionShape p = full;
+    p.seq = prefix;
+    // The first `prefix` positions of every sequence, alone.
+    std::vector<float> pqkv;
+    for (int b = 0; b < full.batch; ++b) {
+      const auto* row = qkv.data() + static_cast<size_t>(b) * full.seq * 3 * full.channels;
+      pqkv.insert(pqkv.end(), row, row + static_cast<size_t>(prefix) * 3 * full.channels);
+    }
+    std::vector<float> pout(p.out()), patt(p.att());
+    AttentionForward(pout.data(), patt.data(), pqkv.data(), p.batch, p.seq, p.channels, p.heads);
+    for (int b = 0; b < full.batch; ++b) {
+      for (int i = 0; i < prefix * full.channels; ++i) {
+        const float want = out[static_cast<size_t>(b) * full.seq * full.channels + i];
+        ASSERT_NEAR(pout[static_cast<size_t>(b) * prefix * full.channels + i], want,
+                    1e-5 * (std::abs(want) + 1))
+            << "prefix " << prefix << " batch " << b << " element " << i;
+      }
+    }
+  }
+}
+
+// Every float op at 1, 2 and 3 threads: the same bits.
+TEST(FastOpsTest, ThreadCountChangesNoBit) {
+  const AttentionShape s;
+  const auto x = ToFloat(Random(kRows * kChannels, 21)), w = ToFloat(Random(kChannels, 22)),
+             b = ToFloat(Random(kChannels, 23)), dy = ToFloat(Random(kRows * kChannels, 24)),
+             qkv = ToFloat(Random(s.qkv(), 25)), dout = ToFloat(Random(s.out(), 26));
+  std::vector<int32_t> targets(kRows);
+  for (int r = 0; r < kRows; ++r) targets[r] = (r * 7) % kChannels;
+  auto run = [&](int threads) {
+    omp_set_num_threads(threads);
+    std::vector<std::vector<float>> r;
+    std::vector<float> y(x.size()), m(kRows), rs(kRows), dx(x.size()), dw(kChannels),
+        db(kChannels), g(x.size()), dg(x.size()), z = x, l(kRows);
+    LayerNormForward(y.data(), m.data(), rs.data(), x.data(), w.data(), b.data(), kRows, kChannels);
+    LayerNormBackward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), m.data(),
+                      rs.data(), kRows, kChannels);
+    MatmulBackward<float>(nullptr, nullptr, db.data(), dy.data(), x.data(), w.data(), kRows, 1,
+                          kChannels);
+    GeluForward(g.data(), x.data(), static_cast<int64_t>(x.size()));
+    GeluBackward(dg.data(), x.data(), dy.data(), static_cast<int64_t>(x.size()));
+    SoftmaxCrossEntropyFused(z.data(), l.data(), targets.data(), kRows, kChannels, 1.0f);
+    std::vector<float> o(s.out()), a(s.att()), dq(s.qkv());
+    AttentionForward(o.data(), a.data(), qkv.data(), s.batch, s.seq, s.channels, s.heads);
+    AttentionBackward(dq.data(), dout.data(), qkv.data(), a.data(), s.batch, s.seq, s.channels,
+                      s.heads);
+    for (auto* v : {&y, &m, &rs, &dx, &dw, &db, &g, &dg, &z, &l, &o, &a, &dq}) r.push_back(*v);
+    return r;
+  };
+  const int saved = omp_get_max_threads();
+  const auto one = run(1), two = run(2), three = run(3);
+  omp_set_num_threads(saved);
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_EQ(one[i], two[i]) << "output " << i << " at 2 threads";
+    EXPECT_EQ(one[i], three[i]) << "output " << i << " at 3 threads";
+  }
+}
+
+}  // namespace
+}  // namespace zerort::cpu
