@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/vector_math.h"
 #include "kernels/model_ops.h"
 #include "tests/kernels/random_floats.h"
 
@@ -32,6 +33,22 @@ void ExpectClose(const char* what, const std::vector<float>& f, const std::vecto
 }
 
 constexpr int kRows = 200, kChannels = 96;
+
+// FastExp against libm over its whole range: relative error below 3e-7; the clamps; NaN.
+TEST(FastOpsTest, FastExpIsAccurateEverywhere) {
+  double worst = 0;
+  for (float x = -87.0f; x < 88.3f; x += 0.00137f) {
+    const double want = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::abs(FastExp(x) - want) / want);
+  }
+  EXPECT_LT(worst, 3e-7);
+  EXPECT_GT(FastExp(-1000.0f), 0.0f);
+  EXPECT_LT(FastExp(-1000.0f), 2e-38f);
+  EXPECT_TRUE(std::isfinite(FastExp(1000.0f)));
+  EXPECT_GT(FastExp(1000.0f), 1e38f);
+  EXPECT_TRUE(std::isnan(FastExp(NAN)));
+  EXPECT_EQ(FastExp(0.0f), 1.0f);
+}
 
 TEST(FastOpsTest, MatmulBiasAndItsGradient) {
   const int in = 40, out = kChannels;
