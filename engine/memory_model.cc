@@ -379,11 +379,11 @@ void StepModel::Flush() {
   if (pending_.empty()) return;
   int64_t bucket_shard = 0;
   for (int u : pending_) bucket_shard += units_[u].layout.shard_numel();
-  Replay::Handle packed;
-  if (pending_.size() > 1) {
+  Replay::Handle packed, reduced;  // one rank: added straight into the shards, no buffers
+  if (pending_.size() > 1 && in_.dp > 1) {
     packed = r_.Alloc(Cat::kCommBuffers, bucket_shard * in_.dp * kRsize, comm_);
   }
-  Replay::Handle reduced = r_.Alloc(Cat::kCommBuffers, bucket_shard * kRsize, comm_);
+  if (in_.dp > 1) reduced = r_.Alloc(Cat::kCommBuffers, bucket_shard * kRsize, comm_);
   for (int u : pending_) {  // DropFullGrad: reused once the comm stream is done with it
     r_.Use(units_[u].full_grad, *comm_);
     r_.Free(units_[u].full_grad);
@@ -608,11 +608,12 @@ void StepModel::Step() {
     }
     Flush();
   } else {
-    // As GradientReducer::Finish: all-reduce buckets of whole units; one unit needs no packing.
+    // As GradientReducer::Finish: all-reduce buckets of whole units; one unit needs no packing,
+    // one rank no all-reduce.
     std::vector<int> bucket;
     int64_t numel = 0;
     auto reduce = [&] {
-      if (bucket.size() > 1) {
+      if (bucket.size() > 1 && in_.dp > 1) {
         Replay::Handle h = r_.Alloc(Cat::kCommBuffers, numel * kRsize, comm_);
         r_.Free(h);
       }

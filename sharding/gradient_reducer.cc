@@ -57,6 +57,17 @@ Status GradientReducer::FlushReduceScatter() {
   const int ranks = resources_.dp->size();
   Stream* comm = resources_.comm;
   ZR_RETURN_IF_ERROR(CommAfterCompute());
+  if (ranks == 1) {
+    // Nothing to reduce: each full gradient is its own shard, added straight into it.
+    for (ShardedUnit* u : pending_) {
+      ZR_RETURN_IF_ERROR(optimizer_->AccumulateGradient(
+          *u, u->FullGrad().Flat(0, u->layout().shard_numel()), *comm));
+      ZR_RETURN_IF_ERROR(u->DropFullGrad(*comm));
+    }
+    pending_.clear();
+    pending_numel_ = 0;
+    return absl::OkStatus();
+  }
   if (!o.reduce_scatter) {
     // DeepSpeed's reduce_scatter false: the full gradients all-reduced, this rank's shard (the
     // full gradient is rank-major) kept.
@@ -119,7 +130,8 @@ Status GradientReducer::FlushReduceScatter() {
 }
 
 Status GradientReducer::AllReduceBucket(const std::vector<ShardedUnit*>& bucket) {
-  if (bucket.empty()) return absl::OkStatus();
+  // One rank: the mean over ranks is the gradient itself (no copy through the communicator).
+  if (bucket.empty() || resources_.dp->size() == 1) return absl::OkStatus();
   const DType dtype = resources_.options->reduce_dtype;
   const size_t elem = DTypeSize(dtype);
   const Device device = resources_.tiers.device->device();
