@@ -101,6 +101,15 @@ class ModelKernels {
   // not needed afterwards, and this saves a [rows, vocab] buffer.
   virtual Status CrossEntropy(void* logits, void* losses, const int32_t* targets, int64_t rows,
                               int vocab, float dloss) = 0;
+
+  // Wall seconds spent so far in the linear layers (Matmul, MatmulBackward: their GEMMs and bias)
+  // and in the attention (Attention, AttentionBackward), for `zerort bench model --phases`; null
+  // where calls return before their work is done (CUDA).
+  struct Seconds {
+    double matmul = 0;
+    double attention = 0;
+  };
+  virtual const Seconds* seconds() const { return nullptr; }
 };
 
 // CPU kernels in float (act, grad and stat all fp32), bf16 or fp16 (activations and weights

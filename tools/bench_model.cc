@@ -6,7 +6,11 @@
 // On a GPU it also reports MFU against the device's dense bf16 peak. Under mpirun with
 // parallel.tensor_parallel_size in the config, every rank runs its part of the model on a data x
 // tensor mesh; throughput and FLOP/s are reported per device (the whole run's over every
-// device), the baseline is this rank's own GEMM shape ([rows, d] x [d, 4d/tp]).
+// device), the baseline is this rank's own GEMM shape ([rows, d] x [d, 4d/tp]). Every run also
+// times the whole training step (forward + backward + optimizer step). With --phases: the
+// step's phases (forward, backward, optimizer; within forward + backward, the linear layers'
+// GEMMs, the attention and the other ops, on the CPU) and a second baseline, the same GEMM path
+// on a square 2048^3 product (the machine's sgemm peak, as far as this path reaches it).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -167,14 +171,33 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
     const double gemm_flops = 2.0 * rows * m.d_model * hidden;
     const int gemm_repeats = std::max(1, static_cast<int>(5e10 / gemm_flops));
 
+    // --phases: the square GEMM of the second baseline.
+    const int64_t square = o.phases ? 2048 : 0;
+    Buffer sa, sb, sc;
+    if (square > 0) {
+      for (Buffer* b : {&sa, &sb, &sc}) {
+        ZR_ASSIGN_OR_RETURN(*b,
+                            allocator->Allocate(square * square * act, MemoryCategory::kWorkspace,
+                                                &kernels->stream()));
+        ZR_RETURN_IF_ERROR(FillZero(b->data(), device, b->bytes(), &kernels->stream()));
+      }
+    }
+    struct Phases {
+      std::vector<double> forward, backward, optimizer, step, matmul, attention, square;
+    } ph;
     std::vector<double> step_s, gemm_s;
     tracker.ResetPeaks();
     for (int it = 0; it <= o.iters; ++it) {  // iteration 0 warms up (allocator, cuBLASLt plans)
+      const GptModel::PhaseSeconds model_before = model->phase_seconds();
+      const ModelKernels::Seconds kernels_before =
+          kernels->seconds() != nullptr ? *kernels->seconds() : ModelKernels::Seconds{};
       const auto t0 = now();
       ZR_RETURN_IF_ERROR(model->ForwardBackward(ids, targets, batch, seq, 1.0f).status());
       ZR_RETURN_IF_ERROR(manager->ReduceGradients());
       ZR_RETURN_IF_ERROR(manager->compute_stream().Synchronize());
       const auto t1 = now();
+      const ModelKernels::Seconds kernels_after =
+          kernels->seconds() != nullptr ? *kernels->seconds() : ModelKernels::Seconds{};
       ZR_RETURN_IF_ERROR(manager->Step({.lr = 1e-4f}).status());
       const auto t2 = now();
       for (int r = 0; r < gemm_repeats; ++r) {
@@ -183,9 +206,24 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
       }
       ZR_RETURN_IF_ERROR(kernels->stream().Synchronize());
       const auto t3 = now();
+      if (square > 0) {
+        ZR_RETURN_IF_ERROR(kernels->Matmul(sc.data(), sa.data(), sb.data(), nullptr, square,
+                                           static_cast<int>(square), static_cast<int>(square)));
+        ZR_RETURN_IF_ERROR(kernels->stream().Synchronize());
+      }
+      const auto t4 = now();
       if (it > 0) {
         step_s.push_back(seconds(t0, t1));
         gemm_s.push_back(seconds(t2, t3) / gemm_repeats);
+        ph.step.push_back(seconds(t0, t2));
+        ph.optimizer.push_back(seconds(t1, t2));
+        ph.forward.push_back(model->phase_seconds().forward - model_before.forward);
+        ph.backward.push_back(model->phase_seconds().backward - model_before.backward);
+        if (kernels->seconds() != nullptr) {
+          ph.matmul.push_back(kernels_after.matmul - kernels_before.matmul);
+          ph.attention.push_back(kernels_after.attention - kernels_before.attention);
+        }
+        if (square > 0) ph.square.push_back(seconds(t3, t4));
         if (world->rank() == 0) {
           Logger()->info("iteration {}: forward+backward {:.3f} s, optimizer step {:.3f} s", it,
                          seconds(t0, t1), seconds(t1, t2));
@@ -230,7 +268,27 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
         {"ratio", flops / gemm_rate},
         {"peak_activation_bytes",
          tracker.Usage(MemoryTier::kDevice, MemoryCategory::kActivations).peak},
+        // The whole training step (forward + backward + optimizer), this rank's median.
+        {"step_s", Median(ph.step)},
+        {"step_tokens_per_s", tokens * mesh->shape().data / Median(ph.step) / devices},
     };
+    if (o.phases) {
+      nlohmann::json p = {{"forward_s", Median(ph.forward)},
+                          {"backward_s", Median(ph.backward)},
+                          {"optimizer_s", Median(ph.optimizer)}};
+      if (!ph.matmul.empty()) {
+        p["linear_gemm_s"] = Median(ph.matmul);
+        p["attention_s"] = Median(ph.attention);
+        p["other_ops_s"] =
+            Median(ph.forward) + Median(ph.backward) - Median(ph.matmul) - Median(ph.attention);
+      }
+      result["phases"] = p;
+      const double square_rate = 2.0 * square * square * square / Median(ph.square);
+      result["sgemm_2048_tflops"] = square_rate / 1e12;
+      // PaLM FLOP/s of the whole step against the square GEMM's rate.
+      result["step_ratio_to_sgemm"] =
+          m.FlopsPerToken() * result["step_tokens_per_s"].get<double>() / square_rate;
+    }
     if (cuda) {
       const double peak = DenseBf16PeakFlops(QueryCuda().devices.at(0).name);
       result["bf16_peak_tflops"] = peak / 1e12;
@@ -265,6 +323,22 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
   if (result.contains("mfu")) {
     std::printf("  MFU (bf16 peak %.0f)  %10.3f\n", result["bf16_peak_tflops"].get<double>(),
                 result["mfu"].get<double>());
+  }
+  std::printf("  training step         %10.4f s   (%.1f tokens/s per device, with the optimizer)\n",
+              result["step_s"].get<double>(), result["step_tokens_per_s"].get<double>());
+  if (o.phases) {
+    const nlohmann::json& p = result["phases"];
+    std::printf("  phases (medians)      forward %.4f s, backward %.4f s, optimizer %.4f s\n",
+                p["forward_s"].get<double>(), p["backward_s"].get<double>(),
+                p["optimizer_s"].get<double>());
+    if (p.contains("linear_gemm_s")) {
+      std::printf(
+          "  forward+backward      linear GEMMs %.4f s, attention %.4f s, other ops %.4f s\n",
+          p["linear_gemm_s"].get<double>(), p["attention_s"].get<double>(),
+          p["other_ops_s"].get<double>());
+    }
+    std::printf("  sgemm 2048^3 TFLOP/s  %10.4f\n", result["sgemm_2048_tflops"].get<double>());
+    std::printf("  ratio (step / sgemm)  %10.3f\n", result["step_ratio_to_sgemm"].get<double>());
   }
   std::printf("  peak activations      %10.1f MiB\n",
               result["peak_activation_bytes"].get<int64_t>() / 1048576.0);

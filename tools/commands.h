@@ -52,6 +52,7 @@ struct BenchModelOptions {
   int iters = 3;       // measured iterations after one warm-up; the median is reported
   bool cpu = false;    // measure on the CPU even when a GPU is present
   bool json = false;
+  bool phases = false;  // forward / backward / optimizer / GEMM split, and the sgemm 2048^3 peak
 };
 int RunBenchModel(const BenchModelOptions& options, const LaunchEnv& launch, int* argc,
                   char*** argv);

@@ -10,6 +10,7 @@
 #include "kernels/model_kernels.h"
 #include "kernels/model_ops.h"
 #include "runtime/dtype.h"
+#include "runtime/scoped_seconds.h"
 
 namespace zerort {
 namespace {
@@ -57,24 +58,29 @@ class CpuModelKernels final : public ModelKernels {
                               P(rstd), rows, channels);
     return absl::OkStatus();
   }
+  const Seconds* seconds() const override { return &seconds_; }
   Status Matmul(void* out, const void* inp, const void* weight, const void* bias, int64_t rows,
                 int in, int out_features) override {
+    const ScopedSeconds timed(&seconds_.matmul);
     cpu::MatmulForward<T>(P(out), P(inp), P(weight), P(bias), rows, in, out_features);
     return absl::OkStatus();
   }
   Status MatmulBackward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                         const void* weight, int64_t rows, int in, int out_features) override {
+    const ScopedSeconds timed(&seconds_.matmul);
     cpu::MatmulBackward<T>(P(dinp), P(dweight), P(dbias), P(dout), P(inp), P(weight), rows, in,
                            out_features);
     return absl::OkStatus();
   }
   Status Attention(void* out, void* att, const void* qkv, int batch, int seq, int channels,
                    int heads) override {
+    const ScopedSeconds timed(&seconds_.attention);
     cpu::AttentionForward<T>(P(out), P(att), P(qkv), batch, seq, channels, heads);
     return absl::OkStatus();
   }
   Status AttentionBackward(void* dqkv, const void* dout, const void* qkv, const void* att,
                            int batch, int seq, int channels, int heads) override {
+    const ScopedSeconds timed(&seconds_.attention);
     cpu::AttentionBackward<T>(P(dqkv), P(dout), P(qkv), P(att), batch, seq, channels, heads);
     return absl::OkStatus();
   }
@@ -176,6 +182,7 @@ class CpuModelKernels final : public ModelKernels {
   static const T* P(const void* p) { return static_cast<const T*>(p); }
 
   std::unique_ptr<Stream> stream_;
+  Seconds seconds_;
 };
 
 // 16-bit (bf16 or fp16) activations and weights with fp32 math: every operand is widened to
@@ -196,6 +203,7 @@ class Cpu16ModelKernels final : public ModelKernels {
  public:
   Device device() const override { return Device::Cpu(); }
   Stream& stream() override { return f_.stream(); }
+  const Seconds* seconds() const override { return f_.seconds(); }  // conversions excluded
   size_t act_size() const override { return 2; }
   size_t grad_size() const override { return 4; }
   size_t stat_size() const override { return 4; }
