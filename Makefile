@@ -14,7 +14,7 @@ export OMPI_MCA_btl_vader_single_copy_mechanism := none
 MPIRUN := mpirun --oversubscribe
 ZERORT := $(BUILD)/tools/zerort
 
-.PHONY: all deps build run test test-unit test-asan test-install bench clean
+.PHONY: all deps build run test test-unit test-asan test-install bench bench-peers clean
 
 all: build
 
@@ -75,6 +75,12 @@ bench: build
 	  --min-bytes 64KiB --max-bytes 64MiB --rounds 9 --json
 	$(ZERORT) bench adamw --json
 	$(ZERORT) bench model --config configs/bench-tiny.json --json
+
+# zerort's training step against PyTorch's (Debian's python3-torch, installed here if missing) on
+# this machine, in one run: tools/peers/compare.py (docs/benchmarks.md, "CPU training speed").
+bench-peers: build
+	./scripts/install-deps.sh --peers
+	/usr/bin/python3 tools/peers/compare.py $(ZERORT)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -14,6 +14,11 @@ packages=(
   python3
 )
 
+# `--peers`: also what `make bench-peers` compares against (PyTorch from Debian).
+if [[ "${1:-}" == "--peers" ]]; then
+  packages+=(python3-torch)
+fi
+
 missing=()
 for p in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
