@@ -1,5 +1,13 @@
-// CPU casts: the scalar reference and the OpenMP/SIMD version, plus the validating entry.
+// CPU casts: the scalar reference and the OpenMP/SIMD version, plus the validating entry. On x86
+// with F16C (checked at run time) fp16 <-> fp32 uses the hardware conversions, the same bits as
+// runtime/dtype.h's round to nearest even (NaN kept quiet with its top payload bits).
+#include <algorithm>
 #include <cstring>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define ZR_HAVE_F16C_PATH 1
+#endif
 
 #include "kernels/cast.h"
 #include "runtime/dtype.h"
@@ -14,6 +22,42 @@ void CastLoop(int64_t n, Load load, Store store) {
 #pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 16))
   for (int64_t i = 0; i < n; ++i) store(i, load(i));
 }
+
+#ifdef ZR_HAVE_F16C_PATH
+bool HasF16c() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return has;
+}
+
+__attribute__((target("avx2,f16c"))) void F32ToF16Span(const float* in, uint16_t* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
+  }
+  for (; i < n; ++i) out[i] = FloatToF16Bits(in[i]);
+}
+
+__attribute__((target("avx2,f16c"))) void F16ToF32Span(const uint16_t* in, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) out[i] = F16BitsToFloat(in[i]);
+}
+
+// Blocks of a span over the OpenMP threads (large casts only), each converted by `span`.
+template <typename In, typename Out>
+void BlockedCast(const In* in, Out* out, int64_t n, void (*span)(const In*, Out*, int64_t)) {
+  constexpr int64_t kBlock = int64_t{1} << 14;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (n > (int64_t{1} << 16))
+  for (int64_t b = 0; b < blocks; ++b) {
+    span(in + b * kBlock, out + b * kBlock, std::min(kBlock, n - b * kBlock));
+  }
+}
+#endif
 
 Status Validate(const TensorView& src, const TensorView& dst) {
   if (!IsFloatingPoint(src.dtype()) || !IsFloatingPoint(dst.dtype())) {
@@ -53,6 +97,9 @@ void CpuCast(const void* src, DType s, void* dst, DType d, int64_t n) {
         n, [&](int64_t i) { return f32_in[i]; },
         [&](int64_t i, float v) { u16_out[i] = FloatToBf16Bits(v); });
   } else if (s == DType::kF32 && d == DType::kF16) {
+#ifdef ZR_HAVE_F16C_PATH
+    if (HasF16c()) return BlockedCast(f32_in, u16_out, n, &F32ToF16Span);
+#endif
     CastLoop(
         n, [&](int64_t i) { return f32_in[i]; },
         [&](int64_t i, float v) { u16_out[i] = FloatToF16Bits(v); });
@@ -61,6 +108,9 @@ void CpuCast(const void* src, DType s, void* dst, DType d, int64_t n) {
         n, [&](int64_t i) { return Bf16BitsToFloat(u16_in[i]); },
         [&](int64_t i, float v) { f32_out[i] = v; });
   } else if (s == DType::kF16 && d == DType::kF32) {
+#ifdef ZR_HAVE_F16C_PATH
+    if (HasF16c()) return BlockedCast(u16_in, f32_out, n, &F16ToF32Span);
+#endif
     CastLoop(
         n, [&](int64_t i) { return F16BitsToFloat(u16_in[i]); },
         [&](int64_t i, float v) { f32_out[i] = v; });
