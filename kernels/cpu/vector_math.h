@@ -41,7 +41,11 @@ inline float FastExp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
+  // 2^n from n's bits in `shifted` (its low mantissa bits hold n + 2^22): unsigned arithmetic,
+  // no float-to-int conversion, so a NaN argument is not undefined behaviour (p is NaN anyway).
+  uint32_t bits;
+  std::memcpy(&bits, &shifted, sizeof(bits));
+  bits = (bits - 0x4B400000u + 127u) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return p * scale;
