@@ -427,21 +427,25 @@ void StepModel::MicroBatch() {
   auto a = [&](int64_t bytes) { acts.push_back(r_.Alloc(Cat::kActivations, bytes, kernels_)); };
   r_.SetPhase(Replay::kForward);
   const bool per_block = !in_.activation_checkpointing;
+  // What the attention keeps for its backward (ModelKernels::AttentionSavedBytes): the CUDA
+  // kernels the probabilities, the CPU kernels (flash-style) a log-sum-exp per query.
+  const int64_t attention_saved =
+      in_.cuda ? int64_t{in_.micro_batch} * heads * c.seq_len * c.seq_len * act
+               : int64_t{in_.micro_batch} * heads * c.seq_len * 4;
   const int64_t set_bytes = 2 * rows * d * act + rows_l * d * act + 4 * rows_l * stat +
-                            3 * rows * dl * act + rows * dl * act +
-                            int64_t{in_.micro_batch} * heads * c.seq_len * c.seq_len * act +
+                            3 * rows * dl * act + rows * dl * act + attention_saved +
                             8 * rows * dl * act;
   // One block's activation set (GptModel's AllocateBlockActs).
   auto block_set = [&](std::vector<Replay::Handle>& into) {
     auto a = [&](int64_t bytes) { into.push_back(r_.Alloc(Cat::kActivations, bytes, kernels_)); };
-    a(rows * d * act);                                                  // ln1 (every row)
-    a(rows_l * stat);                                                   // ln1 mean
-    a(rows_l * stat);                                                   // ln1 rstd
-    a(rows * 3 * dl * act);                                             // qkv
-    a(rows * dl * act);                                                 // attention output
-    a(int64_t{in_.micro_batch} * heads * c.seq_len * c.seq_len * act);  // probabilities
-    a(rows_l * d * act);                                                // residual
-    a(rows * d * act);                                                  // ln2 (every row)
+    a(rows * d * act);       // ln1 (every row)
+    a(rows_l * stat);        // ln1 mean
+    a(rows_l * stat);        // ln1 rstd
+    a(rows * 3 * dl * act);  // qkv
+    a(rows * dl * act);      // attention output
+    a(attention_saved);      // attention's saved state
+    a(rows_l * d * act);     // residual
+    a(rows * d * act);       // ln2 (every row)
     a(rows_l * stat);
     a(rows_l * stat);
     a(rows * 4 * dl * act);  // MLP pre-GELU
@@ -471,9 +475,10 @@ void StepModel::MicroBatch() {
          StrCat("one block's activation set, held x ", live_sets,
                 per_block ? " (one per block)" : " (checkpointing: one, reused)",
                 in_.pp > 1 ? StrCat(" x ", st_.live, " micro-batches in flight") : ""),
-         sp ? "rows x (2 d + 12 d/tp) x act + rows/tp x d x act + 4 rows/tp x 4 B + B x heads/tp "
-              "x T x T x act"
-            : "rows (B x T) x (3 d + 12 d/tp) x act + 4 rows x 4 B + B x heads/tp x T x T x act",
+         StrCat(sp ? "rows x (2 d + 12 d/tp) x act + rows/tp x d x act + 4 rows/tp x 4 B"
+                   : "rows (B x T) x (3 d + 12 d/tp) x act + 4 rows x 4 B",
+                in_.cuda ? " + B x heads/tp x T x T x act (probabilities)"
+                         : " + B x heads/tp x T x 4 B (flash attention's log-sum-exp)"),
          set_bytes);
     Term(Tier::kDevice, Cat::kActivations, StrCat(st_.boundaries, " block inputs/outputs"),
          sp ? "(blocks + 1) x rows/tp x d x act" : "(blocks + 1) x rows x d x act",

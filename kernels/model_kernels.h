@@ -60,12 +60,20 @@ class ModelKernels {
                                 const void* inp, const void* weight, int64_t rows, int in,
                                 int out_features) = 0;
 
-  // Causal multi-head self-attention; qkv [batch, seq, 3 * channels], out [batch, seq, channels],
-  // att [batch, heads, seq, seq] saves the probabilities (zero above the diagonal).
-  virtual Status Attention(void* out, void* att, const void* qkv, int batch, int seq, int channels,
-                           int heads) = 0;
-  virtual Status AttentionBackward(void* dqkv, const void* dout, const void* qkv, const void* att,
-                                   int batch, int seq, int channels, int heads) = 0;
+  // Causal multi-head self-attention; qkv [batch, seq, 3 * channels], out [batch, seq, channels].
+  // `saved` (AttentionSavedBytes) keeps what the backward needs besides qkv and out: the CPU
+  // float and 16-bit kernels keep each query's log-sum-exp of its scores (fp32 [batch, heads,
+  // seq]; flash-style, the seq x seq probabilities never exist), the double and CUDA kernels the
+  // probabilities (act dtype [batch, heads, seq, seq], zero above the diagonal).
+  virtual int64_t AttentionSavedBytes(int batch, int seq, int heads) const {
+    return int64_t{batch} * heads * seq * seq * static_cast<int64_t>(act_size());
+  }
+  virtual Status Attention(void* out, void* saved, const void* qkv, int batch, int seq,
+                           int channels, int heads) = 0;
+  // `out` is the forward's output.
+  virtual Status AttentionBackward(void* dqkv, const void* dout, const void* qkv, const void* out,
+                                   const void* saved, int batch, int seq, int channels,
+                                   int heads) = 0;
 
   // GELU, tanh approximation.
   virtual Status Gelu(void* out, const void* inp, int64_t n) = 0;

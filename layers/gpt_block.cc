@@ -144,8 +144,8 @@ Status BlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const Bl
   ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kProjW], gr[kProjB], dout, a.atty.data(),
                                       w[kProjW], g.rows, g.d_l, g.d));
   ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, g.rows * 3 * g.d_l * act, st));
-  ZR_RETURN_IF_ERROR(k.AttentionBackward(s.d4a.data(), s.dbtc.data(), a.qkv.data(), a.att.data(),
-                                         g.batch, g.seq, g.d_l, g.h_l));
+  ZR_RETURN_IF_ERROR(k.AttentionBackward(s.d4a.data(), s.dbtc.data(), a.qkv.data(), a.atty.data(),
+                                         a.att.data(), g.batch, g.seq, g.d_l, g.h_l));
   ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
   ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kQkvW], gr[kQkvB], s.d4a.data(),
                                       a.ln1.data(), w[kQkvW], g.rows, g.d, 3 * g.d_l));
@@ -169,7 +169,8 @@ Status AllocateBlockActs(const Geometry& g, ModelKernels& k, Allocator& activati
   ZR_RETURN_IF_ERROR(alloc(a.ln1_rstd, rows_l, stat));
   ZR_RETURN_IF_ERROR(alloc(a.qkv, rows * 3 * g.d_l, act));
   ZR_RETURN_IF_ERROR(alloc(a.atty, rows * g.d_l, act));
-  ZR_RETURN_IF_ERROR(alloc(a.att, static_cast<int64_t>(g.batch) * g.h_l * g.seq * g.seq, act));
+  // What the kernels' attention keeps for its backward (the CPU: a log-sum-exp per query).
+  ZR_RETURN_IF_ERROR(alloc(a.att, k.AttentionSavedBytes(g.batch, g.seq, g.h_l), 1));
   ZR_RETURN_IF_ERROR(alloc(a.res2, rows_l * d, act));
   ZR_RETURN_IF_ERROR(alloc(a.ln2, rows * d, act));
   ZR_RETURN_IF_ERROR(alloc(a.ln2_mean, rows_l, stat));

@@ -158,44 +158,82 @@ ZR_CPU_CLONES void CrossEntropySpan(float* logits, float* losses, const int32_t*
   }
 }
 
-// Causal softmax of rows [q0, q1) of one head's scores (row stride seq; keys [0, q1) computed):
-// probabilities for keys <= t, zeros after (to the end of the row: the saved att).
-ZR_CPU_CLONES void CausalSoftmaxRows(float* a, int q0, int q1, int seq, float scale) {
-  for (int t = q0; t < q1; ++t) {
-    float* row = a + static_cast<int64_t>(t) * seq;
-    float max = -INFINITY;
-#pragma omp simd reduction(max : max)
-    for (int t2 = 0; t2 <= t; ++t2) max = std::max(max, row[t2] * scale);
+// One key block of the flash forward for a block of m queries (query q0 + i, keys k0 + j):
+// s [m, kn] (row stride ld) holds q k^T; keys after the query are masked. Each row's running
+// maximum mx and sum l are updated, its accumulator acc [m, hs] rescaled, and s overwritten by
+// the block's unnormalised probabilities exp(score - new max), which the caller multiplies by v.
+ZR_CPU_CLONES void FlashForwardBlock(float* s, int ld, int m, int kn, int q0, int k0, float scale,
+                                     float* mx, float* l, float* acc, int hs) {
+  for (int i = 0; i < m; ++i) {
+    float* row = s + static_cast<int64_t>(i) * ld;
+    const int valid = std::min(kn, q0 + i - k0 + 1);  // keys k0 .. query: at least one
+    float block_max = -INFINITY;
+#pragma omp simd reduction(max : block_max)
+    for (int j = 0; j < valid; ++j) block_max = std::max(block_max, row[j] * scale);
+    const float new_max = std::max(mx[i], block_max);
+    const float alpha = FastExp(mx[i] - new_max);
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-    for (int t2 = 0; t2 <= t; ++t2) {
-      row[t2] = FastExp(row[t2] * scale - max);
-      sum += row[t2];
+    for (int j = 0; j < valid; ++j) {
+      row[j] = FastExp(row[j] * scale - new_max);
+      sum += row[j];
     }
-    const float inv = 1.0f / sum;
+    std::fill(row + valid, row + kn, 0.0f);
+    l[i] = l[i] * alpha + sum;
+    mx[i] = new_max;
+    float* a = acc + static_cast<int64_t>(i) * hs;
 #pragma omp simd
-    for (int t2 = 0; t2 <= t; ++t2) row[t2] *= inv;
-    std::fill(row + t + 1, row + seq, 0.0f);
+    for (int c = 0; c < hs; ++c) a[c] *= alpha;
   }
 }
 
-// Rows [q0, q1) of the softmax's backward in place on a block of datt (its row 0 is query q0;
-// row stride seq): keys <= t get att * (datt - sum(att * datt)) * scale, keys in (t, q1) zero.
-ZR_CPU_CLONES void CausalSoftmaxBackwardRows(float* dblock, const float* att, int q0, int q1,
-                                             int seq, float scale) {
-  for (int t = q0; t < q1; ++t) {
-    const float* arow = att + static_cast<int64_t>(t) * seq;
-    float* drow = dblock + static_cast<int64_t>(t - q0) * seq;
-    float weighted = 0.0f;
-#pragma omp simd reduction(+ : weighted)
-    for (int t2 = 0; t2 <= t; ++t2) weighted += arow[t2] * drow[t2];
+// The flash backward's probabilities and score gradients for one (query block, key block):
+// p [m, kn] holds q k^T on entry and exp(score - lse) (masked: 0) on exit; dp holds dout v^T on
+// entry and p * (dp - D) * scale on exit (D: each query's dout . out).
+ZR_CPU_CLONES void FlashBackwardBlock(float* p, float* dp, int ld, int m, int kn, int q0, int k0,
+                                      float scale, const float* lse, const float* d) {
+  for (int i = 0; i < m; ++i) {
+    float* prow = p + static_cast<int64_t>(i) * ld;
+    float* drow = dp + static_cast<int64_t>(i) * ld;
+    const int valid = std::min(kn, q0 + i - k0 + 1);
+    const float shift = lse[q0 + i], di = d[q0 + i];
 #pragma omp simd
-    for (int t2 = 0; t2 <= t; ++t2) drow[t2] = arow[t2] * (drow[t2] - weighted) * scale;
-    std::fill(drow + t + 1, drow + q1, 0.0f);
+    for (int j = 0; j < valid; ++j) {
+      prow[j] = FastExp(prow[j] * scale - shift);
+      drow[j] = prow[j] * (drow[j] - di) * scale;
+    }
+    std::fill(prow + valid, prow + kn, 0.0f);
+    std::fill(drow + valid, drow + kn, 0.0f);
   }
 }
 
-constexpr int kQueryBlock = 64;
+// out row = acc / l; lse = max + log l.
+ZR_CPU_CLONES void FlashFinish(float* o, int64_t ldo, float* lse, const float* acc, const float* mx,
+                               const float* l, int m, int hs) {
+  for (int i = 0; i < m; ++i) {
+    const float inv = 1.0f / l[i];
+    const float* a = acc + static_cast<int64_t>(i) * hs;
+    float* out = o + i * ldo;
+#pragma omp simd
+    for (int c = 0; c < hs; ++c) out[c] = a[c] * inv;
+    lse[i] = mx[i] + std::log(l[i]);
+  }
+}
+
+// D[t] = dout[t] . out[t] over one head's channels.
+ZR_CPU_CLONES void RowDots(float* d, const float* dout, const float* out, int64_t ld, int seq,
+                           int hs) {
+  for (int t = 0; t < seq; ++t) {
+    const float* a = dout + t * ld;
+    const float* b = out + t * ld;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int c = 0; c < hs; ++c) sum += a[c] * b[c];
+    d[t] = sum;
+  }
+}
+
+constexpr int kBlock = 64;  // queries and keys per tile (equal: each tile row has a key)
 
 void Sgemm(bool ta, bool tb, int m, int n, int k, const float* a, int64_t lda, const float* b,
            int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -283,8 +321,8 @@ void SoftmaxCrossEntropyFused(float* logits, float* losses, const int32_t* targe
   });
 }
 
-void AttentionForward(float* out, float* att, const float* qkv, int batch, int seq, int channels,
-                      int heads) {
+void FlashAttentionForward(float* out, float* lse, const float* qkv, int batch, int seq,
+                           int channels, int heads) {
   const int hs = channels / heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t c3 = 3 * static_cast<int64_t>(channels);
@@ -294,22 +332,30 @@ void AttentionForward(float* out, float* att, const float* qkv, int batch, int s
     const float* q = base + h * hs;
     const float* k = base + channels + h * hs;
     const float* v = base + 2 * channels + h * hs;
-    float* a = att + static_cast<int64_t>(pair) * seq * seq;
     float* o = out + static_cast<int64_t>(b) * seq * channels + h * hs;
-    for (int q0 = 0; q0 < seq; q0 += kQueryBlock) {
-      const int q1 = std::min(seq, q0 + kQueryBlock);
-      float* block = a + static_cast<int64_t>(q0) * seq;
-      // scores [q0, q1) x [0, q1) = q k^T; then the causal softmax; then out = att v.
-      Sgemm(false, true, q1 - q0, q1, hs, q + q0 * c3, c3, k, c3, 0.0f, block, seq);
-      CausalSoftmaxRows(a, q0, q1, seq, scale);
-      Sgemm(false, false, q1 - q0, hs, q1, block, seq, v, c3, 0.0f,
-            o + static_cast<int64_t>(q0) * channels, channels);
+    float* pair_lse = lse + static_cast<int64_t>(pair) * seq;
+    std::vector<float> s(kBlock * kBlock), acc(static_cast<size_t>(kBlock) * hs), mx(kBlock),
+        l(kBlock);
+    for (int q0 = 0; q0 < seq; q0 += kBlock) {
+      const int m = std::min(seq, q0 + kBlock) - q0;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      std::fill(mx.begin(), mx.end(), -INFINITY);
+      std::fill(l.begin(), l.end(), 0.0f);
+      for (int k0 = 0; k0 <= q0; k0 += kBlock) {  // key tiles up to the diagonal one
+        const int kn = std::min(seq, k0 + kBlock) - k0;
+        Sgemm(false, true, m, kn, hs, q + q0 * c3, c3, k + k0 * c3, c3, 0.0f, s.data(), kBlock);
+        FlashForwardBlock(s.data(), kBlock, m, kn, q0, k0, scale, mx.data(), l.data(), acc.data(),
+                          hs);
+        Sgemm(false, false, m, hs, kn, s.data(), kBlock, v + k0 * c3, c3, 1.0f, acc.data(), hs);
+      }
+      FlashFinish(o + static_cast<int64_t>(q0) * channels, channels, pair_lse + q0, acc.data(),
+                  mx.data(), l.data(), m, hs);
     }
   });
 }
 
-void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                       int batch, int seq, int channels, int heads) {
+void FlashAttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                            const float* lse, int batch, int seq, int channels, int heads) {
   const int hs = channels / heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t c3 = 3 * static_cast<int64_t>(channels);
@@ -323,20 +369,25 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
     float* dq = dbase + h * hs;
     float* dk = dbase + channels + h * hs;
     float* dv = dbase + 2 * channels + h * hs;
-    const float* a = att + static_cast<int64_t>(pair) * seq * seq;
-    const float* dh = dout + static_cast<int64_t>(b) * seq * channels + h * hs;
-    std::vector<float> datt(static_cast<size_t>(kQueryBlock) * seq);
-    for (int q0 = 0; q0 < seq; q0 += kQueryBlock) {
-      const int q1 = std::min(seq, q0 + kQueryBlock), m = q1 - q0;
-      const float* ablock = a + static_cast<int64_t>(q0) * seq;
+    const int64_t head_off = static_cast<int64_t>(b) * seq * channels + h * hs;
+    const float* dh = dout + head_off;
+    const float* pair_lse = lse + static_cast<int64_t>(pair) * seq;
+    std::vector<float> d(seq), p(kBlock * kBlock), dp(kBlock * kBlock);
+    RowDots(d.data(), dh, out + head_off, channels, seq, hs);
+    for (int q0 = 0; q0 < seq; q0 += kBlock) {
+      const int m = std::min(seq, q0 + kBlock) - q0;
       const float* dblock = dh + static_cast<int64_t>(q0) * channels;
-      // Through out = att v: datt = dout v^T, dv += att^T dout.
-      Sgemm(false, true, m, q1, hs, dblock, channels, v, c3, 0.0f, datt.data(), seq);
-      Sgemm(true, false, q1, hs, m, ablock, seq, dblock, channels, 1.0f, dv, c3);
-      // Through the softmax, then score = scale q . k: dq += dscore k, dk += dscore^T q.
-      CausalSoftmaxBackwardRows(datt.data(), a, q0, q1, seq, scale);
-      Sgemm(false, false, m, hs, q1, datt.data(), seq, k, c3, 1.0f, dq + q0 * c3, c3);
-      Sgemm(true, false, q1, hs, m, datt.data(), seq, q + q0 * c3, c3, 1.0f, dk, c3);
+      for (int k0 = 0; k0 <= q0; k0 += kBlock) {
+        const int kn = std::min(seq, k0 + kBlock) - k0;
+        // Recompute the probabilities from q k^T and the saved log-sum-exp; dp = dout v^T.
+        Sgemm(false, true, m, kn, hs, q + q0 * c3, c3, k + k0 * c3, c3, 0.0f, p.data(), kBlock);
+        Sgemm(false, true, m, kn, hs, dblock, channels, v + k0 * c3, c3, 0.0f, dp.data(), kBlock);
+        FlashBackwardBlock(p.data(), dp.data(), kBlock, m, kn, q0, k0, scale, pair_lse, d.data());
+        // dv += p^T dout; dq += dscore k; dk += dscore^T q.
+        Sgemm(true, false, kn, hs, m, p.data(), kBlock, dblock, channels, 1.0f, dv + k0 * c3, c3);
+        Sgemm(false, false, m, hs, kn, dp.data(), kBlock, k + k0 * c3, c3, 1.0f, dq + q0 * c3, c3);
+        Sgemm(true, false, kn, hs, m, dp.data(), kBlock, q + q0 * c3, c3, 1.0f, dk + k0 * c3, c3);
+      }
     }
   });
 }

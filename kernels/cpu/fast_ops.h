@@ -26,12 +26,15 @@ void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n);
 void SoftmaxCrossEntropyFused(float* logits, float* losses, const int32_t* targets, int64_t rows,
                               int vocab, float dloss);
 
-// Causal attention by blocks of queries: a block of queries [q0, q1) meets keys [0, q1) only,
-// so the masked upper triangle is (mostly) never computed. Threaded over (batch, head).
-void AttentionForward(float* out, float* att, const float* qkv, int batch, int seq, int channels,
-                      int heads);
-void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                       int batch, int seq, int channels, int heads);
+// Causal attention, flash-style: per (batch, head), tiles of 64 queries meet tiles of 64 keys
+// up to the diagonal with an online softmax, so neither the masked triangle nor the seq x seq
+// probabilities are ever held; `lse` ([batch, heads, seq]) saves each query's log-sum-exp of its
+// scaled scores. The backward recomputes each tile's probabilities from q k^T and lse, with
+// D = dout . out per query (FlashAttention-2's order). Threaded over (batch, head).
+void FlashAttentionForward(float* out, float* lse, const float* qkv, int batch, int seq,
+                           int channels, int heads);
+void FlashAttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                            const float* lse, int batch, int seq, int channels, int heads);
 
 // out = a + b; dst += src.
 void Add(float* out, const float* a, const float* b, int64_t n);

@@ -74,16 +74,32 @@ class CpuModelKernels final : public ModelKernels {
                            out_features);
     return absl::OkStatus();
   }
-  Status Attention(void* out, void* att, const void* qkv, int batch, int seq, int channels,
+  // float: flash-style, saving the log-sum-exp per query; double (the gradient checks' reference):
+  // the probabilities.
+  int64_t AttentionSavedBytes(int batch, int seq, int heads) const override {
+    if constexpr (std::is_same_v<T, float>) return int64_t{batch} * heads * seq * 4;
+    return ModelKernels::AttentionSavedBytes(batch, seq, heads);
+  }
+  Status Attention(void* out, void* saved, const void* qkv, int batch, int seq, int channels,
                    int heads) override {
     const ScopedSeconds timed(&seconds_.attention);
-    cpu::AttentionForward<T>(P(out), P(att), P(qkv), batch, seq, channels, heads);
+    if constexpr (std::is_same_v<T, float>) {
+      cpu::fast::FlashAttentionForward(P(out), P(saved), P(qkv), batch, seq, channels, heads);
+    } else {
+      cpu::AttentionForward<T>(P(out), P(saved), P(qkv), batch, seq, channels, heads);
+    }
     return absl::OkStatus();
   }
-  Status AttentionBackward(void* dqkv, const void* dout, const void* qkv, const void* att,
-                           int batch, int seq, int channels, int heads) override {
+  Status AttentionBackward(void* dqkv, const void* dout, const void* qkv, const void* out,
+                           const void* saved, int batch, int seq, int channels,
+                           int heads) override {
     const ScopedSeconds timed(&seconds_.attention);
-    cpu::AttentionBackward<T>(P(dqkv), P(dout), P(qkv), P(att), batch, seq, channels, heads);
+    if constexpr (std::is_same_v<T, float>) {
+      cpu::fast::FlashAttentionBackward(P(dqkv), P(dout), P(qkv), P(out), P(saved), batch, seq,
+                                        channels, heads);
+    } else {
+      cpu::AttentionBackward<T>(P(dqkv), P(dout), P(qkv), P(saved), batch, seq, channels, heads);
+    }
     return absl::OkStatus();
   }
   Status Gelu(void* out, const void* inp, int64_t n) override {
@@ -276,23 +292,25 @@ class Cpu16ModelKernels final : public ModelKernels {
                           In(weight, int64_t{out_features} * in).data(), rows, in, out_features));
     return di.Store();
   }
-  Status Attention(void* out, void* att, const void* qkv, int batch, int seq, int channels,
+  // The float kernels' saved state (fp32 log-sum-exp), kept in fp32.
+  int64_t AttentionSavedBytes(int batch, int seq, int heads) const override {
+    return f_.AttentionSavedBytes(batch, seq, heads);
+  }
+  Status Attention(void* out, void* saved, const void* qkv, int batch, int seq, int channels,
                    int heads) override {
     const int64_t n = int64_t{batch} * seq * channels;
     F o(this, out, n, false);
-    F a(this, att, int64_t{batch} * heads * seq * seq, false);
     ZR_RETURN_IF_ERROR(
-        f_.Attention(o.data(), a.data(), In(qkv, 3 * n).data(), batch, seq, channels, heads));
-    ZR_RETURN_IF_ERROR(a.Store());
+        f_.Attention(o.data(), saved, In(qkv, 3 * n).data(), batch, seq, channels, heads));
     return o.Store();
   }
-  Status AttentionBackward(void* dqkv, const void* dout, const void* qkv, const void* att,
-                           int batch, int seq, int channels, int heads) override {
+  Status AttentionBackward(void* dqkv, const void* dout, const void* qkv, const void* out,
+                           const void* saved, int batch, int seq, int channels,
+                           int heads) override {
     const int64_t n = int64_t{batch} * seq * channels;
     F d(this, dqkv, 3 * n, true);
     ZR_RETURN_IF_ERROR(f_.AttentionBackward(d.data(), In(dout, n).data(), In(qkv, 3 * n).data(),
-                                            In(att, int64_t{batch} * heads * seq * seq).data(),
-                                            batch, seq, channels, heads));
+                                            In(out, n).data(), saved, batch, seq, channels, heads));
     return d.Store();
   }
   Status Gelu(void* out, const void* inp, int64_t n) override {

@@ -565,8 +565,9 @@ class CudaModelKernels final : public ModelKernels {
     return Launched("HeadsLayout");
   }
 
-  Status AttentionBackward(void* dqkv, const void* dout, const void* qkv, const void* att,
-                           int batch, int seq, int channels, int heads) override {
+  // Saves the probabilities (ModelKernels' default AttentionSavedBytes); `out` is not needed.
+  Status AttentionBackward(void* dqkv, const void* dout, const void* qkv, const void* /*out*/,
+                           const void* att, int batch, int seq, int channels, int heads) override {
     const int hs = channels / heads;
     const int64_t n = int64_t{batch} * seq * channels;
     const int64_t bh = int64_t{batch} * heads;

@@ -1,9 +1,9 @@
 // The float path of the model's CPU operations (kernels/cpu/fast_ops: threaded, vectorised,
-// attention by query blocks) against the double reference of model_ops.cc, op by op, forward
+// flash-style attention) against the double reference of model_ops.cc, op by op, forward
 // and backward (backward ops add into non-zero gradients); the same bits at 1, 2 and 3 OpenMP
-// threads; causality of the blocked attention (a prefix reproduces the full sequence's rows).
+// threads; causality of the flash attention (a prefix reproduces the full sequence's rows).
 // Shapes are chosen so that the ops are split over threads and the attention's sequence is not
-// a multiple of its query block.
+// a multiple of its 64-position tiles.
 #include <omp.h>
 
 #include <cmath>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/fast_ops.h"
 #include "kernels/cpu/vector_math.h"
 #include "kernels/model_ops.h"
 #include "tests/kernels/random_floats.h"
@@ -67,12 +68,13 @@ TEST(FastOpsTest, MatmulBiasAndItsGradient) {
 }
 
 TEST(FastOpsTest, LayerNormForwardAndBackward) {
-  const auto x = Random(kRows * kChannels, 6, 2), w = Random(kChannels, 7), b = Random(kChannels, 8),
-             dy = Random(kRows * kChannels, 9), dx0 = Random(kRows * kChannels, 10),
-             dw0 = Random(kChannels, 11), db0 = Random(kChannels, 12);
+  const auto x = Random(kRows * kChannels, 6, 2), w = Random(kChannels, 7),
+             b = Random(kChannels, 8), dy = Random(kRows * kChannels, 9),
+             dx0 = Random(kRows * kChannels, 10), dw0 = Random(kChannels, 11),
+             db0 = Random(kChannels, 12);
   std::vector<double> yd(x.size()), md(kRows), rd(kRows), dxd = dx0, dwd = dw0, dbd = db0;
   std::vector<float> yf(x.size()), mf(kRows), rf(kRows), dxf = ToFloat(dx0), dwf = ToFloat(dw0),
-                                                          dbf = ToFloat(db0);
+                                                         dbf = ToFloat(db0);
   const auto xf = ToFloat(x), wf = ToFloat(w), bf = ToFloat(b), dyf = ToFloat(dy);
   LayerNormForward(yd.data(), md.data(), rd.data(), x.data(), w.data(), b.data(), kRows, kChannels);
   LayerNormForward(yf.data(), mf.data(), rf.data(), xf.data(), wf.data(), bf.data(), kRows,
@@ -82,8 +84,8 @@ TEST(FastOpsTest, LayerNormForwardAndBackward) {
   ExpectClose("rstd", rf, rd, 1e-5);
   LayerNormBackward(dxd.data(), dwd.data(), dbd.data(), dy.data(), x.data(), w.data(), md.data(),
                     rd.data(), kRows, kChannels);
-  LayerNormBackward(dxf.data(), dwf.data(), dbf.data(), dyf.data(), xf.data(), wf.data(),
-                    mf.data(), rf.data(), kRows, kChannels);
+  LayerNormBackward(dxf.data(), dwf.data(), dbf.data(), dyf.data(), xf.data(), wf.data(), mf.data(),
+                    rf.data(), kRows, kChannels);
   ExpectClose("layernorm dinp", dxf, dxd, 1e-5);
   ExpectClose("layernorm dweight", dwf, dwd, 1e-5, 16);
   ExpectClose("layernorm dbias", dbf, dbd, 1e-5, 16);
@@ -122,31 +124,55 @@ struct AttentionShape {
   size_t qkv() const { return static_cast<size_t>(batch) * seq * 3 * channels; }
   size_t out() const { return static_cast<size_t>(batch) * seq * channels; }
   size_t att() const { return static_cast<size_t>(batch) * heads * seq * seq; }
+  size_t lse() const { return static_cast<size_t>(batch) * heads * seq; }
 };
 
-TEST(FastOpsTest, BlockedAttentionForwardAndBackward) {
+// The flash attention (log-sum-exp saved, probabilities never held) against the double
+// reference (probabilities saved): the output, each query's log-sum-exp computed here from the
+// scores, and the input gradient (added into a non-zero one).
+TEST(FastOpsTest, FlashAttentionForwardAndBackward) {
   const AttentionShape s;
   const auto qkv = Random(s.qkv(), 17), dout = Random(s.out(), 18), dqkv0 = Random(s.qkv(), 19);
   std::vector<double> od(s.out()), ad(s.att()), dd = dqkv0;
-  std::vector<float> of(s.out()), af(s.att(), 7.0f), df = ToFloat(dqkv0);  // att: stale values
+  std::vector<float> of(s.out()), lse(s.lse()), df = ToFloat(dqkv0);
   const auto qf = ToFloat(qkv);
   AttentionForward(od.data(), ad.data(), qkv.data(), s.batch, s.seq, s.channels, s.heads);
-  AttentionForward(of.data(), af.data(), qf.data(), s.batch, s.seq, s.channels, s.heads);
+  fast::FlashAttentionForward(of.data(), lse.data(), qf.data(), s.batch, s.seq, s.channels,
+                              s.heads);
   ExpectClose("attention out", of, od, 1e-5);
-  ExpectClose("probabilities (zero above the diagonal)", af, ad, 1e-5, 1e-2);
+  const int hs = s.channels / s.heads;
+  std::vector<double> lse_ref;
+  for (int b = 0; b < s.batch; ++b) {
+    for (int h = 0; h < s.heads; ++h) {
+      for (int t = 0; t < s.seq; ++t) {
+        double sum = 0;
+        for (int t2 = 0; t2 <= t; ++t2) {
+          double dot = 0;
+          for (int c = 0; c < hs; ++c) {
+            dot += qkv[(static_cast<size_t>(b) * s.seq + t) * 3 * s.channels + h * hs + c] *
+                   qkv[(static_cast<size_t>(b) * s.seq + t2) * 3 * s.channels + s.channels +
+                       h * hs + c];
+          }
+          sum += std::exp(dot / std::sqrt(static_cast<double>(hs)));
+        }
+        lse_ref.push_back(std::log(sum));
+      }
+    }
+  }
+  ExpectClose("log-sum-exp", lse, lse_ref, 1e-5);
   AttentionBackward(dd.data(), dout.data(), qkv.data(), ad.data(), s.batch, s.seq, s.channels,
                     s.heads);
-  AttentionBackward(df.data(), ToFloat(dout).data(), qf.data(), af.data(), s.batch, s.seq,
-                    s.channels, s.heads);
+  fast::FlashAttentionBackward(df.data(), ToFloat(dout).data(), qf.data(), of.data(), lse.data(),
+                               s.batch, s.seq, s.channels, s.heads);
   ExpectClose("dqkv", df, dd, 1e-5);
 }
 
-TEST(FastOpsTest, BlockedAttentionIsCausal) {
+TEST(FastOpsTest, FlashAttentionIsCausal) {
   AttentionShape full;
   const auto qkv = ToFloat(Random(full.qkv(), 20));
-  std::vector<float> out(full.out()), att(full.att());
-  AttentionForward(out.data(), att.data(), qkv.data(), full.batch, full.seq, full.channels,
-                   full.heads);
+  std::vector<float> out(full.out()), lse(full.lse());
+  fast::FlashAttentionForward(out.data(), lse.data(), qkv.data(), full.batch, full.seq,
+                              full.channels, full.heads);
   for (int prefix : {1, 63, 64, 65, 129}) {
     AttentionShape p = full;
     p.seq = prefix;
@@ -156,8 +182,9 @@ TEST(FastOpsTest, BlockedAttentionIsCausal) {
       const auto* row = qkv.data() + static_cast<size_t>(b) * full.seq * 3 * full.channels;
       pqkv.insert(pqkv.end(), row, row + static_cast<size_t>(prefix) * 3 * full.channels);
     }
-    std::vector<float> pout(p.out()), patt(p.att());
-    AttentionForward(pout.data(), patt.data(), pqkv.data(), p.batch, p.seq, p.channels, p.heads);
+    std::vector<float> pout(p.out()), plse(p.lse());
+    fast::FlashAttentionForward(pout.data(), plse.data(), pqkv.data(), p.batch, p.seq, p.channels,
+                                p.heads);
     for (int b = 0; b < full.batch; ++b) {
       for (int i = 0; i < prefix * full.channels; ++i) {
         const float want = out[static_cast<size_t>(b) * full.seq * full.channels + i];
@@ -180,8 +207,8 @@ TEST(FastOpsTest, ThreadCountChangesNoBit) {
   auto run = [&](int threads) {
     omp_set_num_threads(threads);
     std::vector<std::vector<float>> r;
-    std::vector<float> y(x.size()), m(kRows), rs(kRows), dx(x.size()), dw(kChannels),
-        db(kChannels), g(x.size()), dg(x.size()), z = x, l(kRows);
+    std::vector<float> y(x.size()), m(kRows), rs(kRows), dx(x.size()), dw(kChannels), db(kChannels),
+        g(x.size()), dg(x.size()), z = x, l(kRows);
     LayerNormForward(y.data(), m.data(), rs.data(), x.data(), w.data(), b.data(), kRows, kChannels);
     LayerNormBackward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), m.data(),
                       rs.data(), kRows, kChannels);
@@ -190,10 +217,11 @@ TEST(FastOpsTest, ThreadCountChangesNoBit) {
     GeluForward(g.data(), x.data(), static_cast<int64_t>(x.size()));
     GeluBackward(dg.data(), x.data(), dy.data(), static_cast<int64_t>(x.size()));
     SoftmaxCrossEntropyFused(z.data(), l.data(), targets.data(), kRows, kChannels, 1.0f);
-    std::vector<float> o(s.out()), a(s.att()), dq(s.qkv());
-    AttentionForward(o.data(), a.data(), qkv.data(), s.batch, s.seq, s.channels, s.heads);
-    AttentionBackward(dq.data(), dout.data(), qkv.data(), a.data(), s.batch, s.seq, s.channels,
-                      s.heads);
+    std::vector<float> o(s.out()), a(s.lse()), dq(s.qkv());
+    fast::FlashAttentionForward(o.data(), a.data(), qkv.data(), s.batch, s.seq, s.channels,
+                                s.heads);
+    fast::FlashAttentionBackward(dq.data(), dout.data(), qkv.data(), o.data(), a.data(), s.batch,
+                                 s.seq, s.channels, s.heads);
     for (auto* v : {&y, &m, &rs, &dx, &dw, &db, &g, &dg, &z, &l, &o, &a, &dq}) r.push_back(*v);
     return r;
   };

@@ -7,6 +7,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/model_kernels.h"
+#include "kernels/model_ops.h"
 #include "layers/gpt_model.h"
 #include "runtime/allocator.h"
 #include "runtime/loopback_communicator.h"
@@ -171,23 +172,29 @@ TEST(ModelKernelsCudaTest, AttentionEmbeddingCrossEntropy) {
     Twin t(act, grad);
     const int batch = 3, seq = 33, channels = 48, heads = 4, vocab = 101;
     const int64_t rows = int64_t{batch} * seq;
+    // Each side saves its own state for the backward: the GPU the probabilities, the CPU (flash)
+    // a log-sum-exp per query; the GPU's probabilities are checked against the CPU reference
+    // (model_ops.h, which saves probabilities).
     std::vector<float> qkv = Random(rows * 3 * channels, 1), out(rows * channels),
-                       att(int64_t{batch} * heads * seq * seq), dout = Random(rows * channels, 2),
-                       dqkv = Random(rows * 3 * channels, 3);
+                       att(int64_t{batch} * heads * seq * seq), probs(att.size()),
+                       lse(int64_t{batch} * heads * seq), ref_out(out.size()),
+                       dout = Random(rows * channels, 2), dqkv = Random(rows * 3 * channels, 3);
     void *gqkv = t.A(qkv), *gout = t.A(out), *gatt = t.A(att), *gdout = t.A(dout),
          *gdqkv = t.A(dqkv);
+    ASSERT_EQ(t.gpu->AttentionSavedBytes(batch, seq, heads),
+              static_cast<int64_t>(att.size() * DTypeSize(act)));
     ASSERT_TRUE(t.gpu->Attention(gout, gatt, gqkv, batch, seq, channels, heads).ok());
     ASSERT_TRUE(
-        t.cpu->Attention(out.data(), att.data(), qkv.data(), batch, seq, channels, heads).ok());
+        t.cpu->Attention(out.data(), lse.data(), qkv.data(), batch, seq, channels, heads).ok());
+    cpu::AttentionForward<float>(ref_out.data(), probs.data(), qkv.data(), batch, seq, channels,
+                                 heads);
     t.Expect("Attention out", gout, out, act);
-    t.Expect("Attention probabilities", gatt, att, act);
-    // The backward reads the probabilities each side computed (bf16 rounding stays local).
-    att = t.Down(gatt, att.size(), act);
+    t.Expect("Attention probabilities", gatt, probs, act);
     ASSERT_TRUE(
-        t.gpu->AttentionBackward(gdqkv, gdout, gqkv, gatt, batch, seq, channels, heads).ok());
+        t.gpu->AttentionBackward(gdqkv, gdout, gqkv, gout, gatt, batch, seq, channels, heads).ok());
     ASSERT_TRUE(t.cpu
-                    ->AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), batch,
-                                        seq, channels, heads)
+                    ->AttentionBackward(dqkv.data(), dout.data(), qkv.data(), out.data(),
+                                        lse.data(), batch, seq, channels, heads)
                     .ok());
     t.Expect("AttentionBackward", gdqkv, dqkv, act);
 

@@ -52,12 +52,23 @@ void ExpectMatchesOneRank(GptRunConfig c, int world) {
     EXPECT_NEAR(losses[i], reference[i], 1e-5) << what << " step " << i + 1;
   }
   ASSERT_EQ(got.size(), want.size()) << what;
+  const int d = c.model.d_model;
   for (const auto& [name, w] : want) {
     const std::vector<float>& g = got[name];
     ASSERT_EQ(g.size(), w.size()) << what << " " << name;
-    double worst = 0;
-    for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, std::fabs(double{g[i]} - w[i]));
+    // The key bias (qkv.bias's middle third) has a zero gradient in exact arithmetic (a softmax
+    // does not change when a constant is added to all of a query's scores): what it gets is
+    // rounding noise, which Adam scales up to steps of the learning rate's size, so it follows the
+    // one-rank run only to 1e-4. Every other parameter to 1e-5.
+    const bool key_bias = name.ends_with(".attn.qkv.bias");
+    double worst = 0, worst_key = 0;
+    for (size_t i = 0; i < w.size(); ++i) {
+      const double diff = std::fabs(double{g[i]} - w[i]);
+      const bool key = key_bias && static_cast<int>(i) >= d && static_cast<int>(i) < 2 * d;
+      (key ? worst_key : worst) = std::max(key ? worst_key : worst, diff);
+    }
     EXPECT_LT(worst, 1e-5) << what << " " << name;
+    EXPECT_LT(worst_key, 1e-4) << what << " " << name << " (key bias)";
   }
   EXPECT_LT(losses.back(), losses.front() - 0.1) << what << ": it did not learn";
 }
