@@ -14,7 +14,7 @@ export OMPI_MCA_btl_vader_single_copy_mechanism := none
 MPIRUN := mpirun --oversubscribe
 ZERORT := $(BUILD)/tools/zerort
 
-.PHONY: all deps build run test test-unit test-asan test-install bench bench-peers clean
+.PHONY: all deps build run test test-unit test-asan test-install bench bench-peers bench-gemm clean
 
 all: build
 
@@ -81,6 +81,22 @@ bench: build
 bench-peers: build
 	./scripts/install-deps.sh --peers
 	/usr/bin/python3 tools/peers/compare.py $(ZERORT)
+
+# The model's GEMM shapes through OpenBLAS, BLIS, oneDNN and libxsmm (Debian's, installed here if
+# missing), in one run: tools/peers/gemm_compare.cc (docs/benchmarks.md, "GEMM libraries").
+ARCH_LIB := /usr/lib/$(shell gcc -print-multiarch)
+ARCH_INC := /usr/include/$(shell gcc -print-multiarch)
+bench-gemm:
+	./scripts/install-deps.sh --peers
+	mkdir -p $(BUILD)/peers
+	g++ -O2 -std=c++20 -fopenmp -I$(ARCH_INC)/blis-openmp -c tools/peers/gemm_blis.cc \
+	  -o $(BUILD)/peers/gemm_blis.o
+	g++ -O2 -std=c++20 -fopenmp -I$(ARCH_INC)/openblas-openmp tools/peers/gemm_compare.cc \
+	  $(BUILD)/peers/gemm_blis.o -o $(BUILD)/peers/gemm_compare \
+	  -L$(ARCH_LIB)/openblas-openmp -lopenblas -L$(ARCH_LIB)/blis-openmp -lblis -ldnnl \
+	  /usr/lib/libxsmm.a -lpthread -ldl -lrt \
+	  -Wl,-rpath,$(ARCH_LIB)/openblas-openmp -Wl,-rpath,$(ARCH_LIB)/blis-openmp
+	$(BUILD)/peers/gemm_compare --threads 2 --rounds 5
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -14,9 +14,10 @@ packages=(
   python3
 )
 
-# `--peers`: also what `make bench-peers` compares against (PyTorch from Debian).
+# `--peers`: also what `make bench-peers` and `make bench-gemm` compare against (PyTorch, BLIS,
+# oneDNN, libxsmm from Debian).
 if [[ "${1:-}" == "--peers" ]]; then
-  packages+=(python3-torch)
+  packages+=(python3-torch libblis-openmp-dev libdnnl-dev libxsmm-dev)
 fi
 
 missing=()
