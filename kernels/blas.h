@@ -9,5 +9,7 @@ namespace zerort {
 std::string BlasVersion();  // OpenBLAS's configuration string
 int BlasThreads();          // threads OpenBLAS will use
 void SetBlasThreads(int threads);
+// The library behind the CPU kernels' fp32 GEMMs: "oneDNN 2.6.3" or "OpenBLAS".
+std::string CpuGemmLibrary();
 
 }  // namespace zerort

@@ -51,6 +51,7 @@ int RunEnv(const EnvOptions& options, const LaunchEnv& launch) {
       {"nccl", NcclVersion()},
       {"mpi", MpiLibraryVersion()},
       {"openblas", {{"config", BlasVersion()}, {"threads", BlasThreads()}}},
+      {"cpu_gemm", CpuGemmLibrary()},
       {"host", {{"hardware_threads", std::thread::hardware_concurrency()}}},
       {"launch",
        {{"source", launch.source},
@@ -83,6 +84,7 @@ int RunEnv(const EnvOptions& options, const LaunchEnv& launch) {
   std::printf("%-10s %s\n", "NCCL:", NcclVersion().c_str());
   std::printf("%-10s %s\n", "MPI:", MpiLibraryVersion().c_str());
   std::printf("%-10s %s (%d threads)\n", "OpenBLAS:", BlasVersion().c_str(), BlasThreads());
+  std::printf("%-10s %s\n", "CPU GEMM:", CpuGemmLibrary().c_str());
   std::printf("%-10s %u hardware threads\n", "host:", std::thread::hardware_concurrency());
   std::printf("%-10s %s\n", "launch:", launch.ToString().c_str());
   return 0;

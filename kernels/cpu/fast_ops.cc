@@ -2,11 +2,10 @@
 // width (ZR_CPU_CLONES) and threaded by ParallelFor (vector_math.h).
 #include "kernels/cpu/fast_ops.h"
 
-#include <cblas.h>
-
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/sgemm.h"
 #include "kernels/cpu/vector_math.h"
 
 namespace zerort::cpu::fast {
@@ -235,19 +234,12 @@ ZR_CPU_CLONES void RowDots(float* d, const float* dout, const float* out, int64_
 
 constexpr int kBlock = 64;  // queries and keys per tile (equal: each tile row has a key)
 
-void Sgemm(bool ta, bool tb, int m, int n, int k, const float* a, int64_t lda, const float* b,
-           int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
-              k, 1.0f, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, c,
-              static_cast<int>(ldc));
-}
-
-// Over (batch, head) pairs: threaded when OpenBLAS shares the OpenMP pool (its GEMMs inside a
-// parallel region then run on the calling thread); with another OpenBLAS build one pair at a
-// time, each GEMM threaded by OpenBLAS. Either way each pair's arithmetic is the same.
+// Over (batch, head) pairs: threaded when the GEMM library shares the OpenMP pool (its GEMMs
+// inside a parallel region then run on the calling thread); with OpenBLAS's pthreads build one
+// pair at a time, each GEMM threaded by OpenBLAS. Either way each pair's arithmetic is the same.
 template <typename F>
 void ForEachHead(int pairs, F&& f) {
-  if (openblas_get_parallel() == 2) {
+  if (SgemmSharesOpenMpPool()) {
     ParallelFor(pairs, 1, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) f(static_cast<int>(p));
     });

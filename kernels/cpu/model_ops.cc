@@ -11,19 +11,21 @@
 #include <vector>
 
 #include "kernels/cpu/fast_ops.h"
+#include "kernels/cpu/sgemm.h"
 
 namespace zerort::cpu {
 namespace {
 
-// C[m, n] (+)= A[m, k] * op(B) with row-major operands, through OpenBLAS.
+// C[m, n] (+)= A[m, k] * op(B) with row-major operands: float through sgemm.h (oneDNN or
+// OpenBLAS), double through OpenBLAS.
 template <typename T>
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
           const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
-  const auto ta = trans_a ? CblasTrans : CblasNoTrans;
-  const auto tb = trans_b ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+    Sgemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
   } else {
+    const auto ta = trans_a ? CblasTrans : CblasNoTrans;
+    const auto tb = trans_b ? CblasTrans : CblasNoTrans;
     cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc);
   }
 }

@@ -201,7 +201,8 @@ TEST(FastOpsTest, ThreadCountChangesNoBit) {
   const AttentionShape s;
   const auto x = ToFloat(Random(kRows * kChannels, 21)), w = ToFloat(Random(kChannels, 22)),
              b = ToFloat(Random(kChannels, 23)), dy = ToFloat(Random(kRows * kChannels, 24)),
-             qkv = ToFloat(Random(s.qkv(), 25)), dout = ToFloat(Random(s.out(), 26));
+             qkv = ToFloat(Random(s.qkv(), 25)), dout = ToFloat(Random(s.out(), 26)),
+             gw3 = ToFloat(Random(3 * kChannels * kChannels, 27));
   std::vector<int32_t> targets(kRows);
   for (int r = 0; r < kRows; ++r) targets[r] = (r * 7) % kChannels;
   auto run = [&](int threads) {
@@ -214,6 +215,13 @@ TEST(FastOpsTest, ThreadCountChangesNoBit) {
                       rs.data(), kRows, kChannels);
     MatmulBackward<float>(nullptr, nullptr, db.data(), dy.data(), x.data(), w.data(), kRows, 1,
                           kChannels);
+    // The linear layer's three GEMMs (oneDNN or OpenBLAS), the weight gradient's k = rows.
+    std::vector<float> mo(static_cast<size_t>(kRows) * 3 * kChannels), mdx(x.size()),
+        mdw(static_cast<size_t>(3) * kChannels * kChannels);
+    MatmulForward<float>(mo.data(), x.data(), gw3.data(), nullptr, kRows, kChannels,
+                         3 * kChannels);
+    MatmulBackward<float>(mdx.data(), mdw.data(), nullptr, mo.data(), x.data(), gw3.data(), kRows,
+                          kChannels, 3 * kChannels);
     GeluForward(g.data(), x.data(), static_cast<int64_t>(x.size()));
     GeluBackward(dg.data(), x.data(), dy.data(), static_cast<int64_t>(x.size()));
     SoftmaxCrossEntropyFused(z.data(), l.data(), targets.data(), kRows, kChannels, 1.0f);
@@ -222,7 +230,8 @@ TEST(FastOpsTest, ThreadCountChangesNoBit) {
                                 s.heads);
     fast::FlashAttentionBackward(dq.data(), dout.data(), qkv.data(), o.data(), a.data(), s.batch,
                                  s.seq, s.channels, s.heads);
-    for (auto* v : {&y, &m, &rs, &dx, &dw, &db, &g, &dg, &z, &l, &o, &a, &dq}) r.push_back(*v);
+    for (auto* v : {&y, &m, &rs, &dx, &dw, &db, &g, &dg, &z, &l, &o, &a, &dq, &mo, &mdx, &mdw})
+      r.push_back(*v);
     return r;
   };
   const int saved = omp_get_max_threads();
