@@ -4,8 +4,9 @@
 For each shape (the three of docs/benchmarks.md: tiny, small 30M, GPT-2 124M at seq 256), three
 rounds, interleaved: `zerort bench model --phases --json` (forward + backward + AdamW step, ZeRO-0,
 one process) and tools/peers/pytorch_gpt.py in PyTorch's default setting and with
-OMP_WAIT_POLICY=PASSIVE (its OpenMP threads sleep instead of spinning). Every side gets the same
-number of threads. Prints a markdown table of medians: tokens/s per side, zerort's ratio to the
+OMP_WAIT_POLICY=PASSIVE (its OpenMP threads sleep instead of spinning), and passive with
+OPENBLAS_CORETYPE=SkylakeX where the CPU has AVX-512 (OpenBLAS 0.3.21, which Debian's PyTorch
+uses, picks its AVX2 kernels on AMD's AVX-512 CPUs). Every side gets the same number of threads. Prints a markdown table of medians: tokens/s per side, zerort's ratio to the
 best PyTorch setting, and zerort's PaLM FLOP/s against the same run's sgemm 2048^3 rate.
 
 usage: compare.py ZERORT [--threads 2] [--rounds 3] [--shapes tiny,small,gpt2] [--python PY]
@@ -48,6 +49,9 @@ def main():
     threads = str(a.threads)
     env = dict(base, OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
     passive = dict(env, OMP_WAIT_POLICY="PASSIVE")
+    with open("/proc/cpuinfo") as f:
+        avx512 = " avx512f " in f.read().replace("\n", " ")
+    passive512 = dict(passive, OPENBLAS_CORETYPE="SkylakeX") if avx512 else None
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.shapes.split(","):
@@ -65,7 +69,7 @@ def main():
                     "--d", str(d), "--heads", str(heads), "--seq", str(seq), "--batch",
                     str(batch), "--vocab", str(vocab), "--iters", str(iters), "--threads",
                     threads]
-            z, pt, pt_passive, ratio_sgemm = [], [], [], []
+            z, pt, pt_passive, pt_512, ratio_sgemm = [], [], [], [], []
             for _ in range(a.rounds):
                 r = run_json([a.zerort, "bench", "model", "--config", config, "--cpu", "--iters",
                               str(iters), "--phases", "--json"], env)
@@ -73,20 +77,27 @@ def main():
                 ratio_sgemm.append(r["step_ratio_to_sgemm"])
                 pt.append(run_json(peer, env)["tokens_per_s"])
                 pt_passive.append(run_json(peer, passive)["tokens_per_s"])
+                if passive512:
+                    pt_512.append(run_json(peer, passive512)["tokens_per_s"])
             med = statistics.median
-            best = max(med(pt), med(pt_passive))
+            p512 = med(pt_512) if pt_512 else float("nan")
+            best = max(med(pt), med(pt_passive), p512 if pt_512 else 0)
             rows.append((name, f"L{layers} d{d} H{heads} T{seq} B{batch} V{vocab}", med(z), med(pt),
-                         med(pt_passive), med(z) / best, med(ratio_sgemm), z, pt, pt_passive))
+                         med(pt_passive), p512, med(z) / best, med(ratio_sgemm), z, pt,
+                         pt_passive, pt_512))
     print(f"threads {threads} per side, {a.rounds} interleaved rounds, medians (tokens/s of a "
           "full training step: forward, backward, AdamW)\n")
     print("| shape | | zerort | PyTorch default | PyTorch OMP_WAIT_POLICY=PASSIVE | "
-          "zerort / best PyTorch | zerort PaLM FLOP/s / sgemm 2048^3 |")
-    print("|---|---|---|---|---|---|---|")
-    for name, shape, z, pt, ptp, ratio, sg, *_ in rows:
-        print(f"| {name} | {shape} | {z:,.0f} | {pt:,.0f} | {ptp:,.0f} | {ratio:.2f} | {sg:.2f} |")
-    print("\nrounds:", json.dumps({r[0]: {"zerort": [round(x) for x in r[7]],
-                                          "pytorch": [round(x) for x in r[8]],
-                                          "pytorch_passive": [round(x) for x in r[9]]}
+          "PyTorch passive + OPENBLAS_CORETYPE=SkylakeX | zerort / best PyTorch | "
+          "zerort PaLM FLOP/s / sgemm 2048^3 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, shape, z, pt, ptp, p512, ratio, sg, *_ in rows:
+        print(f"| {name} | {shape} | {z:,.0f} | {pt:,.0f} | {ptp:,.0f} | {p512:,.0f} | "
+              f"{ratio:.2f} | {sg:.2f} |")
+    print("\nrounds:", json.dumps({r[0]: {"zerort": [round(x) for x in r[8]],
+                                          "pytorch": [round(x) for x in r[9]],
+                                          "pytorch_passive": [round(x) for x in r[10]],
+                                          "pytorch_passive_skylakex": [round(x) for x in r[11]]}
                                    for r in rows}))
 
 
