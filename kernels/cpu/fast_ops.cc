@@ -234,6 +234,27 @@ ZR_CPU_CLONES void RowDots(float* d, const float* dout, const float* out, int64_
 
 constexpr int kBlock = 64;  // queries and keys per tile (equal: each tile row has a key)
 
+// One (batch, head) pair's place in the fused layouts: qkv [batch, seq, 3 x channels] (this
+// head's Q at Qkv(pair), K and V channels and 2 x channels further) and out [batch, seq, channels].
+struct Heads {
+  Heads(int seq, int channels, int heads)
+      : seq(seq),
+        channels(channels),
+        heads(heads),
+        hs(channels / heads),
+        c3(3 * static_cast<int64_t>(channels)),
+        scale(1.0f / std::sqrt(static_cast<float>(channels / heads))) {}
+  int64_t Qkv(int pair) const {
+    return static_cast<int64_t>(pair / heads) * seq * c3 + (pair % heads) * hs;
+  }
+  int64_t Out(int pair) const {
+    return static_cast<int64_t>(pair / heads) * seq * channels + (pair % heads) * hs;
+  }
+  int seq, channels, heads, hs;
+  int64_t c3;
+  float scale;
+};
+
 // Over (batch, head) pairs: threaded when the GEMM library shares the OpenMP pool (its GEMMs
 // inside a parallel region then run on the calling thread); with OpenBLAS's pthreads build one
 // pair at a time, each GEMM threaded by OpenBLAS. Either way each pair's arithmetic is the same.
@@ -315,16 +336,14 @@ void SoftmaxCrossEntropyFused(float* logits, float* losses, const int32_t* targe
 
 void FlashAttentionForward(float* out, float* lse, const float* qkv, int batch, int seq,
                            int channels, int heads) {
-  const int hs = channels / heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int64_t c3 = 3 * static_cast<int64_t>(channels);
+  const Heads g(seq, channels, heads);
+  const int hs = g.hs;
+  const int64_t c3 = g.c3;
   ForEachHead(batch * heads, [&](int pair) {
-    const int b = pair / heads, h = pair % heads;
-    const float* base = qkv + static_cast<int64_t>(b) * seq * c3;
-    const float* q = base + h * hs;
-    const float* k = base + channels + h * hs;
-    const float* v = base + 2 * channels + h * hs;
-    float* o = out + static_cast<int64_t>(b) * seq * channels + h * hs;
+    const float* q = qkv + g.Qkv(pair);
+    const float* k = q + channels;
+    const float* v = q + 2 * channels;
+    float* o = out + g.Out(pair);
     float* pair_lse = lse + static_cast<int64_t>(pair) * seq;
     std::vector<float> s(kBlock * kBlock), acc(static_cast<size_t>(kBlock) * hs), mx(kBlock),
         l(kBlock);
@@ -336,7 +355,7 @@ void FlashAttentionForward(float* out, float* lse, const float* qkv, int batch, 
       for (int k0 = 0; k0 <= q0; k0 += kBlock) {  // key tiles up to the diagonal one
         const int kn = std::min(seq, k0 + kBlock) - k0;
         Sgemm(false, true, m, kn, hs, q + q0 * c3, c3, k + k0 * c3, c3, 0.0f, s.data(), kBlock);
-        FlashForwardBlock(s.data(), kBlock, m, kn, q0, k0, scale, mx.data(), l.data(), acc.data(),
+        FlashForwardBlock(s.data(), kBlock, m, kn, q0, k0, g.scale, mx.data(), l.data(), acc.data(),
                           hs);
         Sgemm(false, false, m, hs, kn, s.data(), kBlock, v + k0 * c3, c3, 1.0f, acc.data(), hs);
       }
@@ -348,20 +367,17 @@ void FlashAttentionForward(float* out, float* lse, const float* qkv, int batch, 
 
 void FlashAttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
                             const float* lse, int batch, int seq, int channels, int heads) {
-  const int hs = channels / heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int64_t c3 = 3 * static_cast<int64_t>(channels);
+  const Heads g(seq, channels, heads);
+  const int hs = g.hs;
+  const int64_t c3 = g.c3;
   ForEachHead(batch * heads, [&](int pair) {
-    const int b = pair / heads, h = pair % heads;
-    const float* base = qkv + static_cast<int64_t>(b) * seq * c3;
-    float* dbase = dqkv + static_cast<int64_t>(b) * seq * c3;
-    const float* q = base + h * hs;
-    const float* k = base + channels + h * hs;
-    const float* v = base + 2 * channels + h * hs;
-    float* dq = dbase + h * hs;
-    float* dk = dbase + channels + h * hs;
-    float* dv = dbase + 2 * channels + h * hs;
-    const int64_t head_off = static_cast<int64_t>(b) * seq * channels + h * hs;
+    const float* q = qkv + g.Qkv(pair);
+    const float* k = q + channels;
+    const float* v = q + 2 * channels;
+    float* dq = dqkv + g.Qkv(pair);
+    float* dk = dq + channels;
+    float* dv = dq + 2 * channels;
+    const int64_t head_off = g.Out(pair);
     const float* dh = dout + head_off;
     const float* pair_lse = lse + static_cast<int64_t>(pair) * seq;
     std::vector<float> d(seq), p(kBlock * kBlock), dp(kBlock * kBlock);
@@ -374,7 +390,7 @@ void FlashAttentionBackward(float* dqkv, const float* dout, const float* qkv, co
         // Recompute the probabilities from q k^T and the saved log-sum-exp; dp = dout v^T.
         Sgemm(false, true, m, kn, hs, q + q0 * c3, c3, k + k0 * c3, c3, 0.0f, p.data(), kBlock);
         Sgemm(false, true, m, kn, hs, dblock, channels, v + k0 * c3, c3, 0.0f, dp.data(), kBlock);
-        FlashBackwardBlock(p.data(), dp.data(), kBlock, m, kn, q0, k0, scale, pair_lse, d.data());
+        FlashBackwardBlock(p.data(), dp.data(), kBlock, m, kn, q0, k0, g.scale, pair_lse, d.data());
         // dv += p^T dout; dq += dscore k; dk += dscore^T q.
         Sgemm(true, false, kn, hs, m, p.data(), kBlock, dblock, channels, 1.0f, dv + k0 * c3, c3);
         Sgemm(false, false, m, hs, kn, dp.data(), kBlock, k + k0 * c3, c3, 1.0f, dq + q0 * c3, c3);

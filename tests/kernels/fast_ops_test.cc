@@ -218,8 +218,7 @@ TEST(FastOpsTest, ThreadCountChangesNoBit) {
     // The linear layer's three GEMMs (oneDNN or OpenBLAS), the weight gradient's k = rows.
     std::vector<float> mo(static_cast<size_t>(kRows) * 3 * kChannels), mdx(x.size()),
         mdw(static_cast<size_t>(3) * kChannels * kChannels);
-    MatmulForward<float>(mo.data(), x.data(), gw3.data(), nullptr, kRows, kChannels,
-                         3 * kChannels);
+    MatmulForward<float>(mo.data(), x.data(), gw3.data(), nullptr, kRows, kChannels, 3 * kChannels);
     MatmulBackward<float>(mdx.data(), mdw.data(), nullptr, mo.data(), x.data(), gw3.data(), kRows,
                           kChannels, 3 * kChannels);
     GeluForward(g.data(), x.data(), static_cast<int64_t>(x.size()));

@@ -8,8 +8,8 @@
 // BLAS it is linked with, here OpenBLAS); the others use --threads.
 #include <cblas.h>
 #include <libxsmm.h>
-#include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
 #include <chrono>
@@ -38,9 +38,11 @@ struct Gemm {
 // dweight[out, in] = dout^T[out, rows] x[rows, in].
 std::vector<Gemm> ModelGemms(int rows, int d, int vocab) {
   std::vector<Gemm> g;
-  const std::pair<const char*, std::pair<int, int>> linears[] = {
-      {"qkv", {d, 3 * d}}, {"proj", {d, d}}, {"fc", {d, 4 * d}}, {"fc_proj", {4 * d, d}},
-      {"head", {d, vocab}}};
+  const std::pair<const char*, std::pair<int, int>> linears[] = {{"qkv", {d, 3 * d}},
+                                                                 {"proj", {d, d}},
+                                                                 {"fc", {d, 4 * d}},
+                                                                 {"fc_proj", {4 * d, d}},
+                                                                 {"head", {d, vocab}}};
   for (const auto& [name, io] : linears) {
     const auto [in, out] = io;
     g.push_back({std::string(name) + " fwd", false, true, rows, out, in});
@@ -64,8 +66,8 @@ void Onednn(const Gemm& s, const float* a, const float* b, float* c) {
 // Column-major libxsmm: row-major C = A op(B) is column-major C^T = op(B)^T A^T.
 void Xsmm(const Gemm& s, const float* a, const float* b, float* c) {
   const char ta = s.tb ? 'T' : 'N', tb = s.ta ? 'T' : 'N';
-  const libxsmm_blasint m = s.n, n = s.m, k = s.k, lda = s.tb ? s.k : s.n,
-                        ldb = s.ta ? s.m : s.k, ldc = s.n;
+  const libxsmm_blasint m = s.n, n = s.m, k = s.k, lda = s.tb ? s.k : s.n, ldb = s.ta ? s.m : s.k,
+                        ldc = s.n;
   const float alpha = 1.0f, beta = 0.0f;
   libxsmm_sgemm(&ta, &tb, &m, &n, &k, &alpha, b, &lda, a, &ldb, &beta, c, &ldc);
 }
@@ -81,9 +83,12 @@ int main(int argc, char** argv) {
   int threads = 2, rounds = 5;
   std::string shapes = "tiny,small,gpt2";
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--rounds")) rounds = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--shapes")) shapes = argv[i + 1];
+    if (!std::strcmp(argv[i], "--threads"))
+      threads = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--rounds"))
+      rounds = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--shapes"))
+      shapes = argv[i + 1];
     else {
       std::fprintf(stderr, "usage: %s [--threads 2] [--rounds 5] [--shapes tiny,small,gpt2]\n",
                    argv[0]);
@@ -94,10 +99,9 @@ int main(int argc, char** argv) {
   openblas_set_num_threads(threads);
   BlisSetThreads(threads);
   libxsmm_init();
-  const std::map<std::string, std::vector<Gemm>> all = {
-      {"tiny", ModelGemms(8 * 128, 128, 256)},
-      {"small", ModelGemms(4 * 256, 384, 50257)},
-      {"gpt2", ModelGemms(2 * 256, 768, 50257)}};
+  const std::map<std::string, std::vector<Gemm>> all = {{"tiny", ModelGemms(8 * 128, 128, 256)},
+                                                        {"small", ModelGemms(4 * 256, 384, 50257)},
+                                                        {"gpt2", ModelGemms(2 * 256, 768, 50257)}};
   using Fn = std::function<void(const Gemm&, const float*, const float*, float*)>;
   const std::vector<std::pair<const char*, Fn>> libs = {
       {"OpenBLAS", Openblas}, {"BLIS", Blis}, {"oneDNN", Onednn}, {"libxsmm", Xsmm}};
