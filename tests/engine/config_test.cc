@@ -149,6 +149,15 @@ TEST(ConfigTest, OutOfRangeValues) {
                    "AdamW, Adam, SGD");
   EXPECT_ERROR_HAS(R"({"model": {"preset": "tiny", "n_head": 5}})", "does not divide");
   EXPECT_ERROR_HAS(R"({"model": {"preset": "gpt9"}})", "gpt9", "gpt2-xl");
+  // This session's keys: a bucket of no elements, a negative distance, a string, a huge value.
+  EXPECT_ERROR_HAS(R"({"zero_optimization": {"allgather_bucket_size": 0}})",
+                   "zero_optimization.allgather_bucket_size = 0");
+  EXPECT_ERROR_HAS(R"({"zero_optimization": {"stage3_max_reuse_distance": -1}})",
+                   "zero_optimization.stage3_max_reuse_distance = -1");
+  EXPECT_ERROR_HAS(R"({"zero_optimization": {"stage3_max_reuse_distance": "1e9"}})",
+                   "zero_optimization.stage3_max_reuse_distance");
+  EXPECT_ERROR_HAS(R"({"zero_optimization": {"allgather_bucket_size": 1e300}})",
+                   "zero_optimization.allgather_bucket_size");
 }
 
 TEST(ConfigTest, DuplicateKeys) {
