@@ -9,7 +9,7 @@ packages=(
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev
   libopenmpi-dev openmpi-bin
-  liburing-dev libopenblas-dev libopenblas-openmp-dev libdnnl-dev libxxhash-dev fio
+  liburing-dev libopenblas-dev libopenblas-openmp-dev libxxhash-dev fio
   gnuplot-nox
   python3
 )

