@@ -1,5 +1,6 @@
-// The CPU BLAS (OpenBLAS) behind the CPU GEMMs: its identity and its thread count, which is
-// pinned per rank so that ranks sharing a node do not oversubscribe its cores.
+// The CPU BLAS (OpenBLAS; oneDNN's sgemm instead with -DZR_ENABLE_DNNL=ON) behind the CPU GEMMs:
+// its identity and its thread count, which is pinned per rank so that ranks sharing a node do
+// not oversubscribe its cores.
 #pragma once
 
 #include <string>

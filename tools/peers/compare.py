@@ -43,6 +43,10 @@ def main():
     p.add_argument("--shapes", default="tiny,small,gpt2")
     p.add_argument("--python", default="/usr/bin/python3")
     a = p.parse_args()
+    unknown = [s for s in a.shapes.split(",") if s not in SHAPES]
+    if unknown or a.threads < 1 or a.rounds < 1:
+        p.error(f"--shapes takes {', '.join(SHAPES)} (got {', '.join(unknown)})" if unknown
+                else "--threads and --rounds must be at least 1")
     base = dict(os.environ)
     for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
         base.pop(k, None)

@@ -79,20 +79,32 @@ double Median(std::vector<double> v) {
 
 }  // namespace
 
+// A whole-word integer in [lo, hi], or -1.
+int ParseCount(const char* text, int lo, int hi) {
+  char* end = nullptr;
+  const long v = std::strtol(text, &end, 10);
+  return end != text && *end == '\0' && v >= lo && v <= hi ? static_cast<int>(v) : -1;
+}
+
 int main(int argc, char** argv) {
   int threads = 2, rounds = 5;
   std::string shapes = "tiny,small,gpt2";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--threads"))
-      threads = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--rounds"))
-      rounds = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--shapes"))
+  const auto usage = [&](const char* why) {
+    std::fprintf(stderr,
+                 "%s: %s\nusage: %s [--threads 2] [--rounds 5] [--shapes tiny,small,gpt2]\n",
+                 argv[0], why, argv[0]);
+    return 2;
+  };
+  for (int i = 1; i < argc; i += 2) {
+    if (i + 1 >= argc) return usage((std::string(argv[i]) + " needs a value").c_str());
+    if (!std::strcmp(argv[i], "--threads")) {
+      if ((threads = ParseCount(argv[i + 1], 1, 1024)) < 0) return usage("--threads: 1 to 1024");
+    } else if (!std::strcmp(argv[i], "--rounds")) {
+      if ((rounds = ParseCount(argv[i + 1], 1, 1000)) < 0) return usage("--rounds: 1 to 1000");
+    } else if (!std::strcmp(argv[i], "--shapes")) {
       shapes = argv[i + 1];
-    else {
-      std::fprintf(stderr, "usage: %s [--threads 2] [--rounds 5] [--shapes tiny,small,gpt2]\n",
-                   argv[0]);
-      return 2;
+    } else {
+      return usage((std::string("unknown argument ") + argv[i]).c_str());
     }
   }
   omp_set_num_threads(threads);
@@ -112,7 +124,6 @@ int main(int argc, char** argv) {
   std::printf(" fastest |\n|---|---|---|");
   for (size_t i = 0; i <= libs.size(); ++i) std::printf("---|");
   std::printf("\n");
-  std::map<std::string, std::vector<double>> step_time;  // per library, per shape set: sum
   size_t start = 0;
   while (start <= shapes.size()) {
     const size_t comma = std::min(shapes.find(',', start), shapes.size());
