@@ -27,6 +27,7 @@
 #include "engine/timeline.h"
 #include "engine/token_file.h"
 #include "engine/user_file.h"
+#include "kernels/blas.h"
 #include "kernels/model_kernels.h"
 #include "layers/gpt_model.h"
 #include "layers/pipeline_executor.h"
@@ -591,6 +592,9 @@ Status Run::Setup() {
               : "",
         c_.train_batch_size, c_.train_micro_batch_size_per_gpu, c_.gradient_accumulation_steps,
         dp().size(), source, data_->train_tokens(), data_->validation_tokens());
+    if (!cuda_) {
+      if (const std::string w = BlasCoreWarning(); !w.empty()) Logger()->warn("{}", w);
+    }
   }
   return absl::OkStatus();
 }

@@ -4,6 +4,9 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "kernels/cpu/sgemm.h"
 
 namespace zerort {
@@ -16,5 +19,22 @@ void SetBlasThreads(int threads) {
   omp_set_num_threads(threads);
 }
 std::string CpuGemmLibrary() { return cpu::SgemmLibrary(); }
+
+std::string BlasCoreWarning() {
+  const char* forced = std::getenv("OPENBLAS_CORETYPE");
+  if (forced == nullptr || std::strstr(cpu::SgemmLibrary(), "OpenBLAS") == nullptr) return "";
+  const std::string core = openblas_get_corename();
+  const bool avx512_core = core == "SkylakeX" || core == "Cooperlake" || core == "SapphireRapids";
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  const bool avx512_cpu = __builtin_cpu_supports("avx512f") != 0;
+#else
+  const bool avx512_cpu = false;
+#endif
+  if (!avx512_cpu || avx512_core) return "";
+  return "OPENBLAS_CORETYPE=" + std::string(forced) + " holds OpenBLAS to its " + core +
+         " kernels on a CPU with AVX-512; without it OpenBLAS picks its AVX-512 kernels (the CPU "
+         "training step 1.6-1.7x faster on zerort's test machines, docs/benchmarks.md)";
+}
 
 }  // namespace zerort

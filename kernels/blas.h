@@ -10,7 +10,12 @@ namespace zerort {
 std::string BlasVersion();  // OpenBLAS's configuration string
 int BlasThreads();          // threads OpenBLAS will use
 void SetBlasThreads(int threads);
-// The library behind the CPU kernels' fp32 GEMMs: "oneDNN 2.6.3" or "OpenBLAS".
+// The library behind the CPU kernels' fp32 GEMMs: "oneDNN 2.6.3", or "OpenBLAS, Haswell kernels"
+// (the kernel set OpenBLAS runs: it picks one by CPU model, or takes OPENBLAS_CORETYPE's).
 std::string CpuGemmLibrary();
+// Empty, or a warning when OPENBLAS_CORETYPE holds OpenBLAS to AVX2 or older kernels on a CPU
+// with AVX-512 (this project's machines set it to Haswell; OpenBLAS's own choice there ran the
+// training step 1.6-1.7x faster, docs/benchmarks.md).
+std::string BlasCoreWarning();
 
 }  // namespace zerort

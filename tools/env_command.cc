@@ -52,6 +52,7 @@ int RunEnv(const EnvOptions& options, const LaunchEnv& launch) {
       {"mpi", MpiLibraryVersion()},
       {"openblas", {{"config", BlasVersion()}, {"threads", BlasThreads()}}},
       {"cpu_gemm", CpuGemmLibrary()},
+      {"cpu_gemm_warning", BlasCoreWarning()},
       {"host", {{"hardware_threads", std::thread::hardware_concurrency()}}},
       {"launch",
        {{"source", launch.source},
@@ -85,6 +86,9 @@ int RunEnv(const EnvOptions& options, const LaunchEnv& launch) {
   std::printf("%-10s %s\n", "MPI:", MpiLibraryVersion().c_str());
   std::printf("%-10s %s (%d threads)\n", "OpenBLAS:", BlasVersion().c_str(), BlasThreads());
   std::printf("%-10s %s\n", "CPU GEMM:", CpuGemmLibrary().c_str());
+  if (const std::string w = BlasCoreWarning(); !w.empty()) {
+    std::printf("%-10s %s\n", "warning:", w.c_str());
+  }
   std::printf("%-10s %u hardware threads\n", "host:", std::thread::hardware_concurrency());
   std::printf("%-10s %s\n", "launch:", launch.ToString().c_str());
   return 0;

@@ -36,7 +36,8 @@ const char* SgemmLibrary() {
   }();
   return name.c_str();
 #else
-  return "OpenBLAS";
+  static const std::string name = std::string("OpenBLAS, ") + openblas_get_corename() + " kernels";
+  return name.c_str();
 #endif
 }
 

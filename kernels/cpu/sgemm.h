@@ -13,7 +13,7 @@ namespace zerort::cpu {
 void Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
-// "oneDNN 2.6.3" or "OpenBLAS".
+// "oneDNN 2.6.3" or "OpenBLAS, Haswell kernels" (the kernel set OpenBLAS picked or was told).
 const char* SgemmLibrary();
 
 // Whether Sgemm runs on the OpenMP thread pool (oneDNN, OpenBLAS's OpenMP build): called inside a

@@ -32,6 +32,30 @@ check("library logs go to stderr, not stdout", "[rank" not in r.stdout, r.stdout
 r = run("env")
 check("env text names OpenBLAS", "OpenBLAS:" in r.stdout, r.stdout)
 
+# The OpenBLAS kernel set is named, and a warning says when OPENBLAS_CORETYPE holds it to AVX2
+# kernels on a CPU with AVX-512 (and only then).
+def run_env(coretype):
+    e = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    if coretype:
+        e["OPENBLAS_CORETYPE"] = coretype
+    out = subprocess.run([zerort, "env", "--json"], capture_output=True, text=True, timeout=120,
+                         env=e)
+    return json.loads(out.stdout)
+
+
+with open("/proc/cpuinfo") as f:
+    avx512 = " avx512f " in f.read().replace("\n", " ")
+if env["cpu_gemm"].startswith("OpenBLAS"):
+    held = run_env("Haswell")
+    check("OPENBLAS_CORETYPE=Haswell is the kernel set named",
+          held["cpu_gemm"] == "OpenBLAS, Haswell kernels", held["cpu_gemm"])
+    check("a warning names OPENBLAS_CORETYPE exactly when the CPU has AVX-512",
+          ("OPENBLAS_CORETYPE=Haswell" in held["cpu_gemm_warning"]) == avx512,
+          held["cpu_gemm_warning"])
+    free = run_env(None)
+    check("no warning without OPENBLAS_CORETYPE", free["cpu_gemm_warning"] == "",
+          free["cpu_gemm_warning"])
+
 r = run("bench", "comm", "--backend", "loopback", "--ranks", "3", "--min-bytes", "4KiB",
         "--max-bytes", "64KiB", "--rounds", "1", "--json")
 check("bench comm exits 0", r.returncode == 0, r.stderr)

@@ -3,11 +3,19 @@
 
 For each shape (the three of docs/benchmarks.md: tiny, small 30M, GPT-2 124M at seq 256), three
 rounds, interleaved: `zerort bench model --phases --json` (forward + backward + AdamW step, ZeRO-0,
-one process) and tools/peers/pytorch_gpt.py in PyTorch's default setting and with
-OMP_WAIT_POLICY=PASSIVE (its OpenMP threads sleep instead of spinning), and passive with
-OPENBLAS_CORETYPE=SkylakeX where the CPU has AVX-512 (OpenBLAS 0.3.21, which Debian's PyTorch
-uses, picks its AVX2 kernels on AMD's AVX-512 CPUs). Every side gets the same number of threads. Prints a markdown table of medians: tokens/s per side, zerort's ratio to the
-best PyTorch setting, and zerort's PaLM FLOP/s against the same run's sgemm 2048^3 rate.
+one process) and tools/peers/pytorch_gpt.py (Debian's PyTorch), each side in every setting that
+can make it faster, each side's best setting compared:
+
+- OpenBLAS's kernel set, for both sides (both use Debian's OpenBLAS 0.3.21): the environment's
+  OPENBLAS_CORETYPE when one is set (this project's machines set Haswell, the AVX2 kernels), the
+  set OpenBLAS detects itself (the variable removed), and SkylakeX (its AVX-512 kernels) where the
+  CPU has AVX-512;
+- for PyTorch, also OMP_WAIT_POLICY: its default (its OpenMP threads spin, against OpenBLAS's) and
+  PASSIVE (they sleep).
+
+Every side gets the same number of threads. Prints markdown tables of medians: each side's best
+tokens/s and which setting gave it, zerort's ratio to PyTorch's best, zerort's PaLM FLOP/s against
+the same run's sgemm 2048^3 rate (in the same setting), then every setting's median.
 
 usage: compare.py ZERORT [--threads 2] [--rounds 3] [--shapes tiny,small,gpt2] [--python PY]
 (PY: the interpreter with Debian's python3-torch, /usr/bin/python3 by default)
@@ -51,11 +59,22 @@ def main():
     for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
         base.pop(k, None)
     threads = str(a.threads)
-    env = dict(base, OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
-    passive = dict(env, OMP_WAIT_POLICY="PASSIVE")
+    base.update(OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+    cores = {}  # setting name -> environment
+    if "OPENBLAS_CORETYPE" in base:
+        cores["OPENBLAS_CORETYPE=" + base["OPENBLAS_CORETYPE"]] = dict(base)
+    detected = {k: v for k, v in base.items() if k != "OPENBLAS_CORETYPE"}
+    cores["OpenBLAS detects"] = detected
     with open("/proc/cpuinfo") as f:
         avx512 = " avx512f " in f.read().replace("\n", " ")
-    passive512 = dict(passive, OPENBLAS_CORETYPE="SkylakeX") if avx512 else None
+    if avx512 and base.get("OPENBLAS_CORETYPE", "").lower() != "skylakex":
+        cores["OPENBLAS_CORETYPE=SkylakeX"] = dict(detected, OPENBLAS_CORETYPE="SkylakeX")
+    first = next(iter(cores))
+    z_settings = dict(cores)
+    pt_settings = {"default, " + first: cores[first]}
+    pt_settings.update({"PASSIVE, " + k: dict(e, OMP_WAIT_POLICY="PASSIVE")
+                        for k, e in cores.items()})
+    med = statistics.median
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.shapes.split(","):
@@ -69,40 +88,46 @@ def main():
                            "model": {"n_layer": layers, "n_head": heads, "d_model": d,
                                      "seq_len": seq, "vocab_size": vocab},
                            "train": {"device": "cpu"}}, f)
+            zerort = [a.zerort, "bench", "model", "--config", config, "--cpu", "--iters",
+                      str(iters), "--phases", "--json"]
             peer = [a.python, os.path.join(HERE, "pytorch_gpt.py"), "--layers", str(layers),
                     "--d", str(d), "--heads", str(heads), "--seq", str(seq), "--batch",
                     str(batch), "--vocab", str(vocab), "--iters", str(iters), "--threads",
                     threads]
-            z, pt, pt_passive, pt_512, ratio_sgemm = [], [], [], [], []
+            z = {k: [] for k in z_settings}
+            z_sgemm = {k: [] for k in z_settings}
+            pt = {k: [] for k in pt_settings}
             for _ in range(a.rounds):
-                r = run_json([a.zerort, "bench", "model", "--config", config, "--cpu", "--iters",
-                              str(iters), "--phases", "--json"], env)
-                z.append(r["step_tokens_per_s"])
-                ratio_sgemm.append(r["step_ratio_to_sgemm"])
-                pt.append(run_json(peer, env)["tokens_per_s"])
-                pt_passive.append(run_json(peer, passive)["tokens_per_s"])
-                if passive512:
-                    pt_512.append(run_json(peer, passive512)["tokens_per_s"])
-            med = statistics.median
-            p512 = med(pt_512) if pt_512 else float("nan")
-            best = max(med(pt), med(pt_passive), p512 if pt_512 else 0)
-            rows.append((name, f"L{layers} d{d} H{heads} T{seq} B{batch} V{vocab}", med(z), med(pt),
-                         med(pt_passive), p512, med(z) / best, med(ratio_sgemm), z, pt,
-                         pt_passive, pt_512))
+                for k, e in z_settings.items():
+                    r = run_json(zerort, e)
+                    z[k].append(r["step_tokens_per_s"])
+                    z_sgemm[k].append(r["step_ratio_to_sgemm"])
+                for k, e in pt_settings.items():
+                    pt[k].append(run_json(peer, e)["tokens_per_s"])
+            z_best = max(z, key=lambda k: med(z[k]))
+            pt_best = max(pt, key=lambda k: med(pt[k]))
+            rows.append(dict(name=name, shape=f"L{layers} d{d} H{heads} T{seq} B{batch} V{vocab}",
+                             z=z, z_sgemm=z_sgemm, pt=pt, z_best=z_best, pt_best=pt_best))
     print(f"threads {threads} per side, {a.rounds} interleaved rounds, medians (tokens/s of a "
-          "full training step: forward, backward, AdamW)\n")
-    print("| shape | | zerort | PyTorch default | PyTorch OMP_WAIT_POLICY=PASSIVE | "
-          "PyTorch passive + OPENBLAS_CORETYPE=SkylakeX | zerort / best PyTorch | "
+          "full training step: forward, backward, AdamW); each side in its fastest setting\n")
+    print("| shape | | zerort | its setting | PyTorch | its setting | zerort / PyTorch | "
           "zerort PaLM FLOP/s / sgemm 2048^3 |")
     print("|---|---|---|---|---|---|---|---|")
-    for name, shape, z, pt, ptp, p512, ratio, sg, *_ in rows:
-        print(f"| {name} | {shape} | {z:,.0f} | {pt:,.0f} | {ptp:,.0f} | {p512:,.0f} | "
-              f"{ratio:.2f} | {sg:.2f} |")
-    print("\nrounds:", json.dumps({r[0]: {"zerort": [round(x) for x in r[8]],
-                                          "pytorch": [round(x) for x in r[9]],
-                                          "pytorch_passive": [round(x) for x in r[10]],
-                                          "pytorch_passive_skylakex": [round(x) for x in r[11]]}
-                                   for r in rows}))
+    for r in rows:
+        zb, pb = r["z_best"], r["pt_best"]
+        print(f"| {r['name']} | {r['shape']} | {med(r['z'][zb]):,.0f} | {zb} | "
+              f"{med(r['pt'][pb]):,.0f} | {pb} | {med(r['z'][zb]) / med(r['pt'][pb]):.2f} | "
+              f"{med(r['z_sgemm'][zb]):.2f} |")
+    print("\nevery setting (medians; zerort's sgemm ratio in brackets):\n")
+    print("| shape | side | setting | tokens/s | rounds |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        for k, v in r["z"].items():
+            print(f"| {r['name']} | zerort | {k} | {med(v):,.0f} ({med(r['z_sgemm'][k]):.2f}) | "
+                  f"{', '.join(str(round(x)) for x in v)} |")
+        for k, v in r["pt"].items():
+            print(f"| {r['name']} | PyTorch | {k} | {med(v):,.0f} | "
+                  f"{', '.join(str(round(x)) for x in v)} |")
 
 
 if __name__ == "__main__":

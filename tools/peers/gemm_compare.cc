@@ -117,6 +117,8 @@ int main(int argc, char** argv) {
   using Fn = std::function<void(const Gemm&, const float*, const float*, float*)>;
   const std::vector<std::pair<const char*, Fn>> libs = {
       {"OpenBLAS", Openblas}, {"BLIS", Blis}, {"oneDNN", Onednn}, {"libxsmm", Xsmm}};
+  std::printf("OpenBLAS kernels: %s (OPENBLAS_CORETYPE %s)\n", openblas_get_corename(),
+              std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "unset");
   std::printf("threads %d, %d interleaved rounds, medians; GFLOP/s (2 m n k / time)\n\n", threads,
               rounds);
   std::printf("| shape | GEMM | m x n x k |");
