@@ -52,6 +52,15 @@ class ModelKernels {
   virtual Status LayerNormBackward(void* dinp, void* dweight, void* dbias, const void* dout,
                                    const void* inp, const void* weight, const void* mean,
                                    const void* rstd, int64_t rows, int channels) = 0;
+  // The residual connection and the LayerNorm after it: sum = a + b (sum may be a or b), out =
+  // LayerNorm(sum). This default runs Add then LayerNorm; the CPU float kernels do both in one
+  // pass over each row, with the same arithmetic.
+  virtual Status AddLayerNorm(void* sum, void* out, void* mean, void* rstd, const void* a,
+                              const void* b, const void* weight, const void* bias, int64_t rows,
+                              int channels) {
+    ZR_RETURN_IF_ERROR(Add(sum, a, b, rows * channels));
+    return LayerNorm(out, mean, rstd, sum, weight, bias, rows, channels);
+  }
 
   // out[r, o] = inp[r, :] . weight[o, :] + bias[o]  (weight [out_features, in]; bias may be null).
   virtual Status Matmul(void* out, const void* inp, const void* weight, const void* bias,
@@ -59,6 +68,15 @@ class ModelKernels {
   virtual Status MatmulBackward(void* dinp, void* dweight, void* dbias, const void* dout,
                                 const void* inp, const void* weight, int64_t rows, int in,
                                 int out_features) = 0;
+
+  // The MLP's first layer: pre = inp weight^T + bias (kept for the backward), out = gelu(pre).
+  // This default runs Matmul then Gelu; the CPU float kernels fuse the bias and the GELU into one
+  // pass after a bias-free GEMM.
+  virtual Status MatmulGelu(void* pre, void* out, const void* inp, const void* weight,
+                            const void* bias, int64_t rows, int in, int out_features) {
+    ZR_RETURN_IF_ERROR(Matmul(pre, inp, weight, bias, rows, in, out_features));
+    return Gelu(out, pre, rows * out_features);
+  }
 
   // Causal multi-head self-attention; qkv [batch, seq, 3 * channels], out [batch, seq, channels].
   // `saved` (AttentionSavedBytes) keeps what the backward needs besides qkv and out: the CPU

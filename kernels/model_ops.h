@@ -19,10 +19,11 @@ void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, 
                     int64_t rows, int in, int out_features);
 
 // y = (x - mean) * rstd * weight + bias over the last dimension C; mean and rstd ([rows]) are
-// saved for the backward.
+// saved for the backward. eps is GPT-2's.
+inline constexpr double kLayerNormEps = 1e-5;
 template <typename T>
 void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
-                      int64_t rows, int channels, T eps = T(1e-5));
+                      int64_t rows, int channels, T eps = T(kLayerNormEps));
 template <typename T>
 void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                        const T* mean, const T* rstd, int64_t rows, int channels);

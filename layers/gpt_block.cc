@@ -37,6 +37,15 @@ Status NormToColumn(const Ctx& c, void* out, void* mean, void* rstd, const void*
   return GatherFromSequence(c.tp, c.seq_local, out, g.rows_l * g.d);
 }
 
+Status AddNormToColumn(const Ctx& c, void* out, void* mean, void* rstd, void* x,
+                       const void* residual, const void* w, const void* b) {
+  const Geometry& g = c.g;
+  if (!g.sp) return c.k.AddLayerNorm(x, out, mean, rstd, x, residual, w, b, g.rows, g.d);
+  ZR_RETURN_IF_ERROR(
+      c.k.AddLayerNorm(x, c.seq_local, mean, rstd, x, residual, w, b, g.rows_l, g.d));
+  return GatherFromSequence(c.tp, c.seq_local, out, g.rows_l * g.d);
+}
+
 Status RowToResidual(const Ctx& c, void* out, const void* x_local, const void* w, const void* b,
                      int in_local) {
   const Geometry& g = c.g;
@@ -59,11 +68,11 @@ Status BlockForward(const Ctx& c, const std::vector<void*>& w, const void* x, Bl
   ZR_RETURN_IF_ERROR(
       k.Attention(a.atty.data(), a.att.data(), a.qkv.data(), g.batch, g.seq, g.d_l, g.h_l));
   ZR_RETURN_IF_ERROR(RowToResidual(c, a.res2.data(), a.atty.data(), w[kProjW], w[kProjB], g.d_l));
-  ZR_RETURN_IF_ERROR(k.Add(a.res2.data(), a.res2.data(), x, g.rows_l * g.d));
-  ZR_RETURN_IF_ERROR(NormToColumn(c, a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
-                                  a.res2.data(), w[kLn2W], w[kLn2B]));
-  ZR_RETURN_IF_ERROR(k.Matmul(a.fch.data(), a.ln2.data(), w[kFcW], w[kFcB], g.rows, g.d, g.f_l));
-  ZR_RETURN_IF_ERROR(k.Gelu(a.fch_gelu.data(), a.fch.data(), g.rows * g.f_l));
+  // res2 += x, then ln2 = LayerNorm(res2): one pass (AddLayerNorm).
+  ZR_RETURN_IF_ERROR(AddNormToColumn(c, a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
+                                     a.res2.data(), x, w[kLn2W], w[kLn2B]));
+  ZR_RETURN_IF_ERROR(k.MatmulGelu(a.fch.data(), a.fch_gelu.data(), a.ln2.data(), w[kFcW], w[kFcB],
+                                  g.rows, g.d, g.f_l));
   ZR_RETURN_IF_ERROR(RowToResidual(c, out, a.fch_gelu.data(), w[kFcProjW], w[kFcProjB], g.f_l));
   return k.Add(out, out, a.res2.data(), g.rows_l * g.d);
 }

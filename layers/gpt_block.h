@@ -64,6 +64,9 @@ struct Ctx {
 // column-parallel layer): under sequence parallelism gathered from the other ranks (SP's g).
 Status NormToColumn(const Ctx& c, void* out, void* mean, void* rstd, const void* x, const void* w,
                     const void* b);
+// x += residual, then NormToColumn of x, in one pass over each row (ModelKernels::AddLayerNorm).
+Status AddNormToColumn(const Ctx& c, void* out, void* mean, void* rstd, void* x,
+                       const void* residual, const void* w, const void* b);
 
 // A row-parallel layer's output into this rank's rows of the residual stream: partial sums
 // all-reduced (Megatron's g) or, under sequence parallelism, reduce-scattered; the bias added

@@ -77,6 +77,19 @@ ZR_CPU_CLONES void LayerNormSpan(float* out, float* mean, float* rstd, const flo
   }
 }
 
+// Rows [r0, r1) of the residual add and the LayerNorm that follows it: sum = a + b, out =
+// LayerNorm(sum), row by row (sum may be a or b). The same arithmetic as Add then LayerNorm.
+ZR_CPU_CLONES void AddLayerNormSpan(float* sum, float* out, float* mean, float* rstd,
+                                    const float* a, const float* b, const float* weight,
+                                    const float* bias, int64_t r0, int64_t r1, int channels,
+                                    float eps) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t o = r * channels;
+    SumSpan(sum + o, a + o, b + o, channels);
+    LayerNormSpan(out, mean, rstd, sum, weight, bias, r, r + 1, channels, eps);
+  }
+}
+
 // One block of rows of the LayerNorm backward: dinp (+=) row by row, and the block's partial
 // sums of the weight and bias gradients (pw, pb: null when not wanted).
 ZR_CPU_CLONES void LayerNormBackwardSpan(float* dinp, float* pw, float* pb, const float* dout,
@@ -98,6 +111,17 @@ ZR_CPU_CLONES void LayerNormBackwardSpan(float* dinp, float* pw, float* pb, cons
     }
     dnorm_mean *= inv_c;
     dnorm_norm_mean *= inv_c;
+    if (dinp != nullptr && pw != nullptr && pb != nullptr) {  // the usual case: one more pass
+      float* dx = dinp + r * channels;
+#pragma omp simd
+      for (int c = 0; c < channels; ++c) {
+        const float norm = (x[c] - m) * s;
+        dx[c] += (dy[c] * weight[c] - dnorm_mean - norm * dnorm_norm_mean) * s;
+        pw[c] += norm * dy[c];
+        pb[c] += dy[c];
+      }
+      continue;
+    }
     if (dinp != nullptr) {
       float* dx = dinp + r * channels;
 #pragma omp simd
@@ -121,6 +145,17 @@ ZR_CPU_CLONES void GeluSpan(float* out, const float* inp, int64_t n) {
     const float x = inp[i];
     const float u = kGeluScale * (x + kGeluCubic * x * x * x);
     out[i] = x / (1.0f + FastExp(-2.0f * u));
+  }
+}
+
+// Rows [r0, r1) of the MLP's first-layer epilogue: pre[r, :] += bias, out[r, :] = gelu(pre[r, :]),
+// each row while it is in cache.
+ZR_CPU_CLONES void BiasGeluSpan(float* pre, float* out, const float* bias, int64_t r0, int64_t r1,
+                                int cols) {
+  for (int64_t r = r0; r < r1; ++r) {
+    float* p = pre + r * cols;
+    if (bias != nullptr) AddInto(p, bias, cols);
+    GeluSpan(out + r * cols, p, cols);
   }
 }
 
@@ -296,6 +331,14 @@ void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, co
   });
 }
 
+void AddLayerNormForward(float* sum, float* out, float* mean, float* rstd, const float* a,
+                         const float* b, const float* weight, const float* bias, int64_t rows,
+                         int channels, float eps) {
+  ParallelFor(rows, RowGrain(channels), [&](int64_t r0, int64_t r1) {
+    AddLayerNormSpan(sum, out, mean, rstd, a, b, weight, bias, r0, r1, channels, eps);
+  });
+}
+
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, const float* mean, const float* rstd,
                        int64_t rows, int channels) {
@@ -318,6 +361,11 @@ void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* d
 void GeluForward(float* out, const float* inp, int64_t n) {
   ParallelFor(n, kElementGrain,
               [&](int64_t i0, int64_t i1) { GeluSpan(out + i0, inp + i0, i1 - i0); });
+}
+
+void BiasGelu(float* pre, float* out, const float* bias, int64_t rows, int cols) {
+  ParallelFor(rows, RowGrain(cols),
+              [&](int64_t r0, int64_t r1) { BiasGeluSpan(pre, out, bias, r0, r1, cols); });
 }
 
 void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n) {

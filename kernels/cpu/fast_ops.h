@@ -16,12 +16,20 @@ void AddColumnSums(float* dbias, const float* dout, int64_t rows, int cols);
 
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                       const float* bias, int64_t rows, int channels, float eps);
+// sum = a + b (the residual), out = LayerNorm(sum), one pass over each row; sum may alias a or b.
+// Bitwise what Add then LayerNormForward give.
+void AddLayerNormForward(float* sum, float* out, float* mean, float* rstd, const float* a,
+                         const float* b, const float* weight, const float* bias, int64_t rows,
+                         int channels, float eps);
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, const float* mean, const float* rstd,
                        int64_t rows, int channels);
 
 void GeluForward(float* out, const float* inp, int64_t n);
 void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n);
+// The MLP's first-layer epilogue after a GEMM without bias: pre[r, :] += bias (null: none), then
+// out = gelu(pre), each row once through the cache.
+void BiasGelu(float* pre, float* out, const float* bias, int64_t rows, int cols);
 
 void SoftmaxCrossEntropyFused(float* logits, float* losses, const int32_t* targets, int64_t rows,
                               int vocab, float dloss);

@@ -9,6 +9,7 @@
 
 #include "kernels/cast.h"
 #include "kernels/cpu/fast_ops.h"
+#include "kernels/cpu/sgemm.h"
 #include "kernels/model_kernels.h"
 #include "kernels/model_ops.h"
 #include "runtime/dtype.h"
@@ -60,6 +61,16 @@ class CpuModelKernels final : public ModelKernels {
                               P(rstd), rows, channels);
     return absl::OkStatus();
   }
+  Status AddLayerNorm(void* sum, void* out, void* mean, void* rstd, const void* a, const void* b,
+                      const void* weight, const void* bias, int64_t rows, int channels) override {
+    if constexpr (std::is_same_v<T, float>) {
+      cpu::fast::AddLayerNormForward(P(sum), P(out), P(mean), P(rstd), P(a), P(b), P(weight),
+                                     P(bias), rows, channels,
+                                     static_cast<float>(cpu::kLayerNormEps));
+      return absl::OkStatus();
+    }
+    return ModelKernels::AddLayerNorm(sum, out, mean, rstd, a, b, weight, bias, rows, channels);
+  }
   const Seconds* seconds() const override { return &seconds_; }
   Status Matmul(void* out, const void* inp, const void* weight, const void* bias, int64_t rows,
                 int in, int out_features) override {
@@ -73,6 +84,20 @@ class CpuModelKernels final : public ModelKernels {
     cpu::MatmulBackward<T>(P(dinp), P(dweight), P(dbias), P(dout), P(inp), P(weight), rows, in,
                            out_features);
     return absl::OkStatus();
+  }
+  // float: the GEMM without bias, then bias and GELU in one pass over each row of `pre`.
+  Status MatmulGelu(void* pre, void* out, const void* inp, const void* weight, const void* bias,
+                    int64_t rows, int in, int out_features) override {
+    if constexpr (std::is_same_v<T, float>) {
+      {
+        const ScopedSeconds timed(&seconds_.matmul);
+        cpu::Sgemm(false, true, rows, out_features, in, P(inp), in, P(weight), in, 0.0f, P(pre),
+                   out_features);
+      }
+      cpu::fast::BiasGelu(P(pre), P(out), P(bias), rows, out_features);
+      return absl::OkStatus();
+    }
+    return ModelKernels::MatmulGelu(pre, out, inp, weight, bias, rows, in, out_features);
   }
   // float: flash-style, saving the log-sum-exp per query; double (the gradient checks' reference):
   // the probabilities.

@@ -91,6 +91,55 @@ TEST(FastOpsTest, LayerNormForwardAndBackward) {
   ExpectClose("layernorm dbias", dbf, dbd, 1e-5, 16);
 }
 
+// The residual add fused with the LayerNorm after it: against the double reference, and to the
+// bit what Add then LayerNorm give in float (in place, as the block calls it: sum is a).
+TEST(FastOpsTest, AddLayerNormIsAddThenLayerNorm) {
+  const auto a = Random(kRows * kChannels, 41, 2), res = Random(kRows * kChannels, 42),
+             w = Random(kChannels, 43), b = Random(kChannels, 44);
+  std::vector<double> sd(a.size()), yd(a.size()), md(kRows), rd(kRows);
+  for (size_t i = 0; i < a.size(); ++i) sd[i] = a[i] + res[i];
+  LayerNormForward(yd.data(), md.data(), rd.data(), sd.data(), w.data(), b.data(), kRows,
+                   kChannels);
+  const auto resf = ToFloat(res), wf = ToFloat(w), bf = ToFloat(b);
+  std::vector<float> sf = ToFloat(a), yf(a.size()), mf(kRows), rf(kRows);
+  fast::AddLayerNormForward(sf.data(), yf.data(), mf.data(), rf.data(), sf.data(), resf.data(),
+                            wf.data(), bf.data(), kRows, kChannels, 1e-5f);
+  ExpectClose("sum", sf, sd, 1e-6);
+  ExpectClose("layernorm out", yf, yd, 1e-5);
+  ExpectClose("mean", mf, md, 1e-5);
+  ExpectClose("rstd", rf, rd, 1e-5);
+  std::vector<float> s2 = ToFloat(a), y2(a.size()), m2(kRows), r2(kRows);
+  fast::Add(s2.data(), s2.data(), resf.data(), static_cast<int64_t>(s2.size()));
+  LayerNormForward(y2.data(), m2.data(), r2.data(), s2.data(), wf.data(), bf.data(), kRows,
+                   kChannels);
+  EXPECT_EQ(sf, s2);
+  EXPECT_EQ(yf, y2);
+  EXPECT_EQ(mf, m2);
+  EXPECT_EQ(rf, r2);
+}
+
+// The MLP's first-layer epilogue: bias then GELU in one pass, against the double reference, and
+// without a bias.
+TEST(FastOpsTest, BiasGeluIsBiasThenGelu) {
+  const int cols = 4 * kChannels;
+  const auto pre = Random(kRows * cols, 45, 2), bias = Random(cols, 46);
+  std::vector<double> pd(pre.size()), gd(pre.size());
+  for (int r = 0; r < kRows; ++r) {
+    for (int c = 0; c < cols; ++c) pd[r * cols + c] = pre[r * cols + c] + bias[c];
+  }
+  GeluForward(gd.data(), pd.data(), static_cast<int64_t>(pd.size()));
+  std::vector<float> pf = ToFloat(pre), gf(pre.size());
+  fast::BiasGelu(pf.data(), gf.data(), ToFloat(bias).data(), kRows, cols);
+  ExpectClose("pre + bias", pf, pd, 1e-6);
+  ExpectClose("gelu", gf, gd, 2e-6);
+  std::vector<double> g0(pre.size());
+  GeluForward(g0.data(), pre.data(), static_cast<int64_t>(pre.size()));
+  std::vector<float> p0 = ToFloat(pre), gf0(pre.size());
+  fast::BiasGelu(p0.data(), gf0.data(), nullptr, kRows, cols);
+  EXPECT_EQ(p0, ToFloat(pre));
+  ExpectClose("gelu without bias", gf0, g0, 2e-6);
+}
+
 TEST(FastOpsTest, GeluForwardAndBackwardOverTheWholeRange) {
   const int n = 70'000;
   auto x = Random(n, 13, 3);
@@ -221,6 +270,10 @@ TEST(FastOpsTest, ThreadCountChangesNoBit) {
     MatmulForward<float>(mo.data(), x.data(), gw3.data(), nullptr, kRows, kChannels, 3 * kChannels);
     MatmulBackward<float>(mdx.data(), mdw.data(), nullptr, mo.data(), x.data(), gw3.data(), kRows,
                           kChannels, 3 * kChannels);
+    std::vector<float> asum = x, aln(x.size()), am(kRows), ar(kRows), bgp = x, bgo(x.size());
+    fast::AddLayerNormForward(asum.data(), aln.data(), am.data(), ar.data(), asum.data(), dy.data(),
+                              w.data(), b.data(), kRows, kChannels, 1e-5f);
+    fast::BiasGelu(bgp.data(), bgo.data(), b.data(), kRows, kChannels);
     GeluForward(g.data(), x.data(), static_cast<int64_t>(x.size()));
     GeluBackward(dg.data(), x.data(), dy.data(), static_cast<int64_t>(x.size()));
     SoftmaxCrossEntropyFused(z.data(), l.data(), targets.data(), kRows, kChannels, 1.0f);
@@ -229,19 +282,20 @@ TEST(FastOpsTest, ThreadCountChangesNoBit) {
                                 s.heads);
     fast::FlashAttentionBackward(dq.data(), dout.data(), qkv.data(), o.data(), a.data(), s.batch,
                                  s.seq, s.channels, s.heads);
-    for (auto* v : {&y, &m, &rs, &dx, &dw, &db, &g, &dg, &z, &l, &o, &a, &dq, &mo, &mdx, &mdw})
+    for (auto* v : {&y, &m,  &rs,   &dx,  &dw, &db, &g,   &dg,  &z,  &l,   &o,
+                    &a, &dq, &asum, &aln, &am, &ar, &bgp, &bgo, &mo, &mdx, &mdw})
       r.push_back(*v);
     return r;
   };
   const int saved = omp_get_max_threads();
   const auto one = run(1), two = run(2), three = run(3);
   omp_set_num_threads(saved);
-  // zerort's own ops (the first 13 outputs) to the bit. The linear layer's GEMMs (the last 3) go
+  // zerort's own ops (the first 19 outputs) to the bit. The linear layer's GEMMs (the last 3) go
   // to the GEMM library, and OpenBLAS changes its blocking with the thread count (oneDNN did not
   // at these shapes): those agree to 1e-5 of the output's largest magnitude (sums of products
   // that cancel), the documented tolerance.
   for (size_t i = 0; i < one.size(); ++i) {
-    if (i < 13) {
+    if (i < 19) {
       EXPECT_EQ(one[i], two[i]) << "output " << i << " at 2 threads";
       EXPECT_EQ(one[i], three[i]) << "output " << i << " at 3 threads";
       continue;
