@@ -1,9 +1,9 @@
 // The CPU kernels' fp32 GEMM (internal to kernels/): row-major C = A op(B) + beta C, as
 // cblas_sgemm with CblasRowMajor and alpha 1. OpenBLAS by default; oneDNN's sgemm when built with
-// -DZR_ENABLE_DNNL=ON (Debian's libdnnl-dev): `make bench-gemm` measured it at 1.8-2x OpenBLAS
-// 0.3.21 on every GEMM shape of the model on this project's AVX-512 machines (OpenBLAS picks its
-// AVX2 kernels there), but Debian's oneDNN 2.6.3 corrupted the heap inside dnnl_sgemm in some
-// runs (docs/cpu-performance.md), so it is opt-in.
+// -DZR_ENABLE_DNNL=ON (Debian's libdnnl-dev): `make bench-gemm` measured it within 7% of OpenBLAS
+// 0.3.21's AVX-512 kernels on the model's shapes (1.8-2x its AVX2 kernels, which
+// OPENBLAS_CORETYPE=Haswell forces), but Debian's oneDNN 2.6.3 corrupted the heap inside
+// dnnl_sgemm in some runs (docs/cpu-performance.md), so it is opt-in.
 #pragma once
 
 #include <cstdint>
