@@ -32,6 +32,9 @@ struct BenchAdamwOptions {
   int64_t params = int64_t{32} << 20;  // 32 Mi parameters: 960 MiB of state, far beyond caches
   int rounds = 7;
   bool json = false;
+  // Also: can the step hide behind the backward? The update of --params on a thread of its own
+  // while the main thread runs GEMMs of the GPT-2 124M MLP shape, against the two in turn.
+  bool overlap = false;
 };
 int RunBenchAdamw(const BenchAdamwOptions& options);
 

@@ -54,6 +54,8 @@ int main(int argc, char** argv) {
   adamw->add_option("--rounds", adamw_options.rounds, "Alternating rounds (medians reported)")
       ->capture_default_str();
   adamw->add_flag("--json", adamw_options.json, "One JSON object instead of text");
+  adamw->add_flag("--overlap", adamw_options.overlap,
+                  "Also time the step on its own thread beside GEMMs, against the two in turn");
 
   cli::BenchOffloadOptions offload_options;
   CLI::App* offload = bench->add_subcommand(

@@ -69,6 +69,19 @@ check("bench covers the three collectives", ops == {"all_gather", "reduce_scatte
       str(ops))
 check("bench sizes 4, 16, 64 KiB per op", len(bench["results"]) == 9, r.stdout)
 
+# The optimizer-overlap probe: both timings and their ratio (values are not judged: a timing).
+r = run("bench", "adamw", "--params", "65536", "--rounds", "1", "--overlap", "--json")
+check("bench adamw --overlap exits 0", r.returncode == 0, r.stderr)
+adamw = json.loads(r.stdout) if r.returncode == 0 else {}
+ov = adamw.get("overlap", {})
+for key in ("gemms_s", "in_turn_s", "beside_s", "step_s", "ratio", "hidden_fraction_of_step"):
+    check(f"bench adamw --overlap json has {key}", key in ov, r.stdout)
+check("bench adamw --overlap timings are positive",
+      ov.get("in_turn_s", 0) > 0 and ov.get("gemms_s", 0) > 0, r.stdout)
+r = run("bench", "adamw", "--params", "65536", "--rounds", "1", "--json")
+check("bench adamw without --overlap has no overlap key",
+      r.returncode == 0 and "overlap" not in json.loads(r.stdout), r.stdout)
+
 
 configs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs")
 r = run("bench", "model", "--config", os.path.join(configs, "bench-tiny.json"), "--iters", "1",
