@@ -2,6 +2,7 @@
 // width (ZR_CPU_CLONES) and threaded by ParallelFor (vector_math.h).
 #include "kernels/cpu/fast_ops.h"
 
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -285,6 +286,12 @@ struct Heads {
   int64_t Out(int pair) const {
     return static_cast<int64_t>(pair / heads) * seq * channels + (pair % heads) * hs;
   }
+  // This pair's Q, K and V in a qkv-shaped buffer (the input, or its gradient).
+  template <typename T>
+  std::array<T*, 3> QkvOf(T* base, int pair) const {
+    T* q = base + Qkv(pair);
+    return {q, q + channels, q + 2 * static_cast<int64_t>(channels)};
+  }
   int seq, channels, heads, hs;
   int64_t c3;
   float scale;
@@ -388,9 +395,7 @@ void FlashAttentionForward(float* out, float* lse, const float* qkv, int batch, 
   const int hs = g.hs;
   const int64_t c3 = g.c3;
   ForEachHead(batch * heads, [&](int pair) {
-    const float* q = qkv + g.Qkv(pair);
-    const float* k = q + channels;
-    const float* v = q + 2 * channels;
+    const auto [q, k, v] = g.QkvOf(qkv, pair);
     float* o = out + g.Out(pair);
     float* pair_lse = lse + static_cast<int64_t>(pair) * seq;
     std::vector<float> s(kBlock * kBlock), acc(static_cast<size_t>(kBlock) * hs), mx(kBlock),
@@ -419,12 +424,8 @@ void FlashAttentionBackward(float* dqkv, const float* dout, const float* qkv, co
   const int hs = g.hs;
   const int64_t c3 = g.c3;
   ForEachHead(batch * heads, [&](int pair) {
-    const float* q = qkv + g.Qkv(pair);
-    const float* k = q + channels;
-    const float* v = q + 2 * channels;
-    float* dq = dqkv + g.Qkv(pair);
-    float* dk = dq + channels;
-    float* dv = dq + 2 * channels;
+    const auto [q, k, v] = g.QkvOf(qkv, pair);
+    const auto [dq, dk, dv] = g.QkvOf(dqkv, pair);
     const int64_t head_off = g.Out(pair);
     const float* dh = dout + head_off;
     const float* pair_lse = lse + static_cast<int64_t>(pair) * seq;

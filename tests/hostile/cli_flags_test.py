@@ -57,6 +57,7 @@ cases = [
     (["bench", "adamw", "--params", HUGE], "--params"),
     (["bench", "adamw", "--rounds", "0"], "--rounds 0"),
     (["bench", "adamw", "--rounds", "-1"], "--rounds -1"),
+    (["bench", "adamw", "--overlap=maybe"], "--overlap"),
     (["bench", "model", "--config", bench_tiny, "--iters", "0"], "--iters 0"),
     (["bench", "model", "--config", bench_tiny, "--iters", "-1"], "--iters -1"),
     (["bench", "model", "--config", "/nonexistent.json"], "/nonexistent.json"),
