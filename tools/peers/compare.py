@@ -70,7 +70,6 @@ def main():
     if avx512 and base.get("OPENBLAS_CORETYPE", "").lower() != "skylakex":
         cores["OPENBLAS_CORETYPE=SkylakeX"] = dict(detected, OPENBLAS_CORETYPE="SkylakeX")
     first = next(iter(cores))
-    z_settings = dict(cores)
     pt_settings = {"default, " + first: cores[first]}
     pt_settings.update({"PASSIVE, " + k: dict(e, OMP_WAIT_POLICY="PASSIVE")
                         for k, e in cores.items()})
@@ -94,11 +93,11 @@ def main():
                     "--d", str(d), "--heads", str(heads), "--seq", str(seq), "--batch",
                     str(batch), "--vocab", str(vocab), "--iters", str(iters), "--threads",
                     threads]
-            z = {k: [] for k in z_settings}
-            z_sgemm = {k: [] for k in z_settings}
+            z = {k: [] for k in cores}
+            z_sgemm = {k: [] for k in cores}
             pt = {k: [] for k in pt_settings}
             for _ in range(a.rounds):
-                for k, e in z_settings.items():
+                for k, e in cores.items():
                     r = run_json(zerort, e)
                     z[k].append(r["step_tokens_per_s"])
                     z_sgemm[k].append(r["step_ratio_to_sgemm"])
