@@ -72,7 +72,7 @@ const KeyDirectory& Directory() {
         "warmup_min_ratio", "cos_min_ratio"}},
       {"model",
        {"preset", "n_layer", "n_head", "d_model", "seq_len", "vocab_size",
-        "activation_checkpointing"}},
+        "activation_checkpointing", "head_chunk_rows"}},
       {"data", {"path", "validation_fraction"}},
       {"train",
        {"steps", "eval_interval", "eval_windows", "sample_tokens", "sample_prompt",
@@ -263,6 +263,7 @@ void ReadModel(const JsonSection& top, ModelConfig& out, Problems& problems) {
   problems.Add(s->Int("seq_len", out.shape.seq_len, 1, 1 << 20));
   problems.Add(s->Int("vocab_size", out.shape.vocab_size, 1, 1 << 24));
   problems.Add(s->Bool("activation_checkpointing", out.activation_checkpointing));
+  problems.Add(s->Int("head_chunk_rows", out.head_chunk_rows, 0, int64_t{1} << 40));
   s->Finish(problems);
   problems.Add(out.shape.Validate());
 }
@@ -767,7 +768,8 @@ nlohmann::json RunConfig::ToJson() const {
         {"d_model", model.shape.d_model},
         {"seq_len", model.shape.seq_len},
         {"vocab_size", model.shape.vocab_size},
-        {"activation_checkpointing", model.activation_checkpointing}}},
+        {"activation_checkpointing", model.activation_checkpointing},
+        {"head_chunk_rows", model.head_chunk_rows}}},
       {"data", {{"path", data.path}, {"validation_fraction", data.validation_fraction}}},
       {"train",
        {{"steps", train.steps},

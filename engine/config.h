@@ -101,6 +101,7 @@ struct SchedulerConfig {
 struct ModelConfig {
   GptConfig shape;                        // from "preset" and/or the five shape keys
   bool activation_checkpointing = false;  // recompute blocks in the backward: off, it costs time
+  int64_t head_chunk_rows = 0;  // rows of the head's logits at a time; 0: automatic (2 d_model)
 };
 
 struct DataConfig {

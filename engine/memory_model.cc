@@ -423,6 +423,7 @@ void StepModel::MicroBatch() {
   const int64_t heads = c.n_head / tp;
   const int64_t vocab_l = PaddedVocab(c, in_.tp, in_.vocab_multiple) / tp;
   const bool whole_vocab = tp == 1 && vocab_l == c.vocab_size;
+  const int64_t head_chunk = HeadChunkRows(in_.head_chunk_rows, rows, c.d_model);
   std::vector<Replay::Handle> acts;
   auto a = [&](int64_t bytes) { acts.push_back(r_.Alloc(Cat::kActivations, bytes, kernels_)); };
   r_.SetPhase(Replay::kForward);
@@ -483,8 +484,9 @@ void StepModel::MicroBatch() {
     Term(Tier::kDevice, Cat::kActivations, StrCat(st_.boundaries, " block inputs/outputs"),
          sp ? "(blocks + 1) x rows/tp x d x act" : "(blocks + 1) x rows x d x act",
          st_.boundaries * rows_l * d * act);
-    Term(Tier::kDevice, Cat::kActivations, "logits (freed after the head's backward)",
-         "rows x padded vocab/tp x act", rows * vocab_l * act);
+    Term(Tier::kDevice, Cat::kWorkspace,
+         StrCat("the head's logits, ", head_chunk, " of ", rows, " rows at a time"),
+         "head_chunk_rows x padded vocab/tp x act", head_chunk * vocab_l * act);
     Term(Tier::kDevice, Cat::kWorkspace, "backward scratch",
          sp ? "rows x (2 d + 8 d/tp) x act + 2 rows/tp x d x act + 4 d x 4 B"
             : "rows x (2 d + 8 d/tp) x act",
@@ -510,44 +512,48 @@ void StepModel::MicroBatch() {
     a(rows_l * stat);
     Open(norm, false);
     Close(norm, false);
-    if (!st_.first) {  // the head's forward opens the tied twin (kept open only for the input)
-      Open(emb, false);
-      Close(emb, false);
-    }
-    // The other micro-batches between their head's forward and backward (GPipe: every one).
+    // The other micro-batches between their head's forward and backward (GPipe: every one):
+    // the final LayerNorm, the losses and the head's gradient of the LayerNorm output.
     for (int k = 1; k < st_.head_live; ++k) {
       a(rows * d * act);
       a(rows_l * stat);
       a(rows_l * stat);
-      a(rows * vocab_l * act);  // logits
-      a(rows * stat);           // losses
+      a(rows * stat);  // losses
+      acts.push_back(r_.Alloc(Cat::kWorkspace, rows * d * act, kernels_));
     }
   }
+  // The head's forward opens the tied unit for the backward: each chunk of rows goes through
+  // the logits, the cross-entropy and both gradients at once (GptModel::HeadForward).
   r_.SetPhase(Replay::kBackward);
-  Replay::Handle logits;
+  std::vector<Replay::Handle> ws;
   if (st_.last) {
     Open(emb, true);
-    logits = r_.Alloc(Cat::kActivations, rows * vocab_l * act, kernels_);
-    a(rows * stat);  // losses
+    a(rows * stat);                                                     // losses
+    ws.push_back(r_.Alloc(Cat::kWorkspace, rows * d * act, kernels_));  // the head's dbtc
+    Replay::Handle logits = r_.Alloc(Cat::kWorkspace, head_chunk * vocab_l * act, kernels_);
+    for (int64_t r0 = 0; r0 < rows && !whole_vocab; r0 += head_chunk) {
+      // The vocabulary-parallel cross-entropy's per-row statistics, per chunk.
+      const int64_t n = std::min(head_chunk, rows - r0);
+      Replay::Handle max = r_.Alloc(Cat::kWorkspace, n * stat, kernels_);
+      Replay::Handle sums = r_.Alloc(Cat::kWorkspace, 2 * n * stat, kernels_);
+      r_.Free(sums);
+      r_.Free(max);
+    }
+    r_.Free(logits);
+    if (!st_.first) Close(emb, true);
   }
-  if (st_.last && !whole_vocab) {  // the vocabulary-parallel cross-entropy's per-row statistics
-    Replay::Handle max = r_.Alloc(Cat::kWorkspace, rows * stat, kernels_);
-    Replay::Handle sums = r_.Alloc(Cat::kWorkspace, 2 * rows * stat, kernels_);
-    r_.Free(sums);
-    r_.Free(max);
-  }
-  if (sp) r_.Free(seq_local);
-  std::vector<Replay::Handle> ws;
-  ws.push_back(r_.Alloc(Cat::kWorkspace, rows_l * d * act, kernels_));  // residual gradient
-  ws.push_back(r_.Alloc(Cat::kWorkspace, rows * d * act, kernels_));
+  // The backward's scratch (GptModel::EnsureBackwardScratch): the forward's goes first.
   if (sp) {
+    r_.Free(seq_local);
     r_.Free(seq_full);
+  }
+  ws.push_back(r_.Alloc(Cat::kWorkspace, rows_l * d * act, kernels_));  // residual gradient
+  if (!st_.last) ws.push_back(r_.Alloc(Cat::kWorkspace, rows * d * act, kernels_));
+  if (sp) {
     ws.push_back(r_.Alloc(Cat::kWorkspace, rows * d * act, kernels_));    // gathered gradient
     ws.push_back(r_.Alloc(Cat::kWorkspace, rows_l * d * act, kernels_));  // reduce-scattered
     ws.push_back(r_.Alloc(Cat::kWorkspace, 4 * d * grad, kernels_));      // LayerNorm gradients
   }
-  r_.Free(logits);
-  if (st_.last && !st_.first) Close(emb, true);
   auto ln_scratch = [&] {
     if (!in_.cuda) return;
     Replay::Handle h = r_.Alloc(Cat::kWorkspace, 2 * d * 4, kernels_);
@@ -658,7 +664,6 @@ void StepModel::Run() {
     if (st_.last) {
       order_.push_back(st_.norm);
       order_.push_back(st_.embedding);  // the head (the first stage's stays open)
-      if (!st_.first) order_.push_back(st_.embedding);
       order_.push_back(st_.norm);
     }
     for (auto it = st_.blocks.rbegin(); it != st_.blocks.rend(); ++it) order_.push_back(*it);
@@ -761,6 +766,7 @@ StatusOr<MemoryModelInput> MemoryModelInput::FromConfig(const RunConfig& config,
   in.compute = c.bf16 ? DType::kBF16 : c.fp16.enabled ? DType::kF16 : DType::kF32;
   in.optimizer_states = c.optimizer.type == "SGD" ? (c.optimizer.momentum != 0 ? 1 : 0) : 2;
   in.activation_checkpointing = c.model.activation_checkpointing;
+  in.head_chunk_rows = c.model.head_chunk_rows;
   in.offload_optimizer = c.zero.offload_optimizer.device;
   in.offload_param = c.zero.offload_param.device;
   in.pin_memory = c.zero.offload_optimizer.device == "cpu" ? c.zero.offload_optimizer.pin_memory

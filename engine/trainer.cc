@@ -486,6 +486,7 @@ Status Run::Setup() {
                                 .tp = {tp()},
                                 .sequence_parallel = c_.parallel.sequence_parallel,
                                 .vocab_multiple = c_.parallel.make_vocab_size_divisible_by,
+                                .head_chunk_rows = c_.model.head_chunk_rows,
                                 .stage = part_},
                                *store_, *kernels_, *allocator_));
   ZR_RETURN_IF_ERROR(manager_->Initialize(GptInitializer(c_.model.shape)));

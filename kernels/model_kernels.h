@@ -109,24 +109,25 @@ class ModelKernels {
   //   VocabMax:    max[r] = max over the valid columns (-inf when there are none)
   //   VocabSums:   sums[r] = sum of exp(logits - gmax[r]) over the valid columns;
   //                sums[rows + r] = logits[r, targets[r] - begin] when that column is here, else 0
-  //   VocabCrossEntropyFinish: losses[r] = log(gsums[r]) + gmax[r] - gsums[rows + r]; with dloss
-  //                non-zero the logits become their gradient (softmax - onehot) * dloss / rows,
-  //                0 on padding.
+  //   VocabCrossEntropyFinish: losses[r] = log(gsums[r]) + gmax[r] - gsums[rows + r]; with dscale
+  //                non-zero the logits become their gradient (softmax - onehot) * dscale, 0 on
+  //                padding.
   virtual Status VocabMax(const void* logits, void* max, int64_t rows, int vocab, int valid) = 0;
   virtual Status VocabSums(const void* logits, const void* gmax, const int32_t* targets, void* sums,
                            int64_t rows, int vocab, int valid, int begin) = 0;
   virtual Status VocabCrossEntropyFinish(void* logits, void* losses, const void* gmax,
                                          const void* gsums, const int32_t* targets, int64_t rows,
-                                         int vocab, int valid, int begin, float dloss) = 0;
+                                         int vocab, int valid, int begin, float dscale) = 0;
   // out[r, c] += bias[c]: a bias added after a reduction (the row-parallel linear's, once).
   virtual Status AddBias(void* out, const void* bias, int64_t rows, int cols) = 0;
 
   // Softmax cross-entropy per row: losses[r] = -log softmax(logits[r])[targets[r]] (stat dtype).
-  // With `dloss` non-zero, logits are overwritten by their gradient
-  // (softmax - onehot(target)) * dloss / rows, the gradient of dloss x mean loss: the logits are
-  // not needed afterwards, and this saves a [rows, vocab] buffer.
+  // With `dscale` non-zero, logits are overwritten by their gradient
+  // (softmax - onehot(target)) * dscale, the gradient of dscale x the sum of the losses (the mean
+  // over N rows: dscale = loss_scale / N, so that rows can come in chunks): the logits are not
+  // needed afterwards, and this saves a [rows, vocab] buffer.
   virtual Status CrossEntropy(void* logits, void* losses, const int32_t* targets, int64_t rows,
-                              int vocab, float dloss) = 0;
+                              int vocab, float dscale) = 0;
 
   // Wall seconds spent so far in the linear layers (Matmul, MatmulBackward: their GEMMs and bias)
   // and in the attention (Attention, AttentionBackward), for `zerort bench model --phases`; null

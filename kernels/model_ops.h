@@ -43,11 +43,12 @@ template <typename T>
 void SoftmaxCrossEntropyBackward(T* dlogits, const T* probs, const int32_t* targets, int64_t rows,
                                  int vocab, T dloss);
 
-// Per-row losses[r] = -log softmax(logits[r])[targets[r]]. With dloss != 0, logits are replaced
-// in place by (softmax - onehot(target)) * dloss / rows (the fused classifier of the model).
+// Per-row losses[r] = -log softmax(logits[r])[targets[r]]. With dscale != 0, logits are replaced
+// in place by (softmax - onehot(target)) * dscale, the gradient of dscale x the sum of the losses
+// (the fused classifier of the model).
 template <typename T>
 void SoftmaxCrossEntropyFused(T* logits, T* losses, const int32_t* targets, int64_t rows, int vocab,
-                              T dloss);
+                              T dscale);
 
 // Causal multi-head self-attention. qkv is [batch, seq, 3 * channels] (queries, keys, values
 // side by side, each split into `heads` heads of channels / heads); out is [batch, seq,

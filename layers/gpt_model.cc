@@ -16,6 +16,8 @@ namespace {
 using namespace gpt;  // the block layers (gpt_block.h)
 
 constexpr int kEmbeddings = 0;
+// The automatic head chunk: rows per model channel (HeadChunkRows).
+constexpr int64_t kHeadChunkPerChannel = 2;
 
 uint64_t SplitMix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -285,17 +287,16 @@ struct GptModel::MicroBatch {
   Geometry g;
   TpContext tp;
   bool train = false;
-  bool per_block = false;          // a set per block (no recomputation)
-  Buffer tokens, targets;          // int32 [batch, seq]
-  std::vector<Buffer> block_out;   // [0] embeddings output, [l + 1] output of block l (this
-                                   // rank's rows under sequence parallelism)
-  std::vector<BlockActs> acts;     // one per block, or a single reused set
-  Buffer lnf, lnf_mean, lnf_rstd;  // final LayerNorm: output of every row, this rank's statistics
-  Buffer logits;                   // [batch, seq, vocab / tp]; the loss gradient replaces it
-  Buffer losses;                   // [batch, seq] stat dtype
-  Buffer seq_local, seq_full;      // forward scratch of the tensor-parallel collectives
-  int64_t logits_from_row = 0;     // rows HeadForward copies out when logits are asked for
-  UnitTensors head;                // the tied embeddings, open from HeadForward to EmbedBackward
+  bool per_block = false;           // a set per block (no recomputation)
+  Buffer tokens, targets;           // int32 [batch, seq]
+  std::vector<Buffer> block_out;    // [0] embeddings output, [l + 1] output of block l (this
+                                    // rank's rows under sequence parallelism)
+  std::vector<BlockActs> acts;      // one per block, or a single reused set
+  Buffer lnf, lnf_mean, lnf_rstd;   // final LayerNorm: output of every row, this rank's statistics
+  Buffer losses;                    // [batch, seq] stat dtype
+  bool head_backward_done = false;  // HeadForward put the head's gradient in s.dbtc and the unit
+  Buffer seq_local, seq_full;       // forward scratch of the tensor-parallel collectives
+  UnitTensors head;                 // the tied embeddings, open from HeadForward to EmbedBackward
   bool head_open = false;
   BackwardScratch s;
   Ctx ctx(ModelKernels& k) {
@@ -417,6 +418,19 @@ int64_t GptModel::BoundaryElements(const MicroBatch& mb) const { return mb.g.row
 
 DType GptModel::BoundaryDType() const { return DTypeOfSize(kernels_.act_size()); }
 
+int64_t HeadChunkRows(int64_t configured, int64_t rows, int d_model) {
+  if (configured > 0) return std::min(configured, rows);
+  // Each chunk's weight-gradient GEMM reads and writes the whole [vocab, d] gradient once, while
+  // the chunk's logits pass through memory about five times (written by the GEMM, read twice and
+  // written by the cross-entropy, read by the two backward GEMMs): with 2 d rows or more that
+  // extra pass is a small part of the chunk's traffic. Measured on the CPU
+  // (docs/cpu-performance.md): chunks of 2 d rows cost at most 2%, of d / 3 rows 10-20%. The rows
+  // are split into equal chunks of at most that many.
+  const int64_t most = std::max<int64_t>(64, kHeadChunkPerChannel * d_model);
+  const int64_t count = (rows + most - 1) / most;
+  return (rows + count - 1) / count;
+}
+
 StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
                                        std::vector<double>* logits, int64_t logits_from_row) {
   const ScopedSeconds timed(&phase_seconds_.forward);
@@ -424,7 +438,13 @@ StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
     return absl::InvalidArgumentError(
         StrCat("logits from row ", logits_from_row, " of ", mb.g.rows));
   }
-  mb.logits_from_row = logits_from_row;
+  if (logits != nullptr && logits_from_row > 0 && mb.targets) {
+    return absl::InvalidArgumentError("a loss needs the logits of every row (logits_from_row 0)");
+  }
+  if (mb.head_backward_done || mb.losses) {
+    return absl::FailedPreconditionError("HeadForward twice on one micro-batch");
+  }
+  const int64_t from = logits != nullptr ? logits_from_row : 0;  // the first row computed
   const Geometry& g = mb.g;
   const int L = options_.config.n_layer;
   const int norm_unit = norm_unit_;
@@ -433,10 +453,11 @@ StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
   }
   ModelKernels& k = kernels_;
   Stream* st = &k.stream();
+  const Device dev = k.device();
   const size_t act = k.act_size(), stat = k.stat_size();
-  auto alloc = [&](Buffer& b, int64_t elems, size_t size) -> Status {
-    ZR_ASSIGN_OR_RETURN(b, activations_.Allocate(static_cast<size_t>(elems) * size,
-                                                 MemoryCategory::kActivations, st));
+  auto alloc = [&](Buffer& b, int64_t elems, size_t size,
+                   MemoryCategory cat = MemoryCategory::kActivations) -> Status {
+    ZR_ASSIGN_OR_RETURN(b, activations_.Allocate(static_cast<size_t>(elems) * size, cat, st));
     return absl::OkStatus();
   };
   ZR_RETURN_IF_ERROR(alloc(mb.lnf, g.rows * g.d, act));
@@ -450,34 +471,57 @@ StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
     ZR_RETURN_IF_ERROR(store_.Close(norm_unit));
   }
   // The output projection, tied to the token embedding: column-parallel over the vocabulary.
-  // Kept open through the backward when training on a stage that also holds the input
-  // embedding: the unit's gradient is complete only after EmbedBackward. A last stage that is
-  // not the first opens it again for HeadBackward (its gradient meets the first stage's in the
-  // tied reduction).
+  // Opened for the backward when training, since each chunk's gradient goes into it at once; kept
+  // open on a stage that also holds the input embedding, whose gradient completes the unit's in
+  // EmbedBackward. A last stage that is not the first closes it here (its gradient meets the
+  // first stage's in the tied reduction).
   const bool keep_open = mb.train && options_.stage.first;
-  ZR_ASSIGN_OR_RETURN(mb.head, store_.Open(embedding_unit_, keep_open));
+  ZR_ASSIGN_OR_RETURN(mb.head, store_.Open(embedding_unit_, mb.train));
   mb.head_open = true;
-  ZR_RETURN_IF_ERROR(alloc(mb.logits, g.rows * g.v_l, act));
-  ZR_RETURN_IF_ERROR(
-      k.Matmul(mb.logits.data(), mb.lnf.data(), mb.head.params[0], nullptr, g.rows, g.d, g.v_l));
-  if (logits != nullptr) ZR_RETURN_IF_ERROR(CopyLogits(mb, logits));
+  if (mb.targets) ZR_RETURN_IF_ERROR(alloc(mb.losses, g.rows, stat));
+  BackwardScratch& s = mb.s;
+  if (mb.train) {  // the final LayerNorm output's gradient, every row: the backward's dbtc
+    ZR_RETURN_IF_ERROR(alloc(s.dbtc, g.rows * g.d, act, MemoryCategory::kWorkspace));
+    ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, s.dbtc.bytes(), st));
+  }
+  // One chunk of rows [r0, r0 + n) at a time; the rows asked for in one chunk.
+  const int64_t chunk =
+      logits != nullptr ? g.rows - from : HeadChunkRows(options_.head_chunk_rows, g.rows, g.d);
+  Buffer z;
+  ZR_RETURN_IF_ERROR(alloc(z, chunk * g.v_l, act, MemoryCategory::kWorkspace));
+  // The gradient of loss_scale x the mean over every row of the micro-batch.
+  const float dscale = mb.train ? loss_scale / static_cast<float>(g.rows) : 0.0f;
+  auto at = [](const Buffer& b, int64_t offset, size_t size) {
+    return static_cast<std::byte*>(b.data()) + offset * static_cast<int64_t>(size);
+  };
+  const int32_t* targets = mb.targets ? mb.targets.as<int32_t>() : nullptr;
+  for (int64_t r0 = from; r0 < g.rows; r0 += chunk) {
+    const int64_t n = std::min(chunk, g.rows - r0);
+    const void* x = at(mb.lnf, r0 * g.d, act);
+    ZR_RETURN_IF_ERROR(k.Matmul(z.data(), x, mb.head.params[0], nullptr, n, g.d, g.v_l));
+    if (logits != nullptr) ZR_RETURN_IF_ERROR(CopyLogits(mb, z, n, logits));
+    if (!mb.targets) continue;
+    void* losses = at(mb.losses, r0, stat);
+    if (g.whole_vocab()) {
+      ZR_RETURN_IF_ERROR(k.CrossEntropy(z.data(), losses, targets + r0, n, g.v_l, dscale));
+    } else {
+      ZR_RETURN_IF_ERROR(VocabParallelCrossEntropy(mb.tp, z.data(), losses, targets + r0, n, g.v_l,
+                                                   g.v_valid, g.v_begin, dscale));
+    }
+    if (mb.train) {
+      ZR_RETURN_IF_ERROR(k.MatmulBackward(at(s.dbtc, r0 * g.d, act), mb.head.grads[0], nullptr,
+                                          z.data(), x, mb.head.params[0], n, g.d, g.v_l));
+    }
+  }
+  z.Reset();
   double loss = 0;
   if (mb.targets) {
-    ZR_RETURN_IF_ERROR(alloc(mb.losses, g.rows, stat));
-    const float dloss = mb.train ? loss_scale : 0.0f;
-    if (g.whole_vocab()) {
-      ZR_RETURN_IF_ERROR(k.CrossEntropy(mb.logits.data(), mb.losses.data(),
-                                        mb.targets.as<int32_t>(), g.rows, g.v_l, dloss));
-    } else {
-      ZR_RETURN_IF_ERROR(VocabParallelCrossEntropy(mb.tp, mb.logits.data(), mb.losses.data(),
-                                                   mb.targets.as<int32_t>(), g.rows, g.v_l,
-                                                   g.v_valid, g.v_begin, dloss));
-    }
     std::vector<double> host(g.rows);
     ZR_RETURN_IF_ERROR(k.StatToHost(mb.losses.data(), g.rows, host.data()));
     for (double v : host) loss += v;
     loss /= static_cast<double>(g.rows);
   }
+  mb.head_backward_done = mb.train;
   if (!keep_open) {
     mb.head_open = false;
     ZR_RETURN_IF_ERROR(store_.Close(embedding_unit_));
@@ -487,9 +531,10 @@ StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
 
 Status GptModel::HeadBackward(MicroBatch& mb) {
   const ScopedSeconds timed(&phase_seconds_.backward);
-  if (!mb.train || !mb.logits) {
+  if (!mb.head_backward_done) {
     return absl::FailedPreconditionError("HeadBackward needs a training HeadForward first");
   }
+  mb.head_backward_done = false;
   const Geometry& g = mb.g;
   const int norm_unit = norm_unit_;
   ModelKernels& k = kernels_;
@@ -498,14 +543,6 @@ Status GptModel::HeadBackward(MicroBatch& mb) {
   const size_t act = k.act_size();
   BackwardScratch& s = mb.s;
   ZR_RETURN_IF_ERROR(EnsureBackwardScratch(mb));
-  if (!mb.head_open) {  // a last stage that is not the first: the head's own backward scope
-    ZR_ASSIGN_OR_RETURN(mb.head, store_.Open(embedding_unit_, true));
-    mb.head_open = true;
-  }
-  ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), mb.head.grads[0], nullptr, mb.logits.data(),
-                                      mb.lnf.data(), mb.head.params[0], g.rows, g.d, g.v_l));
-  mb.logits.Reset();
   const Ctx c = mb.ctx(k);
   ZR_ASSIGN_OR_RETURN(UnitTensors norm, store_.Open(norm_unit, true));
   ZR_ASSIGN_OR_RETURN(const void* dlnf, ReduceColumnInputGrad(c, s));
@@ -514,12 +551,7 @@ Status GptModel::HeadBackward(MicroBatch& mb) {
                                   norm.params, norm.grads, 0, mb.lnf_mean.data(),
                                   mb.lnf_rstd.data()));
   ZR_RETURN_IF_ERROR(ReduceNormGrads(c, s, {{norm.grads[0], norm.grads[1]}}));
-  ZR_RETURN_IF_ERROR(store_.Close(norm_unit));
-  if (!options_.stage.first) {
-    mb.head_open = false;
-    ZR_RETURN_IF_ERROR(store_.Close(embedding_unit_));
-  }
-  return absl::OkStatus();
+  return store_.Close(norm_unit);
 }
 
 Status GptModel::EnsureBackwardScratch(MicroBatch& mb) {
@@ -538,7 +570,7 @@ Status GptModel::EnsureBackwardScratch(MicroBatch& mb) {
   mb.seq_local.Reset();
   mb.seq_full.Reset();
   ZR_RETURN_IF_ERROR(alloc(s.dres, g.rows_l * g.d, act));
-  ZR_RETURN_IF_ERROR(alloc(s.dbtc, g.rows * g.d, act));
+  if (!s.dbtc) ZR_RETURN_IF_ERROR(alloc(s.dbtc, g.rows * g.d, act));  // HeadForward's, if any
   if (g.sp) {
     ZR_RETURN_IF_ERROR(alloc(s.dfull, g.rows * g.d, act));
     ZR_RETURN_IF_ERROR(alloc(s.dloc, g.rows_l * g.d, act));
@@ -629,30 +661,27 @@ StatusOr<double> GptModel::Run(std::span<const int32_t> tokens, std::span<const 
   return loss;
 }
 
-Status GptModel::CopyLogits(MicroBatch& pass, std::vector<double>* out) {
+Status GptModel::CopyLogits(MicroBatch& pass, const Buffer& logits, int64_t rows,
+                            std::vector<double>* out) {
   const GptConfig& cfg = options_.config;
   ModelKernels& k = kernels_;
   const int tp = pass.g.t, vocab_local = pass.g.v_l;
-  const int64_t rows = pass.g.rows;
-  const int64_t from = pass.logits_from_row;
   const size_t act = k.act_size();
-  out->resize(static_cast<size_t>((rows - from) * cfg.vocab_size));
+  out->resize(static_cast<size_t>(rows * cfg.vocab_size));
   if (tp == 1 && vocab_local == cfg.vocab_size) {
-    return k.ActToHost(static_cast<std::byte*>(pass.logits.data()) + from * vocab_local * act,
-                       (rows - from) * vocab_local, out->data());
+    return k.ActToHost(logits.data(), rows * vocab_local, out->data());
   }
   // Every rank's columns, gathered ([tp, rows, vocab_local]), then rearranged to rows of the real
   // vocabulary: the padding never leaves this function.
   ZR_ASSIGN_OR_RETURN(Buffer all, activations_.Allocate(tp * rows * vocab_local * act,
                                                         MemoryCategory::kWorkspace, &k.stream()));
-  ZR_RETURN_IF_ERROR(
-      GatherFromSequence(pass.tp, pass.logits.data(), all.data(), rows * vocab_local));
+  ZR_RETURN_IF_ERROR(GatherFromSequence(pass.tp, logits.data(), all.data(), rows * vocab_local));
   std::vector<double> host(static_cast<size_t>(tp * rows * vocab_local));
   ZR_RETURN_IF_ERROR(k.ActToHost(all.data(), static_cast<int64_t>(host.size()), host.data()));
-  for (int64_t row = from; row < rows; ++row) {
+  for (int64_t row = 0; row < rows; ++row) {
     for (int v = 0; v < cfg.vocab_size; ++v) {
       const int64_t part = v / vocab_local, col = v % vocab_local;
-      (*out)[(row - from) * cfg.vocab_size + v] = host[(part * rows + row) * vocab_local + col];
+      (*out)[row * cfg.vocab_size + v] = host[(part * rows + row) * vocab_local + col];
     }
   }
   return absl::OkStatus();

@@ -61,7 +61,10 @@ struct GptModelOptions {
   // the batch x seq rows is valid, since every op between the TP regions works per row; a pass
   // whose rows tp does not divide (a short prompt) runs without it, with the same values.
   bool sequence_parallel = false;
-  int vocab_multiple = 1;   // Megatron's make_vocab_size_divisible_by (x tp): wte's padding
+  int vocab_multiple = 1;  // Megatron's make_vocab_size_divisible_by (x tp): wte's padding
+  // Rows of the head's logits [rows, vocab / tp] that exist at a time (HeadForward); 0: automatic
+  // (HeadChunkRows).
+  int64_t head_chunk_rows = 0;
   GptStagePart stage = {};  // pipeline parallelism: what this rank holds (default: everything)
 };
 
@@ -77,6 +80,11 @@ struct GptUnit {
 // the estimator and checkpoints all use it.
 StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& config, int tp_size, int tp_rank,
                                         int vocab_multiple = 1);
+
+// Rows of the head's logits HeadForward computes at a time for a pass of `rows` rows: `configured`
+// (GptModelOptions::head_chunk_rows) when positive, else automatic (see gpt_model.cc). Pure: the
+// estimator uses it too.
+int64_t HeadChunkRows(int64_t configured, int64_t rows, int d_model);
 
 // GPT-2's initialisation: weights normal(0, 0.02), the residual projections (attn.proj.weight,
 // mlp.proj.weight) normal(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm weights 1. Each value
@@ -145,11 +153,16 @@ class GptModel {
                                 int batch, int seq, bool train);
   Status EmbedForward(MicroBatch& mb);
   Status BlocksForward(MicroBatch& mb, int first, int last);  // blocks [first, last)
-  // Final LayerNorm, logits, loss (the mean cross-entropy; 0 without targets). Training: the
-  // logits become their gradient x loss_scale.
-  // `logits` (when given) gets rows logits_from_row .. of the logits, padding left out.
+  // Final LayerNorm, logits, loss (the mean cross-entropy; 0 without targets), in chunks of rows
+  // (HeadChunkRows): a chunk's logits are computed, turned into the losses and, when training,
+  // into their gradient x loss_scale, which goes at once into the head's weight gradient and the
+  // final LayerNorm output's gradient; the [rows, vocab] logits never exist whole. The tied
+  // embedding unit is opened for the backward when training.
+  // `logits` (when given) gets rows logits_from_row .. of the logits, padding left out: only those
+  // rows are computed, in one chunk, and a loss then needs logits_from_row = 0.
   StatusOr<double> HeadForward(MicroBatch& mb, float loss_scale, std::vector<double>* logits,
                                int64_t logits_from_row = 0);
+  // The final LayerNorm's backward (the head's own ran in HeadForward).
   Status HeadBackward(MicroBatch& mb);
   // Blocks last-1 .. first. `dout` (a received gradient, BoundaryElements of act dtype) is the
   // gradient of block last-1's output when the head's backward did not produce it here; `dx`
@@ -172,9 +185,9 @@ class GptModel {
   StatusOr<double> Run(std::span<const int32_t> tokens, std::span<const int32_t> targets, int batch,
                        int seq, bool train, float loss_scale, std::vector<double>* logits,
                        int64_t logits_from_row);
-  // The micro-batch's logits (rows from logits_from_row) as [rows, vocab] host doubles, gathered
-  // from every tensor-parallel rank, padding left out.
-  Status CopyLogits(MicroBatch& mb, std::vector<double>* out);
+  // `rows` rows of logits (this rank's columns, [rows, vocab / tp]) as [rows, vocab] host doubles,
+  // gathered from every tensor-parallel rank, padding left out.
+  Status CopyLogits(MicroBatch& mb, const Buffer& logits, int64_t rows, std::vector<double>* out);
 
   // The scratch of a micro-batch's backward (HeadBackward's, or the first BlocksBackward's on a
   // stage without the head).

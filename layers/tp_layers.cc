@@ -93,7 +93,7 @@ Status RowParallelBackward(const TpContext& tp, void* dx_local, void* dw_local, 
 
 Status VocabParallelCrossEntropy(const TpContext& tp, void* logits_local, void* losses,
                                  const int32_t* targets, int64_t rows, int vocab_local,
-                                 int valid_local, int vocab_begin, float dloss) {
+                                 int valid_local, int vocab_begin, float dscale) {
   ZR_RETURN_IF_ERROR(Check(tp));
   ModelKernels& k = *tp.kernels;
   if (tp.group.size() > 1 && k.stat_size() != 4) {
@@ -119,7 +119,7 @@ Status VocabParallelCrossEntropy(const TpContext& tp, void* logits_local, void* 
                                                 ReduceOp::kSum, On(tp)));
   }
   return k.VocabCrossEntropyFinish(logits_local, losses, max.data(), sums.data(), targets, rows,
-                                   vocab_local, valid_local, vocab_begin, dloss);
+                                   vocab_local, valid_local, vocab_begin, dscale);
 }
 
 }  // namespace zerort

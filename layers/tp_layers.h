@@ -64,12 +64,12 @@ Status RowParallelBackward(const TpContext& tp, void* dx_local, void* dw_local, 
 // this rank's columns [vocab_begin, vocab_begin + vocab_local) of logits whose full row never
 // exists on one rank; the first `valid_local` are real vocabulary, the rest padding (a vocabulary
 // the group size does not divide), which never reaches the loss. losses[rows] (stat dtype, the
-// same on every rank) = -log softmax(row)[target]; with dloss non-zero the local logits become
-// their gradient, (softmax - onehot) x dloss / rows. Two all-reduces of per-row values: the max,
+// same on every rank) = -log softmax(row)[target]; with dscale non-zero the local logits become
+// their gradient, (softmax - onehot) x dscale. Two all-reduces of per-row values: the max,
 // then the sum of exponentials with the target logit. Needs fp32 statistics (float or bf16
 // kernels).
 Status VocabParallelCrossEntropy(const TpContext& tp, void* logits_local, void* losses,
                                  const int32_t* targets, int64_t rows, int vocab_local,
-                                 int valid_local, int vocab_begin, float dloss);
+                                 int valid_local, int vocab_begin, float dscale);
 
 }  // namespace zerort

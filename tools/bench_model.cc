@@ -43,6 +43,7 @@ struct BenchModelConfig {
   int tp = 1;
   bool sequence_parallel = false;
   int vocab_multiple = 1;
+  int64_t head_chunk_rows = 0;
 };
 
 // A run config, read and validated as `zerort train` reads it; bench uses the model, the
@@ -60,6 +61,7 @@ StatusOr<BenchModelConfig> LoadBenchConfig(const std::string& path) {
   c.tp = run.parallel.tensor_parallel_size;
   c.sequence_parallel = run.parallel.sequence_parallel;
   c.vocab_multiple = run.parallel.make_vocab_size_divisible_by;
+  c.head_chunk_rows = run.model.head_chunk_rows;
   return c;
 }
 
@@ -143,7 +145,8 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
                                                       .activation_checkpointing = c.checkpointing,
                                                       .tp = {c.tp > 1 ? &mesh->tensor() : nullptr},
                                                       .sequence_parallel = c.sequence_parallel,
-                                                      .vocab_multiple = c.vocab_multiple},
+                                                      .vocab_multiple = c.vocab_multiple,
+                                                      .head_chunk_rows = c.head_chunk_rows},
                                                      *store, *kernels, *allocator));
     ZR_RETURN_IF_ERROR(manager->Initialize(GptInitializer(m)));
     std::mt19937 rng(1);
@@ -252,6 +255,7 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
         {"seq_len", seq},
         {"micro_batch", batch},
         {"activation_checkpointing", c.checkpointing},
+        {"head_chunk_rows", HeadChunkRows(c.head_chunk_rows, int64_t{batch} * seq, m.d_model)},
         {"zero_stage", static_cast<int>(c.stage)},
         {"world_size", devices},
         {"data_parallel", mesh->shape().data},

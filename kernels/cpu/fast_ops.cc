@@ -174,7 +174,7 @@ ZR_CPU_CLONES void GeluBackwardSpan(float* dinp, const float* inp, const float* 
 }
 
 ZR_CPU_CLONES void CrossEntropySpan(float* logits, float* losses, const int32_t* targets,
-                                    int64_t r0, int64_t r1, int vocab, float dloss, float scale) {
+                                    int64_t r0, int64_t r1, int vocab, float scale) {
   for (int64_t r = r0; r < r1; ++r) {
     float* z = logits + r * vocab;
     float max = z[0];
@@ -185,7 +185,7 @@ ZR_CPU_CLONES void CrossEntropySpan(float* logits, float* losses, const int32_t*
     for (int v = 0; v < vocab; ++v) sum += FastExp(z[v] - max);
     const float log_sum = std::log(sum);
     losses[r] = -(z[targets[r]] - max - log_sum);
-    if (dloss == 0.0f) continue;
+    if (scale == 0.0f) continue;
     const float shift = max + log_sum;
 #pragma omp simd
     for (int v = 0; v < vocab; ++v) z[v] = FastExp(z[v] - shift) * scale;
@@ -382,10 +382,9 @@ void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n) {
 }
 
 void SoftmaxCrossEntropyFused(float* logits, float* losses, const int32_t* targets, int64_t rows,
-                              int vocab, float dloss) {
-  const float scale = dloss / static_cast<float>(rows);
+                              int vocab, float dscale) {
   ParallelFor(rows, RowGrain(vocab), [&](int64_t r0, int64_t r1) {
-    CrossEntropySpan(logits, losses, targets, r0, r1, vocab, dloss, scale);
+    CrossEntropySpan(logits, losses, targets, r0, r1, vocab, dscale);
   });
 }
 

@@ -185,15 +185,15 @@ class CpuModelKernels final : public ModelKernels {
   }
   Status VocabCrossEntropyFinish(void* logits, void* losses, const void* gmax, const void* gsums,
                                  const int32_t* targets, int64_t rows, int vocab, int valid,
-                                 int begin, float dloss) override {
+                                 int begin, float dscale) override {
     T* z = P(logits);
     const T* m = P(gmax);
     const T* s = P(gsums);
     T* l = P(losses);
-    const T scale = T(dloss) / static_cast<T>(rows);
+    const T scale = T(dscale);
     for (int64_t r = 0; r < rows; ++r) {
       l[r] = std::log(s[r]) + m[r] - s[rows + r];
-      if (dloss == 0.0f) continue;
+      if (dscale == 0.0f) continue;
       for (int c = 0; c < vocab; ++c) {
         T& v = z[r * vocab + c];
         if (c >= valid) {
@@ -215,8 +215,8 @@ class CpuModelKernels final : public ModelKernels {
     return absl::OkStatus();
   }
   Status CrossEntropy(void* logits, void* losses, const int32_t* targets, int64_t rows, int vocab,
-                      float dloss) override {
-    cpu::SoftmaxCrossEntropyFused<T>(P(logits), P(losses), targets, rows, vocab, T(dloss));
+                      float dscale) override {
+    cpu::SoftmaxCrossEntropyFused<T>(P(logits), P(losses), targets, rows, vocab, T(dscale));
     return absl::OkStatus();
   }
 
@@ -371,11 +371,11 @@ class Cpu16ModelKernels final : public ModelKernels {
   }
   Status VocabCrossEntropyFinish(void* logits, void* losses, const void* gmax, const void* gsums,
                                  const int32_t* targets, int64_t rows, int vocab, int valid,
-                                 int begin, float dloss) override {
+                                 int begin, float dscale) override {
     F z(this, logits, rows * vocab, true);
     ZR_RETURN_IF_ERROR(f_.VocabCrossEntropyFinish(z.data(), losses, gmax, gsums, targets, rows,
-                                                  vocab, valid, begin, dloss));
-    return dloss != 0.0f ? z.Store() : absl::OkStatus();
+                                                  vocab, valid, begin, dscale));
+    return dscale != 0.0f ? z.Store() : absl::OkStatus();
   }
   Status AddBias(void* out, const void* bias, int64_t rows, int cols) override {
     F o(this, out, rows * cols, true);
@@ -383,10 +383,10 @@ class Cpu16ModelKernels final : public ModelKernels {
     return o.Store();
   }
   Status CrossEntropy(void* logits, void* losses, const int32_t* targets, int64_t rows, int vocab,
-                      float dloss) override {
+                      float dscale) override {
     F z(this, logits, rows * vocab, true);
-    ZR_RETURN_IF_ERROR(f_.CrossEntropy(z.data(), losses, targets, rows, vocab, dloss));
-    return dloss != 0.0f ? z.Store() : absl::OkStatus();
+    ZR_RETURN_IF_ERROR(f_.CrossEntropy(z.data(), losses, targets, rows, vocab, dscale));
+    return dscale != 0.0f ? z.Store() : absl::OkStatus();
   }
 
  private:

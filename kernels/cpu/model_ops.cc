@@ -182,11 +182,11 @@ void SoftmaxCrossEntropyBackward(T* dlogits, const T* probs, const int32_t* targ
 
 template <typename T>
 void SoftmaxCrossEntropyFused(T* logits, T* losses, const int32_t* targets, int64_t rows, int vocab,
-                              T dloss) {
+                              T dscale) {
   if constexpr (std::is_same_v<T, float>) {
-    return fast::SoftmaxCrossEntropyFused(logits, losses, targets, rows, vocab, dloss);
+    return fast::SoftmaxCrossEntropyFused(logits, losses, targets, rows, vocab, dscale);
   }
-  const T scale = dloss / static_cast<T>(rows);
+  const T scale = dscale;
   for (int64_t r = 0; r < rows; ++r) {
     T* z = logits + r * vocab;
     T max = z[0];
@@ -195,7 +195,7 @@ void SoftmaxCrossEntropyFused(T* logits, T* losses, const int32_t* targets, int6
     for (int v = 0; v < vocab; ++v) sum += std::exp(z[v] - max);
     const T log_sum = std::log(sum);
     losses[r] = -(z[targets[r]] - max - log_sum);
-    if (dloss == T(0)) continue;
+    if (scale == T(0)) continue;
     for (int v = 0; v < vocab; ++v) z[v] = std::exp(z[v] - max - log_sum) * scale;
     z[targets[r]] -= scale;
   }

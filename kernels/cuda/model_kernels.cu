@@ -638,11 +638,10 @@ class CudaModelKernels final : public ModelKernels {
   }
   Status VocabCrossEntropyFinish(void* logits, void* losses, const void* gmax, const void* gsums,
                                  const int32_t* targets, int64_t rows, int vocab, int valid,
-                                 int begin, float dloss) override {
+                                 int begin, float dscale) override {
     VocabFinishKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s()>>>(
         A(logits), static_cast<float*>(losses), static_cast<const float*>(gmax),
-        static_cast<const float*>(gsums), targets, rows, vocab, valid, begin,
-        dloss / static_cast<float>(rows));
+        static_cast<const float*>(gsums), targets, rows, vocab, valid, begin, dscale);
     return Launched("VocabCrossEntropyFinish");
   }
   Status AddBias(void* out, const void* bias, int64_t rows, int cols) override {
@@ -650,9 +649,9 @@ class CudaModelKernels final : public ModelKernels {
     return Launched("AddBias");
   }
   Status CrossEntropy(void* logits, void* losses, const int32_t* targets, int64_t rows, int vocab,
-                      float dloss) override {
+                      float dscale) override {
     CrossEntropyKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s()>>>(
-        A(logits), static_cast<float*>(losses), targets, vocab, dloss / static_cast<float>(rows));
+        A(logits), static_cast<float*>(losses), targets, vocab, dscale);
     return Launched("CrossEntropy");
   }
 

@@ -70,6 +70,8 @@ struct Params {
   int64_t reuse_distance = 0;                   // stage3_max_reuse_distance
   int64_t max_live = 1'000'000'000;             // stage3_max_live_parameters
   int64_t allgather_bucket_size = 500'000'000;  // stages 1-2
+  int64_t head_chunk = 0;                       // model.head_chunk_rows
+  int vocab = 256;                              // model.vocab_size
 };
 
 class MemoryGridTest : public ::testing::TestWithParam<Params> {};
@@ -94,6 +96,8 @@ TEST_P(MemoryGridTest, EstimateMatchesTheMeasuredStep) {
   c.zero.stage3_max_reuse_distance = p.reuse_distance;
   c.zero.stage3_max_live_parameters = p.max_live;
   c.zero.allgather_bucket_size = p.allgather_bucket_size;
+  c.model.head_chunk_rows = p.head_chunk;
+  c.model.shape.vocab_size = p.vocab;
   c.parallel.tensor_parallel_size = p.tp;
   c.parallel.sequence_parallel = p.sp;
   c.parallel.make_vocab_size_divisible_by = p.vocab_multiple;
@@ -245,6 +249,27 @@ std::vector<Params> Grid() {
     p.allgather_bucket_size = 400'000;
     out.push_back(p);
   }
+  // The head's logits in chunks of 48 rows (48, 48, 32 of a micro-batch's 128; 5 x 48 + 16 of
+  // 256 at tp 2) of a vocabulary of 8192, so that they weigh: 1.5 MiB of workspace instead of
+  // 4 MiB. The whole vocabulary, vocabulary-parallel with sequence parallelism, GPipe's last
+  // stage.
+  for (int tp : {1, 2}) {
+    Params p{3, 2, false};
+    p.tp = tp;
+    p.sp = tp > 1;
+    p.head_chunk = 48;
+    p.vocab = 8192;
+    out.push_back(p);
+  }
+  {
+    Params p{2, 2, false};
+    p.pp = 2;
+    p.schedule = "gpipe";
+    p.layers = {2, 2};
+    p.head_chunk = 48;
+    p.vocab = 8192;
+    out.push_back(p);
+  }
   return out;
 }
 
@@ -261,6 +286,7 @@ INSTANTIATE_TEST_SUITE_P(
           info.param.reuse_distance > 0 ? "_reuse" : "",
           info.param.max_live < 1'000'000'000 ? "_live" : "",
           info.param.allgather_bucket_size < 500'000'000 ? "_agbucket" : "",
+          info.param.head_chunk > 0 ? "_chunks" : "",
           std::string(info.param.offload_optimizer) != "none"
               ? StrCat("_opt_", info.param.offload_optimizer)
               : "",

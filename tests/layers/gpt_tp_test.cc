@@ -31,8 +31,9 @@ struct Result {
   std::map<std::string, std::vector<float>> grads;  // global frame, padding rows left out
 };
 
-// One training micro-batch (2 sequences of 8) at tensor-parallel size `tp`.
-Result RunMicroBatch(int tp, bool sp, bool checkpointing) {
+// One training micro-batch (2 sequences of 8) at tensor-parallel size `tp`, the head's logits
+// `head_chunk` rows at a time (0: automatic, all 16 here).
+Result RunMicroBatch(int tp, bool sp, bool checkpointing, int64_t head_chunk = 0) {
   const GptConfig config = Config();
   std::vector<int32_t> tokens, targets;
   GptBatch(3, 2, config.seq_len, config.vocab_size, tokens, targets);
@@ -48,7 +49,8 @@ Result RunMicroBatch(int tp, bool sp, bool checkpointing) {
                                                       .micro_batch = 2,
                                                       .activation_checkpointing = checkpointing,
                                                       .tp = {tp > 1 ? &comm : nullptr},
-                                                      .sequence_parallel = sp},
+                                                      .sequence_parallel = sp,
+                                                      .head_chunk_rows = head_chunk},
                                                      store, *kernels, *allocator));
     store.Initialize(GptInitializer(config), 7);
     ZR_ASSIGN_OR_RETURN(double loss,
@@ -132,8 +134,12 @@ TEST(GptTensorParallelTest, EveryGradientEqualsOneRank) {
             "tp " + std::to_string(tp) + (sp ? " sp" : "") + (ckpt ? " checkpointing" : "");
         ExpectSame(RunMicroBatch(tp, sp, ckpt), reference, what);
       }
+      // The vocabulary-parallel cross-entropy on chunks of 5, 5, 5 and 1 rows.
+      ExpectSame(RunMicroBatch(tp, sp, false, 5), reference,
+                 "tp " + std::to_string(tp) + (sp ? " sp" : "") + " head chunks of 5");
     }
   }
+  ExpectSame(RunMicroBatch(1, false, false, 5), reference, "head chunks of 5");
 }
 
 // Megatron's communication count, read from the tensor-parallel group's collective trace of one
