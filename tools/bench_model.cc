@@ -272,6 +272,9 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
         {"ratio", flops / gemm_rate},
         {"peak_activation_bytes",
          tracker.Usage(MemoryTier::kDevice, MemoryCategory::kActivations).peak},
+        // The head's logits chunk is workspace, as is the backward's scratch.
+        {"peak_workspace_bytes",
+         tracker.Usage(MemoryTier::kDevice, MemoryCategory::kWorkspace).peak},
         // The whole training step (forward + backward + optimizer), this rank's median.
         {"step_s", Median(ph.step)},
         {"step_tokens_per_s", tokens * mesh->shape().data / Median(ph.step) / devices},
@@ -346,6 +349,9 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
   }
   std::printf("  peak activations      %10.1f MiB\n",
               result["peak_activation_bytes"].get<int64_t>() / 1048576.0);
+  std::printf("  peak workspace        %10.1f MiB (head logits: %lld rows at a time)\n",
+              result["peak_workspace_bytes"].get<int64_t>() / 1048576.0,
+              static_cast<long long>(result["head_chunk_rows"].get<int64_t>()));
   return kExitOk;
 }
 
