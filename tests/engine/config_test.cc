@@ -45,7 +45,8 @@ TEST(ConfigTest, DeepSpeedSectionsAndDefaults) {
     "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 10,
                                                        "total_num_steps": 100}},
     "gradient_clipping": 1.0,
-    "model": {"preset": "tiny", "seq_len": 32, "activation_checkpointing": true}
+    "model": {"preset": "tiny", "seq_len": 32, "activation_checkpointing": true,
+              "head_chunk_rows": 96}
   })");
   EXPECT_EQ(c.zero.stage, 3);
   EXPECT_FALSE(c.zero.overlap_comm);
@@ -59,6 +60,7 @@ TEST(ConfigTest, DeepSpeedSectionsAndDefaults) {
   EXPECT_EQ(c.model.shape.d_model, 64);                 // from the preset
   EXPECT_EQ(c.model.shape.seq_len, 32);                 // overridden
   EXPECT_TRUE(c.model.activation_checkpointing);
+  EXPECT_EQ(c.model.head_chunk_rows, 96);
   EXPECT_EQ(c.steps_per_print, 10);
   // The resolved config round-trips.
   const RunConfig again = *ParseRunConfig(c.ToJson(), "resolved");
@@ -157,7 +159,8 @@ TEST(ConfigTest, OutOfRangeValues) {
   EXPECT_ERROR_HAS(R"({"zero_optimization": {"stage3_max_reuse_distance": "1e9"}})",
                    "zero_optimization.stage3_max_reuse_distance");
   EXPECT_ERROR_HAS(R"({"zero_optimization": {"allgather_bucket_size": 1e300}})",
-                   "zero_optimization.allgather_bucket_size");
+                   "zero_optimization.allgather_bucket_size");  EXPECT_ERROR_HAS(R"({"model": {"head_chunk_rows": -1}})", "model.head_chunk_rows = -1");
+  EXPECT_ERROR_HAS(R"({"model": {"head_chunk_rows": 1.5}})", "model.head_chunk_rows = 1.5");
 }
 
 TEST(ConfigTest, DuplicateKeys) {
