@@ -717,6 +717,10 @@ Status MemoryModelInput::Validate() const {
                                              ") and d_model (", model.d_model, ")"));
   }
   ZR_RETURN_IF_ERROR(positive("make_vocab_size_divisible_by", vocab_multiple));
+  if (head_chunk_rows < 0) {
+    return absl::InvalidArgumentError(
+        StrCat("model.head_chunk_rows = ", head_chunk_rows, ": must be >= 0 (0: automatic)"));
+  }
   if (pipeline_stage < 0 || pipeline_stage >= pp) {
     return absl::InvalidArgumentError(
         StrCat("pipeline stage ", pipeline_stage, " of ", pp, " stages"));

@@ -294,7 +294,7 @@ struct GptModel::MicroBatch {
   std::vector<BlockActs> acts;      // one per block, or a single reused set
   Buffer lnf, lnf_mean, lnf_rstd;   // final LayerNorm: output of every row, this rank's statistics
   Buffer losses;                    // [batch, seq] stat dtype
-  bool head_backward_done = false;  // HeadForward put the head's gradient in s.dbtc and the unit
+  bool head_backward_done = false;  // training HeadForward ran the head's backward (s.dbtc)
   Buffer seq_local, seq_full;       // forward scratch of the tensor-parallel collectives
   UnitTensors head;                 // the tied embeddings, open from HeadForward to EmbedBackward
   bool head_open = false;
@@ -424,8 +424,8 @@ int64_t HeadChunkRows(int64_t configured, int64_t rows, int d_model) {
   // the chunk's logits pass through memory about five times (written by the GEMM, read twice and
   // written by the cross-entropy, read by the two backward GEMMs): with 2 d rows or more that
   // extra pass is a small part of the chunk's traffic. Measured on the CPU
-  // (docs/cpu-performance.md): chunks of 2 d rows cost at most 2%, of d / 3 rows 10-20%. The rows
-  // are split into equal chunks of at most that many.
+  // (docs/cpu-performance.md): chunks of 2 d rows cost at most 2%, of 128 rows 6% (d 768) to
+  // 12% (d 384), of 64 rows 11-20%. The rows are split into equal chunks of at most 2 d.
   const int64_t most = std::max<int64_t>(64, kHeadChunkPerChannel * d_model);
   const int64_t count = (rows + most - 1) / most;
   return (rows + count - 1) / count;

@@ -332,6 +332,10 @@ TEST(MemoryModelTest, InvalidInputIsRefused) {
   in.tp = 5;
   EXPECT_NE(EstimateMemory(in).status().message().find("does not divide"), std::string::npos);
   in.tp = 1;
+  in.head_chunk_rows = -1;
+  EXPECT_NE(EstimateMemory(in).status().message().find("model.head_chunk_rows = -1"),
+            std::string::npos);
+  in.head_chunk_rows = 0;
   in.model.n_head = 7;
   EXPECT_NE(EstimateMemory(in).status().message().find("does not divide"), std::string::npos);
 }
