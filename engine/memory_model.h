@@ -57,7 +57,7 @@ struct MemoryModelInput {
   DType compute = DType::kF32;
   int optimizer_states = 2;  // fp32 moments per parameter: Adam 2, SGD with momentum 1, SGD 0
   bool activation_checkpointing = false;
-  int64_t head_chunk_rows = 0;  // GptModelOptions::head_chunk_rows
+  int64_t head_chunk_rows = 0;              // GptModelOptions::head_chunk_rows
   std::string offload_optimizer = "none";   // none | cpu | nvme
   std::string offload_param = "none";       // none | cpu | nvme (stage 3)
   bool pin_memory = true;                   // "cpu" offload on pinned (true) or plain host memory

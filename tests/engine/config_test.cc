@@ -159,8 +159,11 @@ TEST(ConfigTest, OutOfRangeValues) {
   EXPECT_ERROR_HAS(R"({"zero_optimization": {"stage3_max_reuse_distance": "1e9"}})",
                    "zero_optimization.stage3_max_reuse_distance");
   EXPECT_ERROR_HAS(R"({"zero_optimization": {"allgather_bucket_size": 1e300}})",
-                   "zero_optimization.allgather_bucket_size");  EXPECT_ERROR_HAS(R"({"model": {"head_chunk_rows": -1}})", "model.head_chunk_rows = -1");
+                   "zero_optimization.allgather_bucket_size");
+  EXPECT_ERROR_HAS(R"({"model": {"head_chunk_rows": -1}})", "model.head_chunk_rows = -1");
   EXPECT_ERROR_HAS(R"({"model": {"head_chunk_rows": 1.5}})", "model.head_chunk_rows = 1.5");
+  EXPECT_ERROR_HAS(R"({"model": {"head_chunk_rows": 1e300}})", "model.head_chunk_rows");
+  EXPECT_ERROR_HAS(R"({"model": {"head_chunk_rows": "all"}})", "model.head_chunk_rows");
 }
 
 TEST(ConfigTest, DuplicateKeys) {
