@@ -4,6 +4,8 @@
 //   - activations, weights and their gradients-in-flight: act dtype (act_size() bytes);
 //   - weight gradients (the shard manager's gradient buffers): grad dtype (grad_size() bytes);
 //   - LayerNorm statistics and per-row losses: stat_size() bytes (fp32; fp64 for double kernels);
+//   Each has its DType (act_dtype(), ...): the one source of a collective's element type, since
+//   fp16 and bf16 have the same size and different bits.
 //   - token ids: int32.
 // Backward operations ADD (+=) into every gradient they write, as the shard manager's gradient
 // buffers accumulate across micro-batches; a null gradient pointer skips that gradient.
@@ -14,6 +16,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
 
 #include "runtime/allocator.h"
 #include "runtime/device.h"
@@ -31,6 +36,13 @@ class ModelKernels {
   virtual size_t act_size() const = 0;
   virtual size_t grad_size() const = 0;
   virtual size_t stat_size() const = 0;
+  // The element types of activations, weight gradients and statistics as collectives and copies
+  // name them (tensor parallelism's all-reduces and gathers, the pipeline's boundary sends).
+  // nullopt for the double kernels of finite-difference checks: no collective carries fp64, so
+  // those kernels run on one rank (CollectiveDType refuses them).
+  virtual std::optional<DType> act_dtype() const = 0;
+  virtual std::optional<DType> grad_dtype() const = 0;
+  virtual std::optional<DType> stat_dtype() const = 0;
   // Copies n activation elements (act dtype) or statistics (stat dtype) to host doubles; waits.
   virtual Status ActToHost(const void* src, int64_t n, double* out) = 0;
   virtual Status StatToHost(const void* src, int64_t n, double* out) = 0;
@@ -138,6 +150,16 @@ class ModelKernels {
   };
   virtual const Seconds* seconds() const { return nullptr; }
 };
+
+// `dtype` (one of ModelKernels' act_dtype, grad_dtype, stat_dtype) for a collective; an error
+// naming `what` ("activations") when the kernels have none.
+inline StatusOr<DType> CollectiveDType(std::optional<DType> dtype, std::string_view what) {
+  if (dtype.has_value()) return *dtype;
+  return absl::InvalidArgumentError(
+      "the kernels' " + std::string(what) +
+      " are fp64, which no collective carries: the double kernels (finite-difference checks) "
+      "run on one rank, without tensor or pipeline parallelism");
+}
 
 // CPU kernels in float (act, grad and stat all fp32), bf16 or fp16 (activations and weights
 // stored in 16 bits, fp32 math and weight gradients), or, for gradient checks, double.

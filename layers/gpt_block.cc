@@ -113,7 +113,8 @@ Status ReduceNormGrads(const Ctx& c, BackwardScratch& s,
   const Geometry& g = c.g;
   if (!g.sp) return absl::OkStatus();
   const int64_t n = static_cast<int64_t>(targets.size()) * 2 * g.d;
-  ZR_RETURN_IF_ERROR(c.tp.group.comm->AllReduce(s.norm.data(), s.norm.data(), n, c.grad,
+  ZR_ASSIGN_OR_RETURN(const DType grad, CollectiveDType(c.k.grad_dtype(), "weight gradients"));
+  ZR_RETURN_IF_ERROR(c.tp.group.comm->AllReduce(s.norm.data(), s.norm.data(), n, grad,
                                                 ReduceOp::kSum, &c.k.stream()));
   auto* base = static_cast<std::byte*>(s.norm.data());
   const size_t vec = static_cast<size_t>(g.d) * c.k.grad_size();

@@ -35,8 +35,6 @@ struct BlockActs {
   Buffer ln1, ln1_mean, ln1_rstd, qkv, atty, att, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
 };
 
-inline DType DTypeOfSize(size_t size) { return size == 2 ? DType::kBF16 : DType::kF32; }
-
 // The sizes one rank works with in a pass: t tensor-parallel ranks, this one r.
 struct Geometry {
   int t = 1, r = 0;
@@ -55,7 +53,6 @@ struct Ctx {
   ModelKernels& k;
   const TpContext& tp;
   const Geometry& g;
-  DType grad;       // weight gradients' dtype (the sequence-parallel norm reductions)
   void* seq_local;  // [rows_l, d] scratch (sequence parallelism)
   void* seq_full;   // [rows, d] scratch (tensor parallelism)
 };

@@ -202,9 +202,25 @@ StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptModelOptions& opti
     return absl::InvalidArgumentError(StrCat("activations on ", activations.device().ToString(),
                                              " but kernels on ", kernels.device().ToString()));
   }
-  if (options.tp.size() > 1 && (kernels.act_size() > 4 || kernels.grad_size() > 4)) {
+  // The store's weights and gradients are read and written by the kernels in their own formats.
+  auto same = [](std::optional<DType> a, std::optional<DType> b) -> std::string {
+    if (a == b) return "";
+    return StrCat(a ? DTypeName(*a) : "f64", " and ", b ? DTypeName(*b) : "f64");
+  };
+  if (const std::string p = same(store.param_dtype(), kernels.act_dtype()); !p.empty()) {
     return absl::InvalidArgumentError(
-        "tensor parallelism needs fp32 or bf16 kernels (the collectives have no fp64)");
+        StrCat("the weight store's parameters and the kernels' activations differ: ", p));
+  }
+  if (const std::string g = same(store.grad_dtype(), kernels.grad_dtype()); !g.empty()) {
+    return absl::InvalidArgumentError(
+        StrCat("the weight store's gradients and the kernels' weight gradients differ: ", g));
+  }
+  if (options.tp.size() > 1 || !options.stage.first || !options.stage.last) {
+    // Tensor parallelism's collectives and a pipeline stage's sends carry the kernels' own
+    // element types (never guessed from a size: fp16 and bf16 are both 2 bytes).
+    ZR_RETURN_IF_ERROR(CollectiveDType(kernels.act_dtype(), "activations").status());
+    ZR_RETURN_IF_ERROR(CollectiveDType(kernels.grad_dtype(), "weight gradients").status());
+    ZR_RETURN_IF_ERROR(CollectiveDType(kernels.stat_dtype(), "statistics").status());
   }
   const GptStagePart& part = options.stage;
   const int L = options.config.n_layer;
@@ -299,9 +315,7 @@ struct GptModel::MicroBatch {
   UnitTensors head;                 // the tied embeddings, open from HeadForward to EmbedBackward
   bool head_open = false;
   BackwardScratch s;
-  Ctx ctx(ModelKernels& k) {
-    return Ctx{k, tp, g, DTypeOfSize(k.grad_size()), seq_local.data(), seq_full.data()};
-  }
+  Ctx ctx(ModelKernels& k) { return Ctx{k, tp, g, seq_local.data(), seq_full.data()}; }
 };
 
 void GptModel::MicroBatchDeleter::operator()(MicroBatch* mb) const { delete mb; }
@@ -325,7 +339,7 @@ StatusOr<GptModel::MicroBatchPtr> GptModel::Begin(std::span<const int32_t> token
   Stream* st = &k.stream();
   const Device dev = k.device();
   const size_t act = k.act_size();
-  MicroBatchPtr mb(new MicroBatch(g, TpContext{options_.tp, &k, DTypeOfSize(act), &activations_}));
+  MicroBatchPtr mb(new MicroBatch(g, TpContext{options_.tp, &k, &activations_}));
   mb->train = train;
   auto alloc = [&](Buffer& b, int64_t elems, size_t size,
                    MemoryCategory cat = MemoryCategory::kActivations) -> Status {
@@ -416,7 +430,11 @@ void* GptModel::BlockInput(MicroBatch& mb, int block) { return mb.block_out.at(b
 
 int64_t GptModel::BoundaryElements(const MicroBatch& mb) const { return mb.g.rows_l * mb.g.d; }
 
-DType GptModel::BoundaryDType() const { return DTypeOfSize(kernels_.act_size()); }
+DType GptModel::BoundaryDType() const {
+  const std::optional<DType> act = kernels_.act_dtype();
+  ZR_CHECK(act.has_value()) << "a pipeline boundary of fp64 kernels (Create refuses them)";
+  return *act;
+}
 
 int64_t HeadChunkRows(int64_t configured, int64_t rows, int d_model) {
   if (configured > 0) return std::min(configured, rows);
@@ -611,7 +629,7 @@ Status GptModel::BlocksBackward(MicroBatch& mb, int first, int last, const void*
         ZR_ASSIGN_OR_RETURN(local, activations_.Allocate(g.rows_l * g.d * act, ws, st));
         ZR_ASSIGN_OR_RETURN(full, activations_.Allocate(g.rows * g.d * act, ws, st));
       }
-      const Ctx rc{k, mb.tp, g, c.grad, local.data(), full.data()};
+      const Ctx rc{k, mb.tp, g, local.data(), full.data()};
       ZR_RETURN_IF_ERROR(
           BlockForward(rc, block.params, mb.block_out[l].data(), a, mb.block_out[l + 1].data()));
     }

@@ -15,12 +15,17 @@ Status Check(const TpContext& tp) {
 
 Stream* On(const TpContext& tp) { return &tp.kernels->stream(); }
 
+StatusOr<DType> Act(const TpContext& tp) {
+  return CollectiveDType(tp.kernels->act_dtype(), "activations");
+}
+
 }  // namespace
 
 Status CopyToRegionBackward(const TpContext& tp, void* grad, int64_t n) {
   ZR_RETURN_IF_ERROR(Check(tp));
   if (tp.group.size() == 1) return absl::OkStatus();
-  return tp.group.comm->AllReduce(grad, grad, n, tp.act, ReduceOp::kSum, On(tp));
+  ZR_ASSIGN_OR_RETURN(const DType act, Act(tp));
+  return tp.group.comm->AllReduce(grad, grad, n, act, ReduceOp::kSum, On(tp));
 }
 
 Status ReduceFromRegionForward(const TpContext& tp, void* x, int64_t n) {
@@ -31,18 +36,20 @@ Status GatherFromSequence(const TpContext& tp, const void* local, void* full, in
   ZR_RETURN_IF_ERROR(Check(tp));
   if (tp.group.size() == 1) {
     return CopyBytes(full, tp.kernels->device(), local, tp.kernels->device(),
-                     local_n * DTypeSize(tp.act), On(tp));
+                     local_n * tp.kernels->act_size(), On(tp));
   }
-  return tp.group.comm->AllGather(local, full, local_n, tp.act, On(tp));
+  ZR_ASSIGN_OR_RETURN(const DType act, Act(tp));
+  return tp.group.comm->AllGather(local, full, local_n, act, On(tp));
 }
 
 Status ScatterToSequence(const TpContext& tp, const void* full, void* local, int64_t local_n) {
   ZR_RETURN_IF_ERROR(Check(tp));
   if (tp.group.size() == 1) {
     return CopyBytes(local, tp.kernels->device(), full, tp.kernels->device(),
-                     local_n * DTypeSize(tp.act), On(tp));
+                     local_n * tp.kernels->act_size(), On(tp));
   }
-  return tp.group.comm->ReduceScatter(full, local, local_n, tp.act, ReduceOp::kSum, On(tp));
+  ZR_ASSIGN_OR_RETURN(const DType act, Act(tp));
+  return tp.group.comm->ReduceScatter(full, local, local_n, act, ReduceOp::kSum, On(tp));
 }
 
 Status ColumnParallelForward(const TpContext& tp, void* out_local, const void* x,
@@ -96,9 +103,9 @@ Status VocabParallelCrossEntropy(const TpContext& tp, void* logits_local, void* 
                                  int valid_local, int vocab_begin, float dscale) {
   ZR_RETURN_IF_ERROR(Check(tp));
   ModelKernels& k = *tp.kernels;
-  if (tp.group.size() > 1 && k.stat_size() != 4) {
-    return absl::InvalidArgumentError(
-        "the vocabulary-parallel cross-entropy's collectives need fp32 statistics");
+  DType stat_dtype = DType::kF32;  // unused on one rank
+  if (tp.group.size() > 1) {
+    ZR_ASSIGN_OR_RETURN(stat_dtype, CollectiveDType(k.stat_dtype(), "statistics"));
   }
   if (valid_local < 0 || valid_local > vocab_local) {
     return absl::InvalidArgumentError(StrCat("valid columns ", valid_local, " of ", vocab_local));
@@ -109,13 +116,13 @@ Status VocabParallelCrossEntropy(const TpContext& tp, void* logits_local, void* 
   ZR_ASSIGN_OR_RETURN(Buffer sums, a.Allocate(2 * rows * stat, MemoryCategory::kWorkspace, On(tp)));
   ZR_RETURN_IF_ERROR(k.VocabMax(logits_local, max.data(), rows, vocab_local, valid_local));
   if (tp.group.size() > 1) {
-    ZR_RETURN_IF_ERROR(tp.group.comm->AllReduce(max.data(), max.data(), rows, DType::kF32,
-                                                ReduceOp::kMax, On(tp)));
+    ZR_RETURN_IF_ERROR(
+        tp.group.comm->AllReduce(max.data(), max.data(), rows, stat_dtype, ReduceOp::kMax, On(tp)));
   }
   ZR_RETURN_IF_ERROR(k.VocabSums(logits_local, max.data(), targets, sums.data(), rows, vocab_local,
                                  valid_local, vocab_begin));
   if (tp.group.size() > 1) {
-    ZR_RETURN_IF_ERROR(tp.group.comm->AllReduce(sums.data(), sums.data(), 2 * rows, DType::kF32,
+    ZR_RETURN_IF_ERROR(tp.group.comm->AllReduce(sums.data(), sums.data(), 2 * rows, stat_dtype,
                                                 ReduceOp::kSum, On(tp)));
   }
   return k.VocabCrossEntropyFinish(logits_local, losses, max.data(), sums.data(), targets, rows,

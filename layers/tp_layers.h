@@ -2,7 +2,7 @@
 // the mappings (each a forward and its backward) and the column- and row-parallel linears. Every
 // buffer is memory of the kernels' device, in act dtype; collectives run on the kernels' stream.
 // Public (no CUDA/MPI includes): a trainer built on the installed package can split its own
-// layers with them. The GPT model does not use them yet (tensor_parallel_size > 1 is refused).
+// layers with them; the GPT model's blocks are built from them.
 //
 // Mappings (Megatron's names in brackets):
 //   CopyToRegion     [f]: forward identity;                    backward: all-reduce (sum)
@@ -29,10 +29,11 @@
 
 namespace zerort {
 
+// The collectives' element types are the kernels' own (ModelKernels::act_dtype, stat_dtype):
+// there is no second place to name them, so fp16 activations are never summed as bf16.
 struct TpContext {
   TensorParallelGroup group;  // size 1: every function is the plain linear / a no-op
   ModelKernels* kernels = nullptr;
-  DType act = DType::kF32;         // the kernels' activation dtype, for the collectives
   Allocator* workspace = nullptr;  // scratch on the kernels' device (kWorkspace)
 };
 
@@ -66,8 +67,8 @@ Status RowParallelBackward(const TpContext& tp, void* dx_local, void* dw_local, 
 // the group size does not divide), which never reaches the loss. losses[rows] (stat dtype, the
 // same on every rank) = -log softmax(row)[target]; with dscale non-zero the local logits become
 // their gradient, (softmax - onehot) x dscale. Two all-reduces of per-row values: the max,
-// then the sum of exponentials with the target logit. Needs fp32 statistics (float or bf16
-// kernels).
+// then the sum of exponentials with the target logit, in the kernels' stat dtype (fp32; the
+// double kernels' fp64 is refused).
 Status VocabParallelCrossEntropy(const TpContext& tp, void* logits_local, void* losses,
                                  const int32_t* targets, int64_t rows, int vocab_local,
                                  int valid_local, int vocab_begin, float dscale);

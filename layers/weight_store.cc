@@ -45,6 +45,8 @@ class ShardManagerStore final : public WeightStore {
     open_.erase(it);
     return status;
   }
+  std::optional<DType> param_dtype() const override { return manager_.options().compute_dtype; }
+  std::optional<DType> grad_dtype() const override { return manager_.options().reduce_dtype; }
 
  private:
   struct UnitInfo {

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/status.h"
@@ -29,6 +31,11 @@ class WeightStore {
                          const UnitOptions& options = {}) = 0;
   virtual StatusOr<UnitTensors> Open(int unit, bool backward) = 0;
   virtual Status Close(int unit) = 0;
+  // The element types of the weights Open returns and of the gradients it adds into; nullopt
+  // where no DType names them (HostWeightStore<double>). GptModel::Create checks them against its
+  // kernels' act_dtype and grad_dtype, so fp16 bits are never read as bf16.
+  virtual std::optional<DType> param_dtype() const = 0;
+  virtual std::optional<DType> grad_dtype() const = 0;
 };
 
 // The shard manager as a weight store; the manager must outlive it. Open gathers the unit (ZeRO-3)
@@ -59,6 +66,8 @@ class HostWeightStore final : public WeightStore {
     return t;
   }
   Status Close(int unit) override { return absl::OkStatus(); }
+  std::optional<DType> param_dtype() const override { return Type(); }
+  std::optional<DType> grad_dtype() const override { return Type(); }
 
   // Fills every parameter as the shard manager would from the same initializer.
   void Initialize(const Initializer& init, uint64_t seed) {
@@ -91,6 +100,10 @@ class HostWeightStore final : public WeightStore {
     std::vector<ParamSpec> specs;
     std::vector<std::vector<T>> params, grads;
   };
+  static std::optional<DType> Type() {
+    if constexpr (std::is_same_v<T, float>) return DType::kF32;
+    return std::nullopt;
+  }
   std::vector<T>* Find(const std::string& name, bool grad) {
     for (Unit& u : units_) {
       for (size_t i = 0; i < u.specs.size(); ++i) {

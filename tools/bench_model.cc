@@ -37,7 +37,7 @@ namespace {
 struct BenchModelConfig {
   GptConfig model;
   int micro_batch = 1;
-  bool bf16 = false;
+  DType compute = DType::kF32;  // bf16.enabled: bf16; fp16.enabled: f16
   bool checkpointing = false;
   ZeroStage stage = ZeroStage::k0;
   int tp = 1;
@@ -47,7 +47,8 @@ struct BenchModelConfig {
 };
 
 // A run config, read and validated as `zerort train` reads it; bench uses the model, the
-// micro-batch (1 when unset), bf16, the ZeRO stage and activation checkpointing.
+// micro-batch (1 when unset), the compute dtype (bf16 or fp16), the ZeRO stage and activation
+// checkpointing.
 StatusOr<BenchModelConfig> LoadBenchConfig(const std::string& path) {
   ZR_ASSIGN_OR_RETURN(RunConfig run, LoadRunConfig(path));
   BenchModelConfig c;
@@ -55,7 +56,7 @@ StatusOr<BenchModelConfig> LoadBenchConfig(const std::string& path) {
   c.micro_batch = run.train_micro_batch_size_per_gpu > 0
                       ? static_cast<int>(run.train_micro_batch_size_per_gpu)
                       : 1;
-  c.bf16 = run.bf16;
+  c.compute = run.bf16 ? DType::kBF16 : run.fp16.enabled ? DType::kF16 : DType::kF32;
   c.checkpointing = run.model.activation_checkpointing;
   c.stage = static_cast<ZeroStage>(run.zero.stage);
   c.tp = run.parallel.tensor_parallel_size;
@@ -92,7 +93,7 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
   const bool cuda = !o.cpu && CudaDeviceCount() > 0;
   const Device device =
       cuda ? Device::Cuda(launch.local_rank % std::max(1, CudaDeviceCount())) : Device::Cpu();
-  const DType dtype = c.bf16 ? DType::kBF16 : DType::kF32;
+  const DType dtype = c.compute;
   const GptConfig& m = c.model;
   const int batch = c.micro_batch, seq = m.seq_len;
   const double tokens = static_cast<double>(batch) * seq;
@@ -138,7 +139,9 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
       ZR_ASSIGN_OR_RETURN(
           kernels, MakeCudaModelKernels(dtype, DType::kF32, manager->compute_stream(), *allocator));
     } else {
-      kernels = MakeCpuModelKernels(c.bf16 ? CpuPrecision::kBf16 : CpuPrecision::kFloat);
+      kernels = MakeCpuModelKernels(dtype == DType::kBF16  ? CpuPrecision::kBf16
+                                    : dtype == DType::kF16 ? CpuPrecision::kF16
+                                                           : CpuPrecision::kFloat);
     }
     ZR_ASSIGN_OR_RETURN(auto model, GptModel::Create({.config = m,
                                                       .micro_batch = batch,

@@ -90,8 +90,7 @@ Status Train(zerort::Communicator& world, int tp, std::vector<double>& losses) {
   ZR_ASSIGN_OR_RETURN(int fc2, manager->AddUnit("fc2", {w2, b2}));
   ZR_RETURN_IF_ERROR(manager->Initialize(Init));
 
-  const zerort::TpContext ctx{
-      {tp > 1 ? &mesh->tensor() : nullptr}, kernels.get(), zerort::DType::kF32, allocator.get()};
+  const zerort::TpContext ctx{{tp > 1 ? &mesh->tensor() : nullptr}, kernels.get(), allocator.get()};
   const int local = kHidden / tp;
   std::vector<float> x, y, h(kBatch * local), a(kBatch * local), out(kBatch * kOut),
       dout(kBatch * kOut), da(kBatch * local), dh(kBatch * local);

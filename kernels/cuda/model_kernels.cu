@@ -13,7 +13,9 @@
 
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cuda/convert.cuh"
@@ -27,6 +29,14 @@ using cuda::FromFloat;
 using cuda::ToFloat;
 using bf16 = __nv_bfloat16;
 using f16 = __half;
+
+template <typename T>
+constexpr DType DTypeOfCuda() {
+  if constexpr (std::is_same_v<T, bf16>) return DType::kBF16;
+  if constexpr (std::is_same_v<T, f16>) return DType::kF16;
+  static_assert(std::is_same_v<T, bf16> || std::is_same_v<T, f16> || std::is_same_v<T, float>);
+  return DType::kF32;
+}
 
 constexpr int kThreads = 256;
 constexpr float kLnEps = 1e-5f;
@@ -427,7 +437,8 @@ struct BlasDeleter {
 template <typename T, typename G>
 class CudaModelKernels final : public ModelKernels {
  public:
-  CudaModelKernels(Stream& stream, Allocator& workspace) : stream_(stream), ws_(workspace) {}
+  CudaModelKernels(Stream& stream, Allocator& workspace, DType act, DType grad)
+      : stream_(stream), ws_(workspace), act_(act), grad_(grad) {}
 
   Status Init() {
     cublasLtHandle_t lt = nullptr;
@@ -449,6 +460,9 @@ class CudaModelKernels final : public ModelKernels {
   size_t act_size() const override { return sizeof(T); }
   size_t grad_size() const override { return sizeof(G); }
   size_t stat_size() const override { return sizeof(float); }
+  std::optional<DType> act_dtype() const override { return act_; }
+  std::optional<DType> grad_dtype() const override { return grad_; }
+  std::optional<DType> stat_dtype() const override { return DType::kF32; }
 
   Status ActToHost(const void* src, int64_t n, double* out) override {
     std::vector<T> host(n);
@@ -746,6 +760,7 @@ class CudaModelKernels final : public ModelKernels {
 
   Stream& stream_;
   Allocator& ws_;
+  const DType act_, grad_;  // T's and G's DType, as the collectives name them
   std::unique_ptr<cublasLtContext, LtDeleter> lt_;
   std::unique_ptr<cublasContext, BlasDeleter> blas_;
   Buffer lt_workspace_;
@@ -753,7 +768,8 @@ class CudaModelKernels final : public ModelKernels {
 
 template <typename T, typename G>
 StatusOr<std::unique_ptr<ModelKernels>> Make(Stream& stream, Allocator& workspace) {
-  auto k = std::make_unique<CudaModelKernels<T, G>>(stream, workspace);
+  auto k = std::make_unique<CudaModelKernels<T, G>>(stream, workspace, DTypeOfCuda<T>(),
+                                                    DTypeOfCuda<G>());
   ZR_RETURN_IF_ERROR(k->Init());
   return std::unique_ptr<ModelKernels>(std::move(k));
 }

@@ -65,6 +65,7 @@ struct GptRunConfig {
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   int virtual_stages = 1;
   bool scatter_gather = true;
+  DType compute = DType::kF32;  // weights and activations: f32, bf16, or f16 (loss scaling)
 };
 
 struct GptRank {
@@ -94,6 +95,7 @@ inline StatusOr<GptRank> MakeGptRank(const GptRunConfig& c, Communicator& comm,
   o.stage3_param_persistence_threshold = 0;
   o.seed = 42;
   o.reduce_at_step = c.pp > 1;  // a pipeline reduces once per step
+  o.compute_dtype = c.compute;
   const bool model_parallel = c.tp > 1 || c.pp > 1;
   ZR_ASSIGN_OR_RETURN(
       r.manager, ShardManager::Create(
@@ -102,7 +104,9 @@ inline StatusOr<GptRank> MakeGptRank(const GptRunConfig& c, Communicator& comm,
                          .model_parallel = model_parallel ? &r.mesh->model_parallel() : nullptr,
                          .tensor_parallel_rank = r.mesh->coord().tensor}));
   r.store = MakeShardManagerStore(*r.manager);
-  r.kernels = MakeCpuModelKernels(CpuPrecision::kFloat);
+  r.kernels = MakeCpuModelKernels(c.compute == DType::kBF16  ? CpuPrecision::kBf16
+                                  : c.compute == DType::kF16 ? CpuPrecision::kF16
+                                                             : CpuPrecision::kFloat);
   const int per_rank = c.global_batch / dp / c.micro_batches;
   const int stage = r.mesh->coord().pipeline;
   GptStagePart part;

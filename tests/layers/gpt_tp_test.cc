@@ -11,6 +11,7 @@
 
 #include "layers/gpt_model.h"
 #include "runtime/loopback_communicator.h"
+#include "runtime/strings.h"
 #include "tests/layers/gpt_harness.h"
 
 namespace zerort {
@@ -240,6 +241,108 @@ TEST(GptTensorParallelTest, DataByTensorMeshAtEveryStage) {
           "dp 2 x tp 2 stage " + std::to_string(static_cast<int>(stage)) + (sp ? " sp" : ""));
     }
   }
+}
+
+// fp16 and bf16 are both 2 bytes: a collective whose type came from the element size summed fp16
+// bits as bf16 (tiny config at tp 2: step-1 loss 5.5596 against 5.5458). In 16 bits every rank
+// rounds its partial sums to the compute dtype before the reduction, so a 16-bit run at tp > 1
+// equals the one-rank 16-bit run to that rounding (a few 1e-4 of the loss here), not bitwise;
+// summed as the wrong format the losses are off by far more.
+TEST(GptTensorParallelTest, SixteenBitRunsEqualOneRankAtTp2And4WithAndWithoutSp) {
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    GptRunConfig c;
+    c.model = Config();
+    c.steps = 6;
+    c.stage = ZeroStage::k0;
+    c.compute = dtype;
+    const std::vector<double> reference = testing::TrainLoopback(c, 1);
+    ASSERT_EQ(reference.size(), 6u);
+    for (int tp : {2, 4}) {
+      for (bool sp : {false, true}) {
+        c.tp = tp;
+        c.sequence_parallel = sp;
+        const std::string what = StrCat(DTypeName(dtype), " tp ", tp, sp ? " sp" : "");
+        const std::vector<double> got = testing::TrainLoopback(c, tp);
+        ASSERT_EQ(got.size(), reference.size()) << what;
+        for (size_t i = 0; i < got.size(); ++i) {
+          EXPECT_NEAR(got[i], reference[i], 2e-3 * reference[i]) << what << " step " << i + 1;
+        }
+      }
+    }
+  }
+}
+
+// Every tensor-parallel collective of an fp16 (bf16) micro-batch carries the kernels' own dtype:
+// activations in f16 (bf16), the cross-entropy's statistics and the sequence-parallel LayerNorm
+// weight gradients in f32. Read from the tensor-parallel group's collective trace.
+TEST(GptTensorParallelTest, CollectivesCarryTheKernelsDType) {
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    for (bool sp : {false, true}) {
+      GptRunConfig c;
+      c.model = Config();
+      c.steps = 1;
+      c.tp = 2;
+      c.sequence_parallel = sp;
+      c.compute = dtype;
+      CommOptions options;
+      options.trace_capacity = 1000;
+      std::vector<CollectiveRecord> trace;
+      std::mutex mu;
+      const Status status =
+          RunLoopbackRanks(2, options, nullptr, [&](Communicator& comm) -> Status {
+            MemoryTracker tracker;
+            ZR_ASSIGN_OR_RETURN(testing::GptRank r, testing::MakeGptRank(c, comm, tracker));
+            std::vector<int32_t> tokens, targets;
+            GptBatch(3, 2, c.model.seq_len, c.model.vocab_size, tokens, targets);
+            ZR_RETURN_IF_ERROR(
+                r.model
+                    ->ForwardBackward(tokens, targets, 2, c.model.seq_len, r.manager->loss_scale())
+                    .status());
+            std::lock_guard lock(mu);
+            if (comm.rank() == 0) trace = r.mesh->tensor().trace().Records();
+            return absl::OkStatus();
+          });
+      ASSERT_TRUE(status.ok()) << status;
+      const int64_t rows = 2 * c.model.seq_len, d = c.model.d_model;
+      int activations = 0;
+      for (const CollectiveRecord& r : trace) {
+        const bool activation = r.bytes == static_cast<size_t>(rows * d * 2);
+        const DType want = activation ? dtype : DType::kF32;
+        EXPECT_EQ(r.dtype, want) << DTypeName(dtype) << (sp ? " sp " : " ")
+                                 << CollectiveOpName(r.op) << " of " << r.bytes << " bytes";
+        activations += activation;
+      }
+      EXPECT_GE(activations, 4 * c.model.n_layer + 2) << DTypeName(dtype);
+    }
+  }
+}
+
+// What cannot be computed correctly is refused by name: the double kernels' fp64 at tp 2 (no
+// collective carries it) and kernels whose format is not the weight store's (fp16 kernels
+// reading fp32 weights).
+TEST(GptTensorParallelTest, CombinationsWithoutACollectiveDTypeAreRefused) {
+  const GptConfig config = Config();
+  const Status status = RunLoopbackRanks(2, {}, nullptr, [&](Communicator& comm) -> Status {
+    MemoryTracker tracker;
+    auto allocator = MakeCpuCachingAllocator(&tracker);
+    auto doubles = MakeCpuModelKernels(CpuPrecision::kDouble);
+    HostWeightStore<double> dstore;
+    StatusOr<std::unique_ptr<GptModel>> m = GptModel::Create(
+        {.config = config, .micro_batch = 2, .tp = {&comm}}, dstore, *doubles, *allocator);
+    EXPECT_FALSE(m.ok());
+    EXPECT_NE(m.status().message().find("fp64, which no collective carries"), std::string::npos)
+        << m.status();
+    auto halves = MakeCpuModelKernels(CpuPrecision::kF16);
+    HostWeightStore<float> fstore;
+    m = GptModel::Create({.config = config, .micro_batch = 2}, fstore, *halves, *allocator);
+    EXPECT_FALSE(m.ok());
+    EXPECT_NE(m.status().message().find("parameters and the kernels' activations differ: f32 "
+                                        "and f16"),
+              std::string::npos)
+        << m.status();
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(status.ok()) << status;
 }
 
 }  // namespace

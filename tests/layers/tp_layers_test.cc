@@ -66,7 +66,7 @@ void OnRanks(int tp, F f) {
     MemoryTracker tracker;
     auto workspace = MakeCpuCachingAllocator(&tracker);
     auto kernels = MakeCpuModelKernels(CpuPrecision::kFloat);
-    TpContext ctx{{&comm}, kernels.get(), DType::kF32, workspace.get()};
+    TpContext ctx{{&comm}, kernels.get(), workspace.get()};
     f(ctx, comm.rank());
     return absl::OkStatus();
   });
