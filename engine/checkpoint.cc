@@ -103,17 +103,13 @@ bool OwnedByRun(const fs::path& path, const std::string& run_id) {
     const std::string id = marker->substr(0, marker->find('\n'));
     return run_id.empty() || id == run_id;
   }
-  StatusOr<std::string> text = ReadSmallFile(path.string(), "metadata.json", int64_t{1} << 30);
+  StatusOr<std::string> text = ReadSmallFile(path.string(), "metadata.json", kMaxMetadataBytes);
   if (!text.ok()) return false;
-  try {
-    const nlohmann::json j = nlohmann::json::parse(*text);
-    if (!j.is_object() || !j.contains("format_version")) return false;
-    if (run_id.empty()) return true;
-    return j.contains("run_id") && j["run_id"].is_string() &&
-           j["run_id"].get<std::string>() == run_id;
-  } catch (const nlohmann::json::exception&) {
-    return false;
-  }
+  StatusOr<nlohmann::json> j = ParseMetadataText(*text, (path / "metadata.json").string());
+  if (!j.ok() || !j->contains("format_version")) return false;
+  if (run_id.empty()) return true;
+  return j->contains("run_id") && (*j)["run_id"].is_string() &&
+         (*j)["run_id"].get<std::string>() == run_id;
 }
 
 Status WriteAndSync(const std::string& path, const void* data, size_t bytes) {

@@ -9,9 +9,11 @@
 
 #include <cerrno>
 #include <cmath>
+#include <map>
 #include <vector>
 
 #include "engine/checkpoint.h"
+#include "engine/json_reader.h"
 #include "engine/user_file.h"
 #include "runtime/strings.h"
 
@@ -158,10 +160,21 @@ Status ValidateMetadata(const std::string& path, const nlohmann::json& j) {
   if (!j.contains("params") || !j["params"].is_array()) {
     return bad("params", j.value("params", nlohmann::json()), "an array");
   }
+  // A parameter named twice would be read from one entry's pieces and exported twice.
+  auto once = [&](std::map<std::string, std::string>& seen, const std::string& name,
+                  const std::string& where, const char* in) -> Status {
+    const auto [it, first] = seen.emplace(name, where);
+    if (first) return absl::OkStatus();
+    return absl::DataLossError(StrCat(path, ": parameter '", name.substr(0, 200),
+                                      "' is named twice in ", in, " (", it->second, " and ", where,
+                                      ")"));
+  };
+  std::map<std::string, std::string> params_seen;
   for (size_t i = 0; i < j["params"].size(); ++i) {
     const nlohmann::json& p = j["params"][i];
     const std::string where = StrCat("params[", i, "]");
     ZR_RETURN_IF_ERROR(string(p, "name", where + ".name"));
+    ZR_RETURN_IF_ERROR(once(params_seen, p["name"].get<std::string>(), where, "params"));
     for (const char* key : {"shape", "padded_shape"}) {
       if (!p.contains(key) && std::string(key) == "padded_shape") continue;
       const nlohmann::json v = p.contains(key) ? p[key] : nullptr;
@@ -197,17 +210,20 @@ Status ValidateMetadata(const std::string& path, const nlohmann::json& j) {
       return bad(where + ".pieces", r.value("pieces", nlohmann::json()), "an array");
     }
     int64_t elements = 0;
+    // A rank's shard is one contiguous range of its units' flat buffers: a parameter is one
+    // piece of it at most.
+    std::map<std::string, std::string> pieces_seen;
     for (size_t k = 0; k < r["pieces"].size(); ++k) {
       const nlohmann::json& piece = r["pieces"][k];
+      const std::string at = StrCat(where, ".pieces[", k, "]");
       const bool ok = piece.is_array() && piece.size() == 3 && piece[0].is_string() &&
                       piece[1].is_number_integer() && piece[2].is_number_integer() &&
                       piece[1].get<int64_t>() >= 0 && piece[2].get<int64_t>() >= 0 &&
                       piece[1].get<int64_t>() <= (int64_t{1} << 40) &&
                       piece[2].get<int64_t>() <= (int64_t{1} << 40);
-      if (!ok) {
-        return bad(StrCat(where, ".pieces[", k, "]"), piece,
-                   "[parameter name, offset >= 0, length >= 0]");
-      }
+      if (!ok) return bad(at, piece, "[parameter name, offset >= 0, length >= 0]");
+      ZR_RETURN_IF_ERROR(
+          once(pieces_seen, piece[0].get<std::string>(), at, StrCat(where, ".pieces").c_str()));
       elements += piece[2].get<int64_t>();
     }
     ZR_RETURN_IF_ERROR(object(r, "files", where + ".files"));
@@ -222,9 +238,17 @@ Status ValidateMetadata(const std::string& path, const nlohmann::json& j) {
   return absl::OkStatus();
 }
 
+StatusOr<nlohmann::json> ParseMetadataText(const std::string& text, const std::string& path) {
+  JsonLimits limits;
+  limits.max_bytes = kMaxMetadataBytes;
+  StatusOr<nlohmann::json> j = ParseJsonText(text, path, limits);
+  if (!j.ok()) return absl::DataLossError(j.status().message());
+  return j;
+}
+
 StatusOr<nlohmann::json> ReadMetadata(const std::string& step_dir) {
   const std::string path = step_dir + "/metadata.json";
-  StatusOr<std::string> text = ReadSmallFile(step_dir, "metadata.json", int64_t{1} << 30);
+  StatusOr<std::string> text = ReadSmallFile(step_dir, "metadata.json", kMaxMetadataBytes);
   if (absl::IsNotFound(text.status())) {
     return absl::NotFoundError(
         StrCat(path,
@@ -232,13 +256,8 @@ StatusOr<nlohmann::json> ReadMetadata(const std::string& step_dir) {
                "step_<N>.tmp, which is never loaded)"));
   }
   ZR_RETURN_IF_ERROR(text.status());
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(*text);
-  } catch (const nlohmann::json::exception& e) {
-    return absl::DataLossError(StrCat(path, ": not valid JSON: ", e.what()));
-  }
-  if (!j.is_object() || !j.contains("format_version") || !j.contains("ranks")) {
+  ZR_ASSIGN_OR_RETURN(nlohmann::json j, ParseMetadataText(*text, path));
+  if (!j.contains("format_version") || !j.contains("ranks")) {
     return absl::DataLossError(StrCat(path, ": not zerort checkpoint metadata"));
   }
   if (j["format_version"] != 1 && j["format_version"] != kCheckpointFormatVersion) {

@@ -1,8 +1,8 @@
-// A checkpoint's files are untrusted input (DESIGN.md section 6): every file it names must be a
-// plain name inside its step directory, opened without following links and non-blocking, a
-// regular file of the metadata's size; small files are read bounded; metadata.json is validated
-// key by key (type and range) before any loader or `inspect` reads it. Internal to engine/
-// (not installed): checkpoint.cc's loaders, inspect and rotation use it.
+// A checkpoint's files are untrusted input (engine/README.md, "Untrusted input"): every file it
+// names must be a plain name inside its step directory, opened without following links and
+// non-blocking, a regular file of the metadata's size; small files are read bounded; metadata.json
+// is validated key by key (type and range) before any loader or `inspect` reads it. Internal to
+// engine/ (not installed): checkpoint.cc's loaders, inspect and rotation use it.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +28,13 @@ StatusOr<std::string> ReadSmallFile(const std::string& dir, const std::string& n
 // Every key a loader or `inspect` reads, with its type and range: DataLoss naming the JSON path.
 // (Pieces against the parameters, and tiling, are CheckpointReader's.)
 Status ValidateMetadata(const std::string& path, const nlohmann::json& j);
+
+// The largest metadata.json read: about 4,000 ranks' pieces of a GPT-2 XL-sized model.
+inline constexpr int64_t kMaxMetadataBytes = int64_t{256} << 20;
+
+// Metadata text through the bounded JSON reader (json_reader.h: size, depth, string length,
+// duplicate keys; a top-level object): DataLoss naming `path` and the JSON path.
+StatusOr<nlohmann::json> ParseMetadataText(const std::string& text, const std::string& path);
 
 // step_dir/metadata.json read, parsed, its format version checked and validated. NotFound when
 // missing (an interrupted save leaves step_<N>.tmp, never loaded).

@@ -90,22 +90,30 @@ std::string ClosestKey(std::string_view key, const std::vector<std::string>& can
   return best;
 }
 
-StatusOr<nlohmann::json> ParseJsonText(std::string_view text, std::string_view file) {
+StatusOr<nlohmann::json> ParseJsonText(std::string_view text, std::string_view file,
+                                       const JsonLimits& limits) {
+  if (static_cast<int64_t>(text.size()) > limits.max_bytes) {
+    return absl::InvalidArgumentError(StrCat(file, ": ", text.size(), " bytes, more than the ",
+                                             limits.max_bytes, " this reader takes"));
+  }
   DuplicateFinder finder;
-  // Deeper nesting is refused while parsing: copying, comparing or printing a JSON value
-  // recurses once per level, and no config needs more than a handful.
-  constexpr size_t kMaxDepth = 64;
-  struct TooDeep {};
+  // Limits are checked while parsing (the callback runs before a value is stored): deeper nesting
+  // or a longer string stops the parse at once.
+  struct OverLimit {};
   using E = nlohmann::json::parse_event_t;
+  auto shown_path = [&](const std::string& key) {
+    const std::string path = finder.Path(key);
+    return path.size() > 200 ? path.substr(0, 197) + "..." : path;
+  };
   auto callback = [&](int depth, E event, nlohmann::json& parsed) -> bool {
     (void)depth;
     switch (event) {
       case E::object_start:
       case E::array_start: {
-        if (finder.stack.size() >= kMaxDepth) {
-          finder.error = StrCat("nested more than ", kMaxDepth, " levels deep at '",
-                                finder.Path("").substr(0, 200), "'");
-          throw TooDeep{};
+        if (finder.stack.size() >= limits.max_depth) {
+          finder.error = StrCat("nested more than ", limits.max_depth, " levels deep at '",
+                                shown_path(""), "'");
+          throw OverLimit{};
         }
         DuplicateFinder::Level level;
         level.is_object = event == E::object_start;
@@ -121,16 +129,32 @@ StatusOr<nlohmann::json> ParseJsonText(std::string_view text, std::string_view f
         if (!finder.stack.empty()) finder.stack.pop_back();
         break;
       case E::key: {
-        const std::string key = parsed.get<std::string>();
-        if (!finder.stack.back().keys.insert(key).second && finder.error.empty()) {
-          finder.error = StrCat("duplicate key '", finder.Path(key), "'");
+        std::string key = parsed.get<std::string>();
+        if (key.size() > limits.max_string) {
+          finder.error = StrCat("a key of ", key.size(), " bytes (at most ", limits.max_string,
+                                ") in '", shown_path(""), "'");
+          throw OverLimit{};
         }
-        finder.last_key = key;
+        if (!finder.stack.back().keys.insert(key).second && finder.error.empty()) {
+          finder.error = StrCat("duplicate key '", shown_path(key), "': each key may appear once");
+        }
+        finder.last_key = std::move(key);
         break;
       }
-      case E::value:
+      case E::value: {
+        if (parsed.is_string() && parsed.get_ref<const std::string&>().size() > limits.max_string) {
+          const bool in_object = !finder.stack.empty() && finder.stack.back().is_object;
+          const std::string at =
+              in_object ? shown_path(finder.last_key)
+                        : shown_path(StrCat(
+                              "[", finder.stack.empty() ? 0 : finder.stack.back().index, "]"));
+          finder.error = StrCat("a string of ", parsed.get_ref<const std::string&>().size(),
+                                " bytes (at most ", limits.max_string, ") at '", at, "'");
+          throw OverLimit{};
+        }
         if (!finder.stack.empty() && !finder.stack.back().is_object) ++finder.stack.back().index;
         break;
+      }
     }
     return true;
   };
@@ -139,24 +163,21 @@ StatusOr<nlohmann::json> ParseJsonText(std::string_view text, std::string_view f
     j = nlohmann::json::parse(text.begin(), text.end(), callback);
   } catch (const nlohmann::json::exception& e) {  // parse errors, numbers out of range
     return absl::InvalidArgumentError(StrCat(file, ": not valid JSON: ", e.what()));
-  } catch (const TooDeep&) {
+  } catch (const OverLimit&) {
     return absl::InvalidArgumentError(StrCat(file, ": ", finder.error));
   }
-  if (!finder.error.empty()) {
+  if (!finder.error.empty()) return absl::InvalidArgumentError(StrCat(file, ": ", finder.error));
+  if (limits.top_level_object && !j.is_object()) {
     return absl::InvalidArgumentError(
-        StrCat(file, ": ", finder.error, ": each key may appear once"));
-  }
-  if (!j.is_object()) {
-    return absl::InvalidArgumentError(
-        StrCat(file, ": the config must be a JSON object, not ", KindOf(j)));
+        StrCat(file, ": the top level must be a JSON object, not ", KindOf(j)));
   }
   return j;
 }
 
-StatusOr<nlohmann::json> ParseJsonFile(const std::string& file) {
-  // A config is a regular file of at most 64 MiB (a FIFO or /dev/zero is refused, not read).
-  ZR_ASSIGN_OR_RETURN(const std::string text, ReadDataFile(file, int64_t{64} << 20));
-  return ParseJsonText(text, file);
+StatusOr<nlohmann::json> ParseJsonFile(const std::string& file, const JsonLimits& limits) {
+  // A regular file of at most max_bytes (a FIFO or /dev/zero is refused, not read).
+  ZR_ASSIGN_OR_RETURN(const std::string text, ReadDataFile(file, limits.max_bytes));
+  return ParseJsonText(text, file, limits);
 }
 
 JsonSection::JsonSection(const nlohmann::json& object, std::string path,

@@ -1,9 +1,9 @@
-// Strict reading of JSON config files. ParseJsonFile refuses duplicate keys (naming the path
-// and the line); JsonSection reads one object's keys with typed, range-checked getters whose
-// errors name the JSON path, the value and what was expected, refuses an "auto" left unresolved
-// (engine/deepspeed_config.h resolves the ones it can first), and Finish() refuses every key the
-// section does not know, with a did-you-mean or the section the key belongs to. All errors are
-// InvalidArgument: the CLI maps them to exit code 2.
+// Strict reading of JSON files. ParseJsonFile is the bounded reader (size, depth, string length)
+// and refuses duplicate keys, naming the JSON path; JsonSection reads one object's keys with typed,
+// range-checked getters whose errors name the JSON path, the value and what was expected, refuses
+// an "auto" left unresolved (engine/deepspeed_config.h resolves the ones it can first), and
+// Finish() refuses every key the section does not know, with a did-you-mean or the section the key
+// belongs to. All errors are InvalidArgument: the CLI maps them to exit code 2.
 #pragma once
 
 #include <cstdint>
@@ -18,9 +18,25 @@
 
 namespace zerort {
 
-// Parses `text` (read from `file`, for messages); duplicate keys at any level are an error.
-StatusOr<nlohmann::json> ParseJsonText(std::string_view text, std::string_view file);
-StatusOr<nlohmann::json> ParseJsonFile(const std::string& file);
+// The one bounded reader of every JSON zerort reads from a file or the command line (run configs,
+// checkpoint metadata, metrics records, --set values): its limits are checked while parsing, so a
+// hostile file costs bounded time and memory. Nesting is bounded because nlohmann's parser is
+// iterative but copying, comparing, printing and destroying a value recurse once per level (a
+// 100,000-deep array is a stack overflow); no zerort file needs more than a handful of levels.
+struct JsonLimits {
+  size_t max_depth = 64;
+  int64_t max_bytes = int64_t{64} << 20;  // the file (ParseJsonFile)
+  size_t max_string = size_t{1} << 20;    // bytes of one key or string value
+  bool top_level_object = true;           // the value must be an object (configs, metadata)
+};
+
+// Parses `text` (read from `file`, named in every message): duplicate keys at any level, nesting
+// deeper than max_depth and strings longer than max_string are refused naming the JSON path.
+// All errors are InvalidArgument "FILE: ...".
+StatusOr<nlohmann::json> ParseJsonText(std::string_view text, std::string_view file,
+                                       const JsonLimits& limits = {});
+// A regular file (no FIFO or device) of at most max_bytes, parsed as ParseJsonText.
+StatusOr<nlohmann::json> ParseJsonFile(const std::string& file, const JsonLimits& limits = {});
 
 // The closest of `candidates` to `key` (edit distance at most a third of the key's length, at
 // least 2), or "" when none is close.

@@ -2,6 +2,7 @@
 #include "engine/memory_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "layers/gpt_model.h"
@@ -82,7 +83,8 @@ class Replay {
     Buffer buffer;  // device and pinned-host tiers
   };
 
-  Replay() {
+  // `model_states_only` (cold mode): activations and workspace are not replayed.
+  explicit Replay(bool model_states_only) : model_states_only_(model_states_only) {
     for (Tier tier : {Tier::kDevice, Tier::kPinnedHost, Tier::kHost}) {
       CachingAllocatorOptions o;  // the defaults, as the CPU and CUDA allocators use them
       o.tier = tier;
@@ -93,6 +95,9 @@ class Replay {
   }
 
   Handle Alloc(Cat cat, int64_t bytes, Stream* stream, Tier tier = Tier::kDevice) {
+    if (model_states_only_ && (cat == Cat::kActivations || cat == Cat::kWorkspace)) {
+      return Handle{tier, cat, bytes, false, Buffer()};
+    }
     Handle h{tier, cat, bytes, true, Buffer()};
     if (Allocator* a = allocators_[static_cast<int>(tier)].get()) {
       h.buffer = *a->Allocate(static_cast<size_t>(bytes), cat, stream);
@@ -133,6 +138,7 @@ class Replay {
       phase_peak_[phase_][t] = std::max(phase_peak_[phase_][t], s.in_use[t].current);
     }
   }
+  const bool model_states_only_;
   MemoryTracker tracker_;  // declared first: the allocators report to it until they are gone
   std::array<std::unique_ptr<Allocator>, kNumMemoryTiers> allocators_;
   Phase phase_ = kInit;
@@ -165,12 +171,14 @@ struct StageUnits {
 class StepModel {
  public:
   StepModel(const MemoryModelInput& in, std::vector<Unit> units, StageUnits stage,
-            MemoryEstimate& out)
+            MemoryEstimate& out, bool model_states_only = false)
       : in_(in),
         options_(ManagerOptionsOf(in)),
         units_(std::move(units)),
         st_(std::move(stage)),
-        out_(out) {
+        out_(out),
+        r_(model_states_only),
+        activation_terms_(model_states_only) {
     // The runtime's streams: the manager's compute and comm streams (comm is compute without
     // overlap_comm), and the kernels' own (the CPU kernels have one; CUDA's use compute).
     compute_stream_ = *CreateStream(Device::Cpu(), "compute");
@@ -230,7 +238,7 @@ class StepModel {
   std::vector<int> pending_;
   int64_t pending_numel_ = 0;
   std::vector<Replay::Handle> persistent_;
-  bool activation_terms_ = false;
+  bool activation_terms_;  // written (or, in cold mode, never to be written)
 };
 
 // As ShardManager::Create and Initialize: the parameter fetch pool, then per unit the buffers of
@@ -510,8 +518,10 @@ void StepModel::MicroBatch() {
     a(rows * d * act);  // final LayerNorm (every row)
     a(rows_l * stat);
     a(rows_l * stat);
-    Open(norm, false);
-    Close(norm, false);
+    if (norm >= 0) {  // cold mode's smallest decoders have none
+      Open(norm, false);
+      Close(norm, false);
+    }
     // The other micro-batches between their head's forward and backward (GPipe: every one):
     // the final LayerNorm, the losses and the head's gradient of the LayerNorm output.
     for (int k = 1; k < st_.head_live; ++k) {
@@ -559,7 +569,7 @@ void StepModel::MicroBatch() {
     Replay::Handle h = r_.Alloc(Cat::kWorkspace, 2 * d * 4, kernels_);
     r_.Free(h);
   };
-  if (st_.last) {
+  if (st_.last && norm >= 0) {
     Open(norm, true);
     ln_scratch();
     Close(norm, true);
@@ -662,9 +672,9 @@ void StepModel::Run() {
     if (st_.first) order_.push_back(st_.embedding);
     for (int u : st_.blocks) order_.push_back(u);
     if (st_.last) {
-      order_.push_back(st_.norm);
+      if (st_.norm >= 0) order_.push_back(st_.norm);
       order_.push_back(st_.embedding);  // the head (the first stage's stays open)
-      order_.push_back(st_.norm);
+      if (st_.norm >= 0) order_.push_back(st_.norm);
     }
     for (auto it = st_.blocks.rbegin(); it != st_.blocks.rend(); ++it) order_.push_back(*it);
     if (st_.first && !st_.last) order_.push_back(st_.embedding);
@@ -872,6 +882,91 @@ StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& in) {
     stage.head_live = part.last ? PipelineLiveMicroBatches(head) : 0;
   }
   StepModel model(in, std::move(units), std::move(stage), out);
+  model.Run();
+  return out;
+}
+
+StatusOr<ColdDecoder> FitColdDecoder(int64_t params, int64_t largest) {
+  if (largest < 1 || largest > params) {
+    return absl::InvalidArgumentError(
+        StrCat("the largest layer's ", largest, " parameters must be in [1, ", params, "]"));
+  }
+  constexpr int64_t kEmbeddingRows = 50257 + 1024;  // GPT-2's wte and wpe rows
+  auto block = [](int64_t d) { return 12 * d * d + 13 * d; };
+  ColdDecoder c;
+  c.d = std::max<int64_t>(1, largest / kEmbeddingRows);
+  int64_t embedding = largest;
+  int64_t block_size = std::min(largest, block(c.d));
+  c.embedding_largest = block(c.d) <= largest;
+  if (!c.embedding_largest) {
+    // A block is the largest layer: the d whose block holds at most `largest`.
+    c.d = static_cast<int64_t>((std::sqrt(169.0 + 48.0 * static_cast<double>(largest)) - 13.0) /
+                               24.0);
+    while (block(c.d + 1) <= largest) ++c.d;
+    while (c.d > 1 && block(c.d) > largest) --c.d;
+    block_size = largest;
+    embedding = std::max<int64_t>(1, std::min(kEmbeddingRows * c.d, params - largest));
+    if (params == largest) embedding = largest;  // one layer: the embedding's role
+  }
+  int64_t rest = params - embedding;
+  const int64_t norm = std::min(2 * c.d, rest);
+  rest -= norm;
+  if (rest / block_size > 4096) {
+    return absl::InvalidArgumentError(StrCat(
+        params, " parameters in layers of at most ", largest,
+        " are more than 4096 of them: ", "not modelled (the replay holds at most 4096 blocks)"));
+  }
+  c.units.push_back(embedding);
+  for (; rest >= block_size; rest -= block_size) c.units.push_back(block_size);
+  if (rest > 0) c.units.push_back(rest);
+  c.blocks = static_cast<int>(c.units.size()) - 1;
+  if (norm > 0) c.units.push_back(norm);
+  c.has_norm = norm > 0;
+  return c;
+}
+
+StatusOr<MemoryEstimate> EstimateColdModelStates(const MemoryModelInput& layout, int64_t params,
+                                                 int64_t largest) {
+  ZR_ASSIGN_OR_RETURN(const ColdDecoder decoder, FitColdDecoder(params, largest));
+  MemoryModelInput in = layout;
+  // No shape: the activation replay runs on a token-sized model and is not recorded.
+  in.model = GptConfig{.n_layer = std::max(1, decoder.blocks),
+                       .n_head = 1,
+                       .d_model = 1,
+                       .seq_len = 1,
+                       .vocab_size = 1};
+  in.micro_batch = 1;
+  in.tp = 1;
+  in.sequence_parallel = false;
+  in.pp = 1;
+  in.pipeline_stage = 0;
+  in.pipeline_layers.clear();
+  ZR_RETURN_IF_ERROR(in.Validate());
+  const ShardManagerOptions options = ManagerOptionsOf(in);
+  MemoryEstimate out;
+  std::vector<Unit> units;
+  StageUnits stage;
+  for (size_t i = 0; i < decoder.units.size(); ++i) {
+    ParamSpec spec;
+    spec.name = StrCat("unit", i);
+    spec.shape = {decoder.units[i]};
+    ZR_ASSIGN_OR_RETURN(
+        FlatLayout flat,
+        FlatLayout::Create({spec}, ShardCount(static_cast<ZeroStage>(in.stage), in.dp)));
+    UnitPlan plan = PlanUnit(options, flat);
+    units.push_back(Unit{std::move(flat), std::move(plan)});
+    out.parameters += decoder.units[i];
+    const int u = static_cast<int>(i);
+    if (i == 0) {
+      stage.embedding = u;
+    } else if (decoder.has_norm && i + 1 == decoder.units.size()) {
+      stage.norm = u;
+    } else {
+      stage.blocks.push_back(u);
+    }
+  }
+  stage.boundaries = decoder.blocks + 1;
+  StepModel model(in, std::move(units), std::move(stage), out, /*model_states_only=*/true);
   model.Run();
   return out;
 }

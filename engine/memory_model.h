@@ -113,6 +113,29 @@ StatusOr<std::vector<MemoryEstimate>> EstimateMemoryPerStage(const MemoryModelIn
 // what the busiest rank needs of each. The totals are the largest totals.
 MemorySnapshot MaxOverStages(const std::vector<MemorySnapshot>& snapshots);
 
+// Cold mode (zerort estimate --params P --largest-layer-params L, as DeepSpeed's cold estimators
+// take them): the units of a GPT-2-style decoder of exactly P parameters whose largest unit holds
+// exactly L. The largest layer is the tied embedding ((50257 + 1024) x d, d = L / 51281) when a
+// block of that d (12 d^2 + 13 d) is no larger, else a block (the d whose block is L, the
+// embedding (50257 + 1024) x d); the other units are blocks of that size, the rest of P in one
+// smaller block, and a final norm of 2 d. GPT shapes are fitted back to their own units.
+struct ColdDecoder {
+  int64_t d = 1;
+  bool embedding_largest = true;
+  std::vector<int64_t> units;  // parameters: the embedding, the blocks, the norm (if any)
+  int blocks = 0;
+  bool has_norm = false;
+};
+StatusOr<ColdDecoder> FitColdDecoder(int64_t params, int64_t largest);
+
+// What zerort's runtime keeps for those model states on one rank of `layout` (its stage, data-
+// parallel size, dtype, offload and bucket options; its model is ignored): the memory model's
+// replay of a steady-state step over the FitColdDecoder units (UnitPlan's buffers, gathers and
+// prefetch, gradient buckets, offload staging), without activations or workspace, which need the
+// shape.
+StatusOr<MemoryEstimate> EstimateColdModelStates(const MemoryModelInput& layout, int64_t params,
+                                                 int64_t largest);
+
 // The ZeRO paper's model-state accounting (Rajbhandari et al. 2020, section 5): Psi parameters,
 // mixed precision with K bytes of optimizer state per parameter (12 for Adam), N ranks:
 // stage 0: (2 + 2 + K) Psi; 1: 2 Psi + 2 Psi + K Psi / N; 2: 2 Psi + (2 + K) Psi / N;

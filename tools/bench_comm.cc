@@ -33,9 +33,11 @@ StatusOr<size_t> ParseBytes(const std::string& text) {
        std::initializer_list<std::pair<const char*, double>>{{"kib", 1024.0},
                                                              {"mib", 1024.0 * 1024},
                                                              {"gib", 1024.0 * 1024 * 1024},
+                                                             {"tib", 1024.0 * 1024 * 1024 * 1024},
                                                              {"kb", 1e3},
                                                              {"mb", 1e6},
                                                              {"gb", 1e9},
+                                                             {"tb", 1e12},
                                                              {"b", 1}}) {
     if (absl::EndsWith(s, suffix)) {
       s.resize(s.size() - std::strlen(suffix));
@@ -44,9 +46,13 @@ StatusOr<size_t> ParseBytes(const std::string& text) {
     }
   }
   double value = 0;
-  if (!absl::SimpleAtod(s, &value) || value < 0) {
+  if (!absl::SimpleAtod(s, &value) || !(value >= 0)) {
     return absl::InvalidArgumentError(
         StrCat("'", text, "' is not a size (e.g. 4096, 4KiB, 64MiB)"));
+  }
+  // 1e400 parses as infinity, and a size_t cannot hold more than 2^64: sizes end at 1 EiB.
+  if (!(value * scale <= 1152921504606846976.0)) {
+    return absl::InvalidArgumentError(StrCat("'", text, "' is more than 1 EiB"));
   }
   return static_cast<size_t>(value * scale);
 }
@@ -274,10 +280,23 @@ int RunBenchComm(const BenchCommOptions& o, const LaunchEnv& launch, int* argc, 
   }
   StatusOr<size_t> min_bytes = ParseBytes(o.min_bytes);
   StatusOr<size_t> max_bytes = ParseBytes(o.max_bytes);
-  if (!min_bytes.ok()) return fail(min_bytes.status(), kExitUsage);
-  if (!max_bytes.ok()) return fail(max_bytes.status(), kExitUsage);
+  if (!min_bytes.ok()) {
+    return fail(absl::InvalidArgumentError(StrCat("--min-bytes ", min_bytes.status().message())),
+                kExitUsage);
+  }
+  if (!max_bytes.ok()) {
+    return fail(absl::InvalidArgumentError(StrCat("--max-bytes ", max_bytes.status().message())),
+                kExitUsage);
+  }
   if (*min_bytes == 0 || *min_bytes > *max_bytes) {
     return fail(absl::InvalidArgumentError("--min-bytes must be positive and at most --max-bytes"),
+                kExitUsage);
+  }
+  // Each rank holds a few buffers of the largest message (and the baseline's).
+  constexpr size_t kMaxMessage = size_t{4} << 30;
+  if (*max_bytes > kMaxMessage) {
+    return fail(absl::InvalidArgumentError(
+                    StrCat("--max-bytes ", o.max_bytes, ": at most 4 GiB per message")),
                 kExitUsage);
   }
   std::vector<CollectiveOp> ops;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "engine/config.h"
+#include "engine/json_reader.h"
 #include "engine/trainer.h"
 #include "nlohmann/json.hpp"
 #include "offload/nvme_store.h"
@@ -74,10 +75,10 @@ StatusOr<double> Fio(const BenchOffloadOptions& o, const std::string& file, bool
         "fio (", engine, ") failed on ", file, rc != 0 ? StrCat(": ", std::strerror(rc)) : "",
         "; is it installed (apt-get install fio) and does ", o.path, " allow O_DIRECT?"));
   }
-  std::ifstream in(out);
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  StatusOr<nlohmann::json> parsed = ParseJsonFile(out);
   std::filesystem::remove(out);
-  if (j.is_discarded()) return absl::InternalError("fio wrote no JSON");
+  if (!parsed.ok()) return absl::InternalError(StrCat("fio's output: ", parsed.status().message()));
+  const nlohmann::json& j = *parsed;
   try {
     return j.at("jobs").at(0).at(write ? "write" : "read").at("bw_bytes").get<double>();
   } catch (const nlohmann::json::exception& e) {
@@ -101,7 +102,13 @@ StatusOr<double> StepTime(RunConfig c, const std::string& metrics) {
   std::vector<double> times;
   std::string line;
   for (int i = 0; std::getline(in, line); ++i) {
-    if (i > 0) times.push_back(nlohmann::json::parse(line).at("step_time_s").get<double>());
+    ZR_ASSIGN_OR_RETURN(const nlohmann::json record,
+                        ParseJsonText(line, StrCat(metrics, ": line ", i + 1)));
+    const auto t = record.find("step_time_s");
+    if (t == record.end() || !t->is_number()) {
+      return absl::InternalError(StrCat(metrics, ": line ", i + 1, " has no step_time_s"));
+    }
+    if (i > 0) times.push_back(t->get<double>());
   }
   std::filesystem::remove(metrics);
   if (times.empty()) return absl::InvalidArgumentError("the config trains fewer than 2 steps");

@@ -20,6 +20,10 @@ int Fail(const Status& s) {
 }  // namespace
 
 int RunEval(const EvalOptions& o) {
+  if (o.max_windows < 0) {
+    return Fail(absl::InvalidArgumentError(
+        StrCat("--max-windows ", o.max_windows, ": must be >= 0 (0: every window)")));
+  }
   StatusOr<RunConfig> config = LoadRunConfig(o.config);
   if (!config.ok()) return Fail(config.status());
   StatusOr<std::string> step_dir = ResolveStepDir(o.checkpoint);

@@ -2,6 +2,7 @@
 // result on stdout; diagnostics go to the log (stderr).
 #pragma once
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -115,6 +116,7 @@ struct EstimateOptions {
   std::string fit;                  // "80GiB": only layouts that fit, fastest first
   bool explain = false;
   bool json = false;
+  std::set<std::string> given;  // the flags on the command line ("--layers"), for their checks
 };
 int RunEstimate(const EstimateOptions& options);
 

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
+#include <set>
 
 #include "engine/config.h"
 #include "engine/memory_model.h"
@@ -293,104 +295,258 @@ int RunFromConfig(const EstimateOptions& o) {
   return kExitOk;
 }
 
+// Cold mode: the model states of --params parameters whose largest layer has
+// --largest-layer-params, as zerort's runtime keeps them (EstimateColdModelStates: the memory
+// model's replay with a run config's defaults over a decoder fitted to the two counts), for every
+// stage and offload layout; the ZeRO paper's 2 + 2 + 12 bytes per parameter as a labelled
+// reference column.
+int RunCold(const EstimateOptions& o, int gpus) {
+  if (!(o.params >= 1 && o.params <= 1e15)) {
+    return Usage(StrCat("--params ", o.params, ": must be in [1, 1e15]"));
+  }
+  if (!(o.largest_layer_params >= 1 && o.largest_layer_params <= o.params)) {
+    return Usage(
+        StrCat("--largest-layer-params ", o.largest_layer_params, ": must be in [1, --params]"));
+  }
+  const auto params = static_cast<int64_t>(std::llround(o.params));
+  const auto largest = static_cast<int64_t>(std::llround(o.largest_layer_params));
+  StatusOr<ColdDecoder> decoder = FitColdDecoder(params, largest);
+  if (!decoder.ok()) return Usage(std::string(decoder.status().message()));
+  MemoryModelInput base;
+  base.dp = gpus;
+  base.ranks_per_node = o.gpus;
+  base.compute = DType::kBF16;
+  base.cuda = true;
+  struct ColdRow {
+    int stage;
+    std::string offload;
+    MemoryEstimate e;
+  };
+  std::vector<ColdRow> rows;
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (const char* offload : {"none", "cpu", "nvme"}) {
+      if (stage == 0 && std::string(offload) != "none") continue;  // offload needs stage >= 1
+      MemoryModelInput in = base;
+      in.stage = stage;
+      in.offload_optimizer = offload;
+      in.offload_param = stage == 3 ? offload : "none";
+      StatusOr<MemoryEstimate> e = EstimateColdModelStates(in, params, largest);
+      if (!e.ok()) return Usage(std::string(e.status().message()));
+      rows.push_back({stage, offload, *std::move(e)});
+    }
+  }
+  auto device = [](const MemoryEstimate& e, MemoryCategory c) {
+    return static_cast<double>(e.Peak(MemoryTier::kDevice, c));
+  };
+  auto host = [&](const MemoryEstimate& e) {
+    return static_cast<double>(e.PeakTotal(MemoryTier::kPinnedHost) +
+                               e.PeakTotal(MemoryTier::kHost)) *
+           o.gpus;
+  };
+  auto nvme = [&](const MemoryEstimate& e) {
+    return static_cast<double>(e.PeakTotal(MemoryTier::kNvme)) * o.gpus;
+  };
+  if (o.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const ColdRow& r : rows) {
+      nlohmann::json j = EstimateJson(r.e);
+      j["stage"] = r.stage;
+      j["offload"] = r.offload;
+      j["device_bytes"] = r.e.PeakTotal(MemoryTier::kDevice);
+      j["host_bytes_per_node"] = host(r.e);
+      j["nvme_bytes_per_node"] = nvme(r.e);
+      if (r.offload == "none")
+        j["zero_paper_bytes"] = ZeroPaperModelStates(o.params, gpus, r.stage);
+      out.push_back(j);
+    }
+    std::printf("%s\n", nlohmann::json{{"params", params},
+                                       {"largest_layer_params", largest},
+                                       {"gpus", gpus},
+                                       {"decoder",
+                                        {{"d_model", decoder->d},
+                                         {"blocks", decoder->blocks},
+                                         {"embedding_largest", decoder->embedding_largest}}},
+                                       {"rows", out}}
+                            .dump()
+                            .c_str());
+    return kExitOk;
+  }
+  std::printf(
+      "zerort estimate: %.4g parameters, largest layer %.4g, %d GPU(s) on %d node(s); cold mode: "
+      "the model states as zerort's runtime keeps them (bf16 weights; fp32 masters, gradient "
+      "shards, AdamW moments and gradient reduction; a run config's bucket and prefetch "
+      "defaults), over a GPT-2-style decoder fitted to these counts (d %lld, %d blocks, the "
+      "largest layer %s); per GPU, steady-state step\n",
+      o.params, o.largest_layer_params, gpus, o.nodes, static_cast<long long>(decoder->d),
+      decoder->blocks, decoder->embedding_largest ? "its embedding" : "a block");
+  std::printf("  %-5s %-7s %9s %9s %9s %9s %9s %9s %10s %10s %11s\n", "stage", "offload", "GPU GiB",
+              "params", "grads", "optim", "gathered", "buffers", "host/node", "NVMe/node",
+              "ZeRO paper");
+  for (const ColdRow& r : rows) {
+    const MemoryEstimate& e = r.e;
+    std::printf(
+        "  %-5d %-7s %9s %9s %9s %9s %9s %9s %10s %10s %11s\n", r.stage, r.offload.c_str(),
+        Gib(e.PeakTotal(MemoryTier::kDevice)).c_str(),
+        Gib(device(e, MemoryCategory::kParameters)).c_str(),
+        Gib(device(e, MemoryCategory::kGradients)).c_str(),
+        Gib(device(e, MemoryCategory::kOptimizerState)).c_str(),
+        Gib(device(e, MemoryCategory::kGatheredWeights)).c_str(),
+        Gib(device(e, MemoryCategory::kCommBuffers) + device(e, MemoryCategory::kStaging)).c_str(),
+        Gib(host(e)).c_str(), Gib(nvme(e)).c_str(),
+        r.offload == "none" ? Gib(ZeroPaperModelStates(o.params, gpus, r.stage)).c_str() : "-");
+  }
+  std::printf(
+      "GiB per GPU (host and NVMe per node). ZeRO paper: (2 + 2 + 12) bytes per parameter "
+      "divided as the stage divides them, model states only, for reference: zerort also keeps "
+      "fp32 gradient shards and reduces through fp32 buffers.\nActivations and workspace need "
+      "the shape: use --model or a run config.\n%s\n",
+      kCaveats);
+  return kExitOk;
+}
+
+// Which flags each way in takes; a flag of another way is refused by name instead of ignored.
+enum class Mode { kConfig, kShape, kCold };
+
+Status CheckFlags(const EstimateOptions& o, Mode mode) {
+  static const std::set<std::string> kConfig = {"--world-size", "--device", "--measure",
+                                                "--explain", "--json"};
+  static const std::set<std::string> kShape = {"--model", "--layers",  "--hidden",  "--heads",
+                                               "--vocab", "--seq-len", "--gpus",    "--micro-batch",
+                                               "--nodes", "--fit",     "--explain", "--json"};
+  static const std::set<std::string> kCold = {"--params", "--largest-layer-params", "--gpus",
+                                              "--nodes", "--json"};
+  const std::set<std::string>& allowed = mode == Mode::kConfig  ? kConfig
+                                         : mode == Mode::kShape ? kShape
+                                                                : kCold;
+  const char* what = mode == Mode::kConfig  ? "with a run config"
+                     : mode == Mode::kShape ? "with a model shape (--model or --layers)"
+                                            : "in cold mode (--params)";
+  for (const std::string& flag : o.given) {
+    if (!allowed.contains(flag)) {
+      return absl::InvalidArgumentError(StrCat(flag, " does not apply ", what, "; it takes ",
+                                               fmt::format("{}", fmt::join(allowed, ", "))));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// `value` of `flag` in [lo, hi], or an error naming the flag as the user typed it.
+Status InRange(const char* flag, int64_t value, int64_t lo, int64_t hi, const char* note = "") {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      StrCat(flag, " ", value, ": must be in [", lo, ", ", hi, "]", note));
+}
+
+// The model shape of --model or --layers/--hidden/--heads(/--vocab), --seq-len and
+// --micro-batch: each flag checked by its own name (at most the shapes the replay holds in
+// 64-bit byte counts within a second: GPT-3 175B is 96 layers, d 12288, 96 heads).
+StatusOr<GptConfig> ShapeOf(const EstimateOptions& o) {
+  auto given = [&](const char* flag) { return o.given.contains(flag); };
+  GptConfig shape;
+  if (given("--model")) {
+    for (const char* flag : {"--layers", "--hidden", "--heads"}) {
+      if (given(flag)) {
+        return absl::InvalidArgumentError(
+            StrCat("--model ", o.model, " and ", flag, " both give the shape: give one"));
+      }
+    }
+    StatusOr<GptConfig> preset = GptPreset(o.model);
+    if (!preset.ok()) {
+      return absl::InvalidArgumentError(
+          StrCat("--model ", o.model, ": ", preset.status().message()));
+    }
+    shape = *preset;
+  } else {
+    // What was given is checked first, then what is missing.
+    if (given("--layers")) ZR_RETURN_IF_ERROR(InRange("--layers", o.layers, 1, 4096));
+    if (given("--hidden")) ZR_RETURN_IF_ERROR(InRange("--hidden", o.hidden, 1, 1 << 18));
+    if (given("--heads")) ZR_RETURN_IF_ERROR(InRange("--heads", o.heads, 1, 1 << 14));
+    for (const char* flag : {"--layers", "--hidden", "--heads"}) {
+      if (!given(flag)) {
+        return absl::InvalidArgumentError(
+            StrCat("a shape needs --layers, --hidden and --heads (and --vocab); ", flag,
+                   " is missing (or give --model NAME)"));
+      }
+    }
+    if (o.hidden % o.heads != 0) {
+      return absl::InvalidArgumentError(
+          StrCat("--heads ", o.heads, " does not divide --hidden ", o.hidden));
+    }
+    shape = GptConfig{o.layers, o.heads, o.hidden, 1024, o.vocab};
+  }
+  if (given("--vocab")) {
+    ZR_RETURN_IF_ERROR(InRange("--vocab", o.vocab, 1, 10'000'000));
+    shape.vocab_size = o.vocab;
+  }
+  if (given("--seq-len")) {
+    ZR_RETURN_IF_ERROR(InRange("--seq-len", o.seq_len, 1, 1 << 20));
+    shape.seq_len = o.seq_len;
+  }
+  ZR_RETURN_IF_ERROR(InRange("--micro-batch", o.micro_batch, 1, 1 << 24));
+  if (int64_t{o.micro_batch} * shape.seq_len > (int64_t{1} << 24)) {
+    return absl::InvalidArgumentError(StrCat("--micro-batch ", o.micro_batch, " x sequence length ",
+                                             shape.seq_len,
+                                             ": at most 2^24 tokens per micro-batch"));
+  }
+  ZR_RETURN_IF_ERROR(shape.Validate());
+  // The largest terms, in doubles: beyond 2^53 bytes (8 PiB) per rank the replay's 64-bit
+  // counters could wrap, and no machine holds it anyway.
+  const double L = shape.n_layer, d = shape.d_model, H = shape.n_head, T = shape.seq_len;
+  const double rows = static_cast<double>(o.micro_batch) * T;
+  const double largest = std::max({16.0 * 12.0 * L * d * d, 4.0 * rows * shape.vocab_size,
+                                   4.0 * L * o.micro_batch * H * T * T, 4.0 * 20.0 * L * rows * d});
+  if (largest > 9007199254740992.0) {
+    return absl::InvalidArgumentError(StrCat("this shape needs more than 8 PiB per rank (", largest,
+                                             " bytes in its largest term): not modelled"));
+  }
+  return shape;
+}
+
 }  // namespace
 
 int RunEstimate(const EstimateOptions& o) {
-  if (o.world_size < 1) return Usage(StrCat("--world-size ", o.world_size, ": must be >= 1"));
-  if (!o.config.empty()) return RunFromConfig(o);
-  if (o.measure) return Usage("--measure needs a run config (zerort estimate run.json --measure)");
-  if (o.gpus < 1 || o.nodes < 1) {
-    return Usage(StrCat("--gpus ", o.gpus, " --nodes ", o.nodes, ": both must be >= 1"));
+  const Mode mode = !o.config.empty() ? Mode::kConfig
+                    : o.given.contains("--params") || o.given.contains("--largest-layer-params")
+                        ? Mode::kCold
+                    : o.given.contains("--model") || o.given.contains("--layers") ||
+                            o.given.contains("--hidden") || o.given.contains("--heads")
+                        ? Mode::kShape
+                        : Mode::kCold;
+  if (mode == Mode::kCold && !o.given.contains("--params") &&
+      !o.given.contains("--largest-layer-params")) {
+    return Usage(
+        "give a run config, --model NAME, --layers/--hidden/--heads/--vocab, or "
+        "--params/--largest-layer-params");
   }
+  if (const Status flags = CheckFlags(o, mode); !flags.ok()) {
+    return Usage(std::string(flags.message()));
+  }
+  if (mode == Mode::kConfig) {
+    if (o.world_size < 1) return Usage(StrCat("--world-size ", o.world_size, ": must be >= 1"));
+    return RunFromConfig(o);
+  }
+  if (const Status g = InRange("--gpus", o.gpus, 1, 1 << 20); !g.ok()) {
+    return Usage(std::string(g.message()));
+  }
+  if (const Status n = InRange("--nodes", o.nodes, 1, 1 << 20); !n.ok()) {
+    return Usage(std::string(n.message()));
+  }
+  if (int64_t{o.gpus} * o.nodes > (1 << 20)) {
+    return Usage(StrCat("--gpus ", o.gpus, " x --nodes ", o.nodes, ": at most 2^20 in all"));
+  }
+  const int gpus = o.gpus * o.nodes;  // at most 2^20: no overflow
+  if (mode == Mode::kCold) return RunCold(o, gpus);
   std::optional<double> fit;
   if (!o.fit.empty()) {
     StatusOr<double> f = ParseFit(o.fit);
     if (!f.ok()) return Usage(StrCat("--fit ", o.fit, ": ", f.status().message()));
     fit = *f;
   }
-  if (o.gpus > (1 << 20) || o.nodes > (1 << 20) || int64_t{o.gpus} * o.nodes > (1 << 20)) {
-    return Usage(StrCat("--gpus ", o.gpus, " x --nodes ", o.nodes, ": at most 2^20 in all"));
-  }
-  const int gpus = o.gpus * o.nodes;  // at most 2^20: no overflow
-  if (!(o.params >= 0 && o.params <= 1e15) ||
-      !(o.largest_layer_params >= 0 && o.largest_layer_params <= 1e15)) {
-    return Usage(StrCat("--params ", o.params, " and --largest-layer-params ",
-                        o.largest_layer_params, " must be in (0, 1e15]"));
-  }
-  if (o.params > 0) {  // cold mode: model states only, as DeepSpeed's estimators
-    if (o.largest_layer_params <= 0 || o.largest_layer_params > o.params) {
-      return Usage("--largest-layer-params must be in (0, --params]");
-    }
-    nlohmann::json rows = nlohmann::json::array();
-    if (!o.json) {
-      std::printf(
-          "zerort estimate: %.3g parameters, largest layer %.3g, %d GPUs (model states "
-          "only: mixed precision, Adam, K = 12)\n",
-          o.params, o.largest_layer_params, gpus);
-      std::printf("  %-6s %-16s %-14s\n", "stage", "per GPU GiB", "ZeRO-3 gather");
-    }
-    for (int stage = 0; stage <= 3; ++stage) {
-      const double states = ZeroPaperModelStates(o.params, gpus, stage);
-      // Stage 3 also holds the largest layer gathered in 16 bits, plus its prefetched successor.
-      const double gather = stage == 3 ? 2 * 2 * o.largest_layer_params : 0;
-      rows.push_back({{"stage", stage}, {"device_bytes", states + gather}});
-      if (!o.json) {
-        std::printf("  %-6d %-16s %-14s\n", stage, Gib(states + gather).c_str(),
-                    stage == 3 ? Gib(gather).c_str() : "-");
-      }
-    }
-    if (o.json) {
-      std::printf(
-          "%s\n",
-          nlohmann::json{{"params", o.params}, {"gpus", gpus}, {"rows", rows}}.dump().c_str());
-    } else {
-      std::printf(
-          "Activations, buffers and workspace need the shape: use --model or a run "
-          "config.\n%s\n",
-          kCaveats);
-    }
-    return kExitOk;
-  }
   MemoryModelInput base;
-  if (!o.model.empty()) {
-    StatusOr<GptConfig> preset = GptPreset(o.model);
-    if (!preset.ok()) return Usage(std::string(preset.status().message()));
-    base.model = *preset;
-  } else if (o.layers > 0) {
-    base.model = GptConfig{o.layers, o.heads, o.hidden, base.model.seq_len, o.vocab};
-    base.model.seq_len = 1024;
-  } else {
-    return Usage(
-        "give a run config, --model NAME, --layers/--hidden/--heads/--vocab, or "
-        "--params/--largest-layer-params");
-  }
-  if (o.seq_len != 0) base.model.seq_len = o.seq_len;
-  const Status valid = base.model.Validate();
-  if (!valid.ok()) return Usage(std::string(valid.message()));
-  // Shapes the replay can hold in 64-bit byte counts and replay within a second (GPT-3 175B is
-  // 96 layers, d 12288, 96 heads).
-  const GptConfig& shape = base.model;
-  if (shape.n_layer > 4096 || shape.d_model > (1 << 18) || shape.n_head > (1 << 14) ||
-      shape.vocab_size > 10'000'000 || shape.seq_len > (1 << 20) || o.micro_batch < 1 ||
-      int64_t{o.micro_batch} * shape.seq_len > (int64_t{1} << 24)) {
-    return Usage(StrCat("shape out of range: layers ", shape.n_layer, " (at most 4096), hidden ",
-                        shape.d_model, " (2^18), heads ", shape.n_head, " (2^14), vocab ",
-                        shape.vocab_size, " (1e7), seq-len ", shape.seq_len,
-                        " (2^20), micro-batch ", o.micro_batch,
-                        " (>= 1, micro-batch x seq-len at most 2^24)"));
-  }
   {
-    // The largest terms, in doubles: beyond 2^53 bytes (8 PiB) per rank the replay's 64-bit
-    // counters could wrap, and no machine holds it anyway.
-    const double L = shape.n_layer, d = shape.d_model, H = shape.n_head, T = shape.seq_len;
-    const double rows = static_cast<double>(o.micro_batch) * T;
-    const double largest =
-        std::max({16.0 * 12.0 * L * d * d, 4.0 * rows * shape.vocab_size,
-                  4.0 * L * o.micro_batch * H * T * T, 4.0 * 20.0 * L * rows * d});
-    if (largest > 9007199254740992.0) {
-      return Usage(StrCat("this shape needs more than 8 PiB per rank (", largest,
-                          " bytes in its largest term): not modelled"));
-    }
+    StatusOr<GptConfig> shape = ShapeOf(o);
+    if (!shape.ok()) return Usage(std::string(shape.status().message()));
+    base.model = *shape;
   }
   base.micro_batch = o.micro_batch;
   base.dp = gpus;

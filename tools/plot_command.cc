@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "engine/json_reader.h"
 #include "engine/user_file.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
@@ -50,17 +51,16 @@ StatusOr<std::vector<Row>> ReadMetrics(const std::string& path) {
     start = end + 1;
     ++line_no;
     if (line.empty()) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception&) {
+    StatusOr<nlohmann::json> parsed = ParseJsonText(line, StrCat(path, ": line ", line_no));
+    if (!parsed.ok()) {
       if (last) {  // a run killed while writing its last line
         Logger()->warn("{}: line {} is cut short; skipped", path, line_no);
         continue;
       }
       return absl::InvalidArgumentError(
-          StrCat(path, ": line ", line_no, " is not a JSON object (a metrics.jsonl record)"));
+          StrCat(parsed.status().message(), " (a metrics.jsonl record is one JSON object)"));
     }
+    const nlohmann::json& j = *parsed;
     auto number = [&](const char* key) {
       auto it = j.is_object() ? j.find(key) : j.end();
       return it != j.end() && it->is_number() ? it->get<double>() : NAN;

@@ -1,14 +1,14 @@
 // The zerort command line: discovers the launch environment, sets up rank-prefixed logging and
 // dispatches to a subcommand. Exit codes: runtime/exit_codes.h.
 #include <cstdio>
+#include <set>
+#include <string>
 
 #include "CLI/CLI.hpp"
 #include "runtime/exit_codes.h"
 #include "runtime/launch_env.h"
 #include "runtime/log.h"
 #include "tools/commands.h"
-
-namespace {}  // namespace
 
 int main(int argc, char** argv) {
   using namespace zerort;
@@ -174,17 +174,33 @@ int main(int argc, char** argv) {
                   "Forward, backward, optimizer and GEMM time per step, and the same-run sgemm "
                   "2048^3 rate as a second baseline");
 
-  // CLI11 would only say "a subcommand is required": name the word that is not a command.
-  if (argc > 1 && argv[1][0] != '-') {
-    bool known = false;
+  // CLI11 would only say "a subcommand is required": name the word that is not a command, or the
+  // option before the command that zerort does not have.
+  {
     std::string names;
+    std::set<std::string> commands;
     for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
-      known = known || sub->get_name() == argv[1];
+      commands.insert(sub->get_name());
       names += (names.empty() ? "" : ", ") + sub->get_name();
     }
-    if (!known) {
-      std::fprintf(stderr, "zerort: unknown command '%s'; commands: %s\n", argv[1], names.c_str());
-      return kExitUsage;
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i];
+      if (commands.contains(arg)) break;
+      if (arg == "--log-level") {
+        ++i;  // its value
+      } else if (arg.starts_with("--log-level=") || arg == "--version" || arg == "--help" ||
+                 arg == "-h") {
+      } else if (arg.starts_with("-")) {
+        std::fprintf(stderr,
+                     "zerort: unknown option '%s'; before the command zerort takes --log-level, "
+                     "--version and --help; commands: %s\n",
+                     arg.c_str(), names.c_str());
+        return kExitUsage;
+      } else {
+        std::fprintf(stderr, "zerort: unknown command '%s'; commands: %s\n", arg.c_str(),
+                     names.c_str());
+        return kExitUsage;
+      }
     }
   }
   try {
@@ -216,7 +232,14 @@ int main(int argc, char** argv) {
   if (adamw->parsed()) return cli::RunBenchAdamw(adamw_options);
   if (model->parsed()) return cli::RunBenchModel(model_options, *launch, &argc, &argv);
   if (offload->parsed()) return cli::RunBenchOffload(offload_options);
-  if (estimate->parsed()) return cli::RunEstimate(est);
+  if (estimate->parsed()) {
+    for (const CLI::Option* option : estimate->get_options()) {
+      if (option->count() > 0 && !option->get_lnames().empty()) {
+        est.given.insert("--" + option->get_lnames().front());
+      }
+    }
+    return cli::RunEstimate(est);
+  }
   if (train->parsed()) return cli::RunTrain(train_options, *launch, &argc, &argv);
   if (keys->parsed()) return cli::RunConfigKeys();
   if (plot->parsed()) return cli::RunPlot(plot_options);

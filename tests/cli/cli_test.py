@@ -107,10 +107,19 @@ check("--fit says why", all("why" in x for x in fit["rows"]) and len(fit["rows"]
       r.stdout[:300])
 r = run("estimate", "--params", "7.5e9", "--largest-layer-params", "1e8", "--gpus", "64",
         "--json")
-cold = json.loads(r.stdout) if r.returncode == 0 else {"rows": [{}] * 4}
-gb = [x.get("device_bytes", 0) / 1e9 for x in cold["rows"]]
-check("cold mode reproduces the ZeRO paper (120, 31.4, 16.6 GB)",
-      abs(gb[0] - 120) < 0.1 and abs(gb[1] - 31.4) < 0.1 and abs(gb[2] - 16.6) < 0.1, str(gb))
+cold = json.loads(r.stdout) if r.returncode == 0 else {"rows": []}
+paper = [x["zero_paper_bytes"] / 1e9 for x in cold["rows"] if x.get("offload") == "none"]
+check("cold mode labels the ZeRO paper's figures (120, 31.4, 16.6, 1.9 GB)",
+      len(paper) == 4 and abs(paper[0] - 120) < 0.1 and abs(paper[1] - 31.4) < 0.1
+      and abs(paper[2] - 16.6) < 0.1 and abs(paper[3] - 1.9) < 0.1, str(paper))
+runtime = {(x["stage"], x["offload"]): x for x in cold["rows"]}
+check("cold mode is zerort's runtime: fp32 gradient shards put it above the paper",
+      all(runtime[(s, "none")]["device_bytes"] > runtime[(s, "none")]["zero_paper_bytes"]
+          for s in range(4)) if len(runtime) == 10 else False, r.stdout[:300])
+check("cold mode has offload layouts: the optimizer state on the host moves off the GPU",
+      len(runtime) == 10 and runtime[(2, "cpu")]["device_bytes"] < runtime[(2, "none")]["device_bytes"]
+      and runtime[(2, "cpu")]["host_bytes_per_node"] > 0
+      and runtime[(3, "nvme")]["nvme_bytes_per_node"] > 0, r.stdout[:300])
 r = run("estimate", os.path.join(configs, "tiny-cpu.json"), "--world-size", "2",
         "--measure", "--json")
 check("estimate --measure exits 0", r.returncode == 0, r.stderr[-500:])

@@ -136,7 +136,7 @@ TEST(ConfigTest, WrongTypes) {
   EXPECT_ERROR_HAS(R"({"zero_optimization": 3})", "zero_optimization = 3", "an object");
   EXPECT_ERROR_HAS(R"({"optimizer": {"params": {"betas": 0.9}}})", "optimizer.params.betas",
                    "an array of 2 numbers");
-  EXPECT_ERROR_HAS(R"([1, 2])", "must be a JSON object");
+  EXPECT_ERROR_HAS(R"([1, 2])", "the top level must be a JSON object");
   EXPECT_ERROR_HAS(R"({"train_batch_size": 8,})", "not valid JSON");
 }
 

@@ -15,6 +15,7 @@
 
 #include "engine/token_file.h"
 #include "engine/trainer.h"
+#include "layers/gpt_model.h"
 #include "runtime/loopback_communicator.h"
 #include "runtime/strings.h"
 
@@ -302,6 +303,82 @@ TEST(MemoryModelTest, ZeroPaperModelStates) {
   EXPECT_NEAR(ZeroPaperModelStates(psi, 64, 1) / 1e9, 31.4, 0.05);
   EXPECT_NEAR(ZeroPaperModelStates(psi, 64, 2) / 1e9, 16.6, 0.05);
   EXPECT_NEAR(ZeroPaperModelStates(psi, 64, 3) / 1e9, 1.9, 0.05);
+}
+
+// Cold mode (--params P --largest-layer-params L) describes zerort's runtime: on GPT shapes of
+// the same P and L its parameters + gradients + optimizer state + gathered weights are within 5%
+// of the config mode's (the GPT-2 XL example: 5.84 and 8.06 GiB at stages 3 and 2 on 8
+// GPUs, where the ZeRO paper's 2 + 2 + 12 bytes gave 3.20 and 5.44).
+TEST(MemoryModelTest, ColdModeAgreesWithTheConfigModeOnGptShapes) {
+  struct Shape {
+    const char* name;
+    GptConfig model;
+    int gpus;
+  };
+  const Shape shapes[] = {
+      {"gpt2", *GptPreset("gpt2"), 8},
+      {"gpt2-xl", *GptPreset("gpt2-xl"), 8},
+      {"70B",
+       GptConfig{
+           .n_layer = 86, .n_head = 64, .d_model = 8192, .seq_len = 2048, .vocab_size = 50257},
+       64}};
+  using C = MemoryCategory;
+  auto states = [](const MemoryEstimate& e) {
+    int64_t sum = 0;
+    for (C c : {C::kParameters, C::kGradients, C::kOptimizerState, C::kGatheredWeights}) {
+      sum += e.Peak(MemoryTier::kDevice, c);
+    }
+    return static_cast<double>(sum);
+  };
+  for (const Shape& shape : shapes) {
+    int64_t largest = 0;
+    const std::vector<GptUnit> units = *GptUnits(shape.model, 1, 0);
+    for (const GptUnit& u : units) {
+      int64_t n = 0;
+      for (const ParamSpec& p : u.params) n += p.numel();
+      largest = std::max(largest, n);
+    }
+    const int64_t params = shape.model.NumParameters();
+    const ColdDecoder fit = *FitColdDecoder(params, largest);
+    EXPECT_EQ(fit.d, shape.model.d_model) << shape.name;
+    int64_t total = 0, biggest = 0;
+    for (int64_t u : fit.units) {
+      total += u;
+      biggest = std::max(biggest, u);
+    }
+    EXPECT_EQ(total, params) << shape.name;
+    EXPECT_EQ(biggest, largest) << shape.name;
+    for (int stage : {2, 3}) {
+      MemoryModelInput in;
+      in.model = shape.model;
+      in.dp = shape.gpus;
+      in.stage = stage;
+      in.compute = DType::kBF16;
+      in.cuda = true;
+      const MemoryEstimate config = *EstimateMemory(in);
+      const MemoryEstimate cold = *EstimateColdModelStates(in, params, largest);
+      const std::string what = StrCat(shape.name, " stage ", stage);
+      EXPECT_NEAR(states(cold), states(config), 0.05 * states(config)) << what;
+      // What is exact: the persistent buffers of UnitPlan, and nothing of the shape.
+      EXPECT_EQ(cold.Peak(MemoryTier::kDevice, C::kOptimizerState),
+                config.Peak(MemoryTier::kDevice, C::kOptimizerState))
+          << what;
+      EXPECT_EQ(cold.Peak(MemoryTier::kDevice, C::kActivations), 0) << what;
+      EXPECT_EQ(cold.Peak(MemoryTier::kDevice, C::kWorkspace), 0) << what;
+      // The paper's figure is below what zerort's runtime keeps (fp32 gradient shards and
+      // reduction buffers).
+      EXPECT_LT(ZeroPaperModelStates(static_cast<double>(params), shape.gpus, stage), states(cold))
+          << what;
+      std::printf(
+          "%s: config %.3f GiB, cold %.3f GiB, paper %.3f GiB\n", what.c_str(),
+          states(config) / 1073741824.0, states(cold) / 1073741824.0,
+          ZeroPaperModelStates(static_cast<double>(params), shape.gpus, stage) / 1073741824.0);
+    }
+  }
+  EXPECT_FALSE(FitColdDecoder(100, 101).ok());
+  EXPECT_FALSE(FitColdDecoder(int64_t{1} << 50, 1000).ok());  // more than 4096 units
+  const ColdDecoder one = *FitColdDecoder(1000, 1000);        // one layer
+  EXPECT_EQ(one.units, std::vector<int64_t>{1000});
 }
 
 TEST(MemoryModelTest, ShardingDividesModelStates) {

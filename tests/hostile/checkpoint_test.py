@@ -3,7 +3,8 @@
 files outside it and to /dev/zero, FIFOs and directories in place of shards, a `latest` that
 points elsewhere, a metadata file that is a link to /dev/zero; metadata keys of the wrong type or
 out of range, shapes negative or huge, pieces that overlap or leave a hole while their lengths add
-up. Every loader
+up, a parameter named twice (in params or in a rank's pieces), an embedded config nested 100,000
+deep, a 2 MiB name, duplicate keys. Every loader
 (`train --resume`, `checkpoint inspect`, `checkpoint export`, `eval`) refuses each with exit 2 and
 a message naming the file, within a few seconds, without reading outside the checkpoint, and
 nothing is changed. Usage: checkpoint_test.py PATH_TO_ZERORT"""
@@ -138,6 +139,13 @@ def shift_length(m):
     pieces[1][2] += 1
 
 
+def split_first_piece(m):
+    # wte's piece as two pieces of the same parameter: the same bytes, still tiling it.
+    pieces = m["ranks"][0]["pieces"]
+    name, begin, length = pieces[0]
+    pieces[0:1] = [[name, begin, 1], [name, begin + 1, length - 1]]
+
+
 # Metadata that is wrong in type, range or structure: one validator, shared by every loader and
 # inspect, refuses it naming the JSON path.
 cases += [
@@ -163,6 +171,34 @@ cases += [
      "metadata.json"),
     ("pieces whose lengths add up around a hole", meta_edit(shift_length), "metadata.json"),
     ("ranks an object", meta_edit(lambda m: m.update(ranks={})), "ranks = {}"),
+    # A parameter named twice: export wrote it twice and exited 0.
+    ("a parameter named twice in params",
+     meta_edit(lambda m: m["params"].append(dict(m["params"][0]))),
+     "parameter 'wte' is named twice in params (params[0] and params["),
+    ("a parameter named twice in a rank's pieces", meta_edit(split_first_piece),
+     "parameter 'wte' is named twice in ranks[0].pieces (ranks[0].pieces[0] and "
+     "ranks[0].pieces[1])"),
+]
+
+
+def deep_config(d, s, m):
+    # The embedded config a 100,000-deep array: every loader crashed (SIGSEGV, recursion).
+    text = json.dumps(dict(m, config="DEEP"))
+    text = text.replace('"DEEP"', "[" * 100000 + "]" * 100000)
+    with open(os.path.join(s, "metadata.json"), "w") as f:
+        f.write(text)
+    return False
+
+
+def long_name(m):
+    m["params"][0]["name"] = "w" * (2 << 20)
+
+
+cases += [
+    ("a config nested 100,000 deep", deep_config, "nested more than 64 levels deep at 'config[0]"),
+    ("a 2 MiB parameter name", meta_edit(long_name), "a string of 2097152 bytes"),
+    ("duplicate keys", lambda d, s, m: (open(os.path.join(s, "metadata.json"), "w").write(
+        json.dumps(m)[:-1] + ', "step": 2}'), False)[-1], "duplicate key 'step'"),
 ]
 for index, (what, edit, message) in enumerate(cases):
     d = tamper(f"case_{index}", edit)

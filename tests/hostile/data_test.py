@@ -112,7 +112,7 @@ config_cases = [
      "nested more than 64 levels deep at 'x[0][0]"),
     ("a 50 MB string",
      [config_file("long.json", b'{"train_batch_size": 4, "x": "' + b"a" * 50000000 + b'"}')],
-     "unknown key 'x'"),
+     "a string of 50000000 bytes (at most 1048576) at 'x'"),
     ("collective_timeout_s a string", [config_file("t1.json", json.dumps(base).encode()),
                                        "--set", 'parallel.collective_timeout_s="abc"'],
      "parallel.collective_timeout_s"),
