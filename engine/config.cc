@@ -304,9 +304,14 @@ Status SetOverride(nlohmann::json& json, const std::string& assignment) {
   const std::string path = assignment.substr(0, eq);
   const std::string text = assignment.substr(eq + 1);
   nlohmann::json value;
-  try {
-    value = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception&) {
+  JsonLimits limits;
+  limits.top_level_object = false;
+  StatusOr<nlohmann::json> parsed = ParseJsonText(text, StrCat("--set ", path), limits);
+  if (parsed.ok()) {
+    value = *std::move(parsed);
+  } else if (!text.empty() && (text[0] == '[' || text[0] == '{')) {
+    return parsed.status();  // meant as JSON: too deep, a duplicate key, not valid
+  } else {
     value = text;  // a bare word is a string
   }
   try {
@@ -378,7 +383,9 @@ RunConfig ParseSchema(const nlohmann::json& json, Problems& problems) {
       problems.Add(zero->Bool("stage3_gather_16bit_weights_on_model_save",
                               z.stage3_gather_16bit_weights_on_model_save));
       zero->Finish(problems);
-      problems.Add(zero->Int("sub_group_size", z.sub_group_size, 1, kMaxInt));
+      // 0: DeepSpeed's one sub-group per parameter; zerort's chunks never span units, so one
+      // chunk per unit's shard (ShardedOptimizer::NvmeChunkNumel).
+      problems.Add(zero->Int("sub_group_size", z.sub_group_size, 0, kMaxInt));
       ReadOffload(*zero, "offload_optimizer", z.offload_optimizer, problems);
       ReadOffload(*zero, "offload_param", z.offload_param, problems);
       // DeepSpeed's rules: optimizer offload from stage 1, parameter offload at stage 3 only.
@@ -388,9 +395,14 @@ RunConfig ParseSchema(const nlohmann::json& json, Problems& problems) {
             "\" needs zero_optimization.stage 1, 2 or 3 (it is 0)"));
       }
       if (z.offload_param.device != "none" && z.stage != 3) {
-        problems.Add(absl::InvalidArgumentError(
+        // DeepSpeed reads offload_param at stage 3 only and ignores it below: so does zerort,
+        // saying so.
+        c.warnings.push_back(
             StrCat("zero_optimization.offload_param.device = \"", z.offload_param.device,
-                   "\" needs zero_optimization.stage 3 (it is ", z.stage, ")")));
+                   "\" is ignored at zero_optimization.stage ", z.stage,
+                   " (parameters are offloaded at stage 3 only; DeepSpeed ignores it too): the "
+                   "parameters stay on the device"));
+        z.offload_param = OffloadConfig{};
       }
       if (z.offload_param.device == "nvme" && z.offload_optimizer.device != "nvme") {
         problems.Add(absl::InvalidArgumentError(
@@ -420,6 +432,12 @@ RunConfig ParseSchema(const nlohmann::json& json, Problems& problems) {
       problems.Add(fp16->Int("loss_scale_window", f.loss_scale_window, 1, 1 << 30));
       problems.Add(fp16->Int("hysteresis", f.hysteresis, 1, 1 << 30));
       problems.Add(fp16->Float("min_loss_scale", f.min_loss_scale, 0.0f, 1e30f));
+      if (f.min_loss_scale < 1.0f) {
+        c.warnings.push_back(
+            StrCat("fp16.min_loss_scale = ", f.min_loss_scale,
+                   " is below 1: zerort uses it as the dynamic scale's floor, but newer DeepSpeed "
+                   "versions take only an integer here, so this config will not load there"));
+      }
       fp16->Finish(problems);
     }
     std::optional<JsonSection> bf16 = Section(top, "bf16", problems);
@@ -644,7 +662,7 @@ StatusOr<RunConfig> ParseRunConfig(const nlohmann::json& given, const std::strin
   }
   RunConfig c = ParseSchema(json, problems);
   if (!problems.empty()) return problems.ToStatus(file);
-  c.notes = std::move(notes);
+  c.notes = std::move(notes);  // ParseSchema's own warnings are in c.warnings
   return c;
 }
 
@@ -669,26 +687,49 @@ Status ResolveBatch(RunConfig& c, int dp, const std::string& dp_source) {
                                              "; train_batch_size must equal micro x accumulation "
                                              "x data-parallel size"));
   };
+  // How each value came to be, for the message when a derived one is out of range.
+  std::string m_how = "as given", a_how = "as given";
   if (t && m && a) {
     if (t != m * a * dp) return fail(StrCat(m, " x ", a, " x ", dp, " = ", m * a * dp, " != ", t));
   } else if (t && m) {
     if (t % (m * dp) != 0) return fail(StrCat(t, " is not a multiple of ", m, " x ", dp));
     a = t / (m * dp);
+    a_how =
+        StrCat("= train_batch_size ", t, " / (micro-batch ", m, " x data-parallel size ", dp, ")");
   } else if (t && a) {
     if (t % (a * dp) != 0) return fail(StrCat(t, " is not a multiple of ", a, " x ", dp));
     m = t / (a * dp);
+    m_how =
+        StrCat("= train_batch_size ", t, " / (accumulation ", a, " x data-parallel size ", dp, ")");
   } else if (m) {
     if (!a) a = 1;
+    if (m > kMaxInt / a / dp) {
+      return fail(StrCat(m, " x ", a, " x ", dp, " is more than 2^53 sequences per step"));
+    }
     t = m * a * dp;
   } else if (t) {
     if (t % dp != 0) return fail(StrCat(t, " is not a multiple of ", dp));
     m = t / dp;
     a = 1;
+    m_how = StrCat("= train_batch_size ", t, " / data-parallel size ", dp,
+                   ", with no micro-batch or accumulation given");
   } else {
     return absl::InvalidArgumentError(
         StrCat("set train_micro_batch_size_per_gpu (and gradient_accumulation_steps or "
                "train_batch_size if you like); ",
                numbers));
+  }
+  // A rank runs at most 2^31 - 1 sequences per micro-batch and micro-batches per step.
+  constexpr int64_t kMaxPerRank = 2147483647;
+  if (m > kMaxPerRank) {
+    return absl::InvalidArgumentError(
+        StrCat("train_micro_batch_size_per_gpu ", m, " (", m_how,
+               ") is more than 2147483647 sequences per rank and micro-batch; set "
+               "train_micro_batch_size_per_gpu or gradient_accumulation_steps"));
+  }
+  if (a > kMaxPerRank) {
+    return absl::InvalidArgumentError(StrCat("gradient_accumulation_steps ", a, " (", a_how,
+                                             ") is more than 2147483647 micro-batches per step"));
   }
   return absl::OkStatus();
 }

@@ -202,6 +202,10 @@ struct RunConfig {
   // What reading the config decided that a user should see once (accepted DeepSpeed keys, other
   // names, resolved "auto" values): logged at the start of a run and by --print-config.
   std::vector<std::string> notes;
+  // What reading the config ignored or accepted although it is probably a mistake (offload_param
+  // below stage 3, fp16.min_loss_scale below 1): logged as warnings at the start of a run and by
+  // --print-config.
+  std::vector<std::string> warnings;
 
   // The resolved config as JSON (every field, defaults included): --print-config and metadata.
   nlohmann::json ToJson() const;

@@ -64,7 +64,9 @@ constexpr DsKey kKeys[] = {
     {"optimizer.params.max_coeff", I, "LAMB: the trust ratio's upper clamp (10)", "10.0"},
     {"optimizer.params.min_coeff", I, "LAMB: the trust ratio's lower clamp (0.01)", "0.01"},
     {"optimizer.params.max_grad_norm", R,
-     "LAMB's own clipping is not implemented: use gradient_clipping", "1.0", "[0, 0.0]"},
+     "DeepSpeed's engine refuses it too ('max_grad_norm' is not supported as an optimizer "
+     "parameter): use gradient_clipping",
+     "1.0", "[0, 0.0]"},
     {"optimizer.legacy_fusion", A, "zerort has one fused optimizer kernel per device", "false"},
     {"scheduler.type", I,
      "WarmupLR, WarmupDecayLR, WarmupCosineLR; OneCycle and LRRangeTest are refused by name",
@@ -81,8 +83,9 @@ constexpr DsKey kKeys[] = {
      "zerort reduces gradients in fp32; a 16-bit reduction changes the gradients", "\"fp16\"",
      "[\"fp32\", null]"},
     {"seq_parallel_communication_data_type", R,
-     "zerort's sequence-parallel collectives run in the compute dtype", "\"fp16\"",
-     "[\"fp32\", null]"},
+     "under sequence parallelism DeepSpeed reduces gradients in this dtype; zerort reduces "
+     "every gradient in fp32, and a 16-bit reduction changes the gradients",
+     "\"bf16\"", "[\"fp32\", null]"},
     {"gradient_allreduce_op", R,
      "zerort averages gradients; a sum multiplies them by the world size", "\"sum\"", "[\"mean\"]"},
     {"prescale_gradients", I,
@@ -106,7 +109,8 @@ constexpr DsKey kKeys[] = {
     {"fp16.hysteresis", I, "overflows tolerated before the scale halves", "2"},
     {"fp16.consecutive_hysteresis", R, "refilling hysteresis after good steps is not implemented",
      "true", "[false]"},
-    {"fp16.min_loss_scale", I, "the scale's floor", "1"},
+    {"fp16.min_loss_scale", I,
+     "the scale's floor (below 1: a warning; newer DeepSpeed takes an integer here)", "1"},
     {"fp16.fp16_master_weights_and_grads", R, "zerort keeps fp32 master weights and gradients",
      "true", "[false]"},
     {"bf16.enabled", I, "bf16 compute, fp32 master weights and reduction", "true"},
@@ -132,7 +136,9 @@ constexpr DsKey kKeys[] = {
      "elements per gradient reduction; 0: each unit alone", "5e8"},
     {"zero_optimization.contiguous_gradients", I, "always contiguous (one flat buffer per unit)",
      "true"},
-    {"zero_optimization.sub_group_size", I, "elements per optimizer chunk (offloaded steps)",
+    {"zero_optimization.sub_group_size", I,
+     "elements per optimizer chunk of the NVMe tier; 0 (DeepSpeed: a sub-group per parameter): "
+     "one chunk per unit's shard",
      "1e9"},
     {"zero_optimization.stage3_prefetch_bucket_size", I, "elements gathered ahead; 0: no prefetch",
      "5e7"},
@@ -142,7 +148,9 @@ constexpr DsKey kKeys[] = {
      "elements gathered at once; 0: only the unit in use", "1e9"},
     {"zero_optimization.offload_optimizer", I, "device none | cpu | nvme (README, Offload)",
      "{\"device\": \"cpu\"}"},
-    {"zero_optimization.offload_param", I, "stage 3: device none | cpu | nvme",
+    {"zero_optimization.offload_param", I,
+     "stage 3: device none | cpu | nvme; below stage 3 ignored with a warning, as DeepSpeed "
+     "ignores it",
      "{\"device\": \"none\"}"},
     {"zero_optimization.allgather_partitions", I,
      "false gathers each unit's shards by one broadcast per rank instead of one all-gather (the "
@@ -364,6 +372,11 @@ constexpr DsKey kKeys[] = {
     {"comms_config", A, "not a DeepSpeed config key (DeepSpeed ignores it; see comms_logger)",
      "{\"verbose\": false}"},
     {"zero_force_ds_cpu_optimizer", A, "offloaded steps run zerort's own CPU optimizer", "true"},
+    // Top-level keys of real configs that DeepSpeed ignores.
+    {"cuda_visible_devices", A,
+     "not a DeepSpeed config key (DeepSpeed ignores it): zerort uses the devices the launcher "
+     "gives each rank (CUDA_VISIBLE_DEVICES and the local rank)",
+     "\"0,1\""},
 };
 
 std::string Lower(std::string_view s) {
@@ -548,6 +561,7 @@ constexpr std::string_view kAutoPaths[] = {
     "zero_optimization.reduce_bucket_size",
     "zero_optimization.stage3_prefetch_bucket_size",
     "zero_optimization.stage3_param_persistence_threshold",
+    "zero_optimization.stage3_gather_16bit_weights_on_model_save",
 };
 
 void CollectAutos(nlohmann::json& node, const std::string& path, Problems& problems,
@@ -616,6 +630,16 @@ void NormalizeDeepSpeed(nlohmann::json& json, Problems& problems, std::vector<st
     if (t == "onebitadam" || t == "onebitlamb" || t == "zerooneadam") {
       Erase(json, "optimizer.params");
     }
+  }
+  // Top-level keys beginning with "_" are comments ("_comment", "_description"): DeepSpeed reads
+  // the keys it knows and never looks at them.
+  std::vector<std::string> comments;
+  for (const auto& [key, value] : json.items()) {
+    if (!key.empty() && key[0] == '_') comments.push_back(key);
+  }
+  for (const std::string& key : comments) {
+    notes.push_back(StrCat(key, ": a comment (a top-level key beginning with _), ignored"));
+    json.erase(key);
   }
   // Mapped names first, so "auto" and the other rows see the current paths.
   for (const DsKey& k : kKeys) {
@@ -714,6 +738,8 @@ void ResolveAutoValues(const AutoKeys& autos, const RunConfig& first, nlohmann::
       set(p, static_cast<int64_t>(0.9 * static_cast<double>(d * d)), "0.9 x model.d_model^2");
     } else if (p == "zero_optimization.stage3_param_persistence_threshold") {
       set(p, 10 * d, "10 x model.d_model");
+    } else if (p == "zero_optimization.stage3_gather_16bit_weights_on_model_save") {
+      set(p, false, "Accelerate's zero3_save_16bit_model default");
     }
   }
   const bool batch_auto = std::any_of(autos.begin(), autos.end(), [](const std::string& p) {

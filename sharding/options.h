@@ -56,7 +56,8 @@ struct OffloadOptions {
   int optimizer_buffer_count = 4;  // offload_optimizer.buffer_count: chunks in flight (>= 2)
   int param_buffer_count = 5;      // offload_param.buffer_count: parameter fetches in flight
   int64_t param_buffer_size = 100'000'000;  // offload_param.buffer_size: elements per fetch
-  int64_t sub_group_size = 1'000'000'000;   // elements per optimizer chunk (DeepSpeed's key)
+  int64_t sub_group_size = 1'000'000'000;   // elements per optimizer chunk (DeepSpeed's key); 0:
+                                            // one chunk per unit's shard
   int64_t aio_block_size = 1 << 20;         // aio.block_size: bytes per I/O request
   int aio_queue_depth = 8;                  // aio.queue_depth
   int aio_thread_count = 1;                 // aio.thread_count: pread/pwrite engine threads

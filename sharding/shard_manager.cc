@@ -74,10 +74,10 @@ Status CheckPlacement(const ShardManagerOptions& o) {
     return absl::InvalidArgumentError("an nvme offload needs nvme_path");
   }
   if (o.offload.optimizer_buffer_count < 2 || o.offload.param_buffer_count < 1 ||
-      o.offload.param_buffer_size < 1 || o.offload.sub_group_size < 1) {
+      o.offload.param_buffer_size < 1 || o.offload.sub_group_size < 0) {
     return absl::InvalidArgumentError(
-        "offload buffers: optimizer buffer_count must be >= 2, param buffer_count, buffer_size "
-        "and sub_group_size >= 1");
+        "offload buffers: optimizer buffer_count must be >= 2, param buffer_count and "
+        "buffer_size >= 1, sub_group_size >= 0");
   }
   return absl::OkStatus();
 }

@@ -84,8 +84,9 @@ StatusOr<TensorView> ShardedOptimizer::AddUnit(ShardedUnit& unit, std::span<cons
 }
 
 int64_t ShardedOptimizer::NvmeChunkNumel(const ShardManagerOptions& o, int64_t largest_shard) {
-  return RoundUp(std::min(largest_shard, std::max<int64_t>(o.offload.sub_group_size, 1)),
-                 kReduceChunk);
+  // sub_group_size 0 (DeepSpeed: a sub-group per parameter): one chunk per unit's shard.
+  const int64_t limit = o.offload.sub_group_size == 0 ? largest_shard : o.offload.sub_group_size;
+  return RoundUp(std::min(largest_shard, std::max<int64_t>(limit, 1)), kReduceChunk);
 }
 
 int64_t ShardedOptimizer::StagingSetBytes(const ShardManagerOptions& o, int64_t chunk_numel) {

@@ -53,6 +53,7 @@ int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** 
   }
   if (launch.rank == 0) {
     for (const std::string& note : config->notes) Logger()->info("{}: {}", o.config, note);
+    for (const std::string& w : config->warnings) Logger()->warn("{}: {}", o.config, w);
   }
   if (o.print_config) {
     // The batch triple is resolved for the data-parallel size of the world this process was

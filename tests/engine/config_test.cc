@@ -222,11 +222,19 @@ TEST(ConfigTest, ContradictionsAndUnsupportedFeatures) {
 }
 
 TEST(ConfigTest, OffloadKeysFollowDeepSpeedsRules) {
-  // Optimizer offload from stage 1, parameter offload at stage 3 only (DeepSpeed's rules).
+  // Optimizer offload from stage 1; parameter offload at stage 3 only, ignored below it with a
+  // warning, as DeepSpeed ignores it.
   EXPECT_ERROR_HAS(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}})",
                    "offload_optimizer.device = \"cpu\" needs zero_optimization.stage 1, 2 or 3");
-  EXPECT_ERROR_HAS(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})",
-                   "offload_param.device = \"cpu\" needs zero_optimization.stage 3 (it is 2)");
+  const StatusOr<RunConfig> below =
+      Parse(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})");
+  ASSERT_TRUE(below.ok()) << below.status();
+  EXPECT_EQ(below->zero.offload_param.device, "none");
+  ASSERT_EQ(below->warnings.size(), 1u);
+  EXPECT_NE(below->warnings[0].find("offload_param.device = \"cpu\" is ignored at "
+                                    "zero_optimization.stage 2"),
+            std::string::npos)
+      << below->warnings[0];
   EXPECT_ERROR_HAS(R"({"zero_optimization": {"stage": 2, "offload_optimizer":
                        {"device": "nvme", "nvme_path": "/nonexistent/swap"}}})",
                    "offload_optimizer.nvme_path = \"/nonexistent/swap\" does not exist");

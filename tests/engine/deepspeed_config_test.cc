@@ -175,6 +175,43 @@ TEST(DeepSpeedKeysTest, LegacyAndAlternativeNamesMapToTheCurrentOnes) {
   EXPECT_EQ(Error({{"zero_optimization", {{"reduce_bucket_size", 0}}}}), "");
 }
 
+// What DeepSpeed 0.19.5's DeepSpeedConfig accepts and changes nothing zerort trains is accepted
+// (sub_group_size 0, a gather "auto", "_" comments, cuda_visible_devices), offload_param below
+// stage 3 and a fractional fp16.min_loss_scale are warnings, and the two refusals say what
+// DeepSpeed does.
+TEST(DeepSpeedKeysTest, DeepSpeedsOwnVerdicts) {
+  const StatusOr<RunConfig> c = Parse(nlohmann::json::parse(R"({
+    "_comment": "a note", "_description": {"owner": "me"}, "cuda_visible_devices": "0,1",
+    "zero_optimization": {"stage": 3, "sub_group_size": 0,
+                          "stage3_gather_16bit_weights_on_model_save": "auto"},
+    "fp16": {"enabled": true, "min_loss_scale": 0.5}
+  })"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->zero.sub_group_size, 0);
+  EXPECT_FALSE(c->zero.stage3_gather_16bit_weights_on_model_save);
+  EXPECT_TRUE(NotesMention(*c, "stage3_gather_16bit_weights_on_model_save = \"auto\" -> false"));
+  EXPECT_TRUE(NotesMention(*c, "_comment: a comment"));
+  EXPECT_TRUE(NotesMention(*c, "_description: a comment"));
+  EXPECT_TRUE(NotesMention(*c, "cuda_visible_devices = \"0,1\": accepted"));
+  ASSERT_EQ(c->warnings.size(), 1u);
+  EXPECT_NE(c->warnings[0].find("fp16.min_loss_scale = 0.5 is below 1"), std::string::npos);
+  // A comment is a top-level key only: inside a section "_" keys are still typos.
+  EXPECT_NE(Error({{"zero_optimization", {{"_comment", "x"}}}})
+                .find("unknown key 'zero_optimization._comment'"),
+            std::string::npos);
+  EXPECT_NE(Error({{"zero_optimization", {{"sub_group_size", -1}}}})
+                .find("zero_optimization.sub_group_size = -1"),
+            std::string::npos);
+  const std::string norm = Error(nlohmann::json::parse(
+      R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "max_grad_norm": 1.0}}})"));
+  EXPECT_NE(norm.find("DeepSpeed's engine refuses it too"), std::string::npos) << norm;
+  EXPECT_EQ(norm.find("LAMB"), std::string::npos) << norm;
+  const std::string sp = Error({{"seq_parallel_communication_data_type", "bf16"}});
+  EXPECT_NE(sp.find("under sequence parallelism DeepSpeed reduces gradients in this dtype"),
+            std::string::npos)
+      << sp;
+}
+
 // Hugging Face's rules, against values computed by hand (model d_model 64 = the tiny preset).
 TEST(DeepSpeedKeysTest, AutoIsResolvedByHuggingFacesRules) {
   const nlohmann::json j = nlohmann::json::parse(R"({

@@ -35,6 +35,7 @@ struct RunConfig {
   int64_t max_live = 1'000'000'000;             // stage3_max_live_parameters
   int64_t prefetch = 50'000'000;                // stage3_prefetch_bucket_size
   int64_t allgather_bucket_size = 500'000'000;  // stages 1-2
+  int64_t sub_group_size = 1'000'000'000;       // NVMe optimizer chunks; 0: one per shard
 };
 
 inline ShardManagerOptions Options(const RunConfig& c) {
@@ -59,6 +60,7 @@ inline ShardManagerOptions Options(const RunConfig& c) {
   o.offload.aio_engine = std::string(IoEngineName(c.io_engine));
   o.offload.optimizer_buffer_count = 2;   // the smallest pipeline: every staging set reused
   o.offload.param_buffer_size = 1 << 16;  // elements: above the MLP's largest shard, not 1e8
+  o.offload.sub_group_size = c.sub_group_size;
   o.optimizer.weight_decay = 0.05f;
   o.optimizer.beta2 = 0.95f;
   if (c.optimizer == OptimizerKind::kSgd) {

@@ -120,6 +120,29 @@ TEST(OffloadParity, AccumulationAndClippingOnNvmeEqualTheDeviceRun) {
   }
 }
 
+// sub_group_size 0 (DeepSpeed: one optimizer sub-group per parameter) is one NVMe chunk per
+// unit's shard, and the step is the device run's, bitwise; so is a chunk smaller than a shard.
+TEST(OffloadParity, SubGroupSizeZeroIsOneChunkPerShard) {
+  ShardManagerOptions o;
+  o.offload.sub_group_size = 0;
+  EXPECT_EQ(ShardedOptimizer::NvmeChunkNumel(o, 10'000),
+            ShardedOptimizer::NvmeChunkNumel(ShardManagerOptions{}, 10'000));
+  EXPECT_GE(ShardedOptimizer::NvmeChunkNumel(o, 10'000), 10'000);
+  NvmeDir dir;
+  RunConfig base{.stage = ZeroStage::k3, .world = 2, .steps = 4};
+  const RunResult device = Train(base);
+  ASSERT_EQ(device.error, "");
+  for (int64_t sub_group : {int64_t{0}, int64_t{1000}}) {
+    RunConfig nvme = base;
+    nvme.placement = {.optimizer = MemoryTier::kNvme, .params = MemoryTier::kDevice};
+    nvme.nvme_path = dir.str();
+    nvme.sub_group_size = sub_group;
+    const RunResult r = Train(nvme);
+    ASSERT_EQ(r.error, "") << sub_group;
+    EXPECT_EQ(r.params, device.params) << "sub_group_size " << sub_group;
+  }
+}
+
 TEST(OffloadParity, Bf16ComputeOnEveryTierEqualsTheDeviceRun) {
   // bf16 compute copies written by the CPU step into host memory or an NVMe region, and bf16
   // gradients reduced into fp32 shards on the host tiers (what configs/gpt2-xl-nvme.json runs).
