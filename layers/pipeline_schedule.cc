@@ -118,11 +118,11 @@ int PipelineWarmup(const PipelineShape& s, int stage) {
       return m;
     case PipelineSchedule::k1F1B:
       return std::min(p - stage - 1, m);
-    case PipelineSchedule::kInterleaved: {
-      const int total = m * v;
-      if (m == p) return total;  // Megatron: every forward first
-      return std::min((p - stage - 1) * 2 + (v - 1) * p, total);
-    }
+    case PipelineSchedule::kInterleaved:
+      // Megatron-LM core v0.10 and later (microbatch_group_size_per_vp_stage = p, its default):
+      // up to v0.9 a step with m = p ran every forward first; since November 2024 that case
+      // follows the same rule, so later stages start 1F1B earlier.
+      return std::min((p - stage - 1) * 2 + (v - 1) * p, m * v);
   }
   return 0;
 }

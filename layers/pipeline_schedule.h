@@ -11,11 +11,12 @@
 //   RecvForward / SendForward: the activation entering / leaving that forward (none at the first
 //     chunk's input and the last chunk's output)
 //   RecvBackward / SendBackward: the gradient entering / leaving that backward
-// Megatron's warm-up counts: GPipe runs every forward first; 1F1B warms up with p - s - 1
-// forwards (at most m), then alternates one forward and one backward, then cools down; the
-// interleaved schedule warms up with (p - s - 1) x 2 + (v - 1) x p forwards (all m v when m = p),
-// and orders micro-batches in groups of p per chunk. Bubble: (p - 1) / m for GPipe and 1F1B,
-// (p - 1) / (v m) interleaved.
+// Megatron-LM's warm-up counts (core v0.10 and later): GPipe runs every forward first; 1F1B warms
+// up with p - s - 1 forwards (at most m), then alternates one forward and one backward, then
+// cools down; the interleaved schedule warms up with (p - s - 1) x 2 + (v - 1) x p forwards (at
+// most m v; core v0.9 and earlier ran all m v first when m = p, which raised the later stages'
+// activation peak) and orders micro-batches in groups of p per chunk. Bubble: (p - 1) / m for GPipe
+// and 1F1B, (p - 1) / (v m) interleaved.
 #pragma once
 
 #include <string>

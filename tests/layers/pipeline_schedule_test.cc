@@ -1,9 +1,9 @@
 // Pipeline schedule tables for every p in 1..8, m in 1..16, v in 1..4 the schedules allow: every
 // (micro-batch, chunk) goes forward once and backward once, forward first; the warm-up counts are
-// Megatron's; executed together with buffered sends and blocking receives, every stage finishes
-// and every receive gets the send it expects, in order, on its link; micro-batches in flight stay
-// within the schedule's bound; with uniform costs the bubble is (p-1)/m for GPipe and 1F1B and
-// (p-1)/(v m) for the interleaved schedule.
+// Megatron-LM core v0.10's (m = p included); executed together with buffered sends and blocking
+// receives, every stage finishes and every receive gets the send it expects, in order, on its link;
+// micro-batches in flight stay within the schedule's bound; with uniform costs the bubble is
+// (p-1)/m for GPipe and 1F1B and (p-1)/(v m) for the interleaved schedule.
 #include "layers/pipeline_schedule.h"
 
 #include <gtest/gtest.h>
@@ -36,13 +36,51 @@ std::string Name(const PipelineShape& s) {
          std::to_string(s.micro_batches) + " v" + std::to_string(s.virtual_stages);
 }
 
-// Megatron-LM's num_warmup_microbatches (schedules.py), written out independently.
+// Megatron-LM's num_warmup_microbatches (core v0.10 and later, schedules.py, with
+// microbatch_group_size_per_vp_stage = p), written out independently.
 int MegatronWarmup(const PipelineShape& s, int rank) {
   const int p = s.stages, m = s.micro_batches, v = s.virtual_stages;
   if (s.schedule == PipelineSchedule::kGpipe) return m;
   if (s.schedule == PipelineSchedule::k1F1B) return std::min(p - rank - 1, m);
-  if (m == p) return m * v;
   return std::min((p - rank - 1) * 2 + (v - 1) * p, m * v);
+}
+
+// The most (micro-batch, chunk) forwards a stage's list has run and not yet taken back: the chunk
+// activation sets it holds at once.
+int MaxChunkSetsHeld(const std::vector<PipelineAction>& actions) {
+  int held = 0, most = 0;
+  for (const PipelineAction& a : actions) {
+    if (a.op == PipelineOp::kForward) most = std::max(most, ++held);
+    if (a.op == PipelineOp::kBackward) --held;
+  }
+  return most;
+}
+
+// At m = p, Megatron core v0.9 and earlier ran every forward of the interleaved schedule first
+// (m v on every stage); since November 2024 (core v0.10) the usual rule holds, so every stage but
+// the first starts 1F1B before its last forward, and the later stages hold fewer micro-batches.
+TEST(PipelineScheduleTest, InterleavedWarmupAtMEqualsPIsCurrentMegatrons) {
+  for (int p = 2; p <= 8; ++p) {
+    for (int v = 2; v <= 4; ++v) {
+      const PipelineShape s{PipelineSchedule::kInterleaved, p, p, v};
+      const int total = p * v;
+      for (int stage = 0; stage < p; ++stage) {
+        const int want = std::min((p - stage - 1) * 2 + (v - 1) * p, total);
+        EXPECT_EQ(PipelineWarmup(s, stage), want) << Name(s) << " stage " << stage;
+        // The stages past the middle (2 (p - s - 1) < p) start 1F1B before their last forward,
+        // and those with 2 (p - s - 1) + 1 < p hold fewer chunk activation sets than all m v.
+        const int held = MaxChunkSetsHeld(*PipelineActions(s, stage));
+        if (2 * (p - stage - 1) < p) {
+          EXPECT_LT(PipelineWarmup(s, stage), total) << Name(s) << " stage " << stage;
+          EXPECT_EQ(held, want + 1) << Name(s) << " stage " << stage;
+        } else {
+          EXPECT_EQ(held, total) << Name(s) << " stage " << stage;
+        }
+        if (2 * (p - stage - 1) + 1 < p) EXPECT_LT(held, total) << Name(s) << " stage " << stage;
+      }
+      EXPECT_EQ(PipelineWarmup(s, p - 1), (v - 1) * p) << Name(s);
+    }
+  }
 }
 
 TEST(PipelineScheduleTest, EveryMicroBatchOnceForwardFirstWithMegatronsWarmup) {
