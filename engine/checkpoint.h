@@ -1,4 +1,4 @@
-// Sharded checkpoints (DESIGN.md section 8).
+// Sharded checkpoints (docs/design.md, "Data, checkpoints, metrics").
 //
 // Layout of `dir`:
 //   step_<N>/metadata.json        written last: format version, step, config, the run state

@@ -1,4 +1,4 @@
-// A checkpoint's files are untrusted input (engine/README.md, "Untrusted input"): every file it
+// A checkpoint's files are untrusted input (docs/design.md, "Untrusted input"): every file it
 // names must be a plain name inside its step directory, opened without following links and
 // non-blocking, a regular file of the metadata's size; small files are read bounded; metadata.json
 // is validated key by key (type and range) before any loader or `inspect` reads it. Internal to

@@ -305,7 +305,11 @@ constexpr DsKey kKeys[] = {
     {"memory_breakdown", A, "the metrics line has peak memory by category every step", "true"},
     {"flops_profiler", A, "the metrics line has TFLOP/s and MFU by the PaLM formula",
      "{\"enabled\": true}"},
-    {"comms_logger", A, "logging.trace_file records every collective with its bytes and time",
+    {"comms_logger", A,
+     "zerort keeps no per-collective log yet: logging.trace_file has each rank's forward + "
+     "backward, optimizer step, evaluation and checkpoint saves (a pipeline stage's sends and "
+     "receives too), and a collective that hangs past parallel.collective_timeout_s is reported "
+     "with every rank's last collectives",
      "{\"enabled\": true}"},
     {"timers", A, "the metrics line has the step time and tokens/s", "{\"throughput\": {}}"},
     {"tensorboard", R,

@@ -892,24 +892,30 @@ StatusOr<ColdDecoder> FitColdDecoder(int64_t params, int64_t largest) {
         StrCat("the largest layer's ", largest, " parameters must be in [1, ", params, "]"));
   }
   constexpr int64_t kEmbeddingRows = 50257 + 1024;  // GPT-2's wte and wpe rows
-  auto block = [](int64_t d) { return 12 * d * d + 13 * d; };
+  // In doubles: d reaches L / 51281, whose 12 d^2 passes 2^63 for L near 1e15.
+  auto block = [](int64_t d) {
+    const double x = static_cast<double>(d);
+    return 12.0 * x * x + 13.0 * x;
+  };
   ColdDecoder c;
   c.d = std::max<int64_t>(1, largest / kEmbeddingRows);
   int64_t embedding = largest;
-  int64_t block_size = std::min(largest, block(c.d));
-  c.embedding_largest = block(c.d) <= largest;
+  const auto fits = [&](int64_t d) { return block(d) <= static_cast<double>(largest); };
+  c.embedding_largest = fits(c.d);
+  int64_t block_size = c.embedding_largest ? static_cast<int64_t>(block(c.d)) : largest;
   if (!c.embedding_largest) {
     // A block is the largest layer: the d whose block holds at most `largest`.
     c.d = static_cast<int64_t>((std::sqrt(169.0 + 48.0 * static_cast<double>(largest)) - 13.0) /
                                24.0);
-    while (block(c.d + 1) <= largest) ++c.d;
-    while (c.d > 1 && block(c.d) > largest) --c.d;
+    while (fits(c.d + 1)) ++c.d;
+    while (c.d > 1 && !fits(c.d)) --c.d;
+    c.d = std::max<int64_t>(c.d, 1);  // a layer of fewer than 25 parameters
     block_size = largest;
-    embedding = std::max<int64_t>(1, std::min(kEmbeddingRows * c.d, params - largest));
+    embedding = std::max<int64_t>(1, std::min({kEmbeddingRows * c.d, params - largest, largest}));
     if (params == largest) embedding = largest;  // one layer: the embedding's role
   }
   int64_t rest = params - embedding;
-  const int64_t norm = std::min(2 * c.d, rest);
+  const int64_t norm = std::min({2 * c.d, rest, largest});
   rest -= norm;
   if (rest / block_size > 4096) {
     return absl::InvalidArgumentError(StrCat(

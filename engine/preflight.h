@@ -1,5 +1,5 @@
-// Preflight checks of a run, before it allocates or trains (the trust boundaries of DESIGN.md
-// section 6): the ranks' configs agree, a resumed checkpoint's shaping config matches, and the
+// Preflight checks of a run, before it allocates or trains (docs/design.md, "Untrusted input"):
+// the ranks' configs agree, a resumed checkpoint's shaping config matches, and the
 // memory estimator's peak fits the machine. Pure functions of what the trainer gathers.
 #pragma once
 

@@ -1,5 +1,5 @@
 // One run per checkpoint directory: what `zerort train` checks and holds before it writes
-// anything there (DESIGN.md section 8; the issue "hostile and careless input").
+// anything there (docs/design.md, "Untrusted input").
 //
 // - A run holds an exclusive lock on <dir>/.zerort.lock (flock, non-blocking; the holder's pid is
 //   written in it) for its lifetime: a second run in the same directory is refused naming that

@@ -1,4 +1,5 @@
-// Token files (DESIGN.md section 8): a 32-byte header, then little-endian tokens.
+// Token files (docs/design.md, "Data, checkpoints, metrics"): a 32-byte header, then
+// little-endian tokens.
 //   bytes 0-7   magic "ZRTOKENS"
 //   bytes 8-11  format version (1), u32 little-endian
 //   bytes 12-15 token width in bytes (1, 2 or 4), u32

@@ -4,9 +4,9 @@
 //   - activations, weights and their gradients-in-flight: act dtype (act_size() bytes);
 //   - weight gradients (the shard manager's gradient buffers): grad dtype (grad_size() bytes);
 //   - LayerNorm statistics and per-row losses: stat_size() bytes (fp32; fp64 for double kernels);
-//   Each has its DType (act_dtype(), ...): the one source of a collective's element type, since
-//   fp16 and bf16 have the same size and different bits.
 //   - token ids: int32.
+// The first three have their DType (act_dtype(), grad_dtype(), stat_dtype()): the one source of a
+// collective's element type, since fp16 and bf16 have the same size and different bits.
 // Backward operations ADD (+=) into every gradient they write, as the shard manager's gradient
 // buffers accumulate across micro-batches; a null gradient pointer skips that gradient.
 // Implementations: CPU (float or bf16 for training, double for finite-difference checks; OpenBLAS

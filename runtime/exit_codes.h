@@ -1,4 +1,5 @@
-// Process exit codes of the zerort CLI and of the watchdog (DESIGN.md section 6).
+// Process exit codes of the zerort CLI and of the watchdog (docs/design.md, "Errors and exit
+// codes").
 #pragma once
 
 namespace zerort {

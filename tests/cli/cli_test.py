@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The zerort CLI as a user meets it: env and bench comm output (text and --json with the keys
-DESIGN.md section 9 asks of every benchmark), and exit code 2 with a clear message for bad
+docs/design.md asks of every benchmark), and exit code 2 with a clear message for bad
 input. Usage: cli_test.py PATH_TO_ZERORT"""
 import json
 import os

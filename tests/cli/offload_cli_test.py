@@ -204,8 +204,10 @@ c["zero_optimization"]["stage"] = 2
 with open(stage2, "w") as f:
     json.dump(c, f)
 r = run(["train", stage2])
-check("offload_param at stage 2: exit 2 naming the key", r.returncode == 2 and
-      "zero_optimization.offload_param.device" in r.stderr, r.stderr[-1000:])
+# DeepSpeed ignores offload_param below stage 3; zerort does too, with a warning naming the key.
+check("offload_param at stage 2: trains, warning that it is ignored", r.returncode == 0 and
+      "[warning]" in r.stderr and "zero_optimization.offload_param.device" in r.stderr and
+      "is ignored at zero_optimization.stage 2" in r.stderr, r.stderr[-1000:])
 for key, value, expect in [
         ("zero_optimization.offload_param.buffer_size", "1e15", "buffer_size"),
         ("zero_optimization.offload_param.buffer_count", "0", "buffer_count"),

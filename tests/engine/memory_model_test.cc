@@ -1,8 +1,9 @@
 // The memory model against measured runs: for a grid of configurations (ZeRO stages 0-3, world
 // sizes 1, 2 and 4, activation checkpointing off and on; fp32, and bf16 for some) the second step
-// is measured by the runtime's own tracker on rank 0, and every category of 1 MiB or more, and
-// the total, must be within 5% of the estimate. Also the ZeRO paper's model-state example and
-// input validation.
+// is measured by the runtime's own tracker on each rank, and every category of 1 MiB or more, the
+// total and the allocator's reserved bytes must equal the estimate to the byte (within 5% for the
+// pipeline configurations and one reserved figure: see EstimateMatchesTheMeasuredStep). Also the
+// ZeRO paper's model-state example and input validation.
 #include "engine/memory_model.h"
 
 #include <gtest/gtest.h>
@@ -77,8 +78,10 @@ struct Params {
 
 class MemoryGridTest : public ::testing::TestWithParam<Params> {};
 
-// Every category of 1 MiB or more, the total and the reserved bytes within 5%.
-void CompareWithMeasured(const MemoryEstimate& est, const MemorySnapshot& measured);
+// Every category of 1 MiB or more, the total in use and the reserved bytes within `in_use` and
+// `reserved` (relative: 0 is exact to the byte).
+void CompareWithMeasured(const MemoryEstimate& est, const MemorySnapshot& measured, double in_use,
+                         double reserved);
 
 TEST_P(MemoryGridTest, EstimateMatchesTheMeasuredStep) {
   const Params p = GetParam();
@@ -139,11 +142,20 @@ TEST_P(MemoryGridTest, EstimateMatchesTheMeasuredStep) {
       est.peaks = MaxOverStages(estimated);
       measured = MaxOverStages(by_rank);
     }
-    CompareWithMeasured(est, measured);
+    // Without pipeline stages the replay is exact to the byte: every category, the total and
+    // the allocator's reserved bytes, on every tier. Two known differences stay within 5%: the
+    // pipeline's stages (the head's activations in flight, where the replay's order and the
+    // executor's differ slightly; the worst today 4.7%, 0.85 MiB of 18.1 in use) and the
+    // reserved bytes of the stage 1-2 gather through an allgather_bucket_size staging buffer
+    // (2 MiB of 78; in use exact).
+    const double in_use = p.pp > 1 ? 0.05 : 0.0;
+    const double reserved = p.pp > 1 || p.allgather_bucket_size != 500'000'000 ? 0.05 : 0.0;
+    CompareWithMeasured(est, measured, in_use, reserved);
   }
 }
 
-void CompareWithMeasured(const MemoryEstimate& est, const MemorySnapshot& measured) {
+void CompareWithMeasured(const MemoryEstimate& est, const MemorySnapshot& measured, double in_use,
+                         double reserved_tolerance) {
   int compared = 0;
   for (int t = 0; t < kNumMemoryTiers; ++t) {
     const auto tier = static_cast<MemoryTier>(t);
@@ -153,18 +165,19 @@ void CompareWithMeasured(const MemoryEstimate& est, const MemorySnapshot& measur
       const int64_t want = est.Peak(tier, cat);
       if (std::max(got, want) < (int64_t{1} << 20)) continue;
       ++compared;
-      EXPECT_NEAR(static_cast<double>(want), static_cast<double>(got), 0.05 * got)
+      EXPECT_NEAR(static_cast<double>(want), static_cast<double>(got), in_use * got)
           << MemoryTierName(tier) << " " << MemoryCategoryName(cat) << ": estimate " << want
           << ", measured " << got;
     }
     const int64_t total = measured.in_use[t].peak;
-    EXPECT_NEAR(static_cast<double>(est.PeakTotal(tier)), static_cast<double>(total), 0.05 * total)
+    EXPECT_NEAR(static_cast<double>(est.PeakTotal(tier)), static_cast<double>(total),
+                in_use * total)
         << MemoryTierName(tier);
     // Allocator overhead: the caching allocators' reserved bytes, replayed through the same
     // allocator class over an address-only backend.
     const int64_t reserved = measured.reserved[t].peak;
     EXPECT_NEAR(static_cast<double>(est.PeakReserved(tier)), static_cast<double>(reserved),
-                0.05 * reserved)
+                reserved_tolerance * reserved)
         << MemoryTierName(tier);
   }
   EXPECT_GE(compared, 3);
@@ -379,6 +392,23 @@ TEST(MemoryModelTest, ColdModeAgreesWithTheConfigModeOnGptShapes) {
   EXPECT_FALSE(FitColdDecoder(int64_t{1} << 50, 1000).ok());  // more than 4096 units
   const ColdDecoder one = *FitColdDecoder(1000, 1000);        // one layer
   EXPECT_EQ(one.units, std::vector<int64_t>{1000});
+  // The extremes the CLI takes (--params up to 1e15): no overflow, every unit at most L.
+  for (const auto& [params, largest] : std::vector<std::pair<int64_t, int64_t>>{
+           {int64_t{1'000'000'000'000'000}, int64_t{1'000'000'000'000'000}},
+           {int64_t{1'000'000'000'000'000}, int64_t{400'000'000'000}},
+           {100, 1},
+           {100, 30}}) {
+    const StatusOr<ColdDecoder> d = FitColdDecoder(params, largest);
+    ASSERT_TRUE(d.ok()) << params << " " << largest << ": " << d.status();
+    int64_t sum = 0;
+    for (int64_t u : d->units) {
+      EXPECT_GE(u, 1) << params << " " << largest;
+      EXPECT_LE(u, largest) << params << " " << largest;
+      sum += u;
+    }
+    EXPECT_EQ(sum, params) << params << " " << largest;
+    EXPECT_GE(d->d, 1);
+  }
 }
 
 TEST(MemoryModelTest, ShardingDividesModelStates) {

@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""The repository points only at itself: every relative link of a Markdown file names a file or
+folder of the repository, and no file cites a design note that lives outside it (DESIGN.md, the
+session's shared/ folder). Usage: doc_links_test.py REPOSITORY_ROOT"""
+import os
+import re
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
+from harness import Checks  # noqa: E402
+
+root = os.path.abspath(sys.argv[1])
+checks = Checks("doc_links_test")
+try:
+    files = subprocess.run(["git", "-C", root, "ls-files"], capture_output=True, text=True,
+                           check=True).stdout.split()
+except (OSError, subprocess.CalledProcessError):  # not a git checkout: every file under root
+    files = [os.path.relpath(os.path.join(d, f), root) for d, _, names in os.walk(root)
+             for f in names if "/build" not in d and "/.git" not in d]
+text_ext = (".md", ".h", ".cc", ".cu", ".cuh", ".py", ".sh", ".txt", ".cmake", ".in", ".json")
+outside = re.compile(r"\bDESIGN\.md\b|\.\./shared/")
+link = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+links = 0
+for rel in files:
+    if not rel.endswith(text_ext) and os.path.basename(rel) not in ("Makefile", "CMakeLists.txt"):
+        continue
+    if rel.startswith("tests/configs/deepspeed/") and rel.endswith(".json"):
+        continue  # third-party configs, unchanged
+    path = os.path.join(root, rel)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            content = f.read()
+    except OSError:
+        continue
+    for n, line in enumerate(content.splitlines(), 1):
+        if outside.search(line) and rel != "tests/repo/doc_links_test.py":
+            checks.check(f"{rel}:{n} points outside the repository", False, line.strip()[:120])
+    if not rel.endswith(".md"):
+        continue
+    for m in link.finditer(content):
+        target = m.group(1)
+        if re.match(r"^[a-z]+:", target):  # https:, mailto:
+            continue
+        links += 1
+        resolved = os.path.normpath(os.path.join(os.path.dirname(path), target))
+        checks.check(f"{rel}: link to {target} exists inside the repository",
+                     resolved.startswith(root + os.sep) and os.path.exists(resolved), resolved)
+checks.check("some Markdown links were checked", links > 5, str(links))
+checks.finish()
