@@ -1,7 +1,9 @@
 // zerort estimate: the memory model as a command. Three ways in: a run config (the estimate for
 // that config, and --measure to prove it against a real step), a model shape and a GPU count (a
 // table of layouts: ZeRO stage x offload x activation checkpointing), or a cold parameter count
-// (the ZeRO paper's model-state accounting, as DeepSpeed's estimators do).
+// and largest layer, as DeepSpeed's cold estimators take them (zerort's runtime's model states
+// for every stage and offload layout, the ZeRO paper's figure beside them). Each flag belongs to
+// one way in and is checked under its own name.
 #include <chrono>
 #include <cmath>
 #include <cstdio>

@@ -188,19 +188,21 @@ int main(int argc, char** argv) {
       if (commands.contains(arg)) break;
       if (arg == "--log-level") {
         ++i;  // its value
-      } else if (arg.starts_with("--log-level=") || arg == "--version" || arg == "--help" ||
-                 arg == "-h") {
-      } else if (arg.starts_with("-")) {
+        continue;
+      }
+      const bool top_level =
+          arg.starts_with("--log-level=") || arg == "--version" || arg == "--help" || arg == "-h";
+      if (top_level) continue;
+      if (arg.starts_with("-")) {
         std::fprintf(stderr,
                      "zerort: unknown option '%s'; before the command zerort takes --log-level, "
                      "--version and --help; commands: %s\n",
                      arg.c_str(), names.c_str());
-        return kExitUsage;
       } else {
         std::fprintf(stderr, "zerort: unknown command '%s'; commands: %s\n", arg.c_str(),
                      names.c_str());
-        return kExitUsage;
       }
+      return kExitUsage;
     }
   }
   try {
