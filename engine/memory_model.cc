@@ -707,6 +707,20 @@ void StepModel::Run() {
   }
 }
 
+// A unit of `params` laid out and planned as the runtime does (FlatLayout over the stage's shard
+// count, UnitPlan), appended to `units` and counted in `out.parameters`; its index.
+StatusOr<int> AddUnit(const MemoryModelInput& in, const ShardManagerOptions& options,
+                      const std::vector<ParamSpec>& params, std::vector<Unit>& units,
+                      MemoryEstimate& out) {
+  for (const ParamSpec& p : params) out.parameters += p.numel();
+  ZR_ASSIGN_OR_RETURN(
+      FlatLayout layout,
+      FlatLayout::Create(params, ShardCount(static_cast<ZeroStage>(in.stage), in.dp)));
+  UnitPlan plan = PlanUnit(options, layout);
+  units.push_back(Unit{std::move(layout), std::move(plan)});
+  return static_cast<int>(units.size()) - 1;
+}
+
 }  // namespace
 
 Status MemoryModelInput::Validate() const {
@@ -820,13 +834,7 @@ StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& in) {
   MemoryEstimate out;
   const ShardManagerOptions options = ManagerOptionsOf(in);
   auto add = [&](const GptUnit& unit) -> StatusOr<int> {
-    for (const ParamSpec& p : unit.params) out.parameters += p.numel();
-    ZR_ASSIGN_OR_RETURN(
-        FlatLayout layout,
-        FlatLayout::Create(unit.params, ShardCount(static_cast<ZeroStage>(in.stage), in.dp)));
-    UnitPlan plan = PlanUnit(options, layout);
-    units.push_back(Unit{std::move(layout), std::move(plan)});
-    return static_cast<int>(units.size()) - 1;
+    return AddUnit(in, options, unit.params, units, out);
   };
   if (part.first || part.last) {
     ZR_ASSIGN_OR_RETURN(stage.embedding, add(all[0]));
@@ -956,13 +964,7 @@ StatusOr<MemoryEstimate> EstimateColdModelStates(const MemoryModelInput& layout,
     ParamSpec spec;
     spec.name = StrCat("unit", i);
     spec.shape = {decoder.units[i]};
-    ZR_ASSIGN_OR_RETURN(
-        FlatLayout flat,
-        FlatLayout::Create({spec}, ShardCount(static_cast<ZeroStage>(in.stage), in.dp)));
-    UnitPlan plan = PlanUnit(options, flat);
-    units.push_back(Unit{std::move(flat), std::move(plan)});
-    out.parameters += decoder.units[i];
-    const int u = static_cast<int>(i);
+    ZR_ASSIGN_OR_RETURN(const int u, AddUnit(in, options, {spec}, units, out));
     if (i == 0) {
       stage.embedding = u;
     } else if (decoder.has_norm && i + 1 == decoder.units.size()) {

@@ -7,7 +7,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "runtime/status.h"
@@ -66,8 +65,8 @@ class HostWeightStore final : public WeightStore {
     return t;
   }
   Status Close(int unit) override { return absl::OkStatus(); }
-  std::optional<DType> param_dtype() const override { return Type(); }
-  std::optional<DType> grad_dtype() const override { return Type(); }
+  std::optional<DType> param_dtype() const override { return DTypeIfAny<T>(); }
+  std::optional<DType> grad_dtype() const override { return DTypeIfAny<T>(); }
 
   // Fills every parameter as the shard manager would from the same initializer.
   void Initialize(const Initializer& init, uint64_t seed) {
@@ -100,10 +99,6 @@ class HostWeightStore final : public WeightStore {
     std::vector<ParamSpec> specs;
     std::vector<std::vector<T>> params, grads;
   };
-  static std::optional<DType> Type() {
-    if constexpr (std::is_same_v<T, float>) return DType::kF32;
-    return std::nullopt;
-  }
   std::vector<T>* Find(const std::string& name, bool grad) {
     for (Unit& u : units_) {
       for (size_t i = 0; i < u.specs.size(); ++i) {

@@ -1,7 +1,8 @@
 // TransferEngine: copies between device memory and host memory on the copy stream (docs/design.md,
-// "Streams, events and overlap": it exists to overlap host and NVMe transfers with compute and communication), as
-// Start/Finish pairs. CUDA: cudaMemcpyAsync on the copy stream after an event of the stream that
-// produced the source. CPU device: a memcpy on a worker thread, so the overlap is real there too.
+// "Streams, events and overlap": it exists to overlap host and NVMe transfers with compute and
+// communication), as Start/Finish pairs. CUDA: cudaMemcpyAsync on the copy stream after an event of
+// the stream that produced the source. CPU device: a memcpy on a worker thread, so the overlap is
+// real there too.
 #pragma once
 
 #include <memory>

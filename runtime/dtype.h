@@ -7,6 +7,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 #include "runtime/status.h"
@@ -147,5 +148,16 @@ template <>
 struct DTypeOf<uint8_t> {
   static constexpr DType value = DType::kU8;
 };
+
+// T's DType, or nullopt for an element type no DType names (double: the finite-difference
+// kernels and their weight store, which no collective carries).
+template <typename T>
+constexpr std::optional<DType> DTypeIfAny() {
+  if constexpr (requires { DTypeOf<T>::value; }) {
+    return DTypeOf<T>::value;
+  } else {
+    return std::nullopt;
+  }
+}
 
 }  // namespace zerort

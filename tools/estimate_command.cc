@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <set>
@@ -57,17 +59,21 @@ std::pair<int, std::string> SpeedRank(const Row& r) {
   return {rank, why};
 }
 
-std::vector<Row> Table(MemoryModelInput base, int ranks_per_node) {
+// Every layout (ZeRO stage x offload x each of `checkpointing`) that `estimate` accepts (stage 0
+// with offload is not a layout), with its per-node host and NVMe bytes.
+using Estimator = std::function<StatusOr<MemoryEstimate>(const MemoryModelInput&)>;
+std::vector<Row> Table(MemoryModelInput base, int ranks_per_node,
+                       std::initializer_list<bool> checkpointing, const Estimator& estimate) {
   std::vector<Row> rows;
   for (int stage = 0; stage <= 3; ++stage) {
     for (const char* offload : {"none", "cpu", "nvme"}) {
-      for (bool ckpt : {false, true}) {
+      for (bool ckpt : checkpointing) {
         MemoryModelInput in = base;
         in.stage = stage;
         in.offload_optimizer = offload;
         in.offload_param = stage == 3 ? offload : "none";
         in.activation_checkpointing = ckpt;
-        StatusOr<MemoryEstimate> e = EstimateMemory(in);
+        StatusOr<MemoryEstimate> e = estimate(in);
         if (!e.ok()) continue;
         Row r{stage, offload, ckpt, *e};
         r.device = static_cast<double>(e->PeakTotal(MemoryTier::kDevice));
@@ -319,44 +325,24 @@ int RunCold(const EstimateOptions& o, int gpus) {
   base.ranks_per_node = o.gpus;
   base.compute = DType::kBF16;
   base.cuda = true;
-  struct ColdRow {
-    int stage;
-    std::string offload;
-    MemoryEstimate e;
-  };
-  std::vector<ColdRow> rows;
-  for (int stage = 0; stage <= 3; ++stage) {
-    for (const char* offload : {"none", "cpu", "nvme"}) {
-      if (stage == 0 && std::string(offload) != "none") continue;  // offload needs stage >= 1
-      MemoryModelInput in = base;
-      in.stage = stage;
-      in.offload_optimizer = offload;
-      in.offload_param = stage == 3 ? offload : "none";
-      StatusOr<MemoryEstimate> e = EstimateColdModelStates(in, params, largest);
-      if (!e.ok()) return Usage(std::string(e.status().message()));
-      rows.push_back({stage, offload, *std::move(e)});
-    }
+  const std::vector<Row> rows = Table(base, o.gpus, {false}, [&](const MemoryModelInput& in) {
+    return EstimateColdModelStates(in, params, largest);
+  });
+  if (rows.empty()) {  // FitColdDecoder passed: every layout failing is not the input's doing
+    return Usage(std::string(EstimateColdModelStates(base, params, largest).status().message()));
   }
   auto device = [](const MemoryEstimate& e, MemoryCategory c) {
     return static_cast<double>(e.Peak(MemoryTier::kDevice, c));
   };
-  auto host = [&](const MemoryEstimate& e) {
-    return static_cast<double>(e.PeakTotal(MemoryTier::kPinnedHost) +
-                               e.PeakTotal(MemoryTier::kHost)) *
-           o.gpus;
-  };
-  auto nvme = [&](const MemoryEstimate& e) {
-    return static_cast<double>(e.PeakTotal(MemoryTier::kNvme)) * o.gpus;
-  };
   if (o.json) {
     nlohmann::json out = nlohmann::json::array();
-    for (const ColdRow& r : rows) {
-      nlohmann::json j = EstimateJson(r.e);
+    for (const Row& r : rows) {
+      nlohmann::json j = EstimateJson(r.estimate);
       j["stage"] = r.stage;
       j["offload"] = r.offload;
-      j["device_bytes"] = r.e.PeakTotal(MemoryTier::kDevice);
-      j["host_bytes_per_node"] = host(r.e);
-      j["nvme_bytes_per_node"] = nvme(r.e);
+      j["device_bytes"] = r.device;
+      j["host_bytes_per_node"] = r.host_node;
+      j["nvme_bytes_per_node"] = r.nvme;
       if (r.offload == "none")
         j["zero_paper_bytes"] = ZeroPaperModelStates(o.params, gpus, r.stage);
       out.push_back(j);
@@ -384,17 +370,16 @@ int RunCold(const EstimateOptions& o, int gpus) {
   std::printf("  %-5s %-7s %9s %9s %9s %9s %9s %9s %10s %10s %11s\n", "stage", "offload", "GPU GiB",
               "params", "grads", "optim", "gathered", "buffers", "host/node", "NVMe/node",
               "ZeRO paper");
-  for (const ColdRow& r : rows) {
-    const MemoryEstimate& e = r.e;
+  for (const Row& r : rows) {
+    const MemoryEstimate& e = r.estimate;
     std::printf(
         "  %-5d %-7s %9s %9s %9s %9s %9s %9s %10s %10s %11s\n", r.stage, r.offload.c_str(),
-        Gib(e.PeakTotal(MemoryTier::kDevice)).c_str(),
-        Gib(device(e, MemoryCategory::kParameters)).c_str(),
+        Gib(r.device).c_str(), Gib(device(e, MemoryCategory::kParameters)).c_str(),
         Gib(device(e, MemoryCategory::kGradients)).c_str(),
         Gib(device(e, MemoryCategory::kOptimizerState)).c_str(),
         Gib(device(e, MemoryCategory::kGatheredWeights)).c_str(),
         Gib(device(e, MemoryCategory::kCommBuffers) + device(e, MemoryCategory::kStaging)).c_str(),
-        Gib(host(e)).c_str(), Gib(nvme(e)).c_str(),
+        Gib(r.host_node).c_str(), Gib(r.nvme).c_str(),
         r.offload == "none" ? Gib(ZeroPaperModelStates(o.params, gpus, r.stage)).c_str() : "-");
   }
   std::printf(
@@ -556,7 +541,7 @@ int RunEstimate(const EstimateOptions& o) {
   base.compute = DType::kBF16;
   base.cuda = true;
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<Row> rows = Table(base, o.gpus);
+  std::vector<Row> rows = Table(base, o.gpus, {false, true}, EstimateMemory);
   if (rows.empty()) {
     return Usage(std::string(EstimateMemory(base).status().message()));
   }

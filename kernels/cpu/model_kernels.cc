@@ -5,7 +5,6 @@
 #include <limits>
 #include <memory>
 #include <optional>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -30,9 +29,9 @@ class CpuModelKernels final : public ModelKernels {
   size_t act_size() const override { return sizeof(T); }
   size_t grad_size() const override { return sizeof(T); }
   size_t stat_size() const override { return sizeof(T); }
-  std::optional<DType> act_dtype() const override { return Collective(); }
-  std::optional<DType> grad_dtype() const override { return Collective(); }
-  std::optional<DType> stat_dtype() const override { return Collective(); }
+  std::optional<DType> act_dtype() const override { return DTypeIfAny<T>(); }
+  std::optional<DType> grad_dtype() const override { return DTypeIfAny<T>(); }
+  std::optional<DType> stat_dtype() const override { return DTypeIfAny<T>(); }
   Status ActToHost(const void* src, int64_t n, double* out) override {
     std::copy(P(src), P(src) + n, out);
     return absl::OkStatus();
@@ -226,11 +225,6 @@ class CpuModelKernels final : public ModelKernels {
   }
 
  private:
-  // float's collectives run in fp32; double has no DType (CollectiveDType refuses it).
-  static std::optional<DType> Collective() {
-    if constexpr (std::is_same_v<T, float>) return DType::kF32;
-    return std::nullopt;
-  }
   static T* P(void* p) { return static_cast<T*>(p); }
   static const T* P(const void* p) { return static_cast<const T*>(p); }
 

@@ -199,6 +199,10 @@ cases += [
     ("a 2 MiB parameter name", meta_edit(long_name), "a string of 2097152 bytes"),
     ("duplicate keys", lambda d, s, m: (open(os.path.join(s, "metadata.json"), "w").write(
         json.dumps(m)[:-1] + ', "step": 2}'), False)[-1], "duplicate key 'step'"),
+    # A 300 MiB metadata file (sparse: no disk used) is refused by its size, never read.
+    ("a 300 MiB metadata file", lambda d, s, m: (os.truncate(os.path.join(s, "metadata.json"),
+                                                             300 << 20), False)[-1],
+     "metadata.json: 314572800 bytes, more than the 268435456"),
 ]
 for index, (what, edit, message) in enumerate(cases):
     d = tamper(f"case_{index}", edit)

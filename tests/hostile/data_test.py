@@ -128,6 +128,35 @@ config_cases = [
      [config_file("ok.json", json.dumps(base).encode()), "--set", "train.device=cpu\udcff"],
      "train.device"),
 ]
+# The keys DeepSpeed's own verdicts opened (sub_group_size 0, "_" comments, cuda_visible_devices,
+# a fractional fp16.min_loss_scale): still typed, ranged and bounded.
+def with_keys(name, **top):
+    return config_file(name, json.dumps(dict(base, **top)).encode())
+
+
+config_cases += [
+    ("sub_group_size a string", [with_keys("sg1.json", zero_optimization={"sub_group_size": "0"})],
+     "zero_optimization.sub_group_size = \"0\""),
+    ("sub_group_size -1", [with_keys("sg2.json", zero_optimization={"sub_group_size": -1})],
+     "zero_optimization.sub_group_size = -1"),
+    ("sub_group_size 1e300", [with_keys("sg3.json", zero_optimization={"sub_group_size": 1e300})],
+     "zero_optimization.sub_group_size"),
+    ("fp16.min_loss_scale -1",
+     [with_keys("ml1.json", fp16={"enabled": True, "min_loss_scale": -1})],
+     "fp16.min_loss_scale = -1"),
+    ("fp16.min_loss_scale a string",
+     [with_keys("ml2.json", fp16={"enabled": True, "min_loss_scale": "auto"})],
+     "fp16.min_loss_scale"),
+    ("a _comment nested 100,000 deep",
+     [config_file("cdeep.json", b'{"_comment": ' + b"[" * 100000 + b"]" * 100000 + b"}")],
+     "nested more than 64 levels deep at '_comment[0]"),
+    ("cuda_visible_devices a 2 MiB string",
+     [with_keys("cvd.json", cuda_visible_devices="0," * (1 << 20))],
+     "a string of 2097152 bytes (at most 1048576) at 'cuda_visible_devices'"),
+    ("offload_param below stage 3 with a device that does not exist",
+     [with_keys("op.json", zero_optimization={"stage": 2, "offload_param": {"device": "gpu"}})],
+     "zero_optimization.offload_param.device"),
+]
 for what, args, says in config_cases:
     code, err, seconds = run("train", *args)
     check(f"config is {what}: exit 2", code == 2, f"{code} {err[-600:]}")
@@ -156,5 +185,21 @@ for what, model, micro, says in [
           says in err, err[-800:])
     check(f"{what}: refused within seconds", seconds < 10)
     check(f"{what}: nothing saved", not os.path.exists(os.path.join(ckpt, "latest")))
+
+# A metrics file for `zerort plot`: a line nested 100,000 deep or with a 2 MiB string is exit 2
+# naming the file and the line (the last line, cut short by a killed run, alone is skipped).
+good_line = json.dumps({"step": 1, "loss": 5.0})
+for what, bad in [("nested 100,000 deep", '{"step": ' + "[" * 100000 + "]" * 100000 + "}"),
+                  ("a 2 MiB string", json.dumps({"step": 2, "note": "x" * (2 << 20)}))]:
+    metrics = os.path.join(tmp, "metrics.jsonl")
+    with open(metrics, "w") as f:
+        f.write(good_line + "\n" + bad + "\n" + good_line + "\n")
+    out = os.path.join(tmp, "plot.png")
+    code, err, seconds = run("plot", metrics, "-o", out)
+    check(f"plot of a metrics line {what}: exit 2", code == 2, f"{code} {err[-600:]}")
+    check(f"plot of a metrics line {what}: names the file and line",
+          "metrics.jsonl: line 2" in err, err[-600:])
+    check(f"plot of a metrics line {what}: draws nothing", not os.path.exists(out))
+    check(f"plot of a metrics line {what}: within seconds", seconds < 10)
 
 sys.exit(checks.finish())
