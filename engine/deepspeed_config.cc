@@ -721,7 +721,7 @@ void ResolveAutoValues(const AutoKeys& autos, const RunConfig& first, nlohmann::
     } else if (p == "optimizer.params.lr") {
       set(p, o.lr, "zerort's default learning rate");
     } else if (p == "optimizer.params.betas") {
-      set(p, {o.beta1, o.beta2}, "zerort's default, as Hugging Face's");
+      set(p, {o.betas[0], o.betas[1]}, "zerort's default, as Hugging Face's");
     } else if (p == "optimizer.params.eps") {
       set(p, o.eps, "zerort's default, as Hugging Face's");
     } else if (p == "optimizer.params.weight_decay") {

@@ -292,9 +292,14 @@ Status JsonSection::Numbers(std::string_view key, std::vector<double>& out, size
                             double max) const {
   const nlohmann::json* v = Find(key);
   if (v == nullptr) return absl::OkStatus();
-  const bool ok = v->is_array() && v->size() == n &&
+  const bool ok = v->is_array() && (n == 0 || v->size() == n) &&
                   std::all_of(v->begin(), v->end(), [](const auto& e) { return e.is_number(); });
-  if (!ok) return TypeError(key, *v, StrCat("an array of ", n, " numbers").c_str());
+  if (!ok) {
+    return TypeError(
+        key, *v,
+        (n == 0 ? std::string("an array of numbers") : StrCat("an array of ", n, " numbers"))
+            .c_str());
+  }
   std::vector<double> values;
   for (const auto& e : *v) {
     const double d = e.get<double>();

@@ -79,7 +79,7 @@ class JsonSection {
   // gets the spelling from `allowed`).
   Status String(std::string_view key, std::string& out,
                 const std::vector<std::string>& allowed = {}) const;
-  // A JSON array of exactly `n` numbers in [min, max].
+  // A JSON array of exactly `n` numbers (any number when `n` is 0) in [min, max].
   Status Numbers(std::string_view key, std::vector<double>& out, size_t n, double min,
                  double max) const;
   // A sub-object; nullopt when absent; an error when present but not an object.

@@ -1,12 +1,95 @@
-// Preflight checks: rank configs, resumability, memory fit.
+// Preflight checks: the paths a config names, rank configs, resumability, memory fit.
 #include "engine/preflight.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <utility>
 
+#include "engine/json_reader.h"
 #include "runtime/strings.h"
 
 namespace zerort {
+namespace {
+
+// Nothing is created here: the directory, or its nearest existing ancestor, must be writable.
+Status CheckWritableDir(const std::string& key, const std::string& dir) {
+  std::filesystem::path p = std::filesystem::absolute(dir);
+  std::error_code ec;
+  while (!std::filesystem::exists(p, ec)) {
+    if (!p.has_parent_path() || p.parent_path() == p) break;
+    p = p.parent_path();
+  }
+  if (std::filesystem::exists(p, ec) && !std::filesystem::is_directory(p, ec)) {
+    return absl::InvalidArgumentError(
+        StrCat(key, " = \"", dir, "\": ", p.string(), " exists and is not a directory"));
+  }
+  if (::access(p.c_str(), W_OK | X_OK) != 0) {
+    return absl::InvalidArgumentError(
+        StrCat(key, " = \"", dir, "\": ", p.string(), " is not writable"));
+  }
+  // access() says yes to root everywhere; a directory made and removed at once tells the truth
+  // (read-only mounts, /proc) and leaves nothing behind.
+  std::string probe = (p / ".zerort-probe-XXXXXX").string();
+  if (::mkdtemp(probe.data()) == nullptr) {
+    return absl::InvalidArgumentError(StrCat(key, " = \"", dir, "\": cannot create directories in ",
+                                             p.string(), " (", std::strerror(errno), ")"));
+  }
+  ::rmdir(probe.c_str());
+  return absl::OkStatus();
+}
+
+// An NVMe store's directory: it exists, is a directory, and a file can be created in it (access()
+// answers yes to root, so a probe file is made and removed at once).
+Status CheckNvmeDir(const std::string& key, const std::string& dir) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(dir, ec);
+  if (ec || !std::filesystem::exists(status)) {
+    return absl::InvalidArgumentError(StrCat(key, " = \"", dir, "\" does not exist"));
+  }
+  if (!std::filesystem::is_directory(status)) {
+    return absl::InvalidArgumentError(StrCat(key, " = \"", dir, "\" is not a directory"));
+  }
+  const std::string probe = StrCat(dir, "/.zerort-probe-", ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::InvalidArgumentError(
+        StrCat(key, " = \"", dir, "\" is not writable: ", std::strerror(errno)));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Status CheckRunPaths(const RunConfig& c, const std::string& file) {
+  Problems problems;
+  for (const auto& [key, off] :
+       {std::pair<const char*, const OffloadConfig*>{"zero_optimization.offload_optimizer",
+                                                     &c.zero.offload_optimizer},
+        {"zero_optimization.offload_param", &c.zero.offload_param}}) {
+    if (off->device != "nvme") continue;
+    if (key == std::string_view("zero_optimization.offload_param") &&
+        off->nvme_path == c.zero.offload_optimizer.nvme_path) {
+      continue;  // the same directory, probed once
+    }
+    problems.Add(CheckNvmeDir(StrCat(key, ".nvme_path"), off->nvme_path));
+  }
+  if (!c.data.path.empty() && ::access(c.data.path.c_str(), R_OK) != 0) {
+    problems.Add(StrCat("data.path = \"", c.data.path, "\": cannot be read (", std::strerror(errno),
+                        "); prepare one with `zerort data prepare TEXT_FILE OUT`"));
+  }
+  if (!c.checkpoint.dir.empty()) problems.Add(CheckWritableDir("checkpoint.dir", c.checkpoint.dir));
+  if (c.csv_monitor.enabled) {
+    problems.Add(CheckWritableDir("csv_monitor.output_path", c.csv_monitor.Dir()));
+  }
+  return problems.empty() ? absl::OkStatus() : problems.ToStatus(file);
+}
 
 Status CompareRankConfigs(const std::vector<std::string>& all, int me) {
   // Compare with rank 0, or (when this rank agrees with it) with the first rank that does not.

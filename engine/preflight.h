@@ -1,18 +1,28 @@
 // Preflight checks of a run, before it allocates or trains (docs/design.md, "Untrusted input"):
-// the ranks' configs agree, a resumed checkpoint's shaping config matches, and the
-// memory estimator's peak fits the machine. Pure functions of what the trainer gathers.
+// the paths the config names are usable on this rank's machine, the ranks' configs agree, a
+// resumed checkpoint's shaping config matches, and the memory estimator's peak fits the machine.
+// Reading a config touches no file (engine/config.h); `zerort train` runs CheckRunPaths once per
+// rank after reading it, and `zerort estimate` never does (a cluster's config is estimated on a
+// laptop that lacks its nvme_path).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "engine/config.h"
 #include "engine/host_memory.h"
 #include "engine/memory_model.h"
 #include "nlohmann/json.hpp"
 #include "runtime/status.h"
 
 namespace zerort {
+
+// The paths of `c` on this machine, every problem named under `file`: each NVMe store's directory
+// exists and takes a new file (one is created and removed at once), data.path is readable, and
+// checkpoint.dir and csv_monitor's directory (when enabled) are writable or can be created (a
+// directory is made and removed in their nearest existing ancestor; nothing is left behind).
+Status CheckRunPaths(const RunConfig& c, const std::string& file);
 
 // Every rank's resolved config (JSON text), gathered; `me` is this rank. Ok when all are equal;
 // else InvalidArgument naming the first differing key and both values (this rank's against rank

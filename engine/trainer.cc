@@ -126,8 +126,8 @@ StatusOr<ShardManagerOptions> ManagerOptions(const RunConfig& c, DType compute) 
   } else {
     o.optimizer.kind = OptimizerKind::kAdamW;  // AdamW, and DeepSpeed's Adam in adam_w_mode
   }
-  o.optimizer.beta1 = opt.beta1;
-  o.optimizer.beta2 = opt.beta2;
+  o.optimizer.beta1 = opt.betas[0];
+  o.optimizer.beta2 = opt.betas[1];
   o.optimizer.eps = opt.eps;
   o.optimizer.bias_correction = opt.bias_correction;
   o.optimizer.max_coeff = opt.max_coeff;

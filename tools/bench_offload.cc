@@ -21,6 +21,7 @@
 
 #include "engine/config.h"
 #include "engine/json_reader.h"
+#include "engine/preflight.h"
 #include "engine/trainer.h"
 #include "nlohmann/json.hpp"
 #include "offload/nvme_store.h"
@@ -202,6 +203,7 @@ int RunBenchOffload(const BenchOffloadOptions& o) {
   if (!o.config.empty()) {
     StatusOr<RunConfig> c = LoadRunConfig(o.config);
     if (!c.ok()) return fail(c.status());
+    if (Status s = CheckRunPaths(*c, o.config); !s.ok()) return fail(s);
     if (Status s = ResolveBatch(*c, 1, "bench offload (one process)"); !s.ok()) return fail(s);
     RunConfig plain = *c;
     plain.zero.offload_optimizer.device = plain.zero.offload_param.device = "none";

@@ -72,6 +72,7 @@ int RunTrain(const TrainOptions& options, const LaunchEnv& launch, int* argc, ch
 
 // `zerort config keys`: the DeepSpeed key table (README's).
 int RunConfigKeys();
+int RunConfigReference();  // zerort config reference: the field table as Markdown
 
 struct PlotOptions {
   std::string metrics;  // a metrics.jsonl of zerort train

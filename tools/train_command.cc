@@ -1,8 +1,9 @@
 // zerort train CONFIG and zerort data prepare TEXT OUT.
 //
 // train: the config is read and validated on every rank before anything else happens (nothing is
-// created on disk before it is valid); then the data-parallel group is MPI's world under a
-// launcher (NCCL over it on GPUs when built with NCCL), or a group of one.
+// created on disk before it is valid), then the paths it names are checked on each rank; then the
+// data-parallel group is MPI's world under a launcher (NCCL over it on GPUs when built with NCCL),
+// or a group of one.
 #include <unistd.h>
 
 #include <cstdio>
@@ -10,7 +11,9 @@
 #include <sstream>
 
 #include "engine/config.h"
+#include "engine/config_schema.h"
 #include "engine/deepspeed_config.h"
+#include "engine/preflight.h"
 #include "engine/token_file.h"
 #include "engine/trainer.h"
 #include "runtime/exit_codes.h"
@@ -41,10 +44,20 @@ int RunConfigKeys() {
   return kExitOk;
 }
 
+int RunConfigReference() {
+  std::fputs(ConfigReferenceMarkdown().c_str(), stdout);
+  return kExitOk;
+}
+
 int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** argv) {
   StatusOr<RunConfig> config = LoadRunConfig(o.config, o.overrides);
   if (!config.ok()) {
     Logger()->error("{}", config.status().message());
+    return kExitUsage;
+  }
+  // The paths it names, on this rank's machine (reading the config touched none of them).
+  if (Status paths = CheckRunPaths(*config, o.config); !paths.ok()) {
+    Logger()->error("{}", paths.message());
     return kExitUsage;
   }
   if (o.resume && config->checkpoint.dir.empty()) {

@@ -95,6 +95,8 @@ int main(int argc, char** argv) {
   config->require_subcommand(1);
   CLI::App* keys = config->add_subcommand(
       "keys", "Every DeepSpeed config key and what zerort does with it (a Markdown table)");
+  CLI::App* reference = config->add_subcommand(
+      "reference", "Every config key: type, default, allowed values, what it does (Markdown)");
 
   cli::PlotOptions plot_options;
   CLI::App* plot = app.add_subcommand(
@@ -244,6 +246,7 @@ int main(int argc, char** argv) {
   }
   if (train->parsed()) return cli::RunTrain(train_options, *launch, &argc, &argv);
   if (keys->parsed()) return cli::RunConfigKeys();
+  if (reference->parsed()) return cli::RunConfigReference();
   if (plot->parsed()) return cli::RunPlot(plot_options);
   if (prepare->parsed()) return cli::RunDataPrepare(prepare_options);
   if (eval->parsed()) return cli::RunEval(eval_options);

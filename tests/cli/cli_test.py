@@ -130,6 +130,23 @@ if measured:
     check("--measure total within 5%", abs(est - got) <= 0.05 * got, f"{est} {got}")
 
 tmp = tempfile.mkdtemp()
+# A cluster's config estimated on a machine that lacks its NVMe directory, data file and
+# checkpoint directory: estimate reads the config and touches none of its paths; train refuses.
+cluster = os.path.join(tmp, "cluster.json")
+with open(cluster, "w") as f:
+    json.dump({"train_micro_batch_size_per_gpu": 1, "model": {"preset": "tiny"},
+               "zero_optimization": {"stage": 3,
+                   "offload_optimizer": {"device": "nvme", "nvme_path": "/nonexistent/nvme0"},
+                   "offload_param": {"device": "nvme", "nvme_path": "/nonexistent/nvme0"}},
+               "data": {"path": "/nonexistent/tokens.bin"},
+               "checkpoint": {"dir": "/proc/no-such/ckpt"}}, f)
+r = run("estimate", cluster, "--world-size", "8")
+check("estimate of a config whose paths are elsewhere exits 0", r.returncode == 0, r.stderr[-500:])
+r = run("train", cluster)
+check("train refuses the same config naming each path (exit 2)",
+      r.returncode == 2 and "3 problems" in r.stderr and "nvme_path" in r.stderr
+      and "data.path" in r.stderr and "checkpoint.dir" in r.stderr, r.stderr[-800:])
+check("nothing was created for it", not os.path.exists("/nonexistent"), "")
 bad_heads = os.path.join(tmp, "bad-heads.json")
 with open(bad_heads, "w") as f:
     json.dump({"model": {"preset": "tiny", "n_head": 5}}, f)

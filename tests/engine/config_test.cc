@@ -9,6 +9,8 @@
 #include <fstream>
 
 #include "engine/json_reader.h"
+#include "engine/preflight.h"
+#include "runtime/strings.h"
 
 namespace zerort {
 namespace {
@@ -24,9 +26,20 @@ std::string Error(const std::string& text) {
   return c.ok() ? "" : std::string(c.status().message());
 }
 
-#define EXPECT_ERROR_HAS(text, ...)                                                           \
+// The message of checking the paths of the config `text` names (CheckRunPaths, preflight),
+// empty when they are usable; the config must parse.
+std::string PathError(const std::string& text) {
+  StatusOr<RunConfig> c = Parse(text);
+  if (!c.ok()) return StrCat("does not parse: ", c.status().message());
+  const Status s = CheckRunPaths(*c, "run.json");
+  return s.ok() ? "" : std::string(s.message());
+}
+
+#define EXPECT_ERROR_HAS(text, ...) EXPECT_MESSAGE_HAS(Error, text, __VA_ARGS__)
+#define EXPECT_PATH_ERROR_HAS(text, ...) EXPECT_MESSAGE_HAS(PathError, text, __VA_ARGS__)
+#define EXPECT_MESSAGE_HAS(check, text, ...)                                                  \
   do {                                                                                        \
-    const std::string message = Error(text);                                                  \
+    const std::string message = check(text);                                                  \
     EXPECT_FALSE(message.empty()) << "accepted: " << text;                                    \
     for (const char* needle : {__VA_ARGS__}) {                                                \
       EXPECT_NE(message.find(needle), std::string::npos) << needle << " not in: " << message; \
@@ -53,7 +66,7 @@ TEST(ConfigTest, DeepSpeedSectionsAndDefaults) {
   EXPECT_EQ(c.zero.reduce_bucket_size, 50'000'000);
   EXPECT_TRUE(c.bf16);
   EXPECT_EQ(c.optimizer.type, "AdamW");  // case-insensitive, DeepSpeed's spelling kept
-  EXPECT_FLOAT_EQ(c.optimizer.beta2, 0.95f);
+  EXPECT_FLOAT_EQ(c.optimizer.betas[1], 0.95f);
   EXPECT_EQ(c.scheduler.type, "WarmupCosineLR");
   EXPECT_EQ(c.scheduler.total_num_steps, 100);
   EXPECT_FLOAT_EQ(c.scheduler.cos_min_ratio, 0.0001f);  // DeepSpeed's default
@@ -235,15 +248,22 @@ TEST(ConfigTest, OffloadKeysFollowDeepSpeedsRules) {
                                     "zero_optimization.stage 2"),
             std::string::npos)
       << below->warnings[0];
-  EXPECT_ERROR_HAS(R"({"zero_optimization": {"stage": 2, "offload_optimizer":
-                       {"device": "nvme", "nvme_path": "/nonexistent/swap"}}})",
-                   "offload_optimizer.nvme_path = \"/nonexistent/swap\" does not exist");
-  EXPECT_ERROR_HAS(R"({"zero_optimization": {"stage": 2, "offload_optimizer":
+  // Reading a config touches no path; the preflight's CheckRunPaths does.
+  const std::string missing = R"({"zero_optimization": {"stage": 2, "offload_optimizer":
+                       {"device": "nvme", "nvme_path": "/nonexistent/swap"}}})";
+  EXPECT_EQ(Error(missing), "");
+  EXPECT_PATH_ERROR_HAS(missing,
+                        "offload_optimizer.nvme_path = \"/nonexistent/swap\" does not exist");
+  EXPECT_PATH_ERROR_HAS(R"({"zero_optimization": {"stage": 2, "offload_optimizer":
                        {"device": "nvme", "nvme_path": "/etc/hostname"}}})",
-                   "is not a directory");
-  EXPECT_ERROR_HAS(R"({"zero_optimization": {"stage": 2, "offload_optimizer":
+                        "is not a directory");
+  EXPECT_PATH_ERROR_HAS(R"({"zero_optimization": {"stage": 2, "offload_optimizer":
                        {"device": "nvme", "nvme_path": "/proc"}}})",
-                   "is not writable");
+                        "is not writable");
+  EXPECT_EQ(PathError(R"({"zero_optimization": {"stage": 3,
+                       "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"},
+                       "offload_param": {"device": "nvme", "nvme_path": "/tmp"}}})"),
+            "");
   EXPECT_ERROR_HAS(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
                        "offload_param": {"device": "nvme", "nvme_path": "/tmp"}}})",
                    "offload_param.device = \"nvme\" needs", "offload_optimizer.device = \"nvme\"");
@@ -280,17 +300,23 @@ TEST(ConfigTest, OffloadKeysFollowDeepSpeedsRules) {
 }
 
 TEST(ConfigTest, MissingDataFileAndUnwritableCheckpointDir) {
-  EXPECT_ERROR_HAS(R"({"data": {"path": "/nonexistent/tokens.bin"}})",
-                   "data.path = \"/nonexistent/tokens.bin\": cannot be read");
+  const std::string data = R"({"data": {"path": "/nonexistent/tokens.bin"}})";
+  EXPECT_EQ(Error(data), "");  // reading looks at no path
+  EXPECT_PATH_ERROR_HAS(data, "data.path = \"/nonexistent/tokens.bin\": cannot be read");
   const std::string file = ::testing::TempDir() + "/not-a-dir";
   std::ofstream(file) << "x";
-  EXPECT_ERROR_HAS(R"({"checkpoint": {"dir": ")" + file + R"(/ckpt"}})", "is not a directory");
+  EXPECT_PATH_ERROR_HAS(R"({"checkpoint": {"dir": ")" + file + R"(/ckpt"}})", "is not a directory");
   // Refused for root too (access() says yes to root; the probe directory does not).
-  EXPECT_ERROR_HAS(R"({"checkpoint": {"dir": "/proc/ckpt"}})", "checkpoint.dir = \"/proc/ckpt\"");
-  // Validation creates nothing.
+  EXPECT_PATH_ERROR_HAS(R"({"checkpoint": {"dir": "/proc/ckpt"}})",
+                        "checkpoint.dir = \"/proc/ckpt\"");
+  // Both, in one message under the file's name.
+  EXPECT_PATH_ERROR_HAS(
+      R"({"data": {"path": "/nonexistent/t.bin"}, "checkpoint": {"dir": "/proc/ckpt"}})",
+      "run.json: 2 problems", "data.path", "checkpoint.dir");
+  // The check creates nothing.
   const std::string fresh = ::testing::TempDir() + "/fresh-ckpt-dir";
   std::filesystem::remove_all(fresh);
-  EXPECT_EQ(Error(R"({"checkpoint": {"dir": ")" + fresh + R"("}})"), "");
+  EXPECT_EQ(PathError(R"({"checkpoint": {"dir": ")" + fresh + R"("}})"), "");
   EXPECT_FALSE(std::filesystem::exists(fresh));
 }
 

@@ -1,0 +1,692 @@
+// The field table (config_schema.h) and the reading, printing and reference built from it.
+#include "engine/config_schema.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+
+#include "layers/gpt_config.h"
+#include "runtime/strings.h"
+
+namespace zerort {
+namespace {
+
+constexpr double kMaxInt = 9007199254740992.0;  // 2^53: every integer key's ceiling
+
+std::string Lower(std::string_view s) {
+  std::string out(s);
+  for (char& ch : out) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return out;
+}
+
+Status ReadPreset(const JsonSection& s, std::string_view key, RunConfig& c) {
+  std::string preset;
+  ZR_RETURN_IF_ERROR(s.String(key, preset));
+  if (preset.empty()) return absl::OkStatus();
+  StatusOr<GptConfig> p = GptPreset(preset);
+  if (!p.ok()) return absl::InvalidArgumentError(StrCat("model.preset: ", p.status().message()));
+  c.model.shape = *p;  // the shape keys read after it override its values
+  return absl::OkStatus();
+}
+
+Status ReadOptimizerType(const JsonSection& s, std::string_view key, RunConfig& c) {
+  std::string type;
+  ZR_RETURN_IF_ERROR(s.String(key, type));
+  const std::string lower = Lower(type);
+  if (lower == "onebitadam" || lower == "onebitlamb" || lower == "zerooneadam") {
+    return absl::InvalidArgumentError(
+        StrCat("optimizer.type = \"", type,
+               "\": a DeepSpeed 1-bit optimizer, which zerort does not support: its compressed, "
+               "error-compensated all-reduce changes the gradients every rank sees; use AdamW"));
+  }
+  if (type.empty()) return absl::OkStatus();
+  return s.String(key, c.optimizer.type, {"AdamW", "Adam", "SGD", "Lamb"});
+}
+
+Status ReadSchedulerType(const JsonSection& s, std::string_view key, RunConfig& c) {
+  std::string type;
+  ZR_RETURN_IF_ERROR(s.String(key, type));
+  if (Lower(type) == "onecycle" || Lower(type) == "lrrangetest") {
+    return absl::InvalidArgumentError(StrCat(
+        "scheduler.type = \"", type,
+        "\": a DeepSpeed scheduler zerort does not implement (it would train with other learning "
+        "rates); use WarmupLR, WarmupDecayLR or WarmupCosineLR"));
+  }
+  return s.String(key, c.scheduler.type, {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"});
+}
+
+// One row per kind of value; `doc` last so that a row reads as one line.
+ConfigField Row(std::string_view section, std::string_view key, AnyFieldRef ref,
+                std::string_view doc) {
+  ConfigField f;
+  f.section = section;
+  f.key = key;
+  f.ref = ref;
+  f.doc = doc;
+  return f;
+}
+ConfigField Bool(std::string_view section, std::string_view key, FieldRef<bool> ref,
+                 std::string_view doc) {
+  return Row(section, key, ref, doc);
+}
+template <class T>
+ConfigField Num(std::string_view section, std::string_view key, FieldRef<T> ref, double min,
+                double max, std::string_view doc) {
+  ConfigField f = Row(section, key, ref, doc);
+  f.min = min;
+  f.max = max;
+  return f;
+}
+ConfigField Str(std::string_view section, std::string_view key, FieldRef<std::string> ref,
+                std::vector<std::string_view> choices, std::string_view doc) {
+  ConfigField f = Row(section, key, ref, doc);
+  f.choices = std::move(choices);
+  return f;
+}
+ConfigField With(ConfigField f, unsigned flags) {
+  f.flags |= flags;
+  return f;
+}
+ConfigField Owned(ConfigField f, std::vector<std::string_view> owners,
+                  std::vector<std::string_view> printed_for = {}) {
+  f.owners = std::move(owners);
+  f.printed_for = std::move(printed_for);
+  return f;
+}
+ConfigField Custom(std::string_view section, std::string_view key, AnyFieldRef ref, CustomRead read,
+                   std::vector<std::string_view> choices, std::string_view doc) {
+  ConfigField f = Row(section, key, ref, doc);
+  f.choices = std::move(choices);
+  f.read = read;
+  return f;
+}
+
+#define ZR_MEMBER(expr)         \
+  +[](RunConfig & c) -> auto& { \
+    return c.expr;              \
+  }
+
+// The offload sections share their keys; each has its own defaults (config.h) and a few of its own.
+void AddOffload(std::vector<ConfigField>& t, std::string_view s, bool param) {
+  // A FieldRef is captureless: each section names its members.
+  if (param) {
+#define ZR_OFF(m) ZR_MEMBER(zero.offload_param.m)
+    t.push_back(Str(s, "device", ZR_OFF(device), {"none", "cpu", "nvme"},
+                    "where the stage-3 compute shards live: none keeps them on the device"));
+    t.push_back(Str(s, "nvme_path", ZR_OFF(nvme_path), {},
+                    "directory of the NVMe store (device nvme; the optimizer's must be the same)"));
+    t.push_back(Bool(s, "pin_memory", ZR_OFF(pin_memory),
+                     "page-locked host buffers (faster copies), DeepSpeed's default"));
+    t.push_back(Num<int>(s, "buffer_count", ZR_OFF(buffer_count), 1, 1024,
+                         "parameter fetches in flight, DeepSpeed's 5"));
+    t.push_back(Num<int64_t>(s, "buffer_size", ZR_OFF(buffer_size), 1, kMaxInt,
+                             "elements per parameter fetch buffer, DeepSpeed's 1e8"));
+    t.push_back(Num<int64_t>(s, "max_in_cpu", ZR_OFF(max_in_cpu), 0, kMaxInt,
+                             "accepted for DeepSpeed compatibility; zerort keeps no host cache"));
+#undef ZR_OFF
+  } else {
+#define ZR_OFF(m) ZR_MEMBER(zero.offload_optimizer.m)
+    t.push_back(Str(s, "device", ZR_OFF(device), {"none", "cpu", "nvme"},
+                    "where the fp32 masters, moments and gradient shards live (stages 1-3); the "
+                    "step runs on the CPU when not on the device"));
+    t.push_back(Str(s, "nvme_path", ZR_OFF(nvme_path), {},
+                    "directory of the NVMe store (device nvme): one file per rank"));
+    t.push_back(Bool(s, "pin_memory", ZR_OFF(pin_memory),
+                     "page-locked host buffers (faster copies), DeepSpeed's default"));
+    t.push_back(Num<int>(s, "buffer_count", ZR_OFF(buffer_count), 2, 1024,
+                         "optimizer chunks in flight through the NVMe pipeline, DeepSpeed's 4"));
+    t.push_back(Num<double>(s, "ratio", ZR_OFF(ratio), 0, 1,
+                            "the share of the state offloaded: only 1 (DeepSpeed's partial "
+                            "offload is refused)"));
+#undef ZR_OFF
+  }
+}
+
+std::vector<ConfigField> BuildTable() {
+  std::vector<ConfigField> t;
+  const std::string_view top = "";
+  t.push_back(With(Num<int64_t>(top, "train_batch_size", ZR_MEMBER(train_batch_size), 1, kMaxInt,
+                                "global batch = micro x accumulation x data-parallel size; any "
+                                "two of the three determine the third"),
+                   kOmitUnset));
+  t.push_back(With(
+      Num<int64_t>(top, "train_micro_batch_size_per_gpu", ZR_MEMBER(train_micro_batch_size_per_gpu),
+                   1, kMaxInt, "sequences per rank per micro-batch"),
+      kOmitUnset));
+  t.push_back(
+      With(Num<int64_t>(top, "gradient_accumulation_steps", ZR_MEMBER(gradient_accumulation_steps),
+                        1, kMaxInt, "micro-batches per step (a pipeline's micro-batches)"),
+           kOmitUnset));
+  t.push_back(Num<float>(top, "gradient_clipping", ZR_MEMBER(gradient_clipping), 0, 1e30,
+                         "max global gradient norm; 0: off (DeepSpeed's default)"));
+  t.push_back(Num<int64_t>(top, "steps_per_print", ZR_MEMBER(steps_per_print), 1, kMaxInt,
+                           "steps between metrics lines, DeepSpeed's 10"));
+  t.push_back(Bool(top, "prescale_gradients", ZR_MEMBER(prescale_gradients),
+                   "divide gradients by the data-parallel size before the reduction, not after"));
+  t.push_back(Num<double>(top, "gradient_predivide_factor", ZR_MEMBER(gradient_predivide_factor),
+                          1e-6, 1e6,
+                          "divide by f before the reduction and by (size / f) after (ignored "
+                          "with prescale_gradients, as DeepSpeed ignores it)"));
+  t.push_back(Bool(top, "wall_clock_breakdown", ZR_MEMBER(wall_clock_breakdown),
+                   "seconds per phase (forward, backward, reduce, optimizer, gather) in the "
+                   "metrics"));
+  t.push_back(
+      Num<uint64_t>(top, "seed", ZR_MEMBER(seed), 0, kMaxInt, "initialisation and data order"));
+
+  const std::string_view z = "zero_optimization";
+  t.push_back(Num<int>(z, "stage", ZR_MEMBER(zero.stage), 0, 3,
+                       "ZeRO stage: 0 data parallelism, 1 optimizer state, 2 + gradients, 3 + "
+                       "parameters sharded"));
+  t.push_back(Bool(z, "overlap_comm", ZR_MEMBER(zero.overlap_comm),
+                   "reduce gradients on the communication stream during the backward"));
+  t.push_back(Num<int64_t>(z, "reduce_bucket_size", ZR_MEMBER(zero.reduce_bucket_size), 0, kMaxInt,
+                           "elements per gradient reduction bucket, DeepSpeed's 5e8"));
+  t.push_back(Num<int64_t>(z, "stage3_prefetch_bucket_size",
+                           ZR_MEMBER(zero.stage3_prefetch_bucket_size), 0, kMaxInt,
+                           "stage 3: elements of parameters gathered ahead of use, DeepSpeed's "
+                           "5e7"));
+  t.push_back(Num<int64_t>(z, "stage3_param_persistence_threshold",
+                           ZR_MEMBER(zero.stage3_param_persistence_threshold), 0, kMaxInt,
+                           "stage 3: units smaller than this stay gathered, DeepSpeed's 1e5"));
+  t.push_back(Num<int64_t>(z, "stage3_max_live_parameters",
+                           ZR_MEMBER(zero.stage3_max_live_parameters), 0, kMaxInt,
+                           "stage 3: elements gathered at once, DeepSpeed's 1e9"));
+  t.push_back(Num<int64_t>(
+      z, "stage3_max_reuse_distance", ZR_MEMBER(zero.stage3_max_reuse_distance), 0, kMaxInt,
+      "stage 3: a unit used again within this many elements of other units "
+      "stays gathered; zerort's 0 releases after every use (DeepSpeed's 1e9)"));
+  t.push_back(Num<int64_t>(z, "allgather_bucket_size", ZR_MEMBER(zero.allgather_bucket_size), 1,
+                           kMaxInt,
+                           "stages 1-2: elements per all-gather of the updated parameters"));
+  t.push_back(Bool(z, "contiguous_gradients", ZR_MEMBER(zero.contiguous_gradients),
+                   "accepted for DeepSpeed compatibility: zerort's gradients are always "
+                   "contiguous"));
+  t.push_back(Bool(z, "allgather_partitions", ZR_MEMBER(zero.allgather_partitions),
+                   "false: a broadcast per rank instead of one all-gather"));
+  t.push_back(Bool(z, "reduce_scatter", ZR_MEMBER(zero.reduce_scatter),
+                   "false: stages 2-3 all-reduce and each rank keeps its shard"));
+  t.push_back(Bool(z, "stage3_gather_16bit_weights_on_model_save",
+                   ZR_MEMBER(zero.stage3_gather_16bit_weights_on_model_save),
+                   "each checkpoint also writes the consolidated weights in the compute dtype as "
+                   "a Hugging Face model in step_<N>/hf/"));
+  t.push_back(Num<int64_t>(z, "sub_group_size", ZR_MEMBER(zero.sub_group_size), 0, kMaxInt,
+                           "elements per NVMe optimizer chunk; 0: one chunk per unit's shard"));
+  AddOffload(t, "zero_optimization.offload_optimizer", false);
+  AddOffload(t, "zero_optimization.offload_param", true);
+
+  const std::string_view aio = "aio";
+  t.push_back(Num<int64_t>(aio, "block_size", ZR_MEMBER(aio.block_size), 4096, 1 << 30,
+                           "bytes per NVMe request, a multiple of 4096"));
+  t.push_back(
+      Num<int>(aio, "queue_depth", ZR_MEMBER(aio.queue_depth), 1, 4096, "NVMe requests in flight"));
+  t.push_back(Num<int>(aio, "thread_count", ZR_MEMBER(aio.thread_count), 1, 256,
+                       "pread/pwrite threads when io_uring is refused"));
+  t.push_back(Bool(aio, "single_submit", ZR_MEMBER(aio.single_submit),
+                   "submit NVMe requests one at a time"));
+  t.push_back(Bool(aio, "overlap_events", ZR_MEMBER(aio.overlap_events),
+                   "refill the queue as requests complete"));
+  t.push_back(Str(aio, "engine", ZR_MEMBER(aio.engine), {"auto", "io_uring", "threads"},
+                  "zerort's: the NVMe I/O engine; threads forces the fallback"));
+
+  const std::string_view f16 = "fp16";
+  t.push_back(Bool(f16, "enabled", ZR_MEMBER(fp16.enabled),
+                   "fp16 compute with fp32 masters and dynamic loss scaling"));
+  t.push_back(Num<float>(f16, "loss_scale", ZR_MEMBER(fp16.loss_scale), 0, 1e30,
+                         "a static loss scale; 0: dynamic (DeepSpeed's convention)"));
+  t.push_back(Num<int>(f16, "initial_scale_power", ZR_MEMBER(fp16.initial_scale_power), 0, 64,
+                       "the dynamic scale starts at 2^this"));
+  t.push_back(Num<int>(f16, "loss_scale_window", ZR_MEMBER(fp16.loss_scale_window), 1, 1 << 30,
+                       "overflow-free steps before the scale doubles"));
+  t.push_back(Num<int>(f16, "hysteresis", ZR_MEMBER(fp16.hysteresis), 1, 1 << 30,
+                       "overflows tolerated before the scale halves"));
+  t.push_back(Num<float>(f16, "min_loss_scale", ZR_MEMBER(fp16.min_loss_scale), 0, 1e30,
+                         "the dynamic scale's floor"));
+  t.push_back(Bool("bf16", "enabled", ZR_MEMBER(bf16), "bf16 compute, fp32 masters and reduction"));
+
+  t.push_back(Custom("optimizer", "type", ZR_MEMBER(optimizer.type), ReadOptimizerType,
+                     {"AdamW", "Adam", "SGD", "Lamb"},
+                     "the optimizer; DeepSpeed's 1-bit optimizers are refused by name"));
+  const std::string_view op = "optimizer.params";
+  const std::vector<std::string_view> adams = {"AdamW", "Adam", "Lamb"};
+  t.push_back(Num<float>(op, "lr", ZR_MEMBER(optimizer.lr), 0, 1e3,
+                         "learning rate (a scheduler overrides it)"));
+  t.push_back(Owned(Num<std::array<float, 2>>(op, "betas", ZR_MEMBER(optimizer.betas), 0,
+                                              0.999999999, "the moments' decay rates"),
+                    adams));
+  t.push_back(Owned(Num<float>(op, "eps", ZR_MEMBER(optimizer.eps), 0, 1,
+                               "the denominator's term, PyTorch's 1e-8"),
+                    adams));
+  t.push_back(Num<float>(op, "weight_decay", ZR_MEMBER(optimizer.weight_decay), 0, 1e3,
+                         "decoupled (AdamW, Lamb) or L2 (Adam, SGD) decay, PyTorch's 0"));
+  t.push_back(Owned(Bool(op, "adam_w_mode", ZR_MEMBER(optimizer.adam_w_mode),
+                         "Adam: decoupled decay (DeepSpeed's FusedAdam default); AdamW: must be "
+                         "true"),
+                    adams, {"Adam"}));
+  t.push_back(Owned(Bool(op, "bias_correction", ZR_MEMBER(optimizer.bias_correction),
+                         "false drops Adam's 1/(1-beta^t) terms"),
+                    adams));
+  t.push_back(Owned(Num<float>(op, "max_coeff", ZR_MEMBER(optimizer.max_coeff), 0, 1e6,
+                               "the trust ratio's upper clamp, DeepSpeed's 10"),
+                    {"Lamb"}));
+  t.push_back(Owned(Num<float>(op, "min_coeff", ZR_MEMBER(optimizer.min_coeff), 0, 1e6,
+                               "the trust ratio's lower clamp, DeepSpeed's 0.01"),
+                    {"Lamb"}));
+  t.push_back(Owned(
+      Num<float>(op, "momentum", ZR_MEMBER(optimizer.momentum), 0, 1, "torch.optim.SGD's momentum"),
+      {"SGD"}));
+  t.push_back(Owned(Num<float>(op, "dampening", ZR_MEMBER(optimizer.dampening), 0, 1,
+                               "torch.optim.SGD's dampening"),
+                    {"SGD"}));
+  t.push_back(Owned(Bool(op, "nesterov", ZR_MEMBER(optimizer.nesterov),
+                         "Nesterov momentum (needs momentum > 0 and dampening 0)"),
+                    {"SGD"}));
+
+  t.push_back(With(Custom("scheduler", "type", ZR_MEMBER(scheduler.type), ReadSchedulerType,
+                          {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"},
+                          "the learning-rate schedule; absent: a constant optimizer.params.lr"),
+                   kOmitUnset));
+  const std::string_view sp = "scheduler.params";
+  const std::vector<std::string_view> warmup = {"WarmupLR", "WarmupDecayLR"};
+  const std::vector<std::string_view> all = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"};
+  const std::vector<std::string_view> total = {"WarmupDecayLR", "WarmupCosineLR"};
+  t.push_back(Owned(Num<float>(sp, "warmup_min_lr", ZR_MEMBER(scheduler.warmup_min_lr), 0, 1e3,
+                               "the learning rate at step 0"),
+                    warmup));
+  t.push_back(Owned(Num<float>(sp, "warmup_max_lr", ZR_MEMBER(scheduler.warmup_max_lr), 0, 1e3,
+                               "the learning rate after the warm-up, DeepSpeed's 0.001"),
+                    warmup));
+  t.push_back(Owned(Num<int64_t>(sp, "warmup_num_steps", ZR_MEMBER(scheduler.warmup_num_steps), 0,
+                                 kMaxInt, "steps of the warm-up, DeepSpeed's 1000"),
+                    all));
+  t.push_back(Owned(Str(sp, "warmup_type", ZR_MEMBER(scheduler.warmup_type), {"log", "linear"},
+                        "the warm-up's curve, DeepSpeed's log"),
+                    all));
+  t.push_back(Owned(With(Num<int64_t>(sp, "total_num_steps", ZR_MEMBER(scheduler.total_num_steps),
+                                      1, kMaxInt, "steps of the whole schedule (required)"),
+                         kOmitUnset),
+                    total));
+  t.push_back(Owned(Num<float>(sp, "warmup_min_ratio", ZR_MEMBER(scheduler.warmup_min_ratio), 0, 1,
+                               "the learning rate's ratio at step 0"),
+                    {"WarmupCosineLR"}));
+  t.push_back(Owned(Num<float>(sp, "cos_min_ratio", ZR_MEMBER(scheduler.cos_min_ratio), 0, 1,
+                               "the final ratio, DeepSpeed's 0.0001"),
+                    {"WarmupCosineLR"}));
+
+  const std::string_view m = "model";
+  t.push_back(With(Custom(m, "preset", std::monostate{}, ReadPreset, {},
+                          "a named GPT shape (tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl); "
+                          "the shape keys override its values"),
+                   kNotPrinted));
+  t.push_back(
+      Num<int>(m, "n_layer", ZR_MEMBER(model.shape.n_layer), 1, 1 << 16, "transformer blocks"));
+  t.push_back(Num<int>(m, "n_head", ZR_MEMBER(model.shape.n_head), 1, 1 << 16,
+                       "attention heads (divides d_model)"));
+  t.push_back(Num<int>(m, "d_model", ZR_MEMBER(model.shape.d_model), 1, 1 << 20, "hidden size"));
+  t.push_back(Num<int>(m, "seq_len", ZR_MEMBER(model.shape.seq_len), 1, 1 << 20,
+                       "tokens per sequence (the context)"));
+  t.push_back(Num<int>(m, "vocab_size", ZR_MEMBER(model.shape.vocab_size), 1, 1 << 24,
+                       "vocabulary (256: zerort's byte tokens)"));
+  t.push_back(Bool(m, "activation_checkpointing", ZR_MEMBER(model.activation_checkpointing),
+                   "recompute each block's activations in the backward (less memory, more time)"));
+  t.push_back(Num<int64_t>(m, "head_chunk_rows", ZR_MEMBER(model.head_chunk_rows), 0,
+                           double{int64_t{1} << 40},
+                           "rows of the head's logits at a time; 0: automatic (2 d_model)"));
+
+  t.push_back(Str("data", "path", ZR_MEMBER(data.path), {},
+                  "token file (zerort data prepare); empty: the built-in corpus"));
+  t.push_back(Num<double>("data", "validation_fraction", ZR_MEMBER(data.validation_fraction), 0,
+                          0.5, "the file's tail held out for evaluation"));
+
+  const std::string_view tr = "train";
+  t.push_back(
+      Num<int64_t>(tr, "steps", ZR_MEMBER(train.steps), 1, kMaxInt, "optimizer steps of the run"));
+  t.push_back(Num<int64_t>(tr, "eval_interval", ZR_MEMBER(train.eval_interval), 0, kMaxInt,
+                           "evaluate every N steps; 0: only at the end"));
+  t.push_back(Num<int>(tr, "eval_windows", ZR_MEMBER(train.eval_windows), 1, 1 << 20,
+                       "validation windows per evaluation (per run, not per rank)"));
+  t.push_back(Num<int>(tr, "sample_tokens", ZR_MEMBER(train.sample_tokens), 0, 1 << 20,
+                       "text sampled at the end; 0: none"));
+  t.push_back(
+      Str(tr, "sample_prompt", ZR_MEMBER(train.sample_prompt), {}, "the sample's prompt (bytes)"));
+  t.push_back(Num<float>(tr, "sample_temperature", ZR_MEMBER(train.sample_temperature), 0, 100,
+                         "0: greedy; below 1 sharpens a small model's text"));
+  t.push_back(Num<int>(tr, "sample_top_k", ZR_MEMBER(train.sample_top_k), 0, 1 << 24,
+                       "0: the whole vocabulary"));
+  t.push_back(With(Str(tr, "device", ZR_MEMBER(train.device), {"cpu", "cuda"},
+                       "absent: cuda when a GPU is present, else cpu"),
+                   kOmitUnset));
+  t.push_back(Bool(tr, "check_memory", ZR_MEMBER(train.check_memory),
+                   "refuse (exit 2) a run whose estimated peak does not fit this rank's memory"));
+
+  const std::string_view ck = "checkpoint";
+  t.push_back(Str(ck, "dir", ZR_MEMBER(checkpoint.dir), {}, "empty: no checkpoints"));
+  t.push_back(Num<int64_t>(ck, "interval", ZR_MEMBER(checkpoint.interval), 0, kMaxInt,
+                           "save every N steps; 0: only at the end and on signals"));
+  t.push_back(Num<int>(ck, "keep_last_n", ZR_MEMBER(checkpoint.keep_last_n), 0, 1 << 20,
+                       "older step directories are removed; 0 keeps all"));
+
+  const std::string_view lg = "logging";
+  t.push_back(Str(lg, "metrics_file", ZR_MEMBER(logging.metrics_file), {},
+                  "empty: <checkpoint.dir>/metrics.jsonl, or none without a dir"));
+  t.push_back(Str(lg, "level", ZR_MEMBER(logging.level),
+                  {"trace", "debug", "info", "warn", "error", "off"}, "the log's level"));
+  t.push_back(Str(lg, "trace_file", ZR_MEMBER(logging.trace_file), {},
+                  "Chrome trace-event JSON of every rank's work; empty: none"));
+
+  const std::string_view cm = "csv_monitor";
+  t.push_back(Bool(cm, "enabled", ZR_MEMBER(csv_monitor.enabled),
+                   "rank 0 writes loss, learning rate, loss scale, validation loss and tokens/s "
+                   "as CSV files"));
+  t.push_back(Str(cm, "output_path", ZR_MEMBER(csv_monitor.output_path), {},
+                  "their directory's parent; empty: the working directory"));
+  t.push_back(Str(cm, "job_name", ZR_MEMBER(csv_monitor.job_name), {},
+                  "their directory's name (a plain name)"));
+
+  const std::string_view pa = "parallel";
+  t.push_back(Num<int>(pa, "tensor_parallel_size", ZR_MEMBER(parallel.tensor_parallel_size), 1,
+                       1 << 16,
+                       "Megatron tensor parallelism; the world is data x tensor x pipeline"));
+  t.push_back(Bool(pa, "sequence_parallel", ZR_MEMBER(parallel.sequence_parallel),
+                   "split LayerNorms and the residual stream by rows too"));
+  t.push_back(Num<int>(pa, "make_vocab_size_divisible_by",
+                       ZR_MEMBER(parallel.make_vocab_size_divisible_by), 1, 1 << 16,
+                       "the embedding is padded to a multiple of this x tensor size"));
+  t.push_back(Num<int>(pa, "pipeline_parallel_size", ZR_MEMBER(parallel.pipeline_parallel_size), 1,
+                       1 << 16, "pipeline stages"));
+  t.push_back(Str(pa, "pipeline_schedule", ZR_MEMBER(parallel.pipeline_schedule),
+                  {"gpipe", "1f1b", "interleaved"},
+                  "the schedule of the step's micro-batches (gradient_accumulation_steps)"));
+  t.push_back(Num<int>(pa, "virtual_pipeline_stages", ZR_MEMBER(parallel.virtual_pipeline_stages),
+                       1, 1 << 10, "model chunks per stage (interleaved: 2 or more)"));
+  t.push_back(With(
+      Num<std::vector<int>>(pa, "pipeline_layers", ZR_MEMBER(parallel.pipeline_layers), 1, 1 << 16,
+                            "blocks per chunk, pipeline_parallel_size x "
+                            "virtual_pipeline_stages numbers summing to "
+                            "model.n_layer; absent: an even split"),
+      kNullWhenEmpty));
+  t.push_back(Bool(pa, "pipeline_scatter_gather", ZR_MEMBER(parallel.pipeline_scatter_gather),
+                   "each tensor-parallel rank sends 1/tp of a boundary activation (Megatron's "
+                   "scatter/gather)"));
+  t.push_back(Num<double>(pa, "collective_timeout_s", ZR_MEMBER(parallel.collective_timeout_s), 0.1,
+                          7 * 86400,
+                          "seconds a collective may wait for its peers before the watchdog stops "
+                          "every rank (exit 3)"));
+  return t;
+}
+
+#undef ZR_MEMBER
+
+const std::vector<ConfigField>& Table() {
+  static const std::vector<ConfigField> kTable = BuildTable();
+  return kTable;
+}
+
+// The type whose parameters a params section holds.
+const std::string* OwnerType(std::string_view section, const RunConfig& c) {
+  if (section == "optimizer.params") return &c.optimizer.type;
+  if (section == "scheduler.params") return &c.scheduler.type;
+  return nullptr;
+}
+
+bool Contains(const std::vector<std::string_view>& v, std::string_view s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+std::string FormatNumber(double d) {
+  if (d == kMaxInt) return "2^53";
+  if (d == std::floor(d) && std::fabs(d) < 1e15) return StrCat(static_cast<int64_t>(d));
+  return fmt::format("{}", d);
+}
+
+// A default as a reader writes it: a float member's value in its own shortest digits (0.0003,
+// not 0.0003000000142492354).
+std::string Shown(const nlohmann::json& v) {
+  if (v.is_array()) {
+    std::string out;
+    for (const nlohmann::json& e : v) out += StrCat(out.empty() ? "" : ", ", Shown(e));
+    return StrCat("[", out, "]");
+  }
+  if (!v.is_number_float()) return v.dump();
+  const double d = v.get<double>();
+  const float f = static_cast<float>(d);
+  return static_cast<double>(f) == d ? fmt::format("{}", f) : fmt::format("{}", d);
+}
+
+Status ReadList(const JsonSection& s, std::string_view key, std::vector<int>& out, double min,
+                double max) {
+  std::vector<double> values;
+  ZR_RETURN_IF_ERROR(s.Numbers(key, values, 0, min, max));
+  std::vector<int> ints;
+  for (double v : values) {
+    if (v != std::floor(v)) {
+      return absl::InvalidArgumentError(StrCat(s.PathOf(key), ": ", v, " is not a whole number"));
+    }
+    ints.push_back(static_cast<int>(v));
+  }
+  out = std::move(ints);
+  return absl::OkStatus();
+}
+
+Status ReadField(const ConfigField& f, const JsonSection& s, RunConfig& c) {
+  if (f.read != nullptr) return f.read(s, f.key, c);
+  std::vector<std::string> choices(f.choices.begin(), f.choices.end());
+  return std::visit(
+      [&](auto ref) -> Status {
+        using Ref = decltype(ref);
+        if constexpr (std::is_same_v<Ref, std::monostate>) {
+          return absl::OkStatus();
+        } else {
+          auto& out = ref(c);
+          using T = std::remove_reference_t<decltype(out)>;
+          if constexpr (std::is_same_v<T, bool>) {
+            return s.Bool(f.key, out);
+          } else if constexpr (std::is_same_v<T, int>) {
+            return s.Int(f.key, out, static_cast<int>(f.min), static_cast<int>(f.max));
+          } else if constexpr (std::is_same_v<T, int64_t>) {
+            return s.Int(f.key, out, static_cast<int64_t>(f.min), static_cast<int64_t>(f.max));
+          } else if constexpr (std::is_same_v<T, uint64_t>) {
+            int64_t v = static_cast<int64_t>(out);
+            ZR_RETURN_IF_ERROR(
+                s.Int(f.key, v, static_cast<int64_t>(f.min), static_cast<int64_t>(f.max)));
+            out = static_cast<uint64_t>(v);
+            return absl::OkStatus();
+          } else if constexpr (std::is_same_v<T, float>) {
+            return s.Float(f.key, out, static_cast<float>(f.min), static_cast<float>(f.max));
+          } else if constexpr (std::is_same_v<T, double>) {
+            return s.Number(f.key, out, f.min, f.max);
+          } else if constexpr (std::is_same_v<T, std::string>) {
+            return s.String(f.key, out, choices);
+          } else if constexpr (std::is_same_v<T, std::vector<int>>) {
+            return ReadList(s, f.key, out, f.min, f.max);
+          } else {
+            static_assert(std::is_same_v<T, std::array<float, 2>>);
+            std::vector<double> v = {out[0], out[1]};
+            ZR_RETURN_IF_ERROR(s.Numbers(f.key, v, 2, f.min, f.max));
+            out = {static_cast<float>(v[0]), static_cast<float>(v[1])};
+            return absl::OkStatus();
+          }
+        }
+      },
+      f.ref);
+}
+
+// Whether FieldsToJson prints this row for `c`.
+bool Printed(const ConfigField& f, const RunConfig& c, const nlohmann::json& value) {
+  if (f.flags & kNotPrinted) return false;
+  if ((f.flags & kOmitUnset) &&
+      (value.is_null() || value == 0 || (value.is_string() && value.get<std::string>().empty()))) {
+    return false;
+  }
+  if (const std::string* type = OwnerType(f.section, c)) {
+    const auto& shown = f.printed_for.empty() ? f.owners : f.printed_for;
+    if (type->empty()) return false;  // no scheduler: no parameters
+    if (!shown.empty() && !Contains(shown, *type)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string ConfigField::Path() const {
+  return section.empty() ? std::string(key) : StrCat(section, ".", key);
+}
+
+std::string_view ConfigField::TypeName() const {
+  return std::visit(
+      [&](auto ref) -> std::string_view {
+        using Ref = decltype(ref);
+        if constexpr (std::is_same_v<Ref, std::monostate>) {
+          return "string";
+        } else {
+          using T = std::remove_reference_t<decltype(ref(std::declval<RunConfig&>()))>;
+          if constexpr (std::is_same_v<T, bool>) return "boolean";
+          if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) return "number";
+          if constexpr (std::is_same_v<T, std::string>) return "string";
+          if constexpr (std::is_same_v<T, std::vector<int>>) return "list of integers";
+          if constexpr (std::is_same_v<T, std::array<float, 2>>) return "two numbers";
+          return "integer";
+        }
+      },
+      ref);
+}
+
+nlohmann::json ConfigField::Value(const RunConfig& config) const {
+  RunConfig& c = const_cast<RunConfig&>(config);  // the ref reads only
+  return std::visit(
+      [&](auto ref) -> nlohmann::json {
+        using Ref = decltype(ref);
+        if constexpr (std::is_same_v<Ref, std::monostate>) {
+          return nullptr;
+        } else {
+          const auto& v = ref(c);
+          using T = std::remove_cvref_t<decltype(v)>;
+          if constexpr (std::is_same_v<T, std::vector<int>>) {
+            if (v.empty() && (flags & kNullWhenEmpty)) return nullptr;
+          }
+          return nlohmann::json(v);
+        }
+      },
+      ref);
+}
+
+std::span<const ConfigField> ConfigFields() { return Table(); }
+
+const ConfigField* FindConfigField(std::string_view path) {
+  for (const ConfigField& f : Table()) {
+    if (f.Path() == path) return &f;
+  }
+  return nullptr;
+}
+
+const KeyDirectory& ConfigKeyDirectory() {
+  static const KeyDirectory kDirectory = [] {
+    KeyDirectory d;
+    auto add = [&d](const std::string& section, const std::string& key) {
+      std::vector<std::string>& keys = d[section];
+      if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
+    };
+    for (const ConfigField& f : Table()) {
+      std::string section(f.section);
+      add(section, std::string(f.key));
+      while (!section.empty()) {  // each section is a key of its parent
+        const size_t dot = section.rfind('.');
+        const std::string parent = dot == std::string::npos ? "" : section.substr(0, dot);
+        add(parent, section.substr(dot == std::string::npos ? 0 : dot + 1));
+        section = parent;
+      }
+    }
+    return d;
+  }();
+  return kDirectory;
+}
+
+void ReadConfigFields(const nlohmann::json& json, RunConfig& c, GivenKeys& given,
+                      Problems& problems) {
+  const KeyDirectory& directory = ConfigKeyDirectory();
+  // Each section opened once, in the table's order; nullopt: absent or not an object.
+  std::map<std::string, std::optional<JsonSection>, std::less<>> sections;
+  sections.emplace("", JsonSection(json, "", directory));
+  sections.at("")->Finish(problems);
+  auto open = [&](auto& self, const std::string& path) -> const JsonSection* {
+    if (auto it = sections.find(path); it != sections.end()) {
+      return it->second ? &*it->second : nullptr;
+    }
+    const size_t dot = path.rfind('.');
+    const JsonSection* parent = self(self, dot == std::string::npos ? "" : path.substr(0, dot));
+    std::optional<JsonSection> s;
+    if (parent != nullptr) {
+      const std::string key = dot == std::string::npos ? path : path.substr(dot + 1);
+      StatusOr<std::optional<JsonSection>> child = parent->Object(key);
+      if (!child.ok()) {
+        problems.Add(child.status());
+      } else if (*child) {
+        s.emplace(**child);
+        s->Finish(problems);
+        given.insert(path);
+      }
+    }
+    auto [it, inserted] = sections.emplace(path, std::move(s));
+    return it->second ? &*it->second : nullptr;
+  };
+  for (const ConfigField& f : Table()) {
+    const JsonSection* s = open(open, std::string(f.section));
+    if (s == nullptr || !s->Has(f.key)) continue;
+    given.insert(f.Path());
+    problems.Add(ReadField(f, *s, c));
+  }
+}
+
+nlohmann::json FieldsToJson(const RunConfig& c) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const ConfigField& f : Table()) {
+    const nlohmann::json value = f.Value(c);
+    if (!Printed(f, c, value)) continue;
+    nlohmann::json* node = &out;
+    std::string_view rest = f.section;
+    while (!rest.empty()) {
+      const size_t dot = rest.find('.');
+      node = &(*node)[std::string(rest.substr(0, dot))];
+      rest = dot == std::string_view::npos ? "" : rest.substr(dot + 1);
+    }
+    (*node)[std::string(f.key)] = value;
+  }
+  return out;
+}
+
+std::string ConfigReferenceMarkdown() {
+  const RunConfig defaults;
+  std::string out;
+  std::string_view section = "-";
+  for (const ConfigField& f : Table()) {
+    if (f.section != section) {
+      section = f.section;
+      out +=
+          StrCat(out.empty() ? "" : "\n", "### `", section.empty() ? "(top level)" : section,
+                 "`\n\n| key | type | default | allowed | what it does |\n|---|---|---|---|---|\n");
+    }
+    std::string allowed;
+    if (!f.choices.empty()) {
+      for (std::string_view ch : f.choices) allowed += StrCat(allowed.empty() ? "" : ", ", ch);
+    } else if (f.TypeName() == "integer" || f.TypeName() == "number" ||
+               f.TypeName() == "two numbers" || f.TypeName() == "list of integers") {
+      allowed = StrCat(FormatNumber(f.min), " .. ", FormatNumber(f.max));
+    }
+    std::string doc(f.doc);
+    if (!f.owners.empty()) {
+      std::string types;
+      for (std::string_view o : f.owners) types += StrCat(types.empty() ? "" : ", ", o);
+      doc += StrCat(" (", types, ")");
+    }
+    const nlohmann::json value = f.Value(defaults);
+    const bool unset = (f.flags & kNotPrinted) || value.is_null() ||
+                       (value.is_string() && value.get<std::string>().empty()) ||
+                       ((f.flags & kOmitUnset) && value == 0);
+    const std::string shown = unset ? "unset" : Shown(value);
+    out += StrCat("| `", f.key, "` | ", f.TypeName(), " | ", shown, " | ", allowed, " | ", doc,
+                  " |\n");
+  }
+  return out;
+}
+
+}  // namespace zerort
