@@ -20,75 +20,84 @@
 #include "layers/gpt_config.h"
 #include "nlohmann/json.hpp"
 #include "runtime/status.h"
+#include "sharding/options.h"
 
 namespace zerort {
+
+// The shard manager's own defaults (sharding/options.h): a key that the runtime reads takes its
+// default from there, so it is declared once.
+inline const ShardManagerOptions& RuntimeDefaults() {
+  static const ShardManagerOptions kDefaults;
+  return kDefaults;
+}
 
 struct OffloadConfig {
   std::string device = "none";
   std::string nvme_path;
   bool pin_memory = true;
-  int buffer_count = 4;
-  int64_t buffer_size = 100'000'000;
+  int buffer_count = RuntimeDefaults().offload.optimizer_buffer_count;
+  int64_t buffer_size = RuntimeDefaults().offload.param_buffer_size;
   int64_t max_in_cpu = 1'000'000'000;
   double ratio = 1.0;
   // offload_param's defaults: DeepSpeed's 5 buffers for parameters.
   static OffloadConfig ForParams() {
     OffloadConfig o;
-    o.buffer_count = 5;
+    o.buffer_count = RuntimeDefaults().offload.param_buffer_count;
     return o;
   }
 };
 
 // DeepSpeed's "aio" section: how the NVMe tier does its I/O.
 struct AioConfig {
-  int64_t block_size = 1 << 20;
-  int queue_depth = 8;
-  int thread_count = 1;
-  bool single_submit = false;
-  bool overlap_events = true;
-  std::string engine = "auto";
+  int64_t block_size = RuntimeDefaults().offload.aio_block_size;
+  int queue_depth = RuntimeDefaults().offload.aio_queue_depth;
+  int thread_count = RuntimeDefaults().offload.aio_thread_count;
+  bool single_submit = RuntimeDefaults().offload.aio_single_submit;
+  bool overlap_events = RuntimeDefaults().offload.aio_overlap_events;
+  std::string engine = RuntimeDefaults().offload.aio_engine;
 };
 
 struct ZeroConfig {
   int stage = 0;
-  bool overlap_comm = true;
-  int64_t reduce_bucket_size = 500'000'000;
-  int64_t stage3_prefetch_bucket_size = 50'000'000;
-  int64_t stage3_param_persistence_threshold = 100'000;
-  int64_t stage3_max_live_parameters = 1'000'000'000;
-  int64_t stage3_max_reuse_distance = 0;
-  int64_t allgather_bucket_size = 500'000'000;
+  bool overlap_comm = RuntimeDefaults().overlap_comm;
+  int64_t reduce_bucket_size = RuntimeDefaults().reduce_bucket_size;
+  int64_t stage3_prefetch_bucket_size = RuntimeDefaults().stage3_prefetch_bucket_size;
+  int64_t stage3_param_persistence_threshold = RuntimeDefaults().stage3_param_persistence_threshold;
+  int64_t stage3_max_live_parameters = RuntimeDefaults().stage3_max_live_parameters;
+  int64_t stage3_max_reuse_distance = RuntimeDefaults().stage3_max_reuse_distance;
+  int64_t allgather_bucket_size = RuntimeDefaults().allgather_bucket_size;
   bool contiguous_gradients = true;
-  bool allgather_partitions = true;
-  bool reduce_scatter = true;
+  bool allgather_partitions = RuntimeDefaults().allgather_partitions;
+  bool reduce_scatter = RuntimeDefaults().reduce_scatter;
   OffloadConfig offload_optimizer;
   OffloadConfig offload_param = OffloadConfig::ForParams();
-  int64_t sub_group_size = 1'000'000'000;
+  int64_t sub_group_size = RuntimeDefaults().offload.sub_group_size;
   bool stage3_gather_16bit_weights_on_model_save = false;
 };
 
 struct Fp16Config {
   bool enabled = false;
   float loss_scale = 0.0f;
-  int initial_scale_power = 16;
-  int loss_scale_window = 1000;
-  int hysteresis = 2;
-  float min_loss_scale = 1.0f;
+  int initial_scale_power = RuntimeDefaults().loss_scale.initial_scale_power;
+  int loss_scale_window = RuntimeDefaults().loss_scale.loss_scale_window;
+  int hysteresis = RuntimeDefaults().loss_scale.hysteresis;
+  float min_loss_scale = RuntimeDefaults().loss_scale.min_loss_scale;
 };
 
 struct OptimizerConfig {
   std::string type = "AdamW";
   float lr = 3e-4f;
-  std::array<float, 2> betas = {0.9f, 0.999f};
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
+  std::array<float, 2> betas = {RuntimeDefaults().optimizer.beta1,
+                                RuntimeDefaults().optimizer.beta2};
+  float eps = RuntimeDefaults().optimizer.eps;
+  float weight_decay = RuntimeDefaults().optimizer.weight_decay;
   bool adam_w_mode = true;
-  bool bias_correction = true;
-  float momentum = 0.0f;
-  float dampening = 0.0f;
-  bool nesterov = false;
-  float max_coeff = 10.0f;
-  float min_coeff = 0.01f;
+  bool bias_correction = RuntimeDefaults().optimizer.bias_correction;
+  float momentum = RuntimeDefaults().optimizer.momentum;
+  float dampening = RuntimeDefaults().optimizer.dampening;
+  bool nesterov = RuntimeDefaults().optimizer.nesterov;
+  float max_coeff = RuntimeDefaults().optimizer.max_coeff;
+  float min_coeff = RuntimeDefaults().optimizer.min_coeff;
 };
 
 struct SchedulerConfig {
@@ -167,12 +176,12 @@ struct RunConfig {
   bool bf16 = false;  // bf16.enabled
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
-  float gradient_clipping = 0.0f;
+  float gradient_clipping = RuntimeDefaults().gradient_clipping;
   bool prescale_gradients = false;
-  double gradient_predivide_factor = 1.0;
+  double gradient_predivide_factor = RuntimeDefaults().gradient_predivide_factor;
   bool wall_clock_breakdown = false;
   int64_t steps_per_print = 10;
-  uint64_t seed = 1234;
+  uint64_t seed = RuntimeDefaults().seed;
   ModelConfig model;
   DataConfig data;
   TrainConfig train;

@@ -1,6 +1,8 @@
 // The memory model: a replay of one steady-state training step's allocations.
 #include "engine/memory_model.h"
 
+#include "engine/run_options.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -24,30 +26,6 @@ using Cat = MemoryCategory;
 using Tier = MemoryTier;
 
 constexpr int64_t kLtWorkspace = int64_t{32} << 20;  // kernels/cuda/model_kernels.cu
-
-Tier TierOf(const std::string& offload, bool pin_memory) {
-  if (offload == "cpu") return pin_memory ? Tier::kPinnedHost : Tier::kHost;
-  if (offload == "nvme") return Tier::kNvme;
-  return Tier::kDevice;
-}
-
-// The shard manager's options this input stands for: UnitPlan and the offload sizes read them.
-ShardManagerOptions ManagerOptionsOf(const MemoryModelInput& in) {
-  ShardManagerOptions o;
-  o.stage = static_cast<ZeroStage>(in.stage);
-  o.compute_dtype = in.compute;
-  o.reduce_dtype = DType::kF32;
-  o.optimizer.kind = in.optimizer_states == 2 ? OptimizerKind::kAdamW : OptimizerKind::kSgd;
-  o.optimizer.momentum = in.optimizer_states == 1 ? 0.9f : 0.0f;
-  o.stage3_param_persistence_threshold = in.stage3_param_persistence_threshold;
-  o.placement.optimizer = TierOf(in.offload_optimizer, in.pin_memory);
-  o.placement.params = TierOf(in.offload_param, in.pin_memory);
-  o.offload.optimizer_buffer_count = in.optimizer_buffer_count;
-  o.offload.param_buffer_count = in.param_buffer_count;
-  o.offload.param_buffer_size = in.param_buffer_size;
-  o.offload.sub_group_size = in.sub_group_size;
-  return o;
-}
 
 // A caching-allocator backend that hands out address space and no memory: the replay runs the
 // runtime's own CachingAllocator (rounding, segments, per-stream pools, split and merge) over it,
@@ -173,7 +151,7 @@ class StepModel {
   StepModel(const MemoryModelInput& in, std::vector<Unit> units, StageUnits stage,
             MemoryEstimate& out, bool model_states_only = false)
       : in_(in),
-        options_(ManagerOptionsOf(in)),
+        options_(in.manager),
         units_(std::move(units)),
         st_(std::move(stage)),
         out_(out),
@@ -185,16 +163,16 @@ class StepModel {
     comm_stream_ = *CreateStream(Device::Cpu(), "comm");
     model_stream_ = *CreateStream(Device::Cpu(), "model");
     compute_ = compute_stream_.get();
-    comm_ = in.overlap_comm ? comm_stream_.get() : compute_;
+    comm_ = in.manager.overlap_comm ? comm_stream_.get() : compute_;
     kernels_ = in.cuda ? compute_ : model_stream_.get();
   }
 
   void Run();
 
  private:
-  int64_t csize() const { return static_cast<int64_t>(DTypeSize(in_.compute)); }
+  int64_t csize() const { return static_cast<int64_t>(DTypeSize(in_.compute())); }
   static constexpr int64_t kRsize = 4;  // reduce dtype fp32
-  bool stage3() const { return in_.stage == 3; }
+  bool stage3() const { return in_.stage() == 3; }
   // Under pipeline parallelism stages 2-3 reduce once per step (ShardManagerOptions).
   bool reduce_at_step() const { return in_.pp > 1; }
   int64_t GatheredBytes(const Unit& u) const { return u.layout.padded_numel() * csize(); }
@@ -255,7 +233,8 @@ void StepModel::Init() {
   };
   if (at.params == Tier::kNvme) {
     const int64_t bytes = StagingPool::AllocationBytes(
-        in_.param_buffer_count, static_cast<size_t>(in_.param_buffer_size * csize()));
+        in_.manager.offload.param_buffer_count,
+        static_cast<size_t>(in_.manager.offload.param_buffer_size * csize()));
     persistent_.push_back(r_.Alloc(Cat::kStaging, bytes, nullptr, host_tier));
     Term(host_tier, Cat::kStaging, "parameter fetch buffers (offload_param nvme)",
          "buffer_count x buffer_size x compute bytes", bytes);
@@ -298,7 +277,7 @@ void StepModel::Init() {
   if (at.optimizer == Tier::kNvme) {
     const int64_t chunk = ShardedOptimizer::NvmeChunkNumel(options_, largest_shard);
     const int64_t bytes = StagingPool::AllocationBytes(
-        std::max(in_.optimizer_buffer_count, 2),
+        std::max(in_.manager.offload.optimizer_buffer_count, 2),
         static_cast<size_t>(ShardedOptimizer::StagingSetBytes(options_, chunk)));
     persistent_.push_back(r_.Alloc(Cat::kStaging, bytes, nullptr, host_tier));
     Term(host_tier, Cat::kStaging, "optimizer chunk staging sets (offload_optimizer nvme)",
@@ -325,8 +304,8 @@ void StepModel::Ensure(int u) {
 
 // As ShardManager::Prefetch: the next units of the recorded order, within both budgets.
 void StepModel::Prefetch() {
-  const int64_t live_budget = in_.stage3_max_live_parameters * csize();
-  const int64_t ahead_budget = in_.stage3_prefetch_bucket_size * csize();
+  const int64_t live_budget = in_.manager.stage3_max_live_parameters * csize();
+  const int64_t ahead_budget = in_.manager.stage3_prefetch_bucket_size * csize();
   int64_t ahead = 0;
   for (size_t i = position_ + 1; i < order_.size(); ++i) {
     Unit& u = units_[order_[i]];
@@ -341,14 +320,14 @@ void StepModel::Prefetch() {
 
 void StepModel::Open(int u, bool backward) {
   Ensure(u);
-  if (backward && in_.stage >= 2 && !units_[u].full_grad.live) {
+  if (backward && in_.stage() >= 2 && !units_[u].full_grad.live) {
     units_[u].full_grad =
         r_.Alloc(Cat::kGradients, units_[u].layout.padded_numel() * kRsize, compute_);
   }
 }
 
 void StepModel::Close(int u, bool backward) {
-  if (backward && in_.stage >= 2 && !reduce_at_step()) ReducerAdd(u);
+  if (backward && in_.stage() >= 2 && !reduce_at_step()) ReducerAdd(u);
   Unit& unit = units_[u];
   if (stage3() && !unit.persistent) {
     int64_t next = 0;  // the unit used next, gathered then on demand
@@ -357,8 +336,8 @@ void StepModel::Close(int u, bool backward) {
       if (!n.persistent && !n.gathered) next = GatheredBytes(n);
     }
     if (!recording_ &&
-        KeepsGathered(reuse_distances_, unit.use_position, in_.stage3_max_reuse_distance) &&
-        LiveGathered() + next <= in_.stage3_max_live_parameters * csize()) {
+        KeepsGathered(reuse_distances_, unit.use_position, in_.manager.stage3_max_reuse_distance) &&
+        LiveGathered() + next <= in_.manager.stage3_max_live_parameters * csize()) {
       unit.kept = true;  // as ShardManager::KeepGathered
       return;
     }
@@ -379,7 +358,7 @@ void StepModel::ReducerAdd(int u) {
   if (std::find(pending_.begin(), pending_.end(), u) != pending_.end()) return;
   pending_.push_back(u);
   pending_numel_ += units_[u].layout.padded_numel();
-  if (pending_numel_ >= in_.reduce_bucket_size) Flush();
+  if (pending_numel_ >= in_.manager.reduce_bucket_size) Flush();
 }
 
 // As GradientReducer::FlushReduceScatter.
@@ -621,7 +600,7 @@ void StepModel::Step() {
     u.gathered = false;
     u.kept = false;
   }
-  if (in_.stage >= 2) {
+  if (in_.stage() >= 2) {
     if (reduce_at_step()) {  // as ShardManager::ReduceGradients: every full gradient, last first
       for (int u = static_cast<int>(units_.size()) - 1; u >= 0; --u) {
         if (units_[u].full_grad.live) ReducerAdd(u);
@@ -644,7 +623,7 @@ void StepModel::Step() {
     for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
       bucket.push_back(u);
       numel += units_[u].layout.padded_numel();
-      if (numel >= in_.reduce_bucket_size) reduce();
+      if (numel >= in_.manager.reduce_bucket_size) reduce();
     }
     reduce();
   }
@@ -652,11 +631,11 @@ void StepModel::Step() {
   r_.Free(acc);
   // As ShardedUnit::GatherUpdated: stages 1-2 all-gather a unit larger than
   // allgather_bucket_size through a staging buffer of world x piece elements.
-  if ((in_.stage == 1 || in_.stage == 2) && in_.dp > 1 && in_.allgather_partitions) {
+  if ((in_.stage() == 1 || in_.stage() == 2) && in_.dp > 1 && in_.manager.allgather_partitions) {
     for (const Unit& u : units_) {
       const int64_t shard = u.layout.shard_numel();
-      if (shard * in_.dp <= in_.allgather_bucket_size) continue;
-      const int64_t piece = std::max<int64_t>(1, in_.allgather_bucket_size / in_.dp);
+      if (shard * in_.dp <= in_.manager.allgather_bucket_size) continue;
+      const int64_t piece = std::max<int64_t>(1, in_.manager.allgather_bucket_size / in_.dp);
       Replay::Handle h = r_.Alloc(Cat::kCommBuffers, piece * in_.dp * csize(), compute_);
       r_.Free(h);
     }
@@ -713,9 +692,8 @@ StatusOr<int> AddUnit(const MemoryModelInput& in, const ShardManagerOptions& opt
                       const std::vector<ParamSpec>& params, std::vector<Unit>& units,
                       MemoryEstimate& out) {
   for (const ParamSpec& p : params) out.parameters += p.numel();
-  ZR_ASSIGN_OR_RETURN(
-      FlatLayout layout,
-      FlatLayout::Create(params, ShardCount(static_cast<ZeroStage>(in.stage), in.dp)));
+  ZR_ASSIGN_OR_RETURN(FlatLayout layout,
+                      FlatLayout::Create(params, ShardCount(in.manager.stage, in.dp)));
   UnitPlan plan = PlanUnit(options, layout);
   units.push_back(Unit{std::move(layout), std::move(plan)});
   return static_cast<int>(units.size()) - 1;
@@ -734,7 +712,7 @@ Status MemoryModelInput::Validate() const {
   ZR_RETURN_IF_ERROR(positive("data-parallel size", dp));
   ZR_RETURN_IF_ERROR(positive("tensor-parallel size", tp));
   ZR_RETURN_IF_ERROR(positive("pipeline-parallel size", pp));
-  if (stage < 0 || stage > 3) return absl::InvalidArgumentError(StrCat("ZeRO stage ", stage));
+  if (stage() < 0 || stage() > 3) return absl::InvalidArgumentError(StrCat("ZeRO stage ", stage()));
   if (model.n_head % tp != 0 || model.d_model % tp != 0) {
     return absl::InvalidArgumentError(StrCat("tensor-parallel size ", tp,
                                              " does not divide the heads (", model.n_head,
@@ -755,13 +733,27 @@ Status MemoryModelInput::Validate() const {
   }
   ZR_RETURN_IF_ERROR(
       StageChunks(model.n_layer, pp, virtual_stages, pipeline_layers, pipeline_stage).status());
-  if (offload_optimizer != "none" && stage == 0) {
+  if (manager.placement.optimizer != MemoryTier::kDevice && stage() == 0) {
     return absl::InvalidArgumentError("offload_optimizer needs ZeRO stage 1 or higher");
   }
-  if (offload_param != "none" && stage != 3) {
+  if (manager.placement.params != MemoryTier::kDevice && stage() != 3) {
     return absl::InvalidArgumentError("offload_param needs ZeRO stage 3");
   }
   return absl::OkStatus();
+}
+
+int MemoryModelInput::optimizer_states() const {
+  if (manager.optimizer.kind != OptimizerKind::kSgd) return 2;
+  return manager.optimizer.momentum != 0 ? 1 : 0;
+}
+
+void MemoryModelInput::SetLayout(int zero_stage, const std::string& offload) {
+  manager.stage = static_cast<ZeroStage>(zero_stage);
+  const MemoryTier tier = offload == "nvme"  ? MemoryTier::kNvme
+                          : offload == "cpu" ? MemoryTier::kPinnedHost
+                                             : MemoryTier::kDevice;
+  manager.placement.optimizer = tier;
+  manager.placement.params = zero_stage == 3 ? tier : MemoryTier::kDevice;
 }
 
 StatusOr<MemoryModelInput> MemoryModelInput::FromConfig(const RunConfig& config, int world_size,
@@ -790,28 +782,10 @@ StatusOr<MemoryModelInput> MemoryModelInput::FromConfig(const RunConfig& config,
   in.pipeline_schedule = c.parallel.pipeline_schedule;
   in.virtual_stages = c.parallel.virtual_pipeline_stages;
   in.pipeline_layers = c.parallel.pipeline_layers;
-  in.stage = c.zero.stage;
-  in.compute = c.bf16 ? DType::kBF16 : c.fp16.enabled ? DType::kF16 : DType::kF32;
-  in.optimizer_states = c.optimizer.type == "SGD" ? (c.optimizer.momentum != 0 ? 1 : 0) : 2;
   in.activation_checkpointing = c.model.activation_checkpointing;
   in.head_chunk_rows = c.model.head_chunk_rows;
-  in.offload_optimizer = c.zero.offload_optimizer.device;
-  in.offload_param = c.zero.offload_param.device;
-  in.pin_memory = c.zero.offload_optimizer.device == "cpu" ? c.zero.offload_optimizer.pin_memory
-                                                           : c.zero.offload_param.pin_memory;
-  in.optimizer_buffer_count = c.zero.offload_optimizer.buffer_count;
-  in.param_buffer_count = c.zero.offload_param.buffer_count;
-  in.param_buffer_size = c.zero.offload_param.buffer_size;
-  in.sub_group_size = c.zero.sub_group_size;
   in.cuda = cuda;
-  in.overlap_comm = c.zero.overlap_comm;
-  in.reduce_bucket_size = c.zero.reduce_bucket_size;
-  in.stage3_prefetch_bucket_size = c.zero.stage3_prefetch_bucket_size;
-  in.stage3_max_live_parameters = c.zero.stage3_max_live_parameters;
-  in.stage3_max_reuse_distance = c.zero.stage3_max_reuse_distance;
-  in.allgather_bucket_size = c.zero.allgather_bucket_size;
-  in.allgather_partitions = c.zero.allgather_partitions;
-  in.stage3_param_persistence_threshold = c.zero.stage3_param_persistence_threshold;
+  in.manager = ShardManagerOptionsFrom(c, dp);  // what `zerort train` creates
   return in;
 }
 
@@ -832,7 +806,7 @@ StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& in) {
   StageUnits stage{.first = part.first, .last = part.last};
   std::vector<Unit> units;
   MemoryEstimate out;
-  const ShardManagerOptions options = ManagerOptionsOf(in);
+  const ShardManagerOptions& options = in.manager;
   auto add = [&](const GptUnit& unit) -> StatusOr<int> {
     return AddUnit(in, options, unit.params, units, out);
   };
@@ -956,7 +930,7 @@ StatusOr<MemoryEstimate> EstimateColdModelStates(const MemoryModelInput& layout,
   in.pipeline_stage = 0;
   in.pipeline_layers.clear();
   ZR_RETURN_IF_ERROR(in.Validate());
-  const ShardManagerOptions options = ManagerOptionsOf(in);
+  const ShardManagerOptions& options = in.manager;
   MemoryEstimate out;
   std::vector<Unit> units;
   StageUnits stage;

@@ -36,6 +36,7 @@
 #include "engine/config.h"
 #include "runtime/dtype.h"
 #include "runtime/memory.h"
+#include "sharding/options.h"
 
 namespace zerort {
 
@@ -53,32 +54,33 @@ struct MemoryModelInput {
   int virtual_stages = 1;
   std::vector<int> pipeline_layers;  // blocks per chunk; empty: an even split
   int ranks_per_node = 1;            // for the per-node host column
-  int stage = 0;
-  DType compute = DType::kF32;
-  int optimizer_states = 2;  // fp32 moments per parameter: Adam 2, SGD with momentum 1, SGD 0
   bool activation_checkpointing = false;
-  int64_t head_chunk_rows = 0;              // GptModelOptions::head_chunk_rows
-  std::string offload_optimizer = "none";   // none | cpu | nvme
-  std::string offload_param = "none";       // none | cpu | nvme (stage 3)
-  bool pin_memory = true;                   // "cpu" offload on pinned (true) or plain host memory
-  int optimizer_buffer_count = 4;           // NVMe pipeline staging sets
-  int param_buffer_count = 5;               // parameter fetch buffers (offload_param nvme)
-  int64_t param_buffer_size = 100'000'000;  // elements per fetch buffer
-  int64_t sub_group_size = 1'000'000'000;   // elements per optimizer chunk
-  bool cuda = false;         // CUDA kernels keep a cuBLASLt workspace and attention scratch
-  bool overlap_comm = true;  // reductions on their own stream (pools are per stream)
-  int64_t reduce_bucket_size = 500'000'000;
-  int64_t stage3_prefetch_bucket_size = 50'000'000;
-  int64_t stage3_max_live_parameters = 1'000'000'000;
-  int64_t stage3_max_reuse_distance = 0;
-  int64_t allgather_bucket_size = 500'000'000;
-  bool allgather_partitions = true;  // false: broadcasts in place, no staging
-  int64_t stage3_param_persistence_threshold = 100'000;
+  int64_t head_chunk_rows = 0;  // GptModelOptions::head_chunk_rows
+  bool cuda = false;            // CUDA kernels keep a cuBLASLt workspace and attention scratch
+  // The shard manager the run creates (FromConfig: engine/run_options.h, as `zerort train` builds
+  // it): stage, compute dtype, optimizer, placement, offload sizes, bucket, prefetch and keep
+  // budgets. Its stage defaults to 0 here.
+  ShardManagerOptions manager = StageZero();
+
+  int stage() const { return static_cast<int>(manager.stage); }
+  DType compute() const { return manager.compute_dtype; }
+  // fp32 optimizer states per parameter: Adam(W) and Lamb 2, SGD with momentum 1, SGD 0.
+  int optimizer_states() const;
+  // A layout of `estimate`'s tables and the preflight's suggestions: the stage, and "none",
+  // "cpu" (pinned) or "nvme" for the optimizer state (and the parameters at stage 3).
+  void SetLayout(int zero_stage, const std::string& offload);
 
   // From a run config on `world_size` ranks: data-parallel size world / (tensor x pipeline
   // size) (the batch triple resolved there); stage 0.
   static StatusOr<MemoryModelInput> FromConfig(const RunConfig& config, int world_size, bool cuda);
   Status Validate() const;
+
+ private:
+  static ShardManagerOptions StageZero() {
+    ShardManagerOptions o;
+    o.stage = ZeroStage::k0;
+    return o;
+  }
 };
 
 // One term of the estimate, for --explain.

@@ -208,7 +208,7 @@ Status CheckMemoryFits(const MemoryModelInput& in, const MachineMemory& machine)
   for (int stage = 0; stage <= 3; ++stage) {
     for (bool checkpointing : {false, true}) {
       MemoryModelInput alt = in;
-      alt.stage = stage;
+      alt.manager.stage = static_cast<ZeroStage>(stage);  // invalid with offload: skipped
       alt.activation_checkpointing = checkpointing;
       StatusOr<MemoryEstimate> a = EstimateMemory(alt);
       if (a.ok() && fits(needs(*a))) {

@@ -24,6 +24,7 @@
 #include "engine/memory_model.h"
 #include "engine/preflight.h"
 #include "engine/run_dir.h"
+#include "engine/run_options.h"
 #include "engine/timeline.h"
 #include "engine/token_file.h"
 #include "engine/user_file.h"
@@ -74,76 +75,6 @@ class StopSignals {
   struct sigaction old_term_ {};
   struct sigaction old_usr1_ {};
 };
-
-StatusOr<ShardManagerOptions> ManagerOptions(const RunConfig& c, DType compute) {
-  ShardManagerOptions o;
-  o.stage = static_cast<ZeroStage>(c.zero.stage);
-  o.compute_dtype = compute;
-  o.reduce_dtype = DType::kF32;
-  o.gradient_clipping = c.gradient_clipping;
-  o.gradient_predivide_factor = c.gradient_predivide_factor;
-  o.overlap_comm = c.zero.overlap_comm;
-  o.allgather_partitions = c.zero.allgather_partitions;
-  o.reduce_scatter = c.zero.reduce_scatter;
-  o.reduce_bucket_size = c.zero.reduce_bucket_size;
-  o.stage3_prefetch_bucket_size = c.zero.stage3_prefetch_bucket_size;
-  o.stage3_max_live_parameters = c.zero.stage3_max_live_parameters;
-  o.stage3_max_reuse_distance = c.zero.stage3_max_reuse_distance;
-  o.allgather_bucket_size = c.zero.allgather_bucket_size;
-  o.stage3_param_persistence_threshold = c.zero.stage3_param_persistence_threshold;
-  o.seed = c.seed;
-  // Offload (DeepSpeed's offload_optimizer / offload_param / aio): a placement of the buffers.
-  auto tier = [](const OffloadConfig& off) {
-    return off.device == "nvme"  ? MemoryTier::kNvme
-           : off.device == "cpu" ? (off.pin_memory ? MemoryTier::kPinnedHost : MemoryTier::kHost)
-                                 : MemoryTier::kDevice;
-  };
-  o.placement.optimizer = tier(c.zero.offload_optimizer);
-  o.placement.params = tier(c.zero.offload_param);
-  OffloadOptions& off = o.offload;
-  off.nvme_path = c.zero.offload_optimizer.nvme_path.empty() ? c.zero.offload_param.nvme_path
-                                                             : c.zero.offload_optimizer.nvme_path;
-  off.optimizer_buffer_count = c.zero.offload_optimizer.buffer_count;
-  off.param_buffer_count = c.zero.offload_param.buffer_count;
-  off.param_buffer_size = c.zero.offload_param.buffer_size;
-  off.sub_group_size = c.zero.sub_group_size;
-  off.aio_block_size = c.aio.block_size;
-  off.aio_queue_depth = c.aio.queue_depth;
-  off.aio_thread_count = c.aio.thread_count;
-  off.aio_single_submit = c.aio.single_submit;
-  off.aio_overlap_events = c.aio.overlap_events;
-  off.aio_engine = c.aio.engine;
-  // Test hook for the fault tests (an I/O error at the k-th NVMe request), not a config key.
-  if (const char* k = std::getenv("ZERORT_FAIL_NVME_REQUEST")) off.fail_io_request = std::atoll(k);
-  if (const char* e = std::getenv("ZERORT_FAIL_NVME_ERRNO")) off.fail_io_errno = std::atoi(e);
-  const OptimizerConfig& opt = c.optimizer;
-  if (opt.type == "SGD") {
-    o.optimizer.kind = OptimizerKind::kSgd;
-  } else if (opt.type == "Lamb") {
-    o.optimizer.kind = OptimizerKind::kLamb;
-  } else if (opt.type == "Adam" && !opt.adam_w_mode) {
-    o.optimizer.kind = OptimizerKind::kAdam;
-  } else {
-    o.optimizer.kind = OptimizerKind::kAdamW;  // AdamW, and DeepSpeed's Adam in adam_w_mode
-  }
-  o.optimizer.beta1 = opt.betas[0];
-  o.optimizer.beta2 = opt.betas[1];
-  o.optimizer.eps = opt.eps;
-  o.optimizer.bias_correction = opt.bias_correction;
-  o.optimizer.max_coeff = opt.max_coeff;
-  o.optimizer.min_coeff = opt.min_coeff;
-  o.optimizer.weight_decay = opt.weight_decay;
-  o.optimizer.momentum = opt.momentum;
-  o.optimizer.dampening = opt.dampening;
-  o.optimizer.nesterov = opt.nesterov;
-  o.loss_scale.dynamic = c.fp16.loss_scale == 0.0f;
-  o.loss_scale.static_scale = c.fp16.loss_scale == 0.0f ? 1.0f : c.fp16.loss_scale;
-  o.loss_scale.initial_scale_power = c.fp16.initial_scale_power;
-  o.loss_scale.loss_scale_window = c.fp16.loss_scale_window;
-  o.loss_scale.hysteresis = c.fp16.hysteresis;
-  o.loss_scale.min_loss_scale = c.fp16.min_loss_scale;
-  return o;
-}
 
 std::string Mib(int64_t bytes) { return fmt::format("{:.1f}", bytes / 1048576.0); }
 
@@ -355,7 +286,7 @@ Status Run::Save(int64_t step, int64_t consumed) {
                                     c_.checkpoint.keep_last_n, ctx_.overwrite));
   if (c_.zero.stage3_gather_16bit_weights_on_model_save) {
     // DeepSpeed's 16-bit model save: the consolidated weights from the checkpoint just committed.
-    const DType dtype = c_.bf16 ? DType::kBF16 : c_.fp16.enabled ? DType::kF16 : DType::kF32;
+    const DType dtype = ComputeDType(c_);
     const std::string step_dir = StrCat(c_.checkpoint.dir, "/step_", step);
     Status exported = absl::OkStatus();
     if (leader()) exported = ExportHuggingFace(step_dir, step_dir + "/hf", dtype).status();
@@ -450,14 +381,9 @@ Status Run::Setup() {
   if (ctx_.resume && c_.checkpoint.dir.empty()) {
     return absl::InvalidArgumentError("--resume needs checkpoint.dir in the config");
   }
-  DType compute = DType::kF32;
-  if (c_.bf16) compute = DType::kBF16;
-  if (c_.fp16.enabled) compute = DType::kF16;  // with the manager's dynamic loss scaler
+  const DType compute = ComputeDType(c_);
   ZR_RETURN_IF_ERROR(AgreeAll(CheckMemoryFits(), "the memory check"));
-  ZR_ASSIGN_OR_RETURN(ShardManagerOptions mo, ManagerOptions(c_, compute));
-  mo.reduce_at_step = pp() > 1;  // the pipeline's micro-batches: one reduction per step
-  // DeepSpeed's prescale_gradients: the whole division before the reduction.
-  if (c_.prescale_gradients) mo.gradient_predivide_factor = dp().size();
+  const ShardManagerOptions mo = ShardManagerOptionsFrom(c_, dp().size(), ctx_.faults);
   ZR_ASSIGN_OR_RETURN(
       manager_,
       ShardManager::Create(mo, {.dp = &dp(),
@@ -504,12 +430,8 @@ Status Run::Setup() {
         .chunks = part_.chunks,
         .allocator = allocator_.get(),
         .stream = &manager_->compute_stream()};
-    // Test hook for the hang tests ("<stage>:skip" or "<stage>:die"), not a config key.
-    if (const char* f = std::getenv("ZERORT_FAIL_PIPELINE_SEND")) {
-      const std::string fault = f;
-      po.fail_send_stage = std::atoi(fault.c_str());
-      po.fail_send_dies = fault.ends_with(":die");
-    }
+    po.fail_send_stage = ctx_.faults.pipeline_send_stage;  // the hang tests' hook
+    po.fail_send_dies = ctx_.faults.pipeline_send_dies;
     ZR_ASSIGN_OR_RETURN(executor_, PipelineExecutor::Create(*model_, std::move(po)));
   }
   if (ctx_.resume) {

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "engine/config.h"
+#include "engine/run_options.h"
 #include "runtime/communicator.h"
 #include "runtime/memory.h"
 
@@ -28,6 +29,7 @@ struct TrainerContext {
   bool resume = false;            // continue from checkpoint.dir/latest
   bool overwrite = false;         // a new run where an earlier run's checkpoints or metrics are
   int local_world_size = 1;       // ranks on this node (they share its host memory)
+  FaultHooks faults;              // tests only (the CLI reads them from the environment)
 };
 
 struct TrainResult {

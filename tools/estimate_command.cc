@@ -69,9 +69,7 @@ std::vector<Row> Table(MemoryModelInput base, int ranks_per_node,
     for (const char* offload : {"none", "cpu", "nvme"}) {
       for (bool ckpt : checkpointing) {
         MemoryModelInput in = base;
-        in.stage = stage;
-        in.offload_optimizer = offload;
-        in.offload_param = stage == 3 ? offload : "none";
+        in.SetLayout(stage, offload);
         in.activation_checkpointing = ckpt;
         StatusOr<MemoryEstimate> e = estimate(in);
         if (!e.ok()) continue;
@@ -280,9 +278,9 @@ int RunFromConfig(const EstimateOptions& o) {
   std::printf(
       "  %lld parameters on this rank, ZeRO-%d, %s, micro-batch %d x %d, %d micro-batches"
       "%s\n",
-      static_cast<long long>(e->parameters), in->stage, std::string(DTypeName(in->compute)).c_str(),
-      in->micro_batch, in->model.seq_len, in->accumulation,
-      in->activation_checkpointing ? ", activation checkpointing" : "");
+      static_cast<long long>(e->parameters), in->stage(),
+      std::string(DTypeName(in->compute())).c_str(), in->micro_batch, in->model.seq_len,
+      in->accumulation, in->activation_checkpointing ? ", activation checkpointing" : "");
   if (stages->size() > 1) {
     std::printf("  pipeline: %d stages (%s); the table is the maximum over stages (and ranks)\n",
                 in->pp, in->pipeline_schedule.c_str());
@@ -323,7 +321,7 @@ int RunCold(const EstimateOptions& o, int gpus) {
   MemoryModelInput base;
   base.dp = gpus;
   base.ranks_per_node = o.gpus;
-  base.compute = DType::kBF16;
+  base.manager.compute_dtype = DType::kBF16;
   base.cuda = true;
   const std::vector<Row> rows = Table(base, o.gpus, {false}, [&](const MemoryModelInput& in) {
     return EstimateColdModelStates(in, params, largest);
@@ -538,7 +536,7 @@ int RunEstimate(const EstimateOptions& o) {
   base.micro_batch = o.micro_batch;
   base.dp = gpus;
   base.ranks_per_node = o.gpus;
-  base.compute = DType::kBF16;
+  base.manager.compute_dtype = DType::kBF16;
   base.cuda = true;
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<Row> rows = Table(base, o.gpus, {false, true}, EstimateMemory);

@@ -158,7 +158,8 @@ int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** 
                                                  .progress_bar = progress_bar,
                                                  .resume = o.resume,
                                                  .overwrite = o.overwrite,
-                                                 .local_world_size = launch.local_world_size});
+                                                 .local_world_size = launch.local_world_size,
+                                                 .faults = FaultHooks::FromEnvironment()});
   if (!result.ok()) {
     Logger()->error("{}", result.status().message());
     return ExitCodeOf(result.status());

@@ -365,8 +365,8 @@ TEST(MemoryModelTest, ColdModeAgreesWithTheConfigModeOnGptShapes) {
       MemoryModelInput in;
       in.model = shape.model;
       in.dp = shape.gpus;
-      in.stage = stage;
-      in.compute = DType::kBF16;
+      in.manager.stage = static_cast<ZeroStage>(stage);
+      in.manager.compute_dtype = DType::kBF16;
       in.cuda = true;
       const MemoryEstimate config = *EstimateMemory(in);
       const MemoryEstimate cold = *EstimateColdModelStates(in, params, largest);
@@ -416,14 +416,14 @@ TEST(MemoryModelTest, ShardingDividesModelStates) {
   in.model = *GptPreset("gpt2");
   in.micro_batch = 4;
   for (int stage = 0; stage <= 3; ++stage) {
-    in.stage = stage;
+    in.manager.stage = static_cast<ZeroStage>(stage);
     in.dp = 8;
     const MemoryEstimate e = *EstimateMemory(in);
     const int64_t optim = e.Peak(MemoryTier::kDevice, MemoryCategory::kOptimizerState);
     const double full = 2.0 * 4 * in.model.NumParameters();
     EXPECT_NEAR(optim, stage == 0 ? full : full / 8, 0.01 * full) << "stage " << stage;
   }
-  in.offload_optimizer = "cpu";
+  in.manager.placement.optimizer = MemoryTier::kPinnedHost;
   const MemoryEstimate e = *EstimateMemory(in);
   EXPECT_EQ(e.Peak(MemoryTier::kDevice, MemoryCategory::kOptimizerState), 0);
   EXPECT_GT(e.Peak(MemoryTier::kPinnedHost, MemoryCategory::kOptimizerState), 0);
