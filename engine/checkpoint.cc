@@ -18,6 +18,7 @@
 #include "runtime/host_collectives.h"
 #include "runtime/log.h"
 #include "runtime/strings.h"
+#include "sharding/manager_state.h"
 
 namespace zerort {
 namespace fs = std::filesystem;
@@ -238,7 +239,7 @@ Status SaveCheckpoint(const std::string& dir, const RunState& state, ShardManage
           if (!saved(u)) continue;
           ShardedUnit& unit = m.unit(u);
           shard.resize(static_cast<size_t>(unit.layout().shard_numel()));
-          ZR_RETURN_IF_ERROR(m.ReadState(u, kKinds[k].buffer, shard));
+          ZR_RETURN_IF_ERROR(ShardManagerState(m).ReadState(u, kKinds[k].buffer, shard));
           for (const ShardPiece& piece : unit.layout().ShardPieces(unit.layout_rank())) {
             ZR_RETURN_IF_ERROR(file.Append(shard.data() + piece.shard_range.begin,
                                            piece.shard_range.size() * sizeof(float)));
@@ -639,15 +640,15 @@ StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& m,
                 shard.begin() + piece.shard_range.begin + (run.local - piece.param_range.begin));
           }
         }
-        ZR_RETURN_IF_ERROR(m.LoadState(u, kKinds[k].buffer, shard));
+        ZR_RETURN_IF_ERROR(ShardManagerState(m).LoadState(u, kKinds[k].buffer, shard));
       }
     }
     return absl::OkStatus();
   }();
   ZR_RETURN_IF_ERROR(Agree(m, *groups.world, local, StrCat("loading ", step_dir)));
   // Phase 2 (collective where the stage all-gathers): the full compute parameters.
-  ZR_RETURN_IF_ERROR(m.RefreshComputeCopies());
-  ZR_RETURN_IF_ERROR(m.RestoreCounters(state.manager_steps, state.scaler));
+  ZR_RETURN_IF_ERROR(ShardManagerState(m).RefreshComputeCopies());
+  ZR_RETURN_IF_ERROR(ShardManagerState(m).RestoreCounters(state.manager_steps, state.scaler));
   return state;
 }
 

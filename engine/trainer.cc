@@ -37,6 +37,7 @@
 #include "runtime/log.h"
 #include "runtime/strings.h"
 #include "runtime/watchdog.h"
+#include "sharding/manager_state.h"
 #include "sharding/shard_manager.h"
 
 namespace zerort {
@@ -278,8 +279,8 @@ Status Run::Save(int64_t step, int64_t consumed) {
   Timeline::Scope span(timeline_.get(), StrCat("checkpoint save ", step), "io");
   RunState state{.step = step,
                  .consumed_sequences = consumed,
-                 .manager_steps = manager_->steps(),
-                 .scaler = manager_->scaler_state(),
+                 .manager_steps = ShardManagerState(*manager_).steps(),
+                 .scaler = ShardManagerState(*manager_).scaler_state(),
                  .config = c_.ToJson(),
                  .run_id = run_id_};
   ZR_RETURN_IF_ERROR(SaveCheckpoint(c_.checkpoint.dir, state, *manager_, Groups(),
@@ -664,7 +665,7 @@ void Run::Report(int64_t step, int64_t consumed, const StepOutcome& o, double va
       {"lr", o.lr},
       {"loss_scale", r.loss_scale},
       {"skipped", r.skipped},
-      {"skipped_steps", manager_->skipped_steps()},
+      {"skipped_steps", ShardManagerState(*manager_).skipped_steps()},
       {"tokens", consumed * seq},
       {"step_time_s", o.seconds},
       {"tokens_per_s", tokens_per_s},
@@ -746,7 +747,7 @@ void Run::Report(int64_t step, int64_t consumed, const StepOutcome& o, double va
         Mib(peak_total), Mib(memory["parameters"].get<int64_t>()),
         Mib(memory["gradients"].get<int64_t>()), Mib(memory["optimizer_state"].get<int64_t>()),
         Mib(memory["gathered_weights"].get<int64_t>()), Mib(memory["activations"].get<int64_t>()),
-        offload_line, wall_line, manager_->skipped_steps());
+        offload_line, wall_line, ShardManagerState(*manager_).skipped_steps());
     if (tty) line = "\r\033[K" + line;
   }
   Emit(record, line);

@@ -278,64 +278,6 @@ Status ShardManager::RefreshComputeCopies() {
   return absl::OkStatus();
 }
 
-Status ShardManager::ReadState(int u, StateKind kind, std::span<float> out) {
-  return optimizer_->ReadState(u, kind, out);
-}
-
-Status ShardManager::LoadState(int u, StateKind kind, std::span<const float> values) {
-  ShardedUnit& unit = *units_.at(u);
-  ZR_CHECK(unit.state() == ShardState::kSharded || unit.persistent())
-      << "LoadState while unit '" << unit.name() << "' is " << ShardStateName(unit.state());
-  ZR_RETURN_IF_ERROR(optimizer_->WriteState(u, kind, values));
-  if (kind != StateKind::kMaster) return absl::OkStatus();
-  const TensorView master(const_cast<float*>(values.data()), DType::kF32,
-                          {static_cast<int64_t>(values.size())}, Device::Cpu());
-  return unit.SetComputeFromMaster(master);
-}
-
-Status ShardManager::GatherMaster(int u, int param, std::span<float> out) {
-  ShardedUnit& unit = *units_.at(u);
-  const FlatLayout& layout = unit.layout();
-  const ParamSpec& spec = layout.params().at(param);
-  if (static_cast<int64_t>(out.size()) != spec.numel()) {
-    return absl::InvalidArgumentError(StrCat("GatherMaster of '", spec.name, "' into ", out.size(),
-                                             " elements, expected ", spec.numel()));
-  }
-  // Gathered through device memory on the compute stream (any backend, NCCL included).
-  const int64_t shard = layout.shard_numel();
-  std::vector<float> own(static_cast<size_t>(shard));
-  ZR_RETURN_IF_ERROR(optimizer_->ReadState(u, StateKind::kMaster, own));
-  std::vector<float> full(static_cast<size_t>(layout.padded_numel()));
-  Stream& compute = *resources_.compute;
-  const Device device = tiers_.device->device();
-  if (layout.dp_size() > 1) {
-    ZR_ASSIGN_OR_RETURN(Buffer mine,
-                        tiers_.device->Allocate(shard * 4, MemoryCategory::kWorkspace, &compute));
-    ZR_ASSIGN_OR_RETURN(
-        Buffer all, tiers_.device->Allocate(full.size() * 4, MemoryCategory::kWorkspace, &compute));
-    ZR_RETURN_IF_ERROR(
-        CopyBytes(mine.data(), device, own.data(), Device::Cpu(), shard * 4, &compute));
-    ZR_RETURN_IF_ERROR(
-        resources_.dp->AllGather(mine.data(), all.data(), shard, DType::kF32, &compute));
-    ZR_RETURN_IF_ERROR(
-        CopyBytes(full.data(), Device::Cpu(), all.data(), device, full.size() * 4, &compute));
-    ZR_RETURN_IF_ERROR(compute.Synchronize());
-  } else {
-    full = std::move(own);
-  }
-  const Range flat = layout.flat_range(param);
-  std::copy(full.begin() + flat.begin, full.begin() + flat.end, out.begin());
-  return absl::OkStatus();
-}
-
-Status ShardManager::RestoreCounters(int64_t steps, const LossScaler::State& scaler) {
-  if (!initialized_) return absl::FailedPreconditionError("Initialize the ShardManager first");
-  if (steps < 0) return absl::InvalidArgumentError(StrCat("step count ", steps, " is negative"));
-  steps_ = steps;
-  scaler_.Restore(scaler);
-  return absl::OkStatus();
-}
-
 int64_t ShardManager::live_gathered_bytes() const {
   int64_t bytes = 0;
   for (const auto& u : units_) {

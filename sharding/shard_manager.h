@@ -122,22 +122,8 @@ class ShardManager {
   Status ReduceGradients();
   StatusOr<StepResult> Step(const StepInputs& inputs);
 
+  // The scale the backward multiplies the loss by (1 unless fp16 with loss scaling).
   float loss_scale() const { return scaler_.scale(); }
-  // Optimizer steps taken (skipped ones excluded) and the loss scaler, for checkpoints.
-  int64_t steps() const { return steps_; }
-  LossScaler::State scaler_state() const { return scaler_.state(); }
-  // Restores both (after the units' state was loaded with LoadState).
-  Status RestoreCounters(int64_t steps, const LossScaler::State& scaler);
-  // Checkpoints, one unit at a time: this rank's shard of `kind` of unit `u`. LoadState of the
-  // master also sets the unit's compute values; after loading every unit, RefreshComputeCopies
-  // (collective) all-gathers them where the stage keeps full parameters.
-  Status ReadState(int u, StateKind kind, std::span<float> out);
-  Status LoadState(int u, StateKind kind, std::span<const float> values);
-  Status RefreshComputeCopies();
-  // The full fp32 master value of parameter `param` of unit `u`, assembled from every rank's
-  // shard (collective over the data-parallel group). For tests and inspection.
-  Status GatherMaster(int u, int param, std::span<float> out);
-  int64_t skipped_steps() const { return scaler_.skipped_steps(); }
   int num_units() const { return static_cast<int>(units_.size()); }
   ShardedUnit& unit(int i) { return *units_.at(i); }
   const UnitOptions& unit_options(int i) const { return unit_options_.at(i); }
@@ -165,12 +151,14 @@ class ShardManager {
 
  private:
   friend class UnitScope;
+  friend class ShardManagerState;  // checkpoints' access: sharding/manager_state.h
   ShardManager(const ShardManagerOptions& options, const Resources& resources);
   Status EnsureGathered(int unit);
   StatusOr<StepResult> StepImpl(const StepInputs& inputs);
   Status Prefetch(int after_position);
   Status CreateTiers();
   Status AfterStep();  // zero the gradient shards, refresh the compute copies
+  Status RefreshComputeCopies();
   Status CheckNvmeSpace() const;
   Status EndScope(int unit, bool backward);
   bool KeepGathered(int unit) const;

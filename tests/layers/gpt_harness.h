@@ -15,6 +15,7 @@
 #include "runtime/communicator.h"
 #include "runtime/device_mesh.h"
 #include "runtime/loopback_communicator.h"
+#include "sharding/manager_state.h"
 #include "sharding/shard_manager.h"
 
 namespace zerort::testing {
@@ -150,7 +151,8 @@ inline Status CollectMasters(GptRank& r, GptMasters& out, std::mutex& mu) {
     for (int k = 0; k < static_cast<int>(params.size()); ++k) {
       const ParamSpec& spec = params[k];
       std::vector<float> local(static_cast<size_t>(spec.numel()));
-      ZR_RETURN_IF_ERROR(r.manager->GatherMaster(u, k, local));  // over the data-parallel group
+      ZR_RETURN_IF_ERROR(
+          ShardManagerState(*r.manager).GatherMaster(u, k, local));  // over the data-parallel group
       std::lock_guard<std::mutex> lock(mu);
       std::vector<float>& full = out[spec.name];
       full.resize(static_cast<size_t>(spec.global_numel()));

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "runtime/loopback_communicator.h"
+#include "sharding/manager_state.h"
 #include "tests/sharding/mlp.h"
 
 namespace zerort::testing {
@@ -136,7 +137,7 @@ inline Status TrainRank(const RunConfig& c, Communicator& comm, RunResult& resul
   for (int u : units) {
     for (size_t i = 0; i < m->unit(u).layout().params().size(); ++i) {
       std::vector<float> full(m->unit(u).layout().params()[i].numel());
-      ZR_RETURN_IF_ERROR(m->GatherMaster(u, static_cast<int>(i), full));
+      ZR_RETURN_IF_ERROR(ShardManagerState(*m).GatherMaster(u, static_cast<int>(i), full));
       if (comm.rank() == 0) result.params.push_back(std::move(full));
     }
   }

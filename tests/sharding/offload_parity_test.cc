@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "gtest/gtest.h"
+#include "sharding/manager_state.h"
 #include "tests/sharding/harness.h"
 
 namespace zerort {
@@ -205,7 +206,7 @@ TEST(OffloadParity, ChangingTheUnitOrderMidStepWithNvmeParameters) {
     for (int u : run->units) {
       for (size_t i = 0; i < m.unit(u).layout().params().size(); ++i) {
         std::vector<float> full(m.unit(u).layout().params()[i].numel());
-        ASSERT_TRUE(m.GatherMaster(u, static_cast<int>(i), full).ok());
+        ASSERT_TRUE(ShardManagerState(m).GatherMaster(u, static_cast<int>(i), full).ok());
         results[nvme].push_back(std::move(full));
       }
     }
