@@ -59,7 +59,7 @@ TEST(DeepSpeedKeysTest, ReadmeTableIsTheKeyList) {
   ASSERT_NE(e, std::string::npos);
   const std::string table = readme.substr(b + begin.size(), e - b - begin.size());
   EXPECT_EQ(table, DeepSpeedKeysMarkdown())
-      << "README's DeepSpeed key table differs from engine/deepspeed_config.cc: run "
+      << "README's DeepSpeed key table differs from engine/deepspeed_keys.cc: run "
          "scripts/update_docs.sh";
 }
 
