@@ -1,5 +1,5 @@
-// The config front end for DeepSpeed (its key list is deepspeed_keys.cc): legacy and alternative names, accepted and
-// refused keys, "auto" values.
+// The config front end for DeepSpeed (its key list is deepspeed_keys.cc): legacy and alternative
+// names, accepted and refused keys, "auto" values.
 #include "engine/deepspeed_config.h"
 
 #include <algorithm>

@@ -1,12 +1,10 @@
 // The memory model: a replay of one steady-state training step's allocations.
 #include "engine/memory_model.h"
 
-#include "engine/run_options.h"
-
 #include <algorithm>
-#include <cmath>
 #include <map>
 
+#include "engine/memory_replay.h"
 #include "layers/gpt_model.h"
 #include "layers/pipeline_executor.h"
 #include "layers/pipeline_schedule.h"
@@ -26,102 +24,6 @@ using Cat = MemoryCategory;
 using Tier = MemoryTier;
 
 constexpr int64_t kLtWorkspace = int64_t{32} << 20;  // kernels/cuda/model_kernels.cu
-
-// A caching-allocator backend that hands out address space and no memory: the replay runs the
-// runtime's own CachingAllocator (rounding, segments, per-stream pools, split and merge) over it,
-// so reserved bytes (allocator overhead) are predicted by the same policy code that makes them.
-class AddressSpaceBackend final : public CachingBackend {
- public:
-  Device device() const override { return Device::Cpu(); }
-  std::string_view name() const override { return "the memory model's address space"; }
-  StatusOr<void*> Map(size_t bytes) override {
-    void* p = reinterpret_cast<void*>(next_);
-    next_ += (bytes + 4095) / 4096 * 4096;
-    return p;
-  }
-  void Unmap(void*, size_t) override {}
-  Status SynchronizeDevice() override { return absl::OkStatus(); }
-  StatusOr<std::unique_ptr<Event>> NewEvent() override { return CreateEvent(Device::Cpu()); }
-
- private:
-  uintptr_t next_ = uintptr_t{1} << 30;
-};
-
-// The replay: allocations and frees through caching allocators (device, pinned host) into a
-// MemoryTracker, NVMe bytes straight into it, with the phase peaks on the side.
-class Replay {
- public:
-  enum Phase { kInit, kForward, kBackward, kStep };
-
-  struct Handle {
-    Tier tier = Tier::kDevice;
-    Cat cat = Cat::kWorkspace;
-    int64_t bytes = 0;
-    bool live = false;
-    Buffer buffer;  // device and pinned-host tiers
-  };
-
-  // `model_states_only` (cold mode): activations and workspace are not replayed.
-  explicit Replay(bool model_states_only) : model_states_only_(model_states_only) {
-    for (Tier tier : {Tier::kDevice, Tier::kPinnedHost, Tier::kHost}) {
-      CachingAllocatorOptions o;  // the defaults, as the CPU and CUDA allocators use them
-      o.tier = tier;
-      o.tracker = &tracker_;
-      allocators_[static_cast<int>(tier)] =
-          std::make_unique<CachingAllocator>(std::make_unique<AddressSpaceBackend>(), o);
-    }
-  }
-
-  Handle Alloc(Cat cat, int64_t bytes, Stream* stream, Tier tier = Tier::kDevice) {
-    if (model_states_only_ && (cat == Cat::kActivations || cat == Cat::kWorkspace)) {
-      return Handle{tier, cat, bytes, false, Buffer()};
-    }
-    Handle h{tier, cat, bytes, true, Buffer()};
-    if (Allocator* a = allocators_[static_cast<int>(tier)].get()) {
-      h.buffer = *a->Allocate(static_cast<size_t>(bytes), cat, stream);
-    } else {
-      tracker_.OnAllocate(tier, cat, bytes);
-    }
-    Note();
-    return h;
-  }
-  // The buffer is also used on `stream` (its block is reused only after that stream's work).
-  void Use(Handle& h, Stream& stream) {
-    if (h.buffer)
-      ZR_CHECK_OK(allocators_[static_cast<int>(h.tier)]->RecordStream(h.buffer, stream));
-  }
-  void Free(Handle& h) {
-    if (!h.live) return;
-    if (h.buffer) {
-      h.buffer.Reset();
-    } else {
-      tracker_.OnFree(h.tier, h.cat, h.bytes);
-    }
-    h.live = false;
-  }
-  void SetPhase(Phase p) { phase_ = p; }
-  MemorySnapshot Snapshot() const { return tracker_.Snapshot(); }
-  void ResetPeaks() {
-    tracker_.ResetPeaks();
-    phase_peak_ = {};
-  }
-  const std::array<std::array<int64_t, kNumMemoryTiers>, 4>& phase_peaks() const {
-    return phase_peak_;
-  }
-
- private:
-  void Note() {
-    const MemorySnapshot s = tracker_.Snapshot();
-    for (int t = 0; t < kNumMemoryTiers; ++t) {
-      phase_peak_[phase_][t] = std::max(phase_peak_[phase_][t], s.in_use[t].current);
-    }
-  }
-  const bool model_states_only_;
-  MemoryTracker tracker_;  // declared first: the allocators report to it until they are gone
-  std::array<std::unique_ptr<Allocator>, kNumMemoryTiers> allocators_;
-  Phase phase_ = kInit;
-  std::array<std::array<int64_t, kNumMemoryTiers>, 4> phase_peak_{};
-};
 
 struct Unit {
   FlatLayout layout;
@@ -701,94 +603,6 @@ StatusOr<int> AddUnit(const MemoryModelInput& in, const ShardManagerOptions& opt
 
 }  // namespace
 
-Status MemoryModelInput::Validate() const {
-  ZR_RETURN_IF_ERROR(model.Validate());
-  auto positive = [](const char* what, int64_t v) -> Status {
-    if (v < 1) return absl::InvalidArgumentError(StrCat(what, " = ", v, ": must be >= 1"));
-    return absl::OkStatus();
-  };
-  ZR_RETURN_IF_ERROR(positive("micro-batch", micro_batch));
-  ZR_RETURN_IF_ERROR(positive("gradient accumulation", accumulation));
-  ZR_RETURN_IF_ERROR(positive("data-parallel size", dp));
-  ZR_RETURN_IF_ERROR(positive("tensor-parallel size", tp));
-  ZR_RETURN_IF_ERROR(positive("pipeline-parallel size", pp));
-  if (stage() < 0 || stage() > 3) return absl::InvalidArgumentError(StrCat("ZeRO stage ", stage()));
-  if (model.n_head % tp != 0 || model.d_model % tp != 0) {
-    return absl::InvalidArgumentError(StrCat("tensor-parallel size ", tp,
-                                             " does not divide the heads (", model.n_head,
-                                             ") and d_model (", model.d_model, ")"));
-  }
-  ZR_RETURN_IF_ERROR(positive("make_vocab_size_divisible_by", vocab_multiple));
-  if (head_chunk_rows < 0) {
-    return absl::InvalidArgumentError(
-        StrCat("model.head_chunk_rows = ", head_chunk_rows, ": must be >= 0 (0: automatic)"));
-  }
-  if (pipeline_stage < 0 || pipeline_stage >= pp) {
-    return absl::InvalidArgumentError(
-        StrCat("pipeline stage ", pipeline_stage, " of ", pp, " stages"));
-  }
-  if (pp > 1) {
-    ZR_ASSIGN_OR_RETURN(const PipelineSchedule schedule, ParsePipelineSchedule(pipeline_schedule));
-    ZR_RETURN_IF_ERROR(ValidatePipelineShape({schedule, pp, accumulation, virtual_stages}));
-  }
-  ZR_RETURN_IF_ERROR(
-      StageChunks(model.n_layer, pp, virtual_stages, pipeline_layers, pipeline_stage).status());
-  if (manager.placement.optimizer != MemoryTier::kDevice && stage() == 0) {
-    return absl::InvalidArgumentError("offload_optimizer needs ZeRO stage 1 or higher");
-  }
-  if (manager.placement.params != MemoryTier::kDevice && stage() != 3) {
-    return absl::InvalidArgumentError("offload_param needs ZeRO stage 3");
-  }
-  return absl::OkStatus();
-}
-
-int MemoryModelInput::optimizer_states() const {
-  if (manager.optimizer.kind != OptimizerKind::kSgd) return 2;
-  return manager.optimizer.momentum != 0 ? 1 : 0;
-}
-
-void MemoryModelInput::SetLayout(int zero_stage, const std::string& offload) {
-  manager.stage = static_cast<ZeroStage>(zero_stage);
-  const MemoryTier tier = offload == "nvme"  ? MemoryTier::kNvme
-                          : offload == "cpu" ? MemoryTier::kPinnedHost
-                                             : MemoryTier::kDevice;
-  manager.placement.optimizer = tier;
-  manager.placement.params = zero_stage == 3 ? tier : MemoryTier::kDevice;
-}
-
-StatusOr<MemoryModelInput> MemoryModelInput::FromConfig(const RunConfig& config, int world_size,
-                                                        bool cuda) {
-  RunConfig c = config;
-  const int tp = c.parallel.tensor_parallel_size;
-  const int pp = c.parallel.pipeline_parallel_size;
-  if (world_size < 1 || world_size % (tp * pp) != 0) {
-    return absl::InvalidArgumentError(
-        StrCat("parallel.tensor_parallel_size x pipeline_parallel_size = ", tp, " x ", pp,
-               " does not divide --world-size ", world_size));
-  }
-  const int dp = world_size / (tp * pp);
-  ZR_RETURN_IF_ERROR(ResolveBatch(
-      c, dp,
-      StrCat("--world-size ", world_size, " / (tensor x pipeline parallel size ", tp * pp, ")")));
-  MemoryModelInput in;
-  in.model = c.model.shape;
-  in.micro_batch = static_cast<int>(c.train_micro_batch_size_per_gpu);
-  in.accumulation = static_cast<int>(c.gradient_accumulation_steps);
-  in.dp = dp;
-  in.tp = c.parallel.tensor_parallel_size;
-  in.sequence_parallel = c.parallel.sequence_parallel;
-  in.vocab_multiple = c.parallel.make_vocab_size_divisible_by;
-  in.pp = pp;
-  in.pipeline_schedule = c.parallel.pipeline_schedule;
-  in.virtual_stages = c.parallel.virtual_pipeline_stages;
-  in.pipeline_layers = c.parallel.pipeline_layers;
-  in.activation_checkpointing = c.model.activation_checkpointing;
-  in.head_chunk_rows = c.model.head_chunk_rows;
-  in.cuda = cuda;
-  in.manager = ShardManagerOptionsFrom(c, dp);  // what `zerort train` creates
-  return in;
-}
-
 StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& in) {
   ZR_RETURN_IF_ERROR(in.Validate());
   // The units of this rank: the runtime's own parameter list, split as tensor parallelism
@@ -832,85 +646,15 @@ StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& in) {
     ZR_ASSIGN_OR_RETURN(
         const std::vector<PipelineAction> actions,
         PipelineActions({schedule, in.pp, in.accumulation, in.virtual_stages}, in.pipeline_stage));
-    stage.live = PipelineLiveMicroBatches(actions);
-    int held = 0;
-    for (const PipelineAction& a : actions) {
-      const auto [first, last] = part.chunks[static_cast<size_t>(a.chunk)];
-      if (a.op == PipelineOp::kForward) held += last - first;
-      if (a.op == PipelineOp::kBackward) held -= last - first;
-      stage.live_sets = std::max(stage.live_sets, held);
-    }
-    // Held between two of a micro-batch's computations on this stage: the head's activations
-    // (its last local chunk's forward to that chunk's backward) and the backward scratch (its
-    // first backward, of the last local chunk, to its last, of chunk 0).
-    const int last_chunk = in.virtual_stages - 1;
-    auto between = [&](PipelineOp first_op, int first_chunk) {
-      std::vector<PipelineAction> spans;
-      for (const PipelineAction& a : actions) {
-        const bool opens = a.op == first_op && a.chunk == first_chunk;
-        const bool closes = a.op == PipelineOp::kBackward && a.chunk == 0;
-        if (opens) spans.push_back({PipelineOp::kForward, a.micro_batch, 1});
-        if (closes) spans.push_back({PipelineOp::kBackward, a.micro_batch, 0});
-      }
-      return PipelineLiveMicroBatches(spans);
-    };
-    stage.backward_live = between(PipelineOp::kBackward, last_chunk);
-    // The head's logits go at the backward of the last chunk itself.
-    std::vector<PipelineAction> head;
-    for (const PipelineAction& a : actions) {
-      if (a.chunk == last_chunk && (a.op == PipelineOp::kForward || a.op == PipelineOp::kBackward))
-        head.push_back({a.op, a.micro_batch, 0});
-    }
-    stage.head_live = part.last ? PipelineLiveMicroBatches(head) : 0;
+    const StageLiveness live = PipelineStageLiveness(actions, part.chunks, in.virtual_stages);
+    stage.live = live.micro_batches;
+    stage.live_sets = live.block_sets;
+    stage.backward_live = live.backward;
+    stage.head_live = part.last ? live.head : 0;
   }
   StepModel model(in, std::move(units), std::move(stage), out);
   model.Run();
   return out;
-}
-
-StatusOr<ColdDecoder> FitColdDecoder(int64_t params, int64_t largest) {
-  if (largest < 1 || largest > params) {
-    return absl::InvalidArgumentError(
-        StrCat("the largest layer's ", largest, " parameters must be in [1, ", params, "]"));
-  }
-  constexpr int64_t kEmbeddingRows = 50257 + 1024;  // GPT-2's wte and wpe rows
-  // In doubles: d reaches L / 51281, whose 12 d^2 passes 2^63 for L near 1e15.
-  auto block = [](int64_t d) {
-    const double x = static_cast<double>(d);
-    return 12.0 * x * x + 13.0 * x;
-  };
-  ColdDecoder c;
-  c.d = std::max<int64_t>(1, largest / kEmbeddingRows);
-  int64_t embedding = largest;
-  const auto fits = [&](int64_t d) { return block(d) <= static_cast<double>(largest); };
-  c.embedding_largest = fits(c.d);
-  int64_t block_size = c.embedding_largest ? static_cast<int64_t>(block(c.d)) : largest;
-  if (!c.embedding_largest) {
-    // A block is the largest layer: the d whose block holds at most `largest`.
-    c.d = static_cast<int64_t>((std::sqrt(169.0 + 48.0 * static_cast<double>(largest)) - 13.0) /
-                               24.0);
-    while (fits(c.d + 1)) ++c.d;
-    while (c.d > 1 && !fits(c.d)) --c.d;
-    c.d = std::max<int64_t>(c.d, 1);  // a layer of fewer than 25 parameters
-    block_size = largest;
-    embedding = std::max<int64_t>(1, std::min({kEmbeddingRows * c.d, params - largest, largest}));
-    if (params == largest) embedding = largest;  // one layer: the embedding's role
-  }
-  int64_t rest = params - embedding;
-  const int64_t norm = std::min({2 * c.d, rest, largest});
-  rest -= norm;
-  if (rest / block_size > 4096) {
-    return absl::InvalidArgumentError(StrCat(
-        params, " parameters in layers of at most ", largest,
-        " are more than 4096 of them: ", "not modelled (the replay holds at most 4096 blocks)"));
-  }
-  c.units.push_back(embedding);
-  for (; rest >= block_size; rest -= block_size) c.units.push_back(block_size);
-  if (rest > 0) c.units.push_back(rest);
-  c.blocks = static_cast<int>(c.units.size()) - 1;
-  if (norm > 0) c.units.push_back(norm);
-  c.has_norm = norm > 0;
-  return c;
 }
 
 StatusOr<MemoryEstimate> EstimateColdModelStates(const MemoryModelInput& layout, int64_t params,
@@ -951,48 +695,6 @@ StatusOr<MemoryEstimate> EstimateColdModelStates(const MemoryModelInput& layout,
   StepModel model(in, std::move(units), std::move(stage), out, /*model_states_only=*/true);
   model.Run();
   return out;
-}
-
-StatusOr<std::vector<MemoryEstimate>> EstimateMemoryPerStage(const MemoryModelInput& input) {
-  std::vector<MemoryEstimate> out;
-  for (int s = 0; s < input.pp; ++s) {
-    MemoryModelInput in = input;
-    in.pipeline_stage = s;
-    ZR_ASSIGN_OR_RETURN(MemoryEstimate e, EstimateMemory(in));
-    out.push_back(std::move(e));
-  }
-  return out;
-}
-
-MemorySnapshot MaxOverStages(const std::vector<MemorySnapshot>& snapshots) {
-  MemorySnapshot out;
-  auto take = [](MemoryUsage& into, const MemoryUsage& from) {
-    into.peak = std::max(into.peak, from.peak);
-    into.current = std::max(into.current, from.current);
-  };
-  for (const MemorySnapshot& s : snapshots) {
-    for (int t = 0; t < kNumMemoryTiers; ++t) {
-      for (int k = 0; k < kNumMemoryCategories; ++k)
-        take(out.by_category[t][k], s.by_category[t][k]);
-      take(out.in_use[t], s.in_use[t]);
-      take(out.reserved[t], s.reserved[t]);
-    }
-  }
-  return out;
-}
-
-double ZeroPaperModelStates(double params, int ranks, int stage, double k) {
-  const double n = ranks;
-  switch (stage) {
-    case 0:
-      return (2 + 2 + k) * params;
-    case 1:
-      return 2 * params + 2 * params + k * params / n;
-    case 2:
-      return 2 * params + (2 + k) * params / n;
-    default:
-      return (2 + 2 + k) * params / n;
-  }
 }
 
 }  // namespace zerort

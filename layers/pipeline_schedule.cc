@@ -220,4 +220,35 @@ StatusOr<std::vector<PipelineAction>> PipelineForwardActions(const PipelineShape
   return out;
 }
 
+StageLiveness PipelineStageLiveness(const std::vector<PipelineAction>& actions,
+                                    const std::vector<std::pair<int, int>>& chunks,
+                                    int virtual_stages) {
+  StageLiveness out;
+  out.micro_batches = PipelineLiveMicroBatches(actions);
+  int held = 0;
+  for (const PipelineAction& a : actions) {
+    const auto [first, last] = chunks[static_cast<size_t>(a.chunk)];
+    if (a.op == PipelineOp::kForward) held += last - first;
+    if (a.op == PipelineOp::kBackward) held -= last - first;
+    out.block_sets = std::max(out.block_sets, held);
+  }
+  // Spans as forward/backward pairs of one chunk, measured by PipelineLiveMicroBatches.
+  const int last_chunk = virtual_stages - 1;
+  std::vector<PipelineAction> scratch, head;
+  for (const PipelineAction& a : actions) {
+    if (a.op == PipelineOp::kBackward && a.chunk == last_chunk) {
+      scratch.push_back({PipelineOp::kForward, a.micro_batch, 1});
+    }
+    if (a.op == PipelineOp::kBackward && a.chunk == 0) {
+      scratch.push_back({PipelineOp::kBackward, a.micro_batch, 0});
+    }
+    if (a.chunk == last_chunk && (a.op == PipelineOp::kForward || a.op == PipelineOp::kBackward)) {
+      head.push_back({a.op, a.micro_batch, 0});
+    }
+  }
+  out.backward = PipelineLiveMicroBatches(scratch);
+  out.head = PipelineLiveMicroBatches(head);
+  return out;
+}
+
 }  // namespace zerort

@@ -21,6 +21,7 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "runtime/status.h"
@@ -74,6 +75,22 @@ StatusOr<std::vector<PipelineAction>> PipelineActions(const PipelineShape& shape
 // receive of its input) to its backward through local chunk 0 (forward-only lists: to its last
 // forward). 1F1B: min(p - s, m); GPipe: m; interleaved: more than p on the early stages.
 int PipelineLiveMicroBatches(const std::vector<PipelineAction>& actions);
+
+// What a stage holds at once while it runs `actions` (the memory model's inputs): `chunks` gives
+// each local chunk's blocks [first, last), `virtual_stages` the chunks per stage.
+struct StageLiveness {
+  int micro_batches = 1;  // whose activations it holds (PipelineLiveMicroBatches)
+  int block_sets = 0;     // block activation sets (a chunk's blocks from its forward to backward)
+  // Micro-batches between their first backward (the last local chunk) and their last (chunk 0):
+  // the backward scratch's lifetime.
+  int backward = 1;
+  // Micro-batches between their last local chunk's forward and its backward: the head's logits
+  // (on the last stage).
+  int head = 1;
+};
+StageLiveness PipelineStageLiveness(const std::vector<PipelineAction>& actions,
+                                    const std::vector<std::pair<int, int>>& chunks,
+                                    int virtual_stages);
 
 // What an executor runs, in order: one compute action, one send, or a batch of consecutive
 // receives waited for together. Sends are posted without waiting and complete in the background
