@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "engine/token_file.h"
 #include "runtime/strings.h"
 
 namespace zerort {
@@ -22,7 +23,29 @@ StatusOr<DataLoader> DataLoader::Create(std::vector<int32_t> tokens, int seq_len
         source, ": the validation split (", validation, " tokens, data.validation_fraction = ",
         validation_fraction, ") holds no window of seq_len + 1 = ", seq_len + 1, " tokens"));
   }
-  return DataLoader(std::move(tokens), seq_len, train);
+  return DataLoader(std::move(tokens), seq_len, train, std::move(source));
+}
+
+StatusOr<DataLoader> DataLoader::Load(const std::string& path, int seq_len,
+                                      double validation_fraction, int vocab_size) {
+  constexpr size_t kBuiltinCorpusBytes = 1 << 20;
+  std::vector<int32_t> tokens;
+  std::string source;
+  int vocab = 256;
+  if (path.empty()) {
+    source = "the built-in corpus";
+    tokens = ByteTokens(BuiltinCorpus(kBuiltinCorpusBytes, 20261121));
+  } else {
+    source = path;
+    ZR_ASSIGN_OR_RETURN(TokenFile file, ReadTokenFile(path));
+    tokens = std::move(file.tokens);
+    vocab = file.vocab_size;
+  }
+  if (vocab > vocab_size) {
+    return absl::InvalidArgumentError(StrCat(source, " has a vocabulary of ", vocab,
+                                             " tokens, more than model.vocab_size = ", vocab_size));
+  }
+  return Create(std::move(tokens), seq_len, validation_fraction, std::move(source));
 }
 
 void DataLoader::TrainSequence(int64_t g, std::span<int32_t> inputs,

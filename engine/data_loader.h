@@ -24,6 +24,10 @@ class DataLoader {
   // `source` names the data in messages (a file path, or "the built-in corpus").
   static StatusOr<DataLoader> Create(std::vector<int32_t> tokens, int seq_len,
                                      double validation_fraction, std::string source);
+  // A run's data: the token file at `path` (data.path), or the built-in corpus (1 MiB of byte
+  // tokens) when it is empty; a file whose vocabulary exceeds `vocab_size` is refused.
+  static StatusOr<DataLoader> Load(const std::string& path, int seq_len, double validation_fraction,
+                                   int vocab_size);
 
   // Writes sequence g's inputs and targets (seq_len each).
   void TrainSequence(int64_t g, std::span<int32_t> inputs, std::span<int32_t> targets) const;
@@ -33,13 +37,18 @@ class DataLoader {
   int64_t train_tokens() const { return train_tokens_; }
   int64_t validation_tokens() const { return static_cast<int64_t>(tokens_.size()) - train_tokens_; }
   const std::vector<int32_t>& tokens() const { return tokens_; }
+  const std::string& source() const { return source_; }
 
  private:
-  DataLoader(std::vector<int32_t> tokens, int seq_len, int64_t train_tokens)
-      : tokens_(std::move(tokens)), seq_len_(seq_len), train_tokens_(train_tokens) {}
+  DataLoader(std::vector<int32_t> tokens, int seq_len, int64_t train_tokens, std::string source)
+      : tokens_(std::move(tokens)),
+        seq_len_(seq_len),
+        train_tokens_(train_tokens),
+        source_(std::move(source)) {}
   std::vector<int32_t> tokens_;
   int seq_len_;
   int64_t train_tokens_;
+  std::string source_;
 };
 
 }  // namespace zerort

@@ -1,6 +1,7 @@
 // Chrome trace-event JSON of each rank's work.
 #include "engine/timeline.h"
 
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -97,6 +98,26 @@ Status Timeline::Write(Communicator& world, Allocator& host, Stream& stream,
   out += "\n]\n";
   // Every write checked (a full disk is an error naming the file); nothing partial is left.
   return WriteFileAtomically(path, out, "logging.trace_file");
+}
+
+Status Timeline::CheckWritable(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+    return absl::InvalidArgumentError(
+        StrCat("logging.trace_file ", path, " exists and is not a regular file"));
+  }
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  const std::string probe = path + ".tmp";
+  std::ofstream test(probe, std::ios::trunc);
+  if (!test) {
+    const int err = errno;
+    return ErrnoError(StrCat("logging.trace_file ", path), err);
+  }
+  test.close();
+  std::filesystem::remove(probe, ec);
+  return absl::OkStatus();
 }
 
 }  // namespace zerort

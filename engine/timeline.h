@@ -24,6 +24,10 @@ class Timeline {
   // Tracks are numbered in the order first used; `rank` is this process's world rank.
   explicit Timeline(int rank) : rank_(rank) {}
 
+  // Before any training (rank 0): `path` is not something other than a regular file, its
+  // directory is created, and a file can be written beside it (a probe, removed at once).
+  static Status CheckWritable(const std::string& path);
+
   void Span(std::string_view name, std::string_view track, Clock::time_point begin,
             Clock::time_point end);
 

@@ -1,27 +1,22 @@
 // The training loop.
 #include "engine/trainer.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <memory>
 #include <utility>
 
 #include "engine/checkpoint.h"
-#include "engine/csv_monitor.h"
 #include "engine/data_loader.h"
 #include "engine/export.h"
 #include "engine/host_memory.h"
 #include "engine/lr_schedule.h"
 #include "engine/memory_model.h"
+#include "engine/metrics_sink.h"
 #include "engine/preflight.h"
 #include "engine/run_dir.h"
 #include "engine/run_options.h"
@@ -42,8 +37,6 @@
 
 namespace zerort {
 namespace {
-
-constexpr size_t kBuiltinCorpusBytes = 1 << 20;
 
 // Set by SIGTERM/SIGUSR1 while a run is in progress; read once per step. A signal handler can
 // reach nothing else, so this one flag is process-wide by necessity.
@@ -77,14 +70,9 @@ class StopSignals {
   struct sigaction old_usr1_ {};
 };
 
-std::string Mib(int64_t bytes) { return fmt::format("{:.1f}", bytes / 1048576.0); }
-
 class Run {
  public:
   Run(RunConfig config, const TrainerContext& ctx) : c_(std::move(config)), ctx_(ctx) {}
-  ~Run() {
-    if (metrics_fd_ >= 0) ::close(metrics_fd_);
-  }
 
   Status Setup();
   StatusOr<TrainResult> Loop();  // Steps, then the trace file
@@ -97,11 +85,7 @@ class Run {
     StepResult result;
     double seconds = 0;
     MemorySnapshot memory;
-    // wall_clock_breakdown: disjoint seconds of the step (forward and backward without their
-    // gathers and reductions; other: data, the loss's mean, a pipeline's transfers).
-    struct WallClock {
-      double forward = 0, backward = 0, reduce = 0, optimizer = 0, gather = 0, other = 0;
-    } wall;
+    StepMetrics::WallClock wall;  // wall_clock_breakdown
   };
   StatusOr<StepOutcome> TrainStep(int64_t step, int64_t consumed);
   void Report(int64_t step, int64_t consumed, const StepOutcome& outcome, double val);
@@ -109,7 +93,6 @@ class Run {
   Status Sample(TrainResult& result);
   StatusOr<TrainResult> Steps();
   Status Evaluate(double& loss);
-  void Emit(const nlohmann::json& record, const std::string& line);
 
   Status SetupMesh();
 
@@ -176,19 +159,15 @@ class Run {
   std::unique_ptr<PipelineExecutor> executor_;  // pipeline_parallel_size > 1
   GptStagePart part_;                           // what this rank's stage holds
   std::unique_ptr<DataLoader> data_;
-  // Rank 0's metrics file: every write checked; the first failure stops the run at the next step
-  // boundary on every rank (exit 1 naming the file); fsynced and closed at the end.
-  int metrics_fd_ = -1;
-  std::unique_ptr<CsvMonitor> csv_;  // rank 0, csv_monitor.enabled
-  std::string metrics_path_;
-  Status write_error_;
-  Status CloseMetrics();
+  // Rank 0's metrics file, CSV files, lines and progress bar; null on the other ranks. A failed
+  // write stops the run at the next step boundary on every rank (exit 1 naming the file).
+  std::unique_ptr<MetricsSink> metrics_;
   std::unique_ptr<Timeline> timeline_;  // logging.trace_file
-  double peak_flops_ = 0;
   RunState start_;  // where this run starts: step 0, or the resumed checkpoint's state
   std::unique_ptr<RunLock> lock_;  // rank 0, with checkpoint.dir: held for the run's lifetime
   std::string run_id_;             // a new run's, or the resumed one's
   OffloadStats offload_seen_;      // the manager's offload counters at the last metrics record
+  Status write_error() const { return metrics_ ? metrics_->write_error() : absl::OkStatus(); }
   Status Save(int64_t step, int64_t consumed);
 };
 
@@ -207,36 +186,25 @@ Status Run::ClaimRunFiles() {
     ZR_ASSIGN_OR_RETURN(lock_, RunLock::Acquire(c_.checkpoint.dir));
     if (!ctx_.resume) ZR_RETURN_IF_ERROR(CheckNewRunDirectory(c_.checkpoint.dir, ctx_.overwrite));
   }
-  if (c_.csv_monitor.enabled) {
-    ZR_ASSIGN_OR_RETURN(csv_, CsvMonitor::Open(c_.csv_monitor.Dir()));
-  }
-  const std::string metrics = MetricsPath();
-  if (metrics.empty()) return absl::OkStatus();
-  if (!ctx_.resume) ZR_RETURN_IF_ERROR(CheckNewMetricsFile(metrics, ctx_.overwrite));
-  const std::filesystem::path parent = std::filesystem::path(metrics).parent_path();
-  std::error_code ec;
-  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  // Non-blocking open: a FIFO nobody reads is an error (ENXIO), not a hang.
-  metrics_fd_ = ::open(
-      metrics.c_str(),
-      O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | (ctx_.resume ? O_APPEND : O_TRUNC), 0644);
-  if (metrics_fd_ < 0) return ErrnoError(StrCat("open logging.metrics_file ", metrics), errno);
-  ::fcntl(metrics_fd_, F_SETFL, ::fcntl(metrics_fd_, F_GETFL) & ~O_NONBLOCK);
-  metrics_path_ = metrics;
-  return absl::OkStatus();
-}
-
-Status Run::CloseMetrics() {
-  if (csv_) ZR_RETURN_IF_ERROR(csv_->Flush());
-  if (metrics_fd_ < 0) return absl::OkStatus();
-  const int fd = std::exchange(metrics_fd_, -1);
-  if (::fsync(fd) != 0 && errno != EINVAL) {  // EINVAL: a special file (a pipe, /dev/null)
-    const int err = errno;
-    ::close(fd);
-    return ErrnoError(StrCat("fsync logging.metrics_file ", metrics_path_), err);
-  }
-  if (::close(fd) != 0)
-    return ErrnoError(StrCat("close logging.metrics_file ", metrics_path_), errno);
+  ZR_ASSIGN_OR_RETURN(
+      metrics_,
+      MetricsSink::Open(
+          {.metrics_file = MetricsPath(),
+           .resume = ctx_.resume,
+           .overwrite = ctx_.overwrite,
+           .csv_dir = c_.csv_monitor.enabled ? c_.csv_monitor.Dir() : "",
+           .out = ctx_.out,
+           .progress_bar = ctx_.progress_bar,
+           .steps = c_.train.steps,
+           .steps_per_print = c_.steps_per_print,
+           .train_batch_size = c_.train_batch_size,
+           .seq_len = c_.model.shape.seq_len,
+           .flops_per_token = c_.model.shape.FlopsPerToken(),
+           .devices = world().size(),
+           .peak_flops =
+               cuda_ ? DenseBf16PeakFlops(QueryCuda().devices.at(device_.index).name) : 0.0,
+           .fp16 = c_.fp16.enabled,
+           .wall_clock_breakdown = c_.wall_clock_breakdown}));
   return absl::OkStatus();
 }
 
@@ -446,58 +414,20 @@ Status Run::Setup() {
     }
   }
 
-  std::vector<int32_t> tokens;
-  std::string source;
-  int vocab = 256;
-  if (c_.data.path.empty()) {
-    source = "the built-in corpus";
-    tokens = ByteTokens(BuiltinCorpus(kBuiltinCorpusBytes, 20261121));
-  } else {
-    source = c_.data.path;
-    ZR_ASSIGN_OR_RETURN(TokenFile file, ReadTokenFile(c_.data.path));
-    tokens = std::move(file.tokens);
-    vocab = file.vocab_size;
-  }
-  if (vocab > c_.model.shape.vocab_size) {
-    return absl::InvalidArgumentError(
-        StrCat(source, " has a vocabulary of ", vocab,
-               " tokens, more than model.vocab_size = ", c_.model.shape.vocab_size));
-  }
   ZR_ASSIGN_OR_RETURN(DataLoader loader,
-                      DataLoader::Create(std::move(tokens), c_.model.shape.seq_len,
-                                         c_.data.validation_fraction, source));
+                      DataLoader::Load(c_.data.path, c_.model.shape.seq_len,
+                                       c_.data.validation_fraction, c_.model.shape.vocab_size));
   data_ = std::make_unique<DataLoader>(std::move(loader));
 
   if (!c_.logging.trace_file.empty()) {
     timeline_ = std::make_unique<Timeline>(world().rank());
-    if (leader()) {  // a file, and writable, before any training
-      const std::filesystem::path parent =
-          std::filesystem::path(c_.logging.trace_file).parent_path();
-      std::error_code ec;
-      const auto status = std::filesystem::status(c_.logging.trace_file, ec);
-      if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
-        return absl::InvalidArgumentError(StrCat("logging.trace_file ", c_.logging.trace_file,
-                                                 " exists and is not a regular file"));
-      }
-      if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-      const std::string probe = c_.logging.trace_file + ".tmp";
-      std::ofstream test(probe, std::ios::trunc);
-      if (!test) {
-        const int err = errno;
-        return ErrnoError(StrCat("logging.trace_file ", c_.logging.trace_file), err);
-      }
-      test.close();
-      std::filesystem::remove(probe, ec);
-    }
+    if (leader()) ZR_RETURN_IF_ERROR(Timeline::CheckWritable(c_.logging.trace_file));
   }
   if (executor_ && timeline_) {
     Timeline* timeline = timeline_.get();
     executor_->SetSpanSink(
         [timeline](std::string_view name, std::string_view track, Timeline::Clock::time_point begin,
                    Timeline::Clock::time_point end) { timeline->Span(name, track, begin, end); });
-  }
-  if (cuda_) {
-    peak_flops_ = DenseBf16PeakFlops(QueryCuda().devices.at(device_.index).name);
   }
   if (leader()) {
     Logger()->info(
@@ -515,24 +445,12 @@ Status Run::Setup() {
                                      : "")
               : "",
         c_.train_batch_size, c_.train_micro_batch_size_per_gpu, c_.gradient_accumulation_steps,
-        dp().size(), source, data_->train_tokens(), data_->validation_tokens());
+        dp().size(), data_->source(), data_->train_tokens(), data_->validation_tokens());
     if (!cuda_) {
       if (const std::string w = BlasCoreWarning(); !w.empty()) Logger()->warn("{}", w);
     }
   }
   return absl::OkStatus();
-}
-
-void Run::Emit(const nlohmann::json& record, const std::string& line) {
-  if (!leader()) return;
-  if (metrics_fd_ >= 0 && write_error_.ok()) {
-    write_error_ = WriteAll(metrics_fd_, record.dump() + "\n",
-                            StrCat("write logging.metrics_file ", metrics_path_));
-  }
-  if (!line.empty()) {
-    std::fprintf(ctx_.out, "%s\n", line.c_str());
-    std::fflush(ctx_.out);
-  }
 }
 
 Status Run::Evaluate(double& loss) {
@@ -625,7 +543,7 @@ StatusOr<Run::StepOutcome> Run::TrainStep(int64_t step, int64_t consumed) {
   const double gather_fwd = times.gather_forward - times0.gather_forward;
   const double gather_bwd = times.gather_backward - times0.gather_backward;
   const double reduce_bwd = times.reduce_backward - times0.reduce_backward;
-  StepOutcome::WallClock& w = o.wall;
+  StepMetrics::WallClock& w = o.wall;
   w.forward = phases.forward - gather_fwd;
   w.backward = phases.backward - gather_bwd - reduce_bwd;
   w.gather = gather_fwd + gather_bwd;
@@ -638,127 +556,29 @@ StatusOr<Run::StepOutcome> Run::TrainStep(int64_t step, int64_t consumed) {
 // The metrics record (every step, metrics.jsonl), the metrics line (every steps_per_print
 // steps, the first and the last) and the progress bar, on world rank 0.
 void Run::Report(int64_t step, int64_t consumed, const StepOutcome& o, double val) {
-  const int64_t steps = c_.train.steps;
-  const int seq = c_.model.shape.seq_len;
-  const bool last = step + 1 == steps;
-  const bool print = (step + 1) % c_.steps_per_print == 0 || last || step == 0;
-  const bool tty = leader() && ctx_.progress_bar;
-  const MemorySnapshot& mem = o.memory;
-  const StepResult& r = o.result;
-  nlohmann::json memory;
-  for (int cat = 0; cat < kNumMemoryCategories; ++cat) {
-    const int64_t peak = mem.Get(MemoryTier::kDevice, static_cast<MemoryCategory>(cat)).peak;
-    const std::string name(MemoryCategoryName(static_cast<MemoryCategory>(cat)));
-    memory[name] = peak;
-  }
-  const int64_t peak_total = mem.in_use[static_cast<int>(MemoryTier::kDevice)].peak;
-  const double tokens_per_s = static_cast<double>(c_.train_batch_size) * seq / o.seconds;
-  // Per device: every rank of the mesh shares the work (a tensor-parallel group computes one
-  // replica's FLOPs together), so the whole throughput is divided by the world size.
-  const int devices = world().size();
-  const double flops_per_device = c_.model.shape.FlopsPerToken() * tokens_per_s / devices;
-  nlohmann::json record = {
-      {"step", step + 1},
-      {"steps", steps},
-      {"loss", o.loss},
-      {"grad_norm", r.grad_norm},
-      {"lr", o.lr},
-      {"loss_scale", r.loss_scale},
-      {"skipped", r.skipped},
-      {"skipped_steps", ShardManagerState(*manager_).skipped_steps()},
-      {"tokens", consumed * seq},
-      {"step_time_s", o.seconds},
-      {"tokens_per_s", tokens_per_s},
-      {"tokens_per_s_per_device", tokens_per_s / devices},
-      {"tflops_per_device", flops_per_device / 1e12},
-      {"mfu", peak_flops_ > 0 ? nlohmann::json(flops_per_device / peak_flops_) : nlohmann::json()},
-      {"peak_memory_bytes", memory},
-      {"peak_memory_total_bytes", peak_total},
-  };
-  if (val >= 0) record["val_loss"] = val;
-  if (csv_ && write_error_.ok()) {  // DeepSpeed's events, stepped by global samples
-    const int64_t samples = (step + 1) * c_.train_batch_size;
-    Status s = csv_->Write("Train/Samples/train_loss", samples, o.loss);
-    if (s.ok()) s = csv_->Write("Train/Samples/lr", samples, o.lr);
-    if (s.ok() && c_.fp16.enabled)
-      s = csv_->Write("Train/Samples/loss_scale", samples, r.loss_scale);
-    if (s.ok() && val >= 0) s = csv_->Write("Train/Samples/val_loss", samples, val);
-    if (s.ok()) s = csv_->Write("Train/Samples/tokens_per_s", samples, tokens_per_s);
-    if (!s.ok()) write_error_ = s;
-  }
-  std::string wall_line;
-  if (c_.wall_clock_breakdown) {
-    const StepOutcome::WallClock& w = o.wall;
-    record["wall_clock_s"] = {{"forward", w.forward}, {"backward", w.backward},
-                              {"reduce", w.reduce},   {"optimizer", w.optimizer},
-                              {"gather", w.gather},   {"other", w.other}};
-    wall_line = fmt::format(
-        " | ms: fwd {:.1f} bwd {:.1f} reduce {:.1f} optim {:.1f} gather {:.1f} other {:.1f}",
-        1e3 * w.forward, 1e3 * w.backward, 1e3 * w.reduce, 1e3 * w.optimizer, 1e3 * w.gather,
-        1e3 * w.other);
-  }
-  // Offload: the host tiers' and the NVMe tier's peaks, by category, beside the device's.
-  const bool offload =
-      c_.zero.offload_optimizer.device != "none" || c_.zero.offload_param.device != "none";
-  std::string offload_line;
-  if (offload) {
-    int64_t host = 0;
-    nlohmann::json by_tier;
-    for (MemoryTier tier : {MemoryTier::kPinnedHost, MemoryTier::kHost, MemoryTier::kNvme}) {
-      nlohmann::json cats;
-      for (int cat = 0; cat < kNumMemoryCategories; ++cat) {
-        const int64_t peak = mem.Get(tier, static_cast<MemoryCategory>(cat)).peak;
-        if (peak > 0)
-          cats[std::string(MemoryCategoryName(static_cast<MemoryCategory>(cat)))] = peak;
-      }
-      const int64_t total = mem.in_use[static_cast<int>(tier)].peak;
-      if (total == 0) continue;
-      by_tier[std::string(MemoryTierName(tier))] = {{"total", total}, {"by_category", cats}};
-      if (tier != MemoryTier::kNvme) host += total;
-    }
-    record["peak_offload_bytes"] = by_tier;
-    const OffloadStats now = manager_->offload_stats();
-    const OffloadStats step_stats{now.fetch_wait_s - offload_seen_.fetch_wait_s,
-                                  now.grad_io_s - offload_seen_.grad_io_s,
-                                  now.optimizer_s - offload_seen_.optimizer_s,
-                                  now.optimizer_io_wait_s - offload_seen_.optimizer_io_wait_s};
+  std::optional<OffloadStats> offload;
+  if (c_.zero.offload_optimizer.device != "none" || c_.zero.offload_param.device != "none") {
+    const OffloadStats now = manager_->offload_stats();  // cumulative: this step's is the change
+    offload = OffloadStats{now.fetch_wait_s - offload_seen_.fetch_wait_s,
+                           now.grad_io_s - offload_seen_.grad_io_s,
+                           now.optimizer_s - offload_seen_.optimizer_s,
+                           now.optimizer_io_wait_s - offload_seen_.optimizer_io_wait_s};
     offload_seen_ = now;
-    record["offload_time_s"] = {{"fetch_wait", step_stats.fetch_wait_s},
-                                {"grad_io", step_stats.grad_io_s},
-                                {"optimizer", step_stats.optimizer_s},
-                                {"optimizer_io_wait", step_stats.optimizer_io_wait_s}};
-    offload_line = fmt::format(
-        " | host {} MiB | nvme {} MiB | optimizer {:.2f} s (io wait {:.2f}), fetch wait {:.2f} "
-        "s, grad io {:.2f} s",
-        Mib(host), Mib(mem.in_use[static_cast<int>(MemoryTier::kNvme)].peak),
-        step_stats.optimizer_s, step_stats.optimizer_io_wait_s, step_stats.fetch_wait_s,
-        step_stats.grad_io_s);
   }
-  std::string line;
-  if (print) {
-    line = fmt::format(
-        "step {:>5}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f}{} | {:.0f} tok/s "
-        "({:.0f}/device) | {:.3f} TFLOP/s/device{} | peak {} MiB (params {}, grads {}, optim "
-        "{}, gathered {}, activations {}){}{} | skipped {}",
-        step + 1, steps, o.loss, val >= 0 ? fmt::format(" | val {:.4f}", val) : "", o.lr,
-        r.grad_norm, c_.fp16.enabled ? fmt::format(" | scale {}", r.loss_scale) : "", tokens_per_s,
-        tokens_per_s / devices, flops_per_device / 1e12,
-        peak_flops_ > 0 ? fmt::format(" | MFU {:.1f}%", 100 * flops_per_device / peak_flops_) : "",
-        Mib(peak_total), Mib(memory["parameters"].get<int64_t>()),
-        Mib(memory["gradients"].get<int64_t>()), Mib(memory["optimizer_state"].get<int64_t>()),
-        Mib(memory["gathered_weights"].get<int64_t>()), Mib(memory["activations"].get<int64_t>()),
-        offload_line, wall_line, ShardManagerState(*manager_).skipped_steps());
-    if (tty) line = "\r\033[K" + line;
-  }
-  Emit(record, line);
-  if (tty && !last) {
-    const int width = 30;
-    const int done = static_cast<int>(width * (step + 1) / steps);
-    std::fprintf(ctx_.out, "\r[%s%s] %lld/%lld", std::string(done, '#').c_str(),
-                 std::string(width - done, '.').c_str(), static_cast<long long>(step + 1),
-                 static_cast<long long>(steps));
-    std::fflush(ctx_.out);
-  }
+  if (!metrics_) return;  // not rank 0
+  metrics_->Step({.step = step + 1,
+                  .loss = o.loss,
+                  .grad_norm = o.result.grad_norm,
+                  .lr = o.lr,
+                  .loss_scale = o.result.loss_scale,
+                  .skipped = o.result.skipped,
+                  .skipped_steps = ShardManagerState(*manager_).skipped_steps(),
+                  .tokens = consumed * c_.model.shape.seq_len,
+                  .seconds = o.seconds,
+                  .memory = o.memory,
+                  .val_loss = val,
+                  .wall = o.wall,
+                  .offload = offload});
 }
 
 // After a step: a signal on any rank stops every rank at the same step boundary; checkpoints at
@@ -767,10 +587,10 @@ StatusOr<bool> Run::SaveOrStop(int64_t step, int64_t consumed) {
   const bool last = step + 1 == c_.train.steps;
   const bool checkpoints = !c_.checkpoint.dir.empty();
   // The stop signal and rank 0's write failure, agreed over the world in one collective.
-  float agreed[2] = {static_cast<float>(g_stop_signal), write_error_.ok() ? 0.0f : 1.0f};
+  float agreed[2] = {static_cast<float>(g_stop_signal), write_error().ok() ? 0.0f : 1.0f};
   ZR_RETURN_IF_ERROR(HostAllReduce(agreed, 2, ReduceOp::kMax, &world()));
   if (agreed[1] > 0) {
-    if (!write_error_.ok()) return write_error_;
+    if (!write_error().ok()) return write_error();
     return absl::InternalError(
         "rank 0 could not write its metrics or csv_monitor files; stopping (its message)");
   }
@@ -805,8 +625,8 @@ Status Run::Sample(TrainResult& result) {
 
 StatusOr<TrainResult> Run::Loop() {
   ZR_ASSIGN_OR_RETURN(TrainResult result, Steps());
-  ZR_RETURN_IF_ERROR(write_error_);  // a write after the last agreement (the final records)
-  ZR_RETURN_IF_ERROR(CloseMetrics());
+  ZR_RETURN_IF_ERROR(write_error());  // a write after the last agreement (the final records)
+  if (metrics_) ZR_RETURN_IF_ERROR(metrics_->Close());
   if (timeline_) {
     ZR_RETURN_IF_ERROR(
         timeline_->Write(world(), *allocator_, manager_->compute_stream(), c_.logging.trace_file));
