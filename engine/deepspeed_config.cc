@@ -174,7 +174,7 @@ void MapSpecial(nlohmann::json& json, const DsKey& k, const nlohmann::json& valu
   }
 }
 
-// Paths whose "auto" has a rule (Hugging Face's integration, README "auto" values).
+// Paths whose "auto" has a rule (Hugging Face's integration, docs/deepspeed.md, "auto" values).
 constexpr std::string_view kAutoPaths[] = {
     "train_batch_size",
     "train_micro_batch_size_per_gpu",

@@ -1,7 +1,7 @@
 // DeepSpeed's front end of the config reader: every key DeepSpeed documents has one handling here
 // (implemented by the schema, mapped to zerort's key, accepted with a note, or refused by name),
 // legacy and alternative names are rewritten to the current ones, and "auto" values are taken out
-// to be resolved by Hugging Face's rules once the rest of the config is known. README's "DeepSpeed
+// to be resolved by Hugging Face's rules once the rest of the config is known. docs/deepspeed.md's "DeepSpeed
 // keys" table is this list (a test compares them), so the two cannot drift.
 //
 // The rule: a key that only tunes or observes how zerort runs is accepted with one note saying
@@ -42,7 +42,7 @@ struct DsKey {
 std::span<const DsKey> DeepSpeedKeys();
 std::string_view DsHandlingName(DsHandling h);
 
-// README's table: one row per key, `| key | handling | what zerort does |`.
+// docs/deepspeed.md's table: one row per key, `| key | handling | what zerort does |`.
 std::string DeepSpeedKeysMarkdown();
 
 // "auto" values taken out of the config, by JSON path, to be resolved after the schema is read.

@@ -1,5 +1,5 @@
 // Every key DeepSpeed documents, with zerort's handling of it (deepspeed_config.h): the list that
-// README's DeepSpeed key table is generated from and that NormalizeDeepSpeed applies.
+// docs/deepspeed.md's DeepSpeed key table is generated from and that NormalizeDeepSpeed applies.
 #include "engine/deepspeed_config.h"
 
 namespace zerort {

@@ -1,6 +1,6 @@
 #!/bin/sh
-# Rewrites the generated tables of the docs from the binary that owns them: README.md's DeepSpeed
-# key table (`zerort config keys`) and docs/config.md's reference (`zerort config reference`),
+# Rewrites the generated tables of the docs from the binary that owns them: docs/deepspeed.md's
+# DeepSpeed key table (`zerort config keys`) and docs/config.md's reference (`zerort config reference`),
 # each between its markers. deepspeed_config_test and config_schema_test fail until they agree.
 set -e
 zerort=${1:-build/tools/zerort}
@@ -17,5 +17,5 @@ i, j = text.index(begin) + len(begin), text.index(end)
 open(path, "w").write(text[:i] + table + text[j:])
 PY
 }
-update README.md deepspeed-keys config keys
+update docs/deepspeed.md deepspeed-keys config keys
 update docs/config.md config-reference config reference

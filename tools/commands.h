@@ -70,7 +70,7 @@ struct TrainOptions {
 };
 int RunTrain(const TrainOptions& options, const LaunchEnv& launch, int* argc, char*** argv);
 
-// `zerort config keys`: the DeepSpeed key table (README's).
+// `zerort config keys`: the DeepSpeed key table (docs/deepspeed.md's).
 int RunConfigKeys();
 int RunConfigReference();  // zerort config reference: the field table as Markdown
 

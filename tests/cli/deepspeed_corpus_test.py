@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Real DeepSpeed configs (tests/configs/deepspeed, provenance in SOURCES.md), each merged with a
-tiny model and a 2-step train section: every one trains, or exits 2 naming a key by README's rule
+tiny model and a 2-step train section: every one trains, or exits 2 naming a key by docs/deepspeed.md's rule
 (a DeepSpeed key that would change what is trained, an "auto" without a rule, or a key DeepSpeed
 does not have). Anything else (a crash, another exit code, a message naming no key) fails.
 

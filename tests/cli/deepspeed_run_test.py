@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """DeepSpeed keys at work in `zerort train`, read from metrics.jsonl:
 - fp16 follows the fp32 loss curve of the same run within 2% a step (fp16 storage of weights
-  and activations, fp32 math: the difference is rounding, documented in README);
+  and activations, fp32 math: the difference is rounding, documented in docs/deepspeed.md);
 - an overflow (fp16 with a loss scale of 2^30) is skipped on every rank: under mpirun -np 2 the
   run skips the same steps as one process accumulating the same two micro-batches, lowers the
   scale the same way and follows its loss curve (1e-4), which it could not if one rank stepped

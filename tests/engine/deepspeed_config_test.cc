@@ -1,4 +1,4 @@
-// DeepSpeed's front end: README's key table equals the key list, every key shows its handling
+// DeepSpeed's front end: docs/deepspeed.md's key table equals the key list, every key shows its handling
 // with its example value, legacy and alternative names, "auto" by Hugging Face's rules against
 // hand-computed values, and every problem of a config in one message.
 #include "engine/deepspeed_config.h"
@@ -46,7 +46,7 @@ nlohmann::json Sets(std::string_view path, const nlohmann::json& value) {
   }
 }
 
-// README's table (between its markers) is the key list's table, row for row.
+// docs/deepspeed.md's table (between its markers) is the key list's table, row for row.
 TEST(DeepSpeedKeysTest, ReadmeTableIsTheKeyList) {
   std::ifstream in(ZR_README);
   ASSERT_TRUE(in) << ZR_README;
@@ -59,7 +59,7 @@ TEST(DeepSpeedKeysTest, ReadmeTableIsTheKeyList) {
   ASSERT_NE(e, std::string::npos);
   const std::string table = readme.substr(b + begin.size(), e - b - begin.size());
   EXPECT_EQ(table, DeepSpeedKeysMarkdown())
-      << "README's DeepSpeed key table differs from engine/deepspeed_keys.cc: run "
+      << "docs/deepspeed.md's DeepSpeed key table differs from engine/deepspeed_keys.cc: run "
          "scripts/update_docs.sh";
 }
 
