@@ -1,10 +1,6 @@
-// Sharded checkpoints: the commit protocol, logical addressing, verification.
+// Sharded checkpoints: loading, logical addressing, verification (the save's phases are
+// checkpoint_save.cc).
 #include "engine/checkpoint.h"
-
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -15,6 +11,7 @@
 #include <sstream>
 
 #include "engine/checkpoint_files.h"
+#include "engine/checkpoint_protocol.h"
 #include "runtime/host_collectives.h"
 #include "runtime/log.h"
 #include "runtime/strings.h"
@@ -24,115 +21,23 @@ namespace zerort {
 namespace fs = std::filesystem;
 namespace {
 
-struct Kind {
-  StateKind buffer;
-  const char* name;
-};
-constexpr Kind kKinds[] = {{StateKind::kMaster, "master"},
-                           {StateKind::kExpAvg, "exp_avg"},
-                           {StateKind::kExpAvgSq, "exp_avg_sq"}};
-constexpr int kNumKinds = 3;
-
-// Named by mesh coordinate: pipeline stage (when there are several), data-parallel rank,
-// tensor-parallel rank.
-std::string FileName(const CheckpointGroups& g, int dp_rank, const char* kind) {
-  const std::string stage = g.pipeline_size > 1 ? StrCat("pp", g.pipeline_rank, "-") : "";
-  return StrCat(stage, "dp", dp_rank, "-tp", g.tensor_rank, ".", kind, ".bin");
+LossScaler::State ScalerFromJson(const nlohmann::json& j) {
+  LossScaler::State s;
+  s.scale = j.at("scale");
+  s.hysteresis_left = j.at("hysteresis_left");
+  s.iteration = j.at("iteration");
+  s.last_overflow_iteration = j.at("last_overflow_iteration");
+  s.skipped = j.at("skipped");
+  s.consecutive_skips = j.at("consecutive_skips");
+  return s;
 }
 
-// A file written in pieces with its XXH3-64 checksum kept on the way; Close() fsyncs it. A
-// writer that is destroyed without Close() closes the descriptor (the .tmp directory it is in is
-// never committed).
-class SyncedWriter {
- public:
-  explicit SyncedWriter(std::string path) : path_(std::move(path)), hash_(XXH3_createState()) {
-    XXH3_64bits_reset(hash_);
-  }
-  ~SyncedWriter() {
-    if (fd_ >= 0) ::close(fd_);
-    XXH3_freeState(hash_);
-  }
-  Status Open() {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    return fd_ < 0 ? ErrnoError(StrCat("open ", path_), errno) : absl::OkStatus();
-  }
-  Status Append(const void* data, size_t bytes) {
-    XXH3_64bits_update(hash_, data, bytes);
-    const char* p = static_cast<const char*>(data);
-    while (bytes > 0) {
-      const ssize_t n = ::write(fd_, p, bytes);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return ErrnoError(StrCat("write ", path_), errno);
-      p += n;
-      bytes -= static_cast<size_t>(n);
-      written_ += n;
-    }
-    return absl::OkStatus();
-  }
-  Status Close() {
-    const int fd = std::exchange(fd_, -1);
-    if (::fsync(fd) != 0) {
-      const int err = errno;
-      ::close(fd);
-      return ErrnoError(StrCat("fsync ", path_), err);
-    }
-    if (::close(fd) != 0) return ErrnoError(StrCat("close ", path_), errno);
-    return absl::OkStatus();
-  }
-  int64_t bytes() const { return written_; }
-  uint64_t checksum() const { return XXH3_64bits_digest(hash_); }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-  XXH3_state_t* hash_;
-  int64_t written_ = 0;
-};
-
-// The marker a save puts in its step_<N>.tmp until the metadata (which names the run) is written.
-constexpr char kRunMarker[] = ".zerort-run";
-
-// Whether `path` (a step_<N> or step_<N>.tmp directory, not a link) was written by run `run_id`:
-// its marker says so, or its metadata's run_id does.
-// An empty `run_id` matches any zerort-written directory (a marker, or metadata with a format
-// version): the earlier runs a user told a new run to overwrite.
-bool OwnedByRun(const fs::path& path, const std::string& run_id) {
-  std::error_code ec;
-  if (fs::is_symlink(path, ec) || !fs::is_directory(path, ec)) return false;
-  // Read as untrusted files: no link followed, regular files only, bounded.
-  if (StatusOr<std::string> marker = ReadSmallFile(path.string(), kRunMarker, 64); marker.ok()) {
-    const std::string id = marker->substr(0, marker->find('\n'));
-    return run_id.empty() || id == run_id;
-  }
-  StatusOr<std::string> text = ReadSmallFile(path.string(), "metadata.json", kMaxMetadataBytes);
-  if (!text.ok()) return false;
-  StatusOr<nlohmann::json> j = ParseMetadataText(*text, (path / "metadata.json").string());
-  if (!j.ok() || !j->contains("format_version")) return false;
-  if (run_id.empty()) return true;
-  return j->contains("run_id") && (*j)["run_id"].is_string() &&
-         (*j)["run_id"].get<std::string>() == run_id;
-}
-
-Status WriteAndSync(const std::string& path, const void* data, size_t bytes) {
-  SyncedWriter w(path);
-  ZR_RETURN_IF_ERROR(w.Open());
-  ZR_RETURN_IF_ERROR(w.Append(data, bytes));
-  return w.Close();
-}
-
-Status SyncDir(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(StrCat("open directory ", path), errno);
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) return ErrnoError(StrCat("fsync directory ", path), err);
-  return absl::OkStatus();
-}
+}  // namespace
 
 // Every rank learns whether every rank succeeded, and gets the first failing rank's message (so
 // the error names the damaged file on every rank, not only where it was read).
-Status Agree(ShardManager& m, Communicator& group, const Status& local, std::string_view what) {
+Status AgreeOnCheckpoint(ShardManager& m, Communicator& group, const Status& local,
+                         std::string_view what) {
   constexpr size_t kMessage = 1024;
   std::vector<uint8_t> mine(kMessage, 0), all(kMessage * group.size());
   if (!local.ok()) {
@@ -151,233 +56,6 @@ Status Agree(ShardManager& m, Communicator& group, const Status& local, std::str
                         StrCat(text, " (", what, ", reported by rank ", r, ")"));
   }
   return absl::OkStatus();
-}
-
-// Which ranks write, in the layouts' frame: all of them, or rank 0 alone at stage 0.
-int Writers(ShardManager& m) { return m.unit(0).layout().dp_size(); }
-
-nlohmann::json ScalerJson(const LossScaler::State& s) {
-  return {{"scale", s.scale},         {"hysteresis_left", s.hysteresis_left},
-          {"iteration", s.iteration}, {"last_overflow_iteration", s.last_overflow_iteration},
-          {"skipped", s.skipped},     {"consecutive_skips", s.consecutive_skips}};
-}
-
-LossScaler::State ScalerFromJson(const nlohmann::json& j) {
-  LossScaler::State s;
-  s.scale = j.at("scale");
-  s.hysteresis_left = j.at("hysteresis_left");
-  s.iteration = j.at("iteration");
-  s.last_overflow_iteration = j.at("last_overflow_iteration");
-  s.skipped = j.at("skipped");
-  s.consecutive_skips = j.at("consecutive_skips");
-  return s;
-}
-
-}  // namespace
-
-Status SaveCheckpoint(const std::string& dir, const RunState& state, ShardManager& m,
-                      const CheckpointGroups& groups, int keep_last_n, bool replace_earlier_runs) {
-  Communicator& world = *groups.world;
-  Communicator& dp = *groups.dp;
-  const std::string name = StrCat("step_", state.step);
-  const std::string final_dir = dir + "/" + name;
-  const std::string tmp_dir = final_dir + ".tmp";
-  const int writers = Writers(m);
-  const bool writer = dp.rank() < writers;
-
-  // Phase 1: rank 0 prepares the directory: this run's stale .tmp of a crashed save is discarded;
-  // a step_<N>(.tmp) of anything else in the way is an error, before anything is written.
-  Status local = absl::OkStatus();
-  if (world.rank() == 0) {
-    local = [&]() -> Status {
-      if (state.run_id.empty()) {
-        return absl::InvalidArgumentError("SaveCheckpoint: RunState.run_id is empty (NewRunId)");
-      }
-      std::error_code ec;
-      fs::create_directories(dir, ec);
-      if (ec) return absl::InternalError(StrCat("create ", dir, ": ", ec.message()));
-      // This run's, or with replace_earlier_runs any zerort run's (never a user's).
-      auto replaceable = [&](const std::string& path) {
-        return OwnedByRun(path, state.run_id) || (replace_earlier_runs && OwnedByRun(path, ""));
-      };
-      for (const std::string& in_way : {tmp_dir, final_dir}) {
-        if (fs::exists(fs::symlink_status(in_way, ec)) && !replaceable(in_way)) {
-          return absl::AlreadyExistsError(
-              StrCat(in_way, " exists and was not written by this run (run id ", state.run_id,
-                     "): move it away or choose another checkpoint.dir; zerort deletes only "
-                     "what it wrote"));
-        }
-      }
-      fs::remove_all(tmp_dir, ec);
-      if (!ec) fs::create_directory(tmp_dir, ec);
-      if (ec) return absl::InternalError(StrCat("create ", tmp_dir, ": ", ec.message()));
-      const std::string marker = state.run_id + "\n";
-      return WriteAndSync(tmp_dir + "/" + kRunMarker, marker.data(), marker.size());
-    }();
-  }
-  ZR_RETURN_IF_ERROR(Agree(m, world, local, "creating the checkpoint directory"));
-  const Status result = [&]() -> Status {
-    // Phase 2: each writer writes its pieces of each state, in unit and piece order, one unit's
-    // shard in memory at a time (read from whichever tier holds it). Every tensor-parallel rank and
-    // pipeline stage writes its own parts; a tied unit's twin (not counted in the norm) is skipped.
-    // Each writer describes what it wrote: its file entry and its units' parameter table.
-    auto saved = [&](int u) { return m.unit_options(u).counts_in_norm; };
-    auto position = [&](int u) {
-      return groups.unit_positions.empty() ? u : groups.unit_positions.at(static_cast<size_t>(u));
-    };
-    nlohmann::json described;  // null for a rank that writes nothing
-    local = [&]() -> Status {
-      if (!writer) return absl::OkStatus();
-      nlohmann::json files = nlohmann::json::object();
-      for (int k = 0; k < kNumKinds; ++k) {
-        if (!m.optimizer().HasState(kKinds[k].buffer)) continue;
-        const std::string file_name = FileName(groups, dp.rank(), kKinds[k].name);
-        SyncedWriter file(tmp_dir + "/" + file_name);
-        ZR_RETURN_IF_ERROR(file.Open());
-        std::vector<float> shard;
-        for (int u = 0; u < m.num_units(); ++u) {
-          if (!saved(u)) continue;
-          ShardedUnit& unit = m.unit(u);
-          shard.resize(static_cast<size_t>(unit.layout().shard_numel()));
-          ZR_RETURN_IF_ERROR(ShardManagerState(m).ReadState(u, kKinds[k].buffer, shard));
-          for (const ShardPiece& piece : unit.layout().ShardPieces(unit.layout_rank())) {
-            ZR_RETURN_IF_ERROR(file.Append(shard.data() + piece.shard_range.begin,
-                                           piece.shard_range.size() * sizeof(float)));
-          }
-        }
-        ZR_RETURN_IF_ERROR(file.Close());
-        files[kKinds[k].name] = {
-            {"name", file_name}, {"bytes", file.bytes()}, {"xxh3", ChecksumHex(file.checksum())}};
-      }
-      nlohmann::json pieces = nlohmann::json::array();
-      nlohmann::json params = nlohmann::json::array();
-      for (int u = 0; u < m.num_units(); ++u) {
-        if (!saved(u)) continue;
-        const FlatLayout& layout = m.unit(u).layout();
-        for (const ShardPiece& piece : layout.ShardPieces(m.unit(u).layout_rank())) {
-          pieces.push_back({layout.params()[piece.param].name, piece.param_range.begin,
-                            piece.param_range.size()});
-        }
-        for (const ParamSpec& p : layout.params()) {
-          if (dp.rank() != 0) break;  // the other data ranks' tables are the same
-          params.push_back({{"name", p.name},
-                            {"shape", p.real_shape()},
-                            {"padded_shape", p.global_shape()},
-                            {"split_dim", p.frame.split_dim},
-                            {"groups", p.frame.groups},
-                            {"unit", m.unit(u).name()},
-                            {"position", position(u)}});
-        }
-      }
-      described = {{"entry",
-                    {{"rank", world.rank()},
-                     {"data", dp.rank()},
-                     {"tensor", groups.tensor_rank},
-                     {"pipeline", groups.pipeline_rank},
-                     {"pieces", pieces},
-                     {"files", files}}},
-                   {"params", params}};
-      return absl::OkStatus();
-    }();
-    ZR_RETURN_IF_ERROR(Agree(m, world, local, "writing checkpoint shards"));
-    ZR_ASSIGN_OR_RETURN(
-        std::vector<std::string> descriptions,
-        AllGatherHostStrings(world, m.device_allocator(), m.compute_stream(), described.dump()));
-
-    // Phase 3: rank 0 writes the metadata last, then commits by renames. The parameter table is
-    // the union of the writers' tables (tensor parts and data ranks describe the same parameters)
-    // in model order.
-    local = [&]() -> Status {
-      if (world.rank() != 0) return absl::OkStatus();
-      nlohmann::json params = nlohmann::json::array();
-      nlohmann::json ranks = nlohmann::json::array();
-      std::set<std::string> listed;
-      for (const std::string& text : descriptions) {
-        const nlohmann::json d = nlohmann::json::parse(text);
-        if (d.is_null()) continue;
-        ranks.push_back(d.at("entry"));
-        for (const auto& p : d.at("params")) {
-          if (listed.insert(p.at("name").get<std::string>()).second) params.push_back(p);
-        }
-      }
-      std::stable_sort(params.begin(), params.end(), [](const auto& a, const auto& b) {
-        return a.at("position").template get<int>() < b.at("position").template get<int>();
-      });
-      for (auto& p : params) p.erase("position");
-      const nlohmann::json meta = {
-          {"format_version", kCheckpointFormatVersion},
-          {"run_id", state.run_id},
-          {"step", state.step},
-          {"run_state",
-           {{"step", state.step},
-            {"consumed_sequences", state.consumed_sequences},
-            {"manager_steps", state.manager_steps},
-            {"loss_scaler", ScalerJson(state.scaler)}}},
-          {"saved_with", {{"world_size", world.size()}, {"writers", writers}}},
-          {"mesh",
-           {{"data", dp.size()},
-            {"tensor", groups.tensor_size},
-            {"pipeline", groups.pipeline_size}}},
-          {"config", state.config},
-          {"params", params},
-          {"ranks", ranks},
-      };
-      const std::string text = meta.dump(1);
-      ZR_RETURN_IF_ERROR(WriteAndSync(tmp_dir + "/metadata.json", text.data(), text.size()));
-      std::error_code ec;
-      fs::remove(tmp_dir + "/" + kRunMarker, ec);  // the metadata names the run now
-      ZR_RETURN_IF_ERROR(SyncDir(tmp_dir));
-      if (fs::exists(fs::symlink_status(final_dir, ec))) {  // the same step saved again
-        if (!OwnedByRun(final_dir, state.run_id) &&
-            !(replace_earlier_runs && OwnedByRun(final_dir, ""))) {
-          return absl::AlreadyExistsError(
-              StrCat(final_dir, " appeared during the save and was not written by this run"));
-        }
-        fs::remove_all(final_dir, ec);
-      }
-      fs::rename(tmp_dir, final_dir, ec);
-      if (ec)
-        return absl::InternalError(
-            StrCat("rename ", tmp_dir, " to ", final_dir, ": ", ec.message()));
-      const std::string latest_tmp = dir + "/latest.tmp";
-      const std::string latest_text = name + "\n";
-      ZR_RETURN_IF_ERROR(WriteAndSync(latest_tmp, latest_text.data(), latest_text.size()));
-      fs::rename(latest_tmp, dir + "/latest", ec);
-      if (ec) return absl::InternalError(StrCat("rename ", latest_tmp, ": ", ec.message()));
-      ZR_RETURN_IF_ERROR(SyncDir(dir));
-      // Rotation and cleanup, of this run's directories only: step_<N> (N as zerort writes it)
-      // beyond keep_last_n, and step_<N>.tmp left by an earlier failed save.
-      std::vector<std::pair<int64_t, fs::path>> steps;
-      for (const auto& entry : fs::directory_iterator(dir, ec)) {
-        const std::string n = entry.path().filename().string();
-        if (n.rfind("step_", 0) != 0 || !OwnedByRun(entry.path(), state.run_id)) continue;
-        const bool tmp = n.ends_with(".tmp");
-        const std::string digits = n.substr(5, n.size() - 5 - (tmp ? 4 : 0));
-        char* end = nullptr;
-        const long long v = std::strtoll(digits.c_str(), &end, 10);
-        if (digits.empty() || end == nullptr || *end != '\0' || StrCat(v) != digits) continue;
-        if (tmp) {
-          fs::remove_all(entry.path(), ec);
-        } else {
-          steps.emplace_back(v, entry.path());
-        }
-      }
-      std::sort(steps.begin(), steps.end(), [](auto& a, auto& b) { return a.first > b.first; });
-      for (size_t i = static_cast<size_t>(keep_last_n); keep_last_n > 0 && i < steps.size(); ++i) {
-        if (steps[i].second.filename() == name) continue;
-        fs::remove_all(steps[i].second, ec);
-      }
-      return absl::OkStatus();
-    }();
-    return Agree(m, world, local, "committing the checkpoint");
-  }();
-  // A failed save removes its own .tmp (rank 0 created it; nothing of it was committed).
-  if (!result.ok() && world.rank() == 0 && !state.run_id.empty() &&
-      OwnedByRun(tmp_dir, state.run_id)) {
-    std::error_code ec;
-    fs::remove_all(tmp_dir, ec);
-  }
-  return result;
 }
 
 StatusOr<std::string> LatestCheckpoint(const std::string& dir) {
@@ -645,7 +323,7 @@ StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& m,
     }
     return absl::OkStatus();
   }();
-  ZR_RETURN_IF_ERROR(Agree(m, *groups.world, local, StrCat("loading ", step_dir)));
+  ZR_RETURN_IF_ERROR(AgreeOnCheckpoint(m, *groups.world, local, StrCat("loading ", step_dir)));
   // Phase 2 (collective where the stage all-gathers): the full compute parameters.
   ZR_RETURN_IF_ERROR(ShardManagerState(m).RefreshComputeCopies());
   ZR_RETURN_IF_ERROR(ShardManagerState(m).RestoreCounters(state.manager_steps, state.scaler));
