@@ -23,7 +23,7 @@ namespace {
 using Cat = MemoryCategory;
 using Tier = MemoryTier;
 
-constexpr int64_t kLtWorkspace = int64_t{32} << 20;  // kernels/cuda/model_kernels.cu
+constexpr int64_t kLtWorkspace = int64_t{32} << 20;  // kernels/cuda/model_ops.cuh
 
 struct Unit {
   FlatLayout layout;

@@ -664,21 +664,6 @@ Status GptModel::EmbedBackward(MicroBatch& mb) {
   return store_.Close(embedding_unit_);
 }
 
-StatusOr<double> GptModel::Run(std::span<const int32_t> tokens, std::span<const int32_t> targets,
-                               int batch, int seq, bool train, float loss_scale,
-                               std::vector<double>* logits, int64_t logits_from_row) {
-  ZR_ASSIGN_OR_RETURN(MicroBatchPtr mb, Begin(tokens, targets, batch, seq, train));
-  const int L = options_.config.n_layer;
-  ZR_RETURN_IF_ERROR(EmbedForward(*mb));
-  ZR_RETURN_IF_ERROR(BlocksForward(*mb, 0, L));
-  ZR_ASSIGN_OR_RETURN(double loss, HeadForward(*mb, loss_scale, logits, logits_from_row));
-  if (!train) return loss;
-  ZR_RETURN_IF_ERROR(HeadBackward(*mb));
-  ZR_RETURN_IF_ERROR(BlocksBackward(*mb, 0, L));
-  ZR_RETURN_IF_ERROR(EmbedBackward(*mb));
-  return loss;
-}
-
 Status GptModel::CopyLogits(MicroBatch& pass, const Buffer& logits, int64_t rows,
                             std::vector<double>* out) {
   const GptConfig& cfg = options_.config;
@@ -703,41 +688,6 @@ Status GptModel::CopyLogits(MicroBatch& pass, const Buffer& logits, int64_t rows
     }
   }
   return absl::OkStatus();
-}
-
-StatusOr<double> GptModel::ForwardBackward(std::span<const int32_t> tokens,
-                                           std::span<const int32_t> targets, int batch, int seq,
-                                           float loss_scale) {
-  if (targets.empty()) return absl::InvalidArgumentError("ForwardBackward needs targets");
-  return Run(tokens, targets, batch, seq, true, loss_scale, nullptr, 0);
-}
-
-StatusOr<double> GptModel::Loss(std::span<const int32_t> tokens, std::span<const int32_t> targets,
-                                int batch, int seq) {
-  if (targets.empty()) return absl::InvalidArgumentError("Loss needs targets");
-  return Run(tokens, targets, batch, seq, false, 0.0f, nullptr, 0);
-}
-
-StatusOr<std::vector<double>> GptModel::Logits(std::span<const int32_t> tokens, int batch,
-                                               int seq) {
-  std::vector<double> out;
-  ZR_RETURN_IF_ERROR(Run(tokens, {}, batch, seq, false, 0.0f, &out, 0).status());
-  return out;
-}
-
-StatusOr<std::vector<int32_t>> GptModel::Generate(std::vector<int32_t> prompt, int new_tokens,
-                                                  const SamplingOptions& sampling) {
-  if (prompt.empty()) return absl::InvalidArgumentError("Generate: the prompt is empty");
-  if (new_tokens < 0) return absl::InvalidArgumentError("Generate: new_tokens is negative");
-  std::mt19937_64 rng(sampling.seed);
-  for (int i = 0; i < new_tokens; ++i) {
-    const int seq = std::min<int>(static_cast<int>(prompt.size()), options_.config.seq_len);
-    std::vector<double> last;  // only the last position is needed
-    ZR_RETURN_IF_ERROR(
-        Run(std::span(prompt).last(seq), {}, 1, seq, false, 0.0f, &last, seq - 1).status());
-    prompt.push_back(SampleToken(last, sampling, rng));
-  }
-  return prompt;
 }
 
 }  // namespace zerort
