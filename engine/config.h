@@ -82,6 +82,7 @@ struct Fp16Config {
   int loss_scale_window = RuntimeDefaults().loss_scale.loss_scale_window;
   int hysteresis = RuntimeDefaults().loss_scale.hysteresis;
   float min_loss_scale = RuntimeDefaults().loss_scale.min_loss_scale;
+  int max_consecutive_skips = RuntimeDefaults().loss_scale.max_consecutive_skips;
 };
 
 struct OptimizerConfig {

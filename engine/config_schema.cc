@@ -242,6 +242,10 @@ std::vector<ConfigField> BuildTable() {
                        "overflows tolerated before the scale halves"));
   t.push_back(Num<float>(f16, "min_loss_scale", ZR_MEMBER(fp16.min_loss_scale), 0, 1e30,
                          "the dynamic scale's floor"));
+  t.push_back(Num<int>(f16, "max_consecutive_skips", ZR_MEMBER(fp16.max_consecutive_skips), 1,
+                       1 << 30,
+                       "zerort's: stop the run (exit 1) after this many steps in a row skipped "
+                       "for non-finite gradients, in any precision"));
   t.push_back(Bool("bf16", "enabled", ZR_MEMBER(bf16), "bf16 compute, fp32 masters and reduction"));
 
   t.push_back(Custom("optimizer", "type", ZR_MEMBER(optimizer.type), ReadOptimizerType,

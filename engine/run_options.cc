@@ -94,6 +94,7 @@ ShardManagerOptions ShardManagerOptionsFrom(const RunConfig& c, int dp_size,
   o.loss_scale.loss_scale_window = c.fp16.loss_scale_window;
   o.loss_scale.hysteresis = c.fp16.hysteresis;
   o.loss_scale.min_loss_scale = c.fp16.min_loss_scale;
+  o.loss_scale.max_consecutive_skips = c.fp16.max_consecutive_skips;
   return o;
 }
 

@@ -10,6 +10,7 @@
 
 #include "engine/json_reader.h"
 #include "engine/preflight.h"
+#include "engine/run_options.h"
 #include "runtime/strings.h"
 
 namespace zerort {
@@ -318,6 +319,38 @@ TEST(ConfigTest, MissingDataFileAndUnwritableCheckpointDir) {
   std::filesystem::remove_all(fresh);
   EXPECT_EQ(PathError(R"({"checkpoint": {"dir": ")" + fresh + R"("}})"), "");
   EXPECT_FALSE(std::filesystem::exists(fresh));
+}
+
+// The runtime's options are filled from the config in one place (engine/run_options.h), and a
+// key's default is the shard manager's own: a default RunConfig gives ShardManagerOptions'
+// defaults (the stage aside: a config's default is 0, the manager's 3).
+TEST(ConfigTest, RuntimeOptionsComeFromTheConfigAndShareItsDefaults) {
+  const ShardManagerOptions defaults;
+  const ShardManagerOptions from = ShardManagerOptionsFrom(RunConfig{}, 1);
+  EXPECT_EQ(from.stage, ZeroStage::k0);
+  EXPECT_EQ(from.reduce_bucket_size, defaults.reduce_bucket_size);
+  EXPECT_EQ(from.stage3_prefetch_bucket_size, defaults.stage3_prefetch_bucket_size);
+  EXPECT_EQ(from.stage3_max_reuse_distance, defaults.stage3_max_reuse_distance);
+  EXPECT_EQ(from.allgather_bucket_size, defaults.allgather_bucket_size);
+  EXPECT_EQ(from.offload.param_buffer_count, defaults.offload.param_buffer_count);
+  EXPECT_EQ(from.offload.aio_block_size, defaults.offload.aio_block_size);
+  EXPECT_EQ(from.loss_scale.hysteresis, defaults.loss_scale.hysteresis);
+  EXPECT_EQ(from.loss_scale.max_consecutive_skips, defaults.loss_scale.max_consecutive_skips);
+  EXPECT_FLOAT_EQ(from.optimizer.beta2, defaults.optimizer.beta2);
+  EXPECT_EQ(from.seed, defaults.seed);
+  // A key reaches the option it names.
+  const RunConfig c = *Parse(R"({"zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 7,
+                                 "offload_optimizer": {"device": "cpu", "pin_memory": false}},
+                                 "fp16": {"enabled": true, "max_consecutive_skips": 3},
+                                 "prescale_gradients": true})");
+  const ShardManagerOptions o = ShardManagerOptionsFrom(c, 4);
+  EXPECT_EQ(o.stage, ZeroStage::k3);
+  EXPECT_EQ(o.stage3_max_reuse_distance, 7);
+  EXPECT_EQ(o.placement.optimizer, MemoryTier::kHost);
+  EXPECT_EQ(o.compute_dtype, DType::kF16);
+  EXPECT_EQ(o.loss_scale.max_consecutive_skips, 3);
+  EXPECT_EQ(o.gradient_predivide_factor, 4.0);  // prescale: the whole division before
+  EXPECT_ERROR_HAS(R"({"fp16": {"max_consecutive_skips": 0}})", "fp16.max_consecutive_skips");
 }
 
 }  // namespace
