@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 
 #include "layers/gpt_block.h"
 #include "layers/tp_layers.h"
@@ -296,6 +297,32 @@ Status CheckTokens(std::span<const int32_t> ids, const char* what, int64_t expec
 
 }  // namespace
 
+// [Note: a micro-batch's phase] Each stage call checks the phase it needs and moves it on, as
+// ShardState does for a unit; a call out of order is FailedPrecondition naming both.
+//   kForward       Begin; EmbedForward and BlocksForward keep it here.
+//   kHeadDone      an evaluation's HeadForward ran: nothing follows (the losses are read).
+//   kHeadBackward  a training HeadForward ran (it also prepared the head's backward).
+//   kBackward      HeadBackward ran, or a stage without the head began its backward with the
+//                  next stage's gradient (BlocksBackward with dout); further BlocksBackward.
+//   kDone          EmbedBackward ran: the micro-batch's gradients are all accumulated.
+enum class MicroBatchPhase { kForward, kHeadDone, kHeadBackward, kBackward, kDone };
+
+std::string_view MicroBatchPhaseName(MicroBatchPhase p) {
+  switch (p) {
+    case MicroBatchPhase::kForward:
+      return "forward";
+    case MicroBatchPhase::kHeadDone:
+      return "evaluated";
+    case MicroBatchPhase::kHeadBackward:
+      return "awaiting HeadBackward";
+    case MicroBatchPhase::kBackward:
+      return "backward";
+    case MicroBatchPhase::kDone:
+      return "done";
+  }
+  return "?";
+}
+
 // One micro-batch on this rank: its activations (kept from its forward to its backward), the
 // tied head's weights while they are open, and the backward's scratch.
 struct GptModel::MicroBatch {
@@ -303,18 +330,26 @@ struct GptModel::MicroBatch {
   Geometry g;
   TpContext tp;
   bool train = false;
-  bool per_block = false;           // a set per block (no recomputation)
-  Buffer tokens, targets;           // int32 [batch, seq]
-  std::vector<Buffer> block_out;    // [0] embeddings output, [l + 1] output of block l (this
-                                    // rank's rows under sequence parallelism)
-  std::vector<BlockActs> acts;      // one per block, or a single reused set
-  Buffer lnf, lnf_mean, lnf_rstd;   // final LayerNorm: output of every row, this rank's statistics
-  Buffer losses;                    // [batch, seq] stat dtype
-  bool head_backward_done = false;  // training HeadForward ran the head's backward (s.dbtc)
-  Buffer seq_local, seq_full;       // forward scratch of the tensor-parallel collectives
-  UnitTensors head;                 // the tied embeddings, open from HeadForward to EmbedBackward
-  bool head_open = false;
+  bool per_block = false;          // a set per block (no recomputation)
+  Buffer tokens, targets;          // int32 [batch, seq]
+  std::vector<Buffer> block_out;   // [0] embeddings output, [l + 1] output of block l (this
+                                   // rank's rows under sequence parallelism)
+  std::vector<BlockActs> acts;     // one per block, or a single reused set
+  Buffer lnf, lnf_mean, lnf_rstd;  // final LayerNorm: output of every row, this rank's statistics
+  Buffer losses;                   // [batch, seq] stat dtype
+  MicroBatchPhase phase = MicroBatchPhase::kForward;  // [Note: a micro-batch's phase]
+  Buffer seq_local, seq_full;  // forward scratch of the tensor-parallel collectives
+  UnitTensors head;            // the tied embeddings, open from HeadForward to EmbedBackward
+  bool head_open = false;      // a resource, not a phase: the tied unit's scope is open
   BackwardScratch s;
+  // FailedPrecondition unless the phase is `want` (or `also`).
+  Status Need(std::string_view call, MicroBatchPhase want,
+              std::optional<MicroBatchPhase> also = std::nullopt) const {
+    if (phase == want || (also && phase == *also)) return absl::OkStatus();
+    return absl::FailedPreconditionError(StrCat(call, " on a micro-batch in phase '",
+                                                MicroBatchPhaseName(phase), "' (it needs '",
+                                                MicroBatchPhaseName(want), "')"));
+  }
   Ctx ctx(ModelKernels& k) { return Ctx{k, tp, g, seq_local.data(), seq_full.data()}; }
 };
 
@@ -380,6 +415,7 @@ Status GptModel::EmbedForward(MicroBatch& mb) {
   // for the others), rank 0 adds the positions, and the sum over the group (reduced to this
   // rank's rows under sequence parallelism) is the embedding.
   const Geometry& g = mb.g;
+  ZR_RETURN_IF_ERROR(mb.Need("EmbedForward", MicroBatchPhase::kForward));
   if (!options_.stage.first) {
     return absl::FailedPreconditionError("EmbedForward on a stage without the input embedding");
   }
@@ -414,6 +450,7 @@ Status CheckBlocks(const GptStagePart& part, int n_layer, int first, int last) {
 Status GptModel::BlocksForward(MicroBatch& mb, int first, int last) {
   const ScopedSeconds timed(&phase_seconds_.forward);
   ZR_RETURN_IF_ERROR(CheckBlocks(options_.stage, options_.config.n_layer, first, last));
+  ZR_RETURN_IF_ERROR(mb.Need("BlocksForward", MicroBatchPhase::kForward));
   const Ctx c = mb.ctx(kernels_);
   for (int l = first; l < last; ++l) {
     if (mb.per_block)
@@ -459,9 +496,7 @@ StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
   if (logits != nullptr && logits_from_row > 0 && mb.targets) {
     return absl::InvalidArgumentError("a loss needs the logits of every row (logits_from_row 0)");
   }
-  if (mb.head_backward_done || mb.losses) {
-    return absl::FailedPreconditionError("HeadForward twice on one micro-batch");
-  }
+  ZR_RETURN_IF_ERROR(mb.Need("HeadForward", MicroBatchPhase::kForward));
   const int64_t from = logits != nullptr ? logits_from_row : 0;  // the first row computed
   const Geometry& g = mb.g;
   const int L = options_.config.n_layer;
@@ -539,7 +574,7 @@ StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
     for (double v : host) loss += v;
     loss /= static_cast<double>(g.rows);
   }
-  mb.head_backward_done = mb.train;
+  mb.phase = mb.train ? MicroBatchPhase::kHeadBackward : MicroBatchPhase::kHeadDone;
   if (!keep_open) {
     mb.head_open = false;
     ZR_RETURN_IF_ERROR(store_.Close(embedding_unit_));
@@ -549,10 +584,8 @@ StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
 
 Status GptModel::HeadBackward(MicroBatch& mb) {
   const ScopedSeconds timed(&phase_seconds_.backward);
-  if (!mb.head_backward_done) {
-    return absl::FailedPreconditionError("HeadBackward needs a training HeadForward first");
-  }
-  mb.head_backward_done = false;
+  ZR_RETURN_IF_ERROR(mb.Need("HeadBackward", MicroBatchPhase::kHeadBackward));
+  mb.phase = MicroBatchPhase::kBackward;
   const Geometry& g = mb.g;
   const int norm_unit = norm_unit_;
   ModelKernels& k = kernels_;
@@ -607,12 +640,16 @@ Status GptModel::BlocksBackward(MicroBatch& mb, int first, int last, const void*
   const size_t act = k.act_size();
   const auto ws = MemoryCategory::kWorkspace;
   BackwardScratch& s = mb.s;
+  // With the next stage's gradient a stage without the head begins its backward here.
+  const bool begins = dout != nullptr && mb.train && mb.phase == MicroBatchPhase::kForward;
+  if (!begins) ZR_RETURN_IF_ERROR(mb.Need("BlocksBackward", MicroBatchPhase::kBackward));
+  mb.phase = MicroBatchPhase::kBackward;
   if (dout != nullptr) {
     ZR_RETURN_IF_ERROR(EnsureBackwardScratch(mb));
     ZR_RETURN_IF_ERROR(CopyBytes(s.dres.data(), k.device(), dout, k.device(),
                                  static_cast<size_t>(g.rows_l) * g.d * act, st));
   }
-  if (!s.dres) return absl::FailedPreconditionError("BlocksBackward before HeadBackward");
+  ZR_CHECK(s.dres) << "a micro-batch in its backward has the backward's scratch";
   if (!s.d4a) {
     ZR_ASSIGN_OR_RETURN(s.d4a, activations_.Allocate(g.rows * g.f_l * act, ws, st));
     ZR_ASSIGN_OR_RETURN(s.d4b, activations_.Allocate(g.rows * g.f_l * act, ws, st));
@@ -646,10 +683,11 @@ Status GptModel::BlocksBackward(MicroBatch& mb, int first, int last, const void*
 
 Status GptModel::EmbedBackward(MicroBatch& mb) {
   const ScopedSeconds timed(&phase_seconds_.backward);
-  if (!options_.stage.first || !mb.s.dres) {
-    return absl::FailedPreconditionError(
-        "EmbedBackward before the blocks' backward, or on a stage without the input embedding");
+  ZR_RETURN_IF_ERROR(mb.Need("EmbedBackward", MicroBatchPhase::kBackward));
+  if (!options_.stage.first) {
+    return absl::FailedPreconditionError("EmbedBackward on a stage without the input embedding");
   }
+  mb.phase = MicroBatchPhase::kDone;
   if (!mb.head_open) {  // a first stage that is not the last: the embedding's own scope
     ZR_ASSIGN_OR_RETURN(mb.head, store_.Open(embedding_unit_, true));
     mb.head_open = true;

@@ -290,7 +290,7 @@ TEST(GptModelTest, BadInputIsRefusedWithItsPosition) {
 
 // The stage primitives in a schedule's order: forwards of two micro-batches (the blocks in two
 // ranges), then their backwards in the same order, give bitwise the gradients of two
-// ForwardBackward calls; a backward before its head's fails clearly.
+// ForwardBackward calls; a call out of its micro-batch's phase fails clearly.
 TEST(GptModelTest, StagePrimitivesRunInterleavedMicroBatches) {
   const GptConfig config{.n_layer = 3, .n_head = 2, .d_model = 16, .seq_len = 8, .vocab_size = 23};
   for (bool ckpt : {false, true}) {
@@ -303,7 +303,12 @@ TEST(GptModelTest, StagePrimitivesRunInterleavedMicroBatches) {
     GptModel& m = *staged.model;
     auto a = *m.Begin(ta, ya, 2, config.seq_len, true);
     auto b = *m.Begin(tb, yb, 2, config.seq_len, true);
-    EXPECT_EQ(m.BlocksBackward(*a, 0, 3).code(), absl::StatusCode::kFailedPrecondition);
+    // Out of order: each call names the phase it found and the one it needs.
+    const Status early = m.BlocksBackward(*a, 0, 3);
+    EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(early.message().find("phase 'forward'"), std::string::npos) << early;
+    EXPECT_EQ(m.HeadBackward(*a).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(m.EmbedBackward(*a).code(), absl::StatusCode::kFailedPrecondition);
     for (auto* mb : {a.get(), b.get()}) {
       ASSERT_TRUE(m.EmbedForward(*mb).ok());
       ASSERT_TRUE(m.BlocksForward(*mb, 0, 1).ok());
@@ -311,12 +316,23 @@ TEST(GptModelTest, StagePrimitivesRunInterleavedMicroBatches) {
     }
     EXPECT_EQ(*m.HeadForward(*a, 1.0f, nullptr), la);
     EXPECT_EQ(*m.HeadForward(*b, 1.0f, nullptr), lb);
+    EXPECT_EQ(m.HeadForward(*a, 1.0f, nullptr).status().code(),
+              absl::StatusCode::kFailedPrecondition);  // twice
+    EXPECT_EQ(m.BlocksForward(*a, 0, 1).code(), absl::StatusCode::kFailedPrecondition);
     for (auto* mb : {a.get(), b.get()}) {
       ASSERT_TRUE(m.HeadBackward(*mb).ok());
       ASSERT_TRUE(m.BlocksBackward(*mb, 2, 3).ok());
       ASSERT_TRUE(m.BlocksBackward(*mb, 0, 2).ok());
       ASSERT_TRUE(m.EmbedBackward(*mb).ok());
+      EXPECT_EQ(m.EmbedBackward(*mb).code(), absl::StatusCode::kFailedPrecondition);  // done
     }
+    // An evaluation's micro-batch has no backward.
+    auto e = *m.Begin(ta, ya, 2, config.seq_len, false);
+    ASSERT_TRUE(m.EmbedForward(*e).ok());
+    ASSERT_TRUE(m.BlocksForward(*e, 0, 3).ok());
+    ASSERT_TRUE(m.HeadForward(*e, 1.0f, nullptr).ok());
+    EXPECT_EQ(m.HeadBackward(*e).code(), absl::StatusCode::kFailedPrecondition);
+    e.reset();
     for (const std::string& name : whole.store.names()) {
       const std::vector<float>& want = *whole.store.grad(name);
       const std::vector<float>& got = *staged.store.grad(name);
