@@ -1,0 +1,179 @@
+// The GPT model's parameters (units, tensor-parallel specs), their initialisation, and token
+// sampling: pure functions of the config and seeds, shared by the model, the estimator and tests.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "layers/gpt_model.h"
+#include "runtime/strings.h"
+
+namespace zerort {
+namespace {
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+uint64_t NameHash(std::string_view name) {  // FNV-1a
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : name) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
+  return h;
+}
+
+// Uniform in (0, 1] from 53 random bits.
+double Unit53(uint64_t bits) { return (static_cast<double>(bits >> 11) + 1.0) * 0x1.0p-53; }
+
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+}  // namespace
+
+StatusOr<ParamSpec> TensorParallelSpec(std::string name, Shape global_shape, bool weight_decay,
+                                       TensorSplit split, int tp_size, int tp_rank, int groups) {
+  GlobalFrame frame{.split_dim = -1, .parts = tp_size, .part = tp_rank, .groups = groups};
+  if (split == TensorSplit::kColumn || split == TensorSplit::kVocab) frame.split_dim = 0;
+  if (split == TensorSplit::kRow && global_shape.size() > 1) frame.split_dim = 1;
+  return SplitParam(std::move(name), std::move(global_shape), weight_decay, frame);
+}
+
+StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& c, int tp_size, int tp_rank,
+                                        int vocab_multiple) {
+  ZR_RETURN_IF_ERROR(c.Validate());
+  if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size || c.n_head % tp_size != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("tensor-parallel rank ", tp_rank, " of ", tp_size, " for ", c.n_head, " heads"));
+  }
+  if (vocab_multiple < 1) {
+    return absl::InvalidArgumentError(
+        StrCat("make_vocab_size_divisible_by = ", vocab_multiple, ": must be >= 1"));
+  }
+  const int64_t d = c.d_model;
+  std::vector<GptUnit> units;
+  auto param = [&](std::vector<ParamSpec>& out, std::string name, Shape shape, bool decay,
+                   TensorSplit split, int groups = 1) -> Status {
+    ZR_ASSIGN_OR_RETURN(ParamSpec p, TensorParallelSpec(std::move(name), std::move(shape), decay,
+                                                        split, tp_size, tp_rank, groups));
+    out.push_back(std::move(p));
+    return absl::OkStatus();
+  };
+  GptUnit emb{"embeddings", {}};
+  // Padded (Megatron's make_vocab_size_divisible_by) so that every rank holds as many rows.
+  ZR_RETURN_IF_ERROR(param(emb.params, "wte", {PaddedVocab(c, tp_size, vocab_multiple), d}, true,
+                           TensorSplit::kVocab));
+  if (emb.params.back().global_shape()[0] != c.vocab_size) {
+    emb.params.back().frame.valid_rows = c.vocab_size;  // the rest is padding
+  }
+  ZR_RETURN_IF_ERROR(param(emb.params, "wpe", {c.seq_len, d}, true, TensorSplit::kReplicated));
+  units.push_back(std::move(emb));
+  for (int l = 0; l < c.n_layer; ++l) {
+    const std::string p = StrCat("blocks.", l, ".");
+    GptUnit b{StrCat("blocks.", l), {}};
+    using enum TensorSplit;
+    ZR_RETURN_IF_ERROR(param(b.params, p + "ln1.weight", {d}, false, kReplicated));
+    ZR_RETURN_IF_ERROR(param(b.params, p + "ln1.bias", {d}, false, kReplicated));
+    // Fused Q, K, V: split per head (3 stacked blocks), not contiguously.
+    ZR_RETURN_IF_ERROR(param(b.params, p + "attn.qkv.weight", {3 * d, d}, true, kColumn, 3));
+    ZR_RETURN_IF_ERROR(param(b.params, p + "attn.qkv.bias", {3 * d}, false, kColumn, 3));
+    ZR_RETURN_IF_ERROR(param(b.params, p + "attn.proj.weight", {d, d}, true, kRow));
+    ZR_RETURN_IF_ERROR(param(b.params, p + "attn.proj.bias", {d}, false, kRow));
+    ZR_RETURN_IF_ERROR(param(b.params, p + "ln2.weight", {d}, false, kReplicated));
+    ZR_RETURN_IF_ERROR(param(b.params, p + "ln2.bias", {d}, false, kReplicated));
+    ZR_RETURN_IF_ERROR(param(b.params, p + "mlp.fc.weight", {4 * d, d}, true, kColumn));
+    ZR_RETURN_IF_ERROR(param(b.params, p + "mlp.fc.bias", {4 * d}, false, kColumn));
+    ZR_RETURN_IF_ERROR(param(b.params, p + "mlp.proj.weight", {d, 4 * d}, true, kRow));
+    ZR_RETURN_IF_ERROR(param(b.params, p + "mlp.proj.bias", {d}, false, kRow));
+    units.push_back(std::move(b));
+  }
+  GptUnit norm{"final_norm", {}};
+  ZR_RETURN_IF_ERROR(param(norm.params, "ln_f.weight", {d}, false, TensorSplit::kReplicated));
+  ZR_RETURN_IF_ERROR(param(norm.params, "ln_f.bias", {d}, false, TensorSplit::kReplicated));
+  units.push_back(std::move(norm));
+  return units;
+}
+
+Initializer GptInitializer(const GptConfig& config) {
+  const double residual_std = 0.02 / std::sqrt(2.0 * config.n_layer);
+  // Padding rows (a padded vocabulary: frame.valid_rows) start, and stay, zero.
+  auto zero_padding = [](const ParamSpec& spec, std::span<float> full) {
+    const int64_t real = spec.real_numel();
+    if (real == spec.global_numel()) return;
+    for (size_t i = 0; i < full.size(); ++i) {
+      if (GlobalIndex(spec, static_cast<int64_t>(i)) >= real) full[i] = 0.0f;
+    }
+  };
+  return [residual_std, zero_padding](const ParamSpec& spec, uint64_t seed, std::span<float> full) {
+    const std::string_view name = spec.name;
+    if (EndsWith(name, ".bias")) {
+      std::fill(full.begin(), full.end(), 0.0f);
+      return;
+    }
+    if (EndsWith(name, "ln1.weight") || EndsWith(name, "ln2.weight") || name == "ln_f.weight") {
+      std::fill(full.begin(), full.end(), 1.0f);
+      return;
+    }
+    const bool residual = EndsWith(name, "attn.proj.weight") || EndsWith(name, "mlp.proj.weight");
+    const double stddev = residual ? residual_std : 0.02;
+    const uint64_t key = SplitMix64(seed ^ NameHash(name));
+    // Box-Muller on a counter-based generator: the element at global position g depends on
+    // (seed, name, g) only, so a tensor-parallel rank's part equals the same elements of the
+    // whole tensor initialised at any other tensor-parallel size.
+    auto normal_pair = [&](uint64_t pair, double* c, double* s) {
+      const double r = std::sqrt(-2.0 * std::log(Unit53(SplitMix64(key + 2 * pair))));
+      const double theta = 2.0 * M_PI * Unit53(SplitMix64(key + 2 * pair + 1));
+      *c = stddev * r * std::cos(theta);
+      *s = stddev * r * std::sin(theta);
+    };
+    if (spec.frame.split_dim < 0 || spec.frame.parts == 1) {
+      for (size_t i = 0; i < full.size(); i += 2) {  // local == global: a pair at a time
+        double c, s;
+        normal_pair(i / 2, &c, &s);
+        full[i] = static_cast<float>(c);
+        if (i + 1 < full.size()) full[i + 1] = static_cast<float>(s);
+      }
+      zero_padding(spec, full);
+      return;
+    }
+    for (size_t i = 0; i < full.size(); ++i) {
+      const auto g = static_cast<uint64_t>(GlobalIndex(spec, static_cast<int64_t>(i)));
+      double c, s;
+      normal_pair(g / 2, &c, &s);
+      full[i] = static_cast<float>(g % 2 == 0 ? c : s);
+    }
+    zero_padding(spec, full);
+  };
+}
+
+int32_t SampleToken(std::span<const double> logits, const SamplingOptions& options,
+                    std::mt19937_64& rng) {
+  const int vocab = static_cast<int>(logits.size());
+  if (options.temperature <= 0.0f) {
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
+  std::vector<int32_t> ids(vocab);
+  std::iota(ids.begin(), ids.end(), 0);
+  int keep = options.top_k > 0 ? std::min(options.top_k, vocab) : vocab;
+  // Most likely first; ties broken by the smaller id, so the choice is deterministic.
+  std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), [&](int32_t a, int32_t b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  });
+  const double max = logits[ids[0]];
+  std::vector<double> weights(keep);
+  double total = 0;
+  for (int i = 0; i < keep; ++i) {
+    weights[i] = std::exp((logits[ids[i]] - max) / options.temperature);
+    total += weights[i];
+  }
+  double u = Unit53(rng()) * total;
+  for (int i = 0; i < keep; ++i) {
+    u -= weights[i];
+    if (u <= 0) return ids[i];
+  }
+  return ids[keep - 1];
+}
+
+}  // namespace zerort
