@@ -3,7 +3,6 @@
 
 #include <chrono>
 #include <cstring>
-#include <deque>
 
 #include "kernels/cast.h"
 #include "kernels/lamb.h"
@@ -11,28 +10,14 @@
 #include "kernels/reduce.h"
 #include "runtime/scoped_seconds.h"
 #include "runtime/strings.h"
+#include "sharding/nvme_step.h"
+#include "sharding/optimizer_state.h"
 
 namespace zerort {
 
-struct ShardedOptimizer::UnitState {
-  ShardedUnit* unit = nullptr;
-  PlacedBuffer master, exp_avg, exp_avg_sq, grad;
-  // NVMe gradient shards: whether the shard holds this step's gradient yet (else it reads as
-  // zero), and its norm parts as of its last write.
-  bool grad_written = false;
-  float sum_sq = 0.0f, nonfinite = 0.0f;
-  bool in_norm = true;  // false: a tied copy that another rank counts
-};
-
-namespace {
-int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
-
-constexpr int64_t kPage = NvmeStore::kAlignment;
-
-TensorView HostF32(void* data, int64_t n) {
-  return TensorView(data, DType::kF32, {n}, Device::Cpu());
-}
-}  // namespace
+using optimizer_internal::HostF32;
+using optimizer_internal::kPage;
+using optimizer_internal::RoundUp;
 
 ShardedOptimizer::ShardedOptimizer(const OptimizerResources& resources) : resources_(resources) {}
 
@@ -404,122 +389,8 @@ Status ShardedOptimizer::StepInMemory(int u, const OptimizerStepArgs& args) {
   return absl::OkStatus();
 }
 
-// The NVMe pipeline: reads run up to buffer_count - 1 chunks ahead, a chunk's writes overlap the
-// next chunk's update, and a staging set is reused only after its writes (StagingPool fences).
 Status ShardedOptimizer::StepNvme(const OptimizerStepArgs& args) {
-  NvmeStore& store = *resources_.tiers.nvme;
-  const ShardManagerOptions& o = *resources_.options;
-  const int64_t csize = static_cast<int64_t>(DTypeSize(o.compute_dtype));
-  const int64_t part = RoundUp(chunk_numel_ * 4, kPage);
-  std::vector<Chunk> chunks;
-  for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
-    const int64_t shard = units_[u]->master.numel();
-    for (int64_t b = 0; b < shard; b += chunk_numel_) {
-      chunks.push_back({u, Range{b, std::min(shard, b + chunk_numel_)}});
-    }
-  }
-  struct Job {
-    Chunk chunk;
-    StagingPool::Lease lease;
-    std::vector<IoHandle> reads;
-  };
-  auto buffers = [&](const Job& j) {
-    char* base = static_cast<char*>(j.lease.data);
-    return std::array<char*, 5>{base, base + part, base + 2 * part, base + 3 * part,
-                                base + 4 * part};
-  };
-  std::deque<Job> in_flight;
-  size_t next = 0;
-  const size_t ahead = static_cast<size_t>(staging_->count() - 1);
-  Status failed = absl::OkStatus();
-  double* io_wait = resources_.stats ? &resources_.stats->optimizer_io_wait_s : nullptr;
-  auto issue = [&]() -> Status {
-    Job j{chunks[next++], {}, {}};
-    {
-      ScopedSeconds waited(io_wait);  // a staging set is free once its last writes have landed
-      ZR_ASSIGN_OR_RETURN(j.lease, staging_->Acquire());
-    }
-    UnitState& s = *units_[j.chunk.unit];
-    const auto buf = buffers(j);
-    const int64_t off = j.chunk.range.begin * 4, bytes = j.chunk.range.size() * 4;
-    int i = 0;
-    for (PlacedBuffer* b : {&s.master, &s.exp_avg, &s.exp_avg_sq}) {
-      if (*b) j.reads.push_back(store.StartRead(b->region(), off, buf[i], bytes));
-      ++i;
-    }
-    if (s.grad_written) {
-      j.reads.push_back(store.StartRead(s.grad.region(), off, buf[3], bytes));
-    } else {
-      std::memset(buf[3], 0, bytes);
-    }
-    in_flight.push_back(std::move(j));
-    return absl::OkStatus();
-  };
-  while (failed.ok() && (next < chunks.size() || !in_flight.empty())) {
-    while (failed.ok() && next < chunks.size() && in_flight.size() < ahead) failed = issue();
-    if (!failed.ok() || in_flight.empty()) break;
-    Job j = std::move(in_flight.front());
-    in_flight.pop_front();
-    UnitState& s = *units_[j.chunk.unit];
-    {
-      ScopedSeconds waited(io_wait);
-      for (IoHandle& r : j.reads) {
-        Status st = r.Finish();
-        if (failed.ok() && !st.ok()) failed = st;
-      }
-    }
-    const auto buf = buffers(j);
-    const Range& r = j.chunk.range;
-    const int64_t n = r.size();
-    std::vector<Fence> fences;
-    if (failed.ok()) {
-      const ComputeCopy copy = s.unit->compute_copy();
-      TensorView out;
-      bool out_staged = false;
-      if (copy.buffer != nullptr) {
-        if (copy.buffer->in_memory() && copy.buffer->View().device().is_cpu()) {
-          out = copy.buffer->View().Flat(copy.offset + r.begin, n);
-        } else {
-          out = TensorView(buf[4], o.compute_dtype, {n}, Device::Cpu());
-          out_staged = true;
-        }
-      }
-      failed = Update(j.chunk.unit, r, args, HostF32(buf[0], n), HostF32(buf[3], n),
-                      s.exp_avg ? HostF32(buf[1], n) : TensorView(),
-                      s.exp_avg_sq ? HostF32(buf[2], n) : TensorView(), out);
-      int i = 0;
-      for (PlacedBuffer* b : {&s.master, &s.exp_avg, &s.exp_avg_sq}) {
-        if (failed.ok() && *b) {
-          IoHandle w = store.StartWrite(b->region(), r.begin * 4, buf[i], n * 4);
-          fences.push_back([w]() mutable { return w.Finish(); });
-        }
-        ++i;
-      }
-      if (failed.ok() && out_staged) {
-        if (copy.buffer->in_memory()) {  // device memory (CUDA)
-          const TensorView target = copy.buffer->View().Flat(copy.offset + r.begin, n);
-          failed = CopyBytes(target.data(), target.device(), buf[4], Device::Cpu(), target.nbytes(),
-                             nullptr);
-        } else {
-          IoHandle w = store.StartWrite(copy.buffer->region(), (copy.offset + r.begin) * csize,
-                                        buf[4], n * csize);
-          fences.push_back([w]() mutable { return w.Finish(); });
-        }
-      }
-    }
-    staging_->Return(j.lease, std::move(fences));
-  }
-  for (Job& j : in_flight) {  // after a failure: let the reads finish before the memory is reused
-    for (IoHandle& r : j.reads) r.Finish().IgnoreError();
-    staging_->Return(j.lease);
-  }
-  Status drained;
-  {
-    ScopedSeconds waited(io_wait);
-    drained = staging_->Drain();  // every write of this step has landed
-  }
-  if (!failed.ok()) return Annotate(failed, "optimizer step on the nvme tier");
-  return Annotate(drained, "optimizer step on the nvme tier");
+  return NvmeStep(*this, args).Run();
 }
 
 // ------------------------------------------------------------------ checkpoint state

@@ -89,6 +89,7 @@ class ShardedOptimizer {
     int unit;
     Range range;  // in the shard frame
   };
+  class NvmeStep;  // the NVMe tier's pipelined step (nvme_step.h)
   Status StepInMemory(int u, const OptimizerStepArgs& args);
   Status StepNvme(const OptimizerStepArgs& args);
   // The fused kernel on one range of unit u, given fp32 views of that range and the compute out.

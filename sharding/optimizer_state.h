@@ -1,0 +1,33 @@
+// ShardedOptimizer's per-unit state and small helpers, shared by sharded_optimizer.cc and the
+// NVMe step (nvme_step.cc); internal to sharding/.
+#pragma once
+
+#include "offload/nvme_store.h"
+#include "sharding/placed_buffer.h"
+#include "sharding/sharded_optimizer.h"
+
+namespace zerort {
+
+struct ShardedOptimizer::UnitState {
+  ShardedUnit* unit = nullptr;
+  PlacedBuffer master, exp_avg, exp_avg_sq, grad;
+  // NVMe gradient shards: whether the shard holds this step's gradient yet (else it reads as
+  // zero), and its norm parts as of its last write.
+  bool grad_written = false;
+  float sum_sq = 0.0f, nonfinite = 0.0f;
+  bool in_norm = true;  // false: a tied copy that another rank counts
+};
+
+namespace optimizer_internal {
+
+inline int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+inline constexpr int64_t kPage = NvmeStore::kAlignment;
+
+inline TensorView HostF32(void* data, int64_t n) {
+  return TensorView(data, DType::kF32, {n}, Device::Cpu());
+}
+
+}  // namespace optimizer_internal
+
+}  // namespace zerort
