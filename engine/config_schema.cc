@@ -641,19 +641,22 @@ void ReadConfigFields(const nlohmann::json& json, RunConfig& c, GivenKeys& given
   }
 }
 
+void ConfigField::Set(nlohmann::json& config, nlohmann::json value) const {
+  nlohmann::json* node = &config;
+  std::string_view rest = section;
+  while (!rest.empty()) {
+    const size_t dot = rest.find('.');
+    node = &(*node)[std::string(rest.substr(0, dot))];
+    rest = dot == std::string_view::npos ? "" : rest.substr(dot + 1);
+  }
+  (*node)[std::string(key)] = std::move(value);
+}
+
 nlohmann::json FieldsToJson(const RunConfig& c) {
   nlohmann::json out = nlohmann::json::object();
   for (const ConfigField& f : Table()) {
-    const nlohmann::json value = f.Value(c);
-    if (!Printed(f, c, value)) continue;
-    nlohmann::json* node = &out;
-    std::string_view rest = f.section;
-    while (!rest.empty()) {
-      const size_t dot = rest.find('.');
-      node = &(*node)[std::string(rest.substr(0, dot))];
-      rest = dot == std::string_view::npos ? "" : rest.substr(dot + 1);
-    }
-    (*node)[std::string(f.key)] = value;
+    nlohmann::json value = f.Value(c);
+    if (Printed(f, c, value)) f.Set(out, std::move(value));
   }
   return out;
 }

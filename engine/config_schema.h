@@ -64,6 +64,8 @@ struct ConfigField {
   std::string_view TypeName() const;  // "integer", "number", "boolean", "string", "list", ...
   // This row's value in `c` as JSON (the default when `c` is a default RunConfig).
   nlohmann::json Value(const RunConfig& c) const;
+  // Writes `value` at this row's path in a config's JSON, creating its sections.
+  void Set(nlohmann::json& config, nlohmann::json value) const;
 };
 
 std::span<const ConfigField> ConfigFields();

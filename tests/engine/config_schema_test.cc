@@ -17,14 +17,7 @@ namespace {
 // {"a": {"b": {key: value}}} for the row's section.
 nlohmann::json Nest(const ConfigField& f, const nlohmann::json& value) {
   nlohmann::json j = nlohmann::json::object();
-  nlohmann::json* node = &j;
-  std::string_view rest = f.section;
-  while (!rest.empty()) {
-    const size_t dot = rest.find('.');
-    node = &(*node)[std::string(rest.substr(0, dot))];
-    rest = dot == std::string_view::npos ? "" : rest.substr(dot + 1);
-  }
-  (*node)[std::string(f.key)] = value;
+  f.Set(j, value);
   return j;
 }
 
