@@ -5,6 +5,7 @@
 #include <map>
 
 #include "engine/memory_replay.h"
+#include "layers/gpt_block.h"
 #include "layers/gpt_model.h"
 #include "layers/pipeline_executor.h"
 #include "layers/pipeline_schedule.h"
@@ -322,24 +323,16 @@ void StepModel::MicroBatch() {
   const int64_t attention_saved =
       in_.cuda ? int64_t{in_.micro_batch} * heads * c.seq_len * c.seq_len * act
                : int64_t{in_.micro_batch} * heads * c.seq_len * 4;
-  const int64_t set_bytes = 2 * rows * d * act + rows_l * d * act + 4 * rows_l * stat +
-                            3 * rows * dl * act + rows * dl * act + attention_saved +
-                            8 * rows * dl * act;
-  // One block's activation set (GptModel's AllocateBlockActs).
+  // One block's activation set: the model's own table (layers/gpt_block.h, BlockActPlan).
+  const gpt::Geometry geometry = gpt::MakeGeometry(c, in_.tp, 0, in_.sequence_parallel,
+                                                   in_.vocab_multiple, in_.micro_batch, c.seq_len);
+  const auto plan = gpt::BlockActPlan(geometry, act, stat, attention_saved);
+  int64_t set_bytes = 0;
+  for (const gpt::BlockActBuffer& b : plan) set_bytes += b.bytes;
   auto block_set = [&](std::vector<Replay::Handle>& into) {
-    auto a = [&](int64_t bytes) { into.push_back(r_.Alloc(Cat::kActivations, bytes, kernels_)); };
-    a(rows * d * act);       // ln1 (every row)
-    a(rows_l * stat);        // ln1 mean
-    a(rows_l * stat);        // ln1 rstd
-    a(rows * 3 * dl * act);  // qkv
-    a(rows * dl * act);      // attention output
-    a(attention_saved);      // attention's saved state
-    a(rows_l * d * act);     // residual
-    a(rows * d * act);       // ln2 (every row)
-    a(rows_l * stat);
-    a(rows_l * stat);
-    a(rows * 4 * dl * act);  // MLP pre-GELU
-    a(rows * 4 * dl * act);  // MLP post-GELU
+    for (const gpt::BlockActBuffer& b : plan) {
+      into.push_back(r_.Alloc(Cat::kActivations, b.bytes, kernels_));
+    }
   };
   // A pipeline stage holds the activations of the micro-batches its schedule keeps in flight:
   // each one's tokens and block boundaries, and the sets of the chunks it is between the forward

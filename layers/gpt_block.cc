@@ -7,23 +7,28 @@
 namespace zerort::gpt {
 
 Geometry MakeGeometry(const GptModelOptions& o, int batch, int seq) {
+  return MakeGeometry(o.config, o.tp.size(), o.tp.rank(), o.sequence_parallel, o.vocab_multiple,
+                      batch, seq);
+}
+
+Geometry MakeGeometry(const GptConfig& c, int tp_size, int tp_rank, bool sequence_parallel,
+                      int vocab_multiple, int batch, int seq) {
   Geometry g;
-  g.t = o.tp.size();
-  g.r = o.tp.rank();
+  g.t = tp_size;
+  g.r = tp_rank;
   g.batch = batch;
   g.seq = seq;
   g.rows = static_cast<int64_t>(batch) * seq;
   // Any contiguous split of the rows works: every op in the sequence-parallel region (LayerNorm,
   // residual additions) is per row. A pass whose rows do not divide (a short prompt) runs
   // without it, which computes the same values.
-  g.sp = o.sequence_parallel && g.t > 1 && g.rows % g.t == 0;
+  g.sp = sequence_parallel && g.t > 1 && g.rows % g.t == 0;
   g.rows_l = g.sp ? g.rows / g.t : g.rows;
-  const GptConfig& c = o.config;
   g.d = c.d_model;
   g.d_l = c.d_model / g.t;
   g.h_l = c.n_head / g.t;
   g.f_l = 4 * c.d_model / g.t;
-  g.v_l = static_cast<int>(PaddedVocab(c, g.t, o.vocab_multiple) / g.t);
+  g.v_l = static_cast<int>(PaddedVocab(c, g.t, vocab_multiple) / g.t);
   g.v_begin = g.r * g.v_l;
   g.v_valid = std::clamp(c.vocab_size - g.v_begin, 0, g.v_l);
   return g;
@@ -165,28 +170,32 @@ Status BlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const Bl
   return ReduceNormGrads(c, s, {{gr[kLn2W], gr[kLn2B]}, {gr[kLn1W], gr[kLn1B]}});
 }
 
-Status AllocateBlockActs(const Geometry& g, ModelKernels& k, Allocator& activations, BlockActs& a) {
+std::array<BlockActBuffer, 12> BlockActPlan(const Geometry& g, int64_t act, int64_t stat,
+                                            int64_t attention_saved) {
   const int64_t rows = g.rows, rows_l = g.rows_l, d = g.d;
-  const size_t act = k.act_size(), stat = k.stat_size();
-  Stream* st = &k.stream();
-  auto alloc = [&](Buffer& b, int64_t elems, size_t size) -> Status {
-    ZR_ASSIGN_OR_RETURN(b, activations.Allocate(static_cast<size_t>(elems) * size,
-                                                MemoryCategory::kActivations, st));
-    return absl::OkStatus();
-  };
-  ZR_RETURN_IF_ERROR(alloc(a.ln1, rows * d, act));
-  ZR_RETURN_IF_ERROR(alloc(a.ln1_mean, rows_l, stat));
-  ZR_RETURN_IF_ERROR(alloc(a.ln1_rstd, rows_l, stat));
-  ZR_RETURN_IF_ERROR(alloc(a.qkv, rows * 3 * g.d_l, act));
-  ZR_RETURN_IF_ERROR(alloc(a.atty, rows * g.d_l, act));
-  // What the kernels' attention keeps for its backward (the CPU: a log-sum-exp per query).
-  ZR_RETURN_IF_ERROR(alloc(a.att, k.AttentionSavedBytes(g.batch, g.seq, g.h_l), 1));
-  ZR_RETURN_IF_ERROR(alloc(a.res2, rows_l * d, act));
-  ZR_RETURN_IF_ERROR(alloc(a.ln2, rows * d, act));
-  ZR_RETURN_IF_ERROR(alloc(a.ln2_mean, rows_l, stat));
-  ZR_RETURN_IF_ERROR(alloc(a.ln2_rstd, rows_l, stat));
-  ZR_RETURN_IF_ERROR(alloc(a.fch, rows * g.f_l, act));
-  ZR_RETURN_IF_ERROR(alloc(a.fch_gelu, rows * g.f_l, act));
+  return {{{&BlockActs::ln1, rows * d * act},  // every row: the input of column layers
+           {&BlockActs::ln1_mean, rows_l * stat},
+           {&BlockActs::ln1_rstd, rows_l * stat},
+           {&BlockActs::qkv, rows * 3 * g.d_l * act},
+           {&BlockActs::atty, rows * g.d_l * act},
+           // What the kernels' attention keeps for its backward (the CPU: a log-sum-exp per query).
+           {&BlockActs::att, attention_saved},
+           {&BlockActs::res2, rows_l * d * act},
+           {&BlockActs::ln2, rows * d * act},
+           {&BlockActs::ln2_mean, rows_l * stat},
+           {&BlockActs::ln2_rstd, rows_l * stat},
+           {&BlockActs::fch, rows * g.f_l * act},
+           {&BlockActs::fch_gelu, rows * g.f_l * act}}};
+}
+
+Status AllocateBlockActs(const Geometry& g, ModelKernels& k, Allocator& activations, BlockActs& a) {
+  const int64_t saved = k.AttentionSavedBytes(g.batch, g.seq, g.h_l);
+  for (const BlockActBuffer& b : BlockActPlan(g, static_cast<int64_t>(k.act_size()),
+                                              static_cast<int64_t>(k.stat_size()), saved)) {
+    ZR_ASSIGN_OR_RETURN(a.*b.member,
+                        activations.Allocate(static_cast<size_t>(b.bytes),
+                                             MemoryCategory::kActivations, &k.stream()));
+  }
   return absl::OkStatus();
 }
 

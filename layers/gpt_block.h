@@ -4,6 +4,8 @@
 // transitions (Megatron's f and g, SP's gather/scatter) around the LayerNorms and linears.
 #pragma once
 
+#include <array>
+
 #include <cstdint>
 #include <initializer_list>
 #include <utility>
@@ -47,6 +49,9 @@ struct Geometry {
 };
 
 Geometry MakeGeometry(const GptModelOptions& o, int batch, int seq);
+// The same for tensor-parallel rank `tp_rank` of `tp_size` without a model (the memory model).
+Geometry MakeGeometry(const GptConfig& c, int tp_size, int tp_rank, bool sequence_parallel,
+                      int vocab_multiple, int batch, int seq);
 
 // What the layer functions below share in one pass.
 struct Ctx {
@@ -111,9 +116,19 @@ Status ReduceNormGrads(const Ctx& c, BackwardScratch& s,
 Status BlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const BlockActs& a,
                      BackwardScratch& s);
 
-// A block's activation set (allocated by its forward, freed by its backward): under tensor
-// parallelism the column layers' outputs hold this rank's columns; the residual stream and
-// LayerNorm statistics this rank's rows (sequence parallelism).
+// [Note: a block's activation set] What one block keeps from its forward for its backward, in
+// allocation order, with each buffer's bytes: under tensor parallelism the column layers' outputs
+// hold this rank's columns, the residual stream and the LayerNorm statistics this rank's rows
+// (sequence parallelism); `attention_saved` is ModelKernels::AttentionSavedBytes. This one table
+// is what AllocateBlockActs allocates and what the memory model (engine/memory_model.cc) replays.
+struct BlockActBuffer {
+  Buffer BlockActs::*member;
+  int64_t bytes;
+};
+std::array<BlockActBuffer, 12> BlockActPlan(const Geometry& g, int64_t act, int64_t stat,
+                                            int64_t attention_saved);
+
+// A block's activation set (allocated by its forward, freed by its backward): BlockActPlan's.
 Status AllocateBlockActs(const Geometry& g, ModelKernels& k, Allocator& activations, BlockActs& a);
 
 }  // namespace zerort::gpt
