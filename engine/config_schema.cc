@@ -181,31 +181,32 @@ std::vector<ConfigField> BuildTable() {
   t.push_back(Bool(z, "overlap_comm", ZR_MEMBER(zero.overlap_comm),
                    "reduce gradients on the communication stream during the backward"));
   t.push_back(Num<int64_t>(z, "reduce_bucket_size", ZR_MEMBER(zero.reduce_bucket_size), 0, kMaxInt,
-                           "elements per gradient reduction bucket, DeepSpeed's 5e8"));
-  t.push_back(Num<int64_t>(z, "stage3_prefetch_bucket_size",
-                           ZR_MEMBER(zero.stage3_prefetch_bucket_size), 0, kMaxInt,
-                           "stage 3: elements of parameters gathered ahead of use, DeepSpeed's "
-                           "5e7"));
+                           "elements per gradient reduction bucket; 0: each unit alone"));
+  t.push_back(Num<int64_t>(
+      z, "stage3_prefetch_bucket_size", ZR_MEMBER(zero.stage3_prefetch_bucket_size), 0, kMaxInt,
+      "stage 3: elements of parameters gathered ahead of use; 0: no prefetch"));
   t.push_back(Num<int64_t>(z, "stage3_param_persistence_threshold",
                            ZR_MEMBER(zero.stage3_param_persistence_threshold), 0, kMaxInt,
                            "stage 3: units smaller than this stay gathered, DeepSpeed's 1e5"));
   t.push_back(Num<int64_t>(z, "stage3_max_live_parameters",
                            ZR_MEMBER(zero.stage3_max_live_parameters), 0, kMaxInt,
-                           "stage 3: elements gathered at once, DeepSpeed's 1e9"));
+                           "stage 3: elements gathered at once; 0: only the unit in use"));
   t.push_back(Num<int64_t>(
       z, "stage3_max_reuse_distance", ZR_MEMBER(zero.stage3_max_reuse_distance), 0, kMaxInt,
       "stage 3: a unit used again within this many elements of other units "
       "stays gathered; zerort's 0 releases after every use (DeepSpeed's 1e9)"));
-  t.push_back(Num<int64_t>(z, "allgather_bucket_size", ZR_MEMBER(zero.allgather_bucket_size), 1,
-                           kMaxInt,
-                           "stages 1-2: elements per all-gather of the updated parameters"));
+  t.push_back(
+      Num<int64_t>(z, "allgather_bucket_size", ZR_MEMBER(zero.allgather_bucket_size), 1, kMaxInt,
+                   "stages 1-2: elements per all-gather of the updated parameters; a larger unit "
+                   "goes in pieces through a staging buffer of that size"));
   t.push_back(Bool(z, "contiguous_gradients", ZR_MEMBER(zero.contiguous_gradients),
                    "accepted for DeepSpeed compatibility: zerort's gradients are always "
                    "contiguous"));
   t.push_back(Bool(z, "allgather_partitions", ZR_MEMBER(zero.allgather_partitions),
-                   "false: a broadcast per rank instead of one all-gather"));
+                   "false: a broadcast per rank instead of one all-gather (the same weights)"));
   t.push_back(Bool(z, "reduce_scatter", ZR_MEMBER(zero.reduce_scatter),
-                   "false: stages 2-3 all-reduce and each rank keeps its shard"));
+                   "false: stages 2-3 all-reduce and each rank keeps its shard (the same "
+                   "numbers); stages 0-1 always all-reduce"));
   t.push_back(Bool(z, "stage3_gather_16bit_weights_on_model_save",
                    ZR_MEMBER(zero.stage3_gather_16bit_weights_on_model_save),
                    "each checkpoint also writes the consolidated weights in the compute dtype as "
@@ -231,7 +232,8 @@ std::vector<ConfigField> BuildTable() {
 
   const std::string_view f16 = "fp16";
   t.push_back(Bool(f16, "enabled", ZR_MEMBER(fp16.enabled),
-                   "fp16 compute with fp32 masters and dynamic loss scaling"));
+                   "fp16 weights and activations, fp32 masters and reduction, dynamic loss "
+                   "scaling (the scale and skipped steps in the metrics)"));
   t.push_back(Num<float>(f16, "loss_scale", ZR_MEMBER(fp16.loss_scale), 0, 1e30,
                          "a static loss scale; 0: dynamic (DeepSpeed's convention)"));
   t.push_back(Num<int>(f16, "initial_scale_power", ZR_MEMBER(fp16.initial_scale_power), 0, 64,
@@ -240,17 +242,20 @@ std::vector<ConfigField> BuildTable() {
                        "overflow-free steps before the scale doubles"));
   t.push_back(Num<int>(f16, "hysteresis", ZR_MEMBER(fp16.hysteresis), 1, 1 << 30,
                        "overflows tolerated before the scale halves"));
-  t.push_back(Num<float>(f16, "min_loss_scale", ZR_MEMBER(fp16.min_loss_scale), 0, 1e30,
-                         "the dynamic scale's floor"));
+  t.push_back(Num<float>(
+      f16, "min_loss_scale", ZR_MEMBER(fp16.min_loss_scale), 0, 1e30,
+      "the dynamic scale's floor (below 1: a warning; newer DeepSpeed takes an integer)"));
   t.push_back(Num<int>(f16, "max_consecutive_skips", ZR_MEMBER(fp16.max_consecutive_skips), 1,
                        1 << 30,
                        "zerort's: stop the run (exit 1) after this many steps in a row skipped "
                        "for non-finite gradients, in any precision"));
   t.push_back(Bool("bf16", "enabled", ZR_MEMBER(bf16), "bf16 compute, fp32 masters and reduction"));
 
-  t.push_back(Custom("optimizer", "type", ZR_MEMBER(optimizer.type), ReadOptimizerType,
-                     {"AdamW", "Adam", "SGD", "Lamb"},
-                     "the optimizer; DeepSpeed's 1-bit optimizers are refused by name"));
+  t.push_back(Custom(
+      "optimizer", "type", ZR_MEMBER(optimizer.type), ReadOptimizerType,
+      {"AdamW", "Adam", "SGD", "Lamb"},
+      "AdamW, Adam, SGD (torch.optim's), Lamb (trust ratios over shards); DeepSpeed's OneBitAdam, "
+      "OneBitLamb and ZeroOneAdam are refused by name"));
   const std::string_view op = "optimizer.params";
   const std::vector<std::string_view> adams = {"AdamW", "Adam", "Lamb"};
   t.push_back(Num<float>(op, "lr", ZR_MEMBER(optimizer.lr), 0, 1e3,
@@ -288,7 +293,8 @@ std::vector<ConfigField> BuildTable() {
 
   t.push_back(With(Custom("scheduler", "type", ZR_MEMBER(scheduler.type), ReadSchedulerType,
                           {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"},
-                          "the learning-rate schedule; absent: a constant optimizer.params.lr"),
+                          "the learning-rate schedule; absent: a constant optimizer.params.lr; "
+                          "OneCycle and LRRangeTest are refused by name"),
                    kOmitUnset));
   const std::string_view sp = "scheduler.params";
   const std::vector<std::string_view> warmup = {"WarmupLR", "WarmupDecayLR"};
@@ -435,26 +441,6 @@ const std::string* OwnerType(std::string_view section, const RunConfig& c) {
 
 bool Contains(const std::vector<std::string_view>& v, std::string_view s) {
   return std::find(v.begin(), v.end(), s) != v.end();
-}
-
-std::string FormatNumber(double d) {
-  if (d == kMaxInt) return "2^53";
-  if (d == std::floor(d) && std::fabs(d) < 1e15) return StrCat(static_cast<int64_t>(d));
-  return fmt::format("{}", d);
-}
-
-// A default as a reader writes it: a float member's value in its own shortest digits (0.0003,
-// not 0.0003000000142492354).
-std::string Shown(const nlohmann::json& v) {
-  if (v.is_array()) {
-    std::string out;
-    for (const nlohmann::json& e : v) out += StrCat(out.empty() ? "" : ", ", Shown(e));
-    return StrCat("[", out, "]");
-  }
-  if (!v.is_number_float()) return v.dump();
-  const double d = v.get<double>();
-  const float f = static_cast<float>(d);
-  return static_cast<double>(f) == d ? fmt::format("{}", f) : fmt::format("{}", d);
 }
 
 Status ReadList(const JsonSection& s, std::string_view key, std::vector<int>& out, double min,
@@ -657,41 +643,6 @@ nlohmann::json FieldsToJson(const RunConfig& c) {
   for (const ConfigField& f : Table()) {
     nlohmann::json value = f.Value(c);
     if (Printed(f, c, value)) f.Set(out, std::move(value));
-  }
-  return out;
-}
-
-std::string ConfigReferenceMarkdown() {
-  const RunConfig defaults;
-  std::string out;
-  std::string_view section = "-";
-  for (const ConfigField& f : Table()) {
-    if (f.section != section) {
-      section = f.section;
-      out +=
-          StrCat(out.empty() ? "" : "\n", "### `", section.empty() ? "(top level)" : section,
-                 "`\n\n| key | type | default | allowed | what it does |\n|---|---|---|---|---|\n");
-    }
-    std::string allowed;
-    if (!f.choices.empty()) {
-      for (std::string_view ch : f.choices) allowed += StrCat(allowed.empty() ? "" : ", ", ch);
-    } else if (f.TypeName() == "integer" || f.TypeName() == "number" ||
-               f.TypeName() == "two numbers" || f.TypeName() == "list of integers") {
-      allowed = StrCat(FormatNumber(f.min), " .. ", FormatNumber(f.max));
-    }
-    std::string doc(f.doc);
-    if (!f.owners.empty()) {
-      std::string types;
-      for (std::string_view o : f.owners) types += StrCat(types.empty() ? "" : ", ", o);
-      doc += StrCat(" (", types, ")");
-    }
-    const nlohmann::json value = f.Value(defaults);
-    const bool unset = (f.flags & kNotPrinted) || value.is_null() ||
-                       (value.is_string() && value.get<std::string>().empty()) ||
-                       ((f.flags & kOmitUnset) && value == 0);
-    const std::string shown = unset ? "unset" : Shown(value);
-    out += StrCat("| `", f.key, "` | ", f.TypeName(), " | ", shown, " | ", allowed, " | ", doc,
-                  " |\n");
   }
   return out;
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "engine/config.h"
+#include "engine/config_schema.h"
 #include "runtime/strings.h"
 
 namespace zerort {
@@ -240,6 +241,11 @@ std::string DeepSpeedKeysMarkdown() {
   std::string out = "| DeepSpeed key | zerort | what zerort does |\n|---|---|---|\n";
   for (const DsKey& k : DeepSpeedKeys()) {
     std::string what(k.detail);
+    if (k.handling == DsHandling::kImplemented && what.empty()) {  // the field table's text
+      const ConfigField* field = FindConfigField(k.path);
+      ZR_CHECK(field != nullptr) << k.path << ": an implemented key without a field-table row";
+      what = field->doc;
+    }
     if (k.handling == DsHandling::kMapped && IsPath(k.detail))
       what = StrCat("read as `", k.detail, "`");
     if (k.handling == DsHandling::kRefused && !k.accept_if.empty()) {

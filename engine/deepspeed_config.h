@@ -32,7 +32,9 @@ enum class DsHandling {
 struct DsKey {
   std::string_view path;  // "zero_optimization.reduce_scatter"; a section's whole object
   DsHandling handling;
-  std::string_view detail;   // meaning, mapped target, what zerort does instead, or why refused
+  // Mapped target, what zerort does instead, or why refused; "" for an implemented key whose
+  // meaning is its field-table row's doc (engine/config_schema.h), the one text.
+  std::string_view detail;
   std::string_view example;  // a JSON value with which the key shows its handling (tests, README)
   // kRefused: the JSON values that ask for nothing (accepted quietly), "disabled" for a section
   // with no `"enabled": true` inside; "" for a key refused whatever its value.

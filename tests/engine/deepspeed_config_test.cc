@@ -1,7 +1,8 @@
-// DeepSpeed's front end: docs/deepspeed.md's key table equals the key list, every key shows its handling
-// with its example value, legacy and alternative names, "auto" by Hugging Face's rules against
-// hand-computed values, and every problem of a config in one message.
+// DeepSpeed's front end: docs/deepspeed.md's key table equals the key list, every key shows its
+// handling with its example value, legacy and alternative names, "auto" by Hugging Face's rules
+// against hand-computed values, and every problem of a config in one message.
 #include "engine/deepspeed_config.h"
+#include "engine/config_schema.h"
 #include "engine/preflight.h"
 
 #include <gtest/gtest.h>
@@ -269,6 +270,19 @@ TEST(DeepSpeedKeysTest, AutoIsResolvedByHuggingFacesRules) {
   ASSERT_TRUE(ResolveBatch(all, 2, "test").ok());
   EXPECT_EQ(all.train_micro_batch_size_per_gpu, 8);
   EXPECT_EQ(all.train_batch_size, 16);
+}
+
+// An implemented key's text is its field-table row's doc (one text per key); only whole sections
+// (no row of their own) carry one here.
+TEST(DeepSpeedKeysTest, ImplementedKeysAreFieldTableRows) {
+  int rows = 0;
+  for (const DsKey& k : DeepSpeedKeys()) {
+    if (k.handling != DsHandling::kImplemented) continue;
+    const ConfigField* field = FindConfigField(k.path);
+    EXPECT_NE(field == nullptr, k.detail.empty()) << k.path;
+    rows += field != nullptr ? 1 : 0;
+  }
+  EXPECT_GE(rows, 50);
 }
 
 // csv_monitor names a directory zerort creates: a job name is a plain name, the place writable.
