@@ -1,15 +1,6 @@
-// Reading, validating and printing RunConfig.
+// Reading RunConfig: --set overrides, the DeepSpeed front end, the field table and the rules;
+// the batch triple.
 #include "engine/config.h"
-
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cctype>
-#include <cerrno>
-#include <cstdlib>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 
 #include "engine/config_rules.h"
 #include "engine/config_schema.h"

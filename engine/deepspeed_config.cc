@@ -212,7 +212,7 @@ void CollectAutos(nlohmann::json& node, const std::string& path, Problems& probl
         problems.Add(StrCat(p,
                             " = \"auto\": no rule resolves \"auto\" for this key (zerort "
                             "resolves it where Hugging Face's DeepSpeed integration does: "
-                            "README, \"auto\" values); give a value"));
+                            "docs/deepspeed.md, \"auto\" values); give a value"));
       }
     } else {
       CollectAutos(value, p, problems, autos);

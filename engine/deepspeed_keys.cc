@@ -117,7 +117,7 @@ constexpr DsKey kKeys[] = {
     {"zero_optimization.stage3_prefetch_bucket_size", I, "", "5e7"},
     {"zero_optimization.stage3_param_persistence_threshold", I, "", "1e5"},
     {"zero_optimization.stage3_max_live_parameters", I, "", "1e9"},
-    {"zero_optimization.offload_optimizer", I, "device none | cpu | nvme (README, Offload)",
+    {"zero_optimization.offload_optimizer", I, "device none | cpu | nvme (docs/offload.md)",
      "{\"device\": \"cpu\"}"},
     {"zero_optimization.offload_param", I,
      "stage 3: device none | cpu | nvme; below stage 3 ignored with a warning, as DeepSpeed "

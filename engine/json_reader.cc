@@ -202,7 +202,7 @@ Status JsonSection::TypeError(std::string_view key, const nlohmann::json& value,
     return absl::InvalidArgumentError(
         StrCat(PathOf(key),
                " = \"auto\": zerort resolves \"auto\" only where Hugging Face's "
-               "DeepSpeed integration defines a rule (README, \"auto\" values); give ",
+               "DeepSpeed integration defines a rule (docs/deepspeed.md, \"auto\" values); give ",
                expected));
   }
   return absl::InvalidArgumentError(

@@ -42,7 +42,7 @@ RULE = [
     "no rule resolves \"auto\"",
     "unknown key",                              # not a DeepSpeed key (a typo)
     "set train_micro_batch_size_per_gpu",       # no batch size (DeepSpeed refuses it too)
-    "needs zero_optimization.stage",            # offload below its stage (README, offload)
+    "needs zero_optimization.stage",            # offload below its stage (docs/offload.md)
 ]
 
 
