@@ -431,12 +431,8 @@ void StepModel::MicroBatch() {
     r_.Free(seq_local);
     r_.Free(seq_full);
   }
-  ws.push_back(r_.Alloc(Cat::kWorkspace, rows_l * d * act, kernels_));  // residual gradient
-  if (!st_.last) ws.push_back(r_.Alloc(Cat::kWorkspace, rows * d * act, kernels_));
-  if (sp) {
-    ws.push_back(r_.Alloc(Cat::kWorkspace, rows * d * act, kernels_));    // gathered gradient
-    ws.push_back(r_.Alloc(Cat::kWorkspace, rows_l * d * act, kernels_));  // reduce-scattered
-    ws.push_back(r_.Alloc(Cat::kWorkspace, 4 * d * grad, kernels_));      // LayerNorm gradients
+  for (const gpt::ScratchBuffer& b : gpt::BackwardScratchPlan(geometry, act, grad, st_.last)) {
+    ws.push_back(r_.Alloc(Cat::kWorkspace, b.bytes, kernels_));
   }
   auto ln_scratch = [&] {
     if (!in_.cuda) return;

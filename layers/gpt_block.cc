@@ -170,6 +170,18 @@ Status BlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const Bl
   return ReduceNormGrads(c, s, {{gr[kLn2W], gr[kLn2B]}, {gr[kLn1W], gr[kLn1B]}});
 }
 
+std::vector<ScratchBuffer> BackwardScratchPlan(const Geometry& g, int64_t act, int64_t grad,
+                                               bool head_gave_dbtc) {
+  std::vector<ScratchBuffer> plan = {{&BackwardScratch::dres, g.rows_l * g.d * act}};
+  if (!head_gave_dbtc) plan.push_back({&BackwardScratch::dbtc, g.rows * g.d * act});
+  if (g.sp) {
+    plan.push_back({&BackwardScratch::dfull, g.rows * g.d * act});
+    plan.push_back({&BackwardScratch::dloc, g.rows_l * g.d * act});
+    plan.push_back({&BackwardScratch::norm, 4 * g.d * grad});
+  }
+  return plan;
+}
+
 std::array<BlockActBuffer, 12> BlockActPlan(const Geometry& g, int64_t act, int64_t stat,
                                             int64_t attention_saved) {
   const int64_t rows = g.rows, rows_l = g.rows_l, d = g.d;

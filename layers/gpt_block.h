@@ -91,6 +91,17 @@ struct BackwardScratch {
   Buffer norm;   // [4d] grad dtype: LayerNorm weight gradients of this rank's rows (SP)
 };
 
+// [Note: the backward's scratch] What a micro-batch's backward allocates when it begins, in order,
+// with each buffer's bytes (d4a and d4b follow at the first block's backward): the table
+// GptModel::EnsureBackwardScratch allocates and the memory model replays. `head_gave_dbtc`: the
+// head's forward already holds dbtc (a training HeadForward on the last stage).
+struct ScratchBuffer {
+  Buffer BackwardScratch::*member;
+  int64_t bytes;
+};
+std::vector<ScratchBuffer> BackwardScratchPlan(const Geometry& g, int64_t act, int64_t grad,
+                                               bool head_gave_dbtc);
+
 // The residual gradient of every row, for a row-parallel layer's backward: under sequence
 // parallelism gathered (the reduce-scatter's backward), otherwise dres itself.
 StatusOr<const void*> ResidualGradOfEveryRow(const Ctx& c, BackwardScratch& s);

@@ -450,23 +450,16 @@ Status GptModel::EnsureBackwardScratch(MicroBatch& mb) {
   const Geometry& g = mb.g;
   ModelKernels& k = kernels_;
   Stream* st = &k.stream();
-  const size_t act = k.act_size();
-  auto alloc = [&](Buffer& b, int64_t elems, size_t size) -> Status {
-    ZR_ASSIGN_OR_RETURN(b, activations_.Allocate(static_cast<size_t>(elems) * size,
-                                                 MemoryCategory::kWorkspace, st));
-    return absl::OkStatus();
-  };
   // The forward is over for this micro-batch: its scratch goes.
   mb.seq_local.Reset();
   mb.seq_full.Reset();
-  ZR_RETURN_IF_ERROR(alloc(s.dres, g.rows_l * g.d, act));
-  if (!s.dbtc) ZR_RETURN_IF_ERROR(alloc(s.dbtc, g.rows * g.d, act));  // HeadForward's, if any
-  if (g.sp) {
-    ZR_RETURN_IF_ERROR(alloc(s.dfull, g.rows * g.d, act));
-    ZR_RETURN_IF_ERROR(alloc(s.dloc, g.rows_l * g.d, act));
-    ZR_RETURN_IF_ERROR(alloc(s.norm, 4 * g.d, k.grad_size()));
-    ZR_RETURN_IF_ERROR(FillZero(s.norm.data(), k.device(), s.norm.bytes(), st));
+  for (const ScratchBuffer& b :
+       BackwardScratchPlan(g, static_cast<int64_t>(k.act_size()),
+                           static_cast<int64_t>(k.grad_size()), static_cast<bool>(s.dbtc))) {
+    ZR_ASSIGN_OR_RETURN(s.*b.member, activations_.Allocate(static_cast<size_t>(b.bytes),
+                                                           MemoryCategory::kWorkspace, st));
   }
+  if (g.sp) ZR_RETURN_IF_ERROR(FillZero(s.norm.data(), k.device(), s.norm.bytes(), st));
   return absl::OkStatus();
 }
 
