@@ -11,8 +11,6 @@
 namespace zerort {
 namespace {
 
-constexpr int64_t kMaxInt = int64_t{1} << 53;
-
 Status SetOverride(nlohmann::json& json, const std::string& assignment) {
   const size_t eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0) {
@@ -126,7 +124,7 @@ Status ResolveBatch(RunConfig& c, int dp, const std::string& dp_source) {
         StrCat("= train_batch_size ", t, " / (accumulation ", a, " x data-parallel size ", dp, ")");
   } else if (m) {
     if (!a) a = 1;
-    if (m > kMaxInt / a / dp) {
+    if (m > kMaxConfigInt / a / dp) {
       return fail(StrCat(m, " x ", a, " x ", dp, " is more than 2^53 sequences per step"));
     }
     t = m * a * dp;

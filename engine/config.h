@@ -166,6 +166,9 @@ struct ParallelConfig {
   double collective_timeout_s = 600;
 };
 
+// Every integer key's ceiling: 2^53, the largest integer a JSON number holds exactly.
+inline constexpr int64_t kMaxConfigInt = int64_t{1} << 53;
+
 struct RunConfig {
   // DeepSpeed's batch triple; 0 means "not given" (ResolveBatch fills it).
   int64_t train_batch_size = 0;

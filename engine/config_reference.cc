@@ -7,7 +7,7 @@
 namespace zerort {
 namespace {
 
-constexpr double kMaxInt = 9007199254740992.0;  // 2^53: every integer key's ceiling
+constexpr double kMaxInt = static_cast<double>(kMaxConfigInt);
 
 std::string FormatNumber(double d) {
   if (d == kMaxInt) return "2^53";

@@ -6,19 +6,14 @@
 #include <map>
 #include <optional>
 
+#include "absl/strings/ascii.h"
 #include "layers/gpt_config.h"
 #include "runtime/strings.h"
 
 namespace zerort {
 namespace {
 
-constexpr double kMaxInt = 9007199254740992.0;  // 2^53: every integer key's ceiling
-
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& ch : out) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  return out;
-}
+constexpr double kMaxInt = static_cast<double>(kMaxConfigInt);
 
 Status ReadPreset(const JsonSection& s, std::string_view key, RunConfig& c) {
   std::string preset;
@@ -33,7 +28,7 @@ Status ReadPreset(const JsonSection& s, std::string_view key, RunConfig& c) {
 Status ReadOptimizerType(const JsonSection& s, std::string_view key, RunConfig& c) {
   std::string type;
   ZR_RETURN_IF_ERROR(s.String(key, type));
-  const std::string lower = Lower(type);
+  const std::string lower = absl::AsciiStrToLower(type);
   if (lower == "onebitadam" || lower == "onebitlamb" || lower == "zerooneadam") {
     return absl::InvalidArgumentError(
         StrCat("optimizer.type = \"", type,
@@ -47,7 +42,8 @@ Status ReadOptimizerType(const JsonSection& s, std::string_view key, RunConfig& 
 Status ReadSchedulerType(const JsonSection& s, std::string_view key, RunConfig& c) {
   std::string type;
   ZR_RETURN_IF_ERROR(s.String(key, type));
-  if (Lower(type) == "onecycle" || Lower(type) == "lrrangetest") {
+  const std::string lower = absl::AsciiStrToLower(type);
+  if (lower == "onecycle" || lower == "lrrangetest") {
     return absl::InvalidArgumentError(StrCat(
         "scheduler.type = \"", type,
         "\": a DeepSpeed scheduler zerort does not implement (it would train with other learning "

@@ -1,8 +1,8 @@
 // DeepSpeed's front end of the config reader: every key DeepSpeed documents has one handling here
 // (implemented by the schema, mapped to zerort's key, accepted with a note, or refused by name),
 // legacy and alternative names are rewritten to the current ones, and "auto" values are taken out
-// to be resolved by Hugging Face's rules once the rest of the config is known. docs/deepspeed.md's "DeepSpeed
-// keys" table is this list (a test compares them), so the two cannot drift.
+// to be resolved by Hugging Face's rules once the rest of the config is known. docs/deepspeed.md's
+// "DeepSpeed keys" table is this list (a test compares them), so the two cannot drift.
 //
 // The rule: a key that only tunes or observes how zerort runs is accepted with one note saying
 // what zerort does instead; a key that would change the numbers trained is refused (exit 2)

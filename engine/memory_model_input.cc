@@ -60,9 +60,9 @@ int MemoryModelInput::optimizer_states() const {
 
 void MemoryModelInput::SetLayout(int zero_stage, const std::string& offload) {
   manager.stage = static_cast<ZeroStage>(zero_stage);
-  const MemoryTier tier = offload == "nvme"  ? MemoryTier::kNvme
-                          : offload == "cpu" ? MemoryTier::kPinnedHost
-                                             : MemoryTier::kDevice;
+  OffloadConfig placed;  // pinned host memory for "cpu", as the config's default
+  placed.device = offload;
+  const MemoryTier tier = OffloadTier(placed);
   manager.placement.optimizer = tier;
   manager.placement.params = zero_stage == 3 ? tier : MemoryTier::kDevice;
 }

@@ -80,9 +80,18 @@ Status CheckRunPaths(const RunConfig& c, const std::string& file) {
     }
     problems.Add(CheckNvmeDir(StrCat(key, ".nvme_path"), off->nvme_path));
   }
-  if (!c.data.path.empty() && ::access(c.data.path.c_str(), R_OK) != 0) {
-    problems.Add(StrCat("data.path = \"", c.data.path, "\": cannot be read (", std::strerror(errno),
-                        "); prepare one with `zerort data prepare TEXT_FILE OUT`"));
+  if (!c.data.path.empty()) {
+    std::error_code ec;
+    const auto status = std::filesystem::status(c.data.path, ec);
+    if (::access(c.data.path.c_str(), R_OK) != 0) {
+      problems.Add(StrCat("data.path = \"", c.data.path, "\": cannot be read (",
+                          std::strerror(errno),
+                          "); prepare one with `zerort data prepare TEXT_FILE OUT`"));
+    } else if (!std::filesystem::is_regular_file(status)) {
+      problems.Add(StrCat("data.path = \"", c.data.path,
+                          "\": not a regular file (a directory, FIFO or device is not read as "
+                          "data)"));
+    }
   }
   if (!c.checkpoint.dir.empty()) problems.Add(CheckWritableDir("checkpoint.dir", c.checkpoint.dir));
   if (c.csv_monitor.enabled) {

@@ -19,9 +19,10 @@
 namespace zerort {
 
 // The paths of `c` on this machine, every problem named under `file`: each NVMe store's directory
-// exists and takes a new file (one is created and removed at once), data.path is readable, and
-// checkpoint.dir and csv_monitor's directory (when enabled) are writable or can be created (a
-// directory is made and removed in their nearest existing ancestor; nothing is left behind).
+// exists and takes a new file (one is created and removed at once), data.path is a readable regular
+// file, and checkpoint.dir and csv_monitor's directory (when enabled) are writable or can be
+// created (a directory is made and removed in their nearest existing ancestor; nothing is left
+// behind).
 Status CheckRunPaths(const RunConfig& c, const std::string& file);
 
 // Every rank's resolved config (JSON text), gathered; `me` is this rank. Ok when all are equal;

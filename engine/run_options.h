@@ -23,8 +23,8 @@ MemoryTier OffloadTier(const OffloadConfig& o);
 // Test-only faults, read by the CLI from the environment (ZERORT_FAIL_NVME_REQUEST,
 // ZERORT_FAIL_NVME_ERRNO, ZERORT_FAIL_PIPELINE_SEND) and passed down; never a config key.
 struct FaultHooks {
-  int64_t nvme_request = 0;         // the k-th NVMe request fails (0: never)
-  int nvme_errno = 5;               // with this errno (EIO)
+  int64_t nvme_request = 0;  // the k-th NVMe request fails (0: never)
+  int nvme_errno = RuntimeDefaults().offload.fail_io_errno;  // with this errno (EIO)
   int pipeline_send_stage = -1;     // this pipeline stage skips its sends (-1: none)
   bool pipeline_send_dies = false;  // ... or its process dies instead
   static FaultHooks FromEnvironment();

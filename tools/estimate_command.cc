@@ -162,6 +162,17 @@ nlohmann::json EstimateJson(const MemoryEstimate& e) {
             {"step", e.phase_step[0]}}}};
 }
 
+// A table row as JSON: the estimate, its layout and the per-rank / per-node totals.
+nlohmann::json RowJson(const Row& r) {
+  nlohmann::json j = EstimateJson(r.estimate);
+  j["stage"] = r.stage;
+  j["offload"] = r.offload;
+  j["device_bytes"] = r.device;
+  j["host_bytes_per_node"] = r.host_node;
+  j["nvme_bytes_per_node"] = r.nvme;
+  return j;
+}
+
 void Explain(const MemoryEstimate& e) {
   std::printf("terms:\n");
   for (const MemoryTerm& t : e.terms) {
@@ -335,12 +346,7 @@ int RunCold(const EstimateOptions& o, int gpus) {
   if (o.json) {
     nlohmann::json out = nlohmann::json::array();
     for (const Row& r : rows) {
-      nlohmann::json j = EstimateJson(r.estimate);
-      j["stage"] = r.stage;
-      j["offload"] = r.offload;
-      j["device_bytes"] = r.device;
-      j["host_bytes_per_node"] = r.host_node;
-      j["nvme_bytes_per_node"] = r.nvme;
+      nlohmann::json j = RowJson(r);
       if (r.offload == "none")
         j["zero_paper_bytes"] = ZeroPaperModelStates(o.params, gpus, r.stage);
       out.push_back(j);
@@ -558,13 +564,8 @@ int RunEstimate(const EstimateOptions& o) {
   if (o.json) {
     nlohmann::json out = nlohmann::json::array();
     for (const Row& r : rows) {
-      nlohmann::json j = EstimateJson(r.estimate);
-      j["stage"] = r.stage;
-      j["offload"] = r.offload;
+      nlohmann::json j = RowJson(r);
       j["activation_checkpointing"] = r.checkpointing;
-      j["device_bytes"] = r.device;
-      j["host_bytes_per_node"] = r.host_node;
-      j["nvme_bytes_per_node"] = r.nvme;
       if (fit) j["why"] = SpeedRank(r).second;
       out.push_back(j);
     }

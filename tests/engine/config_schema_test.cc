@@ -112,7 +112,6 @@ TEST(ConfigSchemaTest, PrintedConfigReadsBack) {
     if (f.choices.size() > 1)
       v = std::string(f.choices.back() == v ? f.choices[0] : f.choices.back());
     if (f.TypeName() == "list of integers") v = {1, 2};
-    RunConfig read;
     RunConfig base = c;
     GivenKeys given;
     Problems problems;

@@ -4,6 +4,7 @@
 #include "engine/config.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -304,6 +305,14 @@ TEST(ConfigTest, MissingDataFileAndUnwritableCheckpointDir) {
   const std::string data = R"({"data": {"path": "/nonexistent/tokens.bin"}})";
   EXPECT_EQ(Error(data), "");  // reading looks at no path
   EXPECT_PATH_ERROR_HAS(data, "data.path = \"/nonexistent/tokens.bin\": cannot be read");
+  // A directory or a FIFO where the token file is expected: refused before anything runs.
+  EXPECT_PATH_ERROR_HAS(R"({"data": {"path": "/tmp"}})",
+                        "data.path = \"/tmp\": not a regular file");
+  const std::string fifo = ::testing::TempDir() + "/tokens-fifo";
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_PATH_ERROR_HAS(R"({"data": {"path": ")" + fifo + R"("}})", "not a regular file");
+  std::filesystem::remove(fifo);
   const std::string file = ::testing::TempDir() + "/not-a-dir";
   std::ofstream(file) << "x";
   EXPECT_PATH_ERROR_HAS(R"({"checkpoint": {"dir": ")" + file + R"(/ckpt"}})", "is not a directory");
