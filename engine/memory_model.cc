@@ -5,7 +5,9 @@
 #include <map>
 
 #include "engine/memory_replay.h"
+#include "kernels/memory_facts.h"
 #include "layers/gpt_block.h"
+#include "layers/gpt_mb_plan.h"
 #include "layers/gpt_model.h"
 #include "layers/pipeline_executor.h"
 #include "layers/pipeline_schedule.h"
@@ -14,7 +16,7 @@
 #include "runtime/device.h"
 #include "runtime/strings.h"
 #include "sharding/flat_layout.h"
-#include "sharding/reuse_distance.h"
+#include "sharding/gather_planner.h"
 #include "sharding/sharded_optimizer.h"
 #include "sharding/unit_plan.h"
 
@@ -24,15 +26,11 @@ namespace {
 using Cat = MemoryCategory;
 using Tier = MemoryTier;
 
-constexpr int64_t kLtWorkspace = int64_t{32} << 20;  // kernels/cuda/model_ops.cuh
-
 struct Unit {
   FlatLayout layout;
   UnitPlan plan;
   bool persistent = false;
   bool gathered = false;  // stage 3: a gathered buffer exists (gathering or unsharded)
-  bool kept = false;      // stage 3: kept gathered at its use's end (stage3_max_reuse_distance)
-  size_t use_position = 0;
   Replay::Handle gathered_buffer, full_grad;
 };
 
@@ -41,7 +39,7 @@ struct StageUnits {
   int embedding = -1;       // the first stage's input embedding, the last stage's tied head
   int norm = -1;            // the final LayerNorm, on the last stage
   std::vector<int> blocks;  // in model order
-  int boundaries = 0;       // residual-stream buffers per micro-batch (GptModel::Begin's block_out)
+  GptStagePart part;        // the blocks and ends the stage holds, as the runtime splits them
   bool first = true, last = true;
   int live = 1;           // micro-batches whose activations the stage holds at once
   int head_live = 1;      // of them, between their head's forward and backward (the last stage)
@@ -59,7 +57,8 @@ class StepModel {
         st_(std::move(stage)),
         out_(out),
         r_(model_states_only),
-        activation_terms_(model_states_only) {
+        activation_terms_(model_states_only),
+        planner_(GatherBudgets::From(in.manager), UnitInfos(units_, csize())) {
     // The runtime's streams: the manager's compute and comm streams (comm is compute without
     // overlap_comm), and the kernels' own (the CPU kernels have one; CUDA's use compute).
     compute_stream_ = *CreateStream(Device::Cpu(), "compute");
@@ -74,8 +73,8 @@ class StepModel {
 
  private:
   int64_t csize() const { return static_cast<int64_t>(DTypeSize(in_.compute())); }
+  KernelBackend backend() const { return in_.cuda ? KernelBackend::kCuda : KernelBackend::kCpu; }
   static constexpr int64_t kRsize = 4;  // reduce dtype fp32
-  bool stage3() const { return in_.stage() == 3; }
   // Under pipeline parallelism stages 2-3 reduce once per step (ShardManagerOptions).
   bool reduce_at_step() const { return in_.pp > 1; }
   int64_t GatheredBytes(const Unit& u) const { return u.layout.padded_numel() * csize(); }
@@ -87,13 +86,23 @@ class StepModel {
   void MicroBatch();
   void Step();
   void Ensure(int u);
-  void Prefetch();
   void Open(int u, bool backward);
   void Close(int u, bool backward);
   void ReducerAdd(int u);
   void Flush();
   void AttentionScratch(bool backward);
-  int64_t LiveGathered() const;  // bytes of non-persistent units gathered or gathering
+  GatherPlanner::Resident Resident() const {
+    return [this](int u) { return units_[u].gathered; };
+  }
+  static std::vector<GatherPlanner::UnitInfo> UnitInfos(const std::vector<Unit>& units,
+                                                        int64_t csize) {
+    std::vector<GatherPlanner::UnitInfo> infos;
+    for (const Unit& u : units) {
+      infos.push_back(
+          {u.layout.padded_numel() * csize, u.layout.padded_numel(), u.plan.persistent});
+    }
+    return infos;
+  }
 
   // A unit's all-gather: its buffer on the comm stream, then read on the compute stream.
   Replay::Handle Gather(const Unit& u) {
@@ -108,18 +117,17 @@ class StepModel {
   Stream* compute_ = nullptr;
   Stream* comm_ = nullptr;
   Stream* kernels_ = nullptr;
-  bool recording_ = true;  // the first step records the unit order; no prefetch yet
   std::vector<Unit> units_;
   const StageUnits st_;
   MemoryEstimate& out_;
   Replay r_;
-  std::vector<int> order_;                // recorded unit order of one step
-  std::vector<int64_t> reuse_distances_;  // per position of order_ (sharding/reuse_distance.h)
-  size_t position_ = 0;
   std::vector<int> pending_;
   int64_t pending_numel_ = 0;
   std::vector<Replay::Handle> persistent_;
   bool activation_terms_;  // written (or, in cold mode, never to be written)
+  // The shard manager's recorded order, prefetch and keeps ([Note: the gather plan]): the first
+  // step records, the second (the one measured) replays.
+  GatherPlanner planner_;
 };
 
 // As ShardManager::Create and Initialize: the parameter fetch pool, then per unit the buffers of
@@ -188,36 +196,22 @@ void StepModel::Init() {
          bytes);
   }
   if (in_.cuda) {
-    persistent_.push_back(r_.Alloc(Cat::kWorkspace, kLtWorkspace, kernels_));
-    Term(Tier::kDevice, Cat::kWorkspace, "cuBLASLt workspace", "32 MiB", kLtWorkspace);
+    persistent_.push_back(r_.Alloc(Cat::kWorkspace, kCudaLtWorkspaceBytes, kernels_));
+    Term(Tier::kDevice, Cat::kWorkspace, "cuBLASLt workspace", "32 MiB", kCudaLtWorkspaceBytes);
   }
 }
 
+// As ShardManager::EnsureGathered, Prefetch and EndScope: the planner decides.
 void StepModel::Ensure(int u) {
   Unit& unit = units_[u];
-  unit.use_position = position_;
-  unit.kept = false;
-  if (stage3() && !unit.persistent && !unit.gathered) {
+  planner_.BeginUse(u);
+  if (!unit.persistent && !unit.gathered) {
     unit.gathered_buffer = Gather(unit);
     unit.gathered = true;
   }
-  if (stage3() && !recording_) Prefetch();
-  ++position_;
-}
-
-// As ShardManager::Prefetch: the next units of the recorded order, within both budgets.
-void StepModel::Prefetch() {
-  const int64_t live_budget = in_.manager.stage3_max_live_parameters * csize();
-  const int64_t ahead_budget = in_.manager.stage3_prefetch_bucket_size * csize();
-  int64_t ahead = 0;
-  for (size_t i = position_ + 1; i < order_.size(); ++i) {
-    Unit& u = units_[order_[i]];
-    if (u.persistent || u.gathered) continue;
-    const int64_t live = LiveGathered();
-    if (ahead + GatheredBytes(u) > ahead_budget || live + GatheredBytes(u) > live_budget) break;
-    u.gathered_buffer = Gather(u);
-    u.gathered = true;
-    ahead += GatheredBytes(u);
+  for (int p : planner_.Prefetch(Resident())) {
+    units_[p].gathered_buffer = Gather(units_[p]);
+    units_[p].gathered = true;
   }
 }
 
@@ -232,29 +226,9 @@ void StepModel::Open(int u, bool backward) {
 void StepModel::Close(int u, bool backward) {
   if (backward && in_.stage() >= 2 && !reduce_at_step()) ReducerAdd(u);
   Unit& unit = units_[u];
-  if (stage3() && !unit.persistent) {
-    int64_t next = 0;  // the unit used next, gathered then on demand
-    if (position_ < order_.size()) {
-      const Unit& n = units_[order_[position_]];
-      if (!n.persistent && !n.gathered) next = GatheredBytes(n);
-    }
-    if (!recording_ &&
-        KeepsGathered(reuse_distances_, unit.use_position, in_.manager.stage3_max_reuse_distance) &&
-        LiveGathered() + next <= in_.manager.stage3_max_live_parameters * csize()) {
-      unit.kept = true;  // as ShardManager::KeepGathered
-      return;
-    }
-    r_.Free(unit.gathered_buffer);
-    unit.gathered = false;
-  }
-}
-
-int64_t StepModel::LiveGathered() const {
-  int64_t live = 0;
-  for (const Unit& v : units_) {
-    if (!v.persistent && v.gathered) live += GatheredBytes(v);
-  }
-  return live;
+  if (unit.persistent || planner_.EndUse(u, Resident())) return;
+  r_.Free(unit.gathered_buffer);
+  unit.gathered = false;
 }
 
 void StepModel::ReducerAdd(int u) {
@@ -284,97 +258,96 @@ void StepModel::Flush() {
   pending_numel_ = 0;
 }
 
-// The CUDA attention's scratch (kernels/cuda/model_kernels.cu), allocated and freed per call.
+// The attention kernel's own scratch ([Note: what the kernels allocate]), freed per call.
 void StepModel::AttentionScratch(bool backward) {
-  if (!in_.cuda) return;
   const GptConfig& c = in_.model;
-  const int64_t n = int64_t{in_.micro_batch} * c.seq_len * (c.d_model / in_.tp) * csize();
-  const int64_t tt =
-      int64_t{in_.micro_batch} * (c.n_head / in_.tp) * c.seq_len * c.seq_len * csize();
   std::vector<Replay::Handle> h;
-  for (int i = 0; i < (backward ? 4 : 3); ++i) h.push_back(r_.Alloc(Cat::kWorkspace, n, kernels_));
-  h.push_back(r_.Alloc(Cat::kWorkspace, tt, kernels_));
-  if (backward) h.push_back(r_.Alloc(Cat::kWorkspace, n, kernels_));
+  for (int64_t bytes : AttentionScratchBytes(backend(), backward, in_.micro_batch, c.seq_len,
+                                             c.d_model / in_.tp, c.n_head / in_.tp, csize())) {
+    h.push_back(r_.Alloc(Cat::kWorkspace, bytes, kernels_));
+  }
   for (auto& x : h) r_.Free(x);
 }
 
 void StepModel::MicroBatch() {
-  // Replays GptModel::Run's allocations in its order (layers/gpt_model.cc), with tensor and
-  // sequence parallelism's local sizes from the same geometry: columns split by tp, the
-  // residual stream's rows by tp under sequence parallelism, the padded vocabulary's rows by tp.
+  // Replays GptModel's allocations in its order (layers/gpt_model.cc) from the model's own
+  // tables, with tensor and sequence parallelism's local sizes from the same geometry: [Note: a
+  // micro-batch's buffers] (layers/gpt_mb_plan.h), [Note: a block's activation set] and [Note:
+  // the backward's scratch] (layers/gpt_block.h), [Note: what the kernels allocate]
+  // (kernels/memory_facts.h). What is typed here is the order of the calls and of the units'
+  // scopes; which units are gathered when is the shard manager's planner's.
   const GptConfig& c = in_.model;
   const int blocks = static_cast<int>(st_.blocks.size());
-  const int64_t tp = in_.tp;
-  const int64_t rows = int64_t{in_.micro_batch} * c.seq_len;
-  const bool sp = in_.sequence_parallel && tp > 1 && rows % tp == 0;
-  const int64_t rows_l = sp ? rows / tp : rows;  // this rank's rows of the residual stream
-  const int64_t d = c.d_model, dl = d / tp;      // full and tensor-parallel-local channels
   const int64_t act = csize(), stat = 4, grad = 4;
-  const int64_t heads = c.n_head / tp;
-  const int64_t vocab_l = PaddedVocab(c, in_.tp, in_.vocab_multiple) / tp;
-  const bool whole_vocab = tp == 1 && vocab_l == c.vocab_size;
+  const gpt::Geometry g = gpt::MakeGeometry(c, in_.tp, 0, in_.sequence_parallel, in_.vocab_multiple,
+                                            in_.micro_batch, c.seq_len);
+  const int64_t rows = g.rows;
   const int64_t head_chunk = HeadChunkRows(in_.head_chunk_rows, rows, c.d_model);
-  std::vector<Replay::Handle> acts;
-  auto a = [&](int64_t bytes) { acts.push_back(r_.Alloc(Cat::kActivations, bytes, kernels_)); };
+  std::vector<Replay::Handle> acts, ws;
+  auto alloc = [&](std::vector<Replay::Handle>& into, Cat cat, int64_t bytes) {
+    into.push_back(r_.Alloc(cat, bytes, kernels_));
+  };
+  auto sum = [](const auto& plan) {
+    int64_t bytes = 0;
+    for (const auto& b : plan) bytes += b.bytes;
+    return bytes;
+  };
   r_.SetPhase(Replay::kForward);
   const bool per_block = !in_.activation_checkpointing;
-  // What the attention keeps for its backward (ModelKernels::AttentionSavedBytes): the CUDA
-  // kernels the probabilities, the CPU kernels (flash-style) a log-sum-exp per query.
-  const int64_t attention_saved =
-      in_.cuda ? int64_t{in_.micro_batch} * heads * c.seq_len * c.seq_len * act
-               : int64_t{in_.micro_batch} * heads * c.seq_len * 4;
-  // One block's activation set: the model's own table (layers/gpt_block.h, BlockActPlan).
-  const gpt::Geometry geometry = gpt::MakeGeometry(c, in_.tp, 0, in_.sequence_parallel,
-                                                   in_.vocab_multiple, in_.micro_batch, c.seq_len);
-  const auto plan = gpt::BlockActPlan(geometry, act, stat, attention_saved);
-  int64_t set_bytes = 0;
-  for (const gpt::BlockActBuffer& b : plan) set_bytes += b.bytes;
+  const auto set_plan =
+      gpt::BlockActPlan(g, act, stat, AttentionSavedBytes(backend(), g.batch, g.seq, g.h_l, act));
   auto block_set = [&](std::vector<Replay::Handle>& into) {
-    for (const gpt::BlockActBuffer& b : plan) {
-      into.push_back(r_.Alloc(Cat::kActivations, b.bytes, kernels_));
-    }
+    for (const gpt::BlockActBuffer& b : set_plan) alloc(into, Cat::kActivations, b.bytes);
   };
   // A pipeline stage holds the activations of the micro-batches its schedule keeps in flight:
-  // each one's tokens and block boundaries, and the sets of the chunks it is between the forward
-  // and the backward of (with checkpointing: one set per micro-batch).
+  // each one's Begin (tokens, targets, block boundaries; with checkpointing its one set), and the
+  // sets of the chunks it is between the forward and the backward of. Begin's forward scratch
+  // (sequence parallelism) is counted once.
+  const auto begin = gpt::BeginPlan(g, st_.part, c.n_layer, act, /*targets=*/true, per_block);
+  int64_t boundary_bytes = 0, boundaries = 0;
   for (int inflight = 0; inflight < st_.live; ++inflight) {
-    a(rows * 4);  // tokens
-    a(rows * 4);  // targets
-    if (!per_block) block_set(acts);
-    for (int l = 0; l < st_.boundaries; ++l) a(rows_l * d * act);  // block inputs/outputs
+    for (const gpt::MbPlanned& p : begin) {
+      if (p.buffer == gpt::MbBuffer::kBlockActs) {
+        block_set(acts);
+      } else if (p.category == Cat::kActivations) {
+        alloc(acts, p.category, p.bytes);
+        if (p.buffer == gpt::MbBuffer::kBoundary && inflight == 0) {
+          boundary_bytes += p.bytes;
+          ++boundaries;
+        }
+      }
+    }
   }
   // The other micro-batches' sets held at the peak.
   const int live_sets = per_block ? std::max(st_.live_sets, blocks) : st_.live;
   for (int k = blocks; per_block && k < live_sets; ++k) block_set(acts);
-
-  Replay::Handle seq_local, seq_full;  // sequence parallelism's forward scratch
-  if (sp) {
-    seq_local = r_.Alloc(Cat::kWorkspace, rows_l * d * act, kernels_);
-    seq_full = r_.Alloc(Cat::kWorkspace, rows * d * act, kernels_);
+  std::vector<Replay::Handle> seq;  // Begin's forward scratch, until the backward's replaces it
+  for (const gpt::MbPlanned& p : begin) {
+    if (p.category == Cat::kWorkspace) alloc(seq, p.category, p.bytes);
   }
+  const auto head_plan = gpt::HeadPlan(g, act, stat, /*targets=*/true, /*train=*/true, head_chunk);
   if (!activation_terms_) {
     activation_terms_ = true;
     Term(Tier::kDevice, Cat::kActivations,
          StrCat("one block's activation set, held x ", live_sets,
                 per_block ? " (one per block)" : " (checkpointing: one, reused)",
                 in_.pp > 1 ? StrCat(" x ", st_.live, " micro-batches in flight") : ""),
-         StrCat(sp ? "rows x (2 d + 12 d/tp) x act + rows/tp x d x act + 4 rows/tp x 4 B"
-                   : "rows (B x T) x (3 d + 12 d/tp) x act + 4 rows x 4 B",
+         StrCat(g.sp ? "rows x (2 d + 12 d/tp) x act + rows/tp x d x act + 4 rows/tp x 4 B"
+                     : "rows (B x T) x (3 d + 12 d/tp) x act + 4 rows x 4 B",
                 in_.cuda ? " + B x heads/tp x T x T x act (probabilities)"
                          : " + B x heads/tp x T x 4 B (flash attention's log-sum-exp)"),
-         set_bytes);
-    Term(Tier::kDevice, Cat::kActivations, StrCat(st_.boundaries, " block inputs/outputs"),
-         sp ? "(blocks + 1) x rows/tp x d x act" : "(blocks + 1) x rows x d x act",
-         st_.boundaries * rows_l * d * act);
+         sum(set_plan));
+    Term(Tier::kDevice, Cat::kActivations, StrCat(boundaries, " block inputs/outputs"),
+         g.sp ? "(blocks + 1) x rows/tp x d x act" : "(blocks + 1) x rows x d x act",
+         boundary_bytes);
     Term(Tier::kDevice, Cat::kWorkspace,
          StrCat("the head's logits, ", head_chunk, " of ", rows, " rows at a time"),
-         "head_chunk_rows x padded vocab/tp x act", head_chunk * vocab_l * act);
+         "head_chunk_rows x padded vocab/tp x act", head_plan.back().bytes);
     Term(Tier::kDevice, Cat::kWorkspace, "backward scratch",
-         sp ? "rows x (2 d + 8 d/tp) x act + 2 rows/tp x d x act + 4 d x 4 B"
-            : "rows x (2 d + 8 d/tp) x act",
-         sp ? rows * d * act + rows_l * d * act + rows * 8 * dl * act + rows * d * act +
-                  rows_l * d * act + 4 * d * grad
-            : rows * (2 * d + 8 * dl) * act);
+         g.sp ? "rows x (2 d + 8 d/tp) x act + 2 rows/tp x d x act + 4 d x 4 B"
+              : "rows x (2 d + 8 d/tp) x act",
+         sum(gpt::BackwardScratchPlan(g, act, grad, false)) +
+             sum(gpt::BlockBackwardScratchPlan(g, act)));
   }
   const int emb = st_.embedding, norm = st_.norm;
   if (st_.first) {
@@ -389,54 +362,57 @@ void StepModel::MicroBatch() {
     Close(st_.blocks[l], false);
   }
   if (st_.last) {
-    a(rows * d * act);  // final LayerNorm (every row)
-    a(rows_l * stat);
-    a(rows_l * stat);
+    for (const gpt::MbPlanned& p : gpt::HeadNormPlan(g, act, stat))
+      alloc(acts, p.category, p.bytes);
     if (norm >= 0) {  // cold mode's smallest decoders have none
       Open(norm, false);
       Close(norm, false);
     }
     // The other micro-batches between their head's forward and backward (GPipe: every one):
-    // the final LayerNorm, the losses and the head's gradient of the LayerNorm output.
+    // their final LayerNorm, losses and dbtc (a logits chunk exists only inside HeadForward).
     for (int k = 1; k < st_.head_live; ++k) {
-      a(rows * d * act);
-      a(rows_l * stat);
-      a(rows_l * stat);
-      a(rows * stat);  // losses
-      acts.push_back(r_.Alloc(Cat::kWorkspace, rows * d * act, kernels_));
+      for (const gpt::MbPlanned& p : gpt::HeadNormPlan(g, act, stat)) {
+        alloc(acts, p.category, p.bytes);
+      }
+      for (const gpt::MbPlanned& p : head_plan) {
+        if (p.buffer != gpt::MbBuffer::kLogits) alloc(acts, p.category, p.bytes);
+      }
     }
   }
   // The head's forward opens the tied unit for the backward: each chunk of rows goes through
   // the logits, the cross-entropy and both gradients at once (GptModel::HeadForward).
   r_.SetPhase(Replay::kBackward);
-  std::vector<Replay::Handle> ws;
   if (st_.last) {
     Open(emb, true);
-    a(rows * stat);                                                     // losses
-    ws.push_back(r_.Alloc(Cat::kWorkspace, rows * d * act, kernels_));  // the head's dbtc
-    Replay::Handle logits = r_.Alloc(Cat::kWorkspace, head_chunk * vocab_l * act, kernels_);
-    for (int64_t r0 = 0; r0 < rows && !whole_vocab; r0 += head_chunk) {
+    Replay::Handle logits;
+    for (const gpt::MbPlanned& p : head_plan) {
+      if (p.buffer == gpt::MbBuffer::kLogits) {
+        logits = r_.Alloc(p.category, p.bytes, kernels_);
+      } else {
+        alloc(p.buffer == gpt::MbBuffer::kDbtc ? ws : acts, p.category, p.bytes);
+      }
+    }
+    for (int64_t r0 = 0; r0 < rows && !g.whole_vocab(); r0 += head_chunk) {
       // The vocabulary-parallel cross-entropy's per-row statistics, per chunk.
-      const int64_t n = std::min(head_chunk, rows - r0);
-      Replay::Handle max = r_.Alloc(Cat::kWorkspace, n * stat, kernels_);
-      Replay::Handle sums = r_.Alloc(Cat::kWorkspace, 2 * n * stat, kernels_);
-      r_.Free(sums);
-      r_.Free(max);
+      std::vector<Replay::Handle> ce;
+      for (int64_t bytes :
+           VocabParallelCrossEntropyScratch(std::min(head_chunk, rows - r0), stat)) {
+        alloc(ce, Cat::kWorkspace, bytes);
+      }
+      for (auto it = ce.rbegin(); it != ce.rend(); ++it) r_.Free(*it);
     }
     r_.Free(logits);
     if (!st_.first) Close(emb, true);
   }
   // The backward's scratch (GptModel::EnsureBackwardScratch): the forward's goes first.
-  if (sp) {
-    r_.Free(seq_local);
-    r_.Free(seq_full);
+  for (auto& h : seq) r_.Free(h);
+  for (const gpt::ScratchBuffer& b : gpt::BackwardScratchPlan(g, act, grad, st_.last)) {
+    alloc(ws, Cat::kWorkspace, b.bytes);
   }
-  for (const gpt::ScratchBuffer& b : gpt::BackwardScratchPlan(geometry, act, grad, st_.last)) {
-    ws.push_back(r_.Alloc(Cat::kWorkspace, b.bytes, kernels_));
-  }
-  auto ln_scratch = [&] {
-    if (!in_.cuda) return;
-    Replay::Handle h = r_.Alloc(Cat::kWorkspace, 2 * d * 4, kernels_);
+  auto ln_scratch = [&] {  // the LayerNorm backward's own
+    const int64_t bytes = LayerNormBackwardScratchBytes(backend(), g.d);
+    if (bytes == 0) return;
+    Replay::Handle h = r_.Alloc(Cat::kWorkspace, bytes, kernels_);
     r_.Free(h);
   };
   if (st_.last && norm >= 0) {
@@ -444,30 +420,24 @@ void StepModel::MicroBatch() {
     ln_scratch();
     Close(norm, true);
   }
-  ws.push_back(r_.Alloc(Cat::kWorkspace, rows * 4 * dl * act, kernels_));
-  ws.push_back(r_.Alloc(Cat::kWorkspace, rows * 4 * dl * act, kernels_));
+  for (const gpt::ScratchBuffer& b : gpt::BlockBackwardScratchPlan(g, act)) {
+    alloc(ws, Cat::kWorkspace, b.bytes);
+  }
   // The micro-batch's backward scratch lives from its first backward to its last: the
   // interleaved schedule has several micro-batches between the two.
   const size_t one_scratch = ws.size();
   for (int k = 1; k < st_.backward_live; ++k) {
-    for (size_t i = 0; i < one_scratch; ++i) {
-      ws.push_back(r_.Alloc(Cat::kWorkspace, ws[i].bytes, kernels_));
-    }
+    for (size_t i = 0; i < one_scratch; ++i) alloc(ws, Cat::kWorkspace, ws[i].bytes);
   }
   for (int l = blocks - 1; l >= 0; --l) {
     const int u = st_.blocks[l];
     Open(u, true);
-    if (!per_block) {  // the recomputed forward
-      Replay::Handle local, full;
-      if (sp) {
-        local = r_.Alloc(Cat::kWorkspace, rows_l * d * act, kernels_);
-        full = r_.Alloc(Cat::kWorkspace, rows * d * act, kernels_);
-      }
+    if (!per_block) {  // the recomputed forward, with its own forward scratch
+      std::vector<Replay::Handle> scratch;
+      for (const gpt::MbPlanned& p : gpt::SeqScratchPlan(g, act))
+        alloc(scratch, p.category, p.bytes);
       AttentionScratch(false);
-      if (sp) {
-        r_.Free(full);
-        r_.Free(local);
-      }
+      for (auto it = scratch.rbegin(); it != scratch.rend(); ++it) r_.Free(*it);
     }
     ln_scratch();
     AttentionScratch(true);
@@ -485,11 +455,9 @@ void StepModel::MicroBatch() {
 
 void StepModel::Step() {
   r_.SetPhase(Replay::kStep);
-  for (Unit& u : units_) {  // as ShardManager::StepImpl: kept units are released first
-    if (!u.kept) continue;
-    r_.Free(u.gathered_buffer);
-    u.gathered = false;
-    u.kept = false;
+  for (int u : planner_.TakeKept()) {  // as ShardManager::StepImpl: kept units released first
+    r_.Free(units_[u].gathered_buffer);
+    units_[u].gathered = false;
   }
   if (in_.stage() >= 2) {
     if (reduce_at_step()) {  // as ShardManager::ReduceGradients: every full gradient, last first
@@ -535,31 +503,16 @@ void StepModel::Step() {
     Replay::Handle h = r_.Alloc(Cat::kCommBuffers, 4, compute_);
     r_.Free(h);
   }
+  planner_.EndStep();
 }
 
 void StepModel::Run() {
-  for (int k = 0; k < in_.accumulation; ++k) {  // the order the first step records
-    if (st_.first) order_.push_back(st_.embedding);
-    for (int u : st_.blocks) order_.push_back(u);
-    if (st_.last) {
-      if (st_.norm >= 0) order_.push_back(st_.norm);
-      order_.push_back(st_.embedding);  // the head (the first stage's stays open)
-      if (st_.norm >= 0) order_.push_back(st_.norm);
-    }
-    for (auto it = st_.blocks.rbegin(); it != st_.blocks.rend(); ++it) order_.push_back(*it);
-    if (st_.first && !st_.last) order_.push_back(st_.embedding);
-  }
-  std::vector<int64_t> numel;
-  for (const Unit& u : units_) numel.push_back(u.plan.persistent ? 0 : u.layout.padded_numel());
-  reuse_distances_ = ReuseDistances(order_, numel);
   Init();
   // The first step records the order (no prefetch) and fills the allocator's cache; the second,
   // the one measured, replays it with prefetch, as every later step does.
   for (int k = 0; k < in_.accumulation; ++k) MicroBatch();
   Step();
-  recording_ = false;
   r_.ResetPeaks();
-  position_ = 0;
   for (int k = 0; k < in_.accumulation; ++k) MicroBatch();
   Step();
   out_.peaks = r_.Snapshot();
@@ -606,7 +559,9 @@ StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& in) {
     ZR_ASSIGN_OR_RETURN(part.chunks, StageChunks(L, in.pp, in.virtual_stages, in.pipeline_layers,
                                                  in.pipeline_stage));
   }
-  StageUnits stage{.first = part.first, .last = part.last};
+  StageUnits stage;
+  stage.first = part.first;
+  stage.last = part.last;
   std::vector<Unit> units;
   MemoryEstimate out;
   const ShardManagerOptions& options = in.manager;
@@ -624,11 +579,7 @@ StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& in) {
   if (part.last) {
     ZR_ASSIGN_OR_RETURN(stage.norm, add(all[L + 1]));
   }
-  for (int l = 0; l <= L; ++l) {  // as GptModel::Begin
-    const bool used = part.holds(l) || (l > 0 && part.holds(l - 1)) || (l == 0 && part.first) ||
-                      (l == L && part.last);
-    stage.boundaries += used ? 1 : 0;
-  }
+  stage.part = part;
   if (in.pp > 1) {
     ZR_ASSIGN_OR_RETURN(const PipelineSchedule schedule,
                         ParsePipelineSchedule(in.pipeline_schedule));
@@ -680,7 +631,6 @@ StatusOr<MemoryEstimate> EstimateColdModelStates(const MemoryModelInput& layout,
       stage.blocks.push_back(u);
     }
   }
-  stage.boundaries = decoder.blocks + 1;
   StepModel model(in, std::move(units), std::move(stage), out, /*model_states_only=*/true);
   model.Run();
   return out;

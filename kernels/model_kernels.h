@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 
+#include "kernels/memory_facts.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
@@ -34,6 +35,8 @@ class ModelKernels {
   virtual Device device() const = 0;
   virtual Stream& stream() = 0;
   virtual size_t act_size() const = 0;
+  // Whose memory facts these kernels follow ([Note: what the kernels allocate]).
+  virtual KernelBackend backend() const = 0;
   virtual size_t grad_size() const = 0;
   virtual size_t stat_size() const = 0;
   // The element types of activations, weight gradients and statistics as collectives and copies
@@ -94,9 +97,11 @@ class ModelKernels {
   // `saved` (AttentionSavedBytes) keeps what the backward needs besides qkv and out: the CPU
   // float and 16-bit kernels keep each query's log-sum-exp of its scores (fp32 [batch, heads,
   // seq]; flash-style, the seq x seq probabilities never exist), the double and CUDA kernels the
-  // probabilities (act dtype [batch, heads, seq, seq], zero above the diagonal).
-  virtual int64_t AttentionSavedBytes(int batch, int seq, int heads) const {
-    return int64_t{batch} * heads * seq * seq * static_cast<int64_t>(act_size());
+  // probabilities (act dtype [batch, heads, seq, seq], zero above the diagonal). The sizes are
+  // kernels/memory_facts.h's, by backend().
+  int64_t AttentionSavedBytes(int batch, int seq, int heads) const {
+    return zerort::AttentionSavedBytes(backend(), batch, seq, heads,
+                                       static_cast<int64_t>(act_size()));
   }
   virtual Status Attention(void* out, void* saved, const void* qkv, int batch, int seq,
                            int channels, int heads) = 0;

@@ -182,6 +182,11 @@ std::vector<ScratchBuffer> BackwardScratchPlan(const Geometry& g, int64_t act, i
   return plan;
 }
 
+std::vector<ScratchBuffer> BlockBackwardScratchPlan(const Geometry& g, int64_t act) {
+  return {{&BackwardScratch::d4a, g.rows * g.f_l * act},
+          {&BackwardScratch::d4b, g.rows * g.f_l * act}};
+}
+
 std::array<BlockActBuffer, 12> BlockActPlan(const Geometry& g, int64_t act, int64_t stat,
                                             int64_t attention_saved) {
   const int64_t rows = g.rows, rows_l = g.rows_l, d = g.d;

@@ -101,6 +101,8 @@ struct ScratchBuffer {
 };
 std::vector<ScratchBuffer> BackwardScratchPlan(const Geometry& g, int64_t act, int64_t grad,
                                                bool head_gave_dbtc);
+// The MLP's gradients d4a and d4b, allocated at the first block's backward.
+std::vector<ScratchBuffer> BlockBackwardScratchPlan(const Geometry& g, int64_t act);
 
 // The residual gradient of every row, for a row-parallel layer's backward: under sequence
 // parallelism gathered (the reduce-scatter's backward), otherwise dres itself.

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "layers/gpt_block.h"
+#include "layers/gpt_mb_plan.h"
 #include "layers/tp_layers.h"
 #include "runtime/scoped_seconds.h"
 #include "runtime/strings.h"
@@ -176,6 +177,7 @@ struct GptModel::MicroBatch {
   std::vector<BlockActs> acts;     // one per block, or a single reused set
   Buffer lnf, lnf_mean, lnf_rstd;  // final LayerNorm: output of every row, this rank's statistics
   Buffer losses;                   // [batch, seq] stat dtype
+  Buffer logits;                   // HeadForward's chunk of the logits [chunk, v_l]
   MicroBatchPhase phase = MicroBatchPhase::kForward;  // [Note: a micro-batch's phase]
   Buffer seq_local, seq_full;  // forward scratch of the tensor-parallel collectives
   UnitTensors head;            // the tied embeddings, open from HeadForward to EmbedBackward
@@ -190,6 +192,49 @@ struct GptModel::MicroBatch {
                                                 MicroBatchPhaseName(want), "')"));
   }
   Ctx ctx(ModelKernels& k) { return Ctx{k, tp, g, seq_local.data(), seq_full.data()}; }
+  // The buffer a plan row names ([Note: a micro-batch's buffers]).
+  Buffer& Slot(const MbPlanned& p) {
+    switch (p.buffer) {
+      case MbBuffer::kTokens:
+        return tokens;
+      case MbBuffer::kTargets:
+        return targets;
+      case MbBuffer::kBoundary:
+        return block_out.at(static_cast<size_t>(p.index));
+      case MbBuffer::kSeqLocal:
+        return seq_local;
+      case MbBuffer::kSeqFull:
+        return seq_full;
+      case MbBuffer::kLnf:
+        return lnf;
+      case MbBuffer::kLnfMean:
+        return lnf_mean;
+      case MbBuffer::kLnfRstd:
+        return lnf_rstd;
+      case MbBuffer::kLosses:
+        return losses;
+      case MbBuffer::kDbtc:
+        return s.dbtc;
+      case MbBuffer::kLogits:
+        return logits;
+      case MbBuffer::kBlockActs:
+        break;
+    }
+    ZR_CHECK(false) << "no micro-batch buffer for plan row " << static_cast<int>(p.buffer);
+    return tokens;
+  }
+  // Allocates the plan's rows, in order (kBlockActs: the reused block activation set).
+  Status Allocate(const std::vector<MbPlanned>& plan, ModelKernels& k, Allocator& a) {
+    for (const MbPlanned& p : plan) {
+      if (p.buffer == MbBuffer::kBlockActs) {
+        ZR_RETURN_IF_ERROR(AllocateBlockActs(g, k, a, acts.at(0)));
+        continue;
+      }
+      ZR_ASSIGN_OR_RETURN(Slot(p),
+                          a.Allocate(static_cast<size_t>(p.bytes), p.category, &k.stream()));
+    }
+    return absl::OkStatus();
+  }
 };
 
 void GptModel::MicroBatchDeleter::operator()(MicroBatch* mb) const { delete mb; }
@@ -204,8 +249,7 @@ StatusOr<GptModel::MicroBatchPtr> GptModel::Begin(std::span<const int32_t> token
   }
   if (train && targets.empty()) return absl::InvalidArgumentError("training needs targets");
   const Geometry g = MakeGeometry(options_, batch, seq);
-  const int64_t rows = g.rows, rows_l = g.rows_l;
-  const int d = g.d;
+  const int64_t rows = g.rows;
   const int L = cfg.n_layer;
   ZR_RETURN_IF_ERROR(CheckTokens(tokens, "tokens", rows, cfg.vocab_size));
   if (!targets.empty()) ZR_RETURN_IF_ERROR(CheckTokens(targets, "targets", rows, cfg.vocab_size));
@@ -215,36 +259,21 @@ StatusOr<GptModel::MicroBatchPtr> GptModel::Begin(std::span<const int32_t> token
   const size_t act = k.act_size();
   MicroBatchPtr mb(new MicroBatch(g, TpContext{options_.tp, &k, &activations_}));
   mb->train = train;
-  auto alloc = [&](Buffer& b, int64_t elems, size_t size,
-                   MemoryCategory cat = MemoryCategory::kActivations) -> Status {
-    ZR_ASSIGN_OR_RETURN(b, activations_.Allocate(static_cast<size_t>(elems) * size, cat, st));
-    return absl::OkStatus();
-  };
-  ZR_RETURN_IF_ERROR(alloc(mb->tokens, rows, sizeof(int32_t)));
-  ZR_RETURN_IF_ERROR(
-      CopyBytes(mb->tokens.data(), dev, tokens.data(), Device::Cpu(), rows * sizeof(int32_t), st));
-  if (!targets.empty()) {
-    ZR_RETURN_IF_ERROR(alloc(mb->targets, rows, sizeof(int32_t)));
-    ZR_RETURN_IF_ERROR(CopyBytes(mb->targets.data(), dev, targets.data(), Device::Cpu(),
-                                 rows * sizeof(int32_t), st));
-  }
   // A set per block when the backward follows without recomputation (each allocated by its
   // block's forward and freed by its backward, so a pipeline stage holds only the sets of the
   // chunks in flight); otherwise one, reused, for the whole micro-batch.
   mb->per_block = train && !options_.activation_checkpointing;
   mb->acts.resize(mb->per_block ? L : 1);
-  if (!mb->per_block) ZR_RETURN_IF_ERROR(AllocateBlockActs(g, k, activations_, mb->acts[0]));
-  const GptStagePart& part = options_.stage;
-  // The residual stream at every block boundary this stage touches: the inputs and outputs of
-  // its blocks, the embedding's output on the first stage, the last block's on the last.
   mb->block_out.resize(L + 1);
-  for (int l = 0; l <= L; ++l) {
-    const bool used = part.holds(l) || (l > 0 && part.holds(l - 1)) || (l == 0 && part.first) ||
-                      (l == L && part.last);
-    if (used) ZR_RETURN_IF_ERROR(alloc(mb->block_out[l], rows_l * d, act));
+  ZR_RETURN_IF_ERROR(mb->Allocate(
+      BeginPlan(g, options_.stage, L, static_cast<int64_t>(act), !targets.empty(), mb->per_block),
+      k, activations_));
+  ZR_RETURN_IF_ERROR(
+      CopyBytes(mb->tokens.data(), dev, tokens.data(), Device::Cpu(), rows * sizeof(int32_t), st));
+  if (!targets.empty()) {
+    ZR_RETURN_IF_ERROR(CopyBytes(mb->targets.data(), dev, targets.data(), Device::Cpu(),
+                                 rows * sizeof(int32_t), st));
   }
-  if (g.sp) ZR_RETURN_IF_ERROR(alloc(mb->seq_local, rows_l * d, act, MemoryCategory::kWorkspace));
-  if (g.sp) ZR_RETURN_IF_ERROR(alloc(mb->seq_full, rows * d, act, MemoryCategory::kWorkspace));
   return mb;
 }
 
@@ -347,14 +376,9 @@ StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
   Stream* st = &k.stream();
   const Device dev = k.device();
   const size_t act = k.act_size(), stat = k.stat_size();
-  auto alloc = [&](Buffer& b, int64_t elems, size_t size,
-                   MemoryCategory cat = MemoryCategory::kActivations) -> Status {
-    ZR_ASSIGN_OR_RETURN(b, activations_.Allocate(static_cast<size_t>(elems) * size, cat, st));
-    return absl::OkStatus();
-  };
-  ZR_RETURN_IF_ERROR(alloc(mb.lnf, g.rows * g.d, act));
-  ZR_RETURN_IF_ERROR(alloc(mb.lnf_mean, g.rows_l, stat));
-  ZR_RETURN_IF_ERROR(alloc(mb.lnf_rstd, g.rows_l, stat));
+  // [Note: a micro-batch's buffers]: the final LayerNorm's, then the head's once it is open.
+  ZR_RETURN_IF_ERROR(mb.Allocate(
+      HeadNormPlan(g, static_cast<int64_t>(act), static_cast<int64_t>(stat)), k, activations_));
   {
     ZR_ASSIGN_OR_RETURN(UnitTensors norm, store_.Open(norm_unit, false));
     ZR_RETURN_IF_ERROR(NormToColumn(mb.ctx(k), mb.lnf.data(), mb.lnf_mean.data(),
@@ -370,17 +394,16 @@ StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
   const bool keep_open = mb.train && options_.stage.first;
   ZR_ASSIGN_OR_RETURN(mb.head, store_.Open(embedding_unit_, mb.train));
   mb.head_open = true;
-  if (mb.targets) ZR_RETURN_IF_ERROR(alloc(mb.losses, g.rows, stat));
   BackwardScratch& s = mb.s;
-  if (mb.train) {  // the final LayerNorm output's gradient, every row: the backward's dbtc
-    ZR_RETURN_IF_ERROR(alloc(s.dbtc, g.rows * g.d, act, MemoryCategory::kWorkspace));
-    ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, s.dbtc.bytes(), st));
-  }
   // One chunk of rows [r0, r0 + n) at a time; the rows asked for in one chunk.
   const int64_t chunk =
       logits != nullptr ? g.rows - from : HeadChunkRows(options_.head_chunk_rows, g.rows, g.d);
-  Buffer z;
-  ZR_RETURN_IF_ERROR(alloc(z, chunk * g.v_l, act, MemoryCategory::kWorkspace));
+  ZR_RETURN_IF_ERROR(mb.Allocate(HeadPlan(g, static_cast<int64_t>(act), static_cast<int64_t>(stat),
+                                          static_cast<bool>(mb.targets), mb.train, chunk),
+                                 k, activations_));
+  // dbtc, when training: the final LayerNorm output's gradient (every row) the chunks add to.
+  if (s.dbtc) ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, s.dbtc.bytes(), st));
+  const Buffer& z = mb.logits;
   // The gradient of loss_scale x the mean over every row of the micro-batch.
   const float dscale = mb.train ? loss_scale / static_cast<float>(g.rows) : 0.0f;
   auto at = [](const Buffer& b, int64_t offset, size_t size) {
@@ -405,7 +428,7 @@ StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
                                           z.data(), x, mb.head.params[0], n, g.d, g.v_l));
     }
   }
-  z.Reset();
+  mb.logits.Reset();
   double loss = 0;
   if (mb.targets) {
     std::vector<double> host(g.rows);
@@ -483,8 +506,9 @@ Status GptModel::BlocksBackward(MicroBatch& mb, int first, int last, const void*
   }
   ZR_CHECK(s.dres) << "a micro-batch in its backward has the backward's scratch";
   if (!s.d4a) {
-    ZR_ASSIGN_OR_RETURN(s.d4a, activations_.Allocate(g.rows * g.f_l * act, ws, st));
-    ZR_ASSIGN_OR_RETURN(s.d4b, activations_.Allocate(g.rows * g.f_l * act, ws, st));
+    for (const ScratchBuffer& b : BlockBackwardScratchPlan(g, static_cast<int64_t>(act))) {
+      ZR_ASSIGN_OR_RETURN(s.*b.member, activations_.Allocate(static_cast<size_t>(b.bytes), ws, st));
+    }
   }
   const Ctx c = mb.ctx(k);
   for (int l = last - 1; l >= first; --l) {
@@ -493,12 +517,13 @@ Status GptModel::BlocksBackward(MicroBatch& mb, int first, int last, const void*
     if (!mb.per_block) {
       // Recompute: the block's output is written again with the same values (under sequence
       // parallelism through forward scratch borrowed for the block).
-      Buffer local, full;
-      if (g.sp) {
-        ZR_ASSIGN_OR_RETURN(local, activations_.Allocate(g.rows_l * g.d * act, ws, st));
-        ZR_ASSIGN_OR_RETURN(full, activations_.Allocate(g.rows * g.d * act, ws, st));
+      Buffer scratch[2];  // seq_local, seq_full (SeqScratchPlan)
+      int i = 0;
+      for (const MbPlanned& p : SeqScratchPlan(g, static_cast<int64_t>(act))) {
+        ZR_ASSIGN_OR_RETURN(scratch[i++],
+                            activations_.Allocate(static_cast<size_t>(p.bytes), p.category, st));
       }
-      const Ctx rc{k, mb.tp, g, local.data(), full.data()};
+      const Ctx rc{k, mb.tp, g, scratch[0].data(), scratch[1].data()};
       ZR_RETURN_IF_ERROR(
           BlockForward(rc, block.params, mb.block_out[l].data(), a, mb.block_out[l + 1].data()));
     }

@@ -110,10 +110,12 @@ Status VocabParallelCrossEntropy(const TpContext& tp, void* logits_local, void* 
   if (valid_local < 0 || valid_local > vocab_local) {
     return absl::InvalidArgumentError(StrCat("valid columns ", valid_local, " of ", vocab_local));
   }
-  const size_t stat = k.stat_size();
+  const auto bytes = VocabParallelCrossEntropyScratch(rows, static_cast<int64_t>(k.stat_size()));
   Allocator& a = *tp.workspace;
-  ZR_ASSIGN_OR_RETURN(Buffer max, a.Allocate(rows * stat, MemoryCategory::kWorkspace, On(tp)));
-  ZR_ASSIGN_OR_RETURN(Buffer sums, a.Allocate(2 * rows * stat, MemoryCategory::kWorkspace, On(tp)));
+  ZR_ASSIGN_OR_RETURN(
+      Buffer max, a.Allocate(static_cast<size_t>(bytes[0]), MemoryCategory::kWorkspace, On(tp)));
+  ZR_ASSIGN_OR_RETURN(
+      Buffer sums, a.Allocate(static_cast<size_t>(bytes[1]), MemoryCategory::kWorkspace, On(tp)));
   ZR_RETURN_IF_ERROR(k.VocabMax(logits_local, max.data(), rows, vocab_local, valid_local));
   if (tp.group.size() > 1) {
     ZR_RETURN_IF_ERROR(

@@ -21,6 +21,7 @@
 // reduction; its gradient is the same on every rank (a replicated parameter).
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "kernels/model_kernels.h"
@@ -72,5 +73,10 @@ Status RowParallelBackward(const TpContext& tp, void* dx_local, void* dw_local, 
 Status VocabParallelCrossEntropy(const TpContext& tp, void* logits_local, void* losses,
                                  const int32_t* targets, int64_t rows, int vocab_local,
                                  int valid_local, int vocab_begin, float dscale);
+// Its scratch (kWorkspace, freed when it returns), in allocation order: each row's max, then
+// each row's sum of exponentials and target logit.
+inline std::array<int64_t, 2> VocabParallelCrossEntropyScratch(int64_t rows, int64_t stat) {
+  return {rows * stat, 2 * rows * stat};
+}
 
 }  // namespace zerort

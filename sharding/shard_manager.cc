@@ -6,7 +6,6 @@
 #include "runtime/log.h"
 #include "runtime/scoped_seconds.h"
 #include "runtime/strings.h"
-#include "sharding/reuse_distance.h"
 
 namespace zerort {
 
@@ -262,8 +261,11 @@ Status ShardManager::Initialize(const Initializer& init) {
   }
   ZR_RETURN_IF_ERROR(optimizer_->Finalize());
   ZR_RETURN_IF_ERROR(resources_.compute->Synchronize());
-  use_position_.assign(units_.size(), 0);
-  kept_gathered_.assign(units_.size(), 0);
+  std::vector<GatherPlanner::UnitInfo> infos;
+  for (const auto& u : units_) {
+    infos.push_back({u->gathered_bytes(), u->layout().padded_numel(), u->persistent()});
+  }
+  planner_ = std::make_unique<GatherPlanner>(GatherBudgets::From(options_), std::move(infos));
   initialized_ = true;
   return absl::OkStatus();
 }
@@ -279,49 +281,32 @@ Status ShardManager::RefreshComputeCopies() {
 }
 
 int64_t ShardManager::live_gathered_bytes() const {
-  int64_t bytes = 0;
-  for (const auto& u : units_) {
-    if (!u->persistent() &&
-        (u->state() == ShardState::kGathering || u->state() == ShardState::kUnsharded)) {
-      bytes += u->gathered_bytes();
-    }
-  }
-  return bytes;
+  return planner_ ? planner_->LiveBytes(Resident()) : 0;
 }
 
-Status ShardManager::Prefetch(int after_position) {
+Status ShardManager::Prefetch() {
   // Offloaded compute shards: start reading the next units' shards from NVMe, as far ahead as
   // the fetch buffers allow (offload_param.buffer_count), always leaving one for a unit needed
   // out of the recorded order (a model that changes its order mid-step).
   if (param_staging_) {
-    for (size_t i = static_cast<size_t>(after_position) + 1;
-         i < recorded_order_.size() && param_staging_->available() > 1; ++i) {
-      ShardedUnit& u = *units_[recorded_order_[i]];
+    for (int i : planner_->Upcoming()) {
+      if (param_staging_->available() <= 1) break;
+      ShardedUnit& u = *units_[i];
       if (!u.persistent() && u.state() == ShardState::kSharded) ZR_RETURN_IF_ERROR(u.StartFetch());
     }
   }
-  // Then issue the next units' all-gathers while both budgets allow (in bytes of the compute
-  // dtype, as DeepSpeed counts these knobs in elements). A gather whose fetch is still reading
-  // waits for it: which gathers are issued must not depend on I/O timing, or ranks would issue
-  // their collectives in different orders.
-  const int64_t elem = static_cast<int64_t>(DTypeSize(options_.compute_dtype));
-  const int64_t live_budget = options_.stage3_max_live_parameters * elem;
-  const int64_t ahead_budget = options_.stage3_prefetch_bucket_size * elem;
-  int64_t ahead = 0;
-  for (size_t i = static_cast<size_t>(after_position) + 1; i < recorded_order_.size(); ++i) {
-    ShardedUnit& u = *units_[recorded_order_[i]];
-    if (u.persistent() || u.state() == ShardState::kGathering ||
-        u.state() == ShardState::kUnsharded) {
-      continue;
-    }
-    if (ahead + u.gathered_bytes() > ahead_budget ||
-        live_gathered_bytes() + u.gathered_bytes() > live_budget) {
-      break;
-    }
-    ZR_RETURN_IF_ERROR(u.StartGather());
-    ahead += u.gathered_bytes();
-  }
+  // Then issue the gathers the plan names ([Note: the gather plan]). A gather whose fetch is
+  // still reading waits for it: which gathers are issued must not depend on I/O timing, or ranks
+  // would issue their collectives in different orders.
+  for (int i : planner_->Prefetch(Resident())) ZR_RETURN_IF_ERROR(units_[i]->StartGather());
   return absl::OkStatus();
+}
+
+GatherPlanner::Resident ShardManager::Resident() const {
+  return [this](int i) {
+    const ShardState s = units_[i]->state();
+    return s == ShardState::kGathering || s == ShardState::kUnsharded;
+  };
 }
 
 Status ShardManager::EnsureGathered(int unit) {
@@ -331,23 +316,16 @@ Status ShardManager::EnsureGathered(int unit) {
         StrCat("unit index ", unit, " out of range (", num_units(), " units)"));
   }
   ShardedUnit& u = *units_[unit];
-  use_position_[unit] = position_;
-  kept_gathered_[unit] = 0;
-  if (recording_) {
-    recorded_order_.push_back(unit);
-  } else if (!order_changed_ &&
-             (position_ >= recorded_order_.size() || recorded_order_[position_] != unit)) {
+  if (!planner_->BeginUse(unit)) {
     // The model changed its order (a branch, say): no more prefetch this step; re-record next.
-    Logger()->debug("unit order changed at position {}; prefetch re-records next step", position_);
-    order_changed_ = true;
+    Logger()->debug("unit order changed at unit '{}'; prefetch re-records next step", u.name());
   }
   if (!u.persistent() &&
       (u.state() == ShardState::kSharded || u.state() == ShardState::kFetching)) {
     ZR_RETURN_IF_ERROR(u.StartGather());
   }
   ZR_RETURN_IF_ERROR(u.FinishGather());
-  if (!recording_ && !order_changed_) ZR_RETURN_IF_ERROR(Prefetch(static_cast<int>(position_)));
-  ++position_;
+  if (planner_->replaying()) ZR_RETURN_IF_ERROR(Prefetch());
   return absl::OkStatus();
 }
 
@@ -364,43 +342,6 @@ StatusOr<UnitScope> ShardManager::Backward(int unit) {
   return UnitScope(this, unit, true);
 }
 
-void ShardManager::EndStepOrder() {
-  // The first step records the order; later steps replay it, unless the order changed.
-  if (order_changed_) {
-    recorded_order_.clear();
-    recording_ = true;
-    order_changed_ = false;
-  } else {
-    if (recording_) {
-      std::vector<int64_t> numel;
-      for (const auto& u : units_)
-        numel.push_back(u->persistent() ? 0 : u->layout().padded_numel());
-      reuse_distances_ = ReuseDistances(recorded_order_, numel);
-    }
-    recording_ = false;
-  }
-  position_ = 0;
-}
-
-bool ShardManager::KeepGathered(int unit) const {
-  const ShardedUnit& u = *units_[unit];
-  if (u.persistent() || recording_ || order_changed_ ||
-      !KeepsGathered(reuse_distances_, use_position_[unit], options_.stage3_max_reuse_distance)) {
-    return false;
-  }
-  // Within the live budget together with the unit used next (gathered then on demand).
-  int64_t next = 0;
-  if (position_ < recorded_order_.size()) {
-    const ShardedUnit& n = *units_[recorded_order_[position_]];
-    if (!n.persistent() &&
-        (n.state() == ShardState::kSharded || n.state() == ShardState::kFetching)) {
-      next = n.gathered_bytes();
-    }
-  }
-  const int64_t elem = static_cast<int64_t>(DTypeSize(options_.compute_dtype));
-  return live_gathered_bytes() + next <= options_.stage3_max_live_parameters * elem;
-}
-
 Status ShardManager::EndScope(int unit, bool backward) {
   ShardedUnit& u = *units_[unit];
   if (backward && (options_.stage == ZeroStage::k2 || options_.stage == ZeroStage::k3) &&
@@ -408,10 +349,8 @@ Status ShardManager::EndScope(int unit, bool backward) {
     const ScopedSeconds timed(&step_times_.reduce_backward);
     ZR_RETURN_IF_ERROR(reducer_->Add(u));
   }
-  if (KeepGathered(unit)) {
-    kept_gathered_[unit] = 1;  // used again soon: released at that use's end, or at the step
-    return absl::OkStatus();
-  }
+  // Used again soon: kept, released at that use's end or at the step ([Note: the gather plan]).
+  if (planner_->EndUse(unit, Resident())) return absl::OkStatus();
   return u.Release();
 }
 
@@ -467,15 +406,11 @@ StatusOr<StepResult> ShardManager::StepImpl(const StepInputs& inputs) {
   }
   if (!(inputs.lr >= 0))
     return absl::InvalidArgumentError(StrCat("learning rate ", inputs.lr, " is negative"));
-  for (size_t i = 0; i < units_.size(); ++i) {
-    // Prefetched for a use that did not come (the model changed its order): a fetch gives its
-    // buffer back, a gather is completed and released; so is a unit kept gathered for a reuse
-    // that did not come. A scope still open is the caller's bug.
-    const std::unique_ptr<ShardedUnit>& u = units_[i];
-    if (kept_gathered_[i]) {
-      kept_gathered_[i] = 0;
-      ZR_RETURN_IF_ERROR(u->Release());
-    }
+  // Kept gathered for a reuse that did not come: released. Prefetched for a use that did not
+  // come (the model changed its order): a fetch gives its buffer back, a gather is completed and
+  // released. A scope still open is the caller's bug.
+  for (int i : planner_->TakeKept()) ZR_RETURN_IF_ERROR(units_[i]->Release());
+  for (const std::unique_ptr<ShardedUnit>& u : units_) {
     ZR_RETURN_IF_ERROR(u->CancelFetch());
     if (!u->persistent() && u->state() == ShardState::kGathering) {
       ZR_RETURN_IF_ERROR(u->FinishGather());
@@ -529,7 +464,7 @@ StatusOr<StepResult> ShardManager::StepImpl(const StepInputs& inputs) {
     ZR_RETURN_IF_ERROR(scaler_.Update(true));
     Logger()->warn("step {} skipped: non-finite gradients (loss scale {} -> {})", steps_ + 1,
                    loss_scale, scaler_.scale());
-    EndStepOrder();
+    planner_->EndStep();
     result.step = steps_;
     return result;
   }
@@ -544,7 +479,7 @@ StatusOr<StepResult> ShardManager::StepImpl(const StepInputs& inputs) {
   ZR_RETURN_IF_ERROR(AfterStep());
   ZR_RETURN_IF_ERROR(compute.Synchronize());
   ZR_RETURN_IF_ERROR(scaler_.Update(false));
-  EndStepOrder();
+  planner_->EndStep();
   result.step = steps_;
   return result;
 }

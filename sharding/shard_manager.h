@@ -27,6 +27,7 @@
 #include "runtime/allocator.h"
 #include "runtime/communicator.h"
 #include "runtime/memory.h"
+#include "sharding/gather_planner.h"
 #include "sharding/gradient_reducer.h"
 #include "sharding/loss_scaler.h"
 #include "sharding/options.h"
@@ -155,14 +156,13 @@ class ShardManager {
   ShardManager(const ShardManagerOptions& options, const Resources& resources);
   Status EnsureGathered(int unit);
   StatusOr<StepResult> StepImpl(const StepInputs& inputs);
-  Status Prefetch(int after_position);
+  Status Prefetch();
+  GatherPlanner::Resident Resident() const;  // gathering or gathered
   Status CreateTiers();
   Status AfterStep();  // zero the gradient shards, refresh the compute copies
   Status RefreshComputeCopies();
   Status CheckNvmeSpace() const;
   Status EndScope(int unit, bool backward);
-  bool KeepGathered(int unit) const;
-  void EndStepOrder();
   UnitResources UnitResourcesOf();
 
   ShardManagerOptions options_;
@@ -182,19 +182,10 @@ class ShardManager {
   LossScaler scaler_;
   bool initialized_ = false;
   int64_t steps_ = 0;
-
-  // Gather order of the first step (forward then backward), replayed for prefetch afterwards.
-  std::vector<int> recorded_order_;
-  bool recording_ = true;
-  bool order_changed_ = false;
   bool gradients_reduced_ = false;
-  size_t position_ = 0;  // next index into recorded_order_ in the current step
-  // stage3_max_reuse_distance: per recorded position, the distance to the unit's next use
-  // (sharding/reuse_distance.h); per unit, the position of its current use and whether its
-  // scope ended with the unit kept gathered.
-  std::vector<int64_t> reuse_distances_;
-  std::vector<size_t> use_position_;
-  std::vector<char> kept_gathered_;
+  // The recorded gather order, prefetch and keep decisions ([Note: the gather plan]); made by
+  // Initialize, when the units are known.
+  std::unique_ptr<GatherPlanner> planner_;
 };
 
 }  // namespace zerort

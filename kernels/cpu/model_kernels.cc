@@ -105,9 +105,8 @@ class CpuModelKernels final : public ModelKernels {
   }
   // float: flash-style, saving the log-sum-exp per query; double (the gradient checks' reference):
   // the probabilities.
-  int64_t AttentionSavedBytes(int batch, int seq, int heads) const override {
-    if constexpr (std::is_same_v<T, float>) return int64_t{batch} * heads * seq * 4;
-    return ModelKernels::AttentionSavedBytes(batch, seq, heads);
+  KernelBackend backend() const override {
+    return std::is_same_v<T, float> ? KernelBackend::kCpu : KernelBackend::kCpuDouble;
   }
   Status Attention(void* out, void* saved, const void* qkv, int batch, int seq, int channels,
                    int heads) override {
@@ -325,9 +324,7 @@ class Cpu16ModelKernels final : public ModelKernels {
     return di.Store();
   }
   // The float kernels' saved state (fp32 log-sum-exp), kept in fp32.
-  int64_t AttentionSavedBytes(int batch, int seq, int heads) const override {
-    return f_.AttentionSavedBytes(batch, seq, heads);
-  }
+  KernelBackend backend() const override { return f_.backend(); }
   Status Attention(void* out, void* saved, const void* qkv, int batch, int seq, int channels,
                    int heads) override {
     const int64_t n = int64_t{batch} * seq * channels;

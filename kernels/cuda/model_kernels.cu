@@ -71,6 +71,7 @@ class CudaModelKernels final : public ModelKernels {
   Device device() const override { return stream_.device(); }
   Stream& stream() override { return stream_; }
   size_t act_size() const override { return sizeof(T); }
+  KernelBackend backend() const override { return KernelBackend::kCuda; }
   size_t grad_size() const override { return sizeof(G); }
   size_t stat_size() const override { return sizeof(float); }
   std::optional<DType> act_dtype() const override { return act_; }
@@ -120,7 +121,7 @@ class CudaModelKernels final : public ModelKernels {
   Status LayerNormBackward(void* dinp, void* dweight, void* dbias, const void* dout,
                            const void* inp, const void* weight, const void* mean, const void* rstd,
                            int64_t rows, int channels) override {
-    ZR_ASSIGN_OR_RETURN(Buffer dwb, Scratch(2 * channels * sizeof(float)));
+    ZR_ASSIGN_OR_RETURN(Buffer dwb, Scratch(LayerNormBackwardScratchBytes(backend(), channels)));
     ZR_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dwb.data(), 0, dwb.bytes(), s()));
     LayerNormBackwardKernel<T><<<RowBlocks(rows), kThreads, 0, s()>>>(
         A(dinp), dwb.as<float>(), A(dout), A(inp), A(weight), static_cast<const float*>(mean),
@@ -168,13 +169,16 @@ class CudaModelKernels final : public ModelKernels {
     const int hs = channels / heads;
     const int64_t n = int64_t{batch} * seq * channels;
     const int64_t bh = int64_t{batch} * heads;
-    ZR_ASSIGN_OR_RETURN(Buffer q, Scratch(n * sizeof(T)));
-    ZR_ASSIGN_OR_RETURN(Buffer k, Scratch(n * sizeof(T)));
-    ZR_ASSIGN_OR_RETURN(Buffer v, Scratch(n * sizeof(T)));
+    // q, k, v, the scores: kernels/memory_facts.h's AttentionScratchBytes.
+    const std::vector<int64_t> bytes =
+        AttentionScratchBytes(backend(), false, batch, seq, channels, heads, sizeof(T));
+    ZR_ASSIGN_OR_RETURN(Buffer q, Scratch(bytes[0]));
+    ZR_ASSIGN_OR_RETURN(Buffer k, Scratch(bytes[1]));
+    ZR_ASSIGN_OR_RETURN(Buffer v, Scratch(bytes[2]));
     SplitHeadsKernel<T><<<Blocks(n), kThreads, 0, s()>>>(q.as<T>(), k.as<T>(), v.as<T>(), A(qkv),
                                                          batch, seq, heads, hs);
     ZR_RETURN_IF_ERROR(Launched("SplitHeads"));
-    ZR_ASSIGN_OR_RETURN(Buffer preatt, Scratch(bh * seq * seq * sizeof(T)));
+    ZR_ASSIGN_OR_RETURN(Buffer preatt, Scratch(bytes[3]));
     // preatt[b,h] [T, T] = q [T, HS] x k^T
     ZR_RETURN_IF_ERROR(BatchedGemm(false, true, seq, seq, hs, 1.0f, q.data(), hs, int64_t{seq} * hs,
                                    k.data(), hs, int64_t{seq} * hs, 0.0f, preatt.data(), seq,
@@ -192,18 +196,21 @@ class CudaModelKernels final : public ModelKernels {
     return Launched("HeadsLayout");
   }
 
-  // Saves the probabilities (ModelKernels' default AttentionSavedBytes); `out` is not needed.
+  // The forward saved the probabilities (KernelBackend::kCuda); `out` is not needed.
   Status AttentionBackward(void* dqkv, const void* dout, const void* qkv, const void* /*out*/,
                            const void* att, int batch, int seq, int channels, int heads) override {
     const int hs = channels / heads;
     const int64_t n = int64_t{batch} * seq * channels;
     const int64_t bh = int64_t{batch} * heads;
     const int64_t ths = int64_t{seq} * hs, tt = int64_t{seq} * seq;
-    ZR_ASSIGN_OR_RETURN(Buffer q, Scratch(n * sizeof(T)));
-    ZR_ASSIGN_OR_RETURN(Buffer k, Scratch(n * sizeof(T)));
-    ZR_ASSIGN_OR_RETURN(Buffer v, Scratch(n * sizeof(T)));
-    ZR_ASSIGN_OR_RETURN(Buffer dy, Scratch(n * sizeof(T)));
-    ZR_ASSIGN_OR_RETURN(Buffer datt, Scratch(bh * tt * sizeof(T)));
+    // q, k, v, dy, the scores' gradient, dk: kernels/memory_facts.h's AttentionScratchBytes.
+    const std::vector<int64_t> bytes =
+        AttentionScratchBytes(backend(), true, batch, seq, channels, heads, sizeof(T));
+    ZR_ASSIGN_OR_RETURN(Buffer q, Scratch(bytes[0]));
+    ZR_ASSIGN_OR_RETURN(Buffer k, Scratch(bytes[1]));
+    ZR_ASSIGN_OR_RETURN(Buffer v, Scratch(bytes[2]));
+    ZR_ASSIGN_OR_RETURN(Buffer dy, Scratch(bytes[3]));
+    ZR_ASSIGN_OR_RETURN(Buffer datt, Scratch(bytes[4]));
     SplitHeadsKernel<T><<<Blocks(n), kThreads, 0, s()>>>(q.as<T>(), k.as<T>(), v.as<T>(), A(qkv),
                                                          batch, seq, heads, hs);
     HeadsLayoutKernel<T>
@@ -221,7 +228,7 @@ class CudaModelKernels final : public ModelKernels {
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
     // dq [T, HS] = scale dscore [T, T] x k (into dy); dk = scale dscore^T x q (into k... after q
     // is read: dk goes to a fresh buffer).
-    ZR_ASSIGN_OR_RETURN(Buffer dk, Scratch(n * sizeof(T)));
+    ZR_ASSIGN_OR_RETURN(Buffer dk, Scratch(bytes[5]));
     ZR_RETURN_IF_ERROR(BatchedGemm(false, false, seq, hs, seq, scale, datt.data(), seq, tt,
                                    k.data(), hs, ths, 0.0f, dy.data(), hs, ths, bh));
     ZR_RETURN_IF_ERROR(BatchedGemm(true, false, seq, hs, seq, scale, datt.data(), seq, tt, q.data(),
@@ -288,8 +295,8 @@ class CudaModelKernels final : public ModelKernels {
   static const T* A(const void* p) { return static_cast<const T*>(p); }
   static G* Gp(void* p) { return static_cast<G*>(p); }
   static const G* Gp(const void* p) { return static_cast<const G*>(p); }
-  StatusOr<Buffer> Scratch(size_t bytes) {
-    return ws_.Allocate(bytes, MemoryCategory::kWorkspace, &stream_);
+  StatusOr<Buffer> Scratch(int64_t bytes) {
+    return ws_.Allocate(static_cast<size_t>(bytes), MemoryCategory::kWorkspace, &stream_);
   }
   static Status Launched(const char* what) {
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) {

@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/convert.cuh"
+#include "kernels/memory_facts.h"
 #include "runtime/dtype.h"
 #include "runtime/internal/cuda_check.h"
 
@@ -34,7 +35,7 @@ constexpr DType DTypeOfCuda() {
 
 constexpr int kThreads = 256;
 constexpr float kLnEps = 1e-5f;
-constexpr size_t kLtWorkspace = 32u << 20;  // cuBLASLt's recommendation for Hopper
+constexpr size_t kLtWorkspace = kCudaLtWorkspaceBytes;  // kernels/memory_facts.h
 
 // Grid of a grid-stride loop over n elements.
 int Blocks(int64_t n) {

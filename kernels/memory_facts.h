@@ -1,0 +1,55 @@
+// [Note: what the kernels allocate] The bytes the model kernels keep for a backward or allocate
+// for themselves, per backend, as plain functions: the kernels (kernels/cpu/model_kernels.cc,
+// kernels/cuda/model_kernels.cu) size their buffers with them and the memory model
+// (engine/memory_model.cc) replays them, without a kernel object (an estimate for CUDA runs on a
+// machine without a GPU).
+//
+// - The attention's saved tensor (besides qkv and out): the CPU float and 16-bit kernels keep each
+//   query's log-sum-exp of its scores (fp32 [batch, heads, seq]; flash-style, the seq x seq
+//   probabilities never exist); the CPU double kernels (the gradient checks' reference) and the
+//   CUDA kernels keep the probabilities (act dtype [batch, heads, seq, seq]).
+// - The CUDA attention's scratch, allocated in this order on the kernels' stream and freed when
+//   the call returns: forward q, k, v ([batch, heads, seq, head size] each) and the scores
+//   [batch, heads, seq, seq]; backward q, k, v, dy, the scores' gradient, then dk. The CPU
+//   kernels allocate none.
+// - The CUDA LayerNorm backward's weight-gradient partials: 2 x channels fp32 per call.
+// - cuBLASLt's workspace: 32 MiB, allocated once by the CUDA kernels.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace zerort {
+
+enum class KernelBackend {
+  kCpu,        // the CPU float and 16-bit kernels
+  kCpuDouble,  // the CPU double kernels
+  kCuda,
+};
+
+inline constexpr int64_t kCudaLtWorkspaceBytes = int64_t{32} << 20;  // cuBLASLt's advice for Hopper
+
+inline int64_t AttentionSavedBytes(KernelBackend backend, int batch, int seq, int heads,
+                                   int64_t act_size) {
+  if (backend == KernelBackend::kCpu) return int64_t{batch} * heads * seq * 4;
+  return int64_t{batch} * heads * seq * seq * act_size;
+}
+
+// The attention's scratch buffers in allocation order (empty on the CPU); `channels` are the
+// attention's (heads x head size).
+inline std::vector<int64_t> AttentionScratchBytes(KernelBackend backend, bool backward, int batch,
+                                                  int seq, int channels, int heads,
+                                                  int64_t act_size) {
+  if (backend != KernelBackend::kCuda) return {};
+  const int64_t n = int64_t{batch} * seq * channels * act_size;
+  const int64_t scores = int64_t{batch} * heads * seq * seq * act_size;
+  if (!backward) return {n, n, n, scores};  // q, k, v, scores
+  return {n, n, n, n, scores, n};           // q, k, v, dy, dscores, dk
+}
+
+// The LayerNorm backward's scratch (0: none).
+inline int64_t LayerNormBackwardScratchBytes(KernelBackend backend, int channels) {
+  return backend == KernelBackend::kCuda ? int64_t{2} * channels * 4 : 0;
+}
+
+}  // namespace zerort

@@ -1,0 +1,113 @@
+#include "sharding/gather_planner.h"
+
+#include "runtime/dtype.h"
+#include "runtime/status.h"
+#include "sharding/reuse_distance.h"
+
+namespace zerort {
+
+GatherBudgets GatherBudgets::From(const ShardManagerOptions& o) {
+  const int64_t elem = static_cast<int64_t>(DTypeSize(o.compute_dtype));
+  return GatherBudgets{o.stage3_max_live_parameters * elem, o.stage3_prefetch_bucket_size * elem,
+                       o.stage3_max_reuse_distance};
+}
+
+GatherPlanner::GatherPlanner(GatherBudgets budgets, std::vector<UnitInfo> units)
+    : budgets_(budgets),
+      units_(std::move(units)),
+      use_position_(units_.size(), 0),
+      kept_(units_.size(), 0) {}
+
+bool GatherPlanner::BeginUse(int unit) {
+  ZR_CHECK(unit >= 0 && static_cast<size_t>(unit) < units_.size())
+      << "unit " << unit << " of " << units_.size();
+  bool followed = true;
+  use_position_[unit] = position_;
+  kept_[unit] = 0;
+  if (recording_) {
+    order_.push_back(unit);
+  } else if (!order_changed_ && (position_ >= order_.size() || order_[position_] != unit)) {
+    order_changed_ = true;  // a branch, say: no prefetch or keeps this step; record the next
+    followed = false;
+  }
+  ++position_;
+  return followed;
+}
+
+int64_t GatherPlanner::LiveBytes(const Resident& resident) const {
+  int64_t bytes = 0;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (!units_[u].persistent && resident(static_cast<int>(u))) bytes += units_[u].gathered_bytes;
+  }
+  return bytes;
+}
+
+std::span<const int> GatherPlanner::Upcoming() const {
+  if (!replaying() || position_ >= order_.size()) return {};
+  return std::span<const int>(order_).subspan(position_);
+}
+
+std::vector<int> GatherPlanner::Prefetch(const Resident& resident) const {
+  std::vector<int> picked;
+  int64_t live = LiveBytes(resident);
+  int64_t ahead = 0;
+  for (int u : Upcoming()) {
+    const UnitInfo& info = units_[u];
+    if (info.persistent || resident(u)) continue;
+    bool already = false;  // a unit recorded twice ahead is gathered once
+    for (int p : picked) already = already || p == u;
+    if (already) continue;
+    if (ahead + info.gathered_bytes > budgets_.prefetch_bytes ||
+        live + info.gathered_bytes > budgets_.max_live_bytes) {
+      break;
+    }
+    picked.push_back(u);
+    ahead += info.gathered_bytes;
+    live += info.gathered_bytes;
+  }
+  return picked;
+}
+
+bool GatherPlanner::EndUse(int unit, const Resident& resident) {
+  const UnitInfo& info = units_.at(static_cast<size_t>(unit));
+  if (info.persistent || !replaying() ||
+      !KeepsGathered(reuse_distances_, use_position_[unit], budgets_.max_reuse_distance)) {
+    return false;
+  }
+  // Within the live budget together with the unit used next (gathered then on demand).
+  int64_t next = 0;
+  if (position_ < order_.size()) {
+    const int n = order_[position_];
+    if (!units_[n].persistent && !resident(n)) next = units_[n].gathered_bytes;
+  }
+  if (LiveBytes(resident) + next > budgets_.max_live_bytes) return false;
+  kept_[unit] = 1;
+  return true;
+}
+
+std::vector<int> GatherPlanner::TakeKept() {
+  std::vector<int> kept;
+  for (size_t u = 0; u < kept_.size(); ++u) {
+    if (kept_[u]) kept.push_back(static_cast<int>(u));
+    kept_[u] = 0;
+  }
+  return kept;
+}
+
+void GatherPlanner::EndStep() {
+  if (order_changed_) {
+    order_.clear();
+    recording_ = true;
+    order_changed_ = false;
+  } else {
+    if (recording_) {
+      std::vector<int64_t> numel;
+      for (const UnitInfo& u : units_) numel.push_back(u.persistent ? 0 : u.gathered_numel);
+      reuse_distances_ = ReuseDistances(order_, numel);
+    }
+    recording_ = false;
+  }
+  position_ = 0;
+}
+
+}  // namespace zerort
