@@ -4,6 +4,7 @@
 #              installed-package consumer; GPU tests run when a GPU is present, else skip)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 # Open MPI refuses to run as root without these; harmless otherwise.
@@ -14,7 +15,7 @@ export OMPI_MCA_btl_vader_single_copy_mechanism := none
 MPIRUN := mpirun --oversubscribe
 ZERORT := $(BUILD)/tools/zerort
 
-.PHONY: all deps build run test test-unit test-asan test-install bench bench-peers bench-gemm clean
+.PHONY: all deps build run test test-unit test-asan test-tsan test-install bench bench-peers bench-gemm clean
 
 all: build
 
@@ -31,7 +32,7 @@ run: build
 	$(ZERORT) env
 	$(ZERORT) train configs/tiny-cpu.json --overwrite  # a fresh demo run each time
 
-test: test-unit test-install test-asan
+test: test-unit test-install test-asan test-tsan
 
 test-unit: build
 	ctest --test-dir $(BUILD) -L 'cpu|mpi|gpu' --output-on-failure -j2
@@ -69,6 +70,17 @@ test-asan: deps
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir $(ASAN_BUILD) -L cpu --output-on-failure -j2
 
+# The stream-ordering tests under ThreadSanitizer (docs/async-device.md): only the targets that
+# run queued CPU streams, in a CPU-only build of their own (minutes, not the whole tree). Death
+# tests fork, which ThreadSanitizer does not follow: they run in the other stages.
+TSAN_TESTS := cpu_streams_test
+test-tsan: deps
+	cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1" \
+	  -DZR_ENABLE_CUDA=OFF -DZR_SANITIZE=thread $(CMAKE_FLAGS)
+	cmake --build $(TSAN_BUILD) -j$(JOBS) --target $(TSAN_TESTS)
+	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	  ctest --test-dir $(TSAN_BUILD) -R 'CpuStreams' -E 'DeathTest' --output-on-failure -j2
+
 # The measured benchmarks recorded in docs/benchmarks.md.
 bench: build
 	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(MPIRUN) -np 4 $(ZERORT) bench comm --backend mpi \
@@ -99,4 +111,4 @@ bench-gemm:
 	$(BUILD)/peers/gemm_compare --threads 2 --rounds 5
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

@@ -1,60 +1,38 @@
-// CPU streams and events: work runs when it is issued, so they only keep names and identity.
+// Device-independent parts of device.h; CPU streams and events are in cpu_streams.cc.
 #include <cstring>
 
 #include "runtime/device.h"
+#include "runtime/internal/cpu_streams.h"
 #include "runtime/internal/device_backend.h"
 #include "runtime/strings.h"
 
 namespace zerort {
 namespace {
-
-class CpuStream final : public Stream {
- public:
-  explicit CpuStream(std::string name) : name_(std::move(name)) {}
-  Device device() const override { return Device::Cpu(); }
-  std::string_view name() const override { return name_; }
-  Status Synchronize() override { return absl::OkStatus(); }
-  Status WaitEvent(const Event& event) override {
-    if (!event.device().is_cpu()) {
-      return absl::InvalidArgumentError(StrCat(
-          "CPU stream '", name_, "' cannot wait for an event on ", event.device().ToString()));
-    }
-    return absl::OkStatus();
-  }
-  void* native_handle() const override { return nullptr; }
-
- private:
-  std::string name_;
-};
-
-class CpuEvent final : public Event {
- public:
-  Device device() const override { return Device::Cpu(); }
-  Status Record(Stream& stream) override {
-    if (!stream.device().is_cpu()) {
-      return absl::InvalidArgumentError(
-          StrCat("CPU event recorded on a stream of ", stream.device().ToString()));
-    }
-    return absl::OkStatus();
-  }
-  StatusOr<bool> Query() const override { return true; }
-  Status Synchronize() const override { return absl::OkStatus(); }
-  void* native_handle() const override { return nullptr; }
-};
-
+// Host memory touched in the order of a queued CPU stream (a CUDA stream's host-to-host copies
+// and fills run at once, as before).
+bool IsQueuedCpu(const Stream* stream) {
+  return stream != nullptr && stream->device().is_cpu() && stream->asynchronous();
+}
 }  // namespace
+
+Status Stream::Launch(std::function<Status()> work) {
+  return absl::UnimplementedError(StrCat("host work on stream '", name(), "' of ",
+                                         device().ToString(),
+                                         ": only CPU streams run host work in their order"));
+}
 
 std::string Device::ToString() const {
   return is_cpu() ? std::string("cpu") : StrCat("cuda:", index);
 }
 
-StatusOr<std::unique_ptr<Stream>> CreateStream(Device device, std::string name) {
-  if (device.is_cpu()) return std::unique_ptr<Stream>(new CpuStream(std::move(name)));
+StatusOr<std::unique_ptr<Stream>> CreateStream(Device device, std::string name,
+                                               const StreamOptions& options) {
+  if (device.is_cpu()) return internal::CreateCpuStream(std::move(name), options);
   return internal::CreateCudaStream(device, std::move(name));
 }
 
 StatusOr<std::unique_ptr<Event>> CreateEvent(Device device) {
-  if (device.is_cpu()) return std::unique_ptr<Event>(new CpuEvent());
+  if (device.is_cpu()) return internal::CreateCpuEvent();
   return internal::CreateCudaEvent(device);
 }
 
@@ -62,6 +40,12 @@ Status CopyBytes(void* dst, Device dst_device, const void* src, Device src_devic
                  Stream* stream) {
   if (bytes == 0) return absl::OkStatus();
   if (dst_device.is_cpu() && src_device.is_cpu()) {
+    if (IsQueuedCpu(stream)) {
+      return stream->Launch([=] {
+        std::memmove(dst, src, bytes);
+        return absl::OkStatus();
+      });
+    }
     std::memmove(dst, src, bytes);
     return absl::OkStatus();
   }
@@ -71,6 +55,12 @@ Status CopyBytes(void* dst, Device dst_device, const void* src, Device src_devic
 Status FillZero(void* ptr, Device device, size_t bytes, Stream* stream) {
   if (bytes == 0) return absl::OkStatus();
   if (device.is_cpu()) {
+    if (IsQueuedCpu(stream)) {
+      return stream->Launch([=] {
+        std::memset(ptr, 0, bytes);
+        return absl::OkStatus();
+      });
+    }
     std::memset(ptr, 0, bytes);
     return absl::OkStatus();
   }

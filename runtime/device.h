@@ -1,11 +1,27 @@
 // Devices, streams and events. A Stream is an ordered queue of work on one device; an Event marks
 // a point in a stream that other streams (or the host) can wait for. On CUDA they wrap
-// cudaStream_t / cudaEvent_t (RAII); on the CPU work runs when it is issued, so a CPU stream is
-// always idle and a CPU event is complete as soon as it is recorded. No CUDA header is included
-// here: CUDA handles are exposed as void* through native_handle().
+// cudaStream_t / cudaEvent_t (RAII). A CPU stream is immediate (work runs when it is issued, so
+// the stream is always idle and an event recorded on it complete) or queued (the cpu-async
+// device below). No CUDA header is included here: CUDA handles are exposed as void* through
+// native_handle().
+//
+// [Note: the asynchronous CPU device] A queued CPU stream is an in-order queue run by a thread of
+// its own: work issued on it (Launch, CopyBytes, FillZero) runs there in issue order while the
+// host goes on, as on CUDA. Event::Record queues a marker that completes the event when the
+// stream reaches it; Stream::WaitEvent queues a wait for the record current at the call (CUDA's
+// rule; an event never recorded is complete); Synchronize waits for everything issued. An
+// immediate stream told to wait for an event waits on the host at once, since its next work runs
+// there. The first failed work item's error sticks to the stream (later work is skipped, every
+// Launch and Synchronize returns it), but markers still run, so nothing waits forever on a failed
+// stream. A seeded jitter delays each item by a random 0..jitter_max_us, so that a missing
+// event shows up as a wrong number or a sanitizer report instead of hiding behind timing; each
+// stream draws from its own generator (the seed mixed with its name). Work must not synchronize
+// its own stream (checked). docs/async-device.md says how the rest of zerort runs on it.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -31,6 +47,18 @@ struct Device {
 
 class Event;
 
+// How a CPU stream runs its work (ignored by CUDA streams).
+enum class CpuExecution : uint8_t {
+  kImmediate,  // on the issuing thread, when issued
+  kQueued,     // on the stream's own thread, in issue order ([Note: the asynchronous CPU device])
+};
+
+struct StreamOptions {
+  CpuExecution cpu = CpuExecution::kImmediate;
+  uint64_t jitter_seed = 0;  // queued streams: 0 no jitter; else each item waits 0..jitter_max_us
+  int jitter_max_us = 100;
+};
+
 class Stream {
  public:
   virtual ~Stream() = default;
@@ -38,8 +66,15 @@ class Stream {
   virtual std::string_view name() const = 0;
   // Blocks the host until all work issued so far on this stream has finished.
   virtual Status Synchronize() = 0;
-  // Work issued on this stream after this call waits for `event` (never blocks the host).
+  // Work issued on this stream after this call waits for `event` (never blocks the host, except
+  // on an immediate CPU stream, whose next work runs on the host).
   virtual Status WaitEvent(const Event& event) = 0;
+  // Runs host code in this stream's order: now on an immediate CPU stream, on the stream's
+  // thread for a queued one (its error then surfaces at a later Launch or Synchronize). CUDA
+  // streams refuse it (their work is kernels).
+  virtual Status Launch(std::function<Status()> work);
+  // Whether work may still be running when the call that issued it returns (CUDA, queued CPU).
+  virtual bool asynchronous() const { return !device().is_cpu(); }
   // cudaStream_t for CUDA streams, nullptr for CPU streams.
   virtual void* native_handle() const = 0;
 };
@@ -57,17 +92,19 @@ class Event {
 };
 
 // A stream on `device`. `name` says what the stream exists for (compute, comm, copy).
-StatusOr<std::unique_ptr<Stream>> CreateStream(Device device, std::string name);
+StatusOr<std::unique_ptr<Stream>> CreateStream(Device device, std::string name,
+                                               const StreamOptions& options = {});
 StatusOr<std::unique_ptr<Event>> CreateEvent(Device device);
 
-// Copies `bytes` between any two of host and CUDA memory. With a CUDA stream the copy is
-// asynchronous on it (host memory must then stay alive until the stream reaches the copy);
-// without one, or when both sides are host memory, it has finished when this returns.
+// Copies `bytes` between any two of host and CUDA memory. With an asynchronous stream (CUDA, or
+// a queued CPU stream) the copy is issued on it (both sides must then stay alive until the stream
+// reaches the copy); without one, or on an immediate CPU stream, it has finished when this
+// returns.
 Status CopyBytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
                  Stream* stream);
 
-// Sets `bytes` bytes at `ptr` to zero: asynchronously on a CUDA stream for device memory,
-// immediately for host memory.
+// Sets `bytes` bytes at `ptr` to zero: issued on `stream` when it is asynchronous (a CUDA stream
+// for device memory, a queued CPU stream for host memory), otherwise at once.
 Status FillZero(void* ptr, Device device, size_t bytes, Stream* stream);
 
 struct CudaDeviceInfo {

@@ -1,0 +1,15 @@
+// The CPU half of device.h: immediate streams (work runs when it is issued) and queued streams
+// (the cpu-async device: a worker thread per stream), and the CPU event both record.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "runtime/device.h"
+
+namespace zerort::internal {
+
+std::unique_ptr<Stream> CreateCpuStream(std::string name, const StreamOptions& options);
+std::unique_ptr<Event> CreateCpuEvent();
+
+}  // namespace zerort::internal

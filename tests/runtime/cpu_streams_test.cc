@@ -1,0 +1,265 @@
+// [Note: the asynchronous CPU device]: queued CPU streams run their work on their own thread in
+// issue order while the host goes on; events order work across streams and the host; errors
+// stick; immediate streams keep the synchronous behaviour. Jitter is on wherever ordering is
+// checked, so a missing wait would show as a wrong value (and under ThreadSanitizer as a race).
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "runtime/allocator.h"
+#include "runtime/device.h"
+
+namespace zerort {
+namespace {
+
+StreamOptions Queued(uint64_t seed = 7) {
+  return StreamOptions{.cpu = CpuExecution::kQueued, .jitter_seed = seed, .jitter_max_us = 50};
+}
+
+std::unique_ptr<Stream> MakeStream(const std::string& name, const StreamOptions& options) {
+  StatusOr<std::unique_ptr<Stream>> s = CreateStream(Device::Cpu(), name, options);
+  ZR_CHECK_OK(s.status());
+  return std::move(*s);
+}
+
+std::unique_ptr<Event> MakeEvent() {
+  StatusOr<std::unique_ptr<Event>> e = CreateEvent(Device::Cpu());
+  ZR_CHECK_OK(e.status());
+  return std::move(*e);
+}
+
+// A gate the host opens: work that waits on it proves the host went on after issuing.
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      open = true;
+    }
+    cv.notify_all();
+  }
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return open; });
+  }
+};
+
+TEST(CpuStreamsTest, QueuedWorkRunsLaterOnTheStreamsThreadInIssueOrder) {
+  auto stream = MakeStream("compute", Queued());
+  EXPECT_TRUE(stream->asynchronous());
+  Gate gate;
+  std::vector<int> order;  // written only by the stream's thread until Synchronize
+  std::thread::id worker;
+  ASSERT_TRUE(stream
+                  ->Launch([&] {
+                    gate.Wait();  // blocks the stream, not the host
+                    worker = std::this_thread::get_id();
+                    order.push_back(0);
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  for (int i = 1; i < 50; ++i) {
+    ASSERT_TRUE(stream
+                    ->Launch([&order, i] {
+                      order.push_back(i);
+                      return absl::OkStatus();
+                    })
+                    .ok());
+  }
+  gate.Open();  // reached only because Launch returned before its work ran
+  ASSERT_TRUE(stream->Synchronize().ok());
+  ASSERT_EQ(order.size(), 50u);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(order[i], i);
+  EXPECT_NE(worker, std::this_thread::get_id());
+}
+
+TEST(CpuStreamsTest, CopiesAndFillsFollowTheStreamsOrder) {
+  auto stream = MakeStream("copy", Queued());
+  std::vector<int> a(4096, 1), b(4096, 0);
+  Gate gate;
+  ASSERT_TRUE(stream
+                  ->Launch([&] {
+                    gate.Wait();
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  ASSERT_TRUE(FillZero(a.data(), Device::Cpu(), a.size() * sizeof(int), stream.get()).ok());
+  ASSERT_TRUE(CopyBytes(b.data(), Device::Cpu(), a.data(), Device::Cpu(), a.size() * sizeof(int),
+                        stream.get())
+                  .ok());
+  EXPECT_EQ(a[0], 1) << "the fill waits behind the gate";
+  gate.Open();
+  ASSERT_TRUE(stream->Synchronize().ok());
+  EXPECT_EQ(a[4095], 0);
+  EXPECT_EQ(b[0], 0);
+}
+
+TEST(CpuStreamsTest, AnEventOrdersWorkAcrossStreams) {
+  // The producer writes after a delay; the consumer, told to wait for the producer's event,
+  // must see every write. Repeated with jitter, so that a wait that did not wait would be seen.
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    auto producer = MakeStream("producer", Queued(seed));
+    auto consumer = MakeStream("consumer", Queued(seed));
+    auto ready = MakeEvent();
+    std::vector<int> data(256, 0);
+    long seen = -1;
+    for (int round = 1; round <= 3; ++round) {
+      ASSERT_TRUE(producer
+                      ->Launch([&data, round] {
+                        std::this_thread::sleep_for(std::chrono::microseconds(200));
+                        for (int& x : data) x = round;
+                        return absl::OkStatus();
+                      })
+                      .ok());
+      ASSERT_TRUE(ready->Record(*producer).ok());
+      ASSERT_TRUE(consumer->WaitEvent(*ready).ok());
+      ASSERT_TRUE(consumer
+                      ->Launch([&data, &seen, round] {
+                        long sum = 0;
+                        for (int x : data) sum += x;
+                        seen = sum == 256L * round ? round : -1;
+                        return absl::OkStatus();
+                      })
+                      .ok());
+      ASSERT_TRUE(consumer->Synchronize().ok());
+      EXPECT_EQ(seen, round) << "seed " << seed;
+    }
+  }
+}
+
+TEST(CpuStreamsTest, TheHostWaitsForAnEventOrAStream) {
+  auto stream = MakeStream("compute", Queued());
+  auto done = MakeEvent();
+  EXPECT_TRUE(*done->Query()) << "never recorded: complete";
+  Gate gate;
+  std::atomic<bool> ran{false};
+  ASSERT_TRUE(stream
+                  ->Launch([&] {
+                    gate.Wait();
+                    ran = true;
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  ASSERT_TRUE(done->Record(*stream).ok());
+  EXPECT_FALSE(*done->Query()) << "the stream has not reached the record";
+  gate.Open();
+  ASSERT_TRUE(done->Synchronize().ok());
+  EXPECT_TRUE(ran);
+  EXPECT_TRUE(*done->Query());
+  // An immediate stream's next work runs on the host: WaitEvent waits there.
+  auto immediate = MakeStream("host", StreamOptions{});
+  EXPECT_FALSE(immediate->asynchronous());
+  Gate second;
+  std::atomic<bool> later{false};
+  ASSERT_TRUE(stream
+                  ->Launch([&] {
+                    second.Wait();
+                    later = true;
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  ASSERT_TRUE(done->Record(*stream).ok());
+  std::thread opener([&] { second.Open(); });
+  ASSERT_TRUE(immediate->WaitEvent(*done).ok());
+  EXPECT_TRUE(later);
+  opener.join();
+}
+
+TEST(CpuStreamsTest, AFailedItemsErrorSticksAndMarkersStillRun) {
+  auto stream = MakeStream("compute", Queued());
+  auto after = MakeEvent();
+  bool ran_after = false;
+  ASSERT_TRUE(stream->Launch([] { return absl::InternalError("kernel failed"); }).ok());
+  (void)stream->Launch([&] {
+    ran_after = true;
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(after->Record(*stream).ok());
+  ASSERT_TRUE(after->Synchronize().ok()) << "the marker ran: nothing waits forever";
+  const Status st = stream->Synchronize();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(std::string(st.message()).find("on stream 'compute': kernel failed"), std::string::npos)
+      << st;
+  EXPECT_FALSE(ran_after) << "work after a failure is skipped";
+  EXPECT_EQ(stream->Launch([] { return absl::OkStatus(); }).code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(stream->Synchronize().code(), absl::StatusCode::kInternal) << "sticky";
+}
+
+TEST(CpuStreamsTest, ImmediateStreamsRunAtIssueAndDestroyingAQueuedOneRunsWhatWasIssued) {
+  auto immediate = MakeStream("host", StreamOptions{});
+  int x = 0;
+  ASSERT_TRUE(immediate
+                  ->Launch([&] {
+                    x = 1;
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  EXPECT_EQ(x, 1);
+  std::atomic<int> count{0};
+  {
+    auto queued = MakeStream("short-lived", Queued());
+    for (int i = 0; i < 10; ++i) {
+      ASSERT_TRUE(queued
+                      ->Launch([&] {
+                        ++count;
+                        return absl::OkStatus();
+                      })
+                      .ok());
+    }
+  }
+  EXPECT_EQ(count, 10);
+}
+
+TEST(CpuStreamsTest, TheCachingAllocatorParksABlockUntilAnotherStreamHasReadIt) {
+  // The CUDA allocator's stream-ordered rule, run by the same code over real CPU events: a block
+  // also used on stream B is not handed out again until B has passed its free.
+  auto a = MakeStream("compute", Queued());
+  auto b = MakeStream("comm", Queued());
+  std::unique_ptr<Allocator> allocator = MakeCpuCachingAllocator(nullptr);
+  auto* caching = dynamic_cast<CachingAllocator*>(allocator.get());
+  ASSERT_NE(caching, nullptr);
+  StatusOr<Buffer> used = allocator->Allocate(4096, MemoryCategory::kWorkspace, a.get());
+  ASSERT_TRUE(used.ok());
+  void* const address = used->data();
+  ASSERT_TRUE(allocator->RecordStream(*used, *b).ok());
+  used->as<int>()[0] = 7;
+  Gate gate;
+  std::atomic<int> read{0};
+  const int* p = used->as<int>();
+  ASSERT_TRUE(b->Launch([&gate, &read, p] {
+                 gate.Wait();
+                 read = p[0];  // B still reads the block after the host freed it
+                 return absl::OkStatus();
+               }).ok());
+  used->Reset();
+  EXPECT_EQ(caching->stats().pending_blocks, 1) << "parked until B reaches the free";
+  StatusOr<Buffer> other = allocator->Allocate(4096, MemoryCategory::kWorkspace, a.get());
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(other->data(), address) << "a parked block is not handed out";
+  gate.Open();
+  ASSERT_TRUE(b->Synchronize().ok());
+  StatusOr<Buffer> again = allocator->Allocate(4096, MemoryCategory::kWorkspace, a.get());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(caching->stats().pending_blocks, 0) << "B has passed the free: back in A's pool";
+  EXPECT_EQ(again->data(), address);
+  EXPECT_EQ(read, 7);
+}
+
+TEST(CpuStreamsDeathTest, WorkThatSynchronizesItsOwnStreamIsABug) {
+  EXPECT_DEATH(
+      {
+        auto stream = MakeStream("compute", Queued(0));
+        Stream* s = stream.get();
+        (void)stream->Launch([s] { return s->Synchronize(); });
+        (void)stream->Synchronize();
+      },
+      "synchronized from its own work");
+}
+
+}  // namespace
+}  // namespace zerort
