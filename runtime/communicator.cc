@@ -67,6 +67,19 @@ Communicator::~Communicator() {
   if (watchdog_ != nullptr) watchdog_->Unregister(&trace_);
 }
 
+namespace {
+bool IsQueuedCpu(const Stream* stream) {
+  return stream != nullptr && stream->device().is_cpu() && stream->asynchronous();
+}
+// Pipeline transfers (posted sends, exchanges) complete across calls; they do not run on a
+// queued stream yet (docs/async-device.md).
+Status RefuseQueued(const Stream* stream, std::string_view what) {
+  if (!IsQueuedCpu(stream)) return absl::OkStatus();
+  return absl::UnimplementedError(StrCat(what, " on the queued CPU stream '", stream->name(),
+                                         "': not supported on the asynchronous CPU device yet"));
+}
+}  // namespace
+
 bool Communicator::NeedsStaging(Stream* stream) const {
   return host_buffers() && stream != nullptr && stream->device().is_cuda();
 }
@@ -91,6 +104,12 @@ StatusOr<Buffer> Communicator::Staging(size_t bytes) {
 Status Communicator::Run(const Call& call, const std::function<Status(Stream*)>& body,
                          Stream* stream) {
   ZR_RETURN_IF_ERROR(CheckStream(stream));
+  if (IsQueuedCpu(stream)) {
+    // [Note: the asynchronous CPU device]: the collective runs on the stream's thread, in its
+    // order (the body captures by value: this frame is gone by then), traced from when it runs
+    // there; the host goes on. Loopback ranks meet on their streams' threads.
+    return stream->Launch([this, call, body] { return Run(call, body, nullptr); });
+  }
   const bool staged = NeedsStaging(stream);
   if (staged) {
     // Host backends read the buffers when called: the stream's work must have produced them.
@@ -153,7 +172,7 @@ Status Communicator::AllGather(const void* send, void* recv, size_t count, DType
         stream);
   }
   return Run(
-      call, [&](Stream* s) { return DoAllGather(send, recv, count, dtype, s); }, stream);
+      call, [=, this](Stream* s) { return DoAllGather(send, recv, count, dtype, s); }, stream);
 }
 
 Status Communicator::ReduceScatter(const void* send, void* recv, size_t count, DType dtype,
@@ -185,7 +204,8 @@ Status Communicator::ReduceScatter(const void* send, void* recv, size_t count, D
         stream);
   }
   return Run(
-      call, [&](Stream* s) { return DoReduceScatter(send, recv, count, dtype, op, s); }, stream);
+      call, [=, this](Stream* s) { return DoReduceScatter(send, recv, count, dtype, op, s); },
+      stream);
 }
 
 Status Communicator::AllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
@@ -214,7 +234,7 @@ Status Communicator::AllReduce(const void* send, void* recv, size_t count, DType
         stream);
   }
   return Run(
-      call, [&](Stream* s) { return DoAllReduce(send, recv, count, dtype, op, s); }, stream);
+      call, [=, this](Stream* s) { return DoAllReduce(send, recv, count, dtype, op, s); }, stream);
 }
 
 Status Communicator::Broadcast(void* buffer, size_t count, DType dtype, int root, Stream* stream) {
@@ -239,7 +259,7 @@ Status Communicator::Broadcast(void* buffer, size_t count, DType dtype, int root
         stream);
   }
   return Run(
-      call, [&](Stream* s) { return DoBroadcast(buffer, count, dtype, root, s); }, stream);
+      call, [=, this](Stream* s) { return DoBroadcast(buffer, count, dtype, root, s); }, stream);
 }
 
 namespace {
@@ -274,7 +294,7 @@ Status Communicator::Send(const void* buffer, size_t count, DType dtype, int pee
         stream);
   }
   return Run(
-      call, [&](Stream* s) { return DoSend(buffer, count, dtype, peer, s); }, stream);
+      call, [=, this](Stream* s) { return DoSend(buffer, count, dtype, peer, s); }, stream);
 }
 
 Status Communicator::Recv(void* buffer, size_t count, DType dtype, int peer, Stream* stream) {
@@ -293,7 +313,7 @@ Status Communicator::Recv(void* buffer, size_t count, DType dtype, int peer, Str
         stream);
   }
   return Run(
-      call, [&](Stream* s) { return DoRecv(buffer, count, dtype, peer, s); }, stream);
+      call, [=, this](Stream* s) { return DoRecv(buffer, count, dtype, peer, s); }, stream);
 }
 
 Status Communicator::SendRecv(const void* send, size_t send_count, int dst, void* recv,
@@ -322,11 +342,14 @@ Status Communicator::SendRecv(const void* send, size_t send_count, int dst, void
   }
   return Run(
       call,
-      [&](Stream* s) { return DoSendRecv(send, send_count, dst, recv, recv_count, src, dtype, s); },
+      [=, this](Stream* s) {
+        return DoSendRecv(send, send_count, dst, recv, recv_count, src, dtype, s);
+      },
       stream);
 }
 
 Status Communicator::Exchange(std::span<const P2POp> ops, DType dtype, Stream* stream) {
+  ZR_RETURN_IF_ERROR(RefuseQueued(stream, "exchange"));
   const size_t elem = DTypeSize(dtype);
   size_t bytes = 0;
   int peer = ops.empty() ? -1 : ops[0].peer;
@@ -384,6 +407,7 @@ Status Communicator::Exchange(std::span<const P2POp> ops, DType dtype, Stream* s
 
 Status Communicator::PostSend(const void* buffer, size_t count, DType dtype, int peer,
                               Stream* stream) {
+  ZR_RETURN_IF_ERROR(RefuseQueued(stream, "posted send"));
   ZR_RETURN_IF_ERROR(CheckPeer(peer, rank_, size_, "posted send", false));
   ZR_RETURN_IF_ERROR(CheckBuffer(buffer, count, "posted send"));
   ZR_RETURN_IF_ERROR(CheckStream(stream));
