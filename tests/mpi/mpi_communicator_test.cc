@@ -22,6 +22,14 @@ TEST(MpiCommunicatorTest, EveryCollectiveEveryDtype) {
   EXPECT_EQ(testing::CheckEverything(*world, 99 + world->size()), "");
 }
 
+TEST(MpiCommunicatorTest, CollectivesOnQueuedCpuStreamsRunOnTheirThreads) {
+  // MPI called from each rank's comm stream thread (MPI_THREAD_MULTIPLE), in the stream's order.
+  std::unique_ptr<Communicator> world = *testing::Mpi().World(Options());
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    EXPECT_EQ(testing::CheckQueuedCollectives(*world, seed), "") << "seed " << seed;
+  }
+}
+
 TEST(MpiCommunicatorTest, SplitEvenOdd) {
   std::unique_ptr<Communicator> world = *testing::Mpi().World(Options());
   StatusOr<std::unique_ptr<Communicator>> sub =

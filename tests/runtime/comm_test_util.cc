@@ -1,6 +1,11 @@
 // Collective semantics checks shared by the loopback and MPI tests.
 #include "tests/runtime/comm_test_util.h"
 
+#include <chrono>
+#include <thread>
+
+#include "runtime/device.h"
+
 namespace zerort::testing {
 namespace {
 
@@ -226,6 +231,63 @@ std::string CheckEverything(Communicator& comm, uint64_t seed) {
   if (auto e = CheckExchange(comm, DType::kF32, large, seed + 9); !e.empty()) return e;
   if (auto e = CheckPostedSends(comm, DType::kF32, large, seed + 12); !e.empty()) return e;
   if (auto s = comm.Barrier(); !s.ok()) return StatusText(s, "barrier");
+  return "";
+}
+
+}  // namespace zerort::testing
+
+namespace zerort::testing {
+
+std::string CheckQueuedCollectives(Communicator& comm, uint64_t seed) {
+  const int r = comm.rank(), size = comm.size();
+  const size_t n = 4096 - 4096 % static_cast<size_t>(size);
+  auto make = [&](const char* name, uint64_t s) {
+    return std::move(*CreateStream(
+        Device::Cpu(), name,
+        StreamOptions{.cpu = CpuExecution::kQueued, .jitter_seed = s, .jitter_max_us = 50}));
+  };
+  std::unique_ptr<Stream> compute = make("compute", seed * 100 + r);
+  std::unique_ptr<Stream> stream = make("comm", seed * 100 + 50 + r);
+  std::unique_ptr<Event> produced = std::move(*CreateEvent(Device::Cpu()));
+  std::vector<float> in(n, -1.0f), sum(n), shard(n / size), gathered(n);
+  auto check = [](const Status& s) { return s.ok() ? std::string() : s.ToString(); };
+  std::string error = check(compute->Launch([&in, r] {
+    std::this_thread::sleep_for(std::chrono::microseconds(300));
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>((r + 1) * (i % 7));
+    return absl::OkStatus();
+  }));
+  if (error.empty()) error = check(produced->Record(*compute));
+  if (error.empty()) error = check(stream->WaitEvent(*produced));
+  if (error.empty()) {
+    error =
+        check(comm.AllReduce(in.data(), sum.data(), n, DType::kF32, ReduceOp::kSum, stream.get()));
+  }
+  if (error.empty()) {
+    error = check(comm.ReduceScatter(in.data(), shard.data(), n / size, DType::kF32, ReduceOp::kSum,
+                                     stream.get()));
+  }
+  if (error.empty()) {
+    error =
+        check(comm.AllGather(shard.data(), gathered.data(), n / size, DType::kF32, stream.get()));
+  }
+  const Status refused =
+      size > 1 ? comm.PostSend(in.data(), 1, DType::kF32, (r + 1) % size, stream.get())
+               : absl::UnimplementedError("one rank");
+  const Status synced = stream->Synchronize();  // always: the queue reads these locals
+  (void)compute->Synchronize();
+  if (!error.empty()) return error;
+  if (!synced.ok()) return synced.ToString();
+  const float ranks = static_cast<float>(size * (size + 1) / 2);
+  for (size_t i = 0; i < n; ++i) {
+    const float want = ranks * static_cast<float>(i % 7);
+    if (sum[i] != want || gathered[i] != want) {
+      return StrCat("rank ", r, " element ", i, ": all-reduce ", sum[i], ", gathered ", gathered[i],
+                    ", want ", want);
+    }
+  }
+  if (refused.code() != absl::StatusCode::kUnimplemented) {
+    return StrCat("a posted send on a queued stream: ", refused);
+  }
   return "";
 }
 

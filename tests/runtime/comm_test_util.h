@@ -147,5 +147,10 @@ std::string CheckExchange(Communicator& comm, DType dtype, size_t count, uint64_
 std::string CheckPostedSends(Communicator& comm, DType dtype, size_t count, uint64_t seed);
 // Every collective, every dtype and op, counts 0, 1, uneven, and large.
 std::string CheckEverything(Communicator& comm, uint64_t seed);
+// Collectives on queued CPU streams ([Note: the asynchronous CPU device]): each rank's input is
+// written late on one queued stream, a second one waits for it by event, then all-reduces,
+// reduce-scatters and all-gathers on its own thread, under jitter seeded by `seed`; a posted send
+// there is refused. "" when every value is right.
+std::string CheckQueuedCollectives(Communicator& comm, uint64_t seed);
 
 }  // namespace zerort::testing
