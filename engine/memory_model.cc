@@ -58,7 +58,7 @@ class StepModel {
         out_(out),
         r_(model_states_only),
         activation_terms_(model_states_only),
-        planner_(GatherBudgets::From(in.manager), UnitInfos(units_, csize())) {
+        planner_(GatherBudgets::From(in.manager), UnitInfos(units_)) {
     // The runtime's streams: the manager's compute and comm streams (comm is compute without
     // overlap_comm), and the kernels' own (the CPU kernels have one; CUDA's use compute).
     compute_stream_ = *CreateStream(Device::Cpu(), "compute");
@@ -94,13 +94,9 @@ class StepModel {
   GatherPlanner::Resident Resident() const {
     return [this](int u) { return units_[u].gathered; };
   }
-  static std::vector<GatherPlanner::UnitInfo> UnitInfos(const std::vector<Unit>& units,
-                                                        int64_t csize) {
+  static std::vector<GatherPlanner::UnitInfo> UnitInfos(const std::vector<Unit>& units) {
     std::vector<GatherPlanner::UnitInfo> infos;
-    for (const Unit& u : units) {
-      infos.push_back(
-          {u.layout.padded_numel() * csize, u.layout.padded_numel(), u.plan.persistent});
-    }
+    for (const Unit& u : units) infos.push_back({u.layout.padded_numel(), u.plan.persistent});
     return infos;
   }
 
@@ -326,6 +322,10 @@ void StepModel::MicroBatch() {
     if (p.category == Cat::kWorkspace) alloc(seq, p.category, p.bytes);
   }
   const auto head_plan = gpt::HeadPlan(g, act, stat, /*targets=*/true, /*train=*/true, head_chunk);
+  int64_t logits_bytes = 0;
+  for (const gpt::MbPlanned& p : head_plan) {
+    if (p.buffer == gpt::MbBuffer::kLogits) logits_bytes = p.bytes;
+  }
   if (!activation_terms_) {
     activation_terms_ = true;
     Term(Tier::kDevice, Cat::kActivations,
@@ -342,7 +342,7 @@ void StepModel::MicroBatch() {
          boundary_bytes);
     Term(Tier::kDevice, Cat::kWorkspace,
          StrCat("the head's logits, ", head_chunk, " of ", rows, " rows at a time"),
-         "head_chunk_rows x padded vocab/tp x act", head_plan.back().bytes);
+         "head_chunk_rows x padded vocab/tp x act", logits_bytes);
     Term(Tier::kDevice, Cat::kWorkspace, "backward scratch",
          g.sp ? "rows x (2 d + 8 d/tp) x act + 2 rows/tp x d x act + 4 d x 4 B"
               : "rows x (2 d + 8 d/tp) x act",

@@ -1,14 +1,12 @@
 #include "sharding/gather_planner.h"
 
-#include "runtime/dtype.h"
 #include "runtime/status.h"
 #include "sharding/reuse_distance.h"
 
 namespace zerort {
 
 GatherBudgets GatherBudgets::From(const ShardManagerOptions& o) {
-  const int64_t elem = static_cast<int64_t>(DTypeSize(o.compute_dtype));
-  return GatherBudgets{o.stage3_max_live_parameters * elem, o.stage3_prefetch_bucket_size * elem,
+  return GatherBudgets{o.stage3_max_live_parameters, o.stage3_prefetch_bucket_size,
                        o.stage3_max_reuse_distance};
 }
 
@@ -34,12 +32,12 @@ bool GatherPlanner::BeginUse(int unit) {
   return followed;
 }
 
-int64_t GatherPlanner::LiveBytes(const Resident& resident) const {
-  int64_t bytes = 0;
+int64_t GatherPlanner::LiveNumel(const Resident& resident) const {
+  int64_t numel = 0;
   for (size_t u = 0; u < units_.size(); ++u) {
-    if (!units_[u].persistent && resident(static_cast<int>(u))) bytes += units_[u].gathered_bytes;
+    if (!units_[u].persistent && resident(static_cast<int>(u))) numel += units_[u].numel;
   }
-  return bytes;
+  return numel;
 }
 
 std::span<const int> GatherPlanner::Upcoming() const {
@@ -49,7 +47,7 @@ std::span<const int> GatherPlanner::Upcoming() const {
 
 std::vector<int> GatherPlanner::Prefetch(const Resident& resident) const {
   std::vector<int> picked;
-  int64_t live = LiveBytes(resident);
+  int64_t live = LiveNumel(resident);
   int64_t ahead = 0;
   for (int u : Upcoming()) {
     const UnitInfo& info = units_[u];
@@ -57,13 +55,13 @@ std::vector<int> GatherPlanner::Prefetch(const Resident& resident) const {
     bool already = false;  // a unit recorded twice ahead is gathered once
     for (int p : picked) already = already || p == u;
     if (already) continue;
-    if (ahead + info.gathered_bytes > budgets_.prefetch_bytes ||
-        live + info.gathered_bytes > budgets_.max_live_bytes) {
+    if (ahead + info.numel > budgets_.prefetch_numel ||
+        live + info.numel > budgets_.max_live_numel) {
       break;
     }
     picked.push_back(u);
-    ahead += info.gathered_bytes;
-    live += info.gathered_bytes;
+    ahead += info.numel;
+    live += info.numel;
   }
   return picked;
 }
@@ -78,9 +76,9 @@ bool GatherPlanner::EndUse(int unit, const Resident& resident) {
   int64_t next = 0;
   if (position_ < order_.size()) {
     const int n = order_[position_];
-    if (!units_[n].persistent && !resident(n)) next = units_[n].gathered_bytes;
+    if (!units_[n].persistent && !resident(n)) next = units_[n].numel;
   }
-  if (LiveBytes(resident) + next > budgets_.max_live_bytes) return false;
+  if (LiveNumel(resident) + next > budgets_.max_live_numel) return false;
   kept_[unit] = 1;
   return true;
 }
@@ -102,7 +100,7 @@ void GatherPlanner::EndStep() {
   } else {
     if (recording_) {
       std::vector<int64_t> numel;
-      for (const UnitInfo& u : units_) numel.push_back(u.persistent ? 0 : u.gathered_numel);
+      for (const UnitInfo& u : units_) numel.push_back(u.persistent ? 0 : u.numel);
       reuse_distances_ = ReuseDistances(order_, numel);
     }
     recording_ = false;

@@ -4,17 +4,19 @@
 // [Note: the gather plan] A step uses units in an order (forward, then backward, per micro-batch).
 // The first step records it (no prefetch, no keeps); later steps replay it. At each use the
 // planner names the units to all-gather ahead of need: the next ones of the record that are not
-// already gathered, as long as the bytes issued ahead stay within `prefetch_bytes`
-// (stage3_prefetch_bucket_size) and the bytes of every gathered-or-gathering unit within
-// `max_live_bytes` (stage3_max_live_parameters). At the end of each use it decides whether the
+// already gathered, as long as the elements issued ahead stay within `prefetch_numel`
+// (stage3_prefetch_bucket_size) and the elements of every gathered-or-gathering unit within
+// `max_live_numel` (stage3_max_live_parameters). At the end of each use it decides whether the
 // unit stays gathered: its next use comes within `max_reuse_distance` elements of other units
-// (reuse_distance.h) and the gathered units and the unit used next fit `max_live_bytes`. A kept
+// (reuse_distance.h) and the gathered units and the unit used next fit `max_live_numel`. A kept
 // unit is released at the end of its next use (unless kept again) or at the step. A use that
 // differs from the record stops prefetch and keeps for the rest of the step; the next step
 // records again. Persistent units are never gathered or released: the planner ignores them.
 //
 // The planner owns the order and the decisions, not the buffers: the executor says which units
-// are resident (gathering or gathered) and performs the gathers and releases.
+// are resident (gathering or gathered) and performs the gathers and releases. It counts padded
+// elements, as DeepSpeed's keys do (a unit's gathered bytes are these times the compute dtype's
+// size, the same factor for every unit).
 #pragma once
 
 #include <cstdint>
@@ -26,19 +28,18 @@
 
 namespace zerort {
 
-struct GatherBudgets {
-  int64_t max_live_bytes = 0;      // stage3_max_live_parameters x compute bytes
-  int64_t prefetch_bytes = 0;      // stage3_prefetch_bucket_size x compute bytes
-  int64_t max_reuse_distance = 0;  // elements; 0 never keeps
+struct GatherBudgets {             // elements
+  int64_t max_live_numel = 0;      // stage3_max_live_parameters
+  int64_t prefetch_numel = 0;      // stage3_prefetch_bucket_size
+  int64_t max_reuse_distance = 0;  // stage3_max_reuse_distance; 0 never keeps
   static GatherBudgets From(const ShardManagerOptions& o);
 };
 
 class GatherPlanner {
  public:
   struct UnitInfo {
-    int64_t gathered_bytes = 0;  // the gathered buffer: padded elements x compute bytes
-    int64_t gathered_numel = 0;  // padded elements
-    bool persistent = false;     // always gathered (stages 0-2, or below the threshold)
+    int64_t numel = 0;        // the gathered buffer's padded elements
+    bool persistent = false;  // always gathered (stages 0-2, or below the threshold)
   };
   // Whether a unit's gathered weights exist (gathering or gathered): the executor's state.
   using Resident = std::function<bool(int unit)>;
@@ -60,9 +61,8 @@ class GatherPlanner {
   void EndStep();
 
   bool replaying() const { return !recording_ && !order_changed_; }
-  // Bytes of every non-persistent resident unit.
-  int64_t LiveBytes(const Resident& resident) const;
-  const GatherBudgets& budgets() const { return budgets_; }
+  // Elements of every non-persistent resident unit.
+  int64_t LiveNumel(const Resident& resident) const;
 
  private:
   GatherBudgets budgets_;

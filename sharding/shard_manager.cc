@@ -263,7 +263,7 @@ Status ShardManager::Initialize(const Initializer& init) {
   ZR_RETURN_IF_ERROR(resources_.compute->Synchronize());
   std::vector<GatherPlanner::UnitInfo> infos;
   for (const auto& u : units_) {
-    infos.push_back({u->gathered_bytes(), u->layout().padded_numel(), u->persistent()});
+    infos.push_back({u->layout().padded_numel(), u->persistent()});
   }
   planner_ = std::make_unique<GatherPlanner>(GatherBudgets::From(options_), std::move(infos));
   initialized_ = true;
@@ -281,7 +281,8 @@ Status ShardManager::RefreshComputeCopies() {
 }
 
 int64_t ShardManager::live_gathered_bytes() const {
-  return planner_ ? planner_->LiveBytes(Resident()) : 0;
+  const int64_t elem = static_cast<int64_t>(DTypeSize(options_.compute_dtype));
+  return planner_ ? planner_->LiveNumel(Resident()) * elem : 0;
 }
 
 Status ShardManager::Prefetch() {

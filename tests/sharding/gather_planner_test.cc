@@ -11,9 +11,9 @@
 namespace zerort {
 namespace {
 
-// Units of 10, 20 and 30 bytes (one byte per element); unit 3 persistent.
+// Units of 10, 20 and 30 elements; unit 3 persistent.
 std::vector<GatherPlanner::UnitInfo> Units() {
-  return {{10, 10, false}, {20, 20, false}, {30, 30, false}, {5, 5, true}};
+  return {{10, false}, {20, false}, {30, false}, {5, true}};
 }
 
 struct Executor {  // what ShardManager does with the decisions, without buffers
@@ -82,7 +82,7 @@ TEST(GatherPlannerTest, PrefetchStopsAtEitherBudget) {
   c.Step(kOrder);
   c.Use(0);
   EXPECT_EQ(c.prefetched, (std::vector<int>{1}));
-  EXPECT_EQ(live.LiveBytes(c.Resident()), 30) << "the persistent unit does not count";
+  EXPECT_EQ(live.LiveNumel(c.Resident()), 30) << "the persistent unit does not count";
 }
 
 TEST(GatherPlannerTest, AUnitRecordedTwiceAheadIsGatheredOnce) {
@@ -110,12 +110,12 @@ TEST(GatherPlannerTest, KeepsWithinTheReuseDistanceAndTheLiveBudget) {
   EXPECT_EQ(planner.TakeKept(), (std::vector<int>{2}));
   EXPECT_TRUE(planner.TakeKept().empty());
   // The same with a live budget that cannot also hold the unit used next (unit 2 again, already
-  // gathered: 0 more bytes) holds; one of 29 bytes cannot hold unit 2 (30) itself.
+  // gathered: 0 more elements) holds; one of 29 elements cannot hold unit 2 (30) itself.
   GatherPlanner tight({29, 0, 1}, Units());
   Executor t(tight);
   t.Step(kOrder);
   for (int u : {0, 3, 1, 2}) t.Use(u), t.End(u);
-  EXPECT_TRUE(tight.TakeKept().empty()) << "30 live bytes > 29";
+  EXPECT_TRUE(tight.TakeKept().empty()) << "30 live elements > 29";
 }
 
 TEST(GatherPlannerTest, AChangedOrderStopsPrefetchAndKeepsAndRecordsAgain) {
