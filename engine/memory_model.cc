@@ -60,13 +60,12 @@ class StepModel {
         activation_terms_(model_states_only),
         planner_(GatherBudgets::From(in.manager), UnitInfos(units_)) {
     // The runtime's streams: the manager's compute and comm streams (comm is compute without
-    // overlap_comm), and the kernels' own (the CPU kernels have one; CUDA's use compute).
+    // overlap_comm); the kernels (CPU and CUDA) issue on compute.
     compute_stream_ = *CreateStream(Device::Cpu(), "compute");
     comm_stream_ = *CreateStream(Device::Cpu(), "comm");
-    model_stream_ = *CreateStream(Device::Cpu(), "model");
     compute_ = compute_stream_.get();
     comm_ = in.manager.overlap_comm ? comm_stream_.get() : compute_;
-    kernels_ = in.cuda ? compute_ : model_stream_.get();
+    kernels_ = compute_;
   }
 
   void Run();
@@ -109,7 +108,7 @@ class StepModel {
 
   const MemoryModelInput& in_;
   const ShardManagerOptions options_;
-  std::unique_ptr<Stream> compute_stream_, comm_stream_, model_stream_;
+  std::unique_ptr<Stream> compute_stream_, comm_stream_;
   Stream* compute_ = nullptr;
   Stream* comm_ = nullptr;
   Stream* kernels_ = nullptr;

@@ -372,7 +372,8 @@ Status Run::Setup() {
   } else {
     kernels_ = MakeCpuModelKernels(compute == DType::kBF16  ? CpuPrecision::kBf16
                                    : compute == DType::kF16 ? CpuPrecision::kF16
-                                                            : CpuPrecision::kFloat);
+                                                            : CpuPrecision::kFloat,
+                                   &manager_->compute_stream());
   }
   ZR_ASSIGN_OR_RETURN(
       model_, GptModel::Create({.config = c_.model.shape,

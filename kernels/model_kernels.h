@@ -1,6 +1,6 @@
 // ModelKernels: the GPT model's operations behind one interface, so the layer code is written
 // once for CPU and CUDA. Every pointer is memory of the kernels' device; work is issued on the
-// kernels' stream (CPU: done when the call returns). Element types:
+// kernels' stream (on an immediate CPU stream: done when the call returns). Element types:
 //   - activations, weights and their gradients-in-flight: act dtype (act_size() bytes);
 //   - weight gradients (the shard manager's gradient buffers): grad dtype (grad_size() bytes);
 //   - LayerNorm statistics and per-row losses: stat_size() bytes (fp32; fp64 for double kernels);
@@ -167,9 +167,14 @@ inline StatusOr<DType> CollectiveDType(std::optional<DType> dtype, std::string_v
 }
 
 // CPU kernels in float (act, grad and stat all fp32), bf16 or fp16 (activations and weights
-// stored in 16 bits, fp32 math and weight gradients), or, for gradient checks, double.
+// stored in 16 bits, fp32 math and weight gradients), or, for gradient checks, double. With a
+// `stream` (the shard manager's compute stream; it must outlive the kernels) every operation is
+// issued on it, as the CUDA kernels' are on theirs: on a queued CPU stream it runs later on the
+// stream's thread ([Note: the asynchronous CPU device]) and the host reads synchronise it. Without
+// one the kernels have an immediate stream of their own.
 enum class CpuPrecision { kFloat, kBf16, kF16, kDouble };
-std::unique_ptr<ModelKernels> MakeCpuModelKernels(CpuPrecision precision);
+std::unique_ptr<ModelKernels> MakeCpuModelKernels(CpuPrecision precision,
+                                                  Stream* stream = nullptr);
 
 // CUDA kernels with activations/weights in `act` (kF32, kBF16 or kF16) and weight gradients in
 // `grad` (kF32, or kBF16 with kBF16 activations); fp32 accumulation everywhere. Scratch memory

@@ -3,7 +3,8 @@
 // compute-dtype copy of the new value written (when `compute_out` is non-empty). Formulas and
 // their order follow PyTorch's torch.optim (AdamW, Adam with L2, SGD with momentum/Nesterov),
 // in fp32. Three implementations: a scalar reference (CPU), a vectorised CPU one (OpenMP
-// threads, SIMD, tiled so that each element is read and written once) and a CUDA one.
+// threads, SIMD, tiled so that each element is read and written once; run in the order of the
+// stream given, RunOnHostInOrder) and a CUDA one.
 #pragma once
 
 #include <cstdint>

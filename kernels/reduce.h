@@ -5,7 +5,8 @@
 //   CountNonFinite: out += number of inf/NaN elements
 //   Scale:          x *= factor, in place
 //   AccumulateInto: dst (f32) += src (any float dtype), element-wise
-// CPU (vectorised, with a scalar reference for the tests) and CUDA twins.
+// CPU (vectorised, with a scalar reference for the tests) and CUDA twins. On CPU data each runs in
+// `stream`'s order (RunOnHostInOrder: on a queued CPU stream's thread, else at once).
 #pragma once
 
 #include "runtime/device.h"

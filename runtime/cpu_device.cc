@@ -1,5 +1,6 @@
 // Device-independent parts of device.h; CPU streams and events are in cpu_streams.cc.
 #include <cstring>
+#include <utility>
 
 #include "runtime/device.h"
 #include "runtime/internal/cpu_streams.h"
@@ -7,13 +8,13 @@
 #include "runtime/strings.h"
 
 namespace zerort {
-namespace {
-// Host memory touched in the order of a queued CPU stream (a CUDA stream's host-to-host copies
-// and fills run at once, as before).
-bool IsQueuedCpu(const Stream* stream) {
-  return stream != nullptr && stream->device().is_cpu() && stream->asynchronous();
+
+Status RunOnHostInOrder(Stream* stream, std::function<Status()> work) {
+  if (stream != nullptr && stream->device().is_cpu() && stream->asynchronous()) {
+    return stream->Launch(std::move(work));
+  }
+  return work();
 }
-}  // namespace
 
 Status Stream::Launch(std::function<Status()> work) {
   return absl::UnimplementedError(StrCat("host work on stream '", name(), "' of ",
@@ -40,14 +41,10 @@ Status CopyBytes(void* dst, Device dst_device, const void* src, Device src_devic
                  Stream* stream) {
   if (bytes == 0) return absl::OkStatus();
   if (dst_device.is_cpu() && src_device.is_cpu()) {
-    if (IsQueuedCpu(stream)) {
-      return stream->Launch([=] {
-        std::memmove(dst, src, bytes);
-        return absl::OkStatus();
-      });
-    }
-    std::memmove(dst, src, bytes);
-    return absl::OkStatus();
+    return RunOnHostInOrder(stream, [=] {
+      std::memmove(dst, src, bytes);
+      return absl::OkStatus();
+    });
   }
   return internal::CudaCopyBytes(dst, dst_device, src, src_device, bytes, stream);
 }
@@ -55,14 +52,10 @@ Status CopyBytes(void* dst, Device dst_device, const void* src, Device src_devic
 Status FillZero(void* ptr, Device device, size_t bytes, Stream* stream) {
   if (bytes == 0) return absl::OkStatus();
   if (device.is_cpu()) {
-    if (IsQueuedCpu(stream)) {
-      return stream->Launch([=] {
-        std::memset(ptr, 0, bytes);
-        return absl::OkStatus();
-      });
-    }
-    std::memset(ptr, 0, bytes);
-    return absl::OkStatus();
+    return RunOnHostInOrder(stream, [=] {
+      std::memset(ptr, 0, bytes);
+      return absl::OkStatus();
+    });
   }
   return internal::CudaFillZero(ptr, device, bytes, stream);
 }

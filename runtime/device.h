@@ -96,6 +96,12 @@ StatusOr<std::unique_ptr<Stream>> CreateStream(Device device, std::string name,
                                                const StreamOptions& options = {});
 StatusOr<std::unique_ptr<Event>> CreateEvent(Device device);
 
+// Runs host work on host memory in `stream`'s order: issued on it when it is a queued CPU stream
+// (it runs later, on the stream's thread: what it touches must outlive it), otherwise now on the
+// caller (no stream, an immediate CPU stream, or a CUDA stream, whose order host memory is not
+// in). The CPU kernels, copies and fills go through it.
+Status RunOnHostInOrder(Stream* stream, std::function<Status()> work);
+
 // Copies `bytes` between any two of host and CUDA memory. With an asynchronous stream (CUDA, or
 // a queued CPU stream) the copy is issued on it (both sides must then stay alive until the stream
 // reaches the copy); without one, or on an immediate CPU stream, it has finished when this

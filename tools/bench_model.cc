@@ -141,7 +141,8 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
     } else {
       kernels = MakeCpuModelKernels(dtype == DType::kBF16  ? CpuPrecision::kBf16
                                     : dtype == DType::kF16 ? CpuPrecision::kF16
-                                                           : CpuPrecision::kFloat);
+                                                           : CpuPrecision::kFloat,
+                                    &manager->compute_stream());
     }
     ZR_ASSIGN_OR_RETURN(auto model, GptModel::Create({.config = m,
                                                       .micro_batch = batch,

@@ -136,8 +136,10 @@ Status Cast(const TensorView& src, const TensorView& dst, Stream* stream) {
     return internal::CudaCast(src.data(), src.dtype(), dst.data(), dst.dtype(), src.numel(),
                               stream);
   }
-  internal::CpuCast(src.data(), src.dtype(), dst.data(), dst.dtype(), src.numel());
-  return absl::OkStatus();
+  return RunOnHostInOrder(stream, [src, dst] {
+    internal::CpuCast(src.data(), src.dtype(), dst.data(), dst.dtype(), src.numel());
+    return absl::OkStatus();
+  });
 }
 
 Status CastReference(const TensorView& src, const TensorView& dst) {

@@ -62,24 +62,27 @@ Status LambMoments(const LambHyper& h, const TensorView& master, const TensorVie
   if (d.is_cuda()) {
     return internal::CudaLambMoments(h, p, g, m, v, sums.data_as<float>(), n, stream);
   }
-  double w = 0, u = 0;
-  const float b1 = h.beta1, b2 = h.beta2, eps = h.eps, wd = h.weight_decay, scale = h.grad_scale;
-#pragma omp parallel for simd schedule(static) reduction(+ : w, u) if (n > (int64_t{1} << 15))
-  for (int64_t i = 0; i < n; ++i) {
-    const float grad_i = g[i] * scale;
-    const float mi = b1 * m[i] + (1.0f - b1) * grad_i;
-    const float vi = b2 * v[i] + (1.0f - b2) * grad_i * grad_i;
-    const float update = mi / (std::sqrt(vi) + eps) + wd * p[i];
-    m[i] = mi;
-    v[i] = vi;
-    g[i] = update;
-    w += static_cast<double>(p[i]) * p[i];
-    u += static_cast<double>(update) * update;
-  }
   float* s = sums.data_as<float>();
-  s[0] += static_cast<float>(w);
-  s[1] += static_cast<float>(u);
-  return absl::OkStatus();
+  return RunOnHostInOrder(stream, [=] {
+    double w = 0, u = 0;
+    const float b1 = h.beta1, b2 = h.beta2, eps = h.eps, wd = h.weight_decay,
+                scale = h.grad_scale;
+#pragma omp parallel for simd schedule(static) reduction(+ : w, u) if (n > (int64_t{1} << 15))
+    for (int64_t i = 0; i < n; ++i) {
+      const float grad_i = g[i] * scale;
+      const float mi = b1 * m[i] + (1.0f - b1) * grad_i;
+      const float vi = b2 * v[i] + (1.0f - b2) * grad_i * grad_i;
+      const float update = mi / (std::sqrt(vi) + eps) + wd * p[i];
+      m[i] = mi;
+      v[i] = vi;
+      g[i] = update;
+      w += static_cast<double>(p[i]) * p[i];
+      u += static_cast<double>(update) * update;
+    }
+    s[0] += static_cast<float>(w);
+    s[1] += static_cast<float>(u);
+    return absl::OkStatus();
+  });
 }
 
 float LambCoefficient(const LambHyper& h, double param_sum_sq, double update_sum_sq) {
@@ -104,16 +107,18 @@ Status LambApply(const LambHyper& h, float coeff, const TensorView& master,
   if (d.is_cuda()) {
     return internal::CudaLambApply(step_coeff, p, u, out.data(), out.dtype(), n, stream);
   }
-  if (out.data() == nullptr) {
-    Apply<void>(step_coeff, p, u, nullptr, n);
-  } else if (out.dtype() == DType::kBF16) {
-    Apply(step_coeff, p, u, static_cast<BFloat16*>(out.data()), n);
-  } else if (out.dtype() == DType::kF16) {
-    Apply(step_coeff, p, u, static_cast<Half*>(out.data()), n);
-  } else {
-    Apply(step_coeff, p, u, static_cast<float*>(out.data()), n);
-  }
-  return absl::OkStatus();
+  return RunOnHostInOrder(stream, [=] {
+    if (out.data() == nullptr) {
+      Apply<void>(step_coeff, p, u, nullptr, n);
+    } else if (out.dtype() == DType::kBF16) {
+      Apply(step_coeff, p, u, static_cast<BFloat16*>(out.data()), n);
+    } else if (out.dtype() == DType::kF16) {
+      Apply(step_coeff, p, u, static_cast<Half*>(out.data()), n);
+    } else {
+      Apply(step_coeff, p, u, static_cast<float*>(out.data()), n);
+    }
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace zerort

@@ -1,5 +1,7 @@
 // ModelKernels on the CPU: the templated operations of model_ops.h behind the interface, in
-// float (training) or double (finite-difference checks). Synchronous: the stream is a CPU stream.
+// float (training) or double (finite-difference checks). Each runs its work when called, on the
+// caller: on a stream of its own (immediate), or wrapped by stream_kernels.cc to run in the order
+// of the stream it is given.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -11,6 +13,7 @@
 #include "kernels/cast.h"
 #include "kernels/cpu/fast_ops.h"
 #include "kernels/cpu/sgemm.h"
+#include "kernels/cpu/stream_kernels.h"
 #include "kernels/model_kernels.h"
 #include "kernels/model_ops.h"
 #include "runtime/dtype.h"
@@ -475,11 +478,18 @@ class Cpu16ModelKernels final : public ModelKernels {
 
 }  // namespace
 
-std::unique_ptr<ModelKernels> MakeCpuModelKernels(CpuPrecision precision) {
-  if (precision == CpuPrecision::kDouble) return std::make_unique<CpuModelKernels<double>>();
-  if (precision == CpuPrecision::kBf16) return std::make_unique<Cpu16ModelKernels<Bf16Format>>();
-  if (precision == CpuPrecision::kF16) return std::make_unique<Cpu16ModelKernels<F16Format>>();
-  return std::make_unique<CpuModelKernels<float>>();
+std::unique_ptr<ModelKernels> MakeCpuModelKernels(CpuPrecision precision, Stream* stream) {
+  std::unique_ptr<ModelKernels> k;
+  if (precision == CpuPrecision::kDouble) {
+    k = std::make_unique<CpuModelKernels<double>>();
+  } else if (precision == CpuPrecision::kBf16) {
+    k = std::make_unique<Cpu16ModelKernels<Bf16Format>>();
+  } else if (precision == CpuPrecision::kF16) {
+    k = std::make_unique<Cpu16ModelKernels<F16Format>>();
+  } else {
+    k = std::make_unique<CpuModelKernels<float>>();
+  }
+  return stream != nullptr ? internal::IssueOnStream(std::move(k), *stream) : std::move(k);
 }
 
 }  // namespace zerort

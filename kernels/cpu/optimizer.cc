@@ -222,8 +222,10 @@ Status AdamStep(const AdamHyper& h, const TensorView& master, const TensorView& 
     return internal::CudaAdam(h, p, g, m, v, compute_out.data(), compute_out.dtype(),
                               master.numel(), stream);
   }
-  internal::CpuAdam(h, p, g, m, v, compute_out.data(), compute_out.dtype(), master.numel());
-  return absl::OkStatus();
+  return RunOnHostInOrder(stream, [=] {
+    internal::CpuAdam(h, p, g, m, v, compute_out.data(), compute_out.dtype(), master.numel());
+    return absl::OkStatus();
+  });
 }
 
 Status SgdStep(const SgdHyper& h, const TensorView& master, const TensorView& grad,
@@ -239,8 +241,10 @@ Status SgdStep(const SgdHyper& h, const TensorView& master, const TensorView& gr
     return internal::CudaSgd(h, p, g, buf, compute_out.data(), compute_out.dtype(), master.numel(),
                              stream);
   }
-  internal::CpuSgd(h, p, g, buf, compute_out.data(), compute_out.dtype(), master.numel());
-  return absl::OkStatus();
+  return RunOnHostInOrder(stream, [=] {
+    internal::CpuSgd(h, p, g, buf, compute_out.data(), compute_out.dtype(), master.numel());
+    return absl::OkStatus();
+  });
 }
 
 Status AdamStepReference(const AdamHyper& h, const TensorView& master, const TensorView& grad,

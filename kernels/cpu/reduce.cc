@@ -68,9 +68,11 @@ Status SumOfSquares(const TensorView& x, const TensorView& out, Stream* stream) 
     ZR_RETURN_IF_ERROR(CheckStream(x, stream));
     return internal::CudaSumOfSquares(x.data(), x.dtype(), x.numel(), out.data_as<float>(), stream);
   }
-  *out.data_as<float>() +=
-      static_cast<float>(ChunkedSum(x, [](float v) { return static_cast<double>(v) * v; }));
-  return absl::OkStatus();
+  return RunOnHostInOrder(stream, [x, out] {
+    *out.data_as<float>() +=
+        static_cast<float>(ChunkedSum(x, [](float v) { return static_cast<double>(v) * v; }));
+    return absl::OkStatus();
+  });
 }
 
 Status CountNonFinite(const TensorView& x, const TensorView& out, Stream* stream) {
@@ -80,9 +82,11 @@ Status CountNonFinite(const TensorView& x, const TensorView& out, Stream* stream
     return internal::CudaCountNonFinite(x.data(), x.dtype(), x.numel(), out.data_as<float>(),
                                         stream);
   }
-  *out.data_as<float>() +=
-      static_cast<float>(ChunkedSum(x, [](float v) { return std::isfinite(v) ? 0.0 : 1.0; }));
-  return absl::OkStatus();
+  return RunOnHostInOrder(stream, [x, out] {
+    *out.data_as<float>() +=
+        static_cast<float>(ChunkedSum(x, [](float v) { return std::isfinite(v) ? 0.0 : 1.0; }));
+    return absl::OkStatus();
+  });
 }
 
 double HostSumOfSquares(const TensorView& x, double running) {
@@ -107,16 +111,18 @@ Status Scale(const TensorView& x, float factor, Stream* stream) {
   void* base = x.data();
   const DType dtype = x.dtype();
   const int64_t n = x.numel();
-  if (dtype == DType::kF32) {
-    float* p = static_cast<float*>(base);
+  return RunOnHostInOrder(stream, [=] {
+    if (dtype == DType::kF32) {
+      float* p = static_cast<float*>(base);
 #pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 16))
-    for (int64_t i = 0; i < n; ++i) p[i] *= factor;
-  } else {
+      for (int64_t i = 0; i < n; ++i) p[i] *= factor;
+    } else {
 #pragma omp parallel for schedule(static) if (n > (int64_t{1} << 16))
-    for (int64_t i = 0; i < n; ++i)
-      StoreFromFloat(base, dtype, i, LoadAsFloat(base, dtype, i) * factor);
-  }
-  return absl::OkStatus();
+      for (int64_t i = 0; i < n; ++i)
+        StoreFromFloat(base, dtype, i, LoadAsFloat(base, dtype, i) * factor);
+    }
+    return absl::OkStatus();
+  });
 }
 
 Status AccumulateInto(const TensorView& src, const TensorView& dst, Stream* stream) {
@@ -135,15 +141,17 @@ Status AccumulateInto(const TensorView& src, const TensorView& dst, Stream* stre
   const void* in = src.data();
   const DType dtype = src.dtype();
   const int64_t n = src.numel();
-  if (dtype == DType::kF32) {
-    const float* f = static_cast<const float*>(in);
+  return RunOnHostInOrder(stream, [=] {
+    if (dtype == DType::kF32) {
+      const float* f = static_cast<const float*>(in);
 #pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 16))
-    for (int64_t i = 0; i < n; ++i) out[i] += f[i];
-  } else {
+      for (int64_t i = 0; i < n; ++i) out[i] += f[i];
+    } else {
 #pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 16))
-    for (int64_t i = 0; i < n; ++i) out[i] += LoadAsFloat(in, dtype, i);
-  }
-  return absl::OkStatus();
+      for (int64_t i = 0; i < n; ++i) out[i] += LoadAsFloat(in, dtype, i);
+    }
+    return absl::OkStatus();
+  });
 }
 
 double SumOfSquaresReference(const TensorView& x) {
