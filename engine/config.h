@@ -132,6 +132,8 @@ struct TrainConfig {
   float sample_temperature = 0.8f;
   int sample_top_k = 40;
   std::string device;
+  int64_t async_jitter_seed = 0;  // cpu-async: StreamOptions::jitter_seed
+  int async_jitter_max_us = 100;
   bool check_memory = true;
 };
 

@@ -359,8 +359,17 @@ std::vector<ConfigField> BuildTable() {
                          "0: greedy; below 1 sharpens a small model's text"));
   t.push_back(Num<int>(tr, "sample_top_k", ZR_MEMBER(train.sample_top_k), 0, 1 << 24,
                        "0: the whole vocabulary"));
-  t.push_back(With(Str(tr, "device", ZR_MEMBER(train.device), {"cpu", "cuda"},
-                       "absent: cuda when a GPU is present, else cpu"),
+  t.push_back(With(Str(tr, "device", ZR_MEMBER(train.device), {"cpu", "cpu-async", "cuda"},
+                       "absent: cuda when a GPU is present, else cpu; cpu-async: every stream a "
+                       "queue with a thread of its own, as on a GPU (docs/async-device.md)"),
+                   kOmitUnset));
+  t.push_back(
+      With(Num<int64_t>(tr, "async_jitter_seed", ZR_MEMBER(train.async_jitter_seed), 0, kMaxInt,
+                        "cpu-async: delay each queued item by a random time drawn from "
+                        "this seed, so that ordering bugs show; 0: no delay"),
+           kOmitUnset));
+  t.push_back(With(Num<int>(tr, "async_jitter_max_us", ZR_MEMBER(train.async_jitter_max_us), 1,
+                            1'000'000, "cpu-async with a jitter seed: the longest delay (us)"),
                    kOmitUnset));
   t.push_back(Bool(tr, "check_memory", ZR_MEMBER(train.check_memory),
                    "refuse (exit 2) a run whose estimated peak does not fit this rank's memory"));

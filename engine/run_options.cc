@@ -30,9 +30,20 @@ FaultHooks FaultHooks::FromEnvironment() {
   return f;
 }
 
+StreamOptions StreamOptionsFrom(const RunConfig& c) {
+  StreamOptions s;
+  if (c.train.device == "cpu-async") {
+    s.cpu = CpuExecution::kQueued;
+    s.jitter_seed = static_cast<uint64_t>(c.train.async_jitter_seed);
+    s.jitter_max_us = c.train.async_jitter_max_us;
+  }
+  return s;
+}
+
 ShardManagerOptions ShardManagerOptionsFrom(const RunConfig& c, int dp_size,
                                             const FaultHooks& faults) {
   ShardManagerOptions o;
+  o.streams = StreamOptionsFrom(c);
   o.stage = static_cast<ZeroStage>(c.zero.stage);
   o.compute_dtype = ComputeDType(c);
   o.reduce_dtype = DType::kF32;

@@ -30,6 +30,10 @@ struct FaultHooks {
   static FaultHooks FromEnvironment();
 };
 
+// How the run's streams execute on the CPU: train.device "cpu-async" queues each on a thread of
+// its own (with train.async_jitter_seed's delays); otherwise immediate.
+StreamOptions StreamOptionsFrom(const RunConfig& c);
+
 // The shard manager's options for a run of `c` whose data-parallel group has `dp_size` ranks
 // (prescale_gradients divides by it before the reduction); a pipeline (pipeline_parallel_size > 1)
 // reduces once per step. `faults` only in tests.

@@ -172,7 +172,8 @@ class Run {
 };
 
 Status Run::AgreeOnConfig() {
-  ZR_ASSIGN_OR_RETURN(setup_stream_, CreateStream(allocator_->device(), "setup"));
+  ZR_ASSIGN_OR_RETURN(setup_stream_,
+                      CreateStream(allocator_->device(), "setup", StreamOptionsFrom(c_)));
   if (world().size() == 1) return absl::OkStatus();
   const nlohmann::json mine = c_.ToJson();
   ZR_ASSIGN_OR_RETURN(const std::vector<std::string> all,

@@ -107,6 +107,10 @@ struct ShardManagerOptions {
   int64_t stage3_param_persistence_threshold = 100'000;  // smaller units stay gathered
   int64_t alignment = 16;                                // elements; see FlatLayout
   uint64_t seed = 1234;                                  // passed to initialisers
+  // How the streams the manager creates (compute and comm, when Resources gives none) run on the
+  // CPU: immediate, or queued for the asynchronous CPU device ([Note: the asynchronous CPU
+  // device]). CUDA streams ignore it.
+  StreamOptions streams;
 };
 
 }  // namespace zerort

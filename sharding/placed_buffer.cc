@@ -23,8 +23,10 @@ StatusOr<PlacedBuffer> PlacedBuffer::Allocate(const PlannedBuffer& plan, const T
   }
   ZR_ASSIGN_OR_RETURN(b.memory_,
                       a->Allocate(static_cast<size_t>(plan.bytes()), plan.category, stream));
+  // Zeroed in the order of the stream it is allocated for (a block it frees may still be in use
+  // there); host tiers at once.
   ZR_RETURN_IF_ERROR(FillZero(b.memory_.data(), a->device(), b.memory_.bytes(),
-                              a->device().is_cpu() ? nullptr : stream));
+                              plan.tier == MemoryTier::kDevice ? stream : nullptr));
   return b;
 }
 

@@ -120,12 +120,12 @@ StatusOr<std::unique_ptr<ShardManager>> ShardManager::Create(const ShardManagerO
   std::unique_ptr<ShardManager> m(new ShardManager(options, resources));
   const Device device = resources.device_allocator->device();
   if (m->resources_.compute == nullptr) {
-    ZR_ASSIGN_OR_RETURN(m->owned_compute_, CreateStream(device, "compute"));
+    ZR_ASSIGN_OR_RETURN(m->owned_compute_, CreateStream(device, "compute", options.streams));
     m->resources_.compute = m->owned_compute_.get();
   }
   if (m->resources_.comm == nullptr) {
     // Exists to overlap all-gathers and reduce-scatters with the compute stream's kernels.
-    ZR_ASSIGN_OR_RETURN(m->owned_comm_, CreateStream(device, "comm"));
+    ZR_ASSIGN_OR_RETURN(m->owned_comm_, CreateStream(device, "comm", options.streams));
     m->resources_.comm = m->owned_comm_.get();
   }
   ZR_RETURN_IF_ERROR(m->CreateTiers());
@@ -373,10 +373,9 @@ Status ShardManager::ReduceGradients() {
     Communicator* tied = unit_options_[i].tied;
     if (tied == nullptr || tied->size() == 1) continue;
     const TensorView g = optimizer_->GradShard(static_cast<int>(i));
-    Stream* stream = resources_.compute;
-    if (g.device().is_cpu() && !resources_.compute->device().is_cpu()) {
+    Stream* stream = optimizer_->StreamFor(optimizer_->tier());
+    if (stream == nullptr) {
       ZR_RETURN_IF_ERROR(resources_.compute->Synchronize());  // host shards: written by then
-      stream = nullptr;
     }
     tied->SetTraceLabel(StrCat("tied gradient of ", units_[i]->name()));
     ZR_RETURN_IF_ERROR(

@@ -114,9 +114,12 @@ Status ShardedOptimizer::AccumulateGradient(const ShardedUnit& unit, const Tenso
     ZR_ASSIGN_OR_RETURN(staged, resources_.tiers.host->Allocate(bytes, MemoryCategory::kStaging));
     ZR_RETURN_IF_ERROR(
         CopyBytes(staged.data(), Device::Cpu(), reduced.data(), reduced.device(), bytes, &stream));
-    ZR_RETURN_IF_ERROR(stream.Synchronize());
     host = TensorView(staged.data(), reduced.dtype(), {n}, Device::Cpu());
   }
+  // The host reads the reduced gradient (or its staged copy) next: `stream` must have written it
+  // (on a CPU run the reduction's output is host memory, written on the stream's thread on
+  // cpu-async).
+  ZR_RETURN_IF_ERROR(stream.Synchronize());
   if (s.grad.in_memory()) return AccumulateInto(host, s.grad.View(), nullptr);
   return AccumulateNvme(u, host);
 }
@@ -229,8 +232,7 @@ Status ShardedOptimizer::ZeroGradients() {
   for (auto& s : units_) {
     if (s->grad.in_memory()) {
       const TensorView g = s->grad.View();
-      ZR_RETURN_IF_ERROR(FillZero(g.data(), g.device(), g.nbytes(),
-                                  g.device().is_cpu() ? nullptr : resources_.compute));
+      ZR_RETURN_IF_ERROR(FillZero(g.data(), g.device(), g.nbytes(), StreamFor(s->grad.tier())));
     }
     s->grad_written = false;
     s->sum_sq = s->nonfinite = 0.0f;
@@ -247,7 +249,7 @@ Status ShardedOptimizer::Update(int u, const Range& range, const OptimizerStepAr
   const ShardManagerOptions& o = *resources_.options;
   const OptimizerOptions& opt = o.optimizer;
   const FlatLayout& layout = units_[u]->unit->layout();
-  Stream* stream = master.device().is_cpu() ? nullptr : resources_.compute;
+  Stream* stream = StreamFor(tier());
   for (const ShardPiece& piece : layout.ShardPieces(units_[u]->unit->layout_rank())) {
     const Range r{std::max(piece.shard_range.begin, range.begin),
                   std::min(piece.shard_range.end, range.end)};
@@ -287,7 +289,7 @@ Status ShardedOptimizer::UpdateLamb(int u, const OptimizerStepArgs& args, const 
   const OptimizerOptions& opt = resources_.options->optimizer;
   const FlatLayout& layout = units_[u]->unit->layout();
   const Device device = master.device();
-  Stream* stream = device.is_cpu() ? nullptr : resources_.compute;
+  Stream* stream = StreamFor(tier());
   const int64_t params = static_cast<int64_t>(layout.params().size());
   Allocator* alloc = device.is_cpu() && !resources_.tiers.device->device().is_cpu()
                          ? resources_.tiers.host
@@ -327,6 +329,9 @@ Status ShardedOptimizer::UpdateLamb(int u, const OptimizerStepArgs& args, const 
     resources_.dp->SetTraceLabel("");
   }
   std::vector<float> host(static_cast<size_t>(2 * params));
+  // The host reads the sums next: host-tier sums are reduced on `comm_stream` (a queued one runs
+  // the all-reduce later), device-tier ones are copied on `stream` after it.
+  if (stream == nullptr) ZR_RETURN_IF_ERROR(comm_stream->Synchronize());
   ZR_RETURN_IF_ERROR(
       CopyBytes(host.data(), Device::Cpu(), sums.data(), device, sums.nbytes(), stream));
   if (stream != nullptr) ZR_RETURN_IF_ERROR(stream->Synchronize());
@@ -412,9 +417,10 @@ Status ShardedOptimizer::ReadState(int u, StateKind kind, std::span<float> out) 
   }
   if (b->in_memory()) {
     const TensorView v = b->View();
-    ZR_RETURN_IF_ERROR(CopyBytes(out.data(), Device::Cpu(), v.data(), v.device(), v.nbytes(),
-                                 v.device().is_cpu() ? nullptr : resources_.compute));
-    return v.device().is_cpu() ? absl::OkStatus() : resources_.compute->Synchronize();
+    Stream* stream = StreamFor(b->tier());
+    ZR_RETURN_IF_ERROR(
+        CopyBytes(out.data(), Device::Cpu(), v.data(), v.device(), v.nbytes(), stream));
+    return stream != nullptr ? stream->Synchronize() : absl::OkStatus();
   }
   ZR_ASSIGN_OR_RETURN(AlignedHostBuffer staged,
                       AllocateAligned(*resources_.tiers.host, b->bytes()));
@@ -433,9 +439,10 @@ Status ShardedOptimizer::WriteState(int u, StateKind kind, std::span<const float
   }
   if (b->in_memory()) {
     const TensorView v = b->View();
-    ZR_RETURN_IF_ERROR(CopyBytes(v.data(), v.device(), values.data(), Device::Cpu(), v.nbytes(),
-                                 v.device().is_cpu() ? nullptr : resources_.compute));
-    if (!v.device().is_cpu()) ZR_RETURN_IF_ERROR(resources_.compute->Synchronize());
+    Stream* stream = StreamFor(b->tier());
+    ZR_RETURN_IF_ERROR(
+        CopyBytes(v.data(), v.device(), values.data(), Device::Cpu(), v.nbytes(), stream));
+    if (stream != nullptr) ZR_RETURN_IF_ERROR(stream->Synchronize());
   } else {
     ZR_ASSIGN_OR_RETURN(AlignedHostBuffer staged,
                         AllocateAligned(*resources_.tiers.host, b->bytes()));

@@ -77,6 +77,13 @@ class ShardedOptimizer {
   // The fp32 gradient shard of unit `u`, when it is in memory (tests, inspection).
   TensorView GradShard(int u) const;
   MemoryTier tier() const { return resources_.options->placement.optimizer; }
+  // Where work on a buffer of `t` is ordered: the device tier's in the compute stream (CUDA
+  // kernels, and the CPU device's, queued there on cpu-async); the host tiers' on the host, after
+  // the synchronisation that hands them their data (null). By tier, not by device: on a CPU run
+  // the device tier is host memory too, and still the streams'.
+  Stream* StreamFor(MemoryTier t) const {
+    return t == MemoryTier::kDevice ? resources_.compute : nullptr;
+  }
 
   // The NVMe pipeline's sizes (the memory model uses them too): elements per chunk, given the
   // largest shard, and bytes per staging set (master, two moments, gradient, compute values).

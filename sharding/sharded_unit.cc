@@ -83,7 +83,12 @@ Status CastInto(const TensorView& values, PlacedBuffer& dst, int64_t offset, con
   }
   if (dst.in_memory()) {
     TensorView out = dst.View().Flat(offset, n);
-    if (out.device() == src.device()) return Cast(src, out, stream);
+    if (out.device() == src.device()) {
+      // `values` may be the caller's host memory, gone when this returns: a queued stream must
+      // have read it by then.
+      ZR_RETURN_IF_ERROR(Cast(src, out, stream));
+      return stream->Synchronize();
+    }
     // Host fp32 values into device memory (CUDA with an offloaded master).
     ZR_ASSIGN_OR_RETURN(Buffer staged,
                         tiers.device->Allocate(n * 4, MemoryCategory::kStaging, stream));
@@ -204,7 +209,9 @@ Status ShardedUnit::StartGather() {
   ZR_RETURN_IF_ERROR(gathered_event_->Record(*comm));
   if (fetch_lease_) {
     std::vector<Fence> fences;
-    if (device().is_cuda()) {  // the copy out of the staging buffer runs on the comm stream
+    // The copy (CUDA) or the gather (a queued CPU stream) reads the staging buffer later, on the
+    // comm stream: the buffer goes back to the pool once the stream has passed that point.
+    if (comm->asynchronous()) {
       ZR_ASSIGN_OR_RETURN(std::shared_ptr<Event> copied, CreateEvent(device()));
       ZR_RETURN_IF_ERROR(copied->Record(*comm));
       fences.push_back([copied] { return copied->Synchronize(); });
