@@ -128,6 +128,8 @@ Status ShardedUnit::Initialize(const TensorView& master) {
   const PlannedBuffer* full_grad = plan_.Find(UnitBuffer::kFullGrad);
   if (full_grad->lifetime == Lifetime::kPersistent) ZR_RETURN_IF_ERROR(BeginBackward());
   ZR_ASSIGN_OR_RETURN(gathered_event_, CreateEvent(device()));
+  ZR_ASSIGN_OR_RETURN(written_event_, CreateEvent(device()));
+  ZR_RETURN_IF_ERROR(written_event_->Record(*resources_.compute));  // the initial values
   initialized_ = true;
   if (!plan_.sharded_params) {
     state_ = ShardState::kUnsharded;
@@ -187,10 +189,9 @@ Status ShardedUnit::StartGather() {
     input = compute_shard_.View().data();
     input_device = compute_shard_.View().device();
   }
-  // The compute shard was last written on the compute stream (optimizer step).
-  ZR_ASSIGN_OR_RETURN(std::unique_ptr<Event> written, CreateEvent(device()));
-  ZR_RETURN_IF_ERROR(written->Record(*resources_.compute));
-  ZR_RETURN_IF_ERROR(comm->WaitEvent(*written));
+  // The compute shard was last written on the compute stream (the step, or a load): wait for
+  // that write only, not for the compute work issued since (the kernels this gather overlaps).
+  ZR_RETURN_IF_ERROR(comm->WaitEvent(*written_event_));
   Buffer on_device;  // an offloaded shard copied to the GPU for the all-gather (CUDA only)
   if (device().is_cuda() && input_device.is_cpu()) {
     ZR_ASSIGN_OR_RETURN(on_device, resources_.tiers.device->Allocate(
@@ -308,6 +309,7 @@ Status ShardedUnit::SetComputeFromMaster(const TensorView& master) {
 
 Status ShardedUnit::RefreshAfterStep() {
   Stream* compute = resources_.compute;
+  ZR_RETURN_IF_ERROR(written_event_->Record(*compute));  // the compute shard's values are final
   const int64_t shard = layout_.shard_numel();
   if (!plan_.sharded_params) {
     if (plan_.partitioning == Partitioning::kReplicated) return absl::OkStatus();

@@ -136,6 +136,10 @@ class ShardedUnit {
   Buffer gathered_;             // compute dtype, padded (stage 3, while GATHERING/UNSHARDED)
   Buffer full_grad_;            // reduce dtype, padded
   std::unique_ptr<Event> gathered_event_;  // end of the all-gather on the comm stream
+  // The compute shard's last write on the compute stream (the optimizer step or a checkpoint
+  // load, recorded by RefreshAfterStep): a gather waits for it, and for nothing else of the
+  // compute stream, so that a prefetched gather overlaps the kernels issued before it.
+  std::unique_ptr<Event> written_event_;
   // An offloaded compute shard on its way: the staging lease, the NVMe read (if any).
   StagingPool::Lease fetch_lease_;
   IoHandle fetch_io_;
