@@ -47,6 +47,7 @@ class ShardManagerStore final : public WeightStore {
   }
   std::optional<DType> param_dtype() const override { return manager_.options().compute_dtype; }
   std::optional<DType> grad_dtype() const override { return manager_.options().reduce_dtype; }
+  Stream* stream() const override { return &manager_.compute_stream(); }
 
  private:
   struct UnitInfo {

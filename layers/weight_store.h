@@ -35,6 +35,10 @@ class WeightStore {
   // kernels' act_dtype and grad_dtype, so fp16 bits are never read as bf16.
   virtual std::optional<DType> param_dtype() const = 0;
   virtual std::optional<DType> grad_dtype() const = 0;
+  // The stream whose work sees the weights Open returns (the shard manager's compute stream,
+  // which waits for the gathers); null: they are ready on the host. GptModel::Create refuses
+  // kernels that issue on another stream when this one is asynchronous.
+  virtual Stream* stream() const { return nullptr; }
 };
 
 // The shard manager as a weight store; the manager must outlive it. Open gathers the unit (ZeRO-3)

@@ -67,6 +67,7 @@ struct GptRunConfig {
   int virtual_stages = 1;
   bool scatter_gather = true;
   DType compute = DType::kF32;  // weights and activations: f32, bf16, or f16 (loss scaling)
+  StreamOptions streams;         // the manager's streams: queued for the asynchronous CPU device
 };
 
 struct GptRank {
@@ -97,6 +98,7 @@ inline StatusOr<GptRank> MakeGptRank(const GptRunConfig& c, Communicator& comm,
   o.seed = 42;
   o.reduce_at_step = c.pp > 1;  // a pipeline reduces once per step
   o.compute_dtype = c.compute;
+  o.streams = c.streams;
   const bool model_parallel = c.tp > 1 || c.pp > 1;
   ZR_ASSIGN_OR_RETURN(
       r.manager, ShardManager::Create(
@@ -107,7 +109,8 @@ inline StatusOr<GptRank> MakeGptRank(const GptRunConfig& c, Communicator& comm,
   r.store = MakeShardManagerStore(*r.manager);
   r.kernels = MakeCpuModelKernels(c.compute == DType::kBF16  ? CpuPrecision::kBf16
                                   : c.compute == DType::kF16 ? CpuPrecision::kF16
-                                                             : CpuPrecision::kFloat);
+                                                             : CpuPrecision::kFloat,
+                                  &r.manager->compute_stream());
   const int per_rank = c.global_batch / dp / c.micro_batches;
   const int stage = r.mesh->coord().pipeline;
   GptStagePart part;

@@ -153,6 +153,56 @@ TEST(GptModelTest, StagesAndWorldSizesGiveTheSameLosses) {
   }
 }
 
+// The asynchronous CPU device (queued, jittered streams) changes no bit of the losses, with ZeRO-3
+// gathers and reductions on the comm stream's thread and tensor parallelism's collectives on
+// compute (docs/async-device.md).
+TEST(GptModelTest, QueuedStreamsGiveBitwiseTheSameLosses) {
+  struct Case {
+    ZeroStage stage;
+    int world, tp;
+  };
+  for (const Case k : {Case{ZeroStage::k0, 1, 1}, Case{ZeroStage::k3, 2, 1},
+                       Case{ZeroStage::k2, 2, 2}}) {
+    GptRunConfig c;
+    c.stage = k.stage;
+    c.tp = k.tp;
+    c.sequence_parallel = k.tp > 1;
+    c.micro_batches = 2;
+    const std::vector<double> immediate = testing::TrainLoopback(c, k.world);
+    c.streams = {.cpu = CpuExecution::kQueued, .jitter_seed = 5, .jitter_max_us = 200};
+    const std::vector<double> queued = testing::TrainLoopback(c, k.world);
+    ASSERT_EQ(queued.size(), immediate.size());
+    for (size_t i = 0; i < queued.size(); ++i) {
+      EXPECT_EQ(queued[i], immediate[i]) << "stage " << static_cast<int>(k.stage) << " world "
+                                         << k.world << " tp " << k.tp << " step " << i;
+    }
+  }
+}
+
+// Kernels that issue on another stream than the one the gathered weights are ready on would
+// read them half-gathered once that stream is asynchronous: refused, saying what to do.
+TEST(GptModelTest, KernelsOffTheStoresAsynchronousStreamAreRefused) {
+  auto group = *CreateLoopbackGroup(1, {}, nullptr);
+  MemoryTracker tracker;
+  auto allocator = MakeCpuCachingAllocator(&tracker);
+  ShardManagerOptions o;
+  o.streams.cpu = CpuExecution::kQueued;
+  auto manager =
+      *ShardManager::Create(o, {.dp = group[0].get(), .device_allocator = allocator.get()});
+  auto store = MakeShardManagerStore(*manager);
+  auto own_stream = MakeCpuModelKernels(CpuPrecision::kFloat);
+  StatusOr<std::unique_ptr<GptModel>> refused =
+      GptModel::Create({.config = testing::TinyGpt(), .micro_batch = 1}, *store, *own_stream,
+                       *allocator);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("create the kernels on it"), std::string::npos)
+      << refused.status();
+  auto on_compute = MakeCpuModelKernels(CpuPrecision::kFloat, &manager->compute_stream());
+  EXPECT_TRUE(GptModel::Create({.config = testing::TinyGpt(), .micro_batch = 1}, *store,
+                               *on_compute, *allocator)
+                  .ok());
+}
+
 TEST(GptModelTest, ActivationCheckpointingChangesNoNumberAndSavesMemory) {
   const GptConfig config{.n_layer = 4, .n_head = 2, .d_model = 16, .seq_len = 16, .vocab_size = 29};
   HostModel<float> plain(config, 3, false), ckpt(config, 3, true);
