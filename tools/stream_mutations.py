@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """Stream-ordering mutations (docs/async-device.md, "How it is proven"): each event record and wait,
-host synchronisation and stream-ordered free in sharding/ and offload/ is removed in turn, zerort
-is rebuilt, and the asynchronous-device parity test (tests/cli/async_parity_test.py) runs; a
-mutation is caught when that test fails. The file is restored after every mutation, also on
-Ctrl-C. Prints a Markdown table (docs/benchmarks.md keeps the last one).
+host synchronisation and stream-ordered free in sharding/ (and the NVMe step's staging fences) is
+removed in turn, the detector is rebuilt and run; a mutation is caught when it fails. Detectors:
+  parity (default): zerort, then the asynchronous-device parity test
+    (tests/cli/async_parity_test.py: cpu against cpu-async with jitter, bitwise);
+  tsan: gpt_model_test in a ThreadSanitizer build (make test-tsan's), then
+    GptModelTest.QueuedStreams*: a data race is a failure, whatever the timing.
+The file is restored after every mutation, also on Ctrl-C. Prints a Markdown table
+(docs/benchmarks.md keeps the last one).
 
-Usage: tools/stream_mutations.py [--build build] [--mpiexec mpirun] [--only ID ...] [--list]
-Takes about a minute and a half per mutation on 2 cores (a one-file rebuild and a 40 s test)."""
+Usage: tools/stream_mutations.py [--detector parity|tsan] [--build DIR] [--mpiexec mpirun]
+                                 [--only ID ...] [--list]
+About 45 s per mutation with the parity test, 35 s with tsan, on 2 cores."""
 import argparse
 import os
 import subprocess
@@ -96,13 +101,14 @@ MUTATIONS = [
 ]
 
 
-def run(cmd, timeout):
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+def run(cmd, timeout, env=None):
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default="build")
+    ap.add_argument("--detector", choices=["parity", "tsan"], default="parity")
+    ap.add_argument("--build", help="default: build (parity), build-tsan (tsan)")
     ap.add_argument("--mpiexec", default="mpirun")
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--list", action="store_true")
@@ -116,9 +122,18 @@ def main():
             print(f"{mid}\t{path}\t{what}")
     if a.list:
         return
-    zerort = os.path.join(ROOT, a.build, "tools", "zerort")
-    test = [sys.executable, os.path.join(ROOT, "tests", "cli", "async_parity_test.py"), zerort,
-            a.mpiexec]
+    build = a.build or ("build" if a.detector == "parity" else "build-tsan")
+    if a.detector == "parity":
+        target = "zerort"
+        test = [sys.executable, os.path.join(ROOT, "tests", "cli", "async_parity_test.py"),
+                os.path.join(ROOT, build, "tools", "zerort"), a.mpiexec]
+        env = None
+    else:
+        target = "gpt_model_test"
+        test = [os.path.join(ROOT, build, "tests", "gpt_model_test"),
+                "--gtest_filter=GptModelTest.QueuedStreams*"]
+        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+                   TSAN_OPTIONS="halt_on_error=1")
     rows = []
     for mid, path, find, replace, what in chosen:
         full = os.path.join(ROOT, path)
@@ -127,15 +142,17 @@ def main():
         try:
             with open(full, "w") as f:
                 f.write(original.replace(find, replace))
-            b = run(["cmake", "--build", a.build, "--target", "zerort"], 1800)
+            b = run(["cmake", "--build", build, "--target", target], 1800)
             if b.returncode != 0:
                 verdict, detail = "does not build", b.stdout[-300:]
             else:
                 try:
-                    r = run(test, 900)
-                    failed = [l[7:] for l in r.stdout.splitlines() if l.startswith("FAILED")]
+                    r = run(test, 900, env)
+                    out = r.stdout + r.stderr
+                    failed = [l[7:] for l in out.splitlines() if l.startswith("FAILED")]
+                    races = [l for l in out.splitlines() if "ThreadSanitizer:" in l]
                     verdict = "caught" if r.returncode != 0 else "MISSED"
-                    detail = failed[0][:100] if failed else ""
+                    detail = (races or failed or [""])[0][:100]
                 except subprocess.TimeoutExpired:
                     verdict, detail = "caught", "the test hung (timeout)"
         finally:
@@ -143,7 +160,7 @@ def main():
                 f.write(original)
         rows.append((mid, path, what, verdict, detail))
         print(f"{mid}: {verdict} ({time.time() - t0:.0f} s) {detail}", file=sys.stderr, flush=True)
-    run(["cmake", "--build", a.build, "--target", "zerort"], 1800)
+    run(["cmake", "--build", build, "--target", target], 1800)
     print("| mutation | file | what it orders | result | first failed check |")
     print("|---|---|---|---|---|")
     for mid, path, what, verdict, detail in rows:

@@ -67,7 +67,8 @@ struct GptRunConfig {
   int virtual_stages = 1;
   bool scatter_gather = true;
   DType compute = DType::kF32;  // weights and activations: f32, bf16, or f16 (loss scaling)
-  StreamOptions streams;         // the manager's streams: queued for the asynchronous CPU device
+  StreamOptions streams;        // the manager's streams: queued for the asynchronous CPU device
+  ShardPlacement placement;     // offload of the optimizer state and the parameters
 };
 
 struct GptRank {
@@ -99,6 +100,7 @@ inline StatusOr<GptRank> MakeGptRank(const GptRunConfig& c, Communicator& comm,
   o.reduce_at_step = c.pp > 1;  // a pipeline reduces once per step
   o.compute_dtype = c.compute;
   o.streams = c.streams;
+  o.placement = c.placement;
   const bool model_parallel = c.tp > 1 || c.pp > 1;
   ZR_ASSIGN_OR_RETURN(
       r.manager, ShardManager::Create(

@@ -154,18 +154,24 @@ TEST(GptModelTest, StagesAndWorldSizesGiveTheSameLosses) {
 }
 
 // The asynchronous CPU device (queued, jittered streams) changes no bit of the losses, with ZeRO-3
-// gathers and reductions on the comm stream's thread and tensor parallelism's collectives on
-// compute (docs/async-device.md).
+// gathers and reductions on the comm stream's thread, tensor parallelism's collectives on
+// compute, and the host-tier LAMB step (docs/async-device.md). Also run under ThreadSanitizer
+// (make test-tsan), where a missing event wait is a reported data race.
 TEST(GptModelTest, QueuedStreamsGiveBitwiseTheSameLosses) {
   struct Case {
     ZeroStage stage;
     int world, tp;
+    OptimizerKind optimizer = OptimizerKind::kAdamW;
+    MemoryTier optimizer_tier = MemoryTier::kDevice;
   };
-  for (const Case k : {Case{ZeroStage::k0, 1, 1}, Case{ZeroStage::k3, 2, 1},
-                       Case{ZeroStage::k2, 2, 2}}) {
+  for (const Case k :
+       {Case{ZeroStage::k0, 1, 1}, Case{ZeroStage::k3, 2, 1}, Case{ZeroStage::k2, 2, 2},
+        Case{ZeroStage::k3, 2, 1, OptimizerKind::kLamb, MemoryTier::kHost}}) {
     GptRunConfig c;
     c.stage = k.stage;
     c.tp = k.tp;
+    c.optimizer = k.optimizer;
+    c.placement.optimizer = k.optimizer_tier;
     c.sequence_parallel = k.tp > 1;
     c.micro_batches = 2;
     const std::vector<double> immediate = testing::TrainLoopback(c, k.world);
@@ -191,9 +197,8 @@ TEST(GptModelTest, KernelsOffTheStoresAsynchronousStreamAreRefused) {
       *ShardManager::Create(o, {.dp = group[0].get(), .device_allocator = allocator.get()});
   auto store = MakeShardManagerStore(*manager);
   auto own_stream = MakeCpuModelKernels(CpuPrecision::kFloat);
-  StatusOr<std::unique_ptr<GptModel>> refused =
-      GptModel::Create({.config = testing::TinyGpt(), .micro_batch = 1}, *store, *own_stream,
-                       *allocator);
+  StatusOr<std::unique_ptr<GptModel>> refused = GptModel::Create(
+      {.config = testing::TinyGpt(), .micro_batch = 1}, *store, *own_stream, *allocator);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("create the kernels on it"), std::string::npos)
       << refused.status();
