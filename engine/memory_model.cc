@@ -60,12 +60,11 @@ class StepModel {
         activation_terms_(model_states_only),
         planner_(GatherBudgets::From(in.manager), UnitInfos(units_)) {
     // The runtime's streams: the manager's compute and comm streams (comm is compute without
-    // overlap_comm); the kernels (CPU and CUDA) issue on compute.
+    // overlap_comm); the kernels (CPU and CUDA) issue on compute, so their buffers are its.
     compute_stream_ = *CreateStream(Device::Cpu(), "compute");
     comm_stream_ = *CreateStream(Device::Cpu(), "comm");
     compute_ = compute_stream_.get();
     comm_ = in.manager.overlap_comm ? comm_stream_.get() : compute_;
-    kernels_ = compute_;
   }
 
   void Run();
@@ -111,7 +110,6 @@ class StepModel {
   std::unique_ptr<Stream> compute_stream_, comm_stream_;
   Stream* compute_ = nullptr;
   Stream* comm_ = nullptr;
-  Stream* kernels_ = nullptr;
   std::vector<Unit> units_;
   const StageUnits st_;
   MemoryEstimate& out_;
@@ -191,7 +189,7 @@ void StepModel::Init() {
          bytes);
   }
   if (in_.cuda) {
-    persistent_.push_back(r_.Alloc(Cat::kWorkspace, kCudaLtWorkspaceBytes, kernels_));
+    persistent_.push_back(r_.Alloc(Cat::kWorkspace, kCudaLtWorkspaceBytes, compute_));
     Term(Tier::kDevice, Cat::kWorkspace, "cuBLASLt workspace", "32 MiB", kCudaLtWorkspaceBytes);
   }
 }
@@ -259,7 +257,7 @@ void StepModel::AttentionScratch(bool backward) {
   std::vector<Replay::Handle> h;
   for (int64_t bytes : AttentionScratchBytes(backend(), backward, in_.micro_batch, c.seq_len,
                                              c.d_model / in_.tp, c.n_head / in_.tp, csize())) {
-    h.push_back(r_.Alloc(Cat::kWorkspace, bytes, kernels_));
+    h.push_back(r_.Alloc(Cat::kWorkspace, bytes, compute_));
   }
   for (auto& x : h) r_.Free(x);
 }
@@ -280,7 +278,7 @@ void StepModel::MicroBatch() {
   const int64_t head_chunk = HeadChunkRows(in_.head_chunk_rows, rows, c.d_model);
   std::vector<Replay::Handle> acts, ws;
   auto alloc = [&](std::vector<Replay::Handle>& into, Cat cat, int64_t bytes) {
-    into.push_back(r_.Alloc(cat, bytes, kernels_));
+    into.push_back(r_.Alloc(cat, bytes, compute_));
   };
   auto sum = [](const auto& plan) {
     int64_t bytes = 0;
@@ -386,7 +384,7 @@ void StepModel::MicroBatch() {
     Replay::Handle logits;
     for (const gpt::MbPlanned& p : head_plan) {
       if (p.buffer == gpt::MbBuffer::kLogits) {
-        logits = r_.Alloc(p.category, p.bytes, kernels_);
+        logits = r_.Alloc(p.category, p.bytes, compute_);
       } else {
         alloc(p.buffer == gpt::MbBuffer::kDbtc ? ws : acts, p.category, p.bytes);
       }
@@ -411,7 +409,7 @@ void StepModel::MicroBatch() {
   auto ln_scratch = [&] {  // the LayerNorm backward's own
     const int64_t bytes = LayerNormBackwardScratchBytes(backend(), g.d);
     if (bytes == 0) return;
-    Replay::Handle h = r_.Alloc(Cat::kWorkspace, bytes, kernels_);
+    Replay::Handle h = r_.Alloc(Cat::kWorkspace, bytes, compute_);
     r_.Free(h);
   };
   if (st_.last && norm >= 0) {

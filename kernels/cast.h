@@ -1,6 +1,7 @@
 // Element-wise casts between f32, bf16 and f16 (round to nearest even, as runtime/dtype.h).
 // Cast() validates and dispatches on the views' device: CPU (OpenMP + SIMD) or CUDA (one fused
-// pass on `stream`; a CPU cast runs in `stream`'s order, RunOnHostInOrder). CastReference is the scalar CPU reference the twins are tested against.
+// pass on `stream`; a CPU cast runs in `stream`'s order, RunOnHostInOrder). CastReference is the
+// scalar CPU reference the twins are tested against.
 #pragma once
 
 #include "runtime/device.h"

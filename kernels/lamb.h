@@ -6,8 +6,8 @@
 //   LambCoefficient: ||p|| / ||update|| clamped to [min_coeff, max_coeff], 1 when either is 0;
 //   LambApply:    p -= step_size x coeff x update, step_size = lr sqrt(1 - b2^t) / (1 - b1^t)
 //                 (lr without bias correction); the compute copy written in the same pass.
-// CPU (OpenMP, double partial sums; in the order of the stream given) and CUDA twins; tests/kernels/lamb_test.cc holds a textbook
-// LAMB in double to check them against.
+// CPU (OpenMP, double partial sums; in the order of the stream given) and CUDA twins;
+// tests/kernels/lamb_test.cc holds a textbook LAMB in double to check them against.
 #pragma once
 
 #include "runtime/device.h"

@@ -173,8 +173,7 @@ inline StatusOr<DType> CollectiveDType(std::optional<DType> dtype, std::string_v
 // stream's thread ([Note: the asynchronous CPU device]) and the host reads synchronise it. Without
 // one the kernels have an immediate stream of their own.
 enum class CpuPrecision { kFloat, kBf16, kF16, kDouble };
-std::unique_ptr<ModelKernels> MakeCpuModelKernels(CpuPrecision precision,
-                                                  Stream* stream = nullptr);
+std::unique_ptr<ModelKernels> MakeCpuModelKernels(CpuPrecision precision, Stream* stream = nullptr);
 
 // CUDA kernels with activations/weights in `act` (kF32, kBF16 or kF16) and weight gradients in
 // `grad` (kF32, or kBF16 with kBF16 activations); fp32 accumulation everywhere. Scratch memory

@@ -59,14 +59,14 @@ StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptModelOptions& opti
   // The kernels must run where the weights are ready: a gather's event orders the store's stream,
   // not another one (on a GPU, or on queued CPU streams, other work would read half-gathered
   // weights).
-  if (Stream* ready = store.stream(); ready != nullptr && ready->asynchronous() &&
-                                      ready != &kernels.stream()) {
-    return absl::InvalidArgumentError(
-        StrCat("the kernels issue on stream '", kernels.stream().name(),
-               "' but the weight store's weights are ready on the asynchronous stream '",
-               ready->name(), "': create the kernels on it (MakeCpuModelKernels(precision, "
-               "&manager.compute_stream()), or MakeCudaModelKernels(..., "
-               "manager.compute_stream(), ...))"));
+  if (Stream* ready = store.stream();
+      ready != nullptr && ready->asynchronous() && ready != &kernels.stream()) {
+    return absl::InvalidArgumentError(StrCat(
+        "the kernels issue on stream '", kernels.stream().name(),
+        "' but the weight store's weights are ready on the asynchronous stream '", ready->name(),
+        "': create the kernels on it (MakeCpuModelKernels(precision, "
+        "&manager.compute_stream()), or MakeCudaModelKernels(..., "
+        "manager.compute_stream(), ...))"));
   }
   if (options.tp.size() > 1 || !options.stage.first || !options.stage.last) {
     // Tensor parallelism's collectives and a pipeline stage's sends carry the kernels' own

@@ -4,6 +4,7 @@
 #include <limits>
 #include <vector>
 
+#include "runtime/internal/cpu_streams.h"
 #include "runtime/strings.h"
 #include "runtime/watchdog.h"
 
@@ -68,9 +69,7 @@ Communicator::~Communicator() {
 }
 
 namespace {
-bool IsQueuedCpu(const Stream* stream) {
-  return stream != nullptr && stream->device().is_cpu() && stream->asynchronous();
-}
+using internal::IsQueuedCpu;
 // Pipeline transfers (posted sends, exchanges) complete across calls; they do not run on a
 // queued stream yet (docs/async-device.md).
 Status RefuseQueued(const Stream* stream, std::string_view what) {

@@ -10,9 +10,7 @@
 namespace zerort {
 
 Status RunOnHostInOrder(Stream* stream, std::function<Status()> work) {
-  if (stream != nullptr && stream->device().is_cpu() && stream->asynchronous()) {
-    return stream->Launch(std::move(work));
-  }
+  if (internal::IsQueuedCpu(stream)) return stream->Launch(std::move(work));
   return work();
 }
 

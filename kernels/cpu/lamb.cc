@@ -65,8 +65,7 @@ Status LambMoments(const LambHyper& h, const TensorView& master, const TensorVie
   float* s = sums.data_as<float>();
   return RunOnHostInOrder(stream, [=] {
     double w = 0, u = 0;
-    const float b1 = h.beta1, b2 = h.beta2, eps = h.eps, wd = h.weight_decay,
-                scale = h.grad_scale;
+    const float b1 = h.beta1, b2 = h.beta2, eps = h.eps, wd = h.weight_decay, scale = h.grad_scale;
 #pragma omp parallel for simd schedule(static) reduction(+ : w, u) if (n > (int64_t{1} << 15))
     for (int64_t i = 0; i < n; ++i) {
       const float grad_i = g[i] * scale;

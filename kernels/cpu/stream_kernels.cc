@@ -82,14 +82,12 @@ class StreamOrderedKernels final : public ModelKernels {
   }
   Status MatmulGelu(void* pre, void* out, const void* inp, const void* weight, const void* bias,
                     int64_t rows, int in, int out_features) override {
-    return Issue([=, this] {
-      return k_->MatmulGelu(pre, out, inp, weight, bias, rows, in, out_features);
-    });
+    return Issue(
+        [=, this] { return k_->MatmulGelu(pre, out, inp, weight, bias, rows, in, out_features); });
   }
   Status Attention(void* out, void* saved, const void* qkv, int batch, int seq, int channels,
                    int heads) override {
-    return Issue(
-        [=, this] { return k_->Attention(out, saved, qkv, batch, seq, channels, heads); });
+    return Issue([=, this] { return k_->Attention(out, saved, qkv, batch, seq, channels, heads); });
   }
   Status AttentionBackward(void* dqkv, const void* dout, const void* qkv, const void* out,
                            const void* saved, int batch, int seq, int channels,
@@ -140,7 +138,13 @@ class StreamOrderedKernels final : public ModelKernels {
   }
 
  private:
-  Status Issue(std::function<Status()> work) { return stream_.Launch(std::move(work)); }
+  // On an immediate stream the call runs here, without wrapping it in a std::function (one heap
+  // allocation per kernel call otherwise).
+  template <typename Work>
+  Status Issue(Work&& work) {
+    if (!stream_.asynchronous()) return work();
+    return stream_.Launch(std::forward<Work>(work));
+  }
 
   std::unique_ptr<ModelKernels> k_;  // runs every call; its own stream is never used
   Stream& stream_;
@@ -148,8 +152,7 @@ class StreamOrderedKernels final : public ModelKernels {
 
 }  // namespace
 
-std::unique_ptr<ModelKernels> IssueOnStream(std::unique_ptr<ModelKernels> kernels,
-                                            Stream& stream) {
+std::unique_ptr<ModelKernels> IssueOnStream(std::unique_ptr<ModelKernels> kernels, Stream& stream) {
   return std::make_unique<StreamOrderedKernels>(std::move(kernels), stream);
 }
 

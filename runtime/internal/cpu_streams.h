@@ -10,6 +10,10 @@
 namespace zerort::internal {
 
 std::unique_ptr<Stream> CreateCpuStream(std::string name, const StreamOptions& options);
+// A queued CPU stream: host work issued on it runs later, on its thread.
+inline bool IsQueuedCpu(const Stream* stream) {
+  return stream != nullptr && stream->device().is_cpu() && stream->asynchronous();
+}
 std::unique_ptr<Event> CreateCpuEvent();
 
 }  // namespace zerort::internal

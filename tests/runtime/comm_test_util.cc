@@ -234,10 +234,6 @@ std::string CheckEverything(Communicator& comm, uint64_t seed) {
   return "";
 }
 
-}  // namespace zerort::testing
-
-namespace zerort::testing {
-
 std::string CheckQueuedCollectives(Communicator& comm, uint64_t seed) {
   const int r = comm.rank(), size = comm.size();
   const size_t n = 4096 - 4096 % static_cast<size_t>(size);
