@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/optimizer_math.h"
 #include "runtime/dtype.h"
 #include "runtime/strings.h"
 
@@ -30,7 +31,7 @@ template <typename Out>
 void Apply(float step_coeff, float* p, const float* u, Out* out, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 15))
   for (int64_t i = 0; i < n; ++i) {
-    const float np = p[i] - step_coeff * u[i];
+    const float np = math::LambApplyElement(step_coeff, p[i], u[i]);
     p[i] = np;
     if constexpr (std::is_same_v<Out, float>) {
       out[i] = np;
@@ -65,15 +66,10 @@ Status LambMoments(const LambHyper& h, const TensorView& master, const TensorVie
   float* s = sums.data_as<float>();
   return RunOnHostInOrder(stream, [=] {
     double w = 0, u = 0;
-    const float b1 = h.beta1, b2 = h.beta2, eps = h.eps, wd = h.weight_decay, scale = h.grad_scale;
+    const math::LambScalars a = math::MakeLambScalars(h);
 #pragma omp parallel for simd schedule(static) reduction(+ : w, u) if (n > (int64_t{1} << 15))
     for (int64_t i = 0; i < n; ++i) {
-      const float grad_i = g[i] * scale;
-      const float mi = b1 * m[i] + (1.0f - b1) * grad_i;
-      const float vi = b2 * v[i] + (1.0f - b2) * grad_i * grad_i;
-      const float update = mi / (std::sqrt(vi) + eps) + wd * p[i];
-      m[i] = mi;
-      v[i] = vi;
+      const float update = math::LambUpdate(a, p[i], g[i], m[i], v[i]);
       g[i] = update;
       w += static_cast<double>(p[i]) * p[i];
       u += static_cast<double>(update) * update;

@@ -6,29 +6,12 @@
 #include <cmath>
 
 #include "kernels/cast.h"
+#include "kernels/optimizer_math.h"
 #include "runtime/dtype.h"
 #include "runtime/strings.h"
 
 namespace zerort {
 namespace {
-
-// Host-side constants, computed in double as PyTorch does for Python scalars, then rounded.
-struct AdamConstants {
-  float step_size;     // lr / (1 - beta1^step)
-  float bias2_sqrt;    // sqrt(1 - beta2^step)
-  float decay_factor;  // 1 - lr * wd for AdamW, 1 otherwise
-  float l2;            // wd for Adam (L2 on the gradient), 0 for AdamW
-};
-
-AdamConstants Constants(const AdamHyper& h) {
-  const double t = static_cast<double>(h.step);
-  const double bc1 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta1), t) : 1.0;
-  const double bc2 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta2), t) : 1.0;
-  return AdamConstants{
-      static_cast<float>(h.lr / bc1), static_cast<float>(std::sqrt(bc2)),
-      h.decoupled ? static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay) : 1.0f,
-      h.decoupled ? 0.0f : h.weight_decay};
-}
 
 template <typename Out>
 inline void Store(Out* out, int64_t i, float value) {
@@ -41,33 +24,10 @@ inline void Store(Out* out, int64_t i, float value) {
   }
 }
 
-// One element of AdamW/Adam, in torch.optim's order of operations.
-inline float AdamElement(const AdamHyper& h, const AdamConstants& c, float p, float g, float& m,
-                         float& v) {
-  g *= h.grad_scale;
-  g += c.l2 * p;
-  p *= c.decay_factor;
-  m += (1.0f - h.beta1) * (g - m);  // exp_avg.lerp_(grad, 1 - beta1)
-  v = v * h.beta2 + (1.0f - h.beta2) * g * g;
-  const float denom = std::sqrt(v) / c.bias2_sqrt + h.eps;
-  return p - c.step_size * (m / denom);
-}
-
-inline float SgdElement(const SgdHyper& h, float p, float g, float* buf) {
-  g *= h.grad_scale;
-  g += h.weight_decay * p;
-  if (h.momentum != 0.0f) {
-    const float b = h.step <= 1 ? g : *buf * h.momentum + (1.0f - h.dampening) * g;
-    *buf = b;
-    g = h.nesterov ? g + h.momentum * b : b;
-  }
-  return p - h.lr * g;
-}
-
 template <typename Out>
 void AdamLoop(const AdamHyper& h, float* __restrict p, const float* __restrict g,
               float* __restrict m, float* __restrict v, Out* __restrict out, int64_t n) {
-  const AdamConstants c = Constants(h);
+  const math::AdamScalars a = math::MakeAdamScalars(h);
   if constexpr (std::is_same_v<Out, Half>) {
     // An fp16 compute copy: chunks of the update, each cast while still in cache by the cast
     // kernel (F16C where the CPU has it, the same bits); the software conversion inside the fused
@@ -78,47 +38,39 @@ void AdamLoop(const AdamHyper& h, float* __restrict p, const float* __restrict g
     for (int64_t b = 0; b < chunks; ++b) {
       const int64_t i0 = b * kChunk, i1 = std::min(n, i0 + kChunk);
 #pragma omp simd
-      for (int64_t i = i0; i < i1; ++i) p[i] = AdamElement(h, c, p[i], g[i], m[i], v[i]);
+      for (int64_t i = i0; i < i1; ++i) p[i] = math::AdamElement(a, p[i], g[i], m[i], v[i]);
       internal::CpuCast(p + i0, DType::kF32, out + i0, DType::kF16, i1 - i0);
     }
     return;
   }
 #pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 15))
   for (int64_t i = 0; i < n; ++i) {
-    const float np = AdamElement(h, c, p[i], g[i], m[i], v[i]);
+    const float np = math::AdamElement(a, p[i], g[i], m[i], v[i]);
     p[i] = np;
     if constexpr (!std::is_same_v<Out, void>) Store(out, i, np);
   }
 }
 
-// One loop per momentum case, so no loop carries a branch or a load through a null pointer.
+// One loop per momentum case, so no loop carries a load through a null pointer.
 template <typename Out>
 void SgdLoop(const SgdHyper& h, float* __restrict p, const float* __restrict g,
              float* __restrict buf, Out* __restrict out, int64_t n) {
-  const float lr = h.lr, wd = h.weight_decay, scale = h.grad_scale, mu = h.momentum;
-  const float keep = 1.0f - h.dampening;
-  const bool nesterov = h.nesterov;
+  const math::SgdScalars s = math::MakeSgdScalars(h);
   auto store = [&](int64_t i, float np) {
     p[i] = np;
     if constexpr (!std::is_same_v<Out, void>) Store(out, i, np);
   };
-  if (mu == 0.0f) {
+  if (s.momentum == 0.0f) {
 #pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 15))
-    for (int64_t i = 0; i < n; ++i) store(i, p[i] - lr * (g[i] * scale + wd * p[i]));
-  } else if (h.step <= 1) {
-#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 15))
-    for (int64_t i = 0; i < n; ++i) {
-      const float d = g[i] * scale + wd * p[i];
-      buf[i] = d;
-      store(i, p[i] - lr * (nesterov ? d + mu * d : d));
-    }
+    for (int64_t i = 0; i < n; ++i)
+      store(i, math::SgdApply(s, p[i], math::SgdGradient(s, p[i], g[i]), 0.0f));
   } else {
 #pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 15))
     for (int64_t i = 0; i < n; ++i) {
-      const float d = g[i] * scale + wd * p[i];
-      const float b = buf[i] * mu + keep * d;
+      const float d = math::SgdGradient(s, p[i], g[i]);
+      const float b = math::SgdMomentum(s, buf[i], d);
       buf[i] = b;
-      store(i, p[i] - lr * (nesterov ? d + mu * b : b));
+      store(i, math::SgdApply(s, p[i], d, b));
     }
   }
 }
@@ -252,13 +204,13 @@ Status AdamStepReference(const AdamHyper& h, const TensorView& master, const Ten
                          const TensorView& compute_out) {
   ZR_RETURN_IF_ERROR(CheckAdam(h, master, grad, exp_avg, exp_avg_sq, compute_out));
   if (!master.device().is_cpu()) return absl::InvalidArgumentError("references run on the CPU");
-  const AdamConstants c = Constants(h);
+  const math::AdamScalars a = math::MakeAdamScalars(h);
   float* p = master.data_as<float>();
   float* m = exp_avg.data_as<float>();
   float* v = exp_avg_sq.data_as<float>();
   const float* g = grad.data_as<float>();
   for (int64_t i = 0; i < master.numel(); ++i) {
-    p[i] = AdamElement(h, c, p[i], g[i], m[i], v[i]);
+    p[i] = math::AdamElement(a, p[i], g[i], m[i], v[i]);
     if (compute_out.data() != nullptr)
       StoreFromFloat(compute_out.data(), compute_out.dtype(), i, p[i]);
   }
@@ -272,8 +224,11 @@ Status SgdStepReference(const SgdHyper& h, const TensorView& master, const Tenso
   float* p = master.data_as<float>();
   const float* g = grad.data_as<float>();
   float* buf = h.momentum != 0.0f ? momentum_buffer.data_as<float>() : nullptr;
+  const math::SgdScalars s = math::MakeSgdScalars(h);
   for (int64_t i = 0; i < master.numel(); ++i) {
-    p[i] = SgdElement(h, p[i], g[i], buf != nullptr ? buf + i : nullptr);
+    const float d = math::SgdGradient(s, p[i], g[i]);
+    const float b = buf != nullptr ? (buf[i] = math::SgdMomentum(s, buf[i], d)) : 0.0f;
+    p[i] = math::SgdApply(s, p[i], d, b);
     if (compute_out.data() != nullptr)
       StoreFromFloat(compute_out.data(), compute_out.dtype(), i, p[i]);
   }

@@ -1,12 +1,13 @@
 // LAMB on CUDA: the moments pass (a grid-stride loop, each block's sums of p^2 and update^2
 // reduced in shared memory and added atomically into the two f32 sums) and the apply pass.
-// Arithmetic mirrors kernels/cpu/lamb.cc.
+// The element arithmetic is the CPU's own (kernels/optimizer_math.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/convert.cuh"
 #include "kernels/lamb.h"
+#include "kernels/optimizer_math.h"
 #include "runtime/internal/cuda_check.h"
 
 namespace zerort {
@@ -19,11 +20,7 @@ int Blocks(int64_t n) {
       std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 1024)));
 }
 
-struct MomentArgs {
-  float beta1, beta2, eps, weight_decay, grad_scale;
-};
-
-static __global__ void LambMomentsKernel(MomentArgs a, const float* __restrict__ p,
+static __global__ void LambMomentsKernel(math::LambScalars a, const float* __restrict__ p,
                                          float* __restrict__ g, float* __restrict__ m,
                                          float* __restrict__ v, float* __restrict__ sums,
                                          int64_t n) {
@@ -32,10 +29,8 @@ static __global__ void LambMomentsKernel(MomentArgs a, const float* __restrict__
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    const float grad = g[i] * a.grad_scale;
-    const float mi = a.beta1 * m[i] + (1.0f - a.beta1) * grad;
-    const float vi = a.beta2 * v[i] + (1.0f - a.beta2) * grad * grad;
-    const float update = mi / (sqrtf(vi) + a.eps) + a.weight_decay * p[i];
+    float mi = m[i], vi = v[i];
+    const float update = math::LambUpdate(a, p[i], g[i], mi, vi);
     m[i] = mi;
     v[i] = vi;
     g[i] = update;
@@ -65,7 +60,7 @@ static __global__ void LambApplyKernel(float step_coeff, float* __restrict__ p,
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    const float np = p[i] - step_coeff * update[i];
+    const float np = math::LambApplyElement(step_coeff, p[i], update[i]);
     p[i] = np;
     if (out != nullptr) out[i] = cuda::FromFloat<Out>(np);
   }
@@ -80,7 +75,7 @@ namespace internal {
 Status CudaLambMoments(const LambHyper& h, const float* p, float* g, float* m, float* v,
                        float* sums, int64_t n, Stream* stream) {
   if (n == 0) return absl::OkStatus();
-  const MomentArgs a{h.beta1, h.beta2, h.eps, h.weight_decay, h.grad_scale};
+  const math::LambScalars a = math::MakeLambScalars(h);
   LambMomentsKernel<<<Blocks(n), kThreads, 0, Native(stream)>>>(a, p, g, m, v, sums, n);
   ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();

@@ -1,7 +1,7 @@
 // CUDA optimizer steps: one fused grid-stride pass over the range (read p, g, state; write p,
 // state and the compute copy). Three layers: kernels, launchers on raw pointers and a stream,
-// and the internal entries called by AdamStep/SgdStep after validation. Arithmetic mirrors the
-// CPU element functions so the twins agree to rounding.
+// and the internal entries called by AdamStep/SgdStep after validation. The arithmetic is the CPU
+// loops' own (kernels/optimizer_math.h), so the twins agree bitwise.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -10,36 +10,21 @@
 
 #include "kernels/cuda/convert.cuh"
 #include "kernels/optimizer.h"
+#include "kernels/optimizer_math.h"
 #include "runtime/internal/cuda_check.h"
 
 namespace zerort {
 namespace {
 
-struct AdamArgs {
-  float beta1, beta2, eps, grad_scale, step_size, bias2_sqrt, decay_factor, l2;
-};
-
-struct SgdArgs {
-  float lr, momentum, dampening, weight_decay, grad_scale;
-  bool nesterov, first_step;
-};
-
 template <typename Out>
-static __global__ void AdamKernel(AdamArgs a, float* __restrict__ p, const float* __restrict__ g,
-                                  float* __restrict__ m, float* __restrict__ v,
-                                  Out* __restrict__ out, int64_t n) {
+static __global__ void AdamKernel(math::AdamScalars a, float* __restrict__ p,
+                                  const float* __restrict__ g, float* __restrict__ m,
+                                  float* __restrict__ v, Out* __restrict__ out, int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    float grad = g[i] * a.grad_scale;
-    float param = p[i];
-    grad = fmaf(a.l2, param, grad);
-    param *= a.decay_factor;
-    float mi = m[i];
-    mi += (1.0f - a.beta1) * (grad - mi);
-    const float vi = v[i] * a.beta2 + (1.0f - a.beta2) * grad * grad;
-    const float denom = sqrtf(vi) / a.bias2_sqrt + a.eps;
-    param = param - a.step_size * (mi / denom);
+    float mi = m[i], vi = v[i];
+    const float param = math::AdamElement(a, p[i], g[i], mi, vi);
     p[i] = param;
     m[i] = mi;
     v[i] = vi;
@@ -48,20 +33,19 @@ static __global__ void AdamKernel(AdamArgs a, float* __restrict__ p, const float
 }
 
 template <typename Out>
-static __global__ void SgdKernel(SgdArgs a, float* __restrict__ p, const float* __restrict__ g,
-                                 float* __restrict__ buf, Out* __restrict__ out, int64_t n) {
+static __global__ void SgdKernel(math::SgdScalars s, float* __restrict__ p,
+                                 const float* __restrict__ g, float* __restrict__ buf,
+                                 Out* __restrict__ out, int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    float param = p[i];
-    float grad = g[i] * a.grad_scale;
-    grad = fmaf(a.weight_decay, param, grad);
-    if (a.momentum != 0.0f) {
-      const float b = a.first_step ? grad : buf[i] * a.momentum + (1.0f - a.dampening) * grad;
+    const float d = math::SgdGradient(s, p[i], g[i]);
+    float b = 0.0f;
+    if (s.momentum != 0.0f) {
+      b = math::SgdMomentum(s, buf[i], d);
       buf[i] = b;
-      grad = a.nesterov ? grad + a.momentum * b : b;
     }
-    param = param - a.lr * grad;
+    const float param = math::SgdApply(s, p[i], d, b);
     p[i] = param;
     if (out != nullptr) out[i] = cuda::FromFloat<Out>(param);
   }
@@ -73,15 +57,15 @@ int Blocks(int64_t n, int threads) {
 }
 
 template <typename Out>
-static cudaError_t LaunchAdam(const AdamArgs& a, float* p, const float* g, float* m, float* v,
-                              void* out, int64_t n, cudaStream_t s) {
+static cudaError_t LaunchAdam(const math::AdamScalars& a, float* p, const float* g, float* m,
+                              float* v, void* out, int64_t n, cudaStream_t s) {
   AdamKernel<Out><<<Blocks(n, 256), 256, 0, s>>>(a, p, g, m, v, static_cast<Out*>(out), n);
   return cudaGetLastError();
 }
 
 template <typename Out>
-static cudaError_t LaunchSgd(const SgdArgs& a, float* p, const float* g, float* buf, void* out,
-                             int64_t n, cudaStream_t s) {
+static cudaError_t LaunchSgd(const math::SgdScalars& a, float* p, const float* g, float* buf,
+                             void* out, int64_t n, cudaStream_t s) {
   SgdKernel<Out><<<Blocks(n, 256), 256, 0, s>>>(a, p, g, buf, static_cast<Out*>(out), n);
   return cudaGetLastError();
 }
@@ -93,18 +77,7 @@ namespace internal {
 Status CudaAdam(const AdamHyper& h, float* p, const float* g, float* m, float* v, void* out,
                 DType out_dtype, int64_t n, Stream* stream) {
   if (n == 0) return absl::OkStatus();
-  const double t = static_cast<double>(h.step);
-  const double bc1 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta1), t) : 1.0;
-  const double bc2 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta2), t) : 1.0;
-  const AdamArgs a{
-      h.beta1,
-      h.beta2,
-      h.eps,
-      h.grad_scale,
-      static_cast<float>(h.lr / bc1),
-      static_cast<float>(std::sqrt(bc2)),
-      h.decoupled ? static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay) : 1.0f,
-      h.decoupled ? 0.0f : h.weight_decay};
+  const math::AdamScalars a = math::MakeAdamScalars(h);
   auto s = static_cast<cudaStream_t>(stream->native_handle());
   cudaError_t err;
   if (out == nullptr || out_dtype == DType::kF32) {
@@ -121,8 +94,7 @@ Status CudaAdam(const AdamHyper& h, float* p, const float* g, float* m, float* v
 Status CudaSgd(const SgdHyper& h, float* p, const float* g, float* buf, void* out, DType out_dtype,
                int64_t n, Stream* stream) {
   if (n == 0) return absl::OkStatus();
-  const SgdArgs a{h.lr,         h.momentum, h.dampening, h.weight_decay,
-                  h.grad_scale, h.nesterov, h.step <= 1};
+  const math::SgdScalars a = math::MakeSgdScalars(h);
   auto s = static_cast<cudaStream_t>(stream->native_handle());
   cudaError_t err;
   if (out == nullptr || out_dtype == DType::kF32) {

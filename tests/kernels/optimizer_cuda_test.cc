@@ -1,12 +1,13 @@
 // CUDA twins of the optimizer and reduction kernels against the CPU ones, on fresh random
-// inputs (gpu label; skipped with the reason when no GPU is present). Tolerances: fp32 state
-// within 1e-6 relative (the CUDA kernel may fuse a multiply-add the CPU does in two roundings);
-// the compute copy within one unit of its last place.
+// inputs (gpu label; skipped with the reason when no GPU is present). The optimizers share their
+// element arithmetic (kernels/optimizer_math.h, no fused multiply-adds on either device), so
+// parameters, moments and compute copies must be bitwise equal.
 #include <cmath>
 #include <cstring>
 #include <random>
 
 #include "gtest/gtest.h"
+#include "kernels/lamb.h"
 #include "kernels/optimizer.h"
 #include "kernels/reduce.h"
 #include "runtime/allocator.h"
@@ -43,6 +44,18 @@ std::vector<float> Random(size_t n, uint32_t seed, bool positive = false) {
   return v;
 }
 
+// The first index where the two differ bitwise, with both values printed; -1 when none does.
+template <typename T>
+int64_t FirstDifference(const std::vector<T>& got, const std::vector<T>& want) {
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
+      ADD_FAILURE() << "element " << i << ": cuda " << +got[i] << ", cpu " << +want[i];
+      return static_cast<int64_t>(i);
+    }
+  }
+  return -1;
+}
+
 #define ZR_NEED_GPU() \
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device: " << QueryCuda().unavailable_reason
 
@@ -50,7 +63,7 @@ TEST(OptimizerCudaTest, AdamMatchesCpu) {
   ZR_NEED_GPU();
   Gpu gpu;
   const int64_t n = (1 << 20) + 7;
-  for (const auto [decoupled, bias_correction] :
+  for (const auto& [decoupled, bias_correction] :
        {std::pair{true, true}, std::pair{false, true}, std::pair{true, false}}) {
     std::vector<float> p = Random(n, 1), g = Random(n, 2), m = Random(n, 3), v = Random(n, 4, true);
     std::vector<uint16_t> out(n);
@@ -69,14 +82,16 @@ TEST(OptimizerCudaTest, AdamMatchesCpu) {
                  TensorView(m.data(), DType::kF32, {n}), TensorView(v.data(), DType::kF32, {n}),
                  TensorView(out.data(), DType::kBF16, {n}), nullptr)
             .ok());
-    std::vector<float> gp(n);
+    std::vector<float> gp(n), gm(n), gv(n);
     std::vector<uint16_t> gout(n);
     gpu.Download(gp.data(), dp);
+    gpu.Download(gm.data(), dm);
+    gpu.Download(gv.data(), dv);
     gpu.Download(gout.data(), dout);
-    for (int64_t i = 0; i < n; ++i) {
-      ASSERT_NEAR(gp[i], p[i], 1e-6f * (std::abs(p[i]) + 1e-3f)) << i;
-      ASSERT_LE(std::abs(static_cast<int>(gout[i]) - static_cast<int>(out[i])), 1) << i;
-    }
+    EXPECT_EQ(FirstDifference(gp, p), -1) << "parameters";
+    EXPECT_EQ(FirstDifference(gm, m), -1) << "exp_avg";
+    EXPECT_EQ(FirstDifference(gv, v), -1) << "exp_avg_sq";
+    EXPECT_EQ(FirstDifference(gout, out), -1) << "bf16 compute copy";
   }
 }
 
@@ -94,9 +109,55 @@ TEST(OptimizerCudaTest, SgdMatchesCpu) {
                       TensorView(g.data(), DType::kF32, {n}),
                       TensorView(b.data(), DType::kF32, {n}), TensorView(), nullptr)
                   .ok());
-  std::vector<float> gp(n);
+  std::vector<float> gp(n), gb(n);
   gpu.Download(gp.data(), dp);
-  for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(gp[i], p[i], 1e-6f * (std::abs(p[i]) + 1e-3f)) << i;
+  gpu.Download(gb.data(), db);
+  EXPECT_EQ(FirstDifference(gp, p), -1) << "parameters";
+  EXPECT_EQ(FirstDifference(gb, b), -1) << "momentum buffer";
+}
+
+TEST(OptimizerCudaTest, LambMatchesCpu) {
+  ZR_NEED_GPU();
+  Gpu gpu;
+  const int64_t n = (1 << 20) + 3;
+  std::vector<float> p = Random(n, 11), g = Random(n, 12), m = Random(n, 13);
+  std::vector<float> v = Random(n, 14, true);
+  std::vector<uint16_t> out(n);
+  TensorView dp = gpu.Upload(p.data(), DType::kF32, n), dg = gpu.Upload(g.data(), DType::kF32, n);
+  TensorView dm = gpu.Upload(m.data(), DType::kF32, n), dv = gpu.Upload(v.data(), DType::kF32, n);
+  TensorView dout = gpu.Upload(out.data(), DType::kBF16, n);
+  float zero[2] = {0, 0}, sums[2] = {0, 0}, gsums[2];
+  TensorView dsums = gpu.Upload(zero, DType::kF32, 2);
+  const LambHyper h{.lr = 2e-3f, .weight_decay = 0.01f, .step = 5, .grad_scale = 0.25f};
+  ASSERT_TRUE(LambMoments(h, dp, dg, dm, dv, dsums, gpu.stream.get()).ok());
+  ASSERT_TRUE(
+      LambMoments(h, TensorView(p.data(), DType::kF32, {n}), TensorView(g.data(), DType::kF32, {n}),
+                  TensorView(m.data(), DType::kF32, {n}), TensorView(v.data(), DType::kF32, {n}),
+                  TensorView(sums, DType::kF32, {2}), nullptr)
+          .ok());
+  gpu.Download(gsums, dsums);
+  std::vector<float> gg(n), gm(n), gv(n);
+  gpu.Download(gg.data(), dg);
+  gpu.Download(gm.data(), dm);
+  gpu.Download(gv.data(), dv);
+  EXPECT_EQ(FirstDifference(gm, m), -1) << "exp_avg";
+  EXPECT_EQ(FirstDifference(gv, v), -1) << "exp_avg_sq";
+  EXPECT_EQ(FirstDifference(gg, g), -1) << "update";
+  // The sums are reduced in another order on each device (CPU: double; GPU: float per thread).
+  EXPECT_NEAR(gsums[0], sums[0], 1e-5 * sums[0]);
+  EXPECT_NEAR(gsums[1], sums[1], 1e-5 * sums[1]);
+  const float coeff = LambCoefficient(h, sums[0], sums[1]);
+  ASSERT_TRUE(LambApply(h, coeff, dp, dg, dout, gpu.stream.get()).ok());
+  ASSERT_TRUE(LambApply(h, coeff, TensorView(p.data(), DType::kF32, {n}),
+                        TensorView(g.data(), DType::kF32, {n}),
+                        TensorView(out.data(), DType::kBF16, {n}), nullptr)
+                  .ok());
+  std::vector<float> gp(n);
+  std::vector<uint16_t> gout(n);
+  gpu.Download(gp.data(), dp);
+  gpu.Download(gout.data(), dout);
+  EXPECT_EQ(FirstDifference(gp, p), -1) << "parameters";
+  EXPECT_EQ(FirstDifference(gout, out), -1) << "bf16 compute copy";
 }
 
 TEST(ReduceCudaTest, SumOfSquaresNonFiniteScaleMatchCpu) {

@@ -1,0 +1,160 @@
+// The optimizers' arithmetic for one element (AdamW/Adam, SGD, LAMB), shared by the CPU loops
+// (kernels/cpu/optimizer.cc, lamb.cc) and the CUDA kernels (kernels/cuda/optimizer.cu, lamb.cu):
+// one definition, so the CPU tests execute the
+// GPU's math. Every product, sum and quotient is rounded on its own, never fused into an FMA:
+// the CPU build does not contract (ISO C++20, where GCC's default is -ffp-contract=off), and on
+// the GPU each operation is an explicitly rounded intrinsic (__fmul_rn, __fadd_rn, __fdiv_rn,
+// __fsqrt_rn), which nvcc never fuses. Both devices therefore produce bitwise the same parameters
+// and moments (tests/kernels/optimizer_cuda_test.cc checks it on a GPU; LAMB's trust ratio
+// comes from sums reduced in a different order on each device, so it agrees to rounding). The order
+// of operations is torch.optim's, as the golden tests expect.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/lamb.h"
+#include "kernels/optimizer.h"
+
+#if defined(__CUDACC__)
+#define ZR_HOST_DEVICE __host__ __device__
+#else
+#define ZR_HOST_DEVICE
+#endif
+
+namespace zerort::math {
+
+ZR_HOST_DEVICE inline float Mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+ZR_HOST_DEVICE inline float Add(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+ZR_HOST_DEVICE inline float Sub(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
+ZR_HOST_DEVICE inline float Div(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+ZR_HOST_DEVICE inline float Sqrt(float a) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+
+// Adam's per-step scalars, computed on the host in double as PyTorch does for Python scalars,
+// then rounded to float once.
+struct AdamScalars {
+  float grad_scale;
+  float l2;            // wd for Adam (L2 on the gradient), 0 for AdamW
+  float decay_factor;  // 1 - lr * wd for AdamW, 1 otherwise
+  float one_minus_beta1;
+  float beta2;
+  float one_minus_beta2;
+  float bias2_sqrt;  // sqrt(1 - beta2^step)
+  float eps;
+  float step_size;  // lr / (1 - beta1^step)
+};
+
+inline AdamScalars MakeAdamScalars(const AdamHyper& h) {
+  const double t = static_cast<double>(h.step);
+  const double bc1 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta1), t) : 1.0;
+  const double bc2 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta2), t) : 1.0;
+  return AdamScalars{
+      .grad_scale = h.grad_scale,
+      .l2 = h.decoupled ? 0.0f : h.weight_decay,
+      .decay_factor =
+          h.decoupled ? static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay) : 1.0f,
+      .one_minus_beta1 = 1.0f - h.beta1,
+      .beta2 = h.beta2,
+      .one_minus_beta2 = 1.0f - h.beta2,
+      .bias2_sqrt = static_cast<float>(std::sqrt(bc2)),
+      .eps = h.eps,
+      .step_size = static_cast<float>(h.lr / bc1)};
+}
+
+// One element of AdamW/Adam: updates m and v, returns the new parameter.
+ZR_HOST_DEVICE inline float AdamElement(const AdamScalars& a, float p, float g, float& m,
+                                        float& v) {
+  g = Mul(g, a.grad_scale);
+  g = Add(g, Mul(a.l2, p));
+  p = Mul(p, a.decay_factor);
+  m = Add(m, Mul(a.one_minus_beta1, Sub(g, m)));  // exp_avg.lerp_(grad, 1 - beta1)
+  v = Add(Mul(v, a.beta2), Mul(Mul(a.one_minus_beta2, g), g));
+  const float denom = Add(Div(Sqrt(v), a.bias2_sqrt), a.eps);
+  return Sub(p, Mul(a.step_size, Div(m, denom)));
+}
+
+// SGD with momentum, dampening, Nesterov and L2 weight decay, as torch.optim.SGD.
+struct SgdScalars {
+  float lr, momentum, keep, weight_decay, grad_scale;  // keep = 1 - dampening
+  bool nesterov, first_step;  // first_step: the momentum buffer starts as the gradient
+};
+
+inline SgdScalars MakeSgdScalars(const SgdHyper& h) {
+  return SgdScalars{h.lr,         h.momentum, 1.0f - h.dampening, h.weight_decay,
+                    h.grad_scale, h.nesterov, h.step <= 1};
+}
+
+// The decayed, scaled gradient d = g * scale + wd * p.
+ZR_HOST_DEVICE inline float SgdGradient(const SgdScalars& s, float p, float g) {
+  return Add(Mul(g, s.grad_scale), Mul(s.weight_decay, p));
+}
+
+// The new momentum buffer from the old one and d.
+ZR_HOST_DEVICE inline float SgdMomentum(const SgdScalars& s, float buf, float d) {
+  return s.first_step ? d : Add(Mul(buf, s.momentum), Mul(s.keep, d));
+}
+
+// The new parameter from d and the new buffer b (momentum != 0), or from d alone (b unused).
+ZR_HOST_DEVICE inline float SgdApply(const SgdScalars& s, float p, float d, float b) {
+  if (s.momentum == 0.0f) return Sub(p, Mul(s.lr, d));
+  return Sub(p, Mul(s.lr, s.nesterov ? Add(d, Mul(s.momentum, b)) : b));
+}
+
+// LAMB's first pass for one element: updates m and v, returns the update direction
+// m / (sqrt(v) + eps) + wd * p (no bias correction here: it is folded into the step size).
+struct LambScalars {
+  float grad_scale, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay;
+};
+
+inline LambScalars MakeLambScalars(const LambHyper& h) {
+  return LambScalars{h.grad_scale,   h.beta1, 1.0f - h.beta1, h.beta2,
+                     1.0f - h.beta2, h.eps,   h.weight_decay};
+}
+
+ZR_HOST_DEVICE inline float LambUpdate(const LambScalars& s, float p, float g, float& m, float& v) {
+  g = Mul(g, s.grad_scale);
+  m = Add(Mul(s.beta1, m), Mul(s.one_minus_beta1, g));
+  v = Add(Mul(s.beta2, v), Mul(Mul(s.one_minus_beta2, g), g));
+  return Add(Div(m, Add(Sqrt(v), s.eps)), Mul(s.weight_decay, p));
+}
+
+// LAMB's second pass: p - step_coeff * update, step_coeff = step size x trust ratio.
+ZR_HOST_DEVICE inline float LambApplyElement(float step_coeff, float p, float update) {
+  return Sub(p, Mul(step_coeff, update));
+}
+
+}  // namespace zerort::math

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Packs a CUDA-enabled build (default: build/) for a GPU machine that has the CUDA driver, cuBLAS,
+# NCCL and Open MPI but not Debian's development packages zerort builds against (docs/gpu.md):
+# the build tree's programs, libraries and ctest files, and the Debian shared libraries they load,
+# into .gpu/pack.tar.xz (about 25 MB). tools/gpu-check.sh unpacks it there and runs the GPU tests.
+# cuBLAS, NCCL, MPI and glibc are not packed: the GPU machine's own are used.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=$(cd "${1:-$root/build}" && pwd)
+[[ -x $build/tools/zerort ]] || { echo "gpu-pack: no $build/tools/zerort; build first" >&2; exit 1; }
+[[ -x $build/tests/model_kernels_cuda_test ]] ||
+  { echo "gpu-pack: $build was built without CUDA (no tests/model_kernels_cuda_test)" >&2; exit 1; }
+out=$root/.gpu
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$out" "$stage/build" "$stage/deps"
+
+# The build tree without objects: programs, shared libraries, ctest files (absolute paths into
+# $root and $build, which gpu-check.sh recreates as links there).
+tar -C "$build" --exclude=CMakeFiles --exclude='*.o' --exclude='*.a' --exclude=install-test \
+  --exclude=embed --exclude=embed_tp --exclude=hello_comm --exclude=embed-nvme --exclude=Testing \
+  --exclude=gpu-check-logs -cf - . | tar -C "$stage/build" -xf -
+printf '%s\n%s\n' "$root" "$build" >"$stage/paths"
+
+# Shared libraries the programs load, except glibc, the compiler runtime, and what the GPU
+# machine brings (CUDA's libraries, NCCL, MPI and its runtime).
+skip='^(libc|libm|libdl|libpthread|librt|ld-linux-x86-64|libstdc\+\+|libgcc_s|libcuda|libcublas|libcublasLt|libnccl|libmpi|libopen-pal|libopen-rte|libpmix|libhwloc|libevent|linux-vdso)[.-]'
+find "$build" -path "$build/CMakeFiles" -prune -o -type f -perm -u+x -print |
+  xargs ldd 2>/dev/null | awk '$3 ~ /^\// {print $1, $3}' | sort -u >"$stage/ldd.txt" || true
+while read -r name path; do
+  if [[ ! $name =~ $skip && $path != "$build"/* ]]; then cp -L "$path" "$stage/deps/$name"; fi
+done <"$stage/ldd.txt"
+rm "$stage/ldd.txt"
+tar -C "$stage" -cJf "$out/pack.tar.xz" .
+echo "gpu-pack: $out/pack.tar.xz ($(du -h "$out/pack.tar.xz" | cut -f1)), $(ls "$stage/deps" | wc -l) libraries"
