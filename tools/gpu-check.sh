@@ -26,7 +26,7 @@ if [[ -f $root/.gpu/pack.tar.xz ]]; then
     { echo "gpu-check: $src exists here and is not this checkout" >&2; exit 1; }
   mkdir -p "$build" && cp -a "$x/build/." "$build/"
   # The Python the CLI tests were configured with, where this machine has another.
-  py=$(sed -n 's/^Python3_EXECUTABLE:[A-Z]*=//p' "$build/CMakeCache.txt")
+  py=$(sed -n 's/^_*Python3_EXECUTABLE:[A-Z]*=//p' "$build/CMakeCache.txt" | head -1)
   if [[ -n $py && ! -x $py ]]; then mkdir -p "$(dirname "$py")" && ln -sf "$(command -v python3)" "$py"; fi
   mkdir -p "$x/use"
   for f in "$x"/deps/*; do  # only what this machine lacks
@@ -52,7 +52,7 @@ zr="$build/tools/zerort"
 "$zr" env >"$logs/env.txt" 2>&1; grep -E '^(build|CUDA|device|NCCL|MPI):' "$logs/env.txt"
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-ctest --test-dir "$build" -L gpu --output-on-failure --output-junit "$logs/gpu-junit.xml" \
+ctest --test-dir "$build" -L gpu -V --output-junit "$logs/gpu-junit.xml" \
   >"$logs/ctest-gpu.log" 2>&1
 rc=$?
 ctest --test-dir "$build" -R '^mpi_communicator_test_np2$' --output-on-failure \
