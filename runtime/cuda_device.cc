@@ -2,6 +2,7 @@
 #include <cuda_runtime_api.h>
 
 #include "runtime/device.h"
+#include "runtime/internal/cublas_api.h"
 #include "runtime/internal/cuda_check.h"
 #include "runtime/internal/device_backend.h"
 #include "runtime/strings.h"
@@ -23,8 +24,11 @@ Status CudaError(std::string_view call, cudaError_t err) {
 }
 
 Status CublasError(std::string_view call, cublasStatus_t err) {
-  return absl::InternalError(
-      StrCat(call, " failed: ", cublasGetStatusString(err), " (", cublasGetStatusName(err), ")"));
+  // A cuBLAS call failed, so the library is loaded and this returns its table at once.
+  StatusOr<const CublasApi*> api = LoadCublas();
+  if (!api.ok()) return absl::InternalError(StrCat(call, " failed: cuBLAS status ", err));
+  return absl::InternalError(StrCat(call, " failed: ", (*api)->GetStatusString(err), " (",
+                                    (*api)->GetStatusName(err), ")"));
 }
 
 namespace {

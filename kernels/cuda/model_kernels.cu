@@ -22,6 +22,7 @@
 #include "kernels/cuda/convert.cuh"
 #include "kernels/cuda/model_ops.cuh"
 #include "kernels/model_kernels.h"
+#include "runtime/internal/cublas_api.h"
 #include "runtime/internal/cuda_check.h"
 
 namespace zerort {
@@ -41,28 +42,37 @@ constexpr cudaDataType_t CudaType() {
 }
 
 struct LtDeleter {
-  void operator()(cublasLtContext* h) const { cublasLtDestroy(h); }
+  decltype(&cublasLtDestroy) destroy;
+  void operator()(cublasLtContext* h) const { destroy(h); }
 };
 struct BlasDeleter {
-  void operator()(cublasContext* h) const { cublasDestroy(h); }
+  decltype(&cublasDestroy_v2) destroy;
+  void operator()(cublasContext* h) const { destroy(h); }
 };
 
 template <typename T, typename G>
 class CudaModelKernels final : public ModelKernels {
  public:
-  CudaModelKernels(Stream& stream, Allocator& workspace, DType act, DType grad)
-      : stream_(stream), ws_(workspace), act_(act), grad_(grad) {}
+  CudaModelKernels(const internal::CublasApi& blas, Stream& stream, Allocator& workspace, DType act,
+                   DType grad)
+      : b_(blas),
+        stream_(stream),
+        ws_(workspace),
+        act_(act),
+        grad_(grad),
+        lt_(nullptr, LtDeleter{blas.LtDestroy}),
+        blas_(nullptr, BlasDeleter{blas.Destroy}) {}
 
   Status Init() {
     cublasLtHandle_t lt = nullptr;
-    ZR_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&lt));
+    ZR_CUBLAS_RETURN_IF_ERROR(b_.LtCreate(&lt));
     lt_.reset(lt);
     cublasHandle_t blas = nullptr;
-    ZR_CUBLAS_RETURN_IF_ERROR(cublasCreate(&blas));
+    ZR_CUBLAS_RETURN_IF_ERROR(b_.Create(&blas));
     blas_.reset(blas);
-    ZR_CUBLAS_RETURN_IF_ERROR(cublasSetStream(blas, s()));
+    ZR_CUBLAS_RETURN_IF_ERROR(b_.SetStream(blas, s()));
     // fp32 stays fp32 (no TF32): the CPU twin is the reference.
-    ZR_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH));
+    ZR_CUBLAS_RETURN_IF_ERROR(b_.SetMathMode(blas, CUBLAS_DEFAULT_MATH));
     ZR_ASSIGN_OR_RETURN(lt_workspace_,
                         ws_.Allocate(kLtWorkspace, MemoryCategory::kWorkspace, &stream_));
     return absl::OkStatus();
@@ -315,36 +325,36 @@ class CudaModelKernels final : public ModelKernels {
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
     cublasLtMatmulPreference_t pref = nullptr;
     Status status = [&]() -> Status {
-      ZR_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
       const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
       const cublasOperation_t tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
       ZR_CUBLAS_RETURN_IF_ERROR(
-          cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+          b_.LtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
       ZR_CUBLAS_RETURN_IF_ERROR(
-          cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+          b_.LtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
       if (bias != nullptr) {
         const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-        ZR_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                                 &epilogue, sizeof(epilogue)));
-        ZR_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-            op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+        ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                              &epilogue, sizeof(epilogue)));
+        ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                              &bias, sizeof(bias)));
         const cudaDataType_t bias_type = d_type;
-        ZR_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescSetAttribute(
             op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
       }
       ZR_CUBLAS_RETURN_IF_ERROR(
-          cublasLtMatrixLayoutCreate(&la, a_type, trans_a ? k : m, trans_a ? m : k, lda));
+          b_.LtMatrixLayoutCreate(&la, a_type, trans_a ? k : m, trans_a ? m : k, lda));
       ZR_CUBLAS_RETURN_IF_ERROR(
-          cublasLtMatrixLayoutCreate(&lb, b_type, trans_b ? n : k, trans_b ? k : n, ldb));
-      ZR_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&ld, d_type, m, n, ldd));
-      ZR_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
+          b_.LtMatrixLayoutCreate(&lb, b_type, trans_b ? n : k, trans_b ? k : n, ldb));
+      ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatrixLayoutCreate(&ld, d_type, m, n, ldd));
+      ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulPreferenceCreate(&pref));
       const size_t ws = lt_workspace_.bytes();
-      ZR_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+      ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulPreferenceSetAttribute(
           pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
       cublasLtMatmulHeuristicResult_t heuristic{};
       int found = 0;
-      ZR_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(lt_.get(), op, la, lb, ld, ld, pref,
-                                                               1, &heuristic, &found));
+      ZR_CUBLAS_RETURN_IF_ERROR(
+          b_.LtMatmulAlgoGetHeuristic(lt_.get(), op, la, lb, ld, ld, pref, 1, &heuristic, &found));
       if (found == 0) {
         return absl::InternalError("cuBLASLt has no algorithm for the " + std::to_string(m) + "x" +
                                    std::to_string(n) + "x" + std::to_string(k) +
@@ -352,15 +362,15 @@ class CudaModelKernels final : public ModelKernels {
                                    std::to_string(trans_b) + ")");
       }
       const float alpha = 1.0f;
-      ZR_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(lt_.get(), op, &alpha, a, la, b, lb, &beta, d, ld, d,
-                                               ld, &heuristic.algo, lt_workspace_.data(), ws, s()));
+      ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmul(lt_.get(), op, &alpha, a, la, b, lb, &beta, d, ld, d,
+                                            ld, &heuristic.algo, lt_workspace_.data(), ws, s()));
       return absl::OkStatus();
     }();
-    if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
-    if (ld != nullptr) cublasLtMatrixLayoutDestroy(ld);
-    if (lb != nullptr) cublasLtMatrixLayoutDestroy(lb);
-    if (la != nullptr) cublasLtMatrixLayoutDestroy(la);
-    if (op != nullptr) cublasLtMatmulDescDestroy(op);
+    if (pref != nullptr) b_.LtMatmulPreferenceDestroy(pref);
+    if (ld != nullptr) b_.LtMatrixLayoutDestroy(ld);
+    if (lb != nullptr) b_.LtMatrixLayoutDestroy(lb);
+    if (la != nullptr) b_.LtMatrixLayoutDestroy(la);
+    if (op != nullptr) b_.LtMatmulDescDestroy(op);
     return status;
   }
 
@@ -370,7 +380,7 @@ class CudaModelKernels final : public ModelKernels {
   Status BatchedGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a,
                      int lda, int64_t stride_a, const void* b, int ldb, int64_t stride_b,
                      float beta, void* c, int ldc, int64_t stride_c, int64_t batch) {
-    ZR_CUBLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
+    ZR_CUBLAS_RETURN_IF_ERROR(b_.GemmStridedBatchedEx(
         blas_.get(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m,
         k, &alpha, b, CudaType<T>(), ldb, stride_b, a, CudaType<T>(), lda, stride_a, &beta, c,
         CudaType<T>(), ldc, stride_c, static_cast<int>(batch), CUBLAS_COMPUTE_32F,
@@ -378,6 +388,7 @@ class CudaModelKernels final : public ModelKernels {
     return absl::OkStatus();
   }
 
+  const internal::CublasApi& b_;  // loaded by MakeCudaModelKernels
   Stream& stream_;
   Allocator& ws_;
   const DType act_, grad_;  // T's and G's DType, as the collectives name them
@@ -388,7 +399,8 @@ class CudaModelKernels final : public ModelKernels {
 
 template <typename T, typename G>
 StatusOr<std::unique_ptr<ModelKernels>> Make(Stream& stream, Allocator& workspace) {
-  auto k = std::make_unique<CudaModelKernels<T, G>>(stream, workspace, DTypeOfCuda<T>(),
+  ZR_ASSIGN_OR_RETURN(const internal::CublasApi* blas, internal::LoadCublas());
+  auto k = std::make_unique<CudaModelKernels<T, G>>(*blas, stream, workspace, DTypeOfCuda<T>(),
                                                     DTypeOfCuda<G>());
   ZR_RETURN_IF_ERROR(k->Init());
   return std::unique_ptr<ModelKernels>(std::move(k));
