@@ -61,11 +61,17 @@ test-install: build
 	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(MPIRUN) -np 2 $(BUILD)/embed_tp/embed_tp_mlp
 	@echo "test-install: 7 passed, 0 failed"
 
+# The sanitizer builds compile each library's sources 8 to a translation unit (CMake's unity
+# build): the headers (nlohmann/json above all) are parsed and instantiated once per batch, not
+# per file, which halves a fresh build on two cores (ASan: about 15 -> 9 minutes). Release builds
+# stay one file per unit; a name defined twice in one library's anonymous namespaces fails here.
+UNITY := -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=8
+
 # The CPU tests again under AddressSanitizer and UndefinedBehaviorSanitizer (CPU-only build, -O1
 # with line tables: what ASan recommends, and quick to compile on two cores).
 test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1" \
-	  -DZR_ENABLE_CUDA=OFF -DZR_SANITIZE=address,undefined $(CMAKE_FLAGS)
+	  -DZR_ENABLE_CUDA=OFF -DZR_SANITIZE=address,undefined $(UNITY) $(CMAKE_FLAGS)
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir $(ASAN_BUILD) -L cpu --output-on-failure -j2
@@ -80,7 +86,7 @@ test-asan: deps
 TSAN_TESTS := cpu_streams_test gpt_model_test
 test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1" \
-	  -DZR_ENABLE_CUDA=OFF -DZR_SANITIZE=thread -DZR_CPU_DISPATCH=OFF $(CMAKE_FLAGS)
+	  -DZR_ENABLE_CUDA=OFF -DZR_SANITIZE=thread -DZR_CPU_DISPATCH=OFF $(UNITY) $(CMAKE_FLAGS)
 	cmake --build $(TSAN_BUILD) -j$(JOBS) --target $(TSAN_TESTS)
 	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 	  ctest --test-dir $(TSAN_BUILD) -R 'CpuStreams|QueuedStreams' -E 'DeathTest' --output-on-failure -j2

@@ -170,6 +170,7 @@ struct ParallelConfig {
 
 // Every integer key's ceiling: 2^53, the largest integer a JSON number holds exactly.
 inline constexpr int64_t kMaxConfigInt = int64_t{1} << 53;
+inline constexpr double kMaxConfigIntAsDouble = static_cast<double>(kMaxConfigInt);
 
 struct RunConfig {
   // DeepSpeed's batch triple; 0 means "not given" (ResolveBatch fills it).

@@ -7,20 +7,18 @@
 namespace zerort {
 namespace {
 
-constexpr double kMaxInt = static_cast<double>(kMaxConfigInt);
-
 std::string FormatNumber(double d) {
-  if (d == kMaxInt) return "2^53";
+  if (d == kMaxConfigIntAsDouble) return "2^53";
   if (d == std::floor(d) && std::fabs(d) < 1e15) return StrCat(static_cast<int64_t>(d));
   return fmt::format("{}", d);
 }
 
 // A default as a reader writes it: a float member's value in its own shortest digits (0.0003,
 // not 0.0003000000142492354).
-std::string Shown(const nlohmann::json& v) {
+std::string ShownDefault(const nlohmann::json& v) {
   if (v.is_array()) {
     std::string out;
-    for (const nlohmann::json& e : v) out += StrCat(out.empty() ? "" : ", ", Shown(e));
+    for (const nlohmann::json& e : v) out += StrCat(out.empty() ? "" : ", ", ShownDefault(e));
     return StrCat("[", out, "]");
   }
   if (!v.is_number_float()) return v.dump();
@@ -59,7 +57,7 @@ std::string ConfigReferenceMarkdown() {
     const bool unset = (f.flags & kNotPrinted) || value.is_null() ||
                        (value.is_string() && value.get<std::string>().empty()) ||
                        ((f.flags & kOmitUnset) && value == 0);
-    const std::string shown = unset ? "unset" : Shown(value);
+    const std::string shown = unset ? "unset" : ShownDefault(value);
     out += StrCat("| `", f.key, "` | ", f.TypeName(), " | ", shown, " | ", allowed, " | ", doc,
                   " |\n");
   }

@@ -13,8 +13,6 @@
 namespace zerort {
 namespace {
 
-constexpr double kMaxInt = static_cast<double>(kMaxConfigInt);
-
 Status ReadPreset(const JsonSection& s, std::string_view key, RunConfig& c) {
   std::string preset;
   ZR_RETURN_IF_ERROR(s.String(key, preset));
@@ -116,9 +114,9 @@ void AddOffload(std::vector<ConfigField>& t, std::string_view s, bool param) {
                      "page-locked host buffers (faster copies), DeepSpeed's default"));
     t.push_back(Num<int>(s, "buffer_count", ZR_OFF(buffer_count), 1, 1024,
                          "parameter fetches in flight, DeepSpeed's 5"));
-    t.push_back(Num<int64_t>(s, "buffer_size", ZR_OFF(buffer_size), 1, kMaxInt,
+    t.push_back(Num<int64_t>(s, "buffer_size", ZR_OFF(buffer_size), 1, kMaxConfigIntAsDouble,
                              "elements per parameter fetch buffer, DeepSpeed's 1e8"));
-    t.push_back(Num<int64_t>(s, "max_in_cpu", ZR_OFF(max_in_cpu), 0, kMaxInt,
+    t.push_back(Num<int64_t>(s, "max_in_cpu", ZR_OFF(max_in_cpu), 0, kMaxConfigIntAsDouble,
                              "accepted for DeepSpeed compatibility; zerort keeps no host cache"));
 #undef ZR_OFF
   } else {
@@ -142,22 +140,23 @@ void AddOffload(std::vector<ConfigField>& t, std::string_view s, bool param) {
 std::vector<ConfigField> BuildTable() {
   std::vector<ConfigField> t;
   const std::string_view top = "";
-  t.push_back(With(Num<int64_t>(top, "train_batch_size", ZR_MEMBER(train_batch_size), 1, kMaxInt,
-                                "global batch = micro x accumulation x data-parallel size; any "
-                                "two of the three determine the third"),
-                   kOmitUnset));
+  t.push_back(With(
+      Num<int64_t>(top, "train_batch_size", ZR_MEMBER(train_batch_size), 1, kMaxConfigIntAsDouble,
+                   "global batch = micro x accumulation x data-parallel size; any "
+                   "two of the three determine the third"),
+      kOmitUnset));
   t.push_back(With(
       Num<int64_t>(top, "train_micro_batch_size_per_gpu", ZR_MEMBER(train_micro_batch_size_per_gpu),
-                   1, kMaxInt, "sequences per rank per micro-batch"),
+                   1, kMaxConfigIntAsDouble, "sequences per rank per micro-batch"),
       kOmitUnset));
-  t.push_back(
-      With(Num<int64_t>(top, "gradient_accumulation_steps", ZR_MEMBER(gradient_accumulation_steps),
-                        1, kMaxInt, "micro-batches per step (a pipeline's micro-batches)"),
-           kOmitUnset));
+  t.push_back(With(
+      Num<int64_t>(top, "gradient_accumulation_steps", ZR_MEMBER(gradient_accumulation_steps), 1,
+                   kMaxConfigIntAsDouble, "micro-batches per step (a pipeline's micro-batches)"),
+      kOmitUnset));
   t.push_back(Num<float>(top, "gradient_clipping", ZR_MEMBER(gradient_clipping), 0, 1e30,
                          "max global gradient norm; 0: off (DeepSpeed's default)"));
-  t.push_back(Num<int64_t>(top, "steps_per_print", ZR_MEMBER(steps_per_print), 1, kMaxInt,
-                           "steps between metrics lines, DeepSpeed's 10"));
+  t.push_back(Num<int64_t>(top, "steps_per_print", ZR_MEMBER(steps_per_print), 1,
+                           kMaxConfigIntAsDouble, "steps between metrics lines, DeepSpeed's 10"));
   t.push_back(Bool(top, "prescale_gradients", ZR_MEMBER(prescale_gradients),
                    "divide gradients by the data-parallel size before the reduction, not after"));
   t.push_back(Num<double>(top, "gradient_predivide_factor", ZR_MEMBER(gradient_predivide_factor),
@@ -167,8 +166,8 @@ std::vector<ConfigField> BuildTable() {
   t.push_back(Bool(top, "wall_clock_breakdown", ZR_MEMBER(wall_clock_breakdown),
                    "seconds per phase (forward, backward, reduce, optimizer, gather) in the "
                    "metrics"));
-  t.push_back(
-      Num<uint64_t>(top, "seed", ZR_MEMBER(seed), 0, kMaxInt, "initialisation and data order"));
+  t.push_back(Num<uint64_t>(top, "seed", ZR_MEMBER(seed), 0, kMaxConfigIntAsDouble,
+                            "initialisation and data order"));
 
   const std::string_view z = "zero_optimization";
   t.push_back(Num<int>(z, "stage", ZR_MEMBER(zero.stage), 0, 3,
@@ -176,25 +175,28 @@ std::vector<ConfigField> BuildTable() {
                        "parameters sharded"));
   t.push_back(Bool(z, "overlap_comm", ZR_MEMBER(zero.overlap_comm),
                    "reduce gradients on the communication stream during the backward"));
-  t.push_back(Num<int64_t>(z, "reduce_bucket_size", ZR_MEMBER(zero.reduce_bucket_size), 0, kMaxInt,
+  t.push_back(Num<int64_t>(z, "reduce_bucket_size", ZR_MEMBER(zero.reduce_bucket_size), 0,
+                           kMaxConfigIntAsDouble,
                            "elements per gradient reduction bucket; 0: each unit alone"));
-  t.push_back(Num<int64_t>(
-      z, "stage3_prefetch_bucket_size", ZR_MEMBER(zero.stage3_prefetch_bucket_size), 0, kMaxInt,
-      "stage 3: elements of parameters gathered ahead of use; 0: no prefetch"));
-  t.push_back(Num<int64_t>(z, "stage3_param_persistence_threshold",
-                           ZR_MEMBER(zero.stage3_param_persistence_threshold), 0, kMaxInt,
-                           "stage 3: units smaller than this stay gathered, DeepSpeed's 1e5"));
-  t.push_back(Num<int64_t>(z, "stage3_max_live_parameters",
-                           ZR_MEMBER(zero.stage3_max_live_parameters), 0, kMaxInt,
-                           "stage 3: elements gathered at once; 0: only the unit in use"));
-  t.push_back(Num<int64_t>(
-      z, "stage3_max_reuse_distance", ZR_MEMBER(zero.stage3_max_reuse_distance), 0, kMaxInt,
-      "stage 3: a unit used again within this many elements of other units "
-      "stays gathered; zerort's 0 releases after every use (DeepSpeed's 1e9)"));
   t.push_back(
-      Num<int64_t>(z, "allgather_bucket_size", ZR_MEMBER(zero.allgather_bucket_size), 1, kMaxInt,
-                   "stages 1-2: elements per all-gather of the updated parameters; a larger unit "
-                   "goes in pieces through a staging buffer of that size"));
+      Num<int64_t>(z, "stage3_prefetch_bucket_size", ZR_MEMBER(zero.stage3_prefetch_bucket_size), 0,
+                   kMaxConfigIntAsDouble,
+                   "stage 3: elements of parameters gathered ahead of use; 0: no prefetch"));
+  t.push_back(Num<int64_t>(
+      z, "stage3_param_persistence_threshold", ZR_MEMBER(zero.stage3_param_persistence_threshold),
+      0, kMaxConfigIntAsDouble, "stage 3: units smaller than this stay gathered, DeepSpeed's 1e5"));
+  t.push_back(Num<int64_t>(z, "stage3_max_live_parameters",
+                           ZR_MEMBER(zero.stage3_max_live_parameters), 0, kMaxConfigIntAsDouble,
+                           "stage 3: elements gathered at once; 0: only the unit in use"));
+  t.push_back(
+      Num<int64_t>(z, "stage3_max_reuse_distance", ZR_MEMBER(zero.stage3_max_reuse_distance), 0,
+                   kMaxConfigIntAsDouble,
+                   "stage 3: a unit used again within this many elements of other units "
+                   "stays gathered; zerort's 0 releases after every use (DeepSpeed's 1e9)"));
+  t.push_back(Num<int64_t>(
+      z, "allgather_bucket_size", ZR_MEMBER(zero.allgather_bucket_size), 1, kMaxConfigIntAsDouble,
+      "stages 1-2: elements per all-gather of the updated parameters; a larger unit "
+      "goes in pieces through a staging buffer of that size"));
   t.push_back(Bool(z, "contiguous_gradients", ZR_MEMBER(zero.contiguous_gradients),
                    "accepted for DeepSpeed compatibility: zerort's gradients are always "
                    "contiguous"));
@@ -207,7 +209,8 @@ std::vector<ConfigField> BuildTable() {
                    ZR_MEMBER(zero.stage3_gather_16bit_weights_on_model_save),
                    "each checkpoint also writes the consolidated weights in the compute dtype as "
                    "a Hugging Face model in step_<N>/hf/"));
-  t.push_back(Num<int64_t>(z, "sub_group_size", ZR_MEMBER(zero.sub_group_size), 0, kMaxInt,
+  t.push_back(Num<int64_t>(z, "sub_group_size", ZR_MEMBER(zero.sub_group_size), 0,
+                           kMaxConfigIntAsDouble,
                            "elements per NVMe optimizer chunk; 0: one chunk per unit's shard"));
   AddOffload(t, "zero_optimization.offload_optimizer", false);
   AddOffload(t, "zero_optimization.offload_param", true);
@@ -303,15 +306,16 @@ std::vector<ConfigField> BuildTable() {
                                "the learning rate after the warm-up, DeepSpeed's 0.001"),
                     warmup));
   t.push_back(Owned(Num<int64_t>(sp, "warmup_num_steps", ZR_MEMBER(scheduler.warmup_num_steps), 0,
-                                 kMaxInt, "steps of the warm-up, DeepSpeed's 1000"),
+                                 kMaxConfigIntAsDouble, "steps of the warm-up, DeepSpeed's 1000"),
                     all));
   t.push_back(Owned(Str(sp, "warmup_type", ZR_MEMBER(scheduler.warmup_type), {"log", "linear"},
                         "the warm-up's curve, DeepSpeed's log"),
                     all));
-  t.push_back(Owned(With(Num<int64_t>(sp, "total_num_steps", ZR_MEMBER(scheduler.total_num_steps),
-                                      1, kMaxInt, "steps of the whole schedule (required)"),
-                         kOmitUnset),
-                    total));
+  t.push_back(
+      Owned(With(Num<int64_t>(sp, "total_num_steps", ZR_MEMBER(scheduler.total_num_steps), 1,
+                              kMaxConfigIntAsDouble, "steps of the whole schedule (required)"),
+                 kOmitUnset),
+            total));
   t.push_back(Owned(Num<float>(sp, "warmup_min_ratio", ZR_MEMBER(scheduler.warmup_min_ratio), 0, 1,
                                "the learning rate's ratio at step 0"),
                     {"WarmupCosineLR"}));
@@ -345,10 +349,10 @@ std::vector<ConfigField> BuildTable() {
                           0.5, "the file's tail held out for evaluation"));
 
   const std::string_view tr = "train";
-  t.push_back(
-      Num<int64_t>(tr, "steps", ZR_MEMBER(train.steps), 1, kMaxInt, "optimizer steps of the run"));
-  t.push_back(Num<int64_t>(tr, "eval_interval", ZR_MEMBER(train.eval_interval), 0, kMaxInt,
-                           "evaluate every N steps; 0: only at the end"));
+  t.push_back(Num<int64_t>(tr, "steps", ZR_MEMBER(train.steps), 1, kMaxConfigIntAsDouble,
+                           "optimizer steps of the run"));
+  t.push_back(Num<int64_t>(tr, "eval_interval", ZR_MEMBER(train.eval_interval), 0,
+                           kMaxConfigIntAsDouble, "evaluate every N steps; 0: only at the end"));
   t.push_back(Num<int>(tr, "eval_windows", ZR_MEMBER(train.eval_windows), 1, 1 << 20,
                        "validation windows per evaluation (per run, not per rank)"));
   t.push_back(Num<int>(tr, "sample_tokens", ZR_MEMBER(train.sample_tokens), 0, 1 << 20,
@@ -363,11 +367,11 @@ std::vector<ConfigField> BuildTable() {
                        "absent: cuda when a GPU is present, else cpu; cpu-async: every stream a "
                        "queue with a thread of its own, as on a GPU (docs/async-device.md)"),
                    kOmitUnset));
-  t.push_back(
-      With(Num<int64_t>(tr, "async_jitter_seed", ZR_MEMBER(train.async_jitter_seed), 0, kMaxInt,
-                        "cpu-async: delay each queued item by a random time drawn from "
-                        "this seed, so that ordering bugs show; 0: no delay"),
-           kOmitUnset));
+  t.push_back(With(Num<int64_t>(tr, "async_jitter_seed", ZR_MEMBER(train.async_jitter_seed), 0,
+                                kMaxConfigIntAsDouble,
+                                "cpu-async: delay each queued item by a random time drawn from "
+                                "this seed, so that ordering bugs show; 0: no delay"),
+                   kOmitUnset));
   t.push_back(With(Num<int>(tr, "async_jitter_max_us", ZR_MEMBER(train.async_jitter_max_us), 1,
                             1'000'000, "cpu-async with a jitter seed: the longest delay (us)"),
                    kOmitUnset));
@@ -376,7 +380,7 @@ std::vector<ConfigField> BuildTable() {
 
   const std::string_view ck = "checkpoint";
   t.push_back(Str(ck, "dir", ZR_MEMBER(checkpoint.dir), {}, "empty: no checkpoints"));
-  t.push_back(Num<int64_t>(ck, "interval", ZR_MEMBER(checkpoint.interval), 0, kMaxInt,
+  t.push_back(Num<int64_t>(ck, "interval", ZR_MEMBER(checkpoint.interval), 0, kMaxConfigIntAsDouble,
                            "save every N steps; 0: only at the end and on signals"));
   t.push_back(Num<int>(ck, "keep_last_n", ZR_MEMBER(checkpoint.keep_last_n), 0, 1 << 20,
                        "older step directories are removed; 0 keeps all"));

@@ -8,19 +8,14 @@
 
 #include "engine/config.h"
 #include "engine/config_schema.h"
+#include "engine/json_reader.h"
 #include "runtime/strings.h"
 
 namespace zerort {
 namespace {
 
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
 bool IsAuto(const nlohmann::json& v) {
-  return v.is_string() && Lower(v.get<std::string>()) == "auto";
+  return v.is_string() && AsciiLower(v.get<std::string>()) == "auto";
 }
 
 std::vector<std::string> Split(std::string_view path) {
@@ -82,11 +77,6 @@ bool Set(nlohmann::json& root, std::string_view path, nlohmann::json value) {
   return true;
 }
 
-std::string Shown(const nlohmann::json& v) {
-  const std::string s = v.dump();
-  return s.size() > 60 ? s.substr(0, 57) + "..." : s;
-}
-
 // Whether an object asks for anything: an `"enabled": true` anywhere inside it.
 bool AnyEnabled(const nlohmann::json& v) {
   if (!v.is_object()) return false;
@@ -104,7 +94,7 @@ bool AsksForNothing(const DsKey& k, const nlohmann::json& value) {
   for (const nlohmann::json& a : allowed) {
     if (a == value) return true;
     if (a.is_string() && value.is_string() &&
-        Lower(a.get<std::string>()) == Lower(value.get<std::string>())) {
+        AsciiLower(a.get<std::string>()) == AsciiLower(value.get<std::string>())) {
       return true;
     }
   }
@@ -120,7 +110,7 @@ void MapSpecial(nlohmann::json& json, const DsKey& k, const nlohmann::json& valu
   auto need_bool = [&]() {
     if (value.is_boolean()) return true;
     problems.Add(
-        StrCat(path, " = ", Shown(value), ": expected true or false, got ", value.type_name()));
+        StrCat(path, " = ", ShortDump(value), ": expected true or false, got ", value.type_name()));
     return false;
   };
   if (path == "zero_optimization") {  // {"zero_optimization": true}: DeepSpeed's old form
@@ -157,7 +147,7 @@ void MapSpecial(nlohmann::json& json, const DsKey& k, const nlohmann::json& valu
     notes.push_back(StrCat(path, " (legacy) read as the offload sections' pin_memory"));
   } else if (path == "activation_checkpointing") {
     if (!value.is_object()) {
-      problems.Add(StrCat("activation_checkpointing = ", Shown(value),
+      problems.Add(StrCat("activation_checkpointing = ", ShortDump(value),
                           ": expected an object (DeepSpeed's activation checkpointing section)"));
       return;
     }
@@ -263,7 +253,7 @@ void NormalizeDeepSpeed(nlohmann::json& json, Problems& problems, std::vector<st
                         AutoKeys& autos) {
   // An optimizer zerort refuses by type (the schema says why): its parameters say nothing more.
   if (const nlohmann::json* type = Find(json, "optimizer.type"); type && type->is_string()) {
-    const std::string t = Lower(type->get<std::string>());
+    const std::string t = AsciiLower(type->get<std::string>());
     if (t == "onebitadam" || t == "onebitlamb" || t == "zerooneadam") {
       Erase(json, "optimizer.params");
     }
@@ -310,14 +300,14 @@ void NormalizeDeepSpeed(nlohmann::json& json, Problems& problems, std::vector<st
     if (found == nullptr || found->is_null()) continue;
     const nlohmann::json value = *found;
     if (k.handling == DsHandling::kRefused && !AsksForNothing(k, value)) {
-      problems.Add(StrCat(k.path, " = ", Shown(value),
+      problems.Add(StrCat(k.path, " = ", ShortDump(value),
                           ": a DeepSpeed key zerort does not support: ", k.detail));
       Erase(json, k.path);  // not "unknown" as well
       continue;
     }
     Erase(json, k.path);
     if (k.handling == DsHandling::kAccepted) {
-      notes.push_back(StrCat(k.path, " = ", Shown(value), ": accepted; ", k.detail));
+      notes.push_back(StrCat(k.path, " = ", ShortDump(value), ": accepted; ", k.detail));
     }
   }
   // DeepSpeed's sections that zerort's schema does not have: what is left in them is unknown.
@@ -330,7 +320,7 @@ void NormalizeDeepSpeed(nlohmann::json& json, Problems& problems, std::vector<st
                             " section has no such key)"));
       }
     } else {
-      problems.Add(StrCat(section, " = ", Shown(*left), ": expected an object"));
+      problems.Add(StrCat(section, " = ", ShortDump(*left), ": expected an object"));
     }
     json.erase(section);
   }

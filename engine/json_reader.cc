@@ -12,13 +12,19 @@
 #include "runtime/strings.h"
 
 namespace zerort {
-namespace {
 
-std::string Lower(std::string_view s) {
+std::string AsciiLower(std::string_view s) {
   std::string out(s);
   for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return out;
 }
+
+std::string ShortDump(const nlohmann::json& v) {
+  std::string s = v.dump();
+  return s.size() > 60 ? s.substr(0, 57) + "..." : s;
+}
+
+namespace {
 
 size_t EditDistance(std::string_view a, std::string_view b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
@@ -32,11 +38,6 @@ size_t EditDistance(std::string_view a, std::string_view b) {
     std::swap(prev, cur);
   }
   return prev[b.size()];
-}
-
-std::string Shown(const nlohmann::json& v) {
-  std::string s = v.dump();
-  return s.size() > 60 ? s.substr(0, 57) + "..." : s;
 }
 
 const char* KindOf(const nlohmann::json& v) {
@@ -198,15 +199,15 @@ bool JsonSection::Has(std::string_view key) const { return Find(key) != nullptr;
 
 Status JsonSection::TypeError(std::string_view key, const nlohmann::json& value,
                               const char* expected) const {
-  if (value.is_string() && Lower(value.get<std::string>()) == "auto") {
+  if (value.is_string() && AsciiLower(value.get<std::string>()) == "auto") {
     return absl::InvalidArgumentError(
         StrCat(PathOf(key),
                " = \"auto\": zerort resolves \"auto\" only where Hugging Face's "
                "DeepSpeed integration defines a rule (docs/deepspeed.md, \"auto\" values); give ",
                expected));
   }
-  return absl::InvalidArgumentError(
-      StrCat(PathOf(key), " = ", Shown(value), ": expected ", expected, ", got ", KindOf(value)));
+  return absl::InvalidArgumentError(StrCat(PathOf(key), " = ", ShortDump(value), ": expected ",
+                                           expected, ", got ", KindOf(value)));
 }
 
 Status JsonSection::Int(std::string_view key, int64_t& out, int64_t min, int64_t max) const {
@@ -221,7 +222,7 @@ Status JsonSection::Int(std::string_view key, int64_t& out, int64_t min, int64_t
     return TypeError(key, *v, "an integer");
   }
   if (d < static_cast<double>(min) || d > static_cast<double>(max)) {
-    return absl::InvalidArgumentError(StrCat(PathOf(key), " = ", Shown(*v),
+    return absl::InvalidArgumentError(StrCat(PathOf(key), " = ", ShortDump(*v),
                                              ": out of range, expected an integer in [", min, ", ",
                                              max, "]"));
   }
@@ -242,7 +243,7 @@ Status JsonSection::Number(std::string_view key, double& out, double min, double
   if (!v->is_number()) return TypeError(key, *v, "a number");
   const double d = v->get<double>();
   if (!(d >= min && d <= max)) {
-    return absl::InvalidArgumentError(StrCat(PathOf(key), " = ", Shown(*v),
+    return absl::InvalidArgumentError(StrCat(PathOf(key), " = ", ShortDump(*v),
                                              ": out of range, expected a number in [", min, ", ",
                                              max, "]"));
   }
@@ -272,12 +273,12 @@ Status JsonSection::String(std::string_view key, std::string& out,
   if (!v->is_string()) return TypeError(key, *v, "a string");
   const std::string s = v->get<std::string>();
   if (allowed.empty()) {
-    if (Lower(s) == "auto") return TypeError(key, *v, "a value");
+    if (AsciiLower(s) == "auto") return TypeError(key, *v, "a value");
     out = s;
     return absl::OkStatus();
   }
   for (const std::string& a : allowed) {
-    if (Lower(a) == Lower(s)) {
+    if (AsciiLower(a) == AsciiLower(s)) {
       out = a;
       return absl::OkStatus();
     }
@@ -285,7 +286,7 @@ Status JsonSection::String(std::string_view key, std::string& out,
   std::string list;
   for (const std::string& a : allowed) list += (list.empty() ? "" : ", ") + a;
   return absl::InvalidArgumentError(
-      StrCat(PathOf(key), " = ", Shown(*v), ": expected one of ", list));
+      StrCat(PathOf(key), " = ", ShortDump(*v), ": expected one of ", list));
 }
 
 Status JsonSection::Numbers(std::string_view key, std::vector<double>& out, size_t n, double min,
@@ -304,7 +305,7 @@ Status JsonSection::Numbers(std::string_view key, std::vector<double>& out, size
   for (const auto& e : *v) {
     const double d = e.get<double>();
     if (!(d >= min && d <= max)) {
-      return absl::InvalidArgumentError(StrCat(PathOf(key), " = ", Shown(*v), ": ", d,
+      return absl::InvalidArgumentError(StrCat(PathOf(key), " = ", ShortDump(*v), ": ", d,
                                                " is out of range, expected numbers in [", min, ", ",
                                                max, "]"));
     }

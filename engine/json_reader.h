@@ -38,6 +38,11 @@ StatusOr<nlohmann::json> ParseJsonText(std::string_view text, std::string_view f
 // A regular file (no FIFO or device) of at most max_bytes, parsed as ParseJsonText.
 StatusOr<nlohmann::json> ParseJsonFile(const std::string& file, const JsonLimits& limits = {});
 
+// `s` in ASCII lower case (keys and enum values compare case-insensitively).
+std::string AsciiLower(std::string_view s);
+// A value as JSON text for a message, cut to 60 characters ("..." at the end when cut).
+std::string ShortDump(const nlohmann::json& v);
+
 // The closest of `candidates` to `key` (edit distance at most a third of the key's length, at
 // least 2), or "" when none is close.
 std::string ClosestKey(std::string_view key, const std::vector<std::string>& candidates);

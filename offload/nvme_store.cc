@@ -74,8 +74,6 @@ std::string Describe(const std::string& path, const Block& b) {
                 b.bytes, " bytes");
 }
 
-int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
-
 // A failed read or write is a runtime failure (exit 1), whatever errno says: EINVAL or EACCES
 // from an I/O call do not mean the user's configuration was wrong.
 Status IoError(std::string_view call, int err) {

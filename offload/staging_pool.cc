@@ -7,11 +7,11 @@ namespace zerort {
 
 namespace {
 constexpr size_t kAlign = 4096;
-size_t RoundUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+size_t PageRoundUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
 int64_t AlignedAllocationBytes(int64_t bytes) {
-  return static_cast<int64_t>(RoundUp(static_cast<size_t>(bytes)) + kAlign);
+  return static_cast<int64_t>(PageRoundUp(static_cast<size_t>(bytes)) + kAlign);
 }
 
 StatusOr<AlignedHostBuffer> AllocateAligned(Allocator& host, int64_t bytes) {
@@ -24,7 +24,7 @@ StatusOr<AlignedHostBuffer> AllocateAligned(Allocator& host, int64_t bytes) {
 }
 
 int64_t StagingPool::AllocationBytes(int count, size_t bytes) {
-  return static_cast<int64_t>(RoundUp(bytes) * count + kAlign);
+  return static_cast<int64_t>(PageRoundUp(bytes) * count + kAlign);
 }
 
 StatusOr<std::unique_ptr<StagingPool>> StagingPool::Create(Allocator& host, int count,
@@ -41,7 +41,7 @@ StatusOr<std::unique_ptr<StagingPool>> StagingPool::Create(Allocator& host, int 
                                              " bytes is beyond any host memory"));
   }
   std::unique_ptr<StagingPool> pool(new StagingPool());
-  pool->buffer_bytes_ = RoundUp(bytes);
+  pool->buffer_bytes_ = PageRoundUp(bytes);
   ZR_ASSIGN_OR_RETURN(
       pool->memory_, host.Allocate(pool->buffer_bytes_ * count + kAlign, MemoryCategory::kStaging));
   const uintptr_t base =

@@ -13,6 +13,11 @@
 
 namespace zerort {
 
+// value rounded up to a multiple of `multiple` (> 0): sizes padded to an alignment.
+inline constexpr int64_t RoundUp(int64_t value, int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
 enum class MemoryCategory : uint8_t {
   kParameters,       // master and compute shards, full parameters at stages 0-2
   kGradients,        // full gradients and gradient shards

@@ -4,17 +4,10 @@
 #include <algorithm>
 #include <set>
 
+#include "runtime/memory.h"
 #include "runtime/strings.h"
 
 namespace zerort {
-namespace {
-
-int64_t RoundUp(int64_t value, int64_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
-
-}  // namespace
-
 Shape ParamSpec::global_shape() const {
   Shape g = shape;
   if (frame.split_dim >= 0) g[frame.split_dim] *= frame.parts;

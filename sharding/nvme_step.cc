@@ -10,7 +10,6 @@ namespace zerort {
 
 using optimizer_internal::HostF32;
 using optimizer_internal::kPage;
-using optimizer_internal::RoundUp;
 
 ShardedOptimizer::NvmeStep::NvmeStep(ShardedOptimizer& optimizer, const OptimizerStepArgs& args)
     : opt_(optimizer),

@@ -20,8 +20,6 @@ struct ShardedOptimizer::UnitState {
 
 namespace optimizer_internal {
 
-inline int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
-
 inline constexpr int64_t kPage = NvmeStore::kAlignment;
 
 inline TensorView HostF32(void* data, int64_t n) {

@@ -17,7 +17,6 @@ namespace zerort {
 
 using optimizer_internal::HostF32;
 using optimizer_internal::kPage;
-using optimizer_internal::RoundUp;
 
 ShardedOptimizer::ShardedOptimizer(const OptimizerResources& resources) : resources_(resources) {}
 

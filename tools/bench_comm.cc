@@ -20,6 +20,7 @@
 #include "runtime/mpi_communicator.h"
 #include "runtime/nccl_communicator.h"
 #include "runtime/strings.h"
+#include "tools/bench_stats.h"
 #include "tools/commands.h"
 #include "tools/raw_mpi.h"
 #include "tools/raw_nccl.h"
@@ -69,7 +70,7 @@ std::string FormatBytes(double bytes) {
 
 namespace {
 
-struct Row {
+struct CommRow {
   CollectiveOp op;
   size_t bytes;
   size_t count;
@@ -90,11 +91,6 @@ StatusOr<CollectiveOp> ParseOp(const std::string& name) {
 double BusFactor(CollectiveOp op, int n) {
   if (n <= 1) return 0;
   return op == CollectiveOp::kAllReduce ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
 // Everything one rank needs to run the sweep on its communicator.
@@ -141,12 +137,12 @@ StatusOr<double> TimeIters(Harness& h, int iters, const std::function<Status()>&
   return static_cast<double>(ns) * 1e-9;
 }
 
-StatusOr<std::vector<Row>> Sweep(Harness& h, const BenchCommOptions& o,
-                                 const std::vector<CollectiveOp>& ops, size_t min_bytes,
-                                 size_t max_bytes, DType dtype) {
+StatusOr<std::vector<CommRow>> Sweep(Harness& h, const BenchCommOptions& o,
+                                     const std::vector<CollectiveOp>& ops, size_t min_bytes,
+                                     size_t max_bytes, DType dtype) {
   const size_t elem = DTypeSize(dtype);
   const size_t n = static_cast<size_t>(h.comm.size());
-  std::vector<Row> rows;
+  std::vector<CommRow> rows;
   std::mt19937 rng(1234 + h.comm.rank());
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   for (CollectiveOp op : ops) {
@@ -197,22 +193,22 @@ StatusOr<std::vector<Row>> Sweep(Harness& h, const BenchCommOptions& o,
         theirs.push_back(b);
       }
       rows.push_back(
-          Row{op, size_bytes, count, Median(ours), Median(theirs), h.comm.algorithm(op)});
+          CommRow{op, size_bytes, count, Median(ours), Median(theirs), h.comm.algorithm(op)});
     }
   }
   return rows;
 }
 
-void Report(const std::vector<Row>& rows, const BenchCommOptions& o, std::string_view backend,
+void Report(const std::vector<CommRow>& rows, const BenchCommOptions& o, std::string_view backend,
             int ranks, const std::string& baseline) {
   const double kGB = 1e9;
   // The headline ratio covers messages of 4 MiB and more (bandwidth-bound), or every message
   // when the sweep stops below that.
   const bool any_big = std::any_of(rows.begin(), rows.end(),
-                                   [](const Row& r) { return r.bytes >= (size_t{4} << 20); });
+                                   [](const CommRow& r) { return r.bytes >= (size_t{4} << 20); });
   std::vector<double> big_ratios;
   nlohmann::json results = nlohmann::json::array();
-  for (const Row& r : rows) {
+  for (const CommRow& r : rows) {
     const double ratio = r.baseline_s / r.time_s;
     if (!any_big || r.bytes >= (size_t{4} << 20)) big_ratios.push_back(ratio);
     results.push_back(
@@ -324,13 +320,13 @@ int RunBenchComm(const BenchCommOptions& o, const LaunchEnv& launch, int* argc, 
                   kExitUsage);
     }
     MemoryTracker tracker;
-    std::vector<Row> rows;
+    std::vector<CommRow> rows;
     Status status =
         RunLoopbackRanks(o.ranks, comm_options, nullptr, [&](Communicator& comm) -> Status {
           std::unique_ptr<Allocator> allocator = MakeCpuCachingAllocator(&tracker);
           CopyFloor floor(*allocator, nullptr);
           Harness h{comm, nullptr, *allocator, std::ref(floor)};
-          ZR_ASSIGN_OR_RETURN(std::vector<Row> mine,
+          ZR_ASSIGN_OR_RETURN(std::vector<CommRow> mine,
                               Sweep(h, o, ops, *min_bytes, *max_bytes, *dtype));
           if (comm.rank() == 0) rows = std::move(mine);
           return absl::OkStatus();
@@ -355,7 +351,7 @@ int RunBenchComm(const BenchCommOptions& o, const LaunchEnv& launch, int* argc, 
     StatusOr<std::unique_ptr<Communicator>> world = (*mpi)->World(comm_options);
     if (!world.ok()) return fail(world.status(), kExitRuntimeFailure);
     MemoryTracker tracker;
-    std::vector<Row> rows;
+    std::vector<CommRow> rows;
     Status status;
     std::string baseline;
     if (backend == "mpi") {
@@ -368,7 +364,7 @@ int RunBenchComm(const BenchCommOptions& o, const LaunchEnv& launch, int* argc, 
                 [&](CollectiveOp op, const void* send, void* recv, size_t count, size_t) {
                   return RawMpiCollective(op, send, recv, count, *dtype);
                 }};
-      StatusOr<std::vector<Row>> r = Sweep(h, o, ops, *min_bytes, *max_bytes, *dtype);
+      StatusOr<std::vector<CommRow>> r = Sweep(h, o, ops, *min_bytes, *max_bytes, *dtype);
       status = r.status();
       if (r.ok()) rows = std::move(*r);
       baseline =
@@ -390,7 +386,7 @@ int RunBenchComm(const BenchCommOptions& o, const LaunchEnv& launch, int* argc, 
                   [&](CollectiveOp op, const void* send, void* recv, size_t count, size_t) {
                     return (*raw)->Run(op, send, recv, count, *dtype, **stream);
                   }};
-        StatusOr<std::vector<Row>> r = Sweep(h, o, ops, *min_bytes, *max_bytes, *dtype);
+        StatusOr<std::vector<CommRow>> r = Sweep(h, o, ops, *min_bytes, *max_bytes, *dtype);
         status = r.status();
         if (r.ok()) rows = std::move(*r);
       }

@@ -29,6 +29,7 @@
 #include "runtime/loopback_communicator.h"
 #include "runtime/mpi_communicator.h"
 #include "runtime/strings.h"
+#include "tools/bench_stats.h"
 #include "tools/commands.h"
 
 namespace zerort::cli {
@@ -64,11 +65,6 @@ StatusOr<BenchModelConfig> LoadBenchConfig(const std::string& path) {
   c.vocab_multiple = run.parallel.make_vocab_size_divisible_by;
   c.head_chunk_rows = run.model.head_chunk_rows;
   return c;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 }  // namespace

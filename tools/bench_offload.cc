@@ -30,15 +30,11 @@
 #include "runtime/log.h"
 #include "runtime/loopback_communicator.h"
 #include "runtime/strings.h"
+#include "tools/bench_stats.h"
 #include "tools/commands.h"
 
 namespace zerort::cli {
 namespace {
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
 
 // One fio job on `file`; returns its bandwidth in bytes/s. fio runs from an argument vector
 // (posix_spawnp), never through a shell, so any directory name is passed as it is.

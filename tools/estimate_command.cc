@@ -35,7 +35,7 @@ int Usage(const std::string& message) {
   return kExitUsage;
 }
 
-struct Row {
+struct EstimateRow {
   int stage;
   std::string offload;  // none | cpu | nvme (optimizer; and parameters at stage 3)
   bool checkpointing;
@@ -46,7 +46,7 @@ struct Row {
 // Expected speed order, fastest first, and the reason: offload moves every step's optimizer work
 // over PCIe (NVMe slower still); checkpointing recomputes the forward (about a third more
 // compute); higher stages add collectives (stage 3 gathers every unit twice per step).
-std::pair<int, std::string> SpeedRank(const Row& r) {
+std::pair<int, std::string> SpeedRank(const EstimateRow& r) {
   const int offload = r.offload == "none" ? 0 : r.offload == "cpu" ? 1 : 2;
   const int rank = offload * 100 + (r.checkpointing ? 10 : 0) + r.stage;
   std::string why = r.offload == "none"  ? "no offload traffic"
@@ -62,9 +62,10 @@ std::pair<int, std::string> SpeedRank(const Row& r) {
 // Every layout (ZeRO stage x offload x each of `checkpointing`) that `estimate` accepts (stage 0
 // with offload is not a layout), with its per-node host and NVMe bytes.
 using Estimator = std::function<StatusOr<MemoryEstimate>(const MemoryModelInput&)>;
-std::vector<Row> Table(MemoryModelInput base, int ranks_per_node,
-                       std::initializer_list<bool> checkpointing, const Estimator& estimate) {
-  std::vector<Row> rows;
+std::vector<EstimateRow> Table(MemoryModelInput base, int ranks_per_node,
+                               std::initializer_list<bool> checkpointing,
+                               const Estimator& estimate) {
+  std::vector<EstimateRow> rows;
   for (int stage = 0; stage <= 3; ++stage) {
     for (const char* offload : {"none", "cpu", "nvme"}) {
       for (bool ckpt : checkpointing) {
@@ -73,7 +74,7 @@ std::vector<Row> Table(MemoryModelInput base, int ranks_per_node,
         in.activation_checkpointing = ckpt;
         StatusOr<MemoryEstimate> e = estimate(in);
         if (!e.ok()) continue;
-        Row r{stage, offload, ckpt, *e};
+        EstimateRow r{stage, offload, ckpt, *e};
         r.device = static_cast<double>(e->PeakTotal(MemoryTier::kDevice));
         r.host_node = static_cast<double>(e->PeakTotal(MemoryTier::kPinnedHost) +
                                           e->PeakTotal(MemoryTier::kHost)) *
@@ -163,7 +164,7 @@ nlohmann::json EstimateJson(const MemoryEstimate& e) {
 }
 
 // A table row as JSON: the estimate, its layout and the per-rank / per-node totals.
-nlohmann::json RowJson(const Row& r) {
+nlohmann::json RowJson(const EstimateRow& r) {
   nlohmann::json j = EstimateJson(r.estimate);
   j["stage"] = r.stage;
   j["offload"] = r.offload;
@@ -334,9 +335,9 @@ int RunCold(const EstimateOptions& o, int gpus) {
   base.ranks_per_node = o.gpus;
   base.manager.compute_dtype = DType::kBF16;
   base.cuda = true;
-  const std::vector<Row> rows = Table(base, o.gpus, {false}, [&](const MemoryModelInput& in) {
-    return EstimateColdModelStates(in, params, largest);
-  });
+  const std::vector<EstimateRow> rows = Table(
+      base, o.gpus, {false},
+      [&](const MemoryModelInput& in) { return EstimateColdModelStates(in, params, largest); });
   if (rows.empty()) {  // FitColdDecoder passed: every layout failing is not the input's doing
     return Usage(std::string(EstimateColdModelStates(base, params, largest).status().message()));
   }
@@ -345,7 +346,7 @@ int RunCold(const EstimateOptions& o, int gpus) {
   };
   if (o.json) {
     nlohmann::json out = nlohmann::json::array();
-    for (const Row& r : rows) {
+    for (const EstimateRow& r : rows) {
       nlohmann::json j = RowJson(r);
       if (r.offload == "none")
         j["zero_paper_bytes"] = ZeroPaperModelStates(o.params, gpus, r.stage);
@@ -374,7 +375,7 @@ int RunCold(const EstimateOptions& o, int gpus) {
   std::printf("  %-5s %-7s %9s %9s %9s %9s %9s %9s %10s %10s %11s\n", "stage", "offload", "GPU GiB",
               "params", "grads", "optim", "gathered", "buffers", "host/node", "NVMe/node",
               "ZeRO paper");
-  for (const Row& r : rows) {
+  for (const EstimateRow& r : rows) {
     const MemoryEstimate& e = r.estimate;
     std::printf(
         "  %-5d %-7s %9s %9s %9s %9s %9s %9s %10s %10s %11s\n", r.stage, r.offload.c_str(),
@@ -545,25 +546,26 @@ int RunEstimate(const EstimateOptions& o) {
   base.manager.compute_dtype = DType::kBF16;
   base.cuda = true;
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<Row> rows = Table(base, o.gpus, {false, true}, EstimateMemory);
+  std::vector<EstimateRow> rows = Table(base, o.gpus, {false, true}, EstimateMemory);
   if (rows.empty()) {
     return Usage(std::string(EstimateMemory(base).status().message()));
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (fit) {
-    std::vector<Row> fitting;
-    for (const Row& r : rows) {
+    std::vector<EstimateRow> fitting;
+    for (const EstimateRow& r : rows) {
       // What the allocator holds at its peak must fit, not just the bytes in use.
       if (r.estimate.PeakReserved(MemoryTier::kDevice) <= *fit) fitting.push_back(r);
     }
-    std::sort(fitting.begin(), fitting.end(),
-              [](const Row& a, const Row& b) { return SpeedRank(a).first < SpeedRank(b).first; });
+    std::sort(fitting.begin(), fitting.end(), [](const EstimateRow& a, const EstimateRow& b) {
+      return SpeedRank(a).first < SpeedRank(b).first;
+    });
     rows = std::move(fitting);
   }
   if (o.json) {
     nlohmann::json out = nlohmann::json::array();
-    for (const Row& r : rows) {
+    for (const EstimateRow& r : rows) {
       nlohmann::json j = RowJson(r);
       j["activation_checkpointing"] = r.checkpointing;
       if (fit) j["why"] = SpeedRank(r).second;
@@ -587,7 +589,7 @@ int RunEstimate(const EstimateOptions& o) {
   std::printf("  %-5s %-7s %-5s %10s %10s %10s %10s %10s %10s %12s %10s%s\n", "stage", "offload",
               "ckpt", "GPU GiB", "reserved", "params", "grads", "optim", "activ.", "host/node",
               "NVMe/node", fit ? "  why" : "");
-  for (const Row& r : rows) {
+  for (const EstimateRow& r : rows) {
     const MemoryEstimate& e = r.estimate;
     auto dev = [&](MemoryCategory c) { return Gib(e.Peak(MemoryTier::kDevice, c)); };
     std::printf("  %-5d %-7s %-5s %10s %10s %10s %10s %10s %10s %12s %10s%s%s\n", r.stage,

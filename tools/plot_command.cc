@@ -33,14 +33,14 @@ namespace {
 constexpr int64_t kMaxMetricsBytes = int64_t{1} << 30;
 constexpr auto kGnuplotTimeout = std::chrono::seconds(60);
 
-struct Row {
+struct MetricsRow {
   int64_t step = 0;
   double loss = NAN, lr = NAN, tokens_per_s = NAN, grad_norm = NAN, val_loss = NAN;
 };
 
-StatusOr<std::vector<Row>> ReadMetrics(const std::string& path) {
+StatusOr<std::vector<MetricsRow>> ReadMetrics(const std::string& path) {
   ZR_ASSIGN_OR_RETURN(const std::string text, ReadDataFile(path, kMaxMetricsBytes));
-  std::vector<Row> rows;
+  std::vector<MetricsRow> rows;
   size_t start = 0;
   int64_t line_no = 0;
   while (start < text.size()) {
@@ -126,7 +126,7 @@ Status Plot(const PlotOptions& o) {
   if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) {
     return absl::InvalidArgumentError(StrCat("-o ", o.out, ": exists and is not a regular file"));
   }
-  ZR_ASSIGN_OR_RETURN(const std::vector<Row> rows, ReadMetrics(o.metrics));
+  ZR_ASSIGN_OR_RETURN(const std::vector<MetricsRow> rows, ReadMetrics(o.metrics));
 
   // The system's temporary directory ($TMPDIR, else /tmp).
   std::string tmpl = (std::filesystem::temp_directory_path(ec) / "zerort-plot-XXXXXX").string();
@@ -143,7 +143,7 @@ Status Plot(const PlotOptions& o) {
   } cleanup{dir};
 
   std::string data = "# step loss lr tokens_per_s grad_norm val_loss\n";
-  for (const Row& r : rows) {
+  for (const MetricsRow& r : rows) {
     data += fmt::format("{} {} {} {} {} {}\n", r.step, Value(r.loss), Value(r.lr),
                         Value(r.tokens_per_s), Value(r.grad_norm), Value(r.val_loss));
   }

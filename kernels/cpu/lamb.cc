@@ -11,7 +11,7 @@
 namespace zerort {
 namespace {
 
-Status CheckF32(const TensorView& v, int64_t n, const char* what, Device device) {
+Status CheckLambF32(const TensorView& v, int64_t n, const char* what, Device device) {
   if (v.dtype() != DType::kF32 || v.numel() != n || v.device() != device ||
       (n > 0 && v.data() == nullptr)) {
     return absl::InvalidArgumentError(
@@ -50,11 +50,11 @@ Status LambMoments(const LambHyper& h, const TensorView& master, const TensorVie
                    Stream* stream) {
   const int64_t n = master.numel();
   const Device d = master.device();
-  ZR_RETURN_IF_ERROR(CheckF32(master, n, "master", d));
-  ZR_RETURN_IF_ERROR(CheckF32(grad, n, "grad", d));
-  ZR_RETURN_IF_ERROR(CheckF32(exp_avg, n, "exp_avg", d));
-  ZR_RETURN_IF_ERROR(CheckF32(exp_avg_sq, n, "exp_avg_sq", d));
-  ZR_RETURN_IF_ERROR(CheckF32(sums, 2, "sums", d));
+  ZR_RETURN_IF_ERROR(CheckLambF32(master, n, "master", d));
+  ZR_RETURN_IF_ERROR(CheckLambF32(grad, n, "grad", d));
+  ZR_RETURN_IF_ERROR(CheckLambF32(exp_avg, n, "exp_avg", d));
+  ZR_RETURN_IF_ERROR(CheckLambF32(exp_avg_sq, n, "exp_avg_sq", d));
+  ZR_RETURN_IF_ERROR(CheckLambF32(sums, 2, "sums", d));
   if (h.step < 1) return absl::InvalidArgumentError(StrCat("LAMB step ", h.step, " is below 1"));
   const float* p = master.data_as<float>();
   float* g = grad.data_as<float>();
@@ -91,8 +91,8 @@ Status LambApply(const LambHyper& h, float coeff, const TensorView& master,
                  const TensorView& update, const TensorView& out, Stream* stream) {
   const int64_t n = master.numel();
   const Device d = master.device();
-  ZR_RETURN_IF_ERROR(CheckF32(master, n, "master", d));
-  ZR_RETURN_IF_ERROR(CheckF32(update, n, "update", d));
+  ZR_RETURN_IF_ERROR(CheckLambF32(master, n, "master", d));
+  ZR_RETURN_IF_ERROR(CheckLambF32(update, n, "update", d));
   if (out.data() != nullptr && (out.numel() != n || out.device() != d)) {
     return absl::InvalidArgumentError("LAMB: compute_out does not match the master");
   }
