@@ -15,7 +15,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Checks  # noqa: E402
+from harness import Checks, merged, tiny_run  # noqa: E402
 
 zerort, mpiexec = sys.argv[1], sys.argv[2]
 checks = Checks("async_parity_test")
@@ -24,27 +24,8 @@ tmp = tempfile.mkdtemp()
 env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 STEPS = 6
 
-BASE = {
-    "train_micro_batch_size_per_gpu": 2,
-    "gradient_accumulation_steps": 1,
-    "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
-    "gradient_clipping": 1.0,
-    "steps_per_print": STEPS,
-    "model": {"n_layer": 2, "n_head": 2, "d_model": 32, "seq_len": 32, "vocab_size": 256},
-    "train": {"steps": STEPS, "eval_windows": 2, "sample_tokens": 0},
-    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
-}
+BASE = tiny_run(STEPS)
 JITTER = {"async_jitter_seed": 17, "async_jitter_max_us": 200}
-
-
-def merged(base, extra):
-    out = json.loads(json.dumps(base))
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merged(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def train(name, config, np, extra_args=()):

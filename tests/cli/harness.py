@@ -1,5 +1,32 @@
-"""Shared by the CLI tests: named checks that collect failures, and the report that ends a test."""
+"""Shared by the CLI tests: named checks that collect failures, and the report that ends a test;
+the small ZeRO-3 run config the device-parity tests vary, and the merge that varies it."""
+import json
 import sys
+
+
+def tiny_run(steps):
+    """A 2-layer, d 32 GPT at ZeRO-3 with AdamW, micro-batch 2, for `steps` steps."""
+    return {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
+        "gradient_clipping": 1.0,
+        "steps_per_print": steps,
+        "model": {"n_layer": 2, "n_head": 2, "d_model": 32, "seq_len": 32, "vocab_size": 256},
+        "train": {"steps": steps, "eval_windows": 2, "sample_tokens": 0},
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+    }
+
+
+def merged(base, extra):
+    """`base` with `extra`'s keys set, objects merged key by key (base is not changed)."""
+    out = json.loads(json.dumps(base))
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 class Checks:
