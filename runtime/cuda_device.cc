@@ -23,6 +23,15 @@ Status CudaError(std::string_view call, cudaError_t err) {
   return absl::InternalError(message);
 }
 
+StatusOr<bool> CudaQueryResult(std::string_view call, cudaError_t err) {
+  if (err == cudaSuccess) return true;
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return CudaError(call, err);
+}
+
 Status CublasError(std::string_view call, cublasStatus_t err) {
   // A cuBLAS call failed, so the library is loaded and this returns its table at once.
   StatusOr<const CublasApi*> api = LoadCublas();
@@ -89,10 +98,7 @@ class CudaEvent final : public Event {
     return absl::OkStatus();
   }
   StatusOr<bool> Query() const override {
-    const cudaError_t err = cudaEventQuery(event_);
-    if (err == cudaSuccess) return true;
-    if (err == cudaErrorNotReady) return false;
-    return CudaError("cudaEventQuery", err);
+    return CudaQueryResult("cudaEventQuery", cudaEventQuery(event_));
   }
   Status Synchronize() const override {
     ZR_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(event_));
@@ -141,7 +147,11 @@ Status CudaCopyBytes(void* dst, Device dst_device, const void* src, Device src_d
                                             static_cast<cudaStream_t>(stream->native_handle())));
     return absl::OkStatus();
   }
+  // Without a stream: done when this returns. cudaMemcpy alone may return before a copy from
+  // pageable host memory reaches the device (it only waits for the staging copy), and the streams
+  // zerort creates are non-blocking, so nothing would order their later reads after that DMA.
   ZR_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  ZR_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cudaStreamLegacy));
   return absl::OkStatus();
 }
 
@@ -151,7 +161,9 @@ Status CudaFillZero(void* ptr, Device device, size_t bytes, Stream* stream) {
         cudaMemsetAsync(ptr, 0, bytes, static_cast<cudaStream_t>(stream->native_handle())));
     return absl::OkStatus();
   }
+  // cudaMemset on device memory returns before it runs: wait, for the same reason as above.
   ZR_CUDA_RETURN_IF_ERROR(cudaMemset(ptr, 0, bytes));
+  ZR_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cudaStreamLegacy));
   return absl::OkStatus();
 }
 

@@ -105,7 +105,8 @@ Status RunOnHostInOrder(Stream* stream, std::function<Status()> work);
 // Copies `bytes` between any two of host and CUDA memory. With an asynchronous stream (CUDA, or
 // a queued CPU stream) the copy is issued on it (both sides must then stay alive until the stream
 // reaches the copy); without one, or on an immediate CPU stream, it has finished when this
-// returns.
+// returns. A copy without a stream is not ordered after work still pending on any stream: first
+// synchronise the stream that writes the source or reads the destination.
 Status CopyBytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
                  Stream* stream);
 

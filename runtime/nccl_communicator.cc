@@ -204,11 +204,12 @@ class NcclCommunicator final : public Communicator {
   StatusOr<size_t> DoPollSends() override {
     size_t done = 0;
     while (!posted_.empty()) {
-      const cudaError_t err = cudaEventQuery(posted_.front());
-      if (err == cudaErrorNotReady) break;
+      const StatusOr<bool> sent =
+          internal::CudaQueryResult("cudaEventQuery(posted send)", cudaEventQuery(posted_.front()));
+      if (sent.ok() && !*sent) break;
       cudaEventDestroy(posted_.front());
       posted_.pop_front();
-      if (err != cudaSuccess) return internal::CudaError("cudaEventQuery(posted send)", err);
+      if (!sent.ok()) return sent.status();
       ++done;
     }
     return done;
@@ -241,9 +242,10 @@ class NcclCommunicator final : public Communicator {
     // Poll rather than block, so a hung peer is caught by the deadline, not the driver.
     const Clock::time_point deadline = Clock::now() + options().timeout;
     while (true) {
-      const cudaError_t err = cudaStreamQuery(barrier_stream_);
-      if (err == cudaSuccess) return absl::OkStatus();
-      if (err != cudaErrorNotReady) return internal::CudaError("cudaStreamQuery(barrier)", err);
+      ZR_ASSIGN_OR_RETURN(
+          const bool done,
+          internal::CudaQueryResult("cudaStreamQuery(barrier)", cudaStreamQuery(barrier_stream_)));
+      if (done) return absl::OkStatus();
       ZR_RETURN_IF_ERROR(WaitReady(comm_, deadline, "barrier"));
       if (Clock::now() > deadline) {
         ncclCommAbort(comm_);
@@ -287,10 +289,7 @@ class NcclCommunicator final : public Communicator {
       if (state != ncclSuccess && state != ncclInProgress) {
         return NcclError("asynchronous NCCL error", state, comm);
       }
-      const cudaError_t err = cudaEventQuery(owned.get());
-      if (err == cudaSuccess) return true;
-      if (err == cudaErrorNotReady) return false;
-      return internal::CudaError("cudaEventQuery", err);
+      return internal::CudaQueryResult("cudaEventQuery", cudaEventQuery(owned.get()));
     };
   }
 

@@ -23,7 +23,8 @@ tar -C "$build" --exclude=CMakeFiles --exclude='*.o' --exclude='*.a' --exclude=i
 printf '%s\n%s\n' "$root" "$build" >"$stage/paths"
 
 # Shared libraries the programs load, except glibc, the compiler runtime, and what the GPU
-# machine brings (CUDA's libraries, NCCL, MPI and its runtime).
+# machine brings: the driver (libcuda), cuBLAS, NCCL, MPI and its runtime. (cudart is packed:
+# gpu-check.sh uses the machine's own where it has one.)
 skip='^(libc|libm|libdl|libpthread|librt|ld-linux-x86-64|libstdc\+\+|libgcc_s|libcuda|libcublas|libcublasLt|libnccl|libmpi|libopen-pal|libopen-rte|libpmix|libhwloc|libevent|linux-vdso)[.-]'
 find "$build" -path "$build/CMakeFiles" -prune -o -type f -perm -u+x -print |
   xargs ldd 2>/dev/null | awk '$3 ~ /^\// {print $1, $3}' | sort -u >"$stage/ldd.txt" || true

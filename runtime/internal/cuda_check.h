@@ -14,6 +14,10 @@ namespace zerort::internal {
 // Defined in cuda_device.cc so that nvcc-compiled files need no formatting library.
 Status CudaError(std::string_view call, cudaError_t err);
 Status CublasError(std::string_view call, cublasStatus_t err);
+// The result of cudaEventQuery or cudaStreamQuery: true when the work is done, false while it
+// runs. The runtime also records cudaErrorNotReady as the thread's last error; it is cleared here,
+// or the next cudaGetLastError (a kernel launch's check) would report it as that launch's failure.
+StatusOr<bool> CudaQueryResult(std::string_view call, cudaError_t err);
 
 }  // namespace zerort::internal
 
