@@ -459,7 +459,7 @@ Status Run::Setup() {
           "the output projection's {} vocabulary rows per tensor-parallel rank are not a multiple "
           "of 8, so cuBLAS multiplies them with its unaligned kernels; "
           "parallel.make_vocab_size_divisible_by = 128 (Megatron's default) pads them (GPT-2 124M "
-          "trains 20% faster on an H100, docs/benchmarks.md)",
+          "trains 1.24x faster on an H100, docs/gpu.md)",
           vocab_rows);
     }
   }
