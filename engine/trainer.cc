@@ -450,17 +450,18 @@ Status Run::Setup() {
         dp().size(), data_->source(), data_->train_tokens(), data_->validation_tokens());
     if (!cuda_) {
       if (const std::string w = BlasCoreWarning(); !w.empty()) Logger()->warn("{}", w);
-    }
-    const int tp_size = c_.parallel.tensor_parallel_size;
-    const int64_t vocab_rows =
-        PaddedVocab(c_.model.shape, tp_size, c_.parallel.make_vocab_size_divisible_by) / tp_size;
-    if (cuda_ && vocab_rows % 8 != 0) {
-      Logger()->warn(
-          "the output projection's {} vocabulary rows per tensor-parallel rank are not a multiple "
-          "of 8, so cuBLAS multiplies them with its unaligned kernels; "
-          "parallel.make_vocab_size_divisible_by = 128 (Megatron's default) pads them (GPT-2 124M "
-          "trains 1.24x faster on an H100, docs/gpu.md)",
-          vocab_rows);
+    } else {
+      const int tp_size = c_.parallel.tensor_parallel_size;
+      const int64_t vocab_rows =
+          PaddedVocab(c_.model.shape, tp_size, c_.parallel.make_vocab_size_divisible_by) / tp_size;
+      if (vocab_rows % 8 != 0) {
+        Logger()->warn(
+            "the output projection's {} vocabulary rows per tensor-parallel rank are not a "
+            "multiple of 8, so cuBLAS multiplies them with its unaligned kernels; "
+            "parallel.make_vocab_size_divisible_by = 128 (Megatron's default) pads them (GPT-2 "
+            "124M trains 1.24x faster on an H100, docs/gpu.md)",
+            vocab_rows);
+      }
     }
   }
   return absl::OkStatus();
