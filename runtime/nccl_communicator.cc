@@ -5,6 +5,7 @@
 #include <nccl.h>
 #include <deque>
 #include <map>
+#include <mutex>
 
 #include <thread>
 
@@ -52,47 +53,140 @@ ncclRedOp_t NcclOp(ReduceOp op) {
   return ncclSum;
 }
 
-// Waits until a non-blocking communicator has finished the host side of the last call.
-Status WaitReady(ncclComm_t comm, Clock::time_point deadline, std::string_view call) {
-  while (true) {
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t result = ncclCommGetAsyncError(comm, &state);
-    if (result != ncclSuccess) return NcclError("ncclCommGetAsyncError", result, comm);
-    if (state == ncclSuccess) return absl::OkStatus();
-    if (state != ncclInProgress) return NcclError(call, state, comm);
-    if (Clock::now() > deadline) {
-      ncclCommAbort(comm);
-      return absl::DeadlineExceededError(StrCat(call, " did not finish in time"));
-    }
-    std::this_thread::yield();
-  }
-}
+// [Note: an NCCL communicator is aborted at most once]
+// ncclCommAbort frees the communicator. Three paths abort one: a call whose host side passes its
+// deadline (WaitReady), a send or barrier wait that passes it, and the watchdog thread when a
+// collective's probe is overdue. Each used to call ncclCommAbort itself, so a timeout aborted
+// twice and the destructor then finalised and destroyed the freed communicator: a crash in place
+// of the hang report. NcclHandle owns the ncclComm_t, shared by the communicator, its probes and
+// the watchdog's abort: Abort() aborts once and forgets the communicator; afterwards every call
+// fails with kAborted naming what it was, probes report the abort, and Close() (the
+// communicator's destructor) finalises and destroys only a communicator nobody aborted. The mutex
+// orders Abort against the calls that use the handle; each NCCL call is short (the communicator
+// is non-blocking), so the watchdog never waits on a hung collective.
+class NcclHandle {
+ public:
+  explicit NcclHandle(ncclComm_t comm) : comm_(comm) {}
+  NcclHandle(const NcclHandle&) = delete;
+  NcclHandle& operator=(const NcclHandle&) = delete;
+  ~NcclHandle() { Close(); }
 
-#define ZR_NCCL_CALL(call)                                                         \
-  do {                                                                             \
-    const ncclResult_t zr_nccl_result_ = (call);                                   \
-    if (zr_nccl_result_ != ncclSuccess && zr_nccl_result_ != ncclInProgress) {     \
-      return NcclError(#call, zr_nccl_result_, comm_);                             \
-    }                                                                              \
-    ZR_RETURN_IF_ERROR(WaitReady(comm_, Clock::now() + options().timeout, #call)); \
+  // Runs `call` on the communicator, or returns ncclInvalidUsage once it is aborted or closed.
+  template <typename F>
+  ncclResult_t Call(F&& call) {
+    std::lock_guard lock(mu_);
+    if (comm_ == nullptr) return ncclInvalidUsage;
+    return call(comm_);
+  }
+
+  Status Error(std::string_view call, ncclResult_t result) {
+    std::lock_guard lock(mu_);
+    if (comm_ == nullptr) return Gone(call);
+    return NcclError(call, result, comm_);
+  }
+
+  // Waits until the communicator has finished the host side of the last call; past `deadline`
+  // it is aborted.
+  Status WaitReady(Clock::time_point deadline, std::string_view call) {
+    while (true) {
+      ncclResult_t state = ncclSuccess;
+      {
+        std::lock_guard lock(mu_);
+        if (comm_ == nullptr) return Gone(call);
+        const ncclResult_t result = ncclCommGetAsyncError(comm_, &state);
+        if (result != ncclSuccess) return NcclError("ncclCommGetAsyncError", result, comm_);
+        if (state != ncclSuccess && state != ncclInProgress) return NcclError(call, state, comm_);
+      }
+      if (state == ncclSuccess) return absl::OkStatus();
+      if (Clock::now() > deadline) {
+        Abort(StrCat(call, " did not finish in time"));
+        return absl::DeadlineExceededError(StrCat(call, " did not finish in time"));
+      }
+      std::this_thread::yield();
+    }
+  }
+
+  // The communicator's asynchronous error for a probe: OK while it is healthy.
+  Status AsyncError() {
+    std::lock_guard lock(mu_);
+    if (comm_ == nullptr) return Gone("the collective");
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &state);
+    if (state != ncclSuccess && state != ncclInProgress) {
+      return NcclError("asynchronous NCCL error", state, comm_);
+    }
+    return absl::OkStatus();
+  }
+
+  void Abort(std::string why) {
+    std::lock_guard lock(mu_);
+    if (comm_ == nullptr) return;
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+    aborted_ = std::move(why);
+  }
+
+  // Finalises and destroys the communicator unless it was aborted (or closed before).
+  void Close() {
+    std::lock_guard lock(mu_);
+    if (comm_ == nullptr) return;
+    ncclCommFinalize(comm_);
+    const Clock::time_point deadline = Clock::now() + std::chrono::seconds(30);
+    ncclResult_t state = ncclInProgress;
+    while (state == ncclInProgress && Clock::now() < deadline) {
+      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
+      std::this_thread::yield();
+    }
+    if (state == ncclInProgress) {
+      ncclCommAbort(comm_);  // finalisation hung: free it without waiting
+    } else {
+      ncclCommDestroy(comm_);
+    }
+    comm_ = nullptr;
+    aborted_ = "closed";
+  }
+
+  bool aborted() {
+    std::lock_guard lock(mu_);
+    return comm_ == nullptr;
+  }
+
+ private:
+  Status Gone(std::string_view call) const {
+    return absl::AbortedError(StrCat(call, ": the NCCL communicator was aborted (", aborted_,
+                                     "); nothing more can run on it"));
+  }
+
+  std::mutex mu_;
+  ncclComm_t comm_;      // null once aborted or closed
+  std::string aborted_;  // why, for the errors that follow
+};
+
+// Runs an NCCL call on `handle_` (the expression names the communicator `comm`), then waits for
+// its host side.
+#define ZR_NCCL_CALL(expr)                                                                       \
+  do {                                                                                           \
+    const ncclResult_t zr_nccl_result_ = handle_->Call([&](ncclComm_t comm) { return (expr); }); \
+    if (zr_nccl_result_ != ncclSuccess && zr_nccl_result_ != ncclInProgress) {                   \
+      return handle_->Error(#expr, zr_nccl_result_);                                             \
+    }                                                                                            \
+    ZR_RETURN_IF_ERROR(handle_->WaitReady(Clock::now() + options().timeout, #expr));             \
   } while (false)
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, Device device, int rank, int size, CommOptions options,
-                   Watchdog* watchdog)
+  NcclCommunicator(std::shared_ptr<NcclHandle> handle, Device device, int rank, int size,
+                   CommOptions options, Watchdog* watchdog)
       : Communicator(rank, size, "nccl", std::move(options), watchdog,
-                     [comm] { ncclCommAbort(comm); }),
-        comm_(comm),
+                     [handle] { handle->Abort("the watchdog aborted it"); }),
+        handle_(std::move(handle)),
         device_(device) {}
   ~NcclCommunicator() override {
     for (auto& [peer, st] : send_streams_) cudaStreamDestroy(st);
     for (cudaEvent_t e : posted_) cudaEventDestroy(e);
     if (barrier_scratch_ != nullptr) cudaFree(barrier_scratch_);
     if (barrier_stream_ != nullptr) cudaStreamDestroy(barrier_stream_);
-    ncclCommFinalize(comm_);
-    WaitReady(comm_, Clock::now() + std::chrono::seconds(30), "ncclCommFinalize").IgnoreError();
-    ncclCommDestroy(comm_);
+    handle_->Close();
   }
 
   std::string_view backend() const override { return "nccl"; }
@@ -106,7 +200,7 @@ class NcclCommunicator final : public Communicator {
   Status DoAllGather(const void* send, void* recv, size_t count, DType dtype,
                      Stream* stream) override {
     ZR_RETURN_IF_ERROR(CheckDevice(stream));
-    ZR_NCCL_CALL(ncclAllGather(send, recv, count, NcclType(dtype), comm_, Native(stream)));
+    ZR_NCCL_CALL(ncclAllGather(send, recv, count, NcclType(dtype), comm, Native(stream)));
     return absl::OkStatus();
   }
 
@@ -114,7 +208,7 @@ class NcclCommunicator final : public Communicator {
                          Stream* stream) override {
     ZR_RETURN_IF_ERROR(CheckDevice(stream));
     ZR_NCCL_CALL(
-        ncclReduceScatter(send, recv, count, NcclType(dtype), NcclOp(op), comm_, Native(stream)));
+        ncclReduceScatter(send, recv, count, NcclType(dtype), NcclOp(op), comm, Native(stream)));
     return absl::OkStatus();
   }
 
@@ -122,61 +216,55 @@ class NcclCommunicator final : public Communicator {
                      Stream* stream) override {
     ZR_RETURN_IF_ERROR(CheckDevice(stream));
     ZR_NCCL_CALL(
-        ncclAllReduce(send, recv, count, NcclType(dtype), NcclOp(op), comm_, Native(stream)));
+        ncclAllReduce(send, recv, count, NcclType(dtype), NcclOp(op), comm, Native(stream)));
     return absl::OkStatus();
   }
 
   Status DoBroadcast(void* buffer, size_t count, DType dtype, int root, Stream* stream) override {
     ZR_RETURN_IF_ERROR(CheckDevice(stream));
-    ZR_NCCL_CALL(
-        ncclBroadcast(buffer, buffer, count, NcclType(dtype), root, comm_, Native(stream)));
+    ZR_NCCL_CALL(ncclBroadcast(buffer, buffer, count, NcclType(dtype), root, comm, Native(stream)));
     return absl::OkStatus();
   }
 
   Status DoSend(const void* buffer, size_t count, DType dtype, int peer, Stream* stream) override {
     ZR_RETURN_IF_ERROR(CheckDevice(stream));
-    ZR_NCCL_CALL(ncclSend(buffer, count, NcclType(dtype), peer, comm_, Native(stream)));
+    ZR_NCCL_CALL(ncclSend(buffer, count, NcclType(dtype), peer, comm, Native(stream)));
     return absl::OkStatus();
   }
 
   Status DoRecv(void* buffer, size_t count, DType dtype, int peer, Stream* stream) override {
     ZR_RETURN_IF_ERROR(CheckDevice(stream));
-    ZR_NCCL_CALL(ncclRecv(buffer, count, NcclType(dtype), peer, comm_, Native(stream)));
+    ZR_NCCL_CALL(ncclRecv(buffer, count, NcclType(dtype), peer, comm, Native(stream)));
     return absl::OkStatus();
   }
 
   Status DoSendRecv(const void* send, size_t send_count, int dst, void* recv, size_t recv_count,
                     int src, DType dtype, Stream* stream) override {
-    ZR_RETURN_IF_ERROR(CheckDevice(stream));
-    ncclGroupStart();
-    ncclResult_t sent = ncclSend(send, send_count, NcclType(dtype), dst, comm_, Native(stream));
-    ncclResult_t received = ncclRecv(recv, recv_count, NcclType(dtype), src, comm_, Native(stream));
-    ncclResult_t grouped = ncclGroupEnd();
-    for (ncclResult_t r : {sent, received, grouped}) {
-      if (r != ncclSuccess && r != ncclInProgress)
-        return NcclError("ncclSend/ncclRecv group", r, comm_);
-    }
-    return WaitReady(comm_, Clock::now() + options().timeout, "ncclGroupEnd");
+    const P2POp ops[] = {{P2POp::kSend, const_cast<void*>(send), send_count, dst},
+                         {P2POp::kRecv, recv, recv_count, src}};
+    return DoExchange(ops, dtype, stream);
   }
 
   Status DoExchange(std::span<const P2POp> ops, DType dtype, Stream* stream) override {
     ZR_RETURN_IF_ERROR(CheckDevice(stream));
-    ncclGroupStart();
-    ncclResult_t first_error = ncclSuccess;
-    for (const P2POp& op : ops) {
-      const ncclResult_t r =
-          op.kind == P2POp::kSend
-              ? ncclSend(op.buffer, op.count, NcclType(dtype), op.peer, comm_, Native(stream))
-              : ncclRecv(op.buffer, op.count, NcclType(dtype), op.peer, comm_, Native(stream));
-      if (first_error == ncclSuccess && r != ncclSuccess && r != ncclInProgress) first_error = r;
-    }
-    const ncclResult_t grouped = ncclGroupEnd();
-    for (ncclResult_t r : {first_error, grouped}) {
-      if (r != ncclSuccess && r != ncclInProgress) {
-        return NcclError("ncclSend/ncclRecv group", r, comm_);
+    // The whole group in one Call: an abort cannot land between its start and its end.
+    const ncclResult_t result = handle_->Call([&](ncclComm_t comm) {
+      ncclGroupStart();
+      ncclResult_t first_error = ncclSuccess;
+      for (const P2POp& op : ops) {
+        const ncclResult_t r =
+            op.kind == P2POp::kSend
+                ? ncclSend(op.buffer, op.count, NcclType(dtype), op.peer, comm, Native(stream))
+                : ncclRecv(op.buffer, op.count, NcclType(dtype), op.peer, comm, Native(stream));
+        if (first_error == ncclSuccess && r != ncclSuccess && r != ncclInProgress) first_error = r;
       }
+      const ncclResult_t grouped = ncclGroupEnd();
+      return first_error != ncclSuccess ? first_error : grouped;
+    });
+    if (result != ncclSuccess && result != ncclInProgress) {
+      return handle_->Error("ncclSend/ncclRecv group", result);
     }
-    return WaitReady(comm_, Clock::now() + options().timeout, "ncclGroupEnd");
+    return handle_->WaitReady(Clock::now() + options().timeout, "ncclGroupEnd");
   }
 
   // Posted sends run on a stream per peer, after the work that wrote their buffer: one that
@@ -194,7 +282,7 @@ class NcclCommunicator final : public Communicator {
     const cudaError_t waited = cudaStreamWaitEvent(on, ready, 0);
     cudaEventDestroy(ready);
     ZR_CUDA_RETURN_IF_ERROR(waited);
-    ZR_NCCL_CALL(ncclSend(buffer, count, NcclType(dtype), peer, comm_, on));
+    ZR_NCCL_CALL(ncclSend(buffer, count, NcclType(dtype), peer, comm, on));
     ZR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     ZR_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, on));
     posted_.push_back(done);
@@ -220,9 +308,9 @@ class NcclCommunicator final : public Communicator {
     while (!posted_.empty()) {
       ZR_ASSIGN_OR_RETURN(size_t done, DoPollSends());
       if (done == 0) {
-        ZR_RETURN_IF_ERROR(WaitReady(comm_, deadline, "posted ncclSend"));
+        ZR_RETURN_IF_ERROR(handle_->WaitReady(deadline, "posted ncclSend"));
         if (Clock::now() > deadline) {
-          ncclCommAbort(comm_);
+          handle_->Abort("posted sends did not finish in time");
           return absl::DeadlineExceededError("posted NCCL sends did not finish in time");
         }
         std::this_thread::yield();
@@ -237,7 +325,7 @@ class NcclCommunicator final : public Communicator {
       ZR_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&barrier_stream_, cudaStreamNonBlocking));
       ZR_CUDA_RETURN_IF_ERROR(cudaMalloc(&barrier_scratch_, sizeof(float)));
     }
-    ZR_NCCL_CALL(ncclAllReduce(barrier_scratch_, barrier_scratch_, 1, ncclFloat32, ncclSum, comm_,
+    ZR_NCCL_CALL(ncclAllReduce(barrier_scratch_, barrier_scratch_, 1, ncclFloat32, ncclSum, comm,
                                barrier_stream_));
     // Poll rather than block, so a hung peer is caught by the deadline, not the driver.
     const Clock::time_point deadline = Clock::now() + options().timeout;
@@ -246,9 +334,9 @@ class NcclCommunicator final : public Communicator {
           const bool done,
           internal::CudaQueryResult("cudaStreamQuery(barrier)", cudaStreamQuery(barrier_stream_)));
       if (done) return absl::OkStatus();
-      ZR_RETURN_IF_ERROR(WaitReady(comm_, deadline, "barrier"));
+      ZR_RETURN_IF_ERROR(handle_->WaitReady(deadline, "barrier"));
       if (Clock::now() > deadline) {
-        ncclCommAbort(comm_);
+        handle_->Abort("a barrier did not finish in time");
         return absl::DeadlineExceededError("NCCL barrier did not finish in time");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -262,15 +350,16 @@ class NcclCommunicator final : public Communicator {
     config.blocking = 0;
     ncclComm_t child = nullptr;
     ZR_NCCL_CALL(
-        ncclCommSplit(comm_, color == kNoColor ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config));
+        ncclCommSplit(comm, color == kNoColor ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config));
     if (child == nullptr) return std::unique_ptr<Communicator>();
-    ZR_RETURN_IF_ERROR(WaitReady(child, Clock::now() + child_options.timeout, "ncclCommSplit"));
+    auto handle = std::make_shared<NcclHandle>(child);
+    ZR_RETURN_IF_ERROR(handle->WaitReady(Clock::now() + child_options.timeout, "ncclCommSplit"));
     int rank = 0;
     int size = 0;
     ncclCommUserRank(child, &rank);
     ncclCommCount(child, &size);
-    return std::unique_ptr<Communicator>(
-        new NcclCommunicator(child, device_, rank, size, std::move(child_options), watchdog()));
+    return std::unique_ptr<Communicator>(new NcclCommunicator(
+        std::move(handle), device_, rank, size, std::move(child_options), watchdog()));
   }
 
   CompletionProbe MakeProbe(Stream* stream) override {
@@ -282,13 +371,8 @@ class NcclCommunicator final : public Communicator {
       return {};
     }
     auto owned = std::shared_ptr<CUevent_st>(event, [](cudaEvent_t e) { cudaEventDestroy(e); });
-    ncclComm_t comm = comm_;
-    return [owned, comm]() -> StatusOr<bool> {
-      ncclResult_t state = ncclSuccess;
-      ncclCommGetAsyncError(comm, &state);
-      if (state != ncclSuccess && state != ncclInProgress) {
-        return NcclError("asynchronous NCCL error", state, comm);
-      }
+    return [owned, handle = handle_]() -> StatusOr<bool> {
+      ZR_RETURN_IF_ERROR(handle->AsyncError());
       return internal::CudaQueryResult("cudaEventQuery", cudaEventQuery(owned.get()));
     };
   }
@@ -306,7 +390,7 @@ class NcclCommunicator final : public Communicator {
     return static_cast<cudaStream_t>(stream->native_handle());
   }
 
-  ncclComm_t comm_;
+  std::shared_ptr<NcclHandle> handle_;  // [Note: an NCCL communicator is aborted at most once]
   Device device_;
   cudaStream_t barrier_stream_ = nullptr;
   float* barrier_scratch_ = nullptr;
@@ -340,9 +424,10 @@ StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& boo
   if (result != ncclSuccess && result != ncclInProgress) {
     return NcclError("ncclCommInitRankConfig", result, comm);
   }
-  ZR_RETURN_IF_ERROR(WaitReady(comm, Clock::now() + options.timeout, "ncclCommInitRankConfig"));
+  auto handle = std::make_shared<NcclHandle>(comm);
+  ZR_RETURN_IF_ERROR(handle->WaitReady(Clock::now() + options.timeout, "ncclCommInitRankConfig"));
   return std::unique_ptr<Communicator>(new NcclCommunicator(
-      comm, device, bootstrap.rank(), bootstrap.size(), std::move(options), watchdog));
+      std::move(handle), device, bootstrap.rank(), bootstrap.size(), std::move(options), watchdog));
 }
 
 std::string NcclVersion() {

@@ -13,14 +13,17 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "kernels/cuda/convert.cuh"
 #include "kernels/cuda/model_ops.cuh"
+#include "kernels/gemm_map.h"
 #include "kernels/model_kernels.h"
 #include "runtime/internal/cublas_api.h"
 #include "runtime/internal/cuda_check.h"
@@ -62,6 +65,9 @@ class CudaModelKernels final : public ModelKernels {
         grad_(grad),
         lt_(nullptr, LtDeleter{blas.LtDestroy}),
         blas_(nullptr, BlasDeleter{blas.Destroy}) {}
+  ~CudaModelKernels() override {
+    for (auto& [key, plan] : lt_plans_) DestroyPlan(plan);
+  }
 
   Status Init() {
     cublasLtHandle_t lt = nullptr;
@@ -151,22 +157,22 @@ class CudaModelKernels final : public ModelKernels {
   Status Matmul(void* out, const void* inp, const void* weight, const void* bias, int64_t rows,
                 int in, int out_features) override {
     // Column-major view: out^T [out, rows] = W [out, in] (stored [in, out]^T) x inp^T [in, rows].
-    return LtMatmul(true, false, out_features, rows, in, weight, CudaType<T>(), in, inp,
-                    CudaType<T>(), in, out, CudaType<T>(), out_features, 0.0f, bias);
+    return LtMatmul(gemm::LinearForward(rows, in, out_features), weight, CudaType<T>(), inp,
+                    CudaType<T>(), out, CudaType<T>(), 0.0f, bias);
   }
   Status MatmulBackward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                         const void* weight, int64_t rows, int in, int out_features) override {
     if (dinp != nullptr) {  // dinp^T [in, rows] += W^T [in, out] x dout^T [out, rows]
-      ZR_RETURN_IF_ERROR(LtMatmul(false, false, in, rows, out_features, weight, CudaType<T>(), in,
-                                  dout, CudaType<T>(), out_features, dinp, CudaType<T>(), in, 1.0f,
+      ZR_RETURN_IF_ERROR(LtMatmul(gemm::LinearBackwardInput(rows, in, out_features), weight,
+                                  CudaType<T>(), dout, CudaType<T>(), dinp, CudaType<T>(), 1.0f,
                                   nullptr));
     }
     if (dweight != nullptr) {  // dW^T [in, out] += inp^T [in, rows] x dout [rows, out]
-      ZR_RETURN_IF_ERROR(LtMatmul(false, true, in, out_features, rows, inp, CudaType<T>(), in, dout,
-                                  CudaType<T>(), out_features, dweight, CudaType<G>(), in, 1.0f,
+      ZR_RETURN_IF_ERROR(LtMatmul(gemm::LinearBackwardWeight(rows, in, out_features), inp,
+                                  CudaType<T>(), dout, CudaType<T>(), dweight, CudaType<G>(), 1.0f,
                                   nullptr));
     }
-    if (dbias != nullptr) {
+    if (dbias != nullptr && rows > 0 && out_features > 0) {  // a block per output feature
       BiasGradKernel<T, G>
           <<<out_features, kThreads, 0, s()>>>(Gp(dbias), A(dout), rows, out_features);
       ZR_RETURN_IF_ERROR(Launched("BiasGrad"));
@@ -268,13 +274,16 @@ class CudaModelKernels final : public ModelKernels {
     AccumulateKernel<G, G><<<Blocks(n), kThreads, 0, s()>>>(Gp(dst), Gp(src), n);
     return Launched("AccumulateGrad");
   }
+  // The vocabulary kernels run a block per row: no rows, no launch (a grid of 0 is invalid).
   Status VocabMax(const void* logits, void* max, int64_t rows, int vocab, int valid) override {
+    if (rows == 0) return absl::OkStatus();
     VocabMaxKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s()>>>(
         A(logits), static_cast<float*>(max), vocab, valid);
     return Launched("VocabMax");
   }
   Status VocabSums(const void* logits, const void* gmax, const int32_t* targets, void* sums,
                    int64_t rows, int vocab, int valid, int begin) override {
+    if (rows == 0) return absl::OkStatus();
     VocabSumsKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s()>>>(
         A(logits), static_cast<const float*>(gmax), targets, static_cast<float*>(sums), rows, vocab,
         valid, begin);
@@ -283,6 +292,7 @@ class CudaModelKernels final : public ModelKernels {
   Status VocabCrossEntropyFinish(void* logits, void* losses, const void* gmax, const void* gsums,
                                  const int32_t* targets, int64_t rows, int vocab, int valid,
                                  int begin, float dscale) override {
+    if (rows == 0) return absl::OkStatus();
     VocabFinishKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s()>>>(
         A(logits), static_cast<float*>(losses), static_cast<const float*>(gmax),
         static_cast<const float*>(gsums), targets, rows, vocab, valid, begin, dscale);
@@ -294,6 +304,7 @@ class CudaModelKernels final : public ModelKernels {
   }
   Status CrossEntropy(void* logits, void* losses, const int32_t* targets, int64_t rows, int vocab,
                       float dscale) override {
+    if (rows == 0) return absl::OkStatus();
     CrossEntropyKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s()>>>(
         A(logits), static_cast<float*>(losses), targets, vocab, dscale);
     return Launched("CrossEntropy");
@@ -315,76 +326,148 @@ class CudaModelKernels final : public ModelKernels {
     return absl::OkStatus();
   }
 
-  // Column-major D [m, n] = alpha op(A) [m, k] x op(B) [k, n] + beta D, fp32 compute; with
-  // `bias` (length m, D's type) fused as the epilogue.
-  Status LtMatmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
-                  cudaDataType_t a_type, int64_t lda, const void* b, cudaDataType_t b_type,
-                  int64_t ldb, void* d, cudaDataType_t d_type, int64_t ldd, float beta,
-                  const void* bias) {
+  // [Note: cuBLASLt plans]
+  // One plan per distinct matmul: its gemm::ColumnMajor shape, the operand types, whether a bias
+  // is fused, and the alignment of each operand's pointer. A plan holds the descriptors, layouts
+  // and the heuristic's algorithm, made on first use and kept for the kernels' life (a GPT model
+  // has a few dozen distinct matmuls; rebuilding them cost a heuristic query per call). The
+  // alignments are gemm::PointerAlignment of the real pointers, given to the heuristic as the
+  // preference's minimum alignments: weights are sub-views of flat buffers aligned to 32 bytes in
+  // bf16 (FlatLayout::kDefaultAlignment), and without the preference cuBLASLt assumes 256 bytes and
+  // may pick an algorithm that needs them. The bias pointer, which changes between layers, is set
+  // on the plan's descriptor before each call.
+  struct LtKey {
+    gemm::ColumnMajor g;
+    cudaDataType_t a_type, b_type, d_type;
+    bool bias;
+    uint32_t align_a, align_b, align_d;
+    auto Tie() const {
+      return std::tie(g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldd, a_type, b_type,
+                      d_type, bias, align_a, align_b, align_d);
+    }
+    bool operator<(const LtKey& o) const { return Tie() < o.Tie(); }
+  };
+  struct LtPlan {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+
+  StatusOr<LtPlan*> PlanFor(const LtKey& key) {
+    if (auto it = lt_plans_.find(key); it != lt_plans_.end()) return &it->second;
+    const gemm::ColumnMajor& g = key.g;
+    LtPlan plan;
     cublasLtMatmulPreference_t pref = nullptr;
     Status status = [&]() -> Status {
-      ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-      const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-      const cublasOperation_t tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+      ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+      const cublasOperation_t tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
       ZR_CUBLAS_RETURN_IF_ERROR(
-          b_.LtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+          b_.LtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
       ZR_CUBLAS_RETURN_IF_ERROR(
-          b_.LtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-      if (bias != nullptr) {
+          b_.LtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+      if (key.bias) {
         const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-        ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                              &epilogue, sizeof(epilogue)));
-        ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                              &bias, sizeof(bias)));
-        const cudaDataType_t bias_type = d_type;
         ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescSetAttribute(
-            op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+            plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+        const cudaDataType_t bias_type = key.d_type;
+        ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescSetAttribute(
+            plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
       }
-      ZR_CUBLAS_RETURN_IF_ERROR(
-          b_.LtMatrixLayoutCreate(&la, a_type, trans_a ? k : m, trans_a ? m : k, lda));
-      ZR_CUBLAS_RETURN_IF_ERROR(
-          b_.LtMatrixLayoutCreate(&lb, b_type, trans_b ? n : k, trans_b ? k : n, ldb));
-      ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatrixLayoutCreate(&ld, d_type, m, n, ldd));
+      ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatrixLayoutCreate(&plan.la, key.a_type, g.trans_a ? g.k : g.m,
+                                                        g.trans_a ? g.m : g.k, g.lda));
+      ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatrixLayoutCreate(&plan.lb, key.b_type, g.trans_b ? g.n : g.k,
+                                                        g.trans_b ? g.k : g.n, g.ldb));
+      ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatrixLayoutCreate(&plan.ld, key.d_type, g.m, g.n, g.ldd));
       ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulPreferenceCreate(&pref));
       const size_t ws = lt_workspace_.bytes();
       ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulPreferenceSetAttribute(
           pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+      const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
+      for (const auto& [attribute, bytes] : alignments) {
+        ZR_CUBLAS_RETURN_IF_ERROR(
+            b_.LtMatmulPreferenceSetAttribute(pref, attribute, &bytes, sizeof(bytes)));
+      }
       cublasLtMatmulHeuristicResult_t heuristic{};
       int found = 0;
-      ZR_CUBLAS_RETURN_IF_ERROR(
-          b_.LtMatmulAlgoGetHeuristic(lt_.get(), op, la, lb, ld, ld, pref, 1, &heuristic, &found));
+      ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulAlgoGetHeuristic(
+          lt_.get(), plan.op, plan.la, plan.lb, plan.ld, plan.ld, pref, 1, &heuristic, &found));
       if (found == 0) {
-        return absl::InternalError("cuBLASLt has no algorithm for the " + std::to_string(m) + "x" +
-                                   std::to_string(n) + "x" + std::to_string(k) +
-                                   " matmul (transa " + std::to_string(trans_a) + ", transb " +
-                                   std::to_string(trans_b) + ")");
+        using std::to_string;
+        return absl::InternalError(
+            "cuBLASLt has no algorithm for the " + to_string(g.m) + "x" + to_string(g.n) + "x" +
+            to_string(g.k) + " matmul (transa " + to_string(g.trans_a) + ", transb " +
+            to_string(g.trans_b) + ", alignments " + to_string(key.align_a) + "/" +
+            to_string(key.align_b) + "/" + to_string(key.align_d) + " bytes)");
       }
-      const float alpha = 1.0f;
-      ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmul(lt_.get(), op, &alpha, a, la, b, lb, &beta, d, ld, d,
-                                            ld, &heuristic.algo, lt_workspace_.data(), ws, s()));
+      plan.algo = heuristic.algo;
       return absl::OkStatus();
     }();
     if (pref != nullptr) b_.LtMatmulPreferenceDestroy(pref);
-    if (ld != nullptr) b_.LtMatrixLayoutDestroy(ld);
-    if (lb != nullptr) b_.LtMatrixLayoutDestroy(lb);
-    if (la != nullptr) b_.LtMatrixLayoutDestroy(la);
-    if (op != nullptr) b_.LtMatmulDescDestroy(op);
-    return status;
+    if (!status.ok()) {
+      DestroyPlan(plan);
+      return status;
+    }
+    LtPlan& kept = lt_plans_[key];
+    kept = plan;
+    return &kept;
+  }
+  void DestroyPlan(LtPlan& plan) {
+    if (plan.ld != nullptr) b_.LtMatrixLayoutDestroy(plan.ld);
+    if (plan.lb != nullptr) b_.LtMatrixLayoutDestroy(plan.lb);
+    if (plan.la != nullptr) b_.LtMatrixLayoutDestroy(plan.la);
+    if (plan.op != nullptr) b_.LtMatmulDescDestroy(plan.op);
+  }
+
+  // Column-major D = op(A) x op(B) + beta D (gemm::ColumnMajor), fp32 compute; with `bias`
+  // (length m, D's type) fused as the epilogue.
+  Status LtMatmul(const gemm::ColumnMajor& g, const void* a, cudaDataType_t a_type, const void* b,
+                  cudaDataType_t b_type, void* d, cudaDataType_t d_type, float beta,
+                  const void* bias) {
+    if (g.m == 0 || g.n == 0) return absl::OkStatus();  // an empty result: nothing to compute
+    if (g.k == 0) {                                     // no rows in a weight gradient: D += 0
+      if (beta == 1.0f && bias == nullptr) return absl::OkStatus();
+      return absl::InvalidArgumentError("a " + std::to_string(g.m) + "x" + std::to_string(g.n) +
+                                        " matmul with no inner dimension");
+    }
+    const LtKey key{g,
+                    a_type,
+                    b_type,
+                    d_type,
+                    bias != nullptr,
+                    gemm::PointerAlignment(a),
+                    gemm::PointerAlignment(b),
+                    gemm::PointerAlignment(d)};
+    ZR_ASSIGN_OR_RETURN(LtPlan * plan, PlanFor(key));
+    if (bias != nullptr) {
+      ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescSetAttribute(
+          plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    const float alpha = 1.0f;
+    const size_t ws = lt_workspace_.bytes();
+    ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmul(lt_.get(), plan->op, &alpha, a, plan->la, b, plan->lb,
+                                          &beta, d, plan->ld, d, plan->ld, &plan->algo,
+                                          lt_workspace_.data(), ws, s()));
+    return absl::OkStatus();
   }
 
   // Row-major, batched: C[i] [M, N] = alpha op(A[i]) [M, K] x op(B[i]) [K, N] + beta C[i], with
-  // leading dimensions of the stored (row-major) matrices. cuBLAS is column-major, so it computes
-  // C^T = op(B)^T op(A)^T.
+  // leading dimensions of the stored (row-major) matrices, computed as gemm::RowMajor's
+  // column-major C^T = op(B)^T op(A)^T.
   Status BatchedGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a,
                      int lda, int64_t stride_a, const void* b, int ldb, int64_t stride_b,
                      float beta, void* c, int ldc, int64_t stride_c, int64_t batch) {
+    const gemm::ColumnMajor g = gemm::RowMajor(trans_a, trans_b, m, n, k, lda, ldb, ldc);
     ZR_CUBLAS_RETURN_IF_ERROR(b_.GemmStridedBatchedEx(
-        blas_.get(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m,
-        k, &alpha, b, CudaType<T>(), ldb, stride_b, a, CudaType<T>(), lda, stride_a, &beta, c,
-        CudaType<T>(), ldc, stride_c, static_cast<int>(batch), CUBLAS_COMPUTE_32F,
-        CUBLAS_GEMM_DEFAULT));
+        blas_.get(), g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+        static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), &alpha, b,
+        CudaType<T>(), static_cast<int>(g.lda), stride_b, a, CudaType<T>(), static_cast<int>(g.ldb),
+        stride_a, &beta, c, CudaType<T>(), static_cast<int>(g.ldd), stride_c,
+        static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return absl::OkStatus();
   }
 
@@ -395,6 +478,7 @@ class CudaModelKernels final : public ModelKernels {
   std::unique_ptr<cublasLtContext, LtDeleter> lt_;
   std::unique_ptr<cublasContext, BlasDeleter> blas_;
   Buffer lt_workspace_;
+  std::map<LtKey, LtPlan> lt_plans_;  // [Note: cuBLASLt plans]
 };
 
 template <typename T, typename G>

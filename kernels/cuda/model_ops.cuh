@@ -9,6 +9,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -37,13 +38,15 @@ constexpr int kThreads = 256;
 constexpr float kLnEps = 1e-5f;
 constexpr size_t kLtWorkspace = kCudaLtWorkspaceBytes;  // kernels/memory_facts.h
 
-// Grid of a grid-stride loop over n elements.
+// Grid of a grid-stride loop over n elements; at least one block, so n = 0 is a launch that does
+// nothing rather than an invalid configuration (a grid of 0).
 int Blocks(int64_t n) {
-  return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535 * 8));
+  return static_cast<int>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 65535 * 8));
 }
-// Grid of a warp-per-row kernel (no grid-stride loop: every row gets its warp).
+// Grid of a warp-per-row kernel (no grid-stride loop: every row gets its warp; rows past the end
+// return at once, so 0 rows is one idle block).
 unsigned RowBlocks(int64_t rows) {
-  return static_cast<unsigned>((rows * 32 + kThreads - 1) / kThreads);
+  return static_cast<unsigned>(std::max<int64_t>((rows * 32 + kThreads - 1) / kThreads, 1));
 }
 
 __device__ __forceinline__ float WarpSum(float v) {

@@ -47,17 +47,19 @@ struct Twin {
   Twin(DType a, DType g) : act(a), grad(g) {}
   double tol() const { return act == DType::kF32 ? 1e-5 : 2e-2; }
 
-  // Rounds `host` to `dtype` in place (so the CPU sees what the GPU sees) and uploads it.
-  void* Up(std::vector<float>& host, DType dtype) {
+  // Rounds `host` to `dtype` in place (so the CPU sees what the GPU sees) and uploads it,
+  // `offset` bytes past the start of its own allocation (a sub-view of a flat buffer).
+  void* Up(std::vector<float>& host, DType dtype, size_t offset = 0) {
     std::vector<std::byte> raw(host.size() * DTypeSize(dtype));
     for (size_t i = 0; i < host.size(); ++i) {
       StoreFromFloat(raw.data(), dtype, i, host[i]);
       host[i] = LoadAsFloat(raw.data(), dtype, i);
     }
-    buffers.push_back(*allocator->Allocate(raw.size(), MemoryCategory::kWorkspace, stream.get()));
-    ZR_CHECK_OK(CopyBytes(buffers.back().data(), device, raw.data(), Device::Cpu(), raw.size(),
-                          stream.get()));
-    return buffers.back().data();
+    buffers.push_back(
+        *allocator->Allocate(raw.size() + offset, MemoryCategory::kWorkspace, stream.get()));
+    std::byte* at = static_cast<std::byte*>(buffers.back().data()) + offset;
+    ZR_CHECK_OK(CopyBytes(at, device, raw.data(), Device::Cpu(), raw.size(), stream.get()));
+    return at;
   }
   void* A(std::vector<float>& host) { return Up(host, act); }
   void* G(std::vector<float>& host) { return Up(host, grad); }
@@ -163,6 +165,55 @@ TEST(ModelKernelsCudaTest, LinearLayerNormGeluResidual) {
     ASSERT_TRUE(t.gpu->AddBias(gbiased, gbias, rows, out).ok());
     ASSERT_TRUE(t.cpu->AddBias(biased.data(), bias.data(), rows, out).ok());
     t.Expect("AddBias", gbiased, biased, act);
+  }
+}
+
+// The GEMMs on operands as the model hands them: sub-views of flat buffers, 32 bytes past a
+// 256-byte boundary (FlatLayout's alignment in bf16; cuBLASLt assumes 256 unless told,
+// [Note: cuBLASLt plans]), GPT-2's odd vocabulary as the output width, and the same shape again
+// at another alignment (a second plan). Then empty launches: no rows.
+TEST(ModelKernelsCudaTest, MatmulOnSubViewsOddShapesAndNoRows) {
+  ZR_NEED_GPU();
+  for (auto [act, grad] : kTypes) {
+    Twin t(act, grad);
+    const int rows = 8, in = 768, out = 50257;
+    for (size_t offset : {size_t{32}, size_t{0}, size_t{96}}) {
+      std::vector<float> x = Random(rows * in, 21), w = Random(size_t{out} * in, 22, 0.05f),
+                         b = Random(out, 23), dy = Random(size_t{rows} * out, 24);
+      std::vector<float> y(size_t{rows} * out),
+          dx = Random(rows * in, 25), dw = Random(size_t{out} * in, 26), db = Random(out, 27);
+      void *gx = t.Up(x, act, offset), *gw = t.Up(w, act, offset), *gb = t.Up(b, act, offset);
+      void *gdy = t.Up(dy, act, offset), *gy = t.Up(y, act, offset);
+      void *gdx = t.Up(dx, act, offset), *gdw = t.Up(dw, grad, offset),
+           *gdb = t.Up(db, grad, offset);
+      SCOPED_TRACE(::testing::Message() << "offset " << offset << " " << DTypeName(act));
+      ASSERT_TRUE(t.gpu->Matmul(gy, gx, gw, gb, rows, in, out).ok());
+      ASSERT_TRUE(t.cpu->Matmul(y.data(), x.data(), w.data(), b.data(), rows, in, out).ok());
+      t.Expect("Matmul", gy, y, act);
+      ASSERT_TRUE(t.gpu->MatmulBackward(gdx, gdw, gdb, gdy, gx, gw, rows, in, out).ok());
+      ASSERT_TRUE(t.cpu
+                      ->MatmulBackward(dx.data(), dw.data(), db.data(), dy.data(), x.data(),
+                                       w.data(), rows, in, out)
+                      .ok());
+      t.Expect("MatmulBackward dinp", gdx, dx, act);
+      t.Expect("MatmulBackward dweight", gdw, dw, grad);
+      t.Expect("MatmulBackward dbias", gdb, db, grad);
+      t.buffers.clear();
+    }
+    // No rows: every launch is a no-op that succeeds (a grid of 0 is an invalid configuration).
+    std::vector<float> w = Random(64 * 32, 28), b = Random(64, 29), lw = Random(32, 30);
+    void *gw = t.A(w), *gb = t.A(b), *glw = t.A(lw);
+    std::vector<float> one(1);
+    void* scratch = t.Up(one, DType::kF32);
+    EXPECT_TRUE(t.gpu->Matmul(scratch, scratch, gw, gb, 0, 32, 64).ok());
+    EXPECT_TRUE(
+        t.gpu->MatmulBackward(scratch, scratch, scratch, scratch, scratch, gw, 0, 32, 64).ok());
+    EXPECT_TRUE(t.gpu->LayerNorm(scratch, scratch, scratch, scratch, glw, glw, 0, 32).ok());
+    EXPECT_TRUE(t.gpu->Gelu(scratch, scratch, 0).ok());
+    EXPECT_TRUE(t.gpu->Add(scratch, scratch, scratch, 0).ok());
+    EXPECT_TRUE(t.gpu->CrossEntropy(scratch, scratch, nullptr, 0, 64, 1.0f).ok());
+    EXPECT_TRUE(t.gpu->VocabMax(scratch, scratch, 0, 64, 64).ok());
+    EXPECT_TRUE(t.stream->Synchronize().ok());
   }
 }
 
