@@ -106,6 +106,11 @@ class Communicator {
   // (key, rank). kNoColor gives nullptr.
   StatusOr<std::unique_ptr<Communicator>> Split(int color, int key, CommOptions options);
 
+  // True when the backend moves host memory (MPI, loopback): host buffers go to it with a null
+  // stream; false when it moves device memory only (NCCL), so host values are staged through the
+  // device (AllReduceHostValues).
+  bool moves_host_memory() const { return host_buffers(); }
+
   // Labels the following records of the trace (e.g. "gather blocks.3"); "" clears it.
   void SetTraceLabel(std::string label) { trace_.SetLabel(std::move(label)); }
   const CollectiveTrace& trace() const { return trace_; }

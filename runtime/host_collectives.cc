@@ -8,12 +8,18 @@ namespace zerort {
 
 Status AllReduceHostValues(Communicator& comm, Allocator& allocator, Stream& stream, void* values,
                            size_t count, DType dtype, ReduceOp op) {
-  const size_t bytes = count * DTypeSize(dtype);
+  const size_t elem = DTypeSize(dtype);
+  const size_t chunk = std::max<size_t>(1, std::min(count, kHostValuesChunkBytes / elem));
   const Device dev = allocator.device();
-  ZR_ASSIGN_OR_RETURN(Buffer b, allocator.Allocate(bytes, MemoryCategory::kCommBuffers, &stream));
-  ZR_RETURN_IF_ERROR(CopyBytes(b.data(), dev, values, Device::Cpu(), bytes, &stream));
-  ZR_RETURN_IF_ERROR(comm.AllReduce(b.data(), b.data(), count, dtype, op, &stream));
-  ZR_RETURN_IF_ERROR(CopyBytes(values, Device::Cpu(), b.data(), dev, bytes, &stream));
+  ZR_ASSIGN_OR_RETURN(Buffer b,
+                      allocator.Allocate(chunk * elem, MemoryCategory::kCommBuffers, &stream));
+  for (size_t begin = 0; begin < count; begin += chunk) {
+    const size_t n = std::min(chunk, count - begin);
+    char* at = static_cast<char*>(values) + begin * elem;
+    ZR_RETURN_IF_ERROR(CopyBytes(b.data(), dev, at, Device::Cpu(), n * elem, &stream));
+    ZR_RETURN_IF_ERROR(comm.AllReduce(b.data(), b.data(), n, dtype, op, &stream));
+    ZR_RETURN_IF_ERROR(CopyBytes(at, Device::Cpu(), b.data(), dev, n * elem, &stream));
+  }
   return stream.Synchronize();
 }
 

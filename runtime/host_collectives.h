@@ -1,6 +1,8 @@
-// Collectives on a few host values (a loss, a flag, checksums) over any backend: the values are
-// staged through the allocator's memory on a stream, because NCCL takes device memory only. The
-// call waits for the result. For decisions every rank must take together.
+// Collectives on host values (a loss, a flag, checksums, a host-tier gradient shard) over any
+// backend: the values are staged through the allocator's memory on `stream`, because NCCL takes
+// device memory only, in chunks of at most kHostValuesChunkBytes (bounded memory for a large
+// shard). The call waits for the result. For decisions every rank must take together, and for
+// host buffers a communicator that does not move host memory cannot read.
 #pragma once
 
 #include <cstddef>
@@ -11,6 +13,8 @@
 #include "runtime/communicator.h"
 
 namespace zerort {
+
+inline constexpr size_t kHostValuesChunkBytes = size_t{16} << 20;
 
 Status AllReduceHostValues(Communicator& comm, Allocator& allocator, Stream& stream, void* values,
                            size_t count, DType dtype, ReduceOp op);

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "runtime/host_collectives.h"
 #include "runtime/log.h"
 #include "runtime/scoped_seconds.h"
 #include "runtime/strings.h"
@@ -374,12 +375,20 @@ Status ShardManager::ReduceGradients() {
     if (tied == nullptr || tied->size() == 1) continue;
     const TensorView g = optimizer_->GradShard(static_cast<int>(i));
     Stream* stream = optimizer_->StreamFor(optimizer_->tier());
-    if (stream == nullptr) {
-      ZR_RETURN_IF_ERROR(resources_.compute->Synchronize());  // host shards: written by then
-    }
     tied->SetTraceLabel(StrCat("tied gradient of ", units_[i]->name()));
-    ZR_RETURN_IF_ERROR(
-        tied->AllReduce(g.data(), g.data(), g.numel(), DType::kF32, ReduceOp::kSum, stream));
+    if (stream == nullptr && !tied->moves_host_memory()) {
+      // Host shards (the optimizer offloaded) and NCCL, which reads device memory only: staged
+      // through the device on the compute stream, after the work that wrote them.
+      ZR_RETURN_IF_ERROR(
+          AllReduceHostValues(*tied, *resources_.device_allocator, *resources_.compute, g.data(),
+                              static_cast<size_t>(g.numel()), DType::kF32, ReduceOp::kSum));
+    } else {
+      if (stream == nullptr) {
+        ZR_RETURN_IF_ERROR(resources_.compute->Synchronize());  // host shards: written by then
+      }
+      ZR_RETURN_IF_ERROR(
+          tied->AllReduce(g.data(), g.data(), g.numel(), DType::kF32, ReduceOp::kSum, stream));
+    }
     tied->SetTraceLabel("");
   }
   gradients_reduced_ = true;

@@ -8,6 +8,7 @@
 #include "kernels/lamb.h"
 #include "kernels/optimizer.h"
 #include "kernels/reduce.h"
+#include "runtime/host_collectives.h"
 #include "runtime/scoped_seconds.h"
 #include "runtime/strings.h"
 #include "sharding/nvme_step.h"
@@ -323,8 +324,15 @@ Status ShardedOptimizer::UpdateLamb(int u, const OptimizerStepArgs& args, const 
   Stream* comm_stream = stream != nullptr ? stream : resources_.compute;
   if (resources_.options->stage != ZeroStage::k0 && resources_.dp->size() > 1) {
     resources_.dp->SetTraceLabel(StrCat("LAMB norms of ", units_[u]->unit->name()));
-    ZR_RETURN_IF_ERROR(resources_.dp->AllReduce(sums.data(), sums.data(), 2 * params, DType::kF32,
-                                                ReduceOp::kSum, comm_stream));
+    if (stream == nullptr && !resources_.dp->moves_host_memory()) {
+      // Host-tier sums and NCCL (device memory only): staged through the device, waited for.
+      ZR_RETURN_IF_ERROR(AllReduceHostValues(
+          *resources_.dp, *resources_.tiers.device, *resources_.compute, sums.data(),
+          static_cast<size_t>(2 * params), DType::kF32, ReduceOp::kSum));
+    } else {
+      ZR_RETURN_IF_ERROR(resources_.dp->AllReduce(sums.data(), sums.data(), 2 * params, DType::kF32,
+                                                  ReduceOp::kSum, comm_stream));
+    }
     resources_.dp->SetTraceLabel("");
   }
   std::vector<float> host(static_cast<size_t>(2 * params));

@@ -52,7 +52,7 @@ zr="$build/tools/zerort"
 "$zr" env >"$logs/env.txt" 2>&1; grep -E '^(build|CUDA|device|NCCL|MPI):' "$logs/env.txt"
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-ctest --test-dir "$build" -L gpu -V --output-junit "$logs/gpu-junit.xml" \
+ctest --test-dir "$build" -L gpu -V --timeout 120 --output-junit "$logs/gpu-junit.xml" \
   >"$logs/ctest-gpu.log" 2>&1
 rc=$?
 ctest --test-dir "$build" -R '^mpi_communicator_test_np2$' --output-on-failure \
@@ -90,6 +90,14 @@ fi
   --set train.eval_interval=12 --set checkpoint.dir=/tmp/gpu-check-ckpt \
   --set logging.metrics_file=/tmp/gpu-check-metrics.jsonl >"$logs/train-gpt2.log" 2>&1 || rc=1
 grep -E '^step +(1|12)/' "$logs/train-gpt2.log"
+# The same with the optimizer on the host (ZeRO-Offload): master weights, moments and the AdamW
+# step in host memory, gradients copied down and parameters up every step.
+"$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite --set train.steps=6 \
+  --set train.eval_interval=6 --set checkpoint.dir=/tmp/gpu-check-ckpt-offload \
+  --set zero_optimization.offload_optimizer.device=cpu \
+  --set logging.metrics_file=/tmp/gpu-check-metrics-offload.jsonl \
+  >"$logs/train-gpt2-offload.log" 2>&1 || rc=1
+grep -E '^step +(1|6)/' "$logs/train-gpt2-offload.log"
 "$zr" bench model --config "$root/configs/bench-gpt2.json" --json >"$logs/bench-model-gpt2.json" \
   2>"$logs/bench-model-gpt2.log" && cat "$logs/bench-model-gpt2.json"
 "$zr" bench adamw --json >"$logs/bench-adamw.json" 2>"$logs/bench-adamw.log" &&

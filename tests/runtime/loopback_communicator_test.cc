@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "runtime/exit_codes.h"
+#include "runtime/host_collectives.h"
 #include "runtime/watchdog.h"
 #include "tests/runtime/comm_test_util.h"
 
@@ -205,6 +206,30 @@ TEST(WatchdogTest, ForwardedStopSignalAbortsOnlyWhenACollectiveStaysBlocked) {
     EXPECT_NE(report.find("recv_forward 0.0"), std::string::npos) << report;
   }
   watchdog.Unregister(&trace);
+}
+
+// Host values staged through an allocator's memory in chunks (runtime/host_collectives.h): more
+// than one chunk and a remainder, summed over three ranks, every element right.
+TEST(HostCollectivesTest, AllReduceHostValuesInChunks) {
+  constexpr size_t kCount = 2 * (kHostValuesChunkBytes / sizeof(float)) + 5;
+  std::vector<std::string> errors(3);
+  ASSERT_TRUE(RunLoopbackRanks(3, Quick(), nullptr, [&](Communicator& comm) -> Status {
+                std::unique_ptr<Allocator> allocator = MakeCpuCachingAllocator(nullptr);
+                ZR_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream,
+                                    CreateStream(Device::Cpu(), "compute"));
+                std::vector<float> values(kCount);
+                for (size_t i = 0; i < kCount; ++i) values[i] = float(i % 1000) + comm.rank();
+                ZR_RETURN_IF_ERROR(AllReduceHostValues(comm, *allocator, *stream, values.data(),
+                                                       kCount, DType::kF32, ReduceOp::kSum));
+                for (size_t i = 0; i < kCount; ++i) {
+                  if (values[i] != 3 * float(i % 1000) + 3) {
+                    errors[comm.rank()] = StrCat("element ", i, " is ", values[i]);
+                    break;
+                  }
+                }
+                return absl::OkStatus();
+              }).ok());
+  EXPECT_EQ(errors, std::vector<std::string>(3));
 }
 
 }  // namespace
