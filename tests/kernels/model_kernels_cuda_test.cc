@@ -174,14 +174,16 @@ TEST(ModelKernelsCudaTest, LinearLayerNormGeluResidual) {
 // at another alignment (a second plan). Then empty launches: no rows.
 TEST(ModelKernelsCudaTest, MatmulOnSubViewsOddShapesAndNoRows) {
   ZR_NEED_GPU();
+  const int rows = 8, in = 768, out = 50257;
+  const std::vector<float> x0 = Random(rows * in, 21), w0 = Random(size_t{out} * in, 22, 0.05f),
+                           b0 = Random(out, 23), dy0 = Random(size_t{rows} * out, 24),
+                           dx0 = Random(rows * in, 25), dw0 = Random(size_t{out} * in, 26),
+                           db0 = Random(out, 27);
   for (auto [act, grad] : kTypes) {
     Twin t(act, grad);
-    const int rows = 8, in = 768, out = 50257;
     for (size_t offset : {size_t{32}, size_t{0}, size_t{96}}) {
-      std::vector<float> x = Random(rows * in, 21), w = Random(size_t{out} * in, 22, 0.05f),
-                         b = Random(out, 23), dy = Random(size_t{rows} * out, 24);
-      std::vector<float> y(size_t{rows} * out),
-          dx = Random(rows * in, 25), dw = Random(size_t{out} * in, 26), db = Random(out, 27);
+      std::vector<float> x = x0, w = w0, b = b0, dy = dy0, y(size_t{rows} * out), dx = dx0,
+                         dw = dw0, db = db0;
       void *gx = t.Up(x, act, offset), *gw = t.Up(w, act, offset), *gb = t.Up(b, act, offset);
       void *gdy = t.Up(dy, act, offset), *gy = t.Up(y, act, offset);
       void *gdx = t.Up(dx, act, offset), *gdw = t.Up(dw, grad, offset),
