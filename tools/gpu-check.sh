@@ -7,13 +7,13 @@
 #   tools/gpu-check.sh [BUILD]
 # With .gpu/pack.tar.xz (tools/gpu-pack.sh, made on a machine that builds zerort) it unpacks that
 # build and uses the machine's CUDA, cuBLAS, NCCL and MPI; else it configures and builds BUILD
-# (default build-gpu), which needs scripts/install-deps.sh's packages. Logs go to $OUT/gpu-check
-# when OUT is set (the device tool returns that folder, even when the call runs out of time),
-# else to /tmp/gpu-check.
+# (default build-gpu), which needs scripts/install-deps.sh's packages. Logs go to /tmp/gpu-check,
+# packed into $OUT/gpu-check.tar.gz on exit when OUT is set (the device tool returns that folder;
+# one archive, since it returns only a few files).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-logs=${OUT:+$OUT/gpu-check}
-logs=${logs:-/tmp/gpu-check}
+logs=/tmp/gpu-check
+[[ -n ${OUT:-} ]] && trap 'mkdir -p "$OUT" && tar -C /tmp -czf "$OUT/gpu-check.tar.gz" gpu-check' EXIT
 mkdir -p "$logs"
 t0=$(date +%s)
 step() { echo "[$(($(date +%s) - t0)) s] $*"; }
