@@ -73,7 +73,12 @@ StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(GptModel& m
   if (options.allocator == nullptr || options.stream == nullptr) {
     return absl::InvalidArgumentError("the pipeline executor needs an allocator and a stream");
   }
-  return std::unique_ptr<PipelineExecutor>(new PipelineExecutor(model, std::move(options)));
+  PipelineLinks links;
+  if (s.stages > 1) {
+    ZR_ASSIGN_OR_RETURN(links, PipelineLinks::Create(*options.pipeline));
+  }
+  return std::unique_ptr<PipelineExecutor>(
+      new PipelineExecutor(model, std::move(options), std::move(links)));
 }
 
 bool PipelineExecutor::FirstChunk(int chunk) const {
@@ -105,10 +110,22 @@ struct PipelineExecutor::Step {
 };
 
 Status PipelineExecutor::ReleaseSent() {
-  Communicator* comm = options_.pipeline;
-  const size_t pending = comm == nullptr ? 0 : comm->posted_sends();
-  while (in_flight_.size() > pending) in_flight_.pop_front();
+  for (auto& [link, copies] : in_flight_) {
+    while (copies.size() > link->posted_sends()) copies.pop_front();
+  }
   return absl::OkStatus();
+}
+
+Communicator* PipelineExecutor::To(int stage) const {
+  Communicator* link = links_.To(stage);
+  ZR_CHECK(link != nullptr) << "no pipeline link from stage " << options_.stage << " to " << stage;
+  return link;
+}
+
+Communicator* PipelineExecutor::From(int stage) const {
+  Communicator* link = links_.From(stage);
+  ZR_CHECK(link != nullptr) << "no pipeline link to stage " << options_.stage << " from " << stage;
+  return link;
 }
 
 Status PipelineExecutor::Compute(Step& step, const PipelineAction& a) {
@@ -203,12 +220,14 @@ Status PipelineExecutor::Send(Step& step, const PipelineAction& a) {
     copy = std::move(gradient);
     data = static_cast<const std::byte*>(copy.data()) + offset * elem;
   }
-  options_.pipeline->SetTraceLabel(StrCat(PipelineOpName(a.op), " ", a.micro_batch, ".", a.chunk));
-  const Status posted = options_.pipeline->PostSend(data, count, dtype, to.stage, options_.stream);
-  options_.pipeline->SetTraceLabel("");  // later collectives on the group are not this send
+  Communicator* link = To(to.stage);
+  link->SetTraceLabel(StrCat(PipelineOpName(a.op), " ", a.micro_batch, ".", a.chunk));
+  const Status posted =
+      link->PostSend(data, count, dtype, PipelineLinks::kReceiverRank, options_.stream);
+  link->SetTraceLabel("");
   ZR_RETURN_IF_ERROR(posted);
   bytes_sent_ += count * static_cast<int64_t>(elem);
-  in_flight_.push_back(std::move(copy));
+  in_flight_[link].push_back(std::move(copy));
   ZR_RETURN_IF_ERROR(ReleaseSent());
   if (options_.span) {
     options_.span(
@@ -222,7 +241,7 @@ Status PipelineExecutor::Receive(Step& step, const std::vector<PipelineAction>& 
   const auto t0 = std::chrono::system_clock::now();
   const DType dtype = model_.BoundaryDType();
   const size_t elem = DTypeSize(dtype);
-  std::vector<P2POp> ops;
+  std::map<int, std::vector<P2POp>> ops;                // per stage received from (its link)
   std::vector<std::pair<std::byte*, int64_t>> gathers;  // whole buffers to all-gather into
   std::string label;
   for (const PipelineAction& a : batch) {
@@ -245,15 +264,19 @@ Status PipelineExecutor::Receive(Step& step, const std::vector<PipelineAction>& 
       step.grad_in[{a.micro_batch, a.chunk}] = std::move(b);
     }
     const auto [offset, count] = Slice(n);
-    ops.push_back({P2POp::kRecv, into + offset * elem, static_cast<size_t>(count), from.stage});
+    ops[from.stage].push_back({P2POp::kRecv, into + offset * elem, static_cast<size_t>(count),
+                               PipelineLinks::kSenderRank});
     if (count != n) gathers.emplace_back(into, n);
     StrAppend(&label, label.empty() ? "" : ", ", PipelineOpName(a.op), " ", a.micro_batch, ".",
               a.chunk);
   }
-  options_.pipeline->SetTraceLabel(label);
-  const Status received = options_.pipeline->Exchange(ops, dtype, options_.stream);
-  options_.pipeline->SetTraceLabel("");
-  ZR_RETURN_IF_ERROR(received);
+  for (const auto& [stage, recvs] : ops) {
+    Communicator* link = From(stage);
+    link->SetTraceLabel(label);
+    const Status received = link->Exchange(recvs, dtype, options_.stream);
+    link->SetTraceLabel("");
+    ZR_RETURN_IF_ERROR(received);
+  }
   for (const auto& [into, n] : gathers) {
     const auto [offset, count] = Slice(n);
     options_.tp.comm->SetTraceLabel("pipeline scatter/gather");
@@ -290,7 +313,7 @@ StatusOr<double> PipelineExecutor::Run(const std::vector<PipelineAction>& action
   for (const auto& mb : step.mbs) {
     if (mb) return absl::InternalError("a micro-batch left unfinished by the schedule");
   }
-  if (options_.pipeline != nullptr) ZR_RETURN_IF_ERROR(options_.pipeline->WaitSends());
+  for (Communicator* link : links_.outgoing()) ZR_RETURN_IF_ERROR(link->WaitSends());
   in_flight_.clear();
   return step.loss;
 }
@@ -337,8 +360,9 @@ StatusOr<std::vector<int32_t>> PipelineExecutor::Generate(std::vector<int32_t> p
         ZR_RETURN_IF_ERROR(model_.EmbedForward(*mb));
       } else {
         const ChunkAddress from = PreviousChunk(options_.shape, options_.stage, c);
-        ZR_RETURN_IF_ERROR(options_.pipeline->Recv(model_.BlockInput(*mb, first), n, dtype,
-                                                   from.stage, options_.stream));
+        ZR_RETURN_IF_ERROR(From(from.stage)
+                               ->Recv(model_.BlockInput(*mb, first), n, dtype,
+                                      PipelineLinks::kSenderRank, options_.stream));
       }
       ZR_RETURN_IF_ERROR(model_.BlocksForward(*mb, first, last));
       if (LastChunk(c)) {
@@ -347,8 +371,8 @@ StatusOr<std::vector<int32_t>> PipelineExecutor::Generate(std::vector<int32_t> p
         token = SampleToken(logits, sampling, rng);
       } else {
         const ChunkAddress to = NextChunk(options_.shape, options_.stage, c);
-        ZR_RETURN_IF_ERROR(options_.pipeline->Send(model_.BlockInput(*mb, last), n, dtype, to.stage,
-                                                   options_.stream));
+        ZR_RETURN_IF_ERROR(To(to.stage)->Send(model_.BlockInput(*mb, last), n, dtype,
+                                              PipelineLinks::kReceiverRank, options_.stream));
       }
     }
     if (p > 1) {  // the last stage's token to every stage (the others add 0)

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "layers/gpt_model.h"
+#include "layers/pipeline_links.h"
 #include "layers/pipeline_schedule.h"
 #include "layers/tensor_parallel.h"
 #include "runtime/allocator.h"
@@ -43,9 +45,11 @@ using SpanSink = std::function<void(std::string_view name, std::string_view trac
                                     std::chrono::system_clock::time_point end)>;
 
 struct PipelineStageOptions {
-  PipelineShape shape;                      // schedule, p, m, v
-  int stage = 0;                            // this rank's pipeline coordinate
-  Communicator* pipeline = nullptr;         // rank == stage; null when one stage
+  PipelineShape shape;  // schedule, p, m, v
+  int stage = 0;        // this rank's pipeline coordinate
+  // rank == stage; null when one stage. Its collectives (the loss); the transfers go over
+  // links split from it at Create ([Note: pipeline links]).
+  Communicator* pipeline = nullptr;
   TensorParallelGroup tp = {};              // the scatter/gather's all-gather
   bool sequence_parallel = false;           // boundaries already split by rows
   bool scatter_gather = true;               // send 1/tp of a replicated boundary
@@ -83,8 +87,8 @@ class PipelineExecutor {
   const PipelineStageOptions& options() const { return options_; }
 
  private:
-  PipelineExecutor(GptModel& model, PipelineStageOptions options)
-      : model_(model), options_(std::move(options)) {}
+  PipelineExecutor(GptModel& model, PipelineStageOptions options, PipelineLinks links)
+      : model_(model), options_(std::move(options)), links_(std::move(links)) {}
   struct Step;
   StatusOr<double> Run(const std::vector<PipelineAction>& actions,
                        std::span<const PipelineData> data, int batch, int seq, bool train,
@@ -92,16 +96,20 @@ class PipelineExecutor {
   Status Compute(Step& step, const PipelineAction& a);
   Status Send(Step& step, const PipelineAction& a);
   Status Receive(Step& step, const std::vector<PipelineAction>& batch);
-  Status ReleaseSent();              // send copies whose sends completed
-  bool FirstChunk(int chunk) const;  // the model's first chunk (it embeds)
-  bool LastChunk(int chunk) const;   // the model's last chunk (it has the head)
+  Status ReleaseSent();                 // send copies whose sends completed
+  Communicator* To(int stage) const;    // the link to a neighbour ([Note: pipeline links])
+  Communicator* From(int stage) const;  // the link from one
+  bool FirstChunk(int chunk) const;     // the model's first chunk (it embeds)
+  bool LastChunk(int chunk) const;      // the model's last chunk (it has the head)
   // The part of a boundary of `n` elements this rank sends and receives: all of it, or its
   // 1/tp (scatter/gather): {offset, count}.
   std::pair<int64_t, int64_t> Slice(int64_t n) const;
 
   GptModel& model_;
   PipelineStageOptions options_;
-  std::deque<Buffer> in_flight_;  // copies of posted sends, oldest first
+  PipelineLinks links_;
+  // Copies of posted sends per link, oldest first.
+  std::map<Communicator*, std::deque<Buffer>> in_flight_;
   int64_t bytes_sent_ = 0;
   bool failed_send_ = false;  // the injected fault happened
 };

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <thread>
 #include <utility>
@@ -52,6 +53,7 @@ struct Message {
   std::vector<std::byte> data;
   size_t count;
   DType dtype;
+  std::shared_ptr<bool> taken;  // set by the receiver (under the group's lock)
 };
 
 class LoopbackGroup;
@@ -63,9 +65,11 @@ struct SplitResult {
 
 class LoopbackGroup {
  public:
-  explicit LoopbackGroup(int size) : size_(size), slots_(size), split_results_(size) {}
+  LoopbackGroup(int size, LoopbackSends sends)
+      : size_(size), sends_(sends), slots_(size), split_results_(size) {}
 
   int size() const { return size_; }
+  LoopbackSends sends() const { return sends_; }
 
   // Waits until every rank has arrived; `on_last` runs in the last arriving thread, under the
   // lock, before the others are released. When the ranks publish slots, the last arriver also
@@ -106,10 +110,41 @@ class LoopbackGroup {
   std::vector<std::byte>& scratch() { return scratch_; }
   std::vector<SplitResult>& split_results() { return split_results_; }
 
-  void Post(int src, int dst, Message message) {
+  // Returns the flag the receiver sets when it takes the message.
+  std::shared_ptr<bool> Post(int src, int dst, Message message) {
     std::lock_guard lock(mu_);
+    message.taken = std::make_shared<bool>(false);
+    std::shared_ptr<bool> taken = message.taken;
     mailboxes_[{src, dst}].push_back(std::move(message));
     cv_.notify_all();
+    return taken;
+  }
+
+  // Waits until every flag is set: the sends were received (kRendezvous).
+  Status WaitTaken(int rank, const std::deque<std::pair<int, std::shared_ptr<bool>>>& sends,
+                   Clock::time_point deadline) {
+    std::unique_lock lock(mu_);
+    for (const auto& [peer, taken] : sends) {
+      while (!*taken) {
+        if (broken_) return Broken();
+        if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !*taken) {
+          return absl::DeadlineExceededError(StrCat(
+              "loopback rank ", rank, ": a send to rank ", peer,
+              " was not received in time, and with NCCL-like sends (LoopbackSends::kRendezvous) "
+              "this communicator's later operations wait for it, as NCCL runs a "
+              "communicator's operations in order"));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // How many of the oldest `sends` were received.
+  size_t CountTaken(const std::deque<std::pair<int, std::shared_ptr<bool>>>& sends) {
+    std::lock_guard lock(mu_);
+    size_t n = 0;
+    while (n < sends.size() && *sends[n].second) ++n;
+    return n;
   }
 
   StatusOr<Message> Take(int src, int dst, Clock::time_point deadline) {
@@ -124,6 +159,8 @@ class LoopbackGroup {
     }
     Message message = std::move(box.front());
     box.erase(box.begin());
+    *message.taken = true;
+    cv_.notify_all();
     return message;
   }
 
@@ -146,6 +183,7 @@ class LoopbackGroup {
   }
 
   const int size_;
+  const LoopbackSends sends_;
   std::mutex mu_;
   std::condition_variable cv_;
   uint64_t generation_ = 0;
@@ -187,6 +225,7 @@ class LoopbackCommunicator final : public Communicator {
   bool host_buffers() const override { return true; }
 
   Status DoAllGather(const void* send, void* recv, size_t count, DType dtype, Stream*) override {
+    ZR_RETURN_IF_ERROR(InOrder());
     Slot slot{CollectiveOp::kAllGather, send, recv, count, dtype};
     ZR_RETURN_IF_ERROR(Begin(slot));
     const size_t bytes = count * DTypeSize(dtype);
@@ -199,6 +238,7 @@ class LoopbackCommunicator final : public Communicator {
 
   Status DoReduceScatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                          Stream*) override {
+    ZR_RETURN_IF_ERROR(InOrder());
     Slot slot{CollectiveOp::kReduceScatter, send, recv, count, dtype, op};
     ZR_RETURN_IF_ERROR(Begin(slot));
     internal::ReduceHost(Inputs(), static_cast<size_t>(rank()) * count, recv, count, dtype, op);
@@ -207,6 +247,7 @@ class LoopbackCommunicator final : public Communicator {
 
   Status DoAllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                      Stream*) override {
+    ZR_RETURN_IF_ERROR(InOrder());
     Slot slot{CollectiveOp::kAllReduce, send, recv, count, dtype, op};
     const size_t elem = DTypeSize(dtype);
     ZR_RETURN_IF_ERROR(Begin(slot, [&] {
@@ -224,6 +265,7 @@ class LoopbackCommunicator final : public Communicator {
   }
 
   Status DoBroadcast(void* buffer, size_t count, DType dtype, int root, Stream*) override {
+    ZR_RETURN_IF_ERROR(InOrder());
     Slot slot{CollectiveOp::kBroadcast, buffer, buffer, count, dtype, ReduceOp::kSum, root};
     ZR_RETURN_IF_ERROR(Begin(slot));
     if (rank() != root) CopyHost(buffer, group_->slot(root).send, count * DTypeSize(dtype));
@@ -231,14 +273,18 @@ class LoopbackCommunicator final : public Communicator {
   }
 
   Status DoSend(const void* buffer, size_t count, DType dtype, int peer, Stream*) override {
-    const auto* bytes = static_cast<const std::byte*>(buffer);
-    group_->Post(
-        rank(), peer,
-        Message{std::vector<std::byte>(bytes, bytes + count * DTypeSize(dtype)), count, dtype});
-    return absl::OkStatus();
+    ZR_RETURN_IF_ERROR(InOrder());
+    Post(buffer, count, dtype, peer);
+    return InOrder();  // a blocking send ends when received (kRendezvous)
   }
 
   Status DoRecv(void* buffer, size_t count, DType dtype, int peer, Stream*) override {
+    ZR_RETURN_IF_ERROR(InOrder());
+    return Take(buffer, count, dtype, peer);
+  }
+
+  // Takes the next message from `peer` into `buffer`.
+  Status Take(void* buffer, size_t count, DType dtype, int peer) {
     ZR_ASSIGN_OR_RETURN(Message message, group_->Take(peer, rank(), Clock::now() + wait_));
     if (message.count != count || message.dtype != dtype) {
       return absl::InvalidArgumentError(StrCat("recv of ", count, " ", DTypeName(dtype),
@@ -251,43 +297,54 @@ class LoopbackCommunicator final : public Communicator {
 
   Status DoSendRecv(const void* send, size_t send_count, int dst, void* recv, size_t recv_count,
                     int src, DType dtype, Stream* stream) override {
-    ZR_RETURN_IF_ERROR(DoSend(send, send_count, dtype, dst, stream));
-    return DoRecv(recv, recv_count, dtype, src, stream);
+    const P2POp ops[] = {{P2POp::kSend, const_cast<void*>(send), send_count, dst},
+                         {P2POp::kRecv, recv, recv_count, src}};
+    return DoExchange(ops, dtype, stream);
   }
 
-  Status DoExchange(std::span<const P2POp> ops, DType dtype, Stream* stream) override {
-    // Sends never wait here, so posting them all first cannot deadlock.
+  // A group: its sends are posted first, so its own receives cannot wait on them; it ends when
+  // its receives have their data and (kRendezvous) its sends were received.
+  Status DoExchange(std::span<const P2POp> ops, DType dtype, Stream*) override {
+    ZR_RETURN_IF_ERROR(InOrder());
     for (const P2POp& op : ops) {
-      if (op.kind == P2POp::kSend)
-        ZR_RETURN_IF_ERROR(DoSend(op.buffer, op.count, dtype, op.peer, stream));
+      if (op.kind == P2POp::kSend) Post(op.buffer, op.count, dtype, op.peer);
     }
     for (const P2POp& op : ops) {
-      if (op.kind == P2POp::kRecv)
-        ZR_RETURN_IF_ERROR(DoRecv(op.buffer, op.count, dtype, op.peer, stream));
+      if (op.kind == P2POp::kRecv) ZR_RETURN_IF_ERROR(Take(op.buffer, op.count, dtype, op.peer));
     }
-    return absl::OkStatus();
+    return InOrder();
   }
 
-  // Sends are buffered: complete when posted.
-  Status DoPostSend(const void* buffer, size_t count, DType dtype, int peer,
-                    Stream* stream) override {
-    ZR_RETURN_IF_ERROR(DoSend(buffer, count, dtype, peer, stream));
-    ++unpolled_;
+  // kBuffered: complete when posted. kRendezvous: complete when received; meanwhile the
+  // communicator's later operations wait (InOrder), as NCCL's would.
+  Status DoPostSend(const void* buffer, size_t count, DType dtype, int peer, Stream*) override {
+    Post(buffer, count, dtype, peer);
+    ++posted_;
     return absl::OkStatus();
   }
-  StatusOr<size_t> DoPollSends() override { return std::exchange(unpolled_, 0); }
+  StatusOr<size_t> DoPollSends() override {
+    const size_t taken = group_->CountTaken(unreceived_);  // the oldest, in posting order
+    unreceived_.erase(unreceived_.begin(),
+                      unreceived_.begin() + static_cast<std::ptrdiff_t>(taken));
+    const size_t done = posted_ - std::min(posted_, unreceived_.size());
+    posted_ -= done;
+    return done;
+  }
   Status DoWaitSends() override {
-    unpolled_ = 0;
+    ZR_RETURN_IF_ERROR(InOrder());
+    posted_ = 0;
     return absl::OkStatus();
   }
 
   Status DoBarrier() override {
+    ZR_RETURN_IF_ERROR(InOrder());
     Slot slot{CollectiveOp::kBarrier};
     return Begin(slot);
   }
 
   StatusOr<std::unique_ptr<Communicator>> DoSplit(int color, int key,
                                                   CommOptions options) override {
+    ZR_RETURN_IF_ERROR(InOrder());
     Slot slot{CollectiveOp::kSplit};
     slot.color = color;
     slot.key = key;
@@ -299,7 +356,8 @@ class LoopbackCommunicator final : public Communicator {
       }
       for (auto& [c, list] : members) {
         std::sort(list.begin(), list.end());
-        auto group = std::make_shared<LoopbackGroup>(static_cast<int>(list.size()));
+        auto group =
+            std::make_shared<LoopbackGroup>(static_cast<int>(list.size()), group_->sends());
         for (size_t i = 0; i < list.size(); ++i) {
           group_->split_results()[list[i].second] = SplitResult{group, static_cast<int>(i)};
         }
@@ -324,6 +382,23 @@ class LoopbackCommunicator final : public Communicator {
     return Arrive(&slot, on_last);
   }
 
+  void Post(const void* buffer, size_t count, DType dtype, int peer) {
+    const auto* bytes = static_cast<const std::byte*>(buffer);
+    std::shared_ptr<bool> taken = group_->Post(
+        rank(), peer,
+        Message{std::vector<std::byte>(bytes, bytes + count * DTypeSize(dtype)), count, dtype, {}});
+    if (group_->sends() == LoopbackSends::kRendezvous) unreceived_.emplace_back(peer, taken);
+  }
+
+  // kRendezvous: an operation starts once this rank's earlier sends on this communicator were
+  // received (NCCL runs a communicator's operations in issue order). kBuffered: at once.
+  Status InOrder() {
+    if (unreceived_.empty()) return absl::OkStatus();
+    ZR_RETURN_IF_ERROR(group_->WaitTaken(rank(), unreceived_, Clock::now() + wait_));
+    unreceived_.clear();
+    return absl::OkStatus();
+  }
+
   std::vector<const void*> Inputs() const {
     std::vector<const void*> inputs(size());
     for (int r = 0; r < size(); ++r) inputs[r] = group_->slot(r).send;
@@ -332,18 +407,21 @@ class LoopbackCommunicator final : public Communicator {
 
   std::shared_ptr<LoopbackGroup> group_;
   const Clock::duration wait_;
-  size_t unpolled_ = 0;  // posted sends not yet reported complete (they are at once)
+  size_t posted_ = 0;  // posted sends not yet reported complete
+  // kRendezvous: this rank's sends not yet known to be received, oldest first, with their peer.
+  std::deque<std::pair<int, std::shared_ptr<bool>>> unreceived_;
 };
 
 }  // namespace
 
 StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateLoopbackGroup(int size,
                                                                          CommOptions options,
-                                                                         Watchdog* watchdog) {
+                                                                         Watchdog* watchdog,
+                                                                         LoopbackSends sends) {
   if (size < 1) {
     return absl::InvalidArgumentError(StrCat("loopback group size ", size, " is below 1"));
   }
-  auto group = std::make_shared<LoopbackGroup>(size);
+  auto group = std::make_shared<LoopbackGroup>(size, sends);
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int r = 0; r < size; ++r) {
     comms.push_back(std::make_unique<LoopbackCommunicator>(group, r, options, watchdog));
@@ -352,9 +430,9 @@ StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateLoopbackGroup(int siz
 }
 
 Status RunLoopbackRanks(int size, CommOptions options, Watchdog* watchdog,
-                        const std::function<Status(Communicator&)>& body) {
+                        const std::function<Status(Communicator&)>& body, LoopbackSends sends) {
   ZR_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Communicator>> comms,
-                      CreateLoopbackGroup(size, std::move(options), watchdog));
+                      CreateLoopbackGroup(size, std::move(options), watchdog, sends));
   std::vector<Status> results(size);
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {

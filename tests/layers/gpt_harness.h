@@ -69,6 +69,9 @@ struct GptRunConfig {
   DType compute = DType::kF32;  // weights and activations: f32, bf16, or f16 (loss scaling)
   StreamOptions streams;        // the manager's streams: queued for the asynchronous CPU device
   ShardPlacement placement;     // offload of the optimizer state and the parameters
+  // How the loopback ranks' sends complete: kRendezvous has NCCL's semantics.
+  LoopbackSends sends = LoopbackSends::kBuffered;
+  std::chrono::milliseconds comm_timeout{60'000};
 };
 
 struct GptRank {
@@ -85,9 +88,9 @@ inline StatusOr<GptRank> MakeGptRank(const GptRunConfig& c, Communicator& comm,
                                      MemoryTracker& tracker) {
   GptRank r;
   const int dp = comm.size() / (c.tp * c.pp);
-  ZR_ASSIGN_OR_RETURN(
-      r.mesh,
-      DeviceMesh::Create(comm, {.data = dp, .tensor = c.tp, .pipeline = c.pp}, {.name = "gpt"}));
+  ZR_ASSIGN_OR_RETURN(r.mesh,
+                      DeviceMesh::Create(comm, {.data = dp, .tensor = c.tp, .pipeline = c.pp},
+                                         {.name = "gpt", .timeout = comm.options().timeout}));
   r.allocator = MakeCpuCachingAllocator(&tracker);
   ShardManagerOptions o;
   o.stage = c.stage;
@@ -217,11 +220,12 @@ inline std::vector<double> TrainLoopback(const GptRunConfig& c, int world,
                                          GptMasters* masters = nullptr) {
   std::vector<double> losses;
   CommOptions options;
-  options.timeout = std::chrono::seconds(60);
+  options.timeout = c.comm_timeout;
   std::mutex mu;
-  const Status s = RunLoopbackRanks(world, options, nullptr, [&](Communicator& comm) {
-    return TrainGptRank(c, comm, losses, nullptr, masters, &mu);
-  });
+  const Status s = RunLoopbackRanks(
+      world, options, nullptr,
+      [&](Communicator& comm) { return TrainGptRank(c, comm, losses, nullptr, masters, &mu); },
+      c.sends);
   if (!s.ok()) std::fprintf(stderr, "TrainLoopback: %s\n", s.ToString().c_str());
   return s.ok() ? losses : std::vector<double>{};
 }

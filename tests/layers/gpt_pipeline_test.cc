@@ -144,6 +144,32 @@ TEST(GptPipelineTest, SixteenBitStagesEqualOneRank) {
   }
 }
 
+// NCCL's semantics on the loopback ranks (LoopbackSends::kRendezvous: a send ends when its
+// receiver takes it, a communicator runs its operations in order). Over the pipeline group
+// itself, 1F1B at p 2, m 2 deadlocks: each stage's receive waits behind its own posted send to
+// the other. Over the directed links ([Note: pipeline links]) every schedule trains to the
+// one-rank numbers. (Put the transfers back on the pipeline group and this test times out.)
+TEST(GptPipelineTest, NcclLikeSendsDoNotDeadlock) {
+  for (PipelineSchedule schedule :
+       {PipelineSchedule::k1F1B, PipelineSchedule::kGpipe, PipelineSchedule::kInterleaved}) {
+    GptRunConfig c = Base();
+    c.steps = 12;
+    c.sends = LoopbackSends::kRendezvous;
+    c.comm_timeout = std::chrono::seconds(10);
+    c.schedule = schedule;
+    c.pp = 2;
+    c.micro_batches = 2;
+    c.global_batch = 4;
+    if (schedule == PipelineSchedule::kInterleaved) c.virtual_stages = 2;
+    ExpectMatchesOneRank(c, 2);
+    c.pp = 4;
+    c.micro_batches = 4;
+    c.global_batch = 8;
+    if (schedule == PipelineSchedule::kInterleaved) c.model.n_layer = 8;
+    ExpectMatchesOneRank(c, 4);
+  }
+}
+
 // Evaluation losses and greedy samples through the stages (interleaved, with tp) equal one
 // rank's, and the scatter/gather sends half the bytes at tp 2.
 TEST(GptPipelineTest, EvaluationSamplingAndScatterGatherBytes) {

@@ -208,6 +208,59 @@ TEST(WatchdogTest, ForwardedStopSignalAbortsOnlyWhenACollectiveStaysBlocked) {
   watchdog.Unregister(&trace);
 }
 
+// LoopbackSends::kRendezvous imitates NCCL: two ranks that each post a send to the other and then
+// receive on the same communicator wait for each other for ever (NCCL runs a communicator's
+// operations in order, and a send ends when received): each fails with DeadlineExceeded. The same
+// transfers on two directed communicators (one per direction, as the pipeline executor's links)
+// complete; buffered sends (MPI-like) complete either way.
+Status CrossedSends(Communicator& comm, LoopbackSends sends, bool directed) {
+  const int peer = 1 - comm.rank();
+  std::unique_ptr<Communicator> up, down;  // 0 -> 1 and 1 -> 0
+  Communicator* out = &comm;
+  Communicator* in = &comm;
+  if (directed) {
+    ZR_ASSIGN_OR_RETURN(up, comm.Split(0, comm.rank(), comm.options()));
+    ZR_ASSIGN_OR_RETURN(down, comm.Split(0, comm.rank(), comm.options()));
+    out = comm.rank() == 0 ? up.get() : down.get();
+    in = comm.rank() == 0 ? down.get() : up.get();
+  }
+  const float mine = static_cast<float>(comm.rank() + 1);
+  float theirs = 0;
+  ZR_RETURN_IF_ERROR(out->PostSend(&mine, 1, DType::kF32, peer));
+  if (sends == LoopbackSends::kRendezvous && !directed) {
+    // Not received yet: the peer is blocked in its own receive.
+    if (out->posted_sends() != 1) return absl::InternalError("the posted send completed early");
+  }
+  ZR_RETURN_IF_ERROR(in->Recv(&theirs, 1, DType::kF32, peer));
+  if (theirs != static_cast<float>(peer + 1)) return absl::InternalError("wrong value received");
+  ZR_RETURN_IF_ERROR(out->WaitSends());
+  return out->posted_sends() == 0 ? absl::OkStatus()
+                                  : absl::InternalError("a send still posted after WaitSends");
+}
+
+TEST(LoopbackRendezvousTest, CrossedPostedSendsDeadlockOnOneCommunicatorOnly) {
+  const CommOptions quick = Quick(std::chrono::milliseconds(300));
+  for (bool directed : {false, true}) {
+    EXPECT_TRUE(
+        RunLoopbackRanks(
+            2, quick, nullptr,
+            [&](Communicator& c) { return CrossedSends(c, LoopbackSends::kBuffered, directed); },
+            LoopbackSends::kBuffered)
+            .ok());
+  }
+  const Status one = RunLoopbackRanks(
+      2, quick, nullptr,
+      [&](Communicator& c) { return CrossedSends(c, LoopbackSends::kRendezvous, false); },
+      LoopbackSends::kRendezvous);
+  EXPECT_EQ(one.code(), absl::StatusCode::kDeadlineExceeded) << one;
+  EXPECT_NE(one.message().find("was not received in time"), std::string_view::npos) << one;
+  const Status two = RunLoopbackRanks(
+      2, quick, nullptr,
+      [&](Communicator& c) { return CrossedSends(c, LoopbackSends::kRendezvous, true); },
+      LoopbackSends::kRendezvous);
+  EXPECT_TRUE(two.ok()) << two;
+}
+
 // Host values staged through an allocator's memory in chunks (runtime/host_collectives.h): more
 // than one chunk and a remainder, summed over three ranks, every element right.
 TEST(HostCollectivesTest, AllReduceHostValuesInChunks) {
