@@ -25,6 +25,10 @@ Status CudaAdam(const AdamHyper&, float*, const float*, float*, float*, void*, D
 Status CudaSgd(const SgdHyper&, float*, const float*, float*, void*, DType, int64_t, Stream*) {
   return NoCuda("SgdStep");
 }
+Status CudaAdamSegments(const AdamHyper&, std::span<const OptimizerSegment>, float*, const float*,
+                        float*, float*, void*, DType, Stream*) {
+  return NoCuda("AdamStepSegments");
+}
 Status CudaLambMoments(const LambHyper&, const float*, float*, float*, float*, float*, int64_t,
                        Stream*) {
   return NoCuda("LambMoments");

@@ -250,6 +250,9 @@ Status ShardedOptimizer::Update(int u, const Range& range, const OptimizerStepAr
   const OptimizerOptions& opt = o.optimizer;
   const FlatLayout& layout = units_[u]->unit->layout();
   Stream* stream = StreamFor(tier());
+  // Adam and AdamW: the range's parameter pieces in one call (one CUDA launch per
+  // kAdamSegmentsPerLaunch pieces), each with its parameter's weight decay.
+  std::vector<OptimizerSegment> segments;
   for (const ShardPiece& piece : layout.ShardPieces(units_[u]->unit->layout_rank())) {
     const Range r{std::max(piece.shard_range.begin, range.begin),
                   std::min(piece.shard_range.end, range.end)};
@@ -267,18 +270,20 @@ Status ShardedOptimizer::Update(int u, const Range& range, const OptimizerStepAr
                        .grad_scale = args.grad_scale};
       ZR_RETURN_IF_ERROR(SgdStep(h, part(master), part(grad), part(exp_avg), part(out), stream));
     } else {
-      const AdamHyper h{.lr = args.lr,
-                        .beta1 = opt.beta1,
-                        .beta2 = opt.beta2,
-                        .eps = opt.eps,
-                        .weight_decay = wd,
-                        .decoupled = opt.kind == OptimizerKind::kAdamW,
-                        .step = args.step,
-                        .grad_scale = args.grad_scale,
-                        .bias_correction = opt.bias_correction};
-      ZR_RETURN_IF_ERROR(AdamStep(h, part(master), part(grad), part(exp_avg), part(exp_avg_sq),
-                                  part(out), stream));
+      segments.push_back({.begin = at, .count = n, .weight_decay = wd});
     }
+  }
+  if (!segments.empty()) {
+    const AdamHyper h{.lr = args.lr,
+                      .beta1 = opt.beta1,
+                      .beta2 = opt.beta2,
+                      .eps = opt.eps,
+                      .decoupled = opt.kind == OptimizerKind::kAdamW,
+                      .step = args.step,
+                      .grad_scale = args.grad_scale,
+                      .bias_correction = opt.bias_correction};
+    ZR_RETURN_IF_ERROR(
+        AdamStepSegments(h, segments, master, grad, exp_avg, exp_avg_sq, out, stream));
   }
   return absl::OkStatus();
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/cast.h"
 #include "kernels/optimizer_math.h"
@@ -176,6 +177,46 @@ Status AdamStep(const AdamHyper& h, const TensorView& master, const TensorView& 
   }
   return RunOnHostInOrder(stream, [=] {
     internal::CpuAdam(h, p, g, m, v, compute_out.data(), compute_out.dtype(), master.numel());
+    return absl::OkStatus();
+  });
+}
+
+Status AdamStepSegments(const AdamHyper& h, std::span<const OptimizerSegment> segments,
+                        const TensorView& master, const TensorView& grad, const TensorView& exp_avg,
+                        const TensorView& exp_avg_sq, const TensorView& compute_out,
+                        Stream* stream) {
+  ZR_RETURN_IF_ERROR(CheckAdam(h, master, grad, exp_avg, exp_avg_sq, compute_out));
+  for (const OptimizerSegment& seg : segments) {
+    if (seg.begin < 0 || seg.count < 0 || seg.begin > master.numel() - seg.count) {
+      return absl::InvalidArgumentError(StrCat("Adam segment [", seg.begin, ", +", seg.count,
+                                               ") is outside the ", master.numel(),
+                                               " elements of the views"));
+    }
+  }
+  auto* p = master.data_as<float>();
+  auto* g = grad.data_as<float>();
+  auto* m = exp_avg.data_as<float>();
+  auto* v = exp_avg_sq.data_as<float>();
+  if (master.device().is_cuda()) {
+    if (stream == nullptr || stream->device() != master.device()) {
+      return absl::InvalidArgumentError(
+          "AdamStepSegments on CUDA views needs a stream of their device");
+    }
+    return internal::CudaAdamSegments(h, segments, p, g, m, v, compute_out.data(),
+                                      compute_out.dtype(), stream);
+  }
+  std::vector<OptimizerSegment> list(segments.begin(), segments.end());
+  void* out = compute_out.data();
+  const DType out_dtype = compute_out.dtype();
+  const size_t out_elem = DTypeSize(out_dtype);
+  return RunOnHostInOrder(stream, [=] {
+    for (const OptimizerSegment& seg : list) {
+      AdamHyper hs = h;
+      hs.weight_decay = seg.weight_decay;
+      void* o = out != nullptr ? static_cast<char*>(out) + seg.begin * out_elem : nullptr;
+      internal::CpuAdam(hs, p + seg.begin, g + seg.begin, m + seg.begin, v + seg.begin, o,
+                        out_dtype, seg.count);
+    }
     return absl::OkStatus();
   });
 }

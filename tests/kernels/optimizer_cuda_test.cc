@@ -95,6 +95,47 @@ TEST(OptimizerCudaTest, AdamMatchesCpu) {
   }
 }
 
+// 40 segments (two launches of kAdamSegmentsPerLaunch and the rest) of varied lengths with gaps
+// between them and alternating weight decay: the GPU's one launch per 32 segments equals the
+// CPU's segment loop bitwise, and the gaps are untouched on both.
+TEST(OptimizerCudaTest, AdamSegmentsMatchCpu) {
+  ZR_NEED_GPU();
+  Gpu gpu;
+  std::vector<OptimizerSegment> segments;
+  int64_t at = 0;
+  for (int k = 0; k < 40; ++k) {
+    const int64_t count = k % 7 == 0 ? 70001 : 17 * k + 1;
+    segments.push_back({.begin = at, .count = count, .weight_decay = k % 2 ? 0.1f : 0.0f});
+    at += count + (k % 3);  // gaps of 0-2 elements
+  }
+  const int64_t n = at + 5;
+  std::vector<float> p = Random(n, 11), g = Random(n, 12), m = Random(n, 13),
+                     v = Random(n, 14, true);
+  std::vector<uint16_t> out(n, 0x7fc1);  // a NaN payload: untouched in the gaps
+  TensorView dp = gpu.Upload(p.data(), DType::kF32, n), dg = gpu.Upload(g.data(), DType::kF32, n);
+  TensorView dm = gpu.Upload(m.data(), DType::kF32, n), dv = gpu.Upload(v.data(), DType::kF32, n);
+  TensorView dout = gpu.Upload(out.data(), DType::kBF16, n);
+  const AdamHyper h{.lr = 1e-3f, .step = 5, .grad_scale = 0.25f};
+  ASSERT_TRUE(AdamStepSegments(h, segments, dp, dg, dm, dv, dout, gpu.stream.get()).ok());
+  ASSERT_TRUE(AdamStepSegments(h, segments, TensorView(p.data(), DType::kF32, {n}),
+                               TensorView(g.data(), DType::kF32, {n}),
+                               TensorView(m.data(), DType::kF32, {n}),
+                               TensorView(v.data(), DType::kF32, {n}),
+                               TensorView(out.data(), DType::kBF16, {n}), nullptr)
+                  .ok());
+  std::vector<float> gp(n), gm(n), gv(n);
+  std::vector<uint16_t> gout(n);
+  gpu.Download(gp.data(), dp);
+  gpu.Download(gm.data(), dm);
+  gpu.Download(gv.data(), dv);
+  gpu.Download(gout.data(), dout);
+  EXPECT_EQ(FirstDifference(gp, p), -1) << "parameters";
+  EXPECT_EQ(FirstDifference(gm, m), -1) << "exp_avg";
+  EXPECT_EQ(FirstDifference(gv, v), -1) << "exp_avg_sq";
+  EXPECT_EQ(FirstDifference(gout, out), -1) << "bf16 compute copy";
+  EXPECT_EQ(gout.back(), 0x7fc1) << "a gap was written";
+}
+
 TEST(OptimizerCudaTest, SgdMatchesCpu) {
   ZR_NEED_GPU();
   Gpu gpu;

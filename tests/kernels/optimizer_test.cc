@@ -136,6 +136,43 @@ TEST(OptimizerTest, VectorisedAdamMatchesReferenceBitwise) {
   }
 }
 
+// A multi-range step equals AdamStep on each range with that range's weight decay, bitwise, and
+// leaves the elements between and after the ranges alone; a range outside the views is refused.
+TEST(OptimizerTest, AdamSegmentsEqualPerRangeStepsBitwise) {
+  const std::vector<OptimizerSegment> segments = {
+      {.begin = 0, .count = 100, .weight_decay = 0.1f},
+      {.begin = 112, .count = 1000, .weight_decay = 0.0f},
+      {.begin = 1112, .count = 33, .weight_decay = 0.1f}};
+  const int64_t n = 1200;
+  std::vector<float> p1 = Random(n, 1), g = Random(n, 2), m1 = Random(n, 3), v1 = Random(n, 4);
+  for (float& x : v1) x = std::abs(x);
+  std::vector<float> p2 = p1, m2 = m1, v2 = v1;
+  std::vector<uint16_t> o1(n, 0x7fc1), o2 = o1;
+  const AdamHyper h{.lr = 1e-2f, .decoupled = true, .step = 4, .grad_scale = 0.5f};
+  ASSERT_TRUE(AdamStepSegments(h, segments, View(p1), View(g), View(m1), View(v1),
+                               TensorView(o1.data(), DType::kBF16, {n}), nullptr)
+                  .ok());
+  for (const OptimizerSegment& seg : segments) {
+    AdamHyper hs = h;
+    hs.weight_decay = seg.weight_decay;
+    auto part = [&](std::vector<float>& x) { return View(x).Flat(seg.begin, seg.count); };
+    ASSERT_TRUE(AdamStep(hs, part(p2), View(g).Flat(seg.begin, seg.count), part(m2), part(v2),
+                         TensorView(o2.data() + seg.begin, DType::kBF16, {seg.count}), nullptr)
+                    .ok());
+  }
+  EXPECT_EQ(std::memcmp(p1.data(), p2.data(), n * 4), 0);
+  EXPECT_EQ(std::memcmp(m1.data(), m2.data(), n * 4), 0);
+  EXPECT_EQ(std::memcmp(v1.data(), v2.data(), n * 4), 0);
+  EXPECT_EQ(o1, o2);
+  EXPECT_EQ(o1[105], 0x7fc1) << "a gap was written";
+  EXPECT_EQ(o1[n - 1], 0x7fc1) << "the tail was written";
+  const OptimizerSegment outside[] = {{.begin = 1190, .count = 11}};
+  EXPECT_EQ(
+      AdamStepSegments(h, outside, View(p1), View(g), View(m1), View(v1), TensorView(), nullptr)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
 TEST(OptimizerTest, VectorisedSgdMatchesReferenceBitwise) {
   const size_t n = (1 << 17) + 9;
   std::vector<float> p1 = Random(n, 7), b1 = Random(n, 8), g = Random(n, 9);
