@@ -258,10 +258,12 @@ constexpr DsKey kKeys[] = {
     {"flops_profiler", A, "the metrics line has TFLOP/s and MFU by the PaLM formula",
      "{\"enabled\": true}"},
     {"comms_logger", A,
-     "zerort keeps no per-collective log yet: logging.trace_file has each rank's forward + "
-     "backward, optimizer step, evaluation and checkpoint saves (a pipeline stage's sends and "
-     "receives too), and a collective that hangs past parallel.collective_timeout_s is reported "
-     "with every rank's last collectives",
+     "logging.trace_file holds every collective each rank ran (kind, group, bytes, duration) on "
+     "the track of the stream it ran on, beside the forward + backward, optimizer step, "
+     "evaluation, checkpoint saves and a pipeline stage's transfers; the metrics line and "
+     "metrics.jsonl have each step's communication and exposed communication (comm_s, "
+     "exposed_comm_s); a collective that hangs past parallel.collective_timeout_s is reported "
+     "with every rank's last collectives. Not yet: NCCL collectives' device times",
      "{\"enabled\": true}"},
     {"timers", A, "the metrics line has the step time and tokens/s", "{\"throughput\": {}}"},
     {"tensorboard", R,

@@ -105,6 +105,12 @@ void MetricsSink::Step(const StepMetrics& m) {
   };
   const double val = m.val_loss;
   if (val >= 0) record["val_loss"] = val;
+  // [Note: exposed communication] (engine/comm_spans.h).
+  record["comm_s"] = m.comm_s;
+  record["exposed_comm_s"] = m.exposed_comm_s;
+  const std::string comm_line =
+      devices > 1 ? fmt::format(" | comm {:.3f} s (exposed {:.3f})", m.comm_s, m.exposed_comm_s)
+                  : "";
   if (csv_ && write_error_.ok()) {  // DeepSpeed's events, stepped by global samples
     const int64_t samples = m.step * o_.train_batch_size;
     Status s = csv_->Write("Train/Samples/train_loss", samples, m.loss);
@@ -158,7 +164,7 @@ void MetricsSink::Step(const StepMetrics& m) {
     line = fmt::format(
         "step {:>5}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f}{} | {:.0f} tok/s "
         "({:.0f}/device) | {:.3f} TFLOP/s/device{} | peak {} MiB (params {}, grads {}, optim "
-        "{}, gathered {}, activations {}){}{} | skipped {}",
+        "{}, gathered {}, activations {}){}{}{} | skipped {}",
         m.step, steps, m.loss, val >= 0 ? fmt::format(" | val {:.4f}", val) : "", m.lr, m.grad_norm,
         o_.fp16 ? fmt::format(" | scale {}", m.loss_scale) : "", tokens_per_s,
         tokens_per_s / devices, flops_per_device / 1e12,
@@ -166,7 +172,7 @@ void MetricsSink::Step(const StepMetrics& m) {
         Mib(peak_total), Mib(memory["parameters"].get<int64_t>()),
         Mib(memory["gradients"].get<int64_t>()), Mib(memory["optimizer_state"].get<int64_t>()),
         Mib(memory["gathered_weights"].get<int64_t>()), Mib(memory["activations"].get<int64_t>()),
-        offload_line, wall_line, m.skipped_steps);
+        comm_line, offload_line, wall_line, m.skipped_steps);
     if (o_.progress_bar) line = "\r\033[K" + line;
   }
   Emit(record, line);

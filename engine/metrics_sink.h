@@ -57,6 +57,9 @@ struct StepMetrics {
     double forward = 0, backward = 0, reduce = 0, optimizer = 0, gather = 0, other = 0;
   } wall;
   std::optional<OffloadStats> offload;  // the step's offload seconds (with an offload tier)
+  // Seconds of the step's collectives that ran in line, and of those on the critical path
+  // ([Note: exposed communication], engine/comm_spans.h).
+  double comm_s = 0, exposed_comm_s = 0;
 };
 
 class MetricsSink {

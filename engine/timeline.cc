@@ -25,12 +25,14 @@ void Timeline::Span(std::string_view name, std::string_view track, Clock::time_p
                     Clock::time_point end) {
   using std::chrono::duration_cast;
   using std::chrono::microseconds;
+  std::lock_guard lock(mu_);
   events_.push_back({std::string(name), Track(track),
                      duration_cast<microseconds>(begin.time_since_epoch()).count(),
                      duration_cast<microseconds>(end - begin).count()});
 }
 
 std::string Timeline::Serialize() const {
+  std::lock_guard lock(mu_);
   std::string out;
   auto line = [&](const nlohmann::json& j) {
     out += j.dump();

@@ -2,11 +2,14 @@
 // opens in Perfetto and chrome://tracing): one process per rank, one track ("thread") per
 // stream of work, complete events ("ph": "X") with microsecond times from the system clock (so
 // ranks on different machines line up as well as their clocks do). The trainer records each
-// micro-batch's forward + backward, the optimizer step, evaluation and checkpoint saves; a
-// pipeline executor will record forward and backward per micro-batch and chunk and its sends.
+// micro-batch's forward + backward, the optimizer step, evaluation and checkpoint saves; the
+// pipeline executor its forwards and backwards per micro-batch and chunk and its transfers; and
+// every collective that ran in line goes on the track of the stream it ran on (CommSpans).
 #pragma once
 
 #include <chrono>
+#include <functional>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,6 +33,12 @@ class Timeline {
 
   void Span(std::string_view name, std::string_view track, Clock::time_point begin,
             Clock::time_point end);
+  // Span as a function (the pipeline executor's SpanSink); this timeline must outlive it.
+  std::function<void(std::string_view, std::string_view, Clock::time_point, Clock::time_point)>
+  Sink() {
+    return [this](std::string_view name, std::string_view track, Clock::time_point begin,
+                  Clock::time_point end) { Span(name, track, begin, end); };
+  }
 
   // Records [construction, destruction) as a span.
   class Scope {
@@ -51,7 +60,10 @@ class Timeline {
     Clock::time_point begin_;
   };
 
-  size_t size() const { return events_.size(); }
+  size_t size() const {
+    std::lock_guard lock(mu_);
+    return events_.size();
+  }
   // This rank's events and track names as trace-event JSON objects, one per line (no brackets).
   std::string Serialize() const;
 
@@ -65,8 +77,9 @@ class Timeline {
     int track;
     int64_t begin_us, duration_us;
   };
-  int Track(std::string_view name);
+  int Track(std::string_view name);  // mu_ held
   int rank_;
+  mutable std::mutex mu_;  // spans come from the host and from streams' threads (collectives)
   std::vector<std::string> tracks_;
   std::vector<Event> events_;
 };

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "engine/checkpoint.h"
+#include "engine/comm_spans.h"
 #include "engine/data_loader.h"
 #include "engine/export.h"
 #include "engine/host_memory.h"
@@ -86,6 +87,7 @@ class Run {
     double seconds = 0;
     MemorySnapshot memory;
     StepMetrics::WallClock wall;  // wall_clock_breakdown
+    CommSpans::Step comm;
   };
   StatusOr<StepOutcome> TrainStep(int64_t step, int64_t consumed);
   void Report(int64_t step, int64_t consumed, const StepOutcome& outcome, double val);
@@ -100,6 +102,7 @@ class Run {
   TrainerContext ctx_;
   // The data x tensor mesh (tensor_parallel_size > 1); without it the world is the
   // data-parallel group.
+  CommSpans comm_spans_;  // every collective: the timeline's tracks, exposed communication
   std::unique_ptr<DeviceMesh> mesh_;
   Communicator& world() { return *ctx_.world; }
   Communicator& dp() { return mesh_ ? mesh_->data() : *ctx_.world; }
@@ -272,6 +275,7 @@ Status Run::Save(int64_t step, int64_t consumed) {
 // The mesh: data-parallel size = world / (tensor_parallel_size x pipeline_parallel_size), ranks
 // in Megatron's order (tensor fastest, then data, then pipeline).
 Status Run::SetupMesh() {
+  comm_spans_.Attach(world());  // before any group is split from it
   const int tp = c_.parallel.tensor_parallel_size;
   const int pp = c_.parallel.pipeline_parallel_size;
   const int world_size = world().size();
@@ -425,12 +429,8 @@ Status Run::Setup() {
     timeline_ = std::make_unique<Timeline>(world().rank());
     if (leader()) ZR_RETURN_IF_ERROR(Timeline::CheckWritable(c_.logging.trace_file));
   }
-  if (executor_ && timeline_) {
-    Timeline* timeline = timeline_.get();
-    executor_->SetSpanSink(
-        [timeline](std::string_view name, std::string_view track, Timeline::Clock::time_point begin,
-                   Timeline::Clock::time_point end) { timeline->Span(name, track, begin, end); });
-  }
+  comm_spans_.SetTimeline(timeline_.get());
+  if (executor_ && timeline_) executor_->SetSpanSink(timeline_->Sink());
   if (leader()) {
     Logger()->info(
         "training {} parameters ({} layers, d {}, {} heads, seq {}) on {} x {} ({}), ZeRO-{}{}, "
@@ -509,6 +509,7 @@ StatusOr<Run::StepOutcome> Run::TrainStep(int64_t step, int64_t consumed) {
   tracker_.ResetPeaks();
   model_->ResetPhaseSeconds();
   const ShardManager::StepTimes times0 = manager_->step_times();
+  comm_spans_.Take(manager_->compute_stream());  // what came before the step is not its own
   const int m = static_cast<int>(c_.train_micro_batch_size_per_gpu);
   const int accumulation = static_cast<int>(c_.gradient_accumulation_steps);
   const int seq = c_.model.shape.seq_len;
@@ -564,6 +565,7 @@ StatusOr<Run::StepOutcome> Run::TrainStep(int64_t step, int64_t consumed) {
   w.reduce = reduce_bwd + times.reduce_step - times0.reduce_step;
   w.optimizer = times.optimizer - times0.optimizer;
   w.other = o.seconds - (w.forward + w.backward + w.gather + w.reduce + w.optimizer);
+  o.comm = comm_spans_.Take(manager_->compute_stream());
   return o;
 }
 
@@ -573,10 +575,7 @@ void Run::Report(int64_t step, int64_t consumed, const StepOutcome& o, double va
   std::optional<OffloadStats> offload;
   if (c_.zero.offload_optimizer.device != "none" || c_.zero.offload_param.device != "none") {
     const OffloadStats now = manager_->offload_stats();  // cumulative: this step's is the change
-    offload = OffloadStats{now.fetch_wait_s - offload_seen_.fetch_wait_s,
-                           now.grad_io_s - offload_seen_.grad_io_s,
-                           now.optimizer_s - offload_seen_.optimizer_s,
-                           now.optimizer_io_wait_s - offload_seen_.optimizer_io_wait_s};
+    offload = now - offload_seen_;
     offload_seen_ = now;
   }
   if (!metrics_) return;  // not rank 0
@@ -592,7 +591,9 @@ void Run::Report(int64_t step, int64_t consumed, const StepOutcome& o, double va
                   .memory = o.memory,
                   .val_loss = val,
                   .wall = o.wall,
-                  .offload = offload});
+                  .offload = offload,
+                  .comm_s = o.comm.comm_s,
+                  .exposed_comm_s = o.comm.exposed_s});
 }
 
 // After a step: a signal on any rank stops every rank at the same step boundary; checkpoints at

@@ -99,6 +99,11 @@ void CollectiveTrace::SetLabel(std::string label) {
   label_ = std::move(label);
 }
 
+std::string CollectiveTrace::label() const {
+  std::lock_guard lock(mu_);
+  return label_;
+}
+
 std::optional<CollectiveRecord> CollectiveTrace::PollOverdue(Clock::time_point now) {
   std::lock_guard lock(mu_);
   for (size_t i = 0; i < probes_.size();) {

@@ -63,6 +63,7 @@ class CollectiveTrace {
   void End(uint64_t seq, bool ok);
   void AttachProbe(uint64_t seq, CompletionProbe probe);
   void SetLabel(std::string label);
+  std::string label() const;  // the current one
 
   // Polls attached probes, then returns the oldest in-flight record past its deadline, marking
   // it timed out; a probe that reports an error marks its record failed and returns it too.

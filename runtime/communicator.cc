@@ -101,14 +101,16 @@ StatusOr<Buffer> Communicator::Staging(size_t bytes) {
 }
 
 Status Communicator::Run(const Call& call, const std::function<Status(Stream*)>& body,
-                         Stream* stream) {
+                         Stream* stream, Stream* ran_on) {
   ZR_RETURN_IF_ERROR(CheckStream(stream));
   if (IsQueuedCpu(stream)) {
     // [Note: the asynchronous CPU device]: the collective runs on the stream's thread, in its
     // order (the body captures by value: this frame is gone by then), traced from when it runs
     // there; the host goes on. Loopback ranks meet on their streams' threads.
-    return stream->Launch([this, call, body] { return Run(call, body, nullptr); });
+    return stream->Launch([this, call, body, stream] { return Run(call, body, nullptr, stream); });
   }
+  const auto began =
+      span_sink_ ? std::chrono::system_clock::now() : std::chrono::system_clock::time_point();
   const bool staged = NeedsStaging(stream);
   if (staged) {
     // Host backends read the buffers when called: the stream's work must have produced them.
@@ -127,6 +129,19 @@ Status Communicator::Run(const Call& call, const std::function<Status(Stream*)>&
     trace_.AttachProbe(seq, std::move(probe));
   } else {
     trace_.End(seq, true);
+    if (span_sink_) {
+      const Stream* where = staged ? nullptr : (ran_on != nullptr ? ran_on : stream);
+      const std::string label = trace_.label();
+      (*span_sink_)(CollectiveSpan{
+          .op = call.op,
+          .group = options_.name,
+          .label = label,
+          .bytes = call.bytes,
+          .track = where != nullptr ? where->name() : std::string_view("host"),
+          .critical = where == nullptr || !where->asynchronous() || where->name() == "compute",
+          .begin = began,
+          .end = std::chrono::system_clock::now()});
+    }
   }
   return absl::OkStatus();
 }
@@ -479,6 +494,7 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int key,
   const uint64_t seq = trace_.Begin(CollectiveOp::kSplit, 0, DType::kI32, color, options_.timeout);
   StatusOr<std::unique_ptr<Communicator>> result = DoSplit(color, key, std::move(options));
   trace_.End(seq, result.ok());
+  if (result.ok() && *result != nullptr) (*result)->SetSpanSink(span_sink_);
   if (!result.ok()) {
     return Annotate(result.status(), StrCat("rank ", rank_, "/", size_, " in group '",
                                             options_.name, "' (", backend(), "), split"));

@@ -54,6 +54,24 @@ struct P2POp {
   int peer = 0;
 };
 
+// A collective a communicator ran to its end in line (host backends: MPI and loopback, and CUDA
+// buffers staged through the host), for the trace (`logging.trace_file`: one track per stream)
+// and the exposed-communication metric. Collectives that end later on a CUDA stream (NCCL) are
+// not reported: their end is known only to the watchdog's probe.
+struct CollectiveSpan {
+  CollectiveOp op = CollectiveOp::kBarrier;
+  std::string_view group;  // the communicator's name
+  std::string_view label;  // the caller's (SetTraceLabel), e.g. "gather blocks.3"
+  size_t bytes = 0;
+  std::string_view track;  // the stream it ran on; "host" for none (or staged)
+  // Nothing overlapped it: it ran on the host thread (no stream, an immediate CPU stream, or
+  // staged) or on the compute stream's thread. One on a queued communication stream is not
+  // critical by itself; the compute stream's waits for it are (Stream::WaitedSeconds).
+  bool critical = true;
+  std::chrono::system_clock::time_point begin, end;
+};
+using CollectiveSpanSink = std::function<void(const CollectiveSpan&)>;
+
 // Colour for Split that leaves the caller out of every new group.
 inline constexpr int kNoColor = -1;
 
@@ -111,6 +129,10 @@ class Communicator {
   // device (AllReduceHostValues).
   bool moves_host_memory() const { return host_buffers(); }
 
+  // Every collective this communicator runs in line from now on is reported to `sink` (null:
+  // none), as are those of groups split from it afterwards; called on the thread that ran it.
+  void SetSpanSink(std::shared_ptr<const CollectiveSpanSink> sink) { span_sink_ = std::move(sink); }
+
   // Labels the following records of the trace (e.g. "gather blocks.3"); "" clears it.
   void SetTraceLabel(std::string label) { trace_.SetLabel(std::move(label)); }
   const CollectiveTrace& trace() const { return trace_; }
@@ -153,7 +175,9 @@ class Communicator {
  private:
   struct Call;
   // Runs `body` under the trace, with the stream it should use (nullptr once staged to host).
-  Status Run(const Call& call, const std::function<Status(Stream*)>& body, Stream* stream);
+  // `ran_on`: the queued stream whose thread runs it (set when Run re-enters there).
+  Status Run(const Call& call, const std::function<Status(Stream*)>& body, Stream* stream,
+             Stream* ran_on = nullptr);
   Status CheckStream(Stream* stream) const;
   Status PollSends();
   bool NeedsStaging(Stream* stream) const;
@@ -165,6 +189,7 @@ class Communicator {
   CollectiveTrace trace_;
   Watchdog* const watchdog_;
   std::unique_ptr<Allocator> staging_allocator_;
+  std::shared_ptr<const CollectiveSpanSink> span_sink_;
   struct PostedSend {
     uint64_t seq;    // its trace record
     Buffer staging;  // the host copy of a CUDA buffer (host backends)

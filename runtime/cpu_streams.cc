@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -23,6 +24,7 @@ struct EventState {
   std::condition_variable cv;
   uint64_t recorded = 0;
   uint64_t completed = 0;
+  std::string recorder;  // the stream of the last Record (Stream::WaitedSeconds' key)
 
   void Complete(uint64_t generation) {
     {
@@ -92,6 +94,15 @@ class QueuedCpuStream final : public Stream {
     return absl::OkStatus();
   }
   void* native_handle() const override { return nullptr; }
+  std::map<std::string, double, std::less<>> WaitedSeconds() const override {
+    std::lock_guard<std::mutex> lock(waited_mu_);
+    return waited_;
+  }
+  // Called on this stream's thread by a WaitEvent marker.
+  void AddWait(const std::string& recorder, double seconds) {
+    std::lock_guard<std::mutex> lock(waited_mu_);
+    waited_[recorder] += seconds;
+  }
 
   // Queues a marker: runs in order even after an error.
   void PushMarker(std::function<void()> marker) {
@@ -151,6 +162,8 @@ class QueuedCpuStream final : public Stream {
   uint64_t issued_ = 0, done_ = 0;
   Status error_;
   bool stopping_ = false;
+  mutable std::mutex waited_mu_;
+  std::map<std::string, double, std::less<>> waited_;  // WaitedSeconds
   std::thread worker_;
 };
 
@@ -166,6 +179,7 @@ class CpuEvent final : public Event {
     {
       std::lock_guard<std::mutex> lock(state_->mu);
       generation = ++state_->recorded;
+      state_->recorder = stream.name();
     }
     if (auto* queued = dynamic_cast<QueuedCpuStream*>(&stream)) {
       queued->PushMarker([state = state_, generation] { state->Complete(generation); });
@@ -187,6 +201,10 @@ class CpuEvent final : public Event {
   uint64_t Recorded() const {
     std::lock_guard<std::mutex> lock(state_->mu);
     return state_->recorded;
+  }
+  std::string Recorder() const {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    return state_->recorder;
   }
   const std::shared_ptr<EventState>& state() const { return state_; }
 
@@ -213,7 +231,14 @@ Status ImmediateCpuStream::WaitEvent(const Event& event) {
 // The record current when WaitEvent is called is the one waited for (CUDA's rule).
 Status QueuedCpuStream::WaitEvent(const Event& event) {
   ZR_ASSIGN_OR_RETURN(const CpuEvent* cpu, CpuEventOf(event, name_));
-  PushMarker([state = cpu->state(), generation = cpu->Recorded()] { state->WaitFor(generation); });
+  PushMarker(
+      [this, state = cpu->state(), generation = cpu->Recorded(), recorder = cpu->Recorder()] {
+        const auto begin = std::chrono::steady_clock::now();
+        state->WaitFor(generation);
+        const double waited =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+        if (recorder != name_) AddWait(recorder, waited);
+      });
   return absl::OkStatus();
 }
 

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -77,6 +78,12 @@ class Stream {
   virtual bool asynchronous() const { return !device().is_cpu(); }
   // cudaStream_t for CUDA streams, nullptr for CPU streams.
   virtual void* native_handle() const = 0;
+  // Seconds this stream's work has waited, since the stream was made, for events recorded on
+  // other streams, by the recording stream's name: a queued CPU stream measures each WaitEvent
+  // on its thread (what the trainer reports as exposed communication: the compute stream's
+  // waits on "comm"). Empty where not measured (immediate CPU streams, whose waits are on the
+  // host, and CUDA streams).
+  virtual std::map<std::string, double, std::less<>> WaitedSeconds() const { return {}; }
 };
 
 class Event {

@@ -35,6 +35,11 @@ struct OffloadStats {
   double optimizer_s = 0;          // the whole optimizer step on the host or NVMe tier
   double optimizer_io_wait_s = 0;  // of which: waiting for NVMe reads and staging sets
 };
+// Field by field: a step's share of cumulative stats.
+inline OffloadStats operator-(const OffloadStats& a, const OffloadStats& b) {
+  return {a.fetch_wait_s - b.fetch_wait_s, a.grad_io_s - b.grad_io_s, a.optimizer_s - b.optimizer_s,
+          a.optimizer_io_wait_s - b.optimizer_io_wait_s};
+}
 
 // What a unit borrows from its manager.
 struct UnitResources {

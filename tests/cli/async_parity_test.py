@@ -44,6 +44,25 @@ def shard_files(step_dir):
     return sorted(f for f in os.listdir(step_dir) if f.endswith(".bin"))
 
 
+def check_exposed(what, metrics, np, device):
+    """[Note: exposed communication] (engine/comm_spans.h): on the synchronous device every
+    collective is on the critical path (exposed == comm); on the asynchronous one exposed is the
+    compute stream's waits plus its own collectives (>= 0); with two ranks there is some."""
+    if not os.path.exists(metrics):
+        check(f"{what}: metrics written", False)
+        return
+    with open(metrics) as f:
+        steps = [json.loads(line) for line in f]
+    comm = [s["comm_s"] for s in steps]
+    exposed = [s["exposed_comm_s"] for s in steps]
+    check(f"{what}: exposed communication is not negative", min(exposed) >= 0, f"{exposed}")
+    if device == "cpu":
+        check(f"{what}: on the synchronous device all of it is exposed",
+              all(abs(c - e) <= 1e-9 for c, e in zip(comm, exposed)), f"{comm} {exposed}")
+    if np > 1:
+        check(f"{what}: collectives timed", sum(comm) > 0, f"{comm}")
+
+
 def run_pair(name, np, extra):
     """Trains `extra` on cpu and on cpu-async with jitter; the checkpoints must be identical."""
     dirs = {}
@@ -51,9 +70,11 @@ def run_pair(name, np, extra):
         d = os.path.join(tmp, name, device)
         nvme = os.path.join(tmp, name, device + "-nvme")
         os.makedirs(nvme, exist_ok=True)
+        metrics = os.path.join(tmp, name, device + ".jsonl")
         config = merged(merged(BASE, extra), {
             "train": dict({"device": device}, **(JITTER if device == "cpu-async" else {})),
             "checkpoint": {"dir": d},
+            "logging": {"metrics_file": metrics},
         })
         for section in ("offload_optimizer", "offload_param"):
             off = config["zero_optimization"].get(section)
@@ -62,6 +83,7 @@ def run_pair(name, np, extra):
         r = train(f"{name}-{device}", config, np)
         check(f"{name} (np {np}) on {device} exits 0", r.returncode == 0,
               (r.stdout + r.stderr)[-1500:])
+        check_exposed(f"{name} (np {np}) on {device}", metrics, np, device)
         dirs[device] = os.path.join(d, f"step_{STEPS}")
     a, b = dirs["cpu"], dirs["cpu-async"]
     if not (os.path.isdir(a) and os.path.isdir(b)):

@@ -110,6 +110,18 @@ if r.returncode == 0:
     tracks = {(e["pid"], e["args"]["name"]) for e in events if e.get("name") == "thread_name"}
     check("compute and io tracks on every rank",
           all((rank, t) in tracks for rank in range(4) for t in ("compute", "io")), str(tracks))
+    # Every collective on its stream's track, named by kind, group and bytes (CommSpans).
+    track_of = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+                if e.get("name") == "thread_name"}
+    for rank in range(4):
+        colls = [(track_of[(rank, e["tid"])], e["name"]) for e in spans if e["pid"] == rank and
+                 e["name"].split(" ")[0] in ("all_gather", "reduce_scatter", "all_reduce")]
+        kinds = {(t, n.split(" ")[0], n.split(" ")[1]) for t, n in colls}
+        check(f"rank {rank}: the tensor-parallel all-reduces on the compute track",
+              ("compute", "all_reduce", "world.tp") in kinds, str(sorted(kinds))[:600])
+        check(f"rank {rank}: the gradients' data-parallel reduction on the comm track",
+              any(t == "comm" and g == "world.dp" for t, _, g in kinds), str(sorted(kinds))[:600])
+        check(f"rank {rank}: each names its bytes", all(" B" in n for _, n in colls), str(colls[:3]))
 
 # zerort bench model on a data x tensor mesh: per-device numbers over every device.
 bench_cfg = dict(BASE, train_micro_batch_size_per_gpu=8,

@@ -1,0 +1,59 @@
+// CommSpans: the trainer's view of its collectives: each one on the timeline's track of the
+// stream it ran on (`logging.trace_file`), and the step's communication and exposed
+// communication for the metrics line and metrics.jsonl ([Note: exposed communication]).
+#pragma once
+
+#include <memory>
+#include <mutex>
+
+#include "engine/timeline.h"
+#include "runtime/communicator.h"
+#include "runtime/device.h"
+
+namespace zerort {
+
+// [Note: exposed communication]
+// The communication on a step's critical path, the time it adds to the step:
+//  - every collective that ran in line: on the host thread (no stream, an immediate CPU stream,
+//    which is every stream of the synchronous CPU device, or CUDA buffers staged through the
+//    host) or on the compute stream's own thread (CollectiveSpan::critical);
+//  - plus the time the compute stream's work waited for events recorded on the communication
+//    stream (Stream::WaitedSeconds()["comm"]): on the asynchronous CPU device the gathers and
+//    reduce-scatters run on the "comm" stream's thread while the compute stream runs kernels,
+//    and only what the compute stream had to wait for is exposed.
+// So on the synchronous device exposed equals all communication, and overlap shows as exposed
+// below it. Not counted: a host thread blocked on the communication stream while the compute
+// stream still had work (hidden, correctly) or had none (exposed, missed); collectives that end
+// on a CUDA stream (NCCL), whose end only the watchdog's probe sees: a CUDA run reports only its
+// staged and host collectives. I/O has its own exposed measures (fetch wait, grad io, optimizer
+// io wait: OffloadStats).
+class CommSpans {
+ public:
+  CommSpans() = default;
+  ~CommSpans();  // detaches from the world communicator, which outlives the trainer
+  CommSpans(const CommSpans&) = delete;
+  CommSpans& operator=(const CommSpans&) = delete;
+
+  // Every collective of `world` and of the groups split from it later is counted from now on.
+  void Attach(Communicator& world);
+  // Collectives go to `timeline` too (null: not traced), one track per stream.
+  void SetTimeline(Timeline* timeline);
+
+  struct Step {
+    double comm_s = 0;     // every collective that ran in line, wherever
+    double exposed_s = 0;  // on the critical path ([Note: exposed communication])
+  };
+  // Since the previous call; `compute` is the model's compute stream.
+  Step Take(const Stream& compute);
+
+ private:
+  void Add(const CollectiveSpan& span);
+
+  Communicator* world_ = nullptr;
+  std::mutex mu_;  // collectives report from their streams' threads
+  Timeline* timeline_ = nullptr;
+  double comm_s_ = 0, critical_s_ = 0;  // since the last Take
+  double compute_waited_seen_ = 0;      // the compute stream's waits on "comm" at the last Take
+};
+
+}  // namespace zerort
