@@ -135,6 +135,33 @@ TEST(CpuStreamsTest, AnEventOrdersWorkAcrossStreams) {
   }
 }
 
+// Stream::WaitedSeconds: a queued stream counts how long its work waited for another stream's
+// event, by that stream's name (the exposed-communication metric's input); waits on its own
+// events and immediate streams count nothing.
+TEST(CpuStreamsTest, AQueuedStreamMeasuresItsWaitsOnOtherStreams) {
+  auto comm = MakeStream("comm", Queued(0));
+  auto compute = MakeStream("compute", Queued(0));
+  auto done = MakeEvent();
+  ASSERT_TRUE(comm->Launch([] {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  ASSERT_TRUE(done->Record(*comm).ok());
+  ASSERT_TRUE(compute->WaitEvent(*done).ok());
+  auto own = MakeEvent();
+  ASSERT_TRUE(own->Record(*compute).ok());
+  ASSERT_TRUE(compute->WaitEvent(*own).ok());
+  ASSERT_TRUE(compute->Synchronize().ok());
+  const auto waited = compute->WaitedSeconds();
+  ASSERT_EQ(waited.count("comm"), 1u);
+  EXPECT_GE(waited.at("comm"), 0.04);
+  EXPECT_LT(waited.at("comm"), 5.0);
+  EXPECT_EQ(waited.count("compute"), 0u) << "its own event";
+  EXPECT_TRUE(comm->WaitedSeconds().empty());
+  EXPECT_TRUE(MakeStream("host", {})->WaitedSeconds().empty());
+}
+
 TEST(CpuStreamsTest, TheHostWaitsForAnEventOrAStream) {
   auto stream = MakeStream("compute", Queued());
   auto done = MakeEvent();
