@@ -370,7 +370,11 @@ Status Run::Setup() {
   // The setup's few host values leave no cached segment behind: the run's memory (and the
   // estimator's replay of it) starts from the model's own allocations.
   ZR_RETURN_IF_ERROR(allocator_->EmptyCache());
-  store_ = MakeShardManagerStore(*manager_);
+  if (!c_.logging.trace_file.empty()) {
+    timeline_ = std::make_unique<Timeline>(world().rank());
+    if (leader()) ZR_RETURN_IF_ERROR(Timeline::CheckWritable(c_.logging.trace_file));
+  }
+  store_ = MakeShardManagerStore(*manager_, timeline_ ? timeline_->Sink() : SpanSink());
   if (cuda_) {
     ZR_ASSIGN_OR_RETURN(kernels_, MakeCudaModelKernels(compute, DType::kF32,
                                                        manager_->compute_stream(), *allocator_));
@@ -425,10 +429,6 @@ Status Run::Setup() {
                                        c_.data.validation_fraction, c_.model.shape.vocab_size));
   data_ = std::make_unique<DataLoader>(std::move(loader));
 
-  if (!c_.logging.trace_file.empty()) {
-    timeline_ = std::make_unique<Timeline>(world().rank());
-    if (leader()) ZR_RETURN_IF_ERROR(Timeline::CheckWritable(c_.logging.trace_file));
-  }
   comm_spans_.SetTimeline(timeline_.get());
   if (executor_ && timeline_) executor_->SetSpanSink(timeline_->Sink());
   if (leader()) {

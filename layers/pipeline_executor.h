@@ -39,11 +39,6 @@ namespace zerort {
 StatusOr<std::vector<std::pair<int, int>>> StageChunks(int n_layer, int stages, int virtual_stages,
                                                        std::span<const int> layers, int stage);
 
-// Where a span of work goes (the trainer's timeline): name, track, begin, end.
-using SpanSink = std::function<void(std::string_view name, std::string_view track,
-                                    std::chrono::system_clock::time_point begin,
-                                    std::chrono::system_clock::time_point end)>;
-
 struct PipelineStageOptions {
   PipelineShape shape;  // schedule, p, m, v
   int stage = 0;        // this rank's pipeline coordinate

@@ -11,7 +11,8 @@ namespace {
 
 class ShardManagerStore final : public WeightStore {
  public:
-  explicit ShardManagerStore(ShardManager& manager) : manager_(manager) {}
+  ShardManagerStore(ShardManager& manager, SpanSink span)
+      : manager_(manager), span_(std::move(span)) {}
 
   Status AddUnit(const std::string& name, const std::vector<ParamSpec>& params,
                  const UnitOptions& options) override {
@@ -34,6 +35,10 @@ class ShardManagerStore final : public WeightStore {
       if (backward) t.grads.push_back(scope.grad(i).data());
     }
     open_.emplace(unit, std::move(scope));
+    if (span_) {
+      ZR_RETURN_IF_ERROR(Mark(began_[unit] = std::make_shared<Clock::time_point>()));
+      what_[unit] = StrCat(backward ? "backward " : "forward ", manager_.unit(info.index).name());
+    }
     return t;
   }
 
@@ -41,6 +46,23 @@ class ShardManagerStore final : public WeightStore {
     auto it = open_.find(unit);
     if (it == open_.end())
       return absl::FailedPreconditionError(StrCat("unit ", unit, " is not open"));
+    if (span_) {  // before End: its release and reductions are not the unit's compute
+      auto began = began_.at(unit);
+      auto ended = std::make_shared<Clock::time_point>();
+      ZR_RETURN_IF_ERROR(Mark(ended));
+      Stream& s = manager_.compute_stream();
+      auto emit = [span = span_, what = what_.at(unit), began, ended] {
+        span(what, "compute", *began, *ended);
+      };
+      if (s.device().is_cuda()) {
+        emit();
+      } else {
+        ZR_RETURN_IF_ERROR(s.Launch([emit] {
+          emit();
+          return absl::OkStatus();
+        }));
+      }
+    }
     Status status = it->second.End();
     open_.erase(it);
     return status;
@@ -54,15 +76,33 @@ class ShardManagerStore final : public WeightStore {
     int index;  // in the manager
     int params;
   };
+  using Clock = std::chrono::system_clock;
+  // Sets `at` to the time the compute stream reaches this point (CPU streams: a marker run in
+  // its order; CUDA: now, on the host).
+  Status Mark(std::shared_ptr<Clock::time_point> at) {
+    Stream& s = manager_.compute_stream();
+    if (s.device().is_cuda()) {
+      *at = Clock::now();
+      return absl::OkStatus();
+    }
+    return s.Launch([at] {
+      *at = Clock::now();
+      return absl::OkStatus();
+    });
+  }
+
   ShardManager& manager_;
   std::vector<UnitInfo> units_;
   std::map<int, UnitScope> open_;
+  SpanSink span_;  // unit spans; empty: none
+  std::map<int, std::shared_ptr<Clock::time_point>> began_;
+  std::map<int, std::string> what_;
 };
 
 }  // namespace
 
-std::unique_ptr<WeightStore> MakeShardManagerStore(ShardManager& manager) {
-  return std::make_unique<ShardManagerStore>(manager);
+std::unique_ptr<WeightStore> MakeShardManagerStore(ShardManager& manager, SpanSink span) {
+  return std::make_unique<ShardManagerStore>(manager, std::move(span));
 }
 
 }  // namespace zerort

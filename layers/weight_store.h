@@ -4,9 +4,12 @@
 // in float or double. The layers hold no copy of any weight: they read the views Open returns.
 #pragma once
 
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/status.h"
@@ -41,9 +44,19 @@ class WeightStore {
   virtual Stream* stream() const { return nullptr; }
 };
 
+// Where a span of work goes (the trainer's timeline): name, track, begin, end. May be called on
+// a stream's thread.
+using SpanSink = std::function<void(std::string_view name, std::string_view track,
+                                    std::chrono::system_clock::time_point begin,
+                                    std::chrono::system_clock::time_point end)>;
+
 // The shard manager as a weight store; the manager must outlive it. Open gathers the unit (ZeRO-3)
-// through a UnitScope, Close ends that scope.
-std::unique_ptr<WeightStore> MakeShardManagerStore(ShardManager& manager);
+// through a UnitScope, Close ends that scope. With `span`, each unit's forward and backward goes
+// to it on the "compute" track ("forward blocks.3"), from when the compute stream starts the
+// unit's work (after its gather) to when it has issued all of it: on CPU streams timed in the
+// stream's own order (markers run on its thread: a queued stream's execution, an immediate
+// stream's inline work), on CUDA streams the host's issue times.
+std::unique_ptr<WeightStore> MakeShardManagerStore(ShardManager& manager, SpanSink span = {});
 
 // Plain host arrays of T, every unit always present; gradients accumulate until ZeroGrads.
 template <typename T>

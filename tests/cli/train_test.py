@@ -122,6 +122,11 @@ if r.returncode == 0:
         check(f"rank {rank}: the gradients' data-parallel reduction on the comm track",
               any(t == "comm" and g == "world.dp" for t, _, g in kinds), str(sorted(kinds))[:600])
         check(f"rank {rank}: each names its bytes", all(" B" in n for _, n in colls), str(colls[:3]))
+        units = {n for e in spans for n in [e["name"]]
+                 if e["pid"] == rank and track_of[(rank, e["tid"])] == "compute"}
+        check(f"rank {rank}: every unit's forward and backward on the compute track",
+              {"forward blocks.0", "backward blocks.0", "forward blocks.1",
+               "backward blocks.1"} <= units, str(sorted(units))[:600])
 
 # zerort bench model on a data x tensor mesh: per-device numbers over every device.
 bench_cfg = dict(BASE, train_micro_batch_size_per_gpu=8,
