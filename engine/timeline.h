@@ -3,8 +3,10 @@
 // stream of work, complete events ("ph": "X") with microsecond times from the system clock (so
 // ranks on different machines line up as well as their clocks do). The trainer records each
 // micro-batch's forward + backward, the optimizer step, evaluation and checkpoint saves; the
-// pipeline executor its forwards and backwards per micro-batch and chunk and its transfers; and
-// every collective that ran in line goes on the track of the stream it ran on (CommSpans).
+// pipeline executor its forwards and backwards per micro-batch and chunk and its transfers; the
+// shard manager's store each unit's forward and backward, the optimizer each unit's update and
+// the NVMe tier's reads per chunk (Sink()); and every collective that ran in line goes on the
+// track of the stream it ran on (CommSpans).
 #pragma once
 
 #include <chrono>

@@ -357,6 +357,10 @@ Status Run::Setup() {
   }
   const DType compute = ComputeDType(c_);
   ZR_RETURN_IF_ERROR(AgreeAll(CheckMemoryFits(), "the memory check"));
+  if (!c_.logging.trace_file.empty()) {
+    timeline_ = std::make_unique<Timeline>(world().rank());
+    if (leader()) ZR_RETURN_IF_ERROR(Timeline::CheckWritable(c_.logging.trace_file));
+  }
   const ShardManagerOptions mo = ShardManagerOptionsFrom(c_, dp().size(), ctx_.faults);
   ZR_ASSIGN_OR_RETURN(
       manager_,
@@ -364,16 +368,13 @@ Status Run::Setup() {
                                 .device_allocator = allocator_.get(),
                                 .tracker = &tracker_,
                                 .model_parallel = mesh_ ? &mesh_->model_parallel() : nullptr,
-                                .tensor_parallel_rank = mesh_ ? mesh_->coord().tensor : 0}));
+                                .tensor_parallel_rank = mesh_ ? mesh_->coord().tensor : 0,
+                                .span = timeline_ ? timeline_->Sink() : SpanSink()}));
   ZR_RETURN_IF_ERROR(AgreeAll(leader() ? ClaimRunFiles() : absl::OkStatus(),
                               "the checkpoint directory or metrics file"));
   // The setup's few host values leave no cached segment behind: the run's memory (and the
   // estimator's replay of it) starts from the model's own allocations.
   ZR_RETURN_IF_ERROR(allocator_->EmptyCache());
-  if (!c_.logging.trace_file.empty()) {
-    timeline_ = std::make_unique<Timeline>(world().rank());
-    if (leader()) ZR_RETURN_IF_ERROR(Timeline::CheckWritable(c_.logging.trace_file));
-  }
   store_ = MakeShardManagerStore(*manager_, timeline_ ? timeline_->Sink() : SpanSink());
   if (cuda_) {
     ZR_ASSIGN_OR_RETURN(kernels_, MakeCudaModelKernels(compute, DType::kF32,

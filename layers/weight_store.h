@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/span_sink.h"
 #include "runtime/status.h"
 #include "sharding/flat_layout.h"
 #include "sharding/shard_manager.h"
@@ -43,12 +44,6 @@ class WeightStore {
   // kernels that issue on another stream when this one is asynchronous.
   virtual Stream* stream() const { return nullptr; }
 };
-
-// Where a span of work goes (the trainer's timeline): name, track, begin, end. May be called on
-// a stream's thread.
-using SpanSink = std::function<void(std::string_view name, std::string_view track,
-                                    std::chrono::system_clock::time_point begin,
-                                    std::chrono::system_clock::time_point end)>;
 
 // The shard manager as a weight store; the manager must outlive it. Open gathers the unit (ZeRO-3)
 // through a UnitScope, Close ends that scope. With `span`, each unit's forward and backward goes

@@ -1,9 +1,12 @@
 // The NVMe tier's pipelined optimizer step ([Note: the NVMe optimizer step], nvme_step.h).
 #include "sharding/nvme_step.h"
 
+#include <chrono>
 #include <cstring>
+#include <string>
 
 #include "runtime/scoped_seconds.h"
+#include "runtime/strings.h"
 #include "sharding/optimizer_state.h"
 
 namespace zerort {
@@ -33,7 +36,7 @@ std::array<char*, 5> ShardedOptimizer::NvmeStep::Buffers(const Job& j) const {
 }
 
 Status ShardedOptimizer::NvmeStep::Issue() {
-  Job j{chunks_[next_++], {}, {}};
+  Job j{chunks_[next_++], {}, {}, {}};
   {
     ScopedSeconds waited(io_wait_);  // a staging set is free once its last writes have landed
     ZR_ASSIGN_OR_RETURN(j.lease, opt_.staging_->Acquire());
@@ -46,6 +49,7 @@ Status ShardedOptimizer::NvmeStep::Issue() {
     if (*b) j.reads.push_back(store_.StartRead(b->region(), off, buf[i], bytes));
     ++i;
   }
+  j.issued = std::chrono::system_clock::now();
   if (s.grad_written) {
     j.reads.push_back(store_.StartRead(s.grad.region(), off, buf[3], bytes));
   } else {
@@ -68,6 +72,13 @@ Status ShardedOptimizer::NvmeStep::Complete(Job j) {
   const auto buf = Buffers(j);
   const Range& r = j.chunk.range;
   const int64_t n = r.size();
+  const SpanSink* span = opt_.resources_.span;
+  const bool traced = span != nullptr && *span && !j.reads.empty();
+  const auto read =
+      traced ? std::chrono::system_clock::now() : std::chrono::system_clock::time_point();
+  const std::string what =
+      traced ? StrCat(s.unit->name(), " [", r.begin, ", ", r.end, ")") : std::string();
+  if (traced) (*span)(StrCat("nvme read ", what), "io", j.issued, read);
   const int64_t csize = static_cast<int64_t>(DTypeSize(o_.compute_dtype));
   std::vector<Fence> fences;
   if (failed.ok()) {
@@ -85,6 +96,7 @@ Status ShardedOptimizer::NvmeStep::Complete(Job j) {
     failed = opt_.Update(j.chunk.unit, r, args_, HostF32(buf[0], n), HostF32(buf[3], n),
                          s.exp_avg ? HostF32(buf[1], n) : TensorView(),
                          s.exp_avg_sq ? HostF32(buf[2], n) : TensorView(), out);
+    if (traced) (*span)(StrCat("optimizer ", what), "host", read, std::chrono::system_clock::now());
     int i = 0;
     for (PlacedBuffer* b : {&s.master, &s.exp_avg, &s.exp_avg_sq}) {
       if (failed.ok() && *b) {

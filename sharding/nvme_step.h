@@ -11,6 +11,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <deque>
 #include <vector>
 
@@ -30,6 +31,7 @@ class ShardedOptimizer::NvmeStep {
     Chunk chunk;
     StagingPool::Lease lease;
     std::vector<IoHandle> reads;
+    std::chrono::system_clock::time_point issued;  // its reads started (the trace's span)
   };
   // A staging set's five parts: master, exp_avg, exp_avg_sq, gradient, compute values.
   std::array<char*, 5> Buffers(const Job& j) const;

@@ -134,9 +134,9 @@ StatusOr<std::unique_ptr<ShardManager>> ShardManager::Create(const ShardManagerO
     return absl::InvalidArgumentError(
         StrCat("tensor-parallel rank ", resources.tensor_parallel_rank, " is negative"));
   }
-  m->optimizer_ = std::make_unique<ShardedOptimizer>(
-      OptimizerResources{&m->options_, resources.dp, m->tiers_, m->resources_.compute,
-                         &m->offload_stats_, resources.tensor_parallel_rank == 0});
+  m->optimizer_ = std::make_unique<ShardedOptimizer>(OptimizerResources{
+      &m->options_, resources.dp, m->tiers_, m->resources_.compute, &m->offload_stats_,
+      resources.tensor_parallel_rank == 0, &m->resources_.span});
   m->reducer_ = std::make_unique<GradientReducer>(m->UnitResourcesOf(), m->optimizer_.get());
   return m;
 }

@@ -102,6 +102,10 @@ class ShardManager {
     // tensor-parallel group (parameters replicated across that group count on index 0 only).
     Communicator* model_parallel = nullptr;
     int tensor_parallel_rank = 0;
+    // Optional: the optimizer's work per unit, and the NVMe tier's reads per chunk, as spans
+    // ("optimizer blocks.3" on the track of the tier's stream or "host", "nvme read blocks.3
+    // [0, 65536)" on "io").
+    SpanSink span;
   };
 
   static StatusOr<std::unique_ptr<ShardManager>> Create(const ShardManagerOptions& options,

@@ -366,8 +366,17 @@ Status ShardedOptimizer::Step(const OptimizerStepArgs& args) {
     }
     return StepNvme(args);
   }
+  const bool traced = resources_.span != nullptr && *resources_.span;
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
+    const auto begin =
+        traced ? std::chrono::system_clock::now() : std::chrono::system_clock::time_point();
     ZR_RETURN_IF_ERROR(StepInMemory(u, args));
+    if (traced) {  // the host's time: on a queued or CUDA stream, the issue
+      const Stream* s = StreamFor(tier());
+      (*resources_.span)(StrCat("optimizer ", units_[u]->unit->name()),
+                         s != nullptr ? s->name() : "host", begin,
+                         std::chrono::system_clock::now());
+    }
   }
   return absl::OkStatus();
 }

@@ -19,6 +19,7 @@
 
 #include "offload/staging_pool.h"
 #include "runtime/communicator.h"
+#include "runtime/span_sink.h"
 #include "sharding/sharded_unit.h"
 
 namespace zerort {
@@ -38,11 +39,12 @@ struct OptimizerResources {
   Communicator* dp = nullptr;
   Tiers tiers;
   Stream* compute = nullptr;
-  OffloadStats* stats = nullptr;  // null: not counted
+  OffloadStats* stats = nullptr;   // null: not counted
   // False on every tensor-parallel rank but the first: parameters replicated across the
   // tensor-parallel group (frame not split) are left out of this rank's norm, so the sum over
   // the model-parallel group counts them once.
   bool count_replicated = true;
+  const SpanSink* span = nullptr;  // null or empty: no spans (ShardManager::Resources::span)
 };
 
 class ShardedOptimizer {

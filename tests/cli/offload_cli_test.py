@@ -81,6 +81,9 @@ for name, kw in [("cpu", dict(optimizer="cpu")),
                  ("cpu_params", dict(optimizer="cpu", param="cpu")),
                  ("nvme_uring", dict(optimizer="nvme", param="nvme", engine="io_uring")),
                  ("nvme_threads", dict(optimizer="nvme", param="nvme", engine="threads"))]:
+    if name == "nvme_uring":  # traced too: the NVMe tier's reads and updates per chunk
+        kw = dict(kw, logging={"metrics_file": os.path.join(tmp, name + ".jsonl"),
+                               "trace_file": os.path.join(tmp, "nvme_trace.json")})
     r = run(["train", config(name, 6, **kw)])
     if check(f"{name} run exits 0", r.returncode == 0, r.stderr[-2000:]):
         check(f"{name} losses equal the device run's bitwise", losses(name) == device,
@@ -90,6 +93,16 @@ for name, kw in [("cpu", dict(optimizer="cpu")),
             rec = json.loads(f.readline())
         check("metrics.jsonl carries the nvme tier's peak",
               rec.get("peak_offload_bytes", {}).get("nvme", {}).get("total", 0) > 0, rec)
+        if os.path.exists(os.path.join(tmp, "nvme_trace.json")):
+            with open(os.path.join(tmp, "nvme_trace.json")) as f:
+                events = json.load(f)
+            track = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+            got = {(track[e["tid"]], e["name"].split(" [")[0]) for e in events if e.get("ph") == "X"}
+            check("the trace has each chunk's NVMe reads on the io track and its update",
+                  {("io", "nvme read blocks.0"), ("host", "optimizer blocks.0")} <= got,
+                  str(sorted(got))[:800])
+        else:
+            check("the nvme run wrote its trace", False)
     nvme_empty(name)
 
 # Units larger than one optimizer chunk (d_model 128: 197K-element blocks in 65,536-element

@@ -126,7 +126,8 @@ if r.returncode == 0:
                  if e["pid"] == rank and track_of[(rank, e["tid"])] == "compute"}
         check(f"rank {rank}: every unit's forward and backward on the compute track",
               {"forward blocks.0", "backward blocks.0", "forward blocks.1",
-               "backward blocks.1"} <= units, str(sorted(units))[:600])
+               "backward blocks.1", "optimizer blocks.0", "optimizer blocks.1"} <= units,
+              str(sorted(units))[:600])
 
 # zerort bench model on a data x tensor mesh: per-device numbers over every device.
 bench_cfg = dict(BASE, train_micro_batch_size_per_gpu=8,
