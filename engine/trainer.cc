@@ -100,9 +100,9 @@ class Run {
 
   RunConfig c_;
   TrainerContext ctx_;
+  CommSpans comm_spans_;  // every collective: the timeline's tracks, exposed communication
   // The data x tensor mesh (tensor_parallel_size > 1); without it the world is the
   // data-parallel group.
-  CommSpans comm_spans_;  // every collective: the timeline's tracks, exposed communication
   std::unique_ptr<DeviceMesh> mesh_;
   Communicator& world() { return *ctx_.world; }
   Communicator& dp() { return mesh_ ? mesh_->data() : *ctx_.world; }

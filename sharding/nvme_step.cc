@@ -44,12 +44,12 @@ Status ShardedOptimizer::NvmeStep::Issue() {
   UnitState& s = *opt_.units_[j.chunk.unit];
   const auto buf = Buffers(j);
   const int64_t off = j.chunk.range.begin * 4, bytes = j.chunk.range.size() * 4;
+  j.issued = std::chrono::system_clock::now();
   int i = 0;
   for (PlacedBuffer* b : {&s.master, &s.exp_avg, &s.exp_avg_sq}) {
     if (*b) j.reads.push_back(store_.StartRead(b->region(), off, buf[i], bytes));
     ++i;
   }
-  j.issued = std::chrono::system_clock::now();
   if (s.grad_written) {
     j.reads.push_back(store_.StartRead(s.grad.region(), off, buf[3], bytes));
   } else {
