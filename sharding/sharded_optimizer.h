@@ -39,7 +39,7 @@ struct OptimizerResources {
   Communicator* dp = nullptr;
   Tiers tiers;
   Stream* compute = nullptr;
-  OffloadStats* stats = nullptr;   // null: not counted
+  OffloadStats* stats = nullptr;  // null: not counted
   // False on every tensor-parallel rank but the first: parameters replicated across the
   // tensor-parallel group (frame not split) are left out of this rank's norm, so the sum over
   // the model-parallel group counts them once.
