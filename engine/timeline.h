@@ -18,6 +18,7 @@
 
 #include "runtime/allocator.h"
 #include "runtime/communicator.h"
+#include "runtime/span_sink.h"
 #include "runtime/status.h"
 
 namespace zerort {
@@ -35,9 +36,9 @@ class Timeline {
 
   void Span(std::string_view name, std::string_view track, Clock::time_point begin,
             Clock::time_point end);
-  // Span as a function (the pipeline executor's SpanSink); this timeline must outlive it.
-  std::function<void(std::string_view, std::string_view, Clock::time_point, Clock::time_point)>
-  Sink() {
+  // Span as a SpanSink (the store's, the shard manager's, the pipeline executor's); this
+  // timeline must outlive it.
+  SpanSink Sink() {
     return [this](std::string_view name, std::string_view track, Clock::time_point begin,
                   Clock::time_point end) { Span(name, track, begin, end); };
   }

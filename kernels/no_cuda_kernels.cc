@@ -18,10 +18,6 @@ Status NoCuda(const char* what) {
 }
 }  // namespace
 
-Status CudaAdam(const AdamHyper&, float*, const float*, float*, float*, void*, DType, int64_t,
-                Stream*) {
-  return NoCuda("AdamStep");
-}
 Status CudaSgd(const SgdHyper&, float*, const float*, float*, void*, DType, int64_t, Stream*) {
   return NoCuda("SgdStep");
 }

@@ -77,8 +77,6 @@ void CpuAdam(const AdamHyper& h, float* p, const float* g, float* m, float* v, v
              DType out_dtype, int64_t n);
 void CpuSgd(const SgdHyper& h, float* p, const float* g, float* buf, void* out, DType out_dtype,
             int64_t n);
-Status CudaAdam(const AdamHyper& h, float* p, const float* g, float* m, float* v, void* out,
-                DType out_dtype, int64_t n, Stream* stream);
 Status CudaSgd(const SgdHyper& h, float* p, const float* g, float* buf, void* out, DType out_dtype,
                int64_t n, Stream* stream);
 // Validated segments (each within the views); any number, launched kAdamSegmentsPerLaunch at a

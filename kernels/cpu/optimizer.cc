@@ -160,25 +160,13 @@ void CpuSgd(const SgdHyper& h, float* p, const float* g, float* buf, void* out, 
 
 }  // namespace internal
 
+// One range with h's weight decay: the multi-range step's one segment.
 Status AdamStep(const AdamHyper& h, const TensorView& master, const TensorView& grad,
                 const TensorView& exp_avg, const TensorView& exp_avg_sq,
                 const TensorView& compute_out, Stream* stream) {
-  ZR_RETURN_IF_ERROR(CheckAdam(h, master, grad, exp_avg, exp_avg_sq, compute_out));
-  auto* p = master.data_as<float>();
-  auto* g = grad.data_as<float>();
-  auto* m = exp_avg.data_as<float>();
-  auto* v = exp_avg_sq.data_as<float>();
-  if (master.device().is_cuda()) {
-    if (stream == nullptr || stream->device() != master.device()) {
-      return absl::InvalidArgumentError("AdamStep on CUDA views needs a stream of their device");
-    }
-    return internal::CudaAdam(h, p, g, m, v, compute_out.data(), compute_out.dtype(),
-                              master.numel(), stream);
-  }
-  return RunOnHostInOrder(stream, [=] {
-    internal::CpuAdam(h, p, g, m, v, compute_out.data(), compute_out.dtype(), master.numel());
-    return absl::OkStatus();
-  });
+  const OptimizerSegment whole[] = {
+      {.begin = 0, .count = master.numel(), .weight_decay = h.weight_decay}};
+  return AdamStepSegments(h, whole, master, grad, exp_avg, exp_avg_sq, compute_out, stream);
 }
 
 Status AdamStepSegments(const AdamHyper& h, std::span<const OptimizerSegment> segments,
@@ -199,8 +187,7 @@ Status AdamStepSegments(const AdamHyper& h, std::span<const OptimizerSegment> se
   auto* v = exp_avg_sq.data_as<float>();
   if (master.device().is_cuda()) {
     if (stream == nullptr || stream->device() != master.device()) {
-      return absl::InvalidArgumentError(
-          "AdamStepSegments on CUDA views needs a stream of their device");
+      return absl::InvalidArgumentError("AdamStep on CUDA views needs a stream of their device");
     }
     return internal::CudaAdamSegments(h, segments, p, g, m, v, compute_out.data(),
                                       compute_out.dtype(), stream);

@@ -1,5 +1,6 @@
-// CUDA optimizer steps: one fused grid-stride pass over the range (read p, g, state; write p,
-// state and the compute copy), or over up to kAdamSegmentsPerLaunch ranges in one launch. Three
+// CUDA optimizer steps: one fused grid-stride pass (read p, g, state; write p, state and the
+// compute copy) over the range (SGD) or over up to kAdamSegmentsPerLaunch ranges (Adam, AdamW:
+// AdamStep is one range). Three
 // layers: kernels, launchers on raw pointers and a stream, and the internal entries called by
 // AdamStep/SgdStep after validation. The arithmetic is the CPU loops' own
 // (kernels/optimizer_math.h), so the twins agree bitwise.
@@ -17,25 +18,9 @@
 namespace zerort {
 namespace {
 
-template <typename Out>
-static __global__ void AdamKernel(math::AdamScalars a, float* __restrict__ p,
-                                  const float* __restrict__ g, float* __restrict__ m,
-                                  float* __restrict__ v, Out* __restrict__ out, int64_t n) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    float mi = m[i], vi = v[i];
-    const float param = math::AdamElement(a, p[i], g[i], mi, vi);
-    p[i] = param;
-    m[i] = mi;
-    v[i] = vi;
-    if (out != nullptr) out[i] = cuda::FromFloat<Out>(param);
-  }
-}
-
 // Up to kAdamSegmentsPerLaunch ranges of the same buffers, each with its own scalars (its weight
 // decay), by value in the kernel's parameters (under 2 KB): block row y runs segment y with a
-// grid-stride loop, exactly AdamKernel's per element.
+// grid-stride loop, each element through math::AdamElement.
 struct AdamSegmentTable {
   int n = 0;
   math::AdamScalars scalars[kAdamSegmentsPerLaunch];
@@ -88,13 +73,6 @@ int Blocks(int64_t n, int threads) {
 }
 
 template <typename Out>
-static cudaError_t LaunchAdam(const math::AdamScalars& a, float* p, const float* g, float* m,
-                              float* v, void* out, int64_t n, cudaStream_t s) {
-  AdamKernel<Out><<<Blocks(n, 256), 256, 0, s>>>(a, p, g, m, v, static_cast<Out*>(out), n);
-  return cudaGetLastError();
-}
-
-template <typename Out>
 static cudaError_t LaunchAdamSegments(const AdamSegmentTable& t, float* p, const float* g, float* m,
                                       float* v, void* out, cudaStream_t s) {
   int64_t longest = 0;
@@ -116,23 +94,6 @@ static cudaError_t LaunchSgd(const math::SgdScalars& a, float* p, const float* g
 }  // namespace
 
 namespace internal {
-
-Status CudaAdam(const AdamHyper& h, float* p, const float* g, float* m, float* v, void* out,
-                DType out_dtype, int64_t n, Stream* stream) {
-  if (n == 0) return absl::OkStatus();
-  const math::AdamScalars a = math::MakeAdamScalars(h);
-  auto s = static_cast<cudaStream_t>(stream->native_handle());
-  cudaError_t err;
-  if (out == nullptr || out_dtype == DType::kF32) {
-    err = LaunchAdam<float>(a, p, g, m, v, out, n, s);
-  } else if (out_dtype == DType::kBF16) {
-    err = LaunchAdam<__nv_bfloat16>(a, p, g, m, v, out, n, s);
-  } else {
-    err = LaunchAdam<__half>(a, p, g, m, v, out, n, s);
-  }
-  if (err != cudaSuccess) return CudaError("AdamKernel launch", err);
-  return absl::OkStatus();
-}
 
 Status CudaAdamSegments(const AdamHyper& h, std::span<const OptimizerSegment> segments, float* p,
                         const float* g, float* m, float* v, void* out, DType out_dtype,
