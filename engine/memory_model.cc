@@ -406,15 +406,8 @@ void StepModel::MicroBatch() {
   for (const gpt::ScratchBuffer& b : gpt::BackwardScratchPlan(g, act, grad, st_.last)) {
     alloc(ws, Cat::kWorkspace, b.bytes);
   }
-  auto ln_scratch = [&] {  // the LayerNorm backward's own
-    const int64_t bytes = LayerNormBackwardScratchBytes(backend(), g.d);
-    if (bytes == 0) return;
-    Replay::Handle h = r_.Alloc(Cat::kWorkspace, bytes, compute_);
-    r_.Free(h);
-  };
-  if (st_.last && norm >= 0) {
+  if (st_.last && norm >= 0) {  // the final LayerNorm's backward (no scratch of its own)
     Open(norm, true);
-    ln_scratch();
     Close(norm, true);
   }
   for (const gpt::ScratchBuffer& b : gpt::BlockBackwardScratchPlan(g, act)) {
@@ -436,9 +429,7 @@ void StepModel::MicroBatch() {
       AttentionScratch(false);
       for (auto it = scratch.rbegin(); it != scratch.rend(); ++it) r_.Free(*it);
     }
-    ln_scratch();
     AttentionScratch(true);
-    ln_scratch();
     Close(u, true);
     for (auto& h : sets_of[l]) r_.Free(h);  // spent by the block's backward
   }

@@ -12,7 +12,8 @@
 //   the call returns: forward q, k, v ([batch, heads, seq, head size] each) and the scores
 //   [batch, heads, seq, seq]; backward q, k, v, dy, the scores' gradient, then dk. The CPU
 //   kernels allocate none.
-// - The CUDA LayerNorm backward's weight-gradient partials: 2 x channels fp32 per call.
+// - The LayerNorm backward and the bias gradients allocate nothing on either backend (the CUDA
+//   column kernels of kernels/launch_geometry.h sum each column in registers and shared memory).
 // - cuBLASLt's workspace: 32 MiB, allocated once by the CUDA kernels.
 #pragma once
 
@@ -45,11 +46,6 @@ inline std::vector<int64_t> AttentionScratchBytes(KernelBackend backend, bool ba
   const int64_t scores = int64_t{batch} * heads * seq * seq * act_size;
   if (!backward) return {n, n, n, scores};  // q, k, v, scores
   return {n, n, n, n, scores, n};           // q, k, v, dy, dscores, dk
-}
-
-// The LayerNorm backward's scratch (0: none).
-inline int64_t LayerNormBackwardScratchBytes(KernelBackend backend, int channels) {
-  return backend == KernelBackend::kCuda ? int64_t{2} * channels * 4 : 0;
 }
 
 }  // namespace zerort

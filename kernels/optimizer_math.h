@@ -1,13 +1,10 @@
 // The optimizers' arithmetic for one element (AdamW/Adam, SGD, LAMB), shared by the CPU loops
 // (kernels/cpu/optimizer.cc, lamb.cc) and the CUDA kernels (kernels/cuda/optimizer.cu, lamb.cu):
-// one definition, so the CPU tests execute the
-// GPU's math. Every product, sum and quotient is rounded on its own, never fused into an FMA:
-// the CPU build does not contract (ISO C++20, where GCC's default is -ffp-contract=off), and on
-// the GPU each operation is an explicitly rounded intrinsic (__fmul_rn, __fadd_rn, __fdiv_rn,
-// __fsqrt_rn), which nvcc never fuses. Both devices therefore produce bitwise the same parameters
-// and moments (tests/kernels/optimizer_cuda_test.cc checks it on a GPU; LAMB's trust ratio
-// comes from sums reduced in a different order on each device, so it agrees to rounding). The order
-// of operations is torch.optim's, as the golden tests expect.
+// one definition, so the CPU tests execute the GPU's math. Every product, sum and quotient is
+// rounded on its own (kernels/rounded_math.h), never fused into an FMA. Both devices therefore
+// produce bitwise the same parameters and moments (tests/kernels/optimizer_cuda_test.cc checks it
+// on a GPU; LAMB's trust ratio comes from sums reduced in a different order on each device, so it
+// agrees to rounding). The order of operations is torch.optim's, as the golden tests expect.
 #pragma once
 
 #include <cmath>
@@ -15,54 +12,9 @@
 
 #include "kernels/lamb.h"
 #include "kernels/optimizer.h"
-
-#if defined(__CUDACC__)
-#define ZR_HOST_DEVICE __host__ __device__
-#else
-#define ZR_HOST_DEVICE
-#endif
+#include "kernels/rounded_math.h"
 
 namespace zerort::math {
-
-ZR_HOST_DEVICE inline float Mul(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
-ZR_HOST_DEVICE inline float Add(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
-ZR_HOST_DEVICE inline float Sub(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-
-ZR_HOST_DEVICE inline float Div(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-
-ZR_HOST_DEVICE inline float Sqrt(float a) {
-#if defined(__CUDA_ARCH__)
-  return __fsqrt_rn(a);
-#else
-  return std::sqrt(a);
-#endif
-}
 
 // Adam's per-step scalars, computed on the host in double as PyTorch does for Python scalars,
 // then rounded to float once.

@@ -3,7 +3,8 @@
 # twins, the CUDA allocator and communicators, the shard manager on the GPU, cuda_parity: training
 # on cuda against cpu loss by loss), the MPI test that stages CUDA buffers through pinned memory,
 # compute-sanitizer's memcheck over the kernel and shard-manager tests, then the measurements the
-# docs record: a GPT-2 124M bf16 ZeRO-3 run, bench model, bench adamw and estimate --measure.
+# docs record: a GPT-2 124M bf16 ZeRO-3 run (alone, with the optimizer on the host, and with pp 2
+# where there are two GPUs), bench model, bench adamw and estimate --measure.
 #   tools/gpu-check.sh [BUILD]
 # With .gpu/pack.tar.xz (tools/gpu-pack.sh, made on a machine that builds zerort) it unpacks that
 # build and uses the machine's CUDA, cuBLAS, NCCL and MPI; else it configures and builds BUILD
@@ -101,6 +102,18 @@ grep -E '^step +(1|12)/' "$logs/train-gpt2.log"
   --set logging.metrics_file=/tmp/gpu-check-metrics-offload.jsonl \
   >"$logs/train-gpt2-offload.log" 2>&1 || rc=1
 grep -E '^step +(1|6)/' "$logs/train-gpt2-offload.log"
+# Pipeline parallelism over NCCL (pp 2, 1F1B, ZeRO-1; one rank per GPU: NCCL refuses two ranks
+# of a communicator on one device), on machines with two GPUs or more.
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if ((gpus >= 2)); then
+  mpirun -np 2 --bind-to none "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite \
+    --set train.steps=6 --set train.eval_interval=6 --set zero_optimization.stage=1 \
+    --set parallel.pipeline_parallel_size=2 --set checkpoint.dir=/tmp/gpu-check-ckpt-pp \
+    --set logging.metrics_file=/tmp/gpu-check-metrics-pp.jsonl >"$logs/train-gpt2-pp2.log" 2>&1 || rc=1
+  grep -E '^step +(1|6)/' "$logs/train-gpt2-pp2.log"
+else
+  step "pp 2 run skipped: $gpus GPU here, NCCL needs one per rank"
+fi
 "$zr" bench model --config "$root/configs/bench-gpt2.json" --json >"$logs/bench-model-gpt2.json" \
   2>"$logs/bench-model-gpt2.log" && cat "$logs/bench-model-gpt2.json"
 "$zr" bench adamw --json >"$logs/bench-adamw.json" 2>"$logs/bench-adamw.log" &&

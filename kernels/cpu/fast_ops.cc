@@ -8,13 +8,12 @@
 
 #include "kernels/cpu/sgemm.h"
 #include "kernels/cpu/vector_math.h"
+#include "kernels/model_math.h"
 
 namespace zerort::cpu::fast {
 namespace {
 
 constexpr int64_t kElementGrain = int64_t{1} << 14;  // elements per thread, at least
-constexpr float kGeluScale = 0.7978845608028654f;    // sqrt(2 / pi)
-constexpr float kGeluCubic = 0.044715f;
 
 // Rows per thread so that each gets at least kElementGrain elements.
 int64_t RowGrain(int cols) { return std::max<int64_t>(1, kElementGrain / std::max(cols, 1)); }
@@ -58,7 +57,7 @@ void SumBlocks(float* dst, const std::vector<float>& partials, int64_t blocks, i
 ZR_CPU_CLONES void LayerNormSpan(float* out, float* mean, float* rstd, const float* inp,
                                  const float* weight, const float* bias, int64_t r0, int64_t r1,
                                  int channels, float eps) {
-  const float inv_c = 1.0f / static_cast<float>(channels);
+  const float inv_c = math::InverseCount(channels);
   for (int64_t r = r0; r < r1; ++r) {
     const float* x = inp + r * channels;
     float m = 0.0f;
@@ -67,12 +66,11 @@ ZR_CPU_CLONES void LayerNormSpan(float* out, float* mean, float* rstd, const flo
     m *= inv_c;
     float v = 0.0f;
 #pragma omp simd reduction(+ : v)
-    for (int c = 0; c < channels; ++c) v += (x[c] - m) * (x[c] - m);
-    v *= inv_c;
-    const float s = 1.0f / std::sqrt(v + eps);
+    for (int c = 0; c < channels; ++c) v += math::SquaredDeviation(x[c], m);
+    const float s = math::LayerNormRstd(v, inv_c, eps);
     float* o = out + r * channels;
 #pragma omp simd
-    for (int c = 0; c < channels; ++c) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+    for (int c = 0; c < channels; ++c) o[c] = math::LayerNormOut(x[c], m, s, weight[c], bias[c]);
     mean[r] = m;
     rstd[r] = s;
   }
@@ -96,7 +94,7 @@ ZR_CPU_CLONES void AddLayerNormSpan(float* sum, float* out, float* mean, float* 
 ZR_CPU_CLONES void LayerNormBackwardSpan(float* dinp, float* pw, float* pb, const float* dout,
                                          const float* inp, const float* weight, const float* mean,
                                          const float* rstd, int64_t r0, int64_t r1, int channels) {
-  const float inv_c = 1.0f / static_cast<float>(channels);
+  const float inv_c = math::InverseCount(channels);
   if (pw != nullptr) std::fill(pw, pw + channels, 0.0f);
   if (pb != nullptr) std::fill(pb, pb + channels, 0.0f);
   for (int64_t r = r0; r < r1; ++r) {
@@ -106,9 +104,9 @@ ZR_CPU_CLONES void LayerNormBackwardSpan(float* dinp, float* pw, float* pb, cons
     float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
 #pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
     for (int c = 0; c < channels; ++c) {
-      const float dnorm = dy[c] * weight[c];
+      const float dnorm = math::LayerNormDnorm(dy[c], weight[c]);
       dnorm_mean += dnorm;
-      dnorm_norm_mean += dnorm * (x[c] - m) * s;
+      dnorm_norm_mean += math::LayerNormDnormNorm(dnorm, x[c], m, s);
     }
     dnorm_mean *= inv_c;
     dnorm_norm_mean *= inv_c;
@@ -116,9 +114,9 @@ ZR_CPU_CLONES void LayerNormBackwardSpan(float* dinp, float* pw, float* pb, cons
       float* dx = dinp + r * channels;
 #pragma omp simd
       for (int c = 0; c < channels; ++c) {
-        const float norm = (x[c] - m) * s;
-        dx[c] += (dy[c] * weight[c] - dnorm_mean - norm * dnorm_norm_mean) * s;
-        pw[c] += norm * dy[c];
+        dx[c] +=
+            math::LayerNormInputGrad(dy[c], weight[c], x[c], m, s, dnorm_mean, dnorm_norm_mean);
+        pw[c] += math::LayerNormWeightGrad(x[c], m, s, dy[c]);
         pb[c] += dy[c];
       }
       continue;
@@ -127,13 +125,13 @@ ZR_CPU_CLONES void LayerNormBackwardSpan(float* dinp, float* pw, float* pb, cons
       float* dx = dinp + r * channels;
 #pragma omp simd
       for (int c = 0; c < channels; ++c) {
-        const float norm = (x[c] - m) * s;
-        dx[c] += (dy[c] * weight[c] - dnorm_mean - norm * dnorm_norm_mean) * s;
+        dx[c] +=
+            math::LayerNormInputGrad(dy[c], weight[c], x[c], m, s, dnorm_mean, dnorm_norm_mean);
       }
     }
     if (pw != nullptr) {
 #pragma omp simd
-      for (int c = 0; c < channels; ++c) pw[c] += (x[c] - m) * s * dy[c];
+      for (int c = 0; c < channels; ++c) pw[c] += math::LayerNormWeightGrad(x[c], m, s, dy[c]);
     }
     if (pb != nullptr) AddInto(pb, dy, channels);
   }
@@ -141,12 +139,7 @@ ZR_CPU_CLONES void LayerNormBackwardSpan(float* dinp, float* pw, float* pb, cons
 
 ZR_CPU_CLONES void GeluSpan(float* out, const float* inp, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    // 0.5 x (1 + tanh u) = x sigmoid(2u) = x / (1 + e^(-2u))
-    const float x = inp[i];
-    const float u = kGeluScale * (x + kGeluCubic * x * x * x);
-    out[i] = x / (1.0f + FastExp(-2.0f * u));
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = math::Gelu(inp[i]);
 }
 
 // Rows [r0, r1) of the MLP's first-layer epilogue: pre[r, :] += bias, out[r, :] = gelu(pre[r, :]),
@@ -162,15 +155,7 @@ ZR_CPU_CLONES void BiasGeluSpan(float* pre, float* out, const float* bias, int64
 
 ZR_CPU_CLONES void GeluBackwardSpan(float* dinp, const float* inp, const float* dout, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    // With s = sigmoid(2u): tanh u = 2s - 1 and sech^2 u = 4 s (1 - s), so
-    // d/dx = 0.5 (1 + tanh u) + 0.5 x sech^2 u du/dx = s + 2 x s (1 - s) du/dx.
-    const float x = inp[i];
-    const float u = kGeluScale * (x + kGeluCubic * x * x * x);
-    const float sg = 1.0f / (1.0f + FastExp(-2.0f * u));
-    const float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
-    dinp[i] += (sg + 2.0f * x * sg * (1.0f - sg) * du) * dout[i];
-  }
+  for (int64_t i = 0; i < n; ++i) dinp[i] = math::GeluBackward(dinp[i], inp[i], dout[i]);
 }
 
 ZR_CPU_CLONES void CrossEntropySpan(float* logits, float* losses, const int32_t* targets,
@@ -184,12 +169,12 @@ ZR_CPU_CLONES void CrossEntropySpan(float* logits, float* losses, const int32_t*
 #pragma omp simd reduction(+ : sum)
     for (int v = 0; v < vocab; ++v) sum += FastExp(z[v] - max);
     const float log_sum = std::log(sum);
-    losses[r] = -(z[targets[r]] - max - log_sum);
+    losses[r] = math::CrossEntropyLoss(z[targets[r]], max, log_sum);
     if (scale == 0.0f) continue;
     const float shift = max + log_sum;
 #pragma omp simd
-    for (int v = 0; v < vocab; ++v) z[v] = FastExp(z[v] - shift) * scale;
-    z[targets[r]] -= scale;
+    for (int v = 0; v < vocab; ++v) z[v] = math::CrossEntropyGrad(z[v], shift, scale);
+    z[targets[r]] = math::CrossEntropyTargetGrad(z[targets[r]], scale);
   }
 }
 

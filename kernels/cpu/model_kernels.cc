@@ -15,6 +15,7 @@
 #include "kernels/cpu/sgemm.h"
 #include "kernels/cpu/stream_kernels.h"
 #include "kernels/model_kernels.h"
+#include "kernels/model_math.h"
 #include "kernels/model_ops.h"
 #include "runtime/dtype.h"
 #include "runtime/scoped_seconds.h"
@@ -198,7 +199,7 @@ class CpuModelKernels final : public ModelKernels {
     T* l = P(losses);
     const T scale = T(dscale);
     for (int64_t r = 0; r < rows; ++r) {
-      l[r] = std::log(s[r]) + m[r] - s[rows + r];
+      l[r] = math::VocabLoss<T>(std::log(s[r]), m[r], s[rows + r]);
       if (dscale == 0.0f) continue;
       for (int c = 0; c < vocab; ++c) {
         T& v = z[r * vocab + c];
@@ -206,8 +207,7 @@ class CpuModelKernels final : public ModelKernels {
           v = 0;
           continue;
         }
-        const T p = std::exp(v - m[r]) / s[r];
-        v = (p - (c + begin == targets[r] ? T(1) : T(0))) * scale;
+        v = math::VocabGrad<T>(std::exp(v - m[r]), s[r], c + begin == targets[r], scale);
       }
     }
     return absl::OkStatus();

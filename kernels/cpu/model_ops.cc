@@ -12,6 +12,7 @@
 
 #include "kernels/cpu/fast_ops.h"
 #include "kernels/cpu/sgemm.h"
+#include "kernels/model_math.h"
 
 namespace zerort::cpu {
 namespace {
@@ -280,8 +281,8 @@ void EmbeddingForward(T* out, const int32_t* tokens, const T* wte, const T* wpe,
                       int channels, int begin, int count) {
   for (int b = 0; b < batch; ++b) {
     for (int t = 0; t < seq; ++t) {
-      const int64_t row = tokens[b * seq + t] - int64_t{begin};
-      const T* te = row >= 0 && row < count ? wte + row * channels : nullptr;
+      const int64_t row = math::EmbeddingRow(tokens[b * seq + t], begin, count);
+      const T* te = row >= 0 ? wte + row * channels : nullptr;
       const T* pe = wpe == nullptr ? nullptr : wpe + static_cast<int64_t>(t) * channels;
       T* o = out + (static_cast<int64_t>(b) * seq + t) * channels;
       for (int c = 0; c < channels; ++c) {
@@ -297,8 +298,8 @@ void EmbeddingBackward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, i
   for (int b = 0; b < batch; ++b) {
     for (int t = 0; t < seq; ++t) {
       const T* d = dout + (static_cast<int64_t>(b) * seq + t) * channels;
-      const int64_t row = tokens[b * seq + t] - int64_t{begin};
-      if (dwte != nullptr && row >= 0 && row < count) {
+      const int64_t row = math::EmbeddingRow(tokens[b * seq + t], begin, count);
+      if (dwte != nullptr && row >= 0) {
         T* te = dwte + row * channels;
         for (int c = 0; c < channels; ++c) te[c] += d[c];
       }

@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include "kernels/reduce.h"
+#include "kernels/rounded_math.h"
 #include "runtime/strings.h"
 
 namespace zerort {
@@ -84,7 +85,7 @@ Status CountNonFinite(const TensorView& x, const TensorView& out, Stream* stream
   }
   return RunOnHostInOrder(stream, [x, out] {
     *out.data_as<float>() +=
-        static_cast<float>(ChunkedSum(x, [](float v) { return std::isfinite(v) ? 0.0 : 1.0; }));
+        static_cast<float>(ChunkedSum(x, [](float v) { return math::IsFinite(v) ? 0.0 : 1.0; }));
     return absl::OkStatus();
   });
 }
@@ -99,7 +100,7 @@ double HostCountNonFinite(const TensorView& x, double running) {
   ZR_CHECK(x.device().is_cpu() && IsFloatingPoint(x.dtype()))
       << "HostCountNonFinite on device data";
   return ChunkedSum(
-      x, [](float v) { return std::isfinite(v) ? 0.0 : 1.0; }, running);
+      x, [](float v) { return math::IsFinite(v) ? 0.0 : 1.0; }, running);
 }
 
 Status Scale(const TensorView& x, float factor, Stream* stream) {
@@ -166,7 +167,7 @@ double SumOfSquaresReference(const TensorView& x) {
 int64_t CountNonFiniteReference(const TensorView& x) {
   int64_t count = 0;
   for (int64_t i = 0; i < x.numel(); ++i)
-    count += std::isfinite(LoadAsFloat(x.data(), x.dtype(), i)) ? 0 : 1;
+    count += math::IsFinite(LoadAsFloat(x.data(), x.dtype(), i)) ? 0 : 1;
   return count;
 }
 

@@ -6,6 +6,7 @@
 
 #include "kernels/cast.h"
 #include "kernels/cuda/convert.cuh"
+#include "kernels/launch_geometry.h"
 #include "runtime/internal/cuda_check.h"
 
 namespace zerort {
@@ -26,11 +27,8 @@ static __global__ void CastKernel(const In* __restrict__ src, Out* __restrict__ 
 template <typename In, typename Out>
 static cudaError_t LaunchCast(const void* src, void* dst, int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  constexpr int kThreads = 256;
-  const int64_t blocks64 = (n + kThreads - 1) / kThreads;
-  const int blocks = static_cast<int>(blocks64 < 65536 ? blocks64 : 65536);
-  CastKernel<In, Out>
-      <<<blocks, kThreads, 0, stream>>>(static_cast<const In*>(src), static_cast<Out*>(dst), n);
+  CastKernel<In, Out><<<launch::GridStrideBlocks(n, 65536), launch::kThreads, 0, stream>>>(
+      static_cast<const In*>(src), static_cast<Out*>(dst), n);
   return cudaGetLastError();
 }
 

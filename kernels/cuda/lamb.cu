@@ -7,18 +7,16 @@
 
 #include "kernels/cuda/convert.cuh"
 #include "kernels/lamb.h"
+#include "kernels/launch_geometry.h"
 #include "kernels/optimizer_math.h"
 #include "runtime/internal/cuda_check.h"
 
 namespace zerort {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = launch::kThreads;
 
-int Blocks(int64_t n) {
-  return static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 1024)));
-}
+int Blocks(int64_t n) { return launch::GridStrideBlocks(n, 1024); }
 
 static __global__ void LambMomentsKernel(math::LambScalars a, const float* __restrict__ p,
                                          float* __restrict__ g, float* __restrict__ m,

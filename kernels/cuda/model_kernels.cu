@@ -137,20 +137,17 @@ class CudaModelKernels final : public ModelKernels {
   Status LayerNormBackward(void* dinp, void* dweight, void* dbias, const void* dout,
                            const void* inp, const void* weight, const void* mean, const void* rstd,
                            int64_t rows, int channels) override {
-    ZR_ASSIGN_OR_RETURN(Buffer dwb, Scratch(LayerNormBackwardScratchBytes(backend(), channels)));
-    ZR_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dwb.data(), 0, dwb.bytes(), s()));
-    LayerNormBackwardKernel<T><<<RowBlocks(rows), kThreads, 0, s()>>>(
-        A(dinp), dwb.as<float>(), A(dout), A(inp), A(weight), static_cast<const float*>(mean),
-        static_cast<const float*>(rstd), rows, channels);
-    ZR_RETURN_IF_ERROR(Launched("LayerNormBackward"));
-    if (dweight != nullptr) {
-      AccumulateKernel<G, float>
-          <<<Blocks(channels), kThreads, 0, s()>>>(Gp(dweight), dwb.as<float>(), channels);
+    if (rows == 0) return absl::OkStatus();  // nothing to add (and no grid of 0 rows)
+    const auto* m = static_cast<const float*>(mean);
+    const auto* r = static_cast<const float*>(rstd);
+    if (dinp != nullptr) {
+      LayerNormInputGradKernel<T><<<RowBlocks(rows), kThreads, 0, s()>>>(
+          A(dinp), A(dout), A(inp), A(weight), m, r, rows, channels);
+      ZR_RETURN_IF_ERROR(Launched("LayerNormBackward"));
     }
-    if (dbias != nullptr) {
-      AccumulateKernel<G, float>
-          <<<Blocks(channels), kThreads, 0, s()>>>(Gp(dbias), dwb.as<float>() + channels, channels);
-    }
+    if (dweight == nullptr && dbias == nullptr) return absl::OkStatus();
+    LayerNormParamGradKernel<T, G><<<ColumnBlocks(channels), kThreads, 0, s()>>>(
+        Gp(dweight), Gp(dbias), A(dout), A(inp), m, r, rows, channels);
     return Launched("LayerNormBackward (weights)");
   }
 
@@ -172,9 +169,9 @@ class CudaModelKernels final : public ModelKernels {
                                   CudaType<T>(), dout, CudaType<T>(), dweight, CudaType<G>(), 1.0f,
                                   nullptr));
     }
-    if (dbias != nullptr && rows > 0 && out_features > 0) {  // a block per output feature
-      BiasGradKernel<T, G>
-          <<<out_features, kThreads, 0, s()>>>(Gp(dbias), A(dout), rows, out_features);
+    if (dbias != nullptr && rows > 0) {  // a block per kColumnTile output features
+      BiasGradKernel<T, G><<<ColumnBlocks(out_features), kThreads, 0, s()>>>(Gp(dbias), A(dout),
+                                                                             rows, out_features);
       ZR_RETURN_IF_ERROR(Launched("BiasGrad"));
     }
     return absl::OkStatus();
@@ -195,13 +192,15 @@ class CudaModelKernels final : public ModelKernels {
                                                          batch, seq, heads, hs);
     ZR_RETURN_IF_ERROR(Launched("SplitHeads"));
     ZR_ASSIGN_OR_RETURN(Buffer preatt, Scratch(bytes[3]));
-    // preatt[b,h] [T, T] = q [T, HS] x k^T
-    ZR_RETURN_IF_ERROR(BatchedGemm(false, true, seq, seq, hs, 1.0f, q.data(), hs, int64_t{seq} * hs,
-                                   k.data(), hs, int64_t{seq} * hs, 0.0f, preatt.data(), seq,
-                                   int64_t{seq} * seq, bh));
+    // preatt[b,h] [T, T] = scale q [T, HS] x k^T: the scale is the GEMM's alpha, applied to the
+    // fp32 accumulator, so the scores are stored (in the activation dtype) at the magnitude the
+    // softmax sees rather than sqrt(head size) times larger (fp16's range, bf16's precision).
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    ZR_RETURN_IF_ERROR(BatchedGemm(false, true, seq, seq, hs, scale, q.data(), hs,
+                                   int64_t{seq} * hs, k.data(), hs, int64_t{seq} * hs, 0.0f,
+                                   preatt.data(), seq, int64_t{seq} * seq, bh));
     CausalSoftmaxKernel<T>
-        <<<RowBlocks(bh * seq), kThreads, 0, s()>>>(A(att), preatt.as<T>(), bh * seq, seq, scale);
+        <<<RowBlocks(bh * seq), kThreads, 0, s()>>>(A(att), preatt.as<T>(), bh * seq, seq);
     ZR_RETURN_IF_ERROR(Launched("CausalSoftmax"));
     // y [T, HS] = att [T, T] x v [T, HS]; y reuses q's memory.
     ZR_RETURN_IF_ERROR(BatchedGemm(false, false, seq, hs, seq, 1.0f, att, seq, int64_t{seq} * seq,

@@ -1,6 +1,8 @@
 // The CUDA model kernels' device code (internal to kernels/cuda/, included by model_kernels.cu
 // only): static __global__ kernels for the element-wise ops, LayerNorm, the causal softmax and the
-// fused softmax cross-entropy, with their launchers on raw pointers and a stream.
+// fused softmax cross-entropy. Their element arithmetic is kernels/model_math.h's, the CPU
+// kernels' own; what is CUDA-only here is the thread indexing, the warp and block reductions and
+// the column kernels' tiling (kernels/README.md lists it with the GPU test of each).
 #pragma once
 
 #include <cublasLt.h>
@@ -14,7 +16,9 @@
 #include <type_traits>
 
 #include "kernels/cuda/convert.cuh"
+#include "kernels/launch_geometry.h"
 #include "kernels/memory_facts.h"
+#include "kernels/model_math.h"
 #include "runtime/dtype.h"
 #include "runtime/internal/cuda_check.h"
 
@@ -34,20 +38,15 @@ constexpr DType DTypeOfCuda() {
   return DType::kF32;
 }
 
-constexpr int kThreads = 256;
+constexpr int kThreads = launch::kThreads;
 constexpr float kLnEps = 1e-5f;
 constexpr size_t kLtWorkspace = kCudaLtWorkspaceBytes;  // kernels/memory_facts.h
 
-// Grid of a grid-stride loop over n elements; at least one block, so n = 0 is a launch that does
-// nothing rather than an invalid configuration (a grid of 0).
-int Blocks(int64_t n) {
-  return static_cast<int>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 65535 * 8));
-}
-// Grid of a warp-per-row kernel (no grid-stride loop: every row gets its warp; rows past the end
-// return at once, so 0 rows is one idle block).
-unsigned RowBlocks(int64_t rows) {
-  return static_cast<unsigned>(std::max<int64_t>((rows * 32 + kThreads - 1) / kThreads, 1));
-}
+// Grids (kernels/launch_geometry.h): a grid-stride loop over n elements; a warp per row; a block
+// per kColumnTile columns.
+int Blocks(int64_t n) { return launch::GridStrideBlocks(n, 65535 * 8); }
+unsigned RowBlocks(int64_t rows) { return static_cast<unsigned>(launch::WarpPerRowBlocks(rows)); }
+unsigned ColumnBlocks(int64_t cols) { return static_cast<unsigned>(launch::ColumnBlocks(cols)); }
 
 __device__ __forceinline__ float WarpSum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -119,14 +118,11 @@ static __global__ void AddBiasKernel(T* out, const T* bias, int64_t rows, int co
   }
 }
 
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
-
 template <typename T>
 static __global__ void GeluKernel(T* out, const T* inp, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const float x = ToFloat(inp[i]);
-    out[i] = FromFloat<T>(0.5f * x * (1.0f + tanhf(kGeluScale * (x + 0.044715f * x * x * x))));
+    out[i] = FromFloat<T>(math::Gelu(ToFloat(inp[i])));
   }
 }
 
@@ -134,11 +130,7 @@ template <typename T>
 static __global__ void GeluBackwardKernel(T* dinp, const T* inp, const T* dout, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const float x = ToFloat(inp[i]);
-    const float t = tanhf(kGeluScale * (x + 0.044715f * x * x * x));
-    const float local = 0.5f * (1.0f + t) +
-                        0.5f * x * (1.0f - t * t) * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] = FromFloat<T>(ToFloat(dinp[i]) + local * ToFloat(dout[i]));
+    dinp[i] = FromFloat<T>(math::GeluBackward(ToFloat(dinp[i]), ToFloat(inp[i]), ToFloat(dout[i])));
   }
 }
 
@@ -152,8 +144,8 @@ static __global__ void EmbeddingKernel(T* out, const int32_t* tokens, const T* w
     const int64_t row = i / channels;
     const int c = static_cast<int>(i % channels);
     const int t = static_cast<int>(row % seq);
-    const int64_t v = tokens[row] - int64_t{begin};
-    const float te = v >= 0 && v < count ? ToFloat(wte[v * channels + c]) : 0.0f;
+    const int64_t v = math::EmbeddingRow(tokens[row], begin, count);
+    const float te = v >= 0 ? ToFloat(wte[v * channels + c]) : 0.0f;
     const float pe = wpe != nullptr ? ToFloat(wpe[int64_t{t} * channels + c]) : 0.0f;
     out[i] = FromFloat<T>(te + pe);
   }
@@ -169,8 +161,8 @@ static __global__ void EmbeddingBackwardKernel(G* dwte, G* dwpe, const T* dout,
     const int c = static_cast<int>(i % channels);
     const int t = static_cast<int>(row % seq);
     const float d = ToFloat(dout[i]);
-    const int64_t v = tokens[row] - int64_t{begin};
-    if (dwte != nullptr && v >= 0 && v < count) AtomicAddTo(dwte + v * channels + c, d);
+    const int64_t v = math::EmbeddingRow(tokens[row], begin, count);
+    if (dwte != nullptr && v >= 0) AtomicAddTo(dwte + v * channels + c, d);
     if (dwpe != nullptr) AtomicAddTo(dwpe + int64_t{t} * channels + c, d);
   }
 }
@@ -184,17 +176,17 @@ static __global__ void LayerNormKernel(T* out, float* mean, float* rstd, const T
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
   const T* x = inp + row * channels;
+  const float inv_c = math::InverseCount(channels);
   float sum = 0.0f;
   for (int c = lane; c < channels; c += 32) sum += ToFloat(x[c]);
-  const float m = WarpSum(sum) / channels;
+  const float m = math::Mul(WarpSum(sum), inv_c);
   float var = 0.0f;
+  for (int c = lane; c < channels; c += 32)
+    var = math::Add(var, math::SquaredDeviation(ToFloat(x[c]), m));
+  const float s = math::LayerNormRstd(WarpSum(var), inv_c, kLnEps);
   for (int c = lane; c < channels; c += 32) {
-    const float d = ToFloat(x[c]) - m;
-    var += d * d;
-  }
-  const float s = rsqrtf(WarpSum(var) / channels + kLnEps);
-  for (int c = lane; c < channels; c += 32) {
-    out[row * channels + c] = FromFloat<T>((ToFloat(x[c]) - m) * s * ToFloat(w[c]) + ToFloat(b[c]));
+    out[row * channels + c] =
+        FromFloat<T>(math::LayerNormOut(ToFloat(x[c]), m, s, ToFloat(w[c]), ToFloat(b[c])));
   }
   if (lane == 0) {
     mean[row] = m;
@@ -202,62 +194,102 @@ static __global__ void LayerNormKernel(T* out, float* mean, float* rstd, const T
   }
 }
 
-// dinp += per row; dweight/dbias partial sums go to fp32 scratch [2 * channels] by atomics and are
-// added into the gradient buffers (any dtype) afterwards.
+// dinp += per row (a warp per row). The weight and bias gradients are LayerNormParamGradKernel's.
 template <typename T>
-static __global__ void LayerNormBackwardKernel(T* dinp, float* dwb, const T* dout, const T* inp,
-                                               const T* w, const float* mean, const float* rstd,
-                                               int64_t rows, int channels) {
+static __global__ void LayerNormInputGradKernel(T* dinp, const T* dout, const T* inp, const T* w,
+                                                const float* mean, const float* rstd, int64_t rows,
+                                                int channels) {
   const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
   const T* x = inp + row * channels;
   const T* dy = dout + row * channels;
   const float m = mean[row], s = rstd[row];
+  const float inv_c = math::InverseCount(channels);
   float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
   for (int c = lane; c < channels; c += 32) {
-    const float norm = (ToFloat(x[c]) - m) * s;
-    const float dnorm = ToFloat(dy[c]) * ToFloat(w[c]);
-    dnorm_mean += dnorm;
-    dnorm_norm_mean += dnorm * norm;
+    const float dnorm = math::LayerNormDnorm(ToFloat(dy[c]), ToFloat(w[c]));
+    dnorm_mean = math::Add(dnorm_mean, dnorm);
+    dnorm_norm_mean =
+        math::Add(dnorm_norm_mean, math::LayerNormDnormNorm(dnorm, ToFloat(x[c]), m, s));
   }
-  dnorm_mean = WarpSum(dnorm_mean) / channels;
-  dnorm_norm_mean = WarpSum(dnorm_norm_mean) / channels;
+  dnorm_mean = math::Mul(WarpSum(dnorm_mean), inv_c);
+  dnorm_norm_mean = math::Mul(WarpSum(dnorm_norm_mean), inv_c);
   for (int c = lane; c < channels; c += 32) {
-    const float norm = (ToFloat(x[c]) - m) * s;
-    const float g = ToFloat(dy[c]);
-    atomicAdd(dwb + c, norm * g);
-    atomicAdd(dwb + channels + c, g);
-    if (dinp != nullptr) {
-      const float dnorm = g * ToFloat(w[c]);
-      T* d = dinp + row * channels + c;
-      *d = FromFloat<T>(ToFloat(*d) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
-    }
+    T* d = dinp + row * channels + c;
+    *d = FromFloat<T>(math::Add(
+        ToFloat(*d), math::LayerNormInputGrad(ToFloat(dy[c]), ToFloat(w[c]), ToFloat(x[c]), m, s,
+                                              dnorm_mean, dnorm_norm_mean)));
   }
 }
 
-// dbias[o] += sum over rows of dout[r, o]: one block per column, fixed order (deterministic).
+// The column kernels (launch::ColumnBlocks, kernels/launch_geometry.h): block b owns columns
+// [b kColumnTile, (b + 1) kColumnTile); thread (column lane, phase) sums rows phase,
+// phase + kRowPhases, ... of its column, then one thread per column adds the phases' sums in
+// order. Coalesced, deterministic, no atomics and no scratch.
+struct ColumnLane {
+  __device__ ColumnLane()
+      : lane(static_cast<int>(threadIdx.x) % launch::kColumnTile),
+        phase(static_cast<int>(threadIdx.x) / launch::kColumnTile),
+        col(static_cast<int>(blockIdx.x) * launch::kColumnTile + lane) {}
+  int lane, phase, col;
+};
+
+// Adds the phases' sums of column lane.lane (shared [kRowPhases][kColumnTile]) in order; called
+// by every thread after the partial sums are written (it synchronises the block).
+__device__ float SumPhases(float (*partial)[launch::kColumnTile], const ColumnLane& at) {
+  __syncthreads();
+  float sum = 0.0f;
+  for (int p = 0; p < launch::kRowPhases; ++p) sum = math::Add(sum, partial[p][at.lane]);
+  return sum;
+}
+
+// dweight[c] += sum over rows of (x - mean) rstd dy, dbias[c] += sum of dy (either may be null).
+template <typename T, typename G>
+static __global__ void LayerNormParamGradKernel(G* dweight, G* dbias, const T* dout, const T* inp,
+                                                const float* mean, const float* rstd, int64_t rows,
+                                                int channels) {
+  __shared__ float pw[launch::kRowPhases][launch::kColumnTile];
+  __shared__ float pb[launch::kRowPhases][launch::kColumnTile];
+  const ColumnLane at;
+  float w = 0.0f, b = 0.0f;
+  if (at.col < channels) {
+    for (int64_t r = at.phase; r < rows; r += launch::kRowPhases) {
+      const float dy = ToFloat(dout[r * channels + at.col]);
+      w = math::Add(
+          w, math::LayerNormWeightGrad(ToFloat(inp[r * channels + at.col]), mean[r], rstd[r], dy));
+      b = math::Add(b, dy);
+    }
+  }
+  pw[at.phase][at.lane] = w;
+  pb[at.phase][at.lane] = b;
+  const float sw = SumPhases(pw, at);
+  const float sb = SumPhases(pb, at);
+  if (at.phase != 0 || at.col >= channels) return;
+  if (dweight != nullptr) dweight[at.col] = FromFloat<G>(math::Add(ToFloat(dweight[at.col]), sw));
+  if (dbias != nullptr) dbias[at.col] = FromFloat<G>(math::Add(ToFloat(dbias[at.col]), sb));
+}
+
+// dbias[o] += sum over rows of dout[r, o].
 template <typename T, typename G>
 static __global__ void BiasGradKernel(G* dbias, const T* dout, int64_t rows, int cols) {
-  const int o = blockIdx.x;
+  __shared__ float partial[launch::kRowPhases][launch::kColumnTile];
+  const ColumnLane at;
   float acc = 0.0f;
-  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) acc += ToFloat(dout[r * cols + o]);
-  acc = BlockSum(acc);
-  if (threadIdx.x == 0) dbias[o] = FromFloat<G>(ToFloat(dbias[o]) + acc);
+  if (at.col < cols) {
+    for (int64_t r = at.phase; r < rows; r += launch::kRowPhases) {
+      acc = math::Add(acc, ToFloat(dout[r * cols + at.col]));
+    }
+  }
+  partial[at.phase][at.lane] = acc;
+  const float sum = SumPhases(partial, at);
+  if (at.phase == 0 && at.col < cols)
+    dbias[at.col] = FromFloat<G>(math::Add(ToFloat(dbias[at.col]), sum));
 }
 
 // ---- attention pieces ------------------------------------------------------------------------
 
-// Element i of a head-major tensor [B, NH, T, HS]: where the same element sits in a token-major
-// one with `parts` tensors side by side per token ([B, T, parts, NH, HS]; parts 3 for qkv).
-__device__ __forceinline__ int64_t TokenMajorIndex(int64_t i, int seq, int heads, int hs,
-                                                   int parts) {
-  const int d = static_cast<int>(i % hs);
-  const int t = static_cast<int>((i / hs) % seq);
-  const int h = static_cast<int>((i / (int64_t{hs} * seq)) % heads);
-  const int64_t b = i / (int64_t{hs} * seq * heads);
-  return ((b * seq + t) * parts * heads + h) * hs + d;
-}
+using math::TokenMajorIndex;  // kernels/model_math.h
 
 // qkv [B, T, 3, NH, HS] -> q, k, v [B, NH, T, HS]
 template <typename T>
@@ -305,10 +337,11 @@ static __global__ void HeadsLayoutKernel(T* dst, const T* src, int batch, int se
   }
 }
 
-// att[row, :] = causal softmax(scale * preatt[row, :]); row = (b, h, t); one warp per row.
+// att[row, :] = causal softmax(preatt[row, :]); row = (b, h, t); one warp per row. The scores
+// come already scaled by 1 / sqrt(head size) (the GEMM's alpha), so they are stored, in the
+// activation dtype, at the magnitude the softmax sees.
 template <typename T>
-static __global__ void CausalSoftmaxKernel(T* att, const T* preatt, int64_t rows, int seq,
-                                           float scale) {
+static __global__ void CausalSoftmaxKernel(T* att, const T* preatt, int64_t rows, int seq) {
   const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
@@ -316,13 +349,14 @@ static __global__ void CausalSoftmaxKernel(T* att, const T* preatt, int64_t rows
   const T* x = preatt + row * seq;
   T* y = att + row * seq;
   float max = -INFINITY;
-  for (int j = lane; j <= t; j += 32) max = fmaxf(max, scale * ToFloat(x[j]));
+  for (int j = lane; j <= t; j += 32) max = fmaxf(max, ToFloat(x[j]));
   max = WarpMax(max);
   float sum = 0.0f;
-  for (int j = lane; j <= t; j += 32) sum += expf(scale * ToFloat(x[j]) - max);
+  for (int j = lane; j <= t; j += 32) sum += math::FastExp(math::Sub(ToFloat(x[j]), max));
   sum = WarpSum(sum);
   for (int j = lane; j < seq; j += 32) {
-    y[j] = FromFloat<T>(j <= t ? expf(scale * ToFloat(x[j]) - max) / sum : 0.0f);
+    y[j] =
+        FromFloat<T>(j <= t ? math::Div(math::FastExp(math::Sub(ToFloat(x[j]), max)), sum) : 0.0f);
   }
 }
 
@@ -354,16 +388,19 @@ static __global__ void CrossEntropyKernel(T* logits, float* losses, const int32_
   for (int v = threadIdx.x; v < vocab; v += blockDim.x) max = fmaxf(max, ToFloat(z[v]));
   max = BlockMax(max);
   float sum = 0.0f;
-  for (int v = threadIdx.x; v < vocab; v += blockDim.x) sum += expf(ToFloat(z[v]) - max);
+  for (int v = threadIdx.x; v < vocab; v += blockDim.x) {
+    sum += math::FastExp(math::Sub(ToFloat(z[v]), max));
+  }
   sum = BlockSum(sum);
   const float log_sum = logf(sum);
   const int target = targets[row];
-  if (threadIdx.x == 0) losses[row] = -(ToFloat(z[target]) - max - log_sum);
+  if (threadIdx.x == 0) losses[row] = math::CrossEntropyLoss(ToFloat(z[target]), max, log_sum);
   __syncthreads();  // z[target] is read above before anyone overwrites it
   if (scale == 0.0f) return;
+  const float shift = math::Add(max, log_sum);
   for (int v = threadIdx.x; v < vocab; v += blockDim.x) {
-    const float p = expf(ToFloat(z[v]) - max - log_sum);
-    z[v] = FromFloat<T>((p - (v == target ? 1.0f : 0.0f)) * scale);
+    const float g = math::CrossEntropyGrad(ToFloat(z[v]), shift, scale);
+    z[v] = FromFloat<T>(v == target ? math::CrossEntropyTargetGrad(g, scale) : g);
   }
 }
 
@@ -400,15 +437,15 @@ static __global__ void VocabFinishKernel(T* logits, float* losses, const float* 
   const int64_t row = blockIdx.x;
   T* z = logits + row * vocab;
   const float m = gmax[row], sum = gsums[row];
-  if (threadIdx.x == 0) losses[row] = logf(sum) + m - gsums[rows + row];
+  if (threadIdx.x == 0) losses[row] = math::VocabLoss(logf(sum), m, gsums[rows + row]);
   if (scale == 0.0f) return;
   for (int v = threadIdx.x; v < vocab; v += blockDim.x) {
     if (v >= valid) {
       z[v] = FromFloat<T>(0.0f);
       continue;
     }
-    const float p = expf(ToFloat(z[v]) - m) / sum;
-    z[v] = FromFloat<T>((p - (v + begin == targets[row] ? 1.0f : 0.0f)) * scale);
+    z[v] = FromFloat<T>(
+        math::VocabGrad(expf(ToFloat(z[v]) - m), sum, v + begin == targets[row], scale));
   }
 }
 

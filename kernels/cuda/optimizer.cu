@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "kernels/cuda/convert.cuh"
+#include "kernels/launch_geometry.h"
 #include "kernels/optimizer.h"
 #include "kernels/optimizer_math.h"
 #include "runtime/internal/cuda_check.h"
@@ -67,10 +68,7 @@ static __global__ void SgdKernel(math::SgdScalars s, float* __restrict__ p,
   }
 }
 
-int Blocks(int64_t n, int threads) {
-  const int64_t blocks = (n + threads - 1) / threads;
-  return static_cast<int>(blocks < 4096 ? (blocks > 0 ? blocks : 1) : 4096);
-}
+int Blocks(int64_t n, int threads) { return launch::GridStrideBlocks(n, 4096, threads); }
 
 template <typename Out>
 static cudaError_t LaunchAdamSegments(const AdamSegmentTable& t, float* p, const float* g, float* m,

@@ -7,20 +7,22 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/convert.cuh"
+#include "kernels/launch_geometry.h"
 #include "kernels/reduce.h"
+#include "kernels/rounded_math.h"
 #include "runtime/internal/cuda_check.h"
 
 namespace zerort {
 namespace {
 
 constexpr int kReduceBlocks = 512;
-constexpr int kThreads = 256;
+constexpr int kThreads = launch::kThreads;
 
 struct SquareOp {
   __device__ float operator()(float v) const { return v * v; }
 };
 struct NonFiniteOp {
-  __device__ float operator()(float v) const { return isfinite(v) ? 0.0f : 1.0f; }
+  __device__ float operator()(float v) const { return math::IsFinite(v) ? 0.0f : 1.0f; }
 };
 
 __device__ float BlockSum(float v) {
@@ -117,7 +119,7 @@ Status CudaCountNonFinite(const void* x, DType dtype, int64_t n, float* out, Str
 Status CudaScale(void* x, DType dtype, int64_t n, float factor, Stream* stream) {
   if (n == 0) return absl::OkStatus();
   auto s = static_cast<cudaStream_t>(stream->native_handle());
-  const int blocks = static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096));
+  const int blocks = launch::GridStrideBlocks(n, 4096);
   switch (dtype) {
     case DType::kBF16:
       ScaleKernel<<<blocks, kThreads, 0, s>>>(static_cast<__nv_bfloat16*>(x), n, factor);
@@ -135,7 +137,7 @@ Status CudaScale(void* x, DType dtype, int64_t n, float factor, Stream* stream) 
 Status CudaAccumulateInto(const void* src, DType dtype, float* dst, int64_t n, Stream* stream) {
   if (n == 0) return absl::OkStatus();
   auto s = static_cast<cudaStream_t>(stream->native_handle());
-  const int blocks = static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096));
+  const int blocks = launch::GridStrideBlocks(n, 4096);
   switch (dtype) {
     case DType::kBF16:
       AccumulateKernel<<<blocks, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(src), dst, n);

@@ -1,5 +1,5 @@
-// The CUDA cast against the CPU cast, bitwise, on fresh random inputs (gpu label); skipped with
-// the reason when no GPU is present.
+// The CUDA cast against the CPU cast, bitwise, on fresh random inputs with infinities and NaN
+// payloads (gpu label); skipped with the reason when no GPU is present.
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -23,6 +23,7 @@ TEST(CastCudaTest, CudaMatchesCpu) {
   std::unique_ptr<Stream> stream = *CreateStream(gpu, "compute");
   const size_t n = (1 << 20) + 3;
   std::vector<float> input = RandomFloats(n, 12);
+  testing::AddSpecialFloats(input);
   for (DType from : kTypes) {
     std::vector<std::byte> src(n * DTypeSize(from));
     internal::CpuCast(input.data(), DType::kF32, src.data(), from, n);

@@ -21,13 +21,7 @@ const DType kTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
 TEST(CastTest, VectorisedMatchesReferenceBitwise) {
   const size_t n = (1 << 18) + 5;  // large enough for the threaded path, uneven
   std::vector<float> input = RandomFloats(n, 11);
-  // Infinities and NaNs (quiet, signalling, with payloads), inside the vector loops' blocks.
-  const uint32_t specials[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u,
-                               0xffa5a5a5u, 0x7fbfe000u, 0x00000001u, 0x80000000u};
-  for (size_t i = 0; i < std::size(specials); ++i) {
-    input[100 + i] = std::bit_cast<float>(specials[i]);
-    input[n - 1 - i] = std::bit_cast<float>(specials[i]);
-  }
+  testing::AddSpecialFloats(input);
   for (DType from : kTypes) {
     std::vector<std::byte> src(n * DTypeSize(from));
     internal::CpuCast(input.data(), DType::kF32, src.data(), from, n);

@@ -2,11 +2,13 @@
 // skipped with the reason when no GPU is present), in fp32 (1e-5 norm-wise: fp32 accumulation
 // in another order) and bf16 (2e-2: bf16 storage of inputs, outputs and intermediates); then a
 // whole forward/backward/step of the GPT model through the shard manager on CUDA against CPU.
+#include <bit>
 #include <cmath>
 #include <random>
 
 #include "gtest/gtest.h"
 #include "kernels/model_kernels.h"
+#include "kernels/model_math.h"
 #include "kernels/model_ops.h"
 #include "layers/gpt_model.h"
 #include "runtime/allocator.h"
@@ -165,6 +167,88 @@ TEST(ModelKernelsCudaTest, LinearLayerNormGeluResidual) {
     ASSERT_TRUE(t.gpu->AddBias(gbiased, gbias, rows, out).ok());
     ASSERT_TRUE(t.cpu->AddBias(biased.data(), bias.data(), rows, out).ok());
     t.Expect("AddBias", gbiased, biased, act);
+  }
+}
+
+// `v` rounded to `dtype` (the CPU float kernels' result as a 16-bit kernel stores it).
+std::vector<float> RoundedTo(std::vector<float> v, DType dtype) {
+  std::vector<std::byte> raw(DTypeSize(dtype));
+  for (float& x : v) {
+    StoreFromFloat(raw.data(), dtype, 0, x);
+    x = LoadAsFloat(raw.data(), dtype, 0);
+  }
+  return v;
+}
+
+// The number of elements whose bits differ, and the first one.
+void ExpectSameBits(const char* what, const std::vector<float>& got,
+                    const std::vector<float>& want) {
+  size_t differ = 0, first = got.size();
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(want[i])) {
+      if (differ++ == 0) first = i;
+    }
+  }
+  EXPECT_EQ(differ, 0u) << what << ": first at " << first << ": " << got[first] << " against "
+                        << want[first];
+}
+
+// The element arithmetic both devices share (kernels/model_math.h) gives the same bits: GELU and
+// its backward element by element against the CPU kernels, and LayerNorm's output and input
+// gradient against the shared functions evaluated on the host with the GPU's own row statistics
+// (the order of a row's sum is what the devices do not share), in fp32 and bf16.
+TEST(ModelKernelsCudaTest, SharedElementMathIsBitwiseTheCpus) {
+  ZR_NEED_GPU();
+  for (DType act : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(act));
+    Twin t(act, DType::kF32);
+    const int rows = 67, ch = 768;
+    const int64_t n = int64_t{rows} * ch;
+    std::vector<float> x = Random(n, 41, 3.0f), dout = Random(n, 42), g(n), dg = Random(n, 43);
+    void *gx = t.A(x), *gdout = t.A(dout), *gg = t.A(g), *gdg = t.A(dg);
+    ASSERT_TRUE(t.gpu->Gelu(gg, gx, n).ok());
+    ASSERT_TRUE(t.cpu->Gelu(g.data(), x.data(), n).ok());
+    ExpectSameBits("Gelu", t.Down(gg, n, act), RoundedTo(g, act));
+    ASSERT_TRUE(t.gpu->GeluBackward(gdg, gx, gdout, n).ok());
+    ASSERT_TRUE(t.cpu->GeluBackward(dg.data(), x.data(), dout.data(), n).ok());
+    ExpectSameBits("GeluBackward", t.Down(gdg, n, act), RoundedTo(dg, act));
+
+    std::vector<float> w = Random(ch, 44), b = Random(ch, 45), ln(n), stats(rows),
+                       dx = Random(n, 46);
+    void *gw = t.A(w), *gb = t.A(b), *gln = t.A(ln), *gdx = t.A(dx);
+    void* gmean = t.Up(stats, DType::kF32);
+    void* grstd = t.Up(stats, DType::kF32);
+    ASSERT_TRUE(t.gpu->LayerNorm(gln, gmean, grstd, gx, gw, gb, rows, ch).ok());
+    const std::vector<float> mean = t.Down(gmean, rows, DType::kF32),
+                             rstd = t.Down(grstd, rows, DType::kF32);
+    std::vector<float> want(n);
+    for (int64_t i = 0; i < n; ++i) {
+      want[i] = math::LayerNormOut(x[i], mean[i / ch], rstd[i / ch], w[i % ch], b[i % ch]);
+    }
+    ExpectSameBits("LayerNorm", t.Down(gln, n, act), RoundedTo(want, act));
+    // The input gradient with the row means of the dnorm terms computed on the host: only the
+    // sums' order may differ, so compare to a tolerance of one part in 1e5 of the row's scale.
+    ASSERT_TRUE(
+        t.gpu->LayerNormBackward(gdx, nullptr, nullptr, gdout, gx, gw, gmean, grstd, rows, ch)
+            .ok());
+    const std::vector<float> got_dx = t.Down(gdx, n, act);
+    for (int r = 0; r < rows; ++r) {
+      double dm = 0, dnm = 0;
+      for (int c = 0; c < ch; ++c) {
+        const float dnorm = math::LayerNormDnorm(dout[r * ch + c], w[c]);
+        dm += dnorm;
+        dnm += math::LayerNormDnormNorm(dnorm, x[r * ch + c], mean[r], rstd[r]);
+      }
+      for (int c = 0; c < ch; c += 97) {
+        const int64_t i = int64_t{r} * ch + c;
+        const float want_dx = dx[i] + math::LayerNormInputGrad(dout[i], w[c], x[i], mean[r],
+                                                               rstd[r], static_cast<float>(dm / ch),
+                                                               static_cast<float>(dnm / ch));
+        EXPECT_NEAR(got_dx[i], want_dx,
+                    (act == DType::kF32 ? 1e-4 : 2e-2) * (1 + std::abs(want_dx)))
+            << "LayerNormBackward dinp at row " << r << " column " << c;
+      }
+    }
   }
 }
 

@@ -1,0 +1,162 @@
+// The GPT operations' element arithmetic, one definition for the CPU kernels (kernels/cpu/
+// fast_ops.cc, model_ops.cc) and the CUDA kernels (kernels/cuda/model_ops.cuh): e^x, GELU and its
+// derivative, LayerNorm's statistics, affine and backward terms, the fused softmax cross-entropy's
+// loss and gradient, the vocabulary-parallel finish, and the index maths of the embedding and of
+// the attention's head layouts. Each float function is written with kernels/rounded_math.h's
+// operations, so given the same inputs both devices produce the same bits, and the CPU tests
+// execute the GPU kernels' arithmetic. What is not shared (the order of each row's reduction, a
+// warp's shuffle tree on the GPU against a SIMD sum on the CPU; the one log per row, and the
+// vocabulary-parallel path's exp, which are each device's libm) is listed in kernels/README.md.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/rounded_math.h"
+
+namespace zerort::math {
+
+// e^x, relative error below 3e-7 (Cephes' expf polynomial after a Cody-Waite reduction);
+// arguments below -87.3 give about 1e-38 instead of smaller values or 0, above 88.37 they give
+// e^88.37; NaN stays NaN. Branch-free, so CPU loops calling it vectorise.
+ZR_HOST_DEVICE inline float FastExp(float x) {
+  x = Min(Max(x, -87.3365447f), 88.3762626f);
+  // n = round(x / ln 2), by the 1.5 x 2^23 trick (exact for |n| < 2^22; no SSE4.1 needed).
+  const float shifted = Add(Mul(x, 1.44269504089f), 12582912.0f);
+  const float n = Sub(shifted, 12582912.0f);
+  const float r = Add(Sub(x, Mul(n, 0.693359375f)), Mul(n, 2.12194440e-4f));  // x - n ln 2
+  float p = 1.9875691500e-4f;
+  p = Add(Mul(p, r), 1.3981999507e-3f);
+  p = Add(Mul(p, r), 8.3334519073e-3f);
+  p = Add(Mul(p, r), 4.1665795894e-2f);
+  p = Add(Mul(p, r), 1.6666665459e-1f);
+  p = Add(Mul(p, r), 5.0000001201e-1f);
+  p = Add(Add(Mul(Mul(p, r), r), r), 1.0f);
+  // 2^n from n's bits in `shifted` (its low mantissa bits hold n + 2^22): unsigned arithmetic,
+  // no float-to-int conversion, so a NaN argument is not undefined behaviour (p is NaN anyway).
+  return Mul(p, BitsFloat((FloatBits(shifted) - 0x4B400000u + 127u) << 23));
+}
+
+// ---- GELU (tanh approximation) ---------------------------------------------------------------
+
+inline constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+inline constexpr float kGeluCubic = 0.044715f;
+
+// u = sqrt(2/pi) (x + 0.044715 x^3)
+ZR_HOST_DEVICE inline float GeluInner(float x) {
+  return Mul(kGeluScale, Add(x, Mul(Mul(Mul(kGeluCubic, x), x), x)));
+}
+
+// 0.5 x (1 + tanh u) = x sigmoid(2u) = x / (1 + e^(-2u))
+ZR_HOST_DEVICE inline float Gelu(float x) {
+  return Div(x, Add(1.0f, FastExp(Mul(-2.0f, GeluInner(x)))));
+}
+
+// d gelu / dx. With s = sigmoid(2u): tanh u = 2s - 1 and sech^2 u = 4 s (1 - s), so
+// d/dx = 0.5 (1 + tanh u) + 0.5 x sech^2 u du/dx = s + 2 x s (1 - s) du/dx.
+ZR_HOST_DEVICE inline float GeluDerivative(float x) {
+  const float s = Div(1.0f, Add(1.0f, FastExp(Mul(-2.0f, GeluInner(x)))));
+  const float du = Mul(kGeluScale, Add(1.0f, Mul(Mul(Mul(3.0f, kGeluCubic), x), x)));
+  return Add(s, Mul(Mul(Mul(Mul(2.0f, x), s), Sub(1.0f, s)), du));
+}
+
+// The GELU backward's update of one input gradient: dinp + gelu'(x) dout.
+ZR_HOST_DEVICE inline float GeluBackward(float dinp, float x, float dout) {
+  return Add(dinp, Mul(GeluDerivative(x), dout));
+}
+
+// ---- LayerNorm -------------------------------------------------------------------------------
+
+// 1 / n, the factor that turns a row's sum into its mean.
+ZR_HOST_DEVICE inline float InverseCount(int n) { return Div(1.0f, static_cast<float>(n)); }
+
+// (x - mean)^2, one term of a row's variance sum.
+ZR_HOST_DEVICE inline float SquaredDeviation(float x, float mean) {
+  return Mul(Sub(x, mean), Sub(x, mean));
+}
+
+// 1 / sqrt(variance + eps), from the sum of squared deviations and 1 / channels.
+ZR_HOST_DEVICE inline float LayerNormRstd(float squared_sum, float inv_count, float eps) {
+  return Div(1.0f, Sqrt(Add(Mul(squared_sum, inv_count), eps)));
+}
+
+// (x - mean) rstd: the normalised input.
+ZR_HOST_DEVICE inline float Normalized(float x, float mean, float rstd) {
+  return Mul(Sub(x, mean), rstd);
+}
+
+// (x - mean) rstd weight + bias
+ZR_HOST_DEVICE inline float LayerNormOut(float x, float mean, float rstd, float weight,
+                                         float bias) {
+  return Add(Mul(Normalized(x, mean, rstd), weight), bias);
+}
+
+// The backward's two row sums' terms: dnorm = dy weight, and dnorm (x - mean) rstd.
+ZR_HOST_DEVICE inline float LayerNormDnorm(float dy, float weight) { return Mul(dy, weight); }
+ZR_HOST_DEVICE inline float LayerNormDnormNorm(float dnorm, float x, float mean, float rstd) {
+  return Mul(Mul(dnorm, Sub(x, mean)), rstd);
+}
+
+// One input gradient's increment, given the row's means of dnorm and of dnorm x norm:
+// (dy weight - mean(dnorm) - norm mean(dnorm norm)) rstd.
+ZR_HOST_DEVICE inline float LayerNormInputGrad(float dy, float weight, float x, float mean,
+                                               float rstd, float dnorm_mean,
+                                               float dnorm_norm_mean) {
+  return Mul(Sub(Sub(Mul(dy, weight), dnorm_mean), Mul(Normalized(x, mean, rstd), dnorm_norm_mean)),
+             rstd);
+}
+
+// One row's term of the weight gradient: (x - mean) rstd dy.
+ZR_HOST_DEVICE inline float LayerNormWeightGrad(float x, float mean, float rstd, float dy) {
+  return Mul(Normalized(x, mean, rstd), dy);
+}
+
+// ---- softmax cross-entropy -------------------------------------------------------------------
+
+// One row's loss, -(z[target] - max - log sum e^(z - max)).
+ZR_HOST_DEVICE inline float CrossEntropyLoss(float z_target, float max, float log_sum) {
+  return -Sub(Sub(z_target, max), log_sum);
+}
+
+// The fused kernel's logit gradient: softmax(z) scale, from shift = max + log sum; the target's
+// then has `scale` subtracted (CrossEntropyTargetGrad).
+ZR_HOST_DEVICE inline float CrossEntropyGrad(float z, float shift, float scale) {
+  return Mul(FastExp(Sub(z, shift)), scale);
+}
+ZR_HOST_DEVICE inline float CrossEntropyTargetGrad(float grad, float scale) {
+  return Sub(grad, scale);
+}
+
+// The vocabulary-parallel finish (each rank holds `valid` columns of the vocabulary; the row's
+// max, sum of e^(z - max) and target logit are the group's): loss log(sum) + max - z[target], and
+// the logit gradient (e^(z - max) / sum - [target]) scale. `exp_shifted` = e^(z - max) and
+// `log_sum` are the caller's (each device's libm: this path keeps std::exp on the CPU). A
+// template, so the CPU's double reference runs the same expression.
+template <typename T>
+ZR_HOST_DEVICE inline T VocabLoss(T log_sum, T max, T z_target) {
+  return log_sum + max - z_target;
+}
+template <typename T>
+ZR_HOST_DEVICE inline T VocabGrad(T exp_shifted, T sum, bool is_target, T scale) {
+  return (exp_shifted / sum - (is_target ? T(1) : T(0))) * scale;
+}
+
+// ---- index maths -----------------------------------------------------------------------------
+
+// The row of this rank's slice [begin, begin + count) of the token embedding that `token` reads,
+// or -1 when the token is another rank's (vocabulary-parallel) or out of range.
+ZR_HOST_DEVICE inline int64_t EmbeddingRow(int32_t token, int begin, int count) {
+  const int64_t row = int64_t{token} - begin;
+  return row >= 0 && row < count ? row : -1;
+}
+
+// Element i of a head-major tensor [B, NH, T, HS]: where the same element sits in a token-major
+// one with `parts` tensors side by side per token ([B, T, parts, NH, HS]; parts 3 for qkv).
+ZR_HOST_DEVICE inline int64_t TokenMajorIndex(int64_t i, int seq, int heads, int hs, int parts) {
+  const int d = static_cast<int>(i % hs);
+  const int t = static_cast<int>((i / hs) % seq);
+  const int h = static_cast<int>((i / (int64_t{hs} * seq)) % heads);
+  const int64_t b = i / (int64_t{hs} * seq * heads);
+  return ((b * seq + t) * parts * heads + h) * hs + d;
+}
+
+}  // namespace zerort::math

@@ -1,0 +1,64 @@
+// Rounded float arithmetic for the math the CPU and CUDA kernels share (optimizer_math.h,
+// model_math.h): each product, sum, difference, quotient and square root rounded on its own,
+// never fused into an FMA. The CPU build does not contract (ISO C++20, where GCC's default is
+// -ffp-contract=off, vector clones included), and on the GPU each operation is an explicitly
+// rounded intrinsic (__fmul_rn, __fadd_rn, __fsub_rn, __fdiv_rn, __fsqrt_rn), which nvcc never
+// fuses. So a function written with these gives the same bits on both devices.
+#pragma once
+
+#include <cmath>
+
+#include "runtime/float_bits.h"  // ZR_HOST_DEVICE
+
+namespace zerort::math {
+
+ZR_HOST_DEVICE inline float Mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+ZR_HOST_DEVICE inline float Add(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+ZR_HOST_DEVICE inline float Sub(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
+ZR_HOST_DEVICE inline float Div(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+ZR_HOST_DEVICE inline float Sqrt(float a) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+
+// std::max(a, b) and std::min(a, b) exactly (a NaN in `a` is kept), on both devices; fmaxf and
+// fminf would drop the NaN.
+ZR_HOST_DEVICE inline float Max(float a, float b) { return a < b ? b : a; }
+ZR_HOST_DEVICE inline float Min(float a, float b) { return b < a ? b : a; }
+
+// Whether v is neither infinite nor NaN, from its exponent bits (the loss scaler's overflow
+// check on both devices: no dependence on how a compiler treats std::isfinite).
+ZR_HOST_DEVICE inline bool IsFinite(float v) { return (FloatBits(v) & 0x7f800000u) != 0x7f800000u; }
+
+}  // namespace zerort::math

@@ -1,0 +1,201 @@
+// The GPT operations' shared element arithmetic (kernels/model_math.h) and the CUDA launch
+// geometry (kernels/launch_geometry.h), on the CPU: the functions against double-precision
+// references, the CPU kernels against the functions bit for bit (so the CUDA kernels, which call
+// the same functions, compute what these tests run), and every element, row and column covered
+// by the grids the CUDA kernels are launched with.
+#include "kernels/model_math.h"
+
+#include <bit>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/fast_ops.h"
+#include "kernels/launch_geometry.h"
+#include "tests/kernels/random_floats.h"
+
+namespace zerort {
+namespace {
+
+bool SameBits(float a, float b) { return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b); }
+
+TEST(ModelMathTest, FastExpIsWithin3e7OfExpAndKeepsNaN) {
+  double worst = 0;
+  for (float x = -87.0f; x < 88.0f; x += 0.00097f) {
+    const double want = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::abs(math::FastExp(x) - want) / want);
+  }
+  EXPECT_LT(worst, 3e-7);
+  EXPECT_TRUE(std::isnan(math::FastExp(NAN)));
+  EXPECT_TRUE(std::isnan(math::FastExp(-NAN)));
+  EXPECT_EQ(math::FastExp(0.0f), 1.0f);
+  // Clamped, never 0 or inf: the softmax's masked scores (-inf - max) give ~1e-38.
+  EXPECT_GT(math::FastExp(-INFINITY), 0.0f);
+  EXPECT_LT(math::FastExp(-INFINITY), 2e-38f);
+  EXPECT_TRUE(std::isfinite(math::FastExp(INFINITY)));
+}
+
+double GeluReference(double x) {
+  return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+
+TEST(ModelMathTest, GeluAndItsDerivativeMatchTheTanhFormula) {
+  for (float x = -12.0f; x < 12.0f; x += 0.0137f) {
+    EXPECT_NEAR(math::Gelu(x), GeluReference(x), 1e-6 * (1 + std::abs(x))) << x;
+    const double h = 1e-4;
+    const double slope = (GeluReference(x + h) - GeluReference(x - h)) / (2 * h);
+    EXPECT_NEAR(math::GeluDerivative(x), slope, 2e-6) << x;
+  }
+  EXPECT_EQ(math::GeluBackward(1.0f, 0.0f, 2.0f), 2.0f);  // gelu'(0) = 1/2
+}
+
+TEST(ModelMathTest, LayerNormPiecesMatchDouble) {
+  const std::vector<float> x = testing::RandomNormal<float>(96, 3, 2.0f);
+  double sum = 0, sq = 0;
+  for (float v : x) sum += v;
+  const double mean = sum / x.size();
+  for (float v : x) sq += (v - mean) * (v - mean);
+  const float inv = math::InverseCount(static_cast<int>(x.size()));
+  float fsum = 0;
+  for (float v : x) fsum += v;
+  const float m = math::Mul(fsum, inv);
+  float fsq = 0;
+  for (float v : x) fsq += math::SquaredDeviation(v, m);
+  const float s = math::LayerNormRstd(fsq, inv, 1e-5f);
+  EXPECT_NEAR(s, 1 / std::sqrt(sq / x.size() + 1e-5), 1e-6);
+  EXPECT_NEAR(math::LayerNormOut(x[7], m, s, 2.0f, 0.5f),
+              (x[7] - mean) / std::sqrt(sq / 96 + 1e-5) * 2 + 0.5, 1e-5);
+  // The input gradient of a row whose dnorm means are zero is dy w rstd.
+  EXPECT_FLOAT_EQ(math::LayerNormInputGrad(3.0f, 0.5f, x[0], m, s, 0.0f, 0.0f), 1.5f * s);
+}
+
+TEST(ModelMathTest, CrossEntropyPieces) {
+  // Row (1, 2, 3), target 2: loss log(e^1 + e^2 + e^3) - 3.
+  const float max = 3.0f, log_sum = std::log(std::exp(-2.0f) + std::exp(-1.0f) + 1.0f);
+  EXPECT_NEAR(math::CrossEntropyLoss(3.0f, max, log_sum),
+              std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0)) - 3, 1e-6);
+  float total = 0;
+  for (float z : {1.0f, 2.0f, 3.0f}) total += math::CrossEntropyGrad(z, max + log_sum, 1.0f);
+  EXPECT_NEAR(total, 1.0f, 1e-6);  // softmax sums to 1; the target then loses `scale`
+  EXPECT_EQ(math::CrossEntropyTargetGrad(0.75f, 1.0f), -0.25f);
+  EXPECT_NEAR(math::VocabGrad(std::exp(0.0), 4.0, true, 2.0), -1.5, 1e-12);
+  EXPECT_EQ(math::VocabLoss(1.0f, 2.0f, 0.5f), 2.5f);
+}
+
+// The CPU float kernels compute exactly the shared functions, element by element: what the CUDA
+// kernels compute too (model_kernels_cuda_test's SharedElementMathIsBitwiseTheCpus).
+TEST(ModelMathTest, CpuKernelsComputeTheSharedFunctionsBitwise) {
+  const int rows = 19, ch = 203;  // odd: the vector loops' remainders
+  const int64_t n = int64_t{rows} * ch;
+  const std::vector<float> x = testing::RandomNormal<float>(n, 5, 3.0f),
+                           dout = testing::RandomNormal<float>(n, 6),
+                           w = testing::RandomNormal<float>(ch, 7),
+                           b = testing::RandomNormal<float>(ch, 8);
+  std::vector<float> g(n), dg = testing::RandomNormal<float>(n, 9);
+  const std::vector<float> dg0 = dg;
+  cpu::fast::GeluForward(g.data(), x.data(), n);
+  cpu::fast::GeluBackward(dg.data(), x.data(), dout.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(SameBits(g[i], math::Gelu(x[i]))) << i;
+    ASSERT_TRUE(SameBits(dg[i], math::GeluBackward(dg0[i], x[i], dout[i]))) << i;
+  }
+  std::vector<float> ln(n), mean(rows), rstd(rows);
+  cpu::fast::LayerNormForward(ln.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(),
+                              rows, ch, 1e-5f);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(
+        SameBits(ln[i], math::LayerNormOut(x[i], mean[i / ch], rstd[i / ch], w[i % ch], b[i % ch])))
+        << i;
+  }
+}
+
+TEST(ModelMathTest, IsFiniteAgreesWithStdOnEveryKindOfFloat) {
+  std::vector<float> v = testing::RandomFloats(4096, 10);
+  testing::AddSpecialFloats(v);
+  std::mt19937 rng(11);
+  for (int i = 0; i < 100000; ++i) v.push_back(std::bit_cast<float>(static_cast<uint32_t>(rng())));
+  for (float f : v) ASSERT_EQ(math::IsFinite(f), std::isfinite(f)) << std::bit_cast<uint32_t>(f);
+}
+
+TEST(ModelMathTest, EmbeddingRowAndHeadLayoutIndices) {
+  EXPECT_EQ(math::EmbeddingRow(5, 0, 10), 5);
+  EXPECT_EQ(math::EmbeddingRow(5, 5, 10), 0);
+  EXPECT_EQ(math::EmbeddingRow(4, 5, 10), -1);                  // another rank's slice
+  EXPECT_EQ(math::EmbeddingRow(15, 5, 10), -1);                 // past this slice
+  EXPECT_EQ(math::EmbeddingRow(-1, 0, 10), -1);                 // a corrupt token
+  EXPECT_EQ(math::EmbeddingRow(INT32_MAX, -2, INT32_MAX), -1);  // no int overflow
+  // [B, NH, T, HS] -> [B, T, parts, NH, HS]: element (b, h, t, d) lands at its token-major place.
+  const int batch = 2, heads = 3, seq = 5, hs = 4, parts = 3;
+  std::vector<int> hit(size_t{batch} * seq * parts * heads * hs, 0);
+  int64_t i = 0;
+  for (int bb = 0; bb < batch; ++bb) {
+    for (int h = 0; h < heads; ++h) {
+      for (int t = 0; t < seq; ++t) {
+        for (int d = 0; d < hs; ++d, ++i) {
+          const int64_t want = ((int64_t{bb} * seq + t) * parts * heads + h) * hs + d;
+          ASSERT_EQ(math::TokenMajorIndex(i, seq, heads, hs, parts), want);
+          ++hit[want];
+        }
+      }
+    }
+  }
+  // Part 0 of each token gets every element once; the other parts are the caller's offsets.
+  int covered = 0;
+  for (int h : hit) covered += h;
+  EXPECT_EQ(covered, batch * heads * seq * hs);
+}
+
+// Runs a grid-stride loop's index arithmetic for every (block, thread) of the grid.
+std::vector<int> GridStrideVisits(int64_t n, int blocks, int threads) {
+  std::vector<int> visits(n, 0);
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t t = 0; t < threads; ++t) {
+      for (int64_t i = b * threads + t; i < n; i += int64_t{blocks} * threads) ++visits[i];
+    }
+  }
+  return visits;
+}
+
+TEST(LaunchGeometryTest, EveryElementRowAndColumnGetsOneThread) {
+  using namespace launch;
+  EXPECT_EQ(GridStrideBlocks(0, 4096), 1);  // a grid of 0 is an invalid configuration
+  EXPECT_EQ(WarpPerRowBlocks(0), 1);
+  EXPECT_EQ(ColumnBlocks(0), 1);
+  for (int64_t n : {1, 255, 256, 257, 4096 * 256 + 1, 3 * 4096 * 256 + 77}) {
+    const int blocks = GridStrideBlocks(n, 4096);
+    EXPECT_GE(blocks, 1);
+    EXPECT_LE(blocks, 4096);
+    const std::vector<int> visits = GridStrideVisits(n, blocks, kThreads);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(visits[i], 1) << "n " << n << " element " << i;
+  }
+  // Past int's range: clamped, no overflow.
+  EXPECT_EQ(GridStrideBlocks(int64_t{1} << 40, 65535 * 8), 65535 * 8);
+  EXPECT_EQ(GridStrideBlocks(int64_t{1} << 40, 1024, 128), 1024);
+  for (int64_t rows : {1, 7, 8, 9, 8191, 50257}) {
+    const int64_t blocks = WarpPerRowBlocks(rows);
+    const int64_t warps = blocks * kThreads / kWarp;
+    EXPECT_GE(warps, rows) << rows;
+    EXPECT_LT(warps - kThreads / kWarp, rows) << rows;  // no block wholly idle
+    EXPECT_LE(blocks, kMaxGridX);
+  }
+  // The column kernels: thread (lane, phase) of block b takes column b kColumnTile + lane and
+  // rows phase, phase + kRowPhases, ...: every (row, column) exactly once.
+  for (int cols : {1, 7, 8, 9, 50}) {
+    for (int rows : {0, 1, 31, 32, 33, 70}) {
+      std::vector<int> visits(size_t(rows) * cols, 0);
+      for (int64_t b = 0; b < ColumnBlocks(cols); ++b) {
+        for (int t = 0; t < kThreads; ++t) {
+          const int64_t col = b * kColumnTile + t % kColumnTile;
+          if (col >= cols) continue;
+          for (int64_t r = t / kColumnTile; r < rows; r += kRowPhases) ++visits[r * cols + col];
+        }
+      }
+      for (int v : visits) ASSERT_EQ(v, 1) << rows << " x " << cols;
+    }
+  }
+  static_assert(kColumnTile * kRowPhases == kThreads);
+}
+
+}  // namespace
+}  // namespace zerort
