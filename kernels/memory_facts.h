@@ -14,6 +14,9 @@
 //   kernels allocate none.
 // - The LayerNorm backward and the bias gradients allocate nothing on either backend (the CUDA
 //   column kernels of kernels/launch_geometry.h sum each column in registers and shared memory).
+// - The CUDA embedding backward with 16-bit gradients (an embedder's choice: `zerort train`'s
+//   gradients are fp32, so the memory model has nothing to replay): fp32 sums of this call's
+//   token and position gradients, [vocab slice + seq, channels], freed when the call returns.
 // - cuBLASLt's workspace: 32 MiB, allocated once by the CUDA kernels.
 #pragma once
 
@@ -46,6 +49,14 @@ inline std::vector<int64_t> AttentionScratchBytes(KernelBackend backend, bool ba
   const int64_t scores = int64_t{batch} * heads * seq * seq * act_size;
   if (!backward) return {n, n, n, scores};  // q, k, v, scores
   return {n, n, n, n, scores, n};           // q, k, v, dy, dscores, dk
+}
+
+// The embedding backward's scratch (0: none); `vocab_count` and `seq` are 0 for a table whose
+// gradient is not wanted.
+inline int64_t EmbeddingBackwardScratchBytes(KernelBackend backend, int64_t grad_size,
+                                             int vocab_count, int seq, int channels) {
+  if (backend != KernelBackend::kCuda || grad_size >= 4) return 0;
+  return (int64_t{vocab_count} + seq) * channels * 4;
 }
 
 }  // namespace zerort

@@ -122,9 +122,34 @@ class CudaModelKernels final : public ModelKernels {
                            int batch, int seq, int channels, int vocab_begin,
                            int vocab_count) override {
     const int64_t n = int64_t{batch} * seq * channels;
-    EmbeddingBackwardKernel<T, G><<<Blocks(n), kThreads, 0, s()>>>(
-        Gp(dwte), Gp(dwpe), A(dout), tokens, seq, channels, vocab_begin, vocab_count, n);
-    return Launched("EmbeddingBackward");
+    if constexpr (sizeof(G) == sizeof(float)) {
+      EmbeddingBackwardKernel<T><<<Blocks(n), kThreads, 0, s()>>>(
+          Gp(dwte), Gp(dwpe), A(dout), tokens, seq, channels, vocab_begin, vocab_count, n);
+      return Launched("EmbeddingBackward");
+    } else {
+      // 16-bit gradients: a 16-bit atomic add rounds every addition, so a token seen a few
+      // hundred times stops growing (bf16: 256 + 1 = 256). The call's sums are made in fp32
+      // scratch and added into the gradients once, rounded once, as the CPU kernels do.
+      const int64_t wte_n = dwte != nullptr ? int64_t{vocab_count} * channels : 0;
+      const int64_t wpe_n = dwpe != nullptr ? int64_t{seq} * channels : 0;
+      ZR_ASSIGN_OR_RETURN(Buffer acc, Scratch(EmbeddingBackwardScratchBytes(
+                                          backend(), sizeof(G), dwte != nullptr ? vocab_count : 0,
+                                          dwpe != nullptr ? seq : 0, channels)));
+      if (acc.bytes() == 0) return absl::OkStatus();
+      ZR_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(acc.data(), 0, acc.bytes(), s()));
+      float* acc_wte = dwte != nullptr ? acc.as<float>() : nullptr;
+      float* acc_wpe = dwpe != nullptr ? acc.as<float>() + wte_n : nullptr;
+      EmbeddingBackwardKernel<T><<<Blocks(n), kThreads, 0, s()>>>(
+          acc_wte, acc_wpe, A(dout), tokens, seq, channels, vocab_begin, vocab_count, n);
+      ZR_RETURN_IF_ERROR(Launched("EmbeddingBackward"));
+      if (wte_n > 0) {
+        AccumulateKernel<G, float><<<Blocks(wte_n), kThreads, 0, s()>>>(Gp(dwte), acc_wte, wte_n);
+      }
+      if (wpe_n > 0) {
+        AccumulateKernel<G, float><<<Blocks(wpe_n), kThreads, 0, s()>>>(Gp(dwpe), acc_wpe, wpe_n);
+      }
+      return Launched("EmbeddingBackward (16-bit gradients)");
+    }
   }
 
   Status LayerNorm(void* out, void* mean, void* rstd, const void* inp, const void* weight,

@@ -87,10 +87,6 @@ __device__ float BlockReduce(float v) {
 __device__ float BlockSum(float v) { return BlockReduce<SumOp>(v); }
 __device__ float BlockMax(float v) { return BlockReduce<MaxOp>(v); }
 
-__device__ __forceinline__ void AtomicAddTo(float* p, float v) { atomicAdd(p, v); }
-__device__ __forceinline__ void AtomicAddTo(bf16* p, float v) { atomicAdd(p, __float2bfloat16(v)); }
-__device__ __forceinline__ void AtomicAddTo(f16* p, float v) { atomicAdd(p, __float2half(v)); }
-
 // ---- element-wise ----------------------------------------------------------------------------
 
 template <typename T>
@@ -151,8 +147,9 @@ static __global__ void EmbeddingKernel(T* out, const int32_t* tokens, const T* w
   }
 }
 
-template <typename T, typename G>
-static __global__ void EmbeddingBackwardKernel(G* dwte, G* dwpe, const T* dout,
+// dwte, dwpe (fp32: 16-bit gradients are summed in fp32 scratch first) += dout, by float atomics.
+template <typename T>
+static __global__ void EmbeddingBackwardKernel(float* dwte, float* dwpe, const T* dout,
                                                const int32_t* tokens, int seq, int channels,
                                                int begin, int count, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -162,8 +159,8 @@ static __global__ void EmbeddingBackwardKernel(G* dwte, G* dwpe, const T* dout,
     const int t = static_cast<int>(row % seq);
     const float d = ToFloat(dout[i]);
     const int64_t v = math::EmbeddingRow(tokens[row], begin, count);
-    if (dwte != nullptr && v >= 0) AtomicAddTo(dwte + v * channels + c, d);
-    if (dwpe != nullptr) AtomicAddTo(dwpe + int64_t{t} * channels + c, d);
+    if (dwte != nullptr && v >= 0) atomicAdd(dwte + v * channels + c, d);
+    if (dwpe != nullptr) atomicAdd(dwpe + int64_t{t} * channels + c, d);
   }
 }
 

@@ -303,6 +303,26 @@ TEST(ModelKernelsCudaTest, MatmulOnSubViewsOddShapesAndNoRows) {
   }
 }
 
+// A token seen 1024 times gets the sum of its 1024 rows, also when the gradients are 16-bit:
+// bf16 atomic adds would stop at 256 (256 + 1 rounds to 256); the sums are made in fp32.
+TEST(ModelKernelsCudaTest, RepeatedTokenGradientsAreSummedInFp32) {
+  ZR_NEED_GPU();
+  for (auto [act, grad] : kTypes) {
+    SCOPED_TRACE(::testing::Message() << DTypeName(act) << "/" << DTypeName(grad));
+    Twin t(act, grad);
+    const int batch = 4, seq = 256, ch = 8, vocab = 16;
+    std::vector<float> dout(size_t{batch} * seq * ch, 1.0f), dwte(vocab * ch, 0.0f),
+        dwpe(seq * ch, 0.0f);
+    void *gdout = t.A(dout), *gdwte = t.G(dwte), *gdwpe = t.G(dwpe);
+    int32_t* ids = t.Ids(std::vector<int32_t>(batch * seq, 3));
+    ASSERT_TRUE(t.gpu->EmbeddingBackward(gdwte, gdwpe, gdout, ids, batch, seq, ch, 0, vocab).ok());
+    const std::vector<float> wte = t.Down(gdwte, vocab * ch, grad);
+    const std::vector<float> wpe = t.Down(gdwpe, seq * ch, grad);
+    for (int i = 0; i < vocab * ch; ++i) ASSERT_EQ(wte[i], i / ch == 3 ? 1024.0f : 0.0f) << i;
+    for (int i = 0; i < seq * ch; ++i) ASSERT_EQ(wpe[i], 4.0f) << i;
+  }
+}
+
 TEST(ModelKernelsCudaTest, AttentionEmbeddingCrossEntropy) {
   ZR_NEED_GPU();
   for (auto [act, grad] : kTypes) {
