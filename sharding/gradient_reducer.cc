@@ -203,7 +203,8 @@ Status GradientReducer::Finish(std::vector<std::unique_ptr<ShardedUnit>>& units)
       ZR_RETURN_IF_ERROR(u->ZeroFullGrad());
     }
   }
-  return absl::OkStatus();
+  // The host tiers' gradients in flight, added: the step reads them next.
+  return optimizer_->FinishHostGradients();
 }
 
 }  // namespace zerort

@@ -22,6 +22,8 @@ using optimizer_internal::kPage;
 ShardedOptimizer::ShardedOptimizer(const OptimizerResources& resources) : resources_(resources) {}
 
 ShardedOptimizer::~ShardedOptimizer() {
+  // A copy still in flight writes its staging buffer: wait for it before the buffer is freed.
+  for (HostGradientInFlight& g : host_grads_in_flight_) (void)g.copied->Synchronize();
   if (staging_) ZR_CHECK_OK(staging_->Drain());
 }
 
@@ -109,6 +111,20 @@ Status ShardedOptimizer::AccumulateGradient(const ShardedUnit& unit, const Tenso
   if (s.grad.tier() == MemoryTier::kDevice) {
     return AccumulateInto(reduced, s.grad.View(), &stream);
   }
+  if (stream.asynchronous()) {  // [Note: host gradients in flight]
+    HostGradientInFlight g{u, {}, reduced.dtype(), n, nullptr};
+    ZR_ASSIGN_OR_RETURN(
+        g.staged, resources_.tiers.host->Allocate(reduced.nbytes(), MemoryCategory::kStaging));
+    ZR_RETURN_IF_ERROR(CopyBytes(g.staged.data(), Device::Cpu(), reduced.data(), reduced.device(),
+                                 reduced.nbytes(), &stream));
+    ZR_ASSIGN_OR_RETURN(g.copied, CreateEvent(stream.device()));
+    ZR_RETURN_IF_ERROR(g.copied->Record(stream));
+    host_grads_in_flight_.push_back(std::move(g));
+    while (host_grads_in_flight_.size() > kHostGradientsInFlight) {
+      ZR_RETURN_IF_ERROR(AddOldestHostGradient());
+    }
+    return absl::OkStatus();
+  }
   if (!reduced.device().is_cpu()) {
     const size_t bytes = reduced.nbytes();
     ZR_ASSIGN_OR_RETURN(staged, resources_.tiers.host->Allocate(bytes, MemoryCategory::kStaging));
@@ -122,6 +138,21 @@ Status ShardedOptimizer::AccumulateGradient(const ShardedUnit& unit, const Tenso
   ZR_RETURN_IF_ERROR(stream.Synchronize());
   if (s.grad.in_memory()) return AccumulateInto(host, s.grad.View(), nullptr);
   return AccumulateNvme(u, host);
+}
+
+Status ShardedOptimizer::AddOldestHostGradient() {
+  HostGradientInFlight g = std::move(host_grads_in_flight_.front());
+  host_grads_in_flight_.erase(host_grads_in_flight_.begin());
+  ZR_RETURN_IF_ERROR(g.copied->Synchronize());
+  const TensorView host(g.staged.data(), g.dtype, {g.numel}, Device::Cpu());
+  UnitState& s = *units_[g.unit];
+  if (s.grad.in_memory()) return AccumulateInto(host, s.grad.View(), nullptr);
+  return AccumulateNvme(g.unit, host);
+}
+
+Status ShardedOptimizer::FinishHostGradients() {
+  while (!host_grads_in_flight_.empty()) ZR_RETURN_IF_ERROR(AddOldestHostGradient());
+  return absl::OkStatus();
 }
 
 // Read (unless this step has not written it yet), add, write, chunk by chunk; the norm parts are
@@ -187,6 +218,7 @@ Status ShardedOptimizer::SumOfSquaresOfNormRanges(int u, const TensorView& grad,
 }
 
 Status ShardedOptimizer::AccumulateNorm(const TensorView& sum_sq, const TensorView& nonfinite) {
+  ZR_RETURN_IF_ERROR(FinishHostGradients());
   const int n = static_cast<int>(units_.size());
   if (tier() == MemoryTier::kDevice) {
     for (int u = 0; u < n; ++u) {
@@ -229,6 +261,7 @@ Status ShardedOptimizer::AccumulateNorm(const TensorView& sum_sq, const TensorVi
 }
 
 Status ShardedOptimizer::ZeroGradients() {
+  ZR_RETURN_IF_ERROR(FinishHostGradients());
   for (auto& s : units_) {
     if (s->grad.in_memory()) {
       const TensorView g = s->grad.View();
@@ -356,6 +389,7 @@ Status ShardedOptimizer::UpdateLamb(int u, const OptimizerStepArgs& args, const 
 }
 
 Status ShardedOptimizer::Step(const OptimizerStepArgs& args) {
+  ZR_RETURN_IF_ERROR(FinishHostGradients());
   ScopedSeconds timed(
       resources_.stats && tier() != MemoryTier::kDevice ? &resources_.stats->optimizer_s : nullptr);
   if (tier() == MemoryTier::kNvme) {

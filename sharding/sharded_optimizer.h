@@ -60,8 +60,12 @@ class ShardedOptimizer {
   Status Finalize();
 
   // Adds a reduced gradient slice (reduce dtype, shard_numel elements, device memory written on
-  // `stream`) into the unit's fp32 gradient shard.
+  // `stream`) into the unit's fp32 gradient shard. A host-tier shard fed from an asynchronous
+  // stream is added later ([Note: host gradients in flight]): FinishHostGradients, which every
+  // reader of the gradients here calls first, completes it.
   Status AccumulateGradient(const ShardedUnit& unit, const TensorView& reduced, Stream& stream);
+  // Waits for the gradient copies in flight to the host tiers and adds them, oldest first.
+  Status FinishHostGradients();
   // Adds this rank's sum of squares and count of non-finite values over every gradient shard,
   // unit by unit in order, into one-element f32 device views (zeroed by the caller).
   Status AccumulateNorm(const TensorView& sum_sq, const TensorView& nonfinite);
@@ -112,6 +116,8 @@ class ShardedOptimizer {
                 const TensorView& grad, const TensorView& exp_avg, const TensorView& exp_avg_sq,
                 const TensorView& out);
   Status AccumulateNvme(int u, const TensorView& reduced_host);
+  // The oldest gradient in flight to the host tiers, once its copy is done, added.
+  Status AddOldestHostGradient();
   // The ranges of unit u's shard that enter this rank's norm: all of it, or without the
   // pieces of replicated parameters (count_replicated false).
   std::vector<Range> NormRanges(int u) const;
@@ -127,6 +133,26 @@ class ShardedOptimizer {
   std::unordered_map<const ShardedUnit*, int> index_;
   int64_t chunk_numel_ = 0;               // NVMe pipeline chunk
   std::unique_ptr<StagingPool> staging_;  // NVMe pipeline staging sets
+  // [Note: host gradients in flight]
+  // A host-tier gradient shard (offload_optimizer cpu or nvme) fed by an asynchronous stream (the
+  // communication stream on CUDA or on cpu-async) would make the host wait, unit by unit, for the
+  // reduction and the copy before it could issue the next unit's backward: the device idles while
+  // the host adds. Instead the reduced slice is copied on that stream into a host staging buffer
+  // (pinned on CUDA) and an event recorded after it; the host adds a slice only once a later one
+  // has been issued (kHostGradientsInFlight), so it adds unit k's gradient while the device runs
+  // unit k-1's backward. Slices are added in issue order (a unit's micro-batches in sequence),
+  // and every reader of the gradients (the norm, the step, zeroing; GradientReducer::Finish)
+  // calls FinishHostGradients first. A staged buffer is freed only after its event: the
+  // destructor waits for the copies still in flight.
+  struct HostGradientInFlight {
+    int unit;
+    ::zerort::Buffer staged;  // host memory the copy writes
+    DType dtype;
+    int64_t numel;
+    std::unique_ptr<Event> copied;  // recorded on the stream after the copy
+  };
+  static constexpr size_t kHostGradientsInFlight = 1;
+  std::vector<HostGradientInFlight> host_grads_in_flight_;
 };
 
 }  // namespace zerort
