@@ -10,11 +10,16 @@
 namespace zerort {
 
 // Where each tier's bytes come from. `host` serves kPinnedHost or kHost (whichever the run's
-// pin_memory chose); `nvme` is null without an NVMe placement.
+// pin_memory chose); `nvme` is null without an NVMe placement. `staging` is pinned host memory
+// for the transient copies between the device and the host tiers on a CUDA run (a copy to or
+// from pageable memory is synchronous and slower), whatever pin_memory says of the tiers
+// themselves; null elsewhere (use `host`).
 struct Tiers {
   Allocator* device = nullptr;
   Allocator* host = nullptr;
   NvmeStore* nvme = nullptr;
+  Allocator* staging = nullptr;
+  Allocator* StagingOrHost() const { return staging != nullptr ? staging : host; }
 };
 
 class PlacedBuffer {

@@ -160,6 +160,14 @@ Status ShardManager::CreateTiers() {
     }
     tiers_.host = owned_host_.get();
   }
+  if (resources_.device_allocator->device().is_cuda()) {
+    if (tiers_.host->tier() == MemoryTier::kPinnedHost) {
+      tiers_.staging = tiers_.host;
+    } else {
+      ZR_ASSIGN_OR_RETURN(owned_staging_, MakePinnedHostAllocator(resources_.tracker));
+      tiers_.staging = owned_staging_.get();
+    }
+  }
   if (nvme) {
     const OffloadOptions& o = options_.offload;
     NvmeStoreOptions n;

@@ -174,6 +174,7 @@ class ShardManager {
   std::unique_ptr<Stream> owned_compute_;
   std::unique_ptr<Stream> owned_comm_;
   std::unique_ptr<Allocator> owned_host_;
+  std::unique_ptr<Allocator> owned_staging_;  // pinned, when the host tier is not (CUDA)
   std::unique_ptr<NvmeStore> nvme_;
   std::unique_ptr<StagingPool> param_staging_;  // fetches of offloaded compute shards
   Tiers tiers_;

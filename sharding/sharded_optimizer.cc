@@ -113,8 +113,8 @@ Status ShardedOptimizer::AccumulateGradient(const ShardedUnit& unit, const Tenso
   }
   if (stream.asynchronous()) {  // [Note: host gradients in flight]
     HostGradientInFlight g{u, {}, reduced.dtype(), n, nullptr};
-    ZR_ASSIGN_OR_RETURN(
-        g.staged, resources_.tiers.host->Allocate(reduced.nbytes(), MemoryCategory::kStaging));
+    ZR_ASSIGN_OR_RETURN(g.staged, resources_.tiers.StagingOrHost()->Allocate(
+                                      reduced.nbytes(), MemoryCategory::kStaging));
     ZR_RETURN_IF_ERROR(CopyBytes(g.staged.data(), Device::Cpu(), reduced.data(), reduced.device(),
                                  reduced.nbytes(), &stream));
     ZR_ASSIGN_OR_RETURN(g.copied, CreateEvent(stream.device()));
@@ -127,7 +127,8 @@ Status ShardedOptimizer::AccumulateGradient(const ShardedUnit& unit, const Tenso
   }
   if (!reduced.device().is_cpu()) {
     const size_t bytes = reduced.nbytes();
-    ZR_ASSIGN_OR_RETURN(staged, resources_.tiers.host->Allocate(bytes, MemoryCategory::kStaging));
+    ZR_ASSIGN_OR_RETURN(
+        staged, resources_.tiers.StagingOrHost()->Allocate(bytes, MemoryCategory::kStaging));
     ZR_RETURN_IF_ERROR(
         CopyBytes(staged.data(), Device::Cpu(), reduced.data(), reduced.device(), bytes, &stream));
     host = TensorView(staged.data(), reduced.dtype(), {n}, Device::Cpu());
@@ -428,8 +429,8 @@ Status ShardedOptimizer::StepInMemory(int u, const OptimizerStepArgs& args) {
     if (target.device() == at) {
       out = target;
     } else {
-      ZR_ASSIGN_OR_RETURN(
-          staged, resources_.tiers.host->Allocate(target.nbytes(), MemoryCategory::kStaging));
+      ZR_ASSIGN_OR_RETURN(staged, resources_.tiers.StagingOrHost()->Allocate(
+                                      target.nbytes(), MemoryCategory::kStaging));
       out = TensorView(staged.data(), target.dtype(), {shard}, Device::Cpu());
     }
   }

@@ -74,7 +74,8 @@ Status CastInto(const TensorView& values, PlacedBuffer& dst, int64_t offset, con
   Buffer host_values;  // fp32 values copied to the host, for host or NVMe destinations on CUDA
   if (!dst.in_memory() || dst.View().device().is_cpu()) {
     if (!values.device().is_cpu()) {
-      ZR_ASSIGN_OR_RETURN(host_values, tiers.host->Allocate(n * 4, MemoryCategory::kStaging));
+      ZR_ASSIGN_OR_RETURN(host_values,
+                          tiers.StagingOrHost()->Allocate(n * 4, MemoryCategory::kStaging));
       ZR_RETURN_IF_ERROR(CopyBytes(host_values.data(), Device::Cpu(), values.data(),
                                    values.device(), n * 4, stream));
       ZR_RETURN_IF_ERROR(stream->Synchronize());
