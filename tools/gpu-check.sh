@@ -102,6 +102,15 @@ grep -E '^step +(1|12)/' "$logs/train-gpt2.log"
   --set logging.metrics_file=/tmp/gpu-check-metrics-offload.jsonl \
   >"$logs/train-gpt2-offload.log" 2>&1 || rc=1
 grep -E '^step +(1|6)/' "$logs/train-gpt2-offload.log"
+# The same with the host tier pinned (offload_optimizer.pin_memory, false by default as in
+# DeepSpeed): the step's copies are through pinned staging either way.
+"$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite --set train.steps=6 \
+  --set train.eval_interval=6 --set checkpoint.dir=/tmp/gpu-check-ckpt-offload-pinned \
+  --set zero_optimization.offload_optimizer.device=cpu \
+  --set zero_optimization.offload_optimizer.pin_memory=true \
+  --set logging.metrics_file=/tmp/gpu-check-metrics-offload-pinned.jsonl \
+  >"$logs/train-gpt2-offload-pinned.log" 2>&1 || rc=1
+grep -E '^step +6/' "$logs/train-gpt2-offload-pinned.log"
 # Pipeline parallelism over NCCL (pp 2, 1F1B, ZeRO-1; one rank per GPU: NCCL refuses two ranks
 # of a communicator on one device), on machines with two GPUs or more.
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
