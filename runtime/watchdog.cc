@@ -177,26 +177,30 @@ void Watchdog::Run() {
       }
     }
     CheckStopGrace();
-    std::vector<Entry> entries;
+    // The traces are polled under mu_: Unregister (a communicator's destructor) then waits for a
+    // poll in progress, so a trace is never read after its communicator is gone (ThreadSanitizer
+    // saw exactly that at the end of a two-rank run when the polls ran on a copy of the list).
+    // Lock order: mu_, then a trace's own mutex, as in DumpAll.
+    std::string headline;
     {
       std::lock_guard lock(mu_);
       if (fired_) continue;
-      entries = entries_;
+      const Clock::time_point now = Clock::now();
+      for (const Entry& e : entries_) {
+        std::optional<CollectiveRecord> overdue = e.trace->PollOverdue(now);
+        if (!overdue) continue;
+        const double waited = std::chrono::duration<double>(now - overdue->issued).count();
+        const std::string what = overdue->state == CollectiveState::kTimedOut
+                                     ? StrCat("timed out after ", waited, " s")
+                                     : StrCat("failed asynchronously");
+        headline = StrCat("collective ", CollectiveOpName(overdue->op), " seq ", overdue->seq,
+                          " of rank ", e.trace->rank(), "/", e.trace->size(), " in group '",
+                          e.trace->group(), "' ", what, " (", overdue->bytes,
+                          " bytes); aborting the run with exit code ", kExitCollectiveTimeout);
+        break;
+      }
     }
-    const Clock::time_point now = Clock::now();
-    for (const Entry& e : entries) {
-      std::optional<CollectiveRecord> overdue = e.trace->PollOverdue(now);
-      if (!overdue) continue;
-      const double waited = std::chrono::duration<double>(now - overdue->issued).count();
-      const std::string what = overdue->state == CollectiveState::kTimedOut
-                                   ? StrCat("timed out after ", waited, " s")
-                                   : StrCat("failed asynchronously");
-      Fire(StrCat("collective ", CollectiveOpName(overdue->op), " seq ", overdue->seq, " of rank ",
-                  e.trace->rank(), "/", e.trace->size(), " in group '", e.trace->group(), "' ",
-                  what, " (", overdue->bytes, " bytes); aborting the run with exit code ",
-                  kExitCollectiveTimeout));
-      break;
-    }
+    if (!headline.empty()) Fire(headline);
   }
 }
 
