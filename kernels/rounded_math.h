@@ -1,9 +1,10 @@
 // Rounded float arithmetic for the math the CPU and CUDA kernels share (optimizer_math.h,
 // model_math.h): each product, sum, difference, quotient and square root rounded on its own,
-// never fused into an FMA. The CPU build does not contract (ISO C++20, where GCC's default is
-// -ffp-contract=off, vector clones included), and on the GPU each operation is an explicitly
-// rounded intrinsic (__fmul_rn, __fadd_rn, __fsub_rn, __fdiv_rn, __fsqrt_rn), which nvcc never
-// fuses. So a function written with these gives the same bits on both devices.
+// never fused into an FMA. The CPU build does not contract (-ffp-contract=off for all C++,
+// CMakeLists.txt: GCC contracts by default even in ISO C++ mode, in the AVX2/AVX-512 clones of
+// the CPU kernels too), and on the GPU each operation is an explicitly rounded intrinsic
+// (__fmul_rn, __fadd_rn, __fsub_rn, __fdiv_rn, __fsqrt_rn), which nvcc never fuses. So a
+// function written with these gives the same bits on both devices.
 #pragma once
 
 #include <cmath>
