@@ -186,7 +186,7 @@ void PipelineRules(RunConfig& c, Problems& problems) {
   }
 }
 
-// The asynchronous CPU device (docs/async-device.md): what it does not run yet, and its jitter.
+// The asynchronous CPU device (docs/async-device.md): its jitter.
 void DeviceRules(const RunConfig& c, Problems& problems) {
   const bool async = c.train.device == "cpu-async";
   if (!async && c.train.async_jitter_seed != 0) {
@@ -195,12 +195,6 @@ void DeviceRules(const RunConfig& c, Problems& problems) {
         " delays the queued streams of train.device = \"cpu-async\"; "
         "train.device is ",
         c.train.device.empty() ? std::string("absent") : StrCat("\"", c.train.device, "\"")));
-  }
-  if (async && c.parallel.pipeline_parallel_size > 1) {
-    problems.Add(StrCat("train.device = \"cpu-async\" with parallel.pipeline_parallel_size = ",
-                        c.parallel.pipeline_parallel_size,
-                        ": the pipeline's posted sends do not run on queued streams yet; use "
-                        "train.device = \"cpu\" (docs/async-device.md)"));
   }
 }
 

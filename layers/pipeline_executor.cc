@@ -116,6 +116,23 @@ Status PipelineExecutor::ReleaseSent() {
   return absl::OkStatus();
 }
 
+// [Note: pipeline transfers on the asynchronous CPU device]
+// On cpu-async the compute stream is a queue on its own thread, and the communicators cannot
+// post a send or a batch of receives there (an operation that completes across calls has no
+// place in an in-order queue: a send waiting for its receiver would hold up everything queued
+// behind it on that stream). So a transfer first waits for the compute stream, then runs on the
+// host as on the synchronous device: a forward's send copy and a received boundary are then
+// complete before the host goes on, and the stream-ordered buffers they live in are not in use
+// by the stream. The transfers therefore do not overlap compute on cpu-async (on a GPU they do:
+// the stream's NCCL operations); everything else of the stage (its ZeRO collectives, gathers and
+// reductions) stays queued.
+StatusOr<Stream*> PipelineExecutor::TransferStream() {
+  Stream* s = options_.stream;
+  if (s == nullptr || !s->device().is_cpu() || !s->asynchronous()) return s;
+  ZR_RETURN_IF_ERROR(s->Synchronize());
+  return nullptr;
+}
+
 Communicator* PipelineExecutor::To(int stage) const {
   Communicator* link = links_.To(stage);
   ZR_CHECK(link != nullptr) << "no pipeline link from stage " << options_.stage << " to " << stage;
@@ -221,9 +238,9 @@ Status PipelineExecutor::Send(Step& step, const PipelineAction& a) {
     data = static_cast<const std::byte*>(copy.data()) + offset * elem;
   }
   Communicator* link = To(to.stage);
+  ZR_ASSIGN_OR_RETURN(Stream* const on, TransferStream());
   link->SetTraceLabel(StrCat(PipelineOpName(a.op), " ", a.micro_batch, ".", a.chunk));
-  const Status posted =
-      link->PostSend(data, count, dtype, PipelineLinks::kReceiverRank, options_.stream);
+  const Status posted = link->PostSend(data, count, dtype, PipelineLinks::kReceiverRank, on);
   link->SetTraceLabel("");
   ZR_RETURN_IF_ERROR(posted);
   bytes_sent_ += count * static_cast<int64_t>(elem);
@@ -270,10 +287,11 @@ Status PipelineExecutor::Receive(Step& step, const std::vector<PipelineAction>& 
     StrAppend(&label, label.empty() ? "" : ", ", PipelineOpName(a.op), " ", a.micro_batch, ".",
               a.chunk);
   }
+  ZR_ASSIGN_OR_RETURN(Stream* const on, TransferStream());
   for (const auto& [stage, recvs] : ops) {
     Communicator* link = From(stage);
     link->SetTraceLabel(label);
-    const Status received = link->Exchange(recvs, dtype, options_.stream);
+    const Status received = link->Exchange(recvs, dtype, on);
     link->SetTraceLabel("");
     ZR_RETURN_IF_ERROR(received);
   }

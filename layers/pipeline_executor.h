@@ -91,7 +91,11 @@ class PipelineExecutor {
   Status Compute(Step& step, const PipelineAction& a);
   Status Send(Step& step, const PipelineAction& a);
   Status Receive(Step& step, const std::vector<PipelineAction>& batch);
-  Status ReleaseSent();                 // send copies whose sends completed
+  Status ReleaseSent();  // send copies whose sends completed
+  // Where a posted send or a batch of receives is issued: the compute stream, or (a queued CPU
+  // stream, cpu-async) the host once that stream has finished (nullptr). [Note: pipeline
+  // transfers on the asynchronous CPU device]
+  StatusOr<Stream*> TransferStream();
   Communicator* To(int stage) const;    // the link to a neighbour ([Note: pipeline links])
   Communicator* From(int stage) const;  // the link from one
   bool FirstChunk(int chunk) const;     // the model's first chunk (it embeds)
