@@ -53,7 +53,7 @@ CollectiveTrace::CollectiveTrace(std::string group, std::string backend, int ran
       capacity_(std::max<size_t>(capacity, 1)) {}
 
 uint64_t CollectiveTrace::Begin(CollectiveOp op, size_t bytes, DType dtype, int peer,
-                                Clock::duration timeout) {
+                                Clock::duration timeout, const std::string* label) {
   std::lock_guard lock(mu_);
   CollectiveRecord record;
   record.seq = next_seq_++;
@@ -61,7 +61,7 @@ uint64_t CollectiveTrace::Begin(CollectiveOp op, size_t bytes, DType dtype, int 
   record.bytes = bytes;
   record.dtype = dtype;
   record.peer = peer;
-  record.label = label_;
+  record.label = label != nullptr ? *label : label_;
   record.issued = Clock::now();
   record.deadline = record.issued + timeout;
   // Drop the oldest finished records first; an in-flight one is kept until it ends.

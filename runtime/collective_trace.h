@@ -59,7 +59,10 @@ class CollectiveTrace {
   // `group` names the communicator ("world", "dp", ...), `rank`/`size` are within it.
   CollectiveTrace(std::string group, std::string backend, int rank, int size, size_t capacity);
 
-  uint64_t Begin(CollectiveOp op, size_t bytes, DType dtype, int peer, Clock::duration timeout);
+  // The record's label is the current one (SetLabel), or `label` when given: a collective issued
+  // on a queued CPU stream begins later on the stream's thread, labelled as the caller was.
+  uint64_t Begin(CollectiveOp op, size_t bytes, DType dtype, int peer, Clock::duration timeout,
+                 const std::string* label = nullptr);
   void End(uint64_t seq, bool ok);
   void AttachProbe(uint64_t seq, CompletionProbe probe);
   void SetLabel(std::string label);

@@ -101,13 +101,16 @@ StatusOr<Buffer> Communicator::Staging(size_t bytes) {
 }
 
 Status Communicator::Run(const Call& call, const std::function<Status(Stream*)>& body,
-                         Stream* stream, Stream* ran_on) {
+                         Stream* stream, Stream* ran_on, const std::string* label) {
   ZR_RETURN_IF_ERROR(CheckStream(stream));
   if (IsQueuedCpu(stream)) {
     // [Note: the asynchronous CPU device]: the collective runs on the stream's thread, in its
     // order (the body captures by value: this frame is gone by then), traced from when it runs
-    // there; the host goes on. Loopback ranks meet on their streams' threads.
-    return stream->Launch([this, call, body, stream] { return Run(call, body, nullptr, stream); });
+    // there, under the label it was issued with; the host goes on. Loopback ranks meet on their
+    // streams' threads.
+    return stream->Launch([this, call, body, stream, issued_label = trace_.label()] {
+      return Run(call, body, nullptr, stream, &issued_label);
+    });
   }
   const auto began =
       span_sink_ ? std::chrono::system_clock::now() : std::chrono::system_clock::time_point();
@@ -116,7 +119,9 @@ Status Communicator::Run(const Call& call, const std::function<Status(Stream*)>&
     // Host backends read the buffers when called: the stream's work must have produced them.
     ZR_RETURN_IF_ERROR(stream->Synchronize());
   }
-  const uint64_t seq = trace_.Begin(call.op, call.bytes, call.dtype, call.peer, options_.timeout);
+  const std::string labelled = label != nullptr ? *label : trace_.label();
+  const uint64_t seq =
+      trace_.Begin(call.op, call.bytes, call.dtype, call.peer, options_.timeout, &labelled);
   Status status = body(staged ? nullptr : stream);
   if (!status.ok()) {
     trace_.End(seq, false);
@@ -131,11 +136,10 @@ Status Communicator::Run(const Call& call, const std::function<Status(Stream*)>&
     trace_.End(seq, true);
     if (span_sink_) {
       const Stream* where = staged ? nullptr : (ran_on != nullptr ? ran_on : stream);
-      const std::string label = trace_.label();
       (*span_sink_)(CollectiveSpan{
           .op = call.op,
           .group = options_.name,
-          .label = label,
+          .label = labelled,
           .bytes = call.bytes,
           .track = where != nullptr ? where->name() : std::string_view("host"),
           .critical = where == nullptr || !where->asynchronous() || where->name() == "compute",

@@ -175,9 +175,10 @@ class Communicator {
  private:
   struct Call;
   // Runs `body` under the trace, with the stream it should use (nullptr once staged to host).
-  // `ran_on`: the queued stream whose thread runs it (set when Run re-enters there).
+  // `ran_on`: the queued stream whose thread runs it and `label` the trace label when it was
+  // issued (both set when Run re-enters there: the host may have relabelled since).
   Status Run(const Call& call, const std::function<Status(Stream*)>& body, Stream* stream,
-             Stream* ran_on = nullptr);
+             Stream* ran_on = nullptr, const std::string* label = nullptr);
   Status CheckStream(Stream* stream) const;
   Status PollSends();
   bool NeedsStaging(Stream* stream) const;

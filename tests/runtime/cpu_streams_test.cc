@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
@@ -294,6 +295,46 @@ TEST(CpuStreamsTest, LoopbackCollectivesRunOnEachRanksQueuedStreamInOrder) {
       for (int r = 0; r < size; ++r) EXPECT_EQ(errors[r], "") << size << " ranks, seed " << seed;
     }
   }
+}
+
+// A collective issued on a queued stream runs later on the stream's thread, after the host has
+// relabelled the communicator: its trace record (what the watchdog reports) and its span keep
+// the label it was issued with.
+TEST(CpuStreamsTest, AQueuedCollectiveKeepsTheLabelItWasIssuedWith) {
+  std::vector<std::string> errors(2);
+  CommOptions options;
+  options.timeout = std::chrono::seconds(60);
+  ASSERT_TRUE(RunLoopbackRanks(2, options, nullptr, [&](Communicator& comm) {
+                std::vector<std::string> spans;
+                std::mutex mu;
+                comm.SetSpanSink(
+                    std::make_shared<const CollectiveSpanSink>([&](const CollectiveSpan& span) {
+                      std::lock_guard lock(mu);
+                      spans.emplace_back(span.label);
+                    }));
+                auto stream = MakeStream("comm", Queued(static_cast<uint64_t>(comm.rank()) + 3));
+                std::vector<float> a(64, 1.0f), b(64, 2.0f);
+                comm.SetTraceLabel("first");
+                ZR_RETURN_IF_ERROR(comm.AllReduce(a.data(), a.data(), a.size(), DType::kF32,
+                                                  ReduceOp::kSum, stream.get()));
+                comm.SetTraceLabel("second");
+                ZR_RETURN_IF_ERROR(comm.AllReduce(b.data(), b.data(), b.size(), DType::kF32,
+                                                  ReduceOp::kSum, stream.get()));
+                comm.SetTraceLabel("");
+                ZR_RETURN_IF_ERROR(stream->Synchronize());
+                comm.SetSpanSink(nullptr);
+                std::vector<std::string> records;
+                for (const CollectiveRecord& r : comm.trace().Records()) {
+                  if (r.op == CollectiveOp::kAllReduce) records.push_back(r.label);
+                }
+                const std::vector<std::string> want = {"first", "second"};
+                if (records != want || spans != want) {
+                  errors[comm.rank()] = StrCat("records: ", absl::StrJoin(records, ","),
+                                               "; spans: ", absl::StrJoin(spans, ","));
+                }
+                return absl::OkStatus();
+              }).ok());
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
 TEST(CpuStreamsDeathTest, WorkThatSynchronizesItsOwnStreamIsABug) {
