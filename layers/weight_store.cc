@@ -36,7 +36,8 @@ class ShardManagerStore final : public WeightStore {
     }
     open_.emplace(unit, std::move(scope));
     if (span_) {
-      ZR_RETURN_IF_ERROR(Mark(began_[unit] = std::make_shared<Clock::time_point>()));
+      auto began = began_[unit] = std::make_shared<Clock::time_point>();
+      ZR_RETURN_IF_ERROR(AtComputePoint([began] { *began = Clock::now(); }));
       what_[unit] = StrCat(backward ? "backward " : "forward ", manager_.unit(info.index).name());
     }
     return t;
@@ -47,21 +48,10 @@ class ShardManagerStore final : public WeightStore {
     if (it == open_.end())
       return absl::FailedPreconditionError(StrCat("unit ", unit, " is not open"));
     if (span_) {  // before End: its release and reductions are not the unit's compute
-      auto began = began_.at(unit);
-      auto ended = std::make_shared<Clock::time_point>();
-      ZR_RETURN_IF_ERROR(Mark(ended));
-      Stream& s = manager_.compute_stream();
-      auto emit = [span = span_, what = what_.at(unit), began, ended] {
-        span(what, "compute", *began, *ended);
-      };
-      if (s.device().is_cuda()) {
-        emit();
-      } else {
-        ZR_RETURN_IF_ERROR(s.Launch([emit] {
-          emit();
-          return absl::OkStatus();
-        }));
-      }
+      ZR_RETURN_IF_ERROR(
+          AtComputePoint([span = span_, what = what_.at(unit), began = began_.at(unit)] {
+            span(what, "compute", *began, Clock::now());
+          }));
     }
     Status status = it->second.End();
     open_.erase(it);
@@ -77,16 +67,16 @@ class ShardManagerStore final : public WeightStore {
     int params;
   };
   using Clock = std::chrono::system_clock;
-  // Sets `at` to the time the compute stream reaches this point (CPU streams: a marker run in
-  // its order; CUDA: now, on the host).
-  Status Mark(std::shared_ptr<Clock::time_point> at) {
+  // Runs `f` when the compute stream reaches this point: on CPU streams in its order (a marker
+  // run on a queued stream's thread, at once on an immediate one); on CUDA now, on the host.
+  Status AtComputePoint(std::function<void()> f) {
     Stream& s = manager_.compute_stream();
     if (s.device().is_cuda()) {
-      *at = Clock::now();
+      f();
       return absl::OkStatus();
     }
-    return s.Launch([at] {
-      *at = Clock::now();
+    return s.Launch([f = std::move(f)] {
+      f();
       return absl::OkStatus();
     });
   }

@@ -105,38 +105,30 @@ Status ShardedOptimizer::AccumulateGradient(const ShardedUnit& unit, const Tenso
                                             Stream& stream) {
   const int u = IndexOf(unit);
   UnitState& s = *units_[u];
-  const int64_t n = reduced.numel();
-  TensorView host = reduced;
-  ::zerort::Buffer staged;  // a device gradient on its way to the host tiers (CUDA)
   if (s.grad.tier() == MemoryTier::kDevice) {
     return AccumulateInto(reduced, s.grad.View(), &stream);
   }
-  if (stream.asynchronous()) {  // [Note: host gradients in flight]
-    HostGradientInFlight g{u, {}, reduced.dtype(), n, nullptr};
-    ZR_ASSIGN_OR_RETURN(g.staged, resources_.tiers.StagingOrHost()->Allocate(
-                                      reduced.nbytes(), MemoryCategory::kStaging));
-    ZR_RETURN_IF_ERROR(CopyBytes(g.staged.data(), Device::Cpu(), reduced.data(), reduced.device(),
-                                 reduced.nbytes(), &stream));
-    ZR_ASSIGN_OR_RETURN(g.copied, CreateEvent(stream.device()));
-    ZR_RETURN_IF_ERROR(g.copied->Record(stream));
-    host_grads_in_flight_.push_back(std::move(g));
-    while (host_grads_in_flight_.size() > kHostGradientsInFlight) {
-      ZR_RETURN_IF_ERROR(AddOldestHostGradient());
-    }
-    return absl::OkStatus();
+  if (!stream.asynchronous()) {
+    // The synchronous CPU device: the reduction has run, its output is host memory.
+    return AddHostGradient(u, reduced);
   }
-  if (!reduced.device().is_cpu()) {
-    const size_t bytes = reduced.nbytes();
-    ZR_ASSIGN_OR_RETURN(
-        staged, resources_.tiers.StagingOrHost()->Allocate(bytes, MemoryCategory::kStaging));
-    ZR_RETURN_IF_ERROR(
-        CopyBytes(staged.data(), Device::Cpu(), reduced.data(), reduced.device(), bytes, &stream));
-    host = TensorView(staged.data(), reduced.dtype(), {n}, Device::Cpu());
+  // CUDA or cpu-async: [Note: host gradients in flight].
+  HostGradientInFlight g{u, {}, reduced.dtype(), reduced.numel(), nullptr};
+  ZR_ASSIGN_OR_RETURN(g.staged, resources_.tiers.StagingOrHost()->Allocate(
+                                    reduced.nbytes(), MemoryCategory::kStaging));
+  ZR_RETURN_IF_ERROR(CopyBytes(g.staged.data(), Device::Cpu(), reduced.data(), reduced.device(),
+                               reduced.nbytes(), &stream));
+  ZR_ASSIGN_OR_RETURN(g.copied, CreateEvent(stream.device()));
+  ZR_RETURN_IF_ERROR(g.copied->Record(stream));
+  host_grads_in_flight_.push_back(std::move(g));
+  while (host_grads_in_flight_.size() > kHostGradientsInFlight) {
+    ZR_RETURN_IF_ERROR(AddOldestHostGradient());
   }
-  // The host reads the reduced gradient (or its staged copy) next: `stream` must have written it
-  // (on a CPU run the reduction's output is host memory, written on the stream's thread on
-  // cpu-async).
-  ZR_RETURN_IF_ERROR(stream.Synchronize());
+  return absl::OkStatus();
+}
+
+Status ShardedOptimizer::AddHostGradient(int u, const TensorView& host) {
+  UnitState& s = *units_[u];
   if (s.grad.in_memory()) return AccumulateInto(host, s.grad.View(), nullptr);
   return AccumulateNvme(u, host);
 }
@@ -145,10 +137,7 @@ Status ShardedOptimizer::AddOldestHostGradient() {
   HostGradientInFlight g = std::move(host_grads_in_flight_.front());
   host_grads_in_flight_.erase(host_grads_in_flight_.begin());
   ZR_RETURN_IF_ERROR(g.copied->Synchronize());
-  const TensorView host(g.staged.data(), g.dtype, {g.numel}, Device::Cpu());
-  UnitState& s = *units_[g.unit];
-  if (s.grad.in_memory()) return AccumulateInto(host, s.grad.View(), nullptr);
-  return AccumulateNvme(g.unit, host);
+  return AddHostGradient(g.unit, TensorView(g.staged.data(), g.dtype, {g.numel}, Device::Cpu()));
 }
 
 Status ShardedOptimizer::FinishHostGradients() {

@@ -116,6 +116,8 @@ class ShardedOptimizer {
                 const TensorView& grad, const TensorView& exp_avg, const TensorView& exp_avg_sq,
                 const TensorView& out);
   Status AccumulateNvme(int u, const TensorView& reduced_host);
+  // Adds a reduced slice in host memory into unit u's host or NVMe gradient shard.
+  Status AddHostGradient(int u, const TensorView& host);
   // The oldest gradient in flight to the host tiers, once its copy is done, added.
   Status AddOldestHostGradient();
   // The ranges of unit u's shard that enter this rank's norm: all of it, or without the
