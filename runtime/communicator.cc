@@ -1,7 +1,10 @@
 // The shared half of every communicator: validation, tracing, error context, CUDA staging.
 #include "runtime/communicator.h"
 
+#include <condition_variable>
 #include <limits>
+#include <mutex>
+#include <set>
 #include <vector>
 
 #include "runtime/internal/cpu_streams.h"
@@ -53,13 +56,73 @@ struct Communicator::Call {
   int peer;
 };
 
+// [Note: one communicator, one order]
+// A communicator's operations run in the order they were issued, whichever stream issued them
+// or whether the host did. That is the rule of every backend: NCCL runs a communicator's kernels
+// in launch order across streams, MPI forbids two threads in collectives on one communicator at
+// once, and loopback ranks meet by position. On CUDA the host issues everything, so issue order
+// is run order. On the asynchronous CPU device it is not: a collective queued on the compute
+// stream (the gradient norm's all-reduce) and one queued earlier on the comm stream (a gather's
+// broadcast) ran at once on the two streams' threads, the same MPI communicator in two threads
+// (found by ThreadSanitizer under `mpirun -np 4`, ZeRO-3 with broadcast gathers). So every
+// operation takes a ticket when it is issued and, where it runs, waits until every earlier
+// ticket has run: a stream's thread waits as a CUDA stream waits for NCCL's previous kernel. A
+// queued operation that never runs (its stream failed, so the item is skipped) gives its turn
+// up when its closure is destroyed. Nothing may issue an operation from inside a queued item:
+// its ticket would be later than tickets queued behind it on the same stream.
+class Communicator::Turns {
+ public:
+  uint64_t Take() {
+    std::lock_guard lock(mu_);
+    return issued_++;
+  }
+  void Wait(uint64_t ticket) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return next_ == ticket; });
+  }
+  void Finish(uint64_t ticket) {
+    {
+      std::lock_guard lock(mu_);
+      finished_.insert(ticket);
+      while (!finished_.empty() && *finished_.begin() == next_) {
+        finished_.erase(finished_.begin());
+        ++next_;
+      }
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t issued_ = 0;          // tickets handed out
+  uint64_t next_ = 0;            // the oldest ticket not finished: the one whose turn it is
+  std::set<uint64_t> finished_;  // finished out of turn (given up), all above next_
+};
+
+// One operation's place in the order, taken when it is issued; finished when destroyed.
+class Communicator::Ticket {
+ public:
+  explicit Ticket(std::shared_ptr<Turns> turns)
+      : turns_(std::move(turns)), ticket_(turns_->Take()) {}
+  ~Ticket() { turns_->Finish(ticket_); }
+  Ticket(const Ticket&) = delete;
+  Ticket& operator=(const Ticket&) = delete;
+  void Wait() const { turns_->Wait(ticket_); }
+
+ private:
+  const std::shared_ptr<Turns> turns_;
+  const uint64_t ticket_;
+};
+
 Communicator::Communicator(int rank, int size, std::string backend, CommOptions options,
                            Watchdog* watchdog, std::function<void()> abort)
     : rank_(rank),
       size_(size),
       options_(std::move(options)),
       trace_(options_.name, std::move(backend), rank, size, options_.trace_capacity),
-      watchdog_(watchdog) {
+      watchdog_(watchdog),
+      turns_(std::make_shared<Turns>()) {
   ZR_CHECK(size_ > 0 && rank_ >= 0 && rank_ < size_) << "rank " << rank_ << " of " << size_;
   if (watchdog_ != nullptr) watchdog_->Register(&trace_, std::move(abort));
 }
@@ -101,17 +164,26 @@ StatusOr<Buffer> Communicator::Staging(size_t bytes) {
 }
 
 Status Communicator::Run(const Call& call, const std::function<Status(Stream*)>& body,
-                         Stream* stream, Stream* ran_on, const std::string* label) {
+                         Stream* stream) {
   ZR_RETURN_IF_ERROR(CheckStream(stream));
   if (IsQueuedCpu(stream)) {
     // [Note: the asynchronous CPU device]: the collective runs on the stream's thread, in its
-    // order (the body captures by value: this frame is gone by then), traced from when it runs
-    // there, under the label it was issued with; the host goes on. Loopback ranks meet on their
-    // streams' threads.
-    return stream->Launch([this, call, body, stream, issued_label = trace_.label()] {
-      return Run(call, body, nullptr, stream, &issued_label);
+    // order and in its turn on this communicator (the body captures by value: this frame is gone
+    // by then), traced from when it runs there, under the label it was issued with; the host goes
+    // on. Loopback ranks meet on their streams' threads.
+    auto ticket = std::make_shared<const Ticket>(turns_);
+    return stream->Launch([this, call, body, stream, ticket, issued_label = trace_.label()] {
+      ticket->Wait();
+      return RunNow(call, body, nullptr, stream, &issued_label);
     });
   }
+  const Ticket ticket(turns_);
+  ticket.Wait();
+  return RunNow(call, body, stream);
+}
+
+Status Communicator::RunNow(const Call& call, const std::function<Status(Stream*)>& body,
+                            Stream* stream, Stream* ran_on, const std::string* label) {
   const auto began =
       span_sink_ ? std::chrono::system_clock::now() : std::chrono::system_clock::time_point();
   const bool staged = NeedsStaging(stream);
@@ -446,6 +518,8 @@ Status Communicator::PostSend(const void* buffer, size_t count, DType dtype, int
   } else if (stream != nullptr && stream->device().is_cpu()) {
     on = nullptr;
   }
+  const Ticket ticket(turns_);
+  ticket.Wait();
   posted.seq = trace_.Begin(CollectiveOp::kSend, bytes, dtype, peer, options_.timeout);
   if (Status status = DoPostSend(from, count, dtype, peer, on); !status.ok()) {
     trace_.End(posted.seq, false);
@@ -479,6 +553,8 @@ Status Communicator::WaitSends() {
 
 Status Communicator::Barrier() {
   const Call call{CollectiveOp::kBarrier, 0, DType::kU8, -1};
+  const Ticket ticket(turns_);
+  ticket.Wait();
   const uint64_t seq = trace_.Begin(call.op, 0, call.dtype, -1, options_.timeout);
   Status status = DoBarrier();
   trace_.End(seq, status.ok());
@@ -495,6 +571,8 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int key,
     return absl::InvalidArgumentError(
         StrCat("split colour ", color, " is negative (use kNoColor to opt out)"));
   }
+  const Ticket ticket(turns_);
+  ticket.Wait();
   const uint64_t seq = trace_.Begin(CollectiveOp::kSplit, 0, DType::kI32, color, options_.timeout);
   StatusOr<std::unique_ptr<Communicator>> result = DoSplit(color, key, std::move(options));
   trace_.End(seq, result.ok());

@@ -174,11 +174,16 @@ class Communicator {
 
  private:
   struct Call;
+  class Turns;
+  class Ticket;
+  // Runs `body` in its turn ([Note: one communicator, one order]): on a queued CPU stream's
+  // thread when `stream` is one, else now.
+  Status Run(const Call& call, const std::function<Status(Stream*)>& body, Stream* stream);
   // Runs `body` under the trace, with the stream it should use (nullptr once staged to host).
   // `ran_on`: the queued stream whose thread runs it and `label` the trace label when it was
-  // issued (both set when Run re-enters there: the host may have relabelled since).
-  Status Run(const Call& call, const std::function<Status(Stream*)>& body, Stream* stream,
-             Stream* ran_on = nullptr, const std::string* label = nullptr);
+  // issued (both set when it runs there: the host may have relabelled since).
+  Status RunNow(const Call& call, const std::function<Status(Stream*)>& body, Stream* stream,
+                Stream* ran_on = nullptr, const std::string* label = nullptr);
   Status CheckStream(Stream* stream) const;
   Status PollSends();
   bool NeedsStaging(Stream* stream) const;
@@ -191,6 +196,7 @@ class Communicator {
   Watchdog* const watchdog_;
   std::unique_ptr<Allocator> staging_allocator_;
   std::shared_ptr<const CollectiveSpanSink> span_sink_;
+  const std::shared_ptr<Turns> turns_;  // shared with queued tickets
   struct PostedSend {
     uint64_t seq;    // its trace record
     Buffer staging;  // the host copy of a CUDA buffer (host backends)

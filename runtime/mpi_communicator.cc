@@ -368,6 +368,8 @@ StatusOr<std::unique_ptr<MpiContext>> MpiContext::Init(int* argc, char*** argv, 
   return context;
 }
 
+bool MpiContext::thread_multiple() const { return thread_level_ >= MPI_THREAD_MULTIPLE; }
+
 MpiContext::~MpiContext() {
   watchdog_.reset();
   if (owns_init_) MPI_Finalize();

@@ -28,6 +28,9 @@ class MpiContext {
   int world_rank() const { return world_rank_; }
   int world_size() const { return world_size_; }
   int thread_level() const { return thread_level_; }  // MPI_THREAD_* provided
+  // Whether MPI may be called from several threads at once (the asynchronous CPU device's
+  // streams each call it from their own).
+  bool thread_multiple() const;
   Watchdog& watchdog() { return *watchdog_; }
 
   StatusOr<std::unique_ptr<Communicator>> World(CommOptions options);

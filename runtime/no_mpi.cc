@@ -10,6 +10,8 @@ StatusOr<std::unique_ptr<MpiContext>> MpiContext::Init(int*, char***, Options) {
 
 MpiContext::~MpiContext() = default;
 
+bool MpiContext::thread_multiple() const { return false; }
+
 StatusOr<std::unique_ptr<Communicator>> MpiContext::World(CommOptions) {
   return absl::FailedPreconditionError("zerort was built without MPI");
 }

@@ -116,6 +116,13 @@ int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** 
       return kExitRuntimeFailure;
     }
     mpi = std::move(*m);
+    if (config->train.device == "cpu-async" && !mpi->thread_multiple()) {
+      Logger()->error(
+          "train.device \"cpu-async\" runs collectives on each stream's thread, which needs "
+          "MPI_THREAD_MULTIPLE; this MPI provides thread level {} only (use train.device \"cpu\")",
+          mpi->thread_level());
+      return kExitUsage;
+    }
     StatusOr<std::unique_ptr<Communicator>> w = mpi->World(comm_options);
     if (!w.ok()) {
       Logger()->error("{}", w.status().message());

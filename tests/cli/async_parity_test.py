@@ -35,7 +35,9 @@ def train(name, config, np, extra_args=()):
     cmd = [zerort, "train", path, "--overwrite", *extra_args]
     if np > 1:
         cmd = [mpiexec, "-np", str(np), "--oversubscribe", *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    # Undecodable bytes are shown escaped in the failure rather than failing the script.
+    return subprocess.run(cmd, capture_output=True, text=True, errors="backslashreplace", env=env,
+                          timeout=300)
 
 
 def shard_files(step_dir):
@@ -53,6 +55,9 @@ def check_exposed(what, metrics, np, device):
         return
     with open(metrics) as f:
         steps = [json.loads(line) for line in f]
+    if not steps:
+        check(f"{what}: metrics written", False, "no step in " + metrics)
+        return
     comm = [s["comm_s"] for s in steps]
     exposed = [s["exposed_comm_s"] for s in steps]
     check(f"{what}: exposed communication is not negative", min(exposed) >= 0, f"{exposed}")
@@ -150,7 +155,7 @@ with open(os.path.join(tmp, "resume-rest.json"), "w") as f:
     json.dump(rest, f)
 r = subprocess.run([mpiexec, "-np", "2", "--oversubscribe", zerort, "train",
                     os.path.join(tmp, "resume-rest.json"), "--resume"], capture_output=True,
-                   text=True, env=env, timeout=300)
+                   text=True, errors="backslashreplace", env=env, timeout=300)
 check("cpu-async run resumed from it exits 0", r.returncode == 0, r.stderr[-1500:])
 straight = os.path.join(tmp, "stage3-np2")
 r = train("straight", merged(BASE, {"train": {"device": "cpu"},

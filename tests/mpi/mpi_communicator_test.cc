@@ -30,6 +30,15 @@ TEST(MpiCommunicatorTest, CollectivesOnQueuedCpuStreamsRunOnTheirThreads) {
   }
 }
 
+TEST(MpiCommunicatorTest, OneCommunicatorsOperationsRunInIssueOrderAcrossStreams) {
+  // [Note: one communicator, one order]: two queued streams' threads and the host use one MPI
+  // communicator, each in its turn.
+  std::unique_ptr<Communicator> world = *testing::Mpi().World(Options());
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    EXPECT_EQ(testing::CheckIssueOrderAcrossStreams(*world, seed), "") << "seed " << seed;
+  }
+}
+
 TEST(MpiCommunicatorTest, SplitEvenOdd) {
   std::unique_ptr<Communicator> world = *testing::Mpi().World(Options());
   StatusOr<std::unique_ptr<Communicator>> sub =

@@ -287,4 +287,52 @@ std::string CheckQueuedCollectives(Communicator& comm, uint64_t seed) {
   return "";
 }
 
+std::string CheckIssueOrderAcrossStreams(Communicator& comm, uint64_t seed) {
+  const int r = comm.rank(), size = comm.size();
+  constexpr size_t n = 1024;
+  auto make = [&](const char* name, uint64_t s) {
+    return std::move(*CreateStream(
+        Device::Cpu(), name,
+        StreamOptions{.cpu = CpuExecution::kQueued, .jitter_seed = s, .jitter_max_us = 50}));
+  };
+  std::unique_ptr<Stream> first = make("compute", seed * 100 + r);
+  std::unique_ptr<Stream> second = make("comm", seed * 100 + 50 + r);
+  // Three all-reduces with inputs unlike each other: a pairing of two different ones shows.
+  std::vector<std::vector<float>> in(3, std::vector<float>(n)), out(3, std::vector<float>(n));
+  for (size_t k = 0; k < 3; ++k) {
+    for (size_t i = 0; i < n; ++i) {
+      in[k][i] = static_cast<float>((r + 1) * (1 + static_cast<int>(k) * 1000) + i % 7);
+    }
+  }
+  auto check = [](const Status& s) { return s.ok() ? std::string() : s.ToString(); };
+  std::string error = check(first->Launch([r] {
+    if (r % 2 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return absl::OkStatus();
+  }));
+  auto all_reduce = [&](size_t k, Stream* stream) {
+    return check(
+        comm.AllReduce(in[k].data(), out[k].data(), n, DType::kF32, ReduceOp::kSum, stream));
+  };
+  if (error.empty()) error = all_reduce(0, first.get());
+  if (error.empty()) error = all_reduce(1, second.get());
+  if (error.empty()) error = all_reduce(2, nullptr);
+  const Status synced_first = first->Synchronize();  // always: the queues read these locals
+  const Status synced_second = second->Synchronize();
+  if (!error.empty()) return error;
+  if (!synced_first.ok()) return synced_first.ToString();
+  if (!synced_second.ok()) return synced_second.ToString();
+  const float ranks = static_cast<float>(size * (size + 1) / 2);
+  for (size_t k = 0; k < 3; ++k) {
+    for (size_t i = 0; i < n; ++i) {
+      const float want = ranks * static_cast<float>(1 + static_cast<int>(k) * 1000) +
+                         static_cast<float>(size) * static_cast<float>(i % 7);
+      if (out[k][i] != want) {
+        return StrCat("rank ", r, ": all-reduce ", k, " element ", i, " is ", out[k][i], ", want ",
+                      want, " (issued in one order, run in another)");
+      }
+    }
+  }
+  return "";
+}
+
 }  // namespace zerort::testing

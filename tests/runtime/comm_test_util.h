@@ -152,5 +152,9 @@ std::string CheckEverything(Communicator& comm, uint64_t seed);
 // reduce-scatters and all-gathers on its own thread, under jitter seeded by `seed`; a posted send
 // there is refused. "" when every value is right.
 std::string CheckQueuedCollectives(Communicator& comm, uint64_t seed);
+// [Note: one communicator, one order]: an all-reduce queued on one stream behind slow work (on
+// even ranks), a second one queued later on another stream, then one on the host: each rank runs
+// them in that order, so every sum pairs like inputs. "" when every value is right.
+std::string CheckIssueOrderAcrossStreams(Communicator& comm, uint64_t seed);
 
 }  // namespace zerort::testing

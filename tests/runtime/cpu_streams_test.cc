@@ -297,6 +297,23 @@ TEST(CpuStreamsTest, LoopbackCollectivesRunOnEachRanksQueuedStreamInOrder) {
   }
 }
 
+TEST(CpuStreamsTest, OneCommunicatorsOperationsRunInIssueOrderAcrossStreams) {
+  // [Note: one communicator, one order], at 2 and 4 ranks: without it the even ranks' first
+  // all-reduce (behind slow work) pairs with the odd ranks' second.
+  for (int size : {2, 4}) {
+    for (uint64_t seed = 1; seed <= 3; ++seed) {
+      std::vector<std::string> errors(size);
+      CommOptions options;
+      options.timeout = std::chrono::seconds(60);
+      ASSERT_TRUE(RunLoopbackRanks(size, options, nullptr, [&](Communicator& comm) {
+                    errors[comm.rank()] = testing::CheckIssueOrderAcrossStreams(comm, seed);
+                    return absl::OkStatus();
+                  }).ok());
+      for (int r = 0; r < size; ++r) EXPECT_EQ(errors[r], "") << size << " ranks, seed " << seed;
+    }
+  }
+}
+
 // A collective issued on a queued stream runs later on the stream's thread, after the host has
 // relabelled the communicator: its trace record (what the watchdog reports) and its span keep
 // the label it was issued with.
