@@ -3,7 +3,9 @@
 # model on the asynchronous CPU device with jitter, so every stream's thread, the watchdog, the
 # NVMe engine and the host gradients in flight run together: one process with the optimizer and
 # parameters on NVMe, then two MPI ranks (host offload; tensor and sequence parallelism; ZeRO-2
-# buckets in bf16; ZeRO-1 with fp16 and LAMB). Any report fails the run (halt_on_error).
+# buckets in bf16; ZeRO-1 with fp16 and LAMB), then four (ZeRO-3 gathering by broadcast: the
+# compute and comm streams share one communicator, [Note: one communicator, one order]). Any
+# report fails the run (halt_on_error).
 #   tools/tsan-train.sh ZERORT_BUILT_WITH_TSAN
 # Open MPI's TCP transport takes its own locks in both orders while it connects its peers (a
 # lock-order report inside mca_btl_tcp, not zerort's), so the ranks use shared memory only.
@@ -49,3 +51,5 @@ run np2-stage2-buckets-bf16 2 --set zero_optimization.stage=2 \
   --set zero_optimization.reduce_bucket_size=5000 --set bf16.enabled=true
 run np2-stage1-fp16-lamb 2 --set zero_optimization.stage=1 --set fp16.enabled=true \
   --set optimizer.type=Lamb
+run np4-stage3-broadcast-gathers 4 --set zero_optimization.stage=3 \
+  --set zero_optimization.allgather_partitions=false --set zero_optimization.reduce_scatter=false
