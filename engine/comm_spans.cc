@@ -1,7 +1,9 @@
 // CommSpans: collectives on the timeline and the exposed-communication metric.
 #include "engine/comm_spans.h"
 
+#include <algorithm>
 #include <chrono>
+#include <tuple>
 
 #include "runtime/strings.h"
 
@@ -26,7 +28,11 @@ void CommSpans::Add(const CollectiveSpan& span) {
   const double seconds = std::chrono::duration<double>(span.end - span.begin).count();
   std::lock_guard lock(mu_);
   comm_s_ += seconds;
-  if (span.critical) critical_s_ += seconds;
+  if (span.critical) {
+    critical_s_ += seconds;
+  } else if (off_critical_.size() < kStreamWaitsKept) {
+    off_critical_.push_back(Ran{std::string(span.track), span.begin, span.end});
+  }
   if (timeline_ != nullptr) {
     timeline_->Span(StrCat(CollectiveOpName(span.op), " ", span.group, " ", span.bytes, " B",
                            span.label.empty() ? "" : " ", span.label),
@@ -34,14 +40,27 @@ void CommSpans::Add(const CollectiveSpan& span) {
   }
 }
 
-CommSpans::Step CommSpans::Take(const Stream& compute) {
-  const auto waited = compute.WaitedSeconds();
-  const auto it = waited.find("comm");
-  const double compute_waited = it == waited.end() ? 0.0 : it->second;
+CommSpans::Step CommSpans::Take(Stream& compute) {
+  const std::vector<StreamWait> waits = compute.TakeWaits();
   std::lock_guard lock(mu_);
-  Step step{.comm_s = comm_s_, .exposed_s = critical_s_ + compute_waited - compute_waited_seen_};
+  // Each wait's overlap with the collectives that ran on the stream it waited for. A stream's
+  // collectives run one at a time on its thread: sorted by start, their ends are sorted too.
+  std::sort(off_critical_.begin(), off_critical_.end(), [](const Ran& a, const Ran& b) {
+    return std::tie(a.track, a.begin) < std::tie(b.track, b.begin);
+  });
+  double waited_on_collectives = 0;
+  for (const StreamWait& w : waits) {
+    auto it = std::partition_point(off_critical_.begin(), off_critical_.end(), [&](const Ran& r) {
+      return r.track < w.recorder || (r.track == w.recorder && r.end <= w.begin);
+    });
+    for (; it != off_critical_.end() && it->track == w.recorder && it->begin < w.end; ++it) {
+      const auto overlap = std::min(w.end, it->end) - std::max(w.begin, it->begin);
+      waited_on_collectives += std::chrono::duration<double>(overlap).count();
+    }
+  }
+  Step step{.comm_s = comm_s_, .exposed_s = critical_s_ + waited_on_collectives};
   comm_s_ = critical_s_ = 0;
-  compute_waited_seen_ = compute_waited;
+  off_critical_.clear();
   return step;
 }
 

@@ -3,8 +3,11 @@
 // communication for the metrics line and metrics.jsonl ([Note: exposed communication]).
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "engine/timeline.h"
 #include "runtime/communicator.h"
@@ -17,16 +20,19 @@ namespace zerort {
 //  - every collective that ran in line: on the host thread (no stream, an immediate CPU stream,
 //    which is every stream of the synchronous CPU device, or CUDA buffers staged through the
 //    host) or on the compute stream's own thread (CollectiveSpan::critical);
-//  - plus the time the compute stream's work waited for events recorded on the communication
-//    stream (Stream::WaitedSeconds()["comm"]): on the asynchronous CPU device the gathers and
-//    reduce-scatters run on the "comm" stream's thread while the compute stream runs kernels,
-//    and only what the compute stream had to wait for is exposed.
-// So on the synchronous device exposed equals all communication, and overlap shows as exposed
-// below it. Not counted: a host thread blocked on the communication stream while the compute
-// stream still had work (hidden, correctly) or had none (exposed, missed); collectives that end
-// on a CUDA stream (NCCL), whose end only the watchdog's probe sees: a CUDA run reports only its
-// staged and host collectives. I/O has its own exposed measures (fetch wait, grad io, optimizer
-// io wait: OffloadStats).
+//  - plus, of each wait of the compute stream's work for an event recorded on another stream
+//    (Stream::TakeWaits), the part during which a collective ran on that stream: on the
+//    asynchronous CPU device the gathers and reduce-scatters run on the "comm" stream's thread
+//    while the compute stream runs kernels, and only what the compute stream had to wait for is
+//    exposed. A wait's other part (the comm stream's own copies, its waits for the compute
+//    stream, its jitter, its turn on a communicator) is not communication; counting it made
+//    exposed exceed all communication on short steps.
+// So exposed is at most the communication: equal to it on the synchronous device, below it as
+// overlap grows. Not counted: a host thread blocked on the communication stream while the
+// compute stream still had work (hidden, correctly) or had none (exposed, missed); collectives
+// that end on a CUDA stream (NCCL), whose end only the watchdog's probe sees: a CUDA run reports
+// only its staged and host collectives. I/O has its own exposed measures (fetch wait, grad io,
+// optimizer io wait: OffloadStats).
 class CommSpans {
  public:
   CommSpans() = default;
@@ -43,8 +49,8 @@ class CommSpans {
     double comm_s = 0;     // every collective that ran in line, wherever
     double exposed_s = 0;  // on the critical path ([Note: exposed communication])
   };
-  // Since the previous call; `compute` is the model's compute stream.
-  Step Take(const Stream& compute);
+  // Since the previous call; `compute` is the model's compute stream (its waits are taken).
+  Step Take(Stream& compute);
 
  private:
   void Add(const CollectiveSpan& span);
@@ -53,7 +59,11 @@ class CommSpans {
   std::mutex mu_;  // collectives report from their streams' threads
   Timeline* timeline_ = nullptr;
   double comm_s_ = 0, critical_s_ = 0;  // since the last Take
-  double compute_waited_seen_ = 0;      // the compute stream's waits on "comm" at the last Take
+  struct Ran {                          // a collective off the critical path, since the last Take
+    std::string track;
+    std::chrono::system_clock::time_point begin, end;
+  };
+  std::vector<Ran> off_critical_;
 };
 
 }  // namespace zerort

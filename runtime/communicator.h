@@ -66,7 +66,7 @@ struct CollectiveSpan {
   std::string_view track;  // the stream it ran on; "host" for none (or staged)
   // Nothing overlapped it: it ran on the host thread (no stream, an immediate CPU stream, or
   // staged) or on the compute stream's thread. One on a queued communication stream is not
-  // critical by itself; the compute stream's waits for it are (Stream::WaitedSeconds).
+  // critical by itself; the compute stream's waits for it while it ran are (Stream::TakeWaits).
   bool critical = true;
   std::chrono::system_clock::time_point begin, end;
 };

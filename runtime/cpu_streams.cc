@@ -6,7 +6,6 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
-#include <map>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -24,7 +23,7 @@ struct EventState {
   std::condition_variable cv;
   uint64_t recorded = 0;
   uint64_t completed = 0;
-  std::string recorder;  // the stream of the last Record (Stream::WaitedSeconds' key)
+  std::string recorder;  // the stream of the last Record (StreamWait::recorder)
 
   void Complete(uint64_t generation) {
     {
@@ -94,14 +93,18 @@ class QueuedCpuStream final : public Stream {
     return absl::OkStatus();
   }
   void* native_handle() const override { return nullptr; }
-  std::map<std::string, double, std::less<>> WaitedSeconds() const override {
+  std::vector<StreamWait> TakeWaits() override {
     std::lock_guard<std::mutex> lock(waited_mu_);
-    return waited_;
+    std::vector<StreamWait> taken(std::make_move_iterator(waits_.begin()),
+                                  std::make_move_iterator(waits_.end()));
+    waits_.clear();
+    return taken;
   }
   // Called on this stream's thread by a WaitEvent marker.
-  void AddWait(const std::string& recorder, double seconds) {
+  void AddWait(StreamWait wait) {
     std::lock_guard<std::mutex> lock(waited_mu_);
-    waited_[recorder] += seconds;
+    if (waits_.size() == kStreamWaitsKept) waits_.pop_front();
+    waits_.push_back(std::move(wait));
   }
 
   // Queues a marker: runs in order even after an error.
@@ -163,7 +166,7 @@ class QueuedCpuStream final : public Stream {
   Status error_;
   bool stopping_ = false;
   mutable std::mutex waited_mu_;
-  std::map<std::string, double, std::less<>> waited_;  // WaitedSeconds
+  std::deque<StreamWait> waits_;  // since the last TakeWaits
   std::thread worker_;
 };
 
@@ -233,11 +236,9 @@ Status QueuedCpuStream::WaitEvent(const Event& event) {
   ZR_ASSIGN_OR_RETURN(const CpuEvent* cpu, CpuEventOf(event, name_));
   PushMarker(
       [this, state = cpu->state(), generation = cpu->Recorded(), recorder = cpu->Recorder()] {
-        const auto begin = std::chrono::steady_clock::now();
+        const auto begin = std::chrono::system_clock::now();
         state->WaitFor(generation);
-        const double waited =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-        if (recorder != name_) AddWait(recorder, waited);
+        if (recorder != name_) AddWait({recorder, begin, std::chrono::system_clock::now()});
       });
   return absl::OkStatus();
 }

@@ -19,6 +19,7 @@
 // its own stream (checked). docs/async-device.md says how the rest of zerort runs on it.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -60,6 +61,13 @@ struct StreamOptions {
   int jitter_max_us = 100;
 };
 
+// One wait of a stream's work for an event recorded on another stream (Stream::TakeWaits).
+struct StreamWait {
+  std::string recorder;  // the name of the stream the event was recorded on
+  std::chrono::system_clock::time_point begin, end;
+};
+inline constexpr size_t kStreamWaitsKept = size_t{1} << 16;
+
 class Stream {
  public:
   virtual ~Stream() = default;
@@ -78,12 +86,12 @@ class Stream {
   virtual bool asynchronous() const { return !device().is_cpu(); }
   // cudaStream_t for CUDA streams, nullptr for CPU streams.
   virtual void* native_handle() const = 0;
-  // Seconds this stream's work has waited, since the stream was made, for events recorded on
-  // other streams, by the recording stream's name: a queued CPU stream measures each WaitEvent
-  // on its thread (what the trainer reports as exposed communication: the compute stream's
-  // waits on "comm"). Empty where not measured (immediate CPU streams, whose waits are on the
-  // host, and CUDA streams).
-  virtual std::map<std::string, double, std::less<>> WaitedSeconds() const { return {}; }
+  // The waits of this stream's work for events recorded on other streams since the last call,
+  // oldest first (at most kStreamWaitsKept; older ones are dropped): a queued CPU stream measures
+  // each WaitEvent on its thread. The trainer's exposed communication is the compute stream's
+  // waits on "comm" while collectives ran there (engine/comm_spans.h). Empty where not measured
+  // (immediate CPU streams, whose waits are on the host, and CUDA streams).
+  virtual std::vector<StreamWait> TakeWaits() { return {}; }
 };
 
 class Event {

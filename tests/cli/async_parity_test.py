@@ -49,7 +49,8 @@ def shard_files(step_dir):
 def check_exposed(what, metrics, np, device):
     """[Note: exposed communication] (engine/comm_spans.h): on the synchronous device every
     collective is on the critical path (exposed == comm); on the asynchronous one exposed is the
-    compute stream's waits plus its own collectives (>= 0); with two ranks there is some."""
+    compute stream's own collectives plus its waits while collectives ran on the stream it waited
+    for: never more than all communication; with two ranks there is some."""
     if not os.path.exists(metrics):
         check(f"{what}: metrics written", False)
         return
@@ -61,6 +62,8 @@ def check_exposed(what, metrics, np, device):
     comm = [s["comm_s"] for s in steps]
     exposed = [s["exposed_comm_s"] for s in steps]
     check(f"{what}: exposed communication is not negative", min(exposed) >= 0, f"{exposed}")
+    check(f"{what}: exposed communication is at most all of it",
+          all(e <= c + 1e-6 for c, e in zip(comm, exposed)), f"{comm} {exposed}")
     if device == "cpu":
         check(f"{what}: on the synchronous device all of it is exposed",
               all(abs(c - e) <= 1e-9 for c, e in zip(comm, exposed)), f"{comm} {exposed}")

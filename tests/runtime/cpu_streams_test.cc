@@ -136,9 +136,9 @@ TEST(CpuStreamsTest, AnEventOrdersWorkAcrossStreams) {
   }
 }
 
-// Stream::WaitedSeconds: a queued stream counts how long its work waited for another stream's
-// event, by that stream's name (the exposed-communication metric's input); waits on its own
-// events and immediate streams count nothing.
+// Stream::TakeWaits: a queued stream records when its work waited for another stream's event,
+// with that stream's name (the exposed-communication metric's input); waits on its own events
+// and immediate streams record nothing, and a take empties the record.
 TEST(CpuStreamsTest, AQueuedStreamMeasuresItsWaitsOnOtherStreams) {
   auto comm = MakeStream("comm", Queued(0));
   auto compute = MakeStream("compute", Queued(0));
@@ -154,13 +154,15 @@ TEST(CpuStreamsTest, AQueuedStreamMeasuresItsWaitsOnOtherStreams) {
   ASSERT_TRUE(own->Record(*compute).ok());
   ASSERT_TRUE(compute->WaitEvent(*own).ok());
   ASSERT_TRUE(compute->Synchronize().ok());
-  const auto waited = compute->WaitedSeconds();
-  ASSERT_EQ(waited.count("comm"), 1u);
-  EXPECT_GE(waited.at("comm"), 0.04);
-  EXPECT_LT(waited.at("comm"), 5.0);
-  EXPECT_EQ(waited.count("compute"), 0u) << "its own event";
-  EXPECT_TRUE(comm->WaitedSeconds().empty());
-  EXPECT_TRUE(MakeStream("host", {})->WaitedSeconds().empty());
+  const std::vector<StreamWait> waits = compute->TakeWaits();
+  ASSERT_EQ(waits.size(), 1u) << "not its own event";
+  EXPECT_EQ(waits[0].recorder, "comm");
+  const double waited = std::chrono::duration<double>(waits[0].end - waits[0].begin).count();
+  EXPECT_GE(waited, 0.04);
+  EXPECT_LT(waited, 5.0);
+  EXPECT_TRUE(compute->TakeWaits().empty()) << "taken";
+  EXPECT_TRUE(comm->TakeWaits().empty());
+  EXPECT_TRUE(MakeStream("host", {})->TakeWaits().empty());
 }
 
 TEST(CpuStreamsTest, TheHostWaitsForAnEventOrAStream) {
