@@ -115,7 +115,8 @@ void AddOffload(std::vector<ConfigField>& t, std::string_view s, bool param) {
     t.push_back(Num<int>(s, "buffer_count", ZR_OFF(buffer_count), 1, 1024,
                          "parameter fetches in flight, DeepSpeed's 5"));
     t.push_back(Num<int64_t>(s, "buffer_size", ZR_OFF(buffer_size), 1, kMaxConfigIntAsDouble,
-                             "elements per parameter fetch buffer, DeepSpeed's 1e8"));
+                             "elements per parameter fetch buffer at most (each is the largest "
+                             "offloaded shard), DeepSpeed's 1e8"));
     t.push_back(Num<int64_t>(s, "max_in_cpu", ZR_OFF(max_in_cpu), 0, kMaxConfigIntAsDouble,
                              "accepted for DeepSpeed compatibility; zerort keeps no host cache"));
 #undef ZR_OFF

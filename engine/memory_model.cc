@@ -136,12 +136,17 @@ void StepModel::Init() {
     r_.Free(h);
   };
   if (at.params == Tier::kNvme) {
+    int64_t largest_offloaded = 0;
+    for (const Unit& u : units_) {
+      if (!u.plan.persistent)
+        largest_offloaded = std::max(largest_offloaded, u.layout.shard_numel());
+    }
     const int64_t bytes = StagingPool::AllocationBytes(
         in_.manager.offload.param_buffer_count,
-        static_cast<size_t>(in_.manager.offload.param_buffer_size * csize()));
+        static_cast<size_t>(ParamFetchBufferNumel(options_, largest_offloaded) * csize()));
     persistent_.push_back(r_.Alloc(Cat::kStaging, bytes, nullptr, host_tier));
     Term(host_tier, Cat::kStaging, "parameter fetch buffers (offload_param nvme)",
-         "buffer_count x buffer_size x compute bytes", bytes);
+         "buffer_count x min(buffer_size, largest offloaded shard) x compute bytes", bytes);
   }
   std::map<std::pair<Tier, Cat>, std::pair<std::string, int64_t>> sums;
   int64_t gathered = 0, largest_shard = 0;

@@ -185,27 +185,57 @@ Status ShardManager::CreateTiers() {
     ZR_ASSIGN_OR_RETURN(nvme_, NvmeStore::Create(n));
     tiers_.nvme = nvme_.get();
   }
-  if (p.params == MemoryTier::kNvme) {
-    const int64_t csize = static_cast<int64_t>(DTypeSize(options_.compute_dtype));
-    if (options_.offload.param_buffer_size > (int64_t{1} << 48) / csize) {
-      return absl::InvalidArgumentError(StrCat("offload_param.buffer_size ",
-                                               options_.offload.param_buffer_size,
-                                               " elements is beyond any host memory"));
+  return absl::OkStatus();
+}
+
+int64_t ParamFetchBufferNumel(const ShardManagerOptions& options, int64_t largest_offloaded_shard) {
+  return std::max<int64_t>(std::min(options.offload.param_buffer_size, largest_offloaded_shard), 1);
+}
+
+// The parameter fetch buffers (offload_param nvme), once the units say how large they must be.
+Status ShardManager::CreateParamStaging() {
+  if (options_.placement.params != MemoryTier::kNvme) return absl::OkStatus();
+  int64_t largest = 0;
+  const ShardedUnit* largest_unit = nullptr;
+  for (const auto& u : units_) {
+    if (u->persistent()) continue;
+    // Every offloaded compute shard must fit one fetch buffer (offload_param.buffer_size).
+    if (u->layout().shard_numel() > options_.offload.param_buffer_size) {
+      return absl::InvalidArgumentError(
+          StrCat("offload_param.buffer_size ", options_.offload.param_buffer_size,
+                 " elements is smaller than unit '", u->name(), "''s shard of ",
+                 u->layout().shard_numel(), " elements: raise it to at least that"));
     }
-    StatusOr<std::unique_ptr<StagingPool>> pool =
-        StagingPool::Create(*tiers_.host, options_.offload.param_buffer_count,
-                            options_.offload.param_buffer_size * csize);
-    if (!pool.ok()) {
-      return Annotate(pool.status(), "offload_param fetch buffers (buffer_count x buffer_size)");
+    if (u->layout().shard_numel() > largest) {
+      largest = u->layout().shard_numel();
+      largest_unit = u.get();
     }
-    param_staging_ = std::move(*pool);
   }
+  const int64_t numel = ParamFetchBufferNumel(options_, largest);
+  const int64_t bytes = numel * static_cast<int64_t>(DTypeSize(options_.compute_dtype));
+  StatusOr<std::unique_ptr<StagingPool>> pool = StagingPool::Create(
+      *tiers_.host, options_.offload.param_buffer_count, static_cast<size_t>(bytes));
+  if (!pool.ok()) {
+    return Annotate(pool.status(),
+                    "offload_param fetch buffers (buffer_count x the largest shard)");
+  }
+  param_staging_ = std::move(*pool);
+  Logger()->info(
+      "offload_param: {} fetch buffers of {} elements ({:.1f} MiB in all): the largest offloaded "
+      "shard{}{}{} (offload_param.buffer_size {} is the most)",
+      options_.offload.param_buffer_count, numel,
+      static_cast<double>(StagingPool::AllocationBytes(options_.offload.param_buffer_count,
+                                                       static_cast<size_t>(bytes))) /
+          (1 << 20),
+      largest_unit != nullptr ? ", unit '" : "",
+      largest_unit != nullptr ? largest_unit->name() : "", largest_unit != nullptr ? "'" : "",
+      options_.offload.param_buffer_size);
   return absl::OkStatus();
 }
 
 UnitResources ShardManager::UnitResourcesOf() {
-  return UnitResources{&options_,       resources_.dp,        tiers_,         resources_.compute,
-                       resources_.comm, param_staging_.get(), &offload_stats_};
+  return UnitResources{&options_,       resources_.dp,   tiers_,         resources_.compute,
+                       resources_.comm, &param_staging_, &offload_stats_};
 }
 
 // Before anything is written: does this rank's NVMe state fit where it goes?
@@ -249,17 +279,7 @@ Status ShardManager::Initialize(const Initializer& init) {
   if (initialized_) return absl::FailedPreconditionError("Initialize called twice");
   if (units_.empty()) return absl::FailedPreconditionError("no units were added");
   ZR_RETURN_IF_ERROR(CheckNvmeSpace());
-  if (options_.placement.params == MemoryTier::kNvme) {
-    // Every offloaded compute shard must fit one fetch buffer (offload_param.buffer_size).
-    for (const auto& u : units_) {
-      if (!u->persistent() && u->layout().shard_numel() > options_.offload.param_buffer_size) {
-        return absl::InvalidArgumentError(
-            StrCat("offload_param.buffer_size ", options_.offload.param_buffer_size,
-                   " elements is smaller than unit '", u->name(), "''s shard of ",
-                   u->layout().shard_numel(), " elements: raise it to at least that"));
-      }
-    }
-  }
+  ZR_RETURN_IF_ERROR(CreateParamStaging());
   for (auto& u : units_) {
     std::vector<float> initial = InitialShard(u->layout(), u->layout_rank(), init, options_.seed);
     ZR_ASSIGN_OR_RETURN(TensorView master, optimizer_->AddUnit(*u, initial));

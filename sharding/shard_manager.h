@@ -72,6 +72,12 @@ struct UnitOptions {
   bool counts_in_norm = true;
 };
 
+// Elements per parameter fetch buffer (offload_param nvme): offload_param.buffer_size at most,
+// and no more than the largest compute shard that is fetched (`largest_offloaded_shard`, of the
+// units that are not persistent; at least 1), so a small model does not reserve DeepSpeed's
+// default of 5 x 1e8 elements of host staging.
+int64_t ParamFetchBufferNumel(const ShardManagerOptions& options, int64_t largest_offloaded_shard);
+
 struct StepInputs {
   float lr = 0.0f;
   int micro_batches = 1;  // gradients accumulated since the last step
@@ -163,6 +169,7 @@ class ShardManager {
   Status Prefetch();
   GatherPlanner::Resident Resident() const;  // gathering or gathered
   Status CreateTiers();
+  Status CreateParamStaging();
   Status AfterStep();  // zero the gradient shards, refresh the compute copies
   Status RefreshComputeCopies();
   Status CheckNvmeSpace() const;
@@ -176,7 +183,9 @@ class ShardManager {
   std::unique_ptr<Allocator> owned_host_;
   std::unique_ptr<Allocator> owned_staging_;  // pinned, when the host tier is not (CUDA)
   std::unique_ptr<NvmeStore> nvme_;
-  std::unique_ptr<StagingPool> param_staging_;  // fetches of offloaded compute shards
+  // Fetches of offloaded compute shards: made by Initialize, sized to the units (units hold a
+  // pointer to this pointer, as they are added before it exists).
+  std::unique_ptr<StagingPool> param_staging_;
   Tiers tiers_;
   std::unique_ptr<ShardedOptimizer> optimizer_;
   OffloadStats offload_stats_;

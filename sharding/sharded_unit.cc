@@ -143,11 +143,12 @@ Status ShardedUnit::Initialize(const TensorView& master) {
 
 Status ShardedUnit::StartFetch() {
   if (state_ != ShardState::kSharded || compute_shard_.in_memory()) return absl::OkStatus();
-  ZR_CHECK(resources_.param_staging != nullptr) << "unit '" << name_ << "': no fetch buffers";
-  ZR_CHECK(compute_shard_.region().capacity <=
-           static_cast<int64_t>(resources_.param_staging->buffer_bytes()))
+  ZR_CHECK(resources_.param_staging != nullptr && *resources_.param_staging != nullptr)
+      << "unit '" << name_ << "': no fetch buffers";
+  StagingPool& pool = **resources_.param_staging;
+  ZR_CHECK(compute_shard_.region().capacity <= static_cast<int64_t>(pool.buffer_bytes()))
       << "unit '" << name_ << "': shard larger than a parameter fetch buffer";
-  ZR_ASSIGN_OR_RETURN(fetch_lease_, resources_.param_staging->Acquire());
+  ZR_ASSIGN_OR_RETURN(fetch_lease_, pool.Acquire());
   fetch_io_ = resources_.tiers.nvme->StartRead(compute_shard_.region(), 0, fetch_lease_.data,
                                                compute_shard_.bytes());
   state_ = ShardState::kFetching;
@@ -158,7 +159,7 @@ Status ShardedUnit::CancelFetch() {
   if (state_ != ShardState::kFetching) return absl::OkStatus();
   const Status read = fetch_io_.Finish();
   fetch_io_ = IoHandle();
-  resources_.param_staging->Return(std::exchange(fetch_lease_, {}));
+  (*resources_.param_staging)->Return(std::exchange(fetch_lease_, {}));
   state_ = ShardState::kSharded;
   return read.ok() ? absl::OkStatus() : Fail(Annotate(read, "fetching its compute shard"));
 }
@@ -181,7 +182,7 @@ Status ShardedUnit::StartGather() {
     }
     fetch_io_ = IoHandle();
     if (!read.ok()) {
-      resources_.param_staging->Return(std::exchange(fetch_lease_, {}));
+      (*resources_.param_staging)->Return(std::exchange(fetch_lease_, {}));
       state_ = ShardState::kSharded;
       return Fail(Annotate(read, "fetching its compute shard"));
     }
@@ -218,7 +219,7 @@ Status ShardedUnit::StartGather() {
       ZR_RETURN_IF_ERROR(copied->Record(*comm));
       fences.push_back([copied] { return copied->Synchronize(); });
     }
-    resources_.param_staging->Return(std::exchange(fetch_lease_, {}), std::move(fences));
+    (*resources_.param_staging)->Return(std::exchange(fetch_lease_, {}), std::move(fences));
   }
   if (on_device) {
     ZR_RETURN_IF_ERROR(resources_.tiers.device->RecordStream(on_device, *comm));

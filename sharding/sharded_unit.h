@@ -44,12 +44,13 @@ inline OffloadStats operator-(const OffloadStats& a, const OffloadStats& b) {
 // What a unit borrows from its manager.
 struct UnitResources {
   const ShardManagerOptions* options = nullptr;
-  Communicator* dp = nullptr;            // the data-parallel group
-  Tiers tiers;                           // device memory, and the offload tiers in use
-  Stream* compute = nullptr;             // where the model's kernels run
-  Stream* comm = nullptr;                // all-gathers and reductions, to overlap with compute
-  StagingPool* param_staging = nullptr;  // fetches of offloaded compute shards
-  OffloadStats* stats = nullptr;         // the manager's; null: not counted
+  Communicator* dp = nullptr;  // the data-parallel group
+  Tiers tiers;                 // device memory, and the offload tiers in use
+  Stream* compute = nullptr;   // where the model's kernels run
+  Stream* comm = nullptr;      // all-gathers and reductions, to overlap with compute
+  // Fetches of offloaded compute shards: the manager's pool, made once every unit is added.
+  const std::unique_ptr<StagingPool>* param_staging = nullptr;
+  OffloadStats* stats = nullptr;  // the manager's; null: not counted
 };
 
 // Where the optimizer writes this rank's updated compute values: shard element i goes to element

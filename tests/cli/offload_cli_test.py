@@ -9,6 +9,7 @@ is ever left in nvme_path.
 Usage: offload_cli_test.py PATH_TO_ZERORT [MPIEXEC]"""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -221,8 +222,16 @@ r = run(["train", stage2])
 check("offload_param at stage 2: trains, warning that it is ignored", r.returncode == 0 and
       "[warning]" in r.stderr and "zero_optimization.offload_param.device" in r.stderr and
       "is ignored at zero_optimization.stage 2" in r.stderr, r.stderr[-1000:])
+# offload_param.buffer_size is an upper bound: the fetch buffers are the size of the largest
+# offloaded shard, said in the log (DeepSpeed's default of 1e8 elements x 5 buffers reserved
+# 2 GB of pinned host memory for an 85K-parameter model).
+r = run(["train", config("huge-buffer", 2, optimizer="nvme", param="nvme"), "--set",
+         "zero_optimization.offload_param.buffer_size=1e15"])
+check("offload_param.buffer_size=1e15: trains, its fetch buffers sized to the largest shard",
+      r.returncode == 0 and re.search(r"offload_param: 5 fetch buffers of \d+ elements \(\d+\.\d MiB "
+                                      r"in all\): the largest offloaded shard, unit 'blocks\.\d'",
+                                      r.stderr) is not None, (r.returncode, r.stderr[-1000:]))
 for key, value, expect in [
-        ("zero_optimization.offload_param.buffer_size", "1e15", "buffer_size"),
         ("zero_optimization.offload_param.buffer_count", "0", "buffer_count"),
         ("zero_optimization.offload_optimizer.buffer_count", "1e9", "buffer_count"),
         ("zero_optimization.sub_group_size", "-5", "sub_group_size"),
