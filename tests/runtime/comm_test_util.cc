@@ -234,16 +234,20 @@ std::string CheckEverything(Communicator& comm, uint64_t seed) {
   return "";
 }
 
+namespace {
+// A queued CPU stream with up to 50 us of jitter per item.
+std::unique_ptr<Stream> JitteredStream(const char* name, uint64_t seed) {
+  return std::move(*CreateStream(
+      Device::Cpu(), name,
+      StreamOptions{.cpu = CpuExecution::kQueued, .jitter_seed = seed, .jitter_max_us = 50}));
+}
+}  // namespace
+
 std::string CheckQueuedCollectives(Communicator& comm, uint64_t seed) {
   const int r = comm.rank(), size = comm.size();
   const size_t n = 4096 - 4096 % static_cast<size_t>(size);
-  auto make = [&](const char* name, uint64_t s) {
-    return std::move(*CreateStream(
-        Device::Cpu(), name,
-        StreamOptions{.cpu = CpuExecution::kQueued, .jitter_seed = s, .jitter_max_us = 50}));
-  };
-  std::unique_ptr<Stream> compute = make("compute", seed * 100 + r);
-  std::unique_ptr<Stream> stream = make("comm", seed * 100 + 50 + r);
+  std::unique_ptr<Stream> compute = JitteredStream("compute", seed * 100 + r);
+  std::unique_ptr<Stream> stream = JitteredStream("comm", seed * 100 + 50 + r);
   std::unique_ptr<Event> produced = std::move(*CreateEvent(Device::Cpu()));
   std::vector<float> in(n, -1.0f), sum(n), shard(n / size), gathered(n);
   auto check = [](const Status& s) { return s.ok() ? std::string() : s.ToString(); };
@@ -290,13 +294,8 @@ std::string CheckQueuedCollectives(Communicator& comm, uint64_t seed) {
 std::string CheckIssueOrderAcrossStreams(Communicator& comm, uint64_t seed) {
   const int r = comm.rank(), size = comm.size();
   constexpr size_t n = 1024;
-  auto make = [&](const char* name, uint64_t s) {
-    return std::move(*CreateStream(
-        Device::Cpu(), name,
-        StreamOptions{.cpu = CpuExecution::kQueued, .jitter_seed = s, .jitter_max_us = 50}));
-  };
-  std::unique_ptr<Stream> first = make("compute", seed * 100 + r);
-  std::unique_ptr<Stream> second = make("comm", seed * 100 + 50 + r);
+  std::unique_ptr<Stream> first = JitteredStream("compute", seed * 100 + r);
+  std::unique_ptr<Stream> second = JitteredStream("comm", seed * 100 + 50 + r);
   // Three all-reduces with inputs unlike each other: a pairing of two different ones shows.
   std::vector<std::vector<float>> in(3, std::vector<float>(n)), out(3, std::vector<float>(n));
   for (size_t k = 0; k < 3; ++k) {
