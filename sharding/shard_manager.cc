@@ -7,6 +7,7 @@
 #include "runtime/log.h"
 #include "runtime/scoped_seconds.h"
 #include "runtime/strings.h"
+#include "sharding/unit_agreement.h"
 
 namespace zerort {
 
@@ -275,9 +276,27 @@ StatusOr<int> ShardManager::AddUnit(std::string name, std::vector<ParamSpec> par
   return static_cast<int>(units_.size() - 1);
 }
 
+// [Note: every rank registers the same units] (sharding/unit_agreement.h): what must agree.
+std::vector<std::string> ShardManager::UnitEntries() const {
+  std::vector<std::string> entries = {StrCat("ZeRO stage ", static_cast<int>(options_.stage),
+                                             ", compute ", DTypeName(options_.compute_dtype),
+                                             ", reduce ", DTypeName(options_.reduce_dtype))};
+  for (const auto& u : units_) {
+    std::string e = StrCat("unit '", u->name(), "':");
+    for (const ParamSpec& p : u->layout().params()) {
+      e += StrCat(" ", p.name, " ", ShapeToString(p.shape), " of ", ShapeToString(p.global_shape()),
+                  p.weight_decay ? "" : " (no decay)");
+    }
+    entries.push_back(std::move(e));
+  }
+  return entries;
+}
+
 Status ShardManager::Initialize(const Initializer& init) {
   if (initialized_) return absl::FailedPreconditionError("Initialize called twice");
   if (units_.empty()) return absl::FailedPreconditionError("no units were added");
+  ZR_RETURN_IF_ERROR(AgreeOnUnits(*resources_.dp, *resources_.device_allocator, *resources_.compute,
+                                  UnitEntries()));
   ZR_RETURN_IF_ERROR(CheckNvmeSpace());
   ZR_RETURN_IF_ERROR(CreateParamStaging());
   for (auto& u : units_) {

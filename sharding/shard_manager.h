@@ -170,6 +170,7 @@ class ShardManager {
   GatherPlanner::Resident Resident() const;  // gathering or gathered
   Status CreateTiers();
   Status CreateParamStaging();
+  std::vector<std::string> UnitEntries() const;
   Status AfterStep();  // zero the gradient shards, refresh the compute copies
   Status RefreshComputeCopies();
   Status CheckNvmeSpace() const;

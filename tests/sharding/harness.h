@@ -113,6 +113,7 @@ inline StatusOr<MlpRun> MakeMlpRun(const ShardManagerOptions& options, Communica
 inline Status TrainRank(const RunConfig& c, Communicator& comm, RunResult& result) {
   MemoryTracker tracker;
   ZR_ASSIGN_OR_RETURN(MlpRun run, MakeMlpRun(Options(c), comm, tracker, c.device));
+  tracker.ResetPeaks();  // the steps' peaks, not setup's (Initialize's unit agreement stages 8 B)
   ShardManager* m = run.manager.get();
   const std::vector<int>& units = run.units;
   const int per_rank = kGlobalBatch / c.world;

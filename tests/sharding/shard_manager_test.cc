@@ -454,6 +454,59 @@ TEST(ShardManagerDeathTest, IllegalTransitionsStopWithTheUnitName) {
       "gradient of unit 'fc0' outside its backward");
 }
 
+// [Note: every rank registers the same units]: a unit registered with its weight transposed on
+// one rank (the same number of elements, so the shards pad alike and used to train silently
+// wrong), a missing unit, or another dtype fails Initialize on every rank, naming the unit and
+// both ranks' versions of it.
+TEST(ShardManagerTest, RanksThatRegisterDifferentUnitsFailInitializeNamingThem) {
+  enum class Mistake { kNone, kTransposed, kMissing, kDtype };
+  for (const Mistake mistake :
+       {Mistake::kNone, Mistake::kTransposed, Mistake::kMissing, Mistake::kDtype}) {
+    std::vector<Status> results(2);
+    ASSERT_TRUE(RunLoopbackRanks(2, {}, nullptr, [&](Communicator& comm) -> Status {
+                  MemoryTracker tracker;
+                  auto allocator = MakeCpuCachingAllocator(&tracker);
+                  ShardManagerOptions o = Options({.stage = ZeroStage::k3, .world = 2});
+                  const bool odd = comm.rank() == 1;
+                  if (odd && mistake == Mistake::kDtype) o.reduce_dtype = DType::kBF16;
+                  ZR_ASSIGN_OR_RETURN(
+                      auto m,
+                      ShardManager::Create(o, {.dp = &comm, .device_allocator = allocator.get()}));
+                  ZR_RETURN_IF_ERROR(m->AddUnit("fc0", MlpUnitParams(0)).status());
+                  std::vector<ParamSpec> fc1 = MlpUnitParams(1);
+                  if (odd && mistake == Mistake::kTransposed) {
+                    std::swap(fc1[0].shape[0], fc1[0].shape[1]);
+                  }
+                  if (!(odd && mistake == Mistake::kMissing)) {
+                    ZR_RETURN_IF_ERROR(m->AddUnit("fc1", fc1).status());
+                  }
+                  results[comm.rank()] = m->Initialize(MlpInit);
+                  return absl::OkStatus();
+                }).ok());
+    if (mistake == Mistake::kNone) {
+      for (const Status& s : results) EXPECT_TRUE(s.ok()) << s;
+      continue;
+    }
+    const std::vector<int> w = MlpWidths();
+    for (int r = 0; r < 2; ++r) {
+      const Status& s = results[r];
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << "rank " << r << ": " << s;
+      const std::string m(s.message());
+      EXPECT_NE(m.find("rank 0"), std::string::npos) << m;
+      EXPECT_NE(m.find("rank 1"), std::string::npos) << m;
+      if (mistake == Mistake::kTransposed) {
+        EXPECT_NE(m.find(StrCat("fc1.weight [", w[2], ", ", w[1], "]")), std::string::npos) << m;
+        EXPECT_NE(m.find(StrCat("fc1.weight [", w[1], ", ", w[2], "]")), std::string::npos) << m;
+      } else if (mistake == Mistake::kMissing) {
+        EXPECT_NE(m.find("unit 'fc1'"), std::string::npos) << m;
+        EXPECT_NE(m.find("no more units"), std::string::npos) << m;
+      } else {
+        EXPECT_NE(m.find("reduce bf16"), std::string::npos) << m;
+      }
+    }
+  }
+}
+
 TEST(ShardManagerTest, StepRefusesAGatheredUnitAndBadInputs) {
   MemoryTracker tracker;
   auto allocator = MakeCpuCachingAllocator(&tracker);

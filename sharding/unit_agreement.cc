@@ -1,0 +1,76 @@
+// AgreeOnUnits: one fingerprint all-gather; on a mismatch, the entries gathered and compared.
+#include "sharding/unit_agreement.h"
+
+#include <cstdint>
+#include <cstring>
+
+#include "runtime/host_collectives.h"
+#include "runtime/strings.h"
+
+namespace zerort {
+namespace {
+
+// FNV-1a over the entries and their separators: the same on every rank of any build.
+uint64_t Fingerprint(const std::vector<std::string>& entries) {
+  uint64_t h = 14695981039346656037ull;
+  auto mix = [&](unsigned char c) {
+    h ^= c;
+    h *= 1099511628211ull;
+  };
+  for (const std::string& e : entries) {
+    for (const char c : e) mix(static_cast<unsigned char>(c));
+    mix('\n');
+  }
+  return h;
+}
+
+std::vector<std::string> SplitLines(const std::string& text) {
+  std::vector<std::string> lines;
+  size_t begin = 0;
+  while (begin < text.size()) {
+    const size_t end = text.find('\n', begin);
+    lines.push_back(text.substr(begin, end - begin));
+    if (end == std::string::npos) break;
+    begin = end + 1;
+  }
+  return lines;
+}
+
+}  // namespace
+
+Status AgreeOnUnits(Communicator& dp, Allocator& allocator, Stream& stream,
+                    const std::vector<std::string>& entries) {
+  if (dp.size() == 1) return absl::OkStatus();
+  const uint64_t mine = Fingerprint(entries);
+  std::vector<uint64_t> all(static_cast<size_t>(dp.size()));
+  ZR_RETURN_IF_ERROR(
+      AllGatherHostValues(dp, allocator, stream, &mine, all.data(), sizeof(mine), DType::kU8));
+  bool same = true;
+  for (const uint64_t f : all) same = same && f == all[0];
+  if (same) return absl::OkStatus();
+  // Every rank saw the same fingerprints, so every rank is here: gather the entries themselves.
+  std::string text;
+  for (const std::string& e : entries) text += e + "\n";
+  ZR_ASSIGN_OR_RETURN(std::vector<std::string> texts,
+                      AllGatherHostStrings(dp, allocator, stream, text));
+  const std::vector<std::string> first = SplitLines(texts[0]);
+  for (int r = 1; r < dp.size(); ++r) {
+    const std::vector<std::string> other = SplitLines(texts[static_cast<size_t>(r)]);
+    if (other == first) continue;
+    size_t i = 0;
+    while (i < first.size() && i < other.size() && first[i] == other[i]) ++i;
+    auto at = [&](const std::vector<std::string>& lines) {
+      return i < lines.size() ? StrCat("\"", lines[i], "\"")
+                              : std::string("nothing (no more units)");
+    };
+    return absl::InvalidArgumentError(
+        StrCat("the data-parallel ranks of group '", dp.name(),
+               "' registered different units: ", "entry ", i, " is ", at(first), " on rank 0 and ",
+               at(other), " on rank ", r, " (", first.size(), " and ", other.size(),
+               " entries); every rank must add the same units, in the same order, with the same "
+               "parameters and shapes, and the same stage and dtypes"));
+  }
+  return absl::InternalError("unit fingerprints differ, the gathered entries do not");
+}
+
+}  // namespace zerort
