@@ -84,13 +84,18 @@ Status CheckPlacement(const ShardManagerOptions& o) {
 }
 
 // This rank's fp32 master shard, from whole parameters generated identically on every rank.
+// This rank's shard of a unit's initial values; `hashes` gets InitialValuesHash of each
+// parameter computed (0 for the others), for AgreeOnInitialValues.
 std::vector<float> InitialShard(const FlatLayout& layout, int rank, const Initializer& init,
-                                uint64_t seed) {
+                                uint64_t seed, std::vector<uint64_t>& hashes) {
   std::vector<float> shard(static_cast<size_t>(layout.shard_numel()), 0.0f);
+  const size_t first_hash = hashes.size();
+  hashes.resize(first_hash + layout.params().size(), 0);
   for (const ShardPiece& piece : layout.ShardPieces(rank)) {
     const ParamSpec& spec = layout.params()[piece.param];
     std::vector<float> full(static_cast<size_t>(spec.numel()));
     init(spec, seed, full);
+    hashes[first_hash + static_cast<size_t>(piece.param)] = InitialValuesHash(full);
     std::copy(full.begin() + piece.param_range.begin, full.begin() + piece.param_range.end,
               shard.begin() + piece.shard_range.begin);
   }
@@ -299,11 +304,19 @@ Status ShardManager::Initialize(const Initializer& init) {
                                   UnitEntries()));
   ZR_RETURN_IF_ERROR(CheckNvmeSpace());
   ZR_RETURN_IF_ERROR(CreateParamStaging());
+  std::vector<uint64_t> hashes;
+  std::vector<std::string> names;
   for (auto& u : units_) {
-    std::vector<float> initial = InitialShard(u->layout(), u->layout_rank(), init, options_.seed);
+    std::vector<float> initial =
+        InitialShard(u->layout(), u->layout_rank(), init, options_.seed, hashes);
+    for (const ParamSpec& p : u->layout().params()) {
+      names.push_back(StrCat("'", p.name, "' of unit '", u->name(), "'"));
+    }
     ZR_ASSIGN_OR_RETURN(TensorView master, optimizer_->AddUnit(*u, initial));
     ZR_RETURN_IF_ERROR(u->Initialize(master));
   }
+  ZR_RETURN_IF_ERROR(AgreeOnInitialValues(*resources_.dp, *resources_.device_allocator,
+                                          *resources_.compute, hashes, names));
   for (size_t i = 0; i < units_.size(); ++i) {
     if (!unit_options_[i].counts_in_norm) optimizer_->ExcludeFromNorm(static_cast<int>(i));
   }

@@ -4,6 +4,9 @@
 #include <cstdint>
 #include <cstring>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "runtime/host_collectives.h"
 #include "runtime/strings.h"
 
@@ -71,6 +74,38 @@ Status AgreeOnUnits(Communicator& dp, Allocator& allocator, Stream& stream,
                "parameters and shapes, and the same stage and dtypes"));
   }
   return absl::InternalError("unit fingerprints differ, the gathered entries do not");
+}
+
+uint64_t InitialValuesHash(std::span<const float> values) {
+  const uint64_t h = XXH3_64bits(values.data(), values.size_bytes());
+  return h == 0 ? 1 : h;
+}
+
+Status AgreeOnInitialValues(Communicator& dp, Allocator& allocator, Stream& stream,
+                            const std::vector<uint64_t>& hashes,
+                            const std::vector<std::string>& names) {
+  if (dp.size() == 1 || hashes.empty()) return absl::OkStatus();
+  const size_t n = hashes.size();
+  std::vector<uint64_t> all(n * static_cast<size_t>(dp.size()));
+  ZR_RETURN_IF_ERROR(AllGatherHostValues(dp, allocator, stream, hashes.data(), all.data(),
+                                         n * sizeof(uint64_t), DType::kU8));
+  for (size_t i = 0; i < n; ++i) {
+    int first = -1;
+    for (int r = 0; r < dp.size(); ++r) {
+      const uint64_t h = all[static_cast<size_t>(r) * n + i];
+      if (h == 0) continue;
+      if (first < 0) {
+        first = r;
+      } else if (h != all[static_cast<size_t>(first) * n + i]) {
+        return absl::InvalidArgumentError(StrCat(
+            "parameter ", names[i], " has different initial values on data-parallel ranks ", first,
+            " and ", r, " of group '", dp.name(),
+            "': the initializer must give every rank the same values (seed it by the parameter, "
+            "not by the rank)"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace zerort

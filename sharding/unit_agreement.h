@@ -2,6 +2,8 @@
 // its gathers and reductions by position. ShardManager::Initialize checks it once.
 #pragma once
 
+#include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -21,5 +23,18 @@ namespace zerort {
 // (MPI_ERR_TRUNCATE), or trained silently wrong when the shapes padded to the same length.
 Status AgreeOnUnits(Communicator& dp, Allocator& allocator, Stream& stream,
                     const std::vector<std::string>& entries);
+
+// A 64-bit hash of a parameter's initial values (XXH3; never 0, which means "not computed").
+uint64_t InitialValuesHash(std::span<const float> values);
+
+// Every rank computes the initial values of the parameters its shard touches, in full, from the
+// Initializer; a rank-dependent Initializer would start the ranks from different weights (at
+// stage 0 every replica its own). `hashes[i]` is InitialValuesHash of parameter i (in unit order)
+// or 0 where this rank did not compute it, `names[i]` names it. One all-gather of the hashes; a
+// parameter two ranks computed differently fails Initialize on every rank, naming it and the
+// ranks. Parameters only one rank computes are not compared (only one version of them exists).
+Status AgreeOnInitialValues(Communicator& dp, Allocator& allocator, Stream& stream,
+                            const std::vector<uint64_t>& hashes,
+                            const std::vector<std::string>& names);
 
 }  // namespace zerort

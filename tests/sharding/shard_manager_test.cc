@@ -507,6 +507,46 @@ TEST(ShardManagerTest, RanksThatRegisterDifferentUnitsFailInitializeNamingThem) 
   }
 }
 
+// An initializer that depends on the rank (here: rank 1 shifts fc1.weight) fails Initialize on
+// every rank, naming the parameter; at stage 0 every replica used to start from its own weights.
+TEST(ShardManagerTest, RankDependentInitialValuesFailInitializeNamingTheParameter) {
+  for (const ZeroStage stage : {ZeroStage::k0, ZeroStage::k3}) {
+    for (const bool shifted : {false, true}) {
+      std::vector<Status> results(2);
+      ASSERT_TRUE(
+          RunLoopbackRanks(2, {}, nullptr, [&](Communicator& comm) -> Status {
+            MemoryTracker tracker;
+            auto allocator = MakeCpuCachingAllocator(&tracker);
+            ZR_ASSIGN_OR_RETURN(
+                auto m, ShardManager::Create(Options({.stage = stage, .world = 2}),
+                                             {.dp = &comm, .device_allocator = allocator.get()}));
+            for (int l = 0; l < MlpLayers(); ++l) {
+              ZR_RETURN_IF_ERROR(m->AddUnit("fc" + std::to_string(l), MlpUnitParams(l)).status());
+            }
+            const int rank = comm.rank();
+            results[rank] =
+                m->Initialize([&](const ParamSpec& spec, uint64_t seed, std::span<float> full) {
+                  MlpInit(spec, seed, full);
+                  if (shifted && rank == 1 && spec.name == "fc1.weight") {
+                    for (float& v : full) v += 1.0f;
+                  }
+                });
+            return absl::OkStatus();
+          }).ok());
+      for (int r = 0; r < 2; ++r) {
+        const Status& s = results[r];
+        if (!shifted) {
+          EXPECT_TRUE(s.ok()) << s;
+          continue;
+        }
+        EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << "rank " << r << ": " << s;
+        EXPECT_NE(s.message().find("'fc1.weight' of unit 'fc1'"), std::string::npos) << s;
+        EXPECT_NE(s.message().find("ranks 0 and 1"), std::string::npos) << s;
+      }
+    }
+  }
+}
+
 TEST(ShardManagerTest, StepRefusesAGatheredUnitAndBadInputs) {
   MemoryTracker tracker;
   auto allocator = MakeCpuCachingAllocator(&tracker);
