@@ -83,9 +83,9 @@ Status CheckPlacement(const ShardManagerOptions& o) {
   return absl::OkStatus();
 }
 
-// This rank's fp32 master shard, from whole parameters generated identically on every rank.
-// This rank's shard of a unit's initial values; `hashes` gets InitialValuesHash of each
-// parameter computed (0 for the others), for AgreeOnInitialValues.
+// This rank's fp32 master shard of a unit, from whole parameters the initializer must generate
+// identically on every rank; `hashes` gets InitialValuesHash of each parameter computed (0 for
+// the others), for AgreeOnInitialValues.
 std::vector<float> InitialShard(const FlatLayout& layout, int rank, const Initializer& init,
                                 uint64_t seed, std::vector<uint64_t>& hashes) {
   std::vector<float> shard(static_cast<size_t>(layout.shard_numel()), 0.0f);
