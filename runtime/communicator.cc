@@ -4,7 +4,6 @@
 #include <condition_variable>
 #include <limits>
 #include <mutex>
-#include <set>
 #include <vector>
 
 #include "runtime/internal/cpu_streams.h"
@@ -67,9 +66,10 @@ struct Communicator::Call {
 // (found by ThreadSanitizer under `mpirun -np 4`, ZeRO-3 with broadcast gathers). So every
 // operation takes a ticket when it is issued and, where it runs, waits until every earlier
 // ticket has run: a stream's thread waits as a CUDA stream waits for NCCL's previous kernel. A
-// queued operation that never runs (its stream failed, so the item is skipped) gives its turn
-// up when its closure is destroyed. Nothing may issue an operation from inside a queued item:
-// its ticket would be later than tickets queued behind it on the same stream.
+// queued operation that never runs (its stream failed, so the item is skipped) still takes its
+// turn when its closure is destroyed, and passes it on at once. Nothing may issue an operation
+// from inside a queued item: its ticket would be later than tickets queued behind it on the same
+// stream.
 class Communicator::Turns {
  public:
   uint64_t Take() {
@@ -80,14 +80,10 @@ class Communicator::Turns {
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return next_ == ticket; });
   }
-  void Finish(uint64_t ticket) {
+  void Pass() {  // by the ticket whose turn it is
     {
       std::lock_guard lock(mu_);
-      finished_.insert(ticket);
-      while (!finished_.empty() && *finished_.begin() == next_) {
-        finished_.erase(finished_.begin());
-        ++next_;
-      }
+      ++next_;
     }
     cv_.notify_all();
   }
@@ -95,17 +91,20 @@ class Communicator::Turns {
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  uint64_t issued_ = 0;          // tickets handed out
-  uint64_t next_ = 0;            // the oldest ticket not finished: the one whose turn it is
-  std::set<uint64_t> finished_;  // finished out of turn (given up), all above next_
+  uint64_t issued_ = 0;  // tickets handed out
+  uint64_t next_ = 0;    // the ticket whose turn it is
 };
 
-// One operation's place in the order, taken when it is issued; finished when destroyed.
+// One operation's place in the order, taken when it is issued; passed on when destroyed (after
+// its turn, waited for then if the operation never ran).
 class Communicator::Ticket {
  public:
   explicit Ticket(std::shared_ptr<Turns> turns)
       : turns_(std::move(turns)), ticket_(turns_->Take()) {}
-  ~Ticket() { turns_->Finish(ticket_); }
+  ~Ticket() {
+    turns_->Wait(ticket_);
+    turns_->Pass();
+  }
   Ticket(const Ticket&) = delete;
   Ticket& operator=(const Ticket&) = delete;
   void Wait() const { turns_->Wait(ticket_); }

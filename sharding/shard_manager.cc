@@ -226,16 +226,17 @@ Status ShardManager::CreateParamStaging() {
                     "offload_param fetch buffers (buffer_count x the largest shard)");
   }
   param_staging_ = std::move(*pool);
+  const std::string why = largest_unit != nullptr ? StrCat("the largest offloaded shard, unit '",
+                                                           largest_unit->name(), "'")
+                                                  : std::string("no unit is offloaded");
   Logger()->info(
-      "offload_param: {} fetch buffers of {} elements ({:.1f} MiB in all): the largest offloaded "
-      "shard{}{}{} (offload_param.buffer_size {} is the most)",
+      "offload_param: {} fetch buffers of {} elements ({:.1f} MiB in all): {} "
+      "(offload_param.buffer_size {} is the most)",
       options_.offload.param_buffer_count, numel,
       static_cast<double>(StagingPool::AllocationBytes(options_.offload.param_buffer_count,
                                                        static_cast<size_t>(bytes))) /
           (1 << 20),
-      largest_unit != nullptr ? ", unit '" : "",
-      largest_unit != nullptr ? largest_unit->name() : "", largest_unit != nullptr ? "'" : "",
-      options_.offload.param_buffer_size);
+      why, options_.offload.param_buffer_size);
   return absl::OkStatus();
 }
 

@@ -13,18 +13,11 @@
 namespace zerort {
 namespace {
 
-// FNV-1a over the entries and their separators: the same on every rank of any build.
-uint64_t Fingerprint(const std::vector<std::string>& entries) {
-  uint64_t h = 14695981039346656037ull;
-  auto mix = [&](unsigned char c) {
-    h ^= c;
-    h *= 1099511628211ull;
-  };
-  for (const std::string& e : entries) {
-    for (const char c : e) mix(static_cast<unsigned char>(c));
-    mix('\n');
-  }
-  return h;
+// The entries as one text, a line each: what is fingerprinted and, on a mismatch, gathered.
+std::string Joined(const std::vector<std::string>& entries) {
+  std::string text;
+  for (const std::string& e : entries) text += e + "\n";
+  return text;
 }
 
 std::vector<std::string> SplitLines(const std::string& text) {
@@ -44,7 +37,8 @@ std::vector<std::string> SplitLines(const std::string& text) {
 Status AgreeOnUnits(Communicator& dp, Allocator& allocator, Stream& stream,
                     const std::vector<std::string>& entries) {
   if (dp.size() == 1) return absl::OkStatus();
-  const uint64_t mine = Fingerprint(entries);
+  const std::string text = Joined(entries);
+  const uint64_t mine = XXH3_64bits(text.data(), text.size());
   std::vector<uint64_t> all(static_cast<size_t>(dp.size()));
   ZR_RETURN_IF_ERROR(
       AllGatherHostValues(dp, allocator, stream, &mine, all.data(), sizeof(mine), DType::kU8));
@@ -52,8 +46,6 @@ Status AgreeOnUnits(Communicator& dp, Allocator& allocator, Stream& stream,
   for (const uint64_t f : all) same = same && f == all[0];
   if (same) return absl::OkStatus();
   // Every rank saw the same fingerprints, so every rank is here: gather the entries themselves.
-  std::string text;
-  for (const std::string& e : entries) text += e + "\n";
   ZR_ASSIGN_OR_RETURN(std::vector<std::string> texts,
                       AllGatherHostStrings(dp, allocator, stream, text));
   const std::vector<std::string> first = SplitLines(texts[0]);

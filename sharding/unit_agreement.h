@@ -16,9 +16,9 @@ namespace zerort {
 // `entries` describes this rank's registration, one line per entry: the manager's settings that
 // must agree (stage, dtypes), then one line per unit in order (its name, and each parameter's
 // name, local and global shape and weight decay). OK when every rank of `dp` has the same
-// entries: one all-gather of a 64-bit fingerprint of them. Otherwise every rank returns the same
-// error, naming the first entry that differs and both ranks' versions of it (the entries of all
-// ranks are gathered for that: two more collectives, on the failing path only). Without the
+// entries: one all-gather of a 64-bit fingerprint (XXH3) of them. Otherwise every rank returns the
+// same error, naming the first entry that differs and both ranks' versions of it (the entries of
+// all ranks are gathered for that: two more collectives, on the failing path only). Without the
 // check a unit registered with another shape failed in its first gather naming no unit
 // (MPI_ERR_TRUNCATE), or trained silently wrong when the shapes padded to the same length.
 Status AgreeOnUnits(Communicator& dp, Allocator& allocator, Stream& stream,
