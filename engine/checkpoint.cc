@@ -79,6 +79,15 @@ StatusOr<std::string> LatestCheckpoint(const std::string& dir) {
   return step_dir;
 }
 
+StatusOr<std::string> ResolveStepDir(const std::string& checkpoint) {
+  if (fs::exists(checkpoint + "/metadata.json")) return checkpoint;
+  if (fs::exists(checkpoint + "/latest")) return LatestCheckpoint(checkpoint);
+  return absl::NotFoundError(StrCat(checkpoint,
+                                    ": neither a checkpoint step directory (with "
+                                    "metadata.json) nor a checkpoint directory (with "
+                                    "latest)"));
+}
+
 StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& step_dir) {
   CheckpointReader r;
   r.dir_ = step_dir;
@@ -278,7 +287,8 @@ StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& m,
       state.consumed_sequences = rs.at("consumed_sequences");
       state.manager_steps = rs.at("manager_steps");
       state.scaler = ScalerFromJson(rs.at("loss_scaler"));
-      state.config = reader.metadata().at("config");
+      state.config = reader.metadata().value("config", nlohmann::json());
+      state.user = reader.metadata().value("user", nlohmann::json());
       if (reader.metadata().contains("run_id")) {
         state.run_id = reader.metadata()["run_id"].get<std::string>();
       }

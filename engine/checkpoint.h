@@ -1,7 +1,8 @@
 // Sharded checkpoints (docs/design.md, "Data, checkpoints, metrics").
 //
 // Layout of `dir`:
-//   step_<N>/metadata.json        written last: format version, step, config, the run state
+//   step_<N>/metadata.json        written last: format version, step, config (null from an
+//                                 embedder, with its own `user` JSON instead), the run state
 //                                 (steps taken, consumed sequences, loss scaler), the mesh
 //                                 (data x tensor x pipeline sizes), the parameter table in model
 //                                 order (name, real global shape, padded shape, split dimension,
@@ -72,7 +73,11 @@ struct RunState {
   int64_t consumed_sequences = 0;  // global training sequences consumed (the data position)
   int64_t manager_steps = 0;       // the shard manager's count (skipped steps excluded)
   LossScaler::State scaler;
-  nlohmann::json config;  // the resolved run config that wrote it
+  // The resolved run config that wrote it (zerort train); null in an embedder's checkpoint
+  // (engine/manager_checkpoint.h), which has no model config.
+  nlohmann::json config;
+  // An embedder's own JSON (anything it wants back on load); null for zerort train.
+  nlohmann::json user;
   // The run's id (engine/run_dir.h NewRunId; kept on resume): rotation and the cleanup of a
   // failed save delete only step directories that carry it. Required by SaveCheckpoint; "" when
   // loaded from a checkpoint written before ids existed.
@@ -91,6 +96,9 @@ Status SaveCheckpoint(const std::string& dir, const RunState& state, ShardManage
 
 // The step directory `latest` names, after checking that its metadata parses.
 StatusOr<std::string> LatestCheckpoint(const std::string& dir);
+
+// `checkpoint` is a step directory (with metadata.json) or a checkpoint directory (its `latest`).
+StatusOr<std::string> ResolveStepDir(const std::string& checkpoint);
 
 // Collective over the world: fills every unit's master and optimizer state from `step_dir`
 // (checksums verified for every file read; a truncated or corrupted file is refused naming it),

@@ -143,18 +143,22 @@ Status ValidateMetadata(const std::string& path, const nlohmann::json& j) {
       ZR_RETURN_IF_ERROR(integer(j["mesh"], "pipeline", "mesh.pipeline", 1, 1 << 16));
     }
   }
-  ZR_RETURN_IF_ERROR(object(j, "config", "config"));
-  const nlohmann::json& config = j["config"];
-  ZR_RETURN_IF_ERROR(object(config, "model", "config.model"));
-  for (const char* key : {"n_layer", "n_head", "d_model", "seq_len", "vocab_size"}) {
+  // `config`: zerort train's resolved run config, or null in an embedder's checkpoint (written
+  // by SaveTrainerCheckpoint, which has no model config; `user` is then the trainer's JSON).
+  if (j.contains("config") && !j["config"].is_null()) {
+    ZR_RETURN_IF_ERROR(object(j, "config", "config"));
+    const nlohmann::json& config = j["config"];
+    ZR_RETURN_IF_ERROR(object(config, "model", "config.model"));
+    for (const char* key : {"n_layer", "n_head", "d_model", "seq_len", "vocab_size"}) {
+      ZR_RETURN_IF_ERROR(
+          integer(config["model"], key, StrCat("config.model.", key), 1, int64_t{1} << 30));
+    }
+    ZR_RETURN_IF_ERROR(object(config, "zero_optimization", "config.zero_optimization"));
     ZR_RETURN_IF_ERROR(
-        integer(config["model"], key, StrCat("config.model.", key), 1, int64_t{1} << 30));
+        integer(config["zero_optimization"], "stage", "config.zero_optimization.stage", 0, 3));
+    ZR_RETURN_IF_ERROR(object(config, "optimizer", "config.optimizer"));
+    ZR_RETURN_IF_ERROR(string(config["optimizer"], "type", "config.optimizer.type"));
   }
-  ZR_RETURN_IF_ERROR(object(config, "zero_optimization", "config.zero_optimization"));
-  ZR_RETURN_IF_ERROR(
-      integer(config["zero_optimization"], "stage", "config.zero_optimization.stage", 0, 3));
-  ZR_RETURN_IF_ERROR(object(config, "optimizer", "config.optimizer"));
-  ZR_RETURN_IF_ERROR(string(config["optimizer"], "type", "config.optimizer.type"));
   // Parameters: a name, a non-negative shape of at most 2^40 elements (the pieces must then
   // tile it, and the files hold them), a frame.
   if (!j.contains("params") || !j["params"].is_array()) {

@@ -298,7 +298,7 @@ Status CheckpointSave::CommitMetadata(const std::vector<std::string>& descriptio
     return a.at("position").template get<int>() < b.at("position").template get<int>();
   });
   for (auto& p : params) p.erase("position");
-  const nlohmann::json meta = {
+  nlohmann::json meta = {
       {"format_version", kCheckpointFormatVersion},
       {"run_id", state_.run_id},
       {"step", state_.step},
@@ -316,6 +316,7 @@ Status CheckpointSave::CommitMetadata(const std::vector<std::string>& descriptio
       {"params", params},
       {"ranks", ranks},
   };
+  if (!state_.user.is_null()) meta["user"] = state_.user;
   const std::string text = meta.dump(1);
   ZR_RETURN_IF_ERROR(WriteAndSync(tmp_dir_ + "/metadata.json", text.data(), text.size()));
   std::error_code ec;

@@ -58,15 +58,6 @@ StatusOr<HfName> ToHuggingFace(const std::string& ours) {
 
 }  // namespace
 
-StatusOr<std::string> ResolveStepDir(const std::string& checkpoint) {
-  if (fs::exists(checkpoint + "/metadata.json")) return checkpoint;
-  if (fs::exists(checkpoint + "/latest")) return LatestCheckpoint(checkpoint);
-  return absl::NotFoundError(StrCat(checkpoint,
-                                    ": neither a checkpoint step directory (with "
-                                    "metadata.json) nor a checkpoint directory (with "
-                                    "latest)"));
-}
-
 StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std::string& out_dir,
                                           DType dtype) {
   if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16) {
@@ -76,6 +67,12 @@ StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std
   const int64_t elem = dtype == DType::kF32 ? 4 : 2;
   const char* st_dtype = dtype == DType::kF32 ? "F32" : dtype == DType::kBF16 ? "BF16" : "F16";
   ZR_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(step_dir));
+  if (reader.metadata().value("config", nlohmann::json()).is_null()) {
+    return absl::InvalidArgumentError(
+        StrCat("export: ", step_dir,
+               " was saved by a trainer that embeds zerort (no model config): only zerort "
+               "train's GPT checkpoints export to Hugging Face"));
+  }
   const nlohmann::json& model = reader.metadata().at("config").at("model");
   // The header first: names, shapes and offsets are known from the metadata alone.
   struct Entry {

@@ -19,9 +19,6 @@
 
 namespace zerort {
 
-// `checkpoint` is a step directory or a checkpoint directory with `latest`.
-StatusOr<std::string> ResolveStepDir(const std::string& checkpoint);
-
 struct ExportSummary {
   int tensors = 0;
   int64_t bytes = 0;

@@ -141,6 +141,12 @@ Status CompareRankConfigs(const std::vector<std::string>& all, int me) {
 
 Status CheckResumable(const nlohmann::json& saved, const nlohmann::json& now,
                       const std::string& step_dir) {
+  if (saved.is_null()) {
+    return absl::InvalidArgumentError(
+        StrCat("--resume: ", step_dir,
+               " was saved by a trainer that embeds zerort (no run config): zerort train resumes "
+               "only its own checkpoints"));
+  }
   static const char* const kShaping[][2] = {
       {"model", "n_layer"},    {"model", "n_head"},   {"model", "d_model"}, {"model", "seq_len"},
       {"model", "vocab_size"}, {"optimizer", "type"}, {"bf16", "enabled"}};

@@ -17,6 +17,9 @@ class ShardManagerState {
  public:
   explicit ShardManagerState(ShardManager& manager) : m_(manager) {}
 
+  // The data-parallel group the manager shards over (the checkpoint's world without model
+  // parallelism).
+  Communicator& dp() const { return *m_.resources_.dp; }
   // Optimizer steps taken (skipped ones excluded), steps skipped on overflow, the loss scaler.
   int64_t steps() const { return m_.steps_; }
   int64_t skipped_steps() const { return m_.scaler_.skipped_steps(); }

@@ -47,7 +47,6 @@ int RunCheckpointInspect(const CheckpointOptions& o) {
   StatusOr<CheckpointSummary> s = InspectCheckpoint(*step_dir);
   if (!s.ok()) return Fail(s.status());
   const nlohmann::json& meta = s->metadata;
-  const nlohmann::json& model = meta["config"]["model"];
   std::printf("checkpoint %s\n", step_dir->c_str());
   std::printf("  step %lld, %lld sequences consumed, saved by %d ranks (%d writing), format %d\n",
               static_cast<long long>(meta["step"].get<int64_t>()),
@@ -63,11 +62,22 @@ int RunCheckpointInspect(const CheckpointOptions& o) {
                 static_cast<long long>(meta["mesh"]["tensor"].get<int64_t>()),
                 pipeline.is_number_integer() ? static_cast<long long>(pipeline.get<int64_t>()) : 1);
   }
-  std::printf("  model: %d layers, d %d, %d heads, seq %d, vocab %d; ZeRO-%d, %s\n",
-              model["n_layer"].get<int>(), model["d_model"].get<int>(), model["n_head"].get<int>(),
-              model["seq_len"].get<int>(), model["vocab_size"].get<int>(),
-              meta["config"]["zero_optimization"]["stage"].get<int>(),
-              meta["config"]["optimizer"]["type"].get<std::string>().c_str());
+  if (meta.value("config", nlohmann::json()).is_null()) {
+    // An embedder's checkpoint (engine/manager_checkpoint.h): its own JSON instead of a config.
+    std::string user = meta.value("user", nlohmann::json())
+                           .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    if (user.size() > 300) user = user.substr(0, 300) + "...";
+    std::printf("  saved by a trainer that embeds zerort (no model config); user: %s\n",
+                user.c_str());
+  } else {
+    const nlohmann::json& model = meta["config"]["model"];
+    std::printf("  model: %d layers, d %d, %d heads, seq %d, vocab %d; ZeRO-%d, %s\n",
+                model["n_layer"].get<int>(), model["d_model"].get<int>(),
+                model["n_head"].get<int>(), model["seq_len"].get<int>(),
+                model["vocab_size"].get<int>(),
+                meta["config"]["zero_optimization"]["stage"].get<int>(),
+                meta["config"]["optimizer"]["type"].get<std::string>().c_str());
+  }
   int64_t numel = 0;
   for (const auto& p : meta["params"]) numel += NumElements(p["shape"].get<Shape>());
   std::printf("  %zu parameters, %lld elements; %zu shard files, %.2f MiB\n", meta["params"].size(),
