@@ -196,9 +196,9 @@ Status Communicator::RunNow(const Call& call, const std::function<Status(Stream*
   Status status = body(staged ? nullptr : stream);
   if (!status.ok()) {
     trace_.End(seq, false);
-    return Annotate(
-        status, StrCat("rank ", rank_, "/", size_, " in group '", options_.name, "' (", backend(),
-                       "), ", CollectiveOpName(call.op), " of ", call.bytes, " bytes"));
+    return Annotate(status, StrCat("rank ", rank_, "/", size_, " in group '", options_.name, "' (",
+                                   backend(), "), ", CollectiveOpName(call.op), " of ", call.bytes,
+                                   " bytes", labelled.empty() ? "" : StrCat(" (", labelled, ")")));
   }
   CompletionProbe probe = staged ? CompletionProbe() : MakeProbe(stream);
   if (probe) {

@@ -1,7 +1,9 @@
 // ShardManager: scopes, prefetch in recorded order within the live-bytes budget, and the step.
 #include "sharding/shard_manager.h"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "runtime/host_collectives.h"
 #include "runtime/log.h"
@@ -10,6 +12,9 @@
 #include "sharding/unit_agreement.h"
 
 namespace zerort {
+namespace {
+constexpr uint8_t kForwardScope = 1, kBackwardScope = 2;
+}  // namespace
 
 // ---------------------------------------------------------------- UnitScope
 
@@ -279,6 +284,7 @@ StatusOr<int> ShardManager::AddUnit(std::string name, std::vector<ParamSpec> par
                       ShardedUnit::Create(std::move(name), std::move(params), UnitResourcesOf()));
   units_.push_back(std::move(unit));
   unit_options_.push_back(unit_options);
+  scopes_since_step_.push_back(0);
   return static_cast<int>(units_.size() - 1);
 }
 
@@ -328,6 +334,18 @@ Status ShardManager::Initialize(const Initializer& init) {
     infos.push_back({u->layout().padded_numel(), u->persistent()});
   }
   planner_ = std::make_unique<GatherPlanner>(GatherBudgets::From(options_), std::move(infos));
+  const bool all_persistent =
+      std::all_of(units_.begin(), units_.end(), [](const auto& u) { return u->persistent(); });
+  if (options_.stage == ZeroStage::k3 && all_persistent && resources_.dp->size() > 1 &&
+      resources_.dp->rank() == 0) {
+    // A small model's units all stay gathered: ZeRO-3 then shards nothing, and a weight read
+    // outside its scope goes unnoticed until a model large enough to shard.
+    Logger()->warn(
+        "ZeRO-3: every unit has fewer than stage3_param_persistence_threshold = {} elements, so "
+        "every unit stays gathered on every rank (nothing is sharded); set it lower (0 shards "
+        "every unit) to shard this model",
+        options_.stage3_param_persistence_threshold);
+  }
   initialized_ = true;
   return absl::OkStatus();
 }
@@ -395,6 +413,7 @@ Status ShardManager::EnsureGathered(int unit) {
 StatusOr<UnitScope> ShardManager::Forward(int unit) {
   const ScopedSeconds timed(&step_times_.gather_forward);
   ZR_RETURN_IF_ERROR(EnsureGathered(unit));
+  scopes_since_step_[unit] |= kForwardScope;
   return UnitScope(this, unit, false);
 }
 
@@ -402,7 +421,26 @@ StatusOr<UnitScope> ShardManager::Backward(int unit) {
   const ScopedSeconds timed(&step_times_.gather_backward);
   ZR_RETURN_IF_ERROR(EnsureGathered(unit));
   ZR_RETURN_IF_ERROR(units_[unit]->BeginBackward());
+  scopes_since_step_[unit] |= kBackwardScope;
   return UnitScope(this, unit, true);
+}
+
+Status ShardManager::CheckScopesPaired() {
+  // Forward without Backward only: a Backward scope may compute its unit's forward too (the
+  // GPT head on a last pipeline stage computes the logits inside the embedding's backward scope;
+  // activation recomputation), so a backward alone is legitimate.
+  for (size_t i = 0; i < units_.size(); ++i) {
+    const uint8_t used = std::exchange(scopes_since_step_[i], 0);
+    if (used != kForwardScope || !unit_options_[i].needs_backward) continue;
+    std::fill(scopes_since_step_.begin(), scopes_since_step_.end(), 0);
+    return absl::FailedPreconditionError(
+        StrCat("Step on data-parallel rank ", resources_.dp->rank(), "/", resources_.dp->size(),
+               ": unit '", units_[i]->name(),
+               "' had a Forward scope and no Backward scope since the last step (its backward was "
+               "skipped: it would get no gradient; a unit without gradients, such as a frozen "
+               "layer, sets UnitOptions::needs_backward = false)"));
+  }
+  return absl::OkStatus();
 }
 
 Status ShardManager::EndScope(int unit, bool backward) {
@@ -476,6 +514,7 @@ StatusOr<StepResult> ShardManager::StepImpl(const StepInputs& inputs) {
   }
   if (!(inputs.lr >= 0))
     return absl::InvalidArgumentError(StrCat("learning rate ", inputs.lr, " is negative"));
+  ZR_RETURN_IF_ERROR(CheckScopesPaired());
   // Kept gathered for a reuse that did not come: released. Prefetched for a use that did not
   // come (the model changed its order): a fetch gives its buffer back, a gather is completed and
   // released. A scope still open is the caller's bug.

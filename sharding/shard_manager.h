@@ -70,6 +70,12 @@ struct UnitOptions {
   Communicator* tied = nullptr;
   // False on every member of `tied` but one, so that the model-parallel norm counts it once.
   bool counts_in_norm = true;
+  // Step() fails when, since the last step, a unit had a Forward scope and no Backward scope
+  // (its backward was skipped: it would get no gradient). False allows it, for a unit without
+  // gradients (a frozen layer): its gradient is zero in such a step, and the optimizer still
+  // updates it (weight decay, moments). A Backward scope alone is allowed: it may compute its
+  // unit's forward too (recomputation, a fused output layer).
+  bool needs_backward = true;
 };
 
 // Elements per parameter fetch buffer (offload_param nvme): offload_param.buffer_size at most,
@@ -175,6 +181,9 @@ class ShardManager {
   Status RefreshComputeCopies();
   Status CheckNvmeSpace() const;
   Status EndScope(int unit, bool backward);
+  // No unit had a Forward scope without a Backward since the last step
+  // (UnitOptions::needs_backward); clears the record.
+  Status CheckScopesPaired();
   UnitResources UnitResourcesOf();
 
   ShardManagerOptions options_;
@@ -193,6 +202,8 @@ class ShardManager {
   StepTimes step_times_;
   std::vector<std::unique_ptr<ShardedUnit>> units_;
   std::vector<UnitOptions> unit_options_;  // one per unit
+  // Per unit, the scopes opened since the last step: kForwardScope | kBackwardScope.
+  std::vector<uint8_t> scopes_since_step_;
   std::unique_ptr<GradientReducer> reducer_;
   LossScaler scaler_;
   bool initialized_ = false;

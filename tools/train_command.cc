@@ -18,9 +18,7 @@
 #include "engine/trainer.h"
 #include "runtime/exit_codes.h"
 #include "runtime/log.h"
-#include "runtime/loopback_communicator.h"
-#include "runtime/mpi_communicator.h"
-#include "runtime/nccl_communicator.h"
+#include "runtime/session.h"
 #include "runtime/strings.h"
 #include "tools/commands.h"
 
@@ -98,69 +96,31 @@ int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** 
     if (auto level = ParseLogLevel(config->logging.level); level.ok()) Logger()->set_level(*level);
   }
 
-  std::unique_ptr<MpiContext> mpi;
-  std::vector<std::unique_ptr<Communicator>> comms;
-  std::unique_ptr<Communicator> world, nccl;
-  Communicator* run_world = nullptr;  // the backend the run uses (NCCL over the MPI world)
-  std::string world_source = "a single process (no launcher)";
-  CommOptions comm_options;
-  comm_options.name = "world";
-  comm_options.timeout = std::chrono::milliseconds(
-      static_cast<int64_t>(config->parallel.collective_timeout_s * 1000.0));
-  if (launch.world_size > 1) {
-    MpiContext::Options mpi_options;
-    mpi_options.install_signal_dump = true;
-    StatusOr<std::unique_ptr<MpiContext>> m = MpiContext::Init(argc, argv, std::move(mpi_options));
-    if (!m.ok()) {
-      Logger()->error("starting MPI for {} ranks: {}", launch.world_size, m.status().message());
-      return kExitRuntimeFailure;
-    }
-    mpi = std::move(*m);
-    if (config->train.device == "cpu-async" && !mpi->thread_multiple()) {
+  // MPI under a launcher (NCCL over it on GPUs), or a group of one (runtime/session.h).
+  StatusOr<std::unique_ptr<Session>> session =
+      Session::Start(argc, argv,
+                     {.device = config->train.device == "cuda" ? "cuda"
+                                : config->train.device.empty() ? ""
+                                                               : "cpu",
+                      .thread_multiple = config->train.device == "cpu-async",
+                      .collective_timeout_s = config->parallel.collective_timeout_s,
+                      .configure_logging = false});
+  if (!session.ok()) {
+    if (config->train.device == "cpu-async" && absl::IsInvalidArgument(session.status())) {
       Logger()->error(
-          "train.device \"cpu-async\" runs collectives on each stream's thread, which needs "
-          "MPI_THREAD_MULTIPLE; this MPI provides thread level {} only (use train.device \"cpu\")",
-          mpi->thread_level());
+          "train.device \"cpu-async\" runs collectives on each stream's thread: {} "
+          "(use train.device \"cpu\")",
+          session.status().message());
       return kExitUsage;
     }
-    StatusOr<std::unique_ptr<Communicator>> w = mpi->World(comm_options);
-    if (!w.ok()) {
-      Logger()->error("{}", w.status().message());
-      return kExitRuntimeFailure;
-    }
-    world = std::move(*w);
-    run_world = world.get();
-    world_source =
-        StrCat("world size ", launch.world_size, " from the ", launch.source, " launcher");
-    const bool gpu =
-        config->train.device == "cuda" || (config->train.device.empty() && CudaDeviceCount() > 0);
-    if (gpu) {
-      StatusOr<std::unique_ptr<Communicator>> n = CreateNcclCommunicator(
-          *world, Device::Cuda(launch.local_rank % std::max(1, CudaDeviceCount())), comm_options,
-          &mpi->watchdog());
-      if (n.ok()) {
-        nccl = std::move(*n);
-        run_world = nccl.get();
-      } else {
-        Logger()->warn("NCCL unavailable ({}); gradients go through MPI with host staging",
-                       n.status().message());
-      }
-    }
-  } else {
-    StatusOr<std::vector<std::unique_ptr<Communicator>>> group =
-        CreateLoopbackGroup(1, comm_options, nullptr);
-    if (!group.ok()) {
-      Logger()->error("{}", group.status().message());
-      return kExitRuntimeFailure;
-    }
-    comms = std::move(*group);
-    run_world = comms[0].get();
+    Logger()->error("{}", session.status().message());
+    return kExitRuntimeFailure;
   }
   // Open MPI gives ranks a pseudo-terminal even when mpirun's own output is a pipe, so a
   // launched run never draws the bar.
   const bool progress_bar = ::isatty(STDOUT_FILENO) && launch.source == "none";
-  StatusOr<TrainResult> result = Train(*config, {.world = run_world,
-                                                 .world_source = world_source,
+  StatusOr<TrainResult> result = Train(*config, {.world = &(*session)->world(),
+                                                 .world_source = (*session)->world_source(),
                                                  .local_rank = launch.local_rank,
                                                  .progress_bar = progress_bar,
                                                  .resume = o.resume,

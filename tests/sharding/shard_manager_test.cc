@@ -585,5 +585,57 @@ TEST(ShardManagerTest, StepRefusesAGatheredUnitAndBadInputs) {
       std::string_view::npos);
 }
 
+// A unit whose Forward scope had no Backward scope before Step (a skipped layer backward, every
+// step or once) fails Step on every rank that skipped it, naming the unit and the rank; with
+// UnitOptions::needs_backward = false the same step is allowed (a frozen layer).
+TEST(ShardManagerTest, AUnitWithAForwardAndNoBackwardFailsStepNamingIt) {
+  for (const ZeroStage stage : {ZeroStage::k1, ZeroStage::k3}) {
+    for (const bool allowed : {false, true}) {
+      std::vector<Status> results(2);
+      ASSERT_TRUE(
+          RunLoopbackRanks(2, {}, nullptr, [&](Communicator& comm) -> Status {
+            MemoryTracker tracker;
+            auto allocator = MakeCpuCachingAllocator(&tracker);
+            ZR_ASSIGN_OR_RETURN(
+                auto m, ShardManager::Create(Options({.stage = stage, .world = 2}),
+                                             {.dp = &comm, .device_allocator = allocator.get()}));
+            std::vector<int> units;
+            for (int l = 0; l < MlpLayers(); ++l) {
+              ZR_ASSIGN_OR_RETURN(int u, m->AddUnit(StrCat("fc", l), MlpUnitParams(l),
+                                                    {.needs_backward = !(allowed && l == 1)}));
+              units.push_back(u);
+            }
+            ZR_RETURN_IF_ERROR(m->Initialize(MlpInit));
+            // A good step, then one where fc1's backward is skipped.
+            ZR_RETURN_IF_ERROR(MlpForwardBackward(*m, units, 6 * comm.rank(), 6, 1.0f).status());
+            ZR_RETURN_IF_ERROR(m->Step({.lr = 0.01f}).status());
+            for (int l = 0; l < MlpLayers(); ++l) {
+              ZR_ASSIGN_OR_RETURN(UnitScope s, m->Forward(units[l]));
+              ZR_RETURN_IF_ERROR(s.End());
+            }
+            for (int l = MlpLayers() - 1; l >= 0; --l) {
+              if (l == 1) continue;
+              ZR_ASSIGN_OR_RETURN(UnitScope s, m->Backward(units[l]));
+              ZR_RETURN_IF_ERROR(s.End());
+            }
+            results[comm.rank()] = m->Step({.lr = 0.01f}).status();
+            return absl::OkStatus();
+          }).ok());
+      for (int r = 0; r < 2; ++r) {
+        const Status& s = results[r];
+        if (allowed) {
+          EXPECT_TRUE(s.ok()) << s;
+          continue;
+        }
+        EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+        EXPECT_NE(s.message().find("unit 'fc1' had a Forward scope and no Backward scope"),
+                  std::string::npos)
+            << s;
+        EXPECT_NE(s.message().find(StrCat("rank ", r, "/2")), std::string::npos) << s;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zerort

@@ -1,0 +1,86 @@
+#include "runtime/session.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "runtime/log.h"
+#include "runtime/loopback_communicator.h"
+#include "runtime/mpi_communicator.h"
+#include "runtime/nccl_communicator.h"
+#include "runtime/strings.h"
+
+namespace zerort {
+
+Session::~Session() {
+  allocator_.reset();                         // before the tracker it reports to
+  while (!comms_.empty()) comms_.pop_back();  // NCCL's before MPI's, both before MPI_Finalize
+}
+
+StatusOr<std::unique_ptr<Session>> Session::Start(int* argc, char*** argv,
+                                                  const SessionOptions& options) {
+  if (options.device != "" && options.device != "cpu" && options.device != "cuda") {
+    return absl::InvalidArgumentError(
+        StrCat("session device \"", options.device, "\" (expected \"cpu\", \"cuda\" or \"\")"));
+  }
+  if (!(options.collective_timeout_s > 0)) {
+    return absl::InvalidArgumentError(
+        StrCat("collective_timeout_s ", options.collective_timeout_s, " (expected > 0)"));
+  }
+  std::unique_ptr<Session> s(new Session());
+  ZR_ASSIGN_OR_RETURN(s->launch_, DiscoverLaunchEnv(ProcessEnv()));
+  if (options.configure_logging) ConfigureLogging({s->launch_.rank, s->launch_.world_size});
+  const bool gpu = options.device == "cuda" || (options.device.empty() && CudaDeviceCount() > 0);
+  const Device device =
+      gpu ? Device::Cuda(s->launch_.local_rank % std::max(1, CudaDeviceCount())) : Device::Cpu();
+  CommOptions comm_options;
+  comm_options.name = "world";
+  comm_options.timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(options.collective_timeout_s * 1000.0));
+  if (s->launch_.world_size > 1) {
+    MpiContext::Options mpi_options;
+    mpi_options.install_signal_dump = true;
+    StatusOr<std::unique_ptr<MpiContext>> mpi = MpiContext::Init(argc, argv, mpi_options);
+    if (!mpi.ok()) {
+      return Annotate(mpi.status(), StrCat("starting MPI for ", s->launch_.world_size, " ranks (",
+                                           s->launch_.source, " launcher)"));
+    }
+    s->mpi_ = std::move(*mpi);
+    if (options.thread_multiple && !s->mpi_->thread_multiple()) {
+      return absl::InvalidArgumentError(StrCat(
+          "collectives issued from several threads need MPI_THREAD_MULTIPLE; this MPI provides "
+          "thread level ",
+          s->mpi_->thread_level(), " only"));
+    }
+    ZR_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, s->mpi_->World(comm_options));
+    s->world_ = world.get();
+    s->comms_.push_back(std::move(world));
+    s->world_source_ =
+        StrCat("world size ", s->launch_.world_size, " from the ", s->launch_.source, " launcher");
+    if (gpu) {
+      StatusOr<std::unique_ptr<Communicator>> nccl =
+          CreateNcclCommunicator(*s->world_, device, comm_options, &s->mpi_->watchdog());
+      if (nccl.ok()) {
+        s->world_ = nccl->get();
+        s->comms_.push_back(std::move(*nccl));
+      } else {
+        Logger()->warn("NCCL unavailable ({}); collectives go through MPI with host staging",
+                       nccl.status().message());
+      }
+    }
+  } else {
+    ZR_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Communicator>> group,
+                        CreateLoopbackGroup(1, comm_options, nullptr));
+    s->world_ = group[0].get();
+    s->comms_ = std::move(group);
+    s->world_source_ = "a single process (no launcher)";
+  }
+  if (gpu) {
+    ZR_RETURN_IF_ERROR(SetCurrentDevice(device));
+    ZR_ASSIGN_OR_RETURN(s->allocator_, MakeCudaCachingAllocator(device, &s->tracker_));
+  } else {
+    s->allocator_ = MakeCpuCachingAllocator(&s->tracker_);
+  }
+  return s;
+}
+
+}  // namespace zerort
