@@ -41,7 +41,8 @@ test-unit: build
 # communicator hello; a trainer that embeds the shard manager (ZeRO-3) for its own MLP, by manual
 # scopes and by the layer driver, bitwise equal at 1 and 2 ranks, with and without NVMe (nothing
 # may be left in the directory), its checkpoints resumed and inspected, and each misuse failing
-# naming the unit (examples/embed/check.sh); and one that splits its own MLP over a
+# naming the unit (examples/embed/check.sh); README.md's embedding program (a doc test:
+# examples/readme/check.sh); and one that splits its own MLP over a
 # tensor-parallel group (tp 1 = tp 2 on one process; data 1 x tensor 2 under mpirun -np 2).
 test-install: build
 	rm -rf $(BUILD)/install-test $(BUILD)/hello_comm $(BUILD)/embed $(BUILD)/embed_tp
@@ -55,9 +56,11 @@ test-install: build
 	$(MPIRUN) -np 2 $(BUILD)/hello_comm/hello_comm
 	examples/embed/check.sh $(BUILD)/embed/embed_mlp $(BUILD)/install-test/bin/zerort \
 	  $(CURDIR)/$(BUILD)/embed-check $(MPIRUN)
+	examples/readme/check.sh README.md $(CURDIR)/$(BUILD)/install-test \
+	  $(CURDIR)/$(BUILD)/readme-check $(MPIRUN)
 	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(BUILD)/embed_tp/embed_tp_mlp
 	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(MPIRUN) -np 2 $(BUILD)/embed_tp/embed_tp_mlp
-	@echo "test-install: hello_comm 2, embed (examples/embed/check.sh) 13, embed_tp 2 passed"
+	@echo "test-install: hello_comm 2, embed (examples/embed/check.sh) 13, README program 3, embed_tp 2 passed"
 
 # The sanitizer builds compile each library's sources 8 to a translation unit (CMake's unity
 # build): the headers (nlohmann/json above all) are parsed and instantiated once per batch, not
