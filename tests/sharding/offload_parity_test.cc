@@ -199,6 +199,11 @@ TEST(OffloadParity, ChangingTheUnitOrderMidStepWithNvmeParameters) {
       for (int64_t i = 0; i < g.numel(); ++i) g.data_as<float>()[i] += 0.01f * (i % 7);
       ASSERT_TRUE(s->End().ok());
     }
+    {  // unit 0's backward too (adding nothing), or Step refuses its forward without one
+      StatusOr<UnitScope> s = m.Backward(run->units[0]);
+      ASSERT_TRUE(s.ok()) << s.status();
+      ASSERT_TRUE(s->End().ok());
+    }
     StatusOr<StepResult> r = m.Step({.lr = kLr});
     ASSERT_TRUE(r.ok()) << r.status();
     normal_step(2);  // re-records, then trains as usual
