@@ -66,7 +66,12 @@ int RunCheckpointInspect(const CheckpointOptions& o) {
     // An embedder's checkpoint (engine/manager_checkpoint.h): its own JSON instead of a config.
     std::string user = meta.value("user", nlohmann::json())
                            .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    if (user.size() > 300) user = user.substr(0, 300) + "...";
+    if (user.size() > 300) {
+      // Cut at a character boundary: half a UTF-8 sequence would make the output invalid text.
+      size_t cut = 300;
+      while (cut > 0 && (static_cast<unsigned char>(user[cut]) & 0xC0) == 0x80) --cut;
+      user = user.substr(0, cut) + "...";
+    }
     std::printf("  saved by a trainer that embeds zerort (no model config); user: %s\n",
                 user.c_str());
   } else {

@@ -190,12 +190,26 @@ def deep_config(d, s, m):
     return False
 
 
+def deep_user(d, s, m):
+    # An embedder's own JSON (`user`, any value) nested 100,000 deep: the bounded reader refuses
+    # it as it would a config.
+    text = json.dumps(dict(m, user="DEEP"))
+    text = text.replace('"DEEP"', "[" * 100000 + "]" * 100000)
+    with open(os.path.join(s, "metadata.json"), "w") as f:
+        f.write(text)
+    return False
+
+
 def long_name(m):
     m["params"][0]["name"] = "w" * (2 << 20)
 
 
 cases += [
     ("a config nested 100,000 deep", deep_config, "nested more than 64 levels deep at 'config[0]"),
+    ("a user JSON nested 100,000 deep", deep_user, "nested more than 64 levels deep at 'user[0]"),
+    # config: an object (zerort train's) or null (an embedder's, engine/manager_checkpoint.h).
+    ("config a string", meta_edit(lambda m: m.update(config="x")), "config = \"x\""),
+    ("config an array", meta_edit(lambda m: m.update(config=[])), "config = []"),
     ("a 2 MiB parameter name", meta_edit(long_name), "a string of 2097152 bytes"),
     ("duplicate keys", lambda d, s, m: (open(os.path.join(s, "metadata.json"), "w").write(
         json.dumps(m)[:-1] + ', "step": 2}'), False)[-1], "duplicate key 'step'"),
@@ -225,5 +239,25 @@ for index, (what, edit, message) in enumerate(cases):
         check(f"{what}: {loader} within a few seconds", seconds < 10, f"{seconds:.1f} s")
     check(f"{what}: nothing changed", digest(d) == before)
     check(f"{what}: the outside file untouched", digest(tmp)["outside.bin"] == outside_before)
+
+# A GPT checkpoint with its config nulled is read as an embedder's (engine/manager_checkpoint.h):
+# inspect prints it (exit 0); export and train --resume refuse it saying why (exit 2); nothing
+# changes.
+d = tamper("embedder", meta_edit(lambda m: m.update(config=None, user={"note": "\u00e9" * 400})))
+before = digest(d)
+resume_cfg = os.path.join(tmp, "resume_embedder.json")
+with open(resume_cfg, "w") as f:
+    json.dump(dict(CONFIG, checkpoint={"dir": d}, train=dict(CONFIG["train"], steps=3)), f)
+for loader, args, code, message in [
+        ("checkpoint inspect", ["checkpoint", "inspect", d], 0, "embeds zerort (no model config)"),
+        ("checkpoint export", ["checkpoint", "export", d, os.path.join(tmp, "export_embedder")],
+         2, "no model config"),
+        ("train --resume", ["train", resume_cfg, "--resume"], 2, "embeds zerort (no run config)")]:
+    r, seconds = run(*args)
+    check(f"an embedder's checkpoint: {loader} exits {code}", r.returncode == code,
+          f"{r.returncode} {r.stderr[-600:]}")
+    check(f"an embedder's checkpoint: {loader} says so", message in r.stderr + r.stdout,
+          (r.stderr + r.stdout)[-600:])
+check("an embedder's checkpoint: nothing changed", digest(d) == before)
 
 sys.exit(checks.finish())

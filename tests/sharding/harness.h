@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <functional>
 
 #include "runtime/loopback_communicator.h"
 #include "sharding/manager_state.h"
@@ -89,7 +90,8 @@ struct MlpRun {
 };
 
 inline StatusOr<MlpRun> MakeMlpRun(const ShardManagerOptions& options, Communicator& comm,
-                                   MemoryTracker& tracker, Device device = Device::Cpu()) {
+                                   MemoryTracker& tracker, Device device = Device::Cpu(),
+                                   const std::function<UnitOptions(int layer)>& unit_options = {}) {
   MlpRun run;
   if (device.is_cuda()) {
     ZR_RETURN_IF_ERROR(SetCurrentDevice(device));
@@ -102,7 +104,9 @@ inline StatusOr<MlpRun> MakeMlpRun(const ShardManagerOptions& options, Communica
       ShardManager::Create(
           options, {.dp = &comm, .device_allocator = run.allocator.get(), .tracker = &tracker}));
   for (int l = 0; l < MlpLayers(); ++l) {
-    ZR_ASSIGN_OR_RETURN(int u, run.manager->AddUnit("fc" + std::to_string(l), MlpUnitParams(l)));
+    ZR_ASSIGN_OR_RETURN(int u,
+                        run.manager->AddUnit("fc" + std::to_string(l), MlpUnitParams(l),
+                                             unit_options ? unit_options(l) : UnitOptions{}));
     run.units.push_back(u);
   }
   ZR_RETURN_IF_ERROR(run.manager->Initialize(MlpInit));

@@ -595,17 +595,13 @@ TEST(ShardManagerTest, AUnitWithAForwardAndNoBackwardFailsStepNamingIt) {
       ASSERT_TRUE(
           RunLoopbackRanks(2, {}, nullptr, [&](Communicator& comm) -> Status {
             MemoryTracker tracker;
-            auto allocator = MakeCpuCachingAllocator(&tracker);
             ZR_ASSIGN_OR_RETURN(
-                auto m, ShardManager::Create(Options({.stage = stage, .world = 2}),
-                                             {.dp = &comm, .device_allocator = allocator.get()}));
-            std::vector<int> units;
-            for (int l = 0; l < MlpLayers(); ++l) {
-              ZR_ASSIGN_OR_RETURN(int u, m->AddUnit(StrCat("fc", l), MlpUnitParams(l),
-                                                    {.needs_backward = !(allowed && l == 1)}));
-              units.push_back(u);
-            }
-            ZR_RETURN_IF_ERROR(m->Initialize(MlpInit));
+                MlpRun run, MakeMlpRun(Options({.stage = stage, .world = 2}), comm, tracker,
+                                       Device::Cpu(), [&](int l) {
+                                         return UnitOptions{.needs_backward = !(allowed && l == 1)};
+                                       }));
+            ShardManager* m = run.manager.get();
+            const std::vector<int>& units = run.units;
             // A good step, then one where fc1's backward is skipped.
             ZR_RETURN_IF_ERROR(MlpForwardBackward(*m, units, 6 * comm.rank(), 6, 1.0f).status());
             ZR_RETURN_IF_ERROR(m->Step({.lr = 0.01f}).status());
