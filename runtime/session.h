@@ -26,7 +26,8 @@ class MpiContext;
 
 struct SessionOptions {
   // "cpu", "cuda", or "" for CUDA when a GPU is visible (this rank's is local_rank modulo the
-  // visible GPUs), else CPU.
+  // visible GPUs), else CPU. "cuda" without a usable GPU is a FailedPrecondition error saying
+  // why (no driver, a driver older than the runtime, no device visible).
   std::string device;
   // Needs MPI_THREAD_MULTIPLE (collectives issued from several threads: the asynchronous CPU
   // device's streams); an MPI without it is an InvalidArgument error.

@@ -113,6 +113,10 @@ int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** 
           session.status().message());
       return kExitUsage;
     }
+    if (config->train.device == "cuda" && absl::IsFailedPrecondition(session.status())) {
+      Logger()->error("train.device = \"cuda\", but there is {}", session.status().message());
+      return kExitUsage;
+    }
     Logger()->error("{}", session.status().message());
     return kExitRuntimeFailure;
   }
