@@ -297,7 +297,7 @@ StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& m,
     }
     std::map<std::string, Shape> shapes(reader.params().begin(), reader.params().end());
     for (int u = 0; u < m.num_units(); ++u) {
-      ShardedUnit& unit = m.unit(u);
+      const ShardedUnit& unit = m.unit(u);
       const FlatLayout& layout = unit.layout();
       for (const ParamSpec& p : layout.params()) {
         auto s = shapes.find(p.name);

@@ -236,7 +236,7 @@ Status CheckpointSave::WriteShards(nlohmann::json& described) {
     std::vector<float> shard;
     for (int u = 0; u < m_.num_units(); ++u) {
       if (!saved(u)) continue;
-      ShardedUnit& unit = m_.unit(u);
+      const ShardedUnit& unit = m_.unit(u);
       shard.resize(static_cast<size_t>(unit.layout().shard_numel()));
       ZR_RETURN_IF_ERROR(ShardManagerState(m_).ReadState(u, kKinds[k].buffer, shard));
       for (const ShardPiece& piece : unit.layout().ShardPieces(unit.layout_rank())) {

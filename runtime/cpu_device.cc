@@ -47,15 +47,15 @@ Status CopyBytes(void* dst, Device dst_device, const void* src, Device src_devic
   return internal::CudaCopyBytes(dst, dst_device, src, src_device, bytes, stream);
 }
 
-Status FillZero(void* ptr, Device device, size_t bytes, Stream* stream) {
+Status FillBytes(void* ptr, Device device, size_t bytes, uint8_t value, Stream* stream) {
   if (bytes == 0) return absl::OkStatus();
   if (device.is_cpu()) {
     return RunOnHostInOrder(stream, [=] {
-      std::memset(ptr, 0, bytes);
+      std::memset(ptr, value, bytes);
       return absl::OkStatus();
     });
   }
-  return internal::CudaFillZero(ptr, device, bytes, stream);
+  return internal::CudaFillBytes(ptr, device, bytes, value, stream);
 }
 
 double DenseBf16PeakFlops(std::string_view name) {

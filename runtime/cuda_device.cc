@@ -155,14 +155,14 @@ Status CudaCopyBytes(void* dst, Device dst_device, const void* src, Device src_d
   return absl::OkStatus();
 }
 
-Status CudaFillZero(void* ptr, Device device, size_t bytes, Stream* stream) {
+Status CudaFillBytes(void* ptr, Device device, size_t bytes, uint8_t value, Stream* stream) {
   if (stream != nullptr && stream->device() == device) {
     ZR_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(ptr, 0, bytes, static_cast<cudaStream_t>(stream->native_handle())));
+        cudaMemsetAsync(ptr, value, bytes, static_cast<cudaStream_t>(stream->native_handle())));
     return absl::OkStatus();
   }
   // cudaMemset on device memory returns before it runs: wait, for the same reason as above.
-  ZR_CUDA_RETURN_IF_ERROR(cudaMemset(ptr, 0, bytes));
+  ZR_CUDA_RETURN_IF_ERROR(cudaMemset(ptr, value, bytes));
   ZR_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cudaStreamLegacy));
   return absl::OkStatus();
 }

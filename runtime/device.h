@@ -125,9 +125,12 @@ Status RunOnHostInOrder(Stream* stream, std::function<Status()> work);
 Status CopyBytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
                  Stream* stream);
 
-// Sets `bytes` bytes at `ptr` to zero: issued on `stream` when it is asynchronous (a CUDA stream
-// for device memory, a queued CPU stream for host memory), otherwise at once.
-Status FillZero(void* ptr, Device device, size_t bytes, Stream* stream);
+// Sets `bytes` bytes at `ptr` to `value`: issued on `stream` when it is asynchronous (a CUDA
+// stream for device memory, a queued CPU stream for host memory), otherwise at once.
+Status FillBytes(void* ptr, Device device, size_t bytes, uint8_t value, Stream* stream);
+inline Status FillZero(void* ptr, Device device, size_t bytes, Stream* stream) {
+  return FillBytes(ptr, device, bytes, 0, stream);
+}
 
 struct CudaDeviceInfo {
   int index = 0;

@@ -21,7 +21,9 @@ StatusOr<std::unique_ptr<Event>> CreateCudaEvent(Device) { return NoCuda("Create
 Status CudaCopyBytes(void*, Device, const void*, Device, size_t, Stream*) {
   return NoCuda("CopyBytes to or from CUDA memory");
 }
-Status CudaFillZero(void*, Device, size_t, Stream*) { return NoCuda("FillZero of CUDA memory"); }
+Status CudaFillBytes(void*, Device, size_t, uint8_t, Stream*) {
+  return NoCuda("FillBytes of CUDA memory");
+}
 
 }  // namespace internal
 

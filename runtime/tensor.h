@@ -2,8 +2,10 @@
 // memory: the shard manager's buffers and the allocators' Buffers do.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -19,13 +21,41 @@ using Shape = std::vector<int64_t>;
 int64_t NumElements(const Shape& shape);
 std::string ShapeToString(const Shape& shape);  // "[4, 768]"
 
+// [Note: view leases]
+// A view handed out for a limited time (a shard manager's scope lends its unit's weights and
+// gradients until End()) carries a lease; the lender revokes it when the memory stops being the
+// borrower's to use, and from then on every access to the view's data (data(), data_as(),
+// span(), and the views made from it by Flat/Reshape) fails at once with a ZR_CHECK naming what
+// the view was and why it ended. A view without a lease (every other view) is never checked.
+// Work queued on a stream checks the lease when it is issued and runs on a Detached() copy: stream
+// order, not the lease, keeps the memory valid until it runs.
+class ViewLease {
+ public:
+  // `what`: the view's origin, for the error ("unit 'fc1' (Forward scope, data-parallel rank
+  // 1/2)").
+  explicit ViewLease(std::string what) : what_(std::move(what)) {}
+  // From now on, accessing a view under this lease fails saying `why` ("its scope's End()").
+  void Revoke(std::string why);
+  bool revoked() const { return revoked_.load(std::memory_order_acquire); }
+  const std::string& what() const { return what_; }
+  const std::string& why() const { return why_; }  // set before revoked() turns true
+
+ private:
+  std::string what_;
+  std::string why_;
+  std::atomic<bool> revoked_{false};
+};
+
 class TensorView {
  public:
   TensorView() = default;
   TensorView(void* data, DType dtype, Shape shape, Device device = Device::Cpu())
       : data_(data), dtype_(dtype), shape_(std::move(shape)), device_(device) {}
 
-  void* data() const { return data_; }
+  void* data() const {
+    CheckLease();
+    return data_;
+  }
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
   Device device() const { return device_; }
@@ -39,7 +69,7 @@ class TensorView {
   T* data_as() const {
     ZR_CHECK(DTypeOf<T>::value == dtype_)
         << "view of " << DTypeName(dtype_) << " read as " << DTypeName(DTypeOf<T>::value);
-    return static_cast<T*>(data_);
+    return static_cast<T*>(data());
   }
   // Host-side span (CPU views only).
   template <typename T>
@@ -53,11 +83,24 @@ class TensorView {
   // The same bytes with another shape of equal element count.
   TensorView Reshape(Shape shape) const;
 
+  // This view under `lease` ([Note: view leases]); the views made from it keep it.
+  TensorView Leased(std::shared_ptr<const ViewLease> lease) const;
+  // This view without its lease: for work queued on a stream after the lease was checked.
+  TensorView Detached() const;
+  bool leased() const { return lease_ != nullptr; }
+
  private:
   void* data_ = nullptr;
   DType dtype_ = DType::kF32;
   Shape shape_;
   Device device_;
+  std::shared_ptr<const ViewLease> lease_;
+
+  void CheckLease() const {
+    if (lease_ != nullptr && lease_->revoked()) [[unlikely]]
+      FailRevoked();
+  }
+  [[noreturn]] void FailRevoked() const;
 };
 
 }  // namespace zerort

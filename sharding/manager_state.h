@@ -32,6 +32,9 @@ class ShardManagerState {
   Status ReadState(int u, StateKind kind, std::span<float> out);
   Status LoadState(int u, StateKind kind, std::span<const float> values);
   Status RefreshComputeCopies();
+  // The unit's internals (its buffers and state transitions, around the scopes): for checkpoints
+  // and tests of the unit's state machine, not for training code.
+  ShardedUnit& unit(int u) { return *m_.units_.at(u); }
   // The full fp32 master value of parameter `param` of unit `u`, assembled from every rank's
   // shard (collective over the data-parallel group).
   Status GatherMaster(int u, int param, std::span<float> out);

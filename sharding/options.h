@@ -107,6 +107,12 @@ struct ShardManagerOptions {
   int64_t stage3_param_persistence_threshold = 100'000;  // smaller units stay gathered
   int64_t alignment = 16;                                // elements; see FlatLayout
   uint64_t seed = 1234;                                  // passed to initialisers
+  // Debug: memory a unit stops using (a stage-3 unit's gathered weights when it is released, a
+  // stage 2-3 full gradient after its reduction) is filled with 0xFF bytes, a NaN in f32, bf16 and
+  // f16, before it goes back to the allocator, so that a read through a pointer kept past its
+  // scope's End() gives NaN instead of plausible stale numbers. Costs a fill of every released
+  // buffer. (Views a scope hands out are checked after End() either way: [Note: view leases].)
+  bool poison_released = false;
   // How the streams the manager creates (compute and comm, when Resources gives none) run on the
   // CPU: immediate, or queued for the asynchronous CPU device ([Note: the asynchronous CPU
   // device]). CUDA streams ignore it.

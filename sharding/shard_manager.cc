@@ -21,7 +21,8 @@ constexpr uint8_t kForwardScope = 1, kBackwardScope = 2;
 UnitScope::UnitScope(UnitScope&& other) noexcept
     : manager_(std::exchange(other.manager_, nullptr)),
       unit_(other.unit_),
-      backward_(other.backward_) {}
+      backward_(other.backward_),
+      lease_(std::move(other.lease_)) {}
 
 UnitScope::~UnitScope() {
   if (manager_ != nullptr) ZR_CHECK_OK(End());
@@ -29,17 +30,18 @@ UnitScope::~UnitScope() {
 
 TensorView UnitScope::param(int i) const {
   ZR_CHECK(manager_ != nullptr) << "param() of an ended scope";
-  return manager_->unit(unit_).Param(i);
+  return manager_->units_[unit_]->Param(i).Leased(lease_);
 }
 
 TensorView UnitScope::grad(int i) const {
   ZR_CHECK(manager_ != nullptr && backward_) << "grad() outside a backward scope";
-  return manager_->unit(unit_).Grad(i);
+  return manager_->units_[unit_]->Grad(i).Leased(lease_);
 }
 
 Status UnitScope::End() {
   if (manager_ == nullptr) return absl::OkStatus();
   ShardManager* manager = std::exchange(manager_, nullptr);
+  lease_->Revoke("its scope's End()");
   return manager->EndScope(unit_, backward_);
 }
 
@@ -414,7 +416,7 @@ StatusOr<UnitScope> ShardManager::Forward(int unit) {
   const ScopedSeconds timed(&step_times_.gather_forward);
   ZR_RETURN_IF_ERROR(EnsureGathered(unit));
   scopes_since_step_[unit] |= kForwardScope;
-  return UnitScope(this, unit, false);
+  return OpenScope(unit, false);
 }
 
 StatusOr<UnitScope> ShardManager::Backward(int unit) {
@@ -422,7 +424,15 @@ StatusOr<UnitScope> ShardManager::Backward(int unit) {
   ZR_RETURN_IF_ERROR(EnsureGathered(unit));
   ZR_RETURN_IF_ERROR(units_[unit]->BeginBackward());
   scopes_since_step_[unit] |= kBackwardScope;
-  return UnitScope(this, unit, true);
+  return OpenScope(unit, true);
+}
+
+StatusOr<UnitScope> ShardManager::OpenScope(int unit, bool backward) {
+  return UnitScope(
+      this, unit, backward,
+      std::make_shared<ViewLease>(StrCat(
+          "unit '", units_[unit]->name(), "' (", backward ? "Backward" : "Forward",
+          " scope, data-parallel rank ", resources_.dp->rank(), "/", resources_.dp->size(), ")")));
 }
 
 Status ShardManager::CheckScopesPaired() {

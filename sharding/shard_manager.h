@@ -41,6 +41,10 @@ class ShardManager;
 // A unit in use for one forward or backward pass: gathered when created, released (and for a
 // backward, its gradients reduced) by End(). End() is called by the destructor if the caller
 // did not, and a failure there stops the program: call End() to handle errors yourself.
+// The views param() and grad() return are the scope's to lend: after End() any access to their
+// data fails at once naming the unit, the scope and the rank ([Note: view leases] in
+// runtime/tensor.h), so a weight read from last step's view or a gradient written after the
+// reduction is an error, not a silently wrong number.
 class UnitScope {
  public:
   UnitScope(UnitScope&& other) noexcept;
@@ -54,11 +58,12 @@ class UnitScope {
 
  private:
   friend class ShardManager;
-  UnitScope(ShardManager* manager, int unit, bool backward)
-      : manager_(manager), unit_(unit), backward_(backward) {}
+  UnitScope(ShardManager* manager, int unit, bool backward, std::shared_ptr<ViewLease> lease)
+      : manager_(manager), unit_(unit), backward_(backward), lease_(std::move(lease)) {}
   ShardManager* manager_;
   int unit_;
   bool backward_;
+  std::shared_ptr<ViewLease> lease_;  // of every view handed out; revoked by End()
 };
 
 // How a unit takes part beyond its data-parallel group (AddUnit).
@@ -142,7 +147,9 @@ class ShardManager {
   // The scale the backward multiplies the loss by (1 unless fp16 with loss scaling).
   float loss_scale() const { return scaler_.scale(); }
   int num_units() const { return static_cast<int>(units_.size()); }
-  ShardedUnit& unit(int i) { return *units_.at(i); }
+  // A unit's name, layout, plan and state (its data only through scopes; ShardManagerState has
+  // the internals for checkpoints and tests).
+  const ShardedUnit& unit(int i) const { return *units_.at(i); }
   const UnitOptions& unit_options(int i) const { return unit_options_.at(i); }
   ShardedOptimizer& optimizer() { return *optimizer_; }
   // The NVMe store of this rank (null without an NVMe placement).
@@ -184,6 +191,7 @@ class ShardManager {
   // No unit had a Forward scope without a Backward since the last step
   // (UnitOptions::needs_backward); clears the record.
   Status CheckScopesPaired();
+  StatusOr<UnitScope> OpenScope(int unit, bool backward);
   UnitResources UnitResourcesOf();
 
   ShardManagerOptions options_;

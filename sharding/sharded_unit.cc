@@ -65,6 +65,9 @@ Status ShardedUnit::Allocate(PlacedBuffer* buffer, UnitBuffer which) {
 
 namespace {
 
+// options.poison_released: every byte 0xFF, a NaN in each floating-point dtype.
+constexpr uint8_t kPoisonByte = 0xFF;
+
 // Writes fp32 `values` (any device) cast to dst's dtype at element `offset` of `dst` (any tier).
 Status CastInto(const TensorView& values, PlacedBuffer& dst, int64_t offset, const Tiers& tiers,
                 Stream* stream) {
@@ -242,6 +245,10 @@ Status ShardedUnit::Release() {
   if (persistent()) return absl::OkStatus();
   ZR_CHECK(state_ == ShardState::kUnsharded)
       << "Release of unit '" << name_ << "' in state " << ShardStateName(state_);
+  if (options().poison_released) {
+    ZR_RETURN_IF_ERROR(Fail(
+        FillBytes(gathered_.data(), device(), gathered_.bytes(), kPoisonByte, resources_.compute)));
+  }
   gathered_.Reset();  // reused only once the compute stream has finished reading it
   state_ = ShardState::kSharded;
   return absl::OkStatus();
@@ -255,14 +262,14 @@ TensorView ShardedUnit::ComputeFlat() const {
   return plan_.compute_is_master ? master_alias_ : compute_full_.View();
 }
 
-TensorView ShardedUnit::Param(int i) const {
+TensorView ShardedUnit::Param(int i) {
   ZR_CHECK(state_ == ShardState::kUnsharded)
       << "parameter " << i << " of unit '" << name_ << "' read in state " << ShardStateName(state_);
   const Range flat = layout_.flat_range(i);
   return ComputeFlat().Flat(flat.begin, flat.size()).Reshape(layout_.params()[i].shape);
 }
 
-TensorView ShardedUnit::Grad(int i) const {
+TensorView ShardedUnit::Grad(int i) {
   const Range flat = layout_.flat_range(i);
   return FullGrad().Flat(flat.begin, flat.size()).Reshape(layout_.params()[i].shape);
 }
@@ -279,7 +286,7 @@ Status ShardedUnit::BeginBackward() {
   return FillZero(full_grad_.data(), device(), bytes, resources_.compute);
 }
 
-TensorView ShardedUnit::FullGrad() const {
+TensorView ShardedUnit::FullGrad() {
   ZR_CHECK(full_grad_) << "full gradient of unit '" << name_ << "' outside its backward";
   return TensorView(full_grad_.data(), options().reduce_dtype, {layout_.padded_numel()}, device());
 }
@@ -287,6 +294,10 @@ TensorView ShardedUnit::FullGrad() const {
 Status ShardedUnit::DropFullGrad(Stream& used_on) {
   ZR_CHECK(full_grad_) << "DropFullGrad of unit '" << name_ << "' without a full gradient";
   ZR_RETURN_IF_ERROR(resources_.tiers.device->RecordStream(full_grad_, used_on));
+  if (options().poison_released) {
+    ZR_RETURN_IF_ERROR(
+        Fail(FillBytes(full_grad_.data(), device(), full_grad_.bytes(), kPoisonByte, &used_on)));
+  }
   full_grad_.Reset();
   return absl::OkStatus();
 }

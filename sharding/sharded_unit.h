@@ -89,19 +89,21 @@ class ShardedUnit {
   Status StartGather();
   // GATHERING -> UNSHARDED (the compute stream waits for the all-gather); no-op when UNSHARDED.
   Status FinishGather();
-  // UNSHARDED -> SHARDED, returning the gathered buffer to the pool; no-op for persistent units.
+  // UNSHARDED -> SHARDED, returning the gathered buffer to the pool (filled with NaN first under
+  // options.poison_released); no-op for persistent units.
   Status Release();
 
   // Compute-dtype view of parameter `i` (UNSHARDED only).
-  TensorView Param(int i) const;
+  TensorView Param(int i);
   // Reduce-dtype view of parameter i's full gradient (from BeginBackward until reduced).
   // Layers add (+=) their gradients into it.
-  TensorView Grad(int i) const;
+  TensorView Grad(int i);
   Status BeginBackward();
   // The whole reduce-dtype gradient; GradientReducer reduces it over the data-parallel group.
-  TensorView FullGrad() const;
+  TensorView FullGrad();
   bool has_full_grad() const { return static_cast<bool>(full_grad_); }
-  // Stages 2-3, after the reduction: frees the full gradient once `used_on` has finished.
+  // Stages 2-3, after the reduction: frees the full gradient once `used_on` has finished (filled
+  // with NaN on it first under options.poison_released).
   Status DropFullGrad(Stream& used_on);
   // Stages 0-1, after the step took this rank's slice: zeroes the kept full gradient.
   Status ZeroFullGrad();

@@ -72,6 +72,10 @@ expect rank-init 1 "parameter 'fc0.weight' of unit 'fc0' has different initial v
   "$embed" --ranks 2 --mistake rank-init
 expect rank-skips-backward 3 "TIMED-OUT .*reduce-scatter fc1" \
   $mpirun -np 2 "$embed" --mistake rank-skips-backward --collective-timeout 3
+expect stale-view 134 "a view of unit 'fc0' (Forward scope, data-parallel rank [01]/2) (f32 \[[0-9, ]*\]) was used after its scope's End()" \
+  "$embed" --ranks 2 --mistake stale-view
+expect late-grad-write 134 "a view of unit 'fc1' (Backward scope, data-parallel rank [01]/2) (f32 \[64\]) was used after its scope's End()" \
+  "$embed" --ranks 2 --mistake late-grad-write
 expect default-threshold 0 "every unit stays gathered on every rank" \
   "$embed" --ranks 2 --default-threshold
 echo "embed checks: $passed passed"

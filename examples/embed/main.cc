@@ -182,6 +182,7 @@ zerort::ShardManagerOptions Options(const Args& args) {
   }
   options.optimizer.weight_decay = 0.01f;
   options.gradient_clipping = 1.0f;
+  options.poison_released = true;  // debug: released weights read as NaN, not stale numbers
   if (args.mistake == "rank-skips-backward") options.reduce_bucket_size = 1;  // unit by unit
   if (!args.nvme_path.empty()) {
     options.placement = {.optimizer = zerort::MemoryTier::kNvme,
@@ -250,11 +251,17 @@ Status TrainManual(const Args& args, zerort::Communicator& dp, bool* fell) {
   ZR_RETURN_IF_ERROR(manager->Initialize(Init(args.mistake == "rank-init" ? dp.rank() : 0)));
   Mlp mlp;
   Losses losses;
+  std::vector<zerort::TensorView> kept;  // --mistake stale-view: fc0's views from step 0
   for (int step = 0; step < args.steps; ++step) {
     mlp.SetBatch(MakeBatch(FirstSample(step, dp), kBatchPerRank));
     for (int l = 0; l < kLayers; ++l) {
+      if (l == 0 && step > 0 && args.mistake == "stale-view") {
+        ZR_RETURN_IF_ERROR(mlp.Forward(l, kept));  // the mistake: last step's views, no scope
+        continue;
+      }
       ZR_ASSIGN_OR_RETURN(zerort::UnitScope scope, manager->Forward(units[l]));
       ZR_RETURN_IF_ERROR(mlp.Forward(l, std::vector{scope.param(0), scope.param(1)}));
+      if (l == 0 && step == 0) kept = {scope.param(0), scope.param(1)};
       ZR_RETURN_IF_ERROR(scope.End());
     }
     const double loss = mlp.Loss(manager->loss_scale());
@@ -265,7 +272,11 @@ Status TrainManual(const Args& args, zerort::Communicator& dp, bool* fell) {
       ZR_ASSIGN_OR_RETURN(zerort::UnitScope scope, manager->Backward(units[l]));
       ZR_RETURN_IF_ERROR(mlp.Backward(l, std::vector{scope.param(0), scope.param(1)},
                                       std::vector{scope.grad(0), scope.grad(1)}));
+      const zerort::TensorView bias_grad = scope.grad(1);
       ZR_RETURN_IF_ERROR(scope.End());
+      if (l == 1 && args.mistake == "late-grad-write") {
+        AddAt(bias_grad, 0, 1.0f);  // the mistake: a gradient written after the scope ended
+      }
     }
     losses.per_step.push_back(MeanOverRanks(dp, loss));
     ZR_ASSIGN_OR_RETURN(zerort::StepResult r, manager->Step({.lr = 3e-3f}));
@@ -336,8 +347,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: embed_mlp [--driver] [--ranks N] [--steps N] [--nvme DIR] "
                    "[--checkpoint DIR] [--default-threshold] [--collective-timeout S] "
-                   "[--mistake skip-backward|"
-                   "rank-skips-backward|rank-shape|rank-init]\n");
+                   "[--mistake skip-backward|rank-skips-backward|rank-shape|rank-init|"
+                   "stale-view|late-grad-write]\n");
       return 2;
     }
   }

@@ -136,7 +136,7 @@ Status Cast(const TensorView& src, const TensorView& dst, Stream* stream) {
     return internal::CudaCast(src.data(), src.dtype(), dst.data(), dst.dtype(), src.numel(),
                               stream);
   }
-  return RunOnHostInOrder(stream, [src, dst] {
+  return RunOnHostInOrder(stream, [src = src.Detached(), dst = dst.Detached()] {
     internal::CpuCast(src.data(), src.dtype(), dst.data(), dst.dtype(), src.numel());
     return absl::OkStatus();
   });

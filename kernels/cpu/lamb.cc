@@ -102,7 +102,7 @@ Status LambApply(const LambHyper& h, float coeff, const TensorView& master,
   if (d.is_cuda()) {
     return internal::CudaLambApply(step_coeff, p, u, out.data(), out.dtype(), n, stream);
   }
-  return RunOnHostInOrder(stream, [=] {
+  return RunOnHostInOrder(stream, [=, out = out.Detached()] {
     if (out.data() == nullptr) {
       Apply<void>(step_coeff, p, u, nullptr, n);
     } else if (out.dtype() == DType::kBF16) {

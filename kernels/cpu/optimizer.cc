@@ -221,7 +221,7 @@ Status SgdStep(const SgdHyper& h, const TensorView& master, const TensorView& gr
     return internal::CudaSgd(h, p, g, buf, compute_out.data(), compute_out.dtype(), master.numel(),
                              stream);
   }
-  return RunOnHostInOrder(stream, [=] {
+  return RunOnHostInOrder(stream, [=, compute_out = compute_out.Detached()] {
     internal::CpuSgd(h, p, g, buf, compute_out.data(), compute_out.dtype(), master.numel());
     return absl::OkStatus();
   });

@@ -69,7 +69,7 @@ Status SumOfSquares(const TensorView& x, const TensorView& out, Stream* stream) 
     ZR_RETURN_IF_ERROR(CheckStream(x, stream));
     return internal::CudaSumOfSquares(x.data(), x.dtype(), x.numel(), out.data_as<float>(), stream);
   }
-  return RunOnHostInOrder(stream, [x, out] {
+  return RunOnHostInOrder(stream, [x = x.Detached(), out = out.Detached()] {
     *out.data_as<float>() +=
         static_cast<float>(ChunkedSum(x, [](float v) { return static_cast<double>(v) * v; }));
     return absl::OkStatus();
@@ -83,7 +83,7 @@ Status CountNonFinite(const TensorView& x, const TensorView& out, Stream* stream
     return internal::CudaCountNonFinite(x.data(), x.dtype(), x.numel(), out.data_as<float>(),
                                         stream);
   }
-  return RunOnHostInOrder(stream, [x, out] {
+  return RunOnHostInOrder(stream, [x = x.Detached(), out = out.Detached()] {
     *out.data_as<float>() +=
         static_cast<float>(ChunkedSum(x, [](float v) { return math::IsFinite(v) ? 0.0 : 1.0; }));
     return absl::OkStatus();

@@ -124,7 +124,7 @@ TEST(GptGoldenTest, ShardedZero3MatchesPyTorch) {
     ZR_RETURN_IF_ERROR(manager->ReduceGradients());
     // Each rank holds its shard of the averaged gradient; assemble them by parameter.
     for (int u = 0; u < manager->num_units(); ++u) {
-      ShardedUnit& unit = manager->unit(u);
+      const ShardedUnit& unit = manager->unit(u);
       const float* shard = manager->optimizer().GradShard(u).data_as<float>();  // CPU run
       std::lock_guard lock(mu);
       for (const ShardPiece& piece : unit.layout().ShardPieces(r)) {

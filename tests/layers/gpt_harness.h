@@ -93,6 +93,7 @@ inline StatusOr<GptRank> MakeGptRank(const GptRunConfig& c, Communicator& comm,
                                          {.name = "gpt", .timeout = comm.options().timeout}));
   r.allocator = MakeCpuCachingAllocator(&tracker);
   ShardManagerOptions o;
+  o.poison_released = true;  // a read of released memory shows as NaN in every comparison
   o.stage = c.stage;
   o.optimizer.kind = c.optimizer;
   o.optimizer.weight_decay = 0.1f;

@@ -42,6 +42,7 @@ struct RunConfig {
 
 inline ShardManagerOptions Options(const RunConfig& c) {
   ShardManagerOptions o;
+  o.poison_released = true;  // a read of released memory shows as NaN in every comparison
   o.stage = c.stage;
   o.compute_dtype = c.compute;
   o.reduce_dtype = c.compute == DType::kF32 ? DType::kF32 : c.compute;

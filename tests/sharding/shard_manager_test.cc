@@ -424,32 +424,32 @@ TEST(ShardManagerDeathTest, IllegalTransitionsStopWithTheUnitName) {
   EXPECT_DEATH(
       {
         auto m = make(ZeroStage::k3);
-        m->unit(0).Param(0);
+        ShardManagerState(*m).unit(0).Param(0);
       },
       "unit 'fc0' read in state SHARDED");
   EXPECT_DEATH(
       {
         auto m = make(ZeroStage::k3);
-        m->unit(0).Release();
+        ShardManagerState(*m).unit(0).Release();
       },
       "Release of unit 'fc0' in state SHARDED");
   EXPECT_DEATH(
       {
         auto m = make(ZeroStage::k3);
-        ZR_CHECK_OK(m->unit(0).StartGather());
-        m->unit(0).StartGather().IgnoreError();
+        ZR_CHECK_OK(ShardManagerState(*m).unit(0).StartGather());
+        ShardManagerState(*m).unit(0).StartGather().IgnoreError();
       },
       "StartGather on unit 'fc0' in state GATHERING");
   EXPECT_DEATH(
       {
         auto m = make(ZeroStage::k3);
-        m->unit(0).FinishGather().IgnoreError();
+        ShardManagerState(*m).unit(0).FinishGather().IgnoreError();
       },
       "FinishGather on unit 'fc0' in state SHARDED");
   EXPECT_DEATH(
       {
         auto m = make(ZeroStage::k2);
-        m->unit(0).Grad(0);
+        ShardManagerState(*m).unit(0).Grad(0);
       },
       "gradient of unit 'fc0' outside its backward");
 }
