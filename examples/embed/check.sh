@@ -72,6 +72,14 @@ expect rank-init 1 "parameter 'fc0.weight' of unit 'fc0' has different initial v
   "$embed" --ranks 2 --mistake rank-init
 expect rank-skips-backward 3 "TIMED-OUT .*reduce-scatter fc1" \
   $mpirun -np 2 "$embed" --mistake rank-skips-backward --collective-timeout 3
+# The rank that skipped names the unit it went on to: its next gather met rank 0's reduction.
+grep -q "rank 1/2 in group 'world' (mpi), all_gather of 4352 bytes (gather fc0)" \
+  "$scratch/rank-skips-backward.txt" || {
+  echo "embed check FAILED: rank-skips-backward: rank 1 did not name its unit" >&2
+  tail -20 "$scratch/rank-skips-backward.txt" >&2
+  exit 1
+}
+ok "rank-skips-backward: rank 1 names the gather of fc0 it was in"
 expect stale-view 134 "a view of unit 'fc0' (Forward scope, data-parallel rank [01]/2) (f32 \[[0-9, ]*\]) was used after its scope's End()" \
   "$embed" --ranks 2 --mistake stale-view
 expect late-grad-write 134 "a view of unit 'fc1' (Backward scope, data-parallel rank [01]/2) (f32 \[64\]) was used after its scope's End()" \

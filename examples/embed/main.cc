@@ -364,7 +364,7 @@ int main(int argc, char** argv) {
     }
     zerort::ConfigureLogging({launch->rank, launch->world_size});
     if (launch->world_size > 1) {
-      auto mpi = zerort::MpiContext::Init(&argc, &argv, {});
+      auto mpi = zerort::MpiContext::Init(&argc, &argv, {.install_signal_dump = true});
       if (!mpi.ok()) {
         std::fprintf(stderr, "%s\n", mpi.status().ToString().c_str());
         return 1;
@@ -373,6 +373,10 @@ int main(int argc, char** argv) {
       comm_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(args.timeout_s * 1e3));
       auto world = (*mpi)->World(comm_options);
       status = world.ok() ? TrainManual(args, **world, &fell) : world.status();
+      // Now, not after MPI_Finalize: that waits for the other ranks, which may be blocked in a
+      // collective this rank will never join until their watchdog ends the run.
+      if (!status.ok()) std::fprintf(stderr, "embed_mlp: %s\n", status.ToString().c_str());
+      if (!status.ok()) return 1;
     } else {
       std::vector<char> fells(static_cast<size_t>(args.ranks), 1);
       status = zerort::RunLoopbackRanks(args.ranks, {}, nullptr, [&](zerort::Communicator& dp) {
