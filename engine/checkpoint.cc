@@ -285,7 +285,7 @@ StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& m,
       const nlohmann::json& rs = reader.metadata().at("run_state");
       state.step = rs.at("step");
       state.consumed_sequences = rs.at("consumed_sequences");
-      state.manager_steps = rs.at("manager_steps");
+      state.applied_steps = rs.at("manager_steps");
       state.scaler = ScalerFromJson(rs.at("loss_scaler"));
       state.config = reader.metadata().value("config", nlohmann::json());
       state.user = reader.metadata().value("user", nlohmann::json());
@@ -336,7 +336,7 @@ StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& m,
   ZR_RETURN_IF_ERROR(AgreeOnCheckpoint(m, *groups.world, local, StrCat("loading ", step_dir)));
   // Phase 2 (collective where the stage all-gathers): the full compute parameters.
   ZR_RETURN_IF_ERROR(ShardManagerState(m).RefreshComputeCopies());
-  ZR_RETURN_IF_ERROR(ShardManagerState(m).RestoreCounters(state.manager_steps, state.scaler));
+  ZR_RETURN_IF_ERROR(ShardManagerState(m).RestoreCounters(state.applied_steps, state.scaler));
   return state;
 }
 

@@ -69,9 +69,13 @@ struct CheckpointGroups {
 
 // What a resumed run needs besides the shards.
 struct RunState {
-  int64_t step = 0;                // optimizer steps of the run so far (the LR schedule's clock)
+  // The trainer's step: steps of the run so far, skipped ones included (the LR schedule's clock;
+  // names the directory step_<step>).
+  int64_t step = 0;
   int64_t consumed_sequences = 0;  // global training sequences consumed (the data position)
-  int64_t manager_steps = 0;       // the shard manager's count (skipped steps excluded)
+  // Optimizer updates applied: the shard manager's count, without the steps skipped on an fp16
+  // overflow (Adam's bias correction counts these). "manager_steps" in metadata.json.
+  int64_t applied_steps = 0;
   LossScaler::State scaler;
   // The resolved run config that wrote it (zerort train); null in an embedder's checkpoint
   // (engine/manager_checkpoint.h), which has no model config.

@@ -305,7 +305,7 @@ Status CheckpointSave::CommitMetadata(const std::vector<std::string>& descriptio
       {"run_state",
        {{"step", state_.step},
         {"consumed_sequences", state_.consumed_sequences},
-        {"manager_steps", state_.manager_steps},
+        {"manager_steps", state_.applied_steps},
         {"loss_scaler", ScalerJson(state_.scaler)}}},
       {"saved_with", {{"world_size", world_.size()}, {"writers", writers_}}},
       {"mesh",

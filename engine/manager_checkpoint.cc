@@ -24,7 +24,7 @@ Status ManagerCheckpoints::Save(const TrainerState& state) {
   }
   const ShardManagerState m(manager_);
   const RunState run{.step = state.step,
-                     .manager_steps = m.steps(),
+                     .applied_steps = m.steps(),
                      .scaler = m.scaler_state(),
                      .user = state.user,
                      .run_id = run_id_};

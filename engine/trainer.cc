@@ -251,7 +251,7 @@ Status Run::Save(int64_t step, int64_t consumed) {
   Timeline::Scope span(timeline_.get(), StrCat("checkpoint save ", step), "io");
   RunState state{.step = step,
                  .consumed_sequences = consumed,
-                 .manager_steps = ShardManagerState(*manager_).steps(),
+                 .applied_steps = ShardManagerState(*manager_).steps(),
                  .scaler = ShardManagerState(*manager_).scaler_state(),
                  .config = c_.ToJson(),
                  .run_id = run_id_};

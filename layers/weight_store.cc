@@ -27,8 +27,8 @@ class ShardManagerStore final : public WeightStore {
       return absl::FailedPreconditionError(
           StrCat("unit '", manager_.unit(info.index).name(), "' is already open"));
     }
-    ZR_ASSIGN_OR_RETURN(UnitScope scope,
-                        backward ? manager_.Backward(info.index) : manager_.Forward(info.index));
+    ZR_ASSIGN_OR_RETURN(UnitScope scope, backward ? manager_.BackwardScope(info.index)
+                                                  : manager_.ForwardScope(info.index));
     UnitTensors t;
     for (int i = 0; i < info.params; ++i) {
       t.params.push_back(scope.param(i).data());

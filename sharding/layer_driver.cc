@@ -37,7 +37,7 @@ Status LayerDriver::Run(int layer, bool backward) {
   const Layer& l = layers_[static_cast<size_t>(layer)];
   const int unit = units_[static_cast<size_t>(layer)];
   ZR_ASSIGN_OR_RETURN(UnitScope scope,
-                      backward ? manager_->Backward(unit) : manager_->Forward(unit));
+                      backward ? manager_->BackwardScope(unit) : manager_->ForwardScope(unit));
   std::vector<TensorView> params, grads;
   for (size_t i = 0; i < l.params.size(); ++i) {
     params.push_back(scope.param(static_cast<int>(i)));

@@ -412,14 +412,14 @@ Status ShardManager::EnsureGathered(int unit) {
   return absl::OkStatus();
 }
 
-StatusOr<UnitScope> ShardManager::Forward(int unit) {
+StatusOr<UnitScope> ShardManager::ForwardScope(int unit) {
   const ScopedSeconds timed(&step_times_.gather_forward);
   ZR_RETURN_IF_ERROR(EnsureGathered(unit));
   scopes_since_step_[unit] |= kForwardScope;
   return OpenScope(unit, false);
 }
 
-StatusOr<UnitScope> ShardManager::Backward(int unit) {
+StatusOr<UnitScope> ShardManager::BackwardScope(int unit) {
   const ScopedSeconds timed(&step_times_.gather_backward);
   ZR_RETURN_IF_ERROR(EnsureGathered(unit));
   ZR_RETURN_IF_ERROR(units_[unit]->BeginBackward());

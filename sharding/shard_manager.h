@@ -11,11 +11,11 @@
 //   ZR_RETURN_IF_ERROR(manager->Initialize(init));
 //   for each step:
 //     for each micro-batch:
-//       { ZR_ASSIGN_OR_RETURN(UnitScope s, manager->Forward(fc1));  // read s.param(0), s.param(1)
-//         ZR_RETURN_IF_ERROR(s.End()); }
+//       { ZR_ASSIGN_OR_RETURN(UnitScope s, manager->ForwardScope(fc1));
+//         read s.param(0), s.param(1); ZR_RETURN_IF_ERROR(s.End()); }
 //       scale the loss's gradient by manager->loss_scale(), then, in reverse order:
-//       { ZR_ASSIGN_OR_RETURN(UnitScope s, manager->Backward(fc1));  // add into s.grad(0), ...
-//         ZR_RETURN_IF_ERROR(s.End()); }
+//       { ZR_ASSIGN_OR_RETURN(UnitScope s, manager->BackwardScope(fc1));
+//         add into s.grad(0), ...; ZR_RETURN_IF_ERROR(s.End()); }
 //     ZR_ASSIGN_OR_RETURN(StepResult r, manager->Step({.lr = lr, .micro_batches = k}));
 #pragma once
 
@@ -104,10 +104,13 @@ struct StepResult {
 class ShardManager {
  public:
   struct Resources {
-    Communicator* dp = nullptr;             // data-parallel group (required)
-    Allocator* device_allocator = nullptr;  // required; its tracker gets every byte
-    Stream* compute = nullptr;              // optional: created on the allocator's device
-    Stream* comm = nullptr;                 // optional: created on the allocator's device
+    Communicator* dp = nullptr;  // data-parallel group (required)
+    // Required: memory where compute runs (GPU memory, or host memory on a CPU run: "device"
+    // means the compute device, as in PyTorch, MemoryTier::kDevice alike); its tracker gets
+    // every byte.
+    Allocator* device_allocator = nullptr;
+    Stream* compute = nullptr;  // optional: created on the allocator's device
+    Stream* comm = nullptr;     // optional: created on the allocator's device
     // Offload tiers (options.placement not on the device): host memory for the host tier and
     // staging, created when null (pinned for kPinnedHost on CUDA); `tracker` accounts the host
     // and NVMe tiers (usually the device allocator's).
@@ -135,8 +138,11 @@ class ShardManager {
   // Allocates and initialises every unit (collective over the data-parallel group).
   Status Initialize(const Initializer& init);
 
-  StatusOr<UnitScope> Forward(int unit);
-  StatusOr<UnitScope> Backward(int unit);
+  // Open a scope on `unit` for its forward or its backward: gather it (waiting for a prefetch in
+  // flight, issuing the next ones) and, for a backward, make its gradient buffer ready. They
+  // compute nothing; the trainer's code runs inside the scope, and End() releases and reduces.
+  StatusOr<UnitScope> ForwardScope(int unit);
+  StatusOr<UnitScope> BackwardScope(int unit);
   // Completes this step's gradient reduction (stages 0-1 all-reduce here; 2-3 reduced as each
   // unit's backward ended, or here with options.reduce_at_step), then sums tied units'
   // gradient shards over their groups. Step() calls it when the caller has not; calling it first
@@ -165,8 +171,8 @@ class ShardManager {
   const OffloadStats& offload_stats() const { return offload_stats_; }
   // Where the step's time went so far (cumulative wall seconds, wall_clock_breakdown).
   struct StepTimes {
-    double gather_forward = 0;   // Forward(): waiting for and issuing all-gathers
-    double gather_backward = 0;  // Backward(): the same, for the backward
+    double gather_forward = 0;   // ForwardScope(): waiting for and issuing all-gathers
+    double gather_backward = 0;  // BackwardScope(): the same, for the backward
     double reduce_backward = 0;  // reductions issued as units' backward ends (stages 2-3)
     double reduce_step = 0;      // ReduceGradients: the reductions left for the step
     double optimizer = 0;        // Step() without the reductions it completes

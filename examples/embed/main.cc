@@ -259,7 +259,7 @@ Status TrainManual(const Args& args, zerort::Communicator& dp, bool* fell) {
         ZR_RETURN_IF_ERROR(mlp.Forward(l, kept));  // the mistake: last step's views, no scope
         continue;
       }
-      ZR_ASSIGN_OR_RETURN(zerort::UnitScope scope, manager->Forward(units[l]));
+      ZR_ASSIGN_OR_RETURN(zerort::UnitScope scope, manager->ForwardScope(units[l]));
       ZR_RETURN_IF_ERROR(mlp.Forward(l, std::vector{scope.param(0), scope.param(1)}));
       if (l == 0 && step == 0) kept = {scope.param(0), scope.param(1)};
       ZR_RETURN_IF_ERROR(scope.End());
@@ -269,7 +269,7 @@ Status TrainManual(const Args& args, zerort::Communicator& dp, bool* fell) {
       const bool skip = l == 1 && (args.mistake == "skip-backward" ||
                                    (args.mistake == "rank-skips-backward" && odd));
       if (skip) continue;  // the mistake: this layer's backward (and its gradient) skipped
-      ZR_ASSIGN_OR_RETURN(zerort::UnitScope scope, manager->Backward(units[l]));
+      ZR_ASSIGN_OR_RETURN(zerort::UnitScope scope, manager->BackwardScope(units[l]));
       ZR_RETURN_IF_ERROR(mlp.Backward(l, std::vector{scope.param(0), scope.param(1)},
                                       std::vector{scope.grad(0), scope.grad(1)}));
       const zerort::TensorView bias_grad = scope.grad(1);

@@ -98,14 +98,14 @@ Status Train(zerort::Communicator& world, int tp, std::vector<double>& losses) {
     // The ranks of one tensor-parallel group train on the same samples.
     MakeBatch((int64_t{step} * mesh->shape().data + mesh->coord().data) * kBatch, x, y);
     {
-      ZR_ASSIGN_OR_RETURN(zerort::UnitScope s, manager->Forward(fc1));
+      ZR_ASSIGN_OR_RETURN(zerort::UnitScope s, manager->ForwardScope(fc1));
       ZR_RETURN_IF_ERROR(zerort::ColumnParallelForward(ctx, h.data(), x.data(), s.param(0).data(),
                                                        s.param(1).data(), kBatch, kIn, local));
       ZR_RETURN_IF_ERROR(s.End());
     }
     ZR_RETURN_IF_ERROR(kernels->Gelu(a.data(), h.data(), kBatch * local));
     {
-      ZR_ASSIGN_OR_RETURN(zerort::UnitScope s, manager->Forward(fc2));
+      ZR_ASSIGN_OR_RETURN(zerort::UnitScope s, manager->ForwardScope(fc2));
       ZR_RETURN_IF_ERROR(zerort::RowParallelForward(ctx, out.data(), a.data(), s.param(0).data(),
                                                     s.param(1).data(), kBatch, local, kOut));
       ZR_RETURN_IF_ERROR(s.End());
@@ -117,7 +117,7 @@ Status Train(zerort::Communicator& world, int tp, std::vector<double>& losses) {
       dout[i] = 2 * d / (kBatch * kOut) * manager->loss_scale();
     }
     {
-      ZR_ASSIGN_OR_RETURN(zerort::UnitScope s, manager->Backward(fc2));
+      ZR_ASSIGN_OR_RETURN(zerort::UnitScope s, manager->BackwardScope(fc2));
       std::fill(da.begin(), da.end(), 0.0f);
       ZR_RETURN_IF_ERROR(zerort::RowParallelBackward(ctx, da.data(), s.grad(0).data(),
                                                      s.grad(1).data(), dout.data(), a.data(),
@@ -127,7 +127,7 @@ Status Train(zerort::Communicator& world, int tp, std::vector<double>& losses) {
     std::fill(dh.begin(), dh.end(), 0.0f);
     ZR_RETURN_IF_ERROR(kernels->GeluBackward(dh.data(), h.data(), da.data(), kBatch * local));
     {
-      ZR_ASSIGN_OR_RETURN(zerort::UnitScope s, manager->Backward(fc1));
+      ZR_ASSIGN_OR_RETURN(zerort::UnitScope s, manager->BackwardScope(fc1));
       ZR_RETURN_IF_ERROR(zerort::ColumnParallelBackward(ctx, nullptr, s.grad(0).data(),
                                                         s.grad(1).data(), dh.data(), x.data(),
                                                         s.param(0).data(), kBatch, kIn, local));

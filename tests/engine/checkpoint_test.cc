@@ -191,7 +191,7 @@ Status TrainAndSave(Layout l, const std::string& dir) {
         {"zero_optimization", {{"stage", 3}}},
         {"optimizer", {{"type", "AdamW"}}}};
     return SaveCheckpoint(
-        dir, {.step = 2, .manager_steps = 2, .config = config, .run_id = "layout-test"}, *r.manager,
+        dir, {.step = 2, .applied_steps = 2, .config = config, .run_id = "layout-test"}, *r.manager,
         g, 0);
   });
 }

@@ -38,7 +38,7 @@ ShardManagerOptions Options(ZeroStage stage) {
 // Every parameter's master and moments assembled in full (rank 0 keeps them), and the counters.
 struct Snapshot {
   std::vector<std::vector<float>> state;  // per parameter, per kind: master, exp_avg, exp_avg_sq
-  int64_t manager_steps = 0;
+  int64_t applied_steps = 0;
   float scale = 0;
 };
 
@@ -72,7 +72,7 @@ Status Take(ShardManager& m, Snapshot& out) {
       }
     }
   }
-  out.manager_steps = ShardManagerState(m).steps();
+  out.applied_steps = ShardManagerState(m).steps();
   out.scale = m.loss_scale();
   return absl::OkStatus();
 }
@@ -137,7 +137,7 @@ void ExpectMovesBitwise(int save_world, ZeroStage save_stage, int load_world, Ze
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(state.step, 7);
   EXPECT_EQ(state.user, nlohmann::json({{"data_offset", 1234}, {"note", "mlp"}}));
-  EXPECT_EQ(loaded.manager_steps, 3);
+  EXPECT_EQ(loaded.applied_steps, 3);
   EXPECT_EQ(loaded.scale, saved.scale);
   ASSERT_EQ(loaded.state.size(), saved.state.size());
   for (size_t k = 0; k < saved.state.size(); ++k) {

@@ -90,7 +90,7 @@ inline StatusOr<double> MlpForwardBackward(ShardManager& m, const std::vector<in
   for (const Sample& s : batch) acts[0].push_back(s.x);
   Stream& stream = m.compute_stream();
   for (int l = 0; l < layers; ++l) {
-    ZR_ASSIGN_OR_RETURN(UnitScope scope, m.Forward(units[l]));
+    ZR_ASSIGN_OR_RETURN(UnitScope scope, m.ForwardScope(units[l]));
     const std::vector<float> w = HostFloats(scope.param(0), stream);
     const std::vector<float> bias = HostFloats(scope.param(1), stream);
     const int in = MlpWidths()[l], out = MlpWidths()[l + 1];
@@ -116,7 +116,7 @@ inline StatusOr<double> MlpForwardBackward(ShardManager& m, const std::vector<in
     }
   }
   for (int l = layers - 1; l >= 0; --l) {
-    ZR_ASSIGN_OR_RETURN(UnitScope scope, m.Backward(units[l]));
+    ZR_ASSIGN_OR_RETURN(UnitScope scope, m.BackwardScope(units[l]));
     const std::vector<float> w = HostFloats(scope.param(0), stream);
     const int in = MlpWidths()[l], out = MlpWidths()[l + 1];
     std::vector<float> dw(static_cast<size_t>(out) * in, 0.0f), db(out, 0.0f);

@@ -47,9 +47,9 @@ Status TpRank(Communicator& mp, MemoryTier tier, int nan_on, int claimed_tp_rank
     std::fill(full.begin(), full.end(), 1.0f);
   }));
   {
-    ZR_ASSIGN_OR_RETURN(UnitScope fwd, m->Forward(u));
+    ZR_ASSIGN_OR_RETURN(UnitScope fwd, m->ForwardScope(u));
     ZR_RETURN_IF_ERROR(fwd.End());
-    ZR_ASSIGN_OR_RETURN(UnitScope s, m->Backward(u));
+    ZR_ASSIGN_OR_RETURN(UnitScope s, m->BackwardScope(u));
     float* gw = s.grad(0).data_as<float>();
     for (int64_t i = 0; i < w.numel(); ++i) gw[i] += 0.1f * (GlobalIndex(w, i) + 1);
     if (nan_on == r) gw[0] = std::nanf("");

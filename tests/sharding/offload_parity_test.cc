@@ -188,19 +188,19 @@ TEST(OffloadParity, ChangingTheUnitOrderMidStepWithNvmeParameters) {
     normal_step(0);  // records the order
     // Step 2: unit 0 as recorded (prefetch fetches the next), then unit 3 out of order.
     for (int u : {0, 3}) {
-      StatusOr<UnitScope> s = m.Forward(run->units[u]);
+      StatusOr<UnitScope> s = m.ForwardScope(run->units[u]);
       ASSERT_TRUE(s.ok()) << s.status();
       ASSERT_TRUE(s->End().ok());
     }
     {
-      StatusOr<UnitScope> s = m.Backward(run->units[3]);
+      StatusOr<UnitScope> s = m.BackwardScope(run->units[3]);
       ASSERT_TRUE(s.ok()) << s.status();
       TensorView g = s->grad(0);
       for (int64_t i = 0; i < g.numel(); ++i) g.data_as<float>()[i] += 0.01f * (i % 7);
       ASSERT_TRUE(s->End().ok());
     }
     {  // unit 0's backward too (adding nothing), or Step refuses its forward without one
-      StatusOr<UnitScope> s = m.Backward(run->units[0]);
+      StatusOr<UnitScope> s = m.BackwardScope(run->units[0]);
       ASSERT_TRUE(s.ok()) << s.status();
       ASSERT_TRUE(s->End().ok());
     }

@@ -30,7 +30,7 @@ std::unique_ptr<OneRank> MakeOneRank(ShardManagerOptions options) {
 TEST(ScopeViewsTest, ViewsWorkUntilEndAndCopiesForQueuedWorkAreUnchecked) {
   auto r = MakeOneRank(Options({.stage = ZeroStage::k3}));
   ShardManager& m = *r->run.manager;
-  UnitScope s = *m.Backward(r->run.units[0]);
+  UnitScope s = *m.BackwardScope(r->run.units[0]);
   const TensorView w = s.param(0), g = s.grad(0);
   EXPECT_TRUE(w.leased() && g.leased());
   EXPECT_TRUE(w.Flat(1, 2).leased());  // views made from a leased view keep the lease
@@ -53,7 +53,7 @@ TEST(ScopeViewsDeathTest, AViewUsedAfterEndFailsNamingUnitScopeAndRank) {
     EXPECT_DEATH(
         {
           auto r = MakeOneRank(Options({.stage = stage}));
-          UnitScope s = *r->run.manager->Forward(r->run.units[1]);
+          UnitScope s = *r->run.manager->ForwardScope(r->run.units[1]);
           const TensorView w = s.param(0);
           ZR_CHECK_OK(s.End());
           (void)w.span<float>();
@@ -64,7 +64,7 @@ TEST(ScopeViewsDeathTest, AViewUsedAfterEndFailsNamingUnitScopeAndRank) {
     EXPECT_DEATH(
         {
           auto r = MakeOneRank(Options({.stage = stage}));
-          UnitScope s = *r->run.manager->Backward(r->run.units[2]);
+          UnitScope s = *r->run.manager->BackwardScope(r->run.units[2]);
           const TensorView g = s.grad(1);
           ZR_CHECK_OK(s.End());
           g.data_as<float>()[0] += 1.0f;
@@ -76,7 +76,7 @@ TEST(ScopeViewsDeathTest, AViewUsedAfterEndFailsNamingUnitScopeAndRank) {
           auto r = MakeOneRank(Options({.stage = stage}));
           TensorView w;
           {
-            UnitScope s = *r->run.manager->Forward(r->run.units[0]);
+            UnitScope s = *r->run.manager->ForwardScope(r->run.units[0]);
             w = s.param(0);
           }
           (void)w.Flat(0, 1);
@@ -100,7 +100,7 @@ TEST(ScopeViewsTest, PoisonFillsReleasedWeightsAndReducedGradientsWithNaN) {
     o.poison_released = poison;
     auto r = MakeOneRank(o);
     ShardManager& m = *r->run.manager;
-    UnitScope f = *m.Forward(r->run.units[0]);
+    UnitScope f = *m.ForwardScope(r->run.units[0]);
     const float* w = f.param(0).data_as<float>();
     const int64_t wn = f.param(0).numel();
     ASSERT_EQ(NaNs(w, wn), 0);
@@ -108,7 +108,7 @@ TEST(ScopeViewsTest, PoisonFillsReleasedWeightsAndReducedGradientsWithNaN) {
     EXPECT_EQ(NaNs(w, wn), poison ? wn : 0) << "poison_released " << poison;
     // Its full gradient, dropped once reduced (at the Backward scope's End(), or with the rest
     // of its bucket by ReduceGradients at the latest).
-    UnitScope b = *m.Backward(r->run.units[0]);
+    UnitScope b = *m.BackwardScope(r->run.units[0]);
     float* g = b.grad(0).data_as<float>();
     const int64_t gn = b.grad(0).numel();
     g[0] = 1.0f;

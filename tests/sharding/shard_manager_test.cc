@@ -560,13 +560,13 @@ TEST(ShardManagerTest, StepRefusesAGatheredUnitAndBadInputs) {
   EXPECT_EQ(m->AddUnit("late", MlpUnitParams(1)).status().code(),
             absl::StatusCode::kFailedPrecondition);
   {
-    UnitScope scope = *m->Forward(u);
+    UnitScope scope = *m->ForwardScope(u);
     EXPECT_EQ(m->Step({.lr = kLr}).status().code(), absl::StatusCode::kFailedPrecondition);
   }
   EXPECT_EQ(m->Step({.lr = -1}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(m->Step({.lr = kLr, .micro_batches = 0}).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(m->Forward(7).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m->ForwardScope(7).status().code(), absl::StatusCode::kInvalidArgument);
   ShardManagerOptions offload = Options({});
   offload.stage = ZeroStage::k2;
   offload.placement.params = MemoryTier::kPinnedHost;  // DeepSpeed: parameters at stage 3 only
@@ -606,12 +606,12 @@ TEST(ShardManagerTest, AUnitWithAForwardAndNoBackwardFailsStepNamingIt) {
             ZR_RETURN_IF_ERROR(MlpForwardBackward(*m, units, 6 * comm.rank(), 6, 1.0f).status());
             ZR_RETURN_IF_ERROR(m->Step({.lr = 0.01f}).status());
             for (int l = 0; l < MlpLayers(); ++l) {
-              ZR_ASSIGN_OR_RETURN(UnitScope s, m->Forward(units[l]));
+              ZR_ASSIGN_OR_RETURN(UnitScope s, m->ForwardScope(units[l]));
               ZR_RETURN_IF_ERROR(s.End());
             }
             for (int l = MlpLayers() - 1; l >= 0; --l) {
               if (l == 1) continue;
-              ZR_ASSIGN_OR_RETURN(UnitScope s, m->Backward(units[l]));
+              ZR_ASSIGN_OR_RETURN(UnitScope s, m->BackwardScope(units[l]));
               ZR_RETURN_IF_ERROR(s.End());
             }
             results[comm.rank()] = m->Step({.lr = 0.01f}).status();
