@@ -60,7 +60,7 @@ test-install: build
 	  $(CURDIR)/$(BUILD)/readme-check $(MPIRUN)
 	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(BUILD)/embed_tp/embed_tp_mlp
 	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(MPIRUN) -np 2 $(BUILD)/embed_tp/embed_tp_mlp
-	@echo "test-install: hello_comm 2, embed (examples/embed/check.sh) 13, README program 3, embed_tp 2 passed"
+	@echo "test-install: hello_comm 2, embed (examples/embed/check.sh: its count above), README program 3, embed_tp 2 passed"
 
 # The sanitizer builds compile each library's sources 8 to a translation unit (CMake's unity
 # build): the headers (nlohmann/json above all) are parsed and instantiated once per batch, not
