@@ -375,8 +375,10 @@ int main(int argc, char** argv) {
       status = world.ok() ? TrainManual(args, **world, &fell) : world.status();
       // Now, not after MPI_Finalize: that waits for the other ranks, which may be blocked in a
       // collective this rank will never join until their watchdog ends the run.
-      if (!status.ok()) std::fprintf(stderr, "embed_mlp: %s\n", status.ToString().c_str());
-      if (!status.ok()) return 1;
+      if (!status.ok()) {
+        std::fprintf(stderr, "embed_mlp: %s\n", status.ToString().c_str());
+        return 1;
+      }
     } else {
       std::vector<char> fells(static_cast<size_t>(args.ranks), 1);
       status = zerort::RunLoopbackRanks(args.ranks, {}, nullptr, [&](zerort::Communicator& dp) {
