@@ -345,6 +345,14 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
+struct MpiContext::ExitBarrier {
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Request request = MPI_REQUEST_NULL;
+  bool posted = false;
+};
+
+MpiContext::MpiContext() : exit_(std::make_unique<ExitBarrier>()) {}
+
 StatusOr<std::unique_ptr<MpiContext>> MpiContext::Init(int* argc, char*** argv, Options options) {
   std::unique_ptr<MpiContext> context(new MpiContext());
   int initialized = 0;
@@ -363,6 +371,8 @@ StatusOr<std::unique_ptr<MpiContext>> MpiContext::Init(int* argc, char*** argv, 
   ZR_MPI_RETURN_IF_ERROR(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   MPI_Comm_rank(MPI_COMM_WORLD, &context->world_rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &context->world_size_);
+  // [Note: leaving after an error]: the exit's own communicator.
+  ZR_MPI_RETURN_IF_ERROR(MPI_Comm_dup(MPI_COMM_WORLD, &context->exit_->comm));
   context->watchdog_ = std::make_unique<Watchdog>(std::move(options.watchdog));
   if (options.install_signal_dump) ZR_RETURN_IF_ERROR(context->watchdog_->InstallSignalDump());
   return context;
@@ -370,8 +380,38 @@ StatusOr<std::unique_ptr<MpiContext>> MpiContext::Init(int* argc, char*** argv, 
 
 bool MpiContext::thread_multiple() const { return thread_level_ >= MPI_THREAD_MULTIPLE; }
 
+void MpiContext::EndAfterError(int exit_code, std::chrono::milliseconds grace) {
+  ExitBarrier& e = *exit_;
+  if (e.comm == MPI_COMM_NULL || world_size_ == 1) return;
+  if (!e.posted) {
+    if (MPI_Ibarrier(e.comm, &e.request) != MPI_SUCCESS) return;  // the destructor finalises
+    e.posted = true;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  while (true) {
+    int done = 0;
+    if (MPI_Test(&e.request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) return;
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  Logger()->error(
+      "rank {}/{} stops on the error above; the other ranks did not reach the exit within {} s "
+      "(they wait in a collective this rank will not join): ending the job now (MPI_Abort, exit "
+      "code {})",
+      world_rank_, world_size_, std::chrono::duration<double>(grace).count(), exit_code);
+  Logger()->flush();
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+}
+
 MpiContext::~MpiContext() {
   watchdog_.reset();
+  // [Note: leaving after an error]: meet the other ranks (a rank that failed waits here for us).
+  ExitBarrier& e = *exit_;
+  if (e.comm != MPI_COMM_NULL) {
+    if (!e.posted && MPI_Ibarrier(e.comm, &e.request) == MPI_SUCCESS) e.posted = true;
+    if (e.posted) MPI_Wait(&e.request, MPI_STATUS_IGNORE);
+    MPI_Comm_free(&e.comm);
+  }
   if (owns_init_) MPI_Finalize();
 }
 

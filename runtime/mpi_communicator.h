@@ -6,6 +6,7 @@
 // buffers are staged through pinned host memory by the Communicator base. No MPI header here.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -23,7 +24,9 @@ class MpiContext {
 
   // Calls MPI_Init_thread unless MPI is already initialised; fails in a build without MPI.
   static StatusOr<std::unique_ptr<MpiContext>> Init(int* argc, char*** argv, Options options);
-  ~MpiContext();  // MPI_Finalize, if this context initialised MPI
+  // Meets the other ranks at the exit ([Note: leaving after an error]), then MPI_Finalize if this
+  // context initialised MPI.
+  ~MpiContext();
 
   int world_rank() const { return world_rank_; }
   int world_size() const { return world_size_; }
@@ -35,13 +38,27 @@ class MpiContext {
 
   StatusOr<std::unique_ptr<Communicator>> World(CommOptions options);
 
+  // [Note: leaving after an error]
+  // A rank that failed on its own (an I/O error, a bad file only it reads) stops joining
+  // collectives, while the others wait in their next one: they would sit there until their
+  // watchdog fires (collective_timeout_s, 600 s by default) and then report a timeout (exit 3)
+  // instead of the error, and this rank would wait for them in MPI_Finalize. So every rank meets
+  // the others at the exit, on a communicator of its own (MPI_COMM_WORLD may hold a peer's
+  // unmatched collective): the destructor posts its barrier and waits, and a rank about to exit
+  // after an error calls EndAfterError, which waits up to `grace` for every rank to reach the exit
+  // (an error they share, or their normal end) and otherwise logs why and ends the whole job now
+  // with MPI_Abort(exit_code), the code mpirun then returns. It returns when every rank arrived.
+  void EndAfterError(int exit_code, std::chrono::milliseconds grace);
+
  private:
-  MpiContext() = default;
+  struct ExitBarrier;  // the exit's communicator and request (MPI types stay in the .cc)
+  MpiContext();
   bool owns_init_ = false;
   int world_rank_ = 0;
   int world_size_ = 1;
   int thread_level_ = 0;
   std::unique_ptr<Watchdog> watchdog_;
+  std::unique_ptr<ExitBarrier> exit_;
 };
 
 // MPI_Get_library_version's first line, or why there is none.

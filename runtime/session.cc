@@ -11,6 +11,10 @@
 
 namespace zerort {
 
+void Session::EndAfterError(int exit_code) {
+  if (mpi_ != nullptr) mpi_->EndAfterError(exit_code, std::chrono::seconds(5));
+}
+
 Session::~Session() {
   allocator_.reset();                         // before the tracker it reports to
   while (!comms_.empty()) comms_.pop_back();  // NCCL's before MPI's, both before MPI_Finalize

@@ -59,6 +59,12 @@ class Session {
   MemoryTracker& tracker() { return tracker_; }
   MpiContext* mpi() { return mpi_.get(); }  // null without a launcher
 
+  // Call before exiting with `exit_code` after an error: waits up to 5 s for the other ranks to
+  // reach their exit too, and otherwise ends the whole job now with that code, instead of
+  // leaving them blocked until their watchdog reports a timeout ([Note: leaving after an error]
+  // in runtime/mpi_communicator.h). Without a launcher it returns at once.
+  void EndAfterError(int exit_code);
+
  private:
   Session() = default;
   LaunchEnv launch_;

@@ -133,7 +133,9 @@ int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** 
                                                  .faults = FaultHooks::FromEnvironment()});
   if (!result.ok()) {
     Logger()->error("{}", result.status().message());
-    return ExitCodeOf(result.status());
+    const int code = ExitCodeOf(result.status());
+    (*session)->EndAfterError(code);  // a rank that failed alone ends the job now
+    return code;
   }
   if (result->non_finite) return kExitNonFinite;
   if (result->stopped_by_signal) return kExitOk;  // saved; continue with --resume

@@ -377,6 +377,7 @@ int main(int argc, char** argv) {
       // collective this rank will never join until their watchdog ends the run.
       if (!status.ok()) {
         std::fprintf(stderr, "embed_mlp: %s\n", status.ToString().c_str());
+        (*mpi)->EndAfterError(1, std::chrono::seconds(5));  // ends the job if the others wait
         return 1;
       }
     } else {

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Hostile and careless launches under mpirun: ranks that run different configs (an MPMD job, a
 --set on one rank) exit 2 on every rank naming the first differing key and both values, before
-any training collective and before anything is written.
+any training collective and before anything is written; a rank that fails alone mid-run ends the
+job with its own error and exit code, not the others' collective timeout.
 Usage: mpi_test.py PATH_TO_ZERORT MPIEXEC"""
 import json
 import os
@@ -33,12 +34,12 @@ def write(name, obj):
     return path
 
 
-def mpmd(*ranks):
+def mpmd(*ranks, env_of=lambda rank: []):
     cmd = [mpiexec]
     for i, args in enumerate(ranks):
         if i:
             cmd.append(":")
-        cmd += ["-np", "1", "--oversubscribe", zerort, "train", *args]
+        cmd += ["-np", "1", "--oversubscribe", *env_of(i), zerort, "train", *args]
     start = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     return r, time.time() - start
@@ -67,5 +68,24 @@ for what, ranks, says0, says_other in cases:
           str(os.listdir(ckpt)) if os.path.exists(ckpt) else "")
 r, _ = mpmd([a, "--set", "train.steps=2"], [a])  # the same resolved config both ways
 check("the same config reached two ways runs", r.returncode == 0, r.stderr[-1500:])
+
+# A rank that fails alone mid-run (an injected NVMe write error on rank 1 only): the job ends
+# with that rank's error and exit code ([Note: leaving after an error]), not 60 s later with
+# rank 0's collective timeout (exit 3), which is what happened before.
+nvme = os.path.join(tmp, "nvme")
+os.makedirs(nvme)
+f = write("fault.json", dict(BASE, train=dict(BASE["train"], steps=20),
+                             parallel={"collective_timeout_s": 60},
+                             zero_optimization={"stage": 3, "offload_optimizer": {
+                                 "device": "nvme", "nvme_path": nvme}}))
+r, seconds = mpmd([f], [f], env_of=lambda rank: ["-x", "ZERORT_FAIL_NVME_REQUEST=40"] if rank else [])
+check("rank 1 fails alone: exit 1 (its I/O error), not 3", r.returncode == 1,
+      f"{r.returncode} {r.stderr[-2000:]}")
+check("rank 1 fails alone: its error is reported", "[rank 1/2]" in r.stderr and
+      "Input/output error" in r.stderr, r.stderr[-2000:])
+check("rank 1 fails alone: it ends the job saying why", "ending the job now" in r.stderr,
+      r.stderr[-2000:])
+check("rank 1 fails alone: no collective timeout", "timed out" not in r.stderr, r.stderr[-2000:])
+print(f"hostile_mpi_test: a rank failing alone ended the job in {seconds:.1f} s")
 
 sys.exit(checks.finish())
