@@ -194,8 +194,9 @@ void StepModel::Init() {
          bytes);
   }
   if (in_.cuda) {
-    persistent_.push_back(r_.Alloc(Cat::kWorkspace, kCudaLtWorkspaceBytes, compute_));
-    Term(Tier::kDevice, Cat::kWorkspace, "cuBLASLt workspace", "32 MiB", kCudaLtWorkspaceBytes);
+    persistent_.push_back(r_.Alloc(Cat::kWorkspace, kCudaModelWorkspaceBytes, compute_));
+    Term(Tier::kDevice, Cat::kWorkspace, "cuBLASLt workspace and the loss ledger", "32 MiB + 256 B",
+         kCudaModelWorkspaceBytes);
   }
 }
 

@@ -395,6 +395,7 @@ Status Run::Setup() {
                                 .head_chunk_rows = c_.model.head_chunk_rows,
                                 .stage = part_},
                                *store_, *kernels_, *allocator_));
+  model_->set_defer_training_loss(true);  // read once per step, not per micro-batch
   ZR_RETURN_IF_ERROR(manager_->Initialize(GptInitializer(c_.model.shape)));
   if (pp() > 1) {
     ZR_ASSIGN_OR_RETURN(PipelineSchedule schedule,
@@ -547,6 +548,10 @@ StatusOr<Run::StepOutcome> Run::TrainStep(int64_t step, int64_t consumed) {
     Timeline::Scope span(timeline_.get(), StrCat("optimizer step ", step + 1), "compute");
     ZR_ASSIGN_OR_RETURN(
         o.result, manager_->Step({.lr = static_cast<float>(o.lr), .micro_batches = accumulation}));
+  }
+  {  // the micro-batches' losses, kept on the device until now (set_defer_training_loss)
+    ZR_ASSIGN_OR_RETURN(const double deferred, model_->TakeTrainingLoss());
+    loss_sum += deferred;
   }
   float loss = static_cast<float>(loss_sum / accumulation);
   ZR_RETURN_IF_ERROR(FromLastStage(&loss, 1));

@@ -32,6 +32,10 @@ enum class KernelBackend {
 };
 
 inline constexpr int64_t kCudaLtWorkspaceBytes = int64_t{32} << 20;  // cuBLASLt's advice for Hopper
+// The CUDA kernels' one workspace allocation: cuBLASLt's workspace, then 256 bytes holding the
+// training loss ledger (one fp32; [Note: the training loss ledger] in kernels/model_kernels.h).
+inline constexpr int64_t kCudaLossLedgerBytes = 256;
+inline constexpr int64_t kCudaModelWorkspaceBytes = kCudaLtWorkspaceBytes + kCudaLossLedgerBytes;
 
 inline int64_t AttentionSavedBytes(KernelBackend backend, int batch, int seq, int heads,
                                    int64_t act_size) {

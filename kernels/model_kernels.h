@@ -19,6 +19,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "kernels/memory_facts.h"
 #include "runtime/allocator.h"
@@ -49,6 +51,25 @@ class ModelKernels {
   // Copies n activation elements (act dtype) or statistics (stat dtype) to host doubles; waits.
   virtual Status ActToHost(const void* src, int64_t n, double* out) = 0;
   virtual Status StatToHost(const void* src, int64_t n, double* out) = 0;
+
+  // [Note: the training loss ledger]
+  // A training step's loss without a host wait per micro-batch. AddToLossLedger adds the mean of
+  // n statistics (a micro-batch's per-row losses: their sum / divisor) into a ledger in the
+  // stream's order; TakeLossLedger returns the ledger (waiting for the stream once) and zeroes
+  // it. This default reads the values at once (StatToHost, which waits on an asynchronous
+  // stream) and sums them in double in row order into a host double: the arithmetic of the
+  // per-micro-batch loss it replaces, so the step's loss is bitwise the same. The queued CPU
+  // kernels run the same on the stream's thread; the CUDA kernels reduce on the device into an
+  // fp32 ledger (kernels/reduce.h Sum), so a GPU's loss may differ in the last bits.
+  virtual Status AddToLossLedger(const void* src, int64_t n, double divisor) {
+    std::vector<double> host(static_cast<size_t>(n));
+    ZR_RETURN_IF_ERROR(StatToHost(src, n, host.data()));
+    double sum = 0;
+    for (double v : host) sum += v;
+    loss_ledger_ += sum / divisor;
+    return absl::OkStatus();
+  }
+  virtual StatusOr<double> TakeLossLedger() { return std::exchange(loss_ledger_, 0.0); }
 
   // out[b, t] = wte[tokens[b, t] - vocab_begin] + wpe[t]; rows of `channels`. `wte` holds the
   // rows of tokens [vocab_begin, vocab_begin + vocab_count) (all of them without tensor
@@ -154,6 +175,9 @@ class ModelKernels {
     double attention = 0;
   };
   virtual const Seconds* seconds() const { return nullptr; }
+
+ private:
+  double loss_ledger_ = 0;  // the default ledger ([Note: the training loss ledger])
 };
 
 // `dtype` (one of ModelKernels' act_dtype, grad_dtype, stat_dtype) for a collective; an error

@@ -38,6 +38,7 @@ Status CudaSumOfSquares(const void*, DType, int64_t, float*, Stream*) {
 Status CudaCountNonFinite(const void*, DType, int64_t, float*, Stream*) {
   return NoCuda("CountNonFinite");
 }
+Status CudaSum(const void*, DType, int64_t, float, float*, Stream*) { return NoCuda("Sum"); }
 Status CudaScale(void*, DType, int64_t, float, Stream*) { return NoCuda("Scale"); }
 Status CudaAccumulateInto(const void*, DType, float*, int64_t, Stream*) {
   return NoCuda("AccumulateInto");

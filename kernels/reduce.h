@@ -3,6 +3,7 @@
 // shards sum into one scalar without a host round trip; the caller zeroes it first.
 //   SumOfSquares:   out += sum(x^2) (CPU: double partials; CUDA: fp32 per thread, then a tree)
 //   CountNonFinite: out += number of inf/NaN elements
+//   Sum:            out += factor x sum(x) (a training step's losses, kept on the device)
 //   Scale:          x *= factor, in place
 //   AccumulateInto: dst (f32) += src (any float dtype), element-wise
 // CPU (vectorised, with a scalar reference for the tests) and CUDA twins. On CPU data each runs in
@@ -17,6 +18,7 @@ namespace zerort {
 
 Status SumOfSquares(const TensorView& x, const TensorView& out, Stream* stream);
 Status CountNonFinite(const TensorView& x, const TensorView& out, Stream* stream);
+Status Sum(const TensorView& x, double factor, const TensorView& out, Stream* stream);
 Status Scale(const TensorView& x, float factor, Stream* stream);
 Status AccumulateInto(const TensorView& src, const TensorView& dst, Stream* stream);
 
@@ -35,6 +37,7 @@ int64_t CountNonFiniteReference(const TensorView& x);
 namespace internal {
 Status CudaSumOfSquares(const void* x, DType dtype, int64_t n, float* out, Stream* stream);
 Status CudaCountNonFinite(const void* x, DType dtype, int64_t n, float* out, Stream* stream);
+Status CudaSum(const void* x, DType dtype, int64_t n, float factor, float* out, Stream* stream);
 Status CudaScale(void* x, DType dtype, int64_t n, float factor, Stream* stream);
 Status CudaAccumulateInto(const void* src, DType dtype, float* dst, int64_t n, Stream* stream);
 }  // namespace internal

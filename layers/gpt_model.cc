@@ -280,11 +280,13 @@ StatusOr<GptModel::MicroBatchPtr> GptModel::Begin(std::span<const int32_t> token
   ZR_RETURN_IF_ERROR(mb->Allocate(
       BeginPlan(g, options_.stage, L, static_cast<int64_t>(act), !targets.empty(), mb->per_block),
       k, activations_));
+  // Taken now: the caller refills its vectors for the next micro-batch while this one's work may
+  // still be queued (nothing waits for the stream between micro-batches).
   ZR_RETURN_IF_ERROR(
-      CopyBytes(mb->tokens.data(), dev, tokens.data(), Device::Cpu(), rows * sizeof(int32_t), st));
+      CopyFromHostNow(mb->tokens.data(), dev, tokens.data(), rows * sizeof(int32_t), st));
   if (!targets.empty()) {
-    ZR_RETURN_IF_ERROR(CopyBytes(mb->targets.data(), dev, targets.data(), Device::Cpu(),
-                                 rows * sizeof(int32_t), st));
+    ZR_RETURN_IF_ERROR(
+        CopyFromHostNow(mb->targets.data(), dev, targets.data(), rows * sizeof(int32_t), st));
   }
   return mb;
 }
@@ -442,7 +444,10 @@ StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
   }
   mb.logits.Reset();
   double loss = 0;
-  if (mb.targets) {
+  if (mb.targets && mb.train && defer_training_loss_) {
+    // [Note: the training loss ledger]: added in the stream's order, read once per step.
+    ZR_RETURN_IF_ERROR(k.AddToLossLedger(mb.losses.data(), g.rows, static_cast<double>(g.rows)));
+  } else if (mb.targets) {
     std::vector<double> host(g.rows);
     ZR_RETURN_IF_ERROR(k.StatToHost(mb.losses.data(), g.rows, host.data()));
     for (double v : host) loss += v;

@@ -130,6 +130,15 @@ class GptModel {
   StatusOr<double> ForwardBackward(std::span<const int32_t> tokens,
                                    std::span<const int32_t> targets, int batch, int seq,
                                    float loss_scale);
+  // With deferred training losses, ForwardBackward (and a training HeadForward) returns 0 and
+  // adds the micro-batch's mean cross-entropy into the kernels' loss ledger in the stream's order
+  // instead of copying its rows' losses to the host, which waits for the stream: a wait per
+  // micro-batch that keeps the host from issuing ahead (on a GPU, a cudaStreamSynchronize
+  // each). TakeTrainingLoss returns the sum since the last call (one wait) and zeroes it; the
+  // sum is bitwise the per-call losses' on the CPU ([Note: the training loss ledger],
+  // kernels/model_kernels.h). Evaluation's losses are read at once either way.
+  void set_defer_training_loss(bool on) { defer_training_loss_ = on; }
+  StatusOr<double> TakeTrainingLoss() { return kernels_.TakeLossLedger(); }
   // Forward only: the mean cross-entropy.
   StatusOr<double> Loss(std::span<const int32_t> tokens, std::span<const int32_t> targets,
                         int batch, int seq);
@@ -201,6 +210,7 @@ class GptModel {
   ModelKernels& kernels_;
   Allocator& activations_;
   PhaseSeconds phase_seconds_;
+  bool defer_training_loss_ = false;
 };
 
 }  // namespace zerort

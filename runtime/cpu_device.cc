@@ -1,6 +1,9 @@
 // Device-independent parts of device.h; CPU streams and events are in cpu_streams.cc.
+#include <cstddef>
 #include <cstring>
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include "runtime/device.h"
 #include "runtime/internal/cpu_streams.h"
@@ -45,6 +48,23 @@ Status CopyBytes(void* dst, Device dst_device, const void* src, Device src_devic
     });
   }
   return internal::CudaCopyBytes(dst, dst_device, src, src_device, bytes, stream);
+}
+
+Status CopyFromHostNow(void* dst, Device dst_device, const void* src, size_t bytes,
+                       Stream* stream) {
+  if (bytes == 0) return absl::OkStatus();
+  if (dst_device.is_cuda())
+    return internal::CudaCopyFromHostNow(dst, dst_device, src, bytes, stream);
+  if (!internal::IsQueuedCpu(stream)) {
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  const auto* s = static_cast<const std::byte*>(src);
+  auto snapshot = std::make_shared<const std::vector<std::byte>>(s, s + bytes);
+  return stream->Launch([dst, snapshot] {
+    std::memcpy(dst, snapshot->data(), snapshot->size());
+    return absl::OkStatus();
+  });
 }
 
 Status FillBytes(void* ptr, Device device, size_t bytes, uint8_t value, Stream* stream) {

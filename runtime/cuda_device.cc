@@ -1,6 +1,9 @@
 // CUDA streams and events (RAII over cudaStream_t / cudaEvent_t), copies and device queries.
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
+#include <vector>
+
 #include "runtime/device.h"
 #include "runtime/internal/cublas_api.h"
 #include "runtime/internal/cuda_check.h"
@@ -152,6 +155,26 @@ Status CudaCopyBytes(void* dst, Device dst_device, const void* src, Device src_d
   // zerort creates are non-blocking, so nothing would order their later reads after that DMA.
   ZR_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
   ZR_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cudaStreamLegacy));
+  return absl::OkStatus();
+}
+
+Status CudaCopyFromHostNow(void* dst, Device dst_device, const void* src, size_t bytes,
+                           Stream* stream) {
+  if (stream == nullptr || stream->device() != dst_device) {
+    return CudaCopyBytes(dst, dst_device, src, Device::Cpu(), bytes, nullptr);  // done on return
+  }
+  const auto* s = static_cast<const std::byte*>(src);
+  auto* snapshot = new std::vector<std::byte>(s, s + bytes);
+  auto handle = static_cast<cudaStream_t>(stream->native_handle());
+  const cudaError_t copied =
+      cudaMemcpyAsync(dst, snapshot->data(), bytes, cudaMemcpyHostToDevice, handle);
+  if (copied != cudaSuccess) {
+    delete snapshot;
+    ZR_CUDA_RETURN_IF_ERROR(copied);
+  }
+  // Freed on the host once the stream has run the copy (a host function may not call CUDA).
+  ZR_CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc(
+      handle, [](void* p) { delete static_cast<std::vector<std::byte>*>(p); }, snapshot));
   return absl::OkStatus();
 }
 

@@ -125,6 +125,13 @@ Status RunOnHostInOrder(Stream* stream, std::function<Status()> work);
 Status CopyBytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
                  Stream* stream);
 
+// Copies `bytes` of host memory that the caller may change or free as soon as this returns (a
+// micro-batch's tokens, in a vector the data loader refills for the next one) to `dst` in
+// `stream`'s order: the bytes are taken now, into a snapshot the copy owns (on a queued CPU
+// stream, or a CUDA stream, where a host callback frees it once the copy has run), and written
+// when the stream reaches the copy. CopyBytes instead reads its source when the stream gets there.
+Status CopyFromHostNow(void* dst, Device dst_device, const void* src, size_t bytes, Stream* stream);
+
 // Sets `bytes` bytes at `ptr` to `value`: issued on `stream` when it is asynchronous (a CUDA
 // stream for device memory, a queued CPU stream for host memory), otherwise at once.
 Status FillBytes(void* ptr, Device device, size_t bytes, uint8_t value, Stream* stream);

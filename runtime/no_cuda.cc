@@ -21,6 +21,9 @@ StatusOr<std::unique_ptr<Event>> CreateCudaEvent(Device) { return NoCuda("Create
 Status CudaCopyBytes(void*, Device, const void*, Device, size_t, Stream*) {
   return NoCuda("CopyBytes to or from CUDA memory");
 }
+Status CudaCopyFromHostNow(void*, Device, const void*, size_t, Stream*) {
+  return NoCuda("CopyFromHostNow to CUDA memory");
+}
 Status CudaFillBytes(void*, Device, size_t, uint8_t, Stream*) {
   return NoCuda("FillBytes of CUDA memory");
 }

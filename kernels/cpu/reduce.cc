@@ -90,6 +90,20 @@ Status CountNonFinite(const TensorView& x, const TensorView& out, Stream* stream
   });
 }
 
+Status Sum(const TensorView& x, double factor, const TensorView& out, Stream* stream) {
+  ZR_RETURN_IF_ERROR(CheckArgs(x, &out));
+  if (x.device().is_cuda()) {
+    ZR_RETURN_IF_ERROR(CheckStream(x, stream));
+    return internal::CudaSum(x.data(), x.dtype(), x.numel(), static_cast<float>(factor),
+                             out.data_as<float>(), stream);
+  }
+  return RunOnHostInOrder(stream, [x = x.Detached(), out = out.Detached(), factor] {
+    *out.data_as<float>() +=
+        static_cast<float>(factor * ChunkedSum(x, [](float v) { return static_cast<double>(v); }));
+    return absl::OkStatus();
+  });
+}
+
 double HostSumOfSquares(const TensorView& x, double running) {
   ZR_CHECK(x.device().is_cpu() && IsFloatingPoint(x.dtype())) << "HostSumOfSquares on device data";
   return ChunkedSum(

@@ -36,6 +36,14 @@ class StreamOrderedKernels final : public ModelKernels {
     ZR_RETURN_IF_ERROR(stream_.Synchronize());
     return k_->StatToHost(src, n, out);
   }
+  // On the stream's thread, into the inner kernels' ledger: no wait per micro-batch.
+  Status AddToLossLedger(const void* src, int64_t n, double divisor) override {
+    return Issue([=, this] { return k_->AddToLossLedger(src, n, divisor); });
+  }
+  StatusOr<double> TakeLossLedger() override {
+    ZR_RETURN_IF_ERROR(stream_.Synchronize());
+    return k_->TakeLossLedger();
+  }
 
   Status Embedding(void* out, const int32_t* tokens, const void* wte, const void* wpe, int batch,
                    int seq, int channels, int vocab_begin, int vocab_count) override {

@@ -25,6 +25,7 @@
 #include "kernels/cuda/model_ops.cuh"
 #include "kernels/gemm_map.h"
 #include "kernels/model_kernels.h"
+#include "kernels/reduce.h"
 #include "runtime/internal/cublas_api.h"
 #include "runtime/internal/cuda_check.h"
 
@@ -79,8 +80,9 @@ class CudaModelKernels final : public ModelKernels {
     ZR_CUBLAS_RETURN_IF_ERROR(b_.SetStream(blas, s()));
     // fp32 stays fp32 (no TF32): the CPU twin is the reference.
     ZR_CUBLAS_RETURN_IF_ERROR(b_.SetMathMode(blas, CUBLAS_DEFAULT_MATH));
-    ZR_ASSIGN_OR_RETURN(lt_workspace_,
-                        ws_.Allocate(kLtWorkspace, MemoryCategory::kWorkspace, &stream_));
+    ZR_ASSIGN_OR_RETURN(lt_workspace_, ws_.Allocate(kCudaModelWorkspaceBytes,
+                                                    MemoryCategory::kWorkspace, &stream_));
+    ZR_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(Ledger(), 0, sizeof(float), s()));
     return absl::OkStatus();
   }
 
@@ -109,6 +111,20 @@ class CudaModelKernels final : public ModelKernels {
     ZR_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s()));
     std::copy(host.begin(), host.end(), out);
     return absl::OkStatus();
+  }
+  // [Note: the training loss ledger]: reduced on the device into the fp32 ledger after the
+  // cuBLASLt workspace; read (one wait) and zeroed once per step.
+  Status AddToLossLedger(const void* src, int64_t n, double divisor) override {
+    return internal::CudaSum(src, DType::kF32, n, static_cast<float>(1.0 / divisor), Ledger(),
+                             &stream_);
+  }
+  StatusOr<double> TakeLossLedger() override {
+    float host = 0;
+    ZR_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(&host, Ledger(), sizeof(float), cudaMemcpyDeviceToHost, s()));
+    ZR_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s()));
+    ZR_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(Ledger(), 0, sizeof(float), s()));
+    return static_cast<double>(host);
   }
 
   Status Embedding(void* out, const int32_t* tokens, const void* wte, const void* wpe, int batch,
@@ -404,7 +420,7 @@ class CudaModelKernels final : public ModelKernels {
                                                         g.trans_b ? g.k : g.n, g.ldb));
       ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatrixLayoutCreate(&plan.ld, key.d_type, g.m, g.n, g.ldd));
       ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulPreferenceCreate(&pref));
-      const size_t ws = lt_workspace_.bytes();
+      const size_t ws = kLtWorkspace;
       ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulPreferenceSetAttribute(
           pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
       const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
@@ -472,7 +488,7 @@ class CudaModelKernels final : public ModelKernels {
           plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
     const float alpha = 1.0f;
-    const size_t ws = lt_workspace_.bytes();
+    const size_t ws = kLtWorkspace;
     ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmul(lt_.get(), plan->op, &alpha, a, plan->la, b, plan->lb,
                                           &beta, d, plan->ld, d, plan->ld, &plan->algo,
                                           lt_workspace_.data(), ws, s()));
@@ -501,7 +517,10 @@ class CudaModelKernels final : public ModelKernels {
   const DType act_, grad_;  // T's and G's DType, as the collectives name them
   std::unique_ptr<cublasLtContext, LtDeleter> lt_;
   std::unique_ptr<cublasContext, BlasDeleter> blas_;
-  Buffer lt_workspace_;
+  Buffer lt_workspace_;  // kLtWorkspace bytes for cuBLASLt, then the loss ledger
+  float* Ledger() const {
+    return reinterpret_cast<float*>(static_cast<char*>(lt_workspace_.data()) + kLtWorkspace);
+  }
   std::map<LtKey, LtPlan> lt_plans_;  // [Note: cuBLASLt plans]
 };
 

@@ -24,6 +24,10 @@ struct SquareOp {
 struct NonFiniteOp {
   __device__ float operator()(float v) const { return math::IsFinite(v) ? 0.0f : 1.0f; }
 };
+struct ScaledOp {
+  float factor;
+  __device__ float operator()(float v) const { return v * factor; }
+};
 
 __device__ float BlockSum(float v) {
   __shared__ float warp_sums[kThreads / 32];
@@ -113,6 +117,11 @@ Status CudaSumOfSquares(const void* x, DType dtype, int64_t n, float* out, Strea
 
 Status CudaCountNonFinite(const void* x, DType dtype, int64_t n, float* out, Stream* stream) {
   return LaunchReduce(x, dtype, n, out, NonFiniteOp{},
+                      static_cast<cudaStream_t>(stream->native_handle()));
+}
+
+Status CudaSum(const void* x, DType dtype, int64_t n, float factor, float* out, Stream* stream) {
+  return LaunchReduce(x, dtype, n, out, ScaledOp{factor},
                       static_cast<cudaStream_t>(stream->native_handle()));
 }
 

@@ -13,6 +13,8 @@ StatusOr<std::unique_ptr<Stream>> CreateCudaStream(Device device, std::string na
 StatusOr<std::unique_ptr<Event>> CreateCudaEvent(Device device);
 Status CudaCopyBytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
                      Stream* stream);
+Status CudaCopyFromHostNow(void* dst, Device dst_device, const void* src, size_t bytes,
+                           Stream* stream);
 Status CudaFillBytes(void* ptr, Device device, size_t bytes, uint8_t value, Stream* stream);
 
 }  // namespace zerort::internal

@@ -323,6 +323,25 @@ TEST(ModelKernelsCudaTest, RepeatedTokenGradientsAreSummedInFp32) {
   }
 }
 
+// [Note: the training loss ledger]: per-row losses (fp32 statistics) reduced on the device into
+// the ledger, read once and zeroed, against the CPU kernels' double ledger.
+TEST(ModelKernelsCudaTest, LossLedgerMatchesTheCpus) {
+  ZR_NEED_GPU();
+  Twin t(DType::kF32, DType::kF32);
+  std::vector<float> a = Random(1000, 11), b = Random(37, 12);
+  const void* ga = t.A(a);
+  const void* gb = t.A(b);
+  for (int repeat = 0; repeat < 2; ++repeat) {
+    ASSERT_TRUE(t.gpu->AddToLossLedger(ga, 1000, 1000.0).ok());
+    ASSERT_TRUE(t.gpu->AddToLossLedger(gb, 37, 37.0).ok());
+    ASSERT_TRUE(t.cpu->AddToLossLedger(a.data(), 1000, 1000.0).ok());
+    ASSERT_TRUE(t.cpu->AddToLossLedger(b.data(), 37, 37.0).ok());
+  }
+  const double want = *t.cpu->TakeLossLedger();
+  EXPECT_NEAR(*t.gpu->TakeLossLedger(), want, 1e-5 * std::abs(want) + 1e-6);
+  EXPECT_EQ(*t.gpu->TakeLossLedger(), 0.0);
+}
+
 TEST(ModelKernelsCudaTest, AttentionEmbeddingCrossEntropy) {
   ZR_NEED_GPU();
   for (auto [act, grad] : kTypes) {

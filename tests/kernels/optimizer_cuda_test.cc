@@ -226,6 +226,16 @@ TEST(ReduceCudaTest, SumOfSquaresNonFiniteScaleMatchCpu) {
   std::vector<float> back(n);
   gpu.Download(back.data(), dx);
   for (int64_t i = 0; i < n; i += 997) ASSERT_EQ(back[i], x[i] * 0.25f);
+  // Sum (the loss ledger's reduction): out += factor x sum(x), against the CPU's.
+  TensorView total = gpu.Upload(zero, DType::kF32, 1);
+  ASSERT_TRUE(Sum(dx, 0.5, total, gpu.stream.get()).ok());
+  float t = 0;
+  gpu.Download(&t, total);
+  float cpu = 0;
+  ASSERT_TRUE(Sum(TensorView(back.data(), DType::kF32, {n}), 0.5,
+                  TensorView(&cpu, DType::kF32, {1}), nullptr)
+                  .ok());
+  EXPECT_NEAR(t, cpu, 1e-4 * std::abs(cpu) + 1e-3);
 }
 
 }  // namespace

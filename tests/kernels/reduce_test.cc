@@ -1,11 +1,12 @@
 // Reductions: the vectorised CPU kernels against double-precision references, and in-place
-// scaling, in fp32, bf16 and f16.
+// scaling, in fp32, bf16 and f16; the model kernels' loss ledger on a queued stream.
 #include "kernels/reduce.h"
 
 #include <cmath>
 #include <random>
 
 #include "gtest/gtest.h"
+#include "kernels/model_kernels.h"
 
 namespace zerort {
 namespace {
@@ -36,6 +37,41 @@ TEST(ReduceTest, SumOfSquaresAndNonFinite) {
     ASSERT_TRUE(Scale(x, 0.5f, nullptr).ok());
     EXPECT_EQ(LoadAsFloat(storage.data(), dtype, 1000), before * 0.5f);  // exact: power of two
   }
+}
+
+TEST(ReduceTest, SumAddsTheScaledSum) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const int64_t n = (1 << 17) + 3;  // more than one chunk
+    std::vector<uint32_t> storage(n);
+    TensorView x(storage.data(), dtype, {n});
+    double want = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      StoreFromFloat(storage.data(), dtype, i, static_cast<float>(i % 7) - 2.5f);
+      want += LoadAsFloat(storage.data(), dtype, i);
+    }
+    float acc = 2.0f;
+    ASSERT_TRUE(Sum(x, 0.25, TensorView(&acc, DType::kF32, {1}), nullptr).ok());
+    EXPECT_FLOAT_EQ(acc, static_cast<float>(2.0 + 0.25 * want)) << DTypeName(dtype);
+  }
+}
+
+// [Note: the training loss ledger]: on a queued, jittered stream the adds run later on the
+// stream's thread; TakeLossLedger waits for them, and the sum is the per-call arithmetic's.
+TEST(ReduceTest, LossLedgerOnAQueuedStreamIsReadAfterItsAdds) {
+  auto stream =
+      *CreateStream(Device::Cpu(), "compute",
+                    {.cpu = CpuExecution::kQueued, .jitter_seed = 9, .jitter_max_us = 2000});
+  std::unique_ptr<ModelKernels> k = MakeCpuModelKernels(CpuPrecision::kFloat, stream.get());
+  const std::vector<float> a = {1.5f, 2.25f, -0.5f}, b = {4.0f, 0.125f};
+  double want = 0;
+  for (int repeat = 0; repeat < 3; ++repeat) {
+    ASSERT_TRUE(k->AddToLossLedger(a.data(), 3, 3.0).ok());
+    ASSERT_TRUE(k->AddToLossLedger(b.data(), 2, 2.0).ok());
+    want += (1.5 + 2.25 - 0.5) / 3.0;
+    want += (4.0 + 0.125) / 2.0;
+  }
+  EXPECT_EQ(*k->TakeLossLedger(), want);
+  EXPECT_EQ(*k->TakeLossLedger(), 0.0);  // taken and zeroed
 }
 
 TEST(ReduceTest, ChecksArguments) {

@@ -72,6 +72,9 @@ struct GptRunConfig {
   // How the loopback ranks' sends complete: kRendezvous has NCCL's semantics.
   LoopbackSends sends = LoopbackSends::kBuffered;
   std::chrono::milliseconds comm_timeout{60'000};
+  // The micro-batches' losses summed in the kernels' ledger and read once per step
+  // (GptModel::set_defer_training_loss), as zerort train does.
+  bool defer_loss = false;
 };
 
 struct GptRank {
@@ -134,6 +137,7 @@ inline StatusOr<GptRank> MakeGptRank(const GptRunConfig& c, Communicator& comm,
                                                  .sequence_parallel = c.sequence_parallel,
                                                  .stage = part},
                                                 *r.store, *r.kernels, *r.allocator));
+  r.model->set_defer_training_loss(c.defer_loss);
   ZR_RETURN_IF_ERROR(r.manager->Initialize(GptInitializer(c.model)));
   if (c.pp > 1) {
     ZR_ASSIGN_OR_RETURN(
@@ -206,6 +210,11 @@ inline Status TrainGptRank(const GptRunConfig& c, Communicator& comm, std::vecto
       }
     }
     ZR_RETURN_IF_ERROR(r.manager->Step({.lr = c.lr, .micro_batches = c.micro_batches}).status());
+    if (c.defer_loss) {
+      ZR_ASSIGN_OR_RETURN(const double deferred, r.model->TakeTrainingLoss());
+      if (loss_sum != 0) return absl::InternalError("a deferred loss was also returned");
+      loss_sum = deferred;
+    }
     float local_loss = last_stage ? static_cast<float>(loss_sum / c.micro_batches) : 0.0f;
     ZR_RETURN_IF_ERROR(
         comm.AllReduce(&local_loss, &local_loss, 1, DType::kF32, ReduceOp::kSum, nullptr));

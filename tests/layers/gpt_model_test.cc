@@ -185,6 +185,41 @@ TEST(GptModelTest, QueuedStreamsGiveBitwiseTheSameLosses) {
   }
 }
 
+// [Note: the training loss ledger]: the losses kept in the kernels' ledger and read once per step
+// (as zerort train does) are bitwise the per-micro-batch losses, on immediate and queued streams,
+// with tensor parallelism, in bf16 (the 16-bit kernels) and through the pipeline executor (the
+// last stage's ledger).
+TEST(GptModelTest, DeferredTrainingLossesAreBitwiseThePerCallOnes) {
+  struct Case {
+    const char* what;
+    int world, tp = 1, pp = 1;
+    bool queued = false;
+    DType compute = DType::kF32;
+  };
+  for (const Case k :
+       {Case{"one rank", 1}, Case{"queued, ZeRO-3, 2 ranks", 2, 1, 1, true},
+        Case{"tp 2 + sp, queued", 2, 2, 1, true}, Case{"bf16", 1, 1, 1, false, DType::kBF16},
+        Case{"pipeline 2 stages", 2, 1, 2}}) {
+    GptRunConfig c;
+    c.tp = k.tp;
+    c.sequence_parallel = k.tp > 1;
+    c.pp = k.pp;
+    c.compute = k.compute;
+    c.micro_batches = k.pp > 1 ? 4 : 2;
+    c.global_batch = 8;
+    if (k.queued)
+      c.streams = {.cpu = CpuExecution::kQueued, .jitter_seed = 3, .jitter_max_us = 100};
+    const std::vector<double> per_call = testing::TrainLoopback(c, k.world);
+    c.defer_loss = true;
+    const std::vector<double> deferred = testing::TrainLoopback(c, k.world);
+    ASSERT_EQ(deferred.size(), per_call.size()) << k.what;
+    ASSERT_FALSE(per_call.empty()) << k.what;
+    for (size_t i = 0; i < deferred.size(); ++i) {
+      EXPECT_EQ(deferred[i], per_call[i]) << k.what << " step " << i;
+    }
+  }
+}
+
 // Kernels that issue on another stream than the one the gathered weights are ready on would
 // read them half-gathered once that stream is asynchronous: refused, saying what to do.
 TEST(GptModelTest, KernelsOffTheStoresAsynchronousStreamAreRefused) {

@@ -2,6 +2,7 @@
 // issue order while the host goes on; events order work across streams and the host; errors
 // stick; immediate streams keep the synchronous behaviour. Jitter is on wherever ordering is
 // checked, so a missing wait would show as a wrong value (and under ThreadSanitizer as a race).
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <functional>
@@ -102,6 +103,34 @@ TEST(CpuStreamsTest, CopiesAndFillsFollowTheStreamsOrder) {
   ASSERT_TRUE(stream->Synchronize().ok());
   EXPECT_EQ(a[4095], 0);
   EXPECT_EQ(b[0], 0);
+}
+
+// CopyFromHostNow takes its source when called: the caller refills it at once (the trainer's
+// token vectors, reused for the next micro-batch) and the queued copy still writes the old bytes;
+// a CopyBytes from the same vector would read the new ones (what the asynchronous device's parity
+// test caught once the host stopped waiting for the stream between micro-batches).
+TEST(CpuStreamsTest, CopyFromHostNowTakesTheBytesWhenIssued) {
+  auto stream = MakeStream("copy", Queued());
+  std::vector<int> src(1024, 7), now(1024, 0), later(1024, 0);
+  Gate gate;
+  ASSERT_TRUE(stream
+                  ->Launch([&] {
+                    gate.Wait();
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  ASSERT_TRUE(
+      CopyFromHostNow(now.data(), Device::Cpu(), src.data(), src.size() * sizeof(int), stream.get())
+          .ok());
+  ASSERT_TRUE(CopyBytes(later.data(), Device::Cpu(), src.data(), Device::Cpu(),
+                        src.size() * sizeof(int), stream.get())
+                  .ok());
+  std::fill(src.begin(), src.end(), 9);  // refilled while both copies wait behind the gate
+  gate.Open();
+  ASSERT_TRUE(stream->Synchronize().ok());
+  EXPECT_EQ(now[0], 7);
+  EXPECT_EQ(now[1023], 7);
+  EXPECT_EQ(later[0], 9);
 }
 
 TEST(CpuStreamsTest, AnEventOrdersWorkAcrossStreams) {
