@@ -53,6 +53,13 @@ struct Gate {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return open; });
   }
+  // Holds `stream`'s later work until Open().
+  Status HoldBack(Stream& stream) {
+    return stream.Launch([this] {
+      Wait();
+      return absl::OkStatus();
+    });
+  }
 };
 
 TEST(CpuStreamsTest, QueuedWorkRunsLaterOnTheStreamsThreadInIssueOrder) {
@@ -88,12 +95,7 @@ TEST(CpuStreamsTest, CopiesAndFillsFollowTheStreamsOrder) {
   auto stream = MakeStream("copy", Queued());
   std::vector<int> a(4096, 1), b(4096, 0);
   Gate gate;
-  ASSERT_TRUE(stream
-                  ->Launch([&] {
-                    gate.Wait();
-                    return absl::OkStatus();
-                  })
-                  .ok());
+  ASSERT_TRUE(gate.HoldBack(*stream).ok());
   ASSERT_TRUE(FillZero(a.data(), Device::Cpu(), a.size() * sizeof(int), stream.get()).ok());
   ASSERT_TRUE(CopyBytes(b.data(), Device::Cpu(), a.data(), Device::Cpu(), a.size() * sizeof(int),
                         stream.get())
@@ -113,12 +115,7 @@ TEST(CpuStreamsTest, CopyFromHostNowTakesTheBytesWhenIssued) {
   auto stream = MakeStream("copy", Queued());
   std::vector<int> src(1024, 7), now(1024, 0), later(1024, 0);
   Gate gate;
-  ASSERT_TRUE(stream
-                  ->Launch([&] {
-                    gate.Wait();
-                    return absl::OkStatus();
-                  })
-                  .ok());
+  ASSERT_TRUE(gate.HoldBack(*stream).ok());
   ASSERT_TRUE(
       CopyFromHostNow(now.data(), Device::Cpu(), src.data(), src.size() * sizeof(int), stream.get())
           .ok());
