@@ -71,8 +71,10 @@ expect rank-shape 1 "unit 'fc0': fc0.weight \[16, 64\].* on rank 1" \
 expect rank-init 1 "parameter 'fc0.weight' of unit 'fc0' has different initial values" \
   "$embed" --ranks 2 --mistake rank-init
 expect rank-skips-backward 3 "TIMED-OUT .*reduce-scatter fc1" \
-  $mpirun -np 2 "$embed" --mistake rank-skips-backward --collective-timeout 3
-# The rank that skipped names the unit it went on to: its next gather met rank 0's reduction.
+  $mpirun -np 2 "$embed" --mistake rank-skips-backward --collective-timeout 2
+# The rank that skipped names the unit it went on to: its next gather met rank 0's reduction. It
+# then waits 5 s for the others (EndAfterError) before ending the job, so rank 0's watchdog, at
+# 2 s, reports first.
 grep -q "rank 1/2 in group 'world' (mpi), all_gather of 4352 bytes (gather fc0)" \
   "$scratch/rank-skips-backward.txt" || {
   echo "embed check FAILED: rank-skips-backward: rank 1 did not name its unit" >&2
