@@ -518,7 +518,6 @@ StatusOr<Run::StepOutcome> Run::TrainStep(int64_t step, int64_t consumed) {
   std::vector<int32_t> in(static_cast<size_t>(m) * seq), out(in.size());
   StepOutcome o;
   o.lr = LearningRate(c_.optimizer, c_.scheduler, step);
-  double loss_sum = 0;
   // Every stage of a pipeline reads the same micro-batches (the first uses the tokens, the last
   // the targets).
   std::vector<std::vector<int32_t>> ins(executor_ ? accumulation : 0), outs(ins.size());
@@ -538,21 +537,17 @@ StatusOr<Run::StepOutcome> Run::TrainStep(int64_t step, int64_t consumed) {
       continue;
     }
     Timeline::Scope span(timeline_.get(), StrCat("forward+backward ", step + 1, ".", k), "compute");
-    ZR_ASSIGN_OR_RETURN(double l, model_->ForwardBackward(in, out, m, seq, manager_->loss_scale()));
-    loss_sum += l;
+    ZR_RETURN_IF_ERROR(model_->ForwardBackward(in, out, m, seq, manager_->loss_scale()).status());
   }
   if (executor_) {  // the schedule's forwards and backwards, spans recorded by the executor
-    ZR_ASSIGN_OR_RETURN(loss_sum, executor_->Train(pipeline_data, m, seq, manager_->loss_scale()));
+    ZR_RETURN_IF_ERROR(executor_->Train(pipeline_data, m, seq, manager_->loss_scale()).status());
   }
   {
     Timeline::Scope span(timeline_.get(), StrCat("optimizer step ", step + 1), "compute");
     ZR_ASSIGN_OR_RETURN(
         o.result, manager_->Step({.lr = static_cast<float>(o.lr), .micro_batches = accumulation}));
   }
-  {  // the micro-batches' losses, kept on the device until now (set_defer_training_loss)
-    ZR_ASSIGN_OR_RETURN(const double deferred, model_->TakeTrainingLoss());
-    loss_sum += deferred;
-  }
+  ZR_ASSIGN_OR_RETURN(const double loss_sum, model_->TakeTrainingLoss());  // 0 off the head
   float loss = static_cast<float>(loss_sum / accumulation);
   ZR_RETURN_IF_ERROR(FromLastStage(&loss, 1));
   ZR_RETURN_IF_ERROR(HostAllReduce(&loss, 1, ReduceOp::kAvg));
