@@ -104,6 +104,13 @@ StatusOr<std::string> LatestCheckpoint(const std::string& dir);
 // `checkpoint` is a step directory (with metadata.json) or a checkpoint directory (its `latest`).
 StatusOr<std::string> ResolveStepDir(const std::string& checkpoint);
 
+// Whether a checkpoint's metadata.json was written by a trainer that embeds zerort
+// (engine/manager_checkpoint.h): `config` null or absent, where zerort train writes its run
+// config. export and train --resume refuse such a checkpoint; inspect prints its `user` JSON.
+inline bool SavedByEmbedder(const nlohmann::json& metadata) {
+  return metadata.value("config", nlohmann::json()).is_null();
+}
+
 // Collective over the world: fills every unit's master and optimizer state from `step_dir`
 // (checksums verified for every file read; a truncated or corrupted file is refused naming it),
 // whatever data x tensor layout saved it, and restores the manager's counters. Returns the run

@@ -144,8 +144,8 @@ Status ValidateMetadata(const std::string& path, const nlohmann::json& j) {
     }
   }
   // `config`: zerort train's resolved run config, or null in an embedder's checkpoint (written
-  // by SaveTrainerCheckpoint, which has no model config; `user` is then the trainer's JSON).
-  if (j.contains("config") && !j["config"].is_null()) {
+  // by ManagerCheckpoints, which has no model config; `user` is then the trainer's JSON).
+  if (!SavedByEmbedder(j)) {
     ZR_RETURN_IF_ERROR(object(j, "config", "config"));
     const nlohmann::json& config = j["config"];
     ZR_RETURN_IF_ERROR(object(config, "model", "config.model"));

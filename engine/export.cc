@@ -67,7 +67,7 @@ StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std
   const int64_t elem = dtype == DType::kF32 ? 4 : 2;
   const char* st_dtype = dtype == DType::kF32 ? "F32" : dtype == DType::kBF16 ? "BF16" : "F16";
   ZR_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(step_dir));
-  if (reader.metadata().value("config", nlohmann::json()).is_null()) {
+  if (SavedByEmbedder(reader.metadata())) {
     return absl::InvalidArgumentError(
         StrCat("export: ", step_dir,
                " was saved by a trainer that embeds zerort (no model config): only zerort "

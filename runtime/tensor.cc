@@ -58,9 +58,9 @@ void TensorView::FailRevoked() const {
   std::abort();
 }
 
-void ViewLease::Revoke(std::string why) {
+void ViewLease::Revoke(const char* why) {
   if (revoked()) return;
-  why_ = std::move(why);
+  why_ = why;
   revoked_.store(true, std::memory_order_release);
 }
 

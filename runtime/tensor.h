@@ -29,20 +29,23 @@ std::string ShapeToString(const Shape& shape);  // "[4, 768]"
 // the view was and why it ended. A view without a lease (every other view) is never checked.
 // Work queued on a stream checks the lease when it is issued and runs on a Detached() copy: stream
 // order, not the lease, keeps the memory valid until it runs.
+// A lender opens leases often (a scope per unit per micro-batch): the description is shared, made
+// once per origin, and the reason is a literal, so opening and revoking format nothing.
 class ViewLease {
  public:
   // `what`: the view's origin, for the error ("unit 'fc1' (Forward scope, data-parallel rank
   // 1/2)").
-  explicit ViewLease(std::string what) : what_(std::move(what)) {}
-  // From now on, accessing a view under this lease fails saying `why` ("its scope's End()").
-  void Revoke(std::string why);
+  explicit ViewLease(std::shared_ptr<const std::string> what) : what_(std::move(what)) {}
+  // From now on, accessing a view under this lease fails saying `why` (a literal: "its scope's
+  // End()").
+  void Revoke(const char* why);
   bool revoked() const { return revoked_.load(std::memory_order_acquire); }
-  const std::string& what() const { return what_; }
-  const std::string& why() const { return why_; }  // set before revoked() turns true
+  const std::string& what() const { return *what_; }
+  const char* why() const { return why_; }  // set before revoked() turns true
 
  private:
-  std::string what_;
-  std::string why_;
+  std::shared_ptr<const std::string> what_;
+  const char* why_ = "";
   std::atomic<bool> revoked_{false};
 };
 

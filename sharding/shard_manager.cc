@@ -287,6 +287,12 @@ StatusOr<int> ShardManager::AddUnit(std::string name, std::vector<ParamSpec> par
   units_.push_back(std::move(unit));
   unit_options_.push_back(unit_options);
   scopes_since_step_.push_back(0);
+  const std::string& n = units_.back()->name();
+  const std::string rank = StrCat(resources_.dp->rank(), "/", resources_.dp->size(), ")");
+  scope_names_.push_back({std::make_shared<const std::string>(
+                              StrCat("unit '", n, "' (Forward scope, data-parallel rank ", rank)),
+                          std::make_shared<const std::string>(StrCat(
+                              "unit '", n, "' (Backward scope, data-parallel rank ", rank))});
   return static_cast<int>(units_.size() - 1);
 }
 
@@ -428,11 +434,8 @@ StatusOr<UnitScope> ShardManager::BackwardScope(int unit) {
 }
 
 StatusOr<UnitScope> ShardManager::OpenScope(int unit, bool backward) {
-  return UnitScope(
-      this, unit, backward,
-      std::make_shared<ViewLease>(StrCat(
-          "unit '", units_[unit]->name(), "' (", backward ? "Backward" : "Forward",
-          " scope, data-parallel rank ", resources_.dp->rank(), "/", resources_.dp->size(), ")")));
+  return UnitScope(this, unit, backward,
+                   std::make_shared<ViewLease>(scope_names_[unit][backward ? 1 : 0]));
 }
 
 Status ShardManager::CheckScopesPaired() {

@@ -19,6 +19,7 @@
 //     ZR_ASSIGN_OR_RETURN(StepResult r, manager->Step({.lr = lr, .micro_batches = k}));
 #pragma once
 
+#include <array>
 #include <memory>
 #include <span>
 #include <string>
@@ -218,6 +219,8 @@ class ShardManager {
   std::vector<UnitOptions> unit_options_;  // one per unit
   // Per unit, the scopes opened since the last step: kForwardScope | kBackwardScope.
   std::vector<uint8_t> scopes_since_step_;
+  // Per unit, its Forward and Backward scopes' description for their views' leases.
+  std::vector<std::array<std::shared_ptr<const std::string>, 2>> scope_names_;
   std::unique_ptr<GradientReducer> reducer_;
   LossScaler scaler_;
   bool initialized_ = false;

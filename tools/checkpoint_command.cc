@@ -62,7 +62,7 @@ int RunCheckpointInspect(const CheckpointOptions& o) {
                 static_cast<long long>(meta["mesh"]["tensor"].get<int64_t>()),
                 pipeline.is_number_integer() ? static_cast<long long>(pipeline.get<int64_t>()) : 1);
   }
-  if (meta.value("config", nlohmann::json()).is_null()) {
+  if (SavedByEmbedder(meta)) {
     // An embedder's checkpoint (engine/manager_checkpoint.h): its own JSON instead of a config.
     std::string user = meta.value("user", nlohmann::json())
                            .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

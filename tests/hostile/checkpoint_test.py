@@ -181,23 +181,15 @@ cases += [
 ]
 
 
-def deep_config(d, s, m):
-    # The embedded config a 100,000-deep array: every loader crashed (SIGSEGV, recursion).
-    text = json.dumps(dict(m, config="DEEP"))
-    text = text.replace('"DEEP"', "[" * 100000 + "]" * 100000)
-    with open(os.path.join(s, "metadata.json"), "w") as f:
-        f.write(text)
-    return False
-
-
-def deep_user(d, s, m):
-    # An embedder's own JSON (`user`, any value) nested 100,000 deep: the bounded reader refuses
-    # it as it would a config.
-    text = json.dumps(dict(m, user="DEEP"))
-    text = text.replace('"DEEP"', "[" * 100000 + "]" * 100000)
-    with open(os.path.join(s, "metadata.json"), "w") as f:
-        f.write(text)
-    return False
+def nested_deep(key):
+    """metadata.json with `key` a 100,000-deep array: every loader once crashed on such a config
+    (SIGSEGV, recursion); an embedder's own JSON (`user`, any value) is refused the same way."""
+    def case(d, s, m):
+        text = json.dumps(dict(m, **{key: "DEEP"})).replace('"DEEP"', "[" * 100000 + "]" * 100000)
+        with open(os.path.join(s, "metadata.json"), "w") as f:
+            f.write(text)
+        return False
+    return case
 
 
 def long_name(m):
@@ -205,8 +197,10 @@ def long_name(m):
 
 
 cases += [
-    ("a config nested 100,000 deep", deep_config, "nested more than 64 levels deep at 'config[0]"),
-    ("a user JSON nested 100,000 deep", deep_user, "nested more than 64 levels deep at 'user[0]"),
+    ("a config nested 100,000 deep", nested_deep("config"),
+     "nested more than 64 levels deep at 'config[0]"),
+    ("a user JSON nested 100,000 deep", nested_deep("user"),
+     "nested more than 64 levels deep at 'user[0]"),
     # config: an object (zerort train's) or null (an embedder's, engine/manager_checkpoint.h).
     ("config a string", meta_edit(lambda m: m.update(config="x")), "config = \"x\""),
     ("config an array", meta_edit(lambda m: m.update(config=[])), "config = []"),

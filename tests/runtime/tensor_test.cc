@@ -4,6 +4,7 @@
 #include "runtime/tensor.h"
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -15,7 +16,8 @@ TEST(TensorViewTest, LeasesFollowFlatAndReshapeAndDetachedDropsThem) {
   std::vector<float> data(12, 1.0f);
   const TensorView plain(data.data(), DType::kF32, {3, 4});
   EXPECT_FALSE(plain.leased());
-  auto lease = std::make_shared<ViewLease>("the test's buffer");
+  auto lease =
+      std::make_shared<ViewLease>(std::make_shared<const std::string>("the test's buffer"));
   const TensorView v = plain.Leased(lease);
   EXPECT_TRUE(v.Flat(4, 4).leased());
   EXPECT_TRUE(v.Reshape({12}).leased());
@@ -25,7 +27,7 @@ TEST(TensorViewTest, LeasesFollowFlatAndReshapeAndDetachedDropsThem) {
   lease->Revoke("the test ended it");
   lease->Revoke("a second revoke changes nothing");
   EXPECT_TRUE(lease->revoked());
-  EXPECT_EQ(lease->why(), "the test ended it");
+  EXPECT_STREQ(lease->why(), "the test ended it");
   EXPECT_EQ(detached.data(), data.data());  // unchecked
   EXPECT_EQ(plain.data(), data.data());     // the lender's own view: unleased
   // Shape and dtype stay readable: only the data is revoked.
@@ -35,7 +37,8 @@ TEST(TensorViewTest, LeasesFollowFlatAndReshapeAndDetachedDropsThem) {
 TEST(TensorViewDeathTest, EveryDataAccessToARevokedViewFailsSayingWhy) {
   ::testing::FLAGS_gtest_death_test_style = "threadsafe";
   std::vector<float> data(12, 1.0f);
-  auto lease = std::make_shared<ViewLease>("the test's buffer");
+  auto lease =
+      std::make_shared<ViewLease>(std::make_shared<const std::string>("the test's buffer"));
   const TensorView v = TensorView(data.data(), DType::kF32, {3, 4}).Leased(lease);
   lease->Revoke("the test ended it");
   const char* want =
