@@ -67,18 +67,8 @@ class ShardManagerStore final : public WeightStore {
     int params;
   };
   using Clock = std::chrono::system_clock;
-  // Runs `f` when the compute stream reaches this point: on CPU streams in its order (a marker
-  // run on a queued stream's thread, at once on an immediate one); on CUDA now, on the host.
   Status AtComputePoint(std::function<void()> f) {
-    Stream& s = manager_.compute_stream();
-    if (s.device().is_cuda()) {
-      f();
-      return absl::OkStatus();
-    }
-    return s.Launch([f = std::move(f)] {
-      f();
-      return absl::OkStatus();
-    });
+    return AtStreamPoint(manager_.compute_stream(), std::move(f));
   }
 
   ShardManager& manager_;

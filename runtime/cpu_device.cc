@@ -17,6 +17,17 @@ Status RunOnHostInOrder(Stream* stream, std::function<Status()> work) {
   return work();
 }
 
+Status AtStreamPoint(Stream& stream, std::function<void()> f) {
+  if (stream.device().is_cuda()) {
+    f();
+    return absl::OkStatus();
+  }
+  return stream.Launch([f = std::move(f)] {
+    f();
+    return absl::OkStatus();
+  });
+}
+
 Status Stream::Launch(std::function<Status()> work) {
   return absl::UnimplementedError(StrCat("host work on stream '", name(), "' of ",
                                          device().ToString(),

@@ -117,6 +117,11 @@ StatusOr<std::unique_ptr<Event>> CreateEvent(Device device);
 // in). The CPU kernels, copies and fills go through it.
 Status RunOnHostInOrder(Stream* stream, std::function<Status()> work);
 
+// Runs `f` (a clock read for a trace span, say) when `stream` reaches this point: in a CPU
+// stream's order (on a queued stream's thread, at once on an immediate one); on a CUDA stream now,
+// on the host (its issue time: timing a CUDA stream's own execution needs events).
+Status AtStreamPoint(Stream& stream, std::function<void()> f);
+
 // Copies `bytes` between any two of host and CUDA memory. With an asynchronous stream (CUDA, or
 // a queued CPU stream) the copy is issued on it (both sides must then stay alive until the stream
 // reaches the copy); without one, or on an immediate CPU stream, it has finished when this
