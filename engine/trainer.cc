@@ -306,8 +306,7 @@ Status Run::SetupMesh() {
   return absl::OkStatus();
 }
 
-// The stage's part of the model, after the batch is resolved (the schedule's micro-batches are
-// gradient_accumulation_steps).
+// The stage's part of the model, after the batch is resolved (micro-batches = accumulation).
 Status Run::SetupPipeline() {
   if (pp() == 1) return absl::OkStatus();
   const ParallelConfig& par = c_.parallel;
@@ -410,7 +409,8 @@ Status Run::Setup() {
         .scatter_gather = c_.parallel.pipeline_scatter_gather,
         .chunks = part_.chunks,
         .allocator = allocator_.get(),
-        .stream = &manager_->compute_stream()};
+        .stream = &manager_->compute_stream(),
+        .streams = StreamOptionsFrom(c_)};
     po.fail_send_stage = ctx_.faults.pipeline_send_stage;  // the hang tests' hook
     po.fail_send_dies = ctx_.faults.pipeline_send_dies;
     ZR_ASSIGN_OR_RETURN(executor_, PipelineExecutor::Create(*model_, std::move(po)));

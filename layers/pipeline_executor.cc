@@ -77,8 +77,19 @@ StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(GptModel& m
   if (s.stages > 1) {
     ZR_ASSIGN_OR_RETURN(links, PipelineLinks::Create(*options.pipeline));
   }
-  return std::unique_ptr<PipelineExecutor>(
+  std::unique_ptr<PipelineExecutor> executor(
       new PipelineExecutor(model, std::move(options), std::move(links)));
+  ZR_RETURN_IF_ERROR(executor->CreateLinkStreams());
+  return executor;
+}
+
+PipelineExecutor::PipelineExecutor(GptModel& model, PipelineStageOptions options,
+                                   PipelineLinks links)
+    : model_(model), options_(std::move(options)), links_(std::move(links)) {}
+
+PipelineExecutor::~PipelineExecutor() {
+  // A failed step's transfers may still be using its buffers (abandoned_): let them end first.
+  for (auto& [link, ls] : link_streams_) (void)ls.stream->Synchronize();
 }
 
 bool PipelineExecutor::FirstChunk(int chunk) const {
@@ -111,26 +122,114 @@ struct PipelineExecutor::Step {
 
 Status PipelineExecutor::ReleaseSent() {
   for (auto& [link, copies] : in_flight_) {
-    while (copies.size() > link->posted_sends()) copies.pop_front();
+    if (StreamOf(link) == nullptr) {
+      while (copies.size() > link->posted_sends()) copies.pop_front();
+      continue;
+    }
+    while (!copies.empty() && copies.front().sent != nullptr) {
+      ZR_ASSIGN_OR_RETURN(const bool done, copies.front().sent->Query());
+      if (!done) break;
+      spare_events_.push_back(std::move(copies.front().sent));
+      copies.pop_front();
+    }
   }
   return absl::OkStatus();
 }
 
-// [Note: pipeline transfers on the asynchronous CPU device]
-// On cpu-async the compute stream is a queue on its own thread, and the communicators cannot
-// post a send or a batch of receives there (an operation that completes across calls has no
-// place in an in-order queue: a send waiting for its receiver would hold up everything queued
-// behind it on that stream). So a transfer first waits for the compute stream, then runs on the
-// host as on the synchronous device: a forward's send copy and a received boundary are then
-// complete before the host goes on, and the stream-ordered buffers they live in are not in use
-// by the stream. The transfers therefore do not overlap compute on cpu-async (on a GPU they do:
-// the stream's NCCL operations); everything else of the stage (its ZeRO collectives, gathers and
-// reductions) stays queued.
-StatusOr<Stream*> PipelineExecutor::TransferStream() {
-  Stream* s = options_.stream;
-  if (s == nullptr || !s->device().is_cpu() || !s->asynchronous()) return s;
-  ZR_RETURN_IF_ERROR(s->Synchronize());
-  return nullptr;
+// [Note: pipeline transfers on streams of their own]
+// Where a link's Send and Recv leave the host free -- on a queued CPU stream (cpu-async) they
+// run on that stream's thread, on a CUDA stream NCCL enqueues them -- every directed link
+// ([Note: pipeline links]) has a stream of its own: "p2p to stage t" carries this stage's sends
+// to t, "p2p from stage t" its receives from t.
+//  - A send waits (an event) for the compute work issued before it, which wrote its buffer (the
+//    copy of a forward's boundary, or the input gradient a backward wrote), then runs in its
+//    link stream's order; the buffer is kept until an event recorded after the send completes.
+//  - A batch of receives waits for the compute work issued before it (the buffers were
+//    allocated in the compute stream's order, and a block may have just been freed there), runs
+//    on each link's receive stream, and the compute stream waits for it before the work that
+//    reads what it received.
+// So the transfers run beside the compute, as on a GPU: they are on their own tracks of the
+// trace, and only the compute stream's waits for them count as exposed communication ([Note:
+// exposed communication], engine/comm_spans.h). A send that waits for its receiver holds up only
+// later sends on its link, which the receiver takes in the same order: no cycle forms. A step
+// ends by synchronising the links' streams, so their errors (a receive that timed out) are the
+// step's; a step that fails keeps its buffers (abandoned_) instead of waiting for transfers a
+// failed peer may never complete. Elsewhere -- the synchronous CPU, whose streams run on the
+// host, and CUDA buffers over a host backend (MPI, loopback), whose blocking send would hold the
+// host -- sends are posted (PostSend) and receives exchanged (Exchange) on the compute stream.
+Status PipelineExecutor::CreateLinkStreams() {
+  const Stream& compute = *options_.stream;
+  const auto outgoing = links_.outgoing(), incoming = links_.incoming();
+  if (!compute.asynchronous() || outgoing.empty()) return absl::OkStatus();
+  if (compute.device().is_cuda() && outgoing.front().second->moves_host_memory()) {
+    return absl::OkStatus();
+  }
+  StreamOptions streams = options_.streams;
+  streams.cpu = CpuExecution::kQueued;
+  for (const auto& [stage, link] : outgoing) {
+    ZR_ASSIGN_OR_RETURN(link_streams_[link].stream,
+                        CreateStream(compute.device(), StrCat("p2p to stage ", stage), streams));
+  }
+  for (const auto& [stage, link] : incoming) {
+    LinkStream& ls = link_streams_[link];
+    ZR_ASSIGN_OR_RETURN(ls.stream,
+                        CreateStream(compute.device(), StrCat("p2p from stage ", stage), streams));
+    ZR_ASSIGN_OR_RETURN(ls.received, CreateEvent(compute.device()));
+  }
+  ZR_ASSIGN_OR_RETURN(compute_ready_, CreateEvent(compute.device()));
+  return absl::OkStatus();
+}
+
+Stream* PipelineExecutor::StreamOf(Communicator* link) const {
+  auto it = link_streams_.find(link);
+  return it == link_streams_.end() ? nullptr : it->second.stream.get();
+}
+
+StatusOr<std::unique_ptr<Event>> PipelineExecutor::TakeEvent() {
+  if (spare_events_.empty()) return CreateEvent(options_.stream->device());
+  std::unique_ptr<Event> e = std::move(spare_events_.back());
+  spare_events_.pop_back();
+  return e;
+}
+
+Status PipelineExecutor::SendOnLinkStream(Communicator& link, const void* data, int64_t count,
+                                          DType dtype, std::unique_ptr<Event>& sent) {
+  Stream& on = *StreamOf(&link);
+  ZR_RETURN_IF_ERROR(compute_ready_->Record(*options_.stream));  // what wrote `data`
+  ZR_RETURN_IF_ERROR(on.WaitEvent(*compute_ready_));
+  ZR_RETURN_IF_ERROR(link.Send(data, count, dtype, PipelineLinks::kReceiverRank, &on));
+  ZR_ASSIGN_OR_RETURN(sent, TakeEvent());
+  return sent->Record(on);
+}
+
+Status PipelineExecutor::ReceiveOnLinkStream(Communicator& link, std::span<const P2POp> recvs,
+                                             std::span<const std::string> labels, DType dtype) {
+  LinkStream& ls = link_streams_.at(&link);
+  ZR_RETURN_IF_ERROR(compute_ready_->Record(*options_.stream));  // the buffers' earlier users
+  ZR_RETURN_IF_ERROR(ls.stream->WaitEvent(*compute_ready_));
+  for (size_t i = 0; i < recvs.size(); ++i) {
+    link.SetTraceLabel(labels[i]);
+    const Status received =
+        link.Recv(recvs[i].buffer, recvs[i].count, dtype, recvs[i].peer, ls.stream.get());
+    link.SetTraceLabel("");
+    ZR_RETURN_IF_ERROR(received);
+  }
+  ZR_RETURN_IF_ERROR(ls.received->Record(*ls.stream));
+  return options_.stream->WaitEvent(*ls.received);
+}
+
+Status PipelineExecutor::FinishTransfers() {
+  for (auto& [link, ls] : link_streams_) ZR_RETURN_IF_ERROR(ls.stream->Synchronize());
+  for (const auto& [stage, link] : links_.outgoing()) {
+    if (StreamOf(link) == nullptr) ZR_RETURN_IF_ERROR(link->WaitSends());
+  }
+  for (auto& [link, copies] : in_flight_) {
+    for (InFlight& f : copies) {
+      if (f.sent != nullptr) spare_events_.push_back(std::move(f.sent));
+    }
+  }
+  in_flight_.clear();
+  return absl::OkStatus();
 }
 
 Communicator* PipelineExecutor::To(int stage) const {
@@ -146,7 +245,12 @@ Communicator* PipelineExecutor::From(int stage) const {
 }
 
 Status PipelineExecutor::Compute(Step& step, const PipelineAction& a) {
-  const auto t0 = std::chrono::system_clock::now();
+  // The span runs from when the compute stream starts the action to when it has run (CPU
+  // streams) or issued (CUDA) all of it: AtStreamPoint.
+  using Clock = std::chrono::system_clock;
+  auto began = std::make_shared<Clock::time_point>();
+  if (options_.span)
+    ZR_RETURN_IF_ERROR(AtStreamPoint(*options_.stream, [began] { *began = Clock::now(); }));
   const auto [first, last] = options_.chunks[a.chunk];
   auto& mb = step.mbs[a.micro_batch];
   if (a.op == PipelineOp::kForward) {
@@ -188,8 +292,11 @@ Status PipelineExecutor::Compute(Step& step, const PipelineAction& a) {
     if (a.chunk == 0) mb.reset();  // its last backward on this stage
   }
   if (options_.span) {
-    options_.span(StrCat(PipelineOpName(a.op), " ", a.micro_batch, ".", a.chunk), "compute", t0,
-                  std::chrono::system_clock::now());
+    ZR_RETURN_IF_ERROR(AtStreamPoint(
+        *options_.stream, [span = options_.span, began,
+                           what = StrCat(PipelineOpName(a.op), " ", a.micro_batch, ".", a.chunk)] {
+          span(what, "compute", *began, Clock::now());
+        }));
   }
   return absl::OkStatus();
 }
@@ -238,15 +345,20 @@ Status PipelineExecutor::Send(Step& step, const PipelineAction& a) {
     data = static_cast<const std::byte*>(copy.data()) + offset * elem;
   }
   Communicator* link = To(to.stage);
-  ZR_ASSIGN_OR_RETURN(Stream* const on, TransferStream());
+  // Kept from now on: a send issued on a link's stream may read it even if a later call fails.
+  std::deque<InFlight>& copies = in_flight_[link];
+  copies.push_back({.copy = std::move(copy)});
   link->SetTraceLabel(StrCat(PipelineOpName(a.op), " ", a.micro_batch, ".", a.chunk));
-  const Status posted = link->PostSend(data, count, dtype, PipelineLinks::kReceiverRank, on);
+  const bool on_link_stream = StreamOf(link) != nullptr;
+  const Status issued =
+      on_link_stream
+          ? SendOnLinkStream(*link, data, count, dtype, copies.back().sent)
+          : link->PostSend(data, count, dtype, PipelineLinks::kReceiverRank, options_.stream);
   link->SetTraceLabel("");
-  ZR_RETURN_IF_ERROR(posted);
+  ZR_RETURN_IF_ERROR(issued);
   bytes_sent_ += count * static_cast<int64_t>(elem);
-  in_flight_[link].push_back(std::move(copy));
   ZR_RETURN_IF_ERROR(ReleaseSent());
-  if (options_.span) {
+  if (options_.span && !on_link_stream) {  // on a link's stream the send is on its own track
     options_.span(
         StrCat(PipelineOpName(a.op), " ", a.micro_batch, ".", a.chunk, " to stage ", to.stage),
         "p2p", t0, std::chrono::system_clock::now());
@@ -259,8 +371,9 @@ Status PipelineExecutor::Receive(Step& step, const std::vector<PipelineAction>& 
   const DType dtype = model_.BoundaryDType();
   const size_t elem = DTypeSize(dtype);
   std::map<int, std::vector<P2POp>> ops;                // per stage received from (its link)
+  std::map<int, std::vector<std::string>> labels;       // each receive's, in the same order
   std::vector<std::pair<std::byte*, int64_t>> gathers;  // whole buffers to all-gather into
-  std::string label;
+  std::string label;                                    // the whole batch's
   for (const PipelineAction& a : batch) {
     const bool forward = a.op == PipelineOp::kRecvForward;
     const ChunkAddress from = forward ? PreviousChunk(options_.shape, options_.stage, a.chunk)
@@ -284,14 +397,19 @@ Status PipelineExecutor::Receive(Step& step, const std::vector<PipelineAction>& 
     ops[from.stage].push_back({P2POp::kRecv, into + offset * elem, static_cast<size_t>(count),
                                PipelineLinks::kSenderRank});
     if (count != n) gathers.emplace_back(into, n);
-    StrAppend(&label, label.empty() ? "" : ", ", PipelineOpName(a.op), " ", a.micro_batch, ".",
-              a.chunk);
+    labels[from.stage].push_back(StrCat(PipelineOpName(a.op), " ", a.micro_batch, ".", a.chunk));
+    StrAppend(&label, label.empty() ? "" : ", ", labels[from.stage].back());
   }
-  ZR_ASSIGN_OR_RETURN(Stream* const on, TransferStream());
+  bool on_link_streams = false;
   for (const auto& [stage, recvs] : ops) {
     Communicator* link = From(stage);
+    if (StreamOf(link) != nullptr) {
+      on_link_streams = true;
+      ZR_RETURN_IF_ERROR(ReceiveOnLinkStream(*link, recvs, labels[stage], dtype));
+      continue;
+    }
     link->SetTraceLabel(label);
-    const Status received = link->Exchange(recvs, dtype, on);
+    const Status received = link->Exchange(recvs, dtype, options_.stream);
     link->SetTraceLabel("");
     ZR_RETURN_IF_ERROR(received);
   }
@@ -304,20 +422,32 @@ Status PipelineExecutor::Receive(Step& step, const std::vector<PipelineAction>& 
     ZR_RETURN_IF_ERROR(gathered);
   }
   ZR_RETURN_IF_ERROR(ReleaseSent());
-  if (options_.span) options_.span(label, "p2p", t0, std::chrono::system_clock::now());
+  if (options_.span && !on_link_streams) {
+    options_.span(label, "p2p", t0, std::chrono::system_clock::now());
+  }
   return absl::OkStatus();
 }
 
 StatusOr<double> PipelineExecutor::Run(const std::vector<PipelineAction>& actions,
                                        std::span<const PipelineData> data, int batch, int seq,
                                        bool train, float loss_scale) {
-  Step step;
-  step.data = data;
-  step.batch = batch;
-  step.seq = seq;
-  step.train = train;
-  step.loss_scale = loss_scale;
-  step.mbs.resize(data.size());
+  auto step = std::make_unique<Step>();
+  step->data = data;
+  step->batch = batch;
+  step->seq = seq;
+  step->train = train;
+  step->loss_scale = loss_scale;
+  step->mbs.resize(data.size());
+  Status status = RunActions(*step, actions);
+  if (status.ok()) status = FinishTransfers();
+  if (!status.ok() && !link_streams_.empty()) {
+    abandoned_.push_back(std::move(step));  // [Note: pipeline transfers on streams of their own]
+  }
+  ZR_RETURN_IF_ERROR(status);
+  return step->loss;
+}
+
+Status PipelineExecutor::RunActions(Step& step, const std::vector<PipelineAction>& actions) {
   for (const std::vector<PipelineAction>& b : PipelineBatches(actions)) {
     const PipelineOp op = b.front().op;
     if (op == PipelineOp::kForward || op == PipelineOp::kBackward) {
@@ -331,9 +461,7 @@ StatusOr<double> PipelineExecutor::Run(const std::vector<PipelineAction>& action
   for (const auto& mb : step.mbs) {
     if (mb) return absl::InternalError("a micro-batch left unfinished by the schedule");
   }
-  for (Communicator* link : links_.outgoing()) ZR_RETURN_IF_ERROR(link->WaitSends());
-  in_flight_.clear();
-  return step.loss;
+  return absl::OkStatus();
 }
 
 StatusOr<double> PipelineExecutor::Train(std::span<const PipelineData> data, int batch, int seq,

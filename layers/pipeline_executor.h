@@ -3,7 +3,9 @@
 // first forward on this stage to its last backward here; receives are waited for in batches
 // (Communicator::Exchange), sends are posted (Communicator::PostSend) from copies the executor
 // owns until the backend reports them complete, so a MicroBatch can go as soon as its backward
-// ends. Every point-to-point runs under the watchdog's deadline like the collectives.
+// ends. Every point-to-point runs under the watchdog's deadline like the collectives. On an
+// asynchronous device the transfers run on streams of their own, beside the compute ([Note:
+// pipeline transfers on streams of their own], pipeline_executor.cc).
 //
 // Scatter/gather (Megatron's optimisation of cross-stage sends): without sequence parallelism
 // the boundary activation is the same on every tensor-parallel rank, so each sends 1/tp of it
@@ -20,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -51,7 +54,10 @@ struct PipelineStageOptions {
   std::vector<std::pair<int, int>> chunks;  // the model's GptStagePart::chunks
   Allocator* allocator = nullptr;           // send copies and received gradients
   Stream* stream = nullptr;                 // the model's compute stream
-  SpanSink span;                            // optional
+  // How the links' own streams run on a CPU device (queued, as the compute stream must then be;
+  // this jitter): [Note: pipeline transfers on streams of their own].
+  StreamOptions streams = {};
+  SpanSink span;  // optional
   // Fault injection for the hang tests: stage `fail_send_stage` skips its first send (never
   // posts it) or, with `fail_send_dies`, exits at it, as a crashed or buggy stage would.
   int fail_send_stage = -1;
@@ -64,6 +70,7 @@ struct PipelineData {
 
 class PipelineExecutor {
  public:
+  ~PipelineExecutor();
   static StatusOr<std::unique_ptr<PipelineExecutor>> Create(GptModel& model,
                                                             PipelineStageOptions options);
 
@@ -82,24 +89,29 @@ class PipelineExecutor {
   const PipelineStageOptions& options() const { return options_; }
 
  private:
-  PipelineExecutor(GptModel& model, PipelineStageOptions options, PipelineLinks links)
-      : model_(model), options_(std::move(options)), links_(std::move(links)) {}
+  PipelineExecutor(GptModel& model, PipelineStageOptions options, PipelineLinks links);
   struct Step;
   StatusOr<double> Run(const std::vector<PipelineAction>& actions,
                        std::span<const PipelineData> data, int batch, int seq, bool train,
                        float loss_scale);
+  Status RunActions(Step& step, const std::vector<PipelineAction>& actions);
   Status Compute(Step& step, const PipelineAction& a);
   Status Send(Step& step, const PipelineAction& a);
   Status Receive(Step& step, const std::vector<PipelineAction>& batch);
   Status ReleaseSent();  // send copies whose sends completed
-  // Where a posted send or a batch of receives is issued: the compute stream, or (a queued CPU
-  // stream, cpu-async) the host once that stream has finished (nullptr). [Note: pipeline
-  // transfers on the asynchronous CPU device]
-  StatusOr<Stream*> TransferStream();
-  Communicator* To(int stage) const;    // the link to a neighbour ([Note: pipeline links])
-  Communicator* From(int stage) const;  // the link from one
-  bool FirstChunk(int chunk) const;     // the model's first chunk (it embeds)
-  bool LastChunk(int chunk) const;      // the model's last chunk (it has the head)
+  // [Note: pipeline transfers on streams of their own]
+  Status CreateLinkStreams();
+  Stream* StreamOf(Communicator* link) const;  // null: the transfers are posted and exchanged
+  Status SendOnLinkStream(Communicator& link, const void* data, int64_t count, DType dtype,
+                          std::unique_ptr<Event>& sent);
+  Status ReceiveOnLinkStream(Communicator& link, std::span<const P2POp> recvs,
+                             std::span<const std::string> labels, DType dtype);
+  StatusOr<std::unique_ptr<Event>> TakeEvent();  // from spare_events_, or a new one
+  Status FinishTransfers();                      // a step's end: every transfer complete
+  Communicator* To(int stage) const;             // the link to a neighbour ([Note: pipeline links])
+  Communicator* From(int stage) const;           // the link from one
+  bool FirstChunk(int chunk) const;              // the model's first chunk (it embeds)
+  bool LastChunk(int chunk) const;               // the model's last chunk (it has the head)
   // The part of a boundary of `n` elements this rank sends and receives: all of it, or its
   // 1/tp (scatter/gather): {offset, count}.
   std::pair<int64_t, int64_t> Slice(int64_t n) const;
@@ -107,8 +119,23 @@ class PipelineExecutor {
   GptModel& model_;
   PipelineStageOptions options_;
   PipelineLinks links_;
-  // Copies of posted sends per link, oldest first.
-  std::map<Communicator*, std::deque<Buffer>> in_flight_;
+  // Send copies per link, oldest first, each kept until its send has completed: posted sends
+  // (`sent` null) by the link's count of posted sends, sends on a link's stream by `sent`.
+  struct InFlight {
+    Buffer copy;
+    std::unique_ptr<Event> sent;
+  };
+  std::map<Communicator*, std::deque<InFlight>> in_flight_;
+  struct LinkStream {
+    std::unique_ptr<Stream> stream;   // "p2p to stage t" / "p2p from stage t"
+    std::unique_ptr<Event> received;  // receive streams: a batch's end, for the compute stream
+  };
+  std::map<Communicator*, LinkStream> link_streams_;  // empty: posted and exchanged
+  std::unique_ptr<Event> compute_ready_;  // the compute work a transfer on a link waits for
+  std::vector<std::unique_ptr<Event>> spare_events_;
+  // Steps that failed while transfers on the links' streams might still use their buffers: kept
+  // until the executor goes (its links' streams are drained first).
+  std::vector<std::unique_ptr<Step>> abandoned_;
   int64_t bytes_sent_ = 0;
   bool failed_send_ = false;  // the injected fault happened
 };

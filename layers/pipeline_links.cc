@@ -49,10 +49,16 @@ Communicator* PipelineLinks::From(int stage) const {
   return it == from_.end() ? nullptr : it->second.get();
 }
 
-std::vector<Communicator*> PipelineLinks::outgoing() const {
-  std::vector<Communicator*> out;
-  for (const auto& [stage, link] : to_) out.push_back(link.get());
+namespace {
+std::vector<std::pair<int, Communicator*>> Listed(
+    const std::map<int, std::unique_ptr<Communicator>>& links) {
+  std::vector<std::pair<int, Communicator*>> out;
+  for (const auto& [stage, link] : links) out.emplace_back(stage, link.get());
   return out;
 }
+}  // namespace
+
+std::vector<std::pair<int, Communicator*>> PipelineLinks::outgoing() const { return Listed(to_); }
+std::vector<std::pair<int, Communicator*>> PipelineLinks::incoming() const { return Listed(from_); }
 
 }  // namespace zerort

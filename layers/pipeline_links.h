@@ -4,6 +4,7 @@
 
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "runtime/communicator.h"
@@ -34,7 +35,10 @@ class PipelineLinks {
   // rank 1 (to) or 0 (from).
   Communicator* To(int stage) const;
   Communicator* From(int stage) const;
-  std::vector<Communicator*> outgoing() const;
+  // Every link this rank sends on (outgoing) or receives on (incoming), with the neighbour's
+  // stage, in stage order.
+  std::vector<std::pair<int, Communicator*>> outgoing() const;
+  std::vector<std::pair<int, Communicator*>> incoming() const;
 
   static constexpr int kReceiverRank = 1;
   static constexpr int kSenderRank = 0;

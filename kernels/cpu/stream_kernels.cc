@@ -15,6 +15,8 @@ class StreamOrderedKernels final : public ModelKernels {
  public:
   StreamOrderedKernels(std::unique_ptr<ModelKernels> inner, Stream& stream)
       : k_(std::move(inner)), stream_(stream) {}
+  // Work still queued (a step that failed part-way) calls the inner kernels: it runs first.
+  ~StreamOrderedKernels() override { (void)stream_.Synchronize(); }
 
   Device device() const override { return k_->device(); }
   Stream& stream() override { return stream_; }

@@ -130,9 +130,8 @@ CASES = [
     ("offload-host-stage1", 2, {"zero_optimization": {"stage": 1,
                                                       "offload_optimizer": {"device": "cpu"}}}),
     ("tensor-parallel", 2, {"parallel": {"tensor_parallel_size": 2}}),
-    # The pipeline's transfers wait for the compute stream and run on the host there
-    # ([Note: pipeline transfers on the asynchronous CPU device]); the stages' own ZeRO work stays
-    # queued.
+    # The pipeline's transfers run on each link's own queued stream, ordered against the compute
+    # stream by events ([Note: pipeline transfers on streams of their own]).
     ("pipeline-1f1b", 2, {"parallel": {"pipeline_parallel_size": 2},
                           "gradient_accumulation_steps": 4, "zero_optimization": {"stage": 1}}),
     ("pipeline-interleaved-dp2", 4, {"parallel": {"pipeline_parallel_size": 2,

@@ -221,12 +221,18 @@ hang = dict(BASE, parallel={"pipeline_parallel_size": 2, "collective_timeout_s":
 hang_cfg = write("hang.json", hang)
 hang_slow = write("hang_slow.json", dict(hang, parallel={"pipeline_parallel_size": 2,
                                                          "collective_timeout_s": 60}))
+# On the asynchronous CPU device the transfers wait on the links' own streams ([Note: pipeline
+# transfers on streams of their own]): the same exits, reports and times.
+hang_async = write("hang_async.json", dict(hang, train=dict(hang["train"], device="cpu-async")))
 no_abort = ["--mca", "orte_abort_on_non_zero_status", "0"]
 for what, fault, want, mpi_args, cfg, signal in [
         ("stage 0 skips a send", "0:skip", {0: 3, 1: 3}, no_abort, hang_cfg, False),
         ("stage 1 skips a send", "1:skip", {0: 3, 1: 3}, no_abort, hang_cfg, False),
         ("stage 1 dies", "1:die", {0: 3, 1: 7}, no_abort, hang_cfg, False),
-        ("stage 1 dies, mpirun's SIGTERM", "1:die", {0: 3, 1: 7}, [], hang_slow, True)]:
+        ("stage 1 dies, mpirun's SIGTERM", "1:die", {0: 3, 1: 7}, [], hang_slow, True),
+        ("cpu-async: stage 0 skips a send", "0:skip", {0: 3, 1: 3}, no_abort, hang_async, False),
+        ("cpu-async: stage 1 skips a send", "1:skip", {0: 3, 1: 3}, no_abort, hang_async, False),
+        ("cpu-async: stage 1 dies", "1:die", {0: 3, 1: 7}, no_abort, hang_async, False)]:
     codes = os.path.join(tmp, "rc_" + fault.replace(":", "_") + ("_sig" if signal else ""))
     start = time.monotonic()
     r = subprocess.run([mpiexec] + mpi_args + [

@@ -75,6 +75,7 @@ struct GptRunConfig {
   // The micro-batches' losses summed in the kernels' ledger and read once per step
   // (GptModel::set_defer_training_loss), as zerort train does.
   bool defer_loss = false;
+  int fail_send_stage = -1;  // the executor's fault injection: this stage skips its first send
 };
 
 struct GptRank {
@@ -150,7 +151,9 @@ inline StatusOr<GptRank> MakeGptRank(const GptRunConfig& c, Communicator& comm,
                                    .scatter_gather = c.scatter_gather,
                                    .chunks = part.chunks,
                                    .allocator = r.allocator.get(),
-                                   .stream = &r.kernels->stream()}));
+                                   .stream = &r.kernels->stream(),
+                                   .streams = c.streams,
+                                   .fail_send_stage = c.fail_send_stage}));
   }
   return r;
 }

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "runtime/loopback_communicator.h"
+#include "runtime/strings.h"
 #include "tests/layers/gpt_harness.h"
 
 namespace zerort {
@@ -155,33 +156,62 @@ TEST(GptModelTest, StagesAndWorldSizesGiveTheSameLosses) {
 
 // The asynchronous CPU device (queued, jittered streams) changes no bit of the losses, with ZeRO-3
 // gathers and reductions on the comm stream's thread, tensor parallelism's collectives on
-// compute, and the host-tier LAMB step (docs/async-device.md). Also run under ThreadSanitizer
-// (make test-tsan), where a missing event wait is a reported data race.
+// compute, the host-tier LAMB step, and pipeline stages whose transfers run on streams of their
+// own ([Note: pipeline transfers on streams of their own], layers/pipeline_executor.cc), with
+// NCCL-like sends (a send ends when received) and the scatter/gather's all-gather; the
+// pipeline's final weights are compared too (docs/async-device.md). Also run under
+// ThreadSanitizer (make test-tsan), where a missing event wait is a reported data race.
 TEST(GptModelTest, QueuedStreamsGiveBitwiseTheSameLosses) {
   struct Case {
     ZeroStage stage;
     int world, tp;
     OptimizerKind optimizer = OptimizerKind::kAdamW;
     MemoryTier optimizer_tier = MemoryTier::kDevice;
+    int pp = 1, virtual_stages = 1;
+    LoopbackSends sends = LoopbackSends::kBuffered;
   };
-  for (const Case k :
-       {Case{ZeroStage::k0, 1, 1}, Case{ZeroStage::k3, 2, 1}, Case{ZeroStage::k2, 2, 2},
-        Case{ZeroStage::k3, 2, 1, OptimizerKind::kLamb, MemoryTier::kHost}}) {
+  const Case cases[] = {
+      {ZeroStage::k0, 1, 1},
+      {ZeroStage::k3, 2, 1},
+      {ZeroStage::k2, 2, 2},
+      {ZeroStage::k3, 2, 1, OptimizerKind::kLamb, MemoryTier::kHost},
+      {ZeroStage::k1, 2, 1, OptimizerKind::kAdamW, MemoryTier::kDevice, 2, 1,
+       LoopbackSends::kRendezvous},
+      {ZeroStage::k1, 4, 2, OptimizerKind::kAdamW, MemoryTier::kDevice, 2, 1,
+       LoopbackSends::kRendezvous},
+      {ZeroStage::k3, 4, 1, OptimizerKind::kAdamW, MemoryTier::kDevice, 2, 2},
+  };
+  for (const Case& k : cases) {
     GptRunConfig c;
     c.stage = k.stage;
     c.tp = k.tp;
     c.optimizer = k.optimizer;
     c.placement.optimizer = k.optimizer_tier;
-    c.sequence_parallel = k.tp > 1;
+    c.sequence_parallel = k.tp > 1 && k.pp == 1;  // the pipeline's scatter/gather: tp alone
     c.micro_batches = 2;
-    const std::vector<double> immediate = testing::TrainLoopback(c, k.world);
-    c.streams = {.cpu = CpuExecution::kQueued, .jitter_seed = 5, .jitter_max_us = 200};
-    const std::vector<double> queued = testing::TrainLoopback(c, k.world);
-    ASSERT_EQ(queued.size(), immediate.size());
-    for (size_t i = 0; i < queued.size(); ++i) {
-      EXPECT_EQ(queued[i], immediate[i]) << "stage " << static_cast<int>(k.stage) << " world "
-                                         << k.world << " tp " << k.tp << " step " << i;
+    c.pp = k.pp;
+    c.sends = k.sends;
+    if (k.pp > 1) {
+      c.micro_batches = 4;
+      c.global_batch = 8 * k.world / (k.tp * k.pp);
+      c.virtual_stages = k.virtual_stages;
+      if (k.virtual_stages > 1) c.schedule = PipelineSchedule::kInterleaved;
+      c.model.n_layer = 2 * k.pp * k.virtual_stages;
     }
+    const std::string what = StrCat("stage ", static_cast<int>(k.stage), " world ", k.world, " tp ",
+                                    k.tp, " pp ", k.pp, " v ", k.virtual_stages);
+    testing::GptMasters immediate_masters, queued_masters;
+    testing::GptMasters* const want = k.pp > 1 ? &immediate_masters : nullptr;
+    const std::vector<double> immediate = testing::TrainLoopback(c, k.world, want);
+    c.streams = {.cpu = CpuExecution::kQueued, .jitter_seed = 5, .jitter_max_us = 200};
+    const std::vector<double> queued =
+        testing::TrainLoopback(c, k.world, k.pp > 1 ? &queued_masters : nullptr);
+    ASSERT_FALSE(immediate.empty()) << what;
+    ASSERT_EQ(queued.size(), immediate.size()) << what;
+    for (size_t i = 0; i < queued.size(); ++i) {
+      EXPECT_EQ(queued[i], immediate[i]) << what << " step " << i;
+    }
+    EXPECT_TRUE(queued_masters == immediate_masters) << what << ": the final weights differ";
   }
 }
 

@@ -170,6 +170,37 @@ TEST(GptPipelineTest, NcclLikeSendsDoNotDeadlock) {
   }
 }
 
+// [Note: pipeline transfers on streams of their own]: on queued streams a receive that fails on
+// its link's stream (here it times out: stage 0 skipped its first send) is the step's error on
+// the receiving stage, found when the step synchronises the links' streams, not a step that
+// goes on with what the buffer held. Without a watchdog the loopback deadline ends the wait.
+TEST(GptPipelineTest, AFailedReceiveOnALinkStreamFailsTheStep) {
+  GptRunConfig c = Base();
+  c.pp = 2;
+  c.steps = 1;  // the failed receive is the step's last on its link: only the step's end sees it
+  c.streams = {.cpu = CpuExecution::kQueued, .jitter_seed = 9, .jitter_max_us = 100};
+  c.fail_send_stage = 0;
+  c.comm_timeout = std::chrono::milliseconds(500);
+  std::vector<double> losses;
+  std::mutex mu;
+  CommOptions options;
+  options.timeout = c.comm_timeout;
+  std::vector<Status> results(2);
+  const auto start = std::chrono::steady_clock::now();
+  (void)RunLoopbackRanks(2, options, nullptr, [&](Communicator& comm) {
+    Status s = testing::TrainGptRank(c, comm, losses, nullptr, nullptr, &mu);
+    std::lock_guard lock(mu);
+    results[comm.rank()] = s;
+    return s;
+  });
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_FALSE(results[1].ok()) << "stage 1 trained on a boundary it never received";
+  EXPECT_EQ(results[1].code(), absl::StatusCode::kDeadlineExceeded) << results[1];
+  EXPECT_NE(results[1].message().find("0->1"), std::string::npos) << results[1];
+  EXPECT_LT(seconds, 20) << "the stages waited past their deadlines";
+}
+
 // Evaluation losses and greedy samples through the stages (interleaved, with tp) equal one
 // rank's, and the scatter/gather sends half the bytes at tp 2.
 TEST(GptPipelineTest, EvaluationSamplingAndScatterGatherBytes) {
