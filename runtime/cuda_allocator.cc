@@ -60,6 +60,8 @@ class PinnedHostBackend final : public CachingBackend {
   Device event_device_;
 };
 
+constexpr uint64_t kStreamOrderedPoolKeep = uint64_t{2} << 20;
+
 Status NeedDevice(std::string_view what) {
   if (CudaDeviceCount() > 0) return absl::OkStatus();
   const CudaInfo info = QueryCuda();
@@ -75,6 +77,14 @@ StatusOr<std::unique_ptr<Allocator>> MakeCudaCachingAllocator(Device device,
   if (!device.is_cuda() || device.index >= CudaDeviceCount()) {
     return absl::InvalidArgumentError(StrCat("no CUDA device ", device.ToString()));
   }
+  // The reductions' partials (kernels/cuda/reduce.cu, 2 KiB each) come from the device's default
+  // stream-ordered pool: with its release threshold at 0 the pool hands what was freed back to
+  // the driver at every synchronisation, and the next step's reductions map it again. Keep up to
+  // kStreamOrderedPoolKeep in it (not in the tracker: at most a few partials are live at once).
+  cudaMemPool_t pool = nullptr;
+  ZR_CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, device.index));
+  uint64_t keep = kStreamOrderedPoolKeep;
+  ZR_CUDA_RETURN_IF_ERROR(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
   CachingAllocatorOptions options;
   options.tier = MemoryTier::kDevice;
   options.tracker = tracker;
