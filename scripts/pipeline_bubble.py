@@ -11,8 +11,11 @@ first (median over steps):
 - "step_us" and "compute_window_us": the slowest rank's step window and the compute window.
 Usage: pipeline_bubble.py TRACE.json"""
 import json
+import re
 import statistics
 import sys
+
+ACTION = re.compile(r"^(forward|backward) \d+\.\d+$")
 
 with open(sys.argv[1]) as f:
     events = [e for e in json.load(f) if e.get("ph") == "X"]
@@ -27,8 +30,9 @@ for step in steps[1:]:
         prev = next(e for e in mine if e["name"] == f"optimizer step {step - 1}")
         this = next(e for e in mine if e["name"] == f"optimizer step {step}")
         begin, end = prev["ts"] + prev["dur"], this["ts"]
-        compute = [e for e in mine if e["name"].split()[0] in ("forward", "backward")
-                   and begin <= e["ts"] < end]
+        # The executor's actions ("forward 3.0": micro-batch 3, chunk 0), not the units' spans
+        # inside them ("forward blocks.3").
+        compute = [e for e in mine if ACTION.match(e["name"]) and begin <= e["ts"] < end]
         busy[r] = sum(e["dur"] for e in compute)
         step_idle.append(1 - busy[r] / (end - begin))
         windows.append(end - begin)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Stream-ordering mutations (docs/async-device.md, "How it is proven"): each event record and wait,
-host synchronisation and stream-ordered free in sharding/ (and the NVMe step's staging fences) is
-removed in turn, the detector is rebuilt and run; a mutation is caught when it fails. Detectors:
+host synchronisation and stream-ordered free in sharding/ (and the NVMe step's staging fences) and
+the pipeline executor's events and step-end synchronisation is removed in turn, the detector is rebuilt and run; a mutation is caught when it fails. Detectors:
   parity (default): zerort, then the asynchronous-device parity test
     (tests/cli/async_parity_test.py: cpu against cpu-async with jitter, bitwise);
   tsan: gpt_model_test in a ThreadSanitizer build (make test-tsan's), then
@@ -63,9 +63,10 @@ MUTATIONS = [
      "plan.tier == MemoryTier::kDevice ? stream : nullptr", "nullptr",
      "a device-tier buffer is zeroed in its stream's order"),
     ("host-grad-sync", "sharding/sharded_optimizer.cc",
-     "  ZR_RETURN_IF_ERROR(stream.Synchronize());\n  if (s.grad.in_memory())",
-     "  if (s.grad.in_memory())",
-     "the host tier adds a reduced gradient after the stream wrote it"),
+     "  ZR_RETURN_IF_ERROR(g.copied->Synchronize());\n  return AddHostGradient(",
+     "  return AddHostGradient(",
+     "the host tier adds a reduced gradient after its copy to the host ([Note: host gradients in "
+     "flight])"),
     ("optimizer-by-device", "sharding/sharded_optimizer.h",
      "    return t == MemoryTier::kDevice ? resources_.compute : nullptr;\n",
      "    return resources_.compute->device().is_cpu() ? nullptr : resources_.compute;\n",
@@ -98,6 +99,22 @@ MUTATIONS = [
      "  opt_.staging_->Return(j.lease, std::move(fences));\n",
      "  opt_.staging_->Return(j.lease, {});\n",
      "an NVMe staging set is reused after its writes completed"),
+    # The pipeline executor ([Note: pipeline transfers on streams of their own]).
+    ("pipeline-send-waits", "layers/pipeline_executor.cc",
+     "  ZR_RETURN_IF_ERROR(on.WaitEvent(*compute_ready_));\n", "",
+     "a send on its link's stream reads what the compute stream wrote"),
+    ("pipeline-recv-waits", "layers/pipeline_executor.cc",
+     "  ZR_RETURN_IF_ERROR(ls.stream->WaitEvent(*compute_ready_));\n", "",
+     "a receive writes its buffer after the compute work issued before it"),
+    ("pipeline-compute-waits", "layers/pipeline_executor.cc",
+     "  return options_.stream->WaitEvent(*ls.received);\n", "  return absl::OkStatus();\n",
+     "the compute stream reads a boundary after its receive"),
+    ("pipeline-copy-kept", "layers/pipeline_executor.cc",
+     "      if (!done) break;\n", "",
+     "a send's copy is freed only after the send completed"),
+    ("pipeline-step-sync", "layers/pipeline_executor.cc",
+     "  for (auto& [link, ls] : link_streams_) ZR_RETURN_IF_ERROR(ls.stream->Synchronize());\n",
+     "", "a step ends after its transfers (their errors are its own)"),
 ]
 
 
