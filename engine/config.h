@@ -120,6 +120,7 @@ struct ModelConfig {
 
 struct DataConfig {
   std::string path;
+  std::string format = "detect";  // ParseTokenFormat
   double validation_fraction = 0.05;
 };
 

@@ -345,7 +345,12 @@ std::vector<ConfigField> BuildTable() {
                            "rows of the head's logits at a time; 0: automatic (2 d_model)"));
 
   t.push_back(Str("data", "path", ZR_MEMBER(data.path), {},
-                  "token file (zerort data prepare); empty: the built-in corpus"));
+                  "token file: zerort's (zerort data prepare), an llm.c shard, a Megatron indexed "
+                  "dataset (PREFIX, .idx or .bin) or a raw array (data.format); memory-mapped, "
+                  "never read whole; empty: the built-in corpus"));
+  t.push_back(Str("data", "format", ZR_MEMBER(data.format), {"detect", "uint16", "uint32"},
+                  "detect: by the file's header; uint16/uint32: a raw little-endian token array "
+                  "without one (nanoGPT's train.bin)"));
   t.push_back(Num<double>("data", "validation_fraction", ZR_MEMBER(data.validation_fraction), 0,
                           0.5, "the file's tail held out for evaluation"));
 

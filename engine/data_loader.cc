@@ -1,16 +1,15 @@
 // Training and validation windows of a token stream.
 #include "engine/data_loader.h"
 
-#include <algorithm>
-
 #include "engine/token_file.h"
 #include "runtime/strings.h"
 
 namespace zerort {
 
-StatusOr<DataLoader> DataLoader::Create(std::vector<int32_t> tokens, int seq_len,
-                                        double validation_fraction, std::string source) {
-  const int64_t n = static_cast<int64_t>(tokens.size());
+StatusOr<DataLoader> DataLoader::Create(std::shared_ptr<const TokenSource> tokens, int seq_len,
+                                        double validation_fraction, int vocab) {
+  const int64_t n = tokens->size();
+  const std::string& source = tokens->name();
   const int64_t validation = static_cast<int64_t>(static_cast<double>(n) * validation_fraction);
   const int64_t train = n - validation;
   if (train < seq_len + 2) {
@@ -23,46 +22,44 @@ StatusOr<DataLoader> DataLoader::Create(std::vector<int32_t> tokens, int seq_len
         source, ": the validation split (", validation, " tokens, data.validation_fraction = ",
         validation_fraction, ") holds no window of seq_len + 1 = ", seq_len + 1, " tokens"));
   }
-  return DataLoader(std::move(tokens), seq_len, train, std::move(source));
+  return DataLoader(std::move(tokens), seq_len, train, vocab);
 }
 
-StatusOr<DataLoader> DataLoader::Load(const std::string& path, int seq_len,
-                                      double validation_fraction, int vocab_size) {
+StatusOr<DataLoader> DataLoader::Load(const DataConfig& data, int seq_len, int vocab_size) {
   constexpr size_t kBuiltinCorpusBytes = 1 << 20;
-  std::vector<int32_t> tokens;
-  std::string source;
-  int vocab = 256;
-  if (path.empty()) {
-    source = "the built-in corpus";
-    tokens = ByteTokens(BuiltinCorpus(kBuiltinCorpusBytes, 20261121));
+  std::unique_ptr<TokenSource> tokens;
+  if (data.path.empty()) {
+    tokens = TokenSource::FromTokens(ByteTokens(BuiltinCorpus(kBuiltinCorpusBytes, 20261121)), 256,
+                                     "the built-in corpus");
   } else {
-    source = path;
-    ZR_ASSIGN_OR_RETURN(TokenFile file, ReadTokenFile(path));
-    tokens = std::move(file.tokens);
-    vocab = file.vocab_size;
+    ZR_ASSIGN_OR_RETURN(const TokenFormat format, ParseTokenFormat(data.format));
+    ZR_ASSIGN_OR_RETURN(tokens, TokenSource::Open(data.path, format));
   }
-  if (vocab > vocab_size) {
-    return absl::InvalidArgumentError(StrCat(source, " has a vocabulary of ", vocab,
+  if (tokens->vocab_size() > vocab_size) {
+    return absl::InvalidArgumentError(StrCat(tokens->name(), " has a vocabulary of ",
+                                             tokens->vocab_size(),
                                              " tokens, more than model.vocab_size = ", vocab_size));
   }
-  return Create(std::move(tokens), seq_len, validation_fraction, std::move(source));
+  return Create(std::move(tokens), seq_len, data.validation_fraction, vocab_size);
 }
 
-void DataLoader::TrainSequence(int64_t g, std::span<int32_t> inputs,
-                               std::span<int32_t> targets) const {
+Status DataLoader::Window(int64_t start, std::span<int32_t> inputs,
+                          std::span<int32_t> targets) const {
+  ZR_RETURN_IF_ERROR(tokens_->Read(start, inputs.first(seq_len_), vocab_));
+  return tokens_->Read(start + 1, targets.first(seq_len_), vocab_);
+}
+
+Status DataLoader::TrainSequence(int64_t g, std::span<int32_t> inputs,
+                                 std::span<int32_t> targets) const {
   const int64_t positions = train_tokens_ - seq_len_ - 1;  // window starts in [0, positions]
-  const int64_t start = (g * seq_len_) % (positions + 1);
-  std::copy_n(tokens_.begin() + start, seq_len_, inputs.begin());
-  std::copy_n(tokens_.begin() + start + 1, seq_len_, targets.begin());
+  return Window((g * seq_len_) % (positions + 1), inputs, targets);
 }
 
 int64_t DataLoader::validation_windows() const { return validation_tokens() / (seq_len_ + 1); }
 
-void DataLoader::ValidationWindow(int64_t w, std::span<int32_t> inputs,
-                                  std::span<int32_t> targets) const {
-  const int64_t start = train_tokens_ + w * (seq_len_ + 1);
-  std::copy_n(tokens_.begin() + start, seq_len_, inputs.begin());
-  std::copy_n(tokens_.begin() + start + 1, seq_len_, targets.begin());
+Status DataLoader::ValidationWindow(int64_t w, std::span<int32_t> inputs,
+                                    std::span<int32_t> targets) const {
+  return Window(train_tokens_ + w * (seq_len_ + 1), inputs, targets);
 }
 
 }  // namespace zerort

@@ -11,6 +11,7 @@
 
 #include "engine/checkpoint.h"
 #include "engine/token_file.h"
+#include "engine/token_source.h"
 #include "engine/user_file.h"
 #include "kernels/model_kernels.h"
 #include "layers/gpt_model.h"
@@ -187,24 +188,24 @@ StatusOr<EvalResult> EvaluateCheckpoint(const RunConfig& config, const std::stri
   // One process, stage 0, on the CPU: the checkpoint's logical layout loads at any world size.
   const GptConfig& shape = config.model.shape;
   const int micro = 8;
-  std::vector<int32_t> tokens;
+  std::unique_ptr<TokenSource> tokens;
   if (data_path.empty()) {
-    tokens = ByteTokens(BuiltinCorpus(1 << 20, 20261121));
+    tokens =
+        TokenSource::FromTokens(ByteTokens(BuiltinCorpus(1 << 20, 20261121)), 256, "the corpus");
   } else {
-    ZR_ASSIGN_OR_RETURN(TokenFile file, ReadTokenFile(data_path));
-    if (file.vocab_size > shape.vocab_size) {
+    ZR_ASSIGN_OR_RETURN(const TokenFormat format, ParseTokenFormat(config.data.format));
+    ZR_ASSIGN_OR_RETURN(tokens, TokenSource::Open(data_path, format));
+    if (tokens->vocab_size() > shape.vocab_size) {
       return absl::InvalidArgumentError(
-          StrCat(data_path, " has a vocabulary of ", file.vocab_size,
+          StrCat(data_path, " has a vocabulary of ", tokens->vocab_size(),
                  ", more than model.vocab_size = ", shape.vocab_size));
     }
-    tokens = std::move(file.tokens);
   }
-  const int64_t available = static_cast<int64_t>(tokens.size()) / (shape.seq_len + 1);
+  const int64_t available = tokens->size() / (shape.seq_len + 1);
   const int64_t windows = max_windows > 0 ? std::min(max_windows, available) : available;
   if (windows == 0) {
     return absl::InvalidArgumentError(
-        StrCat(data_path.empty() ? "the corpus" : data_path,
-               " holds no window of seq_len + 1 = ", shape.seq_len + 1, " tokens"));
+        StrCat(tokens->name(), " holds no window of seq_len + 1 = ", shape.seq_len + 1, " tokens"));
   }
   ZR_ASSIGN_OR_RETURN(auto group, CreateLoopbackGroup(1, {}, nullptr));
   MemoryTracker tracker;
@@ -227,12 +228,14 @@ StatusOr<EvalResult> EvaluateCheckpoint(const RunConfig& config, const std::stri
   std::vector<int32_t> in, target;
   for (int64_t first = 0; first < windows; first += micro) {
     const int count = static_cast<int>(std::min<int64_t>(micro, windows - first));
-    in.clear();
-    target.clear();
+    in.resize(static_cast<size_t>(count) * seq);
+    target.resize(in.size());
     for (int b = 0; b < count; ++b) {
-      const auto start = tokens.begin() + (first + b) * (seq + 1);
-      in.insert(in.end(), start, start + seq);
-      target.insert(target.end(), start + 1, start + seq + 1);
+      const int64_t start = (first + b) * (seq + 1);
+      const std::span<int32_t> i = std::span(in).subspan(b * seq, seq);
+      ZR_RETURN_IF_ERROR(tokens->Read(start, i, shape.vocab_size));
+      ZR_RETURN_IF_ERROR(
+          tokens->Read(start + 1, std::span(target).subspan(b * seq, seq), shape.vocab_size));
     }
     ZR_ASSIGN_OR_RETURN(double loss, model->Loss(in, target, count, seq));
     sum += loss * count;

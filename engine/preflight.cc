@@ -80,10 +80,15 @@ Status CheckRunPaths(const RunConfig& c, const std::string& file) {
     }
     problems.Add(CheckNvmeDir(StrCat(key, ".nvme_path"), off->nvme_path));
   }
-  if (!c.data.path.empty()) {
+  // A Megatron dataset is named by its prefix: its .idx is what must be there.
+  const std::string data_file = !c.data.path.empty() && !std::filesystem::exists(c.data.path) &&
+                                        std::filesystem::exists(c.data.path + ".idx")
+                                    ? c.data.path + ".idx"
+                                    : c.data.path;
+  if (!data_file.empty()) {
     std::error_code ec;
-    const auto status = std::filesystem::status(c.data.path, ec);
-    if (::access(c.data.path.c_str(), R_OK) != 0) {
+    const auto status = std::filesystem::status(data_file, ec);
+    if (::access(data_file.c_str(), R_OK) != 0) {
       problems.Add(StrCat("data.path = \"", c.data.path, "\": cannot be read (",
                           std::strerror(errno),
                           "); prepare one with `zerort data prepare TEXT_FILE OUT`"));

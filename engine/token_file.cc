@@ -6,6 +6,7 @@
 #include <fstream>
 #include <random>
 
+#include "engine/token_source.h"
 #include "runtime/strings.h"
 
 namespace zerort {
@@ -13,18 +14,12 @@ namespace {
 
 constexpr char kMagic[8] = {'Z', 'R', 'T', 'O', 'K', 'E', 'N', 'S'};
 constexpr uint32_t kVersion = 1;
-constexpr size_t kHeaderBytes = 32;
 
 void PutU32(std::string& out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 void PutU64(std::string& out, uint64_t v) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-uint64_t GetLE(const unsigned char* p, int bytes) {
-  uint64_t v = 0;
-  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
 }
 
 }  // namespace
@@ -71,52 +66,17 @@ Status WriteTokenFile(const std::string& path, const std::vector<int32_t>& token
 }
 
 StatusOr<TokenFile> ReadTokenFile(const std::string& path) {
-  ZR_ASSIGN_OR_RETURN(const std::string data, ReadDataFile(path, int64_t{8} << 30));
-  if (data.size() < kHeaderBytes) {
+  ZR_ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> source,
+                      TokenSource::Open(path, TokenFormat::kDetect));
+  if (source->format_name() != "zerort") {
     return absl::InvalidArgumentError(
-        StrCat(path, ": ", data.size(), " bytes, shorter than the 32-byte token-file header"));
-  }
-  if (std::memcmp(data.data(), kMagic, sizeof(kMagic)) != 0) {
-    return absl::InvalidArgumentError(
-        StrCat(path,
-               ": not a zerort token file (no ZRTOKENS magic); make one with `zerort data "
-               "prepare TEXT_FILE OUT`"));
-  }
-  const auto* p = reinterpret_cast<const unsigned char*>(data.data());
-  const uint64_t version = GetLE(p + 8, 4);
-  const uint64_t width = GetLE(p + 12, 4);
-  const uint64_t count = GetLE(p + 16, 8);
-  const uint64_t vocab = GetLE(p + 24, 4);
-  if (version != kVersion) {
-    return absl::InvalidArgumentError(
-        StrCat(path, ": token-file version ", version, ", this zerort reads version ", kVersion));
-  }
-  if (width != 1 && width != 2 && width != 4) {
-    return absl::InvalidArgumentError(
-        StrCat(path, ": token width ", width, " (1, 2 or 4 expected)"));
-  }
-  if (vocab < 1 || vocab > (uint64_t{1} << 31)) {
-    return absl::InvalidArgumentError(StrCat(path, ": vocabulary size ", vocab));
-  }
-  // count x width can wrap a 64-bit integer: compare by division.
-  const uint64_t payload = data.size() - kHeaderBytes;
-  if (count > payload / width || payload != count * width) {
-    return absl::InvalidArgumentError(StrCat(path, ": header says ", count, " tokens of ", width,
-                                             " bytes, but the file holds ",
-                                             data.size() - kHeaderBytes, " bytes after it"));
+        StrCat(path, ": a ", source->format_name(), " token file, not a zerort one"));
   }
   TokenFile out;
-  out.width = static_cast<int>(width);
-  out.vocab_size = static_cast<int>(vocab);
-  out.tokens.resize(count);
-  for (uint64_t i = 0; i < count; ++i) {
-    const uint64_t t = GetLE(p + kHeaderBytes + i * width, static_cast<int>(width));
-    if (t >= vocab) {
-      return absl::InvalidArgumentError(
-          StrCat(path, ": token ", i, " = ", t, " is outside the vocabulary [0, ", vocab, ")"));
-    }
-    out.tokens[i] = static_cast<int32_t>(t);
-  }
+  out.width = source->width();
+  out.vocab_size = source->vocab_size();
+  out.tokens.resize(static_cast<size_t>(source->size()));
+  ZR_RETURN_IF_ERROR(source->Read(0, out.tokens, out.vocab_size));
   return out;
 }
 

@@ -6,9 +6,10 @@
 //   bytes 16-23 token count, u64
 //   bytes 24-27 vocabulary size the tokens were made for (256 for bytes), u32
 //   bytes 28-31 reserved, zero
-// The file is read whole into memory (the corpora this runs on are small next to the model);
-// the loader names the file and what is wrong with it: short header, bad magic, unknown version,
-// a size that disagrees with the count, tokens at or above the vocabulary.
+// A run reads token files through TokenSource (token_source.h: memory-mapped, this format and
+// others); ReadTokenFile reads a small one whole (tests, tools) through the same parser, and names
+// the file and what is wrong with it: short header, bad magic, unknown version, a size that
+// disagrees with the count, tokens at or above the vocabulary.
 #pragma once
 
 #include <cstdint>

@@ -427,8 +427,7 @@ Status Run::Setup() {
   }
 
   ZR_ASSIGN_OR_RETURN(DataLoader loader,
-                      DataLoader::Load(c_.data.path, c_.model.shape.seq_len,
-                                       c_.data.validation_fraction, c_.model.shape.vocab_size));
+                      DataLoader::Load(c_.data, c_.model.shape.seq_len, c_.model.shape.vocab_size));
   data_ = std::make_unique<DataLoader>(std::move(loader));
 
   comm_spans_.SetTimeline(timeline_.get());
@@ -484,8 +483,9 @@ Status Run::Evaluate(double& loss) {
     const int count = static_cast<int>(std::clamp<int64_t>(windows - mine, 0, m));
     const int run = std::max(count, 1);
     for (int b = 0; b < run; ++b) {
-      data_->ValidationWindow(count > 0 ? mine + b : 0, std::span(in).subspan(b * seq, seq),
-                              std::span(out).subspan(b * seq, seq));
+      ZR_RETURN_IF_ERROR(data_->ValidationWindow(count > 0 ? mine + b : 0,
+                                                 std::span(in).subspan(b * seq, seq),
+                                                 std::span(out).subspan(b * seq, seq)));
     }
     double l = 0;
     if (executor_) {
@@ -527,8 +527,8 @@ StatusOr<Run::StepOutcome> Run::TrainStep(int64_t step, int64_t consumed) {
     // a resumed run continues from it even with another global batch size.
     const int64_t first = consumed + int64_t{dp().rank()} * m * accumulation + int64_t{k} * m;
     for (int b = 0; b < m; ++b) {
-      data_->TrainSequence(first + b, std::span(in).subspan(b * seq, seq),
-                           std::span(out).subspan(b * seq, seq));
+      ZR_RETURN_IF_ERROR(data_->TrainSequence(first + b, std::span(in).subspan(b * seq, seq),
+                                              std::span(out).subspan(b * seq, seq)));
     }
     if (executor_) {
       ins[k] = in;

@@ -79,7 +79,7 @@ TEST(TokenFileTest, RoundTripAndEveryCorruptionNamed) {
     EXPECT_NE(s.message().find(bad), std::string::npos) << "names the file: " << s;
   };
   corrupt(raw.substr(0, 20), "shorter than the 32-byte");
-  corrupt("X" + raw.substr(1), "no ZRTOKENS magic");
+  corrupt("X" + raw.substr(1), "no zerort, llm.c or Megatron header");
   corrupt(raw.substr(0, raw.size() - 1), "holds 15 bytes");
   std::string big = raw;
   big[32 + 4] = '\x7f';  // token 1 = 0x7f.. beyond the vocabulary
@@ -93,19 +93,28 @@ TEST(TokenFileTest, RoundTripAndEveryCorruptionNamed) {
 TEST(DataLoaderTest, WindowsAreDeterministicAndSplit) {
   std::vector<int32_t> tokens(1000);
   for (int i = 0; i < 1000; ++i) tokens[i] = i % 251;
-  const DataLoader d = *DataLoader::Create(tokens, 16, 0.1, "test");
+  auto source = [](std::vector<int32_t> t) -> std::shared_ptr<const TokenSource> {
+    return TokenSource::FromTokens(std::move(t), 256, "test");
+  };
+  const DataLoader d = *DataLoader::Create(source(tokens), 16, 0.1, 256);
   EXPECT_EQ(d.train_tokens(), 900);
   EXPECT_EQ(d.validation_windows(), 100 / 17);
   std::vector<int32_t> in(16), out(16);
-  d.TrainSequence(3, in, out);
+  ASSERT_TRUE(d.TrainSequence(3, in, out).ok());
   EXPECT_EQ(in[0], 48);
   EXPECT_EQ(out[0], 49);
   EXPECT_EQ(out[15], 64);
-  d.ValidationWindow(1, in, out);
+  ASSERT_TRUE(d.ValidationWindow(1, in, out).ok());
   EXPECT_EQ(in[0], (900 + 17) % 251);
-  EXPECT_FALSE(DataLoader::Create(std::vector<int32_t>(10, 1), 16, 0.0, "short.bin").ok());
-  EXPECT_NE(DataLoader::Create(tokens, 16, 0.01, "x.bin").status().message().find("no window"),
+  EXPECT_FALSE(DataLoader::Create(source(std::vector<int32_t>(10, 1)), 16, 0.0, 256).ok());
+  EXPECT_NE(DataLoader::Create(source(tokens), 16, 0.01, 256).status().message().find("no window"),
             std::string::npos);
+  // A token beyond the model's vocabulary fails the window that holds it, by index.
+  const DataLoader small = *DataLoader::Create(source(tokens), 16, 0.1, 200);
+  const Status s = small.TrainSequence(12, in, out);  // tokens 192..208: 200 is the first bad
+  EXPECT_NE(s.message().find("token 200 = 200 is outside the vocabulary [0, 200)"),
+            std::string::npos)
+      << s;
 }
 
 RunConfig SmallRun(const std::string& metrics) {

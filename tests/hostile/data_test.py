@@ -43,6 +43,13 @@ def token_file(name, data):
     return path
 
 
+def megatron(prefix, index_after_magic):
+    """A Megatron dataset PREFIX.idx (its magic, then the bytes given) + PREFIX.bin: the prefix."""
+    token_file(prefix + ".idx", b"MMIDIDX\0\0" + index_after_magic)
+    token_file(prefix + ".bin", b"\0" * 16)
+    return os.path.join(tmp, prefix)
+
+
 fifo = os.path.join(tmp, "data.fifo")
 os.mkfifo(fifo)
 cases = [
@@ -57,11 +64,29 @@ cases = [
     ("version 9", token_file("v9.bin", header(4, 2, 9) + b"\0" * 8), "token-file version 9"),
     ("vocabulary 0", token_file("v0.bin", header(4, 2, 1, 0) + b"\0" * 8), "vocabulary size 0"),
     ("a token outside the vocabulary",
-     token_file("oov.bin", header(4, 2, 1, 256) + struct.pack("<4H", 1, 2, 300, 4)),
+     token_file("oov.bin", header(400, 2, 1, 256) + struct.pack("<400H", 1, 2, 300, *[4] * 397)),
      "token 2 = 300 is outside the vocabulary"),
     ("a short header", token_file("short.bin", b"ZRTOK"), "shorter than the 32-byte"),
     ("no magic", token_file("nomagic.bin", header(4, 2, magic=b"NOTTOKEN") + b"\0" * 8),
-     "not a zerort token file"),
+     "not a token file zerort knows"),
+    # The other formats ([Note: the token files zerort reads], engine/token_source.h).
+    ("an llm.c shard of version 7",
+     token_file("llmc7.bin", struct.pack("<3i", 20240520, 7, 4) + b"\0" * 1012 + b"\0" * 8),
+     "llm.c token shard version 7"),
+    ("an llm.c shard shorter than its count",
+     token_file("llmc.bin", struct.pack("<3i", 20240520, 1, 99) + b"\0" * 1012 + b"\0" * 8),
+     "header says 99 tokens"),
+    ("an llm.c token outside the model's vocabulary",
+     token_file("llmcoov.bin", struct.pack("<3i", 20240520, 1, 400) + b"\0" * 1012 +
+                struct.pack("<400H", *([5] * 20 + [50000] + [5] * 379))),
+     "token 20 = 50000 is outside the vocabulary [0, 256)"),
+    ("a Megatron index whose counts exceed it",
+     megatron("mega", struct.pack("<QBQQ", 1, 8, 2**62, 1)), "do not fit its"),
+    ("a Megatron index of float tokens",
+     megatron("megaf", struct.pack("<QBQQ", 1, 7, 0, 1) + b"\0" * 8),
+     "dtype code 7 is not an integer token type"),
+    ("a raw array without data.format", token_file("train.bin", b"\1\0" * 64),
+     "set data.format to uint16 or uint32"),
 ]
 base = {
     "train_batch_size": 4, "train_micro_batch_size_per_gpu": 4,
@@ -69,10 +94,12 @@ base = {
     "model": {"n_layer": 1, "n_head": 2, "d_model": 32, "seq_len": 8, "vocab_size": 256},
     "train": {"steps": 1, "eval_windows": 1, "sample_tokens": 0, "device": "cpu"},
 }
-for what, path, says in cases:
+for what, path, says in cases + [
+        ("a raw uint16 array of an odd size", token_file("odd.bin", b"\1" * 65), "uint16")]:
     cfg = os.path.join(tmp, "run.json")
     with open(cfg, "w") as f:
-        json.dump(dict(base, data={"path": path}), f)
+        json.dump(dict(base, data={"path": path, "format": "uint16" if "odd" in path else "detect"}),
+                  f)
     code, err, seconds = run("train", cfg)
     check(f"data.path is {what}: exit 2", code == 2, f"{code} {err[-600:]}")
     check(f"data.path is {what}: names the file and why", path in err and says in err,
@@ -201,5 +228,66 @@ for what, bad in [("nested 100,000 deep", '{"step": ' + "[" * 100000 + "]" * 100
           "metrics.jsonl: line 2" in err, err[-600:])
     check(f"plot of a metrics line {what}: draws nothing", not os.path.exists(out))
     check(f"plot of a metrics line {what}: within seconds", seconds < 10)
+
+# The same tokens in every format train to the same losses, bit for bit ([Note: the token files
+# zerort reads]); and a 20 GB token file (sparse: no disk is used) trains with the resident memory
+# of the 1 MiB built-in corpus, since windows are read from a memory map, never the whole file.
+def train_losses(data, steps=3):
+    """(exit code, the metrics file's losses, stderr, peak resident KiB) of a short run."""
+    run_dir = tempfile.mkdtemp(dir=tmp)
+    cfg = os.path.join(run_dir, "run.json")
+    with open(cfg, "w") as f:
+        json.dump(dict(base, data=data, train=dict(base["train"], steps=steps),
+                       checkpoint={"dir": os.path.join(run_dir, "ckpt"), "interval": 0},
+                       logging={"metrics_file": os.path.join(run_dir, "m.jsonl")}), f)
+    # Started by a small Python of its own: a child forked from this one (which holds the 50 MB
+    # configs above) would count this process's pages in its peak before exec.
+    r = subprocess.run([sys.executable, "-c", WAIT4, zerort, "train", cfg], capture_output=True,
+                       env=env, timeout=120)
+    err = r.stderr.decode("utf-8", "replace")
+    status, peak_kib = (int(x) for x in r.stdout.split()) if r.returncode == 0 else (-1, 0)
+    losses = []
+    if os.path.exists(os.path.join(run_dir, "m.jsonl")):
+        with open(os.path.join(run_dir, "m.jsonl")) as f:
+            losses = [json.loads(line)["loss"] for line in f]
+    return status, losses, err, peak_kib
+
+
+# Runs argv[1:], prints its exit code and peak resident KiB (wait4's rusage of that child alone).
+WAIT4 = """import os, subprocess, sys
+p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
+_, status, usage = os.wait4(p.pid, 0)
+print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)"""
+
+
+tokens = [(i * 7 + i // 5) % 256 for i in range(4000)]
+u16 = struct.pack(f"<{len(tokens)}H", *tokens)
+formats = {
+    "zerort": {"path": token_file("same.zr", header(len(tokens), 2) + u16)},
+    "llm.c": {"path": token_file("same.llmc", struct.pack("<3i", 20240520, 1, len(tokens)) +
+                                 b"\0" * 1012 + u16)},
+    "Megatron": {"path": megatron("same", b"")},
+    "raw uint16": {"path": token_file("same.u16", u16), "format": "uint16"},
+}
+# Megatron: two sequences of 1000 and 3000 tokens, uint16, back to back.
+token_file("same.idx", b"MMIDIDX\0\0" + struct.pack("<QBQQ", 1, 8, 2, 3) +
+           struct.pack("<2i", 1000, 3000) + struct.pack("<2q", 0, 2000) + struct.pack("<3q", 0, 1, 2))
+token_file("same.bin", u16)
+results = {name: train_losses(data) for name, data in formats.items()}
+for name, (code, losses, err, _) in results.items():
+    check(f"{name} tokens: trains", code == 0 and len(losses) == 3, f"{code} {err[-600:]}")
+    check(f"{name} tokens: the zerort file's losses, bitwise",
+          losses == results["zerort"][1], f"{losses} vs {results['zerort'][1]}")
+
+big = os.path.join(tmp, "big.zr")
+with open(big, "wb") as f:
+    f.write(header(10**10, 2))
+    f.truncate(32 + 2 * 10**10)  # 20 GB of token 0, a hole on disk
+code, losses, err, big_kib = train_losses({"path": big})
+_, _, _, corpus_kib = train_losses({})
+check("a 20 GB token file: trains", code == 0 and len(losses) == 3, f"{code} {err[-600:]}")
+check("a 20 GB token file: resident memory within 32 MiB of the built-in corpus's run",
+      big_kib < corpus_kib + 32 * 1024, f"{big_kib} KiB vs {corpus_kib} KiB")
+print(f"peak resident memory: 20 GB token file {big_kib} KiB, built-in corpus {corpus_kib} KiB")
 
 sys.exit(checks.finish())
