@@ -25,7 +25,7 @@ StatusOr<DataLoader> DataLoader::Create(std::shared_ptr<const TokenSource> token
   return DataLoader(std::move(tokens), seq_len, train, vocab);
 }
 
-StatusOr<DataLoader> DataLoader::Load(const DataConfig& data, int seq_len, int vocab_size) {
+StatusOr<std::unique_ptr<TokenSource>> OpenTokens(const DataConfig& data, int vocab_size) {
   constexpr size_t kBuiltinCorpusBytes = 1 << 20;
   std::unique_ptr<TokenSource> tokens;
   if (data.path.empty()) {
@@ -40,6 +40,11 @@ StatusOr<DataLoader> DataLoader::Load(const DataConfig& data, int seq_len, int v
                                              tokens->vocab_size(),
                                              " tokens, more than model.vocab_size = ", vocab_size));
   }
+  return tokens;
+}
+
+StatusOr<DataLoader> DataLoader::Load(const DataConfig& data, int seq_len, int vocab_size) {
+  ZR_ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> tokens, OpenTokens(data, vocab_size));
   return Create(std::move(tokens), seq_len, data.validation_fraction, vocab_size);
 }
 

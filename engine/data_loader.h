@@ -24,14 +24,16 @@
 
 namespace zerort {
 
+// The tokens of data.path read as data.format, or the built-in corpus (1 MiB of byte tokens)
+// when it is empty; a file that records a vocabulary larger than `vocab_size` is refused.
+StatusOr<std::unique_ptr<TokenSource>> OpenTokens(const DataConfig& data, int vocab_size);
+
 class DataLoader {
  public:
   // Windows of `tokens`, whose ids must lie in [0, vocab).
   static StatusOr<DataLoader> Create(std::shared_ptr<const TokenSource> tokens, int seq_len,
                                      double validation_fraction, int vocab);
-  // A run's data: the token file at data.path (read as data.format), or the built-in corpus
-  // (1 MiB of byte tokens) when it is empty; a file that records a vocabulary larger than
-  // `vocab_size` is refused.
+  // A run's data (OpenTokens), split for training and validation.
   static StatusOr<DataLoader> Load(const DataConfig& data, int seq_len, int vocab_size);
 
   // Writes sequence g's inputs and targets (seq_len each).

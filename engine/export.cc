@@ -10,7 +10,7 @@
 #include <fstream>
 
 #include "engine/checkpoint.h"
-#include "engine/token_file.h"
+#include "engine/data_loader.h"
 #include "engine/token_source.h"
 #include "engine/user_file.h"
 #include "kernels/model_kernels.h"
@@ -188,19 +188,9 @@ StatusOr<EvalResult> EvaluateCheckpoint(const RunConfig& config, const std::stri
   // One process, stage 0, on the CPU: the checkpoint's logical layout loads at any world size.
   const GptConfig& shape = config.model.shape;
   const int micro = 8;
-  std::unique_ptr<TokenSource> tokens;
-  if (data_path.empty()) {
-    tokens =
-        TokenSource::FromTokens(ByteTokens(BuiltinCorpus(1 << 20, 20261121)), 256, "the corpus");
-  } else {
-    ZR_ASSIGN_OR_RETURN(const TokenFormat format, ParseTokenFormat(config.data.format));
-    ZR_ASSIGN_OR_RETURN(tokens, TokenSource::Open(data_path, format));
-    if (tokens->vocab_size() > shape.vocab_size) {
-      return absl::InvalidArgumentError(
-          StrCat(data_path, " has a vocabulary of ", tokens->vocab_size(),
-                 ", more than model.vocab_size = ", shape.vocab_size));
-    }
-  }
+  DataConfig data = config.data;
+  data.path = data_path;
+  ZR_ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> tokens, OpenTokens(data, shape.vocab_size));
   const int64_t available = tokens->size() / (shape.seq_len + 1);
   const int64_t windows = max_windows > 0 ? std::min(max_windows, available) : available;
   if (windows == 0) {
