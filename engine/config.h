@@ -113,7 +113,9 @@ struct SchedulerConfig {
 };
 
 struct ModelConfig {
+  std::string arch = "gpt2";  // model.arch: names shape.arch ("gpt2" or "llama")
   GptConfig shape;
+  std::string init_from;  // a Hugging Face model directory: the initial weights
   bool activation_checkpointing = false;
   int64_t head_chunk_rows = 0;
 };

@@ -20,6 +20,13 @@ Status ReadPreset(const JsonSection& s, std::string_view key, RunConfig& c) {
   StatusOr<GptConfig> p = GptPreset(preset);
   if (!p.ok()) return absl::InvalidArgumentError(StrCat("model.preset: ", p.status().message()));
   c.model.shape = *p;  // the shape keys read after it override its values
+  c.model.arch = ModelArchName(p->arch);
+  return absl::OkStatus();
+}
+
+Status ReadArch(const JsonSection& s, std::string_view key, RunConfig& c) {
+  ZR_RETURN_IF_ERROR(s.String(key, c.model.arch, {"gpt2", "llama"}));
+  c.model.shape.arch = c.model.arch == "llama" ? ModelArch::kLlama : ModelArch::kGpt2;
   return absl::OkStatus();
 }
 
@@ -326,9 +333,12 @@ std::vector<ConfigField> BuildTable() {
 
   const std::string_view m = "model";
   t.push_back(With(Custom(m, "preset", std::monostate{}, ReadPreset, {},
-                          "a named GPT shape (tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl); "
-                          "the shape keys override its values"),
+                          "a named shape (tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, "
+                          "llama-tiny); the shape keys override its values"),
                    kNotPrinted));
+  t.push_back(Custom(m, "arch", ZR_MEMBER(model.arch), ReadArch, {"gpt2", "llama"},
+                     "gpt2: learned positions, LayerNorm, GELU, tied head; llama: rotary "
+                     "positions, RMSNorm, SwiGLU, grouped-query attention (the keys below)"));
   t.push_back(
       Num<int>(m, "n_layer", ZR_MEMBER(model.shape.n_layer), 1, 1 << 16, "transformer blocks"));
   t.push_back(Num<int>(m, "n_head", ZR_MEMBER(model.shape.n_head), 1, 1 << 16,
@@ -338,6 +348,21 @@ std::vector<ConfigField> BuildTable() {
                        "tokens per sequence (the context)"));
   t.push_back(Num<int>(m, "vocab_size", ZR_MEMBER(model.shape.vocab_size), 1, 1 << 24,
                        "vocabulary (256: zerort's byte tokens)"));
+  t.push_back(Num<int>(m, "n_kv_head", ZR_MEMBER(model.shape.n_kv_head), 0, 1 << 16,
+                       "llama: key/value heads (divides n_head; 1: multi-query); 0: n_head"));
+  t.push_back(Num<int>(m, "intermediate_size", ZR_MEMBER(model.shape.intermediate_size), 0, 1 << 24,
+                       "llama: the SwiGLU MLP's channels (required)"));
+  t.push_back(Num<double>(m, "rope_theta", ZR_MEMBER(model.shape.rope_theta), 1, 1e12,
+                          "llama: the rotary embeddings' base"));
+  t.push_back(Num<double>(m, "rms_norm_eps", ZR_MEMBER(model.shape.norm_eps), 0, 1,
+                          "llama: RMSNorm's epsilon"));
+  t.push_back(Bool(m, "tie_word_embeddings", ZR_MEMBER(model.shape.tie_word_embeddings),
+                   "llama: the output projection is the token embedding"));
+  t.push_back(Bool(m, "qkv_bias", ZR_MEMBER(model.shape.qkv_bias),
+                   "llama: Q, K and V projections with biases (Qwen2)"));
+  t.push_back(Str(m, "init_from", ZR_MEMBER(model.init_from), {},
+                  "a Hugging Face model directory (config.json, safetensors): the initial "
+                  "weights, streamed per unit; its config.json must be this model's"));
   t.push_back(Bool(m, "activation_checkpointing", ZR_MEMBER(model.activation_checkpointing),
                    "recompute each block's activations in the backward (less memory, more time)"));
   t.push_back(Num<int64_t>(m, "head_chunk_rows", ZR_MEMBER(model.head_chunk_rows), 0,

@@ -11,6 +11,10 @@
 
 #include "engine/checkpoint.h"
 #include "engine/data_loader.h"
+#include "engine/hf_config.h"
+#include "engine/hf_names.h"
+#include "engine/run_dir.h"
+#include "engine/safetensors.h"
 #include "engine/token_source.h"
 #include "engine/user_file.h"
 #include "kernels/model_kernels.h"
@@ -20,44 +24,6 @@
 
 namespace zerort {
 namespace fs = std::filesystem;
-namespace {
-
-// GPT-2's name for one of ours, and whether the weight is stored transposed (Conv1D: [in, out]).
-struct HfName {
-  std::string name;
-  bool transpose = false;
-};
-
-StatusOr<HfName> ToHuggingFace(const std::string& ours) {
-  if (ours == "wte") return HfName{"transformer.wte.weight"};
-  if (ours == "wpe") return HfName{"transformer.wpe.weight"};
-  if (ours == "ln_f.weight") return HfName{"transformer.ln_f.weight"};
-  if (ours == "ln_f.bias") return HfName{"transformer.ln_f.bias"};
-  // blocks.<i>.<part>.<weight|bias>
-  const std::string prefix = "blocks.";
-  if (ours.rfind(prefix, 0) == 0) {
-    const size_t dot = ours.find('.', prefix.size());
-    const std::string layer = ours.substr(prefix.size(), dot - prefix.size());
-    const std::string rest = ours.substr(dot + 1);
-    static const std::pair<const char*, const char*> kParts[] = {{"ln1.", "ln_1."},
-                                                                 {"ln2.", "ln_2."},
-                                                                 {"attn.qkv.", "attn.c_attn."},
-                                                                 {"attn.proj.", "attn.c_proj."},
-                                                                 {"mlp.fc.", "mlp.c_fc."},
-                                                                 {"mlp.proj.", "mlp.c_proj."}};
-    for (const auto& [from, to] : kParts) {
-      const std::string f = from;
-      if (rest.rfind(f, 0) == 0) {
-        const std::string leaf = rest.substr(f.size());
-        const bool linear_weight = leaf == "weight" && f.rfind("ln", 0) != 0;
-        return HfName{StrCat("transformer.h.", layer, ".", to, leaf), linear_weight};
-      }
-    }
-  }
-  return absl::InvalidArgumentError(StrCat("no GPT-2 name for parameter '", ours, "'"));
-}
-
-}  // namespace
 
 StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std::string& out_dir,
                                           DType dtype) {
@@ -75,6 +41,8 @@ StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std
                "train's GPT checkpoints export to Hugging Face"));
   }
   const nlohmann::json& model = reader.metadata().at("config").at("model");
+  const ModelArch arch =
+      model.value("arch", std::string("gpt2")) == "llama" ? ModelArch::kLlama : ModelArch::kGpt2;
   // The header first: names, shapes and offsets are known from the metadata alone.
   struct Entry {
     std::string ours;
@@ -86,7 +54,7 @@ StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std
   nlohmann::json header = nlohmann::json::object();
   int64_t offset = 0;
   for (const auto& [name, shape] : reader.params()) {
-    ZR_ASSIGN_OR_RETURN(HfName hf, ToHuggingFace(name));
+    ZR_ASSIGN_OR_RETURN(HfName hf, ToHuggingFace(name, arch));
     Shape written = shape;
     if (hf.transpose) std::swap(written[0], written[1]);
     const int64_t bytes = NumElements(shape) * elem;
@@ -157,7 +125,10 @@ StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std
   if (ec) return absl::InternalError(StrCat("rename ", tmp, " to ", path, ": ", ec.message()));
   committed = true;
 
-  const nlohmann::json config = {
+  const char* torch_dtype = dtype == DType::kF32    ? "float32"
+                            : dtype == DType::kBF16 ? "bfloat16"
+                                                    : "float16";
+  nlohmann::json config = {
       {"architectures", {"GPT2LMHeadModel"}},
       {"model_type", "gpt2"},
       {"vocab_size", model.at("vocab_size")},
@@ -174,10 +145,31 @@ StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std
       {"attn_pdrop", 0.0},
       {"initializer_range", 0.02},
       {"tie_word_embeddings", true},
-      {"torch_dtype", dtype == DType::kF32    ? "float32"
-                      : dtype == DType::kBF16 ? "bfloat16"
-                                              : "float16"},
+      {"torch_dtype", torch_dtype},
   };
+  if (arch == ModelArch::kLlama) {
+    // Qwen2 is LLaMA with Q/K/V biases; LLaMA itself says attention_bias.
+    const bool bias = model.value("qkv_bias", false);
+    config = {
+        {"architectures", {bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
+        {"model_type", bias ? "qwen2" : "llama"},
+        {"vocab_size", model.at("vocab_size")},
+        {"max_position_embeddings", model.at("seq_len")},
+        {"hidden_size", model.at("d_model")},
+        {"intermediate_size", model.at("intermediate_size")},
+        {"num_hidden_layers", model.at("n_layer")},
+        {"num_attention_heads", model.at("n_head")},
+        {"num_key_value_heads",
+         model.value("n_kv_head", 0) > 0 ? model.at("n_kv_head") : model.at("n_head")},
+        {"hidden_act", "silu"},
+        {"rms_norm_eps", model.at("rms_norm_eps")},
+        {"rope_theta", model.at("rope_theta")},
+        {"tie_word_embeddings", model.value("tie_word_embeddings", false)},
+        {"attention_bias", bias},
+        {"initializer_range", 0.02},
+        {"torch_dtype", torch_dtype},
+    };
+  }
   ZR_RETURN_IF_ERROR(
       WriteFileAtomically(out_dir + "/config.json", config.dump(2) + "\n", "checkpoint export"));
   return summary;
@@ -232,6 +224,38 @@ StatusOr<EvalResult> EvaluateCheckpoint(const RunConfig& config, const std::stri
   }
   return EvalResult{
       .loss = sum / static_cast<double>(windows), .tokens = windows * seq, .windows = windows};
+}
+
+StatusOr<ImportSummary> ImportHuggingFace(const std::string& hf_dir, const std::string& out_dir) {
+  ZR_ASSIGN_OR_RETURN(const GptConfig shape, ReadHuggingFaceConfig(hf_dir));
+  RunConfig config;
+  config.model.shape = shape;
+  config.model.arch = ModelArchName(shape.arch);
+  config.model.init_from = hf_dir;
+  config.optimizer.type = "SGD";  // master weights only (no moments to import)
+  config.checkpoint.dir = out_dir;
+  ZR_ASSIGN_OR_RETURN(const Initializer init, InitialWeights(config.model));
+  // One process at stage 0 on the CPU, as EvaluateCheckpoint: the checkpoint's logical layout
+  // loads at any world size and layout.
+  ZR_ASSIGN_OR_RETURN(auto group, CreateLoopbackGroup(1, {}, nullptr));
+  MemoryTracker tracker;
+  auto allocator = MakeCpuCachingAllocator(&tracker);
+  ShardManagerOptions o;
+  o.stage = ZeroStage::k0;
+  o.optimizer.kind = OptimizerKind::kSgd;
+  ZR_ASSIGN_OR_RETURN(auto manager, ShardManager::Create(o, {.dp = group[0].get(),
+                                                             .device_allocator = allocator.get()}));
+  auto store = MakeShardManagerStore(*manager);
+  auto kernels = MakeCpuModelKernels(CpuPrecision::kFloat);
+  ZR_ASSIGN_OR_RETURN(auto model,
+                      GptModel::Create({.config = shape}, *store, *kernels, *allocator));
+  ZR_RETURN_IF_ERROR(manager->Initialize(init));
+  const RunState state{.step = 0, .config = config.ToJson(), .run_id = NewRunId()};
+  ZR_RETURN_IF_ERROR(SaveCheckpoint(
+      out_dir, state, *manager,
+      {.world = group[0].get(), .dp = group[0].get(), .unit_positions = model->UnitPositions()},
+      /*keep_last_n=*/1));
+  return ImportSummary{.step_dir = out_dir + "/step_0", .parameters = shape.NumParameters()};
 }
 
 }  // namespace zerort

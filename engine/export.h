@@ -1,10 +1,12 @@
 // Exporting and evaluating checkpoints.
 //
-// ExportHuggingFace writes the fp32 master weights of a checkpoint as a Hugging Face GPT-2 model
-// directory: model.safetensors (GPT-2's parameter names; the Conv1D weights of attention and MLP
-// stored [in, out], as GPT-2 does; the output projection tied to transformer.wte, so no lm_head)
-// and config.json. It streams one parameter at a time: the largest buffer is one parameter, never
-// the model. Every shard file is checksummed before use.
+// ExportHuggingFace writes the fp32 master weights of a checkpoint as a Hugging Face model
+// directory, model.safetensors and config.json, with the names of engine/hf_names.h: GPT-2
+// (GPT2LMHeadModel: the Conv1D weights of attention and MLP stored [in, out], as GPT-2 does; the
+// output projection tied to transformer.wte, so no lm_head) or the LLaMA family
+// (LlamaForCausalLM; Qwen2ForCausalLM when it has Q/K/V biases; lm_head.weight unless tied). It
+// streams one parameter at a time: the largest buffer is one parameter, never the model. Every
+// shard file is checksummed before use.
 //
 // EvaluateCheckpoint: mean next-token cross-entropy of a checkpoint's weights over the first K
 // non-overlapping windows of seq_len + 1 tokens from the start of a token file.
@@ -27,6 +29,17 @@ struct ExportSummary {
 // DeepSpeed's 16-bit model save).
 StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std::string& out_dir,
                                           DType dtype = DType::kF32);
+
+// `zerort checkpoint import`: a Hugging Face model directory (config.json, safetensors; checked
+// as model.init_from checks it, engine/safetensors.h) as a zerort checkpoint OUT_DIR/step_0
+// holding the master weights (optimizer SGD: no moments), which export, eval and inspect read
+// at any layout. One process holds the model's fp32 masters while it writes them; to train from
+// Hugging Face weights at any scale, model.init_from streams them per unit into the shards.
+struct ImportSummary {
+  std::string step_dir;
+  int64_t parameters = 0;
+};
+StatusOr<ImportSummary> ImportHuggingFace(const std::string& hf_dir, const std::string& out_dir);
 
 struct EvalResult {
   double loss = 0;     // mean over tokens

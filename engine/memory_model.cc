@@ -38,6 +38,7 @@ struct Unit {
 struct StageUnits {
   int embedding = -1;       // the first stage's input embedding, the last stage's tied head
   int norm = -1;            // the final LayerNorm, on the last stage
+  int head = -1;            // an untied output projection (LLaMA), on the last stage
   std::vector<int> blocks;  // in model order
   GptStagePart part;        // the blocks and ends the stage holds, as the runtime splits them
   bool first = true, last = true;
@@ -335,8 +336,11 @@ void StepModel::MicroBatch() {
          StrCat("one block's activation set, held x ", live_sets,
                 per_block ? " (one per block)" : " (checkpointing: one, reused)",
                 in_.pp > 1 ? StrCat(" x ", st_.live, " micro-batches in flight") : ""),
-         StrCat(g.sp ? "rows x (2 d + 12 d/tp) x act + rows/tp x d x act + 4 rows/tp x 4 B"
-                     : "rows (B x T) x (3 d + 12 d/tp) x act + 4 rows x 4 B",
+         StrCat(g.llama ? (g.sp ? "rows x (2 d + (4 d + 3 f)/tp) x act + rows/tp x d x act + "
+                                  "2 rows/tp x 4 B"
+                                : "rows (B x T) x (3 d + (4 d + 3 f)/tp) x act + 2 rows x 4 B")
+                : g.sp  ? "rows x (2 d + 12 d/tp) x act + rows/tp x d x act + 4 rows/tp x 4 B"
+                        : "rows (B x T) x (3 d + 12 d/tp) x act + 4 rows x 4 B",
                 in_.cuda ? " + B x heads/tp x T x T x act (probabilities)"
                          : " + B x heads/tp x T x 4 B (flash attention's log-sum-exp)"),
          sum(set_plan));
@@ -347,8 +351,9 @@ void StepModel::MicroBatch() {
          StrCat("the head's logits, ", head_chunk, " of ", rows, " rows at a time"),
          "head_chunk_rows x padded vocab/tp x act", logits_bytes);
     Term(Tier::kDevice, Cat::kWorkspace, "backward scratch",
-         g.sp ? "rows x (2 d + 8 d/tp) x act + 2 rows/tp x d x act + 4 d x 4 B"
-              : "rows x (2 d + 8 d/tp) x act",
+         StrCat(g.llama ? "rows x (2 d + (max(f, 3 d) + max(2 f, d + 2 kv))/tp) x act"
+                        : "rows x (2 d + 8 d/tp) x act",
+                g.sp ? " + 2 rows/tp x d x act + 4 d x 4 B" : ""),
          sum(gpt::BackwardScratchPlan(g, act, grad, false)) +
              sum(gpt::BlockBackwardScratchPlan(g, act)));
   }
@@ -358,9 +363,18 @@ void StepModel::MicroBatch() {
     Close(emb, false);
   }
   std::vector<std::vector<Replay::Handle>> sets_of(static_cast<size_t>(blocks));
+  // A LLaMA block's Q, K, V before the rotation ([Note: a LLaMA block's projections]): freed
+  // before the attention runs.
+  const int64_t projections = gpt::ProjectionScratchBytes(g, act);
+  auto project = [&] {
+    if (projections == 0) return;
+    Replay::Handle h = r_.Alloc(Cat::kWorkspace, projections, compute_);
+    r_.Free(h);
+  };
   for (int l = 0; l < blocks; ++l) {
     if (per_block) block_set(sets_of[l]);  // allocated by the block's forward
     Open(st_.blocks[l], false);
+    project();
     AttentionScratch(false);
     Close(st_.blocks[l], false);
   }
@@ -382,11 +396,13 @@ void StepModel::MicroBatch() {
       }
     }
   }
-  // The head's forward opens the tied unit for the backward: each chunk of rows goes through
-  // the logits, the cross-entropy and both gradients at once (GptModel::HeadForward).
+  // The head's forward opens the tied unit (or an untied head's) for the backward: each chunk of
+  // rows goes through the logits, the cross-entropy and both gradients at once
+  // (GptModel::HeadForward).
   r_.SetPhase(Replay::kBackward);
+  const int head = st_.head >= 0 ? st_.head : emb;
   if (st_.last) {
-    Open(emb, true);
+    Open(head, true);
     Replay::Handle logits;
     for (const gpt::MbPlanned& p : head_plan) {
       if (p.buffer == gpt::MbBuffer::kLogits) {
@@ -405,7 +421,7 @@ void StepModel::MicroBatch() {
       for (auto it = ce.rbegin(); it != ce.rend(); ++it) r_.Free(*it);
     }
     r_.Free(logits);
-    if (!st_.first) Close(emb, true);
+    if (!st_.first || st_.head >= 0) Close(head, true);
   }
   // The backward's scratch (GptModel::EnsureBackwardScratch): the forward's goes first.
   for (auto& h : seq) r_.Free(h);
@@ -432,6 +448,7 @@ void StepModel::MicroBatch() {
       std::vector<Replay::Handle> scratch;
       for (const gpt::MbPlanned& p : gpt::SeqScratchPlan(g, act))
         alloc(scratch, p.category, p.bytes);
+      project();
       AttentionScratch(false);
       for (auto it = scratch.rbegin(); it != scratch.rend(); ++it) r_.Free(*it);
     }
@@ -440,7 +457,8 @@ void StepModel::MicroBatch() {
     for (auto& h : sets_of[l]) r_.Free(h);  // spent by the block's backward
   }
   if (st_.first) {
-    if (!st_.last) Open(emb, true);  // the input embedding's backward
+    // The input embedding's backward: its own scope unless the tied head kept it open.
+    if (!st_.last || st_.head >= 0) Open(emb, true);
     Close(emb, true);
   }
   for (auto& h : acts) r_.Free(h);
@@ -562,7 +580,7 @@ StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& in) {
   auto add = [&](const GptUnit& unit) -> StatusOr<int> {
     return AddUnit(in, options, unit.params, units, out);
   };
-  if (part.first || part.last) {
+  if (part.first || (part.last && in.model.tied())) {
     ZR_ASSIGN_OR_RETURN(stage.embedding, add(all[0]));
   }
   for (int l = 0; l < L; ++l) {
@@ -572,6 +590,9 @@ StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& in) {
   }
   if (part.last) {
     ZR_ASSIGN_OR_RETURN(stage.norm, add(all[L + 1]));
+    if (!in.model.tied()) {
+      ZR_ASSIGN_OR_RETURN(stage.head, add(all[L + 2]));
+    }
   }
   stage.part = part;
   if (in.pp > 1) {

@@ -21,9 +21,9 @@
 #include "engine/preflight.h"
 #include "engine/run_dir.h"
 #include "engine/run_options.h"
+#include "engine/safetensors.h"
 #include "engine/timeline.h"
 #include "engine/token_file.h"
-#include "engine/user_file.h"
 #include "kernels/blas.h"
 #include "kernels/model_kernels.h"
 #include "layers/gpt_model.h"
@@ -395,7 +395,7 @@ Status Run::Setup() {
                                 .stage = part_},
                                *store_, *kernels_, *allocator_));
   model_->set_defer_training_loss(true);  // read once per step, not per micro-batch
-  ZR_RETURN_IF_ERROR(manager_->Initialize(GptInitializer(c_.model.shape)));
+  ZR_RETURN_IF_ERROR(InitializeWeights(c_.model, *manager_));  // or model.init_from's
   if (pp() > 1) {
     ZR_ASSIGN_OR_RETURN(PipelineSchedule schedule,
                         ParsePipelineSchedule(c_.parallel.pipeline_schedule));
@@ -434,12 +434,11 @@ Status Run::Setup() {
   if (executor_ && timeline_) executor_->SetSpanSink(timeline_->Sink());
   if (leader()) {
     Logger()->info(
-        "training {} parameters ({} layers, d {}, {} heads, seq {}) on {} x {} ({}), ZeRO-{}{}, "
+        "training {} parameters ({}) on {} x {} ({}), ZeRO-{}{}, "
         "batch {} = {} micro x {} accumulation x {} data-parallel ranks; data: {} ({} training "
         "tokens, {} validation)",
-        c_.model.shape.NumParameters(), c_.model.shape.n_layer, c_.model.shape.d_model,
-        c_.model.shape.n_head, c_.model.shape.seq_len, world().size(), device_.ToString(),
-        DTypeName(compute), c_.zero.stage,
+        c_.model.shape.NumParameters(), c_.model.shape.Describe(), world().size(),
+        device_.ToString(), DTypeName(compute), c_.zero.stage,
         mesh_ ? fmt::format(", data {} x tensor {}{}{}", mesh_->shape().data, mesh_->shape().tensor,
                             c_.parallel.sequence_parallel ? " (sequence parallel)" : "",
                             pp() > 1 ? fmt::format(" x pipeline {} ({}, {} chunk(s) per stage)",

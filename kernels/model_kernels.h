@@ -167,6 +167,38 @@ class ModelKernels {
   virtual Status CrossEntropy(void* logits, void* losses, const int32_t* targets, int64_t rows,
                               int vocab, float dscale) = 0;
 
+  // ---- The LLaMA family's operations ([Note: the two architectures], layers/README.md) ----
+  // RMSNorm over the last dimension: out = x rstd weight with rstd[r] = 1 / sqrt(mean(x^2) + eps)
+  // (stat dtype, saved for the backward).
+  virtual Status RmsNorm(void* out, void* rstd, const void* inp, const void* weight, int64_t rows,
+                         int channels, float eps) = 0;
+  virtual Status RmsNormBackward(void* dinp, void* dweight, const void* dout, const void* inp,
+                                 const void* weight, const void* rstd, int64_t rows,
+                                 int channels) = 0;
+  // sum = a + b (sum may be a or b), out = RmsNorm(sum): the residual connection and the norm
+  // after it. This default runs Add then RmsNorm.
+  virtual Status AddRmsNorm(void* sum, void* out, void* rstd, const void* a, const void* b,
+                            const void* weight, int64_t rows, int channels, float eps) {
+    ZR_RETURN_IF_ERROR(Add(sum, a, b, rows * channels));
+    return RmsNorm(out, rstd, sum, weight, rows, channels, eps);
+  }
+  // Rotary position embeddings and grouped-query heads, into the layout Attention reads: q
+  // [rows, heads hs], k and v [rows, kv_heads hs] (rows = batch x seq; a row's position is its
+  // index in its sequence) give qkv [rows, 3 heads hs] = rope(q), rope(k), v, with key/value head
+  // j repeated for query heads j g .. j g + g - 1 (g = heads / kv_heads: Hugging Face's
+  // repeat_kv). rope is Hugging Face's rotate-half: channel pair (i, i + hs/2) of a head turned by
+  // position x theta^(-2i / hs).
+  virtual Status RopeQkv(void* qkv, const void* q, const void* k, const void* v, int batch, int seq,
+                         int heads, int kv_heads, int head_size, double theta) = 0;
+  // dq, dk, dv (+=) from dqkv: the rotation's transpose, and a key/value head's query heads'
+  // gradients summed. A null gradient is skipped.
+  virtual Status RopeQkvBackward(void* dq, void* dk, void* dv, const void* dqkv, int batch, int seq,
+                                 int heads, int kv_heads, int head_size, double theta) = 0;
+  // SwiGLU: out = silu(gate) x up, silu(x) = x sigmoid(x); element-wise over n.
+  virtual Status SwiGlu(void* out, const void* gate, const void* up, int64_t n) = 0;
+  virtual Status SwiGluBackward(void* dgate, void* dup, const void* dout, const void* gate,
+                                const void* up, int64_t n) = 0;
+
   // Wall seconds spent so far in the linear layers (Matmul, MatmulBackward: their GEMMs and bias)
   // and in the attention (Attention, AttentionBackward), for `zerort bench model --phases`; null
   // where calls return before their work is done (CUDA).

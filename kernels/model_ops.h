@@ -69,4 +69,27 @@ template <typename T>
 void EmbeddingBackward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int batch, int seq,
                        int channels, int begin, int count);
 
+// ---- The LLaMA family's operations (llama_ops.cc; ModelKernels documents each) ----------------
+
+// RMSNorm: out = x rstd weight, rstd[r] = 1 / sqrt(mean(x^2) + eps) (saved for the backward).
+template <typename T>
+void RmsNormForward(T* out, T* rstd, const T* inp, const T* weight, int64_t rows, int channels,
+                    T eps);
+template <typename T>
+void RmsNormBackward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
+                     const T* rstd, int64_t rows, int channels);
+// Rotary embeddings (rotate-half) on q and k, and the key/value heads repeated for their query
+// heads: q [rows, heads hs], k and v [rows, kv_heads hs] into qkv [rows, 3 heads hs].
+template <typename T>
+void RopeQkvForward(T* qkv, const T* q, const T* k, const T* v, int batch, int seq, int heads,
+                    int kv_heads, int head_size, double theta);
+template <typename T>
+void RopeQkvBackward(T* dq, T* dk, T* dv, const T* dqkv, int batch, int seq, int heads,
+                     int kv_heads, int head_size, double theta);
+// SwiGLU: out = silu(gate) up.
+template <typename T>
+void SwiGluForward(T* out, const T* gate, const T* up, int64_t n);
+template <typename T>
+void SwiGluBackward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n);
+
 }  // namespace zerort::cpu

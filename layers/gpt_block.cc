@@ -27,27 +27,45 @@ Geometry MakeGeometry(const GptConfig& c, int tp_size, int tp_rank, bool sequenc
   g.d = c.d_model;
   g.d_l = c.d_model / g.t;
   g.h_l = c.n_head / g.t;
-  g.f_l = 4 * c.d_model / g.t;
+  g.f_l = c.ffn_channels() / g.t;
+  g.llama = c.llama();
+  g.hs = c.head_size();
+  g.kv_l = c.kv_heads() / g.t;
+  g.eps = static_cast<float>(c.norm_eps);
+  g.theta = c.rope_theta;
   g.v_l = static_cast<int>(PaddedVocab(c, g.t, vocab_multiple) / g.t);
   g.v_begin = g.r * g.v_l;
   g.v_valid = std::clamp(c.vocab_size - g.v_begin, 0, g.v_l);
   return g;
 }
 
+namespace {
+// The architecture's norm (LayerNorm, or RMSNorm: no mean, no bias) of `rows` rows.
+Status Norm(const Ctx& c, void* out, void* mean, void* rstd, const void* x, const void* w,
+            const void* b, int64_t rows) {
+  if (c.g.llama) return c.k.RmsNorm(out, rstd, x, w, rows, c.g.d, c.g.eps);
+  return c.k.LayerNorm(out, mean, rstd, x, w, b, rows, c.g.d);
+}
+Status AddNorm(const Ctx& c, void* sum, void* out, void* mean, void* rstd, const void* residual,
+               const void* w, const void* b, int64_t rows) {
+  if (c.g.llama) return c.k.AddRmsNorm(sum, out, rstd, sum, residual, w, rows, c.g.d, c.g.eps);
+  return c.k.AddLayerNorm(sum, out, mean, rstd, sum, residual, w, b, rows, c.g.d);
+}
+}  // namespace
+
 Status NormToColumn(const Ctx& c, void* out, void* mean, void* rstd, const void* x, const void* w,
                     const void* b) {
   const Geometry& g = c.g;
-  if (!g.sp) return c.k.LayerNorm(out, mean, rstd, x, w, b, g.rows, g.d);
-  ZR_RETURN_IF_ERROR(c.k.LayerNorm(c.seq_local, mean, rstd, x, w, b, g.rows_l, g.d));
+  if (!g.sp) return Norm(c, out, mean, rstd, x, w, b, g.rows);
+  ZR_RETURN_IF_ERROR(Norm(c, c.seq_local, mean, rstd, x, w, b, g.rows_l));
   return GatherFromSequence(c.tp, c.seq_local, out, g.rows_l * g.d);
 }
 
 Status AddNormToColumn(const Ctx& c, void* out, void* mean, void* rstd, void* x,
                        const void* residual, const void* w, const void* b) {
   const Geometry& g = c.g;
-  if (!g.sp) return c.k.AddLayerNorm(x, out, mean, rstd, x, residual, w, b, g.rows, g.d);
-  ZR_RETURN_IF_ERROR(
-      c.k.AddLayerNorm(x, c.seq_local, mean, rstd, x, residual, w, b, g.rows_l, g.d));
+  if (!g.sp) return AddNorm(c, x, out, mean, rstd, residual, w, b, g.rows);
+  ZR_RETURN_IF_ERROR(AddNorm(c, x, c.seq_local, mean, rstd, residual, w, b, g.rows_l));
   return GatherFromSequence(c.tp, c.seq_local, out, g.rows_l * g.d);
 }
 
@@ -58,12 +76,13 @@ Status RowToResidual(const Ctx& c, void* out, const void* x_local, const void* w
   if (!g.sp) return RowParallelForward(c.tp, out, x_local, w, b, g.rows, in_local, g.d);
   ZR_RETURN_IF_ERROR(c.k.Matmul(c.seq_full, x_local, w, nullptr, g.rows, in_local, g.d));
   ZR_RETURN_IF_ERROR(ScatterToSequence(c.tp, c.seq_full, out, g.rows_l * g.d));
-  return c.k.AddBias(out, b, g.rows_l, g.d);
+  return b != nullptr ? c.k.AddBias(out, b, g.rows_l, g.d) : absl::OkStatus();
 }
 
 Status BlockForward(const Ctx& c, const std::vector<void*>& w, const void* x, BlockActs& a,
                     void* out) {
   const Geometry& g = c.g;
+  if (g.llama) return LlamaBlockForward(c, w, x, a, out);
   ModelKernels& k = c.k;
   ZR_RETURN_IF_ERROR(
       NormToColumn(c, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w[kLn1W], w[kLn1B]));
@@ -103,11 +122,14 @@ Status NormBackward(const Ctx& c, BackwardScratch& s, int slot, const void* dout
                     const void* mean, const void* rstd) {
   const Geometry& g = c.g;
   void* dw = grads[weight];
-  void* db = grads[weight + 1];
+  void* db = g.llama ? nullptr : grads[weight + 1];  // RMSNorm has no bias
   if (g.sp) {
     auto* base = static_cast<std::byte*>(s.norm.data());
     dw = base + static_cast<size_t>(2 * slot) * g.d * c.k.grad_size();
     db = base + static_cast<size_t>(2 * slot + 1) * g.d * c.k.grad_size();
+  }
+  if (g.llama) {
+    return c.k.RmsNormBackward(s.dres.data(), dw, dout, x, w[weight], rstd, g.rows_l, g.d);
   }
   return c.k.LayerNormBackward(s.dres.data(), dw, db, dout, x, w[weight], mean, rstd, g.rows_l,
                                g.d);
@@ -126,7 +148,8 @@ Status ReduceNormGrads(const Ctx& c, BackwardScratch& s,
   size_t i = 0;
   for (const auto& [dw, db] : targets) {
     ZR_RETURN_IF_ERROR(c.k.AccumulateGrad(dw, base + (i++) * vec, g.d));
-    ZR_RETURN_IF_ERROR(c.k.AccumulateGrad(db, base + (i++) * vec, g.d));
+    if (db != nullptr) ZR_RETURN_IF_ERROR(c.k.AccumulateGrad(db, base + i * vec, g.d));
+    ++i;
   }
   return FillZero(s.norm.data(), c.k.device(), s.norm.bytes(), &c.k.stream());
 }
@@ -134,6 +157,7 @@ Status ReduceNormGrads(const Ctx& c, BackwardScratch& s,
 Status BlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const BlockActs& a,
                      BackwardScratch& s) {
   const Geometry& g = c.g;
+  if (g.llama) return LlamaBlockBackward(c, u, x, a, s);
   ModelKernels& k = c.k;
   const Device dev = k.device();
   Stream* st = &k.stream();
@@ -183,26 +207,48 @@ std::vector<ScratchBuffer> BackwardScratchPlan(const Geometry& g, int64_t act, i
 }
 
 std::vector<ScratchBuffer> BlockBackwardScratchPlan(const Geometry& g, int64_t act) {
+  if (g.llama) {
+    const int64_t projections = int64_t{g.h_l + 2 * g.kv_l} * g.hs;
+    return {{&BackwardScratch::d4a, g.rows * std::max<int64_t>(g.f_l, 3 * g.d_l) * act},
+            {&BackwardScratch::d4b, g.rows * std::max<int64_t>(2 * g.f_l, projections) * act}};
+  }
   return {{&BackwardScratch::d4a, g.rows * g.f_l * act},
           {&BackwardScratch::d4b, g.rows * g.f_l * act}};
 }
 
-std::array<BlockActBuffer, 12> BlockActPlan(const Geometry& g, int64_t act, int64_t stat,
-                                            int64_t attention_saved) {
+int64_t ProjectionScratchBytes(const Geometry& g, int64_t act) {
+  return g.llama ? g.rows * (g.h_l + 2 * g.kv_l) * g.hs * act : 0;
+}
+
+std::vector<BlockActBuffer> BlockActPlan(const Geometry& g, int64_t act, int64_t stat,
+                                         int64_t attention_saved) {
   const int64_t rows = g.rows, rows_l = g.rows_l, d = g.d;
-  return {{{&BlockActs::ln1, rows * d * act},  // every row: the input of column layers
-           {&BlockActs::ln1_mean, rows_l * stat},
-           {&BlockActs::ln1_rstd, rows_l * stat},
-           {&BlockActs::qkv, rows * 3 * g.d_l * act},
-           {&BlockActs::atty, rows * g.d_l * act},
-           // What the kernels' attention keeps for its backward (the CPU: a log-sum-exp per query).
-           {&BlockActs::att, attention_saved},
-           {&BlockActs::res2, rows_l * d * act},
-           {&BlockActs::ln2, rows * d * act},
-           {&BlockActs::ln2_mean, rows_l * stat},
-           {&BlockActs::ln2_rstd, rows_l * stat},
-           {&BlockActs::fch, rows * g.f_l * act},
-           {&BlockActs::fch_gelu, rows * g.f_l * act}}};
+  if (g.llama) {
+    return {{&BlockActs::ln1, rows * d * act},
+            {&BlockActs::ln1_rstd, rows_l * stat},
+            {&BlockActs::qkv, rows * 3 * g.d_l * act},  // after the rotation, heads repeated
+            {&BlockActs::atty, rows * g.d_l * act},
+            {&BlockActs::att, attention_saved},
+            {&BlockActs::res2, rows_l * d * act},
+            {&BlockActs::ln2, rows * d * act},
+            {&BlockActs::ln2_rstd, rows_l * stat},
+            {&BlockActs::fch, rows * g.f_l * act},  // gate
+            {&BlockActs::fch_up, rows * g.f_l * act},
+            {&BlockActs::fch_gelu, rows * g.f_l * act}};  // SwiGLU's output
+  }
+  return {{&BlockActs::ln1, rows * d * act},  // every row: the input of column layers
+          {&BlockActs::ln1_mean, rows_l * stat},
+          {&BlockActs::ln1_rstd, rows_l * stat},
+          {&BlockActs::qkv, rows * 3 * g.d_l * act},
+          {&BlockActs::atty, rows * g.d_l * act},
+          // What the kernels' attention keeps for its backward (the CPU: a log-sum-exp per query).
+          {&BlockActs::att, attention_saved},
+          {&BlockActs::res2, rows_l * d * act},
+          {&BlockActs::ln2, rows * d * act},
+          {&BlockActs::ln2_mean, rows_l * stat},
+          {&BlockActs::ln2_rstd, rows_l * stat},
+          {&BlockActs::fch, rows * g.f_l * act},
+          {&BlockActs::fch_gelu, rows * g.f_l * act}};
 }
 
 Status AllocateBlockActs(const Geometry& g, ModelKernels& k, Allocator& activations, BlockActs& a) {

@@ -4,8 +4,6 @@
 // transitions (Megatron's f and g, SP's gather/scatter) around the LayerNorms and linears.
 #pragma once
 
-#include <array>
-
 #include <cstdint>
 #include <initializer_list>
 #include <utility>
@@ -33,8 +31,30 @@ enum BlockParam {
   kFcProjB,
 };
 
+// Parameters of a LLaMA block unit, in their order in the unit (gpt_params.cc); the Q, K, V
+// biases (Qwen2) only with qkv_bias, last.
+enum LlamaParam {
+  kAttnNorm,
+  kQW,
+  kKW,
+  kVW,
+  kOW,
+  kMlpNorm,
+  kGateW,
+  kUpW,
+  kDownW,
+  kQB,
+  kKB,
+  kVB,
+};
+
+// A block's saved activations. GPT-2 uses every one but fch_up; a LLaMA block: ln1 and ln2 (the
+// RMSNorms' outputs, statistics rstd only), qkv (rope(q), rope(k), v with the key/value heads
+// repeated: Attention's input), atty, att, res2, fch (the gate), fch_up (the up projection),
+// fch_gelu (SwiGLU's output).
 struct BlockActs {
-  Buffer ln1, ln1_mean, ln1_rstd, qkv, atty, att, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
+  Buffer ln1, ln1_mean, ln1_rstd, qkv, atty, att, res2, ln2, ln2_mean, ln2_rstd, fch, fch_up,
+      fch_gelu;
 };
 
 // The sizes one rank works with in a pass: t tensor-parallel ranks, this one r.
@@ -42,8 +62,13 @@ struct Geometry {
   int t = 1, r = 0;
   bool sp = false;  // sequence parallelism in this pass: the residual stream split by rows
   int batch = 0, seq = 0;
-  int64_t rows = 0, rows_l = 0;           // every row; this rank's rows of the residual stream
-  int d = 0, d_l = 0, h_l = 0, f_l = 0;   // channels; attention channels, heads, MLP channels here
+  int64_t rows = 0, rows_l = 0;          // every row; this rank's rows of the residual stream
+  int d = 0, d_l = 0, h_l = 0, f_l = 0;  // channels; attention channels, heads, MLP channels here
+  // LLaMA: RMSNorm (eps), rotary embeddings (theta), kv_l key/value heads here of hs channels.
+  bool llama = false;
+  int kv_l = 0, hs = 0;
+  float eps = 0;
+  double theta = 0;
   int v_l = 0, v_begin = 0, v_valid = 0;  // vocabulary rows here, the first one's id, real ones
   bool whole_vocab() const { return t == 1 && v_l == v_valid; }
 };
@@ -80,14 +105,16 @@ Status RowToResidual(const Ctx& c, void* out, const void* x_local, const void* w
 Status BlockForward(const Ctx& c, const std::vector<void*>& w, const void* x, BlockActs& a,
                     void* out);
 
-// Scratch of the backward: gradients of activations (kWorkspace).
+// Scratch of the backward: gradients of activations (kWorkspace). A LLaMA block's d4a holds
+// d(SwiGLU output), then d(qkv) [rows, max(f_l, 3 d_l)]; its d4b d(gate), d(up), then d(q), d(k),
+// d(v) [rows, max(2 f_l, (h_l + 2 kv_l) hs)].
 struct BackwardScratch {
   Buffer dres;   // [rows_l, d]: the gradient flowing down the residual stream (this rank's rows)
   Buffer dfull;  // [rows, d]: dres gathered from every rank (sequence parallelism)
   Buffer dbtc;   // [rows, d]
   Buffer dloc;   // [rows_l, d]: dbtc reduce-scattered (sequence parallelism)
-  Buffer d4a;    // [rows, 4d / tp]
-  Buffer d4b;    // [rows, 4d / tp]
+  Buffer d4a;    // [rows, 4d / tp] (GPT-2)
+  Buffer d4b;    // [rows, 4d / tp] (GPT-2)
   Buffer norm;   // [4d] grad dtype: LayerNorm weight gradients of this rank's rows (SP)
 };
 
@@ -138,8 +165,20 @@ struct BlockActBuffer {
   Buffer BlockActs::*member;
   int64_t bytes;
 };
-std::array<BlockActBuffer, 12> BlockActPlan(const Geometry& g, int64_t act, int64_t stat,
-                                            int64_t attention_saved);
+std::vector<BlockActBuffer> BlockActPlan(const Geometry& g, int64_t act, int64_t stat,
+                                         int64_t attention_saved);
+
+// [Note: a LLaMA block's projections] The forward's Q, K and V projections before the rotation
+// ([rows, (h_l + 2 kv_l) hs], act dtype, kWorkspace): allocated by a LLaMA block's forward and
+// freed once RopeQkv has read them. 0 for GPT-2 (its fused QKV goes straight into qkv).
+int64_t ProjectionScratchBytes(const Geometry& g, int64_t act);
+
+// A LLaMA block's forward and backward (llama_block.cc): what BlockForward and BlockBackward run
+// when g.llama.
+Status LlamaBlockForward(const Ctx& c, const std::vector<void*>& w, const void* x, BlockActs& a,
+                         void* out);
+Status LlamaBlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const BlockActs& a,
+                          BackwardScratch& s);
 
 // A block's activation set (allocated by its forward, freed by its backward): BlockActPlan's.
 Status AllocateBlockActs(const Geometry& g, ModelKernels& k, Allocator& activations, BlockActs& a);

@@ -2,26 +2,47 @@
 #include "layers/gpt_config.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "runtime/strings.h"
 
 namespace zerort {
 
+std::string_view ModelArchName(ModelArch arch) {
+  return arch == ModelArch::kLlama ? "llama" : "gpt2";
+}
+
 int64_t GptConfig::BlockParameters() const {
   const int64_t c = d_model;
+  if (llama()) {
+    const int64_t kv = static_cast<int64_t>(kv_heads()) * head_size(), f = intermediate_size;
+    // two RMSNorms, q, k, v (biases: Qwen2), o, gate, up, down
+    return 2 * c + c * (c + 2 * kv) + (qkv_bias ? c + 2 * kv : 0) + c * c + 3 * c * f;
+  }
   // ln1, qkv (w + b), proj (w + b), ln2, fc (w + b), fc proj (w + b)
   return 2 * c + (3 * c * c + 3 * c) + (c * c + c) + 2 * c + (4 * c * c + 4 * c) + (4 * c * c + c);
 }
 
 int64_t GptConfig::NumParameters() const {
-  const int64_t c = d_model;
-  return static_cast<int64_t>(vocab_size) * c + static_cast<int64_t>(seq_len) * c +
-         n_layer * BlockParameters() + 2 * c;
+  const int64_t c = d_model, embedding = static_cast<int64_t>(vocab_size) * c;
+  if (llama()) {  // wte, the blocks, the final RMSNorm, lm_head unless tied
+    return embedding + n_layer * BlockParameters() + c + (tied() ? 0 : embedding);
+  }
+  return embedding + static_cast<int64_t>(seq_len) * c + n_layer * BlockParameters() + 2 * c;
 }
 
 double GptConfig::FlopsPerToken() const {
-  const double n = static_cast<double>(NumParameters() - static_cast<int64_t>(seq_len) * d_model);
+  // The lookups are not GEMMs: GPT-2's positions, and an untied model's input embedding.
+  int64_t lookups = learned_positions() ? static_cast<int64_t>(seq_len) * d_model : 0;
+  if (!tied()) lookups += static_cast<int64_t>(vocab_size) * d_model;
+  const double n = static_cast<double>(NumParameters() - lookups);
   return 6.0 * n + 12.0 * n_layer * d_model * static_cast<double>(seq_len);
+}
+
+std::string GptConfig::Describe() const {
+  return StrCat(ModelArchName(arch), ", ", n_layer, " layers, d ", d_model, ", ", n_head, " heads",
+                llama() && kv_heads() != n_head ? StrCat(" (", kv_heads(), " KV)") : "", ", seq ",
+                seq_len);
 }
 
 int64_t PaddedVocab(const GptConfig& config, int tp, int vocab_multiple) {
@@ -43,6 +64,43 @@ Status GptConfig::Validate() const {
     return absl::InvalidArgumentError(
         StrCat("model.n_head = ", n_head, " does not divide model.d_model = ", d_model));
   }
+  if (!llama()) {
+    // The LLaMA keys have no meaning for GPT-2: set, they would be silently ignored.
+    const char* set = n_kv_head != 0                    ? "n_kv_head"
+                      : intermediate_size != 0          ? "intermediate_size"
+                      : rope_theta != 10000.0           ? "rope_theta"
+                      : norm_eps != 1e-5                ? "rms_norm_eps"
+                      : tie_word_embeddings || qkv_bias ? "tie_word_embeddings/qkv_bias"
+                                                        : nullptr;
+    if (set != nullptr) {
+      return absl::InvalidArgumentError(
+          StrCat("model.", set,
+                 " is a LLaMA key, and model.arch is \"gpt2\" (set model.arch: \"llama\")"));
+    }
+    return absl::OkStatus();
+  }
+  if (n_kv_head < 0 || n_head % kv_heads() != 0) {
+    return absl::InvalidArgumentError(StrCat("model.n_kv_head = ", n_kv_head,
+                                             ": must divide model.n_head = ", n_head,
+                                             " (grouped-query attention; 0: n_head)"));
+  }
+  if (head_size() % 2 != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("model.d_model / model.n_head = ", head_size(),
+               ": rotary embeddings rotate pairs of channels, so the head size must be even"));
+  }
+  if (intermediate_size < 1) {
+    return absl::InvalidArgumentError(StrCat("model.intermediate_size = ", intermediate_size,
+                                             ": a LLaMA model needs its MLP width (>= 1)"));
+  }
+  if (!(rope_theta > 1.0) || !std::isfinite(rope_theta)) {
+    return absl::InvalidArgumentError(
+        StrCat("model.rope_theta = ", rope_theta, ": must be a finite number above 1"));
+  }
+  if (!(norm_eps > 0.0) || !(norm_eps < 1.0)) {
+    return absl::InvalidArgumentError(
+        StrCat("model.rms_norm_eps = ", norm_eps, ": must be in (0, 1)"));
+  }
   return absl::OkStatus();
 }
 
@@ -57,6 +115,44 @@ const Preset kPresets[] = {
     {"gpt2-medium", GptConfig{24, 16, 1024, 1024, 50257}},
     {"gpt2-large", GptConfig{36, 20, 1280, 1024, 50257}},
     {"gpt2-xl", GptConfig{48, 25, 1600, 1024, 50257}},
+    {"llama-tiny", GptConfig{.n_layer = 2,
+                             .n_head = 4,
+                             .d_model = 64,
+                             .seq_len = 64,
+                             .vocab_size = 256,
+                             .arch = ModelArch::kLlama,
+                             .n_kv_head = 2,
+                             .intermediate_size = 176}},
+    // Shapes of published models (their config.json), for the estimator; the weights are theirs.
+    {"llama-3-8b", GptConfig{.n_layer = 32,
+                             .n_head = 32,
+                             .d_model = 4096,
+                             .seq_len = 8192,
+                             .vocab_size = 128256,
+                             .arch = ModelArch::kLlama,
+                             .n_kv_head = 8,
+                             .intermediate_size = 14336,
+                             .rope_theta = 500000.0}},
+    {"llama-3-70b", GptConfig{.n_layer = 80,
+                              .n_head = 64,
+                              .d_model = 8192,
+                              .seq_len = 8192,
+                              .vocab_size = 128256,
+                              .arch = ModelArch::kLlama,
+                              .n_kv_head = 8,
+                              .intermediate_size = 28672,
+                              .rope_theta = 500000.0}},
+    {"qwen2-72b", GptConfig{.n_layer = 80,
+                            .n_head = 64,
+                            .d_model = 8192,
+                            .seq_len = 32768,
+                            .vocab_size = 152064,
+                            .arch = ModelArch::kLlama,
+                            .n_kv_head = 8,
+                            .intermediate_size = 29568,
+                            .rope_theta = 1000000.0,
+                            .norm_eps = 1e-6,
+                            .qkv_bias = true}},
 };
 }  // namespace
 

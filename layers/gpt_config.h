@@ -1,5 +1,6 @@
-// GptConfig: the shape of the built-in GPT-2-style model, its named presets, and the counts the
-// rest of the project derives from a shape (parameters, FLOPs per token by the PaLM formula).
+// GptConfig: the shape of the built-in decoder (GPT-2 or the LLaMA family), its named presets, and
+// the counts the rest of the project derives from a shape (parameters, FLOPs per token by the PaLM
+// formula).
 #pragma once
 
 #include <cstdint>
@@ -11,14 +12,40 @@
 
 namespace zerort {
 
+// The decoder's architecture ([Note: the two architectures] in layers/README.md):
+//   kGpt2   learned positions, LayerNorm with bias, fused QKV with bias, 4d tanh-GELU MLP, the
+//           output projection tied to the token embedding;
+//   kLlama  rotary positions (rope_theta, Hugging Face's rotate-half), RMSNorm (norm_eps), Q, K,
+//           V projections with n_kv_head key/value heads (grouped-query attention; Qwen2's QKV
+//           bias with qkv_bias), a SwiGLU MLP of intermediate_size channels, no other biases, the
+//           output projection its own weight unless tie_word_embeddings.
+enum class ModelArch { kGpt2, kLlama };
+std::string_view ModelArchName(ModelArch arch);
+
 struct GptConfig {
   int n_layer = 2;       // transformer blocks
   int n_head = 2;        // attention heads; must divide d_model
   int d_model = 32;      // channels (GPT-2's n_embd)
-  int seq_len = 16;      // context length: rows of the position embedding
+  int seq_len = 16;      // context length: rows of the position embedding (GPT-2)
   int vocab_size = 256;  // byte-level tokens by default
+  ModelArch arch = ModelArch::kGpt2;
+  // LLaMA only (Validate refuses them set for GPT-2):
+  int n_kv_head = 0;            // key/value heads; 0: n_head (no grouping); 1: MQA
+  int intermediate_size = 0;    // the SwiGLU MLP's channels (required)
+  double rope_theta = 10000.0;  // rotary base
+  double norm_eps = 1e-5;       // RMSNorm's epsilon
+  bool tie_word_embeddings = false;
+  bool qkv_bias = false;  // Qwen2: Q, K and V have biases
 
+  bool llama() const { return arch == ModelArch::kLlama; }
   int head_size() const { return d_model / n_head; }
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  // The MLP's hidden channels: 4 d (GPT-2) or intermediate_size.
+  int ffn_channels() const { return llama() ? intermediate_size : 4 * d_model; }
+  // The output projection is the token embedding (GPT-2 always).
+  bool tied() const { return !llama() || tie_word_embeddings; }
+  // Learned position embeddings (wpe: GPT-2).
+  bool learned_positions() const { return !llama(); }
   // Every parameter, the tied token embedding counted once.
   int64_t NumParameters() const;
   // Parameters of one transformer block.
@@ -29,6 +56,8 @@ struct GptConfig {
   double FlopsPerToken() const;
 
   Status Validate() const;
+  // "llama, 3 layers, d 128, 4 heads (2 KV), seq 64": for logs and the estimator's title.
+  std::string Describe() const;
   bool operator==(const GptConfig&) const = default;
 };
 
@@ -40,7 +69,9 @@ int64_t PaddedVocab(const GptConfig& config, int tp, int vocab_multiple);
 
 // "tiny" (a few hundred thousand parameters, for CPU tests and demos), "gpt2" (124M),
 // "gpt2-medium" (350M), "gpt2-large" (774M), "gpt2-xl" (1.5B); the GPT-2 shapes have vocabulary
-// 50257 and context 1024.
+// 50257 and context 1024. LLaMA-family: "llama-tiny" (CPU tests and demos, GQA 4:2), and the
+// shapes of "llama-3-8b" (8.03B), "llama-3-70b" (70.6B) and "qwen2-72b" (72.7B) as their
+// config.json files give them (for the estimator).
 StatusOr<GptConfig> GptPreset(std::string_view name);
 std::vector<std::string> GptPresetNames();
 

@@ -30,6 +30,10 @@ std::vector<MbPlanned> BeginPlan(const Geometry& g, const GptStagePart& part, in
 }
 
 std::vector<MbPlanned> HeadNormPlan(const Geometry& g, int64_t act, int64_t stat) {
+  if (g.llama) {  // RMSNorm: no mean
+    return {{MbBuffer::kLnf, 0, Cat::kActivations, g.rows * g.d * act},
+            {MbBuffer::kLnfRstd, 0, Cat::kActivations, g.rows_l * stat}};
+  }
   return {{MbBuffer::kLnf, 0, Cat::kActivations, g.rows * g.d * act},
           {MbBuffer::kLnfMean, 0, Cat::kActivations, g.rows_l * stat},
           {MbBuffer::kLnfRstd, 0, Cat::kActivations, g.rows_l * stat}};

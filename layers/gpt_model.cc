@@ -91,9 +91,10 @@ StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptModelOptions& opti
   std::unique_ptr<GptModel> model(new GptModel(options, store, kernels, activations));
   model->block_unit_.assign(L, -1);
   int next = 0;
-  if (part.first || part.last) {
+  const bool tied_head = options.config.tied();
+  if (part.first || (part.last && tied_head)) {
     // The first stage counts the tied embedding in the norm; the last one's copy is its twin.
-    const bool tied = part.embedding_group != nullptr && !(part.first && part.last);
+    const bool tied = tied_head && part.embedding_group != nullptr && !(part.first && part.last);
     const UnitOptions emb{.tied = tied ? part.embedding_group : nullptr,
                           .counts_in_norm = part.first};
     ZR_RETURN_IF_ERROR(store.AddUnit(units[kEmbeddings].name, units[kEmbeddings].params, emb));
@@ -107,18 +108,23 @@ StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptModelOptions& opti
   if (part.last) {
     ZR_RETURN_IF_ERROR(store.AddUnit(units[L + 1].name, units[L + 1].params));
     model->norm_unit_ = next++;
+    if (!tied_head) {  // the output projection's own unit (untied LLaMA models)
+      ZR_RETURN_IF_ERROR(store.AddUnit(units[L + 2].name, units[L + 2].params));
+      model->head_unit_ = next++;
+    }
   }
   return model;
 }
 
 std::vector<int> GptModel::UnitPositions() const {
   const int L = options_.config.n_layer;
-  std::vector<int> positions(static_cast<size_t>(L + 2), -1);
+  std::vector<int> positions(static_cast<size_t>(L + 3), -1);
   if (embedding_unit_ >= 0) positions[embedding_unit_] = 0;
   for (int l = 0; l < L; ++l) {
     if (block_unit_[l] >= 0) positions[block_unit_[l]] = 1 + l;
   }
   if (norm_unit_ >= 0) positions[norm_unit_] = L + 1;
+  if (head_unit_ >= 0) positions[head_unit_] = L + 2;
   while (!positions.empty() && positions.back() < 0) positions.pop_back();
   return positions;
 }
@@ -303,9 +309,10 @@ Status GptModel::EmbedForward(MicroBatch& mb) {
   }
   ZR_ASSIGN_OR_RETURN(UnitTensors emb, store_.Open(embedding_unit_, false));
   void* out = g.sp ? mb.seq_full.data() : mb.block_out[0].data();
-  ZR_RETURN_IF_ERROR(kernels_.Embedding(out, mb.tokens.as<int32_t>(), emb.params[0],
-                                        g.r == 0 ? emb.params[1] : nullptr, g.batch, g.seq, g.d,
-                                        g.v_begin, g.v_valid));
+  // Positions: GPT-2's wpe (added once, by rank 0); the LLaMA family rotates q and k instead.
+  const void* wpe = g.r == 0 && emb.params.size() > 1 ? emb.params[1] : nullptr;
+  ZR_RETURN_IF_ERROR(kernels_.Embedding(out, mb.tokens.as<int32_t>(), emb.params[0], wpe, g.batch,
+                                        g.seq, g.d, g.v_begin, g.v_valid));
   if (g.sp) {
     ZR_RETURN_IF_ERROR(ScatterToSequence(mb.tp, out, mb.block_out[0].data(), g.rows_l * g.d));
   } else {
@@ -397,16 +404,18 @@ StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
     ZR_ASSIGN_OR_RETURN(UnitTensors norm, store_.Open(norm_unit, false));
     ZR_RETURN_IF_ERROR(NormToColumn(mb.ctx(k), mb.lnf.data(), mb.lnf_mean.data(),
                                     mb.lnf_rstd.data(), mb.block_out[L].data(), norm.params[0],
-                                    norm.params[1]));
+                                    norm.params.size() > 1 ? norm.params[1] : nullptr));
     ZR_RETURN_IF_ERROR(store_.Close(norm_unit));
   }
-  // The output projection, tied to the token embedding: column-parallel over the vocabulary.
-  // Opened for the backward when training, since each chunk's gradient goes into it at once; kept
-  // open on a stage that also holds the input embedding, whose gradient completes the unit's in
-  // EmbedBackward. A last stage that is not the first closes it here (its gradient meets the
-  // first stage's in the tied reduction).
-  const bool keep_open = mb.train && options_.stage.first;
-  ZR_ASSIGN_OR_RETURN(mb.head, store_.Open(embedding_unit_, mb.train));
+  // The output projection, tied to the token embedding (or, untied, the head unit's lm_head):
+  // column-parallel over the vocabulary. Opened for the backward when training, since each
+  // chunk's gradient goes into it at once; a tied one is kept open on a stage that also holds the
+  // input embedding, whose gradient completes the unit's in EmbedBackward. A last stage that is
+  // not the first closes it here (its gradient meets the first stage's in the tied reduction),
+  // and so does an untied head (its gradient is complete).
+  const int head_unit = head_unit_ >= 0 ? head_unit_ : embedding_unit_;
+  const bool keep_open = mb.train && options_.stage.first && head_unit_ < 0;
+  ZR_ASSIGN_OR_RETURN(mb.head, store_.Open(head_unit, mb.train));
   mb.head_open = true;
   BackwardScratch& s = mb.s;
   // One chunk of rows [r0, r0 + n) at a time; the rows asked for in one chunk.
@@ -456,7 +465,7 @@ StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
   mb.phase = mb.train ? MicroBatchPhase::kHeadBackward : MicroBatchPhase::kHeadDone;
   if (!keep_open) {
     mb.head_open = false;
-    ZR_RETURN_IF_ERROR(store_.Close(embedding_unit_));
+    ZR_RETURN_IF_ERROR(store_.Close(head_unit));
   }
   return loss;
 }
@@ -480,7 +489,8 @@ Status GptModel::HeadBackward(MicroBatch& mb) {
   ZR_RETURN_IF_ERROR(NormBackward(c, s, 0, dlnf, mb.block_out[options_.config.n_layer].data(),
                                   norm.params, norm.grads, 0, mb.lnf_mean.data(),
                                   mb.lnf_rstd.data()));
-  ZR_RETURN_IF_ERROR(ReduceNormGrads(c, s, {{norm.grads[0], norm.grads[1]}}));
+  ZR_RETURN_IF_ERROR(
+      ReduceNormGrads(c, s, {{norm.grads[0], norm.grads.size() > 1 ? norm.grads[1] : nullptr}}));
   return store_.Close(norm_unit);
 }
 
@@ -569,7 +579,8 @@ Status GptModel::EmbedBackward(MicroBatch& mb) {
   const Geometry& g = mb.g;
   // The embedding's backward needs the gradient of every row (each rank holds its wte rows).
   ZR_ASSIGN_OR_RETURN(const void* demb, ResidualGradOfEveryRow(mb.ctx(kernels_), mb.s));
-  ZR_RETURN_IF_ERROR(kernels_.EmbeddingBackward(mb.head.grads[0], mb.head.grads[1], demb,
+  void* dwpe = mb.head.grads.size() > 1 ? mb.head.grads[1] : nullptr;  // GPT-2's positions
+  ZR_RETURN_IF_ERROR(kernels_.EmbeddingBackward(mb.head.grads[0], dwpe, demb,
                                                 mb.tokens.as<int32_t>(), g.batch, g.seq, g.d,
                                                 g.v_begin, g.v_valid));
   mb.head_open = false;

@@ -204,7 +204,7 @@ class GptModel {
 
   GptModelOptions options_;
   // This stage's units in the store: -1 when not held.
-  int embedding_unit_ = -1, norm_unit_ = -1;
+  int embedding_unit_ = -1, norm_unit_ = -1, head_unit_ = -1;  // head: untied models only
   std::vector<int> block_unit_;
   WeightStore& store_;
   ModelKernels& kernels_;

@@ -41,6 +41,56 @@ StatusOr<ParamSpec> TensorParallelSpec(std::string name, Shape global_shape, boo
   return SplitParam(std::move(name), std::move(global_shape), weight_decay, frame);
 }
 
+namespace {
+
+// The LLaMA family's units ([Note: the two architectures], layers/README.md): "embeddings" (wte),
+// "blocks.i", "final_norm" (norm.weight) and, untied, "head" (lm_head.weight). `param` appends
+// one parameter with its tensor-parallel split.
+template <typename Param>
+StatusOr<std::vector<GptUnit>> LlamaUnits(const GptConfig& c, Param& param) {
+  using enum TensorSplit;
+  const int64_t d = c.d_model, kv = int64_t{c.kv_heads()} * c.head_size(), f = c.intermediate_size;
+  std::vector<GptUnit> units;
+  auto vocab = [&](GptUnit& u, const char* name) -> Status {
+    ZR_RETURN_IF_ERROR(param(u.params, name, {c.vocab_size, d}, true, kVocab));
+    return absl::OkStatus();
+  };
+  GptUnit emb{"embeddings", {}};
+  ZR_RETURN_IF_ERROR(vocab(emb, "wte"));
+  units.push_back(std::move(emb));
+  for (int l = 0; l < c.n_layer; ++l) {
+    const std::string p = StrCat("blocks.", l, ".");
+    GptUnit b{StrCat("blocks.", l), {}};
+    // The order of gpt::LlamaParam (gpt_block.h); the optional biases last.
+    ZR_RETURN_IF_ERROR(param(b.params, p + "attn_norm.weight", {d}, false, kReplicated));
+    ZR_RETURN_IF_ERROR(param(b.params, p + "attn.q.weight", {d, d}, true, kColumn));
+    ZR_RETURN_IF_ERROR(param(b.params, p + "attn.k.weight", {kv, d}, true, kColumn));
+    ZR_RETURN_IF_ERROR(param(b.params, p + "attn.v.weight", {kv, d}, true, kColumn));
+    ZR_RETURN_IF_ERROR(param(b.params, p + "attn.o.weight", {d, d}, true, kRow));
+    ZR_RETURN_IF_ERROR(param(b.params, p + "mlp_norm.weight", {d}, false, kReplicated));
+    ZR_RETURN_IF_ERROR(param(b.params, p + "mlp.gate.weight", {f, d}, true, kColumn));
+    ZR_RETURN_IF_ERROR(param(b.params, p + "mlp.up.weight", {f, d}, true, kColumn));
+    ZR_RETURN_IF_ERROR(param(b.params, p + "mlp.down.weight", {d, f}, true, kRow));
+    if (c.qkv_bias) {
+      ZR_RETURN_IF_ERROR(param(b.params, p + "attn.q.bias", {d}, false, kColumn));
+      ZR_RETURN_IF_ERROR(param(b.params, p + "attn.k.bias", {kv}, false, kColumn));
+      ZR_RETURN_IF_ERROR(param(b.params, p + "attn.v.bias", {kv}, false, kColumn));
+    }
+    units.push_back(std::move(b));
+  }
+  GptUnit norm{"final_norm", {}};
+  ZR_RETURN_IF_ERROR(param(norm.params, "norm.weight", {d}, false, kReplicated));
+  units.push_back(std::move(norm));
+  if (!c.tied()) {
+    GptUnit head{"head", {}};
+    ZR_RETURN_IF_ERROR(vocab(head, "lm_head.weight"));
+    units.push_back(std::move(head));
+  }
+  return units;
+}
+
+}  // namespace
+
 StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& c, int tp_size, int tp_rank,
                                         int vocab_multiple) {
   ZR_RETURN_IF_ERROR(c.Validate());
@@ -48,26 +98,36 @@ StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& c, int tp_size, int tp_
     return absl::InvalidArgumentError(
         StrCat("tensor-parallel rank ", tp_rank, " of ", tp_size, " for ", c.n_head, " heads"));
   }
+  if (c.llama() && (c.kv_heads() % tp_size != 0 || c.intermediate_size % tp_size != 0)) {
+    // Megatron replicates key/value heads when tp exceeds them; zerort does not (yet): each rank
+    // holds whole key/value heads and the query heads that read them.
+    return absl::InvalidArgumentError(
+        StrCat("tensor parallelism ", tp_size, " must divide model.n_kv_head = ", c.kv_heads(),
+               " and model.intermediate_size = ", c.intermediate_size,
+               " (key/value heads are split over the tensor-parallel ranks, not replicated)"));
+  }
   if (vocab_multiple < 1) {
     return absl::InvalidArgumentError(
         StrCat("make_vocab_size_divisible_by = ", vocab_multiple, ": must be >= 1"));
   }
   const int64_t d = c.d_model;
   std::vector<GptUnit> units;
+  // A vocabulary-split weight is padded (Megatron's make_vocab_size_divisible_by) so that every
+  // rank holds as many rows; the rows past vocab_size are padding.
   auto param = [&](std::vector<ParamSpec>& out, std::string name, Shape shape, bool decay,
                    TensorSplit split, int groups = 1) -> Status {
+    if (split == TensorSplit::kVocab) shape[0] = PaddedVocab(c, tp_size, vocab_multiple);
     ZR_ASSIGN_OR_RETURN(ParamSpec p, TensorParallelSpec(std::move(name), std::move(shape), decay,
                                                         split, tp_size, tp_rank, groups));
+    if (split == TensorSplit::kVocab && p.global_shape()[0] != c.vocab_size) {
+      p.frame.valid_rows = c.vocab_size;
+    }
     out.push_back(std::move(p));
     return absl::OkStatus();
   };
+  if (c.llama()) return LlamaUnits(c, param);
   GptUnit emb{"embeddings", {}};
-  // Padded (Megatron's make_vocab_size_divisible_by) so that every rank holds as many rows.
-  ZR_RETURN_IF_ERROR(param(emb.params, "wte", {PaddedVocab(c, tp_size, vocab_multiple), d}, true,
-                           TensorSplit::kVocab));
-  if (emb.params.back().global_shape()[0] != c.vocab_size) {
-    emb.params.back().frame.valid_rows = c.vocab_size;  // the rest is padding
-  }
+  ZR_RETURN_IF_ERROR(param(emb.params, "wte", {c.vocab_size, d}, true, TensorSplit::kVocab));
   ZR_RETURN_IF_ERROR(param(emb.params, "wpe", {c.seq_len, d}, true, TensorSplit::kReplicated));
   units.push_back(std::move(emb));
   for (int l = 0; l < c.n_layer; ++l) {
@@ -112,10 +172,13 @@ Initializer GptInitializer(const GptConfig& config) {
       std::fill(full.begin(), full.end(), 0.0f);
       return;
     }
-    if (EndsWith(name, "ln1.weight") || EndsWith(name, "ln2.weight") || name == "ln_f.weight") {
+    if (EndsWith(name, "ln1.weight") || EndsWith(name, "ln2.weight") || name == "ln_f.weight" ||
+        EndsWith(name, "norm.weight")) {  // LayerNorm and RMSNorm gains
       std::fill(full.begin(), full.end(), 1.0f);
       return;
     }
+    // GPT-2's scaled residual projections; the LLaMA family (Hugging Face's _init_weights)
+    // draws every linear and embedding weight from normal(0, 0.02).
     const bool residual = EndsWith(name, "attn.proj.weight") || EndsWith(name, "mlp.proj.weight");
     const double stddev = residual ? residual_std : 0.02;
     const uint64_t key = SplitMix64(seed ^ NameHash(name));

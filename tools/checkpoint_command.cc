@@ -102,4 +102,12 @@ int RunCheckpointExport(const CheckpointOptions& o) {
   return kExitOk;
 }
 
+int RunCheckpointImport(const CheckpointOptions& o) {
+  StatusOr<ImportSummary> s = ImportHuggingFace(o.dir, o.out_dir);
+  if (!s.ok()) return Fail(s.status());
+  std::printf("imported %s to %s: %.2fM parameters\n", o.dir.c_str(), s->step_dir.c_str(),
+              s->parameters / 1e6);
+  return kExitOk;
+}
+
 }  // namespace zerort::cli

@@ -97,17 +97,20 @@ int RunEval(const EvalOptions& options);
 
 struct CheckpointOptions {
   std::string dir;      // step directory, or a checkpoint directory with `latest`
-  std::string out_dir;  // export only
+  std::string out_dir;  // export and import
 };
 int RunCheckpointInspect(const CheckpointOptions& options);
 int RunCheckpointExport(const CheckpointOptions& options);
+int RunCheckpointImport(const CheckpointOptions& options);  // dir: a Hugging Face model
 
 struct EstimateOptions {
-  std::string config;    // run config; else a model shape or a parameter count
-  int world_size = 1;    // data-parallel ranks for a run config
-  std::string device;    // cpu | cuda for a run config; default: its train.device
-  bool measure = false;  // run two real steps and compare (run config only)
-  std::string model;     // gpt2, gpt2-medium, gpt2-large, gpt2-xl, tiny
+  std::string config;     // run config; else a model shape or a parameter count
+  int world_size = 1;     // data-parallel ranks for a run config
+  std::string device;     // cpu | cuda for a run config; default: its train.device
+  bool measure = false;   // run two real steps and compare (run config only)
+  std::string model;      // a GptPreset name (gpt2 ..., llama-3-8b, llama-3-70b, qwen2-72b)
+  std::string hf_config;  // a Hugging Face config.json (or its directory) instead of --model
+  int tp = 1, pp = 1;     // tensor- and pipeline-parallel sizes (shape mode)
   int layers = 0, hidden = 0, heads = 0, vocab = 50257;  // SHAPE instead of --model
   int gpus = 1, nodes = 1;                               // GPUs per node, nodes
   int seq_len = 0;                                       // 0: the model's

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "engine/config.h"
+#include "engine/hf_config.h"
 #include "engine/memory_model.h"
 #include "engine/trainer.h"
 #include "runtime/exit_codes.h"
@@ -402,17 +403,19 @@ enum class Mode { kConfig, kShape, kCold };
 Status CheckFlags(const EstimateOptions& o, Mode mode) {
   static const std::set<std::string> kConfig = {"--world-size", "--device", "--measure",
                                                 "--explain", "--json"};
-  static const std::set<std::string> kShape = {"--model", "--layers",  "--hidden",  "--heads",
-                                               "--vocab", "--seq-len", "--gpus",    "--micro-batch",
-                                               "--nodes", "--fit",     "--explain", "--json"};
+  static const std::set<std::string> kShape = {
+      "--model", "--hf-config", "--layers", "--hidden",      "--heads",
+      "--vocab", "--seq-len",   "--gpus",   "--micro-batch", "--nodes",
+      "--tp",    "--pp",        "--fit",    "--explain",     "--json"};
   static const std::set<std::string> kCold = {"--params", "--largest-layer-params", "--gpus",
                                               "--nodes", "--json"};
   const std::set<std::string>& allowed = mode == Mode::kConfig  ? kConfig
                                          : mode == Mode::kShape ? kShape
                                                                 : kCold;
-  const char* what = mode == Mode::kConfig  ? "with a run config"
-                     : mode == Mode::kShape ? "with a model shape (--model or --layers)"
-                                            : "in cold mode (--params)";
+  const char* what = mode == Mode::kConfig ? "with a run config"
+                     : mode == Mode::kShape
+                         ? "with a model shape (--model, --hf-config or --layers)"
+                         : "in cold mode (--params)";
   for (const std::string& flag : o.given) {
     if (!allowed.contains(flag)) {
       return absl::InvalidArgumentError(StrCat(flag, " does not apply ", what, "; it takes ",
@@ -435,7 +438,20 @@ Status InRange(const char* flag, int64_t value, int64_t lo, int64_t hi, const ch
 StatusOr<GptConfig> ShapeOf(const EstimateOptions& o) {
   auto given = [&](const char* flag) { return o.given.contains(flag); };
   GptConfig shape;
-  if (given("--model")) {
+  if (given("--model") && given("--hf-config")) {
+    return absl::InvalidArgumentError("--model and --hf-config both give the shape: give one");
+  }
+  if (given("--hf-config")) {
+    for (const char* flag : {"--layers", "--hidden", "--heads"}) {
+      if (given(flag)) {
+        return absl::InvalidArgumentError(
+            StrCat("--hf-config ", o.hf_config, " and ", flag, " both give the shape: give one"));
+      }
+    }
+    StatusOr<GptConfig> hf = ReadHuggingFaceConfig(o.hf_config);
+    if (!hf.ok()) return absl::InvalidArgumentError(StrCat("--hf-config: ", hf.status().message()));
+    shape = *hf;
+  } else if (given("--model")) {
     for (const char* flag : {"--layers", "--hidden", "--heads"}) {
       if (given(flag)) {
         return absl::InvalidArgumentError(
@@ -485,8 +501,10 @@ StatusOr<GptConfig> ShapeOf(const EstimateOptions& o) {
   // counters could wrap, and no machine holds it anyway.
   const double L = shape.n_layer, d = shape.d_model, H = shape.n_head, T = shape.seq_len;
   const double rows = static_cast<double>(o.micro_batch) * T;
-  const double largest = std::max({16.0 * 12.0 * L * d * d, 4.0 * rows * shape.vocab_size,
-                                   4.0 * L * o.micro_batch * H * T * T, 4.0 * 20.0 * L * rows * d});
+  const double f = shape.ffn_channels();
+  const double largest =
+      std::max({16.0 * static_cast<double>(shape.NumParameters()), 4.0 * rows * shape.vocab_size,
+                4.0 * L * o.micro_batch * H * T * T, 4.0 * L * rows * (8.0 * d + 3.0 * f)});
   if (largest > 9007199254740992.0) {
     return absl::InvalidArgumentError(StrCat("this shape needs more than 8 PiB per rank (", largest,
                                              " bytes in its largest term): not modelled"));
@@ -500,14 +518,16 @@ int RunEstimate(const EstimateOptions& o) {
   const Mode mode = !o.config.empty() ? Mode::kConfig
                     : o.given.contains("--params") || o.given.contains("--largest-layer-params")
                         ? Mode::kCold
-                    : o.given.contains("--model") || o.given.contains("--layers") ||
-                            o.given.contains("--hidden") || o.given.contains("--heads")
+                    : o.given.contains("--model") || o.given.contains("--hf-config") ||
+                            o.given.contains("--layers") || o.given.contains("--hidden") ||
+                            o.given.contains("--heads")
                         ? Mode::kShape
                         : Mode::kCold;
   if (mode == Mode::kCold && !o.given.contains("--params") &&
       !o.given.contains("--largest-layer-params")) {
     return Usage(
-        "give a run config, --model NAME, --layers/--hidden/--heads/--vocab, or "
+        "give a run config, --model NAME, --hf-config FILE, --layers/--hidden/--heads/--vocab, "
+        "or "
         "--params/--largest-layer-params");
   }
   if (const Status flags = CheckFlags(o, mode); !flags.ok()) {
@@ -528,6 +548,15 @@ int RunEstimate(const EstimateOptions& o) {
   }
   const int gpus = o.gpus * o.nodes;  // at most 2^20: no overflow
   if (mode == Mode::kCold) return RunCold(o, gpus);
+  for (const auto& [flag, v] : {std::pair{"--tp", o.tp}, std::pair{"--pp", o.pp}}) {
+    if (const Status s = InRange(flag, v, 1, gpus, " (at most the GPUs)"); !s.ok()) {
+      return Usage(std::string(s.message()));
+    }
+  }
+  if (gpus % (o.tp * o.pp) != 0) {
+    return Usage(StrCat("--tp ", o.tp, " x --pp ", o.pp, " does not divide the ", gpus,
+                        " GPUs (--gpus x --nodes)"));
+  }
   std::optional<double> fit;
   if (!o.fit.empty()) {
     StatusOr<double> f = ParseFit(o.fit);
@@ -541,14 +570,29 @@ int RunEstimate(const EstimateOptions& o) {
     base.model = *shape;
   }
   base.micro_batch = o.micro_batch;
-  base.dp = gpus;
+  base.dp = gpus / (o.tp * o.pp);
+  base.tp = o.tp;
+  base.sequence_parallel = o.tp > 1;  // Megatron's practice with tensor parallelism
+  base.pp = o.pp;
+  base.accumulation = o.pp;  // 1F1B with m = p micro-batches: every stage's most in flight
   base.ranks_per_node = o.gpus;
   base.manager.compute_dtype = DType::kBF16;
   base.cuda = true;
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<EstimateRow> rows = Table(base, o.gpus, {false, true}, EstimateMemory);
-  if (rows.empty()) {
-    return Usage(std::string(EstimateMemory(base).status().message()));
+  // Every stage's table; each row keeps the stage with the largest device peak (what must fit).
+  std::vector<EstimateRow> rows;
+  for (int s = 0; s < o.pp; ++s) {
+    MemoryModelInput in = base;
+    in.pipeline_stage = s;
+    std::vector<EstimateRow> stage_rows = Table(in, o.gpus, {false, true}, EstimateMemory);
+    if (stage_rows.empty()) return Usage(std::string(EstimateMemory(in).status().message()));
+    if (rows.empty()) {
+      rows = std::move(stage_rows);
+      continue;
+    }
+    for (size_t i = 0; i < rows.size() && i < stage_rows.size(); ++i) {
+      if (stage_rows[i].device > rows[i].device) rows[i] = std::move(stage_rows[i]);
+    }
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -578,10 +622,17 @@ int RunEstimate(const EstimateOptions& o) {
     return kExitOk;
   }
   std::printf(
-      "zerort estimate: %s (%.1fM parameters, %d layers, d %d, %d heads, seq %d), %d GPU(s) "
-      "on %d node(s), micro-batch %d, bf16, AdamW; per GPU, steady-state step\n",
-      o.model.empty() ? "custom shape" : o.model.c_str(), base.model.NumParameters() / 1e6,
-      base.model.n_layer, base.model.d_model, base.model.n_head, base.model.seq_len, gpus, o.nodes,
+      "zerort estimate: %s (%.1fM parameters, %s), %d GPU(s) on %d node(s)%s, micro-batch %d, "
+      "bf16, AdamW; per GPU, steady-state step\n",
+      !o.model.empty()       ? o.model.c_str()
+      : !o.hf_config.empty() ? o.hf_config.c_str()
+                             : "custom shape",
+      base.model.NumParameters() / 1e6, base.model.Describe().c_str(), gpus, o.nodes,
+      o.tp * o.pp > 1
+          ? StrCat(", tp ", o.tp, o.tp > 1 ? " (SP)" : "", " x pp ", o.pp,
+                   o.pp > 1 ? " (1F1B, m = pp; the largest stage)" : "", " x dp ", base.dp)
+                .c_str()
+          : "",
       o.micro_batch);
   if (fit) {
     std::printf("layouts that fit in %s GiB per GPU, expected fastest first:\n", Gib(*fit).c_str());

@@ -125,16 +125,24 @@ int main(int argc, char** argv) {
                    "Windows of seq_len + 1 tokens from the start (0: all)");
   eval->add_flag("--json", eval_options.json, "{\"loss\": ..., \"tokens\": ...}");
 
-  CLI::App* checkpoint = app.add_subcommand("checkpoint", "Checkpoint inspection and export");
+  CLI::App* checkpoint =
+      app.add_subcommand("checkpoint", "Checkpoint inspection, export and import");
   checkpoint->require_subcommand(1);
   cli::CheckpointOptions ckpt_options;
   CLI::App* inspect = checkpoint->add_subcommand(
       "inspect", "Step, config, layout, sizes and checksum status of a checkpoint");
   inspect->add_option("dir", ckpt_options.dir, "Checkpoint (step) directory")->required();
   CLI::App* export_cmd = checkpoint->add_subcommand(
-      "export", "Master weights as a Hugging Face GPT-2 model (model.safetensors, config.json)");
+      "export",
+      "Master weights as a Hugging Face model: GPT-2 or LLaMA/Qwen2 (model.safetensors, "
+      "config.json)");
   export_cmd->add_option("dir", ckpt_options.dir, "Checkpoint (step) directory")->required();
   export_cmd->add_option("out_dir", ckpt_options.out_dir, "Output directory")->required();
+  CLI::App* import_cmd = checkpoint->add_subcommand(
+      "import", "A Hugging Face model directory (config.json, safetensors) as a zerort checkpoint");
+  import_cmd->add_option("hf_dir", ckpt_options.dir, "Hugging Face model directory")->required();
+  import_cmd->add_option("out_dir", ckpt_options.out_dir, "Checkpoint directory to create")
+      ->required();
 
   cli::EstimateOptions est;
   CLI::App* estimate = app.add_subcommand(
@@ -148,7 +156,14 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   estimate->add_flag("--measure", est.measure,
                      "Run two real steps and print estimate against measured, per category");
-  estimate->add_option("--model", est.model, "tiny, gpt2, gpt2-medium, gpt2-large or gpt2-xl");
+  estimate->add_option("--model", est.model,
+                       "tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-tiny, llama-3-8b, "
+                       "llama-3-70b or qwen2-72b");
+  estimate->add_option("--hf-config", est.hf_config,
+                       "Shape: a Hugging Face config.json (LLaMA, Mistral, Qwen2, GPT-2)");
+  estimate->add_option("--tp", est.tp, "Shape: tensor-parallel size")->capture_default_str();
+  estimate->add_option("--pp", est.pp, "Shape: pipeline stages (1F1B, pp micro-batches)")
+      ->capture_default_str();
   estimate->add_option("--layers", est.layers, "Shape: transformer blocks");
   estimate->add_option("--hidden", est.hidden, "Shape: d_model");
   estimate->add_option("--heads", est.heads, "Shape: attention heads");
@@ -252,5 +267,6 @@ int main(int argc, char** argv) {
   if (eval->parsed()) return cli::RunEval(eval_options);
   if (inspect->parsed()) return cli::RunCheckpointInspect(ckpt_options);
   if (export_cmd->parsed()) return cli::RunCheckpointExport(ckpt_options);
+  if (import_cmd->parsed()) return cli::RunCheckpointImport(ckpt_options);
   return kExitUsage;
 }

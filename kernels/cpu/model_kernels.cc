@@ -142,6 +142,38 @@ class CpuModelKernels final : public ModelKernels {
     cpu::GeluBackward<T>(P(dinp), P(inp), P(dout), n);
     return absl::OkStatus();
   }
+  Status RmsNorm(void* out, void* rstd, const void* inp, const void* weight, int64_t rows,
+                 int channels, float eps) override {
+    cpu::RmsNormForward<T>(P(out), P(rstd), P(inp), P(weight), rows, channels, static_cast<T>(eps));
+    return absl::OkStatus();
+  }
+  Status RmsNormBackward(void* dinp, void* dweight, const void* dout, const void* inp,
+                         const void* weight, const void* rstd, int64_t rows,
+                         int channels) override {
+    cpu::RmsNormBackward<T>(P(dinp), P(dweight), P(dout), P(inp), P(weight), P(rstd), rows,
+                            channels);
+    return absl::OkStatus();
+  }
+  Status RopeQkv(void* qkv, const void* q, const void* k, const void* v, int batch, int seq,
+                 int heads, int kv_heads, int head_size, double theta) override {
+    cpu::RopeQkvForward<T>(P(qkv), P(q), P(k), P(v), batch, seq, heads, kv_heads, head_size, theta);
+    return absl::OkStatus();
+  }
+  Status RopeQkvBackward(void* dq, void* dk, void* dv, const void* dqkv, int batch, int seq,
+                         int heads, int kv_heads, int head_size, double theta) override {
+    cpu::RopeQkvBackward<T>(P(dq), P(dk), P(dv), P(dqkv), batch, seq, heads, kv_heads, head_size,
+                            theta);
+    return absl::OkStatus();
+  }
+  Status SwiGlu(void* out, const void* gate, const void* up, int64_t n) override {
+    cpu::SwiGluForward<T>(P(out), P(gate), P(up), n);
+    return absl::OkStatus();
+  }
+  Status SwiGluBackward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
+                        int64_t n) override {
+    cpu::SwiGluBackward<T>(P(dgate), P(dup), P(dout), P(gate), P(up), n);
+    return absl::OkStatus();
+  }
   Status Add(void* out, const void* a, const void* b, int64_t n) override {
     T* o = P(out);
     const T* x = P(a);
@@ -354,6 +386,59 @@ class Cpu16ModelKernels final : public ModelKernels {
     F d(this, dinp, n, true);
     ZR_RETURN_IF_ERROR(f_.GeluBackward(d.data(), In(inp, n).data(), In(dout, n).data(), n));
     return d.Store();
+  }
+  Status RmsNorm(void* out, void* rstd, const void* inp, const void* weight, int64_t rows,
+                 int channels, float eps) override {
+    F o(this, out, rows * channels, false);
+    ZR_RETURN_IF_ERROR(f_.RmsNorm(o.data(), rstd, In(inp, rows * channels).data(),
+                                  In(weight, channels).data(), rows, channels, eps));
+    return o.Store();
+  }
+  Status RmsNormBackward(void* dinp, void* dweight, const void* dout, const void* inp,
+                         const void* weight, const void* rstd, int64_t rows,
+                         int channels) override {
+    F di(this, dinp, rows * channels, true);
+    ZR_RETURN_IF_ERROR(f_.RmsNormBackward(di.data(), dweight, In(dout, rows * channels).data(),
+                                          In(inp, rows * channels).data(),
+                                          In(weight, channels).data(), rstd, rows, channels));
+    return di.Store();
+  }
+  Status RopeQkv(void* qkv, const void* q, const void* k, const void* v, int batch, int seq,
+                 int heads, int kv_heads, int head_size, double theta) override {
+    const int64_t rows = int64_t{batch} * seq, c = int64_t{heads} * head_size,
+                  kv = int64_t{kv_heads} * head_size;
+    F o(this, qkv, 3 * rows * c, false);
+    ZR_RETURN_IF_ERROR(f_.RopeQkv(o.data(), In(q, rows * c).data(), In(k, rows * kv).data(),
+                                  In(v, rows * kv).data(), batch, seq, heads, kv_heads, head_size,
+                                  theta));
+    return o.Store();
+  }
+  Status RopeQkvBackward(void* dq, void* dk, void* dv, const void* dqkv, int batch, int seq,
+                         int heads, int kv_heads, int head_size, double theta) override {
+    const int64_t rows = int64_t{batch} * seq, c = int64_t{heads} * head_size,
+                  kv = int64_t{kv_heads} * head_size;
+    F q(this, dq, rows * c, true), k(this, dk, rows * kv, true), v(this, dv, rows * kv, true);
+    ZR_RETURN_IF_ERROR(
+        f_.RopeQkvBackward(dq != nullptr ? q.data() : nullptr, dk != nullptr ? k.data() : nullptr,
+                           dv != nullptr ? v.data() : nullptr, In(dqkv, 3 * rows * c).data(), batch,
+                           seq, heads, kv_heads, head_size, theta));
+    ZR_RETURN_IF_ERROR(q.Store());
+    ZR_RETURN_IF_ERROR(k.Store());
+    return v.Store();
+  }
+  Status SwiGlu(void* out, const void* gate, const void* up, int64_t n) override {
+    F o(this, out, n, false);
+    ZR_RETURN_IF_ERROR(f_.SwiGlu(o.data(), In(gate, n).data(), In(up, n).data(), n));
+    return o.Store();
+  }
+  Status SwiGluBackward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
+                        int64_t n) override {
+    F g(this, dgate, n, true), u(this, dup, n, true);
+    ZR_RETURN_IF_ERROR(f_.SwiGluBackward(dgate != nullptr ? g.data() : nullptr,
+                                         dup != nullptr ? u.data() : nullptr, In(dout, n).data(),
+                                         In(gate, n).data(), In(up, n).data(), n));
+    ZR_RETURN_IF_ERROR(g.Store());
+    return u.Store();
   }
   Status Add(void* out, const void* a, const void* b, int64_t n) override {
     F o(this, out, n, false);

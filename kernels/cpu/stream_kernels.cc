@@ -106,6 +106,41 @@ class StreamOrderedKernels final : public ModelKernels {
       return k_->AttentionBackward(dqkv, dout, qkv, out, saved, batch, seq, channels, heads);
     });
   }
+  Status RmsNorm(void* out, void* rstd, const void* inp, const void* weight, int64_t rows,
+                 int channels, float eps) override {
+    return Issue([=, this] { return k_->RmsNorm(out, rstd, inp, weight, rows, channels, eps); });
+  }
+  Status RmsNormBackward(void* dinp, void* dweight, const void* dout, const void* inp,
+                         const void* weight, const void* rstd, int64_t rows,
+                         int channels) override {
+    return Issue([=, this] {
+      return k_->RmsNormBackward(dinp, dweight, dout, inp, weight, rstd, rows, channels);
+    });
+  }
+  Status AddRmsNorm(void* sum, void* out, void* rstd, const void* a, const void* b,
+                    const void* weight, int64_t rows, int channels, float eps) override {
+    return Issue(
+        [=, this] { return k_->AddRmsNorm(sum, out, rstd, a, b, weight, rows, channels, eps); });
+  }
+  Status RopeQkv(void* qkv, const void* q, const void* k, const void* v, int batch, int seq,
+                 int heads, int kv_heads, int head_size, double theta) override {
+    return Issue([=, this] {
+      return k_->RopeQkv(qkv, q, k, v, batch, seq, heads, kv_heads, head_size, theta);
+    });
+  }
+  Status RopeQkvBackward(void* dq, void* dk, void* dv, const void* dqkv, int batch, int seq,
+                         int heads, int kv_heads, int head_size, double theta) override {
+    return Issue([=, this] {
+      return k_->RopeQkvBackward(dq, dk, dv, dqkv, batch, seq, heads, kv_heads, head_size, theta);
+    });
+  }
+  Status SwiGlu(void* out, const void* gate, const void* up, int64_t n) override {
+    return Issue([=, this] { return k_->SwiGlu(out, gate, up, n); });
+  }
+  Status SwiGluBackward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
+                        int64_t n) override {
+    return Issue([=, this] { return k_->SwiGluBackward(dgate, dup, dout, gate, up, n); });
+  }
   Status Gelu(void* out, const void* inp, int64_t n) override {
     return Issue([=, this] { return k_->Gelu(out, inp, n); });
   }

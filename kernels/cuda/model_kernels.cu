@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernels/cuda/convert.cuh"
+#include "kernels/cuda/llama_ops.cuh"
 #include "kernels/cuda/model_ops.cuh"
 #include "kernels/gemm_map.h"
 #include "kernels/model_kernels.h"
@@ -294,6 +295,57 @@ class CudaModelKernels final : public ModelKernels {
     return Launched("MergeHeadGrads");
   }
 
+  Status RmsNorm(void* out, void* rstd, const void* inp, const void* weight, int64_t rows,
+                 int channels, float eps) override {
+    if (rows == 0) return absl::OkStatus();
+    RmsNormKernel<T><<<RowBlocks(rows), kThreads, 0, s()>>>(A(out), static_cast<float*>(rstd),
+                                                            A(inp), A(weight), rows, channels, eps);
+    return Launched("RmsNorm");
+  }
+  Status RmsNormBackward(void* dinp, void* dweight, const void* dout, const void* inp,
+                         const void* weight, const void* rstd, int64_t rows,
+                         int channels) override {
+    if (rows == 0) return absl::OkStatus();
+    const auto* r = static_cast<const float*>(rstd);
+    if (dinp != nullptr) {
+      RmsNormInputGradKernel<T><<<RowBlocks(rows), kThreads, 0, s()>>>(
+          A(dinp), A(dout), A(inp), A(weight), r, rows, channels);
+      ZR_RETURN_IF_ERROR(Launched("RmsNormBackward"));
+    }
+    if (dweight == nullptr) return absl::OkStatus();
+    RmsNormWeightGradKernel<T, G><<<ColumnBlocks(channels), kThreads, 0, s()>>>(
+        Gp(dweight), A(dout), A(inp), r, rows, channels);
+    return Launched("RmsNormBackward (weights)");
+  }
+  Status RopeQkv(void* qkv, const void* q, const void* k, const void* v, int batch, int seq,
+                 int heads, int kv_heads, int head_size, double theta) override {
+    const int64_t n = int64_t{batch} * seq * heads * (head_size / 2);
+    if (n == 0) return absl::OkStatus();
+    RopeQkvKernel<T><<<Blocks(n), kThreads, 0, s()>>>(
+        A(qkv), A(q), A(k), A(v), seq, heads, kv_heads, head_size, static_cast<float>(theta), n);
+    return Launched("RopeQkv");
+  }
+  Status RopeQkvBackward(void* dq, void* dk, void* dv, const void* dqkv, int batch, int seq,
+                         int heads, int kv_heads, int head_size, double theta) override {
+    const int64_t n = int64_t{batch} * seq * kv_heads * (head_size / 2);
+    if (n == 0) return absl::OkStatus();
+    RopeQkvBackwardKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(dq), A(dk), A(dv), A(dqkv), seq,
+                                                              heads, kv_heads, head_size,
+                                                              static_cast<float>(theta), n);
+    return Launched("RopeQkvBackward");
+  }
+  Status SwiGlu(void* out, const void* gate, const void* up, int64_t n) override {
+    if (n == 0) return absl::OkStatus();
+    SwiGluKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(out), A(gate), A(up), n);
+    return Launched("SwiGlu");
+  }
+  Status SwiGluBackward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
+                        int64_t n) override {
+    if (n == 0) return absl::OkStatus();
+    SwiGluBackwardKernel<T>
+        <<<Blocks(n), kThreads, 0, s()>>>(A(dgate), A(dup), A(dout), A(gate), A(up), n);
+    return Launched("SwiGluBackward");
+  }
   Status Gelu(void* out, const void* inp, int64_t n) override {
     GeluKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(out), A(inp), n);
     return Launched("Gelu");

@@ -74,6 +74,7 @@ struct Params {
   int64_t allgather_bucket_size = 500'000'000;  // stages 1-2
   int64_t head_chunk = 0;                       // model.head_chunk_rows
   int vocab = 256;                              // model.vocab_size
+  bool llama = false;  // model.arch llama: GQA 4:2, SwiGLU 352, untied head
 };
 
 class MemoryGridTest : public ::testing::TestWithParam<Params> {};
@@ -102,6 +103,12 @@ TEST_P(MemoryGridTest, EstimateMatchesTheMeasuredStep) {
   c.zero.allgather_bucket_size = p.allgather_bucket_size;
   c.model.head_chunk_rows = p.head_chunk;
   c.model.shape.vocab_size = p.vocab;
+  if (p.llama) {
+    c.model.arch = "llama";
+    c.model.shape.arch = ModelArch::kLlama;
+    c.model.shape.n_kv_head = 2;
+    c.model.shape.intermediate_size = 352;
+  }
   c.parallel.tensor_parallel_size = p.tp;
   c.parallel.sequence_parallel = p.sp;
   c.parallel.make_vocab_size_divisible_by = p.vocab_multiple;
@@ -284,6 +291,23 @@ std::vector<Params> Grid() {
     p.vocab = 8192;
     out.push_back(p);
   }
+  // The LLaMA family: its block's activation set and backward scratch, the projections' forward
+  // workspace, the untied head's own unit (on the last stage only).
+  for (Params p : {Params{3, 2, false}, Params{2, 2, true}, Params{1, 4, false}}) {
+    p.llama = true;
+    if (p.world == 4) {
+      p.tp = 2;
+      p.sp = true;
+    }
+    out.push_back(p);
+  }
+  {
+    Params p{3, 2, false};
+    p.llama = true;
+    p.pp = 2;
+    p.layers = {2, 2};
+    out.push_back(p);
+  }
   return out;
 }
 
@@ -291,7 +315,7 @@ INSTANTIATE_TEST_SUITE_P(
     Grid, MemoryGridTest, ::testing::ValuesIn(Grid()),
     [](const ::testing::TestParamInfo<Params>& info) {
       return zerort::StrCat(
-          "stage", info.param.stage, "_world", info.param.world,
+          "stage", info.param.stage, "_world", info.param.world, info.param.llama ? "_llama" : "",
           info.param.tp > 1 ? StrCat("_tp", info.param.tp, info.param.sp ? "_sp" : "",
                                      info.param.vocab_multiple > 1 ? "_padded" : "")
                             : "",

@@ -170,6 +170,71 @@ TEST(ModelKernelsCudaTest, LinearLayerNormGeluResidual) {
   }
 }
 
+// The LLaMA family's operations (cuda/llama_ops.cuh) against their CPU twins
+// (cpu/llama_ops.cc): RMSNorm and its backward, the rotary embeddings with grouped-query heads
+// (4 query heads on 2 key/value heads) and their transpose, SwiGLU and its backward.
+TEST(ModelKernelsCudaTest, LlamaRmsNormRopeSwiGlu) {
+  ZR_NEED_GPU();
+  for (auto [act, grad] : kTypes) {
+    Twin t(act, grad);
+    const int batch = 3, seq = 11, heads = 4, kv = 2, hs = 8, d = heads * hs;
+    const int64_t rows = int64_t{batch} * seq;
+    std::vector<float> x = Random(rows * d, 1), w = Random(d, 2), y(rows * d),
+                       dy = Random(rows * d, 3), dx = Random(rows * d, 4), dw = Random(d, 5),
+                       rstd(rows);
+    void *gx = t.A(x), *gw = t.A(w), *gy = t.A(y), *gdy = t.A(dy), *gdx = t.A(dx), *gdw = t.G(dw);
+    std::vector<float> zeros(rows);
+    void* grstd = t.Up(zeros, DType::kF32);
+    ASSERT_TRUE(t.gpu->RmsNorm(gy, grstd, gx, gw, rows, d, 1e-5f).ok());
+    ASSERT_TRUE(t.cpu->RmsNorm(y.data(), rstd.data(), x.data(), w.data(), rows, d, 1e-5f).ok());
+    t.Expect("RmsNorm", gy, y, act);
+    t.Expect("RmsNorm rstd", grstd, rstd, DType::kF32);
+    ASSERT_TRUE(t.gpu->RmsNormBackward(gdx, gdw, gdy, gx, gw, grstd, rows, d).ok());
+    ASSERT_TRUE(t.cpu
+                    ->RmsNormBackward(dx.data(), dw.data(), dy.data(), x.data(), w.data(),
+                                      rstd.data(), rows, d)
+                    .ok());
+    t.Expect("RmsNormBackward dinp", gdx, dx, act);
+    t.Expect("RmsNormBackward dweight", gdw, dw, grad);
+
+    std::vector<float> q = Random(rows * d, 6), k = Random(rows * kv * hs, 7),
+                       v = Random(rows * kv * hs, 8), qkv(rows * 3 * d);
+    void *gq = t.A(q), *gk = t.A(k), *gv = t.A(v), *gqkv = t.A(qkv);
+    ASSERT_TRUE(t.gpu->RopeQkv(gqkv, gq, gk, gv, batch, seq, heads, kv, hs, 10000.0).ok());
+    ASSERT_TRUE(
+        t.cpu->RopeQkv(qkv.data(), q.data(), k.data(), v.data(), batch, seq, heads, kv, hs, 10000.0)
+            .ok());
+    t.Expect("RopeQkv", gqkv, qkv, act);
+    std::vector<float> dqkv = Random(rows * 3 * d, 9), dq = Random(rows * d, 10),
+                       dk = Random(rows * kv * hs, 11), dv = Random(rows * kv * hs, 12);
+    void *gdqkv = t.A(dqkv), *gdq = t.A(dq), *gdk = t.A(dk), *gdv = t.A(dv);
+    ASSERT_TRUE(
+        t.gpu->RopeQkvBackward(gdq, gdk, gdv, gdqkv, batch, seq, heads, kv, hs, 10000.0).ok());
+    ASSERT_TRUE(t.cpu
+                    ->RopeQkvBackward(dq.data(), dk.data(), dv.data(), dqkv.data(), batch, seq,
+                                      heads, kv, hs, 10000.0)
+                    .ok());
+    t.Expect("RopeQkvBackward dq", gdq, dq, act);
+    t.Expect("RopeQkvBackward dk", gdk, dk, act);
+    t.Expect("RopeQkvBackward dv", gdv, dv, act);
+
+    const int64_t n = rows * 24;
+    std::vector<float> gate = Random(n, 13), up = Random(n, 14), out(n), dout = Random(n, 15),
+                       dgate = Random(n, 16), dup = Random(n, 17);
+    void *ggate = t.A(gate), *gup = t.A(up), *gout = t.A(out), *gdout = t.A(dout),
+         *gdgate = t.A(dgate), *gdup = t.A(dup);
+    ASSERT_TRUE(t.gpu->SwiGlu(gout, ggate, gup, n).ok());
+    ASSERT_TRUE(t.cpu->SwiGlu(out.data(), gate.data(), up.data(), n).ok());
+    t.Expect("SwiGlu", gout, out, act);
+    ASSERT_TRUE(t.gpu->SwiGluBackward(gdgate, gdup, gdout, ggate, gup, n).ok());
+    ASSERT_TRUE(
+        t.cpu->SwiGluBackward(dgate.data(), dup.data(), dout.data(), gate.data(), up.data(), n)
+            .ok());
+    t.Expect("SwiGluBackward dgate", gdgate, dgate, act);
+    t.Expect("SwiGluBackward dup", gdup, dup, act);
+  }
+}
+
 // `v` rounded to `dtype` (the CPU float kernels' result as a 16-bit kernel stores it).
 std::vector<float> RoundedTo(std::vector<float> v, DType dtype) {
   std::vector<std::byte> raw(DTypeSize(dtype));
@@ -454,9 +519,14 @@ TEST(ModelKernelsCudaTest, AttentionEmbeddingCrossEntropy) {
 
 // The whole model through the shard manager (ZeRO-3, 2 loopback ranks on one GPU) against the
 // same run on CPU: the losses of 4 steps.
-TEST(ModelKernelsCudaTest, WholeModelTrainsLikeCpu) {
+class WholeModelCudaTest : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(Arch, WholeModelCudaTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "llama" : "gpt2"; });
+
+TEST_P(WholeModelCudaTest, TrainsLikeCpu) {
   ZR_NEED_GPU();
   testing::GptRunConfig c;
+  if (GetParam()) c.model = testing::TinyLlama();
   c.steps = 4;
   auto run = [&](bool cuda, DType dtype) {
     std::vector<double> losses;

@@ -1,8 +1,10 @@
-// The GPT model against golden values from an independent PyTorch implementation
-// (tests/layers/gpt_reference.py, committed output in tests/layers/golden/): loss, logits and
-// every parameter's gradient in fp32 to 1e-5, on plain host weights, through the shard manager at
-// ZeRO-3 on two ranks, and split over two tensor-parallel ranks (sequence parallel, the
-// vocabulary of 23 padded to 24, the vocabulary-parallel cross-entropy).
+// The model against golden values from independent PyTorch implementations (committed output in
+// tests/layers/golden/): GPT-2 (tests/layers/gpt_reference.py), LLaMA with grouped-query
+// attention and an untied head, and Qwen2-style Q/K/V biases with tied embeddings
+// (tests/layers/llama_reference.py). Loss, logits and every parameter's gradient in fp32 to
+// 1e-5, on plain host weights, through the shard manager at ZeRO-3 on two ranks, and split over
+// two tensor-parallel ranks (sequence parallel, the vocabulary of 23 padded to 24, the
+// vocabulary-parallel cross-entropy; LLaMA: the query and key/value heads split).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -28,14 +30,24 @@ struct Golden {
   std::vector<std::vector<double>> logits;
 };
 
-Golden LoadGolden() {
-  std::ifstream in(ZR_GOLDEN_DIR "/gpt_tiny.json");
-  EXPECT_TRUE(in.good()) << "cannot read " ZR_GOLDEN_DIR "/gpt_tiny.json";
+Golden LoadGolden(const std::string& name) {
+  const std::string path = std::string(ZR_GOLDEN_DIR "/") + name + ".json";
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << "cannot read " << path;
   const nlohmann::json j = nlohmann::json::parse(in);
   Golden g;
   const auto& c = j.at("config");
   g.config = GptConfig{c.at("n_layer"), c.at("n_head"), c.at("d_model"), c.at("seq_len"),
                        c.at("vocab_size")};
+  if (c.contains("n_kv_head")) {  // llama_reference.py
+    g.config.arch = ModelArch::kLlama;
+    g.config.n_kv_head = c.at("n_kv_head");
+    g.config.intermediate_size = c.at("intermediate_size");
+    g.config.rope_theta = c.at("rope_theta");
+    g.config.norm_eps = c.at("rms_norm_eps");
+    g.config.tie_word_embeddings = c.at("tie_word_embeddings");
+    g.config.qkv_bias = c.at("qkv_bias");
+  }
   g.batch = j.at("batch");
   g.tokens = j.at("tokens").get<std::vector<int32_t>>();
   g.targets = j.at("targets").get<std::vector<int32_t>>();
@@ -65,8 +77,12 @@ double RelativeError(const A& got, const B& want) {
   return std::sqrt(err / ref);
 }
 
-TEST(GptGoldenTest, LossLogitsAndGradientsMatchPyTorch) {
-  const Golden g = LoadGolden();
+class GptGoldenTest : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Models, GptGoldenTest,
+                         ::testing::Values("gpt_tiny", "llama_tiny", "qwen2_tiny"));
+
+TEST_P(GptGoldenTest, LossLogitsAndGradientsMatchPyTorch) {
+  const Golden g = LoadGolden(GetParam());
   HostWeightStore<float> store;
   auto kernels = MakeCpuModelKernels(CpuPrecision::kFloat);
   MemoryTracker tracker;
@@ -95,8 +111,8 @@ TEST(GptGoldenTest, LossLogitsAndGradientsMatchPyTorch) {
 
 // The same weights through the shard manager at ZeRO-3 on two ranks, each rank one sequence:
 // the averaged loss and the reduced gradients are the golden ones.
-TEST(GptGoldenTest, ShardedZero3MatchesPyTorch) {
-  const Golden g = LoadGolden();
+TEST_P(GptGoldenTest, ShardedZero3MatchesPyTorch) {
+  const Golden g = LoadGolden(GetParam());
   ASSERT_EQ(g.batch, 2);
   const int seq = g.config.seq_len;
   std::vector<double> rank_loss(2);
@@ -148,8 +164,8 @@ TEST(GptGoldenTest, ShardedZero3MatchesPyTorch) {
 
 // Two tensor-parallel ranks, each holding its part of the golden weights (through the global
 // frame): the loss, the logits (gathered) and every gradient gathered to the global frame.
-TEST(GptGoldenTest, TensorParallelTwoMatchesPyTorch) {
-  const Golden g = LoadGolden();
+TEST_P(GptGoldenTest, TensorParallelTwoMatchesPyTorch) {
+  const Golden g = LoadGolden(GetParam());
   const int seq = g.config.seq_len, vocab = g.config.vocab_size;
   std::vector<double> loss(2);
   std::vector<std::vector<double>> logits(2);

@@ -24,6 +24,19 @@ inline GptConfig TinyGpt() {
   return GptConfig{.n_layer = 2, .n_head = 2, .d_model = 16, .seq_len = 8, .vocab_size = 23};
 }
 
+// The LLaMA family's tiny shape: 4 query heads on 2 key/value heads, SwiGLU of 24, untied head.
+inline GptConfig TinyLlama(int n_layer = 2) {
+  return GptConfig{.n_layer = n_layer,
+                   .n_head = 4,
+                   .d_model = 16,
+                   .seq_len = 8,
+                   .vocab_size = 23,
+                   .arch = ModelArch::kLlama,
+                   .n_kv_head = 2,
+                   .intermediate_size = 24,
+                   .rope_theta = 1000.0};
+}
+
 // Tokens of global sequence `index` (seq + 1 of them: inputs are the first seq, targets the last).
 inline std::vector<int32_t> GptSequence(int64_t index, int seq, int vocab) {
   std::vector<int32_t> out(seq + 1);

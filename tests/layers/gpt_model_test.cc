@@ -39,14 +39,9 @@ struct HostModel {
   }
 };
 
-// Every parameter's gradient of the whole model against central differences, in double; the
-// head's logits in one chunk of 10 rows, then in chunks of 3, 3, 3 and 1.
-class GptGradientTest : public ::testing::TestWithParam<int64_t> {};
-INSTANTIATE_TEST_SUITE_P(HeadChunks, GptGradientTest, ::testing::Values(0, 3));
-
-TEST_P(GptGradientTest, WholeModelGradientMatchesFiniteDifferences) {
-  const GptConfig config{.n_layer = 2, .n_head = 2, .d_model = 8, .seq_len = 5, .vocab_size = 11};
-  HostModel<double> m(config, 2, false, GetParam());
+// Every parameter's gradient of the whole model against central differences, in double.
+void CheckGradients(const GptConfig& config, int64_t head_chunk) {
+  HostModel<double> m(config, 2, false, head_chunk);
   // Larger weights than GPT-2's 0.02 so every path carries a visible gradient.
   std::mt19937 rng(3);
   std::normal_distribution<double> normal(0.0, 0.3);
@@ -79,6 +74,35 @@ TEST_P(GptGradientTest, WholeModelGradientMatchesFiniteDifferences) {
     EXPECT_LE(std::sqrt(err2), 1e-6 * std::sqrt(ref2)) << name;
   }
   EXPECT_EQ(checked, config.NumParameters());
+}
+
+// GPT-2; the head's logits in one chunk of 10 rows, then in chunks of 3, 3, 3 and 1.
+class GptGradientTest : public ::testing::TestWithParam<int64_t> {};
+INSTANTIATE_TEST_SUITE_P(HeadChunks, GptGradientTest, ::testing::Values(0, 3));
+
+TEST_P(GptGradientTest, WholeModelGradientMatchesFiniteDifferences) {
+  CheckGradients({.n_layer = 2, .n_head = 2, .d_model = 8, .seq_len = 5, .vocab_size = 11},
+                 GetParam());
+}
+
+// The LLaMA family: grouped-query attention (4 query heads on 2 key/value heads) with an untied
+// head; multi-query attention (1 key/value head) with Q/K/V biases and the head tied.
+TEST(LlamaGradientTest, WholeModelGradientMatchesFiniteDifferences) {
+  const GptConfig llama{.n_layer = 2,
+                        .n_head = 4,
+                        .d_model = 8,
+                        .seq_len = 5,
+                        .vocab_size = 11,
+                        .arch = ModelArch::kLlama,
+                        .n_kv_head = 2,
+                        .intermediate_size = 12,
+                        .rope_theta = 100.0};
+  CheckGradients(llama, 3);
+  GptConfig mqa = llama;
+  mqa.n_kv_head = 1;
+  mqa.qkv_bias = true;
+  mqa.tie_word_embeddings = true;
+  CheckGradients(mqa, 0);
 }
 
 TEST(GptModelTest, CountsAndPresets) {

@@ -67,8 +67,14 @@ void ExpectMatchesOneRank(GptRunConfig c, int world) {
       const bool key = key_bias && static_cast<int>(i) >= d && static_cast<int>(i) < 2 * d;
       (key ? worst_key : worst) = std::max(key ? worst_key : worst, diff);
     }
-    EXPECT_LT(worst, 1e-5) << what << " " << name;
-    EXPECT_LT(worst_key, 1e-4) << what << " " << name << " (key bias)";
+    // fp16 with dynamic loss scaling: its rounding noise is another than bf16's, and on an
+    // AVX-512 machine (AMD EPYC, 2026-11-27; the CPU kernels' vector width changes their
+    // summation order) the pipeline's fp16 run differed from one rank's by 1.5e-5 in a weight and
+    // 1.6e-3 in a key bias after 8 steps (at HEAD too: not a pipeline change). Its losses still
+    // agree to 1e-5.
+    const bool f16 = c.compute == DType::kF16;
+    EXPECT_LT(worst, f16 ? 5e-5 : 1e-5) << what << " " << name;
+    EXPECT_LT(worst_key, f16 ? 5e-3 : 1e-4) << what << " " << name << " (key bias)";
   }
   EXPECT_LT(losses.back(), losses.front() - 0.1) << what << ": it did not learn";
 }
@@ -121,6 +127,29 @@ TEST(GptPipelineTest, TensorTimesPipelineWithAndWithoutScatterGather) {
   c.virtual_stages = 2;
   c.stage = ZeroStage::k1;
   ExpectMatchesOneRank(c, 8);
+}
+
+// The LLaMA family through the stages: an untied head on the last stage (no tied reduction),
+// the input embedding alone on the first; with tensor and sequence parallelism.
+TEST(GptPipelineTest, LlamaStagesEqualOneRank) {
+  GptRunConfig c = Base();
+  c.model = testing::TinyLlama(4);
+  c.pp = 2;
+  c.stage = ZeroStage::k3;
+  ExpectMatchesOneRank(c, 2);  // 1F1B
+  c.schedule = PipelineSchedule::kInterleaved;
+  c.virtual_stages = 2;
+  c.stage = ZeroStage::k1;
+  ExpectMatchesOneRank(c, 4);  // dp 2 x pp 2
+  c.schedule = PipelineSchedule::kGpipe;
+  c.virtual_stages = 1;
+  c.tp = 2;
+  c.sequence_parallel = true;
+  c.stage = ZeroStage::k2;
+  ExpectMatchesOneRank(c, 4);          // tp 2 x pp 2
+  c.model.tie_word_embeddings = true;  // the tied head's two stages, as GPT-2's
+  c.sequence_parallel = false;
+  ExpectMatchesOneRank(c, 4);
 }
 
 // fp16 (dynamic loss scaling) and bf16 through the stages: the boundary sends and the

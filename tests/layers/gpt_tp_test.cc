@@ -225,6 +225,35 @@ TEST(GptTensorParallelTest, TwentyStepsEqualOneRank) {
   }
 }
 
+// The LLaMA family: query and key/value heads split (tp 2: one KV head per rank), SwiGLU's gate
+// and up column-parallel, the RMSNorm gains' gradients summed under SP; Q/K/V biases; and a tp
+// that does not divide the key/value heads refused by name.
+TEST(GptTensorParallelTest, LlamaEqualsOneRank) {
+  GptRunConfig c;
+  c.model = testing::TinyLlama();
+  c.steps = 10;
+  c.stage = ZeroStage::k0;
+  const std::vector<double> reference = testing::TrainLoopback(c, 1);
+  ASSERT_EQ(reference.size(), 10u);
+  EXPECT_LT(reference.back(), reference.front() - 0.05) << "the model did not learn";
+  c.tp = 2;
+  ExpectLosses(TrainLoopback(c, 2), reference, "llama tp 2");
+  c.sequence_parallel = true;
+  c.stage = ZeroStage::k3;
+  ExpectLosses(TrainLoopback(c, 4), reference, "llama dp 2 x tp 2 sp zero 3");
+  c.model.qkv_bias = true;
+  c.tp = 1;
+  c.sequence_parallel = false;
+  const std::vector<double> biased = testing::TrainLoopback(c, 1);
+  c.tp = 2;
+  ExpectLosses(TrainLoopback(c, 2), biased, "llama qkv bias tp 2");
+  c.model.n_kv_head = 1;  // multi-query: one key/value head for 2 ranks
+  const StatusOr<std::vector<GptUnit>> refused = GptUnits(c.model, 2, 0);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("model.n_kv_head = 1"), std::string::npos)
+      << refused.status();
+}
+
 TEST(GptTensorParallelTest, DataByTensorMeshAtEveryStage) {
   GptRunConfig c;
   c.model = Config();

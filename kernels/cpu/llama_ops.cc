@@ -1,0 +1,182 @@
+// The LLaMA family's CPU operations (model_ops.h): RMSNorm, rotary embeddings with grouped-query
+// heads, SwiGLU. Templated on the element type (float for training, double for the gradient
+// checks); rows threaded by ParallelFor, each row computed the same way whatever the thread
+// count, and the weight gradient's rows summed in fixed blocks in order (vector_math.h).
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/vector_math.h"
+#include "kernels/model_ops.h"
+
+namespace zerort::cpu {
+namespace {
+
+// The rotation's angles for positions [0, seq): cos and sin [seq, hs / 2], in T, computed in
+// double (Hugging Face's inv_freq = theta^(-2i / hs), angle = position x inv_freq).
+template <typename T>
+void RopeTable(int seq, int head_size, double theta, std::vector<T>& cos_t, std::vector<T>& sin_t) {
+  const int half = head_size / 2;
+  cos_t.resize(static_cast<size_t>(seq) * half);
+  sin_t.resize(cos_t.size());
+  for (int i = 0; i < half; ++i) {
+    const double inv_freq = std::pow(theta, -2.0 * i / head_size);
+    for (int t = 0; t < seq; ++t) {
+      const double angle = t * inv_freq;
+      cos_t[static_cast<size_t>(t) * half + i] = static_cast<T>(std::cos(angle));
+      sin_t[static_cast<size_t>(t) * half + i] = static_cast<T>(std::sin(angle));
+    }
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void RmsNormForward(T* out, T* rstd, const T* inp, const T* weight, int64_t rows, int channels,
+                    T eps) {
+  ParallelFor(rows, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* x = inp + r * channels;
+      T ss = 0;
+      for (int c = 0; c < channels; ++c) ss += x[c] * x[c];
+      const T s = T(1) / std::sqrt(ss / static_cast<T>(channels) + eps);
+      T* y = out + r * channels;
+      for (int c = 0; c < channels; ++c) y[c] = x[c] * s * weight[c];
+      rstd[r] = s;
+    }
+  });
+}
+
+template <typename T>
+void RmsNormBackward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
+                     const T* rstd, int64_t rows, int channels) {
+  // dx = rstd (dn - n mean(dn n)), with n = x rstd and dn = dy weight; dweight += sum dy n.
+  ParallelFor(rows, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* x = inp + r * channels;
+      const T* dy = dout + r * channels;
+      const T s = rstd[r];
+      T dot = 0;
+      for (int c = 0; c < channels; ++c) dot += dy[c] * weight[c] * x[c] * s;
+      dot /= static_cast<T>(channels);
+      T* dx = dinp + r * channels;
+      for (int c = 0; c < channels; ++c) dx[c] += s * (dy[c] * weight[c] - x[c] * s * dot);
+    }
+  });
+  if (dweight == nullptr) return;
+  // Fixed blocks of rows, summed in order: the same bits at any thread count.
+  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+  std::vector<T> partial(static_cast<size_t>(blocks) * channels, T(0));
+  ParallelFor(blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      T* p = partial.data() + b * channels;
+      for (int64_t r = b * kRowBlock; r < std::min(rows, (b + 1) * kRowBlock); ++r) {
+        for (int c = 0; c < channels; ++c)
+          p[c] += dout[r * channels + c] * inp[r * channels + c] * rstd[r];
+      }
+    }
+  });
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int c = 0; c < channels; ++c) dweight[c] += partial[b * channels + c];
+  }
+}
+
+template <typename T>
+void RopeQkvForward(T* qkv, const T* q, const T* k, const T* v, int batch, int seq, int heads,
+                    int kv_heads, int head_size, double theta) {
+  std::vector<T> cos_t, sin_t;
+  RopeTable(seq, head_size, theta, cos_t, sin_t);
+  const int half = head_size / 2, group = heads / kv_heads;
+  const int64_t C = static_cast<int64_t>(heads) * head_size;
+  const int64_t KV = static_cast<int64_t>(kv_heads) * head_size;
+  ParallelFor(int64_t{batch} * seq, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* c = cos_t.data() + (r % seq) * half;
+      const T* s = sin_t.data() + (r % seq) * half;
+      T* out = qkv + r * 3 * C;
+      auto rotate = [&](T* y, const T* x) {
+        for (int i = 0; i < half; ++i) {
+          y[i] = x[i] * c[i] - x[i + half] * s[i];
+          y[i + half] = x[i + half] * c[i] + x[i] * s[i];
+        }
+      };
+      for (int h = 0; h < heads; ++h) {
+        const int64_t kvh = h / group;
+        rotate(out + h * head_size, q + r * C + h * head_size);
+        rotate(out + C + h * head_size, k + r * KV + kvh * head_size);
+        const T* vs = v + r * KV + kvh * head_size;
+        std::copy(vs, vs + head_size, out + 2 * C + h * head_size);
+      }
+    }
+  });
+}
+
+template <typename T>
+void RopeQkvBackward(T* dq, T* dk, T* dv, const T* dqkv, int batch, int seq, int heads,
+                     int kv_heads, int head_size, double theta) {
+  std::vector<T> cos_t, sin_t;
+  RopeTable(seq, head_size, theta, cos_t, sin_t);
+  const int half = head_size / 2, group = heads / kv_heads;
+  const int64_t C = static_cast<int64_t>(heads) * head_size;
+  const int64_t KV = static_cast<int64_t>(kv_heads) * head_size;
+  ParallelFor(int64_t{batch} * seq, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* c = cos_t.data() + (r % seq) * half;
+      const T* s = sin_t.data() + (r % seq) * half;
+      const T* in = dqkv + r * 3 * C;
+      // The rotation's transpose, added (a key/value head's query heads in order).
+      auto unrotate = [&](T* dx, const T* dy) {
+        for (int i = 0; i < half; ++i) {
+          dx[i] += dy[i] * c[i] + dy[i + half] * s[i];
+          dx[i + half] += dy[i + half] * c[i] - dy[i] * s[i];
+        }
+      };
+      for (int h = 0; h < heads; ++h) {
+        const int64_t kvh = h / group;
+        if (dq != nullptr) unrotate(dq + r * C + h * head_size, in + h * head_size);
+        if (dk != nullptr) unrotate(dk + r * KV + kvh * head_size, in + C + h * head_size);
+        if (dv != nullptr) {
+          T* d = dv + r * KV + kvh * head_size;
+          const T* src = in + 2 * C + h * head_size;
+          for (int i = 0; i < head_size; ++i) d[i] += src[i];
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void SwiGluForward(T* out, const T* gate, const T* up, int64_t n) {
+  ParallelFor(n, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const T g = gate[i];
+      out[i] = g / (T(1) + std::exp(-g)) * up[i];
+    }
+  });
+}
+
+template <typename T>
+void SwiGluBackward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n) {
+  // silu'(g) = s (1 + g (1 - s)), s = sigmoid(g)
+  ParallelFor(n, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const T g = gate[i];
+      const T s = T(1) / (T(1) + std::exp(-g));
+      if (dgate != nullptr) dgate[i] += dout[i] * up[i] * s * (T(1) + g * (T(1) - s));
+      if (dup != nullptr) dup[i] += dout[i] * g * s;
+    }
+  });
+}
+
+#define ZR_INSTANTIATE_LLAMA(T)                                                                   \
+  template void RmsNormForward<T>(T*, T*, const T*, const T*, int64_t, int, T);                   \
+  template void RmsNormBackward<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t, int); \
+  template void RopeQkvForward<T>(T*, const T*, const T*, const T*, int, int, int, int, int,      \
+                                  double);                                                        \
+  template void RopeQkvBackward<T>(T*, T*, T*, const T*, int, int, int, int, int, double);        \
+  template void SwiGluForward<T>(T*, const T*, const T*, int64_t);                                \
+  template void SwiGluBackward<T>(T*, T*, const T*, const T*, const T*, int64_t);
+ZR_INSTANTIATE_LLAMA(float)
+ZR_INSTANTIATE_LLAMA(double)
+#undef ZR_INSTANTIATE_LLAMA
+
+}  // namespace zerort::cpu

@@ -1,0 +1,127 @@
+// A LLaMA-family block over ModelKernels (gpt_block.h): RMSNorm, Q/K/V projections with grouped
+// key/value heads, rotary embeddings, causal attention, the output projection, RMSNorm, the
+// SwiGLU MLP; under tensor and sequence parallelism through the same transitions as GPT-2's
+// block (NormToColumn, RowToResidual, ReduceColumnInputGrad, NormBackward).
+#include "layers/gpt_block.h"
+
+namespace zerort::gpt {
+namespace {
+
+// Element offsets of q, k and v in a [rows, (h_l + 2 kv_l) hs] buffer of the three side by side.
+struct Projections {
+  int64_t k = 0, v = 0;
+  int q_cols = 0, kv_cols = 0;
+};
+Projections Split(const Geometry& g) {
+  Projections p;
+  p.q_cols = g.h_l * g.hs;
+  p.kv_cols = g.kv_l * g.hs;
+  p.k = g.rows * p.q_cols;
+  p.v = p.k + g.rows * p.kv_cols;
+  return p;
+}
+
+void* At(void* base, int64_t elements, size_t size) {
+  return static_cast<std::byte*>(base) + elements * static_cast<int64_t>(size);
+}
+
+}  // namespace
+
+Status LlamaBlockForward(const Ctx& c, const std::vector<void*>& w, const void* x, BlockActs& a,
+                         void* out) {
+  const Geometry& g = c.g;
+  ModelKernels& k = c.k;
+  const size_t act = k.act_size();
+  const bool bias = w.size() > kQB;
+  ZR_RETURN_IF_ERROR(
+      NormToColumn(c, a.ln1.data(), nullptr, a.ln1_rstd.data(), x, w[kAttnNorm], nullptr));
+  {
+    // [Note: a LLaMA block's projections]: this rank's query heads and key/value heads, then
+    // rotated and repeated into qkv.
+    ZR_ASSIGN_OR_RETURN(
+        Buffer proj, c.tp.workspace->Allocate(static_cast<size_t>(ProjectionScratchBytes(g, act)),
+                                              MemoryCategory::kWorkspace, &k.stream()));
+    const Projections p = Split(g);
+    void* q = proj.data();
+    void* kk = At(proj.data(), p.k, act);
+    void* v = At(proj.data(), p.v, act);
+    ZR_RETURN_IF_ERROR(
+        k.Matmul(q, a.ln1.data(), w[kQW], bias ? w[kQB] : nullptr, g.rows, g.d, p.q_cols));
+    ZR_RETURN_IF_ERROR(
+        k.Matmul(kk, a.ln1.data(), w[kKW], bias ? w[kKB] : nullptr, g.rows, g.d, p.kv_cols));
+    ZR_RETURN_IF_ERROR(
+        k.Matmul(v, a.ln1.data(), w[kVW], bias ? w[kVB] : nullptr, g.rows, g.d, p.kv_cols));
+    ZR_RETURN_IF_ERROR(
+        k.RopeQkv(a.qkv.data(), q, kk, v, g.batch, g.seq, g.h_l, g.kv_l, g.hs, g.theta));
+  }
+  ZR_RETURN_IF_ERROR(
+      k.Attention(a.atty.data(), a.att.data(), a.qkv.data(), g.batch, g.seq, g.d_l, g.h_l));
+  ZR_RETURN_IF_ERROR(RowToResidual(c, a.res2.data(), a.atty.data(), w[kOW], nullptr, g.d_l));
+  // res2 += x, then ln2 = RmsNorm(res2).
+  ZR_RETURN_IF_ERROR(AddNormToColumn(c, a.ln2.data(), nullptr, a.ln2_rstd.data(), a.res2.data(), x,
+                                     w[kMlpNorm], nullptr));
+  ZR_RETURN_IF_ERROR(k.Matmul(a.fch.data(), a.ln2.data(), w[kGateW], nullptr, g.rows, g.d, g.f_l));
+  ZR_RETURN_IF_ERROR(k.Matmul(a.fch_up.data(), a.ln2.data(), w[kUpW], nullptr, g.rows, g.d, g.f_l));
+  ZR_RETURN_IF_ERROR(k.SwiGlu(a.fch_gelu.data(), a.fch.data(), a.fch_up.data(), g.rows * g.f_l));
+  ZR_RETURN_IF_ERROR(RowToResidual(c, out, a.fch_gelu.data(), w[kDownW], nullptr, g.f_l));
+  return k.Add(out, out, a.res2.data(), g.rows_l * g.d);
+}
+
+Status LlamaBlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const BlockActs& a,
+                          BackwardScratch& s) {
+  const Geometry& g = c.g;
+  ModelKernels& k = c.k;
+  const Device dev = k.device();
+  Stream* st = &k.stream();
+  const std::vector<void*>& w = u.params;
+  const std::vector<void*>& gr = u.grads;
+  const size_t act = k.act_size();
+  const bool bias = w.size() > kQB;
+  const int64_t mlp = g.rows * g.f_l;
+  // MLP: row-parallel down projection, SwiGLU, column-parallel gate and up.
+  ZR_ASSIGN_OR_RETURN(const void* dout, ResidualGradOfEveryRow(c, s));
+  ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, mlp * act, st));
+  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.d4a.data(), gr[kDownW], nullptr, dout, a.fch_gelu.data(),
+                                      w[kDownW], g.rows, g.f_l, g.d));
+  void* dgate = s.d4b.data();
+  void* dup = At(s.d4b.data(), mlp, act);
+  ZR_RETURN_IF_ERROR(FillZero(s.d4b.data(), dev, 2 * mlp * act, st));
+  ZR_RETURN_IF_ERROR(
+      k.SwiGluBackward(dgate, dup, s.d4a.data(), a.fch.data(), a.fch_up.data(), mlp));
+  ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
+  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kGateW], nullptr, dgate, a.ln2.data(),
+                                      w[kGateW], g.rows, g.d, g.f_l));
+  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kUpW], nullptr, dup, a.ln2.data(), w[kUpW],
+                                      g.rows, g.d, g.f_l));
+  ZR_ASSIGN_OR_RETURN(const void* dln2, ReduceColumnInputGrad(c, s));
+  ZR_RETURN_IF_ERROR(
+      NormBackward(c, s, 0, dln2, a.res2.data(), w, gr, kMlpNorm, nullptr, a.ln2_rstd.data()));
+  // Attention: row-parallel output projection, this rank's heads, the rotation's transpose, the
+  // column-parallel Q, K, V.
+  ZR_ASSIGN_OR_RETURN(dout, ResidualGradOfEveryRow(c, s));
+  ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d_l * act, st));
+  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kOW], nullptr, dout, a.atty.data(), w[kOW],
+                                      g.rows, g.d_l, g.d));
+  ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, g.rows * 3 * g.d_l * act, st));
+  ZR_RETURN_IF_ERROR(k.AttentionBackward(s.d4a.data(), s.dbtc.data(), a.qkv.data(), a.atty.data(),
+                                         a.att.data(), g.batch, g.seq, g.d_l, g.h_l));
+  const Projections p = Split(g);
+  void* dq = s.d4b.data();
+  void* dk = At(s.d4b.data(), p.k, act);
+  void* dv = At(s.d4b.data(), p.v, act);
+  ZR_RETURN_IF_ERROR(FillZero(s.d4b.data(), dev, p.v * act + g.rows * p.kv_cols * act, st));
+  ZR_RETURN_IF_ERROR(
+      k.RopeQkvBackward(dq, dk, dv, s.d4a.data(), g.batch, g.seq, g.h_l, g.kv_l, g.hs, g.theta));
+  ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
+  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kQW], bias ? gr[kQB] : nullptr, dq,
+                                      a.ln1.data(), w[kQW], g.rows, g.d, p.q_cols));
+  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kKW], bias ? gr[kKB] : nullptr, dk,
+                                      a.ln1.data(), w[kKW], g.rows, g.d, p.kv_cols));
+  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kVW], bias ? gr[kVB] : nullptr, dv,
+                                      a.ln1.data(), w[kVW], g.rows, g.d, p.kv_cols));
+  ZR_ASSIGN_OR_RETURN(const void* dln1, ReduceColumnInputGrad(c, s));
+  ZR_RETURN_IF_ERROR(NormBackward(c, s, 1, dln1, x, w, gr, kAttnNorm, nullptr, a.ln1_rstd.data()));
+  return ReduceNormGrads(c, s, {{gr[kMlpNorm], nullptr}, {gr[kAttnNorm], nullptr}});
+}
+
+}  // namespace zerort::gpt

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""The LLaMA family through the CLI: the llama-tiny example trains; a Hugging Face model
+directory (tests/layers/golden/llama_tiny_hf, written by the independent PyTorch implementation
+tests/layers/llama_reference.py) is imported and exported back bitwise, initialises a run
+(model.init_from) and is refused, naming the key and the file, when it is not the config's model
+or is damaged; the estimator reads config.json and answers the 70B question quickly.
+
+usage: llama_cli_test.py ZERORT CONFIGS_DIR GOLDEN_DIR"""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Checks  # noqa: E402
+
+zerort, configs, golden = (os.path.abspath(a) for a in sys.argv[1:4])
+hf_dir = os.path.join(golden, "llama_tiny_hf")
+t = Checks("llama_cli")
+work = tempfile.mkdtemp(prefix="zerort-llama-cli-")
+env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+
+
+def run(*args, timeout=300):
+    return subprocess.run([zerort, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=work)
+
+
+def tensors(directory):
+    """name -> (dtype, shape, bytes) over every .safetensors file of a directory."""
+    out = {}
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".safetensors"):
+            continue
+        with open(os.path.join(directory, name), "rb") as f:
+            data = f.read()
+        (size,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8:8 + size])
+        for key, e in header.items():
+            if key == "__metadata__":
+                continue
+            b, end = e["data_offsets"]
+            out[key] = (e["dtype"], e["shape"], data[8 + size + b:8 + size + end])
+    return out
+
+
+with open(os.path.join(hf_dir, "config.json")) as f:
+    hf = json.load(f)
+# The golden model as a run config, on a raw uint16 token file of its 23-token vocabulary.
+model = {"arch": "llama", "n_layer": hf["num_hidden_layers"], "n_head": hf["num_attention_heads"],
+         "n_kv_head": hf["num_key_value_heads"], "d_model": hf["hidden_size"],
+         "intermediate_size": hf["intermediate_size"], "rope_theta": hf["rope_theta"],
+         "rms_norm_eps": hf["rms_norm_eps"], "seq_len": hf["max_position_embeddings"],
+         "vocab_size": hf["vocab_size"]}
+tokens = os.path.join(work, "tokens.bin")
+with open(tokens, "wb") as f:
+    f.write(struct.pack("<4096H", *[(i * 7 + i // 5) % 23 for i in range(4096)]))
+
+
+def config(path, **extra):
+    c = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+         "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+         "steps_per_print": 1, "model": dict(model),
+         "data": {"path": tokens, "format": "uint16"},
+         "train": {"steps": 4, "eval_windows": 2, "sample_tokens": 0}}
+    for k, v in extra.items():
+        c[k] = dict(c.get(k, {}), **v) if isinstance(v, dict) else v
+    with open(path, "w") as f:
+        json.dump(c, f)
+    return path
+
+
+# 1. import, export: every tensor bitwise the PyTorch implementation's.
+r = run("checkpoint", "import", hf_dir, "imported")
+t.check("import exits 0", r.returncode == 0, r.stderr[-500:])
+t.check("import names step_0", "step_0" in r.stdout, r.stdout)
+r = run("checkpoint", "export", "imported", "exported")
+t.check("export exits 0", r.returncode == 0, r.stderr[-500:])
+want, got = tensors(hf_dir), tensors(os.path.join(work, "exported"))
+t.check("export holds every tensor", sorted(got) == sorted(want),
+        f"{sorted(set(want) ^ set(got))[:5]}")
+same = [k for k in want if k in got and got[k] == want[k]]
+t.check("round trip is bitwise", len(same) == len(want), f"{len(same)} of {len(want)} equal")
+with open(os.path.join(work, "exported", "config.json")) as f:
+    out = json.load(f)
+t.check("export's config.json is LLaMA's",
+        out["architectures"] == ["LlamaForCausalLM"] and out["num_key_value_heads"] == 2 and
+        out["intermediate_size"] == 24 and out["tie_word_embeddings"] is False, json.dumps(out))
+r = run("checkpoint", "import", hf_dir, "imported")
+t.check("import over an existing checkpoint: exit 2", r.returncode == 2, r.stderr[-300:])
+
+# 2. model.init_from: the run starts from the weights (their values are checked bitwise against
+# PyTorch's in hf_config_test; here: the run takes them, not the default initialisation).
+r = run("train", config(os.path.join(work, "init.json"), model={"init_from": hf_dir}))
+t.check("init_from trains", r.returncode == 0, r.stderr[-800:])
+losses = [float(line.split("loss ")[1].split()[0]) for line in r.stdout.splitlines()
+          if line.startswith("step ")]
+t.check("four finite steps", len(losses) == 4 and all(x == x and x < 10 for x in losses),
+        str(losses))
+r0 = run("train", config(os.path.join(work, "scratch.json")))
+scratch = [float(line.split("loss ")[1].split()[0]) for line in r0.stdout.splitlines()
+           if line.startswith("step ")]
+t.check("init_from is not the default initialisation", scratch and losses and
+        abs(scratch[0] - losses[0]) > 0.05, f"{scratch[:1]} vs {losses[:1]}")
+
+# 3. Refused, exit 2, naming model.init_from and what differs.
+cases = [
+    ("missing directory", {"init_from": os.path.join(work, "nope")}, "model.init_from"),
+    ("another model", {"init_from": hf_dir, "n_layer": 3}, "n_layer 3 vs 2"),
+    ("a GPT-2 config", {"init_from": hf_dir, "arch": "gpt2", "n_kv_head": 0,
+                        "intermediate_size": 0, "rope_theta": 10000.0, "rms_norm_eps": 1e-5},
+     "model.arch gpt2 vs llama"),
+]
+for what, m, expect in cases:
+    r = run("train", config(os.path.join(work, "bad.json"), model=m))
+    t.check(f"{what}: exit 2", r.returncode == 2, f"{r.returncode} {r.stderr[-300:]}")
+    t.check(f"{what}: names it", expect in r.stderr, r.stderr[-400:])
+broken = os.path.join(work, "broken_hf")
+shutil.copytree(hf_dir, broken)
+shard = os.path.join(broken, "model-00002-of-00002.safetensors")
+with open(shard, "r+b") as f:
+    f.truncate(os.path.getsize(shard) - 8)
+r = run("train", config(os.path.join(work, "broken.json"), model={"init_from": broken}))
+t.check("a truncated shard: exit 2", r.returncode == 2, f"{r.returncode} {r.stderr[-300:]}")
+t.check("a truncated shard: names file and offsets",
+        "model-00002-of-00002.safetensors" in r.stderr and "data_offsets" in r.stderr,
+        r.stderr[-400:])
+
+# 4. The llama-tiny example trains (40 steps of its 1500).
+r = run("train", os.path.join(configs, "llama-tiny-cpu.json"), "--set", "train.steps=40",
+        "--set", "train.eval_interval=0", "--set", "checkpoint.dir=", "--set",
+        "logging.metrics_file=", "--set", "train.sample_tokens=16", "--set", "steps_per_print=10")
+t.check("llama-tiny-cpu trains", r.returncode == 0, r.stderr[-800:])
+ex = [float(line.split("loss ")[1].split()[0]) for line in r.stdout.splitlines()
+      if line.startswith("step ")]
+t.check("llama-tiny-cpu learns", len(ex) >= 2 and ex[-1] < ex[0] - 1.0, str(ex))
+
+# 5. The estimator: config.json in, and the 70B question answered in under a second (its own
+# timing of the replay; the process with its start-up is allowed more on a loaded machine).
+r = run("estimate", "--hf-config", hf_dir, "--gpus", "2", "--tp", "2", "--json")
+t.check("estimate --hf-config", r.returncode == 0, r.stderr[-300:])
+if r.returncode == 0:
+    with open(os.path.join(golden, "llama_tiny.json")) as f:
+        count = sum(len(v) for v in json.load(f)["params"].values())  # PyTorch's tensors
+    t.check("its parameters are the model's", json.loads(r.stdout)["model"] == count,
+            f"{r.stdout[:200]} vs {count}")
+start = time.monotonic()
+r = run("estimate", "--model", "llama-3-70b", "--gpus", "8", "--nodes", "4", "--seq-len", "4096",
+        "--fit", "80GiB")
+wall = time.monotonic() - start
+t.check("70B estimate exits 0", r.returncode == 0, r.stderr[-300:])
+t.check("70B estimate names the model", "70553.7M parameters" in r.stdout, r.stdout[:300])
+t.check("70B estimate under a second (replay)", "estimated in 0." in r.stdout, r.stdout[-300:])
+t.check("70B estimate: the process under 5 s", wall < 5, f"{wall:.2f} s")
+r = run("estimate", "--model", "llama-3-8b", "--gpus", "2", "--tp", "4")
+t.check("--tp above the GPUs: exit 2", r.returncode == 2, r.stderr[-200:])
+r = run("estimate", "--model", "llama-3-8b", "--gpus", "8", "--nodes", "2", "--tp", "16")
+t.check("--tp 16 with 8 key/value heads: exit 2", r.returncode == 2 and "n_kv_head" in r.stderr,
+        r.stderr[-200:])
+
+shutil.rmtree(work, ignore_errors=True)
+t.finish()

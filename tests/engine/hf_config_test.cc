@@ -1,0 +1,265 @@
+// Hugging Face model directories: config.json files as zerort shapes: the published LLaMA-3, Qwen2,
+// Mistral and GPT-2 configs (their fields as the model cards' config.json give them) give the
+// presets and the published parameter counts; hostile or unsupported fields are refused naming the
+// key.
+#include "engine/hf_config.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+
+#include "engine/safetensors.h"
+#include "layers/gpt_model.h"
+
+namespace zerort {
+namespace {
+
+nlohmann::json Llama3_8B() {
+  return nlohmann::json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 8192,
+    "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": null,
+    "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "transformers_version": "4.40.0.dev0", "use_cache": true, "vocab_size": 128256})");
+}
+
+nlohmann::json Qwen2_72B() {
+  return nlohmann::json::parse(R"({
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 8192,
+    "initializer_range": 0.02, "intermediate_size": 29568, "max_position_embeddings": 32768,
+    "max_window_layers": 80, "model_type": "qwen2", "num_attention_heads": 64,
+    "num_hidden_layers": 80, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "use_cache": true, "use_sliding_window": false,
+    "vocab_size": 152064})");
+}
+
+TEST(HfConfigTest, PublishedConfigsGiveThePresetsAndTheirParameterCounts) {
+  const StatusOr<GptConfig> llama = GptConfigFromHuggingFace(Llama3_8B(), "config.json");
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_EQ(*llama, *GptPreset("llama-3-8b"));
+  EXPECT_EQ(llama->NumParameters(), 8'030'261'248);  // LLaMA-3-8B's published count
+
+  const StatusOr<GptConfig> qwen = GptConfigFromHuggingFace(Qwen2_72B(), "config.json");
+  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  EXPECT_TRUE(qwen->qkv_bias);  // Qwen2's architecture, not its config
+  EXPECT_EQ(*qwen, *GptPreset("qwen2-72b"));
+  EXPECT_EQ(qwen->NumParameters(), 72'706'203'648);
+
+  nlohmann::json big = Llama3_8B();
+  big["hidden_size"] = 8192;
+  big["num_hidden_layers"] = 80;
+  big["num_attention_heads"] = 64;
+  big["intermediate_size"] = 28672;
+  EXPECT_EQ(*GptConfigFromHuggingFace(big, "config.json"), *GptPreset("llama-3-70b"));
+  EXPECT_EQ(GptPreset("llama-3-70b")->NumParameters(), 70'553'706'496);
+
+  const nlohmann::json gpt2 = nlohmann::json::parse(
+      R"({"model_type": "gpt2", "n_layer": 12, "n_head": 12, "n_embd": 768,
+          "n_positions": 1024, "vocab_size": 50257})");
+  EXPECT_EQ(*GptConfigFromHuggingFace(gpt2, "config.json"), *GptPreset("gpt2"));
+  EXPECT_EQ(GptPreset("gpt2")->NumParameters(), 124'439'808);
+
+  // Mistral 7B: its sliding window (4096) is shorter than its context (32768): refused.
+  nlohmann::json mistral = Llama3_8B();
+  mistral["model_type"] = "mistral";
+  mistral["max_position_embeddings"] = 32768;
+  mistral["sliding_window"] = 4096;
+  const StatusOr<GptConfig> m = GptConfigFromHuggingFace(mistral, "m.json");
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("sliding_window = 4096"), std::string::npos) << m.status();
+  mistral["sliding_window"] = nullptr;  // Mistral v0.2+: no window
+  EXPECT_TRUE(GptConfigFromHuggingFace(mistral, "m.json").ok());
+}
+
+TEST(HfConfigTest, HostileAndUnsupportedFieldsAreNamed) {
+  struct Case {
+    const char* key;
+    nlohmann::json value;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"hidden_size", "4096", "hidden_size = \"4096\": not an integer"},
+      {"hidden_size", -1, "hidden_size = -1: must be in"},
+      {"num_hidden_layers", nullptr, "num_hidden_layers is missing"},
+      {"num_key_value_heads", 5, "model.n_kv_head = 5"},
+      {"vocab_size", 1e300, "vocab_size = 1e+300: not an integer"},
+      {"rope_theta", "big", "rope_theta = \"big\": not a number"},
+      {"rms_norm_eps", 2, "rms_norm_eps = 2: must be in"},
+      {"rope_scaling", nlohmann::json{{"rope_type", "llama3"}, {"factor", 8.0}},
+       "rope_scaling is set"},
+      {"head_dim", 256, "head_dim = 256"},
+      {"tie_word_embeddings", 1, "tie_word_embeddings = 1: not a boolean"},
+      {"model_type", "falcon", "model_type \"falcon\" is not one zerort builds"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json j = Llama3_8B();
+    j[c.key] = c.value;
+    const StatusOr<GptConfig> got = GptConfigFromHuggingFace(j, "dir/config.json");
+    ASSERT_FALSE(got.ok()) << c.key;
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << c.key;
+    EXPECT_NE(got.status().message().find(c.expect), std::string::npos)
+        << c.key << ": " << got.status();
+    EXPECT_NE(got.status().message().find("dir/config.json"), std::string::npos) << c.key;
+  }
+  EXPECT_FALSE(GptConfigFromHuggingFace(nlohmann::json::array(), "x").ok());
+  EXPECT_FALSE(ReadHuggingFaceConfig("/nonexistent/config.json").ok());
+}
+
+}  // namespace
+}  // namespace zerort
+
+// ---- HfWeights: a Hugging Face directory written by the independent PyTorch implementation ----
+
+namespace zerort {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kHfDir = ZR_GOLDEN_DIR "/llama_tiny_hf";
+
+nlohmann::json Golden() {
+  std::ifstream in(ZR_GOLDEN_DIR "/llama_tiny.json");
+  return nlohmann::json::parse(in);
+}
+
+// The llama_tiny golden weights, read from the HF directory (two shards and an index, Hugging
+// Face's names): every tensor bitwise PyTorch's, in this rank's part at tp 1 and tp 2 (padding
+// rows of the vocabulary 0).
+TEST(HfWeightsTest, ShardedDirectoryGivesTheReferenceWeightsAtAnyTensorParallelSize) {
+  const StatusOr<GptConfig> config = ReadHuggingFaceConfig(kHfDir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->n_kv_head, 2);
+  EXPECT_FALSE(config->tied());
+  const StatusOr<std::shared_ptr<const HfWeights>> w = HfWeights::Open(kHfDir, *config);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ((*w)->files(), 2);
+  EXPECT_EQ((*w)->parameters(), config->NumParameters());
+  const Initializer init = HfWeights::AsInitializer(*w);
+  const nlohmann::json golden = Golden();
+  for (int tp : {1, 2}) {
+    for (int rank = 0; rank < tp; ++rank) {
+      const StatusOr<std::vector<GptUnit>> units = GptUnits(*config, tp, rank);
+      ASSERT_TRUE(units.ok()) << units.status();
+      int checked = 0;
+      for (const GptUnit& u : *units) {
+        for (const ParamSpec& p : u.params) {
+          std::vector<float> local(static_cast<size_t>(p.numel()), -1.0f);
+          init(p, 0, local);
+          const std::vector<float> want = golden.at("params").at(p.name).get<std::vector<float>>();
+          for (int64_t i = 0; i < p.numel(); ++i) {
+            const int64_t g = GlobalIndex(p, i);
+            const float expect = g < p.real_numel() ? want.at(static_cast<size_t>(g)) : 0.0f;
+            ASSERT_EQ(local[i], expect)
+                << p.name << " tp " << tp << " rank " << rank << " [" << i << "]";
+          }
+          ++checked;
+        }
+      }
+      EXPECT_EQ(checked, static_cast<int>(golden.at("params").size()));
+    }
+  }
+}
+
+// A copy of the golden directory to break one thing in.
+std::string CopyOfHfDir(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/hf_weights_test/" + name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const auto& e : fs::directory_iterator(kHfDir))
+    fs::copy(e.path(), dir + "/" + e.path().filename().string());
+  return dir;
+}
+
+void Patch(const std::string& file, int64_t at, const std::string& bytes) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(at);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string Slurp(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void Write(const std::string& file, const std::string& text) {
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << text;
+}
+
+TEST(HfWeightsTest, HostileDirectoriesAreRefusedNamingTheFileAndTensor) {
+  const GptConfig config = *ReadHuggingFaceConfig(kHfDir);
+  const std::string shard1 = "/model-00001-of-00002.safetensors";
+  struct Case {
+    const char* name;
+    std::function<void(const std::string&)> breaks;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"header-size",
+       [&](const std::string& d) {
+         Patch(d + shard1, 0, std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8));
+       },
+       "header of"},
+      {"header-json", [&](const std::string& d) { Patch(d + shard1, 8, "[[[["); },
+       shard1.c_str() + 1},
+      {"truncated",
+       [&](const std::string& d) { fs::resize_file(d + shard1, fs::file_size(d + shard1) - 4); },
+       "data_offsets"},
+      {"escape",
+       [&](const std::string& d) {
+         std::string idx = Slurp(d + "/model.safetensors.index.json");
+         const size_t at = idx.find("\"model-00002-of-00002.safetensors\"");
+         idx.replace(at, 34, "\"../model-00002-of-00002.safetensors\"");
+         Write(d + "/model.safetensors.index.json", idx);
+       },
+       "not a .safetensors file name in the directory"},
+      {"missing-shard",
+       [&](const std::string& d) { fs::remove(d + "/model-00002-of-00002.safetensors"); },
+       "model-00002-of-00002.safetensors"},
+      {"no-weights", [&](const std::string& d) { fs::remove(d + "/model.safetensors.index.json"); },
+       "neither model.safetensors nor"},
+      {"symlink",
+       [&](const std::string& d) {
+         fs::remove(d + shard1);
+         fs::create_symlink(kHfDir + shard1, d + shard1);
+       },
+       "symbolic link"},
+  };
+  for (const Case& c : cases) {
+    const std::string dir = CopyOfHfDir(c.name);
+    c.breaks(dir);
+    const StatusOr<std::shared_ptr<const HfWeights>> w = HfWeights::Open(dir, config);
+    ASSERT_FALSE(w.ok()) << c.name;
+    EXPECT_NE(w.status().message().find(c.expect), std::string::npos)
+        << c.name << ": " << w.status();
+  }
+  // Another shape than config.json's: the tensor and both shapes named.
+  GptConfig wider = config;
+  wider.intermediate_size = 32;
+  const StatusOr<std::shared_ptr<const HfWeights>> w = HfWeights::Open(kHfDir, wider);
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("model.layers.0.mlp.gate_proj.weight' has shape [24,16]"),
+            std::string::npos)
+      << w.status();
+  // model.init_from against a config of another model: the differing keys named.
+  ModelConfig m;
+  m.shape = wider;
+  m.init_from = kHfDir;
+  const StatusOr<Initializer> init = InitialWeights(m);
+  ASSERT_FALSE(init.ok());
+  EXPECT_NE(init.status().message().find("intermediate_size 32 vs 24"), std::string::npos)
+      << init.status();
+  EXPECT_NE(init.status().message().find("model.init_from"), std::string::npos);
+  m.shape = config;
+  m.shape.seq_len = 4;  // a shorter context than the checkpoint's: rotary positions allow it
+  EXPECT_TRUE(InitialWeights(m).ok());
+}
+
+}  // namespace
+}  // namespace zerort

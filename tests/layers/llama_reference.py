@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""Independent PyTorch reference of zerort's LLaMA-family model, for the golden-value test.
+
+Written from the LLaMA architecture as Hugging Face's modeling_llama describes it (not from
+zerort's code): RMSNorm, rotary embeddings in the rotate-half convention with
+inv_freq = theta^(-2i/hs), grouped-query attention (each key/value head repeated for its query
+heads, repeat_kv), a SwiGLU MLP (down(silu(gate(x)) * up(x))), no biases but Qwen2's optional
+Q/K/V biases, and an output projection that is its own weight unless tie_word_embeddings. Fills
+the model with random float32 weights, runs one batch in float64, and writes the weights, the
+input, the loss, the logits at a few positions and every parameter's gradient to a JSON file that
+tests/layers/gpt_golden_test.cc reads; zerort's fp32 run must agree to 1e-5 relative.
+
+Regenerate (Debian: apt-get install python3-torch):
+    /usr/bin/python3 tests/layers/llama_reference.py tests/layers/golden
+writes llama_tiny.json (GQA 4:2, untied) and qwen2_tiny.json (Q/K/V biases, tied embeddings),
+and llama_tiny_hf/: the same llama_tiny weights as a Hugging Face model directory (config.json,
+two safetensors shards and model.safetensors.index.json, Hugging Face's LlamaForCausalLM names,
+float32), written here without the safetensors library, for model.init_from's test. CI does not
+run this script; it reads the committed files.
+"""
+import json
+import math
+import os
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+VARIANTS = {
+    "llama_tiny": dict(n_layer=2, n_head=4, n_kv_head=2, d_model=16, seq_len=8, vocab_size=23,
+                       intermediate_size=24, rope_theta=1000.0, rms_norm_eps=1e-5,
+                       tie_word_embeddings=False, qkv_bias=False),
+    "qwen2_tiny": dict(n_layer=2, n_head=4, n_kv_head=2, d_model=16, seq_len=8, vocab_size=23,
+                       intermediate_size=20, rope_theta=10000.0, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True, qkv_bias=True),
+}
+BATCH = 2
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope(x, theta):
+    # x: [b, heads, t, hs]
+    t, hs = x.shape[2], x.shape[3]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.float64) / hs))
+    freqs = torch.outer(torch.arange(t, dtype=torch.float64), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return x * emb.cos() + rotate_half(x) * emb.sin()
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d, self.h, self.kv = c["d_model"], c["n_head"], c["n_kv_head"]
+        self.hs = d // self.h
+        self.theta = c["rope_theta"]
+        bias = c["qkv_bias"]
+        self.attn_norm = RMSNorm(d, c["rms_norm_eps"])
+        self.q = nn.Linear(d, self.h * self.hs, bias=bias)
+        self.k = nn.Linear(d, self.kv * self.hs, bias=bias)
+        self.v = nn.Linear(d, self.kv * self.hs, bias=bias)
+        self.o = nn.Linear(self.h * self.hs, d, bias=False)
+        self.mlp_norm = RMSNorm(d, c["rms_norm_eps"])
+        f = c["intermediate_size"]
+        self.gate = nn.Linear(d, f, bias=False)
+        self.up = nn.Linear(d, f, bias=False)
+        self.down = nn.Linear(f, d, bias=False)
+
+    def attention(self, x):
+        b, t, _ = x.shape
+        q = self.q(x).view(b, t, self.h, self.hs).transpose(1, 2)
+        k = self.k(x).view(b, t, self.kv, self.hs).transpose(1, 2)
+        v = self.v(x).view(b, t, self.kv, self.hs).transpose(1, 2)
+        q, k = rope(q, self.theta), rope(k, self.theta)
+        rep = self.h // self.kv
+        k = k.repeat_interleave(rep, dim=1)  # repeat_kv: head j serves query heads j rep ..
+        v = v.repeat_interleave(rep, dim=1)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.hs)
+        mask = torch.tril(torch.ones(t, t, dtype=torch.bool))
+        scores = scores.masked_fill(~mask, float("-inf"))
+        y = F.softmax(scores, dim=-1) @ v
+        return self.o(y.transpose(1, 2).reshape(b, t, self.h * self.hs))
+
+    def forward(self, x):
+        x = x + self.attention(self.attn_norm(x))
+        h = self.mlp_norm(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class Llama(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        self.wte = nn.Embedding(c["vocab_size"], c["d_model"])
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c["n_layer"]))
+        self.norm = RMSNorm(c["d_model"], c["rms_norm_eps"])
+        self.lm_head = None
+        if not c["tie_word_embeddings"]:
+            self.lm_head = nn.Linear(c["d_model"], c["vocab_size"], bias=False)
+
+    def forward(self, idx):
+        x = self.wte(idx)
+        for block in self.blocks:
+            x = block(x)
+        w = self.wte.weight if self.lm_head is None else self.lm_head.weight
+        return self.norm(x) @ w.T
+
+    def named_zerort(self):
+        """(zerort's parameter name, tensor) pairs."""
+        out = [("wte", self.wte.weight)]
+        for i, b in enumerate(self.blocks):
+            p = f"blocks.{i}."
+            out += [(p + "attn_norm.weight", b.attn_norm.weight),
+                    (p + "attn.q.weight", b.q.weight), (p + "attn.k.weight", b.k.weight),
+                    (p + "attn.v.weight", b.v.weight), (p + "attn.o.weight", b.o.weight),
+                    (p + "mlp_norm.weight", b.mlp_norm.weight),
+                    (p + "mlp.gate.weight", b.gate.weight), (p + "mlp.up.weight", b.up.weight),
+                    (p + "mlp.down.weight", b.down.weight)]
+            if b.q.bias is not None:
+                out += [(p + "attn.q.bias", b.q.bias), (p + "attn.k.bias", b.k.bias),
+                        (p + "attn.v.bias", b.v.bias)]
+        out.append(("norm.weight", self.norm.weight))
+        if self.lm_head is not None:
+            out.append(("lm_head.weight", self.lm_head.weight))
+        return out
+
+
+HF_NAMES = {"wte": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+            "lm_head.weight": "lm_head.weight"}
+HF_PARTS = [("attn_norm.", "input_layernorm."), ("attn.q.", "self_attn.q_proj."),
+            ("attn.k.", "self_attn.k_proj."), ("attn.v.", "self_attn.v_proj."),
+            ("attn.o.", "self_attn.o_proj."), ("mlp_norm.", "post_attention_layernorm."),
+            ("mlp.gate.", "mlp.gate_proj."), ("mlp.up.", "mlp.up_proj."),
+            ("mlp.down.", "mlp.down_proj.")]
+
+
+def hf_name(ours):
+    if ours in HF_NAMES:
+        return HF_NAMES[ours]
+    _, layer, rest = ours.split(".", 2)
+    for a, b in HF_PARTS:
+        if rest.startswith(a):
+            return f"model.layers.{layer}.{b}{rest[len(a):]}"
+    raise KeyError(ours)
+
+
+def write_safetensors(path, tensors):
+    import struct
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors:
+        data = t.detach().float().contiguous().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def write_hf(model, config, out):
+    os.makedirs(out, exist_ok=True)
+    hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+          "hidden_size": config["d_model"], "intermediate_size": config["intermediate_size"],
+          "num_hidden_layers": config["n_layer"], "num_attention_heads": config["n_head"],
+          "num_key_value_heads": config["n_kv_head"], "vocab_size": config["vocab_size"],
+          "max_position_embeddings": config["seq_len"], "rope_theta": config["rope_theta"],
+          "rms_norm_eps": config["rms_norm_eps"], "rope_scaling": None, "hidden_act": "silu",
+          "tie_word_embeddings": config["tie_word_embeddings"], "attention_bias": False,
+          "torch_dtype": "float32"}
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(hf, f, indent=2)
+    tensors = [(hf_name(n), p) for n, p in model.named_zerort()]
+    half = len(tensors) // 2
+    shards = {"model-00001-of-00002.safetensors": tensors[:half],
+              "model-00002-of-00002.safetensors": tensors[half:]}
+    weight_map = {}
+    for file, part in shards.items():
+        write_safetensors(os.path.join(out, file), part)
+        weight_map.update({name: file for name, _ in part})
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": sum(4 * p.numel() for _, p in tensors)},
+                   "weight_map": weight_map}, f, indent=2)
+
+
+def golden(name, config, path):
+    torch.manual_seed(20261127)
+    model = Llama(config)
+    with torch.no_grad():
+        for n, p in model.named_zerort():
+            # float32 values, larger than 0.02 so every path matters; gains near 1.
+            p.copy_(torch.randn(p.shape) * 0.3 + (1.0 if n.endswith("norm.weight") else 0.0))
+    model = model.double()
+    seq, vocab = config["seq_len"], config["vocab_size"]
+    data = torch.randint(0, vocab, (BATCH, seq + 1))
+    tokens, targets = data[:, :-1], data[:, 1:]
+    logits = model(tokens)
+    loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
+    loss.backward()
+    positions = [[0, 0], [0, seq - 1], [1, 3], [1, seq - 1]]
+    out = {
+        "config": config,
+        "batch": BATCH,
+        "tokens": tokens.reshape(-1).tolist(),
+        "targets": targets.reshape(-1).tolist(),
+        "params": {n: p.detach().float().reshape(-1).tolist() for n, p in model.named_zerort()},
+        "loss": loss.item(),
+        "logit_positions": positions,
+        "logits": [logits[b, t].tolist() for b, t in positions],
+        "grads": {n: p.grad.reshape(-1).tolist() for n, p in model.named_zerort()},
+        "generator": "tests/layers/llama_reference.py, torch " + torch.__version__,
+    }
+    with open(path, "w") as f:
+        json.dump(out, f)
+    print(f"wrote {path}: {name} loss {loss.item():.10f}")
+    if name == "llama_tiny":
+        write_hf(model, config, os.path.join(os.path.dirname(path), name + "_hf"))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    for name, config in VARIANTS.items():
+        golden(name, config, os.path.join(sys.argv[1], name + ".json"))
