@@ -122,6 +122,9 @@ struct ModelConfig {
 
 struct DataConfig {
   std::string path;
+  // data.blend: Megatron's weighted data_path, WEIGHT PATH WEIGHT PATH ... (weights as decimal
+  // strings; engine/data_loader.h [Note: blending token files]); exclusive with path.
+  std::vector<std::string> blend;
   std::string format = "detect";  // ParseTokenFormat
   double validation_fraction = 0.05;
 };

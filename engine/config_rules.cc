@@ -147,6 +147,12 @@ void SchedulerRules(const RunConfig& c, const GivenKeys& given, Problems& proble
 
 void ModelRules(const RunConfig& c, const GivenKeys& given, Problems& problems) {
   if (Given(given, "model")) problems.Add(c.model.shape.Validate());
+  if (!c.data.blend.empty() && !c.data.path.empty()) {
+    problems.Add(
+        "data.path and data.blend both name the data: give one (a blend of one file is "
+        "[1, \"" +
+        c.data.path + "\"])");
+  }
   const CsvMonitorConfig& csv = c.csv_monitor;
   if (csv.job_name.empty() || csv.job_name.find('/') != std::string::npos || csv.job_name == "." ||
       csv.job_name == "..") {

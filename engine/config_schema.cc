@@ -24,6 +24,45 @@ Status ReadPreset(const JsonSection& s, std::string_view key, RunConfig& c) {
   return absl::OkStatus();
 }
 
+// data.blend: [WEIGHT, PATH, WEIGHT, PATH, ...] (Megatron's data_path), each weight a positive
+// number (or a string holding one), each path a non-empty string; at most 1024 files.
+Status ReadBlend(const JsonSection& s, std::string_view key, RunConfig& c) {
+  const nlohmann::json* v = s.Raw(key);
+  if (v == nullptr) return absl::OkStatus();
+  const std::string path = s.PathOf(key);
+  if (!v->is_array() || v->size() % 2 != 0 || v->empty() || v->size() > 2048) {
+    return absl::InvalidArgumentError(
+        StrCat(path, " = ", ShortDump(*v),
+               ": expected a list [WEIGHT, PATH, WEIGHT, PATH, ...] of 1 to 1024 files"));
+  }
+  std::vector<std::string> out;
+  for (size_t i = 0; i < v->size(); i += 2) {
+    const nlohmann::json& w = (*v)[i];
+    const nlohmann::json& p = (*v)[i + 1];
+    double weight = -1;
+    if (w.is_number()) {
+      weight = w.get<double>();
+    } else if (w.is_string()) {
+      const std::string text = w.get<std::string>();
+      char* end = nullptr;
+      weight = std::strtod(text.c_str(), &end);
+      if (text.empty() || end != text.c_str() + text.size()) weight = -1;
+    }
+    if (!(weight > 0) || !std::isfinite(weight)) {
+      return absl::InvalidArgumentError(
+          StrCat(path, "[", i, "] = ", ShortDump(w), ": a weight must be a positive number"));
+    }
+    if (!p.is_string() || p.get<std::string>().empty() || p.get<std::string>().size() > 4096) {
+      return absl::InvalidArgumentError(
+          StrCat(path, "[", i + 1, "] = ", ShortDump(p), ": expected a file path (a string)"));
+    }
+    out.push_back(fmt::format("{}", weight));
+    out.push_back(p.get<std::string>());
+  }
+  c.data.blend = std::move(out);
+  return absl::OkStatus();
+}
+
 Status ReadArch(const JsonSection& s, std::string_view key, RunConfig& c) {
   ZR_RETURN_IF_ERROR(s.String(key, c.model.arch, {"gpt2", "llama"}));
   c.model.shape.arch = c.model.arch == "llama" ? ModelArch::kLlama : ModelArch::kGpt2;
@@ -373,6 +412,9 @@ std::vector<ConfigField> BuildTable() {
                   "token file: zerort's (zerort data prepare), an llm.c shard, a Megatron indexed "
                   "dataset (PREFIX, .idx or .bin) or a raw array (data.format); memory-mapped, "
                   "never read whole; empty: the built-in corpus"));
+  t.push_back(Custom("data", "blend", ZR_MEMBER(data.blend), ReadBlend, {},
+                     "several token files blended by weight, Megatron's data_path: [0.3, "
+                     "\"a.bin\", 0.7, \"b\"] (each read as data.path is); instead of data.path"));
   t.push_back(Str("data", "format", ZR_MEMBER(data.format), {"detect", "uint16", "uint32"},
                   "detect: by the file's header; uint16/uint32: a raw little-endian token array "
                   "without one (nanoGPT's train.bin)"));
@@ -529,6 +571,9 @@ Status ReadField(const ConfigField& f, const JsonSection& s, RunConfig& c) {
             return s.String(f.key, out, choices);
           } else if constexpr (std::is_same_v<T, std::vector<int>>) {
             return ReadList(s, f.key, out, f.min, f.max);
+          } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+            return absl::InternalError(
+                StrCat(f.Path(), ": a list of strings needs its own reader"));
           } else {
             static_assert(std::is_same_v<T, std::array<float, 2>>);
             std::vector<double> v = {out[0], out[1]};
@@ -575,6 +620,7 @@ std::string_view ConfigField::TypeName() const {
           if constexpr (std::is_same_v<T, std::string>) return "string";
           if constexpr (std::is_same_v<T, std::vector<int>>) return "list of integers";
           if constexpr (std::is_same_v<T, std::array<float, 2>>) return "two numbers";
+          if constexpr (std::is_same_v<T, std::vector<std::string>>) return "list";
           return "integer";
         }
       },

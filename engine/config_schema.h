@@ -30,7 +30,8 @@ using FieldRef = T& (*)(RunConfig&);
 using AnyFieldRef =
     std::variant<FieldRef<bool>, FieldRef<int>, FieldRef<int64_t>, FieldRef<uint64_t>,
                  FieldRef<float>, FieldRef<double>, FieldRef<std::string>,
-                 FieldRef<std::vector<int>>, FieldRef<std::array<float, 2>>, std::monostate>;
+                 FieldRef<std::vector<int>>, FieldRef<std::array<float, 2>>,
+                 FieldRef<std::vector<std::string>>, std::monostate>;
 
 // Printing (FieldsToJson): every key is printed with its value unless flagged.
 enum FieldFlags : unsigned {

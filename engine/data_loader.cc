@@ -1,13 +1,16 @@
 // Training and validation windows of a token stream.
 #include "engine/data_loader.h"
 
+#include <algorithm>
+#include <tuple>
+
 #include "engine/token_file.h"
 #include "runtime/strings.h"
 
 namespace zerort {
 
-StatusOr<DataLoader> DataLoader::Create(std::shared_ptr<const TokenSource> tokens, int seq_len,
-                                        double validation_fraction, int vocab) {
+StatusOr<DataLoader::Part> DataLoader::Split(std::shared_ptr<const TokenSource> tokens, int seq_len,
+                                             double validation_fraction) {
   const int64_t n = tokens->size();
   const std::string& source = tokens->name();
   const int64_t validation = static_cast<int64_t>(static_cast<double>(n) * validation_fraction);
@@ -22,7 +25,34 @@ StatusOr<DataLoader> DataLoader::Create(std::shared_ptr<const TokenSource> token
         source, ": the validation split (", validation, " tokens, data.validation_fraction = ",
         validation_fraction, ") holds no window of seq_len + 1 = ", seq_len + 1, " tokens"));
   }
-  return DataLoader(std::move(tokens), seq_len, train, vocab);
+  return Part{std::move(tokens), train};
+}
+
+StatusOr<DataLoader> DataLoader::Create(std::shared_ptr<const TokenSource> tokens, int seq_len,
+                                        double validation_fraction, int vocab) {
+  std::string name = tokens->name();
+  ZR_ASSIGN_OR_RETURN(Part part, Split(std::move(tokens), seq_len, validation_fraction));
+  return DataLoader({std::move(part)}, nullptr, seq_len, vocab, std::move(name));
+}
+
+StatusOr<DataLoader> DataLoader::CreateBlend(std::vector<std::shared_ptr<const TokenSource>> tokens,
+                                             std::vector<double> weights, int seq_len,
+                                             double validation_fraction, int vocab) {
+  if (tokens.size() != weights.size()) {
+    return absl::InvalidArgumentError(
+        StrCat(tokens.size(), " token files and ", weights.size(), " weights"));
+  }
+  ZR_ASSIGN_OR_RETURN(BlendIndex blend, BlendIndex::Create(weights));
+  std::vector<Part> parts;
+  std::string name = StrCat("blend of ", tokens.size(), ":");
+  for (size_t d = 0; d < tokens.size(); ++d) {
+    name += StrCat(d == 0 ? " " : ", ", fmt::format("{:.4g}", blend.weight(static_cast<int>(d))),
+                   " ", tokens[d]->name());
+    ZR_ASSIGN_OR_RETURN(Part part, Split(std::move(tokens[d]), seq_len, validation_fraction));
+    parts.push_back(std::move(part));
+  }
+  return DataLoader(std::move(parts), std::make_shared<const BlendIndex>(std::move(blend)), seq_len,
+                    vocab, std::move(name));
 }
 
 StatusOr<std::unique_ptr<TokenSource>> OpenTokens(const DataConfig& data, int vocab_size) {
@@ -44,27 +74,67 @@ StatusOr<std::unique_ptr<TokenSource>> OpenTokens(const DataConfig& data, int vo
 }
 
 StatusOr<DataLoader> DataLoader::Load(const DataConfig& data, int seq_len, int vocab_size) {
-  ZR_ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> tokens, OpenTokens(data, vocab_size));
-  return Create(std::move(tokens), seq_len, data.validation_fraction, vocab_size);
+  if (data.blend.empty()) {
+    ZR_ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> tokens, OpenTokens(data, vocab_size));
+    return Create(std::move(tokens), seq_len, data.validation_fraction, vocab_size);
+  }
+  std::vector<std::shared_ptr<const TokenSource>> sources;
+  std::vector<double> weights;
+  for (size_t i = 0; i + 1 < data.blend.size(); i += 2) {
+    DataConfig one = data;
+    one.path = data.blend[i + 1];
+    one.blend.clear();
+    ZR_ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> tokens, OpenTokens(one, vocab_size));
+    sources.push_back(std::move(tokens));
+    weights.push_back(std::stod(data.blend[i]));  // ReadBlend wrote it
+  }
+  return CreateBlend(std::move(sources), std::move(weights), seq_len, data.validation_fraction,
+                     vocab_size);
 }
 
-Status DataLoader::Window(int64_t start, std::span<int32_t> inputs,
+Status DataLoader::Window(const Part& part, int64_t start, std::span<int32_t> inputs,
                           std::span<int32_t> targets) const {
-  ZR_RETURN_IF_ERROR(tokens_->Read(start, inputs.first(seq_len_), vocab_));
-  return tokens_->Read(start + 1, targets.first(seq_len_), vocab_);
+  ZR_RETURN_IF_ERROR(part.tokens->Read(start, inputs.first(seq_len_), vocab_));
+  return part.tokens->Read(start + 1, targets.first(seq_len_), vocab_);
 }
 
 Status DataLoader::TrainSequence(int64_t g, std::span<int32_t> inputs,
                                  std::span<int32_t> targets) const {
-  const int64_t positions = train_tokens_ - seq_len_ - 1;  // window starts in [0, positions]
-  return Window((g * seq_len_) % (positions + 1), inputs, targets);
+  int d = 0;
+  int64_t k = g;
+  if (blend_ != nullptr) std::tie(d, k) = blend_->At(g);
+  const Part& part = parts_[static_cast<size_t>(d)];
+  const int64_t positions = part.train_tokens - seq_len_ - 1;  // window starts in [0, positions]
+  return Window(part, (k * seq_len_) % (positions + 1), inputs, targets);
 }
 
-int64_t DataLoader::validation_windows() const { return validation_tokens() / (seq_len_ + 1); }
+int64_t DataLoader::PartWindows(const Part& part) const {
+  return (part.tokens->size() - part.train_tokens) / (seq_len_ + 1);
+}
+
+int64_t DataLoader::validation_windows() const {
+  int64_t fewest = PartWindows(parts_[0]);
+  for (const Part& p : parts_) fewest = std::min(fewest, PartWindows(p));
+  return fewest * static_cast<int64_t>(parts_.size());
+}
 
 Status DataLoader::ValidationWindow(int64_t w, std::span<int32_t> inputs,
                                     std::span<int32_t> targets) const {
-  return Window(train_tokens_ + w * (seq_len_ + 1), inputs, targets);
+  const int64_t D = static_cast<int64_t>(parts_.size());
+  const Part& part = parts_[static_cast<size_t>(w % D)];
+  return Window(part, part.train_tokens + (w / D) * (seq_len_ + 1), inputs, targets);
+}
+
+int64_t DataLoader::train_tokens() const {
+  int64_t n = 0;
+  for (const Part& p : parts_) n += p.train_tokens;
+  return n;
+}
+
+int64_t DataLoader::validation_tokens() const {
+  int64_t n = 0;
+  for (const Part& p : parts_) n += p.tokens->size() - p.train_tokens;
+  return n;
 }
 
 }  // namespace zerort

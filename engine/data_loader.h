@@ -8,6 +8,10 @@
 // the set of a step's sequences depends only on the step, so runs at different world sizes see
 // the same global batches, and a resumed run continues from "global sequences consumed".
 // Validation windows are non-overlapping windows of seq_len + 1 tokens from the tail's start.
+// With data.blend ([Note: blending token files], blend_index.h) each file is split so on its own;
+// training sequence g is file d's sequence k (BlendIndex), read as above in file d, and the
+// validation windows take the files in turn (window w: file w mod D's window w / D, as long as
+// every file has one: D x the fewest any file holds).
 // Tokens are read from a TokenSource (memory-mapped, in their stored width: [Note: the token
 // files zerort reads], token_source.h), one window at a time; a token outside the model's
 // vocabulary fails the read that meets it, naming the file and the token's index.
@@ -18,6 +22,7 @@
 #include <span>
 #include <string>
 
+#include "engine/blend_index.h"
 #include "engine/config.h"
 #include "engine/token_source.h"
 #include "runtime/status.h"
@@ -33,7 +38,11 @@ class DataLoader {
   // Windows of `tokens`, whose ids must lie in [0, vocab).
   static StatusOr<DataLoader> Create(std::shared_ptr<const TokenSource> tokens, int seq_len,
                                      double validation_fraction, int vocab);
-  // A run's data (OpenTokens), split for training and validation.
+  // Windows of several token sources blended by `weights` (data.blend).
+  static StatusOr<DataLoader> CreateBlend(std::vector<std::shared_ptr<const TokenSource>> tokens,
+                                          std::vector<double> weights, int seq_len,
+                                          double validation_fraction, int vocab);
+  // A run's data (OpenTokens, for each file of data.blend), split for training and validation.
   static StatusOr<DataLoader> Load(const DataConfig& data, int seq_len, int vocab_size);
 
   // Writes sequence g's inputs and targets (seq_len each).
@@ -41,21 +50,38 @@ class DataLoader {
   int64_t validation_windows() const;
   Status ValidationWindow(int64_t w, std::span<int32_t> inputs, std::span<int32_t> targets) const;
 
-  int64_t train_tokens() const { return train_tokens_; }
-  int64_t validation_tokens() const { return tokens_->size() - train_tokens_; }
-  const TokenSource& tokens() const { return *tokens_; }
-  const std::string& source() const { return tokens_->name(); }
+  // Over every file of a blend.
+  int64_t train_tokens() const;
+  int64_t validation_tokens() const;
+  // "FILE" or, for a blend, "blend of 2: 0.25 FILE, 0.75 FILE".
+  const std::string& source() const { return name_; }
+  // The blend (null for one file).
+  const BlendIndex* blend() const { return blend_.get(); }
 
  private:
-  DataLoader(std::shared_ptr<const TokenSource> tokens, int seq_len, int64_t train_tokens,
-             int vocab)
-      : tokens_(std::move(tokens)), seq_len_(seq_len), train_tokens_(train_tokens), vocab_(vocab) {}
-  // The window of seq_len + 1 tokens at `start`: inputs its first seq_len, targets its last.
-  Status Window(int64_t start, std::span<int32_t> inputs, std::span<int32_t> targets) const;
-  std::shared_ptr<const TokenSource> tokens_;
+  struct Part {
+    std::shared_ptr<const TokenSource> tokens;
+    int64_t train_tokens = 0;
+  };
+  DataLoader(std::vector<Part> parts, std::shared_ptr<const BlendIndex> blend, int seq_len,
+             int vocab, std::string name)
+      : parts_(std::move(parts)),
+        blend_(std::move(blend)),
+        seq_len_(seq_len),
+        vocab_(vocab),
+        name_(std::move(name)) {}
+  static StatusOr<Part> Split(std::shared_ptr<const TokenSource> tokens, int seq_len,
+                              double validation_fraction);
+  // The window of seq_len + 1 tokens at `start` of a part: inputs its first seq_len, targets
+  // its last.
+  Status Window(const Part& part, int64_t start, std::span<int32_t> inputs,
+                std::span<int32_t> targets) const;
+  int64_t PartWindows(const Part& part) const;  // its validation windows
+  std::vector<Part> parts_;
+  std::shared_ptr<const BlendIndex> blend_;
   int seq_len_;
-  int64_t train_tokens_;
   int vocab_;
+  std::string name_;
 };
 
 }  // namespace zerort

@@ -97,6 +97,8 @@ class JsonSection {
 
   // "zero_optimization.stage", or "stage" at the top level.
   std::string PathOf(std::string_view key) const;
+  // The value of `key` as it is (null: absent or null), for a key's own reader.
+  const nlohmann::json* Raw(std::string_view key) const { return Find(key); }
   const std::string& path() const { return path_; }
 
  private:

@@ -80,20 +80,24 @@ Status CheckRunPaths(const RunConfig& c, const std::string& file) {
     }
     problems.Add(CheckNvmeDir(StrCat(key, ".nvme_path"), off->nvme_path));
   }
-  // A Megatron dataset is named by its prefix: its .idx is what must be there.
-  const std::string data_file = !c.data.path.empty() && !std::filesystem::exists(c.data.path) &&
-                                        std::filesystem::exists(c.data.path + ".idx")
-                                    ? c.data.path + ".idx"
-                                    : c.data.path;
-  if (!data_file.empty()) {
+  // data.path, or each file of data.blend. A Megatron dataset is named by its prefix: its .idx
+  // is what must be there.
+  std::vector<std::pair<std::string, std::string>> data = {{"data.path", c.data.path}};
+  for (size_t i = 1; i < c.data.blend.size(); i += 2) {
+    data.emplace_back(StrCat("data.blend[", i, "]"), c.data.blend[i]);
+  }
+  for (const auto& [key, path] : data) {
+    if (path.empty()) continue;
+    const std::string file =
+        !std::filesystem::exists(path) && std::filesystem::exists(path + ".idx") ? path + ".idx"
+                                                                                 : path;
     std::error_code ec;
-    const auto status = std::filesystem::status(data_file, ec);
-    if (::access(data_file.c_str(), R_OK) != 0) {
-      problems.Add(StrCat("data.path = \"", c.data.path, "\": cannot be read (",
-                          std::strerror(errno),
+    const auto status = std::filesystem::status(file, ec);
+    if (::access(file.c_str(), R_OK) != 0) {
+      problems.Add(StrCat(key, " = \"", path, "\": cannot be read (", std::strerror(errno),
                           "); prepare one with `zerort data prepare TEXT_FILE OUT`"));
     } else if (!std::filesystem::is_regular_file(status)) {
-      problems.Add(StrCat("data.path = \"", c.data.path,
+      problems.Add(StrCat(key, " = \"", path,
                           "\": not a regular file (a directory, FIFO or device is not read as "
                           "data)"));
     }

@@ -117,6 +117,60 @@ TEST(DataLoaderTest, WindowsAreDeterministicAndSplit) {
       << s;
 }
 
+// [Note: blending token files]: a blend of two files weighted 1:3 gives each its share of every
+// prefix of the sequences (to within 2), reads each file's sequences in its own order, finds any
+// sequence without walking from 0 (across a block boundary too), and takes the files in turn for
+// validation; weights too small to have a sequence per block are refused.
+TEST(DataLoaderTest, BlendFollowsTheWeightsAndReadsEachFileInOrder) {
+  auto source = [](int base) -> std::shared_ptr<const TokenSource> {
+    std::vector<int32_t> t(2000);
+    for (int i = 0; i < 2000; ++i) t[i] = base + i % 50;
+    return TokenSource::FromTokens(std::move(t), 256, base == 0 ? "a" : "b");
+  };
+  const DataLoader d = *DataLoader::CreateBlend({source(0), source(100)}, {1.0, 3.0}, 16, 0.1, 256);
+  EXPECT_EQ(d.source(), "blend of 2: 0.25 a, 0.75 b");
+  ASSERT_NE(d.blend(), nullptr);
+  const BlendIndex& blend = *d.blend();
+  std::vector<int64_t> count(2, 0);
+  std::vector<int32_t> in(16), out(16);
+  for (int64_t g = 0; g < 3000; ++g) {
+    const auto [part, k] = blend.At(g);
+    ASSERT_EQ(k, count[part]) << "sequence " << g << ": file " << part << " out of order";
+    ++count[part];
+    EXPECT_LE(std::abs(static_cast<double>(count[0]) - 0.25 * static_cast<double>(g + 1)), 2.0)
+        << g;
+    if (g % 97 == 0) {
+      ASSERT_TRUE(d.TrainSequence(g, in, out).ok());
+      EXPECT_EQ(in[0] >= 100, part == 1) << "sequence " << g << " read from the other file";
+    }
+  }
+  EXPECT_EQ(blend.CountsBefore(3000), count);
+  // Random access: another index, asked out of order and across block boundaries.
+  const BlendIndex fresh = *BlendIndex::Create({1.0, 3.0});
+  const int64_t far = 5 * BlendIndex::kBlock + 17;
+  std::vector<int64_t> tally = fresh.CountsBefore(far - 40);
+  for (int64_t g = far - 40; g < far; ++g) {
+    const auto [part, k] = fresh.At(g);
+    EXPECT_EQ(k, tally[part]) << g;
+    ++tally[part];
+  }
+  EXPECT_EQ(tally, fresh.CountsBefore(far));
+  EXPECT_NEAR(static_cast<double>(tally[1]), 0.75 * static_cast<double>(far), 2.0);
+  EXPECT_EQ(fresh.At(5), blend.At(5));
+  // Validation: each file in turn.
+  EXPECT_EQ(d.validation_windows(), 2 * (200 / 17));
+  ASSERT_TRUE(d.ValidationWindow(0, in, out).ok());
+  EXPECT_LT(in[0], 100);
+  ASSERT_TRUE(d.ValidationWindow(1, in, out).ok());
+  EXPECT_GE(in[0], 100);
+  // A weight below 2 / kBlock of the total is refused, naming the file.
+  const StatusOr<BlendIndex> tiny = BlendIndex::Create({1.0, 1e-6});
+  ASSERT_FALSE(tiny.ok());
+  EXPECT_NE(tiny.status().message().find("file 1"), std::string::npos) << tiny.status();
+  EXPECT_FALSE(BlendIndex::Create({1.0, -1.0}).ok());
+  EXPECT_FALSE(DataLoader::CreateBlend({source(0)}, {1.0, 2.0}, 16, 0.1, 256).ok());
+}
+
 RunConfig SmallRun(const std::string& metrics) {
   RunConfig c = *ParseRunConfig(nlohmann::json::parse(R"({
     "train_batch_size": 8, "train_micro_batch_size_per_gpu": 1,

@@ -285,6 +285,31 @@ for name, (code, losses, err, _) in results.items():
     check(f"{name} tokens: the zerort file's losses, bitwise",
           losses == results["zerort"][1], f"{losses} vs {results['zerort'][1]}")
 
+# data.blend ([Note: blending token files], engine/blend_index.h): a blend of one file is that
+# file, bit for bit; two files train; a malformed list or a missing file is exit 2 naming it.
+one = train_losses({"blend": [1, formats["zerort"]["path"]]})
+check("a blend of one file: its losses, bitwise", one[0] == 0 and one[1] == results["zerort"][1],
+      f"{one[0]} {one[1]} vs {results['zerort'][1]} {one[2][-300:]}")
+two = train_losses({"blend": ["0.3", formats["zerort"]["path"], 0.7, formats["llm.c"]["path"]]})
+check("a blend of two files trains", two[0] == 0 and len(two[1]) == 3, f"{two[0]} {two[2][-400:]}")
+for what, data, says in [
+        ("an odd list", {"blend": [1, "a", 2]}, "data.blend = [1,\"a\",2]"),
+        ("a zero weight", {"blend": [0, formats["zerort"]["path"]]}, "data.blend[0] = 0"),
+        ("a path that is a number", {"blend": [1, 2]}, "data.blend[1] = 2"),
+        ("a weight that is a word", {"blend": ["half", "a"]}, "data.blend[0] = \"half\""),
+        ("path and blend", {"path": formats["zerort"]["path"], "blend": [1, "a"]},
+         "data.path and data.blend both"),
+        ("a missing file", {"blend": [1, formats["zerort"]["path"], 1, os.path.join(tmp, "nope")]},
+         "data.blend[3]"),
+        ("a tiny weight", {"blend": [1, formats["zerort"]["path"], 1e-9, formats["zerort"]["path"]]},
+         "at least 2/65536")]:
+    cfg = os.path.join(tmp, "blend.json")
+    with open(cfg, "w") as f:
+        json.dump(dict(base, data=data), f)
+    code, err, seconds = run("train", cfg)
+    check(f"blend, {what}: exit 2", code == 2, f"{code} {err[-300:]}")
+    check(f"blend, {what}: names it", says in err, err[-400:])
+
 big = os.path.join(tmp, "big.zr")
 with open(big, "wb") as f:
     f.write(header(10**10, 2))

@@ -193,6 +193,7 @@ TEST(GptModelTest, QueuedStreamsGiveBitwiseTheSameLosses) {
     MemoryTier optimizer_tier = MemoryTier::kDevice;
     int pp = 1, virtual_stages = 1;
     LoopbackSends sends = LoopbackSends::kBuffered;
+    bool llama = false;  // the LLaMA family's kernels issued on the queued stream
   };
   const Case cases[] = {
       {ZeroStage::k0, 1, 1},
@@ -204,9 +205,14 @@ TEST(GptModelTest, QueuedStreamsGiveBitwiseTheSameLosses) {
       {ZeroStage::k1, 4, 2, OptimizerKind::kAdamW, MemoryTier::kDevice, 2, 1,
        LoopbackSends::kRendezvous},
       {ZeroStage::k3, 4, 1, OptimizerKind::kAdamW, MemoryTier::kDevice, 2, 2},
+      {ZeroStage::k3, 4, 2, OptimizerKind::kAdamW, MemoryTier::kDevice, 1, 1,
+       LoopbackSends::kBuffered, true},
+      {ZeroStage::k1, 2, 1, OptimizerKind::kAdamW, MemoryTier::kDevice, 2, 1,
+       LoopbackSends::kRendezvous, true},
   };
   for (const Case& k : cases) {
     GptRunConfig c;
+    if (k.llama) c.model = testing::TinyLlama();
     c.stage = k.stage;
     c.tp = k.tp;
     c.optimizer = k.optimizer;
@@ -222,8 +228,9 @@ TEST(GptModelTest, QueuedStreamsGiveBitwiseTheSameLosses) {
       if (k.virtual_stages > 1) c.schedule = PipelineSchedule::kInterleaved;
       c.model.n_layer = 2 * k.pp * k.virtual_stages;
     }
-    const std::string what = StrCat("stage ", static_cast<int>(k.stage), " world ", k.world, " tp ",
-                                    k.tp, " pp ", k.pp, " v ", k.virtual_stages);
+    const std::string what =
+        StrCat(k.llama ? "llama " : "", "stage ", static_cast<int>(k.stage), " world ", k.world,
+               " tp ", k.tp, " pp ", k.pp, " v ", k.virtual_stages);
     testing::GptMasters immediate_masters, queued_masters;
     testing::GptMasters* const want = k.pp > 1 ? &immediate_masters : nullptr;
     const std::vector<double> immediate = testing::TrainLoopback(c, k.world, want);
@@ -297,8 +304,18 @@ TEST(GptModelTest, KernelsOffTheStoresAsynchronousStreamAreRefused) {
                   .ok());
 }
 
-TEST(GptModelTest, ActivationCheckpointingChangesNoNumberAndSavesMemory) {
-  const GptConfig config{.n_layer = 4, .n_head = 2, .d_model = 16, .seq_len = 16, .vocab_size = 29};
+class CheckpointingTest : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(Arch, CheckpointingTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "llama" : "gpt2"; });
+
+// GPT-2 and the LLaMA family (whose recomputed forward takes its projections' workspace again).
+TEST_P(CheckpointingTest, ChangesNoNumberAndSavesMemory) {
+  GptConfig config{.n_layer = 4, .n_head = 2, .d_model = 16, .seq_len = 16, .vocab_size = 29};
+  if (GetParam()) {
+    config = testing::TinyLlama(4);
+    config.seq_len = 16;
+    config.vocab_size = 29;
+  }
   HostModel<float> plain(config, 3, false), ckpt(config, 3, true);
   std::vector<int32_t> tokens, targets;
   GptBatch(5, 3, config.seq_len, config.vocab_size, tokens, targets);
