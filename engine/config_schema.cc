@@ -25,12 +25,16 @@ Status ReadPreset(const JsonSection& s, std::string_view key, RunConfig& c) {
 }
 
 // data.blend: [WEIGHT, PATH, WEIGHT, PATH, ...] (Megatron's data_path), each weight a positive
-// number (or a string holding one), each path a non-empty string; at most 1024 files.
+// number (or a string holding one), each path a non-empty string; at most 1024 files; [] none.
 Status ReadBlend(const JsonSection& s, std::string_view key, RunConfig& c) {
   const nlohmann::json* v = s.Raw(key);
   if (v == nullptr) return absl::OkStatus();
   const std::string path = s.PathOf(key);
-  if (!v->is_array() || v->size() % 2 != 0 || v->empty() || v->size() > 2048) {
+  if (v->is_array() && v->empty()) {  // the default, as printed: no blend
+    c.data.blend.clear();
+    return absl::OkStatus();
+  }
+  if (!v->is_array() || v->size() % 2 != 0 || v->size() > 2048) {
     return absl::InvalidArgumentError(
         StrCat(path, " = ", ShortDump(*v),
                ": expected a list [WEIGHT, PATH, WEIGHT, PATH, ...] of 1 to 1024 files"));
