@@ -126,6 +126,7 @@ struct DataConfig {
   // strings; engine/data_loader.h [Note: blending token files]); exclusive with path.
   std::vector<std::string> blend;
   std::string format = "detect";  // ParseTokenFormat
+  std::string tokenizer;          // a tokenizer.json for the sample's text; empty: bytes
   double validation_fraction = 0.05;
 };
 

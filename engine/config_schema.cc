@@ -419,6 +419,9 @@ std::vector<ConfigField> BuildTable() {
   t.push_back(Custom("data", "blend", ZR_MEMBER(data.blend), ReadBlend, {},
                      "several token files blended by weight, Megatron's data_path: [0.3, "
                      "\"a.bin\", 0.7, \"b\"] (each read as data.path is); instead of data.path"));
+  t.push_back(Str("data", "tokenizer", ZR_MEMBER(data.tokenizer), {},
+                  "the tokenizer.json the data was prepared with (zerort data prepare "
+                  "--tokenizer): the sample's prompt and text; empty: byte tokens"));
   t.push_back(Str("data", "format", ZR_MEMBER(data.format), {"detect", "uint16", "uint32"},
                   "detect: by the file's header; uint16/uint32: a raw little-endian token array "
                   "without one (nanoGPT's train.bin)"));

@@ -83,6 +83,7 @@ Status CheckRunPaths(const RunConfig& c, const std::string& file) {
   // data.path, or each file of data.blend. A Megatron dataset is named by its prefix: its .idx
   // is what must be there.
   std::vector<std::pair<std::string, std::string>> data = {{"data.path", c.data.path}};
+  data.emplace_back("data.tokenizer", c.data.tokenizer);
   for (size_t i = 1; i < c.data.blend.size(); i += 2) {
     data.emplace_back(StrCat("data.blend[", i, "]"), c.data.blend[i]);
   }
@@ -94,8 +95,9 @@ Status CheckRunPaths(const RunConfig& c, const std::string& file) {
     std::error_code ec;
     const auto status = std::filesystem::status(file, ec);
     if (::access(file.c_str(), R_OK) != 0) {
-      problems.Add(StrCat(key, " = \"", path, "\": cannot be read (", std::strerror(errno),
-                          "); prepare one with `zerort data prepare TEXT_FILE OUT`"));
+      problems.Add(StrCat(
+          key, " = \"", path, "\": cannot be read (", std::strerror(errno), ")",
+          key == "data.tokenizer" ? "" : "; prepare one with `zerort data prepare TEXT_FILE OUT`"));
     } else if (!std::filesystem::is_regular_file(status)) {
       problems.Add(StrCat(key, " = \"", path,
                           "\": not a regular file (a directory, FIFO or device is not read as "

@@ -23,7 +23,7 @@
 #include "engine/run_options.h"
 #include "engine/safetensors.h"
 #include "engine/timeline.h"
-#include "engine/token_file.h"
+#include "engine/tokenizer.h"
 #include "kernels/blas.h"
 #include "kernels/model_kernels.h"
 #include "layers/gpt_model.h"
@@ -434,9 +434,8 @@ Status Run::Setup() {
   if (executor_ && timeline_) executor_->SetSpanSink(timeline_->Sink());
   if (leader()) {
     Logger()->info(
-        "training {} parameters ({}) on {} x {} ({}), ZeRO-{}{}, "
-        "batch {} = {} micro x {} accumulation x {} data-parallel ranks; data: {} ({} training "
-        "tokens, {} validation)",
+        "training {} parameters ({}) on {} x {} ({}), ZeRO-{}{}, batch {} = {} micro x {} "
+        "accumulation x {} data-parallel ranks; data: {} ({} training tokens, {} validation)",
         c_.model.shape.NumParameters(), c_.model.shape.Describe(), world().size(),
         device_.ToString(), DTypeName(compute), c_.zero.stage,
         mesh_ ? fmt::format(", data {} x tensor {}{}{}", mesh_->shape().data, mesh_->shape().tensor,
@@ -622,14 +621,16 @@ StatusOr<bool> Run::SaveOrStop(int64_t step, int64_t consumed) {
 // The text sample at the end of a run.
 Status Run::Sample(TrainResult& result) {
   if (c_.train.sample_tokens <= 0) return absl::OkStatus();
-  const std::vector<int32_t> prompt = ByteTokens(c_.train.sample_prompt);
+  ZR_ASSIGN_OR_RETURN(const TextCodec codec,
+                      TextCodec::For(c_.data.tokenizer, c_.model.shape.vocab_size));
+  ZR_ASSIGN_OR_RETURN(const std::vector<int32_t> prompt, codec.Encode(c_.train.sample_prompt));
   if (prompt.empty()) return absl::OkStatus();
   const SamplingOptions sampling{
       .temperature = c_.train.sample_temperature, .top_k = c_.train.sample_top_k, .seed = c_.seed};
   ZR_ASSIGN_OR_RETURN(std::vector<int32_t> text,
                       executor_ ? executor_->Generate(prompt, c_.train.sample_tokens, sampling)
                                 : model_->Generate(prompt, c_.train.sample_tokens, sampling));
-  result.sample = BytesText(text);
+  ZR_ASSIGN_OR_RETURN(result.sample, codec.Decode(text));
   if (leader()) {
     std::fprintf(ctx_.out, "sample (temperature %g, top-k %d):\n%s\n", c_.train.sample_temperature,
                  c_.train.sample_top_k, result.sample.c_str());

@@ -81,8 +81,10 @@ struct PlotOptions {
 int RunPlot(const PlotOptions& options);
 
 struct DataPrepareOptions {
-  std::string text;  // input text file
-  std::string out;   // token file to write
+  std::string text;       // input text file (.jsonl: one document per line)
+  std::string out;        // token file to write
+  std::string tokenizer;  // a Hugging Face tokenizer.json; empty: byte tokens
+  int threads = 0;        // 0: every core
 };
 int RunDataPrepare(const DataPrepareOptions& options);
 

@@ -6,12 +6,14 @@
 // or a group of one.
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 
 #include "engine/config.h"
 #include "engine/config_schema.h"
+#include "engine/data_prepare.h"
 #include "engine/deepspeed_config.h"
 #include "engine/preflight.h"
 #include "engine/token_file.h"
@@ -143,23 +145,31 @@ int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** 
 }
 
 int RunDataPrepare(const DataPrepareOptions& o) {
-  // One int32 token per byte: a 2 GiB text takes 8 GiB as tokens.
-  StatusOr<std::string> text = ReadDataFile(o.text, int64_t{2} << 30);
-  if (!text.ok()) {
-    Logger()->error("data prepare: {}", text.status().message());
-    return kExitUsage;
+  const bool bar = ::isatty(STDERR_FILENO) != 0;
+  const auto start = std::chrono::steady_clock::now();
+  auto progress = [&](int64_t done, int64_t total) {
+    if (!bar) return;
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr, "\rdata prepare: %5.1f%% of %.1f MiB, %.1f MB/s", 100.0 * done / total,
+                 total / 1048576.0, s > 0 ? done / s / 1e6 : 0.0);
+    if (done == total) std::fputc('\n', stderr);
+  };
+  StatusOr<PrepareSummary> s = PrepareTokenFile(
+      {.input = o.text, .output = o.out, .tokenizer = o.tokenizer, .threads = o.threads}, progress);
+  if (!s.ok()) {
+    Logger()->error("data prepare: {}", s.status().message());
+    return ExitCodeOf(s.status());
   }
-  const std::vector<int32_t> tokens = ByteTokens(*text);
-  if (tokens.empty()) {
-    Logger()->error("data prepare: {} is empty", o.text);
-    return kExitUsage;
+  if (o.tokenizer.empty()) {
+    std::printf("wrote %s: %lld byte-level tokens (vocabulary 256) from %s\n", o.out.c_str(),
+                static_cast<long long>(s->tokens), o.text.c_str());
+  } else {
+    std::printf("wrote %s: %lld tokens (vocabulary %d, %s) from %lld documents of %s, %.1f MB/s\n",
+                o.out.c_str(), static_cast<long long>(s->tokens), s->vocab_size,
+                o.tokenizer.c_str(), static_cast<long long>(s->documents), o.text.c_str(),
+                s->seconds > 0 ? s->bytes / s->seconds / 1e6 : 0.0);
   }
-  if (Status s = WriteTokenFile(o.out, tokens, 256); !s.ok()) {
-    Logger()->error("data prepare: {}", s.message());
-    return kExitRuntimeFailure;
-  }
-  std::printf("wrote %s: %zu byte-level tokens (vocabulary 256) from %s\n", o.out.c_str(),
-              tokens.size(), o.text.c_str());
   return kExitOk;
 }
 

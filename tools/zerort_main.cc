@@ -109,10 +109,14 @@ int main(int argc, char** argv) {
   CLI::App* data = app.add_subcommand("data", "Token files");
   data->require_subcommand(1);
   cli::DataPrepareOptions prepare_options;
-  CLI::App* prepare =
-      data->add_subcommand("prepare", "Turn a text file into byte-level tokens (vocabulary 256)");
+  CLI::App* prepare = data->add_subcommand(
+      "prepare", "Turn a text file (.jsonl: a document per line) into a token file");
   prepare->add_option("text", prepare_options.text, "Input text file")->required();
   prepare->add_option("out", prepare_options.out, "Token file to write")->required();
+  prepare->add_option("--tokenizer", prepare_options.tokenizer,
+                      "A Hugging Face tokenizer.json (byte-level BPE); default: byte tokens");
+  prepare->add_option("--threads", prepare_options.threads, "Threads (0: every core)")
+      ->check(CLI::Range(0, 1024));
 
   cli::EvalOptions eval_options;
   CLI::App* eval = app.add_subcommand(

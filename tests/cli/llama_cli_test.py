@@ -182,5 +182,44 @@ r = run("estimate", "--model", "llama-3-8b", "--gpus", "8", "--nodes", "2", "--t
 t.check("--tp 16 with 8 key/value heads: exit 2", r.returncode == 2 and "n_kv_head" in r.stderr,
         r.stderr[-200:])
 
+# 6. A tokenizer (tests/engine/golden/tokenizer_llama3.json, LLaMA-3's pre-tokenisation, checked
+# against Hugging Face's JavaScript implementation in tokenizer_test): data prepare on 2 threads,
+# a LLaMA model trained on the ids, its sample decoded to text.
+tokenizer = os.path.join(os.path.dirname(golden), "..", "engine", "golden", "tokenizer_llama3.json")
+with open(tokenizer) as f:
+    tok = json.load(f)
+vocab = max(tok["model"]["vocab"].values()) + 1 + len(tok["added_tokens"])
+corpus = os.path.join(work, "corpus.txt")
+with open(os.path.join(os.path.dirname(configs), "README.md")) as f:
+    readme = f.read()
+with open(corpus, "w") as f:
+    f.write(readme * 3)
+r = run("data", "prepare", corpus, "bpe.bin", "--tokenizer", tokenizer, "--threads", "2")
+t.check("data prepare --tokenizer", r.returncode == 0 and f"vocabulary {vocab}" in r.stdout,
+        r.stdout + r.stderr[-300:])
+cfg = {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}},
+       "model": {"arch": "llama", "n_layer": 2, "n_head": 4, "n_kv_head": 2, "d_model": 64,
+                 "intermediate_size": 176, "seq_len": 64, "vocab_size": vocab},
+       "data": {"path": "bpe.bin", "tokenizer": tokenizer},
+       "train": {"steps": 30, "eval_windows": 2, "sample_tokens": 24,
+                 "sample_prompt": "The shard manager", "sample_temperature": 0},
+       "steps_per_print": 10}
+with open(os.path.join(work, "bpe.json"), "w") as f:
+    json.dump(cfg, f)
+r = run("train", "bpe.json")
+t.check("a LLaMA model trains on BPE ids", r.returncode == 0, r.stderr[-500:])
+sample = r.stdout.split("sample (temperature 0, top-k 40):\n")[-1] if r.returncode == 0 else ""
+t.check("its sample is decoded text", sample.startswith("The shard manager") and
+        "\\x" not in sample, sample[:200])
+r = run("data", "prepare", corpus, "x.bin", "--tokenizer", os.path.join(work, "nope.json"))
+t.check("a missing tokenizer: exit 2", r.returncode == 2 and "nope.json" in r.stderr,
+        r.stderr[-300:])
+t.check("... and no output", not os.path.exists(os.path.join(work, "x.bin")))
+with open(os.path.join(work, "bad_tok.json"), "w") as f:
+    json.dump(dict(tok, model=dict(tok["model"], type="WordPiece")), f)
+r = run("data", "prepare", corpus, "x.bin", "--tokenizer", "bad_tok.json")
+t.check("a WordPiece tokenizer: exit 2 naming model.type",
+        r.returncode == 2 and "model.type" in r.stderr, r.stderr[-300:])
+
 shutil.rmtree(work, ignore_errors=True)
 t.finish()
