@@ -15,7 +15,7 @@ export OMPI_MCA_btl_vader_single_copy_mechanism := none
 MPIRUN := mpirun --oversubscribe
 ZERORT := $(BUILD)/tools/zerort
 
-.PHONY: all deps build run test test-unit test-asan test-tsan test-install bench bench-peers bench-gemm clean
+.PHONY: all deps build run run-llama test test-unit test-asan test-tsan test-install bench bench-peers bench-gemm clean
 
 all: build
 
@@ -31,6 +31,16 @@ build: deps
 run: build
 	$(ZERORT) env
 	$(ZERORT) train configs/tiny-cpu.json --overwrite  # a fresh demo run each time
+
+# The LLaMA example, download-free: a SentencePiece tokenizer trained on the built-in corpus, the
+# corpus tokenized with it, a small LLaMA trained at ZeRO-3 and sampled (configs/llama-tiny-cpu.json).
+LLAMA_RUN := runs/llama-tiny-cpu
+run-llama: build
+	mkdir -p $(LLAMA_RUN)
+	$(ZERORT) data corpus $(LLAMA_RUN)/corpus.txt
+	$(ZERORT) data train-tokenizer $(LLAMA_RUN)/tokenizer.model --vocab-size 512 --threads 2
+	$(ZERORT) data prepare $(LLAMA_RUN)/corpus.txt $(LLAMA_RUN)/corpus.bin --tokenizer $(LLAMA_RUN)/tokenizer.model
+	$(ZERORT) train configs/llama-tiny-cpu.json --overwrite
 
 test: test-unit test-install test-asan test-tsan
 

@@ -56,11 +56,9 @@ StatusOr<DataLoader> DataLoader::CreateBlend(std::vector<std::shared_ptr<const T
 }
 
 StatusOr<std::unique_ptr<TokenSource>> OpenTokens(const DataConfig& data, int vocab_size) {
-  constexpr size_t kBuiltinCorpusBytes = 1 << 20;
   std::unique_ptr<TokenSource> tokens;
   if (data.path.empty()) {
-    tokens = TokenSource::FromTokens(ByteTokens(BuiltinCorpus(kBuiltinCorpusBytes, 20261121)), 256,
-                                     "the built-in corpus");
+    tokens = TokenSource::FromTokens(ByteTokens(DefaultCorpus()), 256, "the built-in corpus");
   } else {
     ZR_ASSIGN_OR_RETURN(const TokenFormat format, ParseTokenFormat(data.format));
     ZR_ASSIGN_OR_RETURN(tokens, TokenSource::Open(data.path, format));

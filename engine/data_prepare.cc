@@ -188,8 +188,17 @@ StatusOr<PrepareSummary> PrepareTokenFile(const PrepareOptions& o,
       read_total += n;
       if (n == 0) eof = true;
     }
-    const size_t cut = eof ? buffer.size() : LastCut(buffer, buffer.size(), lines);
+    // A tokenizer that cannot be cut at line breaks (SentencePiece) takes a plain text whole.
+    const bool whole = !lines && tokenizer && !tokenizer->CutsAtLines();
+    const size_t cut = eof ? buffer.size() : whole ? 0 : LastCut(buffer, buffer.size(), lines);
     if (cut == 0) {
+      if (whole && buffer.size() > (size_t{256} << 20)) {
+        return absl::InvalidArgumentError(
+            StrCat(o.input,
+                   ": more than 256 MiB of plain text for a SentencePiece tokenizer, "
+                   "which encodes a document in one call: give a .jsonl file of "
+                   "documents (one per line, its \"text\")"));
+      }
       if (buffer.size() > (size_t{1} << 30)) {
         return absl::InvalidArgumentError(
             StrCat(o.input, ": no place to cut in 1 GiB from byte ", offset,
@@ -202,7 +211,7 @@ StatusOr<PrepareSummary> PrepareTokenFile(const PrepareOptions& o,
     // One piece per thread, each ending at a cut.
     const std::string_view block(buffer.data(), cut);
     std::vector<size_t> ends;
-    for (int t = 1; t < threads; ++t) {
+    for (int t = 1; t < threads && !whole; ++t) {
       const size_t want = block.size() * static_cast<size_t>(t) / static_cast<size_t>(threads);
       const size_t c = LastCut(block, want, lines);
       if (c > (ends.empty() ? 0 : ends.back())) ends.push_back(c);

@@ -1,6 +1,8 @@
 // `zerort data prepare`: a text corpus into a zerort token file, streamed.
 //
-// The input is read in blocks (never whole), each cut where no pre-token can span the cut (after
+// The input is read in blocks (never whole; a SentencePiece tokenizer takes a plain text of up to
+// 256 MiB whole, since it adds a dummy prefix at each call's start), each cut where no pre-token
+// can span the cut (after
 // a line break that a non-space character follows: every supported pattern starts a new
 // pre-token there, so the ids equal those of the whole text), split again into one piece per
 // thread and encoded on all of them, the pieces' ids written in order. Documents: a `.jsonl` file

@@ -98,6 +98,8 @@ std::string BytesText(const std::vector<int32_t>& tokens) {
   return out;
 }
 
+std::string DefaultCorpus() { return BuiltinCorpus(size_t{1} << 20, 20261121); }
+
 std::string BuiltinCorpus(size_t bytes, uint64_t seed) {
   // A small grammar: enough structure for a byte-level model to learn in a few hundred steps
   // (spelling, spacing, agreement of a few patterns), enough variety that it cannot memorise it.

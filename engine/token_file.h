@@ -38,5 +38,8 @@ std::string BytesText(const std::vector<int32_t>& tokens);  // printable, others
 // The built-in corpus of the default run: deterministic English-like text made by the project
 // (sentences from a small grammar), about `bytes` long, so that a run needs no download.
 std::string BuiltinCorpus(size_t bytes, uint64_t seed);
+// The default run's corpus: 1 MiB of it, seed 20261121 (an empty data.path; `zerort data corpus`;
+// `zerort data train-tokenizer` without --input).
+std::string DefaultCorpus();
 
 }  // namespace zerort

@@ -8,10 +8,13 @@
 #include <algorithm>
 #include <array>
 #include <limits>
+#include <thread>
 #include <unordered_map>
 
 #include "engine/json_reader.h"
+#include "engine/sentencepiece_model.h"
 #include "engine/token_file.h"
+#include "engine/user_file.h"
 #include "runtime/strings.h"
 
 namespace zerort {
@@ -451,9 +454,59 @@ StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJson(const nlohmann::j
   return t;
 }
 
+// A SentencePiece model (LLaMA-2, Mistral, TinyLlama, Gemma's tokenizer.model), through
+// libsentencepiece (sentencepiece_model.h).
+class SentencePieceTokenizer final : public Tokenizer {
+ public:
+  explicit SentencePieceTokenizer(std::unique_ptr<spm::Model> m) : m_(std::move(m)) {}
+  Status Encode(std::string_view text, std::vector<int32_t>& out) const override {
+    std::vector<int> ids;
+    if (const std::string e = m_->Encode(text, &ids); !e.empty()) {
+      return absl::InvalidArgumentError(StrCat("SentencePiece: ", e));
+    }
+    out.insert(out.end(), ids.begin(), ids.end());
+    return absl::OkStatus();
+  }
+  StatusOr<std::string> Decode(std::span<const int32_t> ids) const override {
+    for (int32_t id : ids) {
+      if (id < 0 || id >= vocab_size()) {
+        return absl::InvalidArgumentError(
+            StrCat("token id ", id, " is outside the vocabulary [0, ", vocab_size(), ")"));
+      }
+    }
+    std::string text;
+    if (const std::string e = m_->Decode(std::vector<int>(ids.begin(), ids.end()), &text);
+        !e.empty()) {
+      return absl::InvalidArgumentError(StrCat("SentencePiece: ", e));
+    }
+    return text;
+  }
+  int vocab_size() const override { return m_->size(); }
+  bool CutsAtLines() const override { return false; }  // its dummy prefix starts each call
+  std::optional<int32_t> AddedToken(std::string_view content) const override {
+    const int id = m_->PieceToId(content);
+    if (id < 0 || m_->IsUnknown(id) || !m_->IsControl(id)) return std::nullopt;
+    return id;
+  }
+  std::optional<int32_t> EndOfText() const override {
+    return m_->eos() >= 0 ? std::optional<int32_t>(m_->eos()) : std::nullopt;
+  }
+
+ private:
+  std::unique_ptr<spm::Model> m_;
+};
+
 }  // namespace
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
+  if (path.ends_with(".model")) {  // SentencePiece's serialized ModelProto
+    ZR_ASSIGN_OR_RETURN(const std::string bytes, ReadDataFile(path, int64_t{256} << 20));
+    std::unique_ptr<spm::Model> m;
+    if (const std::string e = spm::Model::Load(bytes, &m); !e.empty()) {
+      return absl::InvalidArgumentError(StrCat(path, ": not a SentencePiece model (", e, ")"));
+    }
+    return std::unique_ptr<Tokenizer>(std::make_unique<SentencePieceTokenizer>(std::move(m)));
+  }
   JsonLimits limits;
   limits.max_bytes = int64_t{256} << 20;
   limits.max_depth = 32;
@@ -489,6 +542,51 @@ StatusOr<std::vector<int32_t>> TextCodec::Encode(std::string_view text) const {
 StatusOr<std::string> TextCodec::Decode(std::span<const int32_t> ids) const {
   if (tokenizer_ != nullptr) return tokenizer_->Decode(ids);
   return BytesText(std::vector<int32_t>(ids.begin(), ids.end()));
+}
+
+Status TrainSentencePiece(const TokenizerTraining& o) {
+  if (!o.output.ends_with(".model")) {
+    return absl::InvalidArgumentError(StrCat(o.output,
+                                             ": a SentencePiece model's name ends with "
+                                             ".model (how data prepare knows it)"));
+  }
+  if (o.vocab_size < 32 || o.vocab_size > (1 << 20)) {
+    return absl::InvalidArgumentError(StrCat("--vocab-size ", o.vocab_size, ": in [32, 2^20]"));
+  }
+  if (o.type != "bpe" && o.type != "unigram") {
+    return absl::InvalidArgumentError(StrCat("--type ", o.type, ": bpe or unigram"));
+  }
+  std::string text;
+  if (o.input.empty()) {
+    text = DefaultCorpus();
+  } else {
+    ZR_ASSIGN_OR_RETURN(text, ReadDataFile(o.input, int64_t{1} << 30));
+  }
+  std::vector<std::string> lines;
+  for (size_t at = 0; at < text.size();) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    if (end > at) lines.emplace_back(text.substr(at, end - at));
+    at = end + 1;
+  }
+  if (lines.empty()) return absl::InvalidArgumentError(StrCat(o.input, " holds no text"));
+  const int threads = o.threads > 0
+                          ? o.threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  std::string serialized;
+  const std::string e = spm::Train(lines,
+                                   {{"vocab_size", std::to_string(o.vocab_size)},
+                                    {"model_type", o.type},
+                                    {"character_coverage", "1.0"},
+                                    {"byte_fallback", "true"},
+                                    {"split_digits", "true"},
+                                    {"normalization_rule_name", "identity"},
+                                    {"remove_extra_whitespaces", "false"},
+                                    {"num_threads", std::to_string(threads)},
+                                    {"minloglevel", "2"}},
+                                   &serialized);
+  if (!e.empty()) return absl::InvalidArgumentError(StrCat("SentencePiece training: ", e));
+  return WriteFileAtomically(o.output, serialized, "data train-tokenizer");
 }
 
 }  // namespace zerort

@@ -45,10 +45,27 @@ class Tokenizer {
   virtual int vocab_size() const = 0;
   // The id of an added (special) token, e.g. "<|endoftext|>".
   virtual std::optional<int32_t> AddedToken(std::string_view content) const = 0;
+  // Whether a text cut after a line break that a non-space character follows encodes to the
+  // whole text's ids (byte-level BPE: every pre-token starts there); not SentencePiece, which
+  // adds its dummy prefix at the start of each call.
+  virtual bool CutsAtLines() const { return true; }
   // The end-of-text token a corpus puts between documents: the first added token named like
   // one (<|endoftext|>, <|end_of_text|>, </s>, <eos>), if any.
   virtual std::optional<int32_t> EndOfText() const = 0;
 };
+
+// `zerort data train-tokenizer`: a SentencePiece model (BPE or unigram, byte fallback, digits
+// split, identity normalisation, whitespace kept, unk 0, bos 1, eos 2: LLaMA's settings) trained
+// on the lines of `input` (at most 1 GiB; empty:
+// the built-in corpus), written to `output` (a .model file) through a .tmp renamed at the end.
+struct TokenizerTraining {
+  std::string input;
+  std::string output;
+  int vocab_size = 512;
+  std::string type = "bpe";  // or "unigram"
+  int threads = 0;           // 0: every core
+};
+Status TrainSentencePiece(const TokenizerTraining& options);
 
 // The text side of a run (its sample's prompt and output): data.tokenizer's tokenizer, or byte
 // tokens (vocabulary 256) when there is none.

@@ -10,7 +10,7 @@ packages=(
   libgtest-dev libgmock-dev
   libopenmpi-dev openmpi-bin
   liburing-dev libopenblas-dev libopenblas-openmp-dev libxxhash-dev fio
-  libpcre2-dev libutf8proc-dev
+  libpcre2-dev libutf8proc-dev libsentencepiece-dev
   gnuplot-nox
   python3
 )

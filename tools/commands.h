@@ -87,6 +87,16 @@ struct DataPrepareOptions {
   int threads = 0;        // 0: every core
 };
 int RunDataPrepare(const DataPrepareOptions& options);
+struct TrainTokenizerOptions {
+  std::string out;    // the .model file
+  std::string input;  // text; empty: the built-in corpus
+  int vocab_size = 512;
+  std::string type = "bpe";
+  int threads = 0;  // the trainer's (its model depends on them); 0: every core
+};
+int RunTrainTokenizer(const TrainTokenizerOptions& options);
+// zerort data corpus OUT.txt: the built-in corpus (the default run's text) as a file.
+int RunWriteCorpus(const std::string& out);
 
 struct EvalOptions {
   std::string config;       // run config: the model shape (and data.path by default)

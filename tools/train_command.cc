@@ -17,6 +17,7 @@
 #include "engine/deepspeed_config.h"
 #include "engine/preflight.h"
 #include "engine/token_file.h"
+#include "engine/tokenizer.h"
 #include "engine/trainer.h"
 #include "runtime/exit_codes.h"
 #include "runtime/log.h"
@@ -170,6 +171,32 @@ int RunDataPrepare(const DataPrepareOptions& o) {
                 o.tokenizer.c_str(), static_cast<long long>(s->documents), o.text.c_str(),
                 s->seconds > 0 ? s->bytes / s->seconds / 1e6 : 0.0);
   }
+  return kExitOk;
+}
+
+int RunTrainTokenizer(const TrainTokenizerOptions& o) {
+  const Status s = TrainSentencePiece({.input = o.input,
+                                       .output = o.out,
+                                       .vocab_size = o.vocab_size,
+                                       .type = o.type,
+                                       .threads = o.threads});
+  if (!s.ok()) {
+    Logger()->error("data train-tokenizer: {}", s.message());
+    return ExitCodeOf(s);
+  }
+  std::printf("wrote %s: a SentencePiece %s model of %d pieces from %s\n", o.out.c_str(),
+              o.type.c_str(), o.vocab_size,
+              o.input.empty() ? "the built-in corpus" : o.input.c_str());
+  return kExitOk;
+}
+
+int RunWriteCorpus(const std::string& out) {
+  const std::string text = DefaultCorpus();
+  if (Status s = WriteFileAtomically(out, text, "data corpus"); !s.ok()) {
+    Logger()->error("data corpus: {}", s.message());
+    return ExitCodeOf(s);
+  }
+  std::printf("wrote %s: the built-in corpus (%zu bytes)\n", out.c_str(), text.size());
   return kExitOk;
 }
 

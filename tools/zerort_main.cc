@@ -117,6 +117,27 @@ int main(int argc, char** argv) {
                       "A Hugging Face tokenizer.json (byte-level BPE); default: byte tokens");
   prepare->add_option("--threads", prepare_options.threads, "Threads (0: every core)")
       ->check(CLI::Range(0, 1024));
+  std::string corpus_out;
+  CLI::App* corpus = data->add_subcommand(
+      "corpus", "Write the built-in corpus (the default run's text) to a file");
+  corpus->add_option("out", corpus_out, "Text file to write")->required();
+  cli::TrainTokenizerOptions tokenizer_options;
+  CLI::App* train_tokenizer =
+      data->add_subcommand("train-tokenizer",
+                           "Train a SentencePiece tokenizer (OUT.model) on a text or the built-in "
+                           "corpus");
+  train_tokenizer->add_option("out", tokenizer_options.out, "The .model file to write")->required();
+  train_tokenizer->add_option("--input", tokenizer_options.input,
+                              "Text to train on (a sentence per line); default: the built-in "
+                              "corpus");
+  train_tokenizer->add_option("--vocab-size", tokenizer_options.vocab_size, "Pieces")
+      ->capture_default_str();
+  train_tokenizer->add_option("--type", tokenizer_options.type, "bpe or unigram")
+      ->capture_default_str();
+  train_tokenizer
+      ->add_option("--threads", tokenizer_options.threads,
+                   "Trainer threads (the model depends on them); 0: every core")
+      ->check(CLI::Range(0, 1024));
 
   cli::EvalOptions eval_options;
   CLI::App* eval = app.add_subcommand(
@@ -268,6 +289,8 @@ int main(int argc, char** argv) {
   if (reference->parsed()) return cli::RunConfigReference();
   if (plot->parsed()) return cli::RunPlot(plot_options);
   if (prepare->parsed()) return cli::RunDataPrepare(prepare_options);
+  if (train_tokenizer->parsed()) return cli::RunTrainTokenizer(tokenizer_options);
+  if (corpus->parsed()) return cli::RunWriteCorpus(corpus_out);
   if (eval->parsed()) return cli::RunEval(eval_options);
   if (inspect->parsed()) return cli::RunCheckpointInspect(ckpt_options);
   if (export_cmd->parsed()) return cli::RunCheckpointExport(ckpt_options);

@@ -150,14 +150,23 @@ t.check("a truncated shard: names file and offsets",
         "model-00002-of-00002.safetensors" in r.stderr and "data_offsets" in r.stderr,
         r.stderr[-400:])
 
-# 4. The llama-tiny example trains (40 steps of its 1500).
+# 4. The llama-tiny example (make run-llama), 40 steps of its 1500: a SentencePiece tokenizer
+# trained on the built-in corpus, the corpus tokenized with it, the model trained and sampled.
+r1 = run("data", "corpus", "corpus.txt")
+r2 = run("data", "train-tokenizer", "tokenizer.model", "--vocab-size", "512", "--threads", "2")
+r3 = run("data", "prepare", "corpus.txt", "corpus.bin", "--tokenizer", "tokenizer.model")
+t.check("the example's data steps", (r1.returncode, r2.returncode, r3.returncode) == (0, 0, 0),
+        (r1.stderr + r2.stderr + r3.stderr)[-500:])
 r = run("train", os.path.join(configs, "llama-tiny-cpu.json"), "--set", "train.steps=40",
         "--set", "train.eval_interval=0", "--set", "checkpoint.dir=", "--set",
-        "logging.metrics_file=", "--set", "train.sample_tokens=16", "--set", "steps_per_print=10")
+        "logging.metrics_file=", "--set", "train.sample_tokens=16", "--set", "steps_per_print=10",
+        "--set", "data.path=corpus.bin", "--set", "data.tokenizer=tokenizer.model")
 t.check("llama-tiny-cpu trains", r.returncode == 0, r.stderr[-800:])
 ex = [float(line.split("loss ")[1].split()[0]) for line in r.stdout.splitlines()
       if line.startswith("step ")]
 t.check("llama-tiny-cpu learns", len(ex) >= 2 and ex[-1] < ex[0] - 1.0, str(ex))
+t.check("its sample is text", "sample (temperature" in r.stdout and
+        "The shard manager" in r.stdout.split("sample (temperature")[-1], r.stdout[-300:])
 
 # 5. The estimator: config.json in, and the 70B question answered in under a second (its own
 # timing of the replay; the process with its start-up is allowed more on a loaded machine).

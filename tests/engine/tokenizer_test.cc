@@ -48,6 +48,43 @@ TEST_P(TokenizerGoldenTest, IdsAndTextAreHuggingFacesJavaScriptImplementations) 
   EXPECT_TRUE((*t)->EndOfText().has_value());
 }
 
+// SentencePiece (a model zerort data train-tokenizer wrote) against SentencePiece's own Python
+// binding (tests/engine/sentencepiece_reference.py): the same ids and text; training again on 2
+// threads gives the same model (SentencePiece's trainer depends on its thread count).
+TEST(TokenizerTest, SentencePieceIsItsPythonBindings) {
+  const nlohmann::json golden = Read("sentencepiece_golden.json");
+  const StatusOr<std::unique_ptr<Tokenizer>> t =
+      Tokenizer::Load(kGolden + "/sentencepiece_tiny.model");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->vocab_size(), golden.at("vocab_size").get<int>());
+  EXPECT_EQ((*t)->EndOfText(), golden.at("eos").get<int32_t>());
+  EXPECT_FALSE((*t)->CutsAtLines());
+  for (size_t i = 0; i < golden.at("strings").size(); ++i) {
+    const std::string text = golden.at("strings")[i].get<std::string>();
+    std::vector<int32_t> ids;
+    ASSERT_TRUE((*t)->Encode(text, ids).ok());
+    EXPECT_EQ(ids, golden.at("ids")[i].get<std::vector<int32_t>>()) << "\"" << text << "\"";
+    EXPECT_EQ(*(*t)->Decode(ids), golden.at("decoded")[i].get<std::string>());
+  }
+  const std::string dir = ::testing::TempDir() + "/tokenizer_spm_test";
+  std::filesystem::create_directories(dir);
+  ASSERT_TRUE(
+      TrainSentencePiece({.output = dir + "/again.model", .vocab_size = 512, .threads = 2}).ok());
+  std::ifstream a(dir + "/again.model", std::ios::binary),
+      b(kGolden + "/sentencepiece_tiny.model", std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(a), {}),
+            std::string(std::istreambuf_iterator<char>(b), {}));
+  // Not a model: named.
+  std::ofstream(dir + "/junk.model") << "not a protobuf at all";
+  const StatusOr<std::unique_ptr<Tokenizer>> junk = Tokenizer::Load(dir + "/junk.model");
+  ASSERT_FALSE(junk.ok());
+  EXPECT_NE(junk.status().message().find("junk.model: not a SentencePiece model"),
+            std::string::npos)
+      << junk.status();
+  EXPECT_FALSE(TrainSentencePiece({.output = dir + "/x.bin"}).ok());
+  EXPECT_FALSE(TrainSentencePiece({.output = dir + "/x.model", .vocab_size = 3}).ok());
+}
+
 TEST(TokenizerTest, HostileFilesAndInputsAreRefusedByName) {
   const nlohmann::json good = Read("tokenizer_gpt2.json");
   const std::string dir = ::testing::TempDir() + "/tokenizer_test";
