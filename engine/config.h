@@ -127,6 +127,8 @@ struct DataConfig {
   std::vector<std::string> blend;
   std::string format = "detect";  // ParseTokenFormat
   std::string tokenizer;          // a tokenizer.json for the sample's text; empty: bytes
+  bool eod_mask_loss = false;     // Megatron's: no loss where the input is the end-of-text token
+  int eos_token_id = -1;          // that token; -1: data.tokenizer's end-of-text token
   double validation_fraction = 0.05;
 };
 

@@ -422,6 +422,12 @@ std::vector<ConfigField> BuildTable() {
   t.push_back(Str("data", "tokenizer", ZR_MEMBER(data.tokenizer), {},
                   "the tokenizer.json the data was prepared with (zerort data prepare "
                   "--tokenizer): the sample's prompt and text; empty: byte tokens"));
+  t.push_back(Bool("data", "eod_mask_loss", ZR_MEMBER(data.eod_mask_loss),
+                   "Megatron's document-boundary loss mask: a position whose input is the "
+                   "end-of-text token adds no loss (the next document's first token is not "
+                   "predicted from the last one's)"));
+  t.push_back(Num<int>("data", "eos_token_id", ZR_MEMBER(data.eos_token_id), -1, 1 << 24,
+                       "the end-of-text token of eod_mask_loss; -1: data.tokenizer's"));
   t.push_back(Str("data", "format", ZR_MEMBER(data.format), {"detect", "uint16", "uint32"},
                   "detect: by the file's header; uint16/uint32: a raw little-endian token array "
                   "without one (nanoGPT's train.bin)"));

@@ -5,6 +5,8 @@
 #include <tuple>
 
 #include "engine/token_file.h"
+#include "engine/tokenizer.h"
+#include "layers/gpt_model.h"
 #include "runtime/strings.h"
 
 namespace zerort {
@@ -72,6 +74,28 @@ StatusOr<std::unique_ptr<TokenSource>> OpenTokens(const DataConfig& data, int vo
 }
 
 StatusOr<DataLoader> DataLoader::Load(const DataConfig& data, int seq_len, int vocab_size) {
+  int32_t eos = -1;
+  if (data.eod_mask_loss) {
+    eos = data.eos_token_id;
+    if (eos < 0 && !data.tokenizer.empty()) {
+      StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::Load(data.tokenizer);
+      if (!t.ok())
+        return absl::InvalidArgumentError(StrCat("data.tokenizer: ", t.status().message()));
+      eos = (*t)->EndOfText().value_or(-1);
+    }
+    if (eos < 0 || eos >= vocab_size) {
+      return absl::InvalidArgumentError(
+          StrCat("data.eod_mask_loss needs the end-of-text token: data.eos_token_id (", eos,
+                 eos >= vocab_size ? StrCat(" is outside model.vocab_size = ", vocab_size) : "",
+                 ") or a data.tokenizer that has one"));
+    }
+  }
+  ZR_ASSIGN_OR_RETURN(DataLoader loader, LoadUnmasked(data, seq_len, vocab_size));
+  loader.set_mask_after(eos);
+  return loader;
+}
+
+StatusOr<DataLoader> DataLoader::LoadUnmasked(const DataConfig& data, int seq_len, int vocab_size) {
   if (data.blend.empty()) {
     ZR_ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> tokens, OpenTokens(data, vocab_size));
     return Create(std::move(tokens), seq_len, data.validation_fraction, vocab_size);
@@ -93,7 +117,13 @@ StatusOr<DataLoader> DataLoader::Load(const DataConfig& data, int seq_len, int v
 Status DataLoader::Window(const Part& part, int64_t start, std::span<int32_t> inputs,
                           std::span<int32_t> targets) const {
   ZR_RETURN_IF_ERROR(part.tokens->Read(start, inputs.first(seq_len_), vocab_));
-  return part.tokens->Read(start + 1, targets.first(seq_len_), vocab_);
+  ZR_RETURN_IF_ERROR(part.tokens->Read(start + 1, targets.first(seq_len_), vocab_));
+  if (mask_after_ >= 0) {
+    for (int i = 0; i < seq_len_; ++i) {
+      if (inputs[i] == mask_after_) targets[i] = kIgnoreTarget;
+    }
+  }
+  return absl::OkStatus();
 }
 
 Status DataLoader::TrainSequence(int64_t g, std::span<int32_t> inputs,

@@ -11,7 +11,9 @@
 // With data.blend ([Note: blending token files], blend_index.h) each file is split so on its own;
 // training sequence g is file d's sequence k (BlendIndex), read as above in file d, and the
 // validation windows take the files in turn (window w: file w mod D's window w / D, as long as
-// every file has one: D x the fewest any file holds).
+// every file has one: D x the fewest any file holds). With data.eod_mask_loss, a position whose
+// input is the end-of-text token has its target masked (kIgnoreTarget, layers/gpt_model.h:
+// Megatron's eod_mask_loss), in training and validation windows alike.
 // Tokens are read from a TokenSource (memory-mapped, in their stored width: [Note: the token
 // files zerort reads], token_source.h), one window at a time; a token outside the model's
 // vocabulary fails the read that meets it, naming the file and the token's index.
@@ -42,8 +44,13 @@ class DataLoader {
   static StatusOr<DataLoader> CreateBlend(std::vector<std::shared_ptr<const TokenSource>> tokens,
                                           std::vector<double> weights, int seq_len,
                                           double validation_fraction, int vocab);
-  // A run's data (OpenTokens, for each file of data.blend), split for training and validation.
+  // A run's data (OpenTokens, for each file of data.blend), split for training and validation;
+  // the end-of-text token masked when data.eod_mask_loss says so.
   static StatusOr<DataLoader> Load(const DataConfig& data, int seq_len, int vocab_size);
+  // Load without data.eod_mask_loss.
+  static StatusOr<DataLoader> LoadUnmasked(const DataConfig& data, int seq_len, int vocab_size);
+  // Masks the targets of positions whose input is `token` (-1: none).
+  void set_mask_after(int32_t token) { mask_after_ = token; }
 
   // Writes sequence g's inputs and targets (seq_len each).
   Status TrainSequence(int64_t g, std::span<int32_t> inputs, std::span<int32_t> targets) const;
@@ -82,6 +89,7 @@ class DataLoader {
   int seq_len_;
   int vocab_;
   std::string name_;
+  int32_t mask_after_ = -1;
 };
 
 }  // namespace zerort

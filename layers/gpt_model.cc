@@ -139,12 +139,15 @@ bool GptStagePart::holds(int block) const {
 
 namespace {
 
-Status CheckTokens(std::span<const int32_t> ids, const char* what, int64_t expected, int vocab) {
+// `ignore`: kIgnoreTarget is allowed (a target whose loss is masked).
+Status CheckTokens(std::span<const int32_t> ids, const char* what, int64_t expected, int vocab,
+                   bool ignore = false) {
   if (static_cast<int64_t>(ids.size()) != expected) {
     return absl::InvalidArgumentError(
         StrCat(what, ": ", ids.size(), " ids given, batch x seq = ", expected, " expected"));
   }
   for (size_t i = 0; i < ids.size(); ++i) {
+    if (ignore && ids[i] == kIgnoreTarget) continue;
     if (ids[i] < 0 || ids[i] >= vocab) {
       return absl::InvalidArgumentError(
           StrCat(what, "[", i, "] = ", ids[i], " is outside the vocabulary [0, ", vocab, ")"));
@@ -190,6 +193,7 @@ struct GptModel::MicroBatch {
   bool train = false;
   bool per_block = false;          // a set per block (no recomputation)
   Buffer tokens, targets;          // int32 [batch, seq]
+  std::vector<int64_t> ignored;    // rows whose target is masked ([Note: masked targets])
   std::vector<Buffer> block_out;   // [0] embeddings output, [l + 1] output of block l (this
                                    // rank's rows under sequence parallelism)
   std::vector<BlockActs> acts;     // one per block, or a single reused set
@@ -270,7 +274,9 @@ StatusOr<GptModel::MicroBatchPtr> GptModel::Begin(std::span<const int32_t> token
   const int64_t rows = g.rows;
   const int L = cfg.n_layer;
   ZR_RETURN_IF_ERROR(CheckTokens(tokens, "tokens", rows, cfg.vocab_size));
-  if (!targets.empty()) ZR_RETURN_IF_ERROR(CheckTokens(targets, "targets", rows, cfg.vocab_size));
+  if (!targets.empty()) {
+    ZR_RETURN_IF_ERROR(CheckTokens(targets, "targets", rows, cfg.vocab_size, /*ignore=*/true));
+  }
   ModelKernels& k = kernels_;
   Stream* st = &k.stream();
   const Device dev = k.device();
@@ -291,8 +297,16 @@ StatusOr<GptModel::MicroBatchPtr> GptModel::Begin(std::span<const int32_t> token
   ZR_RETURN_IF_ERROR(
       CopyFromHostNow(mb->tokens.data(), dev, tokens.data(), rows * sizeof(int32_t), st));
   if (!targets.empty()) {
-    ZR_RETURN_IF_ERROR(
-        CopyFromHostNow(mb->targets.data(), dev, targets.data(), rows * sizeof(int32_t), st));
+    // [Note: masked targets] A kIgnoreTarget row goes to the kernels as target 0; HeadForward
+    // zeroes its loss and its logits' gradient, and the mean is over the other rows.
+    std::vector<int32_t> device_targets(targets.begin(), targets.end());
+    for (int64_t r = 0; r < rows; ++r) {
+      if (device_targets[r] != kIgnoreTarget) continue;
+      device_targets[r] = 0;
+      mb->ignored.push_back(r);
+    }
+    ZR_RETURN_IF_ERROR(CopyFromHostNow(mb->targets.data(), dev, device_targets.data(),
+                                       rows * sizeof(int32_t), st));
   }
   return mb;
 }
@@ -427,8 +441,9 @@ StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
   // dbtc, when training: the final LayerNorm output's gradient (every row) the chunks add to.
   if (s.dbtc) ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, s.dbtc.bytes(), st));
   const Buffer& z = mb.logits;
-  // The gradient of loss_scale x the mean over every row of the micro-batch.
-  const float dscale = mb.train ? loss_scale / static_cast<float>(g.rows) : 0.0f;
+  // The gradient of loss_scale x the mean over the micro-batch's rows whose target is not masked.
+  const int64_t counted = g.rows - static_cast<int64_t>(mb.ignored.size());
+  const float dscale = mb.train && counted > 0 ? loss_scale / static_cast<float>(counted) : 0.0f;
   auto at = [](const Buffer& b, int64_t offset, size_t size) {
     return static_cast<std::byte*>(b.data()) + offset * static_cast<int64_t>(size);
   };
@@ -446,6 +461,13 @@ StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
       ZR_RETURN_IF_ERROR(VocabParallelCrossEntropy(mb.tp, z.data(), losses, targets + r0, n, g.v_l,
                                                    g.v_valid, g.v_begin, dscale));
     }
+    // Masked rows of this chunk: no loss, no gradient (a few per document boundary).
+    for (auto it = std::lower_bound(mb.ignored.begin(), mb.ignored.end(), r0);
+         it != mb.ignored.end() && *it < r0 + n; ++it) {
+      ZR_RETURN_IF_ERROR(FillZero(at(mb.losses, *it, stat), dev, stat, st));
+      if (mb.train)
+        ZR_RETURN_IF_ERROR(FillZero(at(z, (*it - r0) * g.v_l, act), dev, g.v_l * act, st));
+    }
     if (mb.train) {
       ZR_RETURN_IF_ERROR(k.MatmulBackward(at(s.dbtc, r0 * g.d, act), mb.head.grads[0], nullptr,
                                           z.data(), x, mb.head.params[0], n, g.d, g.v_l));
@@ -455,12 +477,13 @@ StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
   double loss = 0;
   if (mb.targets && mb.train && defer_training_loss_) {
     // [Note: the training loss ledger]: added in the stream's order, read once per step.
-    ZR_RETURN_IF_ERROR(k.AddToLossLedger(mb.losses.data(), g.rows, static_cast<double>(g.rows)));
+    ZR_RETURN_IF_ERROR(k.AddToLossLedger(mb.losses.data(), g.rows,
+                                         static_cast<double>(std::max<int64_t>(counted, 1))));
   } else if (mb.targets) {
     std::vector<double> host(g.rows);
     ZR_RETURN_IF_ERROR(k.StatToHost(mb.losses.data(), g.rows, host.data()));
     for (double v : host) loss += v;
-    loss /= static_cast<double>(g.rows);
+    loss /= static_cast<double>(std::max<int64_t>(counted, 1));
   }
   mb.phase = mb.train ? MicroBatchPhase::kHeadBackward : MicroBatchPhase::kHeadDone;
   if (!keep_open) {

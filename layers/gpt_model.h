@@ -68,6 +68,11 @@ struct GptModelOptions {
   GptStagePart stage = {};  // pipeline parallelism: what this rank holds (default: everything)
 };
 
+// A target whose loss is masked (Megatron's eod_mask_loss; PyTorch's ignore_index): its row adds
+// no loss and no gradient, and a micro-batch's mean is over its other rows ([Note: masked
+// targets], gpt_model.cc).
+inline constexpr int32_t kIgnoreTarget = -1;
+
 // The model's units as ParamSpecs (see the unit list above). Names follow GPT-2's structure:
 // wte, wpe, blocks.i.{ln1,attn.qkv,attn.proj,ln2,mlp.fc,mlp.proj}.{weight,bias},
 // ln_f.{weight,bias}.

@@ -219,6 +219,53 @@ TEST(TrainerTest, Stage3OnFourRanksFollowsStage0OnOne) {
   }
 }
 
+// data.eod_mask_loss (Megatron's): the positions whose input is the end-of-text token add no
+// loss; at tp 2 (the vocabulary-parallel cross-entropy, masked rows on every rank) the losses
+// are one rank's; without the mask they differ; without an end-of-text token it is refused.
+TEST(TrainerTest, EodMaskLossAtTp2EqualsOneRank) {
+  const std::string dir = ::testing::TempDir() + "/eod_mask";
+  std::filesystem::create_directories(dir);
+  std::vector<int32_t> tokens(6000);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = i % 37 == 36 ? 255 : static_cast<int32_t>((i * 7 + i / 11) % 200);
+  }
+  ASSERT_TRUE(WriteTokenFile(dir + "/tokens.bin", tokens, 256).ok());
+  auto run = [&](int world, int tp, bool mask,
+                 const std::string& name) -> StatusOr<std::vector<double>> {
+    const std::string metrics = dir + "/" + name + ".jsonl";
+    std::filesystem::remove(metrics);
+    RunConfig c = SmallRun(metrics);
+    c.data.path = dir + "/tokens.bin";
+    c.data.eod_mask_loss = mask;
+    c.data.eos_token_id = mask ? 255 : -1;
+    c.parallel.tensor_parallel_size = tp;
+    c.train_micro_batch_size_per_gpu = 4;
+    std::FILE* sink = std::fopen("/dev/null", "w");
+    const Status status = RunLoopbackRanks(world, {}, nullptr, [&](Communicator& comm) {
+      return Train(c, {.world = &comm, .world_source = "test", .out = sink}).status();
+    });
+    std::fclose(sink);
+    ZR_RETURN_IF_ERROR(status);
+    return testing::MetricLosses(metrics);
+  };
+  const std::vector<double> one = *run(1, 1, true, "tp1");
+  const std::vector<double> two = *run(2, 2, true, "tp2");
+  const std::vector<double> unmasked = *run(1, 1, false, "plain");
+  ASSERT_EQ(one.size(), 8u);
+  ASSERT_EQ(two.size(), one.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_NEAR(two[i], one[i], 1e-5 * one[i]) << "step " << i + 1;
+  }
+  EXPECT_GT(std::fabs(unmasked[0] - one[0]), 1e-4) << "the mask changed nothing";
+  RunConfig c = SmallRun(dir + "/none.jsonl");
+  c.data.path = dir + "/tokens.bin";
+  c.data.eod_mask_loss = true;
+  auto group = *CreateLoopbackGroup(1, {}, nullptr);
+  const Status s = Train(c, {.world = group[0].get(), .world_source = "test"}).status();
+  EXPECT_NE(s.message().find("data.eod_mask_loss needs the end-of-text token"), std::string::npos)
+      << s;
+}
+
 TEST(TrainerTest, MetricsCarryEveryField) {
   const std::string metrics = ::testing::TempDir() + "/fields.jsonl";
   std::filesystem::remove(metrics);  // a new run refuses an earlier run's metrics

@@ -39,8 +39,10 @@ struct HostModel {
   }
 };
 
-// Every parameter's gradient of the whole model against central differences, in double.
-void CheckGradients(const GptConfig& config, int64_t head_chunk) {
+// Every parameter's gradient of the whole model against central differences, in double; the
+// targets of `masked` rows are kIgnoreTarget.
+void CheckGradients(const GptConfig& config, int64_t head_chunk,
+                    const std::vector<int>& masked = {}) {
   HostModel<double> m(config, 2, false, head_chunk);
   // Larger weights than GPT-2's 0.02 so every path carries a visible gradient.
   std::mt19937 rng(3);
@@ -50,6 +52,7 @@ void CheckGradients(const GptConfig& config, int64_t head_chunk) {
   }
   std::vector<int32_t> tokens, targets;
   GptBatch(0, 2, config.seq_len, config.vocab_size, tokens, targets);
+  for (int r : masked) targets[r] = kIgnoreTarget;
   ASSERT_TRUE(m.model->ForwardBackward(tokens, targets, 2, config.seq_len, 1.0f).ok());
   const double h = 1e-5;
   int checked = 0;
@@ -83,6 +86,33 @@ INSTANTIATE_TEST_SUITE_P(HeadChunks, GptGradientTest, ::testing::Values(0, 3));
 TEST_P(GptGradientTest, WholeModelGradientMatchesFiniteDifferences) {
   CheckGradients({.n_layer = 2, .n_head = 2, .d_model = 8, .seq_len = 5, .vocab_size = 11},
                  GetParam());
+}
+
+// [Note: masked targets]: rows whose target is kIgnoreTarget add neither loss nor gradient; the
+// loss is the mean of the other rows' cross-entropies (from the logits), and every gradient is
+// that mean's (finite differences), in chunks of the head that hold masked and unmasked rows.
+TEST(GptModelTest, MaskedTargetsAddNeitherLossNorGradient) {
+  const GptConfig config{.n_layer = 1, .n_head = 2, .d_model = 8, .seq_len = 5, .vocab_size = 11};
+  const std::vector<int> masked = {1, 4, 5};
+  CheckGradients(config, 3, masked);
+  HostModel<double> m(config, 2);
+  std::vector<int32_t> tokens, targets;
+  GptBatch(0, 2, config.seq_len, config.vocab_size, tokens, targets);
+  const std::vector<double> logits = *m.model->Logits(tokens, 2, config.seq_len);
+  double sum = 0;
+  for (int r = 0; r < 10; ++r) {
+    if (std::find(masked.begin(), masked.end(), r) != masked.end()) continue;
+    double mx = -1e300, z = 0;
+    for (int v = 0; v < 11; ++v) mx = std::max(mx, logits[r * 11 + v]);
+    for (int v = 0; v < 11; ++v) z += std::exp(logits[r * 11 + v] - mx);
+    sum += std::log(z) + mx - logits[r * 11 + targets[r]];
+  }
+  for (int r : masked) targets[r] = kIgnoreTarget;
+  EXPECT_NEAR(*m.model->Loss(tokens, targets, 2, config.seq_len), sum / 7, 1e-12);
+  targets.assign(10, kIgnoreTarget);  // nothing counted: 0, not a NaN
+  EXPECT_EQ(*m.model->Loss(tokens, targets, 2, config.seq_len), 0.0);
+  targets[0] = -2;
+  EXPECT_FALSE(m.model->Loss(tokens, targets, 2, config.seq_len).ok());
 }
 
 // The LLaMA family: grouped-query attention (4 query heads on 2 key/value heads) with an untied
