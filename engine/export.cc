@@ -25,55 +25,31 @@
 namespace zerort {
 namespace fs = std::filesystem;
 
-StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std::string& out_dir,
-                                          DType dtype) {
-  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16) {
-    return absl::InvalidArgumentError(
-        StrCat("export: dtype ", DTypeName(dtype), " (expected f32, bf16 or f16)"));
-  }
-  const int64_t elem = dtype == DType::kF32 ? 4 : 2;
+namespace {
+
+struct ShardEntry {
+  std::string ours;
+  HfName hf;
+  Shape shape;  // as written
+  int64_t bytes = 0;
+};
+
+// One safetensors file of `entries` (their masters in `dtype`), through path.tmp renamed at the
+// end; every write checked, the .tmp removed on any failure.
+Status WriteShard(const std::string& path, const std::vector<ShardEntry>& entries,
+                  CheckpointReader& reader, DType dtype, ExportSummary& summary) {
   const char* st_dtype = dtype == DType::kF32 ? "F32" : dtype == DType::kBF16 ? "BF16" : "F16";
-  ZR_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(step_dir));
-  if (SavedByEmbedder(reader.metadata())) {
-    return absl::InvalidArgumentError(
-        StrCat("export: ", step_dir,
-               " was saved by a trainer that embeds zerort (no model config): only zerort "
-               "train's GPT checkpoints export to Hugging Face"));
-  }
-  const nlohmann::json& model = reader.metadata().at("config").at("model");
-  const ModelArch arch =
-      model.value("arch", std::string("gpt2")) == "llama" ? ModelArch::kLlama : ModelArch::kGpt2;
-  // The header first: names, shapes and offsets are known from the metadata alone.
-  struct Entry {
-    std::string ours;
-    HfName hf;
-    Shape shape;  // as written
-    int64_t begin = 0, end = 0;
-  };
-  std::vector<Entry> entries;
   nlohmann::json header = nlohmann::json::object();
   int64_t offset = 0;
-  for (const auto& [name, shape] : reader.params()) {
-    ZR_ASSIGN_OR_RETURN(HfName hf, ToHuggingFace(name, arch));
-    Shape written = shape;
-    if (hf.transpose) std::swap(written[0], written[1]);
-    const int64_t bytes = NumElements(shape) * elem;
-    entries.push_back({name, hf, written, offset, offset + bytes});
-    header[hf.name] = {
-        {"dtype", st_dtype}, {"shape", written}, {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
+  for (const ShardEntry& e : entries) {
+    header[e.hf.name] = {
+        {"dtype", st_dtype}, {"shape", e.shape}, {"data_offsets", {offset, offset + e.bytes}}};
+    offset += e.bytes;
   }
   header["__metadata__"] = {{"format", "pt"}, {"source", "zerort checkpoint export"}};
   std::string text = header.dump();
   while ((text.size() + 8) % 8 != 0) text.push_back(' ');  // data aligned to 8 bytes
-
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec) return absl::InvalidArgumentError(StrCat("create ", out_dir, ": ", ec.message()));
-  const std::string path = out_dir + "/model.safetensors";
   const std::string tmp = path + ".tmp";
-  // Every write checked; on any failure (a full disk, a damaged checkpoint) the .tmp goes and
-  // nothing partial is left under the export's name.
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) return ErrnoError(StrCat("open ", tmp), errno);
   bool committed = false;
@@ -95,8 +71,7 @@ StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std
   for (int i = 0; i < 8; ++i) size_bytes[i] = static_cast<char>((header_size >> (8 * i)) & 0xff);
   ZR_RETURN_IF_ERROR(write_all(size_bytes, 8));
   ZR_RETURN_IF_ERROR(write_all(text.data(), text.size()));
-  ExportSummary summary;
-  for (const Entry& e : entries) {  // one parameter in memory at a time
+  for (const ShardEntry& e : entries) {  // one parameter in memory at a time
     ZR_ASSIGN_OR_RETURN(std::vector<float> v, reader.ReadAll(e.ours, "master"));
     if (e.hf.transpose) {
       const int64_t rows = e.shape[1], cols = e.shape[0];  // ours: [rows = out, cols = in]
@@ -116,14 +91,89 @@ StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std
       ZR_RETURN_IF_ERROR(write_all(bits.data(), bits.size() * 2));
     }
     ++summary.tensors;
-    summary.bytes += static_cast<int64_t>(v.size()) * elem;
+    summary.bytes += e.bytes;
   }
   if (::fsync(fd) != 0) return ErrnoError(StrCat("fsync ", tmp), errno);
   cleanup.fd = -1;
   if (::close(fd) != 0) return ErrnoError(StrCat("close ", tmp), errno);
+  std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) return absl::InternalError(StrCat("rename ", tmp, " to ", path, ": ", ec.message()));
   committed = true;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std::string& out_dir,
+                                          DType dtype, int64_t max_shard_bytes) {
+  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16) {
+    return absl::InvalidArgumentError(
+        StrCat("export: dtype ", DTypeName(dtype), " (expected f32, bf16 or f16)"));
+  }
+  const int64_t elem = dtype == DType::kF32 ? 4 : 2;
+  if (max_shard_bytes < 1) {
+    return absl::InvalidArgumentError(StrCat("export: max shard size ", max_shard_bytes));
+  }
+  ZR_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(step_dir));
+  if (SavedByEmbedder(reader.metadata())) {
+    return absl::InvalidArgumentError(
+        StrCat("export: ", step_dir,
+               " was saved by a trainer that embeds zerort (no model config): only zerort "
+               "train's GPT checkpoints export to Hugging Face"));
+  }
+  const nlohmann::json& model = reader.metadata().at("config").at("model");
+  const ModelArch arch =
+      model.value("arch", std::string("gpt2")) == "llama" ? ModelArch::kLlama : ModelArch::kGpt2;
+  // The entries first: names and shapes are known from the metadata alone; then the shards,
+  // each filled up to max_shard_bytes (one tensor per shard at least).
+  std::vector<ShardEntry> entries;
+  int64_t total = 0;
+  for (const auto& [name, shape] : reader.params()) {
+    ZR_ASSIGN_OR_RETURN(HfName hf, ToHuggingFace(name, arch));
+    Shape written = shape;
+    if (hf.transpose) std::swap(written[0], written[1]);
+    entries.push_back({name, hf, written, NumElements(shape) * elem});
+    total += entries.back().bytes;
+  }
+  std::vector<std::vector<ShardEntry>> shards(1);
+  int64_t in_shard = 0;
+  for (ShardEntry& e : entries) {
+    if (in_shard > 0 && in_shard + e.bytes > max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    in_shard += e.bytes;
+    shards.back().push_back(std::move(e));
+  }
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) return absl::InvalidArgumentError(StrCat("create ", out_dir, ": ", ec.message()));
+  const size_t n = shards.size();
+  auto file_of = [n](size_t i) {
+    return n == 1 ? std::string("model.safetensors")
+                  : fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, n);
+  };
+  ExportSummary summary;
+  std::vector<std::string> written;  // removed again if a later shard fails
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (size_t i = 0; i < n; ++i) {
+    const std::string path = out_dir + "/" + file_of(i);
+    const Status s = WriteShard(path, shards[i], reader, dtype, summary);
+    if (!s.ok()) {
+      for (const std::string& f : written) ::unlink(f.c_str());
+      return s;
+    }
+    written.push_back(path);
+    for (const ShardEntry& e : shards[i]) weight_map[e.hf.name] = file_of(i);
+  }
+  if (n > 1) {
+    const nlohmann::json index = {{"metadata", {{"total_size", total}}},
+                                  {"weight_map", weight_map}};
+    ZR_RETURN_IF_ERROR(WriteFileAtomically(out_dir + "/model.safetensors.index.json",
+                                           index.dump(2) + "\n", "checkpoint export"));
+  }
+  summary.files = static_cast<int>(n);
 
   const char* torch_dtype = dtype == DType::kF32    ? "float32"
                             : dtype == DType::kBF16 ? "bfloat16"

@@ -24,11 +24,16 @@ namespace zerort {
 struct ExportSummary {
   int tensors = 0;
   int64_t bytes = 0;
+  int files = 1;
 };
 // `dtype` kF32 (the masters as they are), or kBF16 / kF16 (each value rounded to nearest even:
-// DeepSpeed's 16-bit model save).
+// DeepSpeed's 16-bit model save). Above `max_shard_bytes` (Hugging Face's save_pretrained default,
+// 5 GB) the tensors go to model-0000i-of-0000n.safetensors files, each filled up to it, with
+// model.safetensors.index.json (its weight_map); below, one model.safetensors.
+inline constexpr int64_t kDefaultMaxShardBytes = 5'000'000'000;
 StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std::string& out_dir,
-                                          DType dtype = DType::kF32);
+                                          DType dtype = DType::kF32,
+                                          int64_t max_shard_bytes = kDefaultMaxShardBytes);
 
 // `zerort checkpoint import`: a Hugging Face model directory (config.json, safetensors; checked
 // as model.init_from checks it, engine/safetensors.h) as a zerort checkpoint OUT_DIR/step_0

@@ -95,10 +95,17 @@ int RunCheckpointInspect(const CheckpointOptions& o) {
 int RunCheckpointExport(const CheckpointOptions& o) {
   StatusOr<std::string> step_dir = ResolveStepDir(o.dir);
   if (!step_dir.ok()) return Fail(step_dir.status());
-  StatusOr<ExportSummary> s = ExportHuggingFace(*step_dir, o.out_dir);
+  StatusOr<size_t> shard = ParseBytes(o.max_shard_size);
+  if (!shard.ok() || *shard < 1) {
+    return Fail(absl::InvalidArgumentError(
+        StrCat("--max-shard-size ", o.max_shard_size, ": expected a size (5GB, 512MiB)")));
+  }
+  StatusOr<ExportSummary> s =
+      ExportHuggingFace(*step_dir, o.out_dir, DType::kF32, static_cast<int64_t>(*shard));
   if (!s.ok()) return Fail(s.status());
-  std::printf("exported %s to %s: %d tensors, %.2f MiB (model.safetensors, config.json)\n",
-              step_dir->c_str(), o.out_dir.c_str(), s->tensors, s->bytes / 1048576.0);
+  std::printf("exported %s to %s: %d tensors, %.2f MiB in %d file(s)%s, config.json\n",
+              step_dir->c_str(), o.out_dir.c_str(), s->tensors, s->bytes / 1048576.0, s->files,
+              s->files > 1 ? " and model.safetensors.index.json" : "");
   return kExitOk;
 }
 

@@ -108,8 +108,9 @@ struct EvalOptions {
 int RunEval(const EvalOptions& options);
 
 struct CheckpointOptions {
-  std::string dir;      // step directory, or a checkpoint directory with `latest`
-  std::string out_dir;  // export and import
+  std::string dir;                     // step directory, or a checkpoint directory with `latest`
+  std::string out_dir;                 // export and import
+  std::string max_shard_size = "5GB";  // export: Hugging Face's shard size (ParseBytes)
 };
 int RunCheckpointInspect(const CheckpointOptions& options);
 int RunCheckpointExport(const CheckpointOptions& options);

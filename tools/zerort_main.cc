@@ -163,6 +163,10 @@ int main(int argc, char** argv) {
       "config.json)");
   export_cmd->add_option("dir", ckpt_options.dir, "Checkpoint (step) directory")->required();
   export_cmd->add_option("out_dir", ckpt_options.out_dir, "Output directory")->required();
+  export_cmd
+      ->add_option("--max-shard-size", ckpt_options.max_shard_size,
+                   "Above this, safetensors shards and their index (Hugging Face's 5GB)")
+      ->capture_default_str();
   CLI::App* import_cmd = checkpoint->add_subcommand(
       "import", "A Hugging Face model directory (config.json, safetensors) as a zerort checkpoint");
   import_cmd->add_option("hf_dir", ckpt_options.dir, "Hugging Face model directory")->required();

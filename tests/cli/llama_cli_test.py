@@ -93,6 +93,19 @@ t.check("export's config.json is LLaMA's",
         out["intermediate_size"] == 24 and out["tie_word_embeddings"] is False, json.dumps(out))
 r = run("checkpoint", "import", hf_dir, "imported")
 t.check("import over an existing checkpoint: exit 2", r.returncode == 2, r.stderr[-300:])
+# Sharded above a size (Hugging Face's layout: shards and their index), read back by import.
+r = run("checkpoint", "export", "imported", "sharded", "--max-shard-size", "8KiB")
+files = sorted(os.listdir(os.path.join(work, "sharded"))) if r.returncode == 0 else []
+t.check("export --max-shard-size 8KiB: shards and an index", r.returncode == 0 and
+        "model.safetensors.index.json" in files and
+        sum(f.endswith(".safetensors") for f in files) >= 3, f"{files} {r.stderr[-300:]}")
+r1 = run("checkpoint", "import", "sharded", "reimported")
+r2 = run("checkpoint", "export", "reimported", "reexported")
+t.check("the shards import and export again, bitwise",
+        (r1.returncode, r2.returncode) == (0, 0) and
+        tensors(os.path.join(work, "reexported")) == want, (r1.stderr + r2.stderr)[-300:])
+r = run("checkpoint", "export", "imported", "x", "--max-shard-size", "lots")
+t.check("--max-shard-size lots: exit 2", r.returncode == 2, r.stderr[-200:])
 
 # 1b. GPT-2 through the same way (its Conv1D weights transposed on export and back on import):
 # a trained checkpoint exported, imported, exported again: bitwise.

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """make bench-peers: zerort's training step against PyTorch's on the same machine, in one run.
 
-For each shape (the three of docs/benchmarks.md: tiny, small 30M, GPT-2 124M at seq 256), three
+For each shape (docs/benchmarks.md: tiny, small 30M, GPT-2 124M at seq 256; and the LLaMA
+family's at the small and 124M-class sizes, llama-small and llama-124m), three
 rounds, interleaved: `zerort bench model --phases --json` (forward + backward + AdamW step, ZeRO-0,
 one process) and tools/peers/pytorch_gpt.py (Debian's PyTorch), each side in every setting that
 can make it faster, each side's best setting compared:
@@ -17,7 +18,8 @@ Every side gets the same number of threads. Prints markdown tables of medians: e
 tokens/s and which setting gave it, zerort's ratio to PyTorch's best, zerort's PaLM FLOP/s against
 the same run's sgemm 2048^3 rate (in the same setting), then every setting's median.
 
-usage: compare.py ZERORT [--threads 2] [--rounds 3] [--shapes tiny,small,gpt2] [--python PY]
+usage: compare.py ZERORT [--threads 2] [--rounds 3] [--shapes tiny,small,gpt2,llama-small,llama-124m]
+                  [--python PY]
 (PY: the interpreter with Debian's python3-torch, /usr/bin/python3 by default)
 """
 import argparse
@@ -33,7 +35,11 @@ SHAPES = {  # layers, d, heads, seq, batch, vocab, measured iterations
     "tiny": (4, 128, 4, 128, 8, 256, 10),
     "small": (6, 384, 6, 256, 4, 50257, 3),
     "gpt2": (12, 768, 12, 256, 2, 50257, 3),
+    "llama-small": (6, 384, 6, 256, 4, 32000, 3),
+    "llama-124m": (12, 768, 12, 256, 2, 32000, 3),
 }
+# The LLaMA shapes' own keys: key/value heads, SwiGLU width (about 8/3 d, as LLaMA's).
+LLAMA = {"llama-small": (2, 1024), "llama-124m": (4, 2048)}
 
 
 def run_json(command, env):
@@ -84,8 +90,11 @@ def main():
                            "zero_optimization": {"stage": 0},
                            "optimizer": {"type": "AdamW",
                                          "params": {"lr": 1e-4, "weight_decay": 0.1}},
-                           "model": {"n_layer": layers, "n_head": heads, "d_model": d,
-                                     "seq_len": seq, "vocab_size": vocab},
+                           "model": dict({"n_layer": layers, "n_head": heads, "d_model": d,
+                                          "seq_len": seq, "vocab_size": vocab},
+                                         **({"arch": "llama", "n_kv_head": LLAMA[name][0],
+                                             "intermediate_size": LLAMA[name][1]}
+                                            if name in LLAMA else {})),
                            "train": {"device": "cpu"}}, f)
             zerort = [a.zerort, "bench", "model", "--config", config, "--cpu", "--iters",
                       str(iters), "--phases", "--json"]
@@ -93,6 +102,9 @@ def main():
                     "--d", str(d), "--heads", str(heads), "--seq", str(seq), "--batch",
                     str(batch), "--vocab", str(vocab), "--iters", str(iters), "--threads",
                     threads]
+            if name in LLAMA:
+                peer += ["--llama", "--kv-heads", str(LLAMA[name][0]), "--ffn",
+                         str(LLAMA[name][1])]
             z = {k: [] for k in cores}
             z_sgemm = {k: [] for k in cores}
             pt = {k: [] for k in pt_settings}

@@ -7,6 +7,10 @@ blocks of LayerNorm, causal self-attention through one fused QKV projection, Lay
 fp32; softmax cross-entropy; AdamW. One training step = forward, backward, optimizer step, on
 one micro-batch of random tokens. Prints one JSON object: the median step time and tokens/s.
 
+With --llama, the LLaMA family's model as zerort's (layers/README.md, "the two architectures"):
+RMSNorm, rotary embeddings (rotate-half), --kv-heads key/value heads repeated for the query heads,
+a SwiGLU MLP of --ffn channels, no biases, an untied head.
+
 Threads: torch.set_num_threads(--threads). OMP_WAIT_POLICY must be set in the environment before
 the process starts (tools/peers/compare.py runs this script once per setting).
 """
@@ -61,15 +65,87 @@ class Gpt(torch.nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 
+class RMSNorm(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+
+
+class LlamaBlock(torch.nn.Module):
+    def __init__(self, d, heads, kv_heads, ffn):
+        super().__init__()
+        self.heads, self.kv, self.hs = heads, kv_heads, d // heads
+        self.n1, self.n2 = RMSNorm(d), RMSNorm(d)
+        self.q = torch.nn.Linear(d, d, bias=False)
+        self.k = torch.nn.Linear(d, kv_heads * self.hs, bias=False)
+        self.v = torch.nn.Linear(d, kv_heads * self.hs, bias=False)
+        self.o = torch.nn.Linear(d, d, bias=False)
+        self.gate = torch.nn.Linear(d, ffn, bias=False)
+        self.up = torch.nn.Linear(d, ffn, bias=False)
+        self.down = torch.nn.Linear(ffn, d, bias=False)
+
+    def forward(self, x, mask, cos, sin):
+        b, t, d = x.shape
+
+        def rope(z):
+            half = z.shape[-1] // 2
+            return z * cos[:t] + torch.cat((-z[..., half:], z[..., :half]), dim=-1) * sin[:t]
+
+        h = self.n1(x)
+        q = rope(self.q(h).view(b, t, self.heads, self.hs).transpose(1, 2))
+        k = rope(self.k(h).view(b, t, self.kv, self.hs).transpose(1, 2))
+        v = self.v(h).view(b, t, self.kv, self.hs).transpose(1, 2)
+        rep = self.heads // self.kv
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.hs))
+        att = att.masked_fill(mask[:, :, :t, :t] == 0, float("-inf")).softmax(dim=-1)
+        x = x + self.o((att @ v).transpose(1, 2).contiguous().view(b, t, d))
+        h = self.n2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class Llama(torch.nn.Module):
+    def __init__(self, layers, d, heads, kv_heads, ffn, seq, vocab):
+        super().__init__()
+        self.wte = torch.nn.Embedding(vocab, d)
+        self.blocks = torch.nn.ModuleList(
+            LlamaBlock(d, heads, kv_heads, ffn) for _ in range(layers))
+        self.norm = RMSNorm(d)
+        self.head = torch.nn.Linear(d, vocab, bias=False)
+        hs = d // heads
+        freqs = torch.outer(torch.arange(seq).float(),
+                            1.0 / 10000.0 ** (torch.arange(0, hs, 2).float() / hs))
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos())
+        self.register_buffer("sin", emb.sin())
+        self.register_buffer("mask", torch.tril(torch.ones(seq, seq)).view(1, 1, seq, seq))
+
+    def forward(self, idx, targets):
+        x = self.wte(idx)
+        for block in self.blocks:
+            x = block(x, self.mask, self.cos, self.sin)
+        logits = self.head(self.norm(x))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--llama", action="store_true")
+    p.add_argument("--kv-heads", type=int, default=0)
+    p.add_argument("--ffn", type=int, default=0)
     for name, default in [("layers", 4), ("d", 128), ("heads", 4), ("seq", 128), ("batch", 8),
                           ("vocab", 256), ("iters", 5), ("threads", 2)]:
         p.add_argument("--" + name, type=int, default=default)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
-    model = Gpt(a.layers, a.d, a.heads, a.seq, a.vocab)
+    if a.llama:
+        model = Llama(a.layers, a.d, a.heads, a.kv_heads, a.ffn, a.seq, a.vocab)
+    else:
+        model = Gpt(a.layers, a.d, a.heads, a.seq, a.vocab)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
     idx = torch.randint(a.vocab, (a.batch, a.seq))
     targets = torch.randint(a.vocab, (a.batch, a.seq))
