@@ -103,6 +103,38 @@ Status WriteShard(const std::string& path, const std::vector<ShardEntry>& entrie
   return absl::OkStatus();
 }
 
+// The model on one process at stage 0 on the CPU with plain SGD (no moments): what reads or
+// writes a checkpoint's master weights whatever layout saved it (EvaluateCheckpoint,
+// ImportHuggingFace).
+struct OneProcessModel {
+  std::vector<std::unique_ptr<Communicator>> group;
+  MemoryTracker tracker;
+  std::unique_ptr<Allocator> allocator;
+  std::unique_ptr<ShardManager> manager;
+  std::unique_ptr<WeightStore> store;
+  std::unique_ptr<ModelKernels> kernels;
+  std::unique_ptr<GptModel> model;
+  CheckpointGroups groups() const { return {.world = group[0].get(), .dp = group[0].get()}; }
+};
+
+StatusOr<std::unique_ptr<OneProcessModel>> MakeOneProcessModel(const GptConfig& shape,
+                                                               int micro_batch) {
+  auto m = std::make_unique<OneProcessModel>();
+  ZR_ASSIGN_OR_RETURN(m->group, CreateLoopbackGroup(1, {}, nullptr));
+  m->allocator = MakeCpuCachingAllocator(&m->tracker);
+  ShardManagerOptions o;
+  o.stage = ZeroStage::k0;
+  o.optimizer.kind = OptimizerKind::kSgd;
+  ZR_ASSIGN_OR_RETURN(
+      m->manager,
+      ShardManager::Create(o, {.dp = m->group[0].get(), .device_allocator = m->allocator.get()}));
+  m->store = MakeShardManagerStore(*m->manager);
+  m->kernels = MakeCpuModelKernels(CpuPrecision::kFloat);
+  ZR_ASSIGN_OR_RETURN(m->model, GptModel::Create({.config = shape, .micro_batch = micro_batch},
+                                                 *m->store, *m->kernels, *m->allocator));
+  return m;
+}
+
 }  // namespace
 
 StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std::string& out_dir,
@@ -239,22 +271,9 @@ StatusOr<EvalResult> EvaluateCheckpoint(const RunConfig& config, const std::stri
     return absl::InvalidArgumentError(
         StrCat(tokens->name(), " holds no window of seq_len + 1 = ", shape.seq_len + 1, " tokens"));
   }
-  ZR_ASSIGN_OR_RETURN(auto group, CreateLoopbackGroup(1, {}, nullptr));
-  MemoryTracker tracker;
-  auto allocator = MakeCpuCachingAllocator(&tracker);
-  // Plain SGD keeps no moments, so only the master weights are read.
-  ShardManagerOptions o;
-  o.stage = ZeroStage::k0;
-  o.optimizer.kind = OptimizerKind::kSgd;
-  ZR_ASSIGN_OR_RETURN(auto manager, ShardManager::Create(o, {.dp = group[0].get(),
-                                                             .device_allocator = allocator.get()}));
-  auto store = MakeShardManagerStore(*manager);
-  auto kernels = MakeCpuModelKernels(CpuPrecision::kFloat);
-  ZR_ASSIGN_OR_RETURN(auto model, GptModel::Create({.config = shape, .micro_batch = micro}, *store,
-                                                   *kernels, *allocator));
-  ZR_RETURN_IF_ERROR(manager->Initialize(GptInitializer(shape)));
-  ZR_RETURN_IF_ERROR(
-      LoadCheckpoint(step_dir, *manager, {.world = group[0].get(), .dp = group[0].get()}).status());
+  ZR_ASSIGN_OR_RETURN(auto one, MakeOneProcessModel(shape, micro));
+  ZR_RETURN_IF_ERROR(one->manager->Initialize(GptInitializer(shape)));
+  ZR_RETURN_IF_ERROR(LoadCheckpoint(step_dir, *one->manager, one->groups()).status());
   const int seq = shape.seq_len;
   double sum = 0;
   std::vector<int32_t> in, target;
@@ -269,7 +288,7 @@ StatusOr<EvalResult> EvaluateCheckpoint(const RunConfig& config, const std::stri
       ZR_RETURN_IF_ERROR(
           tokens->Read(start + 1, std::span(target).subspan(b * seq, seq), shape.vocab_size));
     }
-    ZR_ASSIGN_OR_RETURN(double loss, model->Loss(in, target, count, seq));
+    ZR_ASSIGN_OR_RETURN(double loss, one->model->Loss(in, target, count, seq));
     sum += loss * count;
   }
   return EvalResult{
@@ -287,24 +306,12 @@ StatusOr<ImportSummary> ImportHuggingFace(const std::string& hf_dir, const std::
   ZR_ASSIGN_OR_RETURN(const Initializer init, InitialWeights(config.model));
   // One process at stage 0 on the CPU, as EvaluateCheckpoint: the checkpoint's logical layout
   // loads at any world size and layout.
-  ZR_ASSIGN_OR_RETURN(auto group, CreateLoopbackGroup(1, {}, nullptr));
-  MemoryTracker tracker;
-  auto allocator = MakeCpuCachingAllocator(&tracker);
-  ShardManagerOptions o;
-  o.stage = ZeroStage::k0;
-  o.optimizer.kind = OptimizerKind::kSgd;
-  ZR_ASSIGN_OR_RETURN(auto manager, ShardManager::Create(o, {.dp = group[0].get(),
-                                                             .device_allocator = allocator.get()}));
-  auto store = MakeShardManagerStore(*manager);
-  auto kernels = MakeCpuModelKernels(CpuPrecision::kFloat);
-  ZR_ASSIGN_OR_RETURN(auto model,
-                      GptModel::Create({.config = shape}, *store, *kernels, *allocator));
-  ZR_RETURN_IF_ERROR(manager->Initialize(init));
+  ZR_ASSIGN_OR_RETURN(auto one, MakeOneProcessModel(shape, 1));
+  ZR_RETURN_IF_ERROR(one->manager->Initialize(init));
   const RunState state{.step = 0, .config = config.ToJson(), .run_id = NewRunId()};
-  ZR_RETURN_IF_ERROR(SaveCheckpoint(
-      out_dir, state, *manager,
-      {.world = group[0].get(), .dp = group[0].get(), .unit_positions = model->UnitPositions()},
-      /*keep_last_n=*/1));
+  CheckpointGroups groups = one->groups();
+  groups.unit_positions = one->model->UnitPositions();
+  ZR_RETURN_IF_ERROR(SaveCheckpoint(out_dir, state, *one->manager, groups, /*keep_last_n=*/1));
   return ImportSummary{.step_dir = out_dir + "/step_0", .parameters = shape.NumParameters()};
 }
 
