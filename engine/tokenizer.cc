@@ -124,18 +124,26 @@ class BpeTokenizer final : public Tokenizer {
                                                           const std::string& file);
 
   Status Encode(std::string_view text, std::vector<int32_t>& out) const override {
+    // Each added token's next occurrence, searched again only once passed: the text is scanned
+    // once per added token (LLaMA-3 has 256), not once per token found.
+    std::vector<size_t> next(added_.size());
+    for (size_t i = 0; i < added_.size(); ++i) next[i] = text.find(added_[i].first);
     size_t at = 0;
     while (at < text.size()) {
       // The earliest added token (the longest there), else the rest.
       size_t best = std::string_view::npos, best_len = 0;
       int32_t best_id = -1;
-      for (const auto& [content, id] : added_) {
-        const size_t p = text.find(content, at);
+      for (size_t i = 0; i < added_.size(); ++i) {
+        if (next[i] != std::string_view::npos && next[i] < at) {
+          next[i] = text.find(added_[i].first, at);
+        }
+        const size_t p = next[i];
+        const std::string& content = added_[i].first;
         if (p == std::string_view::npos) continue;
         if (p < best || (p == best && content.size() > best_len)) {
           best = p;
           best_len = content.size();
-          best_id = id;
+          best_id = added_[i].second;
         }
       }
       const size_t end = best == std::string_view::npos ? text.size() : best;
