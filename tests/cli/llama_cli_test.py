@@ -181,6 +181,19 @@ t.check("llama-tiny-cpu learns", len(ex) >= 2 and ex[-1] < ex[0] - 1.0, str(ex))
 t.check("its sample is text", "sample (temperature" in r.stdout and
         "The shard manager" in r.stdout.split("sample (temperature")[-1], r.stdout[-300:])
 
+# 4b. bf16 with the optimizer state and parameters offloaded to the host (ZeRO-3): it trains.
+r = run("train", os.path.join(configs, "llama-tiny-cpu.json"), "--set", "train.steps=6",
+        "--set", "train.eval_interval=0", "--set", "checkpoint.dir=", "--set",
+        "logging.metrics_file=", "--set", "train.sample_tokens=0", "--set", "steps_per_print=1",
+        "--set", "data.path=corpus.bin", "--set", "data.tokenizer=tokenizer.model",
+        "--set", "bf16.enabled=true",
+        "--set", "zero_optimization.offload_optimizer.device=cpu",
+        "--set", "zero_optimization.offload_param.device=cpu")
+off = [float(line.split("loss ")[1].split()[0]) for line in r.stdout.splitlines()
+       if line.startswith("step ")]
+t.check("llama bf16 with host offload trains", r.returncode == 0 and len(off) == 6 and
+        off[-1] < off[0], f"{off} {r.stderr[-400:]}")
+
 # 5. The estimator: config.json in, and the 70B question answered in under a second (its own
 # timing of the replay; the process with its start-up is allowed more on a loaded machine).
 r = run("estimate", "--hf-config", hf_dir, "--gpus", "2", "--tp", "2", "--json")

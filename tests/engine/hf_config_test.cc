@@ -11,8 +11,10 @@
 #include <functional>
 #include <string>
 
+#include "engine/hf_names.h"
 #include "engine/safetensors.h"
 #include "layers/gpt_model.h"
+#include "runtime/dtype.h"
 
 namespace zerort {
 namespace {
@@ -163,6 +165,57 @@ TEST(HfWeightsTest, ShardedDirectoryGivesTheReferenceWeightsAtAnyTensorParallelS
         }
       }
       EXPECT_EQ(checked, static_cast<int>(golden.at("params").size()));
+    }
+  }
+}
+
+// BF16 and F16 weights (what Hugging Face checkpoints mostly hold): the golden F32 tensors written
+// again in 16 bits, one file; each value read is the 16-bit value widened, exactly.
+TEST(HfWeightsTest, SixteenBitFilesAreReadExactly) {
+  const GptConfig config = *ReadHuggingFaceConfig(kHfDir);
+  const nlohmann::json golden = Golden();
+  const std::vector<GptUnit> units = *GptUnits(config, 1, 0);
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    const std::string dir =
+        ::testing::TempDir() + "/hf_weights_16/" + std::string(DTypeName(dtype));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    fs::copy(kHfDir + "/config.json", dir + "/config.json");
+    nlohmann::json header = nlohmann::json::object();
+    std::string data;
+    for (const GptUnit& u : units) {
+      for (const ParamSpec& p : u.params) {
+        const std::string hf = ToHuggingFace(p.name, config.arch)->name;
+        const std::vector<float> v = golden.at("params").at(p.name).get<std::vector<float>>();
+        header[hf] = {{"dtype", dtype == DType::kBF16 ? "BF16" : "F16"},
+                      {"shape", p.real_shape()},
+                      {"data_offsets", {data.size(), data.size() + 2 * v.size()}}};
+        for (float x : v) {
+          const uint16_t bits = dtype == DType::kBF16 ? FloatToBf16Bits(x) : FloatToF16Bits(x);
+          data.push_back(static_cast<char>(bits & 0xff));
+          data.push_back(static_cast<char>(bits >> 8));
+        }
+      }
+    }
+    std::string text = header.dump();
+    while (text.size() % 8 != 0) text.push_back(' ');
+    std::string file(8, '\0');
+    for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
+    std::ofstream(dir + "/model.safetensors", std::ios::binary) << file << text << data;
+    const StatusOr<std::shared_ptr<const HfWeights>> w = HfWeights::Open(dir, config);
+    ASSERT_TRUE(w.ok()) << w.status();
+    const Initializer init = HfWeights::AsInitializer(*w);
+    for (const GptUnit& u : units) {
+      for (const ParamSpec& p : u.params) {
+        std::vector<float> got(static_cast<size_t>(p.numel()));
+        init(p, 0, got);
+        const std::vector<float> v = golden.at("params").at(p.name).get<std::vector<float>>();
+        for (size_t i = 0; i < v.size(); ++i) {
+          const float want = dtype == DType::kBF16 ? Bf16BitsToFloat(FloatToBf16Bits(v[i]))
+                                                   : F16BitsToFloat(FloatToF16Bits(v[i]));
+          ASSERT_EQ(got[i], want) << DTypeName(dtype) << " " << p.name << "[" << i << "]";
+        }
+      }
     }
   }
 }
