@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "engine/json_reader.h"
+#include "engine/tokenizer.h"
 #include "runtime/strings.h"
 
 namespace zerort {
@@ -102,6 +103,9 @@ Status CheckRunPaths(const RunConfig& c, const std::string& file) {
       problems.Add(StrCat(key, " = \"", path,
                           "\": not a regular file (a directory, FIFO or device is not read as "
                           "data)"));
+    } else if (key == "data.tokenizer") {
+      // Read now, not when the run ends and samples: a bad file costs seconds, not the run.
+      problems.Add(TextCodec::For(path, c.model.shape.vocab_size).status());
     }
   }
   if (!c.checkpoint.dir.empty()) problems.Add(CheckWritableDir("checkpoint.dir", c.checkpoint.dir));

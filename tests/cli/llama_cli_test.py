@@ -246,6 +246,14 @@ t.check("a LLaMA model trains on BPE ids", r.returncode == 0, r.stderr[-500:])
 sample = r.stdout.split("sample (temperature 0, top-k 40):\n")[-1] if r.returncode == 0 else ""
 t.check("its sample is decoded text", sample.startswith("The shard manager") and
         "\\x" not in sample, sample[:200])
+small = dict(cfg, model=dict(cfg["model"], vocab_size=256))
+with open(os.path.join(work, "small_vocab.json"), "w") as f:
+    json.dump(small, f)
+start = time.monotonic()
+r = run("train", "small_vocab.json")
+t.check("a tokenizer larger than model.vocab_size: exit 2 at once",
+        r.returncode == 2 and "data.tokenizer" in r.stderr and "858 tokens" in r.stderr and
+        time.monotonic() - start < 5, r.stderr[-300:])
 r = run("data", "prepare", corpus, "x.bin", "--tokenizer", os.path.join(work, "nope.json"))
 t.check("a missing tokenizer: exit 2", r.returncode == 2 and "nope.json" in r.stderr,
         r.stderr[-300:])
