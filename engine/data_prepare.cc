@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "engine/json_reader.h"
 #include "engine/tokenizer.h"
 #include "engine/user_file.h"
@@ -212,8 +213,8 @@ StatusOr<PrepareSummary> PrepareTokenFile(const PrepareOptions& o,
     const std::string_view block(buffer.data(), cut);
     std::vector<size_t> ends;
     for (int t = 1; t < threads && !whole; ++t) {
-      const size_t want = block.size() * static_cast<size_t>(t) / static_cast<size_t>(threads);
-      const size_t c = LastCut(block, want, lines);
+      const size_t share = block.size() * static_cast<size_t>(t) / static_cast<size_t>(threads);
+      const size_t c = LastCut(block, share, lines);
       if (c > (ends.empty() ? 0 : ends.back())) ends.push_back(c);
     }
     ends.push_back(block.size());
@@ -230,8 +231,12 @@ StatusOr<PrepareSummary> PrepareTokenFile(const PrepareOptions& o,
     }
     for (std::thread& t : pool) t.join();
     for (size_t p = 0; p < ends.size(); ++p) {
-      if (!status[p].ok()) {
-        return absl::Status(status[p].code(), StrCat(o.input, ": ", status[p].message()));
+      if (!status[p].ok()) {  // named by the file (a JSON line's message already is)
+        if (absl::StartsWith(status[p].message(), o.input)) return status[p];
+        return absl::Status(status[p].code(),
+                            StrCat(o.input, " (the block from byte ",
+                                   offset + static_cast<int64_t>(p == 0 ? 0 : ends[p - 1]),
+                                   "): ", status[p].message()));
       }
       ZR_RETURN_IF_ERROR(writer->Append(ids[p]));
       summary.documents += docs[p];
