@@ -126,7 +126,7 @@ struct DataConfig {
   // strings; engine/data_loader.h [Note: blending token files]); exclusive with path.
   std::vector<std::string> blend;
   std::string format = "detect";  // ParseTokenFormat
-  std::string tokenizer;          // a tokenizer.json for the sample's text; empty: bytes
+  std::string tokenizer;          // a tokenizer.json or .model (the sample, EOD); empty: bytes
   bool eod_mask_loss = false;     // Megatron's: no loss where the input is the end-of-text token
   int eos_token_id = -1;          // that token; -1: data.tokenizer's end-of-text token
   double validation_fraction = 0.05;

@@ -420,8 +420,9 @@ std::vector<ConfigField> BuildTable() {
                      "several token files blended by weight, Megatron's data_path: [0.3, "
                      "\"a.bin\", 0.7, \"b\"] (each read as data.path is); instead of data.path"));
   t.push_back(Str("data", "tokenizer", ZR_MEMBER(data.tokenizer), {},
-                  "the tokenizer.json the data was prepared with (zerort data prepare "
-                  "--tokenizer): the sample's prompt and text; empty: byte tokens"));
+                  "the tokenizer the data was prepared with (a tokenizer.json or a "
+                  "SentencePiece .model; zerort data prepare --tokenizer): the sample's prompt "
+                  "and text, and eod_mask_loss's end-of-text token; empty: byte tokens"));
   t.push_back(Bool("data", "eod_mask_loss", ZR_MEMBER(data.eod_mask_loss),
                    "Megatron's document-boundary loss mask: a position whose input is the "
                    "end-of-text token adds no loss (the next document's first token is not "
