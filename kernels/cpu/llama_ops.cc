@@ -11,13 +11,13 @@
 namespace zerort::cpu {
 namespace {
 
-// The rotation's angles for positions [0, seq): cos and sin [seq, hs / 2], in T, computed in
-// double (Hugging Face's inv_freq = theta^(-2i / hs), angle = position x inv_freq).
-template <typename T>
-void RopeTable(int seq, int head_size, double theta, std::vector<T>& cos_t, std::vector<T>& sin_t) {
+// The rows of a [batch x seq] pass, threaded: fn(r, cos, sin) with the angles of row r's
+// position (cos and sin [hs / 2], in T, computed in double: Hugging Face's inv_freq =
+// theta^(-2i / hs), angle = position x inv_freq).
+template <typename T, typename F>
+void ForEachRotatedRow(int batch, int seq, int head_size, double theta, F&& fn) {
   const int half = head_size / 2;
-  cos_t.resize(static_cast<size_t>(seq) * half);
-  sin_t.resize(cos_t.size());
+  std::vector<T> cos_t(static_cast<size_t>(seq) * half), sin_t(cos_t.size());
   for (int i = 0; i < half; ++i) {
     const double inv_freq = std::pow(theta, -2.0 * i / head_size);
     for (int t = 0; t < seq; ++t) {
@@ -26,6 +26,11 @@ void RopeTable(int seq, int head_size, double theta, std::vector<T>& cos_t, std:
       sin_t[static_cast<size_t>(t) * half + i] = static_cast<T>(std::sin(angle));
     }
   }
+  ParallelFor(int64_t{batch} * seq, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      fn(r, cos_t.data() + (r % seq) * half, sin_t.data() + (r % seq) * half);
+    }
+  });
 }
 
 }  // namespace
@@ -83,29 +88,23 @@ void RmsNormBackward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
 template <typename T>
 void RopeQkvForward(T* qkv, const T* q, const T* k, const T* v, int batch, int seq, int heads,
                     int kv_heads, int head_size, double theta) {
-  std::vector<T> cos_t, sin_t;
-  RopeTable(seq, head_size, theta, cos_t, sin_t);
   const int half = head_size / 2, group = heads / kv_heads;
   const int64_t C = static_cast<int64_t>(heads) * head_size;
   const int64_t KV = static_cast<int64_t>(kv_heads) * head_size;
-  ParallelFor(int64_t{batch} * seq, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* c = cos_t.data() + (r % seq) * half;
-      const T* s = sin_t.data() + (r % seq) * half;
-      T* out = qkv + r * 3 * C;
-      auto rotate = [&](T* y, const T* x) {
-        for (int i = 0; i < half; ++i) {
-          y[i] = x[i] * c[i] - x[i + half] * s[i];
-          y[i + half] = x[i + half] * c[i] + x[i] * s[i];
-        }
-      };
-      for (int h = 0; h < heads; ++h) {
-        const int64_t kvh = h / group;
-        rotate(out + h * head_size, q + r * C + h * head_size);
-        rotate(out + C + h * head_size, k + r * KV + kvh * head_size);
-        const T* vs = v + r * KV + kvh * head_size;
-        std::copy(vs, vs + head_size, out + 2 * C + h * head_size);
+  ForEachRotatedRow<T>(batch, seq, head_size, theta, [&](int64_t r, const T* c, const T* s) {
+    T* out = qkv + r * 3 * C;
+    auto rotate = [&](T* y, const T* x) {
+      for (int i = 0; i < half; ++i) {
+        y[i] = x[i] * c[i] - x[i + half] * s[i];
+        y[i + half] = x[i + half] * c[i] + x[i] * s[i];
       }
+    };
+    for (int h = 0; h < heads; ++h) {
+      const int64_t kvh = h / group;
+      rotate(out + h * head_size, q + r * C + h * head_size);
+      rotate(out + C + h * head_size, k + r * KV + kvh * head_size);
+      const T* vs = v + r * KV + kvh * head_size;
+      std::copy(vs, vs + head_size, out + 2 * C + h * head_size);
     }
   });
 }
@@ -113,32 +112,26 @@ void RopeQkvForward(T* qkv, const T* q, const T* k, const T* v, int batch, int s
 template <typename T>
 void RopeQkvBackward(T* dq, T* dk, T* dv, const T* dqkv, int batch, int seq, int heads,
                      int kv_heads, int head_size, double theta) {
-  std::vector<T> cos_t, sin_t;
-  RopeTable(seq, head_size, theta, cos_t, sin_t);
   const int half = head_size / 2, group = heads / kv_heads;
   const int64_t C = static_cast<int64_t>(heads) * head_size;
   const int64_t KV = static_cast<int64_t>(kv_heads) * head_size;
-  ParallelFor(int64_t{batch} * seq, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* c = cos_t.data() + (r % seq) * half;
-      const T* s = sin_t.data() + (r % seq) * half;
-      const T* in = dqkv + r * 3 * C;
-      // The rotation's transpose, added (a key/value head's query heads in order).
-      auto unrotate = [&](T* dx, const T* dy) {
-        for (int i = 0; i < half; ++i) {
-          dx[i] += dy[i] * c[i] + dy[i + half] * s[i];
-          dx[i + half] += dy[i + half] * c[i] - dy[i] * s[i];
-        }
-      };
-      for (int h = 0; h < heads; ++h) {
-        const int64_t kvh = h / group;
-        if (dq != nullptr) unrotate(dq + r * C + h * head_size, in + h * head_size);
-        if (dk != nullptr) unrotate(dk + r * KV + kvh * head_size, in + C + h * head_size);
-        if (dv != nullptr) {
-          T* d = dv + r * KV + kvh * head_size;
-          const T* src = in + 2 * C + h * head_size;
-          for (int i = 0; i < head_size; ++i) d[i] += src[i];
-        }
+  ForEachRotatedRow<T>(batch, seq, head_size, theta, [&](int64_t r, const T* c, const T* s) {
+    const T* in = dqkv + r * 3 * C;
+    // The rotation's transpose, added (a key/value head's query heads in order).
+    auto unrotate = [&](T* dx, const T* dy) {
+      for (int i = 0; i < half; ++i) {
+        dx[i] += dy[i] * c[i] + dy[i + half] * s[i];
+        dx[i + half] += dy[i + half] * c[i] - dy[i] * s[i];
+      }
+    };
+    for (int h = 0; h < heads; ++h) {
+      const int64_t kvh = h / group;
+      if (dq != nullptr) unrotate(dq + r * C + h * head_size, in + h * head_size);
+      if (dk != nullptr) unrotate(dk + r * KV + kvh * head_size, in + C + h * head_size);
+      if (dv != nullptr) {
+        T* d = dv + r * KV + kvh * head_size;
+        const T* src = in + 2 * C + h * head_size;
+        for (int i = 0; i < head_size; ++i) d[i] += src[i];
       }
     }
   });
