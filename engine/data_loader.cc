@@ -73,23 +73,27 @@ StatusOr<std::unique_ptr<TokenSource>> OpenTokens(const DataConfig& data, int vo
   return tokens;
 }
 
-StatusOr<DataLoader> DataLoader::Load(const DataConfig& data, int seq_len, int vocab_size) {
-  int32_t eos = -1;
-  if (data.eod_mask_loss) {
-    eos = data.eos_token_id;
-    if (eos < 0 && !data.tokenizer.empty()) {
-      StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::Load(data.tokenizer);
-      if (!t.ok())
-        return absl::InvalidArgumentError(StrCat("data.tokenizer: ", t.status().message()));
-      eos = (*t)->EndOfText().value_or(-1);
+StatusOr<int32_t> EodMaskToken(const DataConfig& data, int vocab_size) {
+  if (!data.eod_mask_loss) return -1;
+  int32_t eos = data.eos_token_id;
+  if (eos < 0 && !data.tokenizer.empty()) {
+    StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::Load(data.tokenizer);
+    if (!t.ok()) {
+      return absl::InvalidArgumentError(StrCat("data.tokenizer: ", t.status().message()));
     }
-    if (eos < 0 || eos >= vocab_size) {
-      return absl::InvalidArgumentError(
-          StrCat("data.eod_mask_loss needs the end-of-text token: data.eos_token_id (", eos,
-                 eos >= vocab_size ? StrCat(" is outside model.vocab_size = ", vocab_size) : "",
-                 ") or a data.tokenizer that has one"));
-    }
+    eos = (*t)->EndOfText().value_or(-1);
   }
+  if (eos < 0 || eos >= vocab_size) {
+    return absl::InvalidArgumentError(
+        StrCat("data.eod_mask_loss needs the end-of-text token: data.eos_token_id (", eos,
+               eos >= vocab_size ? StrCat(" is outside model.vocab_size = ", vocab_size) : "",
+               ") or a data.tokenizer that has one"));
+  }
+  return eos;
+}
+
+StatusOr<DataLoader> DataLoader::Load(const DataConfig& data, int seq_len, int vocab_size) {
+  ZR_ASSIGN_OR_RETURN(const int32_t eos, EodMaskToken(data, vocab_size));
   ZR_ASSIGN_OR_RETURN(DataLoader loader, LoadUnmasked(data, seq_len, vocab_size));
   loader.set_mask_after(eos);
   return loader;

@@ -35,6 +35,10 @@ namespace zerort {
 // when it is empty; a file that records a vocabulary larger than `vocab_size` is refused.
 StatusOr<std::unique_ptr<TokenSource>> OpenTokens(const DataConfig& data, int vocab_size);
 
+// The token after which data.eod_mask_loss masks the target (data.eos_token_id, or the
+// data.tokenizer's end-of-text token); -1 without the mask. Shared by training and `zerort eval`.
+StatusOr<int32_t> EodMaskToken(const DataConfig& data, int vocab_size);
+
 class DataLoader {
  public:
   // Windows of `tokens`, whose ids must lie in [0, vocab).

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -271,11 +272,14 @@ StatusOr<EvalResult> EvaluateCheckpoint(const RunConfig& config, const std::stri
     return absl::InvalidArgumentError(
         StrCat(tokens->name(), " holds no window of seq_len + 1 = ", shape.seq_len + 1, " tokens"));
   }
+  // data.eod_mask_loss: the targets after the end-of-text token are not counted, as in training.
+  ZR_ASSIGN_OR_RETURN(const int32_t eos, EodMaskToken(config.data, shape.vocab_size));
   ZR_ASSIGN_OR_RETURN(auto one, MakeOneProcessModel(shape, micro));
   ZR_RETURN_IF_ERROR(one->manager->Initialize(GptInitializer(shape)));
   ZR_RETURN_IF_ERROR(LoadCheckpoint(step_dir, *one->manager, one->groups()).status());
   const int seq = shape.seq_len;
   double sum = 0;
+  int64_t tokens_counted = 0;
   std::vector<int32_t> in, target;
   for (int64_t first = 0; first < windows; first += micro) {
     const int count = static_cast<int>(std::min<int64_t>(micro, windows - first));
@@ -287,12 +291,20 @@ StatusOr<EvalResult> EvaluateCheckpoint(const RunConfig& config, const std::stri
       ZR_RETURN_IF_ERROR(tokens->Read(start, i, shape.vocab_size));
       ZR_RETURN_IF_ERROR(
           tokens->Read(start + 1, std::span(target).subspan(b * seq, seq), shape.vocab_size));
+      for (int t = 0; eos >= 0 && t < seq; ++t) {
+        if (i[t] == eos) target[b * seq + t] = kIgnoreTarget;
+      }
     }
     ZR_ASSIGN_OR_RETURN(double loss, one->model->Loss(in, target, count, seq));
-    sum += loss * count;
+    // The micro-batch's mean is over its counted targets: weighted by them.
+    const int64_t counted =
+        std::count_if(target.begin(), target.end(), [](int32_t t) { return t != kIgnoreTarget; });
+    sum += loss * static_cast<double>(counted);
+    tokens_counted += counted;
   }
-  return EvalResult{
-      .loss = sum / static_cast<double>(windows), .tokens = windows * seq, .windows = windows};
+  return EvalResult{.loss = tokens_counted > 0 ? sum / static_cast<double>(tokens_counted) : 0.0,
+                    .tokens = tokens_counted,
+                    .windows = windows};
 }
 
 StatusOr<ImportSummary> ImportHuggingFace(const std::string& hf_dir, const std::string& out_dir) {

@@ -9,7 +9,8 @@
 // shard file is checksummed before use.
 //
 // EvaluateCheckpoint: mean next-token cross-entropy of a checkpoint's weights over the first K
-// non-overlapping windows of seq_len + 1 tokens from the start of a token file.
+// non-overlapping windows of seq_len + 1 tokens from the start of a token file (with
+// data.eod_mask_loss, over the targets the mask counts, as training counts them).
 #pragma once
 
 #include <cstdint>
@@ -48,7 +49,7 @@ StatusOr<ImportSummary> ImportHuggingFace(const std::string& hf_dir, const std::
 
 struct EvalResult {
   double loss = 0;     // mean over tokens
-  int64_t tokens = 0;  // windows x seq_len
+  int64_t tokens = 0;  // targets counted: windows x seq_len, less those eod_mask_loss masks
   int64_t windows = 0;
 };
 StatusOr<EvalResult> EvaluateCheckpoint(const RunConfig& config, const std::string& step_dir,

@@ -241,11 +241,34 @@ cfg = {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "para
        "steps_per_print": 10}
 with open(os.path.join(work, "bpe.json"), "w") as f:
     json.dump(cfg, f)
+cfg["checkpoint"] = {"dir": "bpe_ckpt", "interval": 30}
+with open(os.path.join(work, "bpe.json"), "w") as f:
+    json.dump(cfg, f)
 r = run("train", "bpe.json")
 t.check("a LLaMA model trains on BPE ids", r.returncode == 0, r.stderr[-500:])
 sample = r.stdout.split("sample (temperature 0, top-k 40):\n")[-1] if r.returncode == 0 else ""
 t.check("its sample is decoded text", sample.startswith("The shard manager") and
         "\\x" not in sample, sample[:200])
+# data.eod_mask_loss in zerort eval too: documents (JSON lines) with the end-of-text token between
+# them; masked, fewer targets count and the loss is another.
+with open(os.path.join(work, "docs.jsonl"), "w") as f:
+    for para in readme.split("\n\n")[:200]:
+        if para.strip():
+            f.write(json.dumps({"text": para}) + "\n")
+r = run("data", "prepare", "docs.jsonl", "docs.bin", "--tokenizer", tokenizer)
+masked_cfg = dict(cfg, data=dict(cfg["data"], eod_mask_loss=True))
+with open(os.path.join(work, "bpe_masked.json"), "w") as f:
+    json.dump(masked_cfg, f)
+e1 = run("eval", "bpe.json", "--checkpoint", "bpe_ckpt", "--data", "docs.bin", "--max-windows",
+         "200", "--json")
+e2 = run("eval", "bpe_masked.json", "--checkpoint", "bpe_ckpt", "--data", "docs.bin",
+         "--max-windows", "200", "--json")
+if e1.returncode == 0 and e2.returncode == 0:
+    plain, masked = json.loads(e1.stdout.splitlines()[-1]), json.loads(e2.stdout.splitlines()[-1])
+    t.check("eval with eod_mask_loss counts fewer targets", masked["tokens"] < plain["tokens"] and
+            masked["loss"] != plain["loss"], f"{plain} {masked}")
+else:
+    t.check("eval with and without eod_mask_loss", False, (e1.stderr + e2.stderr)[-400:])
 small = dict(cfg, model=dict(cfg["model"], vocab_size=256))
 with open(os.path.join(work, "small_vocab.json"), "w") as f:
     json.dump(small, f)
