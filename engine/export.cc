@@ -315,7 +315,9 @@ StatusOr<ImportSummary> ImportHuggingFace(const std::string& hf_dir, const std::
   config.model.init_from = hf_dir;
   config.optimizer.type = "SGD";  // master weights only (no moments to import)
   config.checkpoint.dir = out_dir;
-  ZR_ASSIGN_OR_RETURN(const Initializer init, InitialWeights(config.model));
+  // The model is config.json's own: no comparison to make (InitialWeights' for a run's config).
+  ZR_ASSIGN_OR_RETURN(std::shared_ptr<const HfWeights> weights, HfWeights::Open(hf_dir, shape));
+  const Initializer init = HfWeights::AsInitializer(std::move(weights));
   // One process at stage 0 on the CPU, as EvaluateCheckpoint: the checkpoint's logical layout
   // loads at any world size and layout.
   ZR_ASSIGN_OR_RETURN(auto one, MakeOneProcessModel(shape, 1));

@@ -299,13 +299,17 @@ StatusOr<GptModel::MicroBatchPtr> GptModel::Begin(std::span<const int32_t> token
   if (!targets.empty()) {
     // [Note: masked targets] A kIgnoreTarget row goes to the kernels as target 0; HeadForward
     // zeroes its loss and its logits' gradient, and the mean is over the other rows.
-    std::vector<int32_t> device_targets(targets.begin(), targets.end());
+    // A copy only when some target is masked (most micro-batches have none).
     for (int64_t r = 0; r < rows; ++r) {
-      if (device_targets[r] != kIgnoreTarget) continue;
-      device_targets[r] = 0;
-      mb->ignored.push_back(r);
+      if (targets[r] == kIgnoreTarget) mb->ignored.push_back(r);
     }
-    ZR_RETURN_IF_ERROR(CopyFromHostNow(mb->targets.data(), dev, device_targets.data(),
+    std::vector<int32_t> substituted;
+    if (!mb->ignored.empty()) {
+      substituted.assign(targets.begin(), targets.end());
+      for (int64_t r : mb->ignored) substituted[r] = 0;
+    }
+    ZR_RETURN_IF_ERROR(CopyFromHostNow(mb->targets.data(), dev,
+                                       substituted.empty() ? targets.data() : substituted.data(),
                                        rows * sizeof(int32_t), st));
   }
   return mb;
