@@ -40,6 +40,7 @@ size_t LastCut(std::string_view text, size_t end, bool lines) {
 class TokenWriter {
  public:
   static StatusOr<std::unique_ptr<TokenWriter>> Create(const std::string& path, int vocab) {
+    ZR_RETURN_IF_ERROR(CheckOutputPath(path, "data prepare"));
     auto w = std::unique_ptr<TokenWriter>(new TokenWriter(path, vocab));
     w->fd_ = ::open(w->tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (w->fd_ < 0) return ErrnoError(StrCat("open ", w->tmp_), errno);

@@ -558,6 +558,7 @@ Status TrainSentencePiece(const TokenizerTraining& o) {
                                              ": a SentencePiece model's name ends with "
                                              ".model (how data prepare knows it)"));
   }
+  ZR_RETURN_IF_ERROR(CheckOutputPath(o.output, "data train-tokenizer"));  // before the training
   if (o.vocab_size < 32 || o.vocab_size > (1 << 20)) {
     return absl::InvalidArgumentError(StrCat("--vocab-size ", o.vocab_size, ": in [32, 2^20]"));
   }

@@ -53,7 +53,19 @@ StatusOr<std::string> ReadRegularFd(int fd, const std::string& path, int64_t lim
   return data;
 }
 
+Status CheckOutputPath(const std::string& path, std::string_view what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        StrCat(what, ": ", path,
+               " exists and is not a regular file (a directory, FIFO or "
+               "device is never replaced)"));
+  }
+  return absl::OkStatus();
+}
+
 Status WriteFileAtomically(const std::string& path, std::string_view text, std::string_view what) {
+  ZR_RETURN_IF_ERROR(CheckOutputPath(path, what));
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) return ErrnoError(StrCat("open ", what, " ", tmp), errno);

@@ -22,9 +22,13 @@ StatusOr<std::string> ReadRegularFd(int fd, const std::string& path, int64_t lim
 // is a full disk) is ErrnoError(`what`, errno).
 Status WriteAll(int fd, std::string_view bytes, std::string_view what);
 
-// Writes `text` to `path` through `path`.tmp: every write, the fsync and the close checked, then
-// a rename; on any failure the .tmp is removed and the error names `what` (the config key or
-// command) and the file.
+// InvalidArgument naming `what` when `path` exists and is not a regular file: an output of
+// zerort's replaces a file, never a directory, FIFO or device.
+Status CheckOutputPath(const std::string& path, std::string_view what);
+
+// Writes `text` to `path` through `path`.tmp (CheckOutputPath first): every write, the fsync and
+// the close checked, then a rename; on any failure the .tmp is removed and the error names `what`
+// (the config key or command) and the file.
 Status WriteFileAtomically(const std::string& path, std::string_view text, std::string_view what);
 
 }  // namespace zerort

@@ -93,13 +93,14 @@ int RunCheckpointInspect(const CheckpointOptions& o) {
 }
 
 int RunCheckpointExport(const CheckpointOptions& o) {
-  StatusOr<std::string> step_dir = ResolveStepDir(o.dir);
-  if (!step_dir.ok()) return Fail(step_dir.status());
+  // The flag first: a wrong size is named before any file is read.
   StatusOr<size_t> shard = ParseBytes(o.max_shard_size);
   if (!shard.ok() || *shard < 1) {
     return Fail(absl::InvalidArgumentError(
         StrCat("--max-shard-size ", o.max_shard_size, ": expected a size (5GB, 512MiB)")));
   }
+  StatusOr<std::string> step_dir = ResolveStepDir(o.dir);
+  if (!step_dir.ok()) return Fail(step_dir.status());
   StatusOr<ExportSummary> s =
       ExportHuggingFace(*step_dir, o.out_dir, DType::kF32, static_cast<int64_t>(*shard));
   if (!s.ok()) return Fail(s.status());

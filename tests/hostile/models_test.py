@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""The inputs issue 30 added, as untrusted input: the LLaMA model keys, model.init_from, data.blend's
+files, data.tokenizer, data.eod_mask_loss, and the flags of `estimate --hf-config/--tp/--pp`,
+`checkpoint import`, `checkpoint export --max-shard-size`, `data prepare --tokenizer/--threads`,
+`data train-tokenizer` and `data corpus`, each given a wrong type, a value out of range, an
+empty or huge value, a FIFO, /dev/zero or a directory where a file is expected. Each is exit 2
+within seconds naming the key, flag or file, writes nothing, and never hangs or crashes.
+Usage: models_test.py PATH_TO_ZERORT"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
+from harness import Checks  # noqa: E402
+
+zerort = os.path.abspath(sys.argv[1])
+checks = Checks("hostile_models_test")
+check = checks.check
+tmp = tempfile.mkdtemp()
+env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+fifo = os.path.join(tmp, "a.fifo")
+os.mkfifo(fifo)
+empty_dir = os.path.join(tmp, "empty_dir")
+os.mkdir(empty_dir)
+os.mkdir(os.path.join(tmp, "d.model"))
+big_json = os.path.join(tmp, "big.json")
+with open(big_json, "w") as f:
+    f.write('{"model_type": "llama", "x": "' + "a" * (3 << 20) + '"}')
+not_json = os.path.join(tmp, "not.json")
+with open(not_json, "w") as f:
+    f.write("{this is not json")
+text = os.path.join(tmp, "text.txt")
+with open(text, "w") as f:
+    f.write("some text\n" * 100)
+junk_model = os.path.join(tmp, "junk.model")  # not a SentencePiece ModelProto
+with open(junk_model, "wb") as f:
+    f.write(b"\xff" * 64)
+
+
+def run(*args):
+    start = time.time()
+    try:
+        r = subprocess.run([zerort, *args], capture_output=True, env=env, timeout=60, cwd=tmp)
+        return r.returncode, r.stderr.decode("utf-8", "replace"), time.time() - start
+    except subprocess.TimeoutExpired:
+        return "timeout", "", time.time() - start
+
+
+def expect(what, args, says, outputs=()):
+    code, err, seconds = run(*args)
+    check(f"{what}: exit 2", code == 2, f"{code} {err[-400:]}")
+    check(f"{what}: names it", says in err, f"wanted '{says}' in: {err[-400:]}")
+    check(f"{what}: within seconds", seconds < 10, f"{seconds:.1f} s")
+    for out in outputs:
+        check(f"{what}: writes no {out}", not os.path.exists(os.path.join(tmp, out)))
+
+
+llama = {"arch": "llama", "n_layer": 1, "n_head": 4, "n_kv_head": 2, "d_model": 32,
+         "intermediate_size": 64, "seq_len": 16, "vocab_size": 256}
+base = {"train_micro_batch_size_per_gpu": 2, "model": llama,
+        "train": {"steps": 1, "eval_windows": 1, "sample_tokens": 0, "device": "cpu"}}
+
+
+def config(name, model=None, data=None):
+    c = dict(base, model=dict(llama, **(model or {})))
+    if data is not None:
+        c["data"] = data
+    path = os.path.join(tmp, name + ".json")
+    with open(path, "w") as f:
+        json.dump(c, f)
+    return path
+
+
+# The model keys: type, range, meaning.
+for what, model, says in [
+        ("an unknown arch", {"arch": "bert"}, "model.arch"),
+        ("arch as a number", {"arch": 7}, "model.arch"),
+        ("n_kv_head not dividing n_head", {"n_kv_head": 3}, "model.n_kv_head = 3"),
+        ("n_kv_head negative", {"n_kv_head": -1}, "model.n_kv_head"),
+        ("n_kv_head huge", {"n_kv_head": 2**40}, "model.n_kv_head"),
+        ("no intermediate_size", {"intermediate_size": 0}, "model.intermediate_size = 0"),
+        ("intermediate_size a string", {"intermediate_size": "64"}, "model.intermediate_size"),
+        ("rope_theta below 1", {"rope_theta": 0.5}, "model.rope_theta"),
+        ("rope_theta huge", {"rope_theta": 1e13}, "model.rope_theta"),
+        ("rms_norm_eps 0", {"rms_norm_eps": 0}, "model.rms_norm_eps"),
+        ("an odd head size", {"n_head": 32, "n_kv_head": 32}, "head size must be even"),
+        ("qkv_bias a string", {"qkv_bias": "yes"}, "model.qkv_bias"),
+        ("a LLaMA key on GPT-2", {"arch": "gpt2", "n_kv_head": 2, "intermediate_size": 0},
+         "model.n_kv_head is a LLaMA key"),
+        ("init_from a FIFO", {"init_from": fifo}, "model.init_from"),
+        ("init_from an empty directory", {"init_from": empty_dir}, "model.init_from"),
+        ("init_from a file", {"init_from": text}, "model.init_from"),
+        ("init_from a number", {"init_from": 3}, "model.init_from"),
+        ("init_from empty of meaning (a 3 MiB config.json)", {"init_from": big_json},
+         "model.init_from")]:
+    expect(f"model: {what}", ["train", config("m", model)], says)
+
+# data.tokenizer, data.blend's files, data.eod_mask_loss.
+for what, data, says in [
+        ("tokenizer a FIFO", {"tokenizer": fifo}, "data.tokenizer"),
+        ("tokenizer a directory", {"tokenizer": empty_dir}, "data.tokenizer"),
+        ("tokenizer not JSON", {"tokenizer": not_json}, "data.tokenizer"),
+        ("tokenizer /dev/zero", {"tokenizer": "/dev/zero"}, "data.tokenizer"),
+        ("a blend file that is a FIFO", {"blend": [1, fifo]}, "data.blend[1]"),
+        ("a blend file that is a directory", {"blend": [1, empty_dir]}, "data.blend[1]"),
+        ("a blend of 1025 files", {"blend": [1, text] * 1025}, "data.blend"),
+        ("eod_mask_loss without an end-of-text token", {"eod_mask_loss": True},
+         "data.eod_mask_loss needs the end-of-text token"),
+        ("eos_token_id beyond the vocabulary", {"eod_mask_loss": True, "eos_token_id": 300},
+         "outside model.vocab_size"),
+        ("eos_token_id huge", {"eos_token_id": 2**40}, "data.eos_token_id"),
+        ("eod_mask_loss a string", {"eod_mask_loss": "true"}, "data.eod_mask_loss")]:
+    expect(f"data: {what}", ["train", config("d", data=data)], says)
+
+# The new flags.
+for what, args, says, outputs in [
+        ("estimate --hf-config a FIFO", ["estimate", "--hf-config", fifo], "--hf-config", ()),
+        ("estimate --hf-config an empty directory", ["estimate", "--hf-config", empty_dir],
+         "config.json", ()),
+        ("estimate --hf-config not JSON", ["estimate", "--hf-config", not_json], "not.json", ()),
+        ("estimate --hf-config 3 MiB", ["estimate", "--hf-config", big_json], "big.json", ()),
+        ("estimate --hf-config and --model", ["estimate", "--hf-config", not_json, "--model",
+                                              "gpt2"], "give one", ()),
+        ("estimate --tp 0", ["estimate", "--model", "llama-3-8b", "--tp", "0"], "--tp 0", ()),
+        ("estimate --pp huge", ["estimate", "--model", "llama-3-8b", "--gpus", "8", "--pp",
+                                "2147483647"], "--pp", ()),
+        ("estimate --tp not dividing", ["estimate", "--model", "llama-3-8b", "--gpus", "6",
+                                        "--tp", "4"], "does not divide", ()),
+        ("checkpoint import of a FIFO", ["checkpoint", "import", fifo, "out_a"], "a.fifo",
+         ("out_a",)),
+        ("checkpoint import of an empty directory", ["checkpoint", "import", empty_dir, "out_b"],
+         "config.json", ("out_b",)),
+        ("checkpoint export --max-shard-size 0", ["checkpoint", "export", empty_dir, "out_c",
+                                                  "--max-shard-size", "0"],
+         "--max-shard-size", ("out_c",)),
+        ("data prepare --tokenizer a FIFO", ["data", "prepare", text, "p1.bin", "--tokenizer",
+                                             fifo], "a.fifo", ("p1.bin", "p1.bin.tmp")),
+        ("data prepare --tokenizer a directory", ["data", "prepare", text, "p2.bin",
+                                                  "--tokenizer", empty_dir], "empty_dir",
+         ("p2.bin", "p2.bin.tmp")),
+        ("data prepare --tokenizer a junk .model", ["data", "prepare", text, "p3.bin",
+                                                    "--tokenizer", junk_model],
+         "junk.model: not a SentencePiece model", ("p3.bin", "p3.bin.tmp")),
+        ("data prepare of a FIFO with a tokenizer", ["data", "prepare", fifo, "p4.bin",
+                                                     "--tokenizer", not_json], "not.json",
+         ("p4.bin",)),
+        ("data prepare --threads -1", ["data", "prepare", text, "p5.bin", "--threads", "-1"],
+         "--threads", ("p5.bin",)),
+        ("train-tokenizer --type word", ["data", "train-tokenizer", "t1.model", "--type", "word"],
+         "--type word", ("t1.model",)),
+        ("train-tokenizer --vocab-size 0", ["data", "train-tokenizer", "t2.model",
+                                            "--vocab-size", "0"], "--vocab-size 0",
+         ("t2.model",)),
+        ("train-tokenizer --vocab-size huge", ["data", "train-tokenizer", "t3.model",
+                                               "--vocab-size", "99999999"], "--vocab-size",
+         ("t3.model",)),
+        ("train-tokenizer --input a FIFO", ["data", "train-tokenizer", "t4.model", "--input",
+                                            fifo], "a.fifo", ("t4.model",)),
+        ("train-tokenizer --input /dev/zero", ["data", "train-tokenizer", "t5.model", "--input",
+                                               "/dev/zero"], "/dev/zero", ("t5.model",)),
+        ("train-tokenizer --input a directory", ["data", "train-tokenizer", "t6.model", "--input",
+                                                 empty_dir], "empty_dir", ("t6.model",)),
+        ("train-tokenizer to a name without .model", ["data", "train-tokenizer", "t7.bin"],
+         "t7.bin", ("t7.bin",)),
+        ("data corpus into a directory", ["data", "corpus", empty_dir], "empty_dir", ()),
+        ("data prepare into a directory", ["data", "prepare", text, empty_dir], "empty_dir", ()),
+        ("train-tokenizer into a directory", ["data", "train-tokenizer", "d.model"], "d.model",
+         ())]:
+    expect(what, args, says, outputs)
+
+sys.exit(checks.finish())
