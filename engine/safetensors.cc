@@ -55,6 +55,24 @@ float ValueAt(const SafeTensor& t, int64_t i) {
   }
 }
 
+// Elements [first, first + n) of `t` as floats.
+void LoadAsFloatRange(const SafeTensor& t, int64_t first, int64_t n, float* out) {
+  switch (t.dtype) {
+    case DType::kBF16:
+    case DType::kF16: {
+      const bool bf16 = t.dtype == DType::kBF16;
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t bits;
+        std::memcpy(&bits, t.data + 2 * (first + i), 2);
+        out[i] = bf16 ? Bf16BitsToFloat(bits) : F16BitsToFloat(bits);
+      }
+      return;
+    }
+    default:
+      std::memcpy(out, t.data + 4 * first, static_cast<size_t>(n) * 4);
+  }
+}
+
 }  // namespace
 
 SafetensorsFile::~SafetensorsFile() {
@@ -258,13 +276,15 @@ void HfWeights::Fill(const ParamSpec& spec, std::span<float> local) const {
   const Shape real = spec.real_shape();
   std::fill(local.begin(), local.end(), 0.0f);  // padding rows stay 0
   for (const GlobalRun& run : RealGlobalRuns(spec, 0, spec.numel())) {
+    float* out = local.data() + run.local;
+    if (!s.transpose) {  // a contiguous run of the file: widened in one typed loop
+      LoadAsFloatRange(*s.tensor, run.global, run.length, out);
+      continue;
+    }
     for (int64_t i = 0; i < run.length; ++i) {
-      int64_t g = run.global + i;
-      if (s.transpose) {  // ours [out, in] at (o, c) is HF's [in, out] at (c, o)
-        const int64_t o = g / real[1], c = g % real[1];
-        g = c * real[0] + o;
-      }
-      local[run.local + i] = ValueAt(*s.tensor, g);
+      // ours [out, in] at (o, c) is HF's (GPT-2's Conv1D) [in, out] at (c, o)
+      const int64_t g = run.global + i, o = g / real[1], c = g % real[1];
+      out[i] = ValueAt(*s.tensor, c * real[0] + o);
     }
   }
 }
