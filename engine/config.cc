@@ -155,6 +155,12 @@ Status ResolveBatch(RunConfig& c, int dp, const std::string& dp_source) {
   return absl::OkStatus();
 }
 
-nlohmann::json RunConfig::ToJson() const { return FieldsToJson(*this); }
+nlohmann::json RunConfig::ToJson() const {
+  // model.arch is printed from the shape (the member that decides), so a config whose shape was
+  // set in code prints, and saves into its checkpoints, its real architecture.
+  RunConfig printed = *this;
+  printed.model.arch = ModelArchName(model.shape.arch);
+  return FieldsToJson(printed);
+}
 
 }  // namespace zerort

@@ -113,7 +113,8 @@ struct SchedulerConfig {
 };
 
 struct ModelConfig {
-  std::string arch = "gpt2";  // model.arch: names shape.arch ("gpt2" or "llama")
+  // model.arch as read ("gpt2" or "llama"); shape.arch decides, and ToJson prints from it.
+  std::string arch = "gpt2";
   GptConfig shape;
   std::string init_from;  // a Hugging Face model directory: the initial weights
   bool activation_checkpointing = false;

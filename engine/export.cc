@@ -311,7 +311,6 @@ StatusOr<ImportSummary> ImportHuggingFace(const std::string& hf_dir, const std::
   ZR_ASSIGN_OR_RETURN(const GptConfig shape, ReadHuggingFaceConfig(hf_dir));
   RunConfig config;
   config.model.shape = shape;
-  config.model.arch = ModelArchName(shape.arch);
   config.model.init_from = hf_dir;
   config.optimizer.type = "SGD";  // master weights only (no moments to import)
   config.checkpoint.dir = out_dir;

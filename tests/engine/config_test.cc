@@ -364,3 +364,19 @@ TEST(ConfigTest, RuntimeOptionsComeFromTheConfigAndShareItsDefaults) {
 
 }  // namespace
 }  // namespace zerort
+
+namespace zerort {
+namespace {
+
+// model.arch is printed from the shape that decides it: a config whose shape was set in code
+// saves its real architecture into its checkpoints (export reads it from there).
+TEST(ConfigTest, ArchIsPrintedFromTheShape) {
+  RunConfig c;
+  c.model.shape = *GptPreset("llama-tiny");
+  EXPECT_EQ(c.ToJson().at("model").at("arch"), "llama");
+  c.model.shape = *GptPreset("tiny");
+  EXPECT_EQ(c.ToJson().at("model").at("arch"), "gpt2");
+}
+
+}  // namespace
+}  // namespace zerort

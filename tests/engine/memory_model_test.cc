@@ -104,7 +104,6 @@ TEST_P(MemoryGridTest, EstimateMatchesTheMeasuredStep) {
   c.model.head_chunk_rows = p.head_chunk;
   c.model.shape.vocab_size = p.vocab;
   if (p.llama) {
-    c.model.arch = "llama";
     c.model.shape.arch = ModelArch::kLlama;
     c.model.shape.n_kv_head = 2;
     c.model.shape.intermediate_size = 352;
