@@ -73,6 +73,14 @@ StatusOr<GptConfig> GptConfigFromHuggingFace(const nlohmann::json& j, const std:
     ZR_ASSIGN_OR_RETURN(c.d_model, r.Int("n_embd", 1, 1 << 20));
     ZR_ASSIGN_OR_RETURN(c.seq_len, r.Int("n_positions", 1, 1 << 24));
     ZR_ASSIGN_OR_RETURN(c.vocab_size, r.Int("vocab_size", 1, 1 << 24));
+    if (r.Has("n_inner")) {  // zerort's GPT-2 MLP is 4 n_embd wide
+      ZR_ASSIGN_OR_RETURN(const int inner, r.Int("n_inner", 1, 1 << 24));
+      if (int64_t{inner} != 4 * int64_t{c.d_model}) {
+        return r.Error(
+            "n_inner",
+            StrCat("= ", inner, ": zerort's GPT-2 MLP is 4 x n_embd = ", 4 * int64_t{c.d_model}));
+      }
+    }
     ZR_RETURN_IF_ERROR(c.Validate());
     return c;
   }

@@ -66,6 +66,11 @@ TEST(HfConfigTest, PublishedConfigsGiveThePresetsAndTheirParameterCounts) {
       R"({"model_type": "gpt2", "n_layer": 12, "n_head": 12, "n_embd": 768,
           "n_positions": 1024, "vocab_size": 50257})");
   EXPECT_EQ(*GptConfigFromHuggingFace(gpt2, "config.json"), *GptPreset("gpt2"));
+  nlohmann::json wide = gpt2;
+  wide["n_inner"] = 4000;  // another MLP width than zerort's GPT-2 has: refused, not ignored
+  EXPECT_FALSE(GptConfigFromHuggingFace(wide, "config.json").ok());
+  wide["n_inner"] = 3072;
+  EXPECT_TRUE(GptConfigFromHuggingFace(wide, "config.json").ok());
   EXPECT_EQ(GptPreset("gpt2")->NumParameters(), 124'439'808);
 
   // Mistral 7B: its sliding window (4096) is shorter than its context (32768): refused.
