@@ -53,7 +53,31 @@ struct Communicator::Call {
   size_t bytes;
   DType dtype;
   int peer;
+  size_t sent = 0;  // point-to-point: the bytes this rank sends ([Note: bytes on the wire])
 };
+
+namespace {
+
+// [Note: bytes on the wire] (communicator.h).
+size_t WireBytes(CollectiveOp op, size_t bytes, size_t sent, int size) {
+  const size_t n = static_cast<size_t>(size);
+  switch (op) {
+    case CollectiveOp::kAllGather:
+    case CollectiveOp::kReduceScatter:
+    case CollectiveOp::kBroadcast:
+      return bytes * (n - 1) / n;
+    case CollectiveOp::kAllReduce:
+      return 2 * bytes * (n - 1) / n;
+    case CollectiveOp::kSend:
+    case CollectiveOp::kSendRecv:
+    case CollectiveOp::kExchange:
+      return sent;
+    default:
+      return 0;
+  }
+}
+
+}  // namespace
 
 // [Note: one communicator, one order]
 // A communicator's operations run in the order they were issued, whichever stream issued them
@@ -162,9 +186,16 @@ StatusOr<Buffer> Communicator::Staging(size_t bytes) {
   return staging_allocator_->Allocate(bytes, MemoryCategory::kCommBuffers);
 }
 
+void Communicator::CountWire(size_t bytes) {
+  if (link_bytes_ == nullptr || bytes == 0) return;
+  (options_.crosses_nodes ? link_bytes_->inter : link_bytes_->intra)
+      .fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+}
+
 Status Communicator::Run(const Call& call, const std::function<Status(Stream*)>& body,
                          Stream* stream) {
   ZR_RETURN_IF_ERROR(CheckStream(stream));
+  CountWire(WireBytes(call.op, call.bytes, call.sent, size_));
   if (IsQueuedCpu(stream)) {
     // [Note: the asynchronous CPU device]: the collective runs on the stream's thread, in its
     // order and in its turn on this communicator (the body captures by value: this frame is gone
@@ -212,6 +243,8 @@ Status Communicator::RunNow(const Call& call, const std::function<Status(Stream*
           .group = options_.name,
           .label = labelled,
           .bytes = call.bytes,
+          .wire_bytes = WireBytes(call.op, call.bytes, call.sent, size_),
+          .crosses_nodes = options_.crosses_nodes,
           .track = where != nullptr ? where->name() : std::string_view("host"),
           .critical = where == nullptr || !where->asynchronous() || where->name() == "compute",
           .begin = began,
@@ -371,7 +404,7 @@ Status Communicator::Send(const void* buffer, size_t count, DType dtype, int pee
   ZR_RETURN_IF_ERROR(CheckPeer(peer, rank_, size_, "send", false));
   ZR_RETURN_IF_ERROR(CheckBuffer(buffer, count, "send"));
   const size_t bytes = count * DTypeSize(dtype);
-  const Call call{CollectiveOp::kSend, bytes, dtype, peer};
+  const Call call{CollectiveOp::kSend, bytes, dtype, peer, bytes};
   if (NeedsStaging(stream)) {
     return Run(
         call,
@@ -415,7 +448,8 @@ Status Communicator::SendRecv(const void* send, size_t send_count, int dst, void
   if (Overlaps(send, send_count * elem, recv, recv_count * elem)) {
     return absl::InvalidArgumentError("send_recv buffers overlap");
   }
-  const Call call{CollectiveOp::kSendRecv, (send_count + recv_count) * elem, dtype, dst};
+  const Call call{CollectiveOp::kSendRecv, (send_count + recv_count) * elem, dtype, dst,
+                  send_count * elem};
   if (NeedsStaging(stream)) {
     return Run(
         call,
@@ -440,7 +474,7 @@ Status Communicator::SendRecv(const void* send, size_t send_count, int dst, void
 Status Communicator::Exchange(std::span<const P2POp> ops, DType dtype, Stream* stream) {
   ZR_RETURN_IF_ERROR(RefuseQueued(stream, "exchange"));
   const size_t elem = DTypeSize(dtype);
-  size_t bytes = 0;
+  size_t bytes = 0, sent = 0;
   int peer = ops.empty() ? -1 : ops[0].peer;
   for (size_t i = 0; i < ops.size(); ++i) {
     const P2POp& op = ops[i];
@@ -452,6 +486,7 @@ Status Communicator::Exchange(std::span<const P2POp> ops, DType dtype, Stream* s
       return absl::InvalidArgumentError("exchange: the batch's bytes overflow");
     }
     bytes += op.count * elem;
+    if (send) sent += op.count * elem;
     if (op.peer != peer) peer = -1;
     if (send) continue;
     for (size_t j = 0; j < ops.size(); ++j) {
@@ -462,7 +497,7 @@ Status Communicator::Exchange(std::span<const P2POp> ops, DType dtype, Stream* s
     }
   }
   if (ops.empty()) return absl::OkStatus();
-  const Call call{CollectiveOp::kExchange, bytes, dtype, peer};
+  const Call call{CollectiveOp::kExchange, bytes, dtype, peer, sent};
   if (NeedsStaging(stream)) {
     return Run(
         call,
@@ -519,6 +554,7 @@ Status Communicator::PostSend(const void* buffer, size_t count, DType dtype, int
   }
   const Ticket ticket(turns_);
   ticket.Wait();
+  CountWire(bytes);
   posted.seq = trace_.Begin(CollectiveOp::kSend, bytes, dtype, peer, options_.timeout);
   if (Status status = DoPostSend(from, count, dtype, peer, on); !status.ok()) {
     trace_.End(posted.seq, false);
@@ -575,7 +611,10 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int key,
   const uint64_t seq = trace_.Begin(CollectiveOp::kSplit, 0, DType::kI32, color, options_.timeout);
   StatusOr<std::unique_ptr<Communicator>> result = DoSplit(color, key, std::move(options));
   trace_.End(seq, result.ok());
-  if (result.ok() && *result != nullptr) (*result)->SetSpanSink(span_sink_);
+  if (result.ok() && *result != nullptr) {
+    (*result)->SetSpanSink(span_sink_);
+    (*result)->SetLinkBytes(link_bytes_);
+  }
   if (!result.ok()) {
     return Annotate(result.status(), StrCat("rank ", rank_, "/", size_, " in group '",
                                             options_.name, "' (", backend(), "), split"));

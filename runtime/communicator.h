@@ -17,6 +17,7 @@
 // stream and returns.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <memory>
@@ -43,6 +44,23 @@ struct CommOptions {
   std::chrono::milliseconds timeout{600'000};  // per collective; the watchdog enforces it
   size_t trace_capacity = 64;                  // records kept for the hang report
   MemoryTracker* tracker = nullptr;            // accounts staging buffers (comm_buffers)
+  // Its ranks are on more than one node ([Note: nodes], runtime/topology.h): its bytes count as
+  // inter-node. Set by whoever knows the members' nodes (Session for the world, DeviceMesh for
+  // its groups); a group split with a copy of its parent's options inherits the parent's.
+  bool crosses_nodes = false;
+};
+
+// [Note: bytes on the wire]
+// What one rank sends for a collective over a group of n ranks, under the ring algorithms NCCL
+// and MPI use for large messages (NCCL's "bus bytes"): an all-gather or reduce-scatter of B bytes
+// in all sends (n-1)/n B, an all-reduce of B bytes 2 (n-1)/n B (a reduce-scatter, then an
+// all-gather), a broadcast (n-1)/n B (a pipelined ring, averaged over the ranks); a send or an
+// exchange its sends' bytes, a receive nothing. A collective of a group that crosses nodes counts
+// whole as inter-node: a ring over two nodes pushes every byte through an inter-node link, which
+// then sets its time. The estimator's formulas (engine/comm_model.h) count in the same unit.
+struct LinkBytes {
+  std::atomic<int64_t> intra{0};  // bytes sent in groups within one node
+  std::atomic<int64_t> inter{0};  // bytes sent in groups that cross nodes
 };
 
 // One send or receive of a batch (Communicator::Exchange).
@@ -63,7 +81,9 @@ struct CollectiveSpan {
   std::string_view group;  // the communicator's name
   std::string_view label;  // the caller's (SetTraceLabel), e.g. "gather blocks.3"
   size_t bytes = 0;
-  std::string_view track;  // the stream it ran on; "host" for none (or staged)
+  size_t wire_bytes = 0;       // this rank's sends ([Note: bytes on the wire])
+  bool crosses_nodes = false;  // the group's ranks are on more than one node
+  std::string_view track;      // the stream it ran on; "host" for none (or staged)
   // Nothing overlapped it: it ran on the host thread (no stream, an immediate CPU stream, or
   // staged) or on the compute stream's thread. One on a queued communication stream is not
   // critical by itself; the compute stream's waits for it while it ran are (Stream::TakeWaits).
@@ -132,6 +152,12 @@ class Communicator {
   // Every collective this communicator runs in line from now on is reported to `sink` (null:
   // none), as are those of groups split from it afterwards; called on the thread that ran it.
   void SetSpanSink(std::shared_ptr<const CollectiveSpanSink> sink) { span_sink_ = std::move(sink); }
+  // Every collective this communicator issues from now on adds its wire bytes to `bytes` (null:
+  // none), as do those of groups split from it afterwards ([Note: bytes on the wire]).
+  void SetLinkBytes(std::shared_ptr<LinkBytes> bytes) { link_bytes_ = std::move(bytes); }
+  bool crosses_nodes() const { return options_.crosses_nodes; }
+  // The world's, once the topology is known (Session); before any group is split from it.
+  void SetCrossesNodes(bool crosses) { options_.crosses_nodes = crosses; }
 
   // Labels the following records of the trace (e.g. "gather blocks.3"); "" clears it.
   void SetTraceLabel(std::string label) { trace_.SetLabel(std::move(label)); }
@@ -191,11 +217,13 @@ class Communicator {
 
   const int rank_;
   const int size_;
-  const CommOptions options_;
+  CommOptions options_;
   CollectiveTrace trace_;
   Watchdog* const watchdog_;
   std::unique_ptr<Allocator> staging_allocator_;
   std::shared_ptr<const CollectiveSpanSink> span_sink_;
+  std::shared_ptr<LinkBytes> link_bytes_;
+  void CountWire(size_t bytes);
   const std::shared_ptr<Turns> turns_;  // shared with queued tickets
   struct PostedSend {
     uint64_t seq;    // its trace record

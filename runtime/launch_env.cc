@@ -200,6 +200,7 @@ StatusOr<LaunchEnv> DiscoverLaunchEnv(const EnvLookup& env) {
   result.local_rank = primary.local_rank >= 0 ? primary.local_rank : primary.rank;
   result.local_world_size =
       primary.local_world_size > 0 ? primary.local_world_size : primary.world_size;
+  result.local_known = primary.local_rank >= 0 && primary.local_world_size > 0;
   if (result.local_rank >= result.local_world_size) {
     return absl::InvalidArgumentError(StrCat("local rank ", result.local_rank,
                                              " is not below the local world size ",

@@ -27,6 +27,7 @@ struct LaunchEnv {
   int world_size = 1;
   int local_rank = 0;
   int local_world_size = 1;
+  bool local_known = false;        // the launcher said local rank and size (else rank and world)
   std::string source = "none";     // "openmpi", "pmix", "pmi", "slurm", "torchrun", "none"
   std::vector<std::string> notes;  // sources that were present but ignored, and why
 

@@ -20,6 +20,29 @@ Session::~Session() {
   while (!comms_.empty()) comms_.pop_back();  // NCCL's before MPI's, both before MPI_Finalize
 }
 
+namespace {
+
+// [Note: nodes] (runtime/topology.h): every rank's hostname over `host_world`, a communicator
+// of host memory (MPI's world, or the loopback group of one), then ZERORT_RANKS_PER_NODE.
+StatusOr<Topology> DiscoverTopology(Communicator& host_world, const LaunchEnv& launch) {
+  constexpr size_t kName = 256;
+  std::string mine = HostName();
+  mine.resize(kName - 1);
+  std::vector<char> all(kName * static_cast<size_t>(host_world.size()));
+  host_world.SetTraceLabel("hostnames");
+  ZR_RETURN_IF_ERROR(host_world.AllGather(mine.c_str(), all.data(), kName, DType::kU8));
+  host_world.SetTraceLabel("");
+  std::vector<std::string> hosts;
+  for (int r = 0; r < host_world.size(); ++r) hosts.emplace_back(all.data() + r * kName);
+  Topology topology = TopologyFromHosts(hosts);
+  ZR_RETURN_IF_ERROR(CheckLaunchAgrees(topology, launch));
+  ZR_ASSIGN_OR_RETURN(const std::optional<int> k, RanksPerNodeOverride(ProcessEnv()));
+  if (k.has_value()) return SimulatedTopology(topology, *k);
+  return topology;
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<Session>> Session::Start(int* argc, char*** argv,
                                                   const SessionOptions& options) {
   if (options.device != "" && options.device != "cpu" && options.device != "cuda") {
@@ -82,6 +105,8 @@ StatusOr<std::unique_ptr<Session>> Session::Start(int* argc, char*** argv,
     s->comms_ = std::move(group);
     s->world_source_ = "a single process (no launcher)";
   }
+  ZR_ASSIGN_OR_RETURN(s->topology_, DiscoverTopology(*s->comms_.front(), s->launch_));
+  for (auto& comm : s->comms_) comm->SetCrossesNodes(s->topology_.nodes() > 1);
   if (gpu) {
     ZR_RETURN_IF_ERROR(SetCurrentDevice(device));
     ZR_ASSIGN_OR_RETURN(s->allocator_, MakeCudaCachingAllocator(device, &s->tracker_));

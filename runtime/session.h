@@ -19,6 +19,7 @@
 #include "runtime/communicator.h"
 #include "runtime/launch_env.h"
 #include "runtime/memory.h"
+#include "runtime/topology.h"
 
 namespace zerort {
 
@@ -52,6 +53,8 @@ class Session {
   int rank() const { return world_->rank(); }
   int size() const { return world_->size(); }
   const LaunchEnv& launch() const { return launch_; }
+  // Which ranks share a node ([Note: nodes] in runtime/topology.h), agreed at start.
+  const Topology& topology() const { return topology_; }
   // One line saying where the world came from ("world size 2 from the openmpi launcher").
   const std::string& world_source() const { return world_source_; }
   Device device() const { return allocator_->device(); }
@@ -68,6 +71,7 @@ class Session {
  private:
   Session() = default;
   LaunchEnv launch_;
+  Topology topology_;
   std::string world_source_;
   MemoryTracker tracker_;
   std::unique_ptr<MpiContext> mpi_;
