@@ -30,7 +30,24 @@ StatusOr<ReduceOp> GradientReducer::PreDivide(const std::vector<ShardedUnit*>& u
 Status GradientReducer::PostDivide(const TensorView& reduced, Stream* stream) const {
   const double f = resources_.options->gradient_predivide_factor;
   if (f == 1.0) return absl::OkStatus();
-  return Scale(reduced, static_cast<float>(f / resources_.dp->size()), stream);
+  return Scale(reduced, static_cast<float>(f / DataRanks()), stream);
+}
+
+int GradientReducer::DataRanks() const {
+  return resources_.dp->size() * (resources_.replicate ? resources_.replicate->size() : 1);
+}
+
+// [Note: hybrid sharding]: what the shard group reduced, summed (or averaged) over the replicas.
+Status GradientReducer::AcrossReplicas(void* data, int64_t count, ReduceOp op,
+                                       const std::string& what) {
+  Communicator* replicate = resources_.replicate;
+  if (replicate == nullptr) return absl::OkStatus();
+  replicate->SetTraceLabel(StrCat("all-reduce across replicas ", what));
+  ZR_RETURN_IF_ERROR(replicate->AllReduce(data, data, static_cast<size_t>(count),
+                                          resources_.options->reduce_dtype, op, resources_.comm));
+  replicate->SetTraceLabel("");
+  ++collectives_;
+  return absl::OkStatus();
 }
 
 Status GradientReducer::CommAfterCompute() {
@@ -58,8 +75,15 @@ Status GradientReducer::FlushReduceScatter() {
   Stream* comm = resources_.comm;
   ZR_RETURN_IF_ERROR(CommAfterCompute());
   if (ranks == 1) {
-    // Nothing to reduce: each full gradient is its own shard, added straight into it.
+    // Nothing to reduce in the shard group: each full gradient is its own shard, added straight
+    // into it (after the replicas' reduction, with hybrid sharding).
     for (ShardedUnit* u : pending_) {
+      if (resources_.replicate != nullptr) {
+        ZR_ASSIGN_OR_RETURN(const ReduceOp op, PreDivide({u}, comm));
+        const TensorView g = u->FullGrad();
+        ZR_RETURN_IF_ERROR(AcrossReplicas(g.data(), g.numel(), op, u->name()));
+        ZR_RETURN_IF_ERROR(PostDivide(g, comm));
+      }
       ZR_RETURN_IF_ERROR(optimizer_->AccumulateGradient(
           *u, u->FullGrad().Flat(0, u->layout().shard_numel()), *comm));
       ZR_RETURN_IF_ERROR(u->DropFullGrad(*comm));
@@ -115,6 +139,9 @@ Status GradientReducer::FlushReduceScatter() {
                                    reduced.data(), bucket_shard, dtype, op, comm));
   resources_.dp->SetTraceLabel("");
   ++collectives_;
+  ZR_RETURN_IF_ERROR(AcrossReplicas(
+      reduced.data(), bucket_shard, op,
+      single ? pending_[0]->name() : StrCat("bucket of ", pending_.size(), " units")));
   const TensorView all(reduced.data(), dtype, {bucket_shard}, device);
   ZR_RETURN_IF_ERROR(PostDivide(all, comm));
   int64_t offset = 0;
@@ -131,18 +158,27 @@ Status GradientReducer::FlushReduceScatter() {
 
 Status GradientReducer::AllReduceBucket(const std::vector<ShardedUnit*>& bucket) {
   // One rank: the mean over ranks is the gradient itself (no copy through the communicator).
-  if (bucket.empty() || resources_.dp->size() == 1) return absl::OkStatus();
+  if (bucket.empty() || DataRanks() == 1) return absl::OkStatus();
   const DType dtype = resources_.options->reduce_dtype;
   const size_t elem = DTypeSize(dtype);
   const Device device = resources_.tiers.device->device();
   Stream* comm = resources_.comm;
   ZR_ASSIGN_OR_RETURN(const ReduceOp op, PreDivide(bucket, comm));
-  resources_.dp->SetTraceLabel(bucket.size() == 1
-                                   ? StrCat("all-reduce ", bucket[0]->name())
-                                   : StrCat("all-reduce bucket of ", bucket.size(), " units"));
+  const std::string what =
+      bucket.size() == 1 ? bucket[0]->name() : StrCat("bucket of ", bucket.size(), " units");
+  // Over the shard group, then (hybrid sharding) across the replicas.
+  auto all_reduce = [&](void* data, int64_t count) -> Status {
+    if (resources_.dp->size() > 1) {
+      resources_.dp->SetTraceLabel(StrCat("all-reduce ", what));
+      ZR_RETURN_IF_ERROR(resources_.dp->AllReduce(data, data, count, dtype, op, comm));
+      resources_.dp->SetTraceLabel("");
+      ++collectives_;
+    }
+    return AcrossReplicas(data, count, op, what);
+  };
   if (bucket.size() == 1) {
     const TensorView g = bucket[0]->FullGrad();
-    ZR_RETURN_IF_ERROR(resources_.dp->AllReduce(g.data(), g.data(), g.numel(), dtype, op, comm));
+    ZR_RETURN_IF_ERROR(all_reduce(g.data(), g.numel()));
     ZR_RETURN_IF_ERROR(PostDivide(g, comm));
   } else {
     int64_t total = 0;
@@ -156,8 +192,7 @@ Status GradientReducer::AllReduceBucket(const std::vector<ShardedUnit*>& bucket)
           CopyBytes(packed.as<char>() + offset * elem, device, g.data(), device, g.nbytes(), comm));
       offset += g.numel();
     }
-    ZR_RETURN_IF_ERROR(
-        resources_.dp->AllReduce(packed.data(), packed.data(), total, dtype, op, comm));
+    ZR_RETURN_IF_ERROR(all_reduce(packed.data(), total));
     ZR_RETURN_IF_ERROR(PostDivide(TensorView(packed.data(), dtype, {total}, device), comm));
     offset = 0;
     for (ShardedUnit* u : bucket) {
@@ -167,8 +202,6 @@ Status GradientReducer::AllReduceBucket(const std::vector<ShardedUnit*>& bucket)
       offset += g.numel();
     }
   }
-  resources_.dp->SetTraceLabel("");
-  ++collectives_;
   return absl::OkStatus();
 }
 

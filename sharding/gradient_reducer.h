@@ -11,6 +11,9 @@
 // The mean over ranks is a sum divided by the data-parallel size after the reduction, or, with
 // DeepSpeed's gradient_predivide_factor f (prescale_gradients: f = dp), divided by f before and
 // by dp / f after (the same mean up to rounding; a smaller sum where overflow is a risk).
+// With hybrid sharding ([Note: hybrid sharding]) each reduction in the shard group is followed by
+// an all-reduce of its result across the replicas (the shard, or the full gradient at stages 0-1),
+// and the mean divides by every data rank: reduce-scatter in the group, all-reduce across groups.
 // Work runs on the comm stream after the compute stream's gradients (an event), and the compute
 // stream waits for the comm stream before the optimizer reads the gradient shards.
 #pragma once
@@ -39,6 +42,8 @@ class GradientReducer {
   Status FlushReduceScatter();
   Status AllReduceBucket(const std::vector<ShardedUnit*>& bucket);
   Status CommAfterCompute();
+  int DataRanks() const;  // the shard group's size times the replicas'
+  Status AcrossReplicas(void* data, int64_t count, ReduceOp op, const std::string& what);
   // gradient_predivide_factor: scales the units' full gradients before the reduction and says
   // which reduction to run; PostDivide scales its result.
   StatusOr<ReduceOp> PreDivide(const std::vector<ShardedUnit*>& units, Stream* stream) const;

@@ -248,8 +248,11 @@ Status ShardManager::CreateParamStaging() {
 }
 
 UnitResources ShardManager::UnitResourcesOf() {
-  return UnitResources{&options_,       resources_.dp,   tiers_,         resources_.compute,
-                       resources_.comm, &param_staging_, &offload_stats_};
+  Communicator* replicate = resources_.replicate != nullptr && resources_.replicate->size() > 1
+                                ? resources_.replicate
+                                : nullptr;
+  return UnitResources{&options_,       resources_.dp,   tiers_,          resources_.compute,
+                       resources_.comm, &param_staging_, &offload_stats_, replicate};
 }
 
 // Before anything is written: does this rank's NVMe state fit where it goes?

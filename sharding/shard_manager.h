@@ -105,7 +105,14 @@ struct StepResult {
 class ShardManager {
  public:
   struct Resources {
-    Communicator* dp = nullptr;  // data-parallel group (required)
+    // The ranks that shard the model state among themselves (required): the data-parallel
+    // group, or with hybrid sharding ([Note: hybrid sharding], runtime/device_mesh.h) its shard
+    // group.
+    Communicator* dp = nullptr;
+    // Hybrid sharding: the ranks that hold the same shards as this one (the replicate group);
+    // each unit's reduced gradient shard is all-reduced over it after the reduction in `dp`.
+    // Null, or a group of one: `dp` is the whole data-parallel group.
+    Communicator* replicate = nullptr;
     // Required: memory where compute runs (GPU memory, or host memory on a CPU run: "device"
     // means the compute device, as in PyTorch, MemoryTier::kDevice alike); its tracker gets
     // every byte.

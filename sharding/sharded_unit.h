@@ -44,13 +44,15 @@ inline OffloadStats operator-(const OffloadStats& a, const OffloadStats& b) {
 // What a unit borrows from its manager.
 struct UnitResources {
   const ShardManagerOptions* options = nullptr;
-  Communicator* dp = nullptr;  // the data-parallel group
+  Communicator* dp = nullptr;  // the ranks that shard the state (the data-parallel group)
   Tiers tiers;                 // device memory, and the offload tiers in use
   Stream* compute = nullptr;   // where the model's kernels run
   Stream* comm = nullptr;      // all-gathers and reductions, to overlap with compute
   // Fetches of offloaded compute shards: the manager's pool, made once every unit is added.
   const std::unique_ptr<StagingPool>* param_staging = nullptr;
   OffloadStats* stats = nullptr;  // the manager's; null: not counted
+  // Hybrid sharding: the ranks holding the same shards (ShardManager::Resources::replicate).
+  Communicator* replicate = nullptr;
 };
 
 // Where the optimizer writes this rank's updated compute values: shard element i goes to element

@@ -38,6 +38,9 @@ struct RunConfig {
   int64_t prefetch = 50'000'000;                // stage3_prefetch_bucket_size
   int64_t allgather_bucket_size = 500'000'000;  // stages 1-2
   int64_t sub_group_size = 1'000'000'000;       // NVMe optimizer chunks; 0: one per shard
+  // Hybrid sharding ([Note: hybrid sharding]): the state sharded over groups of this many
+  // consecutive ranks, replicated across the groups; 0: over the whole world.
+  int shard_size = 0;
 };
 
 inline ShardManagerOptions Options(const RunConfig& c) {
@@ -92,7 +95,8 @@ struct MlpRun {
 
 inline StatusOr<MlpRun> MakeMlpRun(const ShardManagerOptions& options, Communicator& comm,
                                    MemoryTracker& tracker, Device device = Device::Cpu(),
-                                   const std::function<UnitOptions(int layer)>& unit_options = {}) {
+                                   const std::function<UnitOptions(int layer)>& unit_options = {},
+                                   Communicator* replicate = nullptr) {
   MlpRun run;
   if (device.is_cuda()) {
     ZR_RETURN_IF_ERROR(SetCurrentDevice(device));
@@ -100,10 +104,11 @@ inline StatusOr<MlpRun> MakeMlpRun(const ShardManagerOptions& options, Communica
   } else {
     run.allocator = MakeCpuCachingAllocator(&tracker);
   }
-  ZR_ASSIGN_OR_RETURN(
-      run.manager,
-      ShardManager::Create(
-          options, {.dp = &comm, .device_allocator = run.allocator.get(), .tracker = &tracker}));
+  ZR_ASSIGN_OR_RETURN(run.manager,
+                      ShardManager::Create(options, {.dp = &comm,
+                                                     .replicate = replicate,
+                                                     .device_allocator = run.allocator.get(),
+                                                     .tracker = &tracker}));
   for (int l = 0; l < MlpLayers(); ++l) {
     ZR_ASSIGN_OR_RETURN(int u,
                         run.manager->AddUnit("fc" + std::to_string(l), MlpUnitParams(l),
@@ -117,7 +122,17 @@ inline StatusOr<MlpRun> MakeMlpRun(const ShardManagerOptions& options, Communica
 // One rank's part of a training run of the MLP through the shard manager; rank 0 fills `result`.
 inline Status TrainRank(const RunConfig& c, Communicator& comm, RunResult& result) {
   MemoryTracker tracker;
-  ZR_ASSIGN_OR_RETURN(MlpRun run, MakeMlpRun(Options(c), comm, tracker, c.device));
+  // Hybrid sharding: the manager shards over `shard` and reduces across `replicate`.
+  std::unique_ptr<Communicator> shard, replicate;
+  if (c.shard_size > 0 && c.shard_size < comm.size()) {
+    CommOptions o = comm.options();
+    o.name = "shard";
+    ZR_ASSIGN_OR_RETURN(shard, comm.Split(comm.rank() / c.shard_size, comm.rank(), o));
+    o.name = "replicate";
+    ZR_ASSIGN_OR_RETURN(replicate, comm.Split(comm.rank() % c.shard_size, comm.rank(), o));
+  }
+  ZR_ASSIGN_OR_RETURN(MlpRun run, MakeMlpRun(Options(c), shard ? *shard : comm, tracker, c.device,
+                                             {}, replicate.get()));
   tracker.ResetPeaks();  // the steps' peaks, not setup's (Initialize's unit agreement stages 8 B)
   ShardManager* m = run.manager.get();
   const std::vector<int>& units = run.units;
