@@ -57,6 +57,9 @@ inline constexpr int kCheckpointFormatVersion = 2;
 struct CheckpointGroups {
   Communicator* world = nullptr;
   Communicator* dp = nullptr;
+  // Hybrid sharding ([Note: hybrid sharding]): `dp` is the shard group and this rank's index in
+  // its replicate group; the replicas hold the same shards, so replica 0 alone writes them.
+  int replica_rank = 0;
   int tensor_size = 1;
   int tensor_rank = 0;
   int pipeline_size = 1;

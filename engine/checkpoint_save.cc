@@ -222,7 +222,7 @@ Status CheckpointSave::PrepareStepDirectory() {
 // stage writes its own parts; a tied unit's twin (not counted in the norm) is skipped. Each
 // writer describes what it wrote: its file entry and its units' parameter table.
 Status CheckpointSave::WriteShards(nlohmann::json& described) {
-  if (dp_.rank() >= writers_) return absl::OkStatus();
+  if (dp_.rank() >= writers_ || groups_.replica_rank > 0) return absl::OkStatus();
   auto saved = [&](int u) { return m_.unit_options(u).counts_in_norm; };
   auto position = [&](int u) {
     return groups_.unit_positions.empty() ? u : groups_.unit_positions.at(static_cast<size_t>(u));

@@ -10,13 +10,17 @@
 namespace zerort {
 
 CommSpans::~CommSpans() {
-  if (world_ != nullptr) world_->SetSpanSink(nullptr);
+  if (world_ != nullptr) {
+    world_->SetSpanSink(nullptr);
+    world_->SetLinkBytes(nullptr);
+  }
 }
 
 void CommSpans::Attach(Communicator& world) {
   world_ = &world;
   world.SetSpanSink(std::make_shared<const CollectiveSpanSink>(
       [this](const CollectiveSpan& span) { Add(span); }));
+  world.SetLinkBytes(bytes_);
 }
 
 void CommSpans::SetTimeline(Timeline* timeline) {
@@ -34,9 +38,10 @@ void CommSpans::Add(const CollectiveSpan& span) {
     off_critical_.push_back(Ran{std::string(span.track), span.begin, span.end});
   }
   if (timeline_ != nullptr) {
-    timeline_->Span(StrCat(CollectiveOpName(span.op), " ", span.group, " ", span.bytes, " B",
-                           span.label.empty() ? "" : " ", span.label),
-                    span.track, span.begin, span.end);
+    timeline_->Span(
+        StrCat(CollectiveOpName(span.op), " ", span.group, " ", span.bytes, " B",
+               span.crosses_nodes ? " inter-node" : "", span.label.empty() ? "" : " ", span.label),
+        span.track, span.begin, span.end);
   }
 }
 
@@ -58,7 +63,10 @@ CommSpans::Step CommSpans::Take(Stream& compute) {
       waited_on_collectives += std::chrono::duration<double>(overlap).count();
     }
   }
-  Step step{.comm_s = comm_s_, .exposed_s = critical_s_ + waited_on_collectives};
+  Step step{.comm_s = comm_s_,
+            .exposed_s = critical_s_ + waited_on_collectives,
+            .intra_bytes = bytes_->intra.exchange(0),
+            .inter_bytes = bytes_->inter.exchange(0)};
   comm_s_ = critical_s_ = 0;
   off_critical_.clear();
   return step;

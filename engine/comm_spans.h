@@ -40,7 +40,8 @@ class CommSpans {
   CommSpans(const CommSpans&) = delete;
   CommSpans& operator=(const CommSpans&) = delete;
 
-  // Every collective of `world` and of the groups split from it later is counted from now on.
+  // Every collective of `world` and of the groups split from it later is counted from now on:
+  // its time, and the bytes it sent by link ([Note: bytes on the wire], runtime/communicator.h).
   void Attach(Communicator& world);
   // Collectives go to `timeline` too (null: not traced), one track per stream.
   void SetTimeline(Timeline* timeline);
@@ -48,6 +49,9 @@ class CommSpans {
   struct Step {
     double comm_s = 0;     // every collective that ran in line, wherever
     double exposed_s = 0;  // on the critical path ([Note: exposed communication])
+    // Bytes this rank sent in groups within one node and in groups that cross nodes, whether
+    // the collective ran in line or on a CUDA stream.
+    int64_t intra_bytes = 0, inter_bytes = 0;
   };
   // Since the previous call; `compute` is the model's compute stream (its waits are taken).
   Step Take(Stream& compute);
@@ -56,6 +60,7 @@ class CommSpans {
   void Add(const CollectiveSpan& span);
 
   Communicator* world_ = nullptr;
+  std::shared_ptr<LinkBytes> bytes_ = std::make_shared<LinkBytes>();
   std::mutex mu_;  // collectives report from their streams' threads
   Timeline* timeline_ = nullptr;
   double comm_s_ = 0, critical_s_ = 0;  // since the last Take

@@ -73,6 +73,7 @@ struct ZeroConfig {
   OffloadConfig offload_param = OffloadConfig::ForParams();
   int64_t sub_group_size = RuntimeDefaults().offload.sub_group_size;
   bool stage3_gather_16bit_weights_on_model_save = false;
+  int mics_shard_size = -1;  // DeepSpeed's MiCS: parallel.data_shard_size at stage 3; <= 0: off
 };
 
 struct Fp16Config {
@@ -176,6 +177,9 @@ struct ParallelConfig {
   std::vector<int> pipeline_layers;
   bool pipeline_scatter_gather = true;
   double collective_timeout_s = 600;
+  // [Note: hybrid sharding] (runtime/device_mesh.h): HSDP's shard group size; 0: the state is
+  // sharded over the whole data-parallel group.
+  int data_shard_size = 0;
 };
 
 // Every integer key's ceiling: 2^53, the largest integer a JSON number holds exactly.

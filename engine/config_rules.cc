@@ -193,6 +193,32 @@ void PipelineRules(RunConfig& c, Problems& problems) {
 }
 
 // The asynchronous CPU device (docs/async-device.md): its jitter.
+// [Note: hybrid sharding]: DeepSpeed's mics_shard_size is parallel.data_shard_size at stage 3.
+void HybridShardingRules(RunConfig& c, const GivenKeys& given, Problems& problems) {
+  const int mics = c.zero.mics_shard_size;
+  int& shard = c.parallel.data_shard_size;
+  if (mics > 0) {
+    if (c.zero.stage != 3) {
+      problems.Add(StrCat(
+          "zero_optimization.mics_shard_size = ", mics,
+          " is MiCS, which DeepSpeed runs at zero_optimization.stage 3 only (it is ", c.zero.stage,
+          "); for hybrid sharding at stage 1 or 2 set "
+          "parallel.data_shard_size"));
+    } else if (Given(given, "parallel.data_shard_size") && shard != mics) {
+      problems.Add(StrCat("zero_optimization.mics_shard_size = ", mics,
+                          " and parallel.data_shard_size = ", shard,
+                          " are the same setting and disagree: give one"));
+    } else {
+      shard = mics;
+    }
+  }
+  if (shard > 0 && c.zero.stage == 0) {
+    problems.Add(StrCat("parallel.data_shard_size = ", shard,
+                        " shards the model state in groups, but zero_optimization.stage 0 "
+                        "shards nothing: use stage 1, 2 or 3"));
+  }
+}
+
 void DeviceRules(const RunConfig& c, Problems& problems) {
   const bool async = c.train.device == "cpu-async";
   if (!async && c.train.async_jitter_seed != 0) {
@@ -214,6 +240,7 @@ void CheckConfigRules(RunConfig& c, const GivenKeys& given, Problems& problems) 
   SchedulerRules(c, given, problems);
   ModelRules(c, given, problems);
   PipelineRules(c, problems);
+  HybridShardingRules(c, given, problems);
   DeviceRules(c, problems);
 }
 

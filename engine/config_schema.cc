@@ -170,6 +170,10 @@ std::vector<ConfigField> BuildTable() {
   t.push_back(Bool(z, "reduce_scatter", ZR_MEMBER(zero.reduce_scatter),
                    "false: stages 2-3 all-reduce and each rank keeps its shard (the same "
                    "numbers); stages 0-1 always all-reduce"));
+  t.push_back(Num<int>(z, "mics_shard_size", ZR_MEMBER(zero.mics_shard_size), -1, 1 << 16,
+                       "DeepSpeed's MiCS (stage 3): the state sharded over groups of this many "
+                       "data ranks, replicated across them, as parallel.data_shard_size; <= 0: "
+                       "off"));
   t.push_back(Bool(z, "stage3_gather_16bit_weights_on_model_save",
                    ZR_MEMBER(zero.stage3_gather_16bit_weights_on_model_save),
                    "each checkpoint also writes the consolidated weights in the compute dtype as "
@@ -428,6 +432,10 @@ std::vector<ConfigField> BuildTable() {
   t.push_back(Bool(pa, "pipeline_scatter_gather", ZR_MEMBER(parallel.pipeline_scatter_gather),
                    "each tensor-parallel rank sends 1/tp of a boundary activation (Megatron's "
                    "scatter/gather)"));
+  t.push_back(Num<int>(pa, "data_shard_size", ZR_MEMBER(parallel.data_shard_size), 0, 1 << 16,
+                       "hybrid sharding (FSDP's HSDP; MiCS): parameters, gradients and optimizer "
+                       "state sharded over groups of this many consecutive data ranks (a node), "
+                       "replicated across the groups; 0: over every data rank"));
   t.push_back(Num<double>(pa, "collective_timeout_s", ZR_MEMBER(parallel.collective_timeout_s), 0.1,
                           7 * 86400,
                           "seconds a collective may wait for its peers before the watchdog stops "

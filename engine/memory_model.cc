@@ -244,10 +244,10 @@ void StepModel::Flush() {
   int64_t bucket_shard = 0;
   for (int u : pending_) bucket_shard += units_[u].layout.shard_numel();
   Replay::Handle packed, reduced;  // one rank: added straight into the shards, no buffers
-  if (pending_.size() > 1 && in_.dp > 1) {
-    packed = r_.Alloc(Cat::kCommBuffers, bucket_shard * in_.dp * kRsize, comm_);
+  if (pending_.size() > 1 && in_.shard_ranks() > 1) {
+    packed = r_.Alloc(Cat::kCommBuffers, bucket_shard * in_.shard_ranks() * kRsize, comm_);
   }
-  if (in_.dp > 1) reduced = r_.Alloc(Cat::kCommBuffers, bucket_shard * kRsize, comm_);
+  if (in_.shard_ranks() > 1) reduced = r_.Alloc(Cat::kCommBuffers, bucket_shard * kRsize, comm_);
   for (int u : pending_) {  // DropFullGrad: reused once the comm stream is done with it
     r_.Use(units_[u].full_grad, *comm_);
     r_.Free(units_[u].full_grad);
@@ -484,7 +484,7 @@ void StepModel::Step() {
     std::vector<int> bucket;
     int64_t numel = 0;
     auto reduce = [&] {
-      if (bucket.size() > 1 && in_.dp > 1) {
+      if (bucket.size() > 1 && in_.dp > 1) {  // every data rank, hybrid or not
         Replay::Handle h = r_.Alloc(Cat::kCommBuffers, numel * kRsize, comm_);
         r_.Free(h);
       }
@@ -502,12 +502,14 @@ void StepModel::Step() {
   r_.Free(acc);
   // As ShardedUnit::GatherUpdated: stages 1-2 all-gather a unit larger than
   // allgather_bucket_size through a staging buffer of world x piece elements.
-  if ((in_.stage() == 1 || in_.stage() == 2) && in_.dp > 1 && in_.manager.allgather_partitions) {
+  if ((in_.stage() == 1 || in_.stage() == 2) && in_.shard_ranks() > 1 &&
+      in_.manager.allgather_partitions) {
     for (const Unit& u : units_) {
       const int64_t shard = u.layout.shard_numel();
-      if (shard * in_.dp <= in_.manager.allgather_bucket_size) continue;
-      const int64_t piece = std::max<int64_t>(1, in_.manager.allgather_bucket_size / in_.dp);
-      Replay::Handle h = r_.Alloc(Cat::kCommBuffers, piece * in_.dp * csize(), compute_);
+      if (shard * in_.shard_ranks() <= in_.manager.allgather_bucket_size) continue;
+      const int64_t piece =
+          std::max<int64_t>(1, in_.manager.allgather_bucket_size / in_.shard_ranks());
+      Replay::Handle h = r_.Alloc(Cat::kCommBuffers, piece * in_.shard_ranks() * csize(), compute_);
       r_.Free(h);
     }
   }
@@ -549,7 +551,7 @@ StatusOr<int> AddUnit(const MemoryModelInput& in, const ShardManagerOptions& opt
                       MemoryEstimate& out) {
   for (const ParamSpec& p : params) out.parameters += p.numel();
   ZR_ASSIGN_OR_RETURN(FlatLayout layout,
-                      FlatLayout::Create(params, ShardCount(in.manager.stage, in.dp)));
+                      FlatLayout::Create(params, ShardCount(in.manager.stage, in.shard_ranks())));
   UnitPlan plan = PlanUnit(options, layout);
   units.push_back(Unit{std::move(layout), std::move(plan)});
   return static_cast<int>(units.size()) - 1;

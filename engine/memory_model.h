@@ -45,6 +45,9 @@ struct MemoryModelInput {
   int micro_batch = 1;
   int accumulation = 1;
   int dp = 1;  // data-parallel ranks
+  // Hybrid sharding ([Note: hybrid sharding]): the ranks the state is sharded over; 0: all dp.
+  int data_shard = 0;
+  int shard_ranks() const { return data_shard > 0 && data_shard < dp ? data_shard : dp; }
   int tp = 1;  // tensor-parallel size
   bool sequence_parallel = false;
   int vocab_multiple = 1;  // make_vocab_size_divisible_by

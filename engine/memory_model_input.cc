@@ -86,6 +86,11 @@ StatusOr<MemoryModelInput> MemoryModelInput::FromConfig(const RunConfig& config,
   in.micro_batch = static_cast<int>(c.train_micro_batch_size_per_gpu);
   in.accumulation = static_cast<int>(c.gradient_accumulation_steps);
   in.dp = dp;
+  in.data_shard = c.parallel.data_shard_size;
+  if (in.data_shard > 0 && dp % in.data_shard != 0) {
+    return absl::InvalidArgumentError(StrCat("parallel.data_shard_size = ", in.data_shard,
+                                             " does not divide the data-parallel size ", dp));
+  }
   in.tp = c.parallel.tensor_parallel_size;
   in.sequence_parallel = c.parallel.sequence_parallel;
   in.vocab_multiple = c.parallel.make_vocab_size_divisible_by;

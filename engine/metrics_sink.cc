@@ -108,9 +108,16 @@ void MetricsSink::Step(const StepMetrics& m) {
   // [Note: exposed communication] (engine/comm_spans.h).
   record["comm_s"] = m.comm_s;
   record["exposed_comm_s"] = m.exposed_comm_s;
+  // [Note: bytes on the wire] (runtime/communicator.h).
+  record["comm_bytes_intra_node"] = m.comm_bytes_intra;
+  record["comm_bytes_inter_node"] = m.comm_bytes_inter;
   const std::string comm_line =
-      devices > 1 ? fmt::format(" | comm {:.3f} s (exposed {:.3f})", m.comm_s, m.exposed_comm_s)
-                  : "";
+      devices > 1
+          ? fmt::format(
+                " | comm {:.3f} s (exposed {:.3f}), {:.2f} MB in node, {:.2f} "
+                "MB across",
+                m.comm_s, m.exposed_comm_s, m.comm_bytes_intra / 1e6, m.comm_bytes_inter / 1e6)
+          : "";
   if (csv_ && write_error_.ok()) {  // DeepSpeed's events, stepped by global samples
     const int64_t samples = m.step * o_.train_batch_size;
     Status s = csv_->Write("Train/Samples/train_loss", samples, m.loss);

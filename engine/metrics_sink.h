@@ -60,6 +60,8 @@ struct StepMetrics {
   // Seconds of the step's collectives that ran in line, and of those on the critical path
   // ([Note: exposed communication], engine/comm_spans.h).
   double comm_s = 0, exposed_comm_s = 0;
+  // Bytes rank 0 sent in the step within a node and across nodes ([Note: bytes on the wire]).
+  int64_t comm_bytes_intra = 0, comm_bytes_inter = 0;
 };
 
 class MetricsSink {

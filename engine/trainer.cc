@@ -20,6 +20,7 @@
 #include "engine/metrics_sink.h"
 #include "engine/preflight.h"
 #include "engine/run_dir.h"
+#include "engine/run_mesh.h"
 #include "engine/run_options.h"
 #include "engine/safetensors.h"
 #include "engine/timeline.h"
@@ -136,7 +137,8 @@ class Run {
   }
   CheckpointGroups Groups() {
     return {.world = &world(),
-            .dp = &dp(),
+            .dp = mesh_ ? &mesh_->data_shard() : &dp(),
+            .replica_rank = mesh_ && mesh_->data_replicate() ? mesh_->data_replicate()->rank() : 0,
             .tensor_size = mesh_ ? mesh_->shape().tensor : 1,
             .tensor_rank = mesh_ ? mesh_->coord().tensor : 0,
             .pipeline_size = pp(),
@@ -272,37 +274,10 @@ Status Run::Save(int64_t step, int64_t consumed) {
   return absl::OkStatus();
 }
 
-// The mesh: data-parallel size = world / (tensor_parallel_size x pipeline_parallel_size), ranks
-// in Megatron's order (tensor fastest, then data, then pipeline).
+// The mesh (engine/run_mesh.h); null when nothing splits the world.
 Status Run::SetupMesh() {
   comm_spans_.Attach(world());  // before any group is split from it
-  const int tp = c_.parallel.tensor_parallel_size;
-  const int pp = c_.parallel.pipeline_parallel_size;
-  const int world_size = world().size();
-  if (pp == 1 && world_size % tp != 0) {
-    return absl::InvalidArgumentError(StrCat("parallel.tensor_parallel_size = ", tp,
-                                             " does not divide the world size ", world_size, " (",
-                                             ctx_.world_source, ")"));
-  }
-  if (world_size % (tp * pp) != 0) {
-    return absl::InvalidArgumentError(
-        StrCat("parallel.tensor_parallel_size x pipeline_parallel_size = ", tp, " x ", pp,
-               " does not divide the world size ", world_size, " (", ctx_.world_source, ")"));
-  }
-  const GptConfig& m = c_.model.shape;
-  if (m.n_head % tp != 0) {
-    return absl::InvalidArgumentError(StrCat("parallel.tensor_parallel_size = ", tp,
-                                             " does not divide model.n_head = ", m.n_head));
-  }
-  if (m.d_model % tp != 0) {
-    return absl::InvalidArgumentError(StrCat("parallel.tensor_parallel_size = ", tp,
-                                             " does not divide model.d_model = ", m.d_model));
-  }
-  if (tp == 1 && pp == 1) return absl::OkStatus();
-  ZR_ASSIGN_OR_RETURN(
-      mesh_,
-      DeviceMesh::Create(world(), {.data = world_size / (tp * pp), .tensor = tp, .pipeline = pp},
-                         world().options()));
+  ZR_ASSIGN_OR_RETURN(mesh_, MakeRunMesh(c_, world(), ctx_.world_source, ctx_.topology));
   return absl::OkStatus();
 }
 
@@ -363,7 +338,8 @@ Status Run::Setup() {
   const ShardManagerOptions mo = ShardManagerOptionsFrom(c_, dp().size(), ctx_.faults);
   ZR_ASSIGN_OR_RETURN(
       manager_,
-      ShardManager::Create(mo, {.dp = &dp(),
+      ShardManager::Create(mo, {.dp = mesh_ ? &mesh_->data_shard() : &dp(),
+                                .replicate = mesh_ ? mesh_->data_replicate() : nullptr,
                                 .device_allocator = allocator_.get(),
                                 .tracker = &tracker_,
                                 .model_parallel = mesh_ ? &mesh_->model_parallel() : nullptr,
@@ -592,7 +568,9 @@ void Run::Report(int64_t step, int64_t consumed, const StepOutcome& o, double va
                   .wall = o.wall,
                   .offload = offload,
                   .comm_s = o.comm.comm_s,
-                  .exposed_comm_s = o.comm.exposed_s});
+                  .exposed_comm_s = o.comm.exposed_s,
+                  .comm_bytes_intra = o.comm.intra_bytes,
+                  .comm_bytes_inter = o.comm.inter_bytes});
 }
 
 // After a step: a signal on any rank stops every rank at the same step boundary; checkpoints at

@@ -17,6 +17,7 @@
 #include "engine/run_options.h"
 #include "runtime/communicator.h"
 #include "runtime/memory.h"
+#include "runtime/topology.h"
 
 namespace zerort {
 
@@ -29,7 +30,8 @@ struct TrainerContext {
   bool resume = false;            // continue from checkpoint.dir/latest
   bool overwrite = false;         // a new run where an earlier run's checkpoints or metrics are
   int local_world_size = 1;       // ranks on this node (they share its host memory)
-  FaultHooks faults;              // tests only (the CLI reads them from the environment)
+  const Topology* topology = nullptr;  // which ranks share a node (null: one node)
+  FaultHooks faults;                   // tests only (the CLI reads them from the environment)
 };
 
 struct TrainResult {

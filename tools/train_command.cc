@@ -99,6 +99,10 @@ int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** 
     if (auto level = ParseLogLevel(config->logging.level); level.ok()) Logger()->set_level(*level);
   }
 
+  if (Status nodes = CheckRanksPerNodeOverride(ProcessEnv(), launch.world_size); !nodes.ok()) {
+    Logger()->error("{}", nodes.message());
+    return kExitUsage;
+  }
   // MPI under a launcher (NCCL over it on GPUs), or a group of one (runtime/session.h).
   StatusOr<std::unique_ptr<Session>> session =
       Session::Start(argc, argv,
@@ -133,6 +137,7 @@ int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** 
                                                  .resume = o.resume,
                                                  .overwrite = o.overwrite,
                                                  .local_world_size = launch.local_world_size,
+                                                 .topology = &(*session)->topology(),
                                                  .faults = FaultHooks::FromEnvironment()});
   if (!result.ok()) {
     Logger()->error("{}", result.status().message());

@@ -1,0 +1,59 @@
+// The run's mesh from parallel.* (run_mesh.h).
+#include "engine/run_mesh.h"
+
+#include "runtime/log.h"
+#include "runtime/strings.h"
+
+namespace zerort {
+
+StatusOr<std::unique_ptr<DeviceMesh>> MakeRunMesh(const RunConfig& c, Communicator& world,
+                                                  const std::string& world_source,
+                                                  const Topology* topology) {
+  const int tp = c.parallel.tensor_parallel_size;
+  const int pp = c.parallel.pipeline_parallel_size;
+  const int shard = c.parallel.data_shard_size;
+  const int world_size = world.size();
+  if (pp == 1 && world_size % tp != 0) {
+    return absl::InvalidArgumentError(StrCat("parallel.tensor_parallel_size = ", tp,
+                                             " does not divide the world size ", world_size, " (",
+                                             world_source, ")"));
+  }
+  if (world_size % (tp * pp) != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("parallel.tensor_parallel_size x pipeline_parallel_size = ", tp, " x ", pp,
+               " does not divide the world size ", world_size, " (", world_source, ")"));
+  }
+  const GptConfig& m = c.model.shape;
+  if (m.n_head % tp != 0) {
+    return absl::InvalidArgumentError(StrCat("parallel.tensor_parallel_size = ", tp,
+                                             " does not divide model.n_head = ", m.n_head));
+  }
+  if (m.d_model % tp != 0) {
+    return absl::InvalidArgumentError(StrCat("parallel.tensor_parallel_size = ", tp,
+                                             " does not divide model.d_model = ", m.d_model));
+  }
+  const int dp = world_size / (tp * pp);
+  const std::string key =
+      c.zero.mics_shard_size > 0 ? "zero_optimization.mics_shard_size" : "parallel.data_shard_size";
+  if (shard > 0 && dp % shard != 0) {
+    return absl::InvalidArgumentError(StrCat(
+        key, " = ", shard, " does not divide the data-parallel size ", dp, " (", world_source,
+        " / (tensor_parallel_size ", tp, " x pipeline_parallel_size ", pp, "))"));
+  }
+  const bool hybrid = shard > 0 && shard < dp;
+  if (tp == 1 && pp == 1 && !hybrid) return std::unique_ptr<DeviceMesh>();
+  ZR_ASSIGN_OR_RETURN(
+      std::unique_ptr<DeviceMesh> mesh,
+      DeviceMesh::Create(
+          world, {.data = dp, .tensor = tp, .pipeline = pp, .data_shard = hybrid ? shard : 0},
+          world.options(), topology));
+  if (hybrid && mesh->data_shard().crosses_nodes() && world.rank() == 0) {
+    Logger()->warn(
+        "{} = {}: a shard group spans nodes ({}), so every gather crosses them; a group within a "
+        "node keeps the gathers there",
+        key, shard, topology != nullptr ? topology->Describe() : std::string("one node"));
+  }
+  return mesh;
+}
+
+}  // namespace zerort

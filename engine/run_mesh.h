@@ -1,0 +1,23 @@
+// The mesh of a `zerort train` run: the world split into data x tensor x pipeline (Megatron's
+// order, tensor fastest) with, for hybrid sharding, shard and replicate groups of the data
+// dimension ([Note: hybrid sharding], runtime/device_mesh.h), every size checked against the world
+// and the model first, naming the key.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engine/config.h"
+#include "runtime/device_mesh.h"
+#include "runtime/topology.h"
+
+namespace zerort {
+
+// Null when the world is one data-parallel group and nothing splits it (no tensor or pipeline
+// parallelism, no hybrid sharding). `world_source` says where the world's size came from, for
+// the messages; `topology` (may be null) which ranks share a node.
+StatusOr<std::unique_ptr<DeviceMesh>> MakeRunMesh(const RunConfig& c, Communicator& world,
+                                                  const std::string& world_source,
+                                                  const Topology* topology);
+
+}  // namespace zerort
