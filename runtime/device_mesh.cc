@@ -67,7 +67,8 @@ StatusOr<std::unique_ptr<DeviceMesh>> DeviceMesh::Create(Communicator& world, Me
     CommOptions o = options;
     o.name = StrCat(options.name, ".", name);
     o.crosses_nodes = topology != nullptr && !members.empty() && !topology->OneNode(members);
-    if (std::find(members.begin(), members.end(), world.rank()) != members.end()) {
+    if (members.size() > 1 &&
+        std::find(members.begin(), members.end(), world.rank()) != members.end()) {
       mesh->groups_ +=
           StrCat(mesh->groups_.empty() ? "" : "\n", o.name, ": ranks ", absl::StrJoin(members, ","),
                  o.crosses_nodes ? " (crosses nodes)" : "");

@@ -74,7 +74,8 @@ class DeviceMesh {
   // without a topology of several nodes, or when the nodes hold different numbers of them.
   Communicator* data_intra() const { return data_intra_.get(); }
   Communicator* data_inter() const { return data_inter_.get(); }
-  // One line per group of this rank: its members (world ranks) and whether they cross nodes.
+  // One line per group of more than one rank this rank is in: its name, its members (world
+  // ranks) and whether they cross nodes.
   std::string DescribeGroups() const;
 
  private:

@@ -91,6 +91,12 @@ StatusOr<Topology> SimulatedTopology(const Topology& real, int k) {
   return t;
 }
 
+Status CheckRanksPerNodeOverride(const EnvLookup& env, int world_size) {
+  ZR_ASSIGN_OR_RETURN(const std::optional<int> k, RanksPerNodeOverride(env));
+  if (!k.has_value()) return absl::OkStatus();
+  return SimulatedTopology(SingleNode(world_size, "localhost"), *k).status();
+}
+
 Status CheckLaunchAgrees(const Topology& topology, const LaunchEnv& launch) {
   if (!launch.local_known || topology.world_size() <= launch.rank) return absl::OkStatus();
   const std::vector<int> mine = topology.RanksOf(topology.node(launch.rank));

@@ -51,6 +51,9 @@ StatusOr<std::optional<int>> RanksPerNodeOverride(const EnvLookup& env);
 // `real` split into simulated nodes of `ranks_per_node` consecutive ranks; fails when it does not
 // divide the world or a simulated node would span two real nodes.
 StatusOr<Topology> SimulatedTopology(const Topology& real, int ranks_per_node);
+// ZERORT_RANKS_PER_NODE is absent, or valid for `world_size` ranks on one host: for a command's
+// usage check before it starts (the hosts are known only once the ranks run).
+Status CheckRanksPerNodeOverride(const EnvLookup& env, int world_size);
 // The launcher's local rank and size for `rank` agree with `topology` (Note: nodes).
 Status CheckLaunchAgrees(const Topology& topology, const LaunchEnv& launch);
 // This machine's hostname ("localhost" when it has none).

@@ -13,8 +13,10 @@ namespace zerort::cli {
 
 struct EnvOptions {
   bool json = false;
+  // Under a launcher: the mesh whose groups to print (data = world / (tp x pp)).
+  int tp = 1, pp = 1, data_shard_size = 0;
 };
-int RunEnv(const EnvOptions& options, const LaunchEnv& launch);
+int RunEnv(const EnvOptions& options, const LaunchEnv& launch, int* argc, char*** argv);
 
 struct BenchCommOptions {
   std::string backend;  // loopback, mpi, nccl; empty: mpi under a launcher, loopback otherwise

@@ -3,12 +3,17 @@
 #include <thread>
 
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "kernels/blas.h"
 #include "nlohmann/json.hpp"
 #include "runtime/build_info.h"
 #include "runtime/device.h"
+#include "runtime/device_mesh.h"
+#include "runtime/exit_codes.h"
+#include "runtime/host_collectives.h"
 #include "runtime/mpi_communicator.h"
 #include "runtime/nccl_communicator.h"
+#include "runtime/session.h"
 #include "runtime/strings.h"
 #include "tools/commands.h"
 
@@ -19,9 +24,62 @@ std::string CudaVersionString(int v) {
   return v == 0 ? "none" : fmt::sprintf("%d.%d", v / 1000, (v % 1000) / 10);
 }
 
+// The nodes and each rank's mesh groups ([Note: nodes], [Note: hybrid sharding]): the ranks
+// start MPI under a launcher, agree on their hosts (Session), split the mesh and gather every
+// rank's groups to rank 0. A usage error is InvalidArgument.
+StatusOr<nlohmann::json> Nodes(const EnvOptions& o, const LaunchEnv& launch, int* argc,
+                               char*** argv) {
+  ZR_RETURN_IF_ERROR(CheckRanksPerNodeOverride(ProcessEnv(), launch.world_size));
+  const int world = launch.world_size;
+  if (world % (o.tp * o.pp) != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("--tp ", o.tp, " x --pp ", o.pp, " does not divide the world size ", world));
+  }
+  const int dp = world / (o.tp * o.pp);
+  if (o.data_shard_size > 0 && dp % o.data_shard_size != 0) {
+    return absl::InvalidArgumentError(StrCat("--data-shard-size ", o.data_shard_size,
+                                             " does not divide the data-parallel size ", dp));
+  }
+  ZR_ASSIGN_OR_RETURN(std::unique_ptr<Session> session,
+                      Session::Start(argc, argv, {.device = "cpu", .configure_logging = false}));
+  const Topology& t = session->topology();
+  ZR_ASSIGN_OR_RETURN(
+      std::unique_ptr<DeviceMesh> mesh,
+      DeviceMesh::Create(session->world(),
+                         {.data = dp,
+                          .tensor = o.tp,
+                          .pipeline = o.pp,
+                          .data_shard = o.data_shard_size < dp ? o.data_shard_size : 0},
+                         session->world().options(), &t));
+  std::unique_ptr<Stream> stream = *CreateStream(Device::Cpu(), "env");
+  ZR_ASSIGN_OR_RETURN(const std::vector<std::string> groups,
+                      AllGatherHostStrings(session->world(), session->allocator(), *stream,
+                                           mesh->DescribeGroups()));
+  nlohmann::json nodes = nlohmann::json::array();
+  for (int n = 0; n < t.nodes(); ++n)
+    nodes.push_back({{"name", t.node_names[n]}, {"ranks", t.RanksOf(n)}});
+  return nlohmann::json{{"source", t.source},
+                        {"describe", t.Describe()},
+                        {"nodes", nodes},
+                        {"mesh",
+                         {{"data", dp},
+                          {"tensor", o.tp},
+                          {"pipeline", o.pp},
+                          {"data_shard_size", o.data_shard_size}}},
+                        {"groups", groups},
+                        {"rank", session->rank()}};
+}
+
 }  // namespace
 
-int RunEnv(const EnvOptions& options, const LaunchEnv& launch) {
+int RunEnv(const EnvOptions& options, const LaunchEnv& launch, int* argc, char*** argv) {
+  StatusOr<nlohmann::json> nodes = Nodes(options, launch, argc, argv);
+  if (!nodes.ok()) {
+    std::fprintf(stderr, "zerort env: %s\n", std::string(nodes.status().message()).c_str());
+    return absl::IsInvalidArgument(nodes.status()) ? kExitUsage : kExitRuntimeFailure;
+  }
+  if ((*nodes)["rank"].get<int>() != 0) return 0;  // rank 0 prints for every rank
+  nodes->erase("rank");
   const BuildInfo build = GetBuildInfo();
   const CudaInfo cuda = QueryCuda();
   nlohmann::json devices = nlohmann::json::array();
@@ -61,6 +119,7 @@ int RunEnv(const EnvOptions& options, const LaunchEnv& launch) {
         {"local_rank", launch.local_rank},
         {"local_world_size", launch.local_world_size},
         {"notes", launch.notes}}},
+      {"topology", *nodes},
   };
   if (options.json) {
     std::printf("%s\n", out.dump(2).c_str());
@@ -91,6 +150,22 @@ int RunEnv(const EnvOptions& options, const LaunchEnv& launch) {
   }
   std::printf("%-10s %u hardware threads\n", "host:", std::thread::hardware_concurrency());
   std::printf("%-10s %s\n", "launch:", launch.ToString().c_str());
+  const nlohmann::json& t = *nodes;
+  std::printf("%-10s %s\n", "nodes:", t["describe"].get<std::string>().c_str());
+  for (size_t n = 0; n < t["nodes"].size(); ++n) {
+    std::printf("%-10s %s: ranks %s\n", StrCat("node ", n, ":").c_str(),
+                t["nodes"][n]["name"].get<std::string>().c_str(),
+                absl::StrJoin(t["nodes"][n]["ranks"].get<std::vector<int>>(), ",").c_str());
+  }
+  const auto& groups = t["groups"];
+  for (size_t r = 0; r < groups.size(); ++r) {
+    const std::string text = groups[r].get<std::string>();
+    std::printf("%-10s %s\n", StrCat("rank ", r, ":").c_str(),
+                text.empty() ? "one data-parallel group, the world" : "");
+    for (const auto& line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+      std::printf("%-10s   %s\n", "", std::string(line).c_str());
+    }
+  }
   return 0;
 }
 

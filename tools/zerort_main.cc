@@ -23,6 +23,15 @@ int main(int argc, char** argv) {
   CLI::App* env =
       app.add_subcommand("env", "Print version, build, devices, libraries and launch environment");
   env->add_flag("--json", env_options.json, "One JSON object instead of text");
+  env->add_option("--tp", env_options.tp,
+                  "Under a launcher: the tensor-parallel size of the mesh "
+                  "whose groups to print")
+      ->check(CLI::Range(1, 1 << 16));
+  env->add_option("--pp", env_options.pp, "... its pipeline-parallel size")
+      ->check(CLI::Range(1, 1 << 16));
+  env->add_option("--data-shard-size", env_options.data_shard_size,
+                  "... its hybrid-sharding group size (parallel.data_shard_size; 0: none)")
+      ->check(CLI::Range(0, 1 << 16));
 
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks measured against a same-run baseline");
   bench->require_subcommand(1);
@@ -275,7 +284,7 @@ int main(int argc, char** argv) {
     Logger()->debug("{}", launch->ToString());
   }
 
-  if (app.got_subcommand(env)) return cli::RunEnv(env_options, *launch);
+  if (app.got_subcommand(env)) return cli::RunEnv(env_options, *launch, &argc, &argv);
   if (comm->parsed()) return cli::RunBenchComm(comm_options, *launch, &argc, &argv);
   if (adamw->parsed()) return cli::RunBenchAdamw(adamw_options);
   if (model->parsed()) return cli::RunBenchModel(model_options, *launch, &argc, &argv);
