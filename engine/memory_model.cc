@@ -99,8 +99,16 @@ class StepModel {
     return infos;
   }
 
+  // [Note: bytes per step]: a collective over the shard group, and one across the replicas.
+  void InGroup(StepComm::Op op, int64_t bytes) {
+    out_.comm.Add(op, bytes, in_.shard_ranks(), in_.ShardGroupCrossesNodes());
+  }
+  void AcrossReplicas(int64_t bytes) {
+    out_.comm.Add(StepComm::Op::kAllReduce, bytes, in_.replicas(), in_.ReplicasCrossNodes());
+  }
   // A unit's all-gather: its buffer on the comm stream, then read on the compute stream.
   Replay::Handle Gather(const Unit& u) {
+    InGroup(StepComm::Op::kAllGather, GatheredBytes(u));
     Replay::Handle h = r_.Alloc(Cat::kGatheredWeights, GatheredBytes(u), comm_);
     r_.Use(h, *compute_);
     return h;
@@ -248,6 +256,10 @@ void StepModel::Flush() {
     packed = r_.Alloc(Cat::kCommBuffers, bucket_shard * in_.shard_ranks() * kRsize, comm_);
   }
   if (in_.shard_ranks() > 1) reduced = r_.Alloc(Cat::kCommBuffers, bucket_shard * kRsize, comm_);
+  const int64_t full = bucket_shard * in_.shard_ranks() * kRsize;
+  InGroup(in_.manager.reduce_scatter ? StepComm::Op::kReduceScatter : StepComm::Op::kAllReduce,
+          full);
+  AcrossReplicas(in_.manager.reduce_scatter ? bucket_shard * kRsize : full);
   for (int u : pending_) {  // DropFullGrad: reused once the comm stream is done with it
     r_.Use(units_[u].full_grad, *comm_);
     r_.Free(units_[u].full_grad);
@@ -484,6 +496,8 @@ void StepModel::Step() {
     std::vector<int> bucket;
     int64_t numel = 0;
     auto reduce = [&] {
+      InGroup(StepComm::Op::kAllReduce, numel * kRsize);
+      AcrossReplicas(numel * kRsize);
       if (bucket.size() > 1 && in_.dp > 1) {  // every data rank, hybrid or not
         Replay::Handle h = r_.Alloc(Cat::kCommBuffers, numel * kRsize, comm_);
         r_.Free(h);
@@ -500,6 +514,9 @@ void StepModel::Step() {
   }
   Replay::Handle acc = r_.Alloc(Cat::kWorkspace, 8, compute_);  // norm/overflow accumulator
   r_.Free(acc);
+  if (in_.stage() == 1 || in_.stage() == 2) {  // the updated shards, gathered or broadcast
+    for (const Unit& u : units_) InGroup(StepComm::Op::kAllGather, GatheredBytes(u));
+  }
   // As ShardedUnit::GatherUpdated: stages 1-2 all-gather a unit larger than
   // allgather_bucket_size through a staging buffer of world x piece elements.
   if ((in_.stage() == 1 || in_.stage() == 2) && in_.shard_ranks() > 1 &&
@@ -527,6 +544,7 @@ void StepModel::Run() {
   for (int k = 0; k < in_.accumulation; ++k) MicroBatch();
   Step();
   r_.ResetPeaks();
+  out_.comm = {};  // the measured step's collectives only
   for (int k = 0; k < in_.accumulation; ++k) MicroBatch();
   Step();
   out_.peaks = r_.Snapshot();

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/comm_model.h"
 #include "engine/config.h"
 #include "runtime/dtype.h"
 #include "runtime/memory.h"
@@ -48,6 +49,10 @@ struct MemoryModelInput {
   // Hybrid sharding ([Note: hybrid sharding]): the ranks the state is sharded over; 0: all dp.
   int data_shard = 0;
   int shard_ranks() const { return data_shard > 0 && data_shard < dp ? data_shard : dp; }
+  int replicas() const { return dp / shard_ranks(); }
+  // Whether this stage's shard group and its replicate group span nodes (comm_model.h).
+  bool ShardGroupCrossesNodes() const;
+  bool ReplicasCrossNodes() const;
   int tp = 1;  // tensor-parallel size
   bool sequence_parallel = false;
   int vocab_multiple = 1;  // make_vocab_size_divisible_by
@@ -56,7 +61,9 @@ struct MemoryModelInput {
   std::string pipeline_schedule = "1f1b";
   int virtual_stages = 1;
   std::vector<int> pipeline_layers;  // blocks per chunk; empty: an even split
-  int ranks_per_node = 1;            // for the per-node host column
+  // Ranks per node, placed node by node: the per-node host column, and which groups' bytes cross
+  // nodes ([Note: bytes per step], engine/comm_model.h).
+  int ranks_per_node = 1;
   bool activation_checkpointing = false;
   int64_t head_chunk_rows = 0;  // GptModelOptions::head_chunk_rows
   bool cuda = false;            // CUDA kernels keep a cuBLASLt workspace and attention scratch
@@ -100,6 +107,7 @@ struct MemoryEstimate {
   std::array<int64_t, kNumMemoryTiers> phase_forward{}, phase_backward{}, phase_step{};
   std::vector<MemoryTerm> terms;
   int64_t parameters = 0;  // model parameters on this rank (after tp/pp split)
+  StepComm comm;           // bytes this rank sends per step, by link ([Note: bytes per step])
 
   int64_t Peak(MemoryTier tier, MemoryCategory category) const {
     return peaks.Get(tier, category).peak;

@@ -58,6 +58,15 @@ int MemoryModelInput::optimizer_states() const {
   return manager.optimizer.momentum != 0 ? 1 : 0;
 }
 
+// Megatron's order: this stage's first data group starts at world rank stage x dp x tp; its data
+// ranks are tp apart, a shard group's first S of them, a replicate group every S-th.
+bool MemoryModelInput::ShardGroupCrossesNodes() const {
+  return SpansNodes(pipeline_stage * dp * tp, tp, shard_ranks(), ranks_per_node);
+}
+bool MemoryModelInput::ReplicasCrossNodes() const {
+  return SpansNodes(pipeline_stage * dp * tp, shard_ranks() * tp, replicas(), ranks_per_node);
+}
+
 void MemoryModelInput::SetLayout(int zero_stage, const std::string& offload) {
   manager.stage = static_cast<ZeroStage>(zero_stage);
   OffloadConfig placed;  // pinned host memory for "cpu", as the config's default

@@ -128,7 +128,11 @@ struct EstimateOptions {
   int tp = 1, pp = 1;     // tensor- and pipeline-parallel sizes (shape mode)
   int layers = 0, hidden = 0, heads = 0, vocab = 50257;  // SHAPE instead of --model
   int gpus = 1, nodes = 1;                               // GPUs per node, nodes
-  int seq_len = 0;                                       // 0: the model's
+  int ranks_per_node = 0;   // config mode: ranks per node (0: every rank on one node)
+  int data_shard_size = 0;  // shape mode: hybrid sharding's group size (0: none)
+  double intra_gbps = 0;    // link speeds for a communication time per step (0: none)
+  double inter_gbps = 0;
+  int seq_len = 0;  // 0: the model's
   int micro_batch = 1;
   double params = 0;                // cold mode
   double largest_layer_params = 0;  // cold mode

@@ -72,6 +72,7 @@ std::vector<EstimateRow> Table(MemoryModelInput base, int ranks_per_node,
       for (bool ckpt : checkpointing) {
         MemoryModelInput in = base;
         in.SetLayout(stage, offload);
+        if (stage == 0) in.data_shard = 0;  // nothing to shard in groups
         in.activation_checkpointing = ckpt;
         StatusOr<MemoryEstimate> e = estimate(in);
         if (!e.ok()) continue;
@@ -175,6 +176,24 @@ nlohmann::json RowJson(const EstimateRow& r) {
   return j;
 }
 
+// [Note: bytes per step] (engine/comm_model.h) as JSON, with the time at the given link speeds.
+nlohmann::json CommJson(const StepComm& c, const EstimateOptions& o) {
+  nlohmann::json j = {{"intra_node_bytes", c.intra}, {"inter_node_bytes", c.inter}};
+  if (o.intra_gbps > 0 || o.inter_gbps > 0) j["seconds"] = c.Seconds(o.intra_gbps, o.inter_gbps);
+  return j;
+}
+
+// "0.21 MB in node, 0.07 MB across[, 0.0012 s at 2400/200 Gb/s]".
+std::string CommText(const StepComm& c, const EstimateOptions& o) {
+  std::string text =
+      fmt::format("{:.2f} MB within a node, {:.2f} MB across nodes", c.intra / 1e6, c.inter / 1e6);
+  if (o.intra_gbps > 0 || o.inter_gbps > 0) {
+    text += fmt::format(", {:.4f} s at {:g} / {:g} Gb/s", c.Seconds(o.intra_gbps, o.inter_gbps),
+                        o.intra_gbps, o.inter_gbps);
+  }
+  return text;
+}
+
 void Explain(const MemoryEstimate& e) {
   std::printf("terms:\n");
   for (const MemoryTerm& t : e.terms) {
@@ -196,6 +215,15 @@ int RunFromConfig(const EstimateOptions& o) {
   const bool cuda = o.device == "cuda" || (o.device.empty() && config->train.device == "cuda");
   StatusOr<MemoryModelInput> in = MemoryModelInput::FromConfig(*config, o.world_size, cuda);
   if (!in.ok()) return Usage(std::string(in.status().message()));
+  if (o.ranks_per_node < 0 || o.ranks_per_node > o.world_size) {
+    return Usage(StrCat("--ranks-per-node ", o.ranks_per_node, " is not in [1, --world-size ",
+                        o.world_size, "]"));
+  }
+  if (!(o.intra_gbps >= 0 && o.intra_gbps <= 1e6 && o.inter_gbps >= 0 && o.inter_gbps <= 1e6)) {
+    return Usage(StrCat("--intra-gbps ", o.intra_gbps, " / --inter-gbps ", o.inter_gbps,
+                        " must be in [0, 1e6] Gb/s"));
+  }
+  in->ranks_per_node = o.ranks_per_node > 0 ? o.ranks_per_node : o.world_size;
   StatusOr<std::vector<MemoryEstimate>> stages = EstimateMemoryPerStage(*in);
   if (!stages.ok()) return Usage(std::string(stages.status().message()));
   // With pipeline stages: per category the largest stage's (the busiest rank's needs).
@@ -212,6 +240,10 @@ int RunFromConfig(const EstimateOptions& o) {
       }
     }
     e->peaks = MaxOverStages(peaks);
+    for (const MemoryEstimate& s : *stages) {
+      e->comm.intra = std::max(e->comm.intra, s.comm.intra);
+      e->comm.inter = std::max(e->comm.inter, s.comm.inter);
+    }
   }
   MemorySnapshot measured;
   std::vector<MemorySnapshot> measured_by_rank(static_cast<size_t>(o.world_size));
@@ -251,6 +283,7 @@ int RunFromConfig(const EstimateOptions& o) {
   }
   if (o.json) {
     nlohmann::json j = EstimateJson(*e);
+    j["comm"] = CommJson(e->comm, o);
     j["config"] = o.config;
     j["world_size"] = o.world_size;
     if (stages->size() > 1) {
@@ -309,6 +342,8 @@ int RunFromConfig(const EstimateOptions& o) {
     }
   }
   PrintCategories(*e, o.measure ? &measured : nullptr);
+  std::printf("  communication per step (this rank; ranks %d per node): %s\n", in->ranks_per_node,
+              CommText(e->comm, o).c_str());
   if (o.explain) Explain(*e);
   std::printf("%s\n", kCaveats);
   return kExitOk;
@@ -401,12 +436,15 @@ int RunCold(const EstimateOptions& o, int gpus) {
 enum class Mode { kConfig, kShape, kCold };
 
 Status CheckFlags(const EstimateOptions& o, Mode mode) {
-  static const std::set<std::string> kConfig = {"--world-size", "--device", "--measure",
-                                                "--explain", "--json"};
+  static const std::set<std::string> kConfig = {"--world-size", "--device",    "--measure",
+                                                "--explain",    "--json",      "--ranks-per-node",
+                                                "--intra-gbps", "--inter-gbps"};
   static const std::set<std::string> kShape = {
-      "--model", "--hf-config", "--layers", "--hidden",      "--heads",
-      "--vocab", "--seq-len",   "--gpus",   "--micro-batch", "--nodes",
-      "--tp",    "--pp",        "--fit",    "--explain",     "--json"};
+      "--model",       "--hf-config", "--layers",  "--hidden",
+      "--heads",       "--vocab",     "--seq-len", "--gpus",
+      "--micro-batch", "--nodes",     "--tp",      "--pp",
+      "--fit",         "--explain",   "--json",    "--data-shard-size",
+      "--intra-gbps",  "--inter-gbps"};
   static const std::set<std::string> kCold = {"--params", "--largest-layer-params", "--gpus",
                                               "--nodes", "--json"};
   const std::set<std::string>& allowed = mode == Mode::kConfig  ? kConfig
@@ -578,6 +616,16 @@ int RunEstimate(const EstimateOptions& o) {
   base.ranks_per_node = o.gpus;
   base.manager.compute_dtype = DType::kBF16;
   base.cuda = true;
+  base.data_shard = o.data_shard_size;
+  if (o.data_shard_size < 0 || (o.data_shard_size > 0 && base.dp % o.data_shard_size != 0)) {
+    return Usage(StrCat("--data-shard-size ", o.data_shard_size,
+                        " does not divide the data-parallel size ", base.dp));
+  }
+  if (!(o.intra_gbps >= 0 && o.intra_gbps <= 1e6 && o.inter_gbps >= 0 && o.inter_gbps <= 1e6)) {
+    return Usage(StrCat("--intra-gbps ", o.intra_gbps, " / --inter-gbps ", o.inter_gbps,
+                        " must be in [0, 1e6] Gb/s"));
+  }
+  const bool timed = o.intra_gbps > 0 || o.inter_gbps > 0;
   const auto t0 = std::chrono::steady_clock::now();
   // Every stage's table; each row keeps the stage with the largest device peak (what must fit).
   std::vector<EstimateRow> rows;
@@ -611,6 +659,7 @@ int RunEstimate(const EstimateOptions& o) {
     nlohmann::json out = nlohmann::json::array();
     for (const EstimateRow& r : rows) {
       nlohmann::json j = RowJson(r);
+      j["comm"] = CommJson(r.estimate.comm, o);
       j["activation_checkpointing"] = r.checkpointing;
       if (fit) j["why"] = SpeedRank(r).second;
       out.push_back(j);
@@ -637,19 +686,22 @@ int RunEstimate(const EstimateOptions& o) {
   if (fit) {
     std::printf("layouts that fit in %s GiB per GPU, expected fastest first:\n", Gib(*fit).c_str());
   }
-  std::printf("  %-5s %-7s %-5s %10s %10s %10s %10s %10s %10s %12s %10s%s\n", "stage", "offload",
-              "ckpt", "GPU GiB", "reserved", "params", "grads", "optim", "activ.", "host/node",
-              "NVMe/node", fit ? "  why" : "");
+  std::printf("  %-5s %-7s %-5s %10s %10s %10s %10s %10s %10s %12s %10s %9s %9s%s%s\n", "stage",
+              "offload", "ckpt", "GPU GiB", "reserved", "params", "grads", "optim", "activ.",
+              "host/node", "NVMe/node", "GB node", "GB across", timed ? "    comm s" : "",
+              fit ? "  why" : "");
   for (const EstimateRow& r : rows) {
     const MemoryEstimate& e = r.estimate;
     auto dev = [&](MemoryCategory c) { return Gib(e.Peak(MemoryTier::kDevice, c)); };
-    std::printf("  %-5d %-7s %-5s %10s %10s %10s %10s %10s %10s %12s %10s%s%s\n", r.stage,
-                r.offload.c_str(), r.checkpointing ? "on" : "off", Gib(r.device).c_str(),
-                Gib(e.PeakReserved(MemoryTier::kDevice)).c_str(),
-                dev(MemoryCategory::kParameters).c_str(), dev(MemoryCategory::kGradients).c_str(),
-                dev(MemoryCategory::kOptimizerState).c_str(),
-                dev(MemoryCategory::kActivations).c_str(), Gib(r.host_node).c_str(),
-                Gib(r.nvme).c_str(), fit ? "  " : "", fit ? SpeedRank(r).second.c_str() : "");
+    std::printf(
+        "  %-5d %-7s %-5s %10s %10s %10s %10s %10s %10s %12s %10s%s%s%s%s\n", r.stage,
+        r.offload.c_str(), r.checkpointing ? "on" : "off", Gib(r.device).c_str(),
+        Gib(e.PeakReserved(MemoryTier::kDevice)).c_str(), dev(MemoryCategory::kParameters).c_str(),
+        dev(MemoryCategory::kGradients).c_str(), dev(MemoryCategory::kOptimizerState).c_str(),
+        dev(MemoryCategory::kActivations).c_str(), Gib(r.host_node).c_str(), Gib(r.nvme).c_str(),
+        fmt::format(" {:9.3f} {:9.3f}", e.comm.intra / 1e9, e.comm.inter / 1e9).c_str(),
+        timed ? fmt::format(" {:10.4f}", e.comm.Seconds(o.intra_gbps, o.inter_gbps)).c_str() : "",
+        fit ? "  " : "", fit ? SpeedRank(r).second.c_str() : "");
   }
   if (fit && rows.empty()) std::printf("  (none: more GPUs, a smaller micro-batch or seq-len)\n");
   if (o.explain && !rows.empty()) Explain(rows.front().estimate);

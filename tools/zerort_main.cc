@@ -214,6 +214,13 @@ int main(int argc, char** argv) {
   estimate->add_option("--params", est.params, "Cold mode: total parameters");
   estimate->add_option("--largest-layer-params", est.largest_layer_params,
                        "Cold mode: parameters of the largest layer");
+  estimate->add_option("--ranks-per-node", est.ranks_per_node,
+                       "Run config: ranks per node, placed node by node (default: one node)");
+  estimate->add_option("--data-shard-size", est.data_shard_size,
+                       "Shape: hybrid sharding (HSDP) over groups of this many GPUs at stages 1-3");
+  estimate->add_option("--intra-gbps", est.intra_gbps,
+                       "Link speed within a node, Gb/s: a communication time per step");
+  estimate->add_option("--inter-gbps", est.inter_gbps, "Link speed across nodes, Gb/s");
   estimate->add_option("--fit", est.fit, "Only layouts that fit in this much device memory");
   estimate->add_flag("--explain", est.explain, "Every term with its formula and size");
   estimate->add_flag("--json", est.json, "One JSON object");

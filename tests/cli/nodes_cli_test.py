@@ -71,6 +71,19 @@ for stage in (1, 2, 3):
           a[-1]["comm_bytes_intra_node"] > 0, f"{a[-1]} {b[-1]}")
     check(f"stage {stage}: the metrics line names both links",
           "MB in node" in r.stdout and "MB across" in r.stdout, r.stdout[-600:])
+    # [Note: bytes per step]: the estimator's replay gives each link's bytes; the run adds only
+    # its scalar all-reduces (loss, norm, flags: under 100 bytes).
+    for name, measured in ((flat, b[-1]), (hybrid, a[-1])):
+        e = subprocess.run([zerort, "estimate", os.path.join(tmp, name + ".json"), "--world-size",
+                            "4", "--ranks-per-node", "2", "--json"], capture_output=True,
+                           text=True, timeout=120)
+        if not check(f"estimate {name} exits 0", e.returncode == 0, e.stderr[-800:]):
+            continue
+        comm = json.loads(e.stdout)["comm"]
+        for link in ("intra", "inter"):
+            want, got = comm[f"{link}_node_bytes"], measured[f"comm_bytes_{link}_node"]
+            check(f"{name}: {link}-node bytes {got} == the estimator's {want} + scalars",
+                  want <= got <= want + 100, f"{got} vs {want}")
 
 # DeepSpeed's MiCS key is the same layout at stage 3: the same numbers, bit for bit.
 r = train("mics", {"zero_optimization": {"stage": 3, "mics_shard_size": 2}})
