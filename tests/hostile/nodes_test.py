@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""The inputs issue 31 added, as untrusted input: ZERORT_RANKS_PER_NODE, parallel.data_shard_size,
+zero_optimization.mics_shard_size, `zerort env --tp/--pp/--data-shard-size` and `zerort estimate
+--ranks-per-node/--data-shard-size/--intra-gbps/--inter-gbps`, each given a wrong type, a value out
+of range, a huge or empty value. Each is exit 2 within seconds naming the key, flag or variable,
+writes nothing, and never hangs or crashes. (Under mpirun: tests/cli/nodes_cli_test.py.)
+Usage: nodes_test.py PATH_TO_ZERORT"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
+from harness import Checks, merged, tiny_run  # noqa: E402
+
+zerort = os.path.abspath(sys.argv[1])
+checks = Checks("hostile_nodes_test")
+check = checks.check
+tmp = tempfile.mkdtemp()
+env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+
+
+def run(args, extra_env=None):
+    start = time.time()
+    try:
+        r = subprocess.run([zerort, *args], capture_output=True, timeout=60, cwd=tmp,
+                           env=dict(env, **(extra_env or {})))
+        return r.returncode, r.stderr.decode("utf-8", "replace"), time.time() - start
+    except subprocess.TimeoutExpired:
+        return "timeout", "", time.time() - start
+
+
+def expect(what, args, says, extra_env=None):
+    code, err, seconds = run(args, extra_env)
+    check(f"{what}: exit 2", code == 2, f"{code} {err[-400:]}")
+    check(f"{what}: names it", says in err, f"wanted '{says}' in: {err[-400:]}")
+    check(f"{what}: within seconds", seconds < 10, f"{seconds:.1f} s")
+    check(f"{what}: writes nothing", set(os.listdir(tmp)) == configs, str(os.listdir(tmp)))
+
+
+configs = set()  # the files the test wrote
+
+
+def config(name, extra):
+    run_config = merged(merged(tiny_run(2), {"train": {"device": "cpu"},
+                                             "logging": {"metrics_file": "m.jsonl"},
+                                             "checkpoint": {"dir": "ckpt"}}), extra)
+    with open(os.path.join(tmp, name), "w") as f:
+        json.dump(run_config, f)
+    configs.add(name)
+    return name
+
+
+# The variable: not a number, zero, negative, huge, empty; and a size the world does not divide.
+for value, says in (("x", "is not a positive integer"), ("0", "is not a positive integer"),
+                    ("-2", "is not a positive integer"), ("", "is not a positive integer"),
+                    ("99999999999999999999", "is not a positive integer"),
+                    ("2", "ZERORT_RANKS_PER_NODE=2 does not divide the world size 1")):
+    ok = config("ok.json", {})
+    expect(f"ZERORT_RANKS_PER_NODE='{value}' (train)", ["train", ok], says,
+           {"ZERORT_RANKS_PER_NODE": value})
+    expect(f"ZERORT_RANKS_PER_NODE='{value}' (env)", ["env"], says,
+           {"ZERORT_RANKS_PER_NODE": value})
+
+# The config keys: wrong types, out of range, and rules.
+for name, extra, says in (
+        ("shard_str.json", {"parallel": {"data_shard_size": "2"}}, "parallel.data_shard_size"),
+        ("shard_neg.json", {"parallel": {"data_shard_size": -1}}, "parallel.data_shard_size"),
+        ("shard_huge.json", {"parallel": {"data_shard_size": 1e12}}, "parallel.data_shard_size"),
+        ("shard_float.json", {"parallel": {"data_shard_size": 1.5}}, "parallel.data_shard_size"),
+        ("shard_world.json", {"parallel": {"data_shard_size": 2}},
+         "parallel.data_shard_size = 2 does not divide the data-parallel size 1"),
+        ("shard_stage0.json", {"parallel": {"data_shard_size": 1}, "zero_optimization": {"stage": 0}},
+         "zero_optimization.stage 0 shards nothing"),
+        ("mics_str.json", {"zero_optimization": {"mics_shard_size": [2]}},
+         "zero_optimization.mics_shard_size"),
+        ("mics_low.json", {"zero_optimization": {"mics_shard_size": -5}},
+         "zero_optimization.mics_shard_size"),
+        ("mics_stage1.json", {"zero_optimization": {"stage": 1, "mics_shard_size": 1}},
+         "is MiCS, which DeepSpeed runs at zero_optimization.stage 3 only"),
+        ("mics_world.json", {"zero_optimization": {"mics_shard_size": 4}},
+         "zero_optimization.mics_shard_size = 4 does not divide the data-parallel size 1")):
+    expect(f"train {name}", ["train", config(name, extra)], says)
+
+# The flags.
+ok = config("ok.json", {})
+for args, says in ((["env", "--tp", "3"], "--tp 3 x --pp 1 does not divide the world size 1"),
+                   (["env", "--pp", "0"], "--pp"), (["env", "--tp", "x"], "--tp"),
+                   (["env", "--data-shard-size", "2"], "--data-shard-size 2 does not divide"),
+                   (["env", "--data-shard-size", "-1"], "--data-shard-size"),
+                   (["estimate", ok, "--ranks-per-node", "-1"], "--ranks-per-node -1"),
+                   (["estimate", ok, "--ranks-per-node", "5"], "--ranks-per-node 5"),
+                   (["estimate", ok, "--intra-gbps", "-3"], "--intra-gbps"),
+                   (["estimate", ok, "--inter-gbps", "nan"], "--inter-gbps"),
+                   (["estimate", ok, "--inter-gbps", "1e300"], "--inter-gbps"),
+                   (["estimate", ok, "--data-shard-size", "2"], "--data-shard-size does not apply"),
+                   (["estimate", "--model", "gpt2", "--gpus", "4", "--data-shard-size", "3"],
+                    "--data-shard-size 3 does not divide the data-parallel size 4"),
+                   (["estimate", "--model", "gpt2", "--gpus", "4", "--ranks-per-node", "2"],
+                    "--ranks-per-node does not apply"),
+                   (["estimate", "--model", "gpt2", "--gpus", "4", "--intra-gbps", "inf"],
+                    "--intra-gbps")):
+    expect(" ".join(args), args, says)
+
+checks.finish()
