@@ -57,9 +57,6 @@ inline constexpr int kCheckpointFormatVersion = 2;
 struct CheckpointGroups {
   Communicator* world = nullptr;
   Communicator* dp = nullptr;
-  // Hybrid sharding ([Note: hybrid sharding]): `dp` is the shard group and this rank's index in
-  // its replicate group; the replicas hold the same shards, so replica 0 alone writes them.
-  int replica_rank = 0;
   int tensor_size = 1;
   int tensor_rank = 0;
   int pipeline_size = 1;
@@ -68,6 +65,9 @@ struct CheckpointGroups {
   // model's units), so that the metadata lists parameters in model order whatever the split.
   // Empty: the units' own order.
   std::vector<int> unit_positions;
+  // Hybrid sharding ([Note: hybrid sharding]): `dp` is the shard group and this is the rank's
+  // index in its replicate group; the replicas hold the same shards, so replica 0 alone writes.
+  int replica_rank = 0;
 };
 
 // What a resumed run needs besides the shards.

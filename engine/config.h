@@ -74,6 +74,7 @@ struct ZeroConfig {
   int64_t sub_group_size = RuntimeDefaults().offload.sub_group_size;
   bool stage3_gather_16bit_weights_on_model_save = false;
   int mics_shard_size = -1;  // DeepSpeed's MiCS: parallel.data_shard_size at stage 3; <= 0: off
+  int zero_hpz_partition_size = RuntimeDefaults().hpz_partition_size;  // ZeRO++ hpZ; 1: off
 };
 
 struct Fp16Config {

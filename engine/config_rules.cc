@@ -212,6 +212,13 @@ void HybridShardingRules(RunConfig& c, const GivenKeys& given, Problems& problem
       shard = mics;
     }
   }
+  if (c.zero.zero_hpz_partition_size > 1 && c.zero.stage != 3) {
+    problems.Add(
+        StrCat("zero_optimization.zero_hpz_partition_size = ", c.zero.zero_hpz_partition_size,
+               " is ZeRO++ hpZ, a secondary copy of stage 3's gathered weights; "
+               "zero_optimization.stage is ",
+               c.zero.stage));
+  }
   if (shard > 0 && c.zero.stage == 0) {
     problems.Add(StrCat("parallel.data_shard_size = ", shard,
                         " shards the model state in groups, but zero_optimization.stage 0 "

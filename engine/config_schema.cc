@@ -174,6 +174,10 @@ std::vector<ConfigField> BuildTable() {
                        "DeepSpeed's MiCS (stage 3): the state sharded over groups of this many "
                        "data ranks, replicated across them, as parallel.data_shard_size; <= 0: "
                        "off"));
+  t.push_back(
+      Num<int>(z, "zero_hpz_partition_size", ZR_MEMBER(zero.zero_hpz_partition_size), 1, 1 << 16,
+               "ZeRO++ hpZ (stage 3): a secondary copy of each unit's weights sharded over "
+               "groups of this many ranks (a node) serves the step's later gathers; 1: off"));
   t.push_back(Bool(z, "stage3_gather_16bit_weights_on_model_save",
                    ZR_MEMBER(zero.stage3_gather_16bit_weights_on_model_save),
                    "each checkpoint also writes the consolidated weights in the compute dtype as "

@@ -30,7 +30,8 @@ struct Unit {
   FlatLayout layout;
   UnitPlan plan;
   bool persistent = false;
-  bool gathered = false;  // stage 3: a gathered buffer exists (gathering or unsharded)
+  bool gathered = false;         // stage 3: a gathered buffer exists (gathering or unsharded)
+  bool secondary_valid = false;  // [Note: hpZ]: this step's weights in the secondary copy
   Replay::Handle gathered_buffer, full_grad;
 };
 
@@ -107,8 +108,15 @@ class StepModel {
     out_.comm.Add(StepComm::Op::kAllReduce, bytes, in_.replicas(), in_.ReplicasCrossNodes());
   }
   // A unit's all-gather: its buffer on the comm stream, then read on the compute stream.
-  Replay::Handle Gather(const Unit& u) {
-    InGroup(StepComm::Op::kAllGather, GatheredBytes(u));
+  // [Note: hpZ]: from the secondary copy once the step's first gather made it.
+  Replay::Handle Gather(Unit& u) {
+    if (u.secondary_valid) {
+      out_.comm.Add(StepComm::Op::kAllGather, GatheredBytes(u), in_.manager.hpz_partition_size,
+                    in_.SecondaryCrossesNodes());
+    } else {
+      InGroup(StepComm::Op::kAllGather, GatheredBytes(u));
+      u.secondary_valid = u.plan.Has(UnitBuffer::kSecondary);
+    }
     Replay::Handle h = r_.Alloc(Cat::kGatheredWeights, GatheredBytes(u), comm_);
     r_.Use(h, *compute_);
     return h;
@@ -479,6 +487,7 @@ void StepModel::MicroBatch() {
 
 void StepModel::Step() {
   r_.SetPhase(Replay::kStep);
+  for (Unit& u : units_) u.secondary_valid = false;  // the step changes the weights
   for (int u : planner_.TakeKept()) {  // as ShardManager::StepImpl: kept units released first
     r_.Free(units_[u].gathered_buffer);
     units_[u].gathered = false;

@@ -53,7 +53,8 @@ struct MemoryModelInput {
   // Whether this stage's shard group and its replicate group span nodes (comm_model.h).
   bool ShardGroupCrossesNodes() const;
   bool ReplicasCrossNodes() const;
-  int tp = 1;  // tensor-parallel size
+  bool SecondaryCrossesNodes() const;  // hpZ's group of manager.hpz_partition_size ranks
+  int tp = 1;                          // tensor-parallel size
   bool sequence_parallel = false;
   int vocab_multiple = 1;  // make_vocab_size_divisible_by
   int pp = 1;              // pipeline-parallel size

@@ -63,6 +63,9 @@ int MemoryModelInput::optimizer_states() const {
 bool MemoryModelInput::ShardGroupCrossesNodes() const {
   return SpansNodes(pipeline_stage * dp * tp, tp, shard_ranks(), ranks_per_node);
 }
+bool MemoryModelInput::SecondaryCrossesNodes() const {
+  return SpansNodes(pipeline_stage * dp * tp, tp, manager.hpz_partition_size, ranks_per_node);
+}
 bool MemoryModelInput::ReplicasCrossNodes() const {
   return SpansNodes(pipeline_stage * dp * tp, shard_ranks() * tp, replicas(), ranks_per_node);
 }

@@ -41,17 +41,33 @@ StatusOr<std::unique_ptr<DeviceMesh>> MakeRunMesh(const RunConfig& c, Communicat
         " / (tensor_parallel_size ", tp, " x pipeline_parallel_size ", pp, "))"));
   }
   const bool hybrid = shard > 0 && shard < dp;
-  if (tp == 1 && pp == 1 && !hybrid) return std::unique_ptr<DeviceMesh>();
-  ZR_ASSIGN_OR_RETURN(
-      std::unique_ptr<DeviceMesh> mesh,
-      DeviceMesh::Create(
-          world, {.data = dp, .tensor = tp, .pipeline = pp, .data_shard = hybrid ? shard : 0},
-          world.options(), topology));
+  const int hpz = c.zero.zero_hpz_partition_size;
+  if (hpz > 1 && (hybrid ? shard : dp) % hpz != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("zero_optimization.zero_hpz_partition_size = ", hpz, " does not divide the ",
+               hybrid ? StrCat(key, " ", shard) : StrCat("data-parallel size ", dp), " (",
+               world_source, ")"));
+  }
+  if (tp == 1 && pp == 1 && !hybrid && hpz <= 1) return std::unique_ptr<DeviceMesh>();
+  ZR_ASSIGN_OR_RETURN(std::unique_ptr<DeviceMesh> mesh,
+                      DeviceMesh::Create(world,
+                                         {.data = dp,
+                                          .tensor = tp,
+                                          .pipeline = pp,
+                                          .data_shard = hybrid ? shard : 0,
+                                          .data_secondary = hpz > 1 ? hpz : 0},
+                                         world.options(), topology));
   if (hybrid && mesh->data_shard().crosses_nodes() && world.rank() == 0) {
     Logger()->warn(
         "{} = {}: a shard group spans nodes ({}), so every gather crosses them; a group within a "
         "node keeps the gathers there",
         key, shard, topology != nullptr ? topology->Describe() : std::string("one node"));
+  }
+  if (hpz > 1 && mesh->data_secondary()->crosses_nodes() && world.rank() == 0) {
+    Logger()->warn(
+        "zero_optimization.zero_hpz_partition_size = {}: an hpZ group spans nodes ({}), so the "
+        "backward's gathers cross them too; set it to the ranks per node",
+        hpz, topology != nullptr ? topology->Describe() : std::string("one node"));
   }
   return mesh;
 }

@@ -60,6 +60,7 @@ ShardManagerOptions ShardManagerOptionsFrom(const RunConfig& c, int dp_size,
   o.stage3_max_reuse_distance = c.zero.stage3_max_reuse_distance;
   o.allgather_bucket_size = c.zero.allgather_bucket_size;
   o.stage3_param_persistence_threshold = c.zero.stage3_param_persistence_threshold;
+  o.hpz_partition_size = c.zero.zero_hpz_partition_size;
   o.seed = c.seed;
   // Offload (DeepSpeed's offload_optimizer / offload_param / aio): a placement of the buffers.
   o.placement.optimizer = OffloadTier(c.zero.offload_optimizer);

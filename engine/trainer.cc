@@ -138,12 +138,12 @@ class Run {
   CheckpointGroups Groups() {
     return {.world = &world(),
             .dp = mesh_ ? &mesh_->data_shard() : &dp(),
-            .replica_rank = mesh_ && mesh_->data_replicate() ? mesh_->data_replicate()->rank() : 0,
             .tensor_size = mesh_ ? mesh_->shape().tensor : 1,
             .tensor_rank = mesh_ ? mesh_->coord().tensor : 0,
             .pipeline_size = pp(),
             .pipeline_rank = mesh_ ? mesh_->coord().pipeline : 0,
-            .unit_positions = model_->UnitPositions()};
+            .unit_positions = model_->UnitPositions(),
+            .replica_rank = mesh_ && mesh_->data_replicate() ? mesh_->data_replicate()->rank() : 0};
   }
   // Rank 0 of the world prints and writes metrics.
   bool leader() { return ctx_.world->rank() == 0; }
@@ -340,6 +340,7 @@ Status Run::Setup() {
       manager_,
       ShardManager::Create(mo, {.dp = mesh_ ? &mesh_->data_shard() : &dp(),
                                 .replicate = mesh_ ? mesh_->data_replicate() : nullptr,
+                                .secondary = mesh_ ? mesh_->data_secondary() : nullptr,
                                 .device_allocator = allocator_.get(),
                                 .tracker = &tracker_,
                                 .model_parallel = mesh_ ? &mesh_->model_parallel() : nullptr,

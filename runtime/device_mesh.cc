@@ -54,6 +54,11 @@ StatusOr<std::unique_ptr<DeviceMesh>> DeviceMesh::Create(Communicator& world, Me
                                              " does not divide the data-parallel size ",
                                              shape.data));
   }
+  if (shape.data_secondary > 1 && shape.shard_size() % shape.data_secondary != 0) {
+    return absl::InvalidArgumentError(StrCat("the hpZ group size ", shape.data_secondary,
+                                             " does not divide the shard group size ",
+                                             shape.shard_size()));
+  }
   if (topology != nullptr && topology->world_size() != world.size()) {
     return absl::InvalidArgumentError(StrCat("the topology has ", topology->world_size(),
                                              " ranks, but the world has ", world.size()));
@@ -119,6 +124,16 @@ StatusOr<std::unique_ptr<DeviceMesh>> DeviceMesh::Create(Communicator& world, Me
                                     named("dp_replicate", members([&](const MeshCoord& o) {
                                             return o.pipeline == c.pipeline &&
                                                    o.tensor == c.tensor && o.data % s == c.data % s;
+                                          }))));
+  }
+  // hpZ: groups of h consecutive data ranks (inside a shard group, h dividing its size).
+  if (shape.data_secondary > 1) {
+    const int h = shape.data_secondary, block = c.data / h;
+    ZR_ASSIGN_OR_RETURN(mesh->data_secondary_,
+                        world.Split(pt * (shape.data / h) + block, c.data,
+                                    named("dp_hpz", members([&](const MeshCoord& o) {
+                                            return o.pipeline == c.pipeline &&
+                                                   o.tensor == c.tensor && o.data / h == block;
                                           }))));
   }
   // The data group's ranks by node. Every rank computes the same answer for every data group

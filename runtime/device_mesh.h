@@ -31,6 +31,9 @@ struct MeshShape {
   int tensor = 1;
   int pipeline = 1;
   int data_shard = 0;  // [Note: hybrid sharding]: ranks per shard group; 0 means `data`
+  // ZeRO++ hpZ ([Note: hpZ], sharding/sharded_unit.h): groups of this many consecutive ranks of
+  // the shard group; 0 or 1: none.
+  int data_secondary = 0;
   int world_size() const { return data * tensor * pipeline; }
   int shard_size() const { return data_shard > 0 ? data_shard : data; }
   int replicas() const { return data / shard_size(); }
@@ -70,6 +73,8 @@ class DeviceMesh {
   // itself without hybrid sharding), and the ranks holding the same shards (null without).
   Communicator& data_shard() const { return data_shard_ ? *data_shard_ : *data_; }
   Communicator* data_replicate() const { return data_replicate_.get(); }
+  // hpZ's secondary group (null without): consecutive ranks of the shard group.
+  Communicator* data_secondary() const { return data_secondary_.get(); }
   // This data group's ranks on this node, and its ranks at the same index on every node; null
   // without a topology of several nodes, or when the nodes hold different numbers of them.
   Communicator* data_intra() const { return data_intra_.get(); }
@@ -88,7 +93,8 @@ class DeviceMesh {
   std::unique_ptr<Communicator> pipeline_;
   std::unique_ptr<Communicator> model_parallel_;
   std::unique_ptr<Communicator> embedding_;
-  std::unique_ptr<Communicator> data_shard_, data_replicate_, data_intra_, data_inter_;
+  std::unique_ptr<Communicator> data_shard_, data_replicate_, data_secondary_, data_intra_,
+      data_inter_;
   std::string groups_;  // DescribeGroups
 };
 

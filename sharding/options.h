@@ -105,8 +105,13 @@ struct ShardManagerOptions {
   // larger (DeepSpeed's allgather_bucket_size); a unit that fits is gathered in place.
   int64_t allgather_bucket_size = 500'000'000;
   int64_t stage3_param_persistence_threshold = 100'000;  // smaller units stay gathered
-  int64_t alignment = 16;                                // elements; see FlatLayout
-  uint64_t seed = 1234;                                  // passed to initialisers
+  // ZeRO++ hpZ (DeepSpeed's zero_hpz_partition_size), stage 3: a unit's first gather of a step
+  // also keeps its weights sharded over groups of this many ranks (Resources::secondary, within
+  // a node), and its later gathers in the step read that copy ([Note: hpZ], sharded_unit.h).
+  // 1: off.
+  int hpz_partition_size = 1;
+  int64_t alignment = 16;  // elements; see FlatLayout
+  uint64_t seed = 1234;    // passed to initialisers
   // Debug: memory a unit stops using (a stage-3 unit's gathered weights when it is released, a
   // stage 2-3 full gradient after its reduction) is filled with 0xFF bytes, a NaN in f32, bf16 and
   // f16, before it goes back to the allocator, so that a read through a pointer kept past its

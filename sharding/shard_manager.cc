@@ -119,6 +119,18 @@ IoEngine EngineOf(const std::string& name) {
 
 StatusOr<std::unique_ptr<ShardManager>> ShardManager::Create(const ShardManagerOptions& options,
                                                              const Resources& resources) {
+  if (const int h = options.hpz_partition_size; h != 1) {
+    if (options.stage != ZeroStage::k3 || h < 1) {
+      return absl::InvalidArgumentError(
+          StrCat("hpz_partition_size ", h, " needs stage 3 and a size of at least 1"));
+    }
+    if (resources.secondary == nullptr || resources.secondary->size() != h ||
+        resources.dp == nullptr || resources.dp->size() % h != 0) {
+      return absl::InvalidArgumentError(
+          StrCat("hpz_partition_size ", h, " needs a secondary group of ", h,
+                 " ranks dividing the data-parallel group (Resources::secondary)"));
+    }
+  }
   if (resources.dp == nullptr || resources.device_allocator == nullptr) {
     return absl::InvalidArgumentError(
         "ShardManager needs a data-parallel group and a device allocator");
@@ -251,8 +263,15 @@ UnitResources ShardManager::UnitResourcesOf() {
   Communicator* replicate = resources_.replicate != nullptr && resources_.replicate->size() > 1
                                 ? resources_.replicate
                                 : nullptr;
-  return UnitResources{&options_,       resources_.dp,   tiers_,          resources_.compute,
-                       resources_.comm, &param_staging_, &offload_stats_, replicate};
+  return UnitResources{&options_,
+                       resources_.dp,
+                       tiers_,
+                       resources_.compute,
+                       resources_.comm,
+                       &param_staging_,
+                       &offload_stats_,
+                       replicate,
+                       options_.hpz_partition_size > 1 ? resources_.secondary : nullptr};
 }
 
 // Before anything is written: does this rank's NVMe state fit where it goes?

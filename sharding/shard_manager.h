@@ -113,6 +113,9 @@ class ShardManager {
     // each unit's reduced gradient shard is all-reduced over it after the reduction in `dp`.
     // Null, or a group of one: `dp` is the whole data-parallel group.
     Communicator* replicate = nullptr;
+    // hpZ (options.hpz_partition_size h > 1, stage 3): groups of h consecutive ranks of `dp`
+    // (within a node) that the secondary copy is sharded over ([Note: hpZ], sharded_unit.h).
+    Communicator* secondary = nullptr;
     // Required: memory where compute runs (GPU memory, or host memory on a CPU run: "device"
     // means the compute device, as in PyTorch, MemoryTier::kDevice alike); its tracker gets
     // every byte.

@@ -122,6 +122,13 @@ Status ShardedUnit::Initialize(const TensorView& master) {
     ZR_RETURN_IF_ERROR(Allocate(&compute_shard_, UnitBuffer::kComputeShard));
     ZR_RETURN_IF_ERROR(Fail(CastInto(master, compute_shard_, 0, resources_.tiers, compute)));
   }
+  if (plan_.Has(UnitBuffer::kSecondary)) {
+    ZR_CHECK(resources_.secondary != nullptr &&
+             resources_.secondary->size() == options().hpz_partition_size &&
+             layout_.padded_numel() % resources_.secondary->size() == 0)
+        << "unit '" << name_ << "': hpZ needs a secondary group of hpz_partition_size ranks";
+    ZR_RETURN_IF_ERROR(Allocate(&secondary_, UnitBuffer::kSecondary));
+  }
   if (plan_.Has(UnitBuffer::kComputeFull)) {
     ZR_RETURN_IF_ERROR(Allocate(&compute_full_, UnitBuffer::kComputeFull));
     const ComputeCopy own = compute_copy();
@@ -145,7 +152,9 @@ Status ShardedUnit::Initialize(const TensorView& master) {
 }
 
 Status ShardedUnit::StartFetch() {
-  if (state_ != ShardState::kSharded || compute_shard_.in_memory()) return absl::OkStatus();
+  if (state_ != ShardState::kSharded || compute_shard_.in_memory() || secondary_valid_) {
+    return absl::OkStatus();
+  }
   ZR_CHECK(resources_.param_staging != nullptr && *resources_.param_staging != nullptr)
       << "unit '" << name_ << "': no fetch buffers";
   StagingPool& pool = **resources_.param_staging;
@@ -171,6 +180,7 @@ Status ShardedUnit::StartGather() {
   ZR_CHECK(initialized_ && plan_.sharded_params &&
            (state_ == ShardState::kSharded || state_ == ShardState::kFetching))
       << "StartGather on unit '" << name_ << "' in state " << ShardStateName(state_);
+  if (secondary_valid_ && state_ == ShardState::kSharded) return GatherSecondary();
   Stream* comm = resources_.comm;
   ZR_RETURN_IF_ERROR(StartFetch());
   const int64_t shard_bytes = compute_shard_.bytes();
@@ -210,8 +220,10 @@ Status ShardedUnit::StartGather() {
   if (!gathered.ok()) return Annotate(gathered.status(), StrCat("gathering unit '", name_, "'"));
   gathered_ = std::move(*gathered);
   resources_.dp->SetTraceLabel(StrCat("gather ", name_));
-  ZR_RETURN_IF_ERROR(GatherShards(input, gathered_.data(), layout_.shard_numel(), comm));
+  ZR_RETURN_IF_ERROR(
+      GatherShards(*resources_.dp, input, gathered_.data(), layout_.shard_numel(), comm));
   resources_.dp->SetTraceLabel("");
+  if (secondary_) ZR_RETURN_IF_ERROR(KeepSecondary(comm));
   ZR_RETURN_IF_ERROR(gathered_event_->Record(*comm));
   if (fetch_lease_) {
     std::vector<Fence> fences;
@@ -227,6 +239,34 @@ Status ShardedUnit::StartGather() {
   if (on_device) {
     ZR_RETURN_IF_ERROR(resources_.tiers.device->RecordStream(on_device, *comm));
   }
+  state_ = ShardState::kGathering;
+  return absl::OkStatus();
+}
+
+// [Note: hpZ]: this rank's piece of the flat vector just gathered (on the comm stream, before
+// the gathered event), in its secondary group's frame.
+Status ShardedUnit::KeepSecondary(Stream* comm) {
+  const int64_t piece = secondary_.View().numel();
+  const size_t bytes = static_cast<size_t>(piece) * DTypeSize(options().compute_dtype);
+  const char* from =
+      static_cast<const char*>(gathered_.data()) + resources_.secondary->rank() * bytes;
+  ZR_RETURN_IF_ERROR(CopyBytes(secondary_.View().data(), device(), from, device(), bytes, comm));
+  secondary_valid_ = true;
+  return absl::OkStatus();
+}
+
+Status ShardedUnit::GatherSecondary() {
+  Stream* comm = resources_.comm;
+  StatusOr<Buffer> gathered =
+      resources_.tiers.device->Allocate(gathered_bytes(), MemoryCategory::kGatheredWeights, comm);
+  if (!gathered.ok()) return Annotate(gathered.status(), StrCat("gathering unit '", name_, "'"));
+  gathered_ = std::move(*gathered);
+  Communicator& group = *resources_.secondary;
+  group.SetTraceLabel(StrCat("gather ", name_, " (hpZ)"));
+  ZR_RETURN_IF_ERROR(GatherShards(group, secondary_.View().data(), gathered_.data(),
+                                  secondary_.View().numel(), comm));
+  group.SetTraceLabel("");
+  ZR_RETURN_IF_ERROR(gathered_event_->Record(*comm));
   state_ = ShardState::kGathering;
   return absl::OkStatus();
 }
@@ -315,12 +355,14 @@ ComputeCopy ShardedUnit::compute_copy() {
 }
 
 Status ShardedUnit::SetComputeFromMaster(const TensorView& master) {
+  secondary_valid_ = false;  // [Note: hpZ]: loaded weights
   const ComputeCopy copy = compute_copy();
   if (copy.buffer == nullptr) return absl::OkStatus();  // the model reads the master itself
   return Fail(CastInto(master, *copy.buffer, copy.offset, resources_.tiers, resources_.compute));
 }
 
 Status ShardedUnit::RefreshAfterStep() {
+  secondary_valid_ = false;  // [Note: hpZ]: the step changed the weights
   Stream* compute = resources_.compute;
   ZR_RETURN_IF_ERROR(written_event_->Record(*compute));  // the compute shard's values are final
   const int64_t shard = layout_.shard_numel();
@@ -336,7 +378,8 @@ Status ShardedUnit::RefreshAfterStep() {
         << "optimizer step while unit '" << name_ << "' is " << ShardStateName(state_);
     return absl::OkStatus();
   }
-  return GatherShards(compute_shard_.View().data(), gathered_.data(), shard, compute);
+  return GatherShards(*resources_.dp, compute_shard_.View().data(), gathered_.data(), shard,
+                      compute);
 }
 
 Status ShardedUnit::GatherUpdated(Stream* stream) {
@@ -347,7 +390,8 @@ Status ShardedUnit::GatherUpdated(Stream* stream) {
   char* full = static_cast<char*>(compute_full_.View().data());
   char* own = full + static_cast<size_t>(compute_copy().offset) * elem;
   const int64_t bucket = options().allgather_bucket_size;
-  if (world == 1 || shard * world <= bucket) return GatherShards(own, full, shard, stream);
+  if (world == 1 || shard * world <= bucket)
+    return GatherShards(*resources_.dp, own, full, shard, stream);
   // DeepSpeed's all_gather_dp_groups: pieces of every rank's shard, world x piece <= bucket.
   const int64_t piece = std::max<int64_t>(1, bucket / world);
   auto at = [&](int r, int64_t offset) {
@@ -381,18 +425,17 @@ Status ShardedUnit::GatherUpdated(Stream* stream) {
   return absl::OkStatus();
 }
 
-Status ShardedUnit::GatherShards(const void* mine, void* all, int64_t shard, Stream* stream) {
+Status ShardedUnit::GatherShards(Communicator& group, const void* mine, void* all, int64_t shard,
+                                 Stream* stream) {
   const DType dtype = options().compute_dtype;
-  if (options().allgather_partitions) {
-    return resources_.dp->AllGather(mine, all, shard, dtype, stream);
-  }
+  if (options().allgather_partitions) return group.AllGather(mine, all, shard, dtype, stream);
   const size_t bytes = static_cast<size_t>(shard) * DTypeSize(dtype);
   char* base = static_cast<char*>(all);
-  char* own = base + static_cast<size_t>(resources_.dp->rank()) * bytes;
+  char* own = base + static_cast<size_t>(group.rank()) * bytes;
   if (own != mine) ZR_RETURN_IF_ERROR(CopyBytes(own, device(), mine, device(), bytes, stream));
-  for (int r = 0; r < resources_.dp->size(); ++r) {
-    ZR_RETURN_IF_ERROR(resources_.dp->Broadcast(base + static_cast<size_t>(r) * bytes,
-                                                static_cast<size_t>(shard), dtype, r, stream));
+  for (int r = 0; r < group.size(); ++r) {
+    ZR_RETURN_IF_ERROR(group.Broadcast(base + static_cast<size_t>(r) * bytes,
+                                       static_cast<size_t>(shard), dtype, r, stream));
   }
   return absl::OkStatus();
 }

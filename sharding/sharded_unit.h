@@ -53,7 +53,23 @@ struct UnitResources {
   OffloadStats* stats = nullptr;  // the manager's; null: not counted
   // Hybrid sharding: the ranks holding the same shards (ShardManager::Resources::replicate).
   Communicator* replicate = nullptr;
+  // hpZ: the group the secondary copy is sharded over (ShardManager::Resources::secondary).
+  Communicator* secondary = nullptr;
 };
+
+// [Note: hpZ]
+// ZeRO++'s hierarchical partitioning (DeepSpeed's zero_hpz_partition_size h), stage 3: the first
+// gather of a non-persistent unit after a step (its forward's) all-gathers the primary shards
+// over the data-parallel (shard) group as always, and also copies this rank's 1/h of the gathered
+// flat vector into the unit's secondary buffer (UnitPlan's kSecondary: padded / h elements,
+// resident), indexed by its rank in the secondary group (h consecutive ranks of the shard group,
+// within a node). Every later gather of the step (the backward's, a reused unit's, the next
+// micro-batch's) all-gathers those secondary pieces over the secondary group instead: the same
+// bytes in the same order, so the weights are bitwise the primary gather's, and the gathers
+// stay inside the node. The step changes the weights: RefreshAfterStep (and a checkpoint load)
+// marks the copy stale, and the next gather is a primary one again. An offloaded compute shard
+// is not fetched while the copy is valid. Costs padded / h compute elements per unit of device
+// memory, as DeepSpeed's secondary tensor does.
 
 // Where the optimizer writes this rank's updated compute values: shard element i goes to element
 // `offset + i` of `buffer`. A null buffer: the model reads the master itself (stage 0, fp32).
@@ -82,7 +98,8 @@ class ShardedUnit {
   // master shard `master` (any device; `master_storage` aliases it at stage 0 in fp32).
   Status Initialize(const TensorView& master);
 
-  // SHARDED -> FETCHING: starts reading an offloaded compute shard; no-op otherwise.
+  // SHARDED -> FETCHING: starts reading an offloaded compute shard; no-op otherwise (and while
+  // the hpZ copy is valid: the gather reads that).
   Status StartFetch();
   // FETCHING -> SHARDED: a fetch that will not be used this step (the model changed its order)
   // waits for its read and gives its buffer back; no-op in any other state.
@@ -121,7 +138,11 @@ class ShardedUnit {
  private:
   // Every rank's shard of `shard` elements into `all` (rank-major): one all-gather, or, with
   // DeepSpeed's allgather_partitions false, one broadcast per rank (the same bytes).
-  Status GatherShards(const void* mine, void* all, int64_t shard, Stream* stream);
+  Status GatherShards(Communicator& group, const void* mine, void* all, int64_t shard,
+                      Stream* stream);
+  // [Note: hpZ]: the gather from the secondary pieces; the copy of this rank's piece.
+  Status GatherSecondary();
+  Status KeepSecondary(Stream* comm);
   // Stages 1-2: the full compute parameters from every rank's shard of them, in collectives of
   // at most allgather_bucket_size elements.
   Status GatherUpdated(Stream* stream);
@@ -140,11 +161,13 @@ class ShardedUnit {
   ShardState state_ = ShardState::kSharded;
   bool initialized_ = false;
 
-  TensorView master_alias_;     // stage 0 in fp32: the model reads the master
-  PlacedBuffer compute_shard_;  // compute dtype, shard (stage 3; offload_param places it)
-  PlacedBuffer compute_full_;   // compute dtype, padded (stages 0-2)
-  Buffer gathered_;             // compute dtype, padded (stage 3, while GATHERING/UNSHARDED)
-  Buffer full_grad_;            // reduce dtype, padded
+  TensorView master_alias_;       // stage 0 in fp32: the model reads the master
+  PlacedBuffer compute_shard_;    // compute dtype, shard (stage 3; offload_param places it)
+  PlacedBuffer compute_full_;     // compute dtype, padded (stages 0-2)
+  Buffer gathered_;               // compute dtype, padded (stage 3, while GATHERING/UNSHARDED)
+  Buffer full_grad_;              // reduce dtype, padded
+  PlacedBuffer secondary_;        // [Note: hpZ]: compute dtype, padded / hpz_partition_size
+  bool secondary_valid_ = false;  // holds this step's weights
   std::unique_ptr<Event> gathered_event_;  // end of the all-gather on the comm stream
   // The compute shard's last write on the compute stream (the optimizer step or a checkpoint
   // load, recorded by RefreshAfterStep): a gather waits for it, and for nothing else of the

@@ -19,6 +19,8 @@ std::string_view UnitBufferName(UnitBuffer buffer) {
       return "full compute parameters";
     case UnitBuffer::kGathered:
       return "gathered parameters";
+    case UnitBuffer::kSecondary:
+      return "secondary";
     case UnitBuffer::kFullGrad:
       return "full gradient";
   }
@@ -72,6 +74,10 @@ UnitPlan PlanUnit(const ShardManagerOptions& o, const FlatLayout& layout) {
   if (plan.sharded_params) {
     add(UnitBuffer::kGathered, padded, o.compute_dtype, MemoryTier::kDevice, C::kGatheredWeights,
         plan.persistent ? Lifetime::kPersistent : Lifetime::kWhileGathered);
+  }
+  if (plan.sharded_params && !plan.persistent && o.hpz_partition_size > 1) {
+    add(UnitBuffer::kSecondary, padded / o.hpz_partition_size, o.compute_dtype, MemoryTier::kDevice,
+        C::kParameters);
   }
   return plan;
 }

@@ -25,6 +25,7 @@ enum class UnitBuffer : uint8_t {
   kComputeFull,   // stages 0-2: the whole flat vector in compute dtype, always resident
   kGathered,      // stage 3: the whole flat vector in compute dtype while gathered
   kFullGrad,      // the unit's gradient in reduce dtype (persistent at 0-1, per backward at 2-3)
+  kSecondary,     // stage 3 with hpZ: this rank's 1/hpz of the flat vector ([Note: hpZ])
 };
 std::string_view UnitBufferName(UnitBuffer buffer);  // "master", "exp_avg", ...
 

@@ -85,6 +85,38 @@ for stage in (1, 2, 3):
             check(f"{name}: {link}-node bytes {got} == the estimator's {want} + scalars",
                   want <= got <= want + 100, f"{got} vs {want}")
 
+# ZeRO++ hpZ ([Note: hpZ]): a secondary copy within the node serves every gather but the step's
+# first, bit for bit the same weights; only the forward's gathers (and the gradients) cross.
+r = train("hpz", {"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2},
+                  "logging": {"trace_file": os.path.join(tmp, "hpz_trace.json")}})
+check("hpZ 2 exits 0", r.returncode == 0, r.stderr[-2000:])
+if r.returncode == 0 and os.path.exists(os.path.join(tmp, "flat_z3.jsonl")):
+    h, f = records("hpz"), records("flat_z3")
+    check("hpZ == flat ZeRO-3 bitwise", [x["loss"] for x in h] == [x["loss"] for x in f])
+    check("hpZ sends fewer bytes across nodes",
+          h[-1]["comm_bytes_inter_node"] < f[-1]["comm_bytes_inter_node"] and
+          h[-1]["comm_bytes_intra_node"] > 0, f"{h[-1]} {f[-1]}")
+    e = subprocess.run([zerort, "estimate", os.path.join(tmp, "hpz.json"), "--world-size", "4",
+                        "--ranks-per-node", "2", "--json"], capture_output=True, text=True,
+                       timeout=120)
+    if check("estimate hpz exits 0", e.returncode == 0, e.stderr[-800:]):
+        comm = json.loads(e.stdout)["comm"]
+        for link in ("intra", "inter"):
+            want, got = comm[f"{link}_node_bytes"], h[-1][f"comm_bytes_{link}_node"]
+            check(f"hpz: {link}-node bytes {got} == the estimator's {want} + scalars",
+                  want <= got <= want + 100, f"{got} vs {want}")
+    with open(os.path.join(tmp, "hpz_trace.json")) as fh:
+        spans = [ev["name"] for ev in json.load(fh) if ev.get("ph") == "X"]
+    secondary = [x for x in spans if "(hpZ)" in x]
+    primary = [x for x in spans if "gather blocks" in x and "(hpZ)" not in x]
+    check("the backward's gathers read the secondary copy inside the node",
+          secondary and all("world.dp_hpz" in x and "inter-node" not in x for x in secondary),
+          str(secondary[:4]))
+    check("the forward's gathers cross nodes",
+          primary and all("inter-node" in x for x in primary), str(primary[:4]) + str(spans[:8]))
+    check("at least as many secondary gathers (the backward's) as primary ones (the forward's)",
+          len(secondary) >= len(primary) > 0, f"{len(secondary)} {len(primary)}")
+
 # DeepSpeed's MiCS key is the same layout at stage 3: the same numbers, bit for bit.
 r = train("mics", {"zero_optimization": {"stage": 3, "mics_shard_size": 2}})
 check("mics_shard_size 2 exits 0", r.returncode == 0, r.stderr[-2000:])
@@ -150,6 +182,12 @@ bad = [
     ("hybrid sharding at stage 0", {"zero_optimization": {"stage": 0},
                                     "parallel": {"data_shard_size": 2}}, env,
      "parallel.data_shard_size = 2 shards the model state in groups"),
+    ("hpZ below stage 3", {"zero_optimization": {"stage": 2, "zero_hpz_partition_size": 2}},
+     env, "zero_optimization.zero_hpz_partition_size = 2 is ZeRO++ hpZ"),
+    ("an hpZ size that does not divide the shard group",
+     {"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 4},
+      "parallel": {"data_shard_size": 2}}, env,
+     "zero_optimization.zero_hpz_partition_size = 4 does not divide the parallel.data_shard_size 2"),
     ("two shard sizes that disagree", {"zero_optimization": {"stage": 3, "mics_shard_size": 2},
                                        "parallel": {"data_shard_size": 4}}, env,
      "are the same setting and disagree"),

@@ -41,6 +41,7 @@ struct RunConfig {
   // Hybrid sharding ([Note: hybrid sharding]): the state sharded over groups of this many
   // consecutive ranks, replicated across the groups; 0: over the whole world.
   int shard_size = 0;
+  int hpz = 1;  // ZeRO++ hpZ's secondary group size ([Note: hpZ]); 1: off
 };
 
 inline ShardManagerOptions Options(const RunConfig& c) {
@@ -60,6 +61,7 @@ inline ShardManagerOptions Options(const RunConfig& c) {
   o.stage3_max_live_parameters = c.max_live;
   o.stage3_prefetch_bucket_size = c.prefetch;
   o.allgather_bucket_size = c.allgather_bucket_size;
+  o.hpz_partition_size = c.hpz;
   o.optimizer.kind = c.optimizer;
   o.placement = c.placement;
   o.offload.nvme_path = c.nvme_path;
@@ -81,6 +83,10 @@ struct RunResult {
   int64_t gradient_collectives = 0;        // on rank 0
   int64_t gathered_peak = 0;               // rank 0: peak bytes of gathered weights
   int64_t comm_buffer_peak = 0;            // rank 0: peak bytes of communication buffers
+  int64_t parameter_peak = 0;              // rank 0: peak device bytes of parameters
+  int64_t secondary_bytes = 0;             // rank 0: the planned hpZ copies ([Note: hpZ])
+  // Rank 0's all-gathers during the steps: over its shard group, and over the hpZ group.
+  int64_t primary_gathers = 0, secondary_gathers = 0;
   std::vector<double> grad_norms;
   std::vector<bool> skipped;
   std::string error;
@@ -96,7 +102,8 @@ struct MlpRun {
 inline StatusOr<MlpRun> MakeMlpRun(const ShardManagerOptions& options, Communicator& comm,
                                    MemoryTracker& tracker, Device device = Device::Cpu(),
                                    const std::function<UnitOptions(int layer)>& unit_options = {},
-                                   Communicator* replicate = nullptr) {
+                                   Communicator* replicate = nullptr,
+                                   Communicator* secondary = nullptr) {
   MlpRun run;
   if (device.is_cuda()) {
     ZR_RETURN_IF_ERROR(SetCurrentDevice(device));
@@ -107,6 +114,7 @@ inline StatusOr<MlpRun> MakeMlpRun(const ShardManagerOptions& options, Communica
   ZR_ASSIGN_OR_RETURN(run.manager,
                       ShardManager::Create(options, {.dp = &comm,
                                                      .replicate = replicate,
+                                                     .secondary = secondary,
                                                      .device_allocator = run.allocator.get(),
                                                      .tracker = &tracker}));
   for (int l = 0; l < MlpLayers(); ++l) {
@@ -131,10 +139,24 @@ inline Status TrainRank(const RunConfig& c, Communicator& comm, RunResult& resul
     o.name = "replicate";
     ZR_ASSIGN_OR_RETURN(replicate, comm.Split(comm.rank() % c.shard_size, comm.rank(), o));
   }
-  ZR_ASSIGN_OR_RETURN(MlpRun run, MakeMlpRun(Options(c), shard ? *shard : comm, tracker, c.device,
-                                             {}, replicate.get()));
+  Communicator& group = shard ? *shard : comm;
+  std::unique_ptr<Communicator> secondary;  // hpZ: consecutive ranks of the shard group
+  if (c.hpz > 1) {
+    CommOptions o = comm.options();
+    o.name = "hpz";
+    ZR_ASSIGN_OR_RETURN(secondary, group.Split(group.rank() / c.hpz, group.rank(), o));
+  }
+  ZR_ASSIGN_OR_RETURN(MlpRun run, MakeMlpRun(Options(c), group, tracker, c.device, {},
+                                             replicate.get(), secondary.get()));
   tracker.ResetPeaks();  // the steps' peaks, not setup's (Initialize's unit agreement stages 8 B)
   ShardManager* m = run.manager.get();
+  // The steps' all-gathers, by group (rank 0).
+  auto gathers = std::make_shared<const CollectiveSpanSink>([&](const CollectiveSpan& span) {
+    if (span.op != CollectiveOp::kAllGather || comm.rank() != 0) return;
+    ++(span.group == "hpz" ? result.secondary_gathers : result.primary_gathers);
+  });
+  group.SetSpanSink(gathers);
+  if (secondary) secondary->SetSpanSink(gathers);
   const std::vector<int>& units = run.units;
   const int per_rank = kGlobalBatch / c.world;
   const int per_micro = per_rank / c.micro_batches;
@@ -149,7 +171,14 @@ inline Status TrainRank(const RunConfig& c, Communicator& comm, RunResult& resul
       result.skipped.push_back(r.skipped);
     }
   }
+  group.SetSpanSink(nullptr);
+  if (secondary) secondary->SetSpanSink(nullptr);
   if (comm.rank() == 0) {
+    result.parameter_peak = tracker.Usage(MemoryTier::kDevice, MemoryCategory::kParameters).peak;
+    for (int u : units) {
+      const PlannedBuffer* b = m->unit(u).plan().Find(UnitBuffer::kSecondary);
+      result.secondary_bytes += b != nullptr ? b->bytes() : 0;
+    }
     result.gradient_collectives = m->gradient_collectives();
     result.gathered_peak =
         tracker.Usage(MemoryTier::kDevice, MemoryCategory::kGatheredWeights).peak;

@@ -74,5 +74,53 @@ TEST(HybridShardTest, OffloadedOptimizerEqualsTheFlatRun) {
   ExpectHybridEqualsFlat(c);
 }
 
+// [Note: hpZ]: gathers from the secondary copy move the same bytes in the same order, so the run
+// is bitwise the one without it, flat or hybrid, offloaded or not, with several micro-batches and
+// reused units; and most gathers then go to the secondary group.
+TEST(HpzTest, SecondaryGathersChangeNoNumber) {
+  RunConfig flat{.stage = ZeroStage::k3, .world = 4, .steps = 5};
+  RunConfig hybrid = flat, offload = flat, micro = flat, reuse = flat, broadcast = flat;
+  hybrid.shard_size = 4;
+  hybrid.world = 8;
+  offload.placement.params = MemoryTier::kHost;
+  offload.placement.optimizer = MemoryTier::kHost;
+  micro.micro_batches = 3;
+  reuse.max_reuse_distance = 1'000'000'000;
+  broadcast.allgather_partitions = false;
+  for (RunConfig c : {flat, hybrid, offload, micro, reuse, broadcast}) {
+    const RunResult without = Train(c);
+    c.hpz = 2;
+    const RunResult with = Train(c);
+    ASSERT_EQ(without.error, "") << Describe(c);
+    ASSERT_EQ(with.error, "") << Describe(c);
+    EXPECT_EQ(with.params, without.params) << Describe(c);
+    EXPECT_GT(MaxRelativeError(with.params, MlpReference(Options(c).seed).params), 1e-3);
+  }
+}
+
+TEST(HpzTest, BackwardGathersGoToTheSecondaryGroup) {
+  for (int micro : {1, 3}) {
+    RunConfig c{.stage = ZeroStage::k3, .world = 4, .micro_batches = micro, .steps = 3, .hpz = 2};
+    const RunResult r = Train(c);
+    ASSERT_EQ(r.error, "");
+    // Per step and unit: the first forward gather is primary; the backward's and every later
+    // micro-batch's (2 x micro - 1 in all) read the secondary copy.
+    EXPECT_EQ(r.secondary_gathers, r.primary_gathers * (2 * micro - 1)) << "micro " << micro;
+    EXPECT_GT(r.primary_gathers, 0);
+  }
+}
+
+TEST(HpzTest, TheSecondaryCopyIsPlannedAndCounted) {
+  RunConfig c{.stage = ZeroStage::k3, .world = 4, .steps = 2};
+  const RunResult without = Train(c);
+  c.hpz = 2;
+  const RunResult with = Train(c);
+  ASSERT_EQ(with.error, "");
+  // padded / hpz compute elements per unit, resident: half of what the rank's shard of 1/4 adds
+  // twice over.
+  EXPECT_EQ(with.parameter_peak - without.parameter_peak, with.secondary_bytes);
+  EXPECT_GT(with.secondary_bytes, 0);
+}
+
 }  // namespace
 }  // namespace zerort
