@@ -219,6 +219,11 @@ void HybridShardingRules(RunConfig& c, const GivenKeys& given, Problems& problem
                "zero_optimization.stage is ",
                c.zero.stage));
   }
+  if (c.zero.zero_quantized_weights && c.zero.stage != 3) {
+    problems.Add(StrCat("zero_optimization.zero_quantized_weights is ZeRO++ qwZ, a quantized "
+                        "gather of stage 3's weights; zero_optimization.stage is ",
+                        c.zero.stage));
+  }
   if (shard > 0 && c.zero.stage == 0) {
     problems.Add(StrCat("parallel.data_shard_size = ", shard,
                         " shards the model state in groups, but zero_optimization.stage 0 "

@@ -6,6 +6,7 @@
 
 #include "engine/memory_replay.h"
 #include "kernels/memory_facts.h"
+#include "kernels/quantize.h"
 #include "layers/gpt_block.h"
 #include "layers/gpt_mb_plan.h"
 #include "layers/gpt_model.h"
@@ -108,16 +109,24 @@ class StepModel {
     out_.comm.Add(StepComm::Op::kAllReduce, bytes, in_.replicas(), in_.ReplicasCrossNodes());
   }
   // A unit's all-gather: its buffer on the comm stream, then read on the compute stream.
-  // [Note: hpZ]: from the secondary copy once the step's first gather made it.
+  // [Note: hpZ]: from the secondary copy once the step's first gather made it; qwZ packs each
+  // rank's shard as int8 (buffers taken after the gathered one, as ShardedUnit::GatherQuantized).
   Replay::Handle Gather(Unit& u) {
+    Replay::Handle h = r_.Alloc(Cat::kGatheredWeights, GatheredBytes(u), comm_);
     if (u.secondary_valid) {
       out_.comm.Add(StepComm::Op::kAllGather, GatheredBytes(u), in_.manager.hpz_partition_size,
                     in_.SecondaryCrossesNodes());
+    } else if (in_.manager.quantized_weights && !u.plan.persistent) {
+      const int64_t packed = QuantizedBytes(u.layout.shard_numel());
+      InGroup(StepComm::Op::kAllGather, packed * in_.shard_ranks());
+      Replay::Handle mine = r_.Alloc(Cat::kCommBuffers, packed, comm_);
+      Replay::Handle all = r_.Alloc(Cat::kCommBuffers, packed * in_.shard_ranks(), comm_);
+      r_.Free(mine);
+      r_.Free(all);
     } else {
       InGroup(StepComm::Op::kAllGather, GatheredBytes(u));
-      u.secondary_valid = u.plan.Has(UnitBuffer::kSecondary);
     }
-    Replay::Handle h = r_.Alloc(Cat::kGatheredWeights, GatheredBytes(u), comm_);
+    if (!u.secondary_valid) u.secondary_valid = u.plan.Has(UnitBuffer::kSecondary);
     r_.Use(h, *compute_);
     return h;
   }

@@ -3,6 +3,7 @@
 #include "kernels/lamb.h"
 #include "kernels/model_kernels.h"
 #include "kernels/optimizer.h"
+#include "kernels/quantize.h"
 #include "kernels/reduce.h"
 
 namespace zerort::internal {
@@ -40,6 +41,12 @@ Status CudaCountNonFinite(const void*, DType, int64_t, float*, Stream*) {
 }
 Status CudaSum(const void*, DType, int64_t, float, float*, Stream*) { return NoCuda("Sum"); }
 Status CudaScale(void*, DType, int64_t, float, Stream*) { return NoCuda("Scale"); }
+Status CudaQuantizeInt8(const void*, DType, int64_t, int64_t, void*, Stream*) {
+  return NoCuda("QuantizeInt8");
+}
+Status CudaDequantizeInt8(const void*, int64_t, int64_t, void*, DType, Stream*) {
+  return NoCuda("DequantizeInt8");
+}
 Status CudaAccumulateInto(const void*, DType, float*, int64_t, Stream*) {
   return NoCuda("AccumulateInto");
 }

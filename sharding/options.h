@@ -110,6 +110,11 @@ struct ShardManagerOptions {
   // a node), and its later gathers in the step read that copy ([Note: hpZ], sharded_unit.h).
   // 1: off.
   int hpz_partition_size = 1;
+  // ZeRO++ qwZ (DeepSpeed's zero_quantized_weights), stage 3: a non-persistent unit's primary
+  // gather sends its shards block-quantized to int8 with fp32 scales ([Note: block quantization],
+  // kernels/quantize.h) and every rank dequantizes the same bytes: the weights the model reads
+  // differ from the master's compute copy by the quantization, alike on every rank.
+  bool quantized_weights = false;
   int64_t alignment = 16;  // elements; see FlatLayout
   uint64_t seed = 1234;    // passed to initialisers
   // Debug: memory a unit stops using (a stage-3 unit's gathered weights when it is released, a

@@ -131,6 +131,9 @@ StatusOr<std::unique_ptr<ShardManager>> ShardManager::Create(const ShardManagerO
                  " ranks dividing the data-parallel group (Resources::secondary)"));
     }
   }
+  if (options.quantized_weights && options.stage != ZeroStage::k3) {
+    return absl::InvalidArgumentError("quantized_weights (ZeRO++ qwZ) needs stage 3");
+  }
   if (resources.dp == nullptr || resources.device_allocator == nullptr) {
     return absl::InvalidArgumentError(
         "ShardManager needs a data-parallel group and a device allocator");

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "kernels/cast.h"
+#include "kernels/quantize.h"
 #include "runtime/strings.h"
 
 namespace zerort {
@@ -220,8 +221,12 @@ Status ShardedUnit::StartGather() {
   if (!gathered.ok()) return Annotate(gathered.status(), StrCat("gathering unit '", name_, "'"));
   gathered_ = std::move(*gathered);
   resources_.dp->SetTraceLabel(StrCat("gather ", name_));
-  ZR_RETURN_IF_ERROR(
-      GatherShards(*resources_.dp, input, gathered_.data(), layout_.shard_numel(), comm));
+  if (options().quantized_weights) {
+    ZR_RETURN_IF_ERROR(GatherQuantized(input, comm));
+  } else {
+    ZR_RETURN_IF_ERROR(
+        GatherShards(*resources_.dp, input, gathered_.data(), layout_.shard_numel(), comm));
+  }
   resources_.dp->SetTraceLabel("");
   if (secondary_) ZR_RETURN_IF_ERROR(KeepSecondary(comm));
   ZR_RETURN_IF_ERROR(gathered_event_->Record(*comm));
@@ -241,6 +246,30 @@ Status ShardedUnit::StartGather() {
   }
   state_ = ShardState::kGathering;
   return absl::OkStatus();
+}
+
+// qwZ (ShardManagerOptions::quantized_weights): this rank's shard quantized, every rank's
+// quantized shard all-gathered as bytes, then each dequantized into its place in the flat vector
+// (the rank's own too, so every rank reads the same weights).
+Status ShardedUnit::GatherQuantized(const void* shard, Stream* comm) {
+  const int64_t n = layout_.shard_numel();
+  const DType dtype = options().compute_dtype;
+  const int64_t bytes = QuantizedBytes(n);
+  const int ranks = resources_.dp->size();
+  Allocator& device_memory = *resources_.tiers.device;
+  ZR_ASSIGN_OR_RETURN(Buffer mine,
+                      device_memory.Allocate(bytes, MemoryCategory::kCommBuffers, comm));
+  ZR_ASSIGN_OR_RETURN(Buffer all,
+                      device_memory.Allocate(bytes * ranks, MemoryCategory::kCommBuffers, comm));
+  ZR_RETURN_IF_ERROR(
+      QuantizeInt8(TensorView(const_cast<void*>(shard), dtype, {n}, device()), mine.data(), comm));
+  ZR_RETURN_IF_ERROR(resources_.dp->AllGather(mine.data(), all.data(), static_cast<size_t>(bytes),
+                                              DType::kU8, comm));
+  const TensorView flat(gathered_.data(), dtype, {layout_.padded_numel()}, device());
+  for (int r = 0; r < ranks; ++r) {
+    ZR_RETURN_IF_ERROR(DequantizeInt8(all.as<char>() + r * bytes, flat.Flat(r * n, n), comm));
+  }
+  return absl::OkStatus();  // both buffers were allocated for the comm stream and used only there
 }
 
 // [Note: hpZ]: this rank's piece of the flat vector just gathered (on the comm stream, before

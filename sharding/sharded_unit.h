@@ -142,6 +142,7 @@ class ShardedUnit {
                       Stream* stream);
   // [Note: hpZ]: the gather from the secondary pieces; the copy of this rank's piece.
   Status GatherSecondary();
+  Status GatherQuantized(const void* shard, Stream* comm);  // qwZ
   Status KeepSecondary(Stream* comm);
   // Stages 1-2: the full compute parameters from every rank's shard of them, in collectives of
   // at most allgather_bucket_size elements.

@@ -41,7 +41,8 @@ struct RunConfig {
   // Hybrid sharding ([Note: hybrid sharding]): the state sharded over groups of this many
   // consecutive ranks, replicated across the groups; 0: over the whole world.
   int shard_size = 0;
-  int hpz = 1;  // ZeRO++ hpZ's secondary group size ([Note: hpZ]); 1: off
+  int hpz = 1;       // ZeRO++ hpZ's secondary group size ([Note: hpZ]); 1: off
+  bool qwz = false;  // ZeRO++ qwZ: int8 weight gathers
 };
 
 inline ShardManagerOptions Options(const RunConfig& c) {
@@ -62,6 +63,7 @@ inline ShardManagerOptions Options(const RunConfig& c) {
   o.stage3_prefetch_bucket_size = c.prefetch;
   o.allgather_bucket_size = c.allgather_bucket_size;
   o.hpz_partition_size = c.hpz;
+  o.quantized_weights = c.qwz;
   o.optimizer.kind = c.optimizer;
   o.placement = c.placement;
   o.offload.nvme_path = c.nvme_path;

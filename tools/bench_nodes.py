@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Bytes per step within and across simulated nodes, measured beside the estimator's formula
+(docs/benchmarks.md, "Beyond one node"): GPT-2 124M at 8 ranks as 2 nodes x 4
+(ZERORT_RANKS_PER_NODE=4) for flat ZeRO-3, HSDP (shard groups of 4), hpZ 4 and HSDP at ZeRO-2,
+two steps each (the second's bytes: a steady-state step), each beside `zerort estimate CONFIG
+--world-size 8 --ranks-per-node 4`; then the validation loss of the tiny GPT after 300 steps in
+each layout. Prints a markdown table.
+Usage: bench_nodes.py PATH_TO_ZERORT [MPIEXEC] [--steps 300]"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+zerort = os.path.abspath(sys.argv[1])
+mpiexec = sys.argv[2] if len(sys.argv) > 2 and not sys.argv[2].startswith("--") else "mpirun"
+steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 300
+tmp = tempfile.mkdtemp()
+env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", ZERORT_RANKS_PER_NODE="4",
+           OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_btl_vader_single_copy_mechanism="none")
+LAYOUTS = [
+    ("flat ZeRO-3", {"zero_optimization": {"stage": 3}}),
+    ("HSDP 4 (ZeRO-3)", {"zero_optimization": {"stage": 3}, "parallel": {"data_shard_size": 4}}),
+    ("hpZ 4 (ZeRO-3)", {"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 4}}),
+    ("flat ZeRO-2", {"zero_optimization": {"stage": 2}}),
+    ("HSDP 4 (ZeRO-2)", {"zero_optimization": {"stage": 2}, "parallel": {"data_shard_size": 4}}),
+]
+
+
+def merged(base, extra):
+    out = json.loads(json.dumps(base))
+    for key, value in extra.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(
+            out.get(key), dict) else value
+    return out
+
+
+def train(name, config):
+    path = os.path.join(tmp, name + ".json")
+    metrics = os.path.join(tmp, name + ".jsonl")
+    with open(path, "w") as f:
+        json.dump(merged(config, {"logging": {"metrics_file": metrics}}), f)
+    r = subprocess.run([mpiexec, "-np", "8", "--oversubscribe", "-x", "ZERORT_RANKS_PER_NODE",
+                        zerort, "train", path], capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        sys.exit(f"{name}: exit {r.returncode}\n{r.stderr[-3000:]}")
+    with open(metrics) as f:
+        return path, [json.loads(line) for line in f]
+
+
+def estimate(path):
+    r = subprocess.run([zerort, "estimate", path, "--world-size", "8", "--ranks-per-node", "4",
+                        "--json"], capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        sys.exit(f"estimate {path}: {r.stderr[-2000:]}")
+    return json.loads(r.stdout)["comm"]
+
+
+GPT2 = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+        "model": {"preset": "gpt2", "seq_len": 64},
+        "train": {"steps": 2, "eval_windows": 1, "sample_tokens": 0, "device": "cpu",
+                  "check_memory": False},
+        "bf16": {"enabled": True}}
+TINY = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
+        "gradient_clipping": 1.0,
+        "model": {"n_layer": 2, "n_head": 2, "d_model": 64, "seq_len": 64, "vocab_size": 256},
+        "train": {"steps": steps, "eval_windows": 16, "sample_tokens": 0, "device": "cpu"},
+        "zero_optimization": {"stage_3_persistence": 0}}
+
+print("| layout | MB in node (measured / formula) | MB across nodes (measured / formula) |"
+      f" tiny GPT val loss after {steps} steps |")
+print("|---|---|---|---|")
+for i, (label, layout) in enumerate(LAYOUTS):
+    path, rec = train(f"gpt2_{i}", merged(GPT2, layout))
+    formula = estimate(path)
+    tiny = merged(TINY, layout)
+    tiny["zero_optimization"].pop("stage_3_persistence")
+    tiny["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+    _, tiny_rec = train(f"tiny_{i}", tiny)
+    val = [r["val_loss"] for r in tiny_rec if "val_loss" in r][-1]
+    last = rec[-1]
+    print(f"| {label} | {last['comm_bytes_intra_node'] / 1e6:.1f} / "
+          f"{formula['intra_node_bytes'] / 1e6:.1f} | {last['comm_bytes_inter_node'] / 1e6:.1f} / "
+          f"{formula['inter_node_bytes'] / 1e6:.1f} | {val:.4f} |", flush=True)
