@@ -220,9 +220,21 @@ void HybridShardingRules(RunConfig& c, const GivenKeys& given, Problems& problem
                c.zero.stage));
   }
   if (c.zero.zero_quantized_weights && c.zero.stage != 3) {
-    problems.Add(StrCat("zero_optimization.zero_quantized_weights is ZeRO++ qwZ, a quantized "
-                        "gather of stage 3's weights; zero_optimization.stage is ",
-                        c.zero.stage));
+    problems.Add(
+        StrCat("zero_optimization.zero_quantized_weights is ZeRO++ qwZ, a quantized "
+               "gather of stage 3's weights; zero_optimization.stage is ",
+               c.zero.stage));
+  }
+  if (c.zero.zero_quantized_gradients && c.zero.stage != 3) {
+    problems.Add(
+        StrCat("zero_optimization.zero_quantized_gradients is ZeRO++ qgZ, a quantized "
+               "reduce-scatter of stage 3's gradients; zero_optimization.stage is ",
+               c.zero.stage));
+  }
+  if (c.zero.zero_quantized_gradients && shard > 0) {
+    problems.Add(StrCat("zero_optimization.zero_quantized_gradients with parallel.data_shard_size ",
+                        "(or mics_shard_size) = ", shard,
+                        " is not implemented: qgZ's levels are the nodes of the whole data group"));
   }
   if (shard > 0 && c.zero.stage == 0) {
     problems.Add(StrCat("parallel.data_shard_size = ", shard,

@@ -178,9 +178,13 @@ std::vector<ConfigField> BuildTable() {
       Num<int>(z, "zero_hpz_partition_size", ZR_MEMBER(zero.zero_hpz_partition_size), 1, 1 << 16,
                "ZeRO++ hpZ (stage 3): a secondary copy of each unit's weights sharded over "
                "groups of this many ranks (a node) serves the step's later gathers; 1: off"));
-  t.push_back(Bool(z, "zero_quantized_weights", ZR_MEMBER(zero.zero_quantized_weights),
-                   "ZeRO++ qwZ (stage 3): weights all-gathered as int8 in groups of 4k-8k with "
-                   "fp32 scales (about half of bf16's bytes); changes the weights the model reads"));
+  t.push_back(
+      Bool(z, "zero_quantized_weights", ZR_MEMBER(zero.zero_quantized_weights),
+           "ZeRO++ qwZ (stage 3): weights all-gathered as int8 in groups of 4k-8k with "
+           "fp32 scales (about half of bf16's bytes); changes the weights the model reads"));
+  t.push_back(Bool(z, "zero_quantized_gradients", ZR_MEMBER(zero.zero_quantized_gradients),
+                   "ZeRO++ qgZ (stage 3): the gradient reduce-scatter as int8 all-to-alls, inside "
+                   "the node then across (about a quarter of fp32's bytes on each link)"));
   t.push_back(Bool(z, "stage3_gather_16bit_weights_on_model_save",
                    ZR_MEMBER(zero.stage3_gather_16bit_weights_on_model_save),
                    "each checkpoint also writes the consolidated weights in the compute dtype as "

@@ -91,6 +91,7 @@ class StepModel {
   void Close(int u, bool backward);
   void ReducerAdd(int u);
   void Flush();
+  void QuantizedReduceScatter(int64_t bucket_shard);
   void AttentionScratch(bool backward);
   GatherPlanner::Resident Resident() const {
     return [this](int u) { return units_[u].gathered; };
@@ -101,6 +102,12 @@ class StepModel {
     return infos;
   }
 
+  // Buffers taken in order on `stream` and given back at once (a collective's scratch).
+  void Transient(Cat cat, std::initializer_list<int64_t> bytes, Stream* stream) {
+    std::vector<Replay::Handle> held;
+    for (int64_t b : bytes) held.push_back(r_.Alloc(cat, b, stream));
+    for (auto& h : held) r_.Free(h);
+  }
   // [Note: bytes per step]: a collective over the shard group, and one across the replicas.
   void InGroup(StepComm::Op op, int64_t bytes) {
     out_.comm.Add(op, bytes, in_.shard_ranks(), in_.ShardGroupCrossesNodes());
@@ -119,10 +126,7 @@ class StepModel {
     } else if (in_.manager.quantized_weights && !u.plan.persistent) {
       const int64_t packed = QuantizedBytes(u.layout.shard_numel());
       InGroup(StepComm::Op::kAllGather, packed * in_.shard_ranks());
-      Replay::Handle mine = r_.Alloc(Cat::kCommBuffers, packed, comm_);
-      Replay::Handle all = r_.Alloc(Cat::kCommBuffers, packed * in_.shard_ranks(), comm_);
-      r_.Free(mine);
-      r_.Free(all);
+      Transient(Cat::kCommBuffers, {packed, packed * in_.shard_ranks()}, comm_);
     } else {
       InGroup(StepComm::Op::kAllGather, GatheredBytes(u));
     }
@@ -264,6 +268,27 @@ void StepModel::ReducerAdd(int u) {
 }
 
 // As GradientReducer::FlushReduceScatter.
+// As QuantizedReduceScatter::Run ([Note: qgZ]): the data ranks as N nodes of L, ranks placed node
+// by node; the chunks' copy, the node-partial sums, and each level's three buffers.
+void StepModel::QuantizedReduceScatter(int64_t s) {
+  const int ranks = in_.shard_ranks();
+  const int local = std::clamp(in_.ranks_per_node / in_.tp, 1, ranks);
+  const int nodes = ranks % local == 0 ? ranks / local : 1;
+  const int per_node = ranks / nodes;
+  Replay::Handle packed = r_.Alloc(Cat::kCommBuffers, s * ranks * kRsize, comm_);
+  Replay::Handle partial = r_.Alloc(Cat::kCommBuffers, s * nodes * kRsize, comm_);
+  auto level = [&](int peers, int64_t n, bool crosses) {
+    if (peers <= 1) return;
+    const int64_t bytes = QuantizedBytes(n);
+    Transient(Cat::kCommBuffers, {bytes, bytes, n * kRsize}, comm_);
+    (crosses ? out_.comm.inter : out_.comm.intra) += (peers - 1) * bytes;
+  };
+  level(per_node, s * nodes, nodes == 1 && in_.ShardGroupCrossesNodes());
+  level(nodes, s, true);
+  r_.Free(partial);
+  r_.Free(packed);
+}
+
 void StepModel::Flush() {
   if (pending_.empty()) return;
   int64_t bucket_shard = 0;
@@ -274,8 +299,12 @@ void StepModel::Flush() {
   }
   if (in_.shard_ranks() > 1) reduced = r_.Alloc(Cat::kCommBuffers, bucket_shard * kRsize, comm_);
   const int64_t full = bucket_shard * in_.shard_ranks() * kRsize;
-  InGroup(in_.manager.reduce_scatter ? StepComm::Op::kReduceScatter : StepComm::Op::kAllReduce,
-          full);
+  if (in_.manager.quantized_gradients && in_.shard_ranks() > 1) {
+    QuantizedReduceScatter(bucket_shard);
+  } else {
+    InGroup(in_.manager.reduce_scatter ? StepComm::Op::kReduceScatter : StepComm::Op::kAllReduce,
+            full);
+  }
   AcrossReplicas(in_.manager.reduce_scatter ? bucket_shard * kRsize : full);
   for (int u : pending_) {  // DropFullGrad: reused once the comm stream is done with it
     r_.Use(units_[u].full_grad, *comm_);
@@ -397,8 +426,7 @@ void StepModel::MicroBatch() {
   const int64_t projections = gpt::ProjectionScratchBytes(g, act);
   auto project = [&] {
     if (projections == 0) return;
-    Replay::Handle h = r_.Alloc(Cat::kWorkspace, projections, compute_);
-    r_.Free(h);
+    Transient(Cat::kWorkspace, {projections}, compute_);
   };
   for (int l = 0; l < blocks; ++l) {
     if (per_block) block_set(sets_of[l]);  // allocated by the block's forward
@@ -517,8 +545,7 @@ void StepModel::Step() {
       InGroup(StepComm::Op::kAllReduce, numel * kRsize);
       AcrossReplicas(numel * kRsize);
       if (bucket.size() > 1 && in_.dp > 1) {  // every data rank, hybrid or not
-        Replay::Handle h = r_.Alloc(Cat::kCommBuffers, numel * kRsize, comm_);
-        r_.Free(h);
+        Transient(Cat::kCommBuffers, {numel * kRsize}, comm_);
       }
       bucket.clear();
       numel = 0;
@@ -530,28 +557,21 @@ void StepModel::Step() {
     }
     reduce();
   }
-  Replay::Handle acc = r_.Alloc(Cat::kWorkspace, 8, compute_);  // norm/overflow accumulator
-  r_.Free(acc);
-  if (in_.stage() == 1 || in_.stage() == 2) {  // the updated shards, gathered or broadcast
-    for (const Unit& u : units_) InGroup(StepComm::Op::kAllGather, GatheredBytes(u));
-  }
-  // As ShardedUnit::GatherUpdated: stages 1-2 all-gather a unit larger than
-  // allgather_bucket_size through a staging buffer of world x piece elements.
-  if ((in_.stage() == 1 || in_.stage() == 2) && in_.shard_ranks() > 1 &&
-      in_.manager.allgather_partitions) {
-    for (const Unit& u : units_) {
-      const int64_t shard = u.layout.shard_numel();
-      if (shard * in_.shard_ranks() <= in_.manager.allgather_bucket_size) continue;
-      const int64_t piece =
-          std::max<int64_t>(1, in_.manager.allgather_bucket_size / in_.shard_ranks());
-      Replay::Handle h = r_.Alloc(Cat::kCommBuffers, piece * in_.shard_ranks() * csize(), compute_);
-      r_.Free(h);
+  Transient(Cat::kWorkspace, {8}, compute_);  // norm/overflow accumulator
+  // As ShardedUnit::GatherUpdated: stages 1-2 all-gather the updated shards (or broadcast them),
+  // a unit larger than allgather_bucket_size through a staging buffer of world x piece elements.
+  const int64_t ranks = in_.shard_ranks(), bucket = in_.manager.allgather_bucket_size;
+  for (const Unit& u : units_) {
+    if (in_.stage() != 1 && in_.stage() != 2) break;
+    InGroup(StepComm::Op::kAllGather, GatheredBytes(u));
+    if (ranks == 1 || !in_.manager.allgather_partitions || u.layout.padded_numel() <= bucket) {
+      continue;
     }
+    Transient(Cat::kCommBuffers, {std::max<int64_t>(1, bucket / ranks) * ranks * csize()},
+              compute_);
   }
-  for (int i = 0; i < 2; ++i) {  // the trainer's loss mean and stop flag
-    Replay::Handle h = r_.Alloc(Cat::kCommBuffers, 4, compute_);
-    r_.Free(h);
-  }
+  Transient(Cat::kCommBuffers, {4}, compute_);  // the trainer's loss mean
+  Transient(Cat::kCommBuffers, {4}, compute_);  // and stop flag
   planner_.EndStep();
 }
 
@@ -653,19 +673,7 @@ StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& in) {
 StatusOr<MemoryEstimate> EstimateColdModelStates(const MemoryModelInput& layout, int64_t params,
                                                  int64_t largest) {
   ZR_ASSIGN_OR_RETURN(const ColdDecoder decoder, FitColdDecoder(params, largest));
-  MemoryModelInput in = layout;
-  // No shape: the activation replay runs on a token-sized model and is not recorded.
-  in.model = GptConfig{.n_layer = std::max(1, decoder.blocks),
-                       .n_head = 1,
-                       .d_model = 1,
-                       .seq_len = 1,
-                       .vocab_size = 1};
-  in.micro_batch = 1;
-  in.tp = 1;
-  in.sequence_parallel = false;
-  in.pp = 1;
-  in.pipeline_stage = 0;
-  in.pipeline_layers.clear();
+  const MemoryModelInput in = layout.WithoutShape(decoder.blocks);
   ZR_RETURN_IF_ERROR(in.Validate());
   const ShardManagerOptions& options = in.manager;
   MemoryEstimate out;

@@ -85,6 +85,9 @@ struct MemoryModelInput {
   // size) (the batch triple resolved there); stage 0.
   static StatusOr<MemoryModelInput> FromConfig(const RunConfig& config, int world_size, bool cuda);
   Status Validate() const;
+  // Cold mode: this layout on a token-sized model of `blocks` blocks, one stage, no tensor split
+  // (the activation replay then runs but is not recorded).
+  MemoryModelInput WithoutShape(int blocks) const;
 
  private:
   static ShardManagerOptions StageZero() {

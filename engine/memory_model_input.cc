@@ -70,6 +70,19 @@ bool MemoryModelInput::ReplicasCrossNodes() const {
   return SpansNodes(pipeline_stage * dp * tp, shard_ranks() * tp, replicas(), ranks_per_node);
 }
 
+MemoryModelInput MemoryModelInput::WithoutShape(int blocks) const {
+  MemoryModelInput in = *this;
+  in.model = GptConfig{
+      .n_layer = std::max(1, blocks), .n_head = 1, .d_model = 1, .seq_len = 1, .vocab_size = 1};
+  in.micro_batch = 1;
+  in.tp = 1;
+  in.sequence_parallel = false;
+  in.pp = 1;
+  in.pipeline_stage = 0;
+  in.pipeline_layers.clear();
+  return in;
+}
+
 void MemoryModelInput::SetLayout(int zero_stage, const std::string& offload) {
   manager.stage = static_cast<ZeroStage>(zero_stage);
   OffloadConfig placed;  // pinned host memory for "cpu", as the config's default

@@ -48,7 +48,10 @@ StatusOr<std::unique_ptr<DeviceMesh>> MakeRunMesh(const RunConfig& c, Communicat
                hybrid ? StrCat(key, " ", shard) : StrCat("data-parallel size ", dp), " (",
                world_source, ")"));
   }
-  if (tp == 1 && pp == 1 && !hybrid && hpz <= 1) return std::unique_ptr<DeviceMesh>();
+  // qgZ's two levels are the data group's intra- and inter-node groups.
+  if (tp == 1 && pp == 1 && !hybrid && hpz <= 1 && !c.zero.zero_quantized_gradients) {
+    return std::unique_ptr<DeviceMesh>();
+  }
   ZR_ASSIGN_OR_RETURN(std::unique_ptr<DeviceMesh> mesh,
                       DeviceMesh::Create(world,
                                          {.data = dp,

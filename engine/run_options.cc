@@ -62,6 +62,7 @@ ShardManagerOptions ShardManagerOptionsFrom(const RunConfig& c, int dp_size,
   o.stage3_param_persistence_threshold = c.zero.stage3_param_persistence_threshold;
   o.hpz_partition_size = c.zero.zero_hpz_partition_size;
   o.quantized_weights = c.zero.zero_quantized_weights;
+  o.quantized_gradients = c.zero.zero_quantized_gradients;
   o.seed = c.seed;
   // Offload (DeepSpeed's offload_optimizer / offload_param / aio): a placement of the buffers.
   o.placement.optimizer = OffloadTier(c.zero.offload_optimizer);

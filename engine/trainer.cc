@@ -108,6 +108,12 @@ class Run {
   Communicator& world() { return *ctx_.world; }
   Communicator& dp() { return mesh_ ? mesh_->data() : *ctx_.world; }
   Communicator* tp() { return mesh_ ? &mesh_->tensor() : nullptr; }
+  // qgZ's first level ([Note: qgZ]): the data group's ranks on this node, or the whole group when
+  // there is one node (or the nodes hold different numbers of its ranks).
+  Communicator* QuantizedGradientGroup() {
+    if (!c_.zero.zero_quantized_gradients) return nullptr;
+    return mesh_->data_intra() != nullptr ? mesh_->data_intra() : &mesh_->data();
+  }
   int pp() const { return c_.parallel.pipeline_parallel_size; }
   bool last_stage() const { return !mesh_ || mesh_->coord().pipeline == pp() - 1; }
   // The pipeline's losses live on its last stage: summed over the pipeline group (the other
@@ -341,6 +347,8 @@ Status Run::Setup() {
       ShardManager::Create(mo, {.dp = mesh_ ? &mesh_->data_shard() : &dp(),
                                 .replicate = mesh_ ? mesh_->data_replicate() : nullptr,
                                 .secondary = mesh_ ? mesh_->data_secondary() : nullptr,
+                                .grad_intra = QuantizedGradientGroup(),
+                                .grad_inter = mesh_ ? mesh_->data_inter() : nullptr,
                                 .device_allocator = allocator_.get(),
                                 .tracker = &tracker_,
                                 .model_parallel = mesh_ ? &mesh_->model_parallel() : nullptr,

@@ -13,6 +13,11 @@ GradientReducer::GradientReducer(const UnitResources& resources, ShardedOptimize
   // Without overlap_comm the reductions run on the compute stream itself, in program order.
   if (!resources_.options->overlap_comm) resources_.comm = resources_.compute;
   event_ = *CreateEvent(resources_.tiers.device->device());
+  if (resources_.grad_intra != nullptr) {
+    quantized_ = std::make_unique<QuantizedReduceScatter>(
+        *resources_.dp, *resources_.grad_intra, resources_.grad_inter, *resources_.tiers.device,
+        *resources_.compute);
+  }
 }
 
 // DeepSpeed's gradient_predivide_factor f: divide by f before the reduction (a sum) and by
@@ -134,9 +139,14 @@ Status GradientReducer::FlushReduceScatter() {
   resources_.dp->SetTraceLabel(
       single ? StrCat("reduce-scatter ", pending_[0]->name())
              : StrCat("reduce-scatter bucket of ", pending_.size(), " units"));
-  ZR_RETURN_IF_ERROR(
-      resources_.dp->ReduceScatter(single ? pending_[0]->FullGrad().data() : packed.data(),
-                                   reduced.data(), bucket_shard, dtype, op, comm));
+  const void* full = single ? pending_[0]->FullGrad().data() : packed.data();
+  if (quantized_) {
+    ZR_RETURN_IF_ERROR(quantized_->Run(static_cast<const float*>(full), reduced.as<float>(),
+                                       bucket_shard, op, comm));
+  } else {
+    ZR_RETURN_IF_ERROR(
+        resources_.dp->ReduceScatter(full, reduced.data(), bucket_shard, dtype, op, comm));
+  }
   resources_.dp->SetTraceLabel("");
   ++collectives_;
   ZR_RETURN_IF_ERROR(AcrossReplicas(

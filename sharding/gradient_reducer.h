@@ -21,6 +21,7 @@
 #include <memory>
 #include <vector>
 
+#include "sharding/quantized_reduce.h"
 #include "sharding/sharded_optimizer.h"
 #include "sharding/sharded_unit.h"
 
@@ -55,6 +56,7 @@ class GradientReducer {
   int64_t pending_numel_ = 0;
   int64_t collectives_ = 0;
   std::unique_ptr<Event> event_;
+  std::unique_ptr<QuantizedReduceScatter> quantized_;  // qgZ ([Note: qgZ])
 };
 
 }  // namespace zerort

@@ -115,6 +115,10 @@ struct ShardManagerOptions {
   // kernels/quantize.h) and every rank dequantizes the same bytes: the weights the model reads
   // differ from the master's compute copy by the quantization, alike on every rank.
   bool quantized_weights = false;
+  // ZeRO++ qgZ (DeepSpeed's zero_quantized_gradients), stage 3: the gradient reduce-scatter sent
+  // as int8 in two all-to-all levels, inside the node then across ([Note: qgZ],
+  // quantized_reduce.h; Resources::grad_intra and grad_inter).
+  bool quantized_gradients = false;
   int64_t alignment = 16;  // elements; see FlatLayout
   uint64_t seed = 1234;    // passed to initialisers
   // Debug: memory a unit stops using (a stage-3 unit's gathered weights when it is released, a

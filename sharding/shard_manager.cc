@@ -131,6 +131,14 @@ StatusOr<std::unique_ptr<ShardManager>> ShardManager::Create(const ShardManagerO
                  " ranks dividing the data-parallel group (Resources::secondary)"));
     }
   }
+  if (options.quantized_gradients &&
+      (options.stage != ZeroStage::k3 || options.reduce_dtype != DType::kF32 ||
+       !options.reduce_scatter || resources.grad_intra == nullptr ||
+       (resources.replicate != nullptr && resources.replicate->size() > 1))) {
+    return absl::InvalidArgumentError(
+        "quantized_gradients (ZeRO++ qgZ) needs stage 3, fp32 reduction, reduce_scatter, the "
+        "node groups (Resources::grad_intra) and no hybrid sharding");
+  }
   if (options.quantized_weights && options.stage != ZeroStage::k3) {
     return absl::InvalidArgumentError("quantized_weights (ZeRO++ qwZ) needs stage 3");
   }
@@ -274,7 +282,9 @@ UnitResources ShardManager::UnitResourcesOf() {
                        &param_staging_,
                        &offload_stats_,
                        replicate,
-                       options_.hpz_partition_size > 1 ? resources_.secondary : nullptr};
+                       options_.hpz_partition_size > 1 ? resources_.secondary : nullptr,
+                       options_.quantized_gradients ? resources_.grad_intra : nullptr,
+                       options_.quantized_gradients ? resources_.grad_inter : nullptr};
 }
 
 // Before anything is written: does this rank's NVMe state fit where it goes?

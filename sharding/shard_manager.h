@@ -116,6 +116,10 @@ class ShardManager {
     // hpZ (options.hpz_partition_size h > 1, stage 3): groups of h consecutive ranks of `dp`
     // (within a node) that the secondary copy is sharded over ([Note: hpZ], sharded_unit.h).
     Communicator* secondary = nullptr;
+    // qgZ (options.quantized_gradients): `dp`'s ranks on this node, and its ranks of this local
+    // index on every node (null: one node); they must partition `dp` ([Note: qgZ]).
+    Communicator* grad_intra = nullptr;
+    Communicator* grad_inter = nullptr;
     // Required: memory where compute runs (GPU memory, or host memory on a CPU run: "device"
     // means the compute device, as in PyTorch, MemoryTier::kDevice alike); its tracker gets
     // every byte.

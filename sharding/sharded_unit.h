@@ -55,6 +55,9 @@ struct UnitResources {
   Communicator* replicate = nullptr;
   // hpZ: the group the secondary copy is sharded over (ShardManager::Resources::secondary).
   Communicator* secondary = nullptr;
+  // qgZ: the two levels of the quantized reduce-scatter (Resources::grad_intra, grad_inter).
+  Communicator* grad_intra = nullptr;
+  Communicator* grad_inter = nullptr;
 };
 
 // [Note: hpZ]

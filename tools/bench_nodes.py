@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Bytes per step within and across simulated nodes, measured beside the estimator's formula
 (docs/benchmarks.md, "Beyond one node"): GPT-2 124M at 8 ranks as 2 nodes x 4
-(ZERORT_RANKS_PER_NODE=4) for flat ZeRO-3, HSDP (shard groups of 4), hpZ 4 and HSDP at ZeRO-2,
+(ZERORT_RANKS_PER_NODE=4) for flat ZeRO-3, HSDP (shard groups of 4), hpZ 4, qwZ, qwZ + hpZ, qgZ, all of ZeRO++, flat and HSDP
+ZeRO-2,
 two steps each (the second's bytes: a steady-state step), each beside `zerort estimate CONFIG
 --world-size 8 --ranks-per-node 4`; then the validation loss of the tiny GPT after 300 steps in
-each layout. Prints a markdown table.
+each layout (bf16, lr 1e-3, 64 validation windows). Prints a markdown table.
 Usage: bench_nodes.py PATH_TO_ZERORT [MPIEXEC] [--steps 300]"""
 import json
 import os
@@ -23,6 +24,13 @@ LAYOUTS = [
     ("flat ZeRO-3", {"zero_optimization": {"stage": 3}}),
     ("HSDP 4 (ZeRO-3)", {"zero_optimization": {"stage": 3}, "parallel": {"data_shard_size": 4}}),
     ("hpZ 4 (ZeRO-3)", {"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 4}}),
+    ("qwZ (ZeRO-3)", {"zero_optimization": {"stage": 3, "zero_quantized_weights": True}}),
+    ("qwZ + hpZ 4 (ZeRO-3)", {"zero_optimization": {"stage": 3, "zero_quantized_weights": True,
+                                                    "zero_hpz_partition_size": 4}}),
+    ("qgZ (ZeRO-3)", {"zero_optimization": {"stage": 3, "zero_quantized_gradients": True}}),
+    ("hpZ 4 + qwZ + qgZ (ZeRO++)", {"zero_optimization": {
+        "stage": 3, "zero_hpz_partition_size": 4, "zero_quantized_weights": True,
+        "zero_quantized_gradients": True}}),
     ("flat ZeRO-2", {"zero_optimization": {"stage": 2}}),
     ("HSDP 4 (ZeRO-2)", {"zero_optimization": {"stage": 2}, "parallel": {"data_shard_size": 4}}),
 ]
@@ -64,11 +72,11 @@ GPT2 = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
                   "check_memory": False},
         "bf16": {"enabled": True}}
 TINY = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1}},
         "gradient_clipping": 1.0,
         "model": {"n_layer": 2, "n_head": 2, "d_model": 64, "seq_len": 64, "vocab_size": 256},
-        "train": {"steps": steps, "eval_windows": 16, "sample_tokens": 0, "device": "cpu"},
-        "zero_optimization": {"stage_3_persistence": 0}}
+        "train": {"steps": steps, "eval_windows": 64, "sample_tokens": 0, "device": "cpu"},
+        "bf16": {"enabled": True}, "zero_optimization": {"stage_3_persistence": 0}}
 
 print("| layout | MB in node (measured / formula) | MB across nodes (measured / formula) |"
       f" tiny GPT val loss after {steps} steps |")

@@ -118,13 +118,15 @@ if r.returncode == 0 and os.path.exists(os.path.join(tmp, "flat_z3.jsonl")):
           len(secondary) >= len(primary) > 0, f"{len(secondary)} {len(primary)}")
 
 # ZeRO++ qwZ: weights gathered as int8 change the numbers by design. 300 steps of the tiny GPT in
-# bf16: the final validation loss (64 windows) within 2% of the exact run's. Why 2% is enough and
-# not too much: after 300 steps at this learning rate the run's trajectory is chaotic, and the
-# exact run with only its reductions' order changed (HSDP) already ends 1.0% away; qwZ measured
-# 0.9% (docs/multi-node.md). Also the bytes the estimator's formula gives, and about 3/4 of the
-# exact run's bytes across nodes (the gathers, half of ZeRO-3's bytes in bf16, halve; the fp32
-# reduce-scatter stays).
+# bf16 at lr 1e-3: the final validation loss (64 windows) within 2% of the exact run's. Why 2% is
+# enough: at this learning rate the curve is smooth (the exact run with only its reductions' order
+# changed, HSDP, ends 0.02% away), and qwZ measured +0.8%, qgZ +0.6%, both together +1.7%
+# (docs/multi-node.md): a bound that a real loss of accuracy (a wrong scale, a lost group) breaks.
+# (At lr 3e-3 the same runs end up to 5% apart either way: there the trajectory is chaotic.) Also
+# the bytes the estimator's formula gives, and about 3/4 of the exact run's bytes across nodes
+# (the gathers, half of ZeRO-3's bytes in bf16, halve; the fp32 reduce-scatter stays).
 LONG = {"zero_optimization": {"stage": 3}, "bf16": {"enabled": True},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1}},
         "train": {"steps": 300, "eval_interval": 300, "eval_windows": 64}, "steps_per_print": 100}
 r_exact = train("bf16_exact", LONG)
 r_qwz = train("bf16_qwz", merged(LONG, {"zero_optimization": {"zero_quantized_weights": True}}))
@@ -147,6 +149,32 @@ if r_exact.returncode == 0 and r_qwz.returncode == 0:
         got = qw[-1]["comm_bytes_inter_node"]
         check(f"qwZ: inter-node bytes {got} == the estimator's {want} + scalars",
               want <= got <= want + 100, f"{got} vs {want}")
+
+# ZeRO++ qgZ ([Note: qgZ]): the gradient reduce-scatter as int8 all-to-alls, in the node then
+# across: the same 2% bound on the 300-step validation loss, the estimator's bytes on each link,
+# and the gradients' inter-node bytes a small part of the exact run's (each rank sends one quantized
+# block across instead of its ring share of every block in fp32).
+r = train("bf16_qgz", merged(LONG, {"zero_optimization": {"zero_quantized_gradients": True}}))
+check("qgZ run exits 0", r.returncode == 0, r.stderr[-2000:])
+if r.returncode == 0 and r_exact.returncode == 0:
+    ex, qg = records("bf16_exact"), records("bf16_qgz")
+    ev, qv = ex[-1]["val_loss"], qg[-1]["val_loss"]
+    print(f"qgZ: val loss {qv:.4f} vs exact {ev:.4f} ({100 * (qv - ev) / ev:+.2f}%)")
+    check("qgZ changes the numbers", [x["loss"] for x in ex] != [x["loss"] for x in qg])
+    check("qgZ: final validation loss within 2% of the exact run", abs(qv - ev) <= 0.02 * ev,
+          f"{qv} vs {ev}")
+    check("qgZ: fewer bytes across nodes, some within",
+          qg[-1]["comm_bytes_inter_node"] < ex[-1]["comm_bytes_inter_node"] and
+          qg[-1]["comm_bytes_intra_node"] > 0, f"{qg[-1]} {ex[-1]}")
+    e = subprocess.run([zerort, "estimate", os.path.join(tmp, "bf16_qgz.json"), "--world-size",
+                        "4", "--ranks-per-node", "2", "--json"], capture_output=True, text=True,
+                       timeout=120)
+    if check("estimate qgz exits 0", e.returncode == 0, e.stderr[-800:]):
+        comm = json.loads(e.stdout)["comm"]
+        for link in ("intra", "inter"):
+            want, got = comm[f"{link}_node_bytes"], qg[-1][f"comm_bytes_{link}_node"]
+            check(f"qgZ: {link}-node bytes {got} == the estimator's {want} + scalars",
+                  want <= got <= want + 100, f"{got} vs {want}")
 
 # DeepSpeed's MiCS key is the same layout at stage 3: the same numbers, bit for bit.
 r = train("mics", {"zero_optimization": {"stage": 3, "mics_shard_size": 2}})
@@ -221,6 +249,12 @@ bad = [
      "zero_optimization.zero_hpz_partition_size = 4 does not divide the parallel.data_shard_size 2"),
     ("qwZ below stage 3", {"zero_optimization": {"stage": 2, "zero_quantized_weights": True}},
      env, "zero_optimization.zero_quantized_weights is ZeRO++ qwZ"),
+    ("qgZ below stage 3", {"zero_optimization": {"stage": 2, "zero_quantized_gradients": True}},
+     env, "zero_optimization.zero_quantized_gradients is ZeRO++ qgZ"),
+    ("qgZ with hybrid sharding", {"zero_optimization": {"stage": 3,
+                                                        "zero_quantized_gradients": True},
+                                  "parallel": {"data_shard_size": 2}}, env,
+     "zero_optimization.zero_quantized_gradients with parallel.data_shard_size"),
     ("two shard sizes that disagree", {"zero_optimization": {"stage": 3, "mics_shard_size": 2},
                                        "parallel": {"data_shard_size": 4}}, env,
      "are the same setting and disagree"),

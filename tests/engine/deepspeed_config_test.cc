@@ -77,7 +77,8 @@ TEST(DeepSpeedKeysTest, EveryKeyShowsItsHandling) {
         k.path.starts_with("zero_optimization.cpu_offload") ||
         k.path == "zero_optimization.mics_shard_size" ||
         k.path == "zero_optimization.zero_hpz_partition_size" ||
-        k.path == "zero_optimization.zero_quantized_weights") {
+        k.path == "zero_optimization.zero_quantized_weights" ||
+        k.path == "zero_optimization.zero_quantized_gradients") {
       j["zero_optimization"]["stage"] = 3;
     }
     if (k.path.starts_with("scheduler.params")) {

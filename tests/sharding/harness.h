@@ -41,8 +41,9 @@ struct RunConfig {
   // Hybrid sharding ([Note: hybrid sharding]): the state sharded over groups of this many
   // consecutive ranks, replicated across the groups; 0: over the whole world.
   int shard_size = 0;
-  int hpz = 1;       // ZeRO++ hpZ's secondary group size ([Note: hpZ]); 1: off
-  bool qwz = false;  // ZeRO++ qwZ: int8 weight gathers
+  int hpz = 1;        // ZeRO++ hpZ's secondary group size ([Note: hpZ]); 1: off
+  int qgz_local = 0;  // ZeRO++ qgZ with nodes of this many ranks ([Note: qgZ]); 0: off
+  bool qwz = false;   // ZeRO++ qwZ: int8 weight gathers
 };
 
 inline ShardManagerOptions Options(const RunConfig& c) {
@@ -64,6 +65,7 @@ inline ShardManagerOptions Options(const RunConfig& c) {
   o.allgather_bucket_size = c.allgather_bucket_size;
   o.hpz_partition_size = c.hpz;
   o.quantized_weights = c.qwz;
+  o.quantized_gradients = c.qgz_local > 0;
   o.optimizer.kind = c.optimizer;
   o.placement = c.placement;
   o.offload.nvme_path = c.nvme_path;
@@ -104,8 +106,7 @@ struct MlpRun {
 inline StatusOr<MlpRun> MakeMlpRun(const ShardManagerOptions& options, Communicator& comm,
                                    MemoryTracker& tracker, Device device = Device::Cpu(),
                                    const std::function<UnitOptions(int layer)>& unit_options = {},
-                                   Communicator* replicate = nullptr,
-                                   Communicator* secondary = nullptr) {
+                                   const ShardManager::Resources& groups = {}) {
   MlpRun run;
   if (device.is_cuda()) {
     ZR_RETURN_IF_ERROR(SetCurrentDevice(device));
@@ -115,8 +116,10 @@ inline StatusOr<MlpRun> MakeMlpRun(const ShardManagerOptions& options, Communica
   }
   ZR_ASSIGN_OR_RETURN(run.manager,
                       ShardManager::Create(options, {.dp = &comm,
-                                                     .replicate = replicate,
-                                                     .secondary = secondary,
+                                                     .replicate = groups.replicate,
+                                                     .secondary = groups.secondary,
+                                                     .grad_intra = groups.grad_intra,
+                                                     .grad_inter = groups.grad_inter,
                                                      .device_allocator = run.allocator.get(),
                                                      .tracker = &tracker}));
   for (int l = 0; l < MlpLayers(); ++l) {
@@ -148,8 +151,20 @@ inline Status TrainRank(const RunConfig& c, Communicator& comm, RunResult& resul
     o.name = "hpz";
     ZR_ASSIGN_OR_RETURN(secondary, group.Split(group.rank() / c.hpz, group.rank(), o));
   }
-  ZR_ASSIGN_OR_RETURN(MlpRun run, MakeMlpRun(Options(c), group, tracker, c.device, {},
-                                             replicate.get(), secondary.get()));
+  std::unique_ptr<Communicator> intra, inter;  // qgZ: nodes of qgz_local consecutive ranks
+  if (c.qgz_local > 0) {
+    CommOptions o = comm.options();
+    o.name = "intra";
+    ZR_ASSIGN_OR_RETURN(intra, group.Split(group.rank() / c.qgz_local, group.rank(), o));
+    o.name = "inter";
+    ZR_ASSIGN_OR_RETURN(inter, group.Split(group.rank() % c.qgz_local, group.rank(), o));
+  }
+  ZR_ASSIGN_OR_RETURN(
+      MlpRun run, MakeMlpRun(Options(c), group, tracker, c.device, {},
+                             {.replicate = replicate.get(),
+                              .secondary = secondary.get(),
+                              .grad_intra = intra.get(),
+                              .grad_inter = inter && inter->size() > 1 ? inter.get() : nullptr}));
   tracker.ResetPeaks();  // the steps' peaks, not setup's (Initialize's unit agreement stages 8 B)
   ShardManager* m = run.manager.get();
   // The steps' all-gathers, by group (rank 0).

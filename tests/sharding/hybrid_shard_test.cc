@@ -143,5 +143,30 @@ TEST(QwzTest, QuantizedGathersStayCloseToTheExactRun) {
   }
 }
 
+// qgZ ([Note: qgZ]): the gradient reduce-scatter in int8, in the node then across: close to the
+// exact run, not equal; deterministic; nodes of 2 and 4 out of 4 and 8, one node, with
+// micro-batches, buckets of one unit and predivide.
+TEST(QgzTest, QuantizedReductionStaysCloseToTheExactRun) {
+  RunConfig two_nodes{.stage = ZeroStage::k3, .world = 4, .steps = 10, .qgz_local = 2};
+  RunConfig one_node = two_nodes, four_nodes = two_nodes, micro = two_nodes, bucket = two_nodes,
+            predivide = two_nodes;
+  one_node.qgz_local = 4;
+  four_nodes.world = 8;
+  four_nodes.qgz_local = 2;
+  micro.micro_batches = 3;
+  bucket.reduce_bucket_size = 1;
+  predivide.predivide = 4.0;
+  for (RunConfig c : {two_nodes, one_node, four_nodes, micro, bucket, predivide}) {
+    const RunResult quantized = Train(c);
+    ASSERT_EQ(quantized.error, "") << Describe(c);
+    EXPECT_EQ(Train(c).params, quantized.params) << "deterministic: " << Describe(c);
+    c.qgz_local = 0;
+    const RunResult exact = Train(c);
+    const double err = MaxRelativeError(quantized.params, exact.params);
+    EXPECT_GT(err, 0.0) << Describe(c);
+    EXPECT_LT(err, 2e-2) << Describe(c);
+  }
+}
+
 }  // namespace
 }  // namespace zerort
