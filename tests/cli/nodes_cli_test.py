@@ -176,6 +176,25 @@ if r.returncode == 0 and r_exact.returncode == 0:
             check(f"qgZ: {link}-node bytes {got} == the estimator's {want} + scalars",
                   want <= got <= want + 100, f"{got} vs {want}")
 
+# The asynchronous CPU device (queued streams, docs/async-device.md) trains every ZeRO++ path and
+# HSDP bitwise like the synchronous one: their collectives and copies are ordered on the streams.
+for label, layout in (("hpZ + qwZ + qgZ", {"zero_hpz_partition_size": 2,
+                                           "zero_quantized_weights": True,
+                                           "zero_quantized_gradients": True}),
+                      ("HSDP + hpZ + qwZ", {"zero_hpz_partition_size": 2,
+                                            "zero_quantized_weights": True})):
+    curves = []
+    for device in ("cpu", "cpu-async"):
+        name = f"async_{len(curves)}_{layout.get('zero_quantized_gradients', False)}"
+        extra = {"zero_optimization": dict(layout, stage=3), "train": {"steps": 6, "device": device}}
+        if "qgZ" not in label:
+            extra["parallel"] = {"data_shard_size": 2}
+        r = train(name, extra)
+        check(f"{label} on {device} exits 0", r.returncode == 0, r.stderr[-1500:])
+        curves.append([x["loss"] for x in records(name)] if r.returncode == 0 else None)
+    check(f"{label}: cpu-async == cpu bitwise", curves[0] is not None and curves[0] == curves[1],
+          str(curves))
+
 # DeepSpeed's MiCS key is the same layout at stage 3: the same numbers, bit for bit.
 r = train("mics", {"zero_optimization": {"stage": 3, "mics_shard_size": 2}})
 check("mics_shard_size 2 exits 0", r.returncode == 0, r.stderr[-2000:])
