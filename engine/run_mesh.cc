@@ -1,6 +1,7 @@
 // The run's mesh from parallel.* (run_mesh.h).
 #include "engine/run_mesh.h"
 
+#include "absl/strings/str_join.h"
 #include "runtime/log.h"
 #include "runtime/strings.h"
 
@@ -73,6 +74,21 @@ StatusOr<std::unique_ptr<DeviceMesh>> MakeRunMesh(const RunConfig& c, Communicat
         hpz, topology != nullptr ? topology->Describe() : std::string("one node"));
   }
   return mesh;
+}
+
+std::string DescribeDataLayout(const RunConfig& c, const Topology* topology) {
+  std::vector<std::string> parts;
+  if (topology != nullptr && topology->nodes() > 1) parts.push_back(topology->Describe());
+  if (c.parallel.data_shard_size > 0) {
+    parts.push_back(StrCat("state sharded in groups of ", c.parallel.data_shard_size,
+                           " data ranks (hybrid sharding)"));
+  }
+  if (c.zero.zero_hpz_partition_size > 1) {
+    parts.push_back(StrCat("hpZ secondary copy over ", c.zero.zero_hpz_partition_size, " ranks"));
+  }
+  if (c.zero.zero_quantized_weights) parts.push_back("qwZ int8 weight gathers");
+  if (c.zero.zero_quantized_gradients) parts.push_back("qgZ int8 gradient reduce-scatter");
+  return absl::StrJoin(parts, "; ");
 }
 
 }  // namespace zerort

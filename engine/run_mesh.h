@@ -20,4 +20,8 @@ StatusOr<std::unique_ptr<DeviceMesh>> MakeRunMesh(const RunConfig& c, Communicat
                                                   const std::string& world_source,
                                                   const Topology* topology);
 
+// One line for the run's log when the data dimension is more than one flat group: the nodes, HSDP's
+// shard groups, ZeRO++'s hpZ, qwZ and qgZ. "" otherwise.
+std::string DescribeDataLayout(const RunConfig& c, const Topology* topology);
+
 }  // namespace zerort

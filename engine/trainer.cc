@@ -417,6 +417,8 @@ Status Run::Setup() {
 
   comm_spans_.SetTimeline(timeline_.get());
   if (executor_ && timeline_) executor_->SetSpanSink(timeline_->Sink());
+  const std::string layout = DescribeDataLayout(c_, ctx_.topology);
+  if (leader() && !layout.empty()) Logger()->info("data parallelism: {}", layout);
   if (leader()) {
     Logger()->info(
         "training {} parameters ({}) on {} x {} ({}), ZeRO-{}{}, batch {} = {} micro x {} "

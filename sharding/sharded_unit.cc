@@ -419,8 +419,9 @@ Status ShardedUnit::GatherUpdated(Stream* stream) {
   char* full = static_cast<char*>(compute_full_.View().data());
   char* own = full + static_cast<size_t>(compute_copy().offset) * elem;
   const int64_t bucket = options().allgather_bucket_size;
-  if (world == 1 || shard * world <= bucket)
+  if (world == 1 || shard * world <= bucket) {
     return GatherShards(*resources_.dp, own, full, shard, stream);
+  }
   // DeepSpeed's all_gather_dp_groups: pieces of every rank's shard, world x piece <= bucket.
   const int64_t piece = std::max<int64_t>(1, bucket / world);
   auto at = [&](int r, int64_t offset) {
