@@ -176,6 +176,15 @@ nlohmann::json RowJson(const EstimateRow& r) {
   return j;
 }
 
+// --intra-gbps and --inter-gbps: 0 (no time) or a speed up to 1e6 Gb/s; NaN is refused too.
+Status CheckLinkSpeeds(const EstimateOptions& o) {
+  if (o.intra_gbps >= 0 && o.intra_gbps <= 1e6 && o.inter_gbps >= 0 && o.inter_gbps <= 1e6) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(StrCat("--intra-gbps ", o.intra_gbps, " / --inter-gbps ",
+                                           o.inter_gbps, " must be in [0, 1e6] Gb/s"));
+}
+
 // [Note: bytes per step] (engine/comm_model.h) as JSON, with the time at the given link speeds.
 nlohmann::json CommJson(const StepComm& c, const EstimateOptions& o) {
   nlohmann::json j = {{"intra_node_bytes", c.intra}, {"inter_node_bytes", c.inter}};
@@ -219,9 +228,8 @@ int RunFromConfig(const EstimateOptions& o) {
     return Usage(StrCat("--ranks-per-node ", o.ranks_per_node, " is not in [1, --world-size ",
                         o.world_size, "]"));
   }
-  if (!(o.intra_gbps >= 0 && o.intra_gbps <= 1e6 && o.inter_gbps >= 0 && o.inter_gbps <= 1e6)) {
-    return Usage(StrCat("--intra-gbps ", o.intra_gbps, " / --inter-gbps ", o.inter_gbps,
-                        " must be in [0, 1e6] Gb/s"));
+  if (const Status links = CheckLinkSpeeds(o); !links.ok()) {
+    return Usage(std::string(links.message()));
   }
   in->ranks_per_node = o.ranks_per_node > 0 ? o.ranks_per_node : o.world_size;
   StatusOr<std::vector<MemoryEstimate>> stages = EstimateMemoryPerStage(*in);
@@ -342,7 +350,7 @@ int RunFromConfig(const EstimateOptions& o) {
     }
   }
   PrintCategories(*e, o.measure ? &measured : nullptr);
-  std::printf("  communication per step (this rank; ranks %d per node): %s\n", in->ranks_per_node,
+  std::printf("  communication per step (this rank; %d ranks per node): %s\n", in->ranks_per_node,
               CommText(e->comm, o).c_str());
   if (o.explain) Explain(*e);
   std::printf("%s\n", kCaveats);
@@ -621,9 +629,8 @@ int RunEstimate(const EstimateOptions& o) {
     return Usage(StrCat("--data-shard-size ", o.data_shard_size,
                         " does not divide the data-parallel size ", base.dp));
   }
-  if (!(o.intra_gbps >= 0 && o.intra_gbps <= 1e6 && o.inter_gbps >= 0 && o.inter_gbps <= 1e6)) {
-    return Usage(StrCat("--intra-gbps ", o.intra_gbps, " / --inter-gbps ", o.inter_gbps,
-                        " must be in [0, 1e6] Gb/s"));
+  if (const Status links = CheckLinkSpeeds(o); !links.ok()) {
+    return Usage(std::string(links.message()));
   }
   const bool timed = o.intra_gbps > 0 || o.inter_gbps > 0;
   const auto t0 = std::chrono::steady_clock::now();

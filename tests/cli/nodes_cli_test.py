@@ -48,6 +48,32 @@ def close(a, b, tol=1e-5):
     return len(a) == len(b) and all(abs(x - y) <= tol * abs(y) for x, y in zip(a, b))
 
 
+def matches_estimate(name, measured, links=("intra", "inter")):
+    """[Note: bytes per step]: the estimator's replay of `name`'s config gives each link's bytes;
+    the run adds only its scalar all-reduces (loss, norm, flags: under 100 bytes)."""
+    e = subprocess.run([zerort, "estimate", os.path.join(tmp, name + ".json"), "--world-size", "4",
+                        "--ranks-per-node", "2", "--json"], capture_output=True, text=True,
+                       timeout=120)
+    if not check(f"estimate {name} exits 0", e.returncode == 0, e.stderr[-800:]):
+        return
+    comm = json.loads(e.stdout)["comm"]
+    for link in links:
+        want, got = comm[f"{link}_node_bytes"], measured[f"comm_bytes_{link}_node"]
+        check(f"{name}: {link}-node bytes {got} == the estimator's {want} + scalars",
+              want <= got <= want + 100, f"{got} vs {want}")
+
+
+def within_two_percent(label, name, exact="bf16_exact"):
+    """The final validation loss of `name` within 2% of the exact run's; the two differ."""
+    ex, got = records(exact), records(name)
+    ev, v = ex[-1]["val_loss"], got[-1]["val_loss"]
+    print(f"{label}: val loss {v:.4f} vs exact {ev:.4f} ({100 * (v - ev) / ev:+.2f}%)")
+    check(f"{label} changes the numbers", [x["loss"] for x in ex] != [x["loss"] for x in got])
+    check(f"{label}: final validation loss within 2% of the exact run", abs(v - ev) <= 0.02 * ev,
+          f"{v} vs {ev}")
+    return got
+
+
 for stage in (1, 2, 3):
     flat, hybrid = f"flat_z{stage}", f"hsdp_z{stage}"
     zero = {"zero_optimization": {"stage": stage}}
@@ -71,19 +97,8 @@ for stage in (1, 2, 3):
           a[-1]["comm_bytes_intra_node"] > 0, f"{a[-1]} {b[-1]}")
     check(f"stage {stage}: the metrics line names both links",
           "MB in node" in r.stdout and "MB across" in r.stdout, r.stdout[-600:])
-    # [Note: bytes per step]: the estimator's replay gives each link's bytes; the run adds only
-    # its scalar all-reduces (loss, norm, flags: under 100 bytes).
-    for name, measured in ((flat, b[-1]), (hybrid, a[-1])):
-        e = subprocess.run([zerort, "estimate", os.path.join(tmp, name + ".json"), "--world-size",
-                            "4", "--ranks-per-node", "2", "--json"], capture_output=True,
-                           text=True, timeout=120)
-        if not check(f"estimate {name} exits 0", e.returncode == 0, e.stderr[-800:]):
-            continue
-        comm = json.loads(e.stdout)["comm"]
-        for link in ("intra", "inter"):
-            want, got = comm[f"{link}_node_bytes"], measured[f"comm_bytes_{link}_node"]
-            check(f"{name}: {link}-node bytes {got} == the estimator's {want} + scalars",
-                  want <= got <= want + 100, f"{got} vs {want}")
+    matches_estimate(flat, b[-1])
+    matches_estimate(hybrid, a[-1])
 
 # ZeRO++ hpZ ([Note: hpZ]): a secondary copy within the node serves every gather but the step's
 # first, bit for bit the same weights; only the forward's gathers (and the gradients) cross.
@@ -96,15 +111,7 @@ if r.returncode == 0 and os.path.exists(os.path.join(tmp, "flat_z3.jsonl")):
     check("hpZ sends fewer bytes across nodes",
           h[-1]["comm_bytes_inter_node"] < f[-1]["comm_bytes_inter_node"] and
           h[-1]["comm_bytes_intra_node"] > 0, f"{h[-1]} {f[-1]}")
-    e = subprocess.run([zerort, "estimate", os.path.join(tmp, "hpz.json"), "--world-size", "4",
-                        "--ranks-per-node", "2", "--json"], capture_output=True, text=True,
-                       timeout=120)
-    if check("estimate hpz exits 0", e.returncode == 0, e.stderr[-800:]):
-        comm = json.loads(e.stdout)["comm"]
-        for link in ("intra", "inter"):
-            want, got = comm[f"{link}_node_bytes"], h[-1][f"comm_bytes_{link}_node"]
-            check(f"hpz: {link}-node bytes {got} == the estimator's {want} + scalars",
-                  want <= got <= want + 100, f"{got} vs {want}")
+    matches_estimate("hpz", h[-1])
     with open(os.path.join(tmp, "hpz_trace.json")) as fh:
         spans = [ev["name"] for ev in json.load(fh) if ev.get("ph") == "X"]
     secondary = [x for x in spans if "(hpZ)" in x]
@@ -133,22 +140,10 @@ r_qwz = train("bf16_qwz", merged(LONG, {"zero_optimization": {"zero_quantized_we
 check("bf16 exact run exits 0", r_exact.returncode == 0, r_exact.stderr[-2000:])
 check("qwZ run exits 0", r_qwz.returncode == 0, r_qwz.stderr[-2000:])
 if r_exact.returncode == 0 and r_qwz.returncode == 0:
-    ex, qw = records("bf16_exact"), records("bf16_qwz")
-    ev, qv = ex[-1]["val_loss"], qw[-1]["val_loss"]
-    print(f"qwZ: val loss {qv:.4f} vs exact {ev:.4f} ({100 * (qv - ev) / ev:+.2f}%)")
-    check("qwZ changes the numbers", [x["loss"] for x in ex] != [x["loss"] for x in qw])
-    check("qwZ: final validation loss within 2% of the exact run", abs(qv - ev) <= 0.02 * ev,
-          f"{qv} vs {ev}")
-    ratio = qw[-1]["comm_bytes_inter_node"] / ex[-1]["comm_bytes_inter_node"]
+    qw = within_two_percent("qwZ", "bf16_qwz")
+    ratio = qw[-1]["comm_bytes_inter_node"] / records("bf16_exact")[-1]["comm_bytes_inter_node"]
     check("qwZ: about 3/4 of the exact run's bytes across nodes", 0.72 < ratio < 0.78, str(ratio))
-    e = subprocess.run([zerort, "estimate", os.path.join(tmp, "bf16_qwz.json"), "--world-size",
-                        "4", "--ranks-per-node", "2", "--json"], capture_output=True, text=True,
-                       timeout=120)
-    if check("estimate qwz exits 0", e.returncode == 0, e.stderr[-800:]):
-        want = json.loads(e.stdout)["comm"]["inter_node_bytes"]
-        got = qw[-1]["comm_bytes_inter_node"]
-        check(f"qwZ: inter-node bytes {got} == the estimator's {want} + scalars",
-              want <= got <= want + 100, f"{got} vs {want}")
+    matches_estimate("bf16_qwz", qw[-1])
 
 # ZeRO++ qgZ ([Note: qgZ]): the gradient reduce-scatter as int8 all-to-alls, in the node then
 # across: the same 2% bound on the 300-step validation loss, the estimator's bytes on each link,
@@ -157,24 +152,12 @@ if r_exact.returncode == 0 and r_qwz.returncode == 0:
 r = train("bf16_qgz", merged(LONG, {"zero_optimization": {"zero_quantized_gradients": True}}))
 check("qgZ run exits 0", r.returncode == 0, r.stderr[-2000:])
 if r.returncode == 0 and r_exact.returncode == 0:
-    ex, qg = records("bf16_exact"), records("bf16_qgz")
-    ev, qv = ex[-1]["val_loss"], qg[-1]["val_loss"]
-    print(f"qgZ: val loss {qv:.4f} vs exact {ev:.4f} ({100 * (qv - ev) / ev:+.2f}%)")
-    check("qgZ changes the numbers", [x["loss"] for x in ex] != [x["loss"] for x in qg])
-    check("qgZ: final validation loss within 2% of the exact run", abs(qv - ev) <= 0.02 * ev,
-          f"{qv} vs {ev}")
+    qg = within_two_percent("qgZ", "bf16_qgz")
+    ex = records("bf16_exact")
     check("qgZ: fewer bytes across nodes, some within",
           qg[-1]["comm_bytes_inter_node"] < ex[-1]["comm_bytes_inter_node"] and
           qg[-1]["comm_bytes_intra_node"] > 0, f"{qg[-1]} {ex[-1]}")
-    e = subprocess.run([zerort, "estimate", os.path.join(tmp, "bf16_qgz.json"), "--world-size",
-                        "4", "--ranks-per-node", "2", "--json"], capture_output=True, text=True,
-                       timeout=120)
-    if check("estimate qgz exits 0", e.returncode == 0, e.stderr[-800:]):
-        comm = json.loads(e.stdout)["comm"]
-        for link in ("intra", "inter"):
-            want, got = comm[f"{link}_node_bytes"], qg[-1][f"comm_bytes_{link}_node"]
-            check(f"qgZ: {link}-node bytes {got} == the estimator's {want} + scalars",
-                  want <= got <= want + 100, f"{got} vs {want}")
+    matches_estimate("bf16_qgz", qg[-1])
 
 # The asynchronous CPU device (queued streams, docs/async-device.md) trains every ZeRO++ path and
 # HSDP bitwise like the synchronous one: their collectives and copies are ordered on the streams.
