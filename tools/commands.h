@@ -130,6 +130,9 @@ struct EstimateOptions {
   int gpus = 1, nodes = 1;                               // GPUs per node, nodes
   int ranks_per_node = 0;   // config mode: ranks per node (0: every rank on one node)
   int data_shard_size = 0;  // shape mode: hybrid sharding's group size (0: none)
+  int hpz = 1;              // shape mode, stage 3 rows: ZeRO++ hpZ's group size (1: none)
+  bool qwz = false;         // shape mode, stage 3 rows: ZeRO++'s int8 weight gathers
+  bool qgz = false;         // and int8 gradient reduce-scatter
   double intra_gbps = 0;    // link speeds for a communication time per step (0: none)
   double inter_gbps = 0;
   int seq_len = 0;  // 0: the model's

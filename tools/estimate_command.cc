@@ -22,14 +22,10 @@
 #include "runtime/loopback_communicator.h"
 #include "runtime/strings.h"
 #include "tools/commands.h"
+#include "tools/estimate_output.h"
 
 namespace zerort::cli {
 namespace {
-
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-std::string Gib(double bytes) { return fmt::format("{:.2f}", bytes / kGiB); }
-std::string Mib(double bytes) { return fmt::format("{:.1f}", bytes / 1048576.0); }
 
 int Usage(const std::string& message) {
   Logger()->error("estimate: {}", message);
@@ -73,6 +69,10 @@ std::vector<EstimateRow> Table(MemoryModelInput base, int ranks_per_node,
         MemoryModelInput in = base;
         in.SetLayout(stage, offload);
         if (stage == 0) in.data_shard = 0;  // nothing to shard in groups
+        if (stage != 3) {                   // ZeRO++ is stage 3's
+          in.manager.hpz_partition_size = 1;
+          in.manager.quantized_weights = in.manager.quantized_gradients = false;
+        }
         in.activation_checkpointing = ckpt;
         StatusOr<MemoryEstimate> e = estimate(in);
         if (!e.ok()) continue;
@@ -95,76 +95,6 @@ const char* kCaveats =
     "memory of data loading and checkpointing, and the pipeline's boundary send/receive "
     "buffers (one micro-batch's residual stream each).";
 
-void PrintCategories(const MemoryEstimate& e, const MemorySnapshot* measured) {
-  std::printf("  %-10s %-18s %12s", "tier", "category", "estimate MiB");
-  if (measured != nullptr) std::printf(" %12s %8s", "measured MiB", "error");
-  std::printf("\n");
-  for (int t = 0; t < kNumMemoryTiers; ++t) {
-    for (int k = 0; k < kNumMemoryCategories; ++k) {
-      const auto tier = static_cast<MemoryTier>(t);
-      const auto cat = static_cast<MemoryCategory>(k);
-      const int64_t est = e.Peak(tier, cat);
-      const int64_t got = measured != nullptr ? measured->Get(tier, cat).peak : 0;
-      if (est == 0 && got == 0) continue;
-      std::printf("  %-10s %-18s %12s", std::string(MemoryTierName(tier)).c_str(),
-                  std::string(MemoryCategoryName(cat)).c_str(), Mib(est).c_str());
-      if (measured != nullptr) {
-        std::printf(" %12s %7.2f%%", Mib(got).c_str(),
-                    got > 0 ? 100.0 * (static_cast<double>(est) - got) / got : 0.0);
-      }
-      std::printf("\n");
-    }
-    const int64_t est = e.PeakTotal(static_cast<MemoryTier>(t));
-    const int64_t got = measured != nullptr ? measured->in_use[t].peak : 0;
-    if (est == 0 && got == 0) continue;
-    std::printf("  %-10s %-18s %12s",
-                std::string(MemoryTierName(static_cast<MemoryTier>(t))).c_str(), "TOTAL (peak)",
-                Mib(est).c_str());
-    if (measured != nullptr) {
-      std::printf(" %12s %7.2f%%", Mib(got).c_str(),
-                  got > 0 ? 100.0 * (static_cast<double>(est) - got) / got : 0.0);
-    }
-    std::printf("\n");
-  }
-  for (int t = 0; t < kNumMemoryTiers; ++t) {
-    const auto tier = static_cast<MemoryTier>(t);
-    const int64_t est = e.PeakReserved(tier);
-    const int64_t got = measured != nullptr ? measured->reserved[t].peak : 0;
-    if (est == 0 && got == 0) continue;
-    std::printf("  %-10s %-18s %12s", std::string(MemoryTierName(tier)).c_str(), "RESERVED (peak)",
-                Mib(est).c_str());
-    if (measured != nullptr) {
-      std::printf(" %12s %7.2f%%", Mib(got).c_str(),
-                  got > 0 ? 100.0 * (static_cast<double>(est) - got) / got : 0.0);
-    }
-    std::printf("   allocator overhead %s MiB\n", Mib(est - e.PeakTotal(tier)).c_str());
-  }
-  std::printf("  phases (device): forward %s MiB, backward %s MiB, optimizer step %s MiB\n",
-              Mib(e.phase_forward[0]).c_str(), Mib(e.phase_backward[0]).c_str(),
-              Mib(e.phase_step[0]).c_str());
-}
-
-nlohmann::json EstimateJson(const MemoryEstimate& e) {
-  nlohmann::json tiers = nlohmann::json::object();
-  for (int t = 0; t < kNumMemoryTiers; ++t) {
-    nlohmann::json cats = nlohmann::json::object();
-    for (int k = 0; k < kNumMemoryCategories; ++k) {
-      cats[std::string(MemoryCategoryName(static_cast<MemoryCategory>(k)))] =
-          e.Peak(static_cast<MemoryTier>(t), static_cast<MemoryCategory>(k));
-    }
-    tiers[std::string(MemoryTierName(static_cast<MemoryTier>(t)))] = {
-        {"categories", cats},
-        {"total", e.PeakTotal(static_cast<MemoryTier>(t))},
-        {"reserved", e.PeakReserved(static_cast<MemoryTier>(t))}};
-  }
-  return {{"tiers", tiers},
-          {"parameters", e.parameters},
-          {"phases_device",
-           {{"forward", e.phase_forward[0]},
-            {"backward", e.phase_backward[0]},
-            {"step", e.phase_step[0]}}}};
-}
-
 // A table row as JSON: the estimate, its layout and the per-rank / per-node totals.
 nlohmann::json RowJson(const EstimateRow& r) {
   nlohmann::json j = EstimateJson(r.estimate);
@@ -174,42 +104,6 @@ nlohmann::json RowJson(const EstimateRow& r) {
   j["host_bytes_per_node"] = r.host_node;
   j["nvme_bytes_per_node"] = r.nvme;
   return j;
-}
-
-// --intra-gbps and --inter-gbps: 0 (no time) or a speed up to 1e6 Gb/s; NaN is refused too.
-Status CheckLinkSpeeds(const EstimateOptions& o) {
-  if (o.intra_gbps >= 0 && o.intra_gbps <= 1e6 && o.inter_gbps >= 0 && o.inter_gbps <= 1e6) {
-    return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(StrCat("--intra-gbps ", o.intra_gbps, " / --inter-gbps ",
-                                           o.inter_gbps, " must be in [0, 1e6] Gb/s"));
-}
-
-// [Note: bytes per step] (engine/comm_model.h) as JSON, with the time at the given link speeds.
-nlohmann::json CommJson(const StepComm& c, const EstimateOptions& o) {
-  nlohmann::json j = {{"intra_node_bytes", c.intra}, {"inter_node_bytes", c.inter}};
-  if (o.intra_gbps > 0 || o.inter_gbps > 0) j["seconds"] = c.Seconds(o.intra_gbps, o.inter_gbps);
-  return j;
-}
-
-// "0.21 MB in node, 0.07 MB across[, 0.0012 s at 2400/200 Gb/s]".
-std::string CommText(const StepComm& c, const EstimateOptions& o) {
-  std::string text =
-      fmt::format("{:.2f} MB within a node, {:.2f} MB across nodes", c.intra / 1e6, c.inter / 1e6);
-  if (o.intra_gbps > 0 || o.inter_gbps > 0) {
-    text += fmt::format(", {:.4f} s at {:g} / {:g} Gb/s", c.Seconds(o.intra_gbps, o.inter_gbps),
-                        o.intra_gbps, o.inter_gbps);
-  }
-  return text;
-}
-
-void Explain(const MemoryEstimate& e) {
-  std::printf("terms:\n");
-  for (const MemoryTerm& t : e.terms) {
-    std::printf("  [%s/%s] %s = %s: %s MiB\n", std::string(MemoryTierName(t.tier)).c_str(),
-                std::string(MemoryCategoryName(t.category)).c_str(), t.what.c_str(),
-                t.formula.c_str(), Mib(t.bytes).c_str());
-  }
 }
 
 StatusOr<double> ParseFit(const std::string& text) {
@@ -448,11 +342,12 @@ Status CheckFlags(const EstimateOptions& o, Mode mode) {
                                                 "--explain",    "--json",      "--ranks-per-node",
                                                 "--intra-gbps", "--inter-gbps"};
   static const std::set<std::string> kShape = {
-      "--model",       "--hf-config", "--layers",  "--hidden",
-      "--heads",       "--vocab",     "--seq-len", "--gpus",
-      "--micro-batch", "--nodes",     "--tp",      "--pp",
-      "--fit",         "--explain",   "--json",    "--data-shard-size",
-      "--intra-gbps",  "--inter-gbps"};
+      "--model",       "--hf-config",  "--layers",  "--hidden",
+      "--heads",       "--vocab",      "--seq-len", "--gpus",
+      "--micro-batch", "--nodes",      "--tp",      "--pp",
+      "--fit",         "--explain",    "--json",    "--data-shard-size",
+      "--intra-gbps",  "--inter-gbps", "--hpz",     "--qwz",
+      "--qgz"};
   static const std::set<std::string> kCold = {"--params", "--largest-layer-params", "--gpus",
                                               "--nodes", "--json"};
   const std::set<std::string>& allowed = mode == Mode::kConfig  ? kConfig
@@ -632,6 +527,18 @@ int RunEstimate(const EstimateOptions& o) {
   if (const Status links = CheckLinkSpeeds(o); !links.ok()) {
     return Usage(std::string(links.message()));
   }
+  const int shard_ranks = o.data_shard_size > 0 ? o.data_shard_size : base.dp;
+  if (o.hpz < 1 || shard_ranks % o.hpz != 0) {
+    return Usage(StrCat("--hpz ", o.hpz, " does not divide the shard group size ", shard_ranks));
+  }
+  if (o.qgz && o.data_shard_size > 0) {
+    return Usage(
+        "--qgz with --data-shard-size is not implemented (qgZ's levels are the nodes "
+        "of the whole data group)");
+  }
+  base.manager.hpz_partition_size = o.hpz;
+  base.manager.quantized_weights = o.qwz;
+  base.manager.quantized_gradients = o.qgz;
   const bool timed = o.intra_gbps > 0 || o.inter_gbps > 0;
   const auto t0 = std::chrono::steady_clock::now();
   // Every stage's table; each row keeps the stage with the largest device peak (what must fit).

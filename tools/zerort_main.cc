@@ -218,6 +218,10 @@ int main(int argc, char** argv) {
                        "Run config: ranks per node, placed node by node (default: one node)");
   estimate->add_option("--data-shard-size", est.data_shard_size,
                        "Shape: hybrid sharding (HSDP) over groups of this many GPUs at stages 1-3");
+  estimate->add_option("--hpz", est.hpz,
+                       "Shape: ZeRO++ hpZ over groups of this many GPUs (stage 3)");
+  estimate->add_flag("--qwz", est.qwz, "Shape: ZeRO++ int8 weight gathers (stage 3)");
+  estimate->add_flag("--qgz", est.qgz, "Shape: ZeRO++ int8 gradient reduce-scatter (stage 3)");
   estimate->add_option("--intra-gbps", est.intra_gbps,
                        "Link speed within a node, Gb/s: a communication time per step");
   estimate->add_option("--inter-gbps", est.inter_gbps, "Link speed across nodes, Gb/s");

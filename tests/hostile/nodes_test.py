@@ -101,7 +101,14 @@ for args, says in ((["env", "--tp", "3"], "--tp 3 x --pp 1 does not divide the w
                    (["estimate", "--model", "gpt2", "--gpus", "4", "--ranks-per-node", "2"],
                     "--ranks-per-node does not apply"),
                    (["estimate", "--model", "gpt2", "--gpus", "4", "--intra-gbps", "inf"],
-                    "--intra-gbps")):
+                    "--intra-gbps"),
+                   (["estimate", "--model", "gpt2", "--gpus", "4", "--hpz", "3"],
+                    "--hpz 3 does not divide the shard group size 4"),
+                   (["estimate", "--model", "gpt2", "--gpus", "4", "--hpz", "0"], "--hpz 0"),
+                   (["estimate", "--model", "gpt2", "--gpus", "4", "--hpz", "x"], "--hpz"),
+                   (["estimate", "--model", "gpt2", "--gpus", "4", "--qgz", "--data-shard-size",
+                     "2"], "--qgz with --data-shard-size is not implemented"),
+                   (["estimate", ok, "--qwz"], "--qwz does not apply")):
     expect(" ".join(args), args, says)
 
 checks.finish()
