@@ -51,13 +51,14 @@ StatusOr<nlohmann::json> Nodes(const EnvOptions& o, const LaunchEnv& launch, int
                           .pipeline = o.pp,
                           .data_shard = o.data_shard_size < dp ? o.data_shard_size : 0},
                          session->world().options(), &t));
-  std::unique_ptr<Stream> stream = *CreateStream(Device::Cpu(), "env");
+  ZR_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, CreateStream(Device::Cpu(), "env"));
   ZR_ASSIGN_OR_RETURN(const std::vector<std::string> groups,
                       AllGatherHostStrings(session->world(), session->allocator(), *stream,
                                            mesh->DescribeGroups()));
   nlohmann::json nodes = nlohmann::json::array();
-  for (int n = 0; n < t.nodes(); ++n)
+  for (int n = 0; n < t.nodes(); ++n) {
     nodes.push_back({{"name", t.node_names[n]}, {"ranks", t.RanksOf(n)}});
+  }
   return nlohmann::json{{"source", t.source},
                         {"describe", t.Describe()},
                         {"nodes", nodes},
