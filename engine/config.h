@@ -75,8 +75,8 @@ struct ZeroConfig {
   bool stage3_gather_16bit_weights_on_model_save = false;
   int mics_shard_size = -1;  // DeepSpeed's MiCS: parallel.data_shard_size at stage 3; <= 0: off
   int zero_hpz_partition_size = RuntimeDefaults().hpz_partition_size;  // ZeRO++ hpZ; 1: off
-  bool zero_quantized_weights = false;    // ZeRO++ qwZ (stage 3)
-  bool zero_quantized_gradients = false;  // ZeRO++ qgZ (stage 3)
+  bool zero_quantized_weights = false;                                 // ZeRO++ qwZ (stage 3)
+  bool zero_quantized_gradients = false;                               // ZeRO++ qgZ (stage 3)
 };
 
 struct Fp16Config {
