@@ -3,11 +3,10 @@
 
 namespace zerort {
 
-void StepComm::Add(Op op, int64_t bytes, int ranks, bool crosses) {
-  if (ranks <= 1 || bytes <= 0) return;
-  const int64_t n = ranks;
-  const int64_t sent = op == Op::kAllReduce ? 2 * bytes * (n - 1) / n : bytes * (n - 1) / n;
-  (crosses ? inter : intra) += sent;
+void StepComm::Add(CollectiveOp op, int64_t bytes, int ranks, bool crosses) {
+  if (bytes <= 0) return;
+  (crosses ? inter : intra) +=
+      static_cast<int64_t>(RingBytesSent(op, static_cast<size_t>(bytes), ranks));
 }
 
 double StepComm::Seconds(double intra_gbps, double inter_gbps) const {

@@ -109,11 +109,11 @@ class StepModel {
     for (auto& h : held) r_.Free(h);
   }
   // [Note: bytes per step]: a collective over the shard group, and one across the replicas.
-  void InGroup(StepComm::Op op, int64_t bytes) {
+  void InGroup(CollectiveOp op, int64_t bytes) {
     out_.comm.Add(op, bytes, in_.shard_ranks(), in_.ShardGroupCrossesNodes());
   }
   void AcrossReplicas(int64_t bytes) {
-    out_.comm.Add(StepComm::Op::kAllReduce, bytes, in_.replicas(), in_.ReplicasCrossNodes());
+    out_.comm.Add(CollectiveOp::kAllReduce, bytes, in_.replicas(), in_.ReplicasCrossNodes());
   }
   // A unit's all-gather: its buffer on the comm stream, then read on the compute stream.
   // [Note: hpZ]: from the secondary copy once the step's first gather made it; qwZ packs each
@@ -121,14 +121,14 @@ class StepModel {
   Replay::Handle Gather(Unit& u) {
     Replay::Handle h = r_.Alloc(Cat::kGatheredWeights, GatheredBytes(u), comm_);
     if (u.secondary_valid) {
-      out_.comm.Add(StepComm::Op::kAllGather, GatheredBytes(u), in_.manager.hpz_partition_size,
+      out_.comm.Add(CollectiveOp::kAllGather, GatheredBytes(u), in_.manager.hpz_partition_size,
                     in_.SecondaryCrossesNodes());
     } else if (in_.manager.quantized_weights && !u.plan.persistent) {
       const int64_t packed = QuantizedBytes(u.layout.shard_numel());
-      InGroup(StepComm::Op::kAllGather, packed * in_.shard_ranks());
+      InGroup(CollectiveOp::kAllGather, packed * in_.shard_ranks());
       Transient(Cat::kCommBuffers, {packed, packed * in_.shard_ranks()}, comm_);
     } else {
-      InGroup(StepComm::Op::kAllGather, GatheredBytes(u));
+      InGroup(CollectiveOp::kAllGather, GatheredBytes(u));
     }
     if (!u.secondary_valid) u.secondary_valid = u.plan.Has(UnitBuffer::kSecondary);
     r_.Use(h, *compute_);
@@ -302,7 +302,7 @@ void StepModel::Flush() {
   if (in_.manager.quantized_gradients && in_.shard_ranks() > 1) {
     QuantizedReduceScatter(bucket_shard);
   } else {
-    InGroup(in_.manager.reduce_scatter ? StepComm::Op::kReduceScatter : StepComm::Op::kAllReduce,
+    InGroup(in_.manager.reduce_scatter ? CollectiveOp::kReduceScatter : CollectiveOp::kAllReduce,
             full);
   }
   AcrossReplicas(in_.manager.reduce_scatter ? bucket_shard * kRsize : full);
@@ -542,7 +542,7 @@ void StepModel::Step() {
     std::vector<int> bucket;
     int64_t numel = 0;
     auto reduce = [&] {
-      InGroup(StepComm::Op::kAllReduce, numel * kRsize);
+      InGroup(CollectiveOp::kAllReduce, numel * kRsize);
       AcrossReplicas(numel * kRsize);
       if (bucket.size() > 1 && in_.dp > 1) {  // every data rank, hybrid or not
         Transient(Cat::kCommBuffers, {numel * kRsize}, comm_);
@@ -563,7 +563,7 @@ void StepModel::Step() {
   const int64_t ranks = in_.shard_ranks(), bucket = in_.manager.allgather_bucket_size;
   for (const Unit& u : units_) {
     if (in_.stage() != 1 && in_.stage() != 2) break;
-    InGroup(StepComm::Op::kAllGather, GatheredBytes(u));
+    InGroup(CollectiveOp::kAllGather, GatheredBytes(u));
     if (ranks == 1 || !in_.manager.allgather_partitions || u.layout.padded_numel() <= bucket) {
       continue;
     }

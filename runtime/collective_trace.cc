@@ -4,6 +4,36 @@
 
 namespace zerort {
 
+size_t RingBytesSent(CollectiveOp op, size_t bytes, int ranks) {
+  if (ranks <= 1) return 0;
+  const size_t n = static_cast<size_t>(ranks);
+  switch (op) {
+    case CollectiveOp::kAllGather:
+    case CollectiveOp::kReduceScatter:
+    case CollectiveOp::kBroadcast:
+      return bytes * (n - 1) / n;
+    case CollectiveOp::kAllReduce:
+      return 2 * bytes * (n - 1) / n;
+    default:
+      return 0;
+  }
+}
+
+double RingFactor(CollectiveOp op, int ranks) {
+  if (ranks <= 1) return 0;
+  const double n = ranks;
+  switch (op) {
+    case CollectiveOp::kAllGather:
+    case CollectiveOp::kReduceScatter:
+    case CollectiveOp::kBroadcast:
+      return (n - 1) / n;
+    case CollectiveOp::kAllReduce:
+      return 2 * (n - 1) / n;
+    default:
+      return 0;
+  }
+}
+
 std::string_view CollectiveOpName(CollectiveOp op) {
   switch (op) {
     case CollectiveOp::kAllGather:

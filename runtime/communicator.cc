@@ -58,23 +58,12 @@ struct Communicator::Call {
 
 namespace {
 
-// [Note: bytes on the wire] (communicator.h).
+// [Note: bytes on the wire] (communicator.h): a collective's ring share, a point-to-point call's
+// sends.
 size_t WireBytes(CollectiveOp op, size_t bytes, size_t sent, int size) {
-  const size_t n = static_cast<size_t>(size);
-  switch (op) {
-    case CollectiveOp::kAllGather:
-    case CollectiveOp::kReduceScatter:
-    case CollectiveOp::kBroadcast:
-      return bytes * (n - 1) / n;
-    case CollectiveOp::kAllReduce:
-      return 2 * bytes * (n - 1) / n;
-    case CollectiveOp::kSend:
-    case CollectiveOp::kSendRecv:
-    case CollectiveOp::kExchange:
-      return sent;
-    default:
-      return 0;
-  }
+  const bool p2p =
+      op == CollectiveOp::kSend || op == CollectiveOp::kSendRecv || op == CollectiveOp::kExchange;
+  return p2p ? sent : RingBytesSent(op, bytes, size);
 }
 
 }  // namespace
@@ -243,7 +232,6 @@ Status Communicator::RunNow(const Call& call, const std::function<Status(Stream*
           .group = options_.name,
           .label = labelled,
           .bytes = call.bytes,
-          .wire_bytes = WireBytes(call.op, call.bytes, call.sent, size_),
           .crosses_nodes = options_.crosses_nodes,
           .track = where != nullptr ? where->name() : std::string_view("host"),
           .critical = where == nullptr || !where->asynchronous() || where->name() == "compute",

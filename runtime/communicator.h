@@ -57,7 +57,10 @@ struct CommOptions {
 // all-gather), a broadcast (n-1)/n B (a pipelined ring, averaged over the ranks); a send or an
 // exchange its sends' bytes, a receive nothing. A collective of a group that crosses nodes counts
 // whole as inter-node: a ring over two nodes pushes every byte through an inter-node link, which
-// then sets its time. The estimator's formulas (engine/comm_model.h) count in the same unit.
+// then sets its time. One function computes a collective's share, RingBytesSent
+// (collective_trace.h): the communicator's count, the estimator's (engine/comm_model.h) and
+// `zerort bench comm`'s bus bandwidth use it. What the estimator derives on its own is which
+// collectives a step issues, over which groups, and their sizes.
 struct LinkBytes {
   std::atomic<int64_t> intra{0};  // bytes sent in groups within one node
   std::atomic<int64_t> inter{0};  // bytes sent in groups that cross nodes
@@ -81,7 +84,6 @@ struct CollectiveSpan {
   std::string_view group;  // the communicator's name
   std::string_view label;  // the caller's (SetTraceLabel), e.g. "gather blocks.3"
   size_t bytes = 0;
-  size_t wire_bytes = 0;       // this rank's sends ([Note: bytes on the wire])
   bool crosses_nodes = false;  // the group's ranks are on more than one node
   std::string_view track;      // the stream it ran on; "host" for none (or staged)
   // Nothing overlapped it: it ran on the host thread (no stream, an immediate CPU stream, or

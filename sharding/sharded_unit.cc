@@ -384,7 +384,6 @@ ComputeCopy ShardedUnit::compute_copy() {
 }
 
 Status ShardedUnit::SetComputeFromMaster(const TensorView& master) {
-  secondary_valid_ = false;  // [Note: hpZ]: loaded weights
   const ComputeCopy copy = compute_copy();
   if (copy.buffer == nullptr) return absl::OkStatus();  // the model reads the master itself
   return Fail(CastInto(master, *copy.buffer, copy.offset, resources_.tiers, resources_.compute));

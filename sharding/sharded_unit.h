@@ -69,10 +69,11 @@ struct UnitResources {
 // within a node). Every later gather of the step (the backward's, a reused unit's, the next
 // micro-batch's) all-gathers those secondary pieces over the secondary group instead: the same
 // bytes in the same order, so the weights are bitwise the primary gather's, and the gathers
-// stay inside the node. The step changes the weights: RefreshAfterStep (and a checkpoint load)
-// marks the copy stale, and the next gather is a primary one again. An offloaded compute shard
-// is not fetched while the copy is valid. Costs padded / h compute elements per unit of device
-// memory, as DeepSpeed's secondary tensor does.
+// stay inside the node. The step changes the weights: RefreshAfterStep, which ends every step and
+// every checkpoint load (ShardManagerState::RefreshComputeCopies), marks the copy stale, and the
+// next gather is a primary one again. An offloaded compute shard is not fetched while the copy is
+// valid. Costs padded / h compute elements per unit of device memory, as DeepSpeed's secondary
+// tensor does.
 
 // Where the optimizer writes this rank's updated compute values: shard element i goes to element
 // `offset + i` of `buffer`. A null buffer: the model reads the master itself (stage 0, fp32).

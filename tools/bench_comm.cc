@@ -88,11 +88,6 @@ StatusOr<CollectiveOp> ParseOp(const std::string& name) {
       StrCat("unknown operation '", name, "'; expected all_gather, reduce_scatter or all_reduce"));
 }
 
-double BusFactor(CollectiveOp op, int n) {
-  if (n <= 1) return 0;
-  return op == CollectiveOp::kAllReduce ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
-}
-
 // Everything one rank needs to run the sweep on its communicator.
 struct Harness {
   Communicator& comm;
@@ -217,9 +212,9 @@ void Report(const std::vector<CommRow>& rows, const BenchCommOptions& o, std::st
          {"count_per_rank", r.count},
          {"time_us", r.time_s * 1e6},
          {"algbw_gbps", r.bytes / r.time_s / kGB},
-         {"busbw_gbps", r.bytes / r.time_s / kGB * BusFactor(r.op, ranks)},
+         {"busbw_gbps", r.bytes / r.time_s / kGB * RingFactor(r.op, ranks)},
          {"baseline_time_us", r.baseline_s * 1e6},
-         {"baseline_busbw_gbps", r.bytes / r.baseline_s / kGB * BusFactor(r.op, ranks)},
+         {"baseline_busbw_gbps", r.bytes / r.baseline_s / kGB * RingFactor(r.op, ranks)},
          {"ratio", ratio},
          {"algorithm", r.algorithm}});
   }

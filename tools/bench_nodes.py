@@ -76,7 +76,8 @@ TINY = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
         "gradient_clipping": 1.0,
         "model": {"n_layer": 2, "n_head": 2, "d_model": 64, "seq_len": 64, "vocab_size": 256},
         "train": {"steps": steps, "eval_windows": 64, "sample_tokens": 0, "device": "cpu"},
-        "bf16": {"enabled": True}, "zero_optimization": {"stage_3_persistence": 0}}
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage3_param_persistence_threshold": 0}}
 
 print("| layout | MB in node (measured / formula) | MB across nodes (measured / formula) |"
       f" tiny GPT val loss after {steps} steps |")
@@ -84,10 +85,7 @@ print("|---|---|---|---|")
 for i, (label, layout) in enumerate(LAYOUTS):
     path, rec = train(f"gpt2_{i}", merged(GPT2, layout))
     formula = estimate(path)
-    tiny = merged(TINY, layout)
-    tiny["zero_optimization"].pop("stage_3_persistence")
-    tiny["zero_optimization"]["stage3_param_persistence_threshold"] = 0
-    _, tiny_rec = train(f"tiny_{i}", tiny)
+    _, tiny_rec = train(f"tiny_{i}", merged(TINY, layout))
     val = [r["val_loss"] for r in tiny_rec if "val_loss" in r][-1]
     last = rec[-1]
     print(f"| {label} | {last['comm_bytes_intra_node'] / 1e6:.1f} / "

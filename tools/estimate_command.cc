@@ -118,7 +118,9 @@ int RunFromConfig(const EstimateOptions& o) {
   const bool cuda = o.device == "cuda" || (o.device.empty() && config->train.device == "cuda");
   StatusOr<MemoryModelInput> in = MemoryModelInput::FromConfig(*config, o.world_size, cuda);
   if (!in.ok()) return Usage(std::string(in.status().message()));
-  if (o.ranks_per_node < 0 || o.ranks_per_node > o.world_size) {
+  // Absent: every rank on one node; given, 1 to the world size (CLI11 reads "" as 0).
+  if (o.given.contains("--ranks-per-node") &&
+      (o.ranks_per_node < 1 || o.ranks_per_node > o.world_size)) {
     return Usage(StrCat("--ranks-per-node ", o.ranks_per_node, " is not in [1, --world-size ",
                         o.world_size, "]"));
   }

@@ -186,8 +186,10 @@ if r.returncode == 0 and os.path.exists(os.path.join(tmp, "hsdp_z3.jsonl")):
           [x["loss"] for x in records("mics")] == [x["loss"] for x in records("hsdp_z3")])
 
 # Checkpoints move between the layouts: HSDP to step 6, resumed flat; flat to 6, resumed HSDP.
+# The second resume adds hpZ (bitwise the run without it, so the same curve).
 for first, second in (({"parallel": {"data_shard_size": 2}}, {}),
-                      ({}, {"parallel": {"data_shard_size": 2}})):
+                      ({}, {"parallel": {"data_shard_size": 2},
+                            "zero_optimization": {"zero_hpz_partition_size": 2}})):
     label = "HSDP -> flat" if first else "flat -> HSDP"
     ckpt = os.path.join(tmp, "ckpt_" + ("h" if first else "f"))  # and metrics files of its own
     common = {"zero_optimization": {"stage": 3}, "checkpoint": {"dir": ckpt}}

@@ -84,7 +84,7 @@ for name, extra, says in (
          "zero_optimization.mics_shard_size = 4 does not divide the data-parallel size 1")):
     expect(f"train {name}", ["train", config(name, extra)], says)
 
-# The flags.
+# The flags: wrong types, out of range, huge, empty, a flag of another mode.
 ok = config("ok.json", {})
 for args, says in ((["env", "--tp", "3"], "--tp 3 x --pp 1 does not divide the world size 1"),
                    (["env", "--pp", "0"], "--pp"), (["env", "--tp", "x"], "--tp"),
@@ -108,7 +108,16 @@ for args, says in ((["env", "--tp", "3"], "--tp 3 x --pp 1 does not divide the w
                    (["estimate", "--model", "gpt2", "--gpus", "4", "--hpz", "x"], "--hpz"),
                    (["estimate", "--model", "gpt2", "--gpus", "4", "--qgz", "--data-shard-size",
                      "2"], "--qgz with --data-shard-size is not implemented"),
-                   (["estimate", ok, "--qwz"], "--qwz does not apply")):
+                   (["estimate", ok, "--qwz"], "--qwz does not apply"),
+                   # Huge values: refused by range, never allocated or looped over.
+                   (["env", "--tp", "99999999999"], "--tp"),
+                   (["env", "--data-shard-size", "1000000"], "--data-shard-size"),
+                   (["estimate", ok, "--ranks-per-node", "99999999999"], "--ranks-per-node"),
+                   (["estimate", ok, "--ranks-per-node", ""], "--ranks-per-node"),
+                   (["estimate", "--model", "gpt2", "--gpus", "4", "--hpz", "1000000000"],
+                    "--hpz 1000000000 does not divide"),
+                   (["estimate", "--model", "gpt2", "--gpus", "4", "--data-shard-size",
+                     "99999999999"], "--data-shard-size")):
     expect(" ".join(args), args, says)
 
 checks.finish()
