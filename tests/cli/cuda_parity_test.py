@@ -4,7 +4,7 @@ train.device "cpu" and "cuda", and every step's loss must agree within the preci
 covers ZeRO 0-3 with prefetch and reuse-distance keeps, unit-sized buckets, no overlap, gradient
 accumulation, bf16 and fp16, AdamW and LAMB on the device and host tiers, parameter and optimizer
 offload to host memory and NVMe, and activation checkpointing; with an MPI launcher, two ranks on
-one GPU against two CPU ranks. Without a usable GPU it exits 77, which ctest reports as skipped.
+one GPU against two CPU ranks (also with ZeRO++'s qwZ and qgZ). Without a usable GPU it exits 77, which ctest reports as skipped.
 Usage: cuda_parity_test.py PATH_TO_ZERORT [MPIEXEC]"""
 import json
 import os
@@ -84,6 +84,11 @@ CASES = [
 ]
 if mpiexec:  # two ranks on one GPU: NCCL refuses a duplicate GPU, MPI with host staging runs
     CASES.append(("two-ranks-one-gpu", 2, FP32, {}))
+    # ZeRO++'s int8 weight gather and gradient reduce-scatter, quantized on the GPU: the CUDA
+    # kernels are bitwise the CPU's, but a matmul's last bit can move a value across a rounding
+    # boundary of the quantizer, so the half-precision tolerance.
+    CASES.append(("two-ranks-qwz-qgz", 2, HALF, {"zero_optimization": {
+        "stage": 3, "zero_quantized_weights": True, "zero_quantized_gradients": True}}))
 
 for name, np, tolerance, extra in CASES:
     runs = {device: train(name, device, extra, np) for device in ("cpu", "cuda")}
