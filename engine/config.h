@@ -103,6 +103,9 @@ struct OptimizerConfig {
   bool nesterov = RuntimeDefaults().optimizer.nesterov;
   float max_coeff = RuntimeDefaults().optimizer.max_coeff;
   float min_coeff = RuntimeDefaults().optimizer.min_coeff;
+  int64_t freeze_step = RuntimeDefaults().optimizer.freeze_step;
+  bool cuda_aware = false;
+  std::string comm_backend_name = "nccl";
 };
 
 struct SchedulerConfig {

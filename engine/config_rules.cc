@@ -122,6 +122,13 @@ void OptimizerRules(const RunConfig& c, const GivenKeys& given, Problems& proble
         "optimizer.type = \"Lamb\" with parallel.tensor_parallel_size > 1 is not implemented (a "
         "split parameter's norm would span the tensor-parallel group too)");
   }
+  // DeepSpeed's engine: "1bit-Adam is not compatible with ZeRO".
+  if (o.type == "OneBitAdam" && c.zero.stage != 0) {
+    problems.Add(
+        StrCat("optimizer.type = \"OneBitAdam\" with zero_optimization.stage = ", c.zero.stage,
+               ": DeepSpeed's 1-bit Adam runs at ZeRO stage 0 only (it compresses the "
+               "momentum's all-reduce, which sharded optimizer states do not have)"));
+  }
   if (o.type == "Lamb" && c.zero.offload_optimizer.device == "nvme") {
     problems.Add(
         "optimizer.type = \"Lamb\" with zero_optimization.offload_optimizer.device \"nvme\" is "

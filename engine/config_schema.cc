@@ -232,11 +232,12 @@ std::vector<ConfigField> BuildTable() {
 
   t.push_back(Custom(
       "optimizer", "type", ZR_MEMBER(optimizer.type), ReadOptimizerType,
-      {"AdamW", "Adam", "SGD", "Lamb"},
-      "AdamW, Adam, SGD (torch.optim's), Lamb (trust ratios over shards); DeepSpeed's OneBitAdam, "
-      "OneBitLamb and ZeroOneAdam are refused by name"));
+      {"AdamW", "Adam", "SGD", "Lamb", "OneBitAdam"},
+      "AdamW, Adam, SGD (torch.optim's), Lamb (trust ratios over shards), OneBitAdam "
+      "(DeepSpeed's 1-bit Adam, stage 0; any case); OneBitLamb and ZeroOneAdam are refused"));
   const std::string_view op = "optimizer.params";
-  const std::vector<std::string_view> adams = {"AdamW", "Adam", "Lamb"};
+  const std::vector<std::string_view> adams = {"AdamW", "Adam", "Lamb", "OneBitAdam"};
+  const std::vector<std::string_view> adam_w_modes = {"AdamW", "Adam", "Lamb"};
   t.push_back(Num<float>(op, "lr", ZR_MEMBER(optimizer.lr), 0, 1e3,
                          "learning rate (a scheduler overrides it)"));
   t.push_back(Owned(Num<std::array<float, 2>>(op, "betas", ZR_MEMBER(optimizer.betas), 0,
@@ -250,9 +251,9 @@ std::vector<ConfigField> BuildTable() {
   t.push_back(Owned(Bool(op, "adam_w_mode", ZR_MEMBER(optimizer.adam_w_mode),
                          "Adam: decoupled decay (DeepSpeed's FusedAdam default); AdamW: must be "
                          "true"),
-                    adams, {"Adam"}));
+                    adam_w_modes, {"Adam"}));
   t.push_back(Owned(Bool(op, "bias_correction", ZR_MEMBER(optimizer.bias_correction),
-                         "false drops Adam's 1/(1-beta^t) terms"),
+                         "false drops Adam's 1/(1-beta^t) terms (OneBitAdam has none)"),
                     adams));
   t.push_back(Owned(Num<float>(op, "max_coeff", ZR_MEMBER(optimizer.max_coeff), 0, 1e6,
                                "the trust ratio's upper clamp, DeepSpeed's 10"),
@@ -260,6 +261,17 @@ std::vector<ConfigField> BuildTable() {
   t.push_back(Owned(Num<float>(op, "min_coeff", ZR_MEMBER(optimizer.min_coeff), 0, 1e6,
                                "the trust ratio's lower clamp, DeepSpeed's 0.01"),
                     {"Lamb"}));
+  t.push_back(Owned(
+      Num<int64_t>(op, "freeze_step", ZR_MEMBER(optimizer.freeze_step), 0, kMaxConfigIntAsDouble,
+                   "the last step with uncompressed gradients, DeepSpeed's 100000"),
+      {"OneBitAdam"}));
+  t.push_back(Owned(Bool(op, "cuda_aware", ZR_MEMBER(optimizer.cuda_aware),
+                         "accepted: zerort's communicator decides how device buffers travel"),
+                    {"OneBitAdam"}));
+  t.push_back(Owned(Str(op, "comm_backend_name", ZR_MEMBER(optimizer.comm_backend_name),
+                        {"nccl", "mpi", "hccl", "compressed"},
+                        "accepted: the compressed all-reduce uses the run's communicator"),
+                    {"OneBitAdam"}));
   t.push_back(Owned(
       Num<float>(op, "momentum", ZR_MEMBER(optimizer.momentum), 0, 1, "torch.optim.SGD's momentum"),
       {"SGD"}));

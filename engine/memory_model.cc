@@ -608,7 +608,7 @@ StatusOr<int> AddUnit(const MemoryModelInput& in, const ShardManagerOptions& opt
   for (const ParamSpec& p : params) out.parameters += p.numel();
   ZR_ASSIGN_OR_RETURN(FlatLayout layout,
                       FlatLayout::Create(params, ShardCount(in.manager.stage, in.shard_ranks())));
-  UnitPlan plan = PlanUnit(options, layout);
+  UnitPlan plan = PlanUnit(options, layout, in.shard_ranks());
   units.push_back(Unit{std::move(layout), std::move(plan)});
   return static_cast<int>(units.size()) - 1;
 }

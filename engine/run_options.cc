@@ -87,6 +87,8 @@ ShardManagerOptions ShardManagerOptionsFrom(const RunConfig& c, int dp_size,
     o.optimizer.kind = OptimizerKind::kSgd;
   } else if (opt.type == "Lamb") {
     o.optimizer.kind = OptimizerKind::kLamb;
+  } else if (opt.type == "OneBitAdam") {
+    o.optimizer.kind = OptimizerKind::kOneBitAdam;
   } else if (opt.type == "Adam" && !opt.adam_w_mode) {
     o.optimizer.kind = OptimizerKind::kAdam;
   } else {
@@ -98,6 +100,7 @@ ShardManagerOptions ShardManagerOptionsFrom(const RunConfig& c, int dp_size,
   o.optimizer.bias_correction = opt.bias_correction;
   o.optimizer.max_coeff = opt.max_coeff;
   o.optimizer.min_coeff = opt.min_coeff;
+  o.optimizer.freeze_step = opt.freeze_step;
   o.optimizer.weight_decay = opt.weight_decay;
   o.optimizer.momentum = opt.momentum;
   o.optimizer.dampening = opt.dampening;

@@ -2,6 +2,7 @@
 #include "kernels/cast.h"
 #include "kernels/lamb.h"
 #include "kernels/model_kernels.h"
+#include "kernels/onebit.h"
 #include "kernels/optimizer.h"
 #include "kernels/quantize.h"
 #include "kernels/reduce.h"
@@ -41,6 +42,18 @@ Status CudaCountNonFinite(const void*, DType, int64_t, float*, Stream*) {
 }
 Status CudaSum(const void*, DType, int64_t, float, float*, Stream*) { return NoCuda("Sum"); }
 Status CudaScale(void*, DType, int64_t, float, Stream*) { return NoCuda("Scale"); }
+Status CudaOneBitAdam(const OneBitAdamHyper&, OneBitPhase, float*, const float*, float*, float*,
+                      void*, DType, int64_t, Stream*) {
+  return NoCuda("OneBitAdamStep");
+}
+Status CudaSignCompress(float*, int64_t, float, const float*, float*, uint8_t*, int64_t, int64_t,
+                        Stream*) {
+  return NoCuda("SignCompress");
+}
+Status CudaSignDecode(const uint8_t*, int64_t, const float*, int64_t, int, float, bool, float*,
+                      int64_t, Stream*) {
+  return NoCuda("SignDecode");
+}
 Status CudaQuantizeInt8(const void*, DType, int64_t, int64_t, void*, Stream*) {
   return NoCuda("QuantizeInt8");
 }

@@ -109,4 +109,19 @@ ZR_HOST_DEVICE inline float LambApplyElement(float step_coeff, float p, float up
   return Sub(p, Mul(step_coeff, update));
 }
 
+// DeepSpeed's OnebitAdam (kernels/onebit.h), in its order: exp_avg.mul_(b1).add_(1 - b1, g),
+// exp_avg_sq.mul_(b2).addcmul_(1 - b2, g, g), update = m / (sqrt(v) + eps) (+ wd p), p -= lr x
+// update. No bias correction.
+ZR_HOST_DEVICE inline float OneBitMomentum(float m, float g, float beta1, float one_minus_beta1) {
+  return Add(Mul(m, beta1), Mul(one_minus_beta1, g));
+}
+ZR_HOST_DEVICE inline float OneBitVariance(float v, float g, float beta2, float one_minus_beta2) {
+  return Add(Mul(v, beta2), Mul(Mul(one_minus_beta2, g), g));
+}
+ZR_HOST_DEVICE inline float OneBitApply(float p, float m, float v, float lr, float eps, float wd) {
+  float update = Div(m, Add(Sqrt(v), eps));
+  if (wd > 0.0f) update = Add(update, Mul(wd, p));
+  return Sub(p, Mul(lr, update));
+}
+
 }  // namespace zerort::math

@@ -215,11 +215,11 @@ Status GradientReducer::AllReduceBucket(const std::vector<ShardedUnit*>& bucket)
   return absl::OkStatus();
 }
 
-Status GradientReducer::Finish(std::vector<std::unique_ptr<ShardedUnit>>& units) {
+Status GradientReducer::Finish(std::vector<std::unique_ptr<ShardedUnit>>& units, bool reduce) {
   const ShardManagerOptions& o = *resources_.options;
   if (o.stage == ZeroStage::k2 || o.stage == ZeroStage::k3) {
     ZR_RETURN_IF_ERROR(FlushReduceScatter());
-  } else {
+  } else if (reduce) {
     ZR_RETURN_IF_ERROR(CommAfterCompute());
     std::vector<ShardedUnit*> bucket;
     int64_t numel = 0;

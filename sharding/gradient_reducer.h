@@ -35,8 +35,9 @@ class GradientReducer {
   // Stages 2-3: the unit's backward ended; reduces now or when the bucket is full.
   Status Add(ShardedUnit& unit);
   // Reduces whatever is pending (stages 2-3), or every unit's full gradient (stages 0-1), and
-  // makes the compute stream wait for the result.
-  Status Finish(std::vector<std::unique_ptr<ShardedUnit>>& units);
+  // makes the compute stream wait for the result. `reduce` false (stages 0-1: 1-bit Adam's
+  // compressed steps, [Note: 1-bit Adam]): each rank keeps its own gradient.
+  Status Finish(std::vector<std::unique_ptr<ShardedUnit>>& units, bool reduce = true);
   int64_t collectives() const { return collectives_; }  // issued so far, for tests
 
  private:

@@ -8,7 +8,10 @@
 
 namespace zerort {
 
-Status ShardManagerState::RefreshComputeCopies() { return m_.RefreshComputeCopies(); }
+Status ShardManagerState::RefreshComputeCopies() {
+  ZR_RETURN_IF_ERROR(m_.optimizer_->ResetCompressionErrors());
+  return m_.RefreshComputeCopies();
+}
 
 Status ShardManagerState::ReadState(int u, StateKind kind, std::span<float> out) {
   return m_.optimizer_->ReadState(u, kind, out);

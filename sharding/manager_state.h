@@ -28,7 +28,8 @@ class ShardManagerState {
   Status RestoreCounters(int64_t steps, const LossScaler::State& scaler);
   // This rank's shard of `kind` of unit `u`. LoadState of the master also sets the unit's compute
   // values; after loading every unit, RefreshComputeCopies (collective) all-gathers them where the
-  // stage keeps full parameters.
+  // stage keeps full parameters, and zeroes 1-bit Adam's compression errors (as DeepSpeed resets
+  // them on a load: [Note: 1-bit Adam]).
   Status ReadState(int u, StateKind kind, std::span<float> out);
   Status LoadState(int u, StateKind kind, std::span<const float> values);
   Status RefreshComputeCopies();

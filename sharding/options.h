@@ -1,6 +1,7 @@
 // Options of the shard manager, named after DeepSpeed's config keys where DeepSpeed has one.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -12,7 +13,9 @@ namespace zerort {
 
 enum class ZeroStage : int { k0 = 0, k1 = 1, k2 = 2, k3 = 3 };
 
-enum class OptimizerKind { kAdamW, kAdam, kSgd, kLamb };
+// kOneBitAdam: DeepSpeed's OnebitAdam, stage 0 only ([Note: 1-bit Adam],
+// sharding/compressed_allreduce.h).
+enum class OptimizerKind { kAdamW, kAdam, kSgd, kLamb, kOneBitAdam };
 
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::kAdamW;
@@ -26,7 +29,14 @@ struct OptimizerOptions {
   bool nesterov = false;        // SGD
   float max_coeff = 10.0f;      // LAMB: the trust ratio's clamp (DeepSpeed's defaults)
   float min_coeff = 0.01f;
+  int64_t freeze_step = 100'000;  // 1-bit Adam: the last uncompressed step (DeepSpeed's default)
 };
+
+// 1-bit Adam's phase for step `step` (1-based): compressed after max(freeze_step, 2), as
+// DeepSpeed's OnebitAdam switches after its initialisation step ([Note: 1-bit Adam]).
+inline bool OneBitCompressing(const OptimizerOptions& o, int64_t step) {
+  return o.kind == OptimizerKind::kOneBitAdam && step > std::max<int64_t>(o.freeze_step, 2);
+}
 
 // fp16 dynamic loss scaling, DeepSpeed's "fp16" section. Unused for fp32/bf16 (scale 1).
 struct LossScaleOptions {

@@ -515,7 +515,8 @@ Status ShardManager::ReduceGradients() {
       if ((*it)->has_full_grad()) ZR_RETURN_IF_ERROR(reducer_->Add(**it));
     }
   }
-  ZR_RETURN_IF_ERROR(reducer_->Finish(units_));
+  // 1-bit Adam's compressed steps: no gradient all-reduce ([Note: 1-bit Adam]).
+  ZR_RETURN_IF_ERROR(reducer_->Finish(units_, !OneBitCompressing(options_.optimizer, steps_ + 1)));
   // Tied units: this rank's shard summed over the ranks that hold the same unit.
   for (size_t i = 0; i < units_.size(); ++i) {
     Communicator* tied = unit_options_[i].tied;
@@ -593,9 +594,14 @@ StatusOr<StepResult> ShardManager::StepImpl(const StepInputs& inputs) {
   ZR_RETURN_IF_ERROR(optimizer_->AccumulateNorm(sum_sq, nonfinite));
   // On the device buffer and the compute stream, so that an NCCL group works as well as MPI.
   // Stage 0 holds the whole, identical gradient on every rank: its sums are already global.
-  if (options_.stage != ZeroStage::k0) {
-    ZR_RETURN_IF_ERROR(
-        resources_.dp->AllReduce(acc.data(), acc.data(), 2, DType::kF32, ReduceOp::kSum, &compute));
+  // 1-bit Adam's compressed steps hold each rank's own gradient: the sums are averaged over the
+  // ranks (the norm is the root mean square of the local norms), so that every rank clips by the
+  // same coefficient and skips the same steps. DeepSpeed clips each rank by its own norm.
+  const bool local_gradients = OneBitCompressing(options_.optimizer, steps_ + 1);
+  if (options_.stage != ZeroStage::k0 || local_gradients) {
+    ZR_RETURN_IF_ERROR(resources_.dp->AllReduce(acc.data(), acc.data(), 2, DType::kF32,
+                                                local_gradients ? ReduceOp::kAvg : ReduceOp::kSum,
+                                                &compute));
   }
   // Then over the ranks holding the other parts of the model (replicated parameters entered on
   // tensor-parallel rank 0 only), so every rank of every group takes the same decision.

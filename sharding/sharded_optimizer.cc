@@ -6,6 +6,7 @@
 
 #include "kernels/cast.h"
 #include "kernels/lamb.h"
+#include "kernels/onebit.h"
 #include "kernels/optimizer.h"
 #include "kernels/reduce.h"
 #include "runtime/host_collectives.h"
@@ -66,6 +67,8 @@ StatusOr<TensorView> ShardedOptimizer::AddUnit(ShardedUnit& unit, std::span<cons
   ZR_RETURN_IF_ERROR(allocate(s.exp_avg, UnitBuffer::kExpAvg));
   ZR_RETURN_IF_ERROR(allocate(s.exp_avg_sq, UnitBuffer::kExpAvgSq));
   ZR_RETURN_IF_ERROR(allocate(s.grad, UnitBuffer::kGradShard));
+  ZR_RETURN_IF_ERROR(allocate(s.worker_error, UnitBuffer::kWorkerError));
+  ZR_RETURN_IF_ERROR(allocate(s.server_error, UnitBuffer::kServerError));
   if (s.master.in_memory()) return s.master.View();
   return TensorView(const_cast<float*>(initial.data()), DType::kF32, {shard}, Device::Cpu());
 }
@@ -263,7 +266,58 @@ Status ShardedOptimizer::ZeroGradients() {
   return absl::OkStatus();
 }
 
+Status ShardedOptimizer::ResetCompressionErrors() {
+  for (auto& s : units_) {
+    for (PlacedBuffer* b : {&s->worker_error, &s->server_error}) {
+      if (!*b) continue;
+      const TensorView v = b->View();
+      ZR_RETURN_IF_ERROR(FillZero(v.data(), v.device(), v.nbytes(), StreamFor(b->tier())));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // ------------------------------------------------------------------ the step
+
+Status ShardedOptimizer::UpdateOneBit(int u, const OptimizerStepArgs& args, const TensorView& out) {
+  UnitState& s = *units_[u];
+  if (args.step == 1) return absl::OkStatus();  // DeepSpeed's initialisation step
+  const OptimizerOptions& opt = resources_.options->optimizer;
+  const FlatLayout& layout = s.unit->layout();
+  Stream* stream = StreamFor(tier());
+  const bool compressing = OneBitCompressing(opt, args.step);
+  const TensorView master = s.master.View(), grad = s.grad.View(), m = s.exp_avg.View(),
+                   v = s.exp_avg_sq.View();
+  auto each_piece = [&](OneBitPhase phase) -> Status {
+    for (const ShardPiece& piece : layout.ShardPieces(s.unit->layout_rank())) {
+      const int64_t at = piece.shard_range.begin, n = piece.shard_range.size();
+      const OneBitAdamHyper h{
+          .lr = args.lr,
+          .beta1 = opt.beta1,
+          .beta2 = opt.beta2,
+          .eps = opt.eps,
+          .weight_decay = layout.params()[piece.param].weight_decay ? opt.weight_decay : 0.0f,
+          .grad_scale = args.grad_scale};
+      ZR_RETURN_IF_ERROR(OneBitAdamStep(h, phase, master.Flat(at, n), grad.Flat(at, n),
+                                        m.Flat(at, n), v.Flat(at, n),
+                                        out.data() ? out.Flat(at, n) : TensorView(), stream));
+    }
+    return absl::OkStatus();
+  };
+  if (!compressing) return each_piece(OneBitPhase::kWarmup);
+  ZR_RETURN_IF_ERROR(each_piece(OneBitPhase::kMomentum));
+  if (s.worker_error) {  // more than one data-parallel rank
+    if (!onebit_) {
+      onebit_ = std::make_unique<OneBitAllReduce>(*resources_.dp, *resources_.tiers.device);
+    }
+    resources_.dp->SetTraceLabel(StrCat("1-bit momentum of ", s.unit->name()));
+    Status status = onebit_->Run(OneBitSegments(layout), m, s.worker_error.View(),
+                                 s.server_error.View(), stream);
+    resources_.dp->SetTraceLabel("");
+    ZR_RETURN_IF_ERROR(status);
+  }
+  return each_piece(OneBitPhase::kApply);
+}
 
 Status ShardedOptimizer::Update(int u, const Range& range, const OptimizerStepArgs& args,
                                 const TensorView& master, const TensorView& grad,
@@ -424,7 +478,9 @@ Status ShardedOptimizer::StepInMemory(int u, const OptimizerStepArgs& args) {
     }
   }
   auto view = [](PlacedBuffer& b) { return b ? b.View() : TensorView(); };
-  if (resources_.options->optimizer.kind == OptimizerKind::kLamb) {
+  if (resources_.options->optimizer.kind == OptimizerKind::kOneBitAdam) {
+    ZR_RETURN_IF_ERROR(UpdateOneBit(u, args, out));
+  } else if (resources_.options->optimizer.kind == OptimizerKind::kLamb) {
     ZR_RETURN_IF_ERROR(UpdateLamb(u, args, s.master.View(), s.grad.View(), view(s.exp_avg),
                                   view(s.exp_avg_sq), out));
   } else {

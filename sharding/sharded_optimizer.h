@@ -20,6 +20,7 @@
 #include "offload/staging_pool.h"
 #include "runtime/communicator.h"
 #include "runtime/span_sink.h"
+#include "sharding/compressed_allreduce.h"
 #include "sharding/sharded_unit.h"
 
 namespace zerort {
@@ -74,6 +75,8 @@ class ShardedOptimizer {
   // Updates every unit's master and moments, and writes its compute copy.
   Status Step(const OptimizerStepArgs& args);
   Status ZeroGradients();
+  // 1-bit Adam: zeroes every unit's compression errors (after a checkpoint load, as DeepSpeed).
+  Status ResetCompressionErrors();
 
   bool HasState(StateKind kind) const;
   // This rank's shard of `kind` of unit `u` (shard_numel values, padding included).
@@ -112,6 +115,8 @@ class ShardedOptimizer {
   Status UpdateLamb(int u, const OptimizerStepArgs& args, const TensorView& master,
                     const TensorView& grad, const TensorView& exp_avg, const TensorView& exp_avg_sq,
                     const TensorView& out);
+  // 1-bit Adam over a unit's in-memory state, in the phase of args.step ([Note: 1-bit Adam]).
+  Status UpdateOneBit(int u, const OptimizerStepArgs& args, const TensorView& out);
   Status Update(int u, const Range& range, const OptimizerStepArgs& args, const TensorView& master,
                 const TensorView& grad, const TensorView& exp_avg, const TensorView& exp_avg_sq,
                 const TensorView& out);
@@ -133,8 +138,9 @@ class ShardedOptimizer {
   OptimizerResources resources_;
   std::vector<std::unique_ptr<UnitState>> units_;
   std::unordered_map<const ShardedUnit*, int> index_;
-  int64_t chunk_numel_ = 0;               // NVMe pipeline chunk
-  std::unique_ptr<StagingPool> staging_;  // NVMe pipeline staging sets
+  int64_t chunk_numel_ = 0;                  // NVMe pipeline chunk
+  std::unique_ptr<StagingPool> staging_;     // NVMe pipeline staging sets
+  std::unique_ptr<OneBitAllReduce> onebit_;  // 1-bit Adam's compressed all-reduce
   // [Note: host gradients in flight]
   // A host-tier gradient shard (offload_optimizer cpu or nvme) fed by an asynchronous stream (the
   // communication stream on CUDA or on cpu-async) would make the host wait, unit by unit, for the

@@ -40,7 +40,7 @@ StatusOr<std::unique_ptr<ShardedUnit>> ShardedUnit::Create(std::string name,
 ShardedUnit::ShardedUnit(std::string name, FlatLayout layout, const UnitResources& resources)
     : name_(std::move(name)),
       layout_(std::move(layout)),
-      plan_(PlanUnit(*resources.options, layout_)),
+      plan_(PlanUnit(*resources.options, layout_, resources.dp->size())),
       resources_(resources) {
   rank_ = plan_.partitioning == Partitioning::kReplicated ? 0 : resources_.dp->rank();
 }

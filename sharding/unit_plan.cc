@@ -1,6 +1,8 @@
 // UnitPlan: which buffers a unit keeps, where, and for how long.
 #include "sharding/unit_plan.h"
 
+#include "sharding/compressed_allreduce.h"
+
 namespace zerort {
 
 std::string_view UnitBufferName(UnitBuffer buffer) {
@@ -23,6 +25,10 @@ std::string_view UnitBufferName(UnitBuffer buffer) {
       return "secondary";
     case UnitBuffer::kFullGrad:
       return "full gradient";
+    case UnitBuffer::kWorkerError:
+      return "1-bit worker error";
+    case UnitBuffer::kServerError:
+      return "1-bit server error";
   }
   return "invalid";
 }
@@ -41,7 +47,7 @@ int OptimizerStateCount(const OptimizerOptions& optimizer) {
   return optimizer.momentum != 0.0f ? 1 : 0;
 }
 
-UnitPlan PlanUnit(const ShardManagerOptions& o, const FlatLayout& layout) {
+UnitPlan PlanUnit(const ShardManagerOptions& o, const FlatLayout& layout, int data_ranks) {
   UnitPlan plan;
   const int64_t shard = layout.shard_numel();
   const int64_t padded = layout.padded_numel();
@@ -61,6 +67,11 @@ UnitPlan PlanUnit(const ShardManagerOptions& o, const FlatLayout& layout) {
   if (states >= 1) add(UnitBuffer::kExpAvg, shard, DType::kF32, opt_tier, C::kOptimizerState);
   if (states >= 2) add(UnitBuffer::kExpAvgSq, shard, DType::kF32, opt_tier, C::kOptimizerState);
   add(UnitBuffer::kGradShard, shard, DType::kF32, opt_tier, C::kGradients);
+  if (o.optimizer.kind == OptimizerKind::kOneBitAdam && data_ranks > 1) {
+    const int64_t worker = OneBitAllReduce::WorkerErrorNumel(OneBitSegments(layout), data_ranks);
+    add(UnitBuffer::kWorkerError, worker, DType::kF32, opt_tier, C::kOptimizerState);
+    add(UnitBuffer::kServerError, worker / data_ranks, DType::kF32, opt_tier, C::kOptimizerState);
+  }
   if (plan.sharded_params) {
     // Persistent units stay gathered on the device, so their shard stays there too (as
     // DeepSpeed keeps parameters below the persistence threshold on the GPU).

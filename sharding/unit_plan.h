@@ -26,6 +26,8 @@ enum class UnitBuffer : uint8_t {
   kGathered,      // stage 3: the whole flat vector in compute dtype while gathered
   kFullGrad,      // the unit's gradient in reduce dtype (persistent at 0-1, per backward at 2-3)
   kSecondary,     // stage 3 with hpZ: this rank's 1/hpz of the flat vector ([Note: hpZ])
+  kWorkerError,   // 1-bit Adam: this rank's compression error, each parameter padded
+  kServerError,   // 1-bit Adam: its server chunk's error ([Note: 1-bit Adam])
 };
 std::string_view UnitBufferName(UnitBuffer buffer);  // "master", "exp_avg", ...
 
@@ -67,7 +69,8 @@ struct UnitPlan {
 int ShardCount(ZeroStage stage, int dp_size);
 // fp32 moments the optimizer keeps per element: Adam(W) 2, SGD with momentum 1, plain SGD 0.
 int OptimizerStateCount(const OptimizerOptions& optimizer);
-// The plan of a unit laid out by `layout` (whose dp_size is ShardCount(stage, dp)).
-UnitPlan PlanUnit(const ShardManagerOptions& options, const FlatLayout& layout);
+// The plan of a unit laid out by `layout` (whose dp_size is ShardCount(stage, dp)), for a
+// data-parallel group of `data_ranks` (the 1-bit optimizers' error buffers depend on it).
+UnitPlan PlanUnit(const ShardManagerOptions& options, const FlatLayout& layout, int data_ranks);
 
 }  // namespace zerort

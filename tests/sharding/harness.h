@@ -41,9 +41,13 @@ struct RunConfig {
   // Hybrid sharding ([Note: hybrid sharding]): the state sharded over groups of this many
   // consecutive ranks, replicated across the groups; 0: over the whole world.
   int shard_size = 0;
-  int hpz = 1;        // ZeRO++ hpZ's secondary group size ([Note: hpZ]); 1: off
-  int qgz_local = 0;  // ZeRO++ qgZ with nodes of this many ranks ([Note: qgZ]); 0: off
-  bool qwz = false;   // ZeRO++ qwZ: int8 weight gathers
+  int hpz = 1;                    // ZeRO++ hpZ's secondary group size ([Note: hpZ]); 1: off
+  int qgz_local = 0;              // ZeRO++ qgZ with nodes of this many ranks ([Note: qgZ]); 0: off
+  bool qwz = false;               // ZeRO++ qwZ: int8 weight gathers
+  int64_t freeze_step = 100'000;  // 1-bit Adam's last uncompressed step ([Note: 1-bit Adam])
+  // After this many steps every unit's master and moments are read and loaded back, as a
+  // checkpoint load would (ShardManagerState); 0: never.
+  int reload_after = 0;
 };
 
 inline ShardManagerOptions Options(const RunConfig& c) {
@@ -67,6 +71,7 @@ inline ShardManagerOptions Options(const RunConfig& c) {
   o.quantized_weights = c.qwz;
   o.quantized_gradients = c.qgz_local > 0;
   o.optimizer.kind = c.optimizer;
+  o.optimizer.freeze_step = c.freeze_step;
   o.placement = c.placement;
   o.offload.nvme_path = c.nvme_path;
   o.offload.aio_engine = std::string(IoEngineName(c.io_engine));
@@ -186,6 +191,18 @@ inline Status TrainRank(const RunConfig& c, Communicator& comm, RunResult& resul
     if (comm.rank() == 0) {
       result.grad_norms.push_back(r.grad_norm);
       result.skipped.push_back(r.skipped);
+    }
+    if (step + 1 == c.reload_after) {
+      ShardManagerState state(*m);
+      for (int u : units) {
+        for (StateKind kind : {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
+          if (!m->optimizer().HasState(kind)) continue;
+          std::vector<float> values(m->unit(u).layout().shard_numel());
+          ZR_RETURN_IF_ERROR(state.ReadState(u, kind, values));
+          ZR_RETURN_IF_ERROR(state.LoadState(u, kind, values));
+        }
+      }
+      ZR_RETURN_IF_ERROR(state.RefreshComputeCopies());
     }
   }
   group.SetSpanSink(nullptr);

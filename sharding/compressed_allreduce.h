@@ -1,0 +1,75 @@
+// OneBitAllReduce: DeepSpeed's compressed all-reduce of 1-bit Adam's momentum, with error
+// feedback on both sides.
+//
+// [Note: 1-bit Adam]
+// DeepSpeed's OnebitAdam (deepspeed/runtime/fp16/onebit/adam.py and the NCCL backend's
+// compressed_allreduce), at ZeRO stage 0, as zerort runs it (ShardedOptimizer, GradientReducer):
+//   step 1:  DeepSpeed's initialisation step: the parameters and both moments stay as they are.
+//   steps 2 .. max(freeze_step, 2) (warm-up): gradients all-reduced and averaged as at stage 0;
+//            m = b1 m + (1-b1) g, v = b2 v + (1-b2) g^2, p -= lr (m / (sqrt(v) + eps) + wd p).
+//   later steps (compression): no gradient all-reduce (each rank keeps the gradient of its own
+//            micro-batches); v frozen; m = b1 m + (1-b1) g_local, then m = the compressed
+//            all-reduce of m below, alike on every rank; then the same parameter update.
+// No bias correction (DeepSpeed's bias_correction key is ignored by OnebitAdam, and by zerort).
+// The compressed all-reduce of one unit over the N data-parallel ranks, parameter by parameter
+// (DeepSpeed compresses each parameter tensor, with its own scales):
+//   a parameter of n elements is padded with zeros to P = n rounded up to N x lcm(N, 8);
+//   worker: b = m + e_w (P values, e_w this rank's worker error); scale s = ||b|| / sqrt(P);
+//           signs of b (1 bit each, 0 counted as +); e_w = b - s sign(b);
+//   phase 1: an all-to-all (a ring of SendRecv) of the signs, chunk r (P/N elements) to rank r,
+//           every scale going along: one message per peer of every parameter's chunk and scales;
+//   server: c = sum over w of sign_w x (s_w / N) + e_s (P/N values, e_s this rank's server
+//           error); s' = ||c|| / sqrt(P/N); e_s = c - s' sign(c);
+//   phase 2: an all-gather of every rank's server signs and scales; every rank rebuilds the same
+//           m = s'_r sign_r over the chunks r, the padding dropped.
+// Bytes per rank and unit: 2 (N-1) x (sum of P/(8N) + 4 x parameters, rounded up to 4 bytes)
+// against the fp32 all-reduce's 2 (N-1)/N x 4 n: about 1/32.
+// State per unit: e_w (sum of P) and e_s (sum of P/N) fp32 values on the optimizer tier,
+// UnitPlan's kWorkerError and kServerError rows (the estimator counts them). They are not saved:
+// a checkpoint load zeroes them, as DeepSpeed resets them (they are per rank and bound to N).
+// Unlike DeepSpeed, whose first step after a restart is again an initialisation step, zerort's
+// is step 1 of the run, so a resume during the warm-up continues the uninterrupted curve.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "runtime/allocator.h"
+#include "runtime/communicator.h"
+#include "runtime/tensor.h"
+#include "sharding/flat_layout.h"
+
+namespace zerort {
+
+class OneBitAllReduce {
+ public:
+  // One parameter of a unit: `numel` elements at `offset` of the unit's flat fp32 momentum.
+  struct Segment {
+    int64_t offset = 0;
+    int64_t numel = 0;
+  };
+  // n padded as DeepSpeed pads it for `ranks` ranks: a multiple of ranks x lcm(ranks, 8).
+  static int64_t Padded(int64_t numel, int ranks);
+  // The worker error's elements (sum of the padded sizes); the server error's are this / ranks.
+  static int64_t WorkerErrorNumel(std::span<const Segment> segments, int ranks);
+  // Bytes of one phase's message to one peer: the chunks' signs, then 4-byte aligned scales.
+  static int64_t MessageBytes(std::span<const Segment> segments, int ranks);
+
+  // Buffers come from `memory` (on the momentum's device).
+  OneBitAllReduce(Communicator& dp, Allocator& memory) : dp_(dp), memory_(memory) {}
+
+  // Replaces `momentum` (the unit's flat fp32 values) by its compressed mean over the group,
+  // updating this rank's `worker_error` and `server_error`. On `stream`.
+  Status Run(std::span<const Segment> segments, const TensorView& momentum,
+             const TensorView& worker_error, const TensorView& server_error, Stream* stream);
+
+ private:
+  Communicator& dp_;
+  Allocator& memory_;
+};
+
+// A stage-0 unit's parameters as segments of its flat vector, in layout order.
+std::vector<OneBitAllReduce::Segment> OneBitSegments(const FlatLayout& layout);
+
+}  // namespace zerort

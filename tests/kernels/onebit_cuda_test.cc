@@ -1,0 +1,125 @@
+// kernels/onebit.h on CUDA against the CPU twin, bit for bit (gpu label): 1-bit Adam's three
+// phases on fp32 state with a bf16 compute copy, the scaled-sign compression (given the same sum
+// of squares: the sums themselves are reduced in each device's order) with chunks placed apart,
+// and decoding over several sources; skipped with the reason when no GPU is present.
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/onebit.h"
+#include "runtime/allocator.h"
+
+namespace zerort {
+namespace {
+
+class OnGpu {
+ public:
+  OnGpu()
+      : gpu_(Device::Cuda(0)),
+        allocator_(*MakeCudaCachingAllocator(gpu_, nullptr)),
+        stream_(*CreateStream(gpu_, "compute")) {}
+  Stream* stream() { return stream_.get(); }
+  Device device() const { return gpu_; }
+  // A device copy of `host` (kept until the end of the test).
+  void* Up(const void* host, size_t bytes) {
+    buffers_.push_back(*allocator_->Allocate(bytes, MemoryCategory::kWorkspace, stream_.get()));
+    EXPECT_TRUE(CopyBytes(buffers_.back().data(), gpu_, host, Device::Cpu(), bytes, stream()).ok());
+    return buffers_.back().data();
+  }
+  template <typename T>
+  std::vector<T> Down(const void* device, size_t n) {
+    std::vector<T> out(n);
+    EXPECT_TRUE(CopyBytes(out.data(), Device::Cpu(), device, gpu_, n * sizeof(T), stream()).ok());
+    EXPECT_TRUE(stream_->Synchronize().ok());
+    return out;
+  }
+
+ private:
+  Device gpu_;
+  std::unique_ptr<Allocator> allocator_;
+  std::unique_ptr<Stream> stream_;
+  std::vector<Buffer> buffers_;
+};
+
+std::vector<float> Normal(size_t n, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+TEST(OneBitCudaTest, AdamPhasesMatchTheCpuBitwise) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device: " << QueryCuda().unavailable_reason;
+  OnGpu gpu;
+  const int64_t n = (1 << 18) + 5;
+  const size_t bytes = static_cast<size_t>(n) * 4;
+  std::vector<float> p = Normal(n, 1, 1.0f), g = Normal(n, 2, 0.1f), m = Normal(n, 3, 0.01f);
+  std::vector<float> v = Normal(n, 4, 0.001f);
+  for (float& x : v) x = x * x;
+  std::vector<uint16_t> out(static_cast<size_t>(n));
+  float *dp = static_cast<float*>(gpu.Up(p.data(), bytes)),
+        *dg = static_cast<float*>(gpu.Up(g.data(), bytes)),
+        *dm = static_cast<float*>(gpu.Up(m.data(), bytes)),
+        *dv = static_cast<float*>(gpu.Up(v.data(), bytes));
+  void* dout = gpu.Up(out.data(), static_cast<size_t>(n) * 2);
+  auto host = [&](std::vector<float>& x) { return TensorView(x.data(), DType::kF32, {n}); };
+  auto dev = [&](float* x) { return TensorView(x, DType::kF32, {n}, gpu.device()); };
+  const OneBitAdamHyper h{.lr = 1e-3f, .weight_decay = 0.01f, .grad_scale = 0.5f};
+  for (OneBitPhase phase : {OneBitPhase::kWarmup, OneBitPhase::kMomentum, OneBitPhase::kApply}) {
+    ASSERT_TRUE(OneBitAdamStep(h, phase, host(p), host(g), host(m), host(v),
+                               TensorView(out.data(), DType::kBF16, {n}), nullptr)
+                    .ok());
+    ASSERT_TRUE(OneBitAdamStep(h, phase, dev(dp), dev(dg), dev(dm), dev(dv),
+                               TensorView(dout, DType::kBF16, {n}, gpu.device()), gpu.stream())
+                    .ok());
+    const int which = static_cast<int>(phase);
+    EXPECT_EQ(gpu.Down<float>(dp, n), p) << which;
+    EXPECT_EQ(gpu.Down<float>(dm, n), m) << which;
+    EXPECT_EQ(gpu.Down<float>(dv, n), v) << which;
+    EXPECT_EQ(gpu.Down<uint16_t>(dout, n), out) << which;
+  }
+}
+
+TEST(OneBitCudaTest, CompressionAndDecodingMatchTheCpuBitwise) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device: " << QueryCuda().unavailable_reason;
+  OnGpu gpu;
+  const int64_t chunk = 4096, chunks = 3, n = chunk * chunks, stride = chunk / 8 + 37;
+  std::vector<float> b = Normal(n, 5, 1.0f);
+  b[7] = 0.0f;
+  b[8] = -0.0f;
+  float sum_sq = 0;
+  for (float x : b) sum_sq += x * x;
+  std::vector<uint8_t> bits(static_cast<size_t>(stride * chunks), 0x5A);
+  float scale = 0;
+  float* db = static_cast<float*>(gpu.Up(b.data(), n * 4));
+  float* dsum = static_cast<float*>(gpu.Up(&sum_sq, 4));
+  float* dscale = static_cast<float*>(gpu.Up(&scale, 4));
+  uint8_t* dbits = static_cast<uint8_t*>(gpu.Up(bits.data(), bits.size()));
+  ASSERT_TRUE(SignCompress(TensorView(b.data(), DType::kF32, {n}), &sum_sq, &scale, bits.data(),
+                           chunk, stride, nullptr)
+                  .ok());
+  ASSERT_TRUE(SignCompress(TensorView(db, DType::kF32, {n}, gpu.device()), dsum, dscale, dbits,
+                           chunk, stride, gpu.stream())
+                  .ok());
+  EXPECT_EQ(gpu.Down<float>(dscale, 1)[0], scale);
+  EXPECT_EQ(gpu.Down<float>(db, n), b);
+  EXPECT_EQ(gpu.Down<uint8_t>(dbits, bits.size()), bits);
+  // The three chunks as three sources, with scales 2 floats apart, added into a vector.
+  const float scales[] = {0.5f, 0.0f, 1.25f, 0.0f, 3.0f};
+  float* dscales = static_cast<float*>(gpu.Up(scales, sizeof(scales)));
+  std::vector<float> acc = Normal(chunk - 3, 6, 1.0f);
+  float* dacc = static_cast<float*>(gpu.Up(acc.data(), acc.size() * 4));
+  const int64_t m = static_cast<int64_t>(acc.size());
+  ASSERT_TRUE(SignDecode(bits.data(), stride, scales, 2, 3, 1.0f / 3, true,
+                         TensorView(acc.data(), DType::kF32, {m}), nullptr)
+                  .ok());
+  ASSERT_TRUE(SignDecode(dbits, stride, dscales, 2, 3, 1.0f / 3, true,
+                         TensorView(dacc, DType::kF32, {m}, gpu.device()), gpu.stream())
+                  .ok());
+  EXPECT_EQ(gpu.Down<float>(dacc, acc.size()), acc);
+}
+
+}  // namespace
+}  // namespace zerort
