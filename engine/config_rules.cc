@@ -82,9 +82,10 @@ void OwnershipRules(const RunConfig& c, const GivenKeys& given, Problems& proble
     if (f.section == "optimizer.params") {
       const std::string& type = c.optimizer.type;
       if (std::find(f.owners.begin(), f.owners.end(), type) != f.owners.end()) continue;
-      const std::string_view kind = f.owners.size() > 1    ? "an Adam"
-                                    : f.owners[0] == "SGD" ? "an SGD"
-                                                           : "a LAMB";
+      const std::string_view kind = f.owners.size() > 1           ? "an Adam"
+                                    : f.owners[0] == "SGD"        ? "an SGD"
+                                    : f.owners[0] == "OneBitAdam" ? "a OneBitAdam"
+                                                                  : "a LAMB";
       problems.Add(StrCat(f.Path(), " is ", kind, " parameter, but optimizer.type is ", type));
     } else if (f.section == "scheduler.params" && !c.scheduler.type.empty()) {
       const std::string& type = c.scheduler.type;

@@ -1,6 +1,8 @@
 // The memory model's replay of a step (step_model.h).
 #include "engine/step_model.h"
 
+#include "sharding/compressed_allreduce.h"
+
 #include <algorithm>
 #include <map>
 #include "engine/memory_replay.h"
@@ -390,6 +392,22 @@ void StepModel::MicroBatch() {
   for (auto& h : ws) r_.Free(h);
 }
 
+// [Note: 1-bit Adam], after freeze_step (the steady state the model replays): no gradient
+// all-reduce; each unit's momentum through OneBitAllReduce::Run in the optimizer step, its
+// buffers taken on the compute stream, its ring of SendRecv and its all-gather of the packages.
+void StepModel::OneBitCompressedStep() {
+  const int ranks = in_.shard_ranks();
+  if (ranks == 1) return;
+  for (const Unit& u : units_) {
+    const std::vector<OneBitAllReduce::Segment> segments = OneBitSegments(u.layout);
+    const int64_t msg = OneBitAllReduce::MessageBytes(segments, ranks);
+    const int64_t k = static_cast<int64_t>(segments.size());
+    Transient(Cat::kCommBuffers, {ranks * msg, ranks * msg, msg, 12 * k}, compute_);
+    (in_.ShardGroupCrossesNodes() ? out_.comm.inter : out_.comm.intra) += (ranks - 1) * msg;
+    InGroup(CollectiveOp::kAllGather, ranks * msg);
+  }
+}
+
 void StepModel::Step() {
   r_.SetPhase(Replay::kStep);
   for (Unit& u : units_) u.secondary_valid = false;  // the step changes the weights
@@ -404,6 +422,8 @@ void StepModel::Step() {
       }
     }
     Flush();
+  } else if (in_.manager.optimizer.kind == OptimizerKind::kOneBitAdam) {
+    OneBitCompressedStep();
   } else {
     // As GradientReducer::Finish: all-reduce buckets of whole units; one unit needs no packing,
     // one rank no all-reduce.

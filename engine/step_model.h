@@ -81,6 +81,7 @@ class StepModel {
   void ReducerAdd(int u);
   void Flush();
   void QuantizedReduceScatter(int64_t bucket_shard);
+  void OneBitCompressedStep();
   void AttentionScratch(bool backward);
   GatherPlanner::Resident Resident() const {
     return [this](int u) { return units_[u].gathered; };
