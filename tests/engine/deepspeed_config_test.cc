@@ -91,6 +91,11 @@ TEST(DeepSpeedKeysTest, EveryKeyShowsItsHandling) {
     }
     if (k.path == "optimizer.params.max_coeff" || k.path == "optimizer.params.min_coeff") {
       j["optimizer"]["type"] = "Lamb";
+    } else if (k.path == "optimizer.params.freeze_step" ||
+               k.path == "optimizer.params.cuda_aware" ||
+               k.path == "optimizer.params.comm_backend_name") {
+      j["optimizer"]["type"] = "OneBitAdam";  // DeepSpeed's 1-bit Adam: stage 0 only
+      j["zero_optimization"]["stage"] = 0;
     } else if (k.path.starts_with("optimizer.params.") && k.path != "optimizer.params.momentum" &&
                k.path != "optimizer.params.dampening" && k.path != "optimizer.params.nesterov") {
       j["optimizer"]["type"] = "AdamW";
@@ -145,8 +150,13 @@ TEST(DeepSpeedKeysTest, TyposAreUnknownButDeepSpeedKeysAreNamedAsUnsupported) {
   const std::string lamb =
       Error({{"optimizer", {{"type", "Lamb"}}}, {"parallel", {{"tensor_parallel_size", 2}}}});
   EXPECT_NE(lamb.find("tensor_parallel_size > 1 is not implemented"), std::string::npos) << lamb;
-  const std::string onebit = Error({{"optimizer", {{"type", "OneBitAdam"}}}});
-  EXPECT_NE(onebit.find("compressed"), std::string::npos) << onebit;
+  const std::string onebit =
+      Error({{"optimizer", {{"type", "OneBitAdam"}}}, {"zero_optimization", {{"stage", 2}}}});
+  EXPECT_NE(onebit.find("runs at ZeRO stage 0 only"), std::string::npos) << onebit;
+  const std::string lamb1 = Error({{"optimizer", {{"type", "OneBitLamb"}}}});
+  EXPECT_NE(lamb1.find("a DeepSpeed 1-bit optimizer zerort does not implement yet"),
+            std::string::npos)
+      << lamb1;
   const std::string cycle = Error({{"scheduler", {{"type", "OneCycle"}}}});
   EXPECT_NE(cycle.find("scheduler.type = \"OneCycle\""), std::string::npos) << cycle;
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The inputs issue 31 added, as untrusted input: ZERORT_RANKS_PER_NODE, parallel.data_shard_size,
-zero_optimization.mics_shard_size, `zerort env --tp/--pp/--data-shard-size` and `zerort estimate
+zero_optimization.mics_shard_size, 1-bit Adam's optimizer.params (freeze_step, cuda_aware,
+comm_backend_name), `zerort env --tp/--pp/--data-shard-size` and `zerort estimate
 --ranks-per-node/--data-shard-size/--intra-gbps/--inter-gbps`, each given a wrong type, a value out
 of range, a huge or empty value. Each is exit 2 within seconds naming the key, flag or variable,
 writes nothing, and never hangs or crashes. (Under mpirun: tests/cli/nodes_cli_test.py.)
@@ -83,6 +84,24 @@ for name, extra, says in (
         ("mics_world.json", {"zero_optimization": {"mics_shard_size": 4}},
          "zero_optimization.mics_shard_size = 4 does not divide the data-parallel size 1")):
     expect(f"train {name}", ["train", config(name, extra)], says)
+
+# 1-bit Adam's parameters ([Note: 1-bit Adam]): wrong types, out of range, huge; and the stage.
+ONEBIT = {"zero_optimization": {"stage": 0}, "optimizer": {"type": "OneBitAdam"}}
+for name, params, says in (
+        ("freeze_str.json", {"freeze_step": "10"}, "optimizer.params.freeze_step"),
+        ("freeze_neg.json", {"freeze_step": -1}, "optimizer.params.freeze_step"),
+        ("freeze_float.json", {"freeze_step": 2.5}, "optimizer.params.freeze_step"),
+        ("freeze_huge.json", {"freeze_step": 1e300}, "optimizer.params.freeze_step"),
+        ("cuda_aware_str.json", {"cuda_aware": "yes"}, "optimizer.params.cuda_aware"),
+        ("backend_int.json", {"comm_backend_name": 7}, "optimizer.params.comm_backend_name"),
+        ("backend_bad.json", {"comm_backend_name": "gloo"}, "optimizer.params.comm_backend_name"),
+        ("backend_empty.json", {"comm_backend_name": ""}, "optimizer.params.comm_backend_name"),
+        ("onebit_lr_str.json", {"lr": "fast"}, "optimizer.params.lr")):
+    expect(f"train {name}", ["train", config(name, merged(ONEBIT, {"optimizer": {"params": params}}))],
+           says)
+expect("train onebit_stage2.json",
+       ["train", config("onebit_stage2.json", merged(ONEBIT, {"zero_optimization": {"stage": 2}}))],
+       'optimizer.type = "OneBitAdam" with zero_optimization.stage = 2')
 
 # The flags: wrong types, out of range, huge, empty, a flag of another mode.
 ok = config("ok.json", {})
