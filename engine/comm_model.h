@@ -2,7 +2,7 @@
 // nodes, counted by the memory model where it replays each collective the shard manager issues.
 //
 // [Note: bytes per step]
-// The memory model (memory_model.cc) replays a steady-state step as the runtime runs it: every
+// The memory model (step_model.cc) replays a steady-state step as the runtime runs it: every
 // stage-3 gather the gather planner decides, every reduce-scatter bucket, the stage 0-1
 // all-reduces, the stage 1-2 gathers of updated parameters, and with hybrid sharding the
 // all-reduce of each reduced shard across the replicas. Each adds its RingBytesSent ([Note: bytes

@@ -1,6 +1,6 @@
 // MemoryModelInput (validation, layouts, from a run config), the cold mode's decoder fit, the
 // maximum over stages and the ZeRO paper's accounting: the memory model's inputs and summaries.
-// The replay itself is memory_model.cc.
+// The replay itself is step_model.cc.
 #include <algorithm>
 #include <cmath>
 

@@ -6,7 +6,11 @@ ZeRO-2,
 two steps each (the second's bytes: a steady-state step), each beside `zerort estimate CONFIG
 --world-size 8 --ranks-per-node 4`; then the validation loss of the tiny GPT after 300 steps in
 each layout (bf16, lr 1e-3, 64 validation windows). Prints a markdown table.
-Usage: bench_nodes.py PATH_TO_ZERORT [MPIEXEC] [--steps 300]"""
+Then 1-bit Adam at ZeRO-0 beside plain ZeRO-0 data parallelism: GPT-2's stage-0 state (3.2 GB a
+rank) fits 4 ranks in 24 GB, not 8, so the bytes are measured at 4 ranks as 2 x 2 (a compressed
+step: freeze_step 0, the third step) beside the estimator's at 4 and at 8 ranks as 2 x 4; and the
+tiny GPT at 8 ranks with freeze_step 100 beside the same algorithm uncompressed.
+Usage: bench_nodes.py PATH_TO_ZERORT [MPIEXEC] [--steps 300] [--onebit-only] [--onebit-lr 3e-4]"""
 import json
 import os
 import subprocess
@@ -82,7 +86,7 @@ TINY = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
 print("| layout | MB in node (measured / formula) | MB across nodes (measured / formula) |"
       f" tiny GPT val loss after {steps} steps |")
 print("|---|---|---|---|")
-for i, (label, layout) in enumerate(LAYOUTS):
+for i, (label, layout) in enumerate([] if "--onebit-only" in sys.argv else LAYOUTS):
     path, rec = train(f"gpt2_{i}", merged(GPT2, layout))
     formula = estimate(path)
     _, tiny_rec = train(f"tiny_{i}", merged(TINY, layout))
@@ -91,3 +95,63 @@ for i, (label, layout) in enumerate(LAYOUTS):
     print(f"| {label} | {last['comm_bytes_intra_node'] / 1e6:.1f} / "
           f"{formula['intra_node_bytes'] / 1e6:.1f} | {last['comm_bytes_inter_node'] / 1e6:.1f} / "
           f"{formula['inter_node_bytes'] / 1e6:.1f} | {val:.4f} |", flush=True)
+
+
+# 1-bit Adam ([Note: 1-bit Adam]) against ZeRO-0's fp32 gradient all-reduce.
+env4 = dict(env, ZERORT_RANKS_PER_NODE="2")
+ONEBIT_LR = float(sys.argv[sys.argv.index("--onebit-lr") + 1]) if "--onebit-lr" in sys.argv else 3e-4
+ONEBIT = {"optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-4, "freeze_step": 0}},
+          "zero_optimization": {"stage": 0}, "train": {"steps": 3}}
+print()
+print("| ZeRO-0, GPT-2 124M | MB across nodes at 4 ranks as 2 x 2 (measured / formula) |"
+      " MB across nodes at 8 ranks as 2 x 4 (formula) |")
+print("|---|---|---|")
+for label, layout in (("AdamW (fp32 gradient all-reduce)", {"zero_optimization": {"stage": 0}}),
+                      ("1-bit Adam after freeze_step", ONEBIT)):
+    name = "z0_" + str(len(label))
+    path = os.path.join(tmp, name + ".json")
+    metrics = os.path.join(tmp, name + ".jsonl")
+    with open(path, "w") as f:
+        json.dump(merged(merged(GPT2, layout), {"logging": {"metrics_file": metrics}}), f)
+    r = subprocess.run([mpiexec, "-np", "4", "--oversubscribe", "-x", "ZERORT_RANKS_PER_NODE",
+                        zerort, "train", path], capture_output=True, text=True, env=env4)
+    if r.returncode != 0:
+        sys.exit(f"{label}: exit {r.returncode}\n{r.stderr[-3000:]}")
+    with open(metrics) as f:
+        last = [json.loads(line) for line in f][-1]
+    four = subprocess.run([zerort, "estimate", path, "--world-size", "4", "--ranks-per-node", "2",
+                           "--json"], capture_output=True, text=True, env=env)
+    print(f"| {label} | {last['comm_bytes_inter_node'] / 1e6:.2f} / "
+          f"{json.loads(four.stdout)['comm']['inter_node_bytes'] / 1e6:.2f} | "
+          f"{estimate(path)['inter_node_bytes'] / 1e6:.2f} |", flush=True)
+
+# The tiny GPT at 8 ranks (fp32 and bf16, lr 1e-3, no gradient clipping, freeze_step 100) beside
+# the uncompressed run of the same algorithm: one rank accumulating the same global batch (its
+# variance frozen at the same step; DeepSpeed compresses only with more than one rank).
+print()
+print(f"| tiny GPT, {steps} steps | AdamW, 8 ranks | 1-bit Adam uncompressed (1 rank x 8"
+      " accumulation) | 1-bit Adam, 8 ranks as 2 x 4 | compression's cost |")
+print("|---|---|---|---|---|")
+for bf16 in (False, True):
+    base = merged(TINY, {"bf16": {"enabled": bf16}, "gradient_clipping": 0.0,
+                         "zero_optimization": {"stage": 0}})
+    onebit = merged(base, {"optimizer": {"type": "OneBitAdam",
+                                         "params": {"lr": ONEBIT_LR, "freeze_step": 100}}})
+    vals = []
+    for name, config, ranks in (("adamw", base, 8), ("one", onebit, 1), ("eight", onebit, 8)):
+        if ranks == 1:
+            config = merged(config, {"gradient_accumulation_steps": 8})
+        tag = f"tiny_{name}_{bf16}"
+        path = os.path.join(tmp, tag + ".json")
+        metrics = os.path.join(tmp, tag + ".jsonl")
+        with open(path, "w") as f:
+            json.dump(merged(config, {"logging": {"metrics_file": metrics}}), f)
+        r = subprocess.run([mpiexec, "-np", str(ranks), "--oversubscribe", "-x",
+                            "ZERORT_RANKS_PER_NODE", zerort, "train", path], capture_output=True,
+                           text=True, env=dict(env, ZERORT_RANKS_PER_NODE=str(min(ranks, 4))))
+        if r.returncode != 0:
+            sys.exit(f"{tag}: exit {r.returncode}\n{r.stderr[-3000:]}")
+        with open(metrics) as f:
+            vals.append([json.loads(x)["val_loss"] for x in f if "val_loss" in x][-1])
+    print(f"| {'bf16' if bf16 else 'fp32'} | {vals[0]:.4f} | {vals[1]:.4f} | {vals[2]:.4f} | "
+          f"{100 * (vals[2] - vals[1]) / vals[1]:+.2f}% |", flush=True)
