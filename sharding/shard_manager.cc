@@ -142,6 +142,12 @@ StatusOr<std::unique_ptr<ShardManager>> ShardManager::Create(const ShardManagerO
   if (options.quantized_weights && options.stage != ZeroStage::k3) {
     return absl::InvalidArgumentError("quantized_weights (ZeRO++ qwZ) needs stage 3");
   }
+  if (options.optimizer.kind == OptimizerKind::kOneBitAdam &&
+      (options.stage != ZeroStage::k0 || options.placement.optimizer != MemoryTier::kDevice)) {
+    return absl::InvalidArgumentError(
+        "OptimizerKind::kOneBitAdam (DeepSpeed's 1-bit Adam) needs stage 0 and the optimizer "
+        "state on the device tier ([Note: 1-bit Adam])");
+  }
   if (resources.dp == nullptr || resources.device_allocator == nullptr) {
     return absl::InvalidArgumentError(
         "ShardManager needs a data-parallel group and a device allocator");

@@ -133,6 +133,7 @@ struct EstimateOptions {
   int hpz = 1;              // shape mode, stage 3 rows: ZeRO++ hpZ's group size (1: none)
   bool qwz = false;         // shape mode, stage 3 rows: ZeRO++'s int8 weight gathers
   bool qgz = false;         // and int8 gradient reduce-scatter
+  bool onebit = false;      // shape mode, stage 0 rows: 1-bit Adam after freeze_step
   double intra_gbps = 0;    // link speeds for a communication time per step (0: none)
   double inter_gbps = 0;
   int seq_len = 0;  // 0: the model's

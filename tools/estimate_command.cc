@@ -73,6 +73,9 @@ std::vector<EstimateRow> Table(MemoryModelInput base, int ranks_per_node,
           in.manager.hpz_partition_size = 1;
           in.manager.quantized_weights = in.manager.quantized_gradients = false;
         }
+        if (stage != 0 && in.manager.optimizer.kind == OptimizerKind::kOneBitAdam) {
+          in.manager.optimizer.kind = OptimizerKind::kAdamW;  // 1-bit Adam is stage 0's
+        }
         in.activation_checkpointing = ckpt;
         StatusOr<MemoryEstimate> e = estimate(in);
         if (!e.ok()) continue;
@@ -349,7 +352,7 @@ Status CheckFlags(const EstimateOptions& o, Mode mode) {
       "--micro-batch", "--nodes",      "--tp",      "--pp",
       "--fit",         "--explain",    "--json",    "--data-shard-size",
       "--intra-gbps",  "--inter-gbps", "--hpz",     "--qwz",
-      "--qgz"};
+      "--qgz",         "--onebit"};
   static const std::set<std::string> kCold = {"--params", "--largest-layer-params", "--gpus",
                                               "--nodes", "--json"};
   const std::set<std::string>& allowed = mode == Mode::kConfig  ? kConfig
@@ -541,6 +544,7 @@ int RunEstimate(const EstimateOptions& o) {
   base.manager.hpz_partition_size = o.hpz;
   base.manager.quantized_weights = o.qwz;
   base.manager.quantized_gradients = o.qgz;
+  if (o.onebit) base.manager.optimizer.kind = OptimizerKind::kOneBitAdam;
   const bool timed = o.intra_gbps > 0 || o.inter_gbps > 0;
   const auto t0 = std::chrono::steady_clock::now();
   // Every stage's table; each row keeps the stage with the largest device peak (what must fit).
@@ -588,7 +592,7 @@ int RunEstimate(const EstimateOptions& o) {
   }
   std::printf(
       "zerort estimate: %s (%.1fM parameters, %s), %d GPU(s) on %d node(s)%s, micro-batch %d, "
-      "bf16, AdamW; per GPU, steady-state step\n",
+      "bf16, %s; per GPU, steady-state step\n",
       !o.model.empty()       ? o.model.c_str()
       : !o.hf_config.empty() ? o.hf_config.c_str()
                              : "custom shape",
@@ -598,7 +602,7 @@ int RunEstimate(const EstimateOptions& o) {
                    o.pp > 1 ? " (1F1B, m = pp; the largest stage)" : "", " x dp ", base.dp)
                 .c_str()
           : "",
-      o.micro_batch);
+      o.micro_batch, o.onebit ? "AdamW (stage 0: 1-bit Adam after freeze_step)" : "AdamW");
   if (fit) {
     std::printf("layouts that fit in %s GiB per GPU, expected fastest first:\n", Gib(*fit).c_str());
   }

@@ -222,6 +222,8 @@ int main(int argc, char** argv) {
                        "Shape: ZeRO++ hpZ over groups of this many GPUs (stage 3)");
   estimate->add_flag("--qwz", est.qwz, "Shape: ZeRO++ int8 weight gathers (stage 3)");
   estimate->add_flag("--qgz", est.qgz, "Shape: ZeRO++ int8 gradient reduce-scatter (stage 3)");
+  estimate->add_flag("--onebit", est.onebit,
+                     "Shape: DeepSpeed's 1-bit Adam after freeze_step (stage 0 rows)");
   estimate->add_option("--intra-gbps", est.intra_gbps,
                        "Link speed within a node, Gb/s: a communication time per step");
   estimate->add_option("--inter-gbps", est.inter_gbps, "Link speed across nodes, Gb/s");

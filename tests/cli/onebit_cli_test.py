@@ -103,6 +103,18 @@ if (train("exact", freeze(100_000)) and train("onebit", freeze(100)) and
         check(f"compressed bytes {compressed} == the estimator's {want} + scalars",
               want <= compressed <= want + 100, f"{compressed} vs {want}")
 
+# The estimator's shape mode: --onebit turns the stage-0 rows into 1-bit Adam's compressed steps.
+rows = {}
+for flag in ((), ("--onebit",)):
+    e = subprocess.run([zerort, "estimate", "--model", "gpt2", "--gpus", "4", "--nodes", "2",
+                        "--json", *flag], capture_output=True, text=True, timeout=120)
+    if check(f"estimate --model gpt2 {' '.join(flag)} exits 0", e.returncode == 0, e.stderr[-600:]):
+        rows[flag] = [r for r in json.loads(e.stdout)["rows"] if r["stage"] == 0][0]
+if len(rows) == 2:
+    plain, onebit_row = rows[()]["comm"]["inter_node_bytes"], rows[("--onebit",)]["comm"]
+    check("estimate --onebit: the stage-0 row sends 1/32 of ZeRO-0's bytes across nodes",
+          31.5 < plain / onebit_row["inter_node_bytes"] < 32.5, f"{plain} {onebit_row}")
+
 # Tensor and pipeline parallelism: the data group of each model-parallel position compresses.
 for label, parallel in (("tp 2", {"tensor_parallel_size": 2}),
                         ("pp 2", {"pipeline_parallel_size": 2})):

@@ -237,6 +237,17 @@ TEST(OneBitAdamTest, CompressedStepsSendNoGradientCollectives) {
   EXPECT_EQ(run.gradient_collectives, 4);
 }
 
+TEST(OneBitAdamTest, OtherStagesAndOffloadAreRefused) {
+  for (ZeroStage stage : {ZeroStage::k1, ZeroStage::k3}) {
+    RunConfig c = OneBit(2, 3, 2);
+    c.stage = stage;
+    EXPECT_NE(Train(c).error.find("needs stage 0"), std::string::npos);
+  }
+  RunConfig host = OneBit(1, 3, 2);
+  host.placement.optimizer = MemoryTier::kHost;
+  EXPECT_NE(Train(host).error.find("on the device tier"), std::string::npos);
+}
+
 TEST(OneBitAdamTest, PaddingAndMessageSizes) {
   // DeepSpeed pads to a multiple of N x lcm(N, 8).
   EXPECT_EQ(OneBitAllReduce::Padded(100, 2), 112);  // 16
