@@ -1,6 +1,8 @@
 """Shared by the CLI tests: named checks that collect failures, and the report that ends a test;
-the small ZeRO-3 run config the device-parity tests vary, and the merge that varies it."""
+the small ZeRO-3 run config the device-parity tests vary, and the merge that varies it; a config
+written to a test's folder and a metrics file read back."""
 import json
+import os
 import sys
 
 
@@ -16,6 +18,20 @@ def tiny_run(steps):
         "train": {"steps": steps, "eval_windows": 2, "sample_tokens": 0},
         "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
     }
+
+
+def write_json(folder, name, obj):
+    """`obj` as JSON in folder/name; its path."""
+    path = os.path.join(folder, name)
+    with open(path, "w") as f:
+        f.write(json.dumps(obj))
+    return path
+
+
+def read_jsonl(folder, name):
+    """The records of folder/name.jsonl (a run's metrics file)."""
+    with open(os.path.join(folder, name + ".jsonl")) as f:
+        return [json.loads(line) for line in f]
 
 
 def merged(base, extra):

@@ -6,6 +6,7 @@ sends fewer bytes across nodes (metrics.jsonl), and writes checkpoints that resu
 layout and back on the same curve; `zerort env` prints each rank's groups; the trace marks the
 collectives that crossed nodes; bad node and shard settings exit 2 naming them.
 Usage: nodes_cli_test.py PATH_TO_ZERORT MPIEXEC"""
+import functools
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Checks, merged, tiny_run  # noqa: E402
+from harness import Checks, merged, read_jsonl, tiny_run, write_json  # noqa: E402
 
 zerort, mpiexec = sys.argv[1], sys.argv[2]
 checks = Checks("nodes_cli_test")
@@ -24,16 +25,8 @@ STEPS = 12
 BASE = merged(tiny_run(STEPS), {"train_batch_size": 8, "train": {"device": "cpu"}})
 
 
-def write(name, obj):
-    path = os.path.join(tmp, name)
-    with open(path, "w") as f:
-        f.write(json.dumps(obj))
-    return path
-
-
-def records(name):
-    with open(os.path.join(tmp, name + ".jsonl")) as f:
-        return [json.loads(line) for line in f]
+write = functools.partial(write_json, tmp)
+records = functools.partial(read_jsonl, tmp)
 
 
 def train(name, overrides, extra_args=(), np_=4, run_env=env):

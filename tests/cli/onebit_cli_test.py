@@ -7,10 +7,12 @@
   and equal the estimator's; tensor and pipeline parallelism compose (their data groups compress);
 - a checkpoint saved in the warm-up resumes on the straight run's curve bit for bit; one saved
   after freeze_step resumes with the compression errors starting from zero (they are not saved:
-  DeepSpeed resets them on a load), close to the curve but not on it;
+  DeepSpeed resets them on a load), close to the curve but not on it; the asynchronous CPU device
+  trains the synchronous one's curve bit for bit;
 - 1-bit Adam at stages 1-3, 1-bit LAMB, 0/1 Adam and a freeze_step for another optimizer exit 2
   naming them.
 Usage: onebit_cli_test.py PATH_TO_ZERORT MPIEXEC"""
+import functools
 import json
 import os
 import subprocess
@@ -18,7 +20,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Checks, merged, tiny_run  # noqa: E402
+from harness import Checks, merged, read_jsonl, tiny_run, write_json  # noqa: E402
 
 zerort, mpiexec = sys.argv[1], sys.argv[2]
 checks = Checks("onebit_cli_test")
@@ -38,16 +40,8 @@ BASE = merged(tiny_run(STEPS), {
     "train": {"device": "cpu", "eval_interval": STEPS, "eval_windows": 64}})
 
 
-def write(name, obj):
-    path = os.path.join(tmp, name)
-    with open(path, "w") as f:
-        f.write(json.dumps(obj))
-    return path
-
-
-def records(name):
-    with open(os.path.join(tmp, name + ".jsonl")) as f:
-        return [json.loads(line) for line in f]
+write = functools.partial(write_json, tmp)
+records = functools.partial(read_jsonl, tmp)
 
 
 def train(name, overrides, extra_args=(), ranks=4):
@@ -126,6 +120,17 @@ for label, parallel in (("tp 2", {"tensor_parallel_size": 2}),
         # tp 2: the data groups span the nodes; pp 2: they stay inside one (the stages cross).
         total = [x[-1]["comm_bytes_inter_node"] + x[-1]["comm_bytes_intra_node"] for x in (a, b)]
         check(f"{label}: fewer bytes once compressed", total[0] < total[1], str(total))
+
+# The asynchronous CPU device (queued streams, docs/async-device.md): the compressed all-reduce's
+# copies and ring are ordered on the compute stream, bit for bit the synchronous device's curve.
+curves = []
+for device in ("cpu", "cpu-async"):
+    name = "async_" + device.replace("-", "_")
+    ok = train(name, merged(freeze(3), {"train": {"steps": 8, "device": device},
+                                        "optimizer": {"params": {"lr": 1e-4}}}))
+    curves.append(losses(name) if ok else None)
+check("cpu-async == cpu bitwise, compressed steps included",
+      curves[0] is not None and curves[0] == curves[1], str(curves))
 
 # Resume: from step 3 (warm-up, freeze_step 4) on the straight curve bit for bit; from step 8
 # (compressed) with the errors zeroed, as DeepSpeed resets them on a load: close, not equal.

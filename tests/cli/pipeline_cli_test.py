@@ -8,6 +8,7 @@ one process on the same loss curve; a stage that skips a send or dies stops ever
 with exit 3 and its trace within the collective timeout; bad pipeline setups exit 2 naming the
 numbers.
 Usage: pipeline_cli_test.py PATH_TO_ZERORT MPIEXEC"""
+import functools
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Checks  # noqa: E402
+from harness import Checks, write_json  # noqa: E402
 
 zerort, mpiexec = sys.argv[1], sys.argv[2]
 checks = Checks("pipeline_cli_test")
@@ -25,11 +26,7 @@ tmp = tempfile.mkdtemp()
 env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 
 
-def write(name, obj):
-    path = os.path.join(tmp, name)
-    with open(path, "w") as f:
-        f.write(json.dumps(obj))
-    return path
+write = functools.partial(write_json, tmp)
 
 
 def losses(path):
