@@ -12,7 +12,9 @@ namespace zerort {
 std::vector<OneBitAllReduce::Segment> OneBitSegments(const FlatLayout& layout) {
   std::vector<OneBitAllReduce::Segment> segments;
   for (const ShardPiece& piece : layout.ShardPieces(0)) {
-    segments.push_back({piece.shard_range.begin, piece.shard_range.size()});
+    if (piece.shard_range.size() > 0) {
+      segments.push_back({piece.shard_range.begin, piece.shard_range.size()});
+    }
   }
   return segments;
 }
