@@ -104,6 +104,10 @@ struct OptimizerConfig {
   float max_coeff = RuntimeDefaults().optimizer.max_coeff;
   float min_coeff = RuntimeDefaults().optimizer.min_coeff;
   int64_t freeze_step = RuntimeDefaults().optimizer.freeze_step;
+  int64_t var_freeze_step = RuntimeDefaults().optimizer.var_freeze_step;
+  int64_t var_update_scaler = RuntimeDefaults().optimizer.var_update_scaler;
+  int64_t local_step_scaler = RuntimeDefaults().optimizer.local_step_scaler;
+  int64_t local_step_clipper = RuntimeDefaults().optimizer.local_step_clipper;
   bool cuda_aware = false;
   std::string comm_backend_name = "nccl";
 };

@@ -74,18 +74,19 @@ Status ReadOptimizerType(const JsonSection& s, std::string_view key, RunConfig& 
   std::string type;
   ZR_RETURN_IF_ERROR(s.String(key, type));
   const std::string lower = absl::AsciiStrToLower(type);
-  if (lower == "onebitadam") {  // DeepSpeed compares optimizer names in lower case
-    c.optimizer.type = "OneBitAdam";
+  if (lower == "onebitadam" || lower == "zerooneadam") {  // DeepSpeed lowers optimizer names
+    c.optimizer.type = lower == "onebitadam" ? "OneBitAdam" : "ZeroOneAdam";
     return absl::OkStatus();
   }
-  if (lower == "onebitlamb" || lower == "zerooneadam") {
+  if (lower == "onebitlamb") {
     return absl::InvalidArgumentError(
         StrCat("optimizer.type = \"", type,
                "\": a DeepSpeed 1-bit optimizer zerort does not implement yet (of the three, "
-               "OneBitAdam is, at ZeRO stage 0: docs/multi-node.md)"));
+               "OneBitAdam and ZeroOneAdam are, at ZeRO stage 0: docs/multi-node.md)"));
   }
   if (type.empty()) return absl::OkStatus();
-  return s.String(key, c.optimizer.type, {"AdamW", "Adam", "SGD", "Lamb", "OneBitAdam"});
+  return s.String(key, c.optimizer.type,
+                  {"AdamW", "Adam", "SGD", "Lamb", "OneBitAdam", "ZeroOneAdam"});
 }
 
 Status ReadSchedulerType(const JsonSection& s, std::string_view key, RunConfig& c) {

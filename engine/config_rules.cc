@@ -82,10 +82,11 @@ void OwnershipRules(const RunConfig& c, const GivenKeys& given, Problems& proble
     if (f.section == "optimizer.params") {
       const std::string& type = c.optimizer.type;
       if (std::find(f.owners.begin(), f.owners.end(), type) != f.owners.end()) continue;
-      const std::string_view kind = f.owners.size() > 1           ? "an Adam"
-                                    : f.owners[0] == "SGD"        ? "an SGD"
-                                    : f.owners[0] == "OneBitAdam" ? "a OneBitAdam"
-                                                                  : "a LAMB";
+      const std::string_view kind = f.owners.size() > 1            ? "an Adam"
+                                    : f.owners[0] == "SGD"         ? "an SGD"
+                                    : f.owners[0] == "OneBitAdam"  ? "a OneBitAdam"
+                                    : f.owners[0] == "ZeroOneAdam" ? "a ZeroOneAdam"
+                                                                   : "a LAMB";
       problems.Add(StrCat(f.Path(), " is ", kind, " parameter, but optimizer.type is ", type));
     } else if (f.section == "scheduler.params" && !c.scheduler.type.empty()) {
       const std::string& type = c.scheduler.type;
@@ -123,12 +124,12 @@ void OptimizerRules(const RunConfig& c, const GivenKeys& given, Problems& proble
         "optimizer.type = \"Lamb\" with parallel.tensor_parallel_size > 1 is not implemented (a "
         "split parameter's norm would span the tensor-parallel group too)");
   }
-  // DeepSpeed's engine: "1bit-Adam is not compatible with ZeRO".
-  if (o.type == "OneBitAdam" && c.zero.stage != 0) {
+  // DeepSpeed's engine: "1bit-Adam is not compatible with ZeRO" (and 0/1 Adam's likewise).
+  if ((o.type == "OneBitAdam" || o.type == "ZeroOneAdam") && c.zero.stage != 0) {
     problems.Add(
-        StrCat("optimizer.type = \"OneBitAdam\" with zero_optimization.stage = ", c.zero.stage,
-               ": DeepSpeed's 1-bit Adam runs at ZeRO stage 0 only (it compresses the "
-               "momentum's all-reduce, which sharded optimizer states do not have)"));
+        StrCat("optimizer.type = \"", o.type, "\" with zero_optimization.stage = ", c.zero.stage,
+               ": DeepSpeed's 1-bit optimizers run at ZeRO stage 0 only (they compress the "
+               "all-reduce of a whole momentum, which sharded optimizer states do not have)"));
   }
   if (o.type == "Lamb" && c.zero.offload_optimizer.device == "nvme") {
     problems.Add(

@@ -230,13 +230,16 @@ std::vector<ConfigField> BuildTable() {
                        "for non-finite gradients, in any precision"));
   t.push_back(Bool("bf16", "enabled", ZR_MEMBER(bf16), "bf16 compute, fp32 masters and reduction"));
 
-  t.push_back(Custom(
-      "optimizer", "type", ZR_MEMBER(optimizer.type), ReadOptimizerType,
-      {"AdamW", "Adam", "SGD", "Lamb", "OneBitAdam"},
-      "AdamW, Adam, SGD (torch.optim's), Lamb (trust ratios over shards), OneBitAdam "
-      "(DeepSpeed's 1-bit Adam, stage 0; any case); OneBitLamb and ZeroOneAdam are refused"));
+  t.push_back(
+      Custom("optimizer", "type", ZR_MEMBER(optimizer.type), ReadOptimizerType,
+             {"AdamW", "Adam", "SGD", "Lamb", "OneBitAdam", "ZeroOneAdam"},
+             "AdamW, Adam, SGD (torch.optim's), Lamb (trust ratios over shards), OneBitAdam and "
+             "ZeroOneAdam (DeepSpeed's 1-bit Adam and 0/1 Adam, stage 0; any case); OneBitLamb is "
+             "refused"));
   const std::string_view op = "optimizer.params";
-  const std::vector<std::string_view> adams = {"AdamW", "Adam", "Lamb", "OneBitAdam"};
+  const std::vector<std::string_view> adams = {"AdamW", "Adam", "Lamb", "OneBitAdam",
+                                               "ZeroOneAdam"};
+  const std::vector<std::string_view> one_bit = {"OneBitAdam", "ZeroOneAdam"};
   const std::vector<std::string_view> adam_w_modes = {"AdamW", "Adam", "Lamb"};
   t.push_back(Num<float>(op, "lr", ZR_MEMBER(optimizer.lr), 0, 1e3,
                          "learning rate (a scheduler overrides it)"));
@@ -267,11 +270,23 @@ std::vector<ConfigField> BuildTable() {
       {"OneBitAdam"}));
   t.push_back(Owned(Bool(op, "cuda_aware", ZR_MEMBER(optimizer.cuda_aware),
                          "accepted: zerort's communicator decides how device buffers travel"),
-                    {"OneBitAdam"}));
+                    one_bit));
   t.push_back(Owned(Str(op, "comm_backend_name", ZR_MEMBER(optimizer.comm_backend_name),
                         {"nccl", "mpi", "hccl", "compressed"},
                         "accepted: the compressed all-reduce uses the run's communicator"),
-                    {"OneBitAdam"}));
+                    one_bit));
+  for (auto [key, member, low, doc] :
+       {std::tuple{"var_freeze_step", ZR_MEMBER(optimizer.var_freeze_step), 0,
+                   "the variance's last update, DeepSpeed's 100000"},
+        std::tuple{"var_update_scaler", ZR_MEMBER(optimizer.var_update_scaler), 1,
+                   "variance updates per doubling of their interval, DeepSpeed's 16"},
+        std::tuple{"local_step_scaler", ZR_MEMBER(optimizer.local_step_scaler), 1,
+                   "steps per doubling of the local-step interval, DeepSpeed's 32678"},
+        std::tuple{"local_step_clipper", ZR_MEMBER(optimizer.local_step_clipper), 1,
+                   "the local-step interval's cap, DeepSpeed's 16"}}) {
+    t.push_back(
+        Owned(Num<int64_t>(op, key, member, low, kMaxConfigIntAsDouble, doc), {"ZeroOneAdam"}));
+  }
   t.push_back(Owned(
       Num<float>(op, "momentum", ZR_MEMBER(optimizer.momentum), 0, 1, "torch.optim.SGD's momentum"),
       {"SGD"}));

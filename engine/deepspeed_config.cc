@@ -254,7 +254,7 @@ void NormalizeDeepSpeed(nlohmann::json& json, Problems& problems, std::vector<st
   // An optimizer zerort refuses by type (the schema says why): its parameters say nothing more.
   if (const nlohmann::json* type = Find(json, "optimizer.type"); type && type->is_string()) {
     const std::string t = AsciiLower(type->get<std::string>());
-    if (t == "onebitlamb" || t == "zerooneadam") {
+    if (t == "onebitlamb") {
       Erase(json, "optimizer.params");
     }
   }

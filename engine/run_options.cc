@@ -89,6 +89,8 @@ ShardManagerOptions ShardManagerOptionsFrom(const RunConfig& c, int dp_size,
     o.optimizer.kind = OptimizerKind::kLamb;
   } else if (opt.type == "OneBitAdam") {
     o.optimizer.kind = OptimizerKind::kOneBitAdam;
+  } else if (opt.type == "ZeroOneAdam") {
+    o.optimizer.kind = OptimizerKind::kZeroOneAdam;
   } else if (opt.type == "Adam" && !opt.adam_w_mode) {
     o.optimizer.kind = OptimizerKind::kAdam;
   } else {
@@ -101,6 +103,10 @@ ShardManagerOptions ShardManagerOptionsFrom(const RunConfig& c, int dp_size,
   o.optimizer.max_coeff = opt.max_coeff;
   o.optimizer.min_coeff = opt.min_coeff;
   o.optimizer.freeze_step = opt.freeze_step;
+  o.optimizer.var_freeze_step = opt.var_freeze_step;
+  o.optimizer.var_update_scaler = opt.var_update_scaler;
+  o.optimizer.local_step_scaler = opt.local_step_scaler;
+  o.optimizer.local_step_clipper = opt.local_step_clipper;
   o.optimizer.weight_decay = opt.weight_decay;
   o.optimizer.momentum = opt.momentum;
   o.optimizer.dampening = opt.dampening;

@@ -46,6 +46,10 @@ Status CudaOneBitAdam(const OneBitAdamHyper&, OneBitPhase, float*, const float*,
                       void*, DType, int64_t, Stream*) {
   return NoCuda("OneBitAdamStep");
 }
+Status CudaZeroOneAdam(const OneBitAdamHyper&, float, ZeroOnePhase, float*, float*, const float*,
+                       float*, void*, DType, int64_t, Stream*) {
+  return NoCuda("ZeroOneAdamStep");
+}
 Status CudaSignCompress(float*, int64_t, float, const float*, float*, uint8_t*, int64_t, int64_t,
                         Stream*) {
   return NoCuda("SignCompress");

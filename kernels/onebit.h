@@ -36,6 +36,18 @@ Status OneBitAdamStep(const OneBitAdamHyper& h, OneBitPhase phase, const TensorV
                       const TensorView& grad, const TensorView& exp_avg,
                       const TensorView& exp_avg_sq, const TensorView& compute_out, Stream* stream);
 
+// DeepSpeed's 0/1 Adam's steps after var_freeze_step ([Note: 0/1 Adam],
+// sharding/compressed_allreduce.h), on fp32 views of one length (`accumulator`: the summed local
+// steps; `compute_out` as OneBitAdamStep's, written by kLocalStep and kSyncIn):
+//   kLocalStep: t = -lr (m / (sqrt(v) + eps) + wd p); p += t; acc += t.
+//   kSyncOut:   p -= acc; acc x= sqrt(v) + eps          (before acc's compressed mean)
+//   kSyncIn:    m = -acc / lrs; p += acc / (sqrt(v) + eps); acc = 0   (after it)
+enum class ZeroOnePhase { kLocalStep, kSyncOut, kSyncIn };
+Status ZeroOneAdamStep(const OneBitAdamHyper& h, float lrs, ZeroOnePhase phase,
+                       const TensorView& master, const TensorView& exp_avg,
+                       const TensorView& exp_avg_sq, const TensorView& accumulator,
+                       const TensorView& compute_out, Stream* stream);
+
 // Scaled-sign compression with error feedback, in place: `buffer` (fp32, n elements, a multiple
 // of 8) holds b = value + error; `sum_sq` (one fp32 on buffer's device) holds sum(b^2). Writes the
 // scale s = sqrt(sum_sq) / sqrt(n) to `scale` (one fp32 on that device), the signs to `bits`, and
@@ -57,6 +69,9 @@ Status SignDecode(const uint8_t* bits, int64_t bits_stride, const float* scales,
 namespace internal {
 Status CudaOneBitAdam(const OneBitAdamHyper& h, OneBitPhase phase, float* p, const float* g,
                       float* m, float* v, void* out, DType out_dtype, int64_t n, Stream* stream);
+Status CudaZeroOneAdam(const OneBitAdamHyper& h, float lrs, ZeroOnePhase phase, float* p, float* m,
+                       const float* v, float* acc, void* out, DType out_dtype, int64_t n,
+                       Stream* stream);
 Status CudaSignCompress(float* buffer, int64_t n, float sqrt_n, const float* sum_sq, float* scale,
                         uint8_t* bits, int64_t chunk, int64_t chunk_stride, Stream* stream);
 Status CudaSignDecode(const uint8_t* bits, int64_t bits_stride, const float* scales,

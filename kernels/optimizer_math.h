@@ -124,4 +124,27 @@ ZR_HOST_DEVICE inline float OneBitApply(float p, float m, float v, float lr, flo
   return Sub(p, Mul(lr, update));
 }
 
+// DeepSpeed's ZeroOneAdam (zoadam.py) between and at its synchronisations, in its order: a local
+// step adds t = -lr x update to the parameter and to the accumulator; a synchronisation takes
+// the accumulated steps back out (p -= acc), turns them into momentum units (acc x= sqrt(v) +
+// eps), and after their compressed mean sets m = -acc / lrs and p += acc / (sqrt(v) + eps).
+ZR_HOST_DEVICE inline void ZeroOneLocalStep(float& p, float& acc, float m, float v, float lr,
+                                            float eps, float wd) {
+  float update = Div(m, Add(Sqrt(v), eps));
+  if (wd > 0.0f) update = Add(update, Mul(wd, p));
+  const float t = Mul(-lr, update);
+  p = Add(p, t);
+  acc = Add(acc, t);
+}
+ZR_HOST_DEVICE inline void ZeroOneSyncOut(float& p, float& acc, float v, float eps) {
+  p = Sub(p, acc);
+  acc = Mul(acc, Add(Sqrt(v), eps));
+}
+ZR_HOST_DEVICE inline void ZeroOneSyncIn(float& p, float& acc, float& m, float v, float eps,
+                                         float lrs) {
+  m = -Div(acc, lrs);
+  p = Add(p, Div(acc, Add(Sqrt(v), eps)));
+  acc = 0.0f;
+}
+
 }  // namespace zerort::math

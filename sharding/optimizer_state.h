@@ -11,7 +11,8 @@ namespace zerort {
 struct ShardedOptimizer::UnitState {
   ShardedUnit* unit = nullptr;
   PlacedBuffer master, exp_avg, exp_avg_sq, grad;
-  PlacedBuffer worker_error, server_error;  // 1-bit Adam ([Note: 1-bit Adam])
+  PlacedBuffer worker_error, server_error;  // 1-bit Adam, 0/1 Adam ([Note: 1-bit Adam])
+  PlacedBuffer accumulator;                 // 0/1 Adam ([Note: 0/1 Adam])
   // NVMe gradient shards: whether the shard holds this step's gradient yet (else it reads as
   // zero), and its norm parts as of its last write.
   bool grad_written = false;

@@ -15,7 +15,8 @@ enum class ZeroStage : int { k0 = 0, k1 = 1, k2 = 2, k3 = 3 };
 
 // kOneBitAdam: DeepSpeed's OnebitAdam, stage 0 only ([Note: 1-bit Adam],
 // sharding/compressed_allreduce.h).
-enum class OptimizerKind { kAdamW, kAdam, kSgd, kLamb, kOneBitAdam };
+// kZeroOneAdam: DeepSpeed's 0/1 Adam, stage 0 only ([Note: 0/1 Adam]).
+enum class OptimizerKind { kAdamW, kAdam, kSgd, kLamb, kOneBitAdam, kZeroOneAdam };
 
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::kAdamW;
@@ -30,6 +31,13 @@ struct OptimizerOptions {
   float max_coeff = 10.0f;      // LAMB: the trust ratio's clamp (DeepSpeed's defaults)
   float min_coeff = 0.01f;
   int64_t freeze_step = 100'000;  // 1-bit Adam: the last uncompressed step (DeepSpeed's default)
+  // 0/1 Adam (DeepSpeed's defaults): the variance's last update, the updates per doubling of
+  // its interval, and after the freeze the steps per doubling of the local-step interval and its
+  // cap ([Note: 0/1 Adam]).
+  int64_t var_freeze_step = 100'000;
+  int64_t var_update_scaler = 16;
+  int64_t local_step_scaler = 32'678;
+  int64_t local_step_clipper = 16;
 };
 
 // 1-bit Adam's phase for step `step` (1-based): compressed after max(freeze_step, 2), as

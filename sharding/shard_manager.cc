@@ -142,11 +142,11 @@ StatusOr<std::unique_ptr<ShardManager>> ShardManager::Create(const ShardManagerO
   if (options.quantized_weights && options.stage != ZeroStage::k3) {
     return absl::InvalidArgumentError("quantized_weights (ZeRO++ qwZ) needs stage 3");
   }
-  if (options.optimizer.kind == OptimizerKind::kOneBitAdam &&
+  if (IsOneBit(options.optimizer.kind) &&
       (options.stage != ZeroStage::k0 || options.placement.optimizer != MemoryTier::kDevice)) {
     return absl::InvalidArgumentError(
-        "OptimizerKind::kOneBitAdam (DeepSpeed's 1-bit Adam) needs stage 0 and the optimizer "
-        "state on the device tier ([Note: 1-bit Adam])");
+        "DeepSpeed's 1-bit optimizers (OptimizerKind::kOneBitAdam, kZeroOneAdam) need stage 0 "
+        "and the optimizer state on the device tier ([Note: 1-bit Adam])");
   }
   if (resources.dp == nullptr || resources.device_allocator == nullptr) {
     return absl::InvalidArgumentError(
@@ -521,8 +521,8 @@ Status ShardManager::ReduceGradients() {
       if ((*it)->has_full_grad()) ZR_RETURN_IF_ERROR(reducer_->Add(**it));
     }
   }
-  // 1-bit Adam's compressed steps: no gradient all-reduce ([Note: 1-bit Adam]).
-  ZR_RETURN_IF_ERROR(reducer_->Finish(units_, !OneBitCompressing(options_.optimizer, steps_ + 1)));
+  // The 1-bit optimizers' steps without a gradient all-reduce ([Note: 1-bit Adam]).
+  ZR_RETURN_IF_ERROR(reducer_->Finish(units_, optimizer_->ReducesGradients(steps_ + 1)));
   // Tied units: this rank's shard summed over the ranks that hold the same unit.
   for (size_t i = 0; i < units_.size(); ++i) {
     Communicator* tied = unit_options_[i].tied;
@@ -600,10 +600,11 @@ StatusOr<StepResult> ShardManager::StepImpl(const StepInputs& inputs) {
   ZR_RETURN_IF_ERROR(optimizer_->AccumulateNorm(sum_sq, nonfinite));
   // On the device buffer and the compute stream, so that an NCCL group works as well as MPI.
   // Stage 0 holds the whole, identical gradient on every rank: its sums are already global.
-  // 1-bit Adam's compressed steps hold each rank's own gradient: the sums are averaged over the
-  // ranks (the norm is the root mean square of the local norms), so that every rank clips by the
-  // same coefficient and skips the same steps. DeepSpeed clips each rank by its own norm.
-  const bool local_gradients = OneBitCompressing(options_.optimizer, steps_ + 1);
+  // The 1-bit optimizers' steps without a gradient all-reduce hold each rank's own gradient: the
+  // sums are averaged over the ranks (the norm is the root mean square of the local norms), so
+  // that every rank clips by the same coefficient and skips the same steps. DeepSpeed clips each
+  // rank by its own norm.
+  const bool local_gradients = !optimizer_->ReducesGradients(steps_ + 1);
   if (options_.stage != ZeroStage::k0 || local_gradients) {
     ZR_RETURN_IF_ERROR(resources_.dp->AllReduce(acc.data(), acc.data(), 2, DType::kF32,
                                                 local_gradients ? ReduceOp::kAvg : ReduceOp::kSum,

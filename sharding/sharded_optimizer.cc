@@ -20,7 +20,11 @@ namespace zerort {
 using optimizer_internal::HostF32;
 using optimizer_internal::kPage;
 
-ShardedOptimizer::ShardedOptimizer(const OptimizerResources& resources) : resources_(resources) {}
+ShardedOptimizer::ShardedOptimizer(const OptimizerResources& resources) : resources_(resources) {
+  if (resources_.options->optimizer.kind == OptimizerKind::kZeroOneAdam) {
+    zero_one_ = std::make_unique<ZeroOneSchedule>(resources_.options->optimizer);
+  }
+}
 
 ShardedOptimizer::~ShardedOptimizer() {
   // A copy still in flight writes its staging buffer: wait for it before the buffer is freed.
@@ -69,6 +73,7 @@ StatusOr<TensorView> ShardedOptimizer::AddUnit(ShardedUnit& unit, std::span<cons
   ZR_RETURN_IF_ERROR(allocate(s.grad, UnitBuffer::kGradShard));
   ZR_RETURN_IF_ERROR(allocate(s.worker_error, UnitBuffer::kWorkerError));
   ZR_RETURN_IF_ERROR(allocate(s.server_error, UnitBuffer::kServerError));
+  ZR_RETURN_IF_ERROR(allocate(s.accumulator, UnitBuffer::kAccumulator));
   if (s.master.in_memory()) return s.master.View();
   return TensorView(const_cast<float*>(initial.data()), DType::kF32, {shard}, Device::Cpu());
 }
@@ -266,10 +271,10 @@ Status ShardedOptimizer::ZeroGradients() {
   return absl::OkStatus();
 }
 
-Status ShardedOptimizer::ResetCompressionErrors() {
+Status ShardedOptimizer::ZeroErrors(bool accumulators) {
   for (auto& s : units_) {
-    for (PlacedBuffer* b : {&s->worker_error, &s->server_error}) {
-      if (!*b) continue;
+    for (PlacedBuffer* b : {&s->worker_error, &s->server_error, &s->accumulator}) {
+      if (!*b || (b == &s->accumulator && !accumulators)) continue;
       const TensorView v = b->View();
       ZR_RETURN_IF_ERROR(FillZero(v.data(), v.device(), v.nbytes(), StreamFor(b->tier())));
     }
@@ -277,46 +282,107 @@ Status ShardedOptimizer::ResetCompressionErrors() {
   return absl::OkStatus();
 }
 
+Status ShardedOptimizer::ResetCompressionErrors() {
+  lrs_ = 0;
+  return ZeroErrors(true);
+}
+
+bool ShardedOptimizer::ReducesGradients(int64_t step) {
+  const OptimizerOptions& opt = resources_.options->optimizer;
+  if (opt.kind == OptimizerKind::kOneBitAdam) return !OneBitCompressing(opt, step);
+  if (!zero_one_) return true;
+  if (zero_one_->steps() != step - 1) zero_one_->Restore(step - 1);  // a resumed run
+  return zero_one_->Next().reduce;
+}
+
 // ------------------------------------------------------------------ the step
 
-Status ShardedOptimizer::UpdateOneBit(int u, const OptimizerStepArgs& args, const TensorView& out) {
+Status ShardedOptimizer::EachPiece(int u, const OptimizerStepArgs& args, OneBitPhase phase,
+                                   float grad_scale, const TensorView& out) {
   UnitState& s = *units_[u];
-  if (args.step == 1) return absl::OkStatus();  // DeepSpeed's initialisation step
   const OptimizerOptions& opt = resources_.options->optimizer;
   const FlatLayout& layout = s.unit->layout();
-  Stream* stream = StreamFor(tier());
-  const bool compressing = OneBitCompressing(opt, args.step);
   const TensorView master = s.master.View(), grad = s.grad.View(), m = s.exp_avg.View(),
                    v = s.exp_avg_sq.View();
-  auto each_piece = [&](OneBitPhase phase) -> Status {
+  for (const ShardPiece& piece : layout.ShardPieces(s.unit->layout_rank())) {
+    const int64_t at = piece.shard_range.begin, n = piece.shard_range.size();
+    const OneBitAdamHyper h{
+        .lr = args.lr,
+        .beta1 = opt.beta1,
+        .beta2 = opt.beta2,
+        .eps = opt.eps,
+        .weight_decay = layout.params()[piece.param].weight_decay ? opt.weight_decay : 0.0f,
+        .grad_scale = grad_scale};
+    ZR_RETURN_IF_ERROR(OneBitAdamStep(h, phase, master.Flat(at, n), grad.Flat(at, n), m.Flat(at, n),
+                                      v.Flat(at, n), out.data() ? out.Flat(at, n) : TensorView(),
+                                      StreamFor(tier())));
+  }
+  return absl::OkStatus();
+}
+
+Status ShardedOptimizer::CompressedMean(int u, const TensorView& values, const char* what) {
+  UnitState& s = *units_[u];
+  if (!s.worker_error) return absl::OkStatus();  // one data-parallel rank
+  if (!onebit_)
+    onebit_ = std::make_unique<OneBitAllReduce>(*resources_.dp, *resources_.tiers.device);
+  resources_.dp->SetTraceLabel(StrCat("1-bit ", what, " of ", s.unit->name()));
+  Status status = onebit_->Run(OneBitSegments(s.unit->layout()), values, s.worker_error.View(),
+                               s.server_error.View(), StreamFor(tier()));
+  resources_.dp->SetTraceLabel("");
+  return status;
+}
+
+Status ShardedOptimizer::UpdateOneBit(int u, const OptimizerStepArgs& args, const TensorView& out) {
+  if (args.step == 1) return absl::OkStatus();  // DeepSpeed's initialisation step
+  if (!OneBitCompressing(resources_.options->optimizer, args.step)) {
+    return EachPiece(u, args, OneBitPhase::kWarmup, args.grad_scale, out);
+  }
+  ZR_RETURN_IF_ERROR(EachPiece(u, args, OneBitPhase::kMomentum, args.grad_scale, out));
+  ZR_RETURN_IF_ERROR(CompressedMean(u, units_[u]->exp_avg.View(), "momentum"));
+  return EachPiece(u, args, OneBitPhase::kApply, args.grad_scale, out);
+}
+
+Status ShardedOptimizer::UpdateZeroOne(int u, const OptimizerStepArgs& args,
+                                       const ZeroOneStep& plan, const TensorView& out) {
+  if (plan.init) return absl::OkStatus();  // DeepSpeed's initialisation step
+  UnitState& s = *units_[u];
+  Stream* stream = StreamFor(tier());
+  if (!plan.frozen) {
+    if (plan.variance) return EachPiece(u, args, OneBitPhase::kWarmup, args.grad_scale, out);
+    // The gradient itself through the compressed all-reduce; the momentum from it. With one rank
+    // DeepSpeed leaves the momentum as it is on these steps.
+    if (s.worker_error) {
+      const TensorView g = s.grad.View();
+      ZR_RETURN_IF_ERROR(Scale(g, args.grad_scale, stream));
+      ZR_RETURN_IF_ERROR(CompressedMean(u, g, "gradient"));
+      ZR_RETURN_IF_ERROR(EachPiece(u, args, OneBitPhase::kMomentum, 1.0f, out));
+    }
+    return EachPiece(u, args, OneBitPhase::kApply, args.grad_scale, out);
+  }
+  // A local step from this rank's gradient, summed into the accumulator.
+  ZR_RETURN_IF_ERROR(EachPiece(u, args, OneBitPhase::kMomentum, args.grad_scale, out));
+  const OptimizerOptions& opt = resources_.options->optimizer;
+  const FlatLayout& layout = s.unit->layout();
+  const TensorView master = s.master.View(), m = s.exp_avg.View(), v = s.exp_avg_sq.View(),
+                   acc = s.accumulator.View();
+  auto each = [&](ZeroOnePhase phase) -> Status {
     for (const ShardPiece& piece : layout.ShardPieces(s.unit->layout_rank())) {
       const int64_t at = piece.shard_range.begin, n = piece.shard_range.size();
       const OneBitAdamHyper h{
           .lr = args.lr,
-          .beta1 = opt.beta1,
-          .beta2 = opt.beta2,
           .eps = opt.eps,
-          .weight_decay = layout.params()[piece.param].weight_decay ? opt.weight_decay : 0.0f,
-          .grad_scale = args.grad_scale};
-      ZR_RETURN_IF_ERROR(OneBitAdamStep(h, phase, master.Flat(at, n), grad.Flat(at, n),
-                                        m.Flat(at, n), v.Flat(at, n),
-                                        out.data() ? out.Flat(at, n) : TensorView(), stream));
+          .weight_decay = layout.params()[piece.param].weight_decay ? opt.weight_decay : 0.0f};
+      ZR_RETURN_IF_ERROR(ZeroOneAdamStep(h, static_cast<float>(lrs_), phase, master.Flat(at, n),
+                                         m.Flat(at, n), v.Flat(at, n), acc.Flat(at, n),
+                                         out.data() ? out.Flat(at, n) : TensorView(), stream));
     }
     return absl::OkStatus();
   };
-  if (!compressing) return each_piece(OneBitPhase::kWarmup);
-  ZR_RETURN_IF_ERROR(each_piece(OneBitPhase::kMomentum));
-  if (s.worker_error) {  // more than one data-parallel rank
-    if (!onebit_) {
-      onebit_ = std::make_unique<OneBitAllReduce>(*resources_.dp, *resources_.tiers.device);
-    }
-    resources_.dp->SetTraceLabel(StrCat("1-bit momentum of ", s.unit->name()));
-    Status status = onebit_->Run(OneBitSegments(layout), m, s.worker_error.View(),
-                                 s.server_error.View(), stream);
-    resources_.dp->SetTraceLabel("");
-    ZR_RETURN_IF_ERROR(status);
-  }
-  return each_piece(OneBitPhase::kApply);
+  ZR_RETURN_IF_ERROR(each(ZeroOnePhase::kLocalStep));
+  if (!plan.sync) return absl::OkStatus();
+  ZR_RETURN_IF_ERROR(each(ZeroOnePhase::kSyncOut));
+  ZR_RETURN_IF_ERROR(CompressedMean(u, acc, "accumulated steps"));
+  return each(ZeroOnePhase::kSyncIn);
 }
 
 Status ShardedOptimizer::Update(int u, const Range& range, const OptimizerStepArgs& args,
@@ -444,6 +510,12 @@ Status ShardedOptimizer::Step(const OptimizerStepArgs& args) {
     }
     return StepNvme(args);
   }
+  if (zero_one_) {  // [Note: 0/1 Adam]: this step's place in DeepSpeed's counters
+    if (zero_one_->steps() != args.step - 1) zero_one_->Restore(args.step - 1);  // resumed
+    zero_one_step_ = zero_one_->Next();
+    if (zero_one_step_.reset_errors) ZR_RETURN_IF_ERROR(ZeroErrors(false));
+    if (zero_one_step_.frozen) lrs_ += args.lr;
+  }
   const bool traced = resources_.span != nullptr && *resources_.span;
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     const auto begin =
@@ -455,6 +527,10 @@ Status ShardedOptimizer::Step(const OptimizerStepArgs& args) {
                          s != nullptr ? s->name() : "host", begin,
                          std::chrono::system_clock::now());
     }
+  }
+  if (zero_one_) {
+    if (zero_one_step_.sync) lrs_ = 0;
+    zero_one_->Advance();
   }
   return absl::OkStatus();
 }
@@ -480,6 +556,8 @@ Status ShardedOptimizer::StepInMemory(int u, const OptimizerStepArgs& args) {
   auto view = [](PlacedBuffer& b) { return b ? b.View() : TensorView(); };
   if (resources_.options->optimizer.kind == OptimizerKind::kOneBitAdam) {
     ZR_RETURN_IF_ERROR(UpdateOneBit(u, args, out));
+  } else if (resources_.options->optimizer.kind == OptimizerKind::kZeroOneAdam) {
+    ZR_RETURN_IF_ERROR(UpdateZeroOne(u, args, zero_one_step_, out));
   } else if (resources_.options->optimizer.kind == OptimizerKind::kLamb) {
     ZR_RETURN_IF_ERROR(UpdateLamb(u, args, s.master.View(), s.grad.View(), view(s.exp_avg),
                                   view(s.exp_avg_sq), out));

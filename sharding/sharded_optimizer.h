@@ -17,11 +17,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kernels/onebit.h"
 #include "offload/staging_pool.h"
 #include "runtime/communicator.h"
 #include "runtime/span_sink.h"
 #include "sharding/compressed_allreduce.h"
 #include "sharding/sharded_unit.h"
+#include "sharding/zero_one_schedule.h"
 
 namespace zerort {
 
@@ -75,8 +77,12 @@ class ShardedOptimizer {
   // Updates every unit's master and moments, and writes its compute copy.
   Status Step(const OptimizerStepArgs& args);
   Status ZeroGradients();
-  // 1-bit Adam: zeroes every unit's compression errors (after a checkpoint load, as DeepSpeed).
+  // The 1-bit optimizers: zeroes every unit's compression errors, and 0/1 Adam's accumulated
+  // local steps (after a checkpoint load, as DeepSpeed resets them).
   Status ResetCompressionErrors();
+  // Whether step `step` (1-based) all-reduces the gradients: not 1-bit Adam's compressed steps,
+  // not 0/1 Adam's steps that compress the gradient or take local steps.
+  bool ReducesGradients(int64_t step);
 
   bool HasState(StateKind kind) const;
   // This rank's shard of `kind` of unit `u` (shard_numel values, padding included).
@@ -117,6 +123,16 @@ class ShardedOptimizer {
                     const TensorView& out);
   // 1-bit Adam over a unit's in-memory state, in the phase of args.step ([Note: 1-bit Adam]).
   Status UpdateOneBit(int u, const OptimizerStepArgs& args, const TensorView& out);
+  // 0/1 Adam over a unit's in-memory state, in the schedule's step ([Note: 0/1 Adam]).
+  Status UpdateZeroOne(int u, const OptimizerStepArgs& args, const ZeroOneStep& plan,
+                       const TensorView& out);
+  // One of OneBitAdamStep's phases over every parameter piece of unit u (each with its decay).
+  Status EachPiece(int u, const OptimizerStepArgs& args, OneBitPhase phase, float grad_scale,
+                   const TensorView& out);
+  // The unit's compressed all-reduce of `values` (its flat fp32 momentum, gradient or
+  // accumulator) over the data group, when it has more than one rank.
+  Status CompressedMean(int u, const TensorView& values, const char* what);
+  Status ZeroErrors(bool accumulators);
   Status Update(int u, const Range& range, const OptimizerStepArgs& args, const TensorView& master,
                 const TensorView& grad, const TensorView& exp_avg, const TensorView& exp_avg_sq,
                 const TensorView& out);
@@ -138,9 +154,12 @@ class ShardedOptimizer {
   OptimizerResources resources_;
   std::vector<std::unique_ptr<UnitState>> units_;
   std::unordered_map<const ShardedUnit*, int> index_;
-  int64_t chunk_numel_ = 0;                  // NVMe pipeline chunk
-  std::unique_ptr<StagingPool> staging_;     // NVMe pipeline staging sets
-  std::unique_ptr<OneBitAllReduce> onebit_;  // 1-bit Adam's compressed all-reduce
+  int64_t chunk_numel_ = 0;                    // NVMe pipeline chunk
+  std::unique_ptr<StagingPool> staging_;       // NVMe pipeline staging sets
+  std::unique_ptr<OneBitAllReduce> onebit_;    // 1-bit Adam's compressed all-reduce
+  std::unique_ptr<ZeroOneSchedule> zero_one_;  // 0/1 Adam's counters
+  double lrs_ = 0;  // 0/1 Adam: the learning rates summed over the local steps since the last sync
+  ZeroOneStep zero_one_step_;  // 0/1 Adam: the step being taken
   // [Note: host gradients in flight]
   // A host-tier gradient shard (offload_optimizer cpu or nvme) fed by an asynchronous stream (the
   // communication stream on CUDA or on cpu-async) would make the host wait, unit by unit, for the

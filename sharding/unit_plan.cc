@@ -29,6 +29,8 @@ std::string_view UnitBufferName(UnitBuffer buffer) {
       return "1-bit worker error";
     case UnitBuffer::kServerError:
       return "1-bit server error";
+    case UnitBuffer::kAccumulator:
+      return "0/1 Adam accumulator";
   }
   return "invalid";
 }
@@ -67,7 +69,10 @@ UnitPlan PlanUnit(const ShardManagerOptions& o, const FlatLayout& layout, int da
   if (states >= 1) add(UnitBuffer::kExpAvg, shard, DType::kF32, opt_tier, C::kOptimizerState);
   if (states >= 2) add(UnitBuffer::kExpAvgSq, shard, DType::kF32, opt_tier, C::kOptimizerState);
   add(UnitBuffer::kGradShard, shard, DType::kF32, opt_tier, C::kGradients);
-  if (o.optimizer.kind == OptimizerKind::kOneBitAdam && data_ranks > 1) {
+  if (o.optimizer.kind == OptimizerKind::kZeroOneAdam) {
+    add(UnitBuffer::kAccumulator, shard, DType::kF32, opt_tier, C::kOptimizerState);
+  }
+  if (IsOneBit(o.optimizer.kind) && data_ranks > 1) {
     const int64_t worker = OneBitAllReduce::WorkerErrorNumel(OneBitSegments(layout), data_ranks);
     add(UnitBuffer::kWorkerError, worker, DType::kF32, opt_tier, C::kOptimizerState);
     add(UnitBuffer::kServerError, worker / data_ranks, DType::kF32, opt_tier, C::kOptimizerState);

@@ -28,6 +28,7 @@ enum class UnitBuffer : uint8_t {
   kSecondary,     // stage 3 with hpZ: this rank's 1/hpz of the flat vector ([Note: hpZ])
   kWorkerError,   // 1-bit Adam: this rank's compression error, each parameter padded
   kServerError,   // 1-bit Adam: its server chunk's error ([Note: 1-bit Adam])
+  kAccumulator,   // 0/1 Adam: the local steps summed since the last synchronisation
 };
 std::string_view UnitBufferName(UnitBuffer buffer);  // "master", "exp_avg", ...
 
@@ -67,6 +68,10 @@ struct UnitPlan {
 
 // Shards of a unit's flat vector: 1 at stage 0 (replicated), else the data-parallel size.
 int ShardCount(ZeroStage stage, int dp_size);
+// DeepSpeed's 1-bit optimizers (1-bit Adam, 0/1 Adam): their compressed all-reduce.
+inline bool IsOneBit(OptimizerKind kind) {
+  return kind == OptimizerKind::kOneBitAdam || kind == OptimizerKind::kZeroOneAdam;
+}
 // fp32 moments the optimizer keeps per element: Adam(W) 2, SGD with momentum 1, plain SGD 0.
 int OptimizerStateCount(const OptimizerOptions& optimizer);
 // The plan of a unit laid out by `layout` (whose dp_size is ShardCount(stage, dp)), for a

@@ -71,6 +71,50 @@ Status OneBitAdamStep(const OneBitAdamHyper& h, OneBitPhase phase, const TensorV
   });
 }
 
+Status ZeroOneAdamStep(const OneBitAdamHyper& h, float lrs, ZeroOnePhase phase,
+                       const TensorView& master, const TensorView& exp_avg,
+                       const TensorView& exp_avg_sq, const TensorView& accumulator,
+                       const TensorView& compute_out, Stream* stream) {
+  const int64_t n = master.numel();
+  const Device device = master.device();
+  ZR_RETURN_IF_ERROR(CheckF32(master, n, device, "the master"));
+  ZR_RETURN_IF_ERROR(CheckF32(exp_avg, n, device, "exp_avg"));
+  ZR_RETURN_IF_ERROR(CheckF32(exp_avg_sq, n, device, "exp_avg_sq"));
+  ZR_RETURN_IF_ERROR(CheckF32(accumulator, n, device, "the accumulator"));
+  if (compute_out.data() != nullptr &&
+      (compute_out.numel() != n || compute_out.device() != device)) {
+    return absl::InvalidArgumentError("ZeroOneAdamStep: the compute copy does not match");
+  }
+  if (phase == ZeroOnePhase::kSyncIn && !(lrs > 0.0f)) {
+    return absl::InvalidArgumentError(StrCat("ZeroOneAdamStep: the summed learning rates are ", lrs,
+                                             " (a synchronisation needs local steps)"));
+  }
+  ZR_RETURN_IF_ERROR(CheckStream(device, stream, "ZeroOneAdamStep"));
+  float* p = master.data_as<float>();
+  float* m = exp_avg.data_as<float>();
+  const float* v = exp_avg_sq.data_as<float>();
+  float* acc = accumulator.data_as<float>();
+  void* out = phase == ZeroOnePhase::kSyncOut ? nullptr : compute_out.data();
+  const DType out_dtype = compute_out.dtype();
+  if (device.is_cuda()) {
+    return internal::CudaZeroOneAdam(h, lrs, phase, p, m, v, acc, out, out_dtype, n, stream);
+  }
+  return RunOnHostInOrder(stream, [=] {
+#pragma omp parallel for schedule(static) if (n > (int64_t{1} << 16))
+    for (int64_t i = 0; i < n; ++i) {
+      if (phase == ZeroOnePhase::kLocalStep) {
+        math::ZeroOneLocalStep(p[i], acc[i], m[i], v[i], h.lr, h.eps, h.weight_decay);
+      } else if (phase == ZeroOnePhase::kSyncOut) {
+        math::ZeroOneSyncOut(p[i], acc[i], v[i], h.eps);
+      } else {
+        math::ZeroOneSyncIn(p[i], acc[i], m[i], v[i], h.eps, lrs);
+      }
+      if (out != nullptr) StoreFromFloat(out, out_dtype, i, p[i]);
+    }
+    return absl::OkStatus();
+  });
+}
+
 Status SignCompress(const TensorView& buffer, const float* sum_sq, float* scale, uint8_t* bits,
                     int64_t chunk, int64_t chunk_stride, Stream* stream) {
   const int64_t n = buffer.numel();

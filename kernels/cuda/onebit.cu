@@ -36,6 +36,28 @@ __global__ void OneBitAdamKernel(OneBitAdamHyper h, OneBitPhase phase, float* p,
   }
 }
 
+template <typename T>
+__global__ void ZeroOneAdamKernel(OneBitAdamHyper h, float lrs, ZeroOnePhase phase, float* p,
+                                  float* m, const float* v, float* acc, T* out, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    float pi = p[i], ai = acc[i];
+    if (phase == ZeroOnePhase::kLocalStep) {
+      math::ZeroOneLocalStep(pi, ai, m[i], v[i], h.lr, h.eps, h.weight_decay);
+    } else if (phase == ZeroOnePhase::kSyncOut) {
+      math::ZeroOneSyncOut(pi, ai, v[i], h.eps);
+    } else {
+      float mi = m[i];
+      math::ZeroOneSyncIn(pi, ai, mi, v[i], h.eps, lrs);
+      m[i] = mi;
+    }
+    p[i] = pi;
+    acc[i] = ai;
+    if (out != nullptr) out[i] = cuda::FromFloat<T>(pi);
+  }
+}
+
 __global__ void SignCompressKernel(float* b, int64_t bytes, float sqrt_n, const float* sum_sq,
                                    float* scale, uint8_t* bits, int64_t per_chunk,
                                    int64_t chunk_stride) {
@@ -92,6 +114,29 @@ Status CudaOneBitAdam(const OneBitAdamHyper& h, OneBitPhase phase, float* p, con
     default:
       OneBitAdamKernel<<<blocks, kThreads, 0, s>>>(h, phase, p, g, m, v, static_cast<float*>(out),
                                                    n);
+  }
+  ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+Status CudaZeroOneAdam(const OneBitAdamHyper& h, float lrs, ZeroOnePhase phase, float* p, float* m,
+                       const float* v, float* acc, void* out, DType out_dtype, int64_t n,
+                       Stream* stream) {
+  if (n == 0) return absl::OkStatus();
+  auto s = static_cast<cudaStream_t>(stream->native_handle());
+  const int blocks = launch::GridStrideBlocks(n, 4096);
+  switch (out_dtype) {
+    case DType::kBF16:
+      ZeroOneAdamKernel<<<blocks, kThreads, 0, s>>>(h, lrs, phase, p, m, v, acc,
+                                                    static_cast<__nv_bfloat16*>(out), n);
+      break;
+    case DType::kF16:
+      ZeroOneAdamKernel<<<blocks, kThreads, 0, s>>>(h, lrs, phase, p, m, v, acc,
+                                                    static_cast<__half*>(out), n);
+      break;
+    default:
+      ZeroOneAdamKernel<<<blocks, kThreads, 0, s>>>(h, lrs, phase, p, m, v, acc,
+                                                    static_cast<float*>(out), n);
   }
   ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();

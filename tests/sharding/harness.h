@@ -45,6 +45,9 @@ struct RunConfig {
   int qgz_local = 0;              // ZeRO++ qgZ with nodes of this many ranks ([Note: qgZ]); 0: off
   bool qwz = false;               // ZeRO++ qwZ: int8 weight gathers
   int64_t freeze_step = 100'000;  // 1-bit Adam's last uncompressed step ([Note: 1-bit Adam])
+  // 0/1 Adam's schedule ([Note: 0/1 Adam]): var_freeze_step, var_update_scaler,
+  // local_step_scaler, local_step_clipper.
+  int64_t zero_one[4] = {100'000, 16, 32'678, 16};
   // After this many steps every unit's master and moments are read and loaded back, as a
   // checkpoint load would (ShardManagerState); 0: never.
   int reload_after = 0;
@@ -72,6 +75,10 @@ inline ShardManagerOptions Options(const RunConfig& c) {
   o.quantized_gradients = c.qgz_local > 0;
   o.optimizer.kind = c.optimizer;
   o.optimizer.freeze_step = c.freeze_step;
+  o.optimizer.var_freeze_step = c.zero_one[0];
+  o.optimizer.var_update_scaler = c.zero_one[1];
+  o.optimizer.local_step_scaler = c.zero_one[2];
+  o.optimizer.local_step_clipper = c.zero_one[3];
   o.placement = c.placement;
   o.offload.nvme_path = c.nvme_path;
   o.offload.aio_engine = std::string(IoEngineName(c.io_engine));

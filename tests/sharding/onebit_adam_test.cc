@@ -1,4 +1,5 @@
-// DeepSpeed's 1-bit Adam ([Note: 1-bit Adam], sharding/compressed_allreduce.h) on loopback ranks
+// DeepSpeed's 1-bit Adam ([Note: 1-bit Adam], sharding/compressed_allreduce.h) and 0/1 Adam
+// ([Note: 0/1 Adam]) on loopback ranks
 // against this file's own implementation of the algorithm, in double, rank by rank: the
 // initialisation step, the warm-up on the averaged gradient, then each rank's momentum from its
 // own gradient averaged by the two-phase scaled-sign all-reduce with worker and server errors,
@@ -9,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "runtime/strings.h"
 #include "sharding/compressed_allreduce.h"
+#include "sharding/zero_one_schedule.h"
 #include "tests/sharding/harness.h"
 
 namespace zerort {
@@ -241,11 +243,195 @@ TEST(OneBitAdamTest, OtherStagesAndOffloadAreRefused) {
   for (ZeroStage stage : {ZeroStage::k1, ZeroStage::k3}) {
     RunConfig c = OneBit(2, 3, 2);
     c.stage = stage;
-    EXPECT_NE(Train(c).error.find("needs stage 0"), std::string::npos);
+    EXPECT_NE(Train(c).error.find("need stage 0"), std::string::npos);
   }
   RunConfig host = OneBit(1, 3, 2);
   host.placement.optimizer = MemoryTier::kHost;
   EXPECT_NE(Train(host).error.find("on the device tier"), std::string::npos);
+}
+
+// [Note: 0/1 Adam]: DeepSpeed's zoadam.py in double, rank by rank, with its counters written out
+// here (not ZeroOneSchedule's). Ranks hold their own parameters and momenta between syncs.
+struct ZeroOneReference {
+  Reference base;  // its gradients, compressed mean and errors; its p is the rank being computed
+  std::vector<std::vector<Vec>> p, m, acc;  // [rank][param]
+  std::vector<Vec> v;
+  int64_t t = 0, var_interval = 1, var_counter = 0, local_interval = 1, local_counter = 0;
+  bool frozen = false, reset = false;
+  double lrs = 0;
+
+  explicit ZeroOneReference(const RunConfig& c) : base(c) {
+    p.assign(base.world, base.p);
+    m.assign(base.world, base.m);
+    acc.assign(base.world, base.m);
+    v = base.v;
+  }
+
+  void Step(int step) {
+    const OptimizerOptions& o = base.o.optimizer;
+    const int N = base.world;
+    std::vector<std::vector<Vec>> g;
+    for (int w = 0; w < N; ++w) {
+      base.p = p[w];
+      g.push_back(base.Gradient(step, w));
+    }
+    if (++t == 1) return;  // the initialisation step
+    for (size_t k = 0; k < v.size(); ++k) {
+      const size_t n = v[k].size();
+      const double wd = base.net.decay[k] ? o.weight_decay : 0.0;
+      auto update = [&](int w, size_t j) {
+        double u = m[w][k][j] / (std::sqrt(v[k][j]) + o.eps);
+        return wd > 0 ? u + wd * p[w][k][j] : u;
+      };
+      if (!frozen) {
+        if (t % var_interval == 0) {  // the gradient all-reduced in full
+          for (size_t j = 0; j < n; ++j) {
+            double mean = 0;
+            for (int w = 0; w < N; ++w) mean += g[w][k][j] / N;
+            v[k][j] = v[k][j] * o.beta2 + (1 - o.beta2) * mean * mean;
+            for (int w = 0; w < N; ++w) m[w][k][j] = m[w][k][j] * o.beta1 + (1 - o.beta1) * mean;
+          }
+        } else if (N > 1) {  // the gradient compressed; with one rank m stays
+          std::vector<Vec> gk;
+          for (int w = 0; w < N; ++w) gk.push_back(g[w][k]);
+          const Vec g1 = base.CompressedMean(gk, k);
+          for (int w = 0; w < N; ++w) {
+            for (size_t j = 0; j < n; ++j)
+              m[w][k][j] = m[w][k][j] * o.beta1 + (1 - o.beta1) * g1[j];
+          }
+        }
+        for (int w = 0; w < N; ++w) {
+          for (size_t j = 0; j < n; ++j) p[w][k][j] -= kLr * update(w, j);
+        }
+        continue;
+      }
+      for (int w = 0; w < N; ++w) {  // a local step
+        for (size_t j = 0; j < n; ++j) {
+          m[w][k][j] = m[w][k][j] * o.beta1 + (1 - o.beta1) * g[w][k][j];
+          const double step_w = -kLr * update(w, j);
+          p[w][k][j] += step_w;
+          acc[w][k][j] += step_w;
+        }
+      }
+    }
+    if (frozen) lrs += kLr;
+    if (frozen && t % local_interval == 0) {  // synchronise
+      for (size_t k = 0; k < v.size(); ++k) {
+        std::vector<Vec> ak;
+        for (int w = 0; w < N; ++w) {
+          for (size_t j = 0; j < v[k].size(); ++j) {
+            p[w][k][j] -= acc[w][k][j];
+            acc[w][k][j] *= std::sqrt(v[k][j]) + o.eps;
+          }
+          ak.push_back(acc[w][k]);
+        }
+        const Vec mean = N > 1 ? base.CompressedMean(ak, k) : ak[0];
+        for (int w = 0; w < N; ++w) {
+          for (size_t j = 0; j < v[k].size(); ++j) {
+            m[w][k][j] = -mean[j] / lrs;
+            p[w][k][j] += mean[j] / (std::sqrt(v[k][j]) + o.eps);
+            acc[w][k][j] = 0;
+          }
+        }
+      }
+      lrs = 0;
+    }
+    if (!frozen) {
+      if (t % var_interval == 0 && ++var_counter == o.var_update_scaler) {
+        var_counter = 0;
+        var_interval *= 2;
+      }
+    } else if (++local_counter == o.local_step_scaler) {
+      local_counter = 0;
+      local_interval = std::min<int64_t>(o.local_step_clipper, 2 * local_interval);
+    }
+    if (t > o.var_freeze_step && !frozen) {
+      frozen = true;
+      base.ResetErrors();  // DeepSpeed re-initialises the error buffers once
+    }
+  }
+};
+
+RunConfig ZeroOne(int world, int steps = 24) {
+  return {.stage = ZeroStage::k0,
+          .world = world,
+          .optimizer = OptimizerKind::kZeroOneAdam,
+          .steps = steps,
+          .zero_one = {9, 2, 3, 4}};
+}
+
+TEST(ZeroOneAdamTest, MatchesTheReferenceAtWorldSizesOneToFour) {
+  for (int world : {1, 2, 3, 4}) {
+    for (int micro : {1, 2}) {
+      if ((kGlobalBatch / world) % micro != 0) continue;  // a rank's samples split evenly
+      RunConfig c = ZeroOne(world);
+      c.micro_batches = micro;
+      const RunResult run = Train(c);
+      ASSERT_EQ(run.error, "") << world;
+      ZeroOneReference ref(c);
+      for (int step = 0; step < c.steps; ++step) ref.Step(step);
+      std::vector<std::vector<float>> want;
+      for (const Vec& x : ref.p[0]) want.emplace_back(x.begin(), x.end());
+      EXPECT_LE(MaxRelativeError(run.params, want), 2e-5)
+          << "world " << world << " micro " << micro;
+    }
+  }
+}
+
+TEST(ZeroOneAdamTest, ALoadZeroesTheErrorsAndTheAccumulatedSteps) {
+  // After step 15 (a local step between the syncs of 14 and 16), as DeepSpeed's load pops the
+  // errors and the momentum accumulator: the parameters keep the local steps taken since 14.
+  RunConfig c = ZeroOne(2);
+  c.reload_after = 15;
+  const RunResult run = Train(c);
+  ASSERT_EQ(run.error, "");
+  ZeroOneReference ref(c);
+  for (int step = 0; step < c.steps; ++step) {
+    ref.Step(step);
+    if (step + 1 == c.reload_after) {
+      ref.base.ResetErrors();
+      for (auto& rank : ref.acc) {
+        for (Vec& a : rank) std::fill(a.begin(), a.end(), 0.0);
+      }
+      ref.lrs = 0;
+    }
+  }
+  std::vector<std::vector<float>> want;
+  for (const Vec& x : ref.p[0]) want.emplace_back(x.begin(), x.end());
+  EXPECT_LE(MaxRelativeError(run.params, want), 2e-5);
+}
+
+TEST(ZeroOneAdamTest, TheScheduleIsDeepSpeeds) {
+  // var_update_scaler 2: variance (and full all-reduce) at steps 2, 3, then every 2nd: 4, 6; then
+  // every 4th: 8. var_freeze_step 9: step 10 is the last counted, local from 11; the local
+  // interval 1, doubling every 3 steps to at most 4: syncs at 11, 12, 13, then 14, 16, then 20, 24.
+  OptimizerOptions o;
+  o.var_freeze_step = 9;
+  o.var_update_scaler = 2;
+  o.local_step_scaler = 3;
+  o.local_step_clipper = 4;
+  ZeroOneSchedule s(o);
+  std::vector<int> reduce, variance, sync, reset;
+  for (int t = 1; t <= 24; ++t) {
+    const ZeroOneStep step = s.Next();
+    if (step.reduce) reduce.push_back(t);
+    if (step.variance) variance.push_back(t);
+    if (step.sync) sync.push_back(t);
+    if (step.reset_errors) reset.push_back(t);
+    EXPECT_EQ(step.frozen, t >= 11) << t;
+    s.Advance();
+  }
+  EXPECT_EQ(reduce, (std::vector<int>{1, 2, 3, 4, 6, 8}));
+  EXPECT_EQ(variance, (std::vector<int>{2, 3, 4, 6, 8}));
+  EXPECT_EQ(sync, (std::vector<int>{11, 12, 13, 14, 16, 20, 24}));
+  EXPECT_EQ(reset, (std::vector<int>{11}));
+  ZeroOneSchedule resumed(o);
+  resumed.Restore(15);
+  EXPECT_EQ(resumed.Next().sync, true);  // step 16
+  // The run issues a gradient collective on exactly the reducing steps.
+  const RunResult run = Train(ZeroOne(2));
+  ASSERT_EQ(run.error, "");
+  EXPECT_EQ(run.gradient_collectives, 6);
 }
 
 TEST(OneBitAdamTest, PaddingAndMessageSizes) {
