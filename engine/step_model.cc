@@ -395,6 +395,8 @@ void StepModel::MicroBatch() {
 // [Note: 1-bit Adam], after freeze_step (the steady state the model replays): no gradient
 // all-reduce; each unit's momentum through OneBitAllReduce::Run in the optimizer step, its
 // buffers taken on the compute stream, its ring of SendRecv and its all-gather of the packages.
+// 0/1 Adam ([Note: 0/1 Adam]): a synchronising step after var_freeze_step, the same collectives
+// over its accumulated steps (the local steps between send nothing).
 void StepModel::OneBitCompressedStep() {
   const int ranks = in_.shard_ranks();
   if (ranks == 1) return;
@@ -422,7 +424,7 @@ void StepModel::Step() {
       }
     }
     Flush();
-  } else if (in_.manager.optimizer.kind == OptimizerKind::kOneBitAdam) {
+  } else if (IsOneBit(in_.manager.optimizer.kind)) {
     OneBitCompressedStep();
   } else {
     // As GradientReducer::Finish: all-reduce buckets of whole units; one unit needs no packing,

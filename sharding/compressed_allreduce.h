@@ -29,6 +29,23 @@
 // a checkpoint load zeroes them, as DeepSpeed resets them (they are per rank and bound to N).
 // Unlike DeepSpeed, whose first step after a restart is again an initialisation step, zerort's
 // is step 1 of the run, so a resume during the warm-up continues the uninterrupted curve.
+//
+// [Note: 0/1 Adam]
+// DeepSpeed's ZeroOneAdam (onebit/zoadam.py), at ZeRO stage 0, with the same compressed all-reduce
+// and errors; its counters are ZeroOneSchedule's (zero_one_schedule.h):
+//   step 1: the initialisation step (nothing changes);
+//   until var_freeze_step + 1: steps that are multiples of the variance interval (1, doubling
+//     after every var_update_scaler of them) all-reduce the gradient and update m and v; the
+//     others compress the gradient g (scaled by the step's grad_scale) and set m = b1 m +
+//     (1-b1) g_mean (with one rank, m stays); every step p -= lr (m / (sqrt(v) + eps) + wd p);
+//   later (the errors zeroed once): local steps, m from this rank's gradient, t = -lr x update
+//     added to p and to the accumulator acc, the learning rates summed in lrs; at multiples of
+//     the local-step interval (1, doubling every local_step_scaler steps up to
+//     local_step_clipper): p -= acc, acc x= sqrt(v) + eps, acc = its compressed mean, m =
+//     -acc / lrs, p += acc / (sqrt(v) + eps), acc = 0, lrs = 0.
+// Between synchronisations the ranks' parameters and momenta differ (each its own local steps);
+// checkpoints hold rank 0's. A load zeroes the errors, the accumulator and lrs (DeepSpeed pops
+// the errors and the accumulator).
 #pragma once
 
 #include <cstdint>

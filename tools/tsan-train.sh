@@ -3,7 +3,7 @@
 # model on the asynchronous CPU device with jitter, so every stream's thread, the watchdog, the
 # NVMe engine and the host gradients in flight run together: one process with the optimizer and
 # parameters on NVMe, then two MPI ranks (host offload; tensor and sequence parallelism; ZeRO-2
-# buckets in bf16; ZeRO-1 with fp16 and LAMB; 1-bit Adam compressing), then four (ZeRO-3 gathering by broadcast: the
+# buckets in bf16; ZeRO-1 with fp16 and LAMB; 1-bit Adam and 0/1 Adam compressing), then four (ZeRO-3 gathering by broadcast: the
 # compute and comm streams share one communicator, [Note: one communicator, one order]). Any
 # report fails the run (halt_on_error).
 #   tools/tsan-train.sh ZERORT_BUILT_WITH_TSAN
@@ -53,5 +53,7 @@ run np2-stage1-fp16-lamb 2 --set zero_optimization.stage=1 --set fp16.enabled=tr
   --set optimizer.type=Lamb
 run np2-onebit-adam 2 --set zero_optimization.stage=0 --set optimizer.type=OneBitAdam \
   --set optimizer.params.freeze_step=1
+run np2-zero-one-adam 2 --set zero_optimization.stage=0 --set optimizer.type=ZeroOneAdam \
+  --set optimizer.params.var_freeze_step=1
 run np4-stage3-broadcast-gathers 4 --set zero_optimization.stage=3 \
   --set zero_optimization.allgather_partitions=false --set zero_optimization.reduce_scatter=false

@@ -96,6 +96,10 @@ TEST(DeepSpeedKeysTest, EveryKeyShowsItsHandling) {
                k.path == "optimizer.params.comm_backend_name") {
       j["optimizer"]["type"] = "OneBitAdam";  // DeepSpeed's 1-bit Adam: stage 0 only
       j["zero_optimization"]["stage"] = 0;
+    } else if (k.path.starts_with("optimizer.params.var_") ||
+               k.path.starts_with("optimizer.params.local_step")) {
+      j["optimizer"]["type"] = "ZeroOneAdam";  // and 0/1 Adam's
+      j["zero_optimization"]["stage"] = 0;
     } else if (k.path.starts_with("optimizer.params.") && k.path != "optimizer.params.momentum" &&
                k.path != "optimizer.params.dampening" && k.path != "optimizer.params.nesterov") {
       j["optimizer"]["type"] = "AdamW";
@@ -152,7 +156,10 @@ TEST(DeepSpeedKeysTest, TyposAreUnknownButDeepSpeedKeysAreNamedAsUnsupported) {
   EXPECT_NE(lamb.find("tensor_parallel_size > 1 is not implemented"), std::string::npos) << lamb;
   const std::string onebit =
       Error({{"optimizer", {{"type", "OneBitAdam"}}}, {"zero_optimization", {{"stage", 2}}}});
-  EXPECT_NE(onebit.find("runs at ZeRO stage 0 only"), std::string::npos) << onebit;
+  EXPECT_NE(onebit.find("run at ZeRO stage 0 only"), std::string::npos) << onebit;
+  const std::string zero_one =
+      Error({{"optimizer", {{"type", "ZeroOneAdam"}}}, {"zero_optimization", {{"stage", 1}}}});
+  EXPECT_NE(zero_one.find("run at ZeRO stage 0 only"), std::string::npos) << zero_one;
   const std::string lamb1 = Error({{"optimizer", {{"type", "OneBitLamb"}}}});
   EXPECT_NE(lamb1.find("a DeepSpeed 1-bit optimizer zerort does not implement yet"),
             std::string::npos)

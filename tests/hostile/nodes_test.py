@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The inputs issue 31 added, as untrusted input: ZERORT_RANKS_PER_NODE, parallel.data_shard_size,
-zero_optimization.mics_shard_size, 1-bit Adam's optimizer.params (freeze_step, cuda_aware,
-comm_backend_name), `zerort env --tp/--pp/--data-shard-size` and `zerort estimate
+zero_optimization.mics_shard_size, 1-bit Adam's and 0/1 Adam's optimizer.params (freeze_step,
+cuda_aware, comm_backend_name, var_freeze_step, var_update_scaler, local_step_scaler,
+local_step_clipper), `zerort env --tp/--pp/--data-shard-size` and `zerort estimate
 --ranks-per-node/--data-shard-size/--intra-gbps/--inter-gbps`, each given a wrong type, a value out
 of range, a huge or empty value. Each is exit 2 within seconds naming the key, flag or variable,
 writes nothing, and never hangs or crashes. (Under mpirun: tests/cli/nodes_cli_test.py.)
@@ -99,6 +100,17 @@ for name, params, says in (
         ("onebit_lr_str.json", {"lr": "fast"}, "optimizer.params.lr")):
     expect(f"train {name}", ["train", config(name, merged(ONEBIT, {"optimizer": {"params": params}}))],
            says)
+ZERO_ONE = {"zero_optimization": {"stage": 0}, "optimizer": {"type": "ZeroOneAdam"}}
+for name, params, says in (
+        ("var_freeze_str.json", {"var_freeze_step": "10"}, "optimizer.params.var_freeze_step"),
+        ("var_scaler_zero.json", {"var_update_scaler": 0}, "optimizer.params.var_update_scaler"),
+        ("local_scaler_neg.json", {"local_step_scaler": -3}, "optimizer.params.local_step_scaler"),
+        ("local_clipper_huge.json", {"local_step_clipper": 1e300},
+         "optimizer.params.local_step_clipper"),
+        ("zero_one_freeze_step.json", {"freeze_step": 5},
+         "optimizer.params.freeze_step is a OneBitAdam parameter")):
+    expect(f"train {name}",
+           ["train", config(name, merged(ZERO_ONE, {"optimizer": {"params": params}}))], says)
 expect("train onebit_stage2.json",
        ["train", config("onebit_stage2.json", merged(ONEBIT, {"zero_optimization": {"stage": 2}}))],
        'optimizer.type = "OneBitAdam" with zero_optimization.stage = 2')

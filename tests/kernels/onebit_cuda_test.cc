@@ -1,7 +1,8 @@
 // kernels/onebit.h on CUDA against the CPU twin, bit for bit (gpu label): 1-bit Adam's three
-// phases on fp32 state with a bf16 compute copy, the scaled-sign compression (given the same sum
-// of squares: the sums themselves are reduced in each device's order) with chunks placed apart,
-// and decoding over several sources; skipped with the reason when no GPU is present.
+// phases and 0/1 Adam's local step and synchronisation on fp32 state with a bf16 compute copy, the
+// scaled-sign compression (given the same sum of squares: the sums themselves are reduced in each
+// device's order) with chunks placed apart, and decoding over several sources; skipped with the
+// reason when no GPU is present.
 #include <cstring>
 #include <random>
 #include <vector>
@@ -78,6 +79,39 @@ TEST(OneBitCudaTest, AdamPhasesMatchTheCpuBitwise) {
     EXPECT_EQ(gpu.Down<float>(dp, n), p) << which;
     EXPECT_EQ(gpu.Down<float>(dm, n), m) << which;
     EXPECT_EQ(gpu.Down<float>(dv, n), v) << which;
+    EXPECT_EQ(gpu.Down<uint16_t>(dout, n), out) << which;
+  }
+}
+
+TEST(OneBitCudaTest, ZeroOnePhasesMatchTheCpuBitwise) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device: " << QueryCuda().unavailable_reason;
+  OnGpu gpu;
+  const int64_t n = (1 << 17) + 3;
+  const size_t bytes = static_cast<size_t>(n) * 4;
+  std::vector<float> p = Normal(n, 7, 1.0f), m = Normal(n, 8, 0.01f), v = Normal(n, 9, 0.001f);
+  std::vector<float> acc = Normal(n, 10, 1e-4f);
+  for (float& x : v) x = x * x;
+  std::vector<uint16_t> out(static_cast<size_t>(n));
+  float *dp = static_cast<float*>(gpu.Up(p.data(), bytes)),
+        *dm = static_cast<float*>(gpu.Up(m.data(), bytes)),
+        *dv = static_cast<float*>(gpu.Up(v.data(), bytes)),
+        *dacc = static_cast<float*>(gpu.Up(acc.data(), bytes));
+  void* dout = gpu.Up(out.data(), static_cast<size_t>(n) * 2);
+  auto host = [&](std::vector<float>& x) { return TensorView(x.data(), DType::kF32, {n}); };
+  auto dev = [&](float* x) { return TensorView(x, DType::kF32, {n}, gpu.device()); };
+  const OneBitAdamHyper h{.lr = 1e-3f, .weight_decay = 0.01f};
+  for (ZeroOnePhase phase :
+       {ZeroOnePhase::kLocalStep, ZeroOnePhase::kSyncOut, ZeroOnePhase::kSyncIn}) {
+    ASSERT_TRUE(ZeroOneAdamStep(h, 3e-3f, phase, host(p), host(m), host(v), host(acc),
+                                TensorView(out.data(), DType::kBF16, {n}), nullptr)
+                    .ok());
+    ASSERT_TRUE(ZeroOneAdamStep(h, 3e-3f, phase, dev(dp), dev(dm), dev(dv), dev(dacc),
+                                TensorView(dout, DType::kBF16, {n}, gpu.device()), gpu.stream())
+                    .ok());
+    const int which = static_cast<int>(phase);
+    EXPECT_EQ(gpu.Down<float>(dp, n), p) << which;
+    EXPECT_EQ(gpu.Down<float>(dm, n), m) << which;
+    EXPECT_EQ(gpu.Down<float>(dacc, n), acc) << which;
     EXPECT_EQ(gpu.Down<uint16_t>(dout, n), out) << which;
   }
 }

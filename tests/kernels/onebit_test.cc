@@ -92,5 +92,32 @@ TEST(OneBitKernelTest, AdamPhasesFollowDeepSpeed) {
                    .ok());
 }
 
+TEST(OneBitKernelTest, ZeroOnePhasesFollowDeepSpeed) {
+  const OneBitAdamHyper h{.lr = 0.5f, .eps = 0.0f, .weight_decay = 0.0f};
+  std::vector<float> p = {1.0f}, m = {2.0f}, v = {4.0f}, acc = {0.25f};
+  // Local step: t = -0.5 x 2 / 2 = -0.5; p 0.5, acc -0.25.
+  ASSERT_TRUE(ZeroOneAdamStep(h, 0, ZeroOnePhase::kLocalStep, F32(p), F32(m), F32(v), F32(acc),
+                              TensorView(), nullptr)
+                  .ok());
+  EXPECT_EQ(p[0], 0.5f);
+  EXPECT_EQ(acc[0], -0.25f);
+  // Sync out: p -= acc (0.75); acc x= sqrt(v) (-0.5).
+  ASSERT_TRUE(ZeroOneAdamStep(h, 0, ZeroOnePhase::kSyncOut, F32(p), F32(m), F32(v), F32(acc),
+                              TensorView(), nullptr)
+                  .ok());
+  EXPECT_EQ(p[0], 0.75f);
+  EXPECT_EQ(acc[0], -0.5f);
+  // Sync in with lrs 0.25: m = 2; p += -0.5 / 2 (0.5); acc 0. No local steps: refused.
+  ASSERT_TRUE(ZeroOneAdamStep(h, 0.25f, ZeroOnePhase::kSyncIn, F32(p), F32(m), F32(v), F32(acc),
+                              TensorView(), nullptr)
+                  .ok());
+  EXPECT_EQ(m[0], 2.0f);
+  EXPECT_EQ(p[0], 0.5f);
+  EXPECT_EQ(acc[0], 0.0f);
+  EXPECT_FALSE(ZeroOneAdamStep(h, 0, ZeroOnePhase::kSyncIn, F32(p), F32(m), F32(v), F32(acc),
+                               TensorView(), nullptr)
+                   .ok());
+}
+
 }  // namespace
 }  // namespace zerort
