@@ -4,7 +4,7 @@ train.device "cpu" and "cuda", and every step's loss must agree within the preci
 covers ZeRO 0-3 with prefetch and reuse-distance keeps, unit-sized buckets, no overlap, gradient
 accumulation, bf16 and fp16, AdamW and LAMB on the device and host tiers, parameter and optimizer
 offload to host memory and NVMe, and activation checkpointing; with an MPI launcher, two ranks on
-one GPU against two CPU ranks (also with ZeRO++'s qwZ and qgZ, and with 1-bit Adam). Without a usable GPU it exits 77, which ctest reports as skipped.
+one GPU against two CPU ranks (also with ZeRO++'s qwZ and qgZ, 1-bit Adam and 0/1 Adam). Without a usable GPU it exits 77, which ctest reports as skipped.
 Usage: cuda_parity_test.py PATH_TO_ZERORT [MPIEXEC]"""
 import json
 import os
@@ -94,6 +94,11 @@ if mpiexec:  # two ranks on one GPU: NCCL refuses a duplicate GPU, MPI with host
     CASES.append(("two-ranks-onebit-adam", 2, HALF, {
         "zero_optimization": {"stage": 0}, "gradient_clipping": 0.0,
         "optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-4, "freeze_step": 4}}}))
+    CASES.append(("two-ranks-zero-one-adam", 2, HALF, {
+        "zero_optimization": {"stage": 0}, "gradient_clipping": 0.0,
+        "optimizer": {"type": "ZeroOneAdam", "params": {
+            "lr": 1e-4, "var_freeze_step": 4, "var_update_scaler": 2, "local_step_scaler": 2,
+            "local_step_clipper": 4}}}))
 
 for name, np, tolerance, extra in CASES:
     runs = {device: train(name, device, extra, np) for device in ("cpu", "cuda")}
