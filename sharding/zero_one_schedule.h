@@ -25,9 +25,9 @@ struct ZeroOneStep {
 class ZeroOneSchedule {
  public:
   explicit ZeroOneSchedule(const OptimizerOptions& options) : o_(options) {}
-  ZeroOneStep Next() const;  // step steps() + 1
-  void Advance();            // after that step was taken
-  void Restore(int64_t steps);
+  ZeroOneStep Next() const;     // step steps() + 1
+  void Advance();               // after that step was taken
+  void Restore(int64_t steps);  // as `steps` Advances, in O(log steps)
   int64_t steps() const { return t_; }
 
  private:

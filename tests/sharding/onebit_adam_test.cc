@@ -425,9 +425,34 @@ TEST(ZeroOneAdamTest, TheScheduleIsDeepSpeeds) {
   EXPECT_EQ(variance, (std::vector<int>{2, 3, 4, 6, 8}));
   EXPECT_EQ(sync, (std::vector<int>{11, 12, 13, 14, 16, 20, 24}));
   EXPECT_EQ(reset, (std::vector<int>{11}));
-  ZeroOneSchedule resumed(o);
-  resumed.Restore(15);
-  EXPECT_EQ(resumed.Next().sync, true);  // step 16
+  // Restore equals as many Advances, for every option set here, at every step count.
+  for (int64_t freeze : {0, 1, 2, 9}) {
+    for (int64_t scaler : {1, 2, 3}) {
+      OptimizerOptions r = o;
+      r.var_freeze_step = freeze;
+      r.var_update_scaler = scaler;
+      r.local_step_scaler = scaler;
+      ZeroOneSchedule stepped(r);
+      for (int64_t k = 0; k <= 70; ++k) {
+        ZeroOneSchedule restored(r);
+        restored.Restore(k);
+        ZeroOneSchedule a = stepped, b = restored;
+        for (int ahead = 0; ahead < 12; ++ahead) {
+          const ZeroOneStep x = a.Next(), y = b.Next();
+          ASSERT_TRUE(x.reduce == y.reduce && x.variance == y.variance && x.frozen == y.frozen &&
+                      x.sync == y.sync && x.reset_errors == y.reset_errors && x.init == y.init)
+              << "freeze " << freeze << " scaler " << scaler << " restored at " << k << " + "
+              << ahead;
+          a.Advance();
+          b.Advance();
+        }
+        stepped.Advance();
+      }
+    }
+  }
+  ZeroOneSchedule huge(o);  // a hostile checkpoint's step count: no loop over it
+  huge.Restore(int64_t{1} << 62);
+  EXPECT_TRUE(huge.Next().frozen);
   // The run issues a gradient collective on exactly the reducing steps.
   const RunResult run = Train(ZeroOne(2));
   ASSERT_EQ(run.error, "");
