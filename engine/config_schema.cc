@@ -367,8 +367,6 @@ std::vector<ConfigField> BuildTable() {
   return t;
 }
 
-#undef ZR_MEMBER
-
 const std::vector<ConfigField>& Table() {
   static const std::vector<ConfigField> kTable = BuildTable();
   return kTable;
