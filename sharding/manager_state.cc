@@ -67,6 +67,7 @@ Status ShardManagerState::RestoreCounters(int64_t steps, const LossScaler::State
   if (!m_.initialized_) return absl::FailedPreconditionError("Initialize the ShardManager first");
   if (steps < 0) return absl::InvalidArgumentError(StrCat("step count ", steps, " is negative"));
   m_.steps_ = steps;
+  m_.optimizer_->RestoreSchedule(steps);
   m_.scaler_.Restore(scaler);
   return absl::OkStatus();
 }

@@ -287,11 +287,16 @@ Status ShardedOptimizer::ResetCompressionErrors() {
   return ZeroErrors(true);
 }
 
+void ShardedOptimizer::RestoreSchedule(int64_t steps) {
+  if (zero_one_) zero_one_->Restore(steps);
+}
+
 bool ShardedOptimizer::ReducesGradients(int64_t step) {
   const OptimizerOptions& opt = resources_.options->optimizer;
   if (opt.kind == OptimizerKind::kOneBitAdam) return !OneBitCompressing(opt, step);
   if (!zero_one_) return true;
-  if (zero_one_->steps() != step - 1) zero_one_->Restore(step - 1);  // a resumed run
+  ZR_CHECK(zero_one_->steps() == step - 1)
+      << "0/1 Adam's schedule is at step " << zero_one_->steps() << ", asked about " << step;
   return zero_one_->Next().reduce;
 }
 
@@ -511,7 +516,8 @@ Status ShardedOptimizer::Step(const OptimizerStepArgs& args) {
     return StepNvme(args);
   }
   if (zero_one_) {  // [Note: 0/1 Adam]: this step's place in DeepSpeed's counters
-    if (zero_one_->steps() != args.step - 1) zero_one_->Restore(args.step - 1);  // resumed
+    ZR_CHECK(zero_one_->steps() == args.step - 1)
+        << "0/1 Adam's schedule is at step " << zero_one_->steps() << ", stepping " << args.step;
     zero_one_step_ = zero_one_->Next();
     if (zero_one_step_.reset_errors) ZR_RETURN_IF_ERROR(ZeroErrors(false));
     if (zero_one_step_.frozen) lrs_ += args.lr;

@@ -83,6 +83,9 @@ class ShardedOptimizer {
   // Whether step `step` (1-based) all-reduces the gradients: not 1-bit Adam's compressed steps,
   // not 0/1 Adam's steps that compress the gradient or take local steps.
   bool ReducesGradients(int64_t step);
+  // The optimizer's own step counters (0/1 Adam's schedule) at `steps` taken: a resume
+  // (ShardManagerState::RestoreCounters, the one place the step count is set).
+  void RestoreSchedule(int64_t steps);
 
   bool HasState(StateKind kind) const;
   // This rank's shard of `kind` of unit `u` (shard_numel values, padding included).

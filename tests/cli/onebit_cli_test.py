@@ -136,6 +136,19 @@ if (train("zo_exact", {"optimizer": {"params": {"lr": 3e-4, "freeze_step": 100_0
         check(f"0/1 Adam: a synchronising step's bytes {got} == the estimator's {want} + scalars",
               want <= got <= want + 100, f"{got} vs {want}")
 
+# A 0/1 Adam resume replays its counters from the checkpoint's step count: from step 4 (steps
+# 2-4 all-reduced, so no compression error yet) on the straight curve bit for bit, through step
+# 5's compressed gradient and the variance steps 6 and 8 (var_update_scaler 2).
+ZO_SHORT = merged(ZO, {"optimizer": {"params": {"var_update_scaler": 2}},
+                       "train": {"steps": 8, "eval_interval": 8, "eval_windows": 2}})
+ckpt = {"checkpoint": {"dir": os.path.join(tmp, "ckpt_zo_resume")}}
+if (train("zo_straight", ZO_SHORT) and
+        train("zo_first", merged(merged(ZO_SHORT, ckpt), {"train": {"steps": 4}})) and
+        train("zo_resumed", merged(ZO_SHORT, ckpt), ["--resume"])):
+    check("0/1 Adam resumed at step 4: the straight curve bit for bit",
+          losses("zo_resumed")[-4:] == losses("zo_straight")[4:],
+          f"{losses('zo_resumed')} {losses('zo_straight')}")
+
 # The estimator's shape mode: --onebit turns the stage-0 rows into 1-bit Adam's compressed steps.
 rows = {}
 for flag in ((), ("--onebit",)):
