@@ -296,6 +296,15 @@ StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& m,
       return absl::DataLossError(StrCat(step_dir, "/metadata.json: ", e.what()));
     }
     std::map<std::string, Shape> shapes(reader.params().begin(), reader.params().end());
+    // [Note: 1-bit LAMB]: a checkpoint of another optimizer lacks v_fresh and the frozen
+    // coefficients, which only a step after the warm-up reads.
+    const OptimizerOptions& opt = m.options().optimizer;
+    const bool lamb = opt.kind == OptimizerKind::kOneBitLamb;
+    const bool lamb_compressing = lamb && OneBitCompressing(opt, state.applied_steps + 1);
+    std::map<std::string, const nlohmann::json*> lamb_saved;
+    for (const auto& p : reader.metadata().at("params")) {
+      if (p.contains("onebit_lamb")) lamb_saved[p.at("name").get<std::string>()] = &p["onebit_lamb"];
+    }
     for (int u = 0; u < m.num_units(); ++u) {
       const ShardedUnit& unit = m.unit(u);
       const FlatLayout& layout = unit.layout();
@@ -315,6 +324,11 @@ StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& m,
       for (int k = kNumKinds - 1; k >= 0; --k) {
         if (!m.optimizer().HasState(kKinds[k].buffer)) continue;
         std::vector<float> shard(static_cast<size_t>(layout.shard_numel()), 0.0f);
+        if (kKinds[k].buffer == StateKind::kExpAvgSqFresh && !lamb_compressing &&
+            !reader.HasKind(kKinds[k].name)) {
+          ZR_RETURN_IF_ERROR(ShardManagerState(m).LoadState(u, kKinds[k].buffer, shard));
+          continue;  // zeros, as DeepSpeed's until freeze_step copies the variance
+        }
         for (const ShardPiece& piece : layout.ShardPieces(unit.layout_rank())) {
           const ParamSpec& p = layout.params()[piece.param];
           // Padding rows are not stored: they stay zero.
@@ -329,6 +343,25 @@ StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& m,
           }
         }
         ZR_RETURN_IF_ERROR(ShardManagerState(m).LoadState(u, kKinds[k].buffer, shard));
+      }
+      const std::span<OneBitLambParam> scalars = m.optimizer().LambParams(u);
+      for (size_t i = 0; i < scalars.size(); ++i) {
+        const std::string& name = layout.params()[i].name;
+        auto saved = lamb_saved.find(name);
+        if (saved == lamb_saved.end()) {
+          if (lamb_compressing) {
+            return absl::InvalidArgumentError(StrCat(
+                step_dir, " holds no 1-bit LAMB coefficients for '", name,
+                "' (saved with another optimizer?), which a resume after freeze_step (step ",
+                state.applied_steps, ") needs: resume it before freeze_step or with its optimizer"));
+          }
+          scalars[i] = OneBitLambParam{};
+          continue;
+        }
+        const nlohmann::json& v = *saved->second;
+        scalars[i] = OneBitLambParam{.coeff_freeze = v[0].get<float>(),
+                                     .last_factor = v[1].get<float>(),
+                                     .scaling = v[2].get<float>()};
       }
     }
     return absl::OkStatus();

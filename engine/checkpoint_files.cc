@@ -199,6 +199,18 @@ Status ValidateMetadata(const std::string& path, const nlohmann::json& j) {
     }
     if (p.contains("groups"))
       ZR_RETURN_IF_ERROR(integer(p, "groups", where + ".groups", 1, 1 << 16));
+    if (p.contains("onebit_lamb")) {  // [Note: 1-bit LAMB]: c, last_factor, scaling
+      const nlohmann::json& v = p["onebit_lamb"];
+      bool ok = v.is_array() && v.size() == 3;
+      for (size_t k = 0; ok && k < 3; ++k) {
+        ok = v[k].is_number() && std::isfinite(v[k].get<double>()) && v[k].get<double>() >= 0 &&
+             v[k].get<double>() <= 1e30;
+      }
+      if (!ok) {
+        return bad(where + ".onebit_lamb", v,
+                   "[coeff_freeze, last_factor, scaling], finite numbers >= 0 of at most 1e30");
+      }
+    }
   }
   if (!j["ranks"].is_array()) return bad("ranks", j["ranks"], "an array");
   for (size_t e = 0; e < j["ranks"].size(); ++e) {

@@ -16,8 +16,9 @@ struct CheckpointKind {
 };
 inline constexpr CheckpointKind kKinds[] = {{StateKind::kMaster, "master"},
                                             {StateKind::kExpAvg, "exp_avg"},
-                                            {StateKind::kExpAvgSq, "exp_avg_sq"}};
-inline constexpr int kNumKinds = 3;
+                                            {StateKind::kExpAvgSq, "exp_avg_sq"},
+                                            {StateKind::kExpAvgSqFresh, "exp_avg_sq_fresh"}};
+inline constexpr int kNumKinds = 4;
 
 // Every rank of `group` learns whether every rank succeeded, and gets the first failing rank's
 // message (so the error names the damaged file on every rank, not only where it was read).

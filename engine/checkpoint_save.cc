@@ -257,8 +257,10 @@ Status CheckpointSave::WriteShards(nlohmann::json& described) {
       pieces.push_back(
           {layout.params()[piece.param].name, piece.param_range.begin, piece.param_range.size()});
     }
-    for (const ParamSpec& p : layout.params()) {
+    const std::span<const OneBitLambParam> lamb = m_.optimizer().LambParams(u);
+    for (size_t i = 0; i < layout.params().size(); ++i) {
       if (dp_.rank() != 0) break;  // the other data ranks' tables are the same
+      const ParamSpec& p = layout.params()[i];
       params.push_back({{"name", p.name},
                         {"shape", p.real_shape()},
                         {"padded_shape", p.global_shape()},
@@ -266,6 +268,10 @@ Status CheckpointSave::WriteShards(nlohmann::json& described) {
                         {"groups", p.frame.groups},
                         {"unit", m_.unit(u).name()},
                         {"position", position(u)}});
+      if (!lamb.empty()) {  // [Note: 1-bit LAMB]: alike on every data rank at stage 0
+        params.back()["onebit_lamb"] = {lamb[i].coeff_freeze, lamb[i].last_factor,
+                                        lamb[i].scaling};
+      }
     }
   }
   described = {{"entry",

@@ -108,6 +108,10 @@ struct OptimizerConfig {
   int64_t var_update_scaler = RuntimeDefaults().optimizer.var_update_scaler;
   int64_t local_step_scaler = RuntimeDefaults().optimizer.local_step_scaler;
   int64_t local_step_clipper = RuntimeDefaults().optimizer.local_step_clipper;
+  float coeff_beta = RuntimeDefaults().optimizer.coeff_beta;
+  float factor_max = RuntimeDefaults().optimizer.factor_max;
+  float factor_min = RuntimeDefaults().optimizer.factor_min;
+  float factor_threshold = RuntimeDefaults().optimizer.factor_threshold;
   bool cuda_aware = false;
   std::string comm_backend_name = "nccl";
 };

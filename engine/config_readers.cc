@@ -74,19 +74,16 @@ Status ReadOptimizerType(const JsonSection& s, std::string_view key, RunConfig& 
   std::string type;
   ZR_RETURN_IF_ERROR(s.String(key, type));
   const std::string lower = absl::AsciiStrToLower(type);
-  if (lower == "onebitadam" || lower == "zerooneadam") {  // DeepSpeed lowers optimizer names
-    c.optimizer.type = lower == "onebitadam" ? "OneBitAdam" : "ZeroOneAdam";
-    return absl::OkStatus();
-  }
-  if (lower == "onebitlamb") {
-    return absl::InvalidArgumentError(
-        StrCat("optimizer.type = \"", type,
-               "\": a DeepSpeed 1-bit optimizer zerort does not implement yet (of the three, "
-               "OneBitAdam and ZeroOneAdam are, at ZeRO stage 0: docs/multi-node.md)"));
+  // DeepSpeed lowers optimizer names: its 1-bit optimizers are written in any case.
+  for (const char* name : {"OneBitAdam", "ZeroOneAdam", "OneBitLamb"}) {
+    if (lower == absl::AsciiStrToLower(name)) {
+      c.optimizer.type = name;
+      return absl::OkStatus();
+    }
   }
   if (type.empty()) return absl::OkStatus();
   return s.String(key, c.optimizer.type,
-                  {"AdamW", "Adam", "SGD", "Lamb", "OneBitAdam", "ZeroOneAdam"});
+                  {"AdamW", "Adam", "SGD", "Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"});
 }
 
 Status ReadSchedulerType(const JsonSection& s, std::string_view key, RunConfig& c) {

@@ -82,11 +82,16 @@ void OwnershipRules(const RunConfig& c, const GivenKeys& given, Problems& proble
     if (f.section == "optimizer.params") {
       const std::string& type = c.optimizer.type;
       if (std::find(f.owners.begin(), f.owners.end(), type) != f.owners.end()) continue;
-      const std::string_view kind = f.owners.size() > 1            ? "an Adam"
-                                    : f.owners[0] == "SGD"         ? "an SGD"
-                                    : f.owners[0] == "OneBitAdam"  ? "a OneBitAdam"
-                                    : f.owners[0] == "ZeroOneAdam" ? "a ZeroOneAdam"
-                                                                   : "a LAMB";
+      std::string kind;
+      if (std::find(f.owners.begin(), f.owners.end(), "AdamW") != f.owners.end()) {
+        kind = "an Adam";
+      } else if (f.owners.size() == 1 && f.owners[0] == "SGD") {
+        kind = "an SGD";
+      } else {  // "a OneBitAdam or OneBitLamb", "a Lamb or OneBitLamb"
+        for (std::string_view owner : f.owners) {
+          kind += StrCat(kind.empty() ? "a " : " or ", owner);
+        }
+      }
       problems.Add(StrCat(f.Path(), " is ", kind, " parameter, but optimizer.type is ", type));
     } else if (f.section == "scheduler.params" && !c.scheduler.type.empty()) {
       const std::string& type = c.scheduler.type;
@@ -106,6 +111,10 @@ void OwnershipRules(const RunConfig& c, const GivenKeys& given, Problems& proble
 
 void OptimizerRules(const RunConfig& c, const GivenKeys& given, Problems& problems) {
   const OptimizerConfig& o = c.optimizer;
+  if (o.factor_min > o.factor_max) {
+    problems.Add(StrCat("optimizer.params.factor_min = ", o.factor_min,
+                        " is above optimizer.params.factor_max = ", o.factor_max));
+  }
   if (o.min_coeff > o.max_coeff) {
     problems.Add(StrCat("optimizer.params.min_coeff = ", o.min_coeff,
                         " is above optimizer.params.max_coeff = ", o.max_coeff));
@@ -119,13 +128,22 @@ void OptimizerRules(const RunConfig& c, const GivenKeys& given, Problems& proble
     problems.Add("optimizer.params.nesterov needs momentum > 0 and dampening 0 (as PyTorch's SGD)");
   }
   // LAMB's per-parameter norms are summed over the data-parallel group only.
-  if (o.type == "Lamb" && c.parallel.tensor_parallel_size > 1) {
+  if ((o.type == "Lamb" || o.type == "OneBitLamb") && c.parallel.tensor_parallel_size > 1) {
+    problems.Add(StrCat(
+        "optimizer.type = \"", o.type,
+        "\" with parallel.tensor_parallel_size > 1 is not implemented (a split parameter's norm "
+        "would span the tensor-parallel group too)"));
+  }
+  // [Note: 1-bit LAMB]: the scaling coefficients average over a rank's parameters, so a tied
+  // embedding's two copies on two stages would compress differently and drift apart.
+  if (o.type == "OneBitLamb" && c.parallel.pipeline_parallel_size > 1) {
     problems.Add(
-        "optimizer.type = \"Lamb\" with parallel.tensor_parallel_size > 1 is not implemented (a "
-        "split parameter's norm would span the tensor-parallel group too)");
+        "optimizer.type = \"OneBitLamb\" with parallel.pipeline_parallel_size > 1 is not "
+        "implemented (each stage would scale its momenta by its own parameters' mean)");
   }
   // DeepSpeed's engine: "1bit-Adam is not compatible with ZeRO" (and 0/1 Adam's likewise).
-  if ((o.type == "OneBitAdam" || o.type == "ZeroOneAdam") && c.zero.stage != 0) {
+  if ((o.type == "OneBitAdam" || o.type == "ZeroOneAdam" || o.type == "OneBitLamb") &&
+      c.zero.stage != 0) {
     problems.Add(
         StrCat("optimizer.type = \"", o.type, "\" with zero_optimization.stage = ", c.zero.stage,
                ": DeepSpeed's 1-bit optimizers run at ZeRO stage 0 only (they compress the "

@@ -9,14 +9,15 @@ using namespace config_readers;  // ReadOptimizerType
 void AddOptimizerRows(std::vector<ConfigField>& t) {
   t.push_back(
       Custom("optimizer", "type", ZR_MEMBER(optimizer.type), ReadOptimizerType,
-             {"AdamW", "Adam", "SGD", "Lamb", "OneBitAdam", "ZeroOneAdam"},
-             "AdamW, Adam, SGD (torch.optim's), Lamb (trust ratios over shards), OneBitAdam and "
-             "ZeroOneAdam (DeepSpeed's 1-bit Adam and 0/1 Adam, stage 0; any case); OneBitLamb is "
-             "refused"));
+             {"AdamW", "Adam", "SGD", "Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"},
+             "AdamW, Adam, SGD (torch.optim's), Lamb (trust ratios over shards), OneBitAdam, "
+             "ZeroOneAdam and OneBitLamb (DeepSpeed's 1-bit Adam, 0/1 Adam and 1-bit LAMB, stage "
+             "0; any case)"));
   const std::string_view op = "optimizer.params";
   const std::vector<std::string_view> adams = {"AdamW", "Adam", "Lamb", "OneBitAdam",
-                                               "ZeroOneAdam"};
-  const std::vector<std::string_view> one_bit = {"OneBitAdam", "ZeroOneAdam"};
+                                               "ZeroOneAdam", "OneBitLamb"};
+  const std::vector<std::string_view> one_bit = {"OneBitAdam", "ZeroOneAdam", "OneBitLamb"};
+  const std::vector<std::string_view> lambs = {"Lamb", "OneBitLamb"};
   const std::vector<std::string_view> adam_w_modes = {"AdamW", "Adam", "Lamb"};
   t.push_back(Num<float>(op, "lr", ZR_MEMBER(optimizer.lr), 0, 1e3,
                          "learning rate (a scheduler overrides it)"));
@@ -37,14 +38,25 @@ void AddOptimizerRows(std::vector<ConfigField>& t) {
                     adams));
   t.push_back(Owned(Num<float>(op, "max_coeff", ZR_MEMBER(optimizer.max_coeff), 0, 1e6,
                                "the trust ratio's upper clamp, DeepSpeed's 10"),
-                    {"Lamb"}));
+                    lambs));
   t.push_back(Owned(Num<float>(op, "min_coeff", ZR_MEMBER(optimizer.min_coeff), 0, 1e6,
                                "the trust ratio's lower clamp, DeepSpeed's 0.01"),
-                    {"Lamb"}));
+                    lambs));
   t.push_back(Owned(
       Num<int64_t>(op, "freeze_step", ZR_MEMBER(optimizer.freeze_step), 0, kMaxConfigIntAsDouble,
                    "the last step with uncompressed gradients, DeepSpeed's 100000"),
-      {"OneBitAdam"}));
+      {"OneBitAdam", "OneBitLamb"}));
+  for (auto [key, member, low, high, doc] :
+       {std::tuple{"coeff_beta", ZR_MEMBER(optimizer.coeff_beta), 0.0, 0.999999999,
+                   "the frozen trust ratio's running-average coefficient, DeepSpeed's 0.9"},
+        std::tuple{"factor_max", ZR_MEMBER(optimizer.factor_max), 1e-6, 1e6,
+                   "the compressed steps' largest factor on the frozen ratio, DeepSpeed's 4"},
+        std::tuple{"factor_min", ZR_MEMBER(optimizer.factor_min), 1e-6, 1e6,
+                   "the compressed steps' smallest factor, DeepSpeed's 0.5"},
+        std::tuple{"factor_threshold", ZR_MEMBER(optimizer.factor_threshold), 0.0, 1.0,
+                   "the factor's largest relative change per step, DeepSpeed's 0.1"}}) {
+    t.push_back(Owned(Num<float>(op, key, member, low, high, doc), {"OneBitLamb"}));
+  }
   t.push_back(Owned(Bool(op, "cuda_aware", ZR_MEMBER(optimizer.cuda_aware),
                          "accepted: zerort's communicator decides how device buffers travel"),
                     one_bit));

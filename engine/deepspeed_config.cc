@@ -251,13 +251,6 @@ std::string DeepSpeedKeysMarkdown() {
 
 void NormalizeDeepSpeed(nlohmann::json& json, Problems& problems, std::vector<std::string>& notes,
                         AutoKeys& autos) {
-  // An optimizer zerort refuses by type (the schema says why): its parameters say nothing more.
-  if (const nlohmann::json* type = Find(json, "optimizer.type"); type && type->is_string()) {
-    const std::string t = AsciiLower(type->get<std::string>());
-    if (t == "onebitlamb") {
-      Erase(json, "optimizer.params");
-    }
-  }
   // Top-level keys beginning with "_" are comments ("_comment", "_description"): DeepSpeed reads
   // the keys it knows and never looks at them.
   std::vector<std::string> comments;

@@ -91,6 +91,8 @@ ShardManagerOptions ShardManagerOptionsFrom(const RunConfig& c, int dp_size,
     o.optimizer.kind = OptimizerKind::kOneBitAdam;
   } else if (opt.type == "ZeroOneAdam") {
     o.optimizer.kind = OptimizerKind::kZeroOneAdam;
+  } else if (opt.type == "OneBitLamb") {
+    o.optimizer.kind = OptimizerKind::kOneBitLamb;
   } else if (opt.type == "Adam" && !opt.adam_w_mode) {
     o.optimizer.kind = OptimizerKind::kAdam;
   } else {
@@ -107,6 +109,10 @@ ShardManagerOptions ShardManagerOptionsFrom(const RunConfig& c, int dp_size,
   o.optimizer.var_update_scaler = opt.var_update_scaler;
   o.optimizer.local_step_scaler = opt.local_step_scaler;
   o.optimizer.local_step_clipper = opt.local_step_clipper;
+  o.optimizer.coeff_beta = opt.coeff_beta;
+  o.optimizer.factor_max = opt.factor_max;
+  o.optimizer.factor_min = opt.factor_min;
+  o.optimizer.factor_threshold = opt.factor_threshold;
   o.optimizer.weight_decay = opt.weight_decay;
   o.optimizer.momentum = opt.momentum;
   o.optimizer.dampening = opt.dampening;

@@ -72,6 +72,13 @@ void StepModel::Init() {
       }
     }
   }
+  // 1-bit LAMB's buffers of the rank, after the units' (ShardedOptimizer::Finalize).
+  for (const PlannedBuffer& b : PlanRankBuffers(options_, OneBitLambNumel(), in_.shard_ranks())) {
+    persistent_.push_back(r_.Alloc(b.category, b.bytes(), compute_, b.tier));
+    auto& sum = sums[{b.tier, b.category}];
+    sum.first += (sum.first.empty() ? "" : ", ") + std::string(UnitBufferName(b.buffer));
+    sum.second += b.bytes();
+  }
   for (const auto& [key, what] : sums) {
     // One line per tier and category: which buffers, summed over units.
     std::string names = what.first;
@@ -397,9 +404,26 @@ void StepModel::MicroBatch() {
 // buffers taken on the compute stream, its ring of SendRecv and its all-gather of the packages.
 // 0/1 Adam ([Note: 0/1 Adam]): a synchronising step after var_freeze_step, the same collectives
 // over its accumulated steps (the local steps between send nothing).
+int64_t StepModel::OneBitLambNumel() const {
+  int64_t n = 0;
+  for (const Unit& u : units_) {
+    for (const ShardPiece& p : u.layout.ShardPieces(0)) n += p.shard_range.size();
+  }
+  return n;
+}
+
 void StepModel::OneBitCompressedStep() {
   const int ranks = in_.shard_ranks();
   if (ranks == 1) return;
+  if (in_.manager.optimizer.kind == OptimizerKind::kOneBitLamb) {
+    // [Note: 1-bit LAMB]: the rank's whole momentum, padded, as one segment.
+    const OneBitAllReduce::Segment whole{0, OneBitAllReduce::Padded(OneBitLambNumel(), ranks)};
+    const int64_t msg = OneBitAllReduce::MessageBytes(std::span(&whole, 1), ranks);
+    Transient(Cat::kCommBuffers, {ranks * msg, ranks * msg, msg, 12}, compute_);
+    (in_.ShardGroupCrossesNodes() ? out_.comm.inter : out_.comm.intra) += (ranks - 1) * msg;
+    InGroup(CollectiveOp::kAllGather, ranks * msg);
+    return;
+  }
   for (const Unit& u : units_) {
     const std::vector<OneBitAllReduce::Segment> segments = OneBitSegments(u.layout);
     const int64_t msg = OneBitAllReduce::MessageBytes(segments, ranks);

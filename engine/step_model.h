@@ -82,6 +82,8 @@ class StepModel {
   void Flush();
   void QuantizedReduceScatter(int64_t bucket_shard);
   void OneBitCompressedStep();
+  // 1-bit LAMB's fused momentum: the parameters' elements of every unit (stage 0).
+  int64_t OneBitLambNumel() const;
   void AttentionScratch(bool backward);
   GatherPlanner::Resident Resident() const {
     return [this](int u) { return units_[u].gathered; };

@@ -50,6 +50,14 @@ Status CudaZeroOneAdam(const OneBitAdamHyper&, float, ZeroOnePhase, float*, floa
                        float*, void*, DType, int64_t, Stream*) {
   return NoCuda("ZeroOneAdamStep");
 }
+Status CudaOneBitLambMomentum(const OneBitAdamHyper&, float, const float*, const float*, float*,
+                              int64_t, Stream*) {
+  return NoCuda("OneBitLambMomentum");
+}
+Status CudaOneBitLambReconstruct(const OneBitAdamHyper&, float, const float*, const float*, float*,
+                                 const float*, float*, float*, float*, int64_t, Stream*) {
+  return NoCuda("OneBitLambReconstruct");
+}
 Status CudaSignCompress(float*, int64_t, float, const float*, float*, uint8_t*, int64_t, int64_t,
                         Stream*) {
   return NoCuda("SignCompress");

@@ -1,4 +1,5 @@
-// DeepSpeed's 1-bit Adam on one device: the optimizer's element arithmetic in its three phases,
+// DeepSpeed's 1-bit Adam on one device: the optimizer's element arithmetic in its three phases
+// (and 0/1 Adam's and 1-bit LAMB's),
 // and the scaled-sign compression of its compressed all-reduce (sharding/compressed_allreduce.h,
 // [Note: 1-bit Adam]). CPU and CUDA twins; every operation rounded on its own
 // (kernels/rounded_math.h), so the element math is bitwise the same on both devices (the sums of
@@ -48,6 +49,23 @@ Status ZeroOneAdamStep(const OneBitAdamHyper& h, float lrs, ZeroOnePhase phase,
                        const TensorView& exp_avg_sq, const TensorView& accumulator,
                        const TensorView& compute_out, Stream* stream);
 
+// DeepSpeed's 1-bit LAMB after freeze_step ([Note: 1-bit LAMB], sharding/compressed_allreduce.h),
+// on fp32 views of one length and device (h.lr unused; g is the gradient times h.grad_scale):
+//   OneBitLambMomentum:    fused = (b1 m + (1-b1) g) x scaling; m unchanged (the reconstruction
+//                          reads it as the last step's momentum).
+//   OneBitLambReconstruct: after fused's compressed mean, m' = fused / scaling,
+//                          r = (m' - b1 m) / (1-b1), v_fresh = b2 v_fresh + (1-b2) r r, m = m',
+//                          u0 = m' / (sqrt(v) + eps), u = u0 + wd p (wd > 0) written to
+//                          `update_out`; `stats` (3 fp32 on the device) gets sum u0^2 and sum u^2
+//                          added and the largest (sqrt(v) + eps) / (sqrt(v_fresh) + eps) maxed in.
+Status OneBitLambMomentum(const OneBitAdamHyper& h, float scaling, const TensorView& grad,
+                          const TensorView& exp_avg, const TensorView& fused, Stream* stream);
+Status OneBitLambReconstruct(const OneBitAdamHyper& h, float scaling, const TensorView& master,
+                             const TensorView& fused, const TensorView& exp_avg,
+                             const TensorView& exp_avg_sq, const TensorView& exp_avg_sq_fresh,
+                             const TensorView& update_out, const TensorView& stats,
+                             Stream* stream);
+
 // Scaled-sign compression with error feedback, in place: `buffer` (fp32, n elements, a multiple
 // of 8) holds b = value + error; `sum_sq` (one fp32 on buffer's device) holds sum(b^2). Writes the
 // scale s = sqrt(sum_sq) / sqrt(n) to `scale` (one fp32 on that device), the signs to `bits`, and
@@ -72,6 +90,11 @@ Status CudaOneBitAdam(const OneBitAdamHyper& h, OneBitPhase phase, float* p, con
 Status CudaZeroOneAdam(const OneBitAdamHyper& h, float lrs, ZeroOnePhase phase, float* p, float* m,
                        const float* v, float* acc, void* out, DType out_dtype, int64_t n,
                        Stream* stream);
+Status CudaOneBitLambMomentum(const OneBitAdamHyper& h, float scaling, const float* g,
+                              const float* m, float* fused, int64_t n, Stream* stream);
+Status CudaOneBitLambReconstruct(const OneBitAdamHyper& h, float scaling, const float* p,
+                                 const float* fused, float* m, const float* v, float* v_fresh,
+                                 float* update, float* stats, int64_t n, Stream* stream);
 Status CudaSignCompress(float* buffer, int64_t n, float sqrt_n, const float* sum_sq, float* scale,
                         uint8_t* bits, int64_t chunk, int64_t chunk_stride, Stream* stream);
 Status CudaSignDecode(const uint8_t* bits, int64_t bits_stride, const float* scales,

@@ -124,6 +124,33 @@ ZR_HOST_DEVICE inline float OneBitApply(float p, float m, float v, float lr, flo
   return Sub(p, Mul(lr, update));
 }
 
+// DeepSpeed's OnebitLamb (lamb.py) after freeze_step, in its order: the fused momentum is
+// (b1 m + (1-b1) g) x scaling; after its compressed mean m' = fused / scaling, the gradient
+// reconstructed as (m' - b1 m) / (1-b1) updates the fresh variance, and the update is
+// m' / (sqrt(v) + eps) (+ wd p) with v frozen. Returns the update; `prelim` is the update before
+// the decay, `ratio` the element's (sqrt(v) + eps) / (sqrt(v_fresh) + eps).
+struct OneBitLambElement {
+  float update, prelim, ratio;
+};
+ZR_HOST_DEVICE inline float OneBitLambFused(float m, float g, float beta1, float one_minus_beta1,
+                                            float scaling) {
+  return Mul(OneBitMomentum(m, g, beta1, one_minus_beta1), scaling);
+}
+ZR_HOST_DEVICE inline OneBitLambElement OneBitLambReconstruct(float fused, float scaling, float& m,
+                                                              float v, float& v_fresh, float p,
+                                                              float beta1, float one_minus_beta1,
+                                                              float beta2, float one_minus_beta2,
+                                                              float eps, float wd) {
+  const float mn = Div(fused, scaling);
+  const float r = Div(Sub(mn, Mul(m, beta1)), one_minus_beta1);
+  v_fresh = OneBitVariance(v_fresh, r, beta2, one_minus_beta2);
+  m = mn;
+  const float denom = Add(Sqrt(v), eps);
+  const float prelim = Div(mn, denom);
+  const float update = wd > 0.0f ? Add(prelim, Mul(wd, p)) : prelim;
+  return {update, prelim, Div(denom, Add(Sqrt(v_fresh), eps))};
+}
+
 // DeepSpeed's ZeroOneAdam (zoadam.py) between and at its synchronisations, in its order: a local
 // step adds t = -lr x update to the parameter and to the accumulator; a synchronisation takes
 // the accumulated steps back out (p -= acc), turns them into momentum units (acc x= sqrt(v) +

@@ -46,6 +46,36 @@
 // Between synchronisations the ranks' parameters and momenta differ (each its own local steps);
 // checkpoints hold rank 0's. A load zeroes the errors, the accumulator and lrs (DeepSpeed pops
 // the errors and the accumulator).
+//
+// [Note: 1-bit LAMB]
+// DeepSpeed's OnebitLamb (onebit/lamb.py), at ZeRO stage 0 and tensor-parallel size 1, with the
+// same compressed all-reduce (ShardedOptimizer::StepOneBitLamb):
+//   step 1: the initialisation step (nothing changes);
+//   steps 2 .. max(freeze_step, 2) (warm-up): gradients all-reduced; LAMB without bias
+//     correction (m, v; u = m / (sqrt(v) + eps) + wd p; trust ratio ||p|| / ||u|| clamped to
+//     [min_coeff, max_coeff], 1 where either norm is 0; p -= lr x ratio x u), and per parameter
+//     the frozen coefficient c = coeff_beta c + (1 - coeff_beta) ratio whenever ratio != 1; at
+//     step freeze_step (when it is >= 2) v_fresh = v.
+//   later steps (compression): no gradient all-reduce; v and c frozen. At the first of them
+//     each parameter's scaling = (mean over the rank's parameters of ||m|| / sqrt(n)) /
+//     (its own ||m|| / sqrt(n)) (1 where its momentum is 0: DeepSpeed divides by zero there).
+//     fused = (b1 m + (1-b1) g_local) x scaling for every parameter, one flat buffer over every
+//     unit of the rank (DeepSpeed's exp_avg_flat: the parameters in model order, padded to
+//     N x lcm(N, 8)) compressed as ONE segment (not per parameter, as 1-bit Adam); its padding
+//     keeps what the last mean left there, as DeepSpeed's dummy tensor does. Then per parameter
+//     m' = fused / scaling, r = (m' - b1 m) / (1-b1), v_fresh = b2 v_fresh + (1-b2) r^2, m = m',
+//     u0 = m' / (sqrt(v) + eps), u = u0 + wd p; factor = max over elements of
+//     (sqrt(v) + eps) / (sqrt(v_fresh) + eps), with decay blended as f x q + (1 - q),
+//     q = min(1, ||u0|| / ||u||); clamped to [factor_min, factor_max] and to last_factor x
+//     (1 -/+ factor_threshold); last_factor = factor; p -= lr x c x factor x u.
+// State: v_fresh per element (UnitPlan's kExpAvgSqFresh, saved as "exp_avg_sq_fresh"); per
+// parameter c, last_factor and scaling (OneBitLambParam, saved in the checkpoint's parameter
+// table: stage 0 keeps them alike on every data rank); per rank the fused momentum, the worker
+// and the server error (PlanRankBuffers: about two copies of the momentum more than DeepSpeed's,
+// whose momenta are views into its fused buffer). A load zeroes the errors and the fused buffer's
+// padding (DeepSpeed rebuilds both); unlike DeepSpeed, which resets c, last_factor and scaling on
+// a load in the warm-up, zerort restores them, so a resume in the warm-up is the uninterrupted run.
+// Bytes per rank and step: 2 (N-1) x (P/(8N) + 4, rounded up to 4) for P padded elements.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +88,13 @@
 #include "sharding/flat_layout.h"
 
 namespace zerort {
+
+// 1-bit LAMB's scalars of one parameter ([Note: 1-bit LAMB]); DeepSpeed's initial values.
+struct OneBitLambParam {
+  float coeff_freeze = 0.0f;  // lamb_coeff_freeze
+  float last_factor = 1.0f;
+  float scaling = 0.0f;  // scaling_coeff; 0 until the first compressed step sets it
+};
 
 class OneBitAllReduce {
  public:

@@ -13,6 +13,8 @@ struct ShardedOptimizer::UnitState {
   PlacedBuffer master, exp_avg, exp_avg_sq, grad;
   PlacedBuffer worker_error, server_error;  // 1-bit Adam, 0/1 Adam ([Note: 1-bit Adam])
   PlacedBuffer accumulator;                 // 0/1 Adam ([Note: 0/1 Adam])
+  PlacedBuffer exp_avg_sq_fresh;            // 1-bit LAMB ([Note: 1-bit LAMB])
+  std::vector<OneBitLambParam> lamb;        // 1-bit LAMB: per parameter, in layout order
   // NVMe gradient shards: whether the shard holds this step's gradient yet (else it reads as
   // zero), and its norm parts as of its last write.
   bool grad_written = false;

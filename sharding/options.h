@@ -16,7 +16,8 @@ enum class ZeroStage : int { k0 = 0, k1 = 1, k2 = 2, k3 = 3 };
 // kOneBitAdam: DeepSpeed's OnebitAdam, stage 0 only ([Note: 1-bit Adam],
 // sharding/compressed_allreduce.h).
 // kZeroOneAdam: DeepSpeed's 0/1 Adam, stage 0 only ([Note: 0/1 Adam]).
-enum class OptimizerKind { kAdamW, kAdam, kSgd, kLamb, kOneBitAdam, kZeroOneAdam };
+// kOneBitLamb: DeepSpeed's OnebitLamb, stage 0 only ([Note: 1-bit LAMB]).
+enum class OptimizerKind { kAdamW, kAdam, kSgd, kLamb, kOneBitAdam, kZeroOneAdam, kOneBitLamb };
 
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::kAdamW;
@@ -30,7 +31,14 @@ struct OptimizerOptions {
   bool nesterov = false;        // SGD
   float max_coeff = 10.0f;      // LAMB: the trust ratio's clamp (DeepSpeed's defaults)
   float min_coeff = 0.01f;
-  int64_t freeze_step = 100'000;  // 1-bit Adam: the last uncompressed step (DeepSpeed's default)
+  // 1-bit Adam and 1-bit LAMB: the last uncompressed step (DeepSpeed's default).
+  int64_t freeze_step = 100'000;
+  // 1-bit LAMB (DeepSpeed's defaults): the frozen trust ratio's running-average coefficient, and
+  // the bounds of the factor that scales it after freeze_step, and of its change per step.
+  float coeff_beta = 0.9f;
+  float factor_max = 4.0f;
+  float factor_min = 0.5f;
+  float factor_threshold = 0.1f;
   // 0/1 Adam (DeepSpeed's defaults): the variance's last update, the updates per doubling of
   // its interval, and after the freeze the steps per doubling of the local-step interval and its
   // cap ([Note: 0/1 Adam]).
@@ -40,10 +48,12 @@ struct OptimizerOptions {
   int64_t local_step_clipper = 16;
 };
 
-// 1-bit Adam's phase for step `step` (1-based): compressed after max(freeze_step, 2), as
-// DeepSpeed's OnebitAdam switches after its initialisation step ([Note: 1-bit Adam]).
+// 1-bit Adam's and 1-bit LAMB's phase for step `step` (1-based): compressed after
+// max(freeze_step, 2), as DeepSpeed's OnebitAdam and OnebitLamb switch after their initialisation
+// step ([Note: 1-bit Adam]).
 inline bool OneBitCompressing(const OptimizerOptions& o, int64_t step) {
-  return o.kind == OptimizerKind::kOneBitAdam && step > std::max<int64_t>(o.freeze_step, 2);
+  return (o.kind == OptimizerKind::kOneBitAdam || o.kind == OptimizerKind::kOneBitLamb) &&
+         step > std::max<int64_t>(o.freeze_step, 2);
 }
 
 // fp16 dynamic loss scaling, DeepSpeed's "fp16" section. Unused for fp32/bf16 (scale 1).

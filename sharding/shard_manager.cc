@@ -145,8 +145,17 @@ StatusOr<std::unique_ptr<ShardManager>> ShardManager::Create(const ShardManagerO
   if (IsOneBit(options.optimizer.kind) &&
       (options.stage != ZeroStage::k0 || options.placement.optimizer != MemoryTier::kDevice)) {
     return absl::InvalidArgumentError(
-        "DeepSpeed's 1-bit optimizers (OptimizerKind::kOneBitAdam, kZeroOneAdam) need stage 0 "
-        "and the optimizer state on the device tier ([Note: 1-bit Adam])");
+        "DeepSpeed's 1-bit optimizers (OptimizerKind::kOneBitAdam, kZeroOneAdam, kOneBitLamb) "
+        "need stage 0 and the optimizer state on the device tier ([Note: 1-bit Adam])");
+  }
+  if (const OptimizerOptions& o = options.optimizer;
+      o.kind == OptimizerKind::kOneBitLamb &&
+      !(o.factor_min > 0 && o.factor_min <= o.factor_max && o.factor_threshold >= 0 &&
+        o.coeff_beta >= 0 && o.coeff_beta < 1)) {
+    return absl::InvalidArgumentError(StrCat(
+        "1-bit LAMB needs 0 < factor_min <= factor_max, factor_threshold >= 0 and coeff_beta in "
+        "[0, 1); got ", o.factor_min, ", ", o.factor_max, ", ", o.factor_threshold, ", ",
+        o.coeff_beta));
   }
   if (resources.dp == nullptr || resources.device_allocator == nullptr) {
     return absl::InvalidArgumentError(

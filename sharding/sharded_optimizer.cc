@@ -40,9 +40,10 @@ int ShardedOptimizer::IndexOf(const ShardedUnit& unit) const {
 
 PlacedBuffer* ShardedOptimizer::Buffer(int u, StateKind kind) {
   UnitState& s = *units_.at(u);
-  PlacedBuffer* b = kind == StateKind::kMaster   ? &s.master
-                    : kind == StateKind::kExpAvg ? &s.exp_avg
-                                                 : &s.exp_avg_sq;
+  PlacedBuffer* b = kind == StateKind::kMaster     ? &s.master
+                    : kind == StateKind::kExpAvg   ? &s.exp_avg
+                    : kind == StateKind::kExpAvgSq ? &s.exp_avg_sq
+                                                   : &s.exp_avg_sq_fresh;
   return *b ? b : nullptr;
 }
 
@@ -74,6 +75,10 @@ StatusOr<TensorView> ShardedOptimizer::AddUnit(ShardedUnit& unit, std::span<cons
   ZR_RETURN_IF_ERROR(allocate(s.worker_error, UnitBuffer::kWorkerError));
   ZR_RETURN_IF_ERROR(allocate(s.server_error, UnitBuffer::kServerError));
   ZR_RETURN_IF_ERROR(allocate(s.accumulator, UnitBuffer::kAccumulator));
+  ZR_RETURN_IF_ERROR(allocate(s.exp_avg_sq_fresh, UnitBuffer::kExpAvgSqFresh));
+  if (resources_.options->optimizer.kind == OptimizerKind::kOneBitLamb) {
+    s.lamb.resize(unit.layout().params().size());
+  }
   if (s.master.in_memory()) return s.master.View();
   return TensorView(const_cast<float*>(initial.data()), DType::kF32, {shard}, Device::Cpu());
 }
@@ -90,6 +95,26 @@ int64_t ShardedOptimizer::StagingSetBytes(const ShardManagerOptions& o, int64_t 
 }
 
 Status ShardedOptimizer::Finalize() {
+  if (resources_.options->optimizer.kind == OptimizerKind::kOneBitLamb && !fused_) {
+    int64_t numel = 0;
+    for (const auto& s : units_) {
+      fused_at_.push_back(numel);
+      for (const ShardPiece& piece : s->unit->layout().ShardPieces(s->unit->layout_rank())) {
+        numel += piece.shard_range.size();
+      }
+    }
+    for (const PlannedBuffer& p :
+         PlanRankBuffers(*resources_.options, numel, resources_.dp->size())) {
+      PlacedBuffer& b = p.buffer == UnitBuffer::kFusedMomentum ? fused_
+                        : p.buffer == UnitBuffer::kWorkerError ? fused_worker_error_
+                                                               : fused_server_error_;
+      StatusOr<PlacedBuffer> placed =
+          PlacedBuffer::Allocate(p, resources_.tiers, resources_.compute);
+      if (!placed.ok()) return Annotate(placed.status(), "1-bit LAMB's fused momentum");
+      b = std::move(*placed);
+    }
+    return ZeroErrors(true);
+  }
   if (tier() != MemoryTier::kNvme || staging_) return absl::OkStatus();
   const ShardManagerOptions& o = *resources_.options;
   int64_t largest = 0;
@@ -271,124 +296,7 @@ Status ShardedOptimizer::ZeroGradients() {
   return absl::OkStatus();
 }
 
-Status ShardedOptimizer::ZeroErrors(bool accumulators) {
-  for (auto& s : units_) {
-    for (PlacedBuffer* b : {&s->worker_error, &s->server_error, &s->accumulator}) {
-      if (!*b || (b == &s->accumulator && !accumulators)) continue;
-      const TensorView v = b->View();
-      ZR_RETURN_IF_ERROR(FillZero(v.data(), v.device(), v.nbytes(), StreamFor(b->tier())));
-    }
-  }
-  return absl::OkStatus();
-}
-
-Status ShardedOptimizer::ResetCompressionErrors() {
-  lrs_ = 0;
-  return ZeroErrors(true);
-}
-
-void ShardedOptimizer::RestoreSchedule(int64_t steps) {
-  if (zero_one_) zero_one_->Restore(steps);
-}
-
-bool ShardedOptimizer::ReducesGradients(int64_t step) {
-  const OptimizerOptions& opt = resources_.options->optimizer;
-  if (opt.kind == OptimizerKind::kOneBitAdam) return !OneBitCompressing(opt, step);
-  if (!zero_one_) return true;
-  ZR_CHECK(zero_one_->steps() == step - 1)
-      << "0/1 Adam's schedule is at step " << zero_one_->steps() << ", asked about " << step;
-  return zero_one_->Next().reduce;
-}
-
 // ------------------------------------------------------------------ the step
-
-Status ShardedOptimizer::EachPiece(int u, const OptimizerStepArgs& args, OneBitPhase phase,
-                                   float grad_scale, const TensorView& out) {
-  UnitState& s = *units_[u];
-  const OptimizerOptions& opt = resources_.options->optimizer;
-  const FlatLayout& layout = s.unit->layout();
-  const TensorView master = s.master.View(), grad = s.grad.View(), m = s.exp_avg.View(),
-                   v = s.exp_avg_sq.View();
-  for (const ShardPiece& piece : layout.ShardPieces(s.unit->layout_rank())) {
-    const int64_t at = piece.shard_range.begin, n = piece.shard_range.size();
-    const OneBitAdamHyper h{
-        .lr = args.lr,
-        .beta1 = opt.beta1,
-        .beta2 = opt.beta2,
-        .eps = opt.eps,
-        .weight_decay = layout.params()[piece.param].weight_decay ? opt.weight_decay : 0.0f,
-        .grad_scale = grad_scale};
-    ZR_RETURN_IF_ERROR(OneBitAdamStep(h, phase, master.Flat(at, n), grad.Flat(at, n), m.Flat(at, n),
-                                      v.Flat(at, n), out.data() ? out.Flat(at, n) : TensorView(),
-                                      StreamFor(tier())));
-  }
-  return absl::OkStatus();
-}
-
-Status ShardedOptimizer::CompressedMean(int u, const TensorView& values, const char* what) {
-  UnitState& s = *units_[u];
-  if (!s.worker_error) return absl::OkStatus();  // one data-parallel rank
-  if (!onebit_)
-    onebit_ = std::make_unique<OneBitAllReduce>(*resources_.dp, *resources_.tiers.device);
-  resources_.dp->SetTraceLabel(StrCat("1-bit ", what, " of ", s.unit->name()));
-  Status status = onebit_->Run(OneBitSegments(s.unit->layout()), values, s.worker_error.View(),
-                               s.server_error.View(), StreamFor(tier()));
-  resources_.dp->SetTraceLabel("");
-  return status;
-}
-
-Status ShardedOptimizer::UpdateOneBit(int u, const OptimizerStepArgs& args, const TensorView& out) {
-  if (args.step == 1) return absl::OkStatus();  // DeepSpeed's initialisation step
-  if (!OneBitCompressing(resources_.options->optimizer, args.step)) {
-    return EachPiece(u, args, OneBitPhase::kWarmup, args.grad_scale, out);
-  }
-  ZR_RETURN_IF_ERROR(EachPiece(u, args, OneBitPhase::kMomentum, args.grad_scale, out));
-  ZR_RETURN_IF_ERROR(CompressedMean(u, units_[u]->exp_avg.View(), "momentum"));
-  return EachPiece(u, args, OneBitPhase::kApply, args.grad_scale, out);
-}
-
-Status ShardedOptimizer::UpdateZeroOne(int u, const OptimizerStepArgs& args,
-                                       const ZeroOneStep& plan, const TensorView& out) {
-  if (plan.init) return absl::OkStatus();  // DeepSpeed's initialisation step
-  UnitState& s = *units_[u];
-  Stream* stream = StreamFor(tier());
-  if (!plan.frozen) {
-    if (plan.variance) return EachPiece(u, args, OneBitPhase::kWarmup, args.grad_scale, out);
-    // The gradient itself through the compressed all-reduce; the momentum from it. With one rank
-    // DeepSpeed leaves the momentum as it is on these steps.
-    if (s.worker_error) {
-      const TensorView g = s.grad.View();
-      ZR_RETURN_IF_ERROR(Scale(g, args.grad_scale, stream));
-      ZR_RETURN_IF_ERROR(CompressedMean(u, g, "gradient"));
-      ZR_RETURN_IF_ERROR(EachPiece(u, args, OneBitPhase::kMomentum, 1.0f, out));
-    }
-    return EachPiece(u, args, OneBitPhase::kApply, args.grad_scale, out);
-  }
-  // A local step from this rank's gradient, summed into the accumulator.
-  ZR_RETURN_IF_ERROR(EachPiece(u, args, OneBitPhase::kMomentum, args.grad_scale, out));
-  const OptimizerOptions& opt = resources_.options->optimizer;
-  const FlatLayout& layout = s.unit->layout();
-  const TensorView master = s.master.View(), m = s.exp_avg.View(), v = s.exp_avg_sq.View(),
-                   acc = s.accumulator.View();
-  auto each = [&](ZeroOnePhase phase) -> Status {
-    for (const ShardPiece& piece : layout.ShardPieces(s.unit->layout_rank())) {
-      const int64_t at = piece.shard_range.begin, n = piece.shard_range.size();
-      const OneBitAdamHyper h{
-          .lr = args.lr,
-          .eps = opt.eps,
-          .weight_decay = layout.params()[piece.param].weight_decay ? opt.weight_decay : 0.0f};
-      ZR_RETURN_IF_ERROR(ZeroOneAdamStep(h, static_cast<float>(lrs_), phase, master.Flat(at, n),
-                                         m.Flat(at, n), v.Flat(at, n), acc.Flat(at, n),
-                                         out.data() ? out.Flat(at, n) : TensorView(), stream));
-    }
-    return absl::OkStatus();
-  };
-  ZR_RETURN_IF_ERROR(each(ZeroOnePhase::kLocalStep));
-  if (!plan.sync) return absl::OkStatus();
-  ZR_RETURN_IF_ERROR(each(ZeroOnePhase::kSyncOut));
-  ZR_RETURN_IF_ERROR(CompressedMean(u, acc, "accumulated steps"));
-  return each(ZeroOnePhase::kSyncIn);
-}
 
 Status ShardedOptimizer::Update(int u, const Range& range, const OptimizerStepArgs& args,
                                 const TensorView& master, const TensorView& grad,
@@ -438,7 +346,8 @@ Status ShardedOptimizer::Update(int u, const Range& range, const OptimizerStepAr
 
 Status ShardedOptimizer::UpdateLamb(int u, const OptimizerStepArgs& args, const TensorView& master,
                                     const TensorView& grad, const TensorView& exp_avg,
-                                    const TensorView& exp_avg_sq, const TensorView& out) {
+                                    const TensorView& exp_avg_sq, const TensorView& out,
+                                    std::span<OneBitLambParam> onebit) {
   const OptimizerOptions& opt = resources_.options->optimizer;
   const FlatLayout& layout = units_[u]->unit->layout();
   const Device device = master.device();
@@ -460,7 +369,7 @@ Status ShardedOptimizer::UpdateLamb(int u, const OptimizerStepArgs& args, const 
                      .weight_decay = layout.params()[param].weight_decay ? opt.weight_decay : 0.0f,
                      .step = args.step,
                      .grad_scale = args.grad_scale,
-                     .bias_correction = opt.bias_correction,
+                     .bias_correction = opt.bias_correction && onebit.empty(),
                      .max_coeff = opt.max_coeff,
                      .min_coeff = opt.min_coeff};
   };
@@ -498,6 +407,11 @@ Status ShardedOptimizer::UpdateLamb(int u, const OptimizerStepArgs& args, const 
   for (const ShardPiece& p : pieces) {
     const LambHyper h = hyper(p.param);
     const float coeff = LambCoefficient(h, host[2 * p.param], host[2 * p.param + 1]);
+    if (!onebit.empty() && coeff != 1.0f) {  // [Note: 1-bit LAMB]: the frozen coefficient
+      OneBitLambParam& c = onebit[static_cast<size_t>(p.param)];
+      const double beta = opt.coeff_beta;
+      c.coeff_freeze = static_cast<float>(beta * c.coeff_freeze + (1.0 - beta) * coeff);
+    }
     ZR_RETURN_IF_ERROR(LambApply(h, coeff, part(master, p), part(grad, p), part(out, p), stream));
   }
   return absl::OkStatus();
@@ -514,6 +428,10 @@ Status ShardedOptimizer::Step(const OptimizerStepArgs& args) {
           "need a second pass over the streamed chunks); use offload_optimizer.device cpu");
     }
     return StepNvme(args);
+  }
+  if (resources_.options->optimizer.kind == OptimizerKind::kOneBitLamb &&
+      OneBitCompressing(resources_.options->optimizer, args.step)) {
+    ZR_RETURN_IF_ERROR(CompressLambMomentum(args));
   }
   if (zero_one_) {  // [Note: 0/1 Adam]: this step's place in DeepSpeed's counters
     ZR_CHECK(zero_one_->steps() == args.step - 1)
@@ -564,6 +482,8 @@ Status ShardedOptimizer::StepInMemory(int u, const OptimizerStepArgs& args) {
     ZR_RETURN_IF_ERROR(UpdateOneBit(u, args, out));
   } else if (resources_.options->optimizer.kind == OptimizerKind::kZeroOneAdam) {
     ZR_RETURN_IF_ERROR(UpdateZeroOne(u, args, zero_one_step_, out));
+  } else if (resources_.options->optimizer.kind == OptimizerKind::kOneBitLamb) {
+    ZR_RETURN_IF_ERROR(UpdateOneBitLamb(u, args, out));
   } else if (resources_.options->optimizer.kind == OptimizerKind::kLamb) {
     ZR_RETURN_IF_ERROR(UpdateLamb(u, args, s.master.View(), s.grad.View(), view(s.exp_avg),
                                   view(s.exp_avg_sq), out));
@@ -588,9 +508,10 @@ Status ShardedOptimizer::StepNvme(const OptimizerStepArgs& args) {
 bool ShardedOptimizer::HasState(StateKind kind) const {
   if (units_.empty()) return false;
   const UnitState& s = *units_[0];
-  return kind == StateKind::kMaster   ? static_cast<bool>(s.master)
-         : kind == StateKind::kExpAvg ? static_cast<bool>(s.exp_avg)
-                                      : static_cast<bool>(s.exp_avg_sq);
+  return kind == StateKind::kMaster     ? static_cast<bool>(s.master)
+         : kind == StateKind::kExpAvg   ? static_cast<bool>(s.exp_avg)
+         : kind == StateKind::kExpAvgSq ? static_cast<bool>(s.exp_avg_sq)
+                                        : static_cast<bool>(s.exp_avg_sq_fresh);
 }
 
 Status ShardedOptimizer::ReadState(int u, StateKind kind, std::span<float> out) {

@@ -35,7 +35,7 @@ struct OptimizerStepArgs {
 };
 
 // The fp32 shard buffers a checkpoint holds.
-enum class StateKind { kMaster, kExpAvg, kExpAvgSq };
+enum class StateKind { kMaster, kExpAvg, kExpAvgSq, kExpAvgSqFresh };
 
 struct OptimizerResources {
   const ShardManagerOptions* options = nullptr;
@@ -59,7 +59,8 @@ class ShardedOptimizer {
   // `initial` (this rank's shard, host memory). Returns the master's values as a view the unit
   // initialises its compute copies from (the master itself in memory; `initial` for NVMe).
   StatusOr<TensorView> AddUnit(ShardedUnit& unit, std::span<const float> initial);
-  // After every AddUnit: the staging sets of the NVMe pipeline.
+  // After every AddUnit: the staging sets of the NVMe pipeline, or 1-bit LAMB's buffers of the
+  // rank (PlanRankBuffers).
   Status Finalize();
 
   // Adds a reduced gradient slice (reduce dtype, shard_numel elements, device memory written on
@@ -77,15 +78,19 @@ class ShardedOptimizer {
   // Updates every unit's master and moments, and writes its compute copy.
   Status Step(const OptimizerStepArgs& args);
   Status ZeroGradients();
-  // The 1-bit optimizers: zeroes every unit's compression errors, and 0/1 Adam's accumulated
-  // local steps (after a checkpoint load, as DeepSpeed resets them).
+  // The 1-bit optimizers: zeroes every unit's compression errors, 0/1 Adam's accumulated local
+  // steps and 1-bit LAMB's fused momentum (after a checkpoint load, as DeepSpeed resets them).
   Status ResetCompressionErrors();
-  // Whether step `step` (1-based) all-reduces the gradients: not 1-bit Adam's compressed steps,
-  // not 0/1 Adam's steps that compress the gradient or take local steps.
+  // Whether step `step` (1-based) all-reduces the gradients: not 1-bit Adam's or 1-bit LAMB's
+  // compressed steps, not 0/1 Adam's steps that compress the gradient or take local steps.
   bool ReducesGradients(int64_t step);
   // The optimizer's own step counters (0/1 Adam's schedule) at `steps` taken: a resume
   // (ShardManagerState::RestoreCounters, the one place the step count is set).
   void RestoreSchedule(int64_t steps);
+
+  // 1-bit LAMB's scalars of unit u's parameters, in layout order ([Note: 1-bit LAMB]; empty for
+  // every other optimizer): a checkpoint saves and restores them.
+  std::span<OneBitLambParam> LambParams(int u);
 
   bool HasState(StateKind kind) const;
   // This rank's shard of `kind` of unit `u` (shard_numel values, padding included).
@@ -121,9 +126,18 @@ class ShardedOptimizer {
   // LAMB over a unit's in-memory shard: moments and updates per parameter piece, the pieces'
   // sums of p^2 and update^2 summed over the data-parallel group (a parameter's norm spans its
   // shards), then each parameter's trust ratio applied.
+  // 1-bit LAMB's warm-up passes `onebit`: its parameters' frozen coefficients, averaged.
   Status UpdateLamb(int u, const OptimizerStepArgs& args, const TensorView& master,
                     const TensorView& grad, const TensorView& exp_avg, const TensorView& exp_avg_sq,
-                    const TensorView& out);
+                    const TensorView& out, std::span<OneBitLambParam> onebit = {});
+  // 1-bit LAMB ([Note: 1-bit LAMB]): before the units' updates of a compressed step, the
+  // scaling coefficients (the first time), every unit's momentum into the fused buffer and its
+  // compressed mean; then per unit the warm-up's LAMB or the compressed step's update.
+  Status CompressLambMomentum(const OptimizerStepArgs& args);
+  Status SetLambScaling();
+  Status UpdateOneBitLamb(int u, const OptimizerStepArgs& args, const TensorView& out);
+  // `n` zeroed fp32 values of workspace on the optimizer's device.
+  StatusOr<::zerort::Buffer> DeviceWorkspace(int64_t n, Stream* stream);
   // 1-bit Adam over a unit's in-memory state, in the phase of args.step ([Note: 1-bit Adam]).
   Status UpdateOneBit(int u, const OptimizerStepArgs& args, const TensorView& out);
   // 0/1 Adam over a unit's in-memory state, in the schedule's step ([Note: 0/1 Adam]).
@@ -161,6 +175,10 @@ class ShardedOptimizer {
   std::unique_ptr<StagingPool> staging_;       // NVMe pipeline staging sets
   std::unique_ptr<OneBitAllReduce> onebit_;    // 1-bit Adam's compressed all-reduce
   std::unique_ptr<ZeroOneSchedule> zero_one_;  // 0/1 Adam's counters
+  // 1-bit LAMB: the rank's fused momentum and its errors (PlanRankBuffers), and where each
+  // unit's parameters start in it.
+  PlacedBuffer fused_, fused_worker_error_, fused_server_error_;
+  std::vector<int64_t> fused_at_;
   double lrs_ = 0;  // 0/1 Adam: the learning rates summed over the local steps since the last sync
   ZeroOneStep zero_one_step_;  // 0/1 Adam: the step being taken
   // [Note: host gradients in flight]

@@ -31,6 +31,10 @@ std::string_view UnitBufferName(UnitBuffer buffer) {
       return "1-bit server error";
     case UnitBuffer::kAccumulator:
       return "0/1 Adam accumulator";
+    case UnitBuffer::kExpAvgSqFresh:
+      return "exp_avg_sq_fresh";
+    case UnitBuffer::kFusedMomentum:
+      return "1-bit LAMB fused momentum";
   }
   return "invalid";
 }
@@ -72,7 +76,11 @@ UnitPlan PlanUnit(const ShardManagerOptions& o, const FlatLayout& layout, int da
   if (o.optimizer.kind == OptimizerKind::kZeroOneAdam) {
     add(UnitBuffer::kAccumulator, shard, DType::kF32, opt_tier, C::kOptimizerState);
   }
-  if (IsOneBit(o.optimizer.kind) && data_ranks > 1) {
+  if (o.optimizer.kind == OptimizerKind::kOneBitLamb) {
+    add(UnitBuffer::kExpAvgSqFresh, shard, DType::kF32, opt_tier, C::kOptimizerState);
+  }
+  if (IsOneBit(o.optimizer.kind) && o.optimizer.kind != OptimizerKind::kOneBitLamb &&
+      data_ranks > 1) {
     const int64_t worker = OneBitAllReduce::WorkerErrorNumel(OneBitSegments(layout), data_ranks);
     add(UnitBuffer::kWorkerError, worker, DType::kF32, opt_tier, C::kOptimizerState);
     add(UnitBuffer::kServerError, worker / data_ranks, DType::kF32, opt_tier, C::kOptimizerState);
@@ -96,6 +104,23 @@ UnitPlan PlanUnit(const ShardManagerOptions& o, const FlatLayout& layout, int da
         C::kParameters);
   }
   return plan;
+}
+
+std::vector<PlannedBuffer> PlanRankBuffers(const ShardManagerOptions& o, int64_t numel,
+                                           int data_ranks) {
+  std::vector<PlannedBuffer> out;
+  if (o.optimizer.kind != OptimizerKind::kOneBitLamb) return out;
+  const int64_t padded = OneBitAllReduce::Padded(numel, data_ranks);
+  const MemoryTier tier = o.placement.optimizer;
+  out.push_back({UnitBuffer::kFusedMomentum, padded, DType::kF32, tier,
+                 MemoryCategory::kOptimizerState});
+  if (data_ranks > 1) {
+    out.push_back(
+        {UnitBuffer::kWorkerError, padded, DType::kF32, tier, MemoryCategory::kOptimizerState});
+    out.push_back({UnitBuffer::kServerError, padded / data_ranks, DType::kF32, tier,
+                   MemoryCategory::kOptimizerState});
+  }
+  return out;
 }
 
 }  // namespace zerort

@@ -29,6 +29,8 @@ enum class UnitBuffer : uint8_t {
   kWorkerError,   // 1-bit Adam: this rank's compression error, each parameter padded
   kServerError,   // 1-bit Adam: its server chunk's error ([Note: 1-bit Adam])
   kAccumulator,   // 0/1 Adam: the local steps summed since the last synchronisation
+  kExpAvgSqFresh,  // 1-bit LAMB: the second moment kept fresh after freeze_step
+  kFusedMomentum,  // 1-bit LAMB: a rank's whole momentum, padded (one per rank, not per unit)
 };
 std::string_view UnitBufferName(UnitBuffer buffer);  // "master", "exp_avg", ...
 
@@ -68,14 +70,21 @@ struct UnitPlan {
 
 // Shards of a unit's flat vector: 1 at stage 0 (replicated), else the data-parallel size.
 int ShardCount(ZeroStage stage, int dp_size);
-// DeepSpeed's 1-bit optimizers (1-bit Adam, 0/1 Adam): their compressed all-reduce.
+// DeepSpeed's 1-bit optimizers (1-bit Adam, 0/1 Adam, 1-bit LAMB): their compressed all-reduce.
 inline bool IsOneBit(OptimizerKind kind) {
-  return kind == OptimizerKind::kOneBitAdam || kind == OptimizerKind::kZeroOneAdam;
+  return kind == OptimizerKind::kOneBitAdam || kind == OptimizerKind::kZeroOneAdam ||
+         kind == OptimizerKind::kOneBitLamb;
 }
 // fp32 moments the optimizer keeps per element: Adam(W) 2, SGD with momentum 1, plain SGD 0.
 int OptimizerStateCount(const OptimizerOptions& optimizer);
 // The plan of a unit laid out by `layout` (whose dp_size is ShardCount(stage, dp)), for a
 // data-parallel group of `data_ranks` (the 1-bit optimizers' error buffers depend on it).
 UnitPlan PlanUnit(const ShardManagerOptions& options, const FlatLayout& layout, int data_ranks);
+// 1-bit LAMB's buffers of one rank, after its units' ([Note: 1-bit LAMB]): the fused momentum of
+// `numel` elements (the parameters of every unit of the rank) padded for `data_ranks`, and with
+// more than one rank the worker error (as long) and the server error (1/data_ranks of it). Empty
+// for every other optimizer.
+std::vector<PlannedBuffer> PlanRankBuffers(const ShardManagerOptions& options, int64_t numel,
+                                           int data_ranks);
 
 }  // namespace zerort

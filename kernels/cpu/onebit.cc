@@ -2,6 +2,7 @@
 // CPU; CUDA views go to kernels/cuda/onebit.cu.
 #include "kernels/onebit.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/optimizer_math.h"
@@ -111,6 +112,79 @@ Status ZeroOneAdamStep(const OneBitAdamHyper& h, float lrs, ZeroOnePhase phase,
       }
       if (out != nullptr) StoreFromFloat(out, out_dtype, i, p[i]);
     }
+    return absl::OkStatus();
+  });
+}
+
+Status OneBitLambMomentum(const OneBitAdamHyper& h, float scaling, const TensorView& grad,
+                          const TensorView& exp_avg, const TensorView& fused, Stream* stream) {
+  const int64_t n = exp_avg.numel();
+  const Device device = exp_avg.device();
+  ZR_RETURN_IF_ERROR(CheckF32(exp_avg, n, device, "exp_avg"));
+  ZR_RETURN_IF_ERROR(CheckF32(grad, n, device, "the gradient"));
+  ZR_RETURN_IF_ERROR(CheckF32(fused, n, device, "the fused momentum"));
+  ZR_RETURN_IF_ERROR(CheckStream(device, stream, "OneBitLambMomentum"));
+  const float* g = grad.data_as<float>();
+  const float* m = exp_avg.data_as<float>();
+  float* f = fused.data_as<float>();
+  if (device.is_cuda()) return internal::CudaOneBitLambMomentum(h, scaling, g, m, f, n, stream);
+  return RunOnHostInOrder(stream, [=] {
+    const float omb1 = 1.0f - h.beta1;
+#pragma omp parallel for schedule(static) if (n > (int64_t{1} << 16))
+    for (int64_t i = 0; i < n; ++i) {
+      f[i] = math::OneBitLambFused(m[i], math::Mul(g[i], h.grad_scale), h.beta1, omb1, scaling);
+    }
+    return absl::OkStatus();
+  });
+}
+
+Status OneBitLambReconstruct(const OneBitAdamHyper& h, float scaling, const TensorView& master,
+                             const TensorView& fused, const TensorView& exp_avg,
+                             const TensorView& exp_avg_sq, const TensorView& exp_avg_sq_fresh,
+                             const TensorView& update_out, const TensorView& stats,
+                             Stream* stream) {
+  const int64_t n = exp_avg.numel();
+  const Device device = exp_avg.device();
+  ZR_RETURN_IF_ERROR(CheckF32(master, n, device, "the master"));
+  ZR_RETURN_IF_ERROR(CheckF32(fused, n, device, "the fused momentum"));
+  ZR_RETURN_IF_ERROR(CheckF32(exp_avg, n, device, "exp_avg"));
+  ZR_RETURN_IF_ERROR(CheckF32(exp_avg_sq, n, device, "exp_avg_sq"));
+  ZR_RETURN_IF_ERROR(CheckF32(exp_avg_sq_fresh, n, device, "exp_avg_sq_fresh"));
+  ZR_RETURN_IF_ERROR(CheckF32(update_out, n, device, "the update"));
+  ZR_RETURN_IF_ERROR(CheckF32(stats, 3, device, "the stats"));
+  ZR_RETURN_IF_ERROR(CheckStream(device, stream, "OneBitLambReconstruct"));
+  if (!(scaling > 0.0f)) {
+    return absl::InvalidArgumentError(
+        StrCat("OneBitLambReconstruct: the scaling coefficient is ", scaling, " (positive expected)"));
+  }
+  const float* p = master.data_as<float>();
+  const float* f = fused.data_as<float>();
+  float* m = exp_avg.data_as<float>();
+  const float* v = exp_avg_sq.data_as<float>();
+  float* vf = exp_avg_sq_fresh.data_as<float>();
+  float* u = update_out.data_as<float>();
+  float* st = stats.data_as<float>();
+  if (device.is_cuda()) {
+    return internal::CudaOneBitLambReconstruct(h, scaling, p, f, m, v, vf, u, st, n, stream);
+  }
+  return RunOnHostInOrder(stream, [=] {
+    const float omb1 = 1.0f - h.beta1, omb2 = 1.0f - h.beta2;
+    double prelim_sq = 0, update_sq = 0;
+    float ratio = st[2];
+#pragma omp parallel for schedule(static) reduction(+ : prelim_sq, update_sq) \
+    reduction(max : ratio) if (n > (int64_t{1} << 15))
+    for (int64_t i = 0; i < n; ++i) {
+      const math::OneBitLambElement e =
+          math::OneBitLambReconstruct(f[i], scaling, m[i], v[i], vf[i], p[i], h.beta1, omb1,
+                                      h.beta2, omb2, h.eps, h.weight_decay);
+      u[i] = e.update;
+      prelim_sq += static_cast<double>(e.prelim) * e.prelim;
+      update_sq += static_cast<double>(e.update) * e.update;
+      ratio = std::max(ratio, e.ratio);
+    }
+    st[0] += static_cast<float>(prelim_sq);
+    st[1] += static_cast<float>(update_sq);
+    st[2] = ratio;
     return absl::OkStatus();
   });
 }

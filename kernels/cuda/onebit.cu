@@ -58,6 +58,58 @@ __global__ void ZeroOneAdamKernel(OneBitAdamHyper h, float lrs, ZeroOnePhase pha
   }
 }
 
+__global__ void OneBitLambMomentumKernel(OneBitAdamHyper h, float scaling, const float* g,
+                                         const float* m, float* fused, int64_t n) {
+  const float omb1 = 1.0f - h.beta1;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    fused[i] = math::OneBitLambFused(m[i], math::Mul(g[i], h.grad_scale), h.beta1, omb1, scaling);
+  }
+}
+
+// Each block's sums and largest ratio reduced in shared memory, then added (the sums) and maxed
+// (the ratio: non-negative floats order as their bits do) into `stats`.
+__global__ void OneBitLambReconstructKernel(OneBitAdamHyper h, float scaling, const float* p,
+                                            const float* fused, float* m, const float* v,
+                                            float* v_fresh, float* update, float* stats,
+                                            int64_t n) {
+  __shared__ float s0[kThreads], s1[kThreads], s2[kThreads];
+  const float omb1 = 1.0f - h.beta1, omb2 = 1.0f - h.beta2;
+  float a = 0.0f, b = 0.0f, r = 0.0f;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    float mi = m[i], vf = v_fresh[i];
+    const math::OneBitLambElement e =
+        math::OneBitLambReconstruct(fused[i], scaling, mi, v[i], vf, p[i], h.beta1, omb1, h.beta2,
+                                    omb2, h.eps, h.weight_decay);
+    m[i] = mi;
+    v_fresh[i] = vf;
+    update[i] = e.update;
+    a += e.prelim * e.prelim;
+    b += e.update * e.update;
+    r = fmaxf(r, e.ratio);
+  }
+  s0[threadIdx.x] = a;
+  s1[threadIdx.x] = b;
+  s2[threadIdx.x] = r;
+  __syncthreads();
+  for (int k = kThreads / 2; k > 0; k >>= 1) {
+    if (threadIdx.x < k) {
+      s0[threadIdx.x] += s0[threadIdx.x + k];
+      s1[threadIdx.x] += s1[threadIdx.x + k];
+      s2[threadIdx.x] = fmaxf(s2[threadIdx.x], s2[threadIdx.x + k]);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    atomicAdd(&stats[0], s0[0]);
+    atomicAdd(&stats[1], s1[0]);
+    atomicMax(reinterpret_cast<int*>(&stats[2]), __float_as_int(s2[0]));
+  }
+}
+
 __global__ void SignCompressKernel(float* b, int64_t bytes, float sqrt_n, const float* sum_sq,
                                    float* scale, uint8_t* bits, int64_t per_chunk,
                                    int64_t chunk_stride) {
@@ -138,6 +190,27 @@ Status CudaZeroOneAdam(const OneBitAdamHyper& h, float lrs, ZeroOnePhase phase, 
       ZeroOneAdamKernel<<<blocks, kThreads, 0, s>>>(h, lrs, phase, p, m, v, acc,
                                                     static_cast<float*>(out), n);
   }
+  ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+Status CudaOneBitLambMomentum(const OneBitAdamHyper& h, float scaling, const float* g,
+                              const float* m, float* fused, int64_t n, Stream* stream) {
+  if (n == 0) return absl::OkStatus();
+  auto s = static_cast<cudaStream_t>(stream->native_handle());
+  OneBitLambMomentumKernel<<<launch::GridStrideBlocks(n, 4096), kThreads, 0, s>>>(h, scaling, g, m,
+                                                                                 fused, n);
+  ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+Status CudaOneBitLambReconstruct(const OneBitAdamHyper& h, float scaling, const float* p,
+                                 const float* fused, float* m, const float* v, float* v_fresh,
+                                 float* update, float* stats, int64_t n, Stream* stream) {
+  if (n == 0) return absl::OkStatus();
+  auto s = static_cast<cudaStream_t>(stream->native_handle());
+  OneBitLambReconstructKernel<<<launch::GridStrideBlocks(n, 1024), kThreads, 0, s>>>(
+      h, scaling, p, fused, m, v, v_fresh, update, stats, n);
   ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

@@ -11,8 +11,8 @@
   trains the synchronous one's curve bit for bit;
 - 0/1 Adam: its first steps bitwise Adam without bias correction, its compressed, local and
   synchronising steps' bytes, the estimator's for a synchronising step;
-- 1-bit Adam and 0/1 Adam at stages 1-3, 1-bit LAMB and a freeze_step for another optimizer exit
-  2 naming them.
+- the 1-bit optimizers at stages 1-3 and a freeze_step for another optimizer exit 2 naming them
+  (1-bit LAMB's own checks: onebit_lamb_cli_test.py).
 Usage: onebit_cli_test.py PATH_TO_ZERORT MPIEXEC"""
 import functools
 import json
@@ -217,13 +217,15 @@ bad = [
      'optimizer.type = "OneBitAdam" with zero_optimization.stage = 1'),
     ("1-bit Adam at ZeRO-3", {"zero_optimization": {"stage": 3}},
      'optimizer.type = "OneBitAdam" with zero_optimization.stage = 3'),
-    ("1-bit LAMB", {"optimizer": {"type": "OneBitLamb"}},
-     'optimizer.type = "OneBitLamb": a DeepSpeed 1-bit optimizer zerort does not implement yet'),
+    ("1-bit LAMB at ZeRO-2", {"zero_optimization": {"stage": 2},
+                              "optimizer": {"type": "OneBitLamb"}},
+     'optimizer.type = "OneBitLamb" with zero_optimization.stage = 2'),
     ("0/1 Adam at ZeRO-2", {"zero_optimization": {"stage": 2},
                             "optimizer": {"type": "ZeroOneAdam"}},
      'optimizer.type = "ZeroOneAdam" with zero_optimization.stage = 2'),
     ("freeze_step for AdamW", {"optimizer": {"type": "AdamW", "params": {"freeze_step": 10}}},
-     "optimizer.params.freeze_step is a OneBitAdam parameter, but optimizer.type is AdamW"),
+     "optimizer.params.freeze_step is a OneBitAdam or OneBitLamb parameter, but "
+     "optimizer.type is AdamW"),
 ]
 for what, overrides, message in bad:
     run = merged(BASE, overrides)

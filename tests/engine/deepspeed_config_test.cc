@@ -160,10 +160,20 @@ TEST(DeepSpeedKeysTest, TyposAreUnknownButDeepSpeedKeysAreNamedAsUnsupported) {
   const std::string zero_one =
       Error({{"optimizer", {{"type", "ZeroOneAdam"}}}, {"zero_optimization", {{"stage", 1}}}});
   EXPECT_NE(zero_one.find("run at ZeRO stage 0 only"), std::string::npos) << zero_one;
-  const std::string lamb1 = Error({{"optimizer", {{"type", "OneBitLamb"}}}});
-  EXPECT_NE(lamb1.find("a DeepSpeed 1-bit optimizer zerort does not implement yet"),
-            std::string::npos)
+  const std::string lamb1 =
+      Error({{"optimizer", {{"type", "onebitlamb"}}}, {"zero_optimization", {{"stage", 2}}}});
+  EXPECT_NE(lamb1.find("\"OneBitLamb\" with zero_optimization.stage = 2"), std::string::npos)
       << lamb1;
+  const std::string lamb_pp = Error({{"optimizer", {{"type", "OneBitLamb"}}},
+                                     {"parallel", {{"pipeline_parallel_size", 2}}}});
+  EXPECT_NE(lamb_pp.find("pipeline_parallel_size > 1 is not implemented"), std::string::npos)
+      << lamb_pp;
+  const std::string factors =
+      Error({{"optimizer",
+              {{"type", "OneBitLamb"}, {"params", {{"factor_min", 5.0}, {"factor_max", 4.0}}}}}});
+  EXPECT_NE(factors.find("factor_min = 5 is above optimizer.params.factor_max = 4"),
+            std::string::npos)
+      << factors;
   const std::string cycle = Error({{"scheduler", {{"type", "OneCycle"}}}});
   EXPECT_NE(cycle.find("scheduler.type = \"OneCycle\""), std::string::npos) << cycle;
 }

@@ -100,6 +100,36 @@ for name, params, says in (
         ("onebit_lr_str.json", {"lr": "fast"}, "optimizer.params.lr")):
     expect(f"train {name}", ["train", config(name, merged(ONEBIT, {"optimizer": {"params": params}}))],
            says)
+# 1-bit LAMB's parameters ([Note: 1-bit LAMB]) and what it refuses.
+ONEBIT_LAMB = {"zero_optimization": {"stage": 0}, "optimizer": {"type": "OneBitLamb"}}
+for name, extra, says in (
+        ("coeff_beta_str.json", {"coeff_beta": "0.9"}, "optimizer.params.coeff_beta"),
+        ("coeff_beta_one.json", {"coeff_beta": 1.0}, "optimizer.params.coeff_beta"),
+        ("coeff_beta_neg.json", {"coeff_beta": -0.1}, "optimizer.params.coeff_beta"),
+        ("factor_max_zero.json", {"factor_max": 0}, "optimizer.params.factor_max"),
+        ("factor_max_huge.json", {"factor_max": 1e300}, "optimizer.params.factor_max"),
+        ("factor_min_nan.json", {"factor_min": "NaN"}, "optimizer.params.factor_min"),
+        ("factor_min_above.json", {"factor_min": 5, "factor_max": 4},
+         "optimizer.params.factor_min = 5 is above optimizer.params.factor_max = 4"),
+        ("factor_threshold_neg.json", {"factor_threshold": -0.5},
+         "optimizer.params.factor_threshold"),
+        ("factor_threshold_big.json", {"factor_threshold": 2}, "optimizer.params.factor_threshold"),
+        ("lamb_freeze_bool.json", {"freeze_step": True}, "optimizer.params.freeze_step"),
+        ("lamb_max_coeff_list.json", {"max_coeff": [1]}, "optimizer.params.max_coeff"),
+        ("lamb_var_freeze.json", {"var_freeze_step": 3},
+         "optimizer.params.var_freeze_step is a ZeroOneAdam parameter")):
+    expect(f"train {name}",
+           ["train", config(name, merged(ONEBIT_LAMB, {"optimizer": {"params": extra}}))], says)
+for name, extra, says in (
+        ("lamb_stage1.json", {"zero_optimization": {"stage": 1}},
+         'optimizer.type = "OneBitLamb" with zero_optimization.stage = 1'),
+        ("lamb_tp.json", {"parallel": {"tensor_parallel_size": 2}},
+         'optimizer.type = "OneBitLamb" with parallel.tensor_parallel_size > 1'),
+        ("lamb_pp.json", {"parallel": {"pipeline_parallel_size": 2}},
+         'optimizer.type = "OneBitLamb" with parallel.pipeline_parallel_size > 1'),
+        ("coeff_beta_adam.json", {"optimizer": {"type": "AdamW", "params": {"coeff_beta": 0.5}}},
+         "optimizer.params.coeff_beta is a OneBitLamb parameter, but optimizer.type is AdamW")):
+    expect(f"train {name}", ["train", config(name, merged(ONEBIT_LAMB, extra))], says)
 ZERO_ONE = {"zero_optimization": {"stage": 0}, "optimizer": {"type": "ZeroOneAdam"}}
 for name, params, says in (
         ("var_freeze_str.json", {"var_freeze_step": "10"}, "optimizer.params.var_freeze_step"),
@@ -108,7 +138,7 @@ for name, params, says in (
         ("local_clipper_huge.json", {"local_step_clipper": 1e300},
          "optimizer.params.local_step_clipper"),
         ("zero_one_freeze_step.json", {"freeze_step": 5},
-         "optimizer.params.freeze_step is a OneBitAdam parameter")):
+         "optimizer.params.freeze_step is a OneBitAdam or OneBitLamb parameter")):
     expect(f"train {name}",
            ["train", config(name, merged(ZERO_ONE, {"optimizer": {"params": params}}))], says)
 expect("train onebit_stage2.json",
