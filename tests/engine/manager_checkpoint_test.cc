@@ -43,7 +43,8 @@ struct Snapshot {
 };
 
 // The full value of `kind` of parameter `p` of unit `u`: each rank's shard pieces placed at their
-// parameter offsets, summed over the ranks (each element lives on exactly one rank).
+// parameter offsets, summed over the ranks (each element lives on exactly one rank; at stage 0
+// on every rank).
 Status Assemble(ShardManager& m, int u, int p, StateKind kind, std::vector<float>& full) {
   ShardManagerState state(m);
   const FlatLayout& layout = m.unit(u).layout();
@@ -57,6 +58,7 @@ Status Assemble(ShardManager& m, int u, int p, StateKind kind, std::vector<float
           shard[static_cast<size_t>(piece.shard_range.begin + i)];
     }
   }
+  if (m.options().stage == ZeroStage::k0) return absl::OkStatus();  // every rank holds it all
   Communicator& dp = state.dp();
   return dp.AllReduce(full.data(), full.data(), full.size(), DType::kF32, ReduceOp::kSum);
 }
@@ -65,11 +67,18 @@ Status Take(ShardManager& m, Snapshot& out) {
   out.state.clear();
   for (int u = 0; u < m.num_units(); ++u) {
     for (size_t p = 0; p < m.unit(u).layout().params().size(); ++p) {
-      for (StateKind kind : {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
+      for (StateKind kind : {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq,
+                             StateKind::kExpAvgSqFresh}) {
+        if (!m.optimizer().HasState(kind)) continue;
         std::vector<float> full;
         ZR_RETURN_IF_ERROR(Assemble(m, u, static_cast<int>(p), kind, full));
         out.state.push_back(std::move(full));
       }
+    }
+  }
+  for (int u = 0; u < m.num_units(); ++u) {
+    for (const OneBitLambParam& c : m.optimizer().LambParams(u)) {
+      out.state.push_back({c.coeff_freeze, c.last_factor, c.scaling});
     }
   }
   out.applied_steps = ShardManagerState(m).steps();
@@ -84,11 +93,11 @@ Status RunRanks(int world, const std::function<Status(Communicator&)>& body) {
 }
 
 // Trains `steps` steps at (world, stage) and saves {step 7, user} into `dir`; rank 0's snapshot.
-Status TrainAndSave(const std::string& dir, int world, ZeroStage stage, int steps,
-                    Snapshot& saved) {
+Status TrainAndSave(const std::string& dir, int world, const ShardManagerOptions& options,
+                    int steps, Snapshot& saved) {
   return RunRanks(world, [&](Communicator& comm) -> Status {
     MemoryTracker tracker;
-    ZR_ASSIGN_OR_RETURN(testing::MlpRun run, MakeMlpRun(Options(stage), comm, tracker));
+    ZR_ASSIGN_OR_RETURN(testing::MlpRun run, MakeMlpRun(options, comm, tracker));
     ManagerCheckpoints checkpoints(dir, *run.manager);
     ZR_ASSIGN_OR_RETURN(std::optional<TrainerState> none, checkpoints.LoadLatest());
     if (none.has_value()) return absl::InternalError("a fresh directory had a checkpoint");
@@ -109,11 +118,11 @@ Status TrainAndSave(const std::string& dir, int world, ZeroStage stage, int step
 }
 
 // A new manager at (world, stage) loads `dir`; rank 0's snapshot and trainer state.
-Status Load(const std::string& dir, int world, ZeroStage stage, Snapshot& loaded,
-            TrainerState& state) {
+Status Load(const std::string& dir, int world, const ShardManagerOptions& options,
+            Snapshot& loaded, TrainerState& state) {
   return RunRanks(world, [&](Communicator& comm) -> Status {
     MemoryTracker tracker;
-    ZR_ASSIGN_OR_RETURN(testing::MlpRun run, MakeMlpRun(Options(stage), comm, tracker));
+    ZR_ASSIGN_OR_RETURN(testing::MlpRun run, MakeMlpRun(options, comm, tracker));
     ManagerCheckpoints checkpoints(dir, *run.manager);
     ZR_ASSIGN_OR_RETURN(std::optional<TrainerState> got, checkpoints.LoadLatest());
     if (!got.has_value()) return absl::InternalError("no checkpoint found");
@@ -132,8 +141,8 @@ void ExpectMovesBitwise(int save_world, ZeroStage save_stage, int load_world, Ze
   const std::string dir = Fresh(name);
   Snapshot saved, loaded;
   TrainerState state;
-  ASSERT_TRUE(TrainAndSave(dir, save_world, save_stage, 3, saved).ok());
-  const Status s = Load(dir, load_world, load_stage, loaded, state);
+  ASSERT_TRUE(TrainAndSave(dir, save_world, Options(save_stage), 3, saved).ok());
+  const Status s = Load(dir, load_world, Options(load_stage), loaded, state);
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(state.step, 7);
   EXPECT_EQ(state.user, nlohmann::json({{"data_offset", 1234}, {"note", "mlp"}}));
@@ -153,6 +162,43 @@ TEST(ManagerCheckpointTest, SavedAtTwoRanksStageThreeLoadsAtOneRankStageOneBitwi
 
 TEST(ManagerCheckpointTest, SavedAtOneRankStageOneLoadsAtTwoRanksStageThreeBitwise) {
   ExpectMovesBitwise(1, ZeroStage::k1, 2, ZeroStage::k3, "w1s1_to_w2s3");
+}
+
+ShardManagerOptions OneBitLamb(int64_t freeze_step) {
+  testing::RunConfig c;
+  c.stage = ZeroStage::k0;
+  c.optimizer = OptimizerKind::kOneBitLamb;
+  c.freeze_step = freeze_step;
+  return testing::Options(c);
+}
+
+// [Note: 1-bit LAMB]: v_fresh and the per-parameter scalars travel with the checkpoint (saved
+// after two compressed steps at 2 ranks, loaded at 1); a LAMB checkpoint lacks them, which only
+// a load that compresses next refuses.
+TEST(ManagerCheckpointTest, OneBitLambStateMovesAndAnotherOptimizersIsRefusedAfterFreezeStep) {
+  const std::string dir = Fresh("onebit_lamb");
+  Snapshot saved, loaded;
+  TrainerState state;
+  ASSERT_TRUE(TrainAndSave(dir, 2, OneBitLamb(3), 5, saved).ok());
+  Status s = Load(dir, 1, OneBitLamb(3), loaded, state);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(loaded.state.size(), saved.state.size());
+  for (size_t k = 0; k < saved.state.size(); ++k) EXPECT_EQ(loaded.state[k], saved.state[k]) << k;
+  const std::vector<float>& scalars = saved.state.back();  // the last parameter's
+  EXPECT_GT(scalars[0], 0.0f);                             // the frozen coefficient
+  EXPECT_NE(scalars[1], 1.0f);                             // the factor moved
+  EXPECT_GT(scalars[2], 0.0f);                             // the scaling was set
+
+  const std::string lamb_dir = Fresh("from_lamb");
+  testing::RunConfig c;
+  c.stage = ZeroStage::k0;
+  c.optimizer = OptimizerKind::kLamb;
+  ASSERT_TRUE(TrainAndSave(lamb_dir, 1, testing::Options(c), 3, saved).ok());
+  s = Load(lamb_dir, 1, OneBitLamb(3), loaded, state);
+  EXPECT_NE(s.message().find("holds no exp_avg_sq_fresh state (saved with another optimizer?)"),
+            std::string::npos)
+      << s;
+  EXPECT_TRUE(Load(lamb_dir, 1, OneBitLamb(10), loaded, state).ok());  // still in the warm-up
 }
 
 TEST(ManagerCheckpointTest, RotationAnotherRunsDirectoryAndTheToolsThatNeedAModelConfig) {

@@ -44,10 +44,13 @@ struct RunConfig {
   int hpz = 1;                    // ZeRO++ hpZ's secondary group size ([Note: hpZ]); 1: off
   int qgz_local = 0;              // ZeRO++ qgZ with nodes of this many ranks ([Note: qgZ]); 0: off
   bool qwz = false;               // ZeRO++ qwZ: int8 weight gathers
-  int64_t freeze_step = 100'000;  // 1-bit Adam's last uncompressed step ([Note: 1-bit Adam])
+  int64_t freeze_step = 100'000;  // 1-bit Adam's and LAMB's last uncompressed step
   // 0/1 Adam's schedule ([Note: 0/1 Adam]): var_freeze_step, var_update_scaler,
   // local_step_scaler, local_step_clipper.
   int64_t zero_one[4] = {100'000, 16, 32'678, 16};
+  // 1-bit LAMB's factor_max and factor_threshold ([Note: 1-bit LAMB]).
+  float lamb_factor[2] = {4.0f, 0.1f};
+  float weight_decay = 0.05f;  // on the MLP's weights
   // After this many steps every unit's master and moments are read and loaded back, as a
   // checkpoint load would (ShardManagerState); 0: never.
   int reload_after = 0;
@@ -79,13 +82,15 @@ inline ShardManagerOptions Options(const RunConfig& c) {
   o.optimizer.var_update_scaler = c.zero_one[1];
   o.optimizer.local_step_scaler = c.zero_one[2];
   o.optimizer.local_step_clipper = c.zero_one[3];
+  o.optimizer.factor_max = c.lamb_factor[0];
+  o.optimizer.factor_threshold = c.lamb_factor[1];
   o.placement = c.placement;
   o.offload.nvme_path = c.nvme_path;
   o.offload.aio_engine = std::string(IoEngineName(c.io_engine));
   o.offload.optimizer_buffer_count = 2;   // the smallest pipeline: every staging set reused
   o.offload.param_buffer_size = 1 << 16;  // elements: above the MLP's largest shard, not 1e8
   o.offload.sub_group_size = c.sub_group_size;
-  o.optimizer.weight_decay = 0.05f;
+  o.optimizer.weight_decay = c.weight_decay;
   o.optimizer.beta2 = 0.95f;
   if (c.optimizer == OptimizerKind::kSgd) {
     o.optimizer.momentum = 0.9f;
@@ -202,7 +207,8 @@ inline Status TrainRank(const RunConfig& c, Communicator& comm, RunResult& resul
     if (step + 1 == c.reload_after) {
       ShardManagerState state(*m);
       for (int u : units) {
-        for (StateKind kind : {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
+        for (StateKind kind : {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq,
+                               StateKind::kExpAvgSqFresh}) {
           if (!m->optimizer().HasState(kind)) continue;
           std::vector<float> values(m->unit(u).layout().shard_numel());
           ZR_RETURN_IF_ERROR(state.ReadState(u, kind, values));

@@ -12,29 +12,12 @@
 #include "sharding/compressed_allreduce.h"
 #include "sharding/zero_one_schedule.h"
 #include "tests/sharding/harness.h"
+#include "tests/sharding/onebit_reference.h"
 
 namespace zerort {
 namespace {
 
 using namespace testing;  // the harness: RunConfig, Train, MaxRelativeError, MLP
-
-using Vec = std::vector<double>;
-
-// sign as DeepSpeed's compression sees it: +1 for zero.
-double Sign(double x) { return x < 0 ? -1.0 : 1.0; }
-
-// b (P values) -> scale x signs; b becomes the new error.
-Vec Compress(Vec& b) {
-  double sq = 0;
-  for (double x : b) sq += x * x;
-  const double s = std::sqrt(sq) / std::sqrt(static_cast<double>(b.size()));
-  Vec out(b.size());
-  for (size_t j = 0; j < b.size(); ++j) {
-    out[j] = s * Sign(b[j]);
-    b[j] -= out[j];
-  }
-  return out;
-}
 
 struct Reference {
   int world;
@@ -78,29 +61,23 @@ struct Reference {
     return g;
   }
 
-  // The compressed mean of the ranks' momenta of parameter k.
+  // The compressed mean of the ranks' momenta of parameter k, each padded with zeros.
   Vec CompressedMean(const std::vector<Vec>& mw, size_t k) {
-    const int64_t n = static_cast<int64_t>(mw[0].size());
-    const int64_t P = OneBitAllReduce::Padded(n, world), chunk = P / world;
-    std::vector<Vec> signs(world);  // s_w sign(b_w), padded
+    const size_t n = mw[0].size();
+    const size_t P = static_cast<size_t>(OneBitAllReduce::Padded(static_cast<int64_t>(n), world));
+    std::vector<Vec> padded, wk, sk;
     for (int w = 0; w < world; ++w) {
-      Vec b(P, 0.0);
-      for (int64_t j = 0; j < P; ++j) b[j] = (j < n ? mw[w][j] : 0.0) + worker[w][k][j];
-      signs[w] = Compress(b);
-      worker[w][k] = b;
+      padded.push_back(mw[w]);
+      padded.back().resize(P, 0.0);
+      wk.push_back(worker[w][k]);
+      sk.push_back(server[w][k]);
     }
-    Vec out(n);
-    for (int r = 0; r < world; ++r) {
-      Vec c(chunk);
-      for (int64_t j = 0; j < chunk; ++j) {
-        double sum = 0;
-        for (int w = 0; w < world; ++w) sum += signs[w][r * chunk + j] / world;
-        c[j] = sum + server[r][k][j];
-      }
-      const Vec rebuilt = Compress(c);
-      server[r][k] = c;
-      for (int64_t j = 0; j < chunk && r * chunk + j < n; ++j) out[r * chunk + j] = rebuilt[j];
+    Vec out = CompressedMeanOf(padded, wk, sk);
+    for (int w = 0; w < world; ++w) {
+      worker[w][k] = wk[w];
+      server[w][k] = sk[w];
     }
+    out.resize(n);
     return out;
   }
 

@@ -1,0 +1,58 @@
+// The 1-bit optimizers' compressed all-reduce written out in double, for the tests that check
+// zerort's against DeepSpeed's algorithms (onebit_adam_test.cc, onebit_lamb_test.cc): scaled
+// signs with worker and server error feedback ([Note: 1-bit Adam], sharding/compressed_allreduce.h).
+#pragma once
+
+#include <cmath>
+#include <vector>
+
+namespace zerort::testing {
+
+using Vec = std::vector<double>;
+
+// sign as DeepSpeed's compression sees it: +1 for zero.
+inline double Sign(double x) { return x < 0 ? -1.0 : 1.0; }
+
+// b -> scale x signs, scale = ||b|| / sqrt(len); b becomes the new error.
+inline Vec Compress(Vec& b) {
+  double sq = 0;
+  for (double x : b) sq += x * x;
+  const double s = std::sqrt(sq) / std::sqrt(static_cast<double>(b.size()));
+  Vec out(b.size());
+  for (size_t j = 0; j < b.size(); ++j) {
+    out[j] = s * Sign(b[j]);
+    b[j] -= out[j];
+  }
+  return out;
+}
+
+// The compressed mean of the ranks' `values` (each P long, P a multiple of the world size
+// times 8): worker[w] (P) and server[w] (P / world) are rank w's errors, updated. Every rank
+// rebuilds the same P values.
+inline Vec CompressedMeanOf(const std::vector<Vec>& values, std::vector<Vec>& worker,
+                            std::vector<Vec>& server) {
+  const int world = static_cast<int>(values.size());
+  const size_t P = values[0].size(), chunk = P / world;
+  std::vector<Vec> signs(world);
+  for (int w = 0; w < world; ++w) {
+    Vec b(P);
+    for (size_t j = 0; j < P; ++j) b[j] = values[w][j] + worker[w][j];
+    signs[w] = Compress(b);
+    worker[w] = b;
+  }
+  Vec out(P);
+  for (int r = 0; r < world; ++r) {
+    Vec c(chunk);
+    for (size_t j = 0; j < chunk; ++j) {
+      double sum = 0;
+      for (int w = 0; w < world; ++w) sum += signs[w][r * chunk + j] / world;
+      c[j] = sum + server[r][j];
+    }
+    const Vec rebuilt = Compress(c);
+    server[r] = c;
+    for (size_t j = 0; j < chunk; ++j) out[r * chunk + j] = rebuilt[j];
+  }
+  return out;
+}
+
+}  // namespace zerort::testing
