@@ -99,6 +99,10 @@ if mpiexec:  # two ranks on one GPU: NCCL refuses a duplicate GPU, MPI with host
         "optimizer": {"type": "ZeroOneAdam", "params": {
             "lr": 1e-4, "var_freeze_step": 4, "var_update_scaler": 2, "local_step_scaler": 2,
             "local_step_clipper": 4}}}))
+    # 1-bit LAMB ([Note: 1-bit LAMB]): compressed from step 5, the fused momentum on the GPU.
+    CASES.append(("two-ranks-onebit-lamb", 2, HALF, {
+        "zero_optimization": {"stage": 0}, "gradient_clipping": 0.0,
+        "optimizer": {"type": "OneBitLamb", "params": {"lr": 1e-3, "freeze_step": 4}}}))
 
 for name, np, tolerance, extra in CASES:
     runs = {device: train(name, device, extra, np) for device in ("cpu", "cuda")}

@@ -1,5 +1,6 @@
 // kernels/onebit.h on CUDA against the CPU twin, bit for bit (gpu label): 1-bit Adam's three
-// phases and 0/1 Adam's local step and synchronisation on fp32 state with a bf16 compute copy, the
+// phases and 0/1 Adam's local step and synchronisation on fp32 state with a bf16 compute copy,
+// 1-bit LAMB's fused momentum and reconstruction (its sums within rounding), the
 // scaled-sign compression (given the same sum of squares: the sums themselves are reduced in each
 // device's order) with chunks placed apart, and decoding over several sources; skipped with the
 // reason when no GPU is present.
@@ -114,6 +115,48 @@ TEST(OneBitCudaTest, ZeroOnePhasesMatchTheCpuBitwise) {
     EXPECT_EQ(gpu.Down<float>(dacc, n), acc) << which;
     EXPECT_EQ(gpu.Down<uint16_t>(dout, n), out) << which;
   }
+}
+
+TEST(OneBitCudaTest, LambMomentumAndReconstructionMatchTheCpu) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device: " << QueryCuda().unavailable_reason;
+  OnGpu gpu;
+  const int64_t n = (1 << 18) + 7;
+  const size_t bytes = static_cast<size_t>(n) * 4;
+  std::vector<float> p = Normal(n, 11, 1.0f), g = Normal(n, 12, 0.1f), m = Normal(n, 13, 0.01f);
+  std::vector<float> v = Normal(n, 14, 0.001f), fresh = Normal(n, 15, 0.001f), fused(n), u(n);
+  for (float& x : v) x = x * x;
+  for (float& x : fresh) x = x * x;
+  std::vector<float> stats = {0.0f, 0.0f, 0.0f};
+  float *dp = static_cast<float*>(gpu.Up(p.data(), bytes)),
+        *dg = static_cast<float*>(gpu.Up(g.data(), bytes)),
+        *dm = static_cast<float*>(gpu.Up(m.data(), bytes)),
+        *dv = static_cast<float*>(gpu.Up(v.data(), bytes)),
+        *df = static_cast<float*>(gpu.Up(fresh.data(), bytes)),
+        *dfused = static_cast<float*>(gpu.Up(fused.data(), bytes)),
+        *du = static_cast<float*>(gpu.Up(u.data(), bytes)),
+        *dstats = static_cast<float*>(gpu.Up(stats.data(), 12));
+  auto host = [&](std::vector<float>& x) { return TensorView(x.data(), DType::kF32, {n}); };
+  auto dev = [&](float* x) { return TensorView(x, DType::kF32, {n}, gpu.device()); };
+  const OneBitAdamHyper h{.weight_decay = 0.01f, .grad_scale = 0.5f};
+  ASSERT_TRUE(OneBitLambMomentum(h, 1.7f, host(g), host(m), host(fused), nullptr).ok());
+  ASSERT_TRUE(OneBitLambMomentum(h, 1.7f, dev(dg), dev(dm), dev(dfused), gpu.stream()).ok());
+  EXPECT_EQ(gpu.Down<float>(dfused, n), fused);
+  ASSERT_TRUE(OneBitLambReconstruct(h, 1.7f, host(p), host(fused), host(m), host(v), host(fresh),
+                                    host(u), TensorView(stats.data(), DType::kF32, {3}), nullptr)
+                  .ok());
+  ASSERT_TRUE(OneBitLambReconstruct(h, 1.7f, dev(dp), dev(dfused), dev(dm), dev(dv), dev(df),
+                                    dev(du), TensorView(dstats, DType::kF32, {3}, gpu.device()),
+                                    gpu.stream())
+                  .ok());
+  // The element math bitwise; the sums in each device's order (within fp32's rounding of the
+  // block sums), the largest ratio exactly.
+  EXPECT_EQ(gpu.Down<float>(dm, n), m);
+  EXPECT_EQ(gpu.Down<float>(df, n), fresh);
+  EXPECT_EQ(gpu.Down<float>(du, n), u);
+  const std::vector<float> got = gpu.Down<float>(dstats, 3);
+  EXPECT_NEAR(got[0], stats[0], 1e-5 * stats[0]);
+  EXPECT_NEAR(got[1], stats[1], 1e-5 * stats[1]);
+  EXPECT_EQ(got[2], stats[2]);
 }
 
 TEST(OneBitCudaTest, CompressionAndDecodingMatchTheCpuBitwise) {

@@ -1,6 +1,7 @@
 // kernels/onebit.h on the CPU: the scaled-sign compression's scale, bits (their order and the
 // chunks' placement), error feedback and sign of zero; decoding's sum over sources; the three
-// phases of DeepSpeed's 1-bit Adam element math against hand-derived values.
+// phases of DeepSpeed's 1-bit Adam element math, 0/1 Adam's and 1-bit LAMB's against hand-derived
+// values.
 #include "kernels/onebit.h"
 
 #include <cmath>
@@ -116,6 +117,35 @@ TEST(OneBitKernelTest, ZeroOnePhasesFollowDeepSpeed) {
   EXPECT_EQ(acc[0], 0.0f);
   EXPECT_FALSE(ZeroOneAdamStep(h, 0, ZeroOnePhase::kSyncIn, F32(p), F32(m), F32(v), F32(acc),
                                TensorView(), nullptr)
+                   .ok());
+}
+
+TEST(OneBitKernelTest, LambMomentumAndReconstructionFollowDeepSpeed) {
+  // beta1 0.5, beta2 0.75, eps 0: fused = (0.5 m + 0.5 g) x scaling.
+  const OneBitAdamHyper h{.beta1 = 0.5f, .beta2 = 0.75f, .eps = 0.0f, .grad_scale = 2.0f};
+  std::vector<float> g = {1.0f, -2.0f}, m = {2.0f, 4.0f}, fused(2);
+  ASSERT_TRUE(OneBitLambMomentum(h, 4.0f, F32(g), F32(m), F32(fused), nullptr).ok());
+  EXPECT_EQ(fused, (std::vector<float>{8.0f, 0.0f}));  // (1 + 2 x 0.5) x 4, (2 - 4 x 0.5) x 4
+  EXPECT_EQ(m, (std::vector<float>{2.0f, 4.0f}));      // the last step's momentum kept
+  // Say the mean came back as fused = {8, 4}: m' = {2, 1}; r = (m' - 0.5 m) / 0.5 = {2, -2};
+  // v_fresh = 0.75 x 4 + 0.25 x 4 = 4 for both; u0 = m' / sqrt(v) with v = {4, 1}: {1, 1};
+  // decay 0.5: u = u0 + 0.5 p = {2, 0}; stats: sum u0^2 = 2, sum u^2 = 4, max ratio 2/2, 1/2.
+  std::vector<float> p = {2.0f, -2.0f}, v = {4.0f, 1.0f}, fresh = {4.0f, 4.0f}, update(2);
+  std::vector<float> stats = {0.5f, 0.0f, 0.0f};
+  fused = {8.0f, 4.0f};
+  OneBitAdamHyper d = h;
+  d.weight_decay = 0.5f;
+  ASSERT_TRUE(OneBitLambReconstruct(d, 4.0f, F32(p), F32(fused), F32(m), F32(v), F32(fresh),
+                                    F32(update), F32(stats), nullptr)
+                  .ok());
+  EXPECT_EQ(m, (std::vector<float>{2.0f, 1.0f}));
+  EXPECT_EQ(fresh, (std::vector<float>{4.0f, 4.0f}));
+  EXPECT_EQ(update, (std::vector<float>{2.0f, 0.0f}));
+  EXPECT_EQ(stats, (std::vector<float>{2.5f, 4.0f, 1.0f}));  // sums added, the ratio maxed
+  EXPECT_EQ(p, (std::vector<float>{2.0f, -2.0f}));           // untouched: LambApply's
+  // A scaling coefficient that is not positive is refused (the reconstruction divides by it).
+  EXPECT_FALSE(OneBitLambReconstruct(d, 0.0f, F32(p), F32(fused), F32(m), F32(v), F32(fresh),
+                                     F32(update), F32(stats), nullptr)
                    .ok());
 }
 
