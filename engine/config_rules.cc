@@ -111,6 +111,14 @@ void OwnershipRules(const RunConfig& c, const GivenKeys& given, Problems& proble
 
 void OptimizerRules(const RunConfig& c, const GivenKeys& given, Problems& problems) {
   const OptimizerConfig& o = c.optimizer;
+  if (o.type == "OneBitLamb" && !(o.coeff_beta < 1)) {
+    problems.Add(StrCat("optimizer.params.coeff_beta = ", o.coeff_beta,
+                        ": 1-bit LAMB's frozen trust ratio would never leave 0 (below 1 needed)"));
+  }
+  if (o.type == "OneBitLamb" && !(o.factor_min > 0)) {
+    problems.Add(StrCat("optimizer.params.factor_min = ", o.factor_min,
+                        ": 1-bit LAMB's factor must stay above 0 (it scales the trust ratio)"));
+  }
   if (o.factor_min > o.factor_max) {
     problems.Add(StrCat("optimizer.params.factor_min = ", o.factor_min,
                         " is above optimizer.params.factor_max = ", o.factor_max));

@@ -34,7 +34,7 @@ void AddOptimizerRows(std::vector<ConfigField>& t) {
                          "true"),
                     adam_w_modes, {"Adam"}));
   t.push_back(Owned(Bool(op, "bias_correction", ZR_MEMBER(optimizer.bias_correction),
-                         "false drops Adam's 1/(1-beta^t) terms (OneBitAdam has none)"),
+                         "false drops Adam's 1/(1-beta^t) terms (the 1-bit optimizers have none)"),
                     adams));
   t.push_back(Owned(Num<float>(op, "max_coeff", ZR_MEMBER(optimizer.max_coeff), 0, 1e6,
                                "the trust ratio's upper clamp, DeepSpeed's 10"),
@@ -47,12 +47,13 @@ void AddOptimizerRows(std::vector<ConfigField>& t) {
                    "the last step with uncompressed gradients, DeepSpeed's 100000"),
       {"OneBitAdam", "OneBitLamb"}));
   for (auto [key, member, low, high, doc] :
-       {std::tuple{"coeff_beta", ZR_MEMBER(optimizer.coeff_beta), 0.0, 0.999999999,
-                   "the frozen trust ratio's running-average coefficient, DeepSpeed's 0.9"},
-        std::tuple{"factor_max", ZR_MEMBER(optimizer.factor_max), 1e-6, 1e6,
+       {std::tuple{"coeff_beta", ZR_MEMBER(optimizer.coeff_beta), 0.0, 1.0,
+                   "the frozen trust ratio's running-average coefficient (below 1), DeepSpeed's "
+                   "0.9"},
+        std::tuple{"factor_max", ZR_MEMBER(optimizer.factor_max), 0.0, 1e6,
                    "the compressed steps' largest factor on the frozen ratio, DeepSpeed's 4"},
-        std::tuple{"factor_min", ZR_MEMBER(optimizer.factor_min), 1e-6, 1e6,
-                   "the compressed steps' smallest factor, DeepSpeed's 0.5"},
+        std::tuple{"factor_min", ZR_MEMBER(optimizer.factor_min), 0.0, 1e6,
+                   "the compressed steps' smallest factor (above 0), DeepSpeed's 0.5"},
         std::tuple{"factor_threshold", ZR_MEMBER(optimizer.factor_threshold), 0.0, 1.0,
                    "the factor's largest relative change per step, DeepSpeed's 0.1"}}) {
     t.push_back(Owned(Num<float>(op, key, member, low, high, doc), {"OneBitLamb"}));

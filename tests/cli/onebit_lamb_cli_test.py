@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """DeepSpeed's 1-bit LAMB ([Note: 1-bit LAMB], sharding/compressed_allreduce.h) through the CLI, at
 4 ranks as 2 simulated nodes x 2 (ZERORT_RANKS_PER_NODE=2), ZeRO stage 0:
-- 300 steps of the tiny GPT with freeze_step 100 (the corpus's max_coeff 0.3): the warm-up's
-  losses equal the run that never compresses (LAMB without bias correction) bit for bit; the
-  final validation loss (64 windows) within 2% of that run's; after the warm-up the bytes per step
-  are about 1/32 of the warm-up's and equal the estimator's. The same algorithm without
-  compression (one rank accumulating the same global batch) ends 13% lower on this model: the
-  number is printed, and bounded at 20% only to catch a breakage (docs/multi-node.md, "1-bit
-  LAMB", says what is known of the gap);
+- 300 steps of the tiny GPT at lr 1e-2 with freeze_step 120 (the corpus's max_coeff 0.3): the
+  warm-up's losses equal the run that never compresses (LAMB without bias correction) bit for
+  bit; the final validation loss (64 windows) within 2% of the uncompressed run (one rank
+  accumulating the same global batch, freeze_step 120 too: the frozen variance and trust ratio
+  change the run by themselves, so only that run isolates the compression); after the warm-up
+  the bytes per step are about 1/32 of the warm-up's and equal the estimator's. The cost depends
+  on where the freeze lands (docs/multi-node.md, "1-bit LAMB": -3.6% to +3.6% at this lr over
+  freeze steps 100-250, 5-13% at lr 2e-3-5e-3, where it freezes early in training);
 - a checkpoint saved in the warm-up resumes on the straight run's curve bit for bit (the frozen
   trust ratio's running average is saved); one saved after freeze_step resumes with the errors
   from zero, close to the curve; the asynchronous CPU device trains the synchronous one's curve
@@ -36,7 +37,7 @@ STEPS = 300
 BASE = merged(tiny_run(STEPS), {
     "train_batch_size": 8, "gradient_clipping": 0.0, "steps_per_print": 100,
     "zero_optimization": {"stage": 0},
-    "optimizer": {"type": "OneBitLamb", "params": {"lr": 2e-3, "weight_decay": 0.01,
+    "optimizer": {"type": "OneBitLamb", "params": {"lr": 1e-2, "weight_decay": 0.01,
                                                    "max_coeff": 0.3, "min_coeff": 0.01}},
     "train": {"device": "cpu", "eval_interval": STEPS, "eval_windows": 64}})
 
@@ -64,20 +65,22 @@ def losses(name):
     return [x["loss"] for x in records(name)]
 
 
-if (train("exact", freeze(100_000)) and train("onebit", freeze(100)) and
-        train("uncompressed", merged(freeze(100), {"gradient_accumulation_steps": 4}), ranks=1)):
+FREEZE = 120
+if (train("exact", freeze(100_000)) and train("onebit", freeze(FREEZE)) and
+        train("uncompressed", merged(freeze(FREEZE), {"gradient_accumulation_steps": 4}), ranks=1)):
     exact, onebit = records("exact"), records("onebit")
-    check("the warm-up (steps 1-100) is the exact run's, bit for bit",
-          losses("onebit")[:100] == losses("exact")[:100])
-    check("the compressed steps change the numbers", losses("onebit")[100:] != losses("exact")[100:])
+    check(f"the warm-up (steps 1-{FREEZE}) is the exact run's, bit for bit",
+          losses("onebit")[:FREEZE] == losses("exact")[:FREEZE])
+    check("the compressed steps change the numbers",
+          losses("onebit")[FREEZE:] != losses("exact")[FREEZE:])
     ev, v = records("uncompressed")[-1]["val_loss"], onebit[-1]["val_loss"]
     xv = exact[-1]["val_loss"]
-    print(f"1-bit LAMB: val loss {v:.4f}; never compressed {xv:.4f} ({100 * (v - xv) / xv:+.2f}%); "
-          f"uncompressed one-rank run of the same algorithm {ev:.4f} ({100 * (v - ev) / ev:+.2f}%)")
-    check("final validation loss within 2% of the never-compressing run", abs(v - xv) <= 0.02 * xv,
-          f"{v} vs {xv}")
-    check("within 20% of the one-rank uncompressed run", abs(v - ev) <= 0.2 * ev, f"{v} vs {ev}")
-    warm, compressed = onebit[99]["comm_bytes_inter_node"], onebit[-1]["comm_bytes_inter_node"]
+    print(f"1-bit LAMB: val loss {v:.4f} vs uncompressed {ev:.4f} ({100 * (v - ev) / ev:+.2f}%); "
+          f"never frozen {xv:.4f}")
+    check("final validation loss within 2% of the uncompressed run", abs(v - ev) <= 0.02 * ev,
+          f"{v} vs {ev}")
+    warm = onebit[FREEZE - 1]["comm_bytes_inter_node"]
+    compressed = onebit[-1]["comm_bytes_inter_node"]
     check("warm-up steps send the exact run's bytes", warm == exact[-1]["comm_bytes_inter_node"],
           f"{warm} {exact[-1]}")
     ratio = compressed / warm

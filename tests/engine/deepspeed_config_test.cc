@@ -96,6 +96,10 @@ TEST(DeepSpeedKeysTest, EveryKeyShowsItsHandling) {
                k.path == "optimizer.params.comm_backend_name") {
       j["optimizer"]["type"] = "OneBitAdam";  // DeepSpeed's 1-bit Adam: stage 0 only
       j["zero_optimization"]["stage"] = 0;
+    } else if (k.path == "optimizer.params.coeff_beta" ||
+               k.path.starts_with("optimizer.params.factor_")) {
+      j["optimizer"]["type"] = "OneBitLamb";  // DeepSpeed's 1-bit LAMB: stage 0 only
+      j["zero_optimization"]["stage"] = 0;
     } else if (k.path.starts_with("optimizer.params.var_") ||
                k.path.starts_with("optimizer.params.local_step")) {
       j["optimizer"]["type"] = "ZeroOneAdam";  // and 0/1 Adam's

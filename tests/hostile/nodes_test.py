@@ -107,6 +107,7 @@ for name, extra, says in (
         ("coeff_beta_one.json", {"coeff_beta": 1.0}, "optimizer.params.coeff_beta"),
         ("coeff_beta_neg.json", {"coeff_beta": -0.1}, "optimizer.params.coeff_beta"),
         ("factor_max_zero.json", {"factor_max": 0}, "optimizer.params.factor_max"),
+        ("factor_min_zero.json", {"factor_min": 0}, "optimizer.params.factor_min = 0: 1-bit LAMB's"),
         ("factor_max_huge.json", {"factor_max": 1e300}, "optimizer.params.factor_max"),
         ("factor_min_nan.json", {"factor_min": "NaN"}, "optimizer.params.factor_min"),
         ("factor_min_above.json", {"factor_min": 5, "factor_max": 4},
