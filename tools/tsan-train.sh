@@ -55,5 +55,7 @@ run np2-onebit-adam 2 --set zero_optimization.stage=0 --set optimizer.type=OneBi
   --set optimizer.params.freeze_step=1
 run np2-zero-one-adam 2 --set zero_optimization.stage=0 --set optimizer.type=ZeroOneAdam \
   --set optimizer.params.var_freeze_step=1
+run np2-onebit-lamb 2 --set zero_optimization.stage=0 --set optimizer.type=OneBitLamb \
+  --set optimizer.params.freeze_step=1
 run np4-stage3-broadcast-gathers 4 --set zero_optimization.stage=3 \
   --set zero_optimization.allgather_partitions=false --set zero_optimization.reduce_scatter=false
