@@ -303,7 +303,8 @@ StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& m,
     const bool lamb_compressing = lamb && OneBitCompressing(opt, state.applied_steps + 1);
     std::map<std::string, const nlohmann::json*> lamb_saved;
     for (const auto& p : reader.metadata().at("params")) {
-      if (p.contains("onebit_lamb")) lamb_saved[p.at("name").get<std::string>()] = &p["onebit_lamb"];
+      if (p.contains("onebit_lamb"))
+        lamb_saved[p.at("name").get<std::string>()] = &p["onebit_lamb"];
     }
     for (int u = 0; u < m.num_units(); ++u) {
       const ShardedUnit& unit = m.unit(u);
@@ -350,10 +351,11 @@ StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& m,
         auto saved = lamb_saved.find(name);
         if (saved == lamb_saved.end()) {
           if (lamb_compressing) {
-            return absl::InvalidArgumentError(StrCat(
-                step_dir, " holds no 1-bit LAMB coefficients for '", name,
-                "' (saved with another optimizer?), which a resume after freeze_step (step ",
-                state.applied_steps, ") needs: resume it before freeze_step or with its optimizer"));
+            return absl::InvalidArgumentError(
+                StrCat(step_dir, " holds no 1-bit LAMB coefficients for '", name,
+                       "' (saved with another optimizer?), which a resume after freeze_step (step ",
+                       state.applied_steps,
+                       ") needs: resume it before freeze_step or with its optimizer"));
           }
           scalars[i] = OneBitLambParam{};
           continue;

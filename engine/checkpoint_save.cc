@@ -269,8 +269,7 @@ Status CheckpointSave::WriteShards(nlohmann::json& described) {
                         {"unit", m_.unit(u).name()},
                         {"position", position(u)}});
       if (!lamb.empty()) {  // [Note: 1-bit LAMB]: alike on every data rank at stage 0
-        params.back()["onebit_lamb"] = {lamb[i].coeff_freeze, lamb[i].last_factor,
-                                        lamb[i].scaling};
+        params.back()["onebit_lamb"] = {lamb[i].coeff_freeze, lamb[i].last_factor, lamb[i].scaling};
       }
     }
   }

@@ -14,8 +14,8 @@ void AddOptimizerRows(std::vector<ConfigField>& t) {
              "ZeroOneAdam and OneBitLamb (DeepSpeed's 1-bit Adam, 0/1 Adam and 1-bit LAMB, stage "
              "0; any case)"));
   const std::string_view op = "optimizer.params";
-  const std::vector<std::string_view> adams = {"AdamW", "Adam", "Lamb", "OneBitAdam",
-                                               "ZeroOneAdam", "OneBitLamb"};
+  const std::vector<std::string_view> adams = {"AdamW",      "Adam",        "Lamb",
+                                               "OneBitAdam", "ZeroOneAdam", "OneBitLamb"};
   const std::vector<std::string_view> one_bit = {"OneBitAdam", "ZeroOneAdam", "OneBitLamb"};
   const std::vector<std::string_view> lambs = {"Lamb", "OneBitLamb"};
   const std::vector<std::string_view> adam_w_modes = {"AdamW", "Adam", "Lamb"};

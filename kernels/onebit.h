@@ -63,8 +63,7 @@ Status OneBitLambMomentum(const OneBitAdamHyper& h, float scaling, const TensorV
 Status OneBitLambReconstruct(const OneBitAdamHyper& h, float scaling, const TensorView& master,
                              const TensorView& fused, const TensorView& exp_avg,
                              const TensorView& exp_avg_sq, const TensorView& exp_avg_sq_fresh,
-                             const TensorView& update_out, const TensorView& stats,
-                             Stream* stream);
+                             const TensorView& update_out, const TensorView& stats, Stream* stream);
 
 // Scaled-sign compression with error feedback, in place: `buffer` (fp32, n elements, a multiple
 // of 8) holds b = value + error; `sum_sq` (one fp32 on buffer's device) holds sum(b^2). Writes the

@@ -49,7 +49,6 @@ bool ShardedOptimizer::ReducesGradients(int64_t step) {
   return zero_one_->Next().reduce;
 }
 
-
 Status ShardedOptimizer::EachPiece(int u, const OptimizerStepArgs& args, OneBitPhase phase,
                                    float grad_scale, const TensorView& out) {
   UnitState& s = *units_[u];
@@ -179,9 +178,8 @@ Status ShardedOptimizer::SetLambScaling() {
   k = 0;
   for (const auto& s : units_) {
     for (const ShardPiece& piece : s->unit->layout().ShardPieces(s->unit->layout_rank())) {
-      scale[static_cast<size_t>(k)] =
-          std::sqrt(static_cast<double>(host[static_cast<size_t>(k)])) /
-          std::sqrt(static_cast<double>(piece.shard_range.size()));
+      scale[static_cast<size_t>(k)] = std::sqrt(static_cast<double>(host[static_cast<size_t>(k)])) /
+                                      std::sqrt(static_cast<double>(piece.shard_range.size()));
       united += scale[static_cast<size_t>(k++)];
     }
   }
@@ -251,7 +249,9 @@ Status ShardedOptimizer::UpdateOneBitLamb(int u, const OptimizerStepArgs& args,
   ZR_ASSIGN_OR_RETURN(::zerort::Buffer stats, DeviceWorkspace(3 * np, stream));
   const Device device = resources_.tiers.device->device();
   const TensorView fused = fused_.View();
-  auto wd = [&](int param) { return layout.params()[param].weight_decay ? opt.weight_decay : 0.0f; };
+  auto wd = [&](int param) {
+    return layout.params()[param].weight_decay ? opt.weight_decay : 0.0f;
+  };
   int64_t at = fused_at_[static_cast<size_t>(u)];
   for (int64_t i = 0; i < np; ++i) {
     const ShardPiece& piece = pieces[static_cast<size_t>(i)];
@@ -276,9 +276,9 @@ Status ShardedOptimizer::UpdateOneBitLamb(int u, const OptimizerStepArgs& args,
     double factor = st[2];
     if (wd(piece.param) > 0.0f) {
       const double update_norm = std::sqrt(static_cast<double>(st[1]));
-      const double q =
-          update_norm > 0 ? std::min(1.0, std::sqrt(static_cast<double>(st[0])) / update_norm)
-                          : 1.0;
+      const double q = update_norm > 0
+                           ? std::min(1.0, std::sqrt(static_cast<double>(st[0])) / update_norm)
+                           : 1.0;
       factor = factor * q + (1.0 - q);
     }
     factor = std::clamp(factor, static_cast<double>(opt.factor_min),

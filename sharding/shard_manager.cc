@@ -154,8 +154,8 @@ StatusOr<std::unique_ptr<ShardManager>> ShardManager::Create(const ShardManagerO
         o.coeff_beta >= 0 && o.coeff_beta < 1)) {
     return absl::InvalidArgumentError(StrCat(
         "1-bit LAMB needs 0 < factor_min <= factor_max, factor_threshold >= 0 and coeff_beta in "
-        "[0, 1); got ", o.factor_min, ", ", o.factor_max, ", ", o.factor_threshold, ", ",
-        o.coeff_beta));
+        "[0, 1); got ",
+        o.factor_min, ", ", o.factor_max, ", ", o.factor_threshold, ", ", o.coeff_beta));
   }
   if (resources.dp == nullptr || resources.device_allocator == nullptr) {
     return absl::InvalidArgumentError(

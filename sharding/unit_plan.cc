@@ -112,8 +112,8 @@ std::vector<PlannedBuffer> PlanRankBuffers(const ShardManagerOptions& o, int64_t
   if (o.optimizer.kind != OptimizerKind::kOneBitLamb) return out;
   const int64_t padded = OneBitAllReduce::Padded(numel, data_ranks);
   const MemoryTier tier = o.placement.optimizer;
-  out.push_back({UnitBuffer::kFusedMomentum, padded, DType::kF32, tier,
-                 MemoryCategory::kOptimizerState});
+  out.push_back(
+      {UnitBuffer::kFusedMomentum, padded, DType::kF32, tier, MemoryCategory::kOptimizerState});
   if (data_ranks > 1) {
     out.push_back(
         {UnitBuffer::kWorkerError, padded, DType::kF32, tier, MemoryCategory::kOptimizerState});

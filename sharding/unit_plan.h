@@ -17,18 +17,18 @@
 namespace zerort {
 
 enum class UnitBuffer : uint8_t {
-  kMaster,        // fp32 shard the optimizer updates
-  kExpAvg,        // Adam's first moment, or SGD's momentum
-  kExpAvgSq,      // Adam's second moment
-  kGradShard,     // fp32 reduced gradient shard, accumulated over micro-batches
-  kComputeShard,  // stage 3: the master shard in compute dtype (the all-gather's input)
-  kComputeFull,   // stages 0-2: the whole flat vector in compute dtype, always resident
-  kGathered,      // stage 3: the whole flat vector in compute dtype while gathered
-  kFullGrad,      // the unit's gradient in reduce dtype (persistent at 0-1, per backward at 2-3)
-  kSecondary,     // stage 3 with hpZ: this rank's 1/hpz of the flat vector ([Note: hpZ])
-  kWorkerError,   // 1-bit Adam: this rank's compression error, each parameter padded
-  kServerError,   // 1-bit Adam: its server chunk's error ([Note: 1-bit Adam])
-  kAccumulator,   // 0/1 Adam: the local steps summed since the last synchronisation
+  kMaster,         // fp32 shard the optimizer updates
+  kExpAvg,         // Adam's first moment, or SGD's momentum
+  kExpAvgSq,       // Adam's second moment
+  kGradShard,      // fp32 reduced gradient shard, accumulated over micro-batches
+  kComputeShard,   // stage 3: the master shard in compute dtype (the all-gather's input)
+  kComputeFull,    // stages 0-2: the whole flat vector in compute dtype, always resident
+  kGathered,       // stage 3: the whole flat vector in compute dtype while gathered
+  kFullGrad,       // the unit's gradient in reduce dtype (persistent at 0-1, per backward at 2-3)
+  kSecondary,      // stage 3 with hpZ: this rank's 1/hpz of the flat vector ([Note: hpZ])
+  kWorkerError,    // 1-bit Adam: this rank's compression error, each parameter padded
+  kServerError,    // 1-bit Adam: its server chunk's error ([Note: 1-bit Adam])
+  kAccumulator,    // 0/1 Adam: the local steps summed since the last synchronisation
   kExpAvgSqFresh,  // 1-bit LAMB: the second moment kept fresh after freeze_step
   kFusedMomentum,  // 1-bit LAMB: a rank's whole momentum, padded (one per rank, not per unit)
 };

@@ -97,7 +97,8 @@ for i, (label, layout) in enumerate([] if "--onebit-only" in sys.argv else LAYOU
           f"{formula['inter_node_bytes'] / 1e6:.1f} | {val:.4f} |", flush=True)
 
 
-# 1-bit Adam ([Note: 1-bit Adam]) against ZeRO-0's fp32 gradient all-reduce.
+# 1-bit Adam and 1-bit LAMB ([Note: 1-bit Adam], [Note: 1-bit LAMB]) against ZeRO-0's fp32
+# gradient all-reduce.
 env4 = dict(env, ZERORT_RANKS_PER_NODE="2")
 ONEBIT_LR = float(sys.argv[sys.argv.index("--onebit-lr") + 1]) if "--onebit-lr" in sys.argv else 3e-4
 ONEBIT = {"optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-4, "freeze_step": 0}},
@@ -106,8 +107,10 @@ print()
 print("| ZeRO-0, GPT-2 124M | MB across nodes at 4 ranks as 2 x 2 (measured / formula) |"
       " MB across nodes at 8 ranks as 2 x 4 (formula) |")
 print("|---|---|---|")
+ONEBIT_LAMB = merged(ONEBIT, {"optimizer": {"type": "OneBitLamb"}})
 for label, layout in (("AdamW (fp32 gradient all-reduce)", {"zero_optimization": {"stage": 0}}),
-                      ("1-bit Adam after freeze_step", ONEBIT)):
+                      ("1-bit Adam after freeze_step", ONEBIT),
+                      ("1-bit LAMB after freeze_step", ONEBIT_LAMB)):
     name = "z0_" + str(len(label))
     path = os.path.join(tmp, name + ".json")
     metrics = os.path.join(tmp, name + ".jsonl")

@@ -154,8 +154,8 @@ Status OneBitLambReconstruct(const OneBitAdamHyper& h, float scaling, const Tens
   ZR_RETURN_IF_ERROR(CheckF32(stats, 3, device, "the stats"));
   ZR_RETURN_IF_ERROR(CheckStream(device, stream, "OneBitLambReconstruct"));
   if (!(scaling > 0.0f)) {
-    return absl::InvalidArgumentError(
-        StrCat("OneBitLambReconstruct: the scaling coefficient is ", scaling, " (positive expected)"));
+    return absl::InvalidArgumentError(StrCat("OneBitLambReconstruct: the scaling coefficient is ",
+                                             scaling, " (positive expected)"));
   }
   const float* p = master.data_as<float>();
   const float* f = fused.data_as<float>();

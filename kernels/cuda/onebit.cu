@@ -81,9 +81,8 @@ __global__ void OneBitLambReconstructKernel(OneBitAdamHyper h, float scaling, co
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
     float mi = m[i], vf = v_fresh[i];
-    const math::OneBitLambElement e =
-        math::OneBitLambReconstruct(fused[i], scaling, mi, v[i], vf, p[i], h.beta1, omb1, h.beta2,
-                                    omb2, h.eps, h.weight_decay);
+    const math::OneBitLambElement e = math::OneBitLambReconstruct(
+        fused[i], scaling, mi, v[i], vf, p[i], h.beta1, omb1, h.beta2, omb2, h.eps, h.weight_decay);
     m[i] = mi;
     v_fresh[i] = vf;
     update[i] = e.update;
@@ -199,7 +198,7 @@ Status CudaOneBitLambMomentum(const OneBitAdamHyper& h, float scaling, const flo
   if (n == 0) return absl::OkStatus();
   auto s = static_cast<cudaStream_t>(stream->native_handle());
   OneBitLambMomentumKernel<<<launch::GridStrideBlocks(n, 4096), kThreads, 0, s>>>(h, scaling, g, m,
-                                                                                 fused, n);
+                                                                                  fused, n);
   ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

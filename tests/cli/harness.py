@@ -63,3 +63,33 @@ class Checks:
         for f in self.failures:
             print("FAILED", f)
         sys.exit(1 if self.failures else 0)
+
+
+def check_onebit_resumes(check, train, losses, folder, short, points):
+    """A 1-bit optimizer's resumes ([Note: 1-bit Adam]): `short` (a run config of N steps) trained
+    straight, then for each (at, bitwise) of `points` saved at step `at` and resumed: in the
+    warm-up (bitwise) on the straight curve bit for bit; after it with the compression errors
+    starting from zero (DeepSpeed resets them on a load): the first loss equal (it reads the saved
+    weights), later ones within 10% (the tiny batch's step-to-step spread is about 5%), not equal.
+    `train(name, overrides, extra_args)` runs one; `losses(name)` reads its per-step losses."""
+    if not train("straight", short):
+        return
+    steps = short["train"]["steps"]
+    straight = losses("straight")
+    for at, bitwise in points:
+        name = f"resume{at}"
+        ckpt = {"checkpoint": {"dir": os.path.join(folder, "ckpt_" + name)}}
+        if not (train(name + "_first", merged(merged(short, ckpt), {"train": {"steps": at}})) and
+                train(name, merged(short, ckpt), ["--resume"])):
+            continue
+        got = losses(name)[-(steps - at):]
+        if bitwise:
+            check(f"resumed from step {at} (warm-up): the straight curve bit for bit",
+                  got == straight[at:], f"{got} {straight[at:]}")
+        else:
+            check(f"resumed from step {at} (compressed): the errors start again from zero",
+                  got != straight[at:], f"{got} {straight[at:]}")
+            check(f"resumed from step {at}: the first loss equal, then within 10% of the curve",
+                  got[0] == straight[at] and
+                  all(abs(x - y) <= 0.1 * y for x, y in zip(got, straight[at:])),
+                  f"{got} {straight[at:]}")

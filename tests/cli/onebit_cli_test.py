@@ -22,7 +22,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Checks, merged, read_jsonl, tiny_run, write_json  # noqa: E402
+from harness import (Checks, check_onebit_resumes, merged, read_jsonl, tiny_run,  # noqa: E402
+                     write_json)
 
 zerort, mpiexec = sys.argv[1], sys.argv[2]
 checks = Checks("onebit_cli_test")
@@ -189,27 +190,7 @@ check("cpu-async == cpu bitwise, compressed steps included",
 # (lr 1e-4: at 1e-3 a variance frozen after 4 steps makes this tiny run's loss jump.)
 SHORT = merged(freeze(4), {"train": {"steps": 12, "eval_interval": 12, "eval_windows": 2},
                            "optimizer": {"params": {"lr": 1e-4}}})
-if train("straight", SHORT):
-    straight = losses("straight")
-    for at, bitwise in ((3, True), (8, False)):
-        name = f"resume{at}"
-        ckpt = {"checkpoint": {"dir": os.path.join(tmp, "ckpt_" + name)}}
-        if not (train(name + "_first", merged(merged(SHORT, ckpt), {"train": {"steps": at}})) and
-                train(name, merged(SHORT, ckpt), ["--resume"])):
-            continue
-        got = losses(name)[-(12 - at):]
-        if bitwise:
-            check(f"resumed from step {at} (warm-up): the straight curve bit for bit",
-                  got == straight[at:], f"{got} {straight[at:]}")
-        else:
-            check(f"resumed from step {at} (compressed): the errors start again from zero",
-                  got != straight[at:], f"{got} {straight[at:]}")
-            # The first step after the load reads the saved weights; later ones differ by the
-            # errors the load zeroed, within this tiny batch's step-to-step spread (about 5%).
-            check(f"resumed from step {at}: the first loss equal, then within 10% of the curve",
-                  got[0] == straight[at] and
-                  all(abs(x - y) <= 0.1 * y for x, y in zip(got, straight[at:])),
-                  f"{got} {straight[at:]}")
+check_onebit_resumes(check, train, losses, tmp, SHORT, ((3, True), (8, False)))
 
 # Refused by name, before training.
 bad = [

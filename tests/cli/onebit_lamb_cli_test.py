@@ -24,7 +24,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Checks, merged, read_jsonl, tiny_run, write_json  # noqa: E402
+from harness import (Checks, check_onebit_resumes, merged, read_jsonl, tiny_run,  # noqa: E402
+                     write_json)
 
 zerort, mpiexec = sys.argv[1], sys.argv[2]
 checks = Checks("onebit_lamb_cli_test")
@@ -109,24 +110,6 @@ check("cpu-async == cpu bitwise, compressed steps included",
 # straight curve bit for bit; from step 9 (compressed: scaling, factors and v_fresh restored, the
 # errors zeroed as DeepSpeed resets them) close to it.
 SHORT = merged(freeze(6), {"train": {"steps": 14, "eval_interval": 14, "eval_windows": 2}})
-if train("straight", SHORT):
-    straight = losses("straight")
-    for at, bitwise in ((4, True), (9, False)):
-        name = f"resume{at}"
-        ckpt = {"checkpoint": {"dir": os.path.join(tmp, "ckpt_" + name)}}
-        if not (train(name + "_first", merged(merged(SHORT, ckpt), {"train": {"steps": at}})) and
-                train(name, merged(SHORT, ckpt), ["--resume"])):
-            continue
-        got = losses(name)[-(14 - at):]
-        if bitwise:
-            check(f"resumed from step {at} (warm-up): the straight curve bit for bit",
-                  got == straight[at:], f"{got} {straight[at:]}")
-        else:
-            check(f"resumed from step {at} (compressed): the errors start again from zero",
-                  got != straight[at:], f"{got} {straight[at:]}")
-            check(f"resumed from step {at}: the first loss equal, then within 10% of the curve",
-                  got[0] == straight[at] and
-                  all(abs(x - y) <= 0.1 * y for x, y in zip(got, straight[at:])),
-                  f"{got} {straight[at:]}")
+check_onebit_resumes(check, train, losses, tmp, SHORT, ((4, True), (9, False)))
 
 checks.finish()

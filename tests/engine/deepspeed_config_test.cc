@@ -168,8 +168,8 @@ TEST(DeepSpeedKeysTest, TyposAreUnknownButDeepSpeedKeysAreNamedAsUnsupported) {
       Error({{"optimizer", {{"type", "onebitlamb"}}}, {"zero_optimization", {{"stage", 2}}}});
   EXPECT_NE(lamb1.find("\"OneBitLamb\" with zero_optimization.stage = 2"), std::string::npos)
       << lamb1;
-  const std::string lamb_pp = Error({{"optimizer", {{"type", "OneBitLamb"}}},
-                                     {"parallel", {{"pipeline_parallel_size", 2}}}});
+  const std::string lamb_pp = Error(
+      {{"optimizer", {{"type", "OneBitLamb"}}}, {"parallel", {{"pipeline_parallel_size", 2}}}});
   EXPECT_NE(lamb_pp.find("pipeline_parallel_size > 1 is not implemented"), std::string::npos)
       << lamb_pp;
   const std::string factors =

@@ -118,8 +118,8 @@ Status TrainAndSave(const std::string& dir, int world, const ShardManagerOptions
 }
 
 // A new manager at (world, stage) loads `dir`; rank 0's snapshot and trainer state.
-Status Load(const std::string& dir, int world, const ShardManagerOptions& options,
-            Snapshot& loaded, TrainerState& state) {
+Status Load(const std::string& dir, int world, const ShardManagerOptions& options, Snapshot& loaded,
+            TrainerState& state) {
   return RunRanks(world, [&](Communicator& comm) -> Status {
     MemoryTracker tracker;
     ZR_ASSIGN_OR_RETURN(testing::MlpRun run, MakeMlpRun(options, comm, tracker));

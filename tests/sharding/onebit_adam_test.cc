@@ -33,10 +33,10 @@ struct Reference {
       m.emplace_back(p[k].size(), 0.0);
       v.emplace_back(p[k].size(), 0.0);
     }
-    ResetErrors();
+    Reset();
   }
 
-  void ResetErrors() {
+  void Reset() {  // the errors, as a load resets them
     worker.assign(world, {});
     server.assign(world, {});
     for (int w = 0; w < world; ++w) {
@@ -49,17 +49,7 @@ struct Reference {
   }
 
   // Rank w's gradient of its samples of `step` (the mean over them).
-  std::vector<Vec> Gradient(int step, int w) {
-    for (size_t k = 0; k < p.size(); ++k) {
-      for (size_t j = 0; j < p[k].size(); ++j) net.params[k][j] = static_cast<float>(p[k][j]);
-      std::fill(net.grads[k].begin(), net.grads[k].end(), 0.0f);
-    }
-    const int per_rank = kGlobalBatch / world;
-    net.Backward(int64_t{step} * kGlobalBatch + w * per_rank, per_rank);
-    std::vector<Vec> g;
-    for (const auto& x : net.grads) g.emplace_back(x.begin(), x.end());
-    return g;
-  }
+  std::vector<Vec> Gradient(int step, int w) { return RankGradient(net, p, world, step, w); }
 
   // The compressed mean of the ranks' momenta of parameter k, each padded with zeros.
   Vec CompressedMean(const std::vector<Vec>& mw, size_t k) {
@@ -133,29 +123,15 @@ struct Reference {
 };
 
 std::vector<std::vector<float>> RunReference(const RunConfig& c) {
-  Reference ref(c);
-  for (int step = 0; step < c.steps; ++step) {
-    ref.Step(step);
-    if (step + 1 == c.reload_after) ref.ResetErrors();
-  }
-  std::vector<std::vector<float>> out;
-  for (const Vec& x : ref.p) out.emplace_back(x.begin(), x.end());
-  return out;
+  return RunReferenceOf<Reference>(c);
 }
 
 RunConfig OneBit(int world, int64_t freeze_step, int steps = 12) {
-  return {.stage = ZeroStage::k0,
-          .world = world,
-          .optimizer = OptimizerKind::kOneBitAdam,
-          .steps = steps,
-          .freeze_step = freeze_step};
+  return OneBitRun(OptimizerKind::kOneBitAdam, world, freeze_step, steps);
 }
 
 void ExpectMatchesReference(const RunConfig& c, const std::string& what) {
-  const RunResult run = Train(c);
-  ASSERT_EQ(run.error, "") << what;
-  const auto ref = RunReference(c);
-  EXPECT_LE(MaxRelativeError(run.params, ref), 2e-5) << what;
+  ExpectMatchesReferenceOf<Reference>(c, what);
 }
 
 TEST(OneBitAdamTest, MatchesTheReferenceAtWorldSizesOneToFour) {
@@ -324,7 +300,7 @@ struct ZeroOneReference {
     }
     if (t > o.var_freeze_step && !frozen) {
       frozen = true;
-      base.ResetErrors();  // DeepSpeed re-initialises the error buffers once
+      base.Reset();  // DeepSpeed re-initialises the error buffers once
     }
   }
 };
@@ -366,7 +342,7 @@ TEST(ZeroOneAdamTest, ALoadZeroesTheErrorsAndTheAccumulatedSteps) {
   for (int step = 0; step < c.steps; ++step) {
     ref.Step(step);
     if (step + 1 == c.reload_after) {
-      ref.base.ResetErrors();
+      ref.base.Reset();
       for (auto& rank : ref.acc) {
         for (Vec& a : rank) std::fill(a.begin(), a.end(), 0.0);
       }

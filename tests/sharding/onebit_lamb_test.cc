@@ -10,7 +10,6 @@
 #include "gtest/gtest.h"
 #include "runtime/strings.h"
 #include "sharding/compressed_allreduce.h"
-#include "tests/sharding/harness.h"
 #include "tests/sharding/onebit_reference.h"
 
 namespace zerort {
@@ -55,17 +54,7 @@ struct LambReference {
     pad.assign(padded - numel, 0.0);
   }
 
-  std::vector<Vec> Gradient(int step, int w) {
-    for (size_t k = 0; k < p.size(); ++k) {
-      for (size_t j = 0; j < p[k].size(); ++j) net.params[k][j] = static_cast<float>(p[k][j]);
-      std::fill(net.grads[k].begin(), net.grads[k].end(), 0.0f);
-    }
-    const int per_rank = kGlobalBatch / world;
-    net.Backward(int64_t{step} * kGlobalBatch + w * per_rank, per_rank);
-    std::vector<Vec> g;
-    for (const auto& x : net.grads) g.emplace_back(x.begin(), x.end());
-    return g;
-  }
+  std::vector<Vec> Gradient(int step, int w) { return RankGradient(net, p, world, step, w); }
 
   void Step(int step) {
     const OptimizerOptions& opt = o.optimizer;
@@ -85,9 +74,8 @@ struct LambReference {
       }
       if (!compressing) sq += Norm(mean[k]) * Norm(mean[k]);
     }
-    const double clip = o.gradient_clipping > 0
-                            ? std::min(1.0, o.gradient_clipping / (std::sqrt(sq) + 1e-6))
-                            : 1.0;
+    const double clip =
+        o.gradient_clipping > 0 ? std::min(1.0, o.gradient_clipping / (std::sqrt(sq) + 1e-6)) : 1.0;
     auto decay = [&](size_t k) { return net.decay[k] ? double{opt.weight_decay} : 0.0; };
     if (!compressing) {  // LAMB without bias correction
       for (size_t k = 0; k < p.size(); ++k) {
@@ -101,7 +89,8 @@ struct LambReference {
         if (steps == opt.freeze_step) fresh[k] = v[k];
         const double wn = Norm(p[k]), un = Norm(u);
         double ratio = 1.0;
-        if (wn != 0 && un != 0) ratio = std::clamp(wn / un, double{opt.min_coeff}, double{opt.max_coeff});
+        if (wn != 0 && un != 0)
+          ratio = std::clamp(wn / un, double{opt.min_coeff}, double{opt.max_coeff});
         if (ratio != 1.0) coeff[k] = opt.coeff_beta * coeff[k] + (1 - opt.coeff_beta) * ratio;
         for (size_t j = 0; j < p[k].size(); ++j) p[k][j] -= kLr * ratio * u[j];
       }
@@ -158,28 +147,15 @@ struct LambReference {
 };
 
 std::vector<std::vector<float>> RunReference(const RunConfig& c) {
-  LambReference ref(c);
-  for (int step = 0; step < c.steps; ++step) {
-    ref.Step(step);
-    if (step + 1 == c.reload_after) ref.Reset();
-  }
-  std::vector<std::vector<float>> out;
-  for (const Vec& x : ref.p) out.emplace_back(x.begin(), x.end());
-  return out;
+  return RunReferenceOf<LambReference>(c);
 }
 
 RunConfig OneBitLamb(int world, int64_t freeze_step, int steps = 12) {
-  return {.stage = ZeroStage::k0,
-          .world = world,
-          .optimizer = OptimizerKind::kOneBitLamb,
-          .steps = steps,
-          .freeze_step = freeze_step};
+  return OneBitRun(OptimizerKind::kOneBitLamb, world, freeze_step, steps);
 }
 
 void ExpectMatchesReference(const RunConfig& c, const std::string& what) {
-  const RunResult run = Train(c);
-  ASSERT_EQ(run.error, "") << what;
-  EXPECT_LE(MaxRelativeError(run.params, RunReference(c)), 2e-5) << what;
+  ExpectMatchesReferenceOf<LambReference>(c, what);
 }
 
 TEST(OneBitLambTest, MatchesTheReferenceAtWorldSizesOneToFour) {

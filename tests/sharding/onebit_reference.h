@@ -1,10 +1,15 @@
 // The 1-bit optimizers' compressed all-reduce written out in double, for the tests that check
 // zerort's against DeepSpeed's algorithms (onebit_adam_test.cc, onebit_lamb_test.cc): scaled
-// signs with worker and server error feedback ([Note: 1-bit Adam], sharding/compressed_allreduce.h).
+// signs with worker and server error feedback ([Note: 1-bit Adam],
+// sharding/compressed_allreduce.h).
 #pragma once
 
 #include <cmath>
+#include <string>
 #include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/sharding/harness.h"
 
 namespace zerort::testing {
 
@@ -53,6 +58,51 @@ inline Vec CompressedMeanOf(const std::vector<Vec>& values, std::vector<Vec>& wo
     for (size_t j = 0; j < chunk; ++j) out[r * chunk + j] = rebuilt[j];
   }
   return out;
+}
+
+// Rank w's gradient (the mean over its samples of `step`, of `world` ranks) at parameters `p`,
+// through `net` (whose parameters and gradients it overwrites).
+inline std::vector<Vec> RankGradient(MlpReference& net, const std::vector<Vec>& p, int world,
+                                     int step, int w) {
+  for (size_t k = 0; k < p.size(); ++k) {
+    for (size_t j = 0; j < p[k].size(); ++j) net.params[k][j] = static_cast<float>(p[k][j]);
+    std::fill(net.grads[k].begin(), net.grads[k].end(), 0.0f);
+  }
+  const int per_rank = kGlobalBatch / world;
+  net.Backward(int64_t{step} * kGlobalBatch + w * per_rank, per_rank);
+  std::vector<Vec> g;
+  for (const auto& x : net.grads) g.emplace_back(x.begin(), x.end());
+  return g;
+}
+
+// A reference's run of c.steps (Ref(c), Step(step), Reset() after c.reload_after, its `p`).
+template <typename Ref>
+std::vector<std::vector<float>> RunReferenceOf(const RunConfig& c) {
+  Ref ref(c);
+  for (int step = 0; step < c.steps; ++step) {
+    ref.Step(step);
+    if (step + 1 == c.reload_after) ref.Reset();
+  }
+  std::vector<std::vector<float>> out;
+  for (const Vec& x : ref.p) out.emplace_back(x.begin(), x.end());
+  return out;
+}
+
+// A stage-0 run of a 1-bit optimizer.
+inline RunConfig OneBitRun(OptimizerKind kind, int world, int64_t freeze_step, int steps) {
+  return {.stage = ZeroStage::k0,
+          .world = world,
+          .optimizer = kind,
+          .steps = steps,
+          .freeze_step = freeze_step};
+}
+
+// The shard manager's parameters within 2e-5 of Ref's.
+template <typename Ref>
+void ExpectMatchesReferenceOf(const RunConfig& c, const std::string& what) {
+  const RunResult run = Train(c);
+  ASSERT_EQ(run.error, "") << what;
+  EXPECT_LE(MaxRelativeError(run.params, RunReferenceOf<Ref>(c)), 2e-5) << what;
 }
 
 }  // namespace zerort::testing
