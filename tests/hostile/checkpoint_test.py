@@ -171,6 +171,18 @@ cases += [
      "metadata.json"),
     ("pieces whose lengths add up around a hole", meta_edit(shift_length), "metadata.json"),
     ("ranks an object", meta_edit(lambda m: m.update(ranks={})), "ranks = {}"),
+    # 1-bit LAMB's scalars ([Note: 1-bit LAMB]): validated before any loader reads them.
+    ("1-bit LAMB scalars of the wrong kind",
+     meta_edit(lambda m: m["params"][0].update(onebit_lamb=[0.1, "x", 1.0])),
+     "params[0].onebit_lamb"),
+    ("1-bit LAMB scalars too few", meta_edit(lambda m: m["params"][0].update(onebit_lamb=[1])),
+     "params[0].onebit_lamb"),
+    ("1-bit LAMB scalars negative",
+     meta_edit(lambda m: m["params"][0].update(onebit_lamb=[0.1, -1.0, 1.0])),
+     "params[0].onebit_lamb"),
+    ("1-bit LAMB scalars huge",
+     meta_edit(lambda m: m["params"][0].update(onebit_lamb=[1e300, 1.0, 1.0])),
+     "params[0].onebit_lamb"),
     # A parameter named twice: export wrote it twice and exited 0.
     ("a parameter named twice in params",
      meta_edit(lambda m: m["params"].append(dict(m["params"][0]))),
