@@ -108,10 +108,10 @@ print("| ZeRO-0, GPT-2 124M | MB across nodes at 4 ranks as 2 x 2 (measured / fo
       " MB across nodes at 8 ranks as 2 x 4 (formula) |")
 print("|---|---|---|")
 ONEBIT_LAMB = merged(ONEBIT, {"optimizer": {"type": "OneBitLamb"}})
-for label, layout in (("AdamW (fp32 gradient all-reduce)", {"zero_optimization": {"stage": 0}}),
-                      ("1-bit Adam after freeze_step", ONEBIT),
-                      ("1-bit LAMB after freeze_step", ONEBIT_LAMB)):
-    name = "z0_" + str(len(label))
+for i, (label, layout) in enumerate((
+        ("AdamW (fp32 gradient all-reduce)", {"zero_optimization": {"stage": 0}}),
+        ("1-bit Adam after freeze_step", ONEBIT), ("1-bit LAMB after freeze_step", ONEBIT_LAMB))):
+    name = f"z0_{i}"
     path = os.path.join(tmp, name + ".json")
     metrics = os.path.join(tmp, name + ".jsonl")
     with open(path, "w") as f:
