@@ -9,6 +9,7 @@
   the bytes per step are about 1/32 of the warm-up's and equal the estimator's. The cost depends
   on where the freeze lands (docs/multi-node.md, "1-bit LAMB": -3.6% to +3.6% at this lr over
   freeze steps 100-250, 5-13% at lr 2e-3-5e-3, where it freezes early in training);
+- `estimate --measure` equals a one-rank run's device peak byte for byte;
 - a checkpoint saved in the warm-up resumes on the straight run's curve bit for bit (the frozen
   trust ratio's running average is saved); one saved after freeze_step resumes with the errors
   from zero, close to the curve; the asynchronous CPU device trains the synchronous one's curve
@@ -95,6 +96,20 @@ if (train("exact", freeze(100_000)) and train("onebit", freeze(FREEZE)) and
         want = json.loads(e.stdout)["comm"]["inter_node_bytes"]
         check(f"compressed bytes {compressed} == the estimator's {want} + scalars",
               want <= compressed <= want + 100, f"{compressed} vs {want}")
+
+# The estimator against a measured run (one rank: the fused momentum, v_fresh and the update's
+# workspaces of compressed steps, freeze_step 0), byte for byte.
+measure = merged(BASE, merged(freeze(0), {"train": {"steps": 4},
+                                          "gradient_accumulation_steps": 4}))
+e = subprocess.run([zerort, "estimate", write("measure.json", measure), "--measure", "--json"],
+                   capture_output=True, text=True, timeout=120, env=env)
+if check("estimate --measure exits 0", e.returncode == 0, e.stderr[-800:]):
+    j = json.loads(e.stdout)
+    est, got = j["tiers"]["device"], j["measured_device"]
+    check("estimate --measure: the device peak and optimizer state byte for byte",
+          est["total"] == got["total"] and
+          est["categories"]["optimizer_state"] == got["categories"]["optimizer_state"],
+          f"{est} {got}")
 
 # The asynchronous CPU device: the fused momentum's kernels, copies and ring ordered on the
 # compute stream, bit for bit the synchronous device's curve.
