@@ -452,14 +452,22 @@ void StepModel::Step() {
     OneBitCompressedStep();
   } else {
     // As GradientReducer::Finish: all-reduce buckets of whole units; one unit needs no packing,
-    // one rank no all-reduce.
+    // one rank no all-reduce. With replicas (hybrid sharding at stage 1) only this rank's shard
+    // of each unit crosses them, packed apart when the bucket was packed.
     std::vector<int> bucket;
     int64_t numel = 0;
     auto reduce = [&] {
+      int64_t shards = 0;
+      for (int u : bucket) shards += units_[u].layout.shard_numel();
       InGroup(CollectiveOp::kAllReduce, numel * kRsize);
-      AcrossReplicas(numel * kRsize);
+      AcrossReplicas(shards * kRsize);
       if (bucket.size() > 1 && in_.dp > 1) {  // every data rank, hybrid or not
-        Transient(Cat::kCommBuffers, {numel * kRsize}, comm_);
+        Replay::Handle packed = r_.Alloc(Cat::kCommBuffers, numel * kRsize, comm_);
+        if (in_.replicas() > 1) {
+          Replay::Handle own = r_.Alloc(Cat::kCommBuffers, shards * kRsize, comm_);
+          r_.Free(own);
+        }
+        r_.Free(packed);
       }
       bucket.clear();
       numel = 0;

@@ -176,43 +176,60 @@ Status GradientReducer::AllReduceBucket(const std::vector<ShardedUnit*>& bucket)
   ZR_ASSIGN_OR_RETURN(const ReduceOp op, PreDivide(bucket, comm));
   const std::string what =
       bucket.size() == 1 ? bucket[0]->name() : StrCat("bucket of ", bucket.size(), " units");
-  // Over the shard group, then (hybrid sharding) across the replicas.
-  auto all_reduce = [&](void* data, int64_t count) -> Status {
-    if (resources_.dp->size() > 1) {
-      resources_.dp->SetTraceLabel(StrCat("all-reduce ", what));
-      ZR_RETURN_IF_ERROR(resources_.dp->AllReduce(data, data, count, dtype, op, comm));
-      resources_.dp->SetTraceLabel("");
-      ++collectives_;
-    }
-    return AcrossReplicas(data, count, op, what);
+  // Over the shard group; then, with hybrid sharding (stage 1: stage 0 has no replicas), only
+  // this rank's shard of each unit across the replicas: the part its optimizer reads, 1/S of the
+  // gradient ([Note: hybrid sharding]).
+  auto in_group = [&](void* data, int64_t count) -> Status {
+    if (resources_.dp->size() == 1) return absl::OkStatus();
+    resources_.dp->SetTraceLabel(StrCat("all-reduce ", what));
+    ZR_RETURN_IF_ERROR(resources_.dp->AllReduce(data, data, count, dtype, op, comm));
+    resources_.dp->SetTraceLabel("");
+    ++collectives_;
+    return absl::OkStatus();
   };
+  // Where this rank's shard starts in a unit's flat gradient.
+  auto own = [](const ShardedUnit* u) { return u->layout_rank() * u->layout().shard_numel(); };
   if (bucket.size() == 1) {
     const TensorView g = bucket[0]->FullGrad();
-    ZR_RETURN_IF_ERROR(all_reduce(g.data(), g.numel()));
-    ZR_RETURN_IF_ERROR(PostDivide(g, comm));
-  } else {
-    int64_t total = 0;
-    for (ShardedUnit* u : bucket) total += u->layout().padded_numel();
-    ZR_ASSIGN_OR_RETURN(Buffer packed, resources_.tiers.device->Allocate(
-                                           total * elem, MemoryCategory::kCommBuffers, comm));
-    int64_t offset = 0;
-    for (ShardedUnit* u : bucket) {
-      const TensorView g = u->FullGrad();
-      ZR_RETURN_IF_ERROR(
-          CopyBytes(packed.as<char>() + offset * elem, device, g.data(), device, g.nbytes(), comm));
-      offset += g.numel();
-    }
-    ZR_RETURN_IF_ERROR(all_reduce(packed.data(), total));
-    ZR_RETURN_IF_ERROR(PostDivide(TensorView(packed.data(), dtype, {total}, device), comm));
-    offset = 0;
-    for (ShardedUnit* u : bucket) {
-      const TensorView g = u->FullGrad();
-      ZR_RETURN_IF_ERROR(
-          CopyBytes(g.data(), device, packed.as<char>() + offset * elem, device, g.nbytes(), comm));
-      offset += g.numel();
-    }
+    ZR_RETURN_IF_ERROR(in_group(g.data(), g.numel()));
+    ZR_RETURN_IF_ERROR(AcrossReplicas(static_cast<char*>(g.data()) + own(bucket[0]) * elem,
+                                      bucket[0]->layout().shard_numel(), op, what));
+    return PostDivide(g, comm);
   }
-  return absl::OkStatus();
+  int64_t total = 0, shards = 0;
+  for (ShardedUnit* u : bucket) {
+    total += u->layout().padded_numel();
+    shards += u->layout().shard_numel();
+  }
+  ZR_ASSIGN_OR_RETURN(Buffer packed, resources_.tiers.device->Allocate(
+                                         total * elem, MemoryCategory::kCommBuffers, comm));
+  // Every unit's full gradient into `packed` (in) or back out of it; with `shard`, only this
+  // rank's shard of each, between `packed` and the consecutive shards at `shard`.
+  auto move = [&](bool in, char* shard) -> Status {
+    int64_t offset = 0, at = 0;
+    for (ShardedUnit* u : bucket) {
+      const TensorView g = u->FullGrad();
+      const int64_t n = shard != nullptr ? u->layout().shard_numel() : g.numel();
+      char* a = packed.as<char>() + (offset + (shard != nullptr ? own(u) : 0)) * elem;
+      char* b = shard != nullptr ? shard + at * elem : static_cast<char*>(g.data());
+      ZR_RETURN_IF_ERROR(in ? CopyBytes(a, device, b, device, n * elem, comm)
+                            : CopyBytes(b, device, a, device, n * elem, comm));
+      offset += g.numel();
+      at += n;
+    }
+    return absl::OkStatus();
+  };
+  ZR_RETURN_IF_ERROR(move(true, nullptr));
+  ZR_RETURN_IF_ERROR(in_group(packed.data(), total));
+  if (resources_.replicate != nullptr) {
+    ZR_ASSIGN_OR_RETURN(Buffer own_shards, resources_.tiers.device->Allocate(
+                                               shards * elem, MemoryCategory::kCommBuffers, comm));
+    ZR_RETURN_IF_ERROR(move(false, own_shards.as<char>()));  // packed -> own_shards
+    ZR_RETURN_IF_ERROR(AcrossReplicas(own_shards.data(), shards, op, what));
+    ZR_RETURN_IF_ERROR(move(true, own_shards.as<char>()));  // own_shards -> packed
+  }
+  ZR_RETURN_IF_ERROR(PostDivide(TensorView(packed.data(), dtype, {total}, device), comm));
+  return move(false, nullptr);
 }
 
 Status GradientReducer::Finish(std::vector<std::unique_ptr<ShardedUnit>>& units, bool reduce) {

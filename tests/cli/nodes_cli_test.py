@@ -93,6 +93,13 @@ for stage in (1, 2, 3):
     matches_estimate(flat, b[-1])
     matches_estimate(hybrid, a[-1])
 
+# Stage 1 sends only each rank's shard across the replicas, as stage 2 does (its reduce-scatter's
+# result): the same bytes across nodes, to the step's scalars.
+if all(os.path.exists(os.path.join(tmp, f"hsdp_z{s}.jsonl")) for s in (1, 2)):
+    z1, z2 = (records(f"hsdp_z{s}")[-1]["comm_bytes_inter_node"] for s in (1, 2))
+    check(f"HSDP stage 1 sends stage 2's bytes across nodes ({z1} and {z2})",
+          abs(z1 - z2) <= 100, f"{z1} {z2}")
+
 # ZeRO++ hpZ ([Note: hpZ]): a secondary copy within the node serves every gather but the step's
 # first, bit for bit the same weights; only the forward's gathers (and the gradients) cross.
 r = train("hpz", {"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2},

@@ -53,7 +53,9 @@ TEST(HybridShardTest, ShardGroupsOfOneAndOfTwoOutOfSix) {
 }
 
 TEST(HybridShardTest, ReductionVariantsEqualTheFlatRun) {
-  for (ZeroStage stage : {ZeroStage::k2, ZeroStage::k3}) {
+  // Stage 1 sends only each rank's shard across the replicas: from the packed bucket, and (bucket
+  // 1) from each unit's own gradient.
+  for (ZeroStage stage : {ZeroStage::k1, ZeroStage::k2, ZeroStage::k3}) {
     RunConfig base{.stage = stage, .world = 4, .steps = 6, .shard_size = 2};
     RunConfig clip = base, predivide = base, all_reduce = base, bucket = base, micro = base;
     clip.clip = 0.05f;
