@@ -299,11 +299,11 @@ StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& m,
     // [Note: 1-bit LAMB]: a checkpoint of another optimizer lacks v_fresh and the frozen
     // coefficients, which only a step after the warm-up reads.
     const OptimizerOptions& opt = m.options().optimizer;
-    const bool lamb = opt.kind == OptimizerKind::kOneBitLamb;
-    const bool lamb_compressing = lamb && OneBitCompressing(opt, state.applied_steps + 1);
+    const bool lamb_compressing =
+        opt.kind == OptimizerKind::kOneBitLamb && OneBitCompressing(opt, state.applied_steps + 1);
     std::map<std::string, const nlohmann::json*> lamb_saved;
     for (const auto& p : reader.metadata().at("params")) {
-      if (p.contains("onebit_lamb"))
+      if (opt.kind == OptimizerKind::kOneBitLamb && p.contains("onebit_lamb"))
         lamb_saved[p.at("name").get<std::string>()] = &p["onebit_lamb"];
     }
     for (int u = 0; u < m.num_units(); ++u) {

@@ -369,7 +369,7 @@ Status ShardedOptimizer::UpdateLamb(int u, const OptimizerStepArgs& args, const 
                      .weight_decay = layout.params()[param].weight_decay ? opt.weight_decay : 0.0f,
                      .step = args.step,
                      .grad_scale = args.grad_scale,
-                     .bias_correction = opt.bias_correction && onebit.empty(),
+                     .bias_correction = opt.bias_correction && opt.kind == OptimizerKind::kLamb,
                      .max_coeff = opt.max_coeff,
                      .min_coeff = opt.min_coeff};
   };

@@ -3,6 +3,7 @@ the small ZeRO-3 run config the device-parity tests vary, and the merge that var
 written to a test's folder and a metrics file read back."""
 import json
 import os
+import subprocess
 import sys
 
 
@@ -93,3 +94,21 @@ def check_onebit_resumes(check, train, losses, folder, short, points):
                   got[0] == straight[at] and
                   all(abs(x - y) <= 0.1 * y for x, y in zip(got, straight[at:])),
                   f"{got} {straight[at:]}")
+
+
+def simulated_nodes_trainer(check, zerort, mpiexec, folder, base, env):
+    """A function train(name, overrides, extra_args=(), ranks=4) that trains `base` merged with
+    `overrides` (its metrics file and checkpoint directory named after the run, in `folder`) on
+    `ranks` ranks under MPIEXEC as simulated nodes of two (ZERORT_RANKS_PER_NODE), checks that it
+    exits 0, and returns whether it did."""
+    def train(name, overrides, extra_args=(), ranks=4):
+        named = {"logging": {"metrics_file": os.path.join(folder, name + ".jsonl")},
+                 "checkpoint": {"dir": os.path.join(folder, "ckpt_" + name)}}
+        run = merged(base, merged(named, overrides))
+        cmd = [mpiexec, "-np", str(ranks), "--oversubscribe", "-x", "ZERORT_RANKS_PER_NODE",
+               zerort, "train", write_json(folder, name + ".json", run), *extra_args]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                           env=dict(env, ZERORT_RANKS_PER_NODE=str(min(ranks, 2))))
+        check(f"{name} exits 0", r.returncode == 0, r.stderr[-2000:])
+        return r.returncode == 0
+    return train

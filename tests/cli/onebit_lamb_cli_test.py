@@ -25,8 +25,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (Checks, check_onebit_resumes, merged, read_jsonl, tiny_run,  # noqa: E402
-                     write_json)
+from harness import (Checks, check_onebit_resumes, merged, read_jsonl,  # noqa: E402
+                     simulated_nodes_trainer, tiny_run, write_json)
 
 zerort, mpiexec = sys.argv[1], sys.argv[2]
 checks = Checks("onebit_lamb_cli_test")
@@ -47,16 +47,7 @@ write = functools.partial(write_json, tmp)
 records = functools.partial(read_jsonl, tmp)
 
 
-def train(name, overrides, extra_args=(), ranks=4, expect=0):
-    run = merged(BASE, merged({"logging": {"metrics_file": os.path.join(tmp, name + ".jsonl")},
-                               "checkpoint": {"dir": os.path.join(tmp, "ckpt_" + name)}},
-                              overrides))
-    cmd = [mpiexec, "-np", str(ranks), "--oversubscribe", "-x", "ZERORT_RANKS_PER_NODE", zerort,
-           "train", write(name + ".json", run), *extra_args]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                       env=dict(env, ZERORT_RANKS_PER_NODE=str(min(ranks, 2))))
-    check(f"{name} exits {expect}", r.returncode == expect, r.stderr[-2000:])
-    return r if expect else r.returncode == 0
+train = simulated_nodes_trainer(check, zerort, mpiexec, tmp, BASE, env)
 
 
 def freeze(step):

@@ -188,6 +188,13 @@ TEST(ManagerCheckpointTest, OneBitLambStateMovesAndAnotherOptimizersIsRefusedAft
   EXPECT_GT(scalars[0], 0.0f);                             // the frozen coefficient
   EXPECT_NE(scalars[1], 1.0f);                             // the factor moved
   EXPECT_GT(scalars[2], 0.0f);                             // the scaling was set
+  // The scalars gone from the metadata (v_fresh kept): refused after freeze_step, naming them.
+  const std::string meta_path = dir + "/step_7/metadata.json";
+  nlohmann::json meta = nlohmann::json::parse(std::ifstream(meta_path));
+  for (auto& p : meta["params"]) p.erase("onebit_lamb");
+  std::ofstream(meta_path) << meta.dump();
+  s = Load(dir, 1, OneBitLamb(3), loaded, state);
+  EXPECT_NE(s.message().find("holds no 1-bit LAMB coefficients for"), std::string::npos) << s;
 
   const std::string lamb_dir = Fresh("from_lamb");
   testing::RunConfig c;

@@ -208,14 +208,17 @@ TEST(OneBitLambTest, CompressedStepsSendNoGradientCollectives) {
 }
 
 TEST(OneBitLambTest, OtherStagesOffloadAndBadFactorsAreRefused) {
-  for (ZeroStage stage : {ZeroStage::k1, ZeroStage::k3}) {
-    RunConfig c = OneBitLamb(2, 3, 2);
-    c.stage = stage;
-    EXPECT_NE(Train(c).error.find("need stage 0"), std::string::npos);
+  ExpectOnlyStageZeroOnTheDevice(OptimizerKind::kOneBitLamb);
+  // An embedder's options the config would refuse: factor_max below factor_min (0.5), a negative
+  // threshold.
+  for (auto [factor_max, threshold] : {std::pair{0.25f, 0.1f}, std::pair{4.0f, -1.0f}}) {
+    RunConfig c = OneBitLamb(1, 3, 2);
+    c.lamb_factor[0] = factor_max;
+    c.lamb_factor[1] = threshold;
+    EXPECT_NE(Train(c).error.find("1-bit LAMB needs 0 < factor_min <= factor_max"),
+              std::string::npos)
+        << factor_max << " " << threshold;
   }
-  RunConfig host = OneBitLamb(1, 3, 2);
-  host.placement.optimizer = MemoryTier::kHost;
-  EXPECT_NE(Train(host).error.find("on the device tier"), std::string::npos);
 }
 
 }  // namespace

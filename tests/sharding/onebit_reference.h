@@ -105,4 +105,17 @@ void ExpectMatchesReferenceOf(const RunConfig& c, const std::string& what) {
   EXPECT_LE(MaxRelativeError(run.params, RunReferenceOf<Ref>(c)), 2e-5) << what;
 }
 
+// A 1-bit optimizer at stages 1 and 3, and with its state on the host tier, is refused by
+// ShardManager::Create, naming why.
+inline void ExpectOnlyStageZeroOnTheDevice(OptimizerKind kind) {
+  for (ZeroStage stage : {ZeroStage::k1, ZeroStage::k3}) {
+    RunConfig c = OneBitRun(kind, 2, 3, 2);
+    c.stage = stage;
+    EXPECT_NE(Train(c).error.find("need stage 0"), std::string::npos);
+  }
+  RunConfig host = OneBitRun(kind, 1, 3, 2);
+  host.placement.optimizer = MemoryTier::kHost;
+  EXPECT_NE(Train(host).error.find("on the device tier"), std::string::npos);
+}
+
 }  // namespace zerort::testing
