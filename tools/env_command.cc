@@ -5,6 +5,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "kernels/blas.h"
+#include "kernels/openmp_waits.h"
 #include "nlohmann/json.hpp"
 #include "runtime/build_info.h"
 #include "runtime/device.h"
@@ -112,6 +113,7 @@ int RunEnv(const EnvOptions& options, const LaunchEnv& launch, int* argc, char**
       {"openblas", {{"config", BlasVersion()}, {"threads", BlasThreads()}}},
       {"cpu_gemm", CpuGemmLibrary()},
       {"cpu_gemm_warning", BlasCoreWarning()},
+      {"openmp_waits", DescribeOpenMpWaits(ProcessEnv())},
       {"host", {{"hardware_threads", std::thread::hardware_concurrency()}}},
       {"launch",
        {{"source", launch.source},
@@ -149,6 +151,7 @@ int RunEnv(const EnvOptions& options, const LaunchEnv& launch, int* argc, char**
   if (const std::string w = BlasCoreWarning(); !w.empty()) {
     std::printf("%-10s %s\n", "warning:", w.c_str());
   }
+  std::printf("%-10s %s\n", "OpenMP:", DescribeOpenMpWaits(ProcessEnv()).c_str());
   std::printf("%-10s %u hardware threads\n", "host:", std::thread::hardware_concurrency());
   std::printf("%-10s %s\n", "launch:", launch.ToString().c_str());
   const nlohmann::json& t = *nodes;

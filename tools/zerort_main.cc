@@ -5,6 +5,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "kernels/openmp_waits.h"
 #include "runtime/exit_codes.h"
 #include "runtime/launch_env.h"
 #include "runtime/log.h"
@@ -12,6 +13,9 @@
 
 int main(int argc, char** argv) {
   using namespace zerort;
+  // Before anything else: the OpenMP runtime's wait setting, which it reads before main
+  // ([Note: OpenMP waits on a busy machine]); returns only when the process need not start again.
+  const std::optional<std::string> waits_failed = ReexecWithOpenMpWaits(argv);
   CLI::App app{"zerort: a ZeRO/FSDP sharded-optimizer training runtime"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "zerort 0.1.0");
@@ -291,6 +295,10 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   ConfigureLogging(LogOptions{launch->rank, launch->world_size, *level, /*all_ranks=*/true});
+  if (waits_failed) {
+    Logger()->warn("OpenMP threads keep libgomp's long spin (a busy machine slows them most): {}",
+                   *waits_failed);
+  }
   if (launch->rank == 0) {
     Logger()->info("{}", launch->ToString());
   } else {
