@@ -22,18 +22,20 @@
 namespace zerort {
 namespace {
 
-bool IsSpace(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
-}
-
-// The last cut in text[0, end) where a pre-token cannot span: after a '\n' followed by a
-// non-space byte (a plain text); after a '\n' (JSON lines). 0 when there is none.
-size_t LastCut(std::string_view text, size_t end, bool lines) {
-  for (size_t i = end; i > 1; --i) {
-    if (text[i - 1] != '\n') continue;
-    if (lines || (i < text.size() && !IsSpace(text[i]))) return i;
+// The last place in text[0, end) where the text may be cut ([Note: cutting a text], tokenizer.h):
+// after a '\n' (JSON lines: documents are encoded one by one), anywhere (byte tokens), or where
+// the tokenizer says. nullopt when there is none.
+std::optional<TextCut> LastCut(std::string_view text, size_t end, bool lines,
+                               const Tokenizer* tokenizer) {
+  if (lines) {
+    for (size_t i = std::min(end, text.size()); i > 1; --i) {
+      if (text[i - 1] == '\n') return TextCut{i, i};
+    }
+    return std::nullopt;
   }
-  return 0;
+  if (tokenizer == nullptr)
+    return end > 0 ? std::optional<TextCut>(TextCut{end, end}) : std::nullopt;
+  return tokenizer->LastCut(text, end);
 }
 
 // The token file written as it goes: header first (its count patched at the end).
@@ -147,7 +149,24 @@ StatusOr<PrepareSummary> PrepareTokenFile(const PrepareOptions& o,
       for (char c : text) ids.push_back(static_cast<uint8_t>(c));
       return absl::OkStatus();
     }
-    if (!lines) return tokenizer->Encode(text, ids);
+    if (const std::optional<size_t> bad = FirstInvalidUtf8(text)) {  // named in the file
+      return absl::InvalidArgumentError(
+          StrCat(o.input, ": not valid UTF-8 at byte ", offset + static_cast<int64_t>(*bad), " (0x",
+                 fmt::format("{:02X}", static_cast<uint8_t>(text[*bad])),
+                 "): a tokenizer reads Unicode text"));
+    }
+    if (!lines) {
+      // At most about 1 MiB per call where the tokenizer can be cut: a SentencePiece call's
+      // memory grows with its text (about 80 bytes a character).
+      constexpr size_t kCall = size_t{1} << 20;
+      while (text.size() > kCall) {
+        const std::optional<TextCut> c = tokenizer->LastCut(text, kCall);
+        if (!c || c->first_end == 0) break;
+        ZR_RETURN_IF_ERROR(tokenizer->Encode(text.substr(0, c->first_end), ids));
+        text.remove_prefix(c->second_begin);
+      }
+      return tokenizer->Encode(text, ids);
+    }
     size_t at = 0;
     while (at < text.size()) {
       size_t end = text.find('\n', at);
@@ -190,33 +209,33 @@ StatusOr<PrepareSummary> PrepareTokenFile(const PrepareOptions& o,
       read_total += n;
       if (n == 0) eof = true;
     }
-    // A tokenizer that cannot be cut at line breaks (SentencePiece) takes a plain text whole.
-    const bool whole = !lines && tokenizer && !tokenizer->CutsAtLines();
-    const size_t cut = eof ? buffer.size() : whole ? 0 : LastCut(buffer, buffer.size(), lines);
-    if (cut == 0) {
-      if (whole && buffer.size() > (size_t{256} << 20)) {
-        return absl::InvalidArgumentError(
-            StrCat(o.input,
-                   ": more than 256 MiB of plain text for a SentencePiece tokenizer, "
-                   "which encodes a document in one call: give a .jsonl file of "
-                   "documents (one per line, its \"text\")"));
-      }
+    // The block to encode now, up to the buffer's last cut (the whole buffer at the end).
+    std::optional<TextCut> cut = eof ? TextCut{buffer.size(), buffer.size()}
+                                     : LastCut(buffer, buffer.size(), lines, tokenizer.get());
+    if (cut && cut->first_end == 0) cut.reset();
+    if (!cut) {
       if (buffer.size() > (size_t{1} << 30)) {
         return absl::InvalidArgumentError(
             StrCat(o.input, ": no place to cut in 1 GiB from byte ", offset,
-                   lines ? " (a JSON line of more than 1 GiB)" : " (a line of more than 1 GiB)"));
+                   lines ? " (a JSON line of more than 1 GiB)"
+                         : " (this tokenizer cuts a plain text only where its ids cannot change: "
+                           "[Note: cutting a text] in engine/tokenizer.h; give a .jsonl file of "
+                           "documents, one per line)"));
       }
       want += o.block_bytes;
       continue;
     }
     want = o.block_bytes;
-    // One piece per thread, each ending at a cut.
-    const std::string_view block(buffer.data(), cut);
-    std::vector<size_t> ends;
-    for (int t = 1; t < threads && !whole; ++t) {
+    // One piece per thread, each ending at a cut: [begins[p], ends[p]).
+    const std::string_view block(buffer.data(), cut->first_end);
+    std::vector<size_t> begins = {0}, ends;
+    for (int t = 1; t < threads; ++t) {
       const size_t share = block.size() * static_cast<size_t>(t) / static_cast<size_t>(threads);
-      const size_t c = LastCut(block, share, lines);
-      if (c > (ends.empty() ? 0 : ends.back())) ends.push_back(c);
+      const std::optional<TextCut> c = LastCut(block, share, lines, tokenizer.get());
+      if (c && c->first_end > begins.back()) {
+        ends.push_back(c->first_end);
+        begins.push_back(c->second_begin);
+      }
     }
     ends.push_back(block.size());
     std::vector<std::vector<int32_t>> ids(ends.size());
@@ -224,7 +243,7 @@ StatusOr<PrepareSummary> PrepareTokenFile(const PrepareOptions& o,
     std::vector<int64_t> docs(ends.size(), 0);
     std::vector<std::thread> pool;
     for (size_t p = 0; p < ends.size(); ++p) {
-      const size_t begin = p == 0 ? 0 : ends[p - 1];
+      const size_t begin = begins[p];
       pool.emplace_back([&, p, begin] {
         status[p] = encode(block.substr(begin, ends[p] - begin), ids[p], docs[p],
                            offset + static_cast<int64_t>(begin));
@@ -234,16 +253,15 @@ StatusOr<PrepareSummary> PrepareTokenFile(const PrepareOptions& o,
     for (size_t p = 0; p < ends.size(); ++p) {
       if (!status[p].ok()) {  // named by the file (a JSON line's message already is)
         if (absl::StartsWith(status[p].message(), o.input)) return status[p];
-        return absl::Status(status[p].code(),
-                            StrCat(o.input, " (the block from byte ",
-                                   offset + static_cast<int64_t>(p == 0 ? 0 : ends[p - 1]),
-                                   "): ", status[p].message()));
+        return absl::Status(status[p].code(), StrCat(o.input, " (the block from byte ",
+                                                     offset + static_cast<int64_t>(begins[p]),
+                                                     "): ", status[p].message()));
       }
       ZR_RETURN_IF_ERROR(writer->Append(ids[p]));
       summary.documents += docs[p];
     }
-    buffer.erase(0, cut);
-    offset += static_cast<int64_t>(cut);
+    buffer.erase(0, cut->second_begin);
+    offset += static_cast<int64_t>(cut->second_begin);
     if (progress) progress(offset, total);
   }
   if (!lines) {

@@ -19,6 +19,9 @@ class Model {
   static std::string Load(const std::string& serialized, std::unique_ptr<Model>* out);
   std::string Encode(std::string_view text, std::vector<int>* ids) const;
   std::string Decode(const std::vector<int>& ids, std::string* text) const;
+  // Whether a text cut at a single space between two other characters, the space dropped,
+  // encodes to the whole text's ids ([Note: cutting a text], tokenizer.h).
+  bool CutsAtSpaces() const;
   int size() const;
   int eos() const;  // -1 when the model has none
   int PieceToId(std::string_view piece) const;

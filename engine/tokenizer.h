@@ -1,23 +1,40 @@
 // [Note: zerort's tokenizers]
-// Text to token ids and back. Tokenizer::Load reads a Hugging Face tokenizer.json of a byte-level
-// BPE model (GPT-2, LLaMA-3, Qwen2, SmolLM and most current models):
-//   - added_tokens: matched in the text first (the longest at the earliest position), never split
-//     or normalised, each its id;
-//   - normalizer: none or NFC (libutf8proc);
-//   - pre_tokenizer: ByteLevel (with use_regex: GPT-2's pattern), Split with a Regex pattern and
-//     behavior Isolated (LLaMA-3's, Qwen2's), or a Sequence of them; the patterns run in PCRE2
-//     with Unicode properties (\p{L}, \p{N}, \s as Unicode defines them);
-//   - model BPE: the byte-level alphabet (GPT-2's bytes_to_unicode), merges by rank (the lowest
-//     first, leftmost first among equals), ignore_merges (a pre-token that is a whole vocabulary
-//     entry is taken as it is: LLaMA-3);
-//   - decoder ByteLevel.
-// Anything else in the file (another model type, a normalizer or pre-tokenizer zerort does not
-// implement, byte_fallback, a continuing_subword_prefix) is refused naming its JSON path, so a
-// tokenizer never encodes differently from its reference in silence. Checked against Hugging
-// Face's own JavaScript implementation (tests/engine/tokenizer_reference.mjs) on Unicode,
-// whitespace runs, digits, contractions and special tokens: identical ids.
+// Text to token ids and back. Tokenizer::Load reads
+//   - a Hugging Face tokenizer.json with a BPE model (hf_tokenizer.cc, [Note: the tokenizer.json
+//     pipeline] there), in both families the Hub holds:
+//       byte-level (GPT-2, LLaMA-3, Qwen2/3, SmolLM, most current models): a ByteLevel
+//       pre-tokenizer (GPT-2's regex, or Split steps with their own: PCRE2 with Unicode
+//       properties), the byte-level alphabet, ignore_merges (LLaMA-3), NFC (Qwen);
+//       SentencePiece-converted (LLaMA-2, Mistral, TinyLlama, Gemma): spaces as U+2581 through
+//       Prepend/Replace normalizers or a Metaspace pre-tokenizer (prepend_scheme always, first
+//       or never; split), characters as symbols, byte_fallback's <0xNN> tokens for a character
+//       without one, unk_token with fuse_unk;
+//     added tokens matched in the raw text first; merges by rank in O(n log n) per piece;
+//     decoders ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace;
+//   - a SentencePiece .model (libsentencepiece, behind sentencepiece_model.h).
+// Anything else in a tokenizer.json (another model type, a normalizer, pre-tokenizer or decoder
+// zerort does not implement, BPE dropout, a continuing_subword_prefix) is refused naming its
+// JSON path, so a tokenizer never encodes differently from its reference in silence. Text must be
+// valid UTF-8 (Hugging Face's tokenizers take Unicode strings): invalid bytes, lone surrogates'
+// encodings included, are an error naming the byte; a NUL is a character like any other. A
+// character that has no token, no byte fallback and no unk_token is an error (Hugging Face drops
+// it silently). Checked against Hugging Face's JavaScript implementation
+// (tests/engine/tokenizer_reference.mjs) on Unicode, whitespace runs, digits, contractions and
+// special tokens: identical ids.
 // Untrusted input: the bounded JSON reader (256 MiB), every id in range and unique, every merge
 // of two known tokens, the patterns compiled with a match limit.
+//
+// [Note: cutting a text]
+// `data prepare` encodes a long text in blocks on several threads, so it needs places where the
+// text can be cut with the ids of the two sides, concatenated, equal to the whole text's:
+//   - byte-level tokenizers: after a line break that a non-space character follows (every
+//     pre-token of their regexes starts there), unless a ByteLevel step adds a prefix space;
+//   - tokenizers that turn spaces into U+2581 (SentencePiece models; LLaMA-2-style
+//     tokenizer.json): at a single space between two other characters, when no token holds
+//     U+2581 after another character (so no piece spans the place); the space is dropped when
+//     the second side's prefix (a dummy prefix, Prepend, Metaspace's always/first) puts it back;
+//   - anything else: nowhere (the text is encoded whole).
+// tests/engine/tokenizer_test.cc checks every kind block-wise against the whole text.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +49,22 @@
 
 namespace zerort {
 
+// A place to cut a text ([Note: cutting a text]): the first side is text[0, first_end), the second
+// text[second_begin, ...); the bytes between (a space a prefix puts back) belong to neither.
+struct TextCut {
+  size_t first_end = 0;
+  size_t second_begin = 0;
+};
+// The first byte of `text` that does not begin a valid UTF-8 character (overlong forms,
+// surrogates' encodings, code points past U+10FFFF and truncated sequences are not), if any.
+std::optional<size_t> FirstInvalidUtf8(std::string_view text);
+// After the last '\n' before `end` that a non-space byte follows.
+std::optional<TextCut> LastLineCut(std::string_view text, size_t end);
+// At the last single ' ' before `end` between two characters that are not ASCII whitespace, the
+// second not U+2581 (so three bytes must follow the space: `text` may be a prefix of more);
+// `drop_space`: the space belongs to neither side.
+std::optional<TextCut> LastSpaceCut(std::string_view text, size_t end, bool drop_space);
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -45,10 +78,9 @@ class Tokenizer {
   virtual int vocab_size() const = 0;
   // The id of an added (special) token, e.g. "<|endoftext|>".
   virtual std::optional<int32_t> AddedToken(std::string_view content) const = 0;
-  // Whether a text cut after a line break that a non-space character follows encodes to the
-  // whole text's ids (byte-level BPE: every pre-token starts there); not SentencePiece, which
-  // adds its dummy prefix at the start of each call.
-  virtual bool CutsAtLines() const { return true; }
+  // The last place before `end` where `text` may be cut ([Note: cutting a text]); nullopt when
+  // there is none.
+  virtual std::optional<TextCut> LastCut(std::string_view text, size_t end) const = 0;
   // The end-of-text token a corpus puts between documents: the first added token named like
   // one (<|endoftext|>, <|end_of_text|>, </s>, <eos>), if any.
   virtual std::optional<int32_t> EndOfText() const = 0;

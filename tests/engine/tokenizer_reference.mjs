@@ -5,8 +5,14 @@
 // each with one of the pre-tokenisations zerort supports, written as Hugging Face tokenizer.json
 // files: GPT-2's (ByteLevel with its regex), LLaMA-3's (Split on its regex, then ByteLevel;
 // ignore_merges) and Qwen2's (NFC, Split on its regex with single digits, then ByteLevel), each
-// with special tokens. Then encodes a set of test strings (Unicode, whitespace runs, digits,
-// contractions, special tokens, combining characters) with @huggingface/tokenizers and writes
+// with special tokens. And one SentencePiece-style vocabulary (characters seen at least 20 times,
+// spaces as U+2581, runs of them kept together as SentencePiece's allow_whitespace_only_pieces
+// does, <0xNN> byte tokens, <unk>, 600 merges) in the three layouts the Hub's converted files
+// use: LLaMA-2's legacy one (Prepend and Replace normalizers, no pre-tokenizer, byte_fallback,
+// fuse_unk, decoders Replace/ByteFallback/Fuse/Strip), Mistral's (a Metaspace pre-tokenizer with
+// prepend_scheme "first") and a Replace-only one with no prefix (as Gemma's normalizer). Then
+// encodes a set of test strings (Unicode, whitespace runs, digits, contractions, special tokens,
+// combining characters, NUL, characters without a token) with @huggingface/tokenizers and writes
 // the ids and the decoded text to tests/engine/golden/tokenizer_golden.json.
 //
 // Regenerate (Node.js from Debian or elsewhere; the package from the npm registry):
@@ -88,11 +94,91 @@ function train(text, pattern, merges) {
   return { vocab, merges: rules };
 }
 
+// A SentencePiece-style BPE: words begin at U+2581 (a run of them is one word), characters seen
+// at least 20 times are the alphabet, the rest fall back to bytes.
+const META = "\u2581";
+function trainMeta(text, merges) {
+  const spaced = META + text.replaceAll(" ", META);
+  const chars = new Map();
+  for (const c of spaced) chars.set(c, (chars.get(c) || 0) + 1);
+  const vocab = { "<unk>": 0, "<s>": 1, "</s>": 2 };
+  for (let b = 0; b < 256; b++) {
+    vocab[`<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`] = Object.keys(vocab).length;
+  }
+  for (const [c, n] of [...chars].sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : 1))) {
+    if (n >= 20 && !(c in vocab)) vocab[c] = Object.keys(vocab).length;
+  }
+  const counts = new Map();
+  for (const w of spaced.match(new RegExp(`${META}+[^${META}]*|[^${META}]+`, "gu"))) {
+    counts.set(w, (counts.get(w) || 0) + 1);
+  }
+  let words = [...counts].map(([w, c]) => [Array.from(w).map((x) => (x in vocab ? x : null)), c]);
+  const rules = [];
+  for (let i = 0; i < merges; i++) {
+    const pairs = new Map();
+    for (const [syms, c] of words) {
+      for (let j = 0; j + 1 < syms.length; j++) {
+        if (syms[j] === null || syms[j + 1] === null) continue;
+        const k = syms[j] + " " + syms[j + 1];
+        pairs.set(k, (pairs.get(k) || 0) + c);
+      }
+    }
+    let best = null, bestCount = 0;
+    for (const [k, c] of pairs) {
+      if (c > bestCount || (c === bestCount && k < best)) [best, bestCount] = [k, c];
+    }
+    if (best === null || bestCount < 2) break;
+    const [a, b] = best.split(" ");
+    rules.push(best);
+    vocab[a + b] = Object.keys(vocab).length;
+    words = words.map(([syms, c]) => {
+      const next = [];
+      for (let j = 0; j < syms.length; j++) {
+        if (j + 1 < syms.length && syms[j] === a && syms[j + 1] === b) {
+          next.push(a + b);
+          j++;
+        } else next.push(syms[j]);
+      }
+      return [next, c];
+    });
+  }
+  return { vocab, merges: rules };
+}
+
 const text = ["README.md", "layers/README.md", "engine/README.md", "docs/design.md"]
   .map((f) => fs.readFileSync(path.join(root, f), "utf8"))
   .join("\n");
 
+function metaTokenizerJson(kind) {
+  const { vocab, merges } = trainMeta(text, 600);
+  const added = ["<unk>", "<s>", "</s>"].map((content, id) => ({
+    id, content, single_word: false, lstrip: false, rstrip: false, normalized: false,
+    special: true,
+  }));
+  const replace = (a, b) => ({ type: "Replace", pattern: { String: a }, content: b });
+  const decoders = [replace(META, " "), { type: "ByteFallback" }, { type: "Fuse" }];
+  if (kind !== "replace") decoders.push({ type: "Strip", content: " ", start: 1, stop: 0 });
+  return {
+    version: "1.0",
+    truncation: null,
+    padding: null,
+    added_tokens: added,
+    normalizer: kind === "llama2"
+      ? { type: "Sequence", normalizers: [{ type: "Prepend", prepend: META }, replace(" ", META)] }
+      : kind === "replace" ? replace(" ", META) : null,
+    pre_tokenizer: kind === "mistral"
+      ? { type: "Metaspace", replacement: META, prepend_scheme: "first", split: false }
+      : null,
+    post_processor: null,
+    decoder: { type: "Sequence", decoders },
+    model: { type: "BPE", dropout: null, unk_token: "<unk>", continuing_subword_prefix: null,
+             end_of_word_suffix: null, fuse_unk: true, byte_fallback: true, ignore_merges: false,
+             vocab, merges },
+  };
+}
+
 function tokenizerJson(kind) {
+  if (["llama2", "mistral", "replace"].includes(kind)) return metaTokenizerJson(kind);
   const pattern = { gpt2: GPT2, llama3: LLAMA3, qwen2: QWEN2 }[kind];
   const { vocab, merges } = train(text, pattern, 600);
   const specials = {
@@ -143,11 +229,15 @@ const strings = [
   "a  b   c    d\u00a0e\u2003f",
   "",
   "zerort",
+  "nul\u0000inside and \u0000\u0000 twice",
+  "<s>after a special token, </s> and <unk>",
+  " leading space and a trailing one ",
+  "rare characters: \u00fe\u00f0 \u2603 \u{1F980} \u{10FFFD}",
 ];
 
 const golden = { generator: "tests/engine/tokenizer_reference.mjs, @huggingface/tokenizers 0.2.0",
                  strings, tokenizers: {} };
-for (const kind of ["gpt2", "llama3", "qwen2"]) {
+for (const kind of ["gpt2", "llama3", "qwen2", "llama2", "mistral", "replace"]) {
   const json = tokenizerJson(kind);
   const file = `tokenizer_${kind}.json`;
   fs.writeFileSync(path.join(out, file), JSON.stringify(json));

@@ -1,16 +1,22 @@
-// The byte-level BPE tokenizer ([Note: zerort's tokenizers]) against Hugging Face's JavaScript
-// implementation: three tokenizer.json files (GPT-2's, LLaMA-3's and Qwen2's pre-tokenisation,
-// special tokens, Qwen2's NFC) written and run by tests/engine/tokenizer_reference.mjs, and the
-// ids it gave for strings with Unicode, whitespace runs, digits, contractions and special tokens:
-// identical ids, and the same decoded text. Hostile tokenizer.json files are refused naming the
-// JSON path.
+// The tokenizer.json tokenizers ([Note: zerort's tokenizers]) against Hugging Face's JavaScript
+// implementation: six tokenizer.json files written and run by
+// tests/engine/tokenizer_reference.mjs (byte-level: GPT-2's, LLaMA-3's and Qwen2's
+// pre-tokenisation, special tokens, Qwen2's NFC; SentencePiece-converted with byte fallback:
+// LLaMA-2's legacy normalizers, Mistral's Metaspace, a Replace-only one), and the ids it gave for
+// strings with Unicode, whitespace runs, digits, contractions, special tokens, NUL and characters
+// without a token: identical ids, and the same decoded text. Invalid UTF-8 is an error naming its
+// byte; a 128,000-letter word merges in O(n log n); hostile tokenizer.json files are refused
+// naming the JSON path; data prepare's blocks give the whole text's ids for every kind.
 #include "engine/tokenizer.h"
 
 #include <gtest/gtest.h>
 
 #include "engine/data_prepare.h"
 #include "engine/token_file.h"
+#include "runtime/strings.h"
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -19,6 +25,12 @@ namespace zerort {
 namespace {
 
 const std::string kGolden = ZR_TOKENIZER_GOLDEN_DIR;
+// Every tokenizer the golden directory holds: the six tokenizer.json kinds and the SentencePiece
+// model data train-tokenizer wrote.
+const char* const kKinds[] = {"gpt2", "llama3", "qwen2", "llama2", "mistral", "replace"};
+std::string TokenizerFile(const std::string& kind) {
+  return kGolden + (kind == "spm" ? "/sentencepiece_tiny.model" : "/tokenizer_" + kind + ".json");
+}
 
 nlohmann::json Read(const std::string& file) {
   std::ifstream in(kGolden + "/" + file);
@@ -26,7 +38,9 @@ nlohmann::json Read(const std::string& file) {
 }
 
 class TokenizerGoldenTest : public ::testing::TestWithParam<std::string> {};
-INSTANTIATE_TEST_SUITE_P(Kinds, TokenizerGoldenTest, ::testing::Values("gpt2", "llama3", "qwen2"));
+INSTANTIATE_TEST_SUITE_P(Kinds, TokenizerGoldenTest,
+                         ::testing::Values("gpt2", "llama3", "qwen2", "llama2", "mistral",
+                                           "replace"));
 
 TEST_P(TokenizerGoldenTest, IdsAndTextAreHuggingFacesJavaScriptImplementations) {
   const nlohmann::json golden = Read("tokenizer_golden.json");
@@ -58,7 +72,6 @@ TEST(TokenizerTest, SentencePieceIsItsPythonBindings) {
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ((*t)->vocab_size(), golden.at("vocab_size").get<int>());
   EXPECT_EQ((*t)->EndOfText(), golden.at("eos").get<int32_t>());
-  EXPECT_FALSE((*t)->CutsAtLines());
   for (size_t i = 0; i < golden.at("strings").size(); ++i) {
     const std::string text = golden.at("strings")[i].get<std::string>();
     std::vector<int32_t> ids;
@@ -96,8 +109,8 @@ TEST(TokenizerTest, HostileFilesAndInputsAreRefusedByName) {
   };
   const Case cases[] = {
       {"Unigram", [](nlohmann::json& j) { j["model"]["type"] = "Unigram"; }, "model.type"},
-      {"byte fallback", [](nlohmann::json& j) { j["model"]["byte_fallback"] = true; },
-       "model.byte_fallback"},
+      {"byte fallback beside ByteLevel",
+       [](nlohmann::json& j) { j["model"]["byte_fallback"] = true; }, "model.byte_fallback"},
       {"an id too large", [](nlohmann::json& j) { j["model"]["vocab"]["zz"] = 1 << 30; },
        "model.vocab[\"zz\"]"},
       {"an id twice", [](nlohmann::json& j) { j["model"]["vocab"]["zz"] = 5; }, "gives id 5 twice"},
@@ -110,11 +123,36 @@ TEST(TokenizerTest, HostileFilesAndInputsAreRefusedByName) {
          j["normalizer"] = {{"type", "Lowercase"}};
        },
        "normalizer"},
-      {"Metaspace",
+      {"Metaspace without its replacement",
        [](nlohmann::json& j) {
          j["pre_tokenizer"] = {{"type", "Metaspace"}};
        },
-       "pre_tokenizer"},
+       "pre_tokenizer.replacement"},
+      {"Metaspace's unknown prepend_scheme",
+       [](nlohmann::json& j) {
+         j["pre_tokenizer"] = {
+             {"type", "Metaspace"}, {"replacement", "_"}, {"prepend_scheme", "sometimes"}};
+       },
+       "pre_tokenizer.prepend_scheme"},
+      {"BPE dropout", [](nlohmann::json& j) { j["model"]["dropout"] = 0.1; }, "model.dropout"},
+      {"an unk_token outside the vocab", [](nlohmann::json& j) { j["model"]["unk_token"] = "<x>"; },
+       "model.unk_token"},
+      {"a Replace by regex",
+       [](nlohmann::json& j) {
+         j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"Regex", " +"}}}, {"content", "_"}};
+       },
+       "normalizer"},
+      {"a WordPiece decoder",
+       [](nlohmann::json& j) {
+         j["decoder"] = {{"type", "WordPiece"}};
+       },
+       "decoder"},
+      {"a Strip without counts",
+       [](nlohmann::json& j) {
+         j["decoder"] = {{"type", "Sequence"},
+                         {"decoders", {{{"type", "Fuse"}}, {{"type", "Strip"}, {"content", " "}}}}};
+       },
+       "decoder[1]"},
       {"a pattern that does not compile",
        [](nlohmann::json& j) {
          j["pre_tokenizer"] = {{"type", "Sequence"},
@@ -140,16 +178,119 @@ TEST(TokenizerTest, HostileFilesAndInputsAreRefusedByName) {
         << c.what << ": " << t.status();
   }
   const std::unique_ptr<Tokenizer> t = *Tokenizer::Load(kGolden + "/tokenizer_gpt2.json");
-  std::vector<int32_t> ids;
-  const Status bad_utf8 = t->Encode("caf\xc3 ok", ids);
-  EXPECT_FALSE(bad_utf8.ok());
   const std::vector<int32_t> outside = {1, t->vocab_size()};
   EXPECT_FALSE(t->Decode(outside).ok());
+  // A Sequence normalizer, a character without a token and no byte fallback or unk: named.
+  nlohmann::json strict = Read("tokenizer_llama2.json");
+  strict["model"]["byte_fallback"] = false;
+  strict["model"]["unk_token"] = nullptr;
+  std::ofstream(dir + "/strict.json") << strict.dump();
+  std::vector<int32_t> ids;
+  const Status no_token = (*Tokenizer::Load(dir + "/strict.json"))->Encode("snow \u2603", ids);
+  EXPECT_NE(no_token.message().find("no token for '\u2603' (U+2603)"), std::string::npos)
+      << no_token;
 }
 
-// data prepare streams the text in blocks cut where no pre-token spans, on several threads: the
-// ids are those of the whole text encoded at once, then the end-of-text token; a .jsonl file is
-// one document per line, each followed by it.
+// Text that is not UTF-8 (a stray continuation byte, a truncated sequence, an overlong form, a
+// lone surrogate's encoding, a code point past U+10FFFF) is an error naming its byte, for every
+// tokenizer.json kind (Hugging Face's tokenizers take only Unicode strings); a NUL is a character
+// (its ids are in the golden strings), never the end of the text.
+TEST(TokenizerTest, InvalidUtf8IsNamedAndNulIsACharacter) {
+  const std::pair<const char*, size_t> bad[] = {{"ok \x80 then", 3},
+                                                {"caf\xc3", 3},
+                                                {"over \xc0\xaf long", 5},
+                                                {"lone \xed\xa0\x80 surrogate", 5},
+                                                {"past \xf4\x90\x80\x80 max", 5}};
+  for (const char* kind : kKinds) {
+    const std::unique_ptr<Tokenizer> t = *Tokenizer::Load(TokenizerFile(kind));
+    for (const auto& [text, at] : bad) {
+      std::vector<int32_t> ids;
+      const Status s = t->Encode(text, ids);
+      ASSERT_FALSE(s.ok()) << kind << ": " << text;
+      EXPECT_NE(s.message().find(StrCat("not valid UTF-8 at byte ", at)), std::string::npos)
+          << kind << ": " << s;
+    }
+    for (const std::string& nul : {std::string(1, '\0'), std::string("a\0b", 3)}) {
+      std::vector<int32_t> ids;
+      ASSERT_TRUE(t->Encode(nul, ids).ok()) << kind;
+      EXPECT_FALSE(ids.empty()) << kind;
+      EXPECT_EQ(*t->Decode(ids), nul) << kind;
+    }
+  }
+}
+
+// One long word merges in O(n log n) ([Note: the tokenizer.json pipeline]): a tokenizer whose
+// merges chain 1,000 characters (U+2581 c0, then c1, ... c999) encodes one word of 128,000
+// characters (that chain, then its characters again, which merge no further) within 10x the time
+// of 12,800 distinct ten-character words (U+2581 c0 ... c6 and two others). Merging round by round
+// (a pass over the word per merge rank, what zerort did before: 35 s for a 128,000-letter word
+// with LLaMA-3's vocabulary) makes the long word 1,000 passes over 128,000 symbols against 7 over
+// 10 per short word: about 100x, and fails here. The best of three runs each.
+TEST(TokenizerTest, ALongWordMergesInNLogN) {
+  const std::string meta = "\u2581";
+  std::vector<std::string> c;
+  for (uint32_t i = 0; i < 1000; ++i) {
+    const uint32_t cp = 0x4E00 + i;  // three UTF-8 bytes each
+    c.push_back({static_cast<char>(0xE0 | (cp >> 12)), static_cast<char>(0x80 | ((cp >> 6) & 0x3F)),
+                 static_cast<char>(0x80 | (cp & 0x3F))});
+  }
+  nlohmann::json vocab = nlohmann::json::object(), merges = nlohmann::json::array();
+  vocab[meta] = 0;
+  for (const std::string& ch : c) vocab[ch] = static_cast<int>(vocab.size());
+  std::string chain = meta;
+  for (const std::string& ch : c) {
+    merges.push_back({chain, ch});
+    chain += ch;
+    vocab[chain] = static_cast<int>(vocab.size());
+  }
+  const nlohmann::json file = {
+      {"pre_tokenizer",
+       {{"type", "Metaspace"},
+        {"replacement", meta},
+        {"prepend_scheme", "always"},
+        {"split", true}}},
+      {"decoder", {{"type", "Metaspace"}, {"replacement", meta}, {"prepend_scheme", "always"}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}}};
+  const std::string dir = ::testing::TempDir() + "/tokenizer_long_word";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/chain.json") << file.dump();
+  const StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::Load(dir + "/chain.json");
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::string word, words;
+  while (word.size() < 3 * 128000) {
+    for (const std::string& ch : c) word += ch;
+  }
+  word.resize(3 * 128000);
+  for (size_t w = 0; w < 12800; ++w) {  // distinct words, so that none is merged only once
+    words += " ";
+    for (size_t i = 0; i < 7; ++i) words += c[i];
+    words += c[100 + w % 900] + c[100 + w / 900];
+  }
+  auto best_seconds = [&](const std::string& text, size_t want_ids) {
+    double best = 1e9;
+    for (int r = 0; r < 3; ++r) {
+      std::vector<int32_t> ids;
+      const auto t0 = std::chrono::steady_clock::now();
+      EXPECT_TRUE((*t)->Encode(text, ids).ok());
+      best = std::min(best,
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      EXPECT_EQ(ids.size(), want_ids);
+    }
+    return best;
+  };
+  // The long word: the whole chain in one token, then 127,000 single characters.
+  const double long_word = best_seconds(word, 1 + 127000);
+  const double short_words = best_seconds(words, 3 * 12800);
+  std::printf("one 128,000-character word %.4f s, 12,800 ten-character words %.4f s (%.1fx)\n",
+              long_word, short_words, long_word / short_words);
+  EXPECT_LT(long_word, 10 * short_words + 0.05);
+}
+
+// data prepare streams the text in blocks cut where the ids cannot change ([Note: cutting a
+// text]: after lines for byte-level tokenizers, at single spaces for SentencePiece and its
+// converted tokenizer.json files), on several threads: the ids are those of the whole text
+// encoded at once, then the end-of-text token; a .jsonl file is one document per line, each
+// followed by it.
 TEST(TokenizerTest, PreparedFilesAreTheWholeTextsIdsAtAnyBlockSizeAndThreadCount) {
   const std::string dir = ::testing::TempDir() + "/tokenizer_prepare_test";
   std::filesystem::create_directories(dir);
@@ -158,17 +299,22 @@ TEST(TokenizerTest, PreparedFilesAreTheWholeTextsIdsAtAnyBlockSizeAndThreadCount
   for (int r = 0; r < 40; ++r) {
     for (const auto& s : golden.at("strings")) text += s.get<std::string>() + "\n";
     text += "  indented\n\n\tline " + std::to_string(r) + "\n";
+    text += "a b  c   d \n e\t f x\u00a0y \u2581z \u2581\u2581w: end. ";
   }
   const std::string input = dir + "/text.txt";
   std::ofstream(input, std::ios::binary) << text;
-  for (const char* kind : {"gpt2", "llama3", "qwen2"}) {
-    const std::string tok = kGolden + "/tokenizer_" + std::string(kind) + ".json";
+  std::vector<std::string> kinds(std::begin(kKinds), std::end(kKinds));
+  kinds.push_back("spm");
+  for (const std::string& kind : kinds) {
+    const std::string tok = TokenizerFile(kind);
     const std::unique_ptr<Tokenizer> t = *Tokenizer::Load(tok);
+    // Every kind here has places to cut ([Note: cutting a text]): the test covers them.
+    ASSERT_TRUE(t->LastCut(text, text.size() / 2).has_value()) << kind;
     std::vector<int32_t> want;
     ASSERT_TRUE(t->Encode(text, want).ok());
     want.push_back(*t->EndOfText());
     for (const auto& [block, threads] :
-         std::vector<std::pair<int64_t, int>>{{1 << 20, 1}, {512, 1}, {700, 4}}) {
+         std::vector<std::pair<int64_t, int>>{{1 << 20, 1}, {512, 1}, {700, 4}, {61, 3}}) {
       const std::string out = dir + "/out.bin";
       const StatusOr<PrepareSummary> s = PrepareTokenFile({.input = input,
                                                            .output = out,

@@ -114,6 +114,87 @@ for what, path in [("a FIFO", fifo), ("/dev/zero", "/dev/zero"), ("a directory",
     check(f"data prepare of {what}: writes nothing", not os.path.exists(out))
     check(f"data prepare of {what}: within seconds", seconds < 10)
 
+# tokenizer.json files with byte fallback (LLaMA-2's, Mistral's layouts: [Note: zerort's
+# tokenizers]) made hostile: each key of the wrong type, out of range, huge or empty is refused by
+# `data prepare --tokenizer` naming the file and its JSON path, exit 2, nothing written; text that
+# is not UTF-8 is refused naming its byte.
+golden = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "engine", "golden")
+with open(os.path.join(golden, "tokenizer_mistral.json")) as f:
+    mistral = json.load(f)
+META = "\u2581"
+
+
+def tokenizer_case(name, change):
+    t = json.loads(json.dumps(mistral))
+    change(t)
+    return config_file_bytes(name, json.dumps(t).encode())
+
+
+def config_file_bytes(name, data):
+    path = os.path.join(tmp, name)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def set_key(path, value):
+    def change(t):
+        *parents, last = path
+        o = t
+        for p in parents:
+            o = o[p]
+        o[last] = value
+    return change
+
+
+text = config_file_bytes("text.txt", "a plain text with \u2603 and more words\n".encode() * 50)
+tokenizer_cases = [
+    ("byte_fallback a string", set_key(["model", "byte_fallback"], "yes"), "model.byte_fallback"),
+    ("fuse_unk a number", set_key(["model", "fuse_unk"], 1), "model.fuse_unk"),
+    ("unk_token a number", set_key(["model", "unk_token"], 5), "model.unk_token"),
+    ("unk_token empty", set_key(["model", "unk_token"], ""), "model.unk_token"),
+    ("unk_token a 2 MiB string", set_key(["model", "unk_token"], "u" * (2 << 20)),
+     "model.unk_token"),
+    ("an empty vocab", set_key(["model", "vocab"], {}), "model.vocab"),
+    ("an id out of range", set_key(["model", "vocab", "zz"], 2**40), "model.vocab[\"zz\"]"),
+    ("BPE dropout 0.5", set_key(["model", "dropout"], 0.5), "model.dropout"),
+    ("Metaspace's replacement empty", set_key(["pre_tokenizer", "replacement"], ""),
+     "pre_tokenizer.replacement"),
+    ("Metaspace's replacement two characters", set_key(["pre_tokenizer", "replacement"], "__"),
+     "pre_tokenizer.replacement"),
+    ("Metaspace's prepend_scheme a number", set_key(["pre_tokenizer", "prepend_scheme"], 7),
+     "pre_tokenizer.prepend_scheme"),
+    ("Metaspace's split a string", set_key(["pre_tokenizer", "split"], "no"),
+     "pre_tokenizer.split"),
+    ("a Strip whose start is negative", set_key(["decoder", "decoders", 3, "start"], -1),
+     "decoder[3]"),
+    ("a Strip whose start is 1e30", set_key(["decoder", "decoders", 3, "start"], 1e30),
+     "decoder[3]"),
+    ("a Prepend normalizer without its string",
+     set_key(["normalizer"], {"type": "Prepend", "prepend": ""}), "normalizer"),
+    ("a merge of tokens not in the vocab", set_key(["model", "merges", 0], [META + "q", "zz"]),
+     "model.merges[0]"),
+]
+for what, change, says in tokenizer_cases:
+    tok = tokenizer_case("tok.json", change)
+    out = os.path.join(tmp, "tok.bin")
+    code, err, seconds = run("data", "prepare", text, out, "--tokenizer", tok)
+    check(f"tokenizer with {what}: exit 2", code == 2, f"{code} {err[-600:]}")
+    check(f"tokenizer with {what}: names the file and the key", tok in err and says in err,
+          err[-600:])
+    check(f"tokenizer with {what}: writes nothing", not os.path.exists(out))
+    check(f"tokenizer with {what}: within seconds", seconds < 10, f"{seconds:.1f} s")
+ok_tok = tokenizer_case("ok.json", lambda t: None)
+for what, data, at in [("a lone surrogate's encoding", b"fine text \xed\xa0\x80 then", 10),
+                       ("a stray continuation byte", b"fine \x80", 5)]:
+    bad_text = config_file_bytes("bad.txt", data)
+    out = os.path.join(tmp, "bad_text.bin")
+    code, err, seconds = run("data", "prepare", bad_text, out, "--tokenizer", ok_tok)
+    check(f"text with {what}: exit 2", code == 2, f"{code} {err[-600:]}")
+    check(f"text with {what}: names the file and the byte",
+          bad_text in err and f"not valid UTF-8 at byte {at}" in err, err[-600:])
+    check(f"text with {what}: writes nothing", not os.path.exists(out))
+
 # Configs: not a regular file, numbers out of double range, ill-formed UTF-8, integers beyond 2^53,
 # deep nesting, a long string, a --set with ill-formed UTF-8.
 def config_file(name, data):
