@@ -195,10 +195,32 @@ Status CheckMemoryFits(const MemoryModelInput& in, const MachineMemory& machine)
     return std::pair<int64_t, int64_t>{host * ranks_here,
                                        cuda ? e.PeakReserved(MemoryTier::kDevice) : 0};
   };
-  StatusOr<MemoryEstimate> estimate = EstimateMemory(in);
-  if (!estimate.ok()) return absl::OkStatus();
   const HostMemory& host = machine.host;
   const int64_t gpu = machine.gpu_bytes;
+  // Before any replay: the largest unit's gathered weights, which every layout (any ZeRO stage,
+  // any offload) holds whole in the memory that computes while the unit runs. A model whose one
+  // block cannot fit is refused at once, whatever its number of blocks.
+  {
+    const GptConfig& m = in.model;
+    const int tp = std::max(in.tp, 1);
+    const int64_t unit =
+        std::max(m.BlockParameters() / tp, PaddedVocab(m, tp, in.vocab_multiple) / tp * m.d_model);
+    const auto bytes = static_cast<double>(unit) * static_cast<double>(DTypeSize(in.compute()));
+    const double room =
+        cuda ? static_cast<double>(gpu) : static_cast<double>(host.available) / ranks_here;
+    if (room > 0 && bytes > room) {
+      return absl::InvalidArgumentError(StrCat(
+          "this run cannot fit: its largest unit (one transformer block or the embedding, ", unit,
+          " parameters per rank at tensor_parallel_size ", tp, ") is ",
+          fmt::format("{:.2f} GiB", bytes / 1073741824.0), " gathered in ", DTypeName(in.compute()),
+          ", and ", cuda ? "the GPU has " : "this rank's host memory is ",
+          fmt::format("{:.2f} GiB", room / 1073741824.0),
+          "; every ZeRO stage and offload gathers a unit whole to compute it (more "
+          "tensor_parallel_size splits it)"));
+    }
+  }
+  StatusOr<MemoryEstimate> estimate = EstimateMemory(in);
+  if (!estimate.ok()) return absl::OkStatus();
   auto fits = [&](const std::pair<int64_t, int64_t>& need) {
     return (host.available < 0 || need.first <= host.available) &&
            (!cuda || gpu <= 0 || need.second <= gpu);

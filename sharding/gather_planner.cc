@@ -14,7 +14,16 @@ GatherPlanner::GatherPlanner(GatherBudgets budgets, std::vector<UnitInfo> units)
     : budgets_(budgets),
       units_(std::move(units)),
       use_position_(units_.size(), 0),
-      kept_(units_.size(), 0) {}
+      kept_(units_.size(), 0),
+      is_candidate_(units_.size(), 0) {}
+
+void GatherPlanner::AddCandidate(int unit) const {
+  if (units_[static_cast<size_t>(unit)].persistent || is_candidate_[static_cast<size_t>(unit)]) {
+    return;
+  }
+  is_candidate_[static_cast<size_t>(unit)] = 1;
+  candidates_.push_back(unit);
+}
 
 bool GatherPlanner::BeginUse(int unit) {
   ZR_CHECK(unit >= 0 && static_cast<size_t>(unit) < units_.size())
@@ -22,6 +31,7 @@ bool GatherPlanner::BeginUse(int unit) {
   bool followed = true;
   use_position_[unit] = position_;
   kept_[unit] = 0;
+  AddCandidate(unit);
   if (recording_) {
     order_.push_back(unit);
   } else if (!order_changed_ && (position_ >= order_.size() || order_[position_] != unit)) {
@@ -34,8 +44,16 @@ bool GatherPlanner::BeginUse(int unit) {
 
 int64_t GatherPlanner::LiveNumel(const Resident& resident) const {
   int64_t numel = 0;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    if (!units_[u].persistent && resident(static_cast<int>(u))) numel += units_[u].numel;
+  for (size_t i = 0; i < candidates_.size();) {
+    const int u = candidates_[i];
+    if (resident(u)) {
+      numel += units_[static_cast<size_t>(u)].numel;
+      ++i;
+    } else {  // released since: no longer a candidate
+      is_candidate_[static_cast<size_t>(u)] = 0;
+      candidates_[i] = candidates_.back();
+      candidates_.pop_back();
+    }
   }
   return numel;
 }
@@ -47,19 +65,22 @@ std::span<const int> GatherPlanner::Upcoming() const {
 
 std::vector<int> GatherPlanner::Prefetch(const Resident& resident) const {
   std::vector<int> picked;
+  if (!replaying() || position_ >= order_.size()) return picked;
   int64_t live = LiveNumel(resident);
   int64_t ahead = 0;
-  for (int u : Upcoming()) {
+  for (size_t p = next_gathered_[position_]; p < order_.size(); p = next_gathered_[p + 1]) {
+    const int u = order_[p];
     const UnitInfo& info = units_[u];
-    if (info.persistent || resident(u)) continue;
+    if (resident(u)) continue;
     bool already = false;  // a unit recorded twice ahead is gathered once
-    for (int p : picked) already = already || p == u;
+    for (int q : picked) already = already || q == u;
     if (already) continue;
     if (ahead + info.numel > budgets_.prefetch_numel ||
         live + info.numel > budgets_.max_live_numel) {
       break;
     }
     picked.push_back(u);
+    AddCandidate(u);
     ahead += info.numel;
     live += info.numel;
   }
@@ -102,6 +123,11 @@ void GatherPlanner::EndStep() {
       std::vector<int64_t> numel;
       for (const UnitInfo& u : units_) numel.push_back(u.persistent ? 0 : u.numel);
       reuse_distances_ = ReuseDistances(order_, numel);
+      next_gathered_.assign(order_.size() + 1, order_.size());
+      for (size_t p = order_.size(); p-- > 0;) {
+        next_gathered_[p] =
+            units_[static_cast<size_t>(order_[p])].persistent ? next_gathered_[p + 1] : p;
+      }
     }
     recording_ = false;
   }

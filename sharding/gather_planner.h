@@ -14,7 +14,9 @@
 // records again. Persistent units are never gathered or released: the planner ignores them.
 //
 // The planner owns the order and the decisions, not the buffers: the executor says which units
-// are resident (gathering or gathered) and performs the gathers and releases. It counts padded
+// are resident (gathering or gathered) and performs the gathers and releases. Its cost per use is
+// O(units resident at once), not O(units), and the record's reuse distances O(n log n): a model
+// of 65,536 blocks plans as fast per block as one of 12. It counts padded
 // elements, as DeepSpeed's keys do (a unit's gathered bytes are these times the compute dtype's
 // size, the same factor for every unit).
 #pragma once
@@ -61,7 +63,9 @@ class GatherPlanner {
   void EndStep();
 
   bool replaying() const { return !recording_ && !order_changed_; }
-  // Elements of every non-persistent resident unit.
+  // Elements of every non-persistent resident unit. A unit becomes resident only through a use
+  // (BeginUse) or a prefetch (Prefetch), so only the units those named, and not yet seen released,
+  // are asked: O(live units), not O(units) ([Note: the gather plan]'s cost).
   int64_t LiveNumel(const Resident& resident) const;
 
  private:
@@ -74,6 +78,14 @@ class GatherPlanner {
   std::vector<int64_t> reuse_distances_;  // per position of order_
   std::vector<size_t> use_position_;      // per unit: the position of its current use
   std::vector<char> kept_;                // per unit: its last use ended kept gathered
+  // Per position of the record: the next position at or after it whose unit is not persistent
+  // (order_.size() if none), so that Prefetch's walk skips persistent units in O(1).
+  std::vector<size_t> next_gathered_;
+  // Units a use or a prefetch named that may still be resident (each once; pruned by LiveNumel
+  // when the executor has released them).
+  mutable std::vector<int> candidates_;
+  mutable std::vector<char> is_candidate_;
+  void AddCandidate(int unit) const;
 };
 
 }  // namespace zerort

@@ -98,6 +98,25 @@ for what, model, says in [
          "model.init_from")]:
     expect(f"model: {what}", ["train", config("m", model)], says)
 
+# Models too large to exist: refused before any replay of the step (the preflight once walked
+# every unit at every use, and a 65,536-block config hung there with no output), at once.
+huge = {"arch": "gpt2", "n_layer": 65536, "n_head": 8, "d_model": 65536, "seq_len": 64,
+        "vocab_size": 256, "n_kv_head": 0, "intermediate_size": 0}
+code, err, seconds = run("train", config("huge", huge))
+check("65,536 blocks of d 65,536: exit 2", code == 2, f"{code} {err[-400:]}")
+check("65,536 blocks of d 65,536: names its largest unit", "its largest unit" in err, err[-400:])
+check("65,536 blocks of d 65,536: within 2 s", seconds < 2, f"{seconds:.1f} s")
+# The estimator on a 1,000-block model answers at once (0.07 s measured; its replay is linear in
+# the units).
+many = {"arch": "gpt2", "n_layer": 1000, "n_head": 4, "d_model": 64, "seq_len": 64,
+        "vocab_size": 256, "n_kv_head": 0, "intermediate_size": 0}
+start = time.time()
+r = subprocess.run([zerort, "estimate", config("many", many)], capture_output=True, env=env,
+                   timeout=60, cwd=tmp)
+seconds = time.time() - start
+check("estimate of 1,000 blocks: exit 0", r.returncode == 0, r.stderr.decode()[-400:])
+check("estimate of 1,000 blocks: within 3 s", seconds < 3, f"{seconds:.1f} s")
+
 # data.tokenizer, data.blend's files, data.eod_mask_loss.
 for what, data, says in [
         ("tokenizer a FIFO", {"tokenizer": fifo}, "data.tokenizer"),
