@@ -15,27 +15,34 @@ export OMPI_MCA_btl_vader_single_copy_mechanism := none
 MPIRUN := mpirun --oversubscribe
 ZERORT := $(BUILD)/tools/zerort
 
-.PHONY: all deps build run run-llama test test-unit test-asan test-tsan test-install bench bench-peers bench-gemm clean
+.PHONY: all deps configure build build-cli run run-llama test test-unit test-asan test-tsan test-install bench bench-peers bench-gemm clean
 
 all: build
 
 deps:
 	./scripts/install-deps.sh
 
-build: deps
+configure: deps
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+
+build: configure
 	cmake --build $(BUILD) -j$(JOBS)
+
+# The zerort command alone (its libraries, CUDA kernels included; no tests or examples): what
+# `make run` and `make run-llama` need.
+build-cli: configure
+	cmake --build $(BUILD) -j$(JOBS) --target zerort
 
 # The default job: the environment, then the tiny GPT trained on the built-in corpus (CPU, about a
 # minute on 2 cores; metrics in runs/tiny-cpu/metrics.jsonl, a text sample at the end).
-run: build
+run: build-cli
 	$(ZERORT) env
 	$(ZERORT) train configs/tiny-cpu.json --overwrite  # a fresh demo run each time
 
 # The LLaMA example, download-free: a SentencePiece tokenizer trained on the built-in corpus, the
 # corpus tokenized with it, a small LLaMA trained at ZeRO-3 and sampled (configs/llama-tiny-cpu.json).
 LLAMA_RUN := runs/llama-tiny-cpu
-run-llama: build
+run-llama: build-cli
 	mkdir -p $(LLAMA_RUN)
 	$(ZERORT) data corpus $(LLAMA_RUN)/corpus.txt
 	$(ZERORT) data train-tokenizer $(LLAMA_RUN)/tokenizer.model --vocab-size 512 --threads 2
@@ -105,7 +112,7 @@ test-tsan: deps
 	./tools/tsan-train.sh $(TSAN_BUILD)/tools/zerort
 
 # The measured benchmarks recorded in docs/benchmarks.md.
-bench: build
+bench: build-cli
 	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(MPIRUN) -np 4 $(ZERORT) bench comm --backend mpi \
 	  --min-bytes 64KiB --max-bytes 64MiB --rounds 9 --json
 	$(ZERORT) bench adamw --json
@@ -113,7 +120,7 @@ bench: build
 
 # zerort's training step against PyTorch's (Debian's python3-torch, installed here if missing) on
 # this machine, in one run: tools/peers/compare.py (docs/benchmarks.md, "CPU training speed").
-bench-peers: build
+bench-peers: build-cli
 	./scripts/install-deps.sh --peers
 	/usr/bin/python3 tools/peers/compare.py $(ZERORT)
 

@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/device.h"
@@ -67,11 +68,19 @@ class TensorView {
   int64_t dim(size_t i) const { return shape_.at(i); }
   size_t rank() const { return shape_.size(); }
 
-  // Typed access; checks that T matches the dtype.
+  // Typed access; checks that T matches the dtype. 16-bit views hold zerort::BFloat16 or
+  // zerort::Half (their .bits, ToFloat(), FromFloat()); LoadAsFloat / StoreFromFloat (dtype.h)
+  // read and write any float dtype as float.
   template <typename T>
   T* data_as() const {
-    ZR_CHECK(DTypeOf<T>::value == dtype_)
-        << "view of " << DTypeName(dtype_) << " read as " << DTypeName(DTypeOf<T>::value);
+    static_assert(
+        requires { DTypeOf<std::remove_const_t<T>>::value; },
+        "TensorView::data_as<T>: T must be float, zerort::BFloat16, zerort::Half, "
+        "int32_t, int64_t or uint8_t (a bf16/fp16 view is data_as<zerort::BFloat16>() "
+        "or data_as<zerort::Half>(), not uint16_t; or read it with LoadAsFloat)");
+    ZR_CHECK(DTypeOf<std::remove_const_t<T>>::value == dtype_)
+        << "view of " << DTypeName(dtype_) << " read as "
+        << DTypeName(DTypeOf<std::remove_const_t<T>>::value);
     return static_cast<T*>(data());
   }
   // Host-side span (CPU views only).

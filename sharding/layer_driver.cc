@@ -60,6 +60,24 @@ Status LayerDriver::Forward() {
 }
 
 Status LayerDriver::Backward() {
+  const ShardManagerOptions& o = manager_->options();
+  if (o.compute_dtype == DType::kF16 && o.loss_scale.dynamic) {
+    return absl::FailedPreconditionError(StrCat(
+        "LayerDriver::Backward() under fp16 dynamic loss scaling: seed the loss's gradient with "
+        "loss_scale() (now ",
+        loss_scale(), ") and call Backward(loss_scale) to say so"));
+  }
+  return Backward(loss_scale());
+}
+
+Status LayerDriver::Backward(float seeded_scale) {
+  if (seeded_scale != loss_scale()) {
+    return absl::InvalidArgumentError(StrCat("LayerDriver::Backward(", seeded_scale,
+                                             "): the loss's gradient must be seeded with "
+                                             "loss_scale() = ",
+                                             loss_scale(),
+                                             " (fp16 loss scaling changes it between steps)"));
+  }
   for (int l = num_layers() - 1; l >= 0; --l) ZR_RETURN_IF_ERROR(Run(l, true));
   ++micro_batches_;
   return absl::OkStatus();

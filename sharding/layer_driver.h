@@ -11,6 +11,7 @@
 //   ZR_ASSIGN_OR_RETURN(auto model, zerort::LayerDriver::Create(*session, options, layers));
 //   ZR_RETURN_IF_ERROR(model->Initialize(init));
 //   each micro-batch: model->Forward(); loss and its gradient; model->Backward();
+//                     (fp16: the gradient times model->loss_scale(); Backward(loss_scale))
 //   each step: model->Step(lr);
 //
 // The gradient convention is the manager's (docs/embedding.md): a layer's backward adds (+=) the
@@ -58,8 +59,12 @@ class LayerDriver {
   Status Initialize(const Initializer& init) { return manager_->Initialize(init); }
   // Every layer's forward, first to last.
   Status Forward();
-  // Every layer's backward, last to first; one micro-batch more for Step.
+  // Every layer's backward, last to first; one micro-batch more for Step. Under fp16 dynamic
+  // loss scaling (compute_dtype f16, loss_scale.dynamic) the loss's gradient must be seeded with
+  // loss_scale(), and forgetting it trains silently worse, so Backward() is refused there:
+  // Backward(seeded_scale) says which scale the caller seeded and must equal loss_scale().
   Status Backward();
+  Status Backward(float seeded_scale);
   // The optimizer step over the micro-batches since the last one (at least one).
   StatusOr<StepResult> Step(float lr);
 

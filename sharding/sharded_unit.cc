@@ -220,6 +220,7 @@ Status ShardedUnit::StartGather() {
       resources_.tiers.device->Allocate(gathered_bytes(), MemoryCategory::kGatheredWeights, comm);
   if (!gathered.ok()) return Annotate(gathered.status(), StrCat("gathering unit '", name_, "'"));
   gathered_ = std::move(*gathered);
+  TrimPoisoned();
   resources_.dp->SetTraceLabel(StrCat("gather ", name_));
   if (options().quantized_weights) {
     ZR_RETURN_IF_ERROR(GatherQuantized(input, comm));
@@ -290,6 +291,7 @@ Status ShardedUnit::GatherSecondary() {
       resources_.tiers.device->Allocate(gathered_bytes(), MemoryCategory::kGatheredWeights, comm);
   if (!gathered.ok()) return Annotate(gathered.status(), StrCat("gathering unit '", name_, "'"));
   gathered_ = std::move(*gathered);
+  TrimPoisoned();
   Communicator& group = *resources_.secondary;
   group.SetTraceLabel(StrCat("gather ", name_, " (hpZ)"));
   ZR_RETURN_IF_ERROR(GatherShards(group, secondary_.View().data(), gathered_.data(),
@@ -317,10 +319,24 @@ Status ShardedUnit::Release() {
   if (options().poison_released) {
     ZR_RETURN_IF_ERROR(Fail(
         FillBytes(gathered_.data(), device(), gathered_.bytes(), kPoisonByte, resources_.compute)));
+    poisoned_.push_back(std::move(gathered_));  // [Note: poisoned buffers]
   }
   gathered_.Reset();  // reused only once the compute stream has finished reading it
   state_ = ShardState::kSharded;
   return absl::OkStatus();
+}
+
+// [Note: poisoned buffers]
+// Under poison_released a released gathered buffer is filled with 0xFF, a NaN in every float
+// dtype, so that a raw pointer kept past its scope reads NaN. Given back to the allocator at once,
+// it would be handed to this unit's next gather (the same size, the same order of allocations
+// every step), and a stale pointer would read the unit's correct weights again by luck, from the
+// second step on. So the unit keeps its released buffers poisoned and gives the older back only
+// after its next gather has allocated another (at most two held): its gathers then cycle through
+// three buffers, a pointer kept from one gather reads NaN at the next, and a model that keeps one
+// sees a NaN loss at once. Costs up to two gathered buffers per unit, in debug runs only.
+void ShardedUnit::TrimPoisoned() {
+  while (poisoned_.size() > 1) poisoned_.pop_front();
 }
 
 TensorView ShardedUnit::ComputeFlat() const {

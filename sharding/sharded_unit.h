@@ -6,6 +6,7 @@
 // unit's name, not a silent corruption.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <span>
@@ -166,10 +167,13 @@ class ShardedUnit {
   ShardState state_ = ShardState::kSharded;
   bool initialized_ = false;
 
-  TensorView master_alias_;       // stage 0 in fp32: the model reads the master
-  PlacedBuffer compute_shard_;    // compute dtype, shard (stage 3; offload_param places it)
-  PlacedBuffer compute_full_;     // compute dtype, padded (stages 0-2)
-  Buffer gathered_;               // compute dtype, padded (stage 3, while GATHERING/UNSHARDED)
+  TensorView master_alias_;      // stage 0 in fp32: the model reads the master
+  PlacedBuffer compute_shard_;   // compute dtype, shard (stage 3; offload_param places it)
+  PlacedBuffer compute_full_;    // compute dtype, padded (stages 0-2)
+  Buffer gathered_;              // compute dtype, padded (stage 3, while GATHERING/UNSHARDED)
+  std::deque<Buffer> poisoned_;  // poison_released: the last released ones ([Note: poisoned
+                                 // buffers], sharded_unit.cc)
+  void TrimPoisoned();
   Buffer full_grad_;              // reduce dtype, padded
   PlacedBuffer secondary_;        // [Note: hpZ]: compute dtype, padded / hpz_partition_size
   bool secondary_valid_ = false;  // holds this step's weights

@@ -86,6 +86,21 @@ expect stale-view 134 "a view of unit 'fc0' (Forward scope, data-parallel rank [
   "$embed" --ranks 2 --mistake stale-view
 expect late-grad-write 134 "a view of unit 'fc1' (Backward scope, data-parallel rank [01]/2) (f32 \[64\]) was used after its scope's End()" \
   "$embed" --ranks 2 --mistake late-grad-write
+expect stale-pointer 1 "step 1: the loss is -*nan (a released buffer read" \
+  "$embed" --ranks 2 --mistake stale-pointer
+expect fp16-unsaid 1 "Backward() under fp16 dynamic loss scaling: seed the loss's gradient with loss_scale() (now 65536)" \
+  "$embed" --driver --fp16 --mistake fp16-unsaid
+# fp16 with dynamic loss scaling: the layer driver equal to the manual scopes bitwise, and the
+# final loss within 10% of the fp32 run's (fp16's rounding of the weights and activations).
+"$embed" --ranks 1 --fp16 > "$scratch/fp16-manual.txt"
+"$embed" --driver --fp16 > "$scratch/fp16-driver.txt"
+same "$scratch/fp16-manual.txt" "$scratch/fp16-driver.txt" "fp16: layer driver = manual scopes"
+python3 - "$scratch/fp16-driver.txt" "$scratch/driver1.txt" <<'PY' && ok "fp16's final loss within 10% of fp32's"
+import re, sys
+loss = [float(re.search(r"-> ([0-9.]+)", open(f).read()).group(1)) for f in sys.argv[1:]]
+print(f"fp16 final loss {loss[0]:.5f}, fp32 {loss[1]:.5f}")
+sys.exit(0 if abs(loss[0] - loss[1]) <= 0.1 * loss[1] else 1)
+PY
 expect default-threshold 0 "every unit stays gathered on every rank" \
   "$embed" --ranks 2 --default-threshold
 echo "embed checks: $passed passed"

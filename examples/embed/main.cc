@@ -8,8 +8,10 @@
 //              and zerort::ManagerCheckpoints (--checkpoint DIR: resume from DIR, save at the end)
 // Both print the final loss and gradient norm exactly ("%a"), so that they can be compared
 // bitwise. With `--nvme DIR` the optimizer state and the parameter shards live on NVMe
-// (ZeRO-Infinity): placement is one option, the trainer's code does not change. `--mistake NAME`
-// makes one of the misuses zerort must report naming the unit (make test-install runs each).
+// (ZeRO-Infinity): placement is one option, the trainer's code does not change. `--fp16` computes
+// in fp16 with dynamic loss scaling (the model code reads any float dtype through LoadAsFloat;
+// the loss's gradient is seeded with loss_scale(), and the driver is told so: Backward(scale)).
+// `--mistake NAME` makes one of the misuses zerort must report (make test-install runs each).
 // Prints the loss; exits 1 if it did not fall by half or zerort reported an error.
 #include <chrono>
 #include <cmath>
@@ -171,6 +173,7 @@ struct Args {
   std::string checkpoint_dir;      // --checkpoint DIR (--driver): resume from it, save at the end
   std::string mistake;             // --mistake NAME (manual scopes): misuse that must fail loudly
   bool default_threshold = false;  // --default-threshold: DeepSpeed's persistence threshold
+  bool fp16 = false;               // --fp16: fp16 compute with dynamic loss scaling
   double timeout_s = 600;          // --collective-timeout S: the watchdog's limit
 };
 
@@ -183,6 +186,14 @@ zerort::ShardManagerOptions Options(const Args& args) {
   options.optimizer.weight_decay = 0.01f;
   options.gradient_clipping = 1.0f;
   options.poison_released = true;  // debug: released weights read as NaN, not stale numbers
+  if (args.fp16) {
+    // Weights gathered and computed in fp16 (the views hold zerort::Half: this trainer reads
+    // and writes them through LoadAsFloat / StoreFromFloat), gradients reduced in fp32, fp32
+    // masters; the loss's gradient is seeded with loss_scale(), which starts at 2^16 and halves
+    // on an overflow (that step is skipped on every rank).
+    options.compute_dtype = zerort::DType::kF16;
+    options.loss_scale.dynamic = true;
+  }
   if (args.mistake == "rank-skips-backward") options.reduce_bucket_size = 1;  // unit by unit
   if (!args.nvme_path.empty()) {
     options.placement = {.optimizer = zerort::MemoryTier::kNvme,
@@ -252,6 +263,7 @@ Status TrainManual(const Args& args, zerort::Communicator& dp, bool* fell) {
   Mlp mlp;
   Losses losses;
   std::vector<zerort::TensorView> kept;  // --mistake stale-view: fc0's views from step 0
+  void* stale = nullptr;                 // --mistake stale-pointer: fc0's weights at step 0
   for (int step = 0; step < args.steps; ++step) {
     mlp.SetBatch(MakeBatch(FirstSample(step, dp), kBatchPerRank));
     for (int l = 0; l < kLayers; ++l) {
@@ -260,11 +272,23 @@ Status TrainManual(const Args& args, zerort::Communicator& dp, bool* fell) {
         continue;
       }
       ZR_ASSIGN_OR_RETURN(zerort::UnitScope scope, manager->ForwardScope(units[l]));
-      ZR_RETURN_IF_ERROR(mlp.Forward(l, std::vector{scope.param(0), scope.param(1)}));
       if (l == 0 && step == 0) kept = {scope.param(0), scope.param(1)};
+      if (l == 0 && step == 0) stale = scope.param(0).data();
+      if (l == 0 && step > 0 && args.mistake == "stale-pointer") {
+        // The mistake: inside the scope, but reading fc0's weights through a raw pointer kept
+        // from step 0 (poison_released makes it read NaN: [Note: poisoned buffers]).
+        const zerort::TensorView w(stale, scope.param(0).dtype(), scope.param(0).shape());
+        ZR_RETURN_IF_ERROR(mlp.Forward(l, std::vector{w, scope.param(1)}));
+      } else {
+        ZR_RETURN_IF_ERROR(mlp.Forward(l, std::vector{scope.param(0), scope.param(1)}));
+      }
       ZR_RETURN_IF_ERROR(scope.End());
     }
     const double loss = mlp.Loss(manager->loss_scale());
+    if (!std::isfinite(loss)) {
+      return absl::InternalError("step " + std::to_string(step) + ": the loss is " +
+                                 std::to_string(loss) + " (a released buffer read?)");
+    }
     for (int l = kLayers - 1; l >= 0; --l) {
       const bool skip = l == 1 && (args.mistake == "skip-backward" ||
                                    (args.mistake == "rank-skips-backward" && odd));
@@ -312,7 +336,11 @@ Status TrainWithDriver(const Args& args, int* argc, char*** argv, bool* fell) {
     mlp.SetBatch(MakeBatch(FirstSample(step, session->world()), kBatchPerRank));
     ZR_RETURN_IF_ERROR(model->Forward());
     const double loss = mlp.Loss(model->loss_scale());
-    ZR_RETURN_IF_ERROR(model->Backward());
+    if (args.fp16 && args.mistake != "fp16-unsaid") {
+      ZR_RETURN_IF_ERROR(model->Backward(model->loss_scale()));  // the scale it seeded
+    } else {
+      ZR_RETURN_IF_ERROR(model->Backward());  // fp16 mistake: refused, naming loss_scale()
+    }
     losses.per_step.push_back(MeanOverRanks(session->world(), loss));
     ZR_ASSIGN_OR_RETURN(zerort::StepResult r, model->Step(3e-3f));
     losses.last_grad_norm = r.grad_norm;
@@ -333,6 +361,8 @@ int main(int argc, char** argv) {
       args.driver = true;
     } else if (a == "--default-threshold") {
       args.default_threshold = true;
+    } else if (a == "--fp16") {
+      args.fp16 = true;
     } else if (next != nullptr && a == "--nvme") {
       args.nvme_path = argv[++i];
     } else if (next != nullptr && a == "--checkpoint") {
@@ -346,9 +376,9 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: embed_mlp [--driver] [--ranks N] [--steps N] [--nvme DIR] "
-                   "[--checkpoint DIR] [--default-threshold] [--collective-timeout S] "
+                   "[--checkpoint DIR] [--default-threshold] [--fp16] [--collective-timeout S] "
                    "[--mistake skip-backward|rank-skips-backward|rank-shape|rank-init|"
-                   "stale-view|late-grad-write]\n");
+                   "stale-view|stale-pointer|late-grad-write|fp16-unsaid]\n");
       return 2;
     }
   }

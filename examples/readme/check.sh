@@ -10,13 +10,20 @@ rm -rf "$scratch" && mkdir -p "$scratch"
 sed -n '/<!-- readme-example: begin -->/,/<!-- readme-example: end -->/p' "$readme" |
   sed '/^<!--/d; /^```/d' > "$scratch/main.cc"
 test -s "$scratch/main.cc"
-cat > "$scratch/CMakeLists.txt" <<'CMAKE'
+# The target README.md's CMake block links, which docs/embedding.md must name too.
+target=$(sed -n 's/^target_link_libraries(my_trainer PRIVATE \(zerort::[a-z]*\).*/\1/p' "$readme")
+test -n "$target" || { echo "readme check: README.md names no zerort target" >&2; exit 1; }
+grep -q "links \`$target\`" "$(dirname "$readme")/docs/embedding.md" || {
+  echo "readme check: docs/embedding.md does not say it links \`$target\` as README.md does" >&2
+  exit 1
+}
+cat > "$scratch/CMakeLists.txt" <<CMAKE
 cmake_minimum_required(VERSION 3.25)
 project(readme_example LANGUAGES CXX)
 set(CMAKE_CXX_STANDARD 20)
 find_package(zerort REQUIRED)
 add_executable(readme_example main.cc)
-target_link_libraries(readme_example PRIVATE zerort::engine)
+target_link_libraries(readme_example PRIVATE $target)
 CMAKE
 cmake -S "$scratch" -B "$scratch/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$prefix" > /dev/null

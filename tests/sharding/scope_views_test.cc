@@ -6,6 +6,8 @@
 
 #include "gtest/gtest.h"
 #include "runtime/loopback_communicator.h"
+#include <algorithm>
+
 #include "sharding/shard_manager.h"
 #include "tests/sharding/harness.h"
 
@@ -115,6 +117,54 @@ TEST(ScopeViewsTest, PoisonFillsReleasedWeightsAndReducedGradientsWithNaN) {
     ASSERT_TRUE(b.End().ok());
     ASSERT_TRUE(m.ReduceGradients().ok());
     EXPECT_EQ(NaNs(g, gn), poison ? gn : 0) << "poison_released " << poison;
+  }
+}
+
+// [Note: poisoned buffers]: a pointer into a unit's gathered weights, kept and read through while
+// the unit is gathered again for its next uses (its backward, then the next steps' forwards and
+// backwards, as a trainer that keeps one reads it), reads NaN at the unit's next use, and at two
+// of every three uses after (its gathers cycle through three buffers), so a trainer that keeps
+// one sees a NaN loss at once; without the option's held buffers the caching allocator hands the
+// unit its old buffer back at every use and the stale pointer reads the right weights by luck.
+TEST(ScopeViewsTest, AStalePointerReadsNaNWhileItsUnitIsGatheredAgain) {
+  for (const bool poison : {false, true}) {
+    ShardManagerOptions o = Options({.stage = ZeroStage::k3, .persistence_threshold = 0});
+    o.poison_released = poison;
+    o.stage3_prefetch_bucket_size = 0;
+    auto r = MakeOneRank(o);
+    ShardManager& m = *r->run.manager;
+    const int unit = r->run.units[0];
+    UnitScope first = *m.ForwardScope(unit);
+    const float* stale = first.param(0).data_as<float>();
+    const int64_t n = first.param(0).numel();
+    ASSERT_TRUE(first.End().ok());
+    int lucky = 0, uses = 0;  // uses where the stale pointer read the unit's current weights
+    int64_t nan_at_next = -1;  // NaNs the stale pointer read during the unit's next use
+    for (int step = 0; step < 3; ++step) {
+      // Step 0: its backward (the forward was `first`); then a forward and a backward a step.
+      const std::vector<bool> uses_this_step =
+          step == 0 ? std::vector<bool>{true} : std::vector<bool>{false, true};
+      for (const bool backward : uses_this_step) {
+        UnitScope s = *(backward ? m.BackwardScope(unit) : m.ForwardScope(unit));
+        const float* now = s.param(0).data_as<float>();
+        lucky += std::equal(now, now + n, stale) ? 1 : 0;
+        if (uses++ == 0) nan_at_next = NaNs(stale, n);
+        ASSERT_TRUE(s.End().ok());
+      }
+      // The step needs every unit's backward; the others' gradients stay zero.
+      for (size_t u = 1; u < r->run.units.size(); ++u) {
+        ASSERT_TRUE(m.ForwardScope(r->run.units[u])->End().ok());
+        ASSERT_TRUE(m.BackwardScope(r->run.units[u])->End().ok());
+      }
+      ASSERT_TRUE(m.Step({.lr = 0.0f}).ok());
+    }
+    if (poison) {
+      EXPECT_EQ(nan_at_next, n) << "the unit's next use";
+      EXPECT_LE(3 * lucky, uses) << "the stale pointer read its unit's weights in " << lucky
+                                 << " of " << uses << " later uses";
+    } else {
+      EXPECT_EQ(lucky, uses) << "without poison the allocator hands the buffer back every time";
+    }
   }
 }
 

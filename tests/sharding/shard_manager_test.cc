@@ -228,6 +228,7 @@ TEST(ShardManagerTest, KeepingReusedUnitsGatheredChangesNoNumber) {
   }
   RunConfig released{.stage = ZeroStage::k3, .world = 3, .steps = 4};
   released.prefetch = 0;
+  released.poison = false;  // the gathered peak is what this test measures
   const RunResult a = Train(released);
   ASSERT_EQ(a.error, "");
   EXPECT_EQ(a.gathered_peak, largest * 4) << "one unit at a time";
@@ -367,7 +368,9 @@ TEST(ShardManagerTest, Stage3MemoryMatchesTheLayoutAndTheGatherBudget) {
   ASSERT_TRUE(
       RunLoopbackRanks(world, {}, nullptr, [&](Communicator& comm) -> Status {
         MemoryTracker tracker;
-        ShardManagerOptions o = Options({.stage = ZeroStage::k3, .world = world});
+        RunConfig c{.stage = ZeroStage::k3, .world = world};
+        c.poison = false;  // the gathered peak is what this test measures
+        ShardManagerOptions o = Options(c);
         // Room for two units gathered at once: the one in use and one prefetched.
         int64_t largest = 0;
         for (int l = 0; l < MlpLayers(); ++l) {
