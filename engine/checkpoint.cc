@@ -289,6 +289,7 @@ StatusOr<RunState> LoadCheckpoint(const std::string& step_dir, ShardManager& m,
       state.scaler = ScalerFromJson(rs.at("loss_scaler"));
       state.config = reader.metadata().value("config", nlohmann::json());
       state.user = reader.metadata().value("user", nlohmann::json());
+      state.hf_config = reader.metadata().value("hf_config", nlohmann::json());
       if (reader.metadata().contains("run_id")) {
         state.run_id = reader.metadata()["run_id"].get<std::string>();
       }

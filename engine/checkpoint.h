@@ -85,6 +85,10 @@ struct RunState {
   nlohmann::json config;
   // An embedder's own JSON (anything it wants back on load); null for zerort train.
   nlohmann::json user;
+  // The Hugging Face config.json the run's weights came from (model.init_from, or `checkpoint
+  // import`), kept through resumes so that `checkpoint export` writes its keys back (bos and eos
+  // ids, max_position_embeddings, rope_scaling, sliding_window, ...); null otherwise.
+  nlohmann::json hf_config;
   // The run's id (engine/run_dir.h NewRunId; kept on resume): rotation and the cleanup of a
   // failed save delete only step directories that carry it. Required by SaveCheckpoint; "" when
   // loaded from a checkpoint written before ids existed.

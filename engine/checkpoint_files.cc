@@ -113,6 +113,7 @@ Status ValidateMetadata(const std::string& path, const nlohmann::json& j) {
   };
   ZR_RETURN_IF_ERROR(integer(j, "step", "step", 0, kMaxCount));
   if (j.contains("run_id")) ZR_RETURN_IF_ERROR(string(j, "run_id", "run_id"));
+  if (j.contains("hf_config")) ZR_RETURN_IF_ERROR(object(j, "hf_config", "hf_config"));
   ZR_RETURN_IF_ERROR(object(j, "run_state", "run_state"));
   const nlohmann::json& rs = j["run_state"];
   ZR_RETURN_IF_ERROR(integer(rs, "step", "run_state.step", 0, kMaxCount));

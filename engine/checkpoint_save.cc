@@ -322,6 +322,7 @@ Status CheckpointSave::CommitMetadata(const std::vector<std::string>& descriptio
       {"ranks", ranks},
   };
   if (!state_.user.is_null()) meta["user"] = state_.user;
+  if (!state_.hf_config.is_null()) meta["hf_config"] = state_.hf_config;
   const std::string text = meta.dump(1);
   ZR_RETURN_IF_ERROR(WriteAndSync(tmp_dir_ + "/metadata.json", text.data(), text.size()));
   std::error_code ec;

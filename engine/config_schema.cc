@@ -245,6 +245,9 @@ std::vector<ConfigField> BuildTable() {
                    "llama: the output projection is the token embedding"));
   t.push_back(Bool(m, "qkv_bias", ZR_MEMBER(model.shape.qkv_bias),
                    "llama: Q, K and V projections with biases (Qwen2)"));
+  t.push_back(Num<int>(m, "sliding_window", ZR_MEMBER(model.shape.sliding_window), 0, 1 << 24,
+                       "llama: Mistral's attention window; 0: none (seq_len may not exceed it: "
+                       "full causal attention is exact up to the window)"));
   t.push_back(Str(m, "init_from", ZR_MEMBER(model.init_from), {},
                   "a Hugging Face model directory (config.json, safetensors): the initial "
                   "weights, streamed per unit; its config.json must be this model's"));

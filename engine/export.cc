@@ -14,6 +14,7 @@
 #include "engine/data_loader.h"
 #include "engine/hf_config.h"
 #include "engine/hf_names.h"
+#include "engine/preflight.h"
 #include "engine/run_dir.h"
 #include "engine/safetensors.h"
 #include "engine/token_source.h"
@@ -136,6 +137,47 @@ StatusOr<std::unique_ptr<OneProcessModel>> MakeOneProcessModel(const GptConfig& 
   return m;
 }
 
+// `ours` (the config.json zerort writes for a checkpoint) over `saved` (the one the weights were
+// imported from): the shape, the norms' epsilon, the rotary base, the head's tie and the dtype
+// are the checkpoint's; the context is the longer of the two; every other key is the saved file's.
+nlohmann::json MergeImportedConfig(const nlohmann::json& saved, const nlohmann::json& ours) {
+  nlohmann::json out = saved;
+  static const char* const kOwned[] = {"vocab_size",
+                                       "hidden_size",
+                                       "intermediate_size",
+                                       "num_hidden_layers",
+                                       "num_attention_heads",
+                                       "num_key_value_heads",
+                                       "rms_norm_eps",
+                                       "tie_word_embeddings",
+                                       "torch_dtype",
+                                       "n_embd",
+                                       "n_layer",
+                                       "n_head",
+                                       "n_positions",
+                                       "n_ctx"};
+  for (const char* key : kOwned) {
+    if (ours.contains(key)) out[key] = ours.at(key);
+  }
+  // rope_theta: where the saved file keeps it (transformers 5: inside rope_parameters).
+  if (ours.contains("rope_theta")) {
+    if (out.contains("rope_parameters") && out.at("rope_parameters").is_object() &&
+        !out.contains("rope_theta")) {
+      out["rope_parameters"]["rope_theta"] = ours.at("rope_theta");
+    } else {
+      out["rope_theta"] = ours.at("rope_theta");
+    }
+  }
+  if (ours.contains("max_position_embeddings")) {
+    const nlohmann::json was = saved.value("max_position_embeddings", nlohmann::json());
+    const nlohmann::json& trained = ours.at("max_position_embeddings");
+    const bool longer = was.is_number_integer() && trained.is_number_integer() &&
+                        was.get<int64_t>() >= trained.get<int64_t>();
+    out["max_position_embeddings"] = longer ? was : trained;
+  }
+  return out;
+}
+
 }  // namespace
 
 StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std::string& out_dir,
@@ -231,11 +273,17 @@ StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std
       {"torch_dtype", torch_dtype},
   };
   if (arch == ModelArch::kLlama) {
-    // Qwen2 is LLaMA with Q/K/V biases; LLaMA itself says attention_bias.
+    // Qwen2 is LLaMA with Q/K/V biases; LLaMA itself says attention_bias. A sliding window is
+    // Mistral's ([Note: sliding windows], layers/gpt_config.h), or Qwen2's use_sliding_window.
     const bool bias = model.value("qkv_bias", false);
+    const int window = model.value("sliding_window", 0);
+    const char* type = bias ? "qwen2" : window > 0 ? "mistral" : "llama";
     config = {
-        {"architectures", {bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
-        {"model_type", bias ? "qwen2" : "llama"},
+        {"architectures",
+         {bias         ? "Qwen2ForCausalLM"
+          : window > 0 ? "MistralForCausalLM"
+                       : "LlamaForCausalLM"}},
+        {"model_type", type},
         {"vocab_size", model.at("vocab_size")},
         {"max_position_embeddings", model.at("seq_len")},
         {"hidden_size", model.at("d_model")},
@@ -252,7 +300,16 @@ StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std
         {"initializer_range", 0.02},
         {"torch_dtype", torch_dtype},
     };
+    if (window > 0) {
+      config["sliding_window"] = window;
+      if (bias) config["use_sliding_window"] = true;
+    }
   }
+  // An imported model's own config.json, kept through training (RunState::hf_config): its keys
+  // survive the export (bos and eos ids, max_position_embeddings, rope_scaling, the
+  // architecture's name, ...); only what zerort's checkpoint decides is written over them.
+  const nlohmann::json saved = reader.metadata().value("hf_config", nlohmann::json());
+  if (saved.is_object()) config = MergeImportedConfig(saved, config);
   ZR_RETURN_IF_ERROR(
       WriteFileAtomically(out_dir + "/config.json", config.dump(2) + "\n", "checkpoint export"));
   return summary;
@@ -262,6 +319,11 @@ StatusOr<EvalResult> EvaluateCheckpoint(const RunConfig& config, const std::stri
                                         const std::string& data_path, int64_t max_windows) {
   // One process, stage 0, on the CPU: the checkpoint's logical layout loads at any world size.
   const GptConfig& shape = config.model.shape;
+  {  // the run config's architecture must be the checkpoint's (a tie flag, a rotary base, ...)
+    ZR_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(step_dir));
+    ZR_RETURN_IF_ERROR(CheckSameArchitecture(reader.metadata().value("config", nlohmann::json()),
+                                             config.ToJson(), step_dir, "eval"));
+  }
   const int micro = 8;
   DataConfig data = config.data;
   data.path = data_path;
@@ -321,7 +383,11 @@ StatusOr<ImportSummary> ImportHuggingFace(const std::string& hf_dir, const std::
   // loads at any world size and layout.
   ZR_ASSIGN_OR_RETURN(auto one, MakeOneProcessModel(shape, 1));
   ZR_RETURN_IF_ERROR(one->manager->Initialize(init));
-  const RunState state{.step = 0, .config = config.ToJson(), .run_id = NewRunId()};
+  ZR_ASSIGN_OR_RETURN(nlohmann::json hf_config, ReadHuggingFaceConfigJson(hf_dir));
+  const RunState state{.step = 0,
+                       .config = config.ToJson(),
+                       .hf_config = std::move(hf_config),
+                       .run_id = NewRunId()};
   CheckpointGroups groups = one->groups();
   groups.unit_positions = one->model->UnitPositions();
   ZR_RETURN_IF_ERROR(SaveCheckpoint(out_dir, state, *one->manager, groups, /*keep_last_n=*/1));

@@ -1,8 +1,10 @@
 // Hugging Face config.json -> GptConfig (hf_config.h).
 #include "engine/hf_config.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <limits>
+#include <optional>
 
 #include "engine/json_reader.h"
 #include "runtime/strings.h"
@@ -10,27 +12,49 @@
 namespace zerort {
 namespace {
 
+// transformers' defaults for the keys a config.json may leave out, per model_type (its
+// configuration_llama.py, configuration_mistral.py, configuration_qwen2.py and
+// configuration_gpt2.py): an absent key means what it means to transformers.
+struct Defaults {
+  int vocab, hidden, intermediate, layers, heads, kv_heads, positions;
+  double rms_norm_eps, rope_theta;
+};
+Defaults DefaultsOf(const std::string& type) {
+  if (type == "mistral") return {32000, 4096, 14336, 32, 32, 8, 4096 * 32, 1e-6, 10000.0};
+  if (type == "qwen2") return {151936, 4096, 22016, 32, 32, 32, 32768, 1e-6, 10000.0};
+  // llama; num_key_value_heads None: num_attention_heads (0 here).
+  return {32000, 4096, 11008, 32, 32, 0, 2048, 1e-6, 10000.0};
+}
+
 class Reader {
  public:
   Reader(const nlohmann::json& j, const std::string& file) : j_(j), file_(file) {}
   bool Has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
-  StatusOr<int> Int(const char* key, int64_t lo, int64_t hi) const {
-    if (!Has(key)) return Error(key, "is missing");
+  // An integer key; `fallback` (transformers' default) when absent. A null is refused where
+  // transformers would carry None into the model.
+  StatusOr<int> Int(const char* key, int64_t lo, int64_t hi, std::optional<int> fallback) const {
+    if (!j_.contains(key)) {
+      if (fallback) return *fallback;
+      return Error(key, "is missing");
+    }
     const nlohmann::json& v = j_.at(key);
     if (!v.is_number_integer()) return Error(key, StrCat("= ", ShortDump(v), ": not an integer"));
     const int64_t x = v.get<int64_t>();
     if (x < lo || x > hi) return Error(key, StrCat("= ", x, ": must be in [", lo, ", ", hi, "]"));
     return static_cast<int>(x);
   }
-  StatusOr<double> Number(const char* key, double lo, double hi) const {
-    if (!Has(key)) return Error(key, "is missing");
-    const nlohmann::json& v = j_.at(key);
+  StatusOr<double> Number(const nlohmann::json& v, const std::string& key, double lo,
+                          double hi) const {
     if (!v.is_number()) return Error(key, StrCat("= ", ShortDump(v), ": not a number"));
     const double x = v.get<double>();
     if (!(x >= lo && x <= hi)) {
       return Error(key, StrCat("= ", x, ": must be in [", lo, ", ", hi, "]"));
     }
     return x;
+  }
+  StatusOr<double> Number(const char* key, double lo, double hi, double fallback) const {
+    if (!j_.contains(key)) return fallback;
+    return Number(j_.at(key), key, lo, hi);
   }
   StatusOr<bool> Bool(const char* key, bool fallback) const {
     if (!Has(key)) return fallback;
@@ -39,7 +63,14 @@ class Reader {
     }
     return j_.at(key).get<bool>();
   }
-  Status Error(const char* key, const std::string& what) const {
+  StatusOr<std::string> String(const char* key, const std::string& fallback) const {
+    if (!Has(key)) return fallback;
+    if (!j_.at(key).is_string()) {
+      return Error(key, StrCat("= ", ShortDump(j_.at(key)), ": not a string"));
+    }
+    return j_.at(key).get<std::string>();
+  }
+  Status Error(const std::string& key, const std::string& what) const {
     return absl::InvalidArgumentError(StrCat(file_, ": ", key, " ", what));
   }
 
@@ -47,6 +78,75 @@ class Reader {
   const nlohmann::json& j_;
   const std::string& file_;
 };
+
+// The rotary embeddings: rope_theta and rope_scaling at the top level (transformers 4), or inside
+// rope_parameters (transformers 5: {"rope_type", "rope_theta", "factor", ...}); both spellings
+// read, a disagreement between them refused. A scaling other than none ("default") is refused:
+// scaled rotary embeddings are not implemented.
+Status ReadRope(const nlohmann::json& j, const Reader& r, double fallback, GptConfig& c) {
+  const nlohmann::json none;
+  const nlohmann::json& params = j.contains("rope_parameters") ? j.at("rope_parameters") : none;
+  if (!params.is_null() && !params.is_object()) {
+    return r.Error("rope_parameters", StrCat("= ", ShortDump(params), ": not an object"));
+  }
+  ZR_ASSIGN_OR_RETURN(c.rope_theta, r.Number("rope_theta", 1, 1e12, fallback));
+  if (params.is_object() && params.contains("rope_theta")) {
+    ZR_ASSIGN_OR_RETURN(const double theta,
+                        r.Number(params.at("rope_theta"), "rope_parameters.rope_theta", 1, 1e12));
+    if (j.contains("rope_theta") && theta != c.rope_theta) {
+      return r.Error("rope_parameters.rope_theta",
+                     StrCat("= ", theta, " disagrees with rope_theta = ", c.rope_theta));
+    }
+    c.rope_theta = theta;
+  }
+  auto scaled = [](const nlohmann::json& s) {
+    if (s.is_null()) return false;
+    if (!s.is_object()) return true;
+    const nlohmann::json type = s.value("rope_type", s.value("type", nlohmann::json("default")));
+    return !(type.is_string() && type.get<std::string>() == "default");
+  };
+  const char* key = j.contains("rope_scaling") && scaled(j.at("rope_scaling")) ? "rope_scaling"
+                    : params.is_object() && scaled(params)                     ? "rope_parameters"
+                                                                               : nullptr;
+  if (key != nullptr) {
+    return r.Error(key, StrCat("= ", ShortDump(j.at(key)),
+                               ": scaled rotary embeddings (LLaMA 3.1's, YaRN, linear, dynamic) "
+                               "are not implemented; remove it to model the unscaled shape"));
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<GptConfig> Gpt2FromHuggingFace(const Reader& r) {
+  GptConfig c;  // GPT2Config's defaults: 12 x 768, 12 heads, 1024 positions, 50257 tokens
+  ZR_ASSIGN_OR_RETURN(c.n_layer, r.Int("n_layer", 1, 1 << 16, 12));
+  ZR_ASSIGN_OR_RETURN(c.n_head, r.Int("n_head", 1, 1 << 16, 12));
+  ZR_ASSIGN_OR_RETURN(c.d_model, r.Int("n_embd", 1, 1 << 20, 768));
+  ZR_ASSIGN_OR_RETURN(c.seq_len, r.Int("n_positions", 1, 1 << 24, 1024));
+  ZR_ASSIGN_OR_RETURN(c.vocab_size, r.Int("vocab_size", 1, 1 << 24, 50257));
+  if (r.Has("n_inner")) {  // zerort's GPT-2 MLP is 4 n_embd wide
+    ZR_ASSIGN_OR_RETURN(const int inner, r.Int("n_inner", 1, 1 << 24, std::nullopt));
+    if (int64_t{inner} != 4 * int64_t{c.d_model}) {
+      return r.Error(
+          "n_inner",
+          StrCat("= ", inner, ": zerort's GPT-2 MLP is 4 x n_embd = ", 4 * int64_t{c.d_model}));
+    }
+  }
+  // zerort's GPT-2 GELU is the tanh approximation (gelu_new, gelu_pytorch_tanh: one function).
+  ZR_ASSIGN_OR_RETURN(const std::string act, r.String("activation_function", "gelu_new"));
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh") {
+    return r.Error("activation_function",
+                   StrCat("= \"", act,
+                          "\": zerort's GPT-2 MLP computes gelu_new (GELU's tanh "
+                          "approximation); another activation is not implemented"));
+  }
+  ZR_ASSIGN_OR_RETURN(const double eps, r.Number("layer_norm_epsilon", 0, 1, 1e-5));
+  if (eps != 1e-5) {
+    return r.Error("layer_norm_epsilon",
+                   StrCat("= ", eps, ": zerort's GPT-2 LayerNorm uses 1e-05 (GPT-2's own)"));
+  }
+  ZR_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
 
 }  // namespace
 
@@ -65,52 +165,58 @@ StatusOr<GptConfig> GptConfigFromHuggingFace(const nlohmann::json& j, const std:
            : a == "Qwen2ForCausalLM"   ? "qwen2"
                                        : a;
   }
-  constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
-  GptConfig c;
-  if (type == "gpt2") {
-    ZR_ASSIGN_OR_RETURN(c.n_layer, r.Int("n_layer", 1, 1 << 16));
-    ZR_ASSIGN_OR_RETURN(c.n_head, r.Int("n_head", 1, 1 << 16));
-    ZR_ASSIGN_OR_RETURN(c.d_model, r.Int("n_embd", 1, 1 << 20));
-    ZR_ASSIGN_OR_RETURN(c.seq_len, r.Int("n_positions", 1, 1 << 24));
-    ZR_ASSIGN_OR_RETURN(c.vocab_size, r.Int("vocab_size", 1, 1 << 24));
-    if (r.Has("n_inner")) {  // zerort's GPT-2 MLP is 4 n_embd wide
-      ZR_ASSIGN_OR_RETURN(const int inner, r.Int("n_inner", 1, 1 << 24));
-      if (int64_t{inner} != 4 * int64_t{c.d_model}) {
-        return r.Error(
-            "n_inner",
-            StrCat("= ", inner, ": zerort's GPT-2 MLP is 4 x n_embd = ", 4 * int64_t{c.d_model}));
-      }
-    }
-    ZR_RETURN_IF_ERROR(c.Validate());
-    return c;
-  }
+  if (type == "gpt2") return Gpt2FromHuggingFace(r);
   if (type != "llama" && type != "mistral" && type != "qwen2") {
     return absl::InvalidArgumentError(
         StrCat(file, ": model_type ", type.empty() ? "(none)" : "\"" + type + "\"",
                " is not one zerort builds (llama, mistral, qwen2: model.arch llama; gpt2)"));
   }
+  constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+  const Defaults d = DefaultsOf(type);
+  GptConfig c;
   c.arch = ModelArch::kLlama;
-  ZR_ASSIGN_OR_RETURN(c.n_layer, r.Int("num_hidden_layers", 1, 1 << 16));
-  ZR_ASSIGN_OR_RETURN(c.n_head, r.Int("num_attention_heads", 1, 1 << 16));
-  ZR_ASSIGN_OR_RETURN(c.d_model, r.Int("hidden_size", 1, 1 << 20));
-  ZR_ASSIGN_OR_RETURN(c.intermediate_size, r.Int("intermediate_size", 1, 1 << 24));
-  ZR_ASSIGN_OR_RETURN(c.vocab_size, r.Int("vocab_size", 1, 1 << 24));
-  ZR_ASSIGN_OR_RETURN(c.seq_len, r.Int("max_position_embeddings", 1, 1 << 24));
-  c.n_kv_head = c.n_head;
+  ZR_ASSIGN_OR_RETURN(c.n_layer, r.Int("num_hidden_layers", 1, 1 << 16, d.layers));
+  ZR_ASSIGN_OR_RETURN(c.n_head, r.Int("num_attention_heads", 1, 1 << 16, d.heads));
+  ZR_ASSIGN_OR_RETURN(c.d_model, r.Int("hidden_size", 1, 1 << 20, d.hidden));
+  ZR_ASSIGN_OR_RETURN(c.intermediate_size, r.Int("intermediate_size", 1, 1 << 24, d.intermediate));
+  ZR_ASSIGN_OR_RETURN(c.vocab_size, r.Int("vocab_size", 1, 1 << 24, d.vocab));
+  ZR_ASSIGN_OR_RETURN(c.seq_len, r.Int("max_position_embeddings", 1, 1 << 24, d.positions));
+  // num_key_value_heads: null or absent is transformers' default (LLaMA's: num_attention_heads).
+  c.n_kv_head = d.kv_heads > 0 ? d.kv_heads : c.n_head;
   if (r.Has("num_key_value_heads")) {
-    ZR_ASSIGN_OR_RETURN(c.n_kv_head, r.Int("num_key_value_heads", 1, 1 << 16));
+    ZR_ASSIGN_OR_RETURN(c.n_kv_head, r.Int("num_key_value_heads", 1, 1 << 16, std::nullopt));
   }
-  if (r.Has("rope_theta")) {
-    ZR_ASSIGN_OR_RETURN(c.rope_theta, r.Number("rope_theta", 1, 1e12));
-  }
-  if (r.Has("rms_norm_eps")) {
-    ZR_ASSIGN_OR_RETURN(c.norm_eps, r.Number("rms_norm_eps", 0, 1));
-  }
+  ZR_RETURN_IF_ERROR(ReadRope(j, r, d.rope_theta, c));
+  ZR_ASSIGN_OR_RETURN(c.norm_eps, r.Number("rms_norm_eps", 0, 1, d.rms_norm_eps));
   ZR_ASSIGN_OR_RETURN(c.tie_word_embeddings, r.Bool("tie_word_embeddings", false));
-  // Qwen2's Q/K/V biases are in its architecture, not its config; LLaMA's attention_bias says.
-  ZR_ASSIGN_OR_RETURN(c.qkv_bias, r.Bool("attention_bias", type == "qwen2"));
+  // The MLP: SwiGLU, gate activated by hidden_act.
+  ZR_ASSIGN_OR_RETURN(const std::string act, r.String("hidden_act", "silu"));
+  if (act != "silu" && act != "swish") {
+    return r.Error("hidden_act",
+                   StrCat("= \"", act,
+                          "\": zerort's LLaMA-family MLP gates with SiLU (silu); "
+                          "a gate of another activation (GELU's: GeGLU) is not implemented"));
+  }
+  // Biases: Qwen2's Q/K/V biases are in its architecture, not its config (it has no others);
+  // LLaMA's attention_bias gives q, k, v and o_proj one, and mlp_bias gate, up and down_proj;
+  // Mistral has none (transformers ignores both keys for it and for Qwen2).
+  c.qkv_bias = type == "qwen2";
+  if (type == "llama") {
+    ZR_ASSIGN_OR_RETURN(const bool attention_bias, r.Bool("attention_bias", false));
+    if (attention_bias) {
+      return r.Error("attention_bias",
+                     "= true: LLaMA's attention_bias biases o_proj as well as q, k and v; "
+                     "zerort's block has Q/K/V biases (Qwen2's) and no o_proj bias yet");
+    }
+    ZR_ASSIGN_OR_RETURN(const bool mlp_bias, r.Bool("mlp_bias", false));
+    if (mlp_bias) {
+      return r.Error("mlp_bias",
+                     "= true: biases on gate_proj, up_proj and down_proj are not "
+                     "implemented");
+    }
+  }
   if (r.Has("head_dim")) {
-    ZR_ASSIGN_OR_RETURN(const int head_dim, r.Int("head_dim", 1, kMaxInt));
+    ZR_ASSIGN_OR_RETURN(const int head_dim, r.Int("head_dim", 1, kMaxInt, std::nullopt));
     if (int64_t{head_dim} * c.n_head != c.d_model) {
       return r.Error("head_dim", StrCat("= ", head_dim,
                                         ": zerort needs hidden_size / "
@@ -118,24 +224,16 @@ StatusOr<GptConfig> GptConfigFromHuggingFace(const nlohmann::json& j, const std:
                                         c.d_model / c.n_head));
     }
   }
-  if (r.Has("rope_scaling")) {
-    return r.Error("rope_scaling",
-                   "is set: scaled rotary embeddings (LLaMA 3.1's, YaRN) are not "
-                   "implemented; remove it to model the unscaled shape");
-  }
-  // Mistral attends through its sliding_window; Qwen2 only with use_sliding_window.
+  // A sliding window ([Note: sliding windows] in layers/gpt_config.h): Mistral attends through
+  // its sliding_window (4096 by default; null: none); Qwen2 only with use_sliding_window. The
+  // model's context is then at most the window, where full causal attention is what they compute.
   bool windowed = type == "mistral";
   if (type == "qwen2") {
     ZR_ASSIGN_OR_RETURN(windowed, r.Bool("use_sliding_window", false));
   }
-  if (windowed && r.Has("sliding_window")) {
-    ZR_ASSIGN_OR_RETURN(const int window, r.Int("sliding_window", 1, kMaxInt));
-    if (window < c.seq_len) {
-      return r.Error("sliding_window",
-                     StrCat("= ", window, " is shorter than the context (", c.seq_len,
-                            "): sliding-window attention is not "
-                            "implemented"));
-    }
+  if (windowed && (!j.contains("sliding_window") || r.Has("sliding_window"))) {
+    ZR_ASSIGN_OR_RETURN(c.sliding_window, r.Int("sliding_window", 1, kMaxInt, 4096));
+    c.seq_len = std::min(c.seq_len, c.sliding_window);
   }
   if (const Status s = c.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(StrCat(file, ": ", s.message()));
@@ -143,15 +241,27 @@ StatusOr<GptConfig> GptConfigFromHuggingFace(const nlohmann::json& j, const std:
   return c;
 }
 
-StatusOr<GptConfig> ReadHuggingFaceConfig(const std::string& path) {
+namespace {
+std::string ConfigFile(const std::string& path) {
   std::error_code ec;
-  const std::string file = std::filesystem::is_directory(path, ec)
-                               ? (std::filesystem::path(path) / "config.json").string()
-                               : path;
+  return std::filesystem::is_directory(path, ec)
+             ? (std::filesystem::path(path) / "config.json").string()
+             : path;
+}
+}  // namespace
+
+StatusOr<nlohmann::json> ReadHuggingFaceConfigJson(const std::string& path) {
   JsonLimits limits;
   limits.max_bytes = int64_t{1} << 20;  // config.json files are a few KiB
+  const std::string file = ConfigFile(path);
   ZR_ASSIGN_OR_RETURN(nlohmann::json j, ParseJsonFile(file, limits));
-  return GptConfigFromHuggingFace(j, file);
+  if (!j.is_object()) return absl::InvalidArgumentError(StrCat(file, ": not a JSON object"));
+  return j;
+}
+
+StatusOr<GptConfig> ReadHuggingFaceConfig(const std::string& path) {
+  ZR_ASSIGN_OR_RETURN(const nlohmann::json j, ReadHuggingFaceConfigJson(path));
+  return GptConfigFromHuggingFace(j, ConfigFile(path));
 }
 
 }  // namespace zerort

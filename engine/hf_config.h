@@ -19,5 +19,7 @@ namespace zerort {
 StatusOr<GptConfig> GptConfigFromHuggingFace(const nlohmann::json& config, const std::string& file);
 // Reads `path` (a config.json, or a directory holding one) with the bounded JSON reader.
 StatusOr<GptConfig> ReadHuggingFaceConfig(const std::string& path);
+// The same file's JSON object as it is (a run keeps it for export: RunState::hf_config).
+StatusOr<nlohmann::json> ReadHuggingFaceConfigJson(const std::string& path);
 
 }  // namespace zerort

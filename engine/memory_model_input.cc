@@ -24,10 +24,13 @@ Status MemoryModelInput::Validate() const {
   ZR_RETURN_IF_ERROR(positive("tensor-parallel size", tp));
   ZR_RETURN_IF_ERROR(positive("pipeline-parallel size", pp));
   if (stage() < 0 || stage() > 3) return absl::InvalidArgumentError(StrCat("ZeRO stage ", stage()));
-  if (model.n_head % tp != 0 || model.d_model % tp != 0) {
-    return absl::InvalidArgumentError(StrCat("tensor-parallel size ", tp,
-                                             " does not divide the heads (", model.n_head,
-                                             ") and d_model (", model.d_model, ")"));
+  if (model.n_head % tp != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("tensor-parallel size ", tp, " does not divide the heads (", model.n_head, ")"));
+  }
+  if (model.d_model % tp != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("tensor-parallel size ", tp, " does not divide d_model (", model.d_model, ")"));
   }
   ZR_RETURN_IF_ERROR(positive("make_vocab_size_divisible_by", vocab_multiple));
   if (head_chunk_rows < 0) {

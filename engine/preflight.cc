@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <span>
 #include <utility>
 
 #include "engine/json_reader.h"
@@ -154,6 +156,44 @@ Status CompareRankConfigs(const std::vector<std::string>& all, int me) {
              " (every rank must run the same config: check the launch line and --set)"));
 }
 
+namespace {
+
+// The first of `keys` (section, key) whose value differs between `saved` and `now`, as
+// "section.key = saved, this run's config has now"; empty when none does. A key the saved config
+// lacks (written before the key existed) is not compared.
+std::string FirstDifference(const nlohmann::json& saved, const nlohmann::json& now,
+                            std::span<const std::array<const char*, 2>> keys) {
+  for (const auto& [section, key] : keys) {
+    auto at = [&](const nlohmann::json& j) {
+      return j.is_object() && j.contains(section) && j[section].is_object() &&
+                     j[section].contains(key)
+                 ? j[section][key]
+                 : nlohmann::json();
+    };
+    const nlohmann::json was = at(saved), is = at(now);
+    if (!was.is_null() && was != is) {
+      return StrCat(section, ".", key, " = ", was.dump(), ", this run's config has ", is.dump());
+    }
+  }
+  return "";
+}
+
+// The model keys that give a checkpoint's tensors their shapes or their meaning.
+constexpr std::array<const char*, 2> kArchitecture[] = {{"model", "arch"},
+                                                        {"model", "n_layer"},
+                                                        {"model", "n_head"},
+                                                        {"model", "d_model"},
+                                                        {"model", "vocab_size"},
+                                                        {"model", "n_kv_head"},
+                                                        {"model", "intermediate_size"},
+                                                        {"model", "rope_theta"},
+                                                        {"model", "rms_norm_eps"},
+                                                        {"model", "tie_word_embeddings"},
+                                                        {"model", "qkv_bias"},
+                                                        {"model", "sliding_window"}};
+
+}  // namespace
+
 Status CheckResumable(const nlohmann::json& saved, const nlohmann::json& now,
                       const std::string& step_dir) {
   if (saved.is_null()) {
@@ -162,26 +202,27 @@ Status CheckResumable(const nlohmann::json& saved, const nlohmann::json& now,
                " was saved by a trainer that embeds zerort (no run config): zerort train resumes "
                "only its own checkpoints"));
   }
-  static const char* const kShaping[][2] = {
-      {"model", "n_layer"},    {"model", "n_head"},   {"model", "d_model"}, {"model", "seq_len"},
-      {"model", "vocab_size"}, {"optimizer", "type"}, {"bf16", "enabled"}};
-  for (const auto& [section, key] : kShaping) {
-    auto at = [&](const nlohmann::json& j) {
-      return j.is_object() && j.contains(section) && j[section].is_object() &&
-                     j[section].contains(key)
-                 ? j[section][key]
-                 : nlohmann::json();
-    };
-    const nlohmann::json was = at(saved), is = at(now);
-    if (was != is) {
-      return absl::InvalidArgumentError(StrCat(
-          "--resume: ", step_dir, " was saved with ", section, ".", key, " = ", was.dump(),
-          ", this run's config has ", is.dump(),
-          ": resume with the same value (the ZeRO stage, world size and layout, batch size and "
-          "learning-rate schedule may change)"));
-    }
+  static constexpr std::array<const char*, 2> kRun[] = {
+      {"model", "seq_len"}, {"optimizer", "type"}, {"bf16", "enabled"}};
+  std::string diff = FirstDifference(saved, now, kArchitecture);
+  if (diff.empty()) diff = FirstDifference(saved, now, kRun);
+  if (!diff.empty()) {
+    return absl::InvalidArgumentError(
+        StrCat("--resume: ", step_dir, " was saved with ", diff,
+               ": resume with the same value (the ZeRO stage, world size and layout, batch size "
+               "and learning-rate schedule may change)"));
   }
   return absl::OkStatus();
+}
+
+Status CheckSameArchitecture(const nlohmann::json& saved, const nlohmann::json& now,
+                             const std::string& step_dir, const std::string& command) {
+  const std::string diff = FirstDifference(saved, now, kArchitecture);
+  if (diff.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      StrCat(command, ": ", step_dir, " was saved with ", diff,
+             ": the checkpoint's architecture is what its weights mean; set the key to the "
+             "checkpoint's"));
 }
 
 Status CheckMemoryFits(const MemoryModelInput& in, const MachineMemory& machine) {

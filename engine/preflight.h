@@ -35,6 +35,12 @@ Status CompareRankConfigs(const std::vector<std::string>& configs, int me);
 // (ZeRO stage, world size and layout, batch size, learning-rate schedule) may.
 Status CheckResumable(const nlohmann::json& saved, const nlohmann::json& now,
                       const std::string& step_dir);
+// A checkpoint read under another run config (`command`: "eval"): the model's architecture keys
+// (arch, the shape, n_kv_head, intermediate_size, rope_theta, rms_norm_eps, tie_word_embeddings,
+// qkv_bias, sliding_window) must equal the ones the checkpoint was saved with; seq_len may
+// differ. Ok for an embedder's checkpoint (no config), whose load fails by itself.
+Status CheckSameArchitecture(const nlohmann::json& saved, const nlohmann::json& now,
+                             const std::string& step_dir, const std::string& command);
 
 // What a rank may use: its GPU's memory (cuda), or its node's host memory shared by the node's
 // ranks.

@@ -319,11 +319,12 @@ StatusOr<Initializer> InitialWeights(const ModelConfig& model) {
     note("d_model", m.d_model, h.d_model);
     note("intermediate_size", m.intermediate_size, h.intermediate_size);
     note("vocab_size", m.vocab_size, h.vocab_size);
-    note("seq_len", m.seq_len, h.seq_len);
+    note("seq_len", want.seq_len, h.seq_len);  // a shorter context is allowed
     note("rope_theta", m.rope_theta, h.rope_theta);
     note("rms_norm_eps", m.norm_eps, h.norm_eps);
     note("tie_word_embeddings", m.tie_word_embeddings, h.tie_word_embeddings);
     note("qkv_bias", m.qkv_bias, h.qkv_bias);
+    note("sliding_window", m.sliding_window, h.sliding_window);
     return absl::InvalidArgumentError(
         StrCat("model.init_from: ", dir, "/config.json is another model than the config's (", diff,
                "; the config's first): set the model keys to the checkpoint's"));

@@ -14,6 +14,7 @@
 #include "engine/comm_spans.h"
 #include "engine/data_loader.h"
 #include "engine/export.h"
+#include "engine/hf_config.h"
 #include "engine/host_memory.h"
 #include "engine/lr_schedule.h"
 #include "engine/memory_model.h"
@@ -177,6 +178,7 @@ class Run {
   RunState start_;  // where this run starts: step 0, or the resumed checkpoint's state
   std::unique_ptr<RunLock> lock_;  // rank 0, with checkpoint.dir: held for the run's lifetime
   std::string run_id_;             // a new run's, or the resumed one's
+  nlohmann::json hf_config_;       // model.init_from's config.json, or the resumed run's
   OffloadStats offload_seen_;      // the manager's offload counters at the last metrics record
   Status write_error() const { return metrics_ ? metrics_->write_error() : absl::OkStatus(); }
   Status Save(int64_t step, int64_t consumed);
@@ -262,6 +264,7 @@ Status Run::Save(int64_t step, int64_t consumed) {
                  .applied_steps = ShardManagerState(*manager_).steps(),
                  .scaler = ShardManagerState(*manager_).scaler_state(),
                  .config = c_.ToJson(),
+                 .hf_config = hf_config_,
                  .run_id = run_id_};
   ZR_RETURN_IF_ERROR(SaveCheckpoint(c_.checkpoint.dir, state, *manager_, Groups(),
                                     c_.checkpoint.keep_last_n, ctx_.overwrite));
@@ -381,6 +384,9 @@ Status Run::Setup() {
                                *store_, *kernels_, *allocator_));
   model_->set_defer_training_loss(true);  // read once per step, not per micro-batch
   ZR_RETURN_IF_ERROR(InitializeWeights(c_.model, *manager_));  // or model.init_from's
+  if (!c_.model.init_from.empty()) {  // kept for export (RunState::hf_config)
+    ZR_ASSIGN_OR_RETURN(hf_config_, ReadHuggingFaceConfigJson(c_.model.init_from));
+  }
   if (pp() > 1) {
     ZR_ASSIGN_OR_RETURN(PipelineSchedule schedule,
                         ParsePipelineSchedule(c_.parallel.pipeline_schedule));
@@ -405,6 +411,7 @@ Status Run::Setup() {
     ZR_ASSIGN_OR_RETURN(start_, LoadCheckpoint(step_dir, *manager_, Groups()));
     ZR_RETURN_IF_ERROR(CheckResumable(start_.config, c_.ToJson(), step_dir));
     if (!start_.run_id.empty()) run_id_ = start_.run_id;  // an older checkpoint has none
+    if (!start_.hf_config.is_null()) hf_config_ = start_.hf_config;
     if (leader()) {
       Logger()->info("resumed from {} (step {}, {} sequences consumed)", step_dir, start_.step,
                      start_.consumed_sequences);

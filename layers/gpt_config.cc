@@ -71,6 +71,7 @@ Status GptConfig::Validate() const {
                       : rope_theta != 10000.0           ? "rope_theta"
                       : norm_eps != 1e-5                ? "rms_norm_eps"
                       : tie_word_embeddings || qkv_bias ? "tie_word_embeddings/qkv_bias"
+                      : sliding_window != 0             ? "sliding_window"
                                                         : nullptr;
     if (set != nullptr) {
       return absl::InvalidArgumentError(
@@ -100,6 +101,17 @@ Status GptConfig::Validate() const {
   if (!(norm_eps > 0.0) || !(norm_eps < 1.0)) {
     return absl::InvalidArgumentError(
         StrCat("model.rms_norm_eps = ", norm_eps, ": must be in (0, 1)"));
+  }
+  if (sliding_window < 0) {
+    return absl::InvalidArgumentError(
+        StrCat("model.sliding_window = ", sliding_window, ": must be >= 0 (0: none)"));
+  }
+  if (sliding_window > 0 && seq_len > sliding_window) {  // [Note: sliding windows]
+    return absl::InvalidArgumentError(StrCat(
+        "model.seq_len = ", seq_len, " is longer than model.sliding_window = ", sliding_window,
+        ": sliding-window attention is not implemented (up to the window, "
+        "full causal attention computes it exactly: set seq_len <= ",
+        sliding_window, ")"));
   }
   return absl::OkStatus();
 }

@@ -19,6 +19,14 @@ namespace zerort {
 //           V projections with n_kv_head key/value heads (grouped-query attention; Qwen2's QKV
 //           bias with qkv_bias), a SwiGLU MLP of intermediate_size channels, no other biases, the
 //           output projection its own weight unless tie_word_embeddings.
+//
+// [Note: sliding windows]
+// Mistral 7B v0.1 (and Qwen2 with use_sliding_window) lets each position attend to the last
+// sliding_window positions only. For sequences no longer than the window that is every earlier
+// position: full causal attention, what zerort computes. So a model with a window is built,
+// imported, trained and exported (as MistralForCausalLM, its sliding_window kept) while its
+// seq_len is at most the window, and refused beyond it (the windowed kernel is not written). A
+// Hugging Face config's context is read as min(max_position_embeddings, sliding_window).
 enum class ModelArch { kGpt2, kLlama };
 std::string_view ModelArchName(ModelArch arch);
 
@@ -36,6 +44,10 @@ struct GptConfig {
   double norm_eps = 1e-5;       // RMSNorm's epsilon
   bool tie_word_embeddings = false;
   bool qkv_bias = false;  // Qwen2: Q, K and V have biases
+  // Mistral's (and Qwen2's, with use_sliding_window) attention window; 0: none. [Note: sliding
+  // windows]: zerort computes full causal attention, which is exactly what a window computes
+  // while seq_len <= sliding_window, so a longer seq_len is refused.
+  int sliding_window = 0;
 
   bool llama() const { return arch == ModelArch::kLlama; }
   int head_size() const { return d_model / n_head; }

@@ -98,13 +98,19 @@ StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& c, int tp_size, int tp_
     return absl::InvalidArgumentError(
         StrCat("tensor-parallel rank ", tp_rank, " of ", tp_size, " for ", c.n_head, " heads"));
   }
-  if (c.llama() && (c.kv_heads() % tp_size != 0 || c.intermediate_size % tp_size != 0)) {
+  if (c.llama() && c.kv_heads() % tp_size != 0) {
     // Megatron replicates key/value heads when tp exceeds them; zerort does not (yet): each rank
     // holds whole key/value heads and the query heads that read them.
     return absl::InvalidArgumentError(
         StrCat("tensor parallelism ", tp_size, " must divide model.n_kv_head = ", c.kv_heads(),
-               " and model.intermediate_size = ", c.intermediate_size,
                " (key/value heads are split over the tensor-parallel ranks, not replicated)"));
+  }
+  if (c.llama() && c.intermediate_size % tp_size != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("tensor parallelism ", tp_size,
+               " must divide model.intermediate_size = ", c.intermediate_size,
+               " (the MLP's channels are split over the tensor-parallel "
+               "ranks)"));
   }
   if (vocab_multiple < 1) {
     return absl::InvalidArgumentError(

@@ -163,6 +163,80 @@ t.check("a truncated shard: names file and offsets",
         "model-00002-of-00002.safetensors" in r.stderr and "data_offsets" in r.stderr,
         r.stderr[-400:])
 
+# 3b. An imported model's config.json survives export: keys zerort does not use (bos and eos ids,
+# a longer max_position_embeddings than the run's seq_len, anything else) are written back, by a
+# run that started from it (model.init_from, through a resume) and by `checkpoint import`.
+extra_dir = os.path.join(work, "hf_extra")
+shutil.copytree(hf_dir, extra_dir)
+extra = dict(hf, bos_token_id=1, eos_token_id=2, max_position_embeddings=131072,
+             custom_key={"kept": True})
+with open(os.path.join(extra_dir, "config.json"), "w") as f:
+    json.dump(extra, f)
+
+
+def exported_config(directory):
+    with open(os.path.join(work, directory, "config.json")) as f:
+        return json.load(f)
+
+
+def kept(c, want):
+    return all(c.get(k) == v for k, v in want.items())
+
+
+r1 = run("train", config(os.path.join(work, "extra.json"), model={"init_from": extra_dir},
+                         checkpoint={"dir": "extra_run", "interval": 2}, train={"steps": 2}))
+r2 = run("train", config(os.path.join(work, "extra.json"), model={"init_from": extra_dir},
+                         checkpoint={"dir": "extra_run", "interval": 2}, train={"steps": 4}),
+         "--resume")
+r3 = run("checkpoint", "export", "extra_run", "extra_out")
+want_keys = {"bos_token_id": 1, "eos_token_id": 2, "max_position_embeddings": 131072,
+             "custom_key": {"kept": True}, "architectures": ["LlamaForCausalLM"]}
+t.check("init_from, resume, export: the imported config.json's keys survive",
+        (r1.returncode, r2.returncode, r3.returncode) == (0, 0, 0) and
+        kept(exported_config("extra_out"), want_keys),
+        (r1.stderr + r2.stderr + r3.stderr)[-500:] +
+        (json.dumps(exported_config("extra_out")) if r3.returncode == 0 else ""))
+r1 = run("checkpoint", "import", extra_dir, "extra_imported")
+r2 = run("checkpoint", "export", "extra_imported", "extra_out2")
+t.check("import, export: the config.json's keys survive",
+        (r1.returncode, r2.returncode) == (0, 0) and kept(exported_config("extra_out2"), want_keys),
+        (r1.stderr + r2.stderr)[-500:])
+
+# 3c. Mistral 7B v0.1's sliding window ([Note: sliding windows]): within the window full causal
+# attention is what Mistral computes, so a run of seq_len <= sliding_window starts from it,
+# trains and exports as MistralForCausalLM with its window; a longer seq_len is refused.
+mistral_dir = os.path.join(work, "hf_mistral")
+shutil.copytree(hf_dir, mistral_dir)
+with open(os.path.join(mistral_dir, "config.json"), "w") as f:
+    json.dump(dict(hf, model_type="mistral", architectures=["MistralForCausalLM"],
+                   sliding_window=8, max_position_embeddings=32768), f)
+r1 = run("train", config(os.path.join(work, "mistral.json"),
+                         model={"init_from": mistral_dir, "sliding_window": 8},
+                         checkpoint={"dir": "mistral_run", "interval": 4}))
+r2 = run("checkpoint", "export", "mistral_run", "mistral_out")
+t.check("Mistral with a window >= seq_len: trains and exports as MistralForCausalLM",
+        (r1.returncode, r2.returncode) == (0, 0) and
+        kept(exported_config("mistral_out"), {"architectures": ["MistralForCausalLM"],
+                                              "model_type": "mistral", "sliding_window": 8,
+                                              "max_position_embeddings": 32768}),
+        (r1.stderr + r2.stderr)[-500:])
+r = run("train", config(os.path.join(work, "window.json"), model={"sliding_window": 4}))
+t.check("seq_len 8 beyond a window of 4: exit 2 naming both", r.returncode == 2 and
+        "model.seq_len = 8 is longer than model.sliding_window = 4" in r.stderr,
+        f"{r.returncode} {r.stderr[-400:]}")
+
+# 3d. eval reads a checkpoint under a run config: the checkpoint's architecture must be the
+# config's (a wrong tie flag or rotary base would evaluate other weights), or exit 2 naming it.
+for key, value in [("tie_word_embeddings", True), ("rope_theta", 500000.0),
+                   ("rms_norm_eps", 1e-6)]:
+    r = run("eval", config(os.path.join(work, "eval_bad.json"), model={key: value}),
+            "--checkpoint", "extra_run", "--max-windows", "2")
+    t.check(f"eval with another model.{key}: exit 2 naming it",
+            r.returncode == 2 and f"model.{key} = " in r.stderr, f"{r.returncode} {r.stderr[-400:]}")
+r = run("eval", config(os.path.join(work, "eval_ok.json")), "--checkpoint", "extra_run",
+        "--max-windows", "2")
+t.check("eval with the checkpoint's architecture: exit 0", r.returncode == 0, r.stderr[-400:])
+
 # 4. The llama-tiny example (make run-llama), 40 steps of its 1500: a SentencePiece tokenizer
 # trained on the built-in corpus, the corpus tokenized with it, the model trained and sampled.
 r1 = run("data", "corpus", "corpus.txt")

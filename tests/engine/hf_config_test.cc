@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <tuple>
 
 #include "engine/hf_names.h"
 #include "engine/safetensors.h"
@@ -73,16 +74,73 @@ TEST(HfConfigTest, PublishedConfigsGiveThePresetsAndTheirParameterCounts) {
   EXPECT_TRUE(GptConfigFromHuggingFace(wide, "config.json").ok());
   EXPECT_EQ(GptPreset("gpt2")->NumParameters(), 124'439'808);
 
-  // Mistral 7B: its sliding window (4096) is shorter than its context (32768): refused.
+  // Mistral 7B v0.1: its sliding window (4096) is shorter than its context (32768). Up to the
+  // window full causal attention is what it computes ([Note: sliding windows]): read with its
+  // window and a context of 4096; a longer seq_len is refused by the model's own validation.
   nlohmann::json mistral = Llama3_8B();
   mistral["model_type"] = "mistral";
   mistral["max_position_embeddings"] = 32768;
   mistral["sliding_window"] = 4096;
   const StatusOr<GptConfig> m = GptConfigFromHuggingFace(mistral, "m.json");
-  ASSERT_FALSE(m.ok());
-  EXPECT_NE(m.status().message().find("sliding_window = 4096"), std::string::npos) << m.status();
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->sliding_window, 4096);
+  EXPECT_EQ(m->seq_len, 4096);
+  GptConfig longer = *m;
+  longer.seq_len = 4097;
+  const Status refused = longer.Validate();
+  EXPECT_NE(refused.message().find("model.seq_len = 4097 is longer than model.sliding_window = "
+                                   "4096"),
+            std::string::npos)
+      << refused;
   mistral["sliding_window"] = nullptr;  // Mistral v0.2+: no window
-  EXPECT_TRUE(GptConfigFromHuggingFace(mistral, "m.json").ok());
+  const StatusOr<GptConfig> v2 = GptConfigFromHuggingFace(mistral, "m.json");
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  EXPECT_EQ(v2->sliding_window, 0);
+  EXPECT_EQ(v2->seq_len, 32768);
+}
+
+// An absent key is transformers' default for the model_type (LlamaConfig's rms_norm_eps is 1e-6,
+// not 1e-5; MistralConfig's sliding_window 4096; GPT2Config's whole shape); transformers 5 writes
+// rope_theta inside rope_parameters, read as the top-level key is.
+TEST(HfConfigTest, AbsentKeysAreTransformersDefaultsAndRopeParametersAreRead) {
+  nlohmann::json llama = Llama3_8B();
+  for (const char* key : {"rms_norm_eps", "max_position_embeddings", "num_key_value_heads",
+                          "rope_theta", "tie_word_embeddings", "hidden_act"}) {
+    llama.erase(key);
+  }
+  const StatusOr<GptConfig> l = GptConfigFromHuggingFace(llama, "config.json");
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->norm_eps, 1e-6);
+  EXPECT_EQ(l->seq_len, 2048);
+  EXPECT_EQ(l->kv_heads(), 32);  // None: num_attention_heads
+  EXPECT_EQ(l->rope_theta, 10000.0);
+  EXPECT_FALSE(l->tie_word_embeddings);
+
+  nlohmann::json mistral = {{"model_type", "mistral"}};  // every key MistralConfig's default
+  const StatusOr<GptConfig> m = GptConfigFromHuggingFace(mistral, "config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->d_model, 4096);
+  EXPECT_EQ(m->intermediate_size, 14336);
+  EXPECT_EQ(m->kv_heads(), 8);
+  EXPECT_EQ(m->sliding_window, 4096);
+  EXPECT_EQ(m->seq_len, 4096);  // max_position_embeddings 131072, read up to the window
+
+  EXPECT_EQ(*GptConfigFromHuggingFace(nlohmann::json{{"model_type", "gpt2"}}, "config.json"),
+            *GptPreset("gpt2"));
+
+  nlohmann::json v5 = Llama3_8B();  // transformers 5's spelling
+  v5.erase("rope_theta");
+  v5.erase("rope_scaling");
+  v5["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+  const StatusOr<GptConfig> five = GptConfigFromHuggingFace(v5, "config.json");
+  ASSERT_TRUE(five.ok()) << five.status();
+  EXPECT_EQ(five->rope_theta, 500000.0);
+  v5["rope_theta"] = 10000.0;  // both spellings, disagreeing
+  const StatusOr<GptConfig> both = GptConfigFromHuggingFace(v5, "config.json");
+  ASSERT_FALSE(both.ok());
+  EXPECT_NE(both.status().message().find("rope_parameters.rope_theta = 500000 disagrees"),
+            std::string::npos)
+      << both.status();
 }
 
 TEST(HfConfigTest, HostileAndUnsupportedFieldsAreNamed) {
@@ -94,13 +152,21 @@ TEST(HfConfigTest, HostileAndUnsupportedFieldsAreNamed) {
   const Case cases[] = {
       {"hidden_size", "4096", "hidden_size = \"4096\": not an integer"},
       {"hidden_size", -1, "hidden_size = -1: must be in"},
-      {"num_hidden_layers", nullptr, "num_hidden_layers is missing"},
+      {"num_hidden_layers", nullptr, "num_hidden_layers = null: not an integer"},
       {"num_key_value_heads", 5, "model.n_kv_head = 5"},
       {"vocab_size", 1e300, "vocab_size = 1e+300: not an integer"},
       {"rope_theta", "big", "rope_theta = \"big\": not a number"},
       {"rms_norm_eps", 2, "rms_norm_eps = 2: must be in"},
       {"rope_scaling", nlohmann::json{{"rope_type", "llama3"}, {"factor", 8.0}},
-       "rope_scaling is set"},
+       "rope_scaling = {\"factor\":8.0,\"rope_type\":\"llama3\"}: scaled rotary embeddings"},
+      {"rope_parameters", nlohmann::json{{"rope_type", "yarn"}, {"factor", 4.0}},
+       "rope_parameters = {"},
+      {"rope_parameters", 5, "rope_parameters = 5: not an object"},
+      {"hidden_act", "gelu", "hidden_act = \"gelu\": zerort's LLaMA-family MLP gates with SiLU"},
+      {"hidden_act", 7, "hidden_act = 7: not a string"},
+      {"attention_bias", true, "attention_bias = true: LLaMA's attention_bias biases o_proj"},
+      {"attention_bias", "no", "attention_bias = \"no\": not a boolean"},
+      {"mlp_bias", true, "mlp_bias = true"},
       {"head_dim", 256, "head_dim = 256"},
       {"tie_word_embeddings", 1, "tie_word_embeddings = 1: not a boolean"},
       {"model_type", "falcon", "model_type \"falcon\" is not one zerort builds"},
@@ -116,6 +182,21 @@ TEST(HfConfigTest, HostileAndUnsupportedFieldsAreNamed) {
     EXPECT_NE(got.status().message().find("dir/config.json"), std::string::npos) << c.key;
   }
   EXPECT_FALSE(GptConfigFromHuggingFace(nlohmann::json::array(), "x").ok());
+  // GPT-2's activation and LayerNorm epsilon are zerort's GPT-2's, or refused by name.
+  for (const auto& [key, value, expect] :
+       {std::tuple<const char*, nlohmann::json, const char*>{"activation_function", "relu",
+                                                             "activation_function = \"relu\""},
+        {"activation_function", "gelu", "activation_function = \"gelu\""},
+        {"layer_norm_epsilon", 1e-6, "layer_norm_epsilon = 1e-06"},
+        {"n_layer", nullptr, "n_layer = null"}}) {
+    nlohmann::json gpt2 = {{"model_type", "gpt2"}};
+    gpt2[key] = value;
+    const StatusOr<GptConfig> got = GptConfigFromHuggingFace(gpt2, "g.json");
+    ASSERT_FALSE(got.ok()) << key;
+    EXPECT_NE(got.status().message().find(expect), std::string::npos) << got.status();
+  }
+  nlohmann::json tanh = {{"model_type", "gpt2"}, {"activation_function", "gelu_pytorch_tanh"}};
+  EXPECT_TRUE(GptConfigFromHuggingFace(tanh, "g.json").ok());  // gelu_new by another name
   EXPECT_FALSE(ReadHuggingFaceConfig("/nonexistent/config.json").ok());
 }
 

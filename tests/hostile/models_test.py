@@ -117,6 +117,60 @@ seconds = time.time() - start
 check("estimate of 1,000 blocks: exit 0", r.returncode == 0, r.stderr.decode()[-400:])
 check("estimate of 1,000 blocks: within 3 s", seconds < 3, f"{seconds:.1f} s")
 
+# model.sliding_window ([Note: sliding windows]): wrong type, out of range, huge, and longer than
+# the window.
+for what, model, says in [
+        ("sliding_window a string", {"sliding_window": "4096"}, "model.sliding_window"),
+        ("sliding_window negative", {"sliding_window": -1}, "model.sliding_window"),
+        ("sliding_window huge", {"sliding_window": 2**40}, "model.sliding_window"),
+        ("seq_len beyond the window", {"sliding_window": 8},
+         "model.seq_len = 16 is longer than model.sliding_window = 8"),
+        ("sliding_window on GPT-2", {"arch": "gpt2", "n_kv_head": 0, "intermediate_size": 0,
+                                     "sliding_window": 64}, "model.sliding_window is a LLaMA key")]:
+    expect(f"model: {what}", ["train", config("w", model)], says)
+
+# A Hugging Face config.json's keys (estimate --hf-config reads it as init_from and import do):
+# hidden_act, rope_parameters, the bias flags and sliding_window given a wrong type, a value out
+# of range or that zerort does not compute, huge or empty: exit 2 naming the key and the file.
+hf_base = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+           "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "vocab_size": 256, "max_position_embeddings": 64}
+for what, extra, says in [
+        ("hidden_act unknown", {"hidden_act": "gelu"}, "hidden_act = \"gelu\""),
+        ("hidden_act a number", {"hidden_act": 3}, "hidden_act = 3: not a string"),
+        ("hidden_act empty", {"hidden_act": ""}, "hidden_act = \"\""),
+        ("hidden_act 2 MiB", {"hidden_act": "s" * (2 << 20)}, "config.json"),
+        ("rope_parameters a list", {"rope_parameters": [1, 2]}, "rope_parameters = [1,2]"),
+        ("rope_parameters scaled", {"rope_parameters": {"rope_type": "llama3", "factor": 8}},
+         "rope_parameters = {"),
+        ("rope_parameters' theta a string", {"rope_parameters": {"rope_theta": "big"}},
+         "rope_parameters.rope_theta = \"big\": not a number"),
+        ("rope_parameters' theta 0", {"rope_parameters": {"rope_theta": 0}},
+         "rope_parameters.rope_theta = 0: must be in"),
+        ("rope_parameters empty", {"rope_parameters": {}}, None),
+        ("attention_bias a string", {"attention_bias": "yes"}, "attention_bias = \"yes\""),
+        ("attention_bias true", {"attention_bias": True}, "attention_bias = true"),
+        ("mlp_bias a number", {"mlp_bias": 1}, "mlp_bias = 1: not a boolean"),
+        ("mlp_bias true", {"mlp_bias": True}, "mlp_bias = true"),
+        ("sliding_window a string (Mistral)", {"model_type": "mistral", "sliding_window": "8"},
+         "sliding_window = \"8\": not an integer"),
+        ("sliding_window 0 (Mistral)", {"model_type": "mistral", "sliding_window": 0},
+         "sliding_window = 0: must be in"),
+        ("sliding_window huge (Mistral)", {"model_type": "mistral", "sliding_window": 2**40},
+         "sliding_window = 1099511627776"),
+        ("use_sliding_window a string (Qwen2)", {"model_type": "qwen2",
+                                                 "use_sliding_window": "true"},
+         "use_sliding_window = \"true\": not a boolean")]:
+    d = os.path.join(tmp, "hf_" + str(abs(hash(what))))
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(dict(hf_base, **extra), f)
+    if says is None:  # accepted: an empty rope_parameters is no scaling and the default theta
+        code, err, seconds = run("estimate", "--hf-config", d)
+        check(f"config.json: {what}: exit 0", code == 0, f"{code} {err[-300:]}")
+        continue
+    expect(f"config.json: {what}", ["estimate", "--hf-config", d], says)
+
 # data.tokenizer, data.blend's files, data.eod_mask_loss.
 for what, data, says in [
         ("tokenizer a FIFO", {"tokenizer": fifo}, "data.tokenizer"),
