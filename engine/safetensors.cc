@@ -6,10 +6,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <map>
+#include <tuple>
 
 #include "engine/hf_config.h"
 #include "engine/hf_names.h"
@@ -122,6 +125,14 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
                     limits));
   const uint64_t data_size = size - 8 - header;
   const std::byte* data = base + 8 + header;
+  struct Range {
+    uint64_t begin, end;
+    std::string name;
+    bool operator<(const Range& o) const {
+      return std::tie(begin, end, name) < std::tie(o.begin, o.end, o.name);
+    }
+  };
+  std::vector<Range> ranges;
   for (const auto& [name, entry] : j.items()) {
     if (name == "__metadata__") continue;
     const std::string where = StrCat("tensor '", name, "'");
@@ -170,6 +181,18 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
     t.data = data + begin;
     t.bytes = static_cast<int64_t>(end - begin);
     f->tensors_.emplace(name, std::move(t));
+    ranges.push_back({begin, end, name});
+  }
+  // No two tensors share bytes: a file whose offsets overlap would hand one tensor's values to
+  // another (safetensors' own loader refuses it too).
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    const Range& a = ranges[i - 1];
+    const Range& b = ranges[i];
+    if (b.begin < a.end && b.begin != b.end && a.begin != a.end) {
+      return Bad(path, StrCat("tensors '", a.name, "' [", a.begin, ", ", a.end, ") and '", b.name,
+                              "' [", b.begin, ", ", b.end, ") overlap in its data_offsets"));
+    }
   }
   return f;
 }
@@ -230,6 +253,17 @@ StatusOr<std::shared_ptr<const HfWeights>> HfWeights::Open(const std::string& di
     }
     ZR_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> f, SafetensorsFile::Open(p.string()));
     w->files_.push_back(std::move(f));
+  }
+  // A tensor in two shards: which one a loader takes would be its file order's accident.
+  std::map<std::string, std::string> home;
+  for (const auto& f : w->files_) {
+    for (const auto& [name, tensor] : f->tensors()) {
+      const auto [it, fresh] = home.emplace(name, f->path());
+      if (!fresh) {
+        return Bad(f->path(), StrCat("tensor '", name, "' is also in ", it->second,
+                                     ": a tensor belongs to one shard"));
+      }
+    }
   }
   // Every tensor the model needs: found, readable and of the right shape, before any allocation.
   ZR_ASSIGN_OR_RETURN(const std::vector<GptUnit> units, GptUnits(config, 1, 0));

@@ -369,6 +369,14 @@ TEST(HfWeightsTest, HostileDirectoriesAreRefusedNamingTheFileAndTensor) {
          fs::create_symlink(kHfDir + shard1, d + shard1);
        },
        "symbolic link"},
+      {"a tensor in two shards",  // a third shard, a copy of the first, named by the index
+       [&](const std::string& d) {
+         fs::copy(d + shard1, d + "/model-extra.safetensors");
+         nlohmann::json idx = nlohmann::json::parse(Slurp(d + "/model.safetensors.index.json"));
+         idx["weight_map"]["extra.tensor"] = "model-extra.safetensors";
+         Write(d + "/model.safetensors.index.json", idx.dump());
+       },
+       "is also in"},
   };
   for (const Case& c : cases) {
     const std::string dir = CopyOfHfDir(c.name);
@@ -395,9 +403,40 @@ TEST(HfWeightsTest, HostileDirectoriesAreRefusedNamingTheFileAndTensor) {
   EXPECT_NE(init.status().message().find("intermediate_size 32 vs 24"), std::string::npos)
       << init.status();
   EXPECT_NE(init.status().message().find("model.init_from"), std::string::npos);
+  // A shorter context is allowed, so not named when something else differs.
+  m.shape.seq_len = 4;
+  const StatusOr<Initializer> shorter = InitialWeights(m);
+  ASSERT_FALSE(shorter.ok());
+  EXPECT_EQ(shorter.status().message().find("seq_len"), std::string::npos) << shorter.status();
   m.shape = config;
   m.shape.seq_len = 4;  // a shorter context than the checkpoint's: rotary positions allow it
   EXPECT_TRUE(InitialWeights(m).ok());
+}
+
+// Two tensors whose data_offsets overlap would read one's bytes as the other's: refused naming
+// both (safetensors' own loader refuses it too); adjacent ones and empty ones are fine.
+TEST(HfWeightsTest, OverlappingDataOffsetsAreRefused) {
+  const std::string dir = ::testing::TempDir() + "/hf_weights_overlap";
+  fs::create_directories(dir);
+  auto file = [&](const nlohmann::json& header) {
+    std::string text = header.dump();
+    while (text.size() % 8 != 0) text.push_back(' ');
+    std::string bytes(8, '\0');
+    for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
+    const std::string path = dir + "/t.safetensors";
+    Write(path, bytes + text + std::string(16, '\0'));
+    return SafetensorsFile::Open(path);
+  };
+  auto entry = [](int64_t begin, int64_t n) {
+    return nlohmann::json{
+        {"dtype", "F32"}, {"shape", {n}}, {"data_offsets", {begin, begin + 4 * n}}};
+  };
+  const auto overlap = file({{"a", entry(0, 2)}, {"b", entry(4, 2)}});
+  ASSERT_FALSE(overlap.ok());
+  EXPECT_NE(overlap.status().message().find("tensors 'a' [0, 8) and 'b' [4, 12) overlap"),
+            std::string::npos)
+      << overlap.status();
+  EXPECT_TRUE(file({{"a", entry(0, 2)}, {"b", entry(8, 2)}, {"c", entry(8, 0)}}).ok());
 }
 
 }  // namespace
