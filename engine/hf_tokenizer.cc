@@ -52,15 +52,6 @@ size_t Utf8CharLength(std::string_view text, size_t at) {
   return n > 0 ? static_cast<size_t>(n) : 0;
 }
 
-Status CheckUtf8(std::string_view text) {
-  if (const std::optional<size_t> at = FirstInvalidUtf8(text)) {
-    return absl::InvalidArgumentError(StrCat("the text is not valid UTF-8 at byte ", *at, " (0x",
-                                             fmt::format("{:02X}", static_cast<uint8_t>(text[*at])),
-                                             "): a tokenizer.json tokenizer reads Unicode text"));
-  }
-  return absl::OkStatus();
-}
-
 // GPT-2's bytes_to_unicode: the printable bytes as themselves, the others as 256 + n; as UTF-8.
 struct ByteAlphabet {
   std::array<std::string, 256> of_byte;
@@ -288,7 +279,7 @@ class HfTokenizer final : public Tokenizer {
 
  private:
   Status EncodeSection(std::string_view section, bool at_start, std::vector<int32_t>& out) const {
-    ZR_RETURN_IF_ERROR(CheckUtf8(section));
+    ZR_RETURN_IF_ERROR(RequireUtf8(section));
     std::string normalized;
     if (!normalizer_.empty()) {
       normalized.assign(section);
@@ -564,7 +555,7 @@ class HfTokenizer final : public Tokenizer {
         std::string bytes;
         auto flush = [&] {
           if (bytes.empty()) return;
-          if (CheckUtf8(bytes).ok()) {
+          if (!FirstInvalidUtf8(bytes)) {
             out.push_back(bytes);
           } else {
             for (size_t i = 0; i < bytes.size(); ++i) out.push_back("\xEF\xBF\xBD");  // U+FFFD
@@ -709,7 +700,7 @@ class Loader {
         return Refuse(file_, StrCat("model.vocab[\"", token, "\"]"),
                       StrCat("= ", ShortDump(id), ": not an id in [0, 2^24)"));
       }
-      if (!CheckUtf8(token).ok()) {
+      if (FirstInvalidUtf8(token)) {
         return Refuse(file_, "model.vocab",
                       StrCat("has a token that is not UTF-8: ", ShortDump(token)));
       }

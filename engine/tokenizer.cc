@@ -23,6 +23,7 @@ class SentencePieceTokenizer final : public Tokenizer {
  public:
   explicit SentencePieceTokenizer(std::unique_ptr<spm::Model> m) : m_(std::move(m)) {}
   Status Encode(std::string_view text, std::vector<int32_t>& out) const override {
+    ZR_RETURN_IF_ERROR(RequireUtf8(text));  // SentencePiece would make U+FFFD of it, silently
     std::vector<int> ids;
     if (const std::string e = m_->Encode(text, &ids); !e.empty()) {
       return absl::InvalidArgumentError(StrCat("SentencePiece: ", e));
@@ -80,6 +81,15 @@ std::optional<size_t> FirstInvalidUtf8(std::string_view text) {
     at += static_cast<size_t>(n);
   }
   return std::nullopt;
+}
+
+Status RequireUtf8(std::string_view text) {
+  if (const std::optional<size_t> at = FirstInvalidUtf8(text)) {
+    return absl::InvalidArgumentError(StrCat("the text is not valid UTF-8 at byte ", *at, " (0x",
+                                             fmt::format("{:02X}", static_cast<uint8_t>(text[*at])),
+                                             "): tokenizers read Unicode text"));
+  }
+  return absl::OkStatus();
 }
 
 std::optional<TextCut> LastLineCut(std::string_view text, size_t end) {

@@ -58,6 +58,8 @@ struct TextCut {
 // The first byte of `text` that does not begin a valid UTF-8 character (overlong forms,
 // surrogates' encodings, code points past U+10FFFF and truncated sequences are not), if any.
 std::optional<size_t> FirstInvalidUtf8(std::string_view text);
+// InvalidArgument naming that byte ("the text is not valid UTF-8 at byte N (0xNN)"), or Ok.
+Status RequireUtf8(std::string_view text);
 // After the last '\n' before `end` that a non-space byte follows.
 std::optional<TextCut> LastLineCut(std::string_view text, size_t end);
 // At the last single ' ' before `end` between two characters that are not ASCII whitespace, the

@@ -193,15 +193,18 @@ TEST(TokenizerTest, HostileFilesAndInputsAreRefusedByName) {
 
 // Text that is not UTF-8 (a stray continuation byte, a truncated sequence, an overlong form, a
 // lone surrogate's encoding, a code point past U+10FFFF) is an error naming its byte, for every
-// tokenizer.json kind (Hugging Face's tokenizers take only Unicode strings); a NUL is a character
-// (its ids are in the golden strings), never the end of the text.
+// tokenizer kind, SentencePiece's included (Hugging Face's tokenizers take only Unicode strings;
+// SentencePiece would encode such bytes as U+FFFD, silently); a NUL is a character (its ids are
+// in the golden strings), never the end of the text.
 TEST(TokenizerTest, InvalidUtf8IsNamedAndNulIsACharacter) {
   const std::pair<const char*, size_t> bad[] = {{"ok \x80 then", 3},
                                                 {"caf\xc3", 3},
                                                 {"over \xc0\xaf long", 5},
                                                 {"lone \xed\xa0\x80 surrogate", 5},
                                                 {"past \xf4\x90\x80\x80 max", 5}};
-  for (const char* kind : kKinds) {
+  std::vector<std::string> kinds(std::begin(kKinds), std::end(kKinds));
+  kinds.push_back("spm");
+  for (const std::string& kind : kinds) {
     const std::unique_ptr<Tokenizer> t = *Tokenizer::Load(TokenizerFile(kind));
     for (const auto& [text, at] : bad) {
       std::vector<int32_t> ids;
