@@ -7,6 +7,17 @@ import subprocess
 import sys
 
 
+def repo_files(root):
+    """The repository's files, relative to `root`: git's list, or every file under root outside
+    build folders when it is not a git checkout."""
+    try:
+        return subprocess.run(["git", "-C", root, "ls-files"], capture_output=True, text=True,
+                              check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        return [os.path.relpath(os.path.join(d, f), root) for d, _, names in os.walk(root)
+                for f in names if "/build" not in d and "/.git" not in d]
+
+
 def tiny_run(steps):
     """A 2-layer, d 32 GPT at ZeRO-3 with AdamW, micro-batch 2, for `steps` steps."""
     return {

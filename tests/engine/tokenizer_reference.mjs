@@ -54,65 +54,10 @@ const QWEN2 =
 const jsRegex = (p) =>
   new RegExp(p.replace("(?i:'s|'t|'re|'ve|'m|'ll|'d)", "'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD]"), "gu");
 
-function train(text, pattern, merges) {
-  const counts = new Map();
-  for (const m of text.matchAll(jsRegex(pattern))) {
-    const w = toByteLevel(m[0]);
-    counts.set(w, (counts.get(w) || 0) + 1);
-  }
-  let words = [...counts].map(([w, c]) => [Array.from(w), c]);
-  const vocab = {};
-  for (let b = 0; b < 256; b++) vocab[byteChar[b]] = b;
-  const rules = [];
-  for (let i = 0; i < merges; i++) {
-    const pairs = new Map();
-    for (const [syms, c] of words) {
-      for (let j = 0; j + 1 < syms.length; j++) {
-        const k = syms[j] + " " + syms[j + 1];
-        pairs.set(k, (pairs.get(k) || 0) + c);
-      }
-    }
-    let best = null, bestCount = 0;
-    for (const [k, c] of pairs) {
-      if (c > bestCount || (c === bestCount && k < best)) [best, bestCount] = [k, c];
-    }
-    if (best === null || bestCount < 2) break;
-    const [a, b] = best.split(" ");
-    rules.push(best);
-    vocab[a + b] = Object.keys(vocab).length;
-    words = words.map(([syms, c]) => {
-      const next = [];
-      for (let j = 0; j < syms.length; j++) {
-        if (j + 1 < syms.length && syms[j] === a && syms[j + 1] === b) {
-          next.push(a + b);
-          j++;
-        } else next.push(syms[j]);
-      }
-      return [next, c];
-    });
-  }
-  return { vocab, merges: rules };
-}
-
-// A SentencePiece-style BPE: words begin at U+2581 (a run of them is one word), characters seen
-// at least 20 times are the alphabet, the rest fall back to bytes.
-const META = "\u2581";
-function trainMeta(text, merges) {
-  const spaced = META + text.replaceAll(" ", META);
-  const chars = new Map();
-  for (const c of spaced) chars.set(c, (chars.get(c) || 0) + 1);
-  const vocab = { "<unk>": 0, "<s>": 1, "</s>": 2 };
-  for (let b = 0; b < 256; b++) {
-    vocab[`<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`] = Object.keys(vocab).length;
-  }
-  for (const [c, n] of [...chars].sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : 1))) {
-    if (n >= 20 && !(c in vocab)) vocab[c] = Object.keys(vocab).length;
-  }
-  const counts = new Map();
-  for (const w of spaced.match(new RegExp(`${META}+[^${META}]*|[^${META}]+`, "gu"))) {
-    counts.set(w, (counts.get(w) || 0) + 1);
-  }
-  let words = [...counts].map(([w, c]) => [Array.from(w).map((x) => (x in vocab ? x : null)), c]);
+// Learns `merges` merges over `words` ([symbols, count] pairs; a null symbol, a character with no
+// token, pairs with nothing), the most frequent pair first (ties: the smaller pair string),
+// adding each merged token to `vocab`; the merge list in rank order.
+function learnMerges(words, vocab, merges) {
   const rules = [];
   for (let i = 0; i < merges; i++) {
     const pairs = new Map();
@@ -142,6 +87,41 @@ function trainMeta(text, merges) {
       return [next, c];
     });
   }
+  return rules;
+}
+
+function train(text, pattern, merges) {
+  const counts = new Map();
+  for (const m of text.matchAll(jsRegex(pattern))) {
+    const w = toByteLevel(m[0]);
+    counts.set(w, (counts.get(w) || 0) + 1);
+  }
+  const vocab = {};
+  for (let b = 0; b < 256; b++) vocab[byteChar[b]] = b;
+  const rules = learnMerges([...counts].map(([w, c]) => [Array.from(w), c]), vocab, merges);
+  return { vocab, merges: rules };
+}
+
+// A SentencePiece-style BPE: words begin at U+2581 (a run of them is one word), characters seen
+// at least 20 times are the alphabet, the rest fall back to bytes.
+const META = "\u2581";
+function trainMeta(text, merges) {
+  const spaced = META + text.replaceAll(" ", META);
+  const chars = new Map();
+  for (const c of spaced) chars.set(c, (chars.get(c) || 0) + 1);
+  const vocab = { "<unk>": 0, "<s>": 1, "</s>": 2 };
+  for (let b = 0; b < 256; b++) {
+    vocab[`<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`] = Object.keys(vocab).length;
+  }
+  for (const [c, n] of [...chars].sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : 1))) {
+    if (n >= 20 && !(c in vocab)) vocab[c] = Object.keys(vocab).length;
+  }
+  const counts = new Map();
+  for (const w of spaced.match(new RegExp(`${META}+[^${META}]*|[^${META}]+`, "gu"))) {
+    counts.set(w, (counts.get(w) || 0) + 1);
+  }
+  const words = [...counts].map(([w, c]) => [Array.from(w).map((x) => (x in vocab ? x : null)), c]);
+  const rules = learnMerges(words, vocab, merges);
   return { vocab, merges: rules };
 }
 

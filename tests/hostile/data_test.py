@@ -127,14 +127,7 @@ META = "\u2581"
 def tokenizer_case(name, change):
     t = json.loads(json.dumps(mistral))
     change(t)
-    return config_file_bytes(name, json.dumps(t).encode())
-
-
-def config_file_bytes(name, data):
-    path = os.path.join(tmp, name)
-    with open(path, "wb") as f:
-        f.write(data)
-    return path
+    return token_file(name, json.dumps(t).encode())  # any file's bytes
 
 
 def set_key(path, value):
@@ -147,7 +140,7 @@ def set_key(path, value):
     return change
 
 
-text = config_file_bytes("text.txt", "a plain text with \u2603 and more words\n".encode() * 50)
+text = token_file("text.txt", "a plain text with \u2603 and more words\n".encode() * 50)
 tokenizer_cases = [
     ("byte_fallback a string", set_key(["model", "byte_fallback"], "yes"), "model.byte_fallback"),
     ("fuse_unk a number", set_key(["model", "fuse_unk"], 1), "model.fuse_unk"),
@@ -187,7 +180,7 @@ for what, change, says in tokenizer_cases:
 ok_tok = tokenizer_case("ok.json", lambda t: None)
 for what, data, at in [("a lone surrogate's encoding", b"fine text \xed\xa0\x80 then", 10),
                        ("a stray continuation byte", b"fine \x80", 5)]:
-    bad_text = config_file_bytes("bad.txt", data)
+    bad_text = token_file("bad.txt", data)
     out = os.path.join(tmp, "bad_text.bin")
     code, err, seconds = run("data", "prepare", bad_text, out, "--tokenizer", ok_tok)
     check(f"text with {what}: exit 2", code == 2, f"{code} {err[-600:]}")

@@ -4,20 +4,14 @@ folder of the repository, and no file cites a design note that lives outside it 
 session's shared/ folder). Usage: doc_links_test.py REPOSITORY_ROOT"""
 import os
 import re
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
-from harness import Checks  # noqa: E402
+from harness import Checks, repo_files  # noqa: E402
 
 root = os.path.abspath(sys.argv[1])
 checks = Checks("doc_links_test")
-try:
-    files = subprocess.run(["git", "-C", root, "ls-files"], capture_output=True, text=True,
-                           check=True).stdout.split()
-except (OSError, subprocess.CalledProcessError):  # not a git checkout: every file under root
-    files = [os.path.relpath(os.path.join(d, f), root) for d, _, names in os.walk(root)
-             for f in names if "/build" not in d and "/.git" not in d]
+files = repo_files(root)
 text_ext = (".md", ".h", ".cc", ".cu", ".cuh", ".py", ".sh", ".txt", ".cmake", ".in", ".json")
 outside = re.compile(r"\bDESIGN\.md\b|\.\./shared/")
 link = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")

@@ -8,20 +8,14 @@ in a test's source (where a count is enforced). A README that drifted from what 
 fails here. Usage: readme_numbers_test.py REPOSITORY_ROOT"""
 import os
 import re
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
-from harness import Checks  # noqa: E402
+from harness import Checks, repo_files  # noqa: E402
 
 root = os.path.abspath(sys.argv[1])
 checks = Checks("readme_numbers_test")
-try:
-    files = subprocess.run(["git", "-C", root, "ls-files"], capture_output=True, text=True,
-                           check=True).stdout.split()
-except (OSError, subprocess.CalledProcessError):  # not a git checkout: every file under root
-    files = [os.path.relpath(os.path.join(d, f), root) for d, _, names in os.walk(root)
-             for f in names if "/build" not in d and "/.git" not in d]
+files = repo_files(root)
 
 
 def read(rel):
