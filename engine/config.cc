@@ -160,6 +160,7 @@ nlohmann::json RunConfig::ToJson() const {
   // set in code prints, and saves into its checkpoints, its real architecture.
   RunConfig printed = *this;
   printed.model.arch = ModelArchName(model.shape.arch);
+  printed.model.rope_type = RopeTypeName(model.shape.rope_scaling.type);
   return FieldsToJson(printed);
 }
 

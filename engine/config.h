@@ -130,6 +130,8 @@ struct SchedulerConfig {
 struct ModelConfig {
   // model.arch as read ("gpt2" or "llama"); shape.arch decides, and ToJson prints from it.
   std::string arch = "gpt2";
+  // model.rope_scaling.rope_type as read; shape.rope_scaling.type decides, as with arch.
+  std::string rope_type = "default";
   GptConfig shape;
   std::string init_from;  // a Hugging Face model directory: the initial weights
   bool activation_checkpointing = false;

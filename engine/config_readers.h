@@ -14,6 +14,9 @@ namespace zerort::config_readers {
 
 Status ReadPreset(const JsonSection& s, std::string_view key, RunConfig& c);
 Status ReadArch(const JsonSection& s, std::string_view key, RunConfig& c);
+// model.rope_scaling.rope_type: Hugging Face's names ("default", "linear", "llama3"); the scaled
+// kinds zerort does not compute (dynamic, yarn, longrope) refused by name.
+Status ReadRopeType(const JsonSection& s, std::string_view key, RunConfig& c);
 Status ReadBlend(const JsonSection& s, std::string_view key, RunConfig& c);
 Status ReadOptimizerType(const JsonSection& s, std::string_view key, RunConfig& c);
 Status ReadSchedulerType(const JsonSection& s, std::string_view key, RunConfig& c);

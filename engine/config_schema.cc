@@ -244,7 +244,12 @@ std::vector<ConfigField> BuildTable() {
   t.push_back(Bool(m, "tie_word_embeddings", ZR_MEMBER(model.shape.tie_word_embeddings),
                    "llama: the output projection is the token embedding"));
   t.push_back(Bool(m, "qkv_bias", ZR_MEMBER(model.shape.qkv_bias),
-                   "llama: Q, K and V projections with biases (Qwen2)"));
+                   "llama: Q, K and V projections with biases (Qwen2; with o_proj_bias, LLaMA's "
+                   "attention_bias)"));
+  t.push_back(Bool(m, "o_proj_bias", ZR_MEMBER(model.shape.o_proj_bias),
+                   "llama: the attention's output projection with a bias"));
+  t.push_back(Bool(m, "mlp_bias", ZR_MEMBER(model.shape.mlp_bias),
+                   "llama: gate, up and down projections with biases (LLaMA's mlp_bias)"));
   t.push_back(Num<int>(m, "sliding_window", ZR_MEMBER(model.shape.sliding_window), 0, 1 << 24,
                        "llama: Mistral's attention window; 0: none (seq_len may not exceed it: "
                        "full causal attention is exact up to the window)"));
@@ -256,6 +261,26 @@ std::vector<ConfigField> BuildTable() {
   t.push_back(Num<int64_t>(m, "head_chunk_rows", ZR_MEMBER(model.head_chunk_rows), 0,
                            double{int64_t{1} << 40},
                            "rows of the head's logits at a time; 0: automatic (2 d_model)"));
+  const std::string_view rs = "model.rope_scaling";
+  t.push_back(Custom(rs, "rope_type", ZR_MEMBER(model.rope_type), ReadRopeType,
+                     {"default", "linear", "llama3"},
+                     "llama: the rotary frequencies' remap, Hugging Face's rope_scaling: default "
+                     "(none), linear (divided by factor), llama3 (LLaMA 3.1's bands)"));
+  t.push_back(With(Num<double>(rs, "factor", ZR_MEMBER(model.shape.rope_scaling.factor), 0, 1e6,
+                               "linear, llama3: the context's extension (>= 1)"),
+                   kOmitUnset));
+  t.push_back(
+      With(Num<double>(rs, "low_freq_factor", ZR_MEMBER(model.shape.rope_scaling.low_freq_factor),
+                       0, 1e6, "llama3: wavelengths above original / this are divided by factor"),
+           kOmitUnset));
+  t.push_back(
+      With(Num<double>(rs, "high_freq_factor", ZR_MEMBER(model.shape.rope_scaling.high_freq_factor),
+                       0, 1e6, "llama3: wavelengths below original / this are kept"),
+           kOmitUnset));
+  t.push_back(With(Num<int>(rs, "original_max_position_embeddings",
+                            ZR_MEMBER(model.shape.rope_scaling.original_max_position_embeddings), 0,
+                            1 << 24, "llama3: the context the model was first trained on"),
+                   kOmitUnset));
 
   t.push_back(Str("data", "path", ZR_MEMBER(data.path), {},
                   "token file: zerort's (zerort data prepare), an llm.c shard, a Megatron indexed "

@@ -178,6 +178,90 @@ nlohmann::json MergeImportedConfig(const nlohmann::json& saved, const nlohmann::
   return out;
 }
 
+// The config.json of a zerort model config's `model` section (transformers' keys for the
+// architecture it is); a LLaMA-family block whose biases no Hugging Face architecture has is
+// refused naming the flags.
+StatusOr<nlohmann::json> HuggingFaceConfigOf(const nlohmann::json& model, ModelArch arch,
+                                             DType dtype) {
+  const char* torch_dtype = dtype == DType::kF32    ? "float32"
+                            : dtype == DType::kBF16 ? "bfloat16"
+                                                    : "float16";
+  nlohmann::json config = {
+      {"architectures", {"GPT2LMHeadModel"}},
+      {"model_type", "gpt2"},
+      {"vocab_size", model.at("vocab_size")},
+      {"n_positions", model.at("seq_len")},
+      {"n_ctx", model.at("seq_len")},
+      {"n_embd", model.at("d_model")},
+      {"n_layer", model.at("n_layer")},
+      {"n_head", model.at("n_head")},
+      {"n_inner", nullptr},
+      {"activation_function", "gelu_new"},  // the tanh approximation
+      {"layer_norm_epsilon", 1e-5},
+      {"resid_pdrop", 0.0},
+      {"embd_pdrop", 0.0},
+      {"attn_pdrop", 0.0},
+      {"initializer_range", 0.02},
+      {"tie_word_embeddings", true},
+      {"torch_dtype", torch_dtype},
+  };
+  if (arch == ModelArch::kLlama) {
+    // Qwen2 is LLaMA with Q/K/V biases only; LLaMA's attention_bias biases Q, K, V and O, its
+    // mlp_bias the MLP. A sliding window is Mistral's (no biases; [Note: sliding windows],
+    // layers/gpt_config.h), or Qwen2's use_sliding_window.
+    const bool qkv = model.value("qkv_bias", false), o = model.value("o_proj_bias", false),
+               mlp = model.value("mlp_bias", false);
+    const int window = model.value("sliding_window", 0);
+    const bool qwen2 = qkv && !o && !mlp;
+    if (!qwen2 && qkv != o) {
+      return absl::InvalidArgumentError(StrCat(
+          "export: model.qkv_bias = ", qkv, " with model.o_proj_bias = ", o,
+          (mlp ? " and model.mlp_bias" : ""),
+          ": no Hugging Face architecture has these biases (LLaMA's attention_bias sets both, "
+          "Qwen2 has Q/K/V biases alone)"));
+    }
+    if (!qwen2 && window > 0 && (qkv || mlp)) {
+      return absl::InvalidArgumentError(
+          "export: model.sliding_window with LLaMA's biases: Mistral, the architecture with a "
+          "window, has no biases");
+    }
+    const char* type = qwen2 ? "qwen2" : window > 0 ? "mistral" : "llama";
+    config = {
+        {"architectures",
+         {qwen2        ? "Qwen2ForCausalLM"
+          : window > 0 ? "MistralForCausalLM"
+                       : "LlamaForCausalLM"}},
+        {"model_type", type},
+        {"vocab_size", model.at("vocab_size")},
+        {"max_position_embeddings", model.at("seq_len")},
+        {"hidden_size", model.at("d_model")},
+        {"intermediate_size", model.at("intermediate_size")},
+        {"num_hidden_layers", model.at("n_layer")},
+        {"num_attention_heads", model.at("n_head")},
+        {"num_key_value_heads",
+         model.value("n_kv_head", 0) > 0 ? model.at("n_kv_head") : model.at("n_head")},
+        {"hidden_act", "silu"},
+        {"rms_norm_eps", model.at("rms_norm_eps")},
+        {"rope_theta", model.at("rope_theta")},
+        {"tie_word_embeddings", model.value("tie_word_embeddings", false)},
+        {"attention_bias", qkv},
+        {"initializer_range", 0.02},
+        {"torch_dtype", torch_dtype},
+    };
+    if (mlp) config["mlp_bias"] = true;
+    if (window > 0) {
+      config["sliding_window"] = window;
+      if (qwen2) config["use_sliding_window"] = true;
+    }
+    // [Note: rotary scaling]: the run config's rope_scaling has Hugging Face's keys.
+    const nlohmann::json scaling = model.value("rope_scaling", nlohmann::json());
+    if (scaling.is_object() && scaling.value("rope_type", std::string("default")) != "default") {
+      config["rope_scaling"] = scaling;
+    }
+  }
+  return config;
+}
+
 }  // namespace
 
 StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std::string& out_dir,
@@ -200,6 +284,7 @@ StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std
   const nlohmann::json& model = reader.metadata().at("config").at("model");
   const ModelArch arch =
       model.value("arch", std::string("gpt2")) == "llama" ? ModelArch::kLlama : ModelArch::kGpt2;
+  ZR_ASSIGN_OR_RETURN(nlohmann::json config, HuggingFaceConfigOf(model, arch, dtype));
   // The entries first: names and shapes are known from the metadata alone; then the shards,
   // each filled up to max_shard_bytes (one tensor per shard at least).
   std::vector<ShardEntry> entries;
@@ -250,61 +335,6 @@ StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std
   }
   summary.files = static_cast<int>(n);
 
-  const char* torch_dtype = dtype == DType::kF32    ? "float32"
-                            : dtype == DType::kBF16 ? "bfloat16"
-                                                    : "float16";
-  nlohmann::json config = {
-      {"architectures", {"GPT2LMHeadModel"}},
-      {"model_type", "gpt2"},
-      {"vocab_size", model.at("vocab_size")},
-      {"n_positions", model.at("seq_len")},
-      {"n_ctx", model.at("seq_len")},
-      {"n_embd", model.at("d_model")},
-      {"n_layer", model.at("n_layer")},
-      {"n_head", model.at("n_head")},
-      {"n_inner", nullptr},
-      {"activation_function", "gelu_new"},  // the tanh approximation
-      {"layer_norm_epsilon", 1e-5},
-      {"resid_pdrop", 0.0},
-      {"embd_pdrop", 0.0},
-      {"attn_pdrop", 0.0},
-      {"initializer_range", 0.02},
-      {"tie_word_embeddings", true},
-      {"torch_dtype", torch_dtype},
-  };
-  if (arch == ModelArch::kLlama) {
-    // Qwen2 is LLaMA with Q/K/V biases; LLaMA itself says attention_bias. A sliding window is
-    // Mistral's ([Note: sliding windows], layers/gpt_config.h), or Qwen2's use_sliding_window.
-    const bool bias = model.value("qkv_bias", false);
-    const int window = model.value("sliding_window", 0);
-    const char* type = bias ? "qwen2" : window > 0 ? "mistral" : "llama";
-    config = {
-        {"architectures",
-         {bias         ? "Qwen2ForCausalLM"
-          : window > 0 ? "MistralForCausalLM"
-                       : "LlamaForCausalLM"}},
-        {"model_type", type},
-        {"vocab_size", model.at("vocab_size")},
-        {"max_position_embeddings", model.at("seq_len")},
-        {"hidden_size", model.at("d_model")},
-        {"intermediate_size", model.at("intermediate_size")},
-        {"num_hidden_layers", model.at("n_layer")},
-        {"num_attention_heads", model.at("n_head")},
-        {"num_key_value_heads",
-         model.value("n_kv_head", 0) > 0 ? model.at("n_kv_head") : model.at("n_head")},
-        {"hidden_act", "silu"},
-        {"rms_norm_eps", model.at("rms_norm_eps")},
-        {"rope_theta", model.at("rope_theta")},
-        {"tie_word_embeddings", model.value("tie_word_embeddings", false)},
-        {"attention_bias", bias},
-        {"initializer_range", 0.02},
-        {"torch_dtype", torch_dtype},
-    };
-    if (window > 0) {
-      config["sliding_window"] = window;
-      if (bias) config["use_sliding_window"] = true;
-    }
-  }
   // An imported model's own config.json, kept through training (RunState::hf_config): its keys
   // survive the export (bos and eos ids, max_position_embeddings, rope_scaling, the
   // architecture's name, ...); only what zerort's checkpoint decides is written over them.

@@ -79,10 +79,54 @@ class Reader {
   const std::string& file_;
 };
 
+// A rope_scaling object (or transformers 5's rope_parameters) as a RopeScaling ([Note: rotary
+// scaling] in kernels/rope.h): "default" (or a null) none, "linear" and "llama3" with the
+// parameters transformers requires of them; another rope_type is refused by name.
+StatusOr<RopeScaling> ReadRopeScaling(const nlohmann::json& s, const std::string& key,
+                                      const Reader& r) {
+  RopeScaling out;
+  if (s.is_null()) return out;
+  if (!s.is_object()) return r.Error(key, StrCat("= ", ShortDump(s), ": not an object"));
+  const char* type_key = s.contains("rope_type") ? "rope_type" : "type";
+  const nlohmann::json type = s.value(type_key, nlohmann::json("default"));
+  if (!type.is_string()) {
+    return r.Error(StrCat(key, ".", type_key), StrCat("= ", ShortDump(type), ": not a string"));
+  }
+  const std::optional<RopeType> t = RopeTypeFromName(type.get<std::string>());
+  if (!t) {
+    return r.Error(StrCat(key, ".", type_key),
+                   StrCat("= ", ShortDump(type),
+                          ": zerort computes default, linear and llama3 (LLaMA 3.1's) rotary "
+                          "scaling; dynamic NTK, YaRN and LongRoPE are not implemented"));
+  }
+  out.type = *t;
+  if (out.type == RopeType::kDefault) return out;
+  auto number = [&](const char* name, double lo) -> StatusOr<double> {
+    if (!s.contains(name)) return r.Error(StrCat(key, ".", name), "is missing");
+    return r.Number(s.at(name), StrCat(key, ".", name), lo, 1e6);
+  };
+  ZR_ASSIGN_OR_RETURN(out.factor, number("factor", 1));
+  if (out.type == RopeType::kLinear) return out;
+  ZR_ASSIGN_OR_RETURN(out.low_freq_factor, number("low_freq_factor", 1e-6));
+  ZR_ASSIGN_OR_RETURN(out.high_freq_factor, number("high_freq_factor", 1e-6));
+  if (!(out.high_freq_factor > out.low_freq_factor)) {
+    return r.Error(StrCat(key, ".high_freq_factor"),
+                   StrCat("= ", out.high_freq_factor,
+                          ": must be above low_freq_factor = ", out.low_freq_factor));
+  }
+  const std::string context = StrCat(key, ".original_max_position_embeddings");
+  if (!s.contains("original_max_position_embeddings")) return r.Error(context, "is missing");
+  const nlohmann::json& v = s.at("original_max_position_embeddings");
+  if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > (1 << 24)) {
+    return r.Error(context, StrCat("= ", ShortDump(v), ": must be an integer in [1, 16777216]"));
+  }
+  out.original_max_position_embeddings = v.get<int>();
+  return out;
+}
+
 // The rotary embeddings: rope_theta and rope_scaling at the top level (transformers 4), or inside
 // rope_parameters (transformers 5: {"rope_type", "rope_theta", "factor", ...}); both spellings
-// read, a disagreement between them refused. A scaling other than none ("default") is refused:
-// scaled rotary embeddings are not implemented.
+// read, a disagreement between them refused.
 Status ReadRope(const nlohmann::json& j, const Reader& r, double fallback, GptConfig& c) {
   const nlohmann::json none;
   const nlohmann::json& params = j.contains("rope_parameters") ? j.at("rope_parameters") : none;
@@ -99,19 +143,16 @@ Status ReadRope(const nlohmann::json& j, const Reader& r, double fallback, GptCo
     }
     c.rope_theta = theta;
   }
-  auto scaled = [](const nlohmann::json& s) {
-    if (s.is_null()) return false;
-    if (!s.is_object()) return true;
-    const nlohmann::json type = s.value("rope_type", s.value("type", nlohmann::json("default")));
-    return !(type.is_string() && type.get<std::string>() == "default");
-  };
-  const char* key = j.contains("rope_scaling") && scaled(j.at("rope_scaling")) ? "rope_scaling"
-                    : params.is_object() && scaled(params)                     ? "rope_parameters"
-                                                                               : nullptr;
-  if (key != nullptr) {
-    return r.Error(key, StrCat("= ", ShortDump(j.at(key)),
-                               ": scaled rotary embeddings (LLaMA 3.1's, YaRN, linear, dynamic) "
-                               "are not implemented; remove it to model the unscaled shape"));
+  const nlohmann::json& scaling = j.contains("rope_scaling") ? j.at("rope_scaling") : none;
+  ZR_ASSIGN_OR_RETURN(c.rope_scaling, ReadRopeScaling(scaling, "rope_scaling", r));
+  if (params.is_object()) {
+    ZR_ASSIGN_OR_RETURN(const RopeScaling p, ReadRopeScaling(params, "rope_parameters", r));
+    if (!scaling.is_null() && p != c.rope_scaling) {
+      return r.Error("rope_parameters",
+                     StrCat("(", RopeScalingText(p), ") disagrees with rope_scaling (",
+                            RopeScalingText(c.rope_scaling), ")"));
+    }
+    c.rope_scaling = p;
   }
   return absl::OkStatus();
 }
@@ -203,17 +244,8 @@ StatusOr<GptConfig> GptConfigFromHuggingFace(const nlohmann::json& j, const std:
   c.qkv_bias = type == "qwen2";
   if (type == "llama") {
     ZR_ASSIGN_OR_RETURN(const bool attention_bias, r.Bool("attention_bias", false));
-    if (attention_bias) {
-      return r.Error("attention_bias",
-                     "= true: LLaMA's attention_bias biases o_proj as well as q, k and v; "
-                     "zerort's block has Q/K/V biases (Qwen2's) and no o_proj bias yet");
-    }
-    ZR_ASSIGN_OR_RETURN(const bool mlp_bias, r.Bool("mlp_bias", false));
-    if (mlp_bias) {
-      return r.Error("mlp_bias",
-                     "= true: biases on gate_proj, up_proj and down_proj are not "
-                     "implemented");
-    }
+    c.qkv_bias = c.o_proj_bias = attention_bias;
+    ZR_ASSIGN_OR_RETURN(c.mlp_bias, r.Bool("mlp_bias", false));
   }
   if (r.Has("head_dim")) {
     ZR_ASSIGN_OR_RETURN(const int head_dim, r.Int("head_dim", 1, kMaxInt, std::nullopt));

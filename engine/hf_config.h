@@ -12,10 +12,11 @@
 namespace zerort {
 
 // LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM (model_type "llama", "mistral",
-// "qwen2") as model.arch llama; GPT2LMHeadModel ("gpt2") as gpt2. seq_len is
-// max_position_embeddings (n_positions); a sliding window (Mistral's sliding_window) is refused
-// when it is shorter than that, rope_scaling when set (neither is implemented), and so is
-// head_dim unless it is hidden_size / num_attention_heads. `file` names the source in errors.
+// "qwen2") as model.arch llama; GPT2LMHeadModel ("gpt2") as gpt2. Every key zerort's model
+// depends on is read, an absent one taking transformers' default for the model_type, or the
+// config is refused naming the key (an activation, a rotary scaling or a head_dim zerort does not
+// compute). seq_len is max_position_embeddings (n_positions), or a sliding window when that is
+// shorter ([Note: sliding windows] in layers/gpt_config.h). `file` names the source in errors.
 StatusOr<GptConfig> GptConfigFromHuggingFace(const nlohmann::json& config, const std::string& file);
 // Reads `path` (a config.json, or a directory holding one) with the bounded JSON reader.
 StatusOr<GptConfig> ReadHuggingFaceConfig(const std::string& path);

@@ -190,6 +190,9 @@ constexpr std::array<const char*, 2> kArchitecture[] = {{"model", "arch"},
                                                         {"model", "rms_norm_eps"},
                                                         {"model", "tie_word_embeddings"},
                                                         {"model", "qkv_bias"},
+                                                        {"model", "o_proj_bias"},
+                                                        {"model", "mlp_bias"},
+                                                        {"model", "rope_scaling"},
                                                         {"model", "sliding_window"}};
 
 }  // namespace

@@ -36,8 +36,9 @@ Status CompareRankConfigs(const std::vector<std::string>& configs, int me);
 Status CheckResumable(const nlohmann::json& saved, const nlohmann::json& now,
                       const std::string& step_dir);
 // A checkpoint read under another run config (`command`: "eval"): the model's architecture keys
-// (arch, the shape, n_kv_head, intermediate_size, rope_theta, rms_norm_eps, tie_word_embeddings,
-// qkv_bias, sliding_window) must equal the ones the checkpoint was saved with; seq_len may
+// (arch, the shape, n_kv_head, intermediate_size, rope_theta, rope_scaling, rms_norm_eps,
+// tie_word_embeddings, the bias flags, sliding_window) must equal the ones the checkpoint was
+// saved with; seq_len may
 // differ. Ok for an embedder's checkpoint (no config), whose load fails by itself.
 Status CheckSameArchitecture(const nlohmann::json& saved, const nlohmann::json& now,
                              const std::string& step_dir, const std::string& command);

@@ -358,6 +358,9 @@ StatusOr<Initializer> InitialWeights(const ModelConfig& model) {
     note("rms_norm_eps", m.norm_eps, h.norm_eps);
     note("tie_word_embeddings", m.tie_word_embeddings, h.tie_word_embeddings);
     note("qkv_bias", m.qkv_bias, h.qkv_bias);
+    note("o_proj_bias", m.o_proj_bias, h.o_proj_bias);
+    note("mlp_bias", m.mlp_bias, h.mlp_bias);
+    note("rope_scaling", RopeScalingText(m.rope_scaling), RopeScalingText(h.rope_scaling));
     note("sliding_window", m.sliding_window, h.sliding_window);
     return absl::InvalidArgumentError(
         StrCat("model.init_from: ", dir, "/config.json is another model than the config's (", diff,

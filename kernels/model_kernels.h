@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kernels/memory_facts.h"
+#include "kernels/rope.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
@@ -187,13 +188,13 @@ class ModelKernels {
   // index in its sequence) give qkv [rows, 3 heads hs] = rope(q), rope(k), v, with key/value head
   // j repeated for query heads j g .. j g + g - 1 (g = heads / kv_heads: Hugging Face's
   // repeat_kv). rope is Hugging Face's rotate-half: channel pair (i, i + hs/2) of a head turned by
-  // position x theta^(-2i / hs).
+  // position x inv_freq(i), theta^(-2i / hs) remapped by the rope's scaling (kernels/rope.h).
   virtual Status RopeQkv(void* qkv, const void* q, const void* k, const void* v, int batch, int seq,
-                         int heads, int kv_heads, int head_size, double theta) = 0;
+                         int heads, int kv_heads, int head_size, const Rope& rope) = 0;
   // dq, dk, dv (+=) from dqkv: the rotation's transpose, and a key/value head's query heads'
   // gradients summed. A null gradient is skipped.
   virtual Status RopeQkvBackward(void* dq, void* dk, void* dv, const void* dqkv, int batch, int seq,
-                                 int heads, int kv_heads, int head_size, double theta) = 0;
+                                 int heads, int kv_heads, int head_size, const Rope& rope) = 0;
   // SwiGLU: out = silu(gate) x up, silu(x) = x sigmoid(x); element-wise over n.
   virtual Status SwiGlu(void* out, const void* gate, const void* up, int64_t n) = 0;
   virtual Status SwiGluBackward(void* dgate, void* dup, const void* dout, const void* gate,

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "kernels/rope.h"
+
 namespace zerort::cpu {
 
 // out[r, o] = sum_i inp[r, i] * weight[o, i] + bias[o]   (weight is [out_features, in]; bias
@@ -82,10 +84,10 @@ void RmsNormBackward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
 // heads: q [rows, heads hs], k and v [rows, kv_heads hs] into qkv [rows, 3 heads hs].
 template <typename T>
 void RopeQkvForward(T* qkv, const T* q, const T* k, const T* v, int batch, int seq, int heads,
-                    int kv_heads, int head_size, double theta);
+                    int kv_heads, int head_size, const Rope& rope);
 template <typename T>
 void RopeQkvBackward(T* dq, T* dk, T* dv, const T* dqkv, int batch, int seq, int heads,
-                     int kv_heads, int head_size, double theta);
+                     int kv_heads, int head_size, const Rope& rope);
 // SwiGLU: out = silu(gate) up.
 template <typename T>
 void SwiGluForward(T* out, const T* gate, const T* up, int64_t n);

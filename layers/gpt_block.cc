@@ -32,11 +32,24 @@ Geometry MakeGeometry(const GptConfig& c, int tp_size, int tp_rank, bool sequenc
   g.hs = c.head_size();
   g.kv_l = c.kv_heads() / g.t;
   g.eps = static_cast<float>(c.norm_eps);
-  g.theta = c.rope_theta;
+  g.rope = Rope{.theta = c.rope_theta, .scaling = c.rope_scaling};
+  g.qkv_bias = c.qkv_bias;
+  g.o_proj_bias = c.o_proj_bias;
+  g.mlp_bias = c.mlp_bias;
   g.v_l = static_cast<int>(PaddedVocab(c, g.t, vocab_multiple) / g.t);
   g.v_begin = g.r * g.v_l;
   g.v_valid = std::clamp(c.vocab_size - g.v_begin, 0, g.v_l);
   return g;
+}
+
+int LlamaSlot(const Geometry& g, LlamaParam p) {
+  auto has = [&g](int q) {
+    return q < kQB || (q <= kVB ? g.qkv_bias : q == kOB ? g.o_proj_bias : g.mlp_bias);
+  };
+  if (!has(p)) return -1;
+  int slot = 0;
+  for (int q = 0; q < p; ++q) slot += has(q) ? 1 : 0;
+  return slot;
 }
 
 namespace {

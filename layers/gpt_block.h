@@ -31,8 +31,9 @@ enum BlockParam {
   kFcProjB,
 };
 
-// Parameters of a LLaMA block unit, in their order in the unit (gpt_params.cc); the Q, K, V
-// biases (Qwen2) only with qkv_bias, last.
+// Parameters of a LLaMA block, in their order in the unit (gpt_params.cc): the weights, then the
+// biases the config has (qkv_bias: Q, K, V, Qwen2's; o_proj_bias: O; mlp_bias: gate, up, down),
+// in this order; LlamaSlot says where each is.
 enum LlamaParam {
   kAttnNorm,
   kQW,
@@ -46,6 +47,11 @@ enum LlamaParam {
   kQB,
   kKB,
   kVB,
+  kOB,
+  kGateB,
+  kUpB,
+  kDownB,
+  kLlamaParams,
 };
 
 // A block's saved activations. GPT-2 uses every one but fch_up; a LLaMA block: ln1 and ln2 (the
@@ -64,16 +70,21 @@ struct Geometry {
   int batch = 0, seq = 0;
   int64_t rows = 0, rows_l = 0;          // every row; this rank's rows of the residual stream
   int d = 0, d_l = 0, h_l = 0, f_l = 0;  // channels; attention channels, heads, MLP channels here
-  // LLaMA: RMSNorm (eps), rotary embeddings (theta), kv_l key/value heads here of hs channels.
+  // LLaMA: RMSNorm (eps), rotary embeddings, kv_l key/value heads here of hs channels, the
+  // biases the block has.
   bool llama = false;
   int kv_l = 0, hs = 0;
   float eps = 0;
-  double theta = 0;
+  Rope rope;
+  bool qkv_bias = false, o_proj_bias = false, mlp_bias = false;
   int v_l = 0, v_begin = 0, v_valid = 0;  // vocabulary rows here, the first one's id, real ones
   bool whole_vocab() const { return t == 1 && v_l == v_valid; }
 };
 
 Geometry MakeGeometry(const GptModelOptions& o, int batch, int seq);
+
+// Where parameter `p` of a LLaMA block is in its unit, or -1 when the block has none.
+int LlamaSlot(const Geometry& g, LlamaParam p);
 // The same for tensor-parallel rank `tp_rank` of `tp_size` without a model (the memory model).
 Geometry MakeGeometry(const GptConfig& c, int tp_size, int tp_rank, bool sequence_parallel,
                       int vocab_multiple, int batch, int seq);

@@ -16,8 +16,9 @@ int64_t GptConfig::BlockParameters() const {
   const int64_t c = d_model;
   if (llama()) {
     const int64_t kv = static_cast<int64_t>(kv_heads()) * head_size(), f = intermediate_size;
-    // two RMSNorms, q, k, v (biases: Qwen2), o, gate, up, down
-    return 2 * c + c * (c + 2 * kv) + (qkv_bias ? c + 2 * kv : 0) + c * c + 3 * c * f;
+    // two RMSNorms, q, k, v, o, gate, up, down, and the biases the flags give
+    return 2 * c + c * (c + 2 * kv) + (qkv_bias ? c + 2 * kv : 0) + c * c + (o_proj_bias ? c : 0) +
+           3 * c * f + (mlp_bias ? 2 * f + c : 0);
   }
   // ln1, qkv (w + b), proj (w + b), ln2, fc (w + b), fc proj (w + b)
   return 2 * c + (3 * c * c + 3 * c) + (c * c + c) + 2 * c + (4 * c * c + 4 * c) + (4 * c * c + c);
@@ -40,9 +41,76 @@ double GptConfig::FlopsPerToken() const {
 }
 
 std::string GptConfig::Describe() const {
-  return StrCat(ModelArchName(arch), ", ", n_layer, " layers, d ", d_model, ", ", n_head, " heads",
-                llama() && kv_heads() != n_head ? StrCat(" (", kv_heads(), " KV)") : "", ", seq ",
-                seq_len);
+  return StrCat(
+      ModelArchName(arch), ", ", n_layer, " layers, d ", d_model, ", ", n_head, " heads",
+      llama() && kv_heads() != n_head ? StrCat(" (", kv_heads(), " KV)") : "", ", seq ", seq_len,
+      rope_scaling.type != RopeType::kDefault ? StrCat(", rope ", RopeScalingText(rope_scaling))
+                                              : "");
+}
+
+Status ValidateRopeScaling(const RopeScaling& s) {
+  const char* const k = "model.rope_scaling.";
+  auto number = [&](const char* key, double v, double lo, const char* what) -> Status {
+    if (v >= lo && std::isfinite(v)) return absl::OkStatus();
+    return absl::InvalidArgumentError(StrCat(k, key, " = ", v, ": ", what));
+  };
+  auto unused = [&](const char* key, bool set) -> Status {
+    if (!set) return absl::OkStatus();
+    return absl::InvalidArgumentError(StrCat(k, key, " is set, and ", k, "rope_type is \"",
+                                             RopeTypeName(s.type), "\", which does not read it"));
+  };
+  switch (s.type) {
+    case RopeType::kDefault:
+      ZR_RETURN_IF_ERROR(unused("factor", s.factor != 0));
+      break;
+    case RopeType::kLinear:
+      ZR_RETURN_IF_ERROR(number("factor", s.factor, 1, "must be a finite number >= 1"));
+      break;
+    case RopeType::kLlama3:
+      ZR_RETURN_IF_ERROR(number("factor", s.factor, 1, "must be a finite number >= 1"));
+      if (!(s.low_freq_factor > 0) || !std::isfinite(s.low_freq_factor)) {
+        return absl::InvalidArgumentError(
+            StrCat(k, "low_freq_factor = ", s.low_freq_factor, ": must be a finite number > 0"));
+      }
+      if (!(s.high_freq_factor > s.low_freq_factor) || !std::isfinite(s.high_freq_factor)) {
+        return absl::InvalidArgumentError(StrCat(k, "high_freq_factor = ", s.high_freq_factor,
+                                                 ": must be a finite number above ", k,
+                                                 "low_freq_factor = ", s.low_freq_factor));
+      }
+      if (s.original_max_position_embeddings < 1) {
+        return absl::InvalidArgumentError(
+            StrCat(k, "original_max_position_embeddings = ", s.original_max_position_embeddings,
+                   ": must be >= 1 (the context trained on)"));
+      }
+      return absl::OkStatus();
+  }
+  ZR_RETURN_IF_ERROR(unused("low_freq_factor", s.low_freq_factor != 0));
+  ZR_RETURN_IF_ERROR(unused("high_freq_factor", s.high_freq_factor != 0));
+  return unused("original_max_position_embeddings", s.original_max_position_embeddings != 0);
+}
+
+std::string RopeScalingText(const RopeScaling& s) {
+  switch (s.type) {
+    case RopeType::kDefault:
+      return "default";
+    case RopeType::kLinear:
+      return StrCat("linear x", s.factor);
+    case RopeType::kLlama3:
+      return StrCat("llama3 x", s.factor, " (low ", s.low_freq_factor, ", high ",
+                    s.high_freq_factor, ", original ", s.original_max_position_embeddings, ")");
+  }
+  return "?";
+}
+
+std::string_view RopeTypeName(RopeType type) {
+  return type == RopeType::kLinear ? "linear" : type == RopeType::kLlama3 ? "llama3" : "default";
+}
+
+std::optional<RopeType> RopeTypeFromName(std::string_view name) {
+  if (name == "default") return RopeType::kDefault;
+  if (name == "linear") return RopeType::kLinear;
+  if (name == "llama3") return RopeType::kLlama3;
+  return std::nullopt;
 }
 
 int64_t PaddedVocab(const GptConfig& config, int tp, int vocab_multiple) {
@@ -66,13 +134,17 @@ Status GptConfig::Validate() const {
   }
   if (!llama()) {
     // The LLaMA keys have no meaning for GPT-2: set, they would be silently ignored.
-    const char* set = n_kv_head != 0                    ? "n_kv_head"
-                      : intermediate_size != 0          ? "intermediate_size"
-                      : rope_theta != 10000.0           ? "rope_theta"
-                      : norm_eps != 1e-5                ? "rms_norm_eps"
-                      : tie_word_embeddings || qkv_bias ? "tie_word_embeddings/qkv_bias"
-                      : sliding_window != 0             ? "sliding_window"
-                                                        : nullptr;
+    const char* set = n_kv_head != 0                  ? "n_kv_head"
+                      : intermediate_size != 0        ? "intermediate_size"
+                      : rope_theta != 10000.0         ? "rope_theta"
+                      : norm_eps != 1e-5              ? "rms_norm_eps"
+                      : tie_word_embeddings           ? "tie_word_embeddings"
+                      : qkv_bias                      ? "qkv_bias"
+                      : o_proj_bias                   ? "o_proj_bias"
+                      : mlp_bias                      ? "mlp_bias"
+                      : sliding_window != 0           ? "sliding_window"
+                      : rope_scaling != RopeScaling{} ? "rope_scaling"
+                                                      : nullptr;
     if (set != nullptr) {
       return absl::InvalidArgumentError(
           StrCat("model.", set,
@@ -98,6 +170,7 @@ Status GptConfig::Validate() const {
     return absl::InvalidArgumentError(
         StrCat("model.rope_theta = ", rope_theta, ": must be a finite number above 1"));
   }
+  ZR_RETURN_IF_ERROR(ValidateRopeScaling(rope_scaling));
   if (!(norm_eps > 0.0) || !(norm_eps < 1.0)) {
     return absl::InvalidArgumentError(
         StrCat("model.rms_norm_eps = ", norm_eps, ": must be in (0, 1)"));

@@ -4,10 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "kernels/rope.h"
 #include "runtime/status.h"
 
 namespace zerort {
@@ -15,10 +17,13 @@ namespace zerort {
 // The decoder's architecture ([Note: the two architectures] in layers/README.md):
 //   kGpt2   learned positions, LayerNorm with bias, fused QKV with bias, 4d tanh-GELU MLP, the
 //           output projection tied to the token embedding;
-//   kLlama  rotary positions (rope_theta, Hugging Face's rotate-half), RMSNorm (norm_eps), Q, K,
-//           V projections with n_kv_head key/value heads (grouped-query attention; Qwen2's QKV
-//           bias with qkv_bias), a SwiGLU MLP of intermediate_size channels, no other biases, the
-//           output projection its own weight unless tie_word_embeddings.
+//   kLlama  rotary positions (rope_theta, Hugging Face's rotate-half, rope_scaling's remap of
+//           the frequencies: [Note: rotary scaling] in kernels/rope.h), RMSNorm (norm_eps), Q, K,
+//           V projections with n_kv_head key/value heads (grouped-query attention), a SwiGLU MLP
+//           of intermediate_size channels, the output projection its own weight unless
+//           tie_word_embeddings. Biases by three independent flags: qkv_bias (Q, K, V: Qwen2's),
+//           o_proj_bias (the attention's output) and mlp_bias (gate, up, down); LLaMA's
+//           attention_bias is the first two.
 //
 // [Note: sliding windows]
 // Mistral 7B v0.1 (and Qwen2 with use_sliding_window) lets each position attend to the last
@@ -41,9 +46,12 @@ struct GptConfig {
   int n_kv_head = 0;            // key/value heads; 0: n_head (no grouping); 1: MQA
   int intermediate_size = 0;    // the SwiGLU MLP's channels (required)
   double rope_theta = 10000.0;  // rotary base
+  RopeScaling rope_scaling;     // the frequencies' remap ([Note: rotary scaling]); none by default
   double norm_eps = 1e-5;       // RMSNorm's epsilon
   bool tie_word_embeddings = false;
-  bool qkv_bias = false;  // Qwen2: Q, K and V have biases
+  bool qkv_bias = false;     // Q, K and V have biases (Qwen2; LLaMA's attention_bias)
+  bool o_proj_bias = false;  // the attention's output projection has one (LLaMA's attention_bias)
+  bool mlp_bias = false;     // gate, up and down projections have biases (LLaMA's mlp_bias)
   // Mistral's (and Qwen2's, with use_sliding_window) attention window; 0: none. [Note: sliding
   // windows]: zerort computes full causal attention, which is exactly what a window computes
   // while seq_len <= sliding_window, so a longer seq_len is refused.
@@ -72,6 +80,14 @@ struct GptConfig {
   std::string Describe() const;
   bool operator==(const GptConfig&) const = default;
 };
+
+// Rotary scaling's names (Hugging Face's rope_type: "default", "linear", "llama3") and its checks,
+// naming model.rope_scaling's keys: the parameters its type reads are in range, the others unset.
+std::string_view RopeTypeName(RopeType type);
+std::optional<RopeType> RopeTypeFromName(std::string_view name);
+Status ValidateRopeScaling(const RopeScaling& scaling);
+// "default", "linear x4", "llama3 x32 (low 1, high 4, original 8192)": for messages and logs.
+std::string RopeScalingText(const RopeScaling& scaling);
 
 // The rows of the token embedding with the vocabulary padded to a multiple of
 // vocab_multiple x tp (Megatron's make_vocab_size_divisible_by): every tensor-parallel rank holds

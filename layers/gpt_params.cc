@@ -76,6 +76,15 @@ StatusOr<std::vector<GptUnit>> LlamaUnits(const GptConfig& c, Param& param) {
       ZR_RETURN_IF_ERROR(param(b.params, p + "attn.k.bias", {kv}, false, kColumn));
       ZR_RETURN_IF_ERROR(param(b.params, p + "attn.v.bias", {kv}, false, kColumn));
     }
+    // Row-parallel layers' biases are whole on every rank, added once after the reduction.
+    if (c.o_proj_bias) {
+      ZR_RETURN_IF_ERROR(param(b.params, p + "attn.o.bias", {d}, false, kRow));
+    }
+    if (c.mlp_bias) {
+      ZR_RETURN_IF_ERROR(param(b.params, p + "mlp.gate.bias", {f}, false, kColumn));
+      ZR_RETURN_IF_ERROR(param(b.params, p + "mlp.up.bias", {f}, false, kColumn));
+      ZR_RETURN_IF_ERROR(param(b.params, p + "mlp.down.bias", {d}, false, kRow));
+    }
     units.push_back(std::move(b));
   }
   GptUnit norm{"final_norm", {}};

@@ -25,14 +25,29 @@ void* At(void* base, int64_t elements, size_t size) {
   return static_cast<std::byte*>(base) + elements * static_cast<int64_t>(size);
 }
 
+// A block's tensors by LlamaParam: the unit's parameters or gradients, null where the config has
+// no such bias.
+class Slots {
+ public:
+  Slots(const Geometry& g, const std::vector<void*>& tensors) : g_(g), tensors_(tensors) {}
+  void* operator[](LlamaParam p) const {
+    const int slot = LlamaSlot(g_, p);
+    return slot < 0 ? nullptr : tensors_[static_cast<size_t>(slot)];
+  }
+
+ private:
+  const Geometry& g_;
+  const std::vector<void*>& tensors_;
+};
+
 }  // namespace
 
-Status LlamaBlockForward(const Ctx& c, const std::vector<void*>& w, const void* x, BlockActs& a,
-                         void* out) {
+Status LlamaBlockForward(const Ctx& c, const std::vector<void*>& params, const void* x,
+                         BlockActs& a, void* out) {
   const Geometry& g = c.g;
   ModelKernels& k = c.k;
   const size_t act = k.act_size();
-  const bool bias = w.size() > kQB;
+  const Slots w(g, params);
   ZR_RETURN_IF_ERROR(
       NormToColumn(c, a.ln1.data(), nullptr, a.ln1_rstd.data(), x, w[kAttnNorm], nullptr));
   {
@@ -45,25 +60,23 @@ Status LlamaBlockForward(const Ctx& c, const std::vector<void*>& w, const void* 
     void* q = proj.data();
     void* kk = At(proj.data(), p.k, act);
     void* v = At(proj.data(), p.v, act);
+    ZR_RETURN_IF_ERROR(k.Matmul(q, a.ln1.data(), w[kQW], w[kQB], g.rows, g.d, p.q_cols));
+    ZR_RETURN_IF_ERROR(k.Matmul(kk, a.ln1.data(), w[kKW], w[kKB], g.rows, g.d, p.kv_cols));
+    ZR_RETURN_IF_ERROR(k.Matmul(v, a.ln1.data(), w[kVW], w[kVB], g.rows, g.d, p.kv_cols));
     ZR_RETURN_IF_ERROR(
-        k.Matmul(q, a.ln1.data(), w[kQW], bias ? w[kQB] : nullptr, g.rows, g.d, p.q_cols));
-    ZR_RETURN_IF_ERROR(
-        k.Matmul(kk, a.ln1.data(), w[kKW], bias ? w[kKB] : nullptr, g.rows, g.d, p.kv_cols));
-    ZR_RETURN_IF_ERROR(
-        k.Matmul(v, a.ln1.data(), w[kVW], bias ? w[kVB] : nullptr, g.rows, g.d, p.kv_cols));
-    ZR_RETURN_IF_ERROR(
-        k.RopeQkv(a.qkv.data(), q, kk, v, g.batch, g.seq, g.h_l, g.kv_l, g.hs, g.theta));
+        k.RopeQkv(a.qkv.data(), q, kk, v, g.batch, g.seq, g.h_l, g.kv_l, g.hs, g.rope));
   }
   ZR_RETURN_IF_ERROR(
       k.Attention(a.atty.data(), a.att.data(), a.qkv.data(), g.batch, g.seq, g.d_l, g.h_l));
-  ZR_RETURN_IF_ERROR(RowToResidual(c, a.res2.data(), a.atty.data(), w[kOW], nullptr, g.d_l));
+  ZR_RETURN_IF_ERROR(RowToResidual(c, a.res2.data(), a.atty.data(), w[kOW], w[kOB], g.d_l));
   // res2 += x, then ln2 = RmsNorm(res2).
   ZR_RETURN_IF_ERROR(AddNormToColumn(c, a.ln2.data(), nullptr, a.ln2_rstd.data(), a.res2.data(), x,
                                      w[kMlpNorm], nullptr));
-  ZR_RETURN_IF_ERROR(k.Matmul(a.fch.data(), a.ln2.data(), w[kGateW], nullptr, g.rows, g.d, g.f_l));
-  ZR_RETURN_IF_ERROR(k.Matmul(a.fch_up.data(), a.ln2.data(), w[kUpW], nullptr, g.rows, g.d, g.f_l));
+  ZR_RETURN_IF_ERROR(
+      k.Matmul(a.fch.data(), a.ln2.data(), w[kGateW], w[kGateB], g.rows, g.d, g.f_l));
+  ZR_RETURN_IF_ERROR(k.Matmul(a.fch_up.data(), a.ln2.data(), w[kUpW], w[kUpB], g.rows, g.d, g.f_l));
   ZR_RETURN_IF_ERROR(k.SwiGlu(a.fch_gelu.data(), a.fch.data(), a.fch_up.data(), g.rows * g.f_l));
-  ZR_RETURN_IF_ERROR(RowToResidual(c, out, a.fch_gelu.data(), w[kDownW], nullptr, g.f_l));
+  ZR_RETURN_IF_ERROR(RowToResidual(c, out, a.fch_gelu.data(), w[kDownW], w[kDownB], g.f_l));
   return k.Add(out, out, a.res2.data(), g.rows_l * g.d);
 }
 
@@ -73,15 +86,13 @@ Status LlamaBlockBackward(const Ctx& c, const UnitTensors& u, const void* x, con
   ModelKernels& k = c.k;
   const Device dev = k.device();
   Stream* st = &k.stream();
-  const std::vector<void*>& w = u.params;
-  const std::vector<void*>& gr = u.grads;
+  const Slots w(g, u.params), gr(g, u.grads);
   const size_t act = k.act_size();
-  const bool bias = w.size() > kQB;
   const int64_t mlp = g.rows * g.f_l;
   // MLP: row-parallel down projection, SwiGLU, column-parallel gate and up.
   ZR_ASSIGN_OR_RETURN(const void* dout, ResidualGradOfEveryRow(c, s));
   ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, mlp * act, st));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.d4a.data(), gr[kDownW], nullptr, dout, a.fch_gelu.data(),
+  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.d4a.data(), gr[kDownW], gr[kDownB], dout, a.fch_gelu.data(),
                                       w[kDownW], g.rows, g.f_l, g.d));
   void* dgate = s.d4b.data();
   void* dup = At(s.d4b.data(), mlp, act);
@@ -89,18 +100,18 @@ Status LlamaBlockBackward(const Ctx& c, const UnitTensors& u, const void* x, con
   ZR_RETURN_IF_ERROR(
       k.SwiGluBackward(dgate, dup, s.d4a.data(), a.fch.data(), a.fch_up.data(), mlp));
   ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kGateW], nullptr, dgate, a.ln2.data(),
+  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kGateW], gr[kGateB], dgate, a.ln2.data(),
                                       w[kGateW], g.rows, g.d, g.f_l));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kUpW], nullptr, dup, a.ln2.data(), w[kUpW],
+  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kUpW], gr[kUpB], dup, a.ln2.data(), w[kUpW],
                                       g.rows, g.d, g.f_l));
   ZR_ASSIGN_OR_RETURN(const void* dln2, ReduceColumnInputGrad(c, s));
-  ZR_RETURN_IF_ERROR(
-      NormBackward(c, s, 0, dln2, a.res2.data(), w, gr, kMlpNorm, nullptr, a.ln2_rstd.data()));
+  ZR_RETURN_IF_ERROR(NormBackward(c, s, 0, dln2, a.res2.data(), u.params, u.grads, kMlpNorm,
+                                  nullptr, a.ln2_rstd.data()));
   // Attention: row-parallel output projection, this rank's heads, the rotation's transpose, the
   // column-parallel Q, K, V.
   ZR_ASSIGN_OR_RETURN(dout, ResidualGradOfEveryRow(c, s));
   ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d_l * act, st));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kOW], nullptr, dout, a.atty.data(), w[kOW],
+  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kOW], gr[kOB], dout, a.atty.data(), w[kOW],
                                       g.rows, g.d_l, g.d));
   ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, g.rows * 3 * g.d_l * act, st));
   ZR_RETURN_IF_ERROR(k.AttentionBackward(s.d4a.data(), s.dbtc.data(), a.qkv.data(), a.atty.data(),
@@ -111,16 +122,17 @@ Status LlamaBlockBackward(const Ctx& c, const UnitTensors& u, const void* x, con
   void* dv = At(s.d4b.data(), p.v, act);
   ZR_RETURN_IF_ERROR(FillZero(s.d4b.data(), dev, p.v * act + g.rows * p.kv_cols * act, st));
   ZR_RETURN_IF_ERROR(
-      k.RopeQkvBackward(dq, dk, dv, s.d4a.data(), g.batch, g.seq, g.h_l, g.kv_l, g.hs, g.theta));
+      k.RopeQkvBackward(dq, dk, dv, s.d4a.data(), g.batch, g.seq, g.h_l, g.kv_l, g.hs, g.rope));
   ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kQW], bias ? gr[kQB] : nullptr, dq,
-                                      a.ln1.data(), w[kQW], g.rows, g.d, p.q_cols));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kKW], bias ? gr[kKB] : nullptr, dk,
-                                      a.ln1.data(), w[kKW], g.rows, g.d, p.kv_cols));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kVW], bias ? gr[kVB] : nullptr, dv,
-                                      a.ln1.data(), w[kVW], g.rows, g.d, p.kv_cols));
+  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kQW], gr[kQB], dq, a.ln1.data(), w[kQW],
+                                      g.rows, g.d, p.q_cols));
+  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kKW], gr[kKB], dk, a.ln1.data(), w[kKW],
+                                      g.rows, g.d, p.kv_cols));
+  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kVW], gr[kVB], dv, a.ln1.data(), w[kVW],
+                                      g.rows, g.d, p.kv_cols));
   ZR_ASSIGN_OR_RETURN(const void* dln1, ReduceColumnInputGrad(c, s));
-  ZR_RETURN_IF_ERROR(NormBackward(c, s, 1, dln1, x, w, gr, kAttnNorm, nullptr, a.ln1_rstd.data()));
+  ZR_RETURN_IF_ERROR(
+      NormBackward(c, s, 1, dln1, x, u.params, u.grads, kAttnNorm, nullptr, a.ln1_rstd.data()));
   return ReduceNormGrads(c, s, {{gr[kMlpNorm], nullptr}, {gr[kAttnNorm], nullptr}});
 }
 

@@ -12,14 +12,14 @@ namespace zerort::cpu {
 namespace {
 
 // The rows of a [batch x seq] pass, threaded: fn(r, cos, sin) with the angles of row r's
-// position (cos and sin [hs / 2], in T, computed in double: Hugging Face's inv_freq =
-// theta^(-2i / hs), angle = position x inv_freq).
+// position (cos and sin [hs / 2], in T, computed in double: angle = position x inv_freq,
+// kernels/rope.h's, Hugging Face's theta^(-2i / hs) unscaled).
 template <typename T, typename F>
-void ForEachRotatedRow(int batch, int seq, int head_size, double theta, F&& fn) {
+void ForEachRotatedRow(int batch, int seq, int head_size, const Rope& rope, F&& fn) {
   const int half = head_size / 2;
   std::vector<T> cos_t(static_cast<size_t>(seq) * half), sin_t(cos_t.size());
   for (int i = 0; i < half; ++i) {
-    const double inv_freq = std::pow(theta, -2.0 * i / head_size);
+    const double inv_freq = RopeInvFreq<double>(rope, i, head_size);
     for (int t = 0; t < seq; ++t) {
       const double angle = t * inv_freq;
       cos_t[static_cast<size_t>(t) * half + i] = static_cast<T>(std::cos(angle));
@@ -87,11 +87,11 @@ void RmsNormBackward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
 
 template <typename T>
 void RopeQkvForward(T* qkv, const T* q, const T* k, const T* v, int batch, int seq, int heads,
-                    int kv_heads, int head_size, double theta) {
+                    int kv_heads, int head_size, const Rope& rope) {
   const int half = head_size / 2, group = heads / kv_heads;
   const int64_t C = static_cast<int64_t>(heads) * head_size;
   const int64_t KV = static_cast<int64_t>(kv_heads) * head_size;
-  ForEachRotatedRow<T>(batch, seq, head_size, theta, [&](int64_t r, const T* c, const T* s) {
+  ForEachRotatedRow<T>(batch, seq, head_size, rope, [&](int64_t r, const T* c, const T* s) {
     T* out = qkv + r * 3 * C;
     auto rotate = [&](T* y, const T* x) {
       for (int i = 0; i < half; ++i) {
@@ -111,11 +111,11 @@ void RopeQkvForward(T* qkv, const T* q, const T* k, const T* v, int batch, int s
 
 template <typename T>
 void RopeQkvBackward(T* dq, T* dk, T* dv, const T* dqkv, int batch, int seq, int heads,
-                     int kv_heads, int head_size, double theta) {
+                     int kv_heads, int head_size, const Rope& rope) {
   const int half = head_size / 2, group = heads / kv_heads;
   const int64_t C = static_cast<int64_t>(heads) * head_size;
   const int64_t KV = static_cast<int64_t>(kv_heads) * head_size;
-  ForEachRotatedRow<T>(batch, seq, head_size, theta, [&](int64_t r, const T* c, const T* s) {
+  ForEachRotatedRow<T>(batch, seq, head_size, rope, [&](int64_t r, const T* c, const T* s) {
     const T* in = dqkv + r * 3 * C;
     // The rotation's transpose, added (a key/value head's query heads in order).
     auto unrotate = [&](T* dx, const T* dy) {
@@ -164,8 +164,8 @@ void SwiGluBackward(T* dgate, T* dup, const T* dout, const T* gate, const T* up,
   template void RmsNormForward<T>(T*, T*, const T*, const T*, int64_t, int, T);                   \
   template void RmsNormBackward<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t, int); \
   template void RopeQkvForward<T>(T*, const T*, const T*, const T*, int, int, int, int, int,      \
-                                  double);                                                        \
-  template void RopeQkvBackward<T>(T*, T*, T*, const T*, int, int, int, int, int, double);        \
+                                  const Rope&);                                                   \
+  template void RopeQkvBackward<T>(T*, T*, T*, const T*, int, int, int, int, int, const Rope&);   \
   template void SwiGluForward<T>(T*, const T*, const T*, int64_t);                                \
   template void SwiGluBackward<T>(T*, T*, const T*, const T*, const T*, int64_t);
 ZR_INSTANTIATE_LLAMA(float)

@@ -155,14 +155,14 @@ class CpuModelKernels final : public ModelKernels {
     return absl::OkStatus();
   }
   Status RopeQkv(void* qkv, const void* q, const void* k, const void* v, int batch, int seq,
-                 int heads, int kv_heads, int head_size, double theta) override {
-    cpu::RopeQkvForward<T>(P(qkv), P(q), P(k), P(v), batch, seq, heads, kv_heads, head_size, theta);
+                 int heads, int kv_heads, int head_size, const Rope& rope) override {
+    cpu::RopeQkvForward<T>(P(qkv), P(q), P(k), P(v), batch, seq, heads, kv_heads, head_size, rope);
     return absl::OkStatus();
   }
   Status RopeQkvBackward(void* dq, void* dk, void* dv, const void* dqkv, int batch, int seq,
-                         int heads, int kv_heads, int head_size, double theta) override {
+                         int heads, int kv_heads, int head_size, const Rope& rope) override {
     cpu::RopeQkvBackward<T>(P(dq), P(dk), P(dv), P(dqkv), batch, seq, heads, kv_heads, head_size,
-                            theta);
+                            rope);
     return absl::OkStatus();
   }
   Status SwiGlu(void* out, const void* gate, const void* up, int64_t n) override {
@@ -404,24 +404,24 @@ class Cpu16ModelKernels final : public ModelKernels {
     return di.Store();
   }
   Status RopeQkv(void* qkv, const void* q, const void* k, const void* v, int batch, int seq,
-                 int heads, int kv_heads, int head_size, double theta) override {
+                 int heads, int kv_heads, int head_size, const Rope& rope) override {
     const int64_t rows = int64_t{batch} * seq, c = int64_t{heads} * head_size,
                   kv = int64_t{kv_heads} * head_size;
     F o(this, qkv, 3 * rows * c, false);
     ZR_RETURN_IF_ERROR(f_.RopeQkv(o.data(), In(q, rows * c).data(), In(k, rows * kv).data(),
                                   In(v, rows * kv).data(), batch, seq, heads, kv_heads, head_size,
-                                  theta));
+                                  rope));
     return o.Store();
   }
   Status RopeQkvBackward(void* dq, void* dk, void* dv, const void* dqkv, int batch, int seq,
-                         int heads, int kv_heads, int head_size, double theta) override {
+                         int heads, int kv_heads, int head_size, const Rope& rope) override {
     const int64_t rows = int64_t{batch} * seq, c = int64_t{heads} * head_size,
                   kv = int64_t{kv_heads} * head_size;
     F q(this, dq, rows * c, true), k(this, dk, rows * kv, true), v(this, dv, rows * kv, true);
     ZR_RETURN_IF_ERROR(
         f_.RopeQkvBackward(dq != nullptr ? q.data() : nullptr, dk != nullptr ? k.data() : nullptr,
                            dv != nullptr ? v.data() : nullptr, In(dqkv, 3 * rows * c).data(), batch,
-                           seq, heads, kv_heads, head_size, theta));
+                           seq, heads, kv_heads, head_size, rope));
     ZR_RETURN_IF_ERROR(q.Store());
     ZR_RETURN_IF_ERROR(k.Store());
     return v.Store();

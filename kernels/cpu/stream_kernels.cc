@@ -123,15 +123,15 @@ class StreamOrderedKernels final : public ModelKernels {
         [=, this] { return k_->AddRmsNorm(sum, out, rstd, a, b, weight, rows, channels, eps); });
   }
   Status RopeQkv(void* qkv, const void* q, const void* k, const void* v, int batch, int seq,
-                 int heads, int kv_heads, int head_size, double theta) override {
+                 int heads, int kv_heads, int head_size, const Rope& rope) override {
     return Issue([=, this] {
-      return k_->RopeQkv(qkv, q, k, v, batch, seq, heads, kv_heads, head_size, theta);
+      return k_->RopeQkv(qkv, q, k, v, batch, seq, heads, kv_heads, head_size, rope);
     });
   }
   Status RopeQkvBackward(void* dq, void* dk, void* dv, const void* dqkv, int batch, int seq,
-                         int heads, int kv_heads, int head_size, double theta) override {
+                         int heads, int kv_heads, int head_size, const Rope& rope) override {
     return Issue([=, this] {
-      return k_->RopeQkvBackward(dq, dk, dv, dqkv, batch, seq, heads, kv_heads, head_size, theta);
+      return k_->RopeQkvBackward(dq, dk, dv, dqkv, batch, seq, heads, kv_heads, head_size, rope);
     });
   }
   Status SwiGlu(void* out, const void* gate, const void* up, int64_t n) override {

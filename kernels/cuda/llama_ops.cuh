@@ -2,10 +2,12 @@
 // documents each): RMSNorm (a warp per row; the weight gradient by the column kernels'
 // deterministic phases), rotary embeddings with grouped-query heads and SwiGLU (grid-stride
 // element loops). Internal to kernels/cuda/, included by model_kernels.cu after model_ops.cuh.
-// fp32 arithmetic; the angles in fp32 from theta^(-2i / hs) like Hugging Face's inv_freq.
+// fp32 arithmetic; the angles in fp32 from kernels/rope.h's inv_freq (theta^(-2i / hs) unscaled,
+// like Hugging Face's).
 #pragma once
 
 #include "kernels/cuda/model_ops.cuh"
+#include "kernels/rope.h"
 
 namespace zerort {
 namespace {
@@ -66,9 +68,9 @@ static __global__ void RmsNormWeightGradKernel(G* dweight, const T* dout, const 
   dweight[at.col] = FromFloat<G>(ToFloat(dweight[at.col]) + sw);
 }
 
-__device__ __forceinline__ void RopeAngle(int64_t row, int seq, int i, int head_size, float theta,
-                                          float* c, float* s) {
-  const float inv_freq = powf(theta, -2.0f * static_cast<float>(i) / static_cast<float>(head_size));
+__device__ __forceinline__ void RopeAngle(int64_t row, int seq, int i, int head_size,
+                                          const Rope& rope, float* c, float* s) {
+  const float inv_freq = RopeInvFreq<float>(rope, i, head_size);
   sincosf(static_cast<float>(row % seq) * inv_freq, s, c);
 }
 
@@ -76,7 +78,7 @@ __device__ __forceinline__ void RopeAngle(int64_t row, int seq, int i, int head_
 // copied. n = rows x heads x hs / 2.
 template <typename T>
 static __global__ void RopeQkvKernel(T* qkv, const T* q, const T* k, const T* v, int seq, int heads,
-                                     int kv_heads, int head_size, float theta, int64_t n) {
+                                     int kv_heads, int head_size, Rope rope, int64_t n) {
   const int half = head_size / 2, group = heads / kv_heads;
   const int64_t C = int64_t{heads} * head_size, KV = int64_t{kv_heads} * head_size;
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < n;
@@ -85,7 +87,7 @@ static __global__ void RopeQkvKernel(T* qkv, const T* q, const T* k, const T* v,
     const int h = static_cast<int>((idx / half) % heads);
     const int64_t row = idx / (int64_t{half} * heads);
     float c, s;
-    RopeAngle(row, seq, i, head_size, theta, &c, &s);
+    RopeAngle(row, seq, i, head_size, rope, &c, &s);
     T* out = qkv + row * 3 * C + int64_t{h} * head_size;
     const T* qs = q + row * C + int64_t{h} * head_size;
     const int64_t kvo = row * KV + int64_t{h / group} * head_size;
@@ -104,7 +106,7 @@ static __global__ void RopeQkvKernel(T* qkv, const T* q, const T* k, const T* v,
 // order (no atomics), dq per query head. n = rows x kv_heads x hs / 2.
 template <typename T>
 static __global__ void RopeQkvBackwardKernel(T* dq, T* dk, T* dv, const T* dqkv, int seq, int heads,
-                                             int kv_heads, int head_size, float theta, int64_t n) {
+                                             int kv_heads, int head_size, Rope rope, int64_t n) {
   const int half = head_size / 2, group = heads / kv_heads;
   const int64_t C = int64_t{heads} * head_size, KV = int64_t{kv_heads} * head_size;
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < n;
@@ -113,7 +115,7 @@ static __global__ void RopeQkvBackwardKernel(T* dq, T* dk, T* dv, const T* dqkv,
     const int j = static_cast<int>((idx / half) % kv_heads);
     const int64_t row = idx / (int64_t{half} * kv_heads);
     float c, s;
-    RopeAngle(row, seq, i, head_size, theta, &c, &s);
+    RopeAngle(row, seq, i, head_size, rope, &c, &s);
     const T* in = dqkv + row * 3 * C;
     float k1 = 0.0f, k2 = 0.0f, v1 = 0.0f, v2 = 0.0f;
     for (int h = j * group; h < (j + 1) * group; ++h) {

@@ -318,20 +318,19 @@ class CudaModelKernels final : public ModelKernels {
     return Launched("RmsNormBackward (weights)");
   }
   Status RopeQkv(void* qkv, const void* q, const void* k, const void* v, int batch, int seq,
-                 int heads, int kv_heads, int head_size, double theta) override {
+                 int heads, int kv_heads, int head_size, const Rope& rope) override {
     const int64_t n = int64_t{batch} * seq * heads * (head_size / 2);
     if (n == 0) return absl::OkStatus();
-    RopeQkvKernel<T><<<Blocks(n), kThreads, 0, s()>>>(
-        A(qkv), A(q), A(k), A(v), seq, heads, kv_heads, head_size, static_cast<float>(theta), n);
+    RopeQkvKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(qkv), A(q), A(k), A(v), seq, heads,
+                                                      kv_heads, head_size, rope, n);
     return Launched("RopeQkv");
   }
   Status RopeQkvBackward(void* dq, void* dk, void* dv, const void* dqkv, int batch, int seq,
-                         int heads, int kv_heads, int head_size, double theta) override {
+                         int heads, int kv_heads, int head_size, const Rope& rope) override {
     const int64_t n = int64_t{batch} * seq * kv_heads * (head_size / 2);
     if (n == 0) return absl::OkStatus();
     RopeQkvBackwardKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(dq), A(dk), A(dv), A(dqkv), seq,
-                                                              heads, kv_heads, head_size,
-                                                              static_cast<float>(theta), n);
+                                                              heads, kv_heads, head_size, rope, n);
     return Launched("RopeQkvBackward");
   }
   Status SwiGlu(void* out, const void* gate, const void* up, int64_t n) override {

@@ -237,6 +237,52 @@ r = run("eval", config(os.path.join(work, "eval_ok.json")), "--checkpoint", "ext
         "--max-windows", "2")
 t.check("eval with the checkpoint's architecture: exit 0", r.returncode == 0, r.stderr[-400:])
 
+# 3e. LLaMA 3.1's rotary scaling and LLaMA's attention_bias and mlp_bias (llama31_tiny_hf, the
+# golden model gpt_golden_test checks to 1e-5): import and export bitwise with their config.json
+# keys; a run config with the keys starts from it; one without a key is refused naming it, by
+# init_from and by eval.
+hf31 = os.path.join(golden, "llama31_tiny_hf")
+with open(os.path.join(hf31, "config.json")) as f:
+    hf31_config = json.load(f)
+r1 = run("checkpoint", "import", hf31, "imported31")
+r2 = run("checkpoint", "export", "imported31", "exported31")
+t.check("llama3 scaling and biases: import, export",
+        (r1.returncode, r2.returncode) == (0, 0), (r1.stderr + r2.stderr)[-500:])
+t.check("llama3 scaling and biases: bitwise, o_proj and MLP biases among them",
+        tensors(os.path.join(work, "exported31")) == tensors(hf31) and
+        "model.layers.1.self_attn.o_proj.bias" in tensors(hf31) and
+        "model.layers.0.mlp.down_proj.bias" in tensors(hf31), "tensors differ")
+with open(os.path.join(work, "exported31", "config.json")) as f:
+    out31 = json.load(f)
+t.check("export's config.json keeps attention_bias, mlp_bias and rope_scaling",
+        out31.get("attention_bias") is True and out31.get("mlp_bias") is True and
+        out31.get("rope_scaling") == hf31_config["rope_scaling"], json.dumps(out31))
+model31 = dict(model, n_head=4, n_kv_head=2, d_model=32, intermediate_size=20, qkv_bias=True,
+               o_proj_bias=True, mlp_bias=True, rope_scaling=hf31_config["rope_scaling"])
+r = run("train", config(os.path.join(work, "run31.json"), model=dict(model31, init_from=hf31)))
+t.check("init_from a LLaMA 3.1-style model trains", r.returncode == 0, r.stderr[-500:])
+no_mlp_bias = dict(model31, init_from=hf31, mlp_bias=False)
+r = run("train", config(os.path.join(work, "run31_bad.json"), model=no_mlp_bias))
+t.check("init_from without mlp_bias: exit 2 naming it",
+        r.returncode == 2 and "mlp_bias false vs true" in r.stderr, r.stderr[-400:])
+unscaled = dict(model31, rope_scaling={"rope_type": "default"})
+r = run("eval", config(os.path.join(work, "eval31.json"), model=unscaled),
+        "--checkpoint", "imported31", "--max-windows", "2")
+t.check("eval without the checkpoint's rotary scaling: exit 2 naming model.rope_scaling",
+        r.returncode == 2 and "model.rope_scaling = " in r.stderr, r.stderr[-400:])
+r = run("eval", config(os.path.join(work, "eval31.json"), model=model31),
+        "--checkpoint", "imported31", "--max-windows", "2")
+t.check("eval with it: exit 0", r.returncode == 0, r.stderr[-400:])
+# Biases no Hugging Face architecture has (Q/K/V and MLP without O): zerort trains them; export
+# refuses, naming the flags, and writes nothing.
+odd = dict(model, qkv_bias=True, mlp_bias=True)
+r1 = run("train", config(os.path.join(work, "odd.json"), model=odd,
+                         checkpoint={"dir": "odd_run", "interval": 4}))
+r2 = run("checkpoint", "export", "odd_run", "odd_hf")
+t.check("Q/K/V and MLP biases without O's: trains, export exit 2 naming the flags",
+        r1.returncode == 0 and r2.returncode == 2 and "model.o_proj_bias" in r2.stderr and
+        not os.path.exists(os.path.join(work, "odd_hf")), (r1.stderr + r2.stderr)[-500:])
+
 # 4. The llama-tiny example (make run-llama), 40 steps of its 1500: a SentencePiece tokenizer
 # trained on the built-in corpus, the corpus tokenized with it, the model trained and sampled.
 r1 = run("data", "corpus", "corpus.txt")

@@ -99,6 +99,54 @@ TEST(HfConfigTest, PublishedConfigsGiveThePresetsAndTheirParameterCounts) {
   EXPECT_EQ(v2->seq_len, 32768);
 }
 
+// LLaMA 3.2 1B's config.json (as its model card publishes it): LLaMA 3.1's rotary scaling read,
+// the tied head, the published 1.24B parameters; transformers 5's rope_parameters spelling of the
+// same scaling gives the same shape. LLaMA's attention_bias biases Q, K, V and O, mlp_bias the MLP.
+TEST(HfConfigTest, Llama32ScalingAndLlamaBiasesAreRead) {
+  const nlohmann::json published = nlohmann::json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+    "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 128256})");
+  const StatusOr<GptConfig> c = GptConfigFromHuggingFace(published, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling, (RopeScaling{.type = RopeType::kLlama3,
+                                          .factor = 32,
+                                          .low_freq_factor = 1,
+                                          .high_freq_factor = 4,
+                                          .original_max_position_embeddings = 8192}));
+  EXPECT_TRUE(c->tied());
+  EXPECT_EQ(c->NumParameters(), 1'235'814'400);  // LLaMA 3.2 1B's published count
+  EXPECT_FALSE(c->qkv_bias || c->o_proj_bias || c->mlp_bias);
+
+  nlohmann::json five = published;
+  five.erase("rope_scaling");
+  five.erase("rope_theta");
+  five["rope_parameters"] = published.at("rope_scaling");
+  five["rope_parameters"]["rope_theta"] = 500000.0;
+  EXPECT_EQ(*GptConfigFromHuggingFace(five, "config.json"), *c);
+
+  nlohmann::json biased = published;
+  biased["attention_bias"] = true;
+  biased["mlp_bias"] = true;
+  const StatusOr<GptConfig> b = GptConfigFromHuggingFace(biased, "config.json");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(b->qkv_bias && b->o_proj_bias && b->mlp_bias);
+  // q, k, v, o biases (2048 + 2 x 512 + 2048) and the MLP's (2 x 8192 + 2048), per layer.
+  EXPECT_EQ(b->NumParameters() - c->NumParameters(), 16 * (5120 + 18432));
+  nlohmann::json qwen = biased;  // Qwen2 has Q/K/V biases whatever these keys say
+  qwen["model_type"] = "qwen2";
+  const StatusOr<GptConfig> q = GptConfigFromHuggingFace(qwen, "config.json");
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_TRUE(q->qkv_bias && !q->o_proj_bias && !q->mlp_bias);
+}
+
 // An absent key is transformers' default for the model_type (LlamaConfig's rms_norm_eps is 1e-6,
 // not 1e-5; MistralConfig's sliding_window 4096; GPT2Config's whole shape); transformers 5 writes
 // rope_theta inside rope_parameters, read as the top-level key is.
@@ -158,15 +206,17 @@ TEST(HfConfigTest, HostileAndUnsupportedFieldsAreNamed) {
       {"rope_theta", "big", "rope_theta = \"big\": not a number"},
       {"rms_norm_eps", 2, "rms_norm_eps = 2: must be in"},
       {"rope_scaling", nlohmann::json{{"rope_type", "llama3"}, {"factor", 8.0}},
-       "rope_scaling = {\"factor\":8.0,\"rope_type\":\"llama3\"}: scaled rotary embeddings"},
+       "rope_scaling.low_freq_factor is missing"},
+      {"rope_scaling", nlohmann::json{{"type", "dynamic"}, {"factor", 2.0}},
+       "rope_scaling.type = \"dynamic\": zerort computes default, linear and llama3"},
+      {"rope_scaling", nlohmann::json{{"rope_type", "linear"}}, "rope_scaling.factor is missing"},
       {"rope_parameters", nlohmann::json{{"rope_type", "yarn"}, {"factor", 4.0}},
-       "rope_parameters = {"},
+       "rope_parameters.rope_type = \"yarn\""},
       {"rope_parameters", 5, "rope_parameters = 5: not an object"},
       {"hidden_act", "gelu", "hidden_act = \"gelu\": zerort's LLaMA-family MLP gates with SiLU"},
       {"hidden_act", 7, "hidden_act = 7: not a string"},
-      {"attention_bias", true, "attention_bias = true: LLaMA's attention_bias biases o_proj"},
       {"attention_bias", "no", "attention_bias = \"no\": not a boolean"},
-      {"mlp_bias", true, "mlp_bias = true"},
+      {"mlp_bias", 1, "mlp_bias = 1: not a boolean"},
       {"head_dim", 256, "head_dim = 256"},
       {"tie_word_embeddings", 1, "tie_word_embeddings = 1: not a boolean"},
       {"model_type", "falcon", "model_type \"falcon\" is not one zerort builds"},

@@ -172,7 +172,8 @@ TEST(ModelKernelsCudaTest, LinearLayerNormGeluResidual) {
 
 // The LLaMA family's operations (cuda/llama_ops.cuh) against their CPU twins
 // (cpu/llama_ops.cc): RMSNorm and its backward, the rotary embeddings with grouped-query heads
-// (4 query heads on 2 key/value heads) and their transpose, SwiGLU and its backward.
+// (4 query heads on 2 key/value heads; LLaMA 3.1's frequency remap, whose three bands the head
+// size 8 and original context 64 each reach) and their transpose, SwiGLU and its backward.
 TEST(ModelKernelsCudaTest, LlamaRmsNormRopeSwiGlu) {
   ZR_NEED_GPU();
   for (auto [act, grad] : kTypes) {
@@ -197,22 +198,27 @@ TEST(ModelKernelsCudaTest, LlamaRmsNormRopeSwiGlu) {
     t.Expect("RmsNormBackward dinp", gdx, dx, act);
     t.Expect("RmsNormBackward dweight", gdw, dw, grad);
 
+    const Rope rope{.theta = 10000.0,
+                    .scaling = {.type = RopeType::kLlama3,
+                                .factor = 8,
+                                .low_freq_factor = 1,
+                                .high_freq_factor = 4,
+                                .original_max_position_embeddings = 64}};
     std::vector<float> q = Random(rows * d, 6), k = Random(rows * kv * hs, 7),
                        v = Random(rows * kv * hs, 8), qkv(rows * 3 * d);
     void *gq = t.A(q), *gk = t.A(k), *gv = t.A(v), *gqkv = t.A(qkv);
-    ASSERT_TRUE(t.gpu->RopeQkv(gqkv, gq, gk, gv, batch, seq, heads, kv, hs, 10000.0).ok());
+    ASSERT_TRUE(t.gpu->RopeQkv(gqkv, gq, gk, gv, batch, seq, heads, kv, hs, rope).ok());
     ASSERT_TRUE(
-        t.cpu->RopeQkv(qkv.data(), q.data(), k.data(), v.data(), batch, seq, heads, kv, hs, 10000.0)
+        t.cpu->RopeQkv(qkv.data(), q.data(), k.data(), v.data(), batch, seq, heads, kv, hs, rope)
             .ok());
     t.Expect("RopeQkv", gqkv, qkv, act);
     std::vector<float> dqkv = Random(rows * 3 * d, 9), dq = Random(rows * d, 10),
                        dk = Random(rows * kv * hs, 11), dv = Random(rows * kv * hs, 12);
     void *gdqkv = t.A(dqkv), *gdq = t.A(dq), *gdk = t.A(dk), *gdv = t.A(dv);
-    ASSERT_TRUE(
-        t.gpu->RopeQkvBackward(gdq, gdk, gdv, gdqkv, batch, seq, heads, kv, hs, 10000.0).ok());
+    ASSERT_TRUE(t.gpu->RopeQkvBackward(gdq, gdk, gdv, gdqkv, batch, seq, heads, kv, hs, rope).ok());
     ASSERT_TRUE(t.cpu
                     ->RopeQkvBackward(dq.data(), dk.data(), dv.data(), dqkv.data(), batch, seq,
-                                      heads, kv, hs, 10000.0)
+                                      heads, kv, hs, rope)
                     .ok());
     t.Expect("RopeQkvBackward dq", gdq, dq, act);
     t.Expect("RopeQkvBackward dk", gdk, dk, act);

@@ -116,7 +116,8 @@ TEST(GptModelTest, MaskedTargetsAddNeitherLossNorGradient) {
 }
 
 // The LLaMA family: grouped-query attention (4 query heads on 2 key/value heads) with an untied
-// head; multi-query attention (1 key/value head) with Q/K/V biases and the head tied.
+// head; multi-query attention (1 key/value head) with Q/K/V biases and the head tied; every bias
+// with LLaMA 3.1's rotary scaling.
 TEST(LlamaGradientTest, WholeModelGradientMatchesFiniteDifferences) {
   const GptConfig llama{.n_layer = 2,
                         .n_head = 4,
@@ -133,6 +134,15 @@ TEST(LlamaGradientTest, WholeModelGradientMatchesFiniteDifferences) {
   mqa.qkv_bias = true;
   mqa.tie_word_embeddings = true;
   CheckGradients(mqa, 0);
+  // Every bias (LLaMA's attention_bias and mlp_bias), the rotary frequency blended by llama3.
+  GptConfig biased = llama;
+  biased.qkv_bias = biased.o_proj_bias = biased.mlp_bias = true;
+  biased.rope_scaling = {.type = RopeType::kLlama3,
+                         .factor = 4,
+                         .low_freq_factor = 1,
+                         .high_freq_factor = 4,
+                         .original_max_position_embeddings = 16};
+  CheckGradients(biased, 0);
 }
 
 TEST(GptModelTest, CountsAndPresets) {

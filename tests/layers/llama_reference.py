@@ -4,19 +4,22 @@
 Written from the LLaMA architecture as Hugging Face's modeling_llama describes it (not from
 zerort's code): RMSNorm, rotary embeddings in the rotate-half convention with
 inv_freq = theta^(-2i/hs), grouped-query attention (each key/value head repeated for its query
-heads, repeat_kv), a SwiGLU MLP (down(silu(gate(x)) * up(x))), no biases but Qwen2's optional
-Q/K/V biases, and an output projection that is its own weight unless tie_word_embeddings. Fills
+heads, repeat_kv), a SwiGLU MLP (down(silu(gate(x)) * up(x))), optional biases (Qwen2's on Q, K
+and V; LLaMA's attention_bias on Q, K, V and O, its mlp_bias on gate, up and down), LLaMA 3.1's
+rotary scaling (transformers' _compute_llama3_parameters: the frequencies remapped in three
+bands), and an output projection that is its own weight unless tie_word_embeddings. Fills
 the model with random float32 weights, runs one batch in float64, and writes the weights, the
 input, the loss, the logits at a few positions and every parameter's gradient to a JSON file that
 tests/layers/gpt_golden_test.cc reads; zerort's fp32 run must agree to 1e-5 relative.
 
 Regenerate (Debian: apt-get install python3-torch):
-    /usr/bin/python3 tests/layers/llama_reference.py tests/layers/golden
-writes llama_tiny.json (GQA 4:2, untied) and qwen2_tiny.json (Q/K/V biases, tied embeddings),
-and llama_tiny_hf/: the same llama_tiny weights as a Hugging Face model directory (config.json,
-two safetensors shards and model.safetensors.index.json, Hugging Face's LlamaForCausalLM names,
-float32), written here without the safetensors library, for model.init_from's test. CI does not
-run this script; it reads the committed files.
+    /usr/bin/python3 tests/layers/llama_reference.py tests/layers/golden [VARIANT ...]
+writes llama_tiny.json (GQA 4:2, untied), qwen2_tiny.json (Q/K/V biases, tied embeddings) and
+llama31_tiny.json (every bias, llama3 rotary scaling, GQA 4:2), or only the variants named, and
+llama_tiny_hf/ and llama31_tiny_hf/: the same weights as Hugging Face model directories
+(config.json, two safetensors shards and model.safetensors.index.json, Hugging Face's
+LlamaForCausalLM names, float32), written here without the safetensors library, for
+model.init_from's and the CLI's tests. CI does not run this script; it reads the committed files.
 """
 import json
 import math
@@ -34,6 +37,15 @@ VARIANTS = {
     "qwen2_tiny": dict(n_layer=2, n_head=4, n_kv_head=2, d_model=16, seq_len=8, vocab_size=23,
                        intermediate_size=20, rope_theta=10000.0, rms_norm_eps=1e-6,
                        tie_word_embeddings=True, qkv_bias=True),
+    # LLaMA 3.1's rotary bands all reached: head size 8, theta 1000 gives wavelengths 6.3 (kept:
+    # below 64 / 4), 35 (blended) and 199, 1117 (divided by 8: above 64 / 1).
+    "llama31_tiny": dict(n_layer=2, n_head=4, n_kv_head=2, d_model=32, seq_len=8, vocab_size=23,
+                         intermediate_size=20, rope_theta=1000.0, rms_norm_eps=1e-5,
+                         tie_word_embeddings=False, qkv_bias=True, o_proj_bias=True,
+                         mlp_bias=True,
+                         rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                           high_freq_factor=4.0,
+                                           original_max_position_embeddings=64)),
 }
 BATCH = 2
 
@@ -53,10 +65,26 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def rope(x, theta):
+def llama3_inv_freq(inv_freq, s):
+    """transformers' _compute_llama3_parameters, in float64."""
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old_context = s["original_max_position_embeddings"]
+    low_freq_wavelen, high_freq_wavelen = old_context / low, old_context / high
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * inv_freq_llama / factor + smooth * inv_freq_llama
+    medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(medium, smoothed, inv_freq_llama)
+
+
+def rope(x, theta, scaling=None):
     # x: [b, heads, t, hs]
     t, hs = x.shape[2], x.shape[3]
     inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.float64) / hs))
+    if scaling is not None:
+        assert scaling["rope_type"] == "llama3"
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
     freqs = torch.outer(torch.arange(t, dtype=torch.float64), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     return x * emb.cos() + rotate_half(x) * emb.sin()
@@ -68,24 +96,26 @@ class Block(nn.Module):
         d, self.h, self.kv = c["d_model"], c["n_head"], c["n_kv_head"]
         self.hs = d // self.h
         self.theta = c["rope_theta"]
+        self.scaling = c.get("rope_scaling")
         bias = c["qkv_bias"]
         self.attn_norm = RMSNorm(d, c["rms_norm_eps"])
         self.q = nn.Linear(d, self.h * self.hs, bias=bias)
         self.k = nn.Linear(d, self.kv * self.hs, bias=bias)
         self.v = nn.Linear(d, self.kv * self.hs, bias=bias)
-        self.o = nn.Linear(self.h * self.hs, d, bias=False)
+        self.o = nn.Linear(self.h * self.hs, d, bias=c.get("o_proj_bias", False))
         self.mlp_norm = RMSNorm(d, c["rms_norm_eps"])
         f = c["intermediate_size"]
-        self.gate = nn.Linear(d, f, bias=False)
-        self.up = nn.Linear(d, f, bias=False)
-        self.down = nn.Linear(f, d, bias=False)
+        mlp_bias = c.get("mlp_bias", False)
+        self.gate = nn.Linear(d, f, bias=mlp_bias)
+        self.up = nn.Linear(d, f, bias=mlp_bias)
+        self.down = nn.Linear(f, d, bias=mlp_bias)
 
     def attention(self, x):
         b, t, _ = x.shape
         q = self.q(x).view(b, t, self.h, self.hs).transpose(1, 2)
         k = self.k(x).view(b, t, self.kv, self.hs).transpose(1, 2)
         v = self.v(x).view(b, t, self.kv, self.hs).transpose(1, 2)
-        q, k = rope(q, self.theta), rope(k, self.theta)
+        q, k = rope(q, self.theta, self.scaling), rope(k, self.theta, self.scaling)
         rep = self.h // self.kv
         k = k.repeat_interleave(rep, dim=1)  # repeat_kv: head j serves query heads j rep ..
         v = v.repeat_interleave(rep, dim=1)
@@ -130,9 +160,15 @@ class Llama(nn.Module):
                     (p + "mlp_norm.weight", b.mlp_norm.weight),
                     (p + "mlp.gate.weight", b.gate.weight), (p + "mlp.up.weight", b.up.weight),
                     (p + "mlp.down.weight", b.down.weight)]
+            # The biases last, in zerort's order (gpt::LlamaParam).
             if b.q.bias is not None:
                 out += [(p + "attn.q.bias", b.q.bias), (p + "attn.k.bias", b.k.bias),
                         (p + "attn.v.bias", b.v.bias)]
+            if b.o.bias is not None:
+                out += [(p + "attn.o.bias", b.o.bias)]
+            if b.gate.bias is not None:
+                out += [(p + "mlp.gate.bias", b.gate.bias), (p + "mlp.up.bias", b.up.bias),
+                        (p + "mlp.down.bias", b.down.bias)]
         out.append(("norm.weight", self.norm.weight))
         if self.lm_head is not None:
             out.append(("lm_head.weight", self.lm_head.weight))
@@ -180,9 +216,13 @@ def write_hf(model, config, out):
           "num_hidden_layers": config["n_layer"], "num_attention_heads": config["n_head"],
           "num_key_value_heads": config["n_kv_head"], "vocab_size": config["vocab_size"],
           "max_position_embeddings": config["seq_len"], "rope_theta": config["rope_theta"],
-          "rms_norm_eps": config["rms_norm_eps"], "rope_scaling": None, "hidden_act": "silu",
-          "tie_word_embeddings": config["tie_word_embeddings"], "attention_bias": False,
+          "rms_norm_eps": config["rms_norm_eps"], "rope_scaling": config.get("rope_scaling"),
+          "hidden_act": "silu", "tie_word_embeddings": config["tie_word_embeddings"],
+          "attention_bias": config["qkv_bias"] and config.get("o_proj_bias", False),
           "torch_dtype": "float32"}
+    if config.get("mlp_bias", False):
+        hf["mlp_bias"] = True
+    assert config["qkv_bias"] == config.get("o_proj_bias", False)  # LLaMA's attention_bias
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(hf, f, indent=2)
     tensors = [(hf_name(n), p) for n, p in model.named_zerort()]
@@ -228,12 +268,12 @@ def golden(name, config, path):
     with open(path, "w") as f:
         json.dump(out, f)
     print(f"wrote {path}: {name} loss {loss.item():.10f}")
-    if name == "llama_tiny":
+    if name in ("llama_tiny", "llama31_tiny"):
         write_hf(model, config, os.path.join(os.path.dirname(path), name + "_hf"))
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) < 2 or any(v not in VARIANTS for v in sys.argv[2:]):
         sys.exit(__doc__)
-    for name, config in VARIANTS.items():
-        golden(name, config, os.path.join(sys.argv[1], name + ".json"))
+    for name in sys.argv[2:] or VARIANTS:
+        golden(name, VARIANTS[name], os.path.join(sys.argv[1], name + ".json"))

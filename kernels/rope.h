@@ -1,0 +1,64 @@
+// Rotary position embeddings' frequencies, one definition for the CPU kernels
+// (kernels/cpu/llama_ops.cc, in double) and the CUDA kernels (kernels/cuda/llama_ops.cuh, in
+// float): channel pair i of a head of hs channels turns by position x inv_freq(i).
+//
+// [Note: rotary scaling]
+// Unscaled ("default"), inv_freq(i) = theta^(-2i / hs), Hugging Face's inv_freq. A model trained
+// on a short context and extended to a longer one remaps the frequencies once, before any
+// position is seen (transformers' ROPE_INIT_FUNCTIONS; the attention's scale stays 1 for both):
+//   linear  inv_freq / factor (positions interpolated);
+//   llama3  LLaMA 3.1's: with wavelength w = 2 pi / inv_freq and the original context L,
+//           w < L / high_freq_factor (high frequencies) unchanged; w > L / low_freq_factor (low
+//           frequencies) divided by factor; between the two blended, with
+//           s = (L / w - low_freq_factor) / (high_freq_factor - low_freq_factor),
+//           (1 - s) inv_freq / factor + s inv_freq.
+// The remap is of the frequencies only: the kernels, their backward and the positions are the
+// unscaled ones. Dynamic NTK, YaRN and LongRoPE change more than that and are refused where a
+// config is read.
+#pragma once
+
+#include <cmath>
+
+#include "runtime/float_bits.h"  // ZR_HOST_DEVICE
+
+namespace zerort {
+
+enum class RopeType : int { kDefault = 0, kLinear = 1, kLlama3 = 2 };
+
+struct RopeScaling {
+  RopeType type = RopeType::kDefault;
+  double factor = 0;                         // linear, llama3 (>= 1)
+  double low_freq_factor = 0;                // llama3
+  double high_freq_factor = 0;               // llama3 (> low_freq_factor)
+  int original_max_position_embeddings = 0;  // llama3: the context L the model was trained on
+  bool operator==(const RopeScaling&) const = default;
+};
+
+// What the rotary kernels take: the base and its scaling (trivially copyable: a CUDA kernel's
+// argument).
+struct Rope {
+  double theta = 10000.0;
+  RopeScaling scaling;
+};
+
+// inv_freq of channel pair i of a head of `head_size` channels, in F (double on the CPU, float on
+// the GPU, as each device computed the unscaled angle before), [Note: rotary scaling].
+template <typename F>
+ZR_HOST_DEVICE inline F RopeInvFreq(const Rope& rope, int i, int head_size) {
+  using std::pow;
+  const F inv_freq = pow(static_cast<F>(rope.theta),
+                         static_cast<F>(-2) * static_cast<F>(i) / static_cast<F>(head_size));
+  const RopeScaling& s = rope.scaling;
+  if (s.type == RopeType::kLinear) return inv_freq / static_cast<F>(s.factor);
+  if (s.type != RopeType::kLlama3) return inv_freq;
+  const F factor = static_cast<F>(s.factor), low = static_cast<F>(s.low_freq_factor),
+          high = static_cast<F>(s.high_freq_factor);
+  const F context = static_cast<F>(s.original_max_position_embeddings);
+  const F wavelen = static_cast<F>(2 * 3.14159265358979323846) / inv_freq;
+  if (wavelen < context / high) return inv_freq;
+  if (wavelen > context / low) return inv_freq / factor;
+  const F smooth = (context / wavelen - low) / (high - low);
+  return (1 - smooth) * inv_freq / factor + smooth * inv_freq;
+}
+
+}  // namespace zerort

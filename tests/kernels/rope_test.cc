@@ -1,0 +1,108 @@
+// Rotary scaling ([Note: rotary scaling] in kernels/rope.h) by what each remap must do, derived
+// here independently of the formula: linear scaling turns position f t as the unscaled rotation
+// turns position t; LLaMA 3.1's bands for LLaMA 3.1 8B's shape (head size 128, theta 500000,
+// factor 8, bands 1 and 4 of an 8192 context) are the counts the logarithms give (29 pairs kept,
+// 6 blended, 29 divided), the blended ones between the two and the whole table decreasing; and the
+// CPU backward is the forward's transpose under every scaling. (The values themselves are checked
+// against transformers' computation by the llama31_tiny golden model.)
+#include <cmath>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/model_ops.h"
+#include "kernels/rope.h"
+#include "tests/kernels/random_floats.h"
+
+namespace zerort {
+namespace {
+
+constexpr int kHeadSize = 8, kSeq = 12, kHeads = 2, kKvHeads = 1;
+
+// Rotated q of every row: qkv's first third per row, [seq, heads hs].
+std::vector<double> RotatedQ(const Rope& rope, const std::vector<double>& q,
+                             const std::vector<double>& kv) {
+  std::vector<double> qkv(static_cast<size_t>(kSeq) * 3 * kHeads * kHeadSize);
+  cpu::RopeQkvForward<double>(qkv.data(), q.data(), kv.data(), kv.data(), 1, kSeq, kHeads, kKvHeads,
+                              kHeadSize, rope);
+  std::vector<double> out;
+  for (int t = 0; t < kSeq; ++t) {
+    const double* row = qkv.data() + static_cast<size_t>(t) * 3 * kHeads * kHeadSize;
+    out.insert(out.end(), row, row + kHeads * kHeadSize);
+  }
+  return out;
+}
+
+TEST(RopeTest, LinearScalingTurnsPositionFactorTimesTAsUnscaledT) {
+  // Every row holds the same q, so a row's rotation differs only by its position.
+  std::vector<double> one = testing::RandomNormal<double>(kHeads * kHeadSize, 1, 1.0);
+  std::vector<double> q, kv(static_cast<size_t>(kSeq) * kKvHeads * kHeadSize, 0.0);
+  for (int t = 0; t < kSeq; ++t) q.insert(q.end(), one.begin(), one.end());
+  const Rope plain{.theta = 1000.0};
+  const Rope linear{.theta = 1000.0, .scaling = {.type = RopeType::kLinear, .factor = 3}};
+  const std::vector<double> a = RotatedQ(plain, q, kv), b = RotatedQ(linear, q, kv);
+  const int width = kHeads * kHeadSize;
+  for (int t = 0; 3 * t < kSeq; ++t) {
+    for (int c = 0; c < width; ++c) {
+      EXPECT_NEAR(b[3 * t * width + c], a[t * width + c], 1e-12) << "position " << 3 * t;
+    }
+  }
+  EXPECT_GT(std::abs(b[width] - a[width]), 1e-3);  // position 1 does turn less
+}
+
+TEST(RopeTest, Llama3BandsOfLlama31_8B) {
+  const Rope plain{.theta = 500000.0};
+  const Rope scaled{.theta = 500000.0,
+                    .scaling = {.type = RopeType::kLlama3,
+                                .factor = 8,
+                                .low_freq_factor = 1,
+                                .high_freq_factor = 4,
+                                .original_max_position_embeddings = 8192}};
+  int kept = 0, blended = 0, divided = 0;
+  double previous = INFINITY;
+  for (int i = 0; i < 64; ++i) {
+    const double f = RopeInvFreq<double>(plain, i, 128), s = RopeInvFreq<double>(scaled, i, 128);
+    if (s == f) {
+      ++kept;
+    } else if (std::abs(s - f / 8) <= 1e-15 * f) {
+      ++divided;
+    } else {
+      ++blended;
+      EXPECT_GT(s, f / 8) << i;
+      EXPECT_LT(s, f) << i;
+    }
+    EXPECT_LT(s, previous) << i;  // the remap keeps the frequencies' order
+    previous = s;
+  }
+  // Kept: 2 pi / inv_freq < 8192 / 4, i.e. i < 64 ln(2048 / 2 pi) / ln(500000) = 28.2; divided:
+  // above 8192 / 1, i > 64 ln(8192 / 2 pi) / ln(500000) = 34.98.
+  EXPECT_EQ(kept, 29);
+  EXPECT_EQ(blended, 6);
+  EXPECT_EQ(divided, 29);
+  EXPECT_FLOAT_EQ(RopeInvFreq<float>(scaled, 40, 128),
+                  static_cast<float>(RopeInvFreq<double>(scaled, 40, 128)));
+}
+
+TEST(RopeTest, BackwardIsTheForwardsTransposeUnderEveryScaling) {
+  const int rows = kSeq, C = kHeads * kHeadSize, KV = kKvHeads * kHeadSize;
+  for (const Rope& rope :
+       {Rope{.theta = 1000.0}, Rope{.theta = 1000.0, .scaling = {RopeType::kLinear, 4}},
+        Rope{.theta = 1000.0, .scaling = {RopeType::kLlama3, 8, 1, 4, 64}}}) {
+    const std::vector<double> q = testing::RandomNormal<double>(rows * C, 2, 1.0),
+                              k = testing::RandomNormal<double>(rows * KV, 3, 1.0),
+                              v = testing::RandomNormal<double>(rows * KV, 4, 1.0),
+                              r = testing::RandomNormal<double>(rows * 3 * C, 5, 1.0);
+    std::vector<double> qkv(rows * 3 * C), dq(rows * C), dk(rows * KV), dv(rows * KV);
+    cpu::RopeQkvForward<double>(qkv.data(), q.data(), k.data(), v.data(), 1, kSeq, kHeads, kKvHeads,
+                                kHeadSize, rope);
+    cpu::RopeQkvBackward<double>(dq.data(), dk.data(), dv.data(), r.data(), 1, kSeq, kHeads,
+                                 kKvHeads, kHeadSize, rope);
+    double forward = 0, backward = 0;
+    for (size_t i = 0; i < qkv.size(); ++i) forward += r[i] * qkv[i];
+    for (size_t i = 0; i < q.size(); ++i) backward += dq[i] * q[i];
+    for (size_t i = 0; i < k.size(); ++i) backward += dk[i] * k[i] + dv[i] * v[i];
+    EXPECT_NEAR(forward, backward, 1e-10 * std::abs(forward)) << RopeInvFreq<double>(rope, 3, 8);
+  }
+}
+
+}  // namespace
+}  // namespace zerort
