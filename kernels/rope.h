@@ -38,7 +38,7 @@ struct RopeScaling {
 // argument).
 struct Rope {
   double theta = 10000.0;
-  RopeScaling scaling;
+  RopeScaling scaling = {};
 };
 
 // inv_freq of channel pair i of a head of `head_size` channels, in F (double on the CPU, float on

@@ -75,7 +75,7 @@ struct Geometry {
   bool llama = false;
   int kv_l = 0, hs = 0;
   float eps = 0;
-  Rope rope;
+  Rope rope = {};
   bool qkv_bias = false, o_proj_bias = false, mlp_bias = false;
   int v_l = 0, v_begin = 0, v_valid = 0;  // vocabulary rows here, the first one's id, real ones
   bool whole_vocab() const { return t == 1 && v_l == v_valid; }

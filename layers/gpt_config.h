@@ -46,8 +46,9 @@ struct GptConfig {
   int n_kv_head = 0;            // key/value heads; 0: n_head (no grouping); 1: MQA
   int intermediate_size = 0;    // the SwiGLU MLP's channels (required)
   double rope_theta = 10000.0;  // rotary base
-  RopeScaling rope_scaling;     // the frequencies' remap ([Note: rotary scaling]); none by default
-  double norm_eps = 1e-5;       // RMSNorm's epsilon
+  RopeScaling rope_scaling =
+      {};                  // the frequencies' remap ([Note: rotary scaling]); none by default
+  double norm_eps = 1e-5;  // RMSNorm's epsilon
   bool tie_word_embeddings = false;
   bool qkv_bias = false;     // Q, K and V have biases (Qwen2; LLaMA's attention_bias)
   bool o_proj_bias = false;  // the attention's output projection has one (LLaMA's attention_bias)
