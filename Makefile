@@ -15,7 +15,7 @@ export OMPI_MCA_btl_vader_single_copy_mechanism := none
 MPIRUN := mpirun --oversubscribe
 ZERORT := $(BUILD)/tools/zerort
 
-.PHONY: all deps configure build build-cli run run-llama test test-unit test-asan test-tsan test-install bench bench-peers bench-gemm clean
+.PHONY: all deps configure build build-cli run run-llama test test-unit test-asan test-tsan test-install format format-check bench bench-peers bench-gemm clean
 
 all: build
 
@@ -49,7 +49,16 @@ run-llama: build-cli
 	$(ZERORT) data prepare $(LLAMA_RUN)/corpus.txt $(LLAMA_RUN)/corpus.bin --tokenizer $(LLAMA_RUN)/tokenizer.model
 	$(ZERORT) train configs/llama-tiny-cpu.json --overwrite
 
-test: test-unit test-install test-asan test-tsan
+test: format-check test-unit test-install test-asan test-tsan
+
+# Every C++ and CUDA source as .clang-format says (Debian 12's clang-format 14): `make format`
+# rewrites them, `make format-check` (part of `make test`, so CI runs it) lists what differs.
+SOURCE_DIRS := runtime kernels offload sharding layers engine tools tests examples
+FORMATTED = $(shell find $(SOURCE_DIRS) \( -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) | sort)
+format: deps
+	@clang-format -i $(FORMATTED)
+format-check: deps
+	@clang-format --dry-run --Werror $(FORMATTED) && echo "format-check: $(words $(FORMATTED)) files formatted"
 
 test-unit: build
 	ctest --test-dir $(BUILD) -L 'cpu|mpi|gpu' --output-on-failure -j2

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <csignal>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "engine/checkpoint.h"
@@ -98,7 +99,16 @@ class Run {
   StatusOr<TrainResult> Steps();
   Status Evaluate(double& loss);
 
+  // Run::Setup's phases, in their order ([Note: a run's setup]).
+  Status SetupDevice();
   Status SetupMesh();
+  Status SetupBatchAndPipeline();
+  Status SetupManager();
+  Status SetupModel();
+  Status SetupPipelineExecutor();
+  Status Resume();
+  Status SetupData();
+  void LogStart();
 
   RunConfig c_;
   TrainerContext ctx_;
@@ -124,7 +134,6 @@ class Run {
     if (!last_stage()) std::fill(values, values + count, 0.0f);
     return HostAllReduce(values, count, ReduceOp::kSum, &mesh_->pipeline());
   }
-  Status SetupPipeline();
   // Every rank's resolved config against every other's, in one gather before any other
   // collective: ranks that differ (an MPMD job, a --set on one node) exit 2 naming the first
   // differing key and both values.
@@ -170,6 +179,7 @@ class Run {
   std::unique_ptr<GptModel> model_;
   std::unique_ptr<PipelineExecutor> executor_;  // pipeline_parallel_size > 1
   GptStagePart part_;                           // what this rank's stage holds
+  std::optional<PipelineShape> pipeline_shape_;  // pipeline_parallel_size > 1, parsed once
   std::unique_ptr<DataLoader> data_;
   // Rank 0's metrics file, CSV files, lines and progress bar; null on the other ranks. A failed
   // write stops the run at the next step boundary on every rank (exit 1 naming the file).
@@ -290,8 +300,14 @@ Status Run::SetupMesh() {
   return absl::OkStatus();
 }
 
-// The stage's part of the model, after the batch is resolved (micro-batches = accumulation).
-Status Run::SetupPipeline() {
+// The batch over the data-parallel group, then the stage's part of the model and the pipeline's
+// shape (its micro-batches are the accumulation steps).
+Status Run::SetupBatchAndPipeline() {
+  const std::string dp_source =
+      mesh_ ? StrCat(ctx_.world_source, " / (tensor_parallel_size ", mesh_->shape().tensor,
+                     " x pipeline_parallel_size ", mesh_->shape().pipeline, ")")
+            : ctx_.world_source;
+  ZR_RETURN_IF_ERROR(ResolveBatch(c_, dp().size(), dp_source));
   if (pp() == 1) return absl::OkStatus();
   const ParallelConfig& par = c_.parallel;
   ZR_ASSIGN_OR_RETURN(PipelineSchedule schedule, ParsePipelineSchedule(par.pipeline_schedule));
@@ -308,12 +324,47 @@ Status Run::SetupPipeline() {
   part_.first = stage == 0;
   part_.last = stage == pp() - 1;
   part_.embedding_group = mesh_->embedding();
+  pipeline_shape_ = shape;
   return absl::OkStatus();
 }
 
+// [Note: a run's setup]
+// Run::Setup's phases, each needing what the ones before it made:
+//  1. the device and its allocator (SetupDevice): every collective below goes through them;
+//  2. every rank's config against every other's (AgreeOnConfig), before any other collective;
+//  3. the mesh (SetupMesh), then the batch over its data-parallel group and the pipeline's shape
+//     and this stage's part (SetupBatchAndPipeline);
+//  4. the memory check against the estimator, agreed by every rank, before anything is
+//     allocated (CheckMemoryFits), and the trace file's writability;
+//  5. the shard manager and, on rank 0, the run's files (SetupManager: the lock, the metrics);
+//  6. the kernels, the model and its initial weights (SetupModel), the pipeline's executor
+//     (SetupPipelineExecutor);
+//  7. a resumed run's checkpoint (Resume), then the data (SetupData) and the start line.
 Status Run::Setup() {
-  // The device and the allocator first: the ranks' agreement on the config goes through them,
-  // before the mesh and any other collective.
+  ZR_RETURN_IF_ERROR(SetupDevice());
+  ZR_RETURN_IF_ERROR(AgreeOnConfig());
+  ZR_RETURN_IF_ERROR(SetupMesh());
+  ZR_RETURN_IF_ERROR(SetupBatchAndPipeline());
+  if (ctx_.resume && c_.checkpoint.dir.empty()) {
+    return absl::InvalidArgumentError("--resume needs checkpoint.dir in the config");
+  }
+  ZR_RETURN_IF_ERROR(AgreeAll(CheckMemoryFits(), "the memory check"));
+  if (!c_.logging.trace_file.empty()) {
+    timeline_ = std::make_unique<Timeline>(world().rank());
+    if (leader()) ZR_RETURN_IF_ERROR(Timeline::CheckWritable(c_.logging.trace_file));
+  }
+  ZR_RETURN_IF_ERROR(SetupManager());
+  ZR_RETURN_IF_ERROR(SetupModel());
+  ZR_RETURN_IF_ERROR(SetupPipelineExecutor());
+  if (ctx_.resume) ZR_RETURN_IF_ERROR(Resume());
+  ZR_RETURN_IF_ERROR(SetupData());
+  comm_spans_.SetTimeline(timeline_.get());
+  if (executor_ && timeline_) executor_->SetSpanSink(timeline_->Sink());
+  if (leader()) LogStart();
+  return absl::OkStatus();
+}
+
+Status Run::SetupDevice() {
   const std::string& want = c_.train.device;
   cuda_ = want == "cuda" || (want.empty() && CudaDeviceCount() > 0);
   if (cuda_ && CudaDeviceCount() == 0) {
@@ -327,23 +378,10 @@ Status Run::Setup() {
   } else {
     allocator_ = MakeCpuCachingAllocator(&tracker_);
   }
-  ZR_RETURN_IF_ERROR(AgreeOnConfig());
-  ZR_RETURN_IF_ERROR(SetupMesh());
-  const std::string dp_source =
-      mesh_ ? StrCat(ctx_.world_source, " / (tensor_parallel_size ", mesh_->shape().tensor,
-                     " x pipeline_parallel_size ", mesh_->shape().pipeline, ")")
-            : ctx_.world_source;
-  ZR_RETURN_IF_ERROR(ResolveBatch(c_, dp().size(), dp_source));
-  ZR_RETURN_IF_ERROR(SetupPipeline());
-  if (ctx_.resume && c_.checkpoint.dir.empty()) {
-    return absl::InvalidArgumentError("--resume needs checkpoint.dir in the config");
-  }
-  const DType compute = ComputeDType(c_);
-  ZR_RETURN_IF_ERROR(AgreeAll(CheckMemoryFits(), "the memory check"));
-  if (!c_.logging.trace_file.empty()) {
-    timeline_ = std::make_unique<Timeline>(world().rank());
-    if (leader()) ZR_RETURN_IF_ERROR(Timeline::CheckWritable(c_.logging.trace_file));
-  }
+  return absl::OkStatus();
+}
+
+Status Run::SetupManager() {
   const ShardManagerOptions mo = ShardManagerOptionsFrom(c_, dp().size(), ctx_.faults);
   ZR_ASSIGN_OR_RETURN(
       manager_,
@@ -361,7 +399,11 @@ Status Run::Setup() {
                               "the checkpoint directory or metrics file"));
   // The setup's few host values leave no cached segment behind: the run's memory (and the
   // estimator's replay of it) starts from the model's own allocations.
-  ZR_RETURN_IF_ERROR(allocator_->EmptyCache());
+  return allocator_->EmptyCache();
+}
+
+Status Run::SetupModel() {
+  const DType compute = ComputeDType(c_);
   store_ = MakeShardManagerStore(*manager_, timeline_ ? timeline_->Sink() : SpanSink());
   if (cuda_) {
     ZR_ASSIGN_OR_RETURN(kernels_, MakeCudaModelKernels(compute, DType::kF32,
@@ -387,77 +429,80 @@ Status Run::Setup() {
   if (!c_.model.init_from.empty()) {  // kept for export (RunState::hf_config)
     ZR_ASSIGN_OR_RETURN(hf_config_, ReadHuggingFaceConfigJson(c_.model.init_from));
   }
-  if (pp() > 1) {
-    ZR_ASSIGN_OR_RETURN(PipelineSchedule schedule,
-                        ParsePipelineSchedule(c_.parallel.pipeline_schedule));
-    PipelineStageOptions po{
-        .shape = {schedule, pp(), static_cast<int>(c_.gradient_accumulation_steps),
-                  c_.parallel.virtual_pipeline_stages},
-        .stage = mesh_->coord().pipeline,
-        .pipeline = &mesh_->pipeline(),
-        .tp = {tp()},
-        .sequence_parallel = c_.parallel.sequence_parallel,
-        .scatter_gather = c_.parallel.pipeline_scatter_gather,
-        .chunks = part_.chunks,
-        .allocator = allocator_.get(),
-        .stream = &manager_->compute_stream(),
-        .streams = StreamOptionsFrom(c_)};
-    po.fail_send_stage = ctx_.faults.pipeline_send_stage;  // the hang tests' hook
-    po.fail_send_dies = ctx_.faults.pipeline_send_dies;
-    ZR_ASSIGN_OR_RETURN(executor_, PipelineExecutor::Create(*model_, std::move(po)));
-  }
-  if (ctx_.resume) {
-    ZR_ASSIGN_OR_RETURN(const std::string step_dir, LatestCheckpoint(c_.checkpoint.dir));
-    ZR_ASSIGN_OR_RETURN(start_, LoadCheckpoint(step_dir, *manager_, Groups()));
-    ZR_RETURN_IF_ERROR(CheckResumable(start_.config, c_.ToJson(), step_dir));
-    if (!start_.run_id.empty()) run_id_ = start_.run_id;  // an older checkpoint has none
-    if (!start_.hf_config.is_null()) hf_config_ = start_.hf_config;
-    if (leader()) {
-      Logger()->info("resumed from {} (step {}, {} sequences consumed)", step_dir, start_.step,
-                     start_.consumed_sequences);
-    }
-  }
+  return absl::OkStatus();
+}
 
+Status Run::SetupPipelineExecutor() {
+  if (!pipeline_shape_) return absl::OkStatus();
+  PipelineStageOptions po{.shape = *pipeline_shape_,
+                          .stage = mesh_->coord().pipeline,
+                          .pipeline = &mesh_->pipeline(),
+                          .tp = {tp()},
+                          .sequence_parallel = c_.parallel.sequence_parallel,
+                          .scatter_gather = c_.parallel.pipeline_scatter_gather,
+                          .chunks = part_.chunks,
+                          .allocator = allocator_.get(),
+                          .stream = &manager_->compute_stream(),
+                          .streams = StreamOptionsFrom(c_)};
+  po.fail_send_stage = ctx_.faults.pipeline_send_stage;  // the hang tests' hook
+  po.fail_send_dies = ctx_.faults.pipeline_send_dies;
+  ZR_ASSIGN_OR_RETURN(executor_, PipelineExecutor::Create(*model_, std::move(po)));
+  return absl::OkStatus();
+}
+
+Status Run::Resume() {
+  ZR_ASSIGN_OR_RETURN(const std::string step_dir, LatestCheckpoint(c_.checkpoint.dir));
+  ZR_ASSIGN_OR_RETURN(start_, LoadCheckpoint(step_dir, *manager_, Groups()));
+  ZR_RETURN_IF_ERROR(CheckResumable(start_.config, c_.ToJson(), step_dir));
+  if (!start_.run_id.empty()) run_id_ = start_.run_id;  // an older checkpoint has none
+  if (!start_.hf_config.is_null()) hf_config_ = start_.hf_config;
+  if (leader()) {
+    Logger()->info("resumed from {} (step {}, {} sequences consumed)", step_dir, start_.step,
+                   start_.consumed_sequences);
+  }
+  return absl::OkStatus();
+}
+
+Status Run::SetupData() {
   ZR_ASSIGN_OR_RETURN(DataLoader loader,
                       DataLoader::Load(c_.data, c_.model.shape.seq_len, c_.model.shape.vocab_size));
   data_ = std::make_unique<DataLoader>(std::move(loader));
-
-  comm_spans_.SetTimeline(timeline_.get());
-  if (executor_ && timeline_) executor_->SetSpanSink(timeline_->Sink());
-  const std::string layout = DescribeDataLayout(c_, ctx_.topology);
-  if (leader() && !layout.empty()) Logger()->info("data parallelism: {}", layout);
-  if (leader()) {
-    Logger()->info(
-        "training {} parameters ({}) on {} x {} ({}), ZeRO-{}{}, batch {} = {} micro x {} "
-        "accumulation x {} data-parallel ranks; data: {} ({} training tokens, {} validation)",
-        c_.model.shape.NumParameters(), c_.model.shape.Describe(), world().size(),
-        device_.ToString(), DTypeName(compute), c_.zero.stage,
-        mesh_ ? fmt::format(", data {} x tensor {}{}{}", mesh_->shape().data, mesh_->shape().tensor,
-                            c_.parallel.sequence_parallel ? " (sequence parallel)" : "",
-                            pp() > 1 ? fmt::format(" x pipeline {} ({}, {} chunk(s) per stage)",
-                                                   pp(), c_.parallel.pipeline_schedule,
-                                                   c_.parallel.virtual_pipeline_stages)
-                                     : "")
-              : "",
-        c_.train_batch_size, c_.train_micro_batch_size_per_gpu, c_.gradient_accumulation_steps,
-        dp().size(), data_->source(), data_->train_tokens(), data_->validation_tokens());
-    if (!cuda_) {
-      if (const std::string w = BlasCoreWarning(); !w.empty()) Logger()->warn("{}", w);
-    } else {
-      const int tp_size = c_.parallel.tensor_parallel_size;
-      const int64_t vocab_rows =
-          PaddedVocab(c_.model.shape, tp_size, c_.parallel.make_vocab_size_divisible_by) / tp_size;
-      if (vocab_rows % 8 != 0) {
-        Logger()->warn(
-            "the output projection's {} vocabulary rows per tensor-parallel rank are not a "
-            "multiple of 8, so cuBLAS multiplies them with its unaligned kernels; "
-            "parallel.make_vocab_size_divisible_by = 128 (Megatron's default) pads them (GPT-2 "
-            "124M trains 1.24x faster on an H100, docs/gpu.md)",
-            vocab_rows);
-      }
-    }
-  }
   return absl::OkStatus();
+}
+
+// Rank 0's account of what it is about to train, and the warnings that concern speed.
+void Run::LogStart() {
+  const std::string layout = DescribeDataLayout(c_, ctx_.topology);
+  if (!layout.empty()) Logger()->info("data parallelism: {}", layout);
+  Logger()->info(
+      "training {} parameters ({}) on {} x {} ({}), ZeRO-{}{}, batch {} = {} micro x {} "
+      "accumulation x {} data-parallel ranks; data: {} ({} training tokens, {} validation)",
+      c_.model.shape.NumParameters(), c_.model.shape.Describe(), world().size(),
+      device_.ToString(), DTypeName(ComputeDType(c_)), c_.zero.stage,
+      mesh_ ? fmt::format(", data {} x tensor {}{}{}", mesh_->shape().data, mesh_->shape().tensor,
+                          c_.parallel.sequence_parallel ? " (sequence parallel)" : "",
+                          pp() > 1 ? fmt::format(" x pipeline {} ({}, {} chunk(s) per stage)",
+                                                 pp(), c_.parallel.pipeline_schedule,
+                                                 c_.parallel.virtual_pipeline_stages)
+                                   : "")
+            : "",
+      c_.train_batch_size, c_.train_micro_batch_size_per_gpu, c_.gradient_accumulation_steps,
+      dp().size(), data_->source(), data_->train_tokens(), data_->validation_tokens());
+  if (!cuda_) {
+    if (const std::string w = BlasCoreWarning(); !w.empty()) Logger()->warn("{}", w);
+    return;
+  }
+  const int tp_size = c_.parallel.tensor_parallel_size;
+  const int64_t vocab_rows =
+      PaddedVocab(c_.model.shape, tp_size, c_.parallel.make_vocab_size_divisible_by) / tp_size;
+  if (vocab_rows % 8 != 0) {
+    Logger()->warn(
+        "the output projection's {} vocabulary rows per tensor-parallel rank are not a multiple "
+        "of 8, so cuBLAS multiplies them with its unaligned kernels; "
+        "parallel.make_vocab_size_divisible_by = 128 (Megatron's default) pads them (GPT-2 124M "
+        "trains 1.24x faster on an H100, docs/gpu.md)",
+        vocab_rows);
+  }
 }
 
 Status Run::Evaluate(double& loss) {

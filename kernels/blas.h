@@ -1,6 +1,7 @@
 // The CPU BLAS (OpenBLAS; oneDNN's sgemm instead with -DZR_ENABLE_DNNL=ON) behind the CPU GEMMs:
-// its identity and its thread count, which is pinned per rank so that ranks sharing a node do
-// not oversubscribe its cores.
+// its identity and its thread count. zerort does not set the count: OpenBLAS and OpenMP read
+// OPENBLAS_NUM_THREADS and OMP_NUM_THREADS, which ranks sharing a node set so that together they
+// do not oversubscribe its cores (docs/benchmarks.md's mpirun lines).
 #pragma once
 
 #include <string>
@@ -9,7 +10,6 @@ namespace zerort {
 
 std::string BlasVersion();  // OpenBLAS's configuration string
 int BlasThreads();          // threads OpenBLAS will use
-void SetBlasThreads(int threads);
 // The library behind the CPU kernels' fp32 GEMMs: "oneDNN 2.6.3", or "OpenBLAS, Haswell kernels"
 // (the kernel set OpenBLAS runs: it picks one by CPU model, or takes OPENBLAS_CORETYPE's).
 std::string CpuGemmLibrary();

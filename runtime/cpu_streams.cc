@@ -139,7 +139,7 @@ class QueuedCpuStream final : public Stream {
         queue_.pop_front();
         skip = !item.marker && !error_.ok();
       }
-      if (jitter_max_us_ > 0) {  // [Note: jitter]: only this thread touches rng_
+      if (jitter_max_us_ > 0) {  // [Note: jitter] (runtime/device.h)
         std::uniform_int_distribution<int> us(0, jitter_max_us_);
         std::this_thread::sleep_for(std::chrono::microseconds(us(rng_)));
       }

@@ -13,10 +13,13 @@
 // immediate stream told to wait for an event waits on the host at once, since its next work runs
 // there. The first failed work item's error sticks to the stream (later work is skipped, every
 // Launch and Synchronize returns it), but markers still run, so nothing waits forever on a failed
-// stream. A seeded jitter delays each item by a random 0..jitter_max_us, so that a missing
-// event shows up as a wrong number or a sanitizer report instead of hiding behind timing; each
-// stream draws from its own generator (the seed mixed with its name). Work must not synchronize
-// its own stream (checked). docs/async-device.md says how the rest of zerort runs on it.
+// stream. Work must not synchronize its own stream (checked). docs/async-device.md says how the
+// rest of zerort runs on it.
+//
+// [Note: jitter] A seeded jitter (StreamOptions::jitter_seed) delays each item of a queued stream
+// by a random 0..jitter_max_us, so that a missing event shows up as a wrong number or a sanitizer
+// report instead of hiding behind timing. Each stream draws from its own generator (the seed
+// mixed with its name), which only the stream's thread touches.
 #pragma once
 
 #include <chrono>

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """The repository points only at itself: every relative link of a Markdown file names a file or
-folder of the repository, and no file cites a design note that lives outside it (DESIGN.md, the
-session's shared/ folder). Usage: doc_links_test.py REPOSITORY_ROOT"""
+folder of the repository, no file cites a design note that lives outside it (DESIGN.md, the
+session's shared/ folder), and every cited [Note: ...] is defined once in it: a comment line or
+a Markdown heading that begins with the note's name and goes on to say it (text after the name
+that starts with a capital letter, or on the comment lines that follow).
+Usage: doc_links_test.py REPOSITORY_ROOT"""
 import os
 import re
 import sys
@@ -15,6 +18,11 @@ files = repo_files(root)
 text_ext = (".md", ".h", ".cc", ".cu", ".cuh", ".py", ".sh", ".txt", ".cmake", ".in", ".json")
 outside = re.compile(r"\bDESIGN\.md\b|\.\./shared/")
 link = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+note = re.compile(r"\[Note: ([^\]]+)\]")
+# A definition: the note first on a comment line or heading, then its text on the same line
+# (capitalised) or on the next comment line.
+opening = re.compile(r"^\s*(?://|#+|\*\*)\s*\[Note: ([^\]]+)\](?:\*\*)?(\s*$|\s+[A-Z])")
+cited, defined = {}, {}
 links = 0
 for rel in files:
     if not rel.endswith(text_ext) and os.path.basename(rel) not in ("Makefile", "CMakeLists.txt"):
@@ -27,7 +35,15 @@ for rel in files:
             content = f.read()
     except OSError:
         continue
-    for n, line in enumerate(content.splitlines(), 1):
+    lines = content.splitlines()
+    for n, line in enumerate(lines, 1):
+        if rel != "tests/repo/doc_links_test.py":
+            for name in note.findall(line):
+                cited.setdefault(name, f"{rel}:{n}")
+            m = opening.match(line)
+            follows = n < len(lines) and re.match(r"^\s*(//|#)\s*\S", lines[n])
+            if m and (m.group(2).strip() or follows or rel.endswith(".md")):
+                defined.setdefault(m.group(1), []).append(f"{rel}:{n}")
         if outside.search(line) and rel != "tests/repo/doc_links_test.py":
             checks.check(f"{rel}:{n} points outside the repository", False, line.strip()[:120])
     if not rel.endswith(".md"):
@@ -41,4 +57,9 @@ for rel in files:
         checks.check(f"{rel}: link to {target} exists inside the repository",
                      resolved.startswith(root + os.sep) and os.path.exists(resolved), resolved)
 checks.check("some Markdown links were checked", links > 5, str(links))
+for name, where in sorted(cited.items()):
+    places = defined.get(name, [])
+    checks.check(f"[Note: {name}] (cited at {where}) is defined once", len(places) == 1,
+                 ", ".join(places) or "defined nowhere")
+checks.check("some notes were checked", len(cited) > 20, str(len(cited)))
 checks.finish()

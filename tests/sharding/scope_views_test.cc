@@ -4,9 +4,9 @@
 // reduced gradients with NaN so that a raw pointer kept past End() reads NaN, not stale numbers.
 #include <cmath>
 
+#include <algorithm>
 #include "gtest/gtest.h"
 #include "runtime/loopback_communicator.h"
-#include <algorithm>
 
 #include "sharding/shard_manager.h"
 #include "tests/sharding/harness.h"
@@ -138,7 +138,7 @@ TEST(ScopeViewsTest, AStalePointerReadsNaNWhileItsUnitIsGatheredAgain) {
     const float* stale = first.param(0).data_as<float>();
     const int64_t n = first.param(0).numel();
     ASSERT_TRUE(first.End().ok());
-    int lucky = 0, uses = 0;  // uses where the stale pointer read the unit's current weights
+    int lucky = 0, uses = 0;   // uses where the stale pointer read the unit's current weights
     int64_t nan_at_next = -1;  // NaNs the stale pointer read during the unit's next use
     for (int step = 0; step < 3; ++step) {
       // Step 0: its backward (the forward was `first`); then a forward and a backward a step.
