@@ -53,7 +53,8 @@ test: format-check test-unit test-install test-asan test-tsan
 
 # Every C++ and CUDA source as .clang-format says (Debian 12's clang-format 14): `make format`
 # rewrites them, `make format-check` (part of `make test`, so CI runs it) lists what differs.
-SOURCE_DIRS := runtime kernels offload sharding layers engine tools tests examples
+SOURCE_DIRS := runtime kernels offload sharding layers data config checkpoint estimate engine tools tests \
+  examples
 FORMATTED = $(shell find $(SOURCE_DIRS) \( -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) | sort)
 format: deps
 	@clang-format -i $(FORMATTED)

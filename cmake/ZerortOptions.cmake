@@ -73,6 +73,12 @@ function(zr_library)
     $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
     $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/zerort>)
   target_link_libraries(zerort_${ARG_NAME} PUBLIC ${ARG_PUBLIC_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
+  # Every symbol a library uses comes from the libraries it names: a room that calls one above it
+  # (or one it does not link) fails to link, so the layering is the build's, not a convention.
+  # (The sanitizers' runtimes are the executables', so their builds leave this out.)
+  if(NOT ZR_SANITIZE)
+    target_link_options(zerort_${ARG_NAME} PRIVATE "LINKER:--no-undefined")
+  endif()
   install(TARGETS zerort_${ARG_NAME} EXPORT zerortTargets
           LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
   install(FILES ${ARG_HEADERS} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/zerort/${ARG_FOLDER})

@@ -7,9 +7,9 @@
 #include <cerrno>
 #include <filesystem>
 
-#include "engine/user_file.h"
 #include "fmt/format.h"
 #include "runtime/strings.h"
+#include "runtime/user_file.h"
 
 namespace zerort {
 StatusOr<std::unique_ptr<CsvMonitor>> CsvMonitor::Open(const std::string& dir) {

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "engine/config.h"
+#include "config/config.h"
 
 namespace zerort {
 

@@ -7,9 +7,9 @@
 #include <filesystem>
 #include <utility>
 
-#include "engine/run_dir.h"
-#include "engine/user_file.h"
+#include "checkpoint/run_dir.h"
 #include "runtime/strings.h"
+#include "runtime/user_file.h"
 
 namespace zerort {
 namespace {

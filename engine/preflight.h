@@ -1,7 +1,7 @@
 // Preflight checks of a run, before it allocates or trains (docs/design.md, "Untrusted input"):
 // the paths the config names are usable on this rank's machine, the ranks' configs agree, a
 // resumed checkpoint's shaping config matches, and the memory estimator's peak fits the machine.
-// Reading a config touches no file (engine/config.h); `zerort train` runs CheckRunPaths once per
+// Reading a config touches no file (config/config.h); `zerort train` runs CheckRunPaths once per
 // rank after reading it, and `zerort estimate` never does (a cluster's config is estimated on a
 // laptop that lacks its nvme_path).
 #pragma once
@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
+#include "config/config.h"
 #include "engine/host_memory.h"
-#include "engine/memory_model.h"
+#include "estimate/memory_model.h"
 #include "nlohmann/json.hpp"
 #include "runtime/status.h"
 
@@ -29,19 +29,6 @@ Status CheckRunPaths(const RunConfig& c, const std::string& file);
 // else InvalidArgument naming the first differing key and both values (this rank's against rank
 // 0's, or when it agrees with rank 0, against the first rank that does not).
 Status CompareRankConfigs(const std::vector<std::string>& configs, int me);
-
-// A resumed run's config against the one that saved the checkpoint: what shapes the saved state
-// must match (the model's shape, the optimizer and the compute dtype); what is meant to change
-// (ZeRO stage, world size and layout, batch size, learning-rate schedule) may.
-Status CheckResumable(const nlohmann::json& saved, const nlohmann::json& now,
-                      const std::string& step_dir);
-// A checkpoint read under another run config (`command`: "eval"): the model's architecture keys
-// (arch, the shape, n_kv_head, intermediate_size, rope_theta, rope_scaling, rms_norm_eps,
-// tie_word_embeddings, the bias flags, sliding_window) must equal the ones the checkpoint was
-// saved with; seq_len may
-// differ. Ok for an embedder's checkpoint (no config), whose load fails by itself.
-Status CheckSameArchitecture(const nlohmann::json& saved, const nlohmann::json& now,
-                             const std::string& step_dir, const std::string& command);
 
 // What a rank may use: its GPU's memory (cuda), or its node's host memory shared by the node's
 // ranks.

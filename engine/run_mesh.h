@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/config.h"
+#include "config/config.h"
 #include "runtime/device_mesh.h"
 #include "runtime/topology.h"
 

@@ -6,10 +6,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "engine/user_file.h"
 #include "nlohmann/json.hpp"
 #include "runtime/host_collectives.h"
 #include "runtime/strings.h"
+#include "runtime/user_file.h"
 
 namespace zerort {
 

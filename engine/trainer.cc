@@ -11,22 +11,23 @@
 #include <optional>
 #include <utility>
 
-#include "engine/checkpoint.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/config_match.h"
+#include "checkpoint/export.h"
+#include "checkpoint/hf_config.h"
+#include "checkpoint/run_dir.h"
+#include "checkpoint/safetensors.h"
+#include "config/run_options.h"
+#include "data/data_loader.h"
+#include "data/tokenizer.h"
 #include "engine/comm_spans.h"
-#include "engine/data_loader.h"
-#include "engine/export.h"
-#include "engine/hf_config.h"
 #include "engine/host_memory.h"
 #include "engine/lr_schedule.h"
-#include "engine/memory_model.h"
 #include "engine/metrics_sink.h"
 #include "engine/preflight.h"
-#include "engine/run_dir.h"
 #include "engine/run_mesh.h"
-#include "engine/run_options.h"
-#include "engine/safetensors.h"
 #include "engine/timeline.h"
-#include "engine/tokenizer.h"
+#include "estimate/memory_model.h"
 #include "kernels/blas.h"
 #include "kernels/model_kernels.h"
 #include "layers/gpt_model.h"
@@ -40,6 +41,9 @@
 #include "sharding/shard_manager.h"
 
 namespace zerort {
+
+static_assert(kMaskedTarget == kIgnoreTarget, "the data's masked target is the model's");
+
 namespace {
 
 // Set by SIGTERM/SIGUSR1 while a run is in progress; read once per step. A signal handler can
@@ -139,7 +143,7 @@ class Run {
   // differing key and both values.
   Status AgreeOnConfig();
   // Rank 0: the checkpoint directory's lock, and a new run's refusal to take over an earlier
-  // run's checkpoints or metrics (engine/run_dir.h).
+  // run's checkpoints or metrics (checkpoint/run_dir.h).
   Status ClaimRunFiles();
   // Every rank learns whether any rank refused (its code; that rank logs the message) in one
   // collective over the world.
@@ -177,8 +181,8 @@ class Run {
   std::unique_ptr<WeightStore> store_;
   std::unique_ptr<ModelKernels> kernels_;
   std::unique_ptr<GptModel> model_;
-  std::unique_ptr<PipelineExecutor> executor_;  // pipeline_parallel_size > 1
-  GptStagePart part_;                           // what this rank's stage holds
+  std::unique_ptr<PipelineExecutor> executor_;   // pipeline_parallel_size > 1
+  GptStagePart part_;                            // what this rank's stage holds
   std::optional<PipelineShape> pipeline_shape_;  // pipeline_parallel_size > 1, parsed once
   std::unique_ptr<DataLoader> data_;
   // Rank 0's metrics file, CSV files, lines and progress bar; null on the other ranks. A failed
@@ -477,12 +481,12 @@ void Run::LogStart() {
   Logger()->info(
       "training {} parameters ({}) on {} x {} ({}), ZeRO-{}{}, batch {} = {} micro x {} "
       "accumulation x {} data-parallel ranks; data: {} ({} training tokens, {} validation)",
-      c_.model.shape.NumParameters(), c_.model.shape.Describe(), world().size(),
-      device_.ToString(), DTypeName(ComputeDType(c_)), c_.zero.stage,
+      c_.model.shape.NumParameters(), c_.model.shape.Describe(), world().size(), device_.ToString(),
+      DTypeName(ComputeDType(c_)), c_.zero.stage,
       mesh_ ? fmt::format(", data {} x tensor {}{}{}", mesh_->shape().data, mesh_->shape().tensor,
                           c_.parallel.sequence_parallel ? " (sequence parallel)" : "",
-                          pp() > 1 ? fmt::format(" x pipeline {} ({}, {} chunk(s) per stage)",
-                                                 pp(), c_.parallel.pipeline_schedule,
+                          pp() > 1 ? fmt::format(" x pipeline {} ({}, {} chunk(s) per stage)", pp(),
+                                                 c_.parallel.pipeline_schedule,
                                                  c_.parallel.virtual_pipeline_stages)
                                    : "")
             : "",

@@ -13,8 +13,8 @@
 #include <cstdio>
 #include <string>
 
-#include "engine/config.h"
-#include "engine/run_options.h"
+#include "config/config.h"
+#include "config/run_options.h"
 #include "runtime/communicator.h"
 #include "runtime/memory.h"
 #include "runtime/topology.h"

@@ -1,7 +1,7 @@
 // [Note: what the kernels allocate] The bytes the model kernels keep for a backward or allocate
 // for themselves, per backend, as plain functions: the kernels (kernels/cpu/model_kernels.cc,
 // kernels/cuda/model_kernels.cu) size their buffers with them and the memory model
-// (engine/step_model.cc) replays them, without a kernel object (an estimate for CUDA runs on a
+// (estimate/step_model.cc) replays them, without a kernel object (an estimate for CUDA runs on a
 // machine without a GPU).
 //
 // - The attention's saved tensor (besides qkv and out): the CPU float and 16-bit kernels keep each

@@ -171,7 +171,7 @@ Status BlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const Bl
 // allocation order, with each buffer's bytes: under tensor parallelism the column layers' outputs
 // hold this rank's columns, the residual stream and the LayerNorm statistics this rank's rows
 // (sequence parallelism); `attention_saved` is ModelKernels::AttentionSavedBytes. This one table
-// is what AllocateBlockActs allocates and what the memory model (engine/step_model.cc) replays.
+// is what AllocateBlockActs allocates and what the memory model (estimate/step_model.cc) replays.
 struct BlockActBuffer {
   Buffer BlockActs::*member;
   int64_t bytes;

@@ -1,5 +1,5 @@
 // What GptModel allocates for a micro-batch outside its blocks' activation sets: one table per
-// call, which the model allocates from and the memory model (engine/step_model.cc) replays
+// call, which the model allocates from and the memory model (estimate/step_model.cc) replays
 // (internal: not installed). With BlockActPlan and BackwardScratchPlan (gpt_block.h) and the
 // kernels' own (kernels/memory_facts.h) these are every activation and workspace byte of a step.
 #pragma once

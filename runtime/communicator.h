@@ -58,7 +58,7 @@ struct CommOptions {
 // exchange its sends' bytes, a receive nothing. A collective of a group that crosses nodes counts
 // whole as inter-node: a ring over two nodes pushes every byte through an inter-node link, which
 // then sets its time. One function computes a collective's share, RingBytesSent
-// (collective_trace.h): the communicator's count, the estimator's (engine/comm_model.h) and
+// (collective_trace.h): the communicator's count, the estimator's (estimate/comm_model.h) and
 // `zerort bench comm`'s bus bandwidth use it. What the estimator derives on its own is which
 // collectives a step issues, over which groups, and their sizes.
 struct LinkBytes {

@@ -1,5 +1,5 @@
 // Which stage-3 units to gather ahead and which to keep gathered: the decisions ShardManager
-// executes and the memory model (engine/step_model.cc) replays, so that the two cannot drift.
+// executes and the memory model (estimate/step_model.cc) replays, so that the two cannot drift.
 //
 // [Note: the gather plan] A step uses units in an order (forward, then backward, per micro-batch).
 // The first step records it (no prefetch, no keeps); later steps replay it. At each use the

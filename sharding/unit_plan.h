@@ -1,7 +1,7 @@
 // UnitPlan: the buffers one unit keeps for a ZeRO stage, dtypes and placement — element count,
 // dtype, tier, category and lifetime of each — as a pure function of the options and the unit's
 // FlatLayout. ShardedUnit (parameter side) and ShardedOptimizer (optimizer side) allocate from
-// it, in its order; the memory model (engine/step_model.cc) replays the same plan, so the
+// it, in its order; the memory model (estimate/step_model.cc) replays the same plan, so the
 // runtime and the estimate cannot disagree about what a stage keeps where.
 #pragma once
 

@@ -18,7 +18,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/config.h"
+#include "config/config.h"
 #include "kernels/blas.h"
 #include "kernels/model_kernels.h"
 #include "layers/gpt_model.h"

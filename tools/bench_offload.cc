@@ -19,14 +19,14 @@
 #include <map>
 #include <vector>
 
-#include "engine/config.h"
-#include "engine/json_reader.h"
+#include "config/config.h"
 #include "engine/preflight.h"
 #include "engine/trainer.h"
 #include "nlohmann/json.hpp"
 #include "offload/nvme_store.h"
 #include "runtime/allocator.h"
 #include "runtime/exit_codes.h"
+#include "runtime/json_reader.h"
 #include "runtime/log.h"
 #include "runtime/loopback_communicator.h"
 #include "runtime/strings.h"

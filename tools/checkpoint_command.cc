@@ -1,9 +1,9 @@
 // zerort eval, zerort checkpoint inspect, zerort checkpoint export.
 #include <cstdio>
 
-#include "engine/checkpoint.h"
-#include "engine/config.h"
-#include "engine/export.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/export.h"
+#include "config/config.h"
 #include "runtime/exit_codes.h"
 #include "runtime/log.h"
 #include "runtime/strings.h"
@@ -63,7 +63,7 @@ int RunCheckpointInspect(const CheckpointOptions& o) {
                 pipeline.is_number_integer() ? static_cast<long long>(pipeline.get<int64_t>()) : 1);
   }
   if (SavedByEmbedder(meta)) {
-    // An embedder's checkpoint (engine/manager_checkpoint.h): its own JSON instead of a config.
+    // An embedder's checkpoint (checkpoint/manager_checkpoint.h): its own JSON instead of a config.
     std::string user = meta.value("user", nlohmann::json())
                            .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     if (user.size() > 300) {

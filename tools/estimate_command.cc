@@ -13,10 +13,10 @@
 #include <optional>
 #include <set>
 
-#include "engine/config.h"
-#include "engine/hf_config.h"
-#include "engine/memory_model.h"
+#include "checkpoint/hf_config.h"
+#include "config/config.h"
 #include "engine/trainer.h"
+#include "estimate/memory_model.h"
 #include "runtime/exit_codes.h"
 #include "runtime/log.h"
 #include "runtime/loopback_communicator.h"

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "engine/memory_model.h"
+#include "estimate/memory_model.h"
 #include "nlohmann/json.hpp"
 #include "runtime/memory.h"
 #include "tools/commands.h"
@@ -19,7 +19,7 @@ void PrintCategories(const MemoryEstimate& e, const MemorySnapshot* measured);
 nlohmann::json EstimateJson(const MemoryEstimate& e);
 // --intra-gbps and --inter-gbps: 0 (no time) or a speed up to 1e6 Gb/s; NaN is refused too.
 Status CheckLinkSpeeds(const EstimateOptions& o);
-// [Note: bytes per step] (engine/comm_model.h) as JSON and as text, with the time at the given
+// [Note: bytes per step] (estimate/comm_model.h) as JSON and as text, with the time at the given
 // link speeds.
 nlohmann::json CommJson(const StepComm& c, const EstimateOptions& o);
 std::string CommText(const StepComm& c, const EstimateOptions& o);

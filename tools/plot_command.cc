@@ -16,13 +16,13 @@
 #include <filesystem>
 #include <thread>
 
-#include "engine/json_reader.h"
-#include "engine/user_file.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
 #include "runtime/exit_codes.h"
+#include "runtime/json_reader.h"
 #include "runtime/log.h"
 #include "runtime/strings.h"
+#include "runtime/user_file.h"
 #include "tools/commands.h"
 
 extern char** environ;

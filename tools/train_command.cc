@@ -11,13 +11,13 @@
 #include <fstream>
 #include <sstream>
 
-#include "engine/config.h"
-#include "engine/config_schema.h"
-#include "engine/data_prepare.h"
-#include "engine/deepspeed_config.h"
+#include "config/config.h"
+#include "config/config_schema.h"
+#include "config/deepspeed_config.h"
+#include "data/data_prepare.h"
+#include "data/token_file.h"
+#include "data/tokenizer.h"
 #include "engine/preflight.h"
-#include "engine/token_file.h"
-#include "engine/tokenizer.h"
 #include "engine/trainer.h"
 #include "runtime/exit_codes.h"
 #include "runtime/log.h"

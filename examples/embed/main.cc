@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "zerort/engine/manager_checkpoint.h"
+#include "zerort/checkpoint/manager_checkpoint.h"
 #include "zerort/runtime/launch_env.h"
 #include "zerort/runtime/log.h"
 #include "zerort/runtime/loopback_communicator.h"

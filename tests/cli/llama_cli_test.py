@@ -337,10 +337,10 @@ r = run("estimate", "--model", "llama-3-8b", "--gpus", "8", "--nodes", "2", "--t
 t.check("--tp 16 with 8 key/value heads: exit 2", r.returncode == 2 and "n_kv_head" in r.stderr,
         r.stderr[-200:])
 
-# 6. A tokenizer (tests/engine/golden/tokenizer_llama3.json, LLaMA-3's pre-tokenisation, checked
+# 6. A tokenizer (tests/data/golden/tokenizer_llama3.json, LLaMA-3's pre-tokenisation, checked
 # against Hugging Face's JavaScript implementation in tokenizer_test): data prepare on 2 threads,
 # a LLaMA model trained on the ids, its sample decoded to text.
-tokenizer = os.path.join(os.path.dirname(golden), "..", "engine", "golden", "tokenizer_llama3.json")
+tokenizer = os.path.join(os.path.dirname(golden), "..", "data", "golden", "tokenizer_llama3.json")
 with open(tokenizer) as f:
     tok = json.load(f)
 vocab = max(tok["model"]["vocab"].values()) + 1 + len(tok["added_tokens"])

@@ -20,7 +20,7 @@
   from zero, close to the curve; the asynchronous CPU device trains the synchronous one's curve
   bit for bit;
 - (a checkpoint of another optimizer is refused by --resume's optimizer.type check; the loader's
-  own refusal is tests/engine/manager_checkpoint_test.cc's.)
+  own refusal is tests/checkpoint/manager_checkpoint_test.cc's.)
 Usage: onebit_lamb_cli_test.py PATH_TO_ZERORT MPIEXEC"""
 import functools
 import json

@@ -3,6 +3,7 @@
 // memory check refuses what does not fit the machine it is told about, and lists the layouts
 // that would.
 #include "engine/preflight.h"
+#include "checkpoint/config_match.h"
 
 #include <gtest/gtest.h>
 

@@ -9,9 +9,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "engine/data_loader.h"
+#include "data/data_loader.h"
+#include "data/token_file.h"
 #include "engine/lr_schedule.h"
-#include "engine/token_file.h"
 #include "runtime/device.h"
 #include "runtime/loopback_communicator.h"
 #include "tests/engine/metrics_file.h"

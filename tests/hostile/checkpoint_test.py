@@ -216,7 +216,7 @@ cases += [
      "nested more than 64 levels deep at 'config[0]"),
     ("a user JSON nested 100,000 deep", nested_deep("user"),
      "nested more than 64 levels deep at 'user[0]"),
-    # config: an object (zerort train's) or null (an embedder's, engine/manager_checkpoint.h).
+    # config: an object (zerort train's) or null (an embedder's, checkpoint/manager_checkpoint.h).
     ("config a string", meta_edit(lambda m: m.update(config="x")), "config = \"x\""),
     ("config an array", meta_edit(lambda m: m.update(config=[])), "config = []"),
     ("a 2 MiB parameter name", meta_edit(long_name), "a string of 2097152 bytes"),
@@ -249,7 +249,7 @@ for index, (what, edit, message) in enumerate(cases):
     check(f"{what}: nothing changed", digest(d) == before)
     check(f"{what}: the outside file untouched", digest(tmp)["outside.bin"] == outside_before)
 
-# A GPT checkpoint with its config nulled is read as an embedder's (engine/manager_checkpoint.h):
+# A GPT checkpoint with its config nulled is read as an embedder's (checkpoint/manager_checkpoint.h):
 # inspect prints it (exit 0); export and train --resume refuse it saying why (exit 2); nothing
 # changes.
 d = tamper("embedder", meta_edit(lambda m: m.update(config=None, user={"note": "\u00e9" * 400})))

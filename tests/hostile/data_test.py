@@ -69,7 +69,7 @@ cases = [
     ("a short header", token_file("short.bin", b"ZRTOK"), "shorter than the 32-byte"),
     ("no magic", token_file("nomagic.bin", header(4, 2, magic=b"NOTTOKEN") + b"\0" * 8),
      "not a token file zerort knows"),
-    # The other formats ([Note: the token files zerort reads], engine/token_source.h).
+    # The other formats ([Note: the token files zerort reads], data/token_source.h).
     ("an llm.c shard of version 7",
      token_file("llmc7.bin", struct.pack("<3i", 20240520, 7, 4) + b"\0" * 1012 + b"\0" * 8),
      "llm.c token shard version 7"),
@@ -118,7 +118,7 @@ for what, path in [("a FIFO", fifo), ("/dev/zero", "/dev/zero"), ("a directory",
 # tokenizers]) made hostile: each key of the wrong type, out of range, huge or empty is refused by
 # `data prepare --tokenizer` naming the file and its JSON path, exit 2, nothing written; text that
 # is not UTF-8 is refused naming its byte.
-golden = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "engine", "golden")
+golden = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "golden")
 with open(os.path.join(golden, "tokenizer_mistral.json")) as f:
     mistral = json.load(f)
 META = "\u2581"
@@ -359,7 +359,7 @@ for name, (code, losses, err, _) in results.items():
     check(f"{name} tokens: the zerort file's losses, bitwise",
           losses == results["zerort"][1], f"{losses} vs {results['zerort'][1]}")
 
-# data.blend ([Note: blending token files], engine/blend_index.h): a blend of one file is that
+# data.blend ([Note: blending token files], data/blend_index.h): a blend of one file is that
 # file, bit for bit; two files train; a malformed list or a missing file is exit 2 naming it.
 one = train_losses({"blend": [1, formats["zerort"]["path"]]})
 check("a blend of one file: its losses, bitwise", one[0] == 0 and one[1] == results["zerort"][1],

@@ -1,0 +1,392 @@
+// Saving a sharded checkpoint as named phases (PyTorch's distributed checkpoint saver plans,
+// writes, finishes): prepare the step directory (rank 0), write shards (every writer), commit the
+// metadata and the renames (rank 0), rotate (rank 0); every phase ends with an agreement over the
+// world, so a failure anywhere stops every rank before the next phase and names the failing rank.
+// A failed save removes its own .tmp; nothing committed is ever touched but by rotation.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <set>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint_files.h"
+#include "checkpoint/checkpoint_protocol.h"
+#include "runtime/host_collectives.h"
+#include "runtime/strings.h"
+#include "sharding/manager_state.h"
+
+namespace zerort {
+namespace fs = std::filesystem;
+namespace {
+
+// Named by mesh coordinate: pipeline stage (when there are several), data-parallel rank,
+// tensor-parallel rank.
+std::string FileName(const CheckpointGroups& g, int dp_rank, const char* kind) {
+  const std::string stage = g.pipeline_size > 1 ? StrCat("pp", g.pipeline_rank, "-") : "";
+  return StrCat(stage, "dp", dp_rank, "-tp", g.tensor_rank, ".", kind, ".bin");
+}
+
+// A file written in pieces with its XXH3-64 checksum kept on the way; Close() fsyncs it. A
+// writer that is destroyed without Close() closes the descriptor (the .tmp directory it is in is
+// never committed).
+class SyncedWriter {
+ public:
+  explicit SyncedWriter(std::string path) : path_(std::move(path)), hash_(XXH3_createState()) {
+    XXH3_64bits_reset(hash_);
+  }
+  ~SyncedWriter() {
+    if (fd_ >= 0) ::close(fd_);
+    XXH3_freeState(hash_);
+  }
+  Status Open() {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    return fd_ < 0 ? ErrnoError(StrCat("open ", path_), errno) : absl::OkStatus();
+  }
+  Status Append(const void* data, size_t bytes) {
+    XXH3_64bits_update(hash_, data, bytes);
+    const char* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+      const ssize_t n = ::write(fd_, p, bytes);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return ErrnoError(StrCat("write ", path_), errno);
+      p += n;
+      bytes -= static_cast<size_t>(n);
+      written_ += n;
+    }
+    return absl::OkStatus();
+  }
+  Status Close() {
+    const int fd = std::exchange(fd_, -1);
+    if (::fsync(fd) != 0) {
+      const int err = errno;
+      ::close(fd);
+      return ErrnoError(StrCat("fsync ", path_), err);
+    }
+    if (::close(fd) != 0) return ErrnoError(StrCat("close ", path_), errno);
+    return absl::OkStatus();
+  }
+  int64_t bytes() const { return written_; }
+  uint64_t checksum() const { return XXH3_64bits_digest(hash_); }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  XXH3_state_t* hash_;
+  int64_t written_ = 0;
+};
+
+// The marker a save puts in its step_<N>.tmp until the metadata (which names the run) is written.
+constexpr char kRunMarker[] = ".zerort-run";
+
+// Whether `path` (a step_<N> or step_<N>.tmp directory, not a link) was written by run `run_id`:
+// its marker says so, or its metadata's run_id does.
+// An empty `run_id` matches any zerort-written directory (a marker, or metadata with a format
+// version): the earlier runs a user told a new run to overwrite.
+bool OwnedByRun(const fs::path& path, const std::string& run_id) {
+  std::error_code ec;
+  if (fs::is_symlink(path, ec) || !fs::is_directory(path, ec)) return false;
+  // Read as untrusted files: no link followed, regular files only, bounded.
+  if (StatusOr<std::string> marker = ReadSmallFile(path.string(), kRunMarker, 64); marker.ok()) {
+    const std::string id = marker->substr(0, marker->find('\n'));
+    return run_id.empty() || id == run_id;
+  }
+  StatusOr<std::string> text = ReadSmallFile(path.string(), "metadata.json", kMaxMetadataBytes);
+  if (!text.ok()) return false;
+  StatusOr<nlohmann::json> j = ParseMetadataText(*text, (path / "metadata.json").string());
+  if (!j.ok() || !j->contains("format_version")) return false;
+  if (run_id.empty()) return true;
+  return j->contains("run_id") && (*j)["run_id"].is_string() &&
+         (*j)["run_id"].get<std::string>() == run_id;
+}
+
+Status WriteAndSync(const std::string& path, const void* data, size_t bytes) {
+  SyncedWriter w(path);
+  ZR_RETURN_IF_ERROR(w.Open());
+  ZR_RETURN_IF_ERROR(w.Append(data, bytes));
+  return w.Close();
+}
+
+Status SyncDir(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(StrCat("open directory ", path), errno);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return ErrnoError(StrCat("fsync directory ", path), err);
+  return absl::OkStatus();
+}
+
+// Which ranks write, in the layouts' frame: all of them, or rank 0 alone at stage 0.
+int Writers(ShardManager& m) { return m.unit(0).layout().dp_size(); }
+
+nlohmann::json ScalerJson(const LossScaler::State& s) {
+  return {{"scale", s.scale},         {"hysteresis_left", s.hysteresis_left},
+          {"iteration", s.iteration}, {"last_overflow_iteration", s.last_overflow_iteration},
+          {"skipped", s.skipped},     {"consecutive_skips", s.consecutive_skips}};
+}
+
+// One save: the phases in order, each followed by the world's agreement.
+class CheckpointSave {
+ public:
+  CheckpointSave(const std::string& dir, const RunState& state, ShardManager& m,
+                 const CheckpointGroups& groups, int keep_last_n, bool replace_earlier_runs)
+      : dir_(dir),
+        state_(state),
+        m_(m),
+        groups_(groups),
+        world_(*groups.world),
+        dp_(*groups.dp),
+        keep_last_n_(keep_last_n),
+        replace_earlier_runs_(replace_earlier_runs),
+        name_(StrCat("step_", state.step)),
+        final_dir_(dir + "/" + name_),
+        tmp_dir_(final_dir_ + ".tmp"),
+        writers_(Writers(m)) {}
+
+  Status Run() {
+    const bool leader = world_.rank() == 0;
+    ZR_RETURN_IF_ERROR(Agree(leader ? PrepareStepDirectory() : absl::OkStatus(),
+                             "creating the checkpoint directory"));
+    const Status result = [&]() -> Status {
+      nlohmann::json described;  // null for a rank that writes nothing
+      ZR_RETURN_IF_ERROR(Agree(WriteShards(described), "writing checkpoint shards"));
+      ZR_ASSIGN_OR_RETURN(const std::vector<std::string> descriptions,
+                          AllGatherHostStrings(world_, m_.device_allocator(), m_.compute_stream(),
+                                               described.dump()));
+      Status committed = absl::OkStatus();
+      if (leader) committed = CommitMetadata(descriptions);
+      if (leader && committed.ok()) committed = Rotate();
+      return Agree(committed, "committing the checkpoint");
+    }();
+    if (!result.ok()) Abort();
+    return result;
+  }
+
+ private:
+  Status Agree(const Status& local, std::string_view what) {
+    return AgreeOnCheckpoint(m_, world_, local, what);
+  }
+  // This run's, or with replace_earlier_runs any zerort run's (never a user's).
+  bool Replaceable(const std::string& path) const {
+    return OwnedByRun(path, state_.run_id) || (replace_earlier_runs_ && OwnedByRun(path, ""));
+  }
+  Status PrepareStepDirectory();
+  Status WriteShards(nlohmann::json& described);
+  Status CommitMetadata(const std::vector<std::string>& descriptions);
+  Status Rotate();
+  void Abort();
+
+  const std::string& dir_;
+  const RunState& state_;
+  ShardManager& m_;
+  const CheckpointGroups& groups_;
+  Communicator& world_;
+  Communicator& dp_;
+  const int keep_last_n_;
+  const bool replace_earlier_runs_;
+  const std::string name_, final_dir_, tmp_dir_;
+  const int writers_;
+};
+
+// Rank 0: this run's stale .tmp of a crashed save is discarded; a step_<N>(.tmp) of anything else
+// in the way is an error, before anything is written. The new .tmp carries the run's marker.
+Status CheckpointSave::PrepareStepDirectory() {
+  if (state_.run_id.empty()) {
+    return absl::InvalidArgumentError("SaveCheckpoint: RunState.run_id is empty (NewRunId)");
+  }
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) return absl::InternalError(StrCat("create ", dir_, ": ", ec.message()));
+  for (const std::string& in_way : {tmp_dir_, final_dir_}) {
+    if (fs::exists(fs::symlink_status(in_way, ec)) && !Replaceable(in_way)) {
+      return absl::AlreadyExistsError(
+          StrCat(in_way, " exists and was not written by this run (run id ", state_.run_id,
+                 "): move it away or choose another checkpoint.dir; zerort deletes only "
+                 "what it wrote"));
+    }
+  }
+  fs::remove_all(tmp_dir_, ec);
+  if (!ec) fs::create_directory(tmp_dir_, ec);
+  if (ec) return absl::InternalError(StrCat("create ", tmp_dir_, ": ", ec.message()));
+  const std::string marker = state_.run_id + "\n";
+  return WriteAndSync(tmp_dir_ + "/" + kRunMarker, marker.data(), marker.size());
+}
+
+// Each writer writes its pieces of each state, in unit and piece order, one unit's shard in
+// memory at a time (read from whichever tier holds it). Every tensor-parallel rank and pipeline
+// stage writes its own parts; a tied unit's twin (not counted in the norm) is skipped. Each
+// writer describes what it wrote: its file entry and its units' parameter table.
+Status CheckpointSave::WriteShards(nlohmann::json& described) {
+  if (dp_.rank() >= writers_ || groups_.replica_rank > 0) return absl::OkStatus();
+  auto saved = [&](int u) { return m_.unit_options(u).counts_in_norm; };
+  auto position = [&](int u) {
+    return groups_.unit_positions.empty() ? u : groups_.unit_positions.at(static_cast<size_t>(u));
+  };
+  nlohmann::json files = nlohmann::json::object();
+  for (int k = 0; k < kNumKinds; ++k) {
+    if (!m_.optimizer().HasState(kKinds[k].buffer)) continue;
+    const std::string file_name = FileName(groups_, dp_.rank(), kKinds[k].name);
+    SyncedWriter file(tmp_dir_ + "/" + file_name);
+    ZR_RETURN_IF_ERROR(file.Open());
+    std::vector<float> shard;
+    for (int u = 0; u < m_.num_units(); ++u) {
+      if (!saved(u)) continue;
+      const ShardedUnit& unit = m_.unit(u);
+      shard.resize(static_cast<size_t>(unit.layout().shard_numel()));
+      ZR_RETURN_IF_ERROR(ShardManagerState(m_).ReadState(u, kKinds[k].buffer, shard));
+      for (const ShardPiece& piece : unit.layout().ShardPieces(unit.layout_rank())) {
+        ZR_RETURN_IF_ERROR(file.Append(shard.data() + piece.shard_range.begin,
+                                       piece.shard_range.size() * sizeof(float)));
+      }
+    }
+    ZR_RETURN_IF_ERROR(file.Close());
+    files[kKinds[k].name] = {
+        {"name", file_name}, {"bytes", file.bytes()}, {"xxh3", ChecksumHex(file.checksum())}};
+  }
+  nlohmann::json pieces = nlohmann::json::array();
+  nlohmann::json params = nlohmann::json::array();
+  for (int u = 0; u < m_.num_units(); ++u) {
+    if (!saved(u)) continue;
+    const FlatLayout& layout = m_.unit(u).layout();
+    for (const ShardPiece& piece : layout.ShardPieces(m_.unit(u).layout_rank())) {
+      pieces.push_back(
+          {layout.params()[piece.param].name, piece.param_range.begin, piece.param_range.size()});
+    }
+    const std::span<const OneBitLambParam> lamb = m_.optimizer().LambParams(u);
+    for (size_t i = 0; i < layout.params().size(); ++i) {
+      if (dp_.rank() != 0) break;  // the other data ranks' tables are the same
+      const ParamSpec& p = layout.params()[i];
+      params.push_back({{"name", p.name},
+                        {"shape", p.real_shape()},
+                        {"padded_shape", p.global_shape()},
+                        {"split_dim", p.frame.split_dim},
+                        {"groups", p.frame.groups},
+                        {"unit", m_.unit(u).name()},
+                        {"position", position(u)}});
+      if (!lamb.empty()) {  // [Note: 1-bit LAMB]: alike on every data rank at stage 0
+        params.back()["onebit_lamb"] = {lamb[i].coeff_freeze, lamb[i].last_factor, lamb[i].scaling};
+      }
+    }
+  }
+  described = {{"entry",
+                {{"rank", world_.rank()},
+                 {"data", dp_.rank()},
+                 {"tensor", groups_.tensor_rank},
+                 {"pipeline", groups_.pipeline_rank},
+                 {"pieces", pieces},
+                 {"files", files}}},
+               {"params", params}};
+  return absl::OkStatus();
+}
+
+// Rank 0 writes the metadata last, then commits by renames: the step directory, then `latest`.
+// The parameter table is the union of the writers' tables (tensor parts and data ranks describe
+// the same parameters) in model order.
+Status CheckpointSave::CommitMetadata(const std::vector<std::string>& descriptions) {
+  nlohmann::json params = nlohmann::json::array();
+  nlohmann::json ranks = nlohmann::json::array();
+  std::set<std::string> listed;
+  for (const std::string& text : descriptions) {
+    const nlohmann::json d = nlohmann::json::parse(text);
+    if (d.is_null()) continue;
+    ranks.push_back(d.at("entry"));
+    for (const auto& p : d.at("params")) {
+      if (listed.insert(p.at("name").get<std::string>()).second) params.push_back(p);
+    }
+  }
+  std::stable_sort(params.begin(), params.end(), [](const auto& a, const auto& b) {
+    return a.at("position").template get<int>() < b.at("position").template get<int>();
+  });
+  for (auto& p : params) p.erase("position");
+  nlohmann::json meta = {
+      {"format_version", kCheckpointFormatVersion},
+      {"run_id", state_.run_id},
+      {"step", state_.step},
+      {"run_state",
+       {{"step", state_.step},
+        {"consumed_sequences", state_.consumed_sequences},
+        {"manager_steps", state_.applied_steps},
+        {"loss_scaler", ScalerJson(state_.scaler)}}},
+      {"saved_with", {{"world_size", world_.size()}, {"writers", writers_}}},
+      {"mesh",
+       {{"data", dp_.size()},
+        {"tensor", groups_.tensor_size},
+        {"pipeline", groups_.pipeline_size}}},
+      {"config", state_.config},
+      {"params", params},
+      {"ranks", ranks},
+  };
+  if (!state_.user.is_null()) meta["user"] = state_.user;
+  if (!state_.hf_config.is_null()) meta["hf_config"] = state_.hf_config;
+  const std::string text = meta.dump(1);
+  ZR_RETURN_IF_ERROR(WriteAndSync(tmp_dir_ + "/metadata.json", text.data(), text.size()));
+  std::error_code ec;
+  fs::remove(tmp_dir_ + "/" + kRunMarker, ec);  // the metadata names the run now
+  ZR_RETURN_IF_ERROR(SyncDir(tmp_dir_));
+  if (fs::exists(fs::symlink_status(final_dir_, ec))) {  // the same step saved again
+    if (!Replaceable(final_dir_)) {
+      return absl::AlreadyExistsError(
+          StrCat(final_dir_, " appeared during the save and was not written by this run"));
+    }
+    fs::remove_all(final_dir_, ec);
+  }
+  fs::rename(tmp_dir_, final_dir_, ec);
+  if (ec) {
+    return absl::InternalError(StrCat("rename ", tmp_dir_, " to ", final_dir_, ": ", ec.message()));
+  }
+  const std::string latest_tmp = dir_ + "/latest.tmp";
+  const std::string latest_text = name_ + "\n";
+  ZR_RETURN_IF_ERROR(WriteAndSync(latest_tmp, latest_text.data(), latest_text.size()));
+  fs::rename(latest_tmp, dir_ + "/latest", ec);
+  if (ec) return absl::InternalError(StrCat("rename ", latest_tmp, ": ", ec.message()));
+  return SyncDir(dir_);
+}
+
+// Rank 0, after the commit: this run's directories only, step_<N> (N as zerort writes it)
+// beyond keep_last_n, and step_<N>.tmp left by an earlier failed save.
+Status CheckpointSave::Rotate() {
+  std::error_code ec;
+  std::vector<std::pair<int64_t, fs::path>> steps;
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    const std::string n = entry.path().filename().string();
+    if (n.rfind("step_", 0) != 0 || !OwnedByRun(entry.path(), state_.run_id)) continue;
+    const bool tmp = n.ends_with(".tmp");
+    const std::string digits = n.substr(5, n.size() - 5 - (tmp ? 4 : 0));
+    char* end = nullptr;
+    const long long v = std::strtoll(digits.c_str(), &end, 10);
+    if (digits.empty() || end == nullptr || *end != '\0' || StrCat(v) != digits) continue;
+    if (tmp) {
+      fs::remove_all(entry.path(), ec);
+    } else {
+      steps.emplace_back(v, entry.path());
+    }
+  }
+  std::sort(steps.begin(), steps.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  for (size_t i = static_cast<size_t>(keep_last_n_); keep_last_n_ > 0 && i < steps.size(); ++i) {
+    if (steps[i].second.filename() == name_) continue;
+    fs::remove_all(steps[i].second, ec);
+  }
+  return absl::OkStatus();
+}
+
+// A failed save removes its own .tmp (rank 0 created it; nothing of it was committed).
+void CheckpointSave::Abort() {
+  if (world_.rank() == 0 && !state_.run_id.empty() && OwnedByRun(tmp_dir_, state_.run_id)) {
+    std::error_code ec;
+    fs::remove_all(tmp_dir_, ec);
+  }
+}
+
+}  // namespace
+
+Status SaveCheckpoint(const std::string& dir, const RunState& state, ShardManager& m,
+                      const CheckpointGroups& groups, int keep_last_n, bool replace_earlier_runs) {
+  return CheckpointSave(dir, state, m, groups, keep_last_n, replace_earlier_runs).Run();
+}
+
+}  // namespace zerort

@@ -1,0 +1,67 @@
+// The field table's row builders (config_schema.cc), shared with the files that add a section's
+// rows (config_schema_optimizer.cc). Internal to engine/.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "config/config_schema.h"
+
+namespace zerort::config_rows {
+
+// One row per kind of value; `doc` last so that a row reads as one line.
+inline ConfigField Row(std::string_view section, std::string_view key, AnyFieldRef ref,
+                       std::string_view doc) {
+  ConfigField f;
+  f.section = section;
+  f.key = key;
+  f.ref = ref;
+  f.doc = doc;
+  return f;
+}
+inline ConfigField Bool(std::string_view section, std::string_view key, FieldRef<bool> ref,
+                        std::string_view doc) {
+  return Row(section, key, ref, doc);
+}
+template <class T>
+ConfigField Num(std::string_view section, std::string_view key, FieldRef<T> ref, double min,
+                double max, std::string_view doc) {
+  ConfigField f = Row(section, key, ref, doc);
+  f.min = min;
+  f.max = max;
+  return f;
+}
+inline ConfigField Str(std::string_view section, std::string_view key, FieldRef<std::string> ref,
+                       std::vector<std::string_view> choices, std::string_view doc) {
+  ConfigField f = Row(section, key, ref, doc);
+  f.choices = std::move(choices);
+  return f;
+}
+inline ConfigField With(ConfigField f, unsigned flags) {
+  f.flags |= flags;
+  return f;
+}
+inline ConfigField Owned(ConfigField f, std::vector<std::string_view> owners,
+                         std::vector<std::string_view> printed_for = {}) {
+  f.owners = std::move(owners);
+  f.printed_for = std::move(printed_for);
+  return f;
+}
+inline ConfigField Custom(std::string_view section, std::string_view key, AnyFieldRef ref,
+                          CustomRead read, std::vector<std::string_view> choices,
+                          std::string_view doc) {
+  ConfigField f = Row(section, key, ref, doc);
+  f.choices = std::move(choices);
+  f.read = read;
+  return f;
+}
+
+#define ZR_MEMBER(expr)         \
+  +[](RunConfig & c) -> auto& { \
+    return c.expr;              \
+  }
+
+// The optimizer section: its type and every optimizer's parameters, each owned by its types.
+void AddOptimizerRows(std::vector<ConfigField>& t);
+
+}  // namespace zerort::config_rows

@@ -1,0 +1,18 @@
+// A Hugging Face tokenizer.json with a BPE model as a Tokenizer ([Note: zerort's tokenizers] in
+// tokenizer.h says what is read and what is refused). Internal to engine/: Tokenizer::Load is the
+// entry point.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "data/tokenizer.h"
+#include "nlohmann/json.hpp"
+
+namespace zerort {
+
+// `j` is the parsed file; `file` names it in errors (with the JSON path of what is refused).
+StatusOr<std::unique_ptr<Tokenizer>> HfTokenizerFromJson(const nlohmann::json& j,
+                                                         const std::string& file);
+
+}  // namespace zerort

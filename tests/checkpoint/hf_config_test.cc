@@ -1,0 +1,493 @@
+// Hugging Face model directories: config.json files as zerort shapes: the published LLaMA-3, Qwen2,
+// Mistral and GPT-2 configs (their fields as the model cards' config.json give them) give the
+// presets and the published parameter counts; hostile or unsupported fields are refused naming the
+// key.
+#include "checkpoint/hf_config.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <tuple>
+
+#include "checkpoint/hf_names.h"
+#include "checkpoint/safetensors.h"
+#include "layers/gpt_model.h"
+#include "runtime/dtype.h"
+
+namespace zerort {
+namespace {
+
+nlohmann::json Llama3_8B() {
+  return nlohmann::json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 8192,
+    "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": null,
+    "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "transformers_version": "4.40.0.dev0", "use_cache": true, "vocab_size": 128256})");
+}
+
+nlohmann::json Qwen2_72B() {
+  return nlohmann::json::parse(R"({
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 8192,
+    "initializer_range": 0.02, "intermediate_size": 29568, "max_position_embeddings": 32768,
+    "max_window_layers": 80, "model_type": "qwen2", "num_attention_heads": 64,
+    "num_hidden_layers": 80, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "use_cache": true, "use_sliding_window": false,
+    "vocab_size": 152064})");
+}
+
+TEST(HfConfigTest, PublishedConfigsGiveThePresetsAndTheirParameterCounts) {
+  const StatusOr<GptConfig> llama = GptConfigFromHuggingFace(Llama3_8B(), "config.json");
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_EQ(*llama, *GptPreset("llama-3-8b"));
+  EXPECT_EQ(llama->NumParameters(), 8'030'261'248);  // LLaMA-3-8B's published count
+
+  const StatusOr<GptConfig> qwen = GptConfigFromHuggingFace(Qwen2_72B(), "config.json");
+  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  EXPECT_TRUE(qwen->qkv_bias);  // Qwen2's architecture, not its config
+  EXPECT_EQ(*qwen, *GptPreset("qwen2-72b"));
+  EXPECT_EQ(qwen->NumParameters(), 72'706'203'648);
+
+  nlohmann::json big = Llama3_8B();
+  big["hidden_size"] = 8192;
+  big["num_hidden_layers"] = 80;
+  big["num_attention_heads"] = 64;
+  big["intermediate_size"] = 28672;
+  EXPECT_EQ(*GptConfigFromHuggingFace(big, "config.json"), *GptPreset("llama-3-70b"));
+  EXPECT_EQ(GptPreset("llama-3-70b")->NumParameters(), 70'553'706'496);
+
+  const nlohmann::json gpt2 = nlohmann::json::parse(
+      R"({"model_type": "gpt2", "n_layer": 12, "n_head": 12, "n_embd": 768,
+          "n_positions": 1024, "vocab_size": 50257})");
+  EXPECT_EQ(*GptConfigFromHuggingFace(gpt2, "config.json"), *GptPreset("gpt2"));
+  nlohmann::json wide = gpt2;
+  wide["n_inner"] = 4000;  // another MLP width than zerort's GPT-2 has: refused, not ignored
+  EXPECT_FALSE(GptConfigFromHuggingFace(wide, "config.json").ok());
+  wide["n_inner"] = 3072;
+  EXPECT_TRUE(GptConfigFromHuggingFace(wide, "config.json").ok());
+  EXPECT_EQ(GptPreset("gpt2")->NumParameters(), 124'439'808);
+
+  // Mistral 7B v0.1: its sliding window (4096) is shorter than its context (32768). Up to the
+  // window full causal attention is what it computes ([Note: sliding windows]): read with its
+  // window and a context of 4096; a longer seq_len is refused by the model's own validation.
+  nlohmann::json mistral = Llama3_8B();
+  mistral["model_type"] = "mistral";
+  mistral["max_position_embeddings"] = 32768;
+  mistral["sliding_window"] = 4096;
+  const StatusOr<GptConfig> m = GptConfigFromHuggingFace(mistral, "m.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->sliding_window, 4096);
+  EXPECT_EQ(m->seq_len, 4096);
+  GptConfig longer = *m;
+  longer.seq_len = 4097;
+  const Status refused = longer.Validate();
+  EXPECT_NE(refused.message().find("model.seq_len = 4097 is longer than model.sliding_window = "
+                                   "4096"),
+            std::string::npos)
+      << refused;
+  mistral["sliding_window"] = nullptr;  // Mistral v0.2+: no window
+  const StatusOr<GptConfig> v2 = GptConfigFromHuggingFace(mistral, "m.json");
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  EXPECT_EQ(v2->sliding_window, 0);
+  EXPECT_EQ(v2->seq_len, 32768);
+}
+
+// LLaMA 3.2 1B's config.json (as its model card publishes it): LLaMA 3.1's rotary scaling read,
+// the tied head, the published 1.24B parameters; transformers 5's rope_parameters spelling of the
+// same scaling gives the same shape. LLaMA's attention_bias biases Q, K, V and O, mlp_bias the MLP.
+TEST(HfConfigTest, Llama32ScalingAndLlamaBiasesAreRead) {
+  const nlohmann::json published = nlohmann::json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+    "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 128256})");
+  const StatusOr<GptConfig> c = GptConfigFromHuggingFace(published, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling, (RopeScaling{.type = RopeType::kLlama3,
+                                          .factor = 32,
+                                          .low_freq_factor = 1,
+                                          .high_freq_factor = 4,
+                                          .original_max_position_embeddings = 8192}));
+  EXPECT_TRUE(c->tied());
+  EXPECT_EQ(c->NumParameters(), 1'235'814'400);  // LLaMA 3.2 1B's published count
+  EXPECT_FALSE(c->qkv_bias || c->o_proj_bias || c->mlp_bias);
+
+  nlohmann::json five = published;
+  five.erase("rope_scaling");
+  five.erase("rope_theta");
+  five["rope_parameters"] = published.at("rope_scaling");
+  five["rope_parameters"]["rope_theta"] = 500000.0;
+  EXPECT_EQ(*GptConfigFromHuggingFace(five, "config.json"), *c);
+
+  nlohmann::json biased = published;
+  biased["attention_bias"] = true;
+  biased["mlp_bias"] = true;
+  const StatusOr<GptConfig> b = GptConfigFromHuggingFace(biased, "config.json");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(b->qkv_bias && b->o_proj_bias && b->mlp_bias);
+  // q, k, v, o biases (2048 + 2 x 512 + 2048) and the MLP's (2 x 8192 + 2048), per layer.
+  EXPECT_EQ(b->NumParameters() - c->NumParameters(), 16 * (5120 + 18432));
+  nlohmann::json qwen = biased;  // Qwen2 has Q/K/V biases whatever these keys say
+  qwen["model_type"] = "qwen2";
+  const StatusOr<GptConfig> q = GptConfigFromHuggingFace(qwen, "config.json");
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_TRUE(q->qkv_bias && !q->o_proj_bias && !q->mlp_bias);
+}
+
+// An absent key is transformers' default for the model_type (LlamaConfig's rms_norm_eps is 1e-6,
+// not 1e-5; MistralConfig's sliding_window 4096; GPT2Config's whole shape); transformers 5 writes
+// rope_theta inside rope_parameters, read as the top-level key is.
+TEST(HfConfigTest, AbsentKeysAreTransformersDefaultsAndRopeParametersAreRead) {
+  nlohmann::json llama = Llama3_8B();
+  for (const char* key : {"rms_norm_eps", "max_position_embeddings", "num_key_value_heads",
+                          "rope_theta", "tie_word_embeddings", "hidden_act"}) {
+    llama.erase(key);
+  }
+  const StatusOr<GptConfig> l = GptConfigFromHuggingFace(llama, "config.json");
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->norm_eps, 1e-6);
+  EXPECT_EQ(l->seq_len, 2048);
+  EXPECT_EQ(l->kv_heads(), 32);  // None: num_attention_heads
+  EXPECT_EQ(l->rope_theta, 10000.0);
+  EXPECT_FALSE(l->tie_word_embeddings);
+
+  nlohmann::json mistral = {{"model_type", "mistral"}};  // every key MistralConfig's default
+  const StatusOr<GptConfig> m = GptConfigFromHuggingFace(mistral, "config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->d_model, 4096);
+  EXPECT_EQ(m->intermediate_size, 14336);
+  EXPECT_EQ(m->kv_heads(), 8);
+  EXPECT_EQ(m->sliding_window, 4096);
+  EXPECT_EQ(m->seq_len, 4096);  // max_position_embeddings 131072, read up to the window
+
+  EXPECT_EQ(*GptConfigFromHuggingFace(nlohmann::json{{"model_type", "gpt2"}}, "config.json"),
+            *GptPreset("gpt2"));
+
+  nlohmann::json v5 = Llama3_8B();  // transformers 5's spelling
+  v5.erase("rope_theta");
+  v5.erase("rope_scaling");
+  v5["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+  const StatusOr<GptConfig> five = GptConfigFromHuggingFace(v5, "config.json");
+  ASSERT_TRUE(five.ok()) << five.status();
+  EXPECT_EQ(five->rope_theta, 500000.0);
+  v5["rope_theta"] = 10000.0;  // both spellings, disagreeing
+  const StatusOr<GptConfig> both = GptConfigFromHuggingFace(v5, "config.json");
+  ASSERT_FALSE(both.ok());
+  EXPECT_NE(both.status().message().find("rope_parameters.rope_theta = 500000 disagrees"),
+            std::string::npos)
+      << both.status();
+}
+
+TEST(HfConfigTest, HostileAndUnsupportedFieldsAreNamed) {
+  struct Case {
+    const char* key;
+    nlohmann::json value;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"hidden_size", "4096", "hidden_size = \"4096\": not an integer"},
+      {"hidden_size", -1, "hidden_size = -1: must be in"},
+      {"num_hidden_layers", nullptr, "num_hidden_layers = null: not an integer"},
+      {"num_key_value_heads", 5, "model.n_kv_head = 5"},
+      {"vocab_size", 1e300, "vocab_size = 1e+300: not an integer"},
+      {"rope_theta", "big", "rope_theta = \"big\": not a number"},
+      {"rms_norm_eps", 2, "rms_norm_eps = 2: must be in"},
+      {"rope_scaling", nlohmann::json{{"rope_type", "llama3"}, {"factor", 8.0}},
+       "rope_scaling.low_freq_factor is missing"},
+      {"rope_scaling", nlohmann::json{{"type", "dynamic"}, {"factor", 2.0}},
+       "rope_scaling.type = \"dynamic\": zerort computes default, linear and llama3"},
+      {"rope_scaling", nlohmann::json{{"rope_type", "linear"}}, "rope_scaling.factor is missing"},
+      {"rope_parameters", nlohmann::json{{"rope_type", "yarn"}, {"factor", 4.0}},
+       "rope_parameters.rope_type = \"yarn\""},
+      {"rope_parameters", 5, "rope_parameters = 5: not an object"},
+      {"hidden_act", "gelu", "hidden_act = \"gelu\": zerort's LLaMA-family MLP gates with SiLU"},
+      {"hidden_act", 7, "hidden_act = 7: not a string"},
+      {"attention_bias", "no", "attention_bias = \"no\": not a boolean"},
+      {"mlp_bias", 1, "mlp_bias = 1: not a boolean"},
+      {"head_dim", 256, "head_dim = 256"},
+      {"tie_word_embeddings", 1, "tie_word_embeddings = 1: not a boolean"},
+      {"model_type", "falcon", "model_type \"falcon\" is not one zerort builds"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json j = Llama3_8B();
+    j[c.key] = c.value;
+    const StatusOr<GptConfig> got = GptConfigFromHuggingFace(j, "dir/config.json");
+    ASSERT_FALSE(got.ok()) << c.key;
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << c.key;
+    EXPECT_NE(got.status().message().find(c.expect), std::string::npos)
+        << c.key << ": " << got.status();
+    EXPECT_NE(got.status().message().find("dir/config.json"), std::string::npos) << c.key;
+  }
+  EXPECT_FALSE(GptConfigFromHuggingFace(nlohmann::json::array(), "x").ok());
+  // GPT-2's activation and LayerNorm epsilon are zerort's GPT-2's, or refused by name.
+  for (const auto& [key, value, expect] :
+       {std::tuple<const char*, nlohmann::json, const char*>{"activation_function", "relu",
+                                                             "activation_function = \"relu\""},
+        {"activation_function", "gelu", "activation_function = \"gelu\""},
+        {"layer_norm_epsilon", 1e-6, "layer_norm_epsilon = 1e-06"},
+        {"n_layer", nullptr, "n_layer = null"}}) {
+    nlohmann::json gpt2 = {{"model_type", "gpt2"}};
+    gpt2[key] = value;
+    const StatusOr<GptConfig> got = GptConfigFromHuggingFace(gpt2, "g.json");
+    ASSERT_FALSE(got.ok()) << key;
+    EXPECT_NE(got.status().message().find(expect), std::string::npos) << got.status();
+  }
+  nlohmann::json tanh = {{"model_type", "gpt2"}, {"activation_function", "gelu_pytorch_tanh"}};
+  EXPECT_TRUE(GptConfigFromHuggingFace(tanh, "g.json").ok());  // gelu_new by another name
+  EXPECT_FALSE(ReadHuggingFaceConfig("/nonexistent/config.json").ok());
+}
+
+}  // namespace
+}  // namespace zerort
+
+// ---- HfWeights: a Hugging Face directory written by the independent PyTorch implementation ----
+
+namespace zerort {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kHfDir = ZR_GOLDEN_DIR "/llama_tiny_hf";
+
+nlohmann::json Golden() {
+  std::ifstream in(ZR_GOLDEN_DIR "/llama_tiny.json");
+  return nlohmann::json::parse(in);
+}
+
+// The llama_tiny golden weights, read from the HF directory (two shards and an index, Hugging
+// Face's names): every tensor bitwise PyTorch's, in this rank's part at tp 1 and tp 2 (padding
+// rows of the vocabulary 0).
+TEST(HfWeightsTest, ShardedDirectoryGivesTheReferenceWeightsAtAnyTensorParallelSize) {
+  const StatusOr<GptConfig> config = ReadHuggingFaceConfig(kHfDir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->n_kv_head, 2);
+  EXPECT_FALSE(config->tied());
+  const StatusOr<std::shared_ptr<const HfWeights>> w = HfWeights::Open(kHfDir, *config);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ((*w)->files(), 2);
+  EXPECT_EQ((*w)->parameters(), config->NumParameters());
+  const Initializer init = HfWeights::AsInitializer(*w);
+  const nlohmann::json golden = Golden();
+  for (int tp : {1, 2}) {
+    for (int rank = 0; rank < tp; ++rank) {
+      const StatusOr<std::vector<GptUnit>> units = GptUnits(*config, tp, rank);
+      ASSERT_TRUE(units.ok()) << units.status();
+      int checked = 0;
+      for (const GptUnit& u : *units) {
+        for (const ParamSpec& p : u.params) {
+          std::vector<float> local(static_cast<size_t>(p.numel()), -1.0f);
+          init(p, 0, local);
+          const std::vector<float> want = golden.at("params").at(p.name).get<std::vector<float>>();
+          for (int64_t i = 0; i < p.numel(); ++i) {
+            const int64_t g = GlobalIndex(p, i);
+            const float expect = g < p.real_numel() ? want.at(static_cast<size_t>(g)) : 0.0f;
+            ASSERT_EQ(local[i], expect)
+                << p.name << " tp " << tp << " rank " << rank << " [" << i << "]";
+          }
+          ++checked;
+        }
+      }
+      EXPECT_EQ(checked, static_cast<int>(golden.at("params").size()));
+    }
+  }
+}
+
+// BF16 and F16 weights (what Hugging Face checkpoints mostly hold): the golden F32 tensors written
+// again in 16 bits, one file; each value read is the 16-bit value widened, exactly.
+TEST(HfWeightsTest, SixteenBitFilesAreReadExactly) {
+  const GptConfig config = *ReadHuggingFaceConfig(kHfDir);
+  const nlohmann::json golden = Golden();
+  const std::vector<GptUnit> units = *GptUnits(config, 1, 0);
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    const std::string dir =
+        ::testing::TempDir() + "/hf_weights_16/" + std::string(DTypeName(dtype));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    fs::copy(kHfDir + "/config.json", dir + "/config.json");
+    nlohmann::json header = nlohmann::json::object();
+    std::string data;
+    for (const GptUnit& u : units) {
+      for (const ParamSpec& p : u.params) {
+        const std::string hf = ToHuggingFace(p.name, config.arch)->name;
+        const std::vector<float> v = golden.at("params").at(p.name).get<std::vector<float>>();
+        header[hf] = {{"dtype", dtype == DType::kBF16 ? "BF16" : "F16"},
+                      {"shape", p.real_shape()},
+                      {"data_offsets", {data.size(), data.size() + 2 * v.size()}}};
+        for (float x : v) {
+          const uint16_t bits = dtype == DType::kBF16 ? FloatToBf16Bits(x) : FloatToF16Bits(x);
+          data.push_back(static_cast<char>(bits & 0xff));
+          data.push_back(static_cast<char>(bits >> 8));
+        }
+      }
+    }
+    std::string text = header.dump();
+    while (text.size() % 8 != 0) text.push_back(' ');
+    std::string file(8, '\0');
+    for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
+    std::ofstream(dir + "/model.safetensors", std::ios::binary) << file << text << data;
+    const StatusOr<std::shared_ptr<const HfWeights>> w = HfWeights::Open(dir, config);
+    ASSERT_TRUE(w.ok()) << w.status();
+    const Initializer init = HfWeights::AsInitializer(*w);
+    for (const GptUnit& u : units) {
+      for (const ParamSpec& p : u.params) {
+        std::vector<float> got(static_cast<size_t>(p.numel()));
+        init(p, 0, got);
+        const std::vector<float> v = golden.at("params").at(p.name).get<std::vector<float>>();
+        for (size_t i = 0; i < v.size(); ++i) {
+          const float want = dtype == DType::kBF16 ? Bf16BitsToFloat(FloatToBf16Bits(v[i]))
+                                                   : F16BitsToFloat(FloatToF16Bits(v[i]));
+          ASSERT_EQ(got[i], want) << DTypeName(dtype) << " " << p.name << "[" << i << "]";
+        }
+      }
+    }
+  }
+}
+
+// A copy of the golden directory to break one thing in.
+std::string CopyOfHfDir(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/hf_weights_test/" + name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const auto& e : fs::directory_iterator(kHfDir))
+    fs::copy(e.path(), dir + "/" + e.path().filename().string());
+  return dir;
+}
+
+void Patch(const std::string& file, int64_t at, const std::string& bytes) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(at);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string Slurp(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void Write(const std::string& file, const std::string& text) {
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << text;
+}
+
+TEST(HfWeightsTest, HostileDirectoriesAreRefusedNamingTheFileAndTensor) {
+  const GptConfig config = *ReadHuggingFaceConfig(kHfDir);
+  const std::string shard1 = "/model-00001-of-00002.safetensors";
+  struct Case {
+    const char* name;
+    std::function<void(const std::string&)> breaks;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"header-size",
+       [&](const std::string& d) {
+         Patch(d + shard1, 0, std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8));
+       },
+       "header of"},
+      {"header-json", [&](const std::string& d) { Patch(d + shard1, 8, "[[[["); },
+       shard1.c_str() + 1},
+      {"truncated",
+       [&](const std::string& d) { fs::resize_file(d + shard1, fs::file_size(d + shard1) - 4); },
+       "data_offsets"},
+      {"escape",
+       [&](const std::string& d) {
+         std::string idx = Slurp(d + "/model.safetensors.index.json");
+         const size_t at = idx.find("\"model-00002-of-00002.safetensors\"");
+         idx.replace(at, 34, "\"../model-00002-of-00002.safetensors\"");
+         Write(d + "/model.safetensors.index.json", idx);
+       },
+       "not a .safetensors file name in the directory"},
+      {"missing-shard",
+       [&](const std::string& d) { fs::remove(d + "/model-00002-of-00002.safetensors"); },
+       "model-00002-of-00002.safetensors"},
+      {"no-weights", [&](const std::string& d) { fs::remove(d + "/model.safetensors.index.json"); },
+       "neither model.safetensors nor"},
+      {"symlink",
+       [&](const std::string& d) {
+         fs::remove(d + shard1);
+         fs::create_symlink(kHfDir + shard1, d + shard1);
+       },
+       "symbolic link"},
+      {"a tensor in two shards",  // a third shard, a copy of the first, named by the index
+       [&](const std::string& d) {
+         fs::copy(d + shard1, d + "/model-extra.safetensors");
+         nlohmann::json idx = nlohmann::json::parse(Slurp(d + "/model.safetensors.index.json"));
+         idx["weight_map"]["extra.tensor"] = "model-extra.safetensors";
+         Write(d + "/model.safetensors.index.json", idx.dump());
+       },
+       "is also in"},
+  };
+  for (const Case& c : cases) {
+    const std::string dir = CopyOfHfDir(c.name);
+    c.breaks(dir);
+    const StatusOr<std::shared_ptr<const HfWeights>> w = HfWeights::Open(dir, config);
+    ASSERT_FALSE(w.ok()) << c.name;
+    EXPECT_NE(w.status().message().find(c.expect), std::string::npos)
+        << c.name << ": " << w.status();
+  }
+  // Another shape than config.json's: the tensor and both shapes named.
+  GptConfig wider = config;
+  wider.intermediate_size = 32;
+  const StatusOr<std::shared_ptr<const HfWeights>> w = HfWeights::Open(kHfDir, wider);
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("model.layers.0.mlp.gate_proj.weight' has shape [24,16]"),
+            std::string::npos)
+      << w.status();
+  // model.init_from against a config of another model: the differing keys named.
+  ModelConfig m;
+  m.shape = wider;
+  m.init_from = kHfDir;
+  const StatusOr<Initializer> init = InitialWeights(m);
+  ASSERT_FALSE(init.ok());
+  EXPECT_NE(init.status().message().find("intermediate_size 32 vs 24"), std::string::npos)
+      << init.status();
+  EXPECT_NE(init.status().message().find("model.init_from"), std::string::npos);
+  // A shorter context is allowed, so not named when something else differs.
+  m.shape.seq_len = 4;
+  const StatusOr<Initializer> shorter = InitialWeights(m);
+  ASSERT_FALSE(shorter.ok());
+  EXPECT_EQ(shorter.status().message().find("seq_len"), std::string::npos) << shorter.status();
+  m.shape = config;
+  m.shape.seq_len = 4;  // a shorter context than the checkpoint's: rotary positions allow it
+  EXPECT_TRUE(InitialWeights(m).ok());
+}
+
+// Two tensors whose data_offsets overlap would read one's bytes as the other's: refused naming
+// both (safetensors' own loader refuses it too); adjacent ones and empty ones are fine.
+TEST(HfWeightsTest, OverlappingDataOffsetsAreRefused) {
+  const std::string dir = ::testing::TempDir() + "/hf_weights_overlap";
+  fs::create_directories(dir);
+  auto file = [&](const nlohmann::json& header) {
+    std::string text = header.dump();
+    while (text.size() % 8 != 0) text.push_back(' ');
+    std::string bytes(8, '\0');
+    for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
+    const std::string path = dir + "/t.safetensors";
+    Write(path, bytes + text + std::string(16, '\0'));
+    return SafetensorsFile::Open(path);
+  };
+  auto entry = [](int64_t begin, int64_t n) {
+    return nlohmann::json{
+        {"dtype", "F32"}, {"shape", {n}}, {"data_offsets", {begin, begin + 4 * n}}};
+  };
+  const auto overlap = file({{"a", entry(0, 2)}, {"b", entry(4, 2)}});
+  ASSERT_FALSE(overlap.ok());
+  EXPECT_NE(overlap.status().message().find("tensors 'a' [0, 8) and 'b' [4, 12) overlap"),
+            std::string::npos)
+      << overlap.status();
+  EXPECT_TRUE(file({{"a", entry(0, 2)}, {"b", entry(8, 2)}, {"c", entry(8, 0)}}).ok());
+}
+
+}  // namespace
+}  // namespace zerort
