@@ -70,11 +70,15 @@ test-unit: build
 # may be left in the directory), its checkpoints resumed and inspected, and each misuse failing
 # naming the unit (examples/embed/check.sh); README.md's embedding program (a doc test:
 # examples/readme/check.sh); and one that splits its own MLP over a
-# tensor-parallel group (tp 1 = tp 2 on one process; data 1 x tensor 2 under mpirun -np 2).
+# tensor-parallel group (tp 1 = tp 2 on one process; data 1 x tensor 2 under mpirun -np 2); one
+# whose own runtime/ and layers/ folders precede zerort's on its include path (examples/own_folders);
+# and every installed header compiled from the install prefix alone (tests/install/public_headers.sh).
+EXAMPLES := hello_comm embed embed_tp own_folders
 test-install: build
-	rm -rf $(BUILD)/install-test $(BUILD)/hello_comm $(BUILD)/embed $(BUILD)/embed_tp
+	rm -rf $(BUILD)/install-test $(addprefix $(BUILD)/,$(EXAMPLES))
 	cmake --install $(BUILD) --prefix $(CURDIR)/$(BUILD)/install-test > /dev/null
-	for ex in hello_comm embed embed_tp; do \
+	tests/install/public_headers.sh $(CURDIR)/$(BUILD)/install-test
+	for ex in $(EXAMPLES); do \
 	  cmake -S examples/$$ex -B $(BUILD)/$$ex -G Ninja -DCMAKE_BUILD_TYPE=Release \
 	    -DCMAKE_PREFIX_PATH=$(CURDIR)/$(BUILD)/install-test > /dev/null && \
 	  cmake --build $(BUILD)/$$ex || exit 1; \
@@ -87,7 +91,8 @@ test-install: build
 	  $(CURDIR)/$(BUILD)/readme-check $(MPIRUN)
 	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(BUILD)/embed_tp/embed_tp_mlp
 	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(MPIRUN) -np 2 $(BUILD)/embed_tp/embed_tp_mlp
-	@echo "test-install: hello_comm 2, embed (examples/embed/check.sh: its count above), README program 3, embed_tp 2 passed"
+	$(BUILD)/own_folders/own_folders
+	@echo "test-install: public headers, hello_comm 2, embed (examples/embed/check.sh: its count above), README program 3, embed_tp 2, own_folders 1 passed"
 
 # The sanitizer builds compile each library's sources 8 to a translation unit (CMake's unity
 # build): the headers (nlohmann/json above all) are parsed and instantiated once per batch, not

@@ -1,6 +1,6 @@
 // Sharded checkpoints: loading, logical addressing, verification (the save's phases are
 // checkpoint_save.cc).
-#include "checkpoint/checkpoint.h"
+#include "zerort/checkpoint/checkpoint.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -10,12 +10,12 @@
 #include <map>
 #include <sstream>
 
-#include "checkpoint/checkpoint_files.h"
-#include "checkpoint/checkpoint_protocol.h"
-#include "runtime/host_collectives.h"
-#include "runtime/log.h"
-#include "runtime/strings.h"
-#include "sharding/manager_state.h"
+#include "zerort/checkpoint/checkpoint_files.h"
+#include "zerort/checkpoint/checkpoint_protocol.h"
+#include "zerort/runtime/host_collectives.h"
+#include "zerort/runtime/log.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/sharding/manager_state.h"
 
 namespace zerort {
 namespace fs = std::filesystem;

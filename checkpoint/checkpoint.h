@@ -42,9 +42,9 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
-#include "runtime/communicator.h"
-#include "sharding/loss_scaler.h"
-#include "sharding/shard_manager.h"
+#include "zerort/runtime/communicator.h"
+#include "zerort/sharding/loss_scaler.h"
+#include "zerort/sharding/shard_manager.h"
 
 namespace zerort {
 

@@ -1,6 +1,6 @@
 // A checkpoint's files as untrusted input: opening, bounded reading, metadata validation and
 // file verification (see checkpoint_files.h).
-#include "checkpoint/checkpoint_files.h"
+#include "zerort/checkpoint/checkpoint_files.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,10 +12,10 @@
 #include <map>
 #include <vector>
 
-#include "checkpoint/checkpoint.h"
-#include "runtime/json_reader.h"
-#include "runtime/strings.h"
-#include "runtime/user_file.h"
+#include "zerort/checkpoint/checkpoint.h"
+#include "zerort/runtime/json_reader.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/runtime/user_file.h"
 
 namespace zerort {
 

@@ -4,9 +4,9 @@
 
 #include <string_view>
 
-#include "runtime/communicator.h"
-#include "runtime/status.h"
-#include "sharding/shard_manager.h"
+#include "zerort/runtime/communicator.h"
+#include "zerort/runtime/status.h"
+#include "zerort/sharding/shard_manager.h"
 
 namespace zerort {
 

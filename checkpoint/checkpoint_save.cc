@@ -13,12 +13,12 @@
 #include <filesystem>
 #include <set>
 
-#include "checkpoint/checkpoint.h"
-#include "checkpoint/checkpoint_files.h"
-#include "checkpoint/checkpoint_protocol.h"
-#include "runtime/host_collectives.h"
-#include "runtime/strings.h"
-#include "sharding/manager_state.h"
+#include "zerort/checkpoint/checkpoint.h"
+#include "zerort/checkpoint/checkpoint_files.h"
+#include "zerort/checkpoint/checkpoint_protocol.h"
+#include "zerort/runtime/host_collectives.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/sharding/manager_state.h"
 
 namespace zerort {
 namespace fs = std::filesystem;

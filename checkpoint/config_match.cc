@@ -1,10 +1,10 @@
 // Comparing a checkpoint's saved run config with a run's (config_match.h).
-#include "checkpoint/config_match.h"
+#include "zerort/checkpoint/config_match.h"
 
 #include <array>
 #include <span>
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

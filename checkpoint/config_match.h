@@ -7,7 +7,7 @@
 #include <string>
 
 #include "nlohmann/json.hpp"
-#include "runtime/status.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

@@ -1,5 +1,5 @@
 // Hugging Face GPT-2 export (safetensors, streamed) and checkpoint evaluation.
-#include "checkpoint/export.h"
+#include "zerort/checkpoint/export.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -10,19 +10,19 @@
 #include <filesystem>
 #include <fstream>
 
-#include "checkpoint/checkpoint.h"
-#include "checkpoint/config_match.h"
-#include "checkpoint/hf_config.h"
-#include "checkpoint/hf_names.h"
-#include "checkpoint/run_dir.h"
-#include "checkpoint/safetensors.h"
-#include "data/data_loader.h"
-#include "data/token_source.h"
-#include "kernels/model_kernels.h"
-#include "layers/gpt_model.h"
-#include "runtime/loopback_communicator.h"
-#include "runtime/strings.h"
-#include "runtime/user_file.h"
+#include "zerort/checkpoint/checkpoint.h"
+#include "zerort/checkpoint/config_match.h"
+#include "zerort/checkpoint/hf_config.h"
+#include "zerort/checkpoint/hf_names.h"
+#include "zerort/checkpoint/run_dir.h"
+#include "zerort/checkpoint/safetensors.h"
+#include "zerort/data/data_loader.h"
+#include "zerort/data/token_source.h"
+#include "zerort/kernels/model_kernels.h"
+#include "zerort/layers/gpt_model.h"
+#include "zerort/runtime/loopback_communicator.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/runtime/user_file.h"
 
 namespace zerort {
 namespace fs = std::filesystem;

@@ -16,9 +16,9 @@
 #include <cstdint>
 #include <string>
 
-#include "config/config.h"
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "zerort/config/config.h"
+#include "zerort/runtime/dtype.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

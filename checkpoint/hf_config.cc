@@ -1,13 +1,13 @@
 // Hugging Face config.json -> GptConfig (hf_config.h).
-#include "checkpoint/hf_config.h"
+#include "zerort/checkpoint/hf_config.h"
 
 #include <algorithm>
 #include <filesystem>
 #include <limits>
 #include <optional>
 
-#include "runtime/json_reader.h"
-#include "runtime/strings.h"
+#include "zerort/runtime/json_reader.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

@@ -5,9 +5,9 @@
 
 #include <string>
 
-#include "layers/gpt_config.h"
 #include "nlohmann/json.hpp"
-#include "runtime/status.h"
+#include "zerort/layers/gpt_config.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

@@ -1,10 +1,10 @@
 // Parameter names: zerort's and Hugging Face's (hf_names.h).
-#include "checkpoint/hf_names.h"
+#include "zerort/checkpoint/hf_names.h"
 
 #include <span>
 #include <utility>
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

@@ -4,8 +4,8 @@
 
 #include <string>
 
-#include "layers/gpt_config.h"
-#include "runtime/status.h"
+#include "zerort/layers/gpt_config.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

@@ -1,13 +1,13 @@
-#include "checkpoint/manager_checkpoint.h"
+#include "zerort/checkpoint/manager_checkpoint.h"
 
 #include <filesystem>
 #include <utility>
 
-#include "checkpoint/checkpoint_protocol.h"
-#include "checkpoint/run_dir.h"
-#include "runtime/host_collectives.h"
-#include "runtime/strings.h"
-#include "sharding/manager_state.h"
+#include "zerort/checkpoint/checkpoint_protocol.h"
+#include "zerort/checkpoint/run_dir.h"
+#include "zerort/runtime/host_collectives.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/sharding/manager_state.h"
 
 namespace zerort {
 

@@ -21,9 +21,9 @@
 #include <optional>
 #include <string>
 
-#include "checkpoint/checkpoint.h"
 #include "nlohmann/json.hpp"
-#include "sharding/shard_manager.h"
+#include "zerort/checkpoint/checkpoint.h"
+#include "zerort/sharding/shard_manager.h"
 
 namespace zerort {
 

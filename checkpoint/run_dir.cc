@@ -1,5 +1,5 @@
 // The run lock, a new run's refusal to take over an earlier run, run ids.
-#include "checkpoint/run_dir.h"
+#include "zerort/checkpoint/run_dir.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -12,8 +12,8 @@
 #include <fstream>
 #include <random>
 
-#include "runtime/strings.h"
-#include "runtime/user_file.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/runtime/user_file.h"
 
 namespace zerort {
 namespace fs = std::filesystem;

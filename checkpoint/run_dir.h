@@ -14,7 +14,7 @@
 #include <memory>
 #include <string>
 
-#include "runtime/status.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

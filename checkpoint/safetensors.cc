@@ -1,5 +1,5 @@
 // Hugging Face weights from safetensors files (safetensors.h).
-#include "checkpoint/safetensors.h"
+#include "zerort/checkpoint/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -14,12 +14,12 @@
 #include <map>
 #include <tuple>
 
-#include "checkpoint/hf_config.h"
-#include "checkpoint/hf_names.h"
-#include "layers/gpt_model.h"
-#include "runtime/dtype.h"
-#include "runtime/json_reader.h"
-#include "runtime/strings.h"
+#include "zerort/checkpoint/hf_config.h"
+#include "zerort/checkpoint/hf_names.h"
+#include "zerort/layers/gpt_model.h"
+#include "zerort/runtime/dtype.h"
+#include "zerort/runtime/json_reader.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

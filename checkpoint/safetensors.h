@@ -17,12 +17,12 @@
 #include <string>
 #include <vector>
 
-#include "config/config.h"
-#include "layers/gpt_config.h"
-#include "runtime/dtype.h"
-#include "runtime/status.h"
-#include "sharding/shard_manager.h"
-#include "sharding/sharded_unit.h"
+#include "zerort/config/config.h"
+#include "zerort/layers/gpt_config.h"
+#include "zerort/runtime/dtype.h"
+#include "zerort/runtime/status.h"
+#include "zerort/sharding/shard_manager.h"
+#include "zerort/sharding/sharded_unit.h"
 
 namespace zerort {
 

@@ -60,18 +60,19 @@ macro(zr_resolve_backends)
   endif()
 endmacro()
 
-# zr_library(NAME name SOURCES ... PUBLIC_DEPS ... PRIVATE_DEPS ...): one folder's library,
-# installed with its headers under include/zerort/<folder>/.
+# zr_library(NAME name FOLDER folder SOURCES ... PUBLIC_HEADERS ... PUBLIC_DEPS ... PRIVATE_DEPS ...):
+# one room's library. PUBLIC_HEADERS are the room's part of the embedding API and what they include
+# (installed under include/zerort/<folder>/; the rest stay in the source tree), see
+# [Note: include paths] in the top CMakeLists.txt and tests/install/public_headers.sh.
 function(zr_library)
-  cmake_parse_arguments(ARG "" "NAME;FOLDER" "SOURCES;HEADERS;PUBLIC_DEPS;PRIVATE_DEPS" ${ARGN})
+  cmake_parse_arguments(ARG "" "NAME;FOLDER" "SOURCES;PUBLIC_HEADERS;PUBLIC_DEPS;PRIVATE_DEPS" ${ARGN})
   add_library(zerort_${ARG_NAME} SHARED ${ARG_SOURCES})
   add_library(zerort::${ARG_NAME} ALIAS zerort_${ARG_NAME})
   set_target_properties(zerort_${ARG_NAME} PROPERTIES EXPORT_NAME ${ARG_NAME}
                         CUDA_SEPARABLE_COMPILATION OFF CUDA_RUNTIME_LIBRARY Shared)
   target_include_directories(zerort_${ARG_NAME} PUBLIC
-    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
-    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
-    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/zerort>)
+    $<BUILD_INTERFACE:${ZR_BUILD_INCLUDE_DIR}>
+    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
   target_link_libraries(zerort_${ARG_NAME} PUBLIC ${ARG_PUBLIC_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
   # Every symbol a library uses comes from the libraries it names: a room that calls one above it
   # (or one it does not link) fails to link, so the layering is the build's, not a convention.
@@ -81,5 +82,7 @@ function(zr_library)
   endif()
   install(TARGETS zerort_${ARG_NAME} EXPORT zerortTargets
           LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
-  install(FILES ${ARG_HEADERS} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/zerort/${ARG_FOLDER})
+  if(ARG_PUBLIC_HEADERS)
+    install(FILES ${ARG_PUBLIC_HEADERS} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/zerort/${ARG_FOLDER})
+  endif()
 endfunction()

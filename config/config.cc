@@ -1,12 +1,12 @@
 // Reading RunConfig: --set overrides, the DeepSpeed front end, the field table and the rules;
 // the batch triple.
-#include "config/config.h"
+#include "zerort/config/config.h"
 
-#include "config/config_rules.h"
-#include "config/config_schema.h"
-#include "config/deepspeed_config.h"
-#include "runtime/json_reader.h"
-#include "runtime/strings.h"
+#include "zerort/config/config_rules.h"
+#include "zerort/config/config_schema.h"
+#include "zerort/config/deepspeed_config.h"
+#include "zerort/runtime/json_reader.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

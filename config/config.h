@@ -17,11 +17,11 @@
 #include <string>
 #include <vector>
 
-#include "data/data_config.h"
-#include "layers/gpt_config.h"
 #include "nlohmann/json.hpp"
-#include "runtime/status.h"
-#include "sharding/options.h"
+#include "zerort/data/data_config.h"
+#include "zerort/layers/gpt_config.h"
+#include "zerort/runtime/status.h"
+#include "zerort/sharding/options.h"
 
 namespace zerort {
 

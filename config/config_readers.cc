@@ -1,12 +1,12 @@
 // The config keys' own readers (config_readers.h).
-#include "config/config_readers.h"
+#include "zerort/config/config_readers.h"
 
 #include <cmath>
 #include <cstdlib>
 
 #include "absl/strings/ascii.h"
-#include "layers/gpt_config.h"
-#include "runtime/strings.h"
+#include "zerort/layers/gpt_config.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort::config_readers {
 

@@ -6,9 +6,9 @@
 
 #include <string_view>
 
-#include "config/config.h"
-#include "runtime/json_reader.h"
-#include "runtime/status.h"
+#include "zerort/config/config.h"
+#include "zerort/runtime/json_reader.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort::config_readers {
 

@@ -1,8 +1,8 @@
 // docs/config.md's reference, printed from the field table (config_schema.h).
 #include <cmath>
 
-#include "config/config_schema.h"
-#include "runtime/strings.h"
+#include "zerort/config/config_schema.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

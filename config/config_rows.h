@@ -5,7 +5,7 @@
 #include <string_view>
 #include <vector>
 
-#include "config/config_schema.h"
+#include "zerort/config/config_schema.h"
 
 namespace zerort::config_rows {
 

@@ -1,9 +1,9 @@
 // Cross-key rules of a run config (config_rules.h).
-#include "config/config_rules.h"
+#include "zerort/config/config_rules.h"
 
 #include <algorithm>
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

@@ -6,9 +6,9 @@
 // preflight (engine/preflight.h, CheckRunPaths).
 #pragma once
 
-#include "config/config.h"
-#include "config/config_schema.h"
-#include "runtime/json_reader.h"
+#include "zerort/config/config.h"
+#include "zerort/config/config_schema.h"
+#include "zerort/runtime/json_reader.h"
 
 namespace zerort {
 

@@ -1,14 +1,14 @@
 // The field table (config_schema.h) and the reading, printing and reference built from it.
-#include "config/config_schema.h"
+#include "zerort/config/config_schema.h"
 
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <optional>
 
-#include "config/config_readers.h"
-#include "config/config_rows.h"
-#include "runtime/strings.h"
+#include "zerort/config/config_readers.h"
+#include "zerort/config/config_rows.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

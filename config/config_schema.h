@@ -17,9 +17,9 @@
 #include <variant>
 #include <vector>
 
-#include "config/config.h"
 #include "nlohmann/json.hpp"
-#include "runtime/json_reader.h"
+#include "zerort/config/config.h"
+#include "zerort/runtime/json_reader.h"
 
 namespace zerort {
 

@@ -1,6 +1,6 @@
 // The optimizer section's rows of the field table (config_rows.h): one declaration per key.
-#include "config/config_readers.h"
-#include "config/config_rows.h"
+#include "zerort/config/config_readers.h"
+#include "zerort/config/config_rows.h"
 
 namespace zerort::config_rows {
 

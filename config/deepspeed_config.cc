@@ -1,15 +1,15 @@
 // The config front end for DeepSpeed (its key list is deepspeed_keys.cc): legacy and alternative
 // names, accepted and refused keys, "auto" values.
-#include "config/deepspeed_config.h"
+#include "zerort/config/deepspeed_config.h"
 
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 
-#include "config/config.h"
-#include "config/config_schema.h"
-#include "runtime/json_reader.h"
-#include "runtime/strings.h"
+#include "zerort/config/config.h"
+#include "zerort/config/config_schema.h"
+#include "zerort/runtime/json_reader.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

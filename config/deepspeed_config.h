@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
-#include "runtime/json_reader.h"
+#include "zerort/runtime/json_reader.h"
 
 namespace zerort {
 

@@ -1,6 +1,6 @@
 // Every key DeepSpeed documents, with zerort's handling of it (deepspeed_config.h): the list that
 // docs/deepspeed.md's DeepSpeed key table is generated from and that NormalizeDeepSpeed applies.
-#include "config/deepspeed_config.h"
+#include "zerort/config/deepspeed_config.h"
 
 namespace zerort {
 namespace {

@@ -1,5 +1,5 @@
 // RunConfig -> the runtime's options (run_options.h).
-#include "config/run_options.h"
+#include "zerort/config/run_options.h"
 
 #include <cstdlib>
 

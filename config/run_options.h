@@ -7,10 +7,10 @@
 
 #include <string>
 
-#include "config/config.h"
-#include "runtime/dtype.h"
-#include "runtime/memory.h"
-#include "sharding/options.h"
+#include "zerort/config/config.h"
+#include "zerort/runtime/dtype.h"
+#include "zerort/runtime/memory.h"
+#include "zerort/sharding/options.h"
 
 namespace zerort {
 

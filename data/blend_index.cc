@@ -1,11 +1,11 @@
 // Blended token files ([Note: blending token files], blend_index.h).
-#include "data/blend_index.h"
+#include "zerort/data/blend_index.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

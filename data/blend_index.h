@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/status.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

@@ -1,12 +1,12 @@
 // Training and validation windows of a token stream.
-#include "data/data_loader.h"
+#include "zerort/data/data_loader.h"
 
 #include <algorithm>
 #include <tuple>
 
-#include "data/token_file.h"
-#include "data/tokenizer.h"
-#include "runtime/strings.h"
+#include "zerort/data/token_file.h"
+#include "zerort/data/tokenizer.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

@@ -24,10 +24,10 @@
 #include <span>
 #include <string>
 
-#include "data/blend_index.h"
-#include "data/data_config.h"
-#include "data/token_source.h"
-#include "runtime/status.h"
+#include "zerort/data/blend_index.h"
+#include "zerort/data/data_config.h"
+#include "zerort/data/token_source.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

@@ -1,5 +1,5 @@
 // A text corpus into a token file, streamed and threaded (data_prepare.h).
-#include "data/data_prepare.h"
+#include "zerort/data/data_prepare.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "data/tokenizer.h"
-#include "runtime/json_reader.h"
-#include "runtime/strings.h"
-#include "runtime/user_file.h"
+#include "zerort/data/tokenizer.h"
+#include "zerort/runtime/json_reader.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/runtime/user_file.h"
 
 namespace zerort {
 namespace {

@@ -17,7 +17,7 @@
 #include <functional>
 #include <string>
 
-#include "runtime/status.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

@@ -1,7 +1,7 @@
 // Hugging Face tokenizer.json, BPE model ([Note: zerort's tokenizers], tokenizer.h): normalizers,
 // pre-tokenizers, the BPE merge, byte fallback and the decoders, as Hugging Face's tokenizers
 // (Rust) define them.
-#include "data/hf_tokenizer.h"
+#include "zerort/data/hf_tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -13,8 +13,8 @@
 #include <queue>
 #include <unordered_map>
 
-#include "runtime/json_reader.h"
-#include "runtime/strings.h"
+#include "zerort/runtime/json_reader.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

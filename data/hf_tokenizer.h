@@ -6,8 +6,8 @@
 #include <memory>
 #include <string>
 
-#include "data/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "zerort/data/tokenizer.h"
 
 namespace zerort {
 

@@ -1,5 +1,5 @@
 // The SentencePiece wall (sentencepiece_model.h): the only file that includes its headers.
-#include "data/sentencepiece_model.h"
+#include "zerort/data/sentencepiece_model.h"
 
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>

@@ -1,13 +1,13 @@
 // Token files, byte tokens and the built-in corpus.
-#include "data/token_file.h"
+#include "zerort/data/token_file.h"
 
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <random>
 
-#include "data/token_source.h"
-#include "runtime/strings.h"
+#include "zerort/data/token_source.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

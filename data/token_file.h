@@ -17,8 +17,8 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/status.h"
-#include "runtime/user_file.h"
+#include "zerort/runtime/status.h"
+#include "zerort/runtime/user_file.h"
 
 namespace zerort {
 

@@ -1,5 +1,5 @@
 // Token sources: the formats of [Note: the token files zerort reads], memory-mapped.
-#include "data/token_source.h"
+#include "zerort/data/token_source.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

@@ -1,18 +1,18 @@
 // Tokenizer::Load, the SentencePiece tokenizer and the text codec ([Note: zerort's tokenizers],
 // tokenizer.h); tokenizer.json files: hf_tokenizer.cc.
-#include "data/tokenizer.h"
+#include "zerort/data/tokenizer.h"
 
 #include <utf8proc.h>
 
 #include <algorithm>
 #include <thread>
 
-#include "data/hf_tokenizer.h"
-#include "data/sentencepiece_model.h"
-#include "data/token_file.h"
-#include "runtime/json_reader.h"
-#include "runtime/strings.h"
-#include "runtime/user_file.h"
+#include "zerort/data/hf_tokenizer.h"
+#include "zerort/data/sentencepiece_model.h"
+#include "zerort/data/token_file.h"
+#include "zerort/runtime/json_reader.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/runtime/user_file.h"
 
 namespace zerort {
 namespace {

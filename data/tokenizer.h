@@ -45,7 +45,7 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/status.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

@@ -1,11 +1,11 @@
 // CommSpans: collectives on the timeline and the exposed-communication metric.
-#include "engine/comm_spans.h"
+#include "zerort/engine/comm_spans.h"
 
 #include <algorithm>
 #include <chrono>
 #include <tuple>
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

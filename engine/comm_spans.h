@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/timeline.h"
-#include "runtime/communicator.h"
-#include "runtime/device.h"
+#include "zerort/engine/timeline.h"
+#include "zerort/runtime/communicator.h"
+#include "zerort/runtime/device.h"
 
 namespace zerort {
 

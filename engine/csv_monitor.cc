@@ -1,5 +1,5 @@
 // DeepSpeed's csv_monitor files.
-#include "engine/csv_monitor.h"
+#include "zerort/engine/csv_monitor.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -8,8 +8,8 @@
 #include <filesystem>
 
 #include "fmt/format.h"
-#include "runtime/strings.h"
-#include "runtime/user_file.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/runtime/user_file.h"
 
 namespace zerort {
 StatusOr<std::unique_ptr<CsvMonitor>> CsvMonitor::Open(const std::string& dir) {

@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-#include "runtime/status.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

@@ -1,10 +1,10 @@
 // /proc/meminfo and the cgroup v2 limit of this process.
-#include "engine/host_memory.h"
+#include "zerort/engine/host_memory.h"
 
 #include <fstream>
 #include <sstream>
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

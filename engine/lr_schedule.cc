@@ -1,5 +1,5 @@
 // DeepSpeed's warm-up, decay and cosine schedules.
-#include "engine/lr_schedule.h"
+#include "zerort/engine/lr_schedule.h"
 
 #include <algorithm>
 #include <cmath>

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "config/config.h"
+#include "zerort/config/config.h"
 
 namespace zerort {
 

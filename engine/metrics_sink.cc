@@ -1,5 +1,5 @@
 // Rank 0's metrics record, line, CSV files and progress bar (metrics_sink.h).
-#include "engine/metrics_sink.h"
+#include "zerort/engine/metrics_sink.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -7,9 +7,9 @@
 #include <filesystem>
 #include <utility>
 
-#include "checkpoint/run_dir.h"
-#include "runtime/strings.h"
-#include "runtime/user_file.h"
+#include "zerort/checkpoint/run_dir.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/runtime/user_file.h"
 
 namespace zerort {
 namespace {

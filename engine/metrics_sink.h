@@ -12,11 +12,11 @@
 #include <optional>
 #include <string>
 
-#include "engine/csv_monitor.h"
 #include "nlohmann/json.hpp"
-#include "runtime/memory.h"
-#include "runtime/status.h"
-#include "sharding/sharded_unit.h"
+#include "zerort/engine/csv_monitor.h"
+#include "zerort/runtime/memory.h"
+#include "zerort/runtime/status.h"
+#include "zerort/sharding/sharded_unit.h"
 
 namespace zerort {
 

@@ -1,5 +1,5 @@
 // Preflight checks: the paths a config names, rank configs, resumability, memory fit.
-#include "engine/preflight.h"
+#include "zerort/engine/preflight.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -12,9 +12,9 @@
 #include <span>
 #include <utility>
 
-#include "data/tokenizer.h"
-#include "runtime/json_reader.h"
-#include "runtime/strings.h"
+#include "zerort/data/tokenizer.h"
+#include "zerort/runtime/json_reader.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

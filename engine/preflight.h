@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "config/config.h"
-#include "engine/host_memory.h"
-#include "estimate/memory_model.h"
 #include "nlohmann/json.hpp"
-#include "runtime/status.h"
+#include "zerort/config/config.h"
+#include "zerort/engine/host_memory.h"
+#include "zerort/estimate/memory_model.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

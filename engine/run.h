@@ -10,20 +10,20 @@
 #include <string_view>
 #include <vector>
 
-#include "checkpoint/checkpoint.h"
-#include "config/config.h"
-#include "data/data_loader.h"
-#include "engine/comm_spans.h"
-#include "engine/metrics_sink.h"
-#include "engine/timeline.h"
-#include "engine/trainer.h"
-#include "kernels/model_kernels.h"
-#include "layers/gpt_model.h"
-#include "layers/pipeline_executor.h"
-#include "layers/pipeline_schedule.h"
-#include "runtime/device_mesh.h"
-#include "runtime/host_collectives.h"
-#include "sharding/shard_manager.h"
+#include "zerort/checkpoint/checkpoint.h"
+#include "zerort/config/config.h"
+#include "zerort/data/data_loader.h"
+#include "zerort/engine/comm_spans.h"
+#include "zerort/engine/metrics_sink.h"
+#include "zerort/engine/timeline.h"
+#include "zerort/engine/trainer.h"
+#include "zerort/kernels/model_kernels.h"
+#include "zerort/layers/gpt_model.h"
+#include "zerort/layers/pipeline_executor.h"
+#include "zerort/layers/pipeline_schedule.h"
+#include "zerort/runtime/device_mesh.h"
+#include "zerort/runtime/host_collectives.h"
+#include "zerort/sharding/shard_manager.h"
 
 namespace zerort::trainer_internal {
 

@@ -1,9 +1,9 @@
 // The run's mesh from parallel.* (run_mesh.h).
-#include "engine/run_mesh.h"
+#include "zerort/engine/run_mesh.h"
 
 #include "absl/strings/str_join.h"
-#include "runtime/log.h"
-#include "runtime/strings.h"
+#include "zerort/runtime/log.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

@@ -7,9 +7,9 @@
 #include <memory>
 #include <string>
 
-#include "config/config.h"
-#include "runtime/device_mesh.h"
-#include "runtime/topology.h"
+#include "zerort/config/config.h"
+#include "zerort/runtime/device_mesh.h"
+#include "zerort/runtime/topology.h"
 
 namespace zerort {
 

@@ -7,19 +7,19 @@
 #include <string>
 #include <utility>
 
-#include "checkpoint/config_match.h"
-#include "checkpoint/hf_config.h"
-#include "checkpoint/run_dir.h"
-#include "checkpoint/safetensors.h"
-#include "config/run_options.h"
-#include "engine/host_memory.h"
-#include "engine/preflight.h"
-#include "engine/run.h"
-#include "engine/run_mesh.h"
-#include "estimate/memory_model.h"
-#include "kernels/blas.h"
-#include "runtime/log.h"
-#include "runtime/strings.h"
+#include "zerort/checkpoint/config_match.h"
+#include "zerort/checkpoint/hf_config.h"
+#include "zerort/checkpoint/run_dir.h"
+#include "zerort/checkpoint/safetensors.h"
+#include "zerort/config/run_options.h"
+#include "zerort/engine/host_memory.h"
+#include "zerort/engine/preflight.h"
+#include "zerort/engine/run.h"
+#include "zerort/engine/run_mesh.h"
+#include "zerort/estimate/memory_model.h"
+#include "zerort/kernels/blas.h"
+#include "zerort/runtime/log.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort::trainer_internal {
 

@@ -1,5 +1,5 @@
 // Chrome trace-event JSON of each rank's work.
-#include "engine/timeline.h"
+#include "zerort/engine/timeline.h"
 
 #include <cerrno>
 #include <cstdio>
@@ -7,9 +7,9 @@
 #include <fstream>
 
 #include "nlohmann/json.hpp"
-#include "runtime/host_collectives.h"
-#include "runtime/strings.h"
-#include "runtime/user_file.h"
+#include "zerort/runtime/host_collectives.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/runtime/user_file.h"
 
 namespace zerort {
 

@@ -16,10 +16,10 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/allocator.h"
-#include "runtime/communicator.h"
-#include "runtime/span_sink.h"
-#include "runtime/status.h"
+#include "zerort/runtime/allocator.h"
+#include "zerort/runtime/communicator.h"
+#include "zerort/runtime/span_sink.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

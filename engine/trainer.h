@@ -13,11 +13,11 @@
 #include <cstdio>
 #include <string>
 
-#include "config/config.h"
-#include "config/run_options.h"
-#include "runtime/communicator.h"
-#include "runtime/memory.h"
-#include "runtime/topology.h"
+#include "zerort/config/config.h"
+#include "zerort/config/run_options.h"
+#include "zerort/runtime/communicator.h"
+#include "zerort/runtime/memory.h"
+#include "zerort/runtime/topology.h"
 
 namespace zerort {
 

@@ -1,5 +1,5 @@
 // [Note: bytes per step] (comm_model.h).
-#include "estimate/comm_model.h"
+#include "zerort/estimate/comm_model.h"
 
 namespace zerort {
 

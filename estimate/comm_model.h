@@ -17,7 +17,7 @@
 
 #include <cstdint>
 
-#include "runtime/collective_trace.h"
+#include "zerort/runtime/collective_trace.h"
 
 namespace zerort {
 

@@ -1,11 +1,11 @@
 // The memory model: a replay of one steady-state training step's allocations.
-#include "estimate/memory_model.h"
+#include "zerort/estimate/memory_model.h"
 
 #include <algorithm>
 
-#include "estimate/step_model.h"
-#include "layers/pipeline_executor.h"
-#include "runtime/strings.h"
+#include "zerort/estimate/step_model.h"
+#include "zerort/layers/pipeline_executor.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

@@ -33,11 +33,11 @@
 #include <string>
 #include <vector>
 
-#include "config/config.h"
-#include "estimate/comm_model.h"
-#include "runtime/dtype.h"
-#include "runtime/memory.h"
-#include "sharding/options.h"
+#include "zerort/config/config.h"
+#include "zerort/estimate/comm_model.h"
+#include "zerort/runtime/dtype.h"
+#include "zerort/runtime/memory.h"
+#include "zerort/sharding/options.h"
 
 namespace zerort {
 

@@ -4,11 +4,11 @@
 #include <algorithm>
 #include <cmath>
 
-#include "config/run_options.h"
-#include "estimate/memory_model.h"
-#include "layers/pipeline_executor.h"
-#include "layers/pipeline_schedule.h"
-#include "runtime/strings.h"
+#include "zerort/config/run_options.h"
+#include "zerort/estimate/memory_model.h"
+#include "zerort/layers/pipeline_executor.h"
+#include "zerort/layers/pipeline_schedule.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

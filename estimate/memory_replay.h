@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "runtime/allocator.h"
-#include "runtime/memory.h"
+#include "zerort/runtime/allocator.h"
+#include "zerort/runtime/memory.h"
 
 namespace zerort {
 

@@ -1,26 +1,26 @@
 // The memory model's replay of a step (step_model.h).
-#include "estimate/step_model.h"
+#include "zerort/estimate/step_model.h"
 
-#include "sharding/compressed_allreduce.h"
+#include "zerort/sharding/compressed_allreduce.h"
 
 #include <algorithm>
 #include <map>
-#include "estimate/memory_replay.h"
-#include "kernels/memory_facts.h"
-#include "kernels/quantize.h"
-#include "layers/gpt_block.h"
-#include "layers/gpt_mb_plan.h"
-#include "layers/gpt_model.h"
-#include "layers/pipeline_executor.h"
-#include "layers/pipeline_schedule.h"
-#include "offload/staging_pool.h"
-#include "runtime/allocator.h"
-#include "runtime/device.h"
-#include "runtime/strings.h"
-#include "sharding/flat_layout.h"
-#include "sharding/gather_planner.h"
-#include "sharding/sharded_optimizer.h"
-#include "sharding/unit_plan.h"
+#include "zerort/estimate/memory_replay.h"
+#include "zerort/kernels/memory_facts.h"
+#include "zerort/kernels/quantize.h"
+#include "zerort/layers/gpt_block.h"
+#include "zerort/layers/gpt_mb_plan.h"
+#include "zerort/layers/gpt_model.h"
+#include "zerort/layers/pipeline_executor.h"
+#include "zerort/layers/pipeline_schedule.h"
+#include "zerort/offload/staging_pool.h"
+#include "zerort/runtime/allocator.h"
+#include "zerort/runtime/device.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/sharding/flat_layout.h"
+#include "zerort/sharding/gather_planner.h"
+#include "zerort/sharding/sharded_optimizer.h"
+#include "zerort/sharding/unit_plan.h"
 
 namespace zerort::memory_internal {
 // As ShardManager::Create and Initialize: the parameter fetch pool, then per unit the buffers of

@@ -3,13 +3,13 @@
 // frees every buffer the runtime would, in its order. Internal to engine/.
 #pragma once
 
-#include "estimate/memory_model.h"
-#include "estimate/memory_replay.h"
-#include "kernels/quantize.h"
-#include "layers/gpt_model.h"
-#include "sharding/flat_layout.h"
-#include "sharding/gather_planner.h"
-#include "sharding/unit_plan.h"
+#include "zerort/estimate/memory_model.h"
+#include "zerort/estimate/memory_replay.h"
+#include "zerort/kernels/quantize.h"
+#include "zerort/layers/gpt_model.h"
+#include "zerort/sharding/flat_layout.h"
+#include "zerort/sharding/gather_planner.h"
+#include "zerort/sharding/unit_plan.h"
 
 namespace zerort::memory_internal {
 

@@ -1,12 +1,12 @@
 // The CPU BLAS identity and thread count.
-#include "kernels/blas.h"
+#include "zerort/kernels/blas.h"
 
 #include <cblas.h>
 
 #include <cstdlib>
 #include <cstring>
 
-#include "kernels/cpu/sgemm.h"
+#include "zerort/kernels/cpu/sgemm.h"
 
 namespace zerort {
 

@@ -4,9 +4,9 @@
 // scalar CPU reference the twins are tested against.
 #pragma once
 
-#include "runtime/device.h"
-#include "runtime/status.h"
-#include "runtime/tensor.h"
+#include "zerort/runtime/device.h"
+#include "zerort/runtime/status.h"
+#include "zerort/runtime/tensor.h"
 
 namespace zerort {
 

@@ -10,9 +10,9 @@
 // tests/kernels/lamb_test.cc holds a textbook LAMB in double to check them against.
 #pragma once
 
-#include "runtime/device.h"
-#include "runtime/status.h"
-#include "runtime/tensor.h"
+#include "zerort/runtime/device.h"
+#include "zerort/runtime/status.h"
+#include "zerort/runtime/tensor.h"
 
 namespace zerort {
 

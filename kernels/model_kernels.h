@@ -22,12 +22,12 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/memory_facts.h"
-#include "kernels/rope.h"
-#include "runtime/allocator.h"
-#include "runtime/device.h"
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "zerort/kernels/memory_facts.h"
+#include "zerort/kernels/rope.h"
+#include "zerort/runtime/allocator.h"
+#include "zerort/runtime/device.h"
+#include "zerort/runtime/dtype.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

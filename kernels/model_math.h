@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "kernels/rounded_math.h"
+#include "zerort/kernels/rounded_math.h"
 
 namespace zerort::math {
 

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "kernels/rope.h"
+#include "zerort/kernels/rope.h"
 
 namespace zerort::cpu {
 

@@ -1,11 +1,11 @@
 // Kernel entry points of a build without CUDA.
-#include "kernels/cast.h"
-#include "kernels/lamb.h"
-#include "kernels/model_kernels.h"
-#include "kernels/onebit.h"
-#include "kernels/optimizer.h"
-#include "kernels/quantize.h"
-#include "kernels/reduce.h"
+#include "zerort/kernels/cast.h"
+#include "zerort/kernels/lamb.h"
+#include "zerort/kernels/model_kernels.h"
+#include "zerort/kernels/onebit.h"
+#include "zerort/kernels/optimizer.h"
+#include "zerort/kernels/quantize.h"
+#include "zerort/kernels/reduce.h"
 
 namespace zerort::internal {
 

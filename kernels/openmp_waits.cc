@@ -1,6 +1,6 @@
 // The OpenMP wait setting and zerort's re-execution with it ([Note: OpenMP waits on a busy
 // machine], openmp_waits.h).
-#include "kernels/openmp_waits.h"
+#include "zerort/kernels/openmp_waits.h"
 
 #include <unistd.h>
 
@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

@@ -26,7 +26,7 @@
 #include <optional>
 #include <string>
 
-#include "runtime/launch_env.h"
+#include "zerort/runtime/launch_env.h"
 
 namespace zerort {
 

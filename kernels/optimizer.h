@@ -10,9 +10,9 @@
 #include <cstdint>
 #include <span>
 
-#include "runtime/device.h"
-#include "runtime/status.h"
-#include "runtime/tensor.h"
+#include "zerort/runtime/device.h"
+#include "zerort/runtime/status.h"
+#include "zerort/runtime/tensor.h"
 
 namespace zerort {
 

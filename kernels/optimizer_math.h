@@ -10,9 +10,9 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/lamb.h"
-#include "kernels/optimizer.h"
-#include "kernels/rounded_math.h"
+#include "zerort/kernels/lamb.h"
+#include "zerort/kernels/optimizer.h"
+#include "zerort/kernels/rounded_math.h"
 
 namespace zerort::math {
 

@@ -19,7 +19,7 @@
 
 #include <cmath>
 
-#include "runtime/float_bits.h"  // ZR_HOST_DEVICE
+#include "zerort/runtime/float_bits.h"  // ZR_HOST_DEVICE
 
 namespace zerort {
 

@@ -1,8 +1,8 @@
 // GPT block layers: LayerNorm/linear transitions under tensor and sequence parallelism, a
 // block's forward and backward, its activation set.
-#include "layers/gpt_block.h"
+#include "zerort/layers/gpt_block.h"
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort::gpt {
 

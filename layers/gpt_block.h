@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "layers/gpt_model.h"
-#include "layers/tp_layers.h"
-#include "runtime/allocator.h"
+#include "zerort/layers/gpt_model.h"
+#include "zerort/layers/tp_layers.h"
+#include "zerort/runtime/allocator.h"
 
 namespace zerort::gpt {
 

@@ -1,10 +1,10 @@
 // GptConfig validation, counts and presets.
-#include "layers/gpt_config.h"
+#include "zerort/layers/gpt_config.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
-#include "kernels/rope.h"
-#include "runtime/status.h"
+#include "zerort/kernels/rope.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

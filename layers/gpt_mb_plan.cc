@@ -1,4 +1,4 @@
-#include "layers/gpt_mb_plan.h"
+#include "zerort/layers/gpt_mb_plan.h"
 
 namespace zerort::gpt {
 

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "layers/gpt_block.h"
-#include "runtime/memory.h"
+#include "zerort/layers/gpt_block.h"
+#include "zerort/runtime/memory.h"
 
 namespace zerort::gpt {
 

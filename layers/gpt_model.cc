@@ -1,18 +1,18 @@
 // GptModel: the model on its weight store, forward/backward over ModelKernels in stage calls
 // (its parameter list, initialisation and sampling are gpt_params.cc; whole-model passes
 // gpt_model_passes.cc).
-#include "layers/gpt_model.h"
+#include "zerort/layers/gpt_model.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <optional>
 
-#include "layers/gpt_block.h"
-#include "layers/gpt_mb_plan.h"
-#include "layers/tp_layers.h"
-#include "runtime/scoped_seconds.h"
-#include "runtime/strings.h"
+#include "zerort/layers/gpt_block.h"
+#include "zerort/layers/gpt_mb_plan.h"
+#include "zerort/layers/tp_layers.h"
+#include "zerort/runtime/scoped_seconds.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

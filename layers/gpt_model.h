@@ -27,12 +27,12 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/model_kernels.h"
-#include "layers/gpt_config.h"
-#include "layers/tensor_parallel.h"
-#include "layers/weight_store.h"
-#include "runtime/allocator.h"
-#include "sharding/sharded_unit.h"
+#include "zerort/kernels/model_kernels.h"
+#include "zerort/layers/gpt_config.h"
+#include "zerort/layers/tensor_parallel.h"
+#include "zerort/layers/weight_store.h"
+#include "zerort/runtime/allocator.h"
+#include "zerort/sharding/sharded_unit.h"
 
 namespace zerort {
 

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <random>
 
-#include "layers/gpt_model.h"
-#include "runtime/strings.h"
+#include "zerort/layers/gpt_model.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 StatusOr<double> GptModel::Run(std::span<const int32_t> tokens, std::span<const int32_t> targets,

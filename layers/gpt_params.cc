@@ -5,8 +5,8 @@
 #include <numeric>
 #include <random>
 
-#include "layers/gpt_model.h"
-#include "runtime/strings.h"
+#include "zerort/layers/gpt_model.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

@@ -2,7 +2,7 @@
 // key/value heads, rotary embeddings, causal attention, the output projection, RMSNorm, the
 // SwiGLU MLP; under tensor and sequence parallelism through the same transitions as GPT-2's
 // block (NormToColumn, RowToResidual, ReduceColumnInputGrad, NormBackward).
-#include "layers/gpt_block.h"
+#include "zerort/layers/gpt_block.h"
 
 namespace zerort::gpt {
 namespace {

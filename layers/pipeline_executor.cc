@@ -1,14 +1,14 @@
 // PipelineExecutor: one stage's actions over a GptModel.
-#include "layers/pipeline_executor.h"
+#include "zerort/layers/pipeline_executor.h"
 
 #include <cstdlib>
 #include <map>
 #include <numeric>
 #include <random>
 
-#include "runtime/host_collectives.h"
-#include "runtime/log.h"
-#include "runtime/strings.h"
+#include "zerort/runtime/host_collectives.h"
+#include "zerort/runtime/log.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

@@ -27,12 +27,12 @@
 #include <utility>
 #include <vector>
 
-#include "layers/gpt_model.h"
-#include "layers/pipeline_links.h"
-#include "layers/pipeline_schedule.h"
-#include "layers/tensor_parallel.h"
-#include "runtime/allocator.h"
-#include "runtime/communicator.h"
+#include "zerort/layers/gpt_model.h"
+#include "zerort/layers/pipeline_links.h"
+#include "zerort/layers/pipeline_schedule.h"
+#include "zerort/layers/tensor_parallel.h"
+#include "zerort/runtime/allocator.h"
+#include "zerort/runtime/communicator.h"
 
 namespace zerort {
 

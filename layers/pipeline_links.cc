@@ -1,7 +1,7 @@
 // PipelineLinks: directed links between neighbouring stages ([Note: pipeline links]).
-#include "layers/pipeline_links.h"
+#include "zerort/layers/pipeline_links.h"
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

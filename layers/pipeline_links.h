@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/communicator.h"
+#include "zerort/runtime/communicator.h"
 
 namespace zerort {
 

@@ -1,10 +1,10 @@
 // Pipeline schedules as data.
-#include "layers/pipeline_schedule.h"
+#include "zerort/layers/pipeline_schedule.h"
 
 #include <algorithm>
 #include <set>
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

@@ -24,7 +24,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/status.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

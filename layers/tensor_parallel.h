@@ -7,9 +7,9 @@
 
 #include <string>
 
-#include "runtime/communicator.h"
-#include "runtime/status.h"
-#include "sharding/flat_layout.h"
+#include "zerort/runtime/communicator.h"
+#include "zerort/runtime/status.h"
+#include "zerort/sharding/flat_layout.h"
 
 namespace zerort {
 

@@ -1,7 +1,7 @@
 // Tensor-parallel mappings and linears.
-#include "layers/tp_layers.h"
+#include "zerort/layers/tp_layers.h"
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

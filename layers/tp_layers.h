@@ -24,9 +24,9 @@
 #include <array>
 #include <cstdint>
 
-#include "kernels/model_kernels.h"
-#include "layers/tensor_parallel.h"
-#include "runtime/allocator.h"
+#include "zerort/kernels/model_kernels.h"
+#include "zerort/layers/tensor_parallel.h"
+#include "zerort/runtime/allocator.h"
 
 namespace zerort {
 

@@ -1,10 +1,10 @@
 // The shard manager behind the WeightStore interface.
-#include "layers/weight_store.h"
+#include "zerort/layers/weight_store.h"
 
 #include <map>
 #include <optional>
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

@@ -12,11 +12,11 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/span_sink.h"
-#include "runtime/status.h"
-#include "sharding/flat_layout.h"
-#include "sharding/shard_manager.h"
-#include "sharding/sharded_unit.h"
+#include "zerort/runtime/span_sink.h"
+#include "zerort/runtime/status.h"
+#include "zerort/sharding/flat_layout.h"
+#include "zerort/sharding/shard_manager.h"
+#include "zerort/sharding/sharded_unit.h"
 
 namespace zerort {
 

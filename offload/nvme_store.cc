@@ -1,5 +1,5 @@
 // NvmeStore: the file, its regions, and the io_uring and pread/pwrite engines.
-#include "offload/nvme_store.h"
+#include "zerort/offload/nvme_store.h"
 
 #include <fcntl.h>
 #include <liburing.h>
@@ -14,9 +14,9 @@
 #include <mutex>
 #include <thread>
 
-#include "offload/task_pool.h"
-#include "runtime/log.h"
-#include "runtime/strings.h"
+#include "zerort/offload/task_pool.h"
+#include "zerort/runtime/log.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

@@ -17,8 +17,8 @@
 #include <string>
 #include <string_view>
 
-#include "runtime/memory.h"
-#include "runtime/status.h"
+#include "zerort/runtime/memory.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

@@ -1,7 +1,7 @@
 // StagingPool: leases of equal, aligned host buffers, reused only after their fences.
-#include "offload/staging_pool.h"
+#include "zerort/offload/staging_pool.h"
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

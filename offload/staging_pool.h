@@ -12,7 +12,7 @@
 #include <memory>
 #include <vector>
 
-#include "runtime/allocator.h"
+#include "zerort/runtime/allocator.h"
 
 namespace zerort {
 

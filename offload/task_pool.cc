@@ -1,5 +1,5 @@
 // TaskPool: FIFO worker threads with Status-returning handles.
-#include "offload/task_pool.h"
+#include "zerort/offload/task_pool.h"
 
 namespace zerort {
 

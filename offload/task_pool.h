@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/status.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

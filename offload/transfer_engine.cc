@@ -1,5 +1,5 @@
 // TransferEngine: device <-> host copies on the copy stream, or on a worker thread on the CPU.
-#include "offload/transfer_engine.h"
+#include "zerort/offload/transfer_engine.h"
 
 #include <cstring>
 

@@ -7,8 +7,8 @@
 
 #include <memory>
 
-#include "offload/task_pool.h"
-#include "runtime/device.h"
+#include "zerort/offload/task_pool.h"
+#include "zerort/runtime/device.h"
 
 namespace zerort {
 

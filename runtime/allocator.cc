@@ -1,10 +1,10 @@
 // Buffer, HostAllocator and the stream-aware CachingAllocator.
-#include "runtime/allocator.h"
+#include "zerort/runtime/allocator.h"
 
 #include <cstdlib>
 
-#include "runtime/log.h"
-#include "runtime/strings.h"
+#include "zerort/runtime/log.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

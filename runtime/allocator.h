@@ -20,10 +20,10 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/device.h"
-#include "runtime/memory.h"
-#include "runtime/status.h"
-#include "runtime/tensor.h"
+#include "zerort/runtime/device.h"
+#include "zerort/runtime/memory.h"
+#include "zerort/runtime/status.h"
+#include "zerort/runtime/tensor.h"
 
 namespace zerort {
 

@@ -1,6 +1,6 @@
 // CollectiveTrace: a bounded ring of records with probe polling.
-#include "runtime/collective_trace.h"
-#include "runtime/strings.h"
+#include "zerort/runtime/collective_trace.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

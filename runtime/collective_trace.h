@@ -14,8 +14,8 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "zerort/runtime/dtype.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

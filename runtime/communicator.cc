@@ -1,14 +1,14 @@
 // The shared half of every communicator: validation, tracing, error context, CUDA staging.
-#include "runtime/communicator.h"
+#include "zerort/runtime/communicator.h"
 
 #include <condition_variable>
 #include <limits>
 #include <mutex>
 #include <vector>
 
-#include "runtime/internal/cpu_streams.h"
-#include "runtime/strings.h"
-#include "runtime/watchdog.h"
+#include "zerort/runtime/internal/cpu_streams.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/runtime/watchdog.h"
 
 namespace zerort {
 namespace {

@@ -25,12 +25,12 @@
 #include <string>
 #include <string_view>
 
-#include "runtime/allocator.h"
-#include "runtime/collective_trace.h"
-#include "runtime/device.h"
-#include "runtime/dtype.h"
-#include "runtime/memory.h"
-#include "runtime/status.h"
+#include "zerort/runtime/allocator.h"
+#include "zerort/runtime/collective_trace.h"
+#include "zerort/runtime/device.h"
+#include "zerort/runtime/dtype.h"
+#include "zerort/runtime/memory.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

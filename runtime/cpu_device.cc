@@ -5,10 +5,10 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/device.h"
-#include "runtime/internal/cpu_streams.h"
-#include "runtime/internal/device_backend.h"
-#include "runtime/strings.h"
+#include "zerort/runtime/device.h"
+#include "zerort/runtime/internal/cpu_streams.h"
+#include "zerort/runtime/internal/device_backend.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

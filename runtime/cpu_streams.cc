@@ -1,5 +1,5 @@
 // CPU streams and events ([Note: the asynchronous CPU device] in device.h).
-#include "runtime/internal/cpu_streams.h"
+#include "zerort/runtime/internal/cpu_streams.h"
 
 #include <algorithm>
 #include <chrono>
@@ -10,7 +10,7 @@
 #include <random>
 #include <thread>
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort::internal {
 namespace {

@@ -1,11 +1,11 @@
 // Loads cuBLAS and cuBLASLt on first use (runtime/internal/cublas_api.h).
-#include "runtime/internal/cublas_api.h"
+#include "zerort/runtime/internal/cublas_api.h"
 
 #include <dlfcn.h>
 
 #include <string>
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort::internal {
 namespace {

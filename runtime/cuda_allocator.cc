@@ -1,9 +1,9 @@
 // CachingAllocator backends over cudaMalloc (device tier) and cudaHostAlloc (pinned host tier).
 #include <cuda_runtime_api.h>
 
-#include "runtime/allocator.h"
-#include "runtime/internal/cuda_check.h"
-#include "runtime/strings.h"
+#include "zerort/runtime/allocator.h"
+#include "zerort/runtime/internal/cuda_check.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

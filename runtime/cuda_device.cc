@@ -4,11 +4,11 @@
 #include <cstddef>
 #include <vector>
 
-#include "runtime/device.h"
-#include "runtime/internal/cublas_api.h"
-#include "runtime/internal/cuda_check.h"
-#include "runtime/internal/device_backend.h"
-#include "runtime/strings.h"
+#include "zerort/runtime/device.h"
+#include "zerort/runtime/internal/cublas_api.h"
+#include "zerort/runtime/internal/cuda_check.h"
+#include "zerort/runtime/internal/device_backend.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace internal {

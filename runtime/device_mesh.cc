@@ -1,12 +1,12 @@
 // Mesh coordinates and the process groups of a rank.
-#include "runtime/device_mesh.h"
+#include "zerort/runtime/device_mesh.h"
 
 #include <algorithm>
 #include <functional>
 #include <vector>
 
 #include "absl/strings/str_join.h"
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

@@ -21,8 +21,8 @@
 #include <memory>
 #include <string>
 
-#include "runtime/communicator.h"
-#include "runtime/topology.h"
+#include "zerort/runtime/communicator.h"
+#include "zerort/runtime/topology.h"
 
 namespace zerort {
 

@@ -1,10 +1,10 @@
 // DType names, sizes and parsing.
-#include "runtime/dtype.h"
+#include "zerort/runtime/dtype.h"
 
 #include <string>
 
 #include "absl/strings/ascii.h"
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

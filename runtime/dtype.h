@@ -8,8 +8,8 @@
 #include <optional>
 #include <string_view>
 
-#include "runtime/float_bits.h"
-#include "runtime/status.h"
+#include "zerort/runtime/float_bits.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

@@ -1,5 +1,5 @@
 // Host values through device memory for any communicator.
-#include "runtime/host_collectives.h"
+#include "zerort/runtime/host_collectives.h"
 
 #include <algorithm>
 #include <cstdint>

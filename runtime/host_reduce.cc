@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "runtime/internal/host_reduce.h"
+#include "zerort/runtime/internal/host_reduce.h"
 
 namespace zerort::internal {
 namespace {

@@ -1,5 +1,5 @@
 // Strict JSON config reading: duplicate keys, types, ranges, "auto", unknown keys.
-#include "runtime/json_reader.h"
+#include "zerort/runtime/json_reader.h"
 
 #include <algorithm>
 #include <cctype>
@@ -8,8 +8,8 @@
 #include <set>
 #include <sstream>
 
-#include "runtime/strings.h"
-#include "runtime/user_file.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/runtime/user_file.h"
 
 namespace zerort {
 

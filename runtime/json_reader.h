@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
-#include "runtime/status.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

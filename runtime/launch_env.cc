@@ -1,11 +1,11 @@
 // Launch-environment discovery in the order documented in launch_env.h.
-#include "runtime/launch_env.h"
+#include "zerort/runtime/launch_env.h"
 
 #include <cstdlib>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

@@ -1,8 +1,8 @@
 // The rank-prefixed stderr logger.
-#include "runtime/log.h"
+#include "zerort/runtime/log.h"
 
-#include "runtime/strings.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

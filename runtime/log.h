@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "runtime/status.h"
 #include "spdlog/spdlog.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

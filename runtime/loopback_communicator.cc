@@ -1,5 +1,5 @@
 // The loopback backend: threads of one process rendezvous on a shared LoopbackGroup.
-#include "runtime/loopback_communicator.h"
+#include "zerort/runtime/loopback_communicator.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -9,8 +9,8 @@
 #include <thread>
 #include <utility>
 
-#include "runtime/internal/host_reduce.h"
-#include "runtime/strings.h"
+#include "zerort/runtime/internal/host_reduce.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "runtime/communicator.h"
+#include "zerort/runtime/communicator.h"
 
 namespace zerort {
 

@@ -1,10 +1,10 @@
 // MemoryTracker: exact per-category and per-tier byte counts.
-#include "runtime/memory.h"
+#include "zerort/runtime/memory.h"
 
 #include <algorithm>
 
-#include "runtime/status.h"
-#include "runtime/strings.h"
+#include "zerort/runtime/status.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

@@ -1,5 +1,5 @@
 // The MPI communicator: blocking MPI collectives, fp32 reductions for 16-bit floats.
-#include "runtime/mpi_communicator.h"
+#include "zerort/runtime/mpi_communicator.h"
 
 #include <mpi.h>
 
@@ -12,9 +12,9 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/internal/host_reduce.h"
-#include "runtime/log.h"
-#include "runtime/strings.h"
+#include "zerort/runtime/internal/host_reduce.h"
+#include "zerort/runtime/log.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

@@ -10,8 +10,8 @@
 #include <memory>
 #include <string>
 
-#include "runtime/communicator.h"
-#include "runtime/watchdog.h"
+#include "zerort/runtime/communicator.h"
+#include "zerort/runtime/watchdog.h"
 
 namespace zerort {
 

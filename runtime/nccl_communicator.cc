@@ -1,5 +1,5 @@
 // The NCCL communicator: non-blocking NCCL with event probes for the watchdog.
-#include "runtime/nccl_communicator.h"
+#include "zerort/runtime/nccl_communicator.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -9,9 +9,9 @@
 
 #include <thread>
 
-#include "runtime/internal/cuda_check.h"
-#include "runtime/strings.h"
-#include "runtime/watchdog.h"
+#include "zerort/runtime/internal/cuda_check.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/runtime/watchdog.h"
 
 namespace zerort {
 namespace {

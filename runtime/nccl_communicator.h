@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "runtime/communicator.h"
+#include "zerort/runtime/communicator.h"
 
 namespace zerort {
 

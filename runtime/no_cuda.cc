@@ -1,7 +1,7 @@
 // The CUDA entry points of a build without CUDA: each answers with a clear error.
-#include "runtime/allocator.h"
-#include "runtime/device.h"
-#include "runtime/internal/device_backend.h"
+#include "zerort/runtime/allocator.h"
+#include "zerort/runtime/device.h"
+#include "zerort/runtime/internal/device_backend.h"
 
 namespace zerort {
 namespace internal {

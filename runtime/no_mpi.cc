@@ -1,5 +1,5 @@
 // The MPI entry points of a build without MPI.
-#include "runtime/mpi_communicator.h"
+#include "zerort/runtime/mpi_communicator.h"
 
 namespace zerort {
 

@@ -1,5 +1,5 @@
 // The NCCL entry points of a build without NCCL.
-#include "runtime/nccl_communicator.h"
+#include "zerort/runtime/nccl_communicator.h"
 
 namespace zerort {
 

@@ -1,13 +1,13 @@
-#include "runtime/session.h"
+#include "zerort/runtime/session.h"
 
 #include <algorithm>
 #include <chrono>
 
-#include "runtime/log.h"
-#include "runtime/loopback_communicator.h"
-#include "runtime/mpi_communicator.h"
-#include "runtime/nccl_communicator.h"
-#include "runtime/strings.h"
+#include "zerort/runtime/log.h"
+#include "zerort/runtime/loopback_communicator.h"
+#include "zerort/runtime/mpi_communicator.h"
+#include "zerort/runtime/nccl_communicator.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

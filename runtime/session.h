@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
-#include "runtime/allocator.h"
-#include "runtime/communicator.h"
-#include "runtime/launch_env.h"
-#include "runtime/memory.h"
-#include "runtime/topology.h"
+#include "zerort/runtime/allocator.h"
+#include "zerort/runtime/communicator.h"
+#include "zerort/runtime/launch_env.h"
+#include "zerort/runtime/memory.h"
+#include "zerort/runtime/topology.h"
 
 namespace zerort {
 

@@ -1,11 +1,11 @@
 // Check failures and errno conversion.
-#include "runtime/status.h"
+#include "zerort/runtime/status.h"
 
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace internal {

@@ -1,5 +1,5 @@
 // Shape helpers and view slicing.
-#include "runtime/tensor.h"
+#include "zerort/runtime/tensor.h"
 
 #include <cstdlib>
 

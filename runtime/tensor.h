@@ -11,9 +11,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "runtime/device.h"
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "zerort/runtime/device.h"
+#include "zerort/runtime/dtype.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

@@ -1,5 +1,5 @@
 // Topology from hostnames or ZERORT_RANKS_PER_NODE ([Note: nodes] in topology.h).
-#include "runtime/topology.h"
+#include "zerort/runtime/topology.h"
 
 #include <unistd.h>
 
@@ -7,7 +7,7 @@
 #include <map>
 
 #include "absl/strings/numbers.h"
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

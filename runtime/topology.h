@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/launch_env.h"
-#include "runtime/status.h"
+#include "zerort/runtime/launch_env.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

@@ -1,5 +1,5 @@
 // ReadDataFile: regular files only, bounded. WriteFileAtomically: checked, then renamed.
-#include "runtime/user_file.h"
+#include "zerort/runtime/user_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

@@ -1,5 +1,5 @@
 // The watchdog thread: deadline checks, abort, trace dump, exit code 3; signal-time dumps.
-#include "runtime/watchdog.h"
+#include "zerort/runtime/watchdog.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -8,9 +8,9 @@
 #include <csignal>
 #include <cstdio>
 
-#include "runtime/exit_codes.h"
-#include "runtime/log.h"
-#include "runtime/strings.h"
+#include "zerort/runtime/exit_codes.h"
+#include "zerort/runtime/log.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

@@ -21,8 +21,8 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/collective_trace.h"
-#include "runtime/status.h"
+#include "zerort/runtime/collective_trace.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

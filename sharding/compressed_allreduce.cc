@@ -1,11 +1,11 @@
 // [Note: 1-bit Adam] (compressed_allreduce.h): the compressed all-reduce.
-#include "sharding/compressed_allreduce.h"
+#include "zerort/sharding/compressed_allreduce.h"
 
 #include <numeric>
 
-#include "kernels/onebit.h"
-#include "kernels/reduce.h"
-#include "runtime/strings.h"
+#include "zerort/kernels/onebit.h"
+#include "zerort/kernels/reduce.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

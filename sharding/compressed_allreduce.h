@@ -82,10 +82,10 @@
 #include <span>
 #include <vector>
 
-#include "runtime/allocator.h"
-#include "runtime/communicator.h"
-#include "runtime/tensor.h"
-#include "sharding/flat_layout.h"
+#include "zerort/runtime/allocator.h"
+#include "zerort/runtime/communicator.h"
+#include "zerort/runtime/tensor.h"
+#include "zerort/sharding/flat_layout.h"
 
 namespace zerort {
 

@@ -1,11 +1,11 @@
 // FlatLayout construction and shard pieces.
-#include "sharding/flat_layout.h"
+#include "zerort/sharding/flat_layout.h"
 
 #include <algorithm>
 #include <set>
 
-#include "runtime/memory.h"
-#include "runtime/strings.h"
+#include "zerort/runtime/memory.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 Shape ParamSpec::global_shape() const {

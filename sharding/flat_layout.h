@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/status.h"
-#include "runtime/tensor.h"
-#include "sharding/range.h"
+#include "zerort/runtime/status.h"
+#include "zerort/runtime/tensor.h"
+#include "zerort/sharding/range.h"
 
 namespace zerort {
 

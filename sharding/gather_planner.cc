@@ -1,7 +1,7 @@
-#include "sharding/gather_planner.h"
+#include "zerort/sharding/gather_planner.h"
 
-#include "runtime/status.h"
-#include "sharding/reuse_distance.h"
+#include "zerort/runtime/status.h"
+#include "zerort/sharding/reuse_distance.h"
 
 namespace zerort {
 

@@ -26,7 +26,7 @@
 #include <span>
 #include <vector>
 
-#include "sharding/options.h"
+#include "zerort/sharding/options.h"
 
 namespace zerort {
 

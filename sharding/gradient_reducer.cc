@@ -1,10 +1,10 @@
 // GradientReducer: bucketed reduce-scatter (rank-major packing) and all-reduce.
-#include "sharding/gradient_reducer.h"
+#include "zerort/sharding/gradient_reducer.h"
 
 #include <algorithm>
 
-#include "kernels/reduce.h"
-#include "runtime/strings.h"
+#include "zerort/kernels/reduce.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

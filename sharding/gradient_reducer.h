@@ -21,9 +21,9 @@
 #include <memory>
 #include <vector>
 
-#include "sharding/quantized_reduce.h"
-#include "sharding/sharded_optimizer.h"
-#include "sharding/sharded_unit.h"
+#include "zerort/sharding/quantized_reduce.h"
+#include "zerort/sharding/sharded_optimizer.h"
+#include "zerort/sharding/sharded_unit.h"
 
 namespace zerort {
 

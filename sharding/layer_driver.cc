@@ -1,8 +1,8 @@
-#include "sharding/layer_driver.h"
+#include "zerort/sharding/layer_driver.h"
 
 #include <utility>
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

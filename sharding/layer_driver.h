@@ -26,8 +26,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/session.h"
-#include "sharding/shard_manager.h"
+#include "zerort/runtime/session.h"
+#include "zerort/sharding/shard_manager.h"
 
 namespace zerort {
 

@@ -1,10 +1,10 @@
 // LossScaler: DeepSpeed's DynamicLossScaler.update_scale, step for step.
-#include "sharding/loss_scaler.h"
+#include "zerort/sharding/loss_scaler.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

@@ -6,8 +6,8 @@
 
 #include <cstdint>
 
-#include "runtime/status.h"
-#include "sharding/options.h"
+#include "zerort/runtime/status.h"
+#include "zerort/sharding/options.h"
 
 namespace zerort {
 

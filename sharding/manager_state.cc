@@ -1,10 +1,10 @@
 // A ShardManager's state for checkpoints and inspection (manager_state.h).
-#include "sharding/manager_state.h"
+#include "zerort/sharding/manager_state.h"
 
 #include <algorithm>
 #include <vector>
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <span>
 
-#include "sharding/shard_manager.h"
+#include "zerort/sharding/shard_manager.h"
 
 namespace zerort {
 

@@ -1,13 +1,13 @@
 // The NVMe tier's pipelined optimizer step ([Note: the NVMe optimizer step], nvme_step.h).
-#include "sharding/nvme_step.h"
+#include "zerort/sharding/nvme_step.h"
 
 #include <chrono>
 #include <cstring>
 #include <string>
 
-#include "runtime/scoped_seconds.h"
-#include "runtime/strings.h"
-#include "sharding/optimizer_state.h"
+#include "zerort/runtime/scoped_seconds.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/sharding/optimizer_state.h"
 
 namespace zerort {
 

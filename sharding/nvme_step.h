@@ -15,9 +15,9 @@
 #include <deque>
 #include <vector>
 
-#include "offload/nvme_store.h"
-#include "offload/staging_pool.h"
-#include "sharding/sharded_optimizer.h"
+#include "zerort/offload/nvme_store.h"
+#include "zerort/offload/staging_pool.h"
+#include "zerort/sharding/sharded_optimizer.h"
 
 namespace zerort {
 

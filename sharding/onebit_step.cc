@@ -4,12 +4,12 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/lamb.h"
-#include "kernels/onebit.h"
-#include "kernels/reduce.h"
-#include "runtime/strings.h"
-#include "sharding/optimizer_state.h"
-#include "sharding/sharded_optimizer.h"
+#include "zerort/kernels/lamb.h"
+#include "zerort/kernels/onebit.h"
+#include "zerort/kernels/reduce.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/sharding/optimizer_state.h"
+#include "zerort/sharding/sharded_optimizer.h"
 
 namespace zerort {
 

@@ -2,9 +2,9 @@
 // NVMe step (nvme_step.cc); internal to sharding/.
 #pragma once
 
-#include "offload/nvme_store.h"
-#include "sharding/placed_buffer.h"
-#include "sharding/sharded_optimizer.h"
+#include "zerort/offload/nvme_store.h"
+#include "zerort/sharding/placed_buffer.h"
+#include "zerort/sharding/sharded_optimizer.h"
 
 namespace zerort {
 

@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <string>
 
-#include "runtime/device.h"
-#include "runtime/dtype.h"
-#include "runtime/memory.h"
+#include "zerort/runtime/device.h"
+#include "zerort/runtime/dtype.h"
+#include "zerort/runtime/memory.h"
 
 namespace zerort {
 

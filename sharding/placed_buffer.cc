@@ -1,7 +1,7 @@
 // PlacedBuffer: a planned buffer in memory or on NVMe.
-#include "sharding/placed_buffer.h"
+#include "zerort/sharding/placed_buffer.h"
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

@@ -3,9 +3,9 @@
 // (a fresh NVMe region reads as zeros).
 #pragma once
 
-#include "offload/nvme_store.h"
-#include "runtime/allocator.h"
-#include "sharding/unit_plan.h"
+#include "zerort/offload/nvme_store.h"
+#include "zerort/runtime/allocator.h"
+#include "zerort/sharding/unit_plan.h"
 
 namespace zerort {
 

@@ -1,10 +1,10 @@
 // [Note: qgZ] (quantized_reduce.h).
-#include "sharding/quantized_reduce.h"
+#include "zerort/sharding/quantized_reduce.h"
 
-#include "kernels/quantize.h"
-#include "kernels/reduce.h"
-#include "runtime/host_collectives.h"
-#include "runtime/strings.h"
+#include "zerort/kernels/quantize.h"
+#include "zerort/kernels/reduce.h"
+#include "zerort/runtime/host_collectives.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

@@ -23,8 +23,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "runtime/allocator.h"
-#include "runtime/communicator.h"
+#include "zerort/runtime/allocator.h"
+#include "zerort/runtime/communicator.h"
 
 namespace zerort {
 

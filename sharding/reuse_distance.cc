@@ -1,6 +1,6 @@
-#include "sharding/reuse_distance.h"
+#include "zerort/sharding/reuse_distance.h"
 
-#include "runtime/status.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 

@@ -1,15 +1,15 @@
 // ShardManager: scopes, prefetch in recorded order within the live-bytes budget, and the step.
-#include "sharding/shard_manager.h"
+#include "zerort/sharding/shard_manager.h"
 
 #include <algorithm>
 #include <cmath>
 #include <utility>
 
-#include "runtime/host_collectives.h"
-#include "runtime/log.h"
-#include "runtime/scoped_seconds.h"
-#include "runtime/strings.h"
-#include "sharding/unit_agreement.h"
+#include "zerort/runtime/host_collectives.h"
+#include "zerort/runtime/log.h"
+#include "zerort/runtime/scoped_seconds.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/sharding/unit_agreement.h"
 
 namespace zerort {
 namespace {

@@ -25,15 +25,15 @@
 #include <string>
 #include <vector>
 
-#include "runtime/allocator.h"
-#include "runtime/communicator.h"
-#include "runtime/memory.h"
-#include "sharding/gather_planner.h"
-#include "sharding/gradient_reducer.h"
-#include "sharding/loss_scaler.h"
-#include "sharding/options.h"
-#include "sharding/sharded_optimizer.h"
-#include "sharding/sharded_unit.h"
+#include "zerort/runtime/allocator.h"
+#include "zerort/runtime/communicator.h"
+#include "zerort/runtime/memory.h"
+#include "zerort/sharding/gather_planner.h"
+#include "zerort/sharding/gradient_reducer.h"
+#include "zerort/sharding/loss_scaler.h"
+#include "zerort/sharding/options.h"
+#include "zerort/sharding/sharded_optimizer.h"
+#include "zerort/sharding/sharded_unit.h"
 
 namespace zerort {
 

@@ -1,19 +1,19 @@
 // ShardedOptimizer: master, moments and gradient shards on their tier; accumulation, norm, step.
-#include "sharding/sharded_optimizer.h"
+#include "zerort/sharding/sharded_optimizer.h"
 
 #include <chrono>
 #include <cstring>
 
-#include "kernels/cast.h"
-#include "kernels/lamb.h"
-#include "kernels/onebit.h"
-#include "kernels/optimizer.h"
-#include "kernels/reduce.h"
-#include "runtime/host_collectives.h"
-#include "runtime/scoped_seconds.h"
-#include "runtime/strings.h"
-#include "sharding/nvme_step.h"
-#include "sharding/optimizer_state.h"
+#include "zerort/kernels/cast.h"
+#include "zerort/kernels/lamb.h"
+#include "zerort/kernels/onebit.h"
+#include "zerort/kernels/optimizer.h"
+#include "zerort/kernels/reduce.h"
+#include "zerort/runtime/host_collectives.h"
+#include "zerort/runtime/scoped_seconds.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/sharding/nvme_step.h"
+#include "zerort/sharding/optimizer_state.h"
 
 namespace zerort {
 

@@ -17,13 +17,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kernels/onebit.h"
-#include "offload/staging_pool.h"
-#include "runtime/communicator.h"
-#include "runtime/span_sink.h"
-#include "sharding/compressed_allreduce.h"
-#include "sharding/sharded_unit.h"
-#include "sharding/zero_one_schedule.h"
+#include "zerort/kernels/onebit.h"
+#include "zerort/offload/staging_pool.h"
+#include "zerort/runtime/communicator.h"
+#include "zerort/runtime/span_sink.h"
+#include "zerort/sharding/compressed_allreduce.h"
+#include "zerort/sharding/sharded_unit.h"
+#include "zerort/sharding/zero_one_schedule.h"
 
 namespace zerort {
 

@@ -1,12 +1,12 @@
 // ShardedUnit: compute copies, the shard state machine (with the fetch of offloaded shards) and
 // the full gradient.
-#include "sharding/sharded_unit.h"
+#include "zerort/sharding/sharded_unit.h"
 
 #include <chrono>
 
-#include "kernels/cast.h"
-#include "kernels/quantize.h"
-#include "runtime/strings.h"
+#include "zerort/kernels/cast.h"
+#include "zerort/kernels/quantize.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

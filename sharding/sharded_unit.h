@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "offload/staging_pool.h"
-#include "runtime/communicator.h"
-#include "sharding/placed_buffer.h"
+#include "zerort/offload/staging_pool.h"
+#include "zerort/runtime/communicator.h"
+#include "zerort/sharding/placed_buffer.h"
 
 namespace zerort {
 

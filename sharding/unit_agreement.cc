@@ -1,5 +1,5 @@
 // AgreeOnUnits: one fingerprint all-gather; on a mismatch, the entries gathered and compared.
-#include "sharding/unit_agreement.h"
+#include "zerort/sharding/unit_agreement.h"
 
 #include <cstdint>
 #include <cstring>
@@ -7,8 +7,8 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "runtime/host_collectives.h"
-#include "runtime/strings.h"
+#include "zerort/runtime/host_collectives.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/allocator.h"
-#include "runtime/communicator.h"
+#include "zerort/runtime/allocator.h"
+#include "zerort/runtime/communicator.h"
 
 namespace zerort {
 

@@ -1,7 +1,7 @@
 // UnitPlan: which buffers a unit keeps, where, and for how long.
-#include "sharding/unit_plan.h"
+#include "zerort/sharding/unit_plan.h"
 
-#include "sharding/compressed_allreduce.h"
+#include "zerort/sharding/compressed_allreduce.h"
 
 namespace zerort {
 

@@ -9,10 +9,10 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/dtype.h"
-#include "runtime/memory.h"
-#include "sharding/flat_layout.h"
-#include "sharding/options.h"
+#include "zerort/runtime/dtype.h"
+#include "zerort/runtime/memory.h"
+#include "zerort/sharding/flat_layout.h"
+#include "zerort/sharding/options.h"
 
 namespace zerort {
 

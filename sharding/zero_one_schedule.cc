@@ -1,5 +1,5 @@
 // ZeroOneSchedule (zero_one_schedule.h): DeepSpeed's zoadam.py counters, step by step.
-#include "sharding/zero_one_schedule.h"
+#include "zerort/sharding/zero_one_schedule.h"
 
 #include <algorithm>
 

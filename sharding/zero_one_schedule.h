@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "sharding/options.h"
+#include "zerort/sharding/options.h"
 
 namespace zerort {
 

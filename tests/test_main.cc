@@ -3,7 +3,7 @@
 // machine do not spin against each other; then GoogleTest.
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/openmp_waits.h"
+#include "zerort/kernels/openmp_waits.h"
 
 int main(int argc, char** argv) {
   (void)zerort::ReexecWithOpenMpWaits(argv);  // a failure leaves libgomp's default: still correct

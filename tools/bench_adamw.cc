@@ -13,13 +13,13 @@
 
 #include <omp.h>
 
-#include "kernels/model_kernels.h"
-#include "kernels/optimizer.h"
+#include "commands.h"
 #include "nlohmann/json.hpp"
-#include "runtime/allocator.h"
-#include "runtime/exit_codes.h"
-#include "runtime/log.h"
-#include "tools/commands.h"
+#include "zerort/kernels/model_kernels.h"
+#include "zerort/kernels/optimizer.h"
+#include "zerort/runtime/allocator.h"
+#include "zerort/runtime/exit_codes.h"
+#include "zerort/runtime/log.h"
 
 namespace zerort::cli {
 namespace {

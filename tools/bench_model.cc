@@ -18,19 +18,19 @@
 #include <random>
 #include <vector>
 
-#include "config/config.h"
-#include "kernels/blas.h"
-#include "kernels/model_kernels.h"
-#include "layers/gpt_model.h"
+#include "bench_stats.h"
+#include "commands.h"
 #include "nlohmann/json.hpp"
-#include "runtime/device_mesh.h"
-#include "runtime/exit_codes.h"
-#include "runtime/log.h"
-#include "runtime/loopback_communicator.h"
-#include "runtime/mpi_communicator.h"
-#include "runtime/strings.h"
-#include "tools/bench_stats.h"
-#include "tools/commands.h"
+#include "zerort/config/config.h"
+#include "zerort/kernels/blas.h"
+#include "zerort/kernels/model_kernels.h"
+#include "zerort/layers/gpt_model.h"
+#include "zerort/runtime/device_mesh.h"
+#include "zerort/runtime/exit_codes.h"
+#include "zerort/runtime/log.h"
+#include "zerort/runtime/loopback_communicator.h"
+#include "zerort/runtime/mpi_communicator.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort::cli {
 namespace {

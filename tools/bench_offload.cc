@@ -19,19 +19,19 @@
 #include <map>
 #include <vector>
 
-#include "config/config.h"
-#include "engine/preflight.h"
-#include "engine/trainer.h"
+#include "bench_stats.h"
+#include "commands.h"
 #include "nlohmann/json.hpp"
-#include "offload/nvme_store.h"
-#include "runtime/allocator.h"
-#include "runtime/exit_codes.h"
-#include "runtime/json_reader.h"
-#include "runtime/log.h"
-#include "runtime/loopback_communicator.h"
-#include "runtime/strings.h"
-#include "tools/bench_stats.h"
-#include "tools/commands.h"
+#include "zerort/config/config.h"
+#include "zerort/engine/preflight.h"
+#include "zerort/engine/trainer.h"
+#include "zerort/offload/nvme_store.h"
+#include "zerort/runtime/allocator.h"
+#include "zerort/runtime/exit_codes.h"
+#include "zerort/runtime/json_reader.h"
+#include "zerort/runtime/log.h"
+#include "zerort/runtime/loopback_communicator.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort::cli {
 namespace {

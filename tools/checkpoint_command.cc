@@ -1,13 +1,13 @@
 // zerort eval, zerort checkpoint inspect, zerort checkpoint export.
 #include <cstdio>
 
-#include "checkpoint/checkpoint.h"
-#include "checkpoint/export.h"
-#include "config/config.h"
-#include "runtime/exit_codes.h"
-#include "runtime/log.h"
-#include "runtime/strings.h"
-#include "tools/commands.h"
+#include "commands.h"
+#include "zerort/checkpoint/checkpoint.h"
+#include "zerort/checkpoint/export.h"
+#include "zerort/config/config.h"
+#include "zerort/runtime/exit_codes.h"
+#include "zerort/runtime/log.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort::cli {
 namespace {

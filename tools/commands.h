@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/launch_env.h"
-#include "runtime/status.h"
+#include "zerort/runtime/launch_env.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort::cli {
 

@@ -13,16 +13,16 @@
 #include <optional>
 #include <set>
 
-#include "checkpoint/hf_config.h"
-#include "config/config.h"
-#include "engine/trainer.h"
-#include "estimate/memory_model.h"
-#include "runtime/exit_codes.h"
-#include "runtime/log.h"
-#include "runtime/loopback_communicator.h"
-#include "runtime/strings.h"
-#include "tools/commands.h"
-#include "tools/estimate_output.h"
+#include "commands.h"
+#include "estimate_output.h"
+#include "zerort/checkpoint/hf_config.h"
+#include "zerort/config/config.h"
+#include "zerort/engine/trainer.h"
+#include "zerort/estimate/memory_model.h"
+#include "zerort/runtime/exit_codes.h"
+#include "zerort/runtime/log.h"
+#include "zerort/runtime/loopback_communicator.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort::cli {
 namespace {

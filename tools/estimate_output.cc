@@ -1,9 +1,9 @@
 // zerort estimate's output (estimate_output.h).
-#include "tools/estimate_output.h"
+#include "estimate_output.h"
 
 #include <cstdio>
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort::cli {
 

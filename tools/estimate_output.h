@@ -4,10 +4,10 @@
 
 #include <string>
 
-#include "estimate/memory_model.h"
+#include "commands.h"
 #include "nlohmann/json.hpp"
-#include "runtime/memory.h"
-#include "tools/commands.h"
+#include "zerort/estimate/memory_model.h"
+#include "zerort/runtime/memory.h"
 
 namespace zerort::cli {
 

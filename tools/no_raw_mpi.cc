@@ -1,5 +1,5 @@
 // Without MPI there is no raw MPI baseline.
-#include "tools/raw_mpi.h"
+#include "raw_mpi.h"
 
 namespace zerort::cli {
 

@@ -1,5 +1,5 @@
 // Without NCCL (or MPI to bootstrap it) there is no raw NCCL baseline.
-#include "tools/raw_nccl.h"
+#include "raw_nccl.h"
 
 namespace zerort::cli {
 

@@ -16,14 +16,14 @@
 #include <filesystem>
 #include <thread>
 
+#include "commands.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
-#include "runtime/exit_codes.h"
-#include "runtime/json_reader.h"
-#include "runtime/log.h"
-#include "runtime/strings.h"
-#include "runtime/user_file.h"
-#include "tools/commands.h"
+#include "zerort/runtime/exit_codes.h"
+#include "zerort/runtime/json_reader.h"
+#include "zerort/runtime/log.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/runtime/user_file.h"
 
 extern char** environ;
 

@@ -1,8 +1,8 @@
 // Raw MPI collectives for the benchmark baseline.
-#include "tools/raw_mpi.h"
+#include "raw_mpi.h"
 
 #include <mpi.h>
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort::cli {
 

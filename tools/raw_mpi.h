@@ -4,9 +4,9 @@
 
 #include <cstddef>
 
-#include "runtime/collective_trace.h"
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "zerort/runtime/collective_trace.h"
+#include "zerort/runtime/dtype.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort::cli {
 

@@ -1,11 +1,11 @@
 // Raw NCCL collectives for the benchmark baseline.
-#include "tools/raw_nccl.h"
+#include "raw_nccl.h"
 
 #include <cuda_runtime_api.h>
 #include <mpi.h>
 #include <nccl.h>
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort::cli {
 namespace {

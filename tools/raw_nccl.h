@@ -4,10 +4,10 @@
 
 #include <memory>
 
-#include "runtime/collective_trace.h"
-#include "runtime/device.h"
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "zerort/runtime/collective_trace.h"
+#include "zerort/runtime/device.h"
+#include "zerort/runtime/dtype.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort::cli {
 

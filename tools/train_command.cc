@@ -11,19 +11,19 @@
 #include <fstream>
 #include <sstream>
 
-#include "config/config.h"
-#include "config/config_schema.h"
-#include "config/deepspeed_config.h"
-#include "data/data_prepare.h"
-#include "data/token_file.h"
-#include "data/tokenizer.h"
-#include "engine/preflight.h"
-#include "engine/trainer.h"
-#include "runtime/exit_codes.h"
-#include "runtime/log.h"
-#include "runtime/session.h"
-#include "runtime/strings.h"
-#include "tools/commands.h"
+#include "commands.h"
+#include "zerort/config/config.h"
+#include "zerort/config/config_schema.h"
+#include "zerort/config/deepspeed_config.h"
+#include "zerort/data/data_prepare.h"
+#include "zerort/data/token_file.h"
+#include "zerort/data/tokenizer.h"
+#include "zerort/engine/preflight.h"
+#include "zerort/engine/trainer.h"
+#include "zerort/runtime/exit_codes.h"
+#include "zerort/runtime/log.h"
+#include "zerort/runtime/session.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort::cli {
 

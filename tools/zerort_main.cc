@@ -5,11 +5,11 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
-#include "kernels/openmp_waits.h"
-#include "runtime/exit_codes.h"
-#include "runtime/launch_env.h"
-#include "runtime/log.h"
-#include "tools/commands.h"
+#include "commands.h"
+#include "zerort/kernels/openmp_waits.h"
+#include "zerort/runtime/exit_codes.h"
+#include "zerort/runtime/launch_env.h"
+#include "zerort/runtime/log.h"
 
 int main(int argc, char** argv) {
   using namespace zerort;

@@ -9,9 +9,9 @@
 #define ZR_HAVE_F16C_PATH 1
 #endif
 
-#include "kernels/cast.h"
-#include "runtime/dtype.h"
-#include "runtime/strings.h"
+#include "zerort/kernels/cast.h"
+#include "zerort/runtime/dtype.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

@@ -1,14 +1,14 @@
 // The float path of the GPT model's CPU operations (fast_ops.h): hot loops compiled per vector
 // width (ZR_CPU_CLONES) and threaded by ParallelFor (vector_math.h).
-#include "kernels/cpu/fast_ops.h"
+#include "zerort/kernels/cpu/fast_ops.h"
 
 #include <array>
 #include <cmath>
 #include <vector>
 
-#include "kernels/cpu/sgemm.h"
-#include "kernels/cpu/vector_math.h"
-#include "kernels/model_math.h"
+#include "zerort/kernels/cpu/sgemm.h"
+#include "zerort/kernels/cpu/vector_math.h"
+#include "zerort/kernels/model_math.h"
 
 namespace zerort::cpu::fast {
 namespace {

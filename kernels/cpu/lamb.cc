@@ -1,12 +1,12 @@
 // LAMB on the CPU (two OpenMP passes) and the validating entries shared with CUDA.
-#include "kernels/lamb.h"
+#include "zerort/kernels/lamb.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/optimizer_math.h"
-#include "runtime/dtype.h"
-#include "runtime/strings.h"
+#include "zerort/kernels/optimizer_math.h"
+#include "zerort/runtime/dtype.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

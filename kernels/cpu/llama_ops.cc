@@ -5,8 +5,8 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/cpu/vector_math.h"
-#include "kernels/model_ops.h"
+#include "zerort/kernels/cpu/vector_math.h"
+#include "zerort/kernels/model_ops.h"
 
 namespace zerort::cpu {
 namespace {

@@ -10,15 +10,15 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/cast.h"
-#include "kernels/cpu/fast_ops.h"
-#include "kernels/cpu/sgemm.h"
-#include "kernels/cpu/stream_kernels.h"
-#include "kernels/model_kernels.h"
-#include "kernels/model_math.h"
-#include "kernels/model_ops.h"
-#include "runtime/dtype.h"
-#include "runtime/scoped_seconds.h"
+#include "zerort/kernels/cast.h"
+#include "zerort/kernels/cpu/fast_ops.h"
+#include "zerort/kernels/cpu/sgemm.h"
+#include "zerort/kernels/cpu/stream_kernels.h"
+#include "zerort/kernels/model_kernels.h"
+#include "zerort/kernels/model_math.h"
+#include "zerort/kernels/model_ops.h"
+#include "zerort/runtime/dtype.h"
+#include "zerort/runtime/scoped_seconds.h"
 
 namespace zerort {
 namespace {

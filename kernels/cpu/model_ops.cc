@@ -1,7 +1,7 @@
 // The GPT model's CPU operations; explicit instantiations for float and double. The code here is
 // the readable reference (the double instantiation, for gradient checks); float, the training
 // path, goes to the threaded and vectorised versions of fast_ops.h, tested against it.
-#include "kernels/model_ops.h"
+#include "zerort/kernels/model_ops.h"
 
 #include <cblas.h>
 
@@ -10,9 +10,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/cpu/fast_ops.h"
-#include "kernels/cpu/sgemm.h"
-#include "kernels/model_math.h"
+#include "zerort/kernels/cpu/fast_ops.h"
+#include "zerort/kernels/cpu/sgemm.h"
+#include "zerort/kernels/model_math.h"
 
 namespace zerort::cpu {
 namespace {

@@ -1,12 +1,12 @@
 // DeepSpeed's 1-bit Adam's element math and scaled-sign compression (kernels/onebit.h), on the
 // CPU; CUDA views go to kernels/cuda/onebit.cu.
-#include "kernels/onebit.h"
+#include "zerort/kernels/onebit.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/optimizer_math.h"
-#include "runtime/strings.h"
+#include "zerort/kernels/optimizer_math.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

@@ -1,15 +1,15 @@
 // CPU optimizer steps: the scalar references and the vectorised versions (one fused pass, OpenMP
 // threads over static chunks, SIMD inside), plus the validating entries shared with CUDA.
-#include "kernels/optimizer.h"
+#include "zerort/kernels/optimizer.h"
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
-#include "kernels/cast.h"
-#include "kernels/optimizer_math.h"
-#include "runtime/dtype.h"
-#include "runtime/strings.h"
+#include "zerort/kernels/cast.h"
+#include "zerort/kernels/optimizer_math.h"
+#include "zerort/runtime/dtype.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

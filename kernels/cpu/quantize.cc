@@ -1,11 +1,11 @@
 // [Note: block quantization] (kernels/quantize.h), on the CPU.
-#include "kernels/quantize.h"
+#include "zerort/kernels/quantize.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 

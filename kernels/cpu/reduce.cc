@@ -5,9 +5,9 @@
 
 #include <omp.h>
 
-#include "kernels/reduce.h"
-#include "kernels/rounded_math.h"
-#include "runtime/strings.h"
+#include "zerort/kernels/reduce.h"
+#include "zerort/kernels/rounded_math.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

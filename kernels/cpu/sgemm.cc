@@ -1,10 +1,10 @@
-#include "kernels/cpu/sgemm.h"
+#include "zerort/kernels/cpu/sgemm.h"
 
 #include <cblas.h>
 
 #include <string>
 
-#include "runtime/status.h"
+#include "zerort/runtime/status.h"
 
 #ifdef ZR_WITH_DNNL
 #include <oneapi/dnnl/dnnl.h>

@@ -6,7 +6,7 @@
 #include <memory>
 #include <utility>
 
-#include "kernels/cpu/stream_kernels.h"
+#include "zerort/kernels/cpu/stream_kernels.h"
 
 namespace zerort::internal {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "kernels/model_kernels.h"
+#include "zerort/kernels/model_kernels.h"
 
 namespace zerort::internal {
 

@@ -17,7 +17,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/model_math.h"
+#include "zerort/kernels/model_math.h"
 
 #if defined(ZR_CPU_DISPATCH) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define ZR_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))

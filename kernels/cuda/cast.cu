@@ -4,10 +4,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "kernels/cast.h"
-#include "kernels/cuda/convert.cuh"
-#include "kernels/launch_geometry.h"
-#include "runtime/internal/cuda_check.h"
+#include "zerort/kernels/cast.h"
+#include "zerort/kernels/cuda/convert.cuh"
+#include "zerort/kernels/launch_geometry.h"
+#include "zerort/runtime/internal/cuda_check.h"
 
 namespace zerort {
 namespace {

@@ -7,7 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "runtime/float_bits.h"
+#include "zerort/runtime/float_bits.h"
 
 namespace zerort::cuda {
 

@@ -5,11 +5,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/convert.cuh"
-#include "kernels/lamb.h"
-#include "kernels/launch_geometry.h"
-#include "kernels/optimizer_math.h"
-#include "runtime/internal/cuda_check.h"
+#include "zerort/kernels/cuda/convert.cuh"
+#include "zerort/kernels/lamb.h"
+#include "zerort/kernels/launch_geometry.h"
+#include "zerort/kernels/optimizer_math.h"
+#include "zerort/runtime/internal/cuda_check.h"
 
 namespace zerort {
 namespace {

@@ -6,8 +6,8 @@
 // like Hugging Face's).
 #pragma once
 
-#include "kernels/cuda/model_ops.cuh"
-#include "kernels/rope.h"
+#include "zerort/kernels/cuda/model_ops.cuh"
+#include "zerort/kernels/rope.h"
 
 namespace zerort {
 namespace {

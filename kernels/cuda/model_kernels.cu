@@ -21,14 +21,14 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/cuda/convert.cuh"
-#include "kernels/cuda/llama_ops.cuh"
-#include "kernels/cuda/model_ops.cuh"
-#include "kernels/gemm_map.h"
-#include "kernels/model_kernels.h"
-#include "kernels/reduce.h"
-#include "runtime/internal/cublas_api.h"
-#include "runtime/internal/cuda_check.h"
+#include "zerort/kernels/cuda/convert.cuh"
+#include "zerort/kernels/cuda/llama_ops.cuh"
+#include "zerort/kernels/cuda/model_ops.cuh"
+#include "zerort/kernels/gemm_map.h"
+#include "zerort/kernels/model_kernels.h"
+#include "zerort/kernels/reduce.h"
+#include "zerort/runtime/internal/cublas_api.h"
+#include "zerort/runtime/internal/cuda_check.h"
 
 namespace zerort {
 namespace {

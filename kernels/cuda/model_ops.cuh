@@ -15,12 +15,12 @@
 #include <cmath>
 #include <type_traits>
 
-#include "kernels/cuda/convert.cuh"
-#include "kernels/launch_geometry.h"
-#include "kernels/memory_facts.h"
-#include "kernels/model_math.h"
-#include "runtime/dtype.h"
-#include "runtime/internal/cuda_check.h"
+#include "zerort/kernels/cuda/convert.cuh"
+#include "zerort/kernels/launch_geometry.h"
+#include "zerort/kernels/memory_facts.h"
+#include "zerort/kernels/model_math.h"
+#include "zerort/runtime/dtype.h"
+#include "zerort/runtime/internal/cuda_check.h"
 
 namespace zerort {
 namespace {

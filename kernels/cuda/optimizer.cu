@@ -10,11 +10,11 @@
 
 #include <cmath>
 
-#include "kernels/cuda/convert.cuh"
-#include "kernels/launch_geometry.h"
-#include "kernels/optimizer.h"
-#include "kernels/optimizer_math.h"
-#include "runtime/internal/cuda_check.h"
+#include "zerort/kernels/cuda/convert.cuh"
+#include "zerort/kernels/launch_geometry.h"
+#include "zerort/kernels/optimizer.h"
+#include "zerort/kernels/optimizer_math.h"
+#include "zerort/runtime/internal/cuda_check.h"
 
 namespace zerort {
 namespace {

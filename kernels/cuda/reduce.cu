@@ -8,11 +8,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/convert.cuh"
-#include "kernels/launch_geometry.h"
-#include "kernels/reduce.h"
-#include "kernels/rounded_math.h"
-#include "runtime/internal/cuda_check.h"
+#include "zerort/kernels/cuda/convert.cuh"
+#include "zerort/kernels/launch_geometry.h"
+#include "zerort/kernels/reduce.h"
+#include "zerort/kernels/rounded_math.h"
+#include "zerort/runtime/internal/cuda_check.h"
 
 namespace zerort {
 namespace {

@@ -9,7 +9,7 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
-#include "runtime/status.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort::internal {
 

@@ -7,7 +7,7 @@
 
 #include <string_view>
 
-#include "runtime/status.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort::internal {
 

@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "runtime/device.h"
+#include "zerort/runtime/device.h"
 
 namespace zerort::internal {
 

@@ -6,8 +6,8 @@
 #include <cstddef>
 #include <span>
 
-#include "runtime/communicator.h"
-#include "runtime/dtype.h"
+#include "zerort/runtime/communicator.h"
+#include "zerort/runtime/dtype.h"
 
 namespace zerort::internal {
 

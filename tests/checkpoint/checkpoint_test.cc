@@ -1,7 +1,7 @@
 // Checkpoints through the training engine on loopback ranks: bitwise resumption at the same world
 // size, resumption at another world size and ZeRO stage, keep_last_n, an interrupted save that
 // leaves the previous checkpoint loadable, and truncated or bit-flipped shards refused by name.
-#include "checkpoint/checkpoint.h"
+#include "zerort/checkpoint/checkpoint.h"
 
 #include <gtest/gtest.h>
 
@@ -9,11 +9,11 @@
 #include <fstream>
 #include <functional>
 
-#include "engine/trainer.h"
-#include "runtime/loopback_communicator.h"
-#include "runtime/strings.h"
 #include "tests/engine/metrics_file.h"
 #include "tests/layers/gpt_harness.h"
+#include "zerort/engine/trainer.h"
+#include "zerort/runtime/loopback_communicator.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

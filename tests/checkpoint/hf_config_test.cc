@@ -2,7 +2,7 @@
 // Mistral and GPT-2 configs (their fields as the model cards' config.json give them) give the
 // presets and the published parameter counts; hostile or unsupported fields are refused naming the
 // key.
-#include "checkpoint/hf_config.h"
+#include "zerort/checkpoint/hf_config.h"
 
 #include <gtest/gtest.h>
 
@@ -12,10 +12,10 @@
 #include <string>
 #include <tuple>
 
-#include "checkpoint/hf_names.h"
-#include "checkpoint/safetensors.h"
-#include "layers/gpt_model.h"
-#include "runtime/dtype.h"
+#include "zerort/checkpoint/hf_names.h"
+#include "zerort/checkpoint/safetensors.h"
+#include "zerort/layers/gpt_model.h"
+#include "zerort/runtime/dtype.h"
 
 namespace zerort {
 namespace {

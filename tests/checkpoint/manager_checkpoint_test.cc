@@ -4,17 +4,17 @@
 // back; a first run finds nothing; rotation of the trainer's own steps; another run's step
 // directory in the way is refused naming it; and a checkpoint with no model config is readable by
 // inspect and refused by export and zerort train's resume.
-#include "checkpoint/manager_checkpoint.h"
+#include "zerort/checkpoint/manager_checkpoint.h"
 
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 
-#include "checkpoint/config_match.h"
-#include "checkpoint/export.h"
-#include "runtime/strings.h"
 #include "tests/sharding/harness.h"
+#include "zerort/checkpoint/config_match.h"
+#include "zerort/checkpoint/export.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

@@ -1,7 +1,7 @@
 // The field table: docs/config.md is its reference, every row reads its own default, its range's
 // ends and refuses the values just outside them (naming the JSON path), every printed row survives
 // --print-config's round trip, and the directory knows every section.
-#include "config/config_schema.h"
+#include "zerort/config/config_schema.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "runtime/strings.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

@@ -1,7 +1,7 @@
 // The run-config schema: defaults, DeepSpeed sections, --set overrides, the batch triple, and
 // one test per kind of bad input, each checking that the message names the JSON path, the value
 // and what was expected.
-#include "config/config.h"
+#include "zerort/config/config.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -9,10 +9,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "config/run_options.h"
-#include "engine/preflight.h"
-#include "runtime/json_reader.h"
-#include "runtime/strings.h"
+#include "zerort/config/run_options.h"
+#include "zerort/engine/preflight.h"
+#include "zerort/runtime/json_reader.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

@@ -1,9 +1,9 @@
 // DeepSpeed's front end: docs/deepspeed.md's key table equals the key list, every key shows its
 // handling with its example value, legacy and alternative names, "auto" by Hugging Face's rules
 // against hand-computed values, and every problem of a config in one message.
-#include "config/deepspeed_config.h"
-#include "config/config_schema.h"
-#include "engine/preflight.h"
+#include "zerort/config/deepspeed_config.h"
+#include "zerort/config/config_schema.h"
+#include "zerort/engine/preflight.h"
 
 #include <gtest/gtest.h>
 
@@ -11,8 +11,8 @@
 #include <set>
 #include <sstream>
 
-#include "config/config.h"
-#include "runtime/strings.h"
+#include "zerort/config/config.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

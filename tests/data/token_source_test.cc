@@ -1,6 +1,6 @@
 // TokenSource ([Note: the token files zerort reads]): every format read in its stored width to the
 // tokens written, and every malformed header refused by name before anything is mapped.
-#include "data/token_source.h"
+#include "zerort/data/token_source.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "data/token_file.h"
+#include "zerort/data/token_file.h"
 
 namespace zerort {
 namespace {

@@ -7,13 +7,13 @@
 // without a token: identical ids, and the same decoded text. Invalid UTF-8 is an error naming its
 // byte; a 128,000-letter word merges in O(n log n); hostile tokenizer.json files are refused
 // naming the JSON path; data prepare's blocks give the whole text's ids for every kind.
-#include "data/tokenizer.h"
+#include "zerort/data/tokenizer.h"
 
 #include <gtest/gtest.h>
 
-#include "data/data_prepare.h"
-#include "data/token_file.h"
-#include "runtime/strings.h"
+#include "zerort/data/data_prepare.h"
+#include "zerort/data/token_file.h"
+#include "zerort/runtime/strings.h"
 
 #include <algorithm>
 #include <chrono>

@@ -2,7 +2,7 @@
 // is the part of the compute stream's waits on "comm" during which a collective ran there, so it
 // never exceeds the communication, however long the comm stream's other work keeps compute
 // waiting.
-#include "engine/comm_spans.h"
+#include "zerort/engine/comm_spans.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/loopback_communicator.h"
+#include "zerort/runtime/loopback_communicator.h"
 
 namespace zerort {
 namespace {

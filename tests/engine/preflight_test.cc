@@ -2,8 +2,8 @@
 // both values on each side; a resumed config may change the stage but not the model's shape; the
 // memory check refuses what does not fit the machine it is told about, and lists the layouts
 // that would.
-#include "engine/preflight.h"
-#include "checkpoint/config_match.h"
+#include "zerort/engine/preflight.h"
+#include "zerort/checkpoint/config_match.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // The training engine: LR schedules against DeepSpeed's formulas, token files (round trip and each
 // corruption named), the data loader's determinism, and whole training runs on loopback ranks:
 // stage 0 on one rank and stage 3 on four give the same loss curve in metrics.jsonl.
-#include "engine/trainer.h"
+#include "zerort/engine/trainer.h"
 
 #include <gtest/gtest.h>
 
@@ -9,12 +9,12 @@
 #include <filesystem>
 #include <fstream>
 
-#include "data/data_loader.h"
-#include "data/token_file.h"
-#include "engine/lr_schedule.h"
-#include "runtime/device.h"
-#include "runtime/loopback_communicator.h"
 #include "tests/engine/metrics_file.h"
+#include "zerort/data/data_loader.h"
+#include "zerort/data/token_file.h"
+#include "zerort/engine/lr_schedule.h"
+#include "zerort/runtime/device.h"
+#include "zerort/runtime/loopback_communicator.h"
 
 namespace zerort {
 namespace {

@@ -4,7 +4,7 @@
 // total and the allocator's reserved bytes must equal the estimate to the byte (within 5% for the
 // pipeline configurations and one reserved figure: see EstimateMatchesTheMeasuredStep). Also the
 // ZeRO paper's model-state example and input validation.
-#include "estimate/memory_model.h"
+#include "zerort/estimate/memory_model.h"
 
 #include <gtest/gtest.h>
 
@@ -15,11 +15,11 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "data/token_file.h"
-#include "engine/trainer.h"
-#include "layers/gpt_model.h"
-#include "runtime/loopback_communicator.h"
-#include "runtime/strings.h"
+#include "zerort/data/token_file.h"
+#include "zerort/engine/trainer.h"
+#include "zerort/layers/gpt_model.h"
+#include "zerort/runtime/loopback_communicator.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

@@ -5,9 +5,9 @@
 #include <random>
 
 #include "gtest/gtest.h"
-#include "kernels/cast.h"
-#include "runtime/allocator.h"
 #include "tests/kernels/random_floats.h"
+#include "zerort/kernels/cast.h"
+#include "zerort/runtime/allocator.h"
 
 namespace zerort {
 namespace {

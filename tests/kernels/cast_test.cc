@@ -1,6 +1,6 @@
 // Cast: the vectorised CPU cast against the scalar reference, bitwise. The CUDA twin is tested
 // against the CPU cast in cast_cuda_test.cc (gpu label).
-#include "kernels/cast.h"
+#include "zerort/kernels/cast.h"
 
 #include <bit>
 #include <cmath>
@@ -8,8 +8,8 @@
 #include <random>
 
 #include "gtest/gtest.h"
-#include "runtime/allocator.h"
 #include "tests/kernels/random_floats.h"
+#include "zerort/runtime/allocator.h"
 
 namespace zerort {
 namespace {

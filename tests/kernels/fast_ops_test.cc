@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cpu/fast_ops.h"
-#include "kernels/cpu/vector_math.h"
-#include "kernels/model_ops.h"
 #include "tests/kernels/random_floats.h"
+#include "zerort/kernels/cpu/fast_ops.h"
+#include "zerort/kernels/cpu/vector_math.h"
+#include "zerort/kernels/model_ops.h"
 
 namespace zerort::cpu {
 namespace {

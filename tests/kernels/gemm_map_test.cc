@@ -2,14 +2,14 @@
 // (kernels/gemm_map.h), run through a small column-major GEMM emulator with cuBLAS's semantics and
 // compared with the CPU reference operations (model_ops.h) and with row-major loops. A wrong
 // transpose, swapped operand or leading dimension fails here, on the CPU, before any GPU run.
-#include "kernels/gemm_map.h"
+#include "zerort/kernels/gemm_map.h"
 
 #include <cmath>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/model_ops.h"
 #include "tests/kernels/random_floats.h"
+#include "zerort/kernels/model_ops.h"
 
 namespace zerort::gemm {
 namespace {

@@ -2,7 +2,7 @@
 // double (DeepSpeed's FusedLamb: trust ratio from the update before bias correction, clamped),
 // over several steps; a parameter split into pieces whose sums are added gives the same step as
 // the whole; the coefficient's clamp and its zero-norm rule.
-#include "kernels/lamb.h"
+#include "zerort/kernels/lamb.h"
 
 #include <gtest/gtest.h>
 

@@ -5,9 +5,9 @@
 
 #include <cstring>
 
-#include "kernels/model_kernels.h"
-#include "runtime/dtype.h"
 #include "tests/kernels/random_floats.h"
+#include "zerort/kernels/model_kernels.h"
+#include "zerort/runtime/dtype.h"
 
 namespace zerort {
 namespace {

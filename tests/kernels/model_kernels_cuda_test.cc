@@ -7,14 +7,14 @@
 #include <random>
 
 #include "gtest/gtest.h"
-#include "kernels/model_kernels.h"
-#include "kernels/model_math.h"
-#include "kernels/model_ops.h"
-#include "layers/gpt_model.h"
-#include "runtime/allocator.h"
-#include "runtime/loopback_communicator.h"
 #include "tests/kernels/random_floats.h"
 #include "tests/layers/gpt_harness.h"
+#include "zerort/kernels/model_kernels.h"
+#include "zerort/kernels/model_math.h"
+#include "zerort/kernels/model_ops.h"
+#include "zerort/layers/gpt_model.h"
+#include "zerort/runtime/allocator.h"
+#include "zerort/runtime/loopback_communicator.h"
 
 namespace zerort {
 namespace {

@@ -3,7 +3,7 @@
 // references, the CPU kernels against the functions bit for bit (so the CUDA kernels, which call
 // the same functions, compute what these tests run), and every element, row and column covered
 // by the grids the CUDA kernels are launched with.
-#include "kernels/model_math.h"
+#include "zerort/kernels/model_math.h"
 
 #include <bit>
 #include <cmath>
@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cpu/fast_ops.h"
-#include "kernels/launch_geometry.h"
 #include "tests/kernels/random_floats.h"
+#include "zerort/kernels/cpu/fast_ops.h"
+#include "zerort/kernels/launch_geometry.h"
 
 namespace zerort {
 namespace {

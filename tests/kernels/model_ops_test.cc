@@ -1,7 +1,7 @@
 // The GPT model's CPU operations: every backward against central finite differences in double
 // precision (loss = sum(out * R) for a fixed random R, so dout = R), a small chain of them
 // through the cross-entropy, and the float instantiation against the double one.
-#include "kernels/model_ops.h"
+#include "zerort/kernels/model_ops.h"
 
 #include <cmath>
 #include <functional>

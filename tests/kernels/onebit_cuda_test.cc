@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/onebit.h"
-#include "runtime/allocator.h"
+#include "zerort/kernels/onebit.h"
+#include "zerort/runtime/allocator.h"
 
 namespace zerort {
 namespace {

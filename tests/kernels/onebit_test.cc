@@ -2,14 +2,14 @@
 // chunks' placement), error feedback and sign of zero; decoding's sum over sources; the three
 // phases of DeepSpeed's 1-bit Adam element math, 0/1 Adam's and 1-bit LAMB's against hand-derived
 // values.
-#include "kernels/onebit.h"
+#include "zerort/kernels/onebit.h"
 
 #include <cmath>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "runtime/dtype.h"
-#include "runtime/float_bits.h"
+#include "zerort/runtime/dtype.h"
+#include "zerort/runtime/float_bits.h"
 
 namespace zerort {
 namespace {

@@ -7,10 +7,10 @@
 #include <random>
 
 #include "gtest/gtest.h"
-#include "kernels/lamb.h"
-#include "kernels/optimizer.h"
-#include "kernels/reduce.h"
-#include "runtime/allocator.h"
+#include "zerort/kernels/lamb.h"
+#include "zerort/kernels/optimizer.h"
+#include "zerort/kernels/reduce.h"
+#include "zerort/runtime/allocator.h"
 
 namespace zerort {
 namespace {

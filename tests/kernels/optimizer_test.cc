@@ -1,7 +1,7 @@
 // Optimizer kernels: the scalar reference against an independent textbook implementation in
 // double precision (AdamW, Adam+L2, SGD with momentum, dampening and Nesterov) over several
 // steps, and the vectorised CPU kernel against the reference, bitwise, on uneven sizes.
-#include "kernels/optimizer.h"
+#include "zerort/kernels/optimizer.h"
 
 #include <cmath>
 #include <cstring>

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cast.h"
-#include "kernels/quantize.h"
-#include "runtime/allocator.h"
+#include "zerort/kernels/cast.h"
+#include "zerort/kernels/quantize.h"
+#include "zerort/runtime/allocator.h"
 
 namespace zerort {
 namespace {

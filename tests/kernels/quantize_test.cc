@@ -1,13 +1,13 @@
 // [Note: block quantization] (kernels/quantize.h): DeepSpeed's group sizes, the round trip's
 // error bound, the packed layout, zeros and 16-bit inputs.
-#include "kernels/quantize.h"
+#include "zerort/kernels/quantize.h"
 
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "runtime/dtype.h"
+#include "zerort/runtime/dtype.h"
 
 namespace zerort {
 namespace {

@@ -1,12 +1,12 @@
 // Reductions: the vectorised CPU kernels against double-precision references, and in-place
 // scaling, in fp32, bf16 and f16; the model kernels' loss ledger on a queued stream.
-#include "kernels/reduce.h"
+#include "zerort/kernels/reduce.h"
 
 #include <cmath>
 #include <random>
 
 #include "gtest/gtest.h"
-#include "kernels/model_kernels.h"
+#include "zerort/kernels/model_kernels.h"
 
 namespace zerort {
 namespace {

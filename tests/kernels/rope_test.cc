@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/model_ops.h"
-#include "kernels/rope.h"
 #include "tests/kernels/random_floats.h"
+#include "zerort/kernels/model_ops.h"
+#include "zerort/kernels/rope.h"
 
 namespace zerort {
 namespace {

@@ -14,8 +14,8 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
-#include "layers/gpt_model.h"
-#include "runtime/loopback_communicator.h"
+#include "zerort/layers/gpt_model.h"
+#include "zerort/runtime/loopback_communicator.h"
 
 namespace zerort {
 namespace {

@@ -10,13 +10,13 @@
 #include <string>
 #include <vector>
 
-#include "layers/gpt_model.h"
-#include "layers/pipeline_executor.h"
-#include "runtime/communicator.h"
-#include "runtime/device_mesh.h"
-#include "runtime/loopback_communicator.h"
-#include "sharding/manager_state.h"
-#include "sharding/shard_manager.h"
+#include "zerort/layers/gpt_model.h"
+#include "zerort/layers/pipeline_executor.h"
+#include "zerort/runtime/communicator.h"
+#include "zerort/runtime/device_mesh.h"
+#include "zerort/runtime/loopback_communicator.h"
+#include "zerort/sharding/manager_state.h"
+#include "zerort/sharding/shard_manager.h"
 
 namespace zerort::testing {
 

@@ -1,15 +1,15 @@
 // The GPT model: whole-model finite-difference gradients in double, equality of ZeRO stages and
 // world sizes through the shard manager, activation checkpointing (same numbers, less memory),
 // initialisation, sampling, and input validation.
-#include "layers/gpt_model.h"
+#include "zerort/layers/gpt_model.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "runtime/loopback_communicator.h"
-#include "runtime/strings.h"
 #include "tests/layers/gpt_harness.h"
+#include "zerort/runtime/loopback_communicator.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

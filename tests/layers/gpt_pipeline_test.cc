@@ -7,10 +7,10 @@
 
 #include <cmath>
 
-#include "layers/pipeline_executor.h"
-#include "runtime/loopback_communicator.h"
-#include "runtime/strings.h"
 #include "tests/layers/gpt_harness.h"
+#include "zerort/layers/pipeline_executor.h"
+#include "zerort/runtime/loopback_communicator.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

@@ -9,10 +9,10 @@
 #include <map>
 #include <mutex>
 
-#include "layers/gpt_model.h"
-#include "runtime/loopback_communicator.h"
-#include "runtime/strings.h"
 #include "tests/layers/gpt_harness.h"
+#include "zerort/layers/gpt_model.h"
+#include "zerort/runtime/loopback_communicator.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

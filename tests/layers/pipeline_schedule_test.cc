@@ -4,7 +4,7 @@
 // receives, every stage finishes and every receive gets the send it expects, in order, on its link;
 // micro-batches in flight stay within the schedule's bound; with uniform costs the bubble is
 // (p-1)/m for GPipe and 1F1B and (p-1)/(v m) for the interleaved schedule.
-#include "layers/pipeline_schedule.h"
+#include "zerort/layers/pipeline_schedule.h"
 
 #include <gtest/gtest.h>
 

@@ -5,7 +5,7 @@
 // weights split their input columns and keep their bias whole; bad splits are refused.
 #include <gtest/gtest.h>
 
-#include "layers/gpt_model.h"
+#include "zerort/layers/gpt_model.h"
 
 namespace zerort {
 namespace {

@@ -8,8 +8,8 @@
 #include <cmath>
 #include <random>
 
-#include "layers/tp_layers.h"
-#include "runtime/loopback_communicator.h"
+#include "zerort/layers/tp_layers.h"
+#include "zerort/runtime/loopback_communicator.h"
 
 namespace zerort {
 namespace {

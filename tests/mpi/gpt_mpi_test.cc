@@ -3,9 +3,9 @@
 // of the same run on one process (a loopback group of one, computed on rank 0) to 1e-5; in fp16
 // at tp 2 (MPI reduces 16-bit floats widened to fp32, by their dtype) to fp16's rounding.
 #include "gtest/gtest.h"
-#include "runtime/loopback_communicator.h"
 #include "tests/layers/gpt_harness.h"
 #include "tests/mpi/mpi_test_main.h"
+#include "zerort/runtime/loopback_communicator.h"
 
 namespace zerort {
 namespace {

@@ -8,8 +8,8 @@
 
 #include <unistd.h>
 
-#include "runtime/log.h"
-#include "runtime/mpi_communicator.h"
+#include "zerort/runtime/log.h"
+#include "zerort/runtime/mpi_communicator.h"
 
 int main(int argc, char** argv) {
   using namespace zerort;

@@ -1,12 +1,12 @@
 // MPI collectives under mpirun (-np 1, 2, 3, 4): the same semantics checks as loopback, sub-groups
 // from Split and from the device mesh, and CUDA buffers staged through pinned memory when a GPU
 // is present.
-#include "runtime/mpi_communicator.h"
+#include "zerort/runtime/mpi_communicator.h"
 
 #include "gtest/gtest.h"
-#include "runtime/device_mesh.h"
 #include "tests/mpi/mpi_test_main.h"
 #include "tests/runtime/comm_test_util.h"
+#include "zerort/runtime/device_mesh.h"
 
 namespace zerort {
 namespace {

@@ -5,7 +5,7 @@
 #include <cstdio>
 
 #include "gtest/gtest.h"
-#include "runtime/log.h"
+#include "zerort/runtime/log.h"
 
 namespace zerort::testing {
 namespace {

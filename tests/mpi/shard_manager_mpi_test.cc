@@ -3,9 +3,9 @@
 // rank. MPI may sum ranks in another order than loopback does, so agreement is to 1e-6
 // (norm-wise relative), not bitwise. And offload: every placement against the device run, bitwise.
 #include "gtest/gtest.h"
-#include "runtime/mpi_communicator.h"
 #include "tests/mpi/mpi_test_main.h"
 #include "tests/sharding/harness.h"
+#include "zerort/runtime/mpi_communicator.h"
 
 namespace zerort {
 namespace {

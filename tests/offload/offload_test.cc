@@ -12,11 +12,11 @@
 
 #include <gtest/gtest.h>
 
-#include "offload/nvme_store.h"
-#include "offload/staging_pool.h"
-#include "offload/task_pool.h"
-#include "offload/transfer_engine.h"
-#include "runtime/allocator.h"
+#include "zerort/offload/nvme_store.h"
+#include "zerort/offload/staging_pool.h"
+#include "zerort/offload/task_pool.h"
+#include "zerort/offload/transfer_engine.h"
+#include "zerort/runtime/allocator.h"
 
 namespace zerort {
 namespace {

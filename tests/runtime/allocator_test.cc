@@ -1,7 +1,7 @@
 // Allocators: host accounting; the caching allocator's reuse, splitting, merging and stream
 // awareness, on a backend whose segments and events the test controls; the CPU caching
 // allocator. The CUDA allocators are tested in cuda_allocator_test.cc (gpu label).
-#include "runtime/allocator.h"
+#include "zerort/runtime/allocator.h"
 
 #include <cstring>
 #include <map>

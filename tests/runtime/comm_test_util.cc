@@ -4,7 +4,7 @@
 #include <chrono>
 #include <thread>
 
-#include "runtime/device.h"
+#include "zerort/runtime/device.h"
 
 namespace zerort::testing {
 namespace {

@@ -8,9 +8,9 @@
 #include <random>
 #include <vector>
 
-#include "runtime/communicator.h"
-#include "runtime/dtype.h"
-#include "runtime/strings.h"
+#include "zerort/runtime/communicator.h"
+#include "zerort/runtime/dtype.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort::testing {
 

@@ -12,11 +12,11 @@
 
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
-#include "runtime/allocator.h"
-#include "runtime/device.h"
-#include "runtime/loopback_communicator.h"
-#include "runtime/strings.h"
 #include "tests/runtime/comm_test_util.h"
+#include "zerort/runtime/allocator.h"
+#include "zerort/runtime/device.h"
+#include "zerort/runtime/loopback_communicator.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

@@ -1,7 +1,7 @@
 // cuBLAS is loaded when first asked for, not when the program starts (runtime/internal/
 // cublas_api.h): no GPU needed, only a CUDA build and the toolkit's libraries. Built with CUDA
 // only.
-#include "runtime/internal/cublas_api.h"
+#include "zerort/runtime/internal/cublas_api.h"
 
 #include <fstream>
 #include <sstream>

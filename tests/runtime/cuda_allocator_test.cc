@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "gtest/gtest.h"
-#include "runtime/allocator.h"
+#include "zerort/runtime/allocator.h"
 
 namespace zerort {
 namespace {

@@ -3,10 +3,10 @@
 #include <cstring>
 
 #include "gtest/gtest.h"
-#include "runtime/loopback_communicator.h"
-#include "runtime/nccl_communicator.h"
-#include "runtime/strings.h"
-#include "runtime/watchdog.h"
+#include "zerort/runtime/loopback_communicator.h"
+#include "zerort/runtime/nccl_communicator.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/runtime/watchdog.h"
 
 namespace zerort {
 namespace {

@@ -1,10 +1,10 @@
 // Device mesh: Megatron's rank order and working sub-groups (8 loopback ranks, 2 x 2 x 2).
-#include "runtime/device_mesh.h"
+#include "zerort/runtime/device_mesh.h"
 
 #include "gtest/gtest.h"
-#include "runtime/loopback_communicator.h"
-#include "runtime/strings.h"
-#include "runtime/topology.h"
+#include "zerort/runtime/loopback_communicator.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/runtime/topology.h"
 
 namespace zerort {
 namespace {

@@ -1,6 +1,6 @@
 // bf16/f16 conversions on all 65,536 bit patterns, round-to-nearest-even on every midpoint, and
 // f16 against the compiler's IEEE _Float16 conversions as an independent reference.
-#include "runtime/dtype.h"
+#include "zerort/runtime/dtype.h"
 
 #include <cmath>
 #include <cstring>

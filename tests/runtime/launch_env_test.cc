@@ -1,5 +1,5 @@
 // Launch-environment discovery for each launcher, precedence, and disagreement errors.
-#include "runtime/launch_env.h"
+#include "zerort/runtime/launch_env.h"
 
 #include <map>
 

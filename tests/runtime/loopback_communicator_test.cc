@@ -1,6 +1,6 @@
 // Loopback collectives: semantics for 1-8 ranks, sub-groups, mismatches, timeouts, hang exit.
-#include "runtime/loopback_communicator.h"
-#include "runtime/strings.h"
+#include "zerort/runtime/loopback_communicator.h"
+#include "zerort/runtime/strings.h"
 
 #include <atomic>
 #include <csignal>
@@ -8,10 +8,10 @@
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "runtime/exit_codes.h"
-#include "runtime/host_collectives.h"
-#include "runtime/watchdog.h"
 #include "tests/runtime/comm_test_util.h"
+#include "zerort/runtime/exit_codes.h"
+#include "zerort/runtime/host_collectives.h"
+#include "zerort/runtime/watchdog.h"
 
 namespace zerort {
 namespace {

@@ -1,5 +1,5 @@
 // Memory accounting: tags, peaks (of each category and of the sum), reserved bytes.
-#include "runtime/memory.h"
+#include "zerort/runtime/memory.h"
 
 #include "gtest/gtest.h"
 

@@ -11,9 +11,9 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "runtime/loopback_communicator.h"
-#include "runtime/nccl_communicator.h"
-#include "runtime/watchdog.h"
+#include "zerort/runtime/loopback_communicator.h"
+#include "zerort/runtime/nccl_communicator.h"
+#include "zerort/runtime/watchdog.h"
 
 namespace zerort {
 namespace {

@@ -1,9 +1,9 @@
 // Session::Start without a launcher: a group of one on the CPU, options checked by name, and a
 // GPU asked for on a machine without a usable one refused before anything starts.
-#include "runtime/session.h"
+#include "zerort/runtime/session.h"
 
 #include "gtest/gtest.h"
-#include "runtime/device.h"
+#include "zerort/runtime/device.h"
 
 namespace zerort {
 namespace {

@@ -1,5 +1,5 @@
 // Status macros and ZR_CHECK.
-#include "runtime/status.h"
+#include "zerort/runtime/status.h"
 
 #include <cerrno>
 

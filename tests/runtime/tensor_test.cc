@@ -1,7 +1,7 @@
 // TensorView's lease ([Note: view leases]): views made from a leased view keep it, a revoked
 // lease makes every data access fail naming the view's origin and why it ended, and a Detached
 // copy (for work queued on a stream) is never checked.
-#include "runtime/tensor.h"
+#include "zerort/runtime/tensor.h"
 
 #include <memory>
 #include <string>

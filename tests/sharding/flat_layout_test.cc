@@ -1,5 +1,5 @@
 // FlatLayout: alignment, padding of uneven sizes, shard pieces that tile every parameter once.
-#include "sharding/flat_layout.h"
+#include "zerort/sharding/flat_layout.h"
 
 #include "gtest/gtest.h"
 

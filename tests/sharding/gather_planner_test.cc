@@ -2,7 +2,7 @@
 // within the live budget, and what a changed order turns off. ShardManager executes these
 // decisions (shard_manager_test.cc checks the gathers it issues) and the memory model replays
 // them (the estimator grid test checks the bytes).
-#include "sharding/gather_planner.h"
+#include "zerort/sharding/gather_planner.h"
 
 #include <algorithm>
 #include <chrono>

@@ -6,9 +6,9 @@
 #include <cmath>
 #include <functional>
 
-#include "runtime/loopback_communicator.h"
-#include "sharding/manager_state.h"
 #include "tests/sharding/mlp.h"
+#include "zerort/runtime/loopback_communicator.h"
+#include "zerort/sharding/manager_state.h"
 
 namespace zerort::testing {
 

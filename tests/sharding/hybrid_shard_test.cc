@@ -3,8 +3,8 @@
 // over every rank and the unsharded reference (the same mean gradient: a reduction in the group,
 // then one across the groups), at every stage, optimizer and reduction variant.
 #include "gtest/gtest.h"
-#include "runtime/strings.h"
 #include "tests/sharding/harness.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {

@@ -1,5 +1,5 @@
 // LossScaler against DeepSpeed's DynamicLossScaler sequence, step by step.
-#include "sharding/loss_scaler.h"
+#include "zerort/sharding/loss_scaler.h"
 
 #include "gtest/gtest.h"
 

@@ -10,10 +10,10 @@
 #include <span>
 #include <vector>
 
-#include "kernels/lamb.h"
-#include "kernels/optimizer.h"
-#include "runtime/dtype.h"
-#include "sharding/shard_manager.h"
+#include "zerort/kernels/lamb.h"
+#include "zerort/kernels/optimizer.h"
+#include "zerort/runtime/dtype.h"
+#include "zerort/sharding/shard_manager.h"
 
 namespace zerort::testing {
 

@@ -9,8 +9,8 @@
 #include <filesystem>
 
 #include "gtest/gtest.h"
-#include "runtime/loopback_communicator.h"
-#include "sharding/shard_manager.h"
+#include "zerort/runtime/loopback_communicator.h"
+#include "zerort/sharding/shard_manager.h"
 
 namespace zerort {
 namespace {

@@ -9,8 +9,8 @@
 #include <filesystem>
 
 #include "gtest/gtest.h"
-#include "sharding/manager_state.h"
 #include "tests/sharding/harness.h"
+#include "zerort/sharding/manager_state.h"
 
 namespace zerort {
 namespace {

@@ -8,11 +8,11 @@
 #include <numeric>
 
 #include "gtest/gtest.h"
-#include "runtime/strings.h"
-#include "sharding/compressed_allreduce.h"
-#include "sharding/zero_one_schedule.h"
 #include "tests/sharding/harness.h"
 #include "tests/sharding/onebit_reference.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/sharding/compressed_allreduce.h"
+#include "zerort/sharding/zero_one_schedule.h"
 
 namespace zerort {
 namespace {

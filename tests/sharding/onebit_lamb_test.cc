@@ -8,9 +8,9 @@
 #include <cmath>
 
 #include "gtest/gtest.h"
-#include "runtime/strings.h"
-#include "sharding/compressed_allreduce.h"
 #include "tests/sharding/onebit_reference.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/sharding/compressed_allreduce.h"
 
 namespace zerort {
 namespace {

@@ -1,5 +1,5 @@
 // stage3_max_reuse_distance's distances, by hand: a forward then a backward over three units.
-#include "sharding/reuse_distance.h"
+#include "zerort/sharding/reuse_distance.h"
 
 #include <chrono>
 #include <random>

@@ -6,10 +6,10 @@
 
 #include <algorithm>
 #include "gtest/gtest.h"
-#include "runtime/loopback_communicator.h"
+#include "zerort/runtime/loopback_communicator.h"
 
-#include "sharding/shard_manager.h"
 #include "tests/sharding/harness.h"
+#include "zerort/sharding/shard_manager.h"
 
 namespace zerort {
 namespace {

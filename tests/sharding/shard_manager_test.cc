@@ -3,15 +3,15 @@
 // unsharded reference; gradients compared shard by shard; gradient accumulation; clipping;
 // fp16 loss scaling with an inf on one rank; bf16 compute; the state machine's death tests;
 // memory accounted per category against the layout.
-#include "sharding/shard_manager.h"
-#include "sharding/manager_state.h"
+#include "zerort/sharding/shard_manager.h"
+#include "zerort/sharding/manager_state.h"
 
 #include <cmath>
 
 #include "gtest/gtest.h"
-#include "runtime/loopback_communicator.h"
-#include "runtime/strings.h"
 #include "tests/sharding/harness.h"
+#include "zerort/runtime/loopback_communicator.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {
