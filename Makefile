@@ -117,7 +117,7 @@ test-asan: deps
 # before ThreadSanitizer starts). Death tests fork, which ThreadSanitizer does not follow: they
 # run in the other stages. Then zerort itself (tools/tsan-train.sh): short training runs on
 # cpu-async, one process and two MPI ranks, with NVMe and host offload, TP/SP, 16-bit.
-TSAN_TESTS := cpu_streams_test gpt_model_test zerort
+TSAN_TESTS := cpu_streams_test decoder_model_test zerort
 test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1" \
 	  -DZR_ENABLE_CUDA=OFF -DZR_SANITIZE=thread -DZR_CPU_DISPATCH=OFF $(UNITY) $(CMAKE_FLAGS)

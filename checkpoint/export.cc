@@ -19,7 +19,7 @@
 #include "zerort/data/data_loader.h"
 #include "zerort/data/token_source.h"
 #include "zerort/kernels/model_kernels.h"
-#include "zerort/layers/gpt_model.h"
+#include "zerort/layers/decoder_model.h"
 #include "zerort/runtime/loopback_communicator.h"
 #include "zerort/runtime/strings.h"
 #include "zerort/runtime/user_file.h"
@@ -115,11 +115,11 @@ struct OneProcessModel {
   std::unique_ptr<ShardManager> manager;
   std::unique_ptr<WeightStore> store;
   std::unique_ptr<ModelKernels> kernels;
-  std::unique_ptr<GptModel> model;
+  std::unique_ptr<DecoderModel> model;
   CheckpointGroups groups() const { return {.world = group[0].get(), .dp = group[0].get()}; }
 };
 
-StatusOr<std::unique_ptr<OneProcessModel>> MakeOneProcessModel(const GptConfig& shape,
+StatusOr<std::unique_ptr<OneProcessModel>> MakeOneProcessModel(const DecoderConfig& shape,
                                                                int micro_batch) {
   auto m = std::make_unique<OneProcessModel>();
   ZR_ASSIGN_OR_RETURN(m->group, CreateLoopbackGroup(1, {}, nullptr));
@@ -132,8 +132,8 @@ StatusOr<std::unique_ptr<OneProcessModel>> MakeOneProcessModel(const GptConfig& 
       ShardManager::Create(o, {.dp = m->group[0].get(), .device_allocator = m->allocator.get()}));
   m->store = MakeShardManagerStore(*m->manager);
   m->kernels = MakeCpuModelKernels(CpuPrecision::kFloat);
-  ZR_ASSIGN_OR_RETURN(m->model, GptModel::Create({.config = shape, .micro_batch = micro_batch},
-                                                 *m->store, *m->kernels, *m->allocator));
+  ZR_ASSIGN_OR_RETURN(m->model, DecoderModel::Create({.config = shape, .micro_batch = micro_batch},
+                                                     *m->store, *m->kernels, *m->allocator));
   return m;
 }
 
@@ -208,7 +208,7 @@ StatusOr<nlohmann::json> HuggingFaceConfigOf(const nlohmann::json& model, ModelA
   if (arch == ModelArch::kLlama) {
     // Qwen2 is LLaMA with Q/K/V biases only; LLaMA's attention_bias biases Q, K, V and O, its
     // mlp_bias the MLP. A sliding window is Mistral's (no biases; [Note: sliding windows],
-    // layers/gpt_config.h), or Qwen2's use_sliding_window.
+    // layers/decoder_config.h), or Qwen2's use_sliding_window.
     const bool qkv = model.value("qkv_bias", false), o = model.value("o_proj_bias", false),
                mlp = model.value("mlp_bias", false);
     const int window = model.value("sliding_window", 0);
@@ -348,7 +348,7 @@ StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std
 StatusOr<EvalResult> EvaluateCheckpoint(const RunConfig& config, const std::string& step_dir,
                                         const std::string& data_path, int64_t max_windows) {
   // One process, stage 0, on the CPU: the checkpoint's logical layout loads at any world size.
-  const GptConfig& shape = config.model.shape;
+  const DecoderConfig& shape = config.model.shape;
   {  // the run config's architecture must be the checkpoint's (a tie flag, a rotary base, ...)
     ZR_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(step_dir));
     ZR_RETURN_IF_ERROR(CheckSameArchitecture(reader.metadata().value("config", nlohmann::json()),
@@ -367,7 +367,7 @@ StatusOr<EvalResult> EvaluateCheckpoint(const RunConfig& config, const std::stri
   // data.eod_mask_loss: the targets after the end-of-text token are not counted, as in training.
   ZR_ASSIGN_OR_RETURN(const int32_t eos, EodMaskToken(config.data, shape.vocab_size));
   ZR_ASSIGN_OR_RETURN(auto one, MakeOneProcessModel(shape, micro));
-  ZR_RETURN_IF_ERROR(one->manager->Initialize(GptInitializer(shape)));
+  ZR_RETURN_IF_ERROR(one->manager->Initialize(DecoderInitializer(shape)));
   ZR_RETURN_IF_ERROR(LoadCheckpoint(step_dir, *one->manager, one->groups()).status());
   const int seq = shape.seq_len;
   double sum = 0;
@@ -400,7 +400,7 @@ StatusOr<EvalResult> EvaluateCheckpoint(const RunConfig& config, const std::stri
 }
 
 StatusOr<ImportSummary> ImportHuggingFace(const std::string& hf_dir, const std::string& out_dir) {
-  ZR_ASSIGN_OR_RETURN(const GptConfig shape, ReadHuggingFaceConfig(hf_dir));
+  ZR_ASSIGN_OR_RETURN(const DecoderConfig shape, ReadHuggingFaceConfig(hf_dir));
   RunConfig config;
   config.model.shape = shape;
   config.model.init_from = hf_dir;

@@ -1,4 +1,4 @@
-// Hugging Face config.json -> GptConfig (hf_config.h).
+// Hugging Face config.json -> DecoderConfig (hf_config.h).
 #include "zerort/checkpoint/hf_config.h"
 
 #include <algorithm>
@@ -127,7 +127,7 @@ StatusOr<RopeScaling> ReadRopeScaling(const nlohmann::json& s, const std::string
 // The rotary embeddings: rope_theta and rope_scaling at the top level (transformers 4), or inside
 // rope_parameters (transformers 5: {"rope_type", "rope_theta", "factor", ...}); both spellings
 // read, a disagreement between them refused.
-Status ReadRope(const nlohmann::json& j, const Reader& r, double fallback, GptConfig& c) {
+Status ReadRope(const nlohmann::json& j, const Reader& r, double fallback, DecoderConfig& c) {
   const nlohmann::json none;
   const nlohmann::json& params = j.contains("rope_parameters") ? j.at("rope_parameters") : none;
   if (!params.is_null() && !params.is_object()) {
@@ -157,8 +157,8 @@ Status ReadRope(const nlohmann::json& j, const Reader& r, double fallback, GptCo
   return absl::OkStatus();
 }
 
-StatusOr<GptConfig> Gpt2FromHuggingFace(const Reader& r) {
-  GptConfig c;  // GPT2Config's defaults: 12 x 768, 12 heads, 1024 positions, 50257 tokens
+StatusOr<DecoderConfig> Gpt2FromHuggingFace(const Reader& r) {
+  DecoderConfig c;  // GPT2Config's defaults: 12 x 768, 12 heads, 1024 positions, 50257 tokens
   ZR_ASSIGN_OR_RETURN(c.n_layer, r.Int("n_layer", 1, 1 << 16, 12));
   ZR_ASSIGN_OR_RETURN(c.n_head, r.Int("n_head", 1, 1 << 16, 12));
   ZR_ASSIGN_OR_RETURN(c.d_model, r.Int("n_embd", 1, 1 << 20, 768));
@@ -191,7 +191,8 @@ StatusOr<GptConfig> Gpt2FromHuggingFace(const Reader& r) {
 
 }  // namespace
 
-StatusOr<GptConfig> GptConfigFromHuggingFace(const nlohmann::json& j, const std::string& file) {
+StatusOr<DecoderConfig> DecoderConfigFromHuggingFace(const nlohmann::json& j,
+                                                     const std::string& file) {
   if (!j.is_object()) return absl::InvalidArgumentError(StrCat(file, ": not a JSON object"));
   const Reader r(j, file);
   std::string type;
@@ -214,7 +215,7 @@ StatusOr<GptConfig> GptConfigFromHuggingFace(const nlohmann::json& j, const std:
   }
   constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
   const Defaults d = DefaultsOf(type);
-  GptConfig c;
+  DecoderConfig c;
   c.arch = ModelArch::kLlama;
   ZR_ASSIGN_OR_RETURN(c.n_layer, r.Int("num_hidden_layers", 1, 1 << 16, d.layers));
   ZR_ASSIGN_OR_RETURN(c.n_head, r.Int("num_attention_heads", 1, 1 << 16, d.heads));
@@ -256,7 +257,7 @@ StatusOr<GptConfig> GptConfigFromHuggingFace(const nlohmann::json& j, const std:
                                         c.d_model / c.n_head));
     }
   }
-  // A sliding window ([Note: sliding windows] in layers/gpt_config.h): Mistral attends through
+  // A sliding window ([Note: sliding windows] in layers/decoder_config.h): Mistral attends through
   // its sliding_window (4096 by default; null: none); Qwen2 only with use_sliding_window. The
   // model's context is then at most the window, where full causal attention is what they compute.
   bool windowed = type == "mistral";
@@ -291,9 +292,9 @@ StatusOr<nlohmann::json> ReadHuggingFaceConfigJson(const std::string& path) {
   return j;
 }
 
-StatusOr<GptConfig> ReadHuggingFaceConfig(const std::string& path) {
+StatusOr<DecoderConfig> ReadHuggingFaceConfig(const std::string& path) {
   ZR_ASSIGN_OR_RETURN(const nlohmann::json j, ReadHuggingFaceConfigJson(path));
-  return GptConfigFromHuggingFace(j, ConfigFile(path));
+  return DecoderConfigFromHuggingFace(j, ConfigFile(path));
 }
 
 }  // namespace zerort

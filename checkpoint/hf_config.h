@@ -1,4 +1,4 @@
-// A Hugging Face model directory's config.json as a GptConfig: what `zerort estimate
+// A Hugging Face model directory's config.json as a DecoderConfig: what `zerort estimate
 // --hf-config` reads (and, later, checkpoint import). Untrusted input: the bounded JSON reader,
 // every field type- and range-checked, the error naming the file and the key.
 #pragma once
@@ -6,7 +6,7 @@
 #include <string>
 
 #include "nlohmann/json.hpp"
-#include "zerort/layers/gpt_config.h"
+#include "zerort/layers/decoder_config.h"
 #include "zerort/runtime/status.h"
 
 namespace zerort {
@@ -16,10 +16,11 @@ namespace zerort {
 // depends on is read, an absent one taking transformers' default for the model_type, or the
 // config is refused naming the key (an activation, a rotary scaling or a head_dim zerort does not
 // compute). seq_len is max_position_embeddings (n_positions), or a sliding window when that is
-// shorter ([Note: sliding windows] in layers/gpt_config.h). `file` names the source in errors.
-StatusOr<GptConfig> GptConfigFromHuggingFace(const nlohmann::json& config, const std::string& file);
+// shorter ([Note: sliding windows] in layers/decoder_config.h). `file` names the source in errors.
+StatusOr<DecoderConfig> DecoderConfigFromHuggingFace(const nlohmann::json& config,
+                                                     const std::string& file);
 // Reads `path` (a config.json, or a directory holding one) with the bounded JSON reader.
-StatusOr<GptConfig> ReadHuggingFaceConfig(const std::string& path);
+StatusOr<DecoderConfig> ReadHuggingFaceConfig(const std::string& path);
 // The same file's JSON object as it is (a run keeps it for export: RunState::hf_config).
 StatusOr<nlohmann::json> ReadHuggingFaceConfigJson(const std::string& path);
 

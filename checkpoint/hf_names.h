@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "zerort/layers/gpt_config.h"
+#include "zerort/layers/decoder_config.h"
 #include "zerort/runtime/status.h"
 
 namespace zerort {

@@ -16,7 +16,7 @@
 
 #include "zerort/checkpoint/hf_config.h"
 #include "zerort/checkpoint/hf_names.h"
-#include "zerort/layers/gpt_model.h"
+#include "zerort/layers/decoder_model.h"
 #include "zerort/runtime/dtype.h"
 #include "zerort/runtime/json_reader.h"
 #include "zerort/runtime/strings.h"
@@ -203,7 +203,7 @@ const SafeTensor* SafetensorsFile::Find(const std::string& name) const {
 }
 
 StatusOr<std::shared_ptr<const HfWeights>> HfWeights::Open(const std::string& dir,
-                                                           const GptConfig& config) {
+                                                           const DecoderConfig& config) {
   namespace fs = std::filesystem;
   auto w = std::shared_ptr<HfWeights>(new HfWeights());
   std::error_code ec;
@@ -266,9 +266,9 @@ StatusOr<std::shared_ptr<const HfWeights>> HfWeights::Open(const std::string& di
     }
   }
   // Every tensor the model needs: found, readable and of the right shape, before any allocation.
-  ZR_ASSIGN_OR_RETURN(const std::vector<GptUnit> units, GptUnits(config, 1, 0));
+  ZR_ASSIGN_OR_RETURN(const std::vector<DecoderUnit> units, DecoderUnits(config, 1, 0));
   const std::string base = HfBasePrefix(config.arch);
-  for (const GptUnit& u : units) {
+  for (const DecoderUnit& u : units) {
     for (const ParamSpec& p : u.params) {
       ZR_ASSIGN_OR_RETURN(const HfName hf, ToHuggingFace(p.name, config.arch));
       const SafeTensor* t = nullptr;
@@ -330,18 +330,18 @@ Initializer HfWeights::AsInitializer(std::shared_ptr<const HfWeights> weights) {
 }
 
 StatusOr<Initializer> InitialWeights(const ModelConfig& model) {
-  if (model.init_from.empty()) return GptInitializer(model.shape);
+  if (model.init_from.empty()) return DecoderInitializer(model.shape);
   const std::string& dir = model.init_from;
   auto named = [&](const Status& s) {
     return absl::Status(s.code(), StrCat("model.init_from: ", s.message()));
   };
-  StatusOr<GptConfig> hf = ReadHuggingFaceConfig(dir);
+  StatusOr<DecoderConfig> hf = ReadHuggingFaceConfig(dir);
   if (!hf.ok()) return named(hf.status());
-  GptConfig want = model.shape;
+  DecoderConfig want = model.shape;
   if (want.llama() && want.seq_len <= hf->seq_len) want.seq_len = hf->seq_len;
   if (!(want == *hf)) {
-    const GptConfig& h = *hf;
-    const GptConfig& m = model.shape;
+    const DecoderConfig& h = *hf;
+    const DecoderConfig& m = model.shape;
     std::string diff;
     auto note = [&](const char* key, const auto& ours, const auto& theirs) {
       if (ours != theirs) diff += StrCat(diff.empty() ? "" : ", ", key, " ", ours, " vs ", theirs);

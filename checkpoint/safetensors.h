@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "zerort/config/config.h"
-#include "zerort/layers/gpt_config.h"
+#include "zerort/layers/decoder_config.h"
 #include "zerort/runtime/dtype.h"
 #include "zerort/runtime/status.h"
 #include "zerort/sharding/shard_manager.h"
@@ -59,7 +59,7 @@ class SafetensorsFile {
 class HfWeights {
  public:
   static StatusOr<std::shared_ptr<const HfWeights>> Open(const std::string& dir,
-                                                         const GptConfig& config);
+                                                         const DecoderConfig& config);
   // Fills a parameter (this tensor-parallel rank's part; padding rows 0) from the files: the
   // initializer of ShardManager::Initialize. Every parameter it is asked for was checked by Open.
   static Initializer AsInitializer(std::shared_ptr<const HfWeights> weights);
@@ -77,7 +77,7 @@ class HfWeights {
   int64_t parameters_ = 0;
 };
 
-// A run's initial weights: GPT-2's initialisation (GptInitializer), or with model.init_from the
+// A run's initial weights: GPT-2's initialisation (DecoderInitializer), or with model.init_from the
 // Hugging Face model directory's weights, after its config.json was checked against the run's
 // model (every shape key equal; the context may be shorter than the checkpoint's for the LLaMA
 // family, whose positions are rotary) and every tensor by HfWeights::Open. Errors name

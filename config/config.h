@@ -19,7 +19,7 @@
 
 #include "nlohmann/json.hpp"
 #include "zerort/data/data_config.h"
-#include "zerort/layers/gpt_config.h"
+#include "zerort/layers/decoder_config.h"
 #include "zerort/runtime/status.h"
 #include "zerort/sharding/options.h"
 
@@ -133,7 +133,7 @@ struct ModelConfig {
   std::string arch = "gpt2";
   // model.rope_scaling.rope_type as read; shape.rope_scaling.type decides, as with arch.
   std::string rope_type = "default";
-  GptConfig shape;
+  DecoderConfig shape;
   std::string init_from;  // a Hugging Face model directory: the initial weights
   bool activation_checkpointing = false;
   int64_t head_chunk_rows = 0;

@@ -5,7 +5,7 @@
 #include <cstdlib>
 
 #include "absl/strings/ascii.h"
-#include "zerort/layers/gpt_config.h"
+#include "zerort/layers/decoder_config.h"
 #include "zerort/runtime/strings.h"
 
 namespace zerort::config_readers {
@@ -14,7 +14,7 @@ Status ReadPreset(const JsonSection& s, std::string_view key, RunConfig& c) {
   std::string preset;
   ZR_RETURN_IF_ERROR(s.String(key, preset));
   if (preset.empty()) return absl::OkStatus();
-  StatusOr<GptConfig> p = GptPreset(preset);
+  StatusOr<DecoderConfig> p = DecoderPreset(preset);
   if (!p.ok()) return absl::InvalidArgumentError(StrCat("model.preset: ", p.status().message()));
   c.model.shape = *p;  // the shape keys read after it override its values
   c.model.arch = ModelArchName(p->arch);

@@ -31,7 +31,7 @@
 
 namespace zerort {
 
-// A target whose loss is masked: the model's kIgnoreTarget (layers/gpt_model.h; data/ does not
+// A target whose loss is masked: the model's kIgnoreTarget (layers/decoder_model.h; data/ does not
 // depend on the model, and engine/trainer.cc asserts the two agree).
 inline constexpr int32_t kMaskedTarget = -1;
 

@@ -173,7 +173,7 @@ Status CheckMemoryFits(const MemoryModelInput& in, const MachineMemory& machine)
   // any offload) holds whole in the memory that computes while the unit runs. A model whose one
   // block cannot fit is refused at once, whatever its number of blocks.
   {
-    const GptConfig& m = in.model;
+    const DecoderConfig& m = in.model;
     const int tp = std::max(in.tp, 1);
     const int64_t unit =
         std::max(m.BlockParameters() / tp, PaddedVocab(m, tp, in.vocab_multiple) / tp * m.d_model);

@@ -18,7 +18,7 @@
 #include "zerort/engine/timeline.h"
 #include "zerort/engine/trainer.h"
 #include "zerort/kernels/model_kernels.h"
-#include "zerort/layers/gpt_model.h"
+#include "zerort/layers/decoder_model.h"
 #include "zerort/layers/pipeline_executor.h"
 #include "zerort/layers/pipeline_schedule.h"
 #include "zerort/runtime/device_mesh.h"
@@ -129,9 +129,9 @@ class Run {
   std::unique_ptr<ShardManager> manager_;
   std::unique_ptr<WeightStore> store_;
   std::unique_ptr<ModelKernels> kernels_;
-  std::unique_ptr<GptModel> model_;
+  std::unique_ptr<DecoderModel> model_;
   std::unique_ptr<PipelineExecutor> executor_;   // pipeline_parallel_size > 1
-  GptStagePart part_;                            // what this rank's stage holds
+  DecoderStagePart part_;                        // what this rank's stage holds
   std::optional<PipelineShape> pipeline_shape_;  // pipeline_parallel_size > 1, parsed once
   std::unique_ptr<DataLoader> data_;
   // Rank 0's metrics file, CSV files, lines and progress bar; null on the other ranks. A failed

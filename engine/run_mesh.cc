@@ -24,7 +24,7 @@ StatusOr<std::unique_ptr<DeviceMesh>> MakeRunMesh(const RunConfig& c, Communicat
         StrCat("parallel.tensor_parallel_size x pipeline_parallel_size = ", tp, " x ", pp,
                " does not divide the world size ", world_size, " (", world_source, ")"));
   }
-  const GptConfig& m = c.model.shape;
+  const DecoderConfig& m = c.model.shape;
   if (m.n_head % tp != 0) {
     return absl::InvalidArgumentError(StrCat("parallel.tensor_parallel_size = ", tp,
                                              " does not divide model.n_head = ", m.n_head));

@@ -217,15 +217,16 @@ Status Run::SetupModel() {
                                    &manager_->compute_stream());
   }
   ZR_ASSIGN_OR_RETURN(
-      model_, GptModel::Create({.config = c_.model.shape,
-                                .micro_batch = static_cast<int>(c_.train_micro_batch_size_per_gpu),
-                                .activation_checkpointing = c_.model.activation_checkpointing,
-                                .tp = {tp()},
-                                .sequence_parallel = c_.parallel.sequence_parallel,
-                                .vocab_multiple = c_.parallel.make_vocab_size_divisible_by,
-                                .head_chunk_rows = c_.model.head_chunk_rows,
-                                .stage = part_},
-                               *store_, *kernels_, *allocator_));
+      model_,
+      DecoderModel::Create({.config = c_.model.shape,
+                            .micro_batch = static_cast<int>(c_.train_micro_batch_size_per_gpu),
+                            .activation_checkpointing = c_.model.activation_checkpointing,
+                            .tp = {tp()},
+                            .sequence_parallel = c_.parallel.sequence_parallel,
+                            .vocab_multiple = c_.parallel.make_vocab_size_divisible_by,
+                            .head_chunk_rows = c_.model.head_chunk_rows,
+                            .stage = part_},
+                           *store_, *kernels_, *allocator_));
   model_->set_defer_training_loss(true);  // read once per step, not per micro-batch
   ZR_RETURN_IF_ERROR(InitializeWeights(c_.model, *manager_));  // or model.init_from's
   if (!c_.model.init_from.empty()) {  // kept for export (RunState::hf_config)

@@ -31,7 +31,7 @@
 #include "zerort/estimate/memory_model.h"
 #include "zerort/kernels/blas.h"
 #include "zerort/kernels/model_kernels.h"
-#include "zerort/layers/gpt_model.h"
+#include "zerort/layers/decoder_model.h"
 #include "zerort/layers/pipeline_executor.h"
 #include "zerort/runtime/device_mesh.h"
 #include "zerort/runtime/host_collectives.h"
@@ -197,7 +197,7 @@ StatusOr<Run::StepOutcome> Run::TrainStep(int64_t step, int64_t consumed) {
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   o.memory = tracker_.Snapshot();  // the step's training, before evaluation
   const ShardManager::StepTimes& times = manager_->step_times();
-  const GptModel::PhaseSeconds& phases = model_->phase_seconds();
+  const DecoderModel::PhaseSeconds& phases = model_->phase_seconds();
   const double gather_fwd = times.gather_forward - times0.gather_forward;
   const double gather_bwd = times.gather_backward - times0.gather_backward;
   const double reduce_bwd = times.reduce_backward - times0.reduce_backward;

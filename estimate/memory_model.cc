@@ -30,11 +30,12 @@ StatusOr<int> AddUnit(const MemoryModelInput& in, const ShardManagerOptions& opt
 StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& in) {
   ZR_RETURN_IF_ERROR(in.Validate());
   // The units of this rank: the runtime's own parameter list, split as tensor parallelism
-  // splits it, and the stage's share of it as the runtime splits it (GptModel::Create).
+  // splits it, and the stage's share of it as the runtime splits it (DecoderModel::Create).
   // Rank 0's parameters: every tensor-parallel rank's parts have the same shapes.
-  ZR_ASSIGN_OR_RETURN(std::vector<GptUnit> all, GptUnits(in.model, in.tp, 0, in.vocab_multiple));
+  ZR_ASSIGN_OR_RETURN(std::vector<DecoderUnit> all,
+                      DecoderUnits(in.model, in.tp, 0, in.vocab_multiple));
   const int L = in.model.n_layer;
-  GptStagePart part;
+  DecoderStagePart part;
   part.first = in.pipeline_stage == 0;
   part.last = in.pipeline_stage == in.pp - 1;
   if (in.pp > 1) {
@@ -47,7 +48,7 @@ StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& in) {
   std::vector<Unit> units;
   MemoryEstimate out;
   const ShardManagerOptions& options = in.manager;
-  auto add = [&](const GptUnit& unit) -> StatusOr<int> {
+  auto add = [&](const DecoderUnit& unit) -> StatusOr<int> {
     return AddUnit(in, options, unit.params, units, out);
   };
   if (part.first || (part.last && in.model.tied())) {

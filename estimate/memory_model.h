@@ -5,7 +5,7 @@
 // overhead included) mean the same thing in both.
 //
 // The replay is built from the same code the runtime runs: FlatLayout for every unit (padding,
-// shard sizes), GptUnits for the parameter list, the ShardManager's gather/prefetch budgets and
+// shard sizes), DecoderUnits for the parameter list, the ShardManager's gather/prefetch budgets and
 // bucketing rules, and the GPT model's activation set (layers/README.md). What it replays, in
 // order, on the streams the runtime uses (a step that records the unit order first, then the
 // measured steady-state step, when prefetch follows the recorded order):
@@ -42,7 +42,7 @@
 namespace zerort {
 
 struct MemoryModelInput {
-  GptConfig model;
+  DecoderConfig model;
   int micro_batch = 1;
   int accumulation = 1;
   int dp = 1;  // data-parallel ranks
@@ -66,7 +66,7 @@ struct MemoryModelInput {
   // nodes ([Note: bytes per step], estimate/comm_model.h).
   int ranks_per_node = 1;
   bool activation_checkpointing = false;
-  int64_t head_chunk_rows = 0;  // GptModelOptions::head_chunk_rows
+  int64_t head_chunk_rows = 0;  // DecoderModelOptions::head_chunk_rows
   bool cuda = false;            // CUDA kernels keep a cuBLASLt workspace and attention scratch
   // The shard manager the run creates (FromConfig: config/run_options.h, as `zerort train` builds
   // it): stage, compute dtype, optimizer, placement, offload sizes, bucket, prefetch and keep

@@ -75,7 +75,7 @@ bool MemoryModelInput::ReplicasCrossNodes() const {
 
 MemoryModelInput MemoryModelInput::WithoutShape(int blocks) const {
   MemoryModelInput in = *this;
-  in.model = GptConfig{
+  in.model = DecoderConfig{
       .n_layer = std::max(1, blocks), .n_head = 1, .d_model = 1, .seq_len = 1, .vocab_size = 1};
   in.micro_batch = 1;
   in.tp = 1;

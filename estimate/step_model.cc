@@ -8,9 +8,9 @@
 #include "zerort/estimate/memory_replay.h"
 #include "zerort/kernels/memory_facts.h"
 #include "zerort/kernels/quantize.h"
-#include "zerort/layers/gpt_block.h"
-#include "zerort/layers/gpt_mb_plan.h"
-#include "zerort/layers/gpt_model.h"
+#include "zerort/layers/decoder_block.h"
+#include "zerort/layers/decoder_mb_plan.h"
+#include "zerort/layers/decoder_model.h"
 #include "zerort/layers/pipeline_executor.h"
 #include "zerort/layers/pipeline_schedule.h"
 #include "zerort/offload/staging_pool.h"
@@ -195,7 +195,7 @@ void StepModel::Flush() {
 
 // The attention kernel's own scratch ([Note: what the kernels allocate]), freed per call.
 void StepModel::AttentionScratch(bool backward) {
-  const GptConfig& c = in_.model;
+  const DecoderConfig& c = in_.model;
   std::vector<Replay::Handle> h;
   for (int64_t bytes : AttentionScratchBytes(backend(), backward, in_.micro_batch, c.seq_len,
                                              c.d_model / in_.tp, c.n_head / in_.tp, csize())) {
@@ -205,17 +205,17 @@ void StepModel::AttentionScratch(bool backward) {
 }
 
 void StepModel::MicroBatch() {
-  // Replays GptModel's allocations in its order (layers/gpt_model.cc) from the model's own
+  // Replays DecoderModel's allocations in its order (layers/decoder_model.cc) from the model's own
   // tables, with tensor and sequence parallelism's local sizes from the same geometry: [Note: a
-  // micro-batch's buffers] (layers/gpt_mb_plan.h), [Note: a block's activation set] and [Note:
-  // the backward's scratch] (layers/gpt_block.h), [Note: what the kernels allocate]
+  // micro-batch's buffers] (layers/decoder_mb_plan.h), [Note: a block's activation set] and [Note:
+  // the backward's scratch] (layers/decoder_block.h), [Note: what the kernels allocate]
   // (kernels/memory_facts.h). What is typed here is the order of the calls and of the units'
   // scopes; which units are gathered when is the shard manager's planner's.
-  const GptConfig& c = in_.model;
+  const DecoderConfig& c = in_.model;
   const int blocks = static_cast<int>(st_.blocks.size());
   const int64_t act = csize(), stat = 4, grad = 4;
-  const gpt::Geometry g = gpt::MakeGeometry(c, in_.tp, 0, in_.sequence_parallel, in_.vocab_multiple,
-                                            in_.micro_batch, c.seq_len);
+  const decoder::Geometry g = decoder::MakeGeometry(c, in_.tp, 0, in_.sequence_parallel,
+                                                    in_.vocab_multiple, in_.micro_batch, c.seq_len);
   const int64_t rows = g.rows;
   const int64_t head_chunk = HeadChunkRows(in_.head_chunk_rows, rows, c.d_model);
   std::vector<Replay::Handle> acts, ws;
@@ -229,24 +229,24 @@ void StepModel::MicroBatch() {
   };
   r_.SetPhase(Replay::kForward);
   const bool per_block = !in_.activation_checkpointing;
-  const auto set_plan =
-      gpt::BlockActPlan(g, act, stat, AttentionSavedBytes(backend(), g.batch, g.seq, g.h_l, act));
+  const auto set_plan = decoder::BlockActPlan(
+      g, act, stat, AttentionSavedBytes(backend(), g.batch, g.seq, g.h_l, act));
   auto block_set = [&](std::vector<Replay::Handle>& into) {
-    for (const gpt::BlockActBuffer& b : set_plan) alloc(into, Cat::kActivations, b.bytes);
+    for (const decoder::BlockActBuffer& b : set_plan) alloc(into, Cat::kActivations, b.bytes);
   };
   // A pipeline stage holds the activations of the micro-batches its schedule keeps in flight:
   // each one's Begin (tokens, targets, block boundaries; with checkpointing its one set), and the
   // sets of the chunks it is between the forward and the backward of. Begin's forward scratch
   // (sequence parallelism) is counted once.
-  const auto begin = gpt::BeginPlan(g, st_.part, c.n_layer, act, /*targets=*/true, per_block);
+  const auto begin = decoder::BeginPlan(g, st_.part, c.n_layer, act, /*targets=*/true, per_block);
   int64_t boundary_bytes = 0, boundaries = 0;
   for (int inflight = 0; inflight < st_.live; ++inflight) {
-    for (const gpt::MbPlanned& p : begin) {
-      if (p.buffer == gpt::MbBuffer::kBlockActs) {
+    for (const decoder::MbPlanned& p : begin) {
+      if (p.buffer == decoder::MbBuffer::kBlockActs) {
         block_set(acts);
       } else if (p.category == Cat::kActivations) {
         alloc(acts, p.category, p.bytes);
-        if (p.buffer == gpt::MbBuffer::kBoundary && inflight == 0) {
+        if (p.buffer == decoder::MbBuffer::kBoundary && inflight == 0) {
           boundary_bytes += p.bytes;
           ++boundaries;
         }
@@ -257,13 +257,14 @@ void StepModel::MicroBatch() {
   const int live_sets = per_block ? std::max(st_.live_sets, blocks) : st_.live;
   for (int k = blocks; per_block && k < live_sets; ++k) block_set(acts);
   std::vector<Replay::Handle> seq;  // Begin's forward scratch, until the backward's replaces it
-  for (const gpt::MbPlanned& p : begin) {
+  for (const decoder::MbPlanned& p : begin) {
     if (p.category == Cat::kWorkspace) alloc(seq, p.category, p.bytes);
   }
-  const auto head_plan = gpt::HeadPlan(g, act, stat, /*targets=*/true, /*train=*/true, head_chunk);
+  const auto head_plan =
+      decoder::HeadPlan(g, act, stat, /*targets=*/true, /*train=*/true, head_chunk);
   int64_t logits_bytes = 0;
-  for (const gpt::MbPlanned& p : head_plan) {
-    if (p.buffer == gpt::MbBuffer::kLogits) logits_bytes = p.bytes;
+  for (const decoder::MbPlanned& p : head_plan) {
+    if (p.buffer == decoder::MbBuffer::kLogits) logits_bytes = p.bytes;
   }
   if (!activation_terms_) {
     activation_terms_ = true;
@@ -289,8 +290,8 @@ void StepModel::MicroBatch() {
          StrCat(g.llama ? "rows x (2 d + (max(f, 3 d) + max(2 f, d + 2 kv))/tp) x act"
                         : "rows x (2 d + 8 d/tp) x act",
                 g.sp ? " + 2 rows/tp x d x act + 4 d x 4 B" : ""),
-         sum(gpt::BackwardScratchPlan(g, act, grad, false)) +
-             sum(gpt::BlockBackwardScratchPlan(g, act)));
+         sum(decoder::BackwardScratchPlan(g, act, grad, false)) +
+             sum(decoder::BlockBackwardScratchPlan(g, act)));
   }
   const int emb = st_.embedding, norm = st_.norm;
   if (st_.first) {
@@ -300,7 +301,7 @@ void StepModel::MicroBatch() {
   std::vector<std::vector<Replay::Handle>> sets_of(static_cast<size_t>(blocks));
   // A LLaMA block's Q, K, V before the rotation ([Note: a LLaMA block's projections]): freed
   // before the attention runs.
-  const int64_t projections = gpt::ProjectionScratchBytes(g, act);
+  const int64_t projections = decoder::ProjectionScratchBytes(g, act);
   auto project = [&] {
     if (projections == 0) return;
     Transient(Cat::kWorkspace, {projections}, compute_);
@@ -313,7 +314,7 @@ void StepModel::MicroBatch() {
     Close(st_.blocks[l], false);
   }
   if (st_.last) {
-    for (const gpt::MbPlanned& p : gpt::HeadNormPlan(g, act, stat))
+    for (const decoder::MbPlanned& p : decoder::HeadNormPlan(g, act, stat))
       alloc(acts, p.category, p.bytes);
     if (norm >= 0) {  // cold mode's smallest decoders have none
       Open(norm, false);
@@ -322,27 +323,27 @@ void StepModel::MicroBatch() {
     // The other micro-batches between their head's forward and backward (GPipe: every one):
     // their final LayerNorm, losses and dbtc (a logits chunk exists only inside HeadForward).
     for (int k = 1; k < st_.head_live; ++k) {
-      for (const gpt::MbPlanned& p : gpt::HeadNormPlan(g, act, stat)) {
+      for (const decoder::MbPlanned& p : decoder::HeadNormPlan(g, act, stat)) {
         alloc(acts, p.category, p.bytes);
       }
-      for (const gpt::MbPlanned& p : head_plan) {
-        if (p.buffer != gpt::MbBuffer::kLogits) alloc(acts, p.category, p.bytes);
+      for (const decoder::MbPlanned& p : head_plan) {
+        if (p.buffer != decoder::MbBuffer::kLogits) alloc(acts, p.category, p.bytes);
       }
     }
   }
   // The head's forward opens the tied unit (or an untied head's) for the backward: each chunk of
   // rows goes through the logits, the cross-entropy and both gradients at once
-  // (GptModel::HeadForward).
+  // (DecoderModel::HeadForward).
   r_.SetPhase(Replay::kBackward);
   const int head = st_.head >= 0 ? st_.head : emb;
   if (st_.last) {
     Open(head, true);
     Replay::Handle logits;
-    for (const gpt::MbPlanned& p : head_plan) {
-      if (p.buffer == gpt::MbBuffer::kLogits) {
+    for (const decoder::MbPlanned& p : head_plan) {
+      if (p.buffer == decoder::MbBuffer::kLogits) {
         logits = r_.Alloc(p.category, p.bytes, compute_);
       } else {
-        alloc(p.buffer == gpt::MbBuffer::kDbtc ? ws : acts, p.category, p.bytes);
+        alloc(p.buffer == decoder::MbBuffer::kDbtc ? ws : acts, p.category, p.bytes);
       }
     }
     for (int64_t r0 = 0; r0 < rows && !g.whole_vocab(); r0 += head_chunk) {
@@ -357,16 +358,16 @@ void StepModel::MicroBatch() {
     r_.Free(logits);
     if (!st_.first || st_.head >= 0) Close(head, true);
   }
-  // The backward's scratch (GptModel::EnsureBackwardScratch): the forward's goes first.
+  // The backward's scratch (DecoderModel::EnsureBackwardScratch): the forward's goes first.
   for (auto& h : seq) r_.Free(h);
-  for (const gpt::ScratchBuffer& b : gpt::BackwardScratchPlan(g, act, grad, st_.last)) {
+  for (const decoder::ScratchBuffer& b : decoder::BackwardScratchPlan(g, act, grad, st_.last)) {
     alloc(ws, Cat::kWorkspace, b.bytes);
   }
   if (st_.last && norm >= 0) {  // the final LayerNorm's backward (no scratch of its own)
     Open(norm, true);
     Close(norm, true);
   }
-  for (const gpt::ScratchBuffer& b : gpt::BlockBackwardScratchPlan(g, act)) {
+  for (const decoder::ScratchBuffer& b : decoder::BlockBackwardScratchPlan(g, act)) {
     alloc(ws, Cat::kWorkspace, b.bytes);
   }
   // The micro-batch's backward scratch lives from its first backward to its last: the
@@ -380,7 +381,7 @@ void StepModel::MicroBatch() {
     Open(u, true);
     if (!per_block) {  // the recomputed forward, with its own forward scratch
       std::vector<Replay::Handle> scratch;
-      for (const gpt::MbPlanned& p : gpt::SeqScratchPlan(g, act))
+      for (const decoder::MbPlanned& p : decoder::SeqScratchPlan(g, act))
         alloc(scratch, p.category, p.bytes);
       project();
       AttentionScratch(false);

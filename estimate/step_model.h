@@ -6,7 +6,7 @@
 #include "zerort/estimate/memory_model.h"
 #include "zerort/estimate/memory_replay.h"
 #include "zerort/kernels/quantize.h"
-#include "zerort/layers/gpt_model.h"
+#include "zerort/layers/decoder_model.h"
 #include "zerort/sharding/flat_layout.h"
 #include "zerort/sharding/gather_planner.h"
 #include "zerort/sharding/unit_plan.h"
@@ -31,7 +31,7 @@ struct StageUnits {
   int norm = -1;            // the final LayerNorm, on the last stage
   int head = -1;            // an untied output projection (LLaMA), on the last stage
   std::vector<int> blocks;  // in model order
-  GptStagePart part;        // the blocks and ends the stage holds, as the runtime splits them
+  DecoderStagePart part;    // the blocks and ends the stage holds, as the runtime splits them
   bool first = true, last = true;
   int live = 1;           // micro-batches whose activations the stage holds at once
   int head_live = 1;      // of them, between their head's forward and backward (the last stage)

@@ -1,17 +1,17 @@
-// GPT block layers: LayerNorm/linear transitions under tensor and sequence parallelism, a
+// The decoder's block layers: norm/linear transitions under tensor and sequence parallelism, a
 // block's forward and backward, its activation set.
-#include "zerort/layers/gpt_block.h"
+#include "zerort/layers/decoder_block.h"
 
 #include "zerort/runtime/strings.h"
 
-namespace zerort::gpt {
+namespace zerort::decoder {
 
-Geometry MakeGeometry(const GptModelOptions& o, int batch, int seq) {
+Geometry MakeGeometry(const DecoderModelOptions& o, int batch, int seq) {
   return MakeGeometry(o.config, o.tp.size(), o.tp.rank(), o.sequence_parallel, o.vocab_multiple,
                       batch, seq);
 }
 
-Geometry MakeGeometry(const GptConfig& c, int tp_size, int tp_rank, bool sequence_parallel,
+Geometry MakeGeometry(const DecoderConfig& c, int tp_size, int tp_rank, bool sequence_parallel,
                       int vocab_multiple, int batch, int seq) {
   Geometry g;
   g.t = tp_size;
@@ -108,9 +108,9 @@ Status BlockForward(const Ctx& c, const std::vector<void*>& w, const void* x, Bl
   // res2 += x, then ln2 = LayerNorm(res2): one pass (AddLayerNorm).
   ZR_RETURN_IF_ERROR(AddNormToColumn(c, a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
                                      a.res2.data(), x, w[kLn2W], w[kLn2B]));
-  ZR_RETURN_IF_ERROR(k.MatmulGelu(a.fch.data(), a.fch_gelu.data(), a.ln2.data(), w[kFcW], w[kFcB],
+  ZR_RETURN_IF_ERROR(k.MatmulGelu(a.mlp_in.data(), a.mlp_act.data(), a.ln2.data(), w[kFcW], w[kFcB],
                                   g.rows, g.d, g.f_l));
-  ZR_RETURN_IF_ERROR(RowToResidual(c, out, a.fch_gelu.data(), w[kFcProjW], w[kFcProjB], g.f_l));
+  ZR_RETURN_IF_ERROR(RowToResidual(c, out, a.mlp_act.data(), w[kFcProjW], w[kFcProjB], g.f_l));
   return k.Add(out, out, a.res2.data(), g.rows_l * g.d);
 }
 
@@ -181,9 +181,9 @@ Status BlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const Bl
   ZR_ASSIGN_OR_RETURN(const void* dout, ResidualGradOfEveryRow(c, s));
   ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, g.rows * g.f_l * act, st));
   ZR_RETURN_IF_ERROR(k.MatmulBackward(s.d4a.data(), gr[kFcProjW], gr[kFcProjB], dout,
-                                      a.fch_gelu.data(), w[kFcProjW], g.rows, g.f_l, g.d));
+                                      a.mlp_act.data(), w[kFcProjW], g.rows, g.f_l, g.d));
   ZR_RETURN_IF_ERROR(FillZero(s.d4b.data(), dev, g.rows * g.f_l * act, st));
-  ZR_RETURN_IF_ERROR(k.GeluBackward(s.d4b.data(), a.fch.data(), s.d4a.data(), g.rows * g.f_l));
+  ZR_RETURN_IF_ERROR(k.GeluBackward(s.d4b.data(), a.mlp_in.data(), s.d4a.data(), g.rows * g.f_l));
   ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
   ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kFcW], gr[kFcB], s.d4b.data(), a.ln2.data(),
                                       w[kFcW], g.rows, g.d, g.f_l));
@@ -245,9 +245,9 @@ std::vector<BlockActBuffer> BlockActPlan(const Geometry& g, int64_t act, int64_t
             {&BlockActs::res2, rows_l * d * act},
             {&BlockActs::ln2, rows * d * act},
             {&BlockActs::ln2_rstd, rows_l * stat},
-            {&BlockActs::fch, rows * g.f_l * act},  // gate
-            {&BlockActs::fch_up, rows * g.f_l * act},
-            {&BlockActs::fch_gelu, rows * g.f_l * act}};  // SwiGLU's output
+            {&BlockActs::mlp_in, rows * g.f_l * act},  // gate
+            {&BlockActs::mlp_up, rows * g.f_l * act},
+            {&BlockActs::mlp_act, rows * g.f_l * act}};  // SwiGLU's output
   }
   return {{&BlockActs::ln1, rows * d * act},  // every row: the input of column layers
           {&BlockActs::ln1_mean, rows_l * stat},
@@ -260,8 +260,8 @@ std::vector<BlockActBuffer> BlockActPlan(const Geometry& g, int64_t act, int64_t
           {&BlockActs::ln2, rows * d * act},
           {&BlockActs::ln2_mean, rows_l * stat},
           {&BlockActs::ln2_rstd, rows_l * stat},
-          {&BlockActs::fch, rows * g.f_l * act},
-          {&BlockActs::fch_gelu, rows * g.f_l * act}};
+          {&BlockActs::mlp_in, rows * g.f_l * act},
+          {&BlockActs::mlp_act, rows * g.f_l * act}};
 }
 
 Status AllocateBlockActs(const Geometry& g, ModelKernels& k, Allocator& activations, BlockActs& a) {
@@ -275,4 +275,4 @@ Status AllocateBlockActs(const Geometry& g, ModelKernels& k, Allocator& activati
   return absl::OkStatus();
 }
 
-}  // namespace zerort::gpt
+}  // namespace zerort::decoder

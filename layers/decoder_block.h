@@ -1,6 +1,6 @@
-// GPT block layers over ModelKernels, shared by GptModel's stage primitives (internal: not
-// installed). One pass's sizes (Geometry), what the layer functions share (Ctx), a block's
-// activation set (BlockActs) and the backward's scratch; the tensor- and sequence-parallel
+// The decoder's block layers over ModelKernels, shared by DecoderModel's stage primitives
+// (internal: not installed). One pass's sizes (Geometry), what the layer functions share (Ctx), a
+// block's activation set (BlockActs) and the backward's scratch; the tensor- and sequence-parallel
 // transitions (Megatron's f and g, SP's gather/scatter) around the LayerNorms and linears.
 #pragma once
 
@@ -9,11 +9,11 @@
 #include <utility>
 #include <vector>
 
-#include "zerort/layers/gpt_model.h"
+#include "zerort/layers/decoder_model.h"
 #include "zerort/layers/tp_layers.h"
 #include "zerort/runtime/allocator.h"
 
-namespace zerort::gpt {
+namespace zerort::decoder {
 
 // Parameters of a block unit, in their order in the unit.
 enum BlockParam {
@@ -31,8 +31,8 @@ enum BlockParam {
   kFcProjB,
 };
 
-// Parameters of a LLaMA block, in their order in the unit (gpt_params.cc): the weights, then the
-// biases the config has (qkv_bias: Q, K, V, Qwen2's; o_proj_bias: O; mlp_bias: gate, up, down),
+// Parameters of a LLaMA block, in their order in the unit (decoder_params.cc): the weights, then
+// the biases the config has (qkv_bias: Q, K, V, Qwen2's; o_proj_bias: O; mlp_bias: gate, up, down),
 // in this order; LlamaSlot says where each is.
 enum LlamaParam {
   kAttnNorm,
@@ -54,13 +54,16 @@ enum LlamaParam {
   kLlamaParams,
 };
 
-// A block's saved activations. GPT-2 uses every one but fch_up; a LLaMA block: ln1 and ln2 (the
-// RMSNorms' outputs, statistics rstd only), qkv (rope(q), rope(k), v with the key/value heads
-// repeated: Attention's input), atty, att, res2, fch (the gate), fch_up (the up projection),
-// fch_gelu (SwiGLU's output).
+// A block's saved activations, named for what they hold in every architecture: ln1 and ln2 the
+// norms' outputs (ln*_mean: LayerNorm's only; ln*_rstd: both norms'), qkv (attention's input:
+// GPT-2's fused projection, or rope(q), rope(k), v with the key/value heads repeated), atty (its
+// output), att (its probabilities or log-sum-exps), res2 (the residual after attention), mlp_in
+// (the MLP's first projection before its activation: GPT-2's fc, SwiGLU's gate), mlp_up
+// (SwiGLU's up projection; GPT-2 has none) and mlp_act (the activation's output: GELU(mlp_in) or
+// SiLU(mlp_in) x mlp_up), the down projection's input.
 struct BlockActs {
-  Buffer ln1, ln1_mean, ln1_rstd, qkv, atty, att, res2, ln2, ln2_mean, ln2_rstd, fch, fch_up,
-      fch_gelu;
+  Buffer ln1, ln1_mean, ln1_rstd, qkv, atty, att, res2, ln2, ln2_mean, ln2_rstd, mlp_in, mlp_up,
+      mlp_act;
 };
 
 // The sizes one rank works with in a pass: t tensor-parallel ranks, this one r.
@@ -81,12 +84,12 @@ struct Geometry {
   bool whole_vocab() const { return t == 1 && v_l == v_valid; }
 };
 
-Geometry MakeGeometry(const GptModelOptions& o, int batch, int seq);
+Geometry MakeGeometry(const DecoderModelOptions& o, int batch, int seq);
 
 // Where parameter `p` of a LLaMA block is in its unit, or -1 when the block has none.
 int LlamaSlot(const Geometry& g, LlamaParam p);
 // The same for tensor-parallel rank `tp_rank` of `tp_size` without a model (the memory model).
-Geometry MakeGeometry(const GptConfig& c, int tp_size, int tp_rank, bool sequence_parallel,
+Geometry MakeGeometry(const DecoderConfig& c, int tp_size, int tp_rank, bool sequence_parallel,
                       int vocab_multiple, int batch, int seq);
 
 // What the layer functions below share in one pass.
@@ -131,7 +134,7 @@ struct BackwardScratch {
 
 // [Note: the backward's scratch] What a micro-batch's backward allocates when it begins, in order,
 // with each buffer's bytes (d4a and d4b follow at the first block's backward): the table
-// GptModel::EnsureBackwardScratch allocates and the memory model replays. `head_gave_dbtc`: the
+// DecoderModel::EnsureBackwardScratch allocates and the memory model replays. `head_gave_dbtc`: the
 // head's forward already holds dbtc (a training HeadForward on the last stage).
 struct ScratchBuffer {
   Buffer BackwardScratch::*member;
@@ -194,4 +197,4 @@ Status LlamaBlockBackward(const Ctx& c, const UnitTensors& u, const void* x, con
 // A block's activation set (allocated by its forward, freed by its backward): BlockActPlan's.
 Status AllocateBlockActs(const Geometry& g, ModelKernels& k, Allocator& activations, BlockActs& a);
 
-}  // namespace zerort::gpt
+}  // namespace zerort::decoder

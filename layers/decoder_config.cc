@@ -1,5 +1,5 @@
-// GptConfig validation, counts and presets.
-#include "zerort/layers/gpt_config.h"
+// DecoderConfig validation, counts and presets.
+#include "zerort/layers/decoder_config.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,7 +12,7 @@ std::string_view ModelArchName(ModelArch arch) {
   return arch == ModelArch::kLlama ? "llama" : "gpt2";
 }
 
-int64_t GptConfig::BlockParameters() const {
+int64_t DecoderConfig::BlockParameters() const {
   const int64_t c = d_model;
   if (llama()) {
     const int64_t kv = static_cast<int64_t>(kv_heads()) * head_size(), f = intermediate_size;
@@ -24,7 +24,7 @@ int64_t GptConfig::BlockParameters() const {
   return 2 * c + (3 * c * c + 3 * c) + (c * c + c) + 2 * c + (4 * c * c + 4 * c) + (4 * c * c + c);
 }
 
-int64_t GptConfig::NumParameters() const {
+int64_t DecoderConfig::NumParameters() const {
   const int64_t c = d_model, embedding = static_cast<int64_t>(vocab_size) * c;
   if (llama()) {  // wte, the blocks, the final RMSNorm, lm_head unless tied
     return embedding + n_layer * BlockParameters() + c + (tied() ? 0 : embedding);
@@ -32,7 +32,7 @@ int64_t GptConfig::NumParameters() const {
   return embedding + static_cast<int64_t>(seq_len) * c + n_layer * BlockParameters() + 2 * c;
 }
 
-double GptConfig::FlopsPerToken() const {
+double DecoderConfig::FlopsPerToken() const {
   // The lookups are not GEMMs: GPT-2's positions, and an untied model's input embedding.
   int64_t lookups = learned_positions() ? static_cast<int64_t>(seq_len) * d_model : 0;
   if (!tied()) lookups += static_cast<int64_t>(vocab_size) * d_model;
@@ -40,7 +40,7 @@ double GptConfig::FlopsPerToken() const {
   return 6.0 * n + 12.0 * n_layer * d_model * static_cast<double>(seq_len);
 }
 
-std::string GptConfig::Describe() const {
+std::string DecoderConfig::Describe() const {
   return StrCat(
       ModelArchName(arch), ", ", n_layer, " layers, d ", d_model, ", ", n_head, " heads",
       llama() && kv_heads() != n_head ? StrCat(" (", kv_heads(), " KV)") : "", ", seq ", seq_len,
@@ -113,12 +113,12 @@ std::optional<RopeType> RopeTypeFromName(std::string_view name) {
   return std::nullopt;
 }
 
-int64_t PaddedVocab(const GptConfig& config, int tp, int vocab_multiple) {
+int64_t PaddedVocab(const DecoderConfig& config, int tp, int vocab_multiple) {
   const int64_t m = static_cast<int64_t>(std::max(tp, 1)) * std::max(vocab_multiple, 1);
   return (config.vocab_size + m - 1) / m * m;
 }
 
-Status GptConfig::Validate() const {
+Status DecoderConfig::Validate() const {
   auto positive = [](const char* key, int v) -> Status {
     if (v < 1) return absl::InvalidArgumentError(StrCat("model.", key, " = ", v, ": must be >= 1"));
     return absl::OkStatus();
@@ -192,68 +192,69 @@ Status GptConfig::Validate() const {
 namespace {
 struct Preset {
   const char* name;
-  GptConfig config;
+  DecoderConfig config;
 };
 const Preset kPresets[] = {
-    {"tiny", GptConfig{.n_layer = 2, .n_head = 4, .d_model = 64, .seq_len = 64, .vocab_size = 256}},
-    {"gpt2", GptConfig{12, 12, 768, 1024, 50257}},
-    {"gpt2-medium", GptConfig{24, 16, 1024, 1024, 50257}},
-    {"gpt2-large", GptConfig{36, 20, 1280, 1024, 50257}},
-    {"gpt2-xl", GptConfig{48, 25, 1600, 1024, 50257}},
-    {"llama-tiny", GptConfig{.n_layer = 2,
-                             .n_head = 4,
-                             .d_model = 64,
-                             .seq_len = 64,
-                             .vocab_size = 256,
-                             .arch = ModelArch::kLlama,
-                             .n_kv_head = 2,
-                             .intermediate_size = 176}},
+    {"tiny",
+     DecoderConfig{.n_layer = 2, .n_head = 4, .d_model = 64, .seq_len = 64, .vocab_size = 256}},
+    {"gpt2", DecoderConfig{12, 12, 768, 1024, 50257}},
+    {"gpt2-medium", DecoderConfig{24, 16, 1024, 1024, 50257}},
+    {"gpt2-large", DecoderConfig{36, 20, 1280, 1024, 50257}},
+    {"gpt2-xl", DecoderConfig{48, 25, 1600, 1024, 50257}},
+    {"llama-tiny", DecoderConfig{.n_layer = 2,
+                                 .n_head = 4,
+                                 .d_model = 64,
+                                 .seq_len = 64,
+                                 .vocab_size = 256,
+                                 .arch = ModelArch::kLlama,
+                                 .n_kv_head = 2,
+                                 .intermediate_size = 176}},
     // Shapes of published models (their config.json), for the estimator; the weights are theirs.
-    {"llama-3-8b", GptConfig{.n_layer = 32,
-                             .n_head = 32,
-                             .d_model = 4096,
-                             .seq_len = 8192,
-                             .vocab_size = 128256,
-                             .arch = ModelArch::kLlama,
-                             .n_kv_head = 8,
-                             .intermediate_size = 14336,
-                             .rope_theta = 500000.0}},
-    {"llama-3-70b", GptConfig{.n_layer = 80,
-                              .n_head = 64,
-                              .d_model = 8192,
-                              .seq_len = 8192,
-                              .vocab_size = 128256,
-                              .arch = ModelArch::kLlama,
-                              .n_kv_head = 8,
-                              .intermediate_size = 28672,
-                              .rope_theta = 500000.0}},
-    {"qwen2-72b", GptConfig{.n_layer = 80,
-                            .n_head = 64,
-                            .d_model = 8192,
-                            .seq_len = 32768,
-                            .vocab_size = 152064,
-                            .arch = ModelArch::kLlama,
-                            .n_kv_head = 8,
-                            .intermediate_size = 29568,
-                            .rope_theta = 1000000.0,
-                            .norm_eps = 1e-6,
-                            .qkv_bias = true}},
+    {"llama-3-8b", DecoderConfig{.n_layer = 32,
+                                 .n_head = 32,
+                                 .d_model = 4096,
+                                 .seq_len = 8192,
+                                 .vocab_size = 128256,
+                                 .arch = ModelArch::kLlama,
+                                 .n_kv_head = 8,
+                                 .intermediate_size = 14336,
+                                 .rope_theta = 500000.0}},
+    {"llama-3-70b", DecoderConfig{.n_layer = 80,
+                                  .n_head = 64,
+                                  .d_model = 8192,
+                                  .seq_len = 8192,
+                                  .vocab_size = 128256,
+                                  .arch = ModelArch::kLlama,
+                                  .n_kv_head = 8,
+                                  .intermediate_size = 28672,
+                                  .rope_theta = 500000.0}},
+    {"qwen2-72b", DecoderConfig{.n_layer = 80,
+                                .n_head = 64,
+                                .d_model = 8192,
+                                .seq_len = 32768,
+                                .vocab_size = 152064,
+                                .arch = ModelArch::kLlama,
+                                .n_kv_head = 8,
+                                .intermediate_size = 29568,
+                                .rope_theta = 1000000.0,
+                                .norm_eps = 1e-6,
+                                .qkv_bias = true}},
 };
 }  // namespace
 
-std::vector<std::string> GptPresetNames() {
+std::vector<std::string> DecoderPresetNames() {
   std::vector<std::string> names;
   for (const Preset& p : kPresets) names.emplace_back(p.name);
   return names;
 }
 
-StatusOr<GptConfig> GptPreset(std::string_view name) {
+StatusOr<DecoderConfig> DecoderPreset(std::string_view name) {
   for (const Preset& p : kPresets) {
     if (name == p.name) return p.config;
   }
   return absl::InvalidArgumentError(
       StrCat("unknown model '", name,
-             "' (known: ", fmt::format("{}", fmt::join(GptPresetNames(), ", ")), ")"));
+             "' (known: ", fmt::format("{}", fmt::join(DecoderPresetNames(), ", ")), ")"));
 }
 
 }  // namespace zerort

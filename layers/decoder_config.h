@@ -1,6 +1,6 @@
-// GptConfig: the shape of the built-in decoder (GPT-2 or the LLaMA family), its named presets, and
-// the counts the rest of the project derives from a shape (parameters, FLOPs per token by the PaLM
-// formula).
+// DecoderConfig: the shape of the built-in decoder (GPT-2 or the LLaMA family), its named presets,
+// and the counts the rest of the project derives from a shape (parameters, FLOPs per token by the
+// PaLM formula).
 #pragma once
 
 #include <cstdint>
@@ -35,7 +35,7 @@ namespace zerort {
 enum class ModelArch { kGpt2, kLlama };
 std::string_view ModelArchName(ModelArch arch);
 
-struct GptConfig {
+struct DecoderConfig {
   int n_layer = 2;       // transformer blocks
   int n_head = 2;        // attention heads; must divide d_model
   int d_model = 32;      // channels (GPT-2's n_embd)
@@ -79,7 +79,7 @@ struct GptConfig {
   Status Validate() const;
   // "llama, 3 layers, d 128, 4 heads (2 KV), seq 64": for logs and the estimator's title.
   std::string Describe() const;
-  bool operator==(const GptConfig&) const = default;
+  bool operator==(const DecoderConfig&) const = default;
 };
 
 // Rotary scaling's names (Hugging Face's rope_type: "default", "linear", "llama3") and its checks,
@@ -94,14 +94,14 @@ std::string RopeScalingText(const RopeScaling& scaling);
 // vocab_multiple x tp (Megatron's make_vocab_size_divisible_by): every tensor-parallel rank holds
 // as many. The padding rows are zero, never trained, and never reach a loss, a sample, a
 // checkpoint or an export. vocab_size itself at tp 1 and multiple 1.
-int64_t PaddedVocab(const GptConfig& config, int tp, int vocab_multiple);
+int64_t PaddedVocab(const DecoderConfig& config, int tp, int vocab_multiple);
 
 // "tiny" (a few hundred thousand parameters, for CPU tests and demos), "gpt2" (124M),
 // "gpt2-medium" (350M), "gpt2-large" (774M), "gpt2-xl" (1.5B); the GPT-2 shapes have vocabulary
 // 50257 and context 1024. LLaMA-family: "llama-tiny" (CPU tests and demos, GQA 4:2), and the
 // shapes of "llama-3-8b" (8.03B), "llama-3-70b" (70.6B) and "qwen2-72b" (72.7B) as their
 // config.json files give them (for the estimator).
-StatusOr<GptConfig> GptPreset(std::string_view name);
-std::vector<std::string> GptPresetNames();
+StatusOr<DecoderConfig> DecoderPreset(std::string_view name);
+std::vector<std::string> DecoderPresetNames();
 
 }  // namespace zerort

@@ -1,10 +1,10 @@
-#include "zerort/layers/gpt_mb_plan.h"
+#include "zerort/layers/decoder_mb_plan.h"
 
-namespace zerort::gpt {
+namespace zerort::decoder {
 
 using Cat = MemoryCategory;
 
-bool BoundaryUsed(const GptStagePart& part, int n_layer, int l) {
+bool BoundaryUsed(const DecoderStagePart& part, int n_layer, int l) {
   return part.holds(l) || (l > 0 && part.holds(l - 1)) || (l == 0 && part.first) ||
          (l == n_layer && part.last);
 }
@@ -15,7 +15,7 @@ std::vector<MbPlanned> SeqScratchPlan(const Geometry& g, int64_t act) {
           {MbBuffer::kSeqFull, 0, Cat::kWorkspace, g.rows * g.d * act}};
 }
 
-std::vector<MbPlanned> BeginPlan(const Geometry& g, const GptStagePart& part, int n_layer,
+std::vector<MbPlanned> BeginPlan(const Geometry& g, const DecoderStagePart& part, int n_layer,
                                  int64_t act, bool targets, bool per_block) {
   std::vector<MbPlanned> plan = {{MbBuffer::kTokens, 0, Cat::kActivations, g.rows * 4}};
   if (targets) plan.push_back({MbBuffer::kTargets, 0, Cat::kActivations, g.rows * 4});
@@ -48,4 +48,4 @@ std::vector<MbPlanned> HeadPlan(const Geometry& g, int64_t act, int64_t stat, bo
   return plan;
 }
 
-}  // namespace zerort::gpt
+}  // namespace zerort::decoder

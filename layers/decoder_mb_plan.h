@@ -1,16 +1,16 @@
-// What GptModel allocates for a micro-batch outside its blocks' activation sets: one table per
+// What DecoderModel allocates for a micro-batch outside its blocks' activation sets: one table per
 // call, which the model allocates from and the memory model (estimate/step_model.cc) replays
-// (internal: not installed). With BlockActPlan and BackwardScratchPlan (gpt_block.h) and the
+// (internal: not installed). With BlockActPlan and BackwardScratchPlan (decoder_block.h) and the
 // kernels' own (kernels/memory_facts.h) these are every activation and workspace byte of a step.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "zerort/layers/gpt_block.h"
+#include "zerort/layers/decoder_block.h"
 #include "zerort/runtime/memory.h"
 
-namespace zerort::gpt {
+namespace zerort::decoder {
 
 // [Note: a micro-batch's buffers] In allocation order, per call:
 //   Begin         tokens, targets (int32 [rows]; targets when there is a loss); when the blocks
@@ -26,7 +26,7 @@ namespace zerort::gpt {
 //                 ends); the vocabulary-parallel cross-entropy's statistics per chunk
 //                 (VocabParallelCrossEntropyScratch, tp_layers.h).
 //   BlocksBackward the MLP's gradients d4a and d4b ([rows, f_l] each, kWorkspace) at the first
-//                 block's backward (BlockBackwardScratchPlan, gpt_block.h); with recomputation
+//                 block's backward (BlockBackwardScratchPlan, decoder_block.h); with recomputation
 //                 under sequence parallelism, each recomputed forward's seq_local and seq_full.
 enum class MbBuffer {
   kTokens,
@@ -53,11 +53,11 @@ struct MbPlanned {
 // Whether a stage keeps the residual stream at boundary `l` (0: the embeddings' output, l > 0:
 // block l - 1's): the inputs and outputs of its blocks, the embeddings' output on the first
 // stage, the last block's on the last.
-bool BoundaryUsed(const GptStagePart& part, int n_layer, int l);
+bool BoundaryUsed(const DecoderStagePart& part, int n_layer, int l);
 
 // Begin's buffers. `per_block`: every block allocates its own set (training without
 // recomputation), so Begin allocates none.
-std::vector<MbPlanned> BeginPlan(const Geometry& g, const GptStagePart& part, int n_layer,
+std::vector<MbPlanned> BeginPlan(const Geometry& g, const DecoderStagePart& part, int n_layer,
                                  int64_t act, bool targets, bool per_block);
 
 // The tensor-parallel forward's scratch under sequence parallelism (empty otherwise): Begin's,
@@ -71,4 +71,4 @@ std::vector<MbPlanned> HeadNormPlan(const Geometry& g, int64_t act, int64_t stat
 std::vector<MbPlanned> HeadPlan(const Geometry& g, int64_t act, int64_t stat, bool targets,
                                 bool train, int64_t chunk);
 
-}  // namespace zerort::gpt
+}  // namespace zerort::decoder

@@ -1,15 +1,15 @@
-// GptModel: the model on its weight store, forward/backward over ModelKernels in stage calls
-// (its parameter list, initialisation and sampling are gpt_params.cc; whole-model passes
-// gpt_model_passes.cc).
-#include "zerort/layers/gpt_model.h"
+// DecoderModel: the model on its weight store, forward/backward over ModelKernels in stage calls
+// (its parameter list, initialisation and sampling are decoder_params.cc; whole-model passes
+// decoder_model_passes.cc).
+#include "zerort/layers/decoder_model.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <optional>
 
-#include "zerort/layers/gpt_block.h"
-#include "zerort/layers/gpt_mb_plan.h"
+#include "zerort/layers/decoder_block.h"
+#include "zerort/layers/decoder_mb_plan.h"
 #include "zerort/layers/tp_layers.h"
 #include "zerort/runtime/scoped_seconds.h"
 #include "zerort/runtime/strings.h"
@@ -17,7 +17,7 @@
 namespace zerort {
 namespace {
 
-using namespace gpt;  // the block layers (gpt_block.h)
+using namespace decoder;  // the block layers (decoder_block.h)
 
 constexpr int kEmbeddings = 0;
 // The automatic head chunk: rows per model channel (HeadChunkRows).
@@ -27,15 +27,16 @@ constexpr int64_t kHeadChunkPerChannel = 2;
 
 }  // namespace
 
-GptModel::GptModel(const GptModelOptions& options, WeightStore& store, ModelKernels& kernels,
-                   Allocator& activations)
+DecoderModel::DecoderModel(const DecoderModelOptions& options, WeightStore& store,
+                           ModelKernels& kernels, Allocator& activations)
     : options_(options), store_(store), kernels_(kernels), activations_(activations) {}
 
-GptModel::~GptModel() = default;
+DecoderModel::~DecoderModel() = default;
 
-StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptModelOptions& options,
-                                                     WeightStore& store, ModelKernels& kernels,
-                                                     Allocator& activations) {
+StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(const DecoderModelOptions& options,
+                                                             WeightStore& store,
+                                                             ModelKernels& kernels,
+                                                             Allocator& activations) {
   if (options.micro_batch < 1) {
     return absl::InvalidArgumentError(StrCat("micro_batch ", options.micro_batch, " is below 1"));
   }
@@ -75,7 +76,7 @@ StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptModelOptions& opti
     ZR_RETURN_IF_ERROR(CollectiveDType(kernels.grad_dtype(), "weight gradients").status());
     ZR_RETURN_IF_ERROR(CollectiveDType(kernels.stat_dtype(), "statistics").status());
   }
-  const GptStagePart& part = options.stage;
+  const DecoderStagePart& part = options.stage;
   const int L = options.config.n_layer;
   int previous_end = -1;
   for (const auto& [first, last] : part.chunks) {
@@ -86,9 +87,9 @@ StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptModelOptions& opti
     previous_end = last;
   }
   ZR_ASSIGN_OR_RETURN(
-      std::vector<GptUnit> units,
-      GptUnits(options.config, options.tp.size(), options.tp.rank(), options.vocab_multiple));
-  std::unique_ptr<GptModel> model(new GptModel(options, store, kernels, activations));
+      std::vector<DecoderUnit> units,
+      DecoderUnits(options.config, options.tp.size(), options.tp.rank(), options.vocab_multiple));
+  std::unique_ptr<DecoderModel> model(new DecoderModel(options, store, kernels, activations));
   model->block_unit_.assign(L, -1);
   int next = 0;
   const bool tied_head = options.config.tied();
@@ -116,7 +117,7 @@ StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptModelOptions& opti
   return model;
 }
 
-std::vector<int> GptModel::UnitPositions() const {
+std::vector<int> DecoderModel::UnitPositions() const {
   const int L = options_.config.n_layer;
   std::vector<int> positions(static_cast<size_t>(L + 3), -1);
   if (embedding_unit_ >= 0) positions[embedding_unit_] = 0;
@@ -129,7 +130,7 @@ std::vector<int> GptModel::UnitPositions() const {
   return positions;
 }
 
-bool GptStagePart::holds(int block) const {
+bool DecoderStagePart::holds(int block) const {
   if (chunks.empty()) return true;
   for (const auto& [first, last] : chunks) {
     if (block >= first && block < last) return true;
@@ -186,7 +187,7 @@ std::string_view MicroBatchPhaseName(MicroBatchPhase p) {
 
 // One micro-batch on this rank: its activations (kept from its forward to its backward), the
 // tied head's weights while they are open, and the backward's scratch.
-struct GptModel::MicroBatch {
+struct DecoderModel::MicroBatch {
   MicroBatch(const Geometry& g, const TpContext& tp) : g(g), tp(tp) {}
   Geometry g;
   TpContext tp;
@@ -259,12 +260,12 @@ struct GptModel::MicroBatch {
   }
 };
 
-void GptModel::MicroBatchDeleter::operator()(MicroBatch* mb) const { delete mb; }
+void DecoderModel::MicroBatchDeleter::operator()(MicroBatch* mb) const { delete mb; }
 
-StatusOr<GptModel::MicroBatchPtr> GptModel::Begin(std::span<const int32_t> tokens,
-                                                  std::span<const int32_t> targets, int batch,
-                                                  int seq, bool train) {
-  const GptConfig& cfg = options_.config;
+StatusOr<DecoderModel::MicroBatchPtr> DecoderModel::Begin(std::span<const int32_t> tokens,
+                                                          std::span<const int32_t> targets,
+                                                          int batch, int seq, bool train) {
+  const DecoderConfig& cfg = options_.config;
   if (batch < 1 || batch > options_.micro_batch || seq < 1 || seq > cfg.seq_len) {
     return absl::InvalidArgumentError(StrCat("batch x seq = ", batch, " x ", seq, " is outside 1..",
                                              options_.micro_batch, " x 1..", cfg.seq_len));
@@ -315,7 +316,7 @@ StatusOr<GptModel::MicroBatchPtr> GptModel::Begin(std::span<const int32_t> token
   return mb;
 }
 
-Status GptModel::EmbedForward(MicroBatch& mb) {
+Status DecoderModel::EmbedForward(MicroBatch& mb) {
   const ScopedSeconds timed(&phase_seconds_.forward);
   // The vocabulary-parallel embedding: each rank looks up the tokens of its rows of wte (zeros
   // for the others), rank 0 adds the positions, and the sum over the group (reduced to this
@@ -340,7 +341,7 @@ Status GptModel::EmbedForward(MicroBatch& mb) {
 }
 
 namespace {
-Status CheckBlocks(const GptStagePart& part, int n_layer, int first, int last) {
+Status CheckBlocks(const DecoderStagePart& part, int n_layer, int first, int last) {
   if (first < 0 || first > last || last > n_layer) {
     return absl::InvalidArgumentError(
         StrCat("blocks [", first, ", ", last, ") outside 0..", n_layer));
@@ -354,7 +355,7 @@ Status CheckBlocks(const GptStagePart& part, int n_layer, int first, int last) {
 }
 }  // namespace
 
-Status GptModel::BlocksForward(MicroBatch& mb, int first, int last) {
+Status DecoderModel::BlocksForward(MicroBatch& mb, int first, int last) {
   const ScopedSeconds timed(&phase_seconds_.forward);
   ZR_RETURN_IF_ERROR(CheckBlocks(options_.stage, options_.config.n_layer, first, last));
   ZR_RETURN_IF_ERROR(mb.Need("BlocksForward", MicroBatchPhase::kForward));
@@ -370,11 +371,11 @@ Status GptModel::BlocksForward(MicroBatch& mb, int first, int last) {
   return absl::OkStatus();
 }
 
-void* GptModel::BlockInput(MicroBatch& mb, int block) { return mb.block_out.at(block).data(); }
+void* DecoderModel::BlockInput(MicroBatch& mb, int block) { return mb.block_out.at(block).data(); }
 
-int64_t GptModel::BoundaryElements(const MicroBatch& mb) const { return mb.g.rows_l * mb.g.d; }
+int64_t DecoderModel::BoundaryElements(const MicroBatch& mb) const { return mb.g.rows_l * mb.g.d; }
 
-DType GptModel::BoundaryDType() const {
+DType DecoderModel::BoundaryDType() const {
   const std::optional<DType> act = kernels_.act_dtype();
   ZR_CHECK(act.has_value()) << "a pipeline boundary of fp64 kernels (Create refuses them)";
   return *act;
@@ -393,8 +394,8 @@ int64_t HeadChunkRows(int64_t configured, int64_t rows, int d_model) {
   return (rows + count - 1) / count;
 }
 
-StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
-                                       std::vector<double>* logits, int64_t logits_from_row) {
+StatusOr<double> DecoderModel::HeadForward(MicroBatch& mb, float loss_scale,
+                                           std::vector<double>* logits, int64_t logits_from_row) {
   const ScopedSeconds timed(&phase_seconds_.forward);
   if (logits_from_row < 0 || logits_from_row >= mb.g.rows) {
     return absl::InvalidArgumentError(
@@ -497,7 +498,7 @@ StatusOr<double> GptModel::HeadForward(MicroBatch& mb, float loss_scale,
   return loss;
 }
 
-Status GptModel::HeadBackward(MicroBatch& mb) {
+Status DecoderModel::HeadBackward(MicroBatch& mb) {
   const ScopedSeconds timed(&phase_seconds_.backward);
   ZR_RETURN_IF_ERROR(mb.Need("HeadBackward", MicroBatchPhase::kHeadBackward));
   mb.phase = MicroBatchPhase::kBackward;
@@ -521,7 +522,7 @@ Status GptModel::HeadBackward(MicroBatch& mb) {
   return store_.Close(norm_unit);
 }
 
-Status GptModel::EnsureBackwardScratch(MicroBatch& mb) {
+Status DecoderModel::EnsureBackwardScratch(MicroBatch& mb) {
   BackwardScratch& s = mb.s;
   if (s.dres) return absl::OkStatus();
   const Geometry& g = mb.g;
@@ -540,7 +541,8 @@ Status GptModel::EnsureBackwardScratch(MicroBatch& mb) {
   return absl::OkStatus();
 }
 
-Status GptModel::BlocksBackward(MicroBatch& mb, int first, int last, const void* dout, void* dx) {
+Status DecoderModel::BlocksBackward(MicroBatch& mb, int first, int last, const void* dout,
+                                    void* dx) {
   const ScopedSeconds timed(&phase_seconds_.backward);
   ZR_RETURN_IF_ERROR(CheckBlocks(options_.stage, options_.config.n_layer, first, last));
   const Geometry& g = mb.g;
@@ -592,7 +594,7 @@ Status GptModel::BlocksBackward(MicroBatch& mb, int first, int last, const void*
   return absl::OkStatus();
 }
 
-Status GptModel::EmbedBackward(MicroBatch& mb) {
+Status DecoderModel::EmbedBackward(MicroBatch& mb) {
   const ScopedSeconds timed(&phase_seconds_.backward);
   ZR_RETURN_IF_ERROR(mb.Need("EmbedBackward", MicroBatchPhase::kBackward));
   if (!options_.stage.first) {
@@ -614,9 +616,9 @@ Status GptModel::EmbedBackward(MicroBatch& mb) {
   return store_.Close(embedding_unit_);
 }
 
-Status GptModel::CopyLogits(MicroBatch& pass, const Buffer& logits, int64_t rows,
-                            std::vector<double>* out) {
-  const GptConfig& cfg = options_.config;
+Status DecoderModel::CopyLogits(MicroBatch& pass, const Buffer& logits, int64_t rows,
+                                std::vector<double>* out) {
+  const DecoderConfig& cfg = options_.config;
   ModelKernels& k = kernels_;
   const int tp = pass.g.t, vocab_local = pass.g.v_l;
   const size_t act = k.act_size();

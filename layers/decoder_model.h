@@ -1,10 +1,14 @@
-// GptModel: the built-in GPT-2-style decoder (token + position embeddings, pre-LayerNorm blocks of
-// causal self-attention with a fused QKV projection and a 4x tanh-GELU MLP, a final LayerNorm,
-// the output projection tied to the token embedding, softmax cross-entropy), forward and backward
-// on any ModelKernels, with its weights in a WeightStore.
+// DecoderModel: the built-in decoder-only transformer (token embeddings, pre-norm blocks of causal
+// self-attention and an MLP, a final norm, the output projection, softmax cross-entropy), forward
+// and backward on any ModelKernels, with its weights in a WeightStore. DecoderConfig describes the
+// block (decoder_config.h): GPT-2's (learned positions, LayerNorm, a fused QKV projection, a 4x
+// tanh-GELU MLP, every bias, the head tied to the token embedding) or the LLaMA family's (rotary
+// positions, RMSNorm, Q/K/V with grouped key/value heads, a SwiGLU MLP, biases per projection, the
+// head tied or not): [Note: the two architectures] in layers/README.md.
 //
-// Units (what the shard manager gathers and releases together): 0 = "embeddings" (wte, wpe),
-// 1..n_layer = "blocks.i", n_layer + 1 = "final_norm". Order of use in a training micro-batch:
+// Units (what the shard manager gathers and releases together): 0 = "embeddings" (wte, and wpe
+// with learned positions), 1..n_layer = "blocks.i", n_layer + 1 = "final_norm", and "head"
+// (lm_head) when it is not tied. Order of use in a training micro-batch (tied):
 //   forward:  embeddings, blocks.0 .. blocks.L-1, final_norm;
 //   backward: embeddings (the tied output projection: opened for the logits and kept open, since
 //             its gradient gets a second contribution from the input embedding at the very end),
@@ -28,7 +32,7 @@
 #include <vector>
 
 #include "zerort/kernels/model_kernels.h"
-#include "zerort/layers/gpt_config.h"
+#include "zerort/layers/decoder_config.h"
 #include "zerort/layers/tensor_parallel.h"
 #include "zerort/layers/weight_store.h"
 #include "zerort/runtime/allocator.h"
@@ -41,7 +45,7 @@ namespace zerort {
 // the first and last stages each hold the "embeddings" unit (wte, wpe; the last uses wte only),
 // tied over `embedding_group`: the shard manager sums its gradient over the two and counts it
 // in the norm on the first stage only.
-struct GptStagePart {
+struct DecoderStagePart {
   std::vector<std::pair<int, int>> chunks;  // blocks [first, last) per local chunk; empty: all
   bool first = true;                        // the input embedding
   bool last = true;                         // the final LayerNorm, the head and the loss
@@ -49,12 +53,12 @@ struct GptStagePart {
   bool holds(int block) const;
 };
 
-struct GptModelOptions {
-  GptConfig config;
+struct DecoderModelOptions {
+  DecoderConfig config;
   int micro_batch = 1;                    // sequences per micro-batch: the activation sizes
   bool activation_checkpointing = false;  // recompute each block's forward in its backward
   // Tensor parallelism (Megatron): heads, MLP channels and vocabulary split over `tp`; the
-  // weights are this rank's parts (GptUnits below). The store holds this rank's units only.
+  // weights are this rank's parts (DecoderUnits below). The store holds this rank's units only.
   TensorParallelGroup tp = {};
   // Sequence parallelism: the residual stream, LayerNorms and their statistics split by rows
   // over `tp` (all-gathers and reduce-scatters instead of all-reduces). Any contiguous split of
@@ -65,37 +69,38 @@ struct GptModelOptions {
   // Rows of the head's logits [rows, vocab / tp] that exist at a time (HeadForward); 0: automatic
   // (HeadChunkRows).
   int64_t head_chunk_rows = 0;
-  GptStagePart stage = {};  // pipeline parallelism: what this rank holds (default: everything)
+  DecoderStagePart stage = {};  // pipeline parallelism: what this rank holds (default: everything)
 };
 
 // A target whose loss is masked (Megatron's eod_mask_loss; PyTorch's ignore_index): its row adds
 // no loss and no gradient, and a micro-batch's mean is over its other rows ([Note: masked
-// targets], gpt_model.cc).
+// targets], decoder_model.cc).
 inline constexpr int32_t kIgnoreTarget = -1;
 
-// The model's units as ParamSpecs (see the unit list above). Names follow GPT-2's structure:
+// The model's units as ParamSpecs (see the unit list above). GPT-2's names follow its structure:
 // wte, wpe, blocks.i.{ln1,attn.qkv,attn.proj,ln2,mlp.fc,mlp.proj}.{weight,bias},
-// ln_f.{weight,bias}.
-struct GptUnit {
+// ln_f.{weight,bias}; the LLaMA family's are Hugging Face's (decoder_params.cc).
+struct DecoderUnit {
   std::string name;
   std::vector<ParamSpec> params;
 };
 // The units of tensor-parallel rank `tp_rank` of `tp_size`, with each parameter's global frame
 // (wte's global shape is the padded vocabulary, PaddedVocab). Pure (no group needed): the model,
 // the estimator and checkpoints all use it.
-StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& config, int tp_size, int tp_rank,
-                                        int vocab_multiple = 1);
+StatusOr<std::vector<DecoderUnit>> DecoderUnits(const DecoderConfig& config, int tp_size,
+                                                int tp_rank, int vocab_multiple = 1);
 
 // Rows of the head's logits HeadForward computes at a time for a pass of `rows` rows: `configured`
-// (GptModelOptions::head_chunk_rows) when positive, else automatic (see gpt_model.cc). Pure: the
-// estimator uses it too.
+// (DecoderModelOptions::head_chunk_rows) when positive, else automatic (see decoder_model.cc).
+// Pure: the estimator uses it too.
 int64_t HeadChunkRows(int64_t configured, int64_t rows, int d_model);
 
-// GPT-2's initialisation: weights normal(0, 0.02), the residual projections (attn.proj.weight,
-// mlp.proj.weight) normal(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm weights 1. Each value
+// The decoder's initialisation (decoder_params.cc): GPT-2's weights normal(0, 0.02), the residual
+// projections (attn.proj.weight, mlp.proj.weight) normal(0, 0.02 / sqrt(2 n_layer)), biases 0,
+// norm weights 1; the LLaMA family's every linear and embedding weight normal(0, 0.02). Each value
 // is a function of (seed, parameter name, element index) only: no dependence on world size,
 // stage or the order units are initialised.
-Initializer GptInitializer(const GptConfig& config);
+Initializer DecoderInitializer(const DecoderConfig& config);
 
 struct SamplingOptions {
   float temperature = 1.0f;  // 0: greedy (argmax)
@@ -106,16 +111,16 @@ struct SamplingOptions {
 int32_t SampleToken(std::span<const double> logits, const SamplingOptions& options,
                     std::mt19937_64& rng);
 
-class GptModel {
+class DecoderModel {
  public:
   // Declares the model's units in `store` (before the store is initialised).
-  static StatusOr<std::unique_ptr<GptModel>> Create(const GptModelOptions& options,
-                                                    WeightStore& store, ModelKernels& kernels,
-                                                    Allocator& activations);
-  ~GptModel();
+  static StatusOr<std::unique_ptr<DecoderModel>> Create(const DecoderModelOptions& options,
+                                                        WeightStore& store, ModelKernels& kernels,
+                                                        Allocator& activations);
+  ~DecoderModel();
 
-  const GptConfig& config() const { return options_.config; }
-  const GptModelOptions& options() const { return options_; }
+  const DecoderConfig& config() const { return options_.config; }
+  const DecoderModelOptions& options() const { return options_; }
   // Wall seconds spent in the forward primitives (embedding, blocks, head) and the backward ones
   // since the last reset, gathers and reductions included (wall_clock_breakdown). On a GPU they are
   // the host's time to issue the work.
@@ -192,8 +197,8 @@ class GptModel {
   DType BoundaryDType() const;
 
  private:
-  GptModel(const GptModelOptions& options, WeightStore& store, ModelKernels& kernels,
-           Allocator& activations);
+  DecoderModel(const DecoderModelOptions& options, WeightStore& store, ModelKernels& kernels,
+               Allocator& activations);
   // The whole model on one micro-batch through the primitives; returns the mean loss when
   // targets are given.
   StatusOr<double> Run(std::span<const int32_t> tokens, std::span<const int32_t> targets, int batch,
@@ -207,7 +212,7 @@ class GptModel {
   // stage without the head).
   Status EnsureBackwardScratch(MicroBatch& mb);
 
-  GptModelOptions options_;
+  DecoderModelOptions options_;
   // This stage's units in the store: -1 when not held.
   int embedding_unit_ = -1, norm_unit_ = -1, head_unit_ = -1;  // head: untied models only
   std::vector<int> block_unit_;

@@ -1,16 +1,17 @@
-// The GPT model's whole-model passes on one process's stage (forward and backward of one
+// The decoder's whole-model passes on one process's stage (forward and backward of one
 // micro-batch, the loss, the logits, generation): each runs the per-part calls
-// of gpt_model.cc in order (the pipeline executor runs the same calls across stages).
+// of decoder_model.cc in order (the pipeline executor runs the same calls across stages).
 #include <algorithm>
 #include <random>
 
-#include "zerort/layers/gpt_model.h"
+#include "zerort/layers/decoder_model.h"
 #include "zerort/runtime/strings.h"
 
 namespace zerort {
-StatusOr<double> GptModel::Run(std::span<const int32_t> tokens, std::span<const int32_t> targets,
-                               int batch, int seq, bool train, float loss_scale,
-                               std::vector<double>* logits, int64_t logits_from_row) {
+StatusOr<double> DecoderModel::Run(std::span<const int32_t> tokens,
+                                   std::span<const int32_t> targets, int batch, int seq, bool train,
+                                   float loss_scale, std::vector<double>* logits,
+                                   int64_t logits_from_row) {
   ZR_ASSIGN_OR_RETURN(MicroBatchPtr mb, Begin(tokens, targets, batch, seq, train));
   const int L = options_.config.n_layer;
   ZR_RETURN_IF_ERROR(EmbedForward(*mb));
@@ -23,28 +24,28 @@ StatusOr<double> GptModel::Run(std::span<const int32_t> tokens, std::span<const 
   return loss;
 }
 
-StatusOr<double> GptModel::ForwardBackward(std::span<const int32_t> tokens,
-                                           std::span<const int32_t> targets, int batch, int seq,
-                                           float loss_scale) {
+StatusOr<double> DecoderModel::ForwardBackward(std::span<const int32_t> tokens,
+                                               std::span<const int32_t> targets, int batch, int seq,
+                                               float loss_scale) {
   if (targets.empty()) return absl::InvalidArgumentError("ForwardBackward needs targets");
   return Run(tokens, targets, batch, seq, true, loss_scale, nullptr, 0);
 }
 
-StatusOr<double> GptModel::Loss(std::span<const int32_t> tokens, std::span<const int32_t> targets,
-                                int batch, int seq) {
+StatusOr<double> DecoderModel::Loss(std::span<const int32_t> tokens,
+                                    std::span<const int32_t> targets, int batch, int seq) {
   if (targets.empty()) return absl::InvalidArgumentError("Loss needs targets");
   return Run(tokens, targets, batch, seq, false, 0.0f, nullptr, 0);
 }
 
-StatusOr<std::vector<double>> GptModel::Logits(std::span<const int32_t> tokens, int batch,
-                                               int seq) {
+StatusOr<std::vector<double>> DecoderModel::Logits(std::span<const int32_t> tokens, int batch,
+                                                   int seq) {
   std::vector<double> out;
   ZR_RETURN_IF_ERROR(Run(tokens, {}, batch, seq, false, 0.0f, &out, 0).status());
   return out;
 }
 
-StatusOr<std::vector<int32_t>> GptModel::Generate(std::vector<int32_t> prompt, int new_tokens,
-                                                  const SamplingOptions& sampling) {
+StatusOr<std::vector<int32_t>> DecoderModel::Generate(std::vector<int32_t> prompt, int new_tokens,
+                                                      const SamplingOptions& sampling) {
   if (prompt.empty()) return absl::InvalidArgumentError("Generate: the prompt is empty");
   if (new_tokens < 0) return absl::InvalidArgumentError("Generate: new_tokens is negative");
   std::mt19937_64 rng(sampling.seed);

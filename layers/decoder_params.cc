@@ -1,11 +1,11 @@
-// The GPT model's parameters (units, tensor-parallel specs), their initialisation, and token
+// The decoder's parameters (units, tensor-parallel specs), their initialisation, and token
 // sampling: pure functions of the config and seeds, shared by the model, the estimator and tests.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
 
-#include "zerort/layers/gpt_model.h"
+#include "zerort/layers/decoder_model.h"
 #include "zerort/runtime/strings.h"
 
 namespace zerort {
@@ -47,21 +47,21 @@ namespace {
 // "blocks.i", "final_norm" (norm.weight) and, untied, "head" (lm_head.weight). `param` appends
 // one parameter with its tensor-parallel split.
 template <typename Param>
-StatusOr<std::vector<GptUnit>> LlamaUnits(const GptConfig& c, Param& param) {
+StatusOr<std::vector<DecoderUnit>> LlamaUnits(const DecoderConfig& c, Param& param) {
   using enum TensorSplit;
   const int64_t d = c.d_model, kv = int64_t{c.kv_heads()} * c.head_size(), f = c.intermediate_size;
-  std::vector<GptUnit> units;
-  auto vocab = [&](GptUnit& u, const char* name) -> Status {
+  std::vector<DecoderUnit> units;
+  auto vocab = [&](DecoderUnit& u, const char* name) -> Status {
     ZR_RETURN_IF_ERROR(param(u.params, name, {c.vocab_size, d}, true, kVocab));
     return absl::OkStatus();
   };
-  GptUnit emb{"embeddings", {}};
+  DecoderUnit emb{"embeddings", {}};
   ZR_RETURN_IF_ERROR(vocab(emb, "wte"));
   units.push_back(std::move(emb));
   for (int l = 0; l < c.n_layer; ++l) {
     const std::string p = StrCat("blocks.", l, ".");
-    GptUnit b{StrCat("blocks.", l), {}};
-    // The order of gpt::LlamaParam (gpt_block.h); the optional biases last.
+    DecoderUnit b{StrCat("blocks.", l), {}};
+    // The order of decoder::LlamaParam (decoder_block.h); the optional biases last.
     ZR_RETURN_IF_ERROR(param(b.params, p + "attn_norm.weight", {d}, false, kReplicated));
     ZR_RETURN_IF_ERROR(param(b.params, p + "attn.q.weight", {d, d}, true, kColumn));
     ZR_RETURN_IF_ERROR(param(b.params, p + "attn.k.weight", {kv, d}, true, kColumn));
@@ -87,11 +87,11 @@ StatusOr<std::vector<GptUnit>> LlamaUnits(const GptConfig& c, Param& param) {
     }
     units.push_back(std::move(b));
   }
-  GptUnit norm{"final_norm", {}};
+  DecoderUnit norm{"final_norm", {}};
   ZR_RETURN_IF_ERROR(param(norm.params, "norm.weight", {d}, false, kReplicated));
   units.push_back(std::move(norm));
   if (!c.tied()) {
-    GptUnit head{"head", {}};
+    DecoderUnit head{"head", {}};
     ZR_RETURN_IF_ERROR(vocab(head, "lm_head.weight"));
     units.push_back(std::move(head));
   }
@@ -100,8 +100,8 @@ StatusOr<std::vector<GptUnit>> LlamaUnits(const GptConfig& c, Param& param) {
 
 }  // namespace
 
-StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& c, int tp_size, int tp_rank,
-                                        int vocab_multiple) {
+StatusOr<std::vector<DecoderUnit>> DecoderUnits(const DecoderConfig& c, int tp_size, int tp_rank,
+                                                int vocab_multiple) {
   ZR_RETURN_IF_ERROR(c.Validate());
   if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size || c.n_head % tp_size != 0) {
     return absl::InvalidArgumentError(
@@ -126,7 +126,7 @@ StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& c, int tp_size, int tp_
         StrCat("make_vocab_size_divisible_by = ", vocab_multiple, ": must be >= 1"));
   }
   const int64_t d = c.d_model;
-  std::vector<GptUnit> units;
+  std::vector<DecoderUnit> units;
   // A vocabulary-split weight is padded (Megatron's make_vocab_size_divisible_by) so that every
   // rank holds as many rows; the rows past vocab_size are padding.
   auto param = [&](std::vector<ParamSpec>& out, std::string name, Shape shape, bool decay,
@@ -141,13 +141,13 @@ StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& c, int tp_size, int tp_
     return absl::OkStatus();
   };
   if (c.llama()) return LlamaUnits(c, param);
-  GptUnit emb{"embeddings", {}};
+  DecoderUnit emb{"embeddings", {}};
   ZR_RETURN_IF_ERROR(param(emb.params, "wte", {c.vocab_size, d}, true, TensorSplit::kVocab));
   ZR_RETURN_IF_ERROR(param(emb.params, "wpe", {c.seq_len, d}, true, TensorSplit::kReplicated));
   units.push_back(std::move(emb));
   for (int l = 0; l < c.n_layer; ++l) {
     const std::string p = StrCat("blocks.", l, ".");
-    GptUnit b{StrCat("blocks.", l), {}};
+    DecoderUnit b{StrCat("blocks.", l), {}};
     using enum TensorSplit;
     ZR_RETURN_IF_ERROR(param(b.params, p + "ln1.weight", {d}, false, kReplicated));
     ZR_RETURN_IF_ERROR(param(b.params, p + "ln1.bias", {d}, false, kReplicated));
@@ -164,14 +164,14 @@ StatusOr<std::vector<GptUnit>> GptUnits(const GptConfig& c, int tp_size, int tp_
     ZR_RETURN_IF_ERROR(param(b.params, p + "mlp.proj.bias", {d}, false, kRow));
     units.push_back(std::move(b));
   }
-  GptUnit norm{"final_norm", {}};
+  DecoderUnit norm{"final_norm", {}};
   ZR_RETURN_IF_ERROR(param(norm.params, "ln_f.weight", {d}, false, TensorSplit::kReplicated));
   ZR_RETURN_IF_ERROR(param(norm.params, "ln_f.bias", {d}, false, TensorSplit::kReplicated));
   units.push_back(std::move(norm));
   return units;
 }
 
-Initializer GptInitializer(const GptConfig& config) {
+Initializer DecoderInitializer(const DecoderConfig& config) {
   const double residual_std = 0.02 / std::sqrt(2.0 * config.n_layer);
   // Padding rows (a padded vocabulary: frame.valid_rows) start, and stay, zero.
   auto zero_padding = [](const ParamSpec& spec, std::span<float> full) {

@@ -1,10 +1,10 @@
-// A LLaMA-family block over ModelKernels (gpt_block.h): RMSNorm, Q/K/V projections with grouped
+// A LLaMA-family block over ModelKernels (decoder_block.h): RMSNorm, Q/K/V projections with grouped
 // key/value heads, rotary embeddings, causal attention, the output projection, RMSNorm, the
 // SwiGLU MLP; under tensor and sequence parallelism through the same transitions as GPT-2's
 // block (NormToColumn, RowToResidual, ReduceColumnInputGrad, NormBackward).
-#include "zerort/layers/gpt_block.h"
+#include "zerort/layers/decoder_block.h"
 
-namespace zerort::gpt {
+namespace zerort::decoder {
 namespace {
 
 // Element offsets of q, k and v in a [rows, (h_l + 2 kv_l) hs] buffer of the three side by side.
@@ -73,10 +73,10 @@ Status LlamaBlockForward(const Ctx& c, const std::vector<void*>& params, const v
   ZR_RETURN_IF_ERROR(AddNormToColumn(c, a.ln2.data(), nullptr, a.ln2_rstd.data(), a.res2.data(), x,
                                      w[kMlpNorm], nullptr));
   ZR_RETURN_IF_ERROR(
-      k.Matmul(a.fch.data(), a.ln2.data(), w[kGateW], w[kGateB], g.rows, g.d, g.f_l));
-  ZR_RETURN_IF_ERROR(k.Matmul(a.fch_up.data(), a.ln2.data(), w[kUpW], w[kUpB], g.rows, g.d, g.f_l));
-  ZR_RETURN_IF_ERROR(k.SwiGlu(a.fch_gelu.data(), a.fch.data(), a.fch_up.data(), g.rows * g.f_l));
-  ZR_RETURN_IF_ERROR(RowToResidual(c, out, a.fch_gelu.data(), w[kDownW], w[kDownB], g.f_l));
+      k.Matmul(a.mlp_in.data(), a.ln2.data(), w[kGateW], w[kGateB], g.rows, g.d, g.f_l));
+  ZR_RETURN_IF_ERROR(k.Matmul(a.mlp_up.data(), a.ln2.data(), w[kUpW], w[kUpB], g.rows, g.d, g.f_l));
+  ZR_RETURN_IF_ERROR(k.SwiGlu(a.mlp_act.data(), a.mlp_in.data(), a.mlp_up.data(), g.rows * g.f_l));
+  ZR_RETURN_IF_ERROR(RowToResidual(c, out, a.mlp_act.data(), w[kDownW], w[kDownB], g.f_l));
   return k.Add(out, out, a.res2.data(), g.rows_l * g.d);
 }
 
@@ -92,13 +92,13 @@ Status LlamaBlockBackward(const Ctx& c, const UnitTensors& u, const void* x, con
   // MLP: row-parallel down projection, SwiGLU, column-parallel gate and up.
   ZR_ASSIGN_OR_RETURN(const void* dout, ResidualGradOfEveryRow(c, s));
   ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, mlp * act, st));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.d4a.data(), gr[kDownW], gr[kDownB], dout, a.fch_gelu.data(),
+  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.d4a.data(), gr[kDownW], gr[kDownB], dout, a.mlp_act.data(),
                                       w[kDownW], g.rows, g.f_l, g.d));
   void* dgate = s.d4b.data();
   void* dup = At(s.d4b.data(), mlp, act);
   ZR_RETURN_IF_ERROR(FillZero(s.d4b.data(), dev, 2 * mlp * act, st));
   ZR_RETURN_IF_ERROR(
-      k.SwiGluBackward(dgate, dup, s.d4a.data(), a.fch.data(), a.fch_up.data(), mlp));
+      k.SwiGluBackward(dgate, dup, s.d4a.data(), a.mlp_in.data(), a.mlp_up.data(), mlp));
   ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
   ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kGateW], gr[kGateB], dgate, a.ln2.data(),
                                       w[kGateW], g.rows, g.d, g.f_l));
@@ -136,4 +136,4 @@ Status LlamaBlockBackward(const Ctx& c, const UnitTensors& u, const void* x, con
   return ReduceNormGrads(c, s, {{gr[kMlpNorm], nullptr}, {gr[kAttnNorm], nullptr}});
 }
 
-}  // namespace zerort::gpt
+}  // namespace zerort::decoder

@@ -1,4 +1,4 @@
-// PipelineExecutor: one stage's actions over a GptModel.
+// PipelineExecutor: one stage's actions over a DecoderModel.
 #include "zerort/layers/pipeline_executor.h"
 
 #include <cstdlib>
@@ -49,7 +49,7 @@ StatusOr<std::vector<std::pair<int, int>>> StageChunks(int n_layer, int stages, 
   return out;
 }
 
-StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(GptModel& model,
+StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(DecoderModel& model,
                                                                      PipelineStageOptions options) {
   const PipelineShape& s = options.shape;
   ZR_RETURN_IF_ERROR(ValidatePipelineShape(s));
@@ -83,7 +83,7 @@ StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(GptModel& m
   return executor;
 }
 
-PipelineExecutor::PipelineExecutor(GptModel& model, PipelineStageOptions options,
+PipelineExecutor::PipelineExecutor(DecoderModel& model, PipelineStageOptions options,
                                    PipelineLinks links)
     : model_(model), options_(std::move(options)), links_(std::move(links)) {}
 
@@ -114,7 +114,7 @@ struct PipelineExecutor::Step {
   int batch = 0, seq = 0;
   bool train = false;
   float loss_scale = 1.0f;
-  std::vector<GptModel::MicroBatchPtr> mbs;
+  std::vector<DecoderModel::MicroBatchPtr> mbs;
   std::map<std::pair<int, int>, Buffer> grad_in;   // received gradients, per (micro-batch, chunk)
   std::map<std::pair<int, int>, Buffer> grad_out;  // computed input gradients, to send
   double loss = 0;
@@ -496,7 +496,7 @@ StatusOr<std::vector<int32_t>> PipelineExecutor::Generate(std::vector<int32_t> p
   for (int i = 0; i < new_tokens; ++i) {
     const int seq = std::min<int>(static_cast<int>(prompt.size()), seq_len);
     const std::span<const int32_t> window = std::span(prompt).last(seq);
-    ZR_ASSIGN_OR_RETURN(GptModel::MicroBatchPtr mb, model_.Begin(window, {}, 1, seq, false));
+    ZR_ASSIGN_OR_RETURN(DecoderModel::MicroBatchPtr mb, model_.Begin(window, {}, 1, seq, false));
     int32_t token = 0;
     for (int c = 0; c < options_.shape.virtual_stages; ++c) {
       const auto [first, last] = options_.chunks[c];

@@ -1,5 +1,5 @@
-// PipelineExecutor: runs one pipeline stage of a GptModel through a schedule's actions
-// (pipeline_schedule.h). Each micro-batch's activations live in a GptModel::MicroBatch from its
+// PipelineExecutor: runs one pipeline stage of a DecoderModel through a schedule's actions
+// (pipeline_schedule.h). Each micro-batch's activations live in a DecoderModel::MicroBatch from its
 // first forward on this stage to its last backward here; receives are waited for in batches
 // (Communicator::Exchange), sends are posted (Communicator::PostSend) from copies the executor
 // owns until the backend reports them complete, so a MicroBatch can go as soon as its backward
@@ -27,7 +27,7 @@
 #include <utility>
 #include <vector>
 
-#include "zerort/layers/gpt_model.h"
+#include "zerort/layers/decoder_model.h"
 #include "zerort/layers/pipeline_links.h"
 #include "zerort/layers/pipeline_schedule.h"
 #include "zerort/layers/tensor_parallel.h"
@@ -51,7 +51,7 @@ struct PipelineStageOptions {
   TensorParallelGroup tp = {};              // the scatter/gather's all-gather
   bool sequence_parallel = false;           // boundaries already split by rows
   bool scatter_gather = true;               // send 1/tp of a replicated boundary
-  std::vector<std::pair<int, int>> chunks;  // the model's GptStagePart::chunks
+  std::vector<std::pair<int, int>> chunks;  // the model's DecoderStagePart::chunks
   Allocator* allocator = nullptr;           // send copies and received gradients
   Stream* stream = nullptr;                 // the model's compute stream
   // How the links' own streams run on a CPU device (queued, as the compute stream must then be;
@@ -71,7 +71,7 @@ struct PipelineData {
 class PipelineExecutor {
  public:
   ~PipelineExecutor();
-  static StatusOr<std::unique_ptr<PipelineExecutor>> Create(GptModel& model,
+  static StatusOr<std::unique_ptr<PipelineExecutor>> Create(DecoderModel& model,
                                                             PipelineStageOptions options);
 
   // One training step over data.size() == micro_batches micro-batches: gradients of
@@ -89,7 +89,7 @@ class PipelineExecutor {
   const PipelineStageOptions& options() const { return options_; }
 
  private:
-  PipelineExecutor(GptModel& model, PipelineStageOptions options, PipelineLinks links);
+  PipelineExecutor(DecoderModel& model, PipelineStageOptions options, PipelineLinks links);
   struct Step;
   StatusOr<double> Run(const std::vector<PipelineAction>& actions,
                        std::span<const PipelineData> data, int batch, int seq, bool train,
@@ -116,7 +116,7 @@ class PipelineExecutor {
   // 1/tp (scatter/gather): {offset, count}.
   std::pair<int64_t, int64_t> Slice(int64_t n) const;
 
-  GptModel& model_;
+  DecoderModel& model_;
   PipelineStageOptions options_;
   PipelineLinks links_;
   // Send copies per link, oldest first, each kept until its send has completed: posted sends

@@ -21,7 +21,7 @@ namespace zerort {
 // forward 1, and each receive waits behind its rank's own unreceived send. On a directed link a
 // rank only sends or only receives, so a receive never waits behind a send of its own rank. The
 // loopback backend's LoopbackSends::kRendezvous has NCCL's semantics, so the deadlock (and its
-// absence here) shows on the CPU (gpt_pipeline_test). MPI and buffered loopback sends complete
+// absence here) shows on the CPU (decoder_pipeline_test). MPI and buffered loopback sends complete
 // when posted and never needed this; they use the same links. Megatron-LM avoids the same cycle
 // by batching each send with the receive that follows (batch_isend_irecv).
 class PipelineLinks {

@@ -35,12 +35,12 @@ class WeightStore {
   virtual StatusOr<UnitTensors> Open(int unit, bool backward) = 0;
   virtual Status Close(int unit) = 0;
   // The element types of the weights Open returns and of the gradients it adds into; nullopt
-  // where no DType names them (HostWeightStore<double>). GptModel::Create checks them against its
-  // kernels' act_dtype and grad_dtype, so fp16 bits are never read as bf16.
+  // where no DType names them (HostWeightStore<double>). DecoderModel::Create checks them against
+  // its kernels' act_dtype and grad_dtype, so fp16 bits are never read as bf16.
   virtual std::optional<DType> param_dtype() const = 0;
   virtual std::optional<DType> grad_dtype() const = 0;
   // The stream whose work sees the weights Open returns (the shard manager's compute stream,
-  // which waits for the gathers); null: they are ready on the host. GptModel::Create refuses
+  // which waits for the gathers); null: they are ready on the host. DecoderModel::Create refuses
   // kernels that issue on another stream when this one is asynchronous.
   virtual Stream* stream() const { return nullptr; }
 };

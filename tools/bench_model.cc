@@ -24,7 +24,7 @@
 #include "zerort/config/config.h"
 #include "zerort/kernels/blas.h"
 #include "zerort/kernels/model_kernels.h"
-#include "zerort/layers/gpt_model.h"
+#include "zerort/layers/decoder_model.h"
 #include "zerort/runtime/device_mesh.h"
 #include "zerort/runtime/exit_codes.h"
 #include "zerort/runtime/log.h"
@@ -36,7 +36,7 @@ namespace zerort::cli {
 namespace {
 
 struct BenchModelConfig {
-  GptConfig model;
+  DecoderConfig model;
   int micro_batch = 1;
   DType compute = DType::kF32;  // bf16.enabled: bf16; fp16.enabled: f16
   bool checkpointing = false;
@@ -90,7 +90,7 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
   const Device device =
       cuda ? Device::Cuda(launch.local_rank % std::max(1, CudaDeviceCount())) : Device::Cpu();
   const DType dtype = c.compute;
-  const GptConfig& m = c.model;
+  const DecoderConfig& m = c.model;
   const int batch = c.micro_batch, seq = m.seq_len;
   const double tokens = static_cast<double>(batch) * seq;
 
@@ -140,15 +140,16 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
                                                            : CpuPrecision::kFloat,
                                     &manager->compute_stream());
     }
-    ZR_ASSIGN_OR_RETURN(auto model, GptModel::Create({.config = m,
-                                                      .micro_batch = batch,
-                                                      .activation_checkpointing = c.checkpointing,
-                                                      .tp = {c.tp > 1 ? &mesh->tensor() : nullptr},
-                                                      .sequence_parallel = c.sequence_parallel,
-                                                      .vocab_multiple = c.vocab_multiple,
-                                                      .head_chunk_rows = c.head_chunk_rows},
-                                                     *store, *kernels, *allocator));
-    ZR_RETURN_IF_ERROR(manager->Initialize(GptInitializer(m)));
+    ZR_ASSIGN_OR_RETURN(auto model,
+                        DecoderModel::Create({.config = m,
+                                              .micro_batch = batch,
+                                              .activation_checkpointing = c.checkpointing,
+                                              .tp = {c.tp > 1 ? &mesh->tensor() : nullptr},
+                                              .sequence_parallel = c.sequence_parallel,
+                                              .vocab_multiple = c.vocab_multiple,
+                                              .head_chunk_rows = c.head_chunk_rows},
+                                             *store, *kernels, *allocator));
+    ZR_RETURN_IF_ERROR(manager->Initialize(DecoderInitializer(m)));
     std::mt19937 rng(1);
     std::vector<int32_t> ids(static_cast<size_t>(tokens)), targets(ids.size());
     for (int32_t& t : ids) t = static_cast<int32_t>(rng() % m.vocab_size);
@@ -191,7 +192,7 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
     std::vector<double> step_s, gemm_s;
     tracker.ResetPeaks();
     for (int it = 0; it <= o.iters; ++it) {  // iteration 0 warms up (allocator, cuBLASLt plans)
-      const GptModel::PhaseSeconds model_before = model->phase_seconds();
+      const DecoderModel::PhaseSeconds model_before = model->phase_seconds();
       const ModelKernels::Seconds kernels_before =
           kernels->seconds() != nullptr ? *kernels->seconds() : ModelKernels::Seconds{};
       const auto t0 = now();

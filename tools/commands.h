@@ -123,7 +123,7 @@ struct EstimateOptions {
   int world_size = 1;     // data-parallel ranks for a run config
   std::string device;     // cpu | cuda for a run config; default: its train.device
   bool measure = false;   // run two real steps and compare (run config only)
-  std::string model;      // a GptPreset name (gpt2 ..., llama-3-8b, llama-3-70b, qwen2-72b)
+  std::string model;      // a DecoderPreset name (gpt2 ..., llama-3-8b, llama-3-70b, qwen2-72b)
   std::string hf_config;  // a Hugging Face config.json (or its directory) instead of --model
   int tp = 1, pp = 1;     // tensor- and pipeline-parallel sizes (shape mode)
   int layers = 0, hidden = 0, heads = 0, vocab = 50257;  // SHAPE instead of --model

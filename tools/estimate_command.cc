@@ -381,9 +381,9 @@ Status InRange(const char* flag, int64_t value, int64_t lo, int64_t hi, const ch
 // The model shape of --model or --layers/--hidden/--heads(/--vocab), --seq-len and
 // --micro-batch: each flag checked by its own name (at most the shapes the replay holds in
 // 64-bit byte counts within a second: GPT-3 175B is 96 layers, d 12288, 96 heads).
-StatusOr<GptConfig> ShapeOf(const EstimateOptions& o) {
+StatusOr<DecoderConfig> ShapeOf(const EstimateOptions& o) {
   auto given = [&](const char* flag) { return o.given.contains(flag); };
-  GptConfig shape;
+  DecoderConfig shape;
   if (given("--model") && given("--hf-config")) {
     return absl::InvalidArgumentError("--model and --hf-config both give the shape: give one");
   }
@@ -394,7 +394,7 @@ StatusOr<GptConfig> ShapeOf(const EstimateOptions& o) {
             StrCat("--hf-config ", o.hf_config, " and ", flag, " both give the shape: give one"));
       }
     }
-    StatusOr<GptConfig> hf = ReadHuggingFaceConfig(o.hf_config);
+    StatusOr<DecoderConfig> hf = ReadHuggingFaceConfig(o.hf_config);
     if (!hf.ok()) return absl::InvalidArgumentError(StrCat("--hf-config: ", hf.status().message()));
     shape = *hf;
   } else if (given("--model")) {
@@ -404,7 +404,7 @@ StatusOr<GptConfig> ShapeOf(const EstimateOptions& o) {
             StrCat("--model ", o.model, " and ", flag, " both give the shape: give one"));
       }
     }
-    StatusOr<GptConfig> preset = GptPreset(o.model);
+    StatusOr<DecoderConfig> preset = DecoderPreset(o.model);
     if (!preset.ok()) {
       return absl::InvalidArgumentError(
           StrCat("--model ", o.model, ": ", preset.status().message()));
@@ -426,7 +426,7 @@ StatusOr<GptConfig> ShapeOf(const EstimateOptions& o) {
       return absl::InvalidArgumentError(
           StrCat("--heads ", o.heads, " does not divide --hidden ", o.hidden));
     }
-    shape = GptConfig{o.layers, o.heads, o.hidden, 1024, o.vocab};
+    shape = DecoderConfig{o.layers, o.heads, o.hidden, 1024, o.vocab};
   }
   if (given("--vocab")) {
     ZR_RETURN_IF_ERROR(InRange("--vocab", o.vocab, 1, 10'000'000));
@@ -511,7 +511,7 @@ int RunEstimate(const EstimateOptions& o) {
   }
   MemoryModelInput base;
   {
-    StatusOr<GptConfig> shape = ShapeOf(o);
+    StatusOr<DecoderConfig> shape = ShapeOf(o);
     if (!shape.ok()) return Usage(std::string(shape.status().message()));
     base.model = *shape;
   }

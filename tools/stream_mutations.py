@@ -4,8 +4,8 @@ host synchronisation and stream-ordered free in sharding/ (and the NVMe step's s
 the pipeline executor's events and step-end synchronisation is removed in turn, the detector is rebuilt and run; a mutation is caught when it fails. Detectors:
   parity (default): zerort, then the asynchronous-device parity test
     (tests/cli/async_parity_test.py: cpu against cpu-async with jitter, bitwise);
-  tsan: gpt_model_test in a ThreadSanitizer build (make test-tsan's), then
-    GptModelTest.QueuedStreams*: a data race is a failure, whatever the timing.
+  tsan: decoder_model_test in a ThreadSanitizer build (make test-tsan's), then
+    DecoderModelTest.QueuedStreams*: a data race is a failure, whatever the timing.
 The file is restored after every mutation, also on Ctrl-C. Prints a Markdown table
 (docs/benchmarks.md keeps the last one).
 
@@ -146,9 +146,9 @@ def main():
                 os.path.join(ROOT, build, "tools", "zerort"), a.mpiexec]
         env = None
     else:
-        target = "gpt_model_test"
-        test = [os.path.join(ROOT, build, "tests", "gpt_model_test"),
-                "--gtest_filter=GptModelTest.QueuedStreams*"]
+        target = "decoder_model_test"
+        test = [os.path.join(ROOT, build, "tests", "decoder_model_test"),
+                "--gtest_filter=DecoderModelTest.QueuedStreams*"]
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                    TSAN_OPTIONS="halt_on_error=1")
     rows = []

@@ -10,7 +10,7 @@
 #include <functional>
 
 #include "tests/engine/metrics_file.h"
-#include "tests/layers/gpt_harness.h"
+#include "tests/layers/decoder_harness.h"
 #include "zerort/engine/trainer.h"
 #include "zerort/runtime/loopback_communicator.h"
 #include "zerort/runtime/strings.h"
@@ -166,19 +166,19 @@ struct Layout {
 };
 
 Status TrainAndSave(Layout l, const std::string& dir) {
-  testing::GptRunConfig c;
-  c.model = GptConfig{.n_layer = 2, .n_head = 4, .d_model = 16, .seq_len = 8, .vocab_size = 37};
+  testing::DecoderRunConfig c;
+  c.model = DecoderConfig{.n_layer = 2, .n_head = 4, .d_model = 16, .seq_len = 8, .vocab_size = 37};
   c.stage = ZeroStage::k3;
   c.tp = l.tp;
   c.global_batch = 4;
   return RunLoopbackRanks(l.dp * l.tp, {}, nullptr, [&](Communicator& comm) -> Status {
     MemoryTracker tracker;
-    ZR_ASSIGN_OR_RETURN(testing::GptRank r, testing::MakeGptRank(c, comm, tracker));
+    ZR_ASSIGN_OR_RETURN(testing::DecoderRank r, testing::MakeDecoderRank(c, comm, tracker));
     const int per_rank = c.global_batch / l.dp;
     std::vector<int32_t> tokens, targets;
     for (int step = 0; step < 2; ++step) {
-      testing::GptBatch(step * c.global_batch + r.mesh->coord().data * per_rank, per_rank,
-                        c.model.seq_len, c.model.vocab_size, tokens, targets);
+      testing::TestBatch(step * c.global_batch + r.mesh->coord().data * per_rank, per_rank,
+                         c.model.seq_len, c.model.vocab_size, tokens, targets);
       ZR_RETURN_IF_ERROR(
           r.model->ForwardBackward(tokens, targets, per_rank, c.model.seq_len, 1.0f).status());
       ZR_RETURN_IF_ERROR(r.manager->Step({.lr = 1e-2f}).status());
@@ -197,13 +197,13 @@ Status TrainAndSave(Layout l, const std::string& dir) {
 }
 
 Status LoadAndSave(Layout l, const std::string& from, const std::string& dir) {
-  testing::GptRunConfig c;
-  c.model = GptConfig{.n_layer = 2, .n_head = 4, .d_model = 16, .seq_len = 8, .vocab_size = 37};
+  testing::DecoderRunConfig c;
+  c.model = DecoderConfig{.n_layer = 2, .n_head = 4, .d_model = 16, .seq_len = 8, .vocab_size = 37};
   c.stage = ZeroStage::k1;  // another stage too
   c.tp = l.tp;
   return RunLoopbackRanks(l.dp * l.tp, {}, nullptr, [&](Communicator& comm) -> Status {
     MemoryTracker tracker;
-    ZR_ASSIGN_OR_RETURN(testing::GptRank r, testing::MakeGptRank(c, comm, tracker));
+    ZR_ASSIGN_OR_RETURN(testing::DecoderRank r, testing::MakeDecoderRank(c, comm, tracker));
     const CheckpointGroups g{&comm, &r.mesh->data(), l.tp, r.mesh->coord().tensor};
     ZR_ASSIGN_OR_RETURN(RunState state, LoadCheckpoint(from, *r.manager, g));
     return SaveCheckpoint(dir, state, *r.manager, g, 0);

@@ -14,7 +14,7 @@
 
 #include "zerort/checkpoint/hf_names.h"
 #include "zerort/checkpoint/safetensors.h"
-#include "zerort/layers/gpt_model.h"
+#include "zerort/layers/decoder_model.h"
 #include "zerort/runtime/dtype.h"
 
 namespace zerort {
@@ -44,15 +44,15 @@ nlohmann::json Qwen2_72B() {
 }
 
 TEST(HfConfigTest, PublishedConfigsGiveThePresetsAndTheirParameterCounts) {
-  const StatusOr<GptConfig> llama = GptConfigFromHuggingFace(Llama3_8B(), "config.json");
+  const StatusOr<DecoderConfig> llama = DecoderConfigFromHuggingFace(Llama3_8B(), "config.json");
   ASSERT_TRUE(llama.ok()) << llama.status();
-  EXPECT_EQ(*llama, *GptPreset("llama-3-8b"));
+  EXPECT_EQ(*llama, *DecoderPreset("llama-3-8b"));
   EXPECT_EQ(llama->NumParameters(), 8'030'261'248);  // LLaMA-3-8B's published count
 
-  const StatusOr<GptConfig> qwen = GptConfigFromHuggingFace(Qwen2_72B(), "config.json");
+  const StatusOr<DecoderConfig> qwen = DecoderConfigFromHuggingFace(Qwen2_72B(), "config.json");
   ASSERT_TRUE(qwen.ok()) << qwen.status();
   EXPECT_TRUE(qwen->qkv_bias);  // Qwen2's architecture, not its config
-  EXPECT_EQ(*qwen, *GptPreset("qwen2-72b"));
+  EXPECT_EQ(*qwen, *DecoderPreset("qwen2-72b"));
   EXPECT_EQ(qwen->NumParameters(), 72'706'203'648);
 
   nlohmann::json big = Llama3_8B();
@@ -60,19 +60,19 @@ TEST(HfConfigTest, PublishedConfigsGiveThePresetsAndTheirParameterCounts) {
   big["num_hidden_layers"] = 80;
   big["num_attention_heads"] = 64;
   big["intermediate_size"] = 28672;
-  EXPECT_EQ(*GptConfigFromHuggingFace(big, "config.json"), *GptPreset("llama-3-70b"));
-  EXPECT_EQ(GptPreset("llama-3-70b")->NumParameters(), 70'553'706'496);
+  EXPECT_EQ(*DecoderConfigFromHuggingFace(big, "config.json"), *DecoderPreset("llama-3-70b"));
+  EXPECT_EQ(DecoderPreset("llama-3-70b")->NumParameters(), 70'553'706'496);
 
   const nlohmann::json gpt2 = nlohmann::json::parse(
       R"({"model_type": "gpt2", "n_layer": 12, "n_head": 12, "n_embd": 768,
           "n_positions": 1024, "vocab_size": 50257})");
-  EXPECT_EQ(*GptConfigFromHuggingFace(gpt2, "config.json"), *GptPreset("gpt2"));
+  EXPECT_EQ(*DecoderConfigFromHuggingFace(gpt2, "config.json"), *DecoderPreset("gpt2"));
   nlohmann::json wide = gpt2;
   wide["n_inner"] = 4000;  // another MLP width than zerort's GPT-2 has: refused, not ignored
-  EXPECT_FALSE(GptConfigFromHuggingFace(wide, "config.json").ok());
+  EXPECT_FALSE(DecoderConfigFromHuggingFace(wide, "config.json").ok());
   wide["n_inner"] = 3072;
-  EXPECT_TRUE(GptConfigFromHuggingFace(wide, "config.json").ok());
-  EXPECT_EQ(GptPreset("gpt2")->NumParameters(), 124'439'808);
+  EXPECT_TRUE(DecoderConfigFromHuggingFace(wide, "config.json").ok());
+  EXPECT_EQ(DecoderPreset("gpt2")->NumParameters(), 124'439'808);
 
   // Mistral 7B v0.1: its sliding window (4096) is shorter than its context (32768). Up to the
   // window full causal attention is what it computes ([Note: sliding windows]): read with its
@@ -81,11 +81,11 @@ TEST(HfConfigTest, PublishedConfigsGiveThePresetsAndTheirParameterCounts) {
   mistral["model_type"] = "mistral";
   mistral["max_position_embeddings"] = 32768;
   mistral["sliding_window"] = 4096;
-  const StatusOr<GptConfig> m = GptConfigFromHuggingFace(mistral, "m.json");
+  const StatusOr<DecoderConfig> m = DecoderConfigFromHuggingFace(mistral, "m.json");
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->sliding_window, 4096);
   EXPECT_EQ(m->seq_len, 4096);
-  GptConfig longer = *m;
+  DecoderConfig longer = *m;
   longer.seq_len = 4097;
   const Status refused = longer.Validate();
   EXPECT_NE(refused.message().find("model.seq_len = 4097 is longer than model.sliding_window = "
@@ -93,7 +93,7 @@ TEST(HfConfigTest, PublishedConfigsGiveThePresetsAndTheirParameterCounts) {
             std::string::npos)
       << refused;
   mistral["sliding_window"] = nullptr;  // Mistral v0.2+: no window
-  const StatusOr<GptConfig> v2 = GptConfigFromHuggingFace(mistral, "m.json");
+  const StatusOr<DecoderConfig> v2 = DecoderConfigFromHuggingFace(mistral, "m.json");
   ASSERT_TRUE(v2.ok()) << v2.status();
   EXPECT_EQ(v2->sliding_window, 0);
   EXPECT_EQ(v2->seq_len, 32768);
@@ -114,7 +114,7 @@ TEST(HfConfigTest, Llama32ScalingAndLlamaBiasesAreRead) {
                      "original_max_position_embeddings": 8192, "rope_type": "llama3"},
     "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
     "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 128256})");
-  const StatusOr<GptConfig> c = GptConfigFromHuggingFace(published, "config.json");
+  const StatusOr<DecoderConfig> c = DecoderConfigFromHuggingFace(published, "config.json");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->rope_scaling, (RopeScaling{.type = RopeType::kLlama3,
                                           .factor = 32,
@@ -130,19 +130,19 @@ TEST(HfConfigTest, Llama32ScalingAndLlamaBiasesAreRead) {
   five.erase("rope_theta");
   five["rope_parameters"] = published.at("rope_scaling");
   five["rope_parameters"]["rope_theta"] = 500000.0;
-  EXPECT_EQ(*GptConfigFromHuggingFace(five, "config.json"), *c);
+  EXPECT_EQ(*DecoderConfigFromHuggingFace(five, "config.json"), *c);
 
   nlohmann::json biased = published;
   biased["attention_bias"] = true;
   biased["mlp_bias"] = true;
-  const StatusOr<GptConfig> b = GptConfigFromHuggingFace(biased, "config.json");
+  const StatusOr<DecoderConfig> b = DecoderConfigFromHuggingFace(biased, "config.json");
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_TRUE(b->qkv_bias && b->o_proj_bias && b->mlp_bias);
   // q, k, v, o biases (2048 + 2 x 512 + 2048) and the MLP's (2 x 8192 + 2048), per layer.
   EXPECT_EQ(b->NumParameters() - c->NumParameters(), 16 * (5120 + 18432));
   nlohmann::json qwen = biased;  // Qwen2 has Q/K/V biases whatever these keys say
   qwen["model_type"] = "qwen2";
-  const StatusOr<GptConfig> q = GptConfigFromHuggingFace(qwen, "config.json");
+  const StatusOr<DecoderConfig> q = DecoderConfigFromHuggingFace(qwen, "config.json");
   ASSERT_TRUE(q.ok()) << q.status();
   EXPECT_TRUE(q->qkv_bias && !q->o_proj_bias && !q->mlp_bias);
 }
@@ -156,7 +156,7 @@ TEST(HfConfigTest, AbsentKeysAreTransformersDefaultsAndRopeParametersAreRead) {
                           "rope_theta", "tie_word_embeddings", "hidden_act"}) {
     llama.erase(key);
   }
-  const StatusOr<GptConfig> l = GptConfigFromHuggingFace(llama, "config.json");
+  const StatusOr<DecoderConfig> l = DecoderConfigFromHuggingFace(llama, "config.json");
   ASSERT_TRUE(l.ok()) << l.status();
   EXPECT_EQ(l->norm_eps, 1e-6);
   EXPECT_EQ(l->seq_len, 2048);
@@ -165,7 +165,7 @@ TEST(HfConfigTest, AbsentKeysAreTransformersDefaultsAndRopeParametersAreRead) {
   EXPECT_FALSE(l->tie_word_embeddings);
 
   nlohmann::json mistral = {{"model_type", "mistral"}};  // every key MistralConfig's default
-  const StatusOr<GptConfig> m = GptConfigFromHuggingFace(mistral, "config.json");
+  const StatusOr<DecoderConfig> m = DecoderConfigFromHuggingFace(mistral, "config.json");
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->d_model, 4096);
   EXPECT_EQ(m->intermediate_size, 14336);
@@ -173,18 +173,18 @@ TEST(HfConfigTest, AbsentKeysAreTransformersDefaultsAndRopeParametersAreRead) {
   EXPECT_EQ(m->sliding_window, 4096);
   EXPECT_EQ(m->seq_len, 4096);  // max_position_embeddings 131072, read up to the window
 
-  EXPECT_EQ(*GptConfigFromHuggingFace(nlohmann::json{{"model_type", "gpt2"}}, "config.json"),
-            *GptPreset("gpt2"));
+  EXPECT_EQ(*DecoderConfigFromHuggingFace(nlohmann::json{{"model_type", "gpt2"}}, "config.json"),
+            *DecoderPreset("gpt2"));
 
   nlohmann::json v5 = Llama3_8B();  // transformers 5's spelling
   v5.erase("rope_theta");
   v5.erase("rope_scaling");
   v5["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
-  const StatusOr<GptConfig> five = GptConfigFromHuggingFace(v5, "config.json");
+  const StatusOr<DecoderConfig> five = DecoderConfigFromHuggingFace(v5, "config.json");
   ASSERT_TRUE(five.ok()) << five.status();
   EXPECT_EQ(five->rope_theta, 500000.0);
   v5["rope_theta"] = 10000.0;  // both spellings, disagreeing
-  const StatusOr<GptConfig> both = GptConfigFromHuggingFace(v5, "config.json");
+  const StatusOr<DecoderConfig> both = DecoderConfigFromHuggingFace(v5, "config.json");
   ASSERT_FALSE(both.ok());
   EXPECT_NE(both.status().message().find("rope_parameters.rope_theta = 500000 disagrees"),
             std::string::npos)
@@ -224,14 +224,14 @@ TEST(HfConfigTest, HostileAndUnsupportedFieldsAreNamed) {
   for (const Case& c : cases) {
     nlohmann::json j = Llama3_8B();
     j[c.key] = c.value;
-    const StatusOr<GptConfig> got = GptConfigFromHuggingFace(j, "dir/config.json");
+    const StatusOr<DecoderConfig> got = DecoderConfigFromHuggingFace(j, "dir/config.json");
     ASSERT_FALSE(got.ok()) << c.key;
     EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << c.key;
     EXPECT_NE(got.status().message().find(c.expect), std::string::npos)
         << c.key << ": " << got.status();
     EXPECT_NE(got.status().message().find("dir/config.json"), std::string::npos) << c.key;
   }
-  EXPECT_FALSE(GptConfigFromHuggingFace(nlohmann::json::array(), "x").ok());
+  EXPECT_FALSE(DecoderConfigFromHuggingFace(nlohmann::json::array(), "x").ok());
   // GPT-2's activation and LayerNorm epsilon are zerort's GPT-2's, or refused by name.
   for (const auto& [key, value, expect] :
        {std::tuple<const char*, nlohmann::json, const char*>{"activation_function", "relu",
@@ -241,12 +241,12 @@ TEST(HfConfigTest, HostileAndUnsupportedFieldsAreNamed) {
         {"n_layer", nullptr, "n_layer = null"}}) {
     nlohmann::json gpt2 = {{"model_type", "gpt2"}};
     gpt2[key] = value;
-    const StatusOr<GptConfig> got = GptConfigFromHuggingFace(gpt2, "g.json");
+    const StatusOr<DecoderConfig> got = DecoderConfigFromHuggingFace(gpt2, "g.json");
     ASSERT_FALSE(got.ok()) << key;
     EXPECT_NE(got.status().message().find(expect), std::string::npos) << got.status();
   }
   nlohmann::json tanh = {{"model_type", "gpt2"}, {"activation_function", "gelu_pytorch_tanh"}};
-  EXPECT_TRUE(GptConfigFromHuggingFace(tanh, "g.json").ok());  // gelu_new by another name
+  EXPECT_TRUE(DecoderConfigFromHuggingFace(tanh, "g.json").ok());  // gelu_new by another name
   EXPECT_FALSE(ReadHuggingFaceConfig("/nonexistent/config.json").ok());
 }
 
@@ -271,7 +271,7 @@ nlohmann::json Golden() {
 // Face's names): every tensor bitwise PyTorch's, in this rank's part at tp 1 and tp 2 (padding
 // rows of the vocabulary 0).
 TEST(HfWeightsTest, ShardedDirectoryGivesTheReferenceWeightsAtAnyTensorParallelSize) {
-  const StatusOr<GptConfig> config = ReadHuggingFaceConfig(kHfDir);
+  const StatusOr<DecoderConfig> config = ReadHuggingFaceConfig(kHfDir);
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->n_kv_head, 2);
   EXPECT_FALSE(config->tied());
@@ -283,10 +283,10 @@ TEST(HfWeightsTest, ShardedDirectoryGivesTheReferenceWeightsAtAnyTensorParallelS
   const nlohmann::json golden = Golden();
   for (int tp : {1, 2}) {
     for (int rank = 0; rank < tp; ++rank) {
-      const StatusOr<std::vector<GptUnit>> units = GptUnits(*config, tp, rank);
+      const StatusOr<std::vector<DecoderUnit>> units = DecoderUnits(*config, tp, rank);
       ASSERT_TRUE(units.ok()) << units.status();
       int checked = 0;
-      for (const GptUnit& u : *units) {
+      for (const DecoderUnit& u : *units) {
         for (const ParamSpec& p : u.params) {
           std::vector<float> local(static_cast<size_t>(p.numel()), -1.0f);
           init(p, 0, local);
@@ -308,9 +308,9 @@ TEST(HfWeightsTest, ShardedDirectoryGivesTheReferenceWeightsAtAnyTensorParallelS
 // BF16 and F16 weights (what Hugging Face checkpoints mostly hold): the golden F32 tensors written
 // again in 16 bits, one file; each value read is the 16-bit value widened, exactly.
 TEST(HfWeightsTest, SixteenBitFilesAreReadExactly) {
-  const GptConfig config = *ReadHuggingFaceConfig(kHfDir);
+  const DecoderConfig config = *ReadHuggingFaceConfig(kHfDir);
   const nlohmann::json golden = Golden();
-  const std::vector<GptUnit> units = *GptUnits(config, 1, 0);
+  const std::vector<DecoderUnit> units = *DecoderUnits(config, 1, 0);
   for (const DType dtype : {DType::kBF16, DType::kF16}) {
     const std::string dir =
         ::testing::TempDir() + "/hf_weights_16/" + std::string(DTypeName(dtype));
@@ -319,7 +319,7 @@ TEST(HfWeightsTest, SixteenBitFilesAreReadExactly) {
     fs::copy(kHfDir + "/config.json", dir + "/config.json");
     nlohmann::json header = nlohmann::json::object();
     std::string data;
-    for (const GptUnit& u : units) {
+    for (const DecoderUnit& u : units) {
       for (const ParamSpec& p : u.params) {
         const std::string hf = ToHuggingFace(p.name, config.arch)->name;
         const std::vector<float> v = golden.at("params").at(p.name).get<std::vector<float>>();
@@ -341,7 +341,7 @@ TEST(HfWeightsTest, SixteenBitFilesAreReadExactly) {
     const StatusOr<std::shared_ptr<const HfWeights>> w = HfWeights::Open(dir, config);
     ASSERT_TRUE(w.ok()) << w.status();
     const Initializer init = HfWeights::AsInitializer(*w);
-    for (const GptUnit& u : units) {
+    for (const DecoderUnit& u : units) {
       for (const ParamSpec& p : u.params) {
         std::vector<float> got(static_cast<size_t>(p.numel()));
         init(p, 0, got);
@@ -382,7 +382,7 @@ void Write(const std::string& file, const std::string& text) {
 }
 
 TEST(HfWeightsTest, HostileDirectoriesAreRefusedNamingTheFileAndTensor) {
-  const GptConfig config = *ReadHuggingFaceConfig(kHfDir);
+  const DecoderConfig config = *ReadHuggingFaceConfig(kHfDir);
   const std::string shard1 = "/model-00001-of-00002.safetensors";
   struct Case {
     const char* name;
@@ -437,7 +437,7 @@ TEST(HfWeightsTest, HostileDirectoriesAreRefusedNamingTheFileAndTensor) {
         << c.name << ": " << w.status();
   }
   // Another shape than config.json's: the tensor and both shapes named.
-  GptConfig wider = config;
+  DecoderConfig wider = config;
   wider.intermediate_size = 32;
   const StatusOr<std::shared_ptr<const HfWeights>> w = HfWeights::Open(kHfDir, wider);
   ASSERT_FALSE(w.ok());

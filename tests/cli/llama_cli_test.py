@@ -238,7 +238,7 @@ r = run("eval", config(os.path.join(work, "eval_ok.json")), "--checkpoint", "ext
 t.check("eval with the checkpoint's architecture: exit 0", r.returncode == 0, r.stderr[-400:])
 
 # 3e. LLaMA 3.1's rotary scaling and LLaMA's attention_bias and mlp_bias (llama31_tiny_hf, the
-# golden model gpt_golden_test checks to 1e-5): import and export bitwise with their config.json
+# golden model decoder_golden_test checks to 1e-5): import and export bitwise with their config.json
 # keys; a run config with the keys starts from it; one without a key is refused naming it, by
 # init_from and by eval.
 hf31 = os.path.join(golden, "llama31_tiny_hf")

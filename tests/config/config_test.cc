@@ -372,9 +372,9 @@ namespace {
 // saves its real architecture into its checkpoints (export reads it from there).
 TEST(ConfigTest, ArchIsPrintedFromTheShape) {
   RunConfig c;
-  c.model.shape = *GptPreset("llama-tiny");
+  c.model.shape = *DecoderPreset("llama-tiny");
   EXPECT_EQ(c.ToJson().at("model").at("arch"), "llama");
-  c.model.shape = *GptPreset("tiny");
+  c.model.shape = *DecoderPreset("tiny");
   EXPECT_EQ(c.ToJson().at("model").at("arch"), "gpt2");
 }
 

@@ -36,7 +36,7 @@ TEST(PreflightTest, ResumeMayChangeTheStageButNotTheShape) {
 
 TEST(PreflightTest, MemoryFitsOrSaysWhatWould) {
   MemoryModelInput in;
-  in.model = GptConfig{12, 12, 768, 1024, 50257};  // GPT-2 124M
+  in.model = DecoderConfig{12, 12, 768, 1024, 50257};  // GPT-2 124M
   in.micro_batch = 24;
   MachineMemory machine;
   machine.host.available = int64_t{1} << 40;  // 1 TiB

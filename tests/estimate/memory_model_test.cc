@@ -17,7 +17,7 @@
 
 #include "zerort/data/token_file.h"
 #include "zerort/engine/trainer.h"
-#include "zerort/layers/gpt_model.h"
+#include "zerort/layers/decoder_model.h"
 #include "zerort/runtime/loopback_communicator.h"
 #include "zerort/runtime/strings.h"
 
@@ -360,14 +360,14 @@ TEST(MemoryModelTest, ZeroPaperModelStates) {
 TEST(MemoryModelTest, ColdModeAgreesWithTheConfigModeOnGptShapes) {
   struct Shape {
     const char* name;
-    GptConfig model;
+    DecoderConfig model;
     int gpus;
   };
   const Shape shapes[] = {
-      {"gpt2", *GptPreset("gpt2"), 8},
-      {"gpt2-xl", *GptPreset("gpt2-xl"), 8},
+      {"gpt2", *DecoderPreset("gpt2"), 8},
+      {"gpt2-xl", *DecoderPreset("gpt2-xl"), 8},
       {"70B",
-       GptConfig{
+       DecoderConfig{
            .n_layer = 86, .n_head = 64, .d_model = 8192, .seq_len = 2048, .vocab_size = 50257},
        64}};
   using C = MemoryCategory;
@@ -380,8 +380,8 @@ TEST(MemoryModelTest, ColdModeAgreesWithTheConfigModeOnGptShapes) {
   };
   for (const Shape& shape : shapes) {
     int64_t largest = 0;
-    const std::vector<GptUnit> units = *GptUnits(shape.model, 1, 0);
-    for (const GptUnit& u : units) {
+    const std::vector<DecoderUnit> units = *DecoderUnits(shape.model, 1, 0);
+    for (const DecoderUnit& u : units) {
       int64_t n = 0;
       for (const ParamSpec& p : u.params) n += p.numel();
       largest = std::max(largest, n);
@@ -448,7 +448,7 @@ TEST(MemoryModelTest, ColdModeAgreesWithTheConfigModeOnGptShapes) {
 
 TEST(MemoryModelTest, ShardingDividesModelStates) {
   MemoryModelInput in;
-  in.model = *GptPreset("gpt2");
+  in.model = *DecoderPreset("gpt2");
   in.micro_batch = 4;
   for (int stage = 0; stage <= 3; ++stage) {
     in.manager.stage = static_cast<ZeroStage>(stage);
@@ -466,7 +466,7 @@ TEST(MemoryModelTest, ShardingDividesModelStates) {
 
 TEST(MemoryModelTest, InvalidInputIsRefused) {
   MemoryModelInput in;
-  in.model = *GptPreset("gpt2");
+  in.model = *DecoderPreset("gpt2");
   in.dp = 0;
   EXPECT_NE(EstimateMemory(in).status().message().find("data-parallel size = 0"),
             std::string::npos);

@@ -8,11 +8,11 @@
 
 #include "gtest/gtest.h"
 #include "tests/kernels/random_floats.h"
-#include "tests/layers/gpt_harness.h"
+#include "tests/layers/decoder_harness.h"
 #include "zerort/kernels/model_kernels.h"
 #include "zerort/kernels/model_math.h"
 #include "zerort/kernels/model_ops.h"
-#include "zerort/layers/gpt_model.h"
+#include "zerort/layers/decoder_model.h"
 #include "zerort/runtime/allocator.h"
 #include "zerort/runtime/loopback_communicator.h"
 
@@ -531,7 +531,7 @@ INSTANTIATE_TEST_SUITE_P(Arch, WholeModelCudaTest, ::testing::Values(false, true
 
 TEST_P(WholeModelCudaTest, TrainsLikeCpu) {
   ZR_NEED_GPU();
-  testing::GptRunConfig c;
+  testing::DecoderRunConfig c;
   if (GetParam()) c.model = testing::TinyLlama();
   c.steps = 4;
   auto run = [&](bool cuda, DType dtype) {
@@ -564,13 +564,14 @@ TEST_P(WholeModelCudaTest, TrainsLikeCpu) {
         kernels = MakeCpuModelKernels(CpuPrecision::kFloat);
       }
       const int per_rank = c.global_batch / 2;
-      ZR_ASSIGN_OR_RETURN(auto model, GptModel::Create({.config = c.model, .micro_batch = per_rank},
-                                                       *store, *kernels, *allocator));
-      ZR_RETURN_IF_ERROR(manager->Initialize(GptInitializer(c.model)));
+      ZR_ASSIGN_OR_RETURN(auto model,
+                          DecoderModel::Create({.config = c.model, .micro_batch = per_rank}, *store,
+                                               *kernels, *allocator));
+      ZR_RETURN_IF_ERROR(manager->Initialize(DecoderInitializer(c.model)));
       std::vector<int32_t> tokens, targets;
       for (int step = 0; step < c.steps; ++step) {
-        testing::GptBatch(int64_t{step} * c.global_batch + comm.rank() * per_rank, per_rank,
-                          c.model.seq_len, c.model.vocab_size, tokens, targets);
+        testing::TestBatch(int64_t{step} * c.global_batch + comm.rank() * per_rank, per_rank,
+                           c.model.seq_len, c.model.vocab_size, tokens, targets);
         ZR_ASSIGN_OR_RETURN(
             double loss, model->ForwardBackward(tokens, targets, per_rank, c.model.seq_len, 1.0f));
         ZR_RETURN_IF_ERROR(manager->Step({.lr = c.lr}).status());

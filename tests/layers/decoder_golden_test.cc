@@ -14,14 +14,14 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
-#include "zerort/layers/gpt_model.h"
+#include "zerort/layers/decoder_model.h"
 #include "zerort/runtime/loopback_communicator.h"
 
 namespace zerort {
 namespace {
 
 struct Golden {
-  GptConfig config;
+  DecoderConfig config;
   int batch = 0;
   std::vector<int32_t> tokens, targets;
   std::map<std::string, std::vector<float>> params;
@@ -38,8 +38,8 @@ Golden LoadGolden(const std::string& name) {
   const nlohmann::json j = nlohmann::json::parse(in);
   Golden g;
   const auto& c = j.at("config");
-  g.config = GptConfig{c.at("n_layer"), c.at("n_head"), c.at("d_model"), c.at("seq_len"),
-                       c.at("vocab_size")};
+  g.config = DecoderConfig{c.at("n_layer"), c.at("n_head"), c.at("d_model"), c.at("seq_len"),
+                           c.at("vocab_size")};
   if (c.contains("n_kv_head")) {  // llama_reference.py
     g.config.arch = ModelArch::kLlama;
     g.config.n_kv_head = c.at("n_kv_head");
@@ -90,18 +90,18 @@ double RelativeError(const A& got, const B& want) {
   return std::sqrt(err / ref);
 }
 
-class GptGoldenTest : public ::testing::TestWithParam<std::string> {};
-INSTANTIATE_TEST_SUITE_P(Models, GptGoldenTest,
+class DecoderGoldenTest : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Models, DecoderGoldenTest,
                          ::testing::Values("gpt_tiny", "llama_tiny", "qwen2_tiny", "llama31_tiny"));
 
-TEST_P(GptGoldenTest, LossLogitsAndGradientsMatchPyTorch) {
+TEST_P(DecoderGoldenTest, LossLogitsAndGradientsMatchPyTorch) {
   const Golden g = LoadGolden(GetParam());
   HostWeightStore<float> store;
   auto kernels = MakeCpuModelKernels(CpuPrecision::kFloat);
   MemoryTracker tracker;
   auto allocator = MakeCpuCachingAllocator(&tracker);
-  auto model =
-      *GptModel::Create({.config = g.config, .micro_batch = g.batch}, store, *kernels, *allocator);
+  auto model = *DecoderModel::Create({.config = g.config, .micro_batch = g.batch}, store, *kernels,
+                                     *allocator);
   ASSERT_EQ(store.names().size(), g.params.size());
   store.Initialize(FromGolden(g), 0);
   const int seq = g.config.seq_len, vocab = g.config.vocab_size;
@@ -124,7 +124,7 @@ TEST_P(GptGoldenTest, LossLogitsAndGradientsMatchPyTorch) {
 
 // The same weights through the shard manager at ZeRO-3 on two ranks, each rank one sequence:
 // the averaged loss and the reduced gradients are the golden ones.
-TEST_P(GptGoldenTest, ShardedZero3MatchesPyTorch) {
+TEST_P(DecoderGoldenTest, ShardedZero3MatchesPyTorch) {
   const Golden g = LoadGolden(GetParam());
   ASSERT_EQ(g.batch, 2);
   const int seq = g.config.seq_len;
@@ -143,8 +143,8 @@ TEST_P(GptGoldenTest, ShardedZero3MatchesPyTorch) {
         auto manager, ShardManager::Create(o, {.dp = &comm, .device_allocator = allocator.get()}));
     auto store = MakeShardManagerStore(*manager);
     auto kernels = MakeCpuModelKernels(CpuPrecision::kFloat);
-    ZR_ASSIGN_OR_RETURN(auto model, GptModel::Create({.config = g.config, .micro_batch = 1}, *store,
-                                                     *kernels, *allocator));
+    ZR_ASSIGN_OR_RETURN(auto model, DecoderModel::Create({.config = g.config, .micro_batch = 1},
+                                                         *store, *kernels, *allocator));
     ZR_RETURN_IF_ERROR(manager->Initialize(FromGolden(g)));
     const int r = comm.rank();
     const std::span<const int32_t> tokens(g.tokens.data() + r * seq, seq);
@@ -177,7 +177,7 @@ TEST_P(GptGoldenTest, ShardedZero3MatchesPyTorch) {
 
 // Two tensor-parallel ranks, each holding its part of the golden weights (through the global
 // frame): the loss, the logits (gathered) and every gradient gathered to the global frame.
-TEST_P(GptGoldenTest, TensorParallelTwoMatchesPyTorch) {
+TEST_P(DecoderGoldenTest, TensorParallelTwoMatchesPyTorch) {
   const Golden g = LoadGolden(GetParam());
   const int seq = g.config.seq_len, vocab = g.config.vocab_size;
   std::vector<double> loss(2);
@@ -191,7 +191,7 @@ TEST_P(GptGoldenTest, TensorParallelTwoMatchesPyTorch) {
     HostWeightStore<float> store;
     ZR_ASSIGN_OR_RETURN(
         auto model,
-        GptModel::Create(
+        DecoderModel::Create(
             {.config = g.config, .micro_batch = g.batch, .tp = {&comm}, .sequence_parallel = true},
             store, *kernels, *allocator));
     store.Initialize(
@@ -206,9 +206,9 @@ TEST_P(GptGoldenTest, TensorParallelTwoMatchesPyTorch) {
     const int r = comm.rank();
     ZR_ASSIGN_OR_RETURN(logits[r], model->Logits(g.tokens, g.batch, seq));
     ZR_ASSIGN_OR_RETURN(loss[r], model->ForwardBackward(g.tokens, g.targets, g.batch, seq, 1.0f));
-    ZR_ASSIGN_OR_RETURN(std::vector<GptUnit> units, GptUnits(g.config, 2, r));
+    ZR_ASSIGN_OR_RETURN(std::vector<DecoderUnit> units, DecoderUnits(g.config, 2, r));
     std::lock_guard lock(mu);
-    for (const GptUnit& u : units) {
+    for (const DecoderUnit& u : units) {
       for (const ParamSpec& p : u.params) {
         std::vector<float>& full = grads[p.name];
         full.resize(p.real_numel());

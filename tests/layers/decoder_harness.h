@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "zerort/layers/gpt_model.h"
+#include "zerort/layers/decoder_model.h"
 #include "zerort/layers/pipeline_executor.h"
 #include "zerort/runtime/communicator.h"
 #include "zerort/runtime/device_mesh.h"
@@ -20,25 +20,25 @@
 
 namespace zerort::testing {
 
-inline GptConfig TinyGpt() {
-  return GptConfig{.n_layer = 2, .n_head = 2, .d_model = 16, .seq_len = 8, .vocab_size = 23};
+inline DecoderConfig TinyGpt() {
+  return DecoderConfig{.n_layer = 2, .n_head = 2, .d_model = 16, .seq_len = 8, .vocab_size = 23};
 }
 
 // The LLaMA family's tiny shape: 4 query heads on 2 key/value heads, SwiGLU of 24, untied head.
-inline GptConfig TinyLlama(int n_layer = 2) {
-  return GptConfig{.n_layer = n_layer,
-                   .n_head = 4,
-                   .d_model = 16,
-                   .seq_len = 8,
-                   .vocab_size = 23,
-                   .arch = ModelArch::kLlama,
-                   .n_kv_head = 2,
-                   .intermediate_size = 24,
-                   .rope_theta = 1000.0};
+inline DecoderConfig TinyLlama(int n_layer = 2) {
+  return DecoderConfig{.n_layer = n_layer,
+                       .n_head = 4,
+                       .d_model = 16,
+                       .seq_len = 8,
+                       .vocab_size = 23,
+                       .arch = ModelArch::kLlama,
+                       .n_kv_head = 2,
+                       .intermediate_size = 24,
+                       .rope_theta = 1000.0};
 }
 
 // Tokens of global sequence `index` (seq + 1 of them: inputs are the first seq, targets the last).
-inline std::vector<int32_t> GptSequence(int64_t index, int seq, int vocab) {
+inline std::vector<int32_t> TestSequence(int64_t index, int seq, int vocab) {
   std::vector<int32_t> out(seq + 1);
   uint64_t x = static_cast<uint64_t>(index) * 0x9e3779b97f4a7c15ull + 12345;
   for (int t = 0; t <= seq; ++t) {
@@ -52,19 +52,19 @@ inline std::vector<int32_t> GptSequence(int64_t index, int seq, int vocab) {
 }
 
 // Inputs and targets of sequences [first, first + count).
-inline void GptBatch(int64_t first, int count, int seq, int vocab, std::vector<int32_t>& tokens,
-                     std::vector<int32_t>& targets) {
+inline void TestBatch(int64_t first, int count, int seq, int vocab, std::vector<int32_t>& tokens,
+                      std::vector<int32_t>& targets) {
   tokens.clear();
   targets.clear();
   for (int b = 0; b < count; ++b) {
-    const std::vector<int32_t> s = GptSequence(first + b, seq, vocab);
+    const std::vector<int32_t> s = TestSequence(first + b, seq, vocab);
     tokens.insert(tokens.end(), s.begin(), s.end() - 1);
     targets.insert(targets.end(), s.begin() + 1, s.end());
   }
 }
 
-struct GptRunConfig {
-  GptConfig model = TinyGpt();
+struct DecoderRunConfig {
+  DecoderConfig model = TinyGpt();
   ZeroStage stage = ZeroStage::k3;
   int global_batch = 4;  // sequences per step, split over the ranks
   int steps = 6;
@@ -86,24 +86,24 @@ struct GptRunConfig {
   LoopbackSends sends = LoopbackSends::kBuffered;
   std::chrono::milliseconds comm_timeout{60'000};
   // The micro-batches' losses summed in the kernels' ledger and read once per step
-  // (GptModel::set_defer_training_loss), as zerort train does.
+  // (DecoderModel::set_defer_training_loss), as zerort train does.
   bool defer_loss = false;
   int fail_send_stage = -1;  // the executor's fault injection: this stage skips its first send
 };
 
-struct GptRank {
+struct DecoderRank {
   std::unique_ptr<DeviceMesh> mesh;
   std::unique_ptr<Allocator> allocator;
   std::unique_ptr<ShardManager> manager;
   std::unique_ptr<WeightStore> store;
   std::unique_ptr<ModelKernels> kernels;
-  std::unique_ptr<GptModel> model;
+  std::unique_ptr<DecoderModel> model;
   std::unique_ptr<PipelineExecutor> executor;  // pp > 1
 };
 
-inline StatusOr<GptRank> MakeGptRank(const GptRunConfig& c, Communicator& comm,
-                                     MemoryTracker& tracker) {
-  GptRank r;
+inline StatusOr<DecoderRank> MakeDecoderRank(const DecoderRunConfig& c, Communicator& comm,
+                                             MemoryTracker& tracker) {
+  DecoderRank r;
   const int dp = comm.size() / (c.tp * c.pp);
   ZR_ASSIGN_OR_RETURN(r.mesh,
                       DeviceMesh::Create(comm, {.data = dp, .tensor = c.tp, .pipeline = c.pp},
@@ -136,7 +136,7 @@ inline StatusOr<GptRank> MakeGptRank(const GptRunConfig& c, Communicator& comm,
                                   &r.manager->compute_stream());
   const int per_rank = c.global_batch / dp / c.micro_batches;
   const int stage = r.mesh->coord().pipeline;
-  GptStagePart part;
+  DecoderStagePart part;
   if (c.pp > 1) {
     ZR_ASSIGN_OR_RETURN(part.chunks,
                         StageChunks(c.model.n_layer, c.pp, c.virtual_stages, {}, stage));
@@ -144,15 +144,15 @@ inline StatusOr<GptRank> MakeGptRank(const GptRunConfig& c, Communicator& comm,
     part.last = stage == c.pp - 1;
     part.embedding_group = r.mesh->embedding();
   }
-  ZR_ASSIGN_OR_RETURN(r.model, GptModel::Create({.config = c.model,
-                                                 .micro_batch = per_rank,
-                                                 .activation_checkpointing = c.checkpointing,
-                                                 .tp = {c.tp > 1 ? &r.mesh->tensor() : nullptr},
-                                                 .sequence_parallel = c.sequence_parallel,
-                                                 .stage = part},
-                                                *r.store, *r.kernels, *r.allocator));
+  ZR_ASSIGN_OR_RETURN(r.model, DecoderModel::Create({.config = c.model,
+                                                     .micro_batch = per_rank,
+                                                     .activation_checkpointing = c.checkpointing,
+                                                     .tp = {c.tp > 1 ? &r.mesh->tensor() : nullptr},
+                                                     .sequence_parallel = c.sequence_parallel,
+                                                     .stage = part},
+                                                    *r.store, *r.kernels, *r.allocator));
   r.model->set_defer_training_loss(c.defer_loss);
-  ZR_RETURN_IF_ERROR(r.manager->Initialize(GptInitializer(c.model)));
+  ZR_RETURN_IF_ERROR(r.manager->Initialize(DecoderInitializer(c.model)));
   if (c.pp > 1) {
     ZR_ASSIGN_OR_RETURN(
         r.executor, PipelineExecutor::Create(
@@ -173,8 +173,8 @@ inline StatusOr<GptRank> MakeGptRank(const GptRunConfig& c, Communicator& comm,
 
 // Every parameter's full fp32 master by name, assembled from the ranks of one process
 // (loopback): each rank writes its tensor-parallel part's elements at their global positions.
-using GptMasters = std::map<std::string, std::vector<float>>;
-inline Status CollectMasters(GptRank& r, GptMasters& out, std::mutex& mu) {
+using DecoderMasters = std::map<std::string, std::vector<float>>;
+inline Status CollectMasters(DecoderRank& r, DecoderMasters& out, std::mutex& mu) {
   for (int u = 0; u < r.manager->num_units(); ++u) {
     const std::vector<ParamSpec>& params = r.manager->unit(u).layout().params();
     for (int k = 0; k < static_cast<int>(params.size()); ++k) {
@@ -194,12 +194,13 @@ inline Status CollectMasters(GptRank& r, GptMasters& out, std::mutex& mu) {
 // Trains c.steps steps; `losses` (rank 0) gets the global mean loss of each step (the ranks of a
 // tensor-parallel group compute the same loss, so the world's mean is the replicas' mean; under
 // pipeline parallelism the last stage has it). `masters` (when given) gets the final weights.
-inline Status TrainGptRank(const GptRunConfig& c, Communicator& comm, std::vector<double>& losses,
-                           MemoryTracker* tracker_out = nullptr, GptMasters* masters = nullptr,
-                           std::mutex* masters_mu = nullptr) {
+inline Status TrainDecoderRank(const DecoderRunConfig& c, Communicator& comm,
+                               std::vector<double>& losses, MemoryTracker* tracker_out = nullptr,
+                               DecoderMasters* masters = nullptr,
+                               std::mutex* masters_mu = nullptr) {
   MemoryTracker local;
   MemoryTracker& tracker = tracker_out != nullptr ? *tracker_out : local;
-  ZR_ASSIGN_OR_RETURN(GptRank r, MakeGptRank(c, comm, tracker));
+  ZR_ASSIGN_OR_RETURN(DecoderRank r, MakeDecoderRank(c, comm, tracker));
   const int dp = r.mesh->shape().data;
   const int per_rank = c.global_batch / dp / c.micro_batches;
   const int seq = c.model.seq_len;
@@ -209,7 +210,7 @@ inline Status TrainGptRank(const GptRunConfig& c, Communicator& comm, std::vecto
     // Tensor-parallel ranks and pipeline stages of one replica see the same sequences.
     std::vector<PipelineData> data;
     for (int k = 0; k < c.micro_batches; ++k) {
-      GptBatch(
+      TestBatch(
           int64_t{step} * c.global_batch + (r.mesh->coord().data * c.micro_batches + k) * per_rank,
           per_rank, seq, c.model.vocab_size, tokens[k], targets[k]);
       data.push_back({tokens[k], targets[k]});
@@ -242,15 +243,15 @@ inline Status TrainGptRank(const GptRunConfig& c, Communicator& comm, std::vecto
 
 // The losses of c.steps steps on `world` loopback ranks (empty, with the error on stderr, when the
 // run failed: the caller's size comparison then fails).
-inline std::vector<double> TrainLoopback(const GptRunConfig& c, int world,
-                                         GptMasters* masters = nullptr) {
+inline std::vector<double> TrainLoopback(const DecoderRunConfig& c, int world,
+                                         DecoderMasters* masters = nullptr) {
   std::vector<double> losses;
   CommOptions options;
   options.timeout = c.comm_timeout;
   std::mutex mu;
   const Status s = RunLoopbackRanks(
       world, options, nullptr,
-      [&](Communicator& comm) { return TrainGptRank(c, comm, losses, nullptr, masters, &mu); },
+      [&](Communicator& comm) { return TrainDecoderRank(c, comm, losses, nullptr, masters, &mu); },
       c.sends);
   if (!s.ok()) std::fprintf(stderr, "TrainLoopback: %s\n", s.ToString().c_str());
   return s.ok() ? losses : std::vector<double>{};

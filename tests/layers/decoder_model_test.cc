@@ -1,21 +1,21 @@
 // The GPT model: whole-model finite-difference gradients in double, equality of ZeRO stages and
 // world sizes through the shard manager, activation checkpointing (same numbers, less memory),
 // initialisation, sampling, and input validation.
-#include "zerort/layers/gpt_model.h"
+#include "zerort/layers/decoder_model.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "tests/layers/gpt_harness.h"
+#include "tests/layers/decoder_harness.h"
 #include "zerort/runtime/loopback_communicator.h"
 #include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {
 
-using testing::GptBatch;
-using testing::GptRunConfig;
+using testing::DecoderRunConfig;
+using testing::TestBatch;
 using testing::TinyGpt;
 
 template <typename T>
@@ -24,24 +24,24 @@ struct HostModel {
   std::unique_ptr<ModelKernels> kernels;
   MemoryTracker tracker;
   std::unique_ptr<Allocator> allocator = MakeCpuCachingAllocator(&tracker);
-  std::unique_ptr<GptModel> model;
+  std::unique_ptr<DecoderModel> model;
 
-  explicit HostModel(const GptConfig& config, int micro_batch, bool checkpointing = false,
+  explicit HostModel(const DecoderConfig& config, int micro_batch, bool checkpointing = false,
                      int64_t head_chunk = 0) {
     kernels = MakeCpuModelKernels(std::is_same_v<T, double> ? CpuPrecision::kDouble
                                                             : CpuPrecision::kFloat);
-    model = *GptModel::Create({.config = config,
-                               .micro_batch = micro_batch,
-                               .activation_checkpointing = checkpointing,
-                               .head_chunk_rows = head_chunk},
-                              store, *kernels, *allocator);
-    store.Initialize(GptInitializer(config), 7);
+    model = *DecoderModel::Create({.config = config,
+                                   .micro_batch = micro_batch,
+                                   .activation_checkpointing = checkpointing,
+                                   .head_chunk_rows = head_chunk},
+                                  store, *kernels, *allocator);
+    store.Initialize(DecoderInitializer(config), 7);
   }
 };
 
 // Every parameter's gradient of the whole model against central differences, in double; the
 // targets of `masked` rows are kIgnoreTarget.
-void CheckGradients(const GptConfig& config, int64_t head_chunk,
+void CheckGradients(const DecoderConfig& config, int64_t head_chunk,
                     const std::vector<int>& masked = {}) {
   HostModel<double> m(config, 2, false, head_chunk);
   // Larger weights than GPT-2's 0.02 so every path carries a visible gradient.
@@ -51,7 +51,7 @@ void CheckGradients(const GptConfig& config, int64_t head_chunk,
     for (double& v : *m.store.param(name)) v += normal(rng);
   }
   std::vector<int32_t> tokens, targets;
-  GptBatch(0, 2, config.seq_len, config.vocab_size, tokens, targets);
+  TestBatch(0, 2, config.seq_len, config.vocab_size, tokens, targets);
   for (int r : masked) targets[r] = kIgnoreTarget;
   ASSERT_TRUE(m.model->ForwardBackward(tokens, targets, 2, config.seq_len, 1.0f).ok());
   const double h = 1e-5;
@@ -80,10 +80,10 @@ void CheckGradients(const GptConfig& config, int64_t head_chunk,
 }
 
 // GPT-2; the head's logits in one chunk of 10 rows, then in chunks of 3, 3, 3 and 1.
-class GptGradientTest : public ::testing::TestWithParam<int64_t> {};
-INSTANTIATE_TEST_SUITE_P(HeadChunks, GptGradientTest, ::testing::Values(0, 3));
+class DecoderGradientTest : public ::testing::TestWithParam<int64_t> {};
+INSTANTIATE_TEST_SUITE_P(HeadChunks, DecoderGradientTest, ::testing::Values(0, 3));
 
-TEST_P(GptGradientTest, WholeModelGradientMatchesFiniteDifferences) {
+TEST_P(DecoderGradientTest, WholeModelGradientMatchesFiniteDifferences) {
   CheckGradients({.n_layer = 2, .n_head = 2, .d_model = 8, .seq_len = 5, .vocab_size = 11},
                  GetParam());
 }
@@ -91,13 +91,14 @@ TEST_P(GptGradientTest, WholeModelGradientMatchesFiniteDifferences) {
 // [Note: masked targets]: rows whose target is kIgnoreTarget add neither loss nor gradient; the
 // loss is the mean of the other rows' cross-entropies (from the logits), and every gradient is
 // that mean's (finite differences), in chunks of the head that hold masked and unmasked rows.
-TEST(GptModelTest, MaskedTargetsAddNeitherLossNorGradient) {
-  const GptConfig config{.n_layer = 1, .n_head = 2, .d_model = 8, .seq_len = 5, .vocab_size = 11};
+TEST(DecoderModelTest, MaskedTargetsAddNeitherLossNorGradient) {
+  const DecoderConfig config{
+      .n_layer = 1, .n_head = 2, .d_model = 8, .seq_len = 5, .vocab_size = 11};
   const std::vector<int> masked = {1, 4, 5};
   CheckGradients(config, 3, masked);
   HostModel<double> m(config, 2);
   std::vector<int32_t> tokens, targets;
-  GptBatch(0, 2, config.seq_len, config.vocab_size, tokens, targets);
+  TestBatch(0, 2, config.seq_len, config.vocab_size, tokens, targets);
   const std::vector<double> logits = *m.model->Logits(tokens, 2, config.seq_len);
   double sum = 0;
   for (int r = 0; r < 10; ++r) {
@@ -119,23 +120,23 @@ TEST(GptModelTest, MaskedTargetsAddNeitherLossNorGradient) {
 // head; multi-query attention (1 key/value head) with Q/K/V biases and the head tied; every bias
 // with LLaMA 3.1's rotary scaling.
 TEST(LlamaGradientTest, WholeModelGradientMatchesFiniteDifferences) {
-  const GptConfig llama{.n_layer = 2,
-                        .n_head = 4,
-                        .d_model = 8,
-                        .seq_len = 5,
-                        .vocab_size = 11,
-                        .arch = ModelArch::kLlama,
-                        .n_kv_head = 2,
-                        .intermediate_size = 12,
-                        .rope_theta = 100.0};
+  const DecoderConfig llama{.n_layer = 2,
+                            .n_head = 4,
+                            .d_model = 8,
+                            .seq_len = 5,
+                            .vocab_size = 11,
+                            .arch = ModelArch::kLlama,
+                            .n_kv_head = 2,
+                            .intermediate_size = 12,
+                            .rope_theta = 100.0};
   CheckGradients(llama, 3);
-  GptConfig mqa = llama;
+  DecoderConfig mqa = llama;
   mqa.n_kv_head = 1;
   mqa.qkv_bias = true;
   mqa.tie_word_embeddings = true;
   CheckGradients(mqa, 0);
   // Every bias (LLaMA's attention_bias and mlp_bias), the rotary frequency blended by llama3.
-  GptConfig biased = llama;
+  DecoderConfig biased = llama;
   biased.qkv_bias = biased.o_proj_bias = biased.mlp_bias = true;
   biased.rope_scaling = {.type = RopeType::kLlama3,
                          .factor = 4,
@@ -145,14 +146,14 @@ TEST(LlamaGradientTest, WholeModelGradientMatchesFiniteDifferences) {
   CheckGradients(biased, 0);
 }
 
-TEST(GptModelTest, CountsAndPresets) {
-  const GptConfig gpt2 = *GptPreset("gpt2");
+TEST(DecoderModelTest, CountsAndPresets) {
+  const DecoderConfig gpt2 = *DecoderPreset("gpt2");
   EXPECT_EQ(gpt2.NumParameters(), 124'439'808);  // Hugging Face's GPT2LMHeadModel, tied head
-  EXPECT_FALSE(GptPreset("gpt5").ok());
-  EXPECT_EQ(GptPreset("gpt2-xl")->NumParameters(), 1'557'611'200);
-  const std::vector<GptUnit> units = *GptUnits(TinyGpt(), 1, 0);
+  EXPECT_FALSE(DecoderPreset("gpt5").ok());
+  EXPECT_EQ(DecoderPreset("gpt2-xl")->NumParameters(), 1'557'611'200);
+  const std::vector<DecoderUnit> units = *DecoderUnits(TinyGpt(), 1, 0);
   int64_t total = 0;
-  for (const GptUnit& u : units) {
+  for (const DecoderUnit& u : units) {
     for (const ParamSpec& p : u.params) total += p.numel();
   }
   EXPECT_EQ(total, TinyGpt().NumParameters());
@@ -164,15 +165,15 @@ TEST(GptModelTest, CountsAndPresets) {
   EXPECT_EQ(units[1].params[4].frame.split_dim, 1);   // row-parallel
   EXPECT_EQ(units[1].params[5].frame.split_dim, -1);  // row-parallel bias: whole
   EXPECT_EQ(units[0].params[0].frame.split_dim, 0);   // vocabulary-parallel
-  GptConfig bad = TinyGpt();
+  DecoderConfig bad = TinyGpt();
   bad.n_head = 3;
   EXPECT_NE(bad.Validate().message().find("does not divide"), std::string::npos);
 }
 
-TEST(GptModelTest, InitialisationFollowsGpt2) {
-  const GptConfig config{
+TEST(DecoderModelTest, InitialisationFollowsGpt2) {
+  const DecoderConfig config{
       .n_layer = 4, .n_head = 4, .d_model = 64, .seq_len = 32, .vocab_size = 300};
-  const Initializer init = GptInitializer(config);
+  const Initializer init = DecoderInitializer(config);
   auto stddev = [&](const std::string& name, int64_t n) {
     std::vector<float> v(n);
     init(ParamSpec{name, {n}}, 5, v);
@@ -199,8 +200,8 @@ TEST(GptModelTest, InitialisationFollowsGpt2) {
 }
 
 // Stage and world size are memory choices, never semantics.
-TEST(GptModelTest, StagesAndWorldSizesGiveTheSameLosses) {
-  GptRunConfig c;
+TEST(DecoderModelTest, StagesAndWorldSizesGiveTheSameLosses) {
+  DecoderRunConfig c;
   c.stage = ZeroStage::k0;
   const std::vector<double> reference = testing::TrainLoopback(c, 1);
   ASSERT_EQ(reference.size(), static_cast<size_t>(c.steps));
@@ -225,7 +226,7 @@ TEST(GptModelTest, StagesAndWorldSizesGiveTheSameLosses) {
 // NCCL-like sends (a send ends when received) and the scatter/gather's all-gather; the
 // pipeline's final weights are compared too (docs/async-device.md). Also run under
 // ThreadSanitizer (make test-tsan), where a missing event wait is a reported data race.
-TEST(GptModelTest, QueuedStreamsGiveBitwiseTheSameLosses) {
+TEST(DecoderModelTest, QueuedStreamsGiveBitwiseTheSameLosses) {
   struct Case {
     ZeroStage stage;
     int world, tp;
@@ -251,7 +252,7 @@ TEST(GptModelTest, QueuedStreamsGiveBitwiseTheSameLosses) {
        LoopbackSends::kRendezvous, true},
   };
   for (const Case& k : cases) {
-    GptRunConfig c;
+    DecoderRunConfig c;
     if (k.llama) c.model = testing::TinyLlama();
     c.stage = k.stage;
     c.tp = k.tp;
@@ -271,8 +272,8 @@ TEST(GptModelTest, QueuedStreamsGiveBitwiseTheSameLosses) {
     const std::string what =
         StrCat(k.llama ? "llama " : "", "stage ", static_cast<int>(k.stage), " world ", k.world,
                " tp ", k.tp, " pp ", k.pp, " v ", k.virtual_stages);
-    testing::GptMasters immediate_masters, queued_masters;
-    testing::GptMasters* const want = k.pp > 1 ? &immediate_masters : nullptr;
+    testing::DecoderMasters immediate_masters, queued_masters;
+    testing::DecoderMasters* const want = k.pp > 1 ? &immediate_masters : nullptr;
     const std::vector<double> immediate = testing::TrainLoopback(c, k.world, want);
     c.streams = {.cpu = CpuExecution::kQueued, .jitter_seed = 5, .jitter_max_us = 200};
     const std::vector<double> queued =
@@ -290,7 +291,7 @@ TEST(GptModelTest, QueuedStreamsGiveBitwiseTheSameLosses) {
 // (as zerort train does) are bitwise the per-micro-batch losses, on immediate and queued streams,
 // with tensor parallelism, in bf16 (the 16-bit kernels) and through the pipeline executor (the
 // last stage's ledger).
-TEST(GptModelTest, DeferredTrainingLossesAreBitwiseThePerCallOnes) {
+TEST(DecoderModelTest, DeferredTrainingLossesAreBitwiseThePerCallOnes) {
   struct Case {
     const char* what;
     int world, tp = 1, pp = 1;
@@ -301,7 +302,7 @@ TEST(GptModelTest, DeferredTrainingLossesAreBitwiseThePerCallOnes) {
        {Case{"one rank", 1}, Case{"queued, ZeRO-3, 2 ranks", 2, 1, 1, true},
         Case{"tp 2 + sp, queued", 2, 2, 1, true}, Case{"bf16", 1, 1, 1, false, DType::kBF16},
         Case{"pipeline 2 stages", 2, 1, 2}}) {
-    GptRunConfig c;
+    DecoderRunConfig c;
     c.tp = k.tp;
     c.sequence_parallel = k.tp > 1;
     c.pp = k.pp;
@@ -323,7 +324,7 @@ TEST(GptModelTest, DeferredTrainingLossesAreBitwiseThePerCallOnes) {
 
 // Kernels that issue on another stream than the one the gathered weights are ready on would
 // read them half-gathered once that stream is asynchronous: refused, saying what to do.
-TEST(GptModelTest, KernelsOffTheStoresAsynchronousStreamAreRefused) {
+TEST(DecoderModelTest, KernelsOffTheStoresAsynchronousStreamAreRefused) {
   auto group = *CreateLoopbackGroup(1, {}, nullptr);
   MemoryTracker tracker;
   auto allocator = MakeCpuCachingAllocator(&tracker);
@@ -333,14 +334,14 @@ TEST(GptModelTest, KernelsOffTheStoresAsynchronousStreamAreRefused) {
       *ShardManager::Create(o, {.dp = group[0].get(), .device_allocator = allocator.get()});
   auto store = MakeShardManagerStore(*manager);
   auto own_stream = MakeCpuModelKernels(CpuPrecision::kFloat);
-  StatusOr<std::unique_ptr<GptModel>> refused = GptModel::Create(
+  StatusOr<std::unique_ptr<DecoderModel>> refused = DecoderModel::Create(
       {.config = testing::TinyGpt(), .micro_batch = 1}, *store, *own_stream, *allocator);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("create the kernels on it"), std::string::npos)
       << refused.status();
   auto on_compute = MakeCpuModelKernels(CpuPrecision::kFloat, &manager->compute_stream());
-  EXPECT_TRUE(GptModel::Create({.config = testing::TinyGpt(), .micro_batch = 1}, *store,
-                               *on_compute, *allocator)
+  EXPECT_TRUE(DecoderModel::Create({.config = testing::TinyGpt(), .micro_batch = 1}, *store,
+                                   *on_compute, *allocator)
                   .ok());
 }
 
@@ -350,7 +351,7 @@ INSTANTIATE_TEST_SUITE_P(Arch, CheckpointingTest, ::testing::Values(false, true)
 
 // GPT-2 and the LLaMA family (whose recomputed forward takes its projections' workspace again).
 TEST_P(CheckpointingTest, ChangesNoNumberAndSavesMemory) {
-  GptConfig config{.n_layer = 4, .n_head = 2, .d_model = 16, .seq_len = 16, .vocab_size = 29};
+  DecoderConfig config{.n_layer = 4, .n_head = 2, .d_model = 16, .seq_len = 16, .vocab_size = 29};
   if (GetParam()) {
     config = testing::TinyLlama(4);
     config.seq_len = 16;
@@ -358,7 +359,7 @@ TEST_P(CheckpointingTest, ChangesNoNumberAndSavesMemory) {
   }
   HostModel<float> plain(config, 3, false), ckpt(config, 3, true);
   std::vector<int32_t> tokens, targets;
-  GptBatch(5, 3, config.seq_len, config.vocab_size, tokens, targets);
+  TestBatch(5, 3, config.seq_len, config.vocab_size, tokens, targets);
   const double a = *plain.model->ForwardBackward(tokens, targets, 3, config.seq_len, 1.0f);
   const double b = *ckpt.model->ForwardBackward(tokens, targets, 3, config.seq_len, 1.0f);
   EXPECT_EQ(a, b);
@@ -377,13 +378,13 @@ TEST_P(CheckpointingTest, ChangesNoNumberAndSavesMemory) {
 // The head in chunks of rows: the same losses and gradients (the weight gradient summed chunk
 // by chunk, so within rounding), and the logits never whole: the peak of activations and
 // workspace drops by about the logits of the rows left out of a chunk.
-TEST(GptModelTest, HeadChunksChangeNoNumberAndSaveMemory) {
-  const GptConfig config{
+TEST(DecoderModelTest, HeadChunksChangeNoNumberAndSaveMemory) {
+  const DecoderConfig config{
       .n_layer = 2, .n_head = 2, .d_model = 16, .seq_len = 16, .vocab_size = 1031};
   constexpr int kBatch = 3;
   constexpr int64_t kRows = kBatch * 16;
   std::vector<int32_t> tokens, targets;
-  GptBatch(5, kBatch, config.seq_len, config.vocab_size, tokens, targets);
+  TestBatch(5, kBatch, config.seq_len, config.vocab_size, tokens, targets);
   HostModel<float> whole(config, kBatch, false, kRows);
   const double loss = *whole.model->ForwardBackward(tokens, targets, kBatch, config.seq_len, 1.0f);
   auto peak = [](HostModel<float>& m) {
@@ -414,7 +415,7 @@ TEST(GptModelTest, HeadChunksChangeNoNumberAndSaveMemory) {
   }
 }
 
-TEST(GptModelTest, SamplingIsGreedyTopKAndSeeded) {
+TEST(DecoderModelTest, SamplingIsGreedyTopKAndSeeded) {
   const std::vector<double> logits = {0.1, 2.0, -1.0, 1.9, 0.0};
   std::mt19937_64 rng(1);
   EXPECT_EQ(SampleToken(logits, {.temperature = 0.0f}, rng), 1);
@@ -434,8 +435,8 @@ TEST(GptModelTest, SamplingIsGreedyTopKAndSeeded) {
   }
 }
 
-TEST(GptModelTest, GenerateContinuesThePrompt) {
-  const GptConfig config = TinyGpt();
+TEST(DecoderModelTest, GenerateContinuesThePrompt) {
+  const DecoderConfig config = TinyGpt();
   HostModel<float> m(config, 1);
   const SamplingOptions greedy{.temperature = 0.0f};
   const std::vector<int32_t> a = *m.model->Generate({1, 2, 3}, 12, greedy);
@@ -454,8 +455,8 @@ TEST(GptModelTest, GenerateContinuesThePrompt) {
 
 // Causality: position t's logits depend only on tokens 0..t, so a prefix run (what generation
 // does) reproduces the full sequence's rows.
-TEST(GptModelTest, PrefixRunsReproduceTheFullSequenceLogits) {
-  const GptConfig config = TinyGpt();
+TEST(DecoderModelTest, PrefixRunsReproduceTheFullSequenceLogits) {
+  const DecoderConfig config = TinyGpt();
   HostModel<float> m(config, 1);
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 0.2f);
@@ -463,7 +464,7 @@ TEST(GptModelTest, PrefixRunsReproduceTheFullSequenceLogits) {
     for (float& v : *m.store.param(name)) v += normal(rng);
   }
   std::vector<int32_t> tokens, targets;
-  GptBatch(3, 1, config.seq_len, config.vocab_size, tokens, targets);
+  TestBatch(3, 1, config.seq_len, config.vocab_size, tokens, targets);
   const std::vector<double> full = *m.model->Logits(tokens, 1, config.seq_len);
   for (int t = 1; t <= config.seq_len; ++t) {
     const std::vector<double> prefix = *m.model->Logits(std::span(tokens).first(t), 1, t);
@@ -475,7 +476,7 @@ TEST(GptModelTest, PrefixRunsReproduceTheFullSequenceLogits) {
   }
 }
 
-TEST(GptModelTest, BadInputIsRefusedWithItsPosition) {
+TEST(DecoderModelTest, BadInputIsRefusedWithItsPosition) {
   HostModel<float> m(TinyGpt(), 2);
   std::vector<int32_t> tokens(16, 1), targets(16, 1);
   targets[5] = 23;
@@ -492,16 +493,17 @@ TEST(GptModelTest, BadInputIsRefusedWithItsPosition) {
 // The stage primitives in a schedule's order: forwards of two micro-batches (the blocks in two
 // ranges), then their backwards in the same order, give bitwise the gradients of two
 // ForwardBackward calls; a call out of its micro-batch's phase fails clearly.
-TEST(GptModelTest, StagePrimitivesRunInterleavedMicroBatches) {
-  const GptConfig config{.n_layer = 3, .n_head = 2, .d_model = 16, .seq_len = 8, .vocab_size = 23};
+TEST(DecoderModelTest, StagePrimitivesRunInterleavedMicroBatches) {
+  const DecoderConfig config{
+      .n_layer = 3, .n_head = 2, .d_model = 16, .seq_len = 8, .vocab_size = 23};
   for (bool ckpt : {false, true}) {
     HostModel<float> whole(config, 2, ckpt), staged(config, 2, ckpt);
     std::vector<int32_t> ta, ya, tb, yb;
-    GptBatch(1, 2, config.seq_len, config.vocab_size, ta, ya);
-    GptBatch(7, 2, config.seq_len, config.vocab_size, tb, yb);
+    TestBatch(1, 2, config.seq_len, config.vocab_size, ta, ya);
+    TestBatch(7, 2, config.seq_len, config.vocab_size, tb, yb);
     const double la = *whole.model->ForwardBackward(ta, ya, 2, config.seq_len, 1.0f);
     const double lb = *whole.model->ForwardBackward(tb, yb, 2, config.seq_len, 1.0f);
-    GptModel& m = *staged.model;
+    DecoderModel& m = *staged.model;
     auto a = *m.Begin(ta, ya, 2, config.seq_len, true);
     auto b = *m.Begin(tb, yb, 2, config.seq_len, true);
     // Out of order: each call names the phase it found and the one it needs.

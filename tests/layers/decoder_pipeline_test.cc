@@ -7,7 +7,7 @@
 
 #include <cmath>
 
-#include "tests/layers/gpt_harness.h"
+#include "tests/layers/decoder_harness.h"
 #include "zerort/layers/pipeline_executor.h"
 #include "zerort/runtime/loopback_communicator.h"
 #include "zerort/runtime/strings.h"
@@ -15,21 +15,21 @@
 namespace zerort {
 namespace {
 
-using testing::GptMasters;
-using testing::GptRunConfig;
+using testing::DecoderMasters;
+using testing::DecoderRunConfig;
 using testing::TrainLoopback;
 
-GptRunConfig Base(int n_layer = 4) {
-  GptRunConfig c;
+DecoderRunConfig Base(int n_layer = 4) {
+  DecoderRunConfig c;
   c.model =
-      GptConfig{.n_layer = n_layer, .n_head = 2, .d_model = 16, .seq_len = 8, .vocab_size = 23};
+      DecoderConfig{.n_layer = n_layer, .n_head = 2, .d_model = 16, .seq_len = 8, .vocab_size = 23};
   c.global_batch = 8;
   c.micro_batches = 4;
   c.steps = 20;
   return c;
 }
 
-std::string Describe(const GptRunConfig& c, int world) {
+std::string Describe(const DecoderRunConfig& c, int world) {
   return StrCat(PipelineScheduleName(c.schedule), " pp", c.pp, " v", c.virtual_stages, " m",
                 c.micro_batches, " tp", c.tp, c.sequence_parallel ? " sp" : "", " zero",
                 static_cast<int>(c.stage), c.scatter_gather ? "" : " whole sends", " world ", world,
@@ -38,13 +38,13 @@ std::string Describe(const GptRunConfig& c, int world) {
 
 // Losses and every master weight of `c` on `world` ranks against the same run without the
 // pipeline (pp 1, same tensor parallelism, one data-parallel rank): the pipeline must change no
-// number beyond summation order. (Tensor parallelism against one rank is gpt_tp_test's.)
-void ExpectMatchesOneRank(GptRunConfig c, int world) {
+// number beyond summation order. (Tensor parallelism against one rank is decoder_tp_test's.)
+void ExpectMatchesOneRank(DecoderRunConfig c, int world) {
   const std::string what = Describe(c, world);
-  GptRunConfig one = c;
+  DecoderRunConfig one = c;
   one.pp = 1;
   one.virtual_stages = 1;
-  GptMasters want, got;
+  DecoderMasters want, got;
   const std::vector<double> reference = TrainLoopback(one, c.tp, &want);
   const std::vector<double> losses = TrainLoopback(c, world, &got);
   ASSERT_EQ(losses.size(), reference.size()) << what;
@@ -79,11 +79,11 @@ void ExpectMatchesOneRank(GptRunConfig c, int world) {
   EXPECT_LT(losses.back(), losses.front() - 0.1) << what << ": it did not learn";
 }
 
-TEST(GptPipelineTest, TwoStagesEverySchedulesEveryZeroStageEqualOneRank) {
+TEST(DecoderPipelineTest, TwoStagesEverySchedulesEveryZeroStageEqualOneRank) {
   for (ZeroStage stage : {ZeroStage::k0, ZeroStage::k1, ZeroStage::k2, ZeroStage::k3}) {
     for (PipelineSchedule s :
          {PipelineSchedule::kGpipe, PipelineSchedule::k1F1B, PipelineSchedule::kInterleaved}) {
-      GptRunConfig c = Base();
+      DecoderRunConfig c = Base();
       c.stage = stage;
       c.pp = 2;
       c.schedule = s;
@@ -93,8 +93,8 @@ TEST(GptPipelineTest, TwoStagesEverySchedulesEveryZeroStageEqualOneRank) {
   }
 }
 
-TEST(GptPipelineTest, FourStagesWithDataParallelism) {
-  GptRunConfig c = Base(8);
+TEST(DecoderPipelineTest, FourStagesWithDataParallelism) {
+  DecoderRunConfig c = Base(8);
   c.pp = 4;
   c.stage = ZeroStage::k1;
   ExpectMatchesOneRank(c, 4);  // 1F1B
@@ -109,8 +109,8 @@ TEST(GptPipelineTest, FourStagesWithDataParallelism) {
   ExpectMatchesOneRank(c, 8);  // dp 2 x pp 4
 }
 
-TEST(GptPipelineTest, TensorTimesPipelineWithAndWithoutScatterGather) {
-  GptRunConfig c = Base();
+TEST(DecoderPipelineTest, TensorTimesPipelineWithAndWithoutScatterGather) {
+  DecoderRunConfig c = Base();
   c.pp = 2;
   c.tp = 2;
   c.stage = ZeroStage::k2;
@@ -131,8 +131,8 @@ TEST(GptPipelineTest, TensorTimesPipelineWithAndWithoutScatterGather) {
 
 // The LLaMA family through the stages: an untied head on the last stage (no tied reduction),
 // the input embedding alone on the first; with tensor and sequence parallelism.
-TEST(GptPipelineTest, LlamaStagesEqualOneRank) {
-  GptRunConfig c = Base();
+TEST(DecoderPipelineTest, LlamaStagesEqualOneRank) {
+  DecoderRunConfig c = Base();
   c.model = testing::TinyLlama(4);
   c.pp = 2;
   c.stage = ZeroStage::k3;
@@ -157,9 +157,9 @@ TEST(GptPipelineTest, LlamaStagesEqualOneRank) {
 // tensor-parallel run without the pipeline, as in fp32. 8 steps: the tied embedding's two
 // gradients are summed in another order, and after some 15 steps a 16-bit weight that rounds
 // the other way moves bf16 losses by 1e-4.
-TEST(GptPipelineTest, SixteenBitStagesEqualOneRank) {
+TEST(DecoderPipelineTest, SixteenBitStagesEqualOneRank) {
   for (DType dtype : {DType::kF16, DType::kBF16}) {
-    GptRunConfig c = Base();
+    DecoderRunConfig c = Base();
     c.steps = 8;
     c.compute = dtype;
     c.pp = 2;
@@ -178,10 +178,10 @@ TEST(GptPipelineTest, SixteenBitStagesEqualOneRank) {
 // itself, 1F1B at p 2, m 2 deadlocks: each stage's receive waits behind its own posted send to
 // the other. Over the directed links ([Note: pipeline links]) every schedule trains to the
 // one-rank numbers. (Put the transfers back on the pipeline group and this test times out.)
-TEST(GptPipelineTest, NcclLikeSendsDoNotDeadlock) {
+TEST(DecoderPipelineTest, NcclLikeSendsDoNotDeadlock) {
   for (PipelineSchedule schedule :
        {PipelineSchedule::k1F1B, PipelineSchedule::kGpipe, PipelineSchedule::kInterleaved}) {
-    GptRunConfig c = Base();
+    DecoderRunConfig c = Base();
     c.steps = 12;
     c.sends = LoopbackSends::kRendezvous;
     c.comm_timeout = std::chrono::seconds(10);
@@ -203,8 +203,8 @@ TEST(GptPipelineTest, NcclLikeSendsDoNotDeadlock) {
 // its link's stream (here it times out: stage 0 skipped its first send) is the step's error on
 // the receiving stage, found when the step synchronises the links' streams, not a step that
 // goes on with what the buffer held. Without a watchdog the loopback deadline ends the wait.
-TEST(GptPipelineTest, AFailedReceiveOnALinkStreamFailsTheStep) {
-  GptRunConfig c = Base();
+TEST(DecoderPipelineTest, AFailedReceiveOnALinkStreamFailsTheStep) {
+  DecoderRunConfig c = Base();
   c.pp = 2;
   c.steps = 1;  // the failed receive is the step's last on its link: only the step's end sees it
   c.streams = {.cpu = CpuExecution::kQueued, .jitter_seed = 9, .jitter_max_us = 100};
@@ -217,7 +217,7 @@ TEST(GptPipelineTest, AFailedReceiveOnALinkStreamFailsTheStep) {
   std::vector<Status> results(2);
   const auto start = std::chrono::steady_clock::now();
   (void)RunLoopbackRanks(2, options, nullptr, [&](Communicator& comm) {
-    Status s = testing::TrainGptRank(c, comm, losses, nullptr, nullptr, &mu);
+    Status s = testing::TrainDecoderRank(c, comm, losses, nullptr, nullptr, &mu);
     std::lock_guard lock(mu);
     results[comm.rank()] = s;
     return s;
@@ -232,25 +232,25 @@ TEST(GptPipelineTest, AFailedReceiveOnALinkStreamFailsTheStep) {
 
 // Evaluation losses and greedy samples through the stages (interleaved, with tp) equal one
 // rank's, and the scatter/gather sends half the bytes at tp 2.
-TEST(GptPipelineTest, EvaluationSamplingAndScatterGatherBytes) {
-  GptRunConfig c = Base();
+TEST(DecoderPipelineTest, EvaluationSamplingAndScatterGatherBytes) {
+  DecoderRunConfig c = Base();
   c.pp = 2;
   c.tp = 2;
   c.schedule = PipelineSchedule::kInterleaved;
   c.virtual_stages = 2;
-  auto run = [&](const GptRunConfig& rc, int world, double* loss, std::vector<int32_t>* sample,
+  auto run = [&](const DecoderRunConfig& rc, int world, double* loss, std::vector<int32_t>* sample,
                  int64_t* bytes) {
     std::mutex mu;
     CommOptions options;
     options.timeout = std::chrono::seconds(60);
     const Status st = RunLoopbackRanks(world, options, nullptr, [&](Communicator& comm) -> Status {
       MemoryTracker tracker;
-      ZR_ASSIGN_OR_RETURN(testing::GptRank r, testing::MakeGptRank(rc, comm, tracker));
+      ZR_ASSIGN_OR_RETURN(testing::DecoderRank r, testing::MakeDecoderRank(rc, comm, tracker));
       std::vector<std::vector<int32_t>> tokens(3), targets(3);
       std::vector<PipelineData> data;
       for (int k = 0; k < 3; ++k) {
-        testing::GptBatch(10 + 2 * k, 2, rc.model.seq_len, rc.model.vocab_size, tokens[k],
-                          targets[k]);
+        testing::TestBatch(10 + 2 * k, 2, rc.model.seq_len, rc.model.vocab_size, tokens[k],
+                           targets[k]);
         data.push_back({tokens[k], targets[k]});
       }
       double sum = 0;
@@ -279,7 +279,7 @@ TEST(GptPipelineTest, EvaluationSamplingAndScatterGatherBytes) {
     });
     ASSERT_TRUE(st.ok()) << st;
   };
-  GptRunConfig one = c;
+  DecoderRunConfig one = c;
   one.pp = 1;
   one.tp = 1;
   one.virtual_stages = 1;

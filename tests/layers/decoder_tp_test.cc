@@ -9,20 +9,20 @@
 #include <map>
 #include <mutex>
 
-#include "tests/layers/gpt_harness.h"
-#include "zerort/layers/gpt_model.h"
+#include "tests/layers/decoder_harness.h"
+#include "zerort/layers/decoder_model.h"
 #include "zerort/runtime/loopback_communicator.h"
 #include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {
 
-using testing::GptBatch;
-using testing::GptRunConfig;
+using testing::DecoderRunConfig;
+using testing::TestBatch;
 
 // 4 heads, so tp 4 has one head per rank; vocabulary 37 pads to 38 (tp 2) and 40 (tp 4).
-GptConfig Config() {
-  return GptConfig{.n_layer = 2, .n_head = 4, .d_model = 16, .seq_len = 8, .vocab_size = 37};
+DecoderConfig Config() {
+  return DecoderConfig{.n_layer = 2, .n_head = 4, .d_model = 16, .seq_len = 8, .vocab_size = 37};
 }
 
 struct Result {
@@ -35,9 +35,9 @@ struct Result {
 // One training micro-batch (2 sequences of 8) at tensor-parallel size `tp`, the head's logits
 // `head_chunk` rows at a time (0: automatic, all 16 here).
 Result RunMicroBatch(int tp, bool sp, bool checkpointing, int64_t head_chunk = 0) {
-  const GptConfig config = Config();
+  const DecoderConfig config = Config();
   std::vector<int32_t> tokens, targets;
-  GptBatch(3, 2, config.seq_len, config.vocab_size, tokens, targets);
+  TestBatch(3, 2, config.seq_len, config.vocab_size, tokens, targets);
   Result result;
   std::vector<Result> ranks(tp);
   std::mutex mu;
@@ -46,24 +46,24 @@ Result RunMicroBatch(int tp, bool sp, bool checkpointing, int64_t head_chunk = 0
     auto allocator = MakeCpuCachingAllocator(&tracker);
     auto kernels = MakeCpuModelKernels(CpuPrecision::kFloat);
     HostWeightStore<float> store;
-    ZR_ASSIGN_OR_RETURN(auto model, GptModel::Create({.config = config,
-                                                      .micro_batch = 2,
-                                                      .activation_checkpointing = checkpointing,
-                                                      .tp = {tp > 1 ? &comm : nullptr},
-                                                      .sequence_parallel = sp,
-                                                      .head_chunk_rows = head_chunk},
-                                                     store, *kernels, *allocator));
-    store.Initialize(GptInitializer(config), 7);
+    ZR_ASSIGN_OR_RETURN(auto model, DecoderModel::Create({.config = config,
+                                                          .micro_batch = 2,
+                                                          .activation_checkpointing = checkpointing,
+                                                          .tp = {tp > 1 ? &comm : nullptr},
+                                                          .sequence_parallel = sp,
+                                                          .head_chunk_rows = head_chunk},
+                                                         store, *kernels, *allocator));
+    store.Initialize(DecoderInitializer(config), 7);
     ZR_ASSIGN_OR_RETURN(double loss,
                         model->ForwardBackward(tokens, targets, 2, config.seq_len, 1.0f));
     std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + 7);
     ZR_ASSIGN_OR_RETURN(std::vector<double> logits, model->Logits(prompt, 1, 7));
     ZR_ASSIGN_OR_RETURN(std::vector<int32_t> generated,
                         model->Generate({1, 2, 3}, 9, {.temperature = 0.0f}));
-    ZR_ASSIGN_OR_RETURN(std::vector<GptUnit> units, GptUnits(config, tp, comm.rank()));
+    ZR_ASSIGN_OR_RETURN(std::vector<DecoderUnit> units, DecoderUnits(config, tp, comm.rank()));
     std::lock_guard lock(mu);
     ranks[comm.rank()] = {loss, logits, generated, {}};
-    for (const GptUnit& u : units) {
+    for (const DecoderUnit& u : units) {
       for (const ParamSpec& p : u.params) {
         const std::vector<float>& local = *store.grad(p.name);
         const int64_t real =
@@ -125,7 +125,7 @@ void ExpectSame(const Result& got, const Result& want, const std::string& what) 
   }
 }
 
-TEST(GptTensorParallelTest, EveryGradientEqualsOneRank) {
+TEST(DecoderTensorParallelTest, EveryGradientEqualsOneRank) {
   const Result reference = RunMicroBatch(1, false, false);
   EXPECT_GT(reference.loss, 3.0);
   for (int tp : {2, 4}) {
@@ -150,12 +150,12 @@ TEST(GptTensorParallelTest, EveryGradientEqualsOneRank) {
 //   with SP:    per layer 2 all-gathers and 2 reduce-scatters of R x d each way, plus the
 //               embedding's and the final LayerNorm's (4L + 2 of each), and all-reduces of the
 //               LayerNorm weight gradients (L + 1: 4d values per layer, 2d for the final one).
-TEST(GptTensorParallelTest, CollectivesPerLayerMatchMegatronsCount) {
-  const GptConfig config = Config();
+TEST(DecoderTensorParallelTest, CollectivesPerLayerMatchMegatronsCount) {
+  const DecoderConfig config = Config();
   const int tp = 2, batch = 2, L = config.n_layer;
   const int64_t rows = int64_t{batch} * config.seq_len, d = config.d_model;
   std::vector<int32_t> tokens, targets;
-  GptBatch(3, batch, config.seq_len, config.vocab_size, tokens, targets);
+  TestBatch(3, batch, config.seq_len, config.vocab_size, tokens, targets);
   for (bool sp : {false, true}) {
     std::vector<std::vector<CollectiveRecord>> traces(tp);
     CommOptions options;
@@ -167,10 +167,10 @@ TEST(GptTensorParallelTest, CollectivesPerLayerMatchMegatronsCount) {
       HostWeightStore<float> store;
       ZR_ASSIGN_OR_RETURN(
           auto model,
-          GptModel::Create(
+          DecoderModel::Create(
               {.config = config, .micro_batch = batch, .tp = {&comm}, .sequence_parallel = sp},
               store, *kernels, *allocator));
-      store.Initialize(GptInitializer(config), 7);
+      store.Initialize(DecoderInitializer(config), 7);
       ZR_RETURN_IF_ERROR(
           model->ForwardBackward(tokens, targets, batch, config.seq_len, 1.0f).status());
       traces[comm.rank()] = comm.trace().Records();
@@ -205,8 +205,8 @@ void ExpectLosses(const std::vector<double>& got, const std::vector<double>& wan
   }
 }
 
-TEST(GptTensorParallelTest, TwentyStepsEqualOneRank) {
-  GptRunConfig c;
+TEST(DecoderTensorParallelTest, TwentyStepsEqualOneRank) {
+  DecoderRunConfig c;
   c.model = Config();
   c.steps = 20;
   c.stage = ZeroStage::k0;
@@ -228,8 +228,8 @@ TEST(GptTensorParallelTest, TwentyStepsEqualOneRank) {
 // The LLaMA family: query and key/value heads split (tp 2: one KV head per rank), SwiGLU's gate
 // and up column-parallel, the RMSNorm gains' gradients summed under SP; Q/K/V biases; and a tp
 // that does not divide the key/value heads refused by name.
-TEST(GptTensorParallelTest, LlamaEqualsOneRank) {
-  GptRunConfig c;
+TEST(DecoderTensorParallelTest, LlamaEqualsOneRank) {
+  DecoderRunConfig c;
   c.model = testing::TinyLlama();
   c.steps = 10;
   c.stage = ZeroStage::k0;
@@ -248,14 +248,14 @@ TEST(GptTensorParallelTest, LlamaEqualsOneRank) {
   c.tp = 2;
   ExpectLosses(TrainLoopback(c, 2), biased, "llama qkv bias tp 2");
   c.model.n_kv_head = 1;  // multi-query: one key/value head for 2 ranks
-  const StatusOr<std::vector<GptUnit>> refused = GptUnits(c.model, 2, 0);
+  const StatusOr<std::vector<DecoderUnit>> refused = DecoderUnits(c.model, 2, 0);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("model.n_kv_head = 1"), std::string::npos)
       << refused.status();
 }
 
-TEST(GptTensorParallelTest, DataByTensorMeshAtEveryStage) {
-  GptRunConfig c;
+TEST(DecoderTensorParallelTest, DataByTensorMeshAtEveryStage) {
+  DecoderRunConfig c;
   c.model = Config();
   c.steps = 6;
   c.stage = ZeroStage::k0;
@@ -285,7 +285,7 @@ INSTANTIATE_TEST_SUITE_P(Arch, SixteenBitTest, ::testing::Values(false, true),
 // rounded once), its heads split at tp 2 (tp 4 would exceed its 2 key/value heads: tp 2 only).
 TEST_P(SixteenBitTest, RunsEqualOneRankAtTp2And4WithAndWithoutSp) {
   for (DType dtype : {DType::kF16, DType::kBF16}) {
-    GptRunConfig c;
+    DecoderRunConfig c;
     c.model = GetParam() ? testing::TinyLlama() : Config();
     c.steps = 6;
     c.stage = ZeroStage::k0;
@@ -312,10 +312,10 @@ TEST_P(SixteenBitTest, RunsEqualOneRankAtTp2And4WithAndWithoutSp) {
 // Every tensor-parallel collective of an fp16 (bf16) micro-batch carries the kernels' own dtype:
 // activations in f16 (bf16), the cross-entropy's statistics and the sequence-parallel LayerNorm
 // weight gradients in f32. Read from the tensor-parallel group's collective trace.
-TEST(GptTensorParallelTest, CollectivesCarryTheKernelsDType) {
+TEST(DecoderTensorParallelTest, CollectivesCarryTheKernelsDType) {
   for (DType dtype : {DType::kF16, DType::kBF16}) {
     for (bool sp : {false, true}) {
-      GptRunConfig c;
+      DecoderRunConfig c;
       c.model = Config();
       c.steps = 1;
       c.tp = 2;
@@ -328,9 +328,9 @@ TEST(GptTensorParallelTest, CollectivesCarryTheKernelsDType) {
       const Status status =
           RunLoopbackRanks(2, options, nullptr, [&](Communicator& comm) -> Status {
             MemoryTracker tracker;
-            ZR_ASSIGN_OR_RETURN(testing::GptRank r, testing::MakeGptRank(c, comm, tracker));
+            ZR_ASSIGN_OR_RETURN(testing::DecoderRank r, testing::MakeDecoderRank(c, comm, tracker));
             std::vector<int32_t> tokens, targets;
-            GptBatch(3, 2, c.model.seq_len, c.model.vocab_size, tokens, targets);
+            TestBatch(3, 2, c.model.seq_len, c.model.vocab_size, tokens, targets);
             ZR_RETURN_IF_ERROR(
                 r.model
                     ->ForwardBackward(tokens, targets, 2, c.model.seq_len, r.manager->loss_scale())
@@ -357,21 +357,21 @@ TEST(GptTensorParallelTest, CollectivesCarryTheKernelsDType) {
 // What cannot be computed correctly is refused by name: the double kernels' fp64 at tp 2 (no
 // collective carries it) and kernels whose format is not the weight store's (fp16 kernels
 // reading fp32 weights).
-TEST(GptTensorParallelTest, CombinationsWithoutACollectiveDTypeAreRefused) {
-  const GptConfig config = Config();
+TEST(DecoderTensorParallelTest, CombinationsWithoutACollectiveDTypeAreRefused) {
+  const DecoderConfig config = Config();
   const Status status = RunLoopbackRanks(2, {}, nullptr, [&](Communicator& comm) -> Status {
     MemoryTracker tracker;
     auto allocator = MakeCpuCachingAllocator(&tracker);
     auto doubles = MakeCpuModelKernels(CpuPrecision::kDouble);
     HostWeightStore<double> dstore;
-    StatusOr<std::unique_ptr<GptModel>> m = GptModel::Create(
+    StatusOr<std::unique_ptr<DecoderModel>> m = DecoderModel::Create(
         {.config = config, .micro_batch = 2, .tp = {&comm}}, dstore, *doubles, *allocator);
     EXPECT_FALSE(m.ok());
     EXPECT_NE(m.status().message().find("fp64, which no collective carries"), std::string::npos)
         << m.status();
     auto halves = MakeCpuModelKernels(CpuPrecision::kF16);
     HostWeightStore<float> fstore;
-    m = GptModel::Create({.config = config, .micro_batch = 2}, fstore, *halves, *allocator);
+    m = DecoderModel::Create({.config = config, .micro_batch = 2}, fstore, *halves, *allocator);
     EXPECT_FALSE(m.ok());
     EXPECT_NE(m.status().message().find("parameters and the kernels' activations differ: f32 "
                                         "and f16"),

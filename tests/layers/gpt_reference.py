@@ -4,7 +4,7 @@
 Builds a GPT-2-style model from torch.nn modules (written from the GPT-2 architecture, not from
 zerort's code), fills it with random weights, runs one batch, and writes the weights, the input,
 the loss, the logits at a few positions and every parameter's gradient to a JSON file that
-tests/layers/gpt_golden_test.cc reads. The values are computed in float64 from float32 weights;
+tests/layers/decoder_golden_test.cc reads. The values are computed in float64 from float32 weights;
 zerort's fp32 run must agree to 1e-5 relative.
 
 Regenerate (Debian: apt-get install python3-torch):

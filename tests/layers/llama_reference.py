@@ -10,7 +10,7 @@ rotary scaling (transformers' _compute_llama3_parameters: the frequencies remapp
 bands), and an output projection that is its own weight unless tie_word_embeddings. Fills
 the model with random float32 weights, runs one batch in float64, and writes the weights, the
 input, the loss, the logits at a few positions and every parameter's gradient to a JSON file that
-tests/layers/gpt_golden_test.cc reads; zerort's fp32 run must agree to 1e-5 relative.
+tests/layers/decoder_golden_test.cc reads; zerort's fp32 run must agree to 1e-5 relative.
 
 Regenerate (Debian: apt-get install python3-torch):
     /usr/bin/python3 tests/layers/llama_reference.py tests/layers/golden [VARIANT ...]
@@ -160,7 +160,7 @@ class Llama(nn.Module):
                     (p + "mlp_norm.weight", b.mlp_norm.weight),
                     (p + "mlp.gate.weight", b.gate.weight), (p + "mlp.up.weight", b.up.weight),
                     (p + "mlp.down.weight", b.down.weight)]
-            # The biases last, in zerort's order (gpt::LlamaParam).
+            # The biases last, in zerort's order (decoder::LlamaParam).
             if b.q.bias is not None:
                 out += [(p + "attn.q.bias", b.q.bias), (p + "attn.k.bias", b.k.bias),
                         (p + "attn.v.bias", b.v.bias)]

@@ -5,20 +5,20 @@
 // weights split their input columns and keep their bias whole; bad splits are refused.
 #include <gtest/gtest.h>
 
-#include "zerort/layers/gpt_model.h"
+#include "zerort/layers/decoder_model.h"
 
 namespace zerort {
 namespace {
 
-GptConfig Config() { return GptConfig{2, 4, 32, 16, 64}; }  // layers, heads, d, seq, vocab
+DecoderConfig Config() { return DecoderConfig{2, 4, 32, 16, 64}; }  // layers, heads, d, seq, vocab
 
 TEST(TensorParallelFrame, EveryRanksPartEqualsTheWholeTensorsElements) {
-  const GptConfig c = Config();
-  const Initializer init = GptInitializer(c);
-  const std::vector<GptUnit> whole = *GptUnits(c, 1, 0);
+  const DecoderConfig c = Config();
+  const Initializer init = DecoderInitializer(c);
+  const std::vector<DecoderUnit> whole = *DecoderUnits(c, 1, 0);
   for (int tp : {2, 4}) {
-    std::vector<std::vector<GptUnit>> ranks;
-    for (int r = 0; r < tp; ++r) ranks.push_back(*GptUnits(c, tp, r));
+    std::vector<std::vector<DecoderUnit>> ranks;
+    for (int r = 0; r < tp; ++r) ranks.push_back(*DecoderUnits(c, tp, r));
     for (size_t u = 0; u < whole.size(); ++u) {
       for (size_t p = 0; p < whole[u].params.size(); ++p) {
         const ParamSpec& g = whole[u].params[p];
@@ -47,9 +47,9 @@ TEST(TensorParallelFrame, EveryRanksPartEqualsTheWholeTensorsElements) {
 }
 
 TEST(TensorParallelFrame, FusedQkvSplitsPerHeadAndRowParallelSplitsColumns) {
-  const GptConfig c = Config();
+  const DecoderConfig c = Config();
   const int64_t d = c.d_model;
-  const std::vector<GptUnit> rank1 = *GptUnits(c, 2, 1);
+  const std::vector<DecoderUnit> rank1 = *DecoderUnits(c, 2, 1);
   const ParamSpec& qkv = rank1[1].params[2];
   ASSERT_EQ(qkv.name, "blocks.0.attn.qkv.weight");
   EXPECT_EQ(qkv.shape, (Shape{3 * d / 2, d}));
@@ -71,8 +71,8 @@ TEST(TensorParallelFrame, SplitsThatDoNotDivideAreRefused) {
   EXPECT_NE(bad.status().message().find("'w'"), std::string::npos) << bad.status();
   EXPECT_FALSE(SplitParam("qkv", {18, 4}, true, {.split_dim = 0, .parts = 4, .groups = 3}).ok());
   EXPECT_TRUE(SplitParam("qkv", {24, 4}, true, {.split_dim = 0, .parts = 4, .groups = 3}).ok());
-  EXPECT_FALSE(GptUnits(Config(), 3, 0).ok());  // 4 heads over 3 ranks
-  EXPECT_FALSE(GptUnits(Config(), 2, 2).ok());  // no rank 2 of 2
+  EXPECT_FALSE(DecoderUnits(Config(), 3, 0).ok());  // 4 heads over 3 ranks
+  EXPECT_FALSE(DecoderUnits(Config(), 2, 2).ok());  // no rank 2 of 2
 }
 
 }  // namespace

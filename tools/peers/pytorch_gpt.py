@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The training step zerort benchmarks, in PyTorch (Debian's python3-torch, CPU), as a peer.
 
-The same GPT-2 model as zerort's (layers/gpt_model.h): learned position embeddings, pre-norm
+The same GPT-2 model as zerort's (layers/decoder_model.h): learned position embeddings, pre-norm
 blocks of LayerNorm, causal self-attention through one fused QKV projection, LayerNorm, an MLP of
 4 d with GELU (tanh approximation), a final LayerNorm and a head tied to the token embedding;
 fp32; softmax cross-entropy; AdamW. One training step = forward, backward, optimizer step, on
