@@ -48,71 +48,34 @@ struct OffloadConfig {
   }
 };
 
-// DeepSpeed's "aio" section: how the NVMe tier does its I/O.
-struct AioConfig {
-  int64_t block_size = RuntimeDefaults().offload.aio_block_size;
-  int queue_depth = RuntimeDefaults().offload.aio_queue_depth;
-  int thread_count = RuntimeDefaults().offload.aio_thread_count;
-  bool single_submit = RuntimeDefaults().offload.aio_single_submit;
-  bool overlap_events = RuntimeDefaults().offload.aio_overlap_events;
-  std::string engine = RuntimeDefaults().offload.aio_engine;
-};
-
+// zero_optimization's keys that are not the shard manager's options one to one (those bind to
+// RunConfig::manager): the stage (an enum there), the offload sections (tiers from DeepSpeed's
+// device strings), MiCS (parallel.data_shard_size) and the accepted-only keys.
 struct ZeroConfig {
   int stage = 0;
-  bool overlap_comm = RuntimeDefaults().overlap_comm;
-  int64_t reduce_bucket_size = RuntimeDefaults().reduce_bucket_size;
-  int64_t stage3_prefetch_bucket_size = RuntimeDefaults().stage3_prefetch_bucket_size;
-  int64_t stage3_param_persistence_threshold = RuntimeDefaults().stage3_param_persistence_threshold;
-  int64_t stage3_max_live_parameters = RuntimeDefaults().stage3_max_live_parameters;
-  int64_t stage3_max_reuse_distance = RuntimeDefaults().stage3_max_reuse_distance;
-  int64_t allgather_bucket_size = RuntimeDefaults().allgather_bucket_size;
   bool contiguous_gradients = true;
-  bool allgather_partitions = RuntimeDefaults().allgather_partitions;
-  bool reduce_scatter = RuntimeDefaults().reduce_scatter;
   OffloadConfig offload_optimizer;
   OffloadConfig offload_param = OffloadConfig::ForParams();
-  int64_t sub_group_size = RuntimeDefaults().offload.sub_group_size;
   bool stage3_gather_16bit_weights_on_model_save = false;
   int mics_shard_size = -1;  // DeepSpeed's MiCS: parallel.data_shard_size at stage 3; <= 0: off
-  int zero_hpz_partition_size = RuntimeDefaults().hpz_partition_size;  // ZeRO++ hpZ; 1: off
-  bool zero_quantized_weights = false;                                 // ZeRO++ qwZ (stage 3)
-  bool zero_quantized_gradients = false;                               // ZeRO++ qgZ (stage 3)
 };
 
+// fp16's keys that map: enabled (the compute dtype) and loss_scale (0: dynamic, else static).
+// Its others bind to RunConfig::manager.loss_scale.
 struct Fp16Config {
   bool enabled = false;
   float loss_scale = 0.0f;
-  int initial_scale_power = RuntimeDefaults().loss_scale.initial_scale_power;
-  int loss_scale_window = RuntimeDefaults().loss_scale.loss_scale_window;
-  int hysteresis = RuntimeDefaults().loss_scale.hysteresis;
-  float min_loss_scale = RuntimeDefaults().loss_scale.min_loss_scale;
-  int max_consecutive_skips = RuntimeDefaults().loss_scale.max_consecutive_skips;
 };
 
+// The optimizer's keys that map (type and adam_w_mode: OptimizerKind; betas: beta1 and beta2),
+// the learning rate (the schedule's, per step) and the accepted-only keys. Its other parameters
+// bind to RunConfig::manager.optimizer.
 struct OptimizerConfig {
   std::string type = "AdamW";
   float lr = 3e-4f;
   std::array<float, 2> betas = {RuntimeDefaults().optimizer.beta1,
                                 RuntimeDefaults().optimizer.beta2};
-  float eps = RuntimeDefaults().optimizer.eps;
-  float weight_decay = RuntimeDefaults().optimizer.weight_decay;
   bool adam_w_mode = true;
-  bool bias_correction = RuntimeDefaults().optimizer.bias_correction;
-  float momentum = RuntimeDefaults().optimizer.momentum;
-  float dampening = RuntimeDefaults().optimizer.dampening;
-  bool nesterov = RuntimeDefaults().optimizer.nesterov;
-  float max_coeff = RuntimeDefaults().optimizer.max_coeff;
-  float min_coeff = RuntimeDefaults().optimizer.min_coeff;
-  int64_t freeze_step = RuntimeDefaults().optimizer.freeze_step;
-  int64_t var_freeze_step = RuntimeDefaults().optimizer.var_freeze_step;
-  int64_t var_update_scaler = RuntimeDefaults().optimizer.var_update_scaler;
-  int64_t local_step_scaler = RuntimeDefaults().optimizer.local_step_scaler;
-  int64_t local_step_clipper = RuntimeDefaults().optimizer.local_step_clipper;
-  float coeff_beta = RuntimeDefaults().optimizer.coeff_beta;
-  float factor_max = RuntimeDefaults().optimizer.factor_max;
-  float factor_min = RuntimeDefaults().optimizer.factor_min;
-  float factor_threshold = RuntimeDefaults().optimizer.factor_threshold;
   bool cuda_aware = false;
   std::string comm_backend_name = "nccl";
 };
@@ -196,13 +159,19 @@ struct RunConfig {
   int64_t train_batch_size = 0;
   int64_t train_micro_batch_size_per_gpu = 0;
   int64_t gradient_accumulation_steps = 0;
+  // [Note: a key is its option] The shard manager's options, the very struct the runtime takes:
+  // a key that sets one of its members one to one (zero_optimization's buckets, thresholds and
+  // ZeRO++ switches, aio, the optimizer's parameters, fp16's scaler, gradient_clipping) is a
+  // field-table row bound to that member (config_schema.cc), with the member's default and doc
+  // in sharding/options.h, and nothing copies it. The members no key sets one to one (the stage,
+  // the dtypes, the tiers, the optimizer kind, the loss scale's mode, the predivide factor)
+  // ShardManagerOptionsFrom maps from the sections below (config/run_options.cc).
+  ShardManagerOptions manager;
   ZeroConfig zero;
-  AioConfig aio;
   Fp16Config fp16;
   bool bf16 = false;  // bf16.enabled
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
-  float gradient_clipping = RuntimeDefaults().gradient_clipping;
   bool prescale_gradients = false;
   double gradient_predivide_factor = RuntimeDefaults().gradient_predivide_factor;
   bool wall_clock_breakdown = false;

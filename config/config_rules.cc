@@ -57,16 +57,16 @@ void OffloadRules(RunConfig& c, Problems& problems) {
     problems.Add(
         "zero_optimization.offload_param.pin_memory and offload_optimizer.pin_memory differ");
   }
-  if (c.aio.block_size % 4096 != 0) {
-    problems.Add(StrCat("aio.block_size = ", c.aio.block_size,
+  if (c.manager.offload.aio_block_size % 4096 != 0) {
+    problems.Add(StrCat("aio.block_size = ", c.manager.offload.aio_block_size,
                         " is not a multiple of 4096 (O_DIRECT's alignment)"));
   }
 }
 
 void PrecisionRules(RunConfig& c, Problems& problems) {
-  if (c.fp16.min_loss_scale < 1.0f) {
+  if (c.manager.loss_scale.min_loss_scale < 1.0f) {
     c.warnings.push_back(StrCat(
-        "fp16.min_loss_scale = ", c.fp16.min_loss_scale,
+        "fp16.min_loss_scale = ", c.manager.loss_scale.min_loss_scale,
         " is below 1: zerort uses it as the dynamic scale's floor, but newer DeepSpeed versions "
         "take only an integer here, so this config will not load there"));
   }
@@ -111,28 +111,29 @@ void OwnershipRules(const RunConfig& c, const GivenKeys& given, Problems& proble
 
 void OptimizerRules(const RunConfig& c, const GivenKeys& given, Problems& problems) {
   const OptimizerConfig& o = c.optimizer;
-  if (o.type == "OneBitLamb" && !(o.coeff_beta < 1)) {
-    problems.Add(StrCat("optimizer.params.coeff_beta = ", o.coeff_beta,
+  const OptimizerOptions& p = c.manager.optimizer;  // its parameters
+  if (o.type == "OneBitLamb" && !(p.coeff_beta < 1)) {
+    problems.Add(StrCat("optimizer.params.coeff_beta = ", p.coeff_beta,
                         ": 1-bit LAMB's frozen trust ratio would never leave 0 (below 1 needed)"));
   }
-  if (o.type == "OneBitLamb" && !(o.factor_min > 0)) {
-    problems.Add(StrCat("optimizer.params.factor_min = ", o.factor_min,
+  if (o.type == "OneBitLamb" && !(p.factor_min > 0)) {
+    problems.Add(StrCat("optimizer.params.factor_min = ", p.factor_min,
                         ": 1-bit LAMB's factor must stay above 0 (it scales the trust ratio)"));
   }
-  if (o.factor_min > o.factor_max) {
-    problems.Add(StrCat("optimizer.params.factor_min = ", o.factor_min,
-                        " is above optimizer.params.factor_max = ", o.factor_max));
+  if (p.factor_min > p.factor_max) {
+    problems.Add(StrCat("optimizer.params.factor_min = ", p.factor_min,
+                        " is above optimizer.params.factor_max = ", p.factor_max));
   }
-  if (o.min_coeff > o.max_coeff) {
-    problems.Add(StrCat("optimizer.params.min_coeff = ", o.min_coeff,
-                        " is above optimizer.params.max_coeff = ", o.max_coeff));
+  if (p.min_coeff > p.max_coeff) {
+    problems.Add(StrCat("optimizer.params.min_coeff = ", p.min_coeff,
+                        " is above optimizer.params.max_coeff = ", p.max_coeff));
   }
   if (o.type == "AdamW" && Given(given, "optimizer.params.adam_w_mode") && !o.adam_w_mode) {
     problems.Add(
         "optimizer.params.adam_w_mode = false contradicts optimizer.type AdamW (use \"Adam\" for "
         "L2-coupled weight decay)");
   }
-  if (o.type == "SGD" && o.nesterov && (o.momentum <= 0 || o.dampening != 0)) {
+  if (o.type == "SGD" && p.nesterov && (p.momentum <= 0 || p.dampening != 0)) {
     problems.Add("optimizer.params.nesterov needs momentum > 0 and dampening 0 (as PyTorch's SGD)");
   }
   // LAMB's per-parameter norms are summed over the data-parallel group only.
@@ -247,26 +248,26 @@ void HybridShardingRules(RunConfig& c, const GivenKeys& given, Problems& problem
       shard = mics;
     }
   }
-  if (c.zero.zero_hpz_partition_size > 1 && c.zero.stage != 3) {
+  if (c.manager.hpz_partition_size > 1 && c.zero.stage != 3) {
     problems.Add(
-        StrCat("zero_optimization.zero_hpz_partition_size = ", c.zero.zero_hpz_partition_size,
+        StrCat("zero_optimization.zero_hpz_partition_size = ", c.manager.hpz_partition_size,
                " is ZeRO++ hpZ, a secondary copy of stage 3's gathered weights; "
                "zero_optimization.stage is ",
                c.zero.stage));
   }
-  if (c.zero.zero_quantized_weights && c.zero.stage != 3) {
+  if (c.manager.quantized_weights && c.zero.stage != 3) {
     problems.Add(
         StrCat("zero_optimization.zero_quantized_weights is ZeRO++ qwZ, a quantized "
                "gather of stage 3's weights; zero_optimization.stage is ",
                c.zero.stage));
   }
-  if (c.zero.zero_quantized_gradients && c.zero.stage != 3) {
+  if (c.manager.quantized_gradients && c.zero.stage != 3) {
     problems.Add(
         StrCat("zero_optimization.zero_quantized_gradients is ZeRO++ qgZ, a quantized "
                "reduce-scatter of stage 3's gradients; zero_optimization.stage is ",
                c.zero.stage));
   }
-  if (c.zero.zero_quantized_gradients && shard > 0) {
+  if (c.manager.quantized_gradients && shard > 0) {
     problems.Add(StrCat("zero_optimization.zero_quantized_gradients with parallel.data_shard_size ",
                         "(or mics_shard_size) = ", shard,
                         " is not implemented: qgZ's levels are the nodes of the whole data group"));

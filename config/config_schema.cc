@@ -69,7 +69,7 @@ std::vector<ConfigField> BuildTable() {
       Num<int64_t>(top, "gradient_accumulation_steps", ZR_MEMBER(gradient_accumulation_steps), 1,
                    kMaxConfigIntAsDouble, "micro-batches per step (a pipeline's micro-batches)"),
       kOmitUnset));
-  t.push_back(Num<float>(top, "gradient_clipping", ZR_MEMBER(gradient_clipping), 0, 1e30,
+  t.push_back(Num<float>(top, "gradient_clipping", ZR_MEMBER(manager.gradient_clipping), 0, 1e30,
                          "max global gradient norm; 0: off (DeepSpeed's default)"));
   t.push_back(Num<int64_t>(top, "steps_per_print", ZR_MEMBER(steps_per_print), 1,
                            kMaxConfigIntAsDouble, "steps between metrics lines, DeepSpeed's 10"));
@@ -89,36 +89,38 @@ std::vector<ConfigField> BuildTable() {
   t.push_back(Num<int>(z, "stage", ZR_MEMBER(zero.stage), 0, 3,
                        "ZeRO stage: 0 data parallelism, 1 optimizer state, 2 + gradients, 3 + "
                        "parameters sharded"));
-  t.push_back(Bool(z, "overlap_comm", ZR_MEMBER(zero.overlap_comm),
+  t.push_back(Bool(z, "overlap_comm", ZR_MEMBER(manager.overlap_comm),
                    "reduce gradients on the communication stream during the backward"));
-  t.push_back(Num<int64_t>(z, "reduce_bucket_size", ZR_MEMBER(zero.reduce_bucket_size), 0,
+  t.push_back(Num<int64_t>(z, "reduce_bucket_size", ZR_MEMBER(manager.reduce_bucket_size), 0,
                            kMaxConfigIntAsDouble,
                            "elements per gradient reduction bucket; 0: each unit alone"));
   t.push_back(
-      Num<int64_t>(z, "stage3_prefetch_bucket_size", ZR_MEMBER(zero.stage3_prefetch_bucket_size), 0,
-                   kMaxConfigIntAsDouble,
+      Num<int64_t>(z, "stage3_prefetch_bucket_size", ZR_MEMBER(manager.stage3_prefetch_bucket_size),
+                   0, kMaxConfigIntAsDouble,
                    "stage 3: elements of parameters gathered ahead of use; 0: no prefetch"));
-  t.push_back(Num<int64_t>(
-      z, "stage3_param_persistence_threshold", ZR_MEMBER(zero.stage3_param_persistence_threshold),
-      0, kMaxConfigIntAsDouble, "stage 3: units smaller than this stay gathered, DeepSpeed's 1e5"));
+  t.push_back(Num<int64_t>(z, "stage3_param_persistence_threshold",
+                           ZR_MEMBER(manager.stage3_param_persistence_threshold), 0,
+                           kMaxConfigIntAsDouble,
+                           "stage 3: units smaller than this stay gathered, DeepSpeed's 1e5"));
   t.push_back(Num<int64_t>(z, "stage3_max_live_parameters",
-                           ZR_MEMBER(zero.stage3_max_live_parameters), 0, kMaxConfigIntAsDouble,
+                           ZR_MEMBER(manager.stage3_max_live_parameters), 0, kMaxConfigIntAsDouble,
                            "stage 3: elements gathered at once; 0: only the unit in use"));
   t.push_back(
-      Num<int64_t>(z, "stage3_max_reuse_distance", ZR_MEMBER(zero.stage3_max_reuse_distance), 0,
+      Num<int64_t>(z, "stage3_max_reuse_distance", ZR_MEMBER(manager.stage3_max_reuse_distance), 0,
                    kMaxConfigIntAsDouble,
                    "stage 3: a unit used again within this many elements of other units "
                    "stays gathered; zerort's 0 releases after every use (DeepSpeed's 1e9)"));
-  t.push_back(Num<int64_t>(
-      z, "allgather_bucket_size", ZR_MEMBER(zero.allgather_bucket_size), 1, kMaxConfigIntAsDouble,
-      "stages 1-2: elements per all-gather of the updated parameters; a larger unit "
-      "goes in pieces through a staging buffer of that size"));
+  t.push_back(
+      Num<int64_t>(z, "allgather_bucket_size", ZR_MEMBER(manager.allgather_bucket_size), 1,
+                   kMaxConfigIntAsDouble,
+                   "stages 1-2: elements per all-gather of the updated parameters; a larger unit "
+                   "goes in pieces through a staging buffer of that size"));
   t.push_back(Bool(z, "contiguous_gradients", ZR_MEMBER(zero.contiguous_gradients),
                    "accepted for DeepSpeed compatibility: zerort's gradients are always "
                    "contiguous"));
-  t.push_back(Bool(z, "allgather_partitions", ZR_MEMBER(zero.allgather_partitions),
+  t.push_back(Bool(z, "allgather_partitions", ZR_MEMBER(manager.allgather_partitions),
                    "false: a broadcast per rank instead of one all-gather (the same weights)"));
-  t.push_back(Bool(z, "reduce_scatter", ZR_MEMBER(zero.reduce_scatter),
+  t.push_back(Bool(z, "reduce_scatter", ZR_MEMBER(manager.reduce_scatter),
                    "false: stages 2-3 all-reduce and each rank keeps its shard (the same "
                    "numbers); stages 0-1 always all-reduce"));
   t.push_back(Num<int>(z, "mics_shard_size", ZR_MEMBER(zero.mics_shard_size), -1, 1 << 16,
@@ -126,38 +128,39 @@ std::vector<ConfigField> BuildTable() {
                        "data ranks, replicated across them, as parallel.data_shard_size; <= 0: "
                        "off"));
   t.push_back(
-      Num<int>(z, "zero_hpz_partition_size", ZR_MEMBER(zero.zero_hpz_partition_size), 1, 1 << 16,
+      Num<int>(z, "zero_hpz_partition_size", ZR_MEMBER(manager.hpz_partition_size), 1, 1 << 16,
                "ZeRO++ hpZ (stage 3): a secondary copy of each unit's weights sharded over "
                "groups of this many ranks (a node) serves the step's later gathers; 1: off"));
   t.push_back(
-      Bool(z, "zero_quantized_weights", ZR_MEMBER(zero.zero_quantized_weights),
+      Bool(z, "zero_quantized_weights", ZR_MEMBER(manager.quantized_weights),
            "ZeRO++ qwZ (stage 3): weights all-gathered as int8 in groups of 4k-8k with "
            "fp32 scales (about half of bf16's bytes); changes the weights the model reads"));
-  t.push_back(Bool(z, "zero_quantized_gradients", ZR_MEMBER(zero.zero_quantized_gradients),
+  t.push_back(Bool(z, "zero_quantized_gradients", ZR_MEMBER(manager.quantized_gradients),
                    "ZeRO++ qgZ (stage 3): the gradient reduce-scatter as int8 all-to-alls, inside "
                    "the node then across (about a quarter of fp32's bytes on each link)"));
   t.push_back(Bool(z, "stage3_gather_16bit_weights_on_model_save",
                    ZR_MEMBER(zero.stage3_gather_16bit_weights_on_model_save),
                    "each checkpoint also writes the consolidated weights in the compute dtype as "
                    "a Hugging Face model in step_<N>/hf/"));
-  t.push_back(Num<int64_t>(z, "sub_group_size", ZR_MEMBER(zero.sub_group_size), 0,
+  t.push_back(Num<int64_t>(z, "sub_group_size", ZR_MEMBER(manager.offload.sub_group_size), 0,
                            kMaxConfigIntAsDouble,
                            "elements per NVMe optimizer chunk; 0: one chunk per unit's shard"));
   AddOffload(t, "zero_optimization.offload_optimizer", false);
   AddOffload(t, "zero_optimization.offload_param", true);
 
   const std::string_view aio = "aio";
-  t.push_back(Num<int64_t>(aio, "block_size", ZR_MEMBER(aio.block_size), 4096, 1 << 30,
-                           "bytes per NVMe request, a multiple of 4096"));
-  t.push_back(
-      Num<int>(aio, "queue_depth", ZR_MEMBER(aio.queue_depth), 1, 4096, "NVMe requests in flight"));
-  t.push_back(Num<int>(aio, "thread_count", ZR_MEMBER(aio.thread_count), 1, 256,
+  t.push_back(Num<int64_t>(aio, "block_size", ZR_MEMBER(manager.offload.aio_block_size), 4096,
+                           1 << 30, "bytes per NVMe request, a multiple of 4096"));
+  t.push_back(Num<int>(aio, "queue_depth", ZR_MEMBER(manager.offload.aio_queue_depth), 1, 4096,
+                       "NVMe requests in flight"));
+  t.push_back(Num<int>(aio, "thread_count", ZR_MEMBER(manager.offload.aio_thread_count), 1, 256,
                        "pread/pwrite threads when io_uring is refused"));
-  t.push_back(Bool(aio, "single_submit", ZR_MEMBER(aio.single_submit),
+  t.push_back(Bool(aio, "single_submit", ZR_MEMBER(manager.offload.aio_single_submit),
                    "submit NVMe requests one at a time"));
-  t.push_back(Bool(aio, "overlap_events", ZR_MEMBER(aio.overlap_events),
+  t.push_back(Bool(aio, "overlap_events", ZR_MEMBER(manager.offload.aio_overlap_events),
                    "refill the queue as requests complete"));
-  t.push_back(Str(aio, "engine", ZR_MEMBER(aio.engine), {"auto", "io_uring", "threads"},
+  t.push_back(Str(aio, "engine", ZR_MEMBER(manager.offload.aio_engine),
+                  {"auto", "io_uring", "threads"},
                   "zerort's: the NVMe I/O engine; threads forces the fallback"));
 
   const std::string_view f16 = "fp16";
@@ -166,17 +169,18 @@ std::vector<ConfigField> BuildTable() {
                    "scaling (the scale and skipped steps in the metrics)"));
   t.push_back(Num<float>(f16, "loss_scale", ZR_MEMBER(fp16.loss_scale), 0, 1e30,
                          "a static loss scale; 0: dynamic (DeepSpeed's convention)"));
-  t.push_back(Num<int>(f16, "initial_scale_power", ZR_MEMBER(fp16.initial_scale_power), 0, 64,
+  t.push_back(Num<int>(f16, "initial_scale_power",
+                       ZR_MEMBER(manager.loss_scale.initial_scale_power), 0, 64,
                        "the dynamic scale starts at 2^this"));
-  t.push_back(Num<int>(f16, "loss_scale_window", ZR_MEMBER(fp16.loss_scale_window), 1, 1 << 30,
-                       "overflow-free steps before the scale doubles"));
-  t.push_back(Num<int>(f16, "hysteresis", ZR_MEMBER(fp16.hysteresis), 1, 1 << 30,
+  t.push_back(Num<int>(f16, "loss_scale_window", ZR_MEMBER(manager.loss_scale.loss_scale_window), 1,
+                       1 << 30, "overflow-free steps before the scale doubles"));
+  t.push_back(Num<int>(f16, "hysteresis", ZR_MEMBER(manager.loss_scale.hysteresis), 1, 1 << 30,
                        "overflows tolerated before the scale halves"));
   t.push_back(Num<float>(
-      f16, "min_loss_scale", ZR_MEMBER(fp16.min_loss_scale), 0, 1e30,
+      f16, "min_loss_scale", ZR_MEMBER(manager.loss_scale.min_loss_scale), 0, 1e30,
       "the dynamic scale's floor (below 1: a warning; newer DeepSpeed takes an integer)"));
-  t.push_back(Num<int>(f16, "max_consecutive_skips", ZR_MEMBER(fp16.max_consecutive_skips), 1,
-                       1 << 30,
+  t.push_back(Num<int>(f16, "max_consecutive_skips",
+                       ZR_MEMBER(manager.loss_scale.max_consecutive_skips), 1, 1 << 30,
                        "zerort's: stop the run (exit 1) after this many steps in a row skipped "
                        "for non-finite gradients, in any precision"));
   t.push_back(Bool("bf16", "enabled", ZR_MEMBER(bf16), "bf16 compute, fp32 masters and reduction"));

@@ -339,9 +339,9 @@ void ResolveAutoValues(const AutoKeys& autos, const RunConfig& first, nlohmann::
     } else if (p == "optimizer.params.betas") {
       set(p, {o.betas[0], o.betas[1]}, "zerort's default, as Hugging Face's");
     } else if (p == "optimizer.params.eps") {
-      set(p, o.eps, "zerort's default, as Hugging Face's");
+      set(p, first.manager.optimizer.eps, "zerort's default, as Hugging Face's");
     } else if (p == "optimizer.params.weight_decay") {
-      set(p, o.weight_decay, "zerort's default, as Hugging Face's");
+      set(p, first.manager.optimizer.weight_decay, "zerort's default, as Hugging Face's");
     } else if (p == "scheduler.params.warmup_min_lr") {
       set(p, 0, "Hugging Face's rule");
     } else if (p == "scheduler.params.warmup_max_lr") {

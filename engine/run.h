@@ -75,7 +75,7 @@ class Run {
   // qgZ's first level ([Note: qgZ]): the data group's ranks on this node, or the whole group when
   // there is one node (or the nodes hold different numbers of its ranks).
   Communicator* QuantizedGradientGroup() {
-    if (!c_.zero.zero_quantized_gradients) return nullptr;
+    if (!c_.manager.quantized_gradients) return nullptr;
     return mesh_->data_intra() != nullptr ? mesh_->data_intra() : &mesh_->data();
   }
   int pp() const { return c_.parallel.pipeline_parallel_size; }

@@ -42,7 +42,7 @@ StatusOr<std::unique_ptr<DeviceMesh>> MakeRunMesh(const RunConfig& c, Communicat
         " / (tensor_parallel_size ", tp, " x pipeline_parallel_size ", pp, "))"));
   }
   const bool hybrid = shard > 0 && shard < dp;
-  const int hpz = c.zero.zero_hpz_partition_size;
+  const int hpz = c.manager.hpz_partition_size;
   if (hpz > 1 && (hybrid ? shard : dp) % hpz != 0) {
     return absl::InvalidArgumentError(
         StrCat("zero_optimization.zero_hpz_partition_size = ", hpz, " does not divide the ",
@@ -50,7 +50,7 @@ StatusOr<std::unique_ptr<DeviceMesh>> MakeRunMesh(const RunConfig& c, Communicat
                world_source, ")"));
   }
   // qgZ's two levels are the data group's intra- and inter-node groups.
-  if (tp == 1 && pp == 1 && !hybrid && hpz <= 1 && !c.zero.zero_quantized_gradients) {
+  if (tp == 1 && pp == 1 && !hybrid && hpz <= 1 && !c.manager.quantized_gradients) {
     return std::unique_ptr<DeviceMesh>();
   }
   ZR_ASSIGN_OR_RETURN(std::unique_ptr<DeviceMesh> mesh,
@@ -83,11 +83,11 @@ std::string DescribeDataLayout(const RunConfig& c, const Topology* topology) {
     parts.push_back(StrCat("state sharded in groups of ", c.parallel.data_shard_size,
                            " data ranks (hybrid sharding)"));
   }
-  if (c.zero.zero_hpz_partition_size > 1) {
-    parts.push_back(StrCat("hpZ secondary copy over ", c.zero.zero_hpz_partition_size, " ranks"));
+  if (c.manager.hpz_partition_size > 1) {
+    parts.push_back(StrCat("hpZ secondary copy over ", c.manager.hpz_partition_size, " ranks"));
   }
-  if (c.zero.zero_quantized_weights) parts.push_back("qwZ int8 weight gathers");
-  if (c.zero.zero_quantized_gradients) parts.push_back("qgZ int8 gradient reduce-scatter");
+  if (c.manager.quantized_weights) parts.push_back("qwZ int8 weight gathers");
+  if (c.manager.quantized_gradients) parts.push_back("qgZ int8 gradient reduce-scatter");
   return absl::StrJoin(parts, "; ");
 }
 

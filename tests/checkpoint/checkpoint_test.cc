@@ -40,7 +40,7 @@ RunConfig Config(const std::string& dir, int world, int stage, int64_t steps) {
   c.train.steps = steps;
   c.train_micro_batch_size_per_gpu = 8 / world;
   c.zero.stage = stage;
-  c.zero.stage3_param_persistence_threshold = 0;
+  c.manager.stage3_param_persistence_threshold = 0;
   c.checkpoint.dir = dir;
   c.checkpoint.keep_last_n = 0;
   c.logging.metrics_file = dir + "/metrics.jsonl";

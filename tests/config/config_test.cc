@@ -64,8 +64,8 @@ TEST(ConfigTest, DeepSpeedSectionsAndDefaults) {
               "head_chunk_rows": 96}
   })");
   EXPECT_EQ(c.zero.stage, 3);
-  EXPECT_FALSE(c.zero.overlap_comm);
-  EXPECT_EQ(c.zero.reduce_bucket_size, 50'000'000);
+  EXPECT_FALSE(c.manager.overlap_comm);
+  EXPECT_EQ(c.manager.reduce_bucket_size, 50'000'000);
   EXPECT_TRUE(c.bf16);
   EXPECT_EQ(c.optimizer.type, "AdamW");  // case-insensitive, DeepSpeed's spelling kept
   EXPECT_FLOAT_EQ(c.optimizer.betas[1], 0.95f);
@@ -297,8 +297,8 @@ TEST(ConfigTest, OffloadKeysFollowDeepSpeedsRules) {
                                           "ds.json");
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->zero.offload_param.buffer_size, 100'000'000);
-  EXPECT_EQ(ok->zero.sub_group_size, 100'000'000);
-  EXPECT_EQ(ok->aio.block_size, 1 << 20);
+  EXPECT_EQ(ok->manager.offload.sub_group_size, 100'000'000);
+  EXPECT_EQ(ok->manager.offload.aio_block_size, 1 << 20);
 }
 
 TEST(ConfigTest, MissingDataFileAndUnwritableCheckpointDir) {

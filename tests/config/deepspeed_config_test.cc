@@ -191,9 +191,9 @@ TEST(DeepSpeedKeysTest, LegacyAndAlternativeNamesMapToTheCurrentOnes) {
     "bfloat16": {"enabled": true},
     "activation_checkpointing": {"partition_activations": true, "number_checkpoints": 4}
   })"));
-  EXPECT_EQ(c.zero.stage3_max_live_parameters, 0);  // DeepSpeed allows 0
-  EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 0);
-  EXPECT_EQ(c.zero.stage3_param_persistence_threshold, 77);
+  EXPECT_EQ(c.manager.stage3_max_live_parameters, 0);  // DeepSpeed allows 0
+  EXPECT_EQ(c.manager.stage3_prefetch_bucket_size, 0);
+  EXPECT_EQ(c.manager.stage3_param_persistence_threshold, 77);
   EXPECT_EQ(c.zero.offload_optimizer.device, "cpu");
   EXPECT_FALSE(c.zero.offload_optimizer.pin_memory);
   EXPECT_TRUE(c.bf16);
@@ -224,7 +224,7 @@ TEST(DeepSpeedKeysTest, DeepSpeedsOwnVerdicts) {
     "fp16": {"enabled": true, "min_loss_scale": 0.5}
   })"));
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->zero.sub_group_size, 0);
+  EXPECT_EQ(c->manager.offload.sub_group_size, 0);
   EXPECT_FALSE(c->zero.stage3_gather_16bit_weights_on_model_save);
   EXPECT_TRUE(NotesMention(*c, "stage3_gather_16bit_weights_on_model_save = \"auto\" -> false"));
   EXPECT_TRUE(NotesMention(*c, "_comment: a comment"));
@@ -269,16 +269,16 @@ TEST(DeepSpeedKeysTest, AutoIsResolvedByHuggingFacesRules) {
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   const RunConfig& c = *parsed;
   EXPECT_EQ(c.model.shape.d_model, 64);
-  EXPECT_EQ(c.zero.reduce_bucket_size, 64 * 64);
-  EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 3686);  // int(0.9 x 4096)
-  EXPECT_EQ(c.zero.stage3_param_persistence_threshold, 640);
-  EXPECT_FLOAT_EQ(c.gradient_clipping, 1.0f);
+  EXPECT_EQ(c.manager.reduce_bucket_size, 64 * 64);
+  EXPECT_EQ(c.manager.stage3_prefetch_bucket_size, 3686);  // int(0.9 x 4096)
+  EXPECT_EQ(c.manager.stage3_param_persistence_threshold, 640);
+  EXPECT_FLOAT_EQ(c.manager.gradient_clipping, 1.0f);
   EXPECT_FALSE(c.fp16.enabled);
   EXPECT_FALSE(c.bf16);
   EXPECT_FLOAT_EQ(c.optimizer.betas[0], 0.9f);
   EXPECT_FLOAT_EQ(c.optimizer.betas[1], 0.999f);
-  EXPECT_FLOAT_EQ(c.optimizer.eps, 1e-8f);
-  EXPECT_FLOAT_EQ(c.optimizer.weight_decay, 0.0f);
+  EXPECT_FLOAT_EQ(c.manager.optimizer.eps, 1e-8f);
+  EXPECT_FLOAT_EQ(c.manager.optimizer.weight_decay, 0.0f);
   EXPECT_FLOAT_EQ(c.scheduler.warmup_min_lr, 0.0f);
   EXPECT_FLOAT_EQ(c.scheduler.warmup_max_lr, 6e-4f);  // the optimizer's lr
   EXPECT_EQ(c.scheduler.warmup_num_steps, 0);

@@ -192,7 +192,7 @@ std::vector<double> TrainOn(int world, int stage, int accumulation_per_rank,
   std::filesystem::remove(metrics);
   RunConfig c = SmallRun(metrics);
   c.zero.stage = stage;
-  c.zero.stage3_param_persistence_threshold = 0;
+  c.manager.stage3_param_persistence_threshold = 0;
   c.train_micro_batch_size_per_gpu = 8 / world / accumulation_per_rank;
   std::FILE* sink = std::fopen("/dev/null", "w");
   CommOptions options;

@@ -99,9 +99,9 @@ TEST_P(MemoryGridTest, EstimateMatchesTheMeasuredStep) {
     if (n > 0) c.model.shape.n_layer = n;
   }
   c.model.shape.d_model = p.d_model;
-  c.zero.stage3_max_reuse_distance = p.reuse_distance;
-  c.zero.stage3_max_live_parameters = p.max_live;
-  c.zero.allgather_bucket_size = p.allgather_bucket_size;
+  c.manager.stage3_max_reuse_distance = p.reuse_distance;
+  c.manager.stage3_max_live_parameters = p.max_live;
+  c.manager.allgather_bucket_size = p.allgather_bucket_size;
   c.model.head_chunk_rows = p.head_chunk;
   c.model.shape.vocab_size = p.vocab;
   if (p.llama) {
@@ -117,7 +117,7 @@ TEST_P(MemoryGridTest, EstimateMatchesTheMeasuredStep) {
   c.zero.offload_param.device = p.offload_param;
   c.zero.offload_optimizer.nvme_path = c.zero.offload_param.nvme_path = ::testing::TempDir();
   c.zero.offload_param.buffer_size = 200'000;  // the grid's largest shard is ~197,000 elements
-  c.zero.sub_group_size = 100'000;             // two chunks per block
+  c.manager.offload.sub_group_size = 100'000;  // two chunks per block
   std::vector<MemorySnapshot> by_rank(p.world);
   CommOptions options;
   options.timeout = std::chrono::seconds(120);
