@@ -2,7 +2,7 @@
 // names must be a plain name inside its step directory, opened without following links and
 // non-blocking, a regular file of the metadata's size; small files are read bounded; metadata.json
 // is validated key by key (type and range) before any loader or `inspect` reads it. Internal to
-// engine/ (not installed): checkpoint.cc's loaders, inspect and rotation use it.
+// checkpoint/ (not installed): checkpoint.cc's loaders, inspect and rotation use it.
 #pragma once
 
 #include <cstdint>

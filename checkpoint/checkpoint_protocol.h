@@ -1,5 +1,5 @@
-// The checkpoint protocol's shared pieces (internal to engine/): the state kinds a checkpoint holds
-// and the agreement every phase of a save or a load ends with.
+// The checkpoint protocol's shared pieces (internal to checkpoint/): the state kinds a checkpoint
+// holds and the agreement every phase of a save or a load ends with.
 #pragma once
 
 #include <string_view>

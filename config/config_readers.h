@@ -1,4 +1,4 @@
-// The config keys whose reading is more than a typed getter (internal to engine/): each is a
+// The config keys whose reading is more than a typed getter (internal to config/): each is a
 // field-table row's CustomRead (config_schema.cc). model.preset and model.arch set other members;
 // optimizer.type and scheduler.type refuse DeepSpeed's types zerort does not implement by name;
 // data.blend reads Megatron's weighted list of files.

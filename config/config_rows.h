@@ -1,5 +1,5 @@
 // The field table's row builders (config_schema.cc), shared with the files that add a section's
-// rows (config_schema_optimizer.cc). Internal to engine/.
+// rows (config_schema_optimizer.cc). Internal to config/.
 #pragma once
 
 #include <string_view>

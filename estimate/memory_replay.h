@@ -1,4 +1,4 @@
-// The memory model's allocation replay (internal to engine/): allocations and frees through the
+// The memory model's allocation replay (internal to estimate/): allocations and frees through the
 // runtime's own CachingAllocator over a backend that maps address space and no memory, into a
 // MemoryTracker, so in-use and reserved peaks (allocator overhead included) mean what they mean in
 // a real run. step_model.cc drives it in the runtime's program order.

@@ -8,11 +8,11 @@
 #include "zerort/estimate/memory_replay.h"
 #include "zerort/kernels/memory_facts.h"
 #include "zerort/kernels/quantize.h"
-#include "zerort/layers/decoder_block.h"
-#include "zerort/layers/decoder_mb_plan.h"
 #include "zerort/layers/decoder_model.h"
+#include "zerort/layers/decoder_plans.h"
 #include "zerort/layers/pipeline_executor.h"
 #include "zerort/layers/pipeline_schedule.h"
+#include "zerort/layers/tp_layers.h"
 #include "zerort/offload/staging_pool.h"
 #include "zerort/runtime/allocator.h"
 #include "zerort/runtime/device.h"
@@ -207,8 +207,8 @@ void StepModel::AttentionScratch(bool backward) {
 void StepModel::MicroBatch() {
   // Replays DecoderModel's allocations in its order (layers/decoder_model.cc) from the model's own
   // tables, with tensor and sequence parallelism's local sizes from the same geometry: [Note: a
-  // micro-batch's buffers] (layers/decoder_mb_plan.h), [Note: a block's activation set] and [Note:
-  // the backward's scratch] (layers/decoder_block.h), [Note: what the kernels allocate]
+  // micro-batch's buffers] (layers/decoder_plans.h), [Note: a block's activation set] and [Note:
+  // the backward's scratch] (layers/decoder_plans.h), [Note: what the kernels allocate]
   // (kernels/memory_facts.h). What is typed here is the order of the calls and of the units'
   // scopes; which units are gathered when is the shard manager's planner's.
   const DecoderConfig& c = in_.model;

@@ -6,42 +6,6 @@
 
 namespace zerort::decoder {
 
-Geometry MakeGeometry(const DecoderModelOptions& o, int batch, int seq) {
-  return MakeGeometry(o.config, o.tp.size(), o.tp.rank(), o.sequence_parallel, o.vocab_multiple,
-                      batch, seq);
-}
-
-Geometry MakeGeometry(const DecoderConfig& c, int tp_size, int tp_rank, bool sequence_parallel,
-                      int vocab_multiple, int batch, int seq) {
-  Geometry g;
-  g.t = tp_size;
-  g.r = tp_rank;
-  g.batch = batch;
-  g.seq = seq;
-  g.rows = static_cast<int64_t>(batch) * seq;
-  // Any contiguous split of the rows works: every op in the sequence-parallel region (LayerNorm,
-  // residual additions) is per row. A pass whose rows do not divide (a short prompt) runs
-  // without it, which computes the same values.
-  g.sp = sequence_parallel && g.t > 1 && g.rows % g.t == 0;
-  g.rows_l = g.sp ? g.rows / g.t : g.rows;
-  g.d = c.d_model;
-  g.d_l = c.d_model / g.t;
-  g.h_l = c.n_head / g.t;
-  g.f_l = c.ffn_channels() / g.t;
-  g.llama = c.llama();
-  g.hs = c.head_size();
-  g.kv_l = c.kv_heads() / g.t;
-  g.eps = static_cast<float>(c.norm_eps);
-  g.rope = Rope{.theta = c.rope_theta, .scaling = c.rope_scaling};
-  g.qkv_bias = c.qkv_bias;
-  g.o_proj_bias = c.o_proj_bias;
-  g.mlp_bias = c.mlp_bias;
-  g.v_l = static_cast<int>(PaddedVocab(c, g.t, vocab_multiple) / g.t);
-  g.v_begin = g.r * g.v_l;
-  g.v_valid = std::clamp(c.vocab_size - g.v_begin, 0, g.v_l);
-  return g;
-}
-
 int LlamaSlot(const Geometry& g, LlamaParam p) {
   auto has = [&g](int q) {
     return q < kQB || (q <= kVB ? g.qkv_bias : q == kOB ? g.o_proj_bias : g.mlp_bias);
@@ -205,63 +169,6 @@ Status BlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const Bl
   ZR_RETURN_IF_ERROR(
       NormBackward(c, s, 1, dln1, x, w, gr, kLn1W, a.ln1_mean.data(), a.ln1_rstd.data()));
   return ReduceNormGrads(c, s, {{gr[kLn2W], gr[kLn2B]}, {gr[kLn1W], gr[kLn1B]}});
-}
-
-std::vector<ScratchBuffer> BackwardScratchPlan(const Geometry& g, int64_t act, int64_t grad,
-                                               bool head_gave_dbtc) {
-  std::vector<ScratchBuffer> plan = {{&BackwardScratch::dres, g.rows_l * g.d * act}};
-  if (!head_gave_dbtc) plan.push_back({&BackwardScratch::dbtc, g.rows * g.d * act});
-  if (g.sp) {
-    plan.push_back({&BackwardScratch::dfull, g.rows * g.d * act});
-    plan.push_back({&BackwardScratch::dloc, g.rows_l * g.d * act});
-    plan.push_back({&BackwardScratch::norm, 4 * g.d * grad});
-  }
-  return plan;
-}
-
-std::vector<ScratchBuffer> BlockBackwardScratchPlan(const Geometry& g, int64_t act) {
-  if (g.llama) {
-    const int64_t projections = int64_t{g.h_l + 2 * g.kv_l} * g.hs;
-    return {{&BackwardScratch::d4a, g.rows * std::max<int64_t>(g.f_l, 3 * g.d_l) * act},
-            {&BackwardScratch::d4b, g.rows * std::max<int64_t>(2 * g.f_l, projections) * act}};
-  }
-  return {{&BackwardScratch::d4a, g.rows * g.f_l * act},
-          {&BackwardScratch::d4b, g.rows * g.f_l * act}};
-}
-
-int64_t ProjectionScratchBytes(const Geometry& g, int64_t act) {
-  return g.llama ? g.rows * (g.h_l + 2 * g.kv_l) * g.hs * act : 0;
-}
-
-std::vector<BlockActBuffer> BlockActPlan(const Geometry& g, int64_t act, int64_t stat,
-                                         int64_t attention_saved) {
-  const int64_t rows = g.rows, rows_l = g.rows_l, d = g.d;
-  if (g.llama) {
-    return {{&BlockActs::ln1, rows * d * act},
-            {&BlockActs::ln1_rstd, rows_l * stat},
-            {&BlockActs::qkv, rows * 3 * g.d_l * act},  // after the rotation, heads repeated
-            {&BlockActs::atty, rows * g.d_l * act},
-            {&BlockActs::att, attention_saved},
-            {&BlockActs::res2, rows_l * d * act},
-            {&BlockActs::ln2, rows * d * act},
-            {&BlockActs::ln2_rstd, rows_l * stat},
-            {&BlockActs::mlp_in, rows * g.f_l * act},  // gate
-            {&BlockActs::mlp_up, rows * g.f_l * act},
-            {&BlockActs::mlp_act, rows * g.f_l * act}};  // SwiGLU's output
-  }
-  return {{&BlockActs::ln1, rows * d * act},  // every row: the input of column layers
-          {&BlockActs::ln1_mean, rows_l * stat},
-          {&BlockActs::ln1_rstd, rows_l * stat},
-          {&BlockActs::qkv, rows * 3 * g.d_l * act},
-          {&BlockActs::atty, rows * g.d_l * act},
-          // What the kernels' attention keeps for its backward (the CPU: a log-sum-exp per query).
-          {&BlockActs::att, attention_saved},
-          {&BlockActs::res2, rows_l * d * act},
-          {&BlockActs::ln2, rows * d * act},
-          {&BlockActs::ln2_mean, rows_l * stat},
-          {&BlockActs::ln2_rstd, rows_l * stat},
-          {&BlockActs::mlp_in, rows * g.f_l * act},
-          {&BlockActs::mlp_act, rows * g.f_l * act}};
 }
 
 Status AllocateBlockActs(const Geometry& g, ModelKernels& k, Allocator& activations, BlockActs& a) {

@@ -9,7 +9,7 @@
 #include <optional>
 
 #include "zerort/layers/decoder_block.h"
-#include "zerort/layers/decoder_mb_plan.h"
+#include "zerort/layers/decoder_plans.h"
 #include "zerort/layers/tp_layers.h"
 #include "zerort/runtime/scoped_seconds.h"
 #include "zerort/runtime/strings.h"

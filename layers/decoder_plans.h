@@ -1,0 +1,160 @@
+// The decoder's memory plans: one pass's sizes (Geometry), a block's activation set and the
+// backward's scratch, and the tables of what DecoderModel allocates, in order, with each buffer's
+// bytes: a block's activation set (BlockActPlan), the backward's scratch (BackwardScratchPlan,
+// BlockBackwardScratchPlan), the LLaMA projections' scratch, and a micro-batch's buffers outside
+// the blocks (BeginPlan, SeqScratchPlan, HeadNormPlan, HeadPlan). The model allocates from these
+// tables and the memory model (estimate/step_model.cc) replays them: this header is layers/'
+// interface to estimate/ (built with zerort, not installed; the block's layer functions,
+// decoder_block.h, stay internal to layers/). With the kernels' own (kernels/memory_facts.h)
+// these are every activation and workspace byte of a step.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "zerort/kernels/rope.h"
+#include "zerort/layers/decoder_model.h"
+#include "zerort/runtime/allocator.h"
+#include "zerort/runtime/memory.h"
+
+namespace zerort::decoder {
+
+// A block's saved activations, named for what they hold in every architecture: ln1 and ln2 the
+// norms' outputs (ln*_mean: LayerNorm's only; ln*_rstd: both norms'), qkv (attention's input:
+// GPT-2's fused projection, or rope(q), rope(k), v with the key/value heads repeated), atty (its
+// output), att (its probabilities or log-sum-exps), res2 (the residual after attention), mlp_in
+// (the MLP's first projection before its activation: GPT-2's fc, SwiGLU's gate), mlp_up
+// (SwiGLU's up projection; GPT-2 has none) and mlp_act (the activation's output: GELU(mlp_in) or
+// SiLU(mlp_in) x mlp_up), the down projection's input.
+struct BlockActs {
+  Buffer ln1, ln1_mean, ln1_rstd, qkv, atty, att, res2, ln2, ln2_mean, ln2_rstd, mlp_in, mlp_up,
+      mlp_act;
+};
+
+// The sizes one rank works with in a pass: t tensor-parallel ranks, this one r.
+struct Geometry {
+  int t = 1, r = 0;
+  bool sp = false;  // sequence parallelism in this pass: the residual stream split by rows
+  int batch = 0, seq = 0;
+  int64_t rows = 0, rows_l = 0;          // every row; this rank's rows of the residual stream
+  int d = 0, d_l = 0, h_l = 0, f_l = 0;  // channels; attention channels, heads, MLP channels here
+  // LLaMA: RMSNorm (eps), rotary embeddings, kv_l key/value heads here of hs channels, the
+  // biases the block has.
+  bool llama = false;
+  int kv_l = 0, hs = 0;
+  float eps = 0;
+  Rope rope = {};
+  bool qkv_bias = false, o_proj_bias = false, mlp_bias = false;
+  int v_l = 0, v_begin = 0, v_valid = 0;  // vocabulary rows here, the first one's id, real ones
+  bool whole_vocab() const { return t == 1 && v_l == v_valid; }
+};
+
+Geometry MakeGeometry(const DecoderModelOptions& o, int batch, int seq);
+
+// The same for tensor-parallel rank `tp_rank` of `tp_size` without a model (the memory model).
+Geometry MakeGeometry(const DecoderConfig& c, int tp_size, int tp_rank, bool sequence_parallel,
+                      int vocab_multiple, int batch, int seq);
+
+// Scratch of the backward: gradients of activations (kWorkspace). A LLaMA block's d4a holds
+// d(SwiGLU output), then d(qkv) [rows, max(f_l, 3 d_l)]; its d4b d(gate), d(up), then d(q), d(k),
+// d(v) [rows, max(2 f_l, (h_l + 2 kv_l) hs)].
+struct BackwardScratch {
+  Buffer dres;   // [rows_l, d]: the gradient flowing down the residual stream (this rank's rows)
+  Buffer dfull;  // [rows, d]: dres gathered from every rank (sequence parallelism)
+  Buffer dbtc;   // [rows, d]
+  Buffer dloc;   // [rows_l, d]: dbtc reduce-scattered (sequence parallelism)
+  Buffer d4a;    // [rows, 4d / tp] (GPT-2)
+  Buffer d4b;    // [rows, 4d / tp] (GPT-2)
+  Buffer norm;   // [4d] grad dtype: LayerNorm weight gradients of this rank's rows (SP)
+};
+
+// [Note: the backward's scratch] What a micro-batch's backward allocates when it begins, in order,
+// with each buffer's bytes (d4a and d4b follow at the first block's backward): the table
+// DecoderModel::EnsureBackwardScratch allocates and the memory model replays. `head_gave_dbtc`: the
+// head's forward already holds dbtc (a training HeadForward on the last stage).
+struct ScratchBuffer {
+  Buffer BackwardScratch::*member;
+  int64_t bytes;
+};
+std::vector<ScratchBuffer> BackwardScratchPlan(const Geometry& g, int64_t act, int64_t grad,
+                                               bool head_gave_dbtc);
+// The MLP's gradients d4a and d4b, allocated at the first block's backward.
+std::vector<ScratchBuffer> BlockBackwardScratchPlan(const Geometry& g, int64_t act);
+
+// [Note: a block's activation set] What one block keeps from its forward for its backward, in
+// allocation order, with each buffer's bytes: under tensor parallelism the column layers' outputs
+// hold this rank's columns, the residual stream and the LayerNorm statistics this rank's rows
+// (sequence parallelism); `attention_saved` is ModelKernels::AttentionSavedBytes. This one table
+// is what AllocateBlockActs allocates and what the memory model (estimate/step_model.cc) replays.
+struct BlockActBuffer {
+  Buffer BlockActs::*member;
+  int64_t bytes;
+};
+std::vector<BlockActBuffer> BlockActPlan(const Geometry& g, int64_t act, int64_t stat,
+                                         int64_t attention_saved);
+
+// [Note: a LLaMA block's projections] The forward's Q, K and V projections before the rotation
+// ([rows, (h_l + 2 kv_l) hs], act dtype, kWorkspace): allocated by a LLaMA block's forward and
+// freed once RopeQkv has read them. 0 for GPT-2 (its fused QKV goes straight into qkv).
+int64_t ProjectionScratchBytes(const Geometry& g, int64_t act);
+
+// [Note: a micro-batch's buffers] In allocation order, per call:
+//   Begin         tokens, targets (int32 [rows]; targets when there is a loss); when the blocks
+//                 recompute their forward, one block activation set (BlockActPlan's), reused by
+//                 every block; the residual stream [rows_l, d] at every block boundary the stage
+//                 touches (BoundaryUsed); under sequence parallelism the forward's scratch
+//                 seq_local [rows_l, d] and seq_full [rows, d] (kWorkspace, until the backward's
+//                 scratch replaces them).
+//   HeadForward   the final LayerNorm's output (every row, [rows, d]) and its statistics
+//                 ([rows_l] each); once the head's unit is open, the losses ([rows], stat), the
+//                 gradient of the LayerNorm output (dbtc [rows, d], kWorkspace, when training)
+//                 and one chunk of the logits ([chunk, v_l], kWorkspace, freed when the head
+//                 ends); the vocabulary-parallel cross-entropy's statistics per chunk
+//                 (VocabParallelCrossEntropyScratch, tp_layers.h).
+//   BlocksBackward the MLP's gradients d4a and d4b ([rows, f_l] each, kWorkspace) at the first
+//                 block's backward (BlockBackwardScratchPlan, above); with recomputation
+//                 under sequence parallelism, each recomputed forward's seq_local and seq_full.
+enum class MbBuffer {
+  kTokens,
+  kTargets,
+  kBlockActs,  // a block activation set (BlockActPlan), allocated by AllocateBlockActs
+  kBoundary,   // block_out[index]
+  kSeqLocal,
+  kSeqFull,
+  kLnf,
+  kLnfMean,
+  kLnfRstd,
+  kLosses,
+  kDbtc,
+  kLogits,
+};
+
+struct MbPlanned {
+  MbBuffer buffer;
+  int index = 0;  // the boundary (kBoundary)
+  MemoryCategory category = MemoryCategory::kActivations;
+  int64_t bytes = 0;  // 0 for kBlockActs (BlockActPlan has its sizes)
+};
+
+// Whether a stage keeps the residual stream at boundary `l` (0: the embeddings' output, l > 0:
+// block l - 1's): the inputs and outputs of its blocks, the embeddings' output on the first
+// stage, the last block's on the last.
+bool BoundaryUsed(const DecoderStagePart& part, int n_layer, int l);
+
+// Begin's buffers. `per_block`: every block allocates its own set (training without
+// recomputation), so Begin allocates none.
+std::vector<MbPlanned> BeginPlan(const Geometry& g, const DecoderStagePart& part, int n_layer,
+                                 int64_t act, bool targets, bool per_block);
+
+// The tensor-parallel forward's scratch under sequence parallelism (empty otherwise): Begin's,
+// and each recomputed forward's in the backward.
+std::vector<MbPlanned> SeqScratchPlan(const Geometry& g, int64_t act);
+
+// HeadForward's final LayerNorm buffers, allocated before the norm's unit opens.
+std::vector<MbPlanned> HeadNormPlan(const Geometry& g, int64_t act, int64_t stat);
+
+// HeadForward's buffers once the head's unit is open; `chunk` rows of logits at a time.
+std::vector<MbPlanned> HeadPlan(const Geometry& g, int64_t act, int64_t stat, bool targets,
+                                bool train, int64_t chunk);
+
+}  // namespace zerort::decoder
