@@ -155,13 +155,6 @@ Status ResolveBatch(RunConfig& c, int dp, const std::string& dp_source) {
   return absl::OkStatus();
 }
 
-nlohmann::json RunConfig::ToJson() const {
-  // model.arch is printed from the shape (the member that decides), so a config whose shape was
-  // set in code prints, and saves into its checkpoints, its real architecture.
-  RunConfig printed = *this;
-  printed.model.arch = ModelArchName(model.shape.arch);
-  printed.model.rope_type = RopeTypeName(model.shape.rope_scaling.type);
-  return FieldsToJson(printed);
-}
+nlohmann::json RunConfig::ToJson() const { return FieldsToJson(*this); }
 
 }  // namespace zerort

@@ -92,11 +92,7 @@ struct SchedulerConfig {
 };
 
 struct ModelConfig {
-  // model.arch as read ("gpt2" or "llama"); shape.arch decides, and ToJson prints from it.
-  std::string arch = "gpt2";
-  // model.rope_scaling.rope_type as read; shape.rope_scaling.type decides, as with arch.
-  std::string rope_type = "default";
-  DecoderConfig shape;
+  DecoderConfig shape;    // model.arch, model.rope_scaling and the shape keys bind to it
   std::string init_from;  // a Hugging Face model directory: the initial weights
   bool activation_checkpointing = false;
   int64_t head_chunk_rows = 0;

@@ -17,8 +17,6 @@ Status ReadPreset(const JsonSection& s, std::string_view key, RunConfig& c) {
   StatusOr<DecoderConfig> p = DecoderPreset(preset);
   if (!p.ok()) return absl::InvalidArgumentError(StrCat("model.preset: ", p.status().message()));
   c.model.shape = *p;  // the shape keys read after it override its values
-  c.model.arch = ModelArchName(p->arch);
-  c.model.rope_type = RopeTypeName(p->rope_scaling.type);
   return absl::OkStatus();
 }
 
@@ -65,12 +63,6 @@ Status ReadBlend(const JsonSection& s, std::string_view key, RunConfig& c) {
   return absl::OkStatus();
 }
 
-Status ReadArch(const JsonSection& s, std::string_view key, RunConfig& c) {
-  ZR_RETURN_IF_ERROR(s.String(key, c.model.arch, {"gpt2", "llama"}));
-  c.model.shape.arch = c.model.arch == "llama" ? ModelArch::kLlama : ModelArch::kGpt2;
-  return absl::OkStatus();
-}
-
 Status ReadRopeType(const JsonSection& s, std::string_view key, RunConfig& c) {
   std::string type;
   ZR_RETURN_IF_ERROR(s.String(key, type));
@@ -81,7 +73,6 @@ Status ReadRopeType(const JsonSection& s, std::string_view key, RunConfig& c) {
                "\": zerort computes \"default\" (none), \"linear\" and \"llama3\" (LLaMA 3.1's); "
                "dynamic NTK, YaRN and LongRoPE scaling are not implemented"));
   }
-  c.model.rope_type = type;
   c.model.shape.rope_scaling.type = *t;
   return absl::OkStatus();
 }

@@ -1,5 +1,5 @@
 // The config keys whose reading is more than a typed getter (internal to config/): each is a
-// field-table row's CustomRead (config_schema.cc). model.preset and model.arch set other members;
+// field-table row's CustomRead (config_schema.cc). model.preset sets the shape's members;
 // optimizer.type and scheduler.type refuse DeepSpeed's types zerort does not implement by name;
 // data.blend reads Megatron's weighted list of files.
 #pragma once
@@ -13,7 +13,6 @@
 namespace zerort::config_readers {
 
 Status ReadPreset(const JsonSection& s, std::string_view key, RunConfig& c);
-Status ReadArch(const JsonSection& s, std::string_view key, RunConfig& c);
 // model.rope_scaling.rope_type: Hugging Face's names ("default", "linear", "llama3"); the scaled
 // kinds zerort does not compute (dynamic, yarn, longrope) refused by name.
 Status ReadRopeType(const JsonSection& s, std::string_view key, RunConfig& c);

@@ -37,6 +37,12 @@ inline ConfigField Str(std::string_view section, std::string_view key, FieldRef<
   f.choices = std::move(choices);
   return f;
 }
+inline ConfigField Enum(std::string_view section, std::string_view key, EnumRef ref,
+                        std::vector<std::string_view> names, std::string_view doc) {
+  ConfigField f = Row(section, key, ref, doc);
+  f.choices = std::move(names);
+  return f;
+}
 inline ConfigField With(ConfigField f, unsigned flags) {
   f.flags |= flags;
   return f;
@@ -59,6 +65,13 @@ inline ConfigField Custom(std::string_view section, std::string_view key, AnyFie
 #define ZR_MEMBER(expr)         \
   +[](RunConfig & c) -> auto& { \
     return c.expr;              \
+  }
+// An enum member (EnumRef); its row's choices are the enumerators' names in value order, from
+// the enum's own name function.
+#define ZR_ENUM(expr)                                                           \
+  EnumRef {                                                                     \
+    +[](const RunConfig& c) { return static_cast<int>(c.expr); },               \
+        +[](RunConfig& c, int v) { c.expr = static_cast<decltype(c.expr)>(v); } \
   }
 
 // The optimizer section: its type and every optimizer's parameters, each owned by its types.

@@ -225,9 +225,10 @@ std::vector<ConfigField> BuildTable() {
                           "a named shape (tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, "
                           "llama-tiny); the shape keys override its values"),
                    kNotPrinted));
-  t.push_back(Custom(m, "arch", ZR_MEMBER(model.arch), ReadArch, {"gpt2", "llama"},
-                     "gpt2: learned positions, LayerNorm, GELU, tied head; llama: rotary "
-                     "positions, RMSNorm, SwiGLU, grouped-query attention (the keys below)"));
+  t.push_back(Enum(m, "arch", ZR_ENUM(model.shape.arch),
+                   {ModelArchName(ModelArch::kGpt2), ModelArchName(ModelArch::kLlama)},
+                   "gpt2: learned positions, LayerNorm, GELU, tied head; llama: rotary "
+                   "positions, RMSNorm, SwiGLU, grouped-query attention (the keys below)"));
   t.push_back(
       Num<int>(m, "n_layer", ZR_MEMBER(model.shape.n_layer), 1, 1 << 16, "transformer blocks"));
   t.push_back(Num<int>(m, "n_head", ZR_MEMBER(model.shape.n_head), 1, 1 << 16,
@@ -266,8 +267,9 @@ std::vector<ConfigField> BuildTable() {
                            double{int64_t{1} << 40},
                            "rows of the head's logits at a time; 0: automatic (2 d_model)"));
   const std::string_view rs = "model.rope_scaling";
-  t.push_back(Custom(rs, "rope_type", ZR_MEMBER(model.rope_type), ReadRopeType,
-                     {"default", "linear", "llama3"},
+  t.push_back(Custom(rs, "rope_type", ZR_ENUM(model.shape.rope_scaling.type), ReadRopeType,
+                     {RopeTypeName(RopeType::kDefault), RopeTypeName(RopeType::kLinear),
+                      RopeTypeName(RopeType::kLlama3)},
                      "llama: the rotary frequencies' remap, Hugging Face's rope_scaling: default "
                      "(none), linear (divided by factor), llama3 (LLaMA 3.1's bands)"));
   t.push_back(With(Num<double>(rs, "factor", ZR_MEMBER(model.shape.rope_scaling.factor), 0, 1e6,
@@ -438,6 +440,12 @@ Status ReadField(const ConfigField& f, const JsonSection& s, RunConfig& c) {
         using Ref = decltype(ref);
         if constexpr (std::is_same_v<Ref, std::monostate>) {
           return absl::OkStatus();
+        } else if constexpr (std::is_same_v<Ref, EnumRef>) {
+          std::string name(f.choices.at(static_cast<size_t>(ref.get(c))));
+          ZR_RETURN_IF_ERROR(s.String(f.key, name, choices));
+          ref.set(c, static_cast<int>(std::find(choices.begin(), choices.end(), name) -
+                                      choices.begin()));
+          return absl::OkStatus();
         } else {
           auto& out = ref(c);
           using T = std::remove_reference_t<decltype(out)>;
@@ -501,7 +509,7 @@ std::string_view ConfigField::TypeName() const {
   return std::visit(
       [&](auto ref) -> std::string_view {
         using Ref = decltype(ref);
-        if constexpr (std::is_same_v<Ref, std::monostate>) {
+        if constexpr (std::is_same_v<Ref, std::monostate> || std::is_same_v<Ref, EnumRef>) {
           return "string";
         } else {
           using T = std::remove_reference_t<decltype(ref(std::declval<RunConfig&>()))>;
@@ -524,6 +532,8 @@ nlohmann::json ConfigField::Value(const RunConfig& config) const {
         using Ref = decltype(ref);
         if constexpr (std::is_same_v<Ref, std::monostate>) {
           return nullptr;
+        } else if constexpr (std::is_same_v<Ref, EnumRef>) {
+          return std::string(choices.at(static_cast<size_t>(ref.get(c))));
         } else {
           const auto& v = ref(c);
           using T = std::remove_cvref_t<decltype(v)>;

@@ -4,8 +4,10 @@
 // refuses unknown keys, ToJson / --print-config (FieldsToJson), `zerort config reference` and
 // docs/config.md. Rules that relate two keys are not here: config/config_rules.h.
 //
-// Adding a key: one row in config_schema.cc and the member it fills in config.h; the code that
-// uses it reads the member (through config/run_options.h when it reaches the runtime's options).
+// Adding a key: one row in config_schema.cc bound to the member it fills, which the code that uses
+// it reads: a member of RunConfig::manager (the ShardManagerOptions the runtime takes) when the key
+// sets one of the shard manager's options one to one ([Note: a key is its option], config.h),
+// else a member of its section in config.h.
 #pragma once
 
 #include <array>
@@ -27,11 +29,18 @@ namespace zerort {
 // the variant's alternative is the key's type).
 template <class T>
 using FieldRef = T& (*)(RunConfig&);
+// An enum member (model.arch: DecoderConfig::arch), read and printed by name: the row's choices
+// name the enumerators in value order, taken from the enum's own name function (ZR_ENUM in
+// config_rows.h), so the key sets the member the runtime reads, with no string mirror.
+struct EnumRef {
+  int (*get)(const RunConfig&);
+  void (*set)(RunConfig&, int);
+};
 using AnyFieldRef =
     std::variant<FieldRef<bool>, FieldRef<int>, FieldRef<int64_t>, FieldRef<uint64_t>,
                  FieldRef<float>, FieldRef<double>, FieldRef<std::string>,
                  FieldRef<std::vector<int>>, FieldRef<std::array<float, 2>>,
-                 FieldRef<std::vector<std::string>>, std::monostate>;
+                 FieldRef<std::vector<std::string>>, EnumRef, std::monostate>;
 
 // Printing (FieldsToJson): every key is printed with its value unless flagged.
 enum FieldFlags : unsigned {
