@@ -8,7 +8,7 @@ namespace zerort::decoder {
 
 int LlamaSlot(const Geometry& g, LlamaParam p) {
   auto has = [&g](int q) {
-    return q < kQB || (q <= kVB ? g.qkv_bias : q == kOB ? g.o_proj_bias : g.mlp_bias);
+    return q < kQB || (q <= kVB ? g.f.qkv_bias : q == kOB ? g.f.o_proj_bias : g.f.mlp_bias);
   };
   if (!has(p)) return -1;
   int slot = 0;
@@ -20,12 +20,13 @@ namespace {
 // The architecture's norm (LayerNorm, or RMSNorm: no mean, no bias) of `rows` rows.
 Status Norm(const Ctx& c, void* out, void* mean, void* rstd, const void* x, const void* w,
             const void* b, int64_t rows) {
-  if (c.g.llama) return c.k.RmsNorm(out, rstd, x, w, rows, c.g.d, c.g.eps);
+  if (!c.g.f.norm_has_bias()) return c.k.RmsNorm(out, rstd, x, w, rows, c.g.d, c.g.eps);
   return c.k.LayerNorm(out, mean, rstd, x, w, b, rows, c.g.d);
 }
 Status AddNorm(const Ctx& c, void* sum, void* out, void* mean, void* rstd, const void* residual,
                const void* w, const void* b, int64_t rows) {
-  if (c.g.llama) return c.k.AddRmsNorm(sum, out, rstd, sum, residual, w, rows, c.g.d, c.g.eps);
+  if (!c.g.f.norm_has_bias())
+    return c.k.AddRmsNorm(sum, out, rstd, sum, residual, w, rows, c.g.d, c.g.eps);
   return c.k.AddLayerNorm(sum, out, mean, rstd, sum, residual, w, b, rows, c.g.d);
 }
 }  // namespace
@@ -59,7 +60,7 @@ Status RowToResidual(const Ctx& c, void* out, const void* x_local, const void* w
 Status BlockForward(const Ctx& c, const std::vector<void*>& w, const void* x, BlockActs& a,
                     void* out) {
   const Geometry& g = c.g;
-  if (g.llama) return LlamaBlockForward(c, w, x, a, out);
+  if (g.f.qkv == QkvKind::kRotary) return LlamaBlockForward(c, w, x, a, out);
   ModelKernels& k = c.k;
   ZR_RETURN_IF_ERROR(
       NormToColumn(c, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w[kLn1W], w[kLn1B]));
@@ -99,13 +100,13 @@ Status NormBackward(const Ctx& c, BackwardScratch& s, int slot, const void* dout
                     const void* mean, const void* rstd) {
   const Geometry& g = c.g;
   void* dw = grads[weight];
-  void* db = g.llama ? nullptr : grads[weight + 1];  // RMSNorm has no bias
+  void* db = g.f.norm_has_bias() ? grads[weight + 1] : nullptr;
   if (g.sp) {
     auto* base = static_cast<std::byte*>(s.norm.data());
     dw = base + static_cast<size_t>(2 * slot) * g.d * c.k.grad_size();
     db = base + static_cast<size_t>(2 * slot + 1) * g.d * c.k.grad_size();
   }
-  if (g.llama) {
+  if (!g.f.norm_has_bias()) {
     return c.k.RmsNormBackward(s.dres.data(), dw, dout, x, w[weight], rstd, g.rows_l, g.d);
   }
   return c.k.LayerNormBackward(s.dres.data(), dw, db, dout, x, w[weight], mean, rstd, g.rows_l,
@@ -134,7 +135,7 @@ Status ReduceNormGrads(const Ctx& c, BackwardScratch& s,
 Status BlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const BlockActs& a,
                      BackwardScratch& s) {
   const Geometry& g = c.g;
-  if (g.llama) return LlamaBlockBackward(c, u, x, a, s);
+  if (g.f.qkv == QkvKind::kRotary) return LlamaBlockBackward(c, u, x, a, s);
   ModelKernels& k = c.k;
   const Device dev = k.device();
   Stream* st = &k.stream();

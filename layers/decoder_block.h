@@ -111,7 +111,7 @@ Status BlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const Bl
                      BackwardScratch& s);
 
 // A LLaMA block's forward and backward (llama_block.cc): what BlockForward and BlockBackward run
-// when g.llama.
+// for QkvKind::kRotary (the LLaMA family's feature set, [Note: a block's features]).
 Status LlamaBlockForward(const Ctx& c, const std::vector<void*>& w, const void* x, BlockActs& a,
                          void* out);
 Status LlamaBlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const BlockActs& a,

@@ -24,6 +24,16 @@ int64_t DecoderConfig::BlockParameters() const {
   return 2 * c + (3 * c * c + 3 * c) + (c * c + c) + 2 * c + (4 * c * c + 4 * c) + (4 * c * c + c);
 }
 
+BlockFeatures DecoderConfig::features() const {
+  if (!llama()) return BlockFeatures{};  // GPT-2: LayerNorm, fused QKV, GELU, every bias
+  return BlockFeatures{.norm = NormKind::kRmsNorm,
+                       .qkv = QkvKind::kRotary,
+                       .mlp = MlpKind::kSwiGlu,
+                       .qkv_bias = qkv_bias,
+                       .o_proj_bias = o_proj_bias,
+                       .mlp_bias = mlp_bias};
+}
+
 int64_t DecoderConfig::NumParameters() const {
   const int64_t c = d_model, embedding = static_cast<int64_t>(vocab_size) * c;
   if (llama()) {  // wte, the blocks, the final RMSNorm, lm_head unless tied

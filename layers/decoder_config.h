@@ -35,6 +35,30 @@ namespace zerort {
 enum class ModelArch { kGpt2, kLlama };
 std::string_view ModelArchName(ModelArch arch);
 
+// [Note: a block's features] What a decoder block computes, one field per feature, decided once
+// from the architecture and its keys (DecoderConfig::features()) and dispatched on by name
+// wherever it matters (the norms, the attention's input, the MLP, the activation and scratch
+// tables), so code that depends on one feature says which:
+//   norm     LayerNorm (a weight, a bias, the mean and rstd saved) or RMSNorm (a weight, rstd);
+//   qkv      kFused: one [3d, d] projection, learned positions (GPT-2); kRotary: Q, K and V
+//            projections of their own with n_kv_head key/value heads, rotated (the LLaMA family);
+//   mlp      kGelu: GELU(x W1 + b) W2 (tanh GELU, GPT-2); kSwiGlu: (SiLU(x Wg) * x Wu) Wd;
+//   biases   per projection: Q/K/V, the attention's output, the MLP's (GPT-2: all).
+// The two block bodies (decoder_block.cc, llama_block.cc) compute {LayerNorm, kFused, kGelu} and
+// {RMSNorm, kRotary, kSwiGlu}; another combination is a field and its code, not an architecture.
+enum class NormKind { kLayerNorm, kRmsNorm };
+enum class QkvKind { kFused, kRotary };
+enum class MlpKind { kGelu, kSwiGlu };
+struct BlockFeatures {
+  NormKind norm = NormKind::kLayerNorm;
+  QkvKind qkv = QkvKind::kFused;
+  MlpKind mlp = MlpKind::kGelu;
+  bool qkv_bias = true, o_proj_bias = true, mlp_bias = true;
+  bool norm_has_bias() const { return norm == NormKind::kLayerNorm; }
+  bool gated_mlp() const { return mlp == MlpKind::kSwiGlu; }
+  bool operator==(const BlockFeatures&) const = default;
+};
+
 struct DecoderConfig {
   int n_layer = 2;       // transformer blocks
   int n_head = 2;        // attention heads; must divide d_model
@@ -59,6 +83,8 @@ struct DecoderConfig {
   int sliding_window = 0;
 
   bool llama() const { return arch == ModelArch::kLlama; }
+  // [Note: a block's features]: what each block computes, from arch and the bias keys.
+  BlockFeatures features() const;
   int head_size() const { return d_model / n_head; }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   // The MLP's hidden channels: 4 d (GPT-2) or intermediate_size.

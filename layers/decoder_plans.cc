@@ -26,14 +26,11 @@ Geometry MakeGeometry(const DecoderConfig& c, int tp_size, int tp_rank, bool seq
   g.d_l = c.d_model / g.t;
   g.h_l = c.n_head / g.t;
   g.f_l = c.ffn_channels() / g.t;
-  g.llama = c.llama();
+  g.f = c.features();
   g.hs = c.head_size();
   g.kv_l = c.kv_heads() / g.t;
   g.eps = static_cast<float>(c.norm_eps);
   g.rope = Rope{.theta = c.rope_theta, .scaling = c.rope_scaling};
-  g.qkv_bias = c.qkv_bias;
-  g.o_proj_bias = c.o_proj_bias;
-  g.mlp_bias = c.mlp_bias;
   g.v_l = static_cast<int>(PaddedVocab(c, g.t, vocab_multiple) / g.t);
   g.v_begin = g.r * g.v_l;
   g.v_valid = std::clamp(c.vocab_size - g.v_begin, 0, g.v_l);
@@ -53,48 +50,39 @@ std::vector<ScratchBuffer> BackwardScratchPlan(const Geometry& g, int64_t act, i
 }
 
 std::vector<ScratchBuffer> BlockBackwardScratchPlan(const Geometry& g, int64_t act) {
-  if (g.llama) {
-    const int64_t projections = int64_t{g.h_l + 2 * g.kv_l} * g.hs;
-    return {{&BackwardScratch::d4a, g.rows * std::max<int64_t>(g.f_l, 3 * g.d_l) * act},
-            {&BackwardScratch::d4b, g.rows * std::max<int64_t>(2 * g.f_l, projections) * act}};
-  }
-  return {{&BackwardScratch::d4a, g.rows * g.f_l * act},
-          {&BackwardScratch::d4b, g.rows * g.f_l * act}};
+  // d4a: the MLP's output gradient [rows, f_l], then d(qkv) [rows, 3 d_l]. d4b: d(mlp_in) (and
+  // d(up) after it for a gated MLP), then with Q, K, V projections of their own d(q), d(k), d(v).
+  const int64_t mlp = g.f.gated_mlp() ? 2 * int64_t{g.f_l} : g.f_l;
+  const int64_t projections = g.f.qkv == QkvKind::kRotary ? int64_t{g.h_l + 2 * g.kv_l} * g.hs : 0;
+  return {{&BackwardScratch::d4a, g.rows * std::max<int64_t>(g.f_l, 3 * g.d_l) * act},
+          {&BackwardScratch::d4b, g.rows * std::max<int64_t>(mlp, projections) * act}};
 }
 
 int64_t ProjectionScratchBytes(const Geometry& g, int64_t act) {
-  return g.llama ? g.rows * (g.h_l + 2 * g.kv_l) * g.hs * act : 0;
+  return g.f.qkv == QkvKind::kRotary ? g.rows * (g.h_l + 2 * g.kv_l) * g.hs * act : 0;
 }
 
 std::vector<BlockActBuffer> BlockActPlan(const Geometry& g, int64_t act, int64_t stat,
                                          int64_t attention_saved) {
   const int64_t rows = g.rows, rows_l = g.rows_l, d = g.d;
-  if (g.llama) {
-    return {{&BlockActs::ln1, rows * d * act},
-            {&BlockActs::ln1_rstd, rows_l * stat},
-            {&BlockActs::qkv, rows * 3 * g.d_l * act},  // after the rotation, heads repeated
-            {&BlockActs::atty, rows * g.d_l * act},
-            {&BlockActs::att, attention_saved},
-            {&BlockActs::res2, rows_l * d * act},
-            {&BlockActs::ln2, rows * d * act},
-            {&BlockActs::ln2_rstd, rows_l * stat},
-            {&BlockActs::mlp_in, rows * g.f_l * act},  // gate
-            {&BlockActs::mlp_up, rows * g.f_l * act},
-            {&BlockActs::mlp_act, rows * g.f_l * act}};  // SwiGLU's output
-  }
-  return {{&BlockActs::ln1, rows * d * act},  // every row: the input of column layers
-          {&BlockActs::ln1_mean, rows_l * stat},
-          {&BlockActs::ln1_rstd, rows_l * stat},
-          {&BlockActs::qkv, rows * 3 * g.d_l * act},
-          {&BlockActs::atty, rows * g.d_l * act},
-          // What the kernels' attention keeps for its backward (the CPU: a log-sum-exp per query).
-          {&BlockActs::att, attention_saved},
-          {&BlockActs::res2, rows_l * d * act},
-          {&BlockActs::ln2, rows * d * act},
-          {&BlockActs::ln2_mean, rows_l * stat},
-          {&BlockActs::ln2_rstd, rows_l * stat},
-          {&BlockActs::mlp_in, rows * g.f_l * act},
-          {&BlockActs::mlp_act, rows * g.f_l * act}};
+  const bool mean = g.f.norm_has_bias();  // LayerNorm saves the mean, RMSNorm does not
+  std::vector<BlockActBuffer> plan;
+  auto add = [&plan](Buffer BlockActs::*member, int64_t bytes) { plan.push_back({member, bytes}); };
+  add(&BlockActs::ln1, rows * d * act);  // every row: the input of column layers
+  if (mean) add(&BlockActs::ln1_mean, rows_l * stat);
+  add(&BlockActs::ln1_rstd, rows_l * stat);
+  add(&BlockActs::qkv, rows * 3 * g.d_l * act);  // kRotary: after the rotation, heads repeated
+  add(&BlockActs::atty, rows * g.d_l * act);
+  // What the kernels' attention keeps for its backward (the CPU: a log-sum-exp per query).
+  add(&BlockActs::att, attention_saved);
+  add(&BlockActs::res2, rows_l * d * act);
+  add(&BlockActs::ln2, rows * d * act);
+  if (mean) add(&BlockActs::ln2_mean, rows_l * stat);
+  add(&BlockActs::ln2_rstd, rows_l * stat);
+  add(&BlockActs::mlp_in, rows * g.f_l * act);                       // fc, or the gate
+  if (g.f.gated_mlp()) add(&BlockActs::mlp_up, rows * g.f_l * act);  // the up projection
+  add(&BlockActs::mlp_act, rows * g.f_l * act);
+  return plan;
 }
 
 using Cat = MemoryCategory;
@@ -125,7 +113,7 @@ std::vector<MbPlanned> BeginPlan(const Geometry& g, const DecoderStagePart& part
 }
 
 std::vector<MbPlanned> HeadNormPlan(const Geometry& g, int64_t act, int64_t stat) {
-  if (g.llama) {  // RMSNorm: no mean
+  if (!g.f.norm_has_bias()) {  // RMSNorm: no mean
     return {{MbBuffer::kLnf, 0, Cat::kActivations, g.rows * g.d * act},
             {MbBuffer::kLnfRstd, 0, Cat::kActivations, g.rows_l * stat}};
   }

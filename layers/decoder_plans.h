@@ -38,13 +38,11 @@ struct Geometry {
   int batch = 0, seq = 0;
   int64_t rows = 0, rows_l = 0;          // every row; this rank's rows of the residual stream
   int d = 0, d_l = 0, h_l = 0, f_l = 0;  // channels; attention channels, heads, MLP channels here
-  // LLaMA: RMSNorm (eps), rotary embeddings, kv_l key/value heads here of hs channels, the
-  // biases the block has.
-  bool llama = false;
+  BlockFeatures f;  // what the block computes ([Note: a block's features], decoder_config.h)
+  // kRotary: kv_l key/value heads here of hs channels, rotated by `rope`; RMSNorm's eps.
   int kv_l = 0, hs = 0;
   float eps = 0;
   Rope rope = {};
-  bool qkv_bias = false, o_proj_bias = false, mlp_bias = false;
   int v_l = 0, v_begin = 0, v_valid = 0;  // vocabulary rows here, the first one's id, real ones
   bool whole_vocab() const { return t == 1 && v_l == v_valid; }
 };

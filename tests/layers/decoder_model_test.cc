@@ -2,6 +2,7 @@
 // world sizes through the shard manager, activation checkpointing (same numbers, less memory),
 // initialisation, sampling, and input validation.
 #include "zerort/layers/decoder_model.h"
+#include "zerort/layers/decoder_plans.h"
 
 #include <gtest/gtest.h>
 
@@ -91,6 +92,43 @@ TEST_P(DecoderGradientTest, WholeModelGradientMatchesFiniteDifferences) {
 // [Note: masked targets]: rows whose target is kIgnoreTarget add neither loss nor gradient; the
 // loss is the mean of the other rows' cross-entropies (from the logits), and every gradient is
 // that mean's (finite differences), in chunks of the head that hold masked and unmasked rows.
+// [Note: a block's features]: each architecture's block, feature by feature.
+TEST(DecoderModelTest, FeaturesSayWhatEachArchitecturesBlockComputes) {
+  const BlockFeatures gpt2 = DecoderPreset("gpt2")->features();
+  EXPECT_EQ(gpt2.norm, NormKind::kLayerNorm);
+  EXPECT_EQ(gpt2.qkv, QkvKind::kFused);
+  EXPECT_EQ(gpt2.mlp, MlpKind::kGelu);
+  EXPECT_TRUE(gpt2.qkv_bias && gpt2.o_proj_bias && gpt2.mlp_bias && gpt2.norm_has_bias());
+  const BlockFeatures llama = DecoderPreset("llama-3-8b")->features();
+  EXPECT_EQ(llama.norm, NormKind::kRmsNorm);
+  EXPECT_EQ(llama.qkv, QkvKind::kRotary);
+  EXPECT_EQ(llama.mlp, MlpKind::kSwiGlu);
+  EXPECT_FALSE(llama.qkv_bias || llama.o_proj_bias || llama.mlp_bias || llama.norm_has_bias());
+  const BlockFeatures qwen2 = DecoderPreset("qwen2-72b")->features();  // Q, K, V biases only
+  EXPECT_TRUE(qwen2.qkv_bias);
+  EXPECT_FALSE(qwen2.o_proj_bias || qwen2.mlp_bias);
+  // The activation set follows the features: LayerNorm's means, a gated MLP's up projection.
+  auto members = [](const DecoderConfig& c) {
+    const decoder::Geometry g = decoder::MakeGeometry(c, 1, 0, false, 1, 2, c.seq_len);
+    std::vector<Buffer decoder::BlockActs::*> m;
+    for (const decoder::BlockActBuffer& b : decoder::BlockActPlan(g, 4, 4, 0))
+      m.push_back(b.member);
+    return m;
+  };
+  using decoder::BlockActs;
+  EXPECT_EQ(
+      members(*DecoderPreset("tiny")),
+      (std::vector<Buffer BlockActs::*>{
+          &BlockActs::ln1, &BlockActs::ln1_mean, &BlockActs::ln1_rstd, &BlockActs::qkv,
+          &BlockActs::atty, &BlockActs::att, &BlockActs::res2, &BlockActs::ln2,
+          &BlockActs::ln2_mean, &BlockActs::ln2_rstd, &BlockActs::mlp_in, &BlockActs::mlp_act}));
+  EXPECT_EQ(members(*DecoderPreset("llama-tiny")),
+            (std::vector<Buffer BlockActs::*>{
+                &BlockActs::ln1, &BlockActs::ln1_rstd, &BlockActs::qkv, &BlockActs::atty,
+                &BlockActs::att, &BlockActs::res2, &BlockActs::ln2, &BlockActs::ln2_rstd,
+                &BlockActs::mlp_in, &BlockActs::mlp_up, &BlockActs::mlp_act}));
+}
+
 TEST(DecoderModelTest, MaskedTargetsAddNeitherLossNorGradient) {
   const DecoderConfig config{
       .n_layer = 1, .n_head = 2, .d_model = 8, .seq_len = 5, .vocab_size = 11};
