@@ -76,7 +76,9 @@ TEST(PipelineScheduleTest, InterleavedWarmupAtMEqualsPIsCurrentMegatrons) {
         } else {
           EXPECT_EQ(held, total) << Name(s) << " stage " << stage;
         }
-        if (2 * (p - stage - 1) + 1 < p) EXPECT_LT(held, total) << Name(s) << " stage " << stage;
+        if (2 * (p - stage - 1) + 1 < p) {
+          EXPECT_LT(held, total) << Name(s) << " stage " << stage;
+        }
       }
       EXPECT_EQ(PipelineWarmup(s, p - 1), (v - 1) * p) << Name(s);
     }
