@@ -1,5 +1,5 @@
 // A Hugging Face tokenizer.json with a BPE model as a Tokenizer ([Note: zerort's tokenizers] in
-// tokenizer.h says what is read and what is refused). Internal to engine/: Tokenizer::Load is the
+// tokenizer.h says what is read and what is refused). Internal to data/: Tokenizer::Load is the
 // entry point.
 #pragma once
 
