@@ -78,6 +78,11 @@ def config(name, model=None, data=None):
 for what, model, says in [
         ("an unknown arch", {"arch": "bert"}, "model.arch"),
         ("arch as a number", {"arch": 7}, "model.arch"),
+        ("arch empty", {"arch": ""}, "model.arch"),
+        ("arch as a list", {"arch": ["llama"]}, "model.arch"),
+        ("rope_type empty", {"rope_scaling": {"rope_type": ""}}, "model.rope_scaling.rope_type"),
+        ("rope_type huge", {"rope_scaling": {"rope_type": "x" * 100000}},
+         "model.rope_scaling.rope_type"),
         ("n_kv_head not dividing n_head", {"n_kv_head": 3}, "model.n_kv_head = 3"),
         ("n_kv_head negative", {"n_kv_head": -1}, "model.n_kv_head"),
         ("n_kv_head huge", {"n_kv_head": 2**40}, "model.n_kv_head"),
