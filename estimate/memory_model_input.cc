@@ -114,6 +114,7 @@ StatusOr<MemoryModelInput> MemoryModelInput::FromConfig(const RunConfig& config,
   in.micro_batch = static_cast<int>(c.train_micro_batch_size_per_gpu);
   in.accumulation = static_cast<int>(c.gradient_accumulation_steps);
   in.dp = dp;
+  in.ranks_per_node = world_size;  // every rank on one node unless the caller says otherwise
   in.data_shard = c.parallel.data_shard_size;
   if (in.data_shard > 0 && dp % in.data_shard != 0) {
     return absl::InvalidArgumentError(StrCat("parallel.data_shard_size = ", in.data_shard,

@@ -138,59 +138,66 @@ void StepModel::Close(int u, bool backward) {
 }
 
 void StepModel::ReducerAdd(int u) {
-  if (std::find(pending_.begin(), pending_.end(), u) != pending_.end()) return;
-  pending_.push_back(u);
-  pending_numel_ += units_[u].layout.padded_numel();
-  if (pending_numel_ >= in_.manager.reduce_bucket_size) Flush();
+  if (pending_.Add(u, units_[u].layout.padded_numel())) Flush();
 }
 
-// As GradientReducer::FlushReduceScatter.
+std::vector<ReduceSizes> StepModel::Sizes(const std::vector<int>& units) const {
+  std::vector<ReduceSizes> sizes;
+  for (int u : units)
+    sizes.push_back({units_[u].layout.padded_numel(), units_[u].layout.shard_numel()});
+  return sizes;
+}
+
 // As QuantizedReduceScatter::Run ([Note: qgZ]): the data ranks as N nodes of L, ranks placed node
-// by node; the chunks' copy, the node-partial sums, and each level's three buffers.
+// by node (as DeviceMesh forms them); the chunks' copy, the node-partial sums, and each level's
+// three buffers.
 void StepModel::QuantizedReduceScatter(int64_t s) {
   const int ranks = in_.shard_ranks();
   const int local = std::clamp(in_.ranks_per_node / in_.tp, 1, ranks);
   const int nodes = ranks % local == 0 ? ranks / local : 1;
-  const int per_node = ranks / nodes;
-  Replay::Handle packed = r_.Alloc(Cat::kCommBuffers, s * ranks * kRsize, comm_);
-  Replay::Handle partial = r_.Alloc(Cat::kCommBuffers, s * nodes * kRsize, comm_);
-  auto level = [&](int peers, int64_t n, bool crosses) {
-    if (peers <= 1) return;
-    const int64_t bytes = QuantizedBytes(n);
-    Transient(Cat::kCommBuffers, {bytes, bytes, n * kRsize}, comm_);
-    (crosses ? out_.comm.inter : out_.comm.intra) += (peers - 1) * bytes;
+  const QgzPlan plan = PlanQgz(s, nodes, ranks / nodes);
+  Replay::Handle packed = r_.Alloc(Cat::kCommBuffers, plan.packed * kRsize, comm_);
+  Replay::Handle partial = r_.Alloc(Cat::kCommBuffers, plan.partial * kRsize, comm_);
+  auto level = [&](const QgzPlan::Level& l, bool crosses) {
+    if (l.peers <= 1) return;
+    Transient(Cat::kCommBuffers, {l.bytes, l.bytes, l.numel * kRsize}, comm_);
+    (crosses ? out_.comm.inter : out_.comm.intra) += (l.peers - 1) * l.bytes;
   };
-  level(per_node, s * nodes, nodes == 1 && in_.ShardGroupCrossesNodes());
-  level(nodes, s, true);
+  level(plan.intra, nodes == 1 && in_.ShardGroupCrossesNodes());
+  level(plan.inter, true);
   r_.Free(partial);
   r_.Free(packed);
 }
 
-void StepModel::Flush() {
-  if (pending_.empty()) return;
-  int64_t bucket_shard = 0;
-  for (int u : pending_) bucket_shard += units_[u].layout.shard_numel();
+// One reduction of the reduce plan, on the comm stream, as GradientReducer::Flush and AllReduce;
+// `units`' full gradients (stages 2-3) are dropped once the comm stream is done with them.
+void StepModel::Reduce(const ReducePlan& plan, const std::vector<int>& units, bool drop) {
   Replay::Handle packed, reduced;  // one rank: added straight into the shards, no buffers
-  if (pending_.size() > 1 && in_.shard_ranks() > 1) {
-    packed = r_.Alloc(Cat::kCommBuffers, bucket_shard * in_.shard_ranks() * kRsize, comm_);
-  }
-  if (in_.shard_ranks() > 1) reduced = r_.Alloc(Cat::kCommBuffers, bucket_shard * kRsize, comm_);
-  const int64_t full = bucket_shard * in_.shard_ranks() * kRsize;
-  if (in_.manager.quantized_gradients && in_.shard_ranks() > 1) {
-    QuantizedReduceScatter(bucket_shard);
+  if (plan.packed > 0) packed = r_.Alloc(Cat::kCommBuffers, plan.packed * kRsize, comm_);
+  if (plan.reduced > 0) reduced = r_.Alloc(Cat::kCommBuffers, plan.reduced * kRsize, comm_);
+  if (plan.path == ReducePlan::Path::kQuantized) {
+    QuantizedReduceScatter(plan.shards);
   } else {
-    InGroup(in_.manager.reduce_scatter ? CollectiveOp::kReduceScatter : CollectiveOp::kAllReduce,
-            full);
+    // A collective's bytes are its input's (collective_trace.h): a reduce-scatter's S x count.
+    const int64_t in = plan.group_op == CollectiveOp::kReduceScatter ? in_.shard_ranks() : 1;
+    InGroup(plan.group_op, plan.group_count * in * kRsize);
   }
-  AcrossReplicas(in_.manager.reduce_scatter ? bucket_shard * kRsize : full);
-  for (int u : pending_) {  // DropFullGrad: reused once the comm stream is done with it
+  if (plan.replica_shards > 0) Transient(Cat::kCommBuffers, {plan.replica_shards * kRsize}, comm_);
+  AcrossReplicas(plan.replica_count * kRsize);
+  for (int u : units) {  // DropFullGrad: reused once the comm stream is done with it
+    if (!drop) break;
     r_.Use(units_[u].full_grad, *comm_);
     r_.Free(units_[u].full_grad);
   }
   r_.Free(reduced);
   r_.Free(packed);
-  pending_.clear();
-  pending_numel_ = 0;
+}
+
+void StepModel::Flush() {
+  const std::vector<int> units = pending_.Take();
+  const bool quantized = in_.manager.quantized_gradients && in_.shard_ranks() > 1;
+  Reduce(PlanReduceScatter(Sizes(units), Groups(), in_.manager.reduce_scatter, quantized), units,
+         /*drop=*/true);
 }
 
 // The attention kernel's own scratch ([Note: what the kernels allocate]), freed per call.
@@ -422,7 +429,8 @@ void StepModel::OneBitCompressedStep() {
     // [Note: 1-bit LAMB]: the rank's whole momentum, padded, as one segment.
     const OneBitAllReduce::Segment whole{0, OneBitAllReduce::Padded(OneBitLambNumel(), ranks)};
     const int64_t msg = OneBitAllReduce::MessageBytes(std::span(&whole, 1), ranks);
-    Transient(Cat::kCommBuffers, {ranks * msg, ranks * msg, msg, 12}, compute_);
+    const auto b = OneBitAllReduce::BufferBytes(std::span(&whole, 1), ranks);
+    Transient(Cat::kCommBuffers, {b.send, b.recv, b.package, b.sums}, compute_);
     (in_.ShardGroupCrossesNodes() ? out_.comm.inter : out_.comm.intra) += (ranks - 1) * msg;
     InGroup(CollectiveOp::kAllGather, ranks * msg);
     return;
@@ -430,8 +438,8 @@ void StepModel::OneBitCompressedStep() {
   for (const Unit& u : units_) {
     const std::vector<OneBitAllReduce::Segment> segments = OneBitSegments(u.layout);
     const int64_t msg = OneBitAllReduce::MessageBytes(segments, ranks);
-    const int64_t k = static_cast<int64_t>(segments.size());
-    Transient(Cat::kCommBuffers, {ranks * msg, ranks * msg, msg, 12 * k}, compute_);
+    const auto b = OneBitAllReduce::BufferBytes(segments, ranks);
+    Transient(Cat::kCommBuffers, {b.send, b.recv, b.package, b.sums}, compute_);
     (in_.ShardGroupCrossesNodes() ? out_.comm.inter : out_.comm.intra) += (ranks - 1) * msg;
     InGroup(CollectiveOp::kAllGather, ranks * msg);
   }
@@ -454,33 +462,14 @@ void StepModel::Step() {
   } else if (IsOneBit(in_.manager.optimizer.kind)) {
     OneBitCompressedStep();
   } else {
-    // As GradientReducer::Finish: all-reduce buckets of whole units; one unit needs no packing,
-    // one rank no all-reduce. With replicas (hybrid sharding at stage 1) only this rank's shard
-    // of each unit crosses them, packed apart when the bucket was packed.
-    std::vector<int> bucket;
-    int64_t numel = 0;
-    auto reduce = [&] {
-      int64_t shards = 0;
-      for (int u : bucket) shards += units_[u].layout.shard_numel();
-      InGroup(CollectiveOp::kAllReduce, numel * kRsize);
-      AcrossReplicas(shards * kRsize);
-      if (bucket.size() > 1 && in_.dp > 1) {  // every data rank, hybrid or not
-        Replay::Handle packed = r_.Alloc(Cat::kCommBuffers, numel * kRsize, comm_);
-        if (in_.replicas() > 1) {
-          Replay::Handle own = r_.Alloc(Cat::kCommBuffers, shards * kRsize, comm_);
-          r_.Free(own);
-        }
-        r_.Free(packed);
-      }
-      bucket.clear();
-      numel = 0;
-    };
+    // As GradientReducer::Finish: every unit's full gradient, all-reduced in buckets.
+    ReduceBucket<int> bucket(in_.manager.reduce_bucket_size);
     for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
-      bucket.push_back(u);
-      numel += units_[u].layout.padded_numel();
-      if (numel >= in_.manager.reduce_bucket_size) reduce();
+      if (bucket.Add(u, units_[u].layout.padded_numel())) {
+        Reduce(PlanAllReduce(Sizes(bucket.Take()), Groups()), {}, /*drop=*/false);
+      }
     }
-    reduce();
+    Reduce(PlanAllReduce(Sizes(bucket.Take()), Groups()), {}, /*drop=*/false);
   }
   Transient(Cat::kWorkspace, {8}, compute_);  // norm/overflow accumulator
   // As ShardedUnit::GatherUpdated: stages 1-2 all-gather the updated shards (or broadcast them),

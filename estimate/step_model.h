@@ -9,6 +9,7 @@
 #include "zerort/layers/decoder_model.h"
 #include "zerort/sharding/flat_layout.h"
 #include "zerort/sharding/gather_planner.h"
+#include "zerort/sharding/reduce_plan.h"
 #include "zerort/sharding/unit_plan.h"
 
 namespace zerort::memory_internal {
@@ -49,6 +50,7 @@ class StepModel {
         st_(std::move(stage)),
         out_(out),
         r_(model_states_only),
+        pending_(in.manager.reduce_bucket_size),
         activation_terms_(model_states_only),
         planner_(GatherBudgets::From(in.manager), UnitInfos(units_)) {
     // The runtime's streams: the manager's compute and comm streams (comm is compute without
@@ -80,6 +82,9 @@ class StepModel {
   void Close(int u, bool backward);
   void ReducerAdd(int u);
   void Flush();
+  void Reduce(const ReducePlan& plan, const std::vector<int>& units, bool drop);
+  std::vector<ReduceSizes> Sizes(const std::vector<int>& units) const;
+  ReduceGroups Groups() const { return {in_.shard_ranks(), in_.replicas()}; }
   void QuantizedReduceScatter(int64_t bucket_shard);
   void OneBitCompressedStep();
   // 1-bit LAMB's fused momentum: the parameters' elements of every unit (stage 0).
@@ -136,8 +141,7 @@ class StepModel {
   const StageUnits st_;
   MemoryEstimate& out_;
   Replay r_;
-  std::vector<int> pending_;
-  int64_t pending_numel_ = 0;
+  ReduceBucket<int> pending_;  // stages 2-3 ([Note: the reduce plan])
   std::vector<Replay::Handle> persistent_;
   bool activation_terms_;  // written (or, in cold mode, never to be written)
   // The shard manager's recorded order, prefetch and keeps ([Note: the gather plan]): the first

@@ -35,6 +35,15 @@ int64_t OneBitAllReduce::MessageBytes(std::span<const Segment> segments, int ran
   return (signs + 3) / 4 * 4 + 4 * static_cast<int64_t>(segments.size());
 }
 
+OneBitAllReduce::Buffers OneBitAllReduce::BufferBytes(std::span<const Segment> segments,
+                                                      int ranks) {
+  const int64_t msg = MessageBytes(segments, ranks);
+  return {.send = ranks * msg,
+          .recv = ranks * msg,
+          .package = msg,
+          .sums = 4 * 3 * static_cast<int64_t>(segments.size())};
+}
+
 Status OneBitAllReduce::Run(std::span<const Segment> segments, const TensorView& momentum,
                             const TensorView& worker_error, const TensorView& server_error,
                             Stream* stream) {
@@ -48,12 +57,13 @@ Status OneBitAllReduce::Run(std::span<const Segment> segments, const TensorView&
                                              " values for ", worker, " and ", worker / N));
   }
   const int64_t msg = MessageBytes(segments, N), scales_at = msg - 4 * k;
-  ZR_ASSIGN_OR_RETURN(Buffer send, memory_.Allocate(N * msg, MemoryCategory::kCommBuffers, stream));
-  ZR_ASSIGN_OR_RETURN(Buffer recv, memory_.Allocate(N * msg, MemoryCategory::kCommBuffers, stream));
-  ZR_ASSIGN_OR_RETURN(Buffer package, memory_.Allocate(msg, MemoryCategory::kCommBuffers, stream));
+  const Buffers b = BufferBytes(segments, N);
+  ZR_ASSIGN_OR_RETURN(Buffer send, memory_.Allocate(b.send, MemoryCategory::kCommBuffers, stream));
+  ZR_ASSIGN_OR_RETURN(Buffer recv, memory_.Allocate(b.recv, MemoryCategory::kCommBuffers, stream));
+  ZR_ASSIGN_OR_RETURN(Buffer package,
+                      memory_.Allocate(b.package, MemoryCategory::kCommBuffers, stream));
   // Sums of squares (the workers' k, the server's k), then the worker scales (k).
-  ZR_ASSIGN_OR_RETURN(Buffer sums,
-                      memory_.Allocate(4 * 3 * k, MemoryCategory::kCommBuffers, stream));
+  ZR_ASSIGN_OR_RETURN(Buffer sums, memory_.Allocate(b.sums, MemoryCategory::kCommBuffers, stream));
   ZR_RETURN_IF_ERROR(FillZero(send.data(), device, static_cast<size_t>(N * msg), stream));
   ZR_RETURN_IF_ERROR(FillZero(package.data(), device, static_cast<size_t>(msg), stream));
   ZR_RETURN_IF_ERROR(FillZero(sums.data(), device, static_cast<size_t>(4 * 2 * k), stream));

@@ -109,6 +109,13 @@ class OneBitAllReduce {
   static int64_t WorkerErrorNumel(std::span<const Segment> segments, int ranks);
   // Bytes of one phase's message to one peer: the chunks' signs, then 4-byte aligned scales.
   static int64_t MessageBytes(std::span<const Segment> segments, int ranks);
+  // The buffers Run takes, in order, given back when it returns: the messages sent and received
+  // (ranks x MessageBytes each), the package gathered, the sums of squares and scales (3 x 4 B a
+  // segment). The memory model replays them.
+  struct Buffers {
+    int64_t send = 0, recv = 0, package = 0, sums = 0;
+  };
+  static Buffers BufferBytes(std::span<const Segment> segments, int ranks);
 
   // Buffers come from `memory` (on the momentum's device).
   OneBitAllReduce(Communicator& dp, Allocator& memory) : dp_(dp), memory_(memory) {}

@@ -1,4 +1,4 @@
-// GradientReducer: bucketed reduce-scatter (rank-major packing) and all-reduce.
+// GradientReducer: runs the reduce plan's buckets ([Note: the reduce plan], reduce_plan.h).
 #include "zerort/sharding/gradient_reducer.h"
 
 #include <algorithm>
@@ -9,7 +9,9 @@
 namespace zerort {
 
 GradientReducer::GradientReducer(const UnitResources& resources, ShardedOptimizer* optimizer)
-    : resources_(resources), optimizer_(optimizer) {
+    : resources_(resources),
+      optimizer_(optimizer),
+      pending_(resources.options->reduce_bucket_size) {
   // Without overlap_comm the reductions run on the compute stream itself, in program order.
   if (!resources_.options->overlap_comm) resources_.comm = resources_.compute;
   event_ = *CreateEvent(resources_.tiers.device->device());
@@ -60,30 +62,42 @@ Status GradientReducer::CommAfterCompute() {
   return resources_.comm->WaitEvent(*event_);
 }
 
+std::vector<ReduceSizes> GradientReducer::Sizes(const std::vector<ShardedUnit*>& units) {
+  std::vector<ReduceSizes> sizes;
+  for (const ShardedUnit* u : units) {
+    sizes.push_back({u->layout().padded_numel(), u->layout().shard_numel()});
+  }
+  return sizes;
+}
+
+ReduceGroups GradientReducer::Groups() const {
+  return {resources_.dp->size(), resources_.replicate ? resources_.replicate->size() : 1};
+}
+
 Status GradientReducer::Add(ShardedUnit& unit) {
-  const int64_t bucket = resources_.options->reduce_bucket_size;
   // Another micro-batch of a unit already waiting: its gradient accumulated in place.
-  if (std::find(pending_.begin(), pending_.end(), &unit) != pending_.end()) return absl::OkStatus();
-  pending_.push_back(&unit);
-  pending_numel_ += unit.layout().padded_numel();
-  if (pending_numel_ >= bucket) return FlushReduceScatter();
+  if (pending_.Add(&unit, unit.layout().padded_numel())) return Flush();
   return absl::OkStatus();
 }
 
-Status GradientReducer::FlushReduceScatter() {
-  if (pending_.empty()) return absl::OkStatus();
+// [Note: the reduce plan]: kAddShards, kReduceScatter, kQuantized or kAllReduce.
+Status GradientReducer::Flush() {
+  const std::vector<ShardedUnit*> units = pending_.Take();
   const ShardManagerOptions& o = *resources_.options;
+  const ReducePlan plan =
+      PlanReduceScatter(Sizes(units), Groups(), o.reduce_scatter, quantized_ != nullptr);
+  if (plan.path == ReducePlan::Path::kNone) return absl::OkStatus();
   const DType dtype = o.reduce_dtype;
   const size_t elem = DTypeSize(dtype);
   const Device device = resources_.tiers.device->device();
   const int ranks = resources_.dp->size();
   Stream* comm = resources_.comm;
   ZR_RETURN_IF_ERROR(CommAfterCompute());
-  if (ranks == 1) {
-    // Nothing to reduce in the shard group: each full gradient is its own shard, added straight
-    // into it (after the replicas' reduction, with hybrid sharding).
-    for (ShardedUnit* u : pending_) {
-      if (resources_.replicate != nullptr) {
+  if (plan.path == ReducePlan::Path::kAddShards) {
+    // Each full gradient is its own shard, added straight into it (after the replicas'
+    // reduction, with hybrid sharding).
+    for (ShardedUnit* u : units) {
+      if (plan.replica_count > 0) {
         ZR_ASSIGN_OR_RETURN(const ReduceOp op, PreDivide({u}, comm));
         const TensorView g = u->FullGrad();
         ZR_RETURN_IF_ERROR(AcrossReplicas(g.data(), g.numel(), op, u->name()));
@@ -93,39 +107,31 @@ Status GradientReducer::FlushReduceScatter() {
           *u, u->FullGrad().Flat(0, u->layout().shard_numel()), *comm));
       ZR_RETURN_IF_ERROR(u->DropFullGrad(*comm));
     }
-    pending_.clear();
-    pending_numel_ = 0;
     return absl::OkStatus();
   }
-  if (!o.reduce_scatter) {
+  if (plan.path == ReducePlan::Path::kAllReduce) {
     // DeepSpeed's reduce_scatter false: the full gradients all-reduced, this rank's shard (the
     // full gradient is rank-major) kept.
-    ZR_RETURN_IF_ERROR(AllReduceBucket(pending_));
+    ZR_RETURN_IF_ERROR(AllReduce(units));
     const int64_t rank = resources_.dp->rank();
-    for (ShardedUnit* u : pending_) {
+    for (ShardedUnit* u : units) {
       const int64_t s = u->layout().shard_numel();
       ZR_RETURN_IF_ERROR(
           optimizer_->AccumulateGradient(*u, u->FullGrad().Flat(rank * s, s), *comm));
       ZR_RETURN_IF_ERROR(u->DropFullGrad(*comm));
     }
-    pending_.clear();
-    pending_numel_ = 0;
     return absl::OkStatus();
   }
-  ZR_ASSIGN_OR_RETURN(const ReduceOp op, PreDivide(pending_, comm));  // before packing
-
-  int64_t bucket_shard = 0;
-  for (ShardedUnit* u : pending_) bucket_shard += u->layout().shard_numel();
-  const bool single = pending_.size() == 1;
+  ZR_ASSIGN_OR_RETURN(const ReduceOp op, PreDivide(units, comm));  // before packing
+  const int64_t bucket_shard = plan.shards;
   // A single unit is reduced straight from its full gradient, which is already rank-major.
   Buffer packed;
-  if (!single) {
-    ZR_ASSIGN_OR_RETURN(packed,
-                        resources_.tiers.device->Allocate(bucket_shard * ranks * elem,
-                                                          MemoryCategory::kCommBuffers, comm));
+  if (plan.packed > 0) {
+    ZR_ASSIGN_OR_RETURN(packed, resources_.tiers.device->Allocate(
+                                    plan.packed * elem, MemoryCategory::kCommBuffers, comm));
     for (int r = 0; r < ranks; ++r) {
       int64_t offset = 0;
-      for (ShardedUnit* u : pending_) {
+      for (ShardedUnit* u : units) {
         const int64_t s = u->layout().shard_numel();
         ZR_RETURN_IF_ERROR(CopyBytes(packed.as<char>() + (r * bucket_shard + offset) * elem, device,
                                      static_cast<const char*>(u->FullGrad().data()) + r * s * elem,
@@ -135,40 +141,39 @@ Status GradientReducer::FlushReduceScatter() {
     }
   }
   ZR_ASSIGN_OR_RETURN(Buffer reduced, resources_.tiers.device->Allocate(
-                                          bucket_shard * elem, MemoryCategory::kCommBuffers, comm));
-  resources_.dp->SetTraceLabel(
-      single ? StrCat("reduce-scatter ", pending_[0]->name())
-             : StrCat("reduce-scatter bucket of ", pending_.size(), " units"));
-  const void* full = single ? pending_[0]->FullGrad().data() : packed.data();
-  if (quantized_) {
+                                          plan.reduced * elem, MemoryCategory::kCommBuffers, comm));
+  const bool single = units.size() == 1;
+  const std::string what = single ? units[0]->name() : StrCat("bucket of ", units.size(), " units");
+  resources_.dp->SetTraceLabel(StrCat("reduce-scatter ", what));
+  const void* full = single ? units[0]->FullGrad().data() : packed.data();
+  if (plan.path == ReducePlan::Path::kQuantized) {
     ZR_RETURN_IF_ERROR(quantized_->Run(static_cast<const float*>(full), reduced.as<float>(),
                                        bucket_shard, op, comm));
   } else {
     ZR_RETURN_IF_ERROR(
-        resources_.dp->ReduceScatter(full, reduced.data(), bucket_shard, dtype, op, comm));
+        resources_.dp->ReduceScatter(full, reduced.data(), plan.group_count, dtype, op, comm));
   }
   resources_.dp->SetTraceLabel("");
   ++collectives_;
-  ZR_RETURN_IF_ERROR(AcrossReplicas(
-      reduced.data(), bucket_shard, op,
-      single ? pending_[0]->name() : StrCat("bucket of ", pending_.size(), " units")));
+  if (plan.replica_count > 0) {
+    ZR_RETURN_IF_ERROR(AcrossReplicas(reduced.data(), plan.replica_count, op, what));
+  }
   const TensorView all(reduced.data(), dtype, {bucket_shard}, device);
   ZR_RETURN_IF_ERROR(PostDivide(all, comm));
   int64_t offset = 0;
-  for (ShardedUnit* u : pending_) {
+  for (ShardedUnit* u : units) {
     const int64_t s = u->layout().shard_numel();
     ZR_RETURN_IF_ERROR(optimizer_->AccumulateGradient(*u, all.Flat(offset, s), *comm));
     ZR_RETURN_IF_ERROR(u->DropFullGrad(*comm));
     offset += s;
   }
-  pending_.clear();
-  pending_numel_ = 0;
   return absl::OkStatus();
 }
 
-Status GradientReducer::AllReduceBucket(const std::vector<ShardedUnit*>& bucket) {
-  // One rank: the mean over ranks is the gradient itself (no copy through the communicator).
-  if (bucket.empty() || DataRanks() == 1) return absl::OkStatus();
+Status GradientReducer::AllReduce(const std::vector<ShardedUnit*>& bucket) {
+  // One data rank: the mean over ranks is the gradient itself (no copy through the communicator).
+  const ReducePlan plan = PlanAllReduce(Sizes(bucket), Groups());
+  if (plan.path == ReducePlan::Path::kNone) return absl::OkStatus();
   const DType dtype = resources_.options->reduce_dtype;
   const size_t elem = DTypeSize(dtype);
   const Device device = resources_.tiers.device->device();
@@ -179,30 +184,28 @@ Status GradientReducer::AllReduceBucket(const std::vector<ShardedUnit*>& bucket)
   // Over the shard group; then, with hybrid sharding (stage 1: stage 0 has no replicas), only
   // this rank's shard of each unit across the replicas: the part its optimizer reads, 1/S of the
   // gradient ([Note: hybrid sharding]).
-  auto in_group = [&](void* data, int64_t count) -> Status {
-    if (resources_.dp->size() == 1) return absl::OkStatus();
+  auto in_group = [&](void* data) -> Status {
+    if (plan.group_count == 0) return absl::OkStatus();
     resources_.dp->SetTraceLabel(StrCat("all-reduce ", what));
-    ZR_RETURN_IF_ERROR(resources_.dp->AllReduce(data, data, count, dtype, op, comm));
+    ZR_RETURN_IF_ERROR(resources_.dp->AllReduce(data, data, plan.group_count, dtype, op, comm));
     resources_.dp->SetTraceLabel("");
     ++collectives_;
     return absl::OkStatus();
   };
+  auto across = [&](void* data) -> Status {
+    if (plan.replica_count == 0) return absl::OkStatus();
+    return AcrossReplicas(data, plan.replica_count, op, what);
+  };
   // Where this rank's shard starts in a unit's flat gradient.
   auto own = [](const ShardedUnit* u) { return u->layout_rank() * u->layout().shard_numel(); };
-  if (bucket.size() == 1) {
+  if (plan.packed == 0) {  // one unit, in place
     const TensorView g = bucket[0]->FullGrad();
-    ZR_RETURN_IF_ERROR(in_group(g.data(), g.numel()));
-    ZR_RETURN_IF_ERROR(AcrossReplicas(static_cast<char*>(g.data()) + own(bucket[0]) * elem,
-                                      bucket[0]->layout().shard_numel(), op, what));
+    ZR_RETURN_IF_ERROR(in_group(g.data()));
+    ZR_RETURN_IF_ERROR(across(static_cast<char*>(g.data()) + own(bucket[0]) * elem));
     return PostDivide(g, comm);
   }
-  int64_t total = 0, shards = 0;
-  for (ShardedUnit* u : bucket) {
-    total += u->layout().padded_numel();
-    shards += u->layout().shard_numel();
-  }
   ZR_ASSIGN_OR_RETURN(Buffer packed, resources_.tiers.device->Allocate(
-                                         total * elem, MemoryCategory::kCommBuffers, comm));
+                                         plan.packed * elem, MemoryCategory::kCommBuffers, comm));
   // Every unit's full gradient into `packed` (in) or back out of it; with `shard`, only this
   // rank's shard of each, between `packed` and the consecutive shards at `shard`.
   auto move = [&](bool in, char* shard) -> Status {
@@ -220,36 +223,32 @@ Status GradientReducer::AllReduceBucket(const std::vector<ShardedUnit*>& bucket)
     return absl::OkStatus();
   };
   ZR_RETURN_IF_ERROR(move(true, nullptr));
-  ZR_RETURN_IF_ERROR(in_group(packed.data(), total));
-  if (resources_.replicate != nullptr) {
-    ZR_ASSIGN_OR_RETURN(Buffer own_shards, resources_.tiers.device->Allocate(
-                                               shards * elem, MemoryCategory::kCommBuffers, comm));
+  ZR_RETURN_IF_ERROR(in_group(packed.data()));
+  if (plan.replica_shards > 0) {
+    ZR_ASSIGN_OR_RETURN(Buffer own_shards,
+                        resources_.tiers.device->Allocate(plan.replica_shards * elem,
+                                                          MemoryCategory::kCommBuffers, comm));
     ZR_RETURN_IF_ERROR(move(false, own_shards.as<char>()));  // packed -> own_shards
-    ZR_RETURN_IF_ERROR(AcrossReplicas(own_shards.data(), shards, op, what));
+    ZR_RETURN_IF_ERROR(across(own_shards.data()));
     ZR_RETURN_IF_ERROR(move(true, own_shards.as<char>()));  // own_shards -> packed
   }
-  ZR_RETURN_IF_ERROR(PostDivide(TensorView(packed.data(), dtype, {total}, device), comm));
+  ZR_RETURN_IF_ERROR(PostDivide(TensorView(packed.data(), dtype, {plan.total}, device), comm));
   return move(false, nullptr);
 }
 
 Status GradientReducer::Finish(std::vector<std::unique_ptr<ShardedUnit>>& units, bool reduce) {
   const ShardManagerOptions& o = *resources_.options;
   if (o.stage == ZeroStage::k2 || o.stage == ZeroStage::k3) {
-    ZR_RETURN_IF_ERROR(FlushReduceScatter());
+    ZR_RETURN_IF_ERROR(Flush());
   } else if (reduce) {
     ZR_RETURN_IF_ERROR(CommAfterCompute());
-    std::vector<ShardedUnit*> bucket;
-    int64_t numel = 0;
+    ReduceBucket<ShardedUnit*> bucket(o.reduce_bucket_size);
     for (auto& u : units) {
-      bucket.push_back(u.get());
-      numel += u->layout().padded_numel();
-      if (numel >= o.reduce_bucket_size) {
-        ZR_RETURN_IF_ERROR(AllReduceBucket(bucket));
-        bucket.clear();
-        numel = 0;
+      if (bucket.Add(u.get(), u->layout().padded_numel())) {
+        ZR_RETURN_IF_ERROR(AllReduce(bucket.Take()));
       }
     }
-    ZR_RETURN_IF_ERROR(AllReduceBucket(bucket));
+    ZR_RETURN_IF_ERROR(AllReduce(bucket.Take()));
   }
   // The optimizer, on the compute stream, reads what the comm stream produced.
   ZR_RETURN_IF_ERROR(event_->Record(*resources_.comm));

@@ -1,5 +1,7 @@
 // GradientReducer: reduces the full gradients of units over the data-parallel group, packing
-// units smaller than reduce_bucket_size into one collective.
+// units smaller than reduce_bucket_size into one collective. Which units go together, which
+// buffers each reduction takes and what each collective sends is the reduce plan's
+// ([Note: the reduce plan], reduce_plan.h), which the memory model replays.
 //
 // Stages 2-3 (reduce-scatter, as each unit's backward ends): a bucket of units U1..Uk with shard
 // sizes s1..sk is packed rank-major — for each rank r, the r-th shard of U1, then of U2, ... —
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "zerort/sharding/quantized_reduce.h"
+#include "zerort/sharding/reduce_plan.h"
 #include "zerort/sharding/sharded_optimizer.h"
 #include "zerort/sharding/sharded_unit.h"
 
@@ -41,8 +44,12 @@ class GradientReducer {
   int64_t collectives() const { return collectives_; }  // issued so far, for tests
 
  private:
-  Status FlushReduceScatter();
-  Status AllReduceBucket(const std::vector<ShardedUnit*>& bucket);
+  // Stages 2-3: the pending bucket's reduction (PlanReduceScatter).
+  Status Flush();
+  // An all-reduce of `bucket`'s full gradients (PlanAllReduce).
+  Status AllReduce(const std::vector<ShardedUnit*>& bucket);
+  static std::vector<ReduceSizes> Sizes(const std::vector<ShardedUnit*>& units);
+  ReduceGroups Groups() const;
   Status CommAfterCompute();
   int DataRanks() const;  // the shard group's size times the replicas'
   Status AcrossReplicas(void* data, int64_t count, ReduceOp op, const std::string& what);
@@ -53,8 +60,7 @@ class GradientReducer {
 
   UnitResources resources_;
   ShardedOptimizer* optimizer_;
-  std::vector<ShardedUnit*> pending_;
-  int64_t pending_numel_ = 0;
+  ReduceBucket<ShardedUnit*> pending_;
   int64_t collectives_ = 0;
   std::unique_ptr<Event> event_;
   std::unique_ptr<QuantizedReduceScatter> quantized_;  // qgZ ([Note: qgZ])

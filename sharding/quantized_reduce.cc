@@ -5,6 +5,7 @@
 #include "zerort/kernels/reduce.h"
 #include "zerort/runtime/host_collectives.h"
 #include "zerort/runtime/strings.h"
+#include "zerort/sharding/reduce_plan.h"
 
 namespace zerort {
 
@@ -38,11 +39,15 @@ Status QuantizedReduceScatter::MapRanks() {
 }
 
 Status QuantizedReduceScatter::Level(Communicator& peers, const std::vector<const float*>& chunk,
-                                     int64_t n, float* acc, Stream* stream) {
+                                     const QgzPlan::Level& level, float* acc, Stream* stream) {
   const int size = peers.size(), me = peers.rank();
-  if (size == 1) return absl::OkStatus();
+  if (level.peers <= 1) return absl::OkStatus();
+  if (level.peers != size) {
+    return absl::InternalError(
+        StrCat("qgZ: a level planned for ", level.peers, " ranks runs on ", size));
+  }
   const Device device = memory_.device();
-  const int64_t bytes = QuantizedBytes(n);
+  const int64_t n = level.numel, bytes = level.bytes;
   ZR_ASSIGN_OR_RETURN(Buffer out, memory_.Allocate(bytes, MemoryCategory::kCommBuffers, stream));
   ZR_ASSIGN_OR_RETURN(Buffer in, memory_.Allocate(bytes, MemoryCategory::kCommBuffers, stream));
   ZR_ASSIGN_OR_RETURN(Buffer values, memory_.Allocate(n * 4, MemoryCategory::kCommBuffers, stream));
@@ -67,8 +72,9 @@ Status QuantizedReduceScatter::Run(const float* in, float* out, int64_t count, R
   const int node = inter_ != nullptr ? inter_->rank() : 0, me = intra_.rank();
   const Device device = memory_.device();
   const size_t block_bytes = static_cast<size_t>(count) * sizeof(float);
+  const QgzPlan plan = PlanQgz(count, nodes, local);  // [Note: the reduce plan]
   // Level 1's chunks: for local index l', the blocks (n', l') for n' = 0..N-1, contiguous.
-  ZR_ASSIGN_OR_RETURN(Buffer packed, memory_.Allocate(block_bytes * group_.size(),
+  ZR_ASSIGN_OR_RETURN(Buffer packed, memory_.Allocate(plan.packed * sizeof(float),
                                                       MemoryCategory::kCommBuffers, stream));
   std::vector<const float*> chunks;
   for (int l = 0; l < local; ++l) {
@@ -81,12 +87,12 @@ Status QuantizedReduceScatter::Run(const float* in, float* out, int64_t count, R
     chunks.push_back(packed.as<float>() + static_cast<int64_t>(l) * nodes * count);
   }
   // This rank's own chunk starts the sum, exactly; the others arrive quantized.
-  ZR_ASSIGN_OR_RETURN(Buffer partial,
-                      memory_.Allocate(block_bytes * nodes, MemoryCategory::kCommBuffers, stream));
+  ZR_ASSIGN_OR_RETURN(Buffer partial, memory_.Allocate(plan.partial * sizeof(float),
+                                                       MemoryCategory::kCommBuffers, stream));
   ZR_RETURN_IF_ERROR(CopyBytes(partial.data(), device, chunks[static_cast<size_t>(me)], device,
                                block_bytes * nodes, stream));
   intra_.SetTraceLabel("reduce-scatter (qgZ) in the node");
-  ZR_RETURN_IF_ERROR(Level(intra_, chunks, count * nodes, partial.as<float>(), stream));
+  ZR_RETURN_IF_ERROR(Level(intra_, chunks, plan.intra, partial.as<float>(), stream));
   intra_.SetTraceLabel("");
   // Level 2: the node-partial sum of block (n', me) to inter peer n'; this rank's own exactly.
   ZR_RETURN_IF_ERROR(
@@ -95,7 +101,7 @@ Status QuantizedReduceScatter::Run(const float* in, float* out, int64_t count, R
     std::vector<const float*> sums;
     for (int n = 0; n < nodes; ++n) sums.push_back(partial.as<float>() + n * count);
     inter_->SetTraceLabel("reduce-scatter (qgZ) across nodes");
-    ZR_RETURN_IF_ERROR(Level(*inter_, sums, count, out, stream));
+    ZR_RETURN_IF_ERROR(Level(*inter_, sums, plan.inter, out, stream));
     inter_->SetTraceLabel("");
   }
   if (op == ReduceOp::kAvg) {

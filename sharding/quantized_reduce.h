@@ -25,6 +25,7 @@
 
 #include "zerort/runtime/allocator.h"
 #include "zerort/runtime/communicator.h"
+#include "zerort/sharding/reduce_plan.h"
 
 namespace zerort {
 
@@ -41,11 +42,11 @@ class QuantizedReduceScatter {
 
  private:
   Status MapRanks();  // (local, node) of every group rank, once
-  // One ring all-to-all level: chunk[k] (k = 0..peers-1, `n` elements each) quantized to peer k,
-  // and every peer's chunk for this rank dequantized and added into `acc` (which holds this
+  // One ring all-to-all level: chunk[k] (k = 0..peers-1, `level.numel` elements each) quantized to
+  // peer k, and every peer's chunk for this rank dequantized and added into `acc` (which holds this
   // rank's own chunk already).
-  Status Level(Communicator& peers, const std::vector<const float*>& chunk, int64_t n, float* acc,
-               Stream* stream);
+  Status Level(Communicator& peers, const std::vector<const float*>& chunk,
+               const QgzPlan::Level& level, float* acc, Stream* stream);
 
   Communicator& group_;
   Communicator& intra_;

@@ -75,7 +75,10 @@ struct Params {
   int64_t allgather_bucket_size = 500'000'000;  // stages 1-2
   int64_t head_chunk = 0;                       // model.head_chunk_rows
   int vocab = 256;                              // model.vocab_size
-  bool llama = false;  // model.arch llama: GQA 4:2, SwiGLU 352, untied head
+  bool llama = false;            // model.arch llama: GQA 4:2, SwiGLU 352, untied head
+  bool reduce_scatter = true;    // zero_optimization.reduce_scatter
+  int data_shard = 0;            // parallel.data_shard_size (hybrid sharding)
+  bool quantized_grads = false;  // zero_quantized_gradients (qgZ)
 };
 
 class MemoryGridTest : public ::testing::TestWithParam<Params> {};
@@ -109,6 +112,9 @@ TEST_P(MemoryGridTest, EstimateMatchesTheMeasuredStep) {
     c.model.shape.n_kv_head = 2;
     c.model.shape.intermediate_size = 352;
   }
+  c.manager.reduce_scatter = p.reduce_scatter;
+  c.parallel.data_shard_size = p.data_shard;
+  c.manager.quantized_gradients = p.quantized_grads;
   c.parallel.tensor_parallel_size = p.tp;
   c.parallel.sequence_parallel = p.sp;
   c.parallel.make_vocab_size_divisible_by = p.vocab_multiple;
@@ -308,18 +314,32 @@ std::vector<Params> Grid() {
     p.layers = {2, 2};
     out.push_back(p);
   }
+  // The reduce plan's other paths ([Note: the reduce plan]): stage 2 all-reducing its buckets
+  // (reduce_scatter false), alone and with hybrid sharding (shard groups of 2, the shards
+  // staged across the replicas), and qgZ's buffers at stage 3.
+  for (int shard : {0, 2}) {
+    Params p{2, shard == 0 ? 2 : 4, false};
+    p.reduce_scatter = false;
+    p.data_shard = shard;
+    out.push_back(p);
+  }
+  {
+    Params p{3, 4, false};
+    p.quantized_grads = true;
+    out.push_back(p);
+  }
   return out;
 }
 
-// The counts README.md, engine/README.md and docs/benchmarks.md quote: 60 of 68 configurations
+// The counts README.md, estimate/README.md and docs/benchmarks.md quote: 63 of 71 configurations
 // byte-exact (no pipeline stages, no staged all-gather), the other 8 within 5%.
 TEST(MemoryGridTest, GridCounts) {
   const std::vector<Params> grid = Grid();
   const auto exact = std::count_if(grid.begin(), grid.end(), [](const Params& p) {
     return p.pp == 1 && p.allgather_bucket_size == 500'000'000;
   });
-  EXPECT_EQ(grid.size(), 68u);
-  EXPECT_EQ(exact, 60);
+  EXPECT_EQ(grid.size(), 71u);
+  EXPECT_EQ(exact, 63);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -335,7 +355,9 @@ INSTANTIATE_TEST_SUITE_P(
           info.param.reuse_distance > 0 ? "_reuse" : "",
           info.param.max_live < 1'000'000'000 ? "_live" : "",
           info.param.allgather_bucket_size < 500'000'000 ? "_agbucket" : "",
-          info.param.head_chunk > 0 ? "_chunks" : "",
+          info.param.head_chunk > 0 ? "_chunks" : "", info.param.reduce_scatter ? "" : "_allreduce",
+          info.param.data_shard > 0 ? StrCat("_shard", info.param.data_shard) : "",
+          info.param.quantized_grads ? "_qgz" : "",
           std::string(info.param.offload_optimizer) != "none"
               ? StrCat("_opt_", info.param.offload_optimizer)
               : "",
