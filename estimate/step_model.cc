@@ -280,9 +280,9 @@ void StepModel::MicroBatch() {
                 per_block ? " (one per block)" : " (checkpointing: one, reused)",
                 in_.pp > 1 ? StrCat(" x ", st_.live, " micro-batches in flight") : ""),
          StrCat(g.f.qkv == QkvKind::kRotary
-                    ? (g.sp ? "rows x (2 d + (4 d + 3 f)/tp) x act + rows/tp x d x act + "
+                    ? (g.sp ? "rows x (2 d + (2 d + 2 kv + 3 f)/tp) x act + rows/tp x d x act + "
                               "2 rows/tp x 4 B"
-                            : "rows (B x T) x (3 d + (4 d + 3 f)/tp) x act + 2 rows x 4 B")
+                            : "rows (B x T) x (3 d + (2 d + 2 kv + 3 f)/tp) x act + 2 rows x 4 B")
                 : g.sp ? "rows x (2 d + 12 d/tp) x act + rows/tp x d x act + 4 rows/tp x 4 B"
                        : "rows (B x T) x (3 d + 12 d/tp) x act + 4 rows x 4 B",
                 in_.cuda ? " + B x heads/tp x T x T x act (probabilities)"
@@ -296,7 +296,7 @@ void StepModel::MicroBatch() {
          "head_chunk_rows x padded vocab/tp x act", logits_bytes);
     Term(Tier::kDevice, Cat::kWorkspace, "backward scratch",
          StrCat(g.f.qkv == QkvKind::kRotary
-                    ? "rows x (2 d + (max(f, 3 d) + max(2 f, d + 2 kv))/tp) x act"
+                    ? "rows x (2 d + (max(f, d + 2 kv) + max(2 f, d + 2 kv))/tp) x act"
                     : "rows x (2 d + 8 d/tp) x act",
                 g.sp ? " + 2 rows/tp x d x act + 4 d x 4 B" : ""),
          sum(decoder::BackwardScratchPlan(g, act, grad, false)) +

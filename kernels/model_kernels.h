@@ -115,7 +115,10 @@ class ModelKernels {
     return Gelu(out, pre, rows * out_features);
   }
 
-  // Causal multi-head self-attention; qkv [batch, seq, 3 * channels], out [batch, seq, channels].
+  // Causal multi-head self-attention; qkv [batch, seq, (heads + 2 kv_heads) hs] in [Note: the
+  // qkv layout] (kernels/model_math.h: a query head reads its group's key/value head in place;
+  // GPT-2's kv_heads = heads), out [batch, seq, channels], channels = heads x hs. The backward
+  // adds into dqkv (the same layout, a key/value head's gradient summed over its query heads).
   // `saved` (AttentionSavedBytes) keeps what the backward needs besides qkv and out: the CPU
   // float and 16-bit kernels keep each query's log-sum-exp of its scores (fp32 [batch, heads,
   // seq]; flash-style, the seq x seq probabilities never exist), the double and CUDA kernels the
@@ -126,11 +129,11 @@ class ModelKernels {
                                        static_cast<int64_t>(act_size()));
   }
   virtual Status Attention(void* out, void* saved, const void* qkv, int batch, int seq,
-                           int channels, int heads) = 0;
+                           int channels, int heads, int kv_heads) = 0;
   // `out` is the forward's output.
   virtual Status AttentionBackward(void* dqkv, const void* dout, const void* qkv, const void* out,
-                                   const void* saved, int batch, int seq, int channels,
-                                   int heads) = 0;
+                                   const void* saved, int batch, int seq, int channels, int heads,
+                                   int kv_heads) = 0;
 
   // GELU, tanh approximation.
   virtual Status Gelu(void* out, const void* inp, int64_t n) = 0;
@@ -183,16 +186,17 @@ class ModelKernels {
     ZR_RETURN_IF_ERROR(Add(sum, a, b, rows * channels));
     return RmsNorm(out, rstd, sum, weight, rows, channels, eps);
   }
-  // Rotary position embeddings and grouped-query heads, into the layout Attention reads: q
-  // [rows, heads hs], k and v [rows, kv_heads hs] (rows = batch x seq; a row's position is its
-  // index in its sequence) give qkv [rows, 3 heads hs] = rope(q), rope(k), v, with key/value head
-  // j repeated for query heads j g .. j g + g - 1 (g = heads / kv_heads: Hugging Face's
-  // repeat_kv). rope is Hugging Face's rotate-half: channel pair (i, i + hs/2) of a head turned by
-  // position x inv_freq(i), theta^(-2i / hs) remapped by the rope's scaling (kernels/rope.h).
+  // Rotary position embeddings, into the layout Attention reads: q [rows, heads hs], k and v
+  // [rows, kv_heads hs] (rows = batch x seq; a row's position is its index in its sequence) give
+  // qkv [rows, (heads + 2 kv_heads) hs] = rope(q), rope(k), v ([Note: the qkv layout]: each
+  // key/value head once, read by its g = heads / kv_heads query heads, where Hugging Face's
+  // repeat_kv copies it g times). rope is Hugging Face's rotate-half: channel pair (i, i + hs/2) of
+  // a head turned by position x inv_freq(i), theta^(-2i / hs) remapped by the rope's scaling
+  // (kernels/rope.h).
   virtual Status RopeQkv(void* qkv, const void* q, const void* k, const void* v, int batch, int seq,
                          int heads, int kv_heads, int head_size, const Rope& rope) = 0;
-  // dq, dk, dv (+=) from dqkv: the rotation's transpose, and a key/value head's query heads'
-  // gradients summed. A null gradient is skipped.
+  // dq, dk, dv (+=) from dqkv (whose key/value heads Attention's backward already summed over
+  // their query heads): the rotation's transpose. A null gradient is skipped.
   virtual Status RopeQkvBackward(void* dq, void* dk, void* dv, const void* dqkv, int batch, int seq,
                                  int heads, int kv_heads, int head_size, const Rope& rope) = 0;
   // SwiGLU: out = silu(gate) x up, silu(x) = x sigmoid(x); element-wise over n.

@@ -149,8 +149,26 @@ ZR_HOST_DEVICE inline int64_t EmbeddingRow(int32_t token, int begin, int count) 
   return row >= 0 && row < count ? row : -1;
 }
 
+// [Note: the qkv layout] The attention's input holds, for each token, its `heads` query heads,
+// then its `kv_heads` key heads, then its `kv_heads` value heads, `hs` values each: a row of
+// (heads + 2 kv_heads) hs. Query head h attends with key/value head h / (heads / kv_heads)
+// (grouped-query attention, read in place: a key/value head is stored once, not repeated per
+// query head); GPT-2's kv_heads = heads gives its fused [q | k | v] rows of 3 x heads x hs. The
+// backward writes the same layout, each key/value head's gradient summed over its query heads.
+struct QkvLayout {
+  int heads = 1, kv_heads = 1, hs = 1;
+  ZR_HOST_DEVICE int group() const { return heads / kv_heads; }
+  ZR_HOST_DEVICE int64_t q_cols() const { return int64_t{heads} * hs; }
+  ZR_HOST_DEVICE int64_t kv_cols() const { return int64_t{kv_heads} * hs; }
+  ZR_HOST_DEVICE int64_t row() const { return q_cols() + 2 * kv_cols(); }
+  // Offsets within a row: query head h, and the key and value heads query head h reads.
+  ZR_HOST_DEVICE int64_t q(int h) const { return int64_t{h} * hs; }
+  ZR_HOST_DEVICE int64_t k(int h) const { return q_cols() + int64_t{h / group()} * hs; }
+  ZR_HOST_DEVICE int64_t v(int h) const { return q_cols() + kv_cols() + int64_t{h / group()} * hs; }
+};
+
 // Element i of a head-major tensor [B, NH, T, HS]: where the same element sits in a token-major
-// one with `parts` tensors side by side per token ([B, T, parts, NH, HS]; parts 3 for qkv).
+// one with `parts` tensors side by side per token ([B, T, parts, NH, HS]).
 ZR_HOST_DEVICE inline int64_t TokenMajorIndex(int64_t i, int seq, int heads, int hs, int parts) {
   const int d = static_cast<int>(i % hs);
   const int t = static_cast<int>((i / hs) % seq);

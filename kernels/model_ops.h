@@ -52,15 +52,17 @@ template <typename T>
 void SoftmaxCrossEntropyFused(T* logits, T* losses, const int32_t* targets, int64_t rows, int vocab,
                               T dscale);
 
-// Causal multi-head self-attention. qkv is [batch, seq, 3 * channels] (queries, keys, values
-// side by side, each split into `heads` heads of channels / heads); out is [batch, seq,
-// channels]; att ([batch, heads, seq, seq]) saves the softmax probabilities for the backward
-// (zero above the diagonal). Scores are scaled by 1 / sqrt(head size).
+// Causal multi-head self-attention. qkv is [batch, seq, (heads + 2 kv_heads) hs] ([Note: the qkv
+// layout], kernels/model_math.h: query heads, then key heads, then value heads, hs = channels /
+// heads); out is [batch, seq, channels]; att ([batch, heads, seq, seq]) saves the softmax
+// probabilities for the backward (zero above the diagonal). Scores are scaled by
+// 1 / sqrt(head size). The backward adds into dqkv (the same layout).
 template <typename T>
-void AttentionForward(T* out, T* att, const T* qkv, int batch, int seq, int channels, int heads);
+void AttentionForward(T* out, T* att, const T* qkv, int batch, int seq, int channels, int heads,
+                      int kv_heads);
 template <typename T>
 void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int batch, int seq,
-                       int channels, int heads);
+                       int channels, int heads, int kv_heads);
 
 // out[b, t] = wte[tokens[b, t] - begin] + wpe[t]  for b < batch, t < seq, each a row of
 // `channels`; a token outside [begin, begin + count) gives zeros, a null wpe no position term.
@@ -80,8 +82,9 @@ void RmsNormForward(T* out, T* rstd, const T* inp, const T* weight, int64_t rows
 template <typename T>
 void RmsNormBackward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
                      const T* rstd, int64_t rows, int channels);
-// Rotary embeddings (rotate-half) on q and k, and the key/value heads repeated for their query
-// heads: q [rows, heads hs], k and v [rows, kv_heads hs] into qkv [rows, 3 heads hs].
+// Rotary embeddings (rotate-half) on q and k: q [rows, heads hs], k and v [rows, kv_heads hs]
+// into qkv [rows, (heads + 2 kv_heads) hs] ([Note: the qkv layout]); the backward adds the
+// rotation's transpose into dq, dk and dv.
 template <typename T>
 void RopeQkvForward(T* qkv, const T* q, const T* k, const T* v, int batch, int seq, int heads,
                     int kv_heads, int head_size, const Rope& rope);

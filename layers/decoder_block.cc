@@ -68,7 +68,7 @@ Status BlockForward(const Ctx& c, const std::vector<void*>& w, const void* x, Bl
   ZR_RETURN_IF_ERROR(
       k.Matmul(a.qkv.data(), a.ln1.data(), w[kQkvW], w[kQkvB], g.rows, g.d, 3 * g.d_l));
   ZR_RETURN_IF_ERROR(
-      k.Attention(a.atty.data(), a.att.data(), a.qkv.data(), g.batch, g.seq, g.d_l, g.h_l));
+      k.Attention(a.atty.data(), a.att.data(), a.qkv.data(), g.batch, g.seq, g.d_l, g.h_l, g.h_l));
   ZR_RETURN_IF_ERROR(RowToResidual(c, a.res2.data(), a.atty.data(), w[kProjW], w[kProjB], g.d_l));
   // res2 += x, then ln2 = LayerNorm(res2): one pass (AddLayerNorm).
   ZR_RETURN_IF_ERROR(AddNormToColumn(c, a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
@@ -162,7 +162,7 @@ Status BlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const Bl
                                       w[kProjW], g.rows, g.d_l, g.d));
   ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, g.rows * 3 * g.d_l * act, st));
   ZR_RETURN_IF_ERROR(k.AttentionBackward(s.d4a.data(), s.dbtc.data(), a.qkv.data(), a.atty.data(),
-                                         a.att.data(), g.batch, g.seq, g.d_l, g.h_l));
+                                         a.att.data(), g.batch, g.seq, g.d_l, g.h_l, g.h_l));
   ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
   ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kQkvW], gr[kQkvB], s.d4a.data(),
                                       a.ln1.data(), w[kQkvW], g.rows, g.d, 3 * g.d_l));

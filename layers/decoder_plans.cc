@@ -50,16 +50,18 @@ std::vector<ScratchBuffer> BackwardScratchPlan(const Geometry& g, int64_t act, i
 }
 
 std::vector<ScratchBuffer> BlockBackwardScratchPlan(const Geometry& g, int64_t act) {
-  // d4a: the MLP's output gradient [rows, f_l], then d(qkv) [rows, 3 d_l]. d4b: d(mlp_in) (and
-  // d(up) after it for a gated MLP), then with Q, K, V projections of their own d(q), d(k), d(v).
+  // d4a: the MLP's output gradient [rows, f_l], then d(qkv) [rows, (h_l + 2 kv_l) hs]. d4b:
+  // d(mlp_in) (and d(up) after it for a gated MLP), then with Q, K, V projections of their own
+  // d(q), d(k), d(v).
   const int64_t mlp = g.f.gated_mlp() ? 2 * int64_t{g.f_l} : g.f_l;
-  const int64_t projections = g.f.qkv == QkvKind::kRotary ? int64_t{g.h_l + 2 * g.kv_l} * g.hs : 0;
-  return {{&BackwardScratch::d4a, g.rows * std::max<int64_t>(g.f_l, 3 * g.d_l) * act},
+  const int64_t qkv = QkvCols(g);
+  const int64_t projections = g.f.qkv == QkvKind::kRotary ? qkv : 0;
+  return {{&BackwardScratch::d4a, g.rows * std::max<int64_t>(g.f_l, qkv) * act},
           {&BackwardScratch::d4b, g.rows * std::max<int64_t>(mlp, projections) * act}};
 }
 
 int64_t ProjectionScratchBytes(const Geometry& g, int64_t act) {
-  return g.f.qkv == QkvKind::kRotary ? g.rows * (g.h_l + 2 * g.kv_l) * g.hs * act : 0;
+  return g.f.qkv == QkvKind::kRotary ? g.rows * QkvCols(g) * act : 0;
 }
 
 std::vector<BlockActBuffer> BlockActPlan(const Geometry& g, int64_t act, int64_t stat,
@@ -71,7 +73,7 @@ std::vector<BlockActBuffer> BlockActPlan(const Geometry& g, int64_t act, int64_t
   add(&BlockActs::ln1, rows * d * act);  // every row: the input of column layers
   if (mean) add(&BlockActs::ln1_mean, rows_l * stat);
   add(&BlockActs::ln1_rstd, rows_l * stat);
-  add(&BlockActs::qkv, rows * 3 * g.d_l * act);  // kRotary: after the rotation, heads repeated
+  add(&BlockActs::qkv, rows * QkvCols(g) * act);  // kRotary: after the rotation
   add(&BlockActs::atty, rows * g.d_l * act);
   // What the kernels' attention keeps for its backward (the CPU: a log-sum-exp per query).
   add(&BlockActs::att, attention_saved);

@@ -21,7 +21,7 @@ namespace zerort::decoder {
 
 // A block's saved activations, named for what they hold in every architecture: ln1 and ln2 the
 // norms' outputs (ln*_mean: LayerNorm's only; ln*_rstd: both norms'), qkv (attention's input:
-// GPT-2's fused projection, or rope(q), rope(k), v with the key/value heads repeated), atty (its
+// GPT-2's fused projection, or rope(q), rope(k), v, [Note: the qkv layout]), atty (its
 // output), att (its probabilities or log-sum-exps), res2 (the residual after attention), mlp_in
 // (the MLP's first projection before its activation: GPT-2's fc, SwiGLU's gate), mlp_up
 // (SwiGLU's up projection; GPT-2 has none) and mlp_act (the activation's output: GELU(mlp_in) or
@@ -53,9 +53,13 @@ Geometry MakeGeometry(const DecoderModelOptions& o, int batch, int seq);
 Geometry MakeGeometry(const DecoderConfig& c, int tp_size, int tp_rank, bool sequence_parallel,
                       int vocab_multiple, int batch, int seq);
 
+// A token's row of the attention's qkv here: h_l query heads, kv_l key and kv_l value heads of hs
+// ([Note: the qkv layout], kernels/model_math.h); 3 d_l for GPT-2.
+inline int64_t QkvCols(const Geometry& g) { return int64_t{g.h_l + 2 * g.kv_l} * g.hs; }
+
 // Scratch of the backward: gradients of activations (kWorkspace). A LLaMA block's d4a holds
-// d(SwiGLU output), then d(qkv) [rows, max(f_l, 3 d_l)]; its d4b d(gate), d(up), then d(q), d(k),
-// d(v) [rows, max(2 f_l, (h_l + 2 kv_l) hs)].
+// d(SwiGLU output), then d(qkv) [rows, max(f_l, QkvCols)]; its d4b d(gate), d(up), then d(q),
+// d(k), d(v) [rows, max(2 f_l, QkvCols)].
 struct BackwardScratch {
   Buffer dres;   // [rows_l, d]: the gradient flowing down the residual stream (this rank's rows)
   Buffer dfull;  // [rows, d]: dres gathered from every rank (sequence parallelism)

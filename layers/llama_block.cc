@@ -52,7 +52,7 @@ Status LlamaBlockForward(const Ctx& c, const std::vector<void*>& params, const v
       NormToColumn(c, a.ln1.data(), nullptr, a.ln1_rstd.data(), x, w[kAttnNorm], nullptr));
   {
     // [Note: a LLaMA block's projections]: this rank's query heads and key/value heads, then
-    // rotated and repeated into qkv.
+    // rotated into qkv ([Note: the qkv layout]: each key/value head once).
     ZR_ASSIGN_OR_RETURN(
         Buffer proj, c.tp.workspace->Allocate(static_cast<size_t>(ProjectionScratchBytes(g, act)),
                                               MemoryCategory::kWorkspace, &k.stream()));
@@ -67,7 +67,7 @@ Status LlamaBlockForward(const Ctx& c, const std::vector<void*>& params, const v
         k.RopeQkv(a.qkv.data(), q, kk, v, g.batch, g.seq, g.h_l, g.kv_l, g.hs, g.rope));
   }
   ZR_RETURN_IF_ERROR(
-      k.Attention(a.atty.data(), a.att.data(), a.qkv.data(), g.batch, g.seq, g.d_l, g.h_l));
+      k.Attention(a.atty.data(), a.att.data(), a.qkv.data(), g.batch, g.seq, g.d_l, g.h_l, g.kv_l));
   ZR_RETURN_IF_ERROR(RowToResidual(c, a.res2.data(), a.atty.data(), w[kOW], w[kOB], g.d_l));
   // res2 += x, then ln2 = RmsNorm(res2).
   ZR_RETURN_IF_ERROR(AddNormToColumn(c, a.ln2.data(), nullptr, a.ln2_rstd.data(), a.res2.data(), x,
@@ -113,9 +113,9 @@ Status LlamaBlockBackward(const Ctx& c, const UnitTensors& u, const void* x, con
   ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d_l * act, st));
   ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kOW], gr[kOB], dout, a.atty.data(), w[kOW],
                                       g.rows, g.d_l, g.d));
-  ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, g.rows * 3 * g.d_l * act, st));
+  ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, g.rows * QkvCols(g) * act, st));
   ZR_RETURN_IF_ERROR(k.AttentionBackward(s.d4a.data(), s.dbtc.data(), a.qkv.data(), a.atty.data(),
-                                         a.att.data(), g.batch, g.seq, g.d_l, g.h_l));
+                                         a.att.data(), g.batch, g.seq, g.d_l, g.h_l, g.kv_l));
   const Projections p = Split(g);
   void* dq = s.d4b.data();
   void* dk = At(s.d4b.data(), p.k, act);

@@ -258,27 +258,29 @@ constexpr int kBlock = 64;  // queries and keys per tile (equal: each tile row h
 // One (batch, head) pair's place in the fused layouts: qkv [batch, seq, 3 x channels] (this
 // head's Q at Qkv(pair), K and V channels and 2 x channels further) and out [batch, seq, channels].
 struct Heads {
-  Heads(int seq, int channels, int heads)
+  Heads(int seq, int channels, int heads, int kv_heads)
       : seq(seq),
         channels(channels),
         heads(heads),
         hs(channels / heads),
-        c3(3 * static_cast<int64_t>(channels)),
+        l{heads, kv_heads, channels / heads},
+        ld(l.row()),
         scale(1.0f / std::sqrt(static_cast<float>(channels / heads))) {}
-  int64_t Qkv(int pair) const {
-    return static_cast<int64_t>(pair / heads) * seq * c3 + (pair % heads) * hs;
-  }
+  int64_t Row(int pair) const { return static_cast<int64_t>(pair / heads) * seq * ld; }
   int64_t Out(int pair) const {
     return static_cast<int64_t>(pair / heads) * seq * channels + (pair % heads) * hs;
   }
-  // This pair's Q, K and V in a qkv-shaped buffer (the input, or its gradient).
+  // This pair's Q and its group's K and V in a qkv-shaped buffer (the input, or its gradient):
+  // [Note: the qkv layout], each row `ld` apart.
   template <typename T>
   std::array<T*, 3> QkvOf(T* base, int pair) const {
-    T* q = base + Qkv(pair);
-    return {q, q + channels, q + 2 * static_cast<int64_t>(channels)};
+    T* row = base + Row(pair);
+    const int h = pair % heads;
+    return {row + l.q(h), row + l.k(h), row + l.v(h)};
   }
   int seq, channels, heads, hs;
-  int64_t c3;
+  math::QkvLayout l;
+  int64_t ld;
   float scale;
 };
 
@@ -374,10 +376,10 @@ void SoftmaxCrossEntropyFused(float* logits, float* losses, const int32_t* targe
 }
 
 void FlashAttentionForward(float* out, float* lse, const float* qkv, int batch, int seq,
-                           int channels, int heads) {
-  const Heads g(seq, channels, heads);
+                           int channels, int heads, int kv_heads) {
+  const Heads g(seq, channels, heads, kv_heads);
   const int hs = g.hs;
-  const int64_t c3 = g.c3;
+  const int64_t c3 = g.ld;
   ForEachHead(batch * heads, [&](int pair) {
     const auto [q, k, v] = g.QkvOf(qkv, pair);
     float* o = out + g.Out(pair);
@@ -403,31 +405,40 @@ void FlashAttentionForward(float* out, float* lse, const float* qkv, int batch, 
 }
 
 void FlashAttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                            const float* lse, int batch, int seq, int channels, int heads) {
-  const Heads g(seq, channels, heads);
+                            const float* lse, int batch, int seq, int channels, int heads,
+                            int kv_heads) {
+  const Heads g(seq, channels, heads, kv_heads);
   const int hs = g.hs;
-  const int64_t c3 = g.c3;
-  ForEachHead(batch * heads, [&](int pair) {
-    const auto [q, k, v] = g.QkvOf(qkv, pair);
-    const auto [dq, dk, dv] = g.QkvOf(dqkv, pair);
-    const int64_t head_off = g.Out(pair);
-    const float* dh = dout + head_off;
-    const float* pair_lse = lse + static_cast<int64_t>(pair) * seq;
+  const int64_t c3 = g.ld;
+  // One task per (batch, key/value head): its query heads in order, so that each adds into the
+  // shared dK and dV alone, the same way whatever the thread count.
+  const int group = g.l.group();
+  ForEachHead(batch * kv_heads, [&](int kv_pair) {
     std::vector<float> d(seq), p(kBlock * kBlock), dp(kBlock * kBlock);
-    RowDots(d.data(), dh, out + head_off, channels, seq, hs);
-    for (int q0 = 0; q0 < seq; q0 += kBlock) {
-      const int m = std::min(seq, q0 + kBlock) - q0;
-      const float* dblock = dh + static_cast<int64_t>(q0) * channels;
-      for (int k0 = 0; k0 <= q0; k0 += kBlock) {
-        const int kn = std::min(seq, k0 + kBlock) - k0;
-        // Recompute the probabilities from q k^T and the saved log-sum-exp; dp = dout v^T.
-        Sgemm(false, true, m, kn, hs, q + q0 * c3, c3, k + k0 * c3, c3, 0.0f, p.data(), kBlock);
-        Sgemm(false, true, m, kn, hs, dblock, channels, v + k0 * c3, c3, 0.0f, dp.data(), kBlock);
-        FlashBackwardBlock(p.data(), dp.data(), kBlock, m, kn, q0, k0, g.scale, pair_lse, d.data());
-        // dv += p^T dout; dq += dscore k; dk += dscore^T q.
-        Sgemm(true, false, kn, hs, m, p.data(), kBlock, dblock, channels, 1.0f, dv + k0 * c3, c3);
-        Sgemm(false, false, m, hs, kn, dp.data(), kBlock, k + k0 * c3, c3, 1.0f, dq + q0 * c3, c3);
-        Sgemm(true, false, kn, hs, m, dp.data(), kBlock, q + q0 * c3, c3, 1.0f, dk + k0 * c3, c3);
+    const int first = (kv_pair / kv_heads) * heads + (kv_pair % kv_heads) * group;
+    for (int pair = first; pair < first + group; ++pair) {
+      const auto [q, k, v] = g.QkvOf(qkv, pair);
+      const auto [dq, dk, dv] = g.QkvOf(dqkv, pair);
+      const int64_t head_off = g.Out(pair);
+      const float* dh = dout + head_off;
+      const float* pair_lse = lse + static_cast<int64_t>(pair) * seq;
+      RowDots(d.data(), dh, out + head_off, channels, seq, hs);
+      for (int q0 = 0; q0 < seq; q0 += kBlock) {
+        const int m = std::min(seq, q0 + kBlock) - q0;
+        const float* dblock = dh + static_cast<int64_t>(q0) * channels;
+        for (int k0 = 0; k0 <= q0; k0 += kBlock) {
+          const int kn = std::min(seq, k0 + kBlock) - k0;
+          // Recompute the probabilities from q k^T and the saved log-sum-exp; dp = dout v^T.
+          Sgemm(false, true, m, kn, hs, q + q0 * c3, c3, k + k0 * c3, c3, 0.0f, p.data(), kBlock);
+          Sgemm(false, true, m, kn, hs, dblock, channels, v + k0 * c3, c3, 0.0f, dp.data(), kBlock);
+          FlashBackwardBlock(p.data(), dp.data(), kBlock, m, kn, q0, k0, g.scale, pair_lse,
+                             d.data());
+          // dv += p^T dout; dq += dscore k; dk += dscore^T q.
+          Sgemm(true, false, kn, hs, m, p.data(), kBlock, dblock, channels, 1.0f, dv + k0 * c3, c3);
+          Sgemm(false, false, m, hs, kn, dp.data(), kBlock, k + k0 * c3, c3, 1.0f, dq + q0 * c3,
+                c3);
+          Sgemm(true, false, kn, hs, m, dp.data(), kBlock, q + q0 * c3, c3, 1.0f, dk + k0 * c3, c3);
+        }
       }
     }
   });

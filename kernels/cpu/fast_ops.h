@@ -38,11 +38,15 @@ void SoftmaxCrossEntropyFused(float* logits, float* losses, const int32_t* targe
 // up to the diagonal with an online softmax, so neither the masked triangle nor the seq x seq
 // probabilities are ever held; `lse` ([batch, heads, seq]) saves each query's log-sum-exp of its
 // scaled scores. The backward recomputes each tile's probabilities from q k^T and lse, with
-// D = dout . out per query (FlashAttention-2's order). Threaded over (batch, head).
+// D = dout . out per query (FlashAttention-2's order). qkv and dqkv in [Note: the qkv layout]
+// (kernels/model_math.h): each query head reads its group's key/value head in place. The forward
+// is threaded over (batch, query head), the backward over (batch, key/value head), whose query
+// heads add into its dK and dV in order.
 void FlashAttentionForward(float* out, float* lse, const float* qkv, int batch, int seq,
-                           int channels, int heads);
+                           int channels, int heads, int kv_heads);
 void FlashAttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                            const float* lse, int batch, int seq, int channels, int heads);
+                            const float* lse, int batch, int seq, int channels, int heads,
+                            int kv_heads);
 
 // out = a + b; dst += src.
 void Add(float* out, const float* a, const float* b, int64_t n);

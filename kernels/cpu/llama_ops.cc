@@ -2,10 +2,12 @@
 // heads, SwiGLU. Templated on the element type (float for training, double for the gradient
 // checks); rows threaded by ParallelFor, each row computed the same way whatever the thread
 // count, and the weight gradient's rows summed in fixed blocks in order (vector_math.h).
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "zerort/kernels/cpu/vector_math.h"
+#include "zerort/kernels/model_math.h"
 #include "zerort/kernels/model_ops.h"
 
 namespace zerort::cpu {
@@ -88,51 +90,46 @@ void RmsNormBackward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
 template <typename T>
 void RopeQkvForward(T* qkv, const T* q, const T* k, const T* v, int batch, int seq, int heads,
                     int kv_heads, int head_size, const Rope& rope) {
-  const int half = head_size / 2, group = heads / kv_heads;
-  const int64_t C = static_cast<int64_t>(heads) * head_size;
-  const int64_t KV = static_cast<int64_t>(kv_heads) * head_size;
+  const math::QkvLayout l{heads, kv_heads, head_size};
+  const int half = head_size / 2;
+  const int64_t C = l.q_cols(), KV = l.kv_cols();
   ForEachRotatedRow<T>(batch, seq, head_size, rope, [&](int64_t r, const T* c, const T* s) {
-    T* out = qkv + r * 3 * C;
+    T* out = qkv + r * l.row();
     auto rotate = [&](T* y, const T* x) {
       for (int i = 0; i < half; ++i) {
         y[i] = x[i] * c[i] - x[i + half] * s[i];
         y[i + half] = x[i + half] * c[i] + x[i] * s[i];
       }
     };
-    for (int h = 0; h < heads; ++h) {
-      const int64_t kvh = h / group;
-      rotate(out + h * head_size, q + r * C + h * head_size);
-      rotate(out + C + h * head_size, k + r * KV + kvh * head_size);
-      const T* vs = v + r * KV + kvh * head_size;
-      std::copy(vs, vs + head_size, out + 2 * C + h * head_size);
-    }
+    for (int h = 0; h < heads; ++h) rotate(out + l.q(h), q + r * C + h * head_size);
+    for (int j = 0; j < kv_heads; ++j) rotate(out + C + j * head_size, k + r * KV + j * head_size);
+    std::copy(v + r * KV, v + (r + 1) * KV, out + C + KV);
   });
 }
 
 template <typename T>
 void RopeQkvBackward(T* dq, T* dk, T* dv, const T* dqkv, int batch, int seq, int heads,
                      int kv_heads, int head_size, const Rope& rope) {
-  const int half = head_size / 2, group = heads / kv_heads;
-  const int64_t C = static_cast<int64_t>(heads) * head_size;
-  const int64_t KV = static_cast<int64_t>(kv_heads) * head_size;
+  const math::QkvLayout l{heads, kv_heads, head_size};
+  const int half = head_size / 2;
+  const int64_t C = l.q_cols(), KV = l.kv_cols();
   ForEachRotatedRow<T>(batch, seq, head_size, rope, [&](int64_t r, const T* c, const T* s) {
-    const T* in = dqkv + r * 3 * C;
-    // The rotation's transpose, added (a key/value head's query heads in order).
+    const T* in = dqkv + r * l.row();
+    // The rotation's transpose, added.
     auto unrotate = [&](T* dx, const T* dy) {
       for (int i = 0; i < half; ++i) {
         dx[i] += dy[i] * c[i] + dy[i + half] * s[i];
         dx[i + half] += dy[i + half] * c[i] - dy[i] * s[i];
       }
     };
-    for (int h = 0; h < heads; ++h) {
-      const int64_t kvh = h / group;
-      if (dq != nullptr) unrotate(dq + r * C + h * head_size, in + h * head_size);
-      if (dk != nullptr) unrotate(dk + r * KV + kvh * head_size, in + C + h * head_size);
-      if (dv != nullptr) {
-        T* d = dv + r * KV + kvh * head_size;
-        const T* src = in + 2 * C + h * head_size;
-        for (int i = 0; i < head_size; ++i) d[i] += src[i];
-      }
+    for (int h = 0; dq != nullptr && h < heads; ++h) {
+      unrotate(dq + r * C + h * head_size, in + l.q(h));
+    }
+    for (int j = 0; dk != nullptr && j < kv_heads; ++j) {
+      unrotate(dk + r * KV + j * head_size, in + C + j * head_size);
+    }
+    if (dv != nullptr) {
+      for (int64_t i = 0; i < KV; ++i) dv[r * KV + i] += in[C + KV + i];
     }
   });
 }

@@ -23,6 +23,11 @@
 namespace zerort {
 namespace {
 
+// A token's qkv row ([Note: the qkv layout]) for `channels` = heads x head size.
+int64_t QkvRow(int channels, int heads, int kv_heads) {
+  return math::QkvLayout{heads, kv_heads, channels / heads}.row();
+}
+
 template <typename T>
 class CpuModelKernels final : public ModelKernels {
  public:
@@ -113,24 +118,26 @@ class CpuModelKernels final : public ModelKernels {
     return std::is_same_v<T, float> ? KernelBackend::kCpu : KernelBackend::kCpuDouble;
   }
   Status Attention(void* out, void* saved, const void* qkv, int batch, int seq, int channels,
-                   int heads) override {
+                   int heads, int kv_heads) override {
     const ScopedSeconds timed(&seconds_.attention);
     if constexpr (std::is_same_v<T, float>) {
-      cpu::fast::FlashAttentionForward(P(out), P(saved), P(qkv), batch, seq, channels, heads);
+      cpu::fast::FlashAttentionForward(P(out), P(saved), P(qkv), batch, seq, channels, heads,
+                                       kv_heads);
     } else {
-      cpu::AttentionForward<T>(P(out), P(saved), P(qkv), batch, seq, channels, heads);
+      cpu::AttentionForward<T>(P(out), P(saved), P(qkv), batch, seq, channels, heads, kv_heads);
     }
     return absl::OkStatus();
   }
   Status AttentionBackward(void* dqkv, const void* dout, const void* qkv, const void* out,
-                           const void* saved, int batch, int seq, int channels,
-                           int heads) override {
+                           const void* saved, int batch, int seq, int channels, int heads,
+                           int kv_heads) override {
     const ScopedSeconds timed(&seconds_.attention);
     if constexpr (std::is_same_v<T, float>) {
       cpu::fast::FlashAttentionBackward(P(dqkv), P(dout), P(qkv), P(out), P(saved), batch, seq,
-                                        channels, heads);
+                                        channels, heads, kv_heads);
     } else {
-      cpu::AttentionBackward<T>(P(dqkv), P(dout), P(qkv), P(saved), batch, seq, channels, heads);
+      cpu::AttentionBackward<T>(P(dqkv), P(dout), P(qkv), P(saved), batch, seq, channels, heads,
+                                kv_heads);
     }
     return absl::OkStatus();
   }
@@ -361,20 +368,23 @@ class Cpu16ModelKernels final : public ModelKernels {
   // The float kernels' saved state (fp32 log-sum-exp), kept in fp32.
   KernelBackend backend() const override { return f_.backend(); }
   Status Attention(void* out, void* saved, const void* qkv, int batch, int seq, int channels,
-                   int heads) override {
+                   int heads, int kv_heads) override {
     const int64_t n = int64_t{batch} * seq * channels;
+    const int64_t nqkv = int64_t{batch} * seq * QkvRow(channels, heads, kv_heads);
     F o(this, out, n, false);
     ZR_RETURN_IF_ERROR(
-        f_.Attention(o.data(), saved, In(qkv, 3 * n).data(), batch, seq, channels, heads));
+        f_.Attention(o.data(), saved, In(qkv, nqkv).data(), batch, seq, channels, heads, kv_heads));
     return o.Store();
   }
   Status AttentionBackward(void* dqkv, const void* dout, const void* qkv, const void* out,
-                           const void* saved, int batch, int seq, int channels,
-                           int heads) override {
+                           const void* saved, int batch, int seq, int channels, int heads,
+                           int kv_heads) override {
     const int64_t n = int64_t{batch} * seq * channels;
-    F d(this, dqkv, 3 * n, true);
-    ZR_RETURN_IF_ERROR(f_.AttentionBackward(d.data(), In(dout, n).data(), In(qkv, 3 * n).data(),
-                                            In(out, n).data(), saved, batch, seq, channels, heads));
+    const int64_t nqkv = int64_t{batch} * seq * QkvRow(channels, heads, kv_heads);
+    F d(this, dqkv, nqkv, true);
+    ZR_RETURN_IF_ERROR(f_.AttentionBackward(d.data(), In(dout, n).data(), In(qkv, nqkv).data(),
+                                            In(out, n).data(), saved, batch, seq, channels, heads,
+                                            kv_heads));
     return d.Store();
   }
   Status Gelu(void* out, const void* inp, int64_t n) override {
@@ -407,7 +417,7 @@ class Cpu16ModelKernels final : public ModelKernels {
                  int heads, int kv_heads, int head_size, const Rope& rope) override {
     const int64_t rows = int64_t{batch} * seq, c = int64_t{heads} * head_size,
                   kv = int64_t{kv_heads} * head_size;
-    F o(this, qkv, 3 * rows * c, false);
+    F o(this, qkv, rows * (c + 2 * kv), false);
     ZR_RETURN_IF_ERROR(f_.RopeQkv(o.data(), In(q, rows * c).data(), In(k, rows * kv).data(),
                                   In(v, rows * kv).data(), batch, seq, heads, kv_heads, head_size,
                                   rope));
@@ -420,8 +430,8 @@ class Cpu16ModelKernels final : public ModelKernels {
     F q(this, dq, rows * c, true), k(this, dk, rows * kv, true), v(this, dv, rows * kv, true);
     ZR_RETURN_IF_ERROR(
         f_.RopeQkvBackward(dq != nullptr ? q.data() : nullptr, dk != nullptr ? k.data() : nullptr,
-                           dv != nullptr ? v.data() : nullptr, In(dqkv, 3 * rows * c).data(), batch,
-                           seq, heads, kv_heads, head_size, rope));
+                           dv != nullptr ? v.data() : nullptr, In(dqkv, rows * (c + 2 * kv)).data(),
+                           batch, seq, heads, kv_heads, head_size, rope));
     ZR_RETURN_IF_ERROR(q.Store());
     ZR_RETURN_IF_ERROR(k.Store());
     return v.Store();

@@ -202,23 +202,25 @@ void SoftmaxCrossEntropyFused(T* logits, T* losses, const int32_t* targets, int6
   }
 }
 
-// Attention per (batch, head) through GEMMs on strided views of qkv (the reference computes the
-// causal upper triangle and masks it, and saves the probabilities; the float kernels use the
-// flash-style fast::FlashAttention*, tested against this).
+// Attention per (batch, head) through GEMMs on strided views of qkv ([Note: the qkv layout]; the
+// reference computes the causal upper triangle and masks it, and saves the probabilities; the
+// float kernels use the flash-style fast::FlashAttention*, tested against this).
 template <typename T>
-void AttentionForward(T* out, T* att, const T* qkv, int batch, int seq, int channels, int heads) {
-  const int hs = channels / heads;
+void AttentionForward(T* out, T* att, const T* qkv, int batch, int seq, int channels, int heads,
+                      int kv_heads) {
+  const math::QkvLayout l{heads, kv_heads, channels / heads};
+  const int hs = l.hs;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
-  const int64_t c3 = 3 * static_cast<int64_t>(channels);
+  const int64_t ld = l.row();
   for (int b = 0; b < batch; ++b) {
-    const T* base = qkv + static_cast<int64_t>(b) * seq * c3;
+    const T* base = qkv + static_cast<int64_t>(b) * seq * ld;
     for (int h = 0; h < heads; ++h) {
-      const T* q = base + h * hs;
-      const T* k = base + channels + h * hs;
-      const T* v = base + 2 * channels + h * hs;
+      const T* q = base + l.q(h);
+      const T* k = base + l.k(h);
+      const T* v = base + l.v(h);
       T* a = att + (static_cast<int64_t>(b) * heads + h) * seq * seq;
       // scores [T, T] = q [T, hs] k^T
-      Gemm<T>(false, true, seq, seq, hs, q, c3, k, c3, T(0), a, seq);
+      Gemm<T>(false, true, seq, seq, hs, q, ld, k, ld, T(0), a, seq);
       for (int t = 0; t < seq; ++t) {
         T* row = a + static_cast<int64_t>(t) * seq;
         T max = -INFINITY;
@@ -233,32 +235,33 @@ void AttentionForward(T* out, T* att, const T* qkv, int batch, int seq, int chan
       }
       // out [T, hs] (row stride channels) = att [T, T] v [T, hs]
       T* o = out + static_cast<int64_t>(b) * seq * channels + h * hs;
-      Gemm<T>(false, false, seq, hs, seq, a, seq, v, c3, T(0), o, channels);
+      Gemm<T>(false, false, seq, hs, seq, a, seq, v, ld, T(0), o, channels);
     }
   }
 }
 
+// A key/value head's gradient is the sum over its query heads, added in head order.
 template <typename T>
 void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int batch, int seq,
-                       int channels, int heads) {
-  const int hs = channels / heads;
+                       int channels, int heads, int kv_heads) {
+  const math::QkvLayout l{heads, kv_heads, channels / heads};
+  const int hs = l.hs;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
-  const int64_t c3 = 3 * static_cast<int64_t>(channels);
+  const int64_t ld = l.row();
   std::vector<T> datt(static_cast<size_t>(seq) * seq);
   for (int b = 0; b < batch; ++b) {
-    const T* base = qkv + static_cast<int64_t>(b) * seq * c3;
-    T* dbase = dqkv + static_cast<int64_t>(b) * seq * c3;
+    const T* base = qkv + static_cast<int64_t>(b) * seq * ld;
+    T* dbase = dqkv + static_cast<int64_t>(b) * seq * ld;
     const T* d = dout + static_cast<int64_t>(b) * seq * channels;
     for (int h = 0; h < heads; ++h) {
-      const T* q = base + h * hs;
-      const T* k = base + channels + h * hs;
-      const T* v = base + 2 * channels + h * hs;
+      const T* q = base + l.q(h);
+      const T* k = base + l.k(h);
+      const T* v = base + l.v(h);
       const T* a = att + (static_cast<int64_t>(b) * heads + h) * seq * seq;
       const T* dh = d + h * hs;
       // Through out = att v: datt = dout v^T, dv += att^T dout.
-      Gemm<T>(false, true, seq, seq, hs, dh, channels, v, c3, T(0), datt.data(), seq);
-      Gemm<T>(true, false, seq, hs, seq, a, seq, dh, channels, T(1), dbase + 2 * channels + h * hs,
-              c3);
+      Gemm<T>(false, true, seq, seq, hs, dh, channels, v, ld, T(0), datt.data(), seq);
+      Gemm<T>(true, false, seq, hs, seq, a, seq, dh, channels, T(1), dbase + l.v(h), ld);
       // Through the softmax: dscore = att * (datt - sum(att * datt)), zero above the diagonal.
       for (int t = 0; t < seq; ++t) {
         const T* arow = a + static_cast<int64_t>(t) * seq;
@@ -269,9 +272,8 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int b
           drow[t2] = t2 <= t ? arow[t2] * (drow[t2] - weighted) * scale : T(0);
       }
       // Through score = scale q . k: dq += dscore k, dk += dscore^T q.
-      Gemm<T>(false, false, seq, hs, seq, datt.data(), seq, k, c3, T(1), dbase + h * hs, c3);
-      Gemm<T>(true, false, seq, hs, seq, datt.data(), seq, q, c3, T(1), dbase + channels + h * hs,
-              c3);
+      Gemm<T>(false, false, seq, hs, seq, datt.data(), seq, k, ld, T(1), dbase + l.q(h), ld);
+      Gemm<T>(true, false, seq, hs, seq, datt.data(), seq, q, ld, T(1), dbase + l.k(h), ld);
     }
   }
 }
@@ -322,8 +324,8 @@ void EmbeddingBackward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, i
   template T SoftmaxCrossEntropyForward<T>(T*, const T*, const int32_t*, int64_t, int);            \
   template void SoftmaxCrossEntropyBackward<T>(T*, const T*, const int32_t*, int64_t, int, T);     \
   template void SoftmaxCrossEntropyFused<T>(T*, T*, const int32_t*, int64_t, int, T);              \
-  template void AttentionForward<T>(T*, T*, const T*, int, int, int, int);                         \
-  template void AttentionBackward<T>(T*, const T*, const T*, const T*, int, int, int, int);        \
+  template void AttentionForward<T>(T*, T*, const T*, int, int, int, int, int);                    \
+  template void AttentionBackward<T>(T*, const T*, const T*, const T*, int, int, int, int, int);   \
   template void EmbeddingForward<T>(T*, const int32_t*, const T*, const T*, int, int, int, int,    \
                                     int);                                                          \
   template void EmbeddingBackward<T>(T*, T*, const T*, const int32_t*, int, int, int, int, int);

@@ -96,14 +96,17 @@ class StreamOrderedKernels final : public ModelKernels {
         [=, this] { return k_->MatmulGelu(pre, out, inp, weight, bias, rows, in, out_features); });
   }
   Status Attention(void* out, void* saved, const void* qkv, int batch, int seq, int channels,
-                   int heads) override {
-    return Issue([=, this] { return k_->Attention(out, saved, qkv, batch, seq, channels, heads); });
+                   int heads, int kv_heads) override {
+    return Issue([=, this] {
+      return k_->Attention(out, saved, qkv, batch, seq, channels, heads, kv_heads);
+    });
   }
   Status AttentionBackward(void* dqkv, const void* dout, const void* qkv, const void* out,
-                           const void* saved, int batch, int seq, int channels,
-                           int heads) override {
+                           const void* saved, int batch, int seq, int channels, int heads,
+                           int kv_heads) override {
     return Issue([=, this] {
-      return k_->AttentionBackward(dqkv, dout, qkv, out, saved, batch, seq, channels, heads);
+      return k_->AttentionBackward(dqkv, dout, qkv, out, saved, batch, seq, channels, heads,
+                                   kv_heads);
     });
   }
   Status RmsNorm(void* out, void* rstd, const void* inp, const void* weight, int64_t rows,

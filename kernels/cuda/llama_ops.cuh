@@ -74,72 +74,64 @@ __device__ __forceinline__ void RopeAngle(int64_t row, int seq, int i, int head_
   sincosf(static_cast<float>(row % seq) * inv_freq, s, c);
 }
 
-// One thread per (row, query head, channel pair): q's and k's pair rotated, v's two channels
-// copied. n = rows x heads x hs / 2.
+// One thread per (row, head slot, channel pair), slots 0..heads-1 the query heads and then the
+// kv_heads key/value heads ([Note: the qkv layout]): q's or k's pair rotated, with k's the value
+// head's two channels copied. n = rows x (heads + kv_heads) x hs / 2.
 template <typename T>
 static __global__ void RopeQkvKernel(T* qkv, const T* q, const T* k, const T* v, int seq, int heads,
                                      int kv_heads, int head_size, Rope rope, int64_t n) {
-  const int half = head_size / 2, group = heads / kv_heads;
-  const int64_t C = int64_t{heads} * head_size, KV = int64_t{kv_heads} * head_size;
+  const math::QkvLayout l{heads, kv_heads, head_size};
+  const int half = head_size / 2, slots = heads + kv_heads;
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < n;
        idx += int64_t{gridDim.x} * blockDim.x) {
     const int i = static_cast<int>(idx % half);
-    const int h = static_cast<int>((idx / half) % heads);
-    const int64_t row = idx / (int64_t{half} * heads);
+    const int slot = static_cast<int>((idx / half) % slots);
+    const int64_t row = idx / (int64_t{half} * slots);
     float c, s;
     RopeAngle(row, seq, i, head_size, rope, &c, &s);
-    T* out = qkv + row * 3 * C + int64_t{h} * head_size;
-    const T* qs = q + row * C + int64_t{h} * head_size;
-    const int64_t kvo = row * KV + int64_t{h / group} * head_size;
-    const float q1 = ToFloat(qs[i]), q2 = ToFloat(qs[i + half]);
-    const float k1 = ToFloat(k[kvo + i]), k2 = ToFloat(k[kvo + i + half]);
-    out[i] = FromFloat<T>(q1 * c - q2 * s);
-    out[i + half] = FromFloat<T>(q2 * c + q1 * s);
-    out[C + i] = FromFloat<T>(k1 * c - k2 * s);
-    out[C + i + half] = FromFloat<T>(k2 * c + k1 * s);
-    out[2 * C + i] = v[kvo + i];
-    out[2 * C + i + half] = v[kvo + i + half];
+    T* out = qkv + row * l.row() + int64_t{slot} * head_size;  // q head, or k head slot - heads
+    const T* x = slot < heads ? q + row * l.q_cols() + int64_t{slot} * head_size
+                              : k + row * l.kv_cols() + int64_t{slot - heads} * head_size;
+    const float x1 = ToFloat(x[i]), x2 = ToFloat(x[i + half]);
+    out[i] = FromFloat<T>(x1 * c - x2 * s);
+    out[i + half] = FromFloat<T>(x2 * c + x1 * s);
+    if (slot >= heads) {
+      const T* vs = v + row * l.kv_cols() + int64_t{slot - heads} * head_size;
+      out[l.kv_cols() + i] = vs[i];
+      out[l.kv_cols() + i + half] = vs[i + half];
+    }
   }
 }
 
-// One thread per (row, key/value head, channel pair): the query heads of the group summed in
-// order (no atomics), dq per query head. n = rows x kv_heads x hs / 2.
+// The transpose, added into dq, dk, dv (a null one skipped), over the same threads as the
+// forward: dqkv's key/value heads are already summed over their query heads (the attention's
+// backward did it).
 template <typename T>
 static __global__ void RopeQkvBackwardKernel(T* dq, T* dk, T* dv, const T* dqkv, int seq, int heads,
                                              int kv_heads, int head_size, Rope rope, int64_t n) {
-  const int half = head_size / 2, group = heads / kv_heads;
-  const int64_t C = int64_t{heads} * head_size, KV = int64_t{kv_heads} * head_size;
+  const math::QkvLayout l{heads, kv_heads, head_size};
+  const int half = head_size / 2, slots = heads + kv_heads;
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < n;
        idx += int64_t{gridDim.x} * blockDim.x) {
     const int i = static_cast<int>(idx % half);
-    const int j = static_cast<int>((idx / half) % kv_heads);
-    const int64_t row = idx / (int64_t{half} * kv_heads);
+    const int slot = static_cast<int>((idx / half) % slots);
+    const int64_t row = idx / (int64_t{half} * slots);
     float c, s;
     RopeAngle(row, seq, i, head_size, rope, &c, &s);
-    const T* in = dqkv + row * 3 * C;
-    float k1 = 0.0f, k2 = 0.0f, v1 = 0.0f, v2 = 0.0f;
-    for (int h = j * group; h < (j + 1) * group; ++h) {
-      const int64_t o = int64_t{h} * head_size;
-      const float y1 = ToFloat(in[o + i]), y2 = ToFloat(in[o + i + half]);
-      if (dq != nullptr) {
-        T* d = dq + row * C + o;
-        d[i] = FromFloat<T>(ToFloat(d[i]) + y1 * c + y2 * s);
-        d[i + half] = FromFloat<T>(ToFloat(d[i + half]) + y2 * c - y1 * s);
-      }
-      const float z1 = ToFloat(in[C + o + i]), z2 = ToFloat(in[C + o + i + half]);
-      k1 += z1 * c + z2 * s;
-      k2 += z2 * c - z1 * s;
-      v1 += ToFloat(in[2 * C + o + i]);
-      v2 += ToFloat(in[2 * C + o + i + half]);
+    const T* in = dqkv + row * l.row() + int64_t{slot} * head_size;
+    T* d = slot < heads
+               ? (dq == nullptr ? nullptr : dq + row * l.q_cols() + int64_t{slot} * head_size)
+               : (dk == nullptr ? nullptr
+                                : dk + row * l.kv_cols() + int64_t{slot - heads} * head_size);
+    const float y1 = ToFloat(in[i]), y2 = ToFloat(in[i + half]);
+    if (d != nullptr) {
+      d[i] = FromFloat<T>(ToFloat(d[i]) + y1 * c + y2 * s);
+      d[i + half] = FromFloat<T>(ToFloat(d[i + half]) + y2 * c - y1 * s);
     }
-    const int64_t kvo = row * KV + int64_t{j} * head_size;
-    if (dk != nullptr) {
-      dk[kvo + i] = FromFloat<T>(ToFloat(dk[kvo + i]) + k1);
-      dk[kvo + i + half] = FromFloat<T>(ToFloat(dk[kvo + i + half]) + k2);
-    }
-    if (dv != nullptr) {
-      dv[kvo + i] = FromFloat<T>(ToFloat(dv[kvo + i]) + v1);
-      dv[kvo + i + half] = FromFloat<T>(ToFloat(dv[kvo + i + half]) + v2);
+    if (slot >= heads && dv != nullptr) {
+      T* dvs = dv + row * l.kv_cols() + int64_t{slot - heads} * head_size;
+      dvs[i] = FromFloat<T>(ToFloat(dvs[i]) + ToFloat(in[l.kv_cols() + i]));
+      dvs[i + half] = FromFloat<T>(ToFloat(dvs[i + half]) + ToFloat(in[l.kv_cols() + i + half]));
     }
   }
 }

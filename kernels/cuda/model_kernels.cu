@@ -220,8 +220,9 @@ class CudaModelKernels final : public ModelKernels {
   }
 
   Status Attention(void* out, void* att, const void* qkv, int batch, int seq, int channels,
-                   int heads) override {
+                   int heads, int kv_heads) override {
     const int hs = channels / heads;
+    const math::QkvLayout l{heads, kv_heads, hs};
     const int64_t n = int64_t{batch} * seq * channels;
     const int64_t bh = int64_t{batch} * heads;
     // q, k, v, the scores: kernels/memory_facts.h's AttentionScratchBytes.
@@ -230,8 +231,8 @@ class CudaModelKernels final : public ModelKernels {
     ZR_ASSIGN_OR_RETURN(Buffer q, Scratch(bytes[0]));
     ZR_ASSIGN_OR_RETURN(Buffer k, Scratch(bytes[1]));
     ZR_ASSIGN_OR_RETURN(Buffer v, Scratch(bytes[2]));
-    SplitHeadsKernel<T><<<Blocks(n), kThreads, 0, s()>>>(q.as<T>(), k.as<T>(), v.as<T>(), A(qkv),
-                                                         batch, seq, heads, hs);
+    SplitHeadsKernel<T>
+        <<<Blocks(n), kThreads, 0, s()>>>(q.as<T>(), k.as<T>(), v.as<T>(), A(qkv), batch, seq, l);
     ZR_RETURN_IF_ERROR(Launched("SplitHeads"));
     ZR_ASSIGN_OR_RETURN(Buffer preatt, Scratch(bytes[3]));
     // preatt[b,h] [T, T] = scale q [T, HS] x k^T: the scale is the GEMM's alpha, applied to the
@@ -255,8 +256,10 @@ class CudaModelKernels final : public ModelKernels {
 
   // The forward saved the probabilities (KernelBackend::kCuda); `out` is not needed.
   Status AttentionBackward(void* dqkv, const void* dout, const void* qkv, const void* /*out*/,
-                           const void* att, int batch, int seq, int channels, int heads) override {
+                           const void* att, int batch, int seq, int channels, int heads,
+                           int kv_heads) override {
     const int hs = channels / heads;
+    const math::QkvLayout l{heads, kv_heads, hs};
     const int64_t n = int64_t{batch} * seq * channels;
     const int64_t bh = int64_t{batch} * heads;
     const int64_t ths = int64_t{seq} * hs, tt = int64_t{seq} * seq;
@@ -268,8 +271,8 @@ class CudaModelKernels final : public ModelKernels {
     ZR_ASSIGN_OR_RETURN(Buffer v, Scratch(bytes[2]));
     ZR_ASSIGN_OR_RETURN(Buffer dy, Scratch(bytes[3]));
     ZR_ASSIGN_OR_RETURN(Buffer datt, Scratch(bytes[4]));
-    SplitHeadsKernel<T><<<Blocks(n), kThreads, 0, s()>>>(q.as<T>(), k.as<T>(), v.as<T>(), A(qkv),
-                                                         batch, seq, heads, hs);
+    SplitHeadsKernel<T>
+        <<<Blocks(n), kThreads, 0, s()>>>(q.as<T>(), k.as<T>(), v.as<T>(), A(qkv), batch, seq, l);
     HeadsLayoutKernel<T>
         <<<Blocks(n), kThreads, 0, s()>>>(dy.as<T>(), A(dout), batch, seq, heads, hs, false);
     ZR_RETURN_IF_ERROR(Launched("AttentionBackward layouts"));
@@ -291,7 +294,7 @@ class CudaModelKernels final : public ModelKernels {
     ZR_RETURN_IF_ERROR(BatchedGemm(true, false, seq, hs, seq, scale, datt.data(), seq, tt, q.data(),
                                    hs, ths, 0.0f, dk.data(), hs, ths, bh));
     MergeHeadGradsKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(dqkv), dy.as<T>(), dk.as<T>(),
-                                                             v.as<T>(), batch, seq, heads, hs);
+                                                             v.as<T>(), batch, seq, l);
     return Launched("MergeHeadGrads");
   }
 
@@ -319,7 +322,7 @@ class CudaModelKernels final : public ModelKernels {
   }
   Status RopeQkv(void* qkv, const void* q, const void* k, const void* v, int batch, int seq,
                  int heads, int kv_heads, int head_size, const Rope& rope) override {
-    const int64_t n = int64_t{batch} * seq * heads * (head_size / 2);
+    const int64_t n = int64_t{batch} * seq * (heads + kv_heads) * (head_size / 2);
     if (n == 0) return absl::OkStatus();
     RopeQkvKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(qkv), A(q), A(k), A(v), seq, heads,
                                                       kv_heads, head_size, rope, n);
@@ -327,7 +330,7 @@ class CudaModelKernels final : public ModelKernels {
   }
   Status RopeQkvBackward(void* dq, void* dk, void* dv, const void* dqkv, int batch, int seq,
                          int heads, int kv_heads, int head_size, const Rope& rope) override {
-    const int64_t n = int64_t{batch} * seq * kv_heads * (head_size / 2);
+    const int64_t n = int64_t{batch} * seq * (heads + kv_heads) * (head_size / 2);
     if (n == 0) return absl::OkStatus();
     RopeQkvBackwardKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(dq), A(dk), A(dv), A(dqkv), seq,
                                                               heads, kv_heads, head_size, rope, n);

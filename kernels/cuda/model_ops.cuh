@@ -288,33 +288,47 @@ static __global__ void BiasGradKernel(G* dbias, const T* dout, int64_t rows, int
 
 using math::TokenMajorIndex;  // kernels/model_math.h
 
-// qkv [B, T, 3, NH, HS] -> q, k, v [B, NH, T, HS]
+// qkv [B, T, (NH + 2 KV) HS] ([Note: the qkv layout]) -> q, k, v [B, NH, T, HS]: each query head
+// with its group's key/value head beside it (the batched GEMMs want one per query head).
 template <typename T>
 static __global__ void SplitHeadsKernel(T* q, T* k, T* v, const T* qkv, int batch, int seq,
-                                        int heads, int hs) {
-  const int64_t n = int64_t{batch} * heads * seq * hs;
+                                        math::QkvLayout l) {
+  const int hs = l.hs;
+  const int64_t n = int64_t{batch} * l.heads * seq * hs;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t src = TokenMajorIndex(i, seq, heads, hs, 3);
-    const int64_t c = int64_t{heads} * hs;
-    q[i] = qkv[src];
-    k[i] = qkv[src + c];
-    v[i] = qkv[src + 2 * c];
+    const int d = static_cast<int>(i % hs);
+    const int64_t bt = i / (int64_t{hs} * seq * l.heads) * seq + (i / hs) % seq;  // b seq + t
+    const int h = static_cast<int>((i / (int64_t{hs} * seq)) % l.heads);
+    const T* row = qkv + bt * l.row() + d;
+    q[i] = row[l.q(h)];
+    k[i] = row[l.k(h)];
+    v[i] = row[l.v(h)];
   }
 }
 
-// dqkv [B, T, 3, NH, HS] += dq, dk, dv [B, NH, T, HS]
+// dqkv [B, T, (NH + 2 KV) HS] += dq, and dk, dv [B, NH, T, HS] summed over each key/value head's
+// query heads (in order, by the thread of the group's first query head: no atomics).
 template <typename T>
 static __global__ void MergeHeadGradsKernel(T* dqkv, const T* dq, const T* dk, const T* dv,
-                                            int batch, int seq, int heads, int hs) {
-  const int64_t n = int64_t{batch} * heads * seq * hs;
+                                            int batch, int seq, math::QkvLayout l) {
+  const int hs = l.hs, group = l.group();
+  const int64_t n = int64_t{batch} * l.heads * seq * hs, head_stride = int64_t{seq} * hs;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t dst = TokenMajorIndex(i, seq, heads, hs, 3);
-    const int64_t c = int64_t{heads} * hs;
-    dqkv[dst] = FromFloat<T>(ToFloat(dqkv[dst]) + ToFloat(dq[i]));
-    dqkv[dst + c] = FromFloat<T>(ToFloat(dqkv[dst + c]) + ToFloat(dk[i]));
-    dqkv[dst + 2 * c] = FromFloat<T>(ToFloat(dqkv[dst + 2 * c]) + ToFloat(dv[i]));
+    const int d = static_cast<int>(i % hs);
+    const int64_t bt = i / (int64_t{hs} * seq * l.heads) * seq + (i / hs) % seq;
+    const int h = static_cast<int>((i / head_stride) % l.heads);
+    T* row = dqkv + bt * l.row() + d;
+    row[l.q(h)] = FromFloat<T>(ToFloat(row[l.q(h)]) + ToFloat(dq[i]));
+    if (h % group != 0) continue;
+    float sk = 0.0f, sv = 0.0f;
+    for (int g = 0; g < group; ++g) {
+      sk += ToFloat(dk[i + g * head_stride]);
+      sv += ToFloat(dv[i + g * head_stride]);
+    }
+    row[l.k(h)] = FromFloat<T>(ToFloat(row[l.k(h)]) + sk);
+    row[l.v(h)] = FromFloat<T>(ToFloat(row[l.v(h)]) + sv);
   }
 }
 

@@ -160,7 +160,9 @@ TEST_P(MemoryGridTest, EstimateMatchesTheMeasuredStep) {
     // pipeline's stages (the head's activations in flight, where the replay's order and the
     // executor's differ slightly; the worst today 4.7%, 0.85 MiB of 18.1 in use) and the
     // reserved bytes of the stage 1-2 gather through an allgather_bucket_size staging buffer
-    // (2 MiB of 78; in use exact).
+    // (2 MiB of 78; in use exact). A pipeline row's reserved bytes may also differ by one 2 MiB
+    // segment (CompareWithMeasured): LLaMA's 1F1B row since grouped-query attention reads its
+    // key/value heads in place, 16 MiB estimated against 18 measured for 15.4 MiB in use (0.4%).
     const double in_use = p.pp > 1 ? 0.05 : 0.0;
     const double reserved = p.pp > 1 || p.allgather_bucket_size != 500'000'000 ? 0.05 : 0.0;
     CompareWithMeasured(est, measured, in_use, reserved);
@@ -187,10 +189,14 @@ void CompareWithMeasured(const MemoryEstimate& est, const MemorySnapshot& measur
                 in_use * total)
         << MemoryTierName(tier);
     // Allocator overhead: the caching allocators' reserved bytes, replayed through the same
-    // allocator class over an address-only backend.
+    // allocator class over an address-only backend. Where the bytes in use may differ (a
+    // tolerance), the reserved ones may too by the allocator's granule, one 2 MiB segment
+    // (CachingAllocatorOptions): the pipeline's boundary buffers, 64 KiB not modelled, can move
+    // the peak across a segment boundary.
     const int64_t reserved = measured.reserved[t].peak;
+    const double granule = reserved_tolerance > 0 ? double{2 << 20} : 0.0;
     EXPECT_NEAR(static_cast<double>(est.PeakReserved(tier)), static_cast<double>(reserved),
-                reserved_tolerance * reserved)
+                std::max(reserved_tolerance * reserved, granule))
         << MemoryTierName(tier);
   }
   EXPECT_GE(compared, 3);

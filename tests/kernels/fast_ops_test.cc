@@ -169,8 +169,11 @@ TEST(FastOpsTest, FusedCrossEntropyValueAndGradient) {
 }
 
 struct AttentionShape {
-  int batch = 2, seq = 150, channels = 48, heads = 3;
-  size_t qkv() const { return static_cast<size_t>(batch) * seq * 3 * channels; }
+  int batch = 2, seq = 150, channels = 48, heads = 3, kv_heads = 3;
+  int row() const {
+    return channels + 2 * kv_heads * (channels / heads);
+  }  // [Note: the qkv layout]
+  size_t qkv() const { return static_cast<size_t>(batch) * seq * row(); }
   size_t out() const { return static_cast<size_t>(batch) * seq * channels; }
   size_t att() const { return static_cast<size_t>(batch) * heads * seq * seq; }
   size_t lse() const { return static_cast<size_t>(batch) * heads * seq; }
@@ -180,40 +183,45 @@ struct AttentionShape {
 // reference (probabilities saved): the output, each query's log-sum-exp computed here from the
 // scores, and the input gradient (added into a non-zero one).
 TEST(FastOpsTest, FlashAttentionForwardAndBackward) {
-  const AttentionShape s;
-  const auto qkv = Random(s.qkv(), 17), dout = Random(s.out(), 18), dqkv0 = Random(s.qkv(), 19);
-  std::vector<double> od(s.out()), ad(s.att()), dd = dqkv0;
-  std::vector<float> of(s.out()), lse(s.lse()), df = ToFloat(dqkv0);
-  const auto qf = ToFloat(qkv);
-  AttentionForward(od.data(), ad.data(), qkv.data(), s.batch, s.seq, s.channels, s.heads);
-  fast::FlashAttentionForward(of.data(), lse.data(), qf.data(), s.batch, s.seq, s.channels,
-                              s.heads);
-  ExpectClose("attention out", of, od, 1e-5);
-  const int hs = s.channels / s.heads;
-  std::vector<double> lse_ref;
-  for (int b = 0; b < s.batch; ++b) {
-    for (int h = 0; h < s.heads; ++h) {
-      for (int t = 0; t < s.seq; ++t) {
-        double sum = 0;
-        for (int t2 = 0; t2 <= t; ++t2) {
-          double dot = 0;
-          for (int c = 0; c < hs; ++c) {
-            dot += qkv[(static_cast<size_t>(b) * s.seq + t) * 3 * s.channels + h * hs + c] *
-                   qkv[(static_cast<size_t>(b) * s.seq + t2) * 3 * s.channels + s.channels +
-                       h * hs + c];
+  // Multi-head (GPT-2), and grouped-query with groups of 2 and of 4 query heads.
+  for (const AttentionShape& s : {AttentionShape{}, AttentionShape{.heads = 4, .kv_heads = 2},
+                                  AttentionShape{.heads = 4, .kv_heads = 1}}) {
+    SCOPED_TRACE(::testing::Message() << s.heads << " heads, " << s.kv_heads << " kv heads");
+    const auto qkv = Random(s.qkv(), 17), dout = Random(s.out(), 18), dqkv0 = Random(s.qkv(), 19);
+    std::vector<double> od(s.out()), ad(s.att()), dd = dqkv0;
+    std::vector<float> of(s.out()), lse(s.lse()), df = ToFloat(dqkv0);
+    const auto qf = ToFloat(qkv);
+    AttentionForward(od.data(), ad.data(), qkv.data(), s.batch, s.seq, s.channels, s.heads,
+                     s.kv_heads);
+    fast::FlashAttentionForward(of.data(), lse.data(), qf.data(), s.batch, s.seq, s.channels,
+                                s.heads, s.kv_heads);
+    ExpectClose("attention out", of, od, 1e-5);
+    const int hs = s.channels / s.heads, group = s.heads / s.kv_heads;
+    std::vector<double> lse_ref;
+    for (int b = 0; b < s.batch; ++b) {
+      for (int h = 0; h < s.heads; ++h) {
+        for (int t = 0; t < s.seq; ++t) {
+          double sum = 0;
+          for (int t2 = 0; t2 <= t; ++t2) {
+            double dot = 0;
+            for (int c = 0; c < hs; ++c) {
+              dot += qkv[(static_cast<size_t>(b) * s.seq + t) * s.row() + h * hs + c] *
+                     qkv[(static_cast<size_t>(b) * s.seq + t2) * s.row() + s.channels +
+                         (h / group) * hs + c];
+            }
+            sum += std::exp(dot / std::sqrt(static_cast<double>(hs)));
           }
-          sum += std::exp(dot / std::sqrt(static_cast<double>(hs)));
+          lse_ref.push_back(std::log(sum));
         }
-        lse_ref.push_back(std::log(sum));
       }
     }
+    ExpectClose("log-sum-exp", lse, lse_ref, 1e-5);
+    AttentionBackward(dd.data(), dout.data(), qkv.data(), ad.data(), s.batch, s.seq, s.channels,
+                      s.heads, s.kv_heads);
+    fast::FlashAttentionBackward(df.data(), ToFloat(dout).data(), qf.data(), of.data(), lse.data(),
+                                 s.batch, s.seq, s.channels, s.heads, s.kv_heads);
+    ExpectClose("dqkv", df, dd, 1e-5);
   }
-  ExpectClose("log-sum-exp", lse, lse_ref, 1e-5);
-  AttentionBackward(dd.data(), dout.data(), qkv.data(), ad.data(), s.batch, s.seq, s.channels,
-                    s.heads);
-  fast::FlashAttentionBackward(df.data(), ToFloat(dout).data(), qf.data(), of.data(), lse.data(),
-                               s.batch, s.seq, s.channels, s.heads);
-  ExpectClose("dqkv", df, dd, 1e-5);
 }
 
 TEST(FastOpsTest, FlashAttentionIsCausal) {
@@ -221,19 +229,19 @@ TEST(FastOpsTest, FlashAttentionIsCausal) {
   const auto qkv = ToFloat(Random(full.qkv(), 20));
   std::vector<float> out(full.out()), lse(full.lse());
   fast::FlashAttentionForward(out.data(), lse.data(), qkv.data(), full.batch, full.seq,
-                              full.channels, full.heads);
+                              full.channels, full.heads, full.kv_heads);
   for (int prefix : {1, 63, 64, 65, 129}) {
     AttentionShape p = full;
     p.seq = prefix;
     // The first `prefix` positions of every sequence, alone.
     std::vector<float> pqkv;
     for (int b = 0; b < full.batch; ++b) {
-      const auto* row = qkv.data() + static_cast<size_t>(b) * full.seq * 3 * full.channels;
-      pqkv.insert(pqkv.end(), row, row + static_cast<size_t>(prefix) * 3 * full.channels);
+      const auto* row = qkv.data() + static_cast<size_t>(b) * full.seq * full.row();
+      pqkv.insert(pqkv.end(), row, row + static_cast<size_t>(prefix) * full.row());
     }
     std::vector<float> pout(p.out()), plse(p.lse());
     fast::FlashAttentionForward(pout.data(), plse.data(), pqkv.data(), p.batch, p.seq, p.channels,
-                                p.heads);
+                                p.heads, p.kv_heads);
     for (int b = 0; b < full.batch; ++b) {
       for (int i = 0; i < prefix * full.channels; ++i) {
         const float want = out[static_cast<size_t>(b) * full.seq * full.channels + i];
@@ -252,6 +260,8 @@ TEST(FastOpsTest, ThreadCountChangesNoBit) {
              b = ToFloat(Random(kChannels, 23)), dy = ToFloat(Random(kRows * kChannels, 24)),
              qkv = ToFloat(Random(s.qkv(), 25)), dout = ToFloat(Random(s.out(), 26)),
              gw3 = ToFloat(Random(3 * kChannels * kChannels, 27));
+  const AttentionShape gqa{.heads = 4, .kv_heads = 1};
+  const auto gqkv = ToFloat(Random(gqa.qkv(), 28));
   std::vector<int32_t> targets(kRows);
   for (int r = 0; r < kRows; ++r) targets[r] = (r * 7) % kChannels;
   auto run = [&](int threads) {
@@ -278,24 +288,31 @@ TEST(FastOpsTest, ThreadCountChangesNoBit) {
     GeluBackward(dg.data(), x.data(), dy.data(), static_cast<int64_t>(x.size()));
     SoftmaxCrossEntropyFused(z.data(), l.data(), targets.data(), kRows, kChannels, 1.0f);
     std::vector<float> o(s.out()), a(s.lse()), dq(s.qkv());
-    fast::FlashAttentionForward(o.data(), a.data(), qkv.data(), s.batch, s.seq, s.channels,
-                                s.heads);
+    fast::FlashAttentionForward(o.data(), a.data(), qkv.data(), s.batch, s.seq, s.channels, s.heads,
+                                s.kv_heads);
     fast::FlashAttentionBackward(dq.data(), dout.data(), qkv.data(), o.data(), a.data(), s.batch,
-                                 s.seq, s.channels, s.heads);
-    for (auto* v : {&y, &m,  &rs,   &dx,  &dw, &db, &g,   &dg,  &z,  &l,   &o,
-                    &a, &dq, &asum, &aln, &am, &ar, &bgp, &bgo, &mo, &mdx, &mdw})
+                                 s.seq, s.channels, s.heads, s.kv_heads);
+    // Grouped-query (4 query heads on 1 key/value head): the backward's one task per key/value
+    // head adds its query heads' dK and dV in order.
+    std::vector<float> go(gqa.out()), ga(gqa.lse()), gdq(gqa.qkv());
+    fast::FlashAttentionForward(go.data(), ga.data(), gqkv.data(), gqa.batch, gqa.seq, gqa.channels,
+                                gqa.heads, gqa.kv_heads);
+    fast::FlashAttentionBackward(gdq.data(), dout.data(), gqkv.data(), go.data(), ga.data(),
+                                 gqa.batch, gqa.seq, gqa.channels, gqa.heads, gqa.kv_heads);
+    for (auto* v : {&y,    &m,   &rs, &dx, &dw,  &db,  &g,  &dg, &z,   &l,  &o,   &a,  &dq,
+                    &asum, &aln, &am, &ar, &bgp, &bgo, &go, &ga, &gdq, &mo, &mdx, &mdw})
       r.push_back(*v);
     return r;
   };
   const int saved = omp_get_max_threads();
   const auto one = run(1), two = run(2), three = run(3);
   omp_set_num_threads(saved);
-  // zerort's own ops (the first 19 outputs) to the bit. The linear layer's GEMMs (the last 3) go
+  // zerort's own ops (the first 22 outputs) to the bit. The linear layer's GEMMs (the last 3) go
   // to the GEMM library, and OpenBLAS changes its blocking with the thread count (oneDNN did not
   // at these shapes): those agree to 1e-5 of the output's largest magnitude (sums of products
   // that cancel), the documented tolerance.
   for (size_t i = 0; i < one.size(); ++i) {
-    if (i < 19) {
+    if (i < 22) {
       EXPECT_EQ(one[i], two[i]) << "output " << i << " at 2 threads";
       EXPECT_EQ(one[i], three[i]) << "output " << i << " at 3 threads";
       continue;

@@ -93,18 +93,19 @@ TEST(ModelKernels16BitTest, EveryOpIsTheFloatOpRoundedOnce) {
     EXPECT_EQ(dw, dwf) << f.name;
     EXPECT_EQ(db, dbf) << f.name;
 
-    const int batch = 2, seq = 6, channels = 8, heads = 2;
-    Values qkv = Make(f, batch * seq * 3 * channels, 7);
+    // Grouped-query: 4 query heads of 2 channels read 2 key/value heads ([Note: the qkv layout]).
+    const int batch = 2, seq = 6, channels = 8, heads = 4, kv = 2;
+    Values qkv = Make(f, batch * seq * (channels + 2 * kv * channels / heads), 7);
     // The attention's saved state is the float kernels' own (fp32 log-sum-exp per query).
     ASSERT_EQ(k->AttentionSavedBytes(batch, seq, heads), int64_t{batch} * heads * seq * 4);
     std::vector<uint16_t> att_out(batch * seq * channels);
     std::vector<float> att_outf(att_out.size()), lse(batch * heads * seq), lsef(lse.size());
     ASSERT_TRUE(
-        k->Attention(att_out.data(), lse.data(), qkv.bits.data(), batch, seq, channels, heads)
+        k->Attention(att_out.data(), lse.data(), qkv.bits.data(), batch, seq, channels, heads, kv)
             .ok());
-    ASSERT_TRUE(
-        fk->Attention(att_outf.data(), lsef.data(), qkv.floats.data(), batch, seq, channels, heads)
-            .ok());
+    ASSERT_TRUE(fk->Attention(att_outf.data(), lsef.data(), qkv.floats.data(), batch, seq, channels,
+                              heads, kv)
+                    .ok());
     EXPECT_EQ(lse, lsef) << f.name;
     ExpectRounded(f, att_out, att_outf, "Attention");
   }

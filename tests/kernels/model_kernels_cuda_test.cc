@@ -205,14 +205,14 @@ TEST(ModelKernelsCudaTest, LlamaRmsNormRopeSwiGlu) {
                                 .high_freq_factor = 4,
                                 .original_max_position_embeddings = 64}};
     std::vector<float> q = Random(rows * d, 6), k = Random(rows * kv * hs, 7),
-                       v = Random(rows * kv * hs, 8), qkv(rows * 3 * d);
+                       v = Random(rows * kv * hs, 8), qkv(rows * (d + 2 * kv * hs));
     void *gq = t.A(q), *gk = t.A(k), *gv = t.A(v), *gqkv = t.A(qkv);
     ASSERT_TRUE(t.gpu->RopeQkv(gqkv, gq, gk, gv, batch, seq, heads, kv, hs, rope).ok());
     ASSERT_TRUE(
         t.cpu->RopeQkv(qkv.data(), q.data(), k.data(), v.data(), batch, seq, heads, kv, hs, rope)
             .ok());
     t.Expect("RopeQkv", gqkv, qkv, act);
-    std::vector<float> dqkv = Random(rows * 3 * d, 9), dq = Random(rows * d, 10),
+    std::vector<float> dqkv = Random(rows * (d + 2 * kv * hs), 9), dq = Random(rows * d, 10),
                        dk = Random(rows * kv * hs, 11), dv = Random(rows * kv * hs, 12);
     void *gdqkv = t.A(dqkv), *gdq = t.A(dq), *gdk = t.A(dk), *gdv = t.A(dv);
     ASSERT_TRUE(t.gpu->RopeQkvBackward(gdq, gdk, gdv, gdqkv, batch, seq, heads, kv, hs, rope).ok());
@@ -421,29 +421,37 @@ TEST(ModelKernelsCudaTest, AttentionEmbeddingCrossEntropy) {
     const int64_t rows = int64_t{batch} * seq;
     // Each side saves its own state for the backward: the GPU the probabilities, the CPU (flash)
     // a log-sum-exp per query; the GPU's probabilities are checked against the CPU reference
-    // (model_ops.h, which saves probabilities).
-    std::vector<float> qkv = Random(rows * 3 * channels, 1), out(rows * channels),
-                       att(int64_t{batch} * heads * seq * seq), probs(att.size()),
-                       lse(int64_t{batch} * heads * seq), ref_out(out.size()),
-                       dout = Random(rows * channels, 2), dqkv = Random(rows * 3 * channels, 3);
-    void *gqkv = t.A(qkv), *gout = t.A(out), *gatt = t.A(att), *gdout = t.A(dout),
-         *gdqkv = t.A(dqkv);
-    ASSERT_EQ(t.gpu->AttentionSavedBytes(batch, seq, heads),
-              static_cast<int64_t>(att.size() * DTypeSize(act)));
-    ASSERT_TRUE(t.gpu->Attention(gout, gatt, gqkv, batch, seq, channels, heads).ok());
-    ASSERT_TRUE(
-        t.cpu->Attention(out.data(), lse.data(), qkv.data(), batch, seq, channels, heads).ok());
-    cpu::AttentionForward<float>(ref_out.data(), probs.data(), qkv.data(), batch, seq, channels,
-                                 heads);
-    t.Expect("Attention out", gout, out, act);
-    t.Expect("Attention probabilities", gatt, probs, act);
-    ASSERT_TRUE(
-        t.gpu->AttentionBackward(gdqkv, gdout, gqkv, gout, gatt, batch, seq, channels, heads).ok());
-    ASSERT_TRUE(t.cpu
-                    ->AttentionBackward(dqkv.data(), dout.data(), qkv.data(), out.data(),
-                                        lse.data(), batch, seq, channels, heads)
-                    .ok());
-    t.Expect("AttentionBackward", gdqkv, dqkv, act);
+    // (model_ops.h, which saves probabilities). Multi-head, then grouped-query (4 query heads on
+    // 2 key/value heads, [Note: the qkv layout]).
+    std::vector<float> dout = Random(rows * channels, 2);
+    void* gdout = t.A(dout);
+    for (const int kv : {heads, 2}) {
+      SCOPED_TRACE(::testing::Message() << kv << " key/value heads");
+      const int64_t row = channels + 2 * int64_t{kv} * (channels / heads);
+      std::vector<float> qkv = Random(rows * row, 1), out(rows * channels),
+                         att(int64_t{batch} * heads * seq * seq), probs(att.size()),
+                         lse(int64_t{batch} * heads * seq), ref_out(out.size()),
+                         dqkv = Random(rows * row, 3);
+      void *gqkv = t.A(qkv), *gout = t.A(out), *gatt = t.A(att), *gdqkv = t.A(dqkv);
+      ASSERT_EQ(t.gpu->AttentionSavedBytes(batch, seq, heads),
+                static_cast<int64_t>(att.size() * DTypeSize(act)));
+      ASSERT_TRUE(t.gpu->Attention(gout, gatt, gqkv, batch, seq, channels, heads, kv).ok());
+      ASSERT_TRUE(
+          t.cpu->Attention(out.data(), lse.data(), qkv.data(), batch, seq, channels, heads, kv)
+              .ok());
+      cpu::AttentionForward<float>(ref_out.data(), probs.data(), qkv.data(), batch, seq, channels,
+                                   heads, kv);
+      t.Expect("Attention out", gout, out, act);
+      t.Expect("Attention probabilities", gatt, probs, act);
+      ASSERT_TRUE(
+          t.gpu->AttentionBackward(gdqkv, gdout, gqkv, gout, gatt, batch, seq, channels, heads, kv)
+              .ok());
+      ASSERT_TRUE(t.cpu
+                      ->AttentionBackward(dqkv.data(), dout.data(), qkv.data(), out.data(),
+                                          lse.data(), batch, seq, channels, heads, kv)
+                      .ok());
+      t.Expect("AttentionBackward", gdqkv, dqkv, act);
+    }
 
     std::vector<int32_t> tokens(rows);
     std::mt19937 rng(4);

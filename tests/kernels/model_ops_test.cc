@@ -127,7 +127,7 @@ TEST(ModelOpsTest, AttentionGradientAndCausality) {
   std::vector<double> att(batch * heads * seq * seq);
   std::vector<double> y(batch * seq * c);
   auto loss = [&] {
-    AttentionForward(y.data(), att.data(), qkv.data(), batch, seq, c, heads);
+    AttentionForward(y.data(), att.data(), qkv.data(), batch, seq, c, heads, heads);
     return Dot(y, r);
   };
   loss();
@@ -146,8 +146,61 @@ TEST(ModelOpsTest, AttentionGradientAndCausality) {
   }
   for (int i = 0; i < c; ++i) EXPECT_NEAR(y[i], qkv[2 * c + i], 1e-12);
   std::vector<double> dqkv(qkv.size(), 0.0);
-  AttentionBackward(dqkv.data(), r.data(), qkv.data(), att.data(), batch, seq, c, heads);
+  AttentionBackward(dqkv.data(), r.data(), qkv.data(), att.data(), batch, seq, c, heads, heads);
   CheckGradient("attention dqkv", qkv, dqkv, loss);
+}
+
+// [Note: the qkv layout]: 4 query heads reading 2 key/value heads in place equal multi-head
+// attention on the same values with each key/value head repeated for its 2 query heads (Hugging
+// Face's repeat_kv), and a key/value head's gradient is the sum of its repeated copies'. The
+// gradient by finite differences too.
+TEST(ModelOpsTest, GroupedQueryAttentionReadsKeyValueHeadsInPlace) {
+  const int batch = 2, seq = 5, heads = 4, kv = 2, hs = 3, c = heads * hs, group = heads / kv;
+  const int gqa_row = (heads + 2 * kv) * hs, mha_row = 3 * c;
+  std::vector<double> qkv = Random(batch * seq * gqa_row, 31);
+  const std::vector<double> r = Random(batch * seq * c, 32);
+  // The repeated layout: [q | k repeated | v repeated] per token.
+  std::vector<double> rep(batch * seq * mha_row);
+  for (int t = 0; t < batch * seq; ++t) {
+    const double* g = qkv.data() + t * gqa_row;
+    double* m = rep.data() + t * mha_row;
+    for (int h = 0; h < heads; ++h) {
+      for (int i = 0; i < hs; ++i) {
+        m[h * hs + i] = g[h * hs + i];
+        m[c + h * hs + i] = g[c + (h / group) * hs + i];
+        m[2 * c + h * hs + i] = g[c + kv * hs + (h / group) * hs + i];
+      }
+    }
+  }
+  std::vector<double> att(batch * heads * seq * seq), att_rep(att.size());
+  std::vector<double> y(batch * seq * c), y_rep(y.size());
+  AttentionForward(y.data(), att.data(), qkv.data(), batch, seq, c, heads, kv);
+  AttentionForward(y_rep.data(), att_rep.data(), rep.data(), batch, seq, c, heads, heads);
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], y_rep[i], 1e-13) << i;
+  std::vector<double> dqkv(qkv.size(), 0.0), drep(rep.size(), 0.0);
+  AttentionBackward(dqkv.data(), r.data(), qkv.data(), att.data(), batch, seq, c, heads, kv);
+  AttentionBackward(drep.data(), r.data(), rep.data(), att_rep.data(), batch, seq, c, heads, heads);
+  for (int t = 0; t < batch * seq; ++t) {
+    const double* g = dqkv.data() + t * gqa_row;
+    const double* m = drep.data() + t * mha_row;
+    for (int i = 0; i < c; ++i) EXPECT_NEAR(g[i], m[i], 1e-13) << "dq " << t << " " << i;
+    for (int j = 0; j < kv; ++j) {
+      for (int i = 0; i < hs; ++i) {
+        double dk = 0, dv = 0;
+        for (int h = j * group; h < (j + 1) * group; ++h) {
+          dk += m[c + h * hs + i];
+          dv += m[2 * c + h * hs + i];
+        }
+        EXPECT_NEAR(g[c + j * hs + i], dk, 1e-13) << "dk " << t << " " << j;
+        EXPECT_NEAR(g[c + kv * hs + j * hs + i], dv, 1e-13) << "dv " << t << " " << j;
+      }
+    }
+  }
+  auto loss = [&] {
+    AttentionForward(y.data(), att.data(), qkv.data(), batch, seq, c, heads, kv);
+    return Dot(y, r);
+  };
+  CheckGradient("grouped-query attention dqkv", qkv, dqkv, loss);
 }
 
 TEST(ModelOpsTest, EmbeddingGradients) {

@@ -17,16 +17,17 @@ namespace zerort {
 namespace {
 
 constexpr int kHeadSize = 8, kSeq = 12, kHeads = 2, kKvHeads = 1;
+constexpr int kRow = (kHeads + 2 * kKvHeads) * kHeadSize;  // [Note: the qkv layout]
 
-// Rotated q of every row: qkv's first third per row, [seq, heads hs].
+// Rotated q of every row: the query heads of each qkv row, [seq, heads hs].
 std::vector<double> RotatedQ(const Rope& rope, const std::vector<double>& q,
                              const std::vector<double>& kv) {
-  std::vector<double> qkv(static_cast<size_t>(kSeq) * 3 * kHeads * kHeadSize);
+  std::vector<double> qkv(static_cast<size_t>(kSeq) * kRow);
   cpu::RopeQkvForward<double>(qkv.data(), q.data(), kv.data(), kv.data(), 1, kSeq, kHeads, kKvHeads,
                               kHeadSize, rope);
   std::vector<double> out;
   for (int t = 0; t < kSeq; ++t) {
-    const double* row = qkv.data() + static_cast<size_t>(t) * 3 * kHeads * kHeadSize;
+    const double* row = qkv.data() + static_cast<size_t>(t) * kRow;
     out.insert(out.end(), row, row + kHeads * kHeadSize);
   }
   return out;
@@ -90,8 +91,8 @@ TEST(RopeTest, BackwardIsTheForwardsTransposeUnderEveryScaling) {
     const std::vector<double> q = testing::RandomNormal<double>(rows * C, 2, 1.0),
                               k = testing::RandomNormal<double>(rows * KV, 3, 1.0),
                               v = testing::RandomNormal<double>(rows * KV, 4, 1.0),
-                              r = testing::RandomNormal<double>(rows * 3 * C, 5, 1.0);
-    std::vector<double> qkv(rows * 3 * C), dq(rows * C), dk(rows * KV), dv(rows * KV);
+                              r = testing::RandomNormal<double>(rows * kRow, 5, 1.0);
+    std::vector<double> qkv(rows * kRow), dq(rows * C), dk(rows * KV), dv(rows * KV);
     cpu::RopeQkvForward<double>(qkv.data(), q.data(), k.data(), v.data(), 1, kSeq, kHeads, kKvHeads,
                                 kHeadSize, rope);
     cpu::RopeQkvBackward<double>(dq.data(), dk.data(), dv.data(), r.data(), 1, kSeq, kHeads,
