@@ -80,9 +80,22 @@ inline constexpr int32_t kIgnoreTarget = -1;
 // The model's units as ParamSpecs (see the unit list above). GPT-2's names follow its structure:
 // wte, wpe, blocks.i.{ln1,attn.qkv,attn.proj,ln2,mlp.fc,mlp.proj}.{weight,bias},
 // ln_f.{weight,bias}; the LLaMA family's are Hugging Face's (decoder_params.cc).
+//
+// [Note: parameter roles] Each parameter is declared with what it is, its ParamRole, from which
+// its initialisation and its weight decay follow: no code after the declaration reads a
+// parameter's name to decide what to do with it. An architecture that adds a parameter (an o_proj
+// bias, a gated MLP's up projection) declares its role where it declares its shape.
+enum class ParamRole : uint8_t {
+  kWeight,          // a linear or embedding weight: normal(0, 0.02), decayed
+  kResidualWeight,  // GPT-2's projections into the residual stream: normal(0, 0.02 / sqrt(2 L))
+  kBias,            // 0, not decayed
+  kNormGain,        // LayerNorm's and RMSNorm's gains: 1, not decayed
+};
+bool Decayed(ParamRole role);
 struct DecoderUnit {
   std::string name;
   std::vector<ParamSpec> params;
+  std::vector<ParamRole> roles;  // params[i] is a roles[i]
 };
 // The units of tensor-parallel rank `tp_rank` of `tp_size`, with each parameter's global frame
 // (wte's global shape is the padded vocabulary, PaddedVocab). Pure (no group needed): the model,
@@ -95,11 +108,12 @@ StatusOr<std::vector<DecoderUnit>> DecoderUnits(const DecoderConfig& config, int
 // Pure: the estimator uses it too.
 int64_t HeadChunkRows(int64_t configured, int64_t rows, int d_model);
 
-// The decoder's initialisation (decoder_params.cc): GPT-2's weights normal(0, 0.02), the residual
-// projections (attn.proj.weight, mlp.proj.weight) normal(0, 0.02 / sqrt(2 n_layer)), biases 0,
-// norm weights 1; the LLaMA family's every linear and embedding weight normal(0, 0.02). Each value
-// is a function of (seed, parameter name, element index) only: no dependence on world size,
-// stage or the order units are initialised.
+// The decoder's initialisation (decoder_params.cc), by each parameter's role ([Note: parameter
+// roles]): GPT-2's weights normal(0, 0.02), its residual projections (attn.proj.weight,
+// mlp.proj.weight) normal(0, 0.02 / sqrt(2 n_layer)), biases 0, norm gains 1; the LLaMA family's
+// every linear and embedding weight normal(0, 0.02) (Hugging Face's _init_weights). Each value is
+// a function of (seed, parameter name, element index) only: no dependence on world size, stage
+// or the order units are initialised. A parameter that is not one of `config`'s fails a check.
 Initializer DecoderInitializer(const DecoderConfig& config);
 
 struct SamplingOptions {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <unordered_map>
 
 #include "zerort/layers/decoder_model.h"
 #include "zerort/runtime/strings.h"
@@ -27,11 +28,11 @@ uint64_t NameHash(std::string_view name) {  // FNV-1a
 // Uniform in (0, 1] from 53 random bits.
 double Unit53(uint64_t bits) { return (static_cast<double>(bits >> 11) + 1.0) * 0x1.0p-53; }
 
-bool EndsWith(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
 }  // namespace
+
+bool Decayed(ParamRole role) {
+  return role == ParamRole::kWeight || role == ParamRole::kResidualWeight;
+}
 
 StatusOr<ParamSpec> TensorParallelSpec(std::string name, Shape global_shape, bool weight_decay,
                                        TensorSplit split, int tp_size, int tp_rank, int groups) {
@@ -45,14 +46,15 @@ namespace {
 
 // The LLaMA family's units ([Note: the two architectures], layers/README.md): "embeddings" (wte),
 // "blocks.i", "final_norm" (norm.weight) and, untied, "head" (lm_head.weight). `param` appends
-// one parameter with its tensor-parallel split.
+// one parameter with its role ([Note: parameter roles]) and its tensor-parallel split.
 template <typename Param>
 StatusOr<std::vector<DecoderUnit>> LlamaUnits(const DecoderConfig& c, Param& param) {
   using enum TensorSplit;
+  using enum ParamRole;
   const int64_t d = c.d_model, kv = int64_t{c.kv_heads()} * c.head_size(), f = c.intermediate_size;
   std::vector<DecoderUnit> units;
   auto vocab = [&](DecoderUnit& u, const char* name) -> Status {
-    ZR_RETURN_IF_ERROR(param(u.params, name, {c.vocab_size, d}, true, kVocab));
+    ZR_RETURN_IF_ERROR(param(u, name, {c.vocab_size, d}, kWeight, kVocab));
     return absl::OkStatus();
   };
   DecoderUnit emb{"embeddings", {}};
@@ -62,33 +64,33 @@ StatusOr<std::vector<DecoderUnit>> LlamaUnits(const DecoderConfig& c, Param& par
     const std::string p = StrCat("blocks.", l, ".");
     DecoderUnit b{StrCat("blocks.", l), {}};
     // The order of decoder::LlamaParam (decoder_block.h); the optional biases last.
-    ZR_RETURN_IF_ERROR(param(b.params, p + "attn_norm.weight", {d}, false, kReplicated));
-    ZR_RETURN_IF_ERROR(param(b.params, p + "attn.q.weight", {d, d}, true, kColumn));
-    ZR_RETURN_IF_ERROR(param(b.params, p + "attn.k.weight", {kv, d}, true, kColumn));
-    ZR_RETURN_IF_ERROR(param(b.params, p + "attn.v.weight", {kv, d}, true, kColumn));
-    ZR_RETURN_IF_ERROR(param(b.params, p + "attn.o.weight", {d, d}, true, kRow));
-    ZR_RETURN_IF_ERROR(param(b.params, p + "mlp_norm.weight", {d}, false, kReplicated));
-    ZR_RETURN_IF_ERROR(param(b.params, p + "mlp.gate.weight", {f, d}, true, kColumn));
-    ZR_RETURN_IF_ERROR(param(b.params, p + "mlp.up.weight", {f, d}, true, kColumn));
-    ZR_RETURN_IF_ERROR(param(b.params, p + "mlp.down.weight", {d, f}, true, kRow));
+    ZR_RETURN_IF_ERROR(param(b, p + "attn_norm.weight", {d}, kNormGain, kReplicated));
+    ZR_RETURN_IF_ERROR(param(b, p + "attn.q.weight", {d, d}, kWeight, kColumn));
+    ZR_RETURN_IF_ERROR(param(b, p + "attn.k.weight", {kv, d}, kWeight, kColumn));
+    ZR_RETURN_IF_ERROR(param(b, p + "attn.v.weight", {kv, d}, kWeight, kColumn));
+    ZR_RETURN_IF_ERROR(param(b, p + "attn.o.weight", {d, d}, kWeight, kRow));
+    ZR_RETURN_IF_ERROR(param(b, p + "mlp_norm.weight", {d}, kNormGain, kReplicated));
+    ZR_RETURN_IF_ERROR(param(b, p + "mlp.gate.weight", {f, d}, kWeight, kColumn));
+    ZR_RETURN_IF_ERROR(param(b, p + "mlp.up.weight", {f, d}, kWeight, kColumn));
+    ZR_RETURN_IF_ERROR(param(b, p + "mlp.down.weight", {d, f}, kWeight, kRow));
     if (c.qkv_bias) {
-      ZR_RETURN_IF_ERROR(param(b.params, p + "attn.q.bias", {d}, false, kColumn));
-      ZR_RETURN_IF_ERROR(param(b.params, p + "attn.k.bias", {kv}, false, kColumn));
-      ZR_RETURN_IF_ERROR(param(b.params, p + "attn.v.bias", {kv}, false, kColumn));
+      ZR_RETURN_IF_ERROR(param(b, p + "attn.q.bias", {d}, kBias, kColumn));
+      ZR_RETURN_IF_ERROR(param(b, p + "attn.k.bias", {kv}, kBias, kColumn));
+      ZR_RETURN_IF_ERROR(param(b, p + "attn.v.bias", {kv}, kBias, kColumn));
     }
     // Row-parallel layers' biases are whole on every rank, added once after the reduction.
     if (c.o_proj_bias) {
-      ZR_RETURN_IF_ERROR(param(b.params, p + "attn.o.bias", {d}, false, kRow));
+      ZR_RETURN_IF_ERROR(param(b, p + "attn.o.bias", {d}, kBias, kRow));
     }
     if (c.mlp_bias) {
-      ZR_RETURN_IF_ERROR(param(b.params, p + "mlp.gate.bias", {f}, false, kColumn));
-      ZR_RETURN_IF_ERROR(param(b.params, p + "mlp.up.bias", {f}, false, kColumn));
-      ZR_RETURN_IF_ERROR(param(b.params, p + "mlp.down.bias", {d}, false, kRow));
+      ZR_RETURN_IF_ERROR(param(b, p + "mlp.gate.bias", {f}, kBias, kColumn));
+      ZR_RETURN_IF_ERROR(param(b, p + "mlp.up.bias", {f}, kBias, kColumn));
+      ZR_RETURN_IF_ERROR(param(b, p + "mlp.down.bias", {d}, kBias, kRow));
     }
     units.push_back(std::move(b));
   }
   DecoderUnit norm{"final_norm", {}};
-  ZR_RETURN_IF_ERROR(param(norm.params, "norm.weight", {d}, false, kReplicated));
+  ZR_RETURN_IF_ERROR(param(norm, "norm.weight", {d}, kNormGain, kReplicated));
   units.push_back(std::move(norm));
   if (!c.tied()) {
     DecoderUnit head{"head", {}};
@@ -129,50 +131,61 @@ StatusOr<std::vector<DecoderUnit>> DecoderUnits(const DecoderConfig& c, int tp_s
   std::vector<DecoderUnit> units;
   // A vocabulary-split weight is padded (Megatron's make_vocab_size_divisible_by) so that every
   // rank holds as many rows; the rows past vocab_size are padding.
-  auto param = [&](std::vector<ParamSpec>& out, std::string name, Shape shape, bool decay,
-                   TensorSplit split, int groups = 1) -> Status {
+  auto param = [&](DecoderUnit& u, std::string name, Shape shape, ParamRole role, TensorSplit split,
+                   int groups = 1) -> Status {
     if (split == TensorSplit::kVocab) shape[0] = PaddedVocab(c, tp_size, vocab_multiple);
-    ZR_ASSIGN_OR_RETURN(ParamSpec p, TensorParallelSpec(std::move(name), std::move(shape), decay,
-                                                        split, tp_size, tp_rank, groups));
+    ZR_ASSIGN_OR_RETURN(ParamSpec p,
+                        TensorParallelSpec(std::move(name), std::move(shape), Decayed(role), split,
+                                           tp_size, tp_rank, groups));
     if (split == TensorSplit::kVocab && p.global_shape()[0] != c.vocab_size) {
       p.frame.valid_rows = c.vocab_size;
     }
-    out.push_back(std::move(p));
+    u.params.push_back(std::move(p));
+    u.roles.push_back(role);
     return absl::OkStatus();
   };
   if (c.llama()) return LlamaUnits(c, param);
+  using enum ParamRole;
   DecoderUnit emb{"embeddings", {}};
-  ZR_RETURN_IF_ERROR(param(emb.params, "wte", {c.vocab_size, d}, true, TensorSplit::kVocab));
-  ZR_RETURN_IF_ERROR(param(emb.params, "wpe", {c.seq_len, d}, true, TensorSplit::kReplicated));
+  ZR_RETURN_IF_ERROR(param(emb, "wte", {c.vocab_size, d}, kWeight, TensorSplit::kVocab));
+  ZR_RETURN_IF_ERROR(param(emb, "wpe", {c.seq_len, d}, kWeight, TensorSplit::kReplicated));
   units.push_back(std::move(emb));
   for (int l = 0; l < c.n_layer; ++l) {
     const std::string p = StrCat("blocks.", l, ".");
     DecoderUnit b{StrCat("blocks.", l), {}};
     using enum TensorSplit;
-    ZR_RETURN_IF_ERROR(param(b.params, p + "ln1.weight", {d}, false, kReplicated));
-    ZR_RETURN_IF_ERROR(param(b.params, p + "ln1.bias", {d}, false, kReplicated));
+    ZR_RETURN_IF_ERROR(param(b, p + "ln1.weight", {d}, kNormGain, kReplicated));
+    ZR_RETURN_IF_ERROR(param(b, p + "ln1.bias", {d}, kBias, kReplicated));
     // Fused Q, K, V: split per head (3 stacked blocks), not contiguously.
-    ZR_RETURN_IF_ERROR(param(b.params, p + "attn.qkv.weight", {3 * d, d}, true, kColumn, 3));
-    ZR_RETURN_IF_ERROR(param(b.params, p + "attn.qkv.bias", {3 * d}, false, kColumn, 3));
-    ZR_RETURN_IF_ERROR(param(b.params, p + "attn.proj.weight", {d, d}, true, kRow));
-    ZR_RETURN_IF_ERROR(param(b.params, p + "attn.proj.bias", {d}, false, kRow));
-    ZR_RETURN_IF_ERROR(param(b.params, p + "ln2.weight", {d}, false, kReplicated));
-    ZR_RETURN_IF_ERROR(param(b.params, p + "ln2.bias", {d}, false, kReplicated));
-    ZR_RETURN_IF_ERROR(param(b.params, p + "mlp.fc.weight", {4 * d, d}, true, kColumn));
-    ZR_RETURN_IF_ERROR(param(b.params, p + "mlp.fc.bias", {4 * d}, false, kColumn));
-    ZR_RETURN_IF_ERROR(param(b.params, p + "mlp.proj.weight", {d, 4 * d}, true, kRow));
-    ZR_RETURN_IF_ERROR(param(b.params, p + "mlp.proj.bias", {d}, false, kRow));
+    ZR_RETURN_IF_ERROR(param(b, p + "attn.qkv.weight", {3 * d, d}, kWeight, kColumn, 3));
+    ZR_RETURN_IF_ERROR(param(b, p + "attn.qkv.bias", {3 * d}, kBias, kColumn, 3));
+    ZR_RETURN_IF_ERROR(param(b, p + "attn.proj.weight", {d, d}, kResidualWeight, kRow));
+    ZR_RETURN_IF_ERROR(param(b, p + "attn.proj.bias", {d}, kBias, kRow));
+    ZR_RETURN_IF_ERROR(param(b, p + "ln2.weight", {d}, kNormGain, kReplicated));
+    ZR_RETURN_IF_ERROR(param(b, p + "ln2.bias", {d}, kBias, kReplicated));
+    ZR_RETURN_IF_ERROR(param(b, p + "mlp.fc.weight", {4 * d, d}, kWeight, kColumn));
+    ZR_RETURN_IF_ERROR(param(b, p + "mlp.fc.bias", {4 * d}, kBias, kColumn));
+    ZR_RETURN_IF_ERROR(param(b, p + "mlp.proj.weight", {d, 4 * d}, kResidualWeight, kRow));
+    ZR_RETURN_IF_ERROR(param(b, p + "mlp.proj.bias", {d}, kBias, kRow));
     units.push_back(std::move(b));
   }
   DecoderUnit norm{"final_norm", {}};
-  ZR_RETURN_IF_ERROR(param(norm.params, "ln_f.weight", {d}, false, TensorSplit::kReplicated));
-  ZR_RETURN_IF_ERROR(param(norm.params, "ln_f.bias", {d}, false, TensorSplit::kReplicated));
+  ZR_RETURN_IF_ERROR(param(norm, "ln_f.weight", {d}, kNormGain, TensorSplit::kReplicated));
+  ZR_RETURN_IF_ERROR(param(norm, "ln_f.bias", {d}, kBias, TensorSplit::kReplicated));
   units.push_back(std::move(norm));
   return units;
 }
 
 Initializer DecoderInitializer(const DecoderConfig& config) {
   const double residual_std = 0.02 / std::sqrt(2.0 * config.n_layer);
+  // Each parameter's role, as DecoderUnits declares it ([Note: parameter roles]); the names are
+  // the same at every tensor-parallel size.
+  std::unordered_map<std::string, ParamRole> roles;
+  const StatusOr<std::vector<DecoderUnit>> units = DecoderUnits(config, 1, 0);
+  ZR_CHECK(units.ok()) << "the decoder's initialiser: " << units.status();
+  for (const DecoderUnit& u : *units) {
+    for (size_t i = 0; i < u.params.size(); ++i) roles.emplace(u.params[i].name, u.roles[i]);
+  }
   // Padding rows (a padded vocabulary: frame.valid_rows) start, and stay, zero.
   auto zero_padding = [](const ParamSpec& spec, std::span<float> full) {
     const int64_t real = spec.real_numel();
@@ -181,21 +194,24 @@ Initializer DecoderInitializer(const DecoderConfig& config) {
       if (GlobalIndex(spec, static_cast<int64_t>(i)) >= real) full[i] = 0.0f;
     }
   };
-  return [residual_std, zero_padding](const ParamSpec& spec, uint64_t seed, std::span<float> full) {
+  return [residual_std, zero_padding, roles = std::move(roles)](
+             const ParamSpec& spec, uint64_t seed, std::span<float> full) {
+    const auto role = roles.find(spec.name);
+    ZR_CHECK(role != roles.end()) << "the decoder's initialiser: " << spec.name
+                                  << " is none of its parameters";
+    switch (role->second) {
+      case ParamRole::kBias:
+        std::fill(full.begin(), full.end(), 0.0f);
+        return;
+      case ParamRole::kNormGain:
+        std::fill(full.begin(), full.end(), 1.0f);
+        return;
+      case ParamRole::kWeight:
+      case ParamRole::kResidualWeight:
+        break;
+    }
+    const double stddev = role->second == ParamRole::kResidualWeight ? residual_std : 0.02;
     const std::string_view name = spec.name;
-    if (EndsWith(name, ".bias")) {
-      std::fill(full.begin(), full.end(), 0.0f);
-      return;
-    }
-    if (EndsWith(name, "ln1.weight") || EndsWith(name, "ln2.weight") || name == "ln_f.weight" ||
-        EndsWith(name, "norm.weight")) {  // LayerNorm and RMSNorm gains
-      std::fill(full.begin(), full.end(), 1.0f);
-      return;
-    }
-    // GPT-2's scaled residual projections; the LLaMA family (Hugging Face's _init_weights)
-    // draws every linear and embedding weight from normal(0, 0.02).
-    const bool residual = EndsWith(name, "attn.proj.weight") || EndsWith(name, "mlp.proj.weight");
-    const double stddev = residual ? residual_std : 0.02;
     const uint64_t key = SplitMix64(seed ^ NameHash(name));
     // Box-Muller on a counter-based generator: the element at global position g depends on
     // (seed, name, g) only, so a tensor-parallel rank's part equals the same elements of the

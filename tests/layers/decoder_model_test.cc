@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 
 #include "tests/layers/decoder_harness.h"
 #include "zerort/runtime/loopback_communicator.h"
@@ -235,6 +236,58 @@ TEST(DecoderModelTest, InitialisationFollowsGpt2) {
   EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin()));
   init(ParamSpec{"wpe", {11}}, 10, b);
   EXPECT_FALSE(std::equal(a.begin(), a.end(), b.begin()));
+}
+
+// [Note: parameter roles]: a LLaMA block with every bias, at tensor-parallel size 2. Each
+// parameter's decay flag is its role's, and the initialiser gives biases 0, gains 1 and weights
+// normal(0, 0.02) by the role DecoderUnits declared, whatever the name says; a parameter the
+// decoder does not declare stops the run.
+TEST(DecoderModelTest, EveryParameterStartsAsItsRoleSays) {
+  DecoderConfig c{.n_layer = 2,
+                  .n_head = 4,
+                  .d_model = 64,
+                  .seq_len = 8,
+                  .vocab_size = 300,
+                  .arch = ModelArch::kLlama,
+                  .n_kv_head = 2,
+                  .intermediate_size = 96};
+  c.qkv_bias = c.o_proj_bias = c.mlp_bias = true;
+  const Initializer init = DecoderInitializer(c);
+  const std::vector<DecoderUnit> units = *DecoderUnits(c, 2, 1);
+  std::map<ParamRole, int> seen;
+  for (const DecoderUnit& u : units) {
+    ASSERT_EQ(u.roles.size(), u.params.size()) << u.name;
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      const ParamSpec& p = u.params[i];
+      const ParamRole role = u.roles[i];
+      ++seen[role];
+      EXPECT_EQ(p.weight_decay, Decayed(role)) << p.name;
+      std::vector<float> v(p.numel());
+      init(p, 3, v);
+      double sq = 0;
+      for (float x : v) sq += double{x} * x;
+      const double rms = std::sqrt(sq / static_cast<double>(v.size()));
+      switch (role) {
+        case ParamRole::kBias:
+          EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](float x) { return x == 0.0f; })) << p.name;
+          break;
+        case ParamRole::kNormGain:
+          EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](float x) { return x == 1.0f; })) << p.name;
+          break;
+        case ParamRole::kWeight:
+          EXPECT_NEAR(rms, 0.02, 0.003) << p.name;
+          break;
+        case ParamRole::kResidualWeight:
+          ADD_FAILURE() << p.name << ": LLaMA scales no residual projection";
+      }
+    }
+  }
+  // Per block: 2 gains, 7 weights, 7 biases; the embedding, the final norm and the head.
+  EXPECT_EQ(seen[ParamRole::kNormGain], 2 * 2 + 1);
+  EXPECT_EQ(seen[ParamRole::kWeight], 2 * 7 + 2);
+  EXPECT_EQ(seen[ParamRole::kBias], 2 * 7);
+  std::vector<float> v(4);
+  EXPECT_DEATH(init(ParamSpec{"blocks.0.attn.made_up.bias", {4}}, 3, v), "none of its parameters");
 }
 
 // Stage and world size are memory choices, never semantics.
