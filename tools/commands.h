@@ -41,6 +41,16 @@ struct BenchAdamwOptions {
 };
 int RunBenchAdamw(const BenchAdamwOptions& options);
 
+struct BenchAttentionOptions {
+  int batch = 4, seq = 1024, heads = 12, head_size = 64;  // GPT-2 124M's attention
+  int kv_heads = 0;                                       // 0: heads (no grouping)
+  int rounds = 5;
+  bool backward = true;
+  std::string device = "cpu";
+  bool json = false;
+};
+int RunBenchAttention(const BenchAttentionOptions& options);
+
 struct BenchOffloadOptions {
   std::string path = ".";                 // directory on the disk to measure (nvme_path)
   int64_t size_bytes = int64_t{1} << 30;  // one request of this size, each way

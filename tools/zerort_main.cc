@@ -70,6 +70,27 @@ int main(int argc, char** argv) {
   adamw->add_flag("--overlap", adamw_options.overlap,
                   "Also time the step on its own thread beside GEMMs, against the two in turn");
 
+  cli::BenchAttentionOptions attention_options;
+  CLI::App* attention = bench->add_subcommand(
+      "attention", "Flash-style causal attention against the materialised path (TFLOP/s)");
+  attention->add_option("--batch", attention_options.batch, "Sequences")->capture_default_str();
+  attention->add_option("--seq", attention_options.seq, "Tokens per sequence")
+      ->capture_default_str();
+  attention->add_option("--heads", attention_options.heads, "Query heads")->capture_default_str();
+  attention
+      ->add_option("--kv-heads", attention_options.kv_heads,
+                   "Key/value heads (grouped-query); 0: --heads")
+      ->capture_default_str();
+  attention->add_option("--head-size", attention_options.head_size, "Channels per head")
+      ->capture_default_str();
+  attention
+      ->add_option("--rounds", attention_options.rounds, "Alternating rounds (medians reported)")
+      ->capture_default_str();
+  attention->add_flag("!--no-backward", attention_options.backward, "Time the forward only");
+  attention->add_option("--device", attention_options.device, "cpu (CUDA: issue 48)")
+      ->capture_default_str();
+  attention->add_flag("--json", attention_options.json, "One JSON object instead of a table");
+
   cli::BenchOffloadOptions offload_options;
   CLI::App* offload = bench->add_subcommand(
       "offload",
@@ -308,6 +329,7 @@ int main(int argc, char** argv) {
   if (app.got_subcommand(env)) return cli::RunEnv(env_options, *launch, &argc, &argv);
   if (comm->parsed()) return cli::RunBenchComm(comm_options, *launch, &argc, &argv);
   if (adamw->parsed()) return cli::RunBenchAdamw(adamw_options);
+  if (attention->parsed()) return cli::RunBenchAttention(attention_options);
   if (model->parsed()) return cli::RunBenchModel(model_options, *launch, &argc, &argv);
   if (offload->parsed()) return cli::RunBenchOffload(offload_options);
   if (estimate->parsed()) {

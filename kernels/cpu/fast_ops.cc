@@ -8,6 +8,7 @@
 
 #include "zerort/kernels/cpu/sgemm.h"
 #include "zerort/kernels/cpu/vector_math.h"
+#include "zerort/kernels/flash_math.h"
 #include "zerort/kernels/model_math.h"
 
 namespace zerort::cpu::fast {
@@ -178,29 +179,29 @@ ZR_CPU_CLONES void CrossEntropySpan(float* logits, float* losses, const int32_t*
   }
 }
 
-// One key block of the flash forward for a block of m queries (query q0 + i, keys k0 + j):
-// s [m, kn] (row stride ld) holds q k^T; keys after the query are masked. Each row's running
-// maximum mx and sum l are updated, its accumulator acc [m, hs] rescaled, and s overwritten by
-// the block's unnormalised probabilities exp(score - new max), which the caller multiplies by v.
+// One key block of the flash forward for a block of m queries (query q0 + i, keys k0 + j),
+// [Note: flash attention's tiles] (kernels/flash_math.h): s [m, kn] (row stride ld) holds q k^T;
+// keys after the query are masked. Each row's online softmax sm[i] is rescaled with its
+// accumulator acc [m, hs], and s overwritten by the block's unnormalised probabilities, which
+// the caller multiplies by v.
 ZR_CPU_CLONES void FlashForwardBlock(float* s, int ld, int m, int kn, int q0, int k0, float scale,
-                                     float* mx, float* l, float* acc, int hs) {
+                                     math::OnlineSoftmax* sm, float* acc, int hs) {
   for (int i = 0; i < m; ++i) {
     float* row = s + static_cast<int64_t>(i) * ld;
-    const int valid = std::min(kn, q0 + i - k0 + 1);  // keys k0 .. query: at least one
+    const int valid = math::CausalKeys(q0 + i, k0, kn);  // the diagonal block: at least one
     float block_max = -INFINITY;
 #pragma omp simd reduction(max : block_max)
-    for (int j = 0; j < valid; ++j) block_max = std::max(block_max, row[j] * scale);
-    const float new_max = std::max(mx[i], block_max);
-    const float alpha = FastExp(mx[i] - new_max);
+    for (int j = 0; j < valid; ++j)
+      block_max = std::max(block_max, math::ScaledScore(row[j], scale));
+    const float alpha = sm[i].Rescale(block_max);
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int j = 0; j < valid; ++j) {
-      row[j] = FastExp(row[j] * scale - new_max);
+      row[j] = sm[i].Prob(math::ScaledScore(row[j], scale));
       sum += row[j];
     }
     std::fill(row + valid, row + kn, 0.0f);
-    l[i] = l[i] * alpha + sum;
-    mx[i] = new_max;
+    sm[i].Accumulate(sum);
     float* a = acc + static_cast<int64_t>(i) * hs;
 #pragma omp simd
     for (int c = 0; c < hs; ++c) a[c] *= alpha;
@@ -215,12 +216,12 @@ ZR_CPU_CLONES void FlashBackwardBlock(float* p, float* dp, int ld, int m, int kn
   for (int i = 0; i < m; ++i) {
     float* prow = p + static_cast<int64_t>(i) * ld;
     float* drow = dp + static_cast<int64_t>(i) * ld;
-    const int valid = std::min(kn, q0 + i - k0 + 1);
+    const int valid = math::CausalKeys(q0 + i, k0, kn);
     const float shift = lse[q0 + i], di = d[q0 + i];
 #pragma omp simd
     for (int j = 0; j < valid; ++j) {
-      prow[j] = FastExp(prow[j] * scale - shift);
-      drow[j] = prow[j] * (drow[j] - di) * scale;
+      prow[j] = math::RecomputedProb(prow[j], scale, shift);
+      drow[j] = math::ScoreGrad(prow[j], drow[j], di, scale);
     }
     std::fill(prow + valid, prow + kn, 0.0f);
     std::fill(drow + valid, drow + kn, 0.0f);
@@ -228,15 +229,15 @@ ZR_CPU_CLONES void FlashBackwardBlock(float* p, float* dp, int ld, int m, int kn
 }
 
 // out row = acc / l; lse = max + log l.
-ZR_CPU_CLONES void FlashFinish(float* o, int64_t ldo, float* lse, const float* acc, const float* mx,
-                               const float* l, int m, int hs) {
+ZR_CPU_CLONES void FlashFinish(float* o, int64_t ldo, float* lse, const float* acc,
+                               const math::OnlineSoftmax* sm, int m, int hs) {
   for (int i = 0; i < m; ++i) {
-    const float inv = 1.0f / l[i];
+    const float inv = sm[i].Inverse();
     const float* a = acc + static_cast<int64_t>(i) * hs;
     float* out = o + i * ldo;
 #pragma omp simd
     for (int c = 0; c < hs; ++c) out[c] = a[c] * inv;
-    lse[i] = mx[i] + std::log(l[i]);
+    lse[i] = sm[i].Lse();
   }
 }
 
@@ -384,22 +385,20 @@ void FlashAttentionForward(float* out, float* lse, const float* qkv, int batch, 
     const auto [q, k, v] = g.QkvOf(qkv, pair);
     float* o = out + g.Out(pair);
     float* pair_lse = lse + static_cast<int64_t>(pair) * seq;
-    std::vector<float> s(kBlock * kBlock), acc(static_cast<size_t>(kBlock) * hs), mx(kBlock),
-        l(kBlock);
+    std::vector<float> s(kBlock * kBlock), acc(static_cast<size_t>(kBlock) * hs);
+    std::vector<math::OnlineSoftmax> sm(kBlock);
     for (int q0 = 0; q0 < seq; q0 += kBlock) {
       const int m = std::min(seq, q0 + kBlock) - q0;
       std::fill(acc.begin(), acc.end(), 0.0f);
-      std::fill(mx.begin(), mx.end(), -INFINITY);
-      std::fill(l.begin(), l.end(), 0.0f);
+      std::fill(sm.begin(), sm.end(), math::OnlineSoftmax{});
       for (int k0 = 0; k0 <= q0; k0 += kBlock) {  // key tiles up to the diagonal one
         const int kn = std::min(seq, k0 + kBlock) - k0;
         Sgemm(false, true, m, kn, hs, q + q0 * c3, c3, k + k0 * c3, c3, 0.0f, s.data(), kBlock);
-        FlashForwardBlock(s.data(), kBlock, m, kn, q0, k0, g.scale, mx.data(), l.data(), acc.data(),
-                          hs);
+        FlashForwardBlock(s.data(), kBlock, m, kn, q0, k0, g.scale, sm.data(), acc.data(), hs);
         Sgemm(false, false, m, hs, kn, s.data(), kBlock, v + k0 * c3, c3, 1.0f, acc.data(), hs);
       }
       FlashFinish(o + static_cast<int64_t>(q0) * channels, channels, pair_lse + q0, acc.data(),
-                  mx.data(), l.data(), m, hs);
+                  sm.data(), m, hs);
     }
   });
 }

@@ -82,6 +82,25 @@ r = run("bench", "adamw", "--params", "65536", "--rounds", "1", "--json")
 check("bench adamw without --overlap has no overlap key",
       r.returncode == 0 and "overlap" not in json.loads(r.stdout), r.stdout)
 
+# bench attention: flash against the materialised path, grouped-query, in one run; and what it
+# refuses (a --kv-heads that does not divide --heads, a device without zerort's flash kernel).
+r = run("bench", "attention", "--batch", "1", "--seq", "130", "--heads", "4", "--kv-heads", "2",
+        "--head-size", "16", "--rounds", "1", "--json")
+check("bench attention exits 0", r.returncode == 0, r.stderr)
+att = json.loads(r.stdout) if r.returncode == 0 else {}
+for key in ("bench", "baseline", "flash_forward_tflops", "materialised_forward_tflops",
+            "forward_speedup", "backward_speedup", "saved_bytes_flash", "saved_bytes_materialised"):
+    check(f"bench attention json has {key}", key in att, r.stdout)
+check("bench attention's two paths agree", att.get("max_abs_difference", 1) < 1e-4, r.stdout)
+check("bench attention: flash saves one fp32 per query (1 x 4 x 130 x 4 B)",
+      att.get("saved_bytes_flash") == 2080, r.stdout)
+r = run("bench", "attention", "--heads", "12", "--kv-heads", "5")
+check("bench attention --kv-heads 5 of 12 heads exits 2 naming it",
+      r.returncode == 2 and "--kv-heads" in r.stderr, r.stderr)
+r = run("bench", "attention", "--device", "cuda")
+check("bench attention --device cuda exits 2: no CUDA flash kernel yet",
+      r.returncode == 2 and "issue 48" in r.stderr, r.stderr)
+
 
 configs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs")
 r = run("bench", "model", "--config", os.path.join(configs, "bench-tiny.json"), "--iters", "1",
