@@ -13,12 +13,19 @@ namespace zerort {
 namespace {
 
 template <typename T>
-static __global__ void RmsNormKernel(T* out, float* rstd, const T* inp, const T* w, int64_t rows,
-                                     int channels, float eps) {
+static __global__ void RmsNormKernel(T* out, float* rstd, const T* inp, const T* residual,
+                                     T* sum_out, const T* w, int64_t rows, int channels,
+                                     float eps) {
   const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
   const T* x = inp + row * channels;
+  if (residual != nullptr) {  // AddRmsNorm: as LayerNormKernel's residual (model_ops.cuh)
+    T* s = sum_out + row * channels;
+    const T* r = residual + row * channels;
+    for (int c = lane; c < channels; c += 32) s[c] = FromFloat<T>(ToFloat(x[c]) + ToFloat(r[c]));
+    x = s;
+  }
   float ss = 0.0f;
   for (int c = lane; c < channels; c += 32) ss += ToFloat(x[c]) * ToFloat(x[c]);
   const float s = rsqrtf(WarpSum(ss) / static_cast<float>(channels) + eps);

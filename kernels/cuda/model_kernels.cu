@@ -171,10 +171,19 @@ class CudaModelKernels final : public ModelKernels {
 
   Status LayerNorm(void* out, void* mean, void* rstd, const void* inp, const void* weight,
                    const void* bias, int64_t rows, int channels) override {
-    LayerNormKernel<T><<<RowBlocks(rows), kThreads, 0, s()>>>(A(out), static_cast<float*>(mean),
-                                                              static_cast<float*>(rstd), A(inp),
-                                                              A(weight), A(bias), rows, channels);
+    LayerNormKernel<T><<<RowBlocks(rows), kThreads, 0, s()>>>(
+        A(out), static_cast<float*>(mean), static_cast<float*>(rstd), A(inp), nullptr, nullptr,
+        A(weight), A(bias), rows, channels);
     return Launched("LayerNorm");
+  }
+  // One launch for the residual connection and the norm after it (the default is two).
+  Status AddLayerNorm(void* sum, void* out, void* mean, void* rstd, const void* a, const void* b,
+                      const void* weight, const void* bias, int64_t rows, int channels) override {
+    if (rows == 0) return absl::OkStatus();
+    LayerNormKernel<T><<<RowBlocks(rows), kThreads, 0, s()>>>(
+        A(out), static_cast<float*>(mean), static_cast<float*>(rstd), A(a), A(b), A(sum), A(weight),
+        A(bias), rows, channels);
+    return Launched("AddLayerNorm");
   }
   Status LayerNormBackward(void* dinp, void* dweight, void* dbias, const void* dout,
                            const void* inp, const void* weight, const void* mean, const void* rstd,
@@ -302,8 +311,16 @@ class CudaModelKernels final : public ModelKernels {
                  int channels, float eps) override {
     if (rows == 0) return absl::OkStatus();
     RmsNormKernel<T><<<RowBlocks(rows), kThreads, 0, s()>>>(A(out), static_cast<float*>(rstd),
-                                                            A(inp), A(weight), rows, channels, eps);
+                                                            A(inp), nullptr, nullptr, A(weight),
+                                                            rows, channels, eps);
     return Launched("RmsNorm");
+  }
+  Status AddRmsNorm(void* sum, void* out, void* rstd, const void* a, const void* b,
+                    const void* weight, int64_t rows, int channels, float eps) override {
+    if (rows == 0) return absl::OkStatus();
+    RmsNormKernel<T><<<RowBlocks(rows), kThreads, 0, s()>>>(
+        A(out), static_cast<float*>(rstd), A(a), A(b), A(sum), A(weight), rows, channels, eps);
+    return Launched("AddRmsNorm");
   }
   Status RmsNormBackward(void* dinp, void* dweight, const void* dout, const void* inp,
                          const void* weight, const void* rstd, int64_t rows,

@@ -166,13 +166,24 @@ static __global__ void EmbeddingBackwardKernel(float* dwte, float* dwpe, const T
 
 // ---- LayerNorm: one warp per row -------------------------------------------------------------
 
+// With a `residual` (AddLayerNorm: the residual connection fused in), the row of inp + residual is
+// written to `sum` first, rounded to T as the Add kernel rounds it, and normalised from there:
+// each lane reads back only the channels it wrote, so no synchronisation is needed, and `sum` may
+// be `inp` or `residual`.
 template <typename T>
-static __global__ void LayerNormKernel(T* out, float* mean, float* rstd, const T* inp, const T* w,
-                                       const T* b, int64_t rows, int channels) {
+static __global__ void LayerNormKernel(T* out, float* mean, float* rstd, const T* inp,
+                                       const T* residual, T* sum_out, const T* w, const T* b,
+                                       int64_t rows, int channels) {
   const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
   const T* x = inp + row * channels;
+  if (residual != nullptr) {
+    T* s = sum_out + row * channels;
+    const T* r = residual + row * channels;
+    for (int c = lane; c < channels; c += 32) s[c] = FromFloat<T>(ToFloat(x[c]) + ToFloat(r[c]));
+    x = s;
+  }
   const float inv_c = math::InverseCount(channels);
   float sum = 0.0f;
   for (int c = lane; c < channels; c += 32) sum += ToFloat(x[c]);

@@ -152,6 +152,28 @@ TEST(ModelKernelsCudaTest, LinearLayerNormGeluResidual) {
     ASSERT_TRUE(t.gpu->Add(gsum, gx, gdx, n).ok());
     ASSERT_TRUE(t.cpu->Add(sum.data(), x.data(), dx.data(), n).ok());
     t.Expect("Add", gsum, sum, act);
+    // The residual connection and the LayerNorm after it, in one launch on the GPU: what Add then
+    // LayerNorm give, and in place (sum is a) as the blocks call it.
+    {
+      std::vector<float> fsum(n), fln(n), fmean(rows), frstd(rows), fln2(n);
+      void *gfsum = t.A(fsum), *gfln = t.A(fln), *gfln2 = t.A(fln2), *gin_place = t.A(x);
+      void* gfmean = t.Up(zeros, DType::kF32);
+      void* gfrstd = t.Up(zeros, DType::kF32);
+      ASSERT_TRUE(
+          t.gpu->AddLayerNorm(gfsum, gfln, gfmean, gfrstd, gx, gdx, glw, glb, rows, in).ok());
+      ASSERT_TRUE(t.cpu
+                      ->AddLayerNorm(fsum.data(), fln.data(), fmean.data(), frstd.data(), x.data(),
+                                     dx.data(), lw.data(), lb.data(), rows, in)
+                      .ok());
+      t.Expect("AddLayerNorm sum", gfsum, fsum, act);
+      t.Expect("AddLayerNorm", gfln, fln, act);
+      t.Expect("AddLayerNorm rstd", gfrstd, frstd, DType::kF32);
+      ASSERT_TRUE(
+          t.gpu->AddLayerNorm(gin_place, gfln2, gfmean, gfrstd, gin_place, gdx, glw, glb, rows, in)
+              .ok());
+      t.Expect("AddLayerNorm in place, sum", gin_place, fsum, act);
+      t.Expect("AddLayerNorm in place", gfln2, fln, act);
+    }
     ASSERT_TRUE(t.gpu->Accumulate(gacc, gx, n).ok());
     ASSERT_TRUE(t.cpu->Accumulate(acc.data(), x.data(), n).ok());
     t.Expect("Accumulate", gacc, acc, act);
@@ -197,6 +219,19 @@ TEST(ModelKernelsCudaTest, LlamaRmsNormRopeSwiGlu) {
                     .ok());
     t.Expect("RmsNormBackward dinp", gdx, dx, act);
     t.Expect("RmsNormBackward dweight", gdw, dw, grad);
+    {  // the residual connection fused in, in place as the blocks call it
+      std::vector<float> sum = x, y2(rows * d), rstd2(rows);
+      void *gsum = t.A(sum), *gy2 = t.A(y2);
+      void* grstd2 = t.Up(zeros, DType::kF32);
+      ASSERT_TRUE(t.gpu->AddRmsNorm(gsum, gy2, grstd2, gsum, gdy, gw, rows, d, 1e-5f).ok());
+      ASSERT_TRUE(t.cpu
+                      ->AddRmsNorm(sum.data(), y2.data(), rstd2.data(), sum.data(), dy.data(),
+                                   w.data(), rows, d, 1e-5f)
+                      .ok());
+      t.Expect("AddRmsNorm sum", gsum, sum, act);
+      t.Expect("AddRmsNorm", gy2, y2, act);
+      t.Expect("AddRmsNorm rstd", grstd2, rstd2, DType::kF32);
+    }
 
     const Rope rope{.theta = 10000.0,
                     .scaling = {.type = RopeType::kLlama3,
