@@ -24,6 +24,7 @@
 #include "zerort/config/config.h"
 #include "zerort/kernels/blas.h"
 #include "zerort/kernels/model_kernels.h"
+#include "zerort/kernels/op_census.h"
 #include "zerort/layers/decoder_model.h"
 #include "zerort/runtime/device_mesh.h"
 #include "zerort/runtime/exit_codes.h"
@@ -140,6 +141,9 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
                                                            : CpuPrecision::kFloat,
                                     &manager->compute_stream());
     }
+    // --census: every kernel call of the last iteration's forward and backward counted.
+    OpCensus census, micro_batch;
+    if (o.census) kernels = CountOperations(std::move(kernels), &census);
     ZR_ASSIGN_OR_RETURN(auto model,
                         DecoderModel::Create({.config = m,
                                               .micro_batch = batch,
@@ -195,8 +199,10 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
       const DecoderModel::PhaseSeconds model_before = model->phase_seconds();
       const ModelKernels::Seconds kernels_before =
           kernels->seconds() != nullptr ? *kernels->seconds() : ModelKernels::Seconds{};
+      census.Clear();
       const auto t0 = now();
       ZR_RETURN_IF_ERROR(model->ForwardBackward(ids, targets, batch, seq, 1.0f).status());
+      micro_batch = census;
       ZR_RETURN_IF_ERROR(manager->ReduceGradients());
       ZR_RETURN_IF_ERROR(manager->compute_stream().Synchronize());
       const auto t1 = now();
@@ -297,6 +303,16 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
       result["step_ratio_to_sgemm"] =
           m.FlopsPerToken() * result["step_tokens_per_s"].get<double>() / square_rate;
     }
+    if (o.census) {
+      // The average over blocks includes the embedding's and the head's calls.
+      result["census"] = {{"ops", micro_batch.ops},
+                          {"per_micro_batch", micro_batch.total_ops()},
+                          {"per_block", static_cast<double>(micro_batch.total_ops()) / m.n_layer},
+                          {"host_reads", micro_batch.host_reads},
+                          {"counts",
+                           "ModelKernels calls of one micro-batch's forward and backward (each one "
+                           "CUDA launch or more; fills and copies not counted)"}};
+    }
     if (cuda) {
       const double peak = DenseBf16PeakFlops(QueryCuda().devices.at(0).name);
       result["bf16_peak_tflops"] = peak / 1e12;
@@ -347,6 +363,17 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
     }
     std::printf("  sgemm 2048^3 TFLOP/s  %10.4f\n", result["sgemm_2048_tflops"].get<double>());
     std::printf("  ratio (step / sgemm)  %10.3f\n", result["step_ratio_to_sgemm"].get<double>());
+  }
+  if (o.census) {
+    const nlohmann::json& c = result["census"];
+    std::printf("  census (one micro-batch) %lld kernel calls, %.1f per block, %lld host reads:",
+                static_cast<long long>(c["per_micro_batch"].get<int64_t>()),
+                c["per_block"].get<double>(),
+                static_cast<long long>(c["host_reads"].get<int64_t>()));
+    for (const auto& [op, n] : c["ops"].items()) {
+      std::printf(" %s %lld", op.c_str(), static_cast<long long>(n.get<int64_t>()));
+    }
+    std::printf("\n");
   }
   std::printf("  peak activations      %10.1f MiB\n",
               result["peak_activation_bytes"].get<int64_t>() / 1048576.0);

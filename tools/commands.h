@@ -69,6 +69,7 @@ struct BenchModelOptions {
   bool cpu = false;    // measure on the CPU even when a GPU is present
   bool json = false;
   bool phases = false;  // forward / backward / optimizer / GEMM split, and the sgemm 2048^3 peak
+  bool census = false;  // kernel calls and host reads of one micro-batch (kernels/op_census.h)
 };
 int RunBenchModel(const BenchModelOptions& options, const LaunchEnv& launch, int* argc,
                   char*** argv);

@@ -266,6 +266,8 @@ int main(int argc, char** argv) {
   model->add_flag("--phases", model_options.phases,
                   "Forward, backward, optimizer and GEMM time per step, and the same-run sgemm "
                   "2048^3 rate as a second baseline");
+  model->add_flag("--census", model_options.census,
+                  "Also count one micro-batch's kernel calls and host reads");
 
   // CLI11 would only say "a subcommand is required": name the word that is not a command, or the
   // option before the command that zerort does not have.

@@ -111,6 +111,17 @@ for key in ("bench", "baseline", "ratio", "tokens_per_s", "achieved_tflops", "fl
     check(f"bench model json has {key}", key in model, r.stdout)
 check("bench model counts tiny's parameters", model.get("params") == 120576, r.stdout)
 check("bench model ratio positive", model.get("ratio", 0) > 0, r.stdout)
+r = run("bench", "model", "--config", os.path.join(configs, "bench-tiny.json"), "--iters", "1",
+        "--cpu", "--census", "--json")
+census = json.loads(r.stdout).get("census", {}) if r.returncode == 0 else {}
+ops = census.get("ops", {})
+# bench-tiny: 2 GPT-2 blocks; one attention, one fused fc + GELU per block; the loss read once.
+check("bench model --census counts each block's attention and MLP",
+      ops.get("Attention") == 2 and ops.get("AttentionBackward") == 2
+      and ops.get("MatmulGelu") == 2, r.stdout[-500:])
+check("bench model --census: one host read (the micro-batch's loss)",
+      census.get("host_reads") == 1 and census.get("per_block") == census.get("per_micro_batch", 0) / 2,
+      r.stdout[-500:])
 
 r = run("estimate", "--model", "gpt2-xl", "--gpus", "8")
 check("estimate gpt2-xl exits 0", r.returncode == 0, r.stderr)
