@@ -61,15 +61,20 @@ int RunBenchAttention(const BenchAttentionOptions& o) {
         o.device);
     return kExitUsage;
   }
-  // The materialised path holds B x H x T x T fp32 probabilities (and a T x T scratch).
-  const double probs_bytes = 4.0 * o.batch * o.heads * double{o.seq} * o.seq;
-  if (probs_bytes > 8.0 * (int64_t{1} << 30)) {
-    return usage("the materialised path would hold " + FormatBytes(probs_bytes) +
-                 " of probabilities (more than 8 GiB): lower --batch, --heads or --seq");
-  }
+  // Every buffer, fp32: qkv and two gradients of it, out twice, dout, the flash path's
+  // log-sum-exps, and the materialised path's B x H x T x T probabilities.
   const int channels = o.heads * o.head_size;
   const int64_t rows = int64_t{o.batch} * o.seq;
   const int64_t row = channels + 2 * int64_t{kv} * o.head_size;  // [Note: the qkv layout]
+  const double probs_bytes = 4.0 * o.batch * o.heads * double{o.seq} * o.seq;
+  const double total_bytes =
+      4.0 * (3.0 * rows * row + 4.0 * rows * channels + double{o.batch} * o.heads * o.seq) +
+      probs_bytes;
+  if (total_bytes > 8.0 * (int64_t{1} << 30)) {
+    return usage("the two paths would hold " + FormatBytes(total_bytes) +
+                 " (more than 8 GiB; the materialised path's probabilities alone " +
+                 FormatBytes(probs_bytes) + "): lower --batch, --heads, --head-size or --seq");
+  }
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> qkv(rows * row), dout(rows * channels);

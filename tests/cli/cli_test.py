@@ -97,6 +97,10 @@ check("bench attention: flash saves one fp32 per query (1 x 4 x 130 x 4 B)",
 r = run("bench", "attention", "--heads", "12", "--kv-heads", "5")
 check("bench attention --kv-heads 5 of 12 heads exits 2 naming it",
       r.returncode == 2 and "--kv-heads" in r.stderr, r.stderr)
+r = run("bench", "attention", "--batch", "1024", "--seq", "45", "--heads", "256", "--head-size",
+        "512")
+check("bench attention refuses 72 GB of buffers at once (exit 2)",
+      r.returncode == 2 and "more than 8 GiB" in r.stderr, r.stderr)
 r = run("bench", "attention", "--device", "cuda")
 check("bench attention --device cuda exits 2: no CUDA flash kernel yet",
       r.returncode == 2 and "issue 48" in r.stderr, r.stderr)
