@@ -99,7 +99,7 @@ check("bench attention --kv-heads 5 of 12 heads exits 2 naming it",
       r.returncode == 2 and "--kv-heads" in r.stderr, r.stderr)
 r = run("bench", "attention", "--batch", "1024", "--seq", "45", "--heads", "256", "--head-size",
         "512")
-check("bench attention refuses 72 GB of buffers at once (exit 2)",
+check("bench attention refuses 294.5 GiB of buffers at once (exit 2)",
       r.returncode == 2 and "more than 8 GiB" in r.stderr, r.stderr)
 r = run("bench", "attention", "--device", "cuda")
 check("bench attention --device cuda exits 2: no CUDA flash kernel yet",
