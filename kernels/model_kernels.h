@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -212,6 +213,11 @@ class ModelKernels {
     double attention = 0;
   };
   virtual const Seconds* seconds() const { return nullptr; }
+  // The device work issued so far, by kind (a kernel by its name, "cuBLASLt matmul", "cuBLAS
+  // batched GEMM", "memset", "copy to host"): what `zerort bench model --census` differences
+  // around a micro-batch for its launch count. Null where not counted (the CPU kernels, whose
+  // operations run as calls).
+  virtual const std::map<std::string, int64_t>* launches() const { return nullptr; }
 
  private:
   double loss_ledger_ = 0;  // the default ledger ([Note: the training loss ledger])

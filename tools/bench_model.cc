@@ -143,6 +143,7 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
     }
     // --census: every kernel call of the last iteration's forward and backward counted.
     OpCensus census, micro_batch;
+    std::map<std::string, int64_t> launched;  // CUDA: launches of the census' micro-batch
     if (o.census) kernels = CountOperations(std::move(kernels), &census);
     ZR_ASSIGN_OR_RETURN(auto model,
                         DecoderModel::Create({.config = m,
@@ -200,9 +201,19 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
       const ModelKernels::Seconds kernels_before =
           kernels->seconds() != nullptr ? *kernels->seconds() : ModelKernels::Seconds{};
       census.Clear();
+      const std::map<std::string, int64_t> launched_before =
+          kernels->launches() != nullptr ? *kernels->launches() : std::map<std::string, int64_t>{};
       const auto t0 = now();
       ZR_RETURN_IF_ERROR(model->ForwardBackward(ids, targets, batch, seq, 1.0f).status());
       micro_batch = census;
+      if (kernels->launches() != nullptr) {  // CUDA: the device work those calls issued
+        launched.clear();
+        for (const auto& [what, n] : *kernels->launches()) {
+          const auto before = launched_before.find(what);
+          const int64_t d = n - (before != launched_before.end() ? before->second : 0);
+          if (d > 0) launched[what] = d;
+        }
+      }
       ZR_RETURN_IF_ERROR(manager->ReduceGradients());
       ZR_RETURN_IF_ERROR(manager->compute_stream().Synchronize());
       const auto t1 = now();
@@ -311,7 +322,15 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
                           {"host_reads", micro_batch.host_reads},
                           {"counts",
                            "ModelKernels calls of one micro-batch's forward and backward (each one "
-                           "CUDA launch or more; fills and copies not counted)"}};
+                           "CUDA launch or more: on CUDA `launches` counts them; the runtime's own "
+                           "fills and copies outside the kernels are not counted)"}};
+      if (kernels->launches() != nullptr) {
+        int64_t total = 0;
+        for (const auto& [what, n] : launched) total += n;
+        result["census"]["launches"] = launched;
+        result["census"]["launches_per_micro_batch"] = total;
+        result["census"]["launches_per_block"] = static_cast<double>(total) / m.n_layer;
+      }
     }
     if (cuda) {
       const double peak = DenseBf16PeakFlops(QueryCuda().devices.at(0).name);
@@ -374,6 +393,15 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
       std::printf(" %s %lld", op.c_str(), static_cast<long long>(n.get<int64_t>()));
     }
     std::printf("\n");
+    if (c.contains("launches")) {
+      std::printf("  device launches          %lld, %.1f per block:",
+                  static_cast<long long>(c["launches_per_micro_batch"].get<int64_t>()),
+                  c["launches_per_block"].get<double>());
+      for (const auto& [what, n] : c["launches"].items()) {
+        std::printf(" %s %lld", what.c_str(), static_cast<long long>(n.get<int64_t>()));
+      }
+      std::printf("\n");
+    }
   }
   std::printf("  peak activations      %10.1f MiB\n",
               result["peak_activation_bytes"].get<int64_t>() / 1048576.0);

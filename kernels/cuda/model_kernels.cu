@@ -84,6 +84,7 @@ class CudaModelKernels final : public ModelKernels {
     ZR_ASSIGN_OR_RETURN(lt_workspace_, ws_.Allocate(kCudaModelWorkspaceBytes,
                                                     MemoryCategory::kWorkspace, &stream_));
     ZR_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(Ledger(), 0, sizeof(float), s()));
+    ++launches_["memset"];
     return absl::OkStatus();
   }
 
@@ -96,11 +97,13 @@ class CudaModelKernels final : public ModelKernels {
   std::optional<DType> act_dtype() const override { return act_; }
   std::optional<DType> grad_dtype() const override { return grad_; }
   std::optional<DType> stat_dtype() const override { return DType::kF32; }
+  const std::map<std::string, int64_t>* launches() const override { return &launches_; }
 
   Status ActToHost(const void* src, int64_t n, double* out) override {
     std::vector<T> host(n);
     ZR_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(host.data(), src, n * sizeof(T), cudaMemcpyDeviceToHost, s()));
+    ++launches_["copy to host"];
     ZR_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s()));
     for (int64_t i = 0; i < n; ++i) out[i] = static_cast<double>(static_cast<float>(host[i]));
     return absl::OkStatus();
@@ -109,6 +112,7 @@ class CudaModelKernels final : public ModelKernels {
     std::vector<float> host(n);
     ZR_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(host.data(), src, n * sizeof(float), cudaMemcpyDeviceToHost, s()));
+    ++launches_["copy to host"];
     ZR_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s()));
     std::copy(host.begin(), host.end(), out);
     return absl::OkStatus();
@@ -116,6 +120,7 @@ class CudaModelKernels final : public ModelKernels {
   // [Note: the training loss ledger]: reduced on the device into the fp32 ledger after the
   // cuBLASLt workspace; read (one wait) and zeroed once per step.
   Status AddToLossLedger(const void* src, int64_t n, double divisor) override {
+    ++launches_["loss ledger sum"];
     return internal::CudaSum(src, DType::kF32, n, static_cast<float>(1.0 / divisor), Ledger(),
                              &stream_);
   }
@@ -123,8 +128,10 @@ class CudaModelKernels final : public ModelKernels {
     float host = 0;
     ZR_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(&host, Ledger(), sizeof(float), cudaMemcpyDeviceToHost, s()));
+    ++launches_["copy to host"];
     ZR_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s()));
     ZR_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(Ledger(), 0, sizeof(float), s()));
+    ++launches_["memset"];
     return static_cast<double>(host);
   }
 
@@ -154,6 +161,7 @@ class CudaModelKernels final : public ModelKernels {
                                           dwpe != nullptr ? seq : 0, channels)));
       if (acc.bytes() == 0) return absl::OkStatus();
       ZR_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(acc.data(), 0, acc.bytes(), s()));
+      ++launches_["memset"];
       float* acc_wte = dwte != nullptr ? acc.as<float>() : nullptr;
       float* acc_wpe = dwpe != nullptr ? acc.as<float>() + wte_n : nullptr;
       EmbeddingBackwardKernel<T><<<Blocks(n), kThreads, 0, s()>>>(
@@ -430,7 +438,9 @@ class CudaModelKernels final : public ModelKernels {
   StatusOr<Buffer> Scratch(int64_t bytes) {
     return ws_.Allocate(static_cast<size_t>(bytes), MemoryCategory::kWorkspace, &stream_);
   }
-  static Status Launched(const char* what) {
+  // After each kernel launch: counts it (launches()) and reports a launch error naming it.
+  Status Launched(const char* what) {
+    ++launches_[what];
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) {
       return internal::CudaError(what, err);
     }
@@ -563,6 +573,7 @@ class CudaModelKernels final : public ModelKernels {
     ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmul(lt_.get(), plan->op, &alpha, a, plan->la, b, plan->lb,
                                           &beta, d, plan->ld, d, plan->ld, &plan->algo,
                                           lt_workspace_.data(), ws, s()));
+    ++launches_["cuBLASLt matmul"];
     return absl::OkStatus();
   }
 
@@ -579,6 +590,7 @@ class CudaModelKernels final : public ModelKernels {
         CudaType<T>(), static_cast<int>(g.lda), stride_b, a, CudaType<T>(), static_cast<int>(g.ldb),
         stride_a, &beta, c, CudaType<T>(), static_cast<int>(g.ldd), stride_c,
         static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    ++launches_["cuBLAS batched GEMM"];
     return absl::OkStatus();
   }
 
@@ -592,7 +604,8 @@ class CudaModelKernels final : public ModelKernels {
   float* Ledger() const {
     return reinterpret_cast<float*>(static_cast<char*>(lt_workspace_.data()) + kLtWorkspace);
   }
-  std::map<LtKey, LtPlan> lt_plans_;  // [Note: cuBLASLt plans]
+  std::map<LtKey, LtPlan> lt_plans_;         // [Note: cuBLASLt plans]
+  std::map<std::string, int64_t> launches_;  // launches()
 };
 
 template <typename T, typename G>

@@ -448,6 +448,35 @@ TEST(ModelKernelsCudaTest, LossLedgerMatchesTheCpus) {
   EXPECT_EQ(*t.gpu->TakeLossLedger(), 0.0);
 }
 
+// The launch counts `zerort bench model --census` reads: one per kernel, per library GEMM, per
+// memset and per copy to the host, by kind; the CPU kernels count none.
+TEST(ModelKernelsCudaTest, LaunchesAreCountedByKind) {
+  ZR_NEED_GPU();
+  Twin t(DType::kF32, DType::kF32);
+  EXPECT_EQ(t.cpu->launches(), nullptr);
+  ASSERT_NE(t.gpu->launches(), nullptr);
+  const std::map<std::string, int64_t> before = *t.gpu->launches();
+  auto delta = [&](const std::string& what) {
+    const auto b = before.find(what);
+    const auto a = t.gpu->launches()->find(what);
+    return (a != t.gpu->launches()->end() ? a->second : 0) - (b != before.end() ? b->second : 0);
+  };
+  const int rows = 4, in = 8, out = 16;
+  std::vector<float> x = Random(rows * in, 1), w = Random(out * in, 2), y(rows * out),
+                     lw = Random(in, 3), lb = Random(in, 4), ln(rows * in), stats(rows);
+  void *gx = t.A(x), *gw = t.A(w), *gy = t.A(y), *glw = t.A(lw), *glb = t.A(lb), *gln = t.A(ln);
+  void* gmean = t.Up(stats, DType::kF32);
+  void* grstd = t.Up(stats, DType::kF32);
+  ASSERT_TRUE(t.gpu->Matmul(gy, gx, gw, nullptr, rows, in, out).ok());
+  ASSERT_TRUE(t.gpu->LayerNorm(gln, gmean, grstd, gx, glw, glb, rows, in).ok());
+  ASSERT_TRUE(t.gpu->LayerNorm(gln, gmean, grstd, gx, glw, glb, rows, in).ok());
+  std::vector<double> host(rows * out);
+  ASSERT_TRUE(t.gpu->ActToHost(gy, rows * out, host.data()).ok());
+  EXPECT_EQ(delta("cuBLASLt matmul"), 1);
+  EXPECT_EQ(delta("LayerNorm"), 2);
+  EXPECT_EQ(delta("copy to host"), 1);
+}
+
 TEST(ModelKernelsCudaTest, AttentionEmbeddingCrossEntropy) {
   ZR_NEED_GPU();
   for (auto [act, grad] : kTypes) {
