@@ -1,11 +1,12 @@
 // ForwardingKernels: a ModelKernels that runs each operation of an inner one through a hook, the
 // one place a wrapper says what it does around every call (internal to kernels/). `Hook` provides
-//   Status Op(const char* name, Work&& work)           every operation: run or issue `work`;
-//   R HostRead(const char* name, Read&& read)           the calls that bring values to the host
-//                                                       (ActToHost, StatToHost, TakeLossLedger);
-//   void Finish()                                       when the wrapper is destroyed.
+//   Status Op(const char* name, Work&& work)   every operation: run or issue `work`;
+//   R HostRead(const char* name, Read&& read)  the calls that bring values to the host
+//                                              (ActToHost, StatToHost, TakeLossLedger);
+//   Stream& stream(ModelKernels& inner)        the stream the wrapper says it runs on;
+//   void Finish()                              when the wrapper is destroyed.
 // The CPU kernels issued on a stream (cpu/stream_kernels.cc) and the census of operations and host
-// reads (kernels/census_kernels.h) are the two hooks.
+// reads (op_census.cc) are the two hooks.
 #pragma once
 
 #include <memory>
