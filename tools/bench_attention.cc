@@ -24,6 +24,7 @@
 #include "zerort/kernels/model_ops.h"
 #include "zerort/runtime/exit_codes.h"
 #include "zerort/runtime/log.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort::cli {
 namespace {
@@ -37,26 +38,33 @@ double Seconds(const std::function<void()>& f) {
 }  // namespace
 
 int RunBenchAttention(const BenchAttentionOptions& o) {
-  const int kv = o.kv_heads > 0 ? o.kv_heads : o.heads;
   auto usage = [](const std::string& message) {
     Logger()->error("bench attention: {}", message);
     return kExitUsage;
   };
-  if (o.batch < 1 || o.batch > 1024) return usage("--batch must be in [1, 1024]");
-  if (o.seq < 1 || o.seq > 65536) return usage("--seq must be in [1, 65536]");
-  if (o.head_size < 2 || o.head_size > 512 || o.head_size % 2 != 0) {
-    return usage("--head-size must be even, in [2, 512]");
+  // Each flag with the value the user wrote, when out of its range.
+  auto outside = [](const char* flag, int v, int lo, int hi) -> std::optional<std::string> {
+    if (v >= lo && v <= hi) return std::nullopt;
+    return StrCat(flag, " ", v, " must be in [", lo, ", ", hi, "]");
+  };
+  for (const auto& bad :
+       {outside("--batch", o.batch, 1, 1024), outside("--seq", o.seq, 1, 65536),
+        outside("--heads", o.heads, 1, 256), outside("--kv-heads", o.kv_heads, 0, 256),
+        outside("--head-size", o.head_size, 2, 512), outside("--rounds", o.rounds, 1, 100)}) {
+    if (bad.has_value()) return usage(*bad);
   }
-  if (o.heads < 1 || o.heads > 256) return usage("--heads must be in [1, 256]");
-  if (kv < 1 || o.heads % kv != 0) {
-    return usage(
-        "--kv-heads must divide --heads (grouped-query: each key/value head serves "
-        "heads / kv-heads query heads)");
+  if (o.head_size % 2 != 0) {
+    return usage(StrCat("--head-size ", o.head_size, " must be even (rotary pairs, tiles)"));
   }
-  if (o.rounds < 1 || o.rounds > 100) return usage("--rounds must be in [1, 100]");
+  const int kv = o.kv_heads > 0 ? o.kv_heads : o.heads;
+  if (o.heads % kv != 0) {
+    return usage(StrCat("--kv-heads ", kv, " must divide --heads ", o.heads,
+                        " (grouped-query: each key/value head serves heads / kv-heads query "
+                        "heads)"));
+  }
   if (o.device != "cpu") {
     Logger()->error(
-        "bench attention: --device {}: zerort's CUDA flash attention does not exist yet (issue "
+        "bench attention: --device '{}': zerort's CUDA flash attention does not exist yet (issue "
         "48); the CUDA path materialises the scores. Only --device cpu is measured.",
         o.device);
     return kExitUsage;
