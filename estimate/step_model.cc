@@ -170,8 +170,9 @@ void StepModel::QuantizedReduceScatter(int64_t s) {
 }
 
 // One reduction of the reduce plan, on the comm stream, as GradientReducer::Flush and AllReduce;
-// `units`' full gradients (stages 2-3) are dropped once the comm stream is done with them.
-void StepModel::Reduce(const ReducePlan& plan, const std::vector<int>& units, bool drop) {
+// the `dropped` units' full gradients (stages 2-3; none at stages 0-1, which keep theirs) are
+// given back once the comm stream is done with them.
+void StepModel::Reduce(const ReducePlan& plan, const std::vector<int>& dropped) {
   Replay::Handle packed, reduced;  // one rank: added straight into the shards, no buffers
   if (plan.packed > 0) packed = r_.Alloc(Cat::kCommBuffers, plan.packed * kRsize, comm_);
   if (plan.reduced > 0) reduced = r_.Alloc(Cat::kCommBuffers, plan.reduced * kRsize, comm_);
@@ -184,8 +185,7 @@ void StepModel::Reduce(const ReducePlan& plan, const std::vector<int>& units, bo
   }
   if (plan.replica_shards > 0) Transient(Cat::kCommBuffers, {plan.replica_shards * kRsize}, comm_);
   AcrossReplicas(plan.replica_count * kRsize);
-  for (int u : units) {  // DropFullGrad: reused once the comm stream is done with it
-    if (!drop) break;
+  for (int u : dropped) {  // DropFullGrad: reused once the comm stream is done with it
     r_.Use(units_[u].full_grad, *comm_);
     r_.Free(units_[u].full_grad);
   }
@@ -196,8 +196,7 @@ void StepModel::Reduce(const ReducePlan& plan, const std::vector<int>& units, bo
 void StepModel::Flush() {
   const std::vector<int> units = pending_.Take();
   const bool quantized = in_.manager.quantized_gradients && in_.shard_ranks() > 1;
-  Reduce(PlanReduceScatter(Sizes(units), Groups(), in_.manager.reduce_scatter, quantized), units,
-         /*drop=*/true);
+  Reduce(PlanReduceScatter(Sizes(units), Groups(), in_.manager.reduce_scatter, quantized), units);
 }
 
 // The attention kernel's own scratch ([Note: what the kernels allocate]), freed per call.
@@ -466,10 +465,10 @@ void StepModel::Step() {
     ReduceBucket<int> bucket(in_.manager.reduce_bucket_size);
     for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
       if (bucket.Add(u, units_[u].layout.padded_numel())) {
-        Reduce(PlanAllReduce(Sizes(bucket.Take()), Groups()), {}, /*drop=*/false);
+        Reduce(PlanAllReduce(Sizes(bucket.Take()), Groups()), {});
       }
     }
-    Reduce(PlanAllReduce(Sizes(bucket.Take()), Groups()), {}, /*drop=*/false);
+    Reduce(PlanAllReduce(Sizes(bucket.Take()), Groups()), {});
   }
   Transient(Cat::kWorkspace, {8}, compute_);  // norm/overflow accumulator
   // As ShardedUnit::GatherUpdated: stages 1-2 all-gather the updated shards (or broadcast them),

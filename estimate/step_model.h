@@ -82,7 +82,7 @@ class StepModel {
   void Close(int u, bool backward);
   void ReducerAdd(int u);
   void Flush();
-  void Reduce(const ReducePlan& plan, const std::vector<int>& units, bool drop);
+  void Reduce(const ReducePlan& plan, const std::vector<int>& dropped);
   std::vector<ReduceSizes> Sizes(const std::vector<int>& units) const;
   ReduceGroups Groups() const { return {in_.shard_ranks(), in_.replicas()}; }
   void QuantizedReduceScatter(int64_t bucket_shard);

@@ -34,7 +34,7 @@ class ForwardingKernels final : public ModelKernels {
   std::optional<DType> grad_dtype() const override { return k_->grad_dtype(); }
   std::optional<DType> stat_dtype() const override { return k_->stat_dtype(); }
   const Seconds* seconds() const override { return k_->seconds(); }
-  const std::map<std::string, int64_t>* launches() const override { return k_->launches(); }
+  std::optional<std::map<std::string, int64_t>> launches() const override { return k_->launches(); }
 
   Status ActToHost(const void* src, int64_t n, double* out) override {
     return hook_.HostRead("ActToHost", [&] { return k_->ActToHost(src, n, out); });

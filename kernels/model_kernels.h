@@ -215,9 +215,10 @@ class ModelKernels {
   virtual const Seconds* seconds() const { return nullptr; }
   // The device work issued so far, by kind (a kernel by its name, "cuBLASLt matmul", "cuBLAS
   // batched GEMM", "memset", "copy to host"): what `zerort bench model --census` differences
-  // around a micro-batch for its launch count. Null where not counted (the CPU kernels, whose
+  // around a micro-batch for its launch count. A snapshot, made when asked (counting costs a
+  // launch one pointer-keyed increment); none where not counted (the CPU kernels, whose
   // operations run as calls).
-  virtual const std::map<std::string, int64_t>* launches() const { return nullptr; }
+  virtual std::optional<std::map<std::string, int64_t>> launches() const { return std::nullopt; }
 
  private:
   double loss_ledger_ = 0;  // the default ledger ([Note: the training loss ledger])

@@ -201,16 +201,15 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
       const ModelKernels::Seconds kernels_before =
           kernels->seconds() != nullptr ? *kernels->seconds() : ModelKernels::Seconds{};
       census.Clear();
-      const std::map<std::string, int64_t> launched_before =
-          kernels->launches() != nullptr ? *kernels->launches() : std::map<std::string, int64_t>{};
+      const auto launched_before = kernels->launches();
       const auto t0 = now();
       ZR_RETURN_IF_ERROR(model->ForwardBackward(ids, targets, batch, seq, 1.0f).status());
       micro_batch = census;
-      if (kernels->launches() != nullptr) {  // CUDA: the device work those calls issued
+      if (launched_before.has_value()) {  // CUDA: the device work those calls issued
         launched.clear();
         for (const auto& [what, n] : *kernels->launches()) {
-          const auto before = launched_before.find(what);
-          const int64_t d = n - (before != launched_before.end() ? before->second : 0);
+          const auto before = launched_before->find(what);
+          const int64_t d = n - (before != launched_before->end() ? before->second : 0);
           if (d > 0) launched[what] = d;
         }
       }
@@ -324,7 +323,7 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
                            "ModelKernels calls of one micro-batch's forward and backward (each one "
                            "CUDA launch or more: on CUDA `launches` counts them; the runtime's own "
                            "fills and copies outside the kernels are not counted)"}};
-      if (kernels->launches() != nullptr) {
+      if (kernels->launches().has_value()) {
         int64_t total = 0;
         for (const auto& [what, n] : launched) total += n;
         result["census"]["launches"] = launched;

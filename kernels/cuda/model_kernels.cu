@@ -19,6 +19,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "zerort/kernels/cuda/convert.cuh"
@@ -97,7 +98,11 @@ class CudaModelKernels final : public ModelKernels {
   std::optional<DType> act_dtype() const override { return act_; }
   std::optional<DType> grad_dtype() const override { return grad_; }
   std::optional<DType> stat_dtype() const override { return DType::kF32; }
-  const std::map<std::string, int64_t>* launches() const override { return &launches_; }
+  std::optional<std::map<std::string, int64_t>> launches() const override {
+    std::map<std::string, int64_t> by_name;  // the same name may be two literals' addresses
+    for (const auto& [what, n] : launches_) by_name[what] += n;
+    return by_name;
+  }
 
   Status ActToHost(const void* src, int64_t n, double* out) override {
     std::vector<T> host(n);
@@ -604,8 +609,9 @@ class CudaModelKernels final : public ModelKernels {
   float* Ledger() const {
     return reinterpret_cast<float*>(static_cast<char*>(lt_workspace_.data()) + kLtWorkspace);
   }
-  std::map<LtKey, LtPlan> lt_plans_;         // [Note: cuBLASLt plans]
-  std::map<std::string, int64_t> launches_;  // launches()
+  std::map<LtKey, LtPlan> lt_plans_;  // [Note: cuBLASLt plans]
+  // launches(): by the name's literal, so that counting a launch hashes a pointer, no string.
+  std::unordered_map<const char*, int64_t> launches_;
 };
 
 template <typename T, typename G>

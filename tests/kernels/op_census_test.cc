@@ -20,7 +20,7 @@ TEST(OpCensusTest, CountsEachOperationAndHostReadAndRunsThemAsTheyRun) {
         CountOperations(MakeCpuModelKernels(CpuPrecision::kFloat, stream.get()), &census);
     std::unique_ptr<ModelKernels> plain = MakeCpuModelKernels(CpuPrecision::kFloat);
     EXPECT_EQ(&k->stream(), stream.get());
-    EXPECT_EQ(k->launches(), nullptr);  // the CPU kernels' (forwarded) count: none
+    EXPECT_FALSE(k->launches().has_value());  // the CPU kernels' (forwarded) count: none
     const int rows = 3, in = 4, out = 5;
     std::vector<float> x(rows * in), w(out * in), y(rows * out), y_plain(rows * out);
     for (size_t i = 0; i < x.size(); ++i) x[i] = 0.25f * static_cast<float>(i);
