@@ -80,6 +80,8 @@ Status Run::CheckMemoryFits() {
   if (!input.ok()) return absl::OkStatus();  // what the estimator cannot model goes unchecked
   MemoryModelInput in = *input;
   in.pipeline_stage = mesh_ ? mesh_->coord().pipeline : 0;
+  // The nodes the mesh forms its qgZ levels over (FromConfig's default is one node).
+  in.ranks_per_node = std::max(1, ctx_.local_world_size);
   int64_t gpu = 0;
   if (cuda_) {
     const CudaInfo info = QueryCuda();
