@@ -1,6 +1,6 @@
 // ForwardingKernels: a ModelKernels that runs each operation of an inner one through a hook, the
 // one place a wrapper says what it does around every call (internal to kernels/). `Hook` provides
-//   Status Op(const char* name, Work&& work)   every operation: run or issue `work`;
+//   Status Op(const OpInfo& info, Work&& w)   every operation: run or issue `w`;
 //   R HostRead(const char* name, Read&& read)  the calls that bring values to the host
 //                                              (ActToHost, StatToHost, TakeLossLedger);
 //   Stream& stream(ModelKernels& inner)        the stream the wrapper says it runs on;
@@ -9,6 +9,7 @@
 // reads (op_census.cc) are the two hooks.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -16,6 +17,26 @@
 #include "zerort/kernels/model_kernels.h"
 
 namespace zerort::internal {
+
+// What a hook is told of an operation: its name and, for the GEMMs and the attention, the work
+// it does (`zerort bench model --timeline` reports their FLOP/s).
+struct OpInfo {
+  const char* name;
+  double flops = 0;       // multiply-adds x 2; 0 where not counted (element-wise work)
+  int64_t shape[3] = {};  // GEMMs: rows, in, out; attention: batch, seq, channels
+
+  // One GEMM [rows, in] x [in, out] per product computed (a backward computes one or two).
+  static OpInfo Gemm(const char* name, int64_t rows, int in, int out, int products) {
+    return {name, 2.0 * static_cast<double>(rows) * in * out * products, {rows, in, out}};
+  }
+  // Causal attention by FlashAttention's count: 4 B T^2 C / 2 forward (QK^T and PV, half the
+  // square), the backward `factor` 2.5 times that.
+  static OpInfo CausalAttention(const char* name, int batch, int seq, int channels, double factor) {
+    return {name,
+            factor * 2.0 * batch * static_cast<double>(seq) * seq * channels,
+            {batch, seq, channels}};
+  }
+};
 
 template <typename Hook>
 class ForwardingKernels final : public ModelKernels {
@@ -43,7 +64,8 @@ class ForwardingKernels final : public ModelKernels {
     return hook_.HostRead("StatToHost", [&] { return k_->StatToHost(src, n, out); });
   }
   Status AddToLossLedger(const void* src, int64_t n, double divisor) override {
-    return hook_.Op("AddToLossLedger", [=, this] { return k_->AddToLossLedger(src, n, divisor); });
+    return hook_.Op(OpInfo{"AddToLossLedger"},
+                    [=, this] { return k_->AddToLossLedger(src, n, divisor); });
   }
   StatusOr<double> TakeLossLedger() override {
     return hook_.HostRead("TakeLossLedger", [&] { return k_->TakeLossLedger(); });
@@ -51,146 +73,153 @@ class ForwardingKernels final : public ModelKernels {
 
   Status Embedding(void* out, const int32_t* tokens, const void* wte, const void* wpe, int batch,
                    int seq, int channels, int vocab_begin, int vocab_count) override {
-    return hook_.Op("Embedding", [=, this] {
+    return hook_.Op(OpInfo{"Embedding"}, [=, this] {
       return k_->Embedding(out, tokens, wte, wpe, batch, seq, channels, vocab_begin, vocab_count);
     });
   }
   Status EmbeddingBackward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens,
                            int batch, int seq, int channels, int vocab_begin,
                            int vocab_count) override {
-    return hook_.Op("EmbeddingBackward", [=, this] {
+    return hook_.Op(OpInfo{"EmbeddingBackward"}, [=, this] {
       return k_->EmbeddingBackward(dwte, dwpe, dout, tokens, batch, seq, channels, vocab_begin,
                                    vocab_count);
     });
   }
   Status LayerNorm(void* out, void* mean, void* rstd, const void* inp, const void* weight,
                    const void* bias, int64_t rows, int channels) override {
-    return hook_.Op("LayerNorm", [=, this] {
+    return hook_.Op(OpInfo{"LayerNorm"}, [=, this] {
       return k_->LayerNorm(out, mean, rstd, inp, weight, bias, rows, channels);
     });
   }
   Status LayerNormBackward(void* dinp, void* dweight, void* dbias, const void* dout,
                            const void* inp, const void* weight, const void* mean, const void* rstd,
                            int64_t rows, int channels) override {
-    return hook_.Op("LayerNormBackward", [=, this] {
+    return hook_.Op(OpInfo{"LayerNormBackward"}, [=, this] {
       return k_->LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, rows,
                                    channels);
     });
   }
   Status AddLayerNorm(void* sum, void* out, void* mean, void* rstd, const void* a, const void* b,
                       const void* weight, const void* bias, int64_t rows, int channels) override {
-    return hook_.Op("AddLayerNorm", [=, this] {
+    return hook_.Op(OpInfo{"AddLayerNorm"}, [=, this] {
       return k_->AddLayerNorm(sum, out, mean, rstd, a, b, weight, bias, rows, channels);
     });
   }
   Status Matmul(void* out, const void* inp, const void* weight, const void* bias, int64_t rows,
                 int in, int out_features) override {
-    return hook_.Op(
-        "Matmul", [=, this] { return k_->Matmul(out, inp, weight, bias, rows, in, out_features); });
+    return hook_.Op(OpInfo::Gemm("Matmul", rows, in, out_features, 1), [=, this] {
+      return k_->Matmul(out, inp, weight, bias, rows, in, out_features);
+    });
   }
   Status MatmulBackward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                         const void* weight, int64_t rows, int in, int out_features) override {
-    return hook_.Op("MatmulBackward", [=, this] {
-      return k_->MatmulBackward(dinp, dweight, dbias, dout, inp, weight, rows, in, out_features);
-    });
+    return hook_.Op(OpInfo::Gemm("MatmulBackward", rows, in, out_features,
+                                 (dinp != nullptr) + (dweight != nullptr)),
+                    [=, this] {
+                      return k_->MatmulBackward(dinp, dweight, dbias, dout, inp, weight, rows, in,
+                                                out_features);
+                    });
   }
   Status MatmulGelu(void* pre, void* out, const void* inp, const void* weight, const void* bias,
                     int64_t rows, int in, int out_features) override {
-    return hook_.Op("MatmulGelu", [=, this] {
+    return hook_.Op(OpInfo::Gemm("MatmulGelu", rows, in, out_features, 1), [=, this] {
       return k_->MatmulGelu(pre, out, inp, weight, bias, rows, in, out_features);
     });
   }
   Status Attention(void* out, void* saved, const void* qkv, int batch, int seq, int channels,
                    int heads, int kv_heads) override {
-    return hook_.Op("Attention", [=, this] {
+    return hook_.Op(OpInfo::CausalAttention("Attention", batch, seq, channels, 1.0), [=, this] {
       return k_->Attention(out, saved, qkv, batch, seq, channels, heads, kv_heads);
     });
   }
   Status AttentionBackward(void* dqkv, const void* dout, const void* qkv, const void* out,
                            const void* saved, int batch, int seq, int channels, int heads,
                            int kv_heads) override {
-    return hook_.Op("AttentionBackward", [=, this] {
-      return k_->AttentionBackward(dqkv, dout, qkv, out, saved, batch, seq, channels, heads,
-                                   kv_heads);
-    });
+    return hook_.Op(OpInfo::CausalAttention("AttentionBackward", batch, seq, channels, 2.5),
+                    [=, this] {
+                      return k_->AttentionBackward(dqkv, dout, qkv, out, saved, batch, seq,
+                                                   channels, heads, kv_heads);
+                    });
   }
   Status RmsNorm(void* out, void* rstd, const void* inp, const void* weight, int64_t rows,
                  int channels, float eps) override {
-    return hook_.Op("RmsNorm",
+    return hook_.Op(OpInfo{"RmsNorm"},
                     [=, this] { return k_->RmsNorm(out, rstd, inp, weight, rows, channels, eps); });
   }
   Status RmsNormBackward(void* dinp, void* dweight, const void* dout, const void* inp,
                          const void* weight, const void* rstd, int64_t rows,
                          int channels) override {
-    return hook_.Op("RmsNormBackward", [=, this] {
+    return hook_.Op(OpInfo{"RmsNormBackward"}, [=, this] {
       return k_->RmsNormBackward(dinp, dweight, dout, inp, weight, rstd, rows, channels);
     });
   }
   Status AddRmsNorm(void* sum, void* out, void* rstd, const void* a, const void* b,
                     const void* weight, int64_t rows, int channels, float eps) override {
-    return hook_.Op("AddRmsNorm", [=, this] {
+    return hook_.Op(OpInfo{"AddRmsNorm"}, [=, this] {
       return k_->AddRmsNorm(sum, out, rstd, a, b, weight, rows, channels, eps);
     });
   }
   Status RopeQkv(void* qkv, const void* q, const void* k, const void* v, int batch, int seq,
                  int heads, int kv_heads, int head_size, const Rope& rope) override {
-    return hook_.Op("RopeQkv", [=, this] {
+    return hook_.Op(OpInfo{"RopeQkv"}, [=, this] {
       return k_->RopeQkv(qkv, q, k, v, batch, seq, heads, kv_heads, head_size, rope);
     });
   }
   Status RopeQkvBackward(void* dq, void* dk, void* dv, const void* dqkv, int batch, int seq,
                          int heads, int kv_heads, int head_size, const Rope& rope) override {
-    return hook_.Op("RopeQkvBackward", [=, this] {
+    return hook_.Op(OpInfo{"RopeQkvBackward"}, [=, this] {
       return k_->RopeQkvBackward(dq, dk, dv, dqkv, batch, seq, heads, kv_heads, head_size, rope);
     });
   }
   Status SwiGlu(void* out, const void* gate, const void* up, int64_t n) override {
-    return hook_.Op("SwiGlu", [=, this] { return k_->SwiGlu(out, gate, up, n); });
+    return hook_.Op(OpInfo{"SwiGlu"}, [=, this] { return k_->SwiGlu(out, gate, up, n); });
   }
   Status SwiGluBackward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
                         int64_t n) override {
-    return hook_.Op("SwiGluBackward",
+    return hook_.Op(OpInfo{"SwiGluBackward"},
                     [=, this] { return k_->SwiGluBackward(dgate, dup, dout, gate, up, n); });
   }
   Status Gelu(void* out, const void* inp, int64_t n) override {
-    return hook_.Op("Gelu", [=, this] { return k_->Gelu(out, inp, n); });
+    return hook_.Op(OpInfo{"Gelu"}, [=, this] { return k_->Gelu(out, inp, n); });
   }
   Status GeluBackward(void* dinp, const void* inp, const void* dout, int64_t n) override {
-    return hook_.Op("GeluBackward", [=, this] { return k_->GeluBackward(dinp, inp, dout, n); });
+    return hook_.Op(OpInfo{"GeluBackward"},
+                    [=, this] { return k_->GeluBackward(dinp, inp, dout, n); });
   }
   Status Add(void* out, const void* a, const void* b, int64_t n) override {
-    return hook_.Op("Add", [=, this] { return k_->Add(out, a, b, n); });
+    return hook_.Op(OpInfo{"Add"}, [=, this] { return k_->Add(out, a, b, n); });
   }
   Status Accumulate(void* dst, const void* src, int64_t n) override {
-    return hook_.Op("Accumulate", [=, this] { return k_->Accumulate(dst, src, n); });
+    return hook_.Op(OpInfo{"Accumulate"}, [=, this] { return k_->Accumulate(dst, src, n); });
   }
   Status AccumulateGrad(void* dst, const void* src, int64_t n) override {
-    return hook_.Op("AccumulateGrad", [=, this] { return k_->AccumulateGrad(dst, src, n); });
+    return hook_.Op(OpInfo{"AccumulateGrad"},
+                    [=, this] { return k_->AccumulateGrad(dst, src, n); });
   }
   Status VocabMax(const void* logits, void* max, int64_t rows, int vocab, int valid) override {
-    return hook_.Op("VocabMax",
+    return hook_.Op(OpInfo{"VocabMax"},
                     [=, this] { return k_->VocabMax(logits, max, rows, vocab, valid); });
   }
   Status VocabSums(const void* logits, const void* gmax, const int32_t* targets, void* sums,
                    int64_t rows, int vocab, int valid, int begin) override {
-    return hook_.Op("VocabSums", [=, this] {
+    return hook_.Op(OpInfo{"VocabSums"}, [=, this] {
       return k_->VocabSums(logits, gmax, targets, sums, rows, vocab, valid, begin);
     });
   }
   Status VocabCrossEntropyFinish(void* logits, void* losses, const void* gmax, const void* gsums,
                                  const int32_t* targets, int64_t rows, int vocab, int valid,
                                  int begin, float dscale) override {
-    return hook_.Op("VocabCrossEntropyFinish", [=, this] {
+    return hook_.Op(OpInfo{"VocabCrossEntropyFinish"}, [=, this] {
       return k_->VocabCrossEntropyFinish(logits, losses, gmax, gsums, targets, rows, vocab, valid,
                                          begin, dscale);
     });
   }
   Status AddBias(void* out, const void* bias, int64_t rows, int cols) override {
-    return hook_.Op("AddBias", [=, this] { return k_->AddBias(out, bias, rows, cols); });
+    return hook_.Op(OpInfo{"AddBias"}, [=, this] { return k_->AddBias(out, bias, rows, cols); });
   }
   Status CrossEntropy(void* logits, void* losses, const int32_t* targets, int64_t rows, int vocab,
                       float dscale) override {
-    return hook_.Op("CrossEntropy", [=, this] {
+    return hook_.Op(OpInfo{"CrossEntropy"}, [=, this] {
       return k_->CrossEntropy(logits, losses, targets, rows, vocab, dscale);
     });
   }

@@ -13,8 +13,8 @@ class CountHook {
   explicit CountHook(OpCensus* census) : census_(census) {}
   Stream& stream(ModelKernels& inner) { return inner.stream(); }
   template <typename Work>
-  Status Op(const char* name, Work&& work) {
-    ++census_->ops[name];
+  Status Op(const internal::OpInfo& info, Work&& work) {
+    ++census_->ops[info.name];
     return work();
   }
   template <typename Read>

@@ -1,6 +1,9 @@
 // Device-independent parts of device.h; CPU streams and events are in cpu_streams.cc.
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -47,6 +50,56 @@ StatusOr<std::unique_ptr<Stream>> CreateStream(Device device, std::string name,
 StatusOr<std::unique_ptr<Event>> CreateEvent(Device device) {
   if (device.is_cpu()) return internal::CreateCpuEvent();
   return internal::CreateCudaEvent(device);
+}
+
+namespace {
+
+// The host's steady clock read where the stream reaches the mark ([Note: stream marks]).
+class CpuStreamMark final : public StreamMark {
+ public:
+  Device device() const override { return Device::Cpu(); }
+  Status Record(Stream& stream) override {
+    if (!stream.device().is_cpu()) {
+      return absl::InvalidArgumentError(
+          StrCat("a CPU stream mark recorded on a stream of ", stream.device().ToString()));
+    }
+    auto at = std::make_shared<std::atomic<int64_t>>(kNotReached);
+    at_ = at;
+    return AtStreamPoint(stream, [at] {
+      at->store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                std::memory_order_release);
+    });
+  }
+  StatusOr<double> SecondsSince(const StreamMark& earlier) const override {
+    const auto* e = dynamic_cast<const CpuStreamMark*>(&earlier);
+    if (e == nullptr) {
+      return absl::InvalidArgumentError(
+          StrCat("stream marks of cpu and ", earlier.device().ToString()));
+    }
+    ZR_ASSIGN_OR_RETURN(const int64_t end, Reached());
+    ZR_ASSIGN_OR_RETURN(const int64_t begin, e->Reached());
+    return std::chrono::duration<double>(std::chrono::steady_clock::duration(end - begin)).count();
+  }
+
+ private:
+  static constexpr int64_t kNotReached = std::numeric_limits<int64_t>::min();
+  StatusOr<int64_t> Reached() const {
+    const int64_t t = at_ ? at_->load(std::memory_order_acquire) : kNotReached;
+    if (t == kNotReached) {
+      return absl::FailedPreconditionError(
+          at_ ? "a stream mark read before its stream reached it (synchronize the stream first)"
+              : "a stream mark read before it was recorded");
+    }
+    return t;
+  }
+  std::shared_ptr<std::atomic<int64_t>> at_;  // shared with the stream's pending clock read
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<StreamMark>> CreateStreamMark(Device device) {
+  if (device.is_cpu()) return std::unique_ptr<StreamMark>(new CpuStreamMark());
+  return internal::CreateCudaStreamMark(device);
 }
 
 Status CopyBytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,

@@ -114,6 +114,45 @@ class CudaEvent final : public Event {
   cudaEvent_t event_;
 };
 
+// A timing cudaEvent ([Note: stream marks]).
+class CudaStreamMark final : public StreamMark {
+ public:
+  CudaStreamMark(Device device, cudaEvent_t event) : device_(device), event_(event) {}
+  ~CudaStreamMark() override { cudaEventDestroy(event_); }
+  Device device() const override { return device_; }
+  Status Record(Stream& stream) override {
+    if (stream.device() != device_) {
+      return absl::InvalidArgumentError(StrCat("a stream mark of ", device_.ToString(),
+                                               " recorded on a stream of ",
+                                               stream.device().ToString()));
+    }
+    ZR_CUDA_RETURN_IF_ERROR(
+        cudaEventRecord(event_, static_cast<cudaStream_t>(stream.native_handle())));
+    recorded_ = true;
+    return absl::OkStatus();
+  }
+  StatusOr<double> SecondsSince(const StreamMark& earlier) const override {
+    const auto* e = dynamic_cast<const CudaStreamMark*>(&earlier);
+    if (e == nullptr || e->device_ != device_) {
+      return absl::InvalidArgumentError(
+          StrCat("stream marks of ", device_.ToString(), " and ", earlier.device().ToString()));
+    }
+    if (!recorded_ || !e->recorded_) {
+      return absl::FailedPreconditionError("a stream mark read before it was recorded");
+    }
+    ZR_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(event_));
+    ZR_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(e->event_));
+    float ms = 0;
+    ZR_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, e->event_, event_));
+    return ms * 1e-3;
+  }
+
+ private:
+  Device device_;
+  cudaEvent_t event_;
+  bool recorded_ = false;
+};
+
 Status CheckUsable(Device device) {
   const int count = CudaDeviceCount();
   if (device.index < 0 || device.index >= count) {
@@ -141,6 +180,14 @@ StatusOr<std::unique_ptr<Event>> CreateCudaEvent(Device device) {
   cudaEvent_t event = nullptr;
   ZR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
   return std::unique_ptr<Event>(new CudaEvent(device, event));
+}
+
+StatusOr<std::unique_ptr<StreamMark>> CreateCudaStreamMark(Device device) {
+  ZR_RETURN_IF_ERROR(CheckUsable(device));
+  DeviceGuard guard(device.index);
+  cudaEvent_t event = nullptr;
+  ZR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDefault));
+  return std::unique_ptr<StreamMark>(new CudaStreamMark(device, event));
 }
 
 Status CudaCopyBytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,

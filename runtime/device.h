@@ -109,10 +109,28 @@ class Event {
   virtual void* native_handle() const = 0;
 };
 
+// [Note: stream marks] A StreamMark is a clock reading taken when a stream reaches a point of its
+// work, for timing the work between two points (`zerort bench model --timeline`): on CUDA a
+// timing cudaEvent (an Event is created without timing, which keeps it cheap), on a CPU stream
+// the host's steady clock read in the stream's order (at once on an immediate stream, on a
+// queued stream's thread when it gets there). A mark is read once the stream has passed it:
+// SecondsSince waits for this mark on CUDA and refuses a CPU mark its stream has not reached
+// (synchronize the stream first). Re-recording a mark moves it.
+class StreamMark {
+ public:
+  virtual ~StreamMark() = default;
+  virtual Device device() const = 0;
+  virtual Status Record(Stream& stream) = 0;
+  // Seconds from `earlier` (a mark of the same device) to this mark; negative if this mark came
+  // first. Both must have been recorded.
+  virtual StatusOr<double> SecondsSince(const StreamMark& earlier) const = 0;
+};
+
 // A stream on `device`. `name` says what the stream exists for (compute, comm, copy).
 StatusOr<std::unique_ptr<Stream>> CreateStream(Device device, std::string name,
                                                const StreamOptions& options = {});
 StatusOr<std::unique_ptr<Event>> CreateEvent(Device device);
+StatusOr<std::unique_ptr<StreamMark>> CreateStreamMark(Device device);
 
 // Runs host work on host memory in `stream`'s order: issued on it when it is a queued CPU stream
 // (it runs later, on the stream's thread: what it touches must outlive it), otherwise now on the

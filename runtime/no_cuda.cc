@@ -18,6 +18,9 @@ StatusOr<std::unique_ptr<Stream>> CreateCudaStream(Device, std::string) {
   return NoCuda("CreateStream(cuda)");
 }
 StatusOr<std::unique_ptr<Event>> CreateCudaEvent(Device) { return NoCuda("CreateEvent(cuda)"); }
+StatusOr<std::unique_ptr<StreamMark>> CreateCudaStreamMark(Device) {
+  return NoCuda("CreateStreamMark(cuda)");
+}
 Status CudaCopyBytes(void*, Device, const void*, Device, size_t, Stream*) {
   return NoCuda("CopyBytes to or from CUDA memory");
 }

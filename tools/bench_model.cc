@@ -25,6 +25,7 @@
 #include "zerort/kernels/blas.h"
 #include "zerort/kernels/model_kernels.h"
 #include "zerort/kernels/op_census.h"
+#include "zerort/kernels/op_timeline.h"
 #include "zerort/layers/decoder_model.h"
 #include "zerort/runtime/device_mesh.h"
 #include "zerort/runtime/exit_codes.h"
@@ -145,6 +146,19 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
     OpCensus census, micro_batch;
     std::map<std::string, int64_t> launched;  // CUDA: launches of the census' micro-batch
     if (o.census) kernels = CountOperations(std::move(kernels), &census);
+    // --timeline: every kernel call of the last iteration's forward and backward timed on the
+    // stream, and the step's phases between marks on the compute stream.
+    OpTimeline timeline(device);
+    std::vector<OpSample> timed;
+    std::vector<std::unique_ptr<StreamMark>> phase_marks;  // before / after forward+backward,
+    double timed_wall = 0;                                 // after the reduce, after the step
+    if (o.timeline) {
+      kernels = TimeOperations(std::move(kernels), &timeline);
+      for (int i = 0; i < 4; ++i) {
+        ZR_ASSIGN_OR_RETURN(auto mark, CreateStreamMark(device));
+        phase_marks.push_back(std::move(mark));
+      }
+    }
     ZR_ASSIGN_OR_RETURN(auto model,
                         DecoderModel::Create({.config = m,
                                               .micro_batch = batch,
@@ -201,9 +215,16 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
       const ModelKernels::Seconds kernels_before =
           kernels->seconds() != nullptr ? *kernels->seconds() : ModelKernels::Seconds{};
       census.Clear();
+      timeline.Clear();
       const auto launched_before = kernels->launches();
+      Stream& compute = manager->compute_stream();
+      auto mark = [&](int i) {
+        return o.timeline ? phase_marks[i]->Record(compute) : absl::OkStatus();
+      };
       const auto t0 = now();
+      ZR_RETURN_IF_ERROR(mark(0));
       ZR_RETURN_IF_ERROR(model->ForwardBackward(ids, targets, batch, seq, 1.0f).status());
+      ZR_RETURN_IF_ERROR(mark(1));
       micro_batch = census;
       if (launched_before.has_value()) {  // CUDA: the device work those calls issued
         launched.clear();
@@ -214,11 +235,18 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
         }
       }
       ZR_RETURN_IF_ERROR(manager->ReduceGradients());
+      ZR_RETURN_IF_ERROR(mark(2));
       ZR_RETURN_IF_ERROR(manager->compute_stream().Synchronize());
       const auto t1 = now();
       const ModelKernels::Seconds kernels_after =
           kernels->seconds() != nullptr ? *kernels->seconds() : ModelKernels::Seconds{};
       ZR_RETURN_IF_ERROR(manager->Step({.lr = 1e-4f}).status());
+      if (o.timeline) {
+        ZR_RETURN_IF_ERROR(mark(3));
+        ZR_RETURN_IF_ERROR(compute.Synchronize());
+        ZR_ASSIGN_OR_RETURN(timed, timeline.Collect());
+        timed_wall = seconds(t0, t1);
+      }
       const auto t2 = now();
       for (int r = 0; r < gemm_repeats; ++r) {
         ZR_RETURN_IF_ERROR(
@@ -331,6 +359,39 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
         result["census"]["launches_per_block"] = static_cast<double>(total) / m.n_layer;
       }
     }
+    if (o.timeline) {
+      const TimelineSummary t = Summarize(timed);
+      auto group = [&](const TimelineGroup& g) {
+        nlohmann::json j = {{"calls", g.calls},
+                            {"seconds", g.seconds},
+                            {"share", t.span_seconds > 0 ? g.seconds / t.span_seconds : 0.0}};
+        if (g.flops > 0 && g.seconds > 0) j["tflops"] = g.flops / g.seconds / 1e12;
+        return j;
+      };
+      nlohmann::json kinds = nlohmann::json::object(), gemms = nlohmann::json::object();
+      for (const TimelineGroup& g : t.kinds) kinds[g.key] = group(g);
+      for (const TimelineGroup& g : t.gemms) gemms[g.key] = group(g);
+      ZR_ASSIGN_OR_RETURN(const double fb_stream, phase_marks[1]->SecondsSince(*phase_marks[0]));
+      ZR_ASSIGN_OR_RETURN(const double reduce_stream,
+                          phase_marks[2]->SecondsSince(*phase_marks[1]));
+      ZR_ASSIGN_OR_RETURN(const double step_stream, phase_marks[3]->SecondsSince(*phase_marks[2]));
+      result["timeline"] = {
+          {"what",
+           "the last iteration's forward+backward: each kernel call's time on the compute stream "
+           "(CUDA events on a GPU), by kind and GEMM shape; gaps: the stream's time between calls "
+           "(fills, copies, waits for the collectives' stream or for the host)"},
+          {"calls", t.calls},
+          {"host_reads", t.host_reads},
+          {"ops_s", t.op_seconds},
+          {"gaps_s", t.gap_seconds},
+          {"span_s", t.span_seconds},
+          {"forward_backward_stream_s", fb_stream},
+          {"forward_backward_wall_s", timed_wall},
+          {"reduce_stream_s", reduce_stream},
+          {"optimizer_stream_s", step_stream},
+          {"kinds", kinds},
+          {"gemms", gemms}};
+    }
     if (cuda) {
       const double peak = DenseBf16PeakFlops(QueryCuda().devices.at(0).name);
       result["bf16_peak_tflops"] = peak / 1e12;
@@ -401,6 +462,39 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
       }
       std::printf("\n");
     }
+  }
+  if (o.timeline) {
+    const nlohmann::json& t = result["timeline"];
+    const double span = t["span_s"].get<double>();
+    std::printf(
+        "  timeline (last forward+backward, stream time): %lld calls in %.2f ms, "
+        "%.2f ms in calls, %.2f ms between them (%.1f%%)\n",
+        static_cast<long long>(t["calls"].get<int64_t>()), span * 1e3,
+        t["ops_s"].get<double>() * 1e3, t["gaps_s"].get<double>() * 1e3,
+        span > 0 ? 100 * t["gaps_s"].get<double>() / span : 0.0);
+    std::printf(
+        "    step on the stream     forward+backward %.2f ms (wall %.2f ms), reduce %.2f "
+        "ms, optimizer %.2f ms\n",
+        t["forward_backward_stream_s"].get<double>() * 1e3,
+        t["forward_backward_wall_s"].get<double>() * 1e3, t["reduce_stream_s"].get<double>() * 1e3,
+        t["optimizer_stream_s"].get<double>() * 1e3);
+    auto rows = [](const nlohmann::json& groups) {
+      std::vector<std::pair<double, std::string>> order;  // most time first
+      for (const auto& [key, g] : groups.items())
+        order.emplace_back(-g["seconds"].get<double>(), key);
+      std::sort(order.begin(), order.end());
+      for (const auto& [neg, key] : order) {
+        const nlohmann::json& g = groups[key];
+        std::printf("    %-34s %5lld calls %9.3f ms %6.1f%%", key.c_str(),
+                    static_cast<long long>(g["calls"].get<int64_t>()),
+                    g["seconds"].get<double>() * 1e3, 100 * g["share"].get<double>());
+        if (g.contains("tflops")) std::printf(" %9.2f TFLOP/s", g["tflops"].get<double>());
+        std::printf("\n");
+      }
+    };
+    rows(t["kinds"]);
+    std::printf("    GEMMs by shape (rows x in x out):\n");
+    rows(t["gemms"]);
   }
   std::printf("  peak activations      %10.1f MiB\n",
               result["peak_activation_bytes"].get<int64_t>() / 1048576.0);

@@ -68,8 +68,9 @@ struct BenchModelOptions {
   int iters = 3;       // measured iterations after one warm-up; the median is reported
   bool cpu = false;    // measure on the CPU even when a GPU is present
   bool json = false;
-  bool phases = false;  // forward / backward / optimizer / GEMM split, and the sgemm 2048^3 peak
-  bool census = false;  // kernel calls and host reads of one micro-batch (kernels/op_census.h)
+  bool phases = false;    // forward / backward / optimizer / GEMM split, and the sgemm 2048^3 peak
+  bool census = false;    // kernel calls and host reads of one micro-batch (kernels/op_census.h)
+  bool timeline = false;  // each kernel call's stream time, by kind (kernels/op_timeline.h)
 };
 int RunBenchModel(const BenchModelOptions& options, const LaunchEnv& launch, int* argc,
                   char*** argv);

@@ -4,7 +4,8 @@
 # on cuda against cpu loss by loss), the MPI test that stages CUDA buffers through pinned memory,
 # compute-sanitizer's memcheck over the kernel and shard-manager tests, then the measurements the
 # docs record: a GPT-2 124M bf16 ZeRO-3 run (alone, with the optimizer on the host, and with pp 2
-# where there are two GPUs), bench model, bench adamw and estimate --measure.
+# where there are two GPUs), bench model (with its timeline and launch census), bench adamw and
+# estimate --measure.
 #   tools/gpu-check.sh [BUILD]
 # With .gpu/pack.tar.xz (tools/gpu-pack.sh, made on a machine that builds zerort) it unpacks that
 # build and uses the machine's CUDA, cuBLAS, NCCL and MPI; else it configures and builds BUILD
@@ -125,6 +126,11 @@ else
 fi
 "$zr" bench model --config "$root/configs/bench-gpt2.json" --json >"$logs/bench-model-gpt2.json" \
   2>"$logs/bench-model-gpt2.log" && cat "$logs/bench-model-gpt2.json"
+# Where the step's time goes (issue 48's timeline), GPT-2 124M at micro-batch 8 x 1024: each
+# kernel call of one micro-batch timed with CUDA events, by kind and GEMM shape, the gaps between
+# calls, and the launch census.
+"$zr" bench model --config "$root/configs/gpt2-124m-bf16-zero3.json" --census --timeline \
+  >"$logs/bench-model-gpt2-timeline.txt" 2>&1 && cat "$logs/bench-model-gpt2-timeline.txt"
 "$zr" bench adamw --json >"$logs/bench-adamw.json" 2>"$logs/bench-adamw.log" &&
   cat "$logs/bench-adamw.json"
 "$zr" estimate "$root/configs/gpt2-124m-bf16-zero3.json" --device cuda --measure \

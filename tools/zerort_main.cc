@@ -268,6 +268,9 @@ int main(int argc, char** argv) {
                   "2048^3 rate as a second baseline");
   model->add_flag("--census", model_options.census,
                   "Also count one micro-batch's kernel calls and host reads");
+  model->add_flag("--timeline", model_options.timeline,
+                  "Also time each kernel call of the last micro-batch on the stream (CUDA events "
+                  "on a GPU), by kind and GEMM shape, with the gaps between calls");
 
   // CLI11 would only say "a subcommand is required": name the word that is not a command, or the
   // option before the command that zerort does not have.

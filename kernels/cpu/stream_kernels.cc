@@ -22,7 +22,7 @@ class IssueHook {
   // On an immediate stream the call runs here, without wrapping it in a std::function (one heap
   // allocation per kernel call otherwise).
   template <typename Work>
-  Status Op(const char* /*name*/, Work&& work) {
+  Status Op(const OpInfo& /*info*/, Work&& work) {
     if (!stream_->asynchronous()) return work();
     return stream_->Launch(std::forward<Work>(work));
   }

@@ -11,6 +11,7 @@ namespace zerort::internal {
 
 StatusOr<std::unique_ptr<Stream>> CreateCudaStream(Device device, std::string name);
 StatusOr<std::unique_ptr<Event>> CreateCudaEvent(Device device);
+StatusOr<std::unique_ptr<StreamMark>> CreateCudaStreamMark(Device device);
 Status CudaCopyBytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
                      Stream* stream);
 Status CudaCopyFromHostNow(void* dst, Device dst_device, const void* src, size_t bytes,

@@ -126,6 +126,25 @@ check("bench model --census counts each block's attention and MLP",
 check("bench model --census: one host read (the micro-batch's loss)",
       census.get("host_reads") == 1 and census.get("per_block") == census.get("per_micro_batch", 0) / 2,
       r.stdout[-500:])
+r = run("bench", "model", "--config", os.path.join(configs, "bench-tiny.json"), "--iters", "1",
+        "--cpu", "--census", "--timeline", "--json")
+out = json.loads(r.stdout) if r.returncode == 0 else {}
+timeline, census = out.get("timeline", {}), out.get("census", {})
+kinds = timeline.get("kinds", {})
+# Every call the census counts is timed once, grouped by kind; the calls' stream time and the
+# gaps between them add up to the span, which lies inside the forward+backward's marks.
+check("bench model --timeline times every call the census counts",
+      timeline.get("calls") == census.get("per_micro_batch")
+      and sum(k.get("calls", 0) for k in kinds.values()) == timeline.get("calls"), r.stdout[-800:])
+check("bench model --timeline: GEMMs with their FLOP/s, attention, norms, the host read",
+      kinds.get("gemm", {}).get("tflops", 0) > 0 and kinds.get("attention", {}).get("tflops", 0) > 0
+      and kinds.get("norm", {}).get("calls") == 10 and kinds.get("host read", {}).get("calls") == 1
+      and sum(g.get("calls", 0) for g in timeline.get("gemms", {}).values())
+      == kinds.get("gemm", {}).get("calls"), r.stdout[-800:])
+check("bench model --timeline: calls + gaps = span, inside the step's marks",
+      abs(timeline.get("ops_s", 0) + timeline.get("gaps_s", 0) - timeline.get("span_s", -1)) < 1e-9
+      and 0 < timeline.get("span_s", 0) <= timeline.get("forward_backward_stream_s", 0) + 1e-9,
+      r.stdout[-800:])
 
 r = run("estimate", "--model", "gpt2-xl", "--gpus", "8")
 check("estimate gpt2-xl exits 0", r.returncode == 0, r.stderr)
