@@ -1,5 +1,6 @@
 // Kernel entry points of a build without CUDA.
 #include "zerort/kernels/cast.h"
+#include "zerort/kernels/flash_attention.h"
 #include "zerort/kernels/lamb.h"
 #include "zerort/kernels/model_kernels.h"
 #include "zerort/kernels/onebit.h"
@@ -74,6 +75,14 @@ Status CudaDequantizeInt8(const void*, int64_t, int64_t, void*, DType, Stream*) 
 }
 Status CudaAccumulateInto(const void*, DType, float*, int64_t, Stream*) {
   return NoCuda("AccumulateInto");
+}
+Status CudaFlashAttentionForward(DType, const FlashAttentionShape&, void*, float*, const void*,
+                                 Stream&) {
+  return NoCuda("FlashAttentionForward");
+}
+Status CudaFlashAttentionBackward(DType, const FlashAttentionShape&, void*, float*, const void*,
+                                  const void*, const void*, const float*, Stream&) {
+  return NoCuda("FlashAttentionBackward");
 }
 
 }  // namespace zerort::internal

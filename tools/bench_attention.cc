@@ -4,12 +4,14 @@
 // the softmax, another GEMM), timed in the same run, alternating, medians reported. TFLOP/s by
 // FlashAttention's convention: forward 4 x B x H x T^2 x hs, halved for causal; backward 2.5 x
 // the forward. On the CPU: the float kernels' flash attention (what training runs) against
-// model_ops.h's reference. zerort's CUDA flash attention is issue 48's, not written yet: on a GPU
-// the command says so rather than time the CUDA materialised path alone.
+// model_ops.h's reference. On CUDA (--device cuda, bf16): zerort's flash kernels
+// (kernels/flash_attention.h) against the model's materialised CUDA attention, timed with CUDA
+// events.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,10 +21,13 @@
 #include "bench_stats.h"
 #include "commands.h"
 #include "nlohmann/json.hpp"
+#include "zerort/kernels/flash_attention.h"
 #include "zerort/kernels/memory_facts.h"
 #include "zerort/kernels/model_kernels.h"
 #include "zerort/kernels/model_ops.h"
+#include "zerort/runtime/allocator.h"
 #include "zerort/runtime/exit_codes.h"
+#include "zerort/runtime/float_bits.h"
 #include "zerort/runtime/log.h"
 #include "zerort/runtime/strings.h"
 
@@ -33,6 +38,197 @@ double Seconds(const std::function<void()>& f) {
   const auto t0 = std::chrono::steady_clock::now();
   f();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The two paths of one device: each pass as a closure over buffers the struct keeps alive, how a
+// pass is timed, and what the comparison needs.
+struct Paths {
+  std::string device, where, dtype, baseline;
+  std::function<void()> flash_forward, flash_backward, ref_forward, ref_backward;
+  std::function<double(const std::function<void()>&)> time = Seconds;
+  double worst = 0;  // the largest |flash out - materialised out|
+  double saved_flash = 0, saved_materialised = 0;
+  std::vector<std::shared_ptr<void>> keep;  // buffers, kernels, streams
+};
+
+// Every buffer, fp32: qkv and two gradients of it, out twice, dout, the flash path's
+// log-sum-exps, and the materialised path's B x H x T x T probabilities (element_size bytes per
+// element on CUDA); refused over 8 GiB.
+Status CheckBytes(const BenchAttentionOptions& o, int kv, double element_size) {
+  const int channels = o.heads * o.head_size;
+  const int64_t rows = int64_t{o.batch} * o.seq;
+  const int64_t row = channels + 2 * int64_t{kv} * o.head_size;  // [Note: the qkv layout]
+  const double probs_bytes = element_size * o.batch * o.heads * double{o.seq} * o.seq;
+  const double total_bytes = element_size * (3.0 * rows * row + 4.0 * rows * channels) +
+                             4.0 * 2 * double{o.batch} * o.heads * o.seq + probs_bytes;
+  if (total_bytes > 8.0 * (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        "the two paths would hold " + FormatBytes(total_bytes) +
+        " (more than 8 GiB; the materialised path's probabilities alone " +
+        FormatBytes(probs_bytes) + "): lower --batch, --heads, --head-size or --seq");
+  }
+  return absl::OkStatus();
+}
+
+// The CPU: the float kernels' flash attention (what training runs) against model_ops.h's
+// materialised reference.
+StatusOr<Paths> CpuPaths(const BenchAttentionOptions& o, int kv) {
+  ZR_RETURN_IF_ERROR(CheckBytes(o, kv, 4));
+  const int channels = o.heads * o.head_size;
+  const int64_t rows = int64_t{o.batch} * o.seq;
+  const int64_t row = channels + 2 * int64_t{kv} * o.head_size;
+  struct Buffers {
+    std::vector<float> qkv, dout, out, lse, dqkv, ref_out, probs, ref_dqkv;
+    std::unique_ptr<ModelKernels> k = MakeCpuModelKernels(CpuPrecision::kFloat);
+  };
+  auto b = std::make_shared<Buffers>();
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  b->qkv.resize(rows * row);
+  b->dout.resize(rows * channels);
+  for (float& x : b->qkv) x = normal(rng);
+  for (float& x : b->dout) x = normal(rng);
+  b->out.resize(rows * channels);
+  b->lse.resize(int64_t{o.batch} * o.heads * o.seq);
+  b->dqkv.resize(b->qkv.size());
+  b->ref_out.resize(b->out.size());
+  b->probs.resize(int64_t{o.batch} * o.heads * o.seq * o.seq);
+  b->ref_dqkv.resize(b->qkv.size());
+  Paths p{.device = "cpu",
+          .where = StrCat("the CPU, ", omp_get_max_threads(), " threads"),
+          .dtype = "fp32",
+          .baseline = "the materialised path (model_ops.h: GEMM, softmax, GEMM), same run"};
+  Buffers* x = b.get();
+  p.flash_forward = [=, &o] {
+    ZR_CHECK_OK(x->k->Attention(x->out.data(), x->lse.data(), x->qkv.data(), o.batch, o.seq,
+                                channels, o.heads, kv));
+  };
+  p.flash_backward = [=, &o] {
+    ZR_CHECK_OK(x->k->AttentionBackward(x->dqkv.data(), x->dout.data(), x->qkv.data(),
+                                        x->out.data(), x->lse.data(), o.batch, o.seq, channels,
+                                        o.heads, kv));
+  };
+  p.ref_forward = [=, &o] {
+    cpu::AttentionForward<float>(x->ref_out.data(), x->probs.data(), x->qkv.data(), o.batch, o.seq,
+                                 channels, o.heads, kv);
+  };
+  p.ref_backward = [=, &o] {
+    cpu::AttentionBackward<float>(x->ref_dqkv.data(), x->dout.data(), x->qkv.data(),
+                                  x->probs.data(), o.batch, o.seq, channels, o.heads, kv);
+  };
+  p.flash_forward();  // warm-up, and the two outputs compared once
+  p.ref_forward();
+  for (size_t i = 0; i < x->out.size(); ++i) {
+    p.worst = std::max(p.worst, double{std::abs(x->out[i] - x->ref_out[i])});
+  }
+  p.saved_flash =
+      static_cast<double>(AttentionSavedBytes(KernelBackend::kCpu, o.batch, o.seq, o.heads, 4));
+  p.saved_materialised = 4.0 * o.batch * o.heads * double{o.seq} * o.seq;
+  p.keep.push_back(b);
+  return p;
+}
+
+// CUDA, bf16: zerort's flash kernels (kernels/flash_attention.h) against the model's CUDA
+// attention (cuBLAS GEMMs around a softmax kernel, the probabilities saved), timed between stream
+// marks (CUDA events).
+StatusOr<Paths> CudaPaths(const BenchAttentionOptions& o, int kv) {
+  ZR_RETURN_IF_ERROR(CheckBytes(o, kv, 2));
+  const int channels = o.heads * o.head_size;
+  const int64_t rows = int64_t{o.batch} * o.seq;
+  const int64_t row = channels + 2 * int64_t{kv} * o.head_size;
+  const Device dev = Device::Cuda(0);
+  ZR_RETURN_IF_ERROR(SetCurrentDevice(dev));
+  struct State {
+    std::unique_ptr<Allocator> allocator;
+    std::unique_ptr<Stream> stream;
+    std::unique_ptr<ModelKernels> k;
+    std::unique_ptr<StreamMark> begin, end;
+    Buffer qkv, dout, out, lse, dvec, dqkv, ref_out, saved, ref_dqkv;
+    ~State() {
+      if (stream) (void)stream->Synchronize();
+    }
+  };
+  auto s = std::make_shared<State>();
+  ZR_ASSIGN_OR_RETURN(s->allocator, MakeCudaCachingAllocator(dev, nullptr));
+  ZR_ASSIGN_OR_RETURN(s->stream, CreateStream(dev, "compute"));
+  ZR_ASSIGN_OR_RETURN(s->k,
+                      MakeCudaModelKernels(DType::kBF16, DType::kF32, *s->stream, *s->allocator));
+  ZR_ASSIGN_OR_RETURN(s->begin, CreateStreamMark(dev));
+  ZR_ASSIGN_OR_RETURN(s->end, CreateStreamMark(dev));
+  auto alloc = [&](Buffer* b, int64_t bytes) -> Status {
+    ZR_ASSIGN_OR_RETURN(*b,
+                        s->allocator->Allocate(bytes, MemoryCategory::kWorkspace, s->stream.get()));
+    return FillZero(b->data(), dev, b->bytes(), s->stream.get());
+  };
+  const int64_t stats = int64_t{o.batch} * o.heads * o.seq;
+  ZR_RETURN_IF_ERROR(alloc(&s->qkv, rows * row * 2));
+  ZR_RETURN_IF_ERROR(alloc(&s->dout, rows * channels * 2));
+  ZR_RETURN_IF_ERROR(alloc(&s->out, rows * channels * 2));
+  ZR_RETURN_IF_ERROR(alloc(&s->ref_out, rows * channels * 2));
+  ZR_RETURN_IF_ERROR(alloc(&s->lse, stats * 4));
+  ZR_RETURN_IF_ERROR(alloc(&s->dvec, stats * 4));
+  ZR_RETURN_IF_ERROR(alloc(&s->dqkv, rows * row * 2));
+  ZR_RETURN_IF_ERROR(alloc(&s->ref_dqkv, rows * row * 2));
+  const int64_t saved_bytes = AttentionSavedBytes(KernelBackend::kCuda, o.batch, o.seq, o.heads, 2);
+  ZR_RETURN_IF_ERROR(alloc(&s->saved, saved_bytes));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto upload = [&](Buffer& b, int64_t n) {
+    std::vector<uint16_t> bits(n);
+    for (uint16_t& v : bits) v = FloatToBf16Bits(normal(rng));
+    return CopyBytes(b.data(), dev, bits.data(), Device::Cpu(), n * 2, nullptr);
+  };
+  ZR_RETURN_IF_ERROR(s->stream->Synchronize());
+  ZR_RETURN_IF_ERROR(upload(s->qkv, rows * row));
+  ZR_RETURN_IF_ERROR(upload(s->dout, rows * channels));
+  const internal::FlashAttentionShape shape{o.batch, o.seq, o.heads, kv, o.head_size};
+  State* x = s.get();
+  Paths p{.device = QueryCuda().devices.at(0).name,
+          .where = QueryCuda().devices.at(0).name,
+          .dtype = "bf16",
+          .baseline =
+              "the model's CUDA attention (cuBLAS GEMMs around a softmax kernel, the "
+              "probabilities saved), same run"};
+  p.flash_forward = [=] {
+    ZR_CHECK_OK(internal::CudaFlashAttentionForward(DType::kBF16, shape, x->out.data(),
+                                                    x->lse.as<float>(), x->qkv.data(), *x->stream));
+  };
+  p.flash_backward = [=] {
+    ZR_CHECK_OK(internal::CudaFlashAttentionBackward(
+        DType::kBF16, shape, x->dqkv.data(), x->dvec.as<float>(), x->dout.data(), x->qkv.data(),
+        x->out.data(), x->lse.as<float>(), *x->stream));
+  };
+  p.ref_forward = [=, &o] {
+    ZR_CHECK_OK(x->k->Attention(x->ref_out.data(), x->saved.data(), x->qkv.data(), o.batch, o.seq,
+                                channels, o.heads, kv));
+  };
+  p.ref_backward = [=, &o] {
+    ZR_CHECK_OK(x->k->AttentionBackward(x->ref_dqkv.data(), x->dout.data(), x->qkv.data(),
+                                        x->ref_out.data(), x->saved.data(), o.batch, o.seq,
+                                        channels, o.heads, kv));
+  };
+  p.time = [x](const std::function<void()>& f) {
+    ZR_CHECK_OK(x->begin->Record(*x->stream));
+    f();
+    ZR_CHECK_OK(x->end->Record(*x->stream));
+    return *x->end->SecondsSince(*x->begin);
+  };
+  p.flash_forward();  // warm-up, and the two outputs compared once
+  p.ref_forward();
+  p.flash_backward();
+  p.ref_backward();
+  ZR_RETURN_IF_ERROR(s->stream->Synchronize());
+  std::vector<uint16_t> a(rows * channels), b(rows * channels);
+  ZR_RETURN_IF_ERROR(CopyBytes(a.data(), Device::Cpu(), s->out.data(), dev, a.size() * 2, nullptr));
+  ZR_RETURN_IF_ERROR(
+      CopyBytes(b.data(), Device::Cpu(), s->ref_out.data(), dev, b.size() * 2, nullptr));
+  for (size_t i = 0; i < a.size(); ++i) {
+    p.worst = std::max(p.worst, double{std::abs(Bf16BitsToFloat(a[i]) - Bf16BitsToFloat(b[i]))});
+  }
+  p.saved_flash = 4.0 * stats;
+  p.saved_materialised = static_cast<double>(saved_bytes);
+  p.keep.push_back(s);
+  return p;
 }
 
 }  // namespace
@@ -62,82 +258,61 @@ int RunBenchAttention(const BenchAttentionOptions& o) {
                         " (grouped-query: each key/value head serves heads / kv-heads query "
                         "heads)"));
   }
-  if (o.device != "cpu") {
-    Logger()->error(
-        "bench attention: --device '{}': zerort's CUDA flash attention does not exist yet (issue "
-        "48); the CUDA path materialises the scores. Only --device cpu is measured.",
-        o.device);
-    return kExitUsage;
+  if (o.device != "cpu" && o.device != "cuda") {
+    return usage(StrCat("--device '", o.device, "' must be cpu or cuda"));
   }
-  // Every buffer, fp32: qkv and two gradients of it, out twice, dout, the flash path's
-  // log-sum-exps, and the materialised path's B x H x T x T probabilities.
   const int channels = o.heads * o.head_size;
-  const int64_t rows = int64_t{o.batch} * o.seq;
-  const int64_t row = channels + 2 * int64_t{kv} * o.head_size;  // [Note: the qkv layout]
-  const double probs_bytes = 4.0 * o.batch * o.heads * double{o.seq} * o.seq;
-  const double total_bytes =
-      4.0 * (3.0 * rows * row + 4.0 * rows * channels + double{o.batch} * o.heads * o.seq) +
-      probs_bytes;
-  if (total_bytes > 8.0 * (int64_t{1} << 30)) {
-    return usage("the two paths would hold " + FormatBytes(total_bytes) +
-                 " (more than 8 GiB; the materialised path's probabilities alone " +
-                 FormatBytes(probs_bytes) + "): lower --batch, --heads, --head-size or --seq");
+  Paths paths;
+  if (o.device == "cuda") {
+    if (CudaDeviceCount() == 0) {
+      return usage(StrCat("--device cuda: no CUDA device (", QueryCuda().unavailable_reason, ")"));
+    }
+    const Status shape_ok =
+        internal::CheckFlashAttention(DType::kBF16, {o.batch, o.seq, o.heads, kv, o.head_size});
+    if (!shape_ok.ok()) return usage(std::string(shape_ok.message()));
+    StatusOr<Paths> cuda = CudaPaths(o, kv);
+    if (!cuda.ok()) {
+      Logger()->error("bench attention: {}", cuda.status().message());
+      return cuda.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage
+                                                                        : kExitRuntimeFailure;
+    }
+    paths = std::move(*cuda);
+  } else {
+    StatusOr<Paths> cpu = CpuPaths(o, kv);
+    if (!cpu.ok()) return usage(std::string(cpu.status().message()));
+    paths = std::move(*cpu);
   }
-  std::mt19937 rng(1);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> qkv(rows * row), dout(rows * channels);
-  for (float& x : qkv) x = normal(rng);
-  for (float& x : dout) x = normal(rng);
-  std::vector<float> out(rows * channels), lse(int64_t{o.batch} * o.heads * o.seq),
-      dqkv(qkv.size()), ref_out(out.size()), probs(static_cast<size_t>(probs_bytes / 4)),
-      ref_dqkv(qkv.size());
-  std::unique_ptr<ModelKernels> k = MakeCpuModelKernels(CpuPrecision::kFloat);
-  auto flash_forward = [&] {
-    ZR_CHECK_OK(
-        k->Attention(out.data(), lse.data(), qkv.data(), o.batch, o.seq, channels, o.heads, kv));
-  };
-  auto flash_backward = [&] {
-    ZR_CHECK_OK(k->AttentionBackward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
-                                     o.batch, o.seq, channels, o.heads, kv));
-  };
-  auto ref_forward = [&] {
-    cpu::AttentionForward<float>(ref_out.data(), probs.data(), qkv.data(), o.batch, o.seq, channels,
-                                 o.heads, kv);
-  };
-  auto ref_backward = [&] {
-    cpu::AttentionBackward<float>(ref_dqkv.data(), dout.data(), qkv.data(), probs.data(), o.batch,
-                                  o.seq, channels, o.heads, kv);
-  };
-  flash_forward();  // warm-up, and the two outputs compared once
-  ref_forward();
-  double worst = 0;
-  for (size_t i = 0; i < out.size(); ++i) {
-    worst = std::max(worst, double{std::abs(out[i] - ref_out[i])});
-  }
+  const double worst = paths.worst;
+  const double probs_bytes = paths.saved_materialised;
+  auto time = [&](const std::function<void()>& f) { return paths.time(f); };
+  auto& flash_forward = paths.flash_forward;
+  auto& flash_backward = paths.flash_backward;
+  auto& ref_forward = paths.ref_forward;
+  auto& ref_backward = paths.ref_backward;
   std::vector<double> ff, fb, rf, rb;
   for (int r = 0; r < o.rounds; ++r) {  // alternating, so that both see the same machine
-    ff.push_back(Seconds(flash_forward));
-    rf.push_back(Seconds(ref_forward));
+    ff.push_back(time(flash_forward));
+    rf.push_back(time(ref_forward));
     if (o.backward) {
-      fb.push_back(Seconds(flash_backward));
-      rb.push_back(Seconds(ref_backward));
+      fb.push_back(time(flash_backward));
+      rb.push_back(time(ref_backward));
     }
   }
   // FlashAttention's count: 4 B H T^2 hs for the two GEMMs, halved for causal.
   const double forward_flop = 4.0 * o.batch * o.heads * double{o.seq} * o.seq * o.head_size / 2;
   const double backward_flop = 2.5 * forward_flop;
-  const double saved_flash =
-      static_cast<double>(AttentionSavedBytes(KernelBackend::kCpu, o.batch, o.seq, o.heads, 4));
+  const double saved_flash = paths.saved_flash;
   nlohmann::json result = {
       {"bench", "attention"},
-      {"device", "cpu"},
-      {"baseline", "the materialised path (model_ops.h: GEMM, softmax, GEMM), same run"},
+      {"device", paths.device},
+      {"dtype", paths.dtype},
+      {"baseline", paths.baseline},
       {"batch", o.batch},
       {"seq", o.seq},
       {"heads", o.heads},
       {"kv_heads", kv},
       {"head_size", o.head_size},
-      {"threads", omp_get_max_threads()},
+      {"threads", o.device == "cpu" ? omp_get_max_threads() : 0},
       {"flash_forward_s", Median(ff)},
       {"materialised_forward_s", Median(rf)},
       {"flash_forward_tflops", forward_flop / Median(ff) / 1e12},
@@ -160,8 +335,8 @@ int RunBenchAttention(const BenchAttentionOptions& o) {
   }
   std::printf(
       "zerort bench attention: causal, B %d, T %d, %d heads (%d key/value), head size %d, "
-      "fp32 on the CPU, %d threads; medians of %d alternating rounds\n",
-      o.batch, o.seq, o.heads, kv, o.head_size, omp_get_max_threads(), o.rounds);
+      "%s on %s; medians of %d alternating rounds\n",
+      o.batch, o.seq, o.heads, kv, o.head_size, paths.dtype.c_str(), paths.where.c_str(), o.rounds);
   std::printf("  %-14s %12s %12s %12s %12s\n", "path", "forward s", "fwd TFLOP/s", "backward s",
               "bwd TFLOP/s");
   auto line = [&](const char* name, const std::vector<double>& f, const std::vector<double>& b) {

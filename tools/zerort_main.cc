@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
       ->add_option("--rounds", attention_options.rounds, "Alternating rounds (medians reported)")
       ->capture_default_str();
   attention->add_flag("!--no-backward", attention_options.backward, "Time the forward only");
-  attention->add_option("--device", attention_options.device, "cpu (CUDA: issue 48)")
+  attention->add_option("--device", attention_options.device, "cpu, or cuda (bf16)")
       ->capture_default_str();
   attention->add_flag("--json", attention_options.json, "One JSON object instead of a table");
 

@@ -83,7 +83,7 @@ check("bench adamw without --overlap has no overlap key",
       r.returncode == 0 and "overlap" not in json.loads(r.stdout), r.stdout)
 
 # bench attention: flash against the materialised path, grouped-query, in one run; and what it
-# refuses (a --kv-heads that does not divide --heads, a device without zerort's flash kernel).
+# refuses (a --kv-heads that does not divide --heads, a device it does not know or lacks).
 r = run("bench", "attention", "--batch", "1", "--seq", "130", "--heads", "4", "--kv-heads", "2",
         "--head-size", "16", "--rounds", "1", "--json")
 check("bench attention exits 0", r.returncode == 0, r.stderr)
@@ -101,9 +101,12 @@ r = run("bench", "attention", "--batch", "1024", "--seq", "45", "--heads", "256"
         "512")
 check("bench attention refuses 294.5 GiB of buffers at once (exit 2)",
       r.returncode == 2 and "more than 8 GiB" in r.stderr, r.stderr)
-r = run("bench", "attention", "--device", "cuda")
-check("bench attention --device cuda exits 2: no CUDA flash kernel yet",
-      r.returncode == 2 and "issue 48" in r.stderr, r.stderr)
+r = run("bench", "attention", "--device", "cuda", "--seq", "256", "--rounds", "1")
+check("bench attention --device cuda: measured on a GPU, else exit 2 naming the missing device",
+      r.returncode == 0 or (r.returncode == 2 and "no CUDA device" in r.stderr), r.stderr)
+r = run("bench", "attention", "--device", "tpu")
+check("bench attention --device tpu exits 2 naming it",
+      r.returncode == 2 and "--device 'tpu' must be cpu or cuda" in r.stderr, r.stderr)
 
 
 configs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs")

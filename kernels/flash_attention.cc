@@ -1,0 +1,30 @@
+// CheckFlashAttention (flash_attention.h): what the CUDA flash kernels take, on any build.
+#include "zerort/kernels/flash_attention.h"
+
+#include "zerort/runtime/strings.h"
+
+namespace zerort::internal {
+
+Status CheckFlashAttention(DType dtype, const FlashAttentionShape& s) {
+  if (dtype != DType::kBF16 && dtype != DType::kF16) {
+    return absl::InvalidArgumentError(StrCat("flash attention on CUDA takes bf16 or fp16, not ",
+                                             DTypeName(dtype),
+                                             " (fp32 attention runs the materialised kernels)"));
+  }
+  if (s.head_size != 64 && s.head_size != 128) {
+    return absl::InvalidArgumentError(
+        StrCat("flash attention on CUDA takes head sizes 64 and 128, not ", s.head_size));
+  }
+  if (s.batch < 0 || s.seq < 0 || s.heads < 1 || s.kv_heads < 1 || s.heads % s.kv_heads != 0) {
+    return absl::InvalidArgumentError(StrCat("flash attention: batch ", s.batch, ", seq ", s.seq,
+                                             ", ", s.heads, " query heads over ", s.kv_heads,
+                                             " key/value heads is not an attention shape"));
+  }
+  if (int64_t{s.batch} * s.heads > 65535) {  // the grid's y dimension
+    return absl::InvalidArgumentError(StrCat(
+        "flash attention on CUDA: batch x heads = ", int64_t{s.batch} * s.heads, " is over 65535"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zerort::internal

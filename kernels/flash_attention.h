@@ -1,0 +1,35 @@
+// zerort's own flash attention on CUDA (issue 48): the block programs of kernels/flash_tiles.h
+// ([Note: flash attention's block programs]) launched with wmma tensor-core products, for bf16
+// and fp16 qkv (fp32 softmax statistics and accumulators), head sizes 64 and 128, causal, any
+// sequence length, grouped-query attention reading each key/value head in place.
+// `zerort bench attention --device cuda` and the CUDA twin tests call it; the model's CUDA
+// attention moves onto it once a GPU has run those (docs/gpu.md).
+#pragma once
+
+#include <cstdint>
+
+#include "zerort/runtime/device.h"
+#include "zerort/runtime/dtype.h"
+#include "zerort/runtime/status.h"
+
+namespace zerort::internal {
+
+struct FlashAttentionShape {
+  int batch = 0, seq = 0, heads = 0, kv_heads = 0, head_size = 0;
+};
+
+// Whether the CUDA flash kernels take this shape and element type; the error names what they
+// do not (the element type, the head size, the grouping).
+Status CheckFlashAttention(DType dtype, const FlashAttentionShape& shape);
+
+// out [batch, seq, heads x hs] and lse [batch, heads, seq] (fp32) from qkv ([Note: the qkv
+// layout]), on `stream` (CUDA).
+Status CudaFlashAttentionForward(DType dtype, const FlashAttentionShape& shape, void* out,
+                                 float* lse, const void* qkv, Stream& stream);
+// dqkv += the gradient of the forward's out for `dout`; `dvec` ([batch, heads, seq], fp32) is
+// scratch the backward fills with D = dout . out.
+Status CudaFlashAttentionBackward(DType dtype, const FlashAttentionShape& shape, void* dqkv,
+                                  float* dvec, const void* dout, const void* qkv, const void* out,
+                                  const float* lse, Stream& stream);
+
+}  // namespace zerort::internal

@@ -1,0 +1,454 @@
+// Flash attention's CUDA block programs, written once for the GPU and for a CPU that runs them
+// warp by warp (tests/kernels/flash_tiles_test.cc), so that the kernel's tiling, indexing, masks,
+// tails and grouped-query reads are checked without a GPU. kernels/cuda/flash_attention.cu
+// launches them; kernels/flash_math.h holds the element arithmetic they share with the CPU's own
+// flash kernel.
+//
+// [Note: flash attention's block programs]
+// A program is the code of one thread block, written against an executor `X` that says how a
+// block's threads run:
+//   X::Elem                        the 16-bit element (bf16 or fp16), X::ToF / X::FromF convert;
+//   x.ForThreads(f)                f(t) for each of the block's kThreads threads;
+//   x.ForWarps(f)                  f(w) for each of its kWarps warps; inside it,
+//   x.ForLanes(f)                  f(lane) for each of the warp's 32 lanes;
+//   x.SyncBlock(), x.SyncWarp()    barriers;
+//   x.Mma(ColB/RowB, ...)          a warp's 16 x 16 fp32 tile C (+)= A B over k_steps 16 x 16
+//                                  blocks of 16-bit A and B in shared memory (tensor cores).
+// On CUDA every thread runs each f for its own index and Mma is wmma; the CPU executor runs the
+// indices one after another and Mma as loops. Code inside ForWarps but outside ForLanes is
+// uniform (loop bounds, pointers) and every write to shared or global memory is inside ForLanes,
+// ForThreads or Mma, so running the lanes in turn computes what the warp computes, as long as a
+// lane only reads in a phase (between barriers) what no other lane writes in it: the programs
+// are split into phases so that this holds.
+//
+// Tiles: a block takes kTile = 64 queries (forward, dQ) or 64 keys (dK/dV); each of its 4 warps
+// owns 16 of them, and the block meets 64 keys (or queries) at a time in shared memory. Head
+// sizes 64 and 128 (D); any sequence length (rows past the end load zeros and write nothing);
+// causal, the tiles wholly above the diagonal never visited; a query head reads its key/value
+// head in place ([Note: the qkv layout]). The softmax statistics are fp32; P and dS are rounded to
+// the element type for the tensor-core products, accumulators are fp32 until written.
+// Backward: the dQ program also computes D = dout . out per query into `dvec`, which the dK/dV
+// program (launched after it) reads; each program writes only its own tile of dq or of dk and
+// dv (a dK/dV block sums its group's query heads itself), so no atomics, and the result does not
+// depend on the order blocks run.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "zerort/kernels/flash_math.h"
+#include "zerort/kernels/model_math.h"
+
+// Device code under nvcc (the CUDA executor's functions are device functions); plain C++ for
+// the CPU executor, which compiles them with the host compiler.
+#if defined(__CUDACC__)
+#define ZR_TILE_PROGRAM __device__
+#else
+#define ZR_TILE_PROGRAM
+#endif
+
+namespace zerort::flash {
+
+inline constexpr int kTile = 64;  // queries or keys a block owns, and per step
+inline constexpr int kWarps = 4;  // 16 rows of the tile each
+inline constexpr int kThreads = 32 * kWarps;
+inline constexpr int kWarpRows = kTile / kWarps;
+
+struct ColB {};  // B(k, n) = b[n * ldb + k]: K^T from K's rows
+struct RowB {};  // B(k, n) = b[k * ldb + n]
+
+struct Shape {
+  int batch = 0, seq = 0, heads = 0, kv_heads = 0;
+  float scale = 0;  // 1 / sqrt(head size)
+  ZR_HOST_DEVICE int tiles() const { return (seq + kTile - 1) / kTile; }
+};
+
+// Shared memory of each program (bytes), in the order the programs carve it.
+template <int D>
+struct ForwardSmem {
+  static constexpr int tile = kTile * D * 2;                  // Q, K, V: [64][D] elements
+  static constexpr int s = 0, p = s + kWarpRows * kTile * 4;  // per warp: S fp32, P elements,
+  static constexpr int o = p + kWarpRows * kTile * 2;         // O fp32 [16][D],
+  static constexpr int m = o + kWarpRows * D * 4, l = m + kWarpRows * 4;  // max and sum per row,
+  static constexpr int red = l + kWarpRows * 4, red2 = red + 32 * 4;      // lane partials
+  static constexpr int warp = (red2 + 32 * 4 + 127) / 128 * 128;
+  static constexpr int bytes = 3 * tile + kWarps * warp;
+};
+template <int D>
+struct BackwardSmem {
+  static constexpr int tile = kTile * D * 2;   // four tiles: the block's own two, the visited two
+  static constexpr int rows = 4 * tile;        // lse and D of the visited queries (dK/dV) or of
+  static constexpr int dv = rows + kTile * 4;  // the block's own (dQ): fp32 [64] each
+  static constexpr int s = 0, pf = s + kWarpRows * kTile * 4;  // per warp: S or dP, P fp32,
+  static constexpr int pe = pf + kWarpRows * kTile * 4;        // P and dS elements,
+  static constexpr int dse = pe + kWarpRows * kTile * 2;
+  static constexpr int acc = dse + kWarpRows * kTile * 2;  // dQ, or dK then dV: fp32 [16][D]
+  static constexpr int red = acc + 2 * kWarpRows * D * 4;
+  static constexpr int warp = (red + 32 * 4 + 127) / 128 * 128;
+  static constexpr int bytes = dv + kTile * 4 + kWarps * warp;
+};
+
+// Copies `rows` x D elements of a head (row i at src + i * ld) into a dense [64][D] tile, zeros
+// past `rows`; 16 bytes per thread per step.
+template <int D, typename X>
+ZR_TILE_PROGRAM void LoadTile(const X& x, typename X::Elem* tile, const typename X::Elem* src,
+                              int64_t ld, int rows) {
+  constexpr int kChunks = D / 8;  // 16-byte pieces of a row
+  x.ForThreads([&](int t) {
+    for (int c = t; c < kTile * kChunks; c += kThreads) {
+      const int r = c / kChunks, col = (c % kChunks) * 8;
+      if (r < rows) {
+        X::Copy16(tile + r * D + col, src + r * ld + col);
+      } else {
+        X::Zero16(tile + r * D + col);
+      }
+    }
+  });
+}
+
+// The forward of one (query tile, batch x query head): out and the log-sum-exp of its queries.
+template <int D, typename X>
+ZR_TILE_PROGRAM void ForwardProgram(const X& x, unsigned char* smem, const typename X::Elem* qkv,
+                                    typename X::Elem* out, float* lse, const Shape sh, int tile,
+                                    int bh) {
+  using E = typename X::Elem;
+  using S = ForwardSmem<D>;
+  const int b = bh / sh.heads, h = bh % sh.heads, q0 = tile * kTile, T = sh.seq;
+  const math::QkvLayout L{sh.heads, sh.kv_heads, D};
+  const int64_t ld = L.row();
+  const E* base = qkv + static_cast<int64_t>(b) * T * ld;
+  E* qs = reinterpret_cast<E*>(smem);
+  E* ks = reinterpret_cast<E*>(smem + S::tile);
+  E* vs = reinterpret_cast<E*>(smem + 2 * S::tile);
+  LoadTile<D>(x, qs, base + q0 * ld + L.q(h), ld, T - q0);
+  x.ForWarps([&](int w) {
+    unsigned char* ws = smem + 3 * S::tile + w * S::warp;
+    x.ForLanes([&](int lane) {
+      float* o = reinterpret_cast<float*>(ws + S::o);
+      for (int i = lane; i < kWarpRows * D; i += 32) o[i] = 0.0f;
+      if (lane < kWarpRows) {
+        reinterpret_cast<float*>(ws + S::m)[lane] = -INFINITY;
+        reinterpret_cast<float*>(ws + S::l)[lane] = 0.0f;
+      }
+    });
+  });
+  const int last = (q0 + kTile < T ? q0 + kTile : T) - 1;  // the tile's last query
+  for (int k0 = 0; k0 <= last; k0 += kTile) {              // key tiles up to the diagonal
+    const int kn = T - k0 < kTile ? T - k0 : kTile;
+    x.SyncBlock();  // the previous tile's readers are done (and Q is loaded)
+    LoadTile<D>(x, ks, base + k0 * ld + L.k(h), ld, kn);
+    LoadTile<D>(x, vs, base + k0 * ld + L.v(h), ld, kn);
+    x.SyncBlock();
+    x.ForWarps([&](int w) {
+      unsigned char* ws = smem + 3 * S::tile + w * S::warp;
+      float* s = reinterpret_cast<float*>(ws + S::s);
+      E* p = reinterpret_cast<E*>(ws + S::p);
+      float* o = reinterpret_cast<float*>(ws + S::o);
+      float* m = reinterpret_cast<float*>(ws + S::m);
+      float* l = reinterpret_cast<float*>(ws + S::l);
+      float* red = reinterpret_cast<float*>(ws + S::red);
+      float* red2 = reinterpret_cast<float*>(ws + S::red2);
+      const E* qw = qs + w * kWarpRows * D;
+      for (int n = 0; n < kTile / 16; ++n) {  // S = Q_w K^T
+        x.Mma(ColB{}, s + n * 16, kTile, qw, D, ks + n * 16 * D, D, D / 16, false);
+      }
+      x.SyncWarp();
+      // Lanes 2r and 2r + 1 take row r's keys [0, 32) and [32, 64): scale, mask, their maximum.
+      x.ForLanes([&](int lane) {
+        const int r = lane / 2, c0 = (lane % 2) * (kTile / 2), q = q0 + w * kWarpRows + r;
+        const int seen = q < T ? math::CausalKeys(q, k0, kn) : 0;
+        float mx = -INFINITY;
+        for (int c = c0; c < c0 + kTile / 2; ++c) {
+          if (c < seen) {
+            const float v = math::ScaledScore(s[r * kTile + c], sh.scale);
+            s[r * kTile + c] = v;
+            mx = math::Max(mx, v);
+          }
+        }
+        red[lane] = mx;
+      });
+      x.SyncWarp();
+      // Each lane of the pair rescales half of its row's O and writes its half of P.
+      x.ForLanes([&](int lane) {
+        const int r = lane / 2, half = lane % 2, q = q0 + w * kWarpRows + r;
+        const int seen = q < T ? math::CausalKeys(q, k0, kn) : 0;
+        const float tile_max = math::Max(red[2 * r], red[2 * r + 1]);
+        math::OnlineSoftmax sm{m[r], l[r]};
+        const bool any = seen > 0;
+        const float alpha = any ? sm.Rescale(tile_max) : 1.0f;
+        float sum = 0.0f;
+        for (int c = half * (kTile / 2); c < (half + 1) * (kTile / 2); ++c) {
+          const float pv = c < seen ? sm.Prob(s[r * kTile + c]) : 0.0f;
+          p[r * kTile + c] = X::FromF(pv);
+          sum = math::Add(sum, pv);
+        }
+        red2[lane] = sum;
+        for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) {
+          o[r * D + c] = math::Mul(o[r * D + c], alpha);
+        }
+      });
+      x.SyncWarp();
+      x.ForLanes([&](int lane) {  // the row's new statistics, by its even lane
+        if (lane % 2 != 0) return;
+        const int r = lane / 2, q = q0 + w * kWarpRows + r;
+        if (q >= T || math::CausalKeys(q, k0, kn) <= 0) return;
+        math::OnlineSoftmax sm{m[r], l[r]};
+        sm.Rescale(math::Max(red[2 * r], red[2 * r + 1]));
+        sm.Accumulate(math::Add(red2[2 * r], red2[2 * r + 1]));
+        m[r] = sm.max;
+        l[r] = sm.sum;
+      });
+      x.SyncWarp();
+      for (int n = 0; n < D / 16; ++n) {  // O += P V
+        x.Mma(RowB{}, o + n * 16, D, p, kTile, vs + n * 16, D, kTile / 16, true);
+      }
+      x.SyncWarp();
+    });
+  }
+  const int64_t ldo = int64_t{sh.heads} * D;
+  x.ForWarps([&](int w) {
+    unsigned char* ws = smem + 3 * S::tile + w * S::warp;
+    const float* o = reinterpret_cast<const float*>(ws + S::o);
+    const float* m = reinterpret_cast<const float*>(ws + S::m);
+    const float* l = reinterpret_cast<const float*>(ws + S::l);
+    x.ForLanes([&](int lane) {
+      const int r = lane / 2, half = lane % 2, q = q0 + w * kWarpRows + r;
+      if (q >= T) return;
+      const math::OnlineSoftmax sm{m[r], l[r]};
+      const float inv = sm.Inverse();
+      E* dst = out + (static_cast<int64_t>(b) * T + q) * ldo + int64_t{h} * D;
+      for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) {
+        dst[c] = X::FromF(math::Mul(o[r * D + c], inv));
+      }
+      if (half == 0) lse[(static_cast<int64_t>(b) * sh.heads + h) * T + q] = sm.Lse();
+    });
+  });
+}
+
+// dS and P of one warp's 16 rows against a 64-wide tile, from S (raw dot products) and dP, for
+// rows r and columns c whose (query, key) pair is visible: `visible(r, c)`, `lse_of(r, c)` and
+// `d_of(r, c)` say which and give the query's statistics. Phase 1 writes P (fp32 and elements).
+template <typename X, typename Visible, typename Stat>
+ZR_TILE_PROGRAM void RecomputeP(const X& x, const float* s, float* pf, typename X::Elem* pe,
+                                float scale, Visible visible, Stat lse_of) {
+  x.ForLanes([&](int lane) {
+    const int r = lane / 2, c0 = (lane % 2) * (kTile / 2);
+    for (int c = c0; c < c0 + kTile / 2; ++c) {
+      const float pv =
+          visible(r, c) ? math::RecomputedProb(s[r * kTile + c], scale, lse_of(r, c)) : 0.0f;
+      pf[r * kTile + c] = pv;
+      pe[r * kTile + c] = X::FromF(pv);
+    }
+  });
+}
+template <typename X, typename Visible, typename Stat>
+ZR_TILE_PROGRAM void ScoreGrads(const X& x, const float* dp, const float* pf, typename X::Elem* dse,
+                                float scale, Visible visible, Stat d_of) {
+  x.ForLanes([&](int lane) {
+    const int r = lane / 2, c0 = (lane % 2) * (kTile / 2);
+    for (int c = c0; c < c0 + kTile / 2; ++c) {
+      const float ds =
+          visible(r, c) ? math::ScoreGrad(pf[r * kTile + c], dp[r * kTile + c], d_of(r, c), scale)
+                        : 0.0f;
+      dse[r * kTile + c] = X::FromF(ds);
+    }
+  });
+}
+
+// Adds a warp's fp32 [16][D] accumulator into 16 rows of a head in global memory (row i at
+// dst + i * ld), the rows before `rows`.
+template <int D, typename X>
+ZR_TILE_PROGRAM void AddRows(const X& x, typename X::Elem* dst, int64_t ld, const float* acc,
+                             int rows) {
+  x.ForLanes([&](int lane) {
+    const int r = lane / 2, half = lane % 2;
+    if (r >= rows) return;
+    for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) {
+      typename X::Elem& e = dst[r * ld + c];
+      e = X::FromF(math::Add(X::ToF(e), acc[r * D + c]));
+    }
+  });
+}
+
+// The backward's first pass over one (query tile, batch x query head): D = dout . out of its
+// queries into `dvec` ([batch, heads, seq], fp32), and dq += dS K over the key tiles it sees.
+template <int D, typename X>
+ZR_TILE_PROGRAM void BackwardDqProgram(const X& x, unsigned char* smem, typename X::Elem* dqkv,
+                                       const typename X::Elem* dout, const typename X::Elem* qkv,
+                                       const typename X::Elem* out, const float* lse, float* dvec,
+                                       const Shape sh, int tile, int bh) {
+  using E = typename X::Elem;
+  using S = BackwardSmem<D>;
+  const int b = bh / sh.heads, h = bh % sh.heads, q0 = tile * kTile, T = sh.seq;
+  const math::QkvLayout L{sh.heads, sh.kv_heads, D};
+  const int64_t ld = L.row(), ldo = int64_t{sh.heads} * D;
+  const int64_t row0 = static_cast<int64_t>(b) * T, stat0 = (int64_t{b} * sh.heads + h) * T;
+  E* qs = reinterpret_cast<E*>(smem);
+  E* dos = reinterpret_cast<E*>(smem + S::tile);
+  E* ks = reinterpret_cast<E*>(smem + 2 * S::tile);
+  E* vs = reinterpret_cast<E*>(smem + 3 * S::tile);
+  float* lse_s = reinterpret_cast<float*>(smem + S::rows);
+  float* d_s = reinterpret_cast<float*>(smem + S::dv);
+  LoadTile<D>(x, qs, qkv + (row0 + q0) * ld + L.q(h), ld, T - q0);
+  LoadTile<D>(x, dos, dout + (row0 + q0) * ldo + int64_t{h} * D, ldo, T - q0);
+  x.ForWarps([&](int w) {
+    unsigned char* ws = smem + S::dv + kTile * 4 + w * S::warp;
+    float* red = reinterpret_cast<float*>(ws + S::red);
+    float* acc = reinterpret_cast<float*>(ws + S::acc);
+    x.ForLanes([&](int lane) {  // D: each lane of a pair half of the row's dout . out
+      for (int i = lane; i < kWarpRows * D; i += 32) acc[i] = 0.0f;
+      const int r = lane / 2, half = lane % 2, q = q0 + w * kWarpRows + r;
+      float sum = 0.0f;
+      if (q < T) {
+        const E* dq_row = dout + (row0 + q) * ldo + int64_t{h} * D;
+        const E* o_row = out + (row0 + q) * ldo + int64_t{h} * D;
+        for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) {
+          sum = math::Add(sum, math::Mul(X::ToF(dq_row[c]), X::ToF(o_row[c])));
+        }
+      }
+      red[lane] = sum;
+    });
+    x.SyncWarp();
+    x.ForLanes([&](int lane) {
+      if (lane % 2 != 0) return;
+      const int r = lane / 2, q = q0 + w * kWarpRows + r;
+      const float d = math::Add(red[lane], red[lane + 1]);
+      d_s[w * kWarpRows + r] = d;
+      lse_s[w * kWarpRows + r] = q < T ? lse[stat0 + q] : 0.0f;
+      if (q < T) dvec[stat0 + q] = d;
+    });
+  });
+  const int last = (q0 + kTile < T ? q0 + kTile : T) - 1;
+  for (int k0 = 0; k0 <= last; k0 += kTile) {
+    const int kn = T - k0 < kTile ? T - k0 : kTile;
+    x.SyncBlock();
+    LoadTile<D>(x, ks, qkv + (row0 + k0) * ld + L.k(h), ld, kn);
+    LoadTile<D>(x, vs, qkv + (row0 + k0) * ld + L.v(h), ld, kn);
+    x.SyncBlock();
+    x.ForWarps([&](int w) {
+      unsigned char* ws = smem + S::dv + kTile * 4 + w * S::warp;
+      float* s = reinterpret_cast<float*>(ws + S::s);
+      float* pf = reinterpret_cast<float*>(ws + S::pf);
+      E* pe = reinterpret_cast<E*>(ws + S::pe);
+      E* dse = reinterpret_cast<E*>(ws + S::dse);
+      float* acc = reinterpret_cast<float*>(ws + S::acc);
+      const int r0 = w * kWarpRows;
+      auto visible = [&](int r, int c) {
+        const int q = q0 + r0 + r;
+        return q < T && c < math::CausalKeys(q, k0, kn);
+      };
+      for (int n = 0; n < kTile / 16; ++n) {  // S = Q_w K^T
+        x.Mma(ColB{}, s + n * 16, kTile, qs + r0 * D, D, ks + n * 16 * D, D, D / 16, false);
+      }
+      x.SyncWarp();
+      RecomputeP(x, s, pf, pe, sh.scale, visible, [&](int r, int) { return lse_s[r0 + r]; });
+      x.SyncWarp();
+      for (int n = 0; n < kTile / 16; ++n) {  // dP = dO_w V^T, over S
+        x.Mma(ColB{}, s + n * 16, kTile, dos + r0 * D, D, vs + n * 16 * D, D, D / 16, false);
+      }
+      x.SyncWarp();
+      ScoreGrads(x, s, pf, dse, sh.scale, visible, [&](int r, int) { return d_s[r0 + r]; });
+      x.SyncWarp();
+      for (int n = 0; n < D / 16; ++n) {  // dQ_w += dS K
+        x.Mma(RowB{}, acc + n * 16, D, dse, kTile, ks + n * 16, D, kTile / 16, true);
+      }
+      x.SyncWarp();
+    });
+  }
+  x.ForWarps([&](int w) {
+    const float* acc =
+        reinterpret_cast<const float*>(smem + S::dv + kTile * 4 + w * S::warp + S::acc);
+    const int r0 = w * kWarpRows;
+    AddRows<D>(x, dqkv + (row0 + q0 + r0) * ld + L.q(h), ld, acc, T - q0 - r0);
+  });
+}
+
+// The backward's second pass over one (key tile, batch x key/value head): dk += dS^T Q and
+// dv += P^T dout over every query head of the group and every query tile that sees the keys.
+template <int D, typename X>
+ZR_TILE_PROGRAM void BackwardDkvProgram(const X& x, unsigned char* smem, typename X::Elem* dqkv,
+                                        const typename X::Elem* dout, const typename X::Elem* qkv,
+                                        const float* lse, const float* dvec, const Shape sh,
+                                        int tile, int bkv) {
+  using E = typename X::Elem;
+  using S = BackwardSmem<D>;
+  const int b = bkv / sh.kv_heads, g = bkv % sh.kv_heads, k0 = tile * kTile, T = sh.seq;
+  const math::QkvLayout L{sh.heads, sh.kv_heads, D};
+  const int group = L.group();
+  const int64_t ld = L.row(), ldo = int64_t{sh.heads} * D;
+  const int64_t row0 = static_cast<int64_t>(b) * T;
+  E* ks = reinterpret_cast<E*>(smem);
+  E* vs = reinterpret_cast<E*>(smem + S::tile);
+  E* qs = reinterpret_cast<E*>(smem + 2 * S::tile);
+  E* dos = reinterpret_cast<E*>(smem + 3 * S::tile);
+  float* lse_s = reinterpret_cast<float*>(smem + S::rows);
+  float* d_s = reinterpret_cast<float*>(smem + S::dv);
+  const int first_h = g * group;  // the query heads reading key/value head g
+  LoadTile<D>(x, ks, qkv + (row0 + k0) * ld + L.k(first_h), ld, T - k0);
+  LoadTile<D>(x, vs, qkv + (row0 + k0) * ld + L.v(first_h), ld, T - k0);
+  x.ForWarps([&](int w) {
+    float* acc = reinterpret_cast<float*>(smem + S::dv + kTile * 4 + w * S::warp + S::acc);
+    x.ForLanes([&](int lane) {
+      for (int i = lane; i < 2 * kWarpRows * D; i += 32) acc[i] = 0.0f;
+    });
+  });
+  for (int h = first_h; h < first_h + group; ++h) {
+    const int64_t stat0 = (int64_t{b} * sh.heads + h) * T;
+    for (int q0 = k0; q0 < T; q0 += kTile) {  // query tiles from the diagonal on
+      const int qn = T - q0 < kTile ? T - q0 : kTile;
+      x.SyncBlock();
+      LoadTile<D>(x, qs, qkv + (row0 + q0) * ld + L.q(h), ld, qn);
+      LoadTile<D>(x, dos, dout + (row0 + q0) * ldo + int64_t{h} * D, ldo, qn);
+      x.ForThreads([&](int t) {
+        if (t < kTile) {
+          lse_s[t] = t < qn ? lse[stat0 + q0 + t] : 0.0f;
+          d_s[t] = t < qn ? dvec[stat0 + q0 + t] : 0.0f;
+        }
+      });
+      x.SyncBlock();
+      x.ForWarps([&](int w) {
+        unsigned char* ws = smem + S::dv + kTile * 4 + w * S::warp;
+        float* s = reinterpret_cast<float*>(ws + S::s);
+        float* pf = reinterpret_cast<float*>(ws + S::pf);
+        E* pe = reinterpret_cast<E*>(ws + S::pe);
+        E* dse = reinterpret_cast<E*>(ws + S::dse);
+        float* dk = reinterpret_cast<float*>(ws + S::acc);
+        float* dv = dk + kWarpRows * D;
+        const int r0 = w * kWarpRows;  // this warp's keys: k0 + r0 + r; columns are queries
+        auto visible = [&](int r, int c) {
+          const int k = k0 + r0 + r, q = q0 + c;
+          return k < T && c < qn && q >= k;
+        };
+        for (int n = 0; n < kTile / 16; ++n) {  // S^T = K_w Q^T
+          x.Mma(ColB{}, s + n * 16, kTile, ks + r0 * D, D, qs + n * 16 * D, D, D / 16, false);
+        }
+        x.SyncWarp();
+        RecomputeP(x, s, pf, pe, sh.scale, visible, [&](int, int c) { return lse_s[c]; });
+        x.SyncWarp();
+        for (int n = 0; n < D / 16; ++n) {  // dV_w += P^T dO
+          x.Mma(RowB{}, dv + n * 16, D, pe, kTile, dos + n * 16, D, kTile / 16, true);
+        }
+        for (int n = 0; n < kTile / 16; ++n) {  // dP^T = V_w dO^T, over S^T
+          x.Mma(ColB{}, s + n * 16, kTile, vs + r0 * D, D, dos + n * 16 * D, D, D / 16, false);
+        }
+        x.SyncWarp();
+        ScoreGrads(x, s, pf, dse, sh.scale, visible, [&](int, int c) { return d_s[c]; });
+        x.SyncWarp();
+        for (int n = 0; n < D / 16; ++n) {  // dK_w += dS^T Q
+          x.Mma(RowB{}, dk + n * 16, D, dse, kTile, qs + n * 16, D, kTile / 16, true);
+        }
+        x.SyncWarp();
+      });
+    }
+  }
+  x.ForWarps([&](int w) {
+    const float* dk =
+        reinterpret_cast<const float*>(smem + S::dv + kTile * 4 + w * S::warp + S::acc);
+    const int r0 = w * kWarpRows;
+    E* rows = dqkv + (row0 + k0 + r0) * ld;
+    AddRows<D>(x, rows + L.k(first_h), ld, dk, T - k0 - r0);
+    AddRows<D>(x, rows + L.v(first_h), ld, dk + kWarpRows * D, T - k0 - r0);
+  });
+}
+
+}  // namespace zerort::flash

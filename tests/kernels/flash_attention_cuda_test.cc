@@ -1,0 +1,81 @@
+// zerort's CUDA flash attention (kernels/flash_attention.h) on the GPU (gpu label; skipped with
+// the reason when no GPU is present): the cases flash_tiles_test.cc runs through the CPU
+// executor, here through the CUDA kernels (wmma products, real lanes and warps), against the same
+// double reference and tolerances; shapes the kernels do not take are refused by name.
+#include "gtest/gtest.h"
+#include "tests/kernels/flash_harness.h"
+#include "zerort/kernels/flash_attention.h"
+#include "zerort/runtime/allocator.h"
+
+namespace zerort::testing {
+namespace {
+
+#define ZR_NEED_GPU() \
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device: " << QueryCuda().unavailable_reason
+
+struct Gpu {
+  Device device = Device::Cuda(0);
+  std::unique_ptr<Allocator> allocator = *MakeCudaCachingAllocator(device, nullptr);
+  std::unique_ptr<Stream> stream = *CreateStream(device, "compute");
+  std::vector<Buffer> buffers;
+
+  void* Alloc(size_t bytes) {
+    buffers.push_back(*allocator->Allocate(bytes, MemoryCategory::kWorkspace, stream.get()));
+    return buffers.back().data();
+  }
+  template <typename T>
+  void* Up(const std::vector<T>& host) {
+    void* d = Alloc(host.size() * sizeof(T));
+    EXPECT_TRUE(
+        CopyBytes(d, device, host.data(), Device::Cpu(), host.size() * sizeof(T), nullptr).ok());
+    return d;
+  }
+  template <typename T>
+  void Down(std::vector<T>* host, const void* d) {
+    ASSERT_TRUE(stream->Synchronize().ok());
+    ASSERT_TRUE(
+        CopyBytes(host->data(), Device::Cpu(), d, device, host->size() * sizeof(T), nullptr).ok());
+  }
+};
+
+TEST(FlashAttentionCudaTest, ForwardAndBackwardAgainstTheDoubleReference) {
+  ZR_NEED_GPU();
+  for (const FlashCase& c : FlashCases()) {
+    const FlashInputs in = MakeFlashInputs(c);
+    Gpu g;
+    const DType dtype = c.bf16 ? DType::kBF16 : DType::kF16;
+    const internal::FlashAttentionShape shape{c.batch, c.seq, c.heads, c.kv_heads, c.hs};
+    FlashOutputs got{.out = std::vector<uint16_t>(in.out_size()), .dqkv = in.dqkv};
+    got.lse.assign(in.stat_size(), 0.0f);
+    got.dvec.assign(in.stat_size(), 0.0f);
+    const void* qkv = g.Up(in.qkv);
+    const void* dout = g.Up(in.dout);
+    void* dqkv = g.Up(in.dqkv);
+    void* out = g.Alloc(got.out.size() * 2);
+    auto* lse = static_cast<float*>(g.Alloc(got.lse.size() * 4));
+    auto* dvec = static_cast<float*>(g.Alloc(got.dvec.size() * 4));
+    ASSERT_TRUE(internal::CudaFlashAttentionForward(dtype, shape, out, lse, qkv, *g.stream).ok());
+    ASSERT_TRUE(internal::CudaFlashAttentionBackward(dtype, shape, dqkv, dvec, dout, qkv, out, lse,
+                                                     *g.stream)
+                    .ok());
+    g.Down(&got.out, out);
+    g.Down(&got.dqkv, dqkv);
+    g.Down(&got.lse, lse);
+    g.Down(&got.dvec, dvec);
+    ExpectFlashMatchesReference(in, got);
+  }
+}
+
+TEST(FlashAttentionCudaTest, RefusesWhatItDoesNotTake) {
+  ZR_NEED_GPU();
+  Gpu g;
+  const Status fp32 = internal::CudaFlashAttentionForward(DType::kF32, {1, 8, 2, 2, 64}, nullptr,
+                                                          nullptr, nullptr, *g.stream);
+  EXPECT_EQ(fp32.code(), absl::StatusCode::kInvalidArgument) << fp32;
+  const Status hs = internal::CudaFlashAttentionForward(DType::kBF16, {1, 8, 2, 2, 80}, nullptr,
+                                                        nullptr, nullptr, *g.stream);
+  EXPECT_NE(hs.message().find("80"), std::string_view::npos) << hs;
+}
+
+}  // namespace
+}  // namespace zerort::testing

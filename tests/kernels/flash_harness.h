@@ -1,0 +1,236 @@
+// Flash attention's block programs (kernels/flash_tiles.h) run on the CPU by an executor that runs
+// a block's threads one after another, and the double reference both that run and the CUDA
+// kernels' are checked against (flash_tiles_test.cc, flash_attention_cuda_test.cc).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "zerort/kernels/flash_tiles.h"
+#include "zerort/kernels/model_ops.h"
+#include "zerort/runtime/float_bits.h"
+
+namespace zerort::testing {
+
+// The CPU twin of the CUDA executor: indices in turn, the tensor-core product as loops.
+template <bool kBf16>
+struct CpuFlashExec {
+  using Elem = uint16_t;
+  static float ToF(uint16_t v) { return kBf16 ? Bf16BitsToFloat(v) : F16BitsToFloat(v); }
+  static uint16_t FromF(float v) { return kBf16 ? FloatToBf16Bits(v) : FloatToF16Bits(v); }
+  template <typename F>
+  void ForThreads(F&& f) const {
+    for (int t = 0; t < flash::kThreads; ++t) f(t);
+  }
+  template <typename F>
+  void ForWarps(F&& f) const {
+    for (int w = 0; w < flash::kWarps; ++w) f(w);
+  }
+  template <typename F>
+  void ForLanes(F&& f) const {
+    for (int lane = 0; lane < 32; ++lane) f(lane);
+  }
+  void SyncBlock() const {}
+  void SyncWarp() const {}
+  static void Copy16(void* dst, const void* src) { std::memcpy(dst, src, 16); }
+  static void Zero16(void* dst) { std::memset(dst, 0, 16); }
+  void Mma(flash::ColB, float* c, int ldc, const Elem* a, int lda, const Elem* b, int ldb,
+           int k_steps, bool accumulate) const {
+    Product(c, ldc, a, lda, k_steps, accumulate, [&](int k, int n) { return b[n * ldb + k]; });
+  }
+  void Mma(flash::RowB, float* c, int ldc, const Elem* a, int lda, const Elem* b, int ldb,
+           int k_steps, bool accumulate) const {
+    Product(c, ldc, a, lda, k_steps, accumulate, [&](int k, int n) { return b[k * ldb + n]; });
+  }
+  template <typename B>
+  static void Product(float* c, int ldc, const Elem* a, int lda, int k_steps, bool accumulate,
+                      B b_at) {
+    for (int i = 0; i < 16; ++i) {
+      for (int j = 0; j < 16; ++j) {
+        float sum = accumulate ? c[i * ldc + j] : 0.0f;
+        for (int k = 0; k < 16 * k_steps; ++k) sum += ToF(a[i * lda + k]) * ToF(b_at(k, j));
+        c[i * ldc + j] = sum;
+      }
+    }
+  }
+};
+
+struct FlashCase {
+  bool bf16 = true;
+  int batch = 1, seq = 1, heads = 1, kv_heads = 1, hs = 64;
+};
+
+inline float FlashToF(bool bf16, uint16_t v) {
+  return bf16 ? Bf16BitsToFloat(v) : F16BitsToFloat(v);
+}
+
+// Random 16-bit inputs and the same values as doubles; dqkv starts non-zero (gradients add).
+struct FlashInputs {
+  FlashCase c;
+  std::vector<uint16_t> qkv, dout, dqkv;
+  std::vector<double> qkv_d, dout_d, dqkv_d;
+  int64_t row() const { return int64_t{c.heads + 2 * c.kv_heads} * c.hs; }
+  int64_t out_size() const { return int64_t{c.batch} * c.seq * c.heads * c.hs; }
+  int64_t stat_size() const { return int64_t{c.batch} * c.heads * c.seq; }
+  flash::Shape shape() const {
+    return {c.batch, c.seq, c.heads, c.kv_heads, 1.0f / std::sqrt(static_cast<float>(c.hs))};
+  }
+};
+
+inline void RandomBits(bool bf16, int64_t n, uint32_t seed, double sd, std::vector<uint16_t>* bits,
+                       std::vector<double>* values) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, static_cast<float>(sd));
+  bits->resize(n);
+  values->resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = normal(rng);
+    (*bits)[i] = bf16 ? FloatToBf16Bits(v) : FloatToF16Bits(v);
+    (*values)[i] = FlashToF(bf16, (*bits)[i]);
+  }
+}
+
+inline FlashInputs MakeFlashInputs(const FlashCase& c) {
+  FlashInputs in{.c = c};
+  const int64_t n_qkv = int64_t{c.batch} * c.seq * in.row();
+  RandomBits(c.bf16, n_qkv, 7 + c.seq, 1.5, &in.qkv, &in.qkv_d);
+  RandomBits(c.bf16, in.out_size(), 11 + c.seq, 1.0, &in.dout, &in.dout_d);
+  RandomBits(c.bf16, n_qkv, 13 + c.seq, 0.5, &in.dqkv, &in.dqkv_d);
+  return in;
+}
+
+struct FlashOutputs {
+  std::vector<uint16_t> out, dqkv;
+  std::vector<float> lse, dvec;
+};
+
+// Every block of the three programs' grids, in the order the CUDA launches run them; shared
+// memory starts as NaN, so a program that reads what it never wrote fails the comparison.
+template <bool kBf16, int D>
+FlashOutputs RunFlashOnCpuAs(const FlashInputs& in) {
+  const CpuFlashExec<kBf16> x;
+  const flash::Shape sh = in.shape();
+  FlashOutputs r{.out = std::vector<uint16_t>(in.out_size()), .dqkv = in.dqkv};
+  r.lse.assign(in.stat_size(), -1.0f);
+  r.dvec.assign(in.stat_size(), -1.0f);
+  std::vector<unsigned char> smem;
+  auto fresh = [&](int bytes) {
+    smem.assign(bytes, 0xFF);
+    return smem.data();
+  };
+  for (int bh = 0; bh < sh.batch * sh.heads; ++bh) {
+    for (int t = 0; t < sh.tiles(); ++t) {
+      flash::ForwardProgram<D>(x, fresh(flash::ForwardSmem<D>::bytes), in.qkv.data(), r.out.data(),
+                               r.lse.data(), sh, t, bh);
+    }
+  }
+  for (int bh = 0; bh < sh.batch * sh.heads; ++bh) {
+    for (int t = 0; t < sh.tiles(); ++t) {
+      flash::BackwardDqProgram<D>(x, fresh(flash::BackwardSmem<D>::bytes), r.dqkv.data(),
+                                  in.dout.data(), in.qkv.data(), r.out.data(), r.lse.data(),
+                                  r.dvec.data(), sh, t, bh);
+    }
+  }
+  for (int bkv = 0; bkv < sh.batch * sh.kv_heads; ++bkv) {
+    for (int t = 0; t < sh.tiles(); ++t) {
+      flash::BackwardDkvProgram<D>(x, fresh(flash::BackwardSmem<D>::bytes), r.dqkv.data(),
+                                   in.dout.data(), in.qkv.data(), r.lse.data(), r.dvec.data(), sh,
+                                   t, bkv);
+    }
+  }
+  return r;
+}
+
+inline FlashOutputs RunFlashOnCpu(const FlashInputs& in) {
+  if (in.c.hs == 64)
+    return in.c.bf16 ? RunFlashOnCpuAs<true, 64>(in) : RunFlashOnCpuAs<false, 64>(in);
+  return in.c.bf16 ? RunFlashOnCpuAs<true, 128>(in) : RunFlashOnCpuAs<false, 128>(in);
+}
+
+// ||got - want|| / ||want||.
+inline double FlashRelativeError(const std::vector<double>& got, const std::vector<double>& want) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    diff += (got[i] - want[i]) * (got[i] - want[i]);
+    norm += want[i] * want[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+inline std::vector<double> FlashValues(bool bf16, const std::vector<uint16_t>& bits) {
+  std::vector<double> v(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) v[i] = FlashToF(bf16, bits[i]);
+  return v;
+}
+
+// `got` against the double reference attention (materialised probabilities) on the same rounded
+// inputs: out and the gradients norm-wise within what rounding P, dS and the outputs to 16 bits
+// costs; each query's log-sum-exp and D = dout . out (of the run's own out) almost exactly.
+inline void ExpectFlashMatchesReference(const FlashInputs& in, const FlashOutputs& got) {
+  const FlashCase& c = in.c;
+  SCOPED_TRACE(::testing::Message()
+               << (c.bf16 ? "bf16" : "fp16") << " B" << c.batch << " T" << c.seq << " H" << c.heads
+               << ":" << c.kv_heads << " hs" << c.hs);
+  const int T = c.seq, C = c.heads * c.hs, D = c.hs;
+  const int64_t row = in.row();
+  std::vector<double> out_ref(in.out_size()), att(int64_t{c.batch} * c.heads * T * T);
+  cpu::AttentionForward<double>(out_ref.data(), att.data(), in.qkv_d.data(), c.batch, T, C, c.heads,
+                                c.kv_heads);
+  std::vector<double> dqkv_ref = in.dqkv_d;
+  cpu::AttentionBackward<double>(dqkv_ref.data(), in.dout_d.data(), in.qkv_d.data(), att.data(),
+                                 c.batch, T, C, c.heads, c.kv_heads);
+  const std::vector<double> out = FlashValues(c.bf16, got.out);
+  EXPECT_LT(FlashRelativeError(out, out_ref), c.bf16 ? 0.006 : 0.001);
+  // The gradients without the values they were added to.
+  std::vector<double> grad = FlashValues(c.bf16, got.dqkv);
+  for (size_t i = 0; i < grad.size(); ++i) {
+    grad[i] -= in.dqkv_d[i];
+    dqkv_ref[i] -= in.dqkv_d[i];
+  }
+  EXPECT_LT(FlashRelativeError(grad, dqkv_ref), c.bf16 ? 0.01 : 0.0015);
+
+  double worst_lse = 0, worst_d = 0;
+  for (int b = 0; b < c.batch; ++b) {
+    for (int h = 0; h < c.heads; ++h) {
+      const int kvh = h / (c.heads / c.kv_heads);
+      for (int q = 0; q < T; ++q) {
+        const double* qv = &in.qkv_d[(int64_t{b} * T + q) * row + int64_t{h} * D];
+        std::vector<double> s(q + 1);
+        double m = -INFINITY;
+        for (int k = 0; k <= q; ++k) {
+          const double* kv = &in.qkv_d[(int64_t{b} * T + k) * row + int64_t{c.heads + kvh} * D];
+          double dot = 0;
+          for (int i = 0; i < D; ++i) dot += qv[i] * kv[i];
+          s[k] = dot / std::sqrt(static_cast<double>(D));
+          m = std::max(m, s[k]);
+        }
+        double sum = 0;
+        for (double v : s) sum += std::exp(v - m);
+        const int64_t at = (int64_t{b} * c.heads + h) * T + q;
+        worst_lse = std::max(worst_lse, std::abs(got.lse[at] - (m + std::log(sum))));
+        double d = 0;
+        for (int i = 0; i < D; ++i) {
+          const int64_t o = (int64_t{b} * T + q) * C + int64_t{h} * D + i;
+          d += in.dout_d[o] * out[o];
+        }
+        worst_d = std::max(worst_d, std::abs(got.dvec[at] - d) / (1 + std::abs(d)));
+      }
+    }
+  }
+  EXPECT_LT(worst_lse, 1e-5);
+  EXPECT_LT(worst_d, 1e-5);
+}
+
+// The cases both tests run: tails (1, 70, 100, 130), whole tiles (64, 128), multi-head and
+// grouped 2:1 and 4:1, head sizes 64 and 128, bf16 and fp16.
+inline std::vector<FlashCase> FlashCases() {
+  return {{true, 2, 100, 4, 2, 64},  {true, 1, 128, 4, 1, 64}, {true, 1, 1, 3, 3, 64},
+          {true, 1, 130, 2, 2, 128}, {false, 1, 64, 2, 2, 64}, {false, 1, 100, 4, 2, 64},
+          {false, 2, 70, 4, 1, 128}};
+}
+
+}  // namespace zerort::testing
