@@ -86,6 +86,7 @@ struct BackwardSmem {
   static constexpr int red = acc + 2 * kWarpRows * D * 4;
   static constexpr int warp = (red + 32 * 4 + 127) / 128 * 128;
   static constexpr int bytes = dv + kTile * 4 + kWarps * warp;
+  ZR_HOST_DEVICE static constexpr int Warp(int w) { return dv + kTile * 4 + w * warp; }
 };
 
 // Copies `rows` x D elements of a head (row i at src + i * ld) into a dense [64][D] tile, zeros
@@ -255,6 +256,31 @@ ZR_TILE_PROGRAM void ScoreGrads(const X& x, const float* dp, const float* pf, ty
   });
 }
 
+// The backward's common steps for one warp's 16 rows against a 64-wide tile: S = A B^T
+// (A: the warp's 16 rows of D, B: the tile's 64 rows, both in shared memory), P recomputed,
+// `between` (dK/dV's dV += P^T dO, reading P), dP = dA dB^T over S, and dS. The dQ program takes
+// A, B, dA, dB = Q_w, K, dO_w, V; the dK/dV program the transposes K_w, Q, V_w, dO.
+template <int D, typename X, typename Visible, typename Lse, typename Dvec, typename Between>
+ZR_TILE_PROGRAM void ProbsAndScoreGrads(const X& x, float* s, float* pf, typename X::Elem* pe,
+                                        typename X::Elem* dse, const typename X::Elem* a,
+                                        const typename X::Elem* b, const typename X::Elem* da,
+                                        const typename X::Elem* db, float scale, Visible visible,
+                                        Lse lse_of, Dvec d_of, Between between) {
+  for (int n = 0; n < kTile / 16; ++n) {
+    x.Mma(ColB{}, s + n * 16, kTile, a, D, b + n * 16 * D, D, D / 16, false);
+  }
+  x.SyncWarp();
+  RecomputeP(x, s, pf, pe, scale, visible, lse_of);
+  x.SyncWarp();
+  between();
+  for (int n = 0; n < kTile / 16; ++n) {
+    x.Mma(ColB{}, s + n * 16, kTile, da, D, db + n * 16 * D, D, D / 16, false);
+  }
+  x.SyncWarp();
+  ScoreGrads(x, s, pf, dse, scale, visible, d_of);
+  x.SyncWarp();
+}
+
 // Adds a warp's fp32 [16][D] accumulator into 16 rows of a head in global memory (row i at
 // dst + i * ld), the rows before `rows`.
 template <int D, typename X>
@@ -292,7 +318,7 @@ ZR_TILE_PROGRAM void BackwardDqProgram(const X& x, unsigned char* smem, typename
   LoadTile<D>(x, qs, qkv + (row0 + q0) * ld + L.q(h), ld, T - q0);
   LoadTile<D>(x, dos, dout + (row0 + q0) * ldo + int64_t{h} * D, ldo, T - q0);
   x.ForWarps([&](int w) {
-    unsigned char* ws = smem + S::dv + kTile * 4 + w * S::warp;
+    unsigned char* ws = smem + S::Warp(w);
     float* red = reinterpret_cast<float*>(ws + S::red);
     float* acc = reinterpret_cast<float*>(ws + S::acc);
     x.ForLanes([&](int lane) {  // D: each lane of a pair half of the row's dout . out
@@ -326,7 +352,7 @@ ZR_TILE_PROGRAM void BackwardDqProgram(const X& x, unsigned char* smem, typename
     LoadTile<D>(x, vs, qkv + (row0 + k0) * ld + L.v(h), ld, kn);
     x.SyncBlock();
     x.ForWarps([&](int w) {
-      unsigned char* ws = smem + S::dv + kTile * 4 + w * S::warp;
+      unsigned char* ws = smem + S::Warp(w);
       float* s = reinterpret_cast<float*>(ws + S::s);
       float* pf = reinterpret_cast<float*>(ws + S::pf);
       E* pe = reinterpret_cast<E*>(ws + S::pe);
@@ -337,18 +363,10 @@ ZR_TILE_PROGRAM void BackwardDqProgram(const X& x, unsigned char* smem, typename
         const int q = q0 + r0 + r;
         return q < T && c < math::CausalKeys(q, k0, kn);
       };
-      for (int n = 0; n < kTile / 16; ++n) {  // S = Q_w K^T
-        x.Mma(ColB{}, s + n * 16, kTile, qs + r0 * D, D, ks + n * 16 * D, D, D / 16, false);
-      }
-      x.SyncWarp();
-      RecomputeP(x, s, pf, pe, sh.scale, visible, [&](int r, int) { return lse_s[r0 + r]; });
-      x.SyncWarp();
-      for (int n = 0; n < kTile / 16; ++n) {  // dP = dO_w V^T, over S
-        x.Mma(ColB{}, s + n * 16, kTile, dos + r0 * D, D, vs + n * 16 * D, D, D / 16, false);
-      }
-      x.SyncWarp();
-      ScoreGrads(x, s, pf, dse, sh.scale, visible, [&](int r, int) { return d_s[r0 + r]; });
-      x.SyncWarp();
+      ProbsAndScoreGrads<D>(
+          x, s, pf, pe, dse, qs + r0 * D, ks, dos + r0 * D, vs, sh.scale, visible,
+          [&](int r, int) { return lse_s[r0 + r]; }, [&](int r, int) { return d_s[r0 + r]; },
+          [] {});
       for (int n = 0; n < D / 16; ++n) {  // dQ_w += dS K
         x.Mma(RowB{}, acc + n * 16, D, dse, kTile, ks + n * 16, D, kTile / 16, true);
       }
@@ -356,8 +374,7 @@ ZR_TILE_PROGRAM void BackwardDqProgram(const X& x, unsigned char* smem, typename
     });
   }
   x.ForWarps([&](int w) {
-    const float* acc =
-        reinterpret_cast<const float*>(smem + S::dv + kTile * 4 + w * S::warp + S::acc);
+    const float* acc = reinterpret_cast<const float*>(smem + S::Warp(w) + S::acc);
     const int r0 = w * kWarpRows;
     AddRows<D>(x, dqkv + (row0 + q0 + r0) * ld + L.q(h), ld, acc, T - q0 - r0);
   });
@@ -387,7 +404,7 @@ ZR_TILE_PROGRAM void BackwardDkvProgram(const X& x, unsigned char* smem, typenam
   LoadTile<D>(x, ks, qkv + (row0 + k0) * ld + L.k(first_h), ld, T - k0);
   LoadTile<D>(x, vs, qkv + (row0 + k0) * ld + L.v(first_h), ld, T - k0);
   x.ForWarps([&](int w) {
-    float* acc = reinterpret_cast<float*>(smem + S::dv + kTile * 4 + w * S::warp + S::acc);
+    float* acc = reinterpret_cast<float*>(smem + S::Warp(w) + S::acc);
     x.ForLanes([&](int lane) {
       for (int i = lane; i < 2 * kWarpRows * D; i += 32) acc[i] = 0.0f;
     });
@@ -407,7 +424,7 @@ ZR_TILE_PROGRAM void BackwardDkvProgram(const X& x, unsigned char* smem, typenam
       });
       x.SyncBlock();
       x.ForWarps([&](int w) {
-        unsigned char* ws = smem + S::dv + kTile * 4 + w * S::warp;
+        unsigned char* ws = smem + S::Warp(w);
         float* s = reinterpret_cast<float*>(ws + S::s);
         float* pf = reinterpret_cast<float*>(ws + S::pf);
         E* pe = reinterpret_cast<E*>(ws + S::pe);
@@ -419,21 +436,14 @@ ZR_TILE_PROGRAM void BackwardDkvProgram(const X& x, unsigned char* smem, typenam
           const int k = k0 + r0 + r, q = q0 + c;
           return k < T && c < qn && q >= k;
         };
-        for (int n = 0; n < kTile / 16; ++n) {  // S^T = K_w Q^T
-          x.Mma(ColB{}, s + n * 16, kTile, ks + r0 * D, D, qs + n * 16 * D, D, D / 16, false);
-        }
-        x.SyncWarp();
-        RecomputeP(x, s, pf, pe, sh.scale, visible, [&](int, int c) { return lse_s[c]; });
-        x.SyncWarp();
-        for (int n = 0; n < D / 16; ++n) {  // dV_w += P^T dO
-          x.Mma(RowB{}, dv + n * 16, D, pe, kTile, dos + n * 16, D, kTile / 16, true);
-        }
-        for (int n = 0; n < kTile / 16; ++n) {  // dP^T = V_w dO^T, over S^T
-          x.Mma(ColB{}, s + n * 16, kTile, vs + r0 * D, D, dos + n * 16 * D, D, D / 16, false);
-        }
-        x.SyncWarp();
-        ScoreGrads(x, s, pf, dse, sh.scale, visible, [&](int, int c) { return d_s[c]; });
-        x.SyncWarp();
+        ProbsAndScoreGrads<D>(
+            x, s, pf, pe, dse, ks + r0 * D, qs, vs + r0 * D, dos, sh.scale, visible,
+            [&](int, int c) { return lse_s[c]; }, [&](int, int c) { return d_s[c]; },
+            [&] {
+              for (int n = 0; n < D / 16; ++n) {  // dV_w += P^T dO
+                x.Mma(RowB{}, dv + n * 16, D, pe, kTile, dos + n * 16, D, kTile / 16, true);
+              }
+            });
         for (int n = 0; n < D / 16; ++n) {  // dK_w += dS^T Q
           x.Mma(RowB{}, dk + n * 16, D, dse, kTile, qs + n * 16, D, kTile / 16, true);
         }
@@ -442,8 +452,7 @@ ZR_TILE_PROGRAM void BackwardDkvProgram(const X& x, unsigned char* smem, typenam
     }
   }
   x.ForWarps([&](int w) {
-    const float* dk =
-        reinterpret_cast<const float*>(smem + S::dv + kTile * 4 + w * S::warp + S::acc);
+    const float* dk = reinterpret_cast<const float*>(smem + S::Warp(w) + S::acc);
     const int r0 = w * kWarpRows;
     E* rows = dqkv + (row0 + k0 + r0) * ld;
     AddRows<D>(x, rows + L.k(first_h), ld, dk, T - k0 - r0);
