@@ -112,6 +112,8 @@ cases = [
     (["bench", "attention", "--batch", "1024", "--seq", "45", "--heads", "256", "--head-size",
       "512"], "more than 8 GiB"),
     (["bench", "model", "--config", bench_tiny, "--census=maybe"], "--census"),
+    (["bench", "model", "--config", bench_tiny, "--timeline=maybe"], "--timeline"),
+    (["bench", "attention", "--device", "tpu"], "--device 'tpu' must be cpu or cuda"),
     (["bench", "comm", "--min-bytes", "0"], "--min-bytes"),
     (["bench", "comm", "--max-bytes", "1TiB"], "--max-bytes 1TiB"),
     (["bench", "comm", "--max-bytes", "1e400"], "--max-bytes '1e400' is more than 1 EiB"),
