@@ -4,8 +4,8 @@
 # on cuda against cpu loss by loss), the MPI test that stages CUDA buffers through pinned memory,
 # compute-sanitizer's memcheck over the kernel and shard-manager tests, then the measurements the
 # docs record: a GPT-2 124M bf16 ZeRO-3 run (alone, with the optimizer on the host, and with pp 2
-# where there are two GPUs), bench model (with its timeline and launch census), bench adamw and
-# estimate --measure.
+# where there are two GPUs), bench model (with its timeline and launch census), bench adamw,
+# estimate --measure, and GPT-2 124M against llm.c in the same run.
 #   tools/gpu-check.sh [BUILD]
 # With .gpu/pack.tar.xz (tools/gpu-pack.sh, made on a machine that builds zerort) it unpacks that
 # build and uses the machine's CUDA, cuBLAS, NCCL and MPI; else it configures and builds BUILD
@@ -143,5 +143,39 @@ cat "$logs/bench-attention.txt"
   cat "$logs/bench-adamw.json"
 "$zr" estimate "$root/configs/gpt2-124m-bf16-zero3.json" --device cuda --measure \
   >"$logs/estimate-measure.txt" 2>&1; grep -E 'TOTAL|RESERVED' "$logs/estimate-measure.txt"
+# zerort against llm.c in this run (issue 48): GPT-2 124M from random weights, 8 x 1024 x 4
+# tokens a step, one token file in llm.c's format, tokens/s and MFU by one count
+# (tools/peers/llmc_side_by_side.py). llm.c comes built in the pack (tools/gpu-pack.sh --llmc
+# DIR), or is built here from LLMC=DIR (llm.c's folder) where this machine has nvcc.
+llmc_bins=()
+if [[ -n ${x:-} && -x $x/peers/train_gpt2cu ]]; then
+  llmc_bins=("$x/peers/train_gpt2cu:no-cudnn")
+  if [[ -x $x/peers/train_gpt2cu-cudnn ]]; then
+    if missing=$(ldd "$x/peers/train_gpt2cu-cudnn" | grep "not found"); then
+      step "llm.c with cuDNN skipped, it cannot load here: $(echo "$missing" | awk '{print $1}' | xargs)"
+    else
+      llmc_bins+=("$x/peers/train_gpt2cu-cudnn:cudnn")
+    fi
+  fi
+elif [[ -n ${LLMC:-} ]] && command -v nvcc >/dev/null; then
+  rm -rf /tmp/gpu-check-llmc && cp -r "$LLMC" /tmp/gpu-check-llmc && chmod -R u+w /tmp/gpu-check-llmc
+  make -C /tmp/gpu-check-llmc train_gpt2cu NO_MULTI_GPU=1 NO_USE_MPI=1 NO_NVML=1 \
+    GPU_COMPUTE_CAPABILITY=90 PRECISION=BF16 >"$logs/llmc-build.log" 2>&1 &&
+    llmc_bins=("/tmp/gpu-check-llmc/train_gpt2cu:no-cudnn")
+fi
+if ((${#llmc_bins[@]})); then
+  args=(--zerort "$zr" --config "$root/configs/gpt2-124m-bf16-zero3.json" --work /tmp/gpu-check-sbs)
+  for b in "${llmc_bins[@]}"; do args+=(--llmc "$b"); done
+  python3 "$root/tools/peers/llmc_side_by_side.py" "${args[@]}" --json "$logs/side-by-side.json" \
+    >"$logs/side-by-side.txt" 2>&1 || rc=1
+  cp /tmp/gpu-check-sbs/*.log "$logs/" 2>/dev/null
+  # The same zerort run at ZeRO-0: ZeRO-3's gathers and frees should cost nothing at one rank.
+  python3 "$root/tools/peers/llmc_side_by_side.py" --zerort "$zr" --work /tmp/gpu-check-sbs0 \
+    --config "$root/configs/gpt2-124m-bf16-zero3.json" --set zero_optimization.stage=0 \
+    --json "$logs/side-by-side-zero0.json" >"$logs/side-by-side-zero0.txt" 2>&1 || rc=1
+  tail -4 "$logs/side-by-side.txt"; tail -1 "$logs/side-by-side-zero0.txt"
+else
+  step "side-by-side skipped: no llm.c (tools/gpu-pack.sh --llmc DIR, or LLMC=DIR with nvcc)"
+fi
 step "done, exit $rc"
 exit $rc

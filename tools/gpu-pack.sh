@@ -4,9 +4,20 @@
 # the build tree's programs, libraries and ctest files, and the Debian shared libraries they load,
 # into .gpu/pack.tar.xz (about 25 MB). tools/gpu-check.sh unpacks it there and runs the GPU tests.
 # cuBLAS, NCCL, MPI and glibc are not packed: the GPU machine's own are used.
+#   tools/gpu-pack.sh [BUILD] [--llmc DIR]
+# --llmc DIR: llm.c's folder (the peers' README says where; it is never copied into zerort): its
+# train_gpt2cu is built in a scratch folder for sm_90 without cuDNN, and with cuDNN's attention
+# when DIR/../cudnn-frontend exists, and packed under peers/ for gpu-check.sh's side-by-side run.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=$(cd "${1:-$root/build}" && pwd)
+build=$root/build llmc=
+while (($#)); do
+  case $1 in
+    --llmc) llmc=$(cd "${2:?--llmc needs a folder}" && pwd); shift 2 ;;
+    -*) echo "gpu-pack: unknown option $1" >&2; exit 2 ;;
+    *) build=$(cd "$1" && pwd); shift ;;
+  esac
+done
 [[ -x $build/tools/zerort ]] || { echo "gpu-pack: no $build/tools/zerort; build first" >&2; exit 1; }
 [[ -x $build/tests/model_kernels_cuda_test ]] ||
   { echo "gpu-pack: $build was built without CUDA (no tests/model_kernels_cuda_test)" >&2; exit 1; }
@@ -32,5 +43,29 @@ while read -r name path; do
   if [[ ! $name =~ $skip && $path != "$build"/* ]]; then cp -L "$path" "$stage/deps/$name"; fi
 done <"$stage/ldd.txt"
 rm "$stage/ldd.txt"
+
+# llm.c, built from its own folder in a scratch copy (llm.c's Makefile builds in place).
+if [[ -n $llmc ]]; then
+  [[ -f $llmc/train_gpt2.cu ]] || { echo "gpu-pack: $llmc has no train_gpt2.cu" >&2; exit 2; }
+  mkdir -p "$stage/peers"
+  flags=(NO_MULTI_GPU=1 NO_USE_MPI=1 NO_NVML=1 GPU_COMPUTE_CAPABILITY=90 PRECISION=BF16)
+  scratch=$stage/llmc-src
+  cp -r "$llmc" "$scratch" && chmod -R u+w "$scratch"
+  make -C "$scratch" train_gpt2cu "${flags[@]}" >"$stage/peers/build.log" 2>&1 ||
+    { tail -30 "$stage/peers/build.log"; exit 1; }
+  cp "$scratch/train_gpt2cu" "$stage/peers/train_gpt2cu"
+  if [[ -d $llmc/../cudnn-frontend ]]; then
+    rm -f "$scratch/train_gpt2cu" && ln -s "$(cd "$llmc/../cudnn-frontend" && pwd)" "$scratch/cudnn-frontend"
+    if make -C "$scratch" train_gpt2cu USE_CUDNN=1 "${flags[@]}" \
+      NVCC_LDLIBS="-lnvrtc -L/usr/local/cuda/lib64/stubs -lcuda" >>"$stage/peers/build.log" 2>&1; then
+      cp "$scratch/train_gpt2cu" "$stage/peers/train_gpt2cu-cudnn"
+    else
+      echo "gpu-pack: llm.c with cuDNN did not build (peers/build.log); packing it without"
+    fi
+  fi
+  cat "$llmc/COMMIT" >"$stage/peers/COMMIT" 2>/dev/null || true
+  rm -rf "$scratch"
+  echo "gpu-pack: llm.c: $(cd "$stage/peers" && echo train_gpt2cu*)"
+fi
 tar -C "$stage" -cJf "$out/pack.tar.xz" .
 echo "gpu-pack: $out/pack.tar.xz ($(du -h "$out/pack.tar.xz" | cut -f1)), $(ls "$stage/deps" | wc -l) libraries"
