@@ -203,8 +203,11 @@ void StepModel::Flush() {
 void StepModel::AttentionScratch(bool backward) {
   const DecoderConfig& c = in_.model;
   std::vector<Replay::Handle> h;
-  for (int64_t bytes : AttentionScratchBytes(backend(), backward, in_.micro_batch, c.seq_len,
-                                             c.d_model / in_.tp, c.n_head / in_.tp, csize())) {
+  const int heads = c.n_head / in_.tp;
+  const AttentionProgram program =
+      AttentionProgramFor(backend(), csize(), in_.micro_batch, heads, c.head_size());
+  for (int64_t bytes : AttentionScratchBytes(backend(), program, backward, in_.micro_batch,
+                                             c.seq_len, c.d_model / in_.tp, heads, csize())) {
     h.push_back(r_.Alloc(Cat::kWorkspace, bytes, compute_));
   }
   for (auto& x : h) r_.Free(x);
@@ -236,7 +239,9 @@ void StepModel::MicroBatch() {
   r_.SetPhase(Replay::kForward);
   const bool per_block = !in_.activation_checkpointing;
   const auto set_plan = decoder::BlockActPlan(
-      g, act, stat, AttentionSavedBytes(backend(), g.batch, g.seq, g.h_l, act));
+      g, act, stat,
+      AttentionSavedBytes(AttentionProgramFor(backend(), act, g.batch, g.h_l, g.hs), g.batch, g.seq,
+                          g.h_l, act));
   auto block_set = [&](std::vector<Replay::Handle>& into) {
     for (const decoder::BlockActBuffer& b : set_plan) alloc(into, Cat::kActivations, b.bytes);
   };

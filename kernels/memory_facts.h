@@ -4,12 +4,17 @@
 // (estimate/step_model.cc) replays them, without a kernel object (an estimate for CUDA runs on a
 // machine without a GPU).
 //
-// - The attention's saved tensor (besides qkv and out): the CPU float and 16-bit kernels keep each
-//   query's log-sum-exp of its scores (fp32 [batch, heads, seq]; flash-style, the seq x seq
-//   probabilities never exist); the CPU double kernels (the gradient checks' reference) and the
-//   CUDA kernels keep the probabilities (act dtype [batch, heads, seq, seq]).
+// - Which attention program runs (AttentionProgramFor): flash-style on the CPU float and 16-bit
+//   kernels; on CUDA zerort's flash kernels (kernels/flash_attention.h) for bf16/fp16 at head
+//   sizes 64 and 128 with batch x heads within a grid's 65535 rows, else the materialised kernels
+//   (fp32, other head sizes); materialised on the CPU double kernels (the gradient checks'
+//   reference). flash_tiles_test holds this choice to CheckFlashAttention's.
+// - The attention's saved tensor (besides qkv and out): a flash program keeps each query's
+//   log-sum-exp of its scores (fp32 [batch, heads, seq]; the seq x seq probabilities never
+//   exist), a materialised one the probabilities (act dtype [batch, heads, seq, seq]).
 // - The CUDA attention's scratch, allocated in this order on the kernels' stream and freed when
-//   the call returns: forward q, k, v ([batch, heads, seq, head size] each) and the scores
+//   the call returns. Flash: none forward; backward D = dout . out (fp32 [batch, heads, seq]).
+//   Materialised: forward q, k, v ([batch, heads, seq, head size] each) and the scores
 //   [batch, heads, seq, seq]; backward q, k, v, dy, the scores' gradient, then dk. The CPU
 //   kernels allocate none.
 // - The LayerNorm backward and the bias gradients allocate nothing on either backend (the CUDA
@@ -37,18 +42,43 @@ inline constexpr int64_t kCudaLtWorkspaceBytes = int64_t{32} << 20;  // cuBLASLt
 inline constexpr int64_t kCudaLossLedgerBytes = 256;
 inline constexpr int64_t kCudaModelWorkspaceBytes = kCudaLtWorkspaceBytes + kCudaLossLedgerBytes;
 
-inline int64_t AttentionSavedBytes(KernelBackend backend, int batch, int seq, int heads,
+// The attention programs: flash (tiled, online softmax, the log-sum-exp saved) or materialised
+// (the seq x seq probabilities saved).
+enum class AttentionProgram { kFlash, kMaterialised };
+
+// The program a backend's Attention runs for this shape; `act_size` is the activations' bytes
+// (2: bf16 or fp16, which the CUDA flash kernels both take).
+inline AttentionProgram AttentionProgramFor(KernelBackend backend, int64_t act_size, int batch,
+                                            int heads, int head_size) {
+  switch (backend) {
+    case KernelBackend::kCpu:
+      return AttentionProgram::kFlash;
+    case KernelBackend::kCpuDouble:
+      return AttentionProgram::kMaterialised;
+    case KernelBackend::kCuda:
+      break;
+  }
+  const bool flash =
+      act_size == 2 && (head_size == 64 || head_size == 128) && int64_t{batch} * heads <= 65535;
+  return flash ? AttentionProgram::kFlash : AttentionProgram::kMaterialised;
+}
+
+inline int64_t AttentionSavedBytes(AttentionProgram program, int batch, int seq, int heads,
                                    int64_t act_size) {
-  if (backend == KernelBackend::kCpu) return int64_t{batch} * heads * seq * 4;
+  if (program == AttentionProgram::kFlash) return int64_t{batch} * heads * seq * 4;
   return int64_t{batch} * heads * seq * seq * act_size;
 }
 
 // The attention's scratch buffers in allocation order (empty on the CPU); `channels` are the
 // attention's (heads x head size).
-inline std::vector<int64_t> AttentionScratchBytes(KernelBackend backend, bool backward, int batch,
-                                                  int seq, int channels, int heads,
-                                                  int64_t act_size) {
+inline std::vector<int64_t> AttentionScratchBytes(KernelBackend backend, AttentionProgram program,
+                                                  bool backward, int batch, int seq, int channels,
+                                                  int heads, int64_t act_size) {
   if (backend != KernelBackend::kCuda) return {};
+  if (program == AttentionProgram::kFlash) {
+    if (!backward) return {};
+    return {int64_t{batch} * heads * seq * 4};  // D = dout . out per query
+  }
   const int64_t n = int64_t{batch} * seq * channels * act_size;
   const int64_t scores = int64_t{batch} * heads * seq * seq * act_size;
   if (!backward) return {n, n, n, scores};  // q, k, v, scores

@@ -120,14 +120,19 @@ class ModelKernels {
   // qkv layout] (kernels/model_math.h: a query head reads its group's key/value head in place;
   // GPT-2's kv_heads = heads), out [batch, seq, channels], channels = heads x hs. The backward
   // adds into dqkv (the same layout, a key/value head's gradient summed over its query heads).
-  // `saved` (AttentionSavedBytes) keeps what the backward needs besides qkv and out: the CPU
-  // float and 16-bit kernels keep each query's log-sum-exp of its scores (fp32 [batch, heads,
-  // seq]; flash-style, the seq x seq probabilities never exist), the double and CUDA kernels the
-  // probabilities (act dtype [batch, heads, seq, seq], zero above the diagonal). The sizes are
-  // kernels/memory_facts.h's, by backend().
-  int64_t AttentionSavedBytes(int batch, int seq, int heads) const {
-    return zerort::AttentionSavedBytes(backend(), batch, seq, heads,
-                                       static_cast<int64_t>(act_size()));
+  // `saved` (AttentionSavedBytes) keeps what the backward needs besides qkv and out: a flash
+  // program (the CPU float and 16-bit kernels; CUDA's for bf16/fp16 at head sizes 64 and 128)
+  // each query's log-sum-exp of its scores (fp32 [batch, heads, seq]; the seq x seq
+  // probabilities never exist), a materialised one (the double kernels; CUDA's otherwise) the
+  // probabilities (act dtype [batch, heads, seq, seq], zero above the diagonal). Which program
+  // runs and the sizes are kernels/memory_facts.h's ([Note: what the kernels allocate]).
+  virtual AttentionProgram attention_program(int batch, int heads, int head_size) const {
+    return AttentionProgramFor(backend(), static_cast<int64_t>(act_size()), batch, heads,
+                               head_size);
+  }
+  int64_t AttentionSavedBytes(int batch, int seq, int heads, int head_size) const {
+    return zerort::AttentionSavedBytes(attention_program(batch, heads, head_size), batch, seq,
+                                       heads, static_cast<int64_t>(act_size()));
   }
   virtual Status Attention(void* out, void* saved, const void* qkv, int batch, int seq,
                            int channels, int heads, int kv_heads) = 0;
@@ -246,8 +251,11 @@ std::unique_ptr<ModelKernels> MakeCpuModelKernels(CpuPrecision precision, Stream
 // CUDA kernels with activations/weights in `act` (kF32, kBF16 or kF16) and weight gradients in
 // `grad` (kF32, or kBF16 with kBF16 activations); fp32 accumulation everywhere. Scratch memory
 // (GEMM workspace, attention scores) comes from `workspace` (tagged kWorkspace). Fails when CUDA is
-// not built or present.
+// not built or present. `materialised_attention`: the materialised attention program for every
+// shape (`zerort bench attention`'s baseline); otherwise AttentionProgramFor's choice, which the
+// memory model assumes.
 StatusOr<std::unique_ptr<ModelKernels>> MakeCudaModelKernels(DType act, DType grad, Stream& stream,
-                                                             Allocator& workspace);
+                                                             Allocator& workspace,
+                                                             bool materialised_attention = false);
 
 }  // namespace zerort

@@ -88,7 +88,8 @@ Status CudaFlashAttentionBackward(DType, const FlashAttentionShape&, void*, floa
 }  // namespace zerort::internal
 
 namespace zerort {
-StatusOr<std::unique_ptr<ModelKernels>> MakeCudaModelKernels(DType, DType, Stream&, Allocator&) {
+StatusOr<std::unique_ptr<ModelKernels>> MakeCudaModelKernels(DType, DType, Stream&, Allocator&,
+                                                             bool) {
   return absl::FailedPreconditionError("the GPT model on CUDA: zerort was built without CUDA");
 }
 }  // namespace zerort

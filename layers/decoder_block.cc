@@ -173,7 +173,7 @@ Status BlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const Bl
 }
 
 Status AllocateBlockActs(const Geometry& g, ModelKernels& k, Allocator& activations, BlockActs& a) {
-  const int64_t saved = k.AttentionSavedBytes(g.batch, g.seq, g.h_l);
+  const int64_t saved = k.AttentionSavedBytes(g.batch, g.seq, g.h_l, g.hs);
   for (const BlockActBuffer& b : BlockActPlan(g, static_cast<int64_t>(k.act_size()),
                                               static_cast<int64_t>(k.stat_size()), saved)) {
     ZR_ASSIGN_OR_RETURN(a.*b.member,

@@ -121,8 +121,8 @@ StatusOr<Paths> CpuPaths(const BenchAttentionOptions& o, int kv) {
   for (size_t i = 0; i < x->out.size(); ++i) {
     p.worst = std::max(p.worst, double{std::abs(x->out[i] - x->ref_out[i])});
   }
-  p.saved_flash =
-      static_cast<double>(AttentionSavedBytes(KernelBackend::kCpu, o.batch, o.seq, o.heads, 4));
+  p.saved_flash = static_cast<double>(
+      AttentionSavedBytes(AttentionProgram::kFlash, o.batch, o.seq, o.heads, 4));
   p.saved_materialised = 4.0 * o.batch * o.heads * double{o.seq} * o.seq;
   p.keep.push_back(b);
   return p;
@@ -152,7 +152,8 @@ StatusOr<Paths> CudaPaths(const BenchAttentionOptions& o, int kv) {
   ZR_ASSIGN_OR_RETURN(s->allocator, MakeCudaCachingAllocator(dev, nullptr));
   ZR_ASSIGN_OR_RETURN(s->stream, CreateStream(dev, "compute"));
   ZR_ASSIGN_OR_RETURN(s->k,
-                      MakeCudaModelKernels(DType::kBF16, DType::kF32, *s->stream, *s->allocator));
+                      MakeCudaModelKernels(DType::kBF16, DType::kF32, *s->stream, *s->allocator,
+                                           /*materialised_attention=*/true));
   ZR_ASSIGN_OR_RETURN(s->begin, CreateStreamMark(dev));
   ZR_ASSIGN_OR_RETURN(s->end, CreateStreamMark(dev));
   auto alloc = [&](Buffer* b, int64_t bytes) -> Status {
@@ -169,7 +170,8 @@ StatusOr<Paths> CudaPaths(const BenchAttentionOptions& o, int kv) {
   ZR_RETURN_IF_ERROR(alloc(&s->dvec, stats * 4));
   ZR_RETURN_IF_ERROR(alloc(&s->dqkv, rows * row * 2));
   ZR_RETURN_IF_ERROR(alloc(&s->ref_dqkv, rows * row * 2));
-  const int64_t saved_bytes = AttentionSavedBytes(KernelBackend::kCuda, o.batch, o.seq, o.heads, 2);
+  const int64_t saved_bytes =
+      AttentionSavedBytes(AttentionProgram::kMaterialised, o.batch, o.seq, o.heads, 2);
   ZR_RETURN_IF_ERROR(alloc(&s->saved, saved_bytes));
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);

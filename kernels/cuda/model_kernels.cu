@@ -1,8 +1,9 @@
 // ModelKernels on CUDA: the GPT model's operations for fp32, bf16 or fp16 activations/weights and
 // fp32 or bf16 weight gradients, fp32 accumulation everywhere. GEMMs of the linear layers through
 // cuBLASLt (bias fused as an epilogue in the forward; gradients accumulated with beta = 1);
-// attention built on strided-batched cuBLAS GEMMs with a causal softmax kernel between them (the
-// correct-first version; a fused flash-style kernel is the follow-up); the element-wise ops,
+// attention through zerort's flash kernels (kernels/flash_attention.h) for bf16/fp16 at head
+// sizes 64 and 128, else materialised: strided-batched cuBLAS GEMMs with a causal softmax kernel
+// between them (kernels/memory_facts.h's AttentionProgramFor chooses); the element-wise ops,
 // LayerNorm and the fused softmax cross-entropy as kernels here. Same three layers per op as the
 // rest of kernels/cuda: a static __global__ kernel, a launcher on raw pointers and a stream, and
 // the public method that validates and returns Status. The kernels and their launchers are
@@ -25,6 +26,7 @@
 #include "zerort/kernels/cuda/convert.cuh"
 #include "zerort/kernels/cuda/llama_ops.cuh"
 #include "zerort/kernels/cuda/model_ops.cuh"
+#include "zerort/kernels/flash_attention.h"
 #include "zerort/kernels/gemm_map.h"
 #include "zerort/kernels/model_kernels.h"
 #include "zerort/kernels/reduce.h"
@@ -60,12 +62,13 @@ template <typename T, typename G>
 class CudaModelKernels final : public ModelKernels {
  public:
   CudaModelKernels(const internal::CublasApi& blas, Stream& stream, Allocator& workspace, DType act,
-                   DType grad)
+                   DType grad, bool materialised_attention)
       : b_(blas),
         stream_(stream),
         ws_(workspace),
         act_(act),
         grad_(grad),
+        materialised_attention_(materialised_attention),
         lt_(nullptr, LtDeleter{blas.LtDestroy}),
         blas_(nullptr, BlasDeleter{blas.Destroy}) {}
   ~CudaModelKernels() override {
@@ -98,6 +101,10 @@ class CudaModelKernels final : public ModelKernels {
   std::optional<DType> act_dtype() const override { return act_; }
   std::optional<DType> grad_dtype() const override { return grad_; }
   std::optional<DType> stat_dtype() const override { return DType::kF32; }
+  AttentionProgram attention_program(int batch, int heads, int head_size) const override {
+    if (materialised_attention_) return AttentionProgram::kMaterialised;
+    return ModelKernels::attention_program(batch, heads, head_size);
+  }
   std::optional<std::map<std::string, int64_t>> launches() const override {
     std::map<std::string, int64_t> by_name;  // the same name may be two literals' addresses
     for (const auto& [what, n] : launches_) by_name[what] += n;
@@ -241,15 +248,24 @@ class CudaModelKernels final : public ModelKernels {
     return absl::OkStatus();
   }
 
+  // The attention program is attention_program()'s: zerort's flash kernels (the log-sum-exp
+  // saved), or the materialised one below (the probabilities saved).
   Status Attention(void* out, void* att, const void* qkv, int batch, int seq, int channels,
                    int heads, int kv_heads) override {
     const int hs = channels / heads;
+    const AttentionProgram program = attention_program(batch, heads, hs);
+    if (program == AttentionProgram::kFlash) {
+      ZR_RETURN_IF_ERROR(internal::CudaFlashAttentionForward(
+          act_, {batch, seq, heads, kv_heads, hs}, out, static_cast<float*>(att), qkv, stream_));
+      ++launches_["FlashAttention"];
+      return absl::OkStatus();
+    }
     const math::QkvLayout l{heads, kv_heads, hs};
     const int64_t n = int64_t{batch} * seq * channels;
     const int64_t bh = int64_t{batch} * heads;
     // q, k, v, the scores: kernels/memory_facts.h's AttentionScratchBytes.
     const std::vector<int64_t> bytes =
-        AttentionScratchBytes(backend(), false, batch, seq, channels, heads, sizeof(T));
+        AttentionScratchBytes(backend(), program, false, batch, seq, channels, heads, sizeof(T));
     ZR_ASSIGN_OR_RETURN(Buffer q, Scratch(bytes[0]));
     ZR_ASSIGN_OR_RETURN(Buffer k, Scratch(bytes[1]));
     ZR_ASSIGN_OR_RETURN(Buffer v, Scratch(bytes[2]));
@@ -276,18 +292,31 @@ class CudaModelKernels final : public ModelKernels {
     return Launched("HeadsLayout");
   }
 
-  // The forward saved the probabilities (KernelBackend::kCuda); `out` is not needed.
-  Status AttentionBackward(void* dqkv, const void* dout, const void* qkv, const void* /*out*/,
+  // Flash: the forward saved the log-sum-exp and the backward reads `out`; materialised: it
+  // saved the probabilities and `out` is not needed.
+  Status AttentionBackward(void* dqkv, const void* dout, const void* qkv, const void* out,
                            const void* att, int batch, int seq, int channels, int heads,
                            int kv_heads) override {
     const int hs = channels / heads;
+    const AttentionProgram program = attention_program(batch, heads, hs);
+    if (program == AttentionProgram::kFlash) {
+      // D = dout . out: kernels/memory_facts.h's AttentionScratchBytes.
+      const std::vector<int64_t> bytes =
+          AttentionScratchBytes(backend(), program, true, batch, seq, channels, heads, sizeof(T));
+      ZR_ASSIGN_OR_RETURN(Buffer dvec, Scratch(bytes[0]));
+      ZR_RETURN_IF_ERROR(internal::CudaFlashAttentionBackward(
+          act_, {batch, seq, heads, kv_heads, hs}, dqkv, dvec.as<float>(), dout, qkv, out,
+          static_cast<const float*>(att), stream_));
+      launches_["FlashAttentionBackward"] += 2;  // the dQ and the dK/dV kernels
+      return absl::OkStatus();
+    }
     const math::QkvLayout l{heads, kv_heads, hs};
     const int64_t n = int64_t{batch} * seq * channels;
     const int64_t bh = int64_t{batch} * heads;
     const int64_t ths = int64_t{seq} * hs, tt = int64_t{seq} * seq;
     // q, k, v, dy, the scores' gradient, dk: kernels/memory_facts.h's AttentionScratchBytes.
     const std::vector<int64_t> bytes =
-        AttentionScratchBytes(backend(), true, batch, seq, channels, heads, sizeof(T));
+        AttentionScratchBytes(backend(), program, true, batch, seq, channels, heads, sizeof(T));
     ZR_ASSIGN_OR_RETURN(Buffer q, Scratch(bytes[0]));
     ZR_ASSIGN_OR_RETURN(Buffer k, Scratch(bytes[1]));
     ZR_ASSIGN_OR_RETURN(Buffer v, Scratch(bytes[2]));
@@ -602,7 +631,8 @@ class CudaModelKernels final : public ModelKernels {
   const internal::CublasApi& b_;  // loaded by MakeCudaModelKernels
   Stream& stream_;
   Allocator& ws_;
-  const DType act_, grad_;  // T's and G's DType, as the collectives name them
+  const DType act_, grad_;             // T's and G's DType, as the collectives name them
+  const bool materialised_attention_;  // MakeCudaModelKernels' option
   std::unique_ptr<cublasLtContext, LtDeleter> lt_;
   std::unique_ptr<cublasContext, BlasDeleter> blas_;
   Buffer lt_workspace_;  // kLtWorkspace bytes for cuBLASLt, then the loss ledger
@@ -615,10 +645,11 @@ class CudaModelKernels final : public ModelKernels {
 };
 
 template <typename T, typename G>
-StatusOr<std::unique_ptr<ModelKernels>> Make(Stream& stream, Allocator& workspace) {
+StatusOr<std::unique_ptr<ModelKernels>> Make(Stream& stream, Allocator& workspace,
+                                             bool materialised_attention) {
   ZR_ASSIGN_OR_RETURN(const internal::CublasApi* blas, internal::LoadCublas());
   auto k = std::make_unique<CudaModelKernels<T, G>>(*blas, stream, workspace, DTypeOfCuda<T>(),
-                                                    DTypeOfCuda<G>());
+                                                    DTypeOfCuda<G>(), materialised_attention);
   ZR_RETURN_IF_ERROR(k->Init());
   return std::unique_ptr<ModelKernels>(std::move(k));
 }
@@ -626,17 +657,19 @@ StatusOr<std::unique_ptr<ModelKernels>> Make(Stream& stream, Allocator& workspac
 }  // namespace
 
 StatusOr<std::unique_ptr<ModelKernels>> MakeCudaModelKernels(DType act, DType grad, Stream& stream,
-                                                             Allocator& workspace) {
+                                                             Allocator& workspace,
+                                                             bool materialised_attention) {
+  const bool m = materialised_attention;
   if (!stream.device().is_cuda() || workspace.device() != stream.device()) {
     return absl::InvalidArgumentError(
         "MakeCudaModelKernels needs a CUDA stream and an allocator "
         "on the same device");
   }
   // cuBLASLt writes a bf16 or fp32 result from bf16 inputs, but not bf16 from fp32 inputs.
-  if (act == DType::kF32 && grad == DType::kF32) return Make<float, float>(stream, workspace);
-  if (act == DType::kBF16 && grad == DType::kF32) return Make<bf16, float>(stream, workspace);
-  if (act == DType::kBF16 && grad == DType::kBF16) return Make<bf16, bf16>(stream, workspace);
-  if (act == DType::kF16 && grad == DType::kF32) return Make<f16, float>(stream, workspace);
+  if (act == DType::kF32 && grad == DType::kF32) return Make<float, float>(stream, workspace, m);
+  if (act == DType::kBF16 && grad == DType::kF32) return Make<bf16, float>(stream, workspace, m);
+  if (act == DType::kBF16 && grad == DType::kBF16) return Make<bf16, bf16>(stream, workspace, m);
+  if (act == DType::kF16 && grad == DType::kF32) return Make<f16, float>(stream, workspace, m);
   return absl::InvalidArgumentError(
       std::string("the GPT model's CUDA kernels take f32/f32, bf16/f32, bf16/bf16 or f16/f32 "
                   "activations/"

@@ -3,8 +3,10 @@ train.device "cpu" and "cuda", and every step's loss must agree within the preci
 (fp32 1e-5 relative, bf16/fp16 1e-3; measured on an H100/H200: 1.0e-7 and 7.2e-5). The matrix
 covers ZeRO 0-3 with prefetch and reuse-distance keeps, unit-sized buckets, no overlap, gradient
 accumulation, bf16 and fp16, AdamW and LAMB on the device and host tiers, parameter and optimizer
-offload to host memory and NVMe, and activation checkpointing; with an MPI launcher, two ranks on
-one GPU against two CPU ranks (also with ZeRO++'s qwZ and qgZ, 1-bit Adam and 0/1 Adam). Without a usable GPU it exits 77, which ctest reports as skipped.
+offload to host memory and NVMe, activation checkpointing, the flash attention at head size 64
+(bf16, fp16) and LLaMA (grouped-query, fp32 and bf16); with an MPI launcher, two ranks on
+one GPU against two CPU ranks (also LLaMA in bf16, ZeRO++'s qwZ and qgZ, 1-bit Adam and 0/1
+Adam). Without a usable GPU it exits 77, which ctest reports as skipped.
 Usage: cuda_parity_test.py PATH_TO_ZERORT [MPIEXEC]"""
 import json
 import os
@@ -81,9 +83,27 @@ CASES = [
                                                      "offload_param": {"device": "nvme"},
                                                      "sub_group_size": 4000}}),
     ("checkpointing", 1, FP32, {"model": {"activation_checkpointing": True}}),
+    # Head size 64 in bf16/fp16: the model's attention through zerort's flash kernels
+    # (kernels/memory_facts.h's AttentionProgramFor), a sequence of 80 (a 64-row tile and a tail).
+    ("bf16-flash-hs64", 1, HALF, {"bf16": {"enabled": True},
+                                  "model": {"d_model": 128, "seq_len": 80}}),
+    ("fp16-flash-hs64", 1, HALF, {"fp16": {"enabled": True}, "zero_optimization": {"stage": 2},
+                                  "model": {"d_model": 128, "seq_len": 80}}),
+    # LLaMA: rotary positions, RMSNorm, SwiGLU, grouped-query attention (4 query heads on 2
+    # key/value heads), an untied head; in fp32 (materialised attention) and in bf16 at head
+    # size 64 (flash, each key/value head read in place for its two query heads).
+    ("llama-gqa", 1, FP32, {"model": {"arch": "llama", "n_head": 4, "n_kv_head": 2,
+                                      "d_model": 64, "intermediate_size": 176}}),
+    ("llama-gqa-bf16-flash", 1, HALF, {"bf16": {"enabled": True},
+                                       "model": {"arch": "llama", "n_head": 4, "n_kv_head": 2,
+                                                 "d_model": 256, "intermediate_size": 688,
+                                                 "seq_len": 80}}),
 ]
 if mpiexec:  # two ranks on one GPU: NCCL refuses a duplicate GPU, MPI with host staging runs
     CASES.append(("two-ranks-one-gpu", 2, FP32, {}))
+    CASES.append(("two-ranks-llama-bf16-flash", 2, HALF, {
+        "bf16": {"enabled": True}, "model": {"arch": "llama", "n_head": 4, "n_kv_head": 2,
+                                             "d_model": 256, "intermediate_size": 688}}))
     # ZeRO++'s int8 weight gather and gradient reduce-scatter, quantized on the GPU: the CUDA
     # kernels are bitwise the CPU's, but a matmul's last bit can move a value across a rounding
     # boundary of the quantizer, so the half-precision tolerance.

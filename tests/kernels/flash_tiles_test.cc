@@ -7,6 +7,7 @@
 // note's phase rule makes irrelevant (flash_attention_cuda_test.cc runs the same cases there).
 #include "tests/kernels/flash_harness.h"
 #include "zerort/kernels/flash_attention.h"
+#include "zerort/kernels/memory_facts.h"
 
 namespace zerort::testing {
 namespace {
@@ -29,6 +30,38 @@ TEST(FlashTilesTest, TheProgramsCheckTheirShapes) {
   EXPECT_NE(hs.message().find("96"), std::string_view::npos) << hs;
   EXPECT_FALSE(CheckFlashAttention(DType::kBF16, {1, 8, 3, 2, 64}).ok());       // 3 over 2
   EXPECT_FALSE(CheckFlashAttention(DType::kBF16, {4096, 8, 32, 32, 64}).ok());  // grid's y
+}
+
+// The memory model's choice of program (kernels/memory_facts.h, AttentionProgramFor) is the
+// kernels' own: CUDA takes the flash program exactly where CheckFlashAttention accepts the shape,
+// so the estimator and the model size the same saved tensor and scratch.
+TEST(FlashTilesTest, TheMemoryModelChoosesWhatTheKernelsTake) {
+  for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const int hs : {16, 32, 64, 80, 96, 128, 256}) {
+      for (const auto& [batch, heads] :
+           {std::pair{1, 1}, {8, 12}, {2047, 32}, {2048, 32}, {4096, 16}, {65535, 1}, {65536, 1}}) {
+        const bool takes =
+            internal::CheckFlashAttention(dtype, {batch, 1024, heads, heads, hs}).ok();
+        const AttentionProgram p = AttentionProgramFor(
+            KernelBackend::kCuda, static_cast<int64_t>(DTypeSize(dtype)), batch, heads, hs);
+        EXPECT_EQ(p == AttentionProgram::kFlash, takes)
+            << DTypeName(dtype) << " hs " << hs << " batch " << batch << " heads " << heads;
+      }
+    }
+  }
+  EXPECT_EQ(AttentionProgramFor(KernelBackend::kCpu, 4, 1, 1, 16), AttentionProgram::kFlash);
+  EXPECT_EQ(AttentionProgramFor(KernelBackend::kCpuDouble, 8, 1, 1, 64),
+            AttentionProgram::kMaterialised);
+  // Flash keeps a log-sum-exp per query and, on CUDA, D per query in its backward's scratch.
+  EXPECT_EQ(AttentionSavedBytes(AttentionProgram::kFlash, 8, 1024, 12, 2), 8 * 12 * 1024 * 4);
+  EXPECT_EQ(AttentionSavedBytes(AttentionProgram::kMaterialised, 8, 1024, 12, 2),
+            int64_t{8} * 12 * 1024 * 1024 * 2);
+  EXPECT_EQ(AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kFlash, true, 8, 1024,
+                                  768, 12, 2),
+            std::vector<int64_t>{8 * 12 * 1024 * 4});
+  EXPECT_TRUE(AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kFlash, false, 8, 1024,
+                                    768, 12, 2)
+                  .empty());
 }
 
 }  // namespace

@@ -97,7 +97,8 @@ TEST(ModelKernels16BitTest, EveryOpIsTheFloatOpRoundedOnce) {
     const int batch = 2, seq = 6, channels = 8, heads = 4, kv = 2;
     Values qkv = Make(f, batch * seq * (channels + 2 * kv * channels / heads), 7);
     // The attention's saved state is the float kernels' own (fp32 log-sum-exp per query).
-    ASSERT_EQ(k->AttentionSavedBytes(batch, seq, heads), int64_t{batch} * heads * seq * 4);
+    ASSERT_EQ(k->AttentionSavedBytes(batch, seq, heads, channels / heads),
+              int64_t{batch} * heads * seq * 4);
     std::vector<uint16_t> att_out(batch * seq * channels);
     std::vector<float> att_outf(att_out.size()), lse(batch * heads * seq), lsef(lse.size());
     ASSERT_TRUE(

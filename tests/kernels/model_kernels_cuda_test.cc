@@ -92,6 +92,56 @@ const std::vector<std::pair<DType, DType>> kTypes = {{DType::kF32, DType::kF32},
                                                      {DType::kBF16, DType::kBF16},
                                                      {DType::kF16, DType::kF32}};
 
+// bf16/fp16 attention at head sizes 64 and 128 runs zerort's flash kernels through the model's
+// interface: the log-sum-exp saved (the CPU kernels' own size and values), the backward adding
+// into dqkv, against the CPU float kernels on the same rounded inputs; with a sequence tail and
+// grouped-query heads.
+TEST(ModelKernelsCudaTest, FlashAttentionThroughTheModelKernels) {
+  ZR_NEED_GPU();
+  for (DType act : {DType::kBF16, DType::kF16}) {
+    Twin t(act, DType::kF32);
+    for (const int hs : {64, 128}) {
+      const int batch = 2, seq = 100, heads = 4, kv = hs == 64 ? 2 : 4, channels = heads * hs;
+      SCOPED_TRACE(::testing::Message() << DTypeName(act) << " hs " << hs << " kv " << kv);
+      const int64_t rows = int64_t{batch} * seq, row = channels + 2 * int64_t{kv} * hs;
+      ASSERT_EQ(t.gpu->attention_program(batch, heads, hs), AttentionProgram::kFlash);
+      ASSERT_EQ(t.gpu->AttentionSavedBytes(batch, seq, heads, hs),
+                int64_t{batch} * heads * seq * 4);
+      std::vector<float> qkv = Random(rows * row, 1, 0.5f), out(rows * channels),
+                         lse(int64_t{batch} * heads * seq), glse_host(lse.size()),
+                         dout = Random(rows * channels, 2), dqkv = Random(rows * row, 3);
+      void *gqkv = t.A(qkv), *gout = t.A(out), *glse = t.Up(glse_host, DType::kF32),
+           *gdout = t.A(dout), *gdqkv = t.A(dqkv);
+      ASSERT_TRUE(t.gpu->Attention(gout, glse, gqkv, batch, seq, channels, heads, kv).ok());
+      ASSERT_TRUE(
+          t.cpu->Attention(out.data(), lse.data(), qkv.data(), batch, seq, channels, heads, kv)
+              .ok());
+      t.Expect("flash Attention out", gout, out, act);
+      const std::vector<float> got_lse = t.Down(glse, lse.size(), DType::kF32);
+      EXPECT_LE(RelErr(got_lse, lse), 1e-3) << "the saved log-sum-exp";
+      // The backward reads the GPU's own out (as the model passes it), adding into dqkv.
+      ASSERT_TRUE(
+          t.gpu->AttentionBackward(gdqkv, gdout, gqkv, gout, glse, batch, seq, channels, heads, kv)
+              .ok());
+      ASSERT_TRUE(t.cpu
+                      ->AttentionBackward(dqkv.data(), dout.data(), qkv.data(), out.data(),
+                                          lse.data(), batch, seq, channels, heads, kv)
+                      .ok());
+      t.Expect("flash AttentionBackward (added into dqkv)", gdqkv, dqkv, act);
+    }
+    const auto launches = *t.gpu->launches();
+    EXPECT_EQ(launches.at("FlashAttention"), 2);
+    EXPECT_EQ(launches.at("FlashAttentionBackward"), 4);
+    EXPECT_EQ(launches.count("CausalSoftmax"), 0u);
+  }
+  // The bench's baseline: every shape materialised on request.
+  Twin t(DType::kBF16, DType::kF32);
+  auto stream = *CreateStream(Device::Cuda(0), "compute");
+  auto materialised = *MakeCudaModelKernels(DType::kBF16, DType::kF32, *stream, *t.allocator,
+                                            /*materialised_attention=*/true);
+  EXPECT_EQ(materialised->attention_program(2, 4, 64), AttentionProgram::kMaterialised);
+}
+
 TEST(ModelKernelsCudaTest, LinearLayerNormGeluResidual) {
   ZR_NEED_GPU();
   for (auto [act, grad] : kTypes) {
@@ -498,7 +548,9 @@ TEST(ModelKernelsCudaTest, AttentionEmbeddingCrossEntropy) {
                          lse(int64_t{batch} * heads * seq), ref_out(out.size()),
                          dqkv = Random(rows * row, 3);
       void *gqkv = t.A(qkv), *gout = t.A(out), *gatt = t.A(att), *gdqkv = t.A(dqkv);
-      ASSERT_EQ(t.gpu->AttentionSavedBytes(batch, seq, heads),
+      ASSERT_EQ(t.gpu->attention_program(batch, heads, channels / heads),
+                AttentionProgram::kMaterialised);  // head size 12
+      ASSERT_EQ(t.gpu->AttentionSavedBytes(batch, seq, heads, channels / heads),
                 static_cast<int64_t>(att.size() * DTypeSize(act)));
       ASSERT_TRUE(t.gpu->Attention(gout, gatt, gqkv, batch, seq, channels, heads, kv).ok());
       ASSERT_TRUE(
