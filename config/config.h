@@ -96,6 +96,9 @@ struct ModelConfig {
   std::string init_from;  // a Hugging Face model directory: the initial weights
   bool activation_checkpointing = false;
   int64_t head_chunk_rows = 0;
+  // The attention program on CUDA: flash or materialised; empty: by shape (AttentionBackendNamed,
+  // kernels/memory_facts.h).
+  std::string attention_backend;
 };
 
 struct TrainConfig {

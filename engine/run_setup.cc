@@ -18,6 +18,7 @@
 #include "zerort/engine/run_mesh.h"
 #include "zerort/estimate/memory_model.h"
 #include "zerort/kernels/blas.h"
+#include "zerort/kernels/flash_attention.h"
 #include "zerort/runtime/log.h"
 #include "zerort/runtime/strings.h"
 
@@ -210,8 +211,18 @@ Status Run::SetupModel() {
   const DType compute = ComputeDType(c_);
   store_ = MakeShardManagerStore(*manager_, timeline_ ? timeline_->Sink() : SpanSink());
   if (cuda_) {
-    ZR_ASSIGN_OR_RETURN(kernels_, MakeCudaModelKernels(compute, DType::kF32,
-                                                       manager_->compute_stream(), *allocator_));
+    // model.attention_backend: checked here as well as by the memory check (which a run may skip).
+    const DecoderConfig& m = c_.model.shape;
+    const int t = c_.parallel.tensor_parallel_size;
+    const std::optional<AttentionProgram> attention =
+        AttentionBackendNamed(c_.model.attention_backend);
+    ZR_RETURN_IF_ERROR(internal::CheckAttentionBackend(
+        attention, compute,
+        {static_cast<int>(c_.train_micro_batch_size_per_gpu), m.seq_len, m.n_head / t,
+         m.kv_heads() / t, m.head_size()}));
+    ZR_ASSIGN_OR_RETURN(kernels_,
+                        MakeCudaModelKernels(compute, DType::kF32, manager_->compute_stream(),
+                                             *allocator_, attention));
   } else {
     kernels_ = MakeCpuModelKernels(compute == DType::kBF16  ? CpuPrecision::kBf16
                                    : compute == DType::kF16 ? CpuPrecision::kF16

@@ -30,11 +30,13 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "zerort/config/config.h"
 #include "zerort/estimate/comm_model.h"
+#include "zerort/kernels/memory_facts.h"
 #include "zerort/runtime/dtype.h"
 #include "zerort/runtime/memory.h"
 #include "zerort/sharding/options.h"
@@ -68,6 +70,9 @@ struct MemoryModelInput {
   bool activation_checkpointing = false;
   int64_t head_chunk_rows = 0;  // DecoderModelOptions::head_chunk_rows
   bool cuda = false;            // CUDA kernels keep a cuBLASLt workspace and attention scratch
+  // model.attention_backend: the attention program asked for on CUDA; nullopt: by shape
+  // (AttentionProgramFor, kernels/memory_facts.h).
+  std::optional<AttentionProgram> attention;
   // The shard manager the run creates (FromConfig: config/run_options.h, as `zerort train` builds
   // it): stage, compute dtype, optimizer, placement, offload sizes, bucket, prefetch and keep
   // budgets. Its stage defaults to 0 here.

@@ -6,6 +6,7 @@
 
 #include "zerort/config/run_options.h"
 #include "zerort/estimate/memory_model.h"
+#include "zerort/kernels/flash_attention.h"
 #include "zerort/layers/pipeline_executor.h"
 #include "zerort/layers/pipeline_schedule.h"
 #include "zerort/runtime/strings.h"
@@ -36,6 +37,11 @@ Status MemoryModelInput::Validate() const {
   if (head_chunk_rows < 0) {
     return absl::InvalidArgumentError(
         StrCat("model.head_chunk_rows = ", head_chunk_rows, ": must be >= 0 (0: automatic)"));
+  }
+  if (cuda) {
+    ZR_RETURN_IF_ERROR(internal::CheckAttentionBackend(
+        attention, compute(),
+        {micro_batch, model.seq_len, model.n_head / tp, model.kv_heads() / tp, model.head_size()}));
   }
   if (pipeline_stage < 0 || pipeline_stage >= pp) {
     return absl::InvalidArgumentError(
@@ -130,6 +136,7 @@ StatusOr<MemoryModelInput> MemoryModelInput::FromConfig(const RunConfig& config,
   in.activation_checkpointing = c.model.activation_checkpointing;
   in.head_chunk_rows = c.model.head_chunk_rows;
   in.cuda = cuda;
+  in.attention = AttentionBackendNamed(c.model.attention_backend);
   in.manager = ShardManagerOptionsFrom(c, dp);  // what `zerort train` creates
   return in;
 }

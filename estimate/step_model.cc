@@ -205,7 +205,7 @@ void StepModel::AttentionScratch(bool backward) {
   std::vector<Replay::Handle> h;
   const int heads = c.n_head / in_.tp;
   const AttentionProgram program =
-      AttentionProgramFor(backend(), csize(), in_.micro_batch, heads, c.head_size());
+      AttentionProgramFor(backend(), csize(), in_.micro_batch, heads, c.head_size(), in_.attention);
   for (int64_t bytes : AttentionScratchBytes(backend(), program, backward, in_.micro_batch,
                                              c.seq_len, c.d_model / in_.tp, heads, csize())) {
     h.push_back(r_.Alloc(Cat::kWorkspace, bytes, compute_));
@@ -240,8 +240,8 @@ void StepModel::MicroBatch() {
   const bool per_block = !in_.activation_checkpointing;
   const auto set_plan = decoder::BlockActPlan(
       g, act, stat,
-      AttentionSavedBytes(AttentionProgramFor(backend(), act, g.batch, g.h_l, g.hs), g.batch, g.seq,
-                          g.h_l, act));
+      AttentionSavedBytes(AttentionProgramFor(backend(), act, g.batch, g.h_l, g.hs, in_.attention),
+                          g.batch, g.seq, g.h_l, act));
   auto block_set = [&](std::vector<Replay::Handle>& into) {
     for (const decoder::BlockActBuffer& b : set_plan) alloc(into, Cat::kActivations, b.bytes);
   };

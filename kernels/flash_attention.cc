@@ -27,4 +27,14 @@ Status CheckFlashAttention(DType dtype, const FlashAttentionShape& s) {
   return absl::OkStatus();
 }
 
+Status CheckAttentionBackend(std::optional<AttentionProgram> requested, DType dtype,
+                             const FlashAttentionShape& shape) {
+  if (requested != AttentionProgram::kFlash) return absl::OkStatus();
+  const Status s = CheckFlashAttention(dtype, shape);
+  if (s.ok()) return s;
+  return absl::InvalidArgumentError(
+      StrCat("model.attention_backend = \"flash\": ", s.message(),
+             " (unset, the key runs the materialised program where flash does not apply)"));
+}
+
 }  // namespace zerort::internal

@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
+#include "zerort/kernels/memory_facts.h"
 #include "zerort/runtime/device.h"
 #include "zerort/runtime/dtype.h"
 #include "zerort/runtime/status.h"
@@ -21,6 +23,11 @@ struct FlashAttentionShape {
 // Whether the CUDA flash kernels take this shape and element type; the error names what they
 // do not (the element type, the head size, the grouping).
 Status CheckFlashAttention(DType dtype, const FlashAttentionShape& shape);
+
+// A run's model.attention_backend on CUDA: `requested` flash must be a shape the kernels take
+// (the error names the key and why not); unset (nullopt) and materialised always pass.
+Status CheckAttentionBackend(std::optional<AttentionProgram> requested, DType dtype,
+                             const FlashAttentionShape& shape);
 
 // out [batch, seq, heads x hs] and lse [batch, heads, seq] (fp32) from qkv ([Note: the qkv
 // layout]), on `stream` (CUDA).

@@ -7,8 +7,9 @@
 // - Which attention program runs (AttentionProgramFor): flash-style on the CPU float and 16-bit
 //   kernels; on CUDA zerort's flash kernels (kernels/flash_attention.h) for bf16/fp16 at head
 //   sizes 64 and 128 with batch x heads within a grid's 65535 rows, else the materialised kernels
-//   (fp32, other head sizes); materialised on the CPU double kernels (the gradient checks'
-//   reference). flash_tiles_test holds this choice to CheckFlashAttention's.
+//   (fp32, other head sizes), unless the run asks for one (model.attention_backend; the CPU has
+//   one program each); materialised on the CPU double kernels (the gradient checks' reference).
+//   flash_tiles_test holds this choice to CheckFlashAttention's.
 // - The attention's saved tensor (besides qkv and out): a flash program keeps each query's
 //   log-sum-exp of its scores (fp32 [batch, heads, seq]; the seq x seq probabilities never
 //   exist), a materialised one the probabilities (act dtype [batch, heads, seq, seq]).
@@ -26,6 +27,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string_view>
 #include <vector>
 
 namespace zerort {
@@ -46,10 +49,20 @@ inline constexpr int64_t kCudaModelWorkspaceBytes = kCudaLtWorkspaceBytes + kCud
 // (the seq x seq probabilities saved).
 enum class AttentionProgram { kFlash, kMaterialised };
 
+// model.attention_backend's values: "flash", "materialised"; nullopt (by shape) when unset (""),
+// and for any other name (the config schema allows only these two).
+inline std::optional<AttentionProgram> AttentionBackendNamed(std::string_view name) {
+  if (name == "flash") return AttentionProgram::kFlash;
+  if (name == "materialised") return AttentionProgram::kMaterialised;
+  return std::nullopt;
+}
+
 // The program a backend's Attention runs for this shape; `act_size` is the activations' bytes
-// (2: bf16 or fp16, which the CUDA flash kernels both take).
+// (2: bf16 or fp16, which the CUDA flash kernels both take). `requested`: the run's choice on
+// CUDA (a flash request the kernels cannot take fails in the call, naming why); nullopt: auto.
 inline AttentionProgram AttentionProgramFor(KernelBackend backend, int64_t act_size, int batch,
-                                            int heads, int head_size) {
+                                            int heads, int head_size,
+                                            std::optional<AttentionProgram> requested = {}) {
   switch (backend) {
     case KernelBackend::kCpu:
       return AttentionProgram::kFlash;
@@ -58,6 +71,7 @@ inline AttentionProgram AttentionProgramFor(KernelBackend backend, int64_t act_s
     case KernelBackend::kCuda:
       break;
   }
+  if (requested.has_value()) return *requested;
   const bool flash =
       act_size == 2 && (head_size == 64 || head_size == 128) && int64_t{batch} * heads <= 65535;
   return flash ? AttentionProgram::kFlash : AttentionProgram::kMaterialised;

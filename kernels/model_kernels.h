@@ -251,11 +251,11 @@ std::unique_ptr<ModelKernels> MakeCpuModelKernels(CpuPrecision precision, Stream
 // CUDA kernels with activations/weights in `act` (kF32, kBF16 or kF16) and weight gradients in
 // `grad` (kF32, or kBF16 with kBF16 activations); fp32 accumulation everywhere. Scratch memory
 // (GEMM workspace, attention scores) comes from `workspace` (tagged kWorkspace). Fails when CUDA is
-// not built or present. `materialised_attention`: the materialised attention program for every
-// shape (`zerort bench attention`'s baseline); otherwise AttentionProgramFor's choice, which the
-// memory model assumes.
-StatusOr<std::unique_ptr<ModelKernels>> MakeCudaModelKernels(DType act, DType grad, Stream& stream,
-                                                             Allocator& workspace,
-                                                             bool materialised_attention = false);
+// not built or present. `attention`: the attention program asked for (model.attention_backend;
+// `zerort bench attention`'s baseline asks for the materialised one), else AttentionProgramFor's
+// choice by shape (kernels/memory_facts.h), which the memory model makes the same way.
+StatusOr<std::unique_ptr<ModelKernels>> MakeCudaModelKernels(
+    DType act, DType grad, Stream& stream, Allocator& workspace,
+    std::optional<AttentionProgram> attention = std::nullopt);
 
 }  // namespace zerort

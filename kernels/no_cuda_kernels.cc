@@ -89,7 +89,7 @@ Status CudaFlashAttentionBackward(DType, const FlashAttentionShape&, void*, floa
 
 namespace zerort {
 StatusOr<std::unique_ptr<ModelKernels>> MakeCudaModelKernels(DType, DType, Stream&, Allocator&,
-                                                             bool) {
+                                                             std::optional<AttentionProgram>) {
   return absl::FailedPreconditionError("the GPT model on CUDA: zerort was built without CUDA");
 }
 }  // namespace zerort

@@ -151,9 +151,8 @@ StatusOr<Paths> CudaPaths(const BenchAttentionOptions& o, int kv) {
   auto s = std::make_shared<State>();
   ZR_ASSIGN_OR_RETURN(s->allocator, MakeCudaCachingAllocator(dev, nullptr));
   ZR_ASSIGN_OR_RETURN(s->stream, CreateStream(dev, "compute"));
-  ZR_ASSIGN_OR_RETURN(s->k,
-                      MakeCudaModelKernels(DType::kBF16, DType::kF32, *s->stream, *s->allocator,
-                                           /*materialised_attention=*/true));
+  ZR_ASSIGN_OR_RETURN(s->k, MakeCudaModelKernels(DType::kBF16, DType::kF32, *s->stream,
+                                                 *s->allocator, AttentionProgram::kMaterialised));
   ZR_ASSIGN_OR_RETURN(s->begin, CreateStreamMark(dev));
   ZR_ASSIGN_OR_RETURN(s->end, CreateStreamMark(dev));
   auto alloc = [&](Buffer* b, int64_t bytes) -> Status {

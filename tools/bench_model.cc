@@ -23,6 +23,7 @@
 #include "nlohmann/json.hpp"
 #include "zerort/config/config.h"
 #include "zerort/kernels/blas.h"
+#include "zerort/kernels/flash_attention.h"
 #include "zerort/kernels/model_kernels.h"
 #include "zerort/kernels/op_census.h"
 #include "zerort/kernels/op_timeline.h"
@@ -47,13 +48,15 @@ struct BenchModelConfig {
   bool sequence_parallel = false;
   int vocab_multiple = 1;
   int64_t head_chunk_rows = 0;
+  std::optional<AttentionProgram> attention;  // model.attention_backend (CUDA)
 };
 
 // A run config, read and validated as `zerort train` reads it; bench uses the model, the
 // micro-batch (1 when unset), the compute dtype (bf16 or fp16), the ZeRO stage and activation
 // checkpointing.
-StatusOr<BenchModelConfig> LoadBenchConfig(const std::string& path) {
-  ZR_ASSIGN_OR_RETURN(RunConfig run, LoadRunConfig(path));
+StatusOr<BenchModelConfig> LoadBenchConfig(const std::string& path,
+                                           const std::vector<std::string>& overrides) {
+  ZR_ASSIGN_OR_RETURN(RunConfig run, LoadRunConfig(path, overrides));
   BenchModelConfig c;
   c.model = run.model.shape;
   c.micro_batch = run.train_micro_batch_size_per_gpu > 0
@@ -66,6 +69,7 @@ StatusOr<BenchModelConfig> LoadBenchConfig(const std::string& path) {
   c.sequence_parallel = run.parallel.sequence_parallel;
   c.vocab_multiple = run.parallel.make_vocab_size_divisible_by;
   c.head_chunk_rows = run.model.head_chunk_rows;
+  c.attention = AttentionBackendNamed(run.model.attention_backend);
   return c;
 }
 
@@ -76,7 +80,7 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
     Logger()->error("bench model: --iters {} must be in [1, 100000]", o.iters);
     return kExitUsage;
   }
-  StatusOr<BenchModelConfig> loaded = LoadBenchConfig(o.config);
+  StatusOr<BenchModelConfig> loaded = LoadBenchConfig(o.config, o.overrides);
   if (!loaded.ok()) {
     Logger()->error("bench model: {}", loaded.status().message());
     return kExitUsage;
@@ -134,8 +138,11 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
     auto store = MakeShardManagerStore(*manager);
     std::unique_ptr<ModelKernels> kernels;
     if (cuda) {
+      ZR_RETURN_IF_ERROR(internal::CheckAttentionBackend(
+          c.attention, dtype, {batch, seq, m.n_head / c.tp, m.kv_heads() / c.tp, m.head_size()}));
       ZR_ASSIGN_OR_RETURN(
-          kernels, MakeCudaModelKernels(dtype, DType::kF32, manager->compute_stream(), *allocator));
+          kernels, MakeCudaModelKernels(dtype, DType::kF32, manager->compute_stream(), *allocator,
+                                        c.attention));
     } else {
       kernels = MakeCpuModelKernels(dtype == DType::kBF16  ? CpuPrecision::kBf16
                                     : dtype == DType::kF16 ? CpuPrecision::kF16

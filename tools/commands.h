@@ -65,8 +65,9 @@ int RunBenchOffload(const BenchOffloadOptions& options);
 
 struct BenchModelOptions {
   std::string config;  // run config (JSON): the model section and the batch/precision keys
-  int iters = 3;       // measured iterations after one warm-up; the median is reported
-  bool cpu = false;    // measure on the CPU even when a GPU is present
+  std::vector<std::string> overrides;  // --set path.to.key=value, as train's
+  int iters = 3;     // measured iterations after one warm-up; the median is reported
+  bool cpu = false;  // measure on the CPU even when a GPU is present
   bool json = false;
   bool phases = false;    // forward / backward / optimizer / GEMM split, and the sgemm 2048^3 peak
   bool census = false;    // kernel calls and host reads of one micro-batch (kernels/op_census.h)

@@ -128,9 +128,14 @@ fi
   2>"$logs/bench-model-gpt2.log" && cat "$logs/bench-model-gpt2.json"
 # Where the step's time goes (issue 48's timeline), GPT-2 124M at micro-batch 8 x 1024: each
 # kernel call of one micro-batch timed with CUDA events, by kind and GEMM shape, the gaps between
-# calls, and the launch census.
-"$zr" bench model --config "$root/configs/gpt2-124m-bf16-zero3.json" --census --timeline \
-  >"$logs/bench-model-gpt2-timeline.txt" 2>&1 && cat "$logs/bench-model-gpt2-timeline.txt"
+# calls, and the launch census; with the materialised attention (the "before") and zerort's flash
+# kernels.
+for backend in materialised flash; do
+  "$zr" bench model --config "$root/configs/gpt2-124m-bf16-zero3.json" --census --timeline \
+    --set model.attention_backend=$backend >"$logs/bench-model-gpt2-timeline-$backend.txt" 2>&1 ||
+    rc=1
+  echo "== attention_backend $backend"; cat "$logs/bench-model-gpt2-timeline-$backend.txt"
+done
 # zerort's flash attention against the materialised CUDA path (bf16; FlashAttention-2 reaches
 # about 229 TFLOP/s forward on an H100, issue 48's target is 200).
 for shape in "--head-size 64 --heads 12 --seq 1024 --batch 8" "--head-size 128 --heads 16 --seq 4096 --batch 1" \

@@ -260,6 +260,9 @@ int main(int argc, char** argv) {
   CLI::App* model = bench->add_subcommand(
       "model", "GPT forward+backward: tokens/s, FLOP/s, MFU against the model's own GEMM rate");
   model->add_option("--config", model_options.config, "Run config (JSON)")->required();
+  model->add_option("--set", model_options.overrides, "Override a key: path.to.key=value")
+      ->take_all()
+      ->allow_extra_args(false);
   model->add_option("--iters", model_options.iters, "Measured iterations")->capture_default_str();
   model->add_flag("--cpu", model_options.cpu, "Measure on the CPU even when a GPU is present");
   model->add_flag("--json", model_options.json, "One JSON object instead of text");

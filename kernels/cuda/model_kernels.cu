@@ -62,13 +62,13 @@ template <typename T, typename G>
 class CudaModelKernels final : public ModelKernels {
  public:
   CudaModelKernels(const internal::CublasApi& blas, Stream& stream, Allocator& workspace, DType act,
-                   DType grad, bool materialised_attention)
+                   DType grad, std::optional<AttentionProgram> attention)
       : b_(blas),
         stream_(stream),
         ws_(workspace),
         act_(act),
         grad_(grad),
-        materialised_attention_(materialised_attention),
+        attention_(attention),
         lt_(nullptr, LtDeleter{blas.LtDestroy}),
         blas_(nullptr, BlasDeleter{blas.Destroy}) {}
   ~CudaModelKernels() override {
@@ -102,8 +102,7 @@ class CudaModelKernels final : public ModelKernels {
   std::optional<DType> grad_dtype() const override { return grad_; }
   std::optional<DType> stat_dtype() const override { return DType::kF32; }
   AttentionProgram attention_program(int batch, int heads, int head_size) const override {
-    if (materialised_attention_) return AttentionProgram::kMaterialised;
-    return ModelKernels::attention_program(batch, heads, head_size);
+    return AttentionProgramFor(backend(), sizeof(T), batch, heads, head_size, attention_);
   }
   std::optional<std::map<std::string, int64_t>> launches() const override {
     std::map<std::string, int64_t> by_name;  // the same name may be two literals' addresses
@@ -631,8 +630,8 @@ class CudaModelKernels final : public ModelKernels {
   const internal::CublasApi& b_;  // loaded by MakeCudaModelKernels
   Stream& stream_;
   Allocator& ws_;
-  const DType act_, grad_;             // T's and G's DType, as the collectives name them
-  const bool materialised_attention_;  // MakeCudaModelKernels' option
+  const DType act_, grad_;  // T's and G's DType, as the collectives name them
+  const std::optional<AttentionProgram> attention_;  // asked for; nullopt: by shape
   std::unique_ptr<cublasLtContext, LtDeleter> lt_;
   std::unique_ptr<cublasContext, BlasDeleter> blas_;
   Buffer lt_workspace_;  // kLtWorkspace bytes for cuBLASLt, then the loss ledger
@@ -646,20 +645,20 @@ class CudaModelKernels final : public ModelKernels {
 
 template <typename T, typename G>
 StatusOr<std::unique_ptr<ModelKernels>> Make(Stream& stream, Allocator& workspace,
-                                             bool materialised_attention) {
+                                             std::optional<AttentionProgram> attention) {
   ZR_ASSIGN_OR_RETURN(const internal::CublasApi* blas, internal::LoadCublas());
   auto k = std::make_unique<CudaModelKernels<T, G>>(*blas, stream, workspace, DTypeOfCuda<T>(),
-                                                    DTypeOfCuda<G>(), materialised_attention);
+                                                    DTypeOfCuda<G>(), attention);
   ZR_RETURN_IF_ERROR(k->Init());
   return std::unique_ptr<ModelKernels>(std::move(k));
 }
 
 }  // namespace
 
-StatusOr<std::unique_ptr<ModelKernels>> MakeCudaModelKernels(DType act, DType grad, Stream& stream,
-                                                             Allocator& workspace,
-                                                             bool materialised_attention) {
-  const bool m = materialised_attention;
+StatusOr<std::unique_ptr<ModelKernels>> MakeCudaModelKernels(
+    DType act, DType grad, Stream& stream, Allocator& workspace,
+    std::optional<AttentionProgram> attention) {
+  const std::optional<AttentionProgram> m = attention;
   if (!stream.device().is_cuda() || workspace.device() != stream.device()) {
     return absl::InvalidArgumentError(
         "MakeCudaModelKernels needs a CUDA stream and an allocator "

@@ -206,6 +206,28 @@ check("nothing was created for it", not os.path.exists("/nonexistent"), "")
 bad_heads = os.path.join(tmp, "bad-heads.json")
 with open(bad_heads, "w") as f:
     json.dump({"model": {"preset": "tiny", "n_head": 5}}, f)
+# model.attention_backend = flash where CUDA's flash kernels do not apply (fp32, head size 16):
+# the estimate for a GPU refuses it by name; on the CPU (flash always) it trains.
+flash_fp32 = os.path.join(tmp, "flash-fp32.json")
+with open(flash_fp32, "w") as f:
+    json.dump({"model": {"preset": "tiny", "attention_backend": "flash"},
+               "train_micro_batch_size_per_gpu": 2}, f)
+r = run("estimate", flash_fp32, "--device", "cuda")
+check("estimate --device cuda refuses a flash request fp32 cannot take (exit 2, by name)",
+      r.returncode == 2 and 'model.attention_backend = "flash"' in r.stderr
+      and "bf16 or fp16" in r.stderr, r.stderr[-500:])
+r = run("estimate", flash_fp32, "--device", "cpu")
+check("... and on the CPU, which runs flash always, estimates it", r.returncode == 0, r.stderr[-500:])
+# bench model --set overrides a key as train's does.
+r = run("bench", "model", "--config", os.path.join(configs, "bench-tiny.json"), "--iters", "1",
+        "--cpu", "--json", "--set", "model.n_layer=3", "--set", "model.attention_backend=materialised")
+check("bench model --set: the overrides apply (3 blocks)", r.returncode == 0
+      and json.loads(r.stdout).get("n_layer") == 3, r.stderr[-500:])
+r = run("bench", "model", "--config", os.path.join(configs, "bench-tiny.json"), "--cpu",
+        "--set", "model.attention_backend=fast")
+check("bench model --set with a value the key does not take: exit 2 naming the choices",
+      r.returncode == 2 and "attention_backend" in r.stderr and "materialised" in r.stderr,
+      r.stderr[-500:])
 bad_preset = os.path.join(tmp, "bad-preset.json")
 with open(bad_preset, "w") as f:
     json.dump({"model": {"preset": "gpt9"}}, f)

@@ -492,6 +492,37 @@ TEST(MemoryModelTest, ShardingDividesModelStates) {
   EXPECT_GT(e.Peak(MemoryTier::kPinnedHost, MemoryCategory::kOptimizerState), 0);
 }
 
+// The attention program on CUDA (kernels/memory_facts.h, model.attention_backend): GPT-2 at 8 x
+// 1024 in bf16 saves a log-sum-exp per query under flash (auto: head size 64) instead of the
+// B x H x T x T probabilities, 12 blocks x 8 x 12 x 1024 x (1024 x 2 - 4) bytes less; a flash
+// request the kernels cannot take (fp32) is refused by name; the CPU runs flash whatever is asked.
+TEST(MemoryModelTest, TheAttentionProgramSizesTheSavedTensor) {
+  MemoryModelInput in;
+  in.model = *DecoderPreset("gpt2");
+  in.micro_batch = 8;
+  in.manager.stage = ZeroStage::k3;
+  in.manager.compute_dtype = DType::kBF16;
+  in.cuda = true;
+  auto activations = [&](std::optional<AttentionProgram> attention) {
+    in.attention = attention;
+    return EstimateMemory(in)->Peak(MemoryTier::kDevice, MemoryCategory::kActivations);
+  };
+  const int64_t automatic = activations(std::nullopt);
+  EXPECT_EQ(activations(AttentionProgram::kFlash), automatic);
+  const int64_t per_block = int64_t{8} * 12 * 1024 * (1024 * 2 - 4);
+  EXPECT_EQ(activations(AttentionProgram::kMaterialised) - automatic, 12 * per_block);
+  in.manager.compute_dtype = DType::kF32;
+  in.attention = AttentionProgram::kFlash;
+  const Status fp32 = EstimateMemory(in).status();
+  EXPECT_NE(fp32.message().find("model.attention_backend = \"flash\": flash attention on CUDA "
+                                "takes bf16 or fp16, not f32"),
+            std::string::npos)
+      << fp32;
+  in.cuda = false;
+  const int64_t cpu_flash = activations(AttentionProgram::kFlash);
+  EXPECT_EQ(activations(AttentionProgram::kMaterialised), cpu_flash);
+}
+
 TEST(MemoryModelTest, InvalidInputIsRefused) {
   MemoryModelInput in;
   in.model = *DecoderPreset("gpt2");

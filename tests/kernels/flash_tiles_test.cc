@@ -30,6 +30,18 @@ TEST(FlashTilesTest, TheProgramsCheckTheirShapes) {
   EXPECT_NE(hs.message().find("96"), std::string_view::npos) << hs;
   EXPECT_FALSE(CheckFlashAttention(DType::kBF16, {1, 8, 3, 2, 64}).ok());       // 3 over 2
   EXPECT_FALSE(CheckFlashAttention(DType::kBF16, {4096, 8, 32, 32, 64}).ok());  // grid's y
+  // model.attention_backend: a flash request is checked, naming the key; the others pass.
+  using internal::CheckAttentionBackend;
+  const Status asked =
+      CheckAttentionBackend(AttentionProgram::kFlash, DType::kBF16, {1, 8, 2, 2, 96});
+  EXPECT_NE(asked.message().find("model.attention_backend = \"flash\": flash attention on CUDA "
+                                 "takes head sizes 64 and 128, not 96"),
+            std::string_view::npos)
+      << asked;
+  EXPECT_TRUE(CheckAttentionBackend(AttentionProgram::kFlash, DType::kF16, {1, 8, 2, 2, 64}).ok());
+  EXPECT_TRUE(CheckAttentionBackend(std::nullopt, DType::kF32, {1, 8, 2, 2, 96}).ok());
+  EXPECT_TRUE(
+      CheckAttentionBackend(AttentionProgram::kMaterialised, DType::kF32, {1, 8, 2, 2, 96}).ok());
 }
 
 // The memory model's choice of program (kernels/memory_facts.h, AttentionProgramFor) is the
@@ -50,6 +62,15 @@ TEST(FlashTilesTest, TheMemoryModelChoosesWhatTheKernelsTake) {
     }
   }
   EXPECT_EQ(AttentionProgramFor(KernelBackend::kCpu, 4, 1, 1, 16), AttentionProgram::kFlash);
+  // A run's request decides on CUDA; the CPU has one program per backend.
+  EXPECT_EQ(
+      AttentionProgramFor(KernelBackend::kCuda, 2, 8, 12, 64, AttentionProgram::kMaterialised),
+      AttentionProgram::kMaterialised);
+  EXPECT_EQ(AttentionProgramFor(KernelBackend::kCpu, 2, 8, 12, 64, AttentionProgram::kMaterialised),
+            AttentionProgram::kFlash);
+  EXPECT_EQ(AttentionBackendNamed(""), std::nullopt);
+  EXPECT_EQ(AttentionBackendNamed("flash"), AttentionProgram::kFlash);
+  EXPECT_EQ(AttentionBackendNamed("materialised"), AttentionProgram::kMaterialised);
   EXPECT_EQ(AttentionProgramFor(KernelBackend::kCpuDouble, 8, 1, 1, 64),
             AttentionProgram::kMaterialised);
   // Flash keeps a log-sum-exp per query and, on CUDA, D per query in its backward's scratch.

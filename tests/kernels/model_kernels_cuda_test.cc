@@ -138,7 +138,7 @@ TEST(ModelKernelsCudaTest, FlashAttentionThroughTheModelKernels) {
   Twin t(DType::kBF16, DType::kF32);
   auto stream = *CreateStream(Device::Cuda(0), "compute");
   auto materialised = *MakeCudaModelKernels(DType::kBF16, DType::kF32, *stream, *t.allocator,
-                                            /*materialised_attention=*/true);
+                                            AttentionProgram::kMaterialised);
   EXPECT_EQ(materialised->attention_program(2, 4, 64), AttentionProgram::kMaterialised);
 }
 
