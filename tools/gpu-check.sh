@@ -182,5 +182,12 @@ if ((${#llmc_bins[@]})); then
 else
   step "side-by-side skipped: no llm.c (tools/gpu-pack.sh --llmc DIR, or LLMC=DIR with nvcc)"
 fi
+# A LLaMA-3.2-1B-shaped model (16 layers, d 2048, 32 query heads on 8 key/value heads, head size
+# 64: the flash kernels) at ZeRO-3, 4 x 2048 x 4 tokens a step: issue 48's 45% MFU target.
+"$zr" train "$root/configs/llama-1b-bf16-zero3.json" --overwrite --set train.steps=8 \
+  --set train.eval_interval=8 --set train.eval_windows=1 --set steps_per_print=1 \
+  --set logging.metrics_file=/tmp/gpu-check-metrics-llama.jsonl >"$logs/train-llama-1b.log" 2>&1 ||
+  rc=1
+grep -E '^step +[0-9]+/' "$logs/train-llama-1b.log" | tail -3
 step "done, exit $rc"
 exit $rc

@@ -123,6 +123,7 @@ TEST(HfConfigTest, Llama32ScalingAndLlamaBiasesAreRead) {
                                           .original_max_position_embeddings = 8192}));
   EXPECT_TRUE(c->tied());
   EXPECT_EQ(c->NumParameters(), 1'235'814'400);  // LLaMA 3.2 1B's published count
+  EXPECT_EQ(*c, *DecoderPreset("llama-3.2-1b"));
   EXPECT_FALSE(c->qkv_bias || c->o_proj_bias || c->mlp_bias);
 
   nlohmann::json five = published;

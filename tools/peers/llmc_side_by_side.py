@@ -149,7 +149,6 @@ def main():
            "--set", f"gradient_accumulation_steps={a.accum}", "--set", f"model.seq_len={a.seq}",
            "--set", f"train.steps={a.steps}", "--set", f"train.eval_interval={a.steps}",
            "--set", "train.eval_windows=1", "--set", "train.sample_tokens=0",
-           "--set", f"checkpoint.dir={os.path.join(a.work, 'zerort-ckpt')}",
            "--set", f"logging.metrics_file={metrics}", "--set", f"steps_per_print={a.steps}"]
     for kv in a.set:
         cmd += ["--set", kv]
