@@ -314,7 +314,9 @@ void StepModel::MicroBatch() {
   std::vector<std::vector<Replay::Handle>> sets_of(static_cast<size_t>(blocks));
   // A LLaMA block's Q, K, V before the rotation ([Note: a LLaMA block's projections]): freed
   // before the attention runs.
-  const int64_t projections = decoder::ProjectionScratchBytes(g, act);
+  const int64_t projections = decoder::QkvFusedInLayout(g, in_.manager.alignment)
+                                  ? 0
+                                  : decoder::ProjectionScratchBytes(g, act);
   auto project = [&] {
     if (projections == 0) return;
     Transient(Cat::kWorkspace, {projections}, compute_);

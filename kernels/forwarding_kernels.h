@@ -171,6 +171,12 @@ class ForwardingKernels final : public ModelKernels {
       return k_->RopeQkvBackward(dq, dk, dv, dqkv, batch, seq, heads, kv_heads, head_size, rope);
     });
   }
+  Status RopeQkvInPlace(void* qkv, int batch, int seq, int heads, int kv_heads, int head_size,
+                        const Rope& rope, bool transpose) override {
+    return hook_.Op(OpInfo{transpose ? "RopeQkvInPlaceBackward" : "RopeQkvInPlace"}, [=, this] {
+      return k_->RopeQkvInPlace(qkv, batch, seq, heads, kv_heads, head_size, rope, transpose);
+    });
+  }
   Status SwiGlu(void* out, const void* gate, const void* up, int64_t n) override {
     return hook_.Op(OpInfo{"SwiGlu"}, [=, this] { return k_->SwiGlu(out, gate, up, n); });
   }

@@ -205,6 +205,11 @@ class ModelKernels {
   // their query heads): the rotation's transpose. A null gradient is skipped.
   virtual Status RopeQkvBackward(void* dq, void* dk, void* dv, const void* dqkv, int batch, int seq,
                                  int heads, int kv_heads, int head_size, const Rope& rope) = 0;
+  // The same rotation in place: qkv holds the unrotated q, k, v in its layout (one GEMM's output:
+  // [Note: a LLaMA block's projections]) and its query and key heads are turned; with `transpose`
+  // the rotation's transpose, turning dqkv's back (the backward). The value heads are untouched.
+  virtual Status RopeQkvInPlace(void* qkv, int batch, int seq, int heads, int kv_heads,
+                                int head_size, const Rope& rope, bool transpose) = 0;
   // SwiGLU: out = silu(gate) x up, silu(x) = x sigmoid(x); element-wise over n.
   virtual Status SwiGlu(void* out, const void* gate, const void* up, int64_t n) = 0;
   virtual Status SwiGluBackward(void* dgate, void* dup, const void* dout, const void* gate,

@@ -91,6 +91,11 @@ void RopeQkvForward(T* qkv, const T* q, const T* k, const T* v, int batch, int s
 template <typename T>
 void RopeQkvBackward(T* dq, T* dk, T* dv, const T* dqkv, int batch, int seq, int heads,
                      int kv_heads, int head_size, const Rope& rope);
+// The same rotation in place on qkv's query and key heads (the value heads untouched); with
+// `transpose` the rotation's transpose (the backward, on dqkv). Bitwise what the two above compute.
+template <typename T>
+void RopeQkvInPlace(T* qkv, int batch, int seq, int heads, int kv_heads, int head_size,
+                    const Rope& rope, bool transpose);
 // SwiGLU: out = silu(gate) up.
 template <typename T>
 void SwiGluForward(T* out, const T* gate, const T* up, int64_t n);

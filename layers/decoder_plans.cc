@@ -60,6 +60,14 @@ std::vector<ScratchBuffer> BlockBackwardScratchPlan(const Geometry& g, int64_t a
           {&BackwardScratch::d4b, g.rows * std::max<int64_t>(mlp, projections) * act}};
 }
 
+bool QkvFusedInLayout(const Geometry& g, int64_t alignment) {
+  if (g.f.qkv != QkvKind::kRotary) return false;
+  const int64_t q = int64_t{g.h_l} * g.hs, kv = int64_t{g.kv_l} * g.hs;
+  auto whole = [alignment](int64_t elements) { return elements % alignment == 0; };
+  // Q's and K's tensors end where the next begins (V's end is not another's start).
+  return whole(q * g.d) && whole(kv * g.d) && (!g.f.qkv_bias || (whole(q) && whole(kv)));
+}
+
 int64_t ProjectionScratchBytes(const Geometry& g, int64_t act) {
   return g.f.qkv == QkvKind::kRotary ? g.rows * QkvCols(g) * act : 0;
 }

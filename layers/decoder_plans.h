@@ -95,9 +95,19 @@ struct BlockActBuffer {
 std::vector<BlockActBuffer> BlockActPlan(const Geometry& g, int64_t act, int64_t stat,
                                          int64_t attention_saved);
 
-// [Note: a LLaMA block's projections] The forward's Q, K and V projections before the rotation
-// ([rows, (h_l + 2 kv_l) hs], act dtype, kWorkspace): allocated by a LLaMA block's forward and
-// freed once RopeQkv has read them. 0 for GPT-2 (its fused QKV goes straight into qkv).
+// [Note: a LLaMA block's projections] A LLaMA block keeps Q, K and V as three parameters (as
+// Hugging Face's files do: their tensor-parallel splits and checkpoints are each its own). Where
+// they lie back to back in the unit, as the shard manager's FlatLayout puts them when each one's
+// elements are a multiple of its alignment (QkvFusedInLayout), they are one [(h_l + 2 kv_l) hs, d]
+// weight (and bias): one GEMM writes q, k, v in qkv's layout ([Note: the qkv layout]) and
+// RopeQkvInPlace turns them there; the backward turns dqkv back in place and runs one GEMM's
+// input and weight gradients. Otherwise (tensors elsewhere: a test's store, odd sizes) three
+// GEMMs write the projections to a scratch of ProjectionScratchBytes ([rows, (h_l + 2 kv_l) hs],
+// act dtype, kWorkspace), freed once RopeQkv has read them into qkv, and the backward's dq, dk,
+// dv take d4b. The model decides by the tensors' addresses, the memory model by the layout's rule:
+// the same answer for the shard manager's units. ProjectionScratchBytes is 0 for GPT-2 (its
+// fused QKV goes straight into qkv).
+bool QkvFusedInLayout(const Geometry& g, int64_t alignment);
 int64_t ProjectionScratchBytes(const Geometry& g, int64_t act);
 
 // [Note: a micro-batch's buffers] In allocation order, per call:

@@ -40,6 +40,21 @@ class Slots {
   const std::vector<void*>& tensors_;
 };
 
+// [Note: a LLaMA block's projections]: whether Q, K and V's weights (and biases, where the block
+// has them) among `tensors` lie back to back, elements of `size` bytes: one [(h_l + 2 kv_l) hs, d]
+// weight whose single GEMM writes qkv's layout.
+bool QkvContiguous(const Geometry& g, const Slots& tensors, size_t size) {
+  const Projections p = Split(g);
+  auto follows = [&](LlamaParam a, LlamaParam b, int64_t elements) {
+    return static_cast<const std::byte*>(tensors[a]) + elements * static_cast<int64_t>(size) ==
+           tensors[b];
+  };
+  const bool weights =
+      follows(kQW, kKW, int64_t{p.q_cols} * g.d) && follows(kKW, kVW, int64_t{p.kv_cols} * g.d);
+  if (!weights || !g.f.qkv_bias) return weights;
+  return follows(kQB, kKB, p.q_cols) && follows(kKB, kVB, p.kv_cols);
+}
+
 }  // namespace
 
 Status LlamaBlockForward(const Ctx& c, const std::vector<void*>& params, const void* x,
@@ -50,7 +65,13 @@ Status LlamaBlockForward(const Ctx& c, const std::vector<void*>& params, const v
   const Slots w(g, params);
   ZR_RETURN_IF_ERROR(
       NormToColumn(c, a.ln1.data(), nullptr, a.ln1_rstd.data(), x, w[kAttnNorm], nullptr));
-  {
+  if (QkvContiguous(g, w, act)) {
+    // [Note: a LLaMA block's projections]: one GEMM writes q, k, v in qkv's layout, turned there.
+    ZR_RETURN_IF_ERROR(k.Matmul(a.qkv.data(), a.ln1.data(), w[kQW], w[kQB], g.rows, g.d,
+                                static_cast<int>(QkvCols(g))));
+    ZR_RETURN_IF_ERROR(
+        k.RopeQkvInPlace(a.qkv.data(), g.batch, g.seq, g.h_l, g.kv_l, g.hs, g.rope, false));
+  } else {
     // [Note: a LLaMA block's projections]: this rank's query heads and key/value heads, then
     // rotated into qkv ([Note: the qkv layout]: each key/value head once).
     ZR_ASSIGN_OR_RETURN(
@@ -116,20 +137,29 @@ Status LlamaBlockBackward(const Ctx& c, const UnitTensors& u, const void* x, con
   ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, g.rows * QkvCols(g) * act, st));
   ZR_RETURN_IF_ERROR(k.AttentionBackward(s.d4a.data(), s.dbtc.data(), a.qkv.data(), a.atty.data(),
                                          a.att.data(), g.batch, g.seq, g.d_l, g.h_l, g.kv_l));
-  const Projections p = Split(g);
-  void* dq = s.d4b.data();
-  void* dk = At(s.d4b.data(), p.k, act);
-  void* dv = At(s.d4b.data(), p.v, act);
-  ZR_RETURN_IF_ERROR(FillZero(s.d4b.data(), dev, p.v * act + g.rows * p.kv_cols * act, st));
-  ZR_RETURN_IF_ERROR(
-      k.RopeQkvBackward(dq, dk, dv, s.d4a.data(), g.batch, g.seq, g.h_l, g.kv_l, g.hs, g.rope));
-  ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kQW], gr[kQB], dq, a.ln1.data(), w[kQW],
-                                      g.rows, g.d, p.q_cols));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kKW], gr[kKB], dk, a.ln1.data(), w[kKW],
-                                      g.rows, g.d, p.kv_cols));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kVW], gr[kVB], dv, a.ln1.data(), w[kVW],
-                                      g.rows, g.d, p.kv_cols));
+  if (QkvContiguous(g, w, act) && QkvContiguous(g, gr, k.grad_size())) {
+    // dqkv turned back in place, then one GEMM's input and weight gradients for Q, K and V.
+    ZR_RETURN_IF_ERROR(
+        k.RopeQkvInPlace(s.d4a.data(), g.batch, g.seq, g.h_l, g.kv_l, g.hs, g.rope, true));
+    ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
+    ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kQW], gr[kQB], s.d4a.data(), a.ln1.data(),
+                                        w[kQW], g.rows, g.d, static_cast<int>(QkvCols(g))));
+  } else {
+    const Projections p = Split(g);
+    void* dq = s.d4b.data();
+    void* dk = At(s.d4b.data(), p.k, act);
+    void* dv = At(s.d4b.data(), p.v, act);
+    ZR_RETURN_IF_ERROR(FillZero(s.d4b.data(), dev, p.v * act + g.rows * p.kv_cols * act, st));
+    ZR_RETURN_IF_ERROR(
+        k.RopeQkvBackward(dq, dk, dv, s.d4a.data(), g.batch, g.seq, g.h_l, g.kv_l, g.hs, g.rope));
+    ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
+    ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kQW], gr[kQB], dq, a.ln1.data(), w[kQW],
+                                        g.rows, g.d, p.q_cols));
+    ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kKW], gr[kKB], dk, a.ln1.data(), w[kKW],
+                                        g.rows, g.d, p.kv_cols));
+    ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kVW], gr[kVB], dv, a.ln1.data(), w[kVW],
+                                        g.rows, g.d, p.kv_cols));
+  }
   ZR_ASSIGN_OR_RETURN(const void* dln1, ReduceColumnInputGrad(c, s));
   ZR_RETURN_IF_ERROR(
       NormBackward(c, s, 1, dln1, x, u.params, u.grads, kAttnNorm, nullptr, a.ln1_rstd.data()));

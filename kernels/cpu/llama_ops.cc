@@ -135,6 +135,27 @@ void RopeQkvBackward(T* dq, T* dk, T* dv, const T* dqkv, int batch, int seq, int
 }
 
 template <typename T>
+void RopeQkvInPlace(T* qkv, int batch, int seq, int heads, int kv_heads, int head_size,
+                    const Rope& rope, bool transpose) {
+  const math::QkvLayout l{heads, kv_heads, head_size};
+  const int half = head_size / 2;
+  // The transpose turns by -angle: sin negated.
+  const T sign = transpose ? T(-1) : T(1);
+  ForEachRotatedRow<T>(batch, seq, head_size, rope, [&](int64_t r, const T* c, const T* s) {
+    T* row = qkv + r * l.row();
+    // Query heads, then the key heads; the value heads after them are not turned.
+    for (int h = 0; h < heads + kv_heads; ++h) {
+      T* x = row + int64_t{h} * head_size;
+      for (int i = 0; i < half; ++i) {
+        const T x1 = x[i], x2 = x[i + half], si = sign * s[i];
+        x[i] = x1 * c[i] - x2 * si;
+        x[i + half] = x2 * c[i] + x1 * si;
+      }
+    }
+  });
+}
+
+template <typename T>
 void SwiGluForward(T* out, const T* gate, const T* up, int64_t n) {
   ParallelFor(n, 4096, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
@@ -163,6 +184,7 @@ void SwiGluBackward(T* dgate, T* dup, const T* dout, const T* gate, const T* up,
   template void RopeQkvForward<T>(T*, const T*, const T*, const T*, int, int, int, int, int,      \
                                   const Rope&);                                                   \
   template void RopeQkvBackward<T>(T*, T*, T*, const T*, int, int, int, int, int, const Rope&);   \
+  template void RopeQkvInPlace<T>(T*, int, int, int, int, int, const Rope&, bool);                \
   template void SwiGluForward<T>(T*, const T*, const T*, int64_t);                                \
   template void SwiGluBackward<T>(T*, T*, const T*, const T*, const T*, int64_t);
 ZR_INSTANTIATE_LLAMA(float)

@@ -172,6 +172,11 @@ class CpuModelKernels final : public ModelKernels {
                             rope);
     return absl::OkStatus();
   }
+  Status RopeQkvInPlace(void* qkv, int batch, int seq, int heads, int kv_heads, int head_size,
+                        const Rope& rope, bool transpose) override {
+    cpu::RopeQkvInPlace<T>(P(qkv), batch, seq, heads, kv_heads, head_size, rope, transpose);
+    return absl::OkStatus();
+  }
   Status SwiGlu(void* out, const void* gate, const void* up, int64_t n) override {
     cpu::SwiGluForward<T>(P(out), P(gate), P(up), n);
     return absl::OkStatus();
@@ -435,6 +440,13 @@ class Cpu16ModelKernels final : public ModelKernels {
     ZR_RETURN_IF_ERROR(q.Store());
     ZR_RETURN_IF_ERROR(k.Store());
     return v.Store();
+  }
+  Status RopeQkvInPlace(void* qkv, int batch, int seq, int heads, int kv_heads, int head_size,
+                        const Rope& rope, bool transpose) override {
+    F x(this, qkv, int64_t{batch} * seq * (heads + 2 * kv_heads) * head_size, true);
+    ZR_RETURN_IF_ERROR(
+        f_.RopeQkvInPlace(x.data(), batch, seq, heads, kv_heads, head_size, rope, transpose));
+    return x.Store();
   }
   Status SwiGlu(void* out, const void* gate, const void* up, int64_t n) override {
     F o(this, out, n, false);

@@ -143,6 +143,29 @@ static __global__ void RopeQkvBackwardKernel(T* dq, T* dk, T* dv, const T* dqkv,
   }
 }
 
+// In place on qkv ([Note: the qkv layout]), over the query and key head slots' channel pairs:
+// the rotation, or with `transpose` its transpose (turned by -angle). n = rows x (heads +
+// kv_heads) x hs / 2; each thread reads and writes its own pair.
+template <typename T>
+static __global__ void RopeQkvInPlaceKernel(T* qkv, int seq, int heads, int kv_heads, int head_size,
+                                            Rope rope, bool transpose, int64_t n) {
+  const math::QkvLayout l{heads, kv_heads, head_size};
+  const int half = head_size / 2, slots = heads + kv_heads;
+  for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < n;
+       idx += int64_t{gridDim.x} * blockDim.x) {
+    const int i = static_cast<int>(idx % half);
+    const int slot = static_cast<int>((idx / half) % slots);
+    const int64_t row = idx / (int64_t{half} * slots);
+    float c, s;
+    RopeAngle(row, seq, i, head_size, rope, &c, &s);
+    if (transpose) s = -s;
+    T* x = qkv + row * l.row() + int64_t{slot} * head_size;  // q head, or k head slot - heads
+    const float x1 = ToFloat(x[i]), x2 = ToFloat(x[i + half]);
+    x[i] = FromFloat<T>(x1 * c - x2 * s);
+    x[i + half] = FromFloat<T>(x2 * c + x1 * s);
+  }
+}
+
 template <typename T>
 static __global__ void SwiGluKernel(T* out, const T* gate, const T* up, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;

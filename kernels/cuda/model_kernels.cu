@@ -394,6 +394,14 @@ class CudaModelKernels final : public ModelKernels {
                                                               heads, kv_heads, head_size, rope, n);
     return Launched("RopeQkvBackward");
   }
+  Status RopeQkvInPlace(void* qkv, int batch, int seq, int heads, int kv_heads, int head_size,
+                        const Rope& rope, bool transpose) override {
+    const int64_t n = int64_t{batch} * seq * (heads + kv_heads) * (head_size / 2);
+    if (n == 0) return absl::OkStatus();
+    RopeQkvInPlaceKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(qkv), seq, heads, kv_heads,
+                                                             head_size, rope, transpose, n);
+    return Launched(transpose ? "RopeQkvInPlaceBackward" : "RopeQkvInPlace");
+  }
   Status SwiGlu(void* out, const void* gate, const void* up, int64_t n) override {
     if (n == 0) return absl::OkStatus();
     SwiGluKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(out), A(gate), A(up), n);

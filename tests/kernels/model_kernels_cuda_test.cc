@@ -308,6 +308,14 @@ TEST(ModelKernelsCudaTest, LlamaRmsNormRopeSwiGlu) {
     t.Expect("RopeQkvBackward dq", gdq, dq, act);
     t.Expect("RopeQkvBackward dk", gdk, dk, act);
     t.Expect("RopeQkvBackward dv", gdv, dv, act);
+    // In place on the qkv layout, forward and transpose ([Note: a LLaMA block's projections]).
+    for (const bool transpose : {false, true}) {
+      std::vector<float> x = Random(rows * (d + 2 * kv * hs), transpose ? 14 : 13);
+      void* gx = t.A(x);
+      ASSERT_TRUE(t.gpu->RopeQkvInPlace(gx, batch, seq, heads, kv, hs, rope, transpose).ok());
+      ASSERT_TRUE(t.cpu->RopeQkvInPlace(x.data(), batch, seq, heads, kv, hs, rope, transpose).ok());
+      t.Expect(transpose ? "RopeQkvInPlace (transpose)" : "RopeQkvInPlace", gx, x, act);
+    }
 
     const int64_t n = rows * 24;
     std::vector<float> gate = Random(n, 13), up = Random(n, 14), out(n), dout = Random(n, 15),

@@ -5,6 +5,7 @@
 // 6 blended, 29 divided), the blended ones between the two and the whole table decreasing; and the
 // CPU backward is the forward's transpose under every scaling. (The values themselves are checked
 // against transformers' computation by the llama31_tiny golden model.)
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -102,6 +103,26 @@ TEST(RopeTest, BackwardIsTheForwardsTransposeUnderEveryScaling) {
     for (size_t i = 0; i < q.size(); ++i) backward += dq[i] * q[i];
     for (size_t i = 0; i < k.size(); ++i) backward += dk[i] * k[i] + dv[i] * v[i];
     EXPECT_NEAR(forward, backward, 1e-10 * std::abs(forward)) << RopeInvFreq<double>(rope, 3, 8);
+
+    // In place ([Note: a LLaMA block's projections]): q, k, v unrotated in qkv's layout turn into
+    // bitwise the forward's qkv; r turned back in place is bitwise the backward's dq, dk, dv
+    // (each added into zeros), in its layout.
+    std::vector<double> inplace(rows * kRow), back = r;
+    for (int row = 0; row < rows; ++row) {
+      std::copy_n(q.begin() + row * C, C, inplace.begin() + row * kRow);
+      std::copy_n(k.begin() + row * KV, KV, inplace.begin() + row * kRow + C);
+      std::copy_n(v.begin() + row * KV, KV, inplace.begin() + row * kRow + C + KV);
+    }
+    cpu::RopeQkvInPlace<double>(inplace.data(), 1, kSeq, kHeads, kKvHeads, kHeadSize, rope, false);
+    EXPECT_EQ(inplace, qkv);
+    cpu::RopeQkvInPlace<double>(back.data(), 1, kSeq, kHeads, kKvHeads, kHeadSize, rope, true);
+    std::vector<double> planar(rows * kRow);
+    for (int row = 0; row < rows; ++row) {
+      std::copy_n(dq.begin() + row * C, C, planar.begin() + row * kRow);
+      std::copy_n(dk.begin() + row * KV, KV, planar.begin() + row * kRow + C);
+      std::copy_n(dv.begin() + row * KV, KV, planar.begin() + row * kRow + C + KV);
+    }
+    EXPECT_EQ(back, planar);
   }
 }
 

@@ -89,6 +89,7 @@ struct DecoderRunConfig {
   // (DecoderModel::set_defer_training_loss), as zerort train does.
   bool defer_loss = false;
   int fail_send_stage = -1;  // the executor's fault injection: this stage skips its first send
+  int64_t alignment = ShardManagerOptions{}.alignment;  // FlatLayout's, in elements
 };
 
 struct DecoderRank {
@@ -122,6 +123,7 @@ inline StatusOr<DecoderRank> MakeDecoderRank(const DecoderRunConfig& c, Communic
   o.compute_dtype = c.compute;
   o.streams = c.streams;
   o.placement = c.placement;
+  o.alignment = c.alignment;
   const bool model_parallel = c.tp > 1 || c.pp > 1;
   ZR_ASSIGN_OR_RETURN(
       r.manager, ShardManager::Create(

@@ -310,6 +310,33 @@ TEST(DecoderModelTest, StagesAndWorldSizesGiveTheSameLosses) {
   }
 }
 
+// [Note: a LLaMA block's projections]: Q, K and V back to back in the unit (FlatLayout's
+// alignment divides their sizes) run as one GEMM rotated in place; apart (an alignment that does
+// not divide them), as three GEMMs into a scratch. The same losses bit for bit in fp32, with and
+// without Q/K/V biases, at ZeRO-0 and ZeRO-3, one rank and two tensor-parallel ranks.
+TEST(DecoderModelTest, OneQkvGemmTrainsAsThreeDo) {
+  for (const bool bias : {false, true}) {
+    for (const auto& [stage, world, tp] :
+         {std::tuple{ZeroStage::k0, 1, 1}, {ZeroStage::k3, 2, 1}, {ZeroStage::k3, 2, 2}}) {
+      DecoderRunConfig c;
+      c.model = testing::TinyLlama();
+      c.model.qkv_bias = bias;
+      c.stage = stage;
+      c.tp = tp;
+      const decoder::Geometry g = decoder::MakeGeometry(c.model, tp, 0, false, 1, 1, 8);
+      c.alignment = 4;  // divides Q's 16 x 16 / tp and K's 8 x 16 / tp elements, and the biases
+      ASSERT_TRUE(decoder::QkvFusedInLayout(g, c.alignment));
+      const std::vector<double> fused = testing::TrainLoopback(c, world);
+      c.alignment = 48;
+      ASSERT_FALSE(decoder::QkvFusedInLayout(g, c.alignment));
+      const std::vector<double> apart = testing::TrainLoopback(c, world);
+      ASSERT_EQ(fused.size(), static_cast<size_t>(c.steps));
+      EXPECT_EQ(fused, apart) << "bias " << bias << " stage " << static_cast<int>(stage)
+                              << " world " << world << " tp " << tp;
+    }
+  }
+}
+
 // The asynchronous CPU device (queued, jittered streams) changes no bit of the losses, with ZeRO-3
 // gathers and reductions on the comm stream's thread, tensor parallelism's collectives on
 // compute, the host-tier LAMB step, and pipeline stages whose transfers run on streams of their
