@@ -177,13 +177,15 @@ class ForwardingKernels final : public ModelKernels {
       return k_->RopeQkvInPlace(qkv, batch, seq, heads, kv_heads, head_size, rope, transpose);
     });
   }
-  Status SwiGlu(void* out, const void* gate, const void* up, int64_t n) override {
-    return hook_.Op(OpInfo{"SwiGlu"}, [=, this] { return k_->SwiGlu(out, gate, up, n); });
+  Status SwiGlu(void* out, const void* gate_up, int64_t rows, int cols, bool interleaved) override {
+    return hook_.Op(OpInfo{"SwiGlu"},
+                    [=, this] { return k_->SwiGlu(out, gate_up, rows, cols, interleaved); });
   }
-  Status SwiGluBackward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
-                        int64_t n) override {
-    return hook_.Op(OpInfo{"SwiGluBackward"},
-                    [=, this] { return k_->SwiGluBackward(dgate, dup, dout, gate, up, n); });
+  Status SwiGluBackward(void* dgate_up, const void* dout, const void* gate_up, int64_t rows,
+                        int cols, bool interleaved) override {
+    return hook_.Op(OpInfo{"SwiGluBackward"}, [=, this] {
+      return k_->SwiGluBackward(dgate_up, dout, gate_up, rows, cols, interleaved);
+    });
   }
   Status Gelu(void* out, const void* inp, int64_t n) override {
     return hook_.Op(OpInfo{"Gelu"}, [=, this] { return k_->Gelu(out, inp, n); });

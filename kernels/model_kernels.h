@@ -210,10 +210,14 @@ class ModelKernels {
   // the rotation's transpose, turning dqkv's back (the backward). The value heads are untouched.
   virtual Status RopeQkvInPlace(void* qkv, int batch, int seq, int heads, int kv_heads,
                                 int head_size, const Rope& rope, bool transpose) = 0;
-  // SwiGLU: out = silu(gate) x up, silu(x) = x sigmoid(x); element-wise over n.
-  virtual Status SwiGlu(void* out, const void* gate, const void* up, int64_t n) = 0;
-  virtual Status SwiGluBackward(void* dgate, void* dup, const void* dout, const void* gate,
-                                const void* up, int64_t n) = 0;
+  // SwiGLU: out [rows, cols] = silu(gate) x up, silu(x) = x sigmoid(x), gate and up side by side
+  // in `gate_up`: planar (gate [rows, cols], then up [rows, cols]), or `interleaved` ([rows,
+  // 2 cols]: a row's gate, then its up; one GEMM's output, [Note: a LLaMA block's projections]).
+  virtual Status SwiGlu(void* out, const void* gate_up, int64_t rows, int cols,
+                        bool interleaved) = 0;
+  // dgate_up (+=, gate_up's layout) from dout [rows, cols].
+  virtual Status SwiGluBackward(void* dgate_up, const void* dout, const void* gate_up, int64_t rows,
+                                int cols, bool interleaved) = 0;
 
   // Wall seconds spent so far in the linear layers (Matmul, MatmulBackward: their GEMMs and bias)
   // and in the attention (Attention, AttentionBackward), for `zerort bench model --phases`; null

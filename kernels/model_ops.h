@@ -97,9 +97,11 @@ template <typename T>
 void RopeQkvInPlace(T* qkv, int batch, int seq, int heads, int kv_heads, int head_size,
                     const Rope& rope, bool transpose);
 // SwiGLU: out = silu(gate) up.
+// gate and up side by side in gate_up: planar, or interleaved per row (ModelKernels::SwiGlu).
 template <typename T>
-void SwiGluForward(T* out, const T* gate, const T* up, int64_t n);
+void SwiGluForward(T* out, const T* gate_up, int64_t rows, int cols, bool interleaved);
 template <typename T>
-void SwiGluBackward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n);
+void SwiGluBackward(T* dgate_up, const T* dout, const T* gate_up, int64_t rows, int cols,
+                    bool interleaved);
 
 }  // namespace zerort::cpu

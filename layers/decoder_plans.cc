@@ -68,6 +68,12 @@ bool QkvFusedInLayout(const Geometry& g, int64_t alignment) {
   return whole(q * g.d) && whole(kv * g.d) && (!g.f.qkv_bias || (whole(q) && whole(kv)));
 }
 
+bool GateUpFusedInLayout(const Geometry& g, int64_t alignment) {
+  if (!g.f.gated_mlp()) return false;
+  const int64_t f = g.f_l;
+  return (f * g.d) % alignment == 0 && (!g.f.mlp_bias || f % alignment == 0);
+}
+
 int64_t ProjectionScratchBytes(const Geometry& g, int64_t act) {
   return g.f.qkv == QkvKind::kRotary ? g.rows * QkvCols(g) * act : 0;
 }
@@ -89,8 +95,8 @@ std::vector<BlockActBuffer> BlockActPlan(const Geometry& g, int64_t act, int64_t
   add(&BlockActs::ln2, rows * d * act);
   if (mean) add(&BlockActs::ln2_mean, rows_l * stat);
   add(&BlockActs::ln2_rstd, rows_l * stat);
-  add(&BlockActs::mlp_in, rows * g.f_l * act);                       // fc, or the gate
-  if (g.f.gated_mlp()) add(&BlockActs::mlp_up, rows * g.f_l * act);  // the up projection
+  // fc, or the gate and the up projection
+  add(&BlockActs::mlp_in, (g.f.gated_mlp() ? 2 : 1) * rows * g.f_l * act);
   add(&BlockActs::mlp_act, rows * g.f_l * act);
   return plan;
 }

@@ -23,12 +23,11 @@ namespace zerort::decoder {
 // norms' outputs (ln*_mean: LayerNorm's only; ln*_rstd: both norms'), qkv (attention's input:
 // GPT-2's fused projection, or rope(q), rope(k), v, [Note: the qkv layout]), atty (its
 // output), att (its probabilities or log-sum-exps), res2 (the residual after attention), mlp_in
-// (the MLP's first projection before its activation: GPT-2's fc, SwiGLU's gate), mlp_up
-// (SwiGLU's up projection; GPT-2 has none) and mlp_act (the activation's output: GELU(mlp_in) or
-// SiLU(mlp_in) x mlp_up), the down projection's input.
+// (the MLP's first projection before its activation: GPT-2's fc; SwiGLU's gate and up side by
+// side, ModelKernels::SwiGlu's layouts) and mlp_act (the activation's output: GELU(mlp_in) or
+// SiLU(gate) x up), the down projection's input.
 struct BlockActs {
-  Buffer ln1, ln1_mean, ln1_rstd, qkv, atty, att, res2, ln2, ln2_mean, ln2_rstd, mlp_in, mlp_up,
-      mlp_act;
+  Buffer ln1, ln1_mean, ln1_rstd, qkv, atty, att, res2, ln2, ln2_mean, ln2_rstd, mlp_in, mlp_act;
 };
 
 // The sizes one rank works with in a pass: t tensor-parallel ranks, this one r.
@@ -107,7 +106,12 @@ std::vector<BlockActBuffer> BlockActPlan(const Geometry& g, int64_t act, int64_t
 // dv take d4b. The model decides by the tensors' addresses, the memory model by the layout's rule:
 // the same answer for the shard manager's units. ProjectionScratchBytes is 0 for GPT-2 (its
 // fused QKV goes straight into qkv).
+// The MLP's gate and up projections likewise (GateUpFusedInLayout): one GEMM writes a row's gate
+// then its up into mlp_in, SwiGlu reads them interleaved, and the backward runs one GEMM's
+// gradients from d4b in the same layout; apart, two GEMMs write mlp_in planar. The same memory
+// either way.
 bool QkvFusedInLayout(const Geometry& g, int64_t alignment);
+bool GateUpFusedInLayout(const Geometry& g, int64_t alignment);
 int64_t ProjectionScratchBytes(const Geometry& g, int64_t act);
 
 // [Note: a micro-batch's buffers] In allocation order, per call:

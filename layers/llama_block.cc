@@ -40,19 +40,28 @@ class Slots {
   const std::vector<void*>& tensors_;
 };
 
+// Whether tensor `b` among `tensors` starts where `a`, of `elements` elements of `size` bytes,
+// ends.
+bool Follows(const Slots& tensors, LlamaParam a, LlamaParam b, int64_t elements, size_t size) {
+  return static_cast<const std::byte*>(tensors[a]) + elements * static_cast<int64_t>(size) ==
+         tensors[b];
+}
+
 // [Note: a LLaMA block's projections]: whether Q, K and V's weights (and biases, where the block
 // has them) among `tensors` lie back to back, elements of `size` bytes: one [(h_l + 2 kv_l) hs, d]
 // weight whose single GEMM writes qkv's layout.
 bool QkvContiguous(const Geometry& g, const Slots& tensors, size_t size) {
   const Projections p = Split(g);
-  auto follows = [&](LlamaParam a, LlamaParam b, int64_t elements) {
-    return static_cast<const std::byte*>(tensors[a]) + elements * static_cast<int64_t>(size) ==
-           tensors[b];
-  };
-  const bool weights =
-      follows(kQW, kKW, int64_t{p.q_cols} * g.d) && follows(kKW, kVW, int64_t{p.kv_cols} * g.d);
+  const bool weights = Follows(tensors, kQW, kKW, int64_t{p.q_cols} * g.d, size) &&
+                       Follows(tensors, kKW, kVW, int64_t{p.kv_cols} * g.d, size);
   if (!weights || !g.f.qkv_bias) return weights;
-  return follows(kQB, kKB, p.q_cols) && follows(kKB, kVB, p.kv_cols);
+  return Follows(tensors, kQB, kKB, p.q_cols, size) && Follows(tensors, kKB, kVB, p.kv_cols, size);
+}
+
+// The same for the MLP's gate and up projections: one [2 f_l, d] weight.
+bool GateUpContiguous(const Geometry& g, const Slots& tensors, size_t size) {
+  const bool weights = Follows(tensors, kGateW, kUpW, int64_t{g.f_l} * g.d, size);
+  return weights && (!g.f.mlp_bias || Follows(tensors, kGateB, kUpB, g.f_l, size));
 }
 
 }  // namespace
@@ -93,10 +102,18 @@ Status LlamaBlockForward(const Ctx& c, const std::vector<void*>& params, const v
   // res2 += x, then ln2 = RmsNorm(res2).
   ZR_RETURN_IF_ERROR(AddNormToColumn(c, a.ln2.data(), nullptr, a.ln2_rstd.data(), a.res2.data(), x,
                                      w[kMlpNorm], nullptr));
-  ZR_RETURN_IF_ERROR(
-      k.Matmul(a.mlp_in.data(), a.ln2.data(), w[kGateW], w[kGateB], g.rows, g.d, g.f_l));
-  ZR_RETURN_IF_ERROR(k.Matmul(a.mlp_up.data(), a.ln2.data(), w[kUpW], w[kUpB], g.rows, g.d, g.f_l));
-  ZR_RETURN_IF_ERROR(k.SwiGlu(a.mlp_act.data(), a.mlp_in.data(), a.mlp_up.data(), g.rows * g.f_l));
+  // Gate and up: one GEMM into a row's gate then its up, or two GEMMs side by side.
+  const bool gate_up = GateUpContiguous(g, w, act);
+  if (gate_up) {
+    ZR_RETURN_IF_ERROR(
+        k.Matmul(a.mlp_in.data(), a.ln2.data(), w[kGateW], w[kGateB], g.rows, g.d, 2 * g.f_l));
+  } else {
+    ZR_RETURN_IF_ERROR(
+        k.Matmul(a.mlp_in.data(), a.ln2.data(), w[kGateW], w[kGateB], g.rows, g.d, g.f_l));
+    ZR_RETURN_IF_ERROR(k.Matmul(At(a.mlp_in.data(), g.rows * g.f_l, act), a.ln2.data(), w[kUpW],
+                                w[kUpB], g.rows, g.d, g.f_l));
+  }
+  ZR_RETURN_IF_ERROR(k.SwiGlu(a.mlp_act.data(), a.mlp_in.data(), g.rows, g.f_l, gate_up));
   ZR_RETURN_IF_ERROR(RowToResidual(c, out, a.mlp_act.data(), w[kDownW], w[kDownB], g.f_l));
   return k.Add(out, out, a.res2.data(), g.rows_l * g.d);
 }
@@ -115,16 +132,27 @@ Status LlamaBlockBackward(const Ctx& c, const UnitTensors& u, const void* x, con
   ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, mlp * act, st));
   ZR_RETURN_IF_ERROR(k.MatmulBackward(s.d4a.data(), gr[kDownW], gr[kDownB], dout, a.mlp_act.data(),
                                       w[kDownW], g.rows, g.f_l, g.d));
-  void* dgate = s.d4b.data();
-  void* dup = At(s.d4b.data(), mlp, act);
+  // d(gate, up) in mlp_in's layout (the forward's: one GEMM's output when the weights are one).
+  const bool gate_up = GateUpContiguous(g, w, act);
+  if (gate_up && !GateUpContiguous(g, gr, k.grad_size())) {
+    return absl::FailedPreconditionError(
+        "a LLaMA block's gate and up weights lie back to back but their gradients do not: the "
+        "unit's gradients must be laid out as its parameters");
+  }
   ZR_RETURN_IF_ERROR(FillZero(s.d4b.data(), dev, 2 * mlp * act, st));
   ZR_RETURN_IF_ERROR(
-      k.SwiGluBackward(dgate, dup, s.d4a.data(), a.mlp_in.data(), a.mlp_up.data(), mlp));
+      k.SwiGluBackward(s.d4b.data(), s.d4a.data(), a.mlp_in.data(), g.rows, g.f_l, gate_up));
   ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kGateW], gr[kGateB], dgate, a.ln2.data(),
-                                      w[kGateW], g.rows, g.d, g.f_l));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kUpW], gr[kUpB], dup, a.ln2.data(), w[kUpW],
-                                      g.rows, g.d, g.f_l));
+  if (gate_up) {
+    ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kGateW], gr[kGateB], s.d4b.data(),
+                                        a.ln2.data(), w[kGateW], g.rows, g.d, 2 * g.f_l));
+  } else {
+    ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kGateW], gr[kGateB], s.d4b.data(),
+                                        a.ln2.data(), w[kGateW], g.rows, g.d, g.f_l));
+    ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kUpW], gr[kUpB],
+                                        At(s.d4b.data(), mlp, act), a.ln2.data(), w[kUpW], g.rows,
+                                        g.d, g.f_l));
+  }
   ZR_ASSIGN_OR_RETURN(const void* dln2, ReduceColumnInputGrad(c, s));
   ZR_RETURN_IF_ERROR(NormBackward(c, s, 0, dln2, a.res2.data(), u.params, u.grads, kMlpNorm,
                                   nullptr, a.ln2_rstd.data()));

@@ -155,25 +155,39 @@ void RopeQkvInPlace(T* qkv, int batch, int seq, int heads, int kv_heads, int hea
   });
 }
 
+// Element i of a [rows, cols] output: where its gate is in gate_up (its up is `up` further).
+struct GatedIndex {
+  int64_t rows;
+  int cols;
+  bool interleaved;
+  int64_t gate(int64_t i) const { return interleaved ? i + (i / cols) * cols : i; }
+  int64_t up() const { return interleaved ? cols : rows * cols; }
+};
+
 template <typename T>
-void SwiGluForward(T* out, const T* gate, const T* up, int64_t n) {
-  ParallelFor(n, 4096, [&](int64_t begin, int64_t end) {
+void SwiGluForward(T* out, const T* gate_up, int64_t rows, int cols, bool interleaved) {
+  const GatedIndex at{rows, cols, interleaved};
+  ParallelFor(rows * cols, 4096, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const T g = gate[i];
-      out[i] = g / (T(1) + std::exp(-g)) * up[i];
+      const int64_t j = at.gate(i);
+      const T g = gate_up[j];
+      out[i] = g / (T(1) + std::exp(-g)) * gate_up[j + at.up()];
     }
   });
 }
 
 template <typename T>
-void SwiGluBackward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n) {
+void SwiGluBackward(T* dgate_up, const T* dout, const T* gate_up, int64_t rows, int cols,
+                    bool interleaved) {
+  const GatedIndex at{rows, cols, interleaved};
   // silu'(g) = s (1 + g (1 - s)), s = sigmoid(g)
-  ParallelFor(n, 4096, [&](int64_t begin, int64_t end) {
+  ParallelFor(rows * cols, 4096, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const T g = gate[i];
+      const int64_t j = at.gate(i);
+      const T g = gate_up[j];
       const T s = T(1) / (T(1) + std::exp(-g));
-      if (dgate != nullptr) dgate[i] += dout[i] * up[i] * s * (T(1) + g * (T(1) - s));
-      if (dup != nullptr) dup[i] += dout[i] * g * s;
+      dgate_up[j] += dout[i] * gate_up[j + at.up()] * s * (T(1) + g * (T(1) - s));
+      dgate_up[j + at.up()] += dout[i] * g * s;
     }
   });
 }
@@ -185,8 +199,8 @@ void SwiGluBackward(T* dgate, T* dup, const T* dout, const T* gate, const T* up,
                                   const Rope&);                                                   \
   template void RopeQkvBackward<T>(T*, T*, T*, const T*, int, int, int, int, int, const Rope&);   \
   template void RopeQkvInPlace<T>(T*, int, int, int, int, int, const Rope&, bool);                \
-  template void SwiGluForward<T>(T*, const T*, const T*, int64_t);                                \
-  template void SwiGluBackward<T>(T*, T*, const T*, const T*, const T*, int64_t);
+  template void SwiGluForward<T>(T*, const T*, int64_t, int, bool);                               \
+  template void SwiGluBackward<T>(T*, const T*, const T*, int64_t, int, bool);
 ZR_INSTANTIATE_LLAMA(float)
 ZR_INSTANTIATE_LLAMA(double)
 #undef ZR_INSTANTIATE_LLAMA

@@ -177,13 +177,13 @@ class CpuModelKernels final : public ModelKernels {
     cpu::RopeQkvInPlace<T>(P(qkv), batch, seq, heads, kv_heads, head_size, rope, transpose);
     return absl::OkStatus();
   }
-  Status SwiGlu(void* out, const void* gate, const void* up, int64_t n) override {
-    cpu::SwiGluForward<T>(P(out), P(gate), P(up), n);
+  Status SwiGlu(void* out, const void* gate_up, int64_t rows, int cols, bool interleaved) override {
+    cpu::SwiGluForward<T>(P(out), P(gate_up), rows, cols, interleaved);
     return absl::OkStatus();
   }
-  Status SwiGluBackward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
-                        int64_t n) override {
-    cpu::SwiGluBackward<T>(P(dgate), P(dup), P(dout), P(gate), P(up), n);
+  Status SwiGluBackward(void* dgate_up, const void* dout, const void* gate_up, int64_t rows,
+                        int cols, bool interleaved) override {
+    cpu::SwiGluBackward<T>(P(dgate_up), P(dout), P(gate_up), rows, cols, interleaved);
     return absl::OkStatus();
   }
   Status Add(void* out, const void* a, const void* b, int64_t n) override {
@@ -448,19 +448,19 @@ class Cpu16ModelKernels final : public ModelKernels {
         f_.RopeQkvInPlace(x.data(), batch, seq, heads, kv_heads, head_size, rope, transpose));
     return x.Store();
   }
-  Status SwiGlu(void* out, const void* gate, const void* up, int64_t n) override {
+  Status SwiGlu(void* out, const void* gate_up, int64_t rows, int cols, bool interleaved) override {
+    const int64_t n = rows * cols;
     F o(this, out, n, false);
-    ZR_RETURN_IF_ERROR(f_.SwiGlu(o.data(), In(gate, n).data(), In(up, n).data(), n));
+    ZR_RETURN_IF_ERROR(f_.SwiGlu(o.data(), In(gate_up, 2 * n).data(), rows, cols, interleaved));
     return o.Store();
   }
-  Status SwiGluBackward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
-                        int64_t n) override {
-    F g(this, dgate, n, true), u(this, dup, n, true);
-    ZR_RETURN_IF_ERROR(f_.SwiGluBackward(dgate != nullptr ? g.data() : nullptr,
-                                         dup != nullptr ? u.data() : nullptr, In(dout, n).data(),
-                                         In(gate, n).data(), In(up, n).data(), n));
-    ZR_RETURN_IF_ERROR(g.Store());
-    return u.Store();
+  Status SwiGluBackward(void* dgate_up, const void* dout, const void* gate_up, int64_t rows,
+                        int cols, bool interleaved) override {
+    const int64_t n = rows * cols;
+    F d(this, dgate_up, 2 * n, true);
+    ZR_RETURN_IF_ERROR(f_.SwiGluBackward(d.data(), In(dout, n).data(), In(gate_up, 2 * n).data(),
+                                         rows, cols, interleaved));
+    return d.Store();
   }
   Status Add(void* out, const void* a, const void* b, int64_t n) override {
     F o(this, out, n, false);

@@ -166,27 +166,37 @@ static __global__ void RopeQkvInPlaceKernel(T* qkv, int seq, int heads, int kv_h
   }
 }
 
+// Where output element i's gate is in gate_up (its up is up() further): ModelKernels::SwiGlu's
+// planar or interleaved layout.
+struct GatedIndex {
+  int64_t rows;
+  int cols;
+  bool interleaved;
+  __device__ int64_t gate(int64_t i) const { return interleaved ? i + (i / cols) * cols : i; }
+  __device__ int64_t up() const { return interleaved ? cols : rows * cols; }
+};
+
 template <typename T>
-static __global__ void SwiGluKernel(T* out, const T* gate, const T* up, int64_t n) {
+static __global__ void SwiGluKernel(T* out, const T* gate_up, GatedIndex at, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const float g = ToFloat(gate[i]);
-    out[i] = FromFloat<T>(g / (1.0f + expf(-g)) * ToFloat(up[i]));
+    const int64_t j = at.gate(i);
+    const float g = ToFloat(gate_up[j]);
+    out[i] = FromFloat<T>(g / (1.0f + expf(-g)) * ToFloat(gate_up[j + at.up()]));
   }
 }
 
 template <typename T>
-static __global__ void SwiGluBackwardKernel(T* dgate, T* dup, const T* dout, const T* gate,
-                                            const T* up, int64_t n) {
+static __global__ void SwiGluBackwardKernel(T* dgate_up, const T* dout, const T* gate_up,
+                                            GatedIndex at, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const float g = ToFloat(gate[i]), dy = ToFloat(dout[i]);
+    const int64_t j = at.gate(i), u = j + at.up();
+    const float g = ToFloat(gate_up[j]), dy = ToFloat(dout[i]);
     const float s = 1.0f / (1.0f + expf(-g));
-    if (dgate != nullptr) {
-      dgate[i] =
-          FromFloat<T>(ToFloat(dgate[i]) + dy * ToFloat(up[i]) * s * (1.0f + g * (1.0f - s)));
-    }
-    if (dup != nullptr) dup[i] = FromFloat<T>(ToFloat(dup[i]) + dy * g * s);
+    dgate_up[j] =
+        FromFloat<T>(ToFloat(dgate_up[j]) + dy * ToFloat(gate_up[u]) * s * (1.0f + g * (1.0f - s)));
+    dgate_up[u] = FromFloat<T>(ToFloat(dgate_up[u]) + dy * g * s);
   }
 }
 

@@ -402,16 +402,19 @@ class CudaModelKernels final : public ModelKernels {
                                                              head_size, rope, transpose, n);
     return Launched(transpose ? "RopeQkvInPlaceBackward" : "RopeQkvInPlace");
   }
-  Status SwiGlu(void* out, const void* gate, const void* up, int64_t n) override {
+  Status SwiGlu(void* out, const void* gate_up, int64_t rows, int cols, bool interleaved) override {
+    const int64_t n = rows * cols;
     if (n == 0) return absl::OkStatus();
-    SwiGluKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(out), A(gate), A(up), n);
+    SwiGluKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(out), A(gate_up),
+                                                     GatedIndex{rows, cols, interleaved}, n);
     return Launched("SwiGlu");
   }
-  Status SwiGluBackward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
-                        int64_t n) override {
+  Status SwiGluBackward(void* dgate_up, const void* dout, const void* gate_up, int64_t rows,
+                        int cols, bool interleaved) override {
+    const int64_t n = rows * cols;
     if (n == 0) return absl::OkStatus();
-    SwiGluBackwardKernel<T>
-        <<<Blocks(n), kThreads, 0, s()>>>(A(dgate), A(dup), A(dout), A(gate), A(up), n);
+    SwiGluBackwardKernel<T><<<Blocks(n), kThreads, 0, s()>>>(
+        A(dgate_up), A(dout), A(gate_up), GatedIndex{rows, cols, interleaved}, n);
     return Launched("SwiGluBackward");
   }
   Status Gelu(void* out, const void* inp, int64_t n) override {

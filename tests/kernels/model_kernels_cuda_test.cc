@@ -317,20 +317,24 @@ TEST(ModelKernelsCudaTest, LlamaRmsNormRopeSwiGlu) {
       t.Expect(transpose ? "RopeQkvInPlace (transpose)" : "RopeQkvInPlace", gx, x, act);
     }
 
-    const int64_t n = rows * 24;
-    std::vector<float> gate = Random(n, 13), up = Random(n, 14), out(n), dout = Random(n, 15),
-                       dgate = Random(n, 16), dup = Random(n, 17);
-    void *ggate = t.A(gate), *gup = t.A(up), *gout = t.A(out), *gdout = t.A(dout),
-         *gdgate = t.A(dgate), *gdup = t.A(dup);
-    ASSERT_TRUE(t.gpu->SwiGlu(gout, ggate, gup, n).ok());
-    ASSERT_TRUE(t.cpu->SwiGlu(out.data(), gate.data(), up.data(), n).ok());
-    t.Expect("SwiGlu", gout, out, act);
-    ASSERT_TRUE(t.gpu->SwiGluBackward(gdgate, gdup, gdout, ggate, gup, n).ok());
-    ASSERT_TRUE(
-        t.cpu->SwiGluBackward(dgate.data(), dup.data(), dout.data(), gate.data(), up.data(), n)
-            .ok());
-    t.Expect("SwiGluBackward dgate", gdgate, dgate, act);
-    t.Expect("SwiGluBackward dup", gdup, dup, act);
+    // SwiGLU with gate and up planar and interleaved per row (one GEMM's output).
+    const int cols = 24;
+    const int64_t n = rows * cols;
+    for (const bool interleaved : {false, true}) {
+      std::vector<float> gate_up = Random(2 * n, interleaved ? 21 : 13), out(n),
+                         dout = Random(n, 15), dgate_up = Random(2 * n, 16);
+      void *ggate_up = t.A(gate_up), *gout = t.A(out), *gdout = t.A(dout),
+           *gdgate_up = t.A(dgate_up);
+      ASSERT_TRUE(t.gpu->SwiGlu(gout, ggate_up, rows, cols, interleaved).ok());
+      ASSERT_TRUE(t.cpu->SwiGlu(out.data(), gate_up.data(), rows, cols, interleaved).ok());
+      t.Expect("SwiGlu", gout, out, act);
+      ASSERT_TRUE(t.gpu->SwiGluBackward(gdgate_up, gdout, ggate_up, rows, cols, interleaved).ok());
+      ASSERT_TRUE(t.cpu
+                      ->SwiGluBackward(dgate_up.data(), dout.data(), gate_up.data(), rows, cols,
+                                       interleaved)
+                      .ok());
+      t.Expect("SwiGluBackward", gdgate_up, dgate_up, act);
+    }
   }
 }
 
