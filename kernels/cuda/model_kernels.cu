@@ -227,6 +227,23 @@ class CudaModelKernels final : public ModelKernels {
     return LtMatmul(gemm::LinearForward(rows, in, out_features), weight, CudaType<T>(), inp,
                     CudaType<T>(), out, CudaType<T>(), 0.0f, bias);
   }
+  // [Note: cuBLASLt epilogues]: in 16 bits one cuBLASLt call writes pre and out = GELU(pre)
+  // where cuBLASLt has an algorithm for it (pre's leading dimension a multiple of 8); otherwise,
+  // and in fp32, a GEMM then the GELU kernel. A plan cuBLASLt refuses is not asked for again.
+  Status MatmulGelu(void* pre, void* out, const void* inp, const void* weight, const void* bias,
+                    int64_t rows, int in, int out_features) override {
+    if (!std::is_same_v<T, float> && gelu_epilogue_ && out_features % 8 == 0 && rows > 0) {
+      const gemm::ColumnMajor g = gemm::LinearForward(rows, in, out_features);
+      const LtKey key =
+          KeyFor(g, weight, CudaType<T>(), inp, CudaType<T>(), out, CudaType<T>(), bias, pre);
+      if (StatusOr<LtPlan*> plan = PlanFor(key, pre); plan.ok()) {
+        return LtMatmul(g, weight, CudaType<T>(), inp, CudaType<T>(), out, CudaType<T>(), 0.0f,
+                        bias, pre);
+      }
+      gelu_epilogue_ = false;
+    }
+    return ModelKernels::MatmulGelu(pre, out, inp, weight, bias, rows, in, out_features);
+  }
   Status MatmulBackward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                         const void* weight, int64_t rows, int in, int out_features) override {
     if (dinp != nullptr) {  // dinp^T [in, rows] += W^T [in, out] x dout^T [out, rows]
@@ -501,14 +518,20 @@ class CudaModelKernels final : public ModelKernels {
   // bf16 (FlatLayout::kDefaultAlignment), and without the preference cuBLASLt assumes 256 bytes and
   // may pick an algorithm that needs them. The bias pointer, which changes between layers, is set
   // on the plan's descriptor before each call.
+  // [Note: cuBLASLt epilogues] A plan's epilogue: the bias (the linear layers' forward) and, for
+  // the MLP's first layer in 16 bits, GELU with its input kept (GELU_AUX(_BIAS): D = GELU(x),
+  // the auxiliary output x = the product + bias, both in D's type, ld = D's rows), so that
+  // MatmulGelu is one launch instead of a GEMM and a GELU pass. fp32 keeps the two-step path:
+  // its GELU is the CPU's bit for bit (kernels/model_math.h), cuBLASLt's is its own.
+  enum class LtEpilogue { kNone, kBias, kGeluAux, kGeluAuxBias };
   struct LtKey {
     gemm::ColumnMajor g;
     cudaDataType_t a_type, b_type, d_type;
-    bool bias;
-    uint32_t align_a, align_b, align_d;
+    LtEpilogue epilogue;
+    uint32_t align_a, align_b, align_d, align_aux;
     auto Tie() const {
       return std::tie(g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldd, a_type, b_type,
-                      d_type, bias, align_a, align_b, align_d);
+                      d_type, epilogue, align_a, align_b, align_d, align_aux);
     }
     bool operator<(const LtKey& o) const { return Tie() < o.Tie(); }
   };
@@ -518,7 +541,7 @@ class CudaModelKernels final : public ModelKernels {
     cublasLtMatmulAlgo_t algo{};
   };
 
-  StatusOr<LtPlan*> PlanFor(const LtKey& key) {
+  StatusOr<LtPlan*> PlanFor(const LtKey& key, void* aux) {
     if (auto it = lt_plans_.find(key); it != lt_plans_.end()) return &it->second;
     const gemm::ColumnMajor& g = key.g;
     LtPlan plan;
@@ -531,13 +554,31 @@ class CudaModelKernels final : public ModelKernels {
           b_.LtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
       ZR_CUBLAS_RETURN_IF_ERROR(
           b_.LtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-      if (key.bias) {
-        const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      const bool bias =
+          key.epilogue == LtEpilogue::kBias || key.epilogue == LtEpilogue::kGeluAuxBias;
+      const bool gelu =
+          key.epilogue == LtEpilogue::kGeluAux || key.epilogue == LtEpilogue::kGeluAuxBias;
+      if (key.epilogue != LtEpilogue::kNone) {
+        const cublasLtEpilogue_t epilogue = !gelu  ? CUBLASLT_EPILOGUE_BIAS
+                                            : bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                                   : CUBLASLT_EPILOGUE_GELU_AUX;
         ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescSetAttribute(
             plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+      }
+      if (bias) {
         const cudaDataType_t bias_type = key.d_type;
         ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescSetAttribute(
             plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+      }
+      if (gelu) {  // [Note: cuBLASLt epilogues]; the heuristic reads the pointer's alignment
+        const int64_t aux_ld = g.m;
+        const int32_t aux_type = key.d_type;
+        ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescSetAttribute(
+            plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+        ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescSetAttribute(
+            plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type, sizeof(aux_type)));
+        ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescSetAttribute(
+            plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
       }
       ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatrixLayoutCreate(&plan.la, key.a_type, g.trans_a ? g.k : g.m,
                                                         g.trans_a ? g.m : g.k, g.lda));
@@ -563,7 +604,7 @@ class CudaModelKernels final : public ModelKernels {
           lt_.get(), plan.op, plan.la, plan.lb, plan.ld, plan.ld, pref, 1, &heuristic, &found));
       if (found == 0) {
         using std::to_string;
-        return absl::InternalError(
+        return absl::UnimplementedError(
             "cuBLASLt has no algorithm for the " + to_string(g.m) + "x" + to_string(g.n) + "x" +
             to_string(g.k) + " matmul (transa " + to_string(g.trans_a) + ", transb " +
             to_string(g.trans_b) + ", alignments " + to_string(key.align_a) + "/" +
@@ -588,29 +629,45 @@ class CudaModelKernels final : public ModelKernels {
     if (plan.op != nullptr) b_.LtMatmulDescDestroy(plan.op);
   }
 
+  LtKey KeyFor(const gemm::ColumnMajor& g, const void* a, cudaDataType_t a_type, const void* b,
+               cudaDataType_t b_type, const void* d, cudaDataType_t d_type, const void* bias,
+               const void* aux) const {
+    const LtEpilogue epilogue =
+        aux != nullptr    ? (bias != nullptr ? LtEpilogue::kGeluAuxBias : LtEpilogue::kGeluAux)
+        : bias != nullptr ? LtEpilogue::kBias
+                          : LtEpilogue::kNone;
+    return {g,
+            a_type,
+            b_type,
+            d_type,
+            epilogue,
+            gemm::PointerAlignment(a),
+            gemm::PointerAlignment(b),
+            gemm::PointerAlignment(d),
+            aux != nullptr ? gemm::PointerAlignment(aux) : 0};
+  }
+
   // Column-major D = op(A) x op(B) + beta D (gemm::ColumnMajor), fp32 compute; with `bias`
-  // (length m, D's type) fused as the epilogue.
+  // (length m, D's type) fused as the epilogue, and with `aux` D = GELU of that, the product +
+  // bias written to aux ([Note: cuBLASLt epilogues]).
   Status LtMatmul(const gemm::ColumnMajor& g, const void* a, cudaDataType_t a_type, const void* b,
                   cudaDataType_t b_type, void* d, cudaDataType_t d_type, float beta,
-                  const void* bias) {
+                  const void* bias, void* aux = nullptr) {
     if (g.m == 0 || g.n == 0) return absl::OkStatus();  // an empty result: nothing to compute
     if (g.k == 0) {                                     // no rows in a weight gradient: D += 0
       if (beta == 1.0f && bias == nullptr) return absl::OkStatus();
       return absl::InvalidArgumentError("a " + std::to_string(g.m) + "x" + std::to_string(g.n) +
                                         " matmul with no inner dimension");
     }
-    const LtKey key{g,
-                    a_type,
-                    b_type,
-                    d_type,
-                    bias != nullptr,
-                    gemm::PointerAlignment(a),
-                    gemm::PointerAlignment(b),
-                    gemm::PointerAlignment(d)};
-    ZR_ASSIGN_OR_RETURN(LtPlan * plan, PlanFor(key));
+    ZR_ASSIGN_OR_RETURN(LtPlan * plan,
+                        PlanFor(KeyFor(g, a, a_type, b, b_type, d, d_type, bias, aux), aux));
     if (bias != nullptr) {
       ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescSetAttribute(
           plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    if (aux != nullptr) {
+      ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescSetAttribute(
+          plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
     }
     const float alpha = 1.0f;
     const size_t ws = kLtWorkspace;
@@ -643,6 +700,7 @@ class CudaModelKernels final : public ModelKernels {
   Allocator& ws_;
   const DType act_, grad_;  // T's and G's DType, as the collectives name them
   const std::optional<AttentionProgram> attention_;  // asked for; nullopt: by shape
+  bool gelu_epilogue_ = true;  // false once cuBLASLt refused a GELU epilogue plan
   std::unique_ptr<cublasLtContext, LtDeleter> lt_;
   std::unique_ptr<cublasContext, BlasDeleter> blas_;
   Buffer lt_workspace_;  // kLtWorkspace bytes for cuBLASLt, then the loss ledger

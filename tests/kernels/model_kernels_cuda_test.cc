@@ -165,6 +165,37 @@ TEST(ModelKernelsCudaTest, LinearLayerNormGeluResidual) {
     t.Expect("MatmulBackward dweight", gdw, dw, grad);
     t.Expect("MatmulBackward dbias", gdb, db, grad);
 
+    // The MLP's first layer: pre and GELU(pre); in 16 bits one cuBLASLt call with the GELU
+    // epilogue ([Note: cuBLASLt epilogues]), no GELU kernel launched.
+    std::vector<float> pre(rows * out), act_out(rows * out);
+    void *gpre = t.A(pre), *gact = t.A(act_out);
+    const auto before = *t.gpu->launches();
+    ASSERT_TRUE(t.gpu->MatmulGelu(gpre, gact, gx, gw, gb, rows, in, out).ok());
+    ASSERT_TRUE(
+        t.cpu->MatmulGelu(pre.data(), act_out.data(), x.data(), w.data(), b.data(), rows, in, out)
+            .ok());
+    t.Expect("MatmulGelu pre", gpre, pre, act);
+    t.Expect("MatmulGelu out", gact, act_out, act);
+    const auto after = *t.gpu->launches();
+    auto count = [](const std::map<std::string, int64_t>& m, const char* what) {
+      const auto it = m.find(what);
+      return it == m.end() ? int64_t{0} : it->second;
+    };
+    EXPECT_EQ(count(after, "Gelu") - count(before, "Gelu"), act == DType::kF32 ? 1 : 0)
+        << DTypeName(act) << ": the GELU epilogue was not used";
+    // Which GELU: at x = -3 the tanh form (GPT-2's and zerort's) is -0.0036374 and erf's
+    // -0.0040497, 27 of bf16's steps (1.5e-5 there) apart. x = -3 x I.
+    {
+      const int n8 = 8;
+      std::vector<float> x3(n8 * n8, -3.0f), eye(n8 * n8, 0.0f), zero(n8, 0.0f), p3(n8 * n8),
+          y3(n8 * n8);
+      for (int i = 0; i < n8; ++i) eye[i * n8 + i] = 1.0f;
+      void *gx3 = t.A(x3), *geye = t.A(eye), *gzero = t.A(zero), *gp3 = t.A(p3), *gy3 = t.A(y3);
+      ASSERT_TRUE(t.gpu->MatmulGelu(gp3, gy3, gx3, geye, gzero, n8, n8, n8).ok());
+      const std::vector<float> got = t.Down(gy3, y3.size(), act);
+      EXPECT_NEAR(got[0], -0.0036374f, 3e-5f) << DTypeName(act) << ": GELU(-3) = " << got[0];
+    }
+
     std::vector<float> lw = Random(in, 8), lb = Random(in, 9), ln(rows * in), mean(rows),
                        rstd(rows), dln = Random(rows * in, 10), dlw = Random(in, 11),
                        dlb = Random(in, 12), dlx = Random(rows * in, 13);
