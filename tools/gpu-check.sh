@@ -7,6 +7,8 @@
 # where there are two GPUs), bench model (with its timeline and launch census), bench adamw,
 # estimate --measure, and GPT-2 124M against llm.c in the same run.
 #   tools/gpu-check.sh [BUILD]
+# GPU_CHECK_ONLY="tests memcheck train bench peers llama" runs only the sections it names (all
+# by default), so that a lent machine's minutes can be split over several calls.
 # With .gpu/pack.tar.xz (tools/gpu-pack.sh, made on a machine that builds zerort) it unpacks that
 # build and uses the machine's CUDA, cuBLAS, NCCL and MPI; else it configures and builds BUILD
 # (default build-gpu), which needs scripts/install-deps.sh's packages. Logs go to /tmp/gpu-check,
@@ -56,15 +58,17 @@ zr="$build/tools/zerort"
 "$zr" env >"$logs/env.txt" 2>&1; grep -E '^(build|CUDA|device|NCCL|MPI):' "$logs/env.txt"
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# A hung test must not eat a lent machine's minutes: ctest's own limit is each test's 300 s.
-timeout 240 ctest --test-dir "$build" -L gpu -V --output-junit "$logs/gpu-junit.xml" \
-  >"$logs/ctest-gpu.log" 2>&1
-rc=$?
-ctest --test-dir "$build" -R '^mpi_communicator_test_np2$' --output-on-failure \
-  --output-junit "$logs/mpi-junit.xml" >"$logs/ctest-mpi.log" 2>&1 || rc=1
-step "tests done"
-printf '%-70s %-8s %s\n' test result seconds
-python3 - "$logs/gpu-junit.xml" "$logs/mpi-junit.xml" <<'PY'
+want() { [[ -z ${GPU_CHECK_ONLY:-} || " $GPU_CHECK_ONLY " == *" $1 "* ]]; }
+rc=0
+if want tests; then
+  # A hung test must not eat a lent machine's minutes: ctest's own limit is each test's 300 s.
+  timeout 240 ctest --test-dir "$build" -L gpu -V --output-junit "$logs/gpu-junit.xml" \
+    >"$logs/ctest-gpu.log" 2>&1 || rc=1
+  ctest --test-dir "$build" -R '^mpi_communicator_test_np2$' --output-on-failure \
+    --output-junit "$logs/mpi-junit.xml" >"$logs/ctest-mpi.log" 2>&1 || rc=1
+  step "tests done"
+  printf '%-70s %-8s %s\n' test result seconds
+  python3 - "$logs/gpu-junit.xml" "$logs/mpi-junit.xml" <<'PY'
 import sys, xml.etree.ElementTree as ET
 for path in sys.argv[1:]:
     try:
@@ -78,116 +82,127 @@ for path in sys.argv[1:]:
             "SKIP" if status == "notrun" or case.find("skipped") is not None else "PASS")
         print(f"{case.get('name')[:70]:<70} {result:<8} {float(case.get('time', 0)):.2f}")
 PY
-grep -h -E '^[a-z0-9-]+ +max relative loss difference' "$logs/ctest-gpu.log"
+  grep -h -E '^[a-z0-9-]+ +max relative loss difference' "$logs/ctest-gpu.log"
 
-# compute-sanitizer's memcheck: out-of-bounds and misaligned accesses, leaks of device memory.
-sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
-if [[ -n $sanitizer ]]; then
-  for t in model_kernels_cuda_test flash_attention_cuda_test shard_manager_cuda_test; do
-    timeout 300 "$sanitizer" --tool memcheck --error-exitcode 3 "$build/tests/$t" \
-      >"$logs/memcheck-$t.log" 2>&1 || rc=1
-    step "memcheck $t: $(grep -h 'ERROR SUMMARY' "$logs/memcheck-$t.log")"
-  done
 fi
-
-# Measurements (not tests): each prints one JSON object or table, kept in $logs.
-"$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite --set train.steps=12 \
-  --set train.eval_interval=12 --set checkpoint.dir=/tmp/gpu-check-ckpt \
-  --set logging.metrics_file=/tmp/gpu-check-metrics.jsonl >"$logs/train-gpt2.log" 2>&1 || rc=1
-grep -E '^step +(1|12)/' "$logs/train-gpt2.log"
-# The same with the optimizer on the host (ZeRO-Offload): master weights, moments and the AdamW
-# step in host memory, gradients copied down and parameters up every step.
-"$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite --set train.steps=6 \
-  --set train.eval_interval=6 --set checkpoint.dir=/tmp/gpu-check-ckpt-offload \
-  --set zero_optimization.offload_optimizer.device=cpu \
-  --set logging.metrics_file=/tmp/gpu-check-metrics-offload.jsonl \
-  >"$logs/train-gpt2-offload.log" 2>&1 || rc=1
-grep -E '^step +(1|6)/' "$logs/train-gpt2-offload.log"
-# The same with the host tier pinned (offload_optimizer.pin_memory, false by default as in
-# DeepSpeed): the step's copies are through pinned staging either way.
-"$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite --set train.steps=6 \
-  --set train.eval_interval=6 --set checkpoint.dir=/tmp/gpu-check-ckpt-offload-pinned \
-  --set zero_optimization.offload_optimizer.device=cpu \
-  --set zero_optimization.offload_optimizer.pin_memory=true \
-  --set logging.metrics_file=/tmp/gpu-check-metrics-offload-pinned.jsonl \
-  >"$logs/train-gpt2-offload-pinned.log" 2>&1 || rc=1
-grep -E '^step +6/' "$logs/train-gpt2-offload-pinned.log"
-# Pipeline parallelism over NCCL (pp 2, 1F1B, ZeRO-1; one rank per GPU: NCCL refuses two ranks
-# of a communicator on one device), on machines with two GPUs or more.
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-if ((gpus >= 2)); then
-  mpirun -np 2 --bind-to none "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite \
-    --set train.steps=6 --set train.eval_interval=6 --set zero_optimization.stage=1 \
-    --set parallel.pipeline_parallel_size=2 --set checkpoint.dir=/tmp/gpu-check-ckpt-pp \
-    --set logging.metrics_file=/tmp/gpu-check-metrics-pp.jsonl >"$logs/train-gpt2-pp2.log" 2>&1 || rc=1
-  grep -E '^step +(1|6)/' "$logs/train-gpt2-pp2.log"
-else
-  step "pp 2 run skipped: $gpus GPU here, NCCL needs one per rank"
-fi
-"$zr" bench model --config "$root/configs/bench-gpt2.json" --json >"$logs/bench-model-gpt2.json" \
-  2>"$logs/bench-model-gpt2.log" && cat "$logs/bench-model-gpt2.json"
-# Where the step's time goes (issue 48's timeline), GPT-2 124M at micro-batch 8 x 1024: each
-# kernel call of one micro-batch timed with CUDA events, by kind and GEMM shape, the gaps between
-# calls, and the launch census; with the materialised attention (the "before") and zerort's flash
-# kernels.
-for backend in materialised flash; do
-  "$zr" bench model --config "$root/configs/gpt2-124m-bf16-zero3.json" --census --timeline \
-    --set model.attention_backend=$backend >"$logs/bench-model-gpt2-timeline-$backend.txt" 2>&1 ||
-    rc=1
-  echo "== attention_backend $backend"; cat "$logs/bench-model-gpt2-timeline-$backend.txt"
-done
-# zerort's flash attention against the materialised CUDA path (bf16; FlashAttention-2 reaches
-# about 229 TFLOP/s forward on an H100, issue 48's target is 200).
-for shape in "--head-size 64 --heads 12 --seq 1024 --batch 8" "--head-size 128 --heads 16 --seq 4096 --batch 1" \
-  "--head-size 64 --heads 32 --kv-heads 8 --seq 2048 --batch 2"; do
-  # shellcheck disable=SC2086
-  "$zr" bench attention --device cuda $shape --rounds 5 >>"$logs/bench-attention.txt" 2>&1 || rc=1
-done
-cat "$logs/bench-attention.txt"
-"$zr" bench adamw --json >"$logs/bench-adamw.json" 2>"$logs/bench-adamw.log" &&
-  cat "$logs/bench-adamw.json"
-"$zr" estimate "$root/configs/gpt2-124m-bf16-zero3.json" --device cuda --measure \
-  >"$logs/estimate-measure.txt" 2>&1; grep -E 'TOTAL|RESERVED' "$logs/estimate-measure.txt"
-# zerort against llm.c in this run (issue 48): GPT-2 124M from random weights, 8 x 1024 x 4
-# tokens a step, one token file in llm.c's format, tokens/s and MFU by one count
-# (tools/peers/llmc_side_by_side.py). llm.c comes built in the pack (tools/gpu-pack.sh --llmc
-# DIR), or is built here from LLMC=DIR (llm.c's folder) where this machine has nvcc.
-llmc_bins=()
-if [[ -n ${x:-} && -x $x/peers/train_gpt2cu ]]; then
-  llmc_bins=("$x/peers/train_gpt2cu:no-cudnn")
-  if [[ -x $x/peers/train_gpt2cu-cudnn ]]; then
-    if missing=$(ldd "$x/peers/train_gpt2cu-cudnn" | grep "not found"); then
-      step "llm.c with cuDNN skipped, it cannot load here: $(echo "$missing" | awk '{print $1}' | xargs)"
-    else
-      llmc_bins+=("$x/peers/train_gpt2cu-cudnn:cudnn")
-    fi
+if want memcheck; then
+  # compute-sanitizer's memcheck: out-of-bounds and misaligned accesses, leaks of device memory.
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+  if [[ -n $sanitizer ]]; then
+    for t in model_kernels_cuda_test flash_attention_cuda_test shard_manager_cuda_test; do
+      timeout 300 "$sanitizer" --tool memcheck --error-exitcode 3 "$build/tests/$t" \
+        >"$logs/memcheck-$t.log" 2>&1 || rc=1
+      step "memcheck $t: $(grep -h 'ERROR SUMMARY' "$logs/memcheck-$t.log")"
+    done
   fi
-elif [[ -n ${LLMC:-} ]] && command -v nvcc >/dev/null; then
-  rm -rf /tmp/gpu-check-llmc && cp -r "$LLMC" /tmp/gpu-check-llmc && chmod -R u+w /tmp/gpu-check-llmc
-  make -C /tmp/gpu-check-llmc train_gpt2cu NO_MULTI_GPU=1 NO_USE_MPI=1 NO_NVML=1 \
-    GPU_COMPUTE_CAPABILITY=90 PRECISION=BF16 >"$logs/llmc-build.log" 2>&1 &&
-    llmc_bins=("/tmp/gpu-check-llmc/train_gpt2cu:no-cudnn")
+
 fi
-if ((${#llmc_bins[@]})); then
-  args=(--zerort "$zr" --config "$root/configs/gpt2-124m-bf16-zero3.json" --work /tmp/gpu-check-sbs)
-  for b in "${llmc_bins[@]}"; do args+=(--llmc "$b"); done
-  python3 "$root/tools/peers/llmc_side_by_side.py" "${args[@]}" --json "$logs/side-by-side.json" \
-    >"$logs/side-by-side.txt" 2>&1 || rc=1
-  cp /tmp/gpu-check-sbs/*.log "$logs/" 2>/dev/null
-  # The same zerort run at ZeRO-0: ZeRO-3's gathers and frees should cost nothing at one rank.
-  python3 "$root/tools/peers/llmc_side_by_side.py" --zerort "$zr" --work /tmp/gpu-check-sbs0 \
-    --config "$root/configs/gpt2-124m-bf16-zero3.json" --set zero_optimization.stage=0 \
-    --json "$logs/side-by-side-zero0.json" >"$logs/side-by-side-zero0.txt" 2>&1 || rc=1
-  tail -4 "$logs/side-by-side.txt"; tail -1 "$logs/side-by-side-zero0.txt"
-else
-  step "side-by-side skipped: no llm.c (tools/gpu-pack.sh --llmc DIR, or LLMC=DIR with nvcc)"
+if want train; then
+  # Measurements (not tests): each prints one JSON object or table, kept in $logs.
+  "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite --set train.steps=12 \
+    --set train.eval_interval=12 --set checkpoint.dir=/tmp/gpu-check-ckpt \
+    --set logging.metrics_file=/tmp/gpu-check-metrics.jsonl >"$logs/train-gpt2.log" 2>&1 || rc=1
+  grep -E '^step +(1|12)/' "$logs/train-gpt2.log"
+  # The same with the optimizer on the host (ZeRO-Offload): master weights, moments and the AdamW
+  # step in host memory, gradients copied down and parameters up every step.
+  "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite --set train.steps=6 \
+    --set train.eval_interval=6 --set checkpoint.dir=/tmp/gpu-check-ckpt-offload \
+    --set zero_optimization.offload_optimizer.device=cpu \
+    --set logging.metrics_file=/tmp/gpu-check-metrics-offload.jsonl \
+    >"$logs/train-gpt2-offload.log" 2>&1 || rc=1
+  grep -E '^step +(1|6)/' "$logs/train-gpt2-offload.log"
+  # The same with the host tier pinned (offload_optimizer.pin_memory, false by default as in
+  # DeepSpeed): the step's copies are through pinned staging either way.
+  "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite --set train.steps=6 \
+    --set train.eval_interval=6 --set checkpoint.dir=/tmp/gpu-check-ckpt-offload-pinned \
+    --set zero_optimization.offload_optimizer.device=cpu \
+    --set zero_optimization.offload_optimizer.pin_memory=true \
+    --set logging.metrics_file=/tmp/gpu-check-metrics-offload-pinned.jsonl \
+    >"$logs/train-gpt2-offload-pinned.log" 2>&1 || rc=1
+  grep -E '^step +6/' "$logs/train-gpt2-offload-pinned.log"
+  # Pipeline parallelism over NCCL (pp 2, 1F1B, ZeRO-1; one rank per GPU: NCCL refuses two ranks
+  # of a communicator on one device), on machines with two GPUs or more.
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  if ((gpus >= 2)); then
+    mpirun -np 2 --bind-to none "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite \
+      --set train.steps=6 --set train.eval_interval=6 --set zero_optimization.stage=1 \
+      --set parallel.pipeline_parallel_size=2 --set checkpoint.dir=/tmp/gpu-check-ckpt-pp \
+      --set logging.metrics_file=/tmp/gpu-check-metrics-pp.jsonl >"$logs/train-gpt2-pp2.log" 2>&1 || rc=1
+    grep -E '^step +(1|6)/' "$logs/train-gpt2-pp2.log"
+  else
+    step "pp 2 run skipped: $gpus GPU here, NCCL needs one per rank"
+  fi
 fi
-# A LLaMA-3.2-1B-shaped model (16 layers, d 2048, 32 query heads on 8 key/value heads, head size
-# 64: the flash kernels) at ZeRO-3, 4 x 2048 x 4 tokens a step: issue 48's 45% MFU target.
-"$zr" train "$root/configs/llama-1b-bf16-zero3.json" --overwrite --set train.steps=8 \
-  --set train.eval_interval=8 --set train.eval_windows=1 --set steps_per_print=1 \
-  --set logging.metrics_file=/tmp/gpu-check-metrics-llama.jsonl >"$logs/train-llama-1b.log" 2>&1 ||
-  rc=1
-grep -E '^step +[0-9]+/' "$logs/train-llama-1b.log" | tail -3
+if want bench; then
+  "$zr" bench model --config "$root/configs/bench-gpt2.json" --json >"$logs/bench-model-gpt2.json" \
+    2>"$logs/bench-model-gpt2.log" && cat "$logs/bench-model-gpt2.json"
+  # Where the step's time goes (issue 48's timeline), GPT-2 124M at micro-batch 8 x 1024: each
+  # kernel call of one micro-batch timed with CUDA events, by kind and GEMM shape, the gaps between
+  # calls, and the launch census; with the materialised attention (the "before") and zerort's flash
+  # kernels.
+  for backend in materialised flash; do
+    "$zr" bench model --config "$root/configs/gpt2-124m-bf16-zero3.json" --census --timeline \
+      --set model.attention_backend=$backend >"$logs/bench-model-gpt2-timeline-$backend.txt" 2>&1 ||
+      rc=1
+    echo "== attention_backend $backend"; cat "$logs/bench-model-gpt2-timeline-$backend.txt"
+  done
+  # zerort's flash attention against the materialised CUDA path (bf16; FlashAttention-2 reaches
+  # about 229 TFLOP/s forward on an H100, issue 48's target is 200).
+  for shape in "--head-size 64 --heads 12 --seq 1024 --batch 8" "--head-size 128 --heads 16 --seq 4096 --batch 1" \
+    "--head-size 64 --heads 32 --kv-heads 8 --seq 2048 --batch 2"; do
+    # shellcheck disable=SC2086
+    "$zr" bench attention --device cuda $shape --rounds 5 >>"$logs/bench-attention.txt" 2>&1 || rc=1
+  done
+  cat "$logs/bench-attention.txt"
+  "$zr" bench adamw --json >"$logs/bench-adamw.json" 2>"$logs/bench-adamw.log" &&
+    cat "$logs/bench-adamw.json"
+  "$zr" estimate "$root/configs/gpt2-124m-bf16-zero3.json" --device cuda --measure \
+    >"$logs/estimate-measure.txt" 2>&1; grep -E 'TOTAL|RESERVED' "$logs/estimate-measure.txt"
+fi
+if want peers; then
+  # zerort against llm.c in this run (issue 48): GPT-2 124M from random weights, 8 x 1024 x 4
+  # tokens a step, one token file in llm.c's format, tokens/s and MFU by one count
+  # (tools/peers/llmc_side_by_side.py). llm.c comes built in the pack (tools/gpu-pack.sh --llmc
+  # DIR), or is built here from LLMC=DIR (llm.c's folder) where this machine has nvcc.
+  llmc_bins=()
+  if [[ -n ${x:-} && -x $x/peers/train_gpt2cu ]]; then
+    llmc_bins=("$x/peers/train_gpt2cu:no-cudnn")
+    if [[ -x $x/peers/train_gpt2cu-cudnn ]]; then
+      if missing=$(ldd "$x/peers/train_gpt2cu-cudnn" | grep "not found"); then
+        step "llm.c with cuDNN skipped, it cannot load here: $(echo "$missing" | awk '{print $1}' | xargs)"
+      else
+        llmc_bins+=("$x/peers/train_gpt2cu-cudnn:cudnn")
+      fi
+    fi
+  elif [[ -n ${LLMC:-} ]] && command -v nvcc >/dev/null; then
+    rm -rf /tmp/gpu-check-llmc && cp -r "$LLMC" /tmp/gpu-check-llmc && chmod -R u+w /tmp/gpu-check-llmc
+    make -C /tmp/gpu-check-llmc train_gpt2cu NO_MULTI_GPU=1 NO_USE_MPI=1 NO_NVML=1 \
+      GPU_COMPUTE_CAPABILITY=90 PRECISION=BF16 >"$logs/llmc-build.log" 2>&1 &&
+      llmc_bins=("/tmp/gpu-check-llmc/train_gpt2cu:no-cudnn")
+  fi
+  if ((${#llmc_bins[@]})); then
+    args=(--zerort "$zr" --config "$root/configs/gpt2-124m-bf16-zero3.json" --work /tmp/gpu-check-sbs)
+    for b in "${llmc_bins[@]}"; do args+=(--llmc "$b"); done
+    python3 "$root/tools/peers/llmc_side_by_side.py" "${args[@]}" --json "$logs/side-by-side.json" \
+      >"$logs/side-by-side.txt" 2>&1 || rc=1
+    cp /tmp/gpu-check-sbs/*.log "$logs/" 2>/dev/null
+    # The same zerort run at ZeRO-0: ZeRO-3's gathers and frees should cost nothing at one rank.
+    python3 "$root/tools/peers/llmc_side_by_side.py" --zerort "$zr" --work /tmp/gpu-check-sbs0 \
+      --config "$root/configs/gpt2-124m-bf16-zero3.json" --set zero_optimization.stage=0 \
+      --json "$logs/side-by-side-zero0.json" >"$logs/side-by-side-zero0.txt" 2>&1 || rc=1
+    tail -4 "$logs/side-by-side.txt"; tail -1 "$logs/side-by-side-zero0.txt"
+  else
+    step "side-by-side skipped: no llm.c (tools/gpu-pack.sh --llmc DIR, or LLMC=DIR with nvcc)"
+  fi
+fi
+if want llama; then
+  # A LLaMA-3.2-1B-shaped model (16 layers, d 2048, 32 query heads on 8 key/value heads, head size
+  # 64: the flash kernels) at ZeRO-3, 4 x 2048 x 4 tokens a step: issue 48's 45% MFU target.
+  "$zr" train "$root/configs/llama-1b-bf16-zero3.json" --overwrite --set train.steps=8 \
+    --set train.eval_interval=8 --set train.eval_windows=1 --set steps_per_print=1 \
+    --set logging.metrics_file=/tmp/gpu-check-metrics-llama.jsonl >"$logs/train-llama-1b.log" 2>&1 ||
+    rc=1
+  grep -E '^step +[0-9]+/' "$logs/train-llama-1b.log" | tail -3
+fi
 step "done, exit $rc"
-exit $rc
+exit "$rc"
