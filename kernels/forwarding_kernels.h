@@ -120,6 +120,16 @@ class ForwardingKernels final : public ModelKernels {
                                                 out_features);
                     });
   }
+  Status GeluMatmulBackward(void* dpre, void* dweight, void* dbias, const void* dout,
+                            const void* act, const void* pre, const void* weight, void* scratch,
+                            int64_t rows, int in, int out_features) override {
+    return hook_.Op(OpInfo::Gemm("GeluMatmulBackward", rows, in, out_features,
+                                 (dpre != nullptr) + (dweight != nullptr)),
+                    [=, this] {
+                      return k_->GeluMatmulBackward(dpre, dweight, dbias, dout, act, pre, weight,
+                                                    scratch, rows, in, out_features);
+                    });
+  }
   Status MatmulGelu(void* pre, void* out, const void* inp, const void* weight, const void* bias,
                     int64_t rows, int in, int out_features) override {
     return hook_.Op(OpInfo::Gemm("MatmulGelu", rows, in, out_features, 1), [=, this] {

@@ -115,6 +115,21 @@ class ModelKernels {
     ZR_RETURN_IF_ERROR(Matmul(pre, inp, weight, bias, rows, in, out_features));
     return Gelu(out, pre, rows * out_features);
   }
+  // The backward of a linear layer whose input is act = gelu(pre) (the MLP's projection): dpre
+  // [rows, in] = gelu'(pre) x (dout weight) (written, not added), dweight and dbias added as
+  // MatmulBackward adds them. `scratch` holds rows x in act-dtype values. This default runs
+  // MatmulBackward into the zeroed scratch then GeluBackward into the zeroed dpre; the CUDA
+  // 16-bit kernels make GELU's derivative cuBLASLt's epilogue of the input gradient's GEMM.
+  virtual Status GeluMatmulBackward(void* dpre, void* dweight, void* dbias, const void* dout,
+                                    const void* act, const void* pre, const void* weight,
+                                    void* scratch, int64_t rows, int in, int out_features) {
+    const size_t bytes = static_cast<size_t>(rows) * in * act_size();
+    ZR_RETURN_IF_ERROR(FillZero(scratch, device(), bytes, &stream()));
+    ZR_RETURN_IF_ERROR(
+        MatmulBackward(scratch, dweight, dbias, dout, act, weight, rows, in, out_features));
+    ZR_RETURN_IF_ERROR(FillZero(dpre, device(), bytes, &stream()));
+    return GeluBackward(dpre, pre, scratch, rows * in);
+  }
 
   // Causal multi-head self-attention; qkv [batch, seq, (heads + 2 kv_heads) hs] in [Note: the
   // qkv layout] (kernels/model_math.h: a query head reads its group's key/value head in place;

@@ -15,7 +15,7 @@ namespace zerort {
 std::string_view OpKind(std::string_view name, bool host_read) {
   auto starts = [&](std::string_view p) { return name.substr(0, p.size()) == p; };
   if (host_read) return "host read";
-  if (starts("Matmul")) return "gemm";
+  if (starts("Matmul") || starts("GeluMatmul")) return "gemm";
   if (starts("Attention")) return "attention";
   if (name.find("Norm") != std::string_view::npos) return "norm";
   if (starts("CrossEntropy") || starts("Vocab") || starts("AddToLossLedger")) return "classifier";

@@ -144,11 +144,11 @@ Status BlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const Bl
   const size_t act = k.act_size();
   // MLP: row-parallel projection, GELU, column-parallel fc.
   ZR_ASSIGN_OR_RETURN(const void* dout, ResidualGradOfEveryRow(c, s));
-  ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, g.rows * g.f_l * act, st));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.d4a.data(), gr[kFcProjW], gr[kFcProjB], dout,
-                                      a.mlp_act.data(), w[kFcProjW], g.rows, g.f_l, g.d));
-  ZR_RETURN_IF_ERROR(FillZero(s.d4b.data(), dev, g.rows * g.f_l * act, st));
-  ZR_RETURN_IF_ERROR(k.GeluBackward(s.d4b.data(), a.mlp_in.data(), s.d4a.data(), g.rows * g.f_l));
+  // d(fc's output) = gelu'(pre) x (dout W_proj) into d4b, d4a its scratch (ModelKernels::
+  // GeluMatmulBackward: one GEMM with cuBLASLt's DGELU epilogue on CUDA in 16 bits).
+  ZR_RETURN_IF_ERROR(k.GeluMatmulBackward(s.d4b.data(), gr[kFcProjW], gr[kFcProjB], dout,
+                                          a.mlp_act.data(), a.mlp_in.data(), w[kFcProjW],
+                                          s.d4a.data(), g.rows, g.f_l, g.d));
   ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
   ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kFcW], gr[kFcB], s.d4b.data(), a.ln2.data(),
                                       w[kFcW], g.rows, g.d, g.f_l));

@@ -244,6 +244,27 @@ class CudaModelKernels final : public ModelKernels {
     }
     return ModelKernels::MatmulGelu(pre, out, inp, weight, bias, rows, in, out_features);
   }
+  // [Note: cuBLASLt epilogues]: in 16 bits dpre = gelu'(pre) x (dout W) is one cuBLASLt call
+  // (DGELU, pre read as the auxiliary input, beta 0: no fill, no GELU backward pass, no
+  // scratch); the weight and bias gradients as MatmulBackward's. Otherwise the default's path.
+  Status GeluMatmulBackward(void* dpre, void* dweight, void* dbias, const void* dout,
+                            const void* act, const void* pre, const void* weight, void* scratch,
+                            int64_t rows, int in, int out_features) override {
+    if (!std::is_same_v<T, float> && dgelu_epilogue_ && in % 8 == 0 && rows > 0 &&
+        dpre != nullptr) {
+      const gemm::ColumnMajor g = gemm::LinearBackwardInput(rows, in, out_features);
+      const LtKey key = KeyFor(g, weight, CudaType<T>(), dout, CudaType<T>(), dpre, CudaType<T>(),
+                               nullptr, pre, /*dgelu=*/true);
+      if (StatusOr<LtPlan*> plan = PlanFor(key, pre); plan.ok()) {
+        ZR_RETURN_IF_ERROR(LtMatmul(g, weight, CudaType<T>(), dout, CudaType<T>(), dpre,
+                                    CudaType<T>(), 0.0f, nullptr, pre, /*dgelu=*/true));
+        return MatmulBackward(nullptr, dweight, dbias, dout, act, weight, rows, in, out_features);
+      }
+      dgelu_epilogue_ = false;
+    }
+    return ModelKernels::GeluMatmulBackward(dpre, dweight, dbias, dout, act, pre, weight, scratch,
+                                            rows, in, out_features);
+  }
   Status MatmulBackward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                         const void* weight, int64_t rows, int in, int out_features) override {
     if (dinp != nullptr) {  // dinp^T [in, rows] += W^T [in, out] x dout^T [out, rows]
@@ -519,11 +540,16 @@ class CudaModelKernels final : public ModelKernels {
   // may pick an algorithm that needs them. The bias pointer, which changes between layers, is set
   // on the plan's descriptor before each call.
   // [Note: cuBLASLt epilogues] A plan's epilogue: the bias (the linear layers' forward) and, for
-  // the MLP's first layer in 16 bits, GELU with its input kept (GELU_AUX(_BIAS): D = GELU(x),
-  // the auxiliary output x = the product + bias, both in D's type, ld = D's rows), so that
-  // MatmulGelu is one launch instead of a GEMM and a GELU pass. fp32 keeps the two-step path:
-  // its GELU is the CPU's bit for bit (kernels/model_math.h), cuBLASLt's is its own.
-  enum class LtEpilogue { kNone, kBias, kGeluAux, kGeluAuxBias };
+  // the MLP in 16 bits, GELU with its input kept (GELU_AUX(_BIAS): D = GELU(x), the auxiliary
+  // output x = the product + bias, both in D's type, ld = D's rows), so that MatmulGelu is one
+  // launch instead of a GEMM and a GELU pass; and in the backward GELU's derivative (DGELU: the
+  // projection's input gradient times gelu'(aux), aux = the forward's pre), so that
+  // GeluMatmulBackward writes dpre in one GEMM instead of two fills, a GEMM and a GELU backward
+  // pass. fp32 keeps the separate kernels: its GELU is the CPU's bit for bit
+  // (kernels/model_math.h), cuBLASLt's is its own.
+  // The backward's input gradient through GELU (GeluMatmulBackward) is DGELU: D = gelu'(aux) x
+  // the product, aux = pre read with the same leading dimension.
+  enum class LtEpilogue { kNone, kBias, kGeluAux, kGeluAuxBias, kDGelu };
   struct LtKey {
     gemm::ColumnMajor g;
     cudaDataType_t a_type, b_type, d_type;
@@ -541,7 +567,7 @@ class CudaModelKernels final : public ModelKernels {
     cublasLtMatmulAlgo_t algo{};
   };
 
-  StatusOr<LtPlan*> PlanFor(const LtKey& key, void* aux) {
+  StatusOr<LtPlan*> PlanFor(const LtKey& key, const void* aux) {
     if (auto it = lt_plans_.find(key); it != lt_plans_.end()) return &it->second;
     const gemm::ColumnMajor& g = key.g;
     LtPlan plan;
@@ -556,12 +582,14 @@ class CudaModelKernels final : public ModelKernels {
           b_.LtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
       const bool bias =
           key.epilogue == LtEpilogue::kBias || key.epilogue == LtEpilogue::kGeluAuxBias;
+      const bool dgelu = key.epilogue == LtEpilogue::kDGelu;
       const bool gelu =
-          key.epilogue == LtEpilogue::kGeluAux || key.epilogue == LtEpilogue::kGeluAuxBias;
+          dgelu || key.epilogue == LtEpilogue::kGeluAux || key.epilogue == LtEpilogue::kGeluAuxBias;
       if (key.epilogue != LtEpilogue::kNone) {
-        const cublasLtEpilogue_t epilogue = !gelu  ? CUBLASLT_EPILOGUE_BIAS
-                                            : bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
-                                                   : CUBLASLT_EPILOGUE_GELU_AUX;
+        const cublasLtEpilogue_t epilogue = dgelu   ? CUBLASLT_EPILOGUE_DGELU
+                                            : !gelu ? CUBLASLT_EPILOGUE_BIAS
+                                            : bias  ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                                    : CUBLASLT_EPILOGUE_GELU_AUX;
         ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescSetAttribute(
             plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
       }
@@ -629,11 +657,13 @@ class CudaModelKernels final : public ModelKernels {
     if (plan.op != nullptr) b_.LtMatmulDescDestroy(plan.op);
   }
 
+  // `dgelu`: aux is GELU's input, read (kDGelu); otherwise a non-null aux is written (GELU_AUX).
   LtKey KeyFor(const gemm::ColumnMajor& g, const void* a, cudaDataType_t a_type, const void* b,
                cudaDataType_t b_type, const void* d, cudaDataType_t d_type, const void* bias,
-               const void* aux) const {
+               const void* aux, bool dgelu = false) const {
     const LtEpilogue epilogue =
-        aux != nullptr    ? (bias != nullptr ? LtEpilogue::kGeluAuxBias : LtEpilogue::kGeluAux)
+        dgelu             ? LtEpilogue::kDGelu
+        : aux != nullptr  ? (bias != nullptr ? LtEpilogue::kGeluAuxBias : LtEpilogue::kGeluAux)
         : bias != nullptr ? LtEpilogue::kBias
                           : LtEpilogue::kNone;
     return {g,
@@ -649,10 +679,11 @@ class CudaModelKernels final : public ModelKernels {
 
   // Column-major D = op(A) x op(B) + beta D (gemm::ColumnMajor), fp32 compute; with `bias`
   // (length m, D's type) fused as the epilogue, and with `aux` D = GELU of that, the product +
-  // bias written to aux ([Note: cuBLASLt epilogues]).
+  // bias written to aux; with `dgelu`, D = gelu'(aux) x the product, aux read ([Note: cuBLASLt
+  // epilogues]).
   Status LtMatmul(const gemm::ColumnMajor& g, const void* a, cudaDataType_t a_type, const void* b,
                   cudaDataType_t b_type, void* d, cudaDataType_t d_type, float beta,
-                  const void* bias, void* aux = nullptr) {
+                  const void* bias, const void* aux = nullptr, bool dgelu = false) {
     if (g.m == 0 || g.n == 0) return absl::OkStatus();  // an empty result: nothing to compute
     if (g.k == 0) {                                     // no rows in a weight gradient: D += 0
       if (beta == 1.0f && bias == nullptr) return absl::OkStatus();
@@ -660,7 +691,7 @@ class CudaModelKernels final : public ModelKernels {
                                         " matmul with no inner dimension");
     }
     ZR_ASSIGN_OR_RETURN(LtPlan * plan,
-                        PlanFor(KeyFor(g, a, a_type, b, b_type, d, d_type, bias, aux), aux));
+                        PlanFor(KeyFor(g, a, a_type, b, b_type, d, d_type, bias, aux, dgelu), aux));
     if (bias != nullptr) {
       ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescSetAttribute(
           plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
@@ -700,7 +731,8 @@ class CudaModelKernels final : public ModelKernels {
   Allocator& ws_;
   const DType act_, grad_;  // T's and G's DType, as the collectives name them
   const std::optional<AttentionProgram> attention_;  // asked for; nullopt: by shape
-  bool gelu_epilogue_ = true;  // false once cuBLASLt refused a GELU epilogue plan
+  bool gelu_epilogue_ = true;   // false once cuBLASLt refused a GELU epilogue plan
+  bool dgelu_epilogue_ = true;  // the same for DGELU
   std::unique_ptr<cublasLtContext, LtDeleter> lt_;
   std::unique_ptr<cublasContext, BlasDeleter> blas_;
   Buffer lt_workspace_;  // kLtWorkspace bytes for cuBLASLt, then the loss ledger

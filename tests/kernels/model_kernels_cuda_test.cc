@@ -194,6 +194,45 @@ TEST(ModelKernelsCudaTest, LinearLayerNormGeluResidual) {
       ASSERT_TRUE(t.gpu->MatmulGelu(gp3, gy3, gx3, geye, gzero, n8, n8, n8).ok());
       const std::vector<float> got = t.Down(gy3, y3.size(), act);
       EXPECT_NEAR(got[0], -0.0036374f, 3e-5f) << DTypeName(act) << ": GELU(-3) = " << got[0];
+      // The derivative likewise: gelu'(-3) is -0.0115842 (tanh form), -0.0119456 (erf's).
+      std::vector<float> dpre3(n8 * n8), scratch3(n8 * n8), dw3(n8 * n8), db3(n8);
+      void *gdpre3 = t.A(dpre3), *gs3 = t.A(scratch3), *gdw3 = t.G(dw3), *gdb3 = t.G(db3);
+      ASSERT_TRUE(
+          t.gpu->GeluMatmulBackward(gdpre3, gdw3, gdb3, geye, gy3, gp3, geye, gs3, n8, n8, n8)
+              .ok());
+      const std::vector<float> d3 = t.Down(gdpre3, dpre3.size(), act);
+      EXPECT_NEAR(d3[0], -0.0115842f, 9e-5f) << DTypeName(act) << ": gelu'(-3) = " << d3[0];
+      EXPECT_EQ(d3[1], 0.0f);
+    }
+    // The projection's backward through GELU: dpre written (not added), dW and db added.
+    {
+      std::vector<float> pre2 = Random(rows * out, 31), act2(rows * out),
+                         dy2 = Random(rows * in, 32), w2 = Random(in * out, 33, 0.2f),
+                         dpre = Random(rows * out, 34), scratch(rows * out),
+                         dw2 = Random(in * out, 35), db2 = Random(in, 36);
+      for (size_t i = 0; i < act2.size(); ++i) {
+        act2[i] = pre2[i] > 0 ? pre2[i] : 0.1f * pre2[i];  // any act: it only feeds dW
+      }
+      void *gpre2 = t.A(pre2), *gact2 = t.A(act2), *gdy2 = t.A(dy2), *gw2 = t.A(w2),
+           *gdpre = t.A(dpre), *gscratch = t.A(scratch), *gdw2 = t.G(dw2), *gdb2 = t.G(db2);
+      const auto launched = *t.gpu->launches();
+      // rows x out in, in features out: the layer maps out (GELU's width) to in.
+      ASSERT_TRUE(t.gpu
+                      ->GeluMatmulBackward(gdpre, gdw2, gdb2, gdy2, gact2, gpre2, gw2, gscratch,
+                                           rows, out, in)
+                      .ok());
+      ASSERT_TRUE(t.cpu
+                      ->GeluMatmulBackward(dpre.data(), dw2.data(), db2.data(), dy2.data(),
+                                           act2.data(), pre2.data(), w2.data(), scratch.data(),
+                                           rows, out, in)
+                      .ok());
+      t.Expect("GeluMatmulBackward dpre", gdpre, dpre, act);
+      t.Expect("GeluMatmulBackward dweight", gdw2, dw2, grad);
+      t.Expect("GeluMatmulBackward dbias", gdb2, db2, grad);
+      const auto now = *t.gpu->launches();
+      EXPECT_EQ(count(now, "GeluBackward") - count(launched, "GeluBackward"),
+                act == DType::kF32 ? 1 : 0)
+          << DTypeName(act) << ": the DGELU epilogue was not used";
     }
 
     std::vector<float> lw = Random(in, 8), lb = Random(in, 9), ln(rows * in), mean(rows),
