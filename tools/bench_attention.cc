@@ -58,9 +58,9 @@ Status CheckBytes(const BenchAttentionOptions& o, int kv, double element_size) {
   const int channels = o.heads * o.head_size;
   const int64_t rows = int64_t{o.batch} * o.seq;
   const int64_t row = channels + 2 * int64_t{kv} * o.head_size;  // [Note: the qkv layout]
-  const double probs_bytes = element_size * o.batch * o.heads * double{o.seq} * o.seq;
+  const double probs_bytes = element_size * o.batch * o.heads * static_cast<double>(o.seq) * o.seq;
   const double total_bytes = element_size * (3.0 * rows * row + 4.0 * rows * channels) +
-                             4.0 * 2 * double{o.batch} * o.heads * o.seq + probs_bytes;
+                             4.0 * 2 * static_cast<double>(o.batch) * o.heads * o.seq + probs_bytes;
   if (total_bytes > 8.0 * (int64_t{1} << 30)) {
     return absl::InvalidArgumentError(
         "the two paths would hold " + FormatBytes(total_bytes) +
@@ -123,7 +123,7 @@ StatusOr<Paths> CpuPaths(const BenchAttentionOptions& o, int kv) {
   }
   p.saved_flash = static_cast<double>(
       AttentionSavedBytes(AttentionProgram::kFlash, o.batch, o.seq, o.heads, 4));
-  p.saved_materialised = 4.0 * o.batch * o.heads * double{o.seq} * o.seq;
+  p.saved_materialised = 4.0 * o.batch * o.heads * static_cast<double>(o.seq) * o.seq;
   p.keep.push_back(b);
   return p;
 }
@@ -262,7 +262,6 @@ int RunBenchAttention(const BenchAttentionOptions& o) {
   if (o.device != "cpu" && o.device != "cuda") {
     return usage(StrCat("--device '", o.device, "' must be cpu or cuda"));
   }
-  const int channels = o.heads * o.head_size;
   Paths paths;
   if (o.device == "cuda") {
     if (CudaDeviceCount() == 0) {
@@ -300,7 +299,8 @@ int RunBenchAttention(const BenchAttentionOptions& o) {
     }
   }
   // FlashAttention's count: 4 B H T^2 hs for the two GEMMs, halved for causal.
-  const double forward_flop = 4.0 * o.batch * o.heads * double{o.seq} * o.seq * o.head_size / 2;
+  const double forward_flop =
+      4.0 * o.batch * o.heads * static_cast<double>(o.seq) * o.seq * o.head_size / 2;
   const double backward_flop = 2.5 * forward_flop;
   const double saved_flash = paths.saved_flash;
   nlohmann::json result = {
