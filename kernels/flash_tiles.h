@@ -88,6 +88,24 @@ struct BackwardSmem {
   static constexpr int bytes = dv + kTile * 4 + kWarps * warp;
   ZR_HOST_DEVICE static constexpr int Warp(int w) { return dv + kTile * 4 + w * warp; }
 };
+// Warp w's pieces of a backward block's shared memory, at BackwardSmem's per-warp offsets.
+template <typename E>
+struct BackwardWarp {
+  float* s;    // S, then dP
+  float* pf;   // P, fp32
+  E* pe;       // P, elements
+  E* dse;      // dS, elements
+  float* acc;  // dQ, or dK then dV
+  float* red;  // the D reduction's partial sums (dQ)
+};
+template <int D, typename E>
+ZR_HOST_DEVICE BackwardWarp<E> BackwardWarpOf(unsigned char* smem, int w) {
+  using S = BackwardSmem<D>;
+  unsigned char* ws = smem + S::Warp(w);
+  return {reinterpret_cast<float*>(ws + S::s),   reinterpret_cast<float*>(ws + S::pf),
+          reinterpret_cast<E*>(ws + S::pe),      reinterpret_cast<E*>(ws + S::dse),
+          reinterpret_cast<float*>(ws + S::acc), reinterpret_cast<float*>(ws + S::red)};
+}
 
 // Copies `rows` x D elements of a head (row i at src + i * ld) into a dense [64][D] tile, zeros
 // past `rows`; 16 bytes per thread per step.
@@ -261,23 +279,23 @@ ZR_TILE_PROGRAM void ScoreGrads(const X& x, const float* dp, const float* pf, ty
 // `between` (dK/dV's dV += P^T dO, reading P), dP = dA dB^T over S, and dS. The dQ program takes
 // A, B, dA, dB = Q_w, K, dO_w, V; the dK/dV program the transposes K_w, Q, V_w, dO.
 template <int D, typename X, typename Visible, typename Lse, typename Dvec, typename Between>
-ZR_TILE_PROGRAM void ProbsAndScoreGrads(const X& x, float* s, float* pf, typename X::Elem* pe,
-                                        typename X::Elem* dse, const typename X::Elem* a,
-                                        const typename X::Elem* b, const typename X::Elem* da,
-                                        const typename X::Elem* db, float scale, Visible visible,
-                                        Lse lse_of, Dvec d_of, Between between) {
+ZR_TILE_PROGRAM void ProbsAndScoreGrads(const X& x, const BackwardWarp<typename X::Elem>& m,
+                                        const typename X::Elem* a, const typename X::Elem* b,
+                                        const typename X::Elem* da, const typename X::Elem* db,
+                                        float scale, Visible visible, Lse lse_of, Dvec d_of,
+                                        Between between) {
   for (int n = 0; n < kTile / 16; ++n) {
-    x.Mma(ColB{}, s + n * 16, kTile, a, D, b + n * 16 * D, D, D / 16, false);
+    x.Mma(ColB{}, m.s + n * 16, kTile, a, D, b + n * 16 * D, D, D / 16, false);
   }
   x.SyncWarp();
-  RecomputeP(x, s, pf, pe, scale, visible, lse_of);
+  RecomputeP(x, m.s, m.pf, m.pe, scale, visible, lse_of);
   x.SyncWarp();
   between();
   for (int n = 0; n < kTile / 16; ++n) {
-    x.Mma(ColB{}, s + n * 16, kTile, da, D, db + n * 16 * D, D, D / 16, false);
+    x.Mma(ColB{}, m.s + n * 16, kTile, da, D, db + n * 16 * D, D, D / 16, false);
   }
   x.SyncWarp();
-  ScoreGrads(x, s, pf, dse, scale, visible, d_of);
+  ScoreGrads(x, m.s, m.pf, m.dse, scale, visible, d_of);
   x.SyncWarp();
 }
 
@@ -318,9 +336,9 @@ ZR_TILE_PROGRAM void BackwardDqProgram(const X& x, unsigned char* smem, typename
   LoadTile<D>(x, qs, qkv + (row0 + q0) * ld + L.q(h), ld, T - q0);
   LoadTile<D>(x, dos, dout + (row0 + q0) * ldo + int64_t{h} * D, ldo, T - q0);
   x.ForWarps([&](int w) {
-    unsigned char* ws = smem + S::Warp(w);
-    float* red = reinterpret_cast<float*>(ws + S::red);
-    float* acc = reinterpret_cast<float*>(ws + S::acc);
+    const BackwardWarp<E> m = BackwardWarpOf<D, E>(smem, w);
+    float* red = m.red;
+    float* acc = m.acc;
     x.ForLanes([&](int lane) {  // D: each lane of a pair half of the row's dout . out
       for (int i = lane; i < kWarpRows * D; i += 32) acc[i] = 0.0f;
       const int r = lane / 2, half = lane % 2, q = q0 + w * kWarpRows + r;
@@ -352,29 +370,24 @@ ZR_TILE_PROGRAM void BackwardDqProgram(const X& x, unsigned char* smem, typename
     LoadTile<D>(x, vs, qkv + (row0 + k0) * ld + L.v(h), ld, kn);
     x.SyncBlock();
     x.ForWarps([&](int w) {
-      unsigned char* ws = smem + S::Warp(w);
-      float* s = reinterpret_cast<float*>(ws + S::s);
-      float* pf = reinterpret_cast<float*>(ws + S::pf);
-      E* pe = reinterpret_cast<E*>(ws + S::pe);
-      E* dse = reinterpret_cast<E*>(ws + S::dse);
-      float* acc = reinterpret_cast<float*>(ws + S::acc);
+      const BackwardWarp<E> m = BackwardWarpOf<D, E>(smem, w);
       const int r0 = w * kWarpRows;
       auto visible = [&](int r, int c) {
         const int q = q0 + r0 + r;
         return q < T && c < math::CausalKeys(q, k0, kn);
       };
       ProbsAndScoreGrads<D>(
-          x, s, pf, pe, dse, qs + r0 * D, ks, dos + r0 * D, vs, sh.scale, visible,
+          x, m, qs + r0 * D, ks, dos + r0 * D, vs, sh.scale, visible,
           [&](int r, int) { return lse_s[r0 + r]; }, [&](int r, int) { return d_s[r0 + r]; },
           [] {});
       for (int n = 0; n < D / 16; ++n) {  // dQ_w += dS K
-        x.Mma(RowB{}, acc + n * 16, D, dse, kTile, ks + n * 16, D, kTile / 16, true);
+        x.Mma(RowB{}, m.acc + n * 16, D, m.dse, kTile, ks + n * 16, D, kTile / 16, true);
       }
       x.SyncWarp();
     });
   }
   x.ForWarps([&](int w) {
-    const float* acc = reinterpret_cast<const float*>(smem + S::Warp(w) + S::acc);
+    const float* acc = BackwardWarpOf<D, E>(smem, w).acc;
     const int r0 = w * kWarpRows;
     AddRows<D>(x, dqkv + (row0 + q0 + r0) * ld + L.q(h), ld, acc, T - q0 - r0);
   });
@@ -404,7 +417,7 @@ ZR_TILE_PROGRAM void BackwardDkvProgram(const X& x, unsigned char* smem, typenam
   LoadTile<D>(x, ks, qkv + (row0 + k0) * ld + L.k(first_h), ld, T - k0);
   LoadTile<D>(x, vs, qkv + (row0 + k0) * ld + L.v(first_h), ld, T - k0);
   x.ForWarps([&](int w) {
-    float* acc = reinterpret_cast<float*>(smem + S::Warp(w) + S::acc);
+    float* acc = BackwardWarpOf<D, E>(smem, w).acc;
     x.ForLanes([&](int lane) {
       for (int i = lane; i < 2 * kWarpRows * D; i += 32) acc[i] = 0.0f;
     });
@@ -424,12 +437,8 @@ ZR_TILE_PROGRAM void BackwardDkvProgram(const X& x, unsigned char* smem, typenam
       });
       x.SyncBlock();
       x.ForWarps([&](int w) {
-        unsigned char* ws = smem + S::Warp(w);
-        float* s = reinterpret_cast<float*>(ws + S::s);
-        float* pf = reinterpret_cast<float*>(ws + S::pf);
-        E* pe = reinterpret_cast<E*>(ws + S::pe);
-        E* dse = reinterpret_cast<E*>(ws + S::dse);
-        float* dk = reinterpret_cast<float*>(ws + S::acc);
+        const BackwardWarp<E> m = BackwardWarpOf<D, E>(smem, w);
+        float* dk = m.acc;
         float* dv = dk + kWarpRows * D;
         const int r0 = w * kWarpRows;  // this warp's keys: k0 + r0 + r; columns are queries
         auto visible = [&](int r, int c) {
@@ -437,22 +446,22 @@ ZR_TILE_PROGRAM void BackwardDkvProgram(const X& x, unsigned char* smem, typenam
           return k < T && c < qn && q >= k;
         };
         ProbsAndScoreGrads<D>(
-            x, s, pf, pe, dse, ks + r0 * D, qs, vs + r0 * D, dos, sh.scale, visible,
+            x, m, ks + r0 * D, qs, vs + r0 * D, dos, sh.scale, visible,
             [&](int, int c) { return lse_s[c]; }, [&](int, int c) { return d_s[c]; },
             [&] {
               for (int n = 0; n < D / 16; ++n) {  // dV_w += P^T dO
-                x.Mma(RowB{}, dv + n * 16, D, pe, kTile, dos + n * 16, D, kTile / 16, true);
+                x.Mma(RowB{}, dv + n * 16, D, m.pe, kTile, dos + n * 16, D, kTile / 16, true);
               }
             });
         for (int n = 0; n < D / 16; ++n) {  // dK_w += dS^T Q
-          x.Mma(RowB{}, dk + n * 16, D, dse, kTile, qs + n * 16, D, kTile / 16, true);
+          x.Mma(RowB{}, dk + n * 16, D, m.dse, kTile, qs + n * 16, D, kTile / 16, true);
         }
         x.SyncWarp();
       });
     }
   }
   x.ForWarps([&](int w) {
-    const float* dk = reinterpret_cast<const float*>(smem + S::Warp(w) + S::acc);
+    const float* dk = BackwardWarpOf<D, E>(smem, w).acc;
     const int r0 = w * kWarpRows;
     E* rows = dqkv + (row0 + k0 + r0) * ld;
     AddRows<D>(x, rows + L.k(first_h), ld, dk, T - k0 - r0);

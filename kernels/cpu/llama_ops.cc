@@ -88,23 +88,41 @@ void RmsNormBackward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
 }
 
 template <typename T>
+void RopeQkvInPlace(T* qkv, int batch, int seq, int heads, int kv_heads, int head_size,
+                    const Rope& rope, bool transpose) {
+  const math::QkvLayout l{heads, kv_heads, head_size};
+  const int half = head_size / 2;
+  // The transpose turns by -angle: sin negated.
+  const T sign = transpose ? T(-1) : T(1);
+  ForEachRotatedRow<T>(batch, seq, head_size, rope, [&](int64_t r, const T* c, const T* s) {
+    T* row = qkv + r * l.row();
+    // Query heads, then the key heads; the value heads after them are not turned.
+    for (int h = 0; h < heads + kv_heads; ++h) {
+      T* x = row + int64_t{h} * head_size;
+      for (int i = 0; i < half; ++i) {
+        const T x1 = x[i], x2 = x[i + half], si = sign * s[i];
+        x[i] = x1 * c[i] - x2 * si;
+        x[i + half] = x2 * c[i] + x1 * si;
+      }
+    }
+  });
+}
+
+// q, k and v laid side by side in qkv's layout, then turned in place: one rotation for both.
+template <typename T>
 void RopeQkvForward(T* qkv, const T* q, const T* k, const T* v, int batch, int seq, int heads,
                     int kv_heads, int head_size, const Rope& rope) {
   const math::QkvLayout l{heads, kv_heads, head_size};
-  const int half = head_size / 2;
   const int64_t C = l.q_cols(), KV = l.kv_cols();
-  ForEachRotatedRow<T>(batch, seq, head_size, rope, [&](int64_t r, const T* c, const T* s) {
-    T* out = qkv + r * l.row();
-    auto rotate = [&](T* y, const T* x) {
-      for (int i = 0; i < half; ++i) {
-        y[i] = x[i] * c[i] - x[i + half] * s[i];
-        y[i + half] = x[i + half] * c[i] + x[i] * s[i];
-      }
-    };
-    for (int h = 0; h < heads; ++h) rotate(out + l.q(h), q + r * C + h * head_size);
-    for (int j = 0; j < kv_heads; ++j) rotate(out + C + j * head_size, k + r * KV + j * head_size);
-    std::copy(v + r * KV, v + (r + 1) * KV, out + C + KV);
+  ParallelFor(int64_t{batch} * seq, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      T* out = qkv + r * l.row();
+      std::copy(q + r * C, q + (r + 1) * C, out);
+      std::copy(k + r * KV, k + (r + 1) * KV, out + C);
+      std::copy(v + r * KV, v + (r + 1) * KV, out + C + KV);
+    }
   });
+  RopeQkvInPlace(qkv, batch, seq, heads, kv_heads, head_size, rope, false);
 }
 
 template <typename T>
@@ -130,27 +148,6 @@ void RopeQkvBackward(T* dq, T* dk, T* dv, const T* dqkv, int batch, int seq, int
     }
     if (dv != nullptr) {
       for (int64_t i = 0; i < KV; ++i) dv[r * KV + i] += in[C + KV + i];
-    }
-  });
-}
-
-template <typename T>
-void RopeQkvInPlace(T* qkv, int batch, int seq, int heads, int kv_heads, int head_size,
-                    const Rope& rope, bool transpose) {
-  const math::QkvLayout l{heads, kv_heads, head_size};
-  const int half = head_size / 2;
-  // The transpose turns by -angle: sin negated.
-  const T sign = transpose ? T(-1) : T(1);
-  ForEachRotatedRow<T>(batch, seq, head_size, rope, [&](int64_t r, const T* c, const T* s) {
-    T* row = qkv + r * l.row();
-    // Query heads, then the key heads; the value heads after them are not turned.
-    for (int h = 0; h < heads + kv_heads; ++h) {
-      T* x = row + int64_t{h} * head_size;
-      for (int i = 0; i < half; ++i) {
-        const T x1 = x[i], x2 = x[i + half], si = sign * s[i];
-        x[i] = x1 * c[i] - x2 * si;
-        x[i + half] = x2 * c[i] + x1 * si;
-      }
     }
   });
 }

@@ -75,10 +75,24 @@ static __global__ void RmsNormWeightGradKernel(G* dweight, const T* dout, const 
   dweight[at.col] = FromFloat<G>(ToFloat(dweight[at.col]) + sw);
 }
 
-__device__ __forceinline__ void RopeAngle(int64_t row, int seq, int i, int head_size,
-                                          const Rope& rope, float* c, float* s) {
-  const float inv_freq = RopeInvFreq<float>(rope, i, head_size);
-  sincosf(static_cast<float>(row % seq) * inv_freq, s, c);
+// A rotary thread's work, from its index over rows x (heads + kv_heads) head slots x hs / 2
+// channel pairs: pair i of head slot `slot` (0..heads-1 the query heads, then the key heads) of
+// `row`, turned by the angle whose cosine and sine are c and s.
+struct RopePair {
+  int i, slot;
+  int64_t row;
+  float c, s;
+};
+__device__ __forceinline__ RopePair RopePairOf(int64_t idx, int seq, int heads, int kv_heads,
+                                               int head_size, const Rope& rope) {
+  const int half = head_size / 2, slots = heads + kv_heads;
+  RopePair p;
+  p.i = static_cast<int>(idx % half);
+  p.slot = static_cast<int>((idx / half) % slots);
+  p.row = idx / (int64_t{half} * slots);
+  const float inv_freq = RopeInvFreq<float>(rope, p.i, head_size);
+  sincosf(static_cast<float>(p.row % seq) * inv_freq, &p.s, &p.c);
+  return p;
 }
 
 // One thread per (row, head slot, channel pair), slots 0..heads-1 the query heads and then the
@@ -88,14 +102,10 @@ template <typename T>
 static __global__ void RopeQkvKernel(T* qkv, const T* q, const T* k, const T* v, int seq, int heads,
                                      int kv_heads, int head_size, Rope rope, int64_t n) {
   const math::QkvLayout l{heads, kv_heads, head_size};
-  const int half = head_size / 2, slots = heads + kv_heads;
+  const int half = head_size / 2;
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < n;
        idx += int64_t{gridDim.x} * blockDim.x) {
-    const int i = static_cast<int>(idx % half);
-    const int slot = static_cast<int>((idx / half) % slots);
-    const int64_t row = idx / (int64_t{half} * slots);
-    float c, s;
-    RopeAngle(row, seq, i, head_size, rope, &c, &s);
+    const auto [i, slot, row, c, s] = RopePairOf(idx, seq, heads, kv_heads, head_size, rope);
     T* out = qkv + row * l.row() + int64_t{slot} * head_size;  // q head, or k head slot - heads
     const T* x = slot < heads ? q + row * l.q_cols() + int64_t{slot} * head_size
                               : k + row * l.kv_cols() + int64_t{slot - heads} * head_size;
@@ -117,14 +127,10 @@ template <typename T>
 static __global__ void RopeQkvBackwardKernel(T* dq, T* dk, T* dv, const T* dqkv, int seq, int heads,
                                              int kv_heads, int head_size, Rope rope, int64_t n) {
   const math::QkvLayout l{heads, kv_heads, head_size};
-  const int half = head_size / 2, slots = heads + kv_heads;
+  const int half = head_size / 2;
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < n;
        idx += int64_t{gridDim.x} * blockDim.x) {
-    const int i = static_cast<int>(idx % half);
-    const int slot = static_cast<int>((idx / half) % slots);
-    const int64_t row = idx / (int64_t{half} * slots);
-    float c, s;
-    RopeAngle(row, seq, i, head_size, rope, &c, &s);
+    const auto [i, slot, row, c, s] = RopePairOf(idx, seq, heads, kv_heads, head_size, rope);
     const T* in = dqkv + row * l.row() + int64_t{slot} * head_size;
     T* d = slot < heads
                ? (dq == nullptr ? nullptr : dq + row * l.q_cols() + int64_t{slot} * head_size)
@@ -150,16 +156,13 @@ template <typename T>
 static __global__ void RopeQkvInPlaceKernel(T* qkv, int seq, int heads, int kv_heads, int head_size,
                                             Rope rope, bool transpose, int64_t n) {
   const math::QkvLayout l{heads, kv_heads, head_size};
-  const int half = head_size / 2, slots = heads + kv_heads;
+  const int half = head_size / 2;
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < n;
        idx += int64_t{gridDim.x} * blockDim.x) {
-    const int i = static_cast<int>(idx % half);
-    const int slot = static_cast<int>((idx / half) % slots);
-    const int64_t row = idx / (int64_t{half} * slots);
-    float c, s;
-    RopeAngle(row, seq, i, head_size, rope, &c, &s);
-    if (transpose) s = -s;
-    T* x = qkv + row * l.row() + int64_t{slot} * head_size;  // q head, or k head slot - heads
+    const RopePair p = RopePairOf(idx, seq, heads, kv_heads, head_size, rope);
+    const int i = p.i;
+    const float c = p.c, s = transpose ? -p.s : p.s;             // the transpose turns by -angle
+    T* x = qkv + p.row * l.row() + int64_t{p.slot} * head_size;  // a q head, or a k head
     const float x1 = ToFloat(x[i]), x2 = ToFloat(x[i + half]);
     x[i] = FromFloat<T>(x1 * c - x2 * s);
     x[i + half] = FromFloat<T>(x2 * c + x1 * s);

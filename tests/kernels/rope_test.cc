@@ -104,9 +104,10 @@ TEST(RopeTest, BackwardIsTheForwardsTransposeUnderEveryScaling) {
     for (size_t i = 0; i < k.size(); ++i) backward += dk[i] * k[i] + dv[i] * v[i];
     EXPECT_NEAR(forward, backward, 1e-10 * std::abs(forward)) << RopeInvFreq<double>(rope, 3, 8);
 
-    // In place ([Note: a LLaMA block's projections]): q, k, v unrotated in qkv's layout turn into
-    // bitwise the forward's qkv; r turned back in place is bitwise the backward's dq, dk, dv
-    // (each added into zeros), in its layout.
+    // In place ([Note: a LLaMA block's projections]; the planar forward lays q, k, v out and
+    // turns them so): q, k, v unrotated in qkv's layout turn into bitwise the forward's qkv; r
+    // turned back in place is bitwise the backward's dq, dk, dv (each added into zeros), in its
+    // layout, and the backward is checked above as the forward's transpose.
     std::vector<double> inplace(rows * kRow), back = r;
     for (int row = 0; row < rows; ++row) {
       std::copy_n(q.begin() + row * C, C, inplace.begin() + row * kRow);
