@@ -16,6 +16,11 @@
 # one archive, since it returns only a few files).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+sections="tests memcheck train bench peers llama"
+for s in ${GPU_CHECK_ONLY:-}; do  # a misspelt section would run nothing, silently
+  [[ " $sections " == *" $s "* ]] ||
+    { echo "gpu-check: GPU_CHECK_ONLY: no section '$s' (sections: $sections)" >&2; exit 2; }
+done
 logs=/tmp/gpu-check
 [[ -n ${OUT:-} ]] && trap 'mkdir -p "$OUT" && tar -C /tmp -czf "$OUT/gpu-check.tar.gz" gpu-check' EXIT
 mkdir -p "$logs"

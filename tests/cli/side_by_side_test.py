@@ -116,6 +116,26 @@ with tempfile.TemporaryDirectory() as tmp:
     r, _ = side_by_side("--llmc", os.path.join(tmp, "missing"), work="args")
     check("a missing peer binary refused by name: exit 2",
           r.returncode == 2 and "missing: not an executable" in r.stderr, r.stderr)
+    r, _ = side_by_side("--llmc", tmp, work="args")
+    check("a directory as the peer binary refused: exit 2",
+          r.returncode == 2 and "not an executable file" in r.stderr, r.stderr)
+    r, _ = side_by_side("--tokens", "-5", work="args")
+    check("negative --tokens refused: exit 2", r.returncode == 2 and "--tokens" in r.stderr,
+          r.stderr)
+    r, _ = side_by_side("--steps", "100000000", work="args")
+    check("a run too big for llm.c's int32 token count refused before writing: exit 2",
+          r.returncode == 2 and "training tokens" in r.stderr
+          and not os.path.exists(os.path.join(tmp, "args", "train.bin")), r.stderr)
+    os.makedirs(os.path.join(tmp, "fifo"))
+    os.mkfifo(os.path.join(tmp, "fifo", "train.bin"))
+    r, _ = side_by_side(work="fifo")
+    check("a FIFO where the token file goes refused, not written into: exit 2",
+          r.returncode == 2 and "train.bin exists and is not a regular file" in r.stderr, r.stderr)
+    with open(os.path.join(tmp, "plainfile"), "w") as f:
+        f.write("x")
+    r, _ = side_by_side(work="plainfile")
+    check("--work that is a file refused by name: exit 2",
+          r.returncode == 2 and "--work" in r.stderr, r.stderr)
     r, _ = side_by_side("--vocab", "70000", work="args")
     check("a vocabulary uint16 cannot hold refused: exit 2",
           r.returncode == 2 and "--vocab 70000" in r.stderr, r.stderr)

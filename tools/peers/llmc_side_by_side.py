@@ -32,6 +32,7 @@ import subprocess
 import sys
 
 LLMC_MAGIC, LLMC_VERSION, LLMC_HEADER_INTS = 20240520, 1, 256
+MAX_TOKENS = 1 << 28  # 512 MiB of uint16 tokens, under the header's int32 count
 # llm.c's per-step line (train_gpt2.cu):
 # "step %4d/%d | loss %7.6f (%+.2fz)| norm %6.4f (%+.2fz)| lr %.2e | %.2f ms | %.1f%% bf16 MFU | %.0f tok/s"
 LLMC_STEP = re.compile(r"^step\s+(\d+)/(\d+) \| loss\s+(\S+) .*\| ([0-9.]+) ms \| ([0-9.]+)% \w+ MFU")
@@ -66,6 +67,11 @@ def parse_zerort_metrics(text):
     """zerort's metrics file: one JSON record a step (the last one's evaluation has val_loss)."""
     return [r for r in (json.loads(line) for line in text.splitlines() if line.strip())
             if "step_time_s" in r]
+
+
+def safe(label):
+    """A peer's label as part of a file name."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", label)
 
 
 def tail(path, lines=30):
@@ -119,19 +125,36 @@ def main():
     a = p.parse_args()
     if min(a.batch, a.seq, a.accum, a.steps) < 1 or not 0 <= a.warmup < a.steps:
         p.error("--batch, --seq, --accum, --steps must be positive and --warmup below --steps")
-    if not os.access(a.zerort, os.X_OK):
-        p.error(f"--zerort {a.zerort}: not an executable")
+
+    def executable(flag, path):
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            p.error(f"{flag} {path}: not an executable file")
+
+    executable("--zerort", a.zerort)
     peers = []
     for spec in a.llmc:
         path, _, label = spec.partition(":")
-        if not os.access(path, os.X_OK):
-            p.error(f"--llmc {path}: not an executable")
+        executable("--llmc", path)
         peers.append((path, label or os.path.basename(path)))
-
-    os.makedirs(a.work, exist_ok=True)
     tokens_per_step = a.batch * a.seq * a.accum
     # Every step reads fresh tokens; zerort holds back validation_fraction (5%) of the file's tail.
     count = a.tokens or (a.steps + 2) * tokens_per_step * 21 // 20 + a.seq + 1
+    # llm.c's header counts tokens in an int32; a bigger file would also take long to write here.
+    if a.tokens < 0 or count > MAX_TOKENS:
+        p.error(f"{count} training tokens (--tokens, or --steps x --batch x --seq x --accum): "
+                f"must be in [1, {MAX_TOKENS}]")
+    try:
+        os.makedirs(a.work, exist_ok=True)
+    except OSError as e:
+        p.error(f"--work {a.work}: {e.strerror}")
+    # The files this run writes in --work: an existing one must be a regular file (a FIFO would
+    # block the write, a directory fail it).
+    names = ["train.bin", "val.bin", "zerort.log", "zerort-metrics.jsonl"] + [
+        f"llmc-{safe(label)}.log" for _, label in peers]
+    for name in names:
+        path = os.path.join(a.work, name)
+        if os.path.lexists(path) and (os.path.islink(path) or not os.path.isfile(path)):
+            p.error(f"--work {a.work}: {name} exists and is not a regular file")
     train_bin, val_bin = os.path.join(a.work, "train.bin"), os.path.join(a.work, "val.bin")
     try:
         write_llmc_tokens(train_bin, count, a.vocab, seed=1)
@@ -170,7 +193,7 @@ def main():
         results.append(r)
 
     for path, label in peers:
-        log = os.path.join(a.work, f"llmc-{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}.log")
+        log = os.path.join(a.work, f"llmc-{safe(label)}.log")
         # -v: validation only at step 0 and the last (llm.c divides by it: 0 is not "never"),
         # one batch of it (-m 1); -s 0: no sampling; -e d12: GPT-2 124M from random weights.
         cmd = [path, "-e", "d12", "-i", train_bin, "-j", val_bin, "-b", str(a.batch),
