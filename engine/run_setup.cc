@@ -19,6 +19,7 @@
 #include "zerort/estimate/memory_model.h"
 #include "zerort/kernels/blas.h"
 #include "zerort/kernels/flash_attention.h"
+#include "zerort/layers/decoder_plans.h"
 #include "zerort/runtime/log.h"
 #include "zerort/runtime/strings.h"
 
@@ -212,14 +213,12 @@ Status Run::SetupModel() {
   store_ = MakeShardManagerStore(*manager_, timeline_ ? timeline_->Sink() : SpanSink());
   if (cuda_) {
     // model.attention_backend: checked here as well as by the memory check (which a run may skip).
-    const DecoderConfig& m = c_.model.shape;
-    const int t = c_.parallel.tensor_parallel_size;
     const std::optional<AttentionProgram> attention =
         AttentionBackendNamed(c_.model.attention_backend);
     ZR_RETURN_IF_ERROR(internal::CheckAttentionBackend(
         attention, compute,
-        {static_cast<int>(c_.train_micro_batch_size_per_gpu), m.seq_len, m.n_head / t,
-         m.kv_heads() / t, m.head_size()}));
+        decoder::AttentionShapeOf(c_.model.shape, c_.parallel.tensor_parallel_size,
+                                  static_cast<int>(c_.train_micro_batch_size_per_gpu))));
     ZR_ASSIGN_OR_RETURN(kernels_,
                         MakeCudaModelKernels(compute, DType::kF32, manager_->compute_stream(),
                                              *allocator_, attention));

@@ -7,6 +7,7 @@
 #include "zerort/config/run_options.h"
 #include "zerort/estimate/memory_model.h"
 #include "zerort/kernels/flash_attention.h"
+#include "zerort/layers/decoder_plans.h"
 #include "zerort/layers/pipeline_executor.h"
 #include "zerort/layers/pipeline_schedule.h"
 #include "zerort/runtime/strings.h"
@@ -40,8 +41,7 @@ Status MemoryModelInput::Validate() const {
   }
   if (cuda) {
     ZR_RETURN_IF_ERROR(internal::CheckAttentionBackend(
-        attention, compute(),
-        {micro_batch, model.seq_len, model.n_head / tp, model.kv_heads() / tp, model.head_size()}));
+        attention, compute(), decoder::AttentionShapeOf(model, tp, micro_batch)));
   }
   if (pipeline_stage < 0 || pipeline_stage >= pp) {
     return absl::InvalidArgumentError(

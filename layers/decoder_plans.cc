@@ -68,6 +68,10 @@ bool QkvFusedInLayout(const Geometry& g, int64_t alignment) {
   return whole(q * g.d) && whole(kv * g.d) && (!g.f.qkv_bias || (whole(q) && whole(kv)));
 }
 
+internal::FlashAttentionShape AttentionShapeOf(const DecoderConfig& c, int tp, int batch) {
+  return {batch, c.seq_len, c.n_head / tp, c.kv_heads() / tp, c.head_size()};
+}
+
 bool GateUpFusedInLayout(const Geometry& g, int64_t alignment) {
   if (!g.f.gated_mlp()) return false;
   const int64_t f = g.f_l;

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "zerort/kernels/flash_attention.h"
 #include "zerort/kernels/rope.h"
 #include "zerort/layers/decoder_model.h"
 #include "zerort/runtime/allocator.h"
@@ -111,6 +112,9 @@ std::vector<BlockActBuffer> BlockActPlan(const Geometry& g, int64_t act, int64_t
 // gradients from d4b in the same layout; apart, two GEMMs write mlp_in planar. The same memory
 // either way.
 bool QkvFusedInLayout(const Geometry& g, int64_t alignment);
+// The attention's shape on one of `tp` tensor-parallel ranks at micro-batch `batch`, as the CUDA
+// flash kernels are asked about it (model.attention_backend's check, kernels/flash_attention.h).
+internal::FlashAttentionShape AttentionShapeOf(const DecoderConfig& c, int tp, int batch);
 bool GateUpFusedInLayout(const Geometry& g, int64_t alignment);
 int64_t ProjectionScratchBytes(const Geometry& g, int64_t act);
 

@@ -28,6 +28,7 @@
 #include "zerort/kernels/op_census.h"
 #include "zerort/kernels/op_timeline.h"
 #include "zerort/layers/decoder_model.h"
+#include "zerort/layers/decoder_plans.h"
 #include "zerort/runtime/device_mesh.h"
 #include "zerort/runtime/exit_codes.h"
 #include "zerort/runtime/log.h"
@@ -139,7 +140,7 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
     std::unique_ptr<ModelKernels> kernels;
     if (cuda) {
       ZR_RETURN_IF_ERROR(internal::CheckAttentionBackend(
-          c.attention, dtype, {batch, seq, m.n_head / c.tp, m.kv_heads() / c.tp, m.head_size()}));
+          c.attention, dtype, decoder::AttentionShapeOf(m, c.tp, batch)));
       ZR_ASSIGN_OR_RETURN(
           kernels, MakeCudaModelKernels(dtype, DType::kF32, manager->compute_stream(), *allocator,
                                         c.attention));
