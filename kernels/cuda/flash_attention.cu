@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <mma.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -95,11 +96,18 @@ __global__ void __launch_bounds__(flash::kThreads)
                                blockIdx.y);
 }
 
-// A kernel whose shared memory is over 48 KiB must say so once before its first launch.
-template <typename Kernel>
-Status AllowSmem(Kernel kernel, int bytes) {
+// A kernel whose shared memory is over 48 KiB must say so before its first launch on a device:
+// a driver call made once per kernel and device (the first 64 devices remembered), not per launch.
+template <auto kKernel>
+Status AllowSmem(int bytes) {
+  static std::atomic<uint64_t> allowed{0};  // bit d: done on device d
+  int device = 0;
+  ZR_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if (bit != 0 && (allowed.load(std::memory_order_acquire) & bit) != 0) return absl::OkStatus();
   ZR_CUDA_RETURN_IF_ERROR(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  allowed.fetch_or(bit, std::memory_order_acq_rel);
   return absl::OkStatus();
 }
 
@@ -112,7 +120,7 @@ Status Forward(const internal::FlashAttentionShape& shape, void* out, float* lse
                cudaStream_t stream) {
   const flash::Shape sh = ShapeOf(shape);
   constexpr int smem = flash::ForwardSmem<D>::bytes;
-  ZR_RETURN_IF_ERROR(AllowSmem(ForwardKernel<D, E>, smem));
+  ZR_RETURN_IF_ERROR((AllowSmem<ForwardKernel<D, E>>(smem)));
   ForwardKernel<D, E><<<dim3(sh.tiles(), sh.batch * sh.heads), flash::kThreads, smem, stream>>>(
       static_cast<const E*>(qkv), static_cast<E*>(out), lse, sh);
   ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
@@ -125,8 +133,8 @@ Status Backward(const internal::FlashAttentionShape& shape, void* dqkv, float* d
                 cudaStream_t stream) {
   const flash::Shape sh = ShapeOf(shape);
   constexpr int smem = flash::BackwardSmem<D>::bytes;
-  ZR_RETURN_IF_ERROR(AllowSmem(BackwardDqKernel<D, E>, smem));
-  ZR_RETURN_IF_ERROR(AllowSmem(BackwardDkvKernel<D, E>, smem));
+  ZR_RETURN_IF_ERROR((AllowSmem<BackwardDqKernel<D, E>>(smem)));
+  ZR_RETURN_IF_ERROR((AllowSmem<BackwardDkvKernel<D, E>>(smem)));
   BackwardDqKernel<D, E><<<dim3(sh.tiles(), sh.batch * sh.heads), flash::kThreads, smem, stream>>>(
       static_cast<E*>(dqkv), static_cast<const E*>(dout), static_cast<const E*>(qkv),
       static_cast<const E*>(out), lse, dvec, sh);
