@@ -13,13 +13,28 @@
 //   x.ForLanes(f)                  f(lane) for each of the warp's 32 lanes;
 //   x.SyncBlock(), x.SyncWarp()    barriers;
 //   x.Mma(ColB/RowB, ...)          a warp's 16 x 16 fp32 tile C (+)= A B over k_steps 16 x 16
-//                                  blocks of 16-bit A and B in shared memory (tensor cores).
-// On CUDA every thread runs each f for its own index and Mma is wmma; the CPU executor runs the
-// indices one after another and Mma as loops. Code inside ForWarps but outside ForLanes is
-// uniform (loop bounds, pointers) and every write to shared or global memory is inside ForLanes,
-// ForThreads or Mma, so running the lanes in turn computes what the warp computes, as long as a
-// lane only reads in a phase (between barriers) what no other lane writes in it: the programs
-// are split into phases so that this holds.
+//                                  blocks of 16-bit A and B in shared memory (tensor cores);
+// and for the forward, whose state lives in registers (kernels/flash_forward.h):
+//   X::Regs<T, N>                  N registers of type T per lane of each warp; r.at(w, lane)
+//                                  is lane's (on CUDA the thread's own, whatever w and lane);
+//   x.LdMatrix(w, r, i, addr)      ldmatrix .x4 (and LdMatrixTrans: .trans) into registers
+//                                  i .. i + 3, lane l giving addr(l), a row of matrix l / 8;
+//   x.MmaSync(w, c, i, a, j, b, k) mma.sync m16n8k16: c[i .. i + 3] += A(a[j .. j + 3]) B(b[k],
+//                                  b[k + 1]), fp32 accumulators, bf16/fp16 operands;
+//   x.QuadAllReduce(w, r, i, op)   r[i] of the 4 lanes of each quad combined by two xor
+//                                  shuffles (1, then 2): every lane gets the quad's value;
+//   x.CpAsync16(dst, src, valid)   a 16-byte asynchronous copy into shared memory (zeros when
+//                                  not valid), inside ForThreads; x.CpAsyncCommit() closes a
+//                                  group, x.CpAsyncWait(n) waits until at most n are in flight;
+//   X::Exp2, X::Pack, X::Store2    2^x; two floats as a register of two elements; a pair stored.
+// On CUDA every thread runs each f for its own index, Mma is wmma and the warp instructions are
+// the PTX ones; the CPU executor runs the indices one after another, Mma as loops, and emulates
+// each warp instruction over the 32 lanes' registers (its copies land only when waited for).
+// Code inside ForWarps but outside ForLanes is uniform (loop bounds, pointers, the warp
+// instructions) and every write to shared or global memory is inside ForLanes, ForThreads, Mma
+// or a copy, so running the lanes in turn computes what the warp computes, as long as a lane
+// only reads in a phase (between barriers) what no other lane writes in it: the programs are
+// split into phases so that this holds.
 //
 // Tiles: a block takes kTile = 64 queries (forward, dQ) or 64 keys (dK/dV); each of its 4 warps
 // owns 16 of them, and the block meets 64 keys (or queries) at a time in shared memory. Head
@@ -64,16 +79,6 @@ struct Shape {
 };
 
 // Shared memory of each program (bytes), in the order the programs carve it.
-template <int D>
-struct ForwardSmem {
-  static constexpr int tile = kTile * D * 2;                  // Q, K, V: [64][D] elements
-  static constexpr int s = 0, p = s + kWarpRows * kTile * 4;  // per warp: S fp32, P elements,
-  static constexpr int o = p + kWarpRows * kTile * 2;         // O fp32 [16][D],
-  static constexpr int m = o + kWarpRows * D * 4, l = m + kWarpRows * 4;  // max and sum per row,
-  static constexpr int red = l + kWarpRows * 4, red2 = red + 32 * 4;      // lane partials
-  static constexpr int warp = (red2 + 32 * 4 + 127) / 128 * 128;
-  static constexpr int bytes = 3 * tile + kWarps * warp;
-};
 template <int D>
 struct BackwardSmem {
   static constexpr int tile = kTile * D * 2;   // four tiles: the block's own two, the visited two
@@ -122,125 +127,6 @@ ZR_TILE_PROGRAM void LoadTile(const X& x, typename X::Elem* tile, const typename
         X::Zero16(tile + r * D + col);
       }
     }
-  });
-}
-
-// The forward of one (query tile, batch x query head): out and the log-sum-exp of its queries.
-template <int D, typename X>
-ZR_TILE_PROGRAM void ForwardProgram(const X& x, unsigned char* smem, const typename X::Elem* qkv,
-                                    typename X::Elem* out, float* lse, const Shape sh, int tile,
-                                    int bh) {
-  using E = typename X::Elem;
-  using S = ForwardSmem<D>;
-  const int b = bh / sh.heads, h = bh % sh.heads, q0 = tile * kTile, T = sh.seq;
-  const math::QkvLayout L{sh.heads, sh.kv_heads, D};
-  const int64_t ld = L.row();
-  const E* base = qkv + static_cast<int64_t>(b) * T * ld;
-  E* qs = reinterpret_cast<E*>(smem);
-  E* ks = reinterpret_cast<E*>(smem + S::tile);
-  E* vs = reinterpret_cast<E*>(smem + 2 * S::tile);
-  LoadTile<D>(x, qs, base + q0 * ld + L.q(h), ld, T - q0);
-  x.ForWarps([&](int w) {
-    unsigned char* ws = smem + 3 * S::tile + w * S::warp;
-    x.ForLanes([&](int lane) {
-      float* o = reinterpret_cast<float*>(ws + S::o);
-      for (int i = lane; i < kWarpRows * D; i += 32) o[i] = 0.0f;
-      if (lane < kWarpRows) {
-        reinterpret_cast<float*>(ws + S::m)[lane] = -INFINITY;
-        reinterpret_cast<float*>(ws + S::l)[lane] = 0.0f;
-      }
-    });
-  });
-  const int last = (q0 + kTile < T ? q0 + kTile : T) - 1;  // the tile's last query
-  for (int k0 = 0; k0 <= last; k0 += kTile) {              // key tiles up to the diagonal
-    const int kn = T - k0 < kTile ? T - k0 : kTile;
-    x.SyncBlock();  // the previous tile's readers are done (and Q is loaded)
-    LoadTile<D>(x, ks, base + k0 * ld + L.k(h), ld, kn);
-    LoadTile<D>(x, vs, base + k0 * ld + L.v(h), ld, kn);
-    x.SyncBlock();
-    x.ForWarps([&](int w) {
-      unsigned char* ws = smem + 3 * S::tile + w * S::warp;
-      float* s = reinterpret_cast<float*>(ws + S::s);
-      E* p = reinterpret_cast<E*>(ws + S::p);
-      float* o = reinterpret_cast<float*>(ws + S::o);
-      float* m = reinterpret_cast<float*>(ws + S::m);
-      float* l = reinterpret_cast<float*>(ws + S::l);
-      float* red = reinterpret_cast<float*>(ws + S::red);
-      float* red2 = reinterpret_cast<float*>(ws + S::red2);
-      const E* qw = qs + w * kWarpRows * D;
-      for (int n = 0; n < kTile / 16; ++n) {  // S = Q_w K^T
-        x.Mma(ColB{}, s + n * 16, kTile, qw, D, ks + n * 16 * D, D, D / 16, false);
-      }
-      x.SyncWarp();
-      // Lanes 2r and 2r + 1 take row r's keys [0, 32) and [32, 64): scale, mask, their maximum.
-      x.ForLanes([&](int lane) {
-        const int r = lane / 2, c0 = (lane % 2) * (kTile / 2), q = q0 + w * kWarpRows + r;
-        const int seen = q < T ? math::CausalKeys(q, k0, kn) : 0;
-        float mx = -INFINITY;
-        for (int c = c0; c < c0 + kTile / 2; ++c) {
-          if (c < seen) {
-            const float v = math::ScaledScore(s[r * kTile + c], sh.scale);
-            s[r * kTile + c] = v;
-            mx = math::Max(mx, v);
-          }
-        }
-        red[lane] = mx;
-      });
-      x.SyncWarp();
-      // Each lane of the pair rescales half of its row's O and writes its half of P.
-      x.ForLanes([&](int lane) {
-        const int r = lane / 2, half = lane % 2, q = q0 + w * kWarpRows + r;
-        const int seen = q < T ? math::CausalKeys(q, k0, kn) : 0;
-        const float tile_max = math::Max(red[2 * r], red[2 * r + 1]);
-        math::OnlineSoftmax sm{m[r], l[r]};
-        const bool any = seen > 0;
-        const float alpha = any ? sm.Rescale(tile_max) : 1.0f;
-        float sum = 0.0f;
-        for (int c = half * (kTile / 2); c < (half + 1) * (kTile / 2); ++c) {
-          const float pv = c < seen ? sm.Prob(s[r * kTile + c]) : 0.0f;
-          p[r * kTile + c] = X::FromF(pv);
-          sum = math::Add(sum, pv);
-        }
-        red2[lane] = sum;
-        for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) {
-          o[r * D + c] = math::Mul(o[r * D + c], alpha);
-        }
-      });
-      x.SyncWarp();
-      x.ForLanes([&](int lane) {  // the row's new statistics, by its even lane
-        if (lane % 2 != 0) return;
-        const int r = lane / 2, q = q0 + w * kWarpRows + r;
-        if (q >= T || math::CausalKeys(q, k0, kn) <= 0) return;
-        math::OnlineSoftmax sm{m[r], l[r]};
-        sm.Rescale(math::Max(red[2 * r], red[2 * r + 1]));
-        sm.Accumulate(math::Add(red2[2 * r], red2[2 * r + 1]));
-        m[r] = sm.max;
-        l[r] = sm.sum;
-      });
-      x.SyncWarp();
-      for (int n = 0; n < D / 16; ++n) {  // O += P V
-        x.Mma(RowB{}, o + n * 16, D, p, kTile, vs + n * 16, D, kTile / 16, true);
-      }
-      x.SyncWarp();
-    });
-  }
-  const int64_t ldo = int64_t{sh.heads} * D;
-  x.ForWarps([&](int w) {
-    unsigned char* ws = smem + 3 * S::tile + w * S::warp;
-    const float* o = reinterpret_cast<const float*>(ws + S::o);
-    const float* m = reinterpret_cast<const float*>(ws + S::m);
-    const float* l = reinterpret_cast<const float*>(ws + S::l);
-    x.ForLanes([&](int lane) {
-      const int r = lane / 2, half = lane % 2, q = q0 + w * kWarpRows + r;
-      if (q >= T) return;
-      const math::OnlineSoftmax sm{m[r], l[r]};
-      const float inv = sm.Inverse();
-      E* dst = out + (static_cast<int64_t>(b) * T + q) * ldo + int64_t{h} * D;
-      for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) {
-        dst[c] = X::FromF(math::Mul(o[r * D + c], inv));
-      }
-      if (half == 0) lse[(static_cast<int64_t>(b) * sh.heads + h) * T + q] = sm.Lse();
-    });
   });
 }
 

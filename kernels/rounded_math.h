@@ -53,6 +53,16 @@ ZR_HOST_DEVICE inline float Sqrt(float a) {
 #endif
 }
 
+// a x b + c rounded once (IEEE fused multiply-add): the same bits on both devices, where a
+// caller wants the fusion (flash attention's exponent, kernels/flash_forward.h).
+ZR_HOST_DEVICE inline float Fma(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
 // std::max(a, b) and std::min(a, b) exactly (a NaN in `a` is kept), on both devices; fmaxf and
 // fminf would drop the NaN.
 ZR_HOST_DEVICE inline float Max(float a, float b) { return a < b ? b : a; }

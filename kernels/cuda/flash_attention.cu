@@ -1,6 +1,8 @@
-// The CUDA executor of flash attention's block programs (kernels/flash_tiles.h): each thread runs
-// the program's functions for its own index, products are wmma 16 x 16 x 16 tiles (bf16 or fp16
-// in, fp32 accumulators) through shared memory, copies are 16-byte vector loads.
+// The CUDA executor of flash attention's block programs (kernels/flash_tiles.h,
+// kernels/flash_forward.h): each thread runs the program's functions for its own index; the
+// backward's products are wmma 16 x 16 x 16 tiles (bf16 or fp16 in, fp32 accumulators) through
+// shared memory and its copies 16-byte vector loads; the forward's are PTX warp instructions
+// (ldmatrix, mma.sync m16n8k16, cp.async, xor shuffles) on registers.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -10,9 +12,11 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 #include "zerort/kernels/cuda/convert.cuh"
 #include "zerort/kernels/flash_attention.h"
+#include "zerort/kernels/flash_forward.h"
 #include "zerort/kernels/flash_tiles.h"
 #include "zerort/runtime/internal/cuda_check.h"
 
@@ -44,6 +48,95 @@ struct CudaExec {
     *static_cast<uint4*>(dst) = *static_cast<const uint4*>(src);
   }
   __device__ static void Zero16(void* dst) { *static_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0); }
+
+  // The forward's warp instructions ([Note: flash attention's block programs]).
+  template <typename T, int N>
+  struct Regs {
+    T v[N];
+    __device__ T* at(int, int) { return v; }
+    __device__ const T* at(int, int) const { return v; }
+  };
+  static constexpr bool kBf16 = std::is_same_v<E, __nv_bfloat16>;
+  __device__ static float Exp2(float v) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+    return r;
+  }
+  // P's values are finite probabilities: the paired conversion rounds them as FromF would.
+  __device__ static uint32_t Pack(float lo, float hi) {
+    if constexpr (kBf16) {
+      const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+      return *reinterpret_cast<const uint32_t*>(&p);
+    } else {
+      const __half2 p = __floats2half2_rn(lo, hi);
+      return *reinterpret_cast<const uint32_t*>(&p);
+    }
+  }
+  __device__ static uint16_t Bits(E v) {
+    if constexpr (kBf16) {
+      return __nv_bfloat16_raw(v).x;
+    } else {
+      return __half_raw(v).x;
+    }
+  }
+  __device__ static void Store2(E* dst, float a, float b) {
+    *reinterpret_cast<uint32_t*>(dst) =
+        uint32_t{Bits(FromF(a))} | uint32_t{Bits(FromF(b))} << 16;
+  }
+  template <int N, typename Addr>
+  __device__ void LdMatrix(int, Regs<uint32_t, N>& r, int i, Addr addr) const {
+    const auto a = static_cast<unsigned>(__cvta_generic_to_shared(addr(Lane())));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r.v[i]), "=r"(r.v[i + 1]), "=r"(r.v[i + 2]), "=r"(r.v[i + 3])
+                 : "r"(a));
+  }
+  template <int N, typename Addr>
+  __device__ void LdMatrixTrans(int, Regs<uint32_t, N>& r, int i, Addr addr) const {
+    const auto a = static_cast<unsigned>(__cvta_generic_to_shared(addr(Lane())));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r.v[i]), "=r"(r.v[i + 1]), "=r"(r.v[i + 2]), "=r"(r.v[i + 3])
+                 : "r"(a));
+  }
+  template <int NC, int NA, int NB>
+  __device__ void MmaSync(int, Regs<float, NC>& c, int i, const Regs<uint32_t, NA>& a, int j,
+                          const Regs<uint32_t, NB>& b, int k) const {
+    float* d = c.v + i;
+    const uint32_t* x = a.v + j;
+    const uint32_t* y = b.v + k;
+    if constexpr (kBf16) {
+      asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+          "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3]), "r"(y[0]), "r"(y[1]));
+    } else {
+      asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+          "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3]), "r"(y[0]), "r"(y[1]));
+    }
+  }
+  template <typename T, int N, typename Op>
+  __device__ void QuadAllReduce(int, Regs<T, N>& r, int i, Op op) const {
+    T v = r.v[i];
+    v = op(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    v = op(v, __shfl_xor_sync(0xffffffffu, v, 2));
+    r.v[i] = v;
+  }
+  __device__ void CpAsync16(void* dst, const void* src, bool valid) const {
+    const auto d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                 "r"(valid ? 16 : 0));
+  }
+  __device__ void CpAsyncCommit() const { asm volatile("cp.async.commit_group;\n" ::); }
+  // The programs wait for all copies (0) or all but the newest group (1 or more).
+  __device__ void CpAsyncWait(int in_flight) const {
+    if (in_flight <= 0) {
+      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    } else {
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    }
+  }
+  __device__ static int Lane() { return static_cast<int>(threadIdx.x) % 32; }
 
   template <typename Layout>
   __device__ static void Product(float* c, int ldc, const E* a, int lda, const E* b, int ldb,
@@ -77,7 +170,9 @@ template <int D, typename E>
 __global__ void __launch_bounds__(flash::kThreads)
     ForwardKernel(const E* qkv, E* out, float* lse, flash::Shape sh) {
   extern __shared__ __align__(128) unsigned char smem[];
-  flash::ForwardProgram<D>(CudaExec<E>{}, smem, qkv, out, lse, sh, blockIdx.x, blockIdx.y);
+  // The query tiles that visit the most key tiles (the last ones) are started first.
+  flash::ForwardProgram<D>(CudaExec<E>{}, smem, qkv, out, lse, sh, gridDim.x - 1 - blockIdx.x,
+                           blockIdx.y);
 }
 template <int D, typename E>
 __global__ void __launch_bounds__(flash::kThreads)

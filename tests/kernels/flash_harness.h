@@ -7,9 +7,11 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "zerort/kernels/flash_forward.h"
 #include "zerort/kernels/flash_tiles.h"
 #include "zerort/kernels/model_ops.h"
 #include "zerort/runtime/float_bits.h"
@@ -38,6 +40,121 @@ struct CpuFlashExec {
   void SyncWarp() const {}
   static void Copy16(void* dst, const void* src) { std::memcpy(dst, src, 16); }
   static void Zero16(void* dst) { std::memset(dst, 0, 16); }
+  // Registers of every lane of every warp, NaN until written.
+  template <typename T, int N>
+  struct Regs {
+    Regs() { std::memset(v, 0xFF, sizeof(v)); }
+    T* at(int w, int lane) { return v[w][lane]; }
+    const T* at(int w, int lane) const { return v[w][lane]; }
+    T v[flash::kWarps][32][N];
+  };
+  static float Exp2(float v) { return std::exp2(v); }
+  static uint32_t Pack(float lo, float hi) {
+    return uint32_t{FromF(lo)} | uint32_t{FromF(hi)} << 16;
+  }
+  static void Store2(Elem* dst, float a, float b) {
+    dst[0] = FromF(a);
+    dst[1] = FromF(b);
+  }
+  // ldmatrix .x4: lane l gets, of matrix m (rows at the addresses of lanes 8 m .. 8 m + 7), row
+  // l / 4's elements 2 (l % 4) and 2 (l % 4) + 1; transposed, column l / 4's rows 2 (l % 4) and
+  // 2 (l % 4) + 1.
+  template <int N, typename Addr>
+  void LdMatrix(int w, Regs<uint32_t, N>& r, int i, Addr addr) const {
+    Ld(w, r, i, addr, false);
+  }
+  template <int N, typename Addr>
+  void LdMatrixTrans(int w, Regs<uint32_t, N>& r, int i, Addr addr) const {
+    Ld(w, r, i, addr, true);
+  }
+  template <int N, typename Addr>
+  void Ld(int w, Regs<uint32_t, N>& r, int i, Addr addr, bool trans) const {
+    const Elem* rows[32];
+    for (int l = 0; l < 32; ++l) {
+      rows[l] = addr(l);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(rows[l]) % 16, 0u) << "ldmatrix row of lane " << l;
+    }
+    for (int l = 0; l < 32; ++l) {
+      for (int m = 0; m < 4; ++m) {
+        const int g = l / 4, t = l % 4;
+        const Elem lo = trans ? rows[8 * m + 2 * t][g] : rows[8 * m + g][2 * t];
+        const Elem hi = trans ? rows[8 * m + 2 * t + 1][g] : rows[8 * m + g][2 * t + 1];
+        r.at(w, l)[i + m] = uint32_t{lo} | uint32_t{hi} << 16;
+      }
+    }
+  }
+  // mma.sync m16n8k16 with the PTX fragment layouts (g = lane / 4, t = lane % 4): A registers
+  // (g, 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8), each with the next column; B registers
+  // (2t, g), (2t + 8, g), each with the next row; C (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8,
+  // 2t + 1).
+  template <int NC, int NA, int NB>
+  void MmaSync(int w, Regs<float, NC>& c, int i, const Regs<uint32_t, NA>& a, int j,
+               const Regs<uint32_t, NB>& b, int k) const {
+    float am[16][16], bm[16][8];
+    auto lo = [](uint32_t v) { return ToF(static_cast<Elem>(v & 0xFFFF)); };
+    auto hi = [](uint32_t v) { return ToF(static_cast<Elem>(v >> 16)); };
+    for (int l = 0; l < 32; ++l) {
+      const int g = l / 4, t = l % 4;
+      const uint32_t* ar = a.at(w, l) + j;
+      const uint32_t* br = b.at(w, l) + k;
+      for (int e = 0; e < 2; ++e) {
+        auto pick = [&](uint32_t v) { return e == 0 ? lo(v) : hi(v); };
+        am[g][2 * t + e] = pick(ar[0]);
+        am[g + 8][2 * t + e] = pick(ar[1]);
+        am[g][2 * t + 8 + e] = pick(ar[2]);
+        am[g + 8][2 * t + 8 + e] = pick(ar[3]);
+        bm[2 * t + e][g] = pick(br[0]);
+        bm[2 * t + 8 + e][g] = pick(br[1]);
+      }
+    }
+    for (int l = 0; l < 32; ++l) {
+      const int g = l / 4, t = l % 4;
+      float* cr = c.at(w, l) + i;
+      for (int e = 0; e < 4; ++e) {
+        const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
+        float sum = cr[e];
+        for (int kk = 0; kk < 16; ++kk) sum += am[row][kk] * bm[kk][col];
+        cr[e] = sum;
+      }
+    }
+  }
+  // Two xor shuffles, as the CUDA executor's __shfl_xor_sync(1) then (2): lane l's value becomes
+  // op(own, lane l ^ 1's), then op(that, lane l ^ 2's).
+  template <typename T, int N, typename Op>
+  void QuadAllReduce(int w, Regs<T, N>& r, int i, Op op) const {
+    T v[32], v1[32];
+    for (int l = 0; l < 32; ++l) v[l] = r.at(w, l)[i];
+    for (int l = 0; l < 32; ++l) v1[l] = op(v[l], v[l ^ 1]);
+    for (int l = 0; l < 32; ++l) r.at(w, l)[i] = op(v1[l], v1[l ^ 2]);
+  }
+  // cp.async: a copy lands only when a wait lets it (as late as the hardware may deliver it),
+  // so a program reading a tile before waiting for it reads the NaN shared memory starts with.
+  void CpAsync16(void* dst, const void* src, bool valid) const {
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(dst) % 16, 0u);
+    open_.push_back({dst, src, valid});
+  }
+  void CpAsyncCommit() const { groups_.push_back(std::exchange(open_, {})); }
+  void CpAsyncWait(int in_flight) const {
+    while (static_cast<int>(groups_.size()) > in_flight) {
+      for (const PendingCopy& p : groups_.front()) {
+        if (p.valid) {
+          std::memcpy(p.dst, p.src, 16);
+        } else {
+          std::memset(p.dst, 0, 16);
+        }
+      }
+      groups_.erase(groups_.begin());
+    }
+  }
+  bool CopiesDone() const { return open_.empty() && groups_.empty(); }
+  struct PendingCopy {
+    void* dst;
+    const void* src;
+    bool valid;
+  };
+  mutable std::vector<PendingCopy> open_;
+  mutable std::vector<std::vector<PendingCopy>> groups_;
+
   void Mma(flash::ColB, float* c, int ldc, const Elem* a, int lda, const Elem* b, int ldb,
            int k_steps, bool accumulate) const {
     Product(c, ldc, a, lda, k_steps, accumulate, [&](int k, int n) { return b[n * ldb + k]; });
@@ -126,6 +243,7 @@ FlashOutputs RunFlashOnCpuAs(const FlashInputs& in) {
     for (int t = 0; t < sh.tiles(); ++t) {
       flash::ForwardProgram<D>(x, fresh(flash::ForwardSmem<D>::bytes), in.qkv.data(), r.out.data(),
                                r.lse.data(), sh, t, bh);
+      EXPECT_TRUE(x.CopiesDone()) << "the forward left copies in flight";
     }
   }
   for (int bh = 0; bh < sh.batch * sh.heads; ++bh) {
