@@ -1,9 +1,10 @@
-// zerort's own flash attention on CUDA (issue 48): the block programs of kernels/flash_tiles.h
-// ([Note: flash attention's block programs]) launched with wmma tensor-core products, for bf16
-// and fp16 qkv (fp32 softmax statistics and accumulators), head sizes 64 and 128, causal, any
-// sequence length, grouped-query attention reading each key/value head in place.
-// `zerort bench attention --device cuda` and the CUDA twin tests call it; the model's CUDA
-// attention moves onto it once a GPU has run those (docs/gpu.md).
+// zerort's own flash attention on CUDA (issue 48): the block programs of kernels/flash_forward.h
+// and kernels/flash_backward.h ([Note: flash attention's block programs]) launched with mma.sync
+// tensor-core products on registers, for bf16 and fp16 qkv (fp32 softmax statistics and
+// accumulators), head sizes 64 and 128, causal, any sequence length, grouped-query attention
+// reading each key/value head in place. The model's CUDA attention in bf16/fp16 at those head
+// sizes (kernels/memory_facts.h's AttentionProgramFor), `zerort bench attention --device cuda`
+// and the CUDA twin tests call it.
 #pragma once
 
 #include <cstdint>

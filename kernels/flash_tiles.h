@@ -1,8 +1,10 @@
-// Flash attention's CUDA block programs, written once for the GPU and for a CPU that runs them
-// warp by warp (tests/kernels/flash_tiles_test.cc), so that the kernel's tiling, indexing, masks,
-// tails and grouped-query reads are checked without a GPU. kernels/cuda/flash_attention.cu
-// launches them; kernels/flash_math.h holds the element arithmetic they share with the CPU's own
-// flash kernel.
+// Flash attention's CUDA block programs, the part they share: the executor they are written
+// against, the tiles' shapes and shared-memory layout, the asynchronous tile copies and the warp
+// products. The programs (kernels/flash_forward.h, kernels/flash_backward.h) are written once for
+// the GPU and for a CPU that runs them warp by warp (tests/kernels/flash_tiles_test.cc), so that
+// the kernels' fragments, tiling, indexing, masks, tails and grouped-query reads are checked
+// without a GPU. kernels/cuda/flash_attention.cu launches them; kernels/flash_math.h holds the
+// element arithmetic they share with the CPU's own flash kernel.
 //
 // [Note: flash attention's block programs]
 // A program is the code of one thread block, written against an executor `X` that says how a
@@ -11,10 +13,7 @@
 //   x.ForThreads(f)                f(t) for each of the block's kThreads threads;
 //   x.ForWarps(f)                  f(w) for each of its kWarps warps; inside it,
 //   x.ForLanes(f)                  f(lane) for each of the warp's 32 lanes;
-//   x.SyncBlock(), x.SyncWarp()    barriers;
-//   x.Mma(ColB/RowB, ...)          a warp's 16 x 16 fp32 tile C (+)= A B over k_steps 16 x 16
-//                                  blocks of 16-bit A and B in shared memory (tensor cores);
-// and for the forward, whose state lives in registers (kernels/flash_forward.h):
+//   x.SyncBlock()                  a barrier;
 //   X::Regs<T, N>                  N registers of type T per lane of each warp; r.at(w, lane)
 //                                  is lane's (on CUDA the thread's own, whatever w and lane);
 //   x.LdMatrix(w, r, i, addr)      ldmatrix .x4 (and LdMatrixTrans: .trans) into registers
@@ -26,26 +25,34 @@
 //   x.CpAsync16(dst, src, valid)   a 16-byte asynchronous copy into shared memory (zeros when
 //                                  not valid), inside ForThreads; x.CpAsyncCommit() closes a
 //                                  group, x.CpAsyncWait(n) waits until at most n are in flight;
-//   X::Exp2, X::Pack, X::Store2    2^x; two floats as a register of two elements; a pair stored.
-// On CUDA every thread runs each f for its own index, Mma is wmma and the warp instructions are
-// the PTX ones; the CPU executor runs the indices one after another, Mma as loops, and emulates
-// each warp instruction over the 32 lanes' registers (its copies land only when waited for).
-// Code inside ForWarps but outside ForLanes is uniform (loop bounds, pointers, the warp
-// instructions) and every write to shared or global memory is inside ForLanes, ForThreads, Mma
-// or a copy, so running the lanes in turn computes what the warp computes, as long as a lane
-// only reads in a phase (between barriers) what no other lane writes in it: the programs are
-// split into phases so that this holds.
+//   X::Exp2, X::Pack               2^x; two floats as a register of two elements.
+// On CUDA every thread runs each f for its own index and the warp instructions are the PTX ones;
+// the CPU executor runs the indices one after another and emulates each warp instruction over
+// the 32 lanes' registers by its PTX fragment layout (its copies land only when waited for, its
+// registers and shared memory start as NaN). Code inside ForWarps but outside ForLanes is uniform
+// (loop bounds, pointers, the warp instructions) and every write to shared or global memory is
+// inside ForLanes, ForThreads or a copy, so running the lanes in turn computes what the warp
+// computes, as long as a lane only reads in a phase (between barriers) what no other lane writes
+// in it: the programs are split into phases so that this holds.
 //
 // Tiles: a block takes kTile = 64 queries (forward, dQ) or 64 keys (dK/dV); each of its 4 warps
-// owns 16 of them, and the block meets 64 keys (or queries) at a time in shared memory. Head
-// sizes 64 and 128 (D); any sequence length (rows past the end load zeros and write nothing);
-// causal, the tiles wholly above the diagonal never visited; a query head reads its key/value
-// head in place ([Note: the qkv layout]). The softmax statistics are fp32; P and dS are rounded to
-// the element type for the tensor-core products, accumulators are fp32 until written.
-// Backward: the dQ program also computes D = dout . out per query into `dvec`, which the dK/dV
-// program (launched after it) reads; each program writes only its own tile of dq or of dk and
-// dv (a dK/dV block sums its group's query heads itself), so no atomics, and the result does not
-// depend on the order blocks run.
+// owns 16 of them, and the block meets 64 keys (or queries) at a time in shared memory, the next
+// tile copied in while the current one is computed (two buffers). Head sizes 64 and 128 (D); any
+// sequence length (rows past the end load zeros and write nothing); causal, the tiles wholly
+// above the diagonal never visited; a query head reads its key/value head in place ([Note: the
+// qkv layout]). Tiles are [64][D] in shared memory with 16-byte chunk c of row r stored at chunk
+// c ^ (r % 8) of its group of 8 (`Swizzled`), so the 8 rows an ldmatrix phase reads, and the 8
+// chunks a copy phase writes, fall in 8 different bank groups.
+// A warp's products keep their operands and results in registers: a 16 x N product of two tiles
+// (`WarpScores`: S = Q K^T and its kin, B fragments by ldmatrix from the second tile's rows; N is
+// 64, or 32 where a program's registers would not hold 64), and a 16 x D accumulation of P times
+// a tile (`WarpAccumulate`: O += P V and its kin), whose A fragments are the 16 x N
+// accumulators themselves rounded to the element type (`PackFrags`: an
+// m16n8 accumulator's registers for columns 16 k .. 16 k + 15 are the A fragment of k-step k) and
+// whose B fragments come by ldmatrix.trans. In an accumulator lane l holds rows g = l / 4 and
+// g + 8, columns 2 (l % 4) and 2 (l % 4) + 1 of each 8-column n-tile (`ForTileElems`).
+// The softmax statistics are fp32; P and dS are rounded to the element type for the tensor-core
+// products, accumulators are fp32 until written.
 #pragma once
 
 #include <cmath>
@@ -58,8 +65,10 @@
 // the CPU executor, which compiles them with the host compiler.
 #if defined(__CUDACC__)
 #define ZR_TILE_PROGRAM __device__
+#define ZR_UNROLL _Pragma("unroll")
 #else
 #define ZR_TILE_PROGRAM
+#define ZR_UNROLL
 #endif
 
 namespace zerort::flash {
@@ -69,289 +78,142 @@ inline constexpr int kWarps = 4;  // 16 rows of the tile each
 inline constexpr int kThreads = 32 * kWarps;
 inline constexpr int kWarpRows = kTile / kWarps;
 
-struct ColB {};  // B(k, n) = b[n * ldb + k]: K^T from K's rows
-struct RowB {};  // B(k, n) = b[k * ldb + n]
-
 struct Shape {
   int batch = 0, seq = 0, heads = 0, kv_heads = 0;
   float scale = 0;  // 1 / sqrt(head size)
   ZR_HOST_DEVICE int tiles() const { return (seq + kTile - 1) / kTile; }
 };
 
-// Shared memory of each program (bytes), in the order the programs carve it.
+// An executor's per-lane registers of a block's warps.
+template <typename X, typename T, int N>
+using Regs = typename X::template Regs<T, N>;
+
+// The element offset of (row, col) in a swizzled [64][D] tile: col's 16-byte chunk moves to
+// chunk ^ (row % 8), the element keeps its place in it.
 template <int D>
-struct BackwardSmem {
-  static constexpr int tile = kTile * D * 2;   // four tiles: the block's own two, the visited two
-  static constexpr int rows = 4 * tile;        // lse and D of the visited queries (dK/dV) or of
-  static constexpr int dv = rows + kTile * 4;  // the block's own (dQ): fp32 [64] each
-  static constexpr int s = 0, pf = s + kWarpRows * kTile * 4;  // per warp: S or dP, P fp32,
-  static constexpr int pe = pf + kWarpRows * kTile * 4;        // P and dS elements,
-  static constexpr int dse = pe + kWarpRows * kTile * 2;
-  static constexpr int acc = dse + kWarpRows * kTile * 2;  // dQ, or dK then dV: fp32 [16][D]
-  static constexpr int red = acc + 2 * kWarpRows * D * 4;
-  static constexpr int warp = (red + 32 * 4 + 127) / 128 * 128;
-  static constexpr int bytes = dv + kTile * 4 + kWarps * warp;
-  ZR_HOST_DEVICE static constexpr int Warp(int w) { return dv + kTile * 4 + w * warp; }
-};
-// Warp w's pieces of a backward block's shared memory, at BackwardSmem's per-warp offsets.
-template <typename E>
-struct BackwardWarp {
-  float* s;    // S, then dP
-  float* pf;   // P, fp32
-  E* pe;       // P, elements
-  E* dse;      // dS, elements
-  float* acc;  // dQ, or dK then dV
-  float* red;  // the D reduction's partial sums (dQ)
-};
-template <int D, typename E>
-ZR_HOST_DEVICE BackwardWarp<E> BackwardWarpOf(unsigned char* smem, int w) {
-  using S = BackwardSmem<D>;
-  unsigned char* ws = smem + S::Warp(w);
-  return {reinterpret_cast<float*>(ws + S::s),   reinterpret_cast<float*>(ws + S::pf),
-          reinterpret_cast<E*>(ws + S::pe),      reinterpret_cast<E*>(ws + S::dse),
-          reinterpret_cast<float*>(ws + S::acc), reinterpret_cast<float*>(ws + S::red)};
+ZR_HOST_DEVICE constexpr int Swizzled(int row, int col) {
+  return row * D + (((col / 8) ^ (row & 7)) * 8) + col % 8;
 }
 
-// Copies `rows` x D elements of a head (row i at src + i * ld) into a dense [64][D] tile, zeros
-// past `rows`; 16 bytes per thread per step.
+// Lane l's row for an ldmatrix .x4 of the 16 x 16 block at (r0, c0) of a swizzled tile, matrix i
+// being rows 8 (i % 2), columns 8 (i / 2): an A fragment (rows are m, columns k) or, transposed,
+// two B fragments of a tile whose rows are k and columns n.
+template <int D, typename E>
+ZR_HOST_DEVICE const E* FragRowsFirst(const E* tile, int r0, int c0, int lane) {
+  return tile + Swizzled<D>(r0 + lane % 8 + 8 * (lane / 8 % 2), c0 + 8 * (lane / 16));
+}
+// ... matrix i being rows 8 (i / 2), columns 8 (i % 2): the B fragments of two n-tiles of a tile
+// whose rows are n (rows r0 .. r0 + 7 and r0 + 8 .. r0 + 15) and columns k.
+template <int D, typename E>
+ZR_HOST_DEVICE const E* FragColsFirst(const E* tile, int r0, int c0, int lane) {
+  return tile + Swizzled<D>(r0 + lane % 8 + 8 * (lane / 16), c0 + 8 * (lane / 8 % 2));
+}
+
+// Copies `rows` x D elements (row i at src + i * ld) into a swizzled [64][D] tile by asynchronous
+// 16-byte copies; zeros past `rows` (those copies read nothing).
 template <int D, typename X>
-ZR_TILE_PROGRAM void LoadTile(const X& x, typename X::Elem* tile, const typename X::Elem* src,
-                              int64_t ld, int rows) {
-  constexpr int kChunks = D / 8;  // 16-byte pieces of a row
+ZR_TILE_PROGRAM void LoadTileAsync(const X& x, typename X::Elem* tile, const typename X::Elem* src,
+                                   int64_t ld, int rows) {
+  constexpr int kChunks = D / 8;
   x.ForThreads([&](int t) {
+    ZR_UNROLL
     for (int c = t; c < kTile * kChunks; c += kThreads) {
       const int r = c / kChunks, col = (c % kChunks) * 8;
-      if (r < rows) {
-        X::Copy16(tile + r * D + col, src + r * ld + col);
-      } else {
-        X::Zero16(tile + r * D + col);
-      }
+      x.CpAsync16(tile + Swizzled<D>(r, col), src + (r < rows ? r : 0) * ld + col, r < rows);
     }
   });
 }
 
-// dS and P of one warp's 16 rows against a 64-wide tile, from S (raw dot products) and dP, for
-// rows r and columns c whose (query, key) pair is visible: `visible(r, c)`, `lse_of(r, c)` and
-// `d_of(r, c)` say which and give the query's statistics. Phase 1 writes P (fp32 and elements).
-template <typename X, typename Visible, typename Stat>
-ZR_TILE_PROGRAM void RecomputeP(const X& x, const float* s, float* pf, typename X::Elem* pe,
-                                float scale, Visible visible, Stat lse_of) {
-  x.ForLanes([&](int lane) {
-    const int r = lane / 2, c0 = (lane % 2) * (kTile / 2);
-    for (int c = c0; c < c0 + kTile / 2; ++c) {
-      const float pv =
-          visible(r, c) ? math::RecomputedProb(s[r * kTile + c], scale, lse_of(r, c)) : 0.0f;
-      pf[r * kTile + c] = pv;
-      pe[r * kTile + c] = X::FromF(pv);
-    }
-  });
-}
-template <typename X, typename Visible, typename Stat>
-ZR_TILE_PROGRAM void ScoreGrads(const X& x, const float* dp, const float* pf, typename X::Elem* dse,
-                                float scale, Visible visible, Stat d_of) {
-  x.ForLanes([&](int lane) {
-    const int r = lane / 2, c0 = (lane % 2) * (kTile / 2);
-    for (int c = c0; c < c0 + kTile / 2; ++c) {
-      const float ds =
-          visible(r, c) ? math::ScoreGrad(pf[r * kTile + c], dp[r * kTile + c], d_of(r, c), scale)
-                        : 0.0f;
-      dse[r * kTile + c] = X::FromF(ds);
-    }
-  });
-}
-
-// The backward's common steps for one warp's 16 rows against a 64-wide tile: S = A B^T
-// (A: the warp's 16 rows of D, B: the tile's 64 rows, both in shared memory), P recomputed,
-// `between` (dK/dV's dV += P^T dO, reading P), dP = dA dB^T over S, and dS. The dQ program takes
-// A, B, dA, dB = Q_w, K, dO_w, V; the dK/dV program the transposes K_w, Q, V_w, dO.
-template <int D, typename X, typename Visible, typename Lse, typename Dvec, typename Between>
-ZR_TILE_PROGRAM void ProbsAndScoreGrads(const X& x, const BackwardWarp<typename X::Elem>& m,
-                                        const typename X::Elem* a, const typename X::Elem* b,
-                                        const typename X::Elem* da, const typename X::Elem* db,
-                                        float scale, Visible visible, Lse lse_of, Dvec d_of,
-                                        Between between) {
-  for (int n = 0; n < kTile / 16; ++n) {
-    x.Mma(ColB{}, m.s + n * 16, kTile, a, D, b + n * 16 * D, D, D / 16, false);
+// f(i, half, col) for each of lane's N / 2 registers of a 16 x N accumulator: register i holds
+// row lane / 4 + 8 half, column col.
+template <int N = kTile, typename F>
+ZR_TILE_PROGRAM void ForTileElems(int lane, F&& f) {
+  ZR_UNROLL
+  for (int nt = 0; nt < N / 8; ++nt) {
+    ZR_UNROLL
+    for (int e = 0; e < 4; ++e) f(nt * 4 + e, e / 2, nt * 8 + 2 * (lane % 4) + e % 2);
   }
-  x.SyncWarp();
-  RecomputeP(x, m.s, m.pf, m.pe, scale, visible, lse_of);
-  x.SyncWarp();
-  between();
-  for (int n = 0; n < kTile / 16; ++n) {
-    x.Mma(ColB{}, m.s + n * 16, kTile, da, D, db + n * 16 * D, D, D / 16, false);
-  }
-  x.SyncWarp();
-  ScoreGrads(x, m.s, m.pf, m.dse, scale, visible, d_of);
-  x.SyncWarp();
 }
 
-// Adds a warp's fp32 [16][D] accumulator into 16 rows of a head in global memory (row i at
-// dst + i * ld), the rows before `rows`.
-template <int D, typename X>
-ZR_TILE_PROGRAM void AddRows(const X& x, typename X::Elem* dst, int64_t ld, const float* acc,
-                             int rows) {
+// c (16 x N) = A B^T over D: A the rows a_r0 .. a_r0 + 15 of tile a, B^T the rows b_r0 ..
+// b_r0 + N - 1 of tile b. frag: 8 scratch registers.
+template <int D, int N = kTile, typename X>
+ZR_TILE_PROGRAM void WarpScores(const X& x, int w, Regs<X, float, N / 2>& c,
+                                Regs<X, uint32_t, 8>& frag, const typename X::Elem* a, int a_r0,
+                                const typename X::Elem* b, int b_r0 = 0) {
   x.ForLanes([&](int lane) {
-    const int r = lane / 2, half = lane % 2;
-    if (r >= rows) return;
-    for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) {
-      typename X::Elem& e = dst[r * ld + c];
-      e = X::FromF(math::Add(X::ToF(e), acc[r * D + c]));
+    float* cw = c.at(w, lane);
+    ZR_UNROLL
+    for (int i = 0; i < N / 2; ++i) cw[i] = 0.0f;
+  });
+  ZR_UNROLL
+  for (int kk = 0; kk < D / 16; ++kk) {
+    x.LdMatrix(w, frag, 0, [&](int lane) { return FragRowsFirst<D>(a, a_r0, kk * 16, lane); });
+    ZR_UNROLL
+    for (int kg = 0; kg < N / 16; ++kg) {
+      x.LdMatrix(w, frag, 4,
+                 [&](int lane) { return FragColsFirst<D>(b, b_r0 + kg * 16, kk * 16, lane); });
+      x.MmaSync(w, c, 2 * kg * 4, frag, 0, frag, 4);
+      x.MmaSync(w, c, (2 * kg + 1) * 4, frag, 0, frag, 6);
+    }
+  }
+}
+
+// The 16 x N accumulator s as the A fragments of N / 16 k-steps, rounded to the element type.
+template <int N = kTile, typename X>
+ZR_TILE_PROGRAM void PackFrags(const X& x, int w, const Regs<X, float, N / 2>& s,
+                               Regs<X, uint32_t, N / 4>& pf) {
+  x.ForLanes([&](int lane) {
+    const float* sw = s.at(w, lane);
+    uint32_t* pw = pf.at(w, lane);
+    ZR_UNROLL
+    for (int kk = 0; kk < N / 16; ++kk) {  // n-tiles 2 kk and 2 kk + 1 make k-step kk
+      pw[kk * 4 + 0] = X::Pack(sw[2 * kk * 4 + 0], sw[2 * kk * 4 + 1]);
+      pw[kk * 4 + 1] = X::Pack(sw[2 * kk * 4 + 2], sw[2 * kk * 4 + 3]);
+      pw[kk * 4 + 2] = X::Pack(sw[(2 * kk + 1) * 4 + 0], sw[(2 * kk + 1) * 4 + 1]);
+      pw[kk * 4 + 3] = X::Pack(sw[(2 * kk + 1) * 4 + 2], sw[(2 * kk + 1) * 4 + 3]);
     }
   });
 }
 
-// The backward's first pass over one (query tile, batch x query head): D = dout . out of its
-// queries into `dvec` ([batch, heads, seq], fp32), and dq += dS K over the key tiles it sees.
+// c (16 x D) += P B over N: P as A fragments (PackFrags), B the rows b_r0 .. b_r0 + N - 1 of
+// tile b.
+template <int D, int N = kTile, typename X>
+ZR_TILE_PROGRAM void WarpAccumulate(const X& x, int w, Regs<X, float, D / 2>& c,
+                                    const Regs<X, uint32_t, N / 4>& pf, Regs<X, uint32_t, 8>& frag,
+                                    const typename X::Elem* b, int b_r0 = 0) {
+  ZR_UNROLL
+  for (int kk = 0; kk < N / 16; ++kk) {
+    ZR_UNROLL
+    for (int dg = 0; dg < D / 16; ++dg) {
+      x.LdMatrixTrans(
+          w, frag, 4, [&](int lane) { return FragRowsFirst<D>(b, b_r0 + kk * 16, dg * 16, lane); });
+      x.MmaSync(w, c, 2 * dg * 4, pf, kk * 4, frag, 4);
+      x.MmaSync(w, c, (2 * dg + 1) * 4, pf, kk * 4, frag, 6);
+    }
+  }
+}
+
+// Adds a warp's 16 x D accumulator into the rows before `rows` of a head (row r at dst + r * ld).
 template <int D, typename X>
-ZR_TILE_PROGRAM void BackwardDqProgram(const X& x, unsigned char* smem, typename X::Elem* dqkv,
-                                       const typename X::Elem* dout, const typename X::Elem* qkv,
-                                       const typename X::Elem* out, const float* lse, float* dvec,
-                                       const Shape sh, int tile, int bh) {
-  using E = typename X::Elem;
-  using S = BackwardSmem<D>;
-  const int b = bh / sh.heads, h = bh % sh.heads, q0 = tile * kTile, T = sh.seq;
-  const math::QkvLayout L{sh.heads, sh.kv_heads, D};
-  const int64_t ld = L.row(), ldo = int64_t{sh.heads} * D;
-  const int64_t row0 = static_cast<int64_t>(b) * T, stat0 = (int64_t{b} * sh.heads + h) * T;
-  E* qs = reinterpret_cast<E*>(smem);
-  E* dos = reinterpret_cast<E*>(smem + S::tile);
-  E* ks = reinterpret_cast<E*>(smem + 2 * S::tile);
-  E* vs = reinterpret_cast<E*>(smem + 3 * S::tile);
-  float* lse_s = reinterpret_cast<float*>(smem + S::rows);
-  float* d_s = reinterpret_cast<float*>(smem + S::dv);
-  LoadTile<D>(x, qs, qkv + (row0 + q0) * ld + L.q(h), ld, T - q0);
-  LoadTile<D>(x, dos, dout + (row0 + q0) * ldo + int64_t{h} * D, ldo, T - q0);
-  x.ForWarps([&](int w) {
-    const BackwardWarp<E> m = BackwardWarpOf<D, E>(smem, w);
-    float* red = m.red;
-    float* acc = m.acc;
-    x.ForLanes([&](int lane) {  // D: each lane of a pair half of the row's dout . out
-      for (int i = lane; i < kWarpRows * D; i += 32) acc[i] = 0.0f;
-      const int r = lane / 2, half = lane % 2, q = q0 + w * kWarpRows + r;
-      float sum = 0.0f;
-      if (q < T) {
-        const E* dq_row = dout + (row0 + q) * ldo + int64_t{h} * D;
-        const E* o_row = out + (row0 + q) * ldo + int64_t{h} * D;
-        for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) {
-          sum = math::Add(sum, math::Mul(X::ToF(dq_row[c]), X::ToF(o_row[c])));
+ZR_TILE_PROGRAM void AddRows(const X& x, int w, typename X::Elem* dst, int64_t ld,
+                             const Regs<X, float, D / 2>& acc, int rows) {
+  x.ForLanes([&](int lane) {
+    const float* a = acc.at(w, lane);
+    ZR_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      const int r = lane / 4 + 8 * half;
+      if (r >= rows) continue;
+      typename X::Elem* row = dst + r * ld + 2 * (lane % 4);
+      ZR_UNROLL
+      for (int dt = 0; dt < D / 8; ++dt) {
+        ZR_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          typename X::Elem& v = row[dt * 8 + e];
+          v = X::FromF(math::Add(X::ToF(v), a[dt * 4 + half * 2 + e]));
         }
       }
-      red[lane] = sum;
-    });
-    x.SyncWarp();
-    x.ForLanes([&](int lane) {
-      if (lane % 2 != 0) return;
-      const int r = lane / 2, q = q0 + w * kWarpRows + r;
-      const float d = math::Add(red[lane], red[lane + 1]);
-      d_s[w * kWarpRows + r] = d;
-      lse_s[w * kWarpRows + r] = q < T ? lse[stat0 + q] : 0.0f;
-      if (q < T) dvec[stat0 + q] = d;
-    });
-  });
-  const int last = (q0 + kTile < T ? q0 + kTile : T) - 1;
-  for (int k0 = 0; k0 <= last; k0 += kTile) {
-    const int kn = T - k0 < kTile ? T - k0 : kTile;
-    x.SyncBlock();
-    LoadTile<D>(x, ks, qkv + (row0 + k0) * ld + L.k(h), ld, kn);
-    LoadTile<D>(x, vs, qkv + (row0 + k0) * ld + L.v(h), ld, kn);
-    x.SyncBlock();
-    x.ForWarps([&](int w) {
-      const BackwardWarp<E> m = BackwardWarpOf<D, E>(smem, w);
-      const int r0 = w * kWarpRows;
-      auto visible = [&](int r, int c) {
-        const int q = q0 + r0 + r;
-        return q < T && c < math::CausalKeys(q, k0, kn);
-      };
-      ProbsAndScoreGrads<D>(
-          x, m, qs + r0 * D, ks, dos + r0 * D, vs, sh.scale, visible,
-          [&](int r, int) { return lse_s[r0 + r]; }, [&](int r, int) { return d_s[r0 + r]; },
-          [] {});
-      for (int n = 0; n < D / 16; ++n) {  // dQ_w += dS K
-        x.Mma(RowB{}, m.acc + n * 16, D, m.dse, kTile, ks + n * 16, D, kTile / 16, true);
-      }
-      x.SyncWarp();
-    });
-  }
-  x.ForWarps([&](int w) {
-    const float* acc = BackwardWarpOf<D, E>(smem, w).acc;
-    const int r0 = w * kWarpRows;
-    AddRows<D>(x, dqkv + (row0 + q0 + r0) * ld + L.q(h), ld, acc, T - q0 - r0);
-  });
-}
-
-// The backward's second pass over one (key tile, batch x key/value head): dk += dS^T Q and
-// dv += P^T dout over every query head of the group and every query tile that sees the keys.
-template <int D, typename X>
-ZR_TILE_PROGRAM void BackwardDkvProgram(const X& x, unsigned char* smem, typename X::Elem* dqkv,
-                                        const typename X::Elem* dout, const typename X::Elem* qkv,
-                                        const float* lse, const float* dvec, const Shape sh,
-                                        int tile, int bkv) {
-  using E = typename X::Elem;
-  using S = BackwardSmem<D>;
-  const int b = bkv / sh.kv_heads, g = bkv % sh.kv_heads, k0 = tile * kTile, T = sh.seq;
-  const math::QkvLayout L{sh.heads, sh.kv_heads, D};
-  const int group = L.group();
-  const int64_t ld = L.row(), ldo = int64_t{sh.heads} * D;
-  const int64_t row0 = static_cast<int64_t>(b) * T;
-  E* ks = reinterpret_cast<E*>(smem);
-  E* vs = reinterpret_cast<E*>(smem + S::tile);
-  E* qs = reinterpret_cast<E*>(smem + 2 * S::tile);
-  E* dos = reinterpret_cast<E*>(smem + 3 * S::tile);
-  float* lse_s = reinterpret_cast<float*>(smem + S::rows);
-  float* d_s = reinterpret_cast<float*>(smem + S::dv);
-  const int first_h = g * group;  // the query heads reading key/value head g
-  LoadTile<D>(x, ks, qkv + (row0 + k0) * ld + L.k(first_h), ld, T - k0);
-  LoadTile<D>(x, vs, qkv + (row0 + k0) * ld + L.v(first_h), ld, T - k0);
-  x.ForWarps([&](int w) {
-    float* acc = BackwardWarpOf<D, E>(smem, w).acc;
-    x.ForLanes([&](int lane) {
-      for (int i = lane; i < 2 * kWarpRows * D; i += 32) acc[i] = 0.0f;
-    });
-  });
-  for (int h = first_h; h < first_h + group; ++h) {
-    const int64_t stat0 = (int64_t{b} * sh.heads + h) * T;
-    for (int q0 = k0; q0 < T; q0 += kTile) {  // query tiles from the diagonal on
-      const int qn = T - q0 < kTile ? T - q0 : kTile;
-      x.SyncBlock();
-      LoadTile<D>(x, qs, qkv + (row0 + q0) * ld + L.q(h), ld, qn);
-      LoadTile<D>(x, dos, dout + (row0 + q0) * ldo + int64_t{h} * D, ldo, qn);
-      x.ForThreads([&](int t) {
-        if (t < kTile) {
-          lse_s[t] = t < qn ? lse[stat0 + q0 + t] : 0.0f;
-          d_s[t] = t < qn ? dvec[stat0 + q0 + t] : 0.0f;
-        }
-      });
-      x.SyncBlock();
-      x.ForWarps([&](int w) {
-        const BackwardWarp<E> m = BackwardWarpOf<D, E>(smem, w);
-        float* dk = m.acc;
-        float* dv = dk + kWarpRows * D;
-        const int r0 = w * kWarpRows;  // this warp's keys: k0 + r0 + r; columns are queries
-        auto visible = [&](int r, int c) {
-          const int k = k0 + r0 + r, q = q0 + c;
-          return k < T && c < qn && q >= k;
-        };
-        ProbsAndScoreGrads<D>(
-            x, m, ks + r0 * D, qs, vs + r0 * D, dos, sh.scale, visible,
-            [&](int, int c) { return lse_s[c]; }, [&](int, int c) { return d_s[c]; },
-            [&] {
-              for (int n = 0; n < D / 16; ++n) {  // dV_w += P^T dO
-                x.Mma(RowB{}, dv + n * 16, D, m.pe, kTile, dos + n * 16, D, kTile / 16, true);
-              }
-            });
-        for (int n = 0; n < D / 16; ++n) {  // dK_w += dS^T Q
-          x.Mma(RowB{}, dk + n * 16, D, m.dse, kTile, qs + n * 16, D, kTile / 16, true);
-        }
-        x.SyncWarp();
-      });
     }
-  }
-  x.ForWarps([&](int w) {
-    const float* dk = BackwardWarpOf<D, E>(smem, w).acc;
-    const int r0 = w * kWarpRows;
-    E* rows = dqkv + (row0 + k0 + r0) * ld;
-    AddRows<D>(x, rows + L.k(first_h), ld, dk, T - k0 - r0);
-    AddRows<D>(x, rows + L.v(first_h), ld, dk + kWarpRows * D, T - k0 - r0);
   });
 }
 

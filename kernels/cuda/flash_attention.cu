@@ -1,12 +1,10 @@
 // The CUDA executor of flash attention's block programs (kernels/flash_tiles.h,
-// kernels/flash_forward.h): each thread runs the program's functions for its own index; the
-// backward's products are wmma 16 x 16 x 16 tiles (bf16 or fp16 in, fp32 accumulators) through
-// shared memory and its copies 16-byte vector loads; the forward's are PTX warp instructions
-// (ldmatrix, mma.sync m16n8k16, cp.async, xor shuffles) on registers.
+// kernels/flash_forward.h, kernels/flash_backward.h): each thread runs the program's functions
+// for its own index, and the warp instructions are PTX's (ldmatrix, mma.sync m16n8k16 with fp32
+// accumulators, cp.async, xor shuffles) on the thread's registers.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <mma.h>
 
 #include <atomic>
 #include <cmath>
@@ -16,14 +14,12 @@
 
 #include "zerort/kernels/cuda/convert.cuh"
 #include "zerort/kernels/flash_attention.h"
+#include "zerort/kernels/flash_backward.h"
 #include "zerort/kernels/flash_forward.h"
-#include "zerort/kernels/flash_tiles.h"
 #include "zerort/runtime/internal/cuda_check.h"
 
 namespace zerort {
 namespace {
-
-namespace wmma = nvcuda::wmma;
 
 template <typename E>
 struct CudaExec {
@@ -43,13 +39,7 @@ struct CudaExec {
     f(static_cast<int>(threadIdx.x) % 32);
   }
   __device__ void SyncBlock() const { __syncthreads(); }
-  __device__ void SyncWarp() const { __syncwarp(); }
-  __device__ static void Copy16(void* dst, const void* src) {
-    *static_cast<uint4*>(dst) = *static_cast<const uint4*>(src);
-  }
-  __device__ static void Zero16(void* dst) { *static_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0); }
-
-  // The forward's warp instructions ([Note: flash attention's block programs]).
+  // The warp instructions ([Note: flash attention's block programs]).
   template <typename T, int N>
   struct Regs {
     T v[N];
@@ -71,17 +61,6 @@ struct CudaExec {
       const __half2 p = __floats2half2_rn(lo, hi);
       return *reinterpret_cast<const uint32_t*>(&p);
     }
-  }
-  __device__ static uint16_t Bits(E v) {
-    if constexpr (kBf16) {
-      return __nv_bfloat16_raw(v).x;
-    } else {
-      return __half_raw(v).x;
-    }
-  }
-  __device__ static void Store2(E* dst, float a, float b) {
-    *reinterpret_cast<uint32_t*>(dst) =
-        uint32_t{Bits(FromF(a))} | uint32_t{Bits(FromF(b))} << 16;
   }
   template <int N, typename Addr>
   __device__ void LdMatrix(int, Regs<uint32_t, N>& r, int i, Addr addr) const {
@@ -137,33 +116,6 @@ struct CudaExec {
     }
   }
   __device__ static int Lane() { return static_cast<int>(threadIdx.x) % 32; }
-
-  template <typename Layout>
-  __device__ static void Product(float* c, int ldc, const E* a, int lda, const E* b, int ldb,
-                                 int k_steps, bool accumulate, bool col_b) {
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, E, wmma::row_major> fa;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, E, Layout> fb;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
-    if (accumulate) {
-      wmma::load_matrix_sync(fc, c, ldc, wmma::mem_row_major);
-    } else {
-      wmma::fill_fragment(fc, 0.0f);
-    }
-    for (int kk = 0; kk < k_steps; ++kk) {
-      wmma::load_matrix_sync(fa, a + kk * 16, lda);
-      wmma::load_matrix_sync(fb, col_b ? b + kk * 16 : b + kk * 16 * ldb, ldb);
-      wmma::mma_sync(fc, fa, fb, fc);
-    }
-    wmma::store_matrix_sync(c, fc, ldc, wmma::mem_row_major);
-  }
-  __device__ void Mma(flash::ColB, float* c, int ldc, const E* a, int lda, const E* b, int ldb,
-                      int k_steps, bool accumulate) const {
-    Product<wmma::col_major>(c, ldc, a, lda, b, ldb, k_steps, accumulate, true);
-  }
-  __device__ void Mma(flash::RowB, float* c, int ldc, const E* a, int lda, const E* b, int ldb,
-                      int k_steps, bool accumulate) const {
-    Product<wmma::row_major>(c, ldc, a, lda, b, ldb, k_steps, accumulate, false);
-  }
 };
 
 template <int D, typename E>
@@ -179,8 +131,9 @@ __global__ void __launch_bounds__(flash::kThreads)
     BackwardDqKernel(E* dqkv, const E* dout, const E* qkv, const E* out, const float* lse,
                      float* dvec, flash::Shape sh) {
   extern __shared__ __align__(128) unsigned char smem[];
-  flash::BackwardDqProgram<D>(CudaExec<E>{}, smem, dqkv, dout, qkv, out, lse, dvec, sh, blockIdx.x,
-                              blockIdx.y);
+  // As the forward, the longest query tiles first (a dK/dV block's key tile 0 is its longest).
+  flash::BackwardDqProgram<D>(CudaExec<E>{}, smem, dqkv, dout, qkv, out, lse, dvec, sh,
+                              gridDim.x - 1 - blockIdx.x, blockIdx.y);
 }
 template <int D, typename E>
 __global__ void __launch_bounds__(flash::kThreads)

@@ -11,14 +11,15 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "zerort/kernels/flash_backward.h"
 #include "zerort/kernels/flash_forward.h"
-#include "zerort/kernels/flash_tiles.h"
 #include "zerort/kernels/model_ops.h"
 #include "zerort/runtime/float_bits.h"
 
 namespace zerort::testing {
 
-// The CPU twin of the CUDA executor: indices in turn, the tensor-core product as loops.
+// The CPU twin of the CUDA executor: indices in turn, each warp instruction emulated over the
+// 32 lanes' registers by its PTX fragment layout.
 template <bool kBf16>
 struct CpuFlashExec {
   using Elem = uint16_t;
@@ -37,9 +38,6 @@ struct CpuFlashExec {
     for (int lane = 0; lane < 32; ++lane) f(lane);
   }
   void SyncBlock() const {}
-  void SyncWarp() const {}
-  static void Copy16(void* dst, const void* src) { std::memcpy(dst, src, 16); }
-  static void Zero16(void* dst) { std::memset(dst, 0, 16); }
   // Registers of every lane of every warp, NaN until written.
   template <typename T, int N>
   struct Regs {
@@ -51,10 +49,6 @@ struct CpuFlashExec {
   static float Exp2(float v) { return std::exp2(v); }
   static uint32_t Pack(float lo, float hi) {
     return uint32_t{FromF(lo)} | uint32_t{FromF(hi)} << 16;
-  }
-  static void Store2(Elem* dst, float a, float b) {
-    dst[0] = FromF(a);
-    dst[1] = FromF(b);
   }
   // ldmatrix .x4: lane l gets, of matrix m (rows at the addresses of lanes 8 m .. 8 m + 7), row
   // l / 4's elements 2 (l % 4) and 2 (l % 4) + 1; transposed, column l / 4's rows 2 (l % 4) and
@@ -155,25 +149,6 @@ struct CpuFlashExec {
   mutable std::vector<PendingCopy> open_;
   mutable std::vector<std::vector<PendingCopy>> groups_;
 
-  void Mma(flash::ColB, float* c, int ldc, const Elem* a, int lda, const Elem* b, int ldb,
-           int k_steps, bool accumulate) const {
-    Product(c, ldc, a, lda, k_steps, accumulate, [&](int k, int n) { return b[n * ldb + k]; });
-  }
-  void Mma(flash::RowB, float* c, int ldc, const Elem* a, int lda, const Elem* b, int ldb,
-           int k_steps, bool accumulate) const {
-    Product(c, ldc, a, lda, k_steps, accumulate, [&](int k, int n) { return b[k * ldb + n]; });
-  }
-  template <typename B>
-  static void Product(float* c, int ldc, const Elem* a, int lda, int k_steps, bool accumulate,
-                      B b_at) {
-    for (int i = 0; i < 16; ++i) {
-      for (int j = 0; j < 16; ++j) {
-        float sum = accumulate ? c[i * ldc + j] : 0.0f;
-        for (int k = 0; k < 16 * k_steps; ++k) sum += ToF(a[i * lda + k]) * ToF(b_at(k, j));
-        c[i * ldc + j] = sum;
-      }
-    }
-  }
 };
 
 struct FlashCase {

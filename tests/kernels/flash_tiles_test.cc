@@ -1,10 +1,12 @@
 // [Note: flash attention's block programs] (kernels/flash_tiles.h) on the CPU: the CUDA flash
 // kernel's block programs, run warp by warp and lane by lane over every block of their grids by
-// a CPU executor whose tensor-core product is a loop (tests/kernels/flash_harness.h), against the
-// double reference attention (kernels/model_ops.h), in bf16 and fp16, head sizes 64 and 128,
-// sequence lengths with tails and whole tiles, multi-head and grouped-query. What the GPU adds
-// over this is wmma's own accumulation order and the real concurrency of the lanes, which the
-// note's phase rule makes irrelevant (flash_attention_cuda_test.cc runs the same cases there).
+// a CPU executor that emulates each warp instruction (ldmatrix, mma.sync, the shuffles, cp.async)
+// by its PTX fragment layout (tests/kernels/flash_harness.h), against the double reference
+// attention (kernels/model_ops.h), in bf16 and fp16, head sizes 64 and 128, sequence lengths with
+// tails and whole tiles, multi-head and grouped-query. What the GPU adds over this is that the
+// hardware's layouts are the ones emulated, the tensor cores' own accumulation order, ex2.approx,
+// and the real concurrency of the lanes, which the note's phase rule makes irrelevant
+// (flash_attention_cuda_test.cc runs the same cases there).
 #include "tests/kernels/flash_harness.h"
 #include "zerort/kernels/flash_attention.h"
 #include "zerort/kernels/memory_facts.h"
