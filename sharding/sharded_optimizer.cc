@@ -169,7 +169,11 @@ Status ShardedOptimizer::AddHostGradient(int u, const TensorView& host) {
 Status ShardedOptimizer::AddOldestHostGradient() {
   HostGradientInFlight g = std::move(host_grads_in_flight_.front());
   host_grads_in_flight_.erase(host_grads_in_flight_.begin());
-  ZR_RETURN_IF_ERROR(g.copied->Synchronize());
+  {
+    ScopedSeconds waited(resources_.stats ? &resources_.stats->grad_copy_wait_s : nullptr);
+    ZR_RETURN_IF_ERROR(g.copied->Synchronize());
+  }
+  ScopedSeconds added(resources_.stats ? &resources_.stats->grad_add_s : nullptr);
   return AddHostGradient(g.unit, TensorView(g.staged.data(), g.dtype, {g.numel}, Device::Cpu()));
 }
 
