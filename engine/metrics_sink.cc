@@ -160,13 +160,13 @@ void MetricsSink::Step(const StepMetrics& m) {
                                 {"grad_io", s.grad_io_s},
                                 {"optimizer", s.optimizer_s},
                                 {"optimizer_io_wait", s.optimizer_io_wait_s},
-                                {"grad_copy_wait", s.grad_copy_wait_s},
+                                {"grad_wait", s.grad_wait_s},
                                 {"grad_add", s.grad_add_s}};
     offload_line = fmt::format(
         " | host {} MiB | nvme {} MiB | optimizer {:.2f} s (io wait {:.2f}), fetch wait {:.2f} "
-        "s, grad io {:.2f} s, grad copy wait {:.2f} s, grad add {:.2f} s",
+        "s, grad io {:.2f} s, grad wait {:.2f} s, grad add {:.2f} s",
         Mib(host), Mib(mem.in_use[static_cast<int>(MemoryTier::kNvme)].peak), s.optimizer_s,
-        s.optimizer_io_wait_s, s.fetch_wait_s, s.grad_io_s, s.grad_copy_wait_s, s.grad_add_s);
+        s.optimizer_io_wait_s, s.fetch_wait_s, s.grad_io_s, s.grad_wait_s, s.grad_add_s);
   }
   std::string line;
   if (print) {

@@ -27,8 +27,7 @@ ShardedOptimizer::ShardedOptimizer(const OptimizerResources& resources) : resour
 }
 
 ShardedOptimizer::~ShardedOptimizer() {
-  // A copy still in flight writes its staging buffer: wait for it before the buffer is freed.
-  for (HostGradientInFlight& g : host_grads_in_flight_) (void)g.copied->Synchronize();
+  host_grads_.reset();  // waits for the copies still in flight before their buffers go
   if (staging_) ZR_CHECK_OK(staging_->Drain());
 }
 
@@ -146,18 +145,18 @@ Status ShardedOptimizer::AccumulateGradient(const ShardedUnit& unit, const Tenso
     return AddHostGradient(u, reduced);
   }
   // CUDA or cpu-async: [Note: host gradients in flight].
-  HostGradientInFlight g{u, {}, reduced.dtype(), reduced.numel(), nullptr};
-  ZR_ASSIGN_OR_RETURN(g.staged, resources_.tiers.StagingOrHost()->Allocate(
-                                    reduced.nbytes(), MemoryCategory::kStaging));
-  ZR_RETURN_IF_ERROR(CopyBytes(g.staged.data(), Device::Cpu(), reduced.data(), reduced.device(),
+  ZR_ASSIGN_OR_RETURN(::zerort::Buffer staged, resources_.tiers.StagingOrHost()->Allocate(
+                                                   reduced.nbytes(), MemoryCategory::kStaging));
+  ZR_RETURN_IF_ERROR(CopyBytes(staged.data(), Device::Cpu(), reduced.data(), reduced.device(),
                                reduced.nbytes(), &stream));
-  ZR_ASSIGN_OR_RETURN(g.copied, CreateEvent(stream.device()));
-  ZR_RETURN_IF_ERROR(g.copied->Record(stream));
-  host_grads_in_flight_.push_back(std::move(g));
-  while (host_grads_in_flight_.size() > kHostGradientsInFlight) {
-    ZR_RETURN_IF_ERROR(AddOldestHostGradient());
+  ZR_ASSIGN_OR_RETURN(std::unique_ptr<Event> copied, CreateEvent(stream.device()));
+  ZR_RETURN_IF_ERROR(copied->Record(stream));
+  if (!host_grads_) {
+    host_grads_ = std::make_unique<HostGradientQueue>(
+        [this](int unit, const TensorView& host) { return AddHostGradient(unit, host); });
   }
-  return absl::OkStatus();
+  return host_grads_->Push(u, std::move(staged), reduced.dtype(), reduced.numel(),
+                           std::move(copied));
 }
 
 Status ShardedOptimizer::AddHostGradient(int u, const TensorView& host) {
@@ -166,20 +165,15 @@ Status ShardedOptimizer::AddHostGradient(int u, const TensorView& host) {
   return AccumulateNvme(u, host);
 }
 
-Status ShardedOptimizer::AddOldestHostGradient() {
-  HostGradientInFlight g = std::move(host_grads_in_flight_.front());
-  host_grads_in_flight_.erase(host_grads_in_flight_.begin());
-  {
-    ScopedSeconds waited(resources_.stats ? &resources_.stats->grad_copy_wait_s : nullptr);
-    ZR_RETURN_IF_ERROR(g.copied->Synchronize());
-  }
-  ScopedSeconds added(resources_.stats ? &resources_.stats->grad_add_s : nullptr);
-  return AddHostGradient(g.unit, TensorView(g.staged.data(), g.dtype, {g.numel}, Device::Cpu()));
-}
-
 Status ShardedOptimizer::FinishHostGradients() {
-  while (!host_grads_in_flight_.empty()) ZR_RETURN_IF_ERROR(AddOldestHostGradient());
-  return absl::OkStatus();
+  if (!host_grads_) return absl::OkStatus();
+  const Status added = host_grads_->Finish();
+  if (resources_.stats != nullptr) {
+    const HostGradientQueue::Seconds s = host_grads_->TakeSeconds();
+    resources_.stats->grad_wait_s += s.wait_s;
+    resources_.stats->grad_add_s += s.add_s;
+  }
+  return added;
 }
 
 // Read (unless this step has not written it yet), add, write, chunk by chunk; the norm parts are

@@ -22,6 +22,7 @@
 #include "zerort/runtime/communicator.h"
 #include "zerort/runtime/span_sink.h"
 #include "zerort/sharding/compressed_allreduce.h"
+#include "zerort/sharding/host_gradient_queue.h"
 #include "zerort/sharding/sharded_unit.h"
 #include "zerort/sharding/zero_one_schedule.h"
 
@@ -157,7 +158,6 @@ class ShardedOptimizer {
   // Adds a reduced slice in host memory into unit u's host or NVMe gradient shard.
   Status AddHostGradient(int u, const TensorView& host);
   // The oldest gradient in flight to the host tiers, once its copy is done, added.
-  Status AddOldestHostGradient();
   // The ranges of unit u's shard that enter this rank's norm: all of it, or without the
   // pieces of replicated parameters (count_replicated false).
   std::vector<Range> NormRanges(int u) const;
@@ -181,26 +181,8 @@ class ShardedOptimizer {
   std::vector<int64_t> fused_at_;
   double lrs_ = 0;  // 0/1 Adam: the learning rates summed over the local steps since the last sync
   ZeroOneStep zero_one_step_;  // 0/1 Adam: the step being taken
-  // [Note: host gradients in flight]
-  // A host-tier gradient shard (offload_optimizer cpu or nvme) fed by an asynchronous stream (the
-  // communication stream on CUDA or on cpu-async) would make the host wait, unit by unit, for the
-  // reduction and the copy before it could issue the next unit's backward: the device idles while
-  // the host adds. Instead the reduced slice is copied on that stream into a host staging buffer
-  // (pinned on CUDA) and an event recorded after it; the host adds a slice only once a later one
-  // has been issued (kHostGradientsInFlight), so it adds unit k's gradient while the device runs
-  // unit k-1's backward. Slices are added in issue order (a unit's micro-batches in sequence),
-  // and every reader of the gradients (the norm, the step, zeroing; GradientReducer::Finish)
-  // calls FinishHostGradients first. A staged buffer is freed only after its event: the
-  // destructor waits for the copies still in flight.
-  struct HostGradientInFlight {
-    int unit;
-    ::zerort::Buffer staged;  // host memory the copy writes
-    DType dtype;
-    int64_t numel;
-    std::unique_ptr<Event> copied;  // recorded on the stream after the copy
-  };
-  static constexpr size_t kHostGradientsInFlight = 1;
-  std::vector<HostGradientInFlight> host_grads_in_flight_;
+  // [Note: host gradients in flight] (host_gradient_queue.h): made by the first host-tier slice.
+  std::unique_ptr<HostGradientQueue> host_grads_;
 };
 
 }  // namespace zerort

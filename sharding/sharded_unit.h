@@ -35,17 +35,17 @@ struct OffloadStats {
   double grad_io_s = 0;            // writing (and re-reading) NVMe gradient shards in the backward
   double optimizer_s = 0;          // the whole optimizer step on the host or NVMe tier
   double optimizer_io_wait_s = 0;  // of which: waiting for NVMe reads and staging sets
-  // The backward's host-tier gradients ([Note: host gradients in flight]): the host waiting for a
-  // reduced slice's copy to arrive, and adding it into the host shard (memory or NVMe), while the
-  // device runs only the kernels already issued.
-  double grad_copy_wait_s = 0;
+  // The backward's host-tier gradients ([Note: host gradients in flight]): the host that issues
+  // the kernels waiting for them (a full queue; their drain before the norm and the step), and
+  // the queue's worker adding them into the host shards (memory or NVMe), overlapped.
+  double grad_wait_s = 0;
   double grad_add_s = 0;
 };
 // Field by field: a step's share of cumulative stats.
 inline OffloadStats operator-(const OffloadStats& a, const OffloadStats& b) {
   return {a.fetch_wait_s - b.fetch_wait_s,           a.grad_io_s - b.grad_io_s,
           a.optimizer_s - b.optimizer_s,             a.optimizer_io_wait_s - b.optimizer_io_wait_s,
-          a.grad_copy_wait_s - b.grad_copy_wait_s, a.grad_add_s - b.grad_add_s};
+          a.grad_wait_s - b.grad_wait_s, a.grad_add_s - b.grad_add_s};
 }
 
 // What a unit borrows from its manager.
