@@ -23,7 +23,8 @@
 // - The CUDA embedding backward with 16-bit gradients (an embedder's choice: `zerort train`'s
 //   gradients are fp32, so the memory model has nothing to replay): fp32 sums of this call's
 //   token and position gradients, [vocab slice + seq, channels], freed when the call returns.
-// - cuBLASLt's workspace: 32 MiB, allocated once by the CUDA kernels.
+// - cuBLASLt's workspace: 32 MiB, allocated once by the CUDA kernels (its last 64 KiB hold the
+//   bias gradients' fp32 sums that the BGRADB epilogue writes).
 #pragma once
 
 #include <cstdint>

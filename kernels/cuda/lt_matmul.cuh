@@ -33,8 +33,11 @@ namespace {
 // launch instead of a GEMM and a GELU pass; and in the backward GELU's derivative (DGELU: the
 // projection's input gradient times gelu'(aux), aux = the forward's pre), so that
 // GeluMatmulBackward writes dpre in one GEMM instead of two fills, a GEMM and a GELU backward
-// pass. fp32 keeps the separate kernels: its GELU is the CPU's bit for bit
-// (kernels/model_math.h), cuBLASLt's is its own.
+// pass; and with fp32 weight gradients from 16-bit activations, the bias gradient as BGRADB
+// (the weight-gradient GEMM's B = dout summed over its rows, written in fp32 to the last 64 KiB
+// of the workspace and added into dbias by a kernel of out_features threads: the bias-gradient
+// kernel read all of dout again). fp32 keeps the separate kernels: its GELU is the CPU's bit for
+// bit (kernels/model_math.h), cuBLASLt's is its own.
 class LtMatmuls {
  public:
   explicit LtMatmuls(const internal::CublasApi& blas) : b_(blas) {}
@@ -53,22 +56,24 @@ class LtMatmuls {
 
   // Column-major D = op(A) x op(B) + beta D (gemm::ColumnMajor), fp32 compute; with `bias`
   // (length m, D's type) fused as the epilogue, and with `aux` D = GELU of that, the product +
-  // bias written to aux; with `dgelu`, D = gelu'(aux) x the product, aux read ([Note: cuBLASLt
-  // epilogues]).
+  // bias written to aux; with `dgelu`, D = gelu'(aux) x the product, aux read; with `bgrad`
+  // (length n, D's type) written with op(B)'s sums over k ([Note: cuBLASLt epilogues]).
   Status Run(const gemm::ColumnMajor& g, const void* a, cudaDataType_t a_type, const void* b,
              cudaDataType_t b_type, void* d, cudaDataType_t d_type, float beta, const void* bias,
-             const void* aux = nullptr, bool dgelu = false) {
+             const void* aux = nullptr, bool dgelu = false, void* bgrad = nullptr) {
     if (g.m == 0 || g.n == 0) return absl::OkStatus();  // an empty result: nothing to compute
     if (g.k == 0) {                                     // no rows in a weight gradient: D += 0
       if (beta == 1.0f && bias == nullptr) return absl::OkStatus();
       return absl::InvalidArgumentError("a " + std::to_string(g.m) + "x" + std::to_string(g.n) +
                                         " matmul with no inner dimension");
     }
-    ZR_ASSIGN_OR_RETURN(LtPlan * plan,
-                        PlanFor(KeyFor(g, a, a_type, b, b_type, d, d_type, bias, aux, dgelu), aux));
-    if (bias != nullptr) {
+    ZR_ASSIGN_OR_RETURN(
+        LtPlan * plan,
+        PlanFor(KeyFor(g, a, a_type, b, b_type, d, d_type, bias, aux, dgelu, bgrad), aux, bgrad));
+    if (bias != nullptr || bgrad != nullptr) {
+      const void* vector = bias != nullptr ? bias : bgrad;
       ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescSetAttribute(
-          plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+          plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vector, sizeof(vector)));
     }
     if (aux != nullptr) {
       ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescSetAttribute(
@@ -86,13 +91,14 @@ class LtMatmuls {
   // Whether cuBLASLt has a plan for this matmul and epilogue (Run's arguments; the plan is kept).
   bool Plannable(const gemm::ColumnMajor& g, const void* a, cudaDataType_t a_type, const void* b,
                  cudaDataType_t b_type, const void* d, cudaDataType_t d_type, const void* bias,
-                 const void* aux, bool dgelu) {
-    return PlanFor(KeyFor(g, a, a_type, b, b_type, d, d_type, bias, aux, dgelu), aux).ok();
+                 const void* aux, bool dgelu, void* bgrad = nullptr) {
+    return PlanFor(KeyFor(g, a, a_type, b, b_type, d, d_type, bias, aux, dgelu, bgrad), aux, bgrad)
+        .ok();
   }
   int64_t calls() const { return calls_; }  // matmuls run
 
  private:
-  enum class LtEpilogue { kNone, kBias, kGeluAux, kGeluAuxBias, kDGelu };
+  enum class LtEpilogue { kNone, kBias, kGeluAux, kGeluAuxBias, kDGelu, kBGradB };
   struct LtKey {
     gemm::ColumnMajor g;
     cudaDataType_t a_type, b_type, d_type;
@@ -110,7 +116,7 @@ class LtMatmuls {
     cublasLtMatmulAlgo_t algo{};
   };
 
-  StatusOr<LtPlan*> PlanFor(const LtKey& key, const void* aux) {
+  StatusOr<LtPlan*> PlanFor(const LtKey& key, const void* aux, const void* bgrad) {
     if (auto it = plans_.find(key); it != plans_.end()) return &it->second;
     const gemm::ColumnMajor& g = key.g;
     LtPlan plan;
@@ -126,10 +132,12 @@ class LtMatmuls {
       const bool bias =
           key.epilogue == LtEpilogue::kBias || key.epilogue == LtEpilogue::kGeluAuxBias;
       const bool dgelu = key.epilogue == LtEpilogue::kDGelu;
+      const bool bgradb = key.epilogue == LtEpilogue::kBGradB;
       const bool gelu =
           dgelu || key.epilogue == LtEpilogue::kGeluAux || key.epilogue == LtEpilogue::kGeluAuxBias;
       if (key.epilogue != LtEpilogue::kNone) {
-        const cublasLtEpilogue_t epilogue = dgelu   ? CUBLASLT_EPILOGUE_DGELU
+        const cublasLtEpilogue_t epilogue = bgradb  ? CUBLASLT_EPILOGUE_BGRADB
+                                            : dgelu ? CUBLASLT_EPILOGUE_DGELU
                                             : !gelu ? CUBLASLT_EPILOGUE_BIAS
                                             : bias  ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
                                                     : CUBLASLT_EPILOGUE_GELU_AUX;
@@ -140,6 +148,10 @@ class LtMatmuls {
         const cudaDataType_t bias_type = key.d_type;
         ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescSetAttribute(
             plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+      }
+      if (bgradb) {  // written in D's type (cublasLt.h); the heuristic reads its alignment
+        ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescSetAttribute(
+            plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bgrad, sizeof(bgrad)));
       }
       if (gelu) {  // [Note: cuBLASLt epilogues]; the heuristic reads the pointer's alignment
         const int64_t aux_ld = g.m;
@@ -201,11 +213,13 @@ class LtMatmuls {
   }
 
   // `dgelu`: aux is GELU's input, read (kDGelu); otherwise a non-null aux is written (GELU_AUX).
+  // A non-null `bgrad` is BGRADB's output (kBGradB; its alignment kept as aux's).
   LtKey KeyFor(const gemm::ColumnMajor& g, const void* a, cudaDataType_t a_type, const void* b,
                cudaDataType_t b_type, const void* d, cudaDataType_t d_type, const void* bias,
-               const void* aux, bool dgelu = false) const {
+               const void* aux, bool dgelu = false, const void* bgrad = nullptr) const {
     const LtEpilogue epilogue =
-        dgelu             ? LtEpilogue::kDGelu
+        bgrad != nullptr  ? LtEpilogue::kBGradB
+        : dgelu           ? LtEpilogue::kDGelu
         : aux != nullptr  ? (bias != nullptr ? LtEpilogue::kGeluAuxBias : LtEpilogue::kGeluAux)
         : bias != nullptr ? LtEpilogue::kBias
                           : LtEpilogue::kNone;
@@ -217,7 +231,9 @@ class LtMatmuls {
             gemm::PointerAlignment(a),
             gemm::PointerAlignment(b),
             gemm::PointerAlignment(d),
-            aux != nullptr ? gemm::PointerAlignment(aux) : 0};
+            aux != nullptr     ? gemm::PointerAlignment(aux)
+            : bgrad != nullptr ? gemm::PointerAlignment(bgrad)
+                               : 0};
   }
 
   const internal::CublasApi& b_;

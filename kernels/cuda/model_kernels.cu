@@ -86,7 +86,7 @@ class CudaModelKernels final : public ModelKernels {
     ZR_CUBLAS_RETURN_IF_ERROR(b_.SetMathMode(blas, CUBLAS_DEFAULT_MATH));
     ZR_ASSIGN_OR_RETURN(lt_workspace_, ws_.Allocate(kCudaModelWorkspaceBytes,
                                                     MemoryCategory::kWorkspace, &stream_));
-    lt_matmuls_.Bind(lt, lt_workspace_.data(), kLtWorkspace, s());
+    lt_matmuls_.Bind(lt, lt_workspace_.data(), kLtWorkspace - kLtBiasGradBytes, s());
     ZR_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(Ledger(), 0, sizeof(float), s()));
     ++launches_["memset"];
     return absl::OkStatus();
@@ -272,9 +272,28 @@ class CudaModelKernels final : public ModelKernels {
                                          1.0f, nullptr));
     }
     if (dweight != nullptr) {  // dW^T [in, out] += inp^T [in, rows] x dout [rows, out]
-      ZR_RETURN_IF_ERROR(lt_matmuls_.Run(gemm::LinearBackwardWeight(rows, in, out_features), inp,
-                                         CudaType<T>(), dout, CudaType<T>(), dweight, CudaType<G>(),
-                                         1.0f, nullptr));
+      const gemm::ColumnMajor g = gemm::LinearBackwardWeight(rows, in, out_features);
+      // [Note: cuBLASLt epilogues]: dout's column sums by BGRADB into fp32 sums, then added.
+      float* sums = nullptr;
+      if constexpr (!std::is_same_v<T, float> && std::is_same_v<G, float>) {
+        if (dbias != nullptr && rows > 0 && bgradb_epilogue_ &&
+            out_features * sizeof(float) <= kLtBiasGradBytes) {
+          if (lt_matmuls_.Plannable(g, inp, CudaType<T>(), dout, CudaType<T>(), dweight,
+                                    CudaType<G>(), nullptr, nullptr, false, BiasGradSums())) {
+            sums = BiasGradSums();
+          } else {
+            bgradb_epilogue_ = false;
+          }
+        }
+      }
+      ZR_RETURN_IF_ERROR(lt_matmuls_.Run(g, inp, CudaType<T>(), dout, CudaType<T>(), dweight,
+                                         CudaType<G>(), 1.0f, nullptr, nullptr, false, sums));
+      if (sums != nullptr) {
+        AccumulateKernel<G, float>
+            <<<Blocks(out_features), kThreads, 0, s()>>>(Gp(dbias), sums, out_features);
+        ZR_RETURN_IF_ERROR(Launched("BiasGradAdd"));
+        dbias = nullptr;
+      }
     }
     if (dbias != nullptr && rows > 0) {  // a block per kColumnTile output features
       BiasGradKernel<T, G><<<ColumnBlocks(out_features), kThreads, 0, s()>>>(Gp(dbias), A(dout),
@@ -552,10 +571,16 @@ class CudaModelKernels final : public ModelKernels {
   const std::optional<AttentionProgram> attention_;  // asked for; nullopt: by shape
   bool gelu_epilogue_ = true;   // false once cuBLASLt refused a GELU epilogue plan
   bool dgelu_epilogue_ = true;  // the same for DGELU
+  bool bgradb_epilogue_ = true;  // and for BGRADB
   std::unique_ptr<cublasLtContext, LtDeleter> lt_;
   std::unique_ptr<cublasContext, BlasDeleter> blas_;
   LtMatmuls lt_matmuls_;  // [Note: cuBLASLt plans], bound to lt_ and the workspace by Init
-  Buffer lt_workspace_;   // kLtWorkspace bytes for cuBLASLt, then the loss ledger
+  // kLtWorkspace bytes: cuBLASLt's, its last kLtBiasGradBytes BGRADB's sums; then the loss ledger.
+  Buffer lt_workspace_;
+  float* BiasGradSums() const {
+    return reinterpret_cast<float*>(static_cast<char*>(lt_workspace_.data()) + kLtWorkspace -
+                                    kLtBiasGradBytes);
+  }
   float* Ledger() const {
     return reinterpret_cast<float*>(static_cast<char*>(lt_workspace_.data()) + kLtWorkspace);
   }

@@ -141,7 +141,8 @@ TEST(ModelKernelsCudaTest, FlashAttentionThroughTheModelKernels) {
 
 // GPT-2's MLP through cuBLASLt's GELU epilogues ([Note: cuBLASLt epilogues]): MatmulGelu (pre
 // and GELU(pre)) and GeluMatmulBackward (dpre written, dW and db added) against the CPU, in 16
-// bits with no GELU kernel launched, and cuBLASLt's GELU the tanh form.
+// bits with no GELU kernel launched, and cuBLASLt's GELU the tanh form; the bias gradient by
+// BGRADB where the weight gradients are fp32.
 TEST(ModelKernelsCudaTest, GeluEpiloguesMatchTheCpu) {
   ZR_NEED_GPU();
   for (auto [act, grad] : kTypes) {
@@ -217,6 +218,12 @@ TEST(ModelKernelsCudaTest, GeluEpiloguesMatchTheCpu) {
       EXPECT_EQ(count(now, "GeluBackward") - count(launched, "GeluBackward"),
                 act == DType::kF32 ? 1 : 0)
           << DTypeName(act) << ": the DGELU epilogue was not used";
+      // With fp32 weight gradients from 16-bit activations the bias gradient is BGRADB's sums,
+      // added by a small kernel; otherwise the column kernel reads dout.
+      const bool bgradb = act != DType::kF32 && grad == DType::kF32;
+      EXPECT_EQ(count(now, "BiasGradAdd") - count(launched, "BiasGradAdd"), bgradb ? 1 : 0)
+          << DTypeName(act) << "/" << DTypeName(grad) << ": the BGRADB epilogue was not used";
+      EXPECT_EQ(count(now, "BiasGrad") - count(launched, "BiasGrad"), bgradb ? 0 : 1);
     }
   }
 }
