@@ -189,6 +189,22 @@ static __global__ void SwiGluKernel(T* out, const T* gate_up, GatedIndex at, int
   }
 }
 
+// SwiGluKernel kVec outputs at a time (cols a multiple of kVec: a vector never crosses a row, and
+// its gates and ups are kVec contiguous elements each).
+template <typename T>
+static __global__ void SwiGluVecKernel(T* out, const T* gate_up, GatedIndex at, int64_t vectors) {
+  for (int64_t v = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; v < vectors;
+       v += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t j = at.gate(v * kVec);
+    float g[kVec], u[kVec];
+    LoadVec(gate_up + j, g);
+    LoadVec(gate_up + j + at.up(), u);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) g[e] = g[e] / (1.0f + expf(-g[e])) * u[e];
+    StoreVec(out + v * kVec, g);
+  }
+}
+
 template <typename T>
 static __global__ void SwiGluBackwardKernel(T* dgate_up, const T* dout, const T* gate_up,
                                             GatedIndex at, int64_t n) {
@@ -200,6 +216,30 @@ static __global__ void SwiGluBackwardKernel(T* dgate_up, const T* dout, const T*
     dgate_up[j] =
         FromFloat<T>(ToFloat(dgate_up[j]) + dy * ToFloat(gate_up[u]) * s * (1.0f + g * (1.0f - s)));
     dgate_up[u] = FromFloat<T>(ToFloat(dgate_up[u]) + dy * g * s);
+  }
+}
+
+// SwiGluBackwardKernel kVec outputs at a time (as SwiGluVecKernel).
+template <typename T>
+static __global__ void SwiGluBackwardVecKernel(T* dgate_up, const T* dout, const T* gate_up,
+                                               GatedIndex at, int64_t vectors) {
+  for (int64_t v = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; v < vectors;
+       v += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t j = at.gate(v * kVec), u = j + at.up();
+    float g[kVec], up[kVec], dy[kVec], dg[kVec], du[kVec];
+    LoadVec(gate_up + j, g);
+    LoadVec(gate_up + u, up);
+    LoadVec(dout + v * kVec, dy);
+    LoadVec(dgate_up + j, dg);
+    LoadVec(dgate_up + u, du);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      const float s = 1.0f / (1.0f + expf(-g[e]));
+      dg[e] = dg[e] + dy[e] * up[e] * s * (1.0f + g[e] * (1.0f - s));
+      du[e] = du[e] + dy[e] * g[e] * s;
+    }
+    StoreVec(dgate_up + j, dg);
+    StoreVec(dgate_up + u, du);
   }
 }
 

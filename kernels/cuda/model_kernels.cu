@@ -179,12 +179,8 @@ class CudaModelKernels final : public ModelKernels {
       EmbeddingBackwardKernel<T><<<Blocks(n), kThreads, 0, s()>>>(
           acc_wte, acc_wpe, A(dout), tokens, seq, channels, vocab_begin, vocab_count, n);
       ZR_RETURN_IF_ERROR(Launched("EmbeddingBackward"));
-      if (wte_n > 0) {
-        AccumulateKernel<G, float><<<Blocks(wte_n), kThreads, 0, s()>>>(Gp(dwte), acc_wte, wte_n);
-      }
-      if (wpe_n > 0) {
-        AccumulateKernel<G, float><<<Blocks(wpe_n), kThreads, 0, s()>>>(Gp(dwpe), acc_wpe, wpe_n);
-      }
+      if (wte_n > 0) LaunchAccumulate(Gp(dwte), acc_wte, wte_n);
+      if (wpe_n > 0) LaunchAccumulate(Gp(dwpe), acc_wpe, wpe_n);
       return Launched("EmbeddingBackward (16-bit gradients)");
     }
   }
@@ -461,16 +457,26 @@ class CudaModelKernels final : public ModelKernels {
   Status SwiGlu(void* out, const void* gate_up, int64_t rows, int cols, bool interleaved) override {
     const int64_t n = rows * cols;
     if (n == 0) return absl::OkStatus();
-    SwiGluKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(out), A(gate_up),
-                                                     GatedIndex{rows, cols, interleaved}, n);
+    const GatedIndex at{rows, cols, interleaved};
+    if (Vectorisable(cols, {out, gate_up})) {
+      SwiGluVecKernel<T><<<Blocks(n / kVec), kThreads, 0, s()>>>(A(out), A(gate_up), at, n / kVec);
+    } else {
+      SwiGluKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(out), A(gate_up), at, n);
+    }
     return Launched("SwiGlu");
   }
   Status SwiGluBackward(void* dgate_up, const void* dout, const void* gate_up, int64_t rows,
                         int cols, bool interleaved) override {
     const int64_t n = rows * cols;
     if (n == 0) return absl::OkStatus();
-    SwiGluBackwardKernel<T><<<Blocks(n), kThreads, 0, s()>>>(
-        A(dgate_up), A(dout), A(gate_up), GatedIndex{rows, cols, interleaved}, n);
+    const GatedIndex at{rows, cols, interleaved};
+    if (Vectorisable(cols, {dgate_up, dout, gate_up})) {
+      SwiGluBackwardVecKernel<T><<<Blocks(n / kVec), kThreads, 0, s()>>>(
+          A(dgate_up), A(dout), A(gate_up), at, n / kVec);
+    } else {
+      SwiGluBackwardKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(dgate_up), A(dout), A(gate_up),
+                                                               at, n);
+    }
     return Launched("SwiGluBackward");
   }
   Status Gelu(void* out, const void* inp, int64_t n) override {
@@ -481,17 +487,30 @@ class CudaModelKernels final : public ModelKernels {
     GeluBackwardKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(dinp), A(inp), A(dout), n);
     return Launched("GeluBackward");
   }
+  // The element-wise kernels go kVec elements at a time where the pointers allow it.
   Status Add(void* out, const void* a, const void* b, int64_t n) override {
-    AddKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(out), A(a), A(b), n);
+    if (Vectorisable(n, {out, a, b})) {
+      AddVecKernel<T><<<Blocks(n / kVec), kThreads, 0, s()>>>(A(out), A(a), A(b), n / kVec);
+    } else {
+      AddKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(out), A(a), A(b), n);
+    }
     return Launched("Add");
   }
   Status Accumulate(void* dst, const void* src, int64_t n) override {
-    AccumulateKernel<T, T><<<Blocks(n), kThreads, 0, s()>>>(A(dst), A(src), n);
+    LaunchAccumulate(A(dst), A(src), n);
     return Launched("Accumulate");
   }
   Status AccumulateGrad(void* dst, const void* src, int64_t n) override {
-    AccumulateKernel<G, G><<<Blocks(n), kThreads, 0, s()>>>(Gp(dst), Gp(src), n);
+    LaunchAccumulate(Gp(dst), Gp(src), n);
     return Launched("AccumulateGrad");
+  }
+  template <typename D, typename S>
+  void LaunchAccumulate(D* dst, const S* src, int64_t n) {
+    if (Vectorisable(n, {dst, src})) {
+      AccumulateVecKernel<D, S><<<Blocks(n / kVec), kThreads, 0, s()>>>(dst, src, n / kVec);
+    } else {
+      AccumulateKernel<D, S><<<Blocks(n), kThreads, 0, s()>>>(dst, src, n);
+    }
   }
   // The vocabulary kernels run a block per row: no rows, no launch (a grid of 0 is invalid).
   Status VocabMax(const void* logits, void* max, int64_t rows, int vocab, int valid) override {

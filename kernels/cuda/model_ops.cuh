@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 
 #include "zerort/kernels/cuda/convert.cuh"
@@ -88,6 +90,44 @@ __device__ float BlockReduce(float v) {
 __device__ float BlockSum(float v) { return BlockReduce<SumOp>(v); }
 __device__ float BlockMax(float v) { return BlockReduce<MaxOp>(v); }
 
+// ---- 128-bit vectors -------------------------------------------------------------------------
+// kVec elements moved by 16-byte loads and stores (one for a 16-bit type, two for fp32) and
+// converted by the same ToFloat/FromFloat as the scalar kernels, so a vectorised kernel computes
+// its scalar twin's bits. It needs every pointer 16-byte aligned and whole vectors
+// (Vectorisable); otherwise the launcher runs the scalar kernel.
+constexpr int kVec = 8;
+template <typename T>
+__device__ __forceinline__ void LoadVec(const T* p, float (&v)[kVec]) {
+  constexpr int kPer = 16 / sizeof(T);
+#pragma unroll
+  for (int q = 0; q < kVec / kPer; ++q) {
+    const uint4 raw = reinterpret_cast<const uint4*>(p)[q];
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) v[q * kPer + i] = ToFloat(e[i]);
+  }
+}
+template <typename T>
+__device__ __forceinline__ void StoreVec(T* p, const float (&v)[kVec]) {
+  constexpr int kPer = 16 / sizeof(T);
+#pragma unroll
+  for (int q = 0; q < kVec / kPer; ++q) {
+    uint4 raw;
+    T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) e[i] = FromFloat<T>(v[q * kPer + i]);
+    reinterpret_cast<uint4*>(p)[q] = raw;
+  }
+}
+// Host: whether n elements at these pointers can go kVec at a time.
+bool Vectorisable(int64_t n, std::initializer_list<const void*> pointers) {
+  if (n % kVec != 0) return false;
+  for (const void* p : pointers) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
+}
+
 // ---- element-wise ----------------------------------------------------------------------------
 
 template <typename T>
@@ -98,11 +138,36 @@ static __global__ void AddKernel(T* out, const T* a, const T* b, int64_t n) {
   }
 }
 
+template <typename T>
+static __global__ void AddVecKernel(T* out, const T* a, const T* b, int64_t vectors) {
+  for (int64_t v = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; v < vectors;
+       v += int64_t{gridDim.x} * blockDim.x) {
+    float x[kVec], y[kVec];
+    LoadVec(a + v * kVec, x);
+    LoadVec(b + v * kVec, y);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) x[i] = x[i] + y[i];
+    StoreVec(out + v * kVec, x);
+  }
+}
+
 template <typename D, typename S>
 static __global__ void AccumulateKernel(D* dst, const S* src, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     dst[i] = FromFloat<D>(ToFloat(dst[i]) + ToFloat(src[i]));
+  }
+}
+template <typename D, typename S>
+static __global__ void AccumulateVecKernel(D* dst, const S* src, int64_t vectors) {
+  for (int64_t v = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; v < vectors;
+       v += int64_t{gridDim.x} * blockDim.x) {
+    float x[kVec], y[kVec];
+    LoadVec(dst + v * kVec, x);
+    LoadVec(src + v * kVec, y);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) x[i] = x[i] + y[i];
+    StoreVec(dst + v * kVec, x);
   }
 }
 

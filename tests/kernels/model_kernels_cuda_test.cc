@@ -746,5 +746,52 @@ TEST(ModelKernelsCudaTest, AttentionEmbeddingCrossEntropy) {
   }
 }
 
+// The element-wise kernels' 128-bit paths (kVec elements a load) and their scalar fallbacks (a
+// length not a multiple of 8, a pointer not 16-byte aligned) give the CPU's bits: Add,
+// Accumulate, AccumulateGrad (fp32 into 16-bit gradients too) and SwiGLU forward and backward.
+TEST(ModelKernelsCudaTest, VectorisedElementWiseKernelsAndTheirFallbacks) {
+  ZR_NEED_GPU();
+  for (auto [act, grad] : kTypes) {
+    Twin t(act, grad);
+    for (const auto& [n, offset] : {std::pair<int, size_t>{64, 0}, {61, 0}, {64, 4}}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(act) << "/" << DTypeName(grad) << " n " << n
+                                        << " offset " << offset << " bytes");
+      std::vector<float> a = Random(n, 1), b = Random(n, 2), out(n), g = Random(n, 3),
+                         h = Random(n, 4);
+      void *ga = t.Up(a, act, offset), *gb = t.Up(b, act, offset), *gout = t.Up(out, act, offset);
+      void *gg = t.Up(g, grad, offset), *gh = t.Up(h, grad, offset);
+      ASSERT_TRUE(t.gpu->Add(gout, ga, gb, n).ok());
+      ASSERT_TRUE(t.cpu->Add(out.data(), a.data(), b.data(), n).ok());
+      ExpectSameBits("Add", t.Down(gout, n, act), RoundedTo(out, act));
+      ASSERT_TRUE(t.gpu->Accumulate(ga, gb, n).ok());
+      ASSERT_TRUE(t.cpu->Accumulate(a.data(), b.data(), n).ok());
+      ExpectSameBits("Accumulate", t.Down(ga, n, act), RoundedTo(a, act));
+      ASSERT_TRUE(t.gpu->AccumulateGrad(gg, gh, n).ok());
+      ASSERT_TRUE(t.cpu->AccumulateGrad(g.data(), h.data(), n).ok());
+      ExpectSameBits("AccumulateGrad", t.Down(gg, n, grad), RoundedTo(g, grad));
+    }
+    // SwiGLU with whole vectors per row (cols 24) and without (cols 20).
+    for (const int cols : {24, 20}) {
+      const int64_t rows = 5, n = rows * cols;
+      for (const bool interleaved : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << DTypeName(act) << " cols " << cols
+                                          << (interleaved ? " interleaved" : " planar"));
+        std::vector<float> gate_up = Random(2 * n, 5), out(n), dout = Random(n, 6),
+                           dgate_up = Random(2 * n, 7);
+        void *ggu = t.A(gate_up), *gout = t.A(out), *gdout = t.A(dout), *gdgu = t.A(dgate_up);
+        ASSERT_TRUE(t.gpu->SwiGlu(gout, ggu, rows, cols, interleaved).ok());
+        ASSERT_TRUE(t.cpu->SwiGlu(out.data(), gate_up.data(), rows, cols, interleaved).ok());
+        t.Expect("SwiGlu", gout, out, act);
+        ASSERT_TRUE(t.gpu->SwiGluBackward(gdgu, gdout, ggu, rows, cols, interleaved).ok());
+        ASSERT_TRUE(t.cpu
+                        ->SwiGluBackward(dgate_up.data(), dout.data(), gate_up.data(), rows, cols,
+                                         interleaved)
+                        .ok());
+        t.Expect("SwiGluBackward", gdgu, dgate_up, act);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zerort
