@@ -120,6 +120,17 @@ class ForwardingKernels final : public ModelKernels {
                                                 out_features);
                     });
   }
+  // Counted and timed as a MatmulBackward: the same GEMMs, its input gradient written.
+  Status MatmulBackwardWrite(void* dinp, void* dweight, void* dbias, const void* dout,
+                             const void* inp, const void* weight, int64_t rows, int in,
+                             int out_features) override {
+    return hook_.Op(OpInfo::Gemm("MatmulBackward", rows, in, out_features,
+                                 (dinp != nullptr) + (dweight != nullptr)),
+                    [=, this] {
+                      return k_->MatmulBackwardWrite(dinp, dweight, dbias, dout, inp, weight, rows,
+                                                     in, out_features);
+                    });
+  }
   Status GeluMatmulBackward(void* dpre, void* dweight, void* dbias, const void* dout,
                             const void* act, const void* pre, const void* weight, void* scratch,
                             int64_t rows, int in, int out_features) override {

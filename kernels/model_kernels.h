@@ -106,6 +106,16 @@ class ModelKernels {
   virtual Status MatmulBackward(void* dinp, void* dweight, void* dbias, const void* dout,
                                 const void* inp, const void* weight, int64_t rows, int in,
                                 int out_features) = 0;
+  // MatmulBackward with dinp [rows, in] written, not added (an input gradient nothing else adds
+  // to first); dweight and dbias added as MatmulBackward adds them. This default zeroes dinp then
+  // adds into it; the CUDA kernels run the input gradient's GEMM with beta 0 (no fill, no read).
+  virtual Status MatmulBackwardWrite(void* dinp, void* dweight, void* dbias, const void* dout,
+                                     const void* inp, const void* weight, int64_t rows, int in,
+                                     int out_features) {
+    const size_t bytes = static_cast<size_t>(rows) * in * act_size();
+    ZR_RETURN_IF_ERROR(FillZero(dinp, device(), bytes, &stream()));
+    return MatmulBackward(dinp, dweight, dbias, dout, inp, weight, rows, in, out_features);
+  }
 
   // The MLP's first layer: pre = inp weight^T + bias (kept for the backward), out = gelu(pre).
   // This default runs Matmul then Gelu; the CPU float kernels fuse the bias and the GELU into one

@@ -149,23 +149,20 @@ Status BlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const Bl
   ZR_RETURN_IF_ERROR(k.GeluMatmulBackward(s.d4b.data(), gr[kFcProjW], gr[kFcProjB], dout,
                                           a.mlp_act.data(), a.mlp_in.data(), w[kFcProjW],
                                           s.d4a.data(), g.rows, g.f_l, g.d));
-  ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kFcW], gr[kFcB], s.d4b.data(), a.ln2.data(),
-                                      w[kFcW], g.rows, g.d, g.f_l));
+  ZR_RETURN_IF_ERROR(k.MatmulBackwardWrite(s.dbtc.data(), gr[kFcW], gr[kFcB], s.d4b.data(),
+                                           a.ln2.data(), w[kFcW], g.rows, g.d, g.f_l));
   ZR_ASSIGN_OR_RETURN(const void* dln2, ReduceColumnInputGrad(c, s));
   ZR_RETURN_IF_ERROR(NormBackward(c, s, 0, dln2, a.res2.data(), w, gr, kLn2W, a.ln2_mean.data(),
                                   a.ln2_rstd.data()));
   // Attention: row-parallel projection, this rank's heads, column-parallel QKV.
   ZR_ASSIGN_OR_RETURN(dout, ResidualGradOfEveryRow(c, s));
-  ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d_l * act, st));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kProjW], gr[kProjB], dout, a.atty.data(),
-                                      w[kProjW], g.rows, g.d_l, g.d));
+  ZR_RETURN_IF_ERROR(k.MatmulBackwardWrite(s.dbtc.data(), gr[kProjW], gr[kProjB], dout,
+                                           a.atty.data(), w[kProjW], g.rows, g.d_l, g.d));
   ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, g.rows * 3 * g.d_l * act, st));
   ZR_RETURN_IF_ERROR(k.AttentionBackward(s.d4a.data(), s.dbtc.data(), a.qkv.data(), a.atty.data(),
                                          a.att.data(), g.batch, g.seq, g.d_l, g.h_l, g.h_l));
-  ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kQkvW], gr[kQkvB], s.d4a.data(),
-                                      a.ln1.data(), w[kQkvW], g.rows, g.d, 3 * g.d_l));
+  ZR_RETURN_IF_ERROR(k.MatmulBackwardWrite(s.dbtc.data(), gr[kQkvW], gr[kQkvB], s.d4a.data(),
+                                           a.ln1.data(), w[kQkvW], g.rows, g.d, 3 * g.d_l));
   ZR_ASSIGN_OR_RETURN(const void* dln1, ReduceColumnInputGrad(c, s));
   ZR_RETURN_IF_ERROR(
       NormBackward(c, s, 1, dln1, x, w, gr, kLn1W, a.ln1_mean.data(), a.ln1_rstd.data()));

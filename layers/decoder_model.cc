@@ -443,8 +443,9 @@ StatusOr<double> DecoderModel::HeadForward(MicroBatch& mb, float loss_scale,
   ZR_RETURN_IF_ERROR(mb.Allocate(HeadPlan(g, static_cast<int64_t>(act), static_cast<int64_t>(stat),
                                           static_cast<bool>(mb.targets), mb.train, chunk),
                                  k, activations_));
-  // dbtc, when training: the final LayerNorm output's gradient (every row) the chunks add to.
-  if (s.dbtc) ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, s.dbtc.bytes(), st));
+  // dbtc, when training: the final LayerNorm output's gradient, each chunk writing its rows (all
+  // zero without targets: no chunk writes then).
+  if (s.dbtc && !mb.targets) ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, s.dbtc.bytes(), st));
   const Buffer& z = mb.logits;
   // The gradient of loss_scale x the mean over the micro-batch's rows whose target is not masked.
   const int64_t counted = g.rows - static_cast<int64_t>(mb.ignored.size());
@@ -474,8 +475,9 @@ StatusOr<double> DecoderModel::HeadForward(MicroBatch& mb, float loss_scale,
         ZR_RETURN_IF_ERROR(FillZero(at(z, (*it - r0) * g.v_l, act), dev, g.v_l * act, st));
     }
     if (mb.train) {
-      ZR_RETURN_IF_ERROR(k.MatmulBackward(at(s.dbtc, r0 * g.d, act), mb.head.grads[0], nullptr,
-                                          z.data(), x, mb.head.params[0], n, g.d, g.v_l));
+      ZR_RETURN_IF_ERROR(k.MatmulBackwardWrite(at(s.dbtc, r0 * g.d, act), mb.head.grads[0],
+                                               nullptr, z.data(), x, mb.head.params[0], n, g.d,
+                                               g.v_l));
     }
   }
   mb.logits.Reset();

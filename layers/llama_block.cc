@@ -129,9 +129,8 @@ Status LlamaBlockBackward(const Ctx& c, const UnitTensors& u, const void* x, con
   const int64_t mlp = g.rows * g.f_l;
   // MLP: row-parallel down projection, SwiGLU, column-parallel gate and up.
   ZR_ASSIGN_OR_RETURN(const void* dout, ResidualGradOfEveryRow(c, s));
-  ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, mlp * act, st));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.d4a.data(), gr[kDownW], gr[kDownB], dout, a.mlp_act.data(),
-                                      w[kDownW], g.rows, g.f_l, g.d));
+  ZR_RETURN_IF_ERROR(k.MatmulBackwardWrite(s.d4a.data(), gr[kDownW], gr[kDownB], dout,
+                                           a.mlp_act.data(), w[kDownW], g.rows, g.f_l, g.d));
   // d(gate, up) in mlp_in's layout (the forward's: one GEMM's output when the weights are one).
   const bool gate_up = GateUpContiguous(g, w, act);
   if (gate_up && !GateUpContiguous(g, gr, k.grad_size())) {
@@ -142,13 +141,12 @@ Status LlamaBlockBackward(const Ctx& c, const UnitTensors& u, const void* x, con
   ZR_RETURN_IF_ERROR(FillZero(s.d4b.data(), dev, 2 * mlp * act, st));
   ZR_RETURN_IF_ERROR(
       k.SwiGluBackward(s.d4b.data(), s.d4a.data(), a.mlp_in.data(), g.rows, g.f_l, gate_up));
-  ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
   if (gate_up) {
-    ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kGateW], gr[kGateB], s.d4b.data(),
-                                        a.ln2.data(), w[kGateW], g.rows, g.d, 2 * g.f_l));
+    ZR_RETURN_IF_ERROR(k.MatmulBackwardWrite(s.dbtc.data(), gr[kGateW], gr[kGateB], s.d4b.data(),
+                                             a.ln2.data(), w[kGateW], g.rows, g.d, 2 * g.f_l));
   } else {
-    ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kGateW], gr[kGateB], s.d4b.data(),
-                                        a.ln2.data(), w[kGateW], g.rows, g.d, g.f_l));
+    ZR_RETURN_IF_ERROR(k.MatmulBackwardWrite(s.dbtc.data(), gr[kGateW], gr[kGateB], s.d4b.data(),
+                                             a.ln2.data(), w[kGateW], g.rows, g.d, g.f_l));
     ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kUpW], gr[kUpB],
                                         At(s.d4b.data(), mlp, act), a.ln2.data(), w[kUpW], g.rows,
                                         g.d, g.f_l));
@@ -159,9 +157,8 @@ Status LlamaBlockBackward(const Ctx& c, const UnitTensors& u, const void* x, con
   // Attention: row-parallel output projection, this rank's heads, the rotation's transpose, the
   // column-parallel Q, K, V.
   ZR_ASSIGN_OR_RETURN(dout, ResidualGradOfEveryRow(c, s));
-  ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d_l * act, st));
-  ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kOW], gr[kOB], dout, a.atty.data(), w[kOW],
-                                      g.rows, g.d_l, g.d));
+  ZR_RETURN_IF_ERROR(k.MatmulBackwardWrite(s.dbtc.data(), gr[kOW], gr[kOB], dout, a.atty.data(),
+                                           w[kOW], g.rows, g.d_l, g.d));
   ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, g.rows * QkvCols(g) * act, st));
   ZR_RETURN_IF_ERROR(k.AttentionBackward(s.d4a.data(), s.dbtc.data(), a.qkv.data(), a.atty.data(),
                                          a.att.data(), g.batch, g.seq, g.d_l, g.h_l, g.kv_l));
@@ -169,9 +166,9 @@ Status LlamaBlockBackward(const Ctx& c, const UnitTensors& u, const void* x, con
     // dqkv turned back in place, then one GEMM's input and weight gradients for Q, K and V.
     ZR_RETURN_IF_ERROR(
         k.RopeQkvInPlace(s.d4a.data(), g.batch, g.seq, g.h_l, g.kv_l, g.hs, g.rope, true));
-    ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
-    ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kQW], gr[kQB], s.d4a.data(), a.ln1.data(),
-                                        w[kQW], g.rows, g.d, static_cast<int>(QkvCols(g))));
+    ZR_RETURN_IF_ERROR(k.MatmulBackwardWrite(s.dbtc.data(), gr[kQW], gr[kQB], s.d4a.data(),
+                                             a.ln1.data(), w[kQW], g.rows, g.d,
+                                             static_cast<int>(QkvCols(g))));
   } else {
     const Projections p = Split(g);
     void* dq = s.d4b.data();
@@ -180,9 +177,8 @@ Status LlamaBlockBackward(const Ctx& c, const UnitTensors& u, const void* x, con
     ZR_RETURN_IF_ERROR(FillZero(s.d4b.data(), dev, p.v * act + g.rows * p.kv_cols * act, st));
     ZR_RETURN_IF_ERROR(
         k.RopeQkvBackward(dq, dk, dv, s.d4a.data(), g.batch, g.seq, g.h_l, g.kv_l, g.hs, g.rope));
-    ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, g.rows * g.d * act, st));
-    ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kQW], gr[kQB], dq, a.ln1.data(), w[kQW],
-                                        g.rows, g.d, p.q_cols));
+    ZR_RETURN_IF_ERROR(k.MatmulBackwardWrite(s.dbtc.data(), gr[kQW], gr[kQB], dq, a.ln1.data(),
+                                             w[kQW], g.rows, g.d, p.q_cols));
     ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kKW], gr[kKB], dk, a.ln1.data(), w[kKW],
                                         g.rows, g.d, p.kv_cols));
     ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kVW], gr[kVB], dv, a.ln1.data(), w[kVW],

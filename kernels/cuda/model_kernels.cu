@@ -262,10 +262,22 @@ class CudaModelKernels final : public ModelKernels {
   }
   Status MatmulBackward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                         const void* weight, int64_t rows, int in, int out_features) override {
-    if (dinp != nullptr) {  // dinp^T [in, rows] += W^T [in, out] x dout^T [out, rows]
+    return LinearBackward(dinp, 1.0f, dweight, dbias, dout, inp, weight, rows, in, out_features);
+  }
+  // beta 0: the input gradient's GEMM writes dinp (no fill before it, no read of it).
+  Status MatmulBackwardWrite(void* dinp, void* dweight, void* dbias, const void* dout,
+                             const void* inp, const void* weight, int64_t rows, int in,
+                             int out_features) override {
+    return LinearBackward(dinp, 0.0f, dweight, dbias, dout, inp, weight, rows, in, out_features);
+  }
+  // dinp = dinp_beta x dinp + dout W; dW and db added.
+  Status LinearBackward(void* dinp, float dinp_beta, void* dweight, void* dbias, const void* dout,
+                        const void* inp, const void* weight, int64_t rows, int in,
+                        int out_features) {
+    if (dinp != nullptr) {  // dinp^T [in, rows] (+)= W^T [in, out] x dout^T [out, rows]
       ZR_RETURN_IF_ERROR(lt_matmuls_.Run(gemm::LinearBackwardInput(rows, in, out_features), weight,
                                          CudaType<T>(), dout, CudaType<T>(), dinp, CudaType<T>(),
-                                         1.0f, nullptr));
+                                         dinp_beta, nullptr));
     }
     if (dweight != nullptr) {  // dW^T [in, out] += inp^T [in, rows] x dout [rows, out]
       const gemm::ColumnMajor g = gemm::LinearBackwardWeight(rows, in, out_features);

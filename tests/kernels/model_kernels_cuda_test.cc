@@ -250,6 +250,15 @@ TEST(ModelKernelsCudaTest, LinearLayerNormGeluResidual) {
     t.Expect("MatmulBackward dinp", gdx, dx, act);
     t.Expect("MatmulBackward dweight", gdw, dw, grad);
     t.Expect("MatmulBackward dbias", gdb, db, grad);
+    // The same with dinp written over what it held (beta 0 on the GPU, a fill on the CPU).
+    ASSERT_TRUE(t.gpu->MatmulBackwardWrite(gdx, gdw, gdb, gdy, gx, gw, rows, in, out).ok());
+    ASSERT_TRUE(t.cpu
+                    ->MatmulBackwardWrite(dx.data(), dw.data(), db.data(), dy.data(), x.data(),
+                                          w.data(), rows, in, out)
+                    .ok());
+    t.Expect("MatmulBackwardWrite dinp", gdx, dx, act);
+    t.Expect("MatmulBackwardWrite dweight", gdw, dw, grad);
+    t.Expect("MatmulBackwardWrite dbias", gdb, db, grad);
 
     std::vector<float> lw = Random(in, 8), lb = Random(in, 9), ln(rows * in), mean(rows),
                        rstd(rows), dln = Random(rows * in, 10), dlw = Random(in, 11),
