@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <deque>
 
 #include "zerort/kernels/cast.h"
 #include "zerort/kernels/lamb.h"
@@ -415,6 +416,29 @@ Status ShardedOptimizer::UpdateLamb(int u, const OptimizerStepArgs& args, const 
   return absl::OkStatus();
 }
 
+// [Note: the host step's write-backs]: the copies in flight, oldest first.
+class ShardedOptimizer::WriteBacks {
+ public:
+  WriteBacks() = default;
+  WriteBacks(const WriteBacks&) = delete;
+  WriteBacks& operator=(const WriteBacks&) = delete;
+  ~WriteBacks() { (void)Drain(0); }  // a failed step: the staging outlives its copies
+  void Push(WriteBack w) { in_flight_.push_back(std::move(w)); }
+  // Waits until at most `keep` copies are in flight, freeing the staging of the others.
+  Status Drain(size_t keep) {
+    Status status = absl::OkStatus();
+    while (in_flight_.size() > keep) {
+      const Status done = in_flight_.front().copied->Synchronize();
+      if (status.ok()) status = done;
+      in_flight_.pop_front();
+    }
+    return status;
+  }
+
+ private:
+  std::deque<WriteBack> in_flight_;
+};
+
 Status ShardedOptimizer::Step(const OptimizerStepArgs& args) {
   ZR_RETURN_IF_ERROR(FinishHostGradients());
   ScopedSeconds timed(
@@ -439,10 +463,11 @@ Status ShardedOptimizer::Step(const OptimizerStepArgs& args) {
     if (zero_one_step_.frozen) lrs_ += args.lr;
   }
   const bool traced = resources_.span != nullptr && *resources_.span;
+  WriteBacks write_backs;
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     const auto begin =
         traced ? std::chrono::system_clock::now() : std::chrono::system_clock::time_point();
-    ZR_RETURN_IF_ERROR(StepInMemory(u, args));
+    ZR_RETURN_IF_ERROR(StepInMemory(u, args, write_backs));
     if (traced) {  // the host's time: on a queued or CUDA stream, the issue
       const Stream* s = StreamFor(tier());
       (*resources_.span)(StrCat("optimizer ", units_[u]->unit->name()),
@@ -450,6 +475,7 @@ Status ShardedOptimizer::Step(const OptimizerStepArgs& args) {
                          std::chrono::system_clock::now());
     }
   }
+  ZR_RETURN_IF_ERROR(write_backs.Drain(0));
   if (zero_one_) {
     if (zero_one_step_.sync) lrs_ = 0;
     zero_one_->Advance();
@@ -457,7 +483,8 @@ Status ShardedOptimizer::Step(const OptimizerStepArgs& args) {
   return absl::OkStatus();
 }
 
-Status ShardedOptimizer::StepInMemory(int u, const OptimizerStepArgs& args) {
+Status ShardedOptimizer::StepInMemory(int u, const OptimizerStepArgs& args,
+                                      WriteBacks& write_backs) {
   UnitState& s = *units_[u];
   const int64_t shard = s.master.numel();
   const ComputeCopy copy = s.unit->compute_copy();
@@ -489,10 +516,19 @@ Status ShardedOptimizer::StepInMemory(int u, const OptimizerStepArgs& args) {
     ZR_RETURN_IF_ERROR(Update(u, Range{0, shard}, args, s.master.View(), s.grad.View(),
                               view(s.exp_avg), view(s.exp_avg_sq), out));
   }
-  if (staged) {
+  if (staged) {  // [Note: the host step's write-backs]
     const TensorView target = copy.buffer->View().Flat(copy.offset, shard);
+    Stream& compute = *resources_.compute;
     ZR_RETURN_IF_ERROR(CopyBytes(target.data(), target.device(), staged.data(), Device::Cpu(),
-                                 target.nbytes(), nullptr));
+                                 target.nbytes(), &compute));
+    ZR_ASSIGN_OR_RETURN(std::unique_ptr<Event> copied, CreateEvent(target.device()));
+    const Status recorded = copied->Record(compute);
+    if (!recorded.ok()) {
+      (void)compute.Synchronize();  // the copy reads `staged` until then
+      return recorded;
+    }
+    write_backs.Push({std::move(staged), std::move(copied)});
+    return write_backs.Drain(kWriteBacksInFlight);
   }
   return absl::OkStatus();
 }

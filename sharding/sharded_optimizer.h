@@ -121,7 +121,18 @@ class ShardedOptimizer {
     Range range;  // in the shard frame
   };
   class NvmeStep;  // the NVMe tier's pipelined step (nvme_step.h)
-  Status StepInMemory(int u, const OptimizerStepArgs& args);
+  // [Note: the host step's write-backs] On a GPU a host-tier unit's updated compute values go to
+  // the device from pinned staging by an asynchronous copy on the compute stream (which the next
+  // gathers and the forward follow), so the copy of one unit overlaps the CPU update of the next;
+  // at most kWriteBacksInFlight staged units are held, and the step returns once every copy has
+  // landed (a failure part-way still waits for the copies issued before the staging goes).
+  struct WriteBack {
+    ::zerort::Buffer staged;
+    std::unique_ptr<Event> copied;
+  };
+  class WriteBacks;
+  static constexpr size_t kWriteBacksInFlight = 2;
+  Status StepInMemory(int u, const OptimizerStepArgs& args, WriteBacks& write_backs);
   Status StepNvme(const OptimizerStepArgs& args);
   // The fused kernel on one range of unit u, given fp32 views of that range and the compute out.
   // LAMB over a unit's in-memory shard: moments and updates per parameter piece, the pieces'
