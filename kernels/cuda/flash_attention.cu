@@ -64,17 +64,24 @@ struct CudaExec {
   }
   template <int N, typename Addr>
   __device__ void LdMatrix(int, Regs<uint32_t, N>& r, int i, Addr addr) const {
-    const auto a = static_cast<unsigned>(__cvta_generic_to_shared(addr(Lane())));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r.v[i]), "=r"(r.v[i + 1]), "=r"(r.v[i + 2]), "=r"(r.v[i + 3])
-                 : "r"(a));
+    Ld<false>(r.v + i, addr(Lane()));
   }
   template <int N, typename Addr>
   __device__ void LdMatrixTrans(int, Regs<uint32_t, N>& r, int i, Addr addr) const {
-    const auto a = static_cast<unsigned>(__cvta_generic_to_shared(addr(Lane())));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r.v[i]), "=r"(r.v[i + 1]), "=r"(r.v[i + 2]), "=r"(r.v[i + 3])
-                 : "r"(a));
+    Ld<true>(r.v + i, addr(Lane()));
+  }
+  template <bool kTrans>
+  __device__ static void Ld(uint32_t* d, const E* row) {
+    const auto a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    if constexpr (kTrans) {
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                   : "r"(a));
+    } else {
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                   : "r"(a));
+    }
   }
   template <int NC, int NA, int NB>
   __device__ void MmaSync(int, Regs<float, NC>& c, int i, const Regs<uint32_t, NA>& a, int j,

@@ -502,7 +502,7 @@ class CudaModelKernels final : public ModelKernels {
   // The element-wise kernels go kVec elements at a time where the pointers allow it.
   Status Add(void* out, const void* a, const void* b, int64_t n) override {
     if (Vectorisable(n, {out, a, b})) {
-      AddVecKernel<T><<<Blocks(n / kVec), kThreads, 0, s()>>>(A(out), A(a), A(b), n / kVec);
+      AddVecKernel<T, T, T><<<Blocks(n / kVec), kThreads, 0, s()>>>(A(out), A(a), A(b), n / kVec);
     } else {
       AddKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(out), A(a), A(b), n);
     }
@@ -519,7 +519,7 @@ class CudaModelKernels final : public ModelKernels {
   template <typename D, typename S>
   void LaunchAccumulate(D* dst, const S* src, int64_t n) {
     if (Vectorisable(n, {dst, src})) {
-      AccumulateVecKernel<D, S><<<Blocks(n / kVec), kThreads, 0, s()>>>(dst, src, n / kVec);
+      AddVecKernel<D, D, S><<<Blocks(n / kVec), kThreads, 0, s()>>>(dst, dst, src, n / kVec);
     } else {
       AccumulateKernel<D, S><<<Blocks(n), kThreads, 0, s()>>>(dst, src, n);
     }

@@ -138,8 +138,9 @@ static __global__ void AddKernel(T* out, const T* a, const T* b, int64_t n) {
   }
 }
 
-template <typename T>
-static __global__ void AddVecKernel(T* out, const T* a, const T* b, int64_t vectors) {
+// out = a + b, kVec at a time (Add; Accumulate with out = a).
+template <typename O, typename A, typename B>
+static __global__ void AddVecKernel(O* out, const A* a, const B* b, int64_t vectors) {
   for (int64_t v = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; v < vectors;
        v += int64_t{gridDim.x} * blockDim.x) {
     float x[kVec], y[kVec];
@@ -156,18 +157,6 @@ static __global__ void AccumulateKernel(D* dst, const S* src, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     dst[i] = FromFloat<D>(ToFloat(dst[i]) + ToFloat(src[i]));
-  }
-}
-template <typename D, typename S>
-static __global__ void AccumulateVecKernel(D* dst, const S* src, int64_t vectors) {
-  for (int64_t v = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; v < vectors;
-       v += int64_t{gridDim.x} * blockDim.x) {
-    float x[kVec], y[kVec];
-    LoadVec(dst + v * kVec, x);
-    LoadVec(src + v * kVec, y);
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) x[i] = x[i] + y[i];
-    StoreVec(dst + v * kVec, x);
   }
 }
 
