@@ -156,12 +156,10 @@ void MetricsSink::Step(const StepMetrics& m) {
     }
     record["peak_offload_bytes"] = by_tier;
     const OffloadStats& s = *m.offload;
-    record["offload_time_s"] = {{"fetch_wait", s.fetch_wait_s},
-                                {"grad_io", s.grad_io_s},
-                                {"optimizer", s.optimizer_s},
-                                {"optimizer_io_wait", s.optimizer_io_wait_s},
-                                {"grad_wait", s.grad_wait_s},
-                                {"grad_add", s.grad_add_s}};
+    record["offload_time_s"] = {
+        {"fetch_wait", s.fetch_wait_s}, {"grad_io", s.grad_io_s},
+        {"optimizer", s.optimizer_s},   {"optimizer_io_wait", s.optimizer_io_wait_s},
+        {"grad_wait", s.grad_wait_s},   {"grad_add", s.grad_add_s}};
     offload_line = fmt::format(
         " | host {} MiB | nvme {} MiB | optimizer {:.2f} s (io wait {:.2f}), fetch wait {:.2f} "
         "s, grad io {:.2f} s, grad wait {:.2f} s, grad add {:.2f} s",

@@ -56,18 +56,18 @@ ZR_TILE_PROGRAM void BackwardDqProgram(const X& x, unsigned char* smem, typename
   const E* qs = reinterpret_cast<const E*>(smem + S::Own(0));
   const E* dos = reinterpret_cast<const E*>(smem + S::Own(1));
 
-  Regs<X, float, kTile / 2> s, dp;         // S then dS; dP
+  Regs<X, float, kTile / 2> s, dp;  // S then dS; dP
   Regs<X, uint32_t, kTile / 4> pf;  // dS as A fragments
   Regs<X, uint32_t, 8> frag;
-  Regs<X, float, D / 2> acc;             // dQ_w
-  Regs<X, float, 4> st;                  // lse (rows g, g + 8), then D (rows g, g + 8)
+  Regs<X, float, D / 2> acc;  // dQ_w
+  Regs<X, float, 4> st;       // lse (rows g, g + 8), then D (rows g, g + 8)
 
   const int last = (q0 + kTile < T ? q0 + kTile : T) - 1;
   const int n_tiles = last / kTile + 1;
   LoadTileAsync<D>(x, reinterpret_cast<E*>(smem + S::Own(0)), qkv + (row0 + q0) * ld + L.q(h), ld,
                    T - q0);
-  LoadTileAsync<D>(x, reinterpret_cast<E*>(smem + S::Own(1)), dout + (row0 + q0) * ldo + h * D,
-                   ldo, T - q0);
+  LoadTileAsync<D>(x, reinterpret_cast<E*>(smem + S::Own(1)), dout + (row0 + q0) * ldo + h * D, ldo,
+                   T - q0);
   LoadTileAsync<D>(x, reinterpret_cast<E*>(smem + S::Visited(0, 0)), qkv + row0 * ld + L.k(h), ld,
                    T);
   LoadTileAsync<D>(x, reinterpret_cast<E*>(smem + S::Visited(1, 0)), qkv + row0 * ld + L.v(h), ld,
@@ -174,8 +174,8 @@ ZR_TILE_PROGRAM void BackwardDkvProgram(const X& x, unsigned char* smem, typenam
   // The queries of a step in chunks of kCols: at head size 128 the accumulators dK_w and dV_w
   // take 128 registers a thread, and 64-wide S^T and dP^T would spill.
   constexpr int kCols = D == 128 ? 32 : 64;
-  Regs<X, float, kCols / 2> s, dp;    // S^T then P^T then dS^T; dP^T
-  Regs<X, uint32_t, kCols / 4> pf;    // P^T, then dS^T, as A fragments
+  Regs<X, float, kCols / 2> s, dp;  // S^T then P^T then dS^T; dP^T
+  Regs<X, uint32_t, kCols / 4> pf;  // P^T, then dS^T, as A fragments
   Regs<X, uint32_t, 8> frag;
   Regs<X, float, D / 2> dk, dv;
 

@@ -49,12 +49,12 @@ ZR_TILE_PROGRAM void ForwardProgram(const X& x, unsigned char* smem, const typen
   const E* qs = reinterpret_cast<const E*>(smem);
   const float c2 = math::Mul(sh.scale, 1.44269504088896340736f);  // scale x log2(e)
 
-  Regs<X, float, D / 2> o;                 // O_w accumulators
-  Regs<X, float, 4> st;                    // m (rows g, g + 8) in dot units; this lane's l parts
-  Regs<X, float, kTile / 2> s;               // S, then P
-  Regs<X, float, 2> tmax;                  // the tile's row maxima
-  Regs<X, uint32_t, kTile / 4> pf;    // P as A fragments
-  Regs<X, uint32_t, 8> frag;               // fragments loaded by ldmatrix
+  Regs<X, float, D / 2> o;          // O_w accumulators
+  Regs<X, float, 4> st;             // m (rows g, g + 8) in dot units; this lane's l parts
+  Regs<X, float, kTile / 2> s;      // S, then P
+  Regs<X, float, 2> tmax;           // the tile's row maxima
+  Regs<X, uint32_t, kTile / 4> pf;  // P as A fragments
+  Regs<X, uint32_t, 8> frag;        // fragments loaded by ldmatrix
 
   const int last = (q0 + kTile < T ? q0 + kTile : T) - 1;  // the tile's last query
   const int n_tiles = last / kTile + 1;                    // key tiles up to the diagonal

@@ -186,8 +186,8 @@ ZR_TILE_PROGRAM void WarpAccumulate(const X& x, int w, Regs<X, float, D / 2>& c,
   for (int kk = 0; kk < N / 16; ++kk) {
     ZR_UNROLL
     for (int dg = 0; dg < D / 16; ++dg) {
-      x.LdMatrixTrans(
-          w, frag, 4, [&](int lane) { return FragRowsFirst<D>(b, b_r0 + kk * 16, dg * 16, lane); });
+      x.LdMatrixTrans(w, frag, 4,
+                      [&](int lane) { return FragRowsFirst<D>(b, b_r0 + kk * 16, dg * 16, lane); });
       x.MmaSync(w, c, 2 * dg * 4, pf, kk * 4, frag, 4);
       x.MmaSync(w, c, (2 * dg + 1) * 4, pf, kk * 4, frag, 6);
     }

@@ -475,9 +475,8 @@ StatusOr<double> DecoderModel::HeadForward(MicroBatch& mb, float loss_scale,
         ZR_RETURN_IF_ERROR(FillZero(at(z, (*it - r0) * g.v_l, act), dev, g.v_l * act, st));
     }
     if (mb.train) {
-      ZR_RETURN_IF_ERROR(k.MatmulBackwardWrite(at(s.dbtc, r0 * g.d, act), mb.head.grads[0],
-                                               nullptr, z.data(), x, mb.head.params[0], n, g.d,
-                                               g.v_l));
+      ZR_RETURN_IF_ERROR(k.MatmulBackwardWrite(at(s.dbtc, r0 * g.d, act), mb.head.grads[0], nullptr,
+                                               z.data(), x, mb.head.params[0], n, g.d, g.v_l));
     }
   }
   mb.logits.Reset();

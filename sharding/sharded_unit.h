@@ -43,9 +43,9 @@ struct OffloadStats {
 };
 // Field by field: a step's share of cumulative stats.
 inline OffloadStats operator-(const OffloadStats& a, const OffloadStats& b) {
-  return {a.fetch_wait_s - b.fetch_wait_s,           a.grad_io_s - b.grad_io_s,
-          a.optimizer_s - b.optimizer_s,             a.optimizer_io_wait_s - b.optimizer_io_wait_s,
-          a.grad_wait_s - b.grad_wait_s, a.grad_add_s - b.grad_add_s};
+  return {a.fetch_wait_s - b.fetch_wait_s, a.grad_io_s - b.grad_io_s,
+          a.optimizer_s - b.optimizer_s,   a.optimizer_io_wait_s - b.optimizer_io_wait_s,
+          a.grad_wait_s - b.grad_wait_s,   a.grad_add_s - b.grad_add_s};
 }
 
 // What a unit borrows from its manager.

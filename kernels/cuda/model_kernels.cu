@@ -483,11 +483,11 @@ class CudaModelKernels final : public ModelKernels {
     if (n == 0) return absl::OkStatus();
     const GatedIndex at{rows, cols, interleaved};
     if (Vectorisable(cols, {dgate_up, dout, gate_up})) {
-      SwiGluBackwardVecKernel<T><<<Blocks(n / kVec), kThreads, 0, s()>>>(
-          A(dgate_up), A(dout), A(gate_up), at, n / kVec);
+      SwiGluBackwardVecKernel<T>
+          <<<Blocks(n / kVec), kThreads, 0, s()>>>(A(dgate_up), A(dout), A(gate_up), at, n / kVec);
     } else {
-      SwiGluBackwardKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(dgate_up), A(dout), A(gate_up),
-                                                               at, n);
+      SwiGluBackwardKernel<T>
+          <<<Blocks(n), kThreads, 0, s()>>>(A(dgate_up), A(dout), A(gate_up), at, n);
     }
     return Launched("SwiGluBackward");
   }
@@ -600,8 +600,8 @@ class CudaModelKernels final : public ModelKernels {
   Allocator& ws_;
   const DType act_, grad_;  // T's and G's DType, as the collectives name them
   const std::optional<AttentionProgram> attention_;  // asked for; nullopt: by shape
-  bool gelu_epilogue_ = true;   // false once cuBLASLt refused a GELU epilogue plan
-  bool dgelu_epilogue_ = true;  // the same for DGELU
+  bool gelu_epilogue_ = true;    // false once cuBLASLt refused a GELU epilogue plan
+  bool dgelu_epilogue_ = true;   // the same for DGELU
   bool bgradb_epilogue_ = true;  // and for BGRADB
   std::unique_ptr<cublasLtContext, LtDeleter> lt_;
   std::unique_ptr<cublasContext, BlasDeleter> blas_;

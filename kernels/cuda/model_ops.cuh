@@ -43,7 +43,7 @@ constexpr DType DTypeOfCuda() {
 constexpr int kThreads = launch::kThreads;
 constexpr float kLnEps = 1e-5f;
 constexpr size_t kLtWorkspace = kCudaLtWorkspaceBytes;  // kernels/memory_facts.h
-constexpr size_t kLtBiasGradBytes = size_t{64} << 10;    // BGRADB's sums, the workspace's end
+constexpr size_t kLtBiasGradBytes = size_t{64} << 10;   // BGRADB's sums, the workspace's end
 
 // Grids (kernels/launch_geometry.h): a grid-stride loop over n elements; a warp per row; a block
 // per kColumnTile columns.

@@ -1,7 +1,8 @@
 // zerort's CUDA flash attention (kernels/flash_attention.h) on the GPU (gpu label; skipped with
 // the reason when no GPU is present): the cases flash_tiles_test.cc runs through the CPU
-// executor, here through the CUDA kernels (the PTX warp instructions, real lanes and warps), against the same
-// double reference and tolerances; shapes the kernels do not take are refused by name.
+// executor, here through the CUDA kernels (the PTX warp instructions, real lanes and warps),
+// against the same double reference and tolerances; shapes the kernels do not take are refused by
+// name.
 #include "gtest/gtest.h"
 #include "tests/kernels/flash_harness.h"
 #include "zerort/kernels/flash_attention.h"

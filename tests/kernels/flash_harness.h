@@ -148,7 +148,6 @@ struct CpuFlashExec {
   };
   mutable std::vector<PendingCopy> open_;
   mutable std::vector<std::vector<PendingCopy>> groups_;
-
 };
 
 struct FlashCase {

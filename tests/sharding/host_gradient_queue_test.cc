@@ -108,8 +108,8 @@ TEST(HostGradientQueueTest, ThePusherWaitsOnlyWhenTheQueueIsFull) {
   });
   std::vector<Gate> gates(HostGradientQueue::kMaxInFlight + 1);
   for (size_t i = 0; i < HostGradientQueue::kMaxInFlight; ++i) {
-    ASSERT_TRUE(queue.Push(0, f.Slice(1), DType::kF32, 4, std::make_unique<GatedEvent>(&gates[i]))
-                    .ok());
+    ASSERT_TRUE(
+        queue.Push(0, f.Slice(1), DType::kF32, 4, std::make_unique<GatedEvent>(&gates[i])).ok());
   }
   std::atomic<bool> pushed{false};
   std::thread pusher([&] {
