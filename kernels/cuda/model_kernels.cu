@@ -555,8 +555,14 @@ class CudaModelKernels final : public ModelKernels {
   Status CrossEntropy(void* logits, void* losses, const int32_t* targets, int64_t rows, int vocab,
                       float dscale) override {
     if (rows == 0) return absl::OkStatus();
-    CrossEntropyKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s()>>>(
-        A(logits), static_cast<float*>(losses), targets, vocab, dscale);
+    const auto grid = static_cast<unsigned>(rows);
+    if (Vectorisable(vocab, {logits})) {
+      CrossEntropyVecKernel<T><<<grid, kThreads, 0, s()>>>(A(logits), static_cast<float*>(losses),
+                                                           targets, vocab, dscale);
+    } else {
+      CrossEntropyKernel<T><<<grid, kThreads, 0, s()>>>(A(logits), static_cast<float*>(losses),
+                                                        targets, vocab, dscale);
+    }
     return Launched("CrossEntropy");
   }
 

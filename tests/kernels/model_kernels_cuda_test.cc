@@ -717,15 +717,20 @@ TEST(ModelKernelsCudaTest, AttentionEmbeddingCrossEntropy) {
                     .ok());
     t.Expect("EmbeddingBackward slice", gdwte, dwte, grad);
 
-    std::vector<float> logits = Random(rows * vocab, 9, 3.0f), losses(rows);
-    void* glogits = t.A(logits);
-    std::vector<float> zeros(rows);
-    void* glosses = t.Up(zeros, DType::kF32);
-    ASSERT_TRUE(t.gpu->CrossEntropy(glogits, glosses, gtok, rows, vocab, 2.0f).ok());
-    ASSERT_TRUE(
-        t.cpu->CrossEntropy(logits.data(), losses.data(), tokens.data(), rows, vocab, 2.0f).ok());
-    t.Expect("CrossEntropy losses", glosses, losses, DType::kF32);
-    t.Expect("CrossEntropy gradient", glogits, logits, act);
+    // The fused cross-entropy over rows of 101 logits (the scalar kernel) and of 104 (whole
+    // 128-bit vectors: CrossEntropyVecKernel).
+    for (const int cv : {vocab, 104}) {
+      SCOPED_TRACE(::testing::Message() << "cross-entropy over " << cv);
+      std::vector<float> logits = Random(rows * cv, 9, 3.0f), losses(rows);
+      void* glogits = t.A(logits);
+      std::vector<float> zeros(rows);
+      void* glosses = t.Up(zeros, DType::kF32);
+      ASSERT_TRUE(t.gpu->CrossEntropy(glogits, glosses, gtok, rows, cv, 2.0f).ok());
+      ASSERT_TRUE(
+          t.cpu->CrossEntropy(logits.data(), losses.data(), tokens.data(), rows, cv, 2.0f).ok());
+      t.Expect("CrossEntropy losses", glosses, losses, DType::kF32);
+      t.Expect("CrossEntropy gradient", glogits, logits, act);
+    }
 
     // The vocabulary-parallel parts on one rank's 40 columns, 33 of them real, from column 60.
     const int local = 40, valid = 33, begin = 60;
