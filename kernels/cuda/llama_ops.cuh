@@ -12,7 +12,8 @@
 namespace zerort {
 namespace {
 
-template <typename T>
+// W: the channels a lane takes at a time ([Note: the row kernels' width], model_ops.cuh).
+template <typename T, int W>
 static __global__ void RmsNormKernel(T* out, float* rstd, const T* inp, const T* residual,
                                      T* sum_out, const T* w, int64_t rows, int channels,
                                      float eps) {
@@ -20,23 +21,38 @@ static __global__ void RmsNormKernel(T* out, float* rstd, const T* inp, const T*
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
   const T* x = inp + row * channels;
+  float v[W], u[W];
   if (residual != nullptr) {  // AddRmsNorm: as LayerNormKernel's residual (model_ops.cuh)
     T* s = sum_out + row * channels;
     const T* r = residual + row * channels;
-    for (int c = lane; c < channels; c += 32) s[c] = FromFloat<T>(ToFloat(x[c]) + ToFloat(r[c]));
+    for (int c = lane * W; c < channels; c += 32 * W) {
+      LoadN(x + c, v);
+      LoadN(r + c, u);
+#pragma unroll
+      for (int e = 0; e < W; ++e) v[e] = v[e] + u[e];
+      StoreN(s + c, v);
+    }
     x = s;
   }
   float ss = 0.0f;
-  for (int c = lane; c < channels; c += 32) ss += ToFloat(x[c]) * ToFloat(x[c]);
+  for (int c = lane * W; c < channels; c += 32 * W) {
+    LoadN(x + c, v);
+#pragma unroll
+    for (int e = 0; e < W; ++e) ss += v[e] * v[e];
+  }
   const float s = rsqrtf(WarpSum(ss) / static_cast<float>(channels) + eps);
-  for (int c = lane; c < channels; c += 32) {
-    out[row * channels + c] = FromFloat<T>(ToFloat(x[c]) * s * ToFloat(w[c]));
+  for (int c = lane * W; c < channels; c += 32 * W) {
+    LoadN(x + c, v);
+    LoadN(w + c, u);
+#pragma unroll
+    for (int e = 0; e < W; ++e) v[e] = v[e] * s * u[e];
+    StoreN(out + row * channels + c, v);
   }
   if (lane == 0) rstd[row] = s;
 }
 
-// dinp += rstd (dn - n mean(dn n)), n = x rstd, dn = dy w: a warp per row.
-template <typename T>
+// dinp += rstd (dn - n mean(dn n)), n = x rstd, dn = dy w: a warp per row (W as RmsNormKernel's).
+template <typename T, int W>
 static __global__ void RmsNormInputGradKernel(T* dinp, const T* dout, const T* inp, const T* w,
                                               const float* rstd, int64_t rows, int channels) {
   const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
@@ -45,15 +61,25 @@ static __global__ void RmsNormInputGradKernel(T* dinp, const T* dout, const T* i
   const T* x = inp + row * channels;
   const T* dy = dout + row * channels;
   const float s = rstd[row];
+  float xv[W], dv[W], wv[W], gv[W];
   float dot = 0.0f;
-  for (int c = lane; c < channels; c += 32) {
-    dot += ToFloat(dy[c]) * ToFloat(w[c]) * ToFloat(x[c]) * s;
+  for (int c = lane * W; c < channels; c += 32 * W) {
+    LoadN(dy + c, dv);
+    LoadN(w + c, wv);
+    LoadN(x + c, xv);
+#pragma unroll
+    for (int e = 0; e < W; ++e) dot += dv[e] * wv[e] * xv[e] * s;
   }
   dot = WarpSum(dot) / static_cast<float>(channels);
-  for (int c = lane; c < channels; c += 32) {
+  for (int c = lane * W; c < channels; c += 32 * W) {
     T* d = dinp + row * channels + c;
-    const float xc = ToFloat(x[c]);
-    *d = FromFloat<T>(ToFloat(*d) + s * (ToFloat(dy[c]) * ToFloat(w[c]) - xc * s * dot));
+    LoadN(dy + c, dv);
+    LoadN(w + c, wv);
+    LoadN(x + c, xv);
+    LoadN(d, gv);
+#pragma unroll
+    for (int e = 0; e < W; ++e) gv[e] = gv[e] + s * (dv[e] * wv[e] - xv[e] * s * dot);
+    StoreN(d, gv);
   }
 }
 

@@ -187,18 +187,22 @@ class CudaModelKernels final : public ModelKernels {
 
   Status LayerNorm(void* out, void* mean, void* rstd, const void* inp, const void* weight,
                    const void* bias, int64_t rows, int channels) override {
-    LayerNormKernel<T><<<RowBlocks(rows), kThreads, 0, s()>>>(
-        A(out), static_cast<float*>(mean), static_cast<float*>(rstd), A(inp), nullptr, nullptr,
-        A(weight), A(bias), rows, channels);
+    ByWidth(Vectorisable(channels, {out, inp, weight, bias}), [&](auto w) {
+      LayerNormKernel<T, decltype(w)::value><<<RowBlocks(rows), kThreads, 0, s()>>>(
+          A(out), static_cast<float*>(mean), static_cast<float*>(rstd), A(inp), nullptr, nullptr,
+          A(weight), A(bias), rows, channels);
+    });
     return Launched("LayerNorm");
   }
   // One launch for the residual connection and the norm after it (the default is two).
   Status AddLayerNorm(void* sum, void* out, void* mean, void* rstd, const void* a, const void* b,
                       const void* weight, const void* bias, int64_t rows, int channels) override {
     if (rows == 0) return absl::OkStatus();
-    LayerNormKernel<T><<<RowBlocks(rows), kThreads, 0, s()>>>(
-        A(out), static_cast<float*>(mean), static_cast<float*>(rstd), A(a), A(b), A(sum), A(weight),
-        A(bias), rows, channels);
+    ByWidth(Vectorisable(channels, {out, a, b, sum, weight, bias}), [&](auto w) {
+      LayerNormKernel<T, decltype(w)::value><<<RowBlocks(rows), kThreads, 0, s()>>>(
+          A(out), static_cast<float*>(mean), static_cast<float*>(rstd), A(a), A(b), A(sum),
+          A(weight), A(bias), rows, channels);
+    });
     return Launched("AddLayerNorm");
   }
   Status LayerNormBackward(void* dinp, void* dweight, void* dbias, const void* dout,
@@ -208,8 +212,10 @@ class CudaModelKernels final : public ModelKernels {
     const auto* m = static_cast<const float*>(mean);
     const auto* r = static_cast<const float*>(rstd);
     if (dinp != nullptr) {
-      LayerNormInputGradKernel<T><<<RowBlocks(rows), kThreads, 0, s()>>>(
-          A(dinp), A(dout), A(inp), A(weight), m, r, rows, channels);
+      ByWidth(Vectorisable(channels, {dinp, dout, inp, weight}), [&](auto w) {
+        LayerNormInputGradKernel<T, decltype(w)::value><<<RowBlocks(rows), kThreads, 0, s()>>>(
+            A(dinp), A(dout), A(inp), A(weight), m, r, rows, channels);
+      });
       ZR_RETURN_IF_ERROR(Launched("LayerNormBackward"));
     }
     if (dweight == nullptr && dbias == nullptr) return absl::OkStatus();
@@ -415,16 +421,20 @@ class CudaModelKernels final : public ModelKernels {
   Status RmsNorm(void* out, void* rstd, const void* inp, const void* weight, int64_t rows,
                  int channels, float eps) override {
     if (rows == 0) return absl::OkStatus();
-    RmsNormKernel<T><<<RowBlocks(rows), kThreads, 0, s()>>>(A(out), static_cast<float*>(rstd),
-                                                            A(inp), nullptr, nullptr, A(weight),
-                                                            rows, channels, eps);
+    ByWidth(Vectorisable(channels, {out, inp, weight}), [&](auto w) {
+      RmsNormKernel<T, decltype(w)::value>
+          <<<RowBlocks(rows), kThreads, 0, s()>>>(A(out), static_cast<float*>(rstd), A(inp),
+                                                  nullptr, nullptr, A(weight), rows, channels, eps);
+    });
     return Launched("RmsNorm");
   }
   Status AddRmsNorm(void* sum, void* out, void* rstd, const void* a, const void* b,
                     const void* weight, int64_t rows, int channels, float eps) override {
     if (rows == 0) return absl::OkStatus();
-    RmsNormKernel<T><<<RowBlocks(rows), kThreads, 0, s()>>>(
-        A(out), static_cast<float*>(rstd), A(a), A(b), A(sum), A(weight), rows, channels, eps);
+    ByWidth(Vectorisable(channels, {out, a, b, sum, weight}), [&](auto w) {
+      RmsNormKernel<T, decltype(w)::value><<<RowBlocks(rows), kThreads, 0, s()>>>(
+          A(out), static_cast<float*>(rstd), A(a), A(b), A(sum), A(weight), rows, channels, eps);
+    });
     return Launched("AddRmsNorm");
   }
   Status RmsNormBackward(void* dinp, void* dweight, const void* dout, const void* inp,
@@ -433,8 +443,10 @@ class CudaModelKernels final : public ModelKernels {
     if (rows == 0) return absl::OkStatus();
     const auto* r = static_cast<const float*>(rstd);
     if (dinp != nullptr) {
-      RmsNormInputGradKernel<T><<<RowBlocks(rows), kThreads, 0, s()>>>(
-          A(dinp), A(dout), A(inp), A(weight), r, rows, channels);
+      ByWidth(Vectorisable(channels, {dinp, dout, inp, weight}), [&](auto w) {
+        RmsNormInputGradKernel<T, decltype(w)::value><<<RowBlocks(rows), kThreads, 0, s()>>>(
+            A(dinp), A(dout), A(inp), A(weight), r, rows, channels);
+      });
       ZR_RETURN_IF_ERROR(Launched("RmsNormBackward"));
     }
     if (dweight == nullptr) return absl::OkStatus();
@@ -567,6 +579,15 @@ class CudaModelKernels final : public ModelKernels {
   }
 
  private:
+  // [Note: the row kernels' width]: f(std::integral_constant<int, W>) at W = kVec or 1.
+  template <typename F>
+  static void ByWidth(bool vectors, F&& f) {
+    if (vectors) {
+      f(std::integral_constant<int, kVec>{});
+    } else {
+      f(std::integral_constant<int, 1>{});
+    }
+  }
   cudaStream_t s() const { return static_cast<cudaStream_t>(stream_.native_handle()); }
   static T* A(void* p) { return static_cast<T*>(p); }
   static const T* A(const void* p) { return static_cast<const T*>(p); }

@@ -119,6 +119,26 @@ __device__ __forceinline__ void StoreVec(T* p, const float (&v)[kVec]) {
     reinterpret_cast<uint4*>(p)[q] = raw;
   }
 }
+// W elements (1, or kVec by LoadVec/StoreVec): the row kernels' loads and stores at either width.
+template <int W, typename T>
+__device__ __forceinline__ void LoadN(const T* p, float (&v)[W]) {
+  if constexpr (W == kVec) {
+    LoadVec(p, v);
+  } else {
+#pragma unroll
+    for (int i = 0; i < W; ++i) v[i] = ToFloat(p[i]);
+  }
+}
+template <int W, typename T>
+__device__ __forceinline__ void StoreN(T* p, const float (&v)[W]) {
+  if constexpr (W == kVec) {
+    StoreVec(p, v);
+  } else {
+#pragma unroll
+    for (int i = 0; i < W; ++i) p[i] = FromFloat<T>(v[i]);
+  }
+}
+
 // Host: whether n elements at these pointers can go kVec at a time.
 bool Vectorisable(int64_t n, std::initializer_list<const void*> pointers) {
   if (n % kVec != 0) return false;
@@ -224,8 +244,15 @@ static __global__ void EmbeddingBackwardKernel(float* dwte, float* dwpe, const T
 // With a `residual` (AddLayerNorm: the residual connection fused in), the row of inp + residual is
 // written to `sum` first, rounded to T as the Add kernel rounds it, and normalised from there:
 // each lane reads back only the channels it wrote, so no synchronisation is needed, and `sum` may
-// be `inp` or `residual`.
-template <typename T>
+// be `inp` or `residual`. W: the channels a lane takes at a time (kVec where the row is whole
+// 128-bit vectors, [Note: the row kernels' width]).
+// [Note: the row kernels' width] The warp-per-row kernels (LayerNorm, RMSNorm and their input
+// gradients) run at W = kVec where channels is a multiple of kVec and every pointer is 16-byte
+// aligned (RowWidth), lane l taking channels 8 l .. 8 l + 7, then 256 further on; else W = 1,
+// lane l taking channels l, l + 32, .... Each element's arithmetic is the same at both widths;
+// the order of a row's sums (each lane's, then the warp's) differs, which is what the devices do
+// not share anyway (kernels/README.md).
+template <typename T, int W>
 static __global__ void LayerNormKernel(T* out, float* mean, float* rstd, const T* inp,
                                        const T* residual, T* sum_out, const T* w, const T* b,
                                        int64_t rows, int channels) {
@@ -233,23 +260,42 @@ static __global__ void LayerNormKernel(T* out, float* mean, float* rstd, const T
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
   const T* x = inp + row * channels;
+  float v[W], u[W];
   if (residual != nullptr) {
     T* s = sum_out + row * channels;
     const T* r = residual + row * channels;
-    for (int c = lane; c < channels; c += 32) s[c] = FromFloat<T>(ToFloat(x[c]) + ToFloat(r[c]));
+    for (int c = lane * W; c < channels; c += 32 * W) {
+      LoadN(x + c, v);
+      LoadN(r + c, u);
+#pragma unroll
+      for (int e = 0; e < W; ++e) v[e] = v[e] + u[e];
+      StoreN(s + c, v);
+    }
     x = s;
   }
   const float inv_c = math::InverseCount(channels);
   float sum = 0.0f;
-  for (int c = lane; c < channels; c += 32) sum += ToFloat(x[c]);
+  for (int c = lane * W; c < channels; c += 32 * W) {
+    LoadN(x + c, v);
+#pragma unroll
+    for (int e = 0; e < W; ++e) sum += v[e];
+  }
   const float m = math::Mul(WarpSum(sum), inv_c);
   float var = 0.0f;
-  for (int c = lane; c < channels; c += 32)
-    var = math::Add(var, math::SquaredDeviation(ToFloat(x[c]), m));
+  for (int c = lane * W; c < channels; c += 32 * W) {
+    LoadN(x + c, v);
+#pragma unroll
+    for (int e = 0; e < W; ++e) var = math::Add(var, math::SquaredDeviation(v[e], m));
+  }
   const float s = math::LayerNormRstd(WarpSum(var), inv_c, kLnEps);
-  for (int c = lane; c < channels; c += 32) {
-    out[row * channels + c] =
-        FromFloat<T>(math::LayerNormOut(ToFloat(x[c]), m, s, ToFloat(w[c]), ToFloat(b[c])));
+  for (int c = lane * W; c < channels; c += 32 * W) {
+    float wv[W], bv[W];
+    LoadN(x + c, v);
+    LoadN(w + c, wv);
+    LoadN(b + c, bv);
+#pragma unroll
+    for (int e = 0; e < W; ++e) u[e] = math::LayerNormOut(v[e], m, s, wv[e], bv[e]);
+    StoreN(out + row * channels + c, u);
   }
   if (lane == 0) {
     mean[row] = m;
@@ -257,8 +303,9 @@ static __global__ void LayerNormKernel(T* out, float* mean, float* rstd, const T
   }
 }
 
-// dinp += per row (a warp per row). The weight and bias gradients are LayerNormParamGradKernel's.
-template <typename T>
+// dinp += per row (a warp per row; W as LayerNormKernel's). The weight and bias gradients are
+// LayerNormParamGradKernel's.
+template <typename T, int W>
 static __global__ void LayerNormInputGradKernel(T* dinp, const T* dout, const T* inp, const T* w,
                                                 const float* mean, const float* rstd, int64_t rows,
                                                 int channels) {
@@ -269,20 +316,33 @@ static __global__ void LayerNormInputGradKernel(T* dinp, const T* dout, const T*
   const T* dy = dout + row * channels;
   const float m = mean[row], s = rstd[row];
   const float inv_c = math::InverseCount(channels);
+  float xv[W], dv[W], wv[W], gv[W];
   float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-  for (int c = lane; c < channels; c += 32) {
-    const float dnorm = math::LayerNormDnorm(ToFloat(dy[c]), ToFloat(w[c]));
-    dnorm_mean = math::Add(dnorm_mean, dnorm);
-    dnorm_norm_mean =
-        math::Add(dnorm_norm_mean, math::LayerNormDnormNorm(dnorm, ToFloat(x[c]), m, s));
+  for (int c = lane * W; c < channels; c += 32 * W) {
+    LoadN(dy + c, dv);
+    LoadN(w + c, wv);
+    LoadN(x + c, xv);
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+      const float dnorm = math::LayerNormDnorm(dv[e], wv[e]);
+      dnorm_mean = math::Add(dnorm_mean, dnorm);
+      dnorm_norm_mean = math::Add(dnorm_norm_mean, math::LayerNormDnormNorm(dnorm, xv[e], m, s));
+    }
   }
   dnorm_mean = math::Mul(WarpSum(dnorm_mean), inv_c);
   dnorm_norm_mean = math::Mul(WarpSum(dnorm_norm_mean), inv_c);
-  for (int c = lane; c < channels; c += 32) {
+  for (int c = lane * W; c < channels; c += 32 * W) {
     T* d = dinp + row * channels + c;
-    *d = FromFloat<T>(math::Add(
-        ToFloat(*d), math::LayerNormInputGrad(ToFloat(dy[c]), ToFloat(w[c]), ToFloat(x[c]), m, s,
-                                              dnorm_mean, dnorm_norm_mean)));
+    LoadN(dy + c, dv);
+    LoadN(w + c, wv);
+    LoadN(x + c, xv);
+    LoadN(d, gv);
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+      gv[e] = math::Add(
+          gv[e], math::LayerNormInputGrad(dv[e], wv[e], xv[e], m, s, dnorm_mean, dnorm_norm_mean));
+    }
+    StoreN(d, gv);
   }
 }
 

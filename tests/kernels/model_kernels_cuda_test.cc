@@ -764,7 +764,8 @@ TEST(ModelKernelsCudaTest, AttentionEmbeddingCrossEntropy) {
 
 // The element-wise kernels' 128-bit paths (kVec elements a load) and their scalar fallbacks (a
 // length not a multiple of 8, a pointer not 16-byte aligned) give the CPU's bits: Add,
-// Accumulate, AccumulateGrad (SwiGLU's two paths: LlamaRmsNormRopeSwiGlu).
+// Accumulate, AccumulateGrad (SwiGLU's two paths: LlamaRmsNormRopeSwiGlu); and the norms' row
+// kernels at both widths agree with the CPU.
 TEST(ModelKernelsCudaTest, VectorisedElementWiseKernelsAndTheirFallbacks) {
   ZR_NEED_GPU();
   for (auto [act, grad] : kTypes) {
@@ -785,6 +786,48 @@ TEST(ModelKernelsCudaTest, VectorisedElementWiseKernelsAndTheirFallbacks) {
       ASSERT_TRUE(t.gpu->AccumulateGrad(gg, gh, n).ok());
       ASSERT_TRUE(t.cpu->AccumulateGrad(g.data(), h.data(), n).ok());
       ExpectSameBits("AccumulateGrad", t.Down(gg, n, grad), RoundedTo(g, grad));
+    }
+    // The warp-per-row kernels at both widths ([Note: the row kernels' width]): rows of 64
+    // channels (8 a lane) and of 60 (one a lane), against the CPU.
+    for (const int ch : {64, 60}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(act) << " rows of " << ch << " channels");
+      const int rows = 5;
+      const float eps = 1e-5f;
+      std::vector<float> x = Random(rows * ch, 11), r = Random(rows * ch, 12), w = Random(ch, 13),
+                         b = Random(ch, 14), dy = Random(rows * ch, 15), dx = Random(rows * ch, 16),
+                         dx2 = Random(rows * ch, 17), out(rows * ch), sum(rows * ch),
+                         out2(rows * ch), sum2(rows * ch), mean(rows), rstd(rows), rstd2(rows);
+      void *gx = t.A(x), *gr = t.A(r), *gw = t.A(w), *gb = t.A(b), *gdy = t.A(dy), *gdx = t.A(dx),
+           *gdx2 = t.A(dx2), *gout = t.A(out), *gsum = t.A(sum), *gout2 = t.A(out2),
+           *gsum2 = t.A(sum2);
+      void *gmean = t.Up(mean, DType::kF32), *grstd = t.Up(rstd, DType::kF32),
+           *grstd2 = t.Up(rstd2, DType::kF32);
+      ASSERT_TRUE(t.gpu->AddLayerNorm(gsum, gout, gmean, grstd, gx, gr, gw, gb, rows, ch).ok());
+      ASSERT_TRUE(t.cpu
+                      ->AddLayerNorm(sum.data(), out.data(), mean.data(), rstd.data(), x.data(),
+                                     r.data(), w.data(), b.data(), rows, ch)
+                      .ok());
+      t.Expect("AddLayerNorm out", gout, out, act);
+      ASSERT_TRUE(
+          t.gpu->LayerNormBackward(gdx, nullptr, nullptr, gdy, gsum, gw, gmean, grstd, rows, ch)
+              .ok());
+      ASSERT_TRUE(t.cpu
+                      ->LayerNormBackward(dx.data(), nullptr, nullptr, dy.data(), sum.data(),
+                                          w.data(), mean.data(), rstd.data(), rows, ch)
+                      .ok());
+      t.Expect("LayerNormBackward dinp", gdx, dx, act);
+      ASSERT_TRUE(t.gpu->AddRmsNorm(gsum2, gout2, grstd2, gx, gr, gw, rows, ch, eps).ok());
+      ASSERT_TRUE(t.cpu
+                      ->AddRmsNorm(sum2.data(), out2.data(), rstd2.data(), x.data(), r.data(),
+                                   w.data(), rows, ch, eps)
+                      .ok());
+      t.Expect("AddRmsNorm out", gout2, out2, act);
+      ASSERT_TRUE(t.gpu->RmsNormBackward(gdx2, nullptr, gdy, gsum2, gw, grstd2, rows, ch).ok());
+      ASSERT_TRUE(t.cpu
+                      ->RmsNormBackward(dx2.data(), nullptr, dy.data(), sum2.data(), w.data(),
+                                        rstd2.data(), rows, ch)
+                      .ok());
+      t.Expect("RmsNormBackward dinp", gdx2, dx2, act);
     }
   }
 }
