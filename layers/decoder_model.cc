@@ -443,9 +443,8 @@ StatusOr<double> DecoderModel::HeadForward(MicroBatch& mb, float loss_scale,
   ZR_RETURN_IF_ERROR(mb.Allocate(HeadPlan(g, static_cast<int64_t>(act), static_cast<int64_t>(stat),
                                           static_cast<bool>(mb.targets), mb.train, chunk),
                                  k, activations_));
-  // dbtc, when training: the final LayerNorm output's gradient, each chunk writing its rows (all
-  // zero without targets: no chunk writes then).
-  if (s.dbtc && !mb.targets) ZR_RETURN_IF_ERROR(FillZero(s.dbtc.data(), dev, s.dbtc.bytes(), st));
+  // dbtc, when training (always with targets: Begin): the final LayerNorm output's gradient, each
+  // chunk writing its rows.
   const Buffer& z = mb.logits;
   // The gradient of loss_scale x the mean over the micro-batch's rows whose target is not masked.
   const int64_t counted = g.rows - static_cast<int64_t>(mb.ignored.size());

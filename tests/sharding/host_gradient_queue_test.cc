@@ -1,7 +1,8 @@
 // HostGradientQueue ([Note: host gradients in flight], sharding/host_gradient_queue.h): slices
 // are added in push order on the worker, each only after its copy's event, the pushing thread
-// waits only at kMaxInFlight slices or in Finish, a failure stops the adds and is returned, and
-// the destructor waits for every copy in flight.
+// waits only at kMaxInFlight slices or in Finish, a failure stops the adds and is returned, the
+// staging is freed by the time Finish returns, and the destructor waits for every copy in
+// flight.
 #include "zerort/sharding/host_gradient_queue.h"
 
 #include <atomic>
@@ -149,11 +150,13 @@ TEST(HostGradientQueueTest, AFailureStopsTheAddsAndIsReturned) {
   const Status finished = queue.Finish();
   EXPECT_EQ(finished.code(), absl::StatusCode::kDataLoss) << finished;
   EXPECT_EQ(adds, 2);  // unit 2's slice is not added after unit 1 failed
-  // A later push returns the failure, after waiting for its own copy.
+  // A later push returns the failure; its slice is waited for, not added.
   const Status pushed =
       queue.Push(3, f.Slice(1), DType::kF32, 4, std::make_unique<GatedEvent>(&gates[3]));
   EXPECT_EQ(pushed.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(queue.Finish().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(gates[3].waited, 1);
+  EXPECT_EQ(adds, 2);
 }
 
 TEST(HostGradientQueueTest, DestructionWaitsForTheCopiesInFlight) {
