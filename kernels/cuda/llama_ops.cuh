@@ -21,19 +21,8 @@ static __global__ void RmsNormKernel(T* out, float* rstd, const T* inp, const T*
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
   const T* x = inp + row * channels;
+  if (residual != nullptr) x = AddResidualRow<W>(x, residual, sum_out, row, channels, lane);
   float v[W], u[W];
-  if (residual != nullptr) {  // AddRmsNorm: as LayerNormKernel's residual (model_ops.cuh)
-    T* s = sum_out + row * channels;
-    const T* r = residual + row * channels;
-    for (int c = lane * W; c < channels; c += 32 * W) {
-      LoadN(x + c, v);
-      LoadN(r + c, u);
-#pragma unroll
-      for (int e = 0; e < W; ++e) v[e] = v[e] + u[e];
-      StoreN(s + c, v);
-    }
-    x = s;
-  }
   float ss = 0.0f;
   for (int c = lane * W; c < channels; c += 32 * W) {
     LoadN(x + c, v);

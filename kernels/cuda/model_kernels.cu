@@ -568,13 +568,10 @@ class CudaModelKernels final : public ModelKernels {
                       float dscale) override {
     if (rows == 0) return absl::OkStatus();
     const auto grid = static_cast<unsigned>(rows);
-    if (Vectorisable(vocab, {logits})) {
-      CrossEntropyVecKernel<T><<<grid, kThreads, 0, s()>>>(A(logits), static_cast<float*>(losses),
-                                                           targets, vocab, dscale);
-    } else {
-      CrossEntropyKernel<T><<<grid, kThreads, 0, s()>>>(A(logits), static_cast<float*>(losses),
-                                                        targets, vocab, dscale);
-    }
+    ByWidth(Vectorisable(vocab, {logits}), [&](auto w) {
+      CrossEntropyKernel<T, decltype(w)::value><<<grid, kThreads, 0, s()>>>(
+          A(logits), static_cast<float*>(losses), targets, vocab, dscale);
+    });
     return Launched("CrossEntropy");
   }
 

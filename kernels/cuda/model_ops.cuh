@@ -241,6 +241,24 @@ static __global__ void EmbeddingBackwardKernel(float* dwte, float* dwpe, const T
 
 // ---- LayerNorm: one warp per row -------------------------------------------------------------
 
+// The fused residual of AddLayerNorm and AddRmsNorm: row `row` of x + residual written to
+// sum_out, rounded to T as the Add kernel rounds it, W channels a lane; the row to normalise.
+template <int W, typename T>
+__device__ const T* AddResidualRow(const T* x, const T* residual, T* sum_out, int64_t row,
+                                   int channels, int lane) {
+  T* s = sum_out + row * channels;
+  const T* r = residual + row * channels;
+  float v[W], u[W];
+  for (int c = lane * W; c < channels; c += 32 * W) {
+    LoadN(x + c, v);
+    LoadN(r + c, u);
+#pragma unroll
+    for (int e = 0; e < W; ++e) v[e] = v[e] + u[e];
+    StoreN(s + c, v);
+  }
+  return s;
+}
+
 // With a `residual` (AddLayerNorm: the residual connection fused in), the row of inp + residual is
 // written to `sum` first, rounded to T as the Add kernel rounds it, and normalised from there:
 // each lane reads back only the channels it wrote, so no synchronisation is needed, and `sum` may
@@ -260,19 +278,8 @@ static __global__ void LayerNormKernel(T* out, float* mean, float* rstd, const T
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
   const T* x = inp + row * channels;
+  if (residual != nullptr) x = AddResidualRow<W>(x, residual, sum_out, row, channels, lane);
   float v[W], u[W];
-  if (residual != nullptr) {
-    T* s = sum_out + row * channels;
-    const T* r = residual + row * channels;
-    for (int c = lane * W; c < channels; c += 32 * W) {
-      LoadN(x + c, v);
-      LoadN(r + c, u);
-#pragma unroll
-      for (int e = 0; e < W; ++e) v[e] = v[e] + u[e];
-      StoreN(s + c, v);
-    }
-    x = s;
-  }
   const float inv_c = math::InverseCount(channels);
   float sum = 0.0f;
   for (int c = lane * W; c < channels; c += 32 * W) {
@@ -516,17 +523,26 @@ static __global__ void CausalSoftmaxBackwardKernel(T* datt, const T* att, int64_
 
 // ---- softmax cross-entropy: one block per row ------------------------------------------------
 
-template <typename T>
+// W: the logits a thread takes at a time (kVec where a row is whole 128-bit vectors and the
+// logits 16-byte aligned, else 1); the element arithmetic is the same at both widths.
+template <typename T, int W>
 static __global__ void CrossEntropyKernel(T* logits, float* losses, const int32_t* targets,
                                           int vocab, float scale) {
   const int64_t row = blockIdx.x;
   T* z = logits + row * vocab;
+  float x[W];
   float max = -INFINITY;
-  for (int v = threadIdx.x; v < vocab; v += blockDim.x) max = fmaxf(max, ToFloat(z[v]));
+  for (int c = threadIdx.x * W; c < vocab; c += blockDim.x * W) {
+    LoadN(z + c, x);
+#pragma unroll
+    for (int e = 0; e < W; ++e) max = fmaxf(max, x[e]);
+  }
   max = BlockMax(max);
   float sum = 0.0f;
-  for (int v = threadIdx.x; v < vocab; v += blockDim.x) {
-    sum += math::FastExp(math::Sub(ToFloat(z[v]), max));
+  for (int c = threadIdx.x * W; c < vocab; c += blockDim.x * W) {
+    LoadN(z + c, x);
+#pragma unroll
+    for (int e = 0; e < W; ++e) sum += math::FastExp(math::Sub(x[e], max));
   }
   sum = BlockSum(sum);
   const float log_sum = logf(sum);
@@ -535,49 +551,14 @@ static __global__ void CrossEntropyKernel(T* logits, float* losses, const int32_
   __syncthreads();  // z[target] is read above before anyone overwrites it
   if (scale == 0.0f) return;
   const float shift = math::Add(max, log_sum);
-  for (int v = threadIdx.x; v < vocab; v += blockDim.x) {
-    const float g = math::CrossEntropyGrad(ToFloat(z[v]), shift, scale);
-    z[v] = FromFloat<T>(v == target ? math::CrossEntropyTargetGrad(g, scale) : g);
-  }
-}
-
-// CrossEntropyKernel with rows of whole 128-bit vectors (vocab a multiple of kVec, logits
-// 16-byte aligned): the same element arithmetic, kVec logits a load in each of the three passes.
-template <typename T>
-static __global__ void CrossEntropyVecKernel(T* logits, float* losses, const int32_t* targets,
-                                             int vocab, float scale) {
-  const int64_t row = blockIdx.x;
-  T* z = logits + row * vocab;
-  const int vectors = vocab / kVec;
-  float x[kVec];
-  float max = -INFINITY;
-  for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
-    LoadVec(z + v * kVec, x);
+  for (int c = threadIdx.x * W; c < vocab; c += blockDim.x * W) {
+    LoadN(z + c, x);
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) max = fmaxf(max, x[e]);
-  }
-  max = BlockMax(max);
-  float sum = 0.0f;
-  for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
-    LoadVec(z + v * kVec, x);
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) sum += math::FastExp(math::Sub(x[e], max));
-  }
-  sum = BlockSum(sum);
-  const float log_sum = logf(sum);
-  const int target = targets[row];
-  if (threadIdx.x == 0) losses[row] = math::CrossEntropyLoss(ToFloat(z[target]), max, log_sum);
-  __syncthreads();  // z[target] is read above before anyone overwrites it
-  if (scale == 0.0f) return;
-  const float shift = math::Add(max, log_sum);
-  for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
-    LoadVec(z + v * kVec, x);
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) {
+    for (int e = 0; e < W; ++e) {
       const float g = math::CrossEntropyGrad(x[e], shift, scale);
-      x[e] = v * kVec + e == target ? math::CrossEntropyTargetGrad(g, scale) : g;
+      x[e] = c + e == target ? math::CrossEntropyTargetGrad(g, scale) : g;
     }
-    StoreVec(z + v * kVec, x);
+    StoreN(z + c, x);
   }
 }
 
