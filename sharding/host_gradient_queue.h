@@ -62,12 +62,12 @@ class HostGradientQueue {
   void WaitOldest();
 
   Add add_;
-  std::atomic<bool> failed_{false};     // an add failed: the worker adds nothing more
-  std::atomic<int64_t> add_ns_{0};      // the worker's adding time
-  Status error_;                        // the first failure the pushing thread has seen
-  double wait_s_ = 0;                   // the pushing thread's waits
-  std::deque<Task> in_flight_;          // pushed, oldest first
-  TaskPool worker_{1};                  // last: destroyed (drained, joined) before the above
+  std::atomic<bool> failed_{false};  // an add failed: the worker adds nothing more
+  std::atomic<int64_t> add_ns_{0};   // the worker's adding time
+  Status error_;                     // the first failure the pushing thread has seen
+  double wait_s_ = 0;                // the pushing thread's waits
+  std::deque<Task> in_flight_;       // pushed, oldest first
+  TaskPool worker_{1};               // last: destroyed (drained, joined) before the above
 };
 
 }  // namespace zerort

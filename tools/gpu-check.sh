@@ -94,7 +94,8 @@ if want memcheck; then
   # compute-sanitizer's memcheck: out-of-bounds and misaligned accesses, leaks of device memory.
   sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
   if [[ -n $sanitizer ]]; then
-    for t in model_kernels_cuda_test flash_attention_cuda_test shard_manager_cuda_test; do
+    for t in model_kernels_cuda_test kernel_fast_paths_cuda_test llama_kernels_cuda_test \
+      flash_attention_cuda_test shard_manager_cuda_test; do
       timeout 300 "$sanitizer" --tool memcheck --error-exitcode 3 "$build/tests/$t" \
         >"$logs/memcheck-$t.log" 2>&1 || rc=1
       step "memcheck $t: $(grep -h 'ERROR SUMMARY' "$logs/memcheck-$t.log")"

@@ -1,93 +1,19 @@
 // CUDA twins of the GPT model's kernels against the CPU ones, on fresh random inputs (gpu label;
 // skipped with the reason when no GPU is present), in fp32 (1e-5 norm-wise: fp32 accumulation
-// in another order) and bf16 (2e-2: bf16 storage of inputs, outputs and intermediates). The
-// whole model on CUDA against the CPU is whole_model_cuda_test.cc.
+// in another order) and bf16 (2e-2: bf16 storage of inputs, outputs and intermediates), by the
+// harness of cuda_twin.h. The epilogues' and vector kernels' fast paths are
+// kernel_fast_paths_cuda_test.cc, the LLaMA family's kernels llama_kernels_cuda_test.cc, the
+// whole model on CUDA against the CPU whole_model_cuda_test.cc.
 #include <bit>
 #include <cmath>
 #include <random>
 
-#include "gtest/gtest.h"
-#include "tests/kernels/random_floats.h"
-#include "zerort/kernels/model_kernels.h"
+#include "tests/kernels/cuda_twin.h"
 #include "zerort/kernels/model_math.h"
 #include "zerort/kernels/model_ops.h"
-#include "zerort/runtime/allocator.h"
 
-namespace zerort {
+namespace zerort::testing {
 namespace {
-
-#define ZR_NEED_GPU() \
-  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device: " << QueryCuda().unavailable_reason
-
-std::vector<float> Random(size_t n, uint32_t seed, float scale = 1) {
-  return testing::RandomNormal<float>(n, seed, scale);
-}
-
-double RelErr(const std::vector<float>& got, const std::vector<float>& want) {
-  double e = 0, r = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    e += (double{got[i]} - want[i]) * (double{got[i]} - want[i]);
-    r += double{want[i]} * want[i];
-  }
-  return std::sqrt(e / std::max(r, 1e-30));
-}
-
-// One op's inputs on both sides: CPU float vectors, GPU copies in the act (or grad) dtype.
-struct Twin {
-  DType act;
-  DType grad;
-  Device device = Device::Cuda(0);
-  std::unique_ptr<Allocator> allocator = *MakeCudaCachingAllocator(device, nullptr);
-  std::unique_ptr<Stream> stream = *CreateStream(device, "compute");
-  std::unique_ptr<ModelKernels> gpu = *MakeCudaModelKernels(act, grad, *stream, *allocator);
-  std::unique_ptr<ModelKernels> cpu = MakeCpuModelKernels(CpuPrecision::kFloat);
-  std::vector<Buffer> buffers;
-
-  Twin(DType a, DType g) : act(a), grad(g) {}
-  double tol() const { return act == DType::kF32 ? 1e-5 : 2e-2; }
-
-  // Rounds `host` to `dtype` in place (so the CPU sees what the GPU sees) and uploads it,
-  // `offset` bytes past the start of its own allocation (a sub-view of a flat buffer).
-  void* Up(std::vector<float>& host, DType dtype, size_t offset = 0) {
-    std::vector<std::byte> raw(host.size() * DTypeSize(dtype));
-    for (size_t i = 0; i < host.size(); ++i) {
-      StoreFromFloat(raw.data(), dtype, i, host[i]);
-      host[i] = LoadAsFloat(raw.data(), dtype, i);
-    }
-    buffers.push_back(
-        *allocator->Allocate(raw.size() + offset, MemoryCategory::kWorkspace, stream.get()));
-    std::byte* at = static_cast<std::byte*>(buffers.back().data()) + offset;
-    ZR_CHECK_OK(CopyBytes(at, device, raw.data(), Device::Cpu(), raw.size(), stream.get()));
-    return at;
-  }
-  void* A(std::vector<float>& host) { return Up(host, act); }
-  void* G(std::vector<float>& host) { return Up(host, grad); }
-  int32_t* Ids(const std::vector<int32_t>& ids) {
-    buffers.push_back(
-        *allocator->Allocate(ids.size() * 4, MemoryCategory::kWorkspace, stream.get()));
-    ZR_CHECK_OK(CopyBytes(buffers.back().data(), device, ids.data(), Device::Cpu(), ids.size() * 4,
-                          stream.get()));
-    return buffers.back().as<int32_t>();
-  }
-  std::vector<float> Down(const void* p, size_t n, DType dtype) {
-    std::vector<std::byte> raw(n * DTypeSize(dtype));
-    ZR_CHECK_OK(CopyBytes(raw.data(), Device::Cpu(), p, device, raw.size(), stream.get()));
-    ZR_CHECK_OK(stream->Synchronize());
-    std::vector<float> out(n);
-    for (size_t i = 0; i < n; ++i) out[i] = LoadAsFloat(raw.data(), dtype, i);
-    return out;
-  }
-  void Expect(const char* what, const void* gpu_ptr, const std::vector<float>& cpu_values,
-              DType dtype) {
-    const std::vector<float> got = Down(gpu_ptr, cpu_values.size(), dtype);
-    EXPECT_LE(RelErr(got, cpu_values), tol()) << what << " (" << DTypeName(act) << ")";
-  }
-};
-
-const std::vector<std::pair<DType, DType>> kTypes = {{DType::kF32, DType::kF32},
-                                                     {DType::kBF16, DType::kF32},
-                                                     {DType::kBF16, DType::kBF16},
-                                                     {DType::kF16, DType::kF32}};
 
 // bf16/fp16 attention at head sizes 64 and 128 runs zerort's flash kernels through the model's
 // interface: the log-sum-exp saved (the CPU kernels' own size and values), the backward adding
@@ -137,95 +63,6 @@ TEST(ModelKernelsCudaTest, FlashAttentionThroughTheModelKernels) {
   auto materialised = *MakeCudaModelKernels(DType::kBF16, DType::kF32, *stream, *t.allocator,
                                             AttentionProgram::kMaterialised);
   EXPECT_EQ(materialised->attention_program(2, 4, 64), AttentionProgram::kMaterialised);
-}
-
-// GPT-2's MLP through cuBLASLt's GELU epilogues ([Note: cuBLASLt epilogues]): MatmulGelu (pre
-// and GELU(pre)) and GeluMatmulBackward (dpre written, dW and db added) against the CPU, in 16
-// bits with no GELU kernel launched, and cuBLASLt's GELU the tanh form; the bias gradient by
-// BGRADB where the weight gradients are fp32.
-TEST(ModelKernelsCudaTest, GeluEpiloguesMatchTheCpu) {
-  ZR_NEED_GPU();
-  for (auto [act, grad] : kTypes) {
-    Twin t(act, grad);
-    const int rows = 37, in = 48, out = 72;
-    std::vector<float> x = Random(rows * in, 1), w = Random(out * in, 2, 0.2f), b = Random(out, 3);
-    void *gx = t.A(x), *gw = t.A(w), *gb = t.A(b);
-    // The MLP's first layer: pre and GELU(pre); in 16 bits one cuBLASLt call with the GELU
-    // epilogue ([Note: cuBLASLt epilogues]), no GELU kernel launched.
-    std::vector<float> pre(rows * out), act_out(rows * out);
-    void *gpre = t.A(pre), *gact = t.A(act_out);
-    const auto before = *t.gpu->launches();
-    ASSERT_TRUE(t.gpu->MatmulGelu(gpre, gact, gx, gw, gb, rows, in, out).ok());
-    ASSERT_TRUE(
-        t.cpu->MatmulGelu(pre.data(), act_out.data(), x.data(), w.data(), b.data(), rows, in, out)
-            .ok());
-    t.Expect("MatmulGelu pre", gpre, pre, act);
-    t.Expect("MatmulGelu out", gact, act_out, act);
-    const auto after = *t.gpu->launches();
-    auto count = [](const std::map<std::string, int64_t>& m, const char* what) {
-      const auto it = m.find(what);
-      return it == m.end() ? int64_t{0} : it->second;
-    };
-    EXPECT_EQ(count(after, "Gelu") - count(before, "Gelu"), act == DType::kF32 ? 1 : 0)
-        << DTypeName(act) << ": the GELU epilogue was not used";
-    // Which GELU: at x = -3 the tanh form (GPT-2's and zerort's) is -0.0036374 and erf's
-    // -0.0040497, 27 of bf16's steps (1.5e-5 there) apart. x = -3 x I.
-    {
-      const int n8 = 8;
-      std::vector<float> x3(n8 * n8, -3.0f), eye(n8 * n8, 0.0f), zero(n8, 0.0f), p3(n8 * n8),
-          y3(n8 * n8);
-      for (int i = 0; i < n8; ++i) eye[i * n8 + i] = 1.0f;
-      void *gx3 = t.A(x3), *geye = t.A(eye), *gzero = t.A(zero), *gp3 = t.A(p3), *gy3 = t.A(y3);
-      ASSERT_TRUE(t.gpu->MatmulGelu(gp3, gy3, gx3, geye, gzero, n8, n8, n8).ok());
-      const std::vector<float> got = t.Down(gy3, y3.size(), act);
-      EXPECT_NEAR(got[0], -0.0036374f, 3e-5f) << DTypeName(act) << ": GELU(-3) = " << got[0];
-      // The derivative likewise: gelu'(-3) is -0.0115842 (tanh form), -0.0119456 (erf's).
-      std::vector<float> dpre3(n8 * n8), scratch3(n8 * n8), dw3(n8 * n8), db3(n8);
-      void *gdpre3 = t.A(dpre3), *gs3 = t.A(scratch3), *gdw3 = t.G(dw3), *gdb3 = t.G(db3);
-      ASSERT_TRUE(
-          t.gpu->GeluMatmulBackward(gdpre3, gdw3, gdb3, geye, gy3, gp3, geye, gs3, n8, n8, n8)
-              .ok());
-      const std::vector<float> d3 = t.Down(gdpre3, dpre3.size(), act);
-      EXPECT_NEAR(d3[0], -0.0115842f, 9e-5f) << DTypeName(act) << ": gelu'(-3) = " << d3[0];
-      EXPECT_EQ(d3[1], 0.0f);
-    }
-    // The projection's backward through GELU: dpre written (not added), dW and db added.
-    {
-      std::vector<float> pre2 = Random(rows * out, 31), act2(rows * out),
-                         dy2 = Random(rows * in, 32), w2 = Random(in * out, 33, 0.2f),
-                         dpre = Random(rows * out, 34), scratch(rows * out),
-                         dw2 = Random(in * out, 35), db2 = Random(in, 36);
-      for (size_t i = 0; i < act2.size(); ++i) {
-        act2[i] = pre2[i] > 0 ? pre2[i] : 0.1f * pre2[i];  // any act: it only feeds dW
-      }
-      void *gpre2 = t.A(pre2), *gact2 = t.A(act2), *gdy2 = t.A(dy2), *gw2 = t.A(w2),
-           *gdpre = t.A(dpre), *gscratch = t.A(scratch), *gdw2 = t.G(dw2), *gdb2 = t.G(db2);
-      const auto launched = *t.gpu->launches();
-      // rows x out in, in features out: the layer maps out (GELU's width) to in.
-      ASSERT_TRUE(t.gpu
-                      ->GeluMatmulBackward(gdpre, gdw2, gdb2, gdy2, gact2, gpre2, gw2, gscratch,
-                                           rows, out, in)
-                      .ok());
-      ASSERT_TRUE(t.cpu
-                      ->GeluMatmulBackward(dpre.data(), dw2.data(), db2.data(), dy2.data(),
-                                           act2.data(), pre2.data(), w2.data(), scratch.data(),
-                                           rows, out, in)
-                      .ok());
-      t.Expect("GeluMatmulBackward dpre", gdpre, dpre, act);
-      t.Expect("GeluMatmulBackward dweight", gdw2, dw2, grad);
-      t.Expect("GeluMatmulBackward dbias", gdb2, db2, grad);
-      const auto now = *t.gpu->launches();
-      EXPECT_EQ(count(now, "GeluBackward") - count(launched, "GeluBackward"),
-                act == DType::kF32 ? 1 : 0)
-          << DTypeName(act) << ": the DGELU epilogue was not used";
-      // With fp32 weight gradients from 16-bit activations the bias gradient is BGRADB's sums,
-      // added by a small kernel; otherwise the column kernel reads dout.
-      const bool bgradb = act != DType::kF32 && grad == DType::kF32;
-      EXPECT_EQ(count(now, "BiasGradAdd") - count(launched, "BiasGradAdd"), bgradb ? 1 : 0)
-          << DTypeName(act) << "/" << DTypeName(grad) << ": the BGRADB epilogue was not used";
-      EXPECT_EQ(count(now, "BiasGrad") - count(launched, "BiasGrad"), bgradb ? 0 : 1);
-    }
-  }
 }
 
 TEST(ModelKernelsCudaTest, LinearLayerNormGeluResidual) {
@@ -335,127 +172,6 @@ TEST(ModelKernelsCudaTest, LinearLayerNormGeluResidual) {
     ASSERT_TRUE(t.cpu->AddBias(biased.data(), bias.data(), rows, out).ok());
     t.Expect("AddBias", gbiased, biased, act);
   }
-}
-
-// The LLaMA family's operations (cuda/llama_ops.cuh) against their CPU twins
-// (cpu/llama_ops.cc): RMSNorm and its backward, the rotary embeddings with grouped-query heads
-// (4 query heads on 2 key/value heads; LLaMA 3.1's frequency remap, whose three bands the head
-// size 8 and original context 64 each reach) and their transpose, SwiGLU and its backward.
-TEST(ModelKernelsCudaTest, LlamaRmsNormRopeSwiGlu) {
-  ZR_NEED_GPU();
-  for (auto [act, grad] : kTypes) {
-    Twin t(act, grad);
-    const int batch = 3, seq = 11, heads = 4, kv = 2, hs = 8, d = heads * hs;
-    const int64_t rows = int64_t{batch} * seq;
-    std::vector<float> x = Random(rows * d, 1), w = Random(d, 2), y(rows * d),
-                       dy = Random(rows * d, 3), dx = Random(rows * d, 4), dw = Random(d, 5),
-                       rstd(rows);
-    void *gx = t.A(x), *gw = t.A(w), *gy = t.A(y), *gdy = t.A(dy), *gdx = t.A(dx), *gdw = t.G(dw);
-    std::vector<float> zeros(rows);
-    void* grstd = t.Up(zeros, DType::kF32);
-    ASSERT_TRUE(t.gpu->RmsNorm(gy, grstd, gx, gw, rows, d, 1e-5f).ok());
-    ASSERT_TRUE(t.cpu->RmsNorm(y.data(), rstd.data(), x.data(), w.data(), rows, d, 1e-5f).ok());
-    t.Expect("RmsNorm", gy, y, act);
-    t.Expect("RmsNorm rstd", grstd, rstd, DType::kF32);
-    ASSERT_TRUE(t.gpu->RmsNormBackward(gdx, gdw, gdy, gx, gw, grstd, rows, d).ok());
-    ASSERT_TRUE(t.cpu
-                    ->RmsNormBackward(dx.data(), dw.data(), dy.data(), x.data(), w.data(),
-                                      rstd.data(), rows, d)
-                    .ok());
-    t.Expect("RmsNormBackward dinp", gdx, dx, act);
-    t.Expect("RmsNormBackward dweight", gdw, dw, grad);
-    {  // the residual connection fused in, in place as the blocks call it
-      std::vector<float> sum = x, y2(rows * d), rstd2(rows);
-      void *gsum = t.A(sum), *gy2 = t.A(y2);
-      void* grstd2 = t.Up(zeros, DType::kF32);
-      ASSERT_TRUE(t.gpu->AddRmsNorm(gsum, gy2, grstd2, gsum, gdy, gw, rows, d, 1e-5f).ok());
-      ASSERT_TRUE(t.cpu
-                      ->AddRmsNorm(sum.data(), y2.data(), rstd2.data(), sum.data(), dy.data(),
-                                   w.data(), rows, d, 1e-5f)
-                      .ok());
-      t.Expect("AddRmsNorm sum", gsum, sum, act);
-      t.Expect("AddRmsNorm", gy2, y2, act);
-      t.Expect("AddRmsNorm rstd", grstd2, rstd2, DType::kF32);
-    }
-
-    const Rope rope{.theta = 10000.0,
-                    .scaling = {.type = RopeType::kLlama3,
-                                .factor = 8,
-                                .low_freq_factor = 1,
-                                .high_freq_factor = 4,
-                                .original_max_position_embeddings = 64}};
-    std::vector<float> q = Random(rows * d, 6), k = Random(rows * kv * hs, 7),
-                       v = Random(rows * kv * hs, 8), qkv(rows * (d + 2 * kv * hs));
-    void *gq = t.A(q), *gk = t.A(k), *gv = t.A(v), *gqkv = t.A(qkv);
-    ASSERT_TRUE(t.gpu->RopeQkv(gqkv, gq, gk, gv, batch, seq, heads, kv, hs, rope).ok());
-    ASSERT_TRUE(
-        t.cpu->RopeQkv(qkv.data(), q.data(), k.data(), v.data(), batch, seq, heads, kv, hs, rope)
-            .ok());
-    t.Expect("RopeQkv", gqkv, qkv, act);
-    std::vector<float> dqkv = Random(rows * (d + 2 * kv * hs), 9), dq = Random(rows * d, 10),
-                       dk = Random(rows * kv * hs, 11), dv = Random(rows * kv * hs, 12);
-    void *gdqkv = t.A(dqkv), *gdq = t.A(dq), *gdk = t.A(dk), *gdv = t.A(dv);
-    ASSERT_TRUE(t.gpu->RopeQkvBackward(gdq, gdk, gdv, gdqkv, batch, seq, heads, kv, hs, rope).ok());
-    ASSERT_TRUE(t.cpu
-                    ->RopeQkvBackward(dq.data(), dk.data(), dv.data(), dqkv.data(), batch, seq,
-                                      heads, kv, hs, rope)
-                    .ok());
-    t.Expect("RopeQkvBackward dq", gdq, dq, act);
-    t.Expect("RopeQkvBackward dk", gdk, dk, act);
-    t.Expect("RopeQkvBackward dv", gdv, dv, act);
-    // In place on the qkv layout, forward and transpose ([Note: a LLaMA block's projections]).
-    for (const bool transpose : {false, true}) {
-      std::vector<float> x = Random(rows * (d + 2 * kv * hs), transpose ? 14 : 13);
-      void* gx = t.A(x);
-      ASSERT_TRUE(t.gpu->RopeQkvInPlace(gx, batch, seq, heads, kv, hs, rope, transpose).ok());
-      ASSERT_TRUE(t.cpu->RopeQkvInPlace(x.data(), batch, seq, heads, kv, hs, rope, transpose).ok());
-      t.Expect(transpose ? "RopeQkvInPlace (transpose)" : "RopeQkvInPlace", gx, x, act);
-    }
-
-    // SwiGLU with gate and up planar and interleaved per row (one GEMM's output), rows of whole
-    // 128-bit vectors (24 columns) and not (20: the scalar kernels).
-    for (const auto& [cols, interleaved] :
-         {std::pair{24, false}, {24, true}, {20, false}, {20, true}}) {
-      SCOPED_TRACE(::testing::Message() << "SwiGLU cols " << cols);
-      const int64_t n = rows * cols;
-      std::vector<float> gate_up = Random(2 * n, interleaved ? 21 : 13), out(n),
-                         dout = Random(n, 15), dgate_up = Random(2 * n, 16);
-      void *ggate_up = t.A(gate_up), *gout = t.A(out), *gdout = t.A(dout),
-           *gdgate_up = t.A(dgate_up);
-      ASSERT_TRUE(t.gpu->SwiGlu(gout, ggate_up, rows, cols, interleaved).ok());
-      ASSERT_TRUE(t.cpu->SwiGlu(out.data(), gate_up.data(), rows, cols, interleaved).ok());
-      t.Expect("SwiGlu", gout, out, act);
-      ASSERT_TRUE(t.gpu->SwiGluBackward(gdgate_up, gdout, ggate_up, rows, cols, interleaved).ok());
-      ASSERT_TRUE(t.cpu
-                      ->SwiGluBackward(dgate_up.data(), dout.data(), gate_up.data(), rows, cols,
-                                       interleaved)
-                      .ok());
-      t.Expect("SwiGluBackward", gdgate_up, dgate_up, act);
-    }
-  }
-}
-
-// `v` rounded to `dtype` (the CPU float kernels' result as a 16-bit kernel stores it).
-std::vector<float> RoundedTo(std::vector<float> v, DType dtype) {
-  std::vector<std::byte> raw(DTypeSize(dtype));
-  for (float& x : v) {
-    StoreFromFloat(raw.data(), dtype, 0, x);
-    x = LoadAsFloat(raw.data(), dtype, 0);
-  }
-  return v;
-}
-
-// The number of elements whose bits differ, and the first one.
-void ExpectSameBits(const char* what, const std::vector<float>& got,
-                    const std::vector<float>& want) {
-  size_t differ = 0, first = got.size();
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(want[i])) {
-      if (differ++ == 0) first = i;
-    }
-  }
-  EXPECT_EQ(differ, 0u) << what << ": first at " << first << ": " << got[first] << " against "
-                        << want[first];
 }
 
 // The element arithmetic both devices share (kernels/model_math.h) gives the same bits: GELU and
@@ -718,7 +434,7 @@ TEST(ModelKernelsCudaTest, AttentionEmbeddingCrossEntropy) {
     t.Expect("EmbeddingBackward slice", gdwte, dwte, grad);
 
     // The fused cross-entropy over rows of 101 logits (the scalar kernel) and of 104 (whole
-    // 128-bit vectors: CrossEntropyVecKernel).
+    // 128-bit vectors: CrossEntropyKernel at kVec).
     for (const int cv : {vocab, 104}) {
       SCOPED_TRACE(::testing::Message() << "cross-entropy over " << cv);
       std::vector<float> logits = Random(rows * cv, 9, 3.0f), losses(rows);
@@ -762,75 +478,5 @@ TEST(ModelKernelsCudaTest, AttentionEmbeddingCrossEntropy) {
   }
 }
 
-// The element-wise kernels' 128-bit paths (kVec elements a load) and their scalar fallbacks (a
-// length not a multiple of 8, a pointer not 16-byte aligned) give the CPU's bits: Add,
-// Accumulate, AccumulateGrad (SwiGLU's two paths: LlamaRmsNormRopeSwiGlu); and the norms' row
-// kernels at both widths agree with the CPU.
-TEST(ModelKernelsCudaTest, VectorisedElementWiseKernelsAndTheirFallbacks) {
-  ZR_NEED_GPU();
-  for (auto [act, grad] : kTypes) {
-    Twin t(act, grad);
-    for (const auto& [n, offset] : {std::pair<int, size_t>{64, 0}, {61, 0}, {64, 4}}) {
-      SCOPED_TRACE(::testing::Message() << DTypeName(act) << "/" << DTypeName(grad) << " n " << n
-                                        << " offset " << offset << " bytes");
-      std::vector<float> a = Random(n, 1), b = Random(n, 2), out(n), g = Random(n, 3),
-                         h = Random(n, 4);
-      void *ga = t.Up(a, act, offset), *gb = t.Up(b, act, offset), *gout = t.Up(out, act, offset);
-      void *gg = t.Up(g, grad, offset), *gh = t.Up(h, grad, offset);
-      ASSERT_TRUE(t.gpu->Add(gout, ga, gb, n).ok());
-      ASSERT_TRUE(t.cpu->Add(out.data(), a.data(), b.data(), n).ok());
-      ExpectSameBits("Add", t.Down(gout, n, act), RoundedTo(out, act));
-      ASSERT_TRUE(t.gpu->Accumulate(ga, gb, n).ok());
-      ASSERT_TRUE(t.cpu->Accumulate(a.data(), b.data(), n).ok());
-      ExpectSameBits("Accumulate", t.Down(ga, n, act), RoundedTo(a, act));
-      ASSERT_TRUE(t.gpu->AccumulateGrad(gg, gh, n).ok());
-      ASSERT_TRUE(t.cpu->AccumulateGrad(g.data(), h.data(), n).ok());
-      ExpectSameBits("AccumulateGrad", t.Down(gg, n, grad), RoundedTo(g, grad));
-    }
-    // The warp-per-row kernels at both widths ([Note: the row kernels' width]): rows of 64
-    // channels (8 a lane) and of 60 (one a lane), against the CPU.
-    for (const int ch : {64, 60}) {
-      SCOPED_TRACE(::testing::Message() << DTypeName(act) << " rows of " << ch << " channels");
-      const int rows = 5;
-      const float eps = 1e-5f;
-      std::vector<float> x = Random(rows * ch, 11), r = Random(rows * ch, 12), w = Random(ch, 13),
-                         b = Random(ch, 14), dy = Random(rows * ch, 15), dx = Random(rows * ch, 16),
-                         dx2 = Random(rows * ch, 17), out(rows * ch), sum(rows * ch),
-                         out2(rows * ch), sum2(rows * ch), mean(rows), rstd(rows), rstd2(rows);
-      void *gx = t.A(x), *gr = t.A(r), *gw = t.A(w), *gb = t.A(b), *gdy = t.A(dy), *gdx = t.A(dx),
-           *gdx2 = t.A(dx2), *gout = t.A(out), *gsum = t.A(sum), *gout2 = t.A(out2),
-           *gsum2 = t.A(sum2);
-      void *gmean = t.Up(mean, DType::kF32), *grstd = t.Up(rstd, DType::kF32),
-           *grstd2 = t.Up(rstd2, DType::kF32);
-      ASSERT_TRUE(t.gpu->AddLayerNorm(gsum, gout, gmean, grstd, gx, gr, gw, gb, rows, ch).ok());
-      ASSERT_TRUE(t.cpu
-                      ->AddLayerNorm(sum.data(), out.data(), mean.data(), rstd.data(), x.data(),
-                                     r.data(), w.data(), b.data(), rows, ch)
-                      .ok());
-      t.Expect("AddLayerNorm out", gout, out, act);
-      ASSERT_TRUE(
-          t.gpu->LayerNormBackward(gdx, nullptr, nullptr, gdy, gsum, gw, gmean, grstd, rows, ch)
-              .ok());
-      ASSERT_TRUE(t.cpu
-                      ->LayerNormBackward(dx.data(), nullptr, nullptr, dy.data(), sum.data(),
-                                          w.data(), mean.data(), rstd.data(), rows, ch)
-                      .ok());
-      t.Expect("LayerNormBackward dinp", gdx, dx, act);
-      ASSERT_TRUE(t.gpu->AddRmsNorm(gsum2, gout2, grstd2, gx, gr, gw, rows, ch, eps).ok());
-      ASSERT_TRUE(t.cpu
-                      ->AddRmsNorm(sum2.data(), out2.data(), rstd2.data(), x.data(), r.data(),
-                                   w.data(), rows, ch, eps)
-                      .ok());
-      t.Expect("AddRmsNorm out", gout2, out2, act);
-      ASSERT_TRUE(t.gpu->RmsNormBackward(gdx2, nullptr, gdy, gsum2, gw, grstd2, rows, ch).ok());
-      ASSERT_TRUE(t.cpu
-                      ->RmsNormBackward(dx2.data(), nullptr, dy.data(), sum2.data(), w.data(),
-                                        rstd2.data(), rows, ch)
-                      .ok());
-      t.Expect("RmsNormBackward dinp", gdx2, dx2, act);
-    }
-  }
-}
-
 }  // namespace
-}  // namespace zerort
+}  // namespace zerort::testing
