@@ -13,6 +13,7 @@
 #include "zerort/runtime/host_collectives.h"
 #include "zerort/runtime/scoped_seconds.h"
 #include "zerort/runtime/strings.h"
+#include "zerort/sharding/host_gradient_queue.h"
 #include "zerort/sharding/nvme_step.h"
 #include "zerort/sharding/optimizer_state.h"
 

@@ -22,11 +22,12 @@
 #include "zerort/runtime/communicator.h"
 #include "zerort/runtime/span_sink.h"
 #include "zerort/sharding/compressed_allreduce.h"
-#include "zerort/sharding/host_gradient_queue.h"
 #include "zerort/sharding/sharded_unit.h"
 #include "zerort/sharding/zero_one_schedule.h"
 
 namespace zerort {
+
+class HostGradientQueue;  // sharding/host_gradient_queue.h
 
 // Per-step scalars of the optimizer.
 struct OptimizerStepArgs {
@@ -192,7 +193,8 @@ class ShardedOptimizer {
   std::vector<int64_t> fused_at_;
   double lrs_ = 0;  // 0/1 Adam: the learning rates summed over the local steps since the last sync
   ZeroOneStep zero_one_step_;  // 0/1 Adam: the step being taken
-  // [Note: host gradients in flight] (host_gradient_queue.h): made by the first host-tier slice.
+  // [Note: host gradients in flight] (host_gradient_queue.h, internal to sharding/): made by the
+  // first host-tier slice.
   std::unique_ptr<HostGradientQueue> host_grads_;
 };
 
