@@ -110,20 +110,21 @@ test-asan: deps
 	  ctest --test-dir $(ASAN_BUILD) -L cpu --output-on-failure -j2
 
 # The stream-ordering tests under ThreadSanitizer (docs/async-device.md): the runtime's queued
-# streams, the host gradients' worker thread (sharding/host_gradient_queue.h), and the GPT model trained on queued, jittered streams (ZeRO-3 gathers, reductions,
+# streams, the host gradients' worker thread (sharding/host_gradient_queue.h), the host step's
+# worker ([Note: the host step behind the forward]), and the GPT model trained on queued, jittered streams (ZeRO-3 gathers, reductions,
 # tensor parallelism, the host-tier LAMB step), where a missing event wait or host
 # synchronisation is a reported data race. A CPU-only build of those targets alone (minutes, not
 # the whole tree); the load-time dispatch of the CPU kernels is off (its ifunc resolvers run
 # before ThreadSanitizer starts). Death tests fork, which ThreadSanitizer does not follow: they
 # run in the other stages. Then zerort itself (tools/tsan-train.sh): short training runs on
 # cpu-async, one process and two MPI ranks, with NVMe and host offload, TP/SP, 16-bit.
-TSAN_TESTS := cpu_streams_test host_gradient_queue_test decoder_model_test zerort
+TSAN_TESTS := cpu_streams_test host_gradient_queue_test offload_parity_test decoder_model_test zerort
 test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1" \
 	  -DZR_ENABLE_CUDA=OFF -DZR_SANITIZE=thread -DZR_CPU_DISPATCH=OFF $(UNITY) $(CMAKE_FLAGS)
 	cmake --build $(TSAN_BUILD) -j$(JOBS) --target $(TSAN_TESTS)
 	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-	  ctest --test-dir $(TSAN_BUILD) -R 'CpuStreams|QueuedStreams|HostGradientQueue' -E 'DeathTest' --output-on-failure -j2
+	  ctest --test-dir $(TSAN_BUILD) -R 'CpuStreams|QueuedStreams|HostGradientQueue|BehindTheForward' -E 'DeathTest' --output-on-failure -j2
 	./tools/tsan-train.sh $(TSAN_BUILD)/tools/zerort
 
 # The measured benchmarks recorded in docs/benchmarks.md.

@@ -157,14 +157,16 @@ void MetricsSink::Step(const StepMetrics& m) {
     record["peak_offload_bytes"] = by_tier;
     const OffloadStats& s = *m.offload;
     record["offload_time_s"] = {
-        {"fetch_wait", s.fetch_wait_s}, {"grad_io", s.grad_io_s},
-        {"optimizer", s.optimizer_s},   {"optimizer_io_wait", s.optimizer_io_wait_s},
-        {"grad_wait", s.grad_wait_s},   {"grad_add", s.grad_add_s}};
+        {"fetch_wait", s.fetch_wait_s},  {"grad_io", s.grad_io_s},
+        {"optimizer", s.optimizer_s},    {"optimizer_io_wait", s.optimizer_io_wait_s},
+        {"grad_wait", s.grad_wait_s},    {"grad_add", s.grad_add_s},
+        {"update_wait", s.update_wait_s}};
     offload_line = fmt::format(
-        " | host {} MiB | nvme {} MiB | optimizer {:.2f} s (io wait {:.2f}), fetch wait {:.2f} "
-        "s, grad io {:.2f} s, grad wait {:.2f} s, grad add {:.2f} s",
+        " | host {} MiB | nvme {} MiB | optimizer {:.2f} s (io wait {:.2f}, update wait {:.2f}), "
+        "fetch wait {:.2f} s, grad io {:.2f} s, grad wait {:.2f} s, grad add {:.2f} s",
         Mib(host), Mib(mem.in_use[static_cast<int>(MemoryTier::kNvme)].peak), s.optimizer_s,
-        s.optimizer_io_wait_s, s.fetch_wait_s, s.grad_io_s, s.grad_wait_s, s.grad_add_s);
+        s.optimizer_io_wait_s, s.update_wait_s, s.fetch_wait_s, s.grad_io_s, s.grad_wait_s,
+        s.grad_add_s);
   }
   std::string line;
   if (print) {

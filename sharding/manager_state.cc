@@ -9,6 +9,7 @@
 namespace zerort {
 
 Status ShardManagerState::RefreshComputeCopies() {
+  ZR_RETURN_IF_ERROR(m_.SettleAll());  // a deferred step's units, before they are refreshed again
   ZR_RETURN_IF_ERROR(m_.optimizer_->ResetCompressionErrors());
   return m_.RefreshComputeCopies();
 }

@@ -2,7 +2,11 @@
 // NVMe step (nvme_step.cc); internal to sharding/.
 #pragma once
 
+#include <chrono>
+#include <deque>
+
 #include "zerort/offload/nvme_store.h"
+#include "zerort/offload/task_pool.h"
 #include "zerort/sharding/placed_buffer.h"
 #include "zerort/sharding/sharded_optimizer.h"
 
@@ -20,6 +24,45 @@ struct ShardedOptimizer::UnitState {
   bool grad_written = false;
   float sum_sq = 0.0f, nonfinite = 0.0f;
   bool in_norm = true;  // false: a tied copy that another rank counts
+};
+
+// [Note: the host step's write-backs]: the copies in flight, oldest first.
+class ShardedOptimizer::WriteBacks {
+ public:
+  WriteBacks() = default;
+  WriteBacks(const WriteBacks&) = delete;
+  WriteBacks& operator=(const WriteBacks&) = delete;
+  ~WriteBacks() { (void)Drain(0); }  // a failed step: the staging outlives its copies
+  void Push(WriteBack w) { in_flight_.push_back(std::move(w)); }
+  // Waits until at most `keep` copies are in flight, freeing the staging of the others.
+  Status Drain(size_t keep) {
+    Status status = absl::OkStatus();
+    while (in_flight_.size() > keep) {
+      const Status done = in_flight_.front().copied->Synchronize();
+      if (status.ok()) status = done;
+      in_flight_.pop_front();
+    }
+    return status;
+  }
+
+ private:
+  std::deque<WriteBack> in_flight_;
+};
+
+// [Note: the host step behind the forward]: a step whose units are updated on the step worker
+// and completed one by one (CompleteUnitStep), in unit order.
+struct ShardedOptimizer::DeferredStep {
+  struct UnitWork {
+    Task task;                // the update, submitted `Ahead()` units before its completion
+    TensorView out;           // where the update writes the compute values
+    ::zerort::Buffer staged;  // `out`'s memory when the compute copy is on another device
+    std::chrono::system_clock::time_point begin, end;  // the worker's update (spans)
+  };
+  OptimizerStepArgs args;
+  std::vector<UnitWork> units;
+  int submitted = 0;  // units whose update was submitted
+  int completed = 0;  // units completed (CompleteUnitStep)
+  WriteBacks write_backs;
 };
 
 namespace optimizer_internal {

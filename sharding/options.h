@@ -110,6 +110,10 @@ struct ShardManagerOptions {
   // (dp_size / factor) after. 1 (default): the sum, then the mean, as DeepSpeed does by default.
   double gradient_predivide_factor = 1.0;
   bool overlap_comm = true;  // reduce gradients on the comm stream, overlapping backward compute
+  // A host-tier AdamW, Adam or SGD step runs on a worker thread, each unit completed when the
+  // next forward first needs it ([Note: the host step behind the forward], sharded_optimizer.h).
+  // The same numbers either way; false updates every unit before Step returns.
+  bool overlap_host_step = true;
   // DeepSpeed's allgather_partitions: false gathers a unit's shards by one broadcast per rank
   // instead of one all-gather (the same bytes, more collectives).
   bool allgather_partitions = true;

@@ -404,6 +404,7 @@ Status ShardManager::Initialize(const Initializer& init) {
         "every unit) to shard this model",
         options_.stage3_param_persistence_threshold);
   }
+  settled_ = num_units();  // no step to complete
   initialized_ = true;
   return absl::OkStatus();
 }
@@ -411,6 +412,14 @@ Status ShardManager::Initialize(const Initializer& init) {
 Status ShardManager::AfterStep() {
   ZR_RETURN_IF_ERROR(optimizer_->ZeroGradients());
   return RefreshComputeCopies();
+}
+
+Status ShardManager::SettleThrough(int unit) {
+  for (; settled_ <= unit && settled_ < num_units(); ++settled_) {
+    ZR_RETURN_IF_ERROR(optimizer_->CompleteUnitStep(settled_));
+    ZR_RETURN_IF_ERROR(units_[settled_]->RefreshAfterStep());
+  }
+  return absl::OkStatus();
 }
 
 Status ShardManager::RefreshComputeCopies() {
@@ -431,13 +440,19 @@ Status ShardManager::Prefetch() {
     for (int i : planner_->Upcoming()) {
       if (param_staging_->available() <= 1) break;
       ShardedUnit& u = *units_[i];
-      if (!u.persistent() && u.state() == ShardState::kSharded) ZR_RETURN_IF_ERROR(u.StartFetch());
+      if (!u.persistent() && u.state() == ShardState::kSharded) {
+        ZR_RETURN_IF_ERROR(SettleThrough(i));
+        ZR_RETURN_IF_ERROR(u.StartFetch());
+      }
     }
   }
   // Then issue the gathers the plan names ([Note: the gather plan]). A gather whose fetch is
   // still reading waits for it: which gathers are issued must not depend on I/O timing, or ranks
   // would issue their collectives in different orders.
-  for (int i : planner_->Prefetch(Resident())) ZR_RETURN_IF_ERROR(units_[i]->StartGather());
+  for (int i : planner_->Prefetch(Resident())) {
+    ZR_RETURN_IF_ERROR(SettleThrough(i));
+    ZR_RETURN_IF_ERROR(units_[i]->StartGather());
+  }
   return absl::OkStatus();
 }
 
@@ -454,6 +469,7 @@ Status ShardManager::EnsureGathered(int unit) {
     return absl::InvalidArgumentError(
         StrCat("unit index ", unit, " out of range (", num_units(), " units)"));
   }
+  ZR_RETURN_IF_ERROR(SettleThrough(unit));
   ShardedUnit& u = *units_[unit];
   if (!planner_->BeginUse(unit)) {
     // The model changed its order (a branch, say): no more prefetch this step; re-record next.
@@ -521,6 +537,7 @@ Status ShardManager::EndScope(int unit, bool backward) {
 Status ShardManager::ReduceGradients() {
   if (!initialized_) return absl::FailedPreconditionError("Initialize the ShardManager first");
   if (gradients_reduced_) return absl::OkStatus();
+  ZR_RETURN_IF_ERROR(SettleAll());  // a unit no scope used since a deferred step
   const ScopedSeconds timed(&step_times_.reduce_step);
   if (options_.reduce_at_step &&
       (options_.stage == ZeroStage::k2 || options_.stage == ZeroStage::k3)) {
@@ -578,6 +595,7 @@ StatusOr<StepResult> ShardManager::StepImpl(const StepInputs& inputs) {
   }
   if (!(inputs.lr >= 0))
     return absl::InvalidArgumentError(StrCat("learning rate ", inputs.lr, " is negative"));
+  ZR_RETURN_IF_ERROR(SettleAll());
   ZR_RETURN_IF_ERROR(CheckScopesPaired());
   // Kept gathered for a reuse that did not come: released. Prefetched for a use that did not
   // come (the model changed its order): a fetch gives its buffer back, a gather is completed and
@@ -654,9 +672,13 @@ StatusOr<StepResult> ShardManager::StepImpl(const StepInputs& inputs) {
   }
   ++steps_;
   const OptimizerStepArgs args{inputs.lr, steps_, static_cast<float>(unscale * clip)};
-  ZR_RETURN_IF_ERROR(optimizer_->Step(args));
-  ZR_RETURN_IF_ERROR(AfterStep());
-  ZR_RETURN_IF_ERROR(compute.Synchronize());
+  ZR_ASSIGN_OR_RETURN(const StepCompletion completion, optimizer_->Step(args));
+  if (completion == StepCompletion::kPerUnit) {
+    settled_ = 0;  // [Note: the host step behind the forward]: completed at each unit's next use
+  } else {
+    ZR_RETURN_IF_ERROR(AfterStep());
+    ZR_RETURN_IF_ERROR(compute.Synchronize());
+  }
   ZR_RETURN_IF_ERROR(scaler_.Update(false));
   planner_->EndStep();
   result.step = steps_;

@@ -206,6 +206,12 @@ class ShardManager {
   Status CreateParamStaging();
   std::vector<std::string> UnitEntries() const;
   Status AfterStep();  // zero the gradient shards, refresh the compute copies
+  // A deferred step ([Note: the host step behind the forward]): completes the optimizer's update
+  // of units settled_..`unit`, in order, and refreshes their compute copies (the refresh's
+  // all-gathers at stages 1-2 and of persistent units are collectives: called at the same point
+  // on every rank, first use of a unit or before the next step's reduction or a checkpoint).
+  Status SettleThrough(int unit);
+  Status SettleAll() { return SettleThrough(num_units() - 1); }
   Status RefreshComputeCopies();
   Status CheckNvmeSpace() const;
   Status EndScope(int unit, bool backward);
@@ -226,10 +232,12 @@ class ShardManager {
   // pointer to this pointer, as they are added before it exists).
   std::unique_ptr<StagingPool> param_staging_;
   Tiers tiers_;
+  std::vector<std::unique_ptr<ShardedUnit>> units_;
+  // Destroyed before the units: its step worker may be updating their compute copies ([Note: the
+  // host step behind the forward]).
   std::unique_ptr<ShardedOptimizer> optimizer_;
   OffloadStats offload_stats_;
   StepTimes step_times_;
-  std::vector<std::unique_ptr<ShardedUnit>> units_;
   std::vector<UnitOptions> unit_options_;  // one per unit
   // Per unit, the scopes opened since the last step: kForwardScope | kBackwardScope.
   std::vector<uint8_t> scopes_since_step_;
@@ -240,6 +248,7 @@ class ShardManager {
   bool initialized_ = false;
   int64_t steps_ = 0;
   bool gradients_reduced_ = false;
+  int settled_ = 0;  // units [0, settled_) hold the last step's values (all but in a deferred step)
   // The recorded gather order, prefetch and keep decisions ([Note: the gather plan]); made by
   // Initialize, when the units are known.
   std::unique_ptr<GatherPlanner> planner_;

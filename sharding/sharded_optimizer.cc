@@ -29,7 +29,9 @@ ShardedOptimizer::ShardedOptimizer(const OptimizerResources& resources) : resour
 }
 
 ShardedOptimizer::~ShardedOptimizer() {
-  host_grads_.reset();  // waits for the copies still in flight before their buffers go
+  step_worker_.reset();  // runs the deferred updates submitted (they use the units' state)
+  deferred_.reset();     // waits for its copies before their staging goes
+  host_grads_.reset();   // waits for the copies still in flight before their buffers go
   if (staging_) ZR_CHECK_OK(staging_->Drain());
 }
 
@@ -285,14 +287,18 @@ Status ShardedOptimizer::AccumulateNorm(const TensorView& sum_sq, const TensorVi
 
 Status ShardedOptimizer::ZeroGradients() {
   ZR_RETURN_IF_ERROR(FinishHostGradients());
-  for (auto& s : units_) {
-    if (s->grad.in_memory()) {
-      const TensorView g = s->grad.View();
-      ZR_RETURN_IF_ERROR(FillZero(g.data(), g.device(), g.nbytes(), StreamFor(s->grad.tier())));
-    }
-    s->grad_written = false;
-    s->sum_sq = s->nonfinite = 0.0f;
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u) ZR_RETURN_IF_ERROR(ZeroGradient(u));
+  return absl::OkStatus();
+}
+
+Status ShardedOptimizer::ZeroGradient(int u) {
+  UnitState& s = *units_[u];
+  if (s.grad.in_memory()) {
+    const TensorView g = s.grad.View();
+    ZR_RETURN_IF_ERROR(FillZero(g.data(), g.device(), g.nbytes(), StreamFor(s.grad.tier())));
   }
+  s.grad_written = false;
+  s.sum_sq = s.nonfinite = 0.0f;
   return absl::OkStatus();
 }
 
@@ -417,31 +423,23 @@ Status ShardedOptimizer::UpdateLamb(int u, const OptimizerStepArgs& args, const 
   return absl::OkStatus();
 }
 
-// [Note: the host step's write-backs]: the copies in flight, oldest first.
-class ShardedOptimizer::WriteBacks {
- public:
-  WriteBacks() = default;
-  WriteBacks(const WriteBacks&) = delete;
-  WriteBacks& operator=(const WriteBacks&) = delete;
-  ~WriteBacks() { (void)Drain(0); }  // a failed step: the staging outlives its copies
-  void Push(WriteBack w) { in_flight_.push_back(std::move(w)); }
-  // Waits until at most `keep` copies are in flight, freeing the staging of the others.
-  Status Drain(size_t keep) {
-    Status status = absl::OkStatus();
-    while (in_flight_.size() > keep) {
-      const Status done = in_flight_.front().copied->Synchronize();
-      if (status.ok()) status = done;
-      in_flight_.pop_front();
-    }
-    return status;
-  }
-
- private:
-  std::deque<WriteBack> in_flight_;
-};
-
-Status ShardedOptimizer::Step(const OptimizerStepArgs& args) {
+StatusOr<StepCompletion> ShardedOptimizer::Step(const OptimizerStepArgs& args) {
   ZR_RETURN_IF_ERROR(FinishHostGradients());
+  if (deferred_) {  // the last deferred step: every unit completed, its copies landed
+    ZR_CHECK(deferred_->completed == static_cast<int>(units_.size()))
+        << "optimizer step while the last step's unit "
+        << units_[deferred_->completed]->unit->name() << " is not completed";
+    ZR_RETURN_IF_ERROR(deferred_->write_backs.Drain(0));
+    deferred_.reset();
+  }
+  if (DefersStep()) {  // [Note: the host step behind the forward]
+    deferred_ = std::make_unique<DeferredStep>();
+    deferred_->args = args;
+    deferred_->units.resize(units_.size());
+    const int ahead = std::min<int>(Ahead(), static_cast<int>(units_.size()));
+    while (deferred_->submitted < ahead) ZR_RETURN_IF_ERROR(SubmitDeferred());
+    return StepCompletion::kPerUnit;
+  }
   ScopedSeconds timed(
       resources_.stats && tier() != MemoryTier::kDevice ? &resources_.stats->optimizer_s : nullptr);
   if (tier() == MemoryTier::kNvme) {
@@ -450,7 +448,8 @@ Status ShardedOptimizer::Step(const OptimizerStepArgs& args) {
           "LAMB with the optimizer state on NVMe is not implemented (its per-parameter norms "
           "need a second pass over the streamed chunks); use offload_optimizer.device cpu");
     }
-    return StepNvme(args);
+    ZR_RETURN_IF_ERROR(StepNvme(args));
+    return StepCompletion::kDone;
   }
   if (resources_.options->optimizer.kind == OptimizerKind::kOneBitLamb &&
       OneBitCompressing(resources_.options->optimizer, args.step)) {
@@ -481,57 +480,66 @@ Status ShardedOptimizer::Step(const OptimizerStepArgs& args) {
     if (zero_one_step_.sync) lrs_ = 0;
     zero_one_->Advance();
   }
-  return absl::OkStatus();
+  return StepCompletion::kDone;
+}
+
+StatusOr<TensorView> ShardedOptimizer::UpdateTarget(int u, ::zerort::Buffer* staged) {
+  UnitState& s = *units_[u];
+  const int64_t shard = s.master.numel();
+  const ComputeCopy copy = s.unit->compute_copy();
+  if (copy.buffer == nullptr) return TensorView();
+  ZR_CHECK(copy.buffer->in_memory()) << "an NVMe compute shard needs NVMe optimizer state";
+  const TensorView target = copy.buffer->View().Flat(copy.offset, shard);
+  if (target.device() == s.master.View().device()) return target;
+  ZR_ASSIGN_OR_RETURN(*staged, resources_.tiers.StagingOrHost()->Allocate(
+                                   target.nbytes(), MemoryCategory::kStaging));
+  return TensorView(staged->data(), target.dtype(), {shard}, Device::Cpu());
+}
+
+Status ShardedOptimizer::UpdateUnit(int u, const OptimizerStepArgs& args, const TensorView& out) {
+  UnitState& s = *units_[u];
+  auto view = [](PlacedBuffer& b) { return b ? b.View() : TensorView(); };
+  switch (resources_.options->optimizer.kind) {
+    case OptimizerKind::kOneBitAdam:
+      return UpdateOneBit(u, args, out);
+    case OptimizerKind::kZeroOneAdam:
+      return UpdateZeroOne(u, args, zero_one_step_, out);
+    case OptimizerKind::kOneBitLamb:
+      return UpdateOneBitLamb(u, args, out);
+    case OptimizerKind::kLamb:
+      return UpdateLamb(u, args, s.master.View(), s.grad.View(), view(s.exp_avg),
+                        view(s.exp_avg_sq), out);
+    default:
+      return Update(u, Range{0, s.master.numel()}, args, s.master.View(), s.grad.View(),
+                    view(s.exp_avg), view(s.exp_avg_sq), out);
+  }
+}
+
+Status ShardedOptimizer::IssueWriteBack(int u, ::zerort::Buffer staged, WriteBacks& write_backs,
+                                        size_t keep) {
+  const UnitState& s = *units_[u];
+  const ComputeCopy copy = s.unit->compute_copy();
+  const TensorView target = copy.buffer->View().Flat(copy.offset, s.master.numel());
+  Stream& compute = *resources_.compute;
+  ZR_RETURN_IF_ERROR(CopyBytes(target.data(), target.device(), staged.data(), Device::Cpu(),
+                               target.nbytes(), &compute));
+  ZR_ASSIGN_OR_RETURN(std::unique_ptr<Event> copied, CreateEvent(target.device()));
+  const Status recorded = copied->Record(compute);
+  if (!recorded.ok()) {
+    (void)compute.Synchronize();  // the copy reads `staged` until then
+    return recorded;
+  }
+  write_backs.Push({std::move(staged), std::move(copied)});
+  return write_backs.Drain(keep);
 }
 
 Status ShardedOptimizer::StepInMemory(int u, const OptimizerStepArgs& args,
                                       WriteBacks& write_backs) {
-  UnitState& s = *units_[u];
-  const int64_t shard = s.master.numel();
-  const ComputeCopy copy = s.unit->compute_copy();
-  const Device at = s.master.View().device();
-  TensorView out;
   ::zerort::Buffer staged;  // the compute values on their way to another device (CUDA)
-  if (copy.buffer != nullptr) {
-    ZR_CHECK(copy.buffer->in_memory()) << "an NVMe compute shard needs NVMe optimizer state";
-    const TensorView target = copy.buffer->View().Flat(copy.offset, shard);
-    if (target.device() == at) {
-      out = target;
-    } else {
-      ZR_ASSIGN_OR_RETURN(staged, resources_.tiers.StagingOrHost()->Allocate(
-                                      target.nbytes(), MemoryCategory::kStaging));
-      out = TensorView(staged.data(), target.dtype(), {shard}, Device::Cpu());
-    }
-  }
-  auto view = [](PlacedBuffer& b) { return b ? b.View() : TensorView(); };
-  if (resources_.options->optimizer.kind == OptimizerKind::kOneBitAdam) {
-    ZR_RETURN_IF_ERROR(UpdateOneBit(u, args, out));
-  } else if (resources_.options->optimizer.kind == OptimizerKind::kZeroOneAdam) {
-    ZR_RETURN_IF_ERROR(UpdateZeroOne(u, args, zero_one_step_, out));
-  } else if (resources_.options->optimizer.kind == OptimizerKind::kOneBitLamb) {
-    ZR_RETURN_IF_ERROR(UpdateOneBitLamb(u, args, out));
-  } else if (resources_.options->optimizer.kind == OptimizerKind::kLamb) {
-    ZR_RETURN_IF_ERROR(UpdateLamb(u, args, s.master.View(), s.grad.View(), view(s.exp_avg),
-                                  view(s.exp_avg_sq), out));
-  } else {
-    ZR_RETURN_IF_ERROR(Update(u, Range{0, shard}, args, s.master.View(), s.grad.View(),
-                              view(s.exp_avg), view(s.exp_avg_sq), out));
-  }
-  if (staged) {  // [Note: the host step's write-backs]
-    const TensorView target = copy.buffer->View().Flat(copy.offset, shard);
-    Stream& compute = *resources_.compute;
-    ZR_RETURN_IF_ERROR(CopyBytes(target.data(), target.device(), staged.data(), Device::Cpu(),
-                                 target.nbytes(), &compute));
-    ZR_ASSIGN_OR_RETURN(std::unique_ptr<Event> copied, CreateEvent(target.device()));
-    const Status recorded = copied->Record(compute);
-    if (!recorded.ok()) {
-      (void)compute.Synchronize();  // the copy reads `staged` until then
-      return recorded;
-    }
-    write_backs.Push({std::move(staged), std::move(copied)});
-    return write_backs.Drain(kWriteBacksInFlight);
-  }
-  return absl::OkStatus();
+  ZR_ASSIGN_OR_RETURN(const TensorView out, UpdateTarget(u, &staged));
+  ZR_RETURN_IF_ERROR(UpdateUnit(u, args, out));
+  if (!staged) return absl::OkStatus();
+  return IssueWriteBack(u, std::move(staged), write_backs, kWriteBacksInFlight);
 }
 
 Status ShardedOptimizer::StepNvme(const OptimizerStepArgs& args) {
@@ -550,6 +558,7 @@ bool ShardedOptimizer::HasState(StateKind kind) const {
 }
 
 Status ShardedOptimizer::ReadState(int u, StateKind kind, std::span<float> out) {
+  ZR_RETURN_IF_ERROR(CompleteUnitStep(u));  // [Note: the host step behind the forward]
   PlacedBuffer* b = Buffer(u, kind);
   if (b == nullptr) return absl::FailedPreconditionError("the optimizer keeps no such state");
   if (static_cast<int64_t>(out.size()) != b->numel()) {
@@ -572,6 +581,7 @@ Status ShardedOptimizer::ReadState(int u, StateKind kind, std::span<float> out) 
 }
 
 Status ShardedOptimizer::WriteState(int u, StateKind kind, std::span<const float> values) {
+  ZR_RETURN_IF_ERROR(CompleteUnitStep(u));
   PlacedBuffer* b = Buffer(u, kind);
   if (b == nullptr) return absl::FailedPreconditionError("the optimizer keeps no such state");
   if (static_cast<int64_t>(values.size()) != b->numel()) {

@@ -27,8 +27,9 @@ struct RunConfig {
   int64_t reduce_bucket_size = 500'000'000;  // elements; 1 reduces every unit alone
   Device device = Device::Cpu();             // CUDA: loopback ranks share one GPU
   bool overlap_comm = true;
-  ShardPlacement placement;  // offload: optimizer state and (stage 3) parameters
-  std::string nvme_path;     // for kNvme placements
+  bool overlap_host_step = true;  // [Note: the host step behind the forward]
+  ShardPlacement placement;       // offload: optimizer state and (stage 3) parameters
+  std::string nvme_path;          // for kNvme placements
   IoEngine io_engine = IoEngine::kAuto;
   double predivide = 1.0;  // gradient_predivide_factor (prescale_gradients: the world size)
   bool allgather_partitions = true;
@@ -69,6 +70,7 @@ inline ShardManagerOptions Options(const RunConfig& c) {
   o.stage3_param_persistence_threshold = c.persistence_threshold;
   o.reduce_bucket_size = c.reduce_bucket_size;
   o.overlap_comm = c.overlap_comm;
+  o.overlap_host_step = c.overlap_host_step;
   o.gradient_predivide_factor = c.predivide;
   o.allgather_partitions = c.allgather_partitions;
   o.reduce_scatter = c.reduce_scatter;

@@ -1,0 +1,81 @@
+// ShardedOptimizer's deferred host step: [Note: the host step behind the forward]
+// (sharded_optimizer.h).
+#include <chrono>
+
+#include "zerort/offload/task_pool.h"
+#include "zerort/runtime/scoped_seconds.h"
+#include "zerort/runtime/strings.h"
+#include "zerort/sharding/optimizer_state.h"
+
+namespace zerort {
+
+bool ShardedOptimizer::DefersStep() const {
+  const OptimizerKind kind = resources_.options->optimizer.kind;
+  const bool element_wise =
+      kind == OptimizerKind::kAdamW || kind == OptimizerKind::kAdam || kind == OptimizerKind::kSgd;
+  return resources_.options->overlap_host_step && element_wise && tier() != MemoryTier::kDevice &&
+         tier() != MemoryTier::kNvme && !units_.empty();
+}
+
+int ShardedOptimizer::Ahead() const {
+  for (const auto& s : units_) {
+    const ComputeCopy copy = s->unit->compute_copy();
+    if (copy.buffer != nullptr && copy.buffer->View().device() != s->master.View().device()) {
+      return kStagedAhead;
+    }
+  }
+  return static_cast<int>(units_.size());
+}
+
+Status ShardedOptimizer::SubmitDeferred() {
+  DeferredStep& d = *deferred_;
+  const int u = d.submitted;
+  DeferredStep::UnitWork& w = d.units[u];
+  // The staging is allocated here, on the issuing thread, as every allocation of the run is.
+  ZR_ASSIGN_OR_RETURN(w.out, UpdateTarget(u, &w.staged));
+  if (!step_worker_) step_worker_ = std::make_unique<TaskPool>(1);
+  w.task = step_worker_->Submit([this, u, &d, &w]() -> Status {
+    w.begin = std::chrono::system_clock::now();
+    Status status = UpdateUnit(u, d.args, w.out);
+    // The next backward adds into the shard only after this unit is completed.
+    if (status.ok()) status = ZeroGradient(u);
+    w.end = std::chrono::system_clock::now();
+    return status;
+  });
+  ++d.submitted;
+  return absl::OkStatus();
+}
+
+Status ShardedOptimizer::CompleteUnitStep(int u) {
+  while (deferred_ && deferred_->completed <= u &&
+         deferred_->completed < static_cast<int>(units_.size())) {
+    ZR_RETURN_IF_ERROR(CompleteNext());
+  }
+  return absl::OkStatus();
+}
+
+Status ShardedOptimizer::CompleteNext() {
+  DeferredStep& d = *deferred_;
+  const int u = d.completed;
+  DeferredStep::UnitWork& w = d.units[u];
+  {
+    ScopedSeconds timed(resources_.stats ? &resources_.stats->update_wait_s : nullptr);
+    ZR_RETURN_IF_ERROR(
+        Annotate(w.task.Wait(), StrCat("optimizer step of unit '", units_[u]->unit->name(), "'")));
+  }
+  if (resources_.stats != nullptr) {
+    resources_.stats->optimizer_s += std::chrono::duration<double>(w.end - w.begin).count();
+  }
+  if (resources_.span != nullptr && *resources_.span) {
+    (*resources_.span)(StrCat("optimizer ", units_[u]->unit->name()), "host step", w.begin, w.end);
+  }
+  if (w.staged) {  // [Note: the host step's write-backs]
+    ZR_RETURN_IF_ERROR(IssueWriteBack(u, std::move(w.staged), d.write_backs, kStagedAhead));
+  }
+  w.out = TensorView();
+  ++d.completed;
+  if (d.submitted < static_cast<int>(units_.size())) return SubmitDeferred();
+  return absl::OkStatus();
+}
+
+}  // namespace zerort
