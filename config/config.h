@@ -113,6 +113,9 @@ struct TrainConfig {
   int64_t async_jitter_seed = 0;  // cpu-async: StreamOptions::jitter_seed
   int async_jitter_max_us = 100;
   bool check_memory = true;
+  // false: ShardManagerOptions::overlap_host_step kOff ([Note: the host step behind the
+  // forward]); true leaves the manager's own (kAuto unless RunConfig::manager says otherwise).
+  bool overlap_host_step = true;
 };
 
 struct CheckpointConfig {

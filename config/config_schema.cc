@@ -346,9 +346,9 @@ std::vector<ConfigField> BuildTable() {
   t.push_back(With(Num<int>(tr, "async_jitter_max_us", ZR_MEMBER(train.async_jitter_max_us), 1,
                             1'000'000, "cpu-async with a jitter seed: the longest delay (us)"),
                    kOmitUnset));
-  t.push_back(Bool(tr, "overlap_host_step", ZR_MEMBER(manager.overlap_host_step),
-                   "offload_optimizer cpu: the CPU step of AdamW, Adam and SGD overlaps the next "
-                   "forward (the same numbers; docs/offload.md); false: it ends before"));
+  t.push_back(Bool(tr, "overlap_host_step", ZR_MEMBER(train.overlap_host_step),
+                   "offload_optimizer cpu on a GPU (and cpu-async): the CPU step of AdamW, Adam "
+                   "and SGD overlaps the next forward (the same numbers; docs/offload.md)"));
   t.push_back(Bool(tr, "check_memory", ZR_MEMBER(train.check_memory),
                    "refuse (exit 2) a run whose estimated peak does not fit this rank's memory"));
 

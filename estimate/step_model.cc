@@ -109,16 +109,38 @@ void StepModel::Init() {
 
 // As ShardManager::EnsureGathered, Prefetch and EndScope: the planner decides.
 void StepModel::Ensure(int u) {
+  SettleThrough(u);
   Unit& unit = units_[u];
   planner_.BeginUse(u);
   if (!unit.persistent && !unit.gathered) {
     unit.gathered_buffer = Gather(unit);
     unit.gathered = true;
   }
+  const int limit = settled_;  // as ShardManager::Prefetch: one unit beyond the settled ones
   for (int p : planner_.Prefetch(Resident())) {
+    if (p > limit) break;
+    SettleThrough(p);
     units_[p].gathered_buffer = Gather(units_[p]);
     units_[p].gathered = true;
   }
+}
+
+void StepModel::SettleThrough(int u) {
+  for (; settled_ <= u && settled_ < static_cast<int>(units_.size()); ++settled_) {
+    RefreshUpdated(units_[settled_]);
+  }
+}
+
+// As ShardedUnit::GatherUpdated: stages 1-2 all-gather the updated shards (or broadcast them), a
+// unit larger than allgather_bucket_size through a staging buffer of world x piece elements.
+void StepModel::RefreshUpdated(const Unit& u) {
+  if (in_.stage() != 1 && in_.stage() != 2) return;
+  InGroup(CollectiveOp::kAllGather, GatheredBytes(u));
+  const int64_t ranks = in_.shard_ranks(), bucket = in_.manager.allgather_bucket_size;
+  if (ranks == 1 || !in_.manager.allgather_partitions || u.layout.padded_numel() <= bucket) {
+    return;
+  }
+  Transient(Cat::kCommBuffers, {std::max<int64_t>(1, bucket / ranks) * ranks * csize()}, compute_);
 }
 
 void StepModel::Open(int u, bool backward) {
@@ -453,7 +475,8 @@ void StepModel::OneBitCompressedStep() {
 
 void StepModel::Step() {
   r_.SetPhase(Replay::kStep);
-  for (Unit& u : units_) u.secondary_valid = false;  // the step changes the weights
+  SettleThrough(static_cast<int>(units_.size()) - 1);  // as ShardManager::StepImpl
+  for (Unit& u : units_) u.secondary_valid = false;    // the step changes the weights
   for (int u : planner_.TakeKept()) {  // as ShardManager::StepImpl: kept units released first
     r_.Free(units_[u].gathered_buffer);
     units_[u].gathered = false;
@@ -478,17 +501,11 @@ void StepModel::Step() {
     Reduce(PlanAllReduce(Sizes(bucket.Take()), Groups()), {});
   }
   Transient(Cat::kWorkspace, {8}, compute_);  // norm/overflow accumulator
-  // As ShardedUnit::GatherUpdated: stages 1-2 all-gather the updated shards (or broadcast them),
-  // a unit larger than allgather_bucket_size through a staging buffer of world x piece elements.
-  const int64_t ranks = in_.shard_ranks(), bucket = in_.manager.allgather_bucket_size;
-  for (const Unit& u : units_) {
-    if (in_.stage() != 1 && in_.stage() != 2) break;
-    InGroup(CollectiveOp::kAllGather, GatheredBytes(u));
-    if (ranks == 1 || !in_.manager.allgather_partitions || u.layout.padded_numel() <= bucket) {
-      continue;
-    }
-    Transient(Cat::kCommBuffers, {std::max<int64_t>(1, bucket / ranks) * ranks * csize()},
-              compute_);
+  // The updated units refreshed now, or as the next forward first uses them (a deferred step).
+  if (defers_) {
+    settled_ = 0;
+  } else {
+    for (const Unit& u : units_) RefreshUpdated(u);
   }
   Transient(Cat::kCommBuffers, {4}, compute_);  // the trainer's loss mean
   Transient(Cat::kCommBuffers, {4}, compute_);  // and stop flag

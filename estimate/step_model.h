@@ -78,6 +78,10 @@ class StepModel {
   void MicroBatch();
   void Step();
   void Ensure(int u);
+  // As ShardManager::SettleThrough ([Note: the host step behind the forward]): units settled_..u
+  // refreshed after a deferred step (stages 1-2: their updated shards all-gathered).
+  void SettleThrough(int u);
+  void RefreshUpdated(const Unit& u);
   void Open(int u, bool backward);
   void Close(int u, bool backward);
   void ReducerAdd(int u);
@@ -134,6 +138,10 @@ class StepModel {
 
   const MemoryModelInput& in_;
   const ShardManagerOptions options_;
+  // [Note: the host step behind the forward]: whether the step is deferred (on a GPU: the
+  // estimate's compute stream is asynchronous there only), and units [0, settled_) refreshed.
+  const bool defers_ = DefersHostStep(in_.manager, in_.cuda);
+  int settled_ = 1 << 30;
   std::unique_ptr<Stream> compute_stream_, comm_stream_;
   Stream* compute_ = nullptr;
   Stream* comm_ = nullptr;

@@ -10,11 +10,7 @@
 namespace zerort {
 
 bool ShardedOptimizer::DefersStep() const {
-  const OptimizerKind kind = resources_.options->optimizer.kind;
-  const bool element_wise =
-      kind == OptimizerKind::kAdamW || kind == OptimizerKind::kAdam || kind == OptimizerKind::kSgd;
-  return resources_.options->overlap_host_step && element_wise && tier() != MemoryTier::kDevice &&
-         tier() != MemoryTier::kNvme && !units_.empty();
+  return !units_.empty() && DefersHostStep(*resources_.options, resources_.compute->asynchronous());
 }
 
 int ShardedOptimizer::Ahead() const {

@@ -96,6 +96,8 @@ struct OffloadOptions {
   int fail_io_errno = 5;                    // with this errno (EIO)
 };
 
+enum class HostStepOverlap { kAuto, kOn, kOff };
+
 struct ShardManagerOptions {
   ZeroStage stage = ZeroStage::k3;
   DType compute_dtype = DType::kF32;  // gathered weights and activations
@@ -112,8 +114,10 @@ struct ShardManagerOptions {
   bool overlap_comm = true;  // reduce gradients on the comm stream, overlapping backward compute
   // A host-tier AdamW, Adam or SGD step runs on a worker thread, each unit completed when the
   // next forward first needs it ([Note: the host step behind the forward], sharded_optimizer.h).
-  // The same numbers either way; false updates every unit before Step returns.
-  bool overlap_host_step = true;
+  // The same numbers either way; kAuto: where the compute stream is asynchronous (a GPU, or
+  // cpu-async), not on the synchronous CPU device, whose forward runs on the cores the update
+  // would take.
+  HostStepOverlap overlap_host_step = HostStepOverlap::kAuto;
   // DeepSpeed's allgather_partitions: false gathers a unit's shards by one broadcast per rank
   // instead of one all-gather (the same bytes, more collectives).
   bool allgather_partitions = true;
@@ -164,5 +168,18 @@ struct ShardManagerOptions {
   // device]). CUDA streams ignore it.
   StreamOptions streams;
 };
+
+// Whether a step of these options runs behind the next forward ([Note: the host step behind the
+// forward]): the optimizer on a host tier in memory (not NVMe), AdamW, Adam or SGD (no collective
+// inside the update), and overlap_host_step on, or kAuto with an asynchronous compute stream.
+// ShardedOptimizer and the memory model (estimate/step_model.cc) both ask this.
+inline bool DefersHostStep(const ShardManagerOptions& o, bool asynchronous_compute) {
+  const OptimizerKind k = o.optimizer.kind;
+  const MemoryTier t = o.placement.optimizer;
+  return (k == OptimizerKind::kAdamW || k == OptimizerKind::kAdam || k == OptimizerKind::kSgd) &&
+         (t == MemoryTier::kPinnedHost || t == MemoryTier::kHost) &&
+         (o.overlap_host_step == HostStepOverlap::kOn ||
+          (o.overlap_host_step == HostStepOverlap::kAuto && asynchronous_compute));
+}
 
 }  // namespace zerort

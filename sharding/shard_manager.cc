@@ -449,7 +449,13 @@ Status ShardManager::Prefetch() {
   // Then issue the gathers the plan names ([Note: the gather plan]). A gather whose fetch is
   // still reading waits for it: which gathers are issued must not depend on I/O timing, or ranks
   // would issue their collectives in different orders.
+  // While a deferred step's units are being completed ([Note: the host step behind the
+  // forward]), a prefetch completes at most one unit beyond those already completed, so that the
+  // forward's first units do not wait for the whole step; `settled_` is the same on every rank at
+  // this point, so is what is prefetched (the memory model replays the same rule).
+  const int limit = settled_;
   for (int i : planner_->Prefetch(Resident())) {
+    if (i > limit) break;
     ZR_RETURN_IF_ERROR(SettleThrough(i));
     ZR_RETURN_IF_ERROR(units_[i]->StartGather());
   }

@@ -96,7 +96,9 @@ class ShardedOptimizer {
   // unit order, before anything reads its compute copy or state: ShardManager completes units
   // 0..u when unit u is first gathered (or prefetched) and every unit before the next step's
   // reduction and any checkpoint read or load, and refreshes each unit's compute copies there, so
-  // the next forward's first units run on the device while the CPU updates the later ones. The
+  // the next forward's first units run on the device while the CPU updates the later ones (and
+  // while units are pending, a prefetch completes at most one unit beyond those completed:
+  // DeepSpeed's default prefetch bucket would otherwise ask for every unit at the first). The
   // worker also zeroes each unit's gradient shard after its update (the next backward adds into
   // it only after the unit's forward has completed it). Nothing changes in the arithmetic: the
   // same kernels on the same values in the same order, bitwise the synchronous step. On a GPU the
@@ -105,7 +107,9 @@ class ShardedOptimizer {
   // the compute stream ([Note: the host step's write-backs]); on a CPU run the worker writes the
   // compute copy itself and runs through every unit. Not deferred: LAMB and the 1-bit optimizers
   // (collectives per unit), the NVMe tier (its own pipelined step, nvme_step.h), the device tier
-  // (its kernels are queued already), and ShardManagerOptions::overlap_host_step false. Until
+  // (its kernels are queued already), and overlap_host_step off; its default, kAuto, defers only
+  // where the compute stream is asynchronous (a GPU, cpu-async): on the synchronous CPU device
+  // the forward runs on the cores the update would take (measured there: no gain). Until
   // 2026-11-29 the step updated every unit before it returned, the device waiting: on an H200
   // GPT-2 124M trained at 94-109k tokens/s with the optimizer on the host, 175k on the device.
   StatusOr<StepCompletion> Step(const OptimizerStepArgs& args);

@@ -213,11 +213,11 @@ int RunBenchOffload(const BenchOffloadOptions& o) {
     j["step_time_s"] = *off;
     j["step_time_s_without_offload"] = *base;
     j["step_time_ratio"] = *base / *off;  // higher is better for the offloaded run
-    if (c->zero.offload_optimizer.device == "cpu" && c->manager.overlap_host_step) {
+    if (c->zero.offload_optimizer.device == "cpu" && c->train.overlap_host_step) {
       // The host step that ends before the next forward ([Note: the host step behind the
       // forward]): what the overlap gains, in the same run.
       RunConfig serial = *c;
-      serial.manager.overlap_host_step = false;
+      serial.train.overlap_host_step = false;
       StatusOr<double> t = StepTime(serial, metrics);
       if (!t.ok()) return fail(t.status());
       j["step_time_s_host_step_not_overlapped"] = *t;

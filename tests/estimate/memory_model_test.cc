@@ -79,6 +79,9 @@ struct Params {
   bool reduce_scatter = true;    // zero_optimization.reduce_scatter
   int data_shard = 0;            // parallel.data_shard_size (hybrid sharding)
   bool quantized_grads = false;  // zero_quantized_gradients (qgZ)
+  // The host step behind the forward, on ([Note: the host step behind the forward]; kAuto leaves
+  // the CPU device without it): the refresh at each unit's first use and the shallower prefetch.
+  bool overlap_host_step = false;
 };
 
 class MemoryGridTest : public ::testing::TestWithParam<Params> {};
@@ -121,6 +124,7 @@ TEST_P(MemoryGridTest, EstimateMatchesTheMeasuredStep) {
   c.bf16 = p.bf16;
   c.zero.offload_optimizer.device = p.offload_optimizer;
   c.zero.offload_param.device = p.offload_param;
+  if (p.overlap_host_step) c.manager.overlap_host_step = HostStepOverlap::kOn;
   c.zero.offload_optimizer.nvme_path = c.zero.offload_param.nvme_path = ::testing::TempDir();
   c.zero.offload_param.buffer_size = 200'000;  // the grid's largest shard is ~197,000 elements
   c.manager.offload.sub_group_size = 100'000;  // two chunks per block
@@ -233,6 +237,13 @@ std::vector<Params> Grid() {
       out.push_back({stage, 2, true, true, tier});
       if (stage == 3) out.push_back({stage, 2, false, false, tier, tier});
     }
+    Params overlapped{stage, 2, false, false, "cpu"};
+    overlapped.overlap_host_step = true;
+    out.push_back(overlapped);
+    if (stage == 2) {  // the refresh's staging of a unit larger than allgather_bucket_size
+      overlapped.allgather_bucket_size = 20'000;
+      out.push_back(overlapped);
+    }
   }
   // Tensor (and sequence) parallelism: the split parts at 1/tp, the activations by the same
   // geometry as the model's; a padded vocabulary (256 -> 258 at tp 2, multiple 3).
@@ -344,8 +355,8 @@ TEST(MemoryGridTest, GridCounts) {
   const auto exact = std::count_if(grid.begin(), grid.end(), [](const Params& p) {
     return p.pp == 1 && p.allgather_bucket_size == 500'000'000;
   });
-  EXPECT_EQ(grid.size(), 71u);
-  EXPECT_EQ(exact, 63);
+  EXPECT_EQ(grid.size(), 75u);
+  EXPECT_EQ(exact, 66);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -369,7 +380,8 @@ INSTANTIATE_TEST_SUITE_P(
               : "",
           std::string(info.param.offload_param) != "none"
               ? StrCat("_param_", info.param.offload_param)
-              : "");
+              : "",
+          info.param.overlap_host_step ? "_overlap" : "");
     });
 
 // Rajbhandari et al. 2020, figure 1: 7.5B parameters, N = 64, K = 12.

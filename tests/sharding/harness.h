@@ -27,9 +27,11 @@ struct RunConfig {
   int64_t reduce_bucket_size = 500'000'000;  // elements; 1 reduces every unit alone
   Device device = Device::Cpu();             // CUDA: loopback ranks share one GPU
   bool overlap_comm = true;
-  bool overlap_host_step = true;  // [Note: the host step behind the forward]
-  ShardPlacement placement;       // offload: optimizer state and (stage 3) parameters
-  std::string nvme_path;          // for kNvme placements
+  // [Note: the host step behind the forward]: on here, where kAuto leaves the synchronous CPU
+  // device without it.
+  HostStepOverlap overlap_host_step = HostStepOverlap::kOn;
+  ShardPlacement placement;  // offload: optimizer state and (stage 3) parameters
+  std::string nvme_path;     // for kNvme placements
   IoEngine io_engine = IoEngine::kAuto;
   double predivide = 1.0;  // gradient_predivide_factor (prescale_gradients: the world size)
   bool allgather_partitions = true;

@@ -142,7 +142,7 @@ TEST(OffloadParity, TheHostStepBehindTheForwardEqualsTheSynchronousStep) {
                        .placement = {.optimizer = MemoryTier::kPinnedHost},
                        .reload_after = 3};
         RunConfig synchronous = base;
-        synchronous.overlap_host_step = false;
+        synchronous.overlap_host_step = HostStepOverlap::kOff;
         RunConfig device = base;
         device.placement = {};
         const RunResult a = Train(base), b = Train(synchronous), d = Train(device);
