@@ -117,6 +117,15 @@ if want train; then
     --set logging.metrics_file=/tmp/gpu-check-metrics-offload.jsonl \
     >"$logs/train-gpt2-offload.log" 2>&1 || rc=1
   grep -E '^step +(1|6)/' "$logs/train-gpt2-offload.log"
+  # The same with the host step ending before the next forward ([Note: the host step behind the
+  # forward] off): what its overlap gains, in the same run (issue 48: the host step within 1.3x
+  # of the device step).
+  "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite --set train.steps=6 \
+    --set train.eval_interval=6 --set checkpoint.dir=/tmp/gpu-check-ckpt-offload-serial \
+    --set zero_optimization.offload_optimizer.device=cpu --set train.overlap_host_step=false \
+    --set logging.metrics_file=/tmp/gpu-check-metrics-offload-serial.jsonl \
+    >"$logs/train-gpt2-offload-serial.log" 2>&1 || rc=1
+  grep -E '^step +6/' "$logs/train-gpt2-offload-serial.log"
   # The same with the host tier pinned (offload_optimizer.pin_memory, false by default as in
   # DeepSpeed): the step's copies are through pinned staging either way.
   "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite --set train.steps=6 \
