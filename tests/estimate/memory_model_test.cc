@@ -535,6 +535,34 @@ TEST(MemoryModelTest, TheAttentionProgramSizesTheSavedTensor) {
   EXPECT_EQ(activations(AttentionProgram::kMaterialised), cpu_flash);
 }
 
+// [Note: the host step behind the forward]: on a GPU with the optimizer on the host, the forward
+// after a deferred step prefetches at most one unit beyond those completed, so the replayed
+// forward holds fewer gathered weights than the same run with the overlap off (DeepSpeed's
+// default prefetch bucket, 5e7 elements, would gather the embedding and seven GPT-2 blocks at
+// the first use); the backward's prefetch is the same either way.
+TEST(MemoryModelTest, TheHostStepBehindTheForwardNarrowsItsPrefetch) {
+  MemoryModelInput in;
+  in.model = *DecoderPreset("gpt2");
+  in.micro_batch = 1;
+  in.manager.stage = ZeroStage::k3;
+  in.manager.compute_dtype = DType::kBF16;
+  in.manager.stage3_param_persistence_threshold = 0;
+  in.manager.placement.optimizer = MemoryTier::kPinnedHost;
+  in.cuda = true;
+  const MemoryEstimate overlapped = *EstimateMemory(in);
+  in.manager.overlap_host_step = HostStepOverlap::kOff;
+  const MemoryEstimate serial = *EstimateMemory(in);
+  const int64_t block = int64_t{12} * 768 * 768 * 2;  // a GPT-2 block's weights in bf16, about
+  EXPECT_LT(overlapped.phase_forward[0], serial.phase_forward[0] - 4 * block)
+      << overlapped.phase_forward[0] << " against " << serial.phase_forward[0];
+  EXPECT_EQ(overlapped.phase_backward[0], serial.phase_backward[0]);
+  in.cuda = false;  // kAuto: not on the synchronous CPU device
+  in.manager.overlap_host_step = HostStepOverlap::kAuto;
+  const MemoryEstimate cpu = *EstimateMemory(in);
+  in.manager.overlap_host_step = HostStepOverlap::kOff;
+  EXPECT_EQ(cpu.phase_forward[0], EstimateMemory(in)->phase_forward[0]);
+}
+
 TEST(MemoryModelTest, InvalidInputIsRefused) {
   MemoryModelInput in;
   in.model = *DecoderPreset("gpt2");
