@@ -440,10 +440,9 @@ Status ShardManager::Prefetch() {
     for (int i : planner_->Upcoming()) {
       if (param_staging_->available() <= 1) break;
       ShardedUnit& u = *units_[i];
-      if (!u.persistent() && u.state() == ShardState::kSharded) {
-        ZR_RETURN_IF_ERROR(SettleThrough(i));
-        ZR_RETURN_IF_ERROR(u.StartFetch());
-      }
+      // (NVMe parameters need NVMe optimizer state, whose step is never deferred: the shard
+      // read here is the last step's, [Note: the host step behind the forward].)
+      if (!u.persistent() && u.state() == ShardState::kSharded) ZR_RETURN_IF_ERROR(u.StartFetch());
     }
   }
   // Then issue the gathers the plan names ([Note: the gather plan]). A gather whose fetch is

@@ -81,6 +81,23 @@ TEST(ConfigSchemaTest, EveryRowReadsItsDefaultAndItsRangeEnds) {
   EXPECT_GT(rows, 90);
 }
 
+// A boolean row takes true and false only: a string, a number or a list is refused naming the key.
+TEST(ConfigSchemaTest, BooleansRefuseOtherTypesNamingTheKey) {
+  int rows = 0;
+  for (const ConfigField& f : ConfigFields()) {
+    if (f.TypeName() != "boolean") continue;
+    SCOPED_TRACE(f.Path());
+    ++rows;
+    for (const nlohmann::json& bad :
+         {nlohmann::json("true"), nlohmann::json(1), nlohmann::json::array()}) {
+      const std::vector<std::string> problems = Read(Nest(f, bad));
+      ASSERT_EQ(problems.size(), 1u) << bad;
+      EXPECT_NE(problems[0].find(f.Path()), std::string::npos) << problems[0];
+    }
+  }
+  EXPECT_GT(rows, 10);
+}
+
 TEST(ConfigSchemaTest, ChoicesAreTheOnlyStringsAccepted) {
   for (const ConfigField& f : ConfigFields()) {
     if (f.choices.empty()) continue;
