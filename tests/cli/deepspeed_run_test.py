@@ -6,7 +6,8 @@
   run skips the same steps as one process accumulating the same two micro-batches, lowers the
   scale the same way and follows its loss curve (1e-4), which it could not if one rank stepped
   while the other skipped;
-- wall_clock_breakdown's disjoint phases add up to the step time (within 5%), each present;
+- wall_clock_breakdown's disjoint phases add up to at most the step time, to 95% of it in the
+  median step, each present;
 - gradient_predivide_factor and prescale_gradients give the default's loss curve (1e-5);
 - LAMB at ZeRO-3 on 2 ranks gives the one-process loss curve (1e-5);
 - stage3_gather_16bit_weights_on_model_save writes step_N/hf/model.safetensors in bf16 at each
@@ -19,6 +20,7 @@
 Usage: deepspeed_run_test.py PATH_TO_ZERORT MPIEXEC"""
 import json
 import os
+import statistics
 import struct
 import xml.etree.ElementTree as ElementTree
 import zlib
@@ -100,14 +102,20 @@ timed = train("wall", wall_clock_breakdown=True,
 phases = ["forward", "backward", "reduce", "optimizer", "gather", "other"]
 check("wall_clock_breakdown: every phase in every record",
       timed and all(set(r.get("wall_clock_s", {})) == set(phases) for r in timed), timed[:1])
+# The phases are disjoint parts of the step, so they never add up to more than it (a guarantee);
+# that they leave little unaccounted is a timing, so it is asked of the median step: a step
+# preempted between two phases (ctest -j2 on two cores) can leave more than 5% of it outside.
+covered = []
 for r in timed[1:]:
     w = r["wall_clock_s"]
     measured = sum(w[p] for p in phases if p != "other")
-    check(f"step {r['step']}: forward + backward + reduce + optimizer + gather within 5% of the "
-          f"step time", abs(measured - r["step_time_s"]) <= 0.05 * r["step_time_s"],
-          (measured, r["step_time_s"], w))
+    check(f"step {r['step']}: forward + backward + reduce + optimizer + gather at most the step "
+          f"time", measured <= r["step_time_s"] * (1 + 1e-6) + 1e-9, (measured, r["step_time_s"], w))
     check(f"step {r['step']}: forward and backward take time", w["forward"] > 0 and
           w["backward"] > 0, w)
+    covered.append(measured / r["step_time_s"] if r["step_time_s"] > 0 else 0.0)
+check("the median step's phases cover 95% of it", covered and statistics.median(covered) >= 0.95,
+      covered)
 
 # LAMB: ZeRO-3 over 2 ranks (each parameter's norm summed over its shards) on the one-process
 # curve.
