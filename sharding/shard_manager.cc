@@ -404,6 +404,15 @@ Status ShardManager::Initialize(const Initializer& init) {
         "every unit) to shard this model",
         options_.stage3_param_persistence_threshold);
   }
+  const auto in_place = std::count_if(units_.begin(), units_.end(),
+                                      [](const auto& u) { return u->plan().gathers_in_place; });
+  if (in_place > 0 && resources_.dp->rank() == 0) {
+    Logger()->info(
+        "ZeRO-3 over one shard rank: {} of {} units read their compute shards in place (nothing "
+        "is sharded, so nothing is gathered or freed; sharding/unit_plan.cc, [Note: one shard "
+        "rank])",
+        in_place, units_.size());
+  }
   settled_ = num_units();  // no step to complete
   initialized_ = true;
   return absl::OkStatus();

@@ -143,8 +143,8 @@ Status ShardedUnit::Initialize(const TensorView& master) {
   ZR_ASSIGN_OR_RETURN(written_event_, CreateEvent(device()));
   ZR_RETURN_IF_ERROR(written_event_->Record(*resources_.compute));  // the initial values
   initialized_ = true;
-  if (!plan_.sharded_params) {
-    state_ = ShardState::kUnsharded;
+  if (!plan_.sharded_params || plan_.gathers_in_place) {
+    state_ = ShardState::kUnsharded;  // [Note: one shard rank]: the compute shard is read
   } else if (persistent()) {
     ZR_RETURN_IF_ERROR(StartGather());  // once, through the ordinary path; then kept
     ZR_RETURN_IF_ERROR(FinishGather());
@@ -341,6 +341,7 @@ void ShardedUnit::TrimPoisoned() {
 
 TensorView ShardedUnit::ComputeFlat() const {
   const ShardManagerOptions& o = options();
+  if (plan_.gathers_in_place) return compute_shard_.View();  // [Note: one shard rank]
   if (plan_.sharded_params) {
     return TensorView(gathered_.data(), o.compute_dtype, {layout_.padded_numel()}, device());
   }
@@ -422,6 +423,7 @@ Status ShardedUnit::RefreshAfterStep() {
         << "optimizer step while unit '" << name_ << "' is " << ShardStateName(state_);
     return absl::OkStatus();
   }
+  if (plan_.gathers_in_place) return absl::OkStatus();  // the updated shard is what is read
   return GatherShards(*resources_.dp, compute_shard_.View().data(), gathered_.data(), shard,
                       compute);
 }

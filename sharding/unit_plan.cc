@@ -53,6 +53,28 @@ int OptimizerStateCount(const OptimizerOptions& optimizer) {
   return optimizer.momentum != 0.0f ? 1 : 0;
 }
 
+// [Note: one shard rank]
+// ZeRO-3 over a shard group of one rank (one GPU, or hybrid sharding with shard size 1) shards
+// nothing: the unit's one shard is its whole flat vector. Gathering it would copy the compute
+// shard into a second buffer of the same size before every forward and backward use, and free
+// it after (on the CPU a GPT of 30M parameters stepped 1.06x as long at stage 3 as at stage 0;
+// 1.01x reading in place, docs/benchmarks.md). So the unit reads its compute shard in place, as
+// PyTorch's FSDP1 falls back to NO_SHARD at world size 1: the plan marks it persistent (the
+// shard manager never gathers, prefetches or releases it) and has no gathered buffer; the
+// optimizer's updates land in the compute shard as at any stage 3, and a checkpoint is the same
+// stage-3 checkpoint. Not where the compute shard is offloaded (it must come to the device;
+// units below stage3_param_persistence_threshold keep theirs on the device and do), not under
+// qwZ (every gather quantizes, the rank's own shard too) and not under poison_released (which
+// exists to make a weight read outside its scope visible; a shard read in place is never
+// poisoned).
+bool GathersInPlace(const ShardManagerOptions& o, const FlatLayout& layout, int data_ranks) {
+  const bool on_device = o.placement.params == MemoryTier::kDevice ||
+                         layout.padded_numel() < o.stage3_param_persistence_threshold;
+  return o.stage == ZeroStage::k3 && data_ranks == 1 &&
+         layout.shard_numel() == layout.padded_numel() && on_device && !o.quantized_weights &&
+         !o.poison_released && o.hpz_partition_size <= 1;
+}
+
 UnitPlan PlanUnit(const ShardManagerOptions& o, const FlatLayout& layout, int data_ranks) {
   UnitPlan plan;
   const int64_t shard = layout.shard_numel();
@@ -61,6 +83,8 @@ UnitPlan PlanUnit(const ShardManagerOptions& o, const FlatLayout& layout, int da
   plan.partitioning = o.stage == ZeroStage::k0 ? Partitioning::kReplicated : Partitioning::kSharded;
   plan.sharded_params = o.stage == ZeroStage::k3;
   plan.persistent = !plan.sharded_params || padded < o.stage3_param_persistence_threshold;
+  plan.gathers_in_place = GathersInPlace(o, layout, data_ranks);
+  if (plan.gathers_in_place) plan.persistent = true;
   plan.compute_is_master = o.stage == ZeroStage::k0 && o.compute_dtype == DType::kF32;
 
   using C = MemoryCategory;
@@ -95,7 +119,7 @@ UnitPlan PlanUnit(const ShardManagerOptions& o, const FlatLayout& layout, int da
   }
   add(UnitBuffer::kFullGrad, padded, o.reduce_dtype, MemoryTier::kDevice, C::kGradients,
       o.stage <= ZeroStage::k1 ? Lifetime::kPersistent : Lifetime::kDuringBackward);
-  if (plan.sharded_params) {
+  if (plan.sharded_params && !plan.gathers_in_place) {
     add(UnitBuffer::kGathered, padded, o.compute_dtype, MemoryTier::kDevice, C::kGatheredWeights,
         plan.persistent ? Lifetime::kPersistent : Lifetime::kWhileGathered);
   }

@@ -60,6 +60,9 @@ struct UnitPlan {
   Partitioning partitioning = Partitioning::kReplicated;
   bool sharded_params = false;  // stage 3: parameters exist only as shards between gathers
   bool persistent = false;      // gathered once and kept (stages 0-2, small stage-3 units)
+  // Stage 3 with one shard rank: the compute shard is the whole flat vector, on the device, and
+  // is read in place; no gathered buffer, no gather, nothing to free ([Note: one shard rank]).
+  bool gathers_in_place = false;
   // Stage 0 in fp32: the compute copy would equal the master, so the model reads the master.
   bool compute_is_master = false;
   std::vector<PlannedBuffer> buffers;  // in allocation order
@@ -80,6 +83,8 @@ int OptimizerStateCount(const OptimizerOptions& optimizer);
 // The plan of a unit laid out by `layout` (whose dp_size is ShardCount(stage, dp)), for a
 // data-parallel group of `data_ranks` (the 1-bit optimizers' error buffers depend on it).
 UnitPlan PlanUnit(const ShardManagerOptions& options, const FlatLayout& layout, int data_ranks);
+// Whether a stage-3 unit reads its compute shard in place ([Note: one shard rank]).
+bool GathersInPlace(const ShardManagerOptions& options, const FlatLayout& layout, int data_ranks);
 // 1-bit LAMB's buffers of one rank, after its units' ([Note: 1-bit LAMB]): the fused momentum of
 // `numel` elements (the parameters of every unit of the rank) padded for `data_ranks`, and with
 // more than one rank the worker error (as long) and the server error (1/data_ranks of it). Empty

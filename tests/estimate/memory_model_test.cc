@@ -549,6 +549,7 @@ TEST(MemoryModelTest, TheHostStepBehindTheForwardNarrowsItsPrefetch) {
   in.manager.stage3_param_persistence_threshold = 0;
   in.manager.placement.optimizer = MemoryTier::kPinnedHost;
   in.cuda = true;
+  in.dp = 2;  // one shard rank would gather nothing ([Note: one shard rank])
   const MemoryEstimate overlapped = *EstimateMemory(in);
   in.manager.overlap_host_step = HostStepOverlap::kOff;
   const MemoryEstimate serial = *EstimateMemory(in);
@@ -561,6 +562,27 @@ TEST(MemoryModelTest, TheHostStepBehindTheForwardNarrowsItsPrefetch) {
   const MemoryEstimate cpu = *EstimateMemory(in);
   in.manager.overlap_host_step = HostStepOverlap::kOff;
   EXPECT_EQ(cpu.phase_forward[0], EstimateMemory(in)->phase_forward[0]);
+}
+
+// [Note: one shard rank]: ZeRO-3 on one GPU reads its compute shards in place, so the estimate
+// holds no gathered weights (GPT-2 124M in bf16: its tied embedding alone is 50257 x 768 x 2
+// bytes when gathered); two ranks, or shards offloaded to the host, gather as ever.
+TEST(MemoryModelTest, OneShardRankHoldsNoGatheredWeights) {
+  MemoryModelInput in;
+  in.model = *DecoderPreset("gpt2");
+  in.micro_batch = 1;
+  in.manager.stage = ZeroStage::k3;
+  in.manager.compute_dtype = DType::kBF16;
+  in.cuda = true;
+  const MemoryEstimate one = *EstimateMemory(in);
+  EXPECT_EQ(one.Peak(MemoryTier::kDevice, MemoryCategory::kGatheredWeights), 0);
+  in.dp = 2;
+  const MemoryEstimate two = *EstimateMemory(in);
+  EXPECT_GT(two.Peak(MemoryTier::kDevice, MemoryCategory::kGatheredWeights),
+            int64_t{50257} * 768 * 2);
+  in.dp = 1;
+  in.manager.placement.params = MemoryTier::kPinnedHost;  // offloaded shards are copied in
+  EXPECT_GT(EstimateMemory(in)->Peak(MemoryTier::kDevice, MemoryCategory::kGatheredWeights), 0);
 }
 
 TEST(MemoryModelTest, InvalidInputIsRefused) {

@@ -161,6 +161,55 @@ TEST(ShardManagerTest, PersistentUnitsStayGatheredAndChangeNoNumber) {
   EXPECT_EQ(a.params, Train(released).params);
 }
 
+// [Note: one shard rank]: ZeRO-3 over a shard group of one rank reads each unit's compute shard
+// in place (no gathered buffer, no gather), and trains bitwise as stage 0 does, with gradient
+// accumulation and a checkpoint-style reload; where the note's exceptions apply (poisoned
+// releases, parameters offloaded to the host, more than one shard rank) it gathers as before.
+TEST(ShardManagerTest, OneShardRankReadsItsShardsInPlace) {
+  for (DType compute : {DType::kF32, DType::kBF16}) {
+    RunConfig c{.stage = ZeroStage::k3,
+                .world = 1,
+                .compute = compute,
+                .micro_batches = 2,
+                .steps = 8,
+                .reload_after = 5};
+    c.poison = false;
+    const RunResult in_place = Train(c);
+    ASSERT_EQ(in_place.error, "");
+    EXPECT_EQ(in_place.gathered_peak, 0) << DTypeName(compute);
+    EXPECT_EQ(in_place.primary_gathers, 0) << DTypeName(compute);
+    RunConfig stage0 = c;
+    stage0.stage = ZeroStage::k0;
+    EXPECT_EQ(in_place.params, Train(stage0).params) << DTypeName(compute);
+
+    RunConfig poisoned = c;  // the debugging aid keeps its gathers (and their NaN fills)
+    poisoned.poison = true;
+    const RunResult gathered = Train(poisoned);
+    EXPECT_GT(gathered.gathered_peak, 0) << DTypeName(compute);
+    EXPECT_GT(gathered.primary_gathers, 0) << DTypeName(compute);
+    EXPECT_EQ(in_place.params, gathered.params) << DTypeName(compute);
+  }
+  RunConfig host{.stage = ZeroStage::k3, .world = 1, .steps = 4};
+  host.poison = false;
+  host.placement = {.optimizer = MemoryTier::kHost, .params = MemoryTier::kHost};
+  const RunResult offloaded = Train(host);
+  ASSERT_EQ(offloaded.error, "");
+  EXPECT_GT(offloaded.gathered_peak, 0) << "a host-tier shard is copied to the device";
+  host.persistence_threshold = 1000;  // every MLP unit: kept on the device, so read in place
+  EXPECT_EQ(Train(host).gathered_peak, 0);
+
+  RunConfig hybrid{.stage = ZeroStage::k3, .world = 2, .steps = 4, .shard_size = 1};
+  hybrid.poison = false;
+  const RunResult replicas = Train(hybrid);
+  ASSERT_EQ(replicas.error, "");
+  EXPECT_EQ(replicas.gathered_peak, 0) << "shard groups of one rank";
+  RunConfig two = hybrid;
+  two.shard_size = 0;
+  const RunResult sharded = Train(two);
+  EXPECT_GT(sharded.gathered_peak, 0);
+  EXPECT_EQ(replicas.params, sharded.params);
+}
+
 // DeepSpeed's gradient_predivide_factor and prescale_gradients move the division by the world
 // size around the reduction: the same mean up to rounding, at every stage (SGD with momentum:
 // Adam would hide a wrong scale).
