@@ -160,7 +160,9 @@ TEST(OffloadParity, TheHostStepBehindTheForwardEqualsTheSynchronousStep) {
         EXPECT_EQ(a.params, b.params) << name;
         EXPECT_EQ(a.grad_norms, b.grad_norms) << name;
         EXPECT_EQ(a.params, d.params) << name;
-        if (stage == ZeroStage::k3 && world == 0) EXPECT_EQ(a.gathered_peak, 0) << name;
+        if (stage == ZeroStage::k3 && world == 0) {
+          EXPECT_EQ(a.gathered_peak, 0) << name;
+        }
       }
     }
   }
