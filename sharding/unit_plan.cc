@@ -82,9 +82,9 @@ UnitPlan PlanUnit(const ShardManagerOptions& o, const FlatLayout& layout, int da
   const MemoryTier opt_tier = o.placement.optimizer;
   plan.partitioning = o.stage == ZeroStage::k0 ? Partitioning::kReplicated : Partitioning::kSharded;
   plan.sharded_params = o.stage == ZeroStage::k3;
-  plan.persistent = !plan.sharded_params || padded < o.stage3_param_persistence_threshold;
   plan.gathers_in_place = GathersInPlace(o, layout, data_ranks);
-  if (plan.gathers_in_place) plan.persistent = true;
+  plan.persistent = !plan.sharded_params || padded < o.stage3_param_persistence_threshold ||
+                    plan.gathers_in_place;
   plan.compute_is_master = o.stage == ZeroStage::k0 && o.compute_dtype == DType::kF32;
 
   using C = MemoryCategory;

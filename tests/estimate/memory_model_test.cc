@@ -504,17 +504,23 @@ TEST(MemoryModelTest, ShardingDividesModelStates) {
   EXPECT_GT(e.Peak(MemoryTier::kPinnedHost, MemoryCategory::kOptimizerState), 0);
 }
 
+// GPT-2 124M at ZeRO-3 in bf16 on one GPU, `micro_batch` sequences of 1024.
+MemoryModelInput Gpt2Bf16Zero3OnCuda(int micro_batch) {
+  MemoryModelInput in;
+  in.model = *DecoderPreset("gpt2");
+  in.micro_batch = micro_batch;
+  in.manager.stage = ZeroStage::k3;
+  in.manager.compute_dtype = DType::kBF16;
+  in.cuda = true;
+  return in;
+}
+
 // The attention program on CUDA (kernels/memory_facts.h, model.attention_backend): GPT-2 at 8 x
 // 1024 in bf16 saves a log-sum-exp per query under flash (auto: head size 64) instead of the
 // B x H x T x T probabilities, 12 blocks x 8 x 12 x 1024 x (1024 x 2 - 4) bytes less; a flash
 // request the kernels cannot take (fp32) is refused by name; the CPU runs flash whatever is asked.
 TEST(MemoryModelTest, TheAttentionProgramSizesTheSavedTensor) {
-  MemoryModelInput in;
-  in.model = *DecoderPreset("gpt2");
-  in.micro_batch = 8;
-  in.manager.stage = ZeroStage::k3;
-  in.manager.compute_dtype = DType::kBF16;
-  in.cuda = true;
+  MemoryModelInput in = Gpt2Bf16Zero3OnCuda(8);
   auto activations = [&](std::optional<AttentionProgram> attention) {
     in.attention = attention;
     return EstimateMemory(in)->Peak(MemoryTier::kDevice, MemoryCategory::kActivations);
@@ -541,14 +547,9 @@ TEST(MemoryModelTest, TheAttentionProgramSizesTheSavedTensor) {
 // default prefetch bucket, 5e7 elements, would gather the embedding and seven GPT-2 blocks at
 // the first use); the backward's prefetch is the same either way.
 TEST(MemoryModelTest, TheHostStepBehindTheForwardNarrowsItsPrefetch) {
-  MemoryModelInput in;
-  in.model = *DecoderPreset("gpt2");
-  in.micro_batch = 1;
-  in.manager.stage = ZeroStage::k3;
-  in.manager.compute_dtype = DType::kBF16;
+  MemoryModelInput in = Gpt2Bf16Zero3OnCuda(1);
   in.manager.stage3_param_persistence_threshold = 0;
   in.manager.placement.optimizer = MemoryTier::kPinnedHost;
-  in.cuda = true;
   in.dp = 2;  // one shard rank would gather nothing ([Note: one shard rank])
   const MemoryEstimate overlapped = *EstimateMemory(in);
   in.manager.overlap_host_step = HostStepOverlap::kOff;
@@ -568,12 +569,7 @@ TEST(MemoryModelTest, TheHostStepBehindTheForwardNarrowsItsPrefetch) {
 // holds no gathered weights (GPT-2 124M in bf16: its tied embedding alone is 50257 x 768 x 2
 // bytes when gathered); two ranks, or shards offloaded to the host, gather as ever.
 TEST(MemoryModelTest, OneShardRankHoldsNoGatheredWeights) {
-  MemoryModelInput in;
-  in.model = *DecoderPreset("gpt2");
-  in.micro_batch = 1;
-  in.manager.stage = ZeroStage::k3;
-  in.manager.compute_dtype = DType::kBF16;
-  in.cuda = true;
+  MemoryModelInput in = Gpt2Bf16Zero3OnCuda(1);
   const MemoryEstimate one = *EstimateMemory(in);
   EXPECT_EQ(one.Peak(MemoryTier::kDevice, MemoryCategory::kGatheredWeights), 0);
   in.dp = 2;
