@@ -49,13 +49,38 @@ def run(*args, **kw):
                           **kw)
 
 
-# kill -9 at arbitrary moments of a run that saves every step.
+def read_or_none(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def wait_until_changed(path, before, proc, what):
+    """Waits until the file at `path` exists and differs from `before` (the run has made
+    progress), however slow the machine (a sanitizer build on a busy CI machine starts in
+    seconds, not the fraction of one a Release build takes)."""
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        now = read_or_none(path)
+        if now and now != before:
+            return True
+        time.sleep(0.05)
+    check(what, False, f"{path} did not change within 240 s (exit {proc.poll()})")
+    return False
+
+
+# kill -9 at arbitrary moments of a run that saves every step: each kill comes a different
+# delay after the run's next save, so it lands within a step, a save or a rename.
 ckpt = os.path.join(tmp, "killed")
 cfg = config("killed.json", 100000, ckpt, checkpoint={"dir": ckpt, "interval": 1,
                                                       "keep_last_n": 2})
-for attempt, delay in enumerate((1.0, 1.37, 1.71)):
+for attempt, delay in enumerate((0.0, 0.37, 0.71)):
     p = subprocess.Popen([zerort, "train", cfg] + (["--resume"] if attempt else []),
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    wait_until_changed(os.path.join(ckpt, "latest"), read_or_none(os.path.join(ckpt, "latest")),
+                       p, f"run #{attempt + 1} saves a step")
     time.sleep(delay)
     p.send_signal(signal.SIGKILL)
     p.wait()
@@ -74,7 +99,7 @@ ckpt = os.path.join(tmp, "term")
 cfg = config("term.json", 100000, ckpt)
 p = subprocess.Popen([zerort, "train", cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                      text=True, env=env)
-time.sleep(1.5)
+wait_until_changed(os.path.join(ckpt, "metrics.jsonl"), None, p, "the SIGTERM run logs a step")
 p.send_signal(signal.SIGTERM)
 out, err = p.communicate(timeout=120)
 check("SIGTERM exits 0", p.returncode == 0, err[-1000:])
