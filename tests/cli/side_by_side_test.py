@@ -20,7 +20,9 @@ script = os.path.join(root, "tools", "peers", "llmc_side_by_side.py")
 checks = Checks("side_by_side_test")
 check = checks.check
 
-# The stand-in: MODE ok | fail (exit 1 after two steps) | nan (a NaN loss at step 3).
+# The stand-in: MODE ok | fail (exit 1 after two steps) | nan (a NaN loss at step 3) | no-nvml
+# (llm.c built with NO_NVML=1 knows no peak and prints "-100.0% bf16 MFU", as on the H200 on
+# 2026-11-30).
 STAND_IN = r'''#!/usr/bin/env python3
 import os, struct, sys
 mode = os.environ.get("STAND_IN_MODE", "ok")
@@ -41,7 +43,8 @@ for s in range(n):
     loss = float("nan") if mode == "nan" and s == 2 else 5.5 - 0.01 * s
     ms = 200.0 if s == 0 else 110.0 if s == n - 1 else 100.0 + s
     print("step %4d/%d | loss %7.6f (%+.2fz)| norm %6.4f (%+.2fz)| lr %.2e | %.2f ms | "
-          "%.1f%% bf16 MFU | %.0f tok/s" % (s + 1, n, loss, 0.0, 1.2, 0.0, 6e-4, ms, 40.0 + s, 1e3))
+          "%.1f%% bf16 MFU | %.0f tok/s" % (s + 1, n, loss, 0.0, 1.2, 0.0, 6e-4, ms,
+                                              -100.0 if mode == "no-nvml" else 40.0 + s, 1e3))
 '''
 
 with tempfile.TemporaryDirectory() as tmp:
@@ -100,6 +103,14 @@ with tempfile.TemporaryDirectory() as tmp:
     check("enough tokens for every step without rereading",
           header[2] >= steps * batch * seq * accum, header[2])
 
+    r, out = side_by_side(mode="no-nvml", work="no-nvml")
+    check("a peer that knows no peak (-100.0% MFU) is still timed: exit 0",
+          r.returncode == 0, r.stdout + r.stderr)
+    if r.returncode == 0:
+        peer = json.load(open(out))["runs"][1]
+        check("... its steps all read, its own MFU unknown, not negative",
+              peer["steps_timed"] == steps - warmup and "llmc_own_mfu" not in peer
+              and abs(peer["median_step_ms"] - 103.0) < 1e-9, peer)
     r, _ = side_by_side(mode="fail", work="fail")
     check("a peer that fails: exit 1", r.returncode == 1, r.stdout + r.stderr)
     check("... with its exit code, steps and log's tail",

@@ -35,7 +35,9 @@ LLMC_MAGIC, LLMC_VERSION, LLMC_HEADER_INTS = 20240520, 1, 256
 MAX_TOKENS = 1 << 28  # 512 MiB of uint16 tokens, under the header's int32 count
 # llm.c's per-step line (train_gpt2.cu):
 # "step %4d/%d | loss %7.6f (%+.2fz)| norm %6.4f (%+.2fz)| lr %.2e | %.2f ms | %.1f%% bf16 MFU | %.0f tok/s"
-LLMC_STEP = re.compile(r"^step\s+(\d+)/(\d+) \| loss\s+(\S+) .*\| ([0-9.]+) ms \| ([0-9.]+)% \w+ MFU")
+# Built without NVML (NO_NVML=1, as gpu-pack.sh builds it) llm.c knows no peak and prints its MFU as
+# a negative percentage (-100.0%): that run's own MFU is unknown, not negative.
+LLMC_STEP = re.compile(r"^step\s+(\d+)/(\d+) \| loss\s+(\S+) .*\| ([0-9.]+) ms \| (-?[0-9.]+)% \w+ MFU")
 
 
 def write_llmc_tokens(path, count, vocab, seed):
@@ -208,7 +210,9 @@ def main():
         r = summarise(f"llm.c {label}", [ms / 1e3 for _, _, ms, _ in steps],
                       [loss for _, loss, _, _ in steps], tokens_per_step, flops_per_token, peak,
                       a.warmup)
-        r["llmc_own_mfu"] = statistics.median(m for _, _, _, m in steps[a.warmup:]) / 100
+        own = [m for _, _, _, m in steps[a.warmup:]]
+        if min(own) >= 0:  # else llm.c did not know its peak (above)
+            r["llmc_own_mfu"] = statistics.median(own) / 100
         results.append(r)
 
     zr = next((r for r in results if r["name"] == "zerort"), None)
