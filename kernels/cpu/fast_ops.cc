@@ -10,6 +10,7 @@
 #include "zerort/kernels/cpu/vector_math.h"
 #include "zerort/kernels/flash_math.h"
 #include "zerort/kernels/model_math.h"
+#include "zerort/runtime/float_bits.h"
 
 namespace zerort::cpu::fast {
 namespace {
@@ -228,6 +229,20 @@ ZR_CPU_CLONES void FlashBackwardBlock(float* p, float* dp, int ld, int m, int kn
   }
 }
 
+// The block's m x kn values rounded to the element type the CUDA kernels' products read
+// (FlashProducts), in place.
+void RoundForProducts(float* s, int ld, int m, int kn, FlashProducts products) {
+  if (products == FlashProducts::kFloat) return;
+  for (int i = 0; i < m; ++i) {
+    float* row = s + static_cast<int64_t>(i) * ld;
+    if (products == FlashProducts::kBf16) {
+      for (int j = 0; j < kn; ++j) row[j] = Bf16BitsToFloat(FloatToBf16Bits(row[j]));
+    } else {
+      for (int j = 0; j < kn; ++j) row[j] = F16BitsToFloat(FloatToF16Bits(row[j]));
+    }
+  }
+}
+
 // out row = acc / l; lse = max + log l.
 ZR_CPU_CLONES void FlashFinish(float* o, int64_t ldo, float* lse, const float* acc,
                                const math::OnlineSoftmax* sm, int m, int hs) {
@@ -377,7 +392,7 @@ void SoftmaxCrossEntropyFused(float* logits, float* losses, const int32_t* targe
 }
 
 void FlashAttentionForward(float* out, float* lse, const float* qkv, int batch, int seq,
-                           int channels, int heads, int kv_heads) {
+                           int channels, int heads, int kv_heads, FlashProducts products) {
   const Heads g(seq, channels, heads, kv_heads);
   const int hs = g.hs;
   const int64_t c3 = g.ld;
@@ -395,6 +410,7 @@ void FlashAttentionForward(float* out, float* lse, const float* qkv, int batch, 
         const int kn = std::min(seq, k0 + kBlock) - k0;
         Sgemm(false, true, m, kn, hs, q + q0 * c3, c3, k + k0 * c3, c3, 0.0f, s.data(), kBlock);
         FlashForwardBlock(s.data(), kBlock, m, kn, q0, k0, g.scale, sm.data(), acc.data(), hs);
+        RoundForProducts(s.data(), kBlock, m, kn, products);
         Sgemm(false, false, m, hs, kn, s.data(), kBlock, v + k0 * c3, c3, 1.0f, acc.data(), hs);
       }
       FlashFinish(o + static_cast<int64_t>(q0) * channels, channels, pair_lse + q0, acc.data(),
@@ -405,7 +421,7 @@ void FlashAttentionForward(float* out, float* lse, const float* qkv, int batch, 
 
 void FlashAttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
                             const float* lse, int batch, int seq, int channels, int heads,
-                            int kv_heads) {
+                            int kv_heads, FlashProducts products) {
   const Heads g(seq, channels, heads, kv_heads);
   const int hs = g.hs;
   const int64_t c3 = g.ld;
@@ -432,6 +448,8 @@ void FlashAttentionBackward(float* dqkv, const float* dout, const float* qkv, co
           Sgemm(false, true, m, kn, hs, dblock, channels, v + k0 * c3, c3, 0.0f, dp.data(), kBlock);
           FlashBackwardBlock(p.data(), dp.data(), kBlock, m, kn, q0, k0, g.scale, pair_lse,
                              d.data());
+          RoundForProducts(p.data(), kBlock, m, kn, products);
+          RoundForProducts(dp.data(), kBlock, m, kn, products);
           // dv += p^T dout; dq += dscore k; dk += dscore^T q.
           Sgemm(true, false, kn, hs, m, p.data(), kBlock, dblock, channels, 1.0f, dv + k0 * c3, c3);
           Sgemm(false, false, m, hs, kn, dp.data(), kBlock, k + k0 * c3, c3, 1.0f, dq + q0 * c3,

@@ -42,11 +42,19 @@ void SoftmaxCrossEntropyFused(float* logits, float* losses, const int32_t* targe
 // (kernels/model_math.h): each query head reads its group's key/value head in place. The forward
 // is threaded over (batch, query head), the backward over (batch, key/value head), whose query
 // heads add into its dK and dV in order.
+// `products`: the element type the probabilities and score gradients are rounded to before the
+// products that read them, as the CUDA kernels round them to their tensor cores' operands
+// (kernels/flash_tiles.h): the forward's P before P V (the row sums add the unrounded P), the
+// backward's P before P^T dout and dS (computed from the unrounded P) before dS K and dS^T q.
+// kFloat (the float model) rounds nothing; the 16-bit model kernels pass their format, so that
+// the CPU and a GPU run the same method (cuda_parity).
+enum class FlashProducts { kFloat, kBf16, kF16 };
 void FlashAttentionForward(float* out, float* lse, const float* qkv, int batch, int seq,
-                           int channels, int heads, int kv_heads);
+                           int channels, int heads, int kv_heads,
+                           FlashProducts products = FlashProducts::kFloat);
 void FlashAttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
                             const float* lse, int batch, int seq, int channels, int heads,
-                            int kv_heads);
+                            int kv_heads, FlashProducts products = FlashProducts::kFloat);
 
 // out = a + b; dst += src.
 void Add(float* out, const float* a, const float* b, int64_t n);

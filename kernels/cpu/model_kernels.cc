@@ -31,7 +31,11 @@ int64_t QkvRow(int channels, int heads, int kv_heads) {
 template <typename T>
 class CpuModelKernels final : public ModelKernels {
  public:
-  CpuModelKernels() : stream_(*CreateStream(Device::Cpu(), "model")) {}
+  // `flash_products`: what the flash attention rounds its probabilities and score gradients to
+  // before their products (cpu::fast::FlashProducts; the 16-bit kernels' format).
+  explicit CpuModelKernels(
+      cpu::fast::FlashProducts flash_products = cpu::fast::FlashProducts::kFloat)
+      : stream_(*CreateStream(Device::Cpu(), "model")), flash_products_(flash_products) {}
 
   Device device() const override { return Device::Cpu(); }
   Stream& stream() override { return *stream_; }
@@ -122,7 +126,7 @@ class CpuModelKernels final : public ModelKernels {
     const ScopedSeconds timed(&seconds_.attention);
     if constexpr (std::is_same_v<T, float>) {
       cpu::fast::FlashAttentionForward(P(out), P(saved), P(qkv), batch, seq, channels, heads,
-                                       kv_heads);
+                                       kv_heads, flash_products_);
     } else {
       cpu::AttentionForward<T>(P(out), P(saved), P(qkv), batch, seq, channels, heads, kv_heads);
     }
@@ -134,7 +138,7 @@ class CpuModelKernels final : public ModelKernels {
     const ScopedSeconds timed(&seconds_.attention);
     if constexpr (std::is_same_v<T, float>) {
       cpu::fast::FlashAttentionBackward(P(dqkv), P(dout), P(qkv), P(out), P(saved), batch, seq,
-                                        channels, heads, kv_heads);
+                                        channels, heads, kv_heads, flash_products_);
     } else {
       cpu::AttentionBackward<T>(P(dqkv), P(dout), P(qkv), P(saved), batch, seq, channels, heads,
                                 kv_heads);
@@ -275,6 +279,7 @@ class CpuModelKernels final : public ModelKernels {
   static const T* P(const void* p) { return static_cast<const T*>(p); }
 
   std::unique_ptr<Stream> stream_;
+  cpu::fast::FlashProducts flash_products_;
   Seconds seconds_;
 };
 
@@ -284,11 +289,13 @@ class CpuModelKernels final : public ModelKernels {
 // gives the conversions: Bf16Format or F16Format.
 struct Bf16Format {
   static constexpr DType kDType = DType::kBF16;
+  static constexpr cpu::fast::FlashProducts kFlashProducts = cpu::fast::FlashProducts::kBf16;
   static float ToFloat(uint16_t bits) { return Bf16BitsToFloat(bits); }
   static uint16_t FromFloat(float v) { return FloatToBf16Bits(v); }
 };
 struct F16Format {
   static constexpr DType kDType = DType::kF16;
+  static constexpr cpu::fast::FlashProducts kFlashProducts = cpu::fast::FlashProducts::kF16;
   static float ToFloat(uint16_t bits) { return F16BitsToFloat(bits); }
   static uint16_t FromFloat(float v) { return FloatToF16Bits(v); }
 };
@@ -579,7 +586,8 @@ class Cpu16ModelKernels final : public ModelKernels {
     for (int64_t i = 0; i < n; ++i) m = std::max(m, tokens[i]);
     return m;
   }
-  CpuModelKernels<float> f_;
+  // The attention's P and dS rounded as the CUDA flash kernels round them.
+  CpuModelKernels<float> f_{Format::kFlashProducts};
   std::vector<Block> pool_;
 };
 

@@ -1,6 +1,7 @@
 """The CUDA device trains like the CPU one: for each configuration the same steps run with
 train.device "cpu" and "cuda", and every step's loss must agree within the precision's tolerance
-(fp32 1e-5 relative, bf16/fp16 1e-3; measured on an H100/H200: 1.0e-7 and 7.2e-5). The matrix
+(fp32 1e-5 relative, bf16/fp16 1e-3, and the first step of the 16-bit flash cases 1e-4;
+measured on an H100/H200: 1.0e-7 and 7.8e-5). The matrix
 covers ZeRO 0-3 with prefetch and reuse-distance keeps, unit-sized buckets, no overlap, gradient
 accumulation, bf16 and fp16, AdamW and LAMB on the device and host tiers, parameter and optimizer
 offload to host memory and NVMe, activation checkpointing, the flash attention at head size 64
@@ -58,6 +59,14 @@ if probe.returncode == 2 and "no usable GPU" in probe.stderr:
 checks = Checks("cuda_parity_test")
 check = checks.check
 FP32, HALF = 1e-5, 1e-3
+# The 16-bit flash cases: zerort's CUDA kernels round P and dS to bf16/fp16 for the tensor-core
+# products, as FlashAttention-2 does, and so do the CPU's 16-bit kernels since 2026-11-30
+# (cpu::fast::FlashProducts; FlashTilesTest.TheCpuModelKernelsRoundAsThePrograms). Before, the
+# CPU kept them in fp32 and the bf16 run differed by 2.65e-3 at one step on an H200. Besides the
+# trajectory, their first step's loss (the same weights, one forward) within FIRST_STEP.
+FLASH_CASES = {"bf16-flash-hs64", "fp16-flash-hs64", "llama-gqa-bf16-flash",
+               "two-ranks-llama-bf16-flash"}
+FIRST_STEP = 1e-4
 CASES = [
     ("stage0", 1, FP32, {"zero_optimization": {"stage": 0}}),
     ("stage1", 1, FP32, {"zero_optimization": {"stage": 1, "allgather_bucket_size": 3000}}),
@@ -135,5 +144,11 @@ for name, np, tolerance, extra in CASES:
         print(f"{name:24s} max relative loss difference {worst:.2e} (tolerance {tolerance:.0e})")
         check(f"{name}: cuda losses within {tolerance:.0e} of cpu's", worst <= tolerance,
               f"cpu {a}\ncuda {b}")
+        if name in FLASH_CASES:
+            first = abs(a[0] - b[0]) / max(abs(a[0]), 1e-6)
+            print(f"{name:24s} first step's relative loss difference {first:.2e} "
+                  f"(tolerance {FIRST_STEP:.0e})")
+            check(f"{name}: the first step's loss within {FIRST_STEP:.0e} of cpu's",
+                  first <= FIRST_STEP, f"cpu {a[0]} cuda {b[0]}")
 
 checks.finish()
