@@ -25,7 +25,46 @@ logs=/tmp/gpu-check
 [[ -n ${OUT:-} ]] && trap 'mkdir -p "$OUT" && tar -C /tmp -czf "$OUT/gpu-check.tar.gz" gpu-check' EXIT
 mkdir -p "$logs"
 t0=$(date +%s)
-step() { echo "[$(($(date +%s) - t0)) s] $*"; }
+exec 3>&1  # the check's own output, where a guarded command's is redirected
+step() { echo "[$(($(date +%s) - t0)) s] $*" >&3; }
+stack=  # eu-stack, from the pack
+# guard SECONDS NAME COMMAND...: runs COMMAND; one still running after SECONDS is a hang, not a
+# measurement: every thread's stack of it and of its child processes (eu-stack, where the pack
+# has it), each thread's kernel wait channel and nvidia-smi go to $logs/hang-NAME.txt, and it is
+# killed (status 124). A lent machine's minutes are not spent waiting on it, and the hang is seen.
+guard() {
+  local limit=$1 name=$2
+  shift 2
+  "$@" &
+  local pid=$! end=$((SECONDS + limit))
+  while kill -0 "$pid" 2>/dev/null; do
+    if ((SECONDS >= end)); then
+      local pids=("$pid") i=0 p
+      while ((i < ${#pids[@]})); do  # the process and its descendants (mpirun's ranks, python's)
+        for p in $(ps -o pid= --ppid "${pids[i]}" 2>/dev/null); do pids+=("$p"); done
+        i=$((i + 1))
+      done
+      {
+        echo "$name: still running after $limit s: $*"
+        for p in "${pids[@]}"; do
+          echo "== process $p: $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)"
+          for t in /proc/"$p"/task/*; do
+            echo "thread ${t##*/} $(cat "$t/comm" 2>/dev/null) wait channel $(cat "$t/wchan" 2>/dev/null)"
+          done
+          [[ -n $stack ]] && "$stack" -p "$p"
+        done
+        nvidia-smi
+      } >"$logs/hang-$name.txt" 2>&1
+      kill -9 "${pids[@]}" 2>/dev/null
+      wait "$pid" 2>/dev/null
+      step "$name: killed after $limit s; stacks in hang-$name.txt"
+      grep -A12 '^TID' "$logs/hang-$name.txt" | head -40 >&3
+      return 124
+    fi
+    sleep 0.2
+  done
+  wait "$pid"
+}
 
 if [[ -f $root/.gpu/pack.tar.xz ]]; then
   x=$(mktemp -d)
@@ -46,6 +85,7 @@ if [[ -f $root/.gpu/pack.tar.xz ]]; then
   cublas=$(find /usr/local /opt /usr/lib -name 'libcublasLt.so.1[0-9]*' 2>/dev/null | head -1)
   nccl=$(find /usr/local /opt /usr/lib -name 'libnccl.so.2*' 2>/dev/null | head -1)
   export LD_LIBRARY_PATH=$x/use${cublas:+:$(dirname "$cublas")}${nccl:+:$(dirname "$nccl")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  [[ -x $x/debug/eu-stack ]] && stack=$x/debug/eu-stack
   step "unpacked $build; cuBLAS ${cublas:-not found}, NCCL ${nccl:-not found}"
   missing=$(ldd "$build/tools/zerort" | grep "not found")
   [[ -z $missing ]] || { echo "gpu-check: zerort cannot load: $missing" >&2; exit 1; }
@@ -105,13 +145,13 @@ if want memcheck; then
 fi
 if want train; then
   # Measurements (not tests): each prints one JSON object or table, kept in $logs.
-  "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite --set train.steps=12 \
+  guard 150 train-gpt2 "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite --set train.steps=12 \
     --set train.eval_interval=12 --set checkpoint.dir=/tmp/gpu-check-ckpt \
     --set logging.metrics_file=/tmp/gpu-check-metrics.jsonl >"$logs/train-gpt2.log" 2>&1 || rc=1
   grep -E '^step +(1|12)/' "$logs/train-gpt2.log"
   # The same with the optimizer on the host (ZeRO-Offload): master weights, moments and the AdamW
   # step in host memory, gradients copied down and parameters up every step.
-  "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite --set train.steps=6 \
+  guard 150 train-gpt2-offload "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite --set train.steps=6 \
     --set train.eval_interval=6 --set checkpoint.dir=/tmp/gpu-check-ckpt-offload \
     --set zero_optimization.offload_optimizer.device=cpu \
     --set logging.metrics_file=/tmp/gpu-check-metrics-offload.jsonl \
@@ -120,7 +160,7 @@ if want train; then
   # The same with the host step ending before the next forward ([Note: the host step behind the
   # forward] off): what its overlap gains, in the same run (issue 48: the host step within 1.3x
   # of the device step).
-  "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite --set train.steps=6 \
+  guard 150 train-gpt2-offload-serial "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite --set train.steps=6 \
     --set train.eval_interval=6 --set checkpoint.dir=/tmp/gpu-check-ckpt-offload-serial \
     --set zero_optimization.offload_optimizer.device=cpu --set train.overlap_host_step=false \
     --set logging.metrics_file=/tmp/gpu-check-metrics-offload-serial.jsonl \
@@ -128,7 +168,7 @@ if want train; then
   grep -E '^step +6/' "$logs/train-gpt2-offload-serial.log"
   # The same with the host tier pinned (offload_optimizer.pin_memory, false by default as in
   # DeepSpeed): the step's copies are through pinned staging either way.
-  "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite --set train.steps=6 \
+  guard 150 train-gpt2-offload-pinned "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite --set train.steps=6 \
     --set train.eval_interval=6 --set checkpoint.dir=/tmp/gpu-check-ckpt-offload-pinned \
     --set zero_optimization.offload_optimizer.device=cpu \
     --set zero_optimization.offload_optimizer.pin_memory=true \
@@ -139,7 +179,7 @@ if want train; then
   # of a communicator on one device), on machines with two GPUs or more.
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
   if ((gpus >= 2)); then
-    mpirun -np 2 --bind-to none "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite \
+    guard 150 train-gpt2-pp2 mpirun -np 2 --bind-to none "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite \
       --set train.steps=6 --set train.eval_interval=6 --set zero_optimization.stage=1 \
       --set parallel.pipeline_parallel_size=2 --set checkpoint.dir=/tmp/gpu-check-ckpt-pp \
       --set logging.metrics_file=/tmp/gpu-check-metrics-pp.jsonl >"$logs/train-gpt2-pp2.log" 2>&1 || rc=1
@@ -149,14 +189,14 @@ if want train; then
   fi
 fi
 if want bench; then
-  "$zr" bench model --config "$root/configs/bench-gpt2.json" --json >"$logs/bench-model-gpt2.json" \
+  guard 90 bench-model-gpt2 "$zr" bench model --config "$root/configs/bench-gpt2.json" --json >"$logs/bench-model-gpt2.json" \
     2>"$logs/bench-model-gpt2.log" && cat "$logs/bench-model-gpt2.json"
   # Where the step's time goes (issue 48's timeline), GPT-2 124M at micro-batch 8 x 1024: each
   # kernel call of one micro-batch timed with CUDA events, by kind and GEMM shape, the gaps between
   # calls, and the launch census; with the materialised attention (the "before") and zerort's flash
   # kernels.
   for backend in materialised flash; do
-    "$zr" bench model --config "$root/configs/gpt2-124m-bf16-zero3.json" --census --timeline \
+    guard 90 "timeline-$backend" "$zr" bench model --config "$root/configs/gpt2-124m-bf16-zero3.json" --census --timeline \
       --set model.attention_backend=$backend >"$logs/bench-model-gpt2-timeline-$backend.txt" 2>&1 ||
       rc=1
     echo "== attention_backend $backend"; cat "$logs/bench-model-gpt2-timeline-$backend.txt"
@@ -166,12 +206,12 @@ if want bench; then
   for shape in "--head-size 64 --heads 12 --seq 1024 --batch 8" "--head-size 128 --heads 16 --seq 4096 --batch 1" \
     "--head-size 64 --heads 32 --kv-heads 8 --seq 2048 --batch 2"; do
     # shellcheck disable=SC2086
-    "$zr" bench attention --device cuda $shape --rounds 5 >>"$logs/bench-attention.txt" 2>&1 || rc=1
+    guard 60 bench-attention "$zr" bench attention --device cuda $shape --rounds 5 >>"$logs/bench-attention.txt" 2>&1 || rc=1
   done
   cat "$logs/bench-attention.txt"
-  "$zr" bench adamw --json >"$logs/bench-adamw.json" 2>"$logs/bench-adamw.log" &&
+  guard 60 bench-adamw "$zr" bench adamw --json >"$logs/bench-adamw.json" 2>"$logs/bench-adamw.log" &&
     cat "$logs/bench-adamw.json"
-  "$zr" estimate "$root/configs/gpt2-124m-bf16-zero3.json" --device cuda --measure \
+  guard 120 estimate-measure "$zr" estimate "$root/configs/gpt2-124m-bf16-zero3.json" --device cuda --measure \
     >"$logs/estimate-measure.txt" 2>&1; grep -E 'TOTAL|RESERVED' "$logs/estimate-measure.txt"
 fi
 if want peers; then
@@ -198,11 +238,11 @@ if want peers; then
   if ((${#llmc_bins[@]})); then
     args=(--zerort "$zr" --config "$root/configs/gpt2-124m-bf16-zero3.json" --work /tmp/gpu-check-sbs)
     for b in "${llmc_bins[@]}"; do args+=(--llmc "$b"); done
-    python3 "$root/tools/peers/llmc_side_by_side.py" "${args[@]}" --json "$logs/side-by-side.json" \
+    guard 300 side-by-side python3 "$root/tools/peers/llmc_side_by_side.py" "${args[@]}" --json "$logs/side-by-side.json" \
       >"$logs/side-by-side.txt" 2>&1 || rc=1
     cp /tmp/gpu-check-sbs/*.log "$logs/" 2>/dev/null
     # The same zerort run at ZeRO-0: ZeRO-3's gathers and frees should cost nothing at one rank.
-    python3 "$root/tools/peers/llmc_side_by_side.py" --zerort "$zr" --work /tmp/gpu-check-sbs0 \
+    guard 150 side-by-side-zero0 python3 "$root/tools/peers/llmc_side_by_side.py" --zerort "$zr" --work /tmp/gpu-check-sbs0 \
       --config "$root/configs/gpt2-124m-bf16-zero3.json" --set zero_optimization.stage=0 \
       --json "$logs/side-by-side-zero0.json" >"$logs/side-by-side-zero0.txt" 2>&1 || rc=1
     tail -4 "$logs/side-by-side.txt"; tail -1 "$logs/side-by-side-zero0.txt"
@@ -213,7 +253,7 @@ fi
 if want llama; then
   # A LLaMA-3.2-1B-shaped model (16 layers, d 2048, 32 query heads on 8 key/value heads, head size
   # 64: the flash kernels) at ZeRO-3, 4 x 2048 x 4 tokens a step: issue 48's 45% MFU target.
-  "$zr" train "$root/configs/llama-1b-bf16-zero3.json" --overwrite --set train.steps=8 \
+  guard 180 train-llama-1b "$zr" train "$root/configs/llama-1b-bf16-zero3.json" --overwrite --set train.steps=8 \
     --set train.eval_interval=8 --set train.eval_windows=1 --set steps_per_print=1 \
     --set logging.metrics_file=/tmp/gpu-check-metrics-llama.jsonl >"$logs/train-llama-1b.log" 2>&1 ||
     rc=1

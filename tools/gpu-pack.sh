@@ -2,7 +2,8 @@
 # Packs a CUDA-enabled build (default: build/) for a GPU machine that has the CUDA driver, cuBLAS,
 # NCCL and Open MPI but not Debian's development packages zerort builds against (docs/gpu.md):
 # the build tree's programs, libraries and ctest files, and the Debian shared libraries they load,
-# into .gpu/pack.tar.xz (about 25 MB). tools/gpu-check.sh unpacks it there and runs the GPU tests.
+# into .gpu/pack.tar.xz (about 18 MB), with eu-stack for the stacks of a hung command.
+# tools/gpu-check.sh unpacks it there and runs the GPU tests.
 # cuBLAS, NCCL, MPI and glibc are not packed: the GPU machine's own are used.
 #   tools/gpu-pack.sh [BUILD] [--llmc DIR]
 # --llmc DIR: llm.c's folder (the peers' README says where; it is never copied into zerort): its
@@ -43,6 +44,17 @@ while read -r name path; do
   if [[ ! $name =~ $skip && $path != "$build"/* ]]; then cp -L "$path" "$stage/deps/$name"; fi
 done <"$stage/ldd.txt"
 rm "$stage/ldd.txt"
+
+# eu-stack (elfutils), where this machine has it: gpu-check.sh's guard prints every thread's
+# stack of a command that outlives its time limit (a hang on a lent GPU is otherwise a silence).
+if command -v eu-stack >/dev/null; then
+  mkdir -p "$stage/debug" && cp -L "$(command -v eu-stack)" "$stage/debug/eu-stack"
+  ldd "$stage/debug/eu-stack" | awk '$3 ~ /^\// {print $1, $3}' | while read -r name path; do
+    if [[ ! $name =~ $skip && ! -e $stage/deps/$name ]]; then cp -L "$path" "$stage/deps/$name"; fi
+  done
+else
+  echo "gpu-pack: no eu-stack here (apt-get install elfutils): a hung GPU command will show no stack"
+fi
 
 # llm.c, built from its own folder in a scratch copy (llm.c's Makefile builds in place).
 if [[ -n $llmc ]]; then
