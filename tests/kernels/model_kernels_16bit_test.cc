@@ -1,11 +1,13 @@
 // The 16-bit CPU model kernels (bf16 and fp16 storage, fp32 math): each op widens its operands,
 // runs the float kernel and rounds each result once, so its output is, bit for bit, the float
-// kernel's output on the widened inputs rounded to the format (and fp32 outputs equal exactly).
+// kernel's output on the widened inputs rounded to the format (and fp32 outputs equal exactly);
+// the attention rounds its probabilities as the CUDA flash programs do, inside the float kernel.
 #include <gtest/gtest.h>
 
 #include <cstring>
 
 #include "tests/kernels/random_floats.h"
+#include "zerort/kernels/cpu/fast_ops.h"
 #include "zerort/kernels/model_kernels.h"
 #include "zerort/runtime/dtype.h"
 
@@ -104,11 +106,20 @@ TEST(ModelKernels16BitTest, EveryOpIsTheFloatOpRoundedOnce) {
     ASSERT_TRUE(
         k->Attention(att_out.data(), lse.data(), qkv.bits.data(), batch, seq, channels, heads, kv)
             .ok());
-    ASSERT_TRUE(fk->Attention(att_outf.data(), lsef.data(), qkv.floats.data(), batch, seq, channels,
-                              heads, kv)
-                    .ok());
+    // The attention is the float flash kernel with its P (and, backward, dS) rounded to the
+    // format before the products that read them, as the CUDA programs round them
+    // (cpu::fast::FlashProducts); the float model kernels keep them in fp32.
+    const auto products = f.precision == CpuPrecision::kBf16 ? cpu::fast::FlashProducts::kBf16
+                                                             : cpu::fast::FlashProducts::kF16;
+    cpu::fast::FlashAttentionForward(att_outf.data(), lsef.data(), qkv.floats.data(), batch, seq,
+                                     channels, heads, kv, products);
     EXPECT_EQ(lse, lsef) << f.name;
     ExpectRounded(f, att_out, att_outf, "Attention");
+    std::vector<float> unrounded(att_outf.size()), lse_unrounded(lse.size());
+    ASSERT_TRUE(fk->Attention(unrounded.data(), lse_unrounded.data(), qkv.floats.data(), batch, seq,
+                              channels, heads, kv)
+                    .ok());
+    EXPECT_NE(unrounded, att_outf) << f.name << ": the float kernels round nothing";
   }
 }
 
