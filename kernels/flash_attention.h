@@ -34,10 +34,12 @@ Status CheckAttentionBackend(std::optional<AttentionProgram> requested, DType dt
 // layout]), on `stream` (CUDA).
 Status CudaFlashAttentionForward(DType dtype, const FlashAttentionShape& shape, void* out,
                                  float* lse, const void* qkv, Stream& stream);
-// dqkv += the gradient of the forward's out for `dout`; `dvec` ([batch, heads, seq], fp32) is
-// scratch the backward fills with D = dout . out.
+// dqkv += the gradient of the forward's out for `dout`. `workspace` (fp32, 16-byte aligned, of
+// kernels/memory_facts.h's AttentionScratchBytes for the flash backward) is scratch the
+// backward fills with D = dout . out ([batch, heads, seq], first) and the fp32 dQ accumulator
+// ([batch, seq, heads x head size]; [Note: the backward's programs]).
 Status CudaFlashAttentionBackward(DType dtype, const FlashAttentionShape& shape, void* dqkv,
-                                  float* dvec, const void* dout, const void* qkv, const void* out,
-                                  const float* lse, Stream& stream);
+                                  float* workspace, const void* dout, const void* qkv,
+                                  const void* out, const float* lse, Stream& stream);
 
 }  // namespace zerort::internal

@@ -1,24 +1,30 @@
 // Flash attention's backward block programs ([Note: flash attention's block programs] in
 // kernels/flash_tiles.h), their state in registers as the forward's (kernels/flash_forward.h).
 //
-// [Note: the backward's two programs]
-// dQ (one block per query tile and (batch, query head)): first D = dout . out for its queries
-// (each lane of a quad a quarter of the row, the quad's shuffles the sum) into `dvec`, and the
-// queries' log-sum-exps; then per key tile up to the diagonal
-//   S = Q_w K^T, dP = dO_w V^T      WarpScores
-//   P = exp(S scale - lse), dS = P (dP - D) scale     RecomputedProb, ScoreGrad (flash_math.h)
-//   dQ_w += dS K                    PackFrags, WarpAccumulate
-// dK/dV (one block per key tile and (batch, key/value head)): its K and V rows stay in shared
-// memory; per query head of the group and query tile from the diagonal on (one sequence of
-// steps, each step's Q, dO and statistics copied in while the previous step is computed), in
-// chunks of 64 queries (32 at head size 128, where 64 would not fit the registers)
-//   S^T = K_w Q^T                   WarpScores; P^T from the queries' lse
-//   dV_w += P^T dO                  PackFrags, WarpAccumulate
-//   dP^T = V_w dO^T                 WarpScores; dS^T from the queries' D
-//   dK_w += dS^T Q                  PackFrags, WarpAccumulate
-// The dK/dV program runs after the dQ program (it reads dvec). Each writes only its own rows of
-// dq, or of dk and dv (a dK/dV block sums its group's query heads itself), so no atomics, and the
-// result does not depend on the order blocks run. Gradients are added to what dqkv holds.
+// [Note: the backward's programs]
+// Three programs, in FlashAttention-2's order; the fp32 workspace holds D ([batch, heads, seq])
+// and the dQ accumulator `dq` ([batch, seq, heads x D], out's layout).
+// 1. Dot (one block per query tile and (batch, query head)): D = dout . out for its queries
+//    (each lane of a quad a quarter of the row, the quad's shuffles the sum) into `dvec`, and
+//    the block's rows of `dq` set to zero.
+// 2. The main program (one block per key tile and (batch, key/value head)): its K and V rows
+//    stay in shared memory; per query head of the group and query tile from the diagonal on (one
+//    sequence of steps, each step's Q, dO and statistics copied in while the previous step is
+//    computed), in chunks of 64 queries (32 at head size 128, where 64 would not fit the
+//    registers)
+//      S^T = K_w Q^T                   WarpScores; P^T from the queries' lse
+//      dV_w += P^T dO                  PackFrags, WarpAccumulate
+//      dP^T = V_w dO^T                 WarpScores; dS^T from the queries' D
+//      dK_w += dS^T Q                  PackFrags, WarpAccumulate
+//    and dS^T, rounded as the products take it, into shared memory; then, the step's whole dS^T
+//    there, each warp takes 16 of the step's queries
+//      dQ_w = dS K                     A fragments by ldmatrix.trans of dS^T, WarpAccumulate
+//    (64 columns at a time) and adds it into `dq` by fp32 atomics: a query's key tiles add in
+//    any order, so on a GPU dQ's last bits vary from run to run, as FlashAttention-2's do.
+// 3. AddDq (Dot's blocks): dqkv's Q rows += dq, rounded once.
+// S, P, dP and dS are computed once per pair of tiles: 5 tile products, where the two programs
+// before 2026-11-30 (a dQ program and a dK/dV program, each recomputing them) took 7. dK and dV
+// are written by their key tile's block alone (it sums its group's query heads itself).
 #pragma once
 
 #include <cmath>
@@ -29,51 +35,34 @@
 
 namespace zerort::flash {
 
-// The backward's shared memory: the block's own two tiles, then the visited two in buffers 0 and
-// 1 each, then (dK/dV) the visited queries' log-sum-exps and D, fp32 [64], in buffers 0 and 1.
+// The main program's shared memory: the block's own two tiles (K, V), then the visited two (Q,
+// dO) in buffers 0 and 1 each, then the visited queries' log-sum-exps and D, fp32 [64], in
+// buffers 0 and 1, then the step's dS^T, a swizzled [64 keys][64 queries] tile.
 template <int D>
 struct BackwardSmem {
   static constexpr int tile = kTile * D * 2;
   static constexpr int stats = 6 * tile;
-  static constexpr int bytes = stats + 4 * kTile * 4;
+  static constexpr int ds = stats + 4 * kTile * 4;
+  static constexpr int bytes = ds + kTile * kTile * 2;
   ZR_HOST_DEVICE static constexpr int Own(int i) { return tile * i; }  // i: 0 or 1
   ZR_HOST_DEVICE static constexpr int Visited(int i, int buf) { return tile * (2 + 2 * i + buf); }
   ZR_HOST_DEVICE static constexpr int Lse(int buf) { return stats + buf * kTile * 4; }
   ZR_HOST_DEVICE static constexpr int Dvec(int buf) { return stats + (2 + buf) * kTile * 4; }
+  ZR_HOST_DEVICE static constexpr int DsT() { return ds; }
 };
 
+// Program 1: D = dout . out for a query tile of (batch, query head) `bh`, and its rows of dq
+// zeroed.
 template <int D, typename X>
-ZR_TILE_PROGRAM void BackwardDqProgram(const X& x, unsigned char* smem, typename X::Elem* dqkv,
-                                       const typename X::Elem* dout, const typename X::Elem* qkv,
-                                       const typename X::Elem* out, const float* lse, float* dvec,
-                                       const Shape sh, int tile, int bh) {
+ZR_TILE_PROGRAM void BackwardDotProgram(const X& x, const typename X::Elem* dout,
+                                        const typename X::Elem* out, float* dvec, float* dq,
+                                        const Shape sh, int tile, int bh) {
   using E = typename X::Elem;
-  using S = BackwardSmem<D>;
   const int b = bh / sh.heads, h = bh % sh.heads, q0 = tile * kTile, T = sh.seq;
-  const math::QkvLayout L{sh.heads, sh.kv_heads, D};
-  const int64_t ld = L.row(), ldo = int64_t{sh.heads} * D;
+  const int64_t ldo = int64_t{sh.heads} * D;
   const int64_t row0 = static_cast<int64_t>(b) * T, stat0 = (int64_t{b} * sh.heads + h) * T;
-  const E* qs = reinterpret_cast<const E*>(smem + S::Own(0));
-  const E* dos = reinterpret_cast<const E*>(smem + S::Own(1));
-
-  Regs<X, float, kTile / 2> s, dp;  // S then dS; dP
-  Regs<X, uint32_t, kTile / 4> pf;  // dS as A fragments
-  Regs<X, uint32_t, 8> frag;
-  Regs<X, float, D / 2> acc;  // dQ_w
-  Regs<X, float, 4> st;       // lse (rows g, g + 8), then D (rows g, g + 8)
-
-  const int last = (q0 + kTile < T ? q0 + kTile : T) - 1;
-  const int n_tiles = last / kTile + 1;
-  LoadTileAsync<D>(x, reinterpret_cast<E*>(smem + S::Own(0)), qkv + (row0 + q0) * ld + L.q(h), ld,
-                   T - q0);
-  LoadTileAsync<D>(x, reinterpret_cast<E*>(smem + S::Own(1)), dout + (row0 + q0) * ldo + h * D, ldo,
-                   T - q0);
-  LoadTileAsync<D>(x, reinterpret_cast<E*>(smem + S::Visited(0, 0)), qkv + row0 * ld + L.k(h), ld,
-                   T);
-  LoadTileAsync<D>(x, reinterpret_cast<E*>(smem + S::Visited(1, 0)), qkv + row0 * ld + L.v(h), ld,
-                   T);
-  x.CpAsyncCommit();
-  x.ForWarps([&](int w) {  // D = dout . out (a quarter of the row a lane), the lse, zero dQ
+  Regs<X, float, 2> st;    // D of rows g and g + 8
+  x.ForWarps([&](int w) {  // a quarter of the row a lane, then the quad's sum
     x.ForLanes([&](int lane) {
       float* sw = st.at(w, lane);
       ZR_UNROLL
@@ -87,79 +76,54 @@ ZR_TILE_PROGRAM void BackwardDqProgram(const X& x, unsigned char* smem, typename
             sum = math::Add(sum, math::Mul(X::ToF(d_row[c]), X::ToF(o_row[c])));
           }
         }
-        sw[half] = q < T ? lse[stat0 + q] : 0.0f;
-        sw[2 + half] = sum;
+        sw[half] = sum;
       }
-      float* aw = acc.at(w, lane);
-      ZR_UNROLL
-      for (int i = 0; i < D / 2; ++i) aw[i] = 0.0f;
     });
-    x.QuadAllReduce(w, st, 2, [](float a, float c) { return math::Add(a, c); });
-    x.QuadAllReduce(w, st, 3, [](float a, float c) { return math::Add(a, c); });
+    x.QuadAllReduce(w, st, 0, [](float a, float c) { return math::Add(a, c); });
+    x.QuadAllReduce(w, st, 1, [](float a, float c) { return math::Add(a, c); });
     x.ForLanes([&](int lane) {
       if (lane % 4 != 0) return;
       ZR_UNROLL
       for (int half = 0; half < 2; ++half) {
         const int q = q0 + w * kWarpRows + lane / 4 + 8 * half;
-        if (q < T) dvec[stat0 + q] = st.at(w, lane)[2 + half];
+        if (q < T) dvec[stat0 + q] = st.at(w, lane)[half];
       }
     });
   });
-  for (int j = 0; j < n_tiles; ++j) {
-    const int k0 = j * kTile, kn = T - k0 < kTile ? T - k0 : kTile, buf = j % 2;
-    if (j + 1 < n_tiles) {
-      const int64_t next = (row0 + k0 + kTile) * ld;
-      LoadTileAsync<D>(x, reinterpret_cast<E*>(smem + S::Visited(0, 1 - buf)), qkv + next + L.k(h),
-                       ld, T - k0 - kTile);
-      LoadTileAsync<D>(x, reinterpret_cast<E*>(smem + S::Visited(1, 1 - buf)), qkv + next + L.v(h),
-                       ld, T - k0 - kTile);
-      x.CpAsyncCommit();
-      x.CpAsyncWait(1);
-    } else {
-      x.CpAsyncWait(0);
+  x.ForThreads([&](int t) {
+    for (int c = t; c < kTile * D; c += kThreads) {
+      const int r = c / D;
+      if (q0 + r < T) dq[(row0 + q0 + r) * ldo + int64_t{h} * D + c % D] = 0.0f;
     }
-    x.SyncBlock();
-    const E* ks = reinterpret_cast<const E*>(smem + S::Visited(0, buf));
-    const E* vs = reinterpret_cast<const E*>(smem + S::Visited(1, buf));
-    x.ForWarps([&](int w) {
-      const int r0 = w * kWarpRows;
-      WarpScores<D>(x, w, s, frag, qs, r0, ks);
-      WarpScores<D>(x, w, dp, frag, dos, r0, vs);
-      x.ForLanes([&](int lane) {
-        float* sw = s.at(w, lane);
-        const float* dw = dp.at(w, lane);
-        const float* stw = st.at(w, lane);
-        int seen[2];
-        ZR_UNROLL
-        for (int half = 0; half < 2; ++half) {
-          const int q = q0 + r0 + lane / 4 + 8 * half;
-          seen[half] = q < T ? math::CausalKeys(q, k0, kn) : 0;
-        }
-        ForTileElems(lane, [&](int i, int half, int col) {
-          if (col < seen[half]) {
-            const float p = math::RecomputedProb(sw[i], sh.scale, stw[half]);
-            sw[i] = math::ScoreGrad(p, dw[i], stw[2 + half], sh.scale);
-          } else {
-            sw[i] = 0.0f;
-          }
-        });
-      });
-      PackFrags(x, w, s, pf);
-      WarpAccumulate<D>(x, w, acc, pf, frag, ks);  // dQ_w += dS K
-    });
-    x.SyncBlock();
-  }
-  x.ForWarps([&](int w) {
-    const int r0 = w * kWarpRows;
-    AddRows<D>(x, w, dqkv + (row0 + q0 + r0) * ld + L.q(h), ld, acc, T - q0 - r0);
   });
 }
 
+// Program 3: a query tile of (batch, query head) `bh`: dqkv's Q rows += dq.
 template <int D, typename X>
-ZR_TILE_PROGRAM void BackwardDkvProgram(const X& x, unsigned char* smem, typename X::Elem* dqkv,
-                                        const typename X::Elem* dout, const typename X::Elem* qkv,
-                                        const float* lse, const float* dvec, const Shape sh,
-                                        int tile, int bkv) {
+ZR_TILE_PROGRAM void BackwardAddDqProgram(const X& x, typename X::Elem* dqkv, const float* dq,
+                                          const Shape sh, int tile, int bh) {
+  using E = typename X::Elem;
+  const int b = bh / sh.heads, h = bh % sh.heads, q0 = tile * kTile, T = sh.seq;
+  const math::QkvLayout L{sh.heads, sh.kv_heads, D};
+  const int64_t ld = L.row(), ldo = int64_t{sh.heads} * D;
+  const int64_t row0 = static_cast<int64_t>(b) * T;
+  x.ForThreads([&](int t) {
+    for (int c = t; c < kTile * D; c += kThreads) {
+      const int r = c / D, col = c % D;
+      if (q0 + r >= T) continue;
+      E& v = dqkv[(row0 + q0 + r) * ld + L.q(h) + col];
+      v = X::FromF(math::Add(X::ToF(v), dq[(row0 + q0 + r) * ldo + int64_t{h} * D + col]));
+    }
+  });
+}
+
+// Program 2: a key tile of (batch, key/value head) `bkv`: dK and dV added into dqkv, dQ's part
+// into dq.
+template <int D, typename X>
+ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X::Elem* dqkv,
+                                     float* dq, const typename X::Elem* dout,
+                                     const typename X::Elem* qkv, const float* lse,
+                                     const float* dvec, const Shape sh, int tile, int bkv) {
   using E = typename X::Elem;
   using S = BackwardSmem<D>;
   const int b = bkv / sh.kv_heads, g = bkv % sh.kv_heads, k0 = tile * kTile, T = sh.seq;
@@ -170,14 +134,19 @@ ZR_TILE_PROGRAM void BackwardDkvProgram(const X& x, unsigned char* smem, typenam
   const int first_h = g * group;  // the query heads reading key/value head g
   const E* ks = reinterpret_cast<const E*>(smem + S::Own(0));
   const E* vs = reinterpret_cast<const E*>(smem + S::Own(1));
+  E* dst = reinterpret_cast<E*>(smem + S::DsT());
 
   // The queries of a step in chunks of kCols: at head size 128 the accumulators dK_w and dV_w
-  // take 128 registers a thread, and 64-wide S^T and dP^T would spill.
+  // take 128 registers a thread, and 64-wide S^T and dP^T would spill. dQ_w likewise 64 of its
+  // columns at a time.
   constexpr int kCols = D == 128 ? 32 : 64;
+  constexpr int kDqCols = 64;
   Regs<X, float, kCols / 2> s, dp;  // S^T then P^T then dS^T; dP^T
   Regs<X, uint32_t, kCols / 4> pf;  // P^T, then dS^T, as A fragments
+  Regs<X, uint32_t, kTile / 4> qf;  // dS (queries x the tile's keys) as A fragments
   Regs<X, uint32_t, 8> frag;
   Regs<X, float, D / 2> dk, dv;
+  Regs<X, float, kDqCols / 2> dqa;
 
   // Step i: query head first_h + i / per_head, query tile tile + i % per_head.
   const int per_head = sh.tiles() - tile, steps = group * per_head;
@@ -256,9 +225,48 @@ ZR_TILE_PROGRAM void BackwardDkvProgram(const X& x, unsigned char* smem, typenam
         });
         PackFrags<kCols>(x, w, s, pf);
         WarpAccumulate<D, kCols>(x, w, dk, pf, frag, qs, c0);  // dK_w += dS^T Q
+        x.ForLanes([&](int lane) {  // dS^T for the dQ phase, rounded as the products take it
+          const float* sw = s.at(w, lane);
+          ForTileElems<kCols>(lane, [&](int e, int half, int col) {
+            dst[Swizzled<kTile>(r0 + lane / 4 + 8 * half, c0 + col)] = X::FromF(sw[e]);
+          });
+        });
       }
     });
-    x.SyncBlock();
+    x.SyncBlock();  // the step's dS^T is whole
+    const int h = first_h + i / per_head;
+    x.ForWarps([&](int w) {
+      const int r0 = w * kWarpRows;  // this warp's queries: q0 + r0 + row
+      ZR_UNROLL
+      for (int kk = 0; kk < kTile / 16; ++kk) {  // dS rows r0 .. r0 + 15, keys 16 kk ..
+        x.LdMatrixTrans(w, qf, kk * 4,
+                        [&](int lane) { return FragColsFirst<kTile>(dst, kk * 16, r0, lane); });
+      }
+      ZR_UNROLL
+      for (int d0 = 0; d0 < D; d0 += kDqCols) {
+        x.ForLanes([&](int lane) {
+          float* a = dqa.at(w, lane);
+          ZR_UNROLL
+          for (int e = 0; e < kDqCols / 2; ++e) a[e] = 0.0f;
+        });
+        WarpAccumulate<D, kTile, kDqCols>(x, w, dqa, qf, frag, ks, 0, d0);  // dQ_w = dS K
+        x.ForLanes([&](int lane) {
+          const float* a = dqa.at(w, lane);
+          ZR_UNROLL
+          for (int half = 0; half < 2; ++half) {
+            const int q = q0 + r0 + lane / 4 + 8 * half;
+            if (q >= T) continue;
+            float* row = dq + (row0 + q) * ldo + int64_t{h} * D + d0 + 2 * (lane % 4);
+            ZR_UNROLL
+            for (int dt = 0; dt < kDqCols / 8; ++dt) {
+              x.AtomicAdd(row + dt * 8, a[dt * 4 + half * 2]);
+              x.AtomicAdd(row + dt * 8 + 1, a[dt * 4 + half * 2 + 1]);
+            }
+          }
+        });
+      }
+    });
+    x.SyncBlock();  // dS^T is rewritten by the next step
   }
   x.ForWarps([&](int w) {
     const int r0 = w * kWarpRows;

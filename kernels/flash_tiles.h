@@ -176,18 +176,19 @@ ZR_TILE_PROGRAM void PackFrags(const X& x, int w, const Regs<X, float, N / 2>& s
   });
 }
 
-// c (16 x D) += P B over N: P as A fragments (PackFrags), B the rows b_r0 .. b_r0 + N - 1 of
-// tile b.
-template <int D, int N = kTile, typename X>
-ZR_TILE_PROGRAM void WarpAccumulate(const X& x, int w, Regs<X, float, D / 2>& c,
+// c (16 x DC) += P B over N: P as A fragments (PackFrags), B the rows b_r0 .. b_r0 + N - 1 and
+// the columns d0 .. d0 + DC - 1 of tile b (of D columns).
+template <int D, int N = kTile, int DC = D, typename X>
+ZR_TILE_PROGRAM void WarpAccumulate(const X& x, int w, Regs<X, float, DC / 2>& c,
                                     const Regs<X, uint32_t, N / 4>& pf, Regs<X, uint32_t, 8>& frag,
-                                    const typename X::Elem* b, int b_r0 = 0) {
+                                    const typename X::Elem* b, int b_r0 = 0, int d0 = 0) {
   ZR_UNROLL
   for (int kk = 0; kk < N / 16; ++kk) {
     ZR_UNROLL
-    for (int dg = 0; dg < D / 16; ++dg) {
-      x.LdMatrixTrans(w, frag, 4,
-                      [&](int lane) { return FragRowsFirst<D>(b, b_r0 + kk * 16, dg * 16, lane); });
+    for (int dg = 0; dg < DC / 16; ++dg) {
+      x.LdMatrixTrans(w, frag, 4, [&](int lane) {
+        return FragRowsFirst<D>(b, b_r0 + kk * 16, d0 + dg * 16, lane);
+      });
       x.MmaSync(w, c, 2 * dg * 4, pf, kk * 4, frag, 4);
       x.MmaSync(w, c, (2 * dg + 1) * 4, pf, kk * 4, frag, 6);
     }

@@ -14,7 +14,8 @@
 //   log-sum-exp of its scores (fp32 [batch, heads, seq]; the seq x seq probabilities never
 //   exist), a materialised one the probabilities (act dtype [batch, heads, seq, seq]).
 // - The CUDA attention's scratch, allocated in this order on the kernels' stream and freed when
-//   the call returns. Flash: none forward; backward D = dout . out (fp32 [batch, heads, seq]).
+//   the call returns. Flash: none forward; backward one fp32 workspace, D = dout . out ([batch,
+//   heads, seq]) and the dQ accumulator ([batch, seq, heads x head size]).
 //   Materialised: forward q, k, v ([batch, heads, seq, head size] each) and the scores
 //   [batch, heads, seq, seq]; backward q, k, v, dy, the scores' gradient, then dk. The CPU
 //   kernels allocate none.
@@ -92,7 +93,8 @@ inline std::vector<int64_t> AttentionScratchBytes(KernelBackend backend, Attenti
   if (backend != KernelBackend::kCuda) return {};
   if (program == AttentionProgram::kFlash) {
     if (!backward) return {};
-    return {int64_t{batch} * heads * seq * 4};  // D = dout . out per query
+    // One fp32 workspace: D = dout . out per query, then the dQ accumulator (out's shape).
+    return {(int64_t{batch} * heads * seq + int64_t{batch} * seq * channels) * 4};
   }
   const int64_t n = int64_t{batch} * seq * channels * act_size;
   const int64_t scores = int64_t{batch} * heads * seq * seq * act_size;

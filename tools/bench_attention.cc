@@ -166,7 +166,11 @@ StatusOr<Paths> CudaPaths(const BenchAttentionOptions& o, int kv) {
   ZR_RETURN_IF_ERROR(alloc(&s->out, rows * channels * 2));
   ZR_RETURN_IF_ERROR(alloc(&s->ref_out, rows * channels * 2));
   ZR_RETURN_IF_ERROR(alloc(&s->lse, stats * 4));
-  ZR_RETURN_IF_ERROR(alloc(&s->dvec, stats * 4));
+  // The flash backward's workspace: D, then the dQ accumulator (kernels/memory_facts.h).
+  ZR_RETURN_IF_ERROR(
+      alloc(&s->dvec, AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kFlash, true,
+                                            o.batch, o.seq, channels, o.heads, 2)
+                          .at(0)));
   ZR_RETURN_IF_ERROR(alloc(&s->dqkv, rows * row * 2));
   ZR_RETURN_IF_ERROR(alloc(&s->ref_dqkv, rows * row * 2));
   const int64_t saved_bytes =

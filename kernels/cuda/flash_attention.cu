@@ -113,6 +113,7 @@ struct CudaExec {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
                  "r"(valid ? 16 : 0));
   }
+  __device__ void AtomicAdd(float* p, float v) const { atomicAdd(p, v); }
   __device__ void CpAsyncCommit() const { asm volatile("cp.async.commit_group;\n" ::); }
   // The programs wait for all copies (0) or all but the newest group (1 or more).
   __device__ void CpAsyncWait(int in_flight) const {
@@ -133,22 +134,25 @@ __global__ void __launch_bounds__(flash::kThreads)
   flash::ForwardProgram<D>(CudaExec<E>{}, smem, qkv, out, lse, sh, gridDim.x - 1 - blockIdx.x,
                            blockIdx.y);
 }
+// The backward's three programs ([Note: the backward's programs]).
 template <int D, typename E>
 __global__ void __launch_bounds__(flash::kThreads)
-    BackwardDqKernel(E* dqkv, const E* dout, const E* qkv, const E* out, const float* lse,
-                     float* dvec, flash::Shape sh) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  // As the forward, the longest query tiles first (a dK/dV block's key tile 0 is its longest).
-  flash::BackwardDqProgram<D>(CudaExec<E>{}, smem, dqkv, dout, qkv, out, lse, dvec, sh,
-                              gridDim.x - 1 - blockIdx.x, blockIdx.y);
+    BackwardDotKernel(const E* dout, const E* out, float* dvec, float* dq, flash::Shape sh) {
+  flash::BackwardDotProgram<D>(CudaExec<E>{}, dout, out, dvec, dq, sh, blockIdx.x, blockIdx.y);
 }
 template <int D, typename E>
 __global__ void __launch_bounds__(flash::kThreads)
-    BackwardDkvKernel(E* dqkv, const E* dout, const E* qkv, const float* lse, const float* dvec,
-                      flash::Shape sh) {
+    BackwardKernel(E* dqkv, float* dq, const E* dout, const E* qkv, const float* lse,
+                   const float* dvec, flash::Shape sh) {
   extern __shared__ __align__(128) unsigned char smem[];
-  flash::BackwardDkvProgram<D>(CudaExec<E>{}, smem, dqkv, dout, qkv, lse, dvec, sh, blockIdx.x,
-                               blockIdx.y);
+  // A key tile's block visits the query tiles from the diagonal on: tile 0's visits the most.
+  flash::BackwardProgram<D>(CudaExec<E>{}, smem, dqkv, dq, dout, qkv, lse, dvec, sh, blockIdx.x,
+                            blockIdx.y);
+}
+template <int D, typename E>
+__global__ void __launch_bounds__(flash::kThreads)
+    BackwardAddDqKernel(E* dqkv, const float* dq, flash::Shape sh) {
+  flash::BackwardAddDqProgram<D>(CudaExec<E>{}, dqkv, dq, sh, blockIdx.x, blockIdx.y);
 }
 
 // A kernel whose shared memory is over 48 KiB must say so before its first launch on a device:
@@ -183,21 +187,23 @@ Status Forward(const internal::FlashAttentionShape& shape, void* out, float* lse
 }
 
 template <int D, typename E>
-Status Backward(const internal::FlashAttentionShape& shape, void* dqkv, float* dvec,
+Status Backward(const internal::FlashAttentionShape& shape, void* dqkv, float* workspace,
                 const void* dout, const void* qkv, const void* out, const float* lse,
                 cudaStream_t stream) {
   const flash::Shape sh = ShapeOf(shape);
+  float* dvec = workspace;  // then the dQ accumulator: kernels/memory_facts.h's layout
+  float* dq = workspace + int64_t{sh.batch} * sh.heads * sh.seq;
   constexpr int smem = flash::BackwardSmem<D>::bytes;
-  ZR_RETURN_IF_ERROR((AllowSmem<BackwardDqKernel<D, E>>(smem)));
-  ZR_RETURN_IF_ERROR((AllowSmem<BackwardDkvKernel<D, E>>(smem)));
-  BackwardDqKernel<D, E><<<dim3(sh.tiles(), sh.batch * sh.heads), flash::kThreads, smem, stream>>>(
-      static_cast<E*>(dqkv), static_cast<const E*>(dout), static_cast<const E*>(qkv),
-      static_cast<const E*>(out), lse, dvec, sh);
+  ZR_RETURN_IF_ERROR((AllowSmem<BackwardKernel<D, E>>(smem)));
+  const dim3 queries(sh.tiles(), sh.batch * sh.heads);
+  BackwardDotKernel<D, E><<<queries, flash::kThreads, 0, stream>>>(
+      static_cast<const E*>(dout), static_cast<const E*>(out), dvec, dq, sh);
   ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  BackwardDkvKernel<D, E>
-      <<<dim3(sh.tiles(), sh.batch * sh.kv_heads), flash::kThreads, smem, stream>>>(
-          static_cast<E*>(dqkv), static_cast<const E*>(dout), static_cast<const E*>(qkv), lse, dvec,
-          sh);
+  BackwardKernel<D, E><<<dim3(sh.tiles(), sh.batch * sh.kv_heads), flash::kThreads, smem, stream>>>(
+      static_cast<E*>(dqkv), dq, static_cast<const E*>(dout), static_cast<const E*>(qkv), lse, dvec,
+      sh);
+  ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  BackwardAddDqKernel<D, E><<<queries, flash::kThreads, 0, stream>>>(static_cast<E*>(dqkv), dq, sh);
   ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
@@ -255,15 +261,16 @@ Status CudaFlashAttentionForward(DType dtype, const FlashAttentionShape& shape, 
 }
 
 Status CudaFlashAttentionBackward(DType dtype, const FlashAttentionShape& shape, void* dqkv,
-                                  float* dvec, const void* dout, const void* qkv, const void* out,
-                                  const float* lse, Stream& stream) {
+                                  float* workspace, const void* dout, const void* qkv,
+                                  const void* out, const float* lse, Stream& stream) {
   if (!stream.device().is_cuda()) {
     return absl::InvalidArgumentError("flash attention on CUDA needs a CUDA stream");
   }
   ZR_RETURN_IF_ERROR(CheckFlashAttention(dtype, shape));
   if (shape.batch == 0 || shape.seq == 0) return absl::OkStatus();
-  ZR_RETURN_IF_ERROR(CheckAligned({dqkv, dvec, dout, qkv, out, lse}));
-  return Dispatch<BackwardFn>(dtype, shape, shape, dqkv, dvec, dout, qkv, out, lse, Native(stream));
+  ZR_RETURN_IF_ERROR(CheckAligned({dqkv, workspace, dout, qkv, out, lse}));
+  return Dispatch<BackwardFn>(dtype, shape, shape, dqkv, workspace, dout, qkv, out, lse,
+                              Native(stream));
 }
 
 }  // namespace internal

@@ -369,14 +369,14 @@ class CudaModelKernels final : public ModelKernels {
     const int hs = channels / heads;
     const AttentionProgram program = attention_program(batch, heads, hs);
     if (program == AttentionProgram::kFlash) {
-      // D = dout . out: kernels/memory_facts.h's AttentionScratchBytes.
+      // D = dout . out and the dQ accumulator: kernels/memory_facts.h's AttentionScratchBytes.
       const std::vector<int64_t> bytes =
           AttentionScratchBytes(backend(), program, true, batch, seq, channels, heads, sizeof(T));
-      ZR_ASSIGN_OR_RETURN(Buffer dvec, Scratch(bytes[0]));
+      ZR_ASSIGN_OR_RETURN(Buffer workspace, Scratch(bytes[0]));
       ZR_RETURN_IF_ERROR(internal::CudaFlashAttentionBackward(
-          act_, {batch, seq, heads, kv_heads, hs}, dqkv, dvec.as<float>(), dout, qkv, out,
+          act_, {batch, seq, heads, kv_heads, hs}, dqkv, workspace.as<float>(), dout, qkv, out,
           static_cast<const float*>(att), stream_));
-      launches_["FlashAttentionBackward"] += 2;  // the dQ and the dK/dV kernels
+      launches_["FlashAttentionBackward"] += 3;  // D, the main program, dQ added
       return absl::OkStatus();
     }
     const math::QkvLayout l{heads, kv_heads, hs};

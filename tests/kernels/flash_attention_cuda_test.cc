@@ -54,7 +54,13 @@ TEST(FlashAttentionCudaTest, ForwardAndBackwardAgainstTheDoubleReference) {
     void* dqkv = g.Up(in.dqkv);
     void* out = g.Alloc(got.out.size() * 2);
     auto* lse = static_cast<float*>(g.Alloc(got.lse.size() * 4));
-    auto* dvec = static_cast<float*>(g.Alloc(got.dvec.size() * 4));
+    // The backward's workspace: D first, then the dQ accumulator (kernels/memory_facts.h).
+    const int64_t workspace =
+        AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kFlash, true, c.batch, c.seq,
+                              c.heads * c.hs, c.heads, 2)
+            .at(0);
+    EXPECT_EQ(workspace, (in.stat_size() + in.out_size()) * 4);
+    auto* dvec = static_cast<float*>(g.Alloc(workspace));
     ASSERT_TRUE(internal::CudaFlashAttentionForward(dtype, shape, out, lse, qkv, *g.stream).ok());
     ASSERT_TRUE(internal::CudaFlashAttentionBackward(dtype, shape, dqkv, dvec, dout, qkv, out, lse,
                                                      *g.stream)

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <utility>
 #include <vector>
@@ -140,6 +141,8 @@ struct CpuFlashExec {
       groups_.erase(groups_.begin());
     }
   }
+  // A global fp32 atomic add: the lanes run in turn, so a plain add.
+  void AtomicAdd(float* p, float v) const { *p = *p + v; }
   bool CopiesDone() const { return open_.empty() && groups_.empty(); }
   struct PendingCopy {
     void* dst;
@@ -220,18 +223,25 @@ FlashOutputs RunFlashOnCpuAs(const FlashInputs& in) {
       EXPECT_TRUE(x.CopiesDone()) << "the forward left copies in flight";
     }
   }
+  // The dQ accumulator starts as NaN: the Dot program must zero every row the others add to.
+  std::vector<float> dq(in.out_size(), std::numeric_limits<float>::quiet_NaN());
   for (int bh = 0; bh < sh.batch * sh.heads; ++bh) {
     for (int t = 0; t < sh.tiles(); ++t) {
-      flash::BackwardDqProgram<D>(x, fresh(flash::BackwardSmem<D>::bytes), r.dqkv.data(),
-                                  in.dout.data(), in.qkv.data(), r.out.data(), r.lse.data(),
-                                  r.dvec.data(), sh, t, bh);
+      flash::BackwardDotProgram<D>(x, in.dout.data(), r.out.data(), r.dvec.data(), dq.data(), sh, t,
+                                   bh);
     }
   }
   for (int bkv = 0; bkv < sh.batch * sh.kv_heads; ++bkv) {
     for (int t = 0; t < sh.tiles(); ++t) {
-      flash::BackwardDkvProgram<D>(x, fresh(flash::BackwardSmem<D>::bytes), r.dqkv.data(),
-                                   in.dout.data(), in.qkv.data(), r.lse.data(), r.dvec.data(), sh,
-                                   t, bkv);
+      flash::BackwardProgram<D>(x, fresh(flash::BackwardSmem<D>::bytes), r.dqkv.data(), dq.data(),
+                                in.dout.data(), in.qkv.data(), r.lse.data(), r.dvec.data(), sh, t,
+                                bkv);
+      EXPECT_TRUE(x.CopiesDone()) << "the backward left copies in flight";
+    }
+  }
+  for (int bh = 0; bh < sh.batch * sh.heads; ++bh) {
+    for (int t = 0; t < sh.tiles(); ++t) {
+      flash::BackwardAddDqProgram<D>(x, r.dqkv.data(), dq.data(), sh, t, bh);
     }
   }
   return r;

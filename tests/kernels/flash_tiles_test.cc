@@ -142,13 +142,14 @@ TEST(FlashTilesTest, TheMemoryModelChoosesWhatTheKernelsTake) {
   EXPECT_EQ(AttentionBackendNamed("materialised"), AttentionProgram::kMaterialised);
   EXPECT_EQ(AttentionProgramFor(KernelBackend::kCpuDouble, 8, 1, 1, 64),
             AttentionProgram::kMaterialised);
-  // Flash keeps a log-sum-exp per query and, on CUDA, D per query in its backward's scratch.
+  // Flash keeps a log-sum-exp per query and, on CUDA, its backward's fp32 workspace holds D per
+  // query and the dQ accumulator (one fp32 per element of out).
   EXPECT_EQ(AttentionSavedBytes(AttentionProgram::kFlash, 8, 1024, 12, 2), 8 * 12 * 1024 * 4);
   EXPECT_EQ(AttentionSavedBytes(AttentionProgram::kMaterialised, 8, 1024, 12, 2),
             int64_t{8} * 12 * 1024 * 1024 * 2);
   EXPECT_EQ(AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kFlash, true, 8, 1024,
                                   768, 12, 2),
-            std::vector<int64_t>{8 * 12 * 1024 * 4});
+            std::vector<int64_t>{(8 * 12 * 1024 + 8 * 1024 * 768) * 4});
   EXPECT_TRUE(AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kFlash, false, 8, 1024,
                                     768, 12, 2)
                   .empty());
