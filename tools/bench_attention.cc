@@ -143,7 +143,7 @@ StatusOr<Paths> CudaPaths(const BenchAttentionOptions& o, int kv) {
     std::unique_ptr<Stream> stream;
     std::unique_ptr<ModelKernels> k;
     std::unique_ptr<StreamMark> begin, end;
-    Buffer qkv, dout, out, lse, dvec, dqkv, ref_out, saved, ref_dqkv;
+    Buffer qkv, dout, out, lse, workspace, dqkv, ref_out, saved, ref_dqkv;
     ~State() {
       if (stream) (void)stream->Synchronize();
     }
@@ -168,9 +168,9 @@ StatusOr<Paths> CudaPaths(const BenchAttentionOptions& o, int kv) {
   ZR_RETURN_IF_ERROR(alloc(&s->lse, stats * 4));
   // The flash backward's workspace: D, then the dQ accumulator (kernels/memory_facts.h).
   ZR_RETURN_IF_ERROR(
-      alloc(&s->dvec, AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kFlash, true,
-                                            o.batch, o.seq, channels, o.heads, 2)
-                          .at(0)));
+      alloc(&s->workspace, AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kFlash,
+                                                 true, o.batch, o.seq, channels, o.heads, 2)
+                               .at(0)));
   ZR_RETURN_IF_ERROR(alloc(&s->dqkv, rows * row * 2));
   ZR_RETURN_IF_ERROR(alloc(&s->ref_dqkv, rows * row * 2));
   const int64_t saved_bytes =
@@ -200,8 +200,8 @@ StatusOr<Paths> CudaPaths(const BenchAttentionOptions& o, int kv) {
   };
   p.flash_backward = [=] {
     ZR_CHECK_OK(internal::CudaFlashAttentionBackward(
-        DType::kBF16, shape, x->dqkv.data(), x->dvec.as<float>(), x->dout.data(), x->qkv.data(),
-        x->out.data(), x->lse.as<float>(), *x->stream));
+        DType::kBF16, shape, x->dqkv.data(), x->workspace.as<float>(), x->dout.data(),
+        x->qkv.data(), x->out.data(), x->lse.as<float>(), *x->stream));
   };
   p.ref_forward = [=, &o] {
     ZR_CHECK_OK(x->k->Attention(x->ref_out.data(), x->saved.data(), x->qkv.data(), o.batch, o.seq,

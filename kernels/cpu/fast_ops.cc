@@ -11,6 +11,7 @@
 #include "zerort/kernels/flash_math.h"
 #include "zerort/kernels/model_math.h"
 #include "zerort/runtime/float_bits.h"
+#include "zerort/runtime/status.h"
 
 namespace zerort::cpu::fast {
 namespace {
@@ -230,12 +231,14 @@ ZR_CPU_CLONES void FlashBackwardBlock(float* p, float* dp, int ld, int m, int kn
 }
 
 // The block's m x kn values rounded to the element type the CUDA kernels' products read
-// (FlashProducts), in place.
-void RoundForProducts(float* s, int ld, int m, int kn, FlashProducts products) {
-  if (products == FlashProducts::kFloat) return;
+// (FlashAttentionForward's `products`), in place.
+void RoundForProducts(float* s, int ld, int m, int kn, DType products) {
+  ZR_CHECK(products == DType::kF32 || products == DType::kBF16 || products == DType::kF16)
+      << "flash attention's products in " << DTypeName(products);
+  if (products == DType::kF32) return;
   for (int i = 0; i < m; ++i) {
     float* row = s + static_cast<int64_t>(i) * ld;
-    if (products == FlashProducts::kBf16) {
+    if (products == DType::kBF16) {
       for (int j = 0; j < kn; ++j) row[j] = Bf16BitsToFloat(FloatToBf16Bits(row[j]));
     } else {
       for (int j = 0; j < kn; ++j) row[j] = F16BitsToFloat(FloatToF16Bits(row[j]));
@@ -392,7 +395,7 @@ void SoftmaxCrossEntropyFused(float* logits, float* losses, const int32_t* targe
 }
 
 void FlashAttentionForward(float* out, float* lse, const float* qkv, int batch, int seq,
-                           int channels, int heads, int kv_heads, FlashProducts products) {
+                           int channels, int heads, int kv_heads, DType products) {
   const Heads g(seq, channels, heads, kv_heads);
   const int hs = g.hs;
   const int64_t c3 = g.ld;
@@ -421,7 +424,7 @@ void FlashAttentionForward(float* out, float* lse, const float* qkv, int batch, 
 
 void FlashAttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
                             const float* lse, int batch, int seq, int channels, int heads,
-                            int kv_heads, FlashProducts products) {
+                            int kv_heads, DType products) {
   const Heads g(seq, channels, heads, kv_heads);
   const int hs = g.hs;
   const int64_t c3 = g.ld;

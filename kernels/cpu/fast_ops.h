@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "zerort/runtime/dtype.h"
+
 namespace zerort::cpu::fast {
 
 // out[r, :] = bias (or 0): the start of MatmulForward.
@@ -42,19 +44,17 @@ void SoftmaxCrossEntropyFused(float* logits, float* losses, const int32_t* targe
 // (kernels/model_math.h): each query head reads its group's key/value head in place. The forward
 // is threaded over (batch, query head), the backward over (batch, key/value head), whose query
 // heads add into its dK and dV in order.
-// `products`: the element type the probabilities and score gradients are rounded to before the
-// products that read them, as the CUDA kernels round them to their tensor cores' operands
-// (kernels/flash_tiles.h): the forward's P before P V (the row sums add the unrounded P), the
-// backward's P before P^T dout and dS (computed from the unrounded P) before dS K and dS^T q.
-// kFloat (the float model) rounds nothing; the 16-bit model kernels pass their format, so that
-// the CPU and a GPU run the same method (cuda_parity).
-enum class FlashProducts { kFloat, kBf16, kF16 };
+// `products` (kF32, kBF16 or kF16): the element type the probabilities and score gradients are
+// rounded to before the products that read them, as the CUDA kernels round them to their tensor
+// cores' operands (kernels/flash_tiles.h): the forward's P before P V (the row sums add the
+// unrounded P), the backward's P before P^T dout and dS (computed from the unrounded P) before
+// dS K and dS^T q. kF32 (the float model) rounds nothing; the 16-bit model kernels pass their
+// format, so that the CPU and a GPU run the same method (cuda_parity).
 void FlashAttentionForward(float* out, float* lse, const float* qkv, int batch, int seq,
-                           int channels, int heads, int kv_heads,
-                           FlashProducts products = FlashProducts::kFloat);
+                           int channels, int heads, int kv_heads, DType products = DType::kF32);
 void FlashAttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
                             const float* lse, int batch, int seq, int channels, int heads,
-                            int kv_heads, FlashProducts products = FlashProducts::kFloat);
+                            int kv_heads, DType products = DType::kF32);
 
 // out = a + b; dst += src.
 void Add(float* out, const float* a, const float* b, int64_t n);

@@ -32,9 +32,9 @@ template <typename T>
 class CpuModelKernels final : public ModelKernels {
  public:
   // `flash_products`: what the flash attention rounds its probabilities and score gradients to
-  // before their products (cpu::fast::FlashProducts; the 16-bit kernels' format).
-  explicit CpuModelKernels(
-      cpu::fast::FlashProducts flash_products = cpu::fast::FlashProducts::kFloat)
+  // before their products (cpu::fast::FlashAttentionForward's `products`: the 16-bit kernels
+  // pass their format).
+  explicit CpuModelKernels(DType flash_products = DType::kF32)
       : stream_(*CreateStream(Device::Cpu(), "model")), flash_products_(flash_products) {}
 
   Device device() const override { return Device::Cpu(); }
@@ -279,7 +279,7 @@ class CpuModelKernels final : public ModelKernels {
   static const T* P(const void* p) { return static_cast<const T*>(p); }
 
   std::unique_ptr<Stream> stream_;
-  cpu::fast::FlashProducts flash_products_;
+  DType flash_products_;
   Seconds seconds_;
 };
 
@@ -289,13 +289,11 @@ class CpuModelKernels final : public ModelKernels {
 // gives the conversions: Bf16Format or F16Format.
 struct Bf16Format {
   static constexpr DType kDType = DType::kBF16;
-  static constexpr cpu::fast::FlashProducts kFlashProducts = cpu::fast::FlashProducts::kBf16;
   static float ToFloat(uint16_t bits) { return Bf16BitsToFloat(bits); }
   static uint16_t FromFloat(float v) { return FloatToBf16Bits(v); }
 };
 struct F16Format {
   static constexpr DType kDType = DType::kF16;
-  static constexpr cpu::fast::FlashProducts kFlashProducts = cpu::fast::FlashProducts::kF16;
   static float ToFloat(uint16_t bits) { return F16BitsToFloat(bits); }
   static uint16_t FromFloat(float v) { return FloatToF16Bits(v); }
 };
@@ -587,7 +585,7 @@ class Cpu16ModelKernels final : public ModelKernels {
     return m;
   }
   // The attention's P and dS rounded as the CUDA flash kernels round them.
-  CpuModelKernels<float> f_{Format::kFlashProducts};
+  CpuModelKernels<float> f_{Format::kDType};
   std::vector<Block> pool_;
 };
 

@@ -61,7 +61,7 @@ check = checks.check
 FP32, HALF = 1e-5, 1e-3
 # The 16-bit flash cases: zerort's CUDA kernels round P and dS to bf16/fp16 for the tensor-core
 # products, as FlashAttention-2 does, and so do the CPU's 16-bit kernels since 2026-11-30
-# (cpu::fast::FlashProducts; FlashTilesTest.TheCpuModelKernelsRoundAsThePrograms). Before, the
+# (cpu::fast's flash `products`; FlashTilesTest.TheCpuModelKernelsRoundAsThePrograms). Before, the
 # CPU kept them in fp32 and the bf16 run differed by 2.65e-3 at one step on an H200. Besides the
 # trajectory, their first step's loss (the same weights, one forward) within FIRST_STEP.
 FLASH_CASES = {"bf16-flash-hs64", "fp16-flash-hs64", "llama-gqa-bf16-flash",

@@ -55,20 +55,20 @@ TEST(FlashAttentionCudaTest, ForwardAndBackwardAgainstTheDoubleReference) {
     void* out = g.Alloc(got.out.size() * 2);
     auto* lse = static_cast<float*>(g.Alloc(got.lse.size() * 4));
     // The backward's workspace: D first, then the dQ accumulator (kernels/memory_facts.h).
-    const int64_t workspace =
+    const int64_t workspace_bytes =
         AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kFlash, true, c.batch, c.seq,
                               c.heads * c.hs, c.heads, 2)
             .at(0);
-    EXPECT_EQ(workspace, (in.stat_size() + in.out_size()) * 4);
-    auto* dvec = static_cast<float*>(g.Alloc(workspace));
+    EXPECT_EQ(workspace_bytes, (in.stat_size() + in.out_size()) * 4);
+    auto* workspace = static_cast<float*>(g.Alloc(workspace_bytes));
     ASSERT_TRUE(internal::CudaFlashAttentionForward(dtype, shape, out, lse, qkv, *g.stream).ok());
-    ASSERT_TRUE(internal::CudaFlashAttentionBackward(dtype, shape, dqkv, dvec, dout, qkv, out, lse,
-                                                     *g.stream)
+    ASSERT_TRUE(internal::CudaFlashAttentionBackward(dtype, shape, dqkv, workspace, dout, qkv, out,
+                                                     lse, *g.stream)
                     .ok());
     g.Down(&got.out, out);
     g.Down(&got.dqkv, dqkv);
     g.Down(&got.lse, lse);
-    g.Down(&got.dvec, dvec);
+    g.Down(&got.dvec, workspace);  // D, the workspace's first part
     ExpectFlashMatchesReference(in, got);
   }
 }

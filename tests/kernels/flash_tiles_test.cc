@@ -24,11 +24,11 @@ TEST(FlashTilesTest, ForwardAndBackwardAgainstTheDoubleReference) {
 }
 
 // The CPU model's 16-bit attention (widened to fp32, cpu::fast's flash) rounds P and dS to its
-// format before their products as the CUDA programs do (cpu::fast::FlashProducts), so that a
-// bf16 run on the CPU and one on a GPU take the same roundings (cuda_parity compares their
-// losses): its outputs and gradients are closer to the programs' than the same kernels' with P
-// and dS kept in fp32. On 2026-11-30, before this, cuda_parity's bf16 flash run differed by
-// 2.65e-3 at one step, against 7.8e-5 for the materialised bf16 one.
+// format before their products as the CUDA programs do (cpu::fast::FlashAttentionForward's
+// `products`), so that a bf16 run on the CPU and one on a GPU take the same roundings (cuda_parity
+// compares their losses): its outputs and gradients are closer to the programs' than the same
+// kernels' with P and dS kept in fp32. On 2026-11-30, before this, cuda_parity's bf16 flash run
+// differed by 2.65e-3 at one step, against 7.8e-5 for the materialised bf16 one.
 TEST(FlashTilesTest, TheCpuModelKernelsRoundAsThePrograms) {
   for (const FlashCase& c : {FlashCase{true, 2, 100, 4, 2, 64}, FlashCase{false, 1, 100, 4, 2, 64},
                              FlashCase{true, 1, 130, 2, 2, 128}}) {

@@ -108,9 +108,8 @@ TEST(ModelKernels16BitTest, EveryOpIsTheFloatOpRoundedOnce) {
             .ok());
     // The attention is the float flash kernel with its P (and, backward, dS) rounded to the
     // format before the products that read them, as the CUDA programs round them
-    // (cpu::fast::FlashProducts); the float model kernels keep them in fp32.
-    const auto products = f.precision == CpuPrecision::kBf16 ? cpu::fast::FlashProducts::kBf16
-                                                             : cpu::fast::FlashProducts::kF16;
+    // (cpu::fast::FlashAttentionForward's `products`); the float model kernels keep them in fp32.
+    const DType products = f.precision == CpuPrecision::kBf16 ? DType::kBF16 : DType::kF16;
     cpu::fast::FlashAttentionForward(att_outf.data(), lsef.data(), qkv.floats.data(), batch, seq,
                                      channels, heads, kv, products);
     EXPECT_EQ(lse, lsef) << f.name;
