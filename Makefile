@@ -19,11 +19,19 @@ ZERORT := $(BUILD)/tools/zerort
 
 all: build
 
+# Every build compiles each target's C++ sources 8 to a translation unit (CMake's unity build;
+# the CUDA sources stay one to a unit): the headers (nlohmann/json above all) are parsed and
+# instantiated once per batch, not per file. On two cores a fresh Release build takes 8 min
+# instead of 18, the ASan one 9 instead of 15 (docs/benchmarks.md, "Process start-up and the CI
+# run"); a name defined twice in one target's anonymous namespaces fails to compile. An edit
+# recompiles its batch of 8: CMAKE_FLAGS=-DCMAKE_UNITY_BUILD=OFF builds one file at a time.
+UNITY := -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=8
+
 deps:
 	./scripts/install-deps.sh
 
 configure: deps
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(UNITY) $(CMAKE_FLAGS)
 
 build: configure
 	cmake --build $(BUILD) -j$(JOBS)
@@ -93,12 +101,6 @@ test-install: build
 	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(MPIRUN) -np 2 $(BUILD)/embed_tp/embed_tp_mlp
 	$(BUILD)/own_folders/own_folders
 	@echo "test-install: public headers, hello_comm 2, embed (examples/embed/check.sh: its count above), README program 3, embed_tp 2, own_folders 1 passed"
-
-# The sanitizer builds compile each library's sources 8 to a translation unit (CMake's unity
-# build): the headers (nlohmann/json above all) are parsed and instantiated once per batch, not
-# per file, which halves a fresh build on two cores (ASan: about 15 -> 9 minutes). Release builds
-# stay one file per unit; a name defined twice in one library's anonymous namespaces fails here.
-UNITY := -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=8
 
 # The CPU tests again under AddressSanitizer and UndefinedBehaviorSanitizer (CPU-only build, -O1
 # with line tables: what ASan recommends, and quick to compile on two cores).
