@@ -15,6 +15,12 @@
 // own count when it knows its threads outnumber the cores; about 10 microseconds) measured within
 // a few percent of the default on a quiet machine and about half its speed beside the competing
 // process, what its share of the cores allows.
+// Not in every run: some placements of the four busy threads on two cores make a whole run of the
+// tiny model 15-40x slower, with this count and with PASSIVE alike (a GEMM's team waits at its
+// barrier for a thread that shares its core with both competitors; one thread, or GEMMs held to
+// one thread, never did). A placement lasts as long as its processes; 0 to 7 runs of 15 were slow
+// on 2026-11-30 (docs/benchmarks.md, "Placements"). Choosing each GEMM shape's thread count from
+// measured times would remove it; not built.
 //
 // libgomp reads the variables once, in its initialiser before main, so they cannot be set from
 // inside the process. `zerort` therefore re-executes itself (the same program, arguments and

@@ -203,7 +203,13 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
     ZR_RETURN_IF_ERROR(FillZero(x.data(), device, x.bytes(), &kernels->stream()));
     ZR_RETURN_IF_ERROR(FillZero(w.data(), device, w.bytes(), &kernels->stream()));
     const double gemm_flops = 2.0 * rows * m.d_model * hidden;
-    const int gemm_repeats = std::max(1, static_cast<int>(5e10 / gemm_flops));
+    // As many products a timing as the model's forward+backward has FLOPs, at least one and at
+    // most 5e10 FLOPs' worth: the baseline costs about what the measured work does. (It used to
+    // be 5e10 FLOPs whatever the model: 12,000 tiny products an iteration for bench-tiny, most of
+    // the command's time, and minutes of it on a loaded machine.)
+    const double step_flops = m.FlopsPerToken() * tokens / c.tp;
+    const int gemm_repeats = static_cast<int>(
+        std::clamp(step_flops / gemm_flops, 1.0, std::max(1.0, 5e10 / gemm_flops)));
 
     // --phases: the square GEMM of the second baseline.
     const int64_t square = o.phases ? 2048 : 0;
@@ -221,6 +227,15 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
     } ph;
     std::vector<double> step_s, gemm_s;
     tracker.ResetPeaks();
+    // The warm-up iteration names each phase as it ends (rank 0): a run that stops making
+    // progress shows where (on the GPU of 2026-11-30 bench model stalled after Initialize).
+    const auto warm_up_start = now();
+    auto warm_up = [&](int it, const char* done) {
+      if (it == 0 && world->rank() == 0) {
+        Logger()->info("warm-up iteration: {} ({:.2f} s)", done, seconds(warm_up_start, now()));
+      }
+    };
+    warm_up(0, "weights initialized");
     for (int it = 0; it <= o.iters; ++it) {  // iteration 0 warms up (allocator, cuBLASLt plans)
       const DecoderModel::PhaseSeconds model_before = model->phase_seconds();
       const ModelKernels::Seconds kernels_before =
@@ -236,6 +251,7 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
       ZR_RETURN_IF_ERROR(mark(0));
       ZR_RETURN_IF_ERROR(model->ForwardBackward(ids, targets, batch, seq, 1.0f).status());
       ZR_RETURN_IF_ERROR(mark(1));
+      warm_up(it, "forward+backward issued");
       micro_batch = census;
       if (launched_before.has_value()) {  // CUDA: the device work those calls issued
         launched.clear();
@@ -249,6 +265,7 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
       ZR_RETURN_IF_ERROR(mark(2));
       ZR_RETURN_IF_ERROR(manager->compute_stream().Synchronize());
       const auto t1 = now();
+      warm_up(it, "gradients reduced, compute stream synchronised");
       const ModelKernels::Seconds kernels_after =
           kernels->seconds() != nullptr ? *kernels->seconds() : ModelKernels::Seconds{};
       ZR_RETURN_IF_ERROR(manager->Step({.lr = 1e-4f}).status());
@@ -260,6 +277,7 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
       }
       ZR_RETURN_IF_ERROR(model->TakeTrainingLoss().status());  // outside the census and timeline
       const auto t2 = now();
+      warm_up(it, "optimizer step done, loss read");
       for (int r = 0; r < gemm_repeats; ++r) {
         ZR_RETURN_IF_ERROR(
             kernels->Matmul(y.data(), x.data(), w.data(), nullptr, rows, m.d_model, hidden));
@@ -272,6 +290,7 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
         ZR_RETURN_IF_ERROR(kernels->stream().Synchronize());
       }
       const auto t4 = now();
+      warm_up(it, "GEMM baseline done");
       if (it > 0) {
         step_s.push_back(seconds(t0, t1));
         gemm_s.push_back(seconds(t2, t3) / gemm_repeats);
