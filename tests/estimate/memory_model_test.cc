@@ -24,18 +24,23 @@
 namespace zerort {
 namespace {
 
-// A small token file shared by the grid (the built-in corpus would be generated per rank).
+// A small token file shared by the grid (the built-in corpus would be generated per rank),
+// removed when the process exits.
 const std::string& GridTokens() {
-  static const std::string path = [] {
+  struct File {
+    std::string path;
+    ~File() { std::remove(path.c_str()); }
+  };
+  static const File file = [] {
     // One file per process: ctest runs the grid's tests in parallel processes.
     const std::string p =
         ::testing::TempDir() + "/memory_grid_tokens." + std::to_string(::getpid()) + ".bin";
     std::vector<int32_t> tokens(20000);
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7919) % 251);
     ZR_CHECK_OK(WriteTokenFile(p, tokens, 256));
-    return p;
+    return File{p};  // a prvalue: no copy whose destructor would remove the file
   }();
-  return path;
+  return file.path;
 }
 
 RunConfig GridConfig(int stage, int world, bool checkpointing) {
