@@ -20,7 +20,8 @@
 // barrier for a thread that shares its core with both competitors; one thread, or GEMMs held to
 // one thread, never did). A placement lasts as long as its processes; 0 to 7 runs of 15 were slow
 // on 2026-11-30 (docs/benchmarks.md, "Placements"). Choosing each GEMM shape's thread count from
-// measured times would remove it; not built.
+// measured times removes it, but OpenBLAS's Haswell kernels round a product differently on one
+// thread and two, so the run's numbers would follow the machine's load: not kept.
 //
 // libgomp reads the variables once, in its initialiser before main, so they cannot be set from
 // inside the process. `zerort` therefore re-executes itself (the same program, arguments and
