@@ -31,9 +31,12 @@ Status CheckAttentionBackend(std::optional<AttentionProgram> requested, DType dt
                              const FlashAttentionShape& shape);
 
 // out [batch, seq, heads x hs] and lse [batch, heads, seq] (fp32) from qkv ([Note: the qkv
-// layout]), on `stream` (CUDA).
+// layout]), on `stream` (CUDA). `block_queries`: the queries a thread block owns, 0 for the
+// default (64; [Note: the register-resident forward]), or 64, or 128 at head size 64 (two row
+// groups a warp; `bench attention` times it beside the default).
 Status CudaFlashAttentionForward(DType dtype, const FlashAttentionShape& shape, void* out,
-                                 float* lse, const void* qkv, Stream& stream);
+                                 float* lse, const void* qkv, Stream& stream,
+                                 int block_queries = 0);
 // dqkv += the gradient of the forward's out for `dout`. `workspace` (fp32, 16-byte aligned, of
 // kernels/memory_facts.h's AttentionScratchBytes for the flash backward) is scratch the
 // backward fills with D = dout . out ([batch, heads, seq], first) and the fp32 dQ accumulator

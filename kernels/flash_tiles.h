@@ -135,53 +135,70 @@ ZR_TILE_PROGRAM void ForTileElems(int lane, F&& f) {
   }
 }
 
-// c (16 x N) = A B^T over D: A the rows a_r0 .. a_r0 + 15 of tile a, B^T the rows b_r0 ..
-// b_r0 + N - 1 of tile b. frag: 8 scratch registers.
-template <int D, int N = kTile, typename X>
-ZR_TILE_PROGRAM void WarpScores(const X& x, int w, Regs<X, float, N / 2>& c,
-                                Regs<X, uint32_t, 8>& frag, const typename X::Elem* a, int a_r0,
+// c (16 G x N) = A B^T over D: A the rows a_r0 .. a_r0 + 16 G - 1 of tile a, B^T the rows
+// b_r0 .. b_r0 + N - 1 of tile b. G row groups of 16 (registers g N / 2 .. (g + 1) N / 2 - 1 of c
+// hold group g's 16 x N accumulator) share each B fragment, loaded once. frag: NF = 4 G + 4
+// scratch registers, the A fragments of the groups, then B's.
+template <int D, int N = kTile, int G = 1, int NF = 4 * G + 4, typename X>
+ZR_TILE_PROGRAM void WarpScores(const X& x, int w, Regs<X, float, G * N / 2>& c,
+                                Regs<X, uint32_t, NF>& frag, const typename X::Elem* a, int a_r0,
                                 const typename X::Elem* b, int b_r0 = 0) {
+  static_assert(NF >= 4 * G + 4, "WarpScores: 4 fragment registers a group and 4 for B");
   x.ForLanes([&](int lane) {
     float* cw = c.at(w, lane);
     ZR_UNROLL
-    for (int i = 0; i < N / 2; ++i) cw[i] = 0.0f;
+    for (int i = 0; i < G * N / 2; ++i) cw[i] = 0.0f;
   });
   ZR_UNROLL
   for (int kk = 0; kk < D / 16; ++kk) {
-    x.LdMatrix(w, frag, 0, [&](int lane) { return FragRowsFirst<D>(a, a_r0, kk * 16, lane); });
+    ZR_UNROLL
+    for (int g = 0; g < G; ++g) {
+      x.LdMatrix(w, frag, 4 * g,
+                 [&](int lane) { return FragRowsFirst<D>(a, a_r0 + 16 * g, kk * 16, lane); });
+    }
     ZR_UNROLL
     for (int kg = 0; kg < N / 16; ++kg) {
-      x.LdMatrix(w, frag, 4,
+      x.LdMatrix(w, frag, 4 * G,
                  [&](int lane) { return FragColsFirst<D>(b, b_r0 + kg * 16, kk * 16, lane); });
-      x.MmaSync(w, c, 2 * kg * 4, frag, 0, frag, 4);
-      x.MmaSync(w, c, (2 * kg + 1) * 4, frag, 0, frag, 6);
+      ZR_UNROLL
+      for (int g = 0; g < G; ++g) {
+        x.MmaSync(w, c, g * N / 2 + 2 * kg * 4, frag, 4 * g, frag, 4 * G);
+        x.MmaSync(w, c, g * N / 2 + (2 * kg + 1) * 4, frag, 4 * g, frag, 4 * G + 2);
+      }
     }
   }
 }
 
-// The 16 x N accumulator s as the A fragments of N / 16 k-steps, rounded to the element type.
-template <int N = kTile, typename X>
-ZR_TILE_PROGRAM void PackFrags(const X& x, int w, const Regs<X, float, N / 2>& s,
-                               Regs<X, uint32_t, N / 4>& pf) {
+// The G 16 x N accumulators s as the A fragments of N / 16 k-steps each (group g's at
+// registers g N / 4 ..), rounded to the element type.
+template <int N = kTile, int G = 1, typename X>
+ZR_TILE_PROGRAM void PackFrags(const X& x, int w, const Regs<X, float, G * N / 2>& s,
+                               Regs<X, uint32_t, G * N / 4>& pf) {
   x.ForLanes([&](int lane) {
-    const float* sw = s.at(w, lane);
-    uint32_t* pw = pf.at(w, lane);
     ZR_UNROLL
-    for (int kk = 0; kk < N / 16; ++kk) {  // n-tiles 2 kk and 2 kk + 1 make k-step kk
-      pw[kk * 4 + 0] = X::Pack(sw[2 * kk * 4 + 0], sw[2 * kk * 4 + 1]);
-      pw[kk * 4 + 1] = X::Pack(sw[2 * kk * 4 + 2], sw[2 * kk * 4 + 3]);
-      pw[kk * 4 + 2] = X::Pack(sw[(2 * kk + 1) * 4 + 0], sw[(2 * kk + 1) * 4 + 1]);
-      pw[kk * 4 + 3] = X::Pack(sw[(2 * kk + 1) * 4 + 2], sw[(2 * kk + 1) * 4 + 3]);
+    for (int g = 0; g < G; ++g) {
+      const float* sw = s.at(w, lane) + g * N / 2;
+      uint32_t* pw = pf.at(w, lane) + g * N / 4;
+      ZR_UNROLL
+      for (int kk = 0; kk < N / 16; ++kk) {  // n-tiles 2 kk and 2 kk + 1 make k-step kk
+        pw[kk * 4 + 0] = X::Pack(sw[2 * kk * 4 + 0], sw[2 * kk * 4 + 1]);
+        pw[kk * 4 + 1] = X::Pack(sw[2 * kk * 4 + 2], sw[2 * kk * 4 + 3]);
+        pw[kk * 4 + 2] = X::Pack(sw[(2 * kk + 1) * 4 + 0], sw[(2 * kk + 1) * 4 + 1]);
+        pw[kk * 4 + 3] = X::Pack(sw[(2 * kk + 1) * 4 + 2], sw[(2 * kk + 1) * 4 + 3]);
+      }
     }
   });
 }
 
-// c (16 x DC) += P B over N: P as A fragments (PackFrags), B the rows b_r0 .. b_r0 + N - 1 and
-// the columns d0 .. d0 + DC - 1 of tile b (of D columns).
-template <int D, int N = kTile, int DC = D, typename X>
-ZR_TILE_PROGRAM void WarpAccumulate(const X& x, int w, Regs<X, float, DC / 2>& c,
-                                    const Regs<X, uint32_t, N / 4>& pf, Regs<X, uint32_t, 8>& frag,
-                                    const typename X::Elem* b, int b_r0 = 0, int d0 = 0) {
+// c (16 G x DC) += P B over N: P as the G groups' A fragments (PackFrags), B the rows b_r0 ..
+// b_r0 + N - 1 and the columns d0 .. d0 + DC - 1 of tile b (of D columns); each B fragment
+// (registers 4 .. 7 of frag) loaded once for the G groups.
+template <int D, int N = kTile, int DC = D, int G = 1, int NF = 8, typename X>
+ZR_TILE_PROGRAM void WarpAccumulate(const X& x, int w, Regs<X, float, G * DC / 2>& c,
+                                    const Regs<X, uint32_t, G * N / 4>& pf,
+                                    Regs<X, uint32_t, NF>& frag, const typename X::Elem* b,
+                                    int b_r0 = 0, int d0 = 0) {
+  static_assert(NF >= 8, "WarpAccumulate: B's fragments in registers 4 .. 7");
   ZR_UNROLL
   for (int kk = 0; kk < N / 16; ++kk) {
     ZR_UNROLL
@@ -189,8 +206,11 @@ ZR_TILE_PROGRAM void WarpAccumulate(const X& x, int w, Regs<X, float, DC / 2>& c
       x.LdMatrixTrans(w, frag, 4, [&](int lane) {
         return FragRowsFirst<D>(b, b_r0 + kk * 16, d0 + dg * 16, lane);
       });
-      x.MmaSync(w, c, 2 * dg * 4, pf, kk * 4, frag, 4);
-      x.MmaSync(w, c, (2 * dg + 1) * 4, pf, kk * 4, frag, 6);
+      ZR_UNROLL
+      for (int g = 0; g < G; ++g) {
+        x.MmaSync(w, c, g * DC / 2 + 2 * dg * 4, pf, g * N / 4 + kk * 4, frag, 4);
+        x.MmaSync(w, c, g * DC / 2 + (2 * dg + 1) * 4, pf, g * N / 4 + kk * 4, frag, 6);
+      }
     }
   }
 }

@@ -77,7 +77,7 @@ Status CudaAccumulateInto(const void*, DType, float*, int64_t, Stream*) {
   return NoCuda("AccumulateInto");
 }
 Status CudaFlashAttentionForward(DType, const FlashAttentionShape&, void*, float*, const void*,
-                                 Stream&) {
+                                 Stream&, int) {
   return NoCuda("FlashAttentionForward");
 }
 Status CudaFlashAttentionBackward(DType, const FlashAttentionShape&, void*, float*, const void*,

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 #include <type_traits>
 
 #include "zerort/kernels/cuda/convert.cuh"
@@ -126,13 +127,13 @@ struct CudaExec {
   __device__ static int Lane() { return static_cast<int>(threadIdx.x) % 32; }
 };
 
-template <int D, typename E>
+template <int D, typename E, int G>
 __global__ void __launch_bounds__(flash::kThreads)
     ForwardKernel(const E* qkv, E* out, float* lse, flash::Shape sh) {
   extern __shared__ __align__(128) unsigned char smem[];
   // The query tiles that visit the most key tiles (the last ones) are started first.
-  flash::ForwardProgram<D>(CudaExec<E>{}, smem, qkv, out, lse, sh, gridDim.x - 1 - blockIdx.x,
-                           blockIdx.y);
+  flash::ForwardProgram<D, G>(CudaExec<E>{}, smem, qkv, out, lse, sh, gridDim.x - 1 - blockIdx.x,
+                              blockIdx.y);
 }
 // The backward's three programs ([Note: the backward's programs]).
 template <int D, typename E>
@@ -174,16 +175,28 @@ flash::Shape ShapeOf(const internal::FlashAttentionShape& s) {
   return {s.batch, s.seq, s.heads, s.kv_heads, 1.0f / std::sqrt(static_cast<float>(s.head_size))};
 }
 
-template <int D, typename E>
-Status Forward(const internal::FlashAttentionShape& shape, void* out, float* lse, const void* qkv,
-               cudaStream_t stream) {
-  const flash::Shape sh = ShapeOf(shape);
-  constexpr int smem = flash::ForwardSmem<D>::bytes;
-  ZR_RETURN_IF_ERROR((AllowSmem<ForwardKernel<D, E>>(smem)));
-  ForwardKernel<D, E><<<dim3(sh.tiles(), sh.batch * sh.heads), flash::kThreads, smem, stream>>>(
-      static_cast<const E*>(qkv), static_cast<E*>(out), lse, sh);
+template <int D, typename E, int G>
+Status ForwardAs(const flash::Shape& sh, void* out, float* lse, const void* qkv,
+                 cudaStream_t stream) {
+  constexpr int smem = flash::ForwardSmem<D, G>::bytes;
+  ZR_RETURN_IF_ERROR((AllowSmem<ForwardKernel<D, E, G>>(smem)));
+  ForwardKernel<D, E, G>
+      <<<dim3(flash::ForwardTiles<D, G>(sh), sh.batch * sh.heads), flash::kThreads, smem, stream>>>(
+          static_cast<const E*>(qkv), static_cast<E*>(out), lse, sh);
   ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
+}
+
+// `block_queries`: 0 for the head size's default (kernels/flash_forward.h), else 64 or 128.
+template <int D, typename E>
+Status Forward(const internal::FlashAttentionShape& shape, void* out, float* lse, const void* qkv,
+               cudaStream_t stream, int block_queries) {
+  const flash::Shape sh = ShapeOf(shape);
+  const int groups = block_queries == 0 ? flash::kForwardGroups<D> : block_queries / flash::kTile;
+  if constexpr (D == 64) {
+    if (groups == 2) return ForwardAs<D, E, 2>(sh, out, lse, qkv, stream);
+  }
+  return ForwardAs<D, E, flash::kForwardGroups<D>>(sh, out, lse, qkv, stream);
 }
 
 template <int D, typename E>
@@ -250,14 +263,21 @@ Status CheckAligned(std::initializer_list<const void*> pointers) {
 namespace internal {
 
 Status CudaFlashAttentionForward(DType dtype, const FlashAttentionShape& shape, void* out,
-                                 float* lse, const void* qkv, Stream& stream) {
+                                 float* lse, const void* qkv, Stream& stream, int block_queries) {
   if (!stream.device().is_cuda()) {
     return absl::InvalidArgumentError("flash attention on CUDA needs a CUDA stream");
   }
   ZR_RETURN_IF_ERROR(CheckFlashAttention(dtype, shape));
+  if (block_queries != 0 && block_queries != 64 &&
+      !(block_queries == 128 && shape.head_size == 64)) {
+    return absl::InvalidArgumentError("flash attention forward: " + std::to_string(block_queries) +
+                                      " queries a block at head size " +
+                                      std::to_string(shape.head_size) +
+                                      " (64, or 128 at head size 64)");
+  }
   if (shape.batch == 0 || shape.seq == 0) return absl::OkStatus();
   ZR_RETURN_IF_ERROR(CheckAligned({out, lse, qkv}));
-  return Dispatch<ForwardFn>(dtype, shape, shape, out, lse, qkv, Native(stream));
+  return Dispatch<ForwardFn>(dtype, shape, shape, out, lse, qkv, Native(stream), block_queries);
 }
 
 Status CudaFlashAttentionBackward(DType dtype, const FlashAttentionShape& shape, void* dqkv,

@@ -39,37 +39,43 @@ struct Gpu {
   }
 };
 
+// At head size 64 both forward programs: 64-query blocks (the default) and 128.
 TEST(FlashAttentionCudaTest, ForwardAndBackwardAgainstTheDoubleReference) {
   ZR_NEED_GPU();
   for (const FlashCase& c : FlashCases()) {
-    const FlashInputs in = MakeFlashInputs(c);
-    Gpu g;
-    const DType dtype = c.bf16 ? DType::kBF16 : DType::kF16;
-    const internal::FlashAttentionShape shape{c.batch, c.seq, c.heads, c.kv_heads, c.hs};
-    FlashOutputs got{.out = std::vector<uint16_t>(in.out_size()), .dqkv = in.dqkv};
-    got.lse.assign(in.stat_size(), 0.0f);
-    got.dvec.assign(in.stat_size(), 0.0f);
-    const void* qkv = g.Up(in.qkv);
-    const void* dout = g.Up(in.dout);
-    void* dqkv = g.Up(in.dqkv);
-    void* out = g.Alloc(got.out.size() * 2);
-    auto* lse = static_cast<float*>(g.Alloc(got.lse.size() * 4));
-    // The backward's workspace: D first, then the dQ accumulator (kernels/memory_facts.h).
-    const int64_t workspace_bytes =
-        AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kFlash, true, c.batch, c.seq,
-                              c.heads * c.hs, c.heads, 2)
-            .at(0);
-    EXPECT_EQ(workspace_bytes, (in.stat_size() + in.out_size()) * 4);
-    auto* workspace = static_cast<float*>(g.Alloc(workspace_bytes));
-    ASSERT_TRUE(internal::CudaFlashAttentionForward(dtype, shape, out, lse, qkv, *g.stream).ok());
-    ASSERT_TRUE(internal::CudaFlashAttentionBackward(dtype, shape, dqkv, workspace, dout, qkv, out,
-                                                     lse, *g.stream)
-                    .ok());
-    g.Down(&got.out, out);
-    g.Down(&got.dqkv, dqkv);
-    g.Down(&got.lse, lse);
-    g.Down(&got.dvec, workspace);  // D, the workspace's first part
-    ExpectFlashMatchesReference(in, got);
+    for (const int block_queries : c.hs == 64 ? std::vector<int>{0, 128} : std::vector<int>{0}) {
+      SCOPED_TRACE(::testing::Message() << "block_queries " << block_queries);
+      const FlashInputs in = MakeFlashInputs(c);
+      Gpu g;
+      const DType dtype = c.bf16 ? DType::kBF16 : DType::kF16;
+      const internal::FlashAttentionShape shape{c.batch, c.seq, c.heads, c.kv_heads, c.hs};
+      FlashOutputs got{.out = std::vector<uint16_t>(in.out_size()), .dqkv = in.dqkv};
+      got.lse.assign(in.stat_size(), 0.0f);
+      got.dvec.assign(in.stat_size(), 0.0f);
+      const void* qkv = g.Up(in.qkv);
+      const void* dout = g.Up(in.dout);
+      void* dqkv = g.Up(in.dqkv);
+      void* out = g.Alloc(got.out.size() * 2);
+      auto* lse = static_cast<float*>(g.Alloc(got.lse.size() * 4));
+      // The backward's workspace: D first, then the dQ accumulator (kernels/memory_facts.h).
+      const int64_t workspace_bytes =
+          AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kFlash, true, c.batch,
+                                c.seq, c.heads * c.hs, c.heads, 2)
+              .at(0);
+      EXPECT_EQ(workspace_bytes, (in.stat_size() + in.out_size()) * 4);
+      auto* workspace = static_cast<float*>(g.Alloc(workspace_bytes));
+      ASSERT_TRUE(
+          internal::CudaFlashAttentionForward(dtype, shape, out, lse, qkv, *g.stream, block_queries)
+              .ok());
+      ASSERT_TRUE(internal::CudaFlashAttentionBackward(dtype, shape, dqkv, workspace, dout, qkv,
+                                                       out, lse, *g.stream)
+                      .ok());
+      g.Down(&got.out, out);
+      g.Down(&got.dqkv, dqkv);
+      g.Down(&got.lse, lse);
+      g.Down(&got.dvec, workspace);  // D, the workspace's first part
+      ExpectFlashMatchesReference(in, got);
+    }
   }
 }
 
@@ -82,6 +88,9 @@ TEST(FlashAttentionCudaTest, RefusesWhatItDoesNotTake) {
   const Status hs = internal::CudaFlashAttentionForward(DType::kBF16, {1, 8, 2, 2, 80}, nullptr,
                                                         nullptr, nullptr, *g.stream);
   EXPECT_NE(hs.message().find("80"), std::string_view::npos) << hs;
+  const Status rows = internal::CudaFlashAttentionForward(DType::kBF16, {1, 8, 2, 2, 128}, nullptr,
+                                                          nullptr, nullptr, *g.stream, 128);
+  EXPECT_EQ(rows.code(), absl::StatusCode::kInvalidArgument) << rows;
 }
 
 }  // namespace

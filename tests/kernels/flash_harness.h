@@ -204,7 +204,7 @@ struct FlashOutputs {
 
 // Every block of the three programs' grids, in the order the CUDA launches run them; shared
 // memory starts as NaN, so a program that reads what it never wrote fails the comparison.
-template <bool kBf16, int D>
+template <bool kBf16, int D, int G = flash::kForwardGroups<D>>
 FlashOutputs RunFlashOnCpuAs(const FlashInputs& in) {
   const CpuFlashExec<kBf16> x;
   const flash::Shape sh = in.shape();
@@ -217,9 +217,9 @@ FlashOutputs RunFlashOnCpuAs(const FlashInputs& in) {
     return smem.data();
   };
   for (int bh = 0; bh < sh.batch * sh.heads; ++bh) {
-    for (int t = 0; t < sh.tiles(); ++t) {
-      flash::ForwardProgram<D>(x, fresh(flash::ForwardSmem<D>::bytes), in.qkv.data(), r.out.data(),
-                               r.lse.data(), sh, t, bh);
+    for (int t = 0; t < flash::ForwardTiles<D, G>(sh); ++t) {
+      flash::ForwardProgram<D, G>(x, fresh(flash::ForwardSmem<D, G>::bytes), in.qkv.data(),
+                                  r.out.data(), r.lse.data(), sh, t, bh);
       EXPECT_TRUE(x.CopiesDone()) << "the forward left copies in flight";
     }
   }
@@ -330,9 +330,11 @@ inline void ExpectFlashMatchesReference(const FlashInputs& in, const FlashOutput
 // The cases both tests run: tails (1, 70, 100, 130), whole tiles (64, 128), multi-head and
 // grouped 2:1 and 4:1, head sizes 64 and 128, bf16 and fp16.
 inline std::vector<FlashCase> FlashCases() {
+  // Head size 64's forward with 128-query blocks: 300 and 200 make several blocks, the last
+  // one's second row group wholly (300) or partly (200) past the end.
   return {{true, 2, 100, 4, 2, 64},  {true, 1, 128, 4, 1, 64}, {true, 1, 1, 3, 3, 64},
           {true, 1, 130, 2, 2, 128}, {false, 1, 64, 2, 2, 64}, {false, 1, 100, 4, 2, 64},
-          {false, 2, 70, 4, 1, 128}};
+          {false, 2, 70, 4, 1, 128}, {true, 1, 300, 2, 1, 64}, {false, 1, 200, 2, 2, 64}};
 }
 
 }  // namespace zerort::testing

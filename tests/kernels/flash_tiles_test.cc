@@ -23,6 +23,18 @@ TEST(FlashTilesTest, ForwardAndBackwardAgainstTheDoubleReference) {
   }
 }
 
+// At head size 64 the forward also runs with 128-query blocks, two row groups a warp ([Note:
+// the register-resident forward]; `bench attention` times it beside the default), checked the
+// same way.
+TEST(FlashTilesTest, TheHundredTwentyEightQueryForwardAtHeadSize64) {
+  for (const FlashCase& c : FlashCases()) {
+    if (c.hs != 64) continue;
+    const FlashInputs in = MakeFlashInputs(c);
+    ExpectFlashMatchesReference(
+        in, c.bf16 ? RunFlashOnCpuAs<true, 64, 2>(in) : RunFlashOnCpuAs<false, 64, 2>(in));
+  }
+}
+
 // The CPU model's 16-bit attention (widened to fp32, cpu::fast's flash) rounds P and dS to its
 // format before their products as the CUDA programs do (cpu::fast::FlashAttentionForward's
 // `products`), so that a bf16 run on the CPU and one on a GPU take the same roundings (cuda_parity
