@@ -8,7 +8,7 @@
 // quiet machine that keeps the team hot between back-to-back regions. On a busy one (a data
 // loader, an evaluation, a second job or more MPI ranks than cores on the same cores) the
 // spinning thread holds a core that the thread it waits for needs, so every region costs a
-// scheduler time slice: the 2-layer d 32 model of configs/bench-tiny.json on 2 cores beside one
+// scheduler time slice: the 2-layer d 64 model of configs/bench-tiny.json on 2 cores beside one
 // competing 2-thread process ran more than 100x slower than alone (docs/cpu-performance.md).
 // Sleeping at once (OMP_WAIT_POLICY=PASSIVE) fixes the busy case but costs the quiet one about 35%
 // on that model (a futex wake per region). A short spin keeps both: GOMP_SPINCOUNT=1000 (libgomp's

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""A busy machine slows a step in proportion to the cores taken, not by orders of magnitude
-([Note: OpenMP waits on a busy machine], kernels/openmp_waits.h):
+"""A busy machine slows a step in proportion to the cores taken, not 100-fold, in the scheduler's
+good placements ([Note: OpenMP waits on a busy machine], kernels/openmp_waits.h):
 
-- `zerort bench model` on configs/bench-tiny.json (a 2-layer d 32 GPT: hundreds of short OpenMP
+- `zerort bench model` on configs/bench-tiny.json (a 2-layer d 64 GPT: hundreds of short OpenMP
   regions per step, the case most sensitive to how threads wait) with 2 threads, alone, then
   beside competing processes of 2 busy threads (as many as the machine's cores, up to 2), new ones
   for each of LOADED_ROUNDS runs: the fastest loaded run is at most 4x slower than the median
