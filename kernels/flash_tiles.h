@@ -36,13 +36,14 @@
 // in it: the programs are split into phases so that this holds.
 //
 // Tiles: a block takes kTile = 64 queries (forward, dQ) or 64 keys (dK/dV); each of its 4 warps
-// owns 16 of them, and the block meets 64 keys (or queries) at a time in shared memory, the next
-// tile copied in while the current one is computed (two buffers). Head sizes 64 and 128 (D); any
-// sequence length (rows past the end load zeros and write nothing); causal, the tiles wholly
-// above the diagonal never visited; a query head reads its key/value head in place ([Note: the
-// qkv layout]). Tiles are [64][D] in shared memory with 16-byte chunk c of row r stored at chunk
-// c ^ (r % 8) of its group of 8 (`Swizzled`), so the 8 rows an ldmatrix phase reads, and the 8
-// chunks a copy phase writes, fall in 8 different bank groups.
+// owns 16 of them (the forward's 128-query blocks: 32, as two row groups), and the block meets 64
+// keys (or queries) at a time in shared memory, the next tile copied in while the current one is
+// computed (two buffers). Head sizes 64 and 128 (D); any sequence length (rows past the end load
+// zeros and write nothing); causal, the tiles wholly above the diagonal never visited; a query head
+// reads its key/value head in place ([Note: the qkv layout]). Tiles are [64][D] in shared memory
+// with 16-byte chunk c of row r stored at chunk c ^ (r % 8) of its group of 8 (`Swizzled`), so the
+// 8 rows an ldmatrix phase reads, and the 8 chunks a copy phase writes, fall in 8 different bank
+// groups.
 // A warp's products keep their operands and results in registers: a 16 x N product of two tiles
 // (`WarpScores`: S = Q K^T and its kin, B fragments by ldmatrix from the second tile's rows; N is
 // 64, or 32 where a program's registers would not hold 64), and a 16 x D accumulation of P times
