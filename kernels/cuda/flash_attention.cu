@@ -196,7 +196,7 @@ Status Forward(const internal::FlashAttentionShape& shape, void* out, float* lse
   if constexpr (D == 64) {
     if (groups == 2) return ForwardAs<D, E, 2>(sh, out, lse, qkv, stream);
   }
-  return ForwardAs<D, E, flash::kForwardGroups<D>>(sh, out, lse, qkv, stream);
+  return ForwardAs<D, E, 1>(sh, out, lse, qkv, stream);
 }
 
 template <int D, typename E>
