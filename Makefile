@@ -104,12 +104,23 @@ test-install: build
 
 # The CPU tests again under AddressSanitizer and UndefinedBehaviorSanitizer (CPU-only build, -O1
 # with line tables: what ASan recommends, and quick to compile on two cores).
+# Two settings keep this stage's time to what it checks. Every test process and every zerort it
+# starts would re-execute itself to set libgomp's spin count (kernels/openmp_waits.h), and a
+# sanitized process takes about 0.3 s to start (the loader's 1.2M relocations, the shadow
+# memory): the environment here is what that re-execution sets (kZerortSpinCount), so each
+# starts once. The Release stage, the install test and tsan-train run the re-execution, and
+# busy_machine checks what it sets. Measured on 2026-11-30: this stage's tests 639 -> 503 s,
+# hostile_checkpoint alone 105 -> 63 s. And the memory grid's world-4 cells that only repeat
+# world 2's code paths at more ranks (plain, checkpointed, bf16: 86 s of the stage) run in the
+# Release stage alone.
+ASAN_SKIP := Grid/MemoryGridTest\.EstimateMatchesTheMeasuredStep/stage[0-3]_world4(_ckpt(_bf16)?)?( |$$)
 test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1" \
 	  -DZR_ENABLE_CUDA=OFF -DZR_SANITIZE=address,undefined $(UNITY) $(CMAKE_FLAGS)
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	  ctest --test-dir $(ASAN_BUILD) -L cpu --output-on-failure -j2
+	  GOMP_SPINCOUNT=1000 ZERORT_OPENMP_WAITS=1 \
+	  ctest --test-dir $(ASAN_BUILD) -L cpu -E '$(ASAN_SKIP)' --output-on-failure -j2
 
 # The stream-ordering tests under ThreadSanitizer (docs/async-device.md): the runtime's queued
 # streams, the host gradients' worker thread (sharding/host_gradient_queue.h), the host step's
