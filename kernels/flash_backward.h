@@ -19,8 +19,11 @@
 //    and dS^T, rounded as the products take it, into shared memory; then, the step's whole dS^T
 //    there, each warp takes 16 of the step's queries
 //      dQ_w = dS K                     A fragments by ldmatrix.trans of dS^T, WarpAccumulate
-//    (64 columns at a time) and adds it into `dq` by fp32 atomics: a query's key tiles add in
-//    any order, so on a GPU dQ's last bits vary from run to run, as FlashAttention-2's do.
+//    (64 columns at a time) and adds it into `dq` by fp32 atomics, a lane's two adjacent
+//    columns in one (`AtomicAdd2`: sm_90's 8-byte vector atomic, two elsewhere): a query's key
+//    tiles add in any order, so on a GPU dQ's last bits vary from run to run, as
+//    FlashAttention-2's do. dS^T goes to shared memory as the packed pairs dK's product took,
+//    32 bits a store.
 // 3. AddDq (Dot's blocks): dqkv's Q rows += dq, rounded once.
 // S, P, dP and dS are computed once per pair of tiles: 5 tile products, where the two programs
 // before 2026-11-30 (a dQ program and a dK/dV program, each recomputing them) took 7. dK and dV
@@ -225,11 +228,17 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
         });
         PackFrags<kCols>(x, w, s, pf);
         WarpAccumulate<D, kCols>(x, w, dk, pf, frag, qs, c0);  // dK_w += dS^T Q
-        x.ForLanes([&](int lane) {  // dS^T for the dQ phase, rounded as the products take it
-          const float* sw = s.at(w, lane);
-          ForTileElems<kCols>(lane, [&](int e, int half, int col) {
-            dst[Swizzled<kTile>(r0 + lane / 4 + 8 * half, c0 + col)] = X::FromF(sw[e]);
-          });
+        x.ForLanes([&](int lane) {  // dS^T for the dQ phase: the packed pairs dK took, 32 bits
+          const uint32_t* pw = pf.at(w, lane);  // a store (pair 2 nt + half: n-tile nt's row
+          ZR_UNROLL                             // lane / 4 + 8 half, columns 2 (lane % 4) + 0, 1)
+              for (int nt = 0; nt < kCols / 8; ++nt) {
+            ZR_UNROLL
+            for (int half = 0; half < 2; ++half) {
+              x.Store32(
+                  dst + Swizzled<kTile>(r0 + lane / 4 + 8 * half, c0 + nt * 8 + 2 * (lane % 4)),
+                  pw[2 * nt + half]);
+            }
+          }
         });
       }
     });
@@ -258,9 +267,8 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
             if (q >= T) continue;
             float* row = dq + (row0 + q) * ldo + int64_t{h} * D + d0 + 2 * (lane % 4);
             ZR_UNROLL
-            for (int dt = 0; dt < kDqCols / 8; ++dt) {
-              x.AtomicAdd(row + dt * 8, a[dt * 4 + half * 2]);
-              x.AtomicAdd(row + dt * 8 + 1, a[dt * 4 + half * 2 + 1]);
+            for (int dt = 0; dt < kDqCols / 8; ++dt) {  // adjacent columns: one 8-byte atomic
+              x.AtomicAdd2(row + dt * 8, a[dt * 4 + half * 2], a[dt * 4 + half * 2 + 1]);
             }
           }
         });

@@ -115,6 +115,17 @@ struct CudaExec {
                  "r"(valid ? 16 : 0));
   }
   __device__ void AtomicAdd(float* p, float v) const { atomicAdd(p, v); }
+  // p[0] += a, p[1] += b; p 8-byte aligned. sm_90 has a vector atomic (red.global.add.v2.f32).
+  __device__ void AtomicAdd2(float* p, float a, float b) const {
+#if __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float2*>(p), make_float2(a, b));
+#else
+    atomicAdd(p, a);
+    atomicAdd(p + 1, b);
+#endif
+  }
+  // Two elements (a packed pair, the lower one first) in one 32-bit store; p 4-byte aligned.
+  __device__ void Store32(E* p, uint32_t v) const { *reinterpret_cast<uint32_t*>(p) = v; }
   __device__ void CpAsyncCommit() const { asm volatile("cp.async.commit_group;\n" ::); }
   // The programs wait for all copies (0) or all but the newest group (1 or more).
   __device__ void CpAsyncWait(int in_flight) const {

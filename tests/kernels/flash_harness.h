@@ -143,6 +143,17 @@ struct CpuFlashExec {
   }
   // A global fp32 atomic add: the lanes run in turn, so a plain add.
   void AtomicAdd(float* p, float v) const { *p = *p + v; }
+  // The 8-byte vector atomic: two adds, at the alignment the hardware requires.
+  void AtomicAdd2(float* p, float a, float b) const {
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 8, 0u);
+    p[0] = p[0] + a;
+    p[1] = p[1] + b;
+  }
+  // A 32-bit store of a packed pair (the lower element first, as on the little-endian GPU).
+  void Store32(Elem* p, uint32_t v) const {
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 4, 0u);
+    std::memcpy(p, &v, sizeof v);
+  }
   bool CopiesDone() const { return open_.empty() && groups_.empty(); }
   struct PendingCopy {
     void* dst;
