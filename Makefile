@@ -103,7 +103,8 @@ test-install: build
 	@echo "test-install: public headers, hello_comm 2, embed (examples/embed/check.sh: its count above), README program 3, embed_tp 2, own_folders 1 passed"
 
 # The CPU tests again under AddressSanitizer and UndefinedBehaviorSanitizer (CPU-only build, -O1
-# with line tables: what ASan recommends, and quick to compile on two cores).
+# with line tables: what ASan recommends, and quick to compile on two cores). Warnings are errors
+# here and in the TSan build (ZR_WERROR): the tree compiles without any, so a new one fails CI.
 # Two settings keep this stage's time to what it checks. Every test process and every zerort it
 # starts would re-execute itself to set libgomp's spin count (kernels/openmp_waits.h), and a
 # sanitized process takes about 0.3 s to start (the loader's 1.2M relocations, the shadow
@@ -116,7 +117,7 @@ test-install: build
 ASAN_SKIP := Grid/MemoryGridTest\.EstimateMatchesTheMeasuredStep/stage[0-3]_world4(_ckpt(_bf16)?)?( |$$)
 test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1" \
-	  -DZR_ENABLE_CUDA=OFF -DZR_SANITIZE=address,undefined $(UNITY) $(CMAKE_FLAGS)
+	  -DZR_ENABLE_CUDA=OFF -DZR_SANITIZE=address,undefined -DZR_WERROR=ON $(UNITY) $(CMAKE_FLAGS)
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  GOMP_SPINCOUNT=1000 ZERORT_OPENMP_WAITS=1 \
@@ -134,7 +135,8 @@ test-asan: deps
 TSAN_TESTS := cpu_streams_test host_gradient_queue_test offload_parity_test decoder_model_test zerort
 test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1" \
-	  -DZR_ENABLE_CUDA=OFF -DZR_SANITIZE=thread -DZR_CPU_DISPATCH=OFF $(UNITY) $(CMAKE_FLAGS)
+	  -DZR_ENABLE_CUDA=OFF -DZR_SANITIZE=thread -DZR_CPU_DISPATCH=OFF -DZR_WERROR=ON $(UNITY) \
+	  $(CMAKE_FLAGS)
 	cmake --build $(TSAN_BUILD) -j$(JOBS) --target $(TSAN_TESTS)
 	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 	  ctest --test-dir $(TSAN_BUILD) -R 'CpuStreams|QueuedStreams|HostGradientQueue|BehindTheForward' -E 'DeathTest' --output-on-failure -j2

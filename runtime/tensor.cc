@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace zerort {
@@ -16,7 +17,9 @@ int64_t NumElements(const Shape& shape) {
   return n;
 }
 
-std::string ShapeToString(const Shape& shape) { return "[" + absl::StrJoin(shape, ", ") + "]"; }
+std::string ShapeToString(const Shape& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
 
 TensorView TensorView::Flat(int64_t begin, int64_t count) const {
   ZR_CHECK(begin >= 0 && count >= 0 && begin + count <= numel())

@@ -255,7 +255,12 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
       micro_batch = census;
       if (launched_before.has_value()) {  // CUDA: the device work those calls issued
         launched.clear();
-        for (const auto& [what, n] : *kernels->launches()) {
+        // Named: launches() returns its map by value, and a range-for over `*kernels->launches()`
+        // iterates a destroyed temporary (C++20 extends the optional's lifetime no further than
+        // the range's initialiser). That was the CUDA `bench model` hang of the twelfth GPU run:
+        // the walk over freed tree nodes never ended, the GPU idle (docs/gpu.md).
+        const std::optional<std::map<std::string, int64_t>> launched_after = kernels->launches();
+        for (const auto& [what, n] : *launched_after) {
           const auto before = launched_before->find(what);
           const int64_t d = n - (before != launched_before->end() ? before->second : 0);
           if (d > 0) launched[what] = d;

@@ -138,7 +138,9 @@ TEST(ModelOpsTest, AttentionGradientAndCausality) {
       double sum = 0;
       for (int t2 = 0; t2 < seq; ++t2) {
         const double a = att[(bh * seq + t) * seq + t2];
-        if (t2 > t) EXPECT_EQ(a, 0.0);
+        if (t2 > t) {
+          EXPECT_EQ(a, 0.0);
+        }
         sum += a;
       }
       EXPECT_NEAR(sum, 1.0, 1e-12);

@@ -58,7 +58,7 @@ void ExpectClose(const std::vector<float>& got, const std::vector<double>& want,
 }
 
 TEST(OptimizerTest, AdamReferenceMatchesTextbook) {
-  for (const auto [decoupled, bias_correction] :
+  for (const auto& [decoupled, bias_correction] :
        {std::pair{true, true}, std::pair{false, true}, std::pair{true, false}}) {
     const size_t n = 1001;
     std::vector<float> p = Random(n, 1), m(n, 0), v(n, 0);

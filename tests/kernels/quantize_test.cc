@@ -57,7 +57,9 @@ TEST(QuantizeTest, RoundTripWithinHalfAStepPerGroup) {
       // Half a quantization step, plus the output dtype's rounding of the product.
       const float rounding = dtype == DType::kF32 ? 1e-6f : std::fabs(back) / 128.0f;
       ASSERT_LE(std::fabs(back - v), s / 2 + rounding) << DTypeName(dtype) << " " << i;
-      if (i / 8000 == 1) ASSERT_EQ(back, 0.0f);
+      if (i / 8000 == 1) {
+        ASSERT_EQ(back, 0.0f);
+      }
     }
     EXPECT_GE(at_max, 2) << "each non-zero group's largest magnitude maps to +-127";
   }

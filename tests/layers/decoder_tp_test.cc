@@ -78,7 +78,9 @@ Result RunMicroBatch(int tp, bool sp, bool checkpointing, int64_t head_chunk = 0
             continue;
           }
           // A replicated parameter's gradient is the same on every rank.
-          if (!std::isnan(global[g])) EXPECT_EQ(local[i], global[g]) << p.name << " " << g;
+          if (!std::isnan(global[g])) {
+            EXPECT_EQ(local[i], global[g]) << p.name << " " << g;
+          }
           global[g] = local[i];
         }
       }

@@ -73,7 +73,9 @@ TEST(FlatLayoutTest, ContiguousRunsOfEverySplit) {
         ASSERT_EQ(s.numel() % run, 0);
         for (int64_t i = 0; i < s.numel(); ++i) {
           ++seen[GlobalIndex(s, i)];
-          if (i % run != 0) EXPECT_EQ(GlobalIndex(s, i), GlobalIndex(s, i - 1) + 1) << i;
+          if (i % run != 0) {
+            EXPECT_EQ(GlobalIndex(s, i), GlobalIndex(s, i - 1) + 1) << i;
+          }
         }
       }
       for (int v : seen) EXPECT_EQ(v, c.dim < 0 ? parts : 1);  // replicated: every part

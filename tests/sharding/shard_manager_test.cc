@@ -482,7 +482,7 @@ TEST(ShardManagerDeathTest, IllegalTransitionsStopWithTheUnitName) {
   EXPECT_DEATH(
       {
         auto m = make(ZeroStage::k3);
-        ShardManagerState(*m).unit(0).Release();
+        (void)ShardManagerState(*m).unit(0).Release();
       },
       "Release of unit 'fc0' in state SHARDED");
   EXPECT_DEATH(
