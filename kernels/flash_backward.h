@@ -228,10 +228,12 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
         });
         PackFrags<kCols>(x, w, s, pf);
         WarpAccumulate<D, kCols>(x, w, dk, pf, frag, qs, c0);  // dK_w += dS^T Q
-        x.ForLanes([&](int lane) {  // dS^T for the dQ phase: the packed pairs dK took, 32 bits
-          const uint32_t* pw = pf.at(w, lane);  // a store (pair 2 nt + half: n-tile nt's row
-          ZR_UNROLL                             // lane / 4 + 8 half, columns 2 (lane % 4) + 0, 1)
-              for (int nt = 0; nt < kCols / 8; ++nt) {
+        // dS^T for the dQ phase: the packed pairs dK's product took, 32 bits a store (pair
+        // 2 nt + half: n-tile nt's row lane / 4 + 8 half, columns 2 (lane % 4) and the next).
+        x.ForLanes([&](int lane) {
+          const uint32_t* pw = pf.at(w, lane);
+          ZR_UNROLL
+          for (int nt = 0; nt < kCols / 8; ++nt) {
             ZR_UNROLL
             for (int half = 0; half < 2; ++half) {
               x.Store32(
