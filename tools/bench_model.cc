@@ -255,10 +255,8 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
       micro_batch = census;
       if (launched_before.has_value()) {  // CUDA: the device work those calls issued
         launched.clear();
-        // Named: launches() returns its map by value, and a range-for over `*kernels->launches()`
-        // iterates a destroyed temporary (C++20 extends the optional's lifetime no further than
-        // the range's initialiser). That was the CUDA `bench model` hang of the twelfth GPU run:
-        // the walk over freed tree nodes never ended, the GPU idle (docs/gpu.md).
+        // Named: launches() returns a temporary, and a range-for over `*kernels->launches()`
+        // would walk it after its end (the twelfth GPU run's hang, docs/gpu.md).
         const std::optional<std::map<std::string, int64_t>> launched_after = kernels->launches();
         for (const auto& [what, n] : *launched_after) {
           const auto before = launched_before->find(what);
