@@ -40,9 +40,13 @@ Status CudaFlashAttentionForward(DType dtype, const FlashAttentionShape& shape, 
 // dqkv += the gradient of the forward's out for `dout`. `workspace` (fp32, 16-byte aligned, of
 // kernels/memory_facts.h's AttentionScratchBytes for the flash backward) is scratch the
 // backward fills with D = dout . out ([batch, heads, seq], first) and the fp32 dQ accumulator
-// ([batch, seq, heads x head size]; [Note: the backward's programs]).
+// ([batch, seq, heads x head size]; [Note: the backward's programs]). `query_chunk`: the
+// queries the main program's warps take at a time, 0 for the head size's default
+// (kBackwardChunk in kernels/flash_backward.h), or 32 at head size 64 (`bench attention` times
+// it beside the default).
 Status CudaFlashAttentionBackward(DType dtype, const FlashAttentionShape& shape, void* dqkv,
                                   float* workspace, const void* dout, const void* qkv,
-                                  const void* out, const float* lse, Stream& stream);
+                                  const void* out, const float* lse, Stream& stream,
+                                  int query_chunk = 0);
 
 }  // namespace zerort::internal

@@ -10,8 +10,8 @@
 // 2. The main program (one block per key tile and (batch, key/value head)): its K and V rows
 //    stay in shared memory; per query head of the group and query tile from the diagonal on (one
 //    sequence of steps, each step's Q, dO and statistics copied in while the previous step is
-//    computed), in chunks of 64 queries (32 at head size 128, where 64 would not fit the
-//    registers)
+//    computed), in chunks of kBackwardChunk queries (64, or 32 at head size 128, where 64
+//    would not fit the registers)
 //      S^T = K_w Q^T                   WarpScores; P^T from the queries' lse
 //      dV_w += P^T dO                  PackFrags, WarpAccumulate
 //      dP^T = V_w dO^T                 WarpScores; dS^T from the queries' D
@@ -120,9 +120,19 @@ ZR_TILE_PROGRAM void BackwardAddDqProgram(const X& x, typename X::Elem* dqkv, co
   });
 }
 
+// The main program's query chunk: the queries a warp's S^T and dP^T take at a time. At head
+// size 128 the accumulators dK_w and dV_w take 128 registers a thread, and 64-wide S^T and dP^T
+// would spill. At head size 64 both fit, and 32 is the other choice there: S^T, dP^T and their
+// fragments take fewer registers (sm_90 ptxas: 180-183 a thread against 249-253), so the CUDA
+// kernel bounds it to 168 and three blocks (12 warps) share an SM where 64's take two (8 warps),
+// at 32-56 bytes spilled. `bench attention --device cuda` times it beside the default (`flash
+// bwd c32`); the default changes when a GPU has said which is faster.
+template <int D>
+inline constexpr int kBackwardChunk = D == 128 ? 32 : 64;
+
 // Program 2: a key tile of (batch, key/value head) `bkv`: dK and dV added into dqkv, dQ's part
-// into dq.
-template <int D, typename X>
+// into dq. C: the query chunk (kBackwardChunk).
+template <int D, int C = kBackwardChunk<D>, typename X>
 ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X::Elem* dqkv,
                                      float* dq, const typename X::Elem* dout,
                                      const typename X::Elem* qkv, const float* lse,
@@ -139,10 +149,9 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
   const E* vs = reinterpret_cast<const E*>(smem + S::Own(1));
   E* dst = reinterpret_cast<E*>(smem + S::DsT());
 
-  // The queries of a step in chunks of kCols: at head size 128 the accumulators dK_w and dV_w
-  // take 128 registers a thread, and 64-wide S^T and dP^T would spill. dQ_w likewise 64 of its
-  // columns at a time.
-  constexpr int kCols = D == 128 ? 32 : 64;
+  // The queries of a step in chunks of C (kBackwardChunk); dQ_w 64 of its columns at a time.
+  static_assert(C == 32 || C == 64, "BackwardProgram: a query chunk of 32 or 64");
+  constexpr int kCols = C;
   constexpr int kDqCols = 64;
   Regs<X, float, kCols / 2> s, dp;  // S^T then P^T then dS^T; dP^T
   Regs<X, uint32_t, kCols / 4> pf;  // P^T, then dS^T, as A fragments

@@ -45,8 +45,9 @@ double Seconds(const std::function<void()>& f) {
 struct Paths {
   std::string device, where, dtype, baseline;
   std::function<void()> flash_forward, flash_backward, ref_forward, ref_backward;
-  // CUDA at head size 64: the forward with 128-query blocks (two row groups a warp), timed too.
-  std::function<void()> flash_forward_128q;
+  // CUDA at head size 64: the forward with 128-query blocks (two row groups a warp) and the
+  // backward with 32-query chunks (kBackwardChunk in kernels/flash_backward.h), timed too.
+  std::function<void()> flash_forward_128q, flash_backward_c32;
   std::function<double(const std::function<void()>&)> time = Seconds;
   double worst = 0;  // the largest |flash out - materialised out|, over each flash forward
   double saved_flash = 0, saved_materialised = 0;
@@ -212,6 +213,13 @@ StatusOr<Paths> CudaPaths(const BenchAttentionOptions& o, int kv) {
         DType::kBF16, shape, x->dqkv.data(), x->workspace.as<float>(), x->dout.data(),
         x->qkv.data(), x->out.data(), x->lse.as<float>(), *x->stream));
   };
+  if (o.head_size == 64) {
+    p.flash_backward_c32 = [=] {
+      ZR_CHECK_OK(internal::CudaFlashAttentionBackward(
+          DType::kBF16, shape, x->dqkv.data(), x->workspace.as<float>(), x->dout.data(),
+          x->qkv.data(), x->out.data(), x->lse.as<float>(), *x->stream, /*query_chunk=*/32));
+    };
+  }
   p.ref_forward = [=, &o] {
     ZR_CHECK_OK(x->k->Attention(x->ref_out.data(), x->saved.data(), x->qkv.data(), o.batch, o.seq,
                                 channels, o.heads, kv));
@@ -230,6 +238,7 @@ StatusOr<Paths> CudaPaths(const BenchAttentionOptions& o, int kv) {
   p.flash_forward();  // warm-up, and the two outputs compared once
   p.ref_forward();
   p.flash_backward();
+  if (p.flash_backward_c32) p.flash_backward_c32();
   p.ref_backward();
   ZR_RETURN_IF_ERROR(s->stream->Synchronize());
   std::vector<uint16_t> a(rows * channels), b(rows * channels);
@@ -310,13 +319,14 @@ int RunBenchAttention(const BenchAttentionOptions& o) {
   auto& flash_backward = paths.flash_backward;
   auto& ref_forward = paths.ref_forward;
   auto& ref_backward = paths.ref_backward;
-  std::vector<double> ff, fb, rf, rb, ff128;
+  std::vector<double> ff, fb, rf, rb, ff128, fb32;
   for (int r = 0; r < o.rounds; ++r) {  // alternating, so that both see the same machine
     ff.push_back(time(flash_forward));
     if (paths.flash_forward_128q) ff128.push_back(time(paths.flash_forward_128q));
     rf.push_back(time(ref_forward));
     if (o.backward) {
       fb.push_back(time(flash_backward));
+      if (paths.flash_backward_c32) fb32.push_back(time(paths.flash_backward_c32));
       rb.push_back(time(ref_backward));
     }
   }
@@ -355,6 +365,10 @@ int RunBenchAttention(const BenchAttentionOptions& o) {
     result["flash_backward_tflops"] = backward_flop / Median(fb) / 1e12;
     result["materialised_backward_tflops"] = backward_flop / Median(rb) / 1e12;
     result["backward_speedup"] = Median(rb) / Median(fb);
+    if (!fb32.empty()) {
+      result["flash_backward_c32_s"] = Median(fb32);
+      result["flash_backward_c32_tflops"] = backward_flop / Median(fb32) / 1e12;
+    }
   }
   if (o.json) {
     std::printf("%s\n", result.dump().c_str());
@@ -377,6 +391,10 @@ int RunBenchAttention(const BenchAttentionOptions& o) {
   if (!ff128.empty()) {
     std::printf("  %-14s %12.4f %12.4f   (forward with 128-query blocks)\n", "flash 128q",
                 Median(ff128), forward_flop / Median(ff128) / 1e12);
+  }
+  if (!fb32.empty()) {
+    std::printf("  %-14s %12s %12s %12.4f %12.4f   (backward in 32-query chunks)\n",
+                "flash bwd c32", "", "", Median(fb32), backward_flop / Median(fb32) / 1e12);
   }
   line("materialised", rf, rb);
   std::string backward;

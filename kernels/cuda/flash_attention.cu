@@ -152,14 +152,15 @@ __global__ void __launch_bounds__(flash::kThreads)
     BackwardDotKernel(const E* dout, const E* out, float* dvec, float* dq, flash::Shape sh) {
   flash::BackwardDotProgram<D>(CudaExec<E>{}, dout, out, dvec, dq, sh, blockIdx.x, blockIdx.y);
 }
-template <int D, typename E>
-__global__ void __launch_bounds__(flash::kThreads)
+// The 32-query chunk at head size 64 exists for three blocks an SM (kBackwardChunk's note).
+template <int D, typename E, int C>
+__global__ void __launch_bounds__(flash::kThreads, D == 64 && C == 32 ? 3 : 1)
     BackwardKernel(E* dqkv, float* dq, const E* dout, const E* qkv, const float* lse,
                    const float* dvec, flash::Shape sh) {
   extern __shared__ __align__(128) unsigned char smem[];
   // A key tile's block visits the query tiles from the diagonal on: tile 0's visits the most.
-  flash::BackwardProgram<D>(CudaExec<E>{}, smem, dqkv, dq, dout, qkv, lse, dvec, sh, blockIdx.x,
-                            blockIdx.y);
+  flash::BackwardProgram<D, C>(CudaExec<E>{}, smem, dqkv, dq, dout, qkv, lse, dvec, sh, blockIdx.x,
+                               blockIdx.y);
 }
 template <int D, typename E>
 __global__ void __launch_bounds__(flash::kThreads)
@@ -210,23 +211,45 @@ Status Forward(const internal::FlashAttentionShape& shape, void* out, float* lse
   return ForwardAs<D, E, 1>(sh, out, lse, qkv, stream);
 }
 
+template <int D, typename E, int C>
+Status LaunchBackwardMain(const flash::Shape& sh, void* dqkv, float* dq, const void* dout,
+                          const void* qkv, const float* lse, const float* dvec,
+                          cudaStream_t stream) {
+  constexpr int smem = flash::BackwardSmem<D>::bytes;
+  ZR_RETURN_IF_ERROR((AllowSmem<BackwardKernel<D, E, C>>(smem)));
+  BackwardKernel<D, E, C>
+      <<<dim3(sh.tiles(), sh.batch * sh.kv_heads), flash::kThreads, smem, stream>>>(
+          static_cast<E*>(dqkv), dq, static_cast<const E*>(dout), static_cast<const E*>(qkv), lse,
+          dvec, sh);
+  ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+// `query_chunk`: 0 for the head size's default (kernels/flash_backward.h), else 32 or 64.
 template <int D, typename E>
 Status Backward(const internal::FlashAttentionShape& shape, void* dqkv, float* workspace,
                 const void* dout, const void* qkv, const void* out, const float* lse,
-                cudaStream_t stream) {
+                cudaStream_t stream, int query_chunk) {
   const flash::Shape sh = ShapeOf(shape);
   float* dvec = workspace;  // then the dQ accumulator: kernels/memory_facts.h's layout
   float* dq = workspace + int64_t{sh.batch} * sh.heads * sh.seq;
-  constexpr int smem = flash::BackwardSmem<D>::bytes;
-  ZR_RETURN_IF_ERROR((AllowSmem<BackwardKernel<D, E>>(smem)));
   const dim3 queries(sh.tiles(), sh.batch * sh.heads);
   BackwardDotKernel<D, E><<<queries, flash::kThreads, 0, stream>>>(
       static_cast<const E*>(dout), static_cast<const E*>(out), dvec, dq, sh);
   ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  BackwardKernel<D, E><<<dim3(sh.tiles(), sh.batch * sh.kv_heads), flash::kThreads, smem, stream>>>(
-      static_cast<E*>(dqkv), dq, static_cast<const E*>(dout), static_cast<const E*>(qkv), lse, dvec,
-      sh);
-  ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  const int chunk = query_chunk == 0 ? flash::kBackwardChunk<D> : query_chunk;
+  if constexpr (D == 64) {
+    if (chunk == 32) {
+      ZR_RETURN_IF_ERROR(
+          (LaunchBackwardMain<D, E, 32>(sh, dqkv, dq, dout, qkv, lse, dvec, stream)));
+    } else {
+      ZR_RETURN_IF_ERROR(
+          (LaunchBackwardMain<D, E, 64>(sh, dqkv, dq, dout, qkv, lse, dvec, stream)));
+    }
+  } else {
+    ZR_RETURN_IF_ERROR((LaunchBackwardMain<D, E, flash::kBackwardChunk<D>>(sh, dqkv, dq, dout, qkv,
+                                                                           lse, dvec, stream)));
+  }
   BackwardAddDqKernel<D, E><<<queries, flash::kThreads, 0, stream>>>(static_cast<E*>(dqkv), dq, sh);
   ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
@@ -293,15 +316,25 @@ Status CudaFlashAttentionForward(DType dtype, const FlashAttentionShape& shape, 
 
 Status CudaFlashAttentionBackward(DType dtype, const FlashAttentionShape& shape, void* dqkv,
                                   float* workspace, const void* dout, const void* qkv,
-                                  const void* out, const float* lse, Stream& stream) {
+                                  const void* out, const float* lse, Stream& stream,
+                                  int query_chunk) {
   if (!stream.device().is_cuda()) {
     return absl::InvalidArgumentError("flash attention on CUDA needs a CUDA stream");
   }
   ZR_RETURN_IF_ERROR(CheckFlashAttention(dtype, shape));
+  const int default_chunk =
+      shape.head_size == 64 ? flash::kBackwardChunk<64> : flash::kBackwardChunk<128>;
+  if (query_chunk != 0 && query_chunk != default_chunk &&
+      !(query_chunk == 32 && shape.head_size == 64)) {
+    return absl::InvalidArgumentError("flash attention backward: a query chunk of " +
+                                      std::to_string(query_chunk) + " at head size " +
+                                      std::to_string(shape.head_size) + " (" +
+                                      std::to_string(default_chunk) + ", or 32 at head size 64)");
+  }
   if (shape.batch == 0 || shape.seq == 0) return absl::OkStatus();
   ZR_RETURN_IF_ERROR(CheckAligned({dqkv, workspace, dout, qkv, out, lse}));
   return Dispatch<BackwardFn>(dtype, shape, shape, dqkv, workspace, dout, qkv, out, lse,
-                              Native(stream));
+                              Native(stream), query_chunk);
 }
 
 }  // namespace internal

@@ -3,6 +3,9 @@
 // executor, here through the CUDA kernels (the PTX warp instructions, real lanes and warps),
 // against the same double reference and tolerances; shapes the kernels do not take are refused by
 // name.
+#include <string>
+#include <utility>
+
 #include "gtest/gtest.h"
 #include "tests/kernels/flash_harness.h"
 #include "zerort/kernels/flash_attention.h"
@@ -39,12 +42,15 @@ struct Gpu {
   }
 };
 
-// At head size 64 both forward programs: 64-query blocks (the default) and 128.
+// At head size 64 both forward programs, 64-query blocks (the default) and 128, and both
+// backward query chunks, 64 (the default) and 32: the defaults, then the others.
 TEST(FlashAttentionCudaTest, ForwardAndBackwardAgainstTheDoubleReference) {
   ZR_NEED_GPU();
   for (const FlashCase& c : FlashCases()) {
     for (const int block_queries : c.hs == 64 ? std::vector<int>{0, 128} : std::vector<int>{0}) {
-      SCOPED_TRACE(::testing::Message() << "block_queries " << block_queries);
+      const int query_chunk = block_queries == 0 ? 0 : 32;
+      SCOPED_TRACE(::testing::Message()
+                   << "block_queries " << block_queries << ", query_chunk " << query_chunk);
       const FlashInputs in = MakeFlashInputs(c);
       Gpu g;
       const DType dtype = c.bf16 ? DType::kBF16 : DType::kF16;
@@ -68,7 +74,7 @@ TEST(FlashAttentionCudaTest, ForwardAndBackwardAgainstTheDoubleReference) {
           internal::CudaFlashAttentionForward(dtype, shape, out, lse, qkv, *g.stream, block_queries)
               .ok());
       ASSERT_TRUE(internal::CudaFlashAttentionBackward(dtype, shape, dqkv, workspace, dout, qkv,
-                                                       out, lse, *g.stream)
+                                                       out, lse, *g.stream, query_chunk)
                       .ok());
       g.Down(&got.out, out);
       g.Down(&got.dqkv, dqkv);
@@ -91,6 +97,15 @@ TEST(FlashAttentionCudaTest, RefusesWhatItDoesNotTake) {
   const Status rows = internal::CudaFlashAttentionForward(DType::kBF16, {1, 8, 2, 2, 128}, nullptr,
                                                           nullptr, nullptr, *g.stream, 128);
   EXPECT_EQ(rows.code(), absl::StatusCode::kInvalidArgument) << rows;
+  for (const auto& [hs, chunk] : {std::pair{128, 64}, std::pair{64, 48}}) {
+    const Status chunked =
+        internal::CudaFlashAttentionBackward(DType::kBF16, {1, 8, 2, 2, hs}, nullptr, nullptr,
+                                             nullptr, nullptr, nullptr, nullptr, *g.stream, chunk);
+    EXPECT_EQ(chunked.code(), absl::StatusCode::kInvalidArgument) << chunked;
+    EXPECT_NE(chunked.message().find("query chunk of " + std::to_string(chunk)),
+              std::string_view::npos)
+        << chunked;
+  }
 }
 
 }  // namespace

@@ -215,7 +215,8 @@ struct FlashOutputs {
 
 // Every block of the three programs' grids, in the order the CUDA launches run them; shared
 // memory starts as NaN, so a program that reads what it never wrote fails the comparison.
-template <bool kBf16, int D, int G = flash::kForwardGroups<D>>
+// G: the forward's row groups a warp; C: the backward main program's query chunk.
+template <bool kBf16, int D, int G = flash::kForwardGroups<D>, int C = flash::kBackwardChunk<D>>
 FlashOutputs RunFlashOnCpuAs(const FlashInputs& in) {
   const CpuFlashExec<kBf16> x;
   const flash::Shape sh = in.shape();
@@ -244,9 +245,9 @@ FlashOutputs RunFlashOnCpuAs(const FlashInputs& in) {
   }
   for (int bkv = 0; bkv < sh.batch * sh.kv_heads; ++bkv) {
     for (int t = 0; t < sh.tiles(); ++t) {
-      flash::BackwardProgram<D>(x, fresh(flash::BackwardSmem<D>::bytes), r.dqkv.data(), dq.data(),
-                                in.dout.data(), in.qkv.data(), r.lse.data(), r.dvec.data(), sh, t,
-                                bkv);
+      flash::BackwardProgram<D, C>(x, fresh(flash::BackwardSmem<D>::bytes), r.dqkv.data(),
+                                   dq.data(), in.dout.data(), in.qkv.data(), r.lse.data(),
+                                   r.dvec.data(), sh, t, bkv);
       EXPECT_TRUE(x.CopiesDone()) << "the backward left copies in flight";
     }
   }
