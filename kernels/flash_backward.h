@@ -125,7 +125,7 @@ ZR_TILE_PROGRAM void BackwardAddDqProgram(const X& x, typename X::Elem* dqkv, co
 // would spill. At head size 64 both fit, and 32 is the other choice there: S^T, dP^T and their
 // fragments take fewer registers (sm_90 ptxas: 180-183 a thread against 249-253), so the CUDA
 // kernel bounds it to 168 and three blocks (12 warps) share an SM where 64's take two (8 warps),
-// at 32-56 bytes spilled. `bench attention --device cuda` times it beside the default (`flash
+// at 36-56 bytes spilled. `bench attention --device cuda` times it beside the default (`flash
 // bwd c32`); the default changes when a GPU has said which is faster.
 template <int D>
 inline constexpr int kBackwardChunk = D == 128 ? 32 : 64;
