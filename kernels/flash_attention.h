@@ -42,11 +42,12 @@ Status CudaFlashAttentionForward(DType dtype, const FlashAttentionShape& shape, 
 // backward fills with D = dout . out ([batch, heads, seq], first) and the fp32 dQ accumulator
 // ([batch, seq, heads x head size]; [Note: the backward's programs]). `query_chunk`: the
 // queries the main program's warps take at a time, 0 for the head size's default
-// (kBackwardChunk in kernels/flash_backward.h), or 32 at head size 64 (`bench attention` times
-// it beside the default).
+// (kBackwardChunk in kernels/flash_backward.h), or 32 at head size 64; `key_block`: the keys
+// a block of the main program owns, 0 for the default (64, 4 warps), or 64, or 128 at head size
+// 64 (8 warps). `bench attention` times the others beside the default.
 Status CudaFlashAttentionBackward(DType dtype, const FlashAttentionShape& shape, void* dqkv,
                                   float* workspace, const void* dout, const void* qkv,
                                   const void* out, const float* lse, Stream& stream,
-                                  int query_chunk = 0);
+                                  int query_chunk = 0, int key_block = 0);
 
 }  // namespace zerort::internal

@@ -11,7 +11,8 @@
 //    stay in shared memory; per query head of the group and query tile from the diagonal on (one
 //    sequence of steps, each step's Q, dO and statistics copied in while the previous step is
 //    computed), in chunks of kBackwardChunk queries (64, or 32 at head size 128, where 64
-//    would not fit the registers)
+//    would not fit the registers); a block owns 16 keys a warp (kBackwardWarps: 64 keys with 4
+//    warps, or 128 with 8), and a step is as many queries
 //      S^T = K_w Q^T                   WarpScores; P^T from the queries' lse
 //      dV_w += P^T dO                  PackFrags, WarpAccumulate
 //      dP^T = V_w dO^T                 WarpScores; dS^T from the queries' D
@@ -39,9 +40,10 @@
 namespace zerort::flash {
 
 // The main program's shared memory: the block's own two tiles (K, V), then the visited two (Q,
-// dO) in buffers 0 and 1 each, then the visited queries' log-sum-exps and D, fp32 [64], in
-// buffers 0 and 1, then the step's dS^T, a swizzled [64 keys][64 queries] tile.
-template <int D>
+// dO) in buffers 0 and 1 each, then the visited queries' log-sum-exps and D, fp32 [kTile], in
+// buffers 0 and 1, then the step's dS^T, a swizzled [kTile keys][kTile queries] tile. kTile:
+// the program's tile (64, or 128 with 8 warps).
+template <int D, int kTile = flash::kTile>
 struct BackwardSmem {
   static constexpr int tile = kTile * D * 2;
   static constexpr int stats = 6 * tile;
@@ -130,6 +132,15 @@ ZR_TILE_PROGRAM void BackwardAddDqProgram(const X& x, typename X::Elem* dqkv, co
 template <int D>
 inline constexpr int kBackwardChunk = D == 128 ? 32 : 64;
 
+// The main program's warps: a block owns 16 keys a warp and takes as many queries a step
+// (kTileOf). 4 (64 keys) is the default; at head size 64, 8 (128 keys: FlashAttention-2's
+// backward block there) halves the Q and dO tile loads and the dQ atomics per FLOP, at one block
+// of 8 warps an SM (130 KiB of shared memory; sm_90 ptxas 245-247 registers with 64-query chunks,
+// 200-207 with 32, no spill). `bench attention --device cuda` times it (`flash bwd 128k`); the
+// default changes when a GPU has said which is faster.
+template <int D>
+inline constexpr int kBackwardWarps = 4;
+
 // Program 2: a key tile of (batch, key/value head) `bkv`: dK and dV added into dqkv, dQ's part
 // into dq. C: the query chunk (kBackwardChunk).
 template <int D, int C = kBackwardChunk<D>, typename X>
@@ -138,7 +149,9 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
                                      const typename X::Elem* qkv, const float* lse,
                                      const float* dvec, const Shape sh, int tile, int bkv) {
   using E = typename X::Elem;
-  using S = BackwardSmem<D>;
+  // The block's keys, and the queries of a step: 16 a warp (64 with 4 warps, 128 with 8).
+  constexpr int kTile = kTileOf<X>;
+  using S = BackwardSmem<D, kTile>;
   const int b = bkv / sh.kv_heads, g = bkv % sh.kv_heads, k0 = tile * kTile, T = sh.seq;
   const math::QkvLayout L{sh.heads, sh.kv_heads, D};
   const int group = L.group();
@@ -161,7 +174,7 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
   Regs<X, float, kDqCols / 2> dqa;
 
   // Step i: query head first_h + i / per_head, query tile tile + i % per_head.
-  const int per_head = sh.tiles() - tile, steps = group * per_head;
+  const int per_head = sh.tiles(kTile) - tile, steps = group * per_head;
   auto issue = [&](int i, int buf) {  // step i's Q and dO (copies) and statistics (loads)
     const int h = first_h + i / per_head, q0 = (tile + i % per_head) * kTile;
     const int64_t stat0 = (int64_t{b} * sh.heads + h) * T;

@@ -10,6 +10,7 @@
 // A program is the code of one thread block, written against an executor `X` that says how a
 // block's threads run:
 //   X::Elem                        the 16-bit element (bf16 or fp16), X::ToF / X::FromF convert;
+//   X::kWarps                      the block's warps (kWarps = 4, or 8: kTileOf<X> = 16 a warp);
 //   x.ForThreads(f)                f(t) for each of the block's kThreads threads;
 //   x.ForWarps(f)                  f(w) for each of its kWarps warps; inside it,
 //   x.ForLanes(f)                  f(lane) for each of the warp's 32 lanes;
@@ -36,7 +37,8 @@
 // in it: the programs are split into phases so that this holds.
 //
 // Tiles: a block takes kTile = 64 queries (forward, dQ) or 64 keys (dK/dV); each of its 4 warps
-// owns 16 of them (the forward's 128-query blocks: 32, as two row groups), and the block meets 64
+// owns 16 of them (the forward's 128-query blocks: 32, as two row groups; the backward's main
+// program with 8 warps: 128 keys, 16 a warp, meeting 128 queries a step), and the block meets 64
 // keys (or queries) at a time in shared memory, the next tile copied in while the current one is
 // computed (two buffers). Head sizes 64 and 128 (D); any sequence length (rows past the end load
 // zeros and write nothing); causal, the tiles wholly above the diagonal never visited; a query head
@@ -77,12 +79,12 @@ namespace zerort::flash {
 inline constexpr int kTile = 64;  // queries or keys a block owns, and per step
 inline constexpr int kWarps = 4;  // 16 rows of the tile each
 inline constexpr int kThreads = 32 * kWarps;
-inline constexpr int kWarpRows = kTile / kWarps;
+inline constexpr int kWarpRows = kTile / kWarps;  // 16, whatever a program's warp count
 
 struct Shape {
   int batch = 0, seq = 0, heads = 0, kv_heads = 0;
   float scale = 0;  // 1 / sqrt(head size)
-  ZR_HOST_DEVICE int tiles() const { return (seq + kTile - 1) / kTile; }
+  ZR_HOST_DEVICE int tiles(int tile = kTile) const { return (seq + tile - 1) / tile; }
 };
 
 // An executor's per-lane registers of a block's warps.
@@ -110,15 +112,19 @@ ZR_HOST_DEVICE const E* FragColsFirst(const E* tile, int r0, int c0, int lane) {
   return tile + Swizzled<D>(r0 + lane % 8 + 8 * (lane / 16), c0 + 8 * (lane / 8 % 2));
 }
 
-// Copies `rows` x D elements (row i at src + i * ld) into a swizzled [64][D] tile by asynchronous
-// 16-byte copies; zeros past `rows` (those copies read nothing).
+// The rows of a block's tile: 16 a warp (X::kWarps warps; kTile with the default 4).
+template <typename X>
+inline constexpr int kTileOf = kWarpRows* X::kWarps;
+
+// Copies `rows` x D elements (row i at src + i * ld) into a swizzled [kTileOf<X>][D] tile by
+// asynchronous 16-byte copies; zeros past `rows` (those copies read nothing).
 template <int D, typename X>
 ZR_TILE_PROGRAM void LoadTileAsync(const X& x, typename X::Elem* tile, const typename X::Elem* src,
                                    int64_t ld, int rows) {
   constexpr int kChunks = D / 8;
   x.ForThreads([&](int t) {
     ZR_UNROLL
-    for (int c = t; c < kTile * kChunks; c += kThreads) {
+    for (int c = t; c < kTileOf<X> * kChunks; c += 32 * X::kWarps) {
       const int r = c / kChunks, col = (c % kChunks) * 8;
       x.CpAsync16(tile + Swizzled<D>(r, col), src + (r < rows ? r : 0) * ld + col, r < rows);
     }

@@ -81,7 +81,7 @@ Status CudaFlashAttentionForward(DType, const FlashAttentionShape&, void*, float
   return NoCuda("FlashAttentionForward");
 }
 Status CudaFlashAttentionBackward(DType, const FlashAttentionShape&, void*, float*, const void*,
-                                  const void*, const void*, const float*, Stream&, int) {
+                                  const void*, const void*, const float*, Stream&, int, int) {
   return NoCuda("FlashAttentionBackward");
 }
 

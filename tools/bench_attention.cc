@@ -45,9 +45,10 @@ double Seconds(const std::function<void()>& f) {
 struct Paths {
   std::string device, where, dtype, baseline;
   std::function<void()> flash_forward, flash_backward, ref_forward, ref_backward;
-  // CUDA at head size 64: the forward with 128-query blocks (two row groups a warp) and the
-  // backward with 32-query chunks (kBackwardChunk in kernels/flash_backward.h), timed too.
-  std::function<void()> flash_forward_128q, flash_backward_c32;
+  // CUDA at head size 64: the forward with 128-query blocks (two row groups a warp), the
+  // backward with 32-query chunks (kBackwardChunk in kernels/flash_backward.h) and with 128-key
+  // blocks of 8 warps, timed too.
+  std::function<void()> flash_forward_128q, flash_backward_c32, flash_backward_128k;
   std::function<double(const std::function<void()>&)> time = Seconds;
   double worst = 0;  // the largest |flash out - materialised out|, over each flash forward
   double saved_flash = 0, saved_materialised = 0;
@@ -219,6 +220,12 @@ StatusOr<Paths> CudaPaths(const BenchAttentionOptions& o, int kv) {
           DType::kBF16, shape, x->dqkv.data(), x->workspace.as<float>(), x->dout.data(),
           x->qkv.data(), x->out.data(), x->lse.as<float>(), *x->stream, /*query_chunk=*/32));
     };
+    p.flash_backward_128k = [=] {
+      ZR_CHECK_OK(internal::CudaFlashAttentionBackward(
+          DType::kBF16, shape, x->dqkv.data(), x->workspace.as<float>(), x->dout.data(),
+          x->qkv.data(), x->out.data(), x->lse.as<float>(), *x->stream, /*query_chunk=*/0,
+          /*key_block=*/128));
+    };
   }
   p.ref_forward = [=, &o] {
     ZR_CHECK_OK(x->k->Attention(x->ref_out.data(), x->saved.data(), x->qkv.data(), o.batch, o.seq,
@@ -239,6 +246,7 @@ StatusOr<Paths> CudaPaths(const BenchAttentionOptions& o, int kv) {
   p.ref_forward();
   p.flash_backward();
   if (p.flash_backward_c32) p.flash_backward_c32();
+  if (p.flash_backward_128k) p.flash_backward_128k();
   p.ref_backward();
   ZR_RETURN_IF_ERROR(s->stream->Synchronize());
   std::vector<uint16_t> a(rows * channels), b(rows * channels);
@@ -319,7 +327,7 @@ int RunBenchAttention(const BenchAttentionOptions& o) {
   auto& flash_backward = paths.flash_backward;
   auto& ref_forward = paths.ref_forward;
   auto& ref_backward = paths.ref_backward;
-  std::vector<double> ff, fb, rf, rb, ff128, fb32;
+  std::vector<double> ff, fb, rf, rb, ff128, fb32, fb128;
   for (int r = 0; r < o.rounds; ++r) {  // alternating, so that both see the same machine
     ff.push_back(time(flash_forward));
     if (paths.flash_forward_128q) ff128.push_back(time(paths.flash_forward_128q));
@@ -327,6 +335,7 @@ int RunBenchAttention(const BenchAttentionOptions& o) {
     if (o.backward) {
       fb.push_back(time(flash_backward));
       if (paths.flash_backward_c32) fb32.push_back(time(paths.flash_backward_c32));
+      if (paths.flash_backward_128k) fb128.push_back(time(paths.flash_backward_128k));
       rb.push_back(time(ref_backward));
     }
   }
@@ -369,6 +378,10 @@ int RunBenchAttention(const BenchAttentionOptions& o) {
       result["flash_backward_c32_s"] = Median(fb32);
       result["flash_backward_c32_tflops"] = backward_flop / Median(fb32) / 1e12;
     }
+    if (!fb128.empty()) {
+      result["flash_backward_128k_s"] = Median(fb128);
+      result["flash_backward_128k_tflops"] = backward_flop / Median(fb128) / 1e12;
+    }
   }
   if (o.json) {
     std::printf("%s\n", result.dump().c_str());
@@ -395,6 +408,10 @@ int RunBenchAttention(const BenchAttentionOptions& o) {
   if (!fb32.empty()) {
     std::printf("  %-14s %12s %12s %12.4f %12.4f   (backward in 32-query chunks)\n",
                 "flash bwd c32", "", "", Median(fb32), backward_flop / Median(fb32) / 1e12);
+  }
+  if (!fb128.empty()) {
+    std::printf("  %-14s %12s %12s %12.4f %12.4f   (backward, 128 keys a block, 8 warps)\n",
+                "flash bwd 128k", "", "", Median(fb128), backward_flop / Median(fb128) / 1e12);
   }
   line("materialised", rf, rb);
   std::string backward;

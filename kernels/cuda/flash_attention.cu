@@ -22,9 +22,10 @@
 namespace zerort {
 namespace {
 
-template <typename E>
+template <typename E, int Warps = flash::kWarps>
 struct CudaExec {
   using Elem = E;
+  static constexpr int kWarps = Warps;
   __device__ static float ToF(E v) { return cuda::ToFloat<E>(v); }
   __device__ static E FromF(float v) { return cuda::FromFloat<E>(v); }
   template <typename F>
@@ -152,15 +153,16 @@ __global__ void __launch_bounds__(flash::kThreads)
     BackwardDotKernel(const E* dout, const E* out, float* dvec, float* dq, flash::Shape sh) {
   flash::BackwardDotProgram<D>(CudaExec<E>{}, dout, out, dvec, dq, sh, blockIdx.x, blockIdx.y);
 }
-// The 32-query chunk at head size 64 exists for three blocks an SM (kBackwardChunk's note).
-template <int D, typename E, int C>
-__global__ void __launch_bounds__(flash::kThreads, D == 64 && C == 32 ? 3 : 1)
+// W warps (4: 64-key blocks; 8: 128, kBackwardWarps' note). The 32-query chunk at head size 64
+// with 4 warps exists for three blocks an SM (kBackwardChunk's note).
+template <int D, typename E, int C, int W>
+__global__ void __launch_bounds__(32 * W, D == 64 && C == 32 && W == 4 ? 3 : 1)
     BackwardKernel(E* dqkv, float* dq, const E* dout, const E* qkv, const float* lse,
                    const float* dvec, flash::Shape sh) {
   extern __shared__ __align__(128) unsigned char smem[];
   // A key tile's block visits the query tiles from the diagonal on: tile 0's visits the most.
-  flash::BackwardProgram<D, C>(CudaExec<E>{}, smem, dqkv, dq, dout, qkv, lse, dvec, sh, blockIdx.x,
-                               blockIdx.y);
+  flash::BackwardProgram<D, C>(CudaExec<E, W>{}, smem, dqkv, dq, dout, qkv, lse, dvec, sh,
+                               blockIdx.x, blockIdx.y);
 }
 template <int D, typename E>
 __global__ void __launch_bounds__(flash::kThreads)
@@ -211,25 +213,27 @@ Status Forward(const internal::FlashAttentionShape& shape, void* out, float* lse
   return ForwardAs<D, E, 1>(sh, out, lse, qkv, stream);
 }
 
-template <int D, typename E, int C>
+template <int D, typename E, int C, int W = flash::kWarps>
 Status LaunchBackwardMain(const flash::Shape& sh, void* dqkv, float* dq, const void* dout,
                           const void* qkv, const float* lse, const float* dvec,
                           cudaStream_t stream) {
-  constexpr int smem = flash::BackwardSmem<D>::bytes;
-  ZR_RETURN_IF_ERROR((AllowSmem<BackwardKernel<D, E, C>>(smem)));
-  BackwardKernel<D, E, C>
-      <<<dim3(sh.tiles(), sh.batch * sh.kv_heads), flash::kThreads, smem, stream>>>(
+  constexpr int keys = flash::kWarpRows * W;
+  constexpr int smem = flash::BackwardSmem<D, keys>::bytes;
+  ZR_RETURN_IF_ERROR((AllowSmem<BackwardKernel<D, E, C, W>>(smem)));
+  BackwardKernel<D, E, C, W>
+      <<<dim3(sh.tiles(keys), sh.batch * sh.kv_heads), 32 * W, smem, stream>>>(
           static_cast<E*>(dqkv), dq, static_cast<const E*>(dout), static_cast<const E*>(qkv), lse,
           dvec, sh);
   ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
 
-// `query_chunk`: 0 for the head size's default (kernels/flash_backward.h), else 32 or 64.
+// `query_chunk`: 0 for the head size's default (kernels/flash_backward.h), else 32 or 64;
+// `key_block`: 0 for 64, or 64 or 128 (head size 64).
 template <int D, typename E>
 Status Backward(const internal::FlashAttentionShape& shape, void* dqkv, float* workspace,
                 const void* dout, const void* qkv, const void* out, const float* lse,
-                cudaStream_t stream, int query_chunk) {
+                cudaStream_t stream, int query_chunk, int key_block) {
   const flash::Shape sh = ShapeOf(shape);
   float* dvec = workspace;  // then the dQ accumulator: kernels/memory_facts.h's layout
   float* dq = workspace + int64_t{sh.batch} * sh.heads * sh.seq;
@@ -239,7 +243,15 @@ Status Backward(const internal::FlashAttentionShape& shape, void* dqkv, float* w
   ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   const int chunk = query_chunk == 0 ? flash::kBackwardChunk<D> : query_chunk;
   if constexpr (D == 64) {
-    if (chunk == 32) {
+    if (key_block == 128) {
+      if (chunk == 32) {
+        ZR_RETURN_IF_ERROR(
+            (LaunchBackwardMain<D, E, 32, 8>(sh, dqkv, dq, dout, qkv, lse, dvec, stream)));
+      } else {
+        ZR_RETURN_IF_ERROR(
+            (LaunchBackwardMain<D, E, 64, 8>(sh, dqkv, dq, dout, qkv, lse, dvec, stream)));
+      }
+    } else if (chunk == 32) {
       ZR_RETURN_IF_ERROR(
           (LaunchBackwardMain<D, E, 32>(sh, dqkv, dq, dout, qkv, lse, dvec, stream)));
     } else {
@@ -317,7 +329,7 @@ Status CudaFlashAttentionForward(DType dtype, const FlashAttentionShape& shape, 
 Status CudaFlashAttentionBackward(DType dtype, const FlashAttentionShape& shape, void* dqkv,
                                   float* workspace, const void* dout, const void* qkv,
                                   const void* out, const float* lse, Stream& stream,
-                                  int query_chunk) {
+                                  int query_chunk, int key_block) {
   if (!stream.device().is_cuda()) {
     return absl::InvalidArgumentError("flash attention on CUDA needs a CUDA stream");
   }
@@ -331,10 +343,15 @@ Status CudaFlashAttentionBackward(DType dtype, const FlashAttentionShape& shape,
                                       std::to_string(shape.head_size) + " (" +
                                       std::to_string(default_chunk) + ", or 32 at head size 64)");
   }
+  if (key_block != 0 && key_block != flash::kTile && !(key_block == 128 && shape.head_size == 64)) {
+    return absl::InvalidArgumentError(
+        "flash attention backward: " + std::to_string(key_block) + " keys a block at head size " +
+        std::to_string(shape.head_size) + " (64, or 128 at head size 64)");
+  }
   if (shape.batch == 0 || shape.seq == 0) return absl::OkStatus();
   ZR_RETURN_IF_ERROR(CheckAligned({dqkv, workspace, dout, qkv, out, lse}));
   return Dispatch<BackwardFn>(dtype, shape, shape, dqkv, workspace, dout, qkv, out, lse,
-                              Native(stream), query_chunk);
+                              Native(stream), query_chunk, key_block);
 }
 
 }  // namespace internal

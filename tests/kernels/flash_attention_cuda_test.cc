@@ -42,15 +42,21 @@ struct Gpu {
   }
 };
 
-// At head size 64 both forward programs, 64-query blocks (the default) and 128, and both
-// backward query chunks, 64 (the default) and 32: the defaults, then the others.
+// At head size 64 every program: the forward's 64-query blocks (the default) and 128, the
+// backward's query chunks 64 (the default) and 32, at 64 keys a block (4 warps, the default)
+// and 128 (8 warps): the defaults, then the others.
+struct Variant {
+  int block_queries = 0, query_chunk = 0, key_block = 0;
+};
 TEST(FlashAttentionCudaTest, ForwardAndBackwardAgainstTheDoubleReference) {
   ZR_NEED_GPU();
   for (const FlashCase& c : FlashCases()) {
-    for (const int block_queries : c.hs == 64 ? std::vector<int>{0, 128} : std::vector<int>{0}) {
-      const int query_chunk = block_queries == 0 ? 0 : 32;
-      SCOPED_TRACE(::testing::Message()
-                   << "block_queries " << block_queries << ", query_chunk " << query_chunk);
+    const std::vector<Variant> variants =
+        c.hs == 64 ? std::vector<Variant>{{0, 0, 0}, {128, 32, 0}, {0, 64, 128}, {128, 32, 128}}
+                   : std::vector<Variant>{{0, 0, 0}};
+    for (const auto& [block_queries, query_chunk, key_block] : variants) {
+      SCOPED_TRACE(::testing::Message() << "block_queries " << block_queries << ", query_chunk "
+                                        << query_chunk << ", key_block " << key_block);
       const FlashInputs in = MakeFlashInputs(c);
       Gpu g;
       const DType dtype = c.bf16 ? DType::kBF16 : DType::kF16;
@@ -74,7 +80,7 @@ TEST(FlashAttentionCudaTest, ForwardAndBackwardAgainstTheDoubleReference) {
           internal::CudaFlashAttentionForward(dtype, shape, out, lse, qkv, *g.stream, block_queries)
               .ok());
       ASSERT_TRUE(internal::CudaFlashAttentionBackward(dtype, shape, dqkv, workspace, dout, qkv,
-                                                       out, lse, *g.stream, query_chunk)
+                                                       out, lse, *g.stream, query_chunk, key_block)
                       .ok());
       g.Down(&got.out, out);
       g.Down(&got.dqkv, dqkv);
@@ -106,6 +112,11 @@ TEST(FlashAttentionCudaTest, RefusesWhatItDoesNotTake) {
               std::string_view::npos)
         << chunked;
   }
+  const Status keys =
+      internal::CudaFlashAttentionBackward(DType::kBF16, {1, 8, 2, 2, 128}, nullptr, nullptr,
+                                           nullptr, nullptr, nullptr, nullptr, *g.stream, 0, 128);
+  EXPECT_EQ(keys.code(), absl::StatusCode::kInvalidArgument) << keys;
+  EXPECT_NE(keys.message().find("128 keys a block"), std::string_view::npos) << keys;
 }
 
 }  // namespace

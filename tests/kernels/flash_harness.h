@@ -21,18 +21,19 @@ namespace zerort::testing {
 
 // The CPU twin of the CUDA executor: indices in turn, each warp instruction emulated over the
 // 32 lanes' registers by its PTX fragment layout.
-template <bool kBf16>
+template <bool kBf16, int Warps = flash::kWarps>
 struct CpuFlashExec {
   using Elem = uint16_t;
+  static constexpr int kWarps = Warps;
   static float ToF(uint16_t v) { return kBf16 ? Bf16BitsToFloat(v) : F16BitsToFloat(v); }
   static uint16_t FromF(float v) { return kBf16 ? FloatToBf16Bits(v) : FloatToF16Bits(v); }
   template <typename F>
   void ForThreads(F&& f) const {
-    for (int t = 0; t < flash::kThreads; ++t) f(t);
+    for (int t = 0; t < 32 * Warps; ++t) f(t);
   }
   template <typename F>
   void ForWarps(F&& f) const {
-    for (int w = 0; w < flash::kWarps; ++w) f(w);
+    for (int w = 0; w < Warps; ++w) f(w);
   }
   template <typename F>
   void ForLanes(F&& f) const {
@@ -45,7 +46,7 @@ struct CpuFlashExec {
     Regs() { std::memset(v, 0xFF, sizeof(v)); }
     T* at(int w, int lane) { return v[w][lane]; }
     const T* at(int w, int lane) const { return v[w][lane]; }
-    T v[flash::kWarps][32][N];
+    T v[Warps][32][N];
   };
   static float Exp2(float v) { return std::exp2(v); }
   static uint32_t Pack(float lo, float hi) {
@@ -215,10 +216,13 @@ struct FlashOutputs {
 
 // Every block of the three programs' grids, in the order the CUDA launches run them; shared
 // memory starts as NaN, so a program that reads what it never wrote fails the comparison.
-// G: the forward's row groups a warp; C: the backward main program's query chunk.
-template <bool kBf16, int D, int G = flash::kForwardGroups<D>, int C = flash::kBackwardChunk<D>>
+// G: the forward's row groups a warp; C: the backward main program's query chunk; W: its warps
+// (4: 64-key blocks; 8: 128).
+template <bool kBf16, int D, int G = flash::kForwardGroups<D>, int C = flash::kBackwardChunk<D>,
+          int W = flash::kBackwardWarps<D>>
 FlashOutputs RunFlashOnCpuAs(const FlashInputs& in) {
   const CpuFlashExec<kBf16> x;
+  const CpuFlashExec<kBf16, W> xw;
   const flash::Shape sh = in.shape();
   FlashOutputs r{.out = std::vector<uint16_t>(in.out_size()), .dqkv = in.dqkv};
   r.lse.assign(in.stat_size(), -1.0f);
@@ -243,12 +247,13 @@ FlashOutputs RunFlashOnCpuAs(const FlashInputs& in) {
                                    bh);
     }
   }
+  constexpr int kKeys = 16 * W;
   for (int bkv = 0; bkv < sh.batch * sh.kv_heads; ++bkv) {
-    for (int t = 0; t < sh.tiles(); ++t) {
-      flash::BackwardProgram<D, C>(x, fresh(flash::BackwardSmem<D>::bytes), r.dqkv.data(),
+    for (int t = 0; t < sh.tiles(kKeys); ++t) {
+      flash::BackwardProgram<D, C>(xw, fresh(flash::BackwardSmem<D, kKeys>::bytes), r.dqkv.data(),
                                    dq.data(), in.dout.data(), in.qkv.data(), r.lse.data(),
                                    r.dvec.data(), sh, t, bkv);
-      EXPECT_TRUE(x.CopiesDone()) << "the backward left copies in flight";
+      EXPECT_TRUE(xw.CopiesDone()) << "the backward left copies in flight";
     }
   }
   for (int bh = 0; bh < sh.batch * sh.heads; ++bh) {

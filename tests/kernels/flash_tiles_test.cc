@@ -46,6 +46,19 @@ TEST(FlashTilesTest, TheThirtyTwoQueryBackwardChunkAtHeadSize64) {
   }
 }
 
+// At head size 64 the backward's main program also runs with 8 warps and 128-key blocks (both
+// query chunks; `bench attention` times it beside the default), checked the same way.
+TEST(FlashTilesTest, TheHundredTwentyEightKeyBackwardAtHeadSize64) {
+  for (const FlashCase& c : FlashCases()) {
+    if (c.hs != 64) continue;
+    const FlashInputs in = MakeFlashInputs(c);
+    ExpectFlashMatchesReference(in, c.bf16 ? RunFlashOnCpuAs<true, 64, 1, 64, 8>(in)
+                                           : RunFlashOnCpuAs<false, 64, 1, 64, 8>(in));
+    ExpectFlashMatchesReference(in, c.bf16 ? RunFlashOnCpuAs<true, 64, 1, 32, 8>(in)
+                                           : RunFlashOnCpuAs<false, 64, 1, 32, 8>(in));
+  }
+}
+
 // The CPU model's 16-bit attention (widened to fp32, cpu::fast's flash) rounds P and dS to its
 // format before their products as the CUDA programs do (cpu::fast::FlashAttentionForward's
 // `products`), so that a bf16 run on the CPU and one on a GPU take the same roundings (cuda_parity
