@@ -229,7 +229,7 @@ Status LaunchBackwardMain(const flash::Shape& sh, void* dqkv, float* dq, const v
 }
 
 // `query_chunk`: 0 for the head size's default (kernels/flash_backward.h), else 32 or 64;
-// `key_block`: 0 for 64, or 64 or 128 (head size 64).
+// `key_block`: 0 for kBackwardWarps' default, or 64 or 128 (head size 64).
 template <int D, typename E>
 Status Backward(const internal::FlashAttentionShape& shape, void* dqkv, float* workspace,
                 const void* dout, const void* qkv, const void* out, const float* lse,
@@ -243,7 +243,8 @@ Status Backward(const internal::FlashAttentionShape& shape, void* dqkv, float* w
   ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   const int chunk = query_chunk == 0 ? flash::kBackwardChunk<D> : query_chunk;
   if constexpr (D == 64) {
-    if (key_block == 128) {
+    const int keys = key_block == 0 ? flash::kWarpRows * flash::kBackwardWarps<D> : key_block;
+    if (keys == 128) {
       if (chunk == 32) {
         ZR_RETURN_IF_ERROR(
             (LaunchBackwardMain<D, E, 32, 8>(sh, dqkv, dq, dout, qkv, lse, dvec, stream)));
@@ -259,6 +260,8 @@ Status Backward(const internal::FlashAttentionShape& shape, void* dqkv, float* w
           (LaunchBackwardMain<D, E, 64>(sh, dqkv, dq, dout, qkv, lse, dvec, stream)));
     }
   } else {
+    static_assert(D == 64 || flash::kBackwardWarps<D> == flash::kWarps,
+                  "128-key blocks are built at head size 64 only");
     ZR_RETURN_IF_ERROR((LaunchBackwardMain<D, E, flash::kBackwardChunk<D>>(sh, dqkv, dq, dout, qkv,
                                                                            lse, dvec, stream)));
   }
