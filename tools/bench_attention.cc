@@ -209,23 +209,18 @@ StatusOr<Paths> CudaPaths(const BenchAttentionOptions& o, int kv) {
                                                       /*block_queries=*/128));
     };
   }
-  p.flash_backward = [=] {
-    ZR_CHECK_OK(internal::CudaFlashAttentionBackward(
-        DType::kBF16, shape, x->dqkv.data(), x->workspace.as<float>(), x->dout.data(),
-        x->qkv.data(), x->out.data(), x->lse.as<float>(), *x->stream));
+  // The backward with a query chunk and keys a block (0, 0: the defaults).
+  auto flash_backward = [=](int query_chunk, int key_block) {
+    return [=] {
+      ZR_CHECK_OK(internal::CudaFlashAttentionBackward(
+          DType::kBF16, shape, x->dqkv.data(), x->workspace.as<float>(), x->dout.data(),
+          x->qkv.data(), x->out.data(), x->lse.as<float>(), *x->stream, query_chunk, key_block));
+    };
   };
+  p.flash_backward = flash_backward(0, 0);
   if (o.head_size == 64) {
-    p.flash_backward_c32 = [=] {
-      ZR_CHECK_OK(internal::CudaFlashAttentionBackward(
-          DType::kBF16, shape, x->dqkv.data(), x->workspace.as<float>(), x->dout.data(),
-          x->qkv.data(), x->out.data(), x->lse.as<float>(), *x->stream, /*query_chunk=*/32));
-    };
-    p.flash_backward_128k = [=] {
-      ZR_CHECK_OK(internal::CudaFlashAttentionBackward(
-          DType::kBF16, shape, x->dqkv.data(), x->workspace.as<float>(), x->dout.data(),
-          x->qkv.data(), x->out.data(), x->lse.as<float>(), *x->stream, /*query_chunk=*/0,
-          /*key_block=*/128));
-    };
+    p.flash_backward_c32 = flash_backward(32, 0);
+    p.flash_backward_128k = flash_backward(0, 128);
   }
   p.ref_forward = [=, &o] {
     ZR_CHECK_OK(x->k->Attention(x->ref_out.data(), x->saved.data(), x->qkv.data(), o.batch, o.seq,

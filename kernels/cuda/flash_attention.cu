@@ -213,10 +213,9 @@ Status Forward(const internal::FlashAttentionShape& shape, void* out, float* lse
   return ForwardAs<D, E, 1>(sh, out, lse, qkv, stream);
 }
 
-template <int D, typename E, int C, int W = flash::kWarps>
-Status LaunchBackwardMain(const flash::Shape& sh, void* dqkv, float* dq, const void* dout,
-                          const void* qkv, const float* lse, const float* dvec,
-                          cudaStream_t stream) {
+template <int D, typename E, int C, int W>
+Status LaunchBackwardAs(const flash::Shape& sh, void* dqkv, float* dq, const void* dout,
+                        const void* qkv, const float* lse, const float* dvec, cudaStream_t stream) {
   constexpr int keys = flash::kWarpRows * W;
   constexpr int smem = flash::BackwardSmem<D, keys>::bytes;
   ZR_RETURN_IF_ERROR((AllowSmem<BackwardKernel<D, E, C, W>>(smem)));
@@ -226,6 +225,20 @@ Status LaunchBackwardMain(const flash::Shape& sh, void* dqkv, float* dq, const v
           dvec, sh);
   ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
+}
+
+// The main program with W warps in chunks of `chunk` queries (32 is built at head size 64 only;
+// otherwise the head size's default).
+template <int D, typename E, int W>
+Status LaunchBackwardMain(int chunk, const flash::Shape& sh, void* dqkv, float* dq,
+                          const void* dout, const void* qkv, const float* lse, const float* dvec,
+                          cudaStream_t stream) {
+  if constexpr (D == 64) {
+    if (chunk == 32)
+      return LaunchBackwardAs<D, E, 32, W>(sh, dqkv, dq, dout, qkv, lse, dvec, stream);
+  }
+  return LaunchBackwardAs<D, E, flash::kBackwardChunk<D>, W>(sh, dqkv, dq, dout, qkv, lse, dvec,
+                                                             stream);
 }
 
 // `query_chunk`: 0 for the head size's default (kernels/flash_backward.h), else 32 or 64;
@@ -244,26 +257,15 @@ Status Backward(const internal::FlashAttentionShape& shape, void* dqkv, float* w
   const int chunk = query_chunk == 0 ? flash::kBackwardChunk<D> : query_chunk;
   if constexpr (D == 64) {
     const int keys = key_block == 0 ? flash::kWarpRows * flash::kBackwardWarps<D> : key_block;
-    if (keys == 128) {
-      if (chunk == 32) {
-        ZR_RETURN_IF_ERROR(
-            (LaunchBackwardMain<D, E, 32, 8>(sh, dqkv, dq, dout, qkv, lse, dvec, stream)));
-      } else {
-        ZR_RETURN_IF_ERROR(
-            (LaunchBackwardMain<D, E, 64, 8>(sh, dqkv, dq, dout, qkv, lse, dvec, stream)));
-      }
-    } else if (chunk == 32) {
-      ZR_RETURN_IF_ERROR(
-          (LaunchBackwardMain<D, E, 32>(sh, dqkv, dq, dout, qkv, lse, dvec, stream)));
-    } else {
-      ZR_RETURN_IF_ERROR(
-          (LaunchBackwardMain<D, E, 64>(sh, dqkv, dq, dout, qkv, lse, dvec, stream)));
-    }
+    ZR_RETURN_IF_ERROR(
+        (keys == 128
+             ? LaunchBackwardMain<D, E, 8>(chunk, sh, dqkv, dq, dout, qkv, lse, dvec, stream)
+             : LaunchBackwardMain<D, E, 4>(chunk, sh, dqkv, dq, dout, qkv, lse, dvec, stream)));
   } else {
     static_assert(D == 64 || flash::kBackwardWarps<D> == flash::kWarps,
                   "128-key blocks are built at head size 64 only");
-    ZR_RETURN_IF_ERROR((LaunchBackwardMain<D, E, flash::kBackwardChunk<D>>(sh, dqkv, dq, dout, qkv,
-                                                                           lse, dvec, stream)));
+    ZR_RETURN_IF_ERROR((LaunchBackwardMain<D, E, flash::kWarps>(chunk, sh, dqkv, dq, dout, qkv, lse,
+                                                                dvec, stream)));
   }
   BackwardAddDqKernel<D, E><<<queries, flash::kThreads, 0, stream>>>(static_cast<E*>(dqkv), dq, sh);
   ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
