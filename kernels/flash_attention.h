@@ -37,9 +37,10 @@ Status CheckAttentionBackend(std::optional<AttentionProgram> requested, DType dt
 Status CudaFlashAttentionForward(DType dtype, const FlashAttentionShape& shape, void* out,
                                  float* lse, const void* qkv, Stream& stream,
                                  int block_queries = 0);
-// dqkv += the gradient of the forward's out for `dout`. `workspace` (fp32, 16-byte aligned, of
-// kernels/memory_facts.h's AttentionScratchBytes for the flash backward) is scratch the
-// backward fills with D = dout . out ([batch, heads, seq], first) and the fp32 dQ accumulator
+// dqkv = the gradient of the forward's out for `dout` (written: no fill needed before). `workspace`
+// (fp32, 16-byte aligned, of kernels/memory_facts.h's AttentionScratchBytes for the flash backward)
+// is scratch the backward fills with D = dout . out ([batch, heads, seq], first) and the fp32 dQ
+// accumulator
 // ([batch, seq, heads x head size]; [Note: the backward's programs]). `query_chunk`: the
 // queries the main program's warps take at a time, 0 for the head size's default
 // (kBackwardChunk in kernels/flash_backward.h), or 32 at head size 64; `key_block`: the keys

@@ -25,7 +25,8 @@
 //    tiles add in any order, so on a GPU dQ's last bits vary from run to run, as
 //    FlashAttention-2's do. dS^T goes to shared memory as the packed pairs dK's product took,
 //    32 bits a store.
-// 3. AddDq (Dot's blocks): dqkv's Q rows += dq, rounded once.
+// 3. StoreDq (Dot's blocks): dqkv's Q rows = dq, rounded once.
+// dqkv is written, not added to (ModelKernels::AttentionBackward): no fill before, no read.
 // S, P, dP and dS are computed once per pair of tiles: 5 tile products, where the two programs
 // before 2026-11-30 (a dQ program and a dK/dV program, each recomputing them) took 7. dK and dV
 // are written by their key tile's block alone (it sums its group's query heads itself).
@@ -103,11 +104,10 @@ ZR_TILE_PROGRAM void BackwardDotProgram(const X& x, const typename X::Elem* dout
   });
 }
 
-// Program 3: a query tile of (batch, query head) `bh`: dqkv's Q rows += dq.
+// Program 3: a query tile of (batch, query head) `bh`: dqkv's Q rows = dq.
 template <int D, typename X>
-ZR_TILE_PROGRAM void BackwardAddDqProgram(const X& x, typename X::Elem* dqkv, const float* dq,
-                                          const Shape sh, int tile, int bh) {
-  using E = typename X::Elem;
+ZR_TILE_PROGRAM void BackwardStoreDqProgram(const X& x, typename X::Elem* dqkv, const float* dq,
+                                            const Shape sh, int tile, int bh) {
   const int b = bh / sh.heads, h = bh % sh.heads, q0 = tile * kTile, T = sh.seq;
   const math::QkvLayout L{sh.heads, sh.kv_heads, D};
   const int64_t ld = L.row(), ldo = int64_t{sh.heads} * D;
@@ -116,8 +116,8 @@ ZR_TILE_PROGRAM void BackwardAddDqProgram(const X& x, typename X::Elem* dqkv, co
     for (int c = t; c < kTile * D; c += kThreads) {
       const int r = c / D, col = c % D;
       if (q0 + r >= T) continue;
-      E& v = dqkv[(row0 + q0 + r) * ld + L.q(h) + col];
-      v = X::FromF(math::Add(X::ToF(v), dq[(row0 + q0 + r) * ldo + int64_t{h} * D + col]));
+      dqkv[(row0 + q0 + r) * ld + L.q(h) + col] =
+          X::FromF(dq[(row0 + q0 + r) * ldo + int64_t{h} * D + col]);
     }
   });
 }
@@ -141,7 +141,7 @@ inline constexpr int kBackwardChunk = D == 128 ? 32 : 64;
 template <int D>
 inline constexpr int kBackwardWarps = 4;
 
-// Program 2: a key tile of (batch, key/value head) `bkv`: dK and dV added into dqkv, dQ's part
+// Program 2: a key tile of (batch, key/value head) `bkv`: dK and dV written into dqkv, dQ's part
 // into dq. C: the query chunk (kBackwardChunk).
 template <int D, int C = kBackwardChunk<D>, typename X>
 ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X::Elem* dqkv,
@@ -303,8 +303,8 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
   x.ForWarps([&](int w) {
     const int r0 = w * kWarpRows;
     E* rows = dqkv + (row0 + k0 + r0) * ld;
-    AddRows<D>(x, w, rows + L.k(first_h), ld, dk, T - k0 - r0);
-    AddRows<D>(x, w, rows + L.v(first_h), ld, dv, T - k0 - r0);
+    StoreRows<D>(x, w, rows + L.k(first_h), ld, dk, T - k0 - r0);
+    StoreRows<D>(x, w, rows + L.v(first_h), ld, dv, T - k0 - r0);
   });
 }
 

@@ -222,10 +222,11 @@ ZR_TILE_PROGRAM void WarpAccumulate(const X& x, int w, Regs<X, float, G * DC / 2
   }
 }
 
-// Adds a warp's 16 x D accumulator into the rows before `rows` of a head (row r at dst + r * ld).
+// Stores a warp's 16 x D accumulator, rounded once, into the rows before `rows` of a head (row r
+// at dst + r * ld).
 template <int D, typename X>
-ZR_TILE_PROGRAM void AddRows(const X& x, int w, typename X::Elem* dst, int64_t ld,
-                             const Regs<X, float, D / 2>& acc, int rows) {
+ZR_TILE_PROGRAM void StoreRows(const X& x, int w, typename X::Elem* dst, int64_t ld,
+                               const Regs<X, float, D / 2>& acc, int rows) {
   x.ForLanes([&](int lane) {
     const float* a = acc.at(w, lane);
     ZR_UNROLL
@@ -236,10 +237,7 @@ ZR_TILE_PROGRAM void AddRows(const X& x, int w, typename X::Elem* dst, int64_t l
       ZR_UNROLL
       for (int dt = 0; dt < D / 8; ++dt) {
         ZR_UNROLL
-        for (int e = 0; e < 2; ++e) {
-          typename X::Elem& v = row[dt * 8 + e];
-          v = X::FromF(math::Add(X::ToF(v), a[dt * 4 + half * 2 + e]));
-        }
+        for (int e = 0; e < 2; ++e) row[dt * 8 + e] = X::FromF(a[dt * 4 + half * 2 + e]);
       }
     }
   });

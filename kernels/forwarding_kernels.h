@@ -141,6 +141,12 @@ class ForwardingKernels final : public ModelKernels {
                                                     scratch, rows, in, out_features);
                     });
   }
+  Status MatmulResidual(void* out, const void* inp, const void* weight, const void* bias,
+                        const void* residual, int64_t rows, int in, int out_features) override {
+    return hook_.Op(OpInfo::Gemm("MatmulResidual", rows, in, out_features, 1), [=, this] {
+      return k_->MatmulResidual(out, inp, weight, bias, residual, rows, in, out_features);
+    });
+  }
   Status MatmulGelu(void* pre, void* out, const void* inp, const void* weight, const void* bias,
                     int64_t rows, int in, int out_features) override {
     return hook_.Op(OpInfo::Gemm("MatmulGelu", rows, in, out_features, 1), [=, this] {

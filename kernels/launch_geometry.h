@@ -40,4 +40,45 @@ constexpr int64_t ColumnBlocks(int64_t cols) {
   return want < 1 ? 1 : want;
 }
 
+// [Note: the norms' weight gradients]
+// LayerNorm's weight and bias gradients and RMSNorm's weight gradient are column sums over every
+// row of the micro-batch (8192 rows of 768 for GPT-2 124M at 8 x 1024). The column kernels above
+// gave them 96 blocks of 8-column tiles there, each thread 256 rows one 2-byte load after
+// another: latency-bound (about 0.4 TB/s by a count of the loads in flight). Now two launches. The
+// partials kernel's grid is column tiles x row chunks: block (tile, chunk) owns 32 x width adjacent
+// columns (width 8 where the rows are whole 16-byte vectors, a lane's 8 columns one load; else 1)
+// and a chunk of up to kRowsPerChunk rows; its warp w sums rows w, w + 8, ... of the chunk for its
+// lane's columns, the 8 warps' sums are added in order through shared memory, and one fp32 partial
+// per (chunk, column) goes to scratch (the cuBLASLt workspace, free between GEMMs on the stream: no
+// new memory, nothing for the estimator). The finish kernel, a thread a column, adds the chunks'
+// partials in order into the gradient. Every order fixed: deterministic, no atomics.
+inline constexpr int kWarpsPerBlock = kThreads / kWarp;
+inline constexpr int64_t kRowsPerChunk = 64;
+inline constexpr int64_t kMaxGridY = 65535;  // gridDim.y's limit
+struct ColumnSums {
+  int64_t tiles = 1;           // column tiles of 32 x width
+  int64_t chunks = 1;          // row chunks (gridDim.y)
+  int64_t rows_per_chunk = 1;  // chunk c: rows [c rows_per_chunk, (c + 1) rows_per_chunk)
+};
+// `max_partials`: the fp32 values the scratch holds; the partials take `sums` (2 with a bias, 1
+// without) x chunks x cols of them, so the chunks grow where they would not fit. cols x sums
+// must fit max_partials (the launcher checks).
+constexpr ColumnSums ColumnSumsFor(int64_t rows, int64_t cols, int width, int sums,
+                                   int64_t max_partials) {
+  ColumnSums p;
+  const int64_t tile = int64_t{kWarp} * width;
+  p.tiles = cols / tile + (cols % tile != 0 ? 1 : 0);
+  if (p.tiles < 1) p.tiles = 1;
+  int64_t chunks = rows / kRowsPerChunk + (rows % kRowsPerChunk != 0 ? 1 : 0);
+  const int64_t fit = cols * sums > 0 ? max_partials / (cols * sums) : kMaxGridY;
+  if (chunks > fit) chunks = fit;
+  if (chunks > kMaxGridY) chunks = kMaxGridY;
+  if (chunks < 1) chunks = 1;
+  p.rows_per_chunk = rows / chunks + (rows % chunks != 0 ? 1 : 0);
+  if (p.rows_per_chunk < 1) p.rows_per_chunk = 1;
+  p.chunks = rows / p.rows_per_chunk + (rows % p.rows_per_chunk != 0 ? 1 : 0);
+  if (p.chunks < 1) p.chunks = 1;
+  return p;
+}
+
 }  // namespace zerort::launch

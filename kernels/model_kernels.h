@@ -32,6 +32,13 @@
 
 namespace zerort {
 
+// ModelKernels::MatmulResidual's precondition: out is not the residual.
+inline Status CheckMatmulResidual(const void* out, const void* residual) {
+  if (out != residual) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      "MatmulResidual: out is the residual (it must be another buffer)");
+}
+
 class ModelKernels {
  public:
   virtual ~ModelKernels() = default;
@@ -117,6 +124,17 @@ class ModelKernels {
     return MatmulBackward(dinp, dweight, dbias, dout, inp, weight, rows, in, out_features);
   }
 
+  // A linear layer into the residual stream: out = inp weight^T + bias + residual (out is not
+  // residual). This default runs Matmul into out then Add; the CPU 16-bit kernels round out once
+  // (the product and the sum in fp32), as the CUDA kernels' one cuBLASLt call does with the
+  // residual as its C (beta 1): no Add pass, no product written and read back.
+  virtual Status MatmulResidual(void* out, const void* inp, const void* weight, const void* bias,
+                                const void* residual, int64_t rows, int in, int out_features) {
+    ZR_RETURN_IF_ERROR(CheckMatmulResidual(out, residual));
+    ZR_RETURN_IF_ERROR(Matmul(out, inp, weight, bias, rows, in, out_features));
+    return Add(out, out, residual, rows * out_features);
+  }
+
   // The MLP's first layer: pre = inp weight^T + bias (kept for the backward), out = gelu(pre).
   // This default runs Matmul then Gelu; the CPU float kernels fuse the bias and the GELU into one
   // pass after a bias-free GEMM, the CUDA 16-bit kernels make them cuBLASLt's epilogue.
@@ -144,7 +162,8 @@ class ModelKernels {
   // Causal multi-head self-attention; qkv [batch, seq, (heads + 2 kv_heads) hs] in [Note: the
   // qkv layout] (kernels/model_math.h: a query head reads its group's key/value head in place;
   // GPT-2's kv_heads = heads), out [batch, seq, channels], channels = heads x hs. The backward
-  // adds into dqkv (the same layout, a key/value head's gradient summed over its query heads).
+  // writes dqkv (the same layout, a key/value head's gradient summed over its query heads; not
+  // added to, so no fill before it).
   // `saved` (AttentionSavedBytes) keeps what the backward needs besides qkv and out: a flash
   // program (the CPU float and 16-bit kernels; CUDA's for bf16/fp16 at head sizes 64 and 128)
   // each query's log-sum-exp of its scores (fp32 [batch, heads, seq]; the seq x seq

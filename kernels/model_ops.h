@@ -56,7 +56,7 @@ void SoftmaxCrossEntropyFused(T* logits, T* losses, const int32_t* targets, int6
 // layout], kernels/model_math.h: query heads, then key heads, then value heads, hs = channels /
 // heads); out is [batch, seq, channels]; att ([batch, heads, seq, seq]) saves the softmax
 // probabilities for the backward (zero above the diagonal). Scores are scaled by
-// 1 / sqrt(head size). The backward adds into dqkv (the same layout).
+// 1 / sqrt(head size). The backward writes dqkv (the same layout).
 template <typename T>
 void AttentionForward(T* out, T* att, const T* qkv, int batch, int seq, int channels, int heads,
                       int kv_heads);

@@ -57,6 +57,14 @@ Status RowToResidual(const Ctx& c, void* out, const void* x_local, const void* w
   return b != nullptr ? c.k.AddBias(out, b, g.rows_l, g.d) : absl::OkStatus();
 }
 
+Status RowToResidualAdd(const Ctx& c, void* out, const void* x_local, const void* w, const void* b,
+                        int in_local, const void* residual) {
+  const Geometry& g = c.g;
+  if (g.t == 1) return c.k.MatmulResidual(out, x_local, w, b, residual, g.rows, in_local, g.d);
+  ZR_RETURN_IF_ERROR(RowToResidual(c, out, x_local, w, b, in_local));
+  return c.k.Add(out, out, residual, g.rows_l * g.d);
+}
+
 Status BlockForward(const Ctx& c, const std::vector<void*>& w, const void* x, BlockActs& a,
                     void* out) {
   const Geometry& g = c.g;
@@ -75,8 +83,7 @@ Status BlockForward(const Ctx& c, const std::vector<void*>& w, const void* x, Bl
                                      a.res2.data(), x, w[kLn2W], w[kLn2B]));
   ZR_RETURN_IF_ERROR(k.MatmulGelu(a.mlp_in.data(), a.mlp_act.data(), a.ln2.data(), w[kFcW], w[kFcB],
                                   g.rows, g.d, g.f_l));
-  ZR_RETURN_IF_ERROR(RowToResidual(c, out, a.mlp_act.data(), w[kFcProjW], w[kFcProjB], g.f_l));
-  return k.Add(out, out, a.res2.data(), g.rows_l * g.d);
+  return RowToResidualAdd(c, out, a.mlp_act.data(), w[kFcProjW], w[kFcProjB], g.f_l, a.res2.data());
 }
 
 StatusOr<const void*> ResidualGradOfEveryRow(const Ctx& c, BackwardScratch& s) {
@@ -137,11 +144,8 @@ Status BlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const Bl
   const Geometry& g = c.g;
   if (g.f.qkv == QkvKind::kRotary) return LlamaBlockBackward(c, u, x, a, s);
   ModelKernels& k = c.k;
-  const Device dev = k.device();
-  Stream* st = &k.stream();
   const std::vector<void*>& w = u.params;
   const std::vector<void*>& gr = u.grads;
-  const size_t act = k.act_size();
   // MLP: row-parallel projection, GELU, column-parallel fc.
   ZR_ASSIGN_OR_RETURN(const void* dout, ResidualGradOfEveryRow(c, s));
   // d(fc's output) = gelu'(pre) x (dout W_proj) into d4b, d4a its scratch (ModelKernels::
@@ -158,7 +162,6 @@ Status BlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const Bl
   ZR_ASSIGN_OR_RETURN(dout, ResidualGradOfEveryRow(c, s));
   ZR_RETURN_IF_ERROR(k.MatmulBackwardWrite(s.dbtc.data(), gr[kProjW], gr[kProjB], dout,
                                            a.atty.data(), w[kProjW], g.rows, g.d_l, g.d));
-  ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, g.rows * 3 * g.d_l * act, st));
   ZR_RETURN_IF_ERROR(k.AttentionBackward(s.d4a.data(), s.dbtc.data(), a.qkv.data(), a.atty.data(),
                                          a.att.data(), g.batch, g.seq, g.d_l, g.h_l, g.h_l));
   ZR_RETURN_IF_ERROR(k.MatmulBackwardWrite(s.dbtc.data(), gr[kQkvW], gr[kQkvB], s.d4a.data(),

@@ -80,6 +80,10 @@ Status AddNormToColumn(const Ctx& c, void* out, void* mean, void* rstd, void* x,
 // once, after the reduction.
 Status RowToResidual(const Ctx& c, void* out, const void* x_local, const void* w, const void* b,
                      int in_local);
+// RowToResidual, then out += residual: without tensor parallelism one call
+// (ModelKernels::MatmulResidual: on CUDA one cuBLASLt GEMM with the residual as its C).
+Status RowToResidualAdd(const Ctx& c, void* out, const void* x_local, const void* w, const void* b,
+                        int in_local, const void* residual);
 
 // Issues a block's forward: x -> out (this rank's rows), saving what the backward needs in `a`.
 Status BlockForward(const Ctx& c, const std::vector<void*>& w, const void* x, BlockActs& a,

@@ -114,8 +114,7 @@ Status LlamaBlockForward(const Ctx& c, const std::vector<void*>& params, const v
                                 w[kUpB], g.rows, g.d, g.f_l));
   }
   ZR_RETURN_IF_ERROR(k.SwiGlu(a.mlp_act.data(), a.mlp_in.data(), g.rows, g.f_l, gate_up));
-  ZR_RETURN_IF_ERROR(RowToResidual(c, out, a.mlp_act.data(), w[kDownW], w[kDownB], g.f_l));
-  return k.Add(out, out, a.res2.data(), g.rows_l * g.d);
+  return RowToResidualAdd(c, out, a.mlp_act.data(), w[kDownW], w[kDownB], g.f_l, a.res2.data());
 }
 
 Status LlamaBlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const BlockActs& a,
@@ -159,7 +158,6 @@ Status LlamaBlockBackward(const Ctx& c, const UnitTensors& u, const void* x, con
   ZR_ASSIGN_OR_RETURN(dout, ResidualGradOfEveryRow(c, s));
   ZR_RETURN_IF_ERROR(k.MatmulBackwardWrite(s.dbtc.data(), gr[kOW], gr[kOB], dout, a.atty.data(),
                                            w[kOW], g.rows, g.d_l, g.d));
-  ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, g.rows * QkvCols(g) * act, st));
   ZR_RETURN_IF_ERROR(k.AttentionBackward(s.d4a.data(), s.dbtc.data(), a.qkv.data(), a.atty.data(),
                                          a.att.data(), g.batch, g.seq, g.d_l, g.h_l, g.kv_l));
   if (QkvContiguous(g, w, act) && QkvContiguous(g, gr, k.grad_size())) {

@@ -2,6 +2,7 @@
 // width (ZR_CPU_CLONES) and threaded by ParallelFor (vector_math.h).
 #include "zerort/kernels/cpu/fast_ops.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <vector>
@@ -429,11 +430,18 @@ void FlashAttentionBackward(float* dqkv, const float* dout, const float* qkv, co
   const int hs = g.hs;
   const int64_t c3 = g.ld;
   // One task per (batch, key/value head): its query heads in order, so that each adds into the
-  // shared dK and dV alone, the same way whatever the thread count.
+  // shared dK and dV alone, the same way whatever the thread count. dqkv is written: each task
+  // first zeroes its own columns (its query heads' dQ, its dK and dV), then adds into them.
   const int group = g.l.group();
   ForEachHead(batch * kv_heads, [&](int kv_pair) {
     std::vector<float> d(seq), p(kBlock * kBlock), dp(kBlock * kBlock);
     const int first = (kv_pair / kv_heads) * heads + (kv_pair % kv_heads) * group;
+    for (int t = 0; t < seq; ++t) {
+      const auto [dq, dk, dv] = g.QkvOf(dqkv + t * c3, first);
+      std::fill_n(dq, static_cast<int64_t>(group) * hs, 0.0f);  // the group's query heads
+      std::fill_n(dk, hs, 0.0f);
+      std::fill_n(dv, hs, 0.0f);
+    }
     for (int pair = first; pair < first + group; ++pair) {
       const auto [q, k, v] = g.QkvOf(qkv, pair);
       const auto [dq, dk, dv] = g.QkvOf(dqkv, pair);

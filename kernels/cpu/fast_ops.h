@@ -43,7 +43,7 @@ void SoftmaxCrossEntropyFused(float* logits, float* losses, const int32_t* targe
 // D = dout . out per query (FlashAttention-2's order). qkv and dqkv in [Note: the qkv layout]
 // (kernels/model_math.h): each query head reads its group's key/value head in place. The forward
 // is threaded over (batch, query head), the backward over (batch, key/value head), whose query
-// heads add into its dK and dV in order.
+// heads add into its dK and dV in order; the backward writes dqkv (not added to).
 // `products` (kF32, kBF16 or kF16): the element type the probabilities and score gradients are
 // rounded to before the products that read them, as the CUDA kernels round them to their tensor
 // cores' operands (kernels/flash_tiles.h): the forward's P before P V (the row sums add the

@@ -359,11 +359,18 @@ class Cpu16ModelKernels final : public ModelKernels {
   Status Matmul(void* out, const void* inp, const void* weight, const void* bias, int64_t rows,
                 int in, int out_features) override {
     F o(this, out, rows * out_features, false);
-    Scratch b;
-    if (bias != nullptr) b = In(bias, out_features);
-    ZR_RETURN_IF_ERROR(f_.Matmul(o.data(), In(inp, rows * in).data(),
-                                 In(weight, int64_t{out_features} * in).data(),
-                                 bias != nullptr ? b.data() : nullptr, rows, in, out_features));
+    ZR_RETURN_IF_ERROR(MatmulWidened(o.data(), inp, weight, bias, rows, in, out_features));
+    return o.Store();
+  }
+  // The product and the residual added in fp32, out rounded once (the CUDA kernels' cuBLASLt
+  // call with the residual as C).
+  Status MatmulResidual(void* out, const void* inp, const void* weight, const void* bias,
+                        const void* residual, int64_t rows, int in, int out_features) override {
+    ZR_RETURN_IF_ERROR(CheckMatmulResidual(out, residual));
+    const int64_t n = rows * out_features;
+    F o(this, out, n, false);
+    ZR_RETURN_IF_ERROR(MatmulWidened(o.data(), inp, weight, bias, rows, in, out_features));
+    ZR_RETURN_IF_ERROR(f_.Add(o.data(), o.data(), In(residual, n).data(), n));
     return o.Store();
   }
   Status MatmulBackward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
@@ -391,7 +398,7 @@ class Cpu16ModelKernels final : public ModelKernels {
                            int kv_heads) override {
     const int64_t n = int64_t{batch} * seq * channels;
     const int64_t nqkv = int64_t{batch} * seq * QkvRow(channels, heads, kv_heads);
-    F d(this, dqkv, nqkv, true);
+    F d(this, dqkv, nqkv, false);  // written, not added to
     ZR_RETURN_IF_ERROR(f_.AttentionBackward(d.data(), In(dout, n).data(), In(qkv, nqkv).data(),
                                             In(out, n).data(), saved, batch, seq, channels, heads,
                                             kv_heads));
@@ -578,6 +585,14 @@ class Cpu16ModelKernels final : public ModelKernels {
     Scratch v(&pool_, static_cast<size_t>(n));
     internal::CpuCast(bits, Format::kDType, v.data(), DType::kF32, n);  // threaded, vectorised
     return v;
+  }
+  // The float kernels' Matmul of the widened operands into `out` (fp32, not rounded).
+  Status MatmulWidened(float* out, const void* inp, const void* weight, const void* bias,
+                       int64_t rows, int in, int out_features) {
+    Scratch b;
+    if (bias != nullptr) b = In(bias, out_features);
+    return f_.Matmul(out, In(inp, rows * in).data(), In(weight, int64_t{out_features} * in).data(),
+                     bias != nullptr ? b.data() : nullptr, rows, in, out_features);
   }
   static int MaxToken(const int32_t* tokens, int64_t n) {
     int m = 0;

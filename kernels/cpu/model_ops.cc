@@ -240,7 +240,8 @@ void AttentionForward(T* out, T* att, const T* qkv, int batch, int seq, int chan
   }
 }
 
-// A key/value head's gradient is the sum over its query heads, added in head order.
+// A key/value head's gradient is the sum over its query heads, added in head order into dqkv
+// zeroed first.
 template <typename T>
 void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int batch, int seq,
                        int channels, int heads, int kv_heads) {
@@ -248,6 +249,7 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int b
   const int hs = l.hs;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   const int64_t ld = l.row();
+  std::fill_n(dqkv, static_cast<int64_t>(batch) * seq * ld, T(0));
   std::vector<T> datt(static_cast<size_t>(seq) * seq);
   for (int b = 0; b < batch; ++b) {
     const T* base = qkv + static_cast<int64_t>(b) * seq * ld;

@@ -166,8 +166,8 @@ __global__ void __launch_bounds__(32 * W, D == 64 && C == 32 && W == 4 ? 3 : 1)
 }
 template <int D, typename E>
 __global__ void __launch_bounds__(flash::kThreads)
-    BackwardAddDqKernel(E* dqkv, const float* dq, flash::Shape sh) {
-  flash::BackwardAddDqProgram<D>(CudaExec<E>{}, dqkv, dq, sh, blockIdx.x, blockIdx.y);
+    BackwardStoreDqKernel(E* dqkv, const float* dq, flash::Shape sh) {
+  flash::BackwardStoreDqProgram<D>(CudaExec<E>{}, dqkv, dq, sh, blockIdx.x, blockIdx.y);
 }
 
 // A kernel whose shared memory is over 48 KiB must say so before its first launch on a device:
@@ -267,7 +267,8 @@ Status Backward(const internal::FlashAttentionShape& shape, void* dqkv, float* w
     ZR_RETURN_IF_ERROR((LaunchBackwardMain<D, E, flash::kWarps>(chunk, sh, dqkv, dq, dout, qkv, lse,
                                                                 dvec, stream)));
   }
-  BackwardAddDqKernel<D, E><<<queries, flash::kThreads, 0, stream>>>(static_cast<E*>(dqkv), dq, sh);
+  BackwardStoreDqKernel<D, E>
+      <<<queries, flash::kThreads, 0, stream>>>(static_cast<E*>(dqkv), dq, sh);
   ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

@@ -72,24 +72,6 @@ static __global__ void RmsNormInputGradKernel(T* dinp, const T* dout, const T* i
   }
 }
 
-// dweight[c] += sum over rows of dy x rstd.
-template <typename T, typename G>
-static __global__ void RmsNormWeightGradKernel(G* dweight, const T* dout, const T* inp,
-                                               const float* rstd, int64_t rows, int channels) {
-  __shared__ float pw[launch::kRowPhases][launch::kColumnTile];
-  const ColumnLane at;
-  float w = 0.0f;
-  if (at.col < channels) {
-    for (int64_t r = at.phase; r < rows; r += launch::kRowPhases) {
-      w += ToFloat(dout[r * channels + at.col]) * ToFloat(inp[r * channels + at.col]) * rstd[r];
-    }
-  }
-  pw[at.phase][at.lane] = w;
-  const float sw = SumPhases(pw, at);
-  if (at.phase != 0 || at.col >= channels) return;
-  dweight[at.col] = FromFloat<G>(ToFloat(dweight[at.col]) + sw);
-}
-
 // A rotary thread's work, from its index over rows x (heads + kv_heads) head slots x hs / 2
 // channel pairs: pair i of head slot `slot` (0..heads-1 the query heads, then the key heads) of
 // `row`, turned by the angle whose cosine and sine are c and s.

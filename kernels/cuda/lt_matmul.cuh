@@ -36,8 +36,11 @@ namespace {
 // pass; and with fp32 weight gradients from 16-bit activations, the bias gradient as BGRADB
 // (the weight-gradient GEMM's B = dout summed over its rows, written in fp32 to the last 64 KiB
 // of the workspace and added into dbias by a kernel of out_features threads: the bias-gradient
-// kernel read all of dout again). fp32 keeps the separate kernels: its GELU is the CPU's bit for
-// bit (kernels/model_math.h), cuBLASLt's is its own.
+// kernel read all of dout again). Not an epilogue but beside them: MatmulResidual's residual
+// as the matmul's C (beta 1, C its own matrix of D's layout: cuBLASLt's out-of-place form), so
+// that a linear layer into the residual stream writes out = product + bias + residual at once. fp32
+// keeps the separate kernels: its GELU is the CPU's bit for bit (kernels/model_math.h), cuBLASLt's
+// is its own.
 class LtMatmuls {
  public:
   explicit LtMatmuls(const internal::CublasApi& blas) : b_(blas) {}
@@ -54,22 +57,25 @@ class LtMatmuls {
     stream_ = stream;
   }
 
-  // Column-major D = op(A) x op(B) + beta D (gemm::ColumnMajor), fp32 compute; with `bias`
-  // (length m, D's type) fused as the epilogue, and with `aux` D = GELU of that, the product +
-  // bias written to aux; with `dgelu`, D = gelu'(aux) x the product, aux read; with `bgrad`
-  // (length n, D's type) written with op(B)'s sums over k ([Note: cuBLASLt epilogues]).
+  // Column-major D = op(A) x op(B) + beta C (gemm::ColumnMajor), fp32 compute, C = D unless `c`
+  // is given (D's type and layout: the residual of MatmulResidual); with `bias` (length m, D's
+  // type) fused as the epilogue, and with `aux` D = GELU of that, the product + bias written to
+  // aux; with `dgelu`, D = gelu'(aux) x the product, aux read; with `bgrad` (length n, D's type)
+  // written with op(B)'s sums over k ([Note: cuBLASLt epilogues]).
   Status Run(const gemm::ColumnMajor& g, const void* a, cudaDataType_t a_type, const void* b,
              cudaDataType_t b_type, void* d, cudaDataType_t d_type, float beta, const void* bias,
-             const void* aux = nullptr, bool dgelu = false, void* bgrad = nullptr) {
+             const void* aux = nullptr, bool dgelu = false, void* bgrad = nullptr,
+             const void* c = nullptr) {
     if (g.m == 0 || g.n == 0) return absl::OkStatus();  // an empty result: nothing to compute
     if (g.k == 0) {                                     // no rows in a weight gradient: D += 0
       if (beta == 1.0f && bias == nullptr) return absl::OkStatus();
       return absl::InvalidArgumentError("a " + std::to_string(g.m) + "x" + std::to_string(g.n) +
                                         " matmul with no inner dimension");
     }
-    ZR_ASSIGN_OR_RETURN(
-        LtPlan * plan,
-        PlanFor(KeyFor(g, a, a_type, b, b_type, d, d_type, bias, aux, dgelu, bgrad), aux, bgrad));
+    if (c == nullptr) c = d;
+    ZR_ASSIGN_OR_RETURN(LtPlan * plan, PlanFor(KeyFor(g, a, a_type, b, b_type, d, d_type, bias, aux,
+                                                      dgelu, bgrad, c),
+                                               aux, bgrad));
     if (bias != nullptr || bgrad != nullptr) {
       const void* vector = bias != nullptr ? bias : bgrad;
       ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmulDescSetAttribute(
@@ -81,7 +87,7 @@ class LtMatmuls {
     }
     const float alpha = 1.0f;
     const size_t ws = workspace_bytes_;
-    ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmul(lt_, plan->op, &alpha, a, plan->la, b, plan->lb, &beta, d,
+    ZR_CUBLAS_RETURN_IF_ERROR(b_.LtMatmul(lt_, plan->op, &alpha, a, plan->la, b, plan->lb, &beta, c,
                                           plan->ld, d, plan->ld, &plan->algo, workspace_, ws,
                                           stream_));
     ++calls_;
@@ -91,8 +97,10 @@ class LtMatmuls {
   // Whether cuBLASLt has a plan for this matmul and epilogue (Run's arguments; the plan is kept).
   bool Plannable(const gemm::ColumnMajor& g, const void* a, cudaDataType_t a_type, const void* b,
                  cudaDataType_t b_type, const void* d, cudaDataType_t d_type, const void* bias,
-                 const void* aux, bool dgelu, void* bgrad = nullptr) {
-    return PlanFor(KeyFor(g, a, a_type, b, b_type, d, d_type, bias, aux, dgelu, bgrad), aux, bgrad)
+                 const void* aux, bool dgelu, void* bgrad = nullptr, const void* c = nullptr) {
+    return PlanFor(KeyFor(g, a, a_type, b, b_type, d, d_type, bias, aux, dgelu, bgrad,
+                          c != nullptr ? c : d),
+                   aux, bgrad)
         .ok();
   }
   int64_t calls() const { return calls_; }  // matmuls run
@@ -103,10 +111,10 @@ class LtMatmuls {
     gemm::ColumnMajor g;
     cudaDataType_t a_type, b_type, d_type;
     LtEpilogue epilogue;
-    uint32_t align_a, align_b, align_d, align_aux;
+    uint32_t align_a, align_b, align_d, align_aux, align_c;
     auto Tie() const {
       return std::tie(g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldd, a_type, b_type,
-                      d_type, epilogue, align_a, align_b, align_d, align_aux);
+                      d_type, epilogue, align_a, align_b, align_d, align_aux, align_c);
     }
     bool operator<(const LtKey& o) const { return Tie() < o.Tie(); }
   };
@@ -175,7 +183,7 @@ class LtMatmuls {
       const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
           {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
           {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c},
           {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
       for (const auto& [attribute, bytes] : alignments) {
         ZR_CUBLAS_RETURN_IF_ERROR(
@@ -213,10 +221,11 @@ class LtMatmuls {
   }
 
   // `dgelu`: aux is GELU's input, read (kDGelu); otherwise a non-null aux is written (GELU_AUX).
-  // A non-null `bgrad` is BGRADB's output (kBGradB; its alignment kept as aux's).
+  // A non-null `bgrad` is BGRADB's output (kBGradB; its alignment kept as aux's). `c`: C (D, or
+  // a separate matrix of D's layout).
   LtKey KeyFor(const gemm::ColumnMajor& g, const void* a, cudaDataType_t a_type, const void* b,
                cudaDataType_t b_type, const void* d, cudaDataType_t d_type, const void* bias,
-               const void* aux, bool dgelu = false, const void* bgrad = nullptr) const {
+               const void* aux, bool dgelu, const void* bgrad, const void* c) const {
     const LtEpilogue epilogue =
         bgrad != nullptr  ? LtEpilogue::kBGradB
         : dgelu           ? LtEpilogue::kDGelu
@@ -233,7 +242,8 @@ class LtMatmuls {
             gemm::PointerAlignment(d),
             aux != nullptr     ? gemm::PointerAlignment(aux)
             : bgrad != nullptr ? gemm::PointerAlignment(bgrad)
-                               : 0};
+                               : 0,
+            gemm::PointerAlignment(c)};
   }
 
   const internal::CublasApi& b_;

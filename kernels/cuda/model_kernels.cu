@@ -219,9 +219,7 @@ class CudaModelKernels final : public ModelKernels {
       ZR_RETURN_IF_ERROR(Launched("LayerNormBackward"));
     }
     if (dweight == nullptr && dbias == nullptr) return absl::OkStatus();
-    LayerNormParamGradKernel<T, G><<<ColumnBlocks(channels), kThreads, 0, s()>>>(
-        Gp(dweight), Gp(dbias), A(dout), A(inp), m, r, rows, channels);
-    return Launched("LayerNormBackward (weights)");
+    return NormWeightGrads<NormGrad::kLayerNorm>(dweight, dbias, dout, inp, m, r, rows, channels);
   }
 
   Status Matmul(void* out, const void* inp, const void* weight, const void* bias, int64_t rows,
@@ -229,6 +227,22 @@ class CudaModelKernels final : public ModelKernels {
     // Column-major view: out^T [out, rows] = W [out, in] (stored [in, out]^T) x inp^T [in, rows].
     return lt_matmuls_.Run(gemm::LinearForward(rows, in, out_features), weight, CudaType<T>(), inp,
                            CudaType<T>(), out, CudaType<T>(), 0.0f, bias);
+  }
+  // [Note: cuBLASLt epilogues]: out = the product + bias + residual as one cuBLASLt call, the
+  // residual its C (beta 1), out rounded once, where cuBLASLt has an algorithm for it; otherwise
+  // the default's Matmul then Add. A plan cuBLASLt refuses is not asked for again.
+  Status MatmulResidual(void* out, const void* inp, const void* weight, const void* bias,
+                        const void* residual, int64_t rows, int in, int out_features) override {
+    if (residual_c_ && out != residual && rows > 0) {
+      const gemm::ColumnMajor g = gemm::LinearForward(rows, in, out_features);
+      if (lt_matmuls_.Plannable(g, weight, CudaType<T>(), inp, CudaType<T>(), out, CudaType<T>(),
+                                bias, nullptr, /*dgelu=*/false, nullptr, residual)) {
+        return lt_matmuls_.Run(g, weight, CudaType<T>(), inp, CudaType<T>(), out, CudaType<T>(),
+                               1.0f, bias, nullptr, /*dgelu=*/false, nullptr, residual);
+      }
+      residual_c_ = false;
+    }
+    return ModelKernels::MatmulResidual(out, inp, weight, bias, residual, rows, in, out_features);
   }
   // [Note: cuBLASLt epilogues]: in 16 bits one cuBLASLt call writes pre and out = GELU(pre)
   // where cuBLASLt has an algorithm for it (pre's leading dimension a multiple of 8); otherwise,
@@ -376,7 +390,7 @@ class CudaModelKernels final : public ModelKernels {
       ZR_RETURN_IF_ERROR(internal::CudaFlashAttentionBackward(
           act_, {batch, seq, heads, kv_heads, hs}, dqkv, workspace.as<float>(), dout, qkv, out,
           static_cast<const float*>(att), stream_));
-      launches_["FlashAttentionBackward"] += 3;  // D, the main program, dQ added
+      launches_["FlashAttentionBackward"] += 3;  // D, the main program, dQ stored
       return absl::OkStatus();
     }
     const math::QkvLayout l{heads, kv_heads, hs};
@@ -450,9 +464,7 @@ class CudaModelKernels final : public ModelKernels {
       ZR_RETURN_IF_ERROR(Launched("RmsNormBackward"));
     }
     if (dweight == nullptr) return absl::OkStatus();
-    RmsNormWeightGradKernel<T, G><<<ColumnBlocks(channels), kThreads, 0, s()>>>(
-        Gp(dweight), A(dout), A(inp), r, rows, channels);
-    return Launched("RmsNormBackward (weights)");
+    return NormWeightGrads<NormGrad::kRms>(dweight, nullptr, dout, inp, nullptr, r, rows, channels);
   }
   Status RopeQkv(void* qkv, const void* q, const void* k, const void* v, int batch, int seq,
                  int heads, int kv_heads, int head_size, const Rope& rope) override {
@@ -602,6 +614,34 @@ class CudaModelKernels final : public ModelKernels {
     return absl::OkStatus();
   }
 
+  // [Note: the norms' weight gradients] (kernels/launch_geometry.h): the partials into the
+  // cuBLASLt workspace (free between GEMMs on the stream), then the finish adding them in order.
+  template <NormGrad kNorm>
+  Status NormWeightGrads(void* dweight, void* dbias, const void* dout, const void* inp,
+                         const float* mean, const float* rstd, int64_t rows, int channels) {
+    constexpr int kSums = kNorm == NormGrad::kLayerNorm ? 2 : 1;
+    constexpr int64_t kMaxPartials = (kLtWorkspace - kLtBiasGradBytes) / sizeof(float);
+    if (int64_t{channels} * kSums > kMaxPartials) {
+      return absl::InvalidArgumentError("a norm of " + std::to_string(channels) +
+                                        " channels: its weight gradients' partials do not fit the "
+                                        "workspace");
+    }
+    const bool vec = Vectorisable(channels, {dout, inp});
+    const launch::ColumnSums p =
+        launch::ColumnSumsFor(rows, channels, vec ? kVec : 1, kSums, kMaxPartials);
+    float* pw = static_cast<float*>(lt_workspace_.data());
+    float* pb = pw + p.chunks * channels;
+    const dim3 grid(static_cast<unsigned>(p.tiles), static_cast<unsigned>(p.chunks));
+    ByWidth(vec, [&](auto w) {
+      NormWeightPartialsKernel<kNorm, T, decltype(w)::value><<<grid, kThreads, 0, s()>>>(
+          pw, pb, A(dout), A(inp), mean, rstd, rows, channels, p.rows_per_chunk);
+    });
+    ZR_RETURN_IF_ERROR(Launched("norm weight gradients (partials)"));
+    NormWeightFinishKernel<G><<<Blocks(channels), kThreads, 0, s()>>>(Gp(dweight), Gp(dbias), pw,
+                                                                      pb, p.chunks, channels);
+    return Launched("norm weight gradients (finish)");
+  }
+
   // Row-major, batched: C[i] [M, N] = alpha op(A[i]) [M, K] x op(B[i]) [K, N] + beta C[i], with
   // leading dimensions of the stored (row-major) matrices, computed as gemm::RowMajor's
   // column-major C^T = op(B)^T op(A)^T.
@@ -626,6 +666,7 @@ class CudaModelKernels final : public ModelKernels {
   const std::optional<AttentionProgram> attention_;  // asked for; nullopt: by shape
   bool gelu_epilogue_ = true;    // false once cuBLASLt refused a GELU epilogue plan
   bool dgelu_epilogue_ = true;   // the same for DGELU
+  bool residual_c_ = true;       // the same for MatmulResidual's C
   bool bgradb_epilogue_ = true;  // and for BGRADB
   std::unique_ptr<cublasLtContext, LtDeleter> lt_;
   std::unique_ptr<cublasContext, BlasDeleter> blas_;

@@ -374,30 +374,80 @@ __device__ float SumPhases(float (*partial)[launch::kColumnTile], const ColumnLa
   return sum;
 }
 
-// dweight[c] += sum over rows of (x - mean) rstd dy, dbias[c] += sum of dy (either may be null).
-template <typename T, typename G>
-static __global__ void LayerNormParamGradKernel(G* dweight, G* dbias, const T* dout, const T* inp,
+// The norms' weight gradients ([Note: the norms' weight gradients], kernels/launch_geometry.h):
+// kLayerNorm sums (x - mean) rstd dy into pw and dy into pb; kRms x rstd dy into pw (mean and pb
+// unused). Block (tile, chunk): W adjacent columns a lane (W = kVec: one 16-byte load of each
+// row's dout and inp; 1 otherwise), rows warp, warp + kWarpsPerBlock, ... of the chunk, then the
+// warps' sums added in order; partial [chunk, column] written.
+enum class NormGrad { kLayerNorm, kRms };
+template <NormGrad kNorm, typename T, int W>
+static __global__ void NormWeightPartialsKernel(float* pw, float* pb, const T* dout, const T* inp,
                                                 const float* mean, const float* rstd, int64_t rows,
-                                                int channels) {
-  __shared__ float pw[launch::kRowPhases][launch::kColumnTile];
-  __shared__ float pb[launch::kRowPhases][launch::kColumnTile];
-  const ColumnLane at;
-  float w = 0.0f, b = 0.0f;
-  if (at.col < channels) {
-    for (int64_t r = at.phase; r < rows; r += launch::kRowPhases) {
-      const float dy = ToFloat(dout[r * channels + at.col]);
-      w = math::Add(
-          w, math::LayerNormWeightGrad(ToFloat(inp[r * channels + at.col]), mean[r], rstd[r], dy));
-      b = math::Add(b, dy);
+                                                int channels, int64_t rows_per_chunk) {
+  constexpr int kTile = 32 * W;
+  constexpr bool kBias = kNorm == NormGrad::kLayerNorm;
+  __shared__ float sw[launch::kWarpsPerBlock][kTile];
+  __shared__ float sb[kBias ? launch::kWarpsPerBlock : 1][kBias ? kTile : 1];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int col = static_cast<int>(blockIdx.x) * kTile + lane * W;
+  const int64_t r0 = blockIdx.y * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  float w[W], b[W];
+#pragma unroll
+  for (int e = 0; e < W; ++e) w[e] = b[e] = 0.0f;
+  if (col < channels) {
+#pragma unroll 4
+    for (int64_t r = r0 + warp; r < r1; r += launch::kWarpsPerBlock) {
+      float dy[W], x[W];
+      LoadN(dout + r * channels + col, dy);
+      LoadN(inp + r * channels + col, x);
+      const float s = rstd[r];
+      if constexpr (kBias) {
+        const float m = mean[r];
+#pragma unroll
+        for (int e = 0; e < W; ++e) {
+          w[e] = math::Add(w[e], math::LayerNormWeightGrad(x[e], m, s, dy[e]));
+          b[e] = math::Add(b[e], dy[e]);
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < W; ++e) w[e] = math::Add(w[e], dy[e] * x[e] * s);
+      }
     }
   }
-  pw[at.phase][at.lane] = w;
-  pb[at.phase][at.lane] = b;
-  const float sw = SumPhases(pw, at);
-  const float sb = SumPhases(pb, at);
-  if (at.phase != 0 || at.col >= channels) return;
-  if (dweight != nullptr) dweight[at.col] = FromFloat<G>(math::Add(ToFloat(dweight[at.col]), sw));
-  if (dbias != nullptr) dbias[at.col] = FromFloat<G>(math::Add(ToFloat(dbias[at.col]), sb));
+#pragma unroll
+  for (int e = 0; e < W; ++e) {
+    sw[warp][lane * W + e] = w[e];
+    if constexpr (kBias) sb[warp][lane * W + e] = b[e];
+  }
+  __syncthreads();
+  for (int t = static_cast<int>(threadIdx.x); t < kTile; t += static_cast<int>(blockDim.x)) {
+    const int c = static_cast<int>(blockIdx.x) * kTile + t;
+    if (c >= channels) continue;
+    float a = 0.0f, d = 0.0f;
+    for (int k = 0; k < launch::kWarpsPerBlock; ++k) {
+      a = math::Add(a, sw[k][t]);
+      if constexpr (kBias) d = math::Add(d, sb[k][t]);
+    }
+    pw[blockIdx.y * int64_t{channels} + c] = a;
+    if constexpr (kBias) pb[blockIdx.y * int64_t{channels} + c] = d;
+  }
+}
+
+// dweight[c] += the chunks' partials pw[., c] in order, dbias[c] += pb's (either may be null).
+template <typename G>
+static __global__ void NormWeightFinishKernel(G* dweight, G* dbias, const float* pw,
+                                              const float* pb, int64_t chunks, int channels) {
+  for (int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); c < channels;
+       c += static_cast<int>(gridDim.x * blockDim.x)) {
+    float a = 0.0f, d = 0.0f;
+    for (int64_t k = 0; k < chunks; ++k) {
+      a = math::Add(a, pw[k * channels + c]);
+      if (dbias != nullptr) d = math::Add(d, pb[k * channels + c]);
+    }
+    if (dweight != nullptr) dweight[c] = FromFloat<G>(math::Add(ToFloat(dweight[c]), a));
+    if (dbias != nullptr) dbias[c] = FromFloat<G>(math::Add(ToFloat(dbias[c]), d));
+  }
 }
 
 // dbias[o] += sum over rows of dout[r, o].
@@ -440,8 +490,9 @@ static __global__ void SplitHeadsKernel(T* q, T* k, T* v, const T* qkv, int batc
   }
 }
 
-// dqkv [B, T, (NH + 2 KV) HS] += dq, and dk, dv [B, NH, T, HS] summed over each key/value head's
-// query heads (in order, by the thread of the group's first query head: no atomics).
+// dqkv [B, T, (NH + 2 KV) HS] = dq, and dk, dv [B, NH, T, HS] summed over each key/value head's
+// query heads (in order, by the thread of the group's first query head: no atomics); every
+// element of dqkv written.
 template <typename T>
 static __global__ void MergeHeadGradsKernel(T* dqkv, const T* dq, const T* dk, const T* dv,
                                             int batch, int seq, math::QkvLayout l) {
@@ -453,15 +504,15 @@ static __global__ void MergeHeadGradsKernel(T* dqkv, const T* dq, const T* dk, c
     const int64_t bt = i / (int64_t{hs} * seq * l.heads) * seq + (i / hs) % seq;
     const int h = static_cast<int>((i / head_stride) % l.heads);
     T* row = dqkv + bt * l.row() + d;
-    row[l.q(h)] = FromFloat<T>(ToFloat(row[l.q(h)]) + ToFloat(dq[i]));
+    row[l.q(h)] = dq[i];
     if (h % group != 0) continue;
     float sk = 0.0f, sv = 0.0f;
     for (int g = 0; g < group; ++g) {
       sk += ToFloat(dk[i + g * head_stride]);
       sv += ToFloat(dv[i + g * head_stride]);
     }
-    row[l.k(h)] = FromFloat<T>(ToFloat(row[l.k(h)]) + sk);
-    row[l.v(h)] = FromFloat<T>(ToFloat(row[l.v(h)]) + sv);
+    row[l.k(h)] = FromFloat<T>(sk);
+    row[l.v(h)] = FromFloat<T>(sv);
   }
 }
 

@@ -187,9 +187,10 @@ TEST(FastOpsTest, FlashAttentionForwardAndBackward) {
   for (const AttentionShape& s : {AttentionShape{}, AttentionShape{.heads = 4, .kv_heads = 2},
                                   AttentionShape{.heads = 4, .kv_heads = 1}}) {
     SCOPED_TRACE(::testing::Message() << s.heads << " heads, " << s.kv_heads << " kv heads");
-    const auto qkv = Random(s.qkv(), 17), dout = Random(s.out(), 18), dqkv0 = Random(s.qkv(), 19);
-    std::vector<double> od(s.out()), ad(s.att()), dd = dqkv0;
-    std::vector<float> of(s.out()), lse(s.lse()), df = ToFloat(dqkv0);
+    const auto qkv = Random(s.qkv(), 17), dout = Random(s.out(), 18);
+    // dqkv starts as NaN: both backwards write every element.
+    std::vector<double> od(s.out()), ad(s.att()), dd(s.qkv(), std::nan(""));
+    std::vector<float> of(s.out()), lse(s.lse()), df(s.qkv(), std::nanf(""));
     const auto qf = ToFloat(qkv);
     AttentionForward(od.data(), ad.data(), qkv.data(), s.batch, s.seq, s.channels, s.heads,
                      s.kv_heads);

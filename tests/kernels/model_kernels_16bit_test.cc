@@ -60,6 +60,25 @@ TEST(ModelKernels16BitTest, EveryOpIsTheFloatOpRoundedOnce) {
         fk->Matmul(yf.data(), x.floats.data(), w.floats.data(), b.floats.data(), rows, in, out)
             .ok());
     ExpectRounded(f, y, yf, "Matmul");
+    // A linear layer into the residual stream: the product and the residual added in fp32, then
+    // rounded once (as the CUDA kernels' one cuBLASLt call does), not the product rounded and
+    // added to the residual and rounded again.
+    Values res = Make(f, rows * out, 6, 4.0f);
+    std::vector<uint16_t> yr(rows * out), twice(rows * out);
+    std::vector<float> yrf(rows * out);
+    ASSERT_TRUE(k->MatmulResidual(yr.data(), x.bits.data(), w.bits.data(), b.bits.data(),
+                                  res.bits.data(), rows, in, out)
+                    .ok());
+    ASSERT_TRUE(fk->MatmulResidual(yrf.data(), x.floats.data(), w.floats.data(), b.floats.data(),
+                                   res.floats.data(), rows, in, out)
+                    .ok());
+    ExpectRounded(f, yr, yrf, "MatmulResidual");
+    ASSERT_TRUE(k->Add(twice.data(), y.data(), res.bits.data(), rows * out).ok());
+    EXPECT_NE(yr, twice) << f.name << ": MatmulResidual rounded twice";
+    EXPECT_FALSE(k->MatmulResidual(res.bits.data(), x.bits.data(), w.bits.data(), nullptr,
+                                   res.bits.data(), rows, in, out)
+                     .ok())
+        << "out aliasing the residual is refused";
 
     Values g = Make(f, in, 4), beta = Make(f, in, 5);
     std::vector<uint16_t> ln(rows * in);

@@ -6,7 +6,9 @@
 // whole model on CUDA against the CPU whole_model_cuda_test.cc.
 #include <bit>
 #include <cmath>
+#include <map>
 #include <random>
+#include <string>
 
 #include "tests/kernels/cuda_twin.h"
 #include "zerort/kernels/model_math.h"
@@ -42,7 +44,8 @@ TEST(ModelKernelsCudaTest, FlashAttentionThroughTheModelKernels) {
       t.Expect("flash Attention out", gout, out, act);
       const std::vector<float> got_lse = t.Down(glse, lse.size(), DType::kF32);
       EXPECT_LE(RelErr(got_lse, lse), 1e-3) << "the saved log-sum-exp";
-      // The backward reads the GPU's own out (as the model passes it), adding into dqkv.
+      // The backward reads the GPU's own out (as the model passes it), writing over dqkv's random
+      // values (both sides write it).
       ASSERT_TRUE(
           t.gpu->AttentionBackward(gdqkv, gdout, gqkv, gout, glse, batch, seq, channels, heads, kv)
               .ok());
@@ -50,7 +53,7 @@ TEST(ModelKernelsCudaTest, FlashAttentionThroughTheModelKernels) {
                       ->AttentionBackward(dqkv.data(), dout.data(), qkv.data(), out.data(),
                                           lse.data(), batch, seq, channels, heads, kv)
                       .ok());
-      t.Expect("flash AttentionBackward (added into dqkv)", gdqkv, dqkv, act);
+      t.Expect("flash AttentionBackward (dqkv written)", gdqkv, dqkv, act);
     }
     const auto launches = *t.gpu->launches();
     EXPECT_EQ(launches.at("FlashAttention"), 2);
@@ -79,6 +82,26 @@ TEST(ModelKernelsCudaTest, LinearLayerNormGeluResidual) {
     ASSERT_TRUE(t.gpu->Matmul(gy, gx, gw, gb, rows, in, out).ok());
     ASSERT_TRUE(t.cpu->Matmul(y.data(), x.data(), w.data(), b.data(), rows, in, out).ok());
     t.Expect("Matmul", gy, y, act);
+    // A linear layer into the residual stream: one cuBLASLt call with the residual as its C, no
+    // Add kernel.
+    {
+      std::vector<float> res = Random(rows * out, 16), yr(rows * out);
+      void *gres = t.A(res), *gyr = t.A(yr);
+      const auto before = *t.gpu->launches();
+      ASSERT_TRUE(t.gpu->MatmulResidual(gyr, gx, gw, gb, gres, rows, in, out).ok());
+      const auto after = *t.gpu->launches();
+      ASSERT_TRUE(
+          t.cpu->MatmulResidual(yr.data(), x.data(), w.data(), b.data(), res.data(), rows, in, out)
+              .ok());
+      t.Expect("MatmulResidual", gyr, yr, act);
+      auto count = [](const std::map<std::string, int64_t>& m, const char* name) {
+        const auto it = m.find(name);
+        return it == m.end() ? int64_t{0} : it->second;
+      };
+      EXPECT_EQ(count(after, "Add"), count(before, "Add")) << "the residual added by an Add kernel";
+      EXPECT_EQ(count(after, "cuBLASLt matmul"), count(before, "cuBLASLt matmul") + 1);
+      EXPECT_FALSE(t.gpu->MatmulResidual(gres, gx, gw, gb, gres, rows, in, out).ok());
+    }
     ASSERT_TRUE(t.gpu->MatmulBackward(gdx, gdw, gdb, gdy, gx, gw, rows, in, out).ok());
     ASSERT_TRUE(t.cpu
                     ->MatmulBackward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
@@ -171,6 +194,50 @@ TEST(ModelKernelsCudaTest, LinearLayerNormGeluResidual) {
     ASSERT_TRUE(t.gpu->AddBias(gbiased, gbias, rows, out).ok());
     ASSERT_TRUE(t.cpu->AddBias(biased.data(), bias.data(), rows, out).ok());
     t.Expect("AddBias", gbiased, biased, act);
+  }
+}
+
+// The norms' weight gradients over many row chunks ([Note: the norms' weight gradients] in
+// kernels/launch_geometry.h): 1000 rows (16 chunks of 64), rows of whole 16-byte vectors (768
+// channels) and not (100), LayerNorm and RMSNorm.
+TEST(ModelKernelsCudaTest, NormWeightGradientsOverManyRowChunks) {
+  ZR_NEED_GPU();
+  for (auto [act, grad] : kTypes) {
+    Twin t(act, grad);
+    for (const int d : {768, 100}) {
+      SCOPED_TRACE(::testing::Message() << d << " channels");
+      const int64_t rows = 1000, n = rows * d;
+      std::vector<float> x = Random(n, 1), w = Random(d, 2), b = Random(d, 3), y(n), mean(rows),
+                         rstd(rows), dy = Random(n, 4), dx(n), dw = Random(d, 5), db = Random(d, 6),
+                         rms_dw = Random(d, 7), rms_rstd(rows);
+      void *gx = t.A(x), *gw = t.A(w), *gb = t.A(b), *gy = t.A(y), *gdy = t.A(dy), *gdx = t.A(dx);
+      void *gdw = t.G(dw), *gdb = t.G(db), *grms_dw = t.G(rms_dw);
+      std::vector<float> zeros(rows);
+      void* gmean = t.Up(zeros, DType::kF32);
+      void* grstd = t.Up(zeros, DType::kF32);
+      void* grms_rstd = t.Up(zeros, DType::kF32);
+      ASSERT_TRUE(t.gpu->LayerNorm(gy, gmean, grstd, gx, gw, gb, rows, d).ok());
+      ASSERT_TRUE(
+          t.cpu
+              ->LayerNorm(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), rows, d)
+              .ok());
+      ASSERT_TRUE(t.gpu->LayerNormBackward(gdx, gdw, gdb, gdy, gx, gw, gmean, grstd, rows, d).ok());
+      ASSERT_TRUE(t.cpu
+                      ->LayerNormBackward(dx.data(), dw.data(), db.data(), dy.data(), x.data(),
+                                          w.data(), mean.data(), rstd.data(), rows, d)
+                      .ok());
+      t.Expect("LayerNormBackward dweight", gdw, dw, grad);
+      t.Expect("LayerNormBackward dbias", gdb, db, grad);
+      ASSERT_TRUE(t.gpu->RmsNorm(gy, grms_rstd, gx, gw, rows, d, 1e-5f).ok());
+      ASSERT_TRUE(
+          t.cpu->RmsNorm(y.data(), rms_rstd.data(), x.data(), w.data(), rows, d, 1e-5f).ok());
+      ASSERT_TRUE(t.gpu->RmsNormBackward(gdx, grms_dw, gdy, gx, gw, grms_rstd, rows, d).ok());
+      ASSERT_TRUE(t.cpu
+                      ->RmsNormBackward(dx.data(), rms_dw.data(), dy.data(), x.data(), w.data(),
+                                        rms_rstd.data(), rows, d)
+                      .ok());
+      t.Expect("RmsNormBackward dweight", grms_dw, rms_dw, grad);
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 // by the grids the CUDA kernels are launched with.
 #include "zerort/kernels/model_math.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <random>
@@ -189,6 +190,49 @@ TEST(LaunchGeometryTest, EveryElementRowAndColumnGetsOneThread) {
     }
   }
   static_assert(kColumnTile * kRowPhases == kThreads);
+}
+
+// [Note: the norms' weight gradients]: block (tile, chunk) of the partials kernel, warp w, lane l
+// takes columns tile 32 width + l width .. + width - 1 and rows chunk rows_per_chunk + w,
+// + kWarpsPerBlock, ... of its chunk: every (row, column) exactly once, within the grid's
+// limits, the partials within the scratch.
+TEST(LaunchGeometryTest, TheNormWeightGradientsVisitEveryRowAndColumnOnce) {
+  using namespace launch;
+  struct Case {
+    int64_t rows, cols;
+    int width, sums;
+    int64_t max_partials;
+  };
+  for (const Case& c : {Case{0, 8, 8, 2, 1 << 20}, Case{1, 1, 1, 1, 1 << 20},
+                        Case{37, 72, 8, 2, 1 << 20}, Case{129, 100, 1, 2, 1 << 20},
+                        Case{1000, 768, 8, 2, 1 << 20}, Case{1000, 768, 8, 2, 2 * 768 * 3},
+                        Case{8192, 33, 1, 1, 33}, Case{300, 264, 8, 1, 264 * 2}}) {
+    SCOPED_TRACE(::testing::Message() << c.rows << " x " << c.cols << " width " << c.width);
+    const ColumnSums p = ColumnSumsFor(c.rows, c.cols, c.width, c.sums, c.max_partials);
+    EXPECT_GE(p.chunks, 1);
+    EXPECT_LE(p.chunks, kMaxGridY);
+    EXPECT_LE(p.chunks * c.cols * c.sums, c.max_partials);
+    if (c.rows > 0) {
+      EXPECT_LT((p.chunks - 1) * p.rows_per_chunk, c.rows) << "an empty chunk";
+    }
+    if (c.max_partials >= c.cols * c.sums * (c.rows + kRowsPerChunk - 1) / kRowsPerChunk) {
+      EXPECT_LE(p.rows_per_chunk, kRowsPerChunk) << "chunks grown with the scratch to spare";
+    }
+    std::vector<int> visits(static_cast<size_t>(c.rows * c.cols), 0);
+    for (int64_t tile = 0; tile < p.tiles; ++tile) {
+      for (int64_t chunk = 0; chunk < p.chunks; ++chunk) {
+        const int64_t r0 = chunk * p.rows_per_chunk;
+        const int64_t r1 = std::min(c.rows, r0 + p.rows_per_chunk);
+        for (int t = 0; t < kThreads; ++t) {
+          const int64_t col0 = tile * kWarp * c.width + (t % kWarp) * c.width;
+          for (int64_t r = r0 + t / kWarp; r < r1; r += kWarpsPerBlock) {
+            for (int e = 0; e < c.width && col0 + e < c.cols; ++e) ++visits[r * c.cols + col0 + e];
+          }
+        }
+      }
+    }
+    for (int v : visits) ASSERT_EQ(v, 1);
+  }
 }
 
 }  // namespace
