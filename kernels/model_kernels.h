@@ -259,7 +259,7 @@ class ModelKernels {
   // 2 cols]: a row's gate, then its up; one GEMM's output, [Note: a LLaMA block's projections]).
   virtual Status SwiGlu(void* out, const void* gate_up, int64_t rows, int cols,
                         bool interleaved) = 0;
-  // dgate_up (+=, gate_up's layout) from dout [rows, cols].
+  // dgate_up (written, not added to: no fill before it; gate_up's layout) from dout [rows, cols].
   virtual Status SwiGluBackward(void* dgate_up, const void* dout, const void* gate_up, int64_t rows,
                                 int cols, bool interleaved) = 0;
 

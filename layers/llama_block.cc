@@ -137,7 +137,6 @@ Status LlamaBlockBackward(const Ctx& c, const UnitTensors& u, const void* x, con
         "a LLaMA block's gate and up weights lie back to back but their gradients do not: the "
         "unit's gradients must be laid out as its parameters");
   }
-  ZR_RETURN_IF_ERROR(FillZero(s.d4b.data(), dev, 2 * mlp * act, st));
   ZR_RETURN_IF_ERROR(
       k.SwiGluBackward(s.d4b.data(), s.d4a.data(), a.mlp_in.data(), g.rows, g.f_l, gate_up));
   if (gate_up) {

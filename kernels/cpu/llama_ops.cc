@@ -183,8 +183,8 @@ void SwiGluBackward(T* dgate_up, const T* dout, const T* gate_up, int64_t rows, 
       const int64_t j = at.gate(i);
       const T g = gate_up[j];
       const T s = T(1) / (T(1) + std::exp(-g));
-      dgate_up[j] += dout[i] * gate_up[j + at.up()] * s * (T(1) + g * (T(1) - s));
-      dgate_up[j + at.up()] += dout[i] * g * s;
+      dgate_up[j] = dout[i] * gate_up[j + at.up()] * s * (T(1) + g * (T(1) - s));
+      dgate_up[j + at.up()] = dout[i] * g * s;
     }
   });
 }

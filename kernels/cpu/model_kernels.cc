@@ -469,7 +469,7 @@ class Cpu16ModelKernels final : public ModelKernels {
   Status SwiGluBackward(void* dgate_up, const void* dout, const void* gate_up, int64_t rows,
                         int cols, bool interleaved) override {
     const int64_t n = rows * cols;
-    F d(this, dgate_up, 2 * n, true);
+    F d(this, dgate_up, 2 * n, false);  // written, not added to
     ZR_RETURN_IF_ERROR(f_.SwiGluBackward(d.data(), In(dout, n).data(), In(gate_up, 2 * n).data(),
                                          rows, cols, interleaved));
     return d.Store();

@@ -210,9 +210,8 @@ static __global__ void SwiGluBackwardKernel(T* dgate_up, const T* dout, const T*
     const int64_t j = at.gate(i), u = j + at.up();
     const float g = ToFloat(gate_up[j]), dy = ToFloat(dout[i]);
     const float s = 1.0f / (1.0f + expf(-g));
-    dgate_up[j] =
-        FromFloat<T>(ToFloat(dgate_up[j]) + dy * ToFloat(gate_up[u]) * s * (1.0f + g * (1.0f - s)));
-    dgate_up[u] = FromFloat<T>(ToFloat(dgate_up[u]) + dy * g * s);
+    dgate_up[j] = FromFloat<T>(dy * ToFloat(gate_up[u]) * s * (1.0f + g * (1.0f - s)));
+    dgate_up[u] = FromFloat<T>(dy * g * s);
   }
 }
 
@@ -227,13 +226,11 @@ static __global__ void SwiGluBackwardVecKernel(T* dgate_up, const T* dout, const
     LoadVec(gate_up + j, g);
     LoadVec(gate_up + u, up);
     LoadVec(dout + v * kVec, dy);
-    LoadVec(dgate_up + j, dg);
-    LoadVec(dgate_up + u, du);
 #pragma unroll
     for (int e = 0; e < kVec; ++e) {
       const float s = 1.0f / (1.0f + expf(-g[e]));
-      dg[e] = dg[e] + dy[e] * up[e] * s * (1.0f + g[e] * (1.0f - s));
-      du[e] = du[e] + dy[e] * g[e] * s;
+      dg[e] = dy[e] * up[e] * s * (1.0f + g[e] * (1.0f - s));
+      du[e] = dy[e] * g[e] * s;
     }
     StoreVec(dgate_up + j, dg);
     StoreVec(dgate_up + u, du);

@@ -581,7 +581,7 @@ class CudaModelKernels final : public ModelKernels {
     if (rows == 0) return absl::OkStatus();
     const auto grid = static_cast<unsigned>(rows);
     ByWidth(Vectorisable(vocab, {logits}), [&](auto w) {
-      CrossEntropyKernel<T, decltype(w)::value><<<grid, kThreads, 0, s()>>>(
+      CrossEntropyKernel<T, decltype(w)::value><<<grid, kClassifierThreads, 0, s()>>>(
           A(logits), static_cast<float*>(losses), targets, vocab, dscale);
     });
     return Launched("CrossEntropy");

@@ -69,16 +69,17 @@ struct MaxOp {
   __device__ static float Warp(float v) { return WarpMax(v); }
 };
 
-// Reduction over a block of kThreads threads; every thread gets the result.
-template <typename Op>
+// Reduction over a block of kBlock threads (at most 1024); every thread gets the result.
+template <typename Op, int kBlock = kThreads>
 __device__ float BlockReduce(float v) {
-  __shared__ float partial[kThreads / 32];
+  static_assert(kBlock % 32 == 0 && kBlock <= 1024, "BlockReduce: whole warps, at most 32");
+  __shared__ float partial[kBlock / 32];
   __shared__ float total;
   v = Op::Warp(v);
   if ((threadIdx.x & 31) == 0) partial[threadIdx.x / 32] = v;
   __syncthreads();
   if (threadIdx.x < 32) {
-    float w = threadIdx.x < kThreads / 32 ? partial[threadIdx.x] : Op::kIdentity;
+    float w = threadIdx.x < kBlock / 32 ? partial[threadIdx.x] : Op::kIdentity;
     w = Op::Warp(w);
     if (threadIdx.x == 0) total = w;
   }
@@ -87,8 +88,14 @@ __device__ float BlockReduce(float v) {
   __syncthreads();
   return out;
 }
-__device__ float BlockSum(float v) { return BlockReduce<SumOp>(v); }
-__device__ float BlockMax(float v) { return BlockReduce<MaxOp>(v); }
+template <int kBlock = kThreads>
+__device__ float BlockSum(float v) {
+  return BlockReduce<SumOp, kBlock>(v);
+}
+template <int kBlock = kThreads>
+__device__ float BlockMax(float v) {
+  return BlockReduce<MaxOp, kBlock>(v);
+}
 
 // ---- 128-bit vectors -------------------------------------------------------------------------
 // kVec elements moved by 16-byte loads and stores (one for a 16-bit type, two for fp32) and
@@ -574,11 +581,18 @@ static __global__ void CausalSoftmaxBackwardKernel(T* datt, const T* att, int64_
 
 // ---- softmax cross-entropy: one block per row ------------------------------------------------
 
+// The cross-entropy's block: a row's three passes (max, sum, gradient) read it three times. With
+// blocks of 256 threads eight share an SM, 1056 rows in flight on an H100/H200: 105 MB of GPT-2's
+// bf16 rows of 50,304, twice the 50 MB L2, so a row would rarely stay there between its passes;
+// with 1024 threads two share an SM, 264 rows (26 MB) in flight, and the second and third passes
+// can find the row in L2 (llm.c's fused classifier takes 1024-thread blocks too). Not yet timed.
+constexpr int kClassifierThreads = 1024;
+
 // W: the logits a thread takes at a time (kVec where a row is whole 128-bit vectors and the
 // logits 16-byte aligned, else 1); the element arithmetic is the same at both widths.
 template <typename T, int W>
-static __global__ void CrossEntropyKernel(T* logits, float* losses, const int32_t* targets,
-                                          int vocab, float scale) {
+static __global__ void __launch_bounds__(kClassifierThreads)
+    CrossEntropyKernel(T* logits, float* losses, const int32_t* targets, int vocab, float scale) {
   const int64_t row = blockIdx.x;
   T* z = logits + row * vocab;
   float x[W];
@@ -588,14 +602,14 @@ static __global__ void CrossEntropyKernel(T* logits, float* losses, const int32_
 #pragma unroll
     for (int e = 0; e < W; ++e) max = fmaxf(max, x[e]);
   }
-  max = BlockMax(max);
+  max = BlockMax<kClassifierThreads>(max);
   float sum = 0.0f;
   for (int c = threadIdx.x * W; c < vocab; c += blockDim.x * W) {
     LoadN(z + c, x);
 #pragma unroll
     for (int e = 0; e < W; ++e) sum += math::FastExp(math::Sub(x[e], max));
   }
-  sum = BlockSum(sum);
+  sum = BlockSum<kClassifierThreads>(sum);
   const float log_sum = logf(sum);
   const int target = targets[row];
   if (threadIdx.x == 0) losses[row] = math::CrossEntropyLoss(ToFloat(z[target]), max, log_sum);

@@ -4,6 +4,7 @@
 // the attention rounds its probabilities as the CUDA flash programs do, inside the float kernel.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "tests/kernels/random_floats.h"
@@ -138,6 +139,21 @@ TEST(ModelKernels16BitTest, EveryOpIsTheFloatOpRoundedOnce) {
                               channels, heads, kv)
                     .ok());
     EXPECT_NE(unrounded, att_outf) << f.name << ": the float kernels round nothing";
+
+    // SwiGLU's backward writes every element of dgate_up (both start as NaN), gate and up
+    // interleaved as one GEMM's output.
+    const int cols = 8;
+    Values gate_up = Make(f, 2 * rows * cols, 8), dact = Make(f, rows * cols, 9);
+    std::vector<uint16_t> dgate_up(2 * rows * cols, f.to_bits(std::nanf("")));
+    std::vector<float> dgate_upf(dgate_up.size(), std::nanf(""));
+    ASSERT_TRUE(
+        k->SwiGluBackward(dgate_up.data(), dact.bits.data(), gate_up.bits.data(), rows, cols, true)
+            .ok());
+    ASSERT_TRUE(fk->SwiGluBackward(dgate_upf.data(), dact.floats.data(), gate_up.floats.data(),
+                                   rows, cols, true)
+                    .ok());
+    for (float v : dgate_upf) ASSERT_TRUE(std::isfinite(v)) << f.name << " SwiGluBackward";
+    ExpectRounded(f, dgate_up, dgate_upf, "SwiGluBackward");
   }
 }
 
