@@ -72,7 +72,7 @@ struct MaxOp {
 // Reduction over a block of kBlock threads (at most 1024); every thread gets the result.
 template <typename Op, int kBlock = kThreads>
 __device__ float BlockReduce(float v) {
-  static_assert(kBlock % 32 == 0 && kBlock <= 1024, "BlockReduce: whole warps, at most 32");
+  static_assert(kBlock % 32 == 0 && kBlock <= 1024, "BlockReduce: whole warps, at most 32 of them");
   __shared__ float partial[kBlock / 32];
   __shared__ float total;
   v = Op::Warp(v);
