@@ -28,23 +28,13 @@ constexpr int64_t WarpPerRowBlocks(int64_t rows, int threads = kThreads) {
   return want < 1 ? 1 : want;
 }
 
-// The column kernels (a bias gradient, LayerNorm's weight and bias gradients): each block owns
-// kColumnTile adjacent columns and all rows; its threads are kColumnTile columns x
-// kThreads / kColumnTile row phases (thread (c, p) sums rows p, p + phases, ...), and the phases'
-// sums are added in a fixed order. A warp reads 4 rows x 8 adjacent columns, one 32-byte sector
-// per row in fp32: coalesced, deterministic, no atomics, no scratch.
-inline constexpr int kColumnTile = 8;
-inline constexpr int kRowPhases = kThreads / kColumnTile;
-constexpr int64_t ColumnBlocks(int64_t cols) {
-  const int64_t want = cols / kColumnTile + (cols % kColumnTile != 0 ? 1 : 0);
-  return want < 1 ? 1 : want;
-}
-
-// [Note: the norms' weight gradients]
-// LayerNorm's weight and bias gradients and RMSNorm's weight gradient are column sums over every
-// row of the micro-batch (8192 rows of 768 for GPT-2 124M at 8 x 1024). The column kernels above
-// gave them 96 blocks of 8-column tiles there, each thread 256 rows one 2-byte load after
-// another: latency-bound (about 0.4 TB/s by a count of the loads in flight). Now two launches. The
+// [Note: column sums]
+// LayerNorm's weight and bias gradients, RMSNorm's weight gradient and a linear layer's bias
+// gradient (where cuBLASLt's BGRADB does not take it) are column sums over every row of the
+// micro-batch (8192 rows of 768 for GPT-2 124M at 8 x 1024). The column kernels before
+// 2026-11-30 gave them 96 blocks of 8-column tiles there, each thread 256 rows one 2-byte load
+// after another: latency-bound (about 0.4 TB/s by a count of the loads in flight). Now two
+// launches. The
 // partials kernel's grid is column tiles x row chunks: block (tile, chunk) owns 32 x width adjacent
 // columns (width 8 where the rows are whole 16-byte vectors, a lane's 8 columns one load; else 1)
 // and a chunk of up to kRowsPerChunk rows; its warp w sums rows w, w + 8, ... of the chunk for its

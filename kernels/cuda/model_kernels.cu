@@ -219,7 +219,7 @@ class CudaModelKernels final : public ModelKernels {
       ZR_RETURN_IF_ERROR(Launched("LayerNormBackward"));
     }
     if (dweight == nullptr && dbias == nullptr) return absl::OkStatus();
-    return NormWeightGrads<NormGrad::kLayerNorm>(dweight, dbias, dout, inp, m, r, rows, channels);
+    return SumColumns<ColumnSum::kLayerNorm>(dweight, dbias, dout, inp, m, r, rows, channels);
   }
 
   Status Matmul(void* out, const void* inp, const void* weight, const void* bias, int64_t rows,
@@ -323,10 +323,9 @@ class CudaModelKernels final : public ModelKernels {
         dbias = nullptr;
       }
     }
-    if (dbias != nullptr && rows > 0) {  // a block per kColumnTile output features
-      BiasGradKernel<T, G><<<ColumnBlocks(out_features), kThreads, 0, s()>>>(Gp(dbias), A(dout),
-                                                                             rows, out_features);
-      ZR_RETURN_IF_ERROR(Launched("BiasGrad"));
+    if (dbias != nullptr && rows > 0) {  // [Note: column sums]
+      return SumColumns<ColumnSum::kBias>(dbias, nullptr, dout, nullptr, nullptr, nullptr, rows,
+                                          out_features);
     }
     return absl::OkStatus();
   }
@@ -464,7 +463,7 @@ class CudaModelKernels final : public ModelKernels {
       ZR_RETURN_IF_ERROR(Launched("RmsNormBackward"));
     }
     if (dweight == nullptr) return absl::OkStatus();
-    return NormWeightGrads<NormGrad::kRms>(dweight, nullptr, dout, inp, nullptr, r, rows, channels);
+    return SumColumns<ColumnSum::kRms>(dweight, nullptr, dout, inp, nullptr, r, rows, channels);
   }
   Status RopeQkv(void* qkv, const void* q, const void* k, const void* v, int batch, int seq,
                  int heads, int kv_heads, int head_size, const Rope& rope) override {
@@ -614,32 +613,32 @@ class CudaModelKernels final : public ModelKernels {
     return absl::OkStatus();
   }
 
-  // [Note: the norms' weight gradients] (kernels/launch_geometry.h): the partials into the
-  // cuBLASLt workspace (free between GEMMs on the stream), then the finish adding them in order.
-  template <NormGrad kNorm>
-  Status NormWeightGrads(void* dweight, void* dbias, const void* dout, const void* inp,
-                         const float* mean, const float* rstd, int64_t rows, int channels) {
-    constexpr int kSums = kNorm == NormGrad::kLayerNorm ? 2 : 1;
+  // [Note: column sums] (kernels/launch_geometry.h): the partials into the cuBLASLt workspace
+  // (free between GEMMs on the stream), then the finish adding them in order into dsum (and, for
+  // LayerNorm, its bias's into dsum2).
+  template <ColumnSum kKind>
+  Status SumColumns(void* dsum, void* dsum2, const void* dout, const void* inp, const float* mean,
+                    const float* rstd, int64_t rows, int channels) {
+    constexpr int kSums = kKind == ColumnSum::kLayerNorm ? 2 : 1;
     constexpr int64_t kMaxPartials = (kLtWorkspace - kLtBiasGradBytes) / sizeof(float);
     if (int64_t{channels} * kSums > kMaxPartials) {
-      return absl::InvalidArgumentError("a norm of " + std::to_string(channels) +
-                                        " channels: its weight gradients' partials do not fit the "
-                                        "workspace");
+      return absl::InvalidArgumentError("column sums of " + std::to_string(channels) +
+                                        " columns: their partials do not fit the workspace");
     }
-    const bool vec = Vectorisable(channels, {dout, inp});
+    const bool vec = Vectorisable(channels, {dout, inp});  // a null inp (kBias) is aligned
     const launch::ColumnSums p =
         launch::ColumnSumsFor(rows, channels, vec ? kVec : 1, kSums, kMaxPartials);
     float* pw = static_cast<float*>(lt_workspace_.data());
     float* pb = pw + p.chunks * channels;
     const dim3 grid(static_cast<unsigned>(p.tiles), static_cast<unsigned>(p.chunks));
     ByWidth(vec, [&](auto w) {
-      NormWeightPartialsKernel<kNorm, T, decltype(w)::value><<<grid, kThreads, 0, s()>>>(
+      ColumnPartialsKernel<kKind, T, decltype(w)::value><<<grid, kThreads, 0, s()>>>(
           pw, pb, A(dout), A(inp), mean, rstd, rows, channels, p.rows_per_chunk);
     });
-    ZR_RETURN_IF_ERROR(Launched("norm weight gradients (partials)"));
-    NormWeightFinishKernel<G><<<Blocks(channels), kThreads, 0, s()>>>(Gp(dweight), Gp(dbias), pw,
-                                                                      pb, p.chunks, channels);
-    return Launched("norm weight gradients (finish)");
+    ZR_RETURN_IF_ERROR(Launched("column sums (partials)"));
+    ColumnFinishKernel<G>
+        <<<Blocks(channels), kThreads, 0, s()>>>(Gp(dsum), Gp(dsum2), pw, pb, p.chunks, channels);
+    return Launched("column sums (finish)");
   }
 
   // Row-major, batched: C[i] [M, N] = alpha op(A[i]) [M, K] x op(B[i]) [K, N] + beta C[i], with

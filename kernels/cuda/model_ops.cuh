@@ -45,11 +45,10 @@ constexpr float kLnEps = 1e-5f;
 constexpr size_t kLtWorkspace = kCudaLtWorkspaceBytes;  // kernels/memory_facts.h
 constexpr size_t kLtBiasGradBytes = size_t{64} << 10;   // BGRADB's sums, the workspace's end
 
-// Grids (kernels/launch_geometry.h): a grid-stride loop over n elements; a warp per row; a block
-// per kColumnTile columns.
+// Grids (kernels/launch_geometry.h): a grid-stride loop over n elements; a warp per row (the
+// column sums' grid: launch::ColumnSumsFor).
 int Blocks(int64_t n) { return launch::GridStrideBlocks(n, 65535 * 8); }
 unsigned RowBlocks(int64_t rows) { return static_cast<unsigned>(launch::WarpPerRowBlocks(rows)); }
-unsigned ColumnBlocks(int64_t cols) { return static_cast<unsigned>(launch::ColumnBlocks(cols)); }
 
 __device__ __forceinline__ float WarpSum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -360,41 +359,21 @@ static __global__ void LayerNormInputGradKernel(T* dinp, const T* dout, const T*
   }
 }
 
-// The column kernels (launch::ColumnBlocks, kernels/launch_geometry.h): block b owns columns
-// [b kColumnTile, (b + 1) kColumnTile); thread (column lane, phase) sums rows phase,
-// phase + kRowPhases, ... of its column, then one thread per column adds the phases' sums in
-// order. Coalesced, deterministic, no atomics and no scratch.
-struct ColumnLane {
-  __device__ ColumnLane()
-      : lane(static_cast<int>(threadIdx.x) % launch::kColumnTile),
-        phase(static_cast<int>(threadIdx.x) / launch::kColumnTile),
-        col(static_cast<int>(blockIdx.x) * launch::kColumnTile + lane) {}
-  int lane, phase, col;
-};
-
-// Adds the phases' sums of column lane.lane (shared [kRowPhases][kColumnTile]) in order; called
-// by every thread after the partial sums are written (it synchronises the block).
-__device__ float SumPhases(float (*partial)[launch::kColumnTile], const ColumnLane& at) {
-  __syncthreads();
-  float sum = 0.0f;
-  for (int p = 0; p < launch::kRowPhases; ++p) sum = math::Add(sum, partial[p][at.lane]);
-  return sum;
-}
-
-// The norms' weight gradients ([Note: the norms' weight gradients], kernels/launch_geometry.h):
-// kLayerNorm sums (x - mean) rstd dy into pw and dy into pb; kRms x rstd dy into pw (mean and pb
-// unused). Block (tile, chunk): W adjacent columns a lane (W = kVec: one 16-byte load of each
-// row's dout and inp; 1 otherwise), rows warp, warp + kWarpsPerBlock, ... of the chunk, then the
-// warps' sums added in order; partial [chunk, column] written.
-enum class NormGrad { kLayerNorm, kRms };
-template <NormGrad kNorm, typename T, int W>
-static __global__ void NormWeightPartialsKernel(float* pw, float* pb, const T* dout, const T* inp,
-                                                const float* mean, const float* rstd, int64_t rows,
-                                                int channels, int64_t rows_per_chunk) {
+// Column sums over rows ([Note: column sums], kernels/launch_geometry.h): kBias sums dy into pw
+// (a bias gradient; inp, mean, rstd and pb unused); kLayerNorm (x - mean) rstd dy into pw and dy
+// into pb; kRms x rstd dy into pw (mean and pb unused). Block (tile, chunk): W adjacent columns
+// a lane (W = kVec: one 16-byte load of each row's dout and inp; 1 otherwise), rows warp,
+// warp + kWarpsPerBlock, ... of the chunk, then the warps' sums added in order; partial
+// [chunk, column] written.
+enum class ColumnSum { kBias, kLayerNorm, kRms };
+template <ColumnSum kKind, typename T, int W>
+static __global__ void ColumnPartialsKernel(float* pw, float* pb, const T* dout, const T* inp,
+                                            const float* mean, const float* rstd, int64_t rows,
+                                            int channels, int64_t rows_per_chunk) {
   constexpr int kTile = 32 * W;
-  constexpr bool kBias = kNorm == NormGrad::kLayerNorm;
+  constexpr bool kTwo = kKind == ColumnSum::kLayerNorm;  // pb too: LayerNorm's bias
   __shared__ float sw[launch::kWarpsPerBlock][kTile];
-  __shared__ float sb[kBias ? launch::kWarpsPerBlock : 1][kBias ? kTile : 1];
+  __shared__ float sb[kTwo ? launch::kWarpsPerBlock : 1][kTwo ? kTile : 1];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int col = static_cast<int>(blockIdx.x) * kTile + lane * W;
   const int64_t r0 = blockIdx.y * rows_per_chunk;
@@ -405,27 +384,33 @@ static __global__ void NormWeightPartialsKernel(float* pw, float* pb, const T* d
   if (col < channels) {
 #pragma unroll 4
     for (int64_t r = r0 + warp; r < r1; r += launch::kWarpsPerBlock) {
-      float dy[W], x[W];
+      float dy[W];
       LoadN(dout + r * channels + col, dy);
-      LoadN(inp + r * channels + col, x);
-      const float s = rstd[r];
-      if constexpr (kBias) {
-        const float m = mean[r];
+      if constexpr (kKind == ColumnSum::kBias) {
 #pragma unroll
-        for (int e = 0; e < W; ++e) {
-          w[e] = math::Add(w[e], math::LayerNormWeightGrad(x[e], m, s, dy[e]));
-          b[e] = math::Add(b[e], dy[e]);
-        }
+        for (int e = 0; e < W; ++e) w[e] = math::Add(w[e], dy[e]);
       } else {
+        float x[W];
+        LoadN(inp + r * channels + col, x);
+        const float s = rstd[r];
+        if constexpr (kTwo) {
+          const float m = mean[r];
 #pragma unroll
-        for (int e = 0; e < W; ++e) w[e] = math::Add(w[e], dy[e] * x[e] * s);
+          for (int e = 0; e < W; ++e) {
+            w[e] = math::Add(w[e], math::LayerNormWeightGrad(x[e], m, s, dy[e]));
+            b[e] = math::Add(b[e], dy[e]);
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < W; ++e) w[e] = math::Add(w[e], dy[e] * x[e] * s);
+        }
       }
     }
   }
 #pragma unroll
   for (int e = 0; e < W; ++e) {
     sw[warp][lane * W + e] = w[e];
-    if constexpr (kBias) sb[warp][lane * W + e] = b[e];
+    if constexpr (kTwo) sb[warp][lane * W + e] = b[e];
   }
   __syncthreads();
   for (int t = static_cast<int>(threadIdx.x); t < kTile; t += static_cast<int>(blockDim.x)) {
@@ -434,17 +419,17 @@ static __global__ void NormWeightPartialsKernel(float* pw, float* pb, const T* d
     float a = 0.0f, d = 0.0f;
     for (int k = 0; k < launch::kWarpsPerBlock; ++k) {
       a = math::Add(a, sw[k][t]);
-      if constexpr (kBias) d = math::Add(d, sb[k][t]);
+      if constexpr (kTwo) d = math::Add(d, sb[k][t]);
     }
     pw[blockIdx.y * int64_t{channels} + c] = a;
-    if constexpr (kBias) pb[blockIdx.y * int64_t{channels} + c] = d;
+    if constexpr (kTwo) pb[blockIdx.y * int64_t{channels} + c] = d;
   }
 }
 
 // dweight[c] += the chunks' partials pw[., c] in order, dbias[c] += pb's (either may be null).
 template <typename G>
-static __global__ void NormWeightFinishKernel(G* dweight, G* dbias, const float* pw,
-                                              const float* pb, int64_t chunks, int channels) {
+static __global__ void ColumnFinishKernel(G* dweight, G* dbias, const float* pw, const float* pb,
+                                          int64_t chunks, int channels) {
   for (int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); c < channels;
        c += static_cast<int>(gridDim.x * blockDim.x)) {
     float a = 0.0f, d = 0.0f;
@@ -455,23 +440,6 @@ static __global__ void NormWeightFinishKernel(G* dweight, G* dbias, const float*
     if (dweight != nullptr) dweight[c] = FromFloat<G>(math::Add(ToFloat(dweight[c]), a));
     if (dbias != nullptr) dbias[c] = FromFloat<G>(math::Add(ToFloat(dbias[c]), d));
   }
-}
-
-// dbias[o] += sum over rows of dout[r, o].
-template <typename T, typename G>
-static __global__ void BiasGradKernel(G* dbias, const T* dout, int64_t rows, int cols) {
-  __shared__ float partial[launch::kRowPhases][launch::kColumnTile];
-  const ColumnLane at;
-  float acc = 0.0f;
-  if (at.col < cols) {
-    for (int64_t r = at.phase; r < rows; r += launch::kRowPhases) {
-      acc = math::Add(acc, ToFloat(dout[r * cols + at.col]));
-    }
-  }
-  partial[at.phase][at.lane] = acc;
-  const float sum = SumPhases(partial, at);
-  if (at.phase == 0 && at.col < cols)
-    dbias[at.col] = FromFloat<G>(math::Add(ToFloat(dbias[at.col]), sum));
 }
 
 // ---- attention pieces ------------------------------------------------------------------------

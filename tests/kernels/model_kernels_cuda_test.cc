@@ -197,10 +197,10 @@ TEST(ModelKernelsCudaTest, LinearLayerNormGeluResidual) {
   }
 }
 
-// The norms' weight gradients over many row chunks ([Note: the norms' weight gradients] in
-// kernels/launch_geometry.h): 1000 rows (16 chunks of 64), rows of whole 16-byte vectors (768
-// channels) and not (100), LayerNorm and RMSNorm.
-TEST(ModelKernelsCudaTest, NormWeightGradientsOverManyRowChunks) {
+// The column sums over many row chunks ([Note: column sums] in kernels/launch_geometry.h): 1000
+// rows (16 chunks of 64), rows of whole 16-byte vectors (768 columns) and not (100): LayerNorm's
+// and RMSNorm's weight gradients, and a bias gradient alone (no weight gradient, so no BGRADB).
+TEST(ModelKernelsCudaTest, ColumnSumsOverManyRowChunks) {
   ZR_NEED_GPU();
   for (auto [act, grad] : kTypes) {
     Twin t(act, grad);
@@ -237,6 +237,15 @@ TEST(ModelKernelsCudaTest, NormWeightGradientsOverManyRowChunks) {
                                         rms_rstd.data(), rows, d)
                       .ok());
       t.Expect("RmsNormBackward dweight", grms_dw, rms_dw, grad);
+      std::vector<float> bias_grad = Random(d, 8);
+      void* gbias_grad = t.G(bias_grad);
+      ASSERT_TRUE(
+          t.gpu->MatmulBackward(nullptr, nullptr, gbias_grad, gdy, gx, gw, rows, d, d).ok());
+      ASSERT_TRUE(t.cpu
+                      ->MatmulBackward(nullptr, nullptr, bias_grad.data(), dy.data(), x.data(),
+                                       w.data(), rows, d, d)
+                      .ok());
+      t.Expect("MatmulBackward dbias alone", gbias_grad, bias_grad, grad);
     }
   }
 }

@@ -152,11 +152,10 @@ std::vector<int> GridStrideVisits(int64_t n, int blocks, int threads) {
   return visits;
 }
 
-TEST(LaunchGeometryTest, EveryElementRowAndColumnGetsOneThread) {
+TEST(LaunchGeometryTest, EveryElementAndRowGetsOneThread) {
   using namespace launch;
   EXPECT_EQ(GridStrideBlocks(0, 4096), 1);  // a grid of 0 is an invalid configuration
   EXPECT_EQ(WarpPerRowBlocks(0), 1);
-  EXPECT_EQ(ColumnBlocks(0), 1);
   for (int64_t n : {1, 255, 256, 257, 4096 * 256 + 1, 3 * 4096 * 256 + 77}) {
     const int blocks = GridStrideBlocks(n, 4096);
     EXPECT_GE(blocks, 1);
@@ -174,29 +173,13 @@ TEST(LaunchGeometryTest, EveryElementRowAndColumnGetsOneThread) {
     EXPECT_LT(warps - kThreads / kWarp, rows) << rows;  // no block wholly idle
     EXPECT_LE(blocks, kMaxGridX);
   }
-  // The column kernels: thread (lane, phase) of block b takes column b kColumnTile + lane and
-  // rows phase, phase + kRowPhases, ...: every (row, column) exactly once.
-  for (int cols : {1, 7, 8, 9, 50}) {
-    for (int rows : {0, 1, 31, 32, 33, 70}) {
-      std::vector<int> visits(size_t(rows) * cols, 0);
-      for (int64_t b = 0; b < ColumnBlocks(cols); ++b) {
-        for (int t = 0; t < kThreads; ++t) {
-          const int64_t col = b * kColumnTile + t % kColumnTile;
-          if (col >= cols) continue;
-          for (int64_t r = t / kColumnTile; r < rows; r += kRowPhases) ++visits[r * cols + col];
-        }
-      }
-      for (int v : visits) ASSERT_EQ(v, 1) << rows << " x " << cols;
-    }
-  }
-  static_assert(kColumnTile * kRowPhases == kThreads);
 }
 
-// [Note: the norms' weight gradients]: block (tile, chunk) of the partials kernel, warp w, lane l
+// [Note: column sums]: block (tile, chunk) of the partials kernel, warp w, lane l
 // takes columns tile 32 width + l width .. + width - 1 and rows chunk rows_per_chunk + w,
 // + kWarpsPerBlock, ... of its chunk: every (row, column) exactly once, within the grid's
 // limits, the partials within the scratch.
-TEST(LaunchGeometryTest, TheNormWeightGradientsVisitEveryRowAndColumnOnce) {
+TEST(LaunchGeometryTest, TheColumnSumsVisitEveryRowAndColumnOnce) {
   using namespace launch;
   struct Case {
     int64_t rows, cols;
