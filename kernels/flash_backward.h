@@ -13,7 +13,10 @@
 //    computed), in chunks of kBackwardChunk queries (64, or 32 at head size 128, where 64
 //    would not fit the registers); a block owns 16 keys a warp (kBackwardWarps: 64 keys with 4
 //    warps, or 128 with 8), and a step is as many queries
-//      S^T = K_w Q^T                   WarpScores; P^T from the queries' lse
+//      S^T = K_w Q^T                   WarpScores; P^T = 2^(S^T c - lse c'), c = scale log2(e),
+//                                      c' = log2(e): one fma and one exp2 a score, as in the
+//                                      forward (math::ProbExponent2; the mask only where a
+//                                      chunk is not whole: [Note: the backward's whole chunks])
 //      dV_w += P^T dO                  PackFrags, WarpAccumulate
 //      dP^T = V_w dO^T                 WarpScores; dS^T from the queries' D
 //      dK_w += dS^T Q                  PackFrags, WarpAccumulate
@@ -34,6 +37,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "zerort/kernels/flash_math.h"
 #include "zerort/kernels/flash_tiles.h"
@@ -158,6 +162,7 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
   const int64_t ld = L.row(), ldo = int64_t{sh.heads} * D;
   const int64_t row0 = static_cast<int64_t>(b) * T;
   const int first_h = g * group;  // the query heads reading key/value head g
+  const float c2 = math::Base2(sh.scale);
   const E* ks = reinterpret_cast<const E*>(smem + S::Own(0));
   const E* vs = reinterpret_cast<const E*>(smem + S::Own(1));
   E* dst = reinterpret_cast<E*>(smem + S::DsT());
@@ -185,8 +190,8 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
     float* lse_s = reinterpret_cast<float*>(smem + S::Lse(buf));
     float* d_s = reinterpret_cast<float*>(smem + S::Dvec(buf));
     x.ForThreads([&](int t) {
-      if (t < kTile) {
-        lse_s[t] = q0 + t < T ? lse[stat0 + q0 + t] : 0.0f;
+      if (t < kTile) {  // the log-sum-exps in base 2 (math::ProbExponent2)
+        lse_s[t] = q0 + t < T ? math::Base2(lse[stat0 + q0 + t]) : 0.0f;
         d_s[t] = q0 + t < T ? dvec[stat0 + q0 + t] : 0.0f;
       }
     });
@@ -227,27 +232,38 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
           const int k = k0 + r0 + lane / 4 + 8 * half;
           return k < T && c0 + col < qn && q0 + c0 + col >= k;
         };
+        // [Note: the backward's whole chunks] Every score of the chunk is seen (its first query
+        // is at or after the warp's last key, and no key or query is past the end): true for all
+        // but the diagonal's and the tails' steps, so those alone pay for the mask.
+        const bool whole = k0 + r0 + kWarpRows <= T && c0 + kCols <= qn &&
+                           q0 + c0 >= k0 + r0 + kWarpRows - 1;
+        // P^T then dS^T, for `masked` a std::bool_constant: the same scores either way.
+        auto probs_and_grads = [&](auto masked) {
+          x.ForLanes([&](int lane) {
+            float* sw = s.at(w, lane);
+            ForTileElems<kCols>(lane, [&](int e, int half, int col) {
+              const float p = X::Exp2(math::ProbExponent2(sw[e], c2, lse_s[c0 + col]));
+              sw[e] = !masked || visible(lane, half, col) ? p : 0.0f;
+            });
+          });
+          PackFrags<kCols>(x, w, s, pf);
+          WarpAccumulate<D, kCols>(x, w, dv, pf, frag, dos, c0);  // dV_w += P^T dO
+          WarpScores<D, kCols>(x, w, dp, frag, vs, r0, dos, c0);  // dP^T
+          x.ForLanes([&](int lane) {
+            float* sw = s.at(w, lane);
+            const float* dw = dp.at(w, lane);
+            ForTileElems<kCols>(lane, [&](int e, int half, int col) {
+              const float ds = math::ScoreGrad(sw[e], dw[e], d_s[c0 + col], sh.scale);
+              sw[e] = !masked || visible(lane, half, col) ? ds : 0.0f;
+            });
+          });
+        };
         WarpScores<D, kCols>(x, w, s, frag, ks, r0, qs, c0);  // S^T
-        x.ForLanes([&](int lane) {
-          float* sw = s.at(w, lane);
-          ForTileElems<kCols>(lane, [&](int e, int half, int col) {
-            sw[e] = visible(lane, half, col)
-                        ? math::RecomputedProb(sw[e], sh.scale, lse_s[c0 + col])
-                        : 0.0f;
-          });
-        });
-        PackFrags<kCols>(x, w, s, pf);
-        WarpAccumulate<D, kCols>(x, w, dv, pf, frag, dos, c0);  // dV_w += P^T dO
-        WarpScores<D, kCols>(x, w, dp, frag, vs, r0, dos, c0);  // dP^T
-        x.ForLanes([&](int lane) {
-          float* sw = s.at(w, lane);
-          const float* dw = dp.at(w, lane);
-          ForTileElems<kCols>(lane, [&](int e, int half, int col) {
-            sw[e] = visible(lane, half, col)
-                        ? math::ScoreGrad(sw[e], dw[e], d_s[c0 + col], sh.scale)
-                        : 0.0f;
-          });
-        });
+        if (whole) {
+          probs_and_grads(std::false_type{});
+        } else {
+          probs_and_grads(std::true_type{});
+        }
         PackFrags<kCols>(x, w, s, pf);
         WarpAccumulate<D, kCols>(x, w, dk, pf, frag, qs, c0);  // dK_w += dS^T Q
         // dS^T for the dQ phase: the packed pairs dK's product took, 32 bits a store (pair

@@ -28,6 +28,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "zerort/kernels/flash_math.h"
 #include "zerort/kernels/flash_tiles.h"
@@ -67,7 +68,7 @@ ZR_TILE_PROGRAM void ForwardProgram(const X& x, unsigned char* smem, const typen
   const int64_t ld = L.row();
   const E* base = qkv + static_cast<int64_t>(b) * T * ld;
   const E* qs = reinterpret_cast<const E*>(smem);
-  const float c2 = math::Mul(sh.scale, 1.44269504088896340736f);  // scale x log2(e)
+  const float c2 = math::Base2(sh.scale);  // scale x log2(e)
 
   Regs<X, float, G * D / 2> o;          // O_w accumulators, group g's at g D / 2
   Regs<X, float, 4 * G> st;             // per group: m (rows g, g + 8) in dot units; l parts
@@ -120,28 +121,38 @@ ZR_TILE_PROGRAM void ForwardProgram(const X& x, unsigned char* smem, const typen
       const int r0 = w * G * kWarpRows;
       if (q0 + r0 + G * kWarpRows - 1 < k0) return;  // every query before every key: masked
       WarpScores<D, kTile, G>(x, w, s, frag, qs, r0, ks);
-      x.ForLanes([&](int lane) {  // mask to what each row sees; the lane's maxima
-        float* sw = s.at(w, lane);
-        float* mx = tmax.at(w, lane);
-        ZR_UNROLL
-        for (int g = 0; g < G; ++g) {
-          int seen[2];
+      // The mask to what each row sees, and the lane's maxima; `masked` a std::bool_constant.
+      // Only a tile on the warp's diagonal, or with keys or queries past the end, needs the mask
+      // (as in the backward: [Note: the backward's whole chunks], kernels/flash_backward.h).
+      auto maxima = [&](auto masked) {
+        x.ForLanes([&](int lane) {
+          float* sw = s.at(w, lane);
+          float* mx = tmax.at(w, lane);
           ZR_UNROLL
-          for (int half = 0; half < 2; ++half) {
-            const int q = q0 + r0 + g * kWarpRows + lane / 4 + 8 * half;
-            seen[half] = q < T ? math::CausalKeys(q, k0, kn) : 0;
-            mx[2 * g + half] = -INFINITY;
-          }
-          float* sg = sw + g * kTile / 2;
-          ForTileElems(lane, [&](int i, int half, int col) {
-            if (col < seen[half]) {
-              mx[2 * g + half] = math::Max(mx[2 * g + half], sg[i]);
-            } else {
-              sg[i] = -INFINITY;
+          for (int g = 0; g < G; ++g) {
+            int seen[2];
+            ZR_UNROLL
+            for (int half = 0; half < 2; ++half) {
+              const int q = q0 + r0 + g * kWarpRows + lane / 4 + 8 * half;
+              seen[half] = q < T ? math::CausalKeys(q, k0, kn) : 0;
+              mx[2 * g + half] = -INFINITY;
             }
-          });
-        }
-      });
+            float* sg = sw + g * kTile / 2;
+            ForTileElems(lane, [&](int i, int half, int col) {
+              if (!masked || col < seen[half]) {
+                mx[2 * g + half] = math::Max(mx[2 * g + half], sg[i]);
+              } else {
+                sg[i] = -INFINITY;
+              }
+            });
+          }
+        });
+      };
+      if (q0 + r0 >= k0 + kTile - 1 && k0 + kTile <= T && q0 + r0 + G * kWarpRows <= T) {
+        maxima(std::false_type{});
+      } else {
+        maxima(std::true_type{});
+      }
       ZR_UNROLL
       for (int i = 0; i < 2 * G; ++i) {
         x.QuadAllReduce(w, tmax, i, [](float a, float c) { return math::Max(a, c); });

@@ -12,7 +12,7 @@
 // rescales l and the output accumulator by alpha = exp(m_old - m) (Rescale); each key then adds
 // p = exp(s - m) to l and p x v to the accumulator. After the last tile out = accumulator / l and
 // lse = m + log l, the one fp32 value per query the backward needs (Lse).
-// Backward, per query and key: p = exp(s - lse) recomputed (RecomputedProb), dP = dout.v,
+// Backward, per query and key: p = exp(s - lse) recomputed (in base 2: ProbExponent2), dP = dout.v,
 // dS = p (dP - D) scale with D = dout.out for the query (ScoreGrad, FlashAttention-2's order);
 // then dq += dS k, dk += dS q, dv += p dout. Which sums run in which order (a tile's maximum and
 // sum, the GEMMs) is each device's, as for model_math.h (kernels/README.md).
@@ -59,9 +59,16 @@ struct OnlineSoftmax {
   ZR_HOST_DEVICE float Lse() const { return Add(max, ::logf(sum)); }
 };
 
-// The backward's probability of a key, from the raw dot product and the forward's log-sum-exp.
-ZR_HOST_DEVICE inline float RecomputedProb(float dot, float scale, float lse) {
-  return FastExp(Sub(ScaledScore(dot, scale), lse));
+// log2(e): probabilities are taken in base 2, as the CUDA programs' exp2 does it (one fma and
+// the hardware's exp2 where a polynomial exp would be about twenty ALU operations a score).
+inline constexpr float kLog2e = 1.44269504088896340736f;
+// The backward's probability of a key from the raw dot product and the forward's log-sum-exp in
+// base 2: p = 2^(dot c2 - lse2), c2 = scale log2(e) and lse2 = lse log2(e) (Base2, each once per
+// call or per query). This is the exponent; the CPU takes FastExp2 of it, the CUDA programs the
+// hardware's exp2 (a difference of an ulp or two, not of the argument).
+ZR_HOST_DEVICE inline float Base2(float x) { return Mul(x, kLog2e); }
+ZR_HOST_DEVICE inline float ProbExponent2(float dot, float c2, float lse2) {
+  return Fma(dot, c2, -lse2);
 }
 
 // dS for one (query, key): p (dP - D) scale, the gradient of the raw dot product q.k.

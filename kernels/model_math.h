@@ -15,6 +15,20 @@
 
 namespace zerort::math {
 
+// e^r for |r| <= ln 2 / 2 (Cephes' expf polynomial) times 2^n, n's bits being the low mantissa
+// bits of `shifted` = n + 1.5 x 2^23 (they hold n + 2^22): unsigned arithmetic, no float-to-int
+// conversion, so a NaN argument is not undefined behaviour (p is NaN anyway).
+ZR_HOST_DEVICE inline float ExpOfReduced(float r, float shifted) {
+  float p = 1.9875691500e-4f;
+  p = Add(Mul(p, r), 1.3981999507e-3f);
+  p = Add(Mul(p, r), 8.3334519073e-3f);
+  p = Add(Mul(p, r), 4.1665795894e-2f);
+  p = Add(Mul(p, r), 1.6666665459e-1f);
+  p = Add(Mul(p, r), 5.0000001201e-1f);
+  p = Add(Add(Mul(Mul(p, r), r), r), 1.0f);
+  return Mul(p, BitsFloat((FloatBits(shifted) - 0x4B400000u + 127u) << 23));
+}
+
 // e^x, relative error below 3e-7 (Cephes' expf polynomial after a Cody-Waite reduction);
 // arguments below -87.3 give about 1e-38 instead of smaller values or 0, above 88.37 they give
 // e^88.37; NaN stays NaN. Branch-free, so CPU loops calling it vectorise.
@@ -24,16 +38,17 @@ ZR_HOST_DEVICE inline float FastExp(float x) {
   const float shifted = Add(Mul(x, 1.44269504089f), 12582912.0f);
   const float n = Sub(shifted, 12582912.0f);
   const float r = Add(Sub(x, Mul(n, 0.693359375f)), Mul(n, 2.12194440e-4f));  // x - n ln 2
-  float p = 1.9875691500e-4f;
-  p = Add(Mul(p, r), 1.3981999507e-3f);
-  p = Add(Mul(p, r), 8.3334519073e-3f);
-  p = Add(Mul(p, r), 4.1665795894e-2f);
-  p = Add(Mul(p, r), 1.6666665459e-1f);
-  p = Add(Mul(p, r), 5.0000001201e-1f);
-  p = Add(Add(Mul(Mul(p, r), r), r), 1.0f);
-  // 2^n from n's bits in `shifted` (its low mantissa bits hold n + 2^22): unsigned arithmetic,
-  // no float-to-int conversion, so a NaN argument is not undefined behaviour (p is NaN anyway).
-  return Mul(p, BitsFloat((FloatBits(shifted) - 0x4B400000u + 127u) << 23));
+  return ExpOfReduced(r, shifted);
+}
+
+// 2^x by the same polynomial: x = n + f with n = round(x), f exact, 2^f = e^(f ln 2); relative
+// error below 3e-7, arguments clamped to [-126, 127]. The CPU's twin of a GPU's exp2 (the flash
+// programs' probabilities, kernels/flash_math.h).
+ZR_HOST_DEVICE inline float FastExp2(float x) {
+  x = Min(Max(x, -126.0f), 127.0f);
+  const float shifted = Add(x, 12582912.0f);
+  const float n = Sub(shifted, 12582912.0f);
+  return ExpOfReduced(Mul(Sub(x, n), 0.693147181f), shifted);
 }
 
 // ---- GELU (tanh approximation) ---------------------------------------------------------------

@@ -220,10 +220,10 @@ ZR_CPU_CLONES void FlashBackwardBlock(float* p, float* dp, int ld, int m, int kn
     float* prow = p + static_cast<int64_t>(i) * ld;
     float* drow = dp + static_cast<int64_t>(i) * ld;
     const int valid = math::CausalKeys(q0 + i, k0, kn);
-    const float shift = lse[q0 + i], di = d[q0 + i];
+    const float c2 = math::Base2(scale), shift = math::Base2(lse[q0 + i]), di = d[q0 + i];
 #pragma omp simd
     for (int j = 0; j < valid; ++j) {
-      prow[j] = math::RecomputedProb(prow[j], scale, shift);
+      prow[j] = math::FastExp2(math::ProbExponent2(prow[j], c2, shift));
       drow[j] = math::ScoreGrad(prow[j], drow[j], di, scale);
     }
     std::fill(prow + valid, prow + kn, 0.0f);

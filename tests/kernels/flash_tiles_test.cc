@@ -65,6 +65,11 @@ TEST(FlashTilesTest, TheHundredTwentyEightKeyBackwardAtHeadSize64) {
 // compares their losses): its outputs and gradients are closer to the programs' than the same
 // kernels' with P and dS kept in fp32. On 2026-11-30, before this, cuda_parity's bf16 flash run
 // differed by 2.65e-3 at one step, against 7.8e-5 for the materialised bf16 one.
+// Both sides take P from the same base-2 exponent (math::ProbExponent2), but their dot products
+// and log-sum-exps differ in the last bits (about 30% of the rows' lse in these cases), so dS's
+// 16-bit rounding still flips in places: 3.5e-5 to 8.8e-5 of the gradients, against 3.5e-4 to
+// 3e-3 with P and dS kept in fp32. (Before 2026-11-30's base-2 exponent, whose form the flips
+// follow, 1.9e-5 to 6.2e-5; against the double reference the programs are as accurate either way.)
 TEST(FlashTilesTest, TheCpuModelKernelsRoundAsThePrograms) {
   for (const FlashCase& c : {FlashCase{true, 2, 100, 4, 2, 64}, FlashCase{false, 1, 100, 4, 2, 64},
                              FlashCase{true, 1, 130, 2, 2, 128}}) {
@@ -115,7 +120,7 @@ TEST(FlashTilesTest, TheCpuModelKernelsRoundAsThePrograms) {
     std::printf("%s hs%d: out %.3g (fp32 P: %.3g), gradients %.3g (fp32 P, dS: %.3g)\n",
                 c.bf16 ? "bf16" : "fp16", c.hs, out_rounded, out_kept, grad_rounded, grad_kept);
     EXPECT_LT(out_rounded, 0.1 * out_kept);
-    EXPECT_LT(grad_rounded, 0.1 * grad_kept);
+    EXPECT_LT(grad_rounded, 0.2 * grad_kept);
   }
 }
 

@@ -48,8 +48,11 @@ void ExpectMatchesOneRank(DecoderRunConfig c, int world) {
   const std::vector<double> reference = TrainLoopback(one, c.tp, &want);
   const std::vector<double> losses = TrainLoopback(c, world, &got);
   ASSERT_EQ(losses.size(), reference.size()) << what;
+  // fp16 with dynamic loss scaling: see below; its losses to 5e-5 (since the flash backward's
+  // base-2 exponent, 2026-11-30, 1f1b pp2 zero1 differed by 1.1e-5 at step 7 on an AVX2 machine).
+  const double loss_tolerance = c.compute == DType::kF16 ? 5e-5 : 1e-5;
   for (size_t i = 0; i < losses.size(); ++i) {
-    EXPECT_NEAR(losses[i], reference[i], 1e-5) << what << " step " << i + 1;
+    EXPECT_NEAR(losses[i], reference[i], loss_tolerance) << what << " step " << i + 1;
   }
   ASSERT_EQ(got.size(), want.size()) << what;
   const int d = c.model.d_model;
@@ -70,8 +73,7 @@ void ExpectMatchesOneRank(DecoderRunConfig c, int world) {
     // fp16 with dynamic loss scaling: its rounding noise is another than bf16's, and on an
     // AVX-512 machine (AMD EPYC, 2026-11-27; the CPU kernels' vector width changes their
     // summation order) the pipeline's fp16 run differed from one rank's by 1.5e-5 in a weight and
-    // 1.6e-3 in a key bias after 8 steps (at HEAD too: not a pipeline change). Its losses still
-    // agree to 1e-5.
+    // 1.6e-3 in a key bias after 8 steps (at HEAD too: not a pipeline change).
     const bool f16 = c.compute == DType::kF16;
     EXPECT_LT(worst, f16 ? 5e-5 : 1e-5) << what << " " << name;
     EXPECT_LT(worst_key, f16 ? 5e-3 : 1e-4) << what << " " << name << " (key bias)";
