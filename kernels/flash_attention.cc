@@ -20,9 +20,17 @@ Status CheckFlashAttention(DType dtype, const FlashAttentionShape& s) {
                                              ", ", s.heads, " query heads over ", s.kv_heads,
                                              " key/value heads is not an attention shape"));
   }
-  if (int64_t{s.batch} * s.heads > 65535) {  // the grid's y dimension
+  if (int64_t{s.batch} * s.heads > 65535) {  // the 2-D grids' y dimension
     return absl::InvalidArgumentError(StrCat(
         "flash attention on CUDA: batch x heads = ", int64_t{s.batch} * s.heads, " is over 65535"));
+  }
+  // The 1-D grids ([Note: the longest blocks first]): a block per 64-query tile of each head
+  // within 2^31 - 1. Only a sequence of millions reaches it (its fp32 log-sum-exps alone would
+  // be over 500 GB); AttentionProgramFor, which has no sequence, does not check it.
+  const int64_t blocks = int64_t{s.batch} * s.heads * ((int64_t{s.seq} + 63) / 64);
+  if (blocks > 2147483647) {
+    return absl::InvalidArgumentError(
+        StrCat("flash attention on CUDA: ", blocks, " blocks of 64 queries is over 2^31 - 1"));
   }
   return absl::OkStatus();
 }

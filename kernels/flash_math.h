@@ -59,14 +59,11 @@ struct OnlineSoftmax {
   ZR_HOST_DEVICE float Lse() const { return Add(max, ::logf(sum)); }
 };
 
-// log2(e): probabilities are taken in base 2, as the CUDA programs' exp2 does it (one fma and
-// the hardware's exp2 where a polynomial exp would be about twenty ALU operations a score).
-inline constexpr float kLog2e = 1.44269504088896340736f;
 // The backward's probability of a key from the raw dot product and the forward's log-sum-exp in
-// base 2: p = 2^(dot c2 - lse2), c2 = scale log2(e) and lse2 = lse log2(e) (Base2, each once per
-// call or per query). This is the exponent; the CPU takes FastExp2 of it, the CUDA programs the
-// hardware's exp2 (a difference of an ulp or two, not of the argument).
-ZR_HOST_DEVICE inline float Base2(float x) { return Mul(x, kLog2e); }
+// base 2 (the CUDA programs' exp2 is one instruction where a polynomial exp would be about
+// twenty-six): p = 2^(dot c2 - lse2), c2 = scale log2(e) and lse2 = lse log2(e) (Base2, each once
+// per call or per query). This is the exponent; the CPU takes FastExp2 of it, the CUDA programs
+// the hardware's exp2 (a difference of an ulp or two, not of the argument).
 ZR_HOST_DEVICE inline float ProbExponent2(float dot, float c2, float lse2) {
   return Fma(dot, c2, -lse2);
 }

@@ -41,6 +41,11 @@ ZR_HOST_DEVICE inline float FastExp(float x) {
   return ExpOfReduced(r, shifted);
 }
 
+// log2(e), and x in base-2 units (x log2(e)): e^(x - m) = 2^(Base2(x) - Base2(m)), the form the
+// CUDA kernels that take the hardware's exp2 use (kernels/cuda/exp2.cuh).
+inline constexpr float kLog2e = 1.44269504088896340736f;
+ZR_HOST_DEVICE inline float Base2(float x) { return Mul(x, kLog2e); }
+
 // 2^x by the same polynomial: x = n + f with n = round(x), f exact, 2^f = e^(f ln 2); relative
 // error below 3e-7, arguments clamped to [-126, 127]. The CPU's twin of a GPU's exp2 (the flash
 // programs' probabilities, kernels/flash_math.h).

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "zerort/kernels/cuda/convert.cuh"
+#include "zerort/kernels/cuda/exp2.cuh"
 #include "zerort/kernels/flash_attention.h"
 #include "zerort/kernels/flash_backward.h"
 #include "zerort/kernels/flash_forward.h"
@@ -49,11 +50,7 @@ struct CudaExec {
     __device__ const T* at(int, int) const { return v; }
   };
   static constexpr bool kBf16 = std::is_same_v<E, __nv_bfloat16>;
-  __device__ static float Exp2(float v) {
-    float r;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-    return r;
-  }
+  __device__ static float Exp2(float v) { return cuda::Ex2Approx(v); }
   // P's values are finite probabilities: the paired conversion rounds them as FromF would.
   __device__ static uint32_t Pack(float lo, float hi) {
     if constexpr (kBf16) {
@@ -143,9 +140,10 @@ template <int D, typename E, int G>
 __global__ void __launch_bounds__(flash::kThreads)
     ForwardKernel(const E* qkv, E* out, float* lse, flash::Shape sh) {
   extern __shared__ __align__(128) unsigned char smem[];
-  // The query tiles that visit the most key tiles (the last ones) are started first.
-  flash::ForwardProgram<D, G>(CudaExec<E>{}, smem, qkv, out, lse, sh, gridDim.x - 1 - blockIdx.x,
-                              blockIdx.y);
+  // Every head's last query tile (the most key tiles) first: [Note: the longest blocks first].
+  const flash::GridBlock b = flash::LongestFirst(blockIdx.x, sh.batch * sh.heads);
+  flash::ForwardProgram<D, G>(CudaExec<E>{}, smem, qkv, out, lse, sh,
+                              flash::ForwardTiles<D, G>(sh) - 1 - b.rank, b.head);
 }
 // The backward's three programs ([Note: the backward's programs]).
 template <int D, typename E>
@@ -160,9 +158,11 @@ __global__ void __launch_bounds__(32 * W, D == 64 && C == 32 && W == 4 ? 3 : 1)
     BackwardKernel(E* dqkv, float* dq, const E* dout, const E* qkv, const float* lse,
                    const float* dvec, flash::Shape sh) {
   extern __shared__ __align__(128) unsigned char smem[];
-  // A key tile's block visits the query tiles from the diagonal on: tile 0's visits the most.
-  flash::BackwardProgram<D, C>(CudaExec<E, W>{}, smem, dqkv, dq, dout, qkv, lse, dvec, sh,
-                               blockIdx.x, blockIdx.y);
+  // A key tile's block visits the query tiles from the diagonal on: every head's tile 0 (the
+  // most) first, [Note: the longest blocks first].
+  const flash::GridBlock b = flash::LongestFirst(blockIdx.x, sh.batch * sh.kv_heads);
+  flash::BackwardProgram<D, C>(CudaExec<E, W>{}, smem, dqkv, dq, dout, qkv, lse, dvec, sh, b.rank,
+                               b.head);
 }
 template <int D, typename E>
 __global__ void __launch_bounds__(flash::kThreads)
@@ -195,7 +195,7 @@ Status ForwardAs(const flash::Shape& sh, void* out, float* lse, const void* qkv,
   constexpr int smem = flash::ForwardSmem<D, G>::bytes;
   ZR_RETURN_IF_ERROR((AllowSmem<ForwardKernel<D, E, G>>(smem)));
   ForwardKernel<D, E, G>
-      <<<dim3(flash::ForwardTiles<D, G>(sh), sh.batch * sh.heads), flash::kThreads, smem, stream>>>(
+      <<<flash::ForwardTiles<D, G>(sh) * sh.batch * sh.heads, flash::kThreads, smem, stream>>>(
           static_cast<const E*>(qkv), static_cast<E*>(out), lse, sh);
   ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
@@ -219,10 +219,9 @@ Status LaunchBackwardAs(const flash::Shape& sh, void* dqkv, float* dq, const voi
   constexpr int keys = flash::kWarpRows * W;
   constexpr int smem = flash::BackwardSmem<D, keys>::bytes;
   ZR_RETURN_IF_ERROR((AllowSmem<BackwardKernel<D, E, C, W>>(smem)));
-  BackwardKernel<D, E, C, W>
-      <<<dim3(sh.tiles(keys), sh.batch * sh.kv_heads), 32 * W, smem, stream>>>(
-          static_cast<E*>(dqkv), dq, static_cast<const E*>(dout), static_cast<const E*>(qkv), lse,
-          dvec, sh);
+  BackwardKernel<D, E, C, W><<<sh.tiles(keys) * sh.batch * sh.kv_heads, 32 * W, smem, stream>>>(
+      static_cast<E*>(dqkv), dq, static_cast<const E*>(dout), static_cast<const E*>(qkv), lse, dvec,
+      sh);
   ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

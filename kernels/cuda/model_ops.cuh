@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "zerort/kernels/cuda/convert.cuh"
+#include "zerort/kernels/cuda/exp2.cuh"
 #include "zerort/kernels/launch_geometry.h"
 #include "zerort/kernels/memory_facts.h"
 #include "zerort/kernels/model_math.h"
@@ -27,6 +28,7 @@
 namespace zerort {
 namespace {
 
+using cuda::Ex2Approx;
 using cuda::FromFloat;
 using cuda::ToFloat;
 using bf16 = __nv_bfloat16;
@@ -556,6 +558,20 @@ static __global__ void CausalSoftmaxBackwardKernel(T* datt, const T* att, int64_
 // can find the row in L2 (llm.c's fused classifier takes 1024-thread blocks too). Not yet timed.
 constexpr int kClassifierThreads = 1024;
 
+// e^(x - m), m2 = math::Base2(m). fp32 logits by FastExp, the CPU's, so that an fp32 run's losses
+// and gradients are the CPU's bits. 16-bit logits by one fma in base 2 and the hardware's exp2
+// (kernels/cuda/exp2.cuh): their gradient is rounded to 8 or 11 bits, and FastExp's ~26 ALU
+// instructions, twice a logit (the sum, the gradient) over GPT-2's 8 x 1024 x 50,304 logits a
+// micro-batch, are more than the kernel's memory traffic takes on an H100/H200.
+template <typename T>
+__device__ __forceinline__ float ExpShifted(float x, float m, float m2) {
+  if constexpr (std::is_same_v<T, float>) {
+    return math::FastExp(math::Sub(x, m));
+  } else {
+    return Ex2Approx(math::Fma(x, math::kLog2e, -m2));
+  }
+}
+
 // W: the logits a thread takes at a time (kVec where a row is whole 128-bit vectors and the
 // logits 16-byte aligned, else 1); the element arithmetic is the same at both widths.
 template <typename T, int W>
@@ -571,11 +587,12 @@ static __global__ void __launch_bounds__(kClassifierThreads)
     for (int e = 0; e < W; ++e) max = fmaxf(max, x[e]);
   }
   max = BlockMax<kClassifierThreads>(max);
+  const float max2 = math::Base2(max);
   float sum = 0.0f;
   for (int c = threadIdx.x * W; c < vocab; c += blockDim.x * W) {
     LoadN(z + c, x);
 #pragma unroll
-    for (int e = 0; e < W; ++e) sum += math::FastExp(math::Sub(x[e], max));
+    for (int e = 0; e < W; ++e) sum += ExpShifted<T>(x[e], max, max2);
   }
   sum = BlockSum<kClassifierThreads>(sum);
   const float log_sum = logf(sum);
@@ -583,12 +600,13 @@ static __global__ void __launch_bounds__(kClassifierThreads)
   if (threadIdx.x == 0) losses[row] = math::CrossEntropyLoss(ToFloat(z[target]), max, log_sum);
   __syncthreads();  // z[target] is read above before anyone overwrites it
   if (scale == 0.0f) return;
-  const float shift = math::Add(max, log_sum);
+  const float shift = math::Add(max, log_sum), shift2 = math::Base2(shift);
   for (int c = threadIdx.x * W; c < vocab; c += blockDim.x * W) {
     LoadN(z + c, x);
 #pragma unroll
     for (int e = 0; e < W; ++e) {
-      const float g = math::CrossEntropyGrad(x[e], shift, scale);
+      // math::CrossEntropyGrad's softmax(z) scale, its exp as above.
+      const float g = math::Mul(ExpShifted<T>(x[e], shift, shift2), scale);
       x[e] = c + e == target ? math::CrossEntropyTargetGrad(g, scale) : g;
     }
     StoreN(z + c, x);

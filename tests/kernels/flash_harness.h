@@ -233,12 +233,13 @@ FlashOutputs RunFlashOnCpuAs(const FlashInputs& in) {
     smem.assign(bytes, 0xFF);
     return smem.data();
   };
-  for (int bh = 0; bh < sh.batch * sh.heads; ++bh) {
-    for (int t = 0; t < flash::ForwardTiles<D, G>(sh); ++t) {
-      flash::ForwardProgram<D, G>(x, fresh(flash::ForwardSmem<D, G>::bytes), in.qkv.data(),
-                                  r.out.data(), r.lse.data(), sh, t, bh);
-      EXPECT_TRUE(x.CopiesDone()) << "the forward left copies in flight";
-    }
+  // The 1-D grids' order, as the kernels map it ([Note: the longest blocks first]).
+  const int forward_tiles = flash::ForwardTiles<D, G>(sh), heads = sh.batch * sh.heads;
+  for (int64_t i = 0; i < int64_t{forward_tiles} * heads; ++i) {
+    const flash::GridBlock b = flash::LongestFirst(i, heads);
+    flash::ForwardProgram<D, G>(x, fresh(flash::ForwardSmem<D, G>::bytes), in.qkv.data(),
+                                r.out.data(), r.lse.data(), sh, forward_tiles - 1 - b.rank, b.head);
+    EXPECT_TRUE(x.CopiesDone()) << "the forward left copies in flight";
   }
   // The dQ accumulator starts as NaN: the Dot program must zero every row the others add to.
   std::vector<float> dq(in.out_size(), std::numeric_limits<float>::quiet_NaN());
@@ -249,13 +250,13 @@ FlashOutputs RunFlashOnCpuAs(const FlashInputs& in) {
     }
   }
   constexpr int kKeys = 16 * W;
-  for (int bkv = 0; bkv < sh.batch * sh.kv_heads; ++bkv) {
-    for (int t = 0; t < sh.tiles(kKeys); ++t) {
-      flash::BackwardProgram<D, C>(xw, fresh(flash::BackwardSmem<D, kKeys>::bytes), r.dqkv.data(),
-                                   dq.data(), in.dout.data(), in.qkv.data(), r.lse.data(),
-                                   r.dvec.data(), sh, t, bkv);
-      EXPECT_TRUE(xw.CopiesDone()) << "the backward left copies in flight";
-    }
+  const int kv = sh.batch * sh.kv_heads;
+  for (int64_t i = 0; i < int64_t{sh.tiles(kKeys)} * kv; ++i) {
+    const flash::GridBlock b = flash::LongestFirst(i, kv);
+    flash::BackwardProgram<D, C>(xw, fresh(flash::BackwardSmem<D, kKeys>::bytes), r.dqkv.data(),
+                                 dq.data(), in.dout.data(), in.qkv.data(), r.lse.data(),
+                                 r.dvec.data(), sh, b.rank, b.head);
+    EXPECT_TRUE(xw.CopiesDone()) << "the backward left copies in flight";
   }
   for (int bh = 0; bh < sh.batch * sh.heads; ++bh) {
     for (int t = 0; t < sh.tiles(); ++t) {

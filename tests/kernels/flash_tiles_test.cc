@@ -135,6 +135,10 @@ TEST(FlashTilesTest, TheProgramsCheckTheirShapes) {
   EXPECT_NE(hs.message().find("96"), std::string_view::npos) << hs;
   EXPECT_FALSE(CheckFlashAttention(DType::kBF16, {1, 8, 3, 2, 64}).ok());       // 3 over 2
   EXPECT_FALSE(CheckFlashAttention(DType::kBF16, {4096, 8, 32, 32, 64}).ok());  // grid's y
+  // The 1-D grids: 65535 heads x 31,250 tiles of 64 fit 2^31 - 1 blocks, 34,375 do not.
+  EXPECT_TRUE(CheckFlashAttention(DType::kBF16, {65535, 2000000, 1, 1, 64}).ok());
+  const Status blocks = CheckFlashAttention(DType::kBF16, {65535, 2200000, 1, 1, 64});
+  EXPECT_NE(blocks.message().find("over 2^31 - 1"), std::string_view::npos) << blocks;
   // model.attention_backend: a flash request is checked, naming the key; the others pass.
   using internal::CheckAttentionBackend;
   const Status asked =
