@@ -237,7 +237,11 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
         // but the diagonal's and the tails' steps, so those alone pay for the mask.
         const bool whole =
             k0 + r0 + kWarpRows <= T && c0 + kCols <= qn && q0 + c0 >= k0 + r0 + kWarpRows - 1;
-        // P^T then dS^T, for `masked` a std::bool_constant: the same scores either way.
+        // P^T then dS^T, for `masked` a std::bool_constant: the same scores either way. Each
+        // form is a whole step, products included, as FlashAttention-2 runs its masked
+        // iterations apart: with the products shared between two forms of the element loops,
+        // sm_90 ptxas took 254-255 registers against 247-248 and spilled more (32-query chunks:
+        // 56 bytes against 24-36).
         auto probs_and_grads = [&](auto masked) {
           x.ForLanes([&](int lane) {
             float* sw = s.at(w, lane);
