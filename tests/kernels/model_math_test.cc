@@ -21,13 +21,21 @@ namespace {
 
 bool SameBits(float a, float b) { return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b); }
 
-TEST(ModelMathTest, FastExpIsWithin3e7OfExpAndKeepsNaN) {
+// The largest relative error of f against the double reference over [lo, hi) in steps.
+template <typename F, typename R>
+double WorstRelativeError(F f, R reference, float lo, float hi, float step) {
   double worst = 0;
-  for (float x = -87.0f; x < 88.0f; x += 0.00097f) {
-    const double want = std::exp(static_cast<double>(x));
-    worst = std::max(worst, std::abs(math::FastExp(x) - want) / want);
+  for (float x = lo; x < hi; x += step) {
+    const double want = reference(static_cast<double>(x));
+    worst = std::max(worst, std::abs(f(x) - want) / want);
   }
-  EXPECT_LT(worst, 3e-7);
+  return worst;
+}
+
+TEST(ModelMathTest, FastExpIsWithin3e7OfExpAndKeepsNaN) {
+  EXPECT_LT(WorstRelativeError(
+                math::FastExp, [](double x) { return std::exp(x); }, -87.0f, 88.0f, 0.00097f),
+            3e-7);
   EXPECT_TRUE(std::isnan(math::FastExp(NAN)));
   EXPECT_TRUE(std::isnan(math::FastExp(-NAN)));
   EXPECT_EQ(math::FastExp(0.0f), 1.0f);
@@ -35,6 +43,20 @@ TEST(ModelMathTest, FastExpIsWithin3e7OfExpAndKeepsNaN) {
   EXPECT_GT(math::FastExp(-INFINITY), 0.0f);
   EXPECT_LT(math::FastExp(-INFINITY), 2e-38f);
   EXPECT_TRUE(std::isfinite(math::FastExp(INFINITY)));
+}
+
+// FastExp2 (the CPU flash backward's 2^x) against libm: relative error below 3e-7 over its
+// range, exact at the integers it reduces to, clamped to [2^-126, 2^127] outside; NaN.
+TEST(ModelMathTest, FastExp2IsWithin3e7OfExp2AndKeepsNaN) {
+  EXPECT_LT(WorstRelativeError(
+                math::FastExp2, [](double x) { return std::exp2(x); }, -126.0f, 127.0f, 0.00171f),
+            3e-7);
+  for (float x : {-126.0f, -3.0f, 0.0f, 1.0f, 10.0f, 127.0f}) {
+    EXPECT_EQ(math::FastExp2(x), std::exp2(x)) << x;
+  }
+  EXPECT_EQ(math::FastExp2(-1000.0f), std::exp2(-126.0f));
+  EXPECT_EQ(math::FastExp2(1000.0f), std::exp2(127.0f));
+  EXPECT_TRUE(std::isnan(math::FastExp2(NAN)));
 }
 
 double GeluReference(double x) {
