@@ -72,29 +72,31 @@ static __global__ void RmsNormInputGradKernel(T* dinp, const T* dout, const T* i
   }
 }
 
-// A rotary thread's work, from its index over rows x (heads + kv_heads) head slots x hs / 2
-// channel pairs: pair i of head slot `slot` (0..heads-1 the query heads, then the key heads) of
-// `row`, turned by the angle whose cosine and sine are c and s.
-struct RopePair {
-  int i, slot;
+// A rotary thread's work, from its index over rows x hs / 2 channel pairs: pair i of `row`,
+// turned by the angle whose cosine and sine are c and s, in every head slot of the row (0..heads-1
+// the query heads, then the key heads). The angle is the same in all of them, so its powf and
+// sincosf (and the index's int64 division) are paid once a row and pair, not once a head slot:
+// with a thread per slot they were about 300 instructions a pair, several times the kernel's
+// memory traffic (LLaMA-1B: 40 slots a row). The per-pair arithmetic is unchanged, so the bits.
+struct RopeAngle {
+  int i;
   int64_t row;
   float c, s;
 };
-__device__ __forceinline__ RopePair RopePairOf(int64_t idx, int seq, int heads, int kv_heads,
-                                               int head_size, const Rope& rope) {
-  const int half = head_size / 2, slots = heads + kv_heads;
-  RopePair p;
-  p.i = static_cast<int>(idx % half);
-  p.slot = static_cast<int>((idx / half) % slots);
-  p.row = idx / (int64_t{half} * slots);
-  const float inv_freq = RopeInvFreq<float>(rope, p.i, head_size);
-  sincosf(static_cast<float>(p.row % seq) * inv_freq, &p.s, &p.c);
-  return p;
+__device__ __forceinline__ RopeAngle RopeAngleOf(int64_t idx, int seq, int head_size,
+                                                 const Rope& rope) {
+  const int half = head_size / 2;
+  RopeAngle a;
+  a.row = idx / half;
+  a.i = static_cast<int>(idx - a.row * half);
+  const float inv_freq = RopeInvFreq<float>(rope, a.i, head_size);
+  sincosf(static_cast<float>(a.row % seq) * inv_freq, &a.s, &a.c);
+  return a;
 }
 
-// One thread per (row, head slot, channel pair), slots 0..heads-1 the query heads and then the
-// kv_heads key/value heads ([Note: the qkv layout]): q's or k's pair rotated, with k's the value
-// head's two channels copied. n = rows x (heads + kv_heads) x hs / 2.
+// One thread per (row, channel pair), over the query and then the kv_heads key/value head slots
+// ([Note: the qkv layout]): q's or k's pair rotated, with k's the value head's two channels
+// copied. n = rows x hs / 2.
 template <typename T>
 static __global__ void RopeQkvKernel(T* qkv, const T* q, const T* k, const T* v, int seq, int heads,
                                      int kv_heads, int head_size, Rope rope, int64_t n) {
@@ -102,17 +104,19 @@ static __global__ void RopeQkvKernel(T* qkv, const T* q, const T* k, const T* v,
   const int half = head_size / 2;
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < n;
        idx += int64_t{gridDim.x} * blockDim.x) {
-    const auto [i, slot, row, c, s] = RopePairOf(idx, seq, heads, kv_heads, head_size, rope);
-    T* out = qkv + row * l.row() + int64_t{slot} * head_size;  // q head, or k head slot - heads
-    const T* x = slot < heads ? q + row * l.q_cols() + int64_t{slot} * head_size
-                              : k + row * l.kv_cols() + int64_t{slot - heads} * head_size;
-    const float x1 = ToFloat(x[i]), x2 = ToFloat(x[i + half]);
-    out[i] = FromFloat<T>(x1 * c - x2 * s);
-    out[i + half] = FromFloat<T>(x2 * c + x1 * s);
-    if (slot >= heads) {
-      const T* vs = v + row * l.kv_cols() + int64_t{slot - heads} * head_size;
-      out[l.kv_cols() + i] = vs[i];
-      out[l.kv_cols() + i + half] = vs[i + half];
+    const auto [i, row, c, s] = RopeAngleOf(idx, seq, head_size, rope);
+    for (int slot = 0; slot < heads + kv_heads; ++slot) {
+      T* out = qkv + row * l.row() + int64_t{slot} * head_size;  // q head, or k head slot - heads
+      const T* x = slot < heads ? q + row * l.q_cols() + int64_t{slot} * head_size
+                                : k + row * l.kv_cols() + int64_t{slot - heads} * head_size;
+      const float x1 = ToFloat(x[i]), x2 = ToFloat(x[i + half]);
+      out[i] = FromFloat<T>(x1 * c - x2 * s);
+      out[i + half] = FromFloat<T>(x2 * c + x1 * s);
+      if (slot >= heads) {
+        const T* vs = v + row * l.kv_cols() + int64_t{slot - heads} * head_size;
+        out[l.kv_cols() + i] = vs[i];
+        out[l.kv_cols() + i + half] = vs[i + half];
+      }
     }
   }
 }
@@ -127,28 +131,30 @@ static __global__ void RopeQkvBackwardKernel(T* dq, T* dk, T* dv, const T* dqkv,
   const int half = head_size / 2;
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < n;
        idx += int64_t{gridDim.x} * blockDim.x) {
-    const auto [i, slot, row, c, s] = RopePairOf(idx, seq, heads, kv_heads, head_size, rope);
-    const T* in = dqkv + row * l.row() + int64_t{slot} * head_size;
-    T* d = slot < heads
-               ? (dq == nullptr ? nullptr : dq + row * l.q_cols() + int64_t{slot} * head_size)
-               : (dk == nullptr ? nullptr
-                                : dk + row * l.kv_cols() + int64_t{slot - heads} * head_size);
-    const float y1 = ToFloat(in[i]), y2 = ToFloat(in[i + half]);
-    if (d != nullptr) {
-      d[i] = FromFloat<T>(ToFloat(d[i]) + y1 * c + y2 * s);
-      d[i + half] = FromFloat<T>(ToFloat(d[i + half]) + y2 * c - y1 * s);
-    }
-    if (slot >= heads && dv != nullptr) {
-      T* dvs = dv + row * l.kv_cols() + int64_t{slot - heads} * head_size;
-      dvs[i] = FromFloat<T>(ToFloat(dvs[i]) + ToFloat(in[l.kv_cols() + i]));
-      dvs[i + half] = FromFloat<T>(ToFloat(dvs[i + half]) + ToFloat(in[l.kv_cols() + i + half]));
+    const auto [i, row, c, s] = RopeAngleOf(idx, seq, head_size, rope);
+    for (int slot = 0; slot < heads + kv_heads; ++slot) {
+      const T* in = dqkv + row * l.row() + int64_t{slot} * head_size;
+      T* d = slot < heads
+                 ? (dq == nullptr ? nullptr : dq + row * l.q_cols() + int64_t{slot} * head_size)
+                 : (dk == nullptr ? nullptr
+                                  : dk + row * l.kv_cols() + int64_t{slot - heads} * head_size);
+      const float y1 = ToFloat(in[i]), y2 = ToFloat(in[i + half]);
+      if (d != nullptr) {
+        d[i] = FromFloat<T>(ToFloat(d[i]) + y1 * c + y2 * s);
+        d[i + half] = FromFloat<T>(ToFloat(d[i + half]) + y2 * c - y1 * s);
+      }
+      if (slot >= heads && dv != nullptr) {
+        T* dvs = dv + row * l.kv_cols() + int64_t{slot - heads} * head_size;
+        dvs[i] = FromFloat<T>(ToFloat(dvs[i]) + ToFloat(in[l.kv_cols() + i]));
+        dvs[i + half] = FromFloat<T>(ToFloat(dvs[i + half]) + ToFloat(in[l.kv_cols() + i + half]));
+      }
     }
   }
 }
 
 // In place on qkv ([Note: the qkv layout]), over the query and key head slots' channel pairs:
-// the rotation, or with `transpose` its transpose (turned by -angle). n = rows x (heads +
-// kv_heads) x hs / 2; each thread reads and writes its own pair.
+// the rotation, or with `transpose` its transpose (turned by -angle). n = rows x hs / 2; each
+// thread reads and writes its own pair in each slot.
 template <typename T>
 static __global__ void RopeQkvInPlaceKernel(T* qkv, int seq, int heads, int kv_heads, int head_size,
                                             Rope rope, bool transpose, int64_t n) {
@@ -156,13 +162,15 @@ static __global__ void RopeQkvInPlaceKernel(T* qkv, int seq, int heads, int kv_h
   const int half = head_size / 2;
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < n;
        idx += int64_t{gridDim.x} * blockDim.x) {
-    const RopePair p = RopePairOf(idx, seq, heads, kv_heads, head_size, rope);
-    const int i = p.i;
-    const float c = p.c, s = transpose ? -p.s : p.s;             // the transpose turns by -angle
-    T* x = qkv + p.row * l.row() + int64_t{p.slot} * head_size;  // a q head, or a k head
-    const float x1 = ToFloat(x[i]), x2 = ToFloat(x[i + half]);
-    x[i] = FromFloat<T>(x1 * c - x2 * s);
-    x[i + half] = FromFloat<T>(x2 * c + x1 * s);
+    const RopeAngle a = RopeAngleOf(idx, seq, head_size, rope);
+    const int i = a.i;
+    const float c = a.c, s = transpose ? -a.s : a.s;  // the transpose turns by -angle
+    for (int slot = 0; slot < heads + kv_heads; ++slot) {
+      T* x = qkv + a.row * l.row() + int64_t{slot} * head_size;  // a q head, or a k head
+      const float x1 = ToFloat(x[i]), x2 = ToFloat(x[i + half]);
+      x[i] = FromFloat<T>(x1 * c - x2 * s);
+      x[i + half] = FromFloat<T>(x2 * c + x1 * s);
+    }
   }
 }
 

@@ -467,7 +467,7 @@ class CudaModelKernels final : public ModelKernels {
   }
   Status RopeQkv(void* qkv, const void* q, const void* k, const void* v, int batch, int seq,
                  int heads, int kv_heads, int head_size, const Rope& rope) override {
-    const int64_t n = int64_t{batch} * seq * (heads + kv_heads) * (head_size / 2);
+    const int64_t n = int64_t{batch} * seq * (head_size / 2);  // a thread a row and pair
     if (n == 0) return absl::OkStatus();
     RopeQkvKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(qkv), A(q), A(k), A(v), seq, heads,
                                                       kv_heads, head_size, rope, n);
@@ -475,7 +475,7 @@ class CudaModelKernels final : public ModelKernels {
   }
   Status RopeQkvBackward(void* dq, void* dk, void* dv, const void* dqkv, int batch, int seq,
                          int heads, int kv_heads, int head_size, const Rope& rope) override {
-    const int64_t n = int64_t{batch} * seq * (heads + kv_heads) * (head_size / 2);
+    const int64_t n = int64_t{batch} * seq * (head_size / 2);  // a thread a row and pair
     if (n == 0) return absl::OkStatus();
     RopeQkvBackwardKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(dq), A(dk), A(dv), A(dqkv), seq,
                                                               heads, kv_heads, head_size, rope, n);
@@ -483,7 +483,7 @@ class CudaModelKernels final : public ModelKernels {
   }
   Status RopeQkvInPlace(void* qkv, int batch, int seq, int heads, int kv_heads, int head_size,
                         const Rope& rope, bool transpose) override {
-    const int64_t n = int64_t{batch} * seq * (heads + kv_heads) * (head_size / 2);
+    const int64_t n = int64_t{batch} * seq * (head_size / 2);  // a thread a row and pair
     if (n == 0) return absl::OkStatus();
     RopeQkvInPlaceKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(qkv), seq, heads, kv_heads,
                                                              head_size, rope, transpose, n);
