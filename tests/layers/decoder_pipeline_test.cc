@@ -49,7 +49,8 @@ void ExpectMatchesOneRank(DecoderRunConfig c, int world) {
   const std::vector<double> losses = TrainLoopback(c, world, &got);
   ASSERT_EQ(losses.size(), reference.size()) << what;
   // fp16 with dynamic loss scaling: see below; its losses to 5e-5 (since the flash backward's
-  // base-2 exponent, 2026-11-30, 1f1b pp2 zero1 differed by 1.1e-5 at step 7 on an AVX2 machine).
+  // base-2 exponent, 2026-11-30, 1f1b pp2 zero1 differed by 1.1e-5 at step 7 on an AVX-512
+  // machine).
   const double loss_tolerance = c.compute == DType::kF16 ? 5e-5 : 1e-5;
   for (size_t i = 0; i < losses.size(); ++i) {
     EXPECT_NEAR(losses[i], reference[i], loss_tolerance) << what << " step " << i + 1;
