@@ -31,16 +31,15 @@ constexpr int64_t WarpPerRowBlocks(int64_t rows, int threads = kThreads) {
 // [Note: column sums]
 // LayerNorm's weight and bias gradients, RMSNorm's weight gradient and a linear layer's bias
 // gradient (where cuBLASLt's BGRADB does not take it) are column sums over every row of the
-// micro-batch (8192 rows of 768 for GPT-2 124M at 8 x 1024). The column kernels before
-// 2026-11-30 gave them 96 blocks of 8-column tiles there, each thread 256 rows one 2-byte load
-// after another: latency-bound (about 0.4 TB/s by a count of the loads in flight). Now two
-// launches. The
-// partials kernel's grid is column tiles x row chunks: block (tile, chunk) owns 32 x width adjacent
-// columns (width 8 where the rows are whole 16-byte vectors, a lane's 8 columns one load; else 1)
-// and a chunk of up to kRowsPerChunk rows; its warp w sums rows w, w + 8, ... of the chunk for its
-// lane's columns, the 8 warps' sums are added in order through shared memory, and one fp32 partial
-// per (chunk, column) goes to scratch (the cuBLASLt workspace, free between GEMMs on the stream: no
-// new memory, nothing for the estimator). The finish kernel, a thread a column, adds the chunks'
+// micro-batch (8192 rows of 768 for GPT-2 124M at 8 x 1024). The column kernels before 2026-11-30
+// gave them 96 blocks of 8-column tiles there, each thread 256 rows one 2-byte load after another:
+// latency-bound (about 0.4 TB/s by a count of the loads in flight). Now two launches. The partials
+// kernel's grid is column tiles x row chunks: block (tile, chunk) owns 32 x width adjacent columns
+// (width 8 where the rows are whole 16-byte vectors, a lane's 8 columns one load; else 1) and a
+// chunk of up to kRowsPerChunk rows; its warp w sums rows w, w + 8, ... of the chunk for its lane's
+// columns, the 8 warps' sums are added in order through shared memory, and one fp32 partial per
+// (chunk, column) goes to scratch (the cuBLASLt workspace, free between GEMMs on the stream: no new
+// memory, nothing for the estimator). The finish kernel, a thread a column, adds the chunks'
 // partials in order into the gradient. Every order fixed: deterministic, no atomics.
 inline constexpr int kWarpsPerBlock = kThreads / kWarp;
 inline constexpr int64_t kRowsPerChunk = 64;

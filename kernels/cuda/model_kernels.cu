@@ -2,12 +2,13 @@
 // fp32 or bf16 weight gradients, fp32 accumulation everywhere. GEMMs of the linear layers through
 // cuBLASLt (bias fused as an epilogue in the forward; gradients accumulated with beta = 1);
 // attention through zerort's flash kernels (kernels/flash_attention.h) for bf16/fp16 at head
-// sizes 64 and 128, else materialised: strided-batched cuBLAS GEMMs with a causal softmax kernel
-// between them (kernels/memory_facts.h's AttentionProgramFor chooses); the element-wise ops,
-// LayerNorm and the fused softmax cross-entropy as kernels here. Same three layers per op as the
-// rest of kernels/cuda: a static __global__ kernel, a launcher on raw pointers and a stream, and
-// the public method that validates and returns Status. The kernels and their launchers are
-// model_ops.cuh; this file is the interface.
+// sizes 64 and 128, else the materialised program (materialised_attention.cuh: strided-batched
+// cuBLAS GEMMs with a causal softmax kernel between them; kernels/memory_facts.h's
+// AttentionProgramFor chooses); the element-wise ops, LayerNorm and the fused softmax
+// cross-entropy as kernels here. Same three layers per op as the rest of kernels/cuda: a static
+// __global__ kernel, a launcher on raw pointers and a stream, and the public method that
+// validates and returns Status. The kernels and their launchers are model_ops.cuh and
+// llama_ops.cuh; this file is the interface.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -24,8 +25,10 @@
 #include <vector>
 
 #include "zerort/kernels/cuda/convert.cuh"
+#include "zerort/kernels/cuda/launch_context.cuh"
 #include "zerort/kernels/cuda/llama_ops.cuh"
 #include "zerort/kernels/cuda/lt_matmul.cuh"
+#include "zerort/kernels/cuda/materialised_attention.cuh"
 #include "zerort/kernels/cuda/model_ops.cuh"
 #include "zerort/kernels/flash_attention.h"
 #include "zerort/kernels/gemm_map.h"
@@ -39,24 +42,9 @@ namespace {
 
 // ---- the interface ---------------------------------------------------------------------------
 
-template <typename T>
-constexpr cudaDataType_t CudaType() {
-  if constexpr (std::is_same_v<T, float>) {
-    return CUDA_R_32F;
-  } else if constexpr (std::is_same_v<T, f16>) {
-    return CUDA_R_16F;
-  } else {
-    return CUDA_R_16BF;
-  }
-}
-
 struct LtDeleter {
   decltype(&cublasLtDestroy) destroy;
   void operator()(cublasLtContext* h) const { destroy(h); }
-};
-struct BlasDeleter {
-  decltype(&cublasDestroy_v2) destroy;
-  void operator()(cublasContext* h) const { destroy(h); }
 };
 
 template <typename T, typename G>
@@ -71,19 +59,14 @@ class CudaModelKernels final : public ModelKernels {
         grad_(grad),
         attention_(attention),
         lt_(nullptr, LtDeleter{blas.LtDestroy}),
-        blas_(nullptr, BlasDeleter{blas.Destroy}),
-        lt_matmuls_(blas) {}
+        lt_matmuls_(blas),
+        materialised_(blas, ctx_) {}
 
   Status Init() {
     cublasLtHandle_t lt = nullptr;
     ZR_CUBLAS_RETURN_IF_ERROR(b_.LtCreate(&lt));
     lt_.reset(lt);
-    cublasHandle_t blas = nullptr;
-    ZR_CUBLAS_RETURN_IF_ERROR(b_.Create(&blas));
-    blas_.reset(blas);
-    ZR_CUBLAS_RETURN_IF_ERROR(b_.SetStream(blas, s()));
-    // fp32 stays fp32 (no TF32): the CPU twin is the reference.
-    ZR_CUBLAS_RETURN_IF_ERROR(b_.SetMathMode(blas, CUBLAS_DEFAULT_MATH));
+    ZR_RETURN_IF_ERROR(materialised_.Init());
     ZR_ASSIGN_OR_RETURN(lt_workspace_, ws_.Allocate(kCudaModelWorkspaceBytes,
                                                     MemoryCategory::kWorkspace, &stream_));
     lt_matmuls_.Bind(lt, lt_workspace_.data(), kLtWorkspace - kLtBiasGradBytes, s());
@@ -342,36 +325,7 @@ class CudaModelKernels final : public ModelKernels {
       ++launches_["FlashAttention"];
       return absl::OkStatus();
     }
-    const math::QkvLayout l{heads, kv_heads, hs};
-    const int64_t n = int64_t{batch} * seq * channels;
-    const int64_t bh = int64_t{batch} * heads;
-    // q, k, v, the scores: kernels/memory_facts.h's AttentionScratchBytes.
-    const std::vector<int64_t> bytes =
-        AttentionScratchBytes(backend(), program, false, batch, seq, channels, heads, sizeof(T));
-    ZR_ASSIGN_OR_RETURN(Buffer q, Scratch(bytes[0]));
-    ZR_ASSIGN_OR_RETURN(Buffer k, Scratch(bytes[1]));
-    ZR_ASSIGN_OR_RETURN(Buffer v, Scratch(bytes[2]));
-    SplitHeadsKernel<T>
-        <<<Blocks(n), kThreads, 0, s()>>>(q.as<T>(), k.as<T>(), v.as<T>(), A(qkv), batch, seq, l);
-    ZR_RETURN_IF_ERROR(Launched("SplitHeads"));
-    ZR_ASSIGN_OR_RETURN(Buffer preatt, Scratch(bytes[3]));
-    // preatt[b,h] [T, T] = scale q [T, HS] x k^T: the scale is the GEMM's alpha, applied to the
-    // fp32 accumulator, so the scores are stored (in the activation dtype) at the magnitude the
-    // softmax sees rather than sqrt(head size) times larger (fp16's range, bf16's precision).
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-    ZR_RETURN_IF_ERROR(BatchedGemm(false, true, seq, seq, hs, scale, q.data(), hs,
-                                   int64_t{seq} * hs, k.data(), hs, int64_t{seq} * hs, 0.0f,
-                                   preatt.data(), seq, int64_t{seq} * seq, bh));
-    CausalSoftmaxKernel<T>
-        <<<RowBlocks(bh * seq), kThreads, 0, s()>>>(A(att), preatt.as<T>(), bh * seq, seq);
-    ZR_RETURN_IF_ERROR(Launched("CausalSoftmax"));
-    // y [T, HS] = att [T, T] x v [T, HS]; y reuses q's memory.
-    ZR_RETURN_IF_ERROR(BatchedGemm(false, false, seq, hs, seq, 1.0f, att, seq, int64_t{seq} * seq,
-                                   v.data(), hs, int64_t{seq} * hs, 0.0f, q.data(), hs,
-                                   int64_t{seq} * hs, bh));
-    HeadsLayoutKernel<T>
-        <<<Blocks(n), kThreads, 0, s()>>>(A(out), q.as<T>(), batch, seq, heads, hs, true);
-    return Launched("HeadsLayout");
+    return materialised_.Forward(out, att, qkv, batch, seq, channels, heads, kv_heads);
   }
 
   // Flash: the forward saved the log-sum-exp and the backward reads `out`; materialised: it
@@ -392,43 +346,7 @@ class CudaModelKernels final : public ModelKernels {
       launches_["FlashAttentionBackward"] += 3;  // D, the main program, dQ stored
       return absl::OkStatus();
     }
-    const math::QkvLayout l{heads, kv_heads, hs};
-    const int64_t n = int64_t{batch} * seq * channels;
-    const int64_t bh = int64_t{batch} * heads;
-    const int64_t ths = int64_t{seq} * hs, tt = int64_t{seq} * seq;
-    // q, k, v, dy, the scores' gradient, dk: kernels/memory_facts.h's AttentionScratchBytes.
-    const std::vector<int64_t> bytes =
-        AttentionScratchBytes(backend(), program, true, batch, seq, channels, heads, sizeof(T));
-    ZR_ASSIGN_OR_RETURN(Buffer q, Scratch(bytes[0]));
-    ZR_ASSIGN_OR_RETURN(Buffer k, Scratch(bytes[1]));
-    ZR_ASSIGN_OR_RETURN(Buffer v, Scratch(bytes[2]));
-    ZR_ASSIGN_OR_RETURN(Buffer dy, Scratch(bytes[3]));
-    ZR_ASSIGN_OR_RETURN(Buffer datt, Scratch(bytes[4]));
-    SplitHeadsKernel<T>
-        <<<Blocks(n), kThreads, 0, s()>>>(q.as<T>(), k.as<T>(), v.as<T>(), A(qkv), batch, seq, l);
-    HeadsLayoutKernel<T>
-        <<<Blocks(n), kThreads, 0, s()>>>(dy.as<T>(), A(dout), batch, seq, heads, hs, false);
-    ZR_RETURN_IF_ERROR(Launched("AttentionBackward layouts"));
-    // datt [T, T] = dy [T, HS] x v^T
-    ZR_RETURN_IF_ERROR(BatchedGemm(false, true, seq, seq, hs, 1.0f, dy.data(), hs, ths, v.data(),
-                                   hs, ths, 0.0f, datt.data(), seq, tt, bh));
-    // dv [T, HS] = att^T [T, T] x dy (written over v, which is no longer needed)
-    ZR_RETURN_IF_ERROR(BatchedGemm(true, false, seq, hs, seq, 1.0f, att, seq, tt, dy.data(), hs,
-                                   ths, 0.0f, v.data(), hs, ths, bh));
-    CausalSoftmaxBackwardKernel<T>
-        <<<RowBlocks(bh * seq), kThreads, 0, s()>>>(datt.as<T>(), A(att), bh * seq, seq);
-    ZR_RETURN_IF_ERROR(Launched("CausalSoftmaxBackward"));
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-    // dq [T, HS] = scale dscore [T, T] x k (into dy); dk = scale dscore^T x q (into k... after q
-    // is read: dk goes to a fresh buffer).
-    ZR_ASSIGN_OR_RETURN(Buffer dk, Scratch(bytes[5]));
-    ZR_RETURN_IF_ERROR(BatchedGemm(false, false, seq, hs, seq, scale, datt.data(), seq, tt,
-                                   k.data(), hs, ths, 0.0f, dy.data(), hs, ths, bh));
-    ZR_RETURN_IF_ERROR(BatchedGemm(true, false, seq, hs, seq, scale, datt.data(), seq, tt, q.data(),
-                                   hs, ths, 0.0f, dk.data(), hs, ths, bh));
-    MergeHeadGradsKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(dqkv), dy.as<T>(), dk.as<T>(),
-                                                             v.as<T>(), batch, seq, l);
-    return Launched("MergeHeadGrads");
+    return materialised_.Backward(dqkv, dout, qkv, att, batch, seq, channels, heads, kv_heads);
   }
 
   Status RmsNorm(void* out, void* rstd, const void* inp, const void* weight, int64_t rows,
@@ -596,22 +514,13 @@ class CudaModelKernels final : public ModelKernels {
       f(std::integral_constant<int, 1>{});
     }
   }
-  cudaStream_t s() const { return static_cast<cudaStream_t>(stream_.native_handle()); }
+  cudaStream_t s() const { return ctx_.s(); }
   static T* A(void* p) { return static_cast<T*>(p); }
   static const T* A(const void* p) { return static_cast<const T*>(p); }
   static G* Gp(void* p) { return static_cast<G*>(p); }
   static const G* Gp(const void* p) { return static_cast<const G*>(p); }
-  StatusOr<Buffer> Scratch(int64_t bytes) {
-    return ws_.Allocate(static_cast<size_t>(bytes), MemoryCategory::kWorkspace, &stream_);
-  }
-  // After each kernel launch: counts it (launches()) and reports a launch error naming it.
-  Status Launched(const char* what) {
-    ++launches_[what];
-    if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) {
-      return internal::CudaError(what, err);
-    }
-    return absl::OkStatus();
-  }
+  StatusOr<Buffer> Scratch(int64_t bytes) { return ctx_.Scratch(bytes); }
+  Status Launched(const char* what) { return ctx_.Launched(what); }
 
   // [Note: column sums] (kernels/launch_geometry.h): the partials into the cuBLASLt workspace
   // (free between GEMMs on the stream), then the finish adding them in order into dsum (and, for
@@ -641,23 +550,6 @@ class CudaModelKernels final : public ModelKernels {
     return Launched("column sums (finish)");
   }
 
-  // Row-major, batched: C[i] [M, N] = alpha op(A[i]) [M, K] x op(B[i]) [K, N] + beta C[i], with
-  // leading dimensions of the stored (row-major) matrices, computed as gemm::RowMajor's
-  // column-major C^T = op(B)^T op(A)^T.
-  Status BatchedGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a,
-                     int lda, int64_t stride_a, const void* b, int ldb, int64_t stride_b,
-                     float beta, void* c, int ldc, int64_t stride_c, int64_t batch) {
-    const gemm::ColumnMajor g = gemm::RowMajor(trans_a, trans_b, m, n, k, lda, ldb, ldc);
-    ZR_CUBLAS_RETURN_IF_ERROR(b_.GemmStridedBatchedEx(
-        blas_.get(), g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-        static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), &alpha, b,
-        CudaType<T>(), static_cast<int>(g.lda), stride_b, a, CudaType<T>(), static_cast<int>(g.ldb),
-        stride_a, &beta, c, CudaType<T>(), static_cast<int>(g.ldd), stride_c,
-        static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    ++launches_["cuBLAS batched GEMM"];
-    return absl::OkStatus();
-  }
-
   const internal::CublasApi& b_;  // loaded by MakeCudaModelKernels
   Stream& stream_;
   Allocator& ws_;
@@ -668,7 +560,6 @@ class CudaModelKernels final : public ModelKernels {
   bool residual_c_ = true;       // the same for MatmulResidual's C
   bool bgradb_epilogue_ = true;  // and for BGRADB
   std::unique_ptr<cublasLtContext, LtDeleter> lt_;
-  std::unique_ptr<cublasContext, BlasDeleter> blas_;
   LtMatmuls lt_matmuls_;  // [Note: cuBLASLt plans], bound to lt_ and the workspace by Init
   // kLtWorkspace bytes: cuBLASLt's, its last kLtBiasGradBytes BGRADB's sums; then the loss ledger.
   Buffer lt_workspace_;
@@ -679,8 +570,10 @@ class CudaModelKernels final : public ModelKernels {
   float* Ledger() const {
     return reinterpret_cast<float*>(static_cast<char*>(lt_workspace_.data()) + kLtWorkspace);
   }
-  // launches(): by the name's literal, so that counting a launch hashes a pointer, no string.
+  // launches(): by the name's literal (LaunchContext).
   std::unordered_map<const char*, int64_t> launches_;
+  const LaunchContext ctx_{stream_, ws_, launches_};
+  MaterialisedAttention<T> materialised_;  // kernels/cuda/materialised_attention.cuh
 };
 
 template <typename T, typename G>

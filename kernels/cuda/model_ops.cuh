@@ -42,6 +42,18 @@ constexpr DType DTypeOfCuda() {
   return DType::kF32;
 }
 
+// The cuBLAS element type of T.
+template <typename T>
+constexpr cudaDataType_t CudaType() {
+  if constexpr (std::is_same_v<T, float>) {
+    return CUDA_R_32F;
+  } else if constexpr (std::is_same_v<T, f16>) {
+    return CUDA_R_16F;
+  } else {
+    return CUDA_R_16BF;
+  }
+}
+
 constexpr int kThreads = launch::kThreads;
 constexpr float kLnEps = 1e-5f;
 constexpr size_t kLtWorkspace = kCudaLtWorkspaceBytes;  // kernels/memory_facts.h
@@ -441,111 +453,6 @@ static __global__ void ColumnFinishKernel(G* dweight, G* dbias, const float* pw,
     }
     if (dweight != nullptr) dweight[c] = FromFloat<G>(math::Add(ToFloat(dweight[c]), a));
     if (dbias != nullptr) dbias[c] = FromFloat<G>(math::Add(ToFloat(dbias[c]), d));
-  }
-}
-
-// ---- attention pieces ------------------------------------------------------------------------
-
-using math::TokenMajorIndex;  // kernels/model_math.h
-
-// qkv [B, T, (NH + 2 KV) HS] ([Note: the qkv layout]) -> q, k, v [B, NH, T, HS]: each query head
-// with its group's key/value head beside it (the batched GEMMs want one per query head).
-template <typename T>
-static __global__ void SplitHeadsKernel(T* q, T* k, T* v, const T* qkv, int batch, int seq,
-                                        math::QkvLayout l) {
-  const int hs = l.hs;
-  const int64_t n = int64_t{batch} * l.heads * seq * hs;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int d = static_cast<int>(i % hs);
-    const int64_t bt = i / (int64_t{hs} * seq * l.heads) * seq + (i / hs) % seq;  // b seq + t
-    const int h = static_cast<int>((i / (int64_t{hs} * seq)) % l.heads);
-    const T* row = qkv + bt * l.row() + d;
-    q[i] = row[l.q(h)];
-    k[i] = row[l.k(h)];
-    v[i] = row[l.v(h)];
-  }
-}
-
-// dqkv [B, T, (NH + 2 KV) HS] = dq, and dk, dv [B, NH, T, HS] summed over each key/value head's
-// query heads (in order, by the thread of the group's first query head: no atomics); every
-// element of dqkv written.
-template <typename T>
-static __global__ void MergeHeadGradsKernel(T* dqkv, const T* dq, const T* dk, const T* dv,
-                                            int batch, int seq, math::QkvLayout l) {
-  const int hs = l.hs, group = l.group();
-  const int64_t n = int64_t{batch} * l.heads * seq * hs, head_stride = int64_t{seq} * hs;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int d = static_cast<int>(i % hs);
-    const int64_t bt = i / (int64_t{hs} * seq * l.heads) * seq + (i / hs) % seq;
-    const int h = static_cast<int>((i / head_stride) % l.heads);
-    T* row = dqkv + bt * l.row() + d;
-    row[l.q(h)] = dq[i];
-    if (h % group != 0) continue;
-    float sk = 0.0f, sv = 0.0f;
-    for (int g = 0; g < group; ++g) {
-      sk += ToFloat(dk[i + g * head_stride]);
-      sv += ToFloat(dv[i + g * head_stride]);
-    }
-    row[l.k(h)] = FromFloat<T>(sk);
-    row[l.v(h)] = FromFloat<T>(sv);
-  }
-}
-
-// y [B, NH, T, HS] -> out [B, T, NH, HS]   (forward == true), or its inverse.
-template <typename T>
-static __global__ void HeadsLayoutKernel(T* dst, const T* src, int batch, int seq, int heads,
-                                         int hs, bool to_tokens) {
-  const int64_t n = int64_t{batch} * heads * seq * hs;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t tok = TokenMajorIndex(i, seq, heads, hs, 1);
-    if (to_tokens) {
-      dst[tok] = src[i];
-    } else {
-      dst[i] = src[tok];
-    }
-  }
-}
-
-// att[row, :] = causal softmax(preatt[row, :]); row = (b, h, t); one warp per row. The scores
-// come already scaled by 1 / sqrt(head size) (the GEMM's alpha), so they are stored, in the
-// activation dtype, at the magnitude the softmax sees.
-template <typename T>
-static __global__ void CausalSoftmaxKernel(T* att, const T* preatt, int64_t rows, int seq) {
-  const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
-  const int lane = threadIdx.x & 31;
-  if (row >= rows) return;
-  const int t = static_cast<int>(row % seq);
-  const T* x = preatt + row * seq;
-  T* y = att + row * seq;
-  float max = -INFINITY;
-  for (int j = lane; j <= t; j += 32) max = fmaxf(max, ToFloat(x[j]));
-  max = WarpMax(max);
-  float sum = 0.0f;
-  for (int j = lane; j <= t; j += 32) sum += math::FastExp(math::Sub(ToFloat(x[j]), max));
-  sum = WarpSum(sum);
-  for (int j = lane; j < seq; j += 32) {
-    y[j] =
-        FromFloat<T>(j <= t ? math::Div(math::FastExp(math::Sub(ToFloat(x[j]), max)), sum) : 0.0f);
-  }
-}
-
-// dscore = att * (datt - sum(att * datt)) for the causal part, 0 above the diagonal; in place.
-template <typename T>
-static __global__ void CausalSoftmaxBackwardKernel(T* datt, const T* att, int64_t rows, int seq) {
-  const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
-  const int lane = threadIdx.x & 31;
-  if (row >= rows) return;
-  const int t = static_cast<int>(row % seq);
-  T* d = datt + row * seq;
-  const T* a = att + row * seq;
-  float dot = 0.0f;
-  for (int j = lane; j <= t; j += 32) dot += ToFloat(a[j]) * ToFloat(d[j]);
-  dot = WarpSum(dot);
-  for (int j = lane; j < seq; j += 32) {
-    d[j] = FromFloat<T>(j <= t ? ToFloat(a[j]) * (ToFloat(d[j]) - dot) : 0.0f);
   }
 }
 
