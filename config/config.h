@@ -19,6 +19,7 @@
 
 #include "nlohmann/json.hpp"
 #include "zerort/data/data_config.h"
+#include "zerort/kernels/memory_facts.h"
 #include "zerort/layers/decoder_config.h"
 #include "zerort/runtime/status.h"
 #include "zerort/sharding/options.h"
@@ -99,6 +100,8 @@ struct ModelConfig {
   // The attention program on CUDA: flash or materialised; empty: by shape (AttentionBackendNamed,
   // kernels/memory_facts.h).
   std::string attention_backend;
+  // The CUDA flash kernels' block shapes (model.flash_attention; 0: the head size's default).
+  FlashTiles flash_attention;
 };
 
 struct TrainConfig {

@@ -2,6 +2,7 @@
 #include "zerort/config/config_rules.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "zerort/runtime/strings.h"
 
@@ -188,6 +189,19 @@ void ModelRules(const RunConfig& c, const GivenKeys& given, Problems& problems) 
         "data.path and data.blend both name the data: give one (a blend of one file is "
         "[1, \"" +
         c.data.path + "\"])");
+  }
+  // model.flash_attention's values; which of them a head size takes is checked with the model's
+  // shape (kernels/flash_attention.h's CheckAttentionBackend, before a run or an estimate).
+  const FlashTiles& tiles = c.model.flash_attention;
+  for (const auto& [key, value, other] :
+       {std::tuple<const char*, int, int>{"forward_block_queries", tiles.forward_block_queries,
+                                          128},
+        {"backward_block_keys", tiles.backward_block_keys, 128},
+        {"backward_query_chunk", tiles.backward_query_chunk, 32}}) {
+    if (value != 0 && value != 64 && value != other) {
+      problems.Add(StrCat("model.flash_attention.", key, " = ", value, ": one of 0 (the default), ",
+                          std::min(64, other), ", ", std::max(64, other)));
+    }
   }
   const CsvMonitorConfig& csv = c.csv_monitor;
   if (csv.job_name.empty() || csv.job_name.find('/') != std::string::npos || csv.job_name == "." ||

@@ -274,6 +274,22 @@ std::vector<ConfigField> BuildTable() {
           "materialised: the B x H x T x T probabilities saved (Megatron's "
           "unfused). The CPU runs flash always"),
       kOmitUnset));
+  const std::string_view fa = "model.flash_attention";
+  t.push_back(With(Num<int>(fa, "forward_block_queries",
+                            ZR_MEMBER(model.flash_attention.forward_block_queries), 0, 128,
+                            "CUDA flash forward: queries a thread block owns, 64 or 128 (head "
+                            "size 64 only); 0: the default (64)"),
+                   kOmitUnset));
+  t.push_back(With(Num<int>(fa, "backward_block_keys",
+                            ZR_MEMBER(model.flash_attention.backward_block_keys), 0, 128,
+                            "CUDA flash backward: keys a thread block owns, 64 or 128 (head size "
+                            "64 only); 0: the default (64)"),
+                   kOmitUnset));
+  t.push_back(With(Num<int>(fa, "backward_query_chunk",
+                            ZR_MEMBER(model.flash_attention.backward_query_chunk), 0, 64,
+                            "CUDA flash backward: queries a warp takes at a time, 64 (head size "
+                            "64 only) or 32; 0: the default (64 at head size 64, 32 at 128)"),
+                   kOmitUnset));
   const std::string_view rs = "model.rope_scaling";
   t.push_back(Custom(rs, "rope_type", ZR_ENUM(model.shape.rope_scaling.type), ReadRopeType,
                      {RopeTypeName(RopeType::kDefault), RopeTypeName(RopeType::kLinear),

@@ -212,16 +212,17 @@ Status Run::SetupModel() {
   const DType compute = ComputeDType(c_);
   store_ = MakeShardManagerStore(*manager_, timeline_ ? timeline_->Sink() : SpanSink());
   if (cuda_) {
-    // model.attention_backend: checked here as well as by the memory check (which a run may skip).
+    // model.attention_backend and model.flash_attention: checked here as well as by the memory
+    // check (which a run may skip).
     const std::optional<AttentionProgram> attention =
         AttentionBackendNamed(c_.model.attention_backend);
     ZR_RETURN_IF_ERROR(internal::CheckAttentionBackend(
-        attention, compute,
+        attention, c_.model.flash_attention, compute,
         decoder::AttentionShapeOf(c_.model.shape, c_.parallel.tensor_parallel_size,
                                   static_cast<int>(c_.train_micro_batch_size_per_gpu))));
     ZR_ASSIGN_OR_RETURN(kernels_,
                         MakeCudaModelKernels(compute, DType::kF32, manager_->compute_stream(),
-                                             *allocator_, attention));
+                                             *allocator_, attention, c_.model.flash_attention));
   } else {
     kernels_ = MakeCpuModelKernels(compute == DType::kBF16  ? CpuPrecision::kBf16
                                    : compute == DType::kF16 ? CpuPrecision::kF16

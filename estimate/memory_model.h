@@ -73,6 +73,9 @@ struct MemoryModelInput {
   // model.attention_backend: the attention program asked for on CUDA; nullopt: by shape
   // (AttentionProgramFor, kernels/memory_facts.h).
   std::optional<AttentionProgram> attention;
+  // model.flash_attention: the flash kernels' block shapes. They change no byte the model counts;
+  // Validate refuses what a run on CUDA would (CheckAttentionBackend).
+  FlashTiles flash_tiles;
   // The shard manager the run creates (FromConfig: config/run_options.h, as `zerort train` builds
   // it): stage, compute dtype, optimizer, placement, offload sizes, bucket, prefetch and keep
   // budgets. Its stage defaults to 0 here.

@@ -41,7 +41,7 @@ Status MemoryModelInput::Validate() const {
   }
   if (cuda) {
     ZR_RETURN_IF_ERROR(internal::CheckAttentionBackend(
-        attention, compute(), decoder::AttentionShapeOf(model, tp, micro_batch)));
+        attention, flash_tiles, compute(), decoder::AttentionShapeOf(model, tp, micro_batch)));
   }
   if (pipeline_stage < 0 || pipeline_stage >= pp) {
     return absl::InvalidArgumentError(
@@ -137,6 +137,7 @@ StatusOr<MemoryModelInput> MemoryModelInput::FromConfig(const RunConfig& config,
   in.head_chunk_rows = c.model.head_chunk_rows;
   in.cuda = cuda;
   in.attention = AttentionBackendNamed(c.model.attention_backend);
+  in.flash_tiles = c.model.flash_attention;
   in.manager = ShardManagerOptionsFrom(c, dp);  // what `zerort train` creates
   return in;
 }

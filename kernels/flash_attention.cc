@@ -1,6 +1,9 @@
-// CheckFlashAttention (flash_attention.h): what the CUDA flash kernels take, on any build.
+// CheckFlashAttention, CheckFlashTiles and CheckAttentionBackend (flash_attention.h): what the
+// CUDA flash kernels take, on any build.
 #include "zerort/kernels/flash_attention.h"
 
+#include "zerort/kernels/flash_backward.h"
+#include "zerort/kernels/flash_forward.h"
 #include "zerort/runtime/strings.h"
 
 namespace zerort::internal {
@@ -35,14 +38,52 @@ Status CheckFlashAttention(DType dtype, const FlashAttentionShape& s) {
   return absl::OkStatus();
 }
 
-Status CheckAttentionBackend(std::optional<AttentionProgram> requested, DType dtype,
-                             const FlashAttentionShape& shape) {
-  if (requested != AttentionProgram::kFlash) return absl::OkStatus();
-  const Status s = CheckFlashAttention(dtype, shape);
+Status CheckFlashTiles(const FlashTiles& t, int head_size) {
+  // Each field's values at this head size: its default's, and the one other variant built at 64.
+  const bool hs64 = head_size == 64;
+  const int forward =
+      flash::kTile * (hs64 ? flash::kForwardGroups<64> : flash::kForwardGroups<128>);
+  const int keys =
+      flash::kWarpRows * (hs64 ? flash::kBackwardWarps<64> : flash::kBackwardWarps<128>);
+  const int chunk = hs64 ? flash::kBackwardChunk<64> : flash::kBackwardChunk<128>;
+  struct Field {
+    const char* name;
+    int value, fallback, other;  // other: the variant built at head size 64
+  };
+  for (const Field& f : {Field{"forward_block_queries", t.forward_block_queries, forward, 128},
+                         Field{"backward_block_keys", t.backward_block_keys, keys, 128},
+                         Field{"backward_query_chunk", t.backward_query_chunk, chunk, 32}}) {
+    if (f.value == 0 || f.value == f.fallback || (hs64 && f.value == f.other)) continue;
+    return absl::InvalidArgumentError(StrCat(f.name, " = ", f.value, " at head size ", head_size,
+                                             " (0: the default, ", f.fallback,
+                                             hs64 ? StrCat(", or ", f.other) : std::string(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+Status CheckAttentionBackend(std::optional<AttentionProgram> requested, const FlashTiles& tiles,
+                             DType dtype, const FlashAttentionShape& shape) {
+  if (requested == AttentionProgram::kFlash) {
+    const Status s = CheckFlashAttention(dtype, shape);
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(
+          StrCat("model.attention_backend = \"flash\": ", s.message(),
+                 " (unset, the key runs the materialised program where flash does not apply)"));
+    }
+  }
+  if (tiles == FlashTiles{}) return absl::OkStatus();
+  if (AttentionProgramFor(KernelBackend::kCuda, static_cast<int64_t>(DTypeSize(dtype)), shape.batch,
+                          shape.heads, shape.head_size, requested) != AttentionProgram::kFlash) {
+    return absl::InvalidArgumentError(
+        StrCat("model.flash_attention is set, but this run's attention is the materialised "
+               "program (",
+               requested.has_value() ? "model.attention_backend = \"materialised\""
+                                     : CheckFlashAttention(dtype, shape).message(),
+               "): the block shapes are the flash kernels'"));
+  }
+  const Status s = CheckFlashTiles(tiles, shape.head_size);
   if (s.ok()) return s;
-  return absl::InvalidArgumentError(
-      StrCat("model.attention_backend = \"flash\": ", s.message(),
-             " (unset, the key runs the materialised program where flash does not apply)"));
+  return absl::InvalidArgumentError(StrCat("model.flash_attention.", s.message()));
 }
 
 }  // namespace zerort::internal

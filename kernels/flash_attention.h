@@ -25,30 +25,32 @@ struct FlashAttentionShape {
 // do not (the element type, the head size, the grouping).
 Status CheckFlashAttention(DType dtype, const FlashAttentionShape& shape);
 
-// A run's model.attention_backend on CUDA: `requested` flash must be a shape the kernels take
-// (the error names the key and why not); unset (nullopt) and materialised always pass.
-Status CheckAttentionBackend(std::optional<AttentionProgram> requested, DType dtype,
-                             const FlashAttentionShape& shape);
+// The block shapes `tiles` asks for, at this head size (the error names the field, its value and
+// what the head size takes; kernels/memory_facts.h's FlashTiles says what each one is).
+Status CheckFlashTiles(const FlashTiles& tiles, int head_size);
+
+// A run's model.attention_backend and model.flash_attention on CUDA: `requested` flash must be a
+// shape the kernels take, and block shapes other than the defaults need the flash program and a
+// head size that takes them (the errors name the key and why not); unset (nullopt) and
+// materialised always pass with the default tiles.
+Status CheckAttentionBackend(std::optional<AttentionProgram> requested, const FlashTiles& tiles,
+                             DType dtype, const FlashAttentionShape& shape);
 
 // out [batch, seq, heads x hs] and lse [batch, heads, seq] (fp32) from qkv ([Note: the qkv
-// layout]), on `stream` (CUDA). `block_queries`: the queries a thread block owns, 0 for the
-// default (64; [Note: the register-resident forward]), or 64, or 128 at head size 64 (two row
-// groups a warp; `bench attention` times it beside the default).
+// layout]), on `stream` (CUDA), with `tiles.forward_block_queries` queries a thread block ([Note:
+// the register-resident forward]; the others are the backward's).
 Status CudaFlashAttentionForward(DType dtype, const FlashAttentionShape& shape, void* out,
                                  float* lse, const void* qkv, Stream& stream,
-                                 int block_queries = 0);
+                                 const FlashTiles& tiles = {});
 // dqkv = the gradient of the forward's out for `dout` (written: no fill needed before). `workspace`
 // (fp32, 16-byte aligned, of kernels/memory_facts.h's AttentionScratchBytes for the flash backward)
 // is scratch the backward fills with D = dout . out ([batch, heads, seq], first) and the fp32 dQ
-// accumulator
-// ([batch, seq, heads x head size]; [Note: the backward's programs]). `query_chunk`: the
-// queries the main program's warps take at a time, 0 for the head size's default
-// (kBackwardChunk in kernels/flash_backward.h), or 32 at head size 64; `key_block`: the keys
-// a block of the main program owns, 0 for the default (64, 4 warps), or 64, or 128 at head size
-// 64 (8 warps). `bench attention` times the others beside the default.
+// accumulator ([batch, seq, heads x head size]; [Note: the backward's programs]). The main
+// program's blocks own `tiles.backward_block_keys` keys and its warps take
+// `tiles.backward_query_chunk` queries at a time (the forward's field is not read).
 Status CudaFlashAttentionBackward(DType dtype, const FlashAttentionShape& shape, void* dqkv,
                                   float* workspace, const void* dout, const void* qkv,
                                   const void* out, const float* lse, Stream& stream,
-                                  int query_chunk = 0, int key_block = 0);
+                                  const FlashTiles& tiles = {});
 
 }  // namespace zerort::internal

@@ -132,7 +132,8 @@ ZR_TILE_PROGRAM void BackwardStoreDqProgram(const X& x, typename X::Elem* dqkv, 
 // fragments take fewer registers (sm_90 ptxas: 180-183 a thread against 249-253), so the CUDA
 // kernel bounds it to 168 and three blocks (12 warps) share an SM where 64's take two (8 warps),
 // at 36-56 bytes spilled. `bench attention --device cuda` times it beside the default (`flash
-// bwd c32`); the default changes when a GPU has said which is faster.
+// bwd c32`), a run chooses with model.flash_attention.backward_query_chunk; the default changes
+// when a GPU has said which is faster.
 template <int D>
 inline constexpr int kBackwardChunk = D == 128 ? 32 : 64;
 
@@ -140,8 +141,10 @@ inline constexpr int kBackwardChunk = D == 128 ? 32 : 64;
 // (kTileOf). 4 (64 keys) is the default; at head size 64, 8 (128 keys: FlashAttention-2's
 // backward block there) halves the Q and dO tile loads and the dQ atomics per FLOP, at one block
 // of 8 warps an SM (130 KiB of shared memory; sm_90 ptxas 245-247 registers with 64-query chunks,
-// 200-207 with 32, no spill). `bench attention --device cuda` times it (`flash bwd 128k`); the
-// default changes when a GPU has said which is faster.
+// 200-207 with 32, no spill). `bench attention --device cuda` times it (`flash bwd 128k`, and
+// with 32-query chunks `bwd 128k c32`), a run chooses with
+// model.flash_attention.backward_block_keys; the default changes when a GPU has said which is
+// faster.
 template <int D>
 inline constexpr int kBackwardWarps = 4;
 

@@ -7,10 +7,11 @@
 // shape), where each warp's two groups share every K and V fragment it loads from shared memory:
 // half the ldmatrix traffic per tensor-core product, for 255 registers a thread against 138-144
 // (sm_90; two blocks an SM instead of three). Which is faster is the GPU's to say: `bench
-// attention --device cuda` times both at head size 64 (`flash 128q`), and the default changes
-// when it has. At head size 128 two groups' accumulators would not fit in 255 registers. Warp w
-// owns queries 16 G w .. 16 G (w + 1) - 1 (G = kForwardGroups); a warp whose last query comes
-// before a key tile skips it (causal: every score masked). Per 64-key tile, for each row group:
+// attention --device cuda` times both at head size 64 (`flash 128q`), a run chooses with
+// model.flash_attention.forward_block_queries, and the default changes when a GPU has said. At head
+// size 128 two groups' accumulators would not fit in 255 registers. Warp w owns queries 16 G w ..
+// 16 G (w + 1) - 1 (G = kForwardGroups); a warp whose last query comes before a key tile skips it
+// (causal: every score masked). Per 64-key tile, for each row group:
 //   S = Q_w K^T      WarpScores: lane holds rows g = lane / 4 and g + 8 of S
 //   mask, row max    keys a query does not see become -inf; the row's four lanes (a quad)
 //                    combine their maxima by two xor shuffles (QuadAllReduce)

@@ -306,9 +306,11 @@ std::unique_ptr<ModelKernels> MakeCpuModelKernels(CpuPrecision precision, Stream
 // (GEMM workspace, attention scores) comes from `workspace` (tagged kWorkspace). Fails when CUDA is
 // not built or present. `attention`: the attention program asked for (model.attention_backend;
 // `zerort bench attention`'s baseline asks for the materialised one), else AttentionProgramFor's
-// choice by shape (kernels/memory_facts.h), which the memory model makes the same way.
+// choice by shape (kernels/memory_facts.h), which the memory model makes the same way. `tiles`:
+// the flash kernels' block shapes (model.flash_attention; checked by each call, as
+// CheckAttentionBackend checks a run's before it starts).
 StatusOr<std::unique_ptr<ModelKernels>> MakeCudaModelKernels(
     DType act, DType grad, Stream& stream, Allocator& workspace,
-    std::optional<AttentionProgram> attention = std::nullopt);
+    std::optional<AttentionProgram> attention = std::nullopt, const FlashTiles& tiles = {});
 
 }  // namespace zerort

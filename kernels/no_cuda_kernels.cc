@@ -77,11 +77,12 @@ Status CudaAccumulateInto(const void*, DType, float*, int64_t, Stream*) {
   return NoCuda("AccumulateInto");
 }
 Status CudaFlashAttentionForward(DType, const FlashAttentionShape&, void*, float*, const void*,
-                                 Stream&, int) {
+                                 Stream&, const FlashTiles&) {
   return NoCuda("FlashAttentionForward");
 }
 Status CudaFlashAttentionBackward(DType, const FlashAttentionShape&, void*, float*, const void*,
-                                  const void*, const void*, const float*, Stream&, int, int) {
+                                  const void*, const void*, const float*, Stream&,
+                                  const FlashTiles&) {
   return NoCuda("FlashAttentionBackward");
 }
 
@@ -89,7 +90,8 @@ Status CudaFlashAttentionBackward(DType, const FlashAttentionShape&, void*, floa
 
 namespace zerort {
 StatusOr<std::unique_ptr<ModelKernels>> MakeCudaModelKernels(DType, DType, Stream&, Allocator&,
-                                                             std::optional<AttentionProgram>) {
+                                                             std::optional<AttentionProgram>,
+                                                             const FlashTiles&) {
   return absl::FailedPreconditionError("the GPT model on CUDA: zerort was built without CUDA");
 }
 }  // namespace zerort

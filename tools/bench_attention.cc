@@ -40,15 +40,22 @@ double Seconds(const std::function<void()>& f) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// A flash pass with block shapes other than the defaults (kernels/memory_facts.h's FlashTiles):
+// its name in the table, its JSON keys' stem (flash_forward_128q_s, ..._tflops), what it is.
+struct TileVariant {
+  std::string name, key, what;
+  bool backward = false;
+  std::function<void()> run;
+};
+
 // The two paths of one device: each pass as a closure over buffers the struct keeps alive, how a
 // pass is timed, and what the comparison needs.
 struct Paths {
   std::string device, where, dtype, baseline;
   std::function<void()> flash_forward, flash_backward, ref_forward, ref_backward;
-  // CUDA at head size 64: the forward with 128-query blocks (two row groups a warp), the
-  // backward with 32-query chunks (kBackwardChunk in kernels/flash_backward.h) and with 128-key
-  // blocks of 8 warps, timed too.
-  std::function<void()> flash_forward_128q, flash_backward_c32, flash_backward_128k;
+  // CUDA at head size 64: the flash kernels' other block shapes (model.flash_attention), timed
+  // beside the defaults.
+  std::vector<TileVariant> variants;
   std::function<double(const std::function<void()>&)> time = Seconds;
   double worst = 0;  // the largest |flash out - materialised out|, over each flash forward
   double saved_flash = 0, saved_materialised = 0;
@@ -198,29 +205,33 @@ StatusOr<Paths> CudaPaths(const BenchAttentionOptions& o, int kv) {
           .baseline =
               "the model's CUDA attention (cuBLAS GEMMs around a softmax kernel, the "
               "probabilities saved), same run"};
-  p.flash_forward = [=] {
-    ZR_CHECK_OK(internal::CudaFlashAttentionForward(DType::kBF16, shape, x->out.data(),
-                                                    x->lse.as<float>(), x->qkv.data(), *x->stream));
-  };
-  if (o.head_size == 64) {
-    p.flash_forward_128q = [=] {
+  auto flash_forward = [=](FlashTiles tiles) {
+    return [=] {
       ZR_CHECK_OK(internal::CudaFlashAttentionForward(DType::kBF16, shape, x->out.data(),
                                                       x->lse.as<float>(), x->qkv.data(), *x->stream,
-                                                      /*block_queries=*/128));
+                                                      tiles));
     };
-  }
-  // The backward with a query chunk and keys a block (0, 0: the defaults).
-  auto flash_backward = [=](int query_chunk, int key_block) {
+  };
+  auto flash_backward = [=](FlashTiles tiles) {
     return [=] {
       ZR_CHECK_OK(internal::CudaFlashAttentionBackward(
           DType::kBF16, shape, x->dqkv.data(), x->workspace.as<float>(), x->dout.data(),
-          x->qkv.data(), x->out.data(), x->lse.as<float>(), *x->stream, query_chunk, key_block));
+          x->qkv.data(), x->out.data(), x->lse.as<float>(), *x->stream, tiles));
     };
   };
-  p.flash_backward = flash_backward(0, 0);
-  if (o.head_size == 64) {
-    p.flash_backward_c32 = flash_backward(32, 0);
-    p.flash_backward_128k = flash_backward(0, 128);
+  p.flash_forward = flash_forward({});
+  p.flash_backward = flash_backward({});
+  if (o.head_size == 64) {  // model.flash_attention's other values, as the table names them
+    p.variants = {
+        {"flash 128q", "flash_forward_128q", "forward_block_queries 128", false,
+         flash_forward({128, 0, 0})},
+        {"flash bwd c32", "flash_backward_c32", "backward_query_chunk 32", true,
+         flash_backward({0, 0, 32})},
+        {"flash bwd 128k", "flash_backward_128k", "backward_block_keys 128", true,
+         flash_backward({0, 128, 0})},
+        {"bwd 128k c32", "flash_backward_128k_c32",
+         "backward_block_keys 128, backward_query_chunk 32", true, flash_backward({0, 128, 32})},
+    };
   }
   p.ref_forward = [=, &o] {
     ZR_CHECK_OK(x->k->Attention(x->ref_out.data(), x->saved.data(), x->qkv.data(), o.batch, o.seq,
@@ -240,17 +251,21 @@ StatusOr<Paths> CudaPaths(const BenchAttentionOptions& o, int kv) {
   p.flash_forward();  // warm-up, and the two outputs compared once
   p.ref_forward();
   p.flash_backward();
-  if (p.flash_backward_c32) p.flash_backward_c32();
-  if (p.flash_backward_128k) p.flash_backward_128k();
+  for (const TileVariant& v : p.variants) {
+    if (v.backward) v.run();
+  }
   p.ref_backward();
   ZR_RETURN_IF_ERROR(s->stream->Synchronize());
   std::vector<uint16_t> a(rows * channels), b(rows * channels);
   ZR_RETURN_IF_ERROR(
       CopyBytes(b.data(), Device::Cpu(), s->ref_out.data(), dev, b.size() * 2, nullptr));
-  // Each flash forward's output against the materialised one (the 128-query one's after its
-  // warm-up run).
-  for (const std::function<void()>* forward : {&p.flash_forward, &p.flash_forward_128q}) {
-    if (!*forward) continue;
+  // Each flash forward's output against the materialised one (the variants' after their warm-up
+  // runs).
+  std::vector<const std::function<void()>*> forwards = {&p.flash_forward};
+  for (const TileVariant& v : p.variants) {
+    if (!v.backward) forwards.push_back(&v.run);
+  }
+  for (const std::function<void()>* forward : forwards) {
     if (forward != &p.flash_forward) (*forward)();  // the default's ran above
     ZR_RETURN_IF_ERROR(s->stream->Synchronize());
     ZR_RETURN_IF_ERROR(
@@ -322,16 +337,17 @@ int RunBenchAttention(const BenchAttentionOptions& o) {
   auto& flash_backward = paths.flash_backward;
   auto& ref_forward = paths.ref_forward;
   auto& ref_backward = paths.ref_backward;
-  std::vector<double> ff, fb, rf, rb, ff128, fb32, fb128;
+  std::vector<double> ff, fb, rf, rb;
+  std::vector<std::vector<double>> vt(paths.variants.size());  // each variant's times
   for (int r = 0; r < o.rounds; ++r) {  // alternating, so that both see the same machine
     ff.push_back(time(flash_forward));
-    if (paths.flash_forward_128q) ff128.push_back(time(paths.flash_forward_128q));
     rf.push_back(time(ref_forward));
     if (o.backward) {
       fb.push_back(time(flash_backward));
-      if (paths.flash_backward_c32) fb32.push_back(time(paths.flash_backward_c32));
-      if (paths.flash_backward_128k) fb128.push_back(time(paths.flash_backward_128k));
       rb.push_back(time(ref_backward));
+    }
+    for (size_t i = 0; i < vt.size(); ++i) {
+      if (o.backward || !paths.variants[i].backward) vt[i].push_back(time(paths.variants[i].run));
     }
   }
   // FlashAttention's count: 4 B H T^2 hs for the two GEMMs, halved for causal.
@@ -359,9 +375,11 @@ int RunBenchAttention(const BenchAttentionOptions& o) {
       {"saved_bytes_materialised", probs_bytes},
       {"max_abs_difference", worst},
   };
-  if (!ff128.empty()) {
-    result["flash_forward_128q_s"] = Median(ff128);
-    result["flash_forward_128q_tflops"] = forward_flop / Median(ff128) / 1e12;
+  for (size_t i = 0; i < vt.size(); ++i) {
+    if (vt[i].empty()) continue;
+    const TileVariant& v = paths.variants[i];
+    result[v.key + "_s"] = Median(vt[i]);
+    result[v.key + "_tflops"] = (v.backward ? backward_flop : forward_flop) / Median(vt[i]) / 1e12;
   }
   if (o.backward) {
     result["flash_backward_s"] = Median(fb);
@@ -369,14 +387,6 @@ int RunBenchAttention(const BenchAttentionOptions& o) {
     result["flash_backward_tflops"] = backward_flop / Median(fb) / 1e12;
     result["materialised_backward_tflops"] = backward_flop / Median(rb) / 1e12;
     result["backward_speedup"] = Median(rb) / Median(fb);
-    if (!fb32.empty()) {
-      result["flash_backward_c32_s"] = Median(fb32);
-      result["flash_backward_c32_tflops"] = backward_flop / Median(fb32) / 1e12;
-    }
-    if (!fb128.empty()) {
-      result["flash_backward_128k_s"] = Median(fb128);
-      result["flash_backward_128k_tflops"] = backward_flop / Median(fb128) / 1e12;
-    }
   }
   if (o.json) {
     std::printf("%s\n", result.dump().c_str());
@@ -396,17 +406,17 @@ int RunBenchAttention(const BenchAttentionOptions& o) {
     std::printf("\n");
   };
   line("flash", ff, fb);
-  if (!ff128.empty()) {
-    std::printf("  %-14s %12.4f %12.4f   (forward with 128-query blocks)\n", "flash 128q",
-                Median(ff128), forward_flop / Median(ff128) / 1e12);
-  }
-  if (!fb32.empty()) {
-    std::printf("  %-14s %12s %12s %12.4f %12.4f   (backward in 32-query chunks)\n",
-                "flash bwd c32", "", "", Median(fb32), backward_flop / Median(fb32) / 1e12);
-  }
-  if (!fb128.empty()) {
-    std::printf("  %-14s %12s %12s %12.4f %12.4f   (backward, 128 keys a block, 8 warps)\n",
-                "flash bwd 128k", "", "", Median(fb128), backward_flop / Median(fb128) / 1e12);
+  for (size_t i = 0; i < vt.size(); ++i) {
+    if (vt[i].empty()) continue;
+    const TileVariant& v = paths.variants[i];
+    const double t = Median(vt[i]);
+    if (v.backward) {
+      std::printf("  %-14s %12s %12s %12.4f %12.4f   (%s)\n", v.name.c_str(), "", "", t,
+                  backward_flop / t / 1e12, v.what.c_str());
+    } else {
+      std::printf("  %-14s %12.4f %12.4f   (%s)\n", v.name.c_str(), t, forward_flop / t / 1e12,
+                  v.what.c_str());
+    }
   }
   line("materialised", rf, rb);
   std::string backward;

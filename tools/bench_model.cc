@@ -50,6 +50,7 @@ struct BenchModelConfig {
   int vocab_multiple = 1;
   int64_t head_chunk_rows = 0;
   std::optional<AttentionProgram> attention;  // model.attention_backend (CUDA)
+  FlashTiles flash_tiles;                     // model.flash_attention (CUDA)
 };
 
 // A run config, read and validated as `zerort train` reads it; bench uses the model, the
@@ -71,6 +72,7 @@ StatusOr<BenchModelConfig> LoadBenchConfig(const std::string& path,
   c.vocab_multiple = run.parallel.make_vocab_size_divisible_by;
   c.head_chunk_rows = run.model.head_chunk_rows;
   c.attention = AttentionBackendNamed(run.model.attention_backend);
+  c.flash_tiles = run.model.flash_attention;
   return c;
 }
 
@@ -140,10 +142,10 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
     std::unique_ptr<ModelKernels> kernels;
     if (cuda) {
       ZR_RETURN_IF_ERROR(internal::CheckAttentionBackend(
-          c.attention, dtype, decoder::AttentionShapeOf(m, c.tp, batch)));
+          c.attention, c.flash_tiles, dtype, decoder::AttentionShapeOf(m, c.tp, batch)));
       ZR_ASSIGN_OR_RETURN(
           kernels, MakeCudaModelKernels(dtype, DType::kF32, manager->compute_stream(), *allocator,
-                                        c.attention));
+                                        c.attention, c.flash_tiles));
     } else {
       kernels = MakeCpuModelKernels(dtype == DType::kBF16  ? CpuPrecision::kBf16
                                     : dtype == DType::kF16 ? CpuPrecision::kF16

@@ -9,6 +9,10 @@
 #   tools/gpu-check.sh [BUILD]
 # GPU_CHECK_ONLY="tests memcheck train bench peers llama" runs only the sections it names (all
 # by default), so that a lent machine's minutes can be split over several calls.
+# GPU_CHECK_SET="KEY=VALUE ..." adds `--set KEY=VALUE` to every zerort run of a training config
+# (train, bench model and its timelines, the side-by-side, the LLaMA run; not estimate --measure):
+# e.g. model.flash_attention's block shapes, once `bench attention` has said which are faster
+# (docs/gpu.md, "Running the GPU checks").
 # With .gpu/pack.tar.xz (tools/gpu-pack.sh, made on a machine that builds zerort) it unpacks that
 # build and uses the machine's CUDA, cuBLAS, NCCL and MPI; else it configures and builds BUILD
 # (default build-gpu), which needs scripts/install-deps.sh's packages. Logs go to /tmp/gpu-check,
@@ -22,6 +26,11 @@ for s in ${GPU_CHECK_ONLY:-}; do  # a misspelt section would run nothing, silent
     { echo "gpu-check: GPU_CHECK_ONLY: no section '$s' (sections: $sections)" >&2; exit 2; }
 done
 logs=/tmp/gpu-check
+sets=()
+for kv in ${GPU_CHECK_SET:-}; do
+  [[ $kv == *=* ]] || { echo "gpu-check: GPU_CHECK_SET: '$kv' is not KEY=VALUE" >&2; exit 2; }
+  sets+=(--set "$kv")
+done
 [[ -n ${OUT:-} ]] && trap 'mkdir -p "$OUT" && tar -C /tmp -czf "$OUT/gpu-check.tar.gz" gpu-check' EXIT
 mkdir -p "$logs"
 t0=$(date +%s)
@@ -145,13 +154,13 @@ if want memcheck; then
 fi
 if want train; then
   # Measurements (not tests): each prints one JSON object or table, kept in $logs.
-  guard 150 train-gpt2 "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite --set train.steps=12 \
+  guard 150 train-gpt2 "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite "${sets[@]}" --set train.steps=12 \
     --set train.eval_interval=12 --set checkpoint.dir=/tmp/gpu-check-ckpt \
     --set logging.metrics_file=/tmp/gpu-check-metrics.jsonl >"$logs/train-gpt2.log" 2>&1 || rc=1
   grep -E '^step +(1|12)/' "$logs/train-gpt2.log"
   # The same with the optimizer on the host (ZeRO-Offload): master weights, moments and the AdamW
   # step in host memory, gradients copied down and parameters up every step.
-  guard 150 train-gpt2-offload "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite --set train.steps=6 \
+  guard 150 train-gpt2-offload "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite "${sets[@]}" --set train.steps=6 \
     --set train.eval_interval=6 --set checkpoint.dir=/tmp/gpu-check-ckpt-offload \
     --set zero_optimization.offload_optimizer.device=cpu \
     --set logging.metrics_file=/tmp/gpu-check-metrics-offload.jsonl \
@@ -160,7 +169,7 @@ if want train; then
   # The same with the host step ending before the next forward ([Note: the host step behind the
   # forward] off): what its overlap gains, in the same run (issue 48: the host step within 1.3x
   # of the device step).
-  guard 150 train-gpt2-offload-serial "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite --set train.steps=6 \
+  guard 150 train-gpt2-offload-serial "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite "${sets[@]}" --set train.steps=6 \
     --set train.eval_interval=6 --set checkpoint.dir=/tmp/gpu-check-ckpt-offload-serial \
     --set zero_optimization.offload_optimizer.device=cpu --set train.overlap_host_step=false \
     --set logging.metrics_file=/tmp/gpu-check-metrics-offload-serial.jsonl \
@@ -168,7 +177,7 @@ if want train; then
   grep -E '^step +6/' "$logs/train-gpt2-offload-serial.log"
   # The same with the host tier pinned (offload_optimizer.pin_memory, false by default as in
   # DeepSpeed): the step's copies are through pinned staging either way.
-  guard 150 train-gpt2-offload-pinned "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite --set train.steps=6 \
+  guard 150 train-gpt2-offload-pinned "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite "${sets[@]}" --set train.steps=6 \
     --set train.eval_interval=6 --set checkpoint.dir=/tmp/gpu-check-ckpt-offload-pinned \
     --set zero_optimization.offload_optimizer.device=cpu \
     --set zero_optimization.offload_optimizer.pin_memory=true \
@@ -179,7 +188,7 @@ if want train; then
   # of a communicator on one device), on machines with two GPUs or more.
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
   if ((gpus >= 2)); then
-    guard 150 train-gpt2-pp2 mpirun -np 2 --bind-to none "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite \
+    guard 150 train-gpt2-pp2 mpirun -np 2 --bind-to none "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite "${sets[@]}" \
       --set train.steps=6 --set train.eval_interval=6 --set zero_optimization.stage=1 \
       --set parallel.pipeline_parallel_size=2 --set checkpoint.dir=/tmp/gpu-check-ckpt-pp \
       --set logging.metrics_file=/tmp/gpu-check-metrics-pp.jsonl >"$logs/train-gpt2-pp2.log" 2>&1 || rc=1
@@ -198,7 +207,7 @@ if want bench; then
     guard 60 bench-attention "$zr" bench attention --device cuda $shape --rounds 5 >>"$logs/bench-attention.txt" 2>&1 || rc=1
   done
   cat "$logs/bench-attention.txt"
-  guard 90 bench-model-gpt2 "$zr" bench model --config "$root/configs/bench-gpt2.json" --json >"$logs/bench-model-gpt2.json" \
+  guard 90 bench-model-gpt2 "$zr" bench model --config "$root/configs/bench-gpt2.json" "${sets[@]}" --json >"$logs/bench-model-gpt2.json" \
     2>"$logs/bench-model-gpt2.log"
   bench_model=$?
   if ((bench_model == 0)); then cat "$logs/bench-model-gpt2.json"; else rc=1; fi
@@ -210,8 +219,10 @@ if want bench; then
   ((bench_model == 124)) && step "timelines skipped: bench model hung"
   for backend in materialised flash; do
     ((bench_model == 124)) && break
+    # (model.flash_attention's keys are refused with the materialised program: not passed to it.)
+    [[ $backend == flash ]] && tsets=("${sets[@]}") || tsets=()
     guard 90 "timeline-$backend" "$zr" bench model --config "$root/configs/gpt2-124m-bf16-zero3.json" --census --timeline \
-      --set model.attention_backend=$backend >"$logs/bench-model-gpt2-timeline-$backend.txt" 2>&1 ||
+      "${tsets[@]}" --set model.attention_backend=$backend >"$logs/bench-model-gpt2-timeline-$backend.txt" 2>&1 ||
       rc=1
     echo "== attention_backend $backend"; cat "$logs/bench-model-gpt2-timeline-$backend.txt"
   done
@@ -242,14 +253,14 @@ if want peers; then
       llmc_bins=("/tmp/gpu-check-llmc/train_gpt2cu:no-cudnn")
   fi
   if ((${#llmc_bins[@]})); then
-    args=(--zerort "$zr" --config "$root/configs/gpt2-124m-bf16-zero3.json" --work /tmp/gpu-check-sbs)
+    args=(--zerort "$zr" --config "$root/configs/gpt2-124m-bf16-zero3.json" --work /tmp/gpu-check-sbs "${sets[@]}")
     for b in "${llmc_bins[@]}"; do args+=(--llmc "$b"); done
     guard 300 side-by-side python3 "$root/tools/peers/llmc_side_by_side.py" "${args[@]}" --json "$logs/side-by-side.json" \
       >"$logs/side-by-side.txt" 2>&1 || rc=1
     cp /tmp/gpu-check-sbs/*.log "$logs/" 2>/dev/null
     # The same zerort run at ZeRO-0: ZeRO-3's gathers and frees should cost nothing at one rank.
     guard 150 side-by-side-zero0 python3 "$root/tools/peers/llmc_side_by_side.py" --zerort "$zr" --work /tmp/gpu-check-sbs0 \
-      --config "$root/configs/gpt2-124m-bf16-zero3.json" --set zero_optimization.stage=0 \
+      --config "$root/configs/gpt2-124m-bf16-zero3.json" "${sets[@]}" --set zero_optimization.stage=0 \
       --json "$logs/side-by-side-zero0.json" >"$logs/side-by-side-zero0.txt" 2>&1 || rc=1
     tail -4 "$logs/side-by-side.txt"; tail -1 "$logs/side-by-side-zero0.txt"
   else
@@ -259,7 +270,7 @@ fi
 if want llama; then
   # A LLaMA-3.2-1B-shaped model (16 layers, d 2048, 32 query heads on 8 key/value heads, head size
   # 64: the flash kernels) at ZeRO-3, 4 x 2048 x 4 tokens a step: issue 48's 45% MFU target.
-  guard 180 train-llama-1b "$zr" train "$root/configs/llama-1b-bf16-zero3.json" --overwrite --set train.steps=8 \
+  guard 180 train-llama-1b "$zr" train "$root/configs/llama-1b-bf16-zero3.json" --overwrite "${sets[@]}" --set train.steps=8 \
     --set train.eval_interval=8 --set train.eval_windows=1 --set steps_per_print=1 \
     --set logging.metrics_file=/tmp/gpu-check-metrics-llama.jsonl >"$logs/train-llama-1b.log" 2>&1 ||
     rc=1

@@ -201,12 +201,14 @@ Status ForwardAs(const flash::Shape& sh, void* out, float* lse, const void* qkv,
   return absl::OkStatus();
 }
 
-// `block_queries`: 0 for the head size's default (kernels/flash_forward.h), else 64 or 128.
+// `tiles.forward_block_queries`: 0 for the head size's default (kernels/flash_forward.h), else
+// 64 or 128 (CheckFlashTiles).
 template <int D, typename E>
 Status Forward(const internal::FlashAttentionShape& shape, void* out, float* lse, const void* qkv,
-               cudaStream_t stream, int block_queries) {
+               cudaStream_t stream, const FlashTiles& tiles) {
   const flash::Shape sh = ShapeOf(shape);
-  const int groups = block_queries == 0 ? flash::kForwardGroups<D> : block_queries / flash::kTile;
+  const int queries = tiles.forward_block_queries;
+  const int groups = queries == 0 ? flash::kForwardGroups<D> : queries / flash::kTile;
   if constexpr (D == 64) {
     if (groups == 2) return ForwardAs<D, E, 2>(sh, out, lse, qkv, stream);
   }
@@ -240,12 +242,14 @@ Status LaunchBackwardMain(int chunk, const flash::Shape& sh, void* dqkv, float* 
                                                              stream);
 }
 
-// `query_chunk`: 0 for the head size's default (kernels/flash_backward.h), else 32 or 64;
-// `key_block`: 0 for kBackwardWarps' default, or 64 or 128 (head size 64).
+// `tiles.backward_query_chunk`: 0 for the head size's default (kernels/flash_backward.h), else 32
+// or 64; `tiles.backward_block_keys`: 0 for kBackwardWarps' default, or 64 or 128 (head size 64;
+// CheckFlashTiles).
 template <int D, typename E>
 Status Backward(const internal::FlashAttentionShape& shape, void* dqkv, float* workspace,
                 const void* dout, const void* qkv, const void* out, const float* lse,
-                cudaStream_t stream, int query_chunk, int key_block) {
+                cudaStream_t stream, const FlashTiles& tiles) {
+  const int query_chunk = tiles.backward_query_chunk, key_block = tiles.backward_block_keys;
   const flash::Shape sh = ShapeOf(shape);
   float* dvec = workspace;  // then the dQ accumulator: kernels/memory_facts.h's layout
   float* dq = workspace + int64_t{sh.batch} * sh.heads * sh.seq;
@@ -309,54 +313,44 @@ Status CheckAligned(std::initializer_list<const void*> pointers) {
   return absl::OkStatus();
 }
 
+// The flash kernels' block shapes, checked (CheckFlashTiles) with the error's origin named.
+Status CheckTiles(const FlashTiles& tiles, int head_size) {
+  const Status s = internal::CheckFlashTiles(tiles, head_size);
+  if (s.ok()) return s;
+  return absl::InvalidArgumentError(std::string("flash attention on CUDA: ") +
+                                    std::string(s.message()));
+}
+
 }  // namespace
 
 namespace internal {
 
 Status CudaFlashAttentionForward(DType dtype, const FlashAttentionShape& shape, void* out,
-                                 float* lse, const void* qkv, Stream& stream, int block_queries) {
+                                 float* lse, const void* qkv, Stream& stream,
+                                 const FlashTiles& tiles) {
   if (!stream.device().is_cuda()) {
     return absl::InvalidArgumentError("flash attention on CUDA needs a CUDA stream");
   }
   ZR_RETURN_IF_ERROR(CheckFlashAttention(dtype, shape));
-  if (block_queries != 0 && block_queries != 64 &&
-      !(block_queries == 128 && shape.head_size == 64)) {
-    return absl::InvalidArgumentError("flash attention forward: " + std::to_string(block_queries) +
-                                      " queries a block at head size " +
-                                      std::to_string(shape.head_size) +
-                                      " (64, or 128 at head size 64)");
-  }
+  ZR_RETURN_IF_ERROR(CheckTiles(tiles, shape.head_size));
   if (shape.batch == 0 || shape.seq == 0) return absl::OkStatus();
   ZR_RETURN_IF_ERROR(CheckAligned({out, lse, qkv}));
-  return Dispatch<ForwardFn>(dtype, shape, shape, out, lse, qkv, Native(stream), block_queries);
+  return Dispatch<ForwardFn>(dtype, shape, shape, out, lse, qkv, Native(stream), tiles);
 }
 
 Status CudaFlashAttentionBackward(DType dtype, const FlashAttentionShape& shape, void* dqkv,
                                   float* workspace, const void* dout, const void* qkv,
                                   const void* out, const float* lse, Stream& stream,
-                                  int query_chunk, int key_block) {
+                                  const FlashTiles& tiles) {
   if (!stream.device().is_cuda()) {
     return absl::InvalidArgumentError("flash attention on CUDA needs a CUDA stream");
   }
   ZR_RETURN_IF_ERROR(CheckFlashAttention(dtype, shape));
-  const int default_chunk =
-      shape.head_size == 64 ? flash::kBackwardChunk<64> : flash::kBackwardChunk<128>;
-  if (query_chunk != 0 && query_chunk != default_chunk &&
-      !(query_chunk == 32 && shape.head_size == 64)) {
-    return absl::InvalidArgumentError("flash attention backward: a query chunk of " +
-                                      std::to_string(query_chunk) + " at head size " +
-                                      std::to_string(shape.head_size) + " (" +
-                                      std::to_string(default_chunk) + ", or 32 at head size 64)");
-  }
-  if (key_block != 0 && key_block != flash::kTile && !(key_block == 128 && shape.head_size == 64)) {
-    return absl::InvalidArgumentError(
-        "flash attention backward: " + std::to_string(key_block) + " keys a block at head size " +
-        std::to_string(shape.head_size) + " (64, or 128 at head size 64)");
-  }
+  ZR_RETURN_IF_ERROR(CheckTiles(tiles, shape.head_size));
   if (shape.batch == 0 || shape.seq == 0) return absl::OkStatus();
   ZR_RETURN_IF_ERROR(CheckAligned({dqkv, workspace, dout, qkv, out, lse}));
   return Dispatch<BackwardFn>(dtype, shape, shape, dqkv, workspace, dout, qkv, out, lse,
-                              Native(stream), query_chunk, key_block);
+                              Native(stream), tiles);
 }
 
 }  // namespace internal

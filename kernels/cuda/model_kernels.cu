@@ -51,13 +51,14 @@ template <typename T, typename G>
 class CudaModelKernels final : public ModelKernels {
  public:
   CudaModelKernels(const internal::CublasApi& blas, Stream& stream, Allocator& workspace, DType act,
-                   DType grad, std::optional<AttentionProgram> attention)
+                   DType grad, std::optional<AttentionProgram> attention, const FlashTiles& tiles)
       : b_(blas),
         stream_(stream),
         ws_(workspace),
         act_(act),
         grad_(grad),
         attention_(attention),
+        tiles_(tiles),
         lt_(nullptr, LtDeleter{blas.LtDestroy}),
         lt_matmuls_(blas),
         materialised_(blas, ctx_) {}
@@ -320,8 +321,9 @@ class CudaModelKernels final : public ModelKernels {
     const int hs = channels / heads;
     const AttentionProgram program = attention_program(batch, heads, hs);
     if (program == AttentionProgram::kFlash) {
-      ZR_RETURN_IF_ERROR(internal::CudaFlashAttentionForward(
-          act_, {batch, seq, heads, kv_heads, hs}, out, static_cast<float*>(att), qkv, stream_));
+      ZR_RETURN_IF_ERROR(
+          internal::CudaFlashAttentionForward(act_, {batch, seq, heads, kv_heads, hs}, out,
+                                              static_cast<float*>(att), qkv, stream_, tiles_));
       ++launches_["FlashAttention"];
       return absl::OkStatus();
     }
@@ -342,7 +344,7 @@ class CudaModelKernels final : public ModelKernels {
       ZR_ASSIGN_OR_RETURN(Buffer workspace, Scratch(bytes[0]));
       ZR_RETURN_IF_ERROR(internal::CudaFlashAttentionBackward(
           act_, {batch, seq, heads, kv_heads, hs}, dqkv, workspace.as<float>(), dout, qkv, out,
-          static_cast<const float*>(att), stream_));
+          static_cast<const float*>(att), stream_, tiles_));
       launches_["FlashAttentionBackward"] += 3;  // D, the main program, dQ stored
       return absl::OkStatus();
     }
@@ -555,6 +557,7 @@ class CudaModelKernels final : public ModelKernels {
   Allocator& ws_;
   const DType act_, grad_;  // T's and G's DType, as the collectives name them
   const std::optional<AttentionProgram> attention_;  // asked for; nullopt: by shape
+  const FlashTiles tiles_;                           // model.flash_attention
   bool gelu_epilogue_ = true;    // false once cuBLASLt refused a GELU epilogue plan
   bool dgelu_epilogue_ = true;   // the same for DGELU
   bool residual_c_ = true;       // the same for MatmulResidual's C
@@ -578,10 +581,11 @@ class CudaModelKernels final : public ModelKernels {
 
 template <typename T, typename G>
 StatusOr<std::unique_ptr<ModelKernels>> Make(Stream& stream, Allocator& workspace,
-                                             std::optional<AttentionProgram> attention) {
+                                             std::optional<AttentionProgram> attention,
+                                             const FlashTiles& tiles) {
   ZR_ASSIGN_OR_RETURN(const internal::CublasApi* blas, internal::LoadCublas());
   auto k = std::make_unique<CudaModelKernels<T, G>>(*blas, stream, workspace, DTypeOfCuda<T>(),
-                                                    DTypeOfCuda<G>(), attention);
+                                                    DTypeOfCuda<G>(), attention, tiles);
   ZR_RETURN_IF_ERROR(k->Init());
   return std::unique_ptr<ModelKernels>(std::move(k));
 }
@@ -590,18 +594,21 @@ StatusOr<std::unique_ptr<ModelKernels>> Make(Stream& stream, Allocator& workspac
 
 StatusOr<std::unique_ptr<ModelKernels>> MakeCudaModelKernels(
     DType act, DType grad, Stream& stream, Allocator& workspace,
-    std::optional<AttentionProgram> attention) {
-  const std::optional<AttentionProgram> m = attention;
+    std::optional<AttentionProgram> attention, const FlashTiles& tiles) {
   if (!stream.device().is_cuda() || workspace.device() != stream.device()) {
     return absl::InvalidArgumentError(
         "MakeCudaModelKernels needs a CUDA stream and an allocator "
         "on the same device");
   }
   // cuBLASLt writes a bf16 or fp32 result from bf16 inputs, but not bf16 from fp32 inputs.
-  if (act == DType::kF32 && grad == DType::kF32) return Make<float, float>(stream, workspace, m);
-  if (act == DType::kBF16 && grad == DType::kF32) return Make<bf16, float>(stream, workspace, m);
-  if (act == DType::kBF16 && grad == DType::kBF16) return Make<bf16, bf16>(stream, workspace, m);
-  if (act == DType::kF16 && grad == DType::kF32) return Make<f16, float>(stream, workspace, m);
+  if (act == DType::kF32 && grad == DType::kF32)
+    return Make<float, float>(stream, workspace, attention, tiles);
+  if (act == DType::kBF16 && grad == DType::kF32)
+    return Make<bf16, float>(stream, workspace, attention, tiles);
+  if (act == DType::kBF16 && grad == DType::kBF16)
+    return Make<bf16, bf16>(stream, workspace, attention, tiles);
+  if (act == DType::kF16 && grad == DType::kF32)
+    return Make<f16, float>(stream, workspace, attention, tiles);
   return absl::InvalidArgumentError(
       std::string("the GPT model's CUDA kernels take f32/f32, bf16/f32, bf16/bf16 or f16/f32 "
                   "activations/"

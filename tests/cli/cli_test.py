@@ -219,6 +219,38 @@ check("estimate --device cuda refuses a flash request fp32 cannot take (exit 2, 
       and "bf16 or fp16" in r.stderr, r.stderr[-500:])
 r = run("estimate", flash_fp32, "--device", "cpu")
 check("... and on the CPU, which runs flash always, estimates it", r.returncode == 0, r.stderr[-500:])
+# model.flash_attention, the CUDA flash kernels' block shapes: the same estimate whatever they are
+# (they split the same work); one the head size does not take, or a value none takes, is refused
+# naming the key (exit 2).
+with open(os.path.join(configs, "gpt2-124m-bf16-zero3.json")) as f:
+    gpt2_config = json.load(f)
+
+
+def gpt2_with(name, tiles, **model):
+    config = json.loads(json.dumps(gpt2_config))
+    config["model"].update(model, flash_attention=tiles)
+    path = os.path.join(tmp, name + ".json")
+    with open(path, "w") as f:
+        json.dump(config, f)
+    return path
+
+
+plain = run("estimate", gpt2_with("tiles-default", {}), "--device", "cuda")
+r = run("estimate", gpt2_with("tiles-128", {"forward_block_queries": 128, "backward_block_keys": 128,
+                                            "backward_query_chunk": 32}), "--device", "cuda")
+check("estimate --device cuda with model.flash_attention's other block shapes: the same estimate",
+      plain.returncode == 0 and r.returncode == 0  # the first line names the file
+      and r.stdout.split("\n", 1)[1] == plain.stdout.split("\n", 1)[1],
+      r.stderr[-500:] + plain.stderr[-500:])
+r = run("estimate", gpt2_with("tiles-96", {"forward_block_queries": 96}), "--device", "cuda")
+check("a block shape no head size takes: exit 2 naming the key and the values",
+      r.returncode == 2 and "model.flash_attention.forward_block_queries = 96: one of 0 (the "
+      "default), 64, 128" in r.stderr, r.stderr[-500:])
+r = run("estimate", gpt2_with("tiles-hs128", {"backward_block_keys": 128}, n_head=6), "--device",
+        "cuda")
+check("a block shape this head size does not take (head size 128): exit 2 naming it",
+      r.returncode == 2 and "model.flash_attention.backward_block_keys = 128 at head size 128"
+      in r.stderr, r.stderr[-500:])
 # bench model --set overrides a key as train's does.
 r = run("bench", "model", "--config", os.path.join(configs, "bench-tiny.json"), "--iters", "1",
         "--cpu", "--json", "--set", "model.n_layer=3", "--set", "model.attention_backend=materialised")

@@ -546,6 +546,25 @@ TEST(MemoryModelTest, TheAttentionProgramSizesTheSavedTensor) {
   EXPECT_EQ(activations(AttentionProgram::kMaterialised), cpu_flash);
 }
 
+// model.flash_attention (the flash kernels' block shapes) splits the same work: every byte is the
+// same whatever they are; one the head size does not take is refused by name, as a run refuses it.
+TEST(MemoryModelTest, TheFlashBlockShapesChangeNoByte) {
+  MemoryModelInput in = Gpt2Bf16Zero3OnCuda(8);
+  const MemoryEstimate plain = *EstimateMemory(in);
+  in.flash_tiles = {128, 128, 32};
+  const MemoryEstimate tiled = *EstimateMemory(in);
+  for (MemoryCategory c : {MemoryCategory::kActivations, MemoryCategory::kWorkspace}) {
+    EXPECT_EQ(tiled.Peak(MemoryTier::kDevice, c), plain.Peak(MemoryTier::kDevice, c));
+  }
+  EXPECT_EQ(tiled.PeakTotal(MemoryTier::kDevice), plain.PeakTotal(MemoryTier::kDevice));
+  in.model.n_head = 6;  // head size 128
+  const Status hs128 = EstimateMemory(in).status();
+  EXPECT_NE(hs128.message().find("model.flash_attention.forward_block_queries = 128 at head size "
+                                 "128"),
+            std::string::npos)
+      << hs128;
+}
+
 // [Note: the host step behind the forward]: on a GPU with the optimizer on the host, the forward
 // after a deferred step prefetches at most one unit beyond those completed, so the replayed
 // forward holds fewer gathered weights than the same run with the overlap off (DeepSpeed's

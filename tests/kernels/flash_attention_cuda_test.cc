@@ -44,19 +44,18 @@ struct Gpu {
 
 // At head size 64 every program: the forward's 64-query blocks (the default) and 128, the
 // backward's query chunks 64 (the default) and 32, at 64 keys a block (4 warps, the default)
-// and 128 (8 warps): the defaults, then the others.
-struct Variant {
-  int block_queries = 0, query_chunk = 0, key_block = 0;
-};
+// and 128 (8 warps): the defaults, then the others (FlashTiles: forward queries, backward keys,
+// backward query chunk).
 TEST(FlashAttentionCudaTest, ForwardAndBackwardAgainstTheDoubleReference) {
   ZR_NEED_GPU();
   for (const FlashCase& c : FlashCases()) {
-    const std::vector<Variant> variants =
-        c.hs == 64 ? std::vector<Variant>{{0, 0, 0}, {128, 32, 0}, {0, 64, 128}, {128, 32, 128}}
-                   : std::vector<Variant>{{0, 0, 0}};
-    for (const auto& [block_queries, query_chunk, key_block] : variants) {
-      SCOPED_TRACE(::testing::Message() << "block_queries " << block_queries << ", query_chunk "
-                                        << query_chunk << ", key_block " << key_block);
+    const std::vector<FlashTiles> variants =
+        c.hs == 64 ? std::vector<FlashTiles>{{0, 0, 0}, {128, 0, 32}, {0, 128, 64}, {128, 128, 32}}
+                   : std::vector<FlashTiles>{{0, 0, 0}};
+    for (const FlashTiles& tiles : variants) {
+      SCOPED_TRACE(::testing::Message() << "forward_block_queries " << tiles.forward_block_queries
+                                        << ", backward_block_keys " << tiles.backward_block_keys
+                                        << ", backward_query_chunk " << tiles.backward_query_chunk);
       const FlashInputs in = MakeFlashInputs(c);
       Gpu g;
       const DType dtype = c.bf16 ? DType::kBF16 : DType::kF16;
@@ -77,10 +76,9 @@ TEST(FlashAttentionCudaTest, ForwardAndBackwardAgainstTheDoubleReference) {
       EXPECT_EQ(workspace_bytes, (in.stat_size() + in.out_size()) * 4);
       auto* workspace = static_cast<float*>(g.Alloc(workspace_bytes));
       ASSERT_TRUE(
-          internal::CudaFlashAttentionForward(dtype, shape, out, lse, qkv, *g.stream, block_queries)
-              .ok());
+          internal::CudaFlashAttentionForward(dtype, shape, out, lse, qkv, *g.stream, tiles).ok());
       ASSERT_TRUE(internal::CudaFlashAttentionBackward(dtype, shape, dqkv, workspace, dout, qkv,
-                                                       out, lse, *g.stream, query_chunk, key_block)
+                                                       out, lse, *g.stream, tiles)
                       .ok());
       g.Down(&got.out, out);
       g.Down(&got.dqkv, dqkv);
@@ -101,22 +99,25 @@ TEST(FlashAttentionCudaTest, RefusesWhatItDoesNotTake) {
                                                         nullptr, nullptr, *g.stream);
   EXPECT_NE(hs.message().find("80"), std::string_view::npos) << hs;
   const Status rows = internal::CudaFlashAttentionForward(DType::kBF16, {1, 8, 2, 2, 128}, nullptr,
-                                                          nullptr, nullptr, *g.stream, 128);
+                                                          nullptr, nullptr, *g.stream, {128, 0, 0});
   EXPECT_EQ(rows.code(), absl::StatusCode::kInvalidArgument) << rows;
+  EXPECT_NE(rows.message().find("forward_block_queries = 128 at head size 128"),
+            std::string_view::npos)
+      << rows;
   for (const auto& [hs, chunk] : {std::pair{128, 64}, std::pair{64, 48}}) {
-    const Status chunked =
-        internal::CudaFlashAttentionBackward(DType::kBF16, {1, 8, 2, 2, hs}, nullptr, nullptr,
-                                             nullptr, nullptr, nullptr, nullptr, *g.stream, chunk);
+    const Status chunked = internal::CudaFlashAttentionBackward(
+        DType::kBF16, {1, 8, 2, 2, hs}, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+        *g.stream, {0, 0, chunk});
     EXPECT_EQ(chunked.code(), absl::StatusCode::kInvalidArgument) << chunked;
-    EXPECT_NE(chunked.message().find("query chunk of " + std::to_string(chunk)),
+    EXPECT_NE(chunked.message().find("backward_query_chunk = " + std::to_string(chunk)),
               std::string_view::npos)
         << chunked;
   }
-  const Status keys =
-      internal::CudaFlashAttentionBackward(DType::kBF16, {1, 8, 2, 2, 128}, nullptr, nullptr,
-                                           nullptr, nullptr, nullptr, nullptr, *g.stream, 0, 128);
+  const Status keys = internal::CudaFlashAttentionBackward(DType::kBF16, {1, 8, 2, 2, 128}, nullptr,
+                                                           nullptr, nullptr, nullptr, nullptr,
+                                                           nullptr, *g.stream, {0, 128, 0});
   EXPECT_EQ(keys.code(), absl::StatusCode::kInvalidArgument) << keys;
-  EXPECT_NE(keys.message().find("128 keys a block"), std::string_view::npos) << keys;
+  EXPECT_NE(keys.message().find("backward_block_keys = 128"), std::string_view::npos) << keys;
 }
 
 }  // namespace

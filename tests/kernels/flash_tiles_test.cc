@@ -143,15 +143,69 @@ TEST(FlashTilesTest, TheProgramsCheckTheirShapes) {
   // model.attention_backend: a flash request is checked, naming the key; the others pass.
   using internal::CheckAttentionBackend;
   const Status asked =
-      CheckAttentionBackend(AttentionProgram::kFlash, DType::kBF16, {1, 8, 2, 2, 96});
+      CheckAttentionBackend(AttentionProgram::kFlash, {}, DType::kBF16, {1, 8, 2, 2, 96});
   EXPECT_NE(asked.message().find("model.attention_backend = \"flash\": flash attention on CUDA "
                                  "takes head sizes 64 and 128, not 96"),
             std::string_view::npos)
       << asked;
-  EXPECT_TRUE(CheckAttentionBackend(AttentionProgram::kFlash, DType::kF16, {1, 8, 2, 2, 64}).ok());
-  EXPECT_TRUE(CheckAttentionBackend(std::nullopt, DType::kF32, {1, 8, 2, 2, 96}).ok());
   EXPECT_TRUE(
-      CheckAttentionBackend(AttentionProgram::kMaterialised, DType::kF32, {1, 8, 2, 2, 96}).ok());
+      CheckAttentionBackend(AttentionProgram::kFlash, {}, DType::kF16, {1, 8, 2, 2, 64}).ok());
+  EXPECT_TRUE(CheckAttentionBackend(std::nullopt, {}, DType::kF32, {1, 8, 2, 2, 96}).ok());
+  EXPECT_TRUE(
+      CheckAttentionBackend(AttentionProgram::kMaterialised, {}, DType::kF32, {1, 8, 2, 2, 96})
+          .ok());
+}
+
+// model.flash_attention: each block shape the kernels are built with passes at its head size, and
+// the others fail naming the key, the value and what the head size takes; block shapes need the
+// flash program.
+TEST(FlashTilesTest, TheBlockShapesAreCheckedAgainstTheHeadSize) {
+  using internal::CheckAttentionBackend;
+  const internal::FlashAttentionShape hs64{2, 100, 4, 2, 64}, hs128{2, 100, 4, 2, 128};
+  for (const FlashTiles& t : {FlashTiles{}, FlashTiles{64, 64, 64}, FlashTiles{128, 0, 0},
+                              FlashTiles{0, 128, 32}, FlashTiles{128, 128, 32}}) {
+    EXPECT_TRUE(CheckAttentionBackend(std::nullopt, t, DType::kBF16, hs64).ok());
+    EXPECT_TRUE(CheckAttentionBackend(AttentionProgram::kFlash, t, DType::kF16, hs64).ok());
+  }
+  for (const FlashTiles& t : {FlashTiles{64, 64, 0}, FlashTiles{0, 0, 32}}) {
+    EXPECT_TRUE(CheckAttentionBackend(std::nullopt, t, DType::kBF16, hs128).ok());
+  }
+  const struct {
+    FlashTiles tiles;
+    internal::FlashAttentionShape shape;
+    const char* message;
+  } refused[] = {
+      {{128, 0, 0},
+       hs128,
+       "model.flash_attention.forward_block_queries = 128 at head size 128 (0: the default, 64)"},
+      {{0, 128, 0}, hs128, "model.flash_attention.backward_block_keys = 128 at head size 128"},
+      {{0, 0, 64},
+       hs128,
+       "model.flash_attention.backward_query_chunk = 64 at head size 128 (0: the default, 32)"},
+      {{96, 0, 0},
+       hs64,
+       "model.flash_attention.forward_block_queries = 96 at head size 64 (0: the default, 64, or "
+       "128)"},
+      {{0, 0, 16}, hs64, "backward_query_chunk = 16 at head size 64 (0: the default, 64, or 32)"},
+  };
+  for (const auto& r : refused) {
+    const Status s = CheckAttentionBackend(std::nullopt, r.tiles, DType::kBF16, r.shape);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(r.message), std::string_view::npos) << s;
+  }
+  // On the materialised program the block shapes would do nothing: refused, saying why.
+  const Status asked =
+      CheckAttentionBackend(AttentionProgram::kMaterialised, {128, 0, 0}, DType::kBF16, hs64);
+  EXPECT_NE(asked.message().find("model.flash_attention is set, but this run's attention is the "
+                                 "materialised program (model.attention_backend = "
+                                 "\"materialised\")"),
+            std::string_view::npos)
+      << asked;
+  const Status fp32 = CheckAttentionBackend(std::nullopt, {0, 128, 0}, DType::kF32, hs64);
+  EXPECT_NE(fp32.message().find("materialised program (flash attention on CUDA takes bf16 or fp16, "
+                                "not f32"),
+            std::string_view::npos)
+      << fp32;
 }
 
 // The memory model's choice of program (kernels/memory_facts.h, AttentionProgramFor) is the
