@@ -10,9 +10,10 @@
 # GPU_CHECK_ONLY="tests memcheck train bench peers llama" runs only the sections it names (all
 # by default), so that a lent machine's minutes can be split over several calls.
 # GPU_CHECK_SET="KEY=VALUE ..." adds `--set KEY=VALUE` to every zerort run of a training config
-# (train, bench model and its timelines, the side-by-side, the LLaMA run; not estimate --measure):
-# e.g. model.flash_attention's block shapes, once `bench attention` has said which are faster
-# (docs/gpu.md, "Running the GPU checks").
+# (train, bench model and its flash timeline, the side-by-side, the LLaMA run; not estimate
+# --measure): e.g. model.flash_attention's block shapes. GPU_CHECK_SET=auto takes the block shapes
+# the bench section's `bench attention` found faster (tools/flash_tiles_pick.py) for the runs
+# after it (bench model, peers, llama; docs/gpu.md, "Running the GPU checks").
 # With .gpu/pack.tar.xz (tools/gpu-pack.sh, made on a machine that builds zerort) it unpacks that
 # build and uses the machine's CUDA, cuBLAS, NCCL and MPI; else it configures and builds BUILD
 # (default build-gpu), which needs scripts/install-deps.sh's packages. Logs go to /tmp/gpu-check,
@@ -28,10 +29,18 @@ done
 logs=/tmp/gpu-check
 sets=()
 for kv in ${GPU_CHECK_SET:-}; do
-  [[ $kv == *=* ]] || { echo "gpu-check: GPU_CHECK_SET: '$kv' is not KEY=VALUE" >&2; exit 2; }
+  [[ $kv == auto ]] && break  # the bench section's choice (below)
+  [[ $kv == *=* ]] || { echo "gpu-check: GPU_CHECK_SET: '$kv' is not KEY=VALUE or auto" >&2; exit 2; }
   sets+=(--set "$kv")
 done
-[[ -n ${OUT:-} ]] && trap 'mkdir -p "$OUT" && tar -C /tmp -czf "$OUT/gpu-check.tar.gz" gpu-check' EXIT
+# The archive is rewritten after each section too: a call killed at its time limit (no EXIT trap
+# runs then) still returns the sections it finished.
+save_logs() {
+  [[ -n ${OUT:-} ]] || return 0
+  mkdir -p "$OUT" && tar -C /tmp -czf "$OUT/gpu-check.tar.gz.part" gpu-check &&
+    mv "$OUT/gpu-check.tar.gz.part" "$OUT/gpu-check.tar.gz"
+}
+trap save_logs EXIT
 mkdir -p "$logs"
 t0=$(date +%s)
 exec 3>&1  # the check's own output, where a guarded command's is redirected
@@ -113,6 +122,7 @@ zr="$build/tools/zerort"
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 want() { [[ -z ${GPU_CHECK_ONLY:-} || " $GPU_CHECK_ONLY " == *" $1 "* ]]; }
+[[ ${GPU_CHECK_SET:-} == auto ]] && ! want bench && step "GPU_CHECK_SET=auto without the bench section: the default block shapes"
 rc=0
 if want tests; then
   # A hung test must not eat a lent machine's minutes: ctest's own limit is each test's 300 s.
@@ -138,6 +148,7 @@ for path in sys.argv[1:]:
 PY
   grep -h -E '^[a-z0-9-]+ +max relative loss difference' "$logs/ctest-gpu.log"
 
+  save_logs
 fi
 if want memcheck; then
   # compute-sanitizer's memcheck: out-of-bounds and misaligned accesses, leaks of device memory.
@@ -151,6 +162,7 @@ if want memcheck; then
     done
   fi
 
+  save_logs
 fi
 if want train; then
   # Measurements (not tests): each prints one JSON object or table, kept in $logs.
@@ -196,17 +208,27 @@ if want train; then
   else
     step "pp 2 run skipped: $gpus GPU here, NCCL needs one per rank"
   fi
+  save_logs
 fi
 if want bench; then
   # zerort's flash attention against the materialised CUDA path (bf16; FlashAttention-2 reaches
   # about 229 TFLOP/s forward on an H100, issue 48's target is 200). First: seconds of the
   # device's time, and the numbers the kernel work is judged by, whatever hangs after them.
+  # At head size 64 each of the kernels' other block shapes too; tools/flash_tiles_pick.py says
+  # which are faster in both head-size-64 shapes (GPU_CHECK_SET=auto: the runs below take them).
   for shape in "--head-size 64 --heads 12 --seq 1024 --batch 8" "--head-size 128 --heads 16 --seq 4096 --batch 1" \
     "--head-size 64 --heads 32 --kv-heads 8 --seq 2048 --batch 2"; do
     # shellcheck disable=SC2086
-    guard 60 bench-attention "$zr" bench attention --device cuda $shape --rounds 5 >>"$logs/bench-attention.txt" 2>&1 || rc=1
+    guard 60 bench-attention "$zr" bench attention --device cuda $shape --rounds 5 --json >>"$logs/bench-attention.jsonl" \
+      2>>"$logs/bench-attention.log" || rc=1
   done
-  cat "$logs/bench-attention.txt"
+  python3 "$root/tools/flash_tiles_pick.py" "$logs/bench-attention.jsonl" | tee "$logs/flash-tiles.txt"
+  if [[ ${GPU_CHECK_SET:-} == auto ]]; then
+    sets=()
+    read -ra picked <<<"$(sed -n 's/^GPU_CHECK_SET=//p' "$logs/flash-tiles.txt")"
+    for kv in "${picked[@]}"; do sets+=(--set "$kv"); done
+    step "GPU_CHECK_SET=auto: ${sets[*]:-the default block shapes}"
+  fi
   guard 90 bench-model-gpt2 "$zr" bench model --config "$root/configs/bench-gpt2.json" "${sets[@]}" --json >"$logs/bench-model-gpt2.json" \
     2>"$logs/bench-model-gpt2.log"
   bench_model=$?
@@ -230,6 +252,7 @@ if want bench; then
     cat "$logs/bench-adamw.json"
   guard 120 estimate-measure "$zr" estimate "$root/configs/gpt2-124m-bf16-zero3.json" --device cuda --measure \
     >"$logs/estimate-measure.txt" 2>&1; grep -E 'TOTAL|RESERVED' "$logs/estimate-measure.txt"
+  save_logs
 fi
 if want peers; then
   # zerort against llm.c in this run (issue 48): GPT-2 124M from random weights, 8 x 1024 x 4
@@ -266,6 +289,7 @@ if want peers; then
   else
     step "side-by-side skipped: no llm.c (tools/gpu-pack.sh --llmc DIR, or LLMC=DIR with nvcc)"
   fi
+  save_logs
 fi
 if want llama; then
   # A LLaMA-3.2-1B-shaped model (16 layers, d 2048, 32 query heads on 8 key/value heads, head size
@@ -275,6 +299,7 @@ if want llama; then
     --set logging.metrics_file=/tmp/gpu-check-metrics-llama.jsonl >"$logs/train-llama-1b.log" 2>&1 ||
     rc=1
   grep -E '^step +[0-9]+/' "$logs/train-llama-1b.log" | tail -3
+  save_logs
 fi
 step "done, exit $rc"
 exit "$rc"

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Which of the CUDA flash kernels' block shapes to train with, from `zerort bench attention
+--device cuda --json` lines (one a shape; tools/gpu-check.sh writes them): prints each shape's
+TFLOP/s, every variant's against its default in the same run, and the model.flash_attention keys
+of the variants that are at least MARGIN faster in every head-size-64 shape (the variants exist
+at head size 64 only), as the last line:
+  GPU_CHECK_SET=KEY=VALUE KEY=VALUE...   (empty: the defaults)
+Of the backward's variants the one whose slowest shape gains most wins; the forward's is taken or
+not on its own. Exit 2, naming the line, for input that is not bench attention's JSON.
+  tools/flash_tiles_pick.py FILE [--margin 0.02]"""
+import argparse
+import json
+import sys
+
+# bench attention's JSON key stems of the variants, and the model.flash_attention keys of each.
+VARIANTS = {
+    "flash_forward_128q": ("forward", {"forward_block_queries": 128}),
+    "flash_backward_c32": ("backward", {"backward_query_chunk": 32}),
+    "flash_backward_128k": ("backward", {"backward_block_keys": 128}),
+    "flash_backward_128k_c32": ("backward", {"backward_block_keys": 128, "backward_query_chunk": 32}),
+}
+
+
+def read(path):
+    shapes = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"flash_tiles_pick: {path}:{n}: not JSON ({e})")
+            if row.get("bench") != "attention" or "flash_forward_tflops" not in row:
+                raise SystemExit(f"flash_tiles_pick: {path}:{n}: not a bench attention result")
+            shapes.append(row)
+    if not shapes:
+        raise SystemExit(f"flash_tiles_pick: {path}: no bench attention result")
+    return shapes
+
+
+def main(argv):
+    p = argparse.ArgumentParser()
+    p.add_argument("file")
+    p.add_argument("--margin", type=float, default=0.02)
+    a = p.parse_args(argv)
+    try:
+        shapes = read(a.file)
+    except SystemExit as e:
+        print(e, file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"flash_tiles_pick: {e}", file=sys.stderr)
+        return 2
+    ratios = {stem: [] for stem in VARIANTS}  # each variant over its default, head size 64
+    print("flash attention, TFLOP/s (FlashAttention's count); each variant against its default")
+    for s in shapes:
+        name = (f"B {s['batch']} T {s['seq']} heads {s['heads']}:{s['kv_heads']} "
+                f"hs {s['head_size']}")
+        parts = [f"forward {s['flash_forward_tflops']:.1f}"]
+        if "flash_backward_tflops" in s:
+            parts.append(f"backward {s['flash_backward_tflops']:.1f}")
+        for stem, (kind, _) in VARIANTS.items():
+            if f"{stem}_tflops" not in s or f"flash_{kind}_tflops" not in s:
+                continue
+            r = s[f"{stem}_tflops"] / s[f"flash_{kind}_tflops"]
+            parts.append(f"{stem[6:]} {s[f'{stem}_tflops']:.1f} ({r:.2f}x)")
+            if s["head_size"] == 64:
+                ratios[stem].append(r)
+        print(f"  {name}: " + ", ".join(parts))
+    # The head-size-64 shapes a variant of each kind must be timed in (a backward only where the
+    # run timed the backward).
+    need = {"forward": sum(s["head_size"] == 64 for s in shapes),
+            "backward": sum(s["head_size"] == 64 and "flash_backward_tflops" in s for s in shapes)}
+    chosen = {}
+    for kind in ("forward", "backward"):
+        best, best_worst = None, 1.0 + a.margin
+        for stem, (k, _) in VARIANTS.items():
+            r = ratios[stem]
+            # Every head-size-64 shape timed it, each at least the margin faster.
+            if k != kind or not r or len(r) != need[kind] or min(r) < best_worst:
+                continue
+            best, best_worst = stem, min(r)
+        if best is not None:
+            chosen.update(VARIANTS[best][1])
+            print(f"{kind}: {best[6:]} is at least {best_worst:.2f}x the default in every "
+                  "head-size-64 shape")
+        else:
+            print(f"{kind}: the default (no variant {1 + a.margin:.2f}x or more in every "
+                  "head-size-64 shape)")
+    print("GPU_CHECK_SET=" + " ".join(f"model.flash_attention.{k}={v}"
+                                      for k, v in sorted(chosen.items())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
