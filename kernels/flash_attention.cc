@@ -2,6 +2,8 @@
 // CUDA flash kernels take, on any build.
 #include "zerort/kernels/flash_attention.h"
 
+#include <algorithm>
+
 #include "zerort/kernels/flash_backward.h"
 #include "zerort/kernels/flash_forward.h"
 #include "zerort/runtime/strings.h"
@@ -38,25 +40,29 @@ Status CheckFlashAttention(DType dtype, const FlashAttentionShape& s) {
   return absl::OkStatus();
 }
 
+// The defaults are among the block shapes built at every head size (flash_attention.cu's
+// dispatch builds 64-query forwards and 64-key backwards everywhere, 32-query chunks at 128).
+static_assert(flash::kForwardGroups<128> == 1 && flash::kBackwardWarps<128> == flash::kWarps &&
+              flash::kBackwardChunk<128> == 32);
+static_assert(flash::kForwardGroups<64> == 1 || flash::kForwardGroups<64> == 2);
+static_assert(flash::kBackwardWarps<64> == 4 || flash::kBackwardWarps<64> == 8);
+static_assert(flash::kBackwardChunk<64> == 32 || flash::kBackwardChunk<64> == 64);
+
 Status CheckFlashTiles(const FlashTiles& t, int head_size) {
-  // Each field's values at this head size: its default's, and the one other variant built at 64.
+  // Each field's values built at this head size (0 is the default's, whichever it is).
   const bool hs64 = head_size == 64;
-  const int forward =
-      flash::kTile * (hs64 ? flash::kForwardGroups<64> : flash::kForwardGroups<128>);
-  const int keys =
-      flash::kWarpRows * (hs64 ? flash::kBackwardWarps<64> : flash::kBackwardWarps<128>);
-  const int chunk = hs64 ? flash::kBackwardChunk<64> : flash::kBackwardChunk<128>;
   struct Field {
     const char* name;
-    int value, fallback, other;  // other: the variant built at head size 64
+    int value, all, at64;  // `all`: built at both head sizes; `at64`: at head size 64 too
   };
-  for (const Field& f : {Field{"forward_block_queries", t.forward_block_queries, forward, 128},
-                         Field{"backward_block_keys", t.backward_block_keys, keys, 128},
-                         Field{"backward_query_chunk", t.backward_query_chunk, chunk, 32}}) {
-    if (f.value == 0 || f.value == f.fallback || (hs64 && f.value == f.other)) continue;
-    return absl::InvalidArgumentError(StrCat(f.name, " = ", f.value, " at head size ", head_size,
-                                             " (0: the default, ", f.fallback,
-                                             hs64 ? StrCat(", or ", f.other) : std::string(), ")"));
+  for (const Field& f : {Field{"forward_block_queries", t.forward_block_queries, 64, 128},
+                         Field{"backward_block_keys", t.backward_block_keys, 64, 128},
+                         Field{"backward_query_chunk", t.backward_query_chunk, 32, 64}}) {
+    if (f.value == 0 || f.value == f.all || (hs64 && f.value == f.at64)) continue;
+    return absl::InvalidArgumentError(StrCat(
+        f.name, " = ", f.value, " at head size ", head_size, " (0: the default, or ",
+        hs64 ? StrCat(std::min(f.all, f.at64), " or ", std::max(f.all, f.at64)) : StrCat(f.all),
+        ")"));
   }
   return absl::OkStatus();
 }

@@ -228,18 +228,17 @@ Status LaunchBackwardAs(const flash::Shape& sh, void* dqkv, float* dq, const voi
   return absl::OkStatus();
 }
 
-// The main program with W warps in chunks of `chunk` queries (32 is built at head size 64 only;
-// otherwise the head size's default).
+// The main program with W warps in chunks of `chunk` queries: 32 or 64 at head size 64, 32 at
+// 128 (CheckFlashTiles).
 template <int D, typename E, int W>
 Status LaunchBackwardMain(int chunk, const flash::Shape& sh, void* dqkv, float* dq,
                           const void* dout, const void* qkv, const float* lse, const float* dvec,
                           cudaStream_t stream) {
   if constexpr (D == 64) {
-    if (chunk == 32)
-      return LaunchBackwardAs<D, E, 32, W>(sh, dqkv, dq, dout, qkv, lse, dvec, stream);
+    if (chunk == 64)
+      return LaunchBackwardAs<D, E, 64, W>(sh, dqkv, dq, dout, qkv, lse, dvec, stream);
   }
-  return LaunchBackwardAs<D, E, flash::kBackwardChunk<D>, W>(sh, dqkv, dq, dout, qkv, lse, dvec,
-                                                             stream);
+  return LaunchBackwardAs<D, E, 32, W>(sh, dqkv, dq, dout, qkv, lse, dvec, stream);
 }
 
 // `tiles.backward_query_chunk`: 0 for the head size's default (kernels/flash_backward.h), else 32

@@ -177,16 +177,17 @@ TEST(FlashTilesTest, TheBlockShapesAreCheckedAgainstTheHeadSize) {
   } refused[] = {
       {{128, 0, 0},
        hs128,
-       "model.flash_attention.forward_block_queries = 128 at head size 128 (0: the default, 64)"},
+       "model.flash_attention.forward_block_queries = 128 at head size 128 (0: the default, or "
+       "64)"},
       {{0, 128, 0}, hs128, "model.flash_attention.backward_block_keys = 128 at head size 128"},
       {{0, 0, 64},
        hs128,
-       "model.flash_attention.backward_query_chunk = 64 at head size 128 (0: the default, 32)"},
+       "model.flash_attention.backward_query_chunk = 64 at head size 128 (0: the default, or 32)"},
       {{96, 0, 0},
        hs64,
-       "model.flash_attention.forward_block_queries = 96 at head size 64 (0: the default, 64, or "
+       "model.flash_attention.forward_block_queries = 96 at head size 64 (0: the default, or 64 or "
        "128)"},
-      {{0, 0, 16}, hs64, "backward_query_chunk = 16 at head size 64 (0: the default, 64, or 32)"},
+      {{0, 0, 16}, hs64, "backward_query_chunk = 16 at head size 64 (0: the default, or 32 or 64)"},
   };
   for (const auto& r : refused) {
     const Status s = CheckAttentionBackend(std::nullopt, r.tiles, DType::kBF16, r.shape);
