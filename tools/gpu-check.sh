@@ -29,7 +29,10 @@ done
 logs=/tmp/gpu-check
 sets=()
 for kv in ${GPU_CHECK_SET:-}; do
-  [[ $kv == auto ]] && break  # the bench section's choice (below)
+  if [[ $kv == auto ]]; then  # the bench section's choice (below), alone
+    [[ $GPU_CHECK_SET == auto ]] || { echo "gpu-check: GPU_CHECK_SET: auto goes alone" >&2; exit 2; }
+    break
+  fi
   [[ $kv == *=* ]] || { echo "gpu-check: GPU_CHECK_SET: '$kv' is not KEY=VALUE or auto" >&2; exit 2; }
   sets+=(--set "$kv")
 done
