@@ -69,8 +69,10 @@ TEST(FlashTilesTest, TheHundredTwentyEightKeyBackwardAtHeadSize64) {
 // and log-sum-exps differ in the last bits (about 30% of the rows' lse in these cases), so dS's
 // 16-bit rounding still flips in places: 3.5e-5 to 8.8e-5 of the gradients, against 3.5e-4 to
 // 3e-3 with P and dS kept in fp32. (Before 2026-11-30's base-2 exponent: 1.9e-5 to 6.2e-5, in dQ
-// and dK, not dV; why the exponent's form moves the flips is not understood. Against the double
-// reference the programs are as accurate either way.)
+// and dK, not dV. The exponent's form alone moves the flips: both sides back on the natural-base
+// form give the old gaps to the digit, the whole-chunk masks kept; neither side's exp2 nor the
+// fma's single rounding does it. Against the double reference the programs are as accurate
+// either way.)
 TEST(FlashTilesTest, TheCpuModelKernelsRoundAsThePrograms) {
   for (const FlashCase& c : {FlashCase{true, 2, 100, 4, 2, 64}, FlashCase{false, 1, 100, 4, 2, 64},
                              FlashCase{true, 1, 130, 2, 2, 128}}) {
