@@ -238,8 +238,7 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
         // [Note: the backward's whole chunks] Every score of the chunk is seen (its first query
         // is at or after the warp's last key, and no key or query is past the end): true for all
         // but the diagonal's and the tails' steps, so those alone pay for the mask.
-        const bool whole =
-            k0 + r0 + kWarpRows <= T && c0 + kCols <= qn && q0 + c0 >= k0 + r0 + kWarpRows - 1;
+        const bool whole = math::WholeBlock(q0 + c0, kCols, k0 + r0, kWarpRows, T);
         // P^T then dS^T, for `masked` a std::bool_constant: the same scores either way. Each
         // form is a whole step, products included, as FlashAttention-2 runs its masked
         // iterations apart: with the products shared between two forms of the element loops,

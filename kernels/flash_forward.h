@@ -149,7 +149,7 @@ ZR_TILE_PROGRAM void ForwardProgram(const X& x, unsigned char* smem, const typen
           }
         });
       };
-      if (q0 + r0 >= k0 + kTile - 1 && k0 + kTile <= T && q0 + r0 + G * kWarpRows <= T) {
+      if (math::WholeBlock(q0 + r0, G * kWarpRows, k0, kTile, T)) {
         maxima(std::false_type{});
       } else {
         maxima(std::true_type{});

@@ -31,6 +31,14 @@ ZR_HOST_DEVICE inline int CausalKeys(int q, int k0, int kn) {
   return seen < kn ? seen : kn;
 }
 
+// Whether every query of [q0, q0 + nq) sees every key of [k0, k0 + nk) of a sequence of T (the
+// first query at or after the last key, none past the end): such a block needs no mask, and only
+// the blocks on the diagonal or at the tails do ([Note: the backward's whole chunks],
+// kernels/flash_backward.h; the forward's tiles likewise).
+ZR_HOST_DEVICE inline bool WholeBlock(int q0, int nq, int k0, int nk, int T) {
+  return q0 >= k0 + nk - 1 && k0 + nk <= T && q0 + nq <= T;
+}
+
 // A score scaled as the softmax sees it: scale x (q . k), scale = 1 / sqrt(head size).
 ZR_HOST_DEVICE inline float ScaledScore(float dot, float scale) { return Mul(dot, scale); }
 

@@ -15,6 +15,8 @@
 
 namespace zerort::math {
 
+inline constexpr float kLog2e = 1.44269504088896340736f;  // log2(e)
+
 // e^r for |r| <= ln 2 / 2 (Cephes' expf polynomial) times 2^n, n's bits being the low mantissa
 // bits of `shifted` = n + 1.5 x 2^23 (they hold n + 2^22): unsigned arithmetic, no float-to-int
 // conversion, so a NaN argument is not undefined behaviour (p is NaN anyway).
@@ -35,15 +37,14 @@ ZR_HOST_DEVICE inline float ExpOfReduced(float r, float shifted) {
 ZR_HOST_DEVICE inline float FastExp(float x) {
   x = Min(Max(x, -87.3365447f), 88.3762626f);
   // n = round(x / ln 2), by the 1.5 x 2^23 trick (exact for |n| < 2^22; no SSE4.1 needed).
-  const float shifted = Add(Mul(x, 1.44269504089f), 12582912.0f);
+  const float shifted = Add(Mul(x, kLog2e), 12582912.0f);
   const float n = Sub(shifted, 12582912.0f);
   const float r = Add(Sub(x, Mul(n, 0.693359375f)), Mul(n, 2.12194440e-4f));  // x - n ln 2
   return ExpOfReduced(r, shifted);
 }
 
-// log2(e), and x in base-2 units (x log2(e)): e^(x - m) = 2^(Base2(x) - Base2(m)), the form the
-// CUDA kernels that take the hardware's exp2 use (kernels/cuda/exp2.cuh).
-inline constexpr float kLog2e = 1.44269504088896340736f;
+// x in base-2 units (x log2(e)): e^(x - m) = 2^(Base2(x) - Base2(m)), the form the CUDA kernels
+// that take the hardware's exp2 use (kernels/cuda/exp2.cuh).
 ZR_HOST_DEVICE inline float Base2(float x) { return Mul(x, kLog2e); }
 
 // 2^x by the same polynomial: x = n + f with n = round(x), f exact, 2^f = e^(f ln 2); relative

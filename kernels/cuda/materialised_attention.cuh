@@ -91,15 +91,24 @@ static __global__ void HeadsLayoutKernel(T* dst, const T* src, int batch, int se
   }
 }
 
+// The softmax kernels' warp per score row: the row (b, h, t flattened), the thread's lane and the
+// row's query position t (the keys 0 .. t it sees).
+struct ScoreRow {
+  int64_t row;
+  int lane, t;
+};
+__device__ __forceinline__ ScoreRow ScoreRowOf(int seq) {
+  const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  return {row, static_cast<int>(threadIdx.x & 31), static_cast<int>(row % seq)};
+}
+
 // att[row, :] = causal softmax(preatt[row, :]); row = (b, h, t); one warp per row. The scores
 // come already scaled by 1 / sqrt(head size) (the GEMM's alpha), so they are stored, in the
 // activation dtype, at the magnitude the softmax sees.
 template <typename T>
 static __global__ void CausalSoftmaxKernel(T* att, const T* preatt, int64_t rows, int seq) {
-  const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
-  const int lane = threadIdx.x & 31;
+  const auto [row, lane, t] = ScoreRowOf(seq);
   if (row >= rows) return;
-  const int t = static_cast<int>(row % seq);
   const T* x = preatt + row * seq;
   T* y = att + row * seq;
   float max = -INFINITY;
@@ -117,10 +126,8 @@ static __global__ void CausalSoftmaxKernel(T* att, const T* preatt, int64_t rows
 // dscore = att * (datt - sum(att * datt)) for the causal part, 0 above the diagonal; in place.
 template <typename T>
 static __global__ void CausalSoftmaxBackwardKernel(T* datt, const T* att, int64_t rows, int seq) {
-  const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
-  const int lane = threadIdx.x & 31;
+  const auto [row, lane, t] = ScoreRowOf(seq);
   if (row >= rows) return;
-  const int t = static_cast<int>(row % seq);
   T* d = datt + row * seq;
   const T* a = att + row * seq;
   float dot = 0.0f;

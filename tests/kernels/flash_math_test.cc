@@ -152,5 +152,25 @@ TEST(FlashMathTest, CausalKeys) {
   EXPECT_LE(math::CausalKeys(63, 64, 64), 0);  // a tile after the query: skipped
 }
 
+// WholeBlock (the blocks the flash programs run unmasked) is exactly "every query of the block
+// sees every key of it, within the sequence", over every block of small sizes and offsets.
+TEST(FlashMathTest, WholeBlockIsEveryScoreSeen) {
+  const int T = 40;
+  for (int q0 = 0; q0 < 48; ++q0) {
+    for (int k0 = 0; k0 < 48; ++k0) {
+      for (int nq : {1, 8, 16}) {
+        for (int nk : {1, 8, 16}) {
+          bool all = true;
+          for (int q = q0; q < q0 + nq; ++q) {
+            all = all && q < T && math::CausalKeys(q, k0, nk) == nk && k0 + nk <= T;
+          }
+          EXPECT_EQ(math::WholeBlock(q0, nq, k0, nk, T), all)
+              << "queries " << q0 << "+" << nq << ", keys " << k0 << "+" << nk;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zerort
