@@ -31,8 +31,19 @@ def read(path):
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise SystemExit(f"flash_tiles_pick: {path}:{n}: not JSON ({e})")
-            if row.get("bench") != "attention" or "flash_forward_tflops" not in row:
+            if not isinstance(row, dict) or row.get("bench") != "attention":
                 raise SystemExit(f"flash_tiles_pick: {path}:{n}: not a bench attention result")
+            # The fields read below: the shape's, and every rate a positive number.
+            for key in ("batch", "seq", "heads", "kv_heads", "head_size", "flash_forward_tflops"):
+                if key not in row:
+                    raise SystemExit(f"flash_tiles_pick: {path}:{n}: no {key}")
+            for key, value in row.items():
+                if (key in ("batch", "seq", "heads", "kv_heads", "head_size")
+                        or key.endswith("_tflops")) and (
+                        isinstance(value, bool) or not isinstance(value, (int, float))
+                        or not value > 0):
+                    raise SystemExit(f"flash_tiles_pick: {path}:{n}: {key} = {value!r} is not a "
+                                     "positive number")
             shapes.append(row)
     if not shapes:
         raise SystemExit(f"flash_tiles_pick: {path}: no bench attention result")

@@ -251,6 +251,17 @@ r = run("estimate", gpt2_with("tiles-hs128", {"backward_block_keys": 128}, n_hea
 check("a block shape this head size does not take (head size 128): exit 2 naming it",
       r.returncode == 2 and "model.flash_attention.backward_block_keys = 128 at head size 128"
       in r.stderr, r.stderr[-500:])
+# Hostile values of the section and its keys: each refused, exit 2, naming the key and why.
+for name, tiles, said in [
+        ("tiles-string", {"forward_block_queries": "128"}, "expected an integer, got a string"),
+        ("tiles-negative", {"backward_block_keys": -64}, "out of range, expected an integer in"),
+        ("tiles-huge", {"backward_query_chunk": 1e12}, "out of range, expected an integer in"),
+        ("tiles-fraction", {"forward_block_queries": 64.5}, "expected an integer, got a number"),
+        ("tiles-typo", {"forward_queries": 128}, "unknown key 'model.flash_attention.forward_queries'"),
+        ("tiles-not-object", 128, "model.flash_attention = 128: expected an object")]:
+    r = run("estimate", gpt2_with(name, tiles), "--device", "cuda")
+    check(f"model.flash_attention hostile ({name}): exit 2 naming it",
+          r.returncode == 2 and said in r.stderr, r.stderr[-500:])
 # bench model --set overrides a key as train's does.
 r = run("bench", "model", "--config", os.path.join(configs, "bench-tiny.json"), "--iters", "1",
         "--cpu", "--json", "--set", "model.n_layer=3", "--set", "model.attention_backend=materialised")

@@ -91,6 +91,24 @@ check("a line that is not JSON: exit 2 naming it", r.returncode == 2 and "bench.
 r = pick([json.dumps({"bench": "model"})])
 check("another bench's result: exit 2", r.returncode == 2 and "not a bench attention result"
       in r.stderr, r.stderr)
+r = pick([json.dumps({"bench": "attention", "batch": 8})])
+check("a result without its rates: exit 2 naming the field", r.returncode == 2
+      and "no seq" in r.stderr, r.stderr)
+bad = json.loads(result(64, 100, 50, backward_128k=70))
+for value in ("70", None, 0, float("nan")):
+    bad["flash_backward_128k_tflops"] = value
+    r = pick([json.dumps(bad)])
+    check(f"a rate of {value!r}: exit 2 naming it", r.returncode == 2
+          and "flash_backward_128k_tflops" in r.stderr, r.stderr)
+r = pick(["[1, 2]"])
+check("a JSON array: exit 2", r.returncode == 2 and "not a bench attention result" in r.stderr,
+      r.stderr)
 r = pick([])
 check("no result: exit 2", r.returncode == 2 and "no bench attention result" in r.stderr, r.stderr)
+r = subprocess.run([sys.executable, script, tmp], capture_output=True, text=True)
+check("a directory where the file should be: exit 2", r.returncode == 2
+      and "flash_tiles_pick" in r.stderr, r.stderr)
+r = subprocess.run([sys.executable, script, os.path.join(tmp, "missing.jsonl")],
+                   capture_output=True, text=True)
+check("a missing file: exit 2", r.returncode == 2 and "missing.jsonl" in r.stderr, r.stderr)
 checks.finish()
