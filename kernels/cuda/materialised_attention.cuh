@@ -173,12 +173,8 @@ class MaterialisedAttention {
     const std::vector<int64_t> bytes =
         AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kMaterialised, false, batch,
                               seq, channels, heads, sizeof(T));
-    ZR_ASSIGN_OR_RETURN(Buffer q, ctx_.Scratch(bytes[0]));
-    ZR_ASSIGN_OR_RETURN(Buffer k, ctx_.Scratch(bytes[1]));
-    ZR_ASSIGN_OR_RETURN(Buffer v, ctx_.Scratch(bytes[2]));
-    SplitHeadsKernel<T><<<Blocks(n), kThreads, 0, ctx_.s()>>>(
-        q.as<T>(), k.as<T>(), v.as<T>(), static_cast<const T*>(qkv), batch, seq, l);
-    ZR_RETURN_IF_ERROR(ctx_.Launched("SplitHeads"));
+    ZR_ASSIGN_OR_RETURN(Heads heads_qkv, SplitHeads(qkv, batch, seq, l, bytes));
+    Buffer &q = heads_qkv.q, &k = heads_qkv.k, &v = heads_qkv.v;
     ZR_ASSIGN_OR_RETURN(Buffer preatt, ctx_.Scratch(bytes[3]));
     // preatt[b,h] [T, T] = scale q [T, HS] x k^T: the scale is the GEMM's alpha, applied to the
     // fp32 accumulator, so the scores are stored (in the activation dtype) at the magnitude the
@@ -211,16 +207,13 @@ class MaterialisedAttention {
     const std::vector<int64_t> bytes =
         AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kMaterialised, true, batch,
                               seq, channels, heads, sizeof(T));
-    ZR_ASSIGN_OR_RETURN(Buffer q, ctx_.Scratch(bytes[0]));
-    ZR_ASSIGN_OR_RETURN(Buffer k, ctx_.Scratch(bytes[1]));
-    ZR_ASSIGN_OR_RETURN(Buffer v, ctx_.Scratch(bytes[2]));
+    ZR_ASSIGN_OR_RETURN(Heads heads_qkv, SplitHeads(qkv, batch, seq, l, bytes));
+    Buffer &q = heads_qkv.q, &k = heads_qkv.k, &v = heads_qkv.v;
     ZR_ASSIGN_OR_RETURN(Buffer dy, ctx_.Scratch(bytes[3]));
     ZR_ASSIGN_OR_RETURN(Buffer datt, ctx_.Scratch(bytes[4]));
-    SplitHeadsKernel<T><<<Blocks(n), kThreads, 0, ctx_.s()>>>(
-        q.as<T>(), k.as<T>(), v.as<T>(), static_cast<const T*>(qkv), batch, seq, l);
     HeadsLayoutKernel<T><<<Blocks(n), kThreads, 0, ctx_.s()>>>(
         dy.as<T>(), static_cast<const T*>(dout), batch, seq, heads, hs, false);
-    ZR_RETURN_IF_ERROR(ctx_.Launched("AttentionBackward layouts"));
+    ZR_RETURN_IF_ERROR(ctx_.Launched("HeadsLayout"));
     // datt [T, T] = dy [T, HS] x v^T
     ZR_RETURN_IF_ERROR(BatchedGemm(false, true, seq, seq, hs, 1.0f, dy.data(), hs, ths, v.data(),
                                    hs, ths, 0.0f, datt.data(), seq, tt, bh));
@@ -244,6 +237,23 @@ class MaterialisedAttention {
   }
 
  private:
+  struct Heads {
+    Buffer q, k, v;
+  };
+  // q, k and v ([batch, heads, seq, head size] each) split from qkv into the first three of
+  // AttentionScratchBytes' buffers (`bytes`), allocated in its order, both directions' first step.
+  StatusOr<Heads> SplitHeads(const void* qkv, int batch, int seq, const math::QkvLayout& l,
+                             const std::vector<int64_t>& bytes) {
+    ZR_ASSIGN_OR_RETURN(Buffer q, ctx_.Scratch(bytes[0]));
+    ZR_ASSIGN_OR_RETURN(Buffer k, ctx_.Scratch(bytes[1]));
+    ZR_ASSIGN_OR_RETURN(Buffer v, ctx_.Scratch(bytes[2]));
+    const int64_t n = int64_t{batch} * l.heads * seq * l.hs;
+    SplitHeadsKernel<T><<<Blocks(n), kThreads, 0, ctx_.s()>>>(
+        q.as<T>(), k.as<T>(), v.as<T>(), static_cast<const T*>(qkv), batch, seq, l);
+    ZR_RETURN_IF_ERROR(ctx_.Launched("SplitHeads"));
+    return Heads{std::move(q), std::move(k), std::move(v)};
+  }
+
   // Row-major, batched: C[i] [M, N] = alpha op(A[i]) [M, K] x op(B[i]) [K, N] + beta C[i], with
   // leading dimensions of the stored (row-major) matrices, computed as gemm::RowMajor's
   // column-major C^T = op(B)^T op(A)^T.
