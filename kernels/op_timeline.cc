@@ -57,7 +57,7 @@ class TimelineHook {
   }
   template <typename Work>
   Status Op(const internal::OpInfo& info, Work&& work) {
-    OpSample s{.name = info.name, .flops = info.flops};
+    OpSample s{.name = info.name, .flops = info.flops, .bytes = info.bytes};
     std::copy(std::begin(info.shape), std::end(info.shape), s.shape);
     return Timed(std::move(s), std::forward<Work>(work));
   }
@@ -103,7 +103,7 @@ std::unique_ptr<ModelKernels> TimeOperations(std::unique_ptr<ModelKernels> kerne
 
 TimelineSummary Summarize(const std::vector<OpSample>& samples) {
   TimelineSummary out;
-  std::map<std::string, TimelineGroup> kinds, gemms;
+  std::map<std::string, TimelineGroup> kinds, gemms, others;
   for (const OpSample& s : samples) {
     const std::string kind(OpKind(s.name, s.host_read));
     TimelineGroup& k = kinds[kind];
@@ -111,14 +111,16 @@ TimelineSummary Summarize(const std::vector<OpSample>& samples) {
     ++k.calls;
     k.seconds += s.seconds;
     k.flops += s.flops;
-    if (kind == "gemm") {
-      const std::string key = StrCat(s.name, " ", s.shape[0], "x", s.shape[1], "x", s.shape[2]);
-      TimelineGroup& gm = gemms[key];
-      gm.key = key;
-      ++gm.calls;
-      gm.seconds += s.seconds;
-      gm.flops += s.flops;
-    }
+    k.bytes += s.bytes;
+    const bool gemm = kind == "gemm";
+    const std::string key =
+        gemm ? StrCat(s.name, " ", s.shape[0], "x", s.shape[1], "x", s.shape[2]) : s.name;
+    TimelineGroup& g = (gemm ? gemms : others)[key];
+    g.key = key;
+    ++g.calls;
+    g.seconds += s.seconds;
+    g.flops += s.flops;
+    g.bytes += s.bytes;
     out.op_seconds += s.seconds;
     out.gap_seconds += s.gap_before;
     ++out.calls;
@@ -135,6 +137,7 @@ TimelineSummary Summarize(const std::vector<OpSample>& samples) {
   };
   out.kinds = sorted(kinds);
   out.gemms = sorted(gemms);
+  out.others = sorted(others);
   return out;
 }
 

@@ -9,10 +9,10 @@
 // to this one's start: the runtime's own fills and copies, waits for other streams (a gather, a
 // reduce-scatter), and on CUDA the time the device waited for the host to issue more work. The
 // summary groups the samples by kind (GEMMs per shape with their FLOP/s, attention, norms,
-// element-wise, classifier, embedding, host reads) so that every later change to the step is
-// judged against the same breakdown. Marks cost one event record each (about a microsecond on
-// CUDA), so the timeline slows the step it times a little; its totals are compared with the
-// untimed step's wall time in the same run.
+// element-wise, classifier, embedding, host reads), and the calls that are not GEMMs by
+// operation, so that every later change to the step is judged against the same breakdown. Marks
+// cost one event record each (about a microsecond on CUDA), so the timeline slows the step it times
+// a little; its totals are compared with the untimed step's wall time in the same run.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +29,7 @@ struct OpSample {
   std::string name;        // the ModelKernels operation
   double flops = 0;        // GEMMs and attention (forwarding_kernels.h OpInfo); else 0
   int64_t shape[3] = {};   // GEMMs: rows, in, out; attention: batch, seq, channels
+  double bytes = 0;        // the memory-bound operations' traffic ([Note: an operation's bytes])
   bool host_read = false;  // a call that brings values to the host (waits for the stream)
   double seconds = 0;      // stream time of the operation
   double gap_before = 0;   // stream time since the previous operation's end (0 for the first)
@@ -68,19 +69,23 @@ class OpTimeline {
 std::unique_ptr<ModelKernels> TimeOperations(std::unique_ptr<ModelKernels> kernels,
                                              OpTimeline* timeline);
 
-// The samples grouped: by kind, and the GEMMs by operation and shape.
+// The samples grouped: by kind, the GEMMs by operation and shape, and the other calls by
+// operation (a kind's calls apart: the attention's forward from its backward, a norm's forward
+// from its backward and from the fused residual's).
 struct TimelineGroup {
-  std::string key;  // a kind, or "Matmul 8192x768x3072"
+  std::string key;  // a kind, "Matmul 8192x768x3072" or an operation
   int64_t calls = 0;
   double seconds = 0;
   double flops = 0;
+  double bytes = 0;
 };
 struct TimelineSummary {
-  std::vector<TimelineGroup> kinds;  // most time first
-  std::vector<TimelineGroup> gemms;  // most time first
-  double op_seconds = 0;             // the samples' sum
-  double gap_seconds = 0;            // the gaps' sum
-  double span_seconds = 0;           // first start to last end: op_seconds + gap_seconds
+  std::vector<TimelineGroup> kinds;   // most time first
+  std::vector<TimelineGroup> gemms;   // most time first
+  std::vector<TimelineGroup> others;  // every call but the GEMMs, by operation; most time first
+  double op_seconds = 0;              // the samples' sum
+  double gap_seconds = 0;             // the gaps' sum
+  double span_seconds = 0;            // first start to last end: op_seconds + gap_seconds
   int64_t calls = 0;
   int64_t host_reads = 0;
 };

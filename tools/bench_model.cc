@@ -402,11 +402,14 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
                             {"seconds", g.seconds},
                             {"share", t.span_seconds > 0 ? g.seconds / t.span_seconds : 0.0}};
         if (g.flops > 0 && g.seconds > 0) j["tflops"] = g.flops / g.seconds / 1e12;
+        if (g.bytes > 0 && g.seconds > 0) j["gbps"] = g.bytes / g.seconds / 1e9;
         return j;
       };
-      nlohmann::json kinds = nlohmann::json::object(), gemms = nlohmann::json::object();
+      nlohmann::json kinds = nlohmann::json::object(), gemms = nlohmann::json::object(),
+                     others = nlohmann::json::object();
       for (const TimelineGroup& g : t.kinds) kinds[g.key] = group(g);
       for (const TimelineGroup& g : t.gemms) gemms[g.key] = group(g);
+      for (const TimelineGroup& g : t.others) others[g.key] = group(g);
       ZR_ASSIGN_OR_RETURN(const double fb_stream, phase_marks[1]->SecondsSince(*phase_marks[0]));
       ZR_ASSIGN_OR_RETURN(const double reduce_stream,
                           phase_marks[2]->SecondsSince(*phase_marks[1]));
@@ -414,8 +417,9 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
       result["timeline"] = {
           {"what",
            "the last iteration's forward+backward: each kernel call's time on the compute stream "
-           "(CUDA events on a GPU), by kind and GEMM shape; gaps: the stream's time between calls "
-           "(fills, copies, waits for the collectives' stream or for the host)"},
+           "(CUDA events on a GPU), by kind, GEMM shape and the other calls' operation; gaps: "
+           "the stream's time between calls (fills, copies, waits for the collectives' stream or "
+           "for the host)"},
           {"calls", t.calls},
           {"host_reads", t.host_reads},
           {"ops_s", t.op_seconds},
@@ -426,7 +430,8 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
           {"reduce_stream_s", reduce_stream},
           {"optimizer_stream_s", step_stream},
           {"kinds", kinds},
-          {"gemms", gemms}};
+          {"gemms", gemms},
+          {"others", others}};
     }
     if (cuda) {
       const double peak = DenseBf16PeakFlops(QueryCuda().devices.at(0).name);
@@ -525,12 +530,15 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
                     static_cast<long long>(g["calls"].get<int64_t>()),
                     g["seconds"].get<double>() * 1e3, 100 * g["share"].get<double>());
         if (g.contains("tflops")) std::printf(" %9.2f TFLOP/s", g["tflops"].get<double>());
+        if (g.contains("gbps")) std::printf(" %9.1f GB/s", g["gbps"].get<double>());
         std::printf("\n");
       }
     };
     rows(t["kinds"]);
     std::printf("    GEMMs by shape (rows x in x out):\n");
     rows(t["gemms"]);
+    std::printf("    the other calls by operation:\n");
+    rows(t["others"]);
   }
   std::printf("  peak activations      %10.1f MiB\n",
               result["peak_activation_bytes"].get<int64_t>() / 1048576.0);

@@ -145,6 +145,16 @@ check("bench model --timeline: GEMMs with their FLOP/s, attention, norms, no hos
       and kinds.get("norm", {}).get("calls") == 10 and "host read" not in kinds
       and sum(g.get("calls", 0) for g in timeline.get("gemms", {}).values())
       == kinds.get("gemm", {}).get("calls"), r.stdout[-800:])
+others = timeline.get("others", {})
+check("bench model --timeline: the other calls by operation, the attention's two directions apart",
+      sum(g.get("calls", 0) for g in others.values()) + kinds.get("gemm", {}).get("calls", -1)
+      == timeline.get("calls") and others.get("Attention", {}).get("tflops", 0) > 0
+      and others.get("AttentionBackward", {}).get("calls") == 2
+      and others.get("LayerNormBackward", {}).get("calls", 0) > 0, r.stdout[-800:])
+check("bench model --timeline: GB/s for the memory-bound calls, not for the GEMMs",
+      others.get("LayerNorm", {}).get("gbps", 0) > 0 and kinds.get("norm", {}).get("gbps", 0) > 0
+      and "gbps" not in kinds.get("gemm", {"gbps": 1}) and "gbps" not in others.get("Attention", {"gbps": 1}),
+      r.stdout[-800:])
 check("bench model --timeline: calls + gaps = span, inside the step's marks",
       abs(timeline.get("ops_s", 0) + timeline.get("gaps_s", 0) - timeline.get("span_s", -1)) < 1e-9
       and 0 < timeline.get("span_s", 0) <= timeline.get("forward_backward_stream_s", 0) + 1e-9,

@@ -104,8 +104,10 @@ TEST(OpTimelineTest, SamplesEachOperationInOrderAndRunsThemAsTheyRun) {
       EXPECT_EQ(s[0].shape[1], in);
       EXPECT_EQ(s[0].shape[2], out);
       EXPECT_EQ(s[0].gap_before, 0.0);
+      EXPECT_EQ(s[0].bytes, 0.0);  // bound by its FLOPs
       EXPECT_EQ(s[1].name, "Gelu");
       EXPECT_EQ(s[1].flops, 0.0);
+      EXPECT_EQ(s[1].bytes, 2.0 * rows * out * sizeof(float));  // read once, written once
       EXPECT_GE(s[1].gap_before, 0.020);
       EXPECT_EQ(s[2].name, "MatmulBackward");
       EXPECT_EQ(s[2].flops, 2 * 2.0 * rows * in * out);  // dinp and dweight
@@ -130,6 +132,58 @@ TEST(OpTimelineTest, SamplesEachOperationInOrderAndRunsThemAsTheyRun) {
   }
 }
 
+// [Note: an operation's bytes] in the bf16 kernels' element sizes (activations 2 bytes, weight
+// gradients and statistics 4), by hand: each input read, each output written, each gradient
+// added into read and written, a null gradient not counted.
+TEST(OpTimelineTest, TheMemoryBoundOperationsSayTheBytesTheyMove) {
+  std::unique_ptr<Stream> stream = CpuStream(false);
+  OpTimeline timeline(Device::Cpu());
+  std::unique_ptr<ModelKernels> k =
+      TimeOperations(MakeCpuModelKernels(CpuPrecision::kBf16, stream.get()), &timeline);
+  ASSERT_EQ(k->act_size(), 2u);
+  ASSERT_EQ(k->grad_size(), 4u);
+  ASSERT_EQ(k->stat_size(), 4u);
+  const int rows = 3, ch = 8;
+  std::vector<uint16_t> x(rows * ch), y(rows * ch), dy(rows * ch), dx(rows * ch), w(ch), b(ch);
+  std::vector<float> mean(rows), rstd(rows), dw(ch), db(ch);
+  ASSERT_TRUE(
+      k->LayerNorm(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), rows, ch)
+          .ok());
+  ASSERT_TRUE(k->LayerNormBackward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
+                                   mean.data(), rstd.data(), rows, ch)
+                  .ok());
+  ASSERT_TRUE(k->LayerNormBackward(nullptr, dw.data(), nullptr, dy.data(), x.data(), w.data(),
+                                   mean.data(), rstd.data(), rows, ch)
+                  .ok());
+  // 2 sequences of 3 tokens over a vocabulary of 4: at most 4 wte rows, and 3 wpe rows.
+  const std::vector<int32_t> tokens = {0, 1, 2, 3, 1, 0};
+  std::vector<float> dwte(4 * ch), dwpe(3 * ch);
+  std::vector<uint16_t> dout(6 * ch);
+  ASSERT_TRUE(
+      k->EmbeddingBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), 2, 3, ch, 0, 4)
+          .ok());
+  std::vector<uint16_t> logits(2 * 5);
+  std::vector<float> losses(2);
+  const std::vector<int32_t> targets = {1, 4};
+  ASSERT_TRUE(k->CrossEntropy(logits.data(), losses.data(), targets.data(), 2, 5, 0.5f).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  const std::vector<OpSample> s = *timeline.Collect();
+  ASSERT_EQ(s.size(), 5u);
+  // LayerNorm: x read, y written (2 x 24 x 2), weight and bias (2 x 8 x 2), mean and rstd (2 x 3 x
+  // 4).
+  EXPECT_EQ(s[0].bytes, 96 + 32 + 24);
+  // Its backward: dy and x read, dx added (4 x 24 x 2), weight (8 x 2), dweight and dbias added
+  // (2 x 2 x 8 x 4), mean and rstd; without dx and dbias: 2 x 24 x 2 + 8 x 2 + 2 x 8 x 4 + 24.
+  EXPECT_EQ(s[1].bytes, 192 + 16 + 128 + 24);
+  EXPECT_EQ(s[2].bytes, 96 + 16 + 64 + 24);
+  // EmbeddingBackward: dout (6 x 8 x 2), the token ids (6 x 4), the 4 wte and 3 wpe gradient rows
+  // added (7 x 8 x 4 x 2).
+  EXPECT_EQ(s[3].bytes, 96 + 24 + 448);
+  // CrossEntropy with its gradient: the logits read and overwritten (2 x 10 x 2), the losses
+  // written and the targets read (2 x (4 + 4)).
+  EXPECT_EQ(s[4].bytes, 40 + 16);
+}
+
 TEST(OpTimelineTest, AHostReadReturnsWhatTheKernelsReturn) {
   std::unique_ptr<Stream> stream = CpuStream(true);
   OpTimeline timeline(Device::Cpu());
@@ -145,7 +199,7 @@ TEST(OpTimelineTest, AHostReadReturnsWhatTheKernelsReturn) {
   EXPECT_EQ(OpKind(s[1].name, s[1].host_read), "host read");
 }
 
-TEST(OpTimelineTest, SummaryGroupsByKindAndGemmShape) {
+TEST(OpTimelineTest, SummaryGroupsByKindGemmShapeAndOperation) {
   auto sample = [](const char* name, double flops, int64_t r, int64_t i, int64_t o, double sec,
                    double gap) {
     OpSample s{.name = name, .flops = flops, .seconds = sec, .gap_before = gap};
@@ -154,11 +208,13 @@ TEST(OpTimelineTest, SummaryGroupsByKindAndGemmShape) {
     s.shape[2] = o;
     return s;
   };
-  const std::vector<OpSample> samples = {
+  std::vector<OpSample> samples = {
       sample("Matmul", 100, 8, 2, 3, 1.0, 0.0),    sample("LayerNorm", 0, 0, 0, 0, 0.5, 0.25),
       sample("Matmul", 100, 8, 2, 3, 2.0, 0.0),    sample("MatmulBackward", 400, 8, 2, 3, 4.0, 0.0),
       sample("Attention", 50, 1, 4, 2, 0.75, 0.5), sample("AddRmsNorm", 0, 0, 0, 0, 0.25, 0.0),
       sample("SwiGlu", 0, 0, 0, 0, 0.125, 0.0)};
+  samples[1].bytes = 100;
+  samples[5].bytes = 60;
   const TimelineSummary t = Summarize(samples);
   EXPECT_EQ(t.calls, 7);
   EXPECT_EQ(t.host_reads, 0);
@@ -173,12 +229,23 @@ TEST(OpTimelineTest, SummaryGroupsByKindAndGemmShape) {
   EXPECT_EQ(t.kinds[1].key, "attention");
   EXPECT_EQ(t.kinds[2].key, "norm");
   EXPECT_EQ(t.kinds[2].calls, 2);
+  EXPECT_DOUBLE_EQ(t.kinds[2].bytes, 160);  // LayerNorm's and AddRmsNorm's
   EXPECT_EQ(t.kinds[3].key, "element-wise");
   ASSERT_EQ(t.gemms.size(), 2u);
   EXPECT_EQ(t.gemms[0].key, "MatmulBackward 8x2x3");
   EXPECT_EQ(t.gemms[1].key, "Matmul 8x2x3");
   EXPECT_EQ(t.gemms[1].calls, 2);
   EXPECT_DOUBLE_EQ(t.gemms[1].seconds, 3.0);
+  // The rest by operation: the two norms apart, the attention with its FLOPs.
+  ASSERT_EQ(t.others.size(), 4u);
+  EXPECT_EQ(t.others[0].key, "Attention");
+  EXPECT_DOUBLE_EQ(t.others[0].flops, 50);
+  EXPECT_EQ(t.others[1].key, "LayerNorm");
+  EXPECT_DOUBLE_EQ(t.others[1].seconds, 0.5);
+  EXPECT_DOUBLE_EQ(t.others[1].bytes, 100);
+  EXPECT_EQ(t.others[2].key, "AddRmsNorm");
+  EXPECT_EQ(t.others[3].key, "SwiGlu");
+  EXPECT_EQ(t.others[3].calls, 1);
 }
 
 }  // namespace
