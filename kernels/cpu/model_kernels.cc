@@ -376,10 +376,9 @@ class Cpu16ModelKernels final : public ModelKernels {
   Status MatmulBackward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                         const void* weight, int64_t rows, int in, int out_features) override {
     F di(this, dinp, rows * in, true);
-    ZR_RETURN_IF_ERROR(
-        f_.MatmulBackward(dinp != nullptr ? di.data() : nullptr, dweight, dbias,
-                          In(dout, rows * out_features).data(), In(inp, rows * in).data(),
-                          In(weight, int64_t{out_features} * in).data(), rows, in, out_features));
+    ZR_RETURN_IF_ERROR(f_.MatmulBackward(
+        di.data(), dweight, dbias, In(dout, rows * out_features).data(), In(inp, rows * in).data(),
+        In(weight, int64_t{out_features} * in).data(), rows, in, out_features));
     return di.Store();
   }
   // The float kernels' saved state (fp32 log-sum-exp), kept in fp32.
@@ -445,10 +444,9 @@ class Cpu16ModelKernels final : public ModelKernels {
     const int64_t rows = int64_t{batch} * seq, c = int64_t{heads} * head_size,
                   kv = int64_t{kv_heads} * head_size;
     F q(this, dq, rows * c, true), k(this, dk, rows * kv, true), v(this, dv, rows * kv, true);
-    ZR_RETURN_IF_ERROR(
-        f_.RopeQkvBackward(dq != nullptr ? q.data() : nullptr, dk != nullptr ? k.data() : nullptr,
-                           dv != nullptr ? v.data() : nullptr, In(dqkv, rows * (c + 2 * kv)).data(),
-                           batch, seq, heads, kv_heads, head_size, rope));
+    ZR_RETURN_IF_ERROR(f_.RopeQkvBackward(q.data(), k.data(), v.data(),
+                                          In(dqkv, rows * (c + 2 * kv)).data(), batch, seq, heads,
+                                          kv_heads, head_size, rope));
     ZR_RETURN_IF_ERROR(q.Store());
     ZR_RETURN_IF_ERROR(k.Store());
     return v.Store();
@@ -560,7 +558,9 @@ class Cpu16ModelKernels final : public ModelKernels {
   };
 
   // A 16-bit buffer widened to fp32 (loaded when the op reads or accumulates into it; otherwise
-  // the op writes every element) and stored back, rounded, by Store().
+  // the op writes every element) and stored back, rounded, by Store(). A null buffer (a gradient
+  // the caller skips) stays null: data() is nullptr, so the float kernels skip it too (a scratch
+  // block in its place, of whatever size the pool had, was written rows x channels long).
   class F {
    public:
     F(Cpu16ModelKernels* k, void* bits, int64_t n, bool load)
@@ -570,7 +570,7 @@ class Cpu16ModelKernels final : public ModelKernels {
       if (load && bits_ != nullptr)
         internal::CpuCast(bits_, Format::kDType, v_.data(), DType::kF32, n);
     }
-    float* data() { return v_.data(); }
+    float* data() { return bits_ != nullptr ? v_.data() : nullptr; }
     Status Store() {
       if (bits_ != nullptr) internal::CpuCast(v_.data(), DType::kF32, bits_, Format::kDType, n_);
       return absl::OkStatus();

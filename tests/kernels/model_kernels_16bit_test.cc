@@ -4,6 +4,7 @@
 // the attention rounds its probabilities as the CUDA flash programs do, inside the float kernel.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -154,6 +155,53 @@ TEST(ModelKernels16BitTest, EveryOpIsTheFloatOpRoundedOnce) {
                     .ok());
     for (float v : dgate_upf) ASSERT_TRUE(std::isfinite(v)) << f.name << " SwiGluBackward";
     ExpectRounded(f, dgate_up, dgate_upf, "SwiGluBackward");
+  }
+}
+
+// A null input gradient is skipped, as ModelKernels' contract says, after other calls have left
+// scratch blocks in the kernels' pool: the norms' backward once wrote rows x channels floats into
+// whichever pooled block it was given in place of the missing dinp (ASan: a heap overflow), and
+// their weight gradients are the float kernels' with dinp null.
+TEST(ModelKernels16BitTest, ANullInputGradientIsSkipped) {
+  auto fk = MakeCpuModelKernels(CpuPrecision::kFloat);
+  for (const Format& f : kFormats) {
+    auto k = MakeCpuModelKernels(f.precision);
+    const int rows = 24, ch = 16;
+    Values x = Make(f, rows * ch, 11), dy = Make(f, rows * ch, 12), w = Make(f, ch, 13);
+    Values bias = Make(f, ch, 14);
+    std::vector<uint16_t> y(rows * ch);
+    std::vector<float> mean(rows), rstd(rows), meanf(rows), rstdf(rows), yf(rows * ch);
+    // The forwards leave blocks of ch and rows x ch floats in the pool.
+    ASSERT_TRUE(k->LayerNorm(y.data(), mean.data(), rstd.data(), x.bits.data(), w.bits.data(),
+                             bias.bits.data(), rows, ch)
+                    .ok());
+    ASSERT_TRUE(fk->LayerNorm(yf.data(), meanf.data(), rstdf.data(), x.floats.data(),
+                              w.floats.data(), bias.floats.data(), rows, ch)
+                    .ok());
+    std::vector<float> dw(ch), db(ch), dwf(ch), dbf(ch);
+    ASSERT_TRUE(k->LayerNormBackward(nullptr, dw.data(), db.data(), dy.bits.data(), x.bits.data(),
+                                     w.bits.data(), mean.data(), rstd.data(), rows, ch)
+                    .ok());
+    ASSERT_TRUE(fk->LayerNormBackward(nullptr, dwf.data(), dbf.data(), dy.floats.data(),
+                                      x.floats.data(), w.floats.data(), meanf.data(), rstdf.data(),
+                                      rows, ch)
+                    .ok());
+    EXPECT_EQ(dw, dwf) << f.name << " LayerNormBackward";
+    EXPECT_EQ(db, dbf) << f.name << " LayerNormBackward";
+    ASSERT_TRUE(
+        k->RmsNorm(y.data(), rstd.data(), x.bits.data(), w.bits.data(), rows, ch, 1e-5f).ok());
+    ASSERT_TRUE(
+        fk->RmsNorm(yf.data(), rstdf.data(), x.floats.data(), w.floats.data(), rows, ch, 1e-5f)
+            .ok());
+    std::fill(dw.begin(), dw.end(), 0.0f);
+    std::fill(dwf.begin(), dwf.end(), 0.0f);
+    ASSERT_TRUE(k->RmsNormBackward(nullptr, dw.data(), dy.bits.data(), x.bits.data(), w.bits.data(),
+                                   rstd.data(), rows, ch)
+                    .ok());
+    ASSERT_TRUE(fk->RmsNormBackward(nullptr, dwf.data(), dy.floats.data(), x.floats.data(),
+                                    w.floats.data(), rstdf.data(), rows, ch)
+                    .ok());
+    EXPECT_EQ(dw, dwf) << f.name << " RmsNormBackward";
   }
 }
 
