@@ -90,7 +90,7 @@ class ForwardingKernels final : public ModelKernels {
   Status Embedding(void* out, const int32_t* tokens, const void* wte, const void* wpe, int batch,
                    int seq, int channels, int vocab_begin, int vocab_count) override {
     return hook_.Op(OpInfo::Traffic("Embedding", EmbeddingBytes(batch, seq, channels, vocab_count,
-                                                                wpe != nullptr, 1)),
+                                                                wpe != nullptr, a_)),
                     [=, this] {
                       return k_->Embedding(out, tokens, wte, wpe, batch, seq, channels, vocab_begin,
                                            vocab_count);
@@ -102,7 +102,7 @@ class ForwardingKernels final : public ModelKernels {
     return hook_.Op(
         OpInfo::Traffic("EmbeddingBackward",
                         EmbeddingBytes(batch, seq, channels, dwte != nullptr ? vocab_count : 0,
-                                       dwpe != nullptr, 2 * g_ / a_)),
+                                       dwpe != nullptr, 2 * g_)),
         [=, this] {
           return k_->EmbeddingBackward(dwte, dwpe, dout, tokens, batch, seq, channels, vocab_begin,
                                        vocab_count);
@@ -110,19 +110,17 @@ class ForwardingKernels final : public ModelKernels {
   }
   Status LayerNorm(void* out, void* mean, void* rstd, const void* inp, const void* weight,
                    const void* bias, int64_t rows, int channels) override {
-    return hook_.Op(
-        OpInfo::Traffic("LayerNorm",
-                        Rows(rows, channels) * 2 * a_ + 2.0 * channels * a_ + 2.0 * rows * st_),
-        [=, this] { return k_->LayerNorm(out, mean, rstd, inp, weight, bias, rows, channels); });
+    return hook_.Op(OpInfo::Traffic("LayerNorm", NormBytes(rows, channels, 2, 2, 2)), [=, this] {
+      return k_->LayerNorm(out, mean, rstd, inp, weight, bias, rows, channels);
+    });
   }
   Status LayerNormBackward(void* dinp, void* dweight, void* dbias, const void* dout,
                            const void* inp, const void* weight, const void* mean, const void* rstd,
                            int64_t rows, int channels) override {
     return hook_.Op(
         OpInfo::Traffic("LayerNormBackward",
-                        Rows(rows, channels) * (dinp != nullptr ? 4 : 2) * a_ +
-                            channels * (a_ + 2 * g_ * ((dweight != nullptr) + (dbias != nullptr))) +
-                            2.0 * rows * st_),
+                        NormBytes(rows, channels, dinp != nullptr ? 4 : 2, 1, 2) +
+                            2 * g_ * channels * ((dweight != nullptr) + (dbias != nullptr))),
         [=, this] {
           return k_->LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, rows,
                                        channels);
@@ -130,12 +128,9 @@ class ForwardingKernels final : public ModelKernels {
   }
   Status AddLayerNorm(void* sum, void* out, void* mean, void* rstd, const void* a, const void* b,
                       const void* weight, const void* bias, int64_t rows, int channels) override {
-    return hook_.Op(
-        OpInfo::Traffic("AddLayerNorm",
-                        Rows(rows, channels) * 4 * a_ + 2.0 * channels * a_ + 2.0 * rows * st_),
-        [=, this] {
-          return k_->AddLayerNorm(sum, out, mean, rstd, a, b, weight, bias, rows, channels);
-        });
+    return hook_.Op(OpInfo::Traffic("AddLayerNorm", NormBytes(rows, channels, 4, 2, 2)), [=, this] {
+      return k_->AddLayerNorm(sum, out, mean, rstd, a, b, weight, bias, rows, channels);
+    });
   }
   Status Matmul(void* out, const void* inp, const void* weight, const void* bias, int64_t rows,
                 int in, int out_features) override {
@@ -202,26 +197,25 @@ class ForwardingKernels final : public ModelKernels {
   }
   Status RmsNorm(void* out, void* rstd, const void* inp, const void* weight, int64_t rows,
                  int channels, float eps) override {
-    return hook_.Op(
-        OpInfo::Traffic("RmsNorm", Rows(rows, channels) * 2 * a_ + channels * a_ + rows * st_),
-        [=, this] { return k_->RmsNorm(out, rstd, inp, weight, rows, channels, eps); });
+    return hook_.Op(OpInfo::Traffic("RmsNorm", NormBytes(rows, channels, 2, 1, 1)),
+                    [=, this] { return k_->RmsNorm(out, rstd, inp, weight, rows, channels, eps); });
   }
   Status RmsNormBackward(void* dinp, void* dweight, const void* dout, const void* inp,
                          const void* weight, const void* rstd, int64_t rows,
                          int channels) override {
-    return hook_.Op(
-        OpInfo::Traffic("RmsNormBackward", Rows(rows, channels) * (dinp != nullptr ? 4 : 2) * a_ +
-                                               channels * (a_ + (dweight != nullptr) * 2 * g_) +
-                                               rows * st_),
-        [=, this] {
-          return k_->RmsNormBackward(dinp, dweight, dout, inp, weight, rstd, rows, channels);
-        });
+    return hook_.Op(OpInfo::Traffic("RmsNormBackward",
+                                    NormBytes(rows, channels, dinp != nullptr ? 4 : 2, 1, 1) +
+                                        2 * g_ * channels * (dweight != nullptr)),
+                    [=, this] {
+                      return k_->RmsNormBackward(dinp, dweight, dout, inp, weight, rstd, rows,
+                                                 channels);
+                    });
   }
   Status AddRmsNorm(void* sum, void* out, void* rstd, const void* a, const void* b,
                     const void* weight, int64_t rows, int channels, float eps) override {
-    return hook_.Op(
-        OpInfo::Traffic("AddRmsNorm", Rows(rows, channels) * 4 * a_ + channels * a_ + rows * st_),
-        [=, this] { return k_->AddRmsNorm(sum, out, rstd, a, b, weight, rows, channels, eps); });
+    return hook_.Op(OpInfo::Traffic("AddRmsNorm", NormBytes(rows, channels, 4, 1, 1)), [=, this] {
+      return k_->AddRmsNorm(sum, out, rstd, a, b, weight, rows, channels, eps);
+    });
   }
   Status RopeQkv(void* qkv, const void* q, const void* k, const void* v, int batch, int seq,
                  int heads, int kv_heads, int head_size, const Rope& rope) override {
@@ -323,16 +317,22 @@ class ForwardingKernels final : public ModelKernels {
   double a_, g_, st_;
 
   static double Rows(int64_t rows, int64_t cols) { return static_cast<double>(rows) * cols; }
+  // A norm over rows x channels: `passes` row tensors in act dtype (read or written), `vectors`
+  // weight vectors (act dtype) read, `stats` per-row statistics (stat dtype) moved.
+  double NormBytes(int64_t rows, int channels, int passes, int vectors, int stats) const {
+    return Rows(rows, channels) * passes * a_ + static_cast<double>(channels) * vectors * a_ +
+           static_cast<double>(rows) * stats * st_;
+  }
   // Embedding's traffic: out (rows x channels) and the token ids, a wte row per token (at most
   // `vocab_rows` distinct; where the vocabulary is split over ranks a token of another rank's
-  // rows is counted too) and wpe; `table_factor` x the tables' act-size bytes (the backward: its
-  // gradients, read and written in grad dtype).
+  // rows is counted too) and wpe, `table_bytes` moved per table element (the forward reads act
+  // dtype; the backward reads and writes its gradients in grad dtype).
   double EmbeddingBytes(int batch, int seq, int channels, int vocab_rows, bool position,
-                        double table_factor) const {
+                        double table_bytes) const {
     const double rows = static_cast<double>(batch) * seq;
     const double wte_rows = std::min<double>(rows, vocab_rows);
     return rows * channels * a_ + rows * 4 +
-           table_factor * a_ * channels * (wte_rows + (position ? seq : 0));
+           table_bytes * channels * (wte_rows + (position ? seq : 0));
   }
 };
 
