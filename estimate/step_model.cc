@@ -207,7 +207,7 @@ void StepModel::Reduce(const ReducePlan& plan, const std::vector<int>& dropped) 
   }
   if (plan.replica_shards > 0) Transient(Cat::kCommBuffers, {plan.replica_shards * kRsize}, comm_);
   AcrossReplicas(plan.replica_count * kRsize);
-  for (int u : dropped) {  // DropFullGrad: reused once the comm stream is done with it
+  for (int u : dropped) {  // UnitGradient::Drop: reused once the comm stream is done with it
     r_.Use(units_[u].full_grad, *comm_);
     r_.Free(units_[u].full_grad);
   }

@@ -29,7 +29,7 @@ StatusOr<ReduceOp> GradientReducer::PreDivide(const std::vector<ShardedUnit*>& u
   const double f = resources_.options->gradient_predivide_factor;
   if (f == 1.0) return ReduceOp::kAvg;
   for (ShardedUnit* u : units) {
-    ZR_RETURN_IF_ERROR(Scale(u->FullGrad(), static_cast<float>(1.0 / f), stream));
+    ZR_RETURN_IF_ERROR(Scale(u->grad().Full(), static_cast<float>(1.0 / f), stream));
   }
   return ReduceOp::kSum;
 }
@@ -99,13 +99,13 @@ Status GradientReducer::Flush() {
     for (ShardedUnit* u : units) {
       if (plan.replica_count > 0) {
         ZR_ASSIGN_OR_RETURN(const ReduceOp op, PreDivide({u}, comm));
-        const TensorView g = u->FullGrad();
+        const TensorView g = u->grad().Full();
         ZR_RETURN_IF_ERROR(AcrossReplicas(g.data(), g.numel(), op, u->name()));
         ZR_RETURN_IF_ERROR(PostDivide(g, comm));
       }
       ZR_RETURN_IF_ERROR(optimizer_->AccumulateGradient(
-          *u, u->FullGrad().Flat(0, u->layout().shard_numel()), *comm));
-      ZR_RETURN_IF_ERROR(u->DropFullGrad(*comm));
+          *u, u->grad().Full().Flat(0, u->layout().shard_numel()), *comm));
+      ZR_RETURN_IF_ERROR(u->grad().Drop(*comm));
     }
     return absl::OkStatus();
   }
@@ -117,8 +117,8 @@ Status GradientReducer::Flush() {
     for (ShardedUnit* u : units) {
       const int64_t s = u->layout().shard_numel();
       ZR_RETURN_IF_ERROR(
-          optimizer_->AccumulateGradient(*u, u->FullGrad().Flat(rank * s, s), *comm));
-      ZR_RETURN_IF_ERROR(u->DropFullGrad(*comm));
+          optimizer_->AccumulateGradient(*u, u->grad().Full().Flat(rank * s, s), *comm));
+      ZR_RETURN_IF_ERROR(u->grad().Drop(*comm));
     }
     return absl::OkStatus();
   }
@@ -133,9 +133,10 @@ Status GradientReducer::Flush() {
       int64_t offset = 0;
       for (ShardedUnit* u : units) {
         const int64_t s = u->layout().shard_numel();
-        ZR_RETURN_IF_ERROR(CopyBytes(packed.as<char>() + (r * bucket_shard + offset) * elem, device,
-                                     static_cast<const char*>(u->FullGrad().data()) + r * s * elem,
-                                     device, s * elem, comm));
+        ZR_RETURN_IF_ERROR(
+            CopyBytes(packed.as<char>() + (r * bucket_shard + offset) * elem, device,
+                      static_cast<const char*>(u->grad().Full().data()) + r * s * elem, device,
+                      s * elem, comm));
         offset += s;
       }
     }
@@ -145,7 +146,7 @@ Status GradientReducer::Flush() {
   const bool single = units.size() == 1;
   const std::string what = single ? units[0]->name() : StrCat("bucket of ", units.size(), " units");
   resources_.dp->SetTraceLabel(StrCat("reduce-scatter ", what));
-  const void* full = single ? units[0]->FullGrad().data() : packed.data();
+  const void* full = single ? units[0]->grad().Full().data() : packed.data();
   if (plan.path == ReducePlan::Path::kQuantized) {
     ZR_RETURN_IF_ERROR(quantized_->Run(static_cast<const float*>(full), reduced.as<float>(),
                                        bucket_shard, op, comm));
@@ -164,7 +165,7 @@ Status GradientReducer::Flush() {
   for (ShardedUnit* u : units) {
     const int64_t s = u->layout().shard_numel();
     ZR_RETURN_IF_ERROR(optimizer_->AccumulateGradient(*u, all.Flat(offset, s), *comm));
-    ZR_RETURN_IF_ERROR(u->DropFullGrad(*comm));
+    ZR_RETURN_IF_ERROR(u->grad().Drop(*comm));
     offset += s;
   }
   return absl::OkStatus();
@@ -199,7 +200,7 @@ Status GradientReducer::AllReduce(const std::vector<ShardedUnit*>& bucket) {
   // Where this rank's shard starts in a unit's flat gradient.
   auto own = [](const ShardedUnit* u) { return u->layout_rank() * u->layout().shard_numel(); };
   if (plan.packed == 0) {  // one unit, in place
-    const TensorView g = bucket[0]->FullGrad();
+    const TensorView g = bucket[0]->grad().Full();
     ZR_RETURN_IF_ERROR(in_group(g.data()));
     ZR_RETURN_IF_ERROR(across(static_cast<char*>(g.data()) + own(bucket[0]) * elem));
     return PostDivide(g, comm);
@@ -211,7 +212,7 @@ Status GradientReducer::AllReduce(const std::vector<ShardedUnit*>& bucket) {
   auto move = [&](bool in, char* shard) -> Status {
     int64_t offset = 0, at = 0;
     for (ShardedUnit* u : bucket) {
-      const TensorView g = u->FullGrad();
+      const TensorView g = u->grad().Full();
       const int64_t n = shard != nullptr ? u->layout().shard_numel() : g.numel();
       char* a = packed.as<char>() + (offset + (shard != nullptr ? own(u) : 0)) * elem;
       char* b = shard != nullptr ? shard + at * elem : static_cast<char*>(g.data());
@@ -258,8 +259,8 @@ Status GradientReducer::Finish(std::vector<std::unique_ptr<ShardedUnit>>& units,
     for (auto& u : units) {
       const int64_t shard = u->layout().shard_numel();
       ZR_RETURN_IF_ERROR(optimizer_->AccumulateGradient(
-          *u, u->FullGrad().Flat(u->layout_rank() * shard, shard), *resources_.compute));
-      ZR_RETURN_IF_ERROR(u->ZeroFullGrad());
+          *u, u->grad().Full().Flat(u->layout_rank() * shard, shard), *resources_.compute));
+      ZR_RETURN_IF_ERROR(u->grad().Zero());
     }
   }
   // The host tiers' gradients in flight, added: the step reads them next.

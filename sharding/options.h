@@ -169,6 +169,9 @@ struct ShardManagerOptions {
   StreamOptions streams;
 };
 
+// ShardManagerOptions::poison_released's fill: every byte 0xFF, a NaN in each floating-point dtype.
+inline constexpr uint8_t kPoisonByte = 0xFF;
+
 // Whether a step of these options runs behind the next forward ([Note: the host step behind the
 // forward]): the optimizer on a host tier in memory (not NVMe), AdamW, Adam or SGD (no collective
 // inside the update), and overlap_host_step on, or kAuto with an asynchronous compute stream.

@@ -35,7 +35,7 @@ TensorView UnitScope::param(int i) const {
 
 TensorView UnitScope::grad(int i) const {
   ZR_CHECK(manager_ != nullptr && backward_) << "grad() outside a backward scope";
-  return manager_->units_[unit_]->Grad(i).Leased(lease_);
+  return manager_->units_[unit_]->grad().Param(i).Leased(lease_);
 }
 
 Status UnitScope::End() {
@@ -508,7 +508,7 @@ StatusOr<UnitScope> ShardManager::ForwardScope(int unit) {
 StatusOr<UnitScope> ShardManager::BackwardScope(int unit) {
   const ScopedSeconds timed(&step_times_.gather_backward);
   ZR_RETURN_IF_ERROR(EnsureGathered(unit));
-  ZR_RETURN_IF_ERROR(units_[unit]->BeginBackward());
+  ZR_RETURN_IF_ERROR(units_[unit]->grad().BeginBackward());
   scopes_since_step_[unit] |= kBackwardScope;
   return OpenScope(unit, true);
 }
@@ -558,7 +558,7 @@ Status ShardManager::ReduceGradients() {
     // Every full gradient kept through the micro-batches, reduced now, last unit first (the
     // order a backward ends them in; any order the data-parallel ranks share would do).
     for (auto it = units_.rbegin(); it != units_.rend(); ++it) {
-      if ((*it)->has_full_grad()) ZR_RETURN_IF_ERROR(reducer_->Add(**it));
+      if ((*it)->grad().held()) ZR_RETURN_IF_ERROR(reducer_->Add(**it));
     }
   }
   // The 1-bit optimizers' steps without a gradient all-reduce ([Note: 1-bit Adam]).

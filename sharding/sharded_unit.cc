@@ -1,5 +1,4 @@
-// ShardedUnit: compute copies, the shard state machine (with the fetch of offloaded shards) and
-// the full gradient.
+// ShardedUnit: compute copies and the shard state machine (with the fetch of offloaded shards).
 #include "zerort/sharding/sharded_unit.h"
 
 #include <chrono>
@@ -41,7 +40,9 @@ ShardedUnit::ShardedUnit(std::string name, FlatLayout layout, const UnitResource
     : name_(std::move(name)),
       layout_(std::move(layout)),
       plan_(PlanUnit(*resources.options, layout_, resources.dp->size())),
-      resources_(resources) {
+      resources_(resources),
+      grad_(name_, layout_, resources.options->reduce_dtype, *resources.tiers.device,
+            *resources.compute, resources.options->poison_released) {
   rank_ = plan_.partitioning == Partitioning::kReplicated ? 0 : resources_.dp->rank();
 }
 
@@ -65,9 +66,6 @@ Status ShardedUnit::Allocate(PlacedBuffer* buffer, UnitBuffer which) {
 }
 
 namespace {
-
-// options.poison_released: every byte 0xFF, a NaN in each floating-point dtype.
-constexpr uint8_t kPoisonByte = 0xFF;
 
 // Writes fp32 `values` (any device) cast to dst's dtype at element `offset` of `dst` (any tier).
 Status CastInto(const TensorView& values, PlacedBuffer& dst, int64_t offset, const Tiers& tiers,
@@ -138,7 +136,7 @@ Status ShardedUnit::Initialize(const TensorView& master) {
     if (plan_.partitioning == Partitioning::kSharded) ZR_RETURN_IF_ERROR(GatherUpdated(compute));
   }
   const PlannedBuffer* full_grad = plan_.Find(UnitBuffer::kFullGrad);
-  if (full_grad->lifetime == Lifetime::kPersistent) ZR_RETURN_IF_ERROR(BeginBackward());
+  if (full_grad->lifetime == Lifetime::kPersistent) ZR_RETURN_IF_ERROR(grad_.BeginBackward());
   ZR_ASSIGN_OR_RETURN(gathered_event_, CreateEvent(device()));
   ZR_ASSIGN_OR_RETURN(written_event_, CreateEvent(device()));
   ZR_RETURN_IF_ERROR(written_event_->Record(*resources_.compute));  // the initial values
@@ -353,44 +351,6 @@ TensorView ShardedUnit::Param(int i) {
       << "parameter " << i << " of unit '" << name_ << "' read in state " << ShardStateName(state_);
   const Range flat = layout_.flat_range(i);
   return ComputeFlat().Flat(flat.begin, flat.size()).Reshape(layout_.params()[i].shape);
-}
-
-TensorView ShardedUnit::Grad(int i) {
-  const Range flat = layout_.flat_range(i);
-  return FullGrad().Flat(flat.begin, flat.size()).Reshape(layout_.params()[i].shape);
-}
-
-Status ShardedUnit::BeginBackward() {
-  // Persistent (stages 0-1), or still waiting in a reduce bucket from an earlier micro-batch:
-  // keep accumulating into it.
-  if (full_grad_) return absl::OkStatus();
-  const int64_t bytes = layout_.padded_numel() * DTypeSize(options().reduce_dtype);
-  StatusOr<Buffer> b =
-      resources_.tiers.device->Allocate(bytes, MemoryCategory::kGradients, resources_.compute);
-  if (!b.ok()) return Fail(b.status());
-  full_grad_ = std::move(*b);
-  return FillZero(full_grad_.data(), device(), bytes, resources_.compute);
-}
-
-TensorView ShardedUnit::FullGrad() {
-  ZR_CHECK(full_grad_) << "full gradient of unit '" << name_ << "' outside its backward";
-  return TensorView(full_grad_.data(), options().reduce_dtype, {layout_.padded_numel()}, device());
-}
-
-Status ShardedUnit::DropFullGrad(Stream& used_on) {
-  ZR_CHECK(full_grad_) << "DropFullGrad of unit '" << name_ << "' without a full gradient";
-  ZR_RETURN_IF_ERROR(resources_.tiers.device->RecordStream(full_grad_, used_on));
-  if (options().poison_released) {
-    ZR_RETURN_IF_ERROR(
-        Fail(FillBytes(full_grad_.data(), device(), full_grad_.bytes(), kPoisonByte, &used_on)));
-  }
-  full_grad_.Reset();
-  return absl::OkStatus();
-}
-
-Status ShardedUnit::ZeroFullGrad() {
-  ZR_CHECK(full_grad_) << "ZeroFullGrad of unit '" << name_ << "' without a kept gradient";
-  return FillZero(full_grad_.data(), device(), full_grad_.bytes(), resources_.compute);
 }
 
 ComputeCopy ShardedUnit::compute_copy() {

@@ -1,9 +1,9 @@
 // ShardedUnit: the parameter side of one unit — its flat layout and plan, the compute copies of
-// its parameters (compute shard, full parameters or gathered buffer), its full gradient, and its
-// shard state machine. The optimizer side (master, moments, gradient shard) is ShardedOptimizer's.
-// Only the unit's own methods change its state, and each checks its precondition with ZR_CHECK:
-// a caller that gathers twice or reads a released unit is a bug that stops the program with the
-// unit's name, not a silent corruption.
+// its parameters (compute shard, full parameters or gathered buffer), its shard state machine,
+// and its full gradient (`grad()`, a UnitGradient). The optimizer side (master, moments, gradient
+// shard) is ShardedOptimizer's. Only the unit's own methods change its state, and each checks its
+// precondition with ZR_CHECK: a caller that gathers twice or reads a released unit is a bug that
+// stops the program with the unit's name, not a silent corruption.
 #pragma once
 
 #include <deque>
@@ -16,6 +16,7 @@
 #include "zerort/offload/staging_pool.h"
 #include "zerort/runtime/communicator.h"
 #include "zerort/sharding/placed_buffer.h"
+#include "zerort/sharding/unit_gradient.h"
 
 namespace zerort {
 
@@ -129,18 +130,10 @@ class ShardedUnit {
 
   // Compute-dtype view of parameter `i` (UNSHARDED only).
   TensorView Param(int i);
-  // Reduce-dtype view of parameter i's full gradient (from BeginBackward until reduced).
-  // Layers add (+=) their gradients into it.
-  TensorView Grad(int i);
-  Status BeginBackward();
-  // The whole reduce-dtype gradient; GradientReducer reduces it over the data-parallel group.
-  TensorView FullGrad();
-  bool has_full_grad() const { return static_cast<bool>(full_grad_); }
-  // Stages 2-3, after the reduction: frees the full gradient once `used_on` has finished (filled
-  // with NaN on it first under options.poison_released).
-  Status DropFullGrad(Stream& used_on);
-  // Stages 0-1, after the step took this rank's slice: zeroes the kept full gradient.
-  Status ZeroFullGrad();
+  // The reduce-dtype full gradient: layers add into grad().Param(i) from BeginBackward on,
+  // GradientReducer reduces grad().Full() over the data-parallel group, then drops it (stages
+  // 2-3) or zeroes it (stages 0-1) once the step took this rank's slice.
+  UnitGradient& grad() { return grad_; }
 
   ComputeCopy compute_copy();
   // Sets this rank's compute values from fp32 master values (a loaded checkpoint); local, the
@@ -184,7 +177,7 @@ class ShardedUnit {
   std::deque<Buffer> poisoned_;  // poison_released: the last released ones ([Note: poisoned
                                  // buffers], sharded_unit.cc)
   void TrimPoisoned();
-  Buffer full_grad_;              // reduce dtype, padded
+  UnitGradient grad_;             // reduce dtype, padded
   PlacedBuffer secondary_;        // [Note: hpZ]: compute dtype, padded / hpz_partition_size
   bool secondary_valid_ = false;  // holds this step's weights
   std::unique_ptr<Event> gathered_event_;  // end of the all-gather on the comm stream

@@ -501,7 +501,7 @@ TEST(ShardManagerDeathTest, IllegalTransitionsStopWithTheUnitName) {
   EXPECT_DEATH(
       {
         auto m = make(ZeroStage::k2);
-        ShardManagerState(*m).unit(0).Grad(0);
+        ShardManagerState(*m).unit(0).grad().Param(0);
       },
       "gradient of unit 'fc0' outside its backward");
 }
