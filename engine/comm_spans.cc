@@ -11,16 +11,16 @@ namespace zerort {
 
 CommSpans::~CommSpans() {
   if (world_ != nullptr) {
-    world_->SetSpanSink(nullptr);
-    world_->SetLinkBytes(nullptr);
+    world_->recorder().SetSpanSink(nullptr);
+    world_->recorder().SetLinkBytes(nullptr);
   }
 }
 
 void CommSpans::Attach(Communicator& world) {
   world_ = &world;
-  world.SetSpanSink(std::make_shared<const CollectiveSpanSink>(
+  world.recorder().SetSpanSink(std::make_shared<const CollectiveSpanSink>(
       [this](const CollectiveSpan& span) { Add(span); }));
-  world.SetLinkBytes(bytes_);
+  world.recorder().SetLinkBytes(bytes_);
 }
 
 void CommSpans::SetTimeline(Timeline* timeline) {

@@ -41,7 +41,7 @@ class CommSpans {
   CommSpans& operator=(const CommSpans&) = delete;
 
   // Every collective of `world` and of the groups split from it later is counted from now on:
-  // its time, and the bytes it sent by link ([Note: bytes on the wire], runtime/communicator.h).
+  // its time, and the bytes it sent by link ([Note: bytes on the wire], runtime/comm_recorder.h).
   void Attach(Communicator& world);
   // Collectives go to `timeline` too (null: not traced), one track per stream.
   void SetTimeline(Timeline* timeline);

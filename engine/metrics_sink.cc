@@ -108,7 +108,7 @@ void MetricsSink::Step(const StepMetrics& m) {
   // [Note: exposed communication] (engine/comm_spans.h).
   record["comm_s"] = m.comm_s;
   record["exposed_comm_s"] = m.exposed_comm_s;
-  // [Note: bytes on the wire] (runtime/communicator.h).
+  // [Note: bytes on the wire] (runtime/comm_recorder.h).
   record["comm_bytes_intra_node"] = m.comm_bytes_intra;
   record["comm_bytes_inter_node"] = m.comm_bytes_inter;
   const std::string comm_line =

@@ -61,13 +61,13 @@ StatusOr<std::unique_ptr<DeviceMesh>> MakeRunMesh(const RunConfig& c, Communicat
                                           .data_shard = hybrid ? shard : 0,
                                           .data_secondary = hpz > 1 ? hpz : 0},
                                          world.options(), topology));
-  if (hybrid && mesh->data_shard().crosses_nodes() && world.rank() == 0) {
+  if (hybrid && mesh->data_shard().options().crosses_nodes && world.rank() == 0) {
     Logger()->warn(
         "{} = {}: a shard group spans nodes ({}), so every gather crosses them; a group within a "
         "node keeps the gathers there",
         key, shard, topology != nullptr ? topology->Describe() : std::string("one node"));
   }
-  if (hpz > 1 && mesh->data_secondary()->crosses_nodes() && world.rank() == 0) {
+  if (hpz > 1 && mesh->data_secondary()->options().crosses_nodes && world.rank() == 0) {
     Logger()->warn(
         "zero_optimization.zero_hpz_partition_size = {}: an hpZ group spans nodes ({}), so the "
         "backward's gathers cross them too; set it to the ranks per node",

@@ -208,10 +208,10 @@ Status PipelineExecutor::ReceiveOnLinkStream(Communicator& link, std::span<const
   ZR_RETURN_IF_ERROR(compute_ready_->Record(*options_.stream));  // the buffers' earlier users
   ZR_RETURN_IF_ERROR(ls.stream->WaitEvent(*compute_ready_));
   for (size_t i = 0; i < recvs.size(); ++i) {
-    link.SetTraceLabel(labels[i]);
+    link.recorder().SetLabel(labels[i]);
     const Status received =
         link.Recv(recvs[i].buffer, recvs[i].count, dtype, recvs[i].peer, ls.stream.get());
-    link.SetTraceLabel("");
+    link.recorder().SetLabel("");
     ZR_RETURN_IF_ERROR(received);
   }
   ZR_RETURN_IF_ERROR(ls.received->Record(*ls.stream));
@@ -348,13 +348,13 @@ Status PipelineExecutor::Send(Step& step, const PipelineAction& a) {
   // Kept from now on: a send issued on a link's stream may read it even if a later call fails.
   std::deque<InFlight>& copies = in_flight_[link];
   copies.push_back({.copy = std::move(copy)});
-  link->SetTraceLabel(StrCat(PipelineOpName(a.op), " ", a.micro_batch, ".", a.chunk));
+  link->recorder().SetLabel(StrCat(PipelineOpName(a.op), " ", a.micro_batch, ".", a.chunk));
   const bool on_link_stream = StreamOf(link) != nullptr;
   const Status issued =
       on_link_stream
           ? SendOnLinkStream(*link, data, count, dtype, copies.back().sent)
           : link->PostSend(data, count, dtype, PipelineLinks::kReceiverRank, options_.stream);
-  link->SetTraceLabel("");
+  link->recorder().SetLabel("");
   ZR_RETURN_IF_ERROR(issued);
   bytes_sent_ += count * static_cast<int64_t>(elem);
   ZR_RETURN_IF_ERROR(ReleaseSent());
@@ -408,17 +408,17 @@ Status PipelineExecutor::Receive(Step& step, const std::vector<PipelineAction>& 
       ZR_RETURN_IF_ERROR(ReceiveOnLinkStream(*link, recvs, labels[stage], dtype));
       continue;
     }
-    link->SetTraceLabel(label);
+    link->recorder().SetLabel(label);
     const Status received = link->Exchange(recvs, dtype, options_.stream);
-    link->SetTraceLabel("");
+    link->recorder().SetLabel("");
     ZR_RETURN_IF_ERROR(received);
   }
   for (const auto& [into, n] : gathers) {
     const auto [offset, count] = Slice(n);
-    options_.tp.comm->SetTraceLabel("pipeline scatter/gather");
+    options_.tp.comm->recorder().SetLabel("pipeline scatter/gather");
     const Status gathered =
         options_.tp.comm->AllGather(into + offset * elem, into, count, dtype, options_.stream);
-    options_.tp.comm->SetTraceLabel("");  // the model's own collectives follow on this group
+    options_.tp.comm->recorder().SetLabel("");  // the model's own collectives follow on this group
     ZR_RETURN_IF_ERROR(gathered);
   }
   ZR_RETURN_IF_ERROR(ReleaseSent());

@@ -35,7 +35,7 @@ std::string_view CollectiveOpName(CollectiveOp op);
 // What one of `ranks` ranks sends for a collective whose buffer is `bytes` (an all-gather's or
 // reduce-scatter's whole buffer, an all-reduce's or broadcast's) under ring algorithms: (n-1)/n of
 // it for all-gather, reduce-scatter and broadcast, 2 (n-1)/n for all-reduce (nccl-tests' bus
-// factor; [Note: bytes on the wire], communicator.h). 0 for one rank and for point-to-point
+// factor; [Note: bytes on the wire], comm_recorder.h). 0 for one rank and for point-to-point
 // operations, whose sends only the caller knows.
 size_t RingBytesSent(CollectiveOp op, size_t bytes, int ranks);
 double RingFactor(CollectiveOp op, int ranks);  // the same as a fraction of `bytes`

@@ -58,7 +58,7 @@ struct Communicator::Call {
 
 namespace {
 
-// [Note: bytes on the wire] (communicator.h): a collective's ring share, a point-to-point call's
+// [Note: bytes on the wire] (comm_recorder.h): a collective's ring share, a point-to-point call's
 // sends.
 size_t WireBytes(CollectiveOp op, size_t bytes, size_t sent, int size) {
   const bool p2p =
@@ -132,15 +132,15 @@ Communicator::Communicator(int rank, int size, std::string backend, CommOptions 
     : rank_(rank),
       size_(size),
       options_(std::move(options)),
-      trace_(options_.name, std::move(backend), rank, size, options_.trace_capacity),
+      recorder_(options_.name, std::move(backend), rank, size, options_.trace_capacity),
       watchdog_(watchdog),
       turns_(std::make_shared<Turns>()) {
   ZR_CHECK(size_ > 0 && rank_ >= 0 && rank_ < size_) << "rank " << rank_ << " of " << size_;
-  if (watchdog_ != nullptr) watchdog_->Register(&trace_, std::move(abort));
+  if (watchdog_ != nullptr) watchdog_->Register(&recorder_.trace_, std::move(abort));
 }
 
 Communicator::~Communicator() {
-  if (watchdog_ != nullptr) watchdog_->Unregister(&trace_);
+  if (watchdog_ != nullptr) watchdog_->Unregister(&recorder_.trace_);
 }
 
 namespace {
@@ -175,26 +175,21 @@ StatusOr<Buffer> Communicator::Staging(size_t bytes) {
   return staging_allocator_->Allocate(bytes, MemoryCategory::kCommBuffers);
 }
 
-void Communicator::CountWire(size_t bytes) {
-  if (link_bytes_ == nullptr || bytes == 0) return;
-  (options_.crosses_nodes ? link_bytes_->inter : link_bytes_->intra)
-      .fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
-}
-
 Status Communicator::Run(const Call& call, const std::function<Status(Stream*)>& body,
                          Stream* stream) {
   ZR_RETURN_IF_ERROR(CheckStream(stream));
-  CountWire(WireBytes(call.op, call.bytes, call.sent, size_));
+  recorder_.CountWire(WireBytes(call.op, call.bytes, call.sent, size_), options_.crosses_nodes);
   if (IsQueuedCpu(stream)) {
     // [Note: the asynchronous CPU device]: the collective runs on the stream's thread, in its
     // order and in its turn on this communicator (the body captures by value: this frame is gone
     // by then), traced from when it runs there, under the label it was issued with; the host goes
     // on. Loopback ranks meet on their streams' threads.
     auto ticket = std::make_shared<const Ticket>(turns_);
-    return stream->Launch([this, call, body, stream, ticket, issued_label = trace_.label()] {
-      ticket->Wait();
-      return RunNow(call, body, nullptr, stream, &issued_label);
-    });
+    return stream->Launch(
+        [this, call, body, stream, ticket, issued_label = recorder_.trace_.label()] {
+          ticket->Wait();
+          return RunNow(call, body, nullptr, stream, &issued_label);
+        });
   }
   const Ticket ticket(turns_);
   ticket.Wait();
@@ -203,31 +198,31 @@ Status Communicator::Run(const Call& call, const std::function<Status(Stream*)>&
 
 Status Communicator::RunNow(const Call& call, const std::function<Status(Stream*)>& body,
                             Stream* stream, Stream* ran_on, const std::string* label) {
-  const auto began =
-      span_sink_ ? std::chrono::system_clock::now() : std::chrono::system_clock::time_point();
+  const auto began = recorder_.reports_spans() ? std::chrono::system_clock::now()
+                                               : std::chrono::system_clock::time_point();
   const bool staged = NeedsStaging(stream);
   if (staged) {
     // Host backends read the buffers when called: the stream's work must have produced them.
     ZR_RETURN_IF_ERROR(stream->Synchronize());
   }
-  const std::string labelled = label != nullptr ? *label : trace_.label();
-  const uint64_t seq =
-      trace_.Begin(call.op, call.bytes, call.dtype, call.peer, options_.timeout, &labelled);
+  const std::string labelled = label != nullptr ? *label : recorder_.trace_.label();
+  const uint64_t seq = recorder_.trace_.Begin(call.op, call.bytes, call.dtype, call.peer,
+                                              options_.timeout, &labelled);
   Status status = body(staged ? nullptr : stream);
   if (!status.ok()) {
-    trace_.End(seq, false);
+    recorder_.trace_.End(seq, false);
     return Annotate(status, StrCat("rank ", rank_, "/", size_, " in group '", options_.name, "' (",
                                    backend(), "), ", CollectiveOpName(call.op), " of ", call.bytes,
                                    " bytes", labelled.empty() ? "" : StrCat(" (", labelled, ")")));
   }
   CompletionProbe probe = staged ? CompletionProbe() : MakeProbe(stream);
   if (probe) {
-    trace_.AttachProbe(seq, std::move(probe));
+    recorder_.trace_.AttachProbe(seq, std::move(probe));
   } else {
-    trace_.End(seq, true);
-    if (span_sink_) {
+    recorder_.trace_.End(seq, true);
+    if (recorder_.reports_spans()) {
       const Stream* where = staged ? nullptr : (ran_on != nullptr ? ran_on : stream);
-      (*span_sink_)(CollectiveSpan{
+      recorder_.Report(CollectiveSpan{
           .op = call.op,
           .group = options_.name,
           .label = labelled,
@@ -542,10 +537,10 @@ Status Communicator::PostSend(const void* buffer, size_t count, DType dtype, int
   }
   const Ticket ticket(turns_);
   ticket.Wait();
-  CountWire(bytes);
-  posted.seq = trace_.Begin(CollectiveOp::kSend, bytes, dtype, peer, options_.timeout);
+  recorder_.CountWire(bytes, options_.crosses_nodes);
+  posted.seq = recorder_.trace_.Begin(CollectiveOp::kSend, bytes, dtype, peer, options_.timeout);
   if (Status status = DoPostSend(from, count, dtype, peer, on); !status.ok()) {
-    trace_.End(posted.seq, false);
+    recorder_.trace_.End(posted.seq, false);
     return fail(status);
   }
   posted_.push_back(std::move(posted));
@@ -556,7 +551,7 @@ Status Communicator::PollSends() {
   if (posted_.empty()) return absl::OkStatus();
   ZR_ASSIGN_OR_RETURN(size_t done, DoPollSends());
   for (; done > 0 && !posted_.empty(); --done) {
-    trace_.End(posted_.front().seq, true);
+    recorder_.trace_.End(posted_.front().seq, true);
     posted_.pop_front();
   }
   return absl::OkStatus();
@@ -565,7 +560,7 @@ Status Communicator::PollSends() {
 Status Communicator::WaitSends() {
   if (posted_.empty()) return absl::OkStatus();
   Status status = DoWaitSends();
-  for (const PostedSend& p : posted_) trace_.End(p.seq, status.ok());
+  for (const PostedSend& p : posted_) recorder_.trace_.End(p.seq, status.ok());
   posted_.clear();
   if (!status.ok()) {
     return Annotate(status, StrCat("rank ", rank_, "/", size_, " in group '", options_.name, "' (",
@@ -578,9 +573,9 @@ Status Communicator::Barrier() {
   const Call call{CollectiveOp::kBarrier, 0, DType::kU8, -1};
   const Ticket ticket(turns_);
   ticket.Wait();
-  const uint64_t seq = trace_.Begin(call.op, 0, call.dtype, -1, options_.timeout);
+  const uint64_t seq = recorder_.trace_.Begin(call.op, 0, call.dtype, -1, options_.timeout);
   Status status = DoBarrier();
-  trace_.End(seq, status.ok());
+  recorder_.trace_.End(seq, status.ok());
   if (!status.ok()) {
     return Annotate(status, StrCat("rank ", rank_, "/", size_, " in group '", options_.name, "' (",
                                    backend(), "), barrier"));
@@ -596,12 +591,12 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int key,
   }
   const Ticket ticket(turns_);
   ticket.Wait();
-  const uint64_t seq = trace_.Begin(CollectiveOp::kSplit, 0, DType::kI32, color, options_.timeout);
+  const uint64_t seq =
+      recorder_.trace_.Begin(CollectiveOp::kSplit, 0, DType::kI32, color, options_.timeout);
   StatusOr<std::unique_ptr<Communicator>> result = DoSplit(color, key, std::move(options));
-  trace_.End(seq, result.ok());
+  recorder_.trace_.End(seq, result.ok());
   if (result.ok() && *result != nullptr) {
-    (*result)->SetSpanSink(span_sink_);
-    (*result)->SetLinkBytes(link_bytes_);
+    recorder_.PassOn((*result)->recorder_);
   }
   if (!result.ok()) {
     return Annotate(result.status(), StrCat("rank ", rank_, "/", size_, " in group '",

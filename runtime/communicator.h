@@ -1,8 +1,8 @@
 // Communicator: the narrow interface every collective goes through, and the base that all
 // backends share. The base validates arguments once for every backend (counts, ranks, buffer
-// overlap, reduce-op/dtype pairs), keeps the collective trace the watchdog reads, annotates
-// errors with rank and group, and stages CUDA buffers through pinned host memory for backends
-// that only move host memory (loopback, MPI).
+// overlap, reduce-op/dtype pairs), records each collective (its CommRecorder: the trace the
+// watchdog reads, spans, bytes by link), annotates errors with rank and group, and stages CUDA
+// buffers through pinned host memory for backends that only move host memory (loopback, MPI).
 //
 // Buffer conventions (count is always in elements of `dtype`):
 //   AllGather:     send has `count`, recv has size*count; rank r's send lands at recv[r*count].
@@ -17,7 +17,6 @@
 // stream and returns.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <deque>
 #include <memory>
@@ -26,7 +25,7 @@
 #include <string_view>
 
 #include "zerort/runtime/allocator.h"
-#include "zerort/runtime/collective_trace.h"
+#include "zerort/runtime/comm_recorder.h"
 #include "zerort/runtime/device.h"
 #include "zerort/runtime/dtype.h"
 #include "zerort/runtime/memory.h"
@@ -50,22 +49,6 @@ struct CommOptions {
   bool crosses_nodes = false;
 };
 
-// [Note: bytes on the wire]
-// What one rank sends for a collective over a group of n ranks, under the ring algorithms NCCL
-// and MPI use for large messages (NCCL's "bus bytes"): an all-gather or reduce-scatter of B bytes
-// in all sends (n-1)/n B, an all-reduce of B bytes 2 (n-1)/n B (a reduce-scatter, then an
-// all-gather), a broadcast (n-1)/n B (a pipelined ring, averaged over the ranks); a send or an
-// exchange its sends' bytes, a receive nothing. A collective of a group that crosses nodes counts
-// whole as inter-node: a ring over two nodes pushes every byte through an inter-node link, which
-// then sets its time. One function computes a collective's share, RingBytesSent
-// (collective_trace.h): the communicator's count, the estimator's (estimate/comm_model.h) and
-// `zerort bench comm`'s bus bandwidth use it. What the estimator derives on its own is which
-// collectives a step issues, over which groups, and their sizes.
-struct LinkBytes {
-  std::atomic<int64_t> intra{0};  // bytes sent in groups within one node
-  std::atomic<int64_t> inter{0};  // bytes sent in groups that cross nodes
-};
-
 // One send or receive of a batch (Communicator::Exchange).
 struct P2POp {
   enum Kind : uint8_t { kSend, kRecv };
@@ -74,25 +57,6 @@ struct P2POp {
   size_t count = 0;        // elements of the batch's dtype
   int peer = 0;
 };
-
-// A collective a communicator ran to its end in line (host backends: MPI and loopback, and CUDA
-// buffers staged through the host), for the trace (`logging.trace_file`: one track per stream)
-// and the exposed-communication metric. Collectives that end later on a CUDA stream (NCCL) are
-// not reported: their end is known only to the watchdog's probe.
-struct CollectiveSpan {
-  CollectiveOp op = CollectiveOp::kBarrier;
-  std::string_view group;  // the communicator's name
-  std::string_view label;  // the caller's (SetTraceLabel), e.g. "gather blocks.3"
-  size_t bytes = 0;
-  bool crosses_nodes = false;  // the group's ranks are on more than one node
-  std::string_view track;      // the stream it ran on; "host" for none (or staged)
-  // Nothing overlapped it: it ran on the host thread (no stream, an immediate CPU stream, or
-  // staged) or on the compute stream's thread. One on a queued communication stream is not
-  // critical by itself; the compute stream's waits for it while it ran are (Stream::TakeWaits).
-  bool critical = true;
-  std::chrono::system_clock::time_point begin, end;
-};
-using CollectiveSpanSink = std::function<void(const CollectiveSpan&)>;
 
 // Colour for Split that leaves the caller out of every new group.
 inline constexpr int kNoColor = -1;
@@ -151,19 +115,13 @@ class Communicator {
   // device (AllReduceHostValues).
   bool moves_host_memory() const { return host_buffers(); }
 
-  // Every collective this communicator runs in line from now on is reported to `sink` (null:
-  // none), as are those of groups split from it afterwards; called on the thread that ran it.
-  void SetSpanSink(std::shared_ptr<const CollectiveSpanSink> sink) { span_sink_ = std::move(sink); }
-  // Every collective this communicator issues from now on adds its wire bytes to `bytes` (null:
-  // none), as do those of groups split from it afterwards ([Note: bytes on the wire]).
-  void SetLinkBytes(std::shared_ptr<LinkBytes> bytes) { link_bytes_ = std::move(bytes); }
-  bool crosses_nodes() const { return options_.crosses_nodes; }
-  // The world's, once the topology is known (Session); before any group is split from it.
+  // The world's options().crosses_nodes, once the topology is known (Session); before any group
+  // is split from it.
   void SetCrossesNodes(bool crosses) { options_.crosses_nodes = crosses; }
 
-  // Labels the following records of the trace (e.g. "gather blocks.3"); "" clears it.
-  void SetTraceLabel(std::string label) { trace_.SetLabel(std::move(label)); }
-  const CollectiveTrace& trace() const { return trace_; }
+  // Its trace (and the label of the next records), spans and bytes by link.
+  CommRecorder& recorder() { return recorder_; }
+  const CommRecorder& recorder() const { return recorder_; }
 
  protected:
   Communicator(int rank, int size, std::string backend, CommOptions options, Watchdog* watchdog,
@@ -220,12 +178,9 @@ class Communicator {
   const int rank_;
   const int size_;
   CommOptions options_;
-  CollectiveTrace trace_;
+  CommRecorder recorder_;
   Watchdog* const watchdog_;
   std::unique_ptr<Allocator> staging_allocator_;
-  std::shared_ptr<const CollectiveSpanSink> span_sink_;
-  std::shared_ptr<LinkBytes> link_bytes_;
-  void CountWire(size_t bytes);
   const std::shared_ptr<Turns> turns_;  // shared with queued tickets
   struct PostedSend {
     uint64_t seq;    // its trace record

@@ -29,9 +29,9 @@ StatusOr<Topology> DiscoverTopology(Communicator& host_world, const LaunchEnv& l
   std::string mine = HostName();
   mine.resize(kName - 1);
   std::vector<char> all(kName * static_cast<size_t>(host_world.size()));
-  host_world.SetTraceLabel("hostnames");
+  host_world.recorder().SetLabel("hostnames");
   ZR_RETURN_IF_ERROR(host_world.AllGather(mine.c_str(), all.data(), kName, DType::kU8));
-  host_world.SetTraceLabel("");
+  host_world.recorder().SetLabel("");
   std::vector<std::string> hosts;
   for (int r = 0; r < host_world.size(); ++r) hosts.emplace_back(all.data() + r * kName);
   Topology topology = TopologyFromHosts(hosts);

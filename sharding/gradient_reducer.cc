@@ -49,10 +49,10 @@ Status GradientReducer::AcrossReplicas(void* data, int64_t count, ReduceOp op,
                                        const std::string& what) {
   Communicator* replicate = resources_.replicate;
   if (replicate == nullptr) return absl::OkStatus();
-  replicate->SetTraceLabel(StrCat("all-reduce across replicas ", what));
+  replicate->recorder().SetLabel(StrCat("all-reduce across replicas ", what));
   ZR_RETURN_IF_ERROR(replicate->AllReduce(data, data, static_cast<size_t>(count),
                                           resources_.options->reduce_dtype, op, resources_.comm));
-  replicate->SetTraceLabel("");
+  replicate->recorder().SetLabel("");
   ++collectives_;
   return absl::OkStatus();
 }
@@ -145,7 +145,7 @@ Status GradientReducer::Flush() {
                                           plan.reduced * elem, MemoryCategory::kCommBuffers, comm));
   const bool single = units.size() == 1;
   const std::string what = single ? units[0]->name() : StrCat("bucket of ", units.size(), " units");
-  resources_.dp->SetTraceLabel(StrCat("reduce-scatter ", what));
+  resources_.dp->recorder().SetLabel(StrCat("reduce-scatter ", what));
   const void* full = single ? units[0]->grad().Full().data() : packed.data();
   if (plan.path == ReducePlan::Path::kQuantized) {
     ZR_RETURN_IF_ERROR(quantized_->Run(static_cast<const float*>(full), reduced.as<float>(),
@@ -154,7 +154,7 @@ Status GradientReducer::Flush() {
     ZR_RETURN_IF_ERROR(
         resources_.dp->ReduceScatter(full, reduced.data(), plan.group_count, dtype, op, comm));
   }
-  resources_.dp->SetTraceLabel("");
+  resources_.dp->recorder().SetLabel("");
   ++collectives_;
   if (plan.replica_count > 0) {
     ZR_RETURN_IF_ERROR(AcrossReplicas(reduced.data(), plan.replica_count, op, what));
@@ -187,9 +187,9 @@ Status GradientReducer::AllReduce(const std::vector<ShardedUnit*>& bucket) {
   // gradient ([Note: hybrid sharding]).
   auto in_group = [&](void* data) -> Status {
     if (plan.group_count == 0) return absl::OkStatus();
-    resources_.dp->SetTraceLabel(StrCat("all-reduce ", what));
+    resources_.dp->recorder().SetLabel(StrCat("all-reduce ", what));
     ZR_RETURN_IF_ERROR(resources_.dp->AllReduce(data, data, plan.group_count, dtype, op, comm));
-    resources_.dp->SetTraceLabel("");
+    resources_.dp->recorder().SetLabel("");
     ++collectives_;
     return absl::OkStatus();
   };

@@ -77,10 +77,10 @@ Status ShardedOptimizer::CompressedMean(int u, const TensorView& values, const c
   if (!s.worker_error) return absl::OkStatus();  // one data-parallel rank
   if (!onebit_)
     onebit_ = std::make_unique<OneBitAllReduce>(*resources_.dp, *resources_.tiers.device);
-  resources_.dp->SetTraceLabel(StrCat("1-bit ", what, " of ", s.unit->name()));
+  resources_.dp->recorder().SetLabel(StrCat("1-bit ", what, " of ", s.unit->name()));
   Status status = onebit_->Run(OneBitSegments(s.unit->layout()), values, s.worker_error.View(),
                                s.server_error.View(), StreamFor(tier()));
-  resources_.dp->SetTraceLabel("");
+  resources_.dp->recorder().SetLabel("");
   return status;
 }
 
@@ -223,10 +223,10 @@ Status ShardedOptimizer::CompressLambMomentum(const OptimizerStepArgs& args) {
   }
   // The whole padded buffer as one segment: its padding goes through the mean as DeepSpeed's.
   const OneBitAllReduce::Segment whole{0, fused.numel()};
-  resources_.dp->SetTraceLabel("1-bit LAMB momentum");
+  resources_.dp->recorder().SetLabel("1-bit LAMB momentum");
   Status status = onebit_->Run(std::span(&whole, 1), fused, fused_worker_error_.View(),
                                fused_server_error_.View(), stream);
-  resources_.dp->SetTraceLabel("");
+  resources_.dp->recorder().SetLabel("");
   return status;
 }
 

@@ -91,18 +91,18 @@ Status QuantizedReduceScatter::Run(const float* in, float* out, int64_t count, R
                                                        MemoryCategory::kCommBuffers, stream));
   ZR_RETURN_IF_ERROR(CopyBytes(partial.data(), device, chunks[static_cast<size_t>(me)], device,
                                block_bytes * nodes, stream));
-  intra_.SetTraceLabel("reduce-scatter (qgZ) in the node");
+  intra_.recorder().SetLabel("reduce-scatter (qgZ) in the node");
   ZR_RETURN_IF_ERROR(Level(intra_, chunks, plan.intra, partial.as<float>(), stream));
-  intra_.SetTraceLabel("");
+  intra_.recorder().SetLabel("");
   // Level 2: the node-partial sum of block (n', me) to inter peer n'; this rank's own exactly.
   ZR_RETURN_IF_ERROR(
       CopyBytes(out, device, partial.as<char>() + node * block_bytes, device, block_bytes, stream));
   if (inter_ != nullptr) {
     std::vector<const float*> sums;
     for (int n = 0; n < nodes; ++n) sums.push_back(partial.as<float>() + n * count);
-    inter_->SetTraceLabel("reduce-scatter (qgZ) across nodes");
+    inter_->recorder().SetLabel("reduce-scatter (qgZ) across nodes");
     ZR_RETURN_IF_ERROR(Level(*inter_, sums, plan.inter, out, stream));
-    inter_->SetTraceLabel("");
+    inter_->recorder().SetLabel("");
   }
   if (op == ReduceOp::kAvg) {
     ZR_RETURN_IF_ERROR(Scale(TensorView(out, DType::kF32, {count}, device),

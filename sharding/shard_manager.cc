@@ -569,7 +569,7 @@ Status ShardManager::ReduceGradients() {
     if (tied == nullptr || tied->size() == 1) continue;
     const TensorView g = optimizer_->GradShard(static_cast<int>(i));
     Stream* stream = optimizer_->StreamFor(optimizer_->tier());
-    tied->SetTraceLabel(StrCat("tied gradient of ", units_[i]->name()));
+    tied->recorder().SetLabel(StrCat("tied gradient of ", units_[i]->name()));
     if (stream == nullptr && !tied->moves_host_memory()) {
       // Host shards (the optimizer offloaded) and NCCL, which reads device memory only: staged
       // through the device on the compute stream, after the work that wrote them.
@@ -583,7 +583,7 @@ Status ShardManager::ReduceGradients() {
       ZR_RETURN_IF_ERROR(
           tied->AllReduce(g.data(), g.data(), g.numel(), DType::kF32, ReduceOp::kSum, stream));
     }
-    tied->SetTraceLabel("");
+    tied->recorder().SetLabel("");
   }
   gradients_reduced_ = true;
   return absl::OkStatus();
@@ -654,10 +654,10 @@ StatusOr<StepResult> ShardManager::StepImpl(const StepInputs& inputs) {
   // Then over the ranks holding the other parts of the model (replicated parameters entered on
   // tensor-parallel rank 0 only), so every rank of every group takes the same decision.
   if (resources_.model_parallel != nullptr && resources_.model_parallel->size() > 1) {
-    resources_.model_parallel->SetTraceLabel("gradient norm over the model-parallel group");
+    resources_.model_parallel->recorder().SetLabel("gradient norm over the model-parallel group");
     ZR_RETURN_IF_ERROR(resources_.model_parallel->AllReduce(acc.data(), acc.data(), 2, DType::kF32,
                                                             ReduceOp::kSum, &compute));
-    resources_.model_parallel->SetTraceLabel("");
+    resources_.model_parallel->recorder().SetLabel("");
   }
   float host[2] = {0, 0};
   ZR_RETURN_IF_ERROR(CopyBytes(host, Device::Cpu(), acc.data(), device, sizeof(host), &compute));

@@ -391,7 +391,7 @@ Status ShardedOptimizer::UpdateLamb(int u, const OptimizerStepArgs& args, const 
   // whole unit on every rank: its sums are already the parameter's.
   Stream* comm_stream = stream != nullptr ? stream : resources_.compute;
   if (resources_.options->stage != ZeroStage::k0 && resources_.dp->size() > 1) {
-    resources_.dp->SetTraceLabel(StrCat("LAMB norms of ", units_[u]->unit->name()));
+    resources_.dp->recorder().SetLabel(StrCat("LAMB norms of ", units_[u]->unit->name()));
     if (stream == nullptr && !resources_.dp->moves_host_memory()) {
       // Host-tier sums and NCCL (device memory only): staged through the device, waited for.
       ZR_RETURN_IF_ERROR(AllReduceHostValues(
@@ -401,7 +401,7 @@ Status ShardedOptimizer::UpdateLamb(int u, const OptimizerStepArgs& args, const 
       ZR_RETURN_IF_ERROR(resources_.dp->AllReduce(sums.data(), sums.data(), 2 * params, DType::kF32,
                                                   ReduceOp::kSum, comm_stream));
     }
-    resources_.dp->SetTraceLabel("");
+    resources_.dp->recorder().SetLabel("");
   }
   std::vector<float> host(static_cast<size_t>(2 * params));
   // The host reads the sums next: host-tier sums are reduced on `comm_stream` (a queued one runs

@@ -219,14 +219,14 @@ Status ShardedUnit::StartGather() {
   if (!gathered.ok()) return Annotate(gathered.status(), StrCat("gathering unit '", name_, "'"));
   gathered_ = std::move(*gathered);
   TrimPoisoned();
-  resources_.dp->SetTraceLabel(StrCat("gather ", name_));
+  resources_.dp->recorder().SetLabel(StrCat("gather ", name_));
   if (options().quantized_weights) {
     ZR_RETURN_IF_ERROR(GatherQuantized(input, comm));
   } else {
     ZR_RETURN_IF_ERROR(
         GatherShards(*resources_.dp, input, gathered_.data(), layout_.shard_numel(), comm));
   }
-  resources_.dp->SetTraceLabel("");
+  resources_.dp->recorder().SetLabel("");
   if (secondary_) ZR_RETURN_IF_ERROR(KeepSecondary(comm));
   ZR_RETURN_IF_ERROR(gathered_event_->Record(*comm));
   if (fetch_lease_) {
@@ -291,10 +291,10 @@ Status ShardedUnit::GatherSecondary() {
   gathered_ = std::move(*gathered);
   TrimPoisoned();
   Communicator& group = *resources_.secondary;
-  group.SetTraceLabel(StrCat("gather ", name_, " (hpZ)"));
+  group.recorder().SetLabel(StrCat("gather ", name_, " (hpZ)"));
   ZR_RETURN_IF_ERROR(GatherShards(group, secondary_.View().data(), gathered_.data(),
                                   secondary_.View().numel(), comm));
-  group.SetTraceLabel("");
+  group.recorder().SetLabel("");
   ZR_RETURN_IF_ERROR(gathered_event_->Record(*comm));
   state_ = ShardState::kGathering;
   return absl::OkStatus();
@@ -373,9 +373,9 @@ Status ShardedUnit::RefreshAfterStep() {
   const int64_t shard = layout_.shard_numel();
   if (!plan_.sharded_params) {
     if (plan_.partitioning == Partitioning::kReplicated) return absl::OkStatus();
-    resources_.dp->SetTraceLabel(StrCat("all-gather updated ", name_));
+    resources_.dp->recorder().SetLabel(StrCat("all-gather updated ", name_));
     ZR_RETURN_IF_ERROR(GatherUpdated(compute));
-    resources_.dp->SetTraceLabel("");
+    resources_.dp->recorder().SetLabel("");
     return absl::OkStatus();
   }
   if (!persistent()) {

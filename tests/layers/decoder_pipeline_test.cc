@@ -264,7 +264,7 @@ TEST(DecoderPipelineTest, EvaluationSamplingAndScatterGatherBytes) {
         // The executor's labels name its own sends and receives only: the collectives after
         // them (the sampled token's sum, the model's tensor-parallel ones) carry none.
         for (Communicator* g : {&r.mesh->pipeline(), &r.mesh->tensor()}) {
-          const std::string label = g->trace().Records().back().label;
+          const std::string label = g->recorder().trace().Records().back().label;
           if (!label.empty()) return absl::InternalError("a stale trace label: " + label);
         }
       } else {

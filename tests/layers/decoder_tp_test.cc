@@ -175,7 +175,7 @@ TEST(DecoderTensorParallelTest, CollectivesPerLayerMatchMegatronsCount) {
       store.Initialize(DecoderInitializer(config), 7);
       ZR_RETURN_IF_ERROR(
           model->ForwardBackward(tokens, targets, batch, config.seq_len, 1.0f).status());
-      traces[comm.rank()] = comm.trace().Records();
+      traces[comm.rank()] = comm.recorder().trace().Records();
       return absl::OkStatus();
     });
     ASSERT_TRUE(status.ok()) << status;
@@ -338,7 +338,7 @@ TEST(DecoderTensorParallelTest, CollectivesCarryTheKernelsDType) {
                     ->ForwardBackward(tokens, targets, 2, c.model.seq_len, r.manager->loss_scale())
                     .status());
             std::lock_guard lock(mu);
-            if (comm.rank() == 0) trace = r.mesh->tensor().trace().Records();
+            if (comm.rank() == 0) trace = r.mesh->tensor().recorder().trace().Records();
             return absl::OkStatus();
           });
       ASSERT_TRUE(status.ok()) << status;

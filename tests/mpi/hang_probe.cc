@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::seconds(120));  // stuck outside any collective
     return 0;
   }
-  world->SetTraceLabel("unit blocks.3 backward");
+  world->recorder().SetLabel("unit blocks.3 backward");
   if (!world->AllReduce(&x, &x, 1, DType::kF32, ReduceOp::kSum).ok()) return 1;
   return 0;
 }

@@ -370,24 +370,24 @@ TEST(CpuStreamsTest, AQueuedCollectiveKeepsTheLabelItWasIssuedWith) {
   ASSERT_TRUE(RunLoopbackRanks(2, options, nullptr, [&](Communicator& comm) {
                 std::vector<std::string> spans;
                 std::mutex mu;
-                comm.SetSpanSink(
+                comm.recorder().SetSpanSink(
                     std::make_shared<const CollectiveSpanSink>([&](const CollectiveSpan& span) {
                       std::lock_guard lock(mu);
                       spans.emplace_back(span.label);
                     }));
                 auto stream = MakeStream("comm", Queued(static_cast<uint64_t>(comm.rank()) + 3));
                 std::vector<float> a(64, 1.0f), b(64, 2.0f);
-                comm.SetTraceLabel("first");
+                comm.recorder().SetLabel("first");
                 ZR_RETURN_IF_ERROR(comm.AllReduce(a.data(), a.data(), a.size(), DType::kF32,
                                                   ReduceOp::kSum, stream.get()));
-                comm.SetTraceLabel("second");
+                comm.recorder().SetLabel("second");
                 ZR_RETURN_IF_ERROR(comm.AllReduce(b.data(), b.data(), b.size(), DType::kF32,
                                                   ReduceOp::kSum, stream.get()));
-                comm.SetTraceLabel("");
+                comm.recorder().SetLabel("");
                 ZR_RETURN_IF_ERROR(stream->Synchronize());
-                comm.SetSpanSink(nullptr);
+                comm.recorder().SetSpanSink(nullptr);
                 std::vector<std::string> records;
-                for (const CollectiveRecord& r : comm.trace().Records()) {
+                for (const CollectiveRecord& r : comm.recorder().trace().Records()) {
                   if (r.op == CollectiveOp::kAllReduce) records.push_back(r.label);
                 }
                 const std::vector<std::string> want = {"first", "second"};

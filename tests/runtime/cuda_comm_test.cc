@@ -91,9 +91,9 @@ TEST(CudaCommTest, NcclWithOneRank) {
   EXPECT_TRUE((*nccl)->Barrier().ok());
   // The probes reported completion to the trace.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  for (const CollectiveRecord& r : (*nccl)->trace().Records()) {
+  for (const CollectiveRecord& r : (*nccl)->recorder().trace().Records()) {
     if (r.op == CollectiveOp::kBarrier) continue;
-    EXPECT_EQ(r.state, CollectiveState::kCompleted) << (*nccl)->trace().Dump();
+    EXPECT_EQ(r.state, CollectiveState::kCompleted) << (*nccl)->recorder().trace().Dump();
   }
   EXPECT_EQ((*nccl)->AllReduce(nullptr, nullptr, 0, DType::kF32, ReduceOp::kSum, nullptr).code(),
             absl::StatusCode::kInvalidArgument)

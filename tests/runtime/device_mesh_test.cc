@@ -136,7 +136,7 @@ TEST(DeviceMeshTest, NodeAndHybridShardingGroups) {
   options.timeout = std::chrono::seconds(30);
   ASSERT_TRUE(RunLoopbackRanks(8, options, nullptr, [&](Communicator& world) -> Status {
                 auto bytes = std::make_shared<LinkBytes>();
-                world.SetLinkBytes(bytes);
+                world.recorder().SetLinkBytes(bytes);
                 ZR_ASSIGN_OR_RETURN(std::unique_ptr<DeviceMesh> mesh,
                                     DeviceMesh::Create(world, shape, options, &topology));
                 const MeshCoord c = mesh->coord();
@@ -152,7 +152,7 @@ TEST(DeviceMeshTest, NodeAndHybridShardingGroups) {
                                   bool crosses) -> Status {
                   ZR_ASSIGN_OR_RETURN(std::vector<int32_t> got, members(g));
                   if (got != want) e += StrCat(what, " members differ; ");
-                  if (g != nullptr && g->crosses_nodes() != crosses)
+                  if (g != nullptr && g->options().crosses_nodes != crosses)
                     e += StrCat(what, " crossing; ");
                   return absl::OkStatus();
                 };

@@ -131,7 +131,7 @@ TEST(LoopbackTest, WatchdogReportsTheHungCollective) {
   };
   Watchdog watchdog(wo);
   RunLoopbackRanks(2, Quick(std::chrono::milliseconds(200)), &watchdog, [&](Communicator& comm) {
-    comm.SetTraceLabel("gather blocks.3");
+    comm.recorder().SetLabel("gather blocks.3");
     float x[2] = {1, 2};
     if (comm.rank() == 0) return comm.Broadcast(x, 2, DType::kF32, 0);
     return absl::OkStatus();

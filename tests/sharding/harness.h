@@ -196,8 +196,8 @@ inline Status TrainRank(const RunConfig& c, Communicator& comm, RunResult& resul
     if (span.op != CollectiveOp::kAllGather || comm.rank() != 0) return;
     ++(span.group == "hpz" ? result.secondary_gathers : result.primary_gathers);
   });
-  group.SetSpanSink(gathers);
-  if (secondary) secondary->SetSpanSink(gathers);
+  group.recorder().SetSpanSink(gathers);
+  if (secondary) secondary->recorder().SetSpanSink(gathers);
   const std::vector<int>& units = run.units;
   const int per_rank = kGlobalBatch / c.world;
   const int per_micro = per_rank / c.micro_batches;
@@ -225,8 +225,8 @@ inline Status TrainRank(const RunConfig& c, Communicator& comm, RunResult& resul
       ZR_RETURN_IF_ERROR(state.RefreshComputeCopies());
     }
   }
-  group.SetSpanSink(nullptr);
-  if (secondary) secondary->SetSpanSink(nullptr);
+  group.recorder().SetSpanSink(nullptr);
+  if (secondary) secondary->recorder().SetSpanSink(nullptr);
   if (comm.rank() == 0) {
     result.parameter_peak = tracker.Usage(MemoryTier::kDevice, MemoryCategory::kParameters).peak;
     for (int u : units) {
