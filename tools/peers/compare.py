@@ -49,6 +49,29 @@ def run_json(command, env):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def write_config(folder, name):
+    """The shape's zerort config (ZeRO-0, AdamW, the CPU) in `folder`; returns its path."""
+    layers, d, heads, seq, batch, vocab, _ = SHAPES[name]
+    config = os.path.join(folder, name + ".json")
+    with open(config, "w") as f:
+        json.dump({"train_micro_batch_size_per_gpu": batch,
+                   "zero_optimization": {"stage": 0},
+                   "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.1}},
+                   "model": dict({"n_layer": layers, "n_head": heads, "d_model": d,
+                                  "seq_len": seq, "vocab_size": vocab},
+                                 **({"arch": "llama", "n_kv_head": LLAMA[name][0],
+                                     "intermediate_size": LLAMA[name][1]}
+                                    if name in LLAMA else {})),
+                   "train": {"device": "cpu"}}, f)
+    return config
+
+
+def bench_command(zerort, config, iters):
+    """zerort's full step (forward, backward, AdamW) on `config`, as one JSON line."""
+    return [zerort, "bench", "model", "--config", config, "--cpu", "--iters", str(iters),
+            "--phases", "--json"]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("zerort")
@@ -84,20 +107,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.shapes.split(","):
             layers, d, heads, seq, batch, vocab, iters = SHAPES[name]
-            config = os.path.join(tmp, name + ".json")
-            with open(config, "w") as f:
-                json.dump({"train_micro_batch_size_per_gpu": batch,
-                           "zero_optimization": {"stage": 0},
-                           "optimizer": {"type": "AdamW",
-                                         "params": {"lr": 1e-4, "weight_decay": 0.1}},
-                           "model": dict({"n_layer": layers, "n_head": heads, "d_model": d,
-                                          "seq_len": seq, "vocab_size": vocab},
-                                         **({"arch": "llama", "n_kv_head": LLAMA[name][0],
-                                             "intermediate_size": LLAMA[name][1]}
-                                            if name in LLAMA else {})),
-                           "train": {"device": "cpu"}}, f)
-            zerort = [a.zerort, "bench", "model", "--config", config, "--cpu", "--iters",
-                      str(iters), "--phases", "--json"]
+            zerort = bench_command(a.zerort, write_config(tmp, name), iters)
             peer = [a.python, os.path.join(HERE, "pytorch_gpt.py"), "--layers", str(layers),
                     "--d", str(d), "--heads", str(heads), "--seq", str(seq), "--batch",
                     str(batch), "--vocab", str(vocab), "--iters", str(iters), "--threads",
