@@ -91,10 +91,10 @@ void StepModel::Init() {
          "units below stage3_param_persistence_threshold: padded_numel x compute bytes", gathered);
   }
   if (at.optimizer == Tier::kNvme) {
-    const int64_t chunk = ShardedOptimizer::NvmeChunkNumel(options_, largest_shard);
-    const int64_t bytes = StagingPool::AllocationBytes(
-        std::max(in_.manager.offload.optimizer_buffer_count, 2),
-        static_cast<size_t>(ShardedOptimizer::StagingSetBytes(options_, chunk)));
+    const int64_t chunk = NvmeChunkNumel(options_, largest_shard);
+    const int64_t bytes =
+        StagingPool::AllocationBytes(std::max(in_.manager.offload.optimizer_buffer_count, 2),
+                                     static_cast<size_t>(NvmeStagingSetBytes(options_, chunk)));
     persistent_.push_back(r_.Alloc(Cat::kStaging, bytes, nullptr, host_tier));
     Term(host_tier, Cat::kStaging, "optimizer chunk staging sets (offload_optimizer nvme)",
          "buffer_count x (4 x chunk x 4 B + chunk x compute bytes), chunk <= sub_group_size",

@@ -86,13 +86,13 @@ StatusOr<TensorView> ShardedOptimizer::AddUnit(ShardedUnit& unit, std::span<cons
   return TensorView(const_cast<float*>(initial.data()), DType::kF32, {shard}, Device::Cpu());
 }
 
-int64_t ShardedOptimizer::NvmeChunkNumel(const ShardManagerOptions& o, int64_t largest_shard) {
+int64_t NvmeChunkNumel(const ShardManagerOptions& o, int64_t largest_shard) {
   // sub_group_size 0 (DeepSpeed: a sub-group per parameter): one chunk per unit's shard.
   const int64_t limit = o.offload.sub_group_size == 0 ? largest_shard : o.offload.sub_group_size;
   return RoundUp(std::min(largest_shard, std::max<int64_t>(limit, 1)), kReduceChunk);
 }
 
-int64_t ShardedOptimizer::StagingSetBytes(const ShardManagerOptions& o, int64_t chunk_numel) {
+int64_t NvmeStagingSetBytes(const ShardManagerOptions& o, int64_t chunk_numel) {
   const int64_t csize = static_cast<int64_t>(DTypeSize(o.compute_dtype));
   return 4 * RoundUp(chunk_numel * 4, kPage) + RoundUp(chunk_numel * csize, kPage);
 }
@@ -123,7 +123,7 @@ Status ShardedOptimizer::Finalize() {
   int64_t largest = 0;
   for (const auto& s : units_) largest = std::max(largest, s->unit->layout().shard_numel());
   chunk_numel_ = NvmeChunkNumel(o, largest);
-  const int64_t set_bytes = StagingSetBytes(o, chunk_numel_);
+  const int64_t set_bytes = NvmeStagingSetBytes(o, chunk_numel_);
   StatusOr<std::unique_ptr<StagingPool>> pool =
       StagingPool::Create(*resources_.tiers.host, std::max(o.offload.optimizer_buffer_count, 2),
                           static_cast<size_t>(set_bytes));

@@ -59,6 +59,12 @@ struct OptimizerResources {
   const SpanSink* span = nullptr;  // null or empty: no spans (ShardManager::Resources::span)
 };
 
+// The NVMe tier's pipeline sizes (ShardedOptimizer's, and the memory model's): elements per chunk,
+// given the largest shard, and bytes per staging set (master, two moments, gradient, compute
+// values).
+int64_t NvmeChunkNumel(const ShardManagerOptions& options, int64_t largest_shard);
+int64_t NvmeStagingSetBytes(const ShardManagerOptions& options, int64_t chunk_numel);
+
 class ShardedOptimizer {
  public:
   explicit ShardedOptimizer(const OptimizerResources& resources);
@@ -147,11 +153,6 @@ class ShardedOptimizer {
   Stream* StreamFor(MemoryTier t) const {
     return t == MemoryTier::kDevice ? resources_.compute : nullptr;
   }
-
-  // The NVMe pipeline's sizes (the memory model uses them too): elements per chunk, given the
-  // largest shard, and bytes per staging set (master, two moments, gradient, compute values).
-  static int64_t NvmeChunkNumel(const ShardManagerOptions& options, int64_t largest_shard);
-  static int64_t StagingSetBytes(const ShardManagerOptions& options, int64_t chunk_numel);
 
  private:
   struct UnitState;

@@ -173,9 +173,8 @@ TEST(OffloadParity, TheHostStepBehindTheForwardEqualsTheSynchronousStep) {
 TEST(OffloadParity, SubGroupSizeZeroIsOneChunkPerShard) {
   ShardManagerOptions o;
   o.offload.sub_group_size = 0;
-  EXPECT_EQ(ShardedOptimizer::NvmeChunkNumel(o, 10'000),
-            ShardedOptimizer::NvmeChunkNumel(ShardManagerOptions{}, 10'000));
-  EXPECT_GE(ShardedOptimizer::NvmeChunkNumel(o, 10'000), 10'000);
+  EXPECT_EQ(NvmeChunkNumel(o, 10'000), NvmeChunkNumel(ShardManagerOptions{}, 10'000));
+  EXPECT_GE(NvmeChunkNumel(o, 10'000), 10'000);
   NvmeDir dir;
   RunConfig base{.stage = ZeroStage::k3, .world = 2, .steps = 4};
   const RunResult device = Train(base);
