@@ -58,7 +58,7 @@ void RmsNormBackward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
                      const T* rstd, int64_t rows, int channels) {
   // dx = rstd (dn - n mean(dn n)), with n = x rstd and dn = dy weight; dweight += sum dy n.
   // Either gradient may be null: skipped.
-  if (dinp != nullptr)
+  if (dinp != nullptr) {
     ParallelFor(rows, 4, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const T* x = inp + r * channels;
@@ -71,6 +71,7 @@ void RmsNormBackward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
         for (int c = 0; c < channels; ++c) dx[c] += s * (dy[c] * weight[c] - x[c] * s * dot);
       }
     });
+  }
   if (dweight == nullptr) return;
   // Fixed blocks of rows, summed in order: the same bits at any thread count.
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
