@@ -46,7 +46,11 @@ def run_json(command, env):
     r = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
     if r.returncode != 0:
         sys.exit(f"compare.py: {' '.join(command)} failed ({r.returncode}):\n{r.stderr[-2000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    lines = r.stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, ValueError):
+        sys.exit(f"compare.py: {' '.join(command)} printed no JSON line: {r.stdout[-500:]!r}")
 
 
 def write_config(folder, name):

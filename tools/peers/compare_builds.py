@@ -33,7 +33,8 @@ def main():
     builds = {}
     for arg in a.builds:
         name, sep, path = arg.partition("=")
-        if not sep or not name or not os.access(path, os.X_OK) or name in builds:
+        executable = os.path.isfile(path) and os.access(path, os.X_OK)
+        if not sep or not name or name in builds or not executable:
             p.error(f"'{arg}' is not NAME=ZERORT with a new name and an executable zerort")
         builds[name] = path
     shapes = a.shapes.split(",")
