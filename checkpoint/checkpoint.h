@@ -30,7 +30,10 @@
 // run id) and fsyncs it, then drops the marker; all ranks agree that every write succeeded; rank 0
 // renames step_<N>.tmp to step_<N>, then replaces `latest` by a rename, and removes this run's
 // step directories beyond keep_last_n. A crash at any point leaves the previous checkpoint and
-// `latest` intact; directories without valid metadata (*.tmp) are never loaded.
+// `latest` intact; directories without valid metadata (*.tmp) are never loaded. Whatever a
+// `kill -9` at any instant leaves still says whose it is (a half-written marker, a removal that
+// deletes the marker and metadata last, an empty directory), so the resumed run's next save
+// clears it (checkpoint_save.cc, [Note: a kill at any instant]).
 #pragma once
 
 #include <cstdint>

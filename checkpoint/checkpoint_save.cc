@@ -9,9 +9,12 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <filesystem>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "zerort/checkpoint/checkpoint.h"
 #include "zerort/checkpoint/checkpoint_files.h"
@@ -82,6 +85,34 @@ class SyncedWriter {
 
 // The marker a save puts in its step_<N>.tmp until the metadata (which names the run) is written.
 constexpr char kRunMarker[] = ".zerort-run";
+constexpr char kMetadata[] = "metadata.json";
+
+// [Note: a kill at any instant]
+// `kill -9` can land between any two system calls of a save, and the run's next save (after
+// --resume, with the same run id) must then clear what the killed one left rather than refuse it
+// as somebody else's. Each instant leaves a directory that still says whose it is:
+// - step_<N>.tmp made, its marker not yet created: an empty directory. Nothing is lost by
+//   removing one (rmdir removes only an empty directory), so an empty one is never in the way.
+// - the marker created, its line not yet written in full: a marker without its newline whose
+//   text begins the run's id. Any zerort run's id is 16 hex digits, so for an earlier run (an
+//   empty `run_id` below) the text must be fewer hex digits than that.
+// - a removal half done: RemoveStepDirectory deletes the evidence (metadata.json, the marker)
+//   last, so a half-removed directory is still recognised; only an empty one is left at the end.
+// checkpoint_cli_test.py kills runs at arbitrary moments; CheckpointTest.KilledSavesAreCleared
+// builds each of these leftovers by hand.
+
+// Whether `marker`, the text of a marker file, names run `run_id` (any run when it is empty).
+bool MarkerNamesRun(const std::string& marker, const std::string& run_id) {
+  const size_t newline = marker.find('\n');
+  if (newline != std::string::npos) {
+    return run_id.empty() || marker.substr(0, newline) == run_id;
+  }
+  // Written in part by a save that was killed.
+  if (!run_id.empty()) return run_id.starts_with(marker);
+  return marker.size() < 16 && std::all_of(marker.begin(), marker.end(), [](char c) {
+           return std::isxdigit(static_cast<unsigned char>(c)) != 0;
+         });
+}
 
 // Whether `path` (a step_<N> or step_<N>.tmp directory, not a link) was written by run `run_id`:
 // its marker says so, or its metadata's run_id does.
@@ -92,16 +123,36 @@ bool OwnedByRun(const fs::path& path, const std::string& run_id) {
   if (fs::is_symlink(path, ec) || !fs::is_directory(path, ec)) return false;
   // Read as untrusted files: no link followed, regular files only, bounded.
   if (StatusOr<std::string> marker = ReadSmallFile(path.string(), kRunMarker, 64); marker.ok()) {
-    const std::string id = marker->substr(0, marker->find('\n'));
-    return run_id.empty() || id == run_id;
+    return MarkerNamesRun(*marker, run_id);
   }
-  StatusOr<std::string> text = ReadSmallFile(path.string(), "metadata.json", kMaxMetadataBytes);
+  StatusOr<std::string> text = ReadSmallFile(path.string(), kMetadata, kMaxMetadataBytes);
   if (!text.ok()) return false;
-  StatusOr<nlohmann::json> j = ParseMetadataText(*text, (path / "metadata.json").string());
+  StatusOr<nlohmann::json> j = ParseMetadataText(*text, (path / kMetadata).string());
   if (!j.ok() || !j->contains("format_version")) return false;
   if (run_id.empty()) return true;
   return j->contains("run_id") && (*j)["run_id"].is_string() &&
          (*j)["run_id"].get<std::string>() == run_id;
+}
+
+// An empty directory, not a link: what a save killed right after its mkdir leaves.
+bool EmptyDirectory(const fs::path& path) {
+  std::error_code ec;
+  return !fs::is_symlink(path, ec) && fs::is_directory(path, ec) && fs::is_empty(path, ec) && !ec;
+}
+
+// Removes a step directory that OwnedByRun said is this run's, its evidence last ([Note: a kill
+// at any instant]). Errors are ignored as before: what is left is still recognised next time.
+void RemoveStepDirectory(const fs::path& path) {
+  std::error_code ec;
+  std::vector<fs::path> others;
+  for (const auto& entry : fs::directory_iterator(path, ec)) {
+    const std::string n = entry.path().filename().string();
+    if (n != kMetadata && n != kRunMarker) others.push_back(entry.path());
+  }
+  for (const fs::path& p : others) fs::remove_all(p, ec);
+  fs::remove(path / kMetadata, ec);
+  fs::remove(path / kRunMarker, ec);
+  fs::remove(path, ec);
 }
 
 Status WriteAndSync(const std::string& path, const void* data, size_t bytes) {
@@ -171,9 +222,11 @@ class CheckpointSave {
   Status Agree(const Status& local, std::string_view what) {
     return AgreeOnCheckpoint(m_, world_, local, what);
   }
-  // This run's, or with replace_earlier_runs any zerort run's (never a user's).
+  // This run's, or with replace_earlier_runs any zerort run's (never a user's); an empty
+  // directory holds nothing to lose ([Note: a kill at any instant]).
   bool Replaceable(const std::string& path) const {
-    return OwnedByRun(path, state_.run_id) || (replace_earlier_runs_ && OwnedByRun(path, ""));
+    return EmptyDirectory(path) || OwnedByRun(path, state_.run_id) ||
+           (replace_earlier_runs_ && OwnedByRun(path, ""));
   }
   Status PrepareStepDirectory();
   Status WriteShards(nlohmann::json& described);
@@ -210,9 +263,12 @@ Status CheckpointSave::PrepareStepDirectory() {
                  "what it wrote"));
     }
   }
-  fs::remove_all(tmp_dir_, ec);
-  if (!ec) fs::create_directory(tmp_dir_, ec);
-  if (ec) return absl::InternalError(StrCat("create ", tmp_dir_, ": ", ec.message()));
+  if (fs::exists(fs::symlink_status(tmp_dir_, ec))) RemoveStepDirectory(tmp_dir_);
+  const bool made = fs::create_directory(tmp_dir_, ec);
+  if (ec || !made) {
+    return absl::InternalError(
+        StrCat("create ", tmp_dir_, ": ", ec ? ec.message() : "a leftover could not be removed"));
+  }
   const std::string marker = state_.run_id + "\n";
   return WriteAndSync(tmp_dir_ + "/" + kRunMarker, marker.data(), marker.size());
 }
@@ -324,7 +380,7 @@ Status CheckpointSave::CommitMetadata(const std::vector<std::string>& descriptio
   if (!state_.user.is_null()) meta["user"] = state_.user;
   if (!state_.hf_config.is_null()) meta["hf_config"] = state_.hf_config;
   const std::string text = meta.dump(1);
-  ZR_RETURN_IF_ERROR(WriteAndSync(tmp_dir_ + "/metadata.json", text.data(), text.size()));
+  ZR_RETURN_IF_ERROR(WriteAndSync(tmp_dir_ + "/" + kMetadata, text.data(), text.size()));
   std::error_code ec;
   fs::remove(tmp_dir_ + "/" + kRunMarker, ec);  // the metadata names the run now
   ZR_RETURN_IF_ERROR(SyncDir(tmp_dir_));
@@ -333,7 +389,7 @@ Status CheckpointSave::CommitMetadata(const std::vector<std::string>& descriptio
       return absl::AlreadyExistsError(
           StrCat(final_dir_, " appeared during the save and was not written by this run"));
     }
-    fs::remove_all(final_dir_, ec);
+    RemoveStepDirectory(final_dir_);
   }
   fs::rename(tmp_dir_, final_dir_, ec);
   if (ec) {
@@ -361,7 +417,7 @@ Status CheckpointSave::Rotate() {
     const long long v = std::strtoll(digits.c_str(), &end, 10);
     if (digits.empty() || end == nullptr || *end != '\0' || StrCat(v) != digits) continue;
     if (tmp) {
-      fs::remove_all(entry.path(), ec);
+      RemoveStepDirectory(entry.path());
     } else {
       steps.emplace_back(v, entry.path());
     }
@@ -369,16 +425,16 @@ Status CheckpointSave::Rotate() {
   std::sort(steps.begin(), steps.end(), [](auto& a, auto& b) { return a.first > b.first; });
   for (size_t i = static_cast<size_t>(keep_last_n_); keep_last_n_ > 0 && i < steps.size(); ++i) {
     if (steps[i].second.filename() == name_) continue;
-    fs::remove_all(steps[i].second, ec);
+    RemoveStepDirectory(steps[i].second);
   }
   return absl::OkStatus();
 }
 
 // A failed save removes its own .tmp (rank 0 created it; nothing of it was committed).
 void CheckpointSave::Abort() {
-  if (world_.rank() == 0 && !state_.run_id.empty() && OwnedByRun(tmp_dir_, state_.run_id)) {
-    std::error_code ec;
-    fs::remove_all(tmp_dir_, ec);
+  if (world_.rank() == 0 && !state_.run_id.empty() &&
+      (EmptyDirectory(tmp_dir_) || OwnedByRun(tmp_dir_, state_.run_id))) {
+    RemoveStepDirectory(tmp_dir_);
   }
 }
 

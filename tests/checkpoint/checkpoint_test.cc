@@ -1,6 +1,7 @@
 // Checkpoints through the training engine on loopback ranks: bitwise resumption at the same world
 // size, resumption at another world size and ZeRO stage, keep_last_n, an interrupted save that
-// leaves the previous checkpoint loadable, and truncated or bit-flipped shards refused by name.
+// leaves the previous checkpoint loadable, what a save killed at any instant leaves cleared by the
+// resumed run, and truncated or bit-flipped shards refused by name.
 #include "zerort/checkpoint/checkpoint.h"
 
 #include <gtest/gtest.h>
@@ -119,6 +120,50 @@ TEST(CheckpointTest, IntervalsKeepLastNAndInterruptedSaves) {
   EXPECT_TRUE(s.ok);
   EXPECT_EQ(s.metadata["step"], 8);
   EXPECT_EQ(s.files.size(), 6u);  // 2 ranks x (master, exp_avg, exp_avg_sq)
+}
+
+// [Note: a kill at any instant] (checkpoint_save.cc): each leftover a `kill -9` can leave in the
+// way of a resumed run's saves is cleared by them, and a half-removed old step is rotated away;
+// another run's half-written marker is left alone.
+TEST(CheckpointTest, KilledSavesAreCleared) {
+  const std::string dir = Fresh("killed");
+  RunConfig c = Config(dir, 2, 2, 4);
+  c.checkpoint.interval = 1;
+  c.checkpoint.keep_last_n = 2;
+  ASSERT_TRUE(TrainRanks(c, 2, false).ok());
+  ASSERT_EQ(*LatestCheckpoint(dir), dir + "/step_4");
+  const std::string run_id =
+      nlohmann::json::parse(std::ifstream(dir + "/step_4/metadata.json")).at("run_id");
+  // Killed right after the mkdir of step_5.tmp.
+  fs::create_directory(dir + "/step_5.tmp");
+  // Killed while writing step_6.tmp's marker.
+  fs::create_directory(dir + "/step_6.tmp");
+  std::ofstream(dir + "/step_6.tmp/.zerort-run") << run_id.substr(0, 5);
+  // Killed while rotation removed step_3: its metadata and some shards are left.
+  ASSERT_TRUE(fs::remove(dir + "/step_3/dp1-tp0.master.bin"));
+  // Killed while a save of step 7 again removed the step_7 an earlier save committed.
+  fs::create_directory(dir + "/step_7");
+  fs::copy_file(dir + "/step_4/metadata.json", dir + "/step_7/metadata.json");
+  // Another run's save, killed while writing its marker (the text differs from this run's id).
+  fs::create_directory(dir + "/step_9.tmp");
+  const std::string other = std::string(1, run_id[0] == '0' ? '1' : '0') + "12";
+  std::ofstream(dir + "/step_9.tmp/.zerort-run") << other;
+
+  c.train.steps = 7;
+  const Status resumed = TrainRanks(c, 2, true);
+  ASSERT_TRUE(resumed.ok()) << resumed;
+  EXPECT_EQ(*LatestCheckpoint(dir), dir + "/step_7");
+  const CheckpointSummary s = *InspectCheckpoint(dir + "/step_7");
+  EXPECT_TRUE(s.ok);
+  EXPECT_EQ(s.metadata["step"], 7);
+  EXPECT_EQ(s.files.size(), 6u);
+  EXPECT_TRUE(fs::exists(dir + "/step_6"));
+  for (const char* gone :
+       {"step_3", "step_4", "step_5", "step_5.tmp", "step_6.tmp", "step_7.tmp"}) {
+    EXPECT_FALSE(fs::exists(dir + "/" + gone)) << gone;
+  }
+  std::ifstream marker(dir + "/step_9.tmp/.zerort-run");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(marker), {}), other);
 }
 
 TEST(CheckpointTest, DamagedShardsAreRefusedByName) {

@@ -67,7 +67,9 @@ def wait_until_changed(path, before, proc, what):
         if now and now != before:
             return True
         time.sleep(0.05)
-    check(what, False, f"{path} did not change within 240 s (exit {proc.poll()})")
+    log = getattr(proc, "log", None)
+    said = open(log).read()[-1500:] if log else ""
+    check(what, False, f"{path} did not change within 240 s (exit {proc.poll()}) {said}")
     return False
 
 
@@ -77,8 +79,11 @@ ckpt = os.path.join(tmp, "killed")
 cfg = config("killed.json", 100000, ckpt, checkpoint={"dir": ckpt, "interval": 1,
                                                       "keep_last_n": 2})
 for attempt, delay in enumerate((0.0, 0.37, 0.71)):
-    p = subprocess.Popen([zerort, "train", cfg] + (["--resume"] if attempt else []),
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    log = os.path.join(tmp, f"killed{attempt}.log")
+    with open(log, "w") as err:
+        p = subprocess.Popen([zerort, "train", cfg] + (["--resume"] if attempt else []),
+                             stdout=subprocess.DEVNULL, stderr=err, env=env)
+    p.log = log
     wait_until_changed(os.path.join(ckpt, "latest"), read_or_none(os.path.join(ckpt, "latest")),
                        p, f"run #{attempt + 1} saves a step")
     time.sleep(delay)
