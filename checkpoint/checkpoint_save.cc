@@ -97,9 +97,10 @@ constexpr char kMetadata[] = "metadata.json";
 //   text begins the run's id. Any zerort run's id is 16 hex digits, so for an earlier run (an
 //   empty `run_id` below) the text must be fewer hex digits than that.
 // - a removal half done: RemoveStepDirectory deletes the evidence (metadata.json, the marker)
-//   last, so a half-removed directory is still recognised; only an empty one is left at the end.
-// checkpoint_cli_test.py kills runs at arbitrary moments; CheckpointTest.KilledSavesAreCleared
-// builds each of these leftovers by hand.
+//   last, so a half-removed directory is still recognised; only an empty one is left at the end,
+//   and rotation removes empty step directories.
+// tests/cli/checkpoint_crash_test.py kills a save at each of its system calls in turn and resumes;
+// CheckpointTest.KilledSavesAreCleared builds each of these leftovers by hand.
 
 // Whether `marker`, the text of a marker file, names run `run_id` (any run when it is empty).
 bool MarkerNamesRun(const std::string& marker, const std::string& run_id) {
@@ -404,18 +405,24 @@ Status CheckpointSave::CommitMetadata(const std::vector<std::string>& descriptio
 }
 
 // Rank 0, after the commit: this run's directories only, step_<N> (N as zerort writes it)
-// beyond keep_last_n, and step_<N>.tmp left by an earlier failed save.
+// beyond keep_last_n, and step_<N>.tmp left by an earlier failed save; and any empty
+// step_<N>(.tmp), which holds nothing ([Note: a kill at any instant]).
 Status CheckpointSave::Rotate() {
   std::error_code ec;
   std::vector<std::pair<int64_t, fs::path>> steps;
   for (const auto& entry : fs::directory_iterator(dir_, ec)) {
     const std::string n = entry.path().filename().string();
-    if (n.rfind("step_", 0) != 0 || !OwnedByRun(entry.path(), state_.run_id)) continue;
+    if (n.rfind("step_", 0) != 0) continue;
     const bool tmp = n.ends_with(".tmp");
     const std::string digits = n.substr(5, n.size() - 5 - (tmp ? 4 : 0));
     char* end = nullptr;
     const long long v = std::strtoll(digits.c_str(), &end, 10);
     if (digits.empty() || end == nullptr || *end != '\0' || StrCat(v) != digits) continue;
+    if (EmptyDirectory(entry.path())) {  // the end of a removal a kill cut short
+      fs::remove(entry.path(), ec);
+      continue;
+    }
+    if (!OwnedByRun(entry.path(), state_.run_id)) continue;
     if (tmp) {
       RemoveStepDirectory(entry.path());
     } else {

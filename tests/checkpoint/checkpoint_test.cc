@@ -139,6 +139,8 @@ TEST(CheckpointTest, KilledSavesAreCleared) {
   // Killed while writing step_6.tmp's marker.
   fs::create_directory(dir + "/step_6.tmp");
   std::ofstream(dir + "/step_6.tmp/.zerort-run") << run_id.substr(0, 5);
+  // Killed while rotation removed step_2, at its end: an empty directory.
+  fs::create_directory(dir + "/step_2");
   // Killed while rotation removed step_3: its metadata and some shards are left.
   ASSERT_TRUE(fs::remove(dir + "/step_3/dp1-tp0.master.bin"));
   // Killed while a save of step 7 again removed the step_7 an earlier save committed.
@@ -159,7 +161,7 @@ TEST(CheckpointTest, KilledSavesAreCleared) {
   EXPECT_EQ(s.files.size(), 6u);
   EXPECT_TRUE(fs::exists(dir + "/step_6"));
   for (const char* gone :
-       {"step_3", "step_4", "step_5", "step_5.tmp", "step_6.tmp", "step_7.tmp"}) {
+       {"step_2", "step_3", "step_4", "step_5", "step_5.tmp", "step_6.tmp", "step_7.tmp"}) {
     EXPECT_FALSE(fs::exists(dir + "/" + gone)) << gone;
   }
   std::ifstream marker(dir + "/step_9.tmp/.zerort-run");
