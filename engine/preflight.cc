@@ -227,9 +227,25 @@ Status CheckMemoryFits(const MemoryModelInput& in, const MachineMemory& machine)
     StrAppend(&table, "; the largest term: ", largest->what, " = ", gib(largest->bytes), " (",
               largest->formula, ")");
   }
-  // The layouts of the same run that would fit: ZeRO stage x activation checkpointing.
+  // The layouts of the same run that would fit: ZeRO stage x activation checkpointing. Each is a
+  // replay of the step (seconds for thousands of blocks), and none holds less model state than
+  // this estimate's parameters, gradients and optimizer state sharded over the data ranks: when
+  // even that does not fit, none is tried.
+  std::pair<int64_t, int64_t> least{0, 0};
+  for (MemoryTier tier : {MemoryTier::kDevice, MemoryTier::kPinnedHost, MemoryTier::kHost}) {
+    int64_t state = 0;
+    for (MemoryCategory cat : {MemoryCategory::kParameters, MemoryCategory::kGradients,
+                               MemoryCategory::kOptimizerState}) {
+      state += e.Peak(tier, cat) / std::max(1, in.shard_ranks());
+    }
+    if (tier == MemoryTier::kDevice && cuda) {
+      least.second += state;
+    } else {
+      least.first += state * ranks_here;
+    }
+  }
   std::string fitting;
-  for (int stage = 0; stage <= 3; ++stage) {
+  for (int stage = 0; stage <= 3 && fits(least); ++stage) {
     for (bool checkpointing : {false, true}) {
       MemoryModelInput alt = in;
       alt.manager.stage = static_cast<ZeroStage>(stage);  // invalid with offload: skipped

@@ -293,6 +293,22 @@ for what, model, micro, says in [
     check(f"{what}: refused within seconds", seconds < 10)
     check(f"{what}: nothing saved", not os.path.exists(os.path.join(ckpt, "latest")))
 
+# A model of 16,384 blocks (26 billion parameters, 400 GB of model state) is refused after one
+# replay of its step, not nine: no ZeRO stage can fit it, so the layouts that might are not each
+# replayed (engine/preflight.cc). Its time against `zerort estimate` of the same config (one
+# replay), in the same run: about 1x, and 9x when every layout was replayed.
+cfg = os.path.join(tmp, "deep.json")
+with open(cfg, "w") as f:
+    json.dump(dict(base, model={"n_layer": 16384, "n_head": 4, "d_model": 256, "seq_len": 128,
+                                "vocab_size": 256}, checkpoint={"dir": os.path.join(tmp, "deep")}),
+              f)
+code, _, one_replay = run("estimate", cfg)
+check("a 16,384-block model: estimate runs", code == 0)
+code, err, refused = run("train", cfg)
+check("a 16,384-block model: exit 2", code == 2 and "No ZeRO stage" in err, f"{code} {err[-600:]}")
+check("... refused within 3x one replay's time", refused < 3 * one_replay + 1,
+      f"{refused:.2f} s against {one_replay:.2f} s")
+
 # A metrics file for `zerort plot`: a line nested 100,000 deep or with a 2 MiB string is exit 2
 # naming the file and the line (the last line, cut short by a killed run, alone is skipped).
 good_line = json.dumps({"step": 1, "loss": 5.0})
