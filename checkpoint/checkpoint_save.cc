@@ -94,21 +94,29 @@ constexpr char kMetadata[] = "metadata.json";
 // - step_<N>.tmp made, its marker not yet created: an empty directory. Nothing is lost by
 //   removing one (rmdir removes only an empty directory), so an empty one is never in the way.
 // - the marker created, its line not yet written in full: a marker without its newline whose
-//   text begins the run's id. Any zerort run's id is 16 hex digits, so for an earlier run (an
-//   empty `run_id` below) the text must be fewer hex digits than that.
+//   text begins the run's id, alone in its directory (nothing else is written before it). Any
+//   zerort run's id is 16 hex digits, so for an earlier run (an empty `run_id` below) the text
+//   must be fewer hex digits than that. A cut marker beside anything else is nobody's.
 // - a removal half done: RemoveStepDirectory deletes the evidence (metadata.json, the marker)
 //   last, so a half-removed directory is still recognised; only an empty one is left at the end,
 //   and rotation removes empty step directories.
 // tests/cli/checkpoint_crash_test.py kills a save at each of its system calls in turn and resumes;
 // CheckpointTest.KilledSavesAreCleared builds each of these leftovers by hand.
 
-// Whether `marker`, the text of a marker file, names run `run_id` (any run when it is empty).
-bool MarkerNamesRun(const std::string& marker, const std::string& run_id) {
+// Whether `marker`, the text of directory `dir`'s marker file, names run `run_id` (any run when
+// it is empty).
+bool MarkerNamesRun(const fs::path& dir, const std::string& marker, const std::string& run_id) {
   const size_t newline = marker.find('\n');
   if (newline != std::string::npos) {
     return run_id.empty() || marker.substr(0, newline) == run_id;
   }
-  // Written in part by a save that was killed.
+  // Written in part by a save that was killed: then it is all the directory holds.
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  const fs::directory_iterator end;
+  if (ec || it == end || it->path().filename() != kRunMarker) return false;
+  it.increment(ec);
+  if (ec || it != end) return false;
   if (!run_id.empty()) return run_id.starts_with(marker);
   return marker.size() < 16 && std::all_of(marker.begin(), marker.end(), [](char c) {
            return std::isxdigit(static_cast<unsigned char>(c)) != 0;
@@ -124,7 +132,7 @@ bool OwnedByRun(const fs::path& path, const std::string& run_id) {
   if (fs::is_symlink(path, ec) || !fs::is_directory(path, ec)) return false;
   // Read as untrusted files: no link followed, regular files only, bounded.
   if (StatusOr<std::string> marker = ReadSmallFile(path.string(), kRunMarker, 64); marker.ok()) {
-    return MarkerNamesRun(*marker, run_id);
+    return MarkerNamesRun(path, *marker, run_id);
   }
   StatusOr<std::string> text = ReadSmallFile(path.string(), kMetadata, kMaxMetadataBytes);
   if (!text.ok()) return false;

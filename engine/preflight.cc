@@ -160,12 +160,15 @@ Status CheckMemoryFits(const MemoryModelInput& in, const MachineMemory& machine)
   const bool cuda = machine.cuda;
   const int ranks_here = std::max(1, machine.ranks_on_node);
   // Host bytes this rank's node needs (on the CPU every in-memory tier is host memory) and GPU
-  // bytes this rank needs, from the allocator-level (reserved) peaks.
+  // bytes this rank needs, from one rank's bytes in each tier: `bytes(tier)`.
+  auto on_machine = [&](const auto& bytes) {
+    int64_t host = bytes(MemoryTier::kPinnedHost) + bytes(MemoryTier::kHost);
+    if (!cuda) host += bytes(MemoryTier::kDevice);
+    return std::pair<int64_t, int64_t>{host * ranks_here, cuda ? bytes(MemoryTier::kDevice) : 0};
+  };
+  // From the allocator-level (reserved) peaks.
   auto needs = [&](const MemoryEstimate& e) {
-    int64_t host = e.PeakReserved(MemoryTier::kPinnedHost) + e.PeakReserved(MemoryTier::kHost);
-    if (!cuda) host += e.PeakReserved(MemoryTier::kDevice);
-    return std::pair<int64_t, int64_t>{host * ranks_here,
-                                       cuda ? e.PeakReserved(MemoryTier::kDevice) : 0};
+    return on_machine([&](MemoryTier t) { return e.PeakReserved(t); });
   };
   const HostMemory& host = machine.host;
   const int64_t gpu = machine.gpu_bytes;
@@ -231,19 +234,14 @@ Status CheckMemoryFits(const MemoryModelInput& in, const MachineMemory& machine)
   // replay of the step (seconds for thousands of blocks), and none holds less model state than
   // this estimate's parameters, gradients and optimizer state sharded over the data ranks: when
   // even that does not fit, none is tried.
-  std::pair<int64_t, int64_t> least{0, 0};
-  for (MemoryTier tier : {MemoryTier::kDevice, MemoryTier::kPinnedHost, MemoryTier::kHost}) {
+  const auto least = on_machine([&](MemoryTier t) {
     int64_t state = 0;
     for (MemoryCategory cat : {MemoryCategory::kParameters, MemoryCategory::kGradients,
                                MemoryCategory::kOptimizerState}) {
-      state += e.Peak(tier, cat) / std::max(1, in.shard_ranks());
+      state += e.Peak(t, cat) / std::max(1, in.shard_ranks());
     }
-    if (tier == MemoryTier::kDevice && cuda) {
-      least.second += state;
-    } else {
-      least.first += state * ranks_here;
-    }
-  }
+    return state;
+  });
   std::string fitting;
   for (int stage = 0; stage <= 3 && fits(least); ++stage) {
     for (bool checkpointing : {false, true}) {

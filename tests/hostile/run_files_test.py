@@ -138,6 +138,32 @@ for what, rel in [("step_2.tmp", "step_2.tmp/data"), ("step_2", "step_2/data")]:
           not any(n.endswith(".tmp") for n in os.listdir(c) if n != "step_2.tmp"),
           str(os.listdir(c)))
 
+# 3b. A step_2.tmp whose .zerort-run marker is not one a killed save of this run could leave
+#     ([Note: a kill at any instant], checkpoint_save.cc): a cut (empty) marker beside a user's
+#     file, a FIFO, a directory, 1 MiB of hex digits without a newline. Each is in the way: exit 2
+#     naming it, within seconds (the FIFO is never opened to block), and left as it was.
+for what, make in [
+        ("an empty marker beside a user's file",
+         lambda t: user_files(os.path.dirname(t), {"step_2.tmp/.zerort-run": "",
+                                                   "step_2.tmp/data": "user data"})),
+        ("a FIFO", lambda t: os.mkfifo(os.path.join(t, ".zerort-run"))),
+        ("a directory", lambda t: os.makedirs(os.path.join(t, ".zerort-run"))),
+        ("1 MiB without a newline",
+         lambda t: user_files(os.path.dirname(t), {"step_2.tmp/.zerort-run": "a" * (1 << 20)}))]:
+    c = os.path.join(tmp, "marker_" + what.split()[-1])
+    target = os.path.join(c, "step_2.tmp")
+    os.makedirs(target)
+    make(target)
+    before = sorted(os.listdir(target))
+    start = time.time()
+    r = train(config("inway", c, 3, keep=0))
+    check(f"a step_2.tmp whose marker is {what}: exit 2 naming it",
+          r.returncode == 2 and "step_2.tmp exists and was not written by this run" in r.stderr,
+          f"{r.returncode} {r.stderr[-800:]}")
+    check(f"... within seconds", time.time() - start < 30)
+    after = sorted(os.listdir(target)) if os.path.isdir(target) else "removed"
+    check(f"... left as it was", after == before, str(after))
+
 # 4. A leftover step_3.tmp of this same run (a crashed save) is removed by its next save.
 d = os.path.join(tmp, "leftover")
 r = train(config("leftover", d, 2))
