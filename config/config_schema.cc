@@ -266,14 +266,16 @@ std::vector<ConfigField> BuildTable() {
   t.push_back(Num<int64_t>(m, "head_chunk_rows", ZR_MEMBER(model.head_chunk_rows), 0,
                            double{int64_t{1} << 40},
                            "rows of the head's logits at a time; 0: automatic (2 d_model)"));
-  t.push_back(With(
-      Str(m, "attention_backend", ZR_MEMBER(model.attention_backend), {"flash", "materialised"},
-          "the attention program on CUDA (Megatron's attention_backend): absent: "
-          "zerort's flash kernels for bf16/fp16 at head sizes 64 and 128, else "
-          "materialised; flash: refused where those kernels do not apply; "
-          "materialised: the B x H x T x T probabilities saved (Megatron's "
-          "unfused). The CPU runs flash always"),
-      kOmitUnset));
+  t.push_back(With(Str(m, "attention_backend", ZR_MEMBER(model.attention_backend),
+                       {"flash", "materialised", "cudnn"},
+                       "the attention program on CUDA (Megatron's attention_backend): absent: "
+                       "zerort's flash kernels for bf16/fp16 at head sizes 64 and 128, else "
+                       "materialised; flash: refused where those kernels do not apply; "
+                       "materialised: the B x H x T x T probabilities saved (Megatron's "
+                       "unfused); cudnn: cuDNN's fused flash attention (bf16/fp16, head sizes "
+                       "multiples of 8 up to 128; builds configured with ZR_CUDNN_FRONTEND, "
+                       "libcudnn 9 at run time). The CPU runs flash always"),
+                   kOmitUnset));
   const std::string_view fa = "model.flash_attention";
   t.push_back(With(Num<int>(fa, "forward_block_queries",
                             ZR_MEMBER(model.flash_attention.forward_block_queries), 0, 128,

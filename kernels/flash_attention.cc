@@ -1,9 +1,10 @@
-// CheckFlashAttention, CheckFlashTiles and CheckAttentionBackend (flash_attention.h): what the
-// CUDA flash kernels take, on any build.
+// CheckFlashAttention, CheckFlashTiles, CheckAttentionBackend (flash_attention.h) and
+// CheckCudnnAttention (cudnn_attention.h): what the CUDA attention programs take, on any build.
 #include "zerort/kernels/flash_attention.h"
 
 #include <algorithm>
 
+#include "zerort/kernels/cudnn_attention.h"
 #include "zerort/kernels/flash_backward.h"
 #include "zerort/kernels/flash_forward.h"
 #include "zerort/runtime/strings.h"
@@ -67,8 +68,33 @@ Status CheckFlashTiles(const FlashTiles& t, int head_size) {
   return absl::OkStatus();
 }
 
+Status CheckCudnnAttention(DType dtype, const FlashAttentionShape& s) {
+  if (dtype != DType::kBF16 && dtype != DType::kF16) {
+    return absl::InvalidArgumentError(
+        StrCat("cuDNN's flash attention takes bf16 or fp16, not ", DTypeName(dtype)));
+  }
+  if (s.head_size < 8 || s.head_size > 128 || s.head_size % 8 != 0) {
+    return absl::InvalidArgumentError(StrCat(
+        "cuDNN's flash attention is used at head sizes that are multiples of 8 up to 128, not ",
+        s.head_size));
+  }
+  if (s.batch < 0 || s.seq < 0 || s.heads < 1 || s.kv_heads < 1 || s.heads % s.kv_heads != 0) {
+    return absl::InvalidArgumentError(StrCat("cuDNN attention: batch ", s.batch, ", seq ", s.seq,
+                                             ", ", s.heads, " query heads over ", s.kv_heads,
+                                             " key/value heads is not an attention shape"));
+  }
+  return absl::OkStatus();
+}
+
 Status CheckAttentionBackend(std::optional<AttentionProgram> requested, const FlashTiles& tiles,
                              DType dtype, const FlashAttentionShape& shape) {
+  if (requested == AttentionProgram::kCudnn) {
+    const Status s = CheckCudnnAttention(dtype, shape);
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(
+          StrCat("model.attention_backend = \"cudnn\": ", s.message()));
+    }
+  }
   if (requested == AttentionProgram::kFlash) {
     const Status s = CheckFlashAttention(dtype, shape);
     if (!s.ok()) {
@@ -80,6 +106,11 @@ Status CheckAttentionBackend(std::optional<AttentionProgram> requested, const Fl
   if (tiles == FlashTiles{}) return absl::OkStatus();
   if (AttentionProgramFor(KernelBackend::kCuda, static_cast<int64_t>(DTypeSize(dtype)), shape.batch,
                           shape.heads, shape.head_size, requested) != AttentionProgram::kFlash) {
+    if (requested == AttentionProgram::kCudnn) {
+      return absl::InvalidArgumentError(
+          "model.flash_attention is set, but model.attention_backend = \"cudnn\" runs cuDNN's "
+          "attention: the block shapes are zerort's flash kernels'");
+    }
     return absl::InvalidArgumentError(
         StrCat("model.flash_attention is set, but this run's attention is the materialised "
                "program (",

@@ -30,9 +30,10 @@ Status CheckFlashAttention(DType dtype, const FlashAttentionShape& shape);
 Status CheckFlashTiles(const FlashTiles& tiles, int head_size);
 
 // A run's model.attention_backend and model.flash_attention on CUDA: `requested` flash must be a
-// shape the kernels take, and block shapes other than the defaults need the flash program and a
-// head size that takes them (the errors name the key and why not); unset (nullopt) and
-// materialised always pass with the default tiles.
+// shape the kernels take, cudnn one CheckCudnnAttention takes (kernels/cudnn_attention.h; whether
+// the build has it is CudnnAttentionBuilt's to say), and block shapes other than the defaults
+// need the flash program and a head size that takes them (the errors name the key and why not);
+// unset (nullopt) and materialised always pass with the default tiles.
 Status CheckAttentionBackend(std::optional<AttentionProgram> requested, const FlashTiles& tiles,
                              DType dtype, const FlashAttentionShape& shape);
 

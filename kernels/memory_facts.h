@@ -7,15 +7,20 @@
 // - Which attention program runs (AttentionProgramFor): flash-style on the CPU float and 16-bit
 //   kernels; on CUDA zerort's flash kernels (kernels/flash_attention.h) for bf16/fp16 at head
 //   sizes 64 and 128 with batch x heads within a grid's 65535 rows, else the materialised kernels
-//   (fp32, other head sizes), unless the run asks for one (model.attention_backend; the CPU has
-//   one program each); materialised on the CPU double kernels (the gradient checks' reference).
+//   (fp32, other head sizes), unless the run asks for one (model.attention_backend: flash,
+//   materialised, or cuDNN's fused flash attention where the build has it; the CPU has one
+//   program each); materialised on the CPU double kernels (the gradient checks' reference).
 //   flash_tiles_test holds this choice to CheckFlashAttention's.
-// - The attention's saved tensor (besides qkv and out): a flash program keeps each query's
-//   log-sum-exp of its scores (fp32 [batch, heads, seq]; the seq x seq probabilities never
-//   exist), a materialised one the probabilities (act dtype [batch, heads, seq, seq]).
+// - The attention's saved tensor (besides qkv and out): a flash program (zerort's or cuDNN's)
+//   keeps each query's log-sum-exp of its scores (fp32 [batch, heads, seq]; the seq x seq
+//   probabilities never exist), a materialised one the probabilities (act dtype [batch, heads, seq,
+//   seq]).
 // - The CUDA attention's scratch, allocated in this order on the kernels' stream and freed when
 //   the call returns. Flash: none forward; backward one fp32 workspace, D = dout . out ([batch,
-//   heads, seq]) and the dQ accumulator ([batch, seq, heads x head size]).
+//   heads, seq]) and the dQ accumulator ([batch, seq, heads x head size]). cuDNN: one
+//   workspace each way, a budget its graphs must fit (kCudnnForwardWorkspaceBytes forward;
+//   backward the flash one's with the sequence rounded up to 128, plus that): a graph that asks
+//   for more fails the call naming both (kernels/cudnn_attention.h).
 //   Materialised: forward q, k, v ([batch, heads, seq, head size] each) and the scores
 //   [batch, heads, seq, seq]; backward q, k, v, dy, the scores' gradient, then dk. The CPU
 //   kernels allocate none.
@@ -47,9 +52,13 @@ inline constexpr int64_t kCudaLtWorkspaceBytes = int64_t{32} << 20;  // cuBLASLt
 inline constexpr int64_t kCudaLossLedgerBytes = 256;
 inline constexpr int64_t kCudaModelWorkspaceBytes = kCudaLtWorkspaceBytes + kCudaLossLedgerBytes;
 
-// The attention programs: flash (tiled, online softmax, the log-sum-exp saved) or materialised
-// (the seq x seq probabilities saved).
-enum class AttentionProgram { kFlash, kMaterialised };
+// The attention programs: flash (zerort's: tiled, online softmax, the log-sum-exp saved),
+// materialised (the seq x seq probabilities saved), or cuDNN's fused flash attention (its SDPA
+// graphs; the same log-sum-exp saved; CUDA builds configured with ZR_CUDNN_FRONTEND only).
+enum class AttentionProgram { kFlash, kMaterialised, kCudnn };
+
+// cuDNN's forward workspace budget (its Hopper SDPA forward asks for a few bytes or none).
+inline constexpr int64_t kCudnnForwardWorkspaceBytes = int64_t{1} << 20;
 
 // The CUDA flash kernels' block shapes (model.flash_attention), each 0 for the head size's
 // default: the queries a forward block owns (64, or 128 at head size 64: kForwardGroups in
@@ -66,11 +75,12 @@ struct FlashTiles {
   bool operator==(const FlashTiles&) const = default;
 };
 
-// model.attention_backend's values: "flash", "materialised"; nullopt (by shape) when unset (""),
-// and for any other name (the config schema allows only these two).
+// model.attention_backend's values: "flash", "materialised", "cudnn"; nullopt (by shape) when
+// unset (""), and for any other name (the config schema allows only these three).
 inline std::optional<AttentionProgram> AttentionBackendNamed(std::string_view name) {
   if (name == "flash") return AttentionProgram::kFlash;
   if (name == "materialised") return AttentionProgram::kMaterialised;
+  if (name == "cudnn") return AttentionProgram::kCudnn;
   return std::nullopt;
 }
 
@@ -96,7 +106,7 @@ inline AttentionProgram AttentionProgramFor(KernelBackend backend, int64_t act_s
 
 inline int64_t AttentionSavedBytes(AttentionProgram program, int batch, int seq, int heads,
                                    int64_t act_size) {
-  if (program == AttentionProgram::kFlash) return int64_t{batch} * heads * seq * 4;
+  if (program != AttentionProgram::kMaterialised) return int64_t{batch} * heads * seq * 4;
   return int64_t{batch} * heads * seq * seq * act_size;
 }
 
@@ -110,6 +120,12 @@ inline std::vector<int64_t> AttentionScratchBytes(KernelBackend backend, Attenti
     if (!backward) return {};
     // One fp32 workspace: D = dout . out per query, then the dQ accumulator (out's shape).
     return {(int64_t{batch} * heads * seq + int64_t{batch} * seq * channels) * 4};
+  }
+  if (program == AttentionProgram::kCudnn) {
+    if (!backward) return {kCudnnForwardWorkspaceBytes};
+    const int64_t padded = (int64_t{seq} + 127) / 128 * 128;
+    return {(int64_t{batch} * heads * padded + int64_t{batch} * padded * channels) * 4 +
+            kCudnnForwardWorkspaceBytes};
   }
   const int64_t n = int64_t{batch} * seq * channels * act_size;
   const int64_t scores = int64_t{batch} * heads * seq * seq * act_size;

@@ -6,7 +6,8 @@
 // the forward. On the CPU: the float kernels' flash attention (what training runs) against
 // model_ops.h's reference. On CUDA (--device cuda, bf16): zerort's flash kernels
 // (kernels/flash_attention.h) against the model's materialised CUDA attention, timed with CUDA
-// events.
+// events; and cuDNN's flash attention beside them where the build has it and libcudnn loads
+// (kernels/cudnn_attention.h).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include "bench_stats.h"
 #include "commands.h"
 #include "nlohmann/json.hpp"
+#include "zerort/kernels/cudnn_attention.h"
 #include "zerort/kernels/flash_attention.h"
 #include "zerort/kernels/memory_facts.h"
 #include "zerort/kernels/model_kernels.h"
@@ -40,8 +42,9 @@ double Seconds(const std::function<void()>& f) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// A flash pass with block shapes other than the defaults (kernels/memory_facts.h's FlashTiles):
-// its name in the table, its JSON keys' stem (flash_forward_128q_s, ..._tflops), what it is.
+// A flash pass other than zerort's default (kernels/memory_facts.h's FlashTiles, or cuDNN's
+// attention): its name in the table, its JSON keys' stem (flash_forward_128q_s, ..._tflops),
+// what it is.
 struct TileVariant {
   std::string name, key, what;
   bool backward = false;
@@ -54,7 +57,7 @@ struct Paths {
   std::string device, where, dtype, baseline;
   std::function<void()> flash_forward, flash_backward, ref_forward, ref_backward;
   // CUDA at head size 64: the flash kernels' other block shapes (model.flash_attention), timed
-  // beside the defaults.
+  // beside the defaults; cuDNN's attention at any head size, where built and loadable.
   std::vector<TileVariant> variants;
   std::function<double(const std::function<void()>&)> time = Seconds;
   double worst = 0;  // the largest |flash out - materialised out|, over each flash forward
@@ -154,7 +157,9 @@ StatusOr<Paths> CudaPaths(const BenchAttentionOptions& o, int kv) {
     std::unique_ptr<Stream> stream;
     std::unique_ptr<ModelKernels> k;
     std::unique_ptr<StreamMark> begin, end;
-    Buffer qkv, dout, out, lse, workspace, dqkv, ref_out, saved, ref_dqkv;
+    std::unique_ptr<internal::CudnnAttention> cudnn;
+    Buffer qkv, dout, out, lse, workspace, dqkv, ref_out, saved, ref_dqkv, cudnn_fwd_ws,
+        cudnn_bwd_ws;
     ~State() {
       if (stream) (void)stream->Synchronize();
     }
@@ -232,6 +237,36 @@ StatusOr<Paths> CudaPaths(const BenchAttentionOptions& o, int kv) {
         {"bwd 128k c32", "flash_backward_128k_c32",
          "backward_block_keys 128, backward_query_chunk 32", true, flash_backward({0, 128, 32})},
     };
+  }
+  // cuDNN's attention (model.attention_backend "cudnn"), with the workspaces the memory plan
+  // gives it; where it is not built or libcudnn does not load, the table says so and goes on.
+  if (const Status built = internal::CudnnAttentionBuilt(); !built.ok()) {
+    Logger()->info("bench attention: no cuDNN row: {}", built.message());
+  } else if (StatusOr<std::unique_ptr<internal::CudnnAttention>> made =
+                 internal::CudnnAttention::Create(*s->stream);
+             !made.ok()) {
+    Logger()->warn("bench attention: no cuDNN row: {}", made.status().message());
+  } else {
+    s->cudnn = *std::move(made);
+    const std::vector<int64_t> fwd =
+        AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kCudnn, false, o.batch, o.seq,
+                              channels, o.heads, 2);
+    const std::vector<int64_t> bwd = AttentionScratchBytes(
+        KernelBackend::kCuda, AttentionProgram::kCudnn, true, o.batch, o.seq, channels, o.heads, 2);
+    ZR_RETURN_IF_ERROR(alloc(&s->cudnn_fwd_ws, fwd.at(0)));
+    ZR_RETURN_IF_ERROR(alloc(&s->cudnn_bwd_ws, bwd.at(0)));
+    p.variants.push_back(
+        {"cudnn", "cudnn_forward", "cuDNN's SDPA, model.attention_backend cudnn", false, [=] {
+           ZR_CHECK_OK(x->cudnn->Forward(DType::kBF16, shape, x->out.data(), x->lse.as<float>(),
+                                         x->qkv.data(), x->cudnn_fwd_ws.data(),
+                                         x->cudnn_fwd_ws.bytes()));
+         }});
+    p.variants.push_back(
+        {"cudnn bwd", "cudnn_backward", "cuDNN's SDPA backward", true, [=] {
+           ZR_CHECK_OK(x->cudnn->Backward(DType::kBF16, shape, x->dqkv.data(), x->dout.data(),
+                                          x->qkv.data(), x->out.data(), x->lse.as<float>(),
+                                          x->cudnn_bwd_ws.data(), x->cudnn_bwd_ws.bytes()));
+         }});
   }
   p.ref_forward = [=, &o] {
     ZR_CHECK_OK(x->k->Attention(x->ref_out.data(), x->saved.data(), x->qkv.data(), o.batch, o.seq,

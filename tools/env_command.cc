@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "nlohmann/json.hpp"
 #include "zerort/kernels/blas.h"
+#include "zerort/kernels/cudnn_attention.h"
 #include "zerort/kernels/openmp_waits.h"
 #include "zerort/runtime/build_info.h"
 #include "zerort/runtime/device.h"
@@ -102,6 +103,7 @@ int RunEnv(const EnvOptions& options, const LaunchEnv& launch, int* argc, char**
         {"cuda_architectures", build.cuda ? build.cuda_architectures : ""},
         {"mpi", build.mpi},
         {"nccl", build.nccl},
+        {"cudnn_attention", internal::CudnnAttentionBuilt().ok()},
         {"sanitizers", build.sanitizers}}},
       {"cuda",
        {{"runtime", CudaVersionString(cuda.runtime_version)},
@@ -130,9 +132,11 @@ int RunEnv(const EnvOptions& options, const LaunchEnv& launch, int* argc, char**
   }
   std::printf("zerort %s (%s, %s)\n", build.version.c_str(), build.build_type.c_str(),
               build.compiler.c_str());
-  std::printf("%-10s cuda=%s%s mpi=%s nccl=%s sanitizers=%s\n", "build:", build.cuda ? "on" : "off",
+  std::printf("%-10s cuda=%s%s mpi=%s nccl=%s cudnn-attention=%s sanitizers=%s\n",
+              "build:", build.cuda ? "on" : "off",
               build.cuda ? (" (sm " + build.cuda_architectures + ")").c_str() : "",
               build.mpi ? "on" : "off", build.nccl ? "on" : "off",
+              internal::CudnnAttentionBuilt().ok() ? "on" : "off",
               build.sanitizers.empty() ? "none" : build.sanitizers.c_str());
   std::printf("%-10s runtime %s, driver %s%s%s\n",
               "CUDA:", CudaVersionString(cuda.runtime_version).c_str(),

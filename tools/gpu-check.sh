@@ -121,6 +121,10 @@ else
 fi
 nvidia-smi >"$logs/nvidia-smi.txt" 2>&1 || true
 zr="$build/tools/zerort"
+# Whether this build has cuDNN's attention (CMake's ZR_CUDNN_FRONTEND; model.attention_backend
+# cudnn): the bench and peers sections then time it beside zerort's flash kernels.
+cudnn_attention=$("$zr" env --json 2>/dev/null | python3 -c \
+  'import json,sys; print(int(json.load(sys.stdin)["build"].get("cudnn_attention", False)))' 2>/dev/null || echo 0)
 "$zr" env >"$logs/env.txt" 2>&1; grep -E '^(build|CUDA|device|NCCL|MPI):' "$logs/env.txt"
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -242,11 +246,13 @@ if want bench; then
   if ((bench_model == 0)); then cat "$logs/bench-model-gpt2.json"; else rc=1; fi
   # Where the step's time goes (issue 48's timeline), GPT-2 124M at micro-batch 8 x 1024: each
   # kernel call of one micro-batch timed with CUDA events, by kind and GEMM shape, the gaps between
-  # calls, and the launch census; with the materialised attention (the "before") and zerort's flash
-  # kernels.
+  # calls, and the launch census; with the materialised attention (the "before"), zerort's flash
+  # kernels, and cuDNN's where the build has it.
   # (Skipped when the plain run above hung: the same program would hang twice more.)
   ((bench_model == 124)) && step "timelines skipped: bench model hung"
-  for backend in materialised flash; do
+  backends=(materialised flash)
+  ((cudnn_attention)) && backends+=(cudnn)
+  for backend in "${backends[@]}"; do
     ((bench_model == 124)) && break
     # (model.flash_attention's keys are refused with the materialised program: not passed to it.)
     [[ $backend == flash ]] && tsets=("${sets[@]}") || tsets=()
@@ -293,6 +299,14 @@ if want peers; then
       --config "$root/configs/gpt2-124m-bf16-zero3.json" "${sets[@]}" --set zero_optimization.stage=0 \
       --json "$logs/side-by-side-zero0.json" >"$logs/side-by-side-zero0.txt" 2>&1 || rc=1
     tail -4 "$logs/side-by-side.txt"; tail -1 "$logs/side-by-side-zero0.txt"
+    # With cuDNN's attention, where the build has it (model.flash_attention's keys, zerort's
+    # kernels' block shapes, are refused with it: not passed).
+    if ((cudnn_attention)); then
+      guard 150 side-by-side-cudnn python3 "$root/tools/peers/llmc_side_by_side.py" --zerort "$zr" --work /tmp/gpu-check-sbs-cudnn \
+        --config "$root/configs/gpt2-124m-bf16-zero3.json" --set model.attention_backend=cudnn \
+        --json "$logs/side-by-side-cudnn.json" >"$logs/side-by-side-cudnn.txt" 2>&1 || rc=1
+      tail -1 "$logs/side-by-side-cudnn.txt"
+    fi
   else
     step "side-by-side skipped: no llm.c (tools/gpu-pack.sh --llmc DIR, or LLMC=DIR with nvcc)"
   fi
@@ -306,6 +320,12 @@ if want llama; then
     --set logging.metrics_file=/tmp/gpu-check-metrics-llama.jsonl >"$logs/train-llama-1b.log" 2>&1 ||
     rc=1
   grep -E '^step +[0-9]+/' "$logs/train-llama-1b.log" | tail -3
+  if ((cudnn_attention)); then  # the same with cuDNN's attention (6 steps)
+    guard 150 train-llama-1b-cudnn "$zr" train "$root/configs/llama-1b-bf16-zero3.json" --overwrite --set train.steps=6 \
+      --set model.attention_backend=cudnn --set train.eval_interval=6 --set train.eval_windows=1 --set steps_per_print=1 \
+      --set logging.metrics_file=/tmp/gpu-check-metrics-llama-cudnn.jsonl >"$logs/train-llama-1b-cudnn.log" 2>&1 || rc=1
+    grep -E '^step +[0-9]+/' "$logs/train-llama-1b-cudnn.log" | tail -2
+  fi
   save_logs
 fi
 step "done, exit $rc"

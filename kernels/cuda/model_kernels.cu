@@ -30,6 +30,7 @@
 #include "zerort/kernels/cuda/lt_matmul.cuh"
 #include "zerort/kernels/cuda/materialised_attention.cuh"
 #include "zerort/kernels/cuda/model_ops.cuh"
+#include "zerort/kernels/cudnn_attention.h"
 #include "zerort/kernels/flash_attention.h"
 #include "zerort/kernels/gemm_map.h"
 #include "zerort/kernels/model_kernels.h"
@@ -68,6 +69,9 @@ class CudaModelKernels final : public ModelKernels {
     ZR_CUBLAS_RETURN_IF_ERROR(b_.LtCreate(&lt));
     lt_.reset(lt);
     ZR_RETURN_IF_ERROR(materialised_.Init());
+    if (attention_ == AttentionProgram::kCudnn) {  // [Note: the cuDNN attention]
+      ZR_ASSIGN_OR_RETURN(cudnn_, internal::CudnnAttention::Create(stream_));
+    }
     ZR_ASSIGN_OR_RETURN(lt_workspace_, ws_.Allocate(kCudaModelWorkspaceBytes,
                                                     MemoryCategory::kWorkspace, &stream_));
     lt_matmuls_.Bind(lt, lt_workspace_.data(), kLtWorkspace - kLtBiasGradBytes, s());
@@ -315,11 +319,20 @@ class CudaModelKernels final : public ModelKernels {
   }
 
   // The attention program is attention_program()'s: zerort's flash kernels (the log-sum-exp
-  // saved), or the materialised one below (the probabilities saved).
+  // saved), cuDNN's (the same saved), or the materialised one below (the probabilities saved).
   Status Attention(void* out, void* att, const void* qkv, int batch, int seq, int channels,
                    int heads, int kv_heads) override {
     const int hs = channels / heads;
     const AttentionProgram program = attention_program(batch, heads, hs);
+    if (program == AttentionProgram::kCudnn) {
+      const int64_t bytes = AttentionScratchBytes(backend(), program, false, batch, seq, channels,
+                                                  heads, sizeof(T))[0];
+      ZR_ASSIGN_OR_RETURN(Buffer workspace, Scratch(bytes));
+      ZR_RETURN_IF_ERROR(cudnn_->Forward(act_, {batch, seq, heads, kv_heads, hs}, out,
+                                         static_cast<float*>(att), qkv, workspace.data(), bytes));
+      ++launches_["cuDNN attention"];
+      return absl::OkStatus();
+    }
     if (program == AttentionProgram::kFlash) {
       ZR_RETURN_IF_ERROR(
           internal::CudaFlashAttentionForward(act_, {batch, seq, heads, kv_heads, hs}, out,
@@ -330,13 +343,23 @@ class CudaModelKernels final : public ModelKernels {
     return materialised_.Forward(out, att, qkv, batch, seq, channels, heads, kv_heads);
   }
 
-  // Flash: the forward saved the log-sum-exp and the backward reads `out`; materialised: it
-  // saved the probabilities and `out` is not needed.
+  // Flash (zerort's or cuDNN's): the forward saved the log-sum-exp and the backward reads `out`;
+  // materialised: it saved the probabilities and `out` is not needed.
   Status AttentionBackward(void* dqkv, const void* dout, const void* qkv, const void* out,
                            const void* att, int batch, int seq, int channels, int heads,
                            int kv_heads) override {
     const int hs = channels / heads;
     const AttentionProgram program = attention_program(batch, heads, hs);
+    if (program == AttentionProgram::kCudnn) {
+      const int64_t bytes = AttentionScratchBytes(backend(), program, true, batch, seq, channels,
+                                                  heads, sizeof(T))[0];
+      ZR_ASSIGN_OR_RETURN(Buffer workspace, Scratch(bytes));
+      ZR_RETURN_IF_ERROR(cudnn_->Backward(act_, {batch, seq, heads, kv_heads, hs}, dqkv, dout, qkv,
+                                          out, static_cast<const float*>(att), workspace.data(),
+                                          bytes));
+      ++launches_["cuDNN attention backward"];
+      return absl::OkStatus();
+    }
     if (program == AttentionProgram::kFlash) {
       // D = dout . out and the dQ accumulator: kernels/memory_facts.h's AttentionScratchBytes.
       const std::vector<int64_t> bytes =
@@ -577,6 +600,7 @@ class CudaModelKernels final : public ModelKernels {
   std::unordered_map<const char*, int64_t> launches_;
   const LaunchContext ctx_{stream_, ws_, launches_};
   MaterialisedAttention<T> materialised_;  // kernels/cuda/materialised_attention.cuh
+  std::unique_ptr<internal::CudnnAttention> cudnn_;  // model.attention_backend "cudnn" only
 };
 
 template <typename T, typename G>

@@ -261,6 +261,26 @@ r = run("estimate", gpt2_with("tiles-hs128", {"backward_block_keys": 128}, n_hea
 check("a block shape this head size does not take (head size 128): exit 2 naming it",
       r.returncode == 2 and "model.flash_attention.backward_block_keys = 128 at head size 128"
       in r.stderr, r.stderr[-500:])
+# model.attention_backend = cudnn (cuDNN's flash attention, in builds given cudnn-frontend): an
+# estimate for a GPU takes it in any build (it plans the log-sum-exps zerort's flash saves, and
+# cuDNN's workspace budgets), refuses what cuDNN is not used for (fp32) and block shapes (which
+# are zerort's kernels'), each by name.
+r = run("estimate", gpt2_with("cudnn", {}, attention_backend="cudnn"), "--device", "cuda")
+check("estimate --device cuda with model.attention_backend cudnn: exit 0", r.returncode == 0,
+      r.stderr[-500:])
+r = run("estimate", gpt2_with("cudnn-tiles", {"backward_block_keys": 128},
+                              attention_backend="cudnn"), "--device", "cuda")
+check("... with model.flash_attention's block shapes: exit 2 saying they are zerort's kernels'",
+      r.returncode == 2 and 'model.attention_backend = "cudnn" runs cuDNN\'s attention' in r.stderr,
+      r.stderr[-500:])
+cudnn_fp32 = os.path.join(tmp, "cudnn-fp32.json")
+with open(cudnn_fp32, "w") as f:
+    json.dump({"model": {"preset": "tiny", "attention_backend": "cudnn"},
+               "train_micro_batch_size_per_gpu": 2}, f)
+r = run("estimate", cudnn_fp32, "--device", "cuda")
+check("... in fp32: exit 2 naming the key and the formats cuDNN's attention takes",
+      r.returncode == 2 and 'model.attention_backend = "cudnn": cuDNN\'s flash attention takes '
+      "bf16 or fp16, not f32" in r.stderr, r.stderr[-500:])
 # Hostile values of the section and its keys: each refused, exit 2, naming the key and why.
 for name, tiles, said in [
         ("tiles-string", {"forward_block_queries": "128"}, "expected an integer, got a string"),

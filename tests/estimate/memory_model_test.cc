@@ -565,6 +565,33 @@ TEST(MemoryModelTest, TheFlashBlockShapesChangeNoByte) {
       << hs128;
 }
 
+// cuDNN's attention saves what zerort's flash saves (the log-sum-exps), and its workspaces are
+// the budgets kernels/memory_facts.h gives it (1 MiB forward; the flash backward's, the sequence
+// rounded up to 128, plus 1 MiB): the same activations, the workspace's peak the larger budget.
+TEST(MemoryModelTest, TheCudnnAttentionSavesWhatFlashSaves) {
+  MemoryModelInput in = Gpt2Bf16Zero3OnCuda(8);
+  in.attention = AttentionProgram::kFlash;
+  const MemoryEstimate flash = *EstimateMemory(in);
+  in.attention = AttentionProgram::kCudnn;
+  const MemoryEstimate cudnn = *EstimateMemory(in);
+  EXPECT_EQ(cudnn.Peak(MemoryTier::kDevice, MemoryCategory::kActivations),
+            flash.Peak(MemoryTier::kDevice, MemoryCategory::kActivations));
+  // GPT-2 at 8 x 1024: 12 heads, d 768; the sequence is already a multiple of 128.
+  const int64_t flash_ws = (int64_t{8} * 12 * 1024 + int64_t{8} * 1024 * 768) * 4;
+  EXPECT_EQ(cudnn.Peak(MemoryTier::kDevice, MemoryCategory::kWorkspace) -
+                flash.Peak(MemoryTier::kDevice, MemoryCategory::kWorkspace),
+            kCudnnForwardWorkspaceBytes);
+  EXPECT_EQ(AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kCudnn, true, 8, 1024,
+                                  768, 12, 2),
+            std::vector<int64_t>{flash_ws + kCudnnForwardWorkspaceBytes});
+  EXPECT_EQ(AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kCudnn, true, 1, 100, 128,
+                                  2, 2),
+            std::vector<int64_t>{(2 * 128 + 128 * 128) * 4 + kCudnnForwardWorkspaceBytes});
+  EXPECT_TRUE(
+      AttentionScratchBytes(KernelBackend::kCpu, AttentionProgram::kCudnn, true, 1, 100, 128, 2, 2)
+          .empty());
+}
+
 // [Note: the host step behind the forward]: on a GPU with the optimizer on the host, the forward
 // after a deferred step prefetches at most one unit beyond those completed, so the replayed
 // forward holds fewer gathered weights than the same run with the overlap off (DeepSpeed's

@@ -2,12 +2,14 @@
 // the reason when no GPU is present): the cases flash_tiles_test.cc runs through the CPU
 // executor, here through the CUDA kernels (the PTX warp instructions, real lanes and warps),
 // against the same double reference and tolerances; shapes the kernels do not take are refused by
-// name.
+// name. cuDNN's attention (model.attention_backend "cudnn") against the same reference, where the
+// build has it and libcudnn loads.
 #include <string>
 #include <utility>
 
 #include "gtest/gtest.h"
 #include "tests/kernels/flash_harness.h"
+#include "zerort/kernels/cudnn_attention.h"
 #include "zerort/kernels/flash_attention.h"
 #include "zerort/runtime/allocator.h"
 
@@ -87,6 +89,58 @@ TEST(FlashAttentionCudaTest, ForwardAndBackwardAgainstTheDoubleReference) {
       ExpectFlashMatchesReference(in, got);
     }
   }
+}
+
+// cuDNN's SDPA graphs on the same cases, through the workspaces the memory plan gives them
+// (kernels/memory_facts.h), dqkv starting as the harness's poison: every element written.
+TEST(FlashAttentionCudaTest, CudnnAgainstTheDoubleReference) {
+  ZR_NEED_GPU();
+  if (const Status built = internal::CudnnAttentionBuilt(); !built.ok()) {
+    GTEST_SKIP() << built.message();
+  }
+  Gpu g;
+  StatusOr<std::unique_ptr<internal::CudnnAttention>> made =
+      internal::CudnnAttention::Create(*g.stream);
+  if (!made.ok() && made.status().code() == absl::StatusCode::kUnimplemented) {
+    GTEST_SKIP() << made.status().message();  // libcudnn 9 not on this machine
+  }
+  ASSERT_TRUE(made.ok()) << made.status();
+  internal::CudnnAttention& cudnn = **made;
+  for (const FlashCase& c : FlashCases()) {
+    const FlashInputs in = MakeFlashInputs(c);
+    const DType dtype = c.bf16 ? DType::kBF16 : DType::kF16;
+    const internal::FlashAttentionShape shape{c.batch, c.seq, c.heads, c.kv_heads, c.hs};
+    FlashOutputs got{.out = std::vector<uint16_t>(in.out_size()), .dqkv = in.dqkv};
+    got.lse.assign(in.stat_size(), 0.0f);
+    const void* qkv = g.Up(in.qkv);
+    const void* dout = g.Up(in.dout);
+    void* dqkv = g.Up(in.dqkv);
+    void* out = g.Alloc(got.out.size() * 2);
+    auto* lse = static_cast<float*>(g.Alloc(got.lse.size() * 4));
+    auto budget = [&](bool backward) {
+      return AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kCudnn, backward,
+                                   c.batch, c.seq, c.heads * c.hs, c.heads, 2)
+          .at(0);
+    };
+    const int64_t fwd = budget(false), bwd = budget(true);
+    void* fwd_ws = g.Alloc(fwd);
+    void* bwd_ws = g.Alloc(bwd);
+    const Status forward = cudnn.Forward(dtype, shape, out, lse, qkv, fwd_ws, fwd);
+    ASSERT_TRUE(forward.ok()) << forward;
+    const Status backward = cudnn.Backward(dtype, shape, dqkv, dout, qkv, out, lse, bwd_ws, bwd);
+    ASSERT_TRUE(backward.ok()) << backward;
+    g.Down(&got.out, out);
+    g.Down(&got.dqkv, dqkv);
+    g.Down(&got.lse, lse);
+    ExpectFlashMatchesReference(in, got, 1e-4);
+  }
+  // What it does not take, by name, before any graph is built.
+  const Status fp32 =
+      cudnn.Forward(DType::kF32, {1, 8, 2, 2, 64}, nullptr, nullptr, nullptr, nullptr, 0);
+  EXPECT_EQ(fp32.code(), absl::StatusCode::kInvalidArgument) << fp32;
+  const Status hs =
+      cudnn.Forward(DType::kBF16, {1, 8, 2, 2, 160}, nullptr, nullptr, nullptr, nullptr, 0);
+  EXPECT_NE(hs.message().find("160"), std::string_view::npos) << hs;
 }
 
 TEST(FlashAttentionCudaTest, RefusesWhatItDoesNotTake) {

@@ -9,6 +9,7 @@
 // (flash_attention_cuda_test.cc runs the same cases there).
 #include "tests/kernels/flash_harness.h"
 #include "zerort/kernels/cpu/fast_ops.h"
+#include "zerort/kernels/cudnn_attention.h"
 #include "zerort/kernels/flash_attention.h"
 #include "zerort/kernels/memory_facts.h"
 #include "zerort/kernels/model_kernels.h"
@@ -158,6 +159,44 @@ TEST(FlashTilesTest, TheProgramsCheckTheirShapes) {
   EXPECT_TRUE(
       CheckAttentionBackend(AttentionProgram::kMaterialised, {}, DType::kF32, {1, 8, 2, 2, 96})
           .ok());
+  // cuDNN's attention: 16-bit, head sizes multiples of 8 up to 128, grouped heads; its own
+  // messages name the key; model.flash_attention's block shapes are zerort's kernels', refused.
+  EXPECT_TRUE(
+      CheckAttentionBackend(AttentionProgram::kCudnn, {}, DType::kBF16, {1, 8, 4, 2, 96}).ok());
+  EXPECT_TRUE(
+      CheckAttentionBackend(AttentionProgram::kCudnn, {}, DType::kF16, {1, 8, 2, 2, 128}).ok());
+  for (const auto& [dtype, shape, message] :
+       {std::tuple<DType, internal::FlashAttentionShape, const char*>{
+            DType::kF32, {1, 8, 2, 2, 64}, "takes bf16 or fp16, not f32"},
+        {DType::kBF16, {1, 8, 2, 2, 100}, "multiples of 8 up to 128, not 100"},
+        {DType::kBF16, {1, 8, 2, 2, 256}, "multiples of 8 up to 128, not 256"},
+        {DType::kBF16, {1, 8, 3, 2, 64}, "3 query heads over 2 key/value heads"}}) {
+    const Status s = CheckAttentionBackend(AttentionProgram::kCudnn, {}, dtype, shape);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(std::string("model.attention_backend = \"cudnn\": ")),
+              std::string_view::npos)
+        << s;
+    EXPECT_NE(s.message().find(message), std::string_view::npos) << s;
+  }
+  const Status tiles =
+      CheckAttentionBackend(AttentionProgram::kCudnn, {0, 128, 0}, DType::kBF16, {1, 8, 2, 2, 64});
+  EXPECT_NE(tiles.message().find("model.flash_attention is set, but model.attention_backend = "
+                                 "\"cudnn\" runs cuDNN's attention"),
+            std::string_view::npos)
+      << tiles;
+}
+
+// A build without cudnn-frontend says how to build the cuDNN attention (the run's setup and
+// `bench attention` ask before they use it).
+TEST(FlashTilesTest, AMissingCudnnAttentionSaysHowToBuildIt) {
+  const Status built = internal::CudnnAttentionBuilt();
+  if (built.ok()) GTEST_SKIP() << "this build has cuDNN's attention";
+  EXPECT_EQ(built.code(), absl::StatusCode::kUnimplemented) << built;
+  EXPECT_NE(built.message().find("model.attention_backend = \"cudnn\": this zerort was built "
+                                 "without cuDNN's attention (configure a CUDA build with "
+                                 "-DZR_CUDNN_FRONTEND=DIR"),
+            std::string_view::npos)
+      << built;
 }
 
 // model.flash_attention: each block shape the kernels are built with passes at its head size, and
@@ -240,6 +279,12 @@ TEST(FlashTilesTest, TheMemoryModelChoosesWhatTheKernelsTake) {
   EXPECT_EQ(AttentionBackendNamed(""), std::nullopt);
   EXPECT_EQ(AttentionBackendNamed("flash"), AttentionProgram::kFlash);
   EXPECT_EQ(AttentionBackendNamed("materialised"), AttentionProgram::kMaterialised);
+  EXPECT_EQ(AttentionBackendNamed("cudnn"), AttentionProgram::kCudnn);
+  EXPECT_EQ(AttentionProgramFor(KernelBackend::kCuda, 2, 8, 12, 64, AttentionProgram::kCudnn),
+            AttentionProgram::kCudnn);
+  EXPECT_EQ(AttentionProgramFor(KernelBackend::kCpu, 2, 8, 12, 64, AttentionProgram::kCudnn),
+            AttentionProgram::kFlash);
+  EXPECT_EQ(AttentionSavedBytes(AttentionProgram::kCudnn, 8, 1024, 12, 2), 8 * 12 * 1024 * 4);
   EXPECT_EQ(AttentionProgramFor(KernelBackend::kCpuDouble, 8, 1, 1, 64),
             AttentionProgram::kMaterialised);
   // Flash keeps a log-sum-exp per query and, on CUDA, its backward's fp32 workspace holds D per

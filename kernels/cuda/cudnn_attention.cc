@@ -1,0 +1,267 @@
+// cuDNN's fused flash attention through cudnn-frontend ([Note: the cuDNN attention] in
+// kernels/cudnn_attention.h). Compiled only when CMake is given the frontend's folder.
+#include "zerort/kernels/cudnn_attention.h"
+
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <cudnn_frontend.h>
+
+#include <cmath>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+
+#include "zerort/kernels/memory_facts.h"
+#include "zerort/runtime/strings.h"
+
+// The frontend's dynamic loading (NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING) calls cuDNN through the
+// library this handle holds; CudnnAttention::Create opens it.
+namespace cudnn_frontend {
+void* cudnn_dlhandle = nullptr;
+}  // namespace cudnn_frontend
+
+namespace zerort::internal {
+namespace fe = cudnn_frontend;
+
+Status CudnnAttentionBuilt() { return absl::OkStatus(); }
+
+namespace {
+
+// The tensors' ids in a graph's variant pack.
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+
+Status FrontendError(const fe::error_object& e, std::string_view what) {
+  return absl::InternalError(StrCat("cuDNN attention: ", what, ": ", e.err_msg));
+}
+#define ZR_FE_RETURN_IF_ERROR(expr, what)                        \
+  do {                                                           \
+    const fe::error_object zr_fe_e = (expr);                     \
+    if (!zr_fe_e.is_good()) return FrontendError(zr_fe_e, what); \
+  } while (false)
+
+// Opens libcudnn once per process for the frontend; the error says why it did not load.
+Status LoadCudnn() {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  if (fe::cudnn_dlhandle != nullptr) return absl::OkStatus();
+  dlerror();
+  void* handle = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* error = dlerror();
+    return absl::UnimplementedError(
+        StrCat("model.attention_backend = \"cudnn\": libcudnn.so.9 does not load here (",
+               error != nullptr ? error : "unknown", "); install cuDNN 9 or choose \"flash\""));
+  }
+  fe::cudnn_dlhandle = handle;
+  return absl::OkStatus();
+}
+
+fe::DataType_t FeType(DType dtype) {
+  return dtype == DType::kBF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
+}
+
+// Q, K and V as views of qkv [batch, seq, (heads + 2 kv_heads) hs]; out, dout [batch, seq, heads
+// hs]; the statistics [batch, heads, seq] (fp32): dims [b, h, s, d] and their strides.
+struct Views {
+  std::vector<int64_t> q_dim, kv_dim, q_stride, kv_stride, o_stride, stat_dim, stat_stride;
+  int64_t k_offset = 0, v_offset = 0;  // elements into a qkv row
+};
+Views ViewsOf(const FlashAttentionShape& s) {
+  const int64_t b = s.batch, t = s.seq, h = s.heads, kv = s.kv_heads, d = s.head_size;
+  const int64_t row = (h + 2 * kv) * d;
+  Views v;
+  v.q_dim = {b, h, t, d};
+  v.kv_dim = {b, kv, t, d};
+  v.q_stride = {t * row, d, row, 1};
+  v.kv_stride = v.q_stride;
+  v.o_stride = {t * h * d, d, h * d, 1};
+  v.stat_dim = {b, h, t, 1};
+  v.stat_stride = {h * t, t, 1, 1};
+  v.k_offset = h * d;
+  v.v_offset = (h + kv) * d;
+  return v;
+}
+
+std::shared_ptr<fe::graph::Tensor_attributes> Input(fe::graph::Graph& g, const char* name, Uid uid,
+                                                    const std::vector<int64_t>& dim,
+                                                    const std::vector<int64_t>& stride) {
+  return g.tensor(
+      fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dim).set_stride(stride));
+}
+
+class CudnnAttentionImpl final : public CudnnAttention {
+ public:
+  CudnnAttentionImpl(cudnnHandle_t handle) : handle_(handle) {}
+  ~CudnnAttentionImpl() override {
+    graphs_.clear();
+    fe::detail::destroy_handle(handle_);
+  }
+
+  Status Forward(DType dtype, const FlashAttentionShape& s, void* out, float* lse, const void* qkv,
+                 void* workspace, int64_t workspace_bytes) override {
+    ZR_RETURN_IF_ERROR(CheckCudnnAttention(dtype, s));
+    if (s.batch == 0 || s.seq == 0) return absl::OkStatus();
+    ZR_ASSIGN_OR_RETURN(fe::graph::Graph * g, GraphFor(false, dtype, s));
+    ZR_RETURN_IF_ERROR(CheckWorkspace(*g, workspace_bytes, "forward"));
+    const Views v = ViewsOf(s);
+    auto* base = static_cast<std::byte*>(const_cast<void*>(qkv));
+    const size_t e = DTypeSize(dtype);
+    std::unordered_map<int64_t, void*> pack = {{kQ, base},
+                                               {kK, base + v.k_offset * e},
+                                               {kV, base + v.v_offset * e},
+                                               {kO, out},
+                                               {kStats, lse}};
+    return Execute(*g, pack, workspace, "forward");
+  }
+
+  Status Backward(DType dtype, const FlashAttentionShape& s, void* dqkv, const void* dout,
+                  const void* qkv, const void* out, const float* lse, void* workspace,
+                  int64_t workspace_bytes) override {
+    ZR_RETURN_IF_ERROR(CheckCudnnAttention(dtype, s));
+    if (s.batch == 0 || s.seq == 0) return absl::OkStatus();
+    ZR_ASSIGN_OR_RETURN(fe::graph::Graph * g, GraphFor(true, dtype, s));
+    ZR_RETURN_IF_ERROR(CheckWorkspace(*g, workspace_bytes, "backward"));
+    const Views v = ViewsOf(s);
+    auto* in = static_cast<std::byte*>(const_cast<void*>(qkv));
+    auto* d = static_cast<std::byte*>(dqkv);
+    const size_t e = DTypeSize(dtype);
+    std::unordered_map<int64_t, void*> pack = {{kQ, in},
+                                               {kK, in + v.k_offset * e},
+                                               {kV, in + v.v_offset * e},
+                                               {kO, const_cast<void*>(out)},
+                                               {kDO, const_cast<void*>(dout)},
+                                               {kStats, const_cast<float*>(lse)},
+                                               {kDQ, d},
+                                               {kDK, d + v.k_offset * e},
+                                               {kDV, d + v.v_offset * e}};
+    return Execute(*g, pack, workspace, "backward");
+  }
+
+ private:
+  using Key = std::tuple<bool, DType, int, int, int, int, int>;
+
+  Status CheckWorkspace(const fe::graph::Graph& g, int64_t budget, const char* way) const {
+    int64_t asked = 0;
+    ZR_FE_RETURN_IF_ERROR(g.get_workspace_size(asked), "workspace size");
+    if (asked > budget) {
+      return absl::ResourceExhaustedError(
+          StrCat("cuDNN attention ", way, " asks for ", asked,
+                 " bytes of workspace, more than the ", budget,
+                 " the memory plan gives it (kernels/memory_facts.h's AttentionScratchBytes); "
+                 "model.attention_backend \"flash\" runs zerort's kernels instead"));
+    }
+    return absl::OkStatus();
+  }
+
+  Status Execute(const fe::graph::Graph& g, std::unordered_map<int64_t, void*>& pack,
+                 void* workspace, const char* way) {
+    try {
+      ZR_FE_RETURN_IF_ERROR(g.execute(handle_, pack, workspace), way);
+    } catch (const std::exception& ex) {
+      return absl::InternalError(StrCat("cuDNN attention ", way, ": ", ex.what()));
+    }
+    return absl::OkStatus();
+  }
+
+  // The graph for this direction, element type and shape: built on first use, then kept.
+  StatusOr<fe::graph::Graph*> GraphFor(bool backward, DType dtype, const FlashAttentionShape& s) {
+    const Key key{backward, dtype, s.batch, s.seq, s.heads, s.kv_heads, s.head_size};
+    auto it = graphs_.find(key);
+    if (it != graphs_.end()) return it->second.get();
+    auto g = std::make_unique<fe::graph::Graph>();
+    try {
+      ZR_RETURN_IF_ERROR(Build(*g, backward, dtype, s));
+    } catch (const std::exception& ex) {
+      return absl::InternalError(StrCat("cuDNN attention: building its ",
+                                        backward ? "backward" : "forward", " graph: ", ex.what()));
+    }
+    fe::graph::Graph* raw = g.get();
+    graphs_.emplace(key, std::move(g));
+    return raw;
+  }
+
+  Status Build(fe::graph::Graph& g, bool backward, DType dtype, const FlashAttentionShape& s) {
+    const Views v = ViewsOf(s);
+    g.set_io_data_type(FeType(dtype))
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    auto q = Input(g, "Q", kQ, v.q_dim, v.q_stride);
+    auto k = Input(g, "K", kK, v.kv_dim, v.kv_stride);
+    auto val = Input(g, "V", kV, v.kv_dim, v.kv_stride);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_size));
+    if (!backward) {
+      auto options = fe::graph::SDPA_attributes()
+                         .set_name("zerort_attention")
+                         .set_generate_stats(true)
+                         .set_attn_scale(scale)
+                         .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                         .set_diagonal_band_right_bound(0);
+      auto [o, stats] = g.sdpa(q, k, val, options);
+      o->set_output(true).set_uid(kO).set_dim(v.q_dim).set_stride(v.o_stride);
+      stats->set_output(true)
+          .set_uid(kStats)
+          .set_data_type(fe::DataType_t::FLOAT)
+          .set_dim(v.stat_dim)
+          .set_stride(v.stat_stride);
+    } else {
+      auto o = Input(g, "O", kO, v.q_dim, v.o_stride);
+      auto d_o = Input(g, "dO", kDO, v.q_dim, v.o_stride);
+      auto stats = g.tensor(fe::graph::Tensor_attributes()
+                                .set_name("Stats")
+                                .set_uid(kStats)
+                                .set_dim(v.stat_dim)
+                                .set_stride(v.stat_stride)
+                                .set_data_type(fe::DataType_t::FLOAT));
+      auto options = fe::graph::SDPA_backward_attributes()
+                         .set_name("zerort_attention_backward")
+                         .set_attn_scale(scale)
+                         .set_deterministic_algorithm(false)
+                         .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                         .set_diagonal_band_right_bound(0);
+      auto [dq, dk, dv] = g.sdpa_backward(q, k, val, o, d_o, stats, options);
+      dq->set_output(true).set_uid(kDQ).set_dim(v.q_dim).set_stride(v.q_stride);
+      dk->set_output(true).set_uid(kDK).set_dim(v.kv_dim).set_stride(v.kv_stride);
+      dv->set_output(true).set_uid(kDV).set_dim(v.kv_dim).set_stride(v.kv_stride);
+    }
+    ZR_FE_RETURN_IF_ERROR(g.validate(), "validate");
+    ZR_FE_RETURN_IF_ERROR(g.build_operation_graph(handle_), "operation graph");
+    ZR_FE_RETURN_IF_ERROR(g.create_execution_plans({fe::HeurMode_t::A}), "execution plans");
+    ZR_FE_RETURN_IF_ERROR(g.check_support(handle_), "support (this GPU, cuDNN version or shape)");
+    ZR_FE_RETURN_IF_ERROR(g.build_plans(handle_), "plans");
+    return absl::OkStatus();
+  }
+
+  cudnnHandle_t handle_;
+  std::map<Key, std::unique_ptr<fe::graph::Graph>> graphs_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(Stream& stream) {
+  ZR_RETURN_IF_ERROR(LoadCudnn());
+  cudnnHandle_t handle = nullptr;
+  try {
+    const cudnnStatus_t made = fe::detail::create_handle(&handle);
+    if (made != CUDNN_STATUS_SUCCESS) {
+      return absl::UnimplementedError(
+          StrCat("model.attention_backend = \"cudnn\": cudnnCreate failed: ",
+                 fe::detail::get_error_string(made)));
+    }
+    const cudnnStatus_t bound =
+        fe::detail::set_stream(handle, static_cast<cudaStream_t>(stream.native_handle()));
+    if (bound != CUDNN_STATUS_SUCCESS) {
+      fe::detail::destroy_handle(handle);
+      return absl::InternalError(
+          StrCat("cuDNN attention: cudnnSetStream: ", fe::detail::get_error_string(bound)));
+    }
+  } catch (const std::exception& ex) {
+    return absl::UnimplementedError(
+        StrCat("model.attention_backend = \"cudnn\": cuDNN did not start here: ", ex.what()));
+  }
+  return std::unique_ptr<CudnnAttention>(std::make_unique<CudnnAttentionImpl>(handle));
+}
+
+}  // namespace zerort::internal
