@@ -67,6 +67,12 @@ if [[ -n $llmc ]]; then
     { tail -30 "$stage/peers/build.log"; exit 1; }
   cp "$scratch/train_gpt2cu" "$stage/peers/train_gpt2cu"
   if [[ -d $llmc/../cudnn-frontend ]]; then
+    # zerort's own cuDNN attention (model.attention_backend cudnn) is built from the same headers
+    # when the build was configured with them.
+    if ! grep -q '^ZR_CUDNN_FRONTEND:PATH=..*' "$build/CMakeCache.txt" 2>/dev/null; then
+      echo "gpu-pack: $build has no cuDNN attention; for it: cmake -B $build" \
+        "-DZR_CUDNN_FRONTEND=$(cd "$llmc/../cudnn-frontend" && pwd), rebuild, pack again"
+    fi
     rm -f "$scratch/train_gpt2cu" && ln -s "$(cd "$llmc/../cudnn-frontend" && pwd)" "$scratch/cudnn-frontend"
     if make -C "$scratch" train_gpt2cu USE_CUDNN=1 "${flags[@]}" \
       NVCC_LDLIBS="-lnvrtc -L/usr/local/cuda/lib64/stubs -lcuda" >>"$stage/peers/build.log" 2>&1; then
