@@ -370,7 +370,7 @@ void StepModel::MicroBatch() {
   }
   // The head's forward opens the tied unit (or an untied head's) for the backward: each chunk of
   // rows goes through the logits, the cross-entropy and both gradients at once
-  // (DecoderModel::HeadForward).
+  // (DecoderStages::HeadForward).
   r_.SetPhase(Replay::kBackward);
   const int head = st_.head >= 0 ? st_.head : emb;
   if (st_.last) {
@@ -395,7 +395,7 @@ void StepModel::MicroBatch() {
     r_.Free(logits);
     if (!st_.first || st_.head >= 0) Close(head, true);
   }
-  // The backward's scratch (DecoderModel::EnsureBackwardScratch): the forward's goes first.
+  // The backward's scratch (DecoderStages::EnsureBackwardScratch): the forward's goes first.
   for (auto& h : seq) r_.Free(h);
   for (const decoder::ScratchBuffer& b : decoder::BackwardScratchPlan(g, act, grad, st_.last)) {
     alloc(ws, Cat::kWorkspace, b.bytes);

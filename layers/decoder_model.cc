@@ -1,6 +1,6 @@
-// DecoderModel: the model on its weight store, forward/backward over ModelKernels in stage calls
-// (its parameter list, initialisation and sampling are decoder_params.cc; whole-model passes
-// decoder_model_passes.cc).
+// DecoderModel::Create (the model's units on its weight store) and DecoderStages: forward and
+// backward over ModelKernels in stage calls (the parameter list, initialisation and sampling are
+// decoder_params.cc; DecoderModel's whole-model passes decoder_model_passes.cc).
 #include "zerort/layers/decoder_model.h"
 
 #include <algorithm>
@@ -27,9 +27,11 @@ constexpr int64_t kHeadChunkPerChannel = 2;
 
 }  // namespace
 
-DecoderModel::DecoderModel(const DecoderModelOptions& options, WeightStore& store,
-                           ModelKernels& kernels, Allocator& activations)
+DecoderStages::DecoderStages(const DecoderModelOptions& options, WeightStore& store,
+                             ModelKernels& kernels, Allocator& activations)
     : options_(options), store_(store), kernels_(kernels), activations_(activations) {}
+
+DecoderModel::DecoderModel(std::unique_ptr<DecoderStages> stages) : stages_(std::move(stages)) {}
 
 DecoderModel::~DecoderModel() = default;
 
@@ -89,7 +91,7 @@ StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(const DecoderModelO
   ZR_ASSIGN_OR_RETURN(
       std::vector<DecoderUnit> units,
       DecoderUnits(options.config, options.tp.size(), options.tp.rank(), options.vocab_multiple));
-  std::unique_ptr<DecoderModel> model(new DecoderModel(options, store, kernels, activations));
+  std::unique_ptr<DecoderStages> model(new DecoderStages(options, store, kernels, activations));
   model->block_unit_.assign(L, -1);
   int next = 0;
   const bool tied_head = options.config.tied();
@@ -114,18 +116,19 @@ StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(const DecoderModelO
       model->head_unit_ = next++;
     }
   }
-  return model;
+  return std::unique_ptr<DecoderModel>(new DecoderModel(std::move(model)));
 }
 
 std::vector<int> DecoderModel::UnitPositions() const {
-  const int L = options_.config.n_layer;
+  const DecoderStages& s = *stages_;
+  const int L = s.options_.config.n_layer;
   std::vector<int> positions(static_cast<size_t>(L + 3), -1);
-  if (embedding_unit_ >= 0) positions[embedding_unit_] = 0;
+  if (s.embedding_unit_ >= 0) positions[s.embedding_unit_] = 0;
   for (int l = 0; l < L; ++l) {
-    if (block_unit_[l] >= 0) positions[block_unit_[l]] = 1 + l;
+    if (s.block_unit_[l] >= 0) positions[s.block_unit_[l]] = 1 + l;
   }
-  if (norm_unit_ >= 0) positions[norm_unit_] = L + 1;
-  if (head_unit_ >= 0) positions[head_unit_] = L + 2;
+  if (s.norm_unit_ >= 0) positions[s.norm_unit_] = L + 1;
+  if (s.head_unit_ >= 0) positions[s.head_unit_] = L + 2;
   while (!positions.empty() && positions.back() < 0) positions.pop_back();
   return positions;
 }
@@ -187,7 +190,7 @@ std::string_view MicroBatchPhaseName(MicroBatchPhase p) {
 
 // One micro-batch on this rank: its activations (kept from its forward to its backward), the
 // tied head's weights while they are open, and the backward's scratch.
-struct DecoderModel::MicroBatch {
+struct DecoderStages::MicroBatch {
   MicroBatch(const Geometry& g, const TpContext& tp) : g(g), tp(tp) {}
   Geometry g;
   TpContext tp;
@@ -260,11 +263,11 @@ struct DecoderModel::MicroBatch {
   }
 };
 
-void DecoderModel::MicroBatchDeleter::operator()(MicroBatch* mb) const { delete mb; }
+void DecoderStages::MicroBatchDeleter::operator()(MicroBatch* mb) const { delete mb; }
 
-StatusOr<DecoderModel::MicroBatchPtr> DecoderModel::Begin(std::span<const int32_t> tokens,
-                                                          std::span<const int32_t> targets,
-                                                          int batch, int seq, bool train) {
+StatusOr<DecoderStages::MicroBatchPtr> DecoderStages::Begin(std::span<const int32_t> tokens,
+                                                            std::span<const int32_t> targets,
+                                                            int batch, int seq, bool train) {
   const DecoderConfig& cfg = options_.config;
   if (batch < 1 || batch > options_.micro_batch || seq < 1 || seq > cfg.seq_len) {
     return absl::InvalidArgumentError(StrCat("batch x seq = ", batch, " x ", seq, " is outside 1..",
@@ -316,7 +319,7 @@ StatusOr<DecoderModel::MicroBatchPtr> DecoderModel::Begin(std::span<const int32_
   return mb;
 }
 
-Status DecoderModel::EmbedForward(MicroBatch& mb) {
+Status DecoderStages::EmbedForward(MicroBatch& mb) {
   const ScopedSeconds timed(&phase_seconds_.forward);
   // The vocabulary-parallel embedding: each rank looks up the tokens of its rows of wte (zeros
   // for the others), rank 0 adds the positions, and the sum over the group (reduced to this
@@ -355,7 +358,7 @@ Status CheckBlocks(const DecoderStagePart& part, int n_layer, int first, int las
 }
 }  // namespace
 
-Status DecoderModel::BlocksForward(MicroBatch& mb, int first, int last) {
+Status DecoderStages::BlocksForward(MicroBatch& mb, int first, int last) {
   const ScopedSeconds timed(&phase_seconds_.forward);
   ZR_RETURN_IF_ERROR(CheckBlocks(options_.stage, options_.config.n_layer, first, last));
   ZR_RETURN_IF_ERROR(mb.Need("BlocksForward", MicroBatchPhase::kForward));
@@ -371,11 +374,11 @@ Status DecoderModel::BlocksForward(MicroBatch& mb, int first, int last) {
   return absl::OkStatus();
 }
 
-void* DecoderModel::BlockInput(MicroBatch& mb, int block) { return mb.block_out.at(block).data(); }
+void* DecoderStages::BlockInput(MicroBatch& mb, int block) { return mb.block_out.at(block).data(); }
 
-int64_t DecoderModel::BoundaryElements(const MicroBatch& mb) const { return mb.g.rows_l * mb.g.d; }
+int64_t DecoderStages::BoundaryElements(const MicroBatch& mb) const { return mb.g.rows_l * mb.g.d; }
 
-DType DecoderModel::BoundaryDType() const {
+DType DecoderStages::BoundaryDType() const {
   const std::optional<DType> act = kernels_.act_dtype();
   ZR_CHECK(act.has_value()) << "a pipeline boundary of fp64 kernels (Create refuses them)";
   return *act;
@@ -394,8 +397,8 @@ int64_t HeadChunkRows(int64_t configured, int64_t rows, int d_model) {
   return (rows + count - 1) / count;
 }
 
-StatusOr<double> DecoderModel::HeadForward(MicroBatch& mb, float loss_scale,
-                                           std::vector<double>* logits, int64_t logits_from_row) {
+StatusOr<double> DecoderStages::HeadForward(MicroBatch& mb, float loss_scale,
+                                            std::vector<double>* logits, int64_t logits_from_row) {
   const ScopedSeconds timed(&phase_seconds_.forward);
   if (logits_from_row < 0 || logits_from_row >= mb.g.rows) {
     return absl::InvalidArgumentError(
@@ -498,7 +501,7 @@ StatusOr<double> DecoderModel::HeadForward(MicroBatch& mb, float loss_scale,
   return loss;
 }
 
-Status DecoderModel::HeadBackward(MicroBatch& mb) {
+Status DecoderStages::HeadBackward(MicroBatch& mb) {
   const ScopedSeconds timed(&phase_seconds_.backward);
   ZR_RETURN_IF_ERROR(mb.Need("HeadBackward", MicroBatchPhase::kHeadBackward));
   mb.phase = MicroBatchPhase::kBackward;
@@ -522,7 +525,7 @@ Status DecoderModel::HeadBackward(MicroBatch& mb) {
   return store_.Close(norm_unit);
 }
 
-Status DecoderModel::EnsureBackwardScratch(MicroBatch& mb) {
+Status DecoderStages::EnsureBackwardScratch(MicroBatch& mb) {
   BackwardScratch& s = mb.s;
   if (s.dres) return absl::OkStatus();
   const Geometry& g = mb.g;
@@ -541,8 +544,8 @@ Status DecoderModel::EnsureBackwardScratch(MicroBatch& mb) {
   return absl::OkStatus();
 }
 
-Status DecoderModel::BlocksBackward(MicroBatch& mb, int first, int last, const void* dout,
-                                    void* dx) {
+Status DecoderStages::BlocksBackward(MicroBatch& mb, int first, int last, const void* dout,
+                                     void* dx) {
   const ScopedSeconds timed(&phase_seconds_.backward);
   ZR_RETURN_IF_ERROR(CheckBlocks(options_.stage, options_.config.n_layer, first, last));
   const Geometry& g = mb.g;
@@ -594,7 +597,7 @@ Status DecoderModel::BlocksBackward(MicroBatch& mb, int first, int last, const v
   return absl::OkStatus();
 }
 
-Status DecoderModel::EmbedBackward(MicroBatch& mb) {
+Status DecoderStages::EmbedBackward(MicroBatch& mb) {
   const ScopedSeconds timed(&phase_seconds_.backward);
   ZR_RETURN_IF_ERROR(mb.Need("EmbedBackward", MicroBatchPhase::kBackward));
   if (!options_.stage.first) {
@@ -616,8 +619,8 @@ Status DecoderModel::EmbedBackward(MicroBatch& mb) {
   return store_.Close(embedding_unit_);
 }
 
-Status DecoderModel::CopyLogits(MicroBatch& pass, const Buffer& logits, int64_t rows,
-                                std::vector<double>* out) {
+Status DecoderStages::CopyLogits(MicroBatch& pass, const Buffer& logits, int64_t rows,
+                                 std::vector<double>* out) {
   const DecoderConfig& cfg = options_.config;
   ModelKernels& k = kernels_;
   const int tp = pass.g.t, vocab_local = pass.g.v_l;

@@ -125,58 +125,22 @@ struct SamplingOptions {
 int32_t SampleToken(std::span<const double> logits, const SamplingOptions& options,
                     std::mt19937_64& rng);
 
-class DecoderModel {
- public:
-  // Declares the model's units in `store` (before the store is initialised).
-  static StatusOr<std::unique_ptr<DecoderModel>> Create(const DecoderModelOptions& options,
-                                                        WeightStore& store, ModelKernels& kernels,
-                                                        Allocator& activations);
-  ~DecoderModel();
+class DecoderModel;
 
+// DecoderStages: the model's stage primitives, what a pipeline schedule runs (PipelineExecutor)
+// and what DecoderModel's whole-model passes run in order, with the state they share (this
+// stage's units in the store, the kernels, the activations' allocator, the phase clocks). Made
+// by DecoderModel::Create, reached through DecoderModel::stages().
+class DecoderStages {
+ public:
   const DecoderConfig& config() const { return options_.config; }
   const DecoderModelOptions& options() const { return options_; }
-  // Wall seconds spent in the forward primitives (embedding, blocks, head) and the backward ones
-  // since the last reset, gathers and reductions included (wall_clock_breakdown). On a GPU they are
-  // the host's time to issue the work.
-  struct PhaseSeconds {
-    double forward = 0;
-    double backward = 0;
-  };
-  const PhaseSeconds& phase_seconds() const { return phase_seconds_; }
-  void ResetPhaseSeconds() { phase_seconds_ = {}; }
-  // The model-wide position of each unit this rank holds, in the store's order (embeddings 0,
-  // block l at 1 + l, the final norm at n_layer + 1): a pipeline stage holds some of them.
-  std::vector<int> UnitPositions() const;
 
-  // One micro-batch: tokens and targets are host int32 [batch, seq] with batch <= micro_batch
-  // and seq <= seq_len. Adds the gradient of loss_scale x (mean cross-entropy) into the store's
-  // gradient buffers and returns the mean cross-entropy.
-  StatusOr<double> ForwardBackward(std::span<const int32_t> tokens,
-                                   std::span<const int32_t> targets, int batch, int seq,
-                                   float loss_scale);
-  // With deferred training losses, ForwardBackward (and a training HeadForward) returns 0 and
-  // adds the micro-batch's mean cross-entropy into the kernels' loss ledger in the stream's order
-  // instead of copying its rows' losses to the host, which waits for the stream: a wait per
-  // micro-batch that keeps the host from issuing ahead (on a GPU, a cudaStreamSynchronize
-  // each). TakeTrainingLoss returns the sum since the last call (one wait) and zeroes it; the
-  // sum is bitwise the per-call losses' on the CPU ([Note: the training loss ledger],
-  // kernels/model_kernels.h). Evaluation's losses are read at once either way.
-  void set_defer_training_loss(bool on) { defer_training_loss_ = on; }
-  StatusOr<double> TakeTrainingLoss() { return kernels_.TakeLossLedger(); }
-  // Forward only: the mean cross-entropy.
-  StatusOr<double> Loss(std::span<const int32_t> tokens, std::span<const int32_t> targets,
-                        int batch, int seq);
-  // Forward only: the logits [batch, seq, vocab] as host doubles.
-  StatusOr<std::vector<double>> Logits(std::span<const int32_t> tokens, int batch, int seq);
-  // Continues `prompt` by `new_tokens` tokens (the window slides once it exceeds seq_len).
-  StatusOr<std::vector<int32_t>> Generate(std::vector<int32_t> prompt, int new_tokens,
-                                          const SamplingOptions& sampling);
-
-  // Stage primitives, what a pipeline schedule runs: one micro-batch's activations live in a
-  // MicroBatch from Begin to its last backward (or its head's forward, for evaluation).
-  // ForwardBackward is Begin, EmbedForward, BlocksForward(0, L), HeadForward, HeadBackward,
-  // BlocksBackward(0, L), EmbedBackward. The tied embedding unit is opened by HeadForward and
-  // stays open until EmbedBackward (its gradient has two parts).
+  // One micro-batch's activations live in a MicroBatch from Begin to its last backward (or its
+  // head's forward, for evaluation). DecoderModel::ForwardBackward is Begin, EmbedForward,
+  // BlocksForward(0, L), HeadForward, HeadBackward, BlocksBackward(0, L), EmbedBackward. The
+  // tied embedding unit is opened by HeadForward and stays open until EmbedBackward (its
+  // gradient has two parts).
   struct MicroBatch;
   struct MicroBatchDeleter {
     void operator()(MicroBatch* mb) const;
@@ -210,18 +174,19 @@ class DecoderModel {
   int64_t BoundaryElements(const MicroBatch& mb) const;
   DType BoundaryDType() const;
 
+  // Wall seconds in the forward and backward primitives (DecoderModel::phase_seconds).
+  struct PhaseSeconds {
+    double forward = 0;
+    double backward = 0;
+  };
+
  private:
-  DecoderModel(const DecoderModelOptions& options, WeightStore& store, ModelKernels& kernels,
-               Allocator& activations);
-  // The whole model on one micro-batch through the primitives; returns the mean loss when
-  // targets are given.
-  StatusOr<double> Run(std::span<const int32_t> tokens, std::span<const int32_t> targets, int batch,
-                       int seq, bool train, float loss_scale, std::vector<double>* logits,
-                       int64_t logits_from_row);
+  friend class DecoderModel;  // Create sets the units; the passes read the clocks and the loss
+  DecoderStages(const DecoderModelOptions& options, WeightStore& store, ModelKernels& kernels,
+                Allocator& activations);
   // `rows` rows of logits (this rank's columns, [rows, vocab / tp]) as [rows, vocab] host doubles,
   // gathered from every tensor-parallel rank, padding left out.
   Status CopyLogits(MicroBatch& mb, const Buffer& logits, int64_t rows, std::vector<double>* out);
-
   // The scratch of a micro-batch's backward (HeadBackward's, or the first BlocksBackward's on a
   // stage without the head).
   Status EnsureBackwardScratch(MicroBatch& mb);
@@ -235,6 +200,64 @@ class DecoderModel {
   Allocator& activations_;
   PhaseSeconds phase_seconds_;
   bool defer_training_loss_ = false;
+};
+
+class DecoderModel {
+ public:
+  // Declares the model's units in `store` (before the store is initialised).
+  static StatusOr<std::unique_ptr<DecoderModel>> Create(const DecoderModelOptions& options,
+                                                        WeightStore& store, ModelKernels& kernels,
+                                                        Allocator& activations);
+  ~DecoderModel();
+
+  const DecoderConfig& config() const { return stages_->config(); }
+  const DecoderModelOptions& options() const { return stages_->options(); }
+  // The stage primitives the passes below run in order (a pipeline schedule runs them across
+  // stages).
+  DecoderStages& stages() { return *stages_; }
+  // Wall seconds spent in the forward primitives (embedding, blocks, head) and the backward ones
+  // since the last reset, gathers and reductions included (wall_clock_breakdown). On a GPU they are
+  // the host's time to issue the work.
+  using PhaseSeconds = DecoderStages::PhaseSeconds;
+  const PhaseSeconds& phase_seconds() const { return stages_->phase_seconds_; }
+  void ResetPhaseSeconds() { stages_->phase_seconds_ = {}; }
+  // The model-wide position of each unit this rank holds, in the store's order (embeddings 0,
+  // block l at 1 + l, the final norm at n_layer + 1): a pipeline stage holds some of them.
+  std::vector<int> UnitPositions() const;
+
+  // One micro-batch: tokens and targets are host int32 [batch, seq] with batch <= micro_batch
+  // and seq <= seq_len. Adds the gradient of loss_scale x (mean cross-entropy) into the store's
+  // gradient buffers and returns the mean cross-entropy.
+  StatusOr<double> ForwardBackward(std::span<const int32_t> tokens,
+                                   std::span<const int32_t> targets, int batch, int seq,
+                                   float loss_scale);
+  // With deferred training losses, ForwardBackward (and a training HeadForward) returns 0 and
+  // adds the micro-batch's mean cross-entropy into the kernels' loss ledger in the stream's order
+  // instead of copying its rows' losses to the host, which waits for the stream: a wait per
+  // micro-batch that keeps the host from issuing ahead (on a GPU, a cudaStreamSynchronize
+  // each). TakeTrainingLoss returns the sum since the last call (one wait) and zeroes it; the
+  // sum is bitwise the per-call losses' on the CPU ([Note: the training loss ledger],
+  // kernels/model_kernels.h). Evaluation's losses are read at once either way.
+  void set_defer_training_loss(bool on) { stages_->defer_training_loss_ = on; }
+  StatusOr<double> TakeTrainingLoss() { return stages_->kernels_.TakeLossLedger(); }
+  // Forward only: the mean cross-entropy.
+  StatusOr<double> Loss(std::span<const int32_t> tokens, std::span<const int32_t> targets,
+                        int batch, int seq);
+  // Forward only: the logits [batch, seq, vocab] as host doubles.
+  StatusOr<std::vector<double>> Logits(std::span<const int32_t> tokens, int batch, int seq);
+  // Continues `prompt` by `new_tokens` tokens (the window slides once it exceeds seq_len).
+  StatusOr<std::vector<int32_t>> Generate(std::vector<int32_t> prompt, int new_tokens,
+                                          const SamplingOptions& sampling);
+
+ private:
+  explicit DecoderModel(std::unique_ptr<DecoderStages> stages);
+  // The whole model on one micro-batch through the primitives; returns the mean loss when
+  // targets are given.
+  StatusOr<double> Run(std::span<const int32_t> tokens, std::span<const int32_t> targets, int batch,
+                       int seq, bool train, float loss_scale, std::vector<double>* logits,
+                       int64_t logits_from_row);
+
+  std::unique_ptr<DecoderStages> stages_;
 };
 
 }  // namespace zerort

@@ -1,6 +1,6 @@
 // The decoder's whole-model passes on one process's stage (forward and backward of one
-// micro-batch, the loss, the logits, generation): each runs the per-part calls
-// of decoder_model.cc in order (the pipeline executor runs the same calls across stages).
+// micro-batch, the loss, the logits, generation): each runs DecoderStages' calls
+// (decoder_model.cc) in order (the pipeline executor runs the same calls across stages).
 #include <algorithm>
 #include <random>
 
@@ -12,15 +12,16 @@ StatusOr<double> DecoderModel::Run(std::span<const int32_t> tokens,
                                    std::span<const int32_t> targets, int batch, int seq, bool train,
                                    float loss_scale, std::vector<double>* logits,
                                    int64_t logits_from_row) {
-  ZR_ASSIGN_OR_RETURN(MicroBatchPtr mb, Begin(tokens, targets, batch, seq, train));
-  const int L = options_.config.n_layer;
-  ZR_RETURN_IF_ERROR(EmbedForward(*mb));
-  ZR_RETURN_IF_ERROR(BlocksForward(*mb, 0, L));
-  ZR_ASSIGN_OR_RETURN(double loss, HeadForward(*mb, loss_scale, logits, logits_from_row));
+  DecoderStages& s = *stages_;
+  ZR_ASSIGN_OR_RETURN(DecoderStages::MicroBatchPtr mb, s.Begin(tokens, targets, batch, seq, train));
+  const int L = config().n_layer;
+  ZR_RETURN_IF_ERROR(s.EmbedForward(*mb));
+  ZR_RETURN_IF_ERROR(s.BlocksForward(*mb, 0, L));
+  ZR_ASSIGN_OR_RETURN(double loss, s.HeadForward(*mb, loss_scale, logits, logits_from_row));
   if (!train) return loss;
-  ZR_RETURN_IF_ERROR(HeadBackward(*mb));
-  ZR_RETURN_IF_ERROR(BlocksBackward(*mb, 0, L));
-  ZR_RETURN_IF_ERROR(EmbedBackward(*mb));
+  ZR_RETURN_IF_ERROR(s.HeadBackward(*mb));
+  ZR_RETURN_IF_ERROR(s.BlocksBackward(*mb, 0, L));
+  ZR_RETURN_IF_ERROR(s.EmbedBackward(*mb));
   return loss;
 }
 
@@ -50,7 +51,7 @@ StatusOr<std::vector<int32_t>> DecoderModel::Generate(std::vector<int32_t> promp
   if (new_tokens < 0) return absl::InvalidArgumentError("Generate: new_tokens is negative");
   std::mt19937_64 rng(sampling.seed);
   for (int i = 0; i < new_tokens; ++i) {
-    const int seq = std::min<int>(static_cast<int>(prompt.size()), options_.config.seq_len);
+    const int seq = std::min<int>(static_cast<int>(prompt.size()), config().seq_len);
     std::vector<double> last;  // only the last position is needed
     ZR_RETURN_IF_ERROR(
         Run(std::span(prompt).last(seq), {}, 1, seq, false, 0.0f, &last, seq - 1).status());

@@ -85,7 +85,7 @@ StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(DecoderMode
 
 PipelineExecutor::PipelineExecutor(DecoderModel& model, PipelineStageOptions options,
                                    PipelineLinks links)
-    : model_(model), options_(std::move(options)), links_(std::move(links)) {}
+    : stages_(model.stages()), options_(std::move(options)), links_(std::move(links)) {}
 
 PipelineExecutor::~PipelineExecutor() {
   // A failed step's transfers may still be using its buffers (abandoned_): let them end first.
@@ -114,7 +114,7 @@ struct PipelineExecutor::Step {
   int batch = 0, seq = 0;
   bool train = false;
   float loss_scale = 1.0f;
-  std::vector<DecoderModel::MicroBatchPtr> mbs;
+  std::vector<DecoderStages::MicroBatchPtr> mbs;
   std::map<std::pair<int, int>, Buffer> grad_in;   // received gradients, per (micro-batch, chunk)
   std::map<std::pair<int, int>, Buffer> grad_out;  // computed input gradients, to send
   double loss = 0;
@@ -256,12 +256,12 @@ Status PipelineExecutor::Compute(Step& step, const PipelineAction& a) {
   if (a.op == PipelineOp::kForward) {
     if (!mb) {
       const PipelineData& d = step.data[a.micro_batch];
-      ZR_ASSIGN_OR_RETURN(mb, model_.Begin(d.tokens, d.targets, step.batch, step.seq, step.train));
+      ZR_ASSIGN_OR_RETURN(mb, stages_.Begin(d.tokens, d.targets, step.batch, step.seq, step.train));
     }
-    if (FirstChunk(a.chunk)) ZR_RETURN_IF_ERROR(model_.EmbedForward(*mb));
-    ZR_RETURN_IF_ERROR(model_.BlocksForward(*mb, first, last));
+    if (FirstChunk(a.chunk)) ZR_RETURN_IF_ERROR(stages_.EmbedForward(*mb));
+    ZR_RETURN_IF_ERROR(stages_.BlocksForward(*mb, first, last));
     if (LastChunk(a.chunk)) {
-      ZR_ASSIGN_OR_RETURN(double loss, model_.HeadForward(*mb, step.loss_scale, nullptr));
+      ZR_ASSIGN_OR_RETURN(double loss, stages_.HeadForward(*mb, step.loss_scale, nullptr));
       step.loss += loss;
     }
     // Evaluation: the micro-batch is done here after its last local chunk (and its send).
@@ -270,7 +270,7 @@ Status PipelineExecutor::Compute(Step& step, const PipelineAction& a) {
     }
   } else {
     if (!mb) return absl::InternalError("a backward before its forward");
-    if (LastChunk(a.chunk)) ZR_RETURN_IF_ERROR(model_.HeadBackward(*mb));
+    if (LastChunk(a.chunk)) ZR_RETURN_IF_ERROR(stages_.HeadBackward(*mb));
     const void* dout = nullptr;
     if (!LastChunk(a.chunk)) {
       auto it = step.grad_in.find({a.micro_batch, a.chunk});
@@ -279,16 +279,16 @@ Status PipelineExecutor::Compute(Step& step, const PipelineAction& a) {
     }
     void* dx = nullptr;
     if (!FirstChunk(a.chunk)) {
-      const int64_t n = model_.BoundaryElements(*mb);
+      const int64_t n = stages_.BoundaryElements(*mb);
       ZR_ASSIGN_OR_RETURN(
-          Buffer out, options_.allocator->Allocate(n * DTypeSize(model_.BoundaryDType()),
+          Buffer out, options_.allocator->Allocate(n * DTypeSize(stages_.BoundaryDType()),
                                                    MemoryCategory::kCommBuffers, options_.stream));
       dx = out.data();
       step.grad_out[{a.micro_batch, a.chunk}] = std::move(out);
     }
-    ZR_RETURN_IF_ERROR(model_.BlocksBackward(*mb, first, last, dout, dx));
+    ZR_RETURN_IF_ERROR(stages_.BlocksBackward(*mb, first, last, dout, dx));
     step.grad_in.erase({a.micro_batch, a.chunk});
-    if (FirstChunk(a.chunk)) ZR_RETURN_IF_ERROR(model_.EmbedBackward(*mb));
+    if (FirstChunk(a.chunk)) ZR_RETURN_IF_ERROR(stages_.EmbedBackward(*mb));
     if (a.chunk == 0) mb.reset();  // its last backward on this stage
   }
   if (options_.span) {
@@ -314,7 +314,7 @@ Status PipelineExecutor::Send(Step& step, const PipelineAction& a) {
   const bool forward = a.op == PipelineOp::kSendForward;
   const ChunkAddress to = forward ? NextChunk(options_.shape, options_.stage, a.chunk)
                                   : PreviousChunk(options_.shape, options_.stage, a.chunk);
-  const DType dtype = model_.BoundaryDType();
+  const DType dtype = stages_.BoundaryDType();
   const size_t elem = DTypeSize(dtype);
   // The boundary: the micro-batch's output (a forward), or the input gradient BlocksBackward
   // wrote for this send (a backward: the micro-batch itself may be gone by now).
@@ -327,7 +327,7 @@ Status PipelineExecutor::Send(Step& step, const PipelineAction& a) {
     step.grad_out.erase(it);
   }
   const int64_t n =
-      forward ? model_.BoundaryElements(*mb) : static_cast<int64_t>(gradient.bytes() / elem);
+      forward ? stages_.BoundaryElements(*mb) : static_cast<int64_t>(gradient.bytes() / elem);
   const auto [offset, count] = Slice(n);  // all of it, or this rank's 1/tp (scatter/gather)
   Buffer copy;                            // what the send reads until it completes
   const void* data;                       // this rank's part within it
@@ -335,7 +335,7 @@ Status PipelineExecutor::Send(Step& step, const PipelineAction& a) {
     ZR_ASSIGN_OR_RETURN(copy, options_.allocator->Allocate(
                                   count * elem, MemoryCategory::kCommBuffers, options_.stream));
     const auto* from =
-        static_cast<const std::byte*>(model_.BlockInput(*mb, options_.chunks[a.chunk].second));
+        static_cast<const std::byte*>(stages_.BlockInput(*mb, options_.chunks[a.chunk].second));
     ZR_RETURN_IF_ERROR(CopyBytes(copy.data(), options_.allocator->device(), from + offset * elem,
                                  options_.allocator->device(), count * elem, options_.stream));
     data = copy.data();
@@ -368,7 +368,7 @@ Status PipelineExecutor::Send(Step& step, const PipelineAction& a) {
 
 Status PipelineExecutor::Receive(Step& step, const std::vector<PipelineAction>& batch) {
   const auto t0 = std::chrono::system_clock::now();
-  const DType dtype = model_.BoundaryDType();
+  const DType dtype = stages_.BoundaryDType();
   const size_t elem = DTypeSize(dtype);
   std::map<int, std::vector<P2POp>> ops;                // per stage received from (its link)
   std::map<int, std::vector<std::string>> labels;       // each receive's, in the same order
@@ -381,12 +381,12 @@ Status PipelineExecutor::Receive(Step& step, const std::vector<PipelineAction>& 
     auto& mb = step.mbs[a.micro_batch];
     if (!mb) {
       const PipelineData& d = step.data[a.micro_batch];
-      ZR_ASSIGN_OR_RETURN(mb, model_.Begin(d.tokens, d.targets, step.batch, step.seq, step.train));
+      ZR_ASSIGN_OR_RETURN(mb, stages_.Begin(d.tokens, d.targets, step.batch, step.seq, step.train));
     }
-    const int64_t n = model_.BoundaryElements(*mb);
+    const int64_t n = stages_.BoundaryElements(*mb);
     std::byte* into = nullptr;
     if (forward) {
-      into = static_cast<std::byte*>(model_.BlockInput(*mb, options_.chunks[a.chunk].first));
+      into = static_cast<std::byte*>(stages_.BlockInput(*mb, options_.chunks[a.chunk].first));
     } else {
       ZR_ASSIGN_OR_RETURN(Buffer b, options_.allocator->Allocate(
                                         n * elem, MemoryCategory::kCommBuffers, options_.stream));
@@ -490,34 +490,34 @@ StatusOr<std::vector<int32_t>> PipelineExecutor::Generate(std::vector<int32_t> p
                                                           const SamplingOptions& sampling) {
   if (prompt.empty()) return absl::InvalidArgumentError("Generate: the prompt is empty");
   if (new_tokens < 0) return absl::InvalidArgumentError("Generate: new_tokens is negative");
-  const int seq_len = model_.config().seq_len;
+  const int seq_len = stages_.config().seq_len;
   const int p = options_.shape.stages;
   std::mt19937_64 rng(sampling.seed);
   for (int i = 0; i < new_tokens; ++i) {
     const int seq = std::min<int>(static_cast<int>(prompt.size()), seq_len);
     const std::span<const int32_t> window = std::span(prompt).last(seq);
-    ZR_ASSIGN_OR_RETURN(DecoderModel::MicroBatchPtr mb, model_.Begin(window, {}, 1, seq, false));
+    ZR_ASSIGN_OR_RETURN(DecoderStages::MicroBatchPtr mb, stages_.Begin(window, {}, 1, seq, false));
     int32_t token = 0;
     for (int c = 0; c < options_.shape.virtual_stages; ++c) {
       const auto [first, last] = options_.chunks[c];
-      const DType dtype = model_.BoundaryDType();
-      const int64_t n = model_.BoundaryElements(*mb);
+      const DType dtype = stages_.BoundaryDType();
+      const int64_t n = stages_.BoundaryElements(*mb);
       if (FirstChunk(c)) {
-        ZR_RETURN_IF_ERROR(model_.EmbedForward(*mb));
+        ZR_RETURN_IF_ERROR(stages_.EmbedForward(*mb));
       } else {
         const ChunkAddress from = PreviousChunk(options_.shape, options_.stage, c);
         ZR_RETURN_IF_ERROR(From(from.stage)
-                               ->Recv(model_.BlockInput(*mb, first), n, dtype,
+                               ->Recv(stages_.BlockInput(*mb, first), n, dtype,
                                       PipelineLinks::kSenderRank, options_.stream));
       }
-      ZR_RETURN_IF_ERROR(model_.BlocksForward(*mb, first, last));
+      ZR_RETURN_IF_ERROR(stages_.BlocksForward(*mb, first, last));
       if (LastChunk(c)) {
         std::vector<double> logits;
-        ZR_RETURN_IF_ERROR(model_.HeadForward(*mb, 0.0f, &logits, seq - 1).status());
+        ZR_RETURN_IF_ERROR(stages_.HeadForward(*mb, 0.0f, &logits, seq - 1).status());
         token = SampleToken(logits, sampling, rng);
       } else {
         const ChunkAddress to = NextChunk(options_.shape, options_.stage, c);
-        ZR_RETURN_IF_ERROR(To(to.stage)->Send(model_.BlockInput(*mb, last), n, dtype,
+        ZR_RETURN_IF_ERROR(To(to.stage)->Send(stages_.BlockInput(*mb, last), n, dtype,
                                               PipelineLinks::kReceiverRank, options_.stream));
       }
     }

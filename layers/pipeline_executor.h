@@ -1,6 +1,6 @@
 // PipelineExecutor: runs one pipeline stage of a DecoderModel through a schedule's actions
-// (pipeline_schedule.h). Each micro-batch's activations live in a DecoderModel::MicroBatch from its
-// first forward on this stage to its last backward here; receives are waited for in batches
+// (pipeline_schedule.h). Each micro-batch's activations live in a DecoderStages::MicroBatch from
+// its first forward on this stage to its last backward here; receives are waited for in batches
 // (Communicator::Exchange), sends are posted (Communicator::PostSend) from copies the executor
 // owns until the backend reports them complete, so a MicroBatch can go as soon as its backward
 // ends. Every point-to-point runs under the watchdog's deadline like the collectives. On an
@@ -116,7 +116,7 @@ class PipelineExecutor {
   // 1/tp (scatter/gather): {offset, count}.
   std::pair<int64_t, int64_t> Slice(int64_t n) const;
 
-  DecoderModel& model_;
+  DecoderStages& stages_;  // the model's
   PipelineStageOptions options_;
   PipelineLinks links_;
   // Send copies per link, oldest first, each kept until its send has completed: posted sends

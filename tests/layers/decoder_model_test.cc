@@ -631,7 +631,7 @@ TEST(DecoderModelTest, StagePrimitivesRunInterleavedMicroBatches) {
     TestBatch(7, 2, config.seq_len, config.vocab_size, tb, yb);
     const double la = *whole.model->ForwardBackward(ta, ya, 2, config.seq_len, 1.0f);
     const double lb = *whole.model->ForwardBackward(tb, yb, 2, config.seq_len, 1.0f);
-    DecoderModel& m = *staged.model;
+    DecoderStages& m = staged.model->stages();
     auto a = *m.Begin(ta, ya, 2, config.seq_len, true);
     auto b = *m.Begin(tb, yb, 2, config.seq_len, true);
     // Out of order: each call names the phase it found and the one it needs.
