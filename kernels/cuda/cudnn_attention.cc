@@ -7,6 +7,7 @@
 
 #include <cudnn_frontend.h>
 
+#include <array>
 #include <cmath>
 #include <exception>
 #include <map>
@@ -94,54 +95,60 @@ std::shared_ptr<fe::graph::Tensor_attributes> Input(fe::graph::Graph& g, const c
 
 class CudnnAttentionImpl final : public CudnnAttention {
  public:
-  CudnnAttentionImpl(cudnnHandle_t handle) : handle_(handle) {}
+  explicit CudnnAttentionImpl(cudnnHandle_t handle) : handle_(handle) {}
   ~CudnnAttentionImpl() override {
     graphs_.clear();
-    fe::detail::destroy_handle(handle_);
+    try {  // the frontend's loader throws where a symbol is missing; a destructor must not
+      fe::detail::destroy_handle(handle_);
+    } catch (const std::exception&) {
+    }
   }
 
   Status Forward(DType dtype, const FlashAttentionShape& s, void* out, float* lse, const void* qkv,
                  void* workspace, int64_t workspace_bytes) override {
-    ZR_RETURN_IF_ERROR(CheckCudnnAttention(dtype, s));
-    if (s.batch == 0 || s.seq == 0) return absl::OkStatus();
-    ZR_ASSIGN_OR_RETURN(fe::graph::Graph * g, GraphFor(false, dtype, s));
-    ZR_RETURN_IF_ERROR(CheckWorkspace(*g, workspace_bytes, "forward"));
-    const Views v = ViewsOf(s);
-    auto* base = static_cast<std::byte*>(const_cast<void*>(qkv));
-    const size_t e = DTypeSize(dtype);
-    std::unordered_map<int64_t, void*> pack = {{kQ, base},
-                                               {kK, base + v.k_offset * e},
-                                               {kV, base + v.v_offset * e},
-                                               {kO, out},
-                                               {kStats, lse}};
-    return Execute(*g, pack, workspace, "forward");
+    Pack pack = {{kO, out}, {kStats, lse}};
+    AddQkv(pack, {kQ, kK, kV}, qkv, dtype, s);
+    return Run(false, dtype, s, pack, workspace, workspace_bytes);
   }
 
   Status Backward(DType dtype, const FlashAttentionShape& s, void* dqkv, const void* dout,
                   const void* qkv, const void* out, const float* lse, void* workspace,
                   int64_t workspace_bytes) override {
-    ZR_RETURN_IF_ERROR(CheckCudnnAttention(dtype, s));
-    if (s.batch == 0 || s.seq == 0) return absl::OkStatus();
-    ZR_ASSIGN_OR_RETURN(fe::graph::Graph * g, GraphFor(true, dtype, s));
-    ZR_RETURN_IF_ERROR(CheckWorkspace(*g, workspace_bytes, "backward"));
-    const Views v = ViewsOf(s);
-    auto* in = static_cast<std::byte*>(const_cast<void*>(qkv));
-    auto* d = static_cast<std::byte*>(dqkv);
-    const size_t e = DTypeSize(dtype);
-    std::unordered_map<int64_t, void*> pack = {{kQ, in},
-                                               {kK, in + v.k_offset * e},
-                                               {kV, in + v.v_offset * e},
-                                               {kO, const_cast<void*>(out)},
-                                               {kDO, const_cast<void*>(dout)},
-                                               {kStats, const_cast<float*>(lse)},
-                                               {kDQ, d},
-                                               {kDK, d + v.k_offset * e},
-                                               {kDV, d + v.v_offset * e}};
-    return Execute(*g, pack, workspace, "backward");
+    Pack pack = {{kO, const_cast<void*>(out)},
+                 {kDO, const_cast<void*>(dout)},
+                 {kStats, const_cast<float*>(lse)}};
+    AddQkv(pack, {kQ, kK, kV}, qkv, dtype, s);
+    AddQkv(pack, {kDQ, kDK, kDV}, dqkv, dtype, s);
+    return Run(true, dtype, s, pack, workspace, workspace_bytes);
   }
 
  private:
   using Key = std::tuple<bool, DType, int, int, int, int, int>;
+
+  using Pack = std::unordered_map<int64_t, void*>;
+
+  // The three views of a tensor in qkv's layout (qkv or dqkv) under `uids` (Q's, K's, V's).
+  static void AddQkv(Pack& pack, std::array<Uid, 3> uids, const void* base, DType dtype,
+                     const FlashAttentionShape& s) {
+    const Views v = ViewsOf(s);
+    auto* p = static_cast<std::byte*>(const_cast<void*>(base));
+    const int64_t e = static_cast<int64_t>(DTypeSize(dtype));
+    pack[uids[0]] = p;
+    pack[uids[1]] = p + v.k_offset * e;
+    pack[uids[2]] = p + v.v_offset * e;
+  }
+
+  // Checks the shape, builds (or finds) the direction's graph, checks its workspace against the
+  // budget, and runs it on the handle's stream.
+  Status Run(bool backward, DType dtype, const FlashAttentionShape& s, Pack& pack, void* workspace,
+             int64_t workspace_bytes) {
+    ZR_RETURN_IF_ERROR(CheckCudnnAttention(dtype, s));
+    if (s.batch == 0 || s.seq == 0) return absl::OkStatus();
+    const char* way = backward ? "backward" : "forward";
+    ZR_ASSIGN_OR_RETURN(fe::graph::Graph * g, GraphFor(backward, dtype, s));
+    ZR_RETURN_IF_ERROR(CheckWorkspace(*g, workspace_bytes, way));
+    return Execute(*g, pack, workspace, way);
+  }
 
   Status CheckWorkspace(const fe::graph::Graph& g, int64_t budget, const char* way) const {
     int64_t asked = 0;
@@ -156,8 +163,7 @@ class CudnnAttentionImpl final : public CudnnAttention {
     return absl::OkStatus();
   }
 
-  Status Execute(const fe::graph::Graph& g, std::unordered_map<int64_t, void*>& pack,
-                 void* workspace, const char* way) {
+  Status Execute(const fe::graph::Graph& g, Pack& pack, void* workspace, const char* way) {
     try {
       ZR_FE_RETURN_IF_ERROR(g.execute(handle_, pack, workspace), way);
     } catch (const std::exception& ex) {

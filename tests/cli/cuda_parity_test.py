@@ -108,6 +108,17 @@ CASES = [
                                                  "d_model": 256, "intermediate_size": 688,
                                                  "seq_len": 80}}),
 ]
+# cuDNN's attention (model.attention_backend cudnn), where the build has it: it rounds P and dS for
+# its tensor-core products as FlashAttention-2 does, so the flash cases' tolerances; the CPU runs
+# its flash kernels for the same config.
+env = subprocess.run([zerort, "env", "--json"], capture_output=True, text=True)
+if env.returncode == 0 and json.loads(env.stdout)["build"].get("cudnn_attention"):
+    CASES.append(("bf16-cudnn-hs64", 1, HALF, {"bf16": {"enabled": True}, "model": {
+        "d_model": 128, "seq_len": 80, "attention_backend": "cudnn"}}))
+    CASES.append(("llama-gqa-bf16-cudnn", 1, HALF, {"bf16": {"enabled": True}, "model": {
+        "arch": "llama", "n_head": 4, "n_kv_head": 2, "d_model": 256, "intermediate_size": 688,
+        "seq_len": 80, "attention_backend": "cudnn"}}))
+    FLASH_CASES |= {"bf16-cudnn-hs64", "llama-gqa-bf16-cudnn"}
 if mpiexec:  # two ranks on one GPU: NCCL refuses a duplicate GPU, MPI with host staging runs
     CASES.append(("two-ranks-one-gpu", 2, FP32, {}))
     CASES.append(("two-ranks-llama-bf16-flash", 2, HALF, {
