@@ -72,8 +72,8 @@ struct BackwardScratch {
 
 // [Note: the backward's scratch] What a micro-batch's backward allocates when it begins, in order,
 // with each buffer's bytes (d4a and d4b follow at the first block's backward): the table
-// DecoderStages::EnsureBackwardScratch allocates and the memory model replays. `head_gave_dbtc`: the
-// head's forward already holds dbtc (a training HeadForward on the last stage).
+// DecoderStages::EnsureBackwardScratch allocates and the memory model replays. `head_gave_dbtc`:
+// the head's forward already holds dbtc (a training HeadForward on the last stage).
 struct ScratchBuffer {
   Buffer BackwardScratch::*member;
   int64_t bytes;

@@ -599,7 +599,7 @@ class CudaModelKernels final : public ModelKernels {
   // launches(): by the name's literal (LaunchContext).
   std::unordered_map<const char*, int64_t> launches_;
   const LaunchContext ctx_{stream_, ws_, launches_};
-  MaterialisedAttention<T> materialised_;  // kernels/cuda/materialised_attention.cuh
+  MaterialisedAttention<T> materialised_;            // kernels/cuda/materialised_attention.cuh
   std::unique_ptr<internal::CudnnAttention> cudnn_;  // model.attention_backend "cudnn" only
 };
 
