@@ -199,6 +199,24 @@ TEST(FlashTilesTest, AMissingCudnnAttentionSaysHowToBuildIt) {
       << built;
 }
 
+// A build with it, on a machine without a GPU: libcudnn is opened through the frontend's dynamic
+// loading and its handle refused, and the run is told so by name (exit 2), not crashed. (With a
+// GPU, flash_attention_cuda_test runs it.)
+TEST(FlashTilesTest, TheCudnnAttentionWithoutAGpuSaysWhy) {
+  if (const Status built = internal::CudnnAttentionBuilt(); !built.ok()) {
+    GTEST_SKIP() << built.message();
+  }
+  if (CudaDeviceCount() > 0) GTEST_SKIP() << "a GPU is here: flash_attention_cuda_test runs it";
+  std::unique_ptr<Stream> stream = *CreateStream(Device::Cpu(), "compute");
+  const StatusOr<std::unique_ptr<internal::CudnnAttention>> made =
+      internal::CudnnAttention::Create(*stream);
+  ASSERT_FALSE(made.ok());
+  EXPECT_EQ(made.status().code(), absl::StatusCode::kUnimplemented) << made.status();
+  EXPECT_NE(made.status().message().find("model.attention_backend = \"cudnn\": "),
+            std::string_view::npos)
+      << made.status();
+}
+
 // model.flash_attention: each block shape the kernels are built with passes at its head size, and
 // the others fail naming the key, the value and what the head size takes; block shapes need the
 // flash program.
