@@ -21,7 +21,8 @@
 //   than allocating what no estimate counted.
 // - A graph is built once per shape and element type (building takes cuDNN's heuristics, tens of
 //   milliseconds) and kept; the backward is cuDNN's non-deterministic one (its dQ is summed by
-//   atomics, as zerort's flash backward's is).
+//   atomics, as zerort's flash backward's is). Training has one shape a run (two with a shorter
+//   last batch); generation, a new length each token, builds one a length: correct, slow.
 // - Results: cuDNN rounds its probabilities and score gradients for its tensor-core products as
 //   FlashAttention-2 does, so it agrees with zerort's flash kernels to the 16-bit formats'
 //   rounding, not bitwise; flash_attention_cuda_test checks it against the same double reference.

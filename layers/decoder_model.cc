@@ -91,8 +91,8 @@ StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(const DecoderModelO
   ZR_ASSIGN_OR_RETURN(
       std::vector<DecoderUnit> units,
       DecoderUnits(options.config, options.tp.size(), options.tp.rank(), options.vocab_multiple));
-  std::unique_ptr<DecoderStages> model(new DecoderStages(options, store, kernels, activations));
-  model->block_unit_.assign(L, -1);
+  std::unique_ptr<DecoderStages> stages(new DecoderStages(options, store, kernels, activations));
+  stages->block_unit_.assign(L, -1);
   int next = 0;
   const bool tied_head = options.config.tied();
   if (part.first || (part.last && tied_head)) {
@@ -101,22 +101,22 @@ StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(const DecoderModelO
     const UnitOptions emb{.tied = tied ? part.embedding_group : nullptr,
                           .counts_in_norm = part.first};
     ZR_RETURN_IF_ERROR(store.AddUnit(units[kEmbeddings].name, units[kEmbeddings].params, emb));
-    model->embedding_unit_ = next++;
+    stages->embedding_unit_ = next++;
   }
   for (int l = 0; l < L; ++l) {
     if (!part.holds(l)) continue;
     ZR_RETURN_IF_ERROR(store.AddUnit(units[1 + l].name, units[1 + l].params));
-    model->block_unit_[l] = next++;
+    stages->block_unit_[l] = next++;
   }
   if (part.last) {
     ZR_RETURN_IF_ERROR(store.AddUnit(units[L + 1].name, units[L + 1].params));
-    model->norm_unit_ = next++;
+    stages->norm_unit_ = next++;
     if (!tied_head) {  // the output projection's own unit (untied LLaMA models)
       ZR_RETURN_IF_ERROR(store.AddUnit(units[L + 2].name, units[L + 2].params));
-      model->head_unit_ = next++;
+      stages->head_unit_ = next++;
     }
   }
-  return std::unique_ptr<DecoderModel>(new DecoderModel(std::move(model)));
+  return std::unique_ptr<DecoderModel>(new DecoderModel(std::move(stages)));
 }
 
 std::vector<int> DecoderModel::UnitPositions() const {
