@@ -18,7 +18,6 @@
 #include "zerort/engine/run_mesh.h"
 #include "zerort/estimate/memory_model.h"
 #include "zerort/kernels/blas.h"
-#include "zerort/kernels/cudnn_attention.h"
 #include "zerort/kernels/flash_attention.h"
 #include "zerort/layers/decoder_plans.h"
 #include "zerort/runtime/log.h"
@@ -221,7 +220,6 @@ Status Run::SetupModel() {
         attention, c_.model.flash_attention, compute,
         decoder::AttentionShapeOf(c_.model.shape, c_.parallel.tensor_parallel_size,
                                   static_cast<int>(c_.train_micro_batch_size_per_gpu))));
-    if (attention == AttentionProgram::kCudnn) ZR_RETURN_IF_ERROR(internal::CudnnAttentionBuilt());
     ZR_ASSIGN_OR_RETURN(kernels_,
                         MakeCudaModelKernels(compute, DType::kF32, manager_->compute_stream(),
                                              *allocator_, attention, c_.model.flash_attention));

@@ -240,12 +240,10 @@ StatusOr<Paths> CudaPaths(const BenchAttentionOptions& o, int kv) {
   }
   // cuDNN's attention (model.attention_backend "cudnn"), with the workspaces the memory plan
   // gives it; where it is not built or libcudnn does not load, the table says so and goes on.
-  if (const Status built = internal::CudnnAttentionBuilt(); !built.ok()) {
-    Logger()->info("bench attention: no cuDNN row: {}", built.message());
-  } else if (StatusOr<std::unique_ptr<internal::CudnnAttention>> made =
-                 internal::CudnnAttention::Create(*s->stream);
-             !made.ok()) {
-    Logger()->warn("bench attention: no cuDNN row: {}", made.status().message());
+  if (StatusOr<std::unique_ptr<internal::CudnnAttention>> made =
+          internal::CudnnAttention::Create(*s->stream);
+      !made.ok()) {
+    Logger()->info("bench attention: no cuDNN row: {}", made.status().message());
   } else {
     s->cudnn = *std::move(made);
     const std::vector<int64_t> fwd =

@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "zerort/kernels/memory_facts.h"
+#include "zerort/kernels/model_math.h"
 #include "zerort/runtime/strings.h"
 
 // The frontend's dynamic loading (NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING) calls cuDNN through the
@@ -64,26 +65,25 @@ fe::DataType_t FeType(DType dtype) {
   return dtype == DType::kBF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
 }
 
-// Q, K and V as views of qkv [batch, seq, (heads + 2 kv_heads) hs]; out, dout [batch, seq, heads
-// hs]; the statistics [batch, heads, seq] (fp32): dims [b, h, s, d] and their strides.
+math::QkvLayout LayoutOf(const FlashAttentionShape& s) {
+  return {s.heads, s.kv_heads, s.head_size};
+}
+
+// Q, K and V as views of qkv ([Note: the qkv layout]: K and V at their offsets into a row, each
+// with qkv's strides); out, dout [batch, seq, heads hs]; the statistics [batch, heads, seq]
+// (fp32): dims [b, h, s, d] and their strides.
 struct Views {
-  std::vector<int64_t> q_dim, kv_dim, q_stride, kv_stride, o_stride, stat_dim, stat_stride;
-  int64_t k_offset = 0, v_offset = 0;  // elements into a qkv row
+  std::vector<int64_t> q_dim, kv_dim, qkv_stride, o_stride, stat_dim, stat_stride;
 };
 Views ViewsOf(const FlashAttentionShape& s) {
-  const int64_t b = s.batch, t = s.seq, h = s.heads, kv = s.kv_heads, d = s.head_size;
-  const int64_t row = (h + 2 * kv) * d;
-  Views v;
-  v.q_dim = {b, h, t, d};
-  v.kv_dim = {b, kv, t, d};
-  v.q_stride = {t * row, d, row, 1};
-  v.kv_stride = v.q_stride;
-  v.o_stride = {t * h * d, d, h * d, 1};
-  v.stat_dim = {b, h, t, 1};
-  v.stat_stride = {h * t, t, 1, 1};
-  v.k_offset = h * d;
-  v.v_offset = (h + kv) * d;
-  return v;
+  const math::QkvLayout l = LayoutOf(s);
+  const int64_t b = s.batch, t = s.seq, h = s.heads, d = s.head_size;
+  return {.q_dim = {b, h, t, d},
+          .kv_dim = {b, s.kv_heads, t, d},
+          .qkv_stride = {t * l.row(), d, l.row(), 1},
+          .o_stride = {t * l.q_cols(), d, l.q_cols(), 1},
+          .stat_dim = {b, h, t, 1},
+          .stat_stride = {h * t, t, 1, 1}};
 }
 
 std::shared_ptr<fe::graph::Tensor_attributes> Input(fe::graph::Graph& g, const char* name, Uid uid,
@@ -127,15 +127,16 @@ class CudnnAttentionImpl final : public CudnnAttention {
 
   using Pack = std::unordered_map<int64_t, void*>;
 
-  // The three views of a tensor in qkv's layout (qkv or dqkv) under `uids` (Q's, K's, V's).
+  // The three views of a tensor in qkv's layout (qkv or dqkv) under `uids` (Q's, K's, V's): the
+  // first query head's, the first key head's and the first value head's columns.
   static void AddQkv(Pack& pack, std::array<Uid, 3> uids, const void* base, DType dtype,
                      const FlashAttentionShape& s) {
-    const Views v = ViewsOf(s);
+    const math::QkvLayout l = LayoutOf(s);
     auto* p = static_cast<std::byte*>(const_cast<void*>(base));
     const int64_t e = static_cast<int64_t>(DTypeSize(dtype));
-    pack[uids[0]] = p;
-    pack[uids[1]] = p + v.k_offset * e;
-    pack[uids[2]] = p + v.v_offset * e;
+    pack[uids[0]] = p + l.q(0) * e;
+    pack[uids[1]] = p + l.k(0) * e;
+    pack[uids[2]] = p + l.v(0) * e;
   }
 
   // Checks the shape, builds (or finds) the direction's graph, checks its workspace against the
@@ -145,22 +146,15 @@ class CudnnAttentionImpl final : public CudnnAttention {
     ZR_RETURN_IF_ERROR(CheckCudnnAttention(dtype, s));
     if (s.batch == 0 || s.seq == 0) return absl::OkStatus();
     const char* way = backward ? "backward" : "forward";
-    ZR_ASSIGN_OR_RETURN(fe::graph::Graph * g, GraphFor(backward, dtype, s));
-    ZR_RETURN_IF_ERROR(CheckWorkspace(*g, workspace_bytes, way));
-    return Execute(*g, pack, workspace, way);
-  }
-
-  Status CheckWorkspace(const fe::graph::Graph& g, int64_t budget, const char* way) const {
-    int64_t asked = 0;
-    ZR_FE_RETURN_IF_ERROR(g.get_workspace_size(asked), "workspace size");
-    if (asked > budget) {
+    ZR_ASSIGN_OR_RETURN(const Built* built, GraphFor(backward, dtype, s));
+    if (built->workspace > workspace_bytes) {
       return absl::ResourceExhaustedError(
-          StrCat("cuDNN attention ", way, " asks for ", asked,
-                 " bytes of workspace, more than the ", budget,
+          StrCat("cuDNN attention ", way, " asks for ", built->workspace,
+                 " bytes of workspace, more than the ", workspace_bytes,
                  " the memory plan gives it (kernels/memory_facts.h's AttentionScratchBytes); "
                  "model.attention_backend \"flash\" runs zerort's kernels instead"));
     }
-    return absl::OkStatus();
+    return Execute(*built->graph, pack, workspace, way);
   }
 
   Status Execute(const fe::graph::Graph& g, Pack& pack, void* workspace, const char* way) {
@@ -172,21 +166,26 @@ class CudnnAttentionImpl final : public CudnnAttention {
     return absl::OkStatus();
   }
 
+  // A built graph and the workspace it asks for (taken once, when it is built).
+  struct Built {
+    std::unique_ptr<fe::graph::Graph> graph;
+    int64_t workspace = 0;
+  };
+
   // The graph for this direction, element type and shape: built on first use, then kept.
-  StatusOr<fe::graph::Graph*> GraphFor(bool backward, DType dtype, const FlashAttentionShape& s) {
+  StatusOr<const Built*> GraphFor(bool backward, DType dtype, const FlashAttentionShape& s) {
     const Key key{backward, dtype, s.batch, s.seq, s.heads, s.kv_heads, s.head_size};
     auto it = graphs_.find(key);
-    if (it != graphs_.end()) return it->second.get();
-    auto g = std::make_unique<fe::graph::Graph>();
+    if (it != graphs_.end()) return &it->second;
+    Built built{.graph = std::make_unique<fe::graph::Graph>()};
     try {
-      ZR_RETURN_IF_ERROR(Build(*g, backward, dtype, s));
+      ZR_RETURN_IF_ERROR(Build(*built.graph, backward, dtype, s));
+      ZR_FE_RETURN_IF_ERROR(built.graph->get_workspace_size(built.workspace), "workspace size");
     } catch (const std::exception& ex) {
       return absl::InternalError(StrCat("cuDNN attention: building its ",
                                         backward ? "backward" : "forward", " graph: ", ex.what()));
     }
-    fe::graph::Graph* raw = g.get();
-    graphs_.emplace(key, std::move(g));
-    return raw;
+    return &graphs_.emplace(key, std::move(built)).first->second;
   }
 
   Status Build(fe::graph::Graph& g, bool backward, DType dtype, const FlashAttentionShape& s) {
@@ -194,9 +193,9 @@ class CudnnAttentionImpl final : public CudnnAttention {
     g.set_io_data_type(FeType(dtype))
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
-    auto q = Input(g, "Q", kQ, v.q_dim, v.q_stride);
-    auto k = Input(g, "K", kK, v.kv_dim, v.kv_stride);
-    auto val = Input(g, "V", kV, v.kv_dim, v.kv_stride);
+    auto q = Input(g, "Q", kQ, v.q_dim, v.qkv_stride);
+    auto k = Input(g, "K", kK, v.kv_dim, v.qkv_stride);
+    auto val = Input(g, "V", kV, v.kv_dim, v.qkv_stride);
     const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_size));
     if (!backward) {
       auto options = fe::graph::SDPA_attributes()
@@ -228,9 +227,9 @@ class CudnnAttentionImpl final : public CudnnAttention {
                          .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                          .set_diagonal_band_right_bound(0);
       auto [dq, dk, dv] = g.sdpa_backward(q, k, val, o, d_o, stats, options);
-      dq->set_output(true).set_uid(kDQ).set_dim(v.q_dim).set_stride(v.q_stride);
-      dk->set_output(true).set_uid(kDK).set_dim(v.kv_dim).set_stride(v.kv_stride);
-      dv->set_output(true).set_uid(kDV).set_dim(v.kv_dim).set_stride(v.kv_stride);
+      dq->set_output(true).set_uid(kDQ).set_dim(v.q_dim).set_stride(v.qkv_stride);
+      dk->set_output(true).set_uid(kDK).set_dim(v.kv_dim).set_stride(v.qkv_stride);
+      dv->set_output(true).set_uid(kDV).set_dim(v.kv_dim).set_stride(v.qkv_stride);
     }
     ZR_FE_RETURN_IF_ERROR(g.validate(), "validate");
     ZR_FE_RETURN_IF_ERROR(g.build_operation_graph(handle_), "operation graph");
@@ -241,7 +240,7 @@ class CudnnAttentionImpl final : public CudnnAttention {
   }
 
   cudnnHandle_t handle_;
-  std::map<Key, std::unique_ptr<fe::graph::Graph>> graphs_;
+  std::map<Key, Built> graphs_;
 };
 
 }  // namespace

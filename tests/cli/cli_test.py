@@ -217,18 +217,37 @@ check("nothing was created for it", not os.path.exists("/nonexistent"), "")
 bad_heads = os.path.join(tmp, "bad-heads.json")
 with open(bad_heads, "w") as f:
     json.dump({"model": {"preset": "tiny", "n_head": 5}}, f)
-# model.attention_backend = flash where CUDA's flash kernels do not apply (fp32, head size 16):
-# the estimate for a GPU refuses it by name; on the CPU (flash always) it trains.
-flash_fp32 = os.path.join(tmp, "flash-fp32.json")
-with open(flash_fp32, "w") as f:
-    json.dump({"model": {"preset": "tiny", "attention_backend": "flash"},
-               "train_micro_batch_size_per_gpu": 2}, f)
-r = run("estimate", flash_fp32, "--device", "cuda")
-check("estimate --device cuda refuses a flash request fp32 cannot take (exit 2, by name)",
-      r.returncode == 2 and 'model.attention_backend = "flash"' in r.stderr
-      and "bf16 or fp16" in r.stderr, r.stderr[-500:])
-r = run("estimate", flash_fp32, "--device", "cpu")
-check("... and on the CPU, which runs flash always, estimates it", r.returncode == 0, r.stderr[-500:])
+# model.attention_backend = flash or cudnn where that program does not apply (fp32, head size
+# 16): the estimate for a GPU refuses it by name; on the CPU (flash always) it estimates. Hostile
+# values of the key: each exit 2, naming it.
+def tiny_attention(name, backend):
+    path = os.path.join(tmp, name + ".json")
+    with open(path, "w") as f:
+        json.dump({"model": {"preset": "tiny", "attention_backend": backend},
+                   "train_micro_batch_size_per_gpu": 2}, f)
+    return path
+
+
+for backend, said in [("flash", 'model.attention_backend = "flash": flash attention on CUDA '
+                                 "takes bf16 or fp16"),
+                      ("cudnn", 'model.attention_backend = "cudnn": cuDNN\'s flash attention '
+                                "takes bf16 or fp16, not f32")]:
+    path = tiny_attention(backend + "-fp32", backend)
+    r = run("estimate", path, "--device", "cuda")
+    check(f"estimate --device cuda refuses a {backend} request fp32 cannot take (exit 2, by name)",
+          r.returncode == 2 and said in r.stderr, r.stderr[-500:])
+    r = run("estimate", path, "--device", "cpu")
+    check(f"... and on the CPU, which runs flash always, estimates {backend}", r.returncode == 0,
+          r.stderr[-500:])
+for name, backend, said in [
+        ("backend-number", 7, "model.attention_backend = 7: expected a string, got a number"),
+        ("backend-empty", "", 'model.attention_backend = "": expected one of flash, '
+                              "materialised, cudnn"),
+        ("backend-array", ["cudnn"], "expected a string, got an array"),
+        ("backend-huge", "c" * 5000, "expected one of flash, materialised, cudnn")]:
+    r = run("estimate", tiny_attention(name, backend), "--device", "cuda")
+    check(f"model.attention_backend hostile ({name}): exit 2 naming it",
+          r.returncode == 2 and said in r.stderr, r.stderr[-500:])
 # model.flash_attention, the CUDA flash kernels' block shapes: the same estimate whatever they are
 # (they split the same work); one the head size does not take, or a value none takes, is refused
 # naming the key (exit 2).
@@ -263,8 +282,7 @@ check("a block shape this head size does not take (head size 128): exit 2 naming
       in r.stderr, r.stderr[-500:])
 # model.attention_backend = cudnn (cuDNN's flash attention, in builds given cudnn-frontend): an
 # estimate for a GPU takes it in any build (it plans the log-sum-exps zerort's flash saves, and
-# cuDNN's workspace budgets), refuses what cuDNN is not used for (fp32) and block shapes (which
-# are zerort's kernels'), each by name.
+# cuDNN's workspace budgets) and refuses block shapes (zerort's kernels') by name; fp32 above.
 r = run("estimate", gpt2_with("cudnn", {}, attention_backend="cudnn"), "--device", "cuda")
 check("estimate --device cuda with model.attention_backend cudnn: exit 0", r.returncode == 0,
       r.stderr[-500:])
@@ -273,14 +291,6 @@ r = run("estimate", gpt2_with("cudnn-tiles", {"backward_block_keys": 128},
 check("... with model.flash_attention's block shapes: exit 2 saying they are zerort's kernels'",
       r.returncode == 2 and 'model.attention_backend = "cudnn" runs cuDNN\'s attention' in r.stderr,
       r.stderr[-500:])
-cudnn_fp32 = os.path.join(tmp, "cudnn-fp32.json")
-with open(cudnn_fp32, "w") as f:
-    json.dump({"model": {"preset": "tiny", "attention_backend": "cudnn"},
-               "train_micro_batch_size_per_gpu": 2}, f)
-r = run("estimate", cudnn_fp32, "--device", "cuda")
-check("... in fp32: exit 2 naming the key and the formats cuDNN's attention takes",
-      r.returncode == 2 and 'model.attention_backend = "cudnn": cuDNN\'s flash attention takes '
-      "bf16 or fp16, not f32" in r.stderr, r.stderr[-500:])
 # Hostile values of the section and its keys: each refused, exit 2, naming the key and why.
 for name, tiles, said in [
         ("tiles-string", {"forward_block_queries": "128"}, "expected an integer, got a string"),

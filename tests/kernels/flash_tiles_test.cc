@@ -186,8 +186,8 @@ TEST(FlashTilesTest, TheProgramsCheckTheirShapes) {
       << tiles;
 }
 
-// A build without cudnn-frontend says how to build the cuDNN attention (the run's setup and
-// `bench attention` ask before they use it).
+// A build without cudnn-frontend says how to build the cuDNN attention, and so does
+// CudnnAttention::Create, which a run's CUDA kernels and `bench attention` call for it.
 TEST(FlashTilesTest, AMissingCudnnAttentionSaysHowToBuildIt) {
   const Status built = internal::CudnnAttentionBuilt();
   if (built.ok()) GTEST_SKIP() << "this build has cuDNN's attention";
@@ -197,6 +197,8 @@ TEST(FlashTilesTest, AMissingCudnnAttentionSaysHowToBuildIt) {
                                  "-DZR_CUDNN_FRONTEND=DIR"),
             std::string_view::npos)
       << built;
+  std::unique_ptr<Stream> stream = *CreateStream(Device::Cpu(), "compute");
+  EXPECT_EQ(internal::CudnnAttention::Create(*stream).status(), built);
 }
 
 // A build with it, on a machine without a GPU: libcudnn is opened through the frontend's dynamic
