@@ -69,7 +69,18 @@ StatusOr<std::vector<MetricsRow>> ReadMetrics(const std::string& path) {
       return absl::InvalidArgumentError(StrCat(
           path, ": line ", line_no, " has no integer \"step\" (not a zerort metrics file?)"));
     }
-    rows.push_back({j["step"].get<int64_t>(), number("loss"), number("lr"), number("tokens_per_s"),
+    const int64_t step = j["step"].get<int64_t>();
+    // A run resumed with --resume appends from its checkpoint's step on: its records replace
+    // those the killed run wrote past that step, so the lines drawn never turn back.
+    if (!rows.empty() && step <= rows.back().step) {
+      const int64_t last = rows.back().step;
+      int64_t dropped = 0;
+      while (!rows.empty() && rows.back().step >= step) rows.pop_back(), ++dropped;
+      Logger()->info("{}: line {} (step {}) starts a resumed run; it replaces {} earlier "
+                     "record(s), steps {}..{}",
+                     path, line_no, step, dropped, step, last);
+    }
+    rows.push_back({step, number("loss"), number("lr"), number("tokens_per_s"),
                     number("grad_norm"), number("val_loss")});
   }
   if (rows.empty()) return absl::InvalidArgumentError(StrCat(path, ": no metrics records"));

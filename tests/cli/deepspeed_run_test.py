@@ -297,6 +297,19 @@ r = subprocess.run([zerort, "plot", cut, "-o", os.path.join(tmp, "cut.png")], ca
                    text=True, env=env, timeout=120)
 check("plot: a last line cut short is skipped with a warning", r.returncode == 0 and
       "cut short" in r.stderr, r.stderr[-500:])
+# A run killed after its sixth record and resumed from the third step's checkpoint appends from
+# the fourth step on: the resumed run's records replace the killed run's (the lines drawn never
+# turn back), and plot says which.
+steps = [json.loads(line)["step"] for line in lines]
+resumed = os.path.join(tmp, "resumed.jsonl")
+with open(resumed, "w") as f:
+    f.write("\n".join(lines[:6] + lines[3:]) + "\n")
+r = subprocess.run([zerort, "plot", resumed, "-o", os.path.join(tmp, "resumed.png")],
+                   capture_output=True, text=True, env=env, timeout=120)
+says = (f"line 7 (step {steps[3]}) starts a resumed run; it replaces 3 earlier record(s), "
+        f"steps {steps[3]}..{steps[5]}")
+check("plot: a resumed run's records replace the killed run's, and it says so",
+      r.returncode == 0 and says in r.stderr and len(lines) > 6, r.stderr[-500:])
 damaged = os.path.join(tmp, "damaged.jsonl")
 with open(damaged, "w") as f:
     f.write(lines[0] + "\n{oops\n" + lines[1] + "\n")
