@@ -11,7 +11,6 @@ checkpoint/checkpoint_save.cc.
 Skipped (exit 77) where strace is missing or the machine forbids tracing.
 Usage: checkpoint_crash_test.py PATH_TO_ZERORT"""
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -20,6 +19,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import Checks, merged, tiny_run, write_json  # noqa: E402
+from strace_calls import CALLS, calls_of, kill_at, numbered, usable_strace  # noqa: E402
 
 zerort = sys.argv[1]
 checks = Checks("checkpoint_crash_test")
@@ -27,13 +27,9 @@ check = checks.check
 tmp = tempfile.mkdtemp()
 # GOMP_SPINCOUNT set: zerort does not re-execute itself (kernels/openmp_waits.h), one image.
 env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", GOMP_SPINCOUNT="1000")
-# Both spellings of each: a C library may make either (Debian 12's makes the first).
-CALLS = ["mkdir", "mkdirat", "openat", "write", "fsync", "fdatasync", "rename", "renameat",
-         "renameat2", "unlink", "unlinkat", "rmdir", "close"]
 
-strace = shutil.which("strace")
-if strace is None or subprocess.run([strace, "-f", "-o", os.devnull, "true"],
-                                    capture_output=True).returncode != 0:
+strace = usable_strace()
+if strace is None:
     print("checkpoint_crash_test: SKIPPED: strace is missing or cannot trace here")
     sys.exit(77)
 
@@ -60,23 +56,6 @@ def fresh():
     shutil.copytree(base, ckpt, symlinks=True)
 
 
-# The calls of one pid in an strace log, as (name, the text up to its result, a log line's
-# time of day left out).
-LINE = re.compile(r"^(\d+) +(\w+)\((.*?)(?:\) += .*| <unfinished \.\.\.>)?$")
-TIME = re.compile(r"\[\d\d:\d\d:\d\d\.\d+\]")
-
-
-def calls_of(log):
-    out = []
-    with open(log) as f:
-        for line in f:
-            m = LINE.match(line.rstrip("\n"))
-            if m and m.group(2) in CALLS:
-                out.append((int(m.group(1)), m.group(2), TIME.sub("[time]", m.group(3))))
-    main = out[0][0] if out else None
-    return [(name, args) for pid, name, args in out if pid == main]
-
-
 # Two steps saved (step_2 kept), then the run under test: one more step, its save and the
 # rotation of step_2; the resumed run takes it to step 4.
 r = run(zerort, "train", config(2), "--overwrite")
@@ -98,12 +77,8 @@ check("... and holds step_4 alone", [n for n in expected if n.startswith("step_"
 reference = calls_of(ref_log)
 first = next((i for i, (_, args) in enumerate(reference) if "step_3.tmp" in args), None)
 check("the traced run saves step_3 through step_3.tmp", first is not None, f"{len(reference)} calls")
-points = []  # (call, its number among the main thread's calls of that name, its arguments)
-seen = {}
-for i, (name, args) in enumerate(reference):
-    seen[name] = seen.get(name, 0) + 1
-    if first is not None and i >= first:
-        points.append((name, seen[name], args))
+# (call, its number among the main thread's calls of that name, its arguments)
+points = numbered(reference)[first:] if first is not None else []
 check("at least 40 kill points", len(points) >= 40, str(len(points)))
 
 elsewhere = []  # the kills that landed on another call than the reference's
@@ -111,8 +86,7 @@ for name, nth, args in points:
     what = f"kill at {name} #{nth} ({args[:90]})"
     fresh()
     log = os.path.join(tmp, "killed.strace")  # (--seccomp-bpf would be faster, but injects none)
-    r = run(strace, "-f", "-o", log, "-e", "trace=" + name, "-e",
-            f"inject={name}:signal=SIGKILL:when={nth}", zerort, "train", killed_cfg, "--resume")
+    r = run(*kill_at(strace, log, name, nth), zerort, "train", killed_cfg, "--resume")
     if not check(f"{what}: killed", r.returncode == -signal.SIGKILL,
                  f"rc={r.returncode} {r.stderr[-300:]}"):
         continue
