@@ -20,9 +20,11 @@
 //   the estimator replays); a graph that asks for more fails the call, naming both sizes, rather
 //   than allocating what no estimate counted.
 // - A graph is built once per shape and element type (building takes cuDNN's heuristics, tens of
-//   milliseconds) and kept; the backward is cuDNN's non-deterministic one (its dQ is summed by
-//   atomics, as zerort's flash backward's is). Training has one shape a run (two with a shorter
-//   last batch); generation, a new length each token, builds one a length: correct, slow.
+//   milliseconds) and kept among the 8 most recently used (kernels/bounded_cache.h; the stream is
+//   waited for before one is dropped, so none of its work is still queued). Training needs two to
+//   four (each direction, a shorter last batch, evaluation's); generation, a new length each
+//   token, builds one a length and drops the oldest: correct, bounded, slow. The backward is
+//   cuDNN's non-deterministic one (its dQ is summed by atomics, as zerort's flash backward's is).
 // - Results: cuDNN rounds its probabilities and score gradients for its tensor-core products as
 //   FlashAttention-2 does, so it agrees with zerort's flash kernels to the 16-bit formats'
 //   rounding, not bitwise; flash_attention_cuda_test checks it against the same double reference.

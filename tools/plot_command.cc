@@ -76,12 +76,13 @@ StatusOr<std::vector<MetricsRow>> ReadMetrics(const std::string& path) {
       const int64_t last = rows.back().step;
       int64_t dropped = 0;
       while (!rows.empty() && rows.back().step >= step) rows.pop_back(), ++dropped;
-      Logger()->info("{}: line {} (step {}) starts a resumed run; it replaces {} earlier "
-                     "record(s), steps {}..{}",
-                     path, line_no, step, dropped, step, last);
+      Logger()->info(
+          "{}: line {} (step {}) starts a resumed run; it replaces {} earlier "
+          "record(s), steps {}..{}",
+          path, line_no, step, dropped, step, last);
     }
-    rows.push_back({step, number("loss"), number("lr"), number("tokens_per_s"),
-                    number("grad_norm"), number("val_loss")});
+    rows.push_back({step, number("loss"), number("lr"), number("tokens_per_s"), number("grad_norm"),
+                    number("val_loss")});
   }
   if (rows.empty()) return absl::InvalidArgumentError(StrCat(path, ": no metrics records"));
   return rows;

@@ -10,11 +10,11 @@
 #include <array>
 #include <cmath>
 #include <exception>
-#include <map>
 #include <mutex>
 #include <tuple>
 #include <unordered_map>
 
+#include "zerort/kernels/bounded_cache.h"
 #include "zerort/kernels/memory_facts.h"
 #include "zerort/kernels/model_math.h"
 #include "zerort/runtime/strings.h"
@@ -95,9 +95,10 @@ std::shared_ptr<fe::graph::Tensor_attributes> Input(fe::graph::Graph& g, const c
 
 class CudnnAttentionImpl final : public CudnnAttention {
  public:
-  explicit CudnnAttentionImpl(cudnnHandle_t handle) : handle_(handle) {}
+  CudnnAttentionImpl(cudnnHandle_t handle, cudaStream_t stream)
+      : handle_(handle), stream_(stream) {}
   ~CudnnAttentionImpl() override {
-    graphs_.clear();
+    graphs_.Clear();
     try {  // the frontend's loader throws where a symbol is missing; a destructor must not
       fe::detail::destroy_handle(handle_);
     } catch (const std::exception&) {
@@ -172,11 +173,20 @@ class CudnnAttentionImpl final : public CudnnAttention {
     int64_t workspace = 0;
   };
 
-  // The graph for this direction, element type and shape: built on first use, then kept.
+  // The graph for this direction, element type and shape: built on first use, then kept among
+  // the kMaxGraphs most recently used.
   StatusOr<const Built*> GraphFor(bool backward, DType dtype, const FlashAttentionShape& s) {
     const Key key{backward, dtype, s.batch, s.seq, s.heads, s.kv_heads, s.head_size};
-    auto it = graphs_.find(key);
-    if (it != graphs_.end()) return &it->second;
+    if (const Built* kept = graphs_.Find(key)) return kept;
+    if (graphs_.full()) {  // the graph to be dropped may still have work queued on the stream
+      const cudaError_t waited = cudaStreamSynchronize(stream_);
+      if (waited != cudaSuccess) {
+        return absl::InternalError(
+            StrCat("cuDNN attention: waiting for the stream before "
+                   "dropping a graph: ",
+                   cudaGetErrorString(waited)));
+      }
+    }
     Built built{.graph = std::make_unique<fe::graph::Graph>()};
     try {
       ZR_RETURN_IF_ERROR(Build(*built.graph, backward, dtype, s));
@@ -185,7 +195,7 @@ class CudnnAttentionImpl final : public CudnnAttention {
       return absl::InternalError(StrCat("cuDNN attention: building its ",
                                         backward ? "backward" : "forward", " graph: ", ex.what()));
     }
-    return &graphs_.emplace(key, std::move(built)).first->second;
+    return graphs_.Insert(key, std::move(built));
   }
 
   Status Build(fe::graph::Graph& g, bool backward, DType dtype, const FlashAttentionShape& s) {
@@ -239,8 +249,13 @@ class CudnnAttentionImpl final : public CudnnAttention {
     return absl::OkStatus();
   }
 
+  // Training needs two to four graphs (each direction, a shorter last batch, evaluation's);
+  // generation one a sequence length, so the oldest are dropped (kernels/bounded_cache.h).
+  static constexpr size_t kMaxGraphs = 8;
+
   cudnnHandle_t handle_;
-  std::map<Key, Built> graphs_;
+  cudaStream_t stream_;
+  BoundedCache<Key, Built> graphs_{kMaxGraphs};
 };
 
 }  // namespace
@@ -266,7 +281,8 @@ StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(Stream& stream)
     return absl::UnimplementedError(
         StrCat("model.attention_backend = \"cudnn\": cuDNN did not start here: ", ex.what()));
   }
-  return std::unique_ptr<CudnnAttention>(std::make_unique<CudnnAttentionImpl>(handle));
+  return std::unique_ptr<CudnnAttention>(std::make_unique<CudnnAttentionImpl>(
+      handle, static_cast<cudaStream_t>(stream.native_handle())));
 }
 
 }  // namespace zerort::internal
