@@ -11,7 +11,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   liburing-dev libopenblas-dev libopenblas-openmp-dev libxxhash-dev fio
   libpcre2-dev libutf8proc-dev libsentencepiece-dev
-  gnuplot-nox clang-format strace
+  gnuplot-nox clang-format strace shellcheck
   python3
 )
 

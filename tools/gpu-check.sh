@@ -257,7 +257,7 @@ if want bench; then
     # (model.flash_attention's keys are refused with the materialised program: not passed to it.)
     [[ $backend == flash ]] && tsets=("${sets[@]}") || tsets=()
     guard 90 "timeline-$backend" "$zr" bench model --config "$root/configs/gpt2-124m-bf16-zero3.json" --census --timeline \
-      "${tsets[@]}" --set model.attention_backend=$backend >"$logs/bench-model-gpt2-timeline-$backend.txt" 2>&1 ||
+      "${tsets[@]}" --set "model.attention_backend=$backend" >"$logs/bench-model-gpt2-timeline-$backend.txt" 2>&1 ||
       rc=1
     echo "== attention_backend $backend"; cat "$logs/bench-model-gpt2-timeline-$backend.txt"
   done

@@ -38,8 +38,8 @@ printf '%s\n%s\n' "$root" "$build" >"$stage/paths"
 # machine brings: the driver (libcuda), cuBLAS, NCCL, MPI and its runtime. (cudart is packed:
 # gpu-check.sh uses the machine's own where it has one.)
 skip='^(libc|libm|libdl|libpthread|librt|ld-linux-x86-64|libstdc\+\+|libgcc_s|libcuda|libcublas|libcublasLt|libnccl|libmpi|libopen-pal|libopen-rte|libpmix|libhwloc|libevent|linux-vdso)[.-]'
-find "$build" -path "$build/CMakeFiles" -prune -o -type f -perm -u+x -print |
-  xargs ldd 2>/dev/null | awk '$3 ~ /^\// {print $1, $3}' | sort -u >"$stage/ldd.txt" || true
+find "$build" -path "$build/CMakeFiles" -prune -o -type f -perm -u+x -print0 |
+  xargs -0 ldd 2>/dev/null | awk '$3 ~ /^\// {print $1, $3}' | sort -u >"$stage/ldd.txt" || true
 while read -r name path; do
   if [[ ! $name =~ $skip && $path != "$build"/* ]]; then cp -L "$path" "$stage/deps/$name"; fi
 done <"$stage/ldd.txt"
@@ -86,4 +86,4 @@ if [[ -n $llmc ]]; then
   echo "gpu-pack: llm.c: $(cd "$stage/peers" && echo train_gpt2cu*)"
 fi
 tar -C "$stage" -cJf "$out/pack.tar.xz" .
-echo "gpu-pack: $out/pack.tar.xz ($(du -h "$out/pack.tar.xz" | cut -f1)), $(ls "$stage/deps" | wc -l) libraries"
+echo "gpu-pack: $out/pack.tar.xz ($(du -h "$out/pack.tar.xz" | cut -f1)), $(find "$stage/deps" -type f | wc -l) libraries"

@@ -24,6 +24,7 @@ run() {  # NAME NP ARGS...
   shift 2
   local cmd=("$zerort" train "$root/configs/tiny-cpu.json" "${common[@]}" "$@")
   if ((np > 1)); then
+    # shellcheck disable=SC2054  # "self,vader" is one argument, Open MPI's list of transports
     cmd=(mpirun --oversubscribe -np "$np" --mca btl self,vader -x TSAN_OPTIONS -x OMP_NUM_THREADS
          -x OPENBLAS_NUM_THREADS "${cmd[@]}")
   fi

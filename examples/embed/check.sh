@@ -5,6 +5,7 @@
 # layer driver equal to it bitwise at 1 and 2 ranks, with and without NVMe; the driver's
 # checkpoints resumed bitwise, read by `zerort checkpoint inspect`, and loaded at another world
 # size; and each misuse failing with a message that names the unit.
+# shellcheck disable=SC2086  # $mpirun (the launcher and its options) and $flag split on purpose
 set -eu
 embed=$1 zerort=$2 scratch=$3
 shift 3
@@ -30,7 +31,8 @@ $mpirun -np 2 "$embed" > "$scratch/manual2.txt"
 $mpirun -np 2 "$embed" --driver > "$scratch/driver2.txt"
 same "$scratch/manual2.txt" "$scratch/driver2.txt" "layer driver = manual scopes, 2 ranks"
 for who in manual driver; do
-  flag=$([ $who = driver ] && echo --driver || true)
+  flag=
+  if [ "$who" = driver ]; then flag=--driver; fi
   mkdir -p "$scratch/nvme-$who"
   $mpirun -np 2 "$embed" $flag --nvme "$scratch/nvme-$who" > "$scratch/nvme-$who.txt"
   test -z "$(ls -A "$scratch/nvme-$who")"
