@@ -177,11 +177,13 @@ if want train; then
     --set train.eval_interval=12 --set checkpoint.dir=/tmp/gpu-check-ckpt \
     --set logging.metrics_file=/tmp/gpu-check-metrics.jsonl >"$logs/train-gpt2.log" 2>&1 || rc=1
   grep -E '^step +(1|12)/' "$logs/train-gpt2.log"
+  # The offload runs time steps: no text sample, one evaluation window (the run above does both).
+  quick=(--set train.sample_tokens=0 --set train.eval_windows=1)
   # The same with the optimizer on the host (ZeRO-Offload): master weights, moments and the AdamW
   # step in host memory, gradients copied down and parameters up every step.
   guard 150 train-gpt2-offload "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite "${sets[@]}" --set train.steps=6 \
     --set train.eval_interval=6 --set checkpoint.dir=/tmp/gpu-check-ckpt-offload \
-    --set zero_optimization.offload_optimizer.device=cpu \
+    --set zero_optimization.offload_optimizer.device=cpu "${quick[@]}" \
     --set logging.metrics_file=/tmp/gpu-check-metrics-offload.jsonl \
     >"$logs/train-gpt2-offload.log" 2>&1 || rc=1
   grep -E '^step +(1|6)/' "$logs/train-gpt2-offload.log"
@@ -190,7 +192,7 @@ if want train; then
   # of the device step).
   guard 150 train-gpt2-offload-serial "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite "${sets[@]}" --set train.steps=6 \
     --set train.eval_interval=6 --set checkpoint.dir=/tmp/gpu-check-ckpt-offload-serial \
-    --set zero_optimization.offload_optimizer.device=cpu --set train.overlap_host_step=false \
+    --set zero_optimization.offload_optimizer.device=cpu "${quick[@]}" --set train.overlap_host_step=false \
     --set logging.metrics_file=/tmp/gpu-check-metrics-offload-serial.jsonl \
     >"$logs/train-gpt2-offload-serial.log" 2>&1 || rc=1
   grep -E '^step +6/' "$logs/train-gpt2-offload-serial.log"
@@ -198,7 +200,7 @@ if want train; then
   # DeepSpeed): the step's copies are through pinned staging either way.
   guard 150 train-gpt2-offload-pinned "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite "${sets[@]}" --set train.steps=6 \
     --set train.eval_interval=6 --set checkpoint.dir=/tmp/gpu-check-ckpt-offload-pinned \
-    --set zero_optimization.offload_optimizer.device=cpu \
+    --set zero_optimization.offload_optimizer.device=cpu "${quick[@]}" \
     --set zero_optimization.offload_optimizer.pin_memory=true \
     --set logging.metrics_file=/tmp/gpu-check-metrics-offload-pinned.jsonl \
     >"$logs/train-gpt2-offload-pinned.log" 2>&1 || rc=1
