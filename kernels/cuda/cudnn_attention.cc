@@ -182,8 +182,7 @@ class CudnnAttentionImpl final : public CudnnAttention {
       const cudaError_t waited = cudaStreamSynchronize(stream_);
       if (waited != cudaSuccess) {
         return absl::InternalError(
-            StrCat("cuDNN attention: waiting for the stream before "
-                   "dropping a graph: ",
+            StrCat("cuDNN attention: waiting for the stream before dropping a graph: ",
                    cudaGetErrorString(waited)));
       }
     }
