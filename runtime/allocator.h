@@ -146,8 +146,10 @@ class CachingAllocator final : public Allocator {
 
  private:
   struct Block;
+  // Hidden: called only inside allocator.cc, where the pools' tree operations can then inline it
+  // (an exported function may be interposed, so -fPIC code calls it through the PLT).
   struct BlockOrder {
-    bool operator()(const Block* a, const Block* b) const;
+    __attribute__((visibility("hidden"))) bool operator()(const Block* a, const Block* b) const;
   };
   using Pool = std::set<Block*, BlockOrder>;
 
