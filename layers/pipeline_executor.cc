@@ -123,7 +123,7 @@ struct PipelineExecutor::Step {
 Status PipelineExecutor::ReleaseSent() {
   for (auto& [link, copies] : in_flight_) {
     if (StreamOf(link) == nullptr) {
-      while (copies.size() > link->posted_sends()) copies.pop_front();
+      while (copies.size() > link->p2p().posted_sends()) copies.pop_front();
       continue;
     }
     while (!copies.empty() && copies.front().sent != nullptr) {
@@ -197,7 +197,7 @@ Status PipelineExecutor::SendOnLinkStream(Communicator& link, const void* data, 
   Stream& on = *StreamOf(&link);
   ZR_RETURN_IF_ERROR(compute_ready_->Record(*options_.stream));  // what wrote `data`
   ZR_RETURN_IF_ERROR(on.WaitEvent(*compute_ready_));
-  ZR_RETURN_IF_ERROR(link.Send(data, count, dtype, PipelineLinks::kReceiverRank, &on));
+  ZR_RETURN_IF_ERROR(link.p2p().Send(data, count, dtype, PipelineLinks::kReceiverRank, &on));
   ZR_ASSIGN_OR_RETURN(sent, TakeEvent());
   return sent->Record(on);
 }
@@ -210,7 +210,7 @@ Status PipelineExecutor::ReceiveOnLinkStream(Communicator& link, std::span<const
   for (size_t i = 0; i < recvs.size(); ++i) {
     link.recorder().SetLabel(labels[i]);
     const Status received =
-        link.Recv(recvs[i].buffer, recvs[i].count, dtype, recvs[i].peer, ls.stream.get());
+        link.p2p().Recv(recvs[i].buffer, recvs[i].count, dtype, recvs[i].peer, ls.stream.get());
     link.recorder().SetLabel("");
     ZR_RETURN_IF_ERROR(received);
   }
@@ -221,7 +221,7 @@ Status PipelineExecutor::ReceiveOnLinkStream(Communicator& link, std::span<const
 Status PipelineExecutor::FinishTransfers() {
   for (auto& [link, ls] : link_streams_) ZR_RETURN_IF_ERROR(ls.stream->Synchronize());
   for (const auto& [stage, link] : links_.outgoing()) {
-    if (StreamOf(link) == nullptr) ZR_RETURN_IF_ERROR(link->WaitSends());
+    if (StreamOf(link) == nullptr) ZR_RETURN_IF_ERROR(link->p2p().WaitSends());
   }
   for (auto& [link, copies] : in_flight_) {
     for (InFlight& f : copies) {
@@ -353,7 +353,7 @@ Status PipelineExecutor::Send(Step& step, const PipelineAction& a) {
   const Status issued =
       on_link_stream
           ? SendOnLinkStream(*link, data, count, dtype, copies.back().sent)
-          : link->PostSend(data, count, dtype, PipelineLinks::kReceiverRank, options_.stream);
+          : link->p2p().PostSend(data, count, dtype, PipelineLinks::kReceiverRank, options_.stream);
   link->recorder().SetLabel("");
   ZR_RETURN_IF_ERROR(issued);
   bytes_sent_ += count * static_cast<int64_t>(elem);
@@ -409,7 +409,7 @@ Status PipelineExecutor::Receive(Step& step, const std::vector<PipelineAction>& 
       continue;
     }
     link->recorder().SetLabel(label);
-    const Status received = link->Exchange(recvs, dtype, options_.stream);
+    const Status received = link->p2p().Exchange(recvs, dtype, options_.stream);
     link->recorder().SetLabel("");
     ZR_RETURN_IF_ERROR(received);
   }
@@ -507,8 +507,9 @@ StatusOr<std::vector<int32_t>> PipelineExecutor::Generate(std::vector<int32_t> p
       } else {
         const ChunkAddress from = PreviousChunk(options_.shape, options_.stage, c);
         ZR_RETURN_IF_ERROR(From(from.stage)
-                               ->Recv(stages_.BlockInput(*mb, first), n, dtype,
-                                      PipelineLinks::kSenderRank, options_.stream));
+                               ->p2p()
+                               .Recv(stages_.BlockInput(*mb, first), n, dtype,
+                                     PipelineLinks::kSenderRank, options_.stream));
       }
       ZR_RETURN_IF_ERROR(stages_.BlocksForward(*mb, first, last));
       if (LastChunk(c)) {
@@ -517,8 +518,8 @@ StatusOr<std::vector<int32_t>> PipelineExecutor::Generate(std::vector<int32_t> p
         token = SampleToken(logits, sampling, rng);
       } else {
         const ChunkAddress to = NextChunk(options_.shape, options_.stage, c);
-        ZR_RETURN_IF_ERROR(To(to.stage)->Send(stages_.BlockInput(*mb, last), n, dtype,
-                                              PipelineLinks::kReceiverRank, options_.stream));
+        ZR_RETURN_IF_ERROR(To(to.stage)->p2p().Send(stages_.BlockInput(*mb, last), n, dtype,
+                                                    PipelineLinks::kReceiverRank, options_.stream));
       }
     }
     if (p > 1) {  // the last stage's token to every stage (the others add 0)

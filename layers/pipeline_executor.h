@@ -1,7 +1,7 @@
 // PipelineExecutor: runs one pipeline stage of a DecoderModel through a schedule's actions
 // (pipeline_schedule.h). Each micro-batch's activations live in a DecoderStages::MicroBatch from
 // its first forward on this stage to its last backward here; receives are waited for in batches
-// (Communicator::Exchange), sends are posted (Communicator::PostSend) from copies the executor
+// (PointToPoint::Exchange), sends are posted (PointToPoint::PostSend) from copies the executor
 // owns until the backend reports them complete, so a MicroBatch can go as soon as its backward
 // ends. Every point-to-point runs under the watchdog's deadline like the collectives. On an
 // asynchronous device the transfers run on streams of their own, beside the compute ([Note:

@@ -94,7 +94,7 @@ StageLiveness PipelineStageLiveness(const std::vector<PipelineAction>& actions,
 
 // What an executor runs, in order: one compute action, one send, or a batch of consecutive
 // receives waited for together. Sends are posted without waiting and complete in the background
-// once their receive is posted (Communicator::PostSend), so a stage waits only at receives: the
+// once their receive is posted (PointToPoint::PostSend), so a stage waits only at receives: the
 // buffered-send semantics under which the tests simulate every schedule. (With sends that
 // block until received, no grouping of consecutive actions is deadlock-free for the
 // interleaved schedule: the test shows the cycle.)

@@ -69,6 +69,7 @@ class CommRecorder {
 
  private:
   friend class Communicator;
+  friend class PointToPoint;
   CommRecorder(std::string group, std::string backend, int rank, int size, size_t capacity)
       : trace_(std::move(group), std::move(backend), rank, size, capacity) {}
 

@@ -154,6 +154,10 @@ Status RefuseQueued(const Stream* stream, std::string_view what) {
 }
 }  // namespace
 
+std::string Communicator::Where() const {
+  return StrCat("rank ", rank_, "/", size_, " in group '", options_.name, "' (", backend(), ")");
+}
+
 bool Communicator::NeedsStaging(Stream* stream) const {
   return host_buffers() && stream != nullptr && stream->device().is_cuda();
 }
@@ -211,8 +215,7 @@ Status Communicator::RunNow(const Call& call, const std::function<Status(Stream*
   Status status = body(staged ? nullptr : stream);
   if (!status.ok()) {
     recorder_.trace_.End(seq, false);
-    return Annotate(status, StrCat("rank ", rank_, "/", size_, " in group '", options_.name, "' (",
-                                   backend(), "), ", CollectiveOpName(call.op), " of ", call.bytes,
+    return Annotate(status, StrCat(Where(), ", ", CollectiveOpName(call.op), " of ", call.bytes,
                                    " bytes", labelled.empty() ? "" : StrCat(" (", labelled, ")")));
   }
   CompletionProbe probe = staged ? CompletionProbe() : MakeProbe(stream);
@@ -383,78 +386,78 @@ Status CheckPeer(int peer, int rank, int size, std::string_view what, bool allow
 
 }  // namespace
 
-Status Communicator::Send(const void* buffer, size_t count, DType dtype, int peer, Stream* stream) {
-  ZR_RETURN_IF_ERROR(CheckPeer(peer, rank_, size_, "send", false));
+Status PointToPoint::Send(const void* buffer, size_t count, DType dtype, int peer, Stream* stream) {
+  ZR_RETURN_IF_ERROR(CheckPeer(peer, comm_.rank_, comm_.size_, "send", false));
   ZR_RETURN_IF_ERROR(CheckBuffer(buffer, count, "send"));
   const size_t bytes = count * DTypeSize(dtype);
-  const Call call{CollectiveOp::kSend, bytes, dtype, peer, bytes};
-  if (NeedsStaging(stream)) {
-    return Run(
+  const Communicator::Call call{CollectiveOp::kSend, bytes, dtype, peer, bytes};
+  if (comm_.NeedsStaging(stream)) {
+    return comm_.Run(
         call,
         [&](Stream*) -> Status {
-          ZR_ASSIGN_OR_RETURN(Buffer host, Staging(bytes));
+          ZR_ASSIGN_OR_RETURN(Buffer host, comm_.Staging(bytes));
           ZR_RETURN_IF_ERROR(ToHost(host.data(), buffer, stream->device(), bytes));
-          return DoSend(host.data(), count, dtype, peer, nullptr);
+          return comm_.DoSend(host.data(), count, dtype, peer, nullptr);
         },
         stream);
   }
-  return Run(
-      call, [=, this](Stream* s) { return DoSend(buffer, count, dtype, peer, s); }, stream);
+  return comm_.Run(
+      call, [=, this](Stream* s) { return comm_.DoSend(buffer, count, dtype, peer, s); }, stream);
 }
 
-Status Communicator::Recv(void* buffer, size_t count, DType dtype, int peer, Stream* stream) {
-  ZR_RETURN_IF_ERROR(CheckPeer(peer, rank_, size_, "recv", false));
+Status PointToPoint::Recv(void* buffer, size_t count, DType dtype, int peer, Stream* stream) {
+  ZR_RETURN_IF_ERROR(CheckPeer(peer, comm_.rank_, comm_.size_, "recv", false));
   ZR_RETURN_IF_ERROR(CheckBuffer(buffer, count, "recv"));
   const size_t bytes = count * DTypeSize(dtype);
-  const Call call{CollectiveOp::kRecv, bytes, dtype, peer};
-  if (NeedsStaging(stream)) {
-    return Run(
+  const Communicator::Call call{CollectiveOp::kRecv, bytes, dtype, peer};
+  if (comm_.NeedsStaging(stream)) {
+    return comm_.Run(
         call,
         [&](Stream*) -> Status {
-          ZR_ASSIGN_OR_RETURN(Buffer host, Staging(bytes));
-          ZR_RETURN_IF_ERROR(DoRecv(host.data(), count, dtype, peer, nullptr));
+          ZR_ASSIGN_OR_RETURN(Buffer host, comm_.Staging(bytes));
+          ZR_RETURN_IF_ERROR(comm_.DoRecv(host.data(), count, dtype, peer, nullptr));
           return ToDevice(buffer, stream->device(), host.data(), bytes);
         },
         stream);
   }
-  return Run(
-      call, [=, this](Stream* s) { return DoRecv(buffer, count, dtype, peer, s); }, stream);
+  return comm_.Run(
+      call, [=, this](Stream* s) { return comm_.DoRecv(buffer, count, dtype, peer, s); }, stream);
 }
 
-Status Communicator::SendRecv(const void* send, size_t send_count, int dst, void* recv,
+Status PointToPoint::SendRecv(const void* send, size_t send_count, int dst, void* recv,
                               size_t recv_count, int src, DType dtype, Stream* stream) {
-  ZR_RETURN_IF_ERROR(CheckPeer(dst, rank_, size_, "send_recv destination", true));
-  ZR_RETURN_IF_ERROR(CheckPeer(src, rank_, size_, "send_recv source", true));
+  ZR_RETURN_IF_ERROR(CheckPeer(dst, comm_.rank_, comm_.size_, "send_recv destination", true));
+  ZR_RETURN_IF_ERROR(CheckPeer(src, comm_.rank_, comm_.size_, "send_recv source", true));
   ZR_RETURN_IF_ERROR(CheckBuffer(send, send_count, "send_recv send"));
   ZR_RETURN_IF_ERROR(CheckBuffer(recv, recv_count, "send_recv recv"));
   const size_t elem = DTypeSize(dtype);
   if (Overlaps(send, send_count * elem, recv, recv_count * elem)) {
     return absl::InvalidArgumentError("send_recv buffers overlap");
   }
-  const Call call{CollectiveOp::kSendRecv, (send_count + recv_count) * elem, dtype, dst,
-                  send_count * elem};
-  if (NeedsStaging(stream)) {
-    return Run(
+  const Communicator::Call call{CollectiveOp::kSendRecv, (send_count + recv_count) * elem, dtype,
+                                dst, send_count * elem};
+  if (comm_.NeedsStaging(stream)) {
+    return comm_.Run(
         call,
         [&](Stream*) -> Status {
-          ZR_ASSIGN_OR_RETURN(Buffer host, Staging((send_count + recv_count) * elem));
+          ZR_ASSIGN_OR_RETURN(Buffer host, comm_.Staging((send_count + recv_count) * elem));
           char* host_recv = host.as<char>() + send_count * elem;
           ZR_RETURN_IF_ERROR(ToHost(host.data(), send, stream->device(), send_count * elem));
-          ZR_RETURN_IF_ERROR(
-              DoSendRecv(host.data(), send_count, dst, host_recv, recv_count, src, dtype, nullptr));
+          ZR_RETURN_IF_ERROR(comm_.DoSendRecv(host.data(), send_count, dst, host_recv, recv_count,
+                                              src, dtype, nullptr));
           return ToDevice(recv, stream->device(), host_recv, recv_count * elem);
         },
         stream);
   }
-  return Run(
+  return comm_.Run(
       call,
       [=, this](Stream* s) {
-        return DoSendRecv(send, send_count, dst, recv, recv_count, src, dtype, s);
+        return comm_.DoSendRecv(send, send_count, dst, recv, recv_count, src, dtype, s);
       },
       stream);
 }
 
-Status Communicator::Exchange(std::span<const P2POp> ops, DType dtype, Stream* stream) {
+Status PointToPoint::Exchange(std::span<const P2POp> ops, DType dtype, Stream* stream) {
   ZR_RETURN_IF_ERROR(RefuseQueued(stream, "exchange"));
   const size_t elem = DTypeSize(dtype);
   size_t bytes = 0, sent = 0;
@@ -462,8 +465,8 @@ Status Communicator::Exchange(std::span<const P2POp> ops, DType dtype, Stream* s
   for (size_t i = 0; i < ops.size(); ++i) {
     const P2POp& op = ops[i];
     const bool send = op.kind == P2POp::kSend;
-    ZR_RETURN_IF_ERROR(
-        CheckPeer(op.peer, rank_, size_, send ? "exchange send" : "exchange recv", false));
+    ZR_RETURN_IF_ERROR(CheckPeer(op.peer, comm_.rank_, comm_.size_,
+                                 send ? "exchange send" : "exchange recv", false));
     ZR_RETURN_IF_ERROR(CheckBuffer(op.buffer, op.count, send ? "exchange send" : "exchange recv"));
     if (op.count > (std::numeric_limits<size_t>::max() - bytes) / elem) {
       return absl::InvalidArgumentError("exchange: the batch's bytes overflow");
@@ -480,13 +483,13 @@ Status Communicator::Exchange(std::span<const P2POp> ops, DType dtype, Stream* s
     }
   }
   if (ops.empty()) return absl::OkStatus();
-  const Call call{CollectiveOp::kExchange, bytes, dtype, peer, sent};
-  if (NeedsStaging(stream)) {
-    return Run(
+  const Communicator::Call call{CollectiveOp::kExchange, bytes, dtype, peer, sent};
+  if (comm_.NeedsStaging(stream)) {
+    return comm_.Run(
         call,
         [&](Stream*) -> Status {
           // One host buffer for the whole batch: sends copied in, receives copied out after.
-          ZR_ASSIGN_OR_RETURN(Buffer host, Staging(bytes));
+          ZR_ASSIGN_OR_RETURN(Buffer host, comm_.Staging(bytes));
           std::vector<P2POp> staged(ops.begin(), ops.end());
           size_t offset = 0;
           for (P2POp& op : staged) {
@@ -497,7 +500,7 @@ Status Communicator::Exchange(std::span<const P2POp> ops, DType dtype, Stream* s
             op.buffer = h;
             offset += op.count * elem;
           }
-          ZR_RETURN_IF_ERROR(DoExchange(staged, dtype, nullptr));
+          ZR_RETURN_IF_ERROR(comm_.DoExchange(staged, dtype, nullptr));
           for (size_t i = 0; i < ops.size(); ++i) {
             if (ops[i].kind != P2POp::kRecv) continue;
             ZR_RETURN_IF_ERROR(
@@ -507,64 +510,63 @@ Status Communicator::Exchange(std::span<const P2POp> ops, DType dtype, Stream* s
         },
         stream);
   }
-  ZR_RETURN_IF_ERROR(Run(
-      call, [&](Stream* s) { return DoExchange(ops, dtype, s); }, stream));
+  ZR_RETURN_IF_ERROR(comm_.Run(
+      call, [&](Stream* s) { return comm_.DoExchange(ops, dtype, s); }, stream));
   return PollSends();
 }
 
-Status Communicator::PostSend(const void* buffer, size_t count, DType dtype, int peer,
+Status PointToPoint::PostSend(const void* buffer, size_t count, DType dtype, int peer,
                               Stream* stream) {
   ZR_RETURN_IF_ERROR(RefuseQueued(stream, "posted send"));
-  ZR_RETURN_IF_ERROR(CheckPeer(peer, rank_, size_, "posted send", false));
+  ZR_RETURN_IF_ERROR(CheckPeer(peer, comm_.rank_, comm_.size_, "posted send", false));
   ZR_RETURN_IF_ERROR(CheckBuffer(buffer, count, "posted send"));
-  ZR_RETURN_IF_ERROR(CheckStream(stream));
+  ZR_RETURN_IF_ERROR(comm_.CheckStream(stream));
   const size_t bytes = count * DTypeSize(dtype);
   auto fail = [&](const Status& status) {
-    return Annotate(status, StrCat("rank ", rank_, "/", size_, " in group '", options_.name, "' (",
-                                   backend(), "), posted send of ", bytes, " bytes to ", peer));
+    return Annotate(status, StrCat(comm_.Where(), ", posted send of ", bytes, " bytes to ", peer));
   };
   PostedSend posted{};
   const void* from = buffer;
   Stream* on = stream;
-  if (NeedsStaging(stream)) {
+  if (comm_.NeedsStaging(stream)) {
     ZR_RETURN_IF_ERROR(stream->Synchronize());
-    ZR_ASSIGN_OR_RETURN(posted.staging, Staging(bytes));
+    ZR_ASSIGN_OR_RETURN(posted.staging, comm_.Staging(bytes));
     ZR_RETURN_IF_ERROR(ToHost(posted.staging.data(), buffer, stream->device(), bytes));
     from = posted.staging.data();
     on = nullptr;
   } else if (stream != nullptr && stream->device().is_cpu()) {
     on = nullptr;
   }
-  const Ticket ticket(turns_);
+  const Communicator::Ticket ticket(comm_.turns_);
   ticket.Wait();
-  recorder_.CountWire(bytes, options_.crosses_nodes);
-  posted.seq = recorder_.trace_.Begin(CollectiveOp::kSend, bytes, dtype, peer, options_.timeout);
-  if (Status status = DoPostSend(from, count, dtype, peer, on); !status.ok()) {
-    recorder_.trace_.End(posted.seq, false);
+  comm_.recorder_.CountWire(bytes, comm_.options_.crosses_nodes);
+  posted.seq =
+      comm_.recorder_.trace_.Begin(CollectiveOp::kSend, bytes, dtype, peer, comm_.options_.timeout);
+  if (Status status = comm_.DoPostSend(from, count, dtype, peer, on); !status.ok()) {
+    comm_.recorder_.trace_.End(posted.seq, false);
     return fail(status);
   }
   posted_.push_back(std::move(posted));
   return PollSends();
 }
 
-Status Communicator::PollSends() {
+Status PointToPoint::PollSends() {
   if (posted_.empty()) return absl::OkStatus();
-  ZR_ASSIGN_OR_RETURN(size_t done, DoPollSends());
+  ZR_ASSIGN_OR_RETURN(size_t done, comm_.DoPollSends());
   for (; done > 0 && !posted_.empty(); --done) {
-    recorder_.trace_.End(posted_.front().seq, true);
+    comm_.recorder_.trace_.End(posted_.front().seq, true);
     posted_.pop_front();
   }
   return absl::OkStatus();
 }
 
-Status Communicator::WaitSends() {
+Status PointToPoint::WaitSends() {
   if (posted_.empty()) return absl::OkStatus();
-  Status status = DoWaitSends();
-  for (const PostedSend& p : posted_) recorder_.trace_.End(p.seq, status.ok());
+  Status status = comm_.DoWaitSends();
+  for (const PostedSend& p : posted_) comm_.recorder_.trace_.End(p.seq, status.ok());
   posted_.clear();
   if (!status.ok()) {
-    return Annotate(status, StrCat("rank ", rank_, "/", size_, " in group '", options_.name, "' (",
-                                   backend(), "), waiting for posted sends"));
+    return Annotate(status, StrCat(comm_.Where(), ", waiting for posted sends"));
   }
   return absl::OkStatus();
 }
@@ -577,8 +579,7 @@ Status Communicator::Barrier() {
   Status status = DoBarrier();
   recorder_.trace_.End(seq, status.ok());
   if (!status.ok()) {
-    return Annotate(status, StrCat("rank ", rank_, "/", size_, " in group '", options_.name, "' (",
-                                   backend(), "), barrier"));
+    return Annotate(status, StrCat(Where(), ", barrier"));
   }
   return absl::OkStatus();
 }
@@ -599,8 +600,7 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int key,
     recorder_.PassOn((*result)->recorder_);
   }
   if (!result.ok()) {
-    return Annotate(result.status(), StrCat("rank ", rank_, "/", size_, " in group '",
-                                            options_.name, "' (", backend(), "), split"));
+    return Annotate(result.status(), StrCat(Where(), ", split"));
   }
   return result;
 }

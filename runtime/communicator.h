@@ -49,7 +49,7 @@ struct CommOptions {
   bool crosses_nodes = false;
 };
 
-// One send or receive of a batch (Communicator::Exchange).
+// One send or receive of a batch (PointToPoint::Exchange).
 struct P2POp {
   enum Kind : uint8_t { kSend, kRecv };
   Kind kind = kSend;
@@ -61,27 +61,17 @@ struct P2POp {
 // Colour for Split that leaves the caller out of every new group.
 inline constexpr int kNoColor = -1;
 
-class Communicator {
+class Communicator;
+
+// The point-to-point half of a communicator (pipeline stages' activations and gradients, ring
+// exchanges): Communicator::p2p(). It shares its communicator's checks, staging, trace and turns
+// ([Note: one communicator, one order]); what it owns itself is the sends posted and not yet
+// reported complete.
+class PointToPoint {
  public:
-  virtual ~Communicator();
-  Communicator(const Communicator&) = delete;
-  Communicator& operator=(const Communicator&) = delete;
+  PointToPoint(const PointToPoint&) = delete;
+  PointToPoint& operator=(const PointToPoint&) = delete;
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
-  const std::string& name() const { return options_.name; }
-  const CommOptions& options() const { return options_; }
-  virtual std::string_view backend() const = 0;
-  // How the backend carries out `op`, for benchmark tables.
-  virtual std::string algorithm(CollectiveOp op) const = 0;
-
-  Status AllGather(const void* send, void* recv, size_t count, DType dtype,
-                   Stream* stream = nullptr);
-  Status ReduceScatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
-                       Stream* stream = nullptr);
-  Status AllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
-                   Stream* stream = nullptr);
-  Status Broadcast(void* buffer, size_t count, DType dtype, int root, Stream* stream = nullptr);
   // Send may complete before the matching Recv is posted (it does on loopback), or may wait for
   // it (MPI, large messages): exchanges in a ring use SendRecv.
   Status Send(const void* buffer, size_t count, DType dtype, int peer, Stream* stream = nullptr);
@@ -105,6 +95,44 @@ class Communicator {
   // Waits for every posted send.
   Status WaitSends();
   size_t posted_sends() const { return posted_.size(); }
+
+ private:
+  friend class Communicator;
+  explicit PointToPoint(Communicator& comm) : comm_(comm) {}
+  Status PollSends();
+
+  Communicator& comm_;
+  struct PostedSend {
+    uint64_t seq;    // its trace record
+    Buffer staging;  // the host copy of a CUDA buffer (host backends)
+  };
+  std::deque<PostedSend> posted_;  // oldest first
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return options_.name; }
+  const CommOptions& options() const { return options_; }
+  virtual std::string_view backend() const = 0;
+  // How the backend carries out `op`, for benchmark tables.
+  virtual std::string algorithm(CollectiveOp op) const = 0;
+
+  Status AllGather(const void* send, void* recv, size_t count, DType dtype,
+                   Stream* stream = nullptr);
+  Status ReduceScatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                       Stream* stream = nullptr);
+  Status AllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                   Stream* stream = nullptr);
+  Status Broadcast(void* buffer, size_t count, DType dtype, int root, Stream* stream = nullptr);
+  // Sends, receives, batches and posted sends: the point-to-point half, validated, staged and
+  // traced by this communicator.
+  PointToPoint& p2p() { return p2p_; }
   Status Barrier();
   // Collective over this group: callers with the same colour form a new group, ordered by
   // (key, rank). kNoColor gives nullptr.
@@ -159,6 +187,7 @@ class Communicator {
   Watchdog* watchdog() const { return watchdog_; }
 
  private:
+  friend class PointToPoint;
   struct Call;
   class Turns;
   class Ticket;
@@ -171,7 +200,8 @@ class Communicator {
   Status RunNow(const Call& call, const std::function<Status(Stream*)>& body, Stream* stream,
                 Stream* ran_on = nullptr, const std::string* label = nullptr);
   Status CheckStream(Stream* stream) const;
-  Status PollSends();
+  // "rank r/w in group 'g' (backend)": how every error of this communicator begins.
+  std::string Where() const;
   bool NeedsStaging(Stream* stream) const;
   StatusOr<Buffer> Staging(size_t bytes);
 
@@ -182,11 +212,7 @@ class Communicator {
   Watchdog* const watchdog_;
   std::unique_ptr<Allocator> staging_allocator_;
   const std::shared_ptr<Turns> turns_;  // shared with queued tickets
-  struct PostedSend {
-    uint64_t seq;    // its trace record
-    Buffer staging;  // the host copy of a CUDA buffer (host backends)
-  };
-  std::deque<PostedSend> posted_;  // oldest first
+  PointToPoint p2p_{*this};  // after the staging allocator: its posted sends hold staging buffers
 };
 
 }  // namespace zerort

@@ -97,9 +97,9 @@ Status OneBitAllReduce::Run(std::span<const Segment> segments, const TensorView&
                                static_cast<size_t>(msg), stream));
   for (int d = 1; d < N; ++d) {  // a ring: to me + d, from me - d
     const int to = (me + d) % N, from = (me - d + N) % N;
-    ZR_RETURN_IF_ERROR(dp_.SendRecv(send_bytes + to * msg, static_cast<size_t>(msg), to,
-                                    recv_bytes + from * msg, static_cast<size_t>(msg), from,
-                                    DType::kU8, stream));
+    ZR_RETURN_IF_ERROR(dp_.p2p().SendRecv(send_bytes + to * msg, static_cast<size_t>(msg), to,
+                                          recv_bytes + from * msg, static_cast<size_t>(msg), from,
+                                          DType::kU8, stream));
   }
   // Server: this rank's chunk of every parameter averaged, compensated and compressed again.
   float* package_scales = reinterpret_cast<float*>(package_bytes + scales_at);

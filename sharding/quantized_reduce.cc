@@ -57,8 +57,8 @@ Status QuantizedReduceScatter::Level(Communicator& peers, const std::vector<cons
     ZR_RETURN_IF_ERROR(QuantizeInt8(
         TensorView(const_cast<float*>(chunk[static_cast<size_t>(to)]), DType::kF32, {n}, device),
         out.data(), stream));
-    ZR_RETURN_IF_ERROR(peers.SendRecv(out.data(), static_cast<size_t>(bytes), to, in.data(),
-                                      static_cast<size_t>(bytes), from, DType::kU8, stream));
+    ZR_RETURN_IF_ERROR(peers.p2p().SendRecv(out.data(), static_cast<size_t>(bytes), to, in.data(),
+                                            static_cast<size_t>(bytes), from, DType::kU8, stream));
     ZR_RETURN_IF_ERROR(DequantizeInt8(in.data(), received, stream));
     ZR_RETURN_IF_ERROR(AccumulateInto(received, TensorView(acc, DType::kF32, {n}, device), stream));
   }

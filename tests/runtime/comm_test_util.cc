@@ -101,7 +101,8 @@ std::string CheckSendRecvRing(Communicator& comm, DType dtype, size_t count, uin
   const int left = (comm.rank() + n - 1) % n;
   std::vector<std::byte> send = RandomData(dtype, count, seed, comm.rank());
   std::vector<std::byte> recv(count * DTypeSize(dtype) + 1, std::byte{0x5a});
-  if (auto s = comm.SendRecv(send.data(), count, right, recv.data(), count, left, dtype); !s.ok()) {
+  if (auto s = comm.p2p().SendRecv(send.data(), count, right, recv.data(), count, left, dtype);
+      !s.ok()) {
     return StatusText(s, "send_recv");
   }
   const std::vector<std::byte> want = RandomData(dtype, count, seed, left);
@@ -112,11 +113,11 @@ std::string CheckSendRecvRing(Communicator& comm, DType dtype, size_t count, uin
   std::vector<std::byte> got(count * DTypeSize(dtype) + 1, std::byte{0x5a});
   Status s;
   if (comm.rank() % 2 == 0) {
-    s = comm.Send(send.data(), count, dtype, right);
-    if (s.ok()) s = comm.Recv(got.data(), count, dtype, left);
+    s = comm.p2p().Send(send.data(), count, dtype, right);
+    if (s.ok()) s = comm.p2p().Recv(got.data(), count, dtype, left);
   } else {
-    s = comm.Recv(got.data(), count, dtype, left);
-    if (s.ok()) s = comm.Send(send.data(), count, dtype, right);
+    s = comm.p2p().Recv(got.data(), count, dtype, left);
+    if (s.ok()) s = comm.p2p().Send(send.data(), count, dtype, right);
   }
   if (!s.ok()) return StatusText(s, "send/recv ring");
   return Compare(
@@ -144,7 +145,7 @@ std::string CheckExchange(Communicator& comm, DType dtype, size_t count, uint64_
     recv[i].assign(sizes[i] * DTypeSize(dtype) + 1, std::byte{0x5a});
     ops.push_back({P2POp::kRecv, recv[i].data(), sizes[i], from[i]});
   }
-  if (auto s = comm.Exchange(ops, dtype); !s.ok()) return StatusText(s, "exchange");
+  if (auto s = comm.p2p().Exchange(ops, dtype); !s.ok()) return StatusText(s, "exchange");
   for (int i = 0; i < 3; ++i) {
     const std::vector<std::byte> want = RandomData(dtype, sizes[i], seed + i, from[i]);
     std::string err = Compare(
@@ -168,7 +169,7 @@ std::string CheckPostedSends(Communicator& comm, DType dtype, size_t count, uint
   std::vector<std::vector<std::byte>> send(3), recv(3);
   for (int i = 0; i < 3; ++i) {
     send[i] = RandomData(dtype, sizes[i], seed + i, comm.rank());
-    if (auto s = comm.PostSend(send[i].data(), sizes[i], dtype, to[i]); !s.ok()) {
+    if (auto s = comm.p2p().PostSend(send[i].data(), sizes[i], dtype, to[i]); !s.ok()) {
       return StatusText(s, "post send");
     }
   }
@@ -177,9 +178,10 @@ std::string CheckPostedSends(Communicator& comm, DType dtype, size_t count, uint
     recv[i].assign(sizes[i] * DTypeSize(dtype) + 1, std::byte{0x5a});
     ops.push_back({P2POp::kRecv, recv[i].data(), sizes[i], from[i]});
   }
-  if (auto s = comm.Exchange(ops, dtype); !s.ok()) return StatusText(s, "exchange of receives");
-  if (auto s = comm.WaitSends(); !s.ok()) return StatusText(s, "wait sends");
-  if (comm.posted_sends() != 0) return "posted sends left after WaitSends";
+  if (auto s = comm.p2p().Exchange(ops, dtype); !s.ok())
+    return StatusText(s, "exchange of receives");
+  if (auto s = comm.p2p().WaitSends(); !s.ok()) return StatusText(s, "wait sends");
+  if (comm.p2p().posted_sends() != 0) return "posted sends left after WaitSends";
   for (int i = 0; i < 3; ++i) {
     const std::vector<std::byte> want = RandomData(dtype, sizes[i], seed + i, from[i]);
     std::string err = Compare(
@@ -271,7 +273,7 @@ std::string CheckQueuedCollectives(Communicator& comm, uint64_t seed) {
         check(comm.AllGather(shard.data(), gathered.data(), n / size, DType::kF32, stream.get()));
   }
   const Status refused =
-      size > 1 ? comm.PostSend(in.data(), 1, DType::kF32, (r + 1) % size, stream.get())
+      size > 1 ? comm.p2p().PostSend(in.data(), 1, DType::kF32, (r + 1) % size, stream.get())
                : absl::UnimplementedError("one rank");
   const Status synced = stream->Synchronize();  // always: the queue reads these locals
   (void)compute->Synchronize();

@@ -96,7 +96,7 @@ TEST(LoopbackTest, ValidationRejectsBadArguments) {
                           absl::StatusCode::kInvalidArgument);
                 EXPECT_EQ(comm.AllReduce(buf, buf + 1, 4, DType::kF32, ReduceOp::kSum).code(),
                           absl::StatusCode::kInvalidArgument);
-                EXPECT_EQ(comm.Send(buf, 1, DType::kF32, comm.rank()).code(),
+                EXPECT_EQ(comm.p2p().Send(buf, 1, DType::kF32, comm.rank()).code(),
                           absl::StatusCode::kInvalidArgument);
                 EXPECT_EQ(comm.AllGather(nullptr, buf, 1, DType::kF32).code(),
                           absl::StatusCode::kInvalidArgument);
@@ -226,16 +226,18 @@ Status CrossedSends(Communicator& comm, LoopbackSends sends, bool directed) {
   }
   const float mine = static_cast<float>(comm.rank() + 1);
   float theirs = 0;
-  ZR_RETURN_IF_ERROR(out->PostSend(&mine, 1, DType::kF32, peer));
+  ZR_RETURN_IF_ERROR(out->p2p().PostSend(&mine, 1, DType::kF32, peer));
   if (sends == LoopbackSends::kRendezvous && !directed) {
     // Not received yet: the peer is blocked in its own receive.
-    if (out->posted_sends() != 1) return absl::InternalError("the posted send completed early");
+    if (out->p2p().posted_sends() != 1)
+      return absl::InternalError("the posted send completed early");
   }
-  ZR_RETURN_IF_ERROR(in->Recv(&theirs, 1, DType::kF32, peer));
+  ZR_RETURN_IF_ERROR(in->p2p().Recv(&theirs, 1, DType::kF32, peer));
   if (theirs != static_cast<float>(peer + 1)) return absl::InternalError("wrong value received");
-  ZR_RETURN_IF_ERROR(out->WaitSends());
-  return out->posted_sends() == 0 ? absl::OkStatus()
-                                  : absl::InternalError("a send still posted after WaitSends");
+  ZR_RETURN_IF_ERROR(out->p2p().WaitSends());
+  return out->p2p().posted_sends() == 0
+             ? absl::OkStatus()
+             : absl::InternalError("a send still posted after WaitSends");
 }
 
 TEST(LoopbackRendezvousTest, CrossedPostedSendsDeadlockOnOneCommunicatorOnly) {
