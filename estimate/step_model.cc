@@ -48,10 +48,22 @@ void StepModel::Init() {
     Term(host_tier, Cat::kStaging, "parameter fetch buffers (offload_param nvme)",
          "buffer_count x min(buffer_size, largest offloaded shard) x compute bytes", bytes);
   }
-  std::map<std::pair<Tier, Cat>, std::pair<std::string, int64_t>> sums;
+  // Per tier and category: the kinds of buffer (each named once, in the order met), how many
+  // units hold one, and their bytes.
+  struct Sum {
+    std::vector<UnitBuffer> kinds;
+    int64_t units = 0;
+    int64_t bytes = 0;
+    void Add(UnitBuffer kind, int64_t b) {
+      if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) kinds.push_back(kind);
+      bytes += b;
+    }
+  };
+  std::map<std::pair<Tier, Cat>, Sum> sums;
   int64_t gathered = 0, largest_shard = 0;
   for (Unit& u : units_) {
     u.persistent = u.plan.persistent;
+    std::vector<std::pair<Tier, Cat>> held;  // the sums this unit adds to
     largest_shard = std::max(largest_shard, u.layout.shard_numel());
     for (const PlannedBuffer& b : u.plan.buffers) {
       if (b.lifetime != Lifetime::kPersistent) continue;
@@ -62,29 +74,32 @@ void StepModel::Init() {
         continue;
       }
       persistent_.push_back(r_.Alloc(b.category, b.bytes(), compute_, b.tier));
-      auto& sum = sums[{b.tier, b.category}];
-      sum.first += (sum.first.empty() ? "" : ", ") + std::string(UnitBufferName(b.buffer));
-      sum.second += b.bytes();
+      sums[{b.tier, b.category}].Add(b.buffer, b.bytes());
+      if (std::find(held.begin(), held.end(), std::pair{b.tier, b.category}) == held.end()) {
+        held.emplace_back(b.tier, b.category);
+      }
       // The master's and the compute shard's initial values go to NVMe through a host buffer.
       if (b.tier == Tier::kNvme &&
           (b.buffer == UnitBuffer::kMaster || b.buffer == UnitBuffer::kComputeShard)) {
         transient(AlignedAllocationBytes(b.bytes()));
       }
     }
+    for (const auto& key : held) ++sums[key].units;
   }
   // 1-bit LAMB's buffers of the rank, after the units' (ShardedOptimizer::Finalize).
   for (const PlannedBuffer& b : PlanRankBuffers(options_, OneBitLambNumel(), in_.shard_ranks())) {
     persistent_.push_back(r_.Alloc(b.category, b.bytes(), compute_, b.tier));
-    auto& sum = sums[{b.tier, b.category}];
-    sum.first += (sum.first.empty() ? "" : ", ") + std::string(UnitBufferName(b.buffer));
-    sum.second += b.bytes();
+    sums[{b.tier, b.category}].Add(b.buffer, b.bytes());
   }
-  for (const auto& [key, what] : sums) {
-    // One line per tier and category: which buffers, summed over units.
-    std::string names = what.first;
-    if (names.size() > 60) names = names.substr(0, 57) + "...";
+  for (const auto& [key, sum] : sums) {
+    // One line per tier and category: which kinds of buffer, summed over the units holding them
+    // (the rank's own 1-bit LAMB buffers are in no unit).
+    std::string names;
+    for (UnitBuffer kind : sum.kinds)
+      StrAppend(&names, names.empty() ? "" : ", ", UnitBufferName(kind));
+    if (sum.units > 0) StrAppend(&names, " (", sum.units, sum.units == 1 ? " unit)" : " units)");
     Term(key.first, key.second, names,
-         "sum over units of the planned buffers (sharding/unit_plan.h)", what.second);
+         "sum over units of the planned buffers (sharding/unit_plan.h)", sum.bytes);
   }
   if (gathered > 0) {
     Term(Tier::kDevice, Cat::kGatheredWeights, "persistent units, always gathered",

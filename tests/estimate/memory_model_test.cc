@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 
 #include "zerort/data/token_file.h"
 #include "zerort/engine/trainer.h"
@@ -507,6 +508,27 @@ TEST(MemoryModelTest, ShardingDividesModelStates) {
   const MemoryEstimate e = *EstimateMemory(in);
   EXPECT_EQ(e.Peak(MemoryTier::kDevice, MemoryCategory::kOptimizerState), 0);
   EXPECT_GT(e.Peak(MemoryTier::kPinnedHost, MemoryCategory::kOptimizerState), 0);
+}
+
+// The model-state terms say which kinds of buffer, each once, and how many units hold them: a
+// 4,096-block model's parameters are "master, compute shard (4098 units)", not the two names
+// 4,098 times (what `estimate --explain` and the memory refusal print).
+TEST(MemoryModelTest, TheModelStateTermsNameEachBufferOnce) {
+  MemoryModelInput in;
+  in.model = *DecoderPreset("tiny");
+  in.model.n_layer = 4096;
+  in.micro_batch = 1;
+  in.manager.stage = ZeroStage::k3;
+  const MemoryEstimate e = *EstimateMemory(in);
+  std::map<MemoryCategory, std::string> what;
+  for (const MemoryTerm& t : e.terms) {
+    if (t.formula.starts_with("sum over units")) what[t.category] = t.what;
+  }
+  const int64_t units = in.model.n_layer + 2;  // the blocks, the embedding, the final norm
+  EXPECT_EQ(what[MemoryCategory::kParameters], StrCat("master, compute shard (", units, " units)"));
+  EXPECT_EQ(what[MemoryCategory::kGradients], StrCat("gradient shard (", units, " units)"));
+  EXPECT_EQ(what[MemoryCategory::kOptimizerState],
+            StrCat("exp_avg, exp_avg_sq (", units, " units)"));
 }
 
 // GPT-2 124M at ZeRO-3 in bf16 on one GPU, `micro_batch` sequences of 1024.
