@@ -92,10 +92,12 @@ Status CheckRunPaths(const RunConfig& c, const std::string& file) {
   }
   for (const auto& [key, path] : data) {
     if (path.empty()) continue;
-    const std::string file =
-        !std::filesystem::exists(path) && std::filesystem::exists(path + ".idx") ? path + ".idx"
-                                                                                 : path;
+    // The error_code forms: a name too long for the file system is an answer, not an exception.
     std::error_code ec;
+    const std::string file =
+        !std::filesystem::exists(path, ec) && std::filesystem::exists(path + ".idx", ec)
+            ? path + ".idx"
+            : path;
     const auto status = std::filesystem::status(file, ec);
     if (::access(file.c_str(), R_OK) != 0) {
       problems.Add(StrCat(
@@ -111,6 +113,17 @@ Status CheckRunPaths(const RunConfig& c, const std::string& file) {
     }
   }
   if (!c.checkpoint.dir.empty()) problems.Add(CheckWritableDir("checkpoint.dir", c.checkpoint.dir));
+  // The metrics file: any file but a directory (a pipe or /dev/null takes the lines), in a
+  // directory that can be made.
+  if (const std::string& metrics = c.logging.metrics_file; !metrics.empty()) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(metrics, ec)) {
+      problems.Add(StrCat("logging.metrics_file = \"", metrics, "\" is a directory; name a file"));
+    } else if (const std::filesystem::path parent = std::filesystem::path(metrics).parent_path();
+               !parent.empty()) {
+      problems.Add(CheckWritableDir("logging.metrics_file's directory", parent.string()));
+    }
+  }
   if (c.csv_monitor.enabled) {
     problems.Add(CheckWritableDir("csv_monitor.output_path", c.csv_monitor.Dir()));
   }

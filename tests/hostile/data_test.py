@@ -87,6 +87,9 @@ cases = [
      "dtype code 7 is not an integer token type"),
     ("a raw array without data.format", token_file("train.bin", b"\1\0" * 64),
      "set data.format to uint16 or uint32"),
+    # A name longer than the file system takes (std::filesystem threw, and zerort aborted, until
+    # the config fuzzer met one).
+    ("a 5,000-character name", "a" * 5000, "File name too long"),
 ]
 base = {
     "train_batch_size": 4, "train_micro_batch_size_per_gpu": 4,
