@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
 #include "zerort/estimate/memory_replay.h"
 #include "zerort/kernels/memory_facts.h"
 #include "zerort/kernels/quantize.h"
@@ -54,16 +55,17 @@ void StepModel::Init() {
     std::vector<UnitBuffer> kinds;
     int64_t units = 0;
     int64_t bytes = 0;
-    void Add(UnitBuffer kind, int64_t b) {
+    const Unit* last = nullptr;  // the unit that added last (none for the rank's own buffers)
+    void Add(UnitBuffer kind, int64_t b, const Unit* unit) {
       if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) kinds.push_back(kind);
       bytes += b;
+      if (unit != nullptr && unit != std::exchange(last, unit)) ++units;
     }
   };
   std::map<std::pair<Tier, Cat>, Sum> sums;
   int64_t gathered = 0, largest_shard = 0;
   for (Unit& u : units_) {
     u.persistent = u.plan.persistent;
-    std::vector<std::pair<Tier, Cat>> held;  // the sums this unit adds to
     largest_shard = std::max(largest_shard, u.layout.shard_numel());
     for (const PlannedBuffer& b : u.plan.buffers) {
       if (b.lifetime != Lifetime::kPersistent) continue;
@@ -74,22 +76,18 @@ void StepModel::Init() {
         continue;
       }
       persistent_.push_back(r_.Alloc(b.category, b.bytes(), compute_, b.tier));
-      sums[{b.tier, b.category}].Add(b.buffer, b.bytes());
-      if (std::find(held.begin(), held.end(), std::pair{b.tier, b.category}) == held.end()) {
-        held.emplace_back(b.tier, b.category);
-      }
+      sums[{b.tier, b.category}].Add(b.buffer, b.bytes(), &u);
       // The master's and the compute shard's initial values go to NVMe through a host buffer.
       if (b.tier == Tier::kNvme &&
           (b.buffer == UnitBuffer::kMaster || b.buffer == UnitBuffer::kComputeShard)) {
         transient(AlignedAllocationBytes(b.bytes()));
       }
     }
-    for (const auto& key : held) ++sums[key].units;
   }
   // 1-bit LAMB's buffers of the rank, after the units' (ShardedOptimizer::Finalize).
   for (const PlannedBuffer& b : PlanRankBuffers(options_, OneBitLambNumel(), in_.shard_ranks())) {
     persistent_.push_back(r_.Alloc(b.category, b.bytes(), compute_, b.tier));
-    sums[{b.tier, b.category}].Add(b.buffer, b.bytes());
+    sums[{b.tier, b.category}].Add(b.buffer, b.bytes(), nullptr);
   }
   for (const auto& [key, sum] : sums) {
     // One line per tier and category: which kinds of buffer, summed over the units holding them
