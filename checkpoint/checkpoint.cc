@@ -12,6 +12,7 @@
 
 #include "zerort/checkpoint/checkpoint_files.h"
 #include "zerort/checkpoint/checkpoint_protocol.h"
+#include "zerort/checkpoint/config_match.h"
 #include "zerort/runtime/host_collectives.h"
 #include "zerort/runtime/log.h"
 #include "zerort/runtime/strings.h"
@@ -382,6 +383,8 @@ StatusOr<CheckpointSummary> InspectCheckpoint(const std::string& step_dir) {
   // What the loaders would refuse in the metadata (types, ranges, tiling), refused here too.
   ZR_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(step_dir));
   out.metadata = reader.metadata();
+  const Status params = CheckSavedParams(out.metadata, reader.params(), step_dir);
+  if (!params.ok()) out.params = std::string(params.message());
   try {
     for (const auto& rank : out.metadata.at("ranks")) {
       for (const auto& [kind, entry] : rank.at("files").items()) {

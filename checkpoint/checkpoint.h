@@ -168,8 +168,12 @@ struct CheckpointSummary {
   int64_t bytes = 0;               // sum of the shard files
   std::vector<std::string> files;  // "name: size, checksum ok|MISMATCH|missing"
   bool ok = true;                  // every file present with its size and checksum
+  // Empty when the saved parameters are the ones the saved run config's model declares (or there
+  // is no config: an embedder's checkpoint); else the first difference (CheckSavedParams).
+  std::string params;
 };
-// Reads metadata.json and checks every file (for `zerort checkpoint inspect`).
+// Reads metadata.json and checks every file and the saved parameters against the saved config's
+// model (for `zerort checkpoint inspect`).
 StatusOr<CheckpointSummary> InspectCheckpoint(const std::string& step_dir);
 
 }  // namespace zerort

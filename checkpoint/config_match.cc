@@ -2,8 +2,11 @@
 #include "zerort/checkpoint/config_match.h"
 
 #include <array>
+#include <map>
 #include <span>
 
+#include "zerort/config/config.h"
+#include "zerort/layers/decoder_model.h"
 #include "zerort/runtime/strings.h"
 
 namespace zerort {
@@ -78,6 +81,50 @@ Status CheckSameArchitecture(const nlohmann::json& saved, const nlohmann::json& 
       StrCat(command, ": ", step_dir, " was saved with ", diff,
              ": the checkpoint's architecture is what its weights mean; set the key to the "
              "checkpoint's"));
+}
+
+Status CheckSavedParams(const nlohmann::json& metadata,
+                        const std::vector<std::pair<std::string, Shape>>& params,
+                        const std::string& step_dir) {
+  const nlohmann::json saved = metadata.value("config", nlohmann::json());
+  if (saved.is_null()) return absl::OkStatus();
+  const std::string where = StrCat(step_dir, "/metadata.json");
+  StatusOr<RunConfig> config = ParseRunConfig(saved, where);
+  if (!config.ok()) {
+    return absl::DataLossError(
+        StrCat(where, ": its saved run config does not read: ", config.status().message()));
+  }
+  auto dims = [](const Shape& s) {
+    return s.empty() ? std::string("scalar") : fmt::format("{}", fmt::join(s, "x"));
+  };
+  StatusOr<std::vector<DecoderUnit>> units = DecoderUnits(config->model.shape, 1, 0);
+  if (!units.ok()) {
+    return absl::DataLossError(
+        StrCat(where, ": its saved run config's model: ", units.status().message()));
+  }
+  std::map<std::string, Shape> declared;
+  for (const DecoderUnit& unit : *units) {
+    for (const ParamSpec& p : unit.params) declared.emplace(p.name, p.real_shape());
+  }
+  for (const auto& [name, shape] : params) {
+    auto d = declared.find(name);
+    if (d == declared.end()) {
+      return absl::DataLossError(
+          StrCat(where, ": parameter '", name, "' is not one of its saved run config's model"));
+    }
+    if (d->second != shape) {
+      return absl::DataLossError(StrCat(where, ": parameter '", name, "' has shape ", dims(shape),
+                                        " where its saved run config's model has ",
+                                        dims(d->second)));
+    }
+    declared.erase(d);
+  }
+  if (!declared.empty()) {
+    return absl::DataLossError(StrCat(where, ": its saved run config's model has '",
+                                      declared.begin()->first, "' (", declared.size(),
+                                      " parameters in all) that the checkpoint does not save"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace zerort

@@ -5,9 +5,12 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "nlohmann/json.hpp"
 #include "zerort/runtime/status.h"
+#include "zerort/runtime/tensor.h"
 
 namespace zerort {
 
@@ -23,5 +26,15 @@ Status CheckResumable(const nlohmann::json& saved, const nlohmann::json& now,
 // itself.
 Status CheckSameArchitecture(const nlohmann::json& saved, const nlohmann::json& now,
                              const std::string& step_dir, const std::string& command);
+
+// The saved parameters (metadata.json's `params`: names and unpadded shapes) against the model the
+// saved run config declares (DecoderUnits of its `model` section): the same names, each with the
+// same shape, none missing or extra; the first difference is named (DataLoss: the metadata
+// contradicts itself). Ok for an embedder's checkpoint (no config: nothing to compare against).
+// `checkpoint inspect` reports it and `checkpoint export` refuses on it, where a resume or an eval
+// would refuse only when its own model met the shapes.
+Status CheckSavedParams(const nlohmann::json& metadata,
+                        const std::vector<std::pair<std::string, Shape>>& params,
+                        const std::string& step_dir);
 
 }  // namespace zerort

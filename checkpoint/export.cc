@@ -281,6 +281,8 @@ StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std
                " was saved by a trainer that embeds zerort (no model config): only zerort "
                "train's GPT checkpoints export to Hugging Face"));
   }
+  // The tensors must be the ones config.json will declare.
+  ZR_RETURN_IF_ERROR(CheckSavedParams(reader.metadata(), reader.params(), step_dir));
   const nlohmann::json& model = reader.metadata().at("config").at("model");
   const ModelArch arch =
       model.value("arch", std::string("gpt2")) == "llama" ? ModelArch::kLlama : ModelArch::kGpt2;

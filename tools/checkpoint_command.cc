@@ -88,8 +88,12 @@ int RunCheckpointInspect(const CheckpointOptions& o) {
   std::printf("  %zu parameters, %lld elements; %zu shard files, %.2f MiB\n", meta["params"].size(),
               static_cast<long long>(numel), s->files.size(), s->bytes / 1048576.0);
   for (const std::string& f : s->files) std::printf("    %s\n", f.c_str());
+  const std::string params = !s->params.empty()      ? StrCat("MISMATCH: ", s->params)
+                             : SavedByEmbedder(meta) ? "not compared (no model config)"
+                                                     : "as the saved config's model declares them";
+  std::printf("  parameters: %s\n", params.c_str());
   std::printf("  checksums: %s\n", s->ok ? "all ok" : "MISMATCH (see above)");
-  return s->ok ? kExitOk : kExitUsage;
+  return s->ok && s->params.empty() ? kExitOk : kExitUsage;
 }
 
 int RunCheckpointExport(const CheckpointOptions& o) {

@@ -146,6 +146,20 @@ def split_first_piece(m):
     pieces[0:1] = [[name, begin, 1], [name, begin + 1, length - 1]]
 
 
+def shrink_ln_f_bias(m):
+    p = next(p for p in m["params"] if p["name"] == "ln_f.bias")
+    p["padded_shape"] = p["shape"]
+    p["shape"] = [1]
+
+
+def rename_ln_f_bias(m):
+    next(p for p in m["params"] if p["name"] == "ln_f.bias")["name"] = "ln_f.bias2"
+    for rank in m["ranks"]:
+        for piece in rank["pieces"]:
+            if piece[0] == "ln_f.bias":
+                piece[0] = "ln_f.bias2"
+
+
 # Metadata that is wrong in type, range or structure: one validator, shared by every loader and
 # inspect, refuses it naming the JSON path.
 cases += [
@@ -190,6 +204,13 @@ cases += [
     ("a parameter named twice in params",
      meta_edit(lambda m: m["params"].append(dict(m["params"][0]))),
      "parameter 'wte' is named twice in params (params[0] and params["),
+    # A parameter's shape shrunk inside its padded shape: the pieces still tile the padded frame,
+    # so only the saved config's model can say it is wrong (inspect said "all ok", export wrote
+    # it; resume and eval refused it against their own model).
+    ("a shape shrunk inside its padded shape", meta_edit(shrink_ln_f_bias),
+     "parameter 'ln_f.bias' has shape 1"),
+    ("a parameter the config's model does not have", meta_edit(rename_ln_f_bias),
+     "'ln_f.bias"),  # inspect and export name ln_f.bias2, resume and eval the missing ln_f.bias
     ("a parameter named twice in a rank's pieces", meta_edit(split_first_piece),
      "parameter 'wte' is named twice in ranks[0].pieces (ranks[0].pieces[0] and "
      "ranks[0].pieces[1])"),
