@@ -207,6 +207,34 @@ Status CheckMemoryFits(const MemoryModelInput& in, const MachineMemory& machine)
           "tensor_parallel_size splits it)"));
     }
   }
+  // Before the replay too (seconds for tens of thousands of blocks): every layout but the
+  // optimizer on NVMe keeps each parameter's fp32 master and the optimizer's moments in memory,
+  // host or GPU, this rank's share of them at least the model over the tensor-parallel ranks,
+  // sharded over the data ranks from stage 1. (With pipeline stages the ranks of a node hold
+  // different shares: the replay decides.) A model whose share cannot fit in the node's memory,
+  // host and GPUs together, is refused at once.
+  if (in.pp == 1 && in.manager.placement.optimizer != MemoryTier::kNvme && host.available >= 0) {
+    const int shard = in.stage() >= 1 ? in.shard_ranks() : 1;
+    const int per_param = 4 * (1 + in.optimizer_states());
+    const double share =
+        static_cast<double>(in.model.NumParameters()) / std::max(in.tp, 1) / shard * per_param;
+    const double room =
+        static_cast<double>(host.available) + (cuda ? static_cast<double>(gpu) * ranks_here : 0);
+    if (share * ranks_here > room) {
+      auto gib = [](double b) { return fmt::format("{:.2f} GiB", b / 1073741824.0); };
+      return absl::InvalidArgumentError(StrCat(
+          "this run cannot fit: its fp32 masters and ", in.optimizer_states(),
+          " optimizer moment(s) alone, ", in.model.NumParameters(), " parameters x ", per_param,
+          " bytes over tensor_parallel_size ", std::max(in.tp, 1), " and ", shard,
+          " rank(s) sharding them, are ", gib(share), " per rank x ", ranks_here,
+          " rank(s) on this node = ", gib(share * ranks_here), ", but this node has ", gib(room),
+          " (", host.source,
+          cuda ? StrCat(", and ", ranks_here, " GPU(s) of ", gib(static_cast<double>(gpu))) : "",
+          "); every layout but offload_optimizer.device nvme keeps them in memory: more data "
+          "ranks at stage 1 or above, tensor parallelism or the optimizer on NVMe. "
+          "train.check_memory = false skips this check"));
+    }
+  }
   StatusOr<MemoryEstimate> estimate = EstimateMemory(in);
   if (!estimate.ok()) return absl::OkStatus();
   auto fits = [&](const std::pair<int64_t, int64_t>& need) {

@@ -52,5 +52,37 @@ TEST(PreflightTest, MemoryFitsOrSaysWhatWould) {
   EXPECT_NE(CheckMemoryFits(in, machine).message().find("No ZeRO stage"), std::string::npos);
 }
 
+TEST(PreflightTest, MastersAndMomentsThatCannotFitAreRefusedBeforeTheReplay) {
+  MemoryModelInput in;
+  in.model = DecoderConfig{64, 32, 4096, 128, 256};  // 12.9 billion parameters
+  in.manager.stage = ZeroStage::k3;
+  MachineMemory machine;
+  machine.host.available = int64_t{64} << 30;
+  machine.host.source = "test";
+  // 12 bytes a parameter (fp32 master, AdamW's two moments): 144 GiB on one rank.
+  const Status one = CheckMemoryFits(in, machine);
+  EXPECT_NE(
+      one.message().find(
+          "its fp32 masters and 2 optimizer moment(s) alone, 12889890816 parameters x 12 bytes"),
+      std::string::npos)
+      << one;
+  EXPECT_NE(one.message().find("over tensor_parallel_size 1 and 1 rank(s) sharding them"),
+            std::string::npos)
+      << one;
+  // Sharded over 4 data ranks on 4 nodes: 36 GiB a rank, past this bound (the replay decides).
+  in.dp = 4;
+  EXPECT_EQ(CheckMemoryFits(in, machine).message().find("fp32 masters"), std::string::npos);
+  // Four of them on this node: 144 GiB again.
+  machine.ranks_on_node = 4;
+  EXPECT_NE(CheckMemoryFits(in, machine).message().find("x 4 rank(s) on this node"),
+            std::string::npos);
+  // The optimizer on NVMe keeps neither in memory.
+  in.dp = 1;
+  machine.ranks_on_node = 1;
+  in.manager.placement.optimizer = MemoryTier::kNvme;
+  in.manager.placement.params = MemoryTier::kNvme;
+  EXPECT_EQ(CheckMemoryFits(in, machine).message().find("fp32 masters"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace zerort

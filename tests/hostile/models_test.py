@@ -134,6 +134,16 @@ code, err, seconds = run("train", config("huge", huge))
 check("65,536 blocks of d 65,536: exit 2", code == 2, f"{code} {err[-400:]}")
 check("65,536 blocks of d 65,536: names its largest unit", "its largest unit" in err, err[-400:])
 check("65,536 blocks of d 65,536: within 2 s", seconds < 2, f"{seconds:.1f} s")
+# 65,536 blocks of d 1,024 (825 billion parameters): every block fits, the model's fp32 masters
+# and Adam's moments (9.9 TB) fit no machine. Refused before any replay of the step (which takes
+# seconds at this many blocks), naming them.
+deep = {"arch": "gpt2", "n_layer": 65536, "n_head": 8, "d_model": 1024, "seq_len": 64,
+        "vocab_size": 256, "n_kv_head": 0, "intermediate_size": 0}
+code, err, seconds = run("train", config("deep", deep))
+check("65,536 blocks of d 1,024: exit 2", code == 2, f"{code} {err[-400:]}")
+check("65,536 blocks of d 1,024: names the masters and moments",
+      "its fp32 masters and 2 optimizer moment(s) alone, 825" in err, err[-400:])
+check("65,536 blocks of d 1,024: within 2 s", seconds < 2, f"{seconds:.1f} s")
 # The estimator on a 1,000-block model answers at once (0.07 s measured; its replay is linear in
 # the units).
 many = {"arch": "gpt2", "n_layer": 1000, "n_head": 4, "d_model": 64, "seq_len": 64,
