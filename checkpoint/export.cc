@@ -283,7 +283,11 @@ StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std
   }
   // The tensors must be the ones config.json will declare.
   ZR_RETURN_IF_ERROR(CheckSavedParams(reader.metadata(), reader.params(), step_dir));
-  const nlohmann::json& model = reader.metadata().at("config").at("model");
+  // The model section as the parser reads it (types checked, a key the checkpoint predates at its
+  // default), not as the file has it: a key missing from the file aborted the export.
+  ZR_ASSIGN_OR_RETURN(const RunConfig parsed,
+                      ParseRunConfig(reader.metadata().at("config"), step_dir + "/metadata.json"));
+  const nlohmann::json model = parsed.ToJson().at("model");
   const ModelArch arch =
       model.value("arch", std::string("gpt2")) == "llama" ? ModelArch::kLlama : ModelArch::kGpt2;
   ZR_ASSIGN_OR_RETURN(nlohmann::json config, HuggingFaceConfigOf(model, arch, dtype));
