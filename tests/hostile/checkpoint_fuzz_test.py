@@ -4,10 +4,13 @@ one or two values of its metadata.json changed at a random place (its saved run 
 which `checkpoint inspect` and `export` now build the model from): a value of another type, an
 extreme number, a neighbouring number, a key or element removed, an element doubled, a parameter
 name swapped for another. Every mutant goes through `checkpoint inspect` and `checkpoint export`,
-and some through `eval` and `train --resume`. Each must end as the README's exit codes say, 0 or
+and some through `eval` and `train --resume`; and the Hugging Face directories the two export
+to, their config.json or safetensors header damaged, through `checkpoint import` and some
+through `train` with model.init_from. Each must end as the README's exit codes say, 0 or
 2 with an error line (never a signal, an abort, exit 1 or a hang), within seconds, and leave the
 saved step's files and a file beside them as they were. Deterministic: ZR_FUZZ_SEED and
-ZR_FUZZ_TRIALS (default 2026 and 60) choose another sample.
+ZR_FUZZ_TRIALS (default 2026 and 60; ZR_FUZZ_HF_TRIALS, default two thirds of it) choose
+another sample.
 Usage: checkpoint_fuzz_test.py PATH_TO_ZERORT"""
 import copy
 import hashlib
@@ -27,6 +30,7 @@ from harness import Checks, tiny_run  # noqa: E402
 zerort = sys.argv[1]
 seed = int(os.environ.get("ZR_FUZZ_SEED", "2026"))
 trials = int(os.environ.get("ZR_FUZZ_TRIALS", "60"))
+hf_trials = int(os.environ.get("ZR_FUZZ_HF_TRIALS", str(trials * 2 // 3)))
 rng = random.Random(seed)
 checks = Checks("hostile_checkpoint_fuzz_test")
 check = checks.check
@@ -175,7 +179,70 @@ for trial in range(len(REGRESSIONS) + trials):
         shutil.rmtree(os.path.join(tmp, "export"), ignore_errors=True)
     check(f"{what}: the saved step unchanged", digest(step) == before)
     check(f"{what}: the file beside it unchanged", digest(tmp)["outside.bin"] == kept)
-print(f"checkpoint_fuzz_test: seed {seed}, {trials} mutants in {time.time() - started:.0f} s; "
+
+# Hugging Face directories (each base checkpoint exported: config.json and model.safetensors)
+# with config.json or the safetensors header (JSON after an 8-byte length) damaged the same
+# way, or the header's length itself: `checkpoint import` reads every mutant, a quarter also
+# trains from it (model.init_from). Exit 0 or 2; the directory unchanged.
+hf_bases = {}
+for arch, (base_dir, _) in bases.items():
+    out = os.path.join(tmp, f"hf_{arch}")
+    rc, text, _ = run(["checkpoint", "export", base_dir, out])
+    check(f"{arch}: the base checkpoint exports", rc == 0, text[-400:])
+    with open(os.path.join(out, "config.json")) as f:
+        hf_config = json.load(f)
+    with open(os.path.join(out, "model.safetensors"), "rb") as f:
+        blob = f.read()
+    length = int.from_bytes(blob[:8], "little")
+    hf_bases[arch] = (hf_config, json.loads(blob[8:8 + length]), blob[8 + length:])
+for trial in range(hf_trials):
+    arch = rng.choice(list(hf_bases))
+    hf_config, header, data = copy.deepcopy(hf_bases[arch])
+    names = list(header)
+    target = rng.choice(["config.json", "header", "header", "length"])
+    if target == "config.json":
+        changes = [mutate(hf_config, names) for _ in range(rng.choice([1, 1, 2]))]
+    elif target == "header":
+        changes = [mutate(header, names) for _ in range(rng.choice([1, 1, 2]))]
+    head = json.dumps(header).encode()
+    length = len(head)
+    if target == "length":
+        length = rng.choice([0, 1, length - 1, length + 1, len(head) + len(data) + 8, 2**40,
+                             2**64 - 1])
+        changes = [f"header length {length}"]
+    work = os.path.join(tmp, "hf_mutant")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    with open(os.path.join(work, "config.json"), "w") as f:
+        json.dump(hf_config, f)
+    with open(os.path.join(work, "model.safetensors"), "wb") as f:
+        f.write(length.to_bytes(8, "little") + head + data)
+    before, kept = digest(work), digest(tmp)["outside.bin"]
+    what = f"hf trial {trial} ({arch} {target}: {'; '.join(changes)})"
+    commands = [("import", ["checkpoint", "import", work, os.path.join(tmp, "imported")])]
+    if trial % 4 == 0:
+        cfg = config(arch, os.path.join(tmp, "init_ckpt"), 1)
+        cfg["model"]["init_from"] = work
+        with open(os.path.join(tmp, "init.json"), "w") as f:
+            json.dump(cfg, f)
+        commands.append(("init_from", ["train", "init.json"]))
+    for name, args in commands:
+        rc, out, seconds = run(args)
+        outcomes[(name, rc)] = outcomes.get((name, rc), 0) + 1
+        last = out.strip().splitlines()[-1][:300] if out.strip() else ""
+        check(f"{what}: {name} exits 0 or 2", rc in (0, 2), f"rc={rc}: {last}")
+        if rc == 2:
+            check(f"{what}: {name} says why", "error" in out, out[-300:])
+        check(f"{what}: {name} no crash report",
+              not re.search(r"terminate called|Assertion|Sanitizer|Segmentation|core dumped|"
+                            r"runtime error", out), out[-300:])
+        check(f"{what}: {name} within seconds", seconds < 20, f"{seconds:.1f} s")
+        for left in ["imported", "init_ckpt"]:
+            shutil.rmtree(os.path.join(tmp, left), ignore_errors=True)
+    check(f"{what}: the directory unchanged", digest(work) == before)
+    check(f"{what}: the file beside it unchanged", digest(tmp)["outside.bin"] == kept)
+print(f"checkpoint_fuzz_test: seed {seed}, {trials} checkpoint and {hf_trials} Hugging Face "
+      f"mutants in {time.time() - started:.0f} s; "
       f"exit codes {dict(sorted(outcomes.items(), key=str))}")
 shutil.rmtree(tmp, ignore_errors=True)
 checks.finish()
