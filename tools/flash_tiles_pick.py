@@ -5,8 +5,11 @@ TFLOP/s, every variant's against its default in the same run, and the model.flas
 of the variants that are at least MARGIN faster in every head-size-64 shape (the variants exist
 at head size 64 only), as the last line:
   GPU_CHECK_SET=KEY=VALUE KEY=VALUE...   (empty: the defaults)
-Of the backward's variants the one whose slowest shape gains most wins; the forward's is taken or
-not on its own. Exit 2, naming the line, for input that is not bench attention's JSON.
+Of the backward variants the one whose slowest shape gains most wins; the forward's is taken or
+not on its own. A variant whose result differs from the materialised path's by more than
+max(2 x, + 0.02) the default's difference in any shape (bench attention's *_max_abs_difference:
+a block shape that computes wrongly on this GPU) is never taken, however fast. Exit 2, naming the
+line, for input that is not bench attention's JSON.
   tools/flash_tiles_pick.py FILE [--margin 0.02]"""
 import argparse
 import json
@@ -38,6 +41,12 @@ def read(path):
                 if key not in row:
                     raise SystemExit(f"flash_tiles_pick: {path}:{n}: no {key}")
             for key, value in row.items():
+                if key.endswith("max_abs_difference") or key == "max_abs_difference_backward":
+                    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                            not value >= 0:
+                        raise SystemExit(f"flash_tiles_pick: {path}:{n}: {key} = {value!r} is "
+                                         "not a difference")
+                    continue
                 if (key in ("batch", "seq", "heads", "kv_heads", "head_size")
                         or key.endswith("_tflops")) and (
                         isinstance(value, bool) or not isinstance(value, (int, float))
@@ -64,6 +73,7 @@ def main(argv):
         print(f"flash_tiles_pick: {e}", file=sys.stderr)
         return 2
     ratios = {stem: [] for stem in VARIANTS}  # each variant over its default, head size 64
+    wrong = {}  # variant -> why it is never taken
     print("flash attention, TFLOP/s (FlashAttention's count); each variant against its default")
     for s in shapes:
         name = (f"B {s['batch']} T {s['seq']} heads {s['heads']}:{s['kv_heads']} "
@@ -76,6 +86,13 @@ def main(argv):
                 continue
             r = s[f"{stem}_tflops"] / s[f"flash_{kind}_tflops"]
             parts.append(f"{stem[6:]} {s[f'{stem}_tflops']:.1f} ({r:.2f}x)")
+            default = s.get("max_abs_difference" if kind == "forward" else
+                            "max_abs_difference_backward")
+            mine = s.get(f"{stem}_max_abs_difference")
+            if default is not None and mine is not None and \
+                    mine > max(2 * default, default + 0.02):
+                wrong.setdefault(stem, f"{name}: differs from the materialised path by {mine:.3g} "
+                                 f"where the default does by {default:.3g}")
             if s["head_size"] == 64:
                 ratios[stem].append(r)
         print(f"  {name}: " + ", ".join(parts))
@@ -83,13 +100,15 @@ def main(argv):
     # run timed the backward).
     need = {"forward": sum(s["head_size"] == 64 for s in shapes),
             "backward": sum(s["head_size"] == 64 and "flash_backward_tflops" in s for s in shapes)}
+    for stem, why in wrong.items():
+        print(f"{stem[6:]} is not taken: {why}")
     chosen = {}
     for kind in ("forward", "backward"):
         best, best_worst = None, 1.0 + a.margin
         for stem, (k, _) in VARIANTS.items():
             r = ratios[stem]
             # Every head-size-64 shape timed it, each at least the margin faster.
-            if k != kind or not r or len(r) != need[kind] or min(r) < best_worst:
+            if k != kind or not r or len(r) != need[kind] or min(r) < best_worst or stem in wrong:
                 continue
             best, best_worst = stem, min(r)
         if best is not None:

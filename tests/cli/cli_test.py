@@ -92,6 +92,8 @@ for key in ("bench", "baseline", "flash_forward_tflops", "materialised_forward_t
             "forward_speedup", "backward_speedup", "saved_bytes_flash", "saved_bytes_materialised"):
     check(f"bench attention json has {key}", key in att, r.stdout)
 check("bench attention's two paths agree", att.get("max_abs_difference", 1) < 1e-4, r.stdout)
+check("... and so do their input gradients", att.get("max_abs_difference_backward", 1) < 1e-4,
+      r.stdout)
 check("bench attention: flash saves one fp32 per query (1 x 4 x 130 x 4 B)",
       att.get("saved_bytes_flash") == 2080, r.stdout)
 r = run("bench", "attention", "--heads", "12", "--kv-heads", "5")

@@ -85,6 +85,29 @@ check("... and over a 0.5% one", r.returncode == 0
 r = pick([result(64, 100, 50, backward_128k=70), result(64, 100, 50)])
 check("a variant missing from a head-size-64 shape is not taken", r.returncode == 0
       and last(r) == "GPU_CHECK_SET=", r.stdout + r.stderr)
+# A variant that computes wrongly (bench attention's differences against the materialised path)
+# is not taken however fast; one within the tolerance is.
+def differing(hs, default_fwd, default_bwd, **diffs):
+    row = json.loads(result(hs, 100, 50, forward_128q=130, backward_128k=70))
+    row.update({"max_abs_difference": default_fwd, "max_abs_difference_backward": default_bwd})
+    row.update({f"flash_{k}_max_abs_difference": v for k, v in diffs.items()})
+    return json.dumps(row)
+
+
+r = pick([differing(64, 0.01, 0.03, forward_128q=0.015, backward_128k=0.04),
+          differing(64, 0.01, 0.03, forward_128q=0.02, backward_128k=1e30)])
+check("a backward variant that differs by 1e30 in one shape is not taken; a forward variant "
+      "within max(2x, +0.02) is", r.returncode == 0
+      and last(r) == "GPU_CHECK_SET=model.flash_attention.forward_block_queries=128"
+      and "backward_128k is not taken" in r.stdout and "1e+30" in r.stdout, r.stdout + r.stderr)
+r = pick([differing(64, 0.01, 0.03, forward_128q=0.5)])
+check("a forward variant 50x the default's difference is not taken",
+      r.returncode == 0 and last(r) == "GPU_CHECK_SET=model.flash_attention.backward_block_keys=128",
+      r.stdout + r.stderr)
+for value in (-1, "0.1", None):
+    r = pick([differing(64, 0.01, 0.03, backward_128k=value)])
+    check(f"a difference of {value!r}: exit 2 naming it", r.returncode == 2
+          and "flash_backward_128k_max_abs_difference" in r.stderr, r.stderr)
 r = pick([result(64, 100, 50), "{not json"])
 check("a line that is not JSON: exit 2 naming it", r.returncode == 2 and "bench.jsonl:2" in r.stderr,
       r.stderr)
