@@ -11,6 +11,7 @@
 #include "zerort/layers/pipeline_executor.h"
 #include "zerort/layers/pipeline_schedule.h"
 #include "zerort/runtime/strings.h"
+#include "zerort/sharding/unit_plan.h"
 
 namespace zerort {
 
@@ -62,10 +63,7 @@ Status MemoryModelInput::Validate() const {
   return absl::OkStatus();
 }
 
-int MemoryModelInput::optimizer_states() const {
-  if (manager.optimizer.kind != OptimizerKind::kSgd) return 2;
-  return manager.optimizer.momentum != 0 ? 1 : 0;
-}
+int MemoryModelInput::optimizer_states() const { return OptimizerStateCount(manager.optimizer); }
 
 // Megatron's order: this stage's first data group starts at world rank stage x dp x tp; its data
 // ranks are tp apart, a shard group's first S of them, a replicate group every S-th.

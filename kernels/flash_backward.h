@@ -194,8 +194,8 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
     float* d_s = reinterpret_cast<float*>(smem + S::Dvec(buf));
     x.ForThreads([&](int t) {
       if (t < kTile) {  // the log-sum-exps in base 2 (math::ProbExponent2)
-        lse_s[t] = q0 + t < T ? math::Base2(lse[stat0 + q0 + t]) : 0.0f;
-        d_s[t] = q0 + t < T ? dvec[stat0 + q0 + t] : 0.0f;
+        x.StoreShared(lse_s + t, q0 + t < T ? math::Base2(lse[stat0 + q0 + t]) : 0.0f);
+        x.StoreShared(d_s + t, q0 + t < T ? dvec[stat0 + q0 + t] : 0.0f);
       }
     });
   };
@@ -248,7 +248,8 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
           x.ForLanes([&](int lane) {
             float* sw = s.at(w, lane);
             ForTileElems<kCols>(lane, [&](int e, int half, int col) {
-              const float p = X::Exp2(math::ProbExponent2(sw[e], c2, lse_s[c0 + col]));
+              const float p =
+                  X::Exp2(math::ProbExponent2(sw[e], c2, x.LoadShared(lse_s + c0 + col)));
               sw[e] = !masked || visible(lane, half, col) ? p : 0.0f;
             });
           });
@@ -259,7 +260,8 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
             float* sw = s.at(w, lane);
             const float* dw = dp.at(w, lane);
             ForTileElems<kCols>(lane, [&](int e, int half, int col) {
-              const float ds = math::ScoreGrad(sw[e], dw[e], d_s[c0 + col], sh.scale);
+              const float ds =
+                  math::ScoreGrad(sw[e], dw[e], x.LoadShared(d_s + c0 + col), sh.scale);
               sw[e] = !masked || visible(lane, half, col) ? ds : 0.0f;
             });
           });

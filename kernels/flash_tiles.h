@@ -26,7 +26,13 @@
 //   x.CpAsync16(dst, src, valid)   a 16-byte asynchronous copy into shared memory (zeros when
 //                                  not valid), inside ForThreads; x.CpAsyncCommit() closes a
 //                                  group, x.CpAsyncWait(n) waits until at most n are in flight;
+//   x.Store32(p, v)                two packed elements in one 32-bit store;
+//   x.StoreShared(p, v), x.LoadShared(p)
+//                                  a float of shared memory, by one thread;
 //   X::Exp2, X::Pack               2^x; two floats as a register of two elements.
+// Every access to shared memory is one of these (ldmatrix, cp.async, Store32, StoreShared,
+// LoadShared), so that the CPU executor can check the barriers ([Note: the block programs'
+// races]).
 // On CUDA every thread runs each f for its own index and the warp instructions are the PTX ones;
 // the CPU executor runs the indices one after another and emulates each warp instruction over
 // the 32 lanes' registers by its PTX fragment layout (its copies land only when waited for, its
@@ -35,6 +41,17 @@
 // inside ForLanes, ForThreads or a copy, so running the lanes in turn computes what the warp
 // computes, as long as a lane only reads in a phase (between barriers) what no other lane writes
 // in it: the programs are split into phases so that this holds.
+//
+// [Note: the block programs' races]
+// On the GPU a thread sees another thread's write to shared memory (a store, or a cp.async
+// copy that the issuing thread waited for) only after a barrier between them, and a write must
+// not land where another thread still reads in the same phase (between two barriers). The CPU
+// executor runs one thread after another, so a missing barrier changes nothing there; instead it
+// keeps, for every two bytes of the block's shared memory, the phase and thread of the last write
+// and of the reads since, and the copies issued and not yet waited for, and fails a program that
+// reads what another thread wrote in the same phase (a warp's ldmatrix counts as its 32 lanes),
+// writes what another thread wrote or read in it, reads a copy before it was waited for, or
+// issues a copy over what another thread read in the phase (tests/kernels/flash_harness.h).
 //
 // Tiles: a block takes kTile = 64 queries (forward, dQ) or 64 keys (dK/dV); each of its 4 warps
 // owns 16 of them (the forward's 128-query blocks: 32, as two row groups; the backward's main

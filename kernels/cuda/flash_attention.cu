@@ -124,6 +124,9 @@ struct CudaExec {
   }
   // Two elements (a packed pair, the lower one first) in one 32-bit store; p 4-byte aligned.
   __device__ void Store32(E* p, uint32_t v) const { *reinterpret_cast<uint32_t*>(p) = v; }
+  // A float of shared memory written and read by one thread ([Note: the block programs' races]).
+  __device__ void StoreShared(float* p, float v) const { *p = v; }
+  __device__ float LoadShared(const float* p) const { return *p; }
   __device__ void CpAsyncCommit() const { asm volatile("cp.async.commit_group;\n" ::); }
   // The programs wait for all copies (0) or all but the newest group (1 or more).
   __device__ void CpAsyncWait(int in_flight) const {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -16,11 +17,13 @@
 #include "zerort/kernels/flash_forward.h"
 #include "zerort/kernels/model_ops.h"
 #include "zerort/runtime/float_bits.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort::testing {
 
 // The CPU twin of the CUDA executor: indices in turn, each warp instruction emulated over the
-// 32 lanes' registers by its PTX fragment layout.
+// 32 lanes' registers by its PTX fragment layout; and the barriers checked ([Note: the block
+// programs' races] in kernels/flash_tiles.h) over the shared memory given to Watch.
 template <bool kBf16, int Warps = flash::kWarps>
 struct CpuFlashExec {
   using Elem = uint16_t;
@@ -29,17 +32,56 @@ struct CpuFlashExec {
   static uint16_t FromF(float v) { return kBf16 ? FloatToBf16Bits(v) : FloatToF16Bits(v); }
   template <typename F>
   void ForThreads(F&& f) const {
-    for (int t = 0; t < 32 * Warps; ++t) f(t);
+    for (int t = 0; t < 32 * Warps; ++t) {
+      thread_ = t;
+      f(t);
+    }
+    thread_ = -1;
   }
   template <typename F>
   void ForWarps(F&& f) const {
-    for (int w = 0; w < Warps; ++w) f(w);
+    for (int w = 0; w < Warps; ++w) {
+      warp_ = w;
+      f(w);
+    }
+    warp_ = -1;
   }
   template <typename F>
   void ForLanes(F&& f) const {
-    for (int lane = 0; lane < 32; ++lane) f(lane);
+    for (int lane = 0; lane < 32; ++lane) {
+      thread_ = warp_ * 32 + lane;
+      f(lane);
+    }
+    thread_ = -1;
   }
-  void SyncBlock() const {}
+  void SyncBlock() const { ++phase_; }
+
+  // [Note: the block programs' races]: who accessed shared memory, a thread (inside ForThreads or
+  // ForLanes) or a warp's collective (ldmatrix: thread -1, any of its lanes). Two accesses
+  // conflict when they are of different warps, or of two different threads of one warp.
+  struct Who {
+    int thread = -1, warp = -1;
+  };
+  static bool Conflict(Who a, Who b) {
+    return a.warp != b.warp || (a.thread >= 0 && b.thread >= 0 && a.thread != b.thread);
+  }
+  struct Shadow {  // two bytes of shared memory
+    int write_phase = -1;
+    Who writer;
+    int read_phase = -1;
+    Who reader;
+    bool many_readers = false;  // conflicting readers in read_phase
+    int pending = -1;           // the thread whose copy into it is not yet waited for
+  };
+  // The block's shared memory whose accesses are checked, from the start of a block.
+  void Watch(const void* base, size_t bytes) const {
+    base_ = static_cast<const unsigned char*>(base);
+    shadow_.assign(bytes / 2, Shadow{});
+    phase_ = 0;
+  }
+  // The races found since the first Watch: how many, and the first few described.
+  int races() const { return races_; }
+  const std::string& race_report() const { return report_; }
   // Registers of every lane of every warp, NaN until written.
   template <typename T, int N>
   struct Regs {
@@ -69,6 +111,7 @@ struct CpuFlashExec {
     for (int l = 0; l < 32; ++l) {
       rows[l] = addr(l);
       EXPECT_EQ(reinterpret_cast<uintptr_t>(rows[l]) % 16, 0u) << "ldmatrix row of lane " << l;
+      Read(rows[l], 16, Who{-1, w}, "ldmatrix");
     }
     for (int l = 0; l < 32; ++l) {
       for (int m = 0; m < 4; ++m) {
@@ -127,7 +170,14 @@ struct CpuFlashExec {
   // so a program reading a tile before waiting for it reads the NaN shared memory starts with.
   void CpAsync16(void* dst, const void* src, bool valid) const {
     EXPECT_EQ(reinterpret_cast<uintptr_t>(dst) % 16, 0u);
-    open_.push_back({dst, src, valid});
+    Each(dst, 16, [&](Shadow& e, int64_t at) {
+      if (e.pending >= 0) Race(at, "a copy issued while another into it is in flight");
+      if (e.read_phase == phase_ && (e.many_readers || Conflict(e.reader, Current()))) {
+        Race(at, "a copy issued over what another thread reads in this phase");
+      }
+      e.pending = thread_;
+    });
+    open_.push_back({dst, src, valid, thread_});
   }
   void CpAsyncCommit() const { groups_.push_back(std::exchange(open_, {})); }
   void CpAsyncWait(int in_flight) const {
@@ -138,6 +188,12 @@ struct CpuFlashExec {
         } else {
           std::memset(p.dst, 0, 16);
         }
+        // Landed: the issuing thread sees it now, the others after the next barrier.
+        Each(p.dst, 16, [&](Shadow& e, int64_t) {
+          e.pending = -1;
+          e.write_phase = phase_;
+          e.writer = Who{p.thread, p.thread / 32};
+        });
       }
       groups_.erase(groups_.begin());
     }
@@ -153,16 +209,81 @@ struct CpuFlashExec {
   // A 32-bit store of a packed pair (the lower element first, as on the little-endian GPU).
   void Store32(Elem* p, uint32_t v) const {
     EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 4, 0u);
+    Write(p, 4);
     std::memcpy(p, &v, sizeof v);
+  }
+  void StoreShared(float* p, float v) const {
+    Write(p, 4);
+    *p = v;
+  }
+  float LoadShared(const float* p) const {
+    Read(p, 4, Current(), "a load");
+    return *p;
   }
   bool CopiesDone() const { return open_.empty() && groups_.empty(); }
   struct PendingCopy {
     void* dst;
     const void* src;
     bool valid;
+    int thread;
   };
   mutable std::vector<PendingCopy> open_;
   mutable std::vector<std::vector<PendingCopy>> groups_;
+
+ private:
+  Who Current() const {
+    EXPECT_GE(thread_, 0) << "a shared-memory access outside ForThreads and ForLanes";
+    return Who{thread_, thread_ / 32};
+  }
+  // f(entry, byte offset) for each watched two bytes of [p, p + bytes).
+  template <typename F>
+  void Each(const void* p, size_t bytes, F&& f) const {
+    const auto* c = static_cast<const unsigned char*>(p);
+    if (base_ == nullptr || c < base_ || c + bytes > base_ + 2 * shadow_.size()) return;
+    for (size_t b = 0; b < bytes; b += 2) {
+      const int64_t at = c + b - base_;
+      f(shadow_[at / 2], at);
+    }
+  }
+  void Read(const void* p, size_t bytes, Who who, const char* what) const {
+    Each(p, bytes, [&](Shadow& e, int64_t at) {
+      if (e.pending >= 0) Race(at, StrCat(what, " of a copy not yet waited for"));
+      if (e.write_phase == phase_ && Conflict(e.writer, who)) {
+        Race(at, StrCat(what, " by warp ", who.warp, " of what thread ", e.writer.thread,
+                        " wrote in the same phase"));
+      }
+      if (e.read_phase != phase_) {
+        e.read_phase = phase_;
+        e.reader = who;
+        e.many_readers = false;
+      } else if (Conflict(e.reader, who)) {
+        e.many_readers = true;
+      }
+    });
+  }
+  void Write(const void* p, size_t bytes) const {
+    const Who who = Current();
+    Each(p, bytes, [&](Shadow& e, int64_t at) {
+      if (e.pending >= 0) Race(at, "a store over a copy in flight");
+      if (e.write_phase == phase_ && Conflict(e.writer, who)) {
+        Race(at, StrCat("a store by thread ", who.thread, " over what thread ", e.writer.thread,
+                        " wrote in the same phase"));
+      }
+      if (e.read_phase == phase_ && (e.many_readers || Conflict(e.reader, who))) {
+        Race(at, StrCat("a store by thread ", who.thread, " over what another thread reads in "
+                        "the same phase"));
+      }
+      e.write_phase = phase_;
+      e.writer = who;
+    });
+  }
+  void Race(int64_t at, const std::string& what) const {
+    if (++races_ <= 5) StrAppend(&report_, "\n  phase ", phase_, ", byte ", at, ": ", what);
+  }
+  mutable int thread_ = -1, warp_ = -1, phase_ = 0, races_ = 0;
+  mutable const unsigned char* base_ = nullptr;
+  mutable std::vector<Shadow> shadow_;
+  mutable std::string report_;
 };
 
 struct FlashCase {
@@ -229,15 +350,16 @@ FlashOutputs RunFlashOnCpuAs(const FlashInputs& in) {
   r.lse.assign(in.stat_size(), -1.0f);
   r.dvec.assign(in.stat_size(), -1.0f);
   std::vector<unsigned char> smem;
-  auto fresh = [&](int bytes) {
+  auto fresh = [&](const auto& exec, int bytes) {  // and watched for races
     smem.assign(bytes, 0xFF);
+    exec.Watch(smem.data(), smem.size());
     return smem.data();
   };
   // The 1-D grids' order, as the kernels map it ([Note: the longest blocks first]).
   const int forward_tiles = flash::ForwardTiles<D, G>(sh), heads = sh.batch * sh.heads;
   for (int64_t i = 0; i < int64_t{forward_tiles} * heads; ++i) {
     const flash::GridBlock b = flash::LongestFirst(i, heads);
-    flash::ForwardProgram<D, G>(x, fresh(flash::ForwardSmem<D, G>::bytes), in.qkv.data(),
+    flash::ForwardProgram<D, G>(x, fresh(x, flash::ForwardSmem<D, G>::bytes), in.qkv.data(),
                                 r.out.data(), r.lse.data(), sh, forward_tiles - 1 - b.rank, b.head);
     EXPECT_TRUE(x.CopiesDone()) << "the forward left copies in flight";
   }
@@ -253,7 +375,7 @@ FlashOutputs RunFlashOnCpuAs(const FlashInputs& in) {
   const int kv = sh.batch * sh.kv_heads;
   for (int64_t i = 0; i < int64_t{sh.tiles(kKeys)} * kv; ++i) {
     const flash::GridBlock b = flash::LongestFirst(i, kv);
-    flash::BackwardProgram<D, C>(xw, fresh(flash::BackwardSmem<D, kKeys>::bytes), r.dqkv.data(),
+    flash::BackwardProgram<D, C>(xw, fresh(xw, flash::BackwardSmem<D, kKeys>::bytes), r.dqkv.data(),
                                  dq.data(), in.dout.data(), in.qkv.data(), r.lse.data(),
                                  r.dvec.data(), sh, b.rank, b.head);
     EXPECT_TRUE(xw.CopiesDone()) << "the backward left copies in flight";
@@ -263,6 +385,8 @@ FlashOutputs RunFlashOnCpuAs(const FlashInputs& in) {
       flash::BackwardStoreDqProgram<D>(x, r.dqkv.data(), dq.data(), sh, t, bh);
     }
   }
+  EXPECT_EQ(x.races() + xw.races(), 0) << "shared-memory races ([Note: the block programs' races])"
+                                       << x.race_report() << xw.race_report();
   return r;
 }
 
