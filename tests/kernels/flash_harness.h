@@ -270,7 +270,8 @@ struct CpuFlashExec {
                         " wrote in the same phase"));
       }
       if (e.read_phase == phase_ && (e.many_readers || Conflict(e.reader, who))) {
-        Race(at, StrCat("a store by thread ", who.thread, " over what another thread reads in "
+        Race(at, StrCat("a store by thread ", who.thread,
+                        " over what another thread reads in "
                         "the same phase"));
       }
       e.write_phase = phase_;
