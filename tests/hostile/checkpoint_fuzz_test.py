@@ -9,8 +9,8 @@ to, their config.json or safetensors header damaged, through `checkpoint import`
 through `train` with model.init_from. Each must end as the README's exit codes say, 0 or
 2 with an error line (never a signal, an abort, exit 1 or a hang), within seconds, and leave the
 saved step's files and a file beside them as they were. Deterministic: ZR_FUZZ_SEED and
-ZR_FUZZ_TRIALS (default 2026 and 40; ZR_FUZZ_HF_TRIALS, default two thirds of it) choose
-another sample.
+ZR_CHECKPOINT_FUZZ_TRIALS (default 2026 and 40; ZR_CHECKPOINT_FUZZ_HF_TRIALS, default two thirds
+of it) choose another sample.
 Usage: checkpoint_fuzz_test.py PATH_TO_ZERORT"""
 import copy
 import hashlib
@@ -29,8 +29,8 @@ from harness import Checks, tiny_run  # noqa: E402
 
 zerort = sys.argv[1]
 seed = int(os.environ.get("ZR_FUZZ_SEED", "2026"))
-trials = int(os.environ.get("ZR_FUZZ_TRIALS", "40"))
-hf_trials = int(os.environ.get("ZR_FUZZ_HF_TRIALS", str(trials * 2 // 3)))
+trials = int(os.environ.get("ZR_CHECKPOINT_FUZZ_TRIALS", "40"))
+hf_trials = int(os.environ.get("ZR_CHECKPOINT_FUZZ_HF_TRIALS", str(trials * 2 // 3)))
 rng = random.Random(seed)
 checks = Checks("hostile_checkpoint_fuzz_test")
 check = checks.check
