@@ -55,12 +55,15 @@ struct TileVariant {
   double worst = -1;  // its largest |result - materialised result|; -1: not compared
 };
 
-// The largest |a - b| of two bf16 tensors; infinity where an element is not finite (a NaN would
-// otherwise compare as no difference at all).
-double MaxAbsDifference(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+// The largest |a - b| of two tensors (fp32, or bf16 bits); infinity where an element is not finite
+// (a NaN would otherwise compare as no difference at all).
+double Value(float v) { return v; }
+double Value(uint16_t bf16) { return Bf16BitsToFloat(bf16); }
+template <typename T>
+double MaxAbsDifference(const std::vector<T>& a, const std::vector<T>& b) {
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i) {
-    const double d = std::abs(double{Bf16BitsToFloat(a[i])} - double{Bf16BitsToFloat(b[i])});
+    const double d = std::abs(Value(a[i]) - Value(b[i]));
     if (!std::isfinite(d)) return std::numeric_limits<double>::infinity();
     worst = std::max(worst, d);
   }
@@ -154,17 +157,8 @@ StatusOr<Paths> CpuPaths(const BenchAttentionOptions& o, int kv) {
   p.ref_forward();
   p.flash_backward();
   p.ref_backward();
-  auto worst = [](const std::vector<float>& a, const std::vector<float>& b) {
-    double w = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      const double d = std::abs(double{a[i]} - double{b[i]});
-      if (!std::isfinite(d)) return std::numeric_limits<double>::infinity();
-      w = std::max(w, d);
-    }
-    return w;
-  };
-  p.worst = worst(x->out, x->ref_out);
-  p.worst_backward = worst(x->dqkv, x->ref_dqkv);
+  p.worst = MaxAbsDifference(x->out, x->ref_out);
+  p.worst_backward = MaxAbsDifference(x->dqkv, x->ref_dqkv);
   p.saved_flash = static_cast<double>(
       AttentionSavedBytes(AttentionProgram::kFlash, o.batch, o.seq, o.heads, 4));
   p.saved_materialised = 4.0 * o.batch * o.heads * static_cast<double>(o.seq) * o.seq;

@@ -136,6 +136,21 @@ def remove(*path):
 REGRESSIONS = [("llama", remove("config", "model", "rope_theta")),
                ("gpt2", remove("config", "model", "seq_len"))]
 
+def exercise(what, name, args):
+    """One command on a mutant: exit 0 or 2 with a message (an error line, or inspect's
+    MISMATCH), no crash report, within seconds."""
+    rc, out, seconds = run(args)
+    outcomes[(name, rc)] = outcomes.get((name, rc), 0) + 1
+    last = out.strip().splitlines()[-1][:300] if out.strip() else ""
+    check(f"{what}: {name} exits 0 or 2", rc in (0, 2), f"rc={rc}: {last}")
+    if rc == 2:
+        check(f"{what}: {name} says why", "error" in out or "MISMATCH" in out, out[-300:])
+    check(f"{what}: {name} no crash report",
+          not re.search(r"terminate called|Assertion|Sanitizer|Segmentation|core dumped|"
+                        r"runtime error", out), out[-300:])
+    check(f"{what}: {name} within seconds", seconds < 20, f"{seconds:.1f} s")
+
+
 outside = os.path.join(tmp, "outside.bin")
 with open(outside, "wb") as f:
     f.write(b"keep me\n")
@@ -166,16 +181,7 @@ for trial in range(len(REGRESSIONS) + trials):
         commands += [("eval", ["eval", "resume.json", "--checkpoint", work, "--max-windows", "2"]),
                      ("resume", ["train", "resume.json", "--resume"])]
     for name, args in commands:
-        rc, out, seconds = run(args)
-        outcomes[(name, rc)] = outcomes.get((name, rc), 0) + 1
-        last = out.strip().splitlines()[-1][:300] if out.strip() else ""
-        check(f"{what}: {name} exits 0 or 2", rc in (0, 2), f"rc={rc}: {last}")
-        if rc == 2:
-            check(f"{what}: {name} says why", "error" in out or "MISMATCH" in out, out[-300:])
-        check(f"{what}: {name} no crash report",
-              not re.search(r"terminate called|Assertion|Sanitizer|Segmentation|core dumped|"
-                            r"runtime error", out), out[-300:])
-        check(f"{what}: {name} within seconds", seconds < 20, f"{seconds:.1f} s")
+        exercise(what, name, args)
         shutil.rmtree(os.path.join(tmp, "export"), ignore_errors=True)
     check(f"{what}: the saved step unchanged", digest(step) == before)
     check(f"{what}: the file beside it unchanged", digest(tmp)["outside.bin"] == kept)
@@ -227,16 +233,7 @@ for trial in range(hf_trials):
             json.dump(cfg, f)
         commands.append(("init_from", ["train", "init.json"]))
     for name, args in commands:
-        rc, out, seconds = run(args)
-        outcomes[(name, rc)] = outcomes.get((name, rc), 0) + 1
-        last = out.strip().splitlines()[-1][:300] if out.strip() else ""
-        check(f"{what}: {name} exits 0 or 2", rc in (0, 2), f"rc={rc}: {last}")
-        if rc == 2:
-            check(f"{what}: {name} says why", "error" in out, out[-300:])
-        check(f"{what}: {name} no crash report",
-              not re.search(r"terminate called|Assertion|Sanitizer|Segmentation|core dumped|"
-                            r"runtime error", out), out[-300:])
-        check(f"{what}: {name} within seconds", seconds < 20, f"{seconds:.1f} s")
+        exercise(what, name, args)
         for left in ["imported", "init_ckpt"]:
             shutil.rmtree(os.path.join(tmp, left), ignore_errors=True)
     check(f"{what}: the directory unchanged", digest(work) == before)
