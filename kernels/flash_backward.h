@@ -181,15 +181,16 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
   Regs<X, float, D / 2> dk, dv;
   Regs<X, float, kDqCols / 2> dqa;
 
-  // Step i: query head first_h + i / per_head, query tile tile + i % per_head.
+  // Step i: query head first_h + i / per_head, query tile tile + i % per_head, counted as the
+  // steps go (a division by per_head was about 20 instructions of sm_90 SASS, twice a step).
   const int per_head = sh.tiles(kTile) - tile, steps = group * per_head;
-  auto issue = [&](int i, int buf) {  // step i's Q and dO (copies) and statistics (loads)
-    const int h = first_h + i / per_head, q0 = (tile + i % per_head) * kTile;
-    const int64_t stat0 = (int64_t{b} * sh.heads + h) * T;
+  auto issue = [&](int head, int q_tile, int buf) {  // a step's Q, dO (copies), statistics
+    const int q0 = q_tile * kTile;
+    const int64_t stat0 = (int64_t{b} * sh.heads + head) * T;
     LoadTileAsync<D>(x, reinterpret_cast<E*>(smem + S::Visited(0, buf)),
-                     qkv + (row0 + q0) * ld + L.q(h), ld, T - q0);
+                     qkv + (row0 + q0) * ld + L.q(head), ld, T - q0);
     LoadTileAsync<D>(x, reinterpret_cast<E*>(smem + S::Visited(1, buf)),
-                     dout + (row0 + q0) * ldo + int64_t{h} * D, ldo, T - q0);
+                     dout + (row0 + q0) * ldo + int64_t{head} * D, ldo, T - q0);
     float* lse_s = reinterpret_cast<float*>(smem + S::Lse(buf));
     float* d_s = reinterpret_cast<float*>(smem + S::Dvec(buf));
     x.ForThreads([&](int t) {
@@ -203,7 +204,7 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
                    ld, T - k0);
   LoadTileAsync<D>(x, reinterpret_cast<E*>(smem + S::Own(1)), qkv + (row0 + k0) * ld + L.v(first_h),
                    ld, T - k0);
-  issue(0, 0);
+  issue(first_h, tile, 0);
   x.CpAsyncCommit();
   x.ForWarps([&](int w) {
     x.ForLanes([&](int lane) {
@@ -213,11 +214,14 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
       for (int i = 0; i < D / 2; ++i) kw[i] = vw[i] = 0.0f;
     });
   });
+  int h = first_h, q_tile = tile;  // step i's
   for (int i = 0; i < steps; ++i) {
-    const int q0 = (tile + i % per_head) * kTile, qn = T - q0 < kTile ? T - q0 : kTile;
+    const int q0 = q_tile * kTile, qn = T - q0 < kTile ? T - q0 : kTile;
     const int buf = i % 2;
+    const bool head_ends = q_tile + 1 == tile + per_head;
+    const int next_h = head_ends ? h + 1 : h, next_tile = head_ends ? tile : q_tile + 1;
     if (i + 1 < steps) {
-      issue(i + 1, 1 - buf);
+      issue(next_h, next_tile, 1 - buf);
       x.CpAsyncCommit();
       x.CpAsyncWait(1);
     } else {
@@ -291,7 +295,6 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
       }
     });
     x.SyncBlock();  // the step's dS^T is whole
-    const int h = first_h + i / per_head;
     x.ForWarps([&](int w) {
       const int r0 = w * kWarpRows;  // this warp's queries: q0 + r0 + row
       ZR_UNROLL
@@ -323,6 +326,8 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
       }
     });
     x.SyncBlock();  // dS^T is rewritten by the next step
+    h = next_h;
+    q_tile = next_tile;
   }
   x.ForWarps([&](int w) {
     const int r0 = w * kWarpRows;

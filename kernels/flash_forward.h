@@ -141,7 +141,7 @@ ZR_TILE_PROGRAM void ForwardProgram(const X& x, unsigned char* smem, const typen
             float* sg = sw + g * kTile / 2;
             ForTileElems(lane, [&](int i, int half, int col) {
               if (!masked || col < seen[half]) {
-                mx[2 * g + half] = math::Max(mx[2 * g + half], sg[i]);
+                mx[2 * g + half] = math::MaxNum(mx[2 * g + half], sg[i]);
               } else {
                 sg[i] = -INFINITY;
               }
@@ -156,7 +156,7 @@ ZR_TILE_PROGRAM void ForwardProgram(const X& x, unsigned char* smem, const typen
       }
       ZR_UNROLL
       for (int i = 0; i < 2 * G; ++i) {
-        x.QuadAllReduce(w, tmax, i, [](float a, float c) { return math::Max(a, c); });
+        x.QuadAllReduce(w, tmax, i, [](float a, float c) { return math::MaxNum(a, c); });
       }
       x.ForLanes([&](int lane) {  // the running statistics, P, the rescaled accumulators
         const float* mx = tmax.at(w, lane);
@@ -168,7 +168,7 @@ ZR_TILE_PROGRAM void ForwardProgram(const X& x, unsigned char* smem, const typen
           float base2[2];
           ZR_UNROLL
           for (int half = 0; half < 2; ++half) {
-            const float m_new = math::Max(stw[half], mx[2 * g + half]);
+            const float m_new = math::MaxNum(stw[half], mx[2 * g + half]);
             base2[half] = m_new == -INFINITY ? 0.0f : math::Mul(m_new, c2);
             const float alpha = X::Exp2(math::Sub(math::Mul(stw[half], c2), base2[half]));
             stw[half] = m_new;

@@ -152,15 +152,32 @@ inline constexpr int kTileOf = kWarpRows* X::kWarps;
 
 // Copies `rows` x D elements (row i at src + i * ld) into a swizzled [kTileOf<X>][D] tile by
 // asynchronous 16-byte copies; zeros past `rows` (those copies read nothing).
+//
+// [Note: the tile copies' addresses]
+// Thread t copies chunk t % (D / 8) of rows t / (D / 8) + p R (R = the block's threads / (D / 8),
+// a multiple of 8), so its column, its swizzle (row % 8 is the same in every pass) and its row's
+// offsets are computed once and each pass adds a constant. The loop over chunks c = t, t +
+// threads, ... it replaces had a trip count unknown to the compiler and divided c by the chunks a
+// row in every copy: about 23 instructions a copy in sm_90's SASS (docs/gpu.md, "The tile copies'
+// instructions").
 template <int D, typename X>
 ZR_TILE_PROGRAM void LoadTileAsync(const X& x, typename X::Elem* tile, const typename X::Elem* src,
                                    int64_t ld, int rows) {
-  constexpr int kChunks = D / 8;
+  constexpr int kChunks = D / 8;                        // 16-byte chunks a row
+  constexpr int kRowsAPass = 32 * X::kWarps / kChunks;  // rows the block's threads copy at once
+  constexpr int kPasses = kTileOf<X> / kRowsAPass;
+  static_assert(
+      32 * X::kWarps % kChunks == 0 && kRowsAPass % 8 == 0 && kTileOf<X> % kRowsAPass == 0,
+      "LoadTileAsync: whole passes of whole rows, each pass's rows a multiple of 8");
   x.ForThreads([&](int t) {
+    const int r0 = static_cast<int>(static_cast<unsigned>(t) / kChunks);
+    const int col = static_cast<int>(static_cast<unsigned>(t) % kChunks) * 8;
+    typename X::Elem* to = tile + Swizzled<D>(r0, col);
+    const typename X::Elem* from = src + r0 * ld + col;
     ZR_UNROLL
-    for (int c = t; c < kTileOf<X> * kChunks; c += 32 * X::kWarps) {
-      const int r = c / kChunks, col = (c % kChunks) * 8;
-      x.CpAsync16(tile + Swizzled<D>(r, col), src + (r < rows ? r : 0) * ld + col, r < rows);
+    for (int p = 0; p < kPasses; ++p) {
+      const bool valid = r0 + p * kRowsAPass < rows;
+      x.CpAsync16(to + p * kRowsAPass * D, valid ? from + p * kRowsAPass * ld : src + col, valid);
     }
   });
 }

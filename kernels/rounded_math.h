@@ -67,6 +67,17 @@ ZR_HOST_DEVICE inline float Fma(float a, float b, float c) {
 // fminf would drop the NaN.
 ZR_HOST_DEVICE inline float Max(float a, float b) { return a < b ? b : a; }
 ZR_HOST_DEVICE inline float Min(float a, float b) { return b < a ? b : a; }
+// The larger of a and b ignoring a NaN (IEEE maxNum: fmaxf, std::fmax): one FMNMX instruction
+// on the GPU, where Max's NaN-keeping compare and select take two. Where `a` is never a NaN (the
+// flash forward's row maxima start at -inf) the two agree but for which zero a tie of -0 and +0
+// gives, which changes no probability (kernels/flash_forward.h).
+ZR_HOST_DEVICE inline float MaxNum(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return fmaxf(a, b);
+#else
+  return std::fmax(a, b);
+#endif
+}
 
 // Whether v is neither infinite nor NaN, from its exponent bits (the loss scaler's overflow
 // check on both devices: no dependence on how a compiler treats std::isfinite).
