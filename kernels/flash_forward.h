@@ -29,7 +29,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "zerort/kernels/flash_math.h"
 #include "zerort/kernels/flash_tiles.h"
@@ -122,13 +121,15 @@ ZR_TILE_PROGRAM void ForwardProgram(const X& x, unsigned char* smem, const typen
       const int r0 = w * G * kWarpRows;
       if (q0 + r0 + G * kWarpRows - 1 < k0) return;  // every query before every key: masked
       WarpScores<D, kTile, G>(x, w, s, frag, qs, r0, ks);
-      // The mask to what each row sees, and the lane's maxima; `masked` a std::bool_constant.
-      // Only a tile on the warp's diagonal, or with keys or queries past the end, needs the mask
-      // (as in the backward: [Note: the backward's whole chunks], kernels/flash_backward.h).
-      auto maxima = [&](auto masked) {
+      // The mask to what each row sees (its scores -inf), then the lane's maxima. Only a tile on
+      // the warp's diagonal, or with keys or queries past the end, needs the mask (as in the
+      // backward: [Note: the backward's whole chunks], kernels/flash_backward.h). The mask
+      // rewrites the scores in place before one maxima loop that both cases share: with the
+      // maxima in two forms (masked, whole), sm_90 SASS moved all 32 of a lane's scores between
+      // registers where the forms met, 32 instructions of a whole tile's 453.
+      if (!math::WholeBlock(q0 + r0, G * kWarpRows, k0, kTile, T)) {
         x.ForLanes([&](int lane) {
           float* sw = s.at(w, lane);
-          float* mx = tmax.at(w, lane);
           ZR_UNROLL
           for (int g = 0; g < G; ++g) {
             int seen[2];
@@ -136,24 +137,25 @@ ZR_TILE_PROGRAM void ForwardProgram(const X& x, unsigned char* smem, const typen
             for (int half = 0; half < 2; ++half) {
               const int q = q0 + r0 + g * kWarpRows + lane / 4 + 8 * half;
               seen[half] = q < T ? math::CausalKeys(q, k0, kn) : 0;
-              mx[2 * g + half] = -INFINITY;
             }
             float* sg = sw + g * kTile / 2;
             ForTileElems(lane, [&](int i, int half, int col) {
-              if (!masked || col < seen[half]) {
-                mx[2 * g + half] = math::MaxNum(mx[2 * g + half], sg[i]);
-              } else {
-                sg[i] = -INFINITY;
-              }
+              if (col >= seen[half]) sg[i] = -INFINITY;
             });
           }
         });
-      };
-      if (math::WholeBlock(q0 + r0, G * kWarpRows, k0, kTile, T)) {
-        maxima(std::false_type{});
-      } else {
-        maxima(std::true_type{});
       }
+      x.ForLanes([&](int lane) {
+        const float* sw = s.at(w, lane);
+        float* mx = tmax.at(w, lane);
+        ZR_UNROLL
+        for (int g = 0; g < G; ++g) {
+          mx[2 * g] = mx[2 * g + 1] = -INFINITY;
+          ForTileElems(lane, [&](int i, int half, int) {
+            mx[2 * g + half] = math::MaxNum(mx[2 * g + half], sw[g * kTile / 2 + i]);
+          });
+        }
+      });
       ZR_UNROLL
       for (int i = 0; i < 2 * G; ++i) {
         x.QuadAllReduce(w, tmax, i, [](float a, float c) { return math::MaxNum(a, c); });
