@@ -194,9 +194,9 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
     float* lse_s = reinterpret_cast<float*>(smem + S::Lse(buf));
     float* d_s = reinterpret_cast<float*>(smem + S::Dvec(buf));
     x.ForThreads([&](int t) {
-      if (t < kTile) {  // the log-sum-exps in base 2 (math::ProbExponent2)
+      if (t < kTile) {  // log-sum-exps in base 2 (math::ProbExponent2), D scale (ScoreGradScaled)
         x.StoreShared(lse_s + t, q0 + t < T ? math::Base2(lse[stat0 + q0 + t]) : 0.0f);
-        x.StoreShared(d_s + t, q0 + t < T ? dvec[stat0 + q0 + t] : 0.0f);
+        x.StoreShared(d_s + t, q0 + t < T ? math::Mul(dvec[stat0 + q0 + t], sh.scale) : 0.0f);
       }
     });
   };
@@ -264,8 +264,8 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
             float* sw = s.at(w, lane);
             const float* dw = dp.at(w, lane);
             ForTileElems<kCols>(lane, [&](int e, int half, int col) {
-              const float ds =
-                  math::ScoreGrad(sw[e], dw[e], x.LoadShared(d_s + c0 + col), sh.scale);
+              const float ds = math::ScoreGradScaled(sw[e], dw[e], x.LoadShared(d_s + c0 + col),
+                                                     sh.scale);  // d_s holds D scale
               sw[e] = !masked || visible(lane, half, col) ? ds : 0.0f;
             });
           });

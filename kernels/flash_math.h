@@ -13,7 +13,8 @@
 // p = exp(s - m) to l and p x v to the accumulator. After the last tile out = accumulator / l and
 // lse = m + log l, the one fp32 value per query the backward needs (Lse).
 // Backward, per query and key: p = exp(s - lse) recomputed (in base 2: ProbExponent2), dP = dout.v,
-// dS = p (dP - D) scale with D = dout.out for the query (ScoreGrad, FlashAttention-2's order);
+// dS = p (dP - D) scale with D = dout.out for the query (ScoreGrad, FlashAttention-2's order; the
+// CUDA programs' ScoreGradScaled: p (dP scale - D scale));
 // then dq += dS k, dk += dS q, dv += p dout. Which sums run in which order (a tile's maximum and
 // sum, the GEMMs) is each device's, as for model_math.h (kernels/README.md).
 #pragma once
@@ -79,6 +80,15 @@ ZR_HOST_DEVICE inline float ProbExponent2(float dot, float c2, float lse2) {
 // dS for one (query, key): p (dP - D) scale, the gradient of the raw dot product q.k.
 ZR_HOST_DEVICE inline float ScoreGrad(float p, float dp, float d, float scale) {
   return Mul(Mul(p, Sub(dp, d)), scale);
+}
+
+// ScoreGrad in two operations where the caller has D scale (`d_scaled`, a query's, computed once):
+// p (dP scale - D scale), the difference in one fma. The CUDA backward's form (kernels/
+// flash_backward.h: one multiply a score fewer). Bitwise ScoreGrad where scale is a power of two
+// (head sizes 64 and 256: scaling by 2^k commutes with rounding, barring subnormals); otherwise
+// within a rounding of it.
+ZR_HOST_DEVICE inline float ScoreGradScaled(float p, float dp, float d_scaled, float scale) {
+  return Mul(p, Fma(dp, scale, -d_scaled));
 }
 
 }  // namespace zerort::math

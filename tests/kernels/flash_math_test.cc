@@ -144,6 +144,26 @@ TEST(FlashMathTest, ScoreGradIsTheSoftmaxsGradient) {
   }
 }
 
+// The backward's two-operation form: bitwise ScoreGrad at a power-of-two scale (head size 64's
+// 1/8), within a few ulps of it at head size 128's 1/sqrt(128).
+TEST(FlashMathTest, ScoreGradScaledIsScoreGrad) {
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> prob(0.0f, 1.0f), value(-4.0f, 4.0f);
+  for (const float scale : {0.125f, 1.0f / std::sqrt(128.0f)}) {
+    for (int i = 0; i < 10000; ++i) {
+      const float p = prob(gen), dp = value(gen), d = value(gen);
+      const float want = math::ScoreGrad(p, dp, d, scale);
+      const float got = math::ScoreGradScaled(p, dp, math::Mul(d, scale), scale);
+      if (scale == 0.125f) {
+        ASSERT_EQ(FloatBits(got), FloatBits(want)) << p << " " << dp << " " << d;
+      } else {
+        ASSERT_NEAR(got, want, 4e-7f * std::abs(p) * (std::abs(dp) + std::abs(d)) * scale + 1e-30f)
+            << p << " " << dp << " " << d;
+      }
+    }
+  }
+}
+
 TEST(FlashMathTest, CausalKeys) {
   EXPECT_EQ(math::CausalKeys(70, 0, 64), 64);  // an earlier tile: every key
   EXPECT_EQ(math::CausalKeys(70, 64, 64), 7);  // the diagonal tile: keys 64 .. 70
