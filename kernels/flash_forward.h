@@ -126,7 +126,7 @@ ZR_TILE_PROGRAM void ForwardProgram(const X& x, unsigned char* smem, const typen
       // backward: [Note: the backward's whole chunks], kernels/flash_backward.h). The mask
       // rewrites the scores in place before one maxima loop that both cases share: with the
       // maxima in two forms (masked, whole), sm_90 SASS moved all 32 of a lane's scores between
-      // registers where the forms met, 32 instructions of a whole tile's 453.
+      // registers where the forms met: 32 instructions a whole tile.
       if (!math::WholeBlock(q0 + r0, G * kWarpRows, k0, kTile, T)) {
         x.ForLanes([&](int lane) {
           float* sw = s.at(w, lane);
