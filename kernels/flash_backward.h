@@ -184,19 +184,48 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
   // Step i: query head first_h + i / per_head, query tile tile + i % per_head, counted as the
   // steps go (a division by per_head was about 20 instructions of sm_90 SASS, twice a step).
   const int per_head = sh.tiles(kTile) - tile, steps = group * per_head;
-  auto issue = [&](int head, int q_tile, int buf) {  // a step's Q, dO (copies), statistics
-    const int q0 = q_tile * kTile;
-    const int64_t stat0 = (int64_t{b} * sh.heads + head) * T;
+  struct Step {
+    int head, q_tile;
+  };
+  auto after = [&](Step st) {
+    return st.q_tile + 1 == tile + per_head ? Step{st.head + 1, tile}
+                                            : Step{st.head, st.q_tile + 1};
+  };
+  auto issue = [&](Step st, int buf) {  // a step's Q and dO (copies)
+    const int q0 = st.q_tile * kTile;
     LoadTileAsync<D>(x, reinterpret_cast<E*>(smem + S::Visited(0, buf)),
-                     qkv + (row0 + q0) * ld + L.q(head), ld, T - q0);
+                     qkv + (row0 + q0) * ld + L.q(st.head), ld, T - q0);
     LoadTileAsync<D>(x, reinterpret_cast<E*>(smem + S::Visited(1, buf)),
-                     dout + (row0 + q0) * ldo + int64_t{head} * D, ldo, T - q0);
+                     dout + (row0 + q0) * ldo + int64_t{st.head} * D, ldo, T - q0);
+  };
+  // [Note: the statistics a step ahead]
+  // A step's statistics (each query's log-sum-exp in base 2 for math::ProbExponent2, and D scale
+  // for math::ScoreGradScaled) are read from global memory into the registers of threads 0 ..
+  // kTile - 1 two steps before the step and stored into its shared buffer one step before it,
+  // with its copies, converted (base 2, times scale) only as they are stored: computed as they
+  // are read, the conversion would wait for the loads. Read and stored together, the store
+  // waited for the read (a global load's latency, hundreds of cycles) right before the barrier
+  // that starts the step, so every warp of the block waited for it, every step.
+  Regs<X, float, 2> stat;
+  auto read_stats = [&](Step st) {
+    const int q0 = st.q_tile * kTile;
+    const int64_t stat0 = (int64_t{b} * sh.heads + st.head) * T;
+    x.ForThreads([&](int t) {
+      if (t < kTile) {
+        float* r = stat.at(t / 32, t % 32);
+        r[0] = q0 + t < T ? lse[stat0 + q0 + t] : 0.0f;   // nothing computed of them here:
+        r[1] = q0 + t < T ? dvec[stat0 + q0 + t] : 0.0f;  // it would wait for the loads
+      }
+    });
+  };
+  auto store_stats = [&](int buf) {
     float* lse_s = reinterpret_cast<float*>(smem + S::Lse(buf));
     float* d_s = reinterpret_cast<float*>(smem + S::Dvec(buf));
     x.ForThreads([&](int t) {
-      if (t < kTile) {  // log-sum-exps in base 2 (math::ProbExponent2), D scale (ScoreGradScaled)
-        x.StoreShared(lse_s + t, q0 + t < T ? math::Base2(lse[stat0 + q0 + t]) : 0.0f);
-        x.StoreShared(d_s + t, q0 + t < T ? math::Mul(dvec[stat0 + q0 + t], sh.scale) : 0.0f);
+      if (t < kTile) {
+        const float* r = stat.at(t / 32, t % 32);
+        x.StoreShared(lse_s + t, math::Base2(r[0]));
+        x.StoreShared(d_s + t, math::Mul(r[1], sh.scale));
       }
     });
   };
@@ -204,8 +233,12 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
                    ld, T - k0);
   LoadTileAsync<D>(x, reinterpret_cast<E*>(smem + S::Own(1)), qkv + (row0 + k0) * ld + L.v(first_h),
                    ld, T - k0);
-  issue(first_h, tile, 0);
+  Step cur{first_h, tile};  // step i's
+  issue(cur, 0);
   x.CpAsyncCommit();
+  read_stats(cur);
+  store_stats(0);
+  if (steps > 1) read_stats(after(cur));
   x.ForWarps([&](int w) {
     x.ForLanes([&](int lane) {
       float* kw = dk.at(w, lane);
@@ -214,15 +247,15 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
       for (int i = 0; i < D / 2; ++i) kw[i] = vw[i] = 0.0f;
     });
   });
-  int h = first_h, q_tile = tile;  // step i's
   for (int i = 0; i < steps; ++i) {
-    const int q0 = q_tile * kTile, qn = T - q0 < kTile ? T - q0 : kTile;
+    const int h = cur.head, q0 = cur.q_tile * kTile, qn = T - q0 < kTile ? T - q0 : kTile;
     const int buf = i % 2;
-    const bool head_ends = q_tile + 1 == tile + per_head;
-    const int next_h = head_ends ? h + 1 : h, next_tile = head_ends ? tile : q_tile + 1;
+    const Step next = after(cur);
     if (i + 1 < steps) {
-      issue(next_h, next_tile, 1 - buf);
+      issue(next, 1 - buf);
       x.CpAsyncCommit();
+      store_stats(1 - buf);  // read a step ago
+      if (i + 2 < steps) read_stats(after(next));
       x.CpAsyncWait(1);
     } else {
       x.CpAsyncWait(0);
@@ -326,8 +359,7 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
       }
     });
     x.SyncBlock();  // dS^T is rewritten by the next step
-    h = next_h;
-    q_tile = next_tile;
+    cur = next;
   }
   x.ForWarps([&](int w) {
     const int r0 = w * kWarpRows;
