@@ -89,7 +89,7 @@ def walk(code, start, stop, choices):
     for a in (start, stop):
         if a not in index and a != code[-1][0] + 16:
             sys.exit(f"sass_steps: no instruction at {a:#x}")
-    i, path, taken = index[start], [], collections.Counter()
+    i, path = index[start], []
     while i < len(code) and code[i][0] != stop:
         a, s = code[i]
         path.append((a, s))
@@ -97,8 +97,10 @@ def walk(code, start, stop, choices):
             sys.exit("sass_steps: the path does not reach STOP (a loop taken forever?)")
         m = BRANCH.match(s)
         if m and (m.group(1) is None or choices.get(a, False)):
-            taken[a] += 1
-            i = index[int(m.group(2), 16)]
+            target = int(m.group(2), 16)
+            if target not in index:
+                sys.exit(f"sass_steps: the branch at {a:#x} goes to {target:#x}, outside the kernel")
+            i = index[target]
             continue
         i += 1
     return path

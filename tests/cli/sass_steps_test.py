@@ -51,9 +51,15 @@ plain_kernel = "".join([
     line(0x00, "MOV R1, c[0x0][0x28]"),
     line(0x10, "EXIT"),
 ])
+away_kernel = "".join([  # a branch past its last instruction
+    "\n\t\tFunction : _Z4awayPf\n",
+    line(0x00, "BRA 0x400"),
+    line(0x10, "EXIT"),
+])
 sass = os.path.join(tmp, "k.sass")
 with open(sass, "w") as f:
-    f.write("\nFatbin elf code:\n================\narch = sm_90\n" + loop_kernel + plain_kernel)
+    f.write("\nFatbin elf code:\n================\narch = sm_90\n" + loop_kernel + plain_kernel +
+            away_kernel)
 
 
 def run(*args):
@@ -87,6 +93,7 @@ check("a back edge always taken never reaches STOP: an error, not a hang",
 for bad, says in ((["path", sass, "nothing", "20", "a0"], "0 kernels match 'nothing'"),
                   (["path", sass, "loop", "24", "a0"], "no instruction at 0x24"),
                   (["path", sass, "loop", "20", "a0", "40=maybe"], "'40=maybe' is not"),
+                  (["path", sass, "away", "0", "10"], "goes to 0x400, outside the kernel"),
                   (["frobnicate", sass], "Instruction counts of CUDA kernels")):
     r = run(*bad)
     check(f"{bad[0]} {bad[2] if len(bad) > 2 else ''} refused: {says}",
