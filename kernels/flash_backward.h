@@ -10,7 +10,8 @@
 // 2. The main program (one block per key tile and (batch, key/value head)): its K and V rows
 //    stay in shared memory; per query head of the group and query tile from the diagonal on (one
 //    sequence of steps, each step's Q, dO and statistics copied in while the previous step is
-//    computed), in chunks of kBackwardChunk queries (64, or 32 at head size 128, where 64
+//    computed, the statistics read a step earlier still: [Note: the statistics a step ahead]), in
+//    chunks of kBackwardChunk queries (64, or 32 at head size 128, where 64
 //    would not fit the registers); a block owns 16 keys a warp (kBackwardWarps: 64 keys with 4
 //    warps, or 128 with 8), and a step is as many queries
 //      S^T = K_w Q^T                   WarpScores; P^T = 2^(S^T c - lse c'), c = scale log2(e),
