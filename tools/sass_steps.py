@@ -86,9 +86,10 @@ def find(kernels, substring):
 
 def walk(code, start, stop, choices):
     index = {a: i for i, (a, _) in enumerate(code)}
-    for a in (start, stop):
-        if a not in index and a != code[-1][0] + 16:
-            sys.exit(f"sass_steps: no instruction at {a:#x}")
+    if start not in index:
+        sys.exit(f"sass_steps: no instruction at {start:#x}")
+    if stop not in index and stop != code[-1][0] + 16:  # STOP may be just past the last one
+        sys.exit(f"sass_steps: no instruction at {stop:#x}")
     i, path = index[start], []
     while i < len(code) and code[i][0] != stop:
         a, s = code[i]
