@@ -359,7 +359,10 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
         });
       }
     });
-    x.SyncBlock();  // dS^T is rewritten by the next step
+    // No barrier here: the next step rewrites dS^T only after the barrier that starts it, which
+    // every warp reaches only past this dQ phase, and its copies and statistics go to the buffers
+    // this step read before its dS^T barrier ([Note: the block programs' races] finds no race
+    // without one; it had been there since the backward was one program).
     cur = next;
   }
   x.ForWarps([&](int w) {
