@@ -115,9 +115,10 @@ def patch_cubin(src, dst):
     arch = (flags >> 8) & 0xFF  # the 12.8+ encoding keeps the architecture in bits 8-15
     if arch < 50:
         sys.exit(f"sass_steps: {src}: e_flags {flags:#x} is not the newer encoding")
-    struct.pack_into("<I", data, 48, arch | 0x500 | (arch << 16))
+    old = arch | 0x500 | (arch << 16)  # SM, 64-bit addresses and unified textures, virtual SM
+    struct.pack_into("<I", data, 48, old)
     open(dst, "wb").write(data)
-    print(f"{dst}: e_flags {flags:#x} -> {arch | 0x500 | (arch << 16):#x} (sm_{arch})")
+    print(f"{dst}: e_flags {flags:#x} -> {old:#x} (sm_{arch})")
 
 
 def main(argv):
@@ -141,10 +142,11 @@ def main(argv):
                 print(f"  loop {t:#06x}-{a:#06x}: {len(body)}: {show(mix(body))}")
         loop = outermost_loop(code)
         if loop:
+            text = dict(code)
             print(f"  conditional branches in {loop[0]:#06x}-{loop[1]:#06x}:")
             for a, t, conditional in branches(code):
                 if conditional and loop[0] <= a <= loop[1]:
-                    print(f"    {a:#06x} -> {t:#06x}  {dict(code)[a]}")
+                    print(f"    {a:#06x} -> {t:#06x}  {text[a]}")
     elif command == "path" and len(argv) >= 6:
         name, code = find(kernels, argv[3])
         choices = {}
