@@ -77,6 +77,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "zerort/kernels/flash_math.h"
 #include "zerort/kernels/model_math.h"
@@ -176,17 +177,17 @@ ZR_TILE_PROGRAM void LoadTileAsync(const X& x, typename X::Elem* tile, const typ
     const int col = static_cast<int>(static_cast<unsigned>(t) % kChunks) * 8;
     typename X::Elem* to = tile + Swizzled<D>(r0, col);
     const typename X::Elem* from = src + r0 * ld + col;
-    if (rows >= kTileOf<X>) {  // a whole tile (the block's threads agree): every copy reads
+    auto copies = [&](auto bounded) {  // a std::bool_constant: whole tiles take no bound
       ZR_UNROLL
       for (int p = 0; p < kPasses; ++p) {
-        x.CpAsync16(to + p * kRowsAPass * D, from + p * kRowsAPass * ld, true);
-      }
-    } else {
-      ZR_UNROLL
-      for (int p = 0; p < kPasses; ++p) {
-        const bool valid = r0 + p * kRowsAPass < rows;
+        const bool valid = !bounded || r0 + p * kRowsAPass < rows;
         x.CpAsync16(to + p * kRowsAPass * D, valid ? from + p * kRowsAPass * ld : src + col, valid);
       }
+    };
+    if (rows >= kTileOf<X>) {  // a whole tile (the block's threads agree): every copy reads
+      copies(std::false_type{});
+    } else {
+      copies(std::true_type{});
     }
   });
 }
