@@ -80,11 +80,16 @@ ZR_TILE_PROGRAM void BackwardDotProgram(const X& x, const typename X::Elem* dout
       for (int half = 0; half < 2; ++half) {
         const int q = q0 + w * kWarpRows + lane / 4 + 8 * half;
         float sum = 0.0f;
-        if (q < T) {
-          const E* d_row = dout + (row0 + q) * ldo + int64_t{h} * D;
-          const E* o_row = out + (row0 + q) * ldo + int64_t{h} * D;
-          for (int c = (lane % 4) * (D / 4); c < (lane % 4 + 1) * (D / 4); ++c) {
-            sum = math::Add(sum, math::Mul(X::ToF(d_row[c]), X::ToF(o_row[c])));
+        if (q < T) {  // the lane's quarter in 16-byte loads, its elements in order
+          const E* d_row = dout + (row0 + q) * ldo + int64_t{h} * D + (lane % 4) * (D / 4);
+          const E* o_row = out + (row0 + q) * ldo + int64_t{h} * D + (lane % 4) * (D / 4);
+          ZR_UNROLL
+          for (int c = 0; c < D / 4; c += Vec16<E>::kCount) {
+            const Vec16<E> dv = x.LoadGlobal16(d_row + c), ov = x.LoadGlobal16(o_row + c);
+            ZR_UNROLL
+            for (int e = 0; e < Vec16<E>::kCount; ++e) {
+              sum = math::Add(sum, math::Mul(X::ToF(dv.v[e]), X::ToF(ov.v[e])));
+            }
           }
         }
         sw[half] = sum;
@@ -101,10 +106,15 @@ ZR_TILE_PROGRAM void BackwardDotProgram(const X& x, const typename X::Elem* dout
       }
     });
   });
-  x.ForThreads([&](int t) {
-    for (int c = t; c < kTile * D; c += kThreads) {
-      const int r = c / D;
-      if (q0 + r < T) dq[(row0 + q0 + r) * ldo + int64_t{h} * D + c % D] = 0.0f;
+  x.ForThreads([&](int t) {  // 4 floats a store
+    constexpr int kVec = Vec16<float>::kCount;
+    static_assert(kTile * D % (kVec * kThreads) == 0, "BackwardDotProgram: whole passes");
+    ZR_UNROLL
+    for (int i = 0; i < kTile * D / (kVec * kThreads); ++i) {
+      const int c = kVec * (t + i * kThreads), r = c / D;
+      if (q0 + r < T) {
+        x.StoreGlobal16(dq + (row0 + q0 + r) * ldo + int64_t{h} * D + c % D, Vec16<float>{});
+      }
     }
   });
 }
@@ -117,12 +127,23 @@ ZR_TILE_PROGRAM void BackwardStoreDqProgram(const X& x, typename X::Elem* dqkv, 
   const math::QkvLayout L{sh.heads, sh.kv_heads, D};
   const int64_t ld = L.row(), ldo = int64_t{sh.heads} * D;
   const int64_t row0 = static_cast<int64_t>(b) * T;
-  x.ForThreads([&](int t) {
-    for (int c = t; c < kTile * D; c += kThreads) {
-      const int r = c / D, col = c % D;
+  x.ForThreads([&](int t) {  // 8 elements a thread at a time: two 16-byte loads, one store
+    constexpr int kVec = Vec16<uint32_t>::kCount * 2;
+    static_assert(kTile * D % (kVec * kThreads) == 0, "BackwardStoreDqProgram: whole passes");
+    ZR_UNROLL
+    for (int i = 0; i < kTile * D / (kVec * kThreads); ++i) {
+      const int c = kVec * (t + i * kThreads), r = c / D, col = c % D;
       if (q0 + r >= T) continue;
-      dqkv[(row0 + q0 + r) * ld + L.q(h) + col] =
-          X::FromF(dq[(row0 + q0 + r) * ldo + int64_t{h} * D + col]);
+      const float* from = dq + (row0 + q0 + r) * ldo + int64_t{h} * D + col;
+      const Vec16<float> lo = x.LoadGlobal16(from), hi = x.LoadGlobal16(from + 4);
+      Vec16<uint32_t> pairs;
+      ZR_UNROLL
+      for (int p = 0; p < 2; ++p) {
+        pairs.v[p] = X::Pack(lo.v[2 * p], lo.v[2 * p + 1]);
+        pairs.v[2 + p] = X::Pack(hi.v[2 * p], hi.v[2 * p + 1]);
+      }
+      x.StoreGlobal16(reinterpret_cast<uint32_t*>(dqkv + (row0 + q0 + r) * ld + L.q(h) + col),
+                      pairs);
     }
   });
 }

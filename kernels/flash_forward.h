@@ -211,9 +211,9 @@ ZR_TILE_PROGRAM void ForwardProgram(const X& x, unsigned char* smem, const typen
           const float inv = math::Div(1.0f, stw[2 + half]);
           E* dst = out + (static_cast<int64_t>(b) * T + q) * ldo + int64_t{h} * D + 2 * (lane % 4);
           ZR_UNROLL
-          for (int dt = 0; dt < D / 8; ++dt) {
-            dst[dt * 8] = X::FromF(math::Mul(ow[dt * 4 + half * 2], inv));
-            dst[dt * 8 + 1] = X::FromF(math::Mul(ow[dt * 4 + half * 2 + 1], inv));
+          for (int dt = 0; dt < D / 8; ++dt) {  // a packed pair a 32-bit store
+            x.Store32(dst + dt * 8, X::Pack(math::Mul(ow[dt * 4 + half * 2], inv),
+                                            math::Mul(ow[dt * 4 + half * 2 + 1], inv)));
           }
           if (lane % 4 == 0) {
             lse[(static_cast<int64_t>(b) * sh.heads + h) * T + q] =

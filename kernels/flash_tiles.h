@@ -26,10 +26,15 @@
 //   x.CpAsync16(dst, src, valid)   a 16-byte asynchronous copy into shared memory (zeros when
 //                                  not valid), inside ForThreads; x.CpAsyncCommit() closes a
 //                                  group, x.CpAsyncWait(n) waits until at most n are in flight;
-//   x.Store32(p, v)                two packed elements in one 32-bit store;
+//   x.Store32(p, v)                two packed elements in one 32-bit store (shared or global
+//                                  memory), p 4-byte aligned;
+//   x.LoadGlobal16(p), x.StoreGlobal16(p, v)
+//                                  16 bytes of global memory (a Vec16<T>) in one 128-bit load
+//                                  or store, p 16-byte aligned;
 //   x.StoreShared(p, v), x.LoadShared(p)
 //                                  a float of shared memory, by one thread;
-//   X::Exp2, X::Pack               2^x; two floats as a register of two elements.
+//   X::Exp2, X::Pack               2^x; two floats as a register of two elements, each
+//                                  rounded as FromF rounds a finite value.
 // Every access to shared memory is one of these (ldmatrix, cp.async, Store32, StoreShared,
 // LoadShared), so that the CPU executor can check the barriers ([Note: the block programs'
 // races]).
@@ -121,6 +126,15 @@ struct GridBlock {
 ZR_HOST_DEVICE inline GridBlock LongestFirst(int64_t index, int heads) {
   return {static_cast<int>(index / heads), static_cast<int>(index % heads)};
 }
+
+// 16 bytes of global memory in registers: what one 128-bit load or store moves
+// (x.LoadGlobal16, x.StoreGlobal16). The programs' passes over global memory alone (D, the dQ
+// accumulator's zeros and its rounding into dqkv) move 16 bytes a thread an access, not 2 or 4.
+template <typename T>
+struct alignas(16) Vec16 {
+  static constexpr int kCount = 16 / static_cast<int>(sizeof(T));
+  T v[kCount];
+};
 
 // An executor's per-lane registers of a block's warps.
 template <typename X, typename T, int N>
@@ -284,7 +298,8 @@ ZR_TILE_PROGRAM void WarpAccumulate(const X& x, int w, Regs<X, float, G * DC / 2
 }
 
 // Stores a warp's 16 x D accumulator, rounded once, into the rows before `rows` of a head (row r
-// at dst + r * ld).
+// at dst + r * ld): a lane's two adjacent columns as one packed pair, one 32-bit store (dst and
+// ld even).
 template <int D, typename X>
 ZR_TILE_PROGRAM void StoreRows(const X& x, int w, typename X::Elem* dst, int64_t ld,
                                const Regs<X, float, D / 2>& acc, int rows) {
@@ -297,8 +312,7 @@ ZR_TILE_PROGRAM void StoreRows(const X& x, int w, typename X::Elem* dst, int64_t
       typename X::Elem* row = dst + r * ld + 2 * (lane % 4);
       ZR_UNROLL
       for (int dt = 0; dt < D / 8; ++dt) {
-        ZR_UNROLL
-        for (int e = 0; e < 2; ++e) row[dt * 8 + e] = X::FromF(a[dt * 4 + half * 2 + e]);
+        x.Store32(row + dt * 8, X::Pack(a[dt * 4 + half * 2], a[dt * 4 + half * 2 + 1]));
       }
     }
   });

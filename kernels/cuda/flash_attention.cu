@@ -51,7 +51,7 @@ struct CudaExec {
   };
   static constexpr bool kBf16 = std::is_same_v<E, __nv_bfloat16>;
   __device__ static float Exp2(float v) { return cuda::Ex2Approx(v); }
-  // P's values are finite probabilities: the paired conversion rounds them as FromF would.
+  // The paired conversion rounds a finite value as FromF does (to nearest, ties to even).
   __device__ static uint32_t Pack(float lo, float hi) {
     if constexpr (kBf16) {
       const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
@@ -124,6 +124,15 @@ struct CudaExec {
   }
   // Two elements (a packed pair, the lower one first) in one 32-bit store; p 4-byte aligned.
   __device__ void Store32(E* p, uint32_t v) const { *reinterpret_cast<uint32_t*>(p) = v; }
+  // 16 bytes of global memory in one 128-bit access; p 16-byte aligned.
+  template <typename T>
+  __device__ flash::Vec16<T> LoadGlobal16(const T* p) const {
+    return *reinterpret_cast<const flash::Vec16<T>*>(p);
+  }
+  template <typename T>
+  __device__ void StoreGlobal16(T* p, const flash::Vec16<T>& v) const {
+    *reinterpret_cast<flash::Vec16<T>*>(p) = v;
+  }
   // A float of shared memory written and read by one thread ([Note: the block programs' races]).
   __device__ void StoreShared(float* p, float v) const { *p = v; }
   __device__ float LoadShared(const float* p) const { return *p; }

@@ -212,6 +212,19 @@ struct CpuFlashExec {
     Write(p, 4);
     std::memcpy(p, &v, sizeof v);
   }
+  // 16 bytes of global memory (not watched), at the alignment the hardware requires.
+  template <typename T>
+  flash::Vec16<T> LoadGlobal16(const T* p) const {
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 16, 0u);
+    flash::Vec16<T> v;
+    std::memcpy(v.v, p, 16);
+    return v;
+  }
+  template <typename T>
+  void StoreGlobal16(T* p, const flash::Vec16<T>& v) const {
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 16, 0u);
+    std::memcpy(p, v.v, 16);
+  }
   void StoreShared(float* p, float v) const {
     Write(p, 4);
     *p = v;
