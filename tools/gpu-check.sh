@@ -4,7 +4,8 @@
 # on cuda against cpu loss by loss), the MPI test that stages CUDA buffers through pinned memory,
 # compute-sanitizer's memcheck over the kernel and shard-manager tests, then the measurements the
 # docs record: a GPT-2 124M bf16 ZeRO-3 run (alone, with the optimizer on the host, and with pp 2
-# where there are two GPUs), bench model (with its timeline and launch census), bench adamw,
+# where there are two GPUs), bench attention (with an ncu profile of the flash programs where the
+# machine has ncu), bench model (with its timeline and launch census), bench adamw,
 # estimate --measure, and GPT-2 124M against llm.c in the same run.
 #   tools/gpu-check.sh [BUILD]
 # GPU_CHECK_ONLY="tests memcheck train bench peers llama" runs only the sections it names (all
@@ -232,6 +233,33 @@ if want bench; then
       2>>"$logs/bench-attention.log" || { rc=1 attention_failed=1; }
   done
   python3 "$root/tools/flash_tiles_pick.py" "$logs/bench-attention.jsonl" | tee "$logs/flash-tiles.txt"
+  # Why the flash programs run at the rate they do (in the twelfth run the forward's schedulers
+  # issued in about a third of their cycles, by its SASS count over its time): Nsight Compute's
+  # launch, occupancy, throughput,
+  # scheduler and warp-state sections, with every stall reason's cycles an issued instruction, for
+  # the first four flash launches at GPT-2's shape, which bench attention makes in this order as it
+  # compares them: the 128-query forward, the default forward, the default backward's main
+  # program, the 32-query one. Where the machine has ncu; an ncu without --print-details (older
+  # than the CUDA 13 one) runs again without it.
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
+  if [[ -n $ncu ]]; then
+    ncu_args=(--kernel-name 'regex:ForwardKernel|BackwardKernel' --launch-count 4 --section LaunchStats
+      --section Occupancy --section SpeedOfLight --section SchedulerStats --section WarpStateStats
+      --section ComputeWorkloadAnalysis --metrics 'regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$')
+    ncu_bench=("$zr" bench attention --device cuda --head-size 64 --heads 12 --seq 1024 --batch 8 --rounds 1)
+    guard 120 ncu-flash "$ncu" "${ncu_args[@]}" --print-details all "${ncu_bench[@]}" >"$logs/ncu-flash.txt" 2>&1
+    ncu_rc=$?
+    if ((ncu_rc != 0 && ncu_rc != 124)) && grep -q -- '--print-details' "$logs/ncu-flash.txt"; then
+      guard 120 ncu-flash "$ncu" "${ncu_args[@]}" "${ncu_bench[@]}" >"$logs/ncu-flash.txt" 2>&1
+      ncu_rc=$?
+    fi
+    ((ncu_rc == 0)) || rc=1
+    grep -E 'Kernel<|Duration|Registers Per Thread|Occupancy|Block Limit|Waves Per SM|Issue|Eligible|Warp Cycles|Throughput|stall' \
+      "$logs/ncu-flash.txt" | head -120
+    step "ncu of the flash programs: ncu-flash.txt"
+  else
+    step "ncu of the flash programs skipped: no ncu here"
+  fi
   # A shape whose bench failed (a variant's kernel among the suspects) leaves the choice to fewer
   # shapes than planned: then the defaults.
   if [[ ${GPU_CHECK_SET:-} == auto && -n ${attention_failed:-} ]]; then
