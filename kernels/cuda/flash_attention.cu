@@ -124,14 +124,20 @@ struct CudaExec {
   }
   // Two elements (a packed pair, the lower one first) in one 32-bit store; p 4-byte aligned.
   __device__ void Store32(E* p, uint32_t v) const { *reinterpret_cast<uint32_t*>(p) = v; }
-  // 16 bytes of global memory in one 128-bit access; p 16-byte aligned.
+  // 16 bytes of global memory in one 128-bit access; p 16-byte aligned. The store is PTX's
+  // st.global.v4: as a C++ store of the 16 bytes, ptxas split the dQ program's into four 32-bit
+  // stores where its four packed pairs sat in registers that were not a quad.
   template <typename T>
   __device__ flash::Vec16<T> LoadGlobal16(const T* p) const {
     return *reinterpret_cast<const flash::Vec16<T>*>(p);
   }
   template <typename T>
   __device__ void StoreGlobal16(T* p, const flash::Vec16<T>& v) const {
-    *reinterpret_cast<flash::Vec16<T>*>(p) = v;
+    uint32_t u[4];
+    memcpy(u, v.v, sizeof u);
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(u[0]), "r"(u[1]),
+                 "r"(u[2]), "r"(u[3])
+                 : "memory");
   }
   // A float of shared memory written and read by one thread ([Note: the block programs' races]).
   __device__ void StoreShared(float* p, float v) const { *p = v; }
