@@ -23,8 +23,16 @@
 //   O += P V         PackFrags, WarpAccumulate
 // After the last tile the quad sums its partial row sums l, out = O / l, lse = m scale + ln l.
 // Copies: Q (G tiles of 64 rows) with the first K/V tile as one group, then each next K/V tile as
-// a group before the current one is computed, waiting for all but the newest; a barrier after
-// each tile keeps a buffer from being refilled while a warp still reads it.
+// a group while the current one is computed ([Note: one barrier a forward step]).
+//
+// [Note: one barrier a forward step]
+// A step waits for its own tile's copies, then meets the block's barrier, then issues the next
+// tile's copies into the other buffer and computes. Past that barrier every thread's copies of
+// the step's tile have landed and every warp has left the step before, the only one that read
+// the other buffer, so the copies may overwrite it and no second barrier is needed. Until
+// 2026-12-02 the copies were issued before the barrier, into a buffer a slower warp could still
+// be reading, and a barrier at each step's end kept it from being refilled: two barriers a step
+// where one does, the next tile in flight during the same computation.
 #pragma once
 
 #include <cmath>
@@ -103,6 +111,8 @@ ZR_TILE_PROGRAM void ForwardProgram(const X& x, unsigned char* smem, const typen
   });
   for (int j = 0; j < n_tiles; ++j) {
     const int k0 = j * kTile, kn = T - k0 < kTile ? T - k0 : kTile, buf = j % 2;
+    x.CpAsyncWait(0);  // [Note: one barrier a forward step]
+    x.SyncBlock();     // tile j (and Q) arrived for every thread; every warp left tile j - 1
     if (j + 1 < n_tiles) {
       const int64_t next = int64_t{k0 + kTile} * ld;
       LoadTileAsync<D>(x, reinterpret_cast<E*>(smem + S::K(1 - buf)), base + next + L.k(h), ld,
@@ -110,11 +120,7 @@ ZR_TILE_PROGRAM void ForwardProgram(const X& x, unsigned char* smem, const typen
       LoadTileAsync<D>(x, reinterpret_cast<E*>(smem + S::V(1 - buf)), base + next + L.v(h), ld,
                        T - k0 - kTile);
       x.CpAsyncCommit();
-      x.CpAsyncWait(1);
-    } else {
-      x.CpAsyncWait(0);
     }
-    x.SyncBlock();  // tile j (and Q) arrived for every thread
     const E* ks = reinterpret_cast<const E*>(smem + S::K(buf));
     const E* vs = reinterpret_cast<const E*>(smem + S::V(buf));
     x.ForWarps([&](int w) {
@@ -190,7 +196,6 @@ ZR_TILE_PROGRAM void ForwardProgram(const X& x, unsigned char* smem, const typen
       PackFrags<kTile, G>(x, w, s, pf);
       WarpAccumulate<D, kTile, D, G, 4 * G + 4>(x, w, o, pf, frag, vs);  // O += P V
     });
-    x.SyncBlock();  // every warp is done with buffer `buf` before it is refilled
   }
   const int64_t ldo = int64_t{sh.heads} * D;
   x.ForWarps([&](int w) {
