@@ -46,9 +46,10 @@
 namespace zerort::flash {
 
 // The main program's shared memory: the block's own two tiles (K, V), then the visited two (Q,
-// dO) in buffers 0 and 1 each, then the visited queries' log-sum-exps and D, fp32 [kTile], in
-// buffers 0 and 1, then the step's dS^T, a swizzled [kTile keys][kTile queries] tile. kTile:
-// the program's tile (64, or 128 with 8 warps).
+// dO) in buffers 0 and 1 each, then the visited queries' log-sum-exps and D, fp32 [kTile] each,
+// buffer 0's two then buffer 1's (so thread t of the block's 2 kTile stores its one statistic at
+// Lse(buf) + t: [Note: the statistics a step ahead]), then the step's dS^T, a swizzled [kTile
+// keys][kTile queries] tile. kTile: the program's tile (64, or 128 with 8 warps).
 template <int D, int kTile = flash::kTile>
 struct BackwardSmem {
   static constexpr int tile = kTile * D * 2;
@@ -57,8 +58,8 @@ struct BackwardSmem {
   static constexpr int bytes = ds + kTile * kTile * 2;
   ZR_HOST_DEVICE static constexpr int Own(int i) { return tile * i; }  // i: 0 or 1
   ZR_HOST_DEVICE static constexpr int Visited(int i, int buf) { return tile * (2 + 2 * i + buf); }
-  ZR_HOST_DEVICE static constexpr int Lse(int buf) { return stats + buf * kTile * 4; }
-  ZR_HOST_DEVICE static constexpr int Dvec(int buf) { return stats + (2 + buf) * kTile * 4; }
+  ZR_HOST_DEVICE static constexpr int Lse(int buf) { return stats + buf * 2 * kTile * 4; }
+  ZR_HOST_DEVICE static constexpr int Dvec(int buf) { return Lse(buf) + kTile * 4; }
   ZR_HOST_DEVICE static constexpr int DsT() { return ds; }
 };
 
@@ -222,33 +223,32 @@ ZR_TILE_PROGRAM void BackwardProgram(const X& x, unsigned char* smem, typename X
   };
   // [Note: the statistics a step ahead]
   // A step's statistics (each query's log-sum-exp in base 2 for math::ProbExponent2, and D scale
-  // for math::ScoreGradScaled) are read from global memory into the registers of threads 0 ..
-  // kTile - 1 two steps before the step and stored into its shared buffer one step before it,
-  // with its copies, converted (base 2, times scale) only as they are stored: computed as they
-  // are read, the conversion would wait for the loads. Read and stored together, the store
-  // waited for the read (a global load's latency, hundreds of cycles) right before the barrier
-  // that starts the step, so every warp of the block waited for it, every step.
-  Regs<X, float, 2> stat;
+  // for math::ScoreGradScaled) are read from global memory into registers two steps before the
+  // step and stored into its shared buffer one step before it, with its copies, converted (base
+  // 2, times scale) only as they are stored: computed as they are read, the conversion would wait
+  // for the loads. Read and stored together, the store waited for the read (a global load's
+  // latency, hundreds of cycles) right before the barrier that starts the step, so every warp of
+  // the block waited for it, every step. Each of the block's 2 kTile threads holds one: thread t
+  // query t's log-sum-exp, thread kTile + t its D, so every warp does the same work (threads 0 ..
+  // kTile - 1 read and stored both before 2026-12-02, about 30 instructions a step more for half
+  // of the warps, which the others then waited for at the barrier).
+  static_assert(32 * X::kWarps == 2 * kTile, "BackwardProgram: a statistic a thread");
+  Regs<X, float, 1> stat;
   auto read_stats = [&](Step st) {
     const int q0 = st.q_tile * kTile;
     const int64_t stat0 = (int64_t{b} * sh.heads + st.head) * T;
     x.ForThreads([&](int t) {
-      if (t < kTile) {
-        float* r = stat.at(t / 32, t % 32);
-        r[0] = q0 + t < T ? lse[stat0 + q0 + t] : 0.0f;   // nothing computed of them here:
-        r[1] = q0 + t < T ? dvec[stat0 + q0 + t] : 0.0f;  // it would wait for the loads
-      }
+      const int q = q0 + t % kTile;
+      const float* from = t < kTile ? lse : dvec;
+      // Nothing computed of it here: it would wait for the load.
+      stat.at(t / 32, t % 32)[0] = q < T ? from[stat0 + q] : 0.0f;
     });
   };
   auto store_stats = [&](int buf) {
-    float* lse_s = reinterpret_cast<float*>(smem + S::Lse(buf));
-    float* d_s = reinterpret_cast<float*>(smem + S::Dvec(buf));
+    float* stats = reinterpret_cast<float*>(smem + S::Lse(buf));  // then Dvec(buf)
     x.ForThreads([&](int t) {
-      if (t < kTile) {
-        const float* r = stat.at(t / 32, t % 32);
-        x.StoreShared(lse_s + t, math::Base2(r[0]));
-        x.StoreShared(d_s + t, math::Mul(r[1], sh.scale));
-      }
+      const float r = stat.at(t / 32, t % 32)[0];
+      x.StoreShared(stats + t, t < kTile ? math::Base2(r) : math::Mul(r, sh.scale));
     });
   };
   LoadTileAsync<D>(x, reinterpret_cast<E*>(smem + S::Own(0)), qkv + (row0 + k0) * ld + L.k(first_h),
