@@ -17,7 +17,8 @@
 //   seq]).
 // - The CUDA attention's scratch, allocated in this order on the kernels' stream and freed when
 //   the call returns. Flash: none forward; backward one fp32 workspace, D = dout . out ([batch,
-//   heads, seq]) and the dQ accumulator ([batch, seq, heads x head size]). cuDNN: one
+//   heads, seq]) and, from the next 16-byte boundary (FlashBackwardDqOffset), the dQ accumulator
+//   ([batch, seq, heads x head size]). cuDNN: one
 //   workspace each way, a budget its graphs must fit (kCudnnForwardWorkspaceBytes forward;
 //   backward the flash one's with the sequence rounded up to 128, plus that): a graph that asks
 //   for more fails the call naming both (kernels/cudnn_attention.h).
@@ -110,6 +111,14 @@ inline int64_t AttentionSavedBytes(AttentionProgram program, int batch, int seq,
   return int64_t{batch} * heads * seq * seq * act_size;
 }
 
+// Where the flash backward's dQ accumulator starts in its fp32 workspace, in floats: after D,
+// at the next 16-byte boundary. The programs add into it by 8-byte atomics and zero it by 16-byte
+// stores (kernels/flash_backward.h); right after D, batch x heads x seq floats in, those missed
+// their alignment whenever that count was not a multiple of 4 (a GPU faults on them).
+inline int64_t FlashBackwardDqOffset(int batch, int heads, int seq) {
+  return (int64_t{batch} * heads * seq + 3) / 4 * 4;
+}
+
 // The attention's scratch buffers in allocation order (empty on the CPU); `channels` are the
 // attention's (heads x head size).
 inline std::vector<int64_t> AttentionScratchBytes(KernelBackend backend, AttentionProgram program,
@@ -119,7 +128,7 @@ inline std::vector<int64_t> AttentionScratchBytes(KernelBackend backend, Attenti
   if (program == AttentionProgram::kFlash) {
     if (!backward) return {};
     // One fp32 workspace: D = dout . out per query, then the dQ accumulator (out's shape).
-    return {(int64_t{batch} * heads * seq + int64_t{batch} * seq * channels) * 4};
+    return {(FlashBackwardDqOffset(batch, heads, seq) + int64_t{batch} * seq * channels) * 4};
   }
   if (program == AttentionProgram::kCudnn) {
     if (!backward) return {kCudnnForwardWorkspaceBytes};

@@ -18,6 +18,7 @@
 #include "zerort/kernels/flash_attention.h"
 #include "zerort/kernels/flash_backward.h"
 #include "zerort/kernels/flash_forward.h"
+#include "zerort/kernels/memory_facts.h"
 #include "zerort/runtime/internal/cuda_check.h"
 
 namespace zerort {
@@ -269,7 +270,7 @@ Status Backward(const internal::FlashAttentionShape& shape, void* dqkv, float* w
   const int query_chunk = tiles.backward_query_chunk, key_block = tiles.backward_block_keys;
   const flash::Shape sh = ShapeOf(shape);
   float* dvec = workspace;  // then the dQ accumulator: kernels/memory_facts.h's layout
-  float* dq = workspace + int64_t{sh.batch} * sh.heads * sh.seq;
+  float* dq = workspace + FlashBackwardDqOffset(sh.batch, sh.heads, sh.seq);
   const dim3 queries(sh.tiles(), sh.batch * sh.heads);
   BackwardDotKernel<D, E><<<queries, flash::kThreads, 0, stream>>>(
       static_cast<const E*>(dout), static_cast<const E*>(out), dvec, dq, sh);

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "zerort/kernels/flash_backward.h"
 #include "zerort/kernels/flash_forward.h"
+#include "zerort/kernels/memory_facts.h"
 #include "zerort/kernels/model_ops.h"
 #include "zerort/runtime/float_bits.h"
 #include "zerort/runtime/strings.h"
@@ -362,7 +363,6 @@ FlashOutputs RunFlashOnCpuAs(const FlashInputs& in) {
   const flash::Shape sh = in.shape();
   FlashOutputs r{.out = std::vector<uint16_t>(in.out_size()), .dqkv = in.dqkv};
   r.lse.assign(in.stat_size(), -1.0f);
-  r.dvec.assign(in.stat_size(), -1.0f);
   std::vector<unsigned char> smem;
   auto fresh = [&](const auto& exec, int bytes) {  // and watched for races
     smem.assign(bytes, 0xFF);
@@ -377,26 +377,31 @@ FlashOutputs RunFlashOnCpuAs(const FlashInputs& in) {
                                 r.out.data(), r.lse.data(), sh, forward_tiles - 1 - b.rank, b.head);
     EXPECT_TRUE(x.CopiesDone()) << "the forward left copies in flight";
   }
-  // The dQ accumulator starts as NaN: the Dot program must zero every row the others add to.
-  std::vector<float> dq(in.out_size(), std::numeric_limits<float>::quiet_NaN());
+  // One fp32 workspace, D then the dQ accumulator, at the offsets the CUDA launch gives them
+  // (so that the executor checks their accesses' alignment where the GPU makes them), all NaN:
+  // the Dot program must write every D and zero every row of dQ the others add to.
+  const int64_t dq_at = FlashBackwardDqOffset(sh.batch, sh.heads, sh.seq);
+  std::vector<float> workspace(dq_at + in.out_size(), std::numeric_limits<float>::quiet_NaN());
+  float* dvec = workspace.data();
+  float* dq = workspace.data() + dq_at;
   for (int bh = 0; bh < sh.batch * sh.heads; ++bh) {
     for (int t = 0; t < sh.tiles(); ++t) {
-      flash::BackwardDotProgram<D>(x, in.dout.data(), r.out.data(), r.dvec.data(), dq.data(), sh, t,
-                                   bh);
+      flash::BackwardDotProgram<D>(x, in.dout.data(), r.out.data(), dvec, dq, sh, t, bh);
     }
   }
+  r.dvec.assign(dvec, dvec + in.stat_size());
   constexpr int kKeys = 16 * W;
   const int kv = sh.batch * sh.kv_heads;
   for (int64_t i = 0; i < int64_t{sh.tiles(kKeys)} * kv; ++i) {
     const flash::GridBlock b = flash::LongestFirst(i, kv);
     flash::BackwardProgram<D, C>(xw, fresh(xw, flash::BackwardSmem<D, kKeys>::bytes), r.dqkv.data(),
-                                 dq.data(), in.dout.data(), in.qkv.data(), r.lse.data(),
-                                 r.dvec.data(), sh, b.rank, b.head);
+                                 dq, in.dout.data(), in.qkv.data(), r.lse.data(), dvec, sh, b.rank,
+                                 b.head);
     EXPECT_TRUE(xw.CopiesDone()) << "the backward left copies in flight";
   }
   for (int bh = 0; bh < sh.batch * sh.heads; ++bh) {
     for (int t = 0; t < sh.tiles(); ++t) {
-      flash::BackwardStoreDqProgram<D>(x, r.dqkv.data(), dq.data(), sh, t, bh);
+      flash::BackwardStoreDqProgram<D>(x, r.dqkv.data(), dq, sh, t, bh);
     }
   }
   EXPECT_EQ(x.races() + xw.races(), 0) << "shared-memory races ([Note: the block programs' races])"
