@@ -130,7 +130,17 @@ cudnn_attention=$("$zr" env --json 2>/dev/null | python3 -c \
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 want() { [[ -z ${GPU_CHECK_ONLY:-} || " $GPU_CHECK_ONLY " == *" $1 "* ]]; }
-[[ ${GPU_CHECK_SET:-} == auto ]] && ! want bench && step "GPU_CHECK_SET=auto without the bench section: the default block shapes"
+# GPU_CHECK_SET=auto in a call without the bench section takes what an earlier call's bench
+# section chose on this machine (flash-tiles-chosen.txt in the logs), so that the checks can be
+# split over two calls (docs/gpu.md, "Running the GPU checks"); else the default block shapes.
+if [[ ${GPU_CHECK_SET:-} == auto ]] && ! want bench; then
+  if [[ -f $logs/flash-tiles-chosen.txt ]]; then
+    while read -r kv; do [[ -n $kv ]] && sets+=(--set "$kv"); done <"$logs/flash-tiles-chosen.txt"
+    step "GPU_CHECK_SET=auto: an earlier call's choice: ${sets[*]:-the default block shapes}"
+  else
+    step "GPU_CHECK_SET=auto without the bench section: the default block shapes"
+  fi
+fi
 rc=0
 if want tests; then
   # A hung test must not eat a lent machine's minutes: ctest's own limit is each test's 300 s.
@@ -235,12 +245,11 @@ if want bench; then
   python3 "$root/tools/flash_tiles_pick.py" "$logs/bench-attention.jsonl" | tee "$logs/flash-tiles.txt"
   # Why the flash programs run at the rate they do (in the twelfth run the forward's schedulers
   # issued in about a third of their cycles, by its SASS count over its time): Nsight Compute's
-  # launch, occupancy, throughput,
-  # scheduler and warp-state sections, with every stall reason's cycles an issued instruction, for
-  # the first four flash launches at GPT-2's shape, which bench attention makes in this order as it
-  # compares them: the 128-query forward, the default forward, the default backward's main
-  # program, the 32-query one. Where the machine has ncu; an ncu without --print-details (older
-  # than the CUDA 13 one) runs again without it.
+  # launch, occupancy, throughput, scheduler and warp-state sections, with every stall reason's
+  # cycles an issued instruction, for the first four flash launches at GPT-2's shape, which bench
+  # attention makes in this order as it compares them: the 128-query forward, the default
+  # forward, the default backward's main program, the 32-query one. Where the machine has ncu;
+  # an ncu without --print-details (older than the CUDA 13 one) runs again without it.
   ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
   if [[ -n $ncu ]]; then
     ncu_args=(--kernel-name 'regex:ForwardKernel|BackwardKernel' --launch-count 4 --section LaunchStats
@@ -263,11 +272,13 @@ if want bench; then
   # A shape whose bench failed (a variant's kernel among the suspects) leaves the choice to fewer
   # shapes than planned: then the defaults.
   if [[ ${GPU_CHECK_SET:-} == auto && -n ${attention_failed:-} ]]; then
+    : >"$logs/flash-tiles-chosen.txt"
     step "GPU_CHECK_SET=auto: a bench attention call failed (bench-attention.log), the default block shapes"
   elif [[ ${GPU_CHECK_SET:-} == auto ]]; then
     sets=()
     read -ra picked <<<"$(sed -n 's/^GPU_CHECK_SET=//p' "$logs/flash-tiles.txt")"
     for kv in "${picked[@]}"; do sets+=(--set "$kv"); done
+    printf '%s\n' "${picked[@]}" >"$logs/flash-tiles-chosen.txt"  # for a later call's auto
     step "GPU_CHECK_SET=auto: ${sets[*]:-the default block shapes}"
   fi
   guard 90 bench-model-gpt2 "$zr" bench model --config "$root/configs/bench-gpt2.json" "${sets[@]}" --json >"$logs/bench-model-gpt2.json" \
