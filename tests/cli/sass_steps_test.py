@@ -57,10 +57,14 @@ away_kernel = "".join([  # a branch past its last instruction
     line(0x00, "BRA 0x400"),
     line(0x10, "EXIT"),
 ])
+# 30 instructions of 30 opcodes: a path names every one of them, none cut off.
+wide_kernel = "".join(["\n\t\tFunction : _Z4widePf\n"] +
+                      [line(0x10 * i, f"OP{chr(65 + i % 26)}{i // 26} R1, R2") for i in range(30)] +
+                      [line(0x1e0, "EXIT")])
 sass = os.path.join(tmp, "k.sass")
 with open(sass, "w") as f:
     f.write("\nFatbin elf code:\n================\narch = sm_90\n" + loop_kernel + plain_kernel +
-            away_kernel)
+            away_kernel + wide_kernel)
 
 
 def run(*args):
@@ -89,6 +93,10 @@ check("the path falling through: 8 instructions, 2 HMMA",
 r = run("path", sass, "loop", "20", "a0", "40=taken")
 check("the path taking the branch: 7 instructions, no FMUL",
       ": 7 instructions, 2 HMMA" in r.stdout and "FMUL" not in r.stdout, r.stdout + r.stderr)
+r = run("path", sass, "wide", "0", "1e0")
+counted = sum(int(n) for n in re.findall(r"[A-Z0-9_.]+ (\d+)", r.stdout.split("HMMA:", 1)[-1]))
+check("a path names every opcode it ran (30 of them), not the most common few",
+      r.returncode == 0 and ": 30 instructions" in r.stdout and counted == 30, r.stdout + r.stderr)
 r = run("path", sass, "loop", "20", "a0", "0x40=taken", "90=taken")
 check("a back edge always taken never reaches STOP: an error, not a hang",
       r.returncode != 0 and "does not reach STOP" in r.stderr, r.stderr)
