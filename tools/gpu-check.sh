@@ -252,7 +252,9 @@ if want bench; then
   # an ncu without --print-details (older than the CUDA 13 one) runs again without it.
   ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
   if [[ -n $ncu ]]; then
-    ncu_args=(--kernel-name 'regex:ForwardKernel|BackwardKernel' --launch-count 4 --section LaunchStats
+    # The names whole: the materialised path's CausalSoftmaxBackwardKernel runs first, and a
+    # plain 'BackwardKernel' would take its launch for one of the four.
+    ncu_args=(--kernel-name 'regex:(^|[^A-Za-z])(Forward|Backward)Kernel($|<)' --launch-count 4 --section LaunchStats
       --section Occupancy --section SpeedOfLight --section SchedulerStats --section WarpStateStats
       --section ComputeWorkloadAnalysis --metrics 'regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$')
     ncu_bench=("$zr" bench attention --device cuda --head-size 64 --heads 12 --seq 1024 --batch 8 --rounds 1)
