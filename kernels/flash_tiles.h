@@ -67,7 +67,8 @@
 // reads its key/value head in place ([Note: the qkv layout]). Tiles are [64][D] in shared memory
 // with 16-byte chunk c of row r stored at chunk c ^ (r % 8) of its group of 8 (`Swizzled`), so the
 // 8 rows an ldmatrix phase reads, and the 8 chunks a copy phase writes, fall in 8 different bank
-// groups.
+// groups (the CPU executor counts every shared-memory access's wavefronts and the tests expect
+// none beyond the need: [Note: shared-memory wavefronts] in tests/kernels/flash_harness.h).
 // A warp's products keep their operands and results in registers: a 16 x N product of two tiles
 // (`WarpScores`: S = Q K^T and its kin, B fragments by ldmatrix from the second tile's rows; N is
 // 64, or 32 where a program's registers would not hold 64), and a 16 x D accumulation of P times

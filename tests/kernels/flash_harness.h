@@ -38,6 +38,7 @@ struct CpuFlashExec {
       f(t);
     }
     thread_ = -1;
+    WarpInstructions();
   }
   template <typename F>
   void ForWarps(F&& f) const {
@@ -54,6 +55,7 @@ struct CpuFlashExec {
       f(lane);
     }
     thread_ = -1;
+    WarpInstructions();
   }
   void SyncBlock() const { ++phase_; }
 
@@ -83,6 +85,12 @@ struct CpuFlashExec {
   // The races found since the first Watch: how many, and the first few described.
   int races() const { return races_; }
   const std::string& race_report() const { return report_; }
+  // [Note: shared-memory wavefronts]: the warp instructions on watched shared memory that took
+  // more wavefronts than their bytes need (bank conflicts), how many wavefronts those cost
+  // beyond the need, and the first few described.
+  int conflicted() const { return conflicted_; }
+  int64_t excess_wavefronts() const { return excess_; }
+  const std::string& conflict_report() const { return conflict_report_; }
   // Registers of every lane of every warp, NaN until written.
   template <typename T, int N>
   struct Regs {
@@ -109,11 +117,14 @@ struct CpuFlashExec {
   template <int N, typename Addr>
   void Ld(int w, Regs<uint32_t, N>& r, int i, Addr addr, bool trans) const {
     const Elem* rows[32];
+    int64_t at[32];
     for (int l = 0; l < 32; ++l) {
       rows[l] = addr(l);
       EXPECT_EQ(reinterpret_cast<uintptr_t>(rows[l]) % 16, 0u) << "ldmatrix row of lane " << l;
       Read(rows[l], 16, Who{-1, w}, "ldmatrix");
+      at[l] = Offset(rows[l], 16);
     }
+    Wavefronts(w, at, 16, trans ? "ldmatrix.trans" : "ldmatrix");
     for (int l = 0; l < 32; ++l) {
       for (int m = 0; m < 4; ++m) {
         const int g = l / 4, t = l % 4;
@@ -171,6 +182,7 @@ struct CpuFlashExec {
   // so a program reading a tile before waiting for it reads the NaN shared memory starts with.
   void CpAsync16(void* dst, const void* src, bool valid) const {
     EXPECT_EQ(reinterpret_cast<uintptr_t>(dst) % 16, 0u);
+    Note(dst, 16, "cp.async");
     Each(dst, 16, [&](Shadow& e, int64_t at) {
       if (e.pending >= 0) Race(at, "a copy issued while another into it is in flight");
       if (e.read_phase == phase_ && (e.many_readers || Conflict(e.reader, Current()))) {
@@ -211,6 +223,7 @@ struct CpuFlashExec {
   void Store32(Elem* p, uint32_t v) const {
     EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 4, 0u);
     Write(p, 4);
+    Note(p, 4, "a 32-bit store");
     std::memcpy(p, &v, sizeof v);
   }
   // 16 bytes of global memory (not watched), at the alignment the hardware requires.
@@ -228,10 +241,12 @@ struct CpuFlashExec {
   }
   void StoreShared(float* p, float v) const {
     Write(p, 4);
+    Note(p, 4, "a float store");
     *p = v;
   }
   float LoadShared(const float* p) const {
     Read(p, 4, Current(), "a load");
+    Note(p, 4, "a float load");
     return *p;
   }
   bool CopiesDone() const { return open_.empty() && groups_.empty(); }
@@ -295,7 +310,94 @@ struct CpuFlashExec {
   void Race(int64_t at, const std::string& what) const {
     if (++races_ <= 5) StrAppend(&report_, "\n  phase ", phase_, ", byte ", at, ": ", what);
   }
-  mutable int thread_ = -1, warp_ = -1, phase_ = 0, races_ = 0;
+
+  // [Note: shared-memory wavefronts]
+  // Shared memory is 32 banks of 4-byte words (bank = word % 32, counted from the start of the
+  // block's shared memory, which the kernels align to 128 bytes). A warp instruction is served in
+  // wavefronts, each reading or writing at most one word of every bank (lanes asking for the same
+  // word share it); 16-byte accesses (cp.async, and ldmatrix, whose matrix m is the rows of lanes
+  // 8 m .. 8 m + 7) are served a quarter of the warp at a time, 8-byte ones half. An instruction
+  // needs, per such group, as many wavefronts as its distinct words fill 32 banks; it takes as
+  // many as the bank holding the most distinct words. The executor counts the difference for
+  // every warp instruction on the watched shared memory: the programs' swizzled tiles and their
+  // statistics are laid out so that it is zero (a conflict there costs the GPU time and changes
+  // no result, so only this count would show it off a GPU). A lane's accesses inside ForThreads
+  // or ForLanes are its instructions in order: the i-th of each lane of a warp is one instruction
+  // (the programs' shared-memory accesses are uniform across lanes).
+  struct Access {
+    int64_t at;  // byte offset in the watched shared memory
+    int bytes;
+    const char* what;
+  };
+  // The byte offset of [p, p + bytes) in the watched shared memory, or -1 when outside it.
+  int64_t Offset(const void* p, size_t bytes) const {
+    const auto* c = static_cast<const unsigned char*>(p);
+    if (base_ == nullptr || c < base_ || c + bytes > base_ + 2 * shadow_.size()) return -1;
+    return c - base_;
+  }
+  void Note(const void* p, int bytes, const char* what) const {
+    const int64_t at = Offset(p, bytes);
+    if (at < 0 || thread_ < 0) return;
+    if (lane_accesses_.empty()) lane_accesses_.resize(32 * Warps);
+    lane_accesses_[thread_].push_back({at, bytes, what});
+  }
+  // The lanes' accesses since the last call, as warp instructions.
+  void WarpInstructions() const {
+    for (int w = 0; w < Warps && !lane_accesses_.empty(); ++w) {
+      size_t most = 0;
+      for (int l = 0; l < 32; ++l) most = std::max(most, lane_accesses_[32 * w + l].size());
+      for (size_t i = 0; i < most; ++i) {
+        int64_t at[32];
+        int bytes = 0;
+        const char* what = "";
+        for (int l = 0; l < 32; ++l) {
+          const std::vector<Access>& a = lane_accesses_[32 * w + l];
+          at[l] = i < a.size() ? a[i].at : -1;
+          if (i < a.size()) {
+            EXPECT_TRUE(bytes == 0 || bytes == a[i].bytes) << "lanes' accesses of two widths";
+            bytes = a[i].bytes;
+            what = a[i].what;
+          }
+        }
+        Wavefronts(w, at, bytes, what);
+      }
+    }
+    for (std::vector<Access>& a : lane_accesses_) a.clear();
+  }
+  // One warp instruction: lane l's access of `bytes` at offset at[l] (-1: none).
+  void Wavefronts(int w, const int64_t* at, int bytes, const char* what) const {
+    const int group = bytes >= 16 ? 8 : bytes == 8 ? 16 : 32;
+    int taken = 0, needed = 0;
+    for (int g0 = 0; g0 < 32; g0 += group) {
+      int64_t words[32 * 4];
+      int n = 0;
+      for (int l = g0; l < g0 + group; ++l) {
+        if (at[l] < 0) continue;
+        for (int b = 0; b < bytes; b += 4) words[n++] = (at[l] + b) / 4;
+      }
+      std::sort(words, words + n);
+      n = static_cast<int>(std::unique(words, words + n) - words);
+      int per_bank[32] = {};
+      for (int i = 0; i < n; ++i) ++per_bank[words[i] % 32];
+      taken += n == 0 ? 0 : *std::max_element(per_bank, per_bank + 32);
+      needed += (n + 31) / 32;
+    }
+    if (taken == needed) return;
+    excess_ += taken - needed;
+    if (++conflicted_ <= 5) {
+      StrAppend(&conflict_report_, "\n  phase ", phase_, ", warp ", w, ", ", what, ": ", taken,
+                " wavefronts where ", needed, " serve its bytes (offsets");
+      for (int l = 0; l < 32; ++l) {
+        if (at[l] >= 0) StrAppend(&conflict_report_, " ", at[l]);
+      }
+      StrAppend(&conflict_report_, ")");
+    }
+  }
+  mutable int thread_ = -1, warp_ = -1, phase_ = 0, races_ = 0, conflicted_ = 0;
+  mutable int64_t excess_ = 0;
+  mutable std::vector<std::vector<Access>> lane_accesses_;  // by thread ([Note: shared-memory
+                                                            // wavefronts])
+  mutable std::string conflict_report_;
   mutable const unsigned char* base_ = nullptr;
   mutable std::vector<Shadow> shadow_;
   mutable std::string report_;
@@ -406,6 +508,10 @@ FlashOutputs RunFlashOnCpuAs(const FlashInputs& in) {
   }
   EXPECT_EQ(x.races() + xw.races(), 0) << "shared-memory races ([Note: the block programs' races])"
                                        << x.race_report() << xw.race_report();
+  EXPECT_EQ(x.conflicted() + xw.conflicted(), 0)
+      << "bank conflicts ([Note: shared-memory wavefronts]): "
+      << x.excess_wavefronts() + xw.excess_wavefronts() << " wavefronts beyond the need"
+      << x.conflict_report() << xw.conflict_report();
   return r;
 }
 

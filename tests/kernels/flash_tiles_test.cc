@@ -60,6 +60,68 @@ TEST(FlashTilesTest, TheHundredTwentyEightKeyBackwardAtHeadSize64) {
   }
 }
 
+// The executor's bank model ([Note: shared-memory wavefronts] in flash_harness.h), on accesses
+// made by hand: what the programs' runs above count for their own accesses (RunFlashOnCpuAs
+// expects none beyond the need) is only as good as this count.
+TEST(FlashTilesTest, TheExecutorCountsBankConflicts) {
+  const CpuFlashExec<true> x;
+  std::vector<unsigned char> smem(flash::kTile * 64 * 2, 0);
+  x.Watch(smem.data(), smem.size());
+  auto* tile = reinterpret_cast<uint16_t*>(smem.data());
+  CpuFlashExec<true>::Regs<uint32_t, 4> r;
+  // A swizzled tile's 16 x 16 block: each matrix's 8 rows in 8 bank groups, one wavefront each.
+  x.ForWarps([&](int w) {
+    x.LdMatrix(w, r, 0, [&](int lane) { return flash::FragRowsFirst<64>(tile, 0, 0, lane); });
+    x.LdMatrixTrans(w, r, 0, [&](int lane) { return flash::FragColsFirst<64>(tile, 16, 8, lane); });
+  });
+  EXPECT_EQ(x.conflicted(), 0) << x.conflict_report();
+  // The same block of rows 128 bytes apart, unswizzled: a matrix's 8 rows in one bank group,
+  // 8 wavefronts where 1 serves (4 matrices, 4 warps).
+  x.ForWarps([&](int w) {
+    x.LdMatrix(w, r, 0, [&](int lane) {
+      return tile + (lane % 8 + 8 * (lane / 8 % 2)) * 64 + 8 * (lane / 16);
+    });
+  });
+  EXPECT_EQ(x.conflicted(), 4);
+  EXPECT_EQ(x.excess_wavefronts(), 4 * 4 * 7);
+  EXPECT_NE(x.conflict_report().find("ldmatrix: 32 wavefronts where 4 serve"), std::string::npos)
+      << x.conflict_report();
+  // 32-bit stores: a row's 32 words (no conflict), then a column's (every lane in bank 0; each
+  // store of another phase, so that no race is in the way).
+  x.SyncBlock();
+  x.ForWarps([&](int w) {
+    if (w != 0) return;
+    x.ForLanes([&](int lane) { x.Store32(tile + 2 * lane, 0); });
+  });
+  EXPECT_EQ(x.conflicted(), 4);
+  x.SyncBlock();
+  x.ForWarps([&](int w) {
+    if (w != 0) return;
+    x.ForLanes([&](int lane) { x.Store32(tile + lane * 64, 0); });
+  });
+  EXPECT_EQ(x.conflicted(), 5);
+  EXPECT_EQ(x.excess_wavefronts(), 4 * 4 * 7 + 31);
+  // Float loads of one word by every lane are one broadcast.
+  x.ForWarps([&](int w) {
+    x.ForLanes([&](int) { (void)x.LoadShared(reinterpret_cast<const float*>(tile + 8)); });
+  });
+  EXPECT_EQ(x.conflicted(), 5);
+  // 16-byte copies a quarter warp at a time: the 8 chunks of one row take one wavefront (threads
+  // 0 .. 63, rows 0 .. 7), the first chunks of 8 rows eight (threads 64 .. 119, rows 8 .. 63:
+  // 7 quarters of warps 2 and 3; threads 120 .. 127 copy nothing).
+  x.SyncBlock();
+  const std::vector<uint16_t> from(8, 0);
+  x.ForThreads([&](int t) {
+    if (t >= 120) return;
+    const int row = t < 64 ? t / 8 : t - 56, chunk = t < 64 ? t % 8 : 0;
+    x.CpAsync16(tile + row * 64 + chunk * 8, from.data(), true);
+  });
+  x.CpAsyncCommit();
+  x.CpAsyncWait(0);
+  EXPECT_EQ(x.conflicted(), 7) << x.conflict_report();
+  EXPECT_EQ(x.excess_wavefronts(), 4 * 4 * 7 + 31 + 7 * 7);
+}
+
 // The CPU model's 16-bit attention (widened to fp32, cpu::fast's flash) rounds P and dS to its
 // format before their products as the CUDA programs do (cpu::fast::FlashAttentionForward's
 // `products`), so that a bf16 run on the CPU and one on a GPU take the same roundings (cuda_parity
