@@ -96,6 +96,8 @@ check("... and so do their input gradients", att.get("max_abs_difference_backwar
       r.stdout)
 check("bench attention: flash saves one fp32 per query (1 x 4 x 130 x 4 B)",
       att.get("saved_bytes_flash") == 2080, r.stdout)
+check("bench attention on the CPU times one call at a time (a GPU's: 10 back to back)",
+      att.get("calls_per_time") == 1, r.stdout)
 r = run("bench", "attention", "--heads", "12", "--kv-heads", "5")
 check("bench attention --kv-heads 5 of 12 heads exits 2 naming it",
       r.returncode == 2 and "--kv-heads" in r.stderr, r.stderr)
