@@ -13,6 +13,12 @@ instructions"): a static measure of a kernel's loop where no GPU is at hand to t
   tools/sass_steps.py path SASS KERNEL START STOP [ADDR=taken|fall ...]
       the instructions from address START up to STOP (hex), following each conditional branch as
       given (unnamed ones fall through; an unconditional one is taken), by opcode
+  tools/sass_steps.py waits SASS KERNEL START STOP [ADDR=taken|fall ...]
+      on that path, how far apart a result and its first use sit, counted in the tensor-core
+      products (HMMA) issued between them: each shared-memory fragment load (LDSM) and the first
+      instruction reading one of its registers, each HMMA and the next HMMA accumulating onto its
+      result. A load or product whose use follows with few products between waits its latency
+      out unless another warp issues meanwhile (a static view of how well ptxas interleaved them)
 
 Instructions the disassembler could not decode (its output has their encoding only) are counted
 as UNDECODED, so a count covers every 16 bytes of code."""
@@ -107,6 +113,54 @@ def walk(code, start, stop, choices):
     return path
 
 
+REGISTER = re.compile(r"\bR(\d+)\b")
+# Opcodes whose first operand is not a register they write.
+STORES = {"ST", "STS", "STG", "STL", "RED", "REDG", "ATOM", "ATOMG", "ATOMS", "LDGSTS", "BRA",
+          "BAR", "EXIT", "DEPBAR", "MEMBAR"}
+
+
+def registers(s):
+    """(opcode, registers written, registers read) of an instruction: HMMA.16816 reads A (4), B (2)
+    and C (4) and writes D (4); LDSM .x1/.x2/.x4 writes 1, 2 or 4; a store or branch writes none;
+    any other writes its first operand's register."""
+    s = re.sub(r"^@!?U?P\w+\s+", "", s)
+    op = s.split()[0] if s.split() else ""
+    regs = [[int(r) for r in REGISTER.findall(o)] for o in s[len(op):].split(",")]
+    base = op.split(".")[0]
+    read = {r for rs in regs[1:] for r in rs}
+    if base == "HMMA" and len(regs) == 4 and all(regs[i] for i in range(3)):
+        d, a, b = regs[0][0], regs[1][0], regs[2][0]
+        c = set(range(regs[3][0], regs[3][0] + 4)) if regs[3] else set()
+        return base, set(range(d, d + 4)), set(range(a, a + 4)) | set(range(b, b + 2)) | c
+    if base == "LDSM" and regs and regs[0]:
+        n = 4 if ".4" in op else 2 if ".2" in op else 1
+        return base, set(range(regs[0][0], regs[0][0] + n)), read
+    if base in STORES or not regs[0]:
+        return base, set(), {r for rs in regs for r in rs}
+    return base, {regs[0][0]}, read
+
+
+def waits(path):
+    """{"LDSM": Counter, "HMMA": Counter} of the HMMAs issued between each result and its first
+    use (an LDSM's by any instruction, an HMMA's by the next HMMA); a result never used on the
+    path is not counted."""
+    info = [registers(s) for _, s in path]
+    out = {"LDSM": collections.Counter(), "HMMA": collections.Counter()}
+    for i, (base, written, _) in enumerate(info):
+        if base not in out or not written:
+            continue
+        between = 0
+        for later, wrote, read in info[i + 1:]:
+            if read & written:
+                if base == "LDSM" or later == "HMMA":
+                    out[base][between] += 1
+                break
+            if wrote & written:  # overwritten unread
+                break
+            between += later == "HMMA"
+    return out
+
+
 def patch_cubin(src, dst):
     data = bytearray(open(src, "rb").read())
     if data[:4] != b"\x7fELF" or data[4] != 2:
@@ -147,7 +201,7 @@ def main(argv):
             for a, t, conditional in branches(code):
                 if conditional and loop[0] <= a <= loop[1]:
                     print(f"    {a:#06x} -> {t:#06x}  {text[a]}")
-    elif command == "path" and len(argv) >= 6:
+    elif command in ("path", "waits") and len(argv) >= 6:
         name, code = find(kernels, argv[3])
         choices = {}
         for arg in argv[6:]:
@@ -156,6 +210,16 @@ def main(argv):
                 sys.exit(f"sass_steps: '{arg}' is not ADDR=taken or ADDR=fall")
             choices[int(m.group(1), 16)] = m.group(2) == "taken"
         path = walk(code, int(argv[4], 16), int(argv[5], 16), choices)
+        if command == "waits":
+            print(f"{name}: {len(path)} instructions")
+            for base, what in (("LDSM", "LDSM -> first use"), ("HMMA", "HMMA -> next on it")):
+                c = waits(path)[base]
+                n = sum(c.values())
+                few = sum(v for k, v in c.items() if k < 2)
+                spread = ", ".join(f"{k}: {v}" for k, v in sorted(c.items()))
+                print(f"  {what}: {n}, {few} with fewer than 2 HMMA between; "
+                      f"HMMA between: {spread}")
+            return
         counts = mix(path)
         # Every opcode: a count for one step is read for its rare ones too (a barrier, a load).
         print(f"{name}: {len(path)} instructions, {counts['HMMA']} HMMA: {show(counts, None)}")

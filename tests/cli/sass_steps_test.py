@@ -61,10 +61,25 @@ away_kernel = "".join([  # a branch past its last instruction
 wide_kernel = "".join(["\n\t\tFunction : _Z4widePf\n"] +
                       [line(0x10 * i, f"OP{chr(65 + i % 26)}{i // 26} R1, R2") for i in range(30)] +
                       [line(0x1e0, "EXIT")])
+# Fragment loads and products: two loads used by the next product (0 products between), one
+# used two products later; two accumulators each taken up again one product later; the last
+# products read by an FADD (not a product: not counted).
+waits_kernel = "".join([
+    "\n\t\tFunction : _Z5waitsPf\n",
+    line(0x00, "LDSM.16.M88.4 R8, [R2]"),
+    line(0x10, "LDSM.16.M88.4 R20, [R2+0x100]"),
+    line(0x20, "HMMA.16816.F32.BF16 R4, R8, R20, R4"),
+    line(0x30, "LDSM.16.MT88.4 R24, [R3]"),
+    line(0x40, "HMMA.16816.F32.BF16 R12, R8, R22, R12"),
+    line(0x50, "HMMA.16816.F32.BF16 R4, R8, R22, R4"),
+    line(0x60, "HMMA.16816.F32.BF16 R12, R8, R24, R12"),
+    line(0x70, "FADD R30, R4, R12"),
+    line(0x80, "EXIT"),
+])
 sass = os.path.join(tmp, "k.sass")
 with open(sass, "w") as f:
     f.write("\nFatbin elf code:\n================\narch = sm_90\n" + loop_kernel + plain_kernel +
-            away_kernel + wide_kernel)
+            away_kernel + wide_kernel + waits_kernel)
 
 
 def run(*args):
@@ -100,6 +115,13 @@ check("a path names every opcode it ran (30 of them), not the most common few",
 r = run("path", sass, "loop", "20", "a0", "0x40=taken", "90=taken")
 check("a back edge always taken never reaches STOP: an error, not a hang",
       r.returncode != 0 and "does not reach STOP" in r.stderr, r.stderr)
+r = run("waits", sass, "waits", "0", "90")
+check("waits: 3 loads, 2 used with no product between, 1 after 2",
+      r.returncode == 0 and "LDSM -> first use: 3, 2 with fewer than 2 HMMA between; "
+      "HMMA between: 0: 2, 2: 1" in r.stdout, r.stdout + r.stderr)
+check("waits: 2 accumulators taken up one product later (the FADD not counted)",
+      "HMMA -> next on it: 2, 2 with fewer than 2 HMMA between; HMMA between: 1: 2" in r.stdout,
+      r.stdout + r.stderr)
 for bad, says in ((["path", sass, "nothing", "20", "a0"], "0 kernels match 'nothing'"),
                   (["path", sass, "loop", "24", "a0"], "no instruction at 0x24"),
                   (["path", sass, "loop", "20", "a0", "40=maybe"], "'40=maybe' is not"),
