@@ -124,6 +124,8 @@ check("waits: 2 accumulators taken up one product later (the FADD not counted)",
       r.stdout + r.stderr)
 for bad, says in ((["path", sass, "nothing", "20", "a0"], "0 kernels match 'nothing'"),
                   (["path", sass, "loop", "24", "a0"], "no instruction at 0x24"),
+                  (["waits", sass, "waits", "8", "90"], "no instruction at 0x8"),
+                  (["waits", sass, "nothing", "0", "90"], "0 kernels match 'nothing'"),
                   (["path", sass, "loop", "20", "a0", "40=maybe"], "'40=maybe' is not"),
                   (["path", sass, "away", "0", "10"], "goes to 0x400, outside the kernel"),
                   (["frobnicate", sass], "Instruction counts of CUDA kernels")):

@@ -267,10 +267,9 @@ struct CpuFlashExec {
   // f(entry, byte offset) for each watched two bytes of [p, p + bytes).
   template <typename F>
   void Each(const void* p, size_t bytes, F&& f) const {
-    const auto* c = static_cast<const unsigned char*>(p);
-    if (base_ == nullptr || c < base_ || c + bytes > base_ + 2 * shadow_.size()) return;
-    for (size_t b = 0; b < bytes; b += 2) {
-      const int64_t at = c + b - base_;
+    const int64_t first = Offset(p, bytes);
+    if (first < 0) return;
+    for (int64_t at = first; at < first + static_cast<int64_t>(bytes); at += 2) {
       f(shadow_[at / 2], at);
     }
   }
