@@ -40,16 +40,15 @@ static __global__ void RmsNormKernel(T* out, float* rstd, const T* inp, const T*
   if (lane == 0) rstd[row] = s;
 }
 
-// dinp += rstd (dn - n mean(dn n)), n = x rstd, dn = dy w: a warp per row (W as RmsNormKernel's).
+// dinp += rstd (dn - n mean(dn n)), n = x rstd, dn = dy w, for `row` by its warp (W as
+// RmsNormKernel's): the warp-per-row kernel's body, and the first pass of NormBackwardKernel's
+// (norm_backward.cuh).
 template <typename T, int W>
-static __global__ void RmsNormInputGradKernel(T* dinp, const T* dout, const T* inp, const T* w,
-                                              const float* rstd, int64_t rows, int channels) {
-  const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
-  const int lane = threadIdx.x & 31;
-  if (row >= rows) return;
+__device__ __forceinline__ void RmsNormInputGradRow(T* dinp, const T* dout, const T* inp,
+                                                    const T* w, float s, int64_t row,
+                                                    int channels, int lane) {
   const T* x = inp + row * channels;
   const T* dy = dout + row * channels;
-  const float s = rstd[row];
   float xv[W], dv[W], wv[W], gv[W];
   float dot = 0.0f;
   for (int c = lane * W; c < channels; c += 32 * W) {
@@ -70,6 +69,13 @@ static __global__ void RmsNormInputGradKernel(T* dinp, const T* dout, const T* i
     for (int e = 0; e < W; ++e) gv[e] = gv[e] + s * (dv[e] * wv[e] - xv[e] * s * dot);
     StoreN(d, gv);
   }
+}
+template <typename T, int W>
+static __global__ void RmsNormInputGradKernel(T* dinp, const T* dout, const T* inp, const T* w,
+                                              const float* rstd, int64_t rows, int channels) {
+  const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  if (row >= rows) return;
+  RmsNormInputGradRow<T, W>(dinp, dout, inp, w, rstd[row], row, channels, threadIdx.x & 31);
 }
 
 // A rotary thread's work, from its index over rows x hs / 2 channel pairs: pair i of `row`,

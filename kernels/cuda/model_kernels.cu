@@ -30,6 +30,7 @@
 #include "zerort/kernels/cuda/lt_matmul.cuh"
 #include "zerort/kernels/cuda/materialised_attention.cuh"
 #include "zerort/kernels/cuda/model_ops.cuh"
+#include "zerort/kernels/cuda/norm_backward.cuh"
 #include "zerort/kernels/cudnn_attention.h"
 #include "zerort/kernels/flash_attention.h"
 #include "zerort/kernels/gemm_map.h"
@@ -199,12 +200,16 @@ class CudaModelKernels final : public ModelKernels {
     if (rows == 0) return absl::OkStatus();  // nothing to add (and no grid of 0 rows)
     const auto* m = static_cast<const float*>(mean);
     const auto* r = static_cast<const float*>(rstd);
+    if (dinp != nullptr && (dweight != nullptr || dbias != nullptr)) {
+      return NormBackward<ColumnSum::kLayerNorm>(dinp, dweight, dbias, dout, inp, weight, m, r,
+                                                 rows, channels, "LayerNormBackward");
+    }
     if (dinp != nullptr) {
       ByWidth(Vectorisable(channels, {dinp, dout, inp, weight}), [&](auto w) {
         LayerNormInputGradKernel<T, decltype(w)::value><<<RowBlocks(rows), kThreads, 0, s()>>>(
             A(dinp), A(dout), A(inp), A(weight), m, r, rows, channels);
       });
-      ZR_RETURN_IF_ERROR(Launched("LayerNormBackward"));
+      return Launched("LayerNormBackward");
     }
     if (dweight == nullptr && dbias == nullptr) return absl::OkStatus();
     return SumColumns<ColumnSum::kLayerNorm>(dweight, dbias, dout, inp, m, r, rows, channels);
@@ -398,12 +403,16 @@ class CudaModelKernels final : public ModelKernels {
                          int channels) override {
     if (rows == 0) return absl::OkStatus();
     const auto* r = static_cast<const float*>(rstd);
+    if (dinp != nullptr && dweight != nullptr) {
+      return NormBackward<ColumnSum::kRms>(dinp, dweight, nullptr, dout, inp, weight, nullptr, r,
+                                           rows, channels, "RmsNormBackward");
+    }
     if (dinp != nullptr) {
       ByWidth(Vectorisable(channels, {dinp, dout, inp, weight}), [&](auto w) {
         RmsNormInputGradKernel<T, decltype(w)::value><<<RowBlocks(rows), kThreads, 0, s()>>>(
             A(dinp), A(dout), A(inp), A(weight), r, rows, channels);
       });
-      ZR_RETURN_IF_ERROR(Launched("RmsNormBackward"));
+      return Launched("RmsNormBackward");
     }
     if (dweight == nullptr) return absl::OkStatus();
     return SumColumns<ColumnSum::kRms>(dweight, nullptr, dout, inp, nullptr, r, rows, channels);
@@ -550,15 +559,21 @@ class CudaModelKernels final : public ModelKernels {
   // [Note: column sums] (kernels/launch_geometry.h): the partials into the cuBLASLt workspace
   // (free between GEMMs on the stream), then the finish adding them in order into dsum (and, for
   // LayerNorm, its bias's into dsum2).
+  static constexpr int64_t kMaxPartials = (kLtWorkspace - kLtBiasGradBytes) / sizeof(float);
   template <ColumnSum kKind>
-  Status SumColumns(void* dsum, void* dsum2, const void* dout, const void* inp, const float* mean,
-                    const float* rstd, int64_t rows, int channels) {
+  static Status CheckPartialsFit(int channels) {
     constexpr int kSums = kKind == ColumnSum::kLayerNorm ? 2 : 1;
-    constexpr int64_t kMaxPartials = (kLtWorkspace - kLtBiasGradBytes) / sizeof(float);
     if (int64_t{channels} * kSums > kMaxPartials) {
       return absl::InvalidArgumentError("column sums of " + std::to_string(channels) +
                                         " columns: their partials do not fit the workspace");
     }
+    return absl::OkStatus();
+  }
+  template <ColumnSum kKind>
+  Status SumColumns(void* dsum, void* dsum2, const void* dout, const void* inp, const float* mean,
+                    const float* rstd, int64_t rows, int channels) {
+    ZR_RETURN_IF_ERROR(CheckPartialsFit<kKind>(channels));
+    constexpr int kSums = kKind == ColumnSum::kLayerNorm ? 2 : 1;
     const bool vec = Vectorisable(channels, {dout, inp});  // a null inp (kBias) is aligned
     const launch::ColumnSums p =
         launch::ColumnSumsFor(rows, channels, vec ? kVec : 1, kSums, kMaxPartials);
@@ -570,9 +585,36 @@ class CudaModelKernels final : public ModelKernels {
           pw, pb, A(dout), A(inp), mean, rstd, rows, channels, p.rows_per_chunk);
     });
     ZR_RETURN_IF_ERROR(Launched("column sums (partials)"));
+    return FinishColumns(dsum, dsum2, pw, pb, p.chunks, channels);
+  }
+  Status FinishColumns(void* dsum, void* dsum2, const float* pw, const float* pb, int64_t chunks,
+                       int channels) {
     ColumnFinishKernel<G>
-        <<<Blocks(channels), kThreads, 0, s()>>>(Gp(dsum), Gp(dsum2), pw, pb, p.chunks, channels);
+        <<<static_cast<unsigned>(launch::ColumnFinishBlocks(channels)), kThreads, 0, s()>>>(
+            Gp(dsum), Gp(dsum2), pw, pb, chunks, channels);
     return Launched("column sums (finish)");
+  }
+  // A norm's input gradient and its weight (and LayerNorm's bias) gradients: one pass over the
+  // rows (NormBackwardKernel), then the finish ([Note: column sums]). Two launches, not three.
+  template <ColumnSum kKind>
+  Status NormBackward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                      const void* weight, const float* mean, const float* rstd, int64_t rows,
+                      int channels, const char* name) {
+    ZR_RETURN_IF_ERROR(CheckPartialsFit<kKind>(channels));
+    constexpr int kSums = kKind == ColumnSum::kLayerNorm ? 2 : 1;
+    const bool vec = Vectorisable(channels, {dinp, dout, inp, weight});
+    const launch::ColumnSums p = launch::ColumnSumsFor(rows, channels, vec ? kVec : 1, kSums,
+                                                       kMaxPartials, launch::kFusedRowsPerChunk);
+    float* pw = static_cast<float*>(lt_workspace_.data());
+    float* pb = pw + p.chunks * channels;
+    ByWidth(vec, [&](auto w) {
+      NormBackwardKernel<kKind, T, decltype(w)::value>
+          <<<static_cast<unsigned>(p.chunks), kThreads, 0, s()>>>(
+              A(dinp), pw, pb, A(dout), A(inp), A(weight), mean, rstd, rows, channels,
+              p.rows_per_chunk, p.tiles);
+    });
+    ZR_RETURN_IF_ERROR(Launched(name));
+    return FinishColumns(dweight, dbias, pw, pb, p.chunks, channels);
   }
 
   const internal::CublasApi& b_;  // loaded by MakeCudaModelKernels

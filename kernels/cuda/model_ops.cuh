@@ -330,18 +330,14 @@ static __global__ void LayerNormKernel(T* out, float* mean, float* rstd, const T
   }
 }
 
-// dinp += per row (a warp per row; W as LayerNormKernel's). The weight and bias gradients are
-// LayerNormParamGradKernel's.
+// dinp += LayerNorm's input gradient of `row`, by its warp (W as LayerNormKernel's): the
+// warp-per-row kernel's body, and the first pass of NormBackwardKernel's (norm_backward.cuh).
 template <typename T, int W>
-static __global__ void LayerNormInputGradKernel(T* dinp, const T* dout, const T* inp, const T* w,
-                                                const float* mean, const float* rstd, int64_t rows,
-                                                int channels) {
-  const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
-  const int lane = threadIdx.x & 31;
-  if (row >= rows) return;
+__device__ __forceinline__ void LayerNormInputGradRow(T* dinp, const T* dout, const T* inp,
+                                                      const T* w, float m, float s, int64_t row,
+                                                      int channels, int lane) {
   const T* x = inp + row * channels;
   const T* dy = dout + row * channels;
-  const float m = mean[row], s = rstd[row];
   const float inv_c = math::InverseCount(channels);
   float xv[W], dv[W], wv[W], gv[W];
   float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
@@ -372,25 +368,39 @@ static __global__ void LayerNormInputGradKernel(T* dinp, const T* dout, const T*
     StoreN(d, gv);
   }
 }
+// A warp per row; the weight and bias gradients are the column sums' (SumColumns), or this and
+// they are one pass (NormBackwardKernel) when both are asked for.
+template <typename T, int W>
+static __global__ void LayerNormInputGradKernel(T* dinp, const T* dout, const T* inp, const T* w,
+                                                const float* mean, const float* rstd, int64_t rows,
+                                                int channels) {
+  const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  if (row >= rows) return;
+  LayerNormInputGradRow<T, W>(dinp, dout, inp, w, mean[row], rstd[row], row, channels,
+                              threadIdx.x & 31);
+}
 
 // Column sums over rows ([Note: column sums], kernels/launch_geometry.h): kBias sums dy into pw
 // (a bias gradient; inp, mean, rstd and pb unused); kLayerNorm (x - mean) rstd dy into pw and dy
-// into pb; kRms x rstd dy into pw (mean and pb unused). Block (tile, chunk): W adjacent columns
-// a lane (W = kVec: one 16-byte load of each row's dout and inp; 1 otherwise), rows warp,
-// warp + kWarpsPerBlock, ... of the chunk, then the warps' sums added in order; partial
-// [chunk, column] written.
+// into pb; kRms x rstd dy into pw (mean and pb unused). The partials of (tile, chunk), by the
+// block's threads: W adjacent columns a lane (W = kVec: one 16-byte load of each row's dout and
+// inp; 1 otherwise), rows warp, warp + kWarpsPerBlock, ... of the chunk, then the warps' sums
+// added in order; partial [chunk, column] written. It ends with a barrier, so a block may take
+// another tile next (NormBackwardKernel does).
 enum class ColumnSum { kBias, kLayerNorm, kRms };
 template <ColumnSum kKind, typename T, int W>
-static __global__ void ColumnPartialsKernel(float* pw, float* pb, const T* dout, const T* inp,
-                                            const float* mean, const float* rstd, int64_t rows,
-                                            int channels, int64_t rows_per_chunk) {
+__device__ __forceinline__ void ColumnPartialsTile(float* pw, float* pb, const T* dout,
+                                                   const T* inp, const float* mean,
+                                                   const float* rstd, int64_t rows, int channels,
+                                                   int64_t rows_per_chunk, int64_t tile,
+                                                   int64_t chunk) {
   constexpr int kTile = 32 * W;
   constexpr bool kTwo = kKind == ColumnSum::kLayerNorm;  // pb too: LayerNorm's bias
   __shared__ float sw[launch::kWarpsPerBlock][kTile];
   __shared__ float sb[kTwo ? launch::kWarpsPerBlock : 1][kTwo ? kTile : 1];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int col = static_cast<int>(blockIdx.x) * kTile + lane * W;
-  const int64_t r0 = blockIdx.y * rows_per_chunk;
+  const int64_t col = tile * kTile + lane * W;
+  const int64_t r0 = chunk * rows_per_chunk;
   const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
   float w[W], b[W];
 #pragma unroll
@@ -428,32 +438,57 @@ static __global__ void ColumnPartialsKernel(float* pw, float* pb, const T* dout,
   }
   __syncthreads();
   for (int t = static_cast<int>(threadIdx.x); t < kTile; t += static_cast<int>(blockDim.x)) {
-    const int c = static_cast<int>(blockIdx.x) * kTile + t;
+    const int64_t c = tile * kTile + t;
     if (c >= channels) continue;
     float a = 0.0f, d = 0.0f;
     for (int k = 0; k < launch::kWarpsPerBlock; ++k) {
       a = math::Add(a, sw[k][t]);
       if constexpr (kTwo) d = math::Add(d, sb[k][t]);
     }
-    pw[blockIdx.y * int64_t{channels} + c] = a;
-    if constexpr (kTwo) pb[blockIdx.y * int64_t{channels} + c] = d;
+    pw[chunk * channels + c] = a;
+    if constexpr (kTwo) pb[chunk * channels + c] = d;
   }
+  __syncthreads();  // sw and sb read: the next tile may write them
+}
+// Block (tile, chunk) of the partials' grid.
+template <ColumnSum kKind, typename T, int W>
+static __global__ void ColumnPartialsKernel(float* pw, float* pb, const T* dout, const T* inp,
+                                            const float* mean, const float* rstd, int64_t rows,
+                                            int channels, int64_t rows_per_chunk) {
+  ColumnPartialsTile<kKind, T, W>(pw, pb, dout, inp, mean, rstd, rows, channels, rows_per_chunk,
+                                  blockIdx.x, blockIdx.y);
 }
 
-// dweight[c] += the chunks' partials pw[., c] in order, dbias[c] += pb's (either may be null).
+// dweight[c] += the chunks' partials pw[., c], dbias[c] += pb's (either may be null), a block's
+// kFinishColumns columns a lane each: warp w adds chunks w, w + kWarpsPerBlock, ... in order, then
+// the warps' sums are added in order ([Note: column sums]).
 template <typename G>
 static __global__ void ColumnFinishKernel(G* dweight, G* dbias, const float* pw, const float* pb,
                                           int64_t chunks, int channels) {
-  for (int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); c < channels;
-       c += static_cast<int>(gridDim.x * blockDim.x)) {
-    float a = 0.0f, d = 0.0f;
-    for (int64_t k = 0; k < chunks; ++k) {
-      a = math::Add(a, pw[k * channels + c]);
+  static_assert(launch::kFinishColumns == 32, "ColumnFinishKernel: a lane a column");
+  __shared__ float sw[launch::kWarpsPerBlock][launch::kFinishColumns];
+  __shared__ float sb[launch::kWarpsPerBlock][launch::kFinishColumns];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t c = int64_t{blockIdx.x} * launch::kFinishColumns + lane;
+  float a = 0.0f, d = 0.0f;
+  if (c < channels) {
+#pragma unroll 4
+    for (int64_t k = warp; k < chunks; k += launch::kWarpsPerBlock) {
+      if (dweight != nullptr) a = math::Add(a, pw[k * channels + c]);
       if (dbias != nullptr) d = math::Add(d, pb[k * channels + c]);
     }
-    if (dweight != nullptr) dweight[c] = FromFloat<G>(math::Add(ToFloat(dweight[c]), a));
-    if (dbias != nullptr) dbias[c] = FromFloat<G>(math::Add(ToFloat(dbias[c]), d));
   }
+  sw[warp][lane] = a;
+  sb[warp][lane] = d;
+  __syncthreads();
+  if (warp != 0 || c >= channels) return;
+  a = d = 0.0f;
+  for (int k = 0; k < launch::kWarpsPerBlock; ++k) {
+    a = math::Add(a, sw[k][lane]);
+    d = math::Add(d, sb[k][lane]);
+  }
+  if (dweight != nullptr) dweight[c] = FromFloat<G>(math::Add(ToFloat(dweight[c]), a));
+  if (dbias != nullptr) dbias[c] = FromFloat<G>(math::Add(ToFloat(dbias[c]), d));
 }
 
 // ---- softmax cross-entropy: one block per row ------------------------------------------------

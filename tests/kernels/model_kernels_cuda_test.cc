@@ -198,8 +198,10 @@ TEST(ModelKernelsCudaTest, LinearLayerNormGeluResidual) {
 }
 
 // The column sums over many row chunks ([Note: column sums] in kernels/launch_geometry.h): 1000
-// rows (16 chunks of 64), rows of whole 16-byte vectors (768 columns) and not (100): LayerNorm's
-// and RMSNorm's weight gradients, and a bias gradient alone (no weight gradient, so no BGRADB).
+// rows (16 chunks of 64; 32 of 32, the last of 8 rows, for a norm's one-pass backward), rows of
+// whole 16-byte vectors (768 columns) and not (100): LayerNorm's and RMSNorm's input and weight
+// gradients in one pass (two launches), each alone (their own kernels), and a bias gradient alone
+// (no weight gradient, so no BGRADB).
 TEST(ModelKernelsCudaTest, ColumnSumsOverManyRowChunks) {
   ZR_NEED_GPU();
   for (auto [act, grad] : kTypes) {
@@ -221,13 +223,44 @@ TEST(ModelKernelsCudaTest, ColumnSumsOverManyRowChunks) {
           t.cpu
               ->LayerNorm(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), rows, d)
               .ok());
+      // All three gradients: one pass over the rows and the finish ([Note: column sums]).
+      const std::map<std::string, int64_t> before = *t.gpu->launches();
       ASSERT_TRUE(t.gpu->LayerNormBackward(gdx, gdw, gdb, gdy, gx, gw, gmean, grstd, rows, d).ok());
+      const std::map<std::string, int64_t> after = *t.gpu->launches();
       ASSERT_TRUE(t.cpu
                       ->LayerNormBackward(dx.data(), dw.data(), db.data(), dy.data(), x.data(),
                                           w.data(), mean.data(), rstd.data(), rows, d)
                       .ok());
+      t.Expect("LayerNormBackward dinp", gdx, dx, act);
       t.Expect("LayerNormBackward dweight", gdw, dw, grad);
       t.Expect("LayerNormBackward dbias", gdb, db, grad);
+      auto launched = [&](const char* name) {
+        auto count = [&](const std::map<std::string, int64_t>& m) {
+          const auto it = m.find(name);
+          return it == m.end() ? int64_t{0} : it->second;
+        };
+        return count(after) - count(before);
+      };
+      EXPECT_EQ(launched("LayerNormBackward"), 1);
+      EXPECT_EQ(launched("column sums (finish)"), 1);
+      EXPECT_EQ(launched("column sums (partials)"), 0) << "dout and inp read twice";
+      // The input gradient alone, then the weight and bias gradients alone (their own kernels).
+      ASSERT_TRUE(
+          t.gpu->LayerNormBackward(gdx, nullptr, nullptr, gdy, gx, gw, gmean, grstd, rows, d)
+              .ok());
+      ASSERT_TRUE(t.cpu
+                      ->LayerNormBackward(dx.data(), nullptr, nullptr, dy.data(), x.data(),
+                                          w.data(), mean.data(), rstd.data(), rows, d)
+                      .ok());
+      t.Expect("LayerNormBackward dinp alone", gdx, dx, act);
+      ASSERT_TRUE(
+          t.gpu->LayerNormBackward(nullptr, gdw, gdb, gdy, gx, gw, gmean, grstd, rows, d).ok());
+      ASSERT_TRUE(t.cpu
+                      ->LayerNormBackward(nullptr, dw.data(), db.data(), dy.data(), x.data(),
+                                          w.data(), mean.data(), rstd.data(), rows, d)
+                      .ok());
+      t.Expect("LayerNormBackward dweight alone", gdw, dw, grad);
+      t.Expect("LayerNormBackward dbias alone", gdb, db, grad);
       ASSERT_TRUE(t.gpu->RmsNorm(gy, grms_rstd, gx, gw, rows, d, 1e-5f).ok());
       ASSERT_TRUE(
           t.cpu->RmsNorm(y.data(), rms_rstd.data(), x.data(), w.data(), rows, d, 1e-5f).ok());
@@ -236,7 +269,14 @@ TEST(ModelKernelsCudaTest, ColumnSumsOverManyRowChunks) {
                       ->RmsNormBackward(dx.data(), rms_dw.data(), dy.data(), x.data(), w.data(),
                                         rms_rstd.data(), rows, d)
                       .ok());
+      t.Expect("RmsNormBackward dinp", gdx, dx, act);
       t.Expect("RmsNormBackward dweight", grms_dw, rms_dw, grad);
+      ASSERT_TRUE(t.gpu->RmsNormBackward(nullptr, grms_dw, gdy, gx, gw, grms_rstd, rows, d).ok());
+      ASSERT_TRUE(t.cpu
+                      ->RmsNormBackward(nullptr, rms_dw.data(), dy.data(), x.data(), w.data(),
+                                        rms_rstd.data(), rows, d)
+                      .ok());
+      t.Expect("RmsNormBackward dweight alone", grms_dw, rms_dw, grad);
       std::vector<float> bias_grad = Random(d, 8);
       void* gbias_grad = t.G(bias_grad);
       ASSERT_TRUE(

@@ -240,5 +240,53 @@ TEST(LaunchGeometryTest, TheColumnSumsVisitEveryRowAndColumnOnce) {
   }
 }
 
+// NormBackwardKernel's grid: block c takes chunk c's rows a warp a row (warp w: rows w, w + 8,
+// ...), then every column tile over the same rows; the finish's block takes kFinishColumns
+// columns, warp w the chunks w, w + 8, .... Every row once in the first pass, every (row, column)
+// once in the second, every (chunk, column) partial once in the finish, no block idle.
+TEST(LaunchGeometryTest, TheNormsOnePassVisitsEveryRowColumnAndPartialOnce) {
+  using namespace launch;
+  for (const int64_t rows : {1, 31, 32, 33, 1000, 8192}) {
+    for (const int64_t cols : {1, 100, 768, 2048}) {
+      for (const int width : {1, 8}) {
+        if (cols % width != 0) continue;
+        SCOPED_TRACE(::testing::Message() << rows << " x " << cols << " width " << width);
+        const ColumnSums p = ColumnSumsFor(rows, cols, width, 2, 1 << 22, kFusedRowsPerChunk);
+        EXPECT_LE(p.rows_per_chunk, kFusedRowsPerChunk);
+        EXPECT_LT((p.chunks - 1) * p.rows_per_chunk, rows) << "an empty chunk";
+        EXPECT_LE(p.chunks, kMaxGridX);
+        std::vector<int> row_visits(rows, 0), visits(rows * cols, 0);
+        for (int64_t chunk = 0; chunk < p.chunks; ++chunk) {
+          const int64_t r0 = chunk * p.rows_per_chunk, r1 = std::min(rows, r0 + p.rows_per_chunk);
+          for (int warp = 0; warp < kWarpsPerBlock; ++warp) {
+            for (int64_t r = r0 + warp; r < r1; r += kWarpsPerBlock) ++row_visits[r];
+          }
+          for (int64_t tile = 0; tile < p.tiles; ++tile) {
+            for (int t = 0; t < kThreads; ++t) {
+              const int64_t col0 = tile * kWarp * width + (t % kWarp) * width;
+              for (int64_t r = r0 + t / kWarp; r < r1; r += kWarpsPerBlock) {
+                for (int e = 0; e < width && col0 + e < cols; ++e) ++visits[r * cols + col0 + e];
+              }
+            }
+          }
+        }
+        for (int v : row_visits) ASSERT_EQ(v, 1);
+        for (int v : visits) ASSERT_EQ(v, 1);
+        const int64_t blocks = ColumnFinishBlocks(cols);
+        EXPECT_LT((blocks - 1) * kFinishColumns, cols) << "a finish block wholly idle";
+        std::vector<int> partials(p.chunks * cols, 0);
+        for (int64_t b = 0; b < blocks; ++b) {
+          for (int t = 0; t < kThreads; ++t) {
+            const int64_t c = b * kFinishColumns + t % kWarp;
+            if (c >= cols) continue;
+            for (int64_t k = t / kWarp; k < p.chunks; k += kWarpsPerBlock) ++partials[k * cols + c];
+          }
+        }
+        for (int v : partials) ASSERT_EQ(v, 1);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zerort
