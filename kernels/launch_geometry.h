@@ -65,8 +65,7 @@ struct ColumnSums {
 // without) x chunks x cols of them, so the chunks grow past `rows_per_chunk` where they would not
 // fit. cols x sums must fit max_partials (the launcher checks).
 constexpr ColumnSums ColumnSumsFor(int64_t rows, int64_t cols, int width, int sums,
-                                   int64_t max_partials,
-                                   int64_t rows_per_chunk = kRowsPerChunk) {
+                                   int64_t max_partials, int64_t rows_per_chunk = kRowsPerChunk) {
   ColumnSums p;
   const int64_t tile = int64_t{kWarp} * width;
   p.tiles = cols / tile + (cols % tile != 0 ? 1 : 0);

@@ -138,6 +138,46 @@ ZR_HOST_DEVICE inline float CrossEntropyLoss(float z_target, float max, float lo
   return -Sub(Sub(z_target, max), log_sum);
 }
 
+// [Note: the cross-entropy's online sum]
+// The CUDA cross-entropy reads a row once for both its statistics: each thread keeps a running
+// maximum m of the logits it has seen and the sum s of e^(x - m) over them. A vector of logits
+// whose largest exceeds m first rescales s by e^(m - new m), then adds its own terms; the block
+// then takes the row's maximum M and adds the threads' s e^(m - M). m starts at kFloor, not -inf,
+// so that a -inf logit's term is e^(-inf - kFloor) = 0, not e^(-inf + inf) = NaN (the two-pass
+// kernel subtracted the row's finite maximum); any m at or above the logits seen gives the same
+// sum, and a thread that saw no logit adds 0. NaN logits keep their NaN (a vector of them raises
+// no m, and its terms make s NaN). The terms are rounded against a thread's running maximum
+// instead of the row's: a difference in the last bits of the sum, whose order was the device's
+// own anyway. `exp(x, m, m2)` is the caller's e^(x - m), m2 = Base2(m) (the CUDA kernels'
+// ExpShifted: FastExp in fp32, the hardware's exp2 in 16 bits).
+struct OnlineLogSum {
+  static constexpr float kFloor = -1e30f;  // below any logit; Base2 of it is finite
+  float max = kFloor;                      // m
+  float max2 = Base2(kFloor);              // Base2(m)
+  float sum = 0.0f;                        // s: of e^(x - m) over the logits seen
+
+  // A vector whose largest logit is `vmax` begins (NaN raises nothing).
+  template <typename Exp>
+  ZR_HOST_DEVICE void Raise(float vmax, Exp exp) {
+    if (!(vmax > max)) return;
+    const float vmax2 = Base2(vmax);
+    sum = Mul(sum, exp(max, vmax, vmax2));
+    max = vmax;
+    max2 = vmax2;
+  }
+  // One of its logits.
+  template <typename Exp>
+  ZR_HOST_DEVICE void Take(float x, Exp exp) {
+    sum = Add(sum, exp(x, max, max2));
+  }
+  // s e^(m - M), the thread's part of the row's sum against the row's maximum M (the largest
+  // thread's m; M2 = Base2(M)).
+  template <typename Exp>
+  ZR_HOST_DEVICE float SumAgainst(float row_max, float row_max2, Exp exp) const {
+    return Mul(sum, exp(max, row_max, row_max2));
+  }
+};
+
 // The fused kernel's logit gradient: softmax(z) scale, from shift = max + log sum; the target's
 // then has `scale` subtracted (CrossEntropyTargetGrad).
 ZR_HOST_DEVICE inline float CrossEntropyGrad(float z, float shift, float scale) {

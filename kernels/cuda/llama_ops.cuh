@@ -45,8 +45,8 @@ static __global__ void RmsNormKernel(T* out, float* rstd, const T* inp, const T*
 // (norm_backward.cuh).
 template <typename T, int W>
 __device__ __forceinline__ void RmsNormInputGradRow(T* dinp, const T* dout, const T* inp,
-                                                    const T* w, float s, int64_t row,
-                                                    int channels, int lane) {
+                                                    const T* w, float s, int64_t row, int channels,
+                                                    int lane) {
   const T* x = inp + row * channels;
   const T* dy = dout + row * channels;
   float xv[W], dv[W], wv[W], gv[W];

@@ -493,18 +493,20 @@ static __global__ void ColumnFinishKernel(G* dweight, G* dbias, const float* pw,
 
 // ---- softmax cross-entropy: one block per row ------------------------------------------------
 
-// The cross-entropy's block: a row's three passes (max, sum, gradient) read it three times. With
-// blocks of 256 threads eight share an SM, 1056 rows in flight on an H100/H200: 105 MB of GPT-2's
-// bf16 rows of 50,304, twice the 50 MB L2, so a row would rarely stay there between its passes;
-// with 1024 threads two share an SM, 264 rows (26 MB) in flight, and the second and third passes
-// can find the row in L2 (llm.c's fused classifier takes 1024-thread blocks too). Not yet timed.
+// The cross-entropy's block: a row's two passes (the maximum and the sum together, by an online
+// softmax; then the gradient) read it twice. With blocks of 256 threads eight share an SM, 1056
+// rows in flight on an H100/H200: 105 MB of GPT-2's bf16 rows of 50,304, twice the 50 MB L2, so
+// a row would rarely stay there between its passes; with 1024 threads two share an SM, 264 rows
+// (26 MB) in flight, and the second pass can find the row in L2 (llm.c's fused classifier takes
+// 1024-thread blocks too). Not yet timed.
 constexpr int kClassifierThreads = 1024;
 
-// e^(x - m), m2 = math::Base2(m). fp32 logits by FastExp, the CPU's, so that an fp32 run's losses
-// and gradients are the CPU's bits. 16-bit logits by one fma in base 2 and the hardware's exp2
-// (kernels/cuda/exp2.cuh): their gradient is rounded to 8 or 11 bits, and FastExp's ~26 ALU
-// instructions, twice a logit (the sum, the gradient) over GPT-2's 8 x 1024 x 50,304 logits a
-// micro-batch, are more than the kernel's memory traffic takes on an H100/H200.
+// e^(x - m), m2 = math::Base2(m). fp32 logits by FastExp, the CPU's, so that an fp32 run's
+// element arithmetic is the CPU's (a row's sum is in the device's own order). 16-bit logits by one
+// fma in base 2 and the hardware's exp2 (kernels/cuda/exp2.cuh): their gradient is rounded to 8 or
+// 11 bits, and FastExp's ~26 ALU instructions, twice a logit (the sum, the gradient) over GPT-2's 8
+// x 1024 x 50,304 logits a micro-batch, are more than the kernel's memory traffic takes on an
+// H100/H200.
 template <typename T>
 __device__ __forceinline__ float ExpShifted(float x, float m, float m2) {
   if constexpr (std::is_same_v<T, float>) {
@@ -514,6 +516,8 @@ __device__ __forceinline__ float ExpShifted(float x, float m, float m2) {
   }
 }
 
+// The row's maximum and sum in one pass: [Note: the cross-entropy's online sum] in
+// kernels/model_math.h.
 // W: the logits a thread takes at a time (kVec where a row is whole 128-bit vectors and the
 // logits 16-byte aligned, else 1); the element arithmetic is the same at both widths.
 template <typename T, int W>
@@ -522,21 +526,19 @@ static __global__ void __launch_bounds__(kClassifierThreads)
   const int64_t row = blockIdx.x;
   T* z = logits + row * vocab;
   float x[W];
-  float max = -INFINITY;
+  const auto exp = [](float v, float m, float m2) { return ExpShifted<T>(v, m, m2); };
+  math::OnlineLogSum t;
   for (int c = threadIdx.x * W; c < vocab; c += blockDim.x * W) {
     LoadN(z + c, x);
+    float vm = x[0];
 #pragma unroll
-    for (int e = 0; e < W; ++e) max = fmaxf(max, x[e]);
-  }
-  max = BlockMax<kClassifierThreads>(max);
-  const float max2 = math::Base2(max);
-  float sum = 0.0f;
-  for (int c = threadIdx.x * W; c < vocab; c += blockDim.x * W) {
-    LoadN(z + c, x);
+    for (int e = 1; e < W; ++e) vm = fmaxf(vm, x[e]);
+    t.Raise(vm, exp);
 #pragma unroll
-    for (int e = 0; e < W; ++e) sum += ExpShifted<T>(x[e], max, max2);
+    for (int e = 0; e < W; ++e) t.Take(x[e], exp);
   }
-  sum = BlockSum<kClassifierThreads>(sum);
+  const float max = BlockMax<kClassifierThreads>(t.max);
+  const float sum = BlockSum<kClassifierThreads>(t.SumAgainst(max, math::Base2(max), exp));
   const float log_sum = logf(sum);
   const int target = targets[row];
   if (threadIdx.x == 0) losses[row] = math::CrossEntropyLoss(ToFloat(z[target]), max, log_sum);

@@ -33,8 +33,8 @@ static __global__ void __launch_bounds__(kThreads)
     }
   }
   for (int64_t tile = 0; tile < tiles; ++tile) {
-    ColumnPartialsTile<kKind, T, W>(pw, pb, dout, inp, mean, rstd, rows, channels,
-                                    rows_per_chunk, tile, chunk);
+    ColumnPartialsTile<kKind, T, W>(pw, pb, dout, inp, mean, rstd, rows, channels, rows_per_chunk,
+                                    tile, chunk);
   }
 }
 

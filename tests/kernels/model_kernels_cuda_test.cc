@@ -246,8 +246,7 @@ TEST(ModelKernelsCudaTest, ColumnSumsOverManyRowChunks) {
       EXPECT_EQ(launched("column sums (partials)"), 0) << "dout and inp read twice";
       // The input gradient alone, then the weight and bias gradients alone (their own kernels).
       ASSERT_TRUE(
-          t.gpu->LayerNormBackward(gdx, nullptr, nullptr, gdy, gx, gw, gmean, grstd, rows, d)
-              .ok());
+          t.gpu->LayerNormBackward(gdx, nullptr, nullptr, gdy, gx, gw, gmean, grstd, rows, d).ok());
       ASSERT_TRUE(t.cpu
                       ->LayerNormBackward(dx.data(), nullptr, nullptr, dy.data(), x.data(),
                                           w.data(), mean.data(), rstd.data(), rows, d)

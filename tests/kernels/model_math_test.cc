@@ -108,6 +108,80 @@ TEST(ModelMathTest, CrossEntropyPieces) {
 
 // The CPU float kernels compute exactly the shared functions, element by element: what the CUDA
 // kernels compute too (model_kernels_cuda_test's SharedElementMathIsBitwiseTheCpus).
+// [Note: the cross-entropy's online sum]: a row's logits dealt to `threads` threads W at a time,
+// as the CUDA kernel deals them, each thread's running maximum and sum, then the row's maximum
+// and the threads' sums against it: the row's log-sum-exp within fp32 summation's rounding of the
+// double one, with both of the kernel's exps (FastExp in fp32; the base-2 form of 16-bit logits).
+double OnlineLogSumExp(const std::vector<float>& z, int threads, int width, bool base2) {
+  const auto exp = [base2](float x, float m, float m2) {
+    return base2 ? std::exp2(math::Fma(x, math::kLog2e, -m2)) : math::FastExp(math::Sub(x, m));
+  };
+  std::vector<math::OnlineLogSum> t(threads);
+  for (int th = 0; th < threads; ++th) {
+    for (size_t c = size_t{1} * th * width; c < z.size(); c += size_t{1} * threads * width) {
+      float vm = z[c];
+      for (int e = 1; e < width; ++e) vm = std::fmax(vm, z[c + e]);
+      t[th].Raise(vm, exp);
+      for (int e = 0; e < width; ++e) t[th].Take(z[c + e], exp);
+    }
+  }
+  float max = -INFINITY;
+  for (const math::OnlineLogSum& o : t) max = std::fmax(max, o.max);
+  float sum = 0.0f;
+  for (const math::OnlineLogSum& o : t) sum += o.SumAgainst(max, math::Base2(max), exp);
+  return double{max} + std::log(double{sum});
+}
+
+TEST(ModelMathTest, TheCrossEntropysOnlineSumIsTheRowsLogSumExp) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  for (const int vocab : {8, 104, 50304}) {
+    std::vector<float> z(vocab);
+    for (float& v : z) v = normal(rng);
+    // Rising logits make every vector raise its thread's maximum; a spike late in the row too.
+    std::vector<float> rising(vocab);
+    for (int i = 0; i < vocab; ++i) rising[i] = 0.01f * i;
+    for (const std::vector<float>* row : {&z, &rising}) {
+      double m = -INFINITY, want = 0;
+      for (float v : *row) m = std::max(m, double{v});
+      for (float v : *row) want += std::exp(double{v} - m);
+      want = m + std::log(want);
+      for (const int threads : {1, 7, 1024}) {
+        for (const int width : {1, 8}) {
+          for (const bool base2 : {false, true}) {
+            SCOPED_TRACE(::testing::Message() << vocab << " logits, " << threads << " threads, W "
+                                              << width << (base2 ? ", base 2" : ""));
+            // A thread's fp32 sum of n terms is within about n ulps (then the threads'): the
+            // log-sum-exp within that relative error of the sum.
+            const double terms = std::ceil(double{1} * vocab / threads) + threads;
+            EXPECT_NEAR(OnlineLogSumExp(*row, threads, width, base2), want,
+                        1.2e-7 * terms + 2e-7 * std::abs(want));
+          }
+        }
+      }
+    }
+  }
+  // NaN stays NaN, whether it comes alone in a vector or a thread sees nothing but NaN; a row of
+  // -inf but one logit is that logit, whichever threads see only -inf; +inf makes NaN, as the
+  // two-pass kernel did.
+  std::vector<float> z(64, 1.0f);
+  for (const int at : {0, 5, 63}) {
+    std::vector<float> nan = z;
+    nan[at] = NAN;
+    EXPECT_TRUE(std::isnan(OnlineLogSumExp(nan, 8, 8, true))) << at;
+    EXPECT_TRUE(std::isnan(OnlineLogSumExp(nan, 64, 1, false))) << at;
+  }
+  std::vector<float> neg(64, -INFINITY);
+  neg[37] = 2.5f;
+  for (const bool base2 : {false, true}) {
+    EXPECT_NEAR(OnlineLogSumExp(neg, 8, 8, base2), 2.5, 1e-6);
+    EXPECT_NEAR(OnlineLogSumExp(neg, 3, 1, base2), 2.5, 1e-6);
+  }
+  std::vector<float> inf = z;
+  inf[9] = INFINITY;
+  EXPECT_TRUE(std::isnan(OnlineLogSumExp(inf, 8, 8, true)));
+}
+
 TEST(ModelMathTest, CpuKernelsComputeTheSharedFunctionsBitwise) {
   const int rows = 19, ch = 203;  // odd: the vector loops' remainders
   const int64_t n = int64_t{rows} * ch;
