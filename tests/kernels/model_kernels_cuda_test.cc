@@ -549,8 +549,10 @@ TEST(ModelKernelsCudaTest, AttentionEmbeddingCrossEntropy) {
     t.Expect("EmbeddingBackward slice", gdwte, dwte, grad);
 
     // The fused cross-entropy over rows of 101 logits (the scalar kernel) and of 104 (whole
-    // 128-bit vectors: CrossEntropyKernel at kVec).
-    for (const int cv : {vocab, 104}) {
+    // 128-bit vectors: CrossEntropyKernel at kVec); and of 20001 and 50304, where each of the
+    // block's 1024 threads meets several logits or vectors and its running maximum rises
+    // ([Note: the cross-entropy's online sum]).
+    for (const int cv : {vocab, 104, 20001, 50304}) {
       SCOPED_TRACE(::testing::Message() << "cross-entropy over " << cv);
       std::vector<float> logits = Random(rows * cv, 9, 3.0f), losses(rows);
       void* glogits = t.A(logits);
