@@ -50,20 +50,24 @@ static_assert(flash::kBackwardWarps<64> == 4 || flash::kBackwardWarps<64> == 8);
 static_assert(flash::kBackwardChunk<64> == 32 || flash::kBackwardChunk<64> == 64);
 
 Status CheckFlashTiles(const FlashTiles& t, int head_size) {
-  // Each field's values built at this head size (0 is the default's, whichever it is).
+  // Each field's values built at head size 64 and at 128 besides 0, the default's (a second
+  // value of 0: none). 128-query forward blocks exist at both ([Note: the register-resident
+  // forward]); the backward's other shapes at 64 only.
   const bool hs64 = head_size == 64;
   struct Field {
     const char* name;
-    int value, all, at64;  // `all`: built at both head sizes; `at64`: at head size 64 too
+    int value;
+    int at64[2], at128[2];
   };
-  for (const Field& f : {Field{"forward_block_queries", t.forward_block_queries, 64, 128},
-                         Field{"backward_block_keys", t.backward_block_keys, 64, 128},
-                         Field{"backward_query_chunk", t.backward_query_chunk, 32, 64}}) {
-    if (f.value == 0 || f.value == f.all || (hs64 && f.value == f.at64)) continue;
-    return absl::InvalidArgumentError(StrCat(
-        f.name, " = ", f.value, " at head size ", head_size, " (0: the default, or ",
-        hs64 ? StrCat(std::min(f.all, f.at64), " or ", std::max(f.all, f.at64)) : StrCat(f.all),
-        ")"));
+  for (const Field& f :
+       {Field{"forward_block_queries", t.forward_block_queries, {64, 128}, {64, 128}},
+        Field{"backward_block_keys", t.backward_block_keys, {64, 128}, {64, 0}},
+        Field{"backward_query_chunk", t.backward_query_chunk, {32, 64}, {32, 0}}}) {
+    const int* ok = hs64 ? f.at64 : f.at128;
+    if (f.value == 0 || f.value == ok[0] || f.value == ok[1]) continue;
+    return absl::InvalidArgumentError(StrCat(f.name, " = ", f.value, " at head size ", head_size,
+                                             " (0: the default, or ", ok[0],
+                                             ok[1] != 0 ? StrCat(" or ", ok[1]) : "", ")"));
   }
   return absl::OkStatus();
 }

@@ -2,16 +2,18 @@
 // kernels/flash_tiles.h): its scores, probabilities and output accumulators stay in registers.
 //
 // [Note: the register-resident forward]
-// A block takes kTile G queries of one (batch, query head): G = 1 row group of 16 queries a
-// warp (64 a block) by default; at head size 64 also G = 2 (128 a block, FlashAttention-2's
-// shape), where each warp's two groups share every K and V fragment it loads from shared memory:
-// half the ldmatrix traffic per tensor-core product, for 255 registers a thread against 138-144
-// (sm_90; two blocks an SM instead of three). Which is faster is the GPU's to say: `bench
-// attention --device cuda` times both at head size 64 (`flash 128q`), a run chooses with
-// model.flash_attention.forward_block_queries, and the default changes when a GPU has said. At head
-// size 128 two groups' accumulators would not fit in 255 registers. Warp w owns queries 16 G w ..
-// 16 G (w + 1) - 1 (G = kForwardGroups); a warp whose last query comes before a key tile skips it
-// (causal: every score masked). Per 64-key tile, for each row group:
+// A block of W warps takes 16 W G queries of one (batch, query head): G = 1 row group of 16
+// queries a warp, 4 warps (64 a block) by default. 128 queries a block (FlashAttention-2's
+// shape) halve the K and V tiles copied into shared memory per query: at head size 64 as G = 2,
+// each warp's two groups sharing every K and V fragment it loads from shared memory (half the
+// ldmatrix traffic per tensor-core product too), for 255 registers a thread against 138-144
+// (sm_90; two blocks an SM instead of three); at head size 128, where two groups' accumulators
+// would not fit in 255 registers, as W = 8 warps of one group (each warp's registers and
+// products as the default's; one block of 8 warps an SM, as two of 4 were). Which is faster is
+// the GPU's to say: `bench attention --device cuda` times both (`flash 128q`), a run chooses
+// with model.flash_attention.forward_block_queries, and the default changes when a GPU has said.
+// Warp w owns queries 16 G w .. 16 G (w + 1) - 1; a warp whose last query comes before a key
+// tile skips it (causal: every score masked). Per 64-key tile, for each row group:
 //   S = Q_w K^T      WarpScores: lane holds rows g = lane / 4 and g + 8 of S
 //   mask, row max    keys a query does not see become -inf; the row's four lanes (a quad)
 //                    combine their maxima by two xor shuffles (QuadAllReduce)
@@ -22,8 +24,8 @@
 //                    part of the output accumulators
 //   O += P V         PackFrags, WarpAccumulate
 // After the last tile the quad sums its partial row sums l, out = O / l, lse = m scale + ln l.
-// Copies: Q (G tiles of 64 rows) with the first K/V tile as one group, then each next K/V tile as
-// a group while the current one is computed ([Note: one barrier a forward step]).
+// Copies: Q (the block's 16 W G rows) with the first K/V tile as one group, then each next K/V
+// tile as a group while the current one is computed ([Note: one barrier a forward step]).
 //
 // [Note: one barrier a forward step]
 // A step waits for its own tile's copies, then meets the block's barrier, then issues the next
@@ -44,20 +46,24 @@
 namespace zerort::flash {
 
 // Row groups of 16 queries per warp in the forward, by default (a launch may choose 2 at head
-// size 64); a forward block owns kTile G queries.
+// size 64); a forward block of W warps owns 16 W G queries ([Note: the register-resident
+// forward]).
 template <int D>
 inline constexpr int kForwardGroups = 1;
+template <int G, int W>
+inline constexpr int kForwardQueries = kWarpRows* W* G;
 // The forward's grid: query blocks per (batch, head).
-template <int D, int G = kForwardGroups<D>>
+template <int D, int G = kForwardGroups<D>, int W = kWarps>
 ZR_HOST_DEVICE constexpr int ForwardTiles(const Shape& sh) {
-  return (sh.seq + kTile * G - 1) / (kTile * G);
+  return (sh.seq + kForwardQueries<G, W> - 1) / kForwardQueries<G, W>;
 }
 
-// The forward's shared memory: Q (G tiles), then K in buffers 0 and 1, then V in buffers 0 and 1.
-template <int D, int G = kForwardGroups<D>>
+// The forward's shared memory: Q (the block's queries), then K in buffers 0 and 1, then V in
+// buffers 0 and 1 (64 keys each).
+template <int D, int G = kForwardGroups<D>, int W = kWarps>
 struct ForwardSmem {
   static constexpr int tile = kTile * D * 2;
-  static constexpr int q = G * tile;
+  static constexpr int q = kForwardQueries<G, W> * D * 2;
   static constexpr int bytes = q + 4 * tile;
   ZR_HOST_DEVICE static constexpr int K(int buf) { return q + tile * buf; }
   ZR_HOST_DEVICE static constexpr int V(int buf) { return q + tile * (2 + buf); }
@@ -67,10 +73,11 @@ template <int D, int G = kForwardGroups<D>, typename X>
 ZR_TILE_PROGRAM void ForwardProgram(const X& x, unsigned char* smem, const typename X::Elem* qkv,
                                     typename X::Elem* out, float* lse, const Shape sh, int tile,
                                     int bh) {
-  static_assert(G == 1 || G == 2, "ForwardProgram: one or two row groups a warp");
+  static_assert((G == 1 && (X::kWarps == 4 || X::kWarps == 8)) || (G == 2 && X::kWarps == 4),
+                "ForwardProgram: 4 warps of one or two row groups, or 8 of one");
   using E = typename X::Elem;
-  using S = ForwardSmem<D, G>;
-  constexpr int kRows = kTile * G;
+  using S = ForwardSmem<D, G, X::kWarps>;
+  constexpr int kRows = kForwardQueries<G, X::kWarps>;
   const int b = bh / sh.heads, h = bh % sh.heads, q0 = tile * kRows, T = sh.seq;
   const math::QkvLayout L{sh.heads, sh.kv_heads, D};
   const int64_t ld = L.row();
@@ -87,14 +94,11 @@ ZR_TILE_PROGRAM void ForwardProgram(const X& x, unsigned char* smem, const typen
 
   const int last = (q0 + kRows < T ? q0 + kRows : T) - 1;  // the block's last query
   const int n_tiles = last / kTile + 1;                    // key tiles up to the diagonal
-  ZR_UNROLL
-  for (int g = 0; g < G; ++g) {  // a group past the end loads zeros (from row 0: in bounds)
-    const int rows = T - q0 - g * kTile;
-    LoadTileAsync<D>(x, reinterpret_cast<E*>(smem) + g * kTile * D,
-                     base + (rows > 0 ? int64_t{q0 + g * kTile} * ld : 0) + L.q(h), ld, rows);
-  }
-  LoadTileAsync<D>(x, reinterpret_cast<E*>(smem + S::K(0)), base + L.k(h), ld, T);
-  LoadTileAsync<D>(x, reinterpret_cast<E*>(smem + S::V(0)), base + L.v(h), ld, T);
+  // The block's queries (rows past the end load zeros), then the first K and V tiles.
+  LoadTileAsync<D, kRows>(x, reinterpret_cast<E*>(smem), base + int64_t{q0} * ld + L.q(h), ld,
+                          T - q0);
+  LoadTileAsync<D, kTile>(x, reinterpret_cast<E*>(smem + S::K(0)), base + L.k(h), ld, T);
+  LoadTileAsync<D, kTile>(x, reinterpret_cast<E*>(smem + S::V(0)), base + L.v(h), ld, T);
   x.CpAsyncCommit();
   x.ForWarps([&](int w) {
     x.ForLanes([&](int lane) {
@@ -115,10 +119,10 @@ ZR_TILE_PROGRAM void ForwardProgram(const X& x, unsigned char* smem, const typen
     x.SyncBlock();     // tile j (and Q) arrived for every thread; every warp left tile j - 1
     if (j + 1 < n_tiles) {
       const int64_t next = int64_t{k0 + kTile} * ld;
-      LoadTileAsync<D>(x, reinterpret_cast<E*>(smem + S::K(1 - buf)), base + next + L.k(h), ld,
-                       T - k0 - kTile);
-      LoadTileAsync<D>(x, reinterpret_cast<E*>(smem + S::V(1 - buf)), base + next + L.v(h), ld,
-                       T - k0 - kTile);
+      LoadTileAsync<D, kTile>(x, reinterpret_cast<E*>(smem + S::K(1 - buf)), base + next + L.k(h),
+                              ld, T - k0 - kTile);
+      LoadTileAsync<D, kTile>(x, reinterpret_cast<E*>(smem + S::V(1 - buf)), base + next + L.v(h),
+                              ld, T - k0 - kTile);
       x.CpAsyncCommit();
     }
     const E* ks = reinterpret_cast<const E*>(smem + S::K(buf));

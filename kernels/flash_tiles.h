@@ -166,8 +166,9 @@ ZR_HOST_DEVICE const E* FragColsFirst(const E* tile, int r0, int c0, int lane) {
 template <typename X>
 inline constexpr int kTileOf = kWarpRows* X::kWarps;
 
-// Copies `rows` x D elements (row i at src + i * ld) into a swizzled [kTileOf<X>][D] tile by
-// asynchronous 16-byte copies; zeros past `rows` (those copies read nothing).
+// Copies `rows` x D elements (row i at src + i * ld) into a swizzled [kRowsT][D] tile (the
+// block's tile, kTileOf<X>, unless a program says otherwise) by asynchronous 16-byte copies;
+// zeros past `rows` (those copies read nothing).
 //
 // [Note: the tile copies' addresses]
 // Thread t copies chunk t % (D / 8) of rows t / (D / 8) + p R (R = the block's threads / (D / 8),
@@ -178,15 +179,15 @@ inline constexpr int kTileOf = kWarpRows* X::kWarps;
 // instructions"). A whole tile (every row inside the sequence: all but a sequence's last) takes
 // its copies without the bound and the pointer select a tail's need, about 3 instructions a copy
 // fewer.
-template <int D, typename X>
+template <int D, int kRowsT = 0, typename X>
 ZR_TILE_PROGRAM void LoadTileAsync(const X& x, typename X::Elem* tile, const typename X::Elem* src,
                                    int64_t ld, int rows) {
+  constexpr int kTileRows = kRowsT == 0 ? kTileOf<X> : kRowsT;
   constexpr int kChunks = D / 8;                        // 16-byte chunks a row
   constexpr int kRowsAPass = 32 * X::kWarps / kChunks;  // rows the block's threads copy at once
-  constexpr int kPasses = kTileOf<X> / kRowsAPass;
-  static_assert(
-      32 * X::kWarps % kChunks == 0 && kRowsAPass % 8 == 0 && kTileOf<X> % kRowsAPass == 0,
-      "LoadTileAsync: whole passes of whole rows, each pass's rows a multiple of 8");
+  constexpr int kPasses = kTileRows / kRowsAPass;
+  static_assert(32 * X::kWarps % kChunks == 0 && kRowsAPass % 8 == 0 && kTileRows % kRowsAPass == 0,
+                "LoadTileAsync: whole passes of whole rows, each pass's rows a multiple of 8");
   x.ForThreads([&](int t) {
     const int r0 = static_cast<int>(static_cast<unsigned>(t) / kChunks);
     const int col = static_cast<int>(static_cast<unsigned>(t) % kChunks) * 8;
@@ -199,7 +200,7 @@ ZR_TILE_PROGRAM void LoadTileAsync(const X& x, typename X::Elem* tile, const typ
         x.CpAsync16(to + p * kRowsAPass * D, valid ? from + p * kRowsAPass * ld : src + col, valid);
       }
     };
-    if (rows >= kTileOf<X>) {  // a whole tile (the block's threads agree): every copy reads
+    if (rows >= kTileRows) {  // a whole tile (the block's threads agree): every copy reads
       copies(std::false_type{});
     } else {
       copies(std::true_type{});

@@ -2,8 +2,9 @@
 """Which of the CUDA flash kernels' block shapes to train with, from `zerort bench attention
 --device cuda --json` lines (one a shape; tools/gpu-check.sh writes them): prints each shape's
 TFLOP/s, every variant's against its default in the same run, and the model.flash_attention keys
-of the variants that are at least MARGIN faster in every head-size-64 shape (the variants exist
-at head size 64 only), as the last line:
+of the variants that are at least MARGIN faster in every head-size-64 shape (the runs that take
+them are at head size 64; the backward's variants exist only there, the forward's 128-query
+blocks at 128 too, where they are reported and not chosen), as the last line:
   GPU_CHECK_SET=KEY=VALUE KEY=VALUE...   (empty: the defaults)
 Of the backward variants the one whose slowest shape gains most wins; the forward's is taken or
 not on its own. A variant whose result differs from the materialised path's by more than

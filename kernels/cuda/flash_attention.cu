@@ -155,14 +155,15 @@ struct CudaExec {
   __device__ static int Lane() { return static_cast<int>(threadIdx.x) % 32; }
 };
 
-template <int D, typename E, int G>
-__global__ void __launch_bounds__(flash::kThreads)
+// G row groups a warp, W warps ([Note: the register-resident forward]).
+template <int D, typename E, int G, int W>
+__global__ void __launch_bounds__(32 * W)
     ForwardKernel(const E* qkv, E* out, float* lse, flash::Shape sh) {
   extern __shared__ __align__(128) unsigned char smem[];
   // Every head's last query tile (the most key tiles) first: [Note: the longest blocks first].
   const flash::GridBlock b = flash::LongestFirst(blockIdx.x, sh.batch * sh.heads);
-  flash::ForwardProgram<D, G>(CudaExec<E>{}, smem, qkv, out, lse, sh,
-                              flash::ForwardTiles<D, G>(sh) - 1 - b.rank, b.head);
+  flash::ForwardProgram<D, G>(CudaExec<E, W>{}, smem, qkv, out, lse, sh,
+                              flash::ForwardTiles<D, G, W>(sh) - 1 - b.rank, b.head);
 }
 // The backward's three programs ([Note: the backward's programs]).
 template <int D, typename E>
@@ -208,29 +209,34 @@ flash::Shape ShapeOf(const internal::FlashAttentionShape& s) {
   return {s.batch, s.seq, s.heads, s.kv_heads, 1.0f / std::sqrt(static_cast<float>(s.head_size))};
 }
 
-template <int D, typename E, int G>
+template <int D, typename E, int G, int W = flash::kWarps>
 Status ForwardAs(const flash::Shape& sh, void* out, float* lse, const void* qkv,
                  cudaStream_t stream) {
-  constexpr int smem = flash::ForwardSmem<D, G>::bytes;
-  ZR_RETURN_IF_ERROR((AllowSmem<ForwardKernel<D, E, G>>(smem)));
-  ForwardKernel<D, E, G>
-      <<<flash::ForwardTiles<D, G>(sh) * sh.batch * sh.heads, flash::kThreads, smem, stream>>>(
+  constexpr int smem = flash::ForwardSmem<D, G, W>::bytes;
+  ZR_RETURN_IF_ERROR((AllowSmem<ForwardKernel<D, E, G, W>>(smem)));
+  ForwardKernel<D, E, G, W>
+      <<<flash::ForwardTiles<D, G, W>(sh) * sh.batch * sh.heads, 32 * W, smem, stream>>>(
           static_cast<const E*>(qkv), static_cast<E*>(out), lse, sh);
   ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
 
 // `tiles.forward_block_queries`: 0 for the head size's default (kernels/flash_forward.h), else
-// 64 or 128 (CheckFlashTiles).
+// 64 or 128 (CheckFlashTiles): 128 as two row groups on 4 warps at head size 64, as 8 warps of
+// one at 128 ([Note: the register-resident forward]).
 template <int D, typename E>
 Status Forward(const internal::FlashAttentionShape& shape, void* out, float* lse, const void* qkv,
                cudaStream_t stream, const FlashTiles& tiles) {
   const flash::Shape sh = ShapeOf(shape);
   const int queries = tiles.forward_block_queries;
-  const int groups = queries == 0 ? flash::kForwardGroups<D> : queries / flash::kTile;
-  if constexpr (D == 64) {
-    if (groups == 2) return ForwardAs<D, E, 2>(sh, out, lse, qkv, stream);
+  if (queries == 128) {
+    if constexpr (D == 64) {
+      return ForwardAs<D, E, 2>(sh, out, lse, qkv, stream);
+    } else {
+      return ForwardAs<D, E, 1, 8>(sh, out, lse, qkv, stream);
+    }
   }
+  static_assert(flash::kForwardGroups<D> == 1, "Forward: the default is one row group a warp");
   return ForwardAs<D, E, 1>(sh, out, lse, qkv, stream);
 }
 

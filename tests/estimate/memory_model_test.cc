@@ -581,7 +581,7 @@ TEST(MemoryModelTest, TheFlashBlockShapesChangeNoByte) {
   EXPECT_EQ(tiled.PeakTotal(MemoryTier::kDevice), plain.PeakTotal(MemoryTier::kDevice));
   in.model.n_head = 6;  // head size 128
   const Status hs128 = EstimateMemory(in).status();
-  EXPECT_NE(hs128.message().find("model.flash_attention.forward_block_queries = 128 at head size "
+  EXPECT_NE(hs128.message().find("model.flash_attention.backward_block_keys = 128 at head size "
                                  "128"),
             std::string::npos)
       << hs128;

@@ -47,13 +47,13 @@ struct Gpu {
 // At head size 64 every program: the forward's 64-query blocks (the default) and 128, the
 // backward's query chunks 64 (the default) and 32, at 64 keys a block (4 warps, the default)
 // and 128 (8 warps): the defaults, then the others (FlashTiles: forward queries, backward keys,
-// backward query chunk).
+// backward query chunk). At head size 128 the forward's 64 and 128 queries (8 warps).
 TEST(FlashAttentionCudaTest, ForwardAndBackwardAgainstTheDoubleReference) {
   ZR_NEED_GPU();
   for (const FlashCase& c : FlashCases()) {
     const std::vector<FlashTiles> variants =
         c.hs == 64 ? std::vector<FlashTiles>{{0, 0, 0}, {128, 0, 32}, {0, 128, 64}, {128, 128, 32}}
-                   : std::vector<FlashTiles>{{0, 0, 0}};
+                   : std::vector<FlashTiles>{{0, 0, 0}, {128, 0, 0}};
     for (const FlashTiles& tiles : variants) {
       SCOPED_TRACE(::testing::Message() << "forward_block_queries " << tiles.forward_block_queries
                                         << ", backward_block_keys " << tiles.backward_block_keys
@@ -154,9 +154,9 @@ TEST(FlashAttentionCudaTest, RefusesWhatItDoesNotTake) {
                                                         nullptr, nullptr, *g.stream);
   EXPECT_NE(hs.message().find("80"), std::string_view::npos) << hs;
   const Status rows = internal::CudaFlashAttentionForward(DType::kBF16, {1, 8, 2, 2, 128}, nullptr,
-                                                          nullptr, nullptr, *g.stream, {128, 0, 0});
+                                                          nullptr, nullptr, *g.stream, {96, 0, 0});
   EXPECT_EQ(rows.code(), absl::StatusCode::kInvalidArgument) << rows;
-  EXPECT_NE(rows.message().find("forward_block_queries = 128 at head size 128"),
+  EXPECT_NE(rows.message().find("forward_block_queries = 96 at head size 128"),
             std::string_view::npos)
       << rows;
   for (const auto& [hs, chunk] : {std::pair{128, 64}, std::pair{64, 48}}) {

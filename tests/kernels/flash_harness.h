@@ -455,12 +455,14 @@ struct FlashOutputs {
 // Every block of the three programs' grids, in the order the CUDA launches run them; shared
 // memory starts as NaN, so a program that reads what it never wrote fails the comparison.
 // G: the forward's row groups a warp; C: the backward main program's query chunk; W: its warps
-// (4: 64-key blocks; 8: 128).
+// (4: 64-key blocks; 8: 128); FW: the forward's warps (4, or 8: 128-query blocks of one group a
+// warp).
 template <bool kBf16, int D, int G = flash::kForwardGroups<D>, int C = flash::kBackwardChunk<D>,
-          int W = flash::kBackwardWarps<D>>
+          int W = flash::kBackwardWarps<D>, int FW = flash::kWarps>
 FlashOutputs RunFlashOnCpuAs(const FlashInputs& in) {
   const CpuFlashExec<kBf16> x;
   const CpuFlashExec<kBf16, W> xw;
+  const CpuFlashExec<kBf16, FW> xf;
   const flash::Shape sh = in.shape();
   FlashOutputs r{.out = std::vector<uint16_t>(in.out_size()), .dqkv = in.dqkv};
   r.lse.assign(in.stat_size(), -1.0f);
@@ -471,12 +473,12 @@ FlashOutputs RunFlashOnCpuAs(const FlashInputs& in) {
     return smem.data();
   };
   // The 1-D grids' order, as the kernels map it ([Note: the longest blocks first]).
-  const int forward_tiles = flash::ForwardTiles<D, G>(sh), heads = sh.batch * sh.heads;
+  const int forward_tiles = flash::ForwardTiles<D, G, FW>(sh), heads = sh.batch * sh.heads;
   for (int64_t i = 0; i < int64_t{forward_tiles} * heads; ++i) {
     const flash::GridBlock b = flash::LongestFirst(i, heads);
-    flash::ForwardProgram<D, G>(x, fresh(x, flash::ForwardSmem<D, G>::bytes), in.qkv.data(),
+    flash::ForwardProgram<D, G>(xf, fresh(xf, flash::ForwardSmem<D, G, FW>::bytes), in.qkv.data(),
                                 r.out.data(), r.lse.data(), sh, forward_tiles - 1 - b.rank, b.head);
-    EXPECT_TRUE(x.CopiesDone()) << "the forward left copies in flight";
+    EXPECT_TRUE(xf.CopiesDone()) << "the forward left copies in flight";
   }
   // One fp32 workspace, D then the dQ accumulator, at the offsets the CUDA launch gives them
   // (so that the executor checks their accesses' alignment where the GPU makes them), all NaN:
@@ -505,12 +507,14 @@ FlashOutputs RunFlashOnCpuAs(const FlashInputs& in) {
       flash::BackwardStoreDqProgram<D>(x, r.dqkv.data(), dq, sh, t, bh);
     }
   }
-  EXPECT_EQ(x.races() + xw.races(), 0) << "shared-memory races ([Note: the block programs' races])"
-                                       << x.race_report() << xw.race_report();
-  EXPECT_EQ(x.conflicted() + xw.conflicted(), 0)
+  EXPECT_EQ(x.races() + xw.races() + xf.races(), 0)
+      << "shared-memory races ([Note: the block programs' races])" << x.race_report()
+      << xw.race_report() << xf.race_report();
+  EXPECT_EQ(x.conflicted() + xw.conflicted() + xf.conflicted(), 0)
       << "bank conflicts ([Note: shared-memory wavefronts]): "
-      << x.excess_wavefronts() + xw.excess_wavefronts() << " wavefronts beyond the need"
-      << x.conflict_report() << xw.conflict_report();
+      << x.excess_wavefronts() + xw.excess_wavefronts() + xf.excess_wavefronts()
+      << " wavefronts beyond the need" << x.conflict_report() << xw.conflict_report()
+      << xf.conflict_report();
   return r;
 }
 
@@ -597,8 +601,9 @@ inline void ExpectFlashMatchesReference(const FlashInputs& in, const FlashOutput
 // The cases both tests run: tails (1, 70, 100, 130), whole tiles (64, 128), multi-head and
 // grouped 2:1 and 4:1, head sizes 64 and 128, bf16 and fp16.
 inline std::vector<FlashCase> FlashCases() {
-  // Head size 64's forward with 128-query blocks: 300 and 200 make several blocks, the last
-  // one's second row group wholly (300) or partly (200) past the end.
+  // The forwards with 128-query blocks: 300 and 200 make several blocks, the last one's second
+  // row group (head size 64) or its last four warps (130 at head size 128: wholly, 70: partly)
+  // past the end.
   return {{true, 2, 100, 4, 2, 64},  {true, 1, 128, 4, 1, 64}, {true, 1, 1, 3, 3, 64},
           {true, 1, 130, 2, 2, 128}, {false, 1, 64, 2, 2, 64}, {false, 1, 100, 4, 2, 64},
           {false, 2, 70, 4, 1, 128}, {true, 1, 300, 2, 1, 64}, {false, 1, 200, 2, 2, 64}};

@@ -36,6 +36,23 @@ TEST(FlashTilesTest, TheHundredTwentyEightQueryForwardAtHeadSize64) {
   }
 }
 
+// At head size 128 the forward's 128-query blocks are 8 warps of one row group ([Note: the
+// register-resident forward]; `bench attention` times them beside the default), checked the same
+// way; and the 8-warp program at head size 64 too (not launched there: 128 queries take two row
+// groups on 4 warps), whose tiles at 64 columns a row the copies divide otherwise.
+TEST(FlashTilesTest, TheEightWarpForward) {
+  for (const FlashCase& c : FlashCases()) {
+    const FlashInputs in = MakeFlashInputs(c);
+    if (c.hs == 128) {
+      ExpectFlashMatchesReference(in, c.bf16 ? RunFlashOnCpuAs<true, 128, 1, 32, 4, 8>(in)
+                                             : RunFlashOnCpuAs<false, 128, 1, 32, 4, 8>(in));
+    } else {
+      ExpectFlashMatchesReference(in, c.bf16 ? RunFlashOnCpuAs<true, 64, 1, 64, 4, 8>(in)
+                                             : RunFlashOnCpuAs<false, 64, 1, 64, 4, 8>(in));
+    }
+  }
+}
+
 // At head size 64 the backward's main program also runs with 32-query chunks (kBackwardChunk in
 // kernels/flash_backward.h; `bench attention` times it beside the default), checked the same way.
 TEST(FlashTilesTest, TheThirtyTwoQueryBackwardChunkAtHeadSize64) {
@@ -292,7 +309,8 @@ TEST(FlashTilesTest, TheBlockShapesAreCheckedAgainstTheHeadSize) {
     EXPECT_TRUE(CheckAttentionBackend(std::nullopt, t, DType::kBF16, hs64).ok());
     EXPECT_TRUE(CheckAttentionBackend(AttentionProgram::kFlash, t, DType::kF16, hs64).ok());
   }
-  for (const FlashTiles& t : {FlashTiles{64, 64, 0}, FlashTiles{0, 0, 32}}) {
+  for (const FlashTiles& t : {FlashTiles{64, 64, 0}, FlashTiles{0, 0, 32}, FlashTiles{128, 0, 0},
+                              FlashTiles{128, 64, 32}}) {
     EXPECT_TRUE(CheckAttentionBackend(std::nullopt, t, DType::kBF16, hs128).ok());
   }
   const struct {
@@ -300,11 +318,14 @@ TEST(FlashTilesTest, TheBlockShapesAreCheckedAgainstTheHeadSize) {
     internal::FlashAttentionShape shape;
     const char* message;
   } refused[] = {
-      {{128, 0, 0},
+      {{96, 0, 0},
        hs128,
-       "model.flash_attention.forward_block_queries = 128 at head size 128 (0: the default, or "
+       "model.flash_attention.forward_block_queries = 96 at head size 128 (0: the default, or "
+       "64 or 128)"},
+      {{128, 128, 0},
+       hs128,
+       "model.flash_attention.backward_block_keys = 128 at head size 128 (0: the default, or "
        "64)"},
-      {{0, 128, 0}, hs128, "model.flash_attention.backward_block_keys = 128 at head size 128"},
       {{0, 0, 64},
        hs128,
        "model.flash_attention.backward_query_chunk = 64 at head size 128 (0: the default, or 32)"},
