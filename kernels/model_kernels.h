@@ -94,6 +94,7 @@ class ModelKernels {
   // Over the last dimension, eps 1e-5 (GPT-2's); mean and rstd are saved for the backward.
   virtual Status LayerNorm(void* out, void* mean, void* rstd, const void* inp, const void* weight,
                            const void* bias, int64_t rows, int channels) = 0;
+  // dinp, dweight and dbias are added to (any may be null); dinp overlaps neither dout nor inp.
   virtual Status LayerNormBackward(void* dinp, void* dweight, void* dbias, const void* dout,
                                    const void* inp, const void* weight, const void* mean,
                                    const void* rstd, int64_t rows, int channels) = 0;
@@ -226,6 +227,7 @@ class ModelKernels {
   // (stat dtype, saved for the backward).
   virtual Status RmsNorm(void* out, void* rstd, const void* inp, const void* weight, int64_t rows,
                          int channels, float eps) = 0;
+  // dinp and dweight are added to (either may be null); dinp overlaps neither dout nor inp.
   virtual Status RmsNormBackward(void* dinp, void* dweight, const void* dout, const void* inp,
                                  const void* weight, const void* rstd, int64_t rows,
                                  int channels) = 0;

@@ -14,7 +14,8 @@ namespace {
 // gradient of the chunk's rows (warp w: rows w, w + kWarpsPerBlock, ...), then the column
 // partials of each of the `tiles` column tiles over the same rows, read again from the cache.
 // kKind: kLayerNorm (mean used, pb written) or kRms. No barrier between the passes: the first
-// touches no shared memory, and the second reads dout and inp only (dinp is not among them).
+// touches no shared memory, and the second reads dout and inp only, which dinp does not overlap
+// (ModelKernels' contract), so another warp's rows may still be in their first pass.
 template <ColumnSum kKind, typename T, int W>
 static __global__ void __launch_bounds__(kThreads)
     NormBackwardKernel(T* dinp, float* pw, float* pb, const T* dout, const T* inp, const T* w,
