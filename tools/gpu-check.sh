@@ -234,8 +234,9 @@ if want bench; then
   # zerort's flash attention against the materialised CUDA path (bf16; FlashAttention-2 reaches
   # about 229 TFLOP/s forward on an H100, issue 48's target is 200). First: seconds of the
   # device's time, and the numbers the kernel work is judged by, whatever hangs after them.
-  # At head size 64 each of the kernels' other block shapes too; tools/flash_tiles_pick.py says
-  # which are faster in both head-size-64 shapes (GPU_CHECK_SET=auto: the runs below take them).
+  # Each of the kernels' other block shapes too (at head size 128 only the forward's 128-query
+  # blocks); tools/flash_tiles_pick.py says which are faster in both head-size-64 shapes
+  # (GPU_CHECK_SET=auto: the runs below take them).
   for shape in "--head-size 64 --heads 12 --seq 1024 --batch 8" "--head-size 128 --heads 16 --seq 4096 --batch 1" \
     "--head-size 64 --heads 32 --kv-heads 8 --seq 2048 --batch 2"; do
     # shellcheck disable=SC2086
