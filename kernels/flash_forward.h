@@ -12,6 +12,9 @@
 // products as the default's; one block of 8 warps an SM, as two of 4 were). Which is faster is
 // the GPU's to say: `bench attention --device cuda` times both (`flash 128q`), a run chooses
 // with model.flash_attention.forward_block_queries, and the default changes when a GPU has said.
+// Whichever it takes, the outputs and log-sum-exps are bit for bit the default's: a row group's
+// queries meet the same key tiles through the same instructions in the same order (the CPU
+// executor's tests and flash_attention_cuda_test compare them).
 // Warp w owns queries 16 G w .. 16 G (w + 1) - 1; a warp whose last query comes before a key
 // tile skips it (causal: every score masked). Per 64-key tile, for each row group:
 //   S = Q_w K^T      WarpScores: lane holds rows g = lane / 4 and g + 8 of S

@@ -26,30 +26,42 @@ TEST(FlashTilesTest, ForwardAndBackwardAgainstTheDoubleReference) {
 
 // At head size 64 the forward also runs with 128-query blocks, two row groups a warp ([Note:
 // the register-resident forward]; `bench attention` times it beside the default), checked the
-// same way.
+// same way, and bit for bit the default's outputs (each group's queries meet the same key tiles
+// in the same order, its products in the same order).
 TEST(FlashTilesTest, TheHundredTwentyEightQueryForwardAtHeadSize64) {
   for (const FlashCase& c : FlashCases()) {
     if (c.hs != 64) continue;
     const FlashInputs in = MakeFlashInputs(c);
-    ExpectFlashMatchesReference(
-        in, c.bf16 ? RunFlashOnCpuAs<true, 64, 2>(in) : RunFlashOnCpuAs<false, 64, 2>(in));
+    const FlashOutputs two =
+        c.bf16 ? RunFlashOnCpuAs<true, 64, 2>(in) : RunFlashOnCpuAs<false, 64, 2>(in);
+    ExpectFlashMatchesReference(in, two);
+    const FlashOutputs one = RunFlashOnCpu(in);
+    EXPECT_EQ(two.out, one.out) << "two row groups' outputs are not the default's";
+    EXPECT_EQ(two.lse, one.lse) << "nor their log-sum-exps";
   }
 }
 
 // At head size 128 the forward's 128-query blocks are 8 warps of one row group ([Note: the
 // register-resident forward]; `bench attention` times them beside the default), checked the same
 // way; and the 8-warp program at head size 64 too (not launched there: 128 queries take two row
-// groups on 4 warps), whose tiles at 64 columns a row the copies divide otherwise.
+// groups on 4 warps), whose tiles at 64 columns a row the copies divide otherwise. A warp's
+// queries meet the same 64-key tiles in the same order whatever the block's warps, so the
+// outputs and log-sum-exps are the default's bit for bit: a run may take either.
 TEST(FlashTilesTest, TheEightWarpForward) {
   for (const FlashCase& c : FlashCases()) {
     const FlashInputs in = MakeFlashInputs(c);
+    FlashOutputs eight, four;
     if (c.hs == 128) {
-      ExpectFlashMatchesReference(in, c.bf16 ? RunFlashOnCpuAs<true, 128, 1, 32, 4, 8>(in)
-                                             : RunFlashOnCpuAs<false, 128, 1, 32, 4, 8>(in));
+      eight = c.bf16 ? RunFlashOnCpuAs<true, 128, 1, 32, 4, 8>(in)
+                     : RunFlashOnCpuAs<false, 128, 1, 32, 4, 8>(in);
     } else {
-      ExpectFlashMatchesReference(in, c.bf16 ? RunFlashOnCpuAs<true, 64, 1, 64, 4, 8>(in)
-                                             : RunFlashOnCpuAs<false, 64, 1, 64, 4, 8>(in));
+      eight = c.bf16 ? RunFlashOnCpuAs<true, 64, 1, 64, 4, 8>(in)
+                     : RunFlashOnCpuAs<false, 64, 1, 64, 4, 8>(in);
     }
+    ExpectFlashMatchesReference(in, eight);
+    four = RunFlashOnCpu(in);
+    EXPECT_EQ(eight.out, four.out) << "the 8-warp forward's outputs are not the default's";
+    EXPECT_EQ(eight.lse, four.lse) << "nor its log-sum-exps";
   }
 }
 
