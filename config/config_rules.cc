@@ -193,14 +193,15 @@ void ModelRules(const RunConfig& c, const GivenKeys& given, Problems& problems) 
   // model.flash_attention's values; which of them a head size takes is checked with the model's
   // shape (kernels/flash_attention.h's CheckAttentionBackend, before a run or an estimate).
   const FlashTiles& tiles = c.model.flash_attention;
-  for (const auto& [key, value, other] :
-       {std::tuple<const char*, int, int>{"forward_block_queries", tiles.forward_block_queries,
-                                          128},
-        {"backward_block_keys", tiles.backward_block_keys, 128},
-        {"backward_query_chunk", tiles.backward_query_chunk, 32}}) {
-    if (value != 0 && value != 64 && value != other) {
+  for (const auto& [key, value, one, other] :
+       {std::tuple<const char*, int, int, int>{"forward_block_queries", tiles.forward_block_queries,
+                                               64, 128},
+        {"forward_warps", tiles.forward_warps, 4, 8},
+        {"backward_block_keys", tiles.backward_block_keys, 64, 128},
+        {"backward_query_chunk", tiles.backward_query_chunk, 32, 64}}) {
+    if (value != 0 && value != one && value != other) {
       problems.Add(StrCat("model.flash_attention.", key, " = ", value, ": one of 0 (the default), ",
-                          std::min(64, other), ", ", std::max(64, other)));
+                          one, ", ", other));
     }
   }
   const CsvMonitorConfig& csv = c.csv_monitor;

@@ -279,9 +279,15 @@ std::vector<ConfigField> BuildTable() {
   const std::string_view fa = "model.flash_attention";
   t.push_back(With(Num<int>(fa, "forward_block_queries",
                             ZR_MEMBER(model.flash_attention.forward_block_queries), 0, 128,
-                            "CUDA flash forward: queries a thread block owns, 64 or 128 (two row "
-                            "groups a warp at head size 64, 8 warps at 128); 0: the default (64)"),
+                            "CUDA flash forward: queries a thread block owns, 64 or 128; 0: the "
+                            "default (64, or 128 with forward_warps 8)"),
                    kOmitUnset));
+  t.push_back(
+      With(Num<int>(fa, "forward_warps", ZR_MEMBER(model.flash_attention.forward_warps), 0, 8,
+                    "CUDA flash forward: warps a thread block has, 4 or 8 (128 queries on "
+                    "4 warps: two row groups a warp, head size 64 only); 0: the default "
+                    "(4, or 8 for 128 queries at head size 128)"),
+           kOmitUnset));
   t.push_back(With(Num<int>(fa, "backward_block_keys",
                             ZR_MEMBER(model.flash_attention.backward_block_keys), 0, 128,
                             "CUDA flash backward: keys a thread block owns, 64 or 128 (head size "

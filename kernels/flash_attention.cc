@@ -51,8 +51,8 @@ static_assert(flash::kBackwardChunk<64> == 32 || flash::kBackwardChunk<64> == 64
 
 Status CheckFlashTiles(const FlashTiles& t, int head_size) {
   // Each field's values built at head size 64 and at 128 besides 0, the default's (a second
-  // value of 0: none). 128-query forward blocks exist at both ([Note: the register-resident
-  // forward]); the backward's other shapes at 64 only.
+  // value of 0: none). 128-query forward blocks and 8-warp ones exist at both ([Note: the
+  // register-resident forward]); the backward's other shapes at 64 only.
   const bool hs64 = head_size == 64;
   struct Field {
     const char* name;
@@ -61,6 +61,7 @@ Status CheckFlashTiles(const FlashTiles& t, int head_size) {
   };
   for (const Field& f :
        {Field{"forward_block_queries", t.forward_block_queries, {64, 128}, {64, 128}},
+        Field{"forward_warps", t.forward_warps, {4, 8}, {4, 8}},
         Field{"backward_block_keys", t.backward_block_keys, {64, 128}, {64, 0}},
         Field{"backward_query_chunk", t.backward_query_chunk, {32, 64}, {32, 0}}}) {
     const int* ok = hs64 ? f.at64 : f.at128;
@@ -68,6 +69,13 @@ Status CheckFlashTiles(const FlashTiles& t, int head_size) {
     return absl::InvalidArgumentError(StrCat(f.name, " = ", f.value, " at head size ", head_size,
                                              " (0: the default, or ", ok[0],
                                              ok[1] != 0 ? StrCat(" or ", ok[1]) : "", ")"));
+  }
+  if (flash::ForwardBlockFor(head_size, t.forward_block_queries, t.forward_warps).warps == 0) {
+    return absl::InvalidArgumentError(
+        StrCat("forward_block_queries = ", t.forward_block_queries,
+               " with forward_warps = ", t.forward_warps, " at head size ", head_size,
+               " (a forward block is 64 queries on 4 warps, or 128 on 8", hs64 ? " or on 4" : "",
+               "; 0 takes the other field's match)"));
   }
   return absl::OkStatus();
 }

@@ -38,8 +38,9 @@ Status CheckAttentionBackend(std::optional<AttentionProgram> requested, const Fl
                              DType dtype, const FlashAttentionShape& shape);
 
 // out [batch, seq, heads x hs] and lse [batch, heads, seq] (fp32) from qkv ([Note: the qkv
-// layout]), on `stream` (CUDA), with `tiles.forward_block_queries` queries a thread block ([Note:
-// the register-resident forward]; the others are the backward's).
+// layout]), on `stream` (CUDA), with `tiles.forward_block_queries` queries and
+// `tiles.forward_warps` warps a thread block ([Note: the register-resident forward]; the others
+// are the backward's).
 Status CudaFlashAttentionForward(DType dtype, const FlashAttentionShape& shape, void* out,
                                  float* lse, const void* qkv, Stream& stream,
                                  const FlashTiles& tiles = {});

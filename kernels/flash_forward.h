@@ -10,8 +10,11 @@
 // (sm_90; two blocks an SM instead of three); at head size 128, where two groups' accumulators
 // would not fit in 255 registers, as W = 8 warps of one group (each warp's registers and
 // products as the default's; one block of 8 warps an SM, as two of 4 were). Which is faster is
-// the GPU's to say: `bench attention --device cuda` times both (`flash 128q`), a run chooses
-// with model.flash_attention.forward_block_queries, and the default changes when a GPU has said.
+// the GPU's to say; at head size 64 one group on 8 warps is a third form (half the copies, two
+// blocks of 8 warps an SM by registers where G = 2 has two of 4). `bench attention --device
+// cuda` times them (`flash 128q`, and at 64 `flash 128q 8w`), a run chooses with
+// model.flash_attention.forward_block_queries and forward_warps (ForwardBlockFor), and the
+// default changes when a GPU has said.
 // Whichever it takes, the outputs and log-sum-exps are bit for bit the default's: a row group's
 // queries meet the same key tiles through the same instructions in the same order (the CPU
 // executor's tests and flash_attention_cuda_test compare them).
@@ -55,6 +58,21 @@ template <int D>
 inline constexpr int kForwardGroups = 1;
 template <int G, int W>
 inline constexpr int kForwardQueries = kWarpRows* W* G;
+// The forward's block for model.flash_attention's forward_block_queries and forward_warps (each
+// 0 for its default) at head size `head_size`: row groups a warp and warps, or {0, 0} where no
+// such block is built. 64 queries: 4 warps of one group (the default); 128: two groups on 4
+// warps (head size 64, the default there) or one on 8 (the only form at head size 128).
+struct ForwardBlock {
+  int groups = 0, warps = 0;
+};
+ZR_HOST_DEVICE constexpr ForwardBlock ForwardBlockFor(int head_size, int queries, int warps) {
+  if (queries == 0) queries = warps == 8 ? 128 : 64;
+  if (warps == 0) warps = queries == 128 && head_size == 128 ? 8 : 4;
+  if (queries == 64 && warps == 4) return {1, 4};
+  if (queries == 128 && warps == 4 && head_size == 64) return {2, 4};
+  if (queries == 128 && warps == 8) return {1, 8};
+  return {};
+}
 // The forward's grid: query blocks per (batch, head).
 template <int D, int G = kForwardGroups<D>, int W = kWarps>
 ZR_HOST_DEVICE constexpr int ForwardTiles(const Shape& sh) {

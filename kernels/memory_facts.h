@@ -62,17 +62,19 @@ enum class AttentionProgram { kFlash, kMaterialised, kCudnn };
 inline constexpr int64_t kCudnnForwardWorkspaceBytes = int64_t{1} << 20;
 
 // The CUDA flash kernels' block shapes (model.flash_attention), each 0 for the head size's
-// default: the queries a forward block owns (64, or 128 at head size 64: kForwardGroups in
-// kernels/flash_forward.h), the keys a backward block owns (64, or 128 at head size 64:
-// kBackwardWarps in kernels/flash_backward.h) and the queries its warps take at a time (the
+// default: the queries a forward block owns (64, or 128) and its warps (4, or 8: 128 queries as
+// two row groups on 4 warps, head size 64 only, or as one on 8; [Note: the register-resident
+// forward] in kernels/flash_forward.h), the keys a backward block owns (64, or 128 at head size
+// 64: kBackwardWarps in kernels/flash_backward.h) and the queries its warps take at a time (the
 // default 64, or 32 at head size 64; 32 at 128: kBackwardChunk). They split the same work
-// differently: the memory, the saved tensors and the scratch are the same whatever they are, and
-// the results differ only in the order of fp32 sums. CheckFlashTiles (kernels/flash_attention.h)
-// says which a shape takes.
+// differently: the memory, the saved tensors and the scratch are the same whatever they are, the
+// forward's results are the same bits, and the backward's differ only in the order of fp32 sums.
+// CheckFlashTiles (kernels/flash_attention.h) says which a shape takes.
 struct FlashTiles {
   int forward_block_queries = 0;
   int backward_block_keys = 0;
   int backward_query_chunk = 0;
+  int forward_warps = 0;
   bool operator==(const FlashTiles&) const = default;
 };
 

@@ -255,20 +255,24 @@ StatusOr<Paths> CudaPaths(const BenchAttentionOptions& o, int kv) {
   p.flash_forward = flash_forward({});
   p.flash_backward = flash_backward({});
   // model.flash_attention's other values, as the table names them: 128-query forward blocks at
-  // both head sizes, the backward's other shapes at 64.
+  // both head sizes (two row groups on 4 warps at 64, one on 8 at 128), and at 64 one on 8 too
+  // and the backward's other shapes.
   p.variants = {{"flash 128q", "flash_forward_128q", "forward_block_queries 128", false,
                  flash_forward({128, 0, 0})}};
   if (o.head_size == 64) {
-    p.variants.insert(p.variants.end(),
-                      {
-                          {"flash bwd c32", "flash_backward_c32", "backward_query_chunk 32", true,
-                           flash_backward({0, 0, 32})},
-                          {"flash bwd 128k", "flash_backward_128k", "backward_block_keys 128", true,
-                           flash_backward({0, 128, 0})},
-                          {"bwd 128k c32", "flash_backward_128k_c32",
-                           "backward_block_keys 128, backward_query_chunk 32", true,
-                           flash_backward({0, 128, 32})},
-                      });
+    p.variants.insert(
+        p.variants.end(),
+        {
+            {"flash 128q 8w", "flash_forward_128q_8w", "forward_block_queries 128, forward_warps 8",
+             false, flash_forward({128, 0, 0, 8})},
+            {"flash bwd c32", "flash_backward_c32", "backward_query_chunk 32", true,
+             flash_backward({0, 0, 32})},
+            {"flash bwd 128k", "flash_backward_128k", "backward_block_keys 128", true,
+             flash_backward({0, 128, 0})},
+            {"bwd 128k c32", "flash_backward_128k_c32",
+             "backward_block_keys 128, backward_query_chunk 32", true,
+             flash_backward({0, 128, 32})},
+        });
   }
   // cuDNN's attention (model.attention_backend "cudnn"), with the workspaces the memory plan
   // gives it; where it is not built or libcudnn does not load, the table says so and goes on.

@@ -19,6 +19,7 @@ import sys
 # bench attention's JSON key stems of the variants, and the model.flash_attention keys of each.
 VARIANTS = {
     "flash_forward_128q": ("forward", {"forward_block_queries": 128}),
+    "flash_forward_128q_8w": ("forward", {"forward_block_queries": 128, "forward_warps": 8}),
     "flash_backward_c32": ("backward", {"backward_query_chunk": 32}),
     "flash_backward_128k": ("backward", {"backward_block_keys": 128}),
     "flash_backward_128k_c32": ("backward", {"backward_block_keys": 128, "backward_query_chunk": 32}),

@@ -221,20 +221,18 @@ Status ForwardAs(const flash::Shape& sh, void* out, float* lse, const void* qkv,
   return absl::OkStatus();
 }
 
-// `tiles.forward_block_queries`: 0 for the head size's default (kernels/flash_forward.h), else
-// 64 or 128 (CheckFlashTiles): 128 as two row groups on 4 warps at head size 64, as 8 warps of
-// one at 128 ([Note: the register-resident forward]).
+// `tiles.forward_block_queries` and `tiles.forward_warps` (CheckFlashTiles): 64 queries on 4
+// warps (the default), 128 as two row groups on 4 (head size 64) or as one on 8 (ForwardBlockFor,
+// [Note: the register-resident forward]).
 template <int D, typename E>
 Status Forward(const internal::FlashAttentionShape& shape, void* out, float* lse, const void* qkv,
                cudaStream_t stream, const FlashTiles& tiles) {
   const flash::Shape sh = ShapeOf(shape);
-  const int queries = tiles.forward_block_queries;
-  if (queries == 128) {
-    if constexpr (D == 64) {
-      return ForwardAs<D, E, 2>(sh, out, lse, qkv, stream);
-    } else {
-      return ForwardAs<D, E, 1, 8>(sh, out, lse, qkv, stream);
-    }
+  const flash::ForwardBlock block =
+      flash::ForwardBlockFor(D, tiles.forward_block_queries, tiles.forward_warps);
+  if (block.warps == 8) return ForwardAs<D, E, 1, 8>(sh, out, lse, qkv, stream);
+  if constexpr (D == 64) {
+    if (block.groups == 2) return ForwardAs<D, E, 2>(sh, out, lse, qkv, stream);
   }
   static_assert(flash::kForwardGroups<D> == 1, "Forward: the default is one row group a warp");
   return ForwardAs<D, E, 1>(sh, out, lse, qkv, stream);

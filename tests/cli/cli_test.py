@@ -279,6 +279,15 @@ r = run("estimate", gpt2_with("tiles-96", {"forward_block_queries": 96}), "--dev
 check("a block shape no head size takes: exit 2 naming the key and the values",
       r.returncode == 2 and "model.flash_attention.forward_block_queries = 96: one of 0 (the "
       "default), 64, 128" in r.stderr, r.stderr[-500:])
+r = run("estimate", gpt2_with("tiles-warps-6", {"forward_warps": 6}), "--device", "cuda")
+check("forward warps no block has: exit 2 naming the key and the values",
+      r.returncode == 2 and "model.flash_attention.forward_warps = 6: one of 0 (the default), 4, 8"
+      in r.stderr, r.stderr[-500:])
+r = run("estimate", gpt2_with("tiles-64q-8w", {"forward_block_queries": 64, "forward_warps": 8}),
+        "--device", "cuda")
+check("64 queries on 8 warps (no such block): exit 2 naming both keys",
+      r.returncode == 2 and "forward_block_queries = 64 with forward_warps = 8 at head size 64"
+      in r.stderr, r.stderr[-500:])
 r = run("estimate", gpt2_with("tiles-hs128", {"backward_block_keys": 128}, n_head=6), "--device",
         "cuda")
 check("a block shape this head size does not take (head size 128): exit 2 naming it",

@@ -70,6 +70,16 @@ check("a forward variant faster in every shape is taken; 128k c32's slowest shap
       " 128k (10%) instead",
       r.returncode == 0 and last(r) == "GPU_CHECK_SET=model.flash_attention.backward_block_keys=128 "
       "model.flash_attention.forward_block_queries=128", r.stdout + r.stderr)
+# Two forward variants faster in every head-size-64 shape: the one whose slower shape gains more
+# (128 queries on 8 warps), both its keys; head size 128's forward variant does not vote.
+fwd = [result(64, 100, 50, forward_128q=110, forward_128q_8w=120),
+       result(128, 170, 80, forward_128q=150),
+       result(64, 150, 50, forward_128q=170, forward_128q_8w=175)]
+r = pick(fwd)
+check("of two forward variants the one whose slowest shape gains most, with both its keys",
+      r.returncode == 0 and last(r) == "GPU_CHECK_SET=model.flash_attention.forward_block_queries="
+      "128 model.flash_attention.forward_warps=8" and "hs 128" in r.stdout
+      and "128q 150.0 (0.88x)" in r.stdout, r.stdout + r.stderr)
 r = pick(lines, "--margin", "0.25")
 check("with a 25% margin nothing qualifies: the defaults", r.returncode == 0
       and last(r) == "GPU_CHECK_SET=", r.stdout + r.stderr)

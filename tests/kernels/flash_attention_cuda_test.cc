@@ -45,20 +45,24 @@ struct Gpu {
   }
 };
 
-// At head size 64 every program: the forward's 64-query blocks (the default) and 128, the
-// backward's query chunks 64 (the default) and 32, at 64 keys a block (4 warps, the default)
-// and 128 (8 warps): the defaults, then the others (FlashTiles: forward queries, backward keys,
-// backward query chunk). At head size 128 the forward's 64 and 128 queries (8 warps). Every
-// forward block shape gives the default's outputs and log-sum-exps bit for bit (a warp's
-// queries meet the same key tiles through the same instructions, [Note: the register-resident
-// forward]).
+// At head size 64 every program: the forward's 64-query blocks (the default) and 128 (two row
+// groups on 4 warps, one on 8), the backward's query chunks 64 (the default) and 32, at 64 keys
+// a block (4 warps, the default) and 128 (8 warps): the defaults, then the others (FlashTiles:
+// forward queries, backward keys, backward query chunk, forward warps). At head size 128 the
+// forward's 64 and 128 queries (8 warps). Every forward block shape gives the default's outputs
+// and log-sum-exps bit for bit (a warp's queries meet the same key tiles through the same
+// instructions, [Note: the register-resident forward]).
 TEST(FlashAttentionCudaTest, ForwardAndBackwardAgainstTheDoubleReference) {
   ZR_NEED_GPU();
   for (const FlashCase& c : FlashCases()) {
     std::optional<FlashOutputs> first;  // the defaults' run
-    const std::vector<FlashTiles> variants =
-        c.hs == 64 ? std::vector<FlashTiles>{{0, 0, 0}, {128, 0, 32}, {0, 128, 64}, {128, 128, 32}}
-                   : std::vector<FlashTiles>{{0, 0, 0}, {128, 0, 0}};
+    const std::vector<FlashTiles> variants = c.hs == 64
+                                                 ? std::vector<FlashTiles>{{0, 0, 0},
+                                                                           {128, 0, 32},
+                                                                           {0, 128, 64},
+                                                                           {128, 128, 32},
+                                                                           {128, 0, 0, 8}}
+                                                 : std::vector<FlashTiles>{{0, 0, 0}, {128, 0, 0}};
     for (const FlashTiles& tiles : variants) {
       SCOPED_TRACE(::testing::Message() << "forward_block_queries " << tiles.forward_block_queries
                                         << ", backward_block_keys " << tiles.backward_block_keys

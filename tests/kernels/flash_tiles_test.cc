@@ -316,13 +316,16 @@ TEST(FlashTilesTest, TheCudnnAttentionWithoutAGpuSaysWhy) {
 TEST(FlashTilesTest, TheBlockShapesAreCheckedAgainstTheHeadSize) {
   using internal::CheckAttentionBackend;
   const internal::FlashAttentionShape hs64{2, 100, 4, 2, 64}, hs128{2, 100, 4, 2, 128};
-  for (const FlashTiles& t : {FlashTiles{}, FlashTiles{64, 64, 64}, FlashTiles{128, 0, 0},
-                              FlashTiles{0, 128, 32}, FlashTiles{128, 128, 32}}) {
+  for (const FlashTiles& t :
+       {FlashTiles{}, FlashTiles{64, 64, 64}, FlashTiles{128, 0, 0}, FlashTiles{0, 128, 32},
+        FlashTiles{128, 128, 32}, FlashTiles{128, 0, 0, 8}, FlashTiles{0, 0, 0, 8},
+        FlashTiles{128, 0, 0, 4}, FlashTiles{64, 0, 0, 4}}) {
     EXPECT_TRUE(CheckAttentionBackend(std::nullopt, t, DType::kBF16, hs64).ok());
     EXPECT_TRUE(CheckAttentionBackend(AttentionProgram::kFlash, t, DType::kF16, hs64).ok());
   }
-  for (const FlashTiles& t : {FlashTiles{64, 64, 0}, FlashTiles{0, 0, 32}, FlashTiles{128, 0, 0},
-                              FlashTiles{128, 64, 32}}) {
+  for (const FlashTiles& t :
+       {FlashTiles{64, 64, 0}, FlashTiles{0, 0, 32}, FlashTiles{128, 0, 0}, FlashTiles{128, 64, 32},
+        FlashTiles{128, 0, 0, 8}, FlashTiles{0, 0, 0, 8}, FlashTiles{64, 0, 0, 4}}) {
     EXPECT_TRUE(CheckAttentionBackend(std::nullopt, t, DType::kBF16, hs128).ok());
   }
   const struct {
@@ -346,6 +349,15 @@ TEST(FlashTilesTest, TheBlockShapesAreCheckedAgainstTheHeadSize) {
        "model.flash_attention.forward_block_queries = 96 at head size 64 (0: the default, or 64 or "
        "128)"},
       {{0, 0, 16}, hs64, "backward_query_chunk = 16 at head size 64 (0: the default, or 32 or 64)"},
+      {{0, 0, 0, 6}, hs64, "forward_warps = 6 at head size 64 (0: the default, or 4 or 8)"},
+      {{64, 0, 0, 8},
+       hs64,
+       "forward_block_queries = 64 with forward_warps = 8 at head size 64 (a forward block is 64 "
+       "queries on 4 warps, or 128 on 8 or on 4; 0 takes the other field's match)"},
+      {{128, 0, 0, 4},
+       hs128,
+       "forward_block_queries = 128 with forward_warps = 4 at head size 128 (a forward block is 64 "
+       "queries on 4 warps, or 128 on 8; 0 takes the other field's match)"},
   };
   for (const auto& r : refused) {
     const Status s = CheckAttentionBackend(std::nullopt, r.tiles, DType::kBF16, r.shape);
