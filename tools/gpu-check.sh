@@ -247,15 +247,16 @@ if want bench; then
   # Why the flash programs run at the rate they do (in the twelfth run the forward's schedulers
   # issued in about a third of their cycles, by its SASS count over its time): Nsight Compute's
   # launch, occupancy, throughput, scheduler and warp-state sections, with every stall reason's
-  # cycles an issued instruction, for the first four flash launches at GPT-2's shape, which bench
-  # attention makes in this order as it compares them: the 128-query forward, the default
-  # forward, the default backward's main program, the 32-query one. Where the machine has ncu;
+  # cycles an issued instruction, for the first five flash launches at GPT-2's shape, which bench
+  # attention makes in this order as it compares them: the 128-query forwards (two row groups on
+  # 4 warps, one on 8), the default forward, the default backward's main program, the 32-query
+  # one. Where the machine has ncu;
   # an ncu without --print-details (older than the CUDA 13 one) runs again without it.
   ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
   if [[ -n $ncu ]]; then
     # The names whole: the materialised path's CausalSoftmaxBackwardKernel runs first, and a
-    # plain 'BackwardKernel' would take its launch for one of the four.
-    ncu_args=(--kernel-name 'regex:(^|[^A-Za-z])(Forward|Backward)Kernel($|<)' --launch-count 4 --section LaunchStats
+    # plain 'BackwardKernel' would take its launch for one of the five.
+    ncu_args=(--kernel-name 'regex:(^|[^A-Za-z])(Forward|Backward)Kernel($|<)' --launch-count 5 --section LaunchStats
       --section Occupancy --section SpeedOfLight --section SchedulerStats --section WarpStateStats
       --section ComputeWorkloadAnalysis --metrics 'regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$')
     ncu_bench=("$zr" bench attention --device cuda --head-size 64 --heads 12 --seq 1024 --batch 8 --rounds 1)
