@@ -106,8 +106,6 @@ TEST(ModelMathTest, CrossEntropyPieces) {
   EXPECT_EQ(math::VocabLoss(1.0f, 2.0f, 0.5f), 2.5f);
 }
 
-// The CPU float kernels compute exactly the shared functions, element by element: what the CUDA
-// kernels compute too (model_kernels_cuda_test's SharedElementMathIsBitwiseTheCpus).
 // [Note: the cross-entropy's online sum]: a row's logits dealt to `threads` threads W at a time,
 // as the CUDA kernel deals them, each thread's running maximum and sum, then the row's maximum
 // and the threads' sums against it: the row's log-sum-exp within fp32 summation's rounding of the
@@ -182,6 +180,8 @@ TEST(ModelMathTest, TheCrossEntropysOnlineSumIsTheRowsLogSumExp) {
   EXPECT_TRUE(std::isnan(OnlineLogSumExp(inf, 8, 8, true)));
 }
 
+// The CPU float kernels compute exactly the shared functions, element by element: what the CUDA
+// kernels compute too (model_kernels_cuda_test's SharedElementMathIsBitwiseTheCpus).
 TEST(ModelMathTest, CpuKernelsComputeTheSharedFunctionsBitwise) {
   const int rows = 19, ch = 203;  // odd: the vector loops' remainders
   const int64_t n = int64_t{rows} * ch;
