@@ -6,11 +6,12 @@ of the variants that are at least MARGIN faster in every head-size-64 shape (the
 them are at head size 64; the backward's variants exist only there, the forward's 128-query
 blocks at 128 too, where they are reported and not chosen), as the last line:
   GPU_CHECK_SET=KEY=VALUE KEY=VALUE...   (empty: the defaults)
-Of the backward variants the one whose slowest shape gains most wins; the forward's is taken or
-not on its own. A variant whose result differs from the materialised path's by more than
-max(2 x, + 0.02) the default's difference in any shape (bench attention's *_max_abs_difference:
-a block shape that computes wrongly on this GPU) is never taken, however fast. Exit 2, naming the
-line, for input that is not bench attention's JSON.
+Of each kind's variants the one whose slowest shape gains most wins. A variant whose result
+differs from the materialised path's otherwise than the default's does in any shape (bench
+attention's *_max_abs_difference; a forward form by any other amount, since every forward form
+computes the default's bits, a backward one by more than max(2 x, + 0.02) the default's
+difference: a block shape that computes wrongly on this GPU) is never taken, however fast.
+Exit 2, naming the line, for input that is not bench attention's JSON.
   tools/flash_tiles_pick.py FILE [--margin 0.02]"""
 import argparse
 import json
@@ -91,8 +92,11 @@ def main(argv):
             default = s.get("max_abs_difference" if kind == "forward" else
                             "max_abs_difference_backward")
             mine = s.get(f"{stem}_max_abs_difference")
-            if default is not None and mine is not None and \
-                    mine > max(2 * default, default + 0.02):
+            # Every forward form computes the default's bits ([Note: the register-resident
+            # forward]): any other difference is a form that computes wrongly on this GPU.
+            if default is not None and mine is not None and (
+                    mine != default if kind == "forward" else
+                    mine > max(2 * default, default + 0.02)):
                 wrong.setdefault(stem, f"{name}: differs from the materialised path by {mine:.3g} "
                                  f"where the default does by {default:.3g}")
             if s["head_size"] == 64:
