@@ -45,7 +45,8 @@ Status CheckFlashAttention(DType dtype, const FlashAttentionShape& s) {
 // dispatch builds 64-query forwards and 64-key backwards everywhere, 32-query chunks at 128).
 static_assert(flash::kForwardGroups<128> == 1 && flash::kBackwardWarps<128> == flash::kWarps &&
               flash::kBackwardChunk<128> == 32);
-static_assert(flash::kForwardGroups<64> == 1 || flash::kForwardGroups<64> == 2);
+static_assert(flash::ForwardBlockFor(64, 0, 0).warps != 0 &&
+              flash::ForwardBlockFor(128, 0, 0).warps != 0);
 static_assert(flash::kBackwardWarps<64> == 4 || flash::kBackwardWarps<64> == 8);
 static_assert(flash::kBackwardChunk<64> == 32 || flash::kBackwardChunk<64> == 64);
 

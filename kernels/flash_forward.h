@@ -51,13 +51,6 @@
 
 namespace zerort::flash {
 
-// Row groups of 16 queries per warp in the forward, by default (a launch may choose 2 at head
-// size 64); a forward block of W warps owns 16 W G queries ([Note: the register-resident
-// forward]).
-template <int D>
-inline constexpr int kForwardGroups = 1;
-template <int G, int W>
-inline constexpr int kForwardQueries = kWarpRows* W* G;
 // The forward's block for model.flash_attention's forward_block_queries and forward_warps (each
 // 0 for its default) at head size `head_size`: row groups a warp and warps, or {0, 0} where no
 // such block is built. 64 queries: 4 warps of one group (the default); 128: two groups on 4
@@ -73,15 +66,24 @@ ZR_HOST_DEVICE constexpr ForwardBlock ForwardBlockFor(int head_size, int queries
   if (queries == 128 && warps == 8) return {1, 8};
   return {};
 }
+// The default block: row groups of 16 queries a warp and warps (ForwardBlockFor's, so that the
+// launch, the CPU executor's runs and CheckFlashTiles agree on it); a forward block of W warps
+// owns 16 W G queries ([Note: the register-resident forward]).
+template <int D>
+inline constexpr int kForwardGroups = ForwardBlockFor(D, 0, 0).groups;
+template <int D>
+inline constexpr int kForwardWarps = ForwardBlockFor(D, 0, 0).warps;
+template <int G, int W>
+inline constexpr int kForwardQueries = kWarpRows* W* G;
 // The forward's grid: query blocks per (batch, head).
-template <int D, int G = kForwardGroups<D>, int W = kWarps>
+template <int D, int G = kForwardGroups<D>, int W = kForwardWarps<D>>
 ZR_HOST_DEVICE constexpr int ForwardTiles(const Shape& sh) {
   return (sh.seq + kForwardQueries<G, W> - 1) / kForwardQueries<G, W>;
 }
 
 // The forward's shared memory: Q (the block's queries), then K in buffers 0 and 1, then V in
 // buffers 0 and 1 (64 keys each).
-template <int D, int G = kForwardGroups<D>, int W = kWarps>
+template <int D, int G = kForwardGroups<D>, int W = kForwardWarps<D>>
 struct ForwardSmem {
   static constexpr int tile = kTile * D * 2;
   static constexpr int q = kForwardQueries<G, W> * D * 2;

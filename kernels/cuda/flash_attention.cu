@@ -234,8 +234,7 @@ Status Forward(const internal::FlashAttentionShape& shape, void* out, float* lse
   if constexpr (D == 64) {
     if (block.groups == 2) return ForwardAs<D, E, 2>(sh, out, lse, qkv, stream);
   }
-  static_assert(flash::kForwardGroups<D> == 1, "Forward: the default is one row group a warp");
-  return ForwardAs<D, E, 1>(sh, out, lse, qkv, stream);
+  return ForwardAs<D, E, 1>(sh, out, lse, qkv, stream);  // 64 queries on 4 warps
 }
 
 template <int D, typename E, int C, int W>

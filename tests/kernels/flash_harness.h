@@ -458,7 +458,7 @@ struct FlashOutputs {
 // (4: 64-key blocks; 8: 128); FW: the forward's warps (4, or 8: 128-query blocks of one group a
 // warp).
 template <bool kBf16, int D, int G = flash::kForwardGroups<D>, int C = flash::kBackwardChunk<D>,
-          int W = flash::kBackwardWarps<D>, int FW = flash::kWarps>
+          int W = flash::kBackwardWarps<D>, int FW = flash::kForwardWarps<D>>
 FlashOutputs RunFlashOnCpuAs(const FlashInputs& in) {
   const CpuFlashExec<kBf16> x;
   const CpuFlashExec<kBf16, W> xw;
