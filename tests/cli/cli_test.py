@@ -311,6 +311,11 @@ for name, tiles, said in [
         ("tiles-huge", {"backward_query_chunk": 1e12}, "out of range, expected an integer in"),
         ("tiles-fraction", {"forward_block_queries": 64.5}, "expected an integer, got a number"),
         ("tiles-typo", {"forward_queries": 128}, "unknown key 'model.flash_attention.forward_queries'"),
+        ("warps-string", {"forward_warps": "8"}, "expected an integer, got a string"),
+        ("warps-negative", {"forward_warps": -8}, "out of range, expected an integer in [0, 8]"),
+        ("warps-huge", {"forward_warps": 1e12}, "out of range, expected an integer in [0, 8]"),
+        ("warps-fraction", {"forward_warps": 7.5}, "expected an integer, got a number"),
+        ("warps-array", {"forward_warps": [8]}, "expected an integer, got an array"),
         ("tiles-not-object", 128, "model.flash_attention = 128: expected an object")]:
     r = run("estimate", gpt2_with(name, tiles), "--device", "cuda")
     check(f"model.flash_attention hostile ({name}): exit 2 naming it",
@@ -325,6 +330,11 @@ r = run("bench", "model", "--config", os.path.join(configs, "bench-tiny.json"), 
 check("bench model --set with a value the key does not take: exit 2 naming the choices",
       r.returncode == 2 and "attention_backend" in r.stderr and "materialised" in r.stderr,
       r.stderr[-500:])
+r = run("bench", "model", "--config", os.path.join(configs, "bench-tiny.json"), "--cpu",
+        "--set", "model.flash_attention.forward_warps=abc")
+check("bench model --set forward_warps=abc: exit 2 naming the key",
+      r.returncode == 2 and "model.flash_attention.forward_warps = \"abc\": expected an integer"
+      in r.stderr, r.stderr[-500:])
 bad_preset = os.path.join(tmp, "bad-preset.json")
 with open(bad_preset, "w") as f:
     json.dump({"model": {"preset": "gpt9"}}, f)
