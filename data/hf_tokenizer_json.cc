@@ -102,6 +102,7 @@ class Loader {
                       StrCat("has a token that is not UTF-8: ", ShortDump(token)));
       }
       entries.emplace_back(id.get<int64_t>(), token);
+      size = std::max(size, id.get<int64_t>() + 1);  // ids may leave holes: the table spans them
     }
     const nlohmann::json added = j_.value("added_tokens", nlohmann::json::array());
     if (!added.is_array()) return Refuse(file_, "added_tokens", "is not a list");

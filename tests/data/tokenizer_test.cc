@@ -180,6 +180,17 @@ TEST(TokenizerTest, HostileFilesAndInputsAreRefusedByName) {
   const std::unique_ptr<Tokenizer> t = *Tokenizer::Load(kGolden + "/tokenizer_gpt2.json");
   const std::vector<int32_t> outside = {1, t->vocab_size()};
   EXPECT_FALSE(t->Decode(outside).ok());
+  // A vocab id past every other (a hole before it, no added token after): the table spans it
+  // (libFuzzer found the id table sized by the vocab's count, written past its end).
+  nlohmann::json holes = good;
+  const int far = t->vocab_size() + 40;
+  holes["model"]["vocab"]["zz"] = far;
+  std::ofstream(dir + "/holes.json") << holes.dump();
+  const StatusOr<std::unique_ptr<Tokenizer>> spans = Tokenizer::Load(dir + "/holes.json");
+  ASSERT_TRUE(spans.ok()) << spans.status();
+  EXPECT_EQ((*spans)->vocab_size(), far + 1);
+  const std::vector<int32_t> zz = {far};
+  EXPECT_EQ(*(*spans)->Decode(zz), "zz");
   // A Sequence normalizer, a character without a token and no byte fallback or unk: named.
   nlohmann::json strict = Read("tokenizer_llama2.json");
   strict["model"]["byte_fallback"] = false;
