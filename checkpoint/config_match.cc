@@ -18,7 +18,9 @@ namespace {
 // lacks (written before the key existed) is not compared.
 std::string FirstDifference(const nlohmann::json& saved, const nlohmann::json& now,
                             std::span<const std::array<const char*, 2>> keys) {
-  for (const auto& [section, key] : keys) {
+  for (const std::array<const char*, 2>& entry : keys) {
+    const char* section = entry[0];  // named, not bound: clang before 16 cannot capture bindings
+    const char* key = entry[1];
     auto at = [&](const nlohmann::json& j) {
       return j.is_object() && j.contains(section) && j[section].is_object() &&
                      j[section].contains(key)

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define ZR_HAVE_F16C_PATH 1
 #endif
@@ -24,8 +25,13 @@ void CastLoop(int64_t n, Load load, Store store) {
 }
 
 #ifdef ZR_HAVE_F16C_PATH
+// F16C by CPUID (leaf 1, ECX bit 29): clang before 15 has no "f16c" for __builtin_cpu_supports.
 bool HasF16c() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 &&
+           (ecx & bit_F16C) != 0;
+  }();
   return has;
 }
 
