@@ -90,7 +90,7 @@ class Loader {
     if (static_cast<int64_t>(vocab.size()) > kMaxVocab) {
       return Refuse(file_, "model.vocab", StrCat("holds ", vocab.size(), " tokens (at most 2^24)"));
     }
-    int64_t size = static_cast<int64_t>(vocab.size());
+    int64_t size = 0;  // the largest id + 1, of the vocab and the added tokens
     std::vector<std::pair<int64_t, std::string>> entries;
     for (const auto& [token, id] : vocab.items()) {
       if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= kMaxVocab) {
@@ -102,7 +102,7 @@ class Loader {
                       StrCat("has a token that is not UTF-8: ", ShortDump(token)));
       }
       entries.emplace_back(id.get<int64_t>(), token);
-      size = std::max(size, id.get<int64_t>() + 1);  // ids may leave holes: the table spans them
+      size = std::max(size, id.get<int64_t>() + 1);  // ids may leave holes
     }
     const nlohmann::json added = j_.value("added_tokens", nlohmann::json::array());
     if (!added.is_array()) return Refuse(file_, "added_tokens", "is not a list");
