@@ -4,11 +4,29 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <exception>
+
 namespace zerort::spm {
 namespace {
 
 std::string Error(const sentencepiece::util::Status& s) {
   return s.ok() ? std::string() : std::string(s.error_message());
+}
+
+// libsentencepiece answers most damage with a Status but some by throwing: a unigram model with a
+// piece that starts with NUL throws from its trie builder (darts-clone: "zero-length key"), which
+// ended the process (std::terminate) where a damaged tokenizer.model must be an error naming the
+// file (found by the file fuzzers, 2026-12-03: tests/fuzz/). Every call through the wall is
+// guarded.
+template <typename F>
+std::string Guarded(F&& call) {
+  try {
+    return call();
+  } catch (const std::exception& e) {
+    return std::string("the model is damaged (") + e.what() + ")";
+  } catch (...) {
+    return "the model is damaged (SentencePiece threw)";
+  }
 }
 
 class Sentences final : public sentencepiece::SentenceIterator {
@@ -62,19 +80,25 @@ Model::~Model() = default;
 
 std::string Model::Load(const std::string& serialized, std::unique_ptr<Model>* out) {
   std::unique_ptr<Model> m(new Model());
-  const std::string error = Error(m->impl_->p.LoadFromSerializedProto(serialized));
-  if (!error.empty()) return error;
-  m->impl_->cuts_at_spaces = SpacesCut(m->impl_->p);
-  *out = std::move(m);
-  return error;
+  return Guarded([&] {
+    std::string error = Error(m->impl_->p.LoadFromSerializedProto(serialized));
+    if (!error.empty()) return error;
+    // A load can succeed and leave the processor unusable (its status set, every query then
+    // logging and answering 0: a model of no pieces, found by the file fuzzers).
+    if (error = Error(m->impl_->p.status()); !error.empty()) return error;
+    if (m->impl_->p.GetPieceSize() <= 0) return std::string("the model has no pieces");
+    m->impl_->cuts_at_spaces = SpacesCut(m->impl_->p);
+    *out = std::move(m);
+    return error;
+  });
 }
 
 std::string Model::Encode(std::string_view text, std::vector<int>* ids) const {
-  return Error(impl_->p.Encode(text, ids));
+  return Guarded([&] { return Error(impl_->p.Encode(text, ids)); });
 }
 
 std::string Model::Decode(const std::vector<int>& ids, std::string* text) const {
-  return Error(impl_->p.Decode(ids, text));
+  return Guarded([&] { return Error(impl_->p.Decode(ids, text)); });
 }
 
 bool Model::CutsAtSpaces() const { return impl_->cuts_at_spaces; }
@@ -89,7 +113,8 @@ std::string Train(const std::vector<std::string>& sentences,
                   const std::unordered_map<std::string, std::string>& options,
                   std::string* serialized) {
   Sentences it(sentences);
-  return Error(sentencepiece::SentencePieceTrainer::Train(options, &it, serialized));
+  return Guarded(
+      [&] { return Error(sentencepiece::SentencePieceTrainer::Train(options, &it, serialized)); });
 }
 
 }  // namespace zerort::spm
