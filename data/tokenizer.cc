@@ -105,8 +105,11 @@ std::optional<TextCut> LastSpaceCut(std::string_view text, size_t end, bool drop
   if (text.size() < 5) return std::nullopt;
   for (size_t i = std::min(end, text.size() - 3); i > 1; --i) {
     // Not before a U+2581 of the text's own: a Metaspace prefix would not be added before it.
+    // Not after one either: the space becomes another U+2581 beside it, and a token of two
+    // (LLaMA-2's vocabulary has one) would span the cut (found by the file fuzzers, tests/fuzz/).
     if (text[i - 1] == ' ' && !IsAsciiSpace(text[i]) && !IsAsciiSpace(text[i - 2]) &&
-        (static_cast<uint8_t>(text[i]) & 0xC0) != 0x80 && text.substr(i, 3) != "\xE2\x96\x81") {
+        (static_cast<uint8_t>(text[i]) & 0xC0) != 0x80 && text.substr(i, 3) != "\xE2\x96\x81" &&
+        (i < 4 || text.substr(i - 4, 3) != "\xE2\x96\x81")) {
       return TextCut{i - 1, drop_space ? i : i - 1};
     }
   }

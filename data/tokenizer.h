@@ -30,7 +30,8 @@
 //   - byte-level tokenizers: after a line break that a non-space character follows (every
 //     pre-token of their regexes starts there), unless a ByteLevel step adds a prefix space;
 //   - tokenizers that turn spaces into U+2581 (SentencePiece models; LLaMA-2-style
-//     tokenizer.json): at a single space between two other characters, when no token holds
+//     tokenizer.json): at a single space between two other characters (neither U+2581: the
+//     space becomes one, and a token of two would span the place), when no token holds
 //     U+2581 after another character (so no piece spans the place); the space is dropped when
 //     the second side's prefix (a dummy prefix, Prepend, Metaspace's always/first) puts it back;
 //   - anything else: nowhere (the text is encoded whole).
@@ -62,9 +63,9 @@ std::optional<size_t> FirstInvalidUtf8(std::string_view text);
 Status RequireUtf8(std::string_view text);
 // After the last '\n' before `end` that a non-space byte follows.
 std::optional<TextCut> LastLineCut(std::string_view text, size_t end);
-// At the last single ' ' before `end` between two characters that are not ASCII whitespace, the
-// second not U+2581 (so three bytes must follow the space: `text` may be a prefix of more);
-// `drop_space`: the space belongs to neither side.
+// At the last single ' ' before `end` between two characters that are not ASCII whitespace and
+// not U+2581 (so three bytes must follow the space: `text` may be a prefix of more); `drop_space`:
+// the space belongs to neither side.
 std::optional<TextCut> LastSpaceCut(std::string_view text, size_t end, bool drop_space);
 
 class Tokenizer {

@@ -328,6 +328,36 @@ TEST(TokenizerTest, ALongWordMergesInNLogN) {
   EXPECT_LT(long_word, 10 * short_words + 0.05);
 }
 
+// Every place LastCut offers, whatever the end asked: the two sides' ids, side by side, are the
+// whole text's ([Note: cutting a text]). Around U+2581s of the text's own above all: before a
+// single space one made LLaMA-2's tokenizer.json cut inside its two-U+2581 token (found by the
+// file fuzzers, tests/fuzz/).
+TEST(TokenizerTest, EveryCutEncodesLikeTheWholeText) {
+  const std::string text =
+      "q\u2581 r s\u2581\u2581 t \u2581u v\u2581w x \u2581 U+5161; \u00e9;\u2581 U+1. Line "
+      "one\nLine two\n\n  three \u00e9 "
+      "caf\u00e9 \u6771\u4eac \U0001F642 end";
+  std::vector<std::string> kinds(std::begin(kKinds), std::end(kKinds));
+  kinds.push_back("spm");
+  for (const std::string& kind : kinds) {
+    const std::unique_ptr<Tokenizer> t = *Tokenizer::Load(TokenizerFile(kind));
+    std::vector<int32_t> whole;
+    ASSERT_TRUE(t->Encode(text, whole).ok()) << kind;
+    for (size_t end = 0; end <= text.size(); ++end) {
+      const std::optional<TextCut> cut = t->LastCut(text, end);
+      if (!cut) continue;
+      ASSERT_LE(cut->first_end, cut->second_begin) << kind;
+      ASSERT_LE(cut->second_begin, end) << kind;
+      std::vector<int32_t> sides;
+      ASSERT_TRUE(t->Encode(text.substr(0, cut->first_end), sides).ok());
+      ASSERT_TRUE(t->Encode(text.substr(cut->second_begin), sides).ok());
+      EXPECT_EQ(sides, whole) << kind << ": cut at " << cut->first_end << "/" << cut->second_begin
+                              << " ('" << text.substr(0, cut->first_end) << "' | '"
+                              << text.substr(cut->second_begin) << "')";
+    }
+  }
+}
+
 // data prepare streams the text in blocks cut where the ids cannot change ([Note: cutting a
 // text]: after lines for byte-level tokenizers, at single spaces for SentencePiece and its
 // converted tokenizer.json files), on several threads: the ids are those of the whole text
