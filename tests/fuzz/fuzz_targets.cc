@@ -1,0 +1,589 @@
+// The file fuzzers' targets and mutator ([Note: the file fuzzers], fuzz_targets.h).
+#include "tests/fuzz/fuzz_targets.h"
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <nlohmann/json.hpp>
+
+#include "zerort/checkpoint/checkpoint_files.h"
+#include "zerort/checkpoint/hf_config.h"
+#include "zerort/checkpoint/safetensors.h"
+#include "zerort/config/config.h"
+#include "zerort/data/token_source.h"
+#include "zerort/data/tokenizer.h"
+
+namespace zerort::fuzz {
+namespace {
+
+std::string ReadWhole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+Status WriteWhole(const std::string& path, std::span<const uint8_t> data) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+  out.close();
+  if (!out) return absl::InternalError("fuzz: cannot write " + path);
+  return absl::OkStatus();
+}
+
+void PutLittle(std::string& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+}
+
+// A reader that accepted a file and then gave something a run cannot use is a bug as much as a
+// crash: it aborts (the drivers report the input).
+void Require(bool ok, const char* what) {
+  if (!ok) {
+    std::fprintf(stderr, "fuzz: a reader accepted an input and broke its promise: %s\n", what);
+    std::abort();
+  }
+}
+
+// ---- Token files: TokenSource (zerort's, llm.c's and raw arrays) ----
+// Byte 0 picks the format asked for (detect, uint16, uint32); the rest is the file.
+
+Status ReadTokens(const TokenSource& s) {
+  const int vocab = s.vocab_size() > 0 ? s.vocab_size() : INT_MAX;
+  const int64_t n = s.size();
+  std::vector<int32_t> out(static_cast<size_t>(std::min<int64_t>(n, 64)));
+  for (const int64_t at : {int64_t{0}, n / 2 - static_cast<int64_t>(out.size()) / 2,
+                           n - static_cast<int64_t>(out.size())}) {
+    ZR_RETURN_IF_ERROR(s.Read(std::max<int64_t>(at, 0), out, vocab));
+  }
+  return absl::OkStatus();
+}
+
+Status RunTokens(std::span<const uint8_t> data, const FuzzPaths& paths) {
+  if (data.empty()) return absl::InvalidArgumentError("fuzz: no format byte");
+  const std::string path = paths.scratch + "/tokens.bin";
+  ZR_RETURN_IF_ERROR(WriteWhole(path, data.subspan(1)));
+  static constexpr std::array<TokenFormat, 3> kFormats = {
+      TokenFormat::kDetect, TokenFormat::kUint16, TokenFormat::kUint32};
+  ZR_ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> s,
+                      TokenSource::Open(path, kFormats[data[0] % kFormats.size()]));
+  return ReadTokens(*s);
+}
+
+std::vector<std::string> TokenSeeds(const std::string&) {
+  std::string zerort = std::string(1, '\0') + "ZRTOKENS";  // detect; zerort's header
+  PutLittle(zerort, 1, 4);                                 // version
+  PutLittle(zerort, 2, 4);                                 // width
+  PutLittle(zerort, 5, 8);                                 // count
+  PutLittle(zerort, 300, 4);                               // vocabulary
+  PutLittle(zerort, 0, 4);
+  for (uint64_t t : {1, 299, 0, 7, 256}) PutLittle(zerort, t, 2);
+
+  std::string llmc(1, '\0');  // llm.c's shard: 256 int32, magic, version 1 (uint16), count
+  PutLittle(llmc, 20240520, 4);
+  PutLittle(llmc, 1, 4);
+  PutLittle(llmc, 4, 4);
+  llmc.append(253 * 4, '\0');
+  for (uint64_t t : {50256, 11, 0, 65535}) PutLittle(llmc, t, 2);
+
+  std::string raw16(1, '\1'), raw32(1, '\2');
+  for (uint64_t t : {3, 1, 4, 1, 5, 9}) {
+    PutLittle(raw16, t, 2);
+    PutLittle(raw32, t * 100000, 4);
+  }
+  return {zerort, llmc, raw16, raw32};
+}
+
+// ---- A Megatron dataset: PREFIX.idx and PREFIX.bin ----
+// Bytes 0-1 (little-endian) are the .idx's length; the .idx, then the .bin follow.
+
+Status RunMegatron(std::span<const uint8_t> data, const FuzzPaths& paths) {
+  if (data.size() < 2) return absl::InvalidArgumentError("fuzz: no index length");
+  const size_t idx = std::min<size_t>(data[0] | (size_t{data[1]} << 8), data.size() - 2);
+  ZR_RETURN_IF_ERROR(WriteWhole(paths.scratch + "/d.idx", data.subspan(2, idx)));
+  ZR_RETURN_IF_ERROR(WriteWhole(paths.scratch + "/d.bin", data.subspan(2 + idx)));
+  ZR_ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> s,
+                      TokenSource::Open(paths.scratch + "/d", TokenFormat::kDetect));
+  return ReadTokens(*s);
+}
+
+std::string MegatronSeed(int dtype_code, int width, bool multimodal) {
+  const std::vector<uint64_t> sizes = {2, 3, 1};
+  std::string idx = std::string("MMIDIDX\0\0", 9);
+  PutLittle(idx, 1, 8);  // version
+  idx.push_back(static_cast<char>(dtype_code));
+  PutLittle(idx, sizes.size(), 8);  // sequences
+  PutLittle(idx, 2, 8);             // documents
+  for (uint64_t s : sizes) PutLittle(idx, s, 4);
+  uint64_t pointer = 0;
+  for (uint64_t s : sizes) {
+    PutLittle(idx, pointer, 8);
+    pointer += s * width;
+  }
+  for (uint64_t d : {0, 3}) PutLittle(idx, d, 8);
+  if (multimodal) idx.append(sizes.size(), '\0');
+  std::string out;
+  PutLittle(out, idx.size(), 2);
+  out += idx;
+  for (uint64_t t = 0; t < 6; ++t) PutLittle(out, t * 37 + 1, width);
+  return out;
+}
+
+std::vector<std::string> MegatronSeeds(const std::string&) {
+  return {MegatronSeed(8, 2, false), MegatronSeed(4, 4, false), MegatronSeed(5, 8, true),
+          MegatronSeed(1, 1, false)};
+}
+
+// ---- safetensors ----
+
+Status RunSafetensors(std::span<const uint8_t> data, const FuzzPaths& paths) {
+  const std::string path = paths.scratch + "/model.safetensors";
+  ZR_RETURN_IF_ERROR(WriteWhole(path, data));
+  ZR_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> f, SafetensorsFile::Open(path));
+  unsigned sum = 0;
+  for (const auto& [name, t] : f->tensors()) {
+    int64_t numel = 1;
+    for (int64_t d : t.shape) {
+      Require(d >= 0 && (d == 0 || numel <= INT64_MAX / d), "a tensor's shape overflows");
+      numel *= d;
+    }
+    if (t.dtype_name == "F32" || t.dtype_name == "BF16" || t.dtype_name == "F16") {
+      Require(t.bytes == numel * static_cast<int64_t>(DTypeSize(t.dtype)),
+              "a tensor's bytes disagree with its shape");
+    }
+    if (t.bytes > 0) {  // inside the mapping: ASan does not see it, a fault does
+      sum += static_cast<unsigned>(t.data[0]) + static_cast<unsigned>(t.data[t.bytes - 1]);
+    }
+  }
+  if (sum == 0xFFFFFFFF) return absl::InternalError("unlikely");  // keeps the reads
+  return absl::OkStatus();
+}
+
+std::string SafetensorsSeed(const std::string& header, size_t data_bytes) {
+  std::string out;
+  PutLittle(out, header.size(), 8);
+  out += header;
+  for (size_t i = 0; i < data_bytes; ++i) out.push_back(static_cast<char>(i * 13));
+  return out;
+}
+
+std::vector<std::string> SafetensorsSeeds(const std::string&) {
+  return {SafetensorsSeed(R"({"__metadata__":{"format":"pt"},)"
+                          R"("a.weight":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},)"
+                          R"("b.bias":{"dtype":"BF16","shape":[4],"data_offsets":[24,32]},)"
+                          R"("c":{"dtype":"I64","shape":[1],"data_offsets":[32,40]}})",
+                          40),
+          SafetensorsSeed(R"({"h":{"dtype":"F16","shape":[2,2,1],"data_offsets":[0,8]},)"
+                          R"("e":{"dtype":"F32","shape":[0],"data_offsets":[8,8]}})",
+                          8)};
+}
+
+// ---- Hugging Face config.json ----
+
+Status RunHfConfig(std::span<const uint8_t> data, const FuzzPaths& paths) {
+  ZR_RETURN_IF_ERROR(WriteWhole(paths.scratch + "/config.json", data));
+  return ReadHuggingFaceConfig(paths.scratch).status();
+}
+
+std::vector<std::string> HfConfigSeeds(const std::string&) {
+  return {
+      R"({"architectures":["GPT2LMHeadModel"],"model_type":"gpt2","vocab_size":50257,
+          "n_positions":1024,"n_embd":768,"n_layer":12,"n_head":12,"layer_norm_epsilon":1e-05,
+          "activation_function":"gelu_new","tie_word_embeddings":true})",
+      R"({"architectures":["LlamaForCausalLM"],"model_type":"llama","vocab_size":128256,
+          "hidden_size":2048,"intermediate_size":8192,"num_hidden_layers":16,
+          "num_attention_heads":32,"num_key_value_heads":8,"max_position_embeddings":131072,
+          "rms_norm_eps":1e-05,"rope_theta":500000.0,"hidden_act":"silu",
+          "tie_word_embeddings":true,"head_dim":64,"torch_dtype":"bfloat16",
+          "rope_scaling":{"factor":32.0,"high_freq_factor":4.0,"low_freq_factor":1.0,
+                          "original_max_position_embeddings":8192,"rope_type":"llama3"}})",
+      R"({"architectures":["MistralForCausalLM"],"model_type":"mistral","vocab_size":32000,
+          "hidden_size":256,"intermediate_size":512,"num_hidden_layers":2,
+          "num_attention_heads":8,"num_key_value_heads":2,"max_position_embeddings":32768,
+          "sliding_window":4096,"rms_norm_eps":1e-05,"rope_theta":10000.0,"hidden_act":"silu",
+          "tie_word_embeddings":false})",
+      R"({"architectures":["Qwen2ForCausalLM"],"model_type":"qwen2","vocab_size":151936,
+          "hidden_size":896,"intermediate_size":4864,"num_hidden_layers":24,
+          "num_attention_heads":14,"num_key_value_heads":2,"max_position_embeddings":32768,
+          "rms_norm_eps":1e-06,"rope_theta":1000000.0,"hidden_act":"silu",
+          "tie_word_embeddings":true,"use_sliding_window":false,"sliding_window":32768})"};
+}
+
+// ---- A checkpoint's metadata.json ----
+
+Status RunMetadata(std::span<const uint8_t> data, const FuzzPaths& paths) {
+  ZR_RETURN_IF_ERROR(WriteWhole(paths.scratch + "/metadata.json", data));
+  return ReadMetadata(paths.scratch).status();
+}
+
+std::vector<std::string> MetadataSeeds(const std::string& source) {
+  return {ReadWhole(source + "/tests/fuzz/seeds/metadata_gpt2.json"),
+          ReadWhole(source + "/tests/fuzz/seeds/metadata_llama.json")};
+}
+
+// ---- Tokenizers: tokenizer.json and SentencePiece's .model ----
+
+Status UseTokenizer(const Tokenizer& t) {
+  const std::string text = "Hello, world!  It's 2026: Grüße, 世界 🙂\n\tend  ";
+  std::vector<int32_t> ids;
+  ZR_RETURN_IF_ERROR(t.Encode(text, ids));
+  ZR_RETURN_IF_ERROR(t.Decode(ids).status());
+  const int vocab = t.vocab_size();
+  Require(vocab > 0, "a tokenizer without a vocabulary");
+  for (int32_t id : ids) Require(id >= 0 && id < vocab, "Encode gave an id outside the vocabulary");
+  std::vector<int32_t> all;  // every id of a small vocabulary, the ends of a large one
+  for (int32_t id = 0; id < std::min(vocab, 512); ++id) all.push_back(id);
+  all.push_back(vocab - 1);
+  (void)t.Decode(all);  // a hole in the ids may be refused; it must not crash
+  (void)t.AddedToken("<|endoftext|>");
+  if (const std::optional<int32_t> eot = t.EndOfText()) {
+    Require(*eot >= 0 && *eot < vocab, "the end-of-text token is outside the vocabulary");
+  }
+  (void)t.LastCut(text, text.size());
+  return absl::OkStatus();
+}
+
+Status RunTokenizerAt(std::span<const uint8_t> data, const std::string& path) {
+  ZR_RETURN_IF_ERROR(WriteWhole(path, data));
+  ZR_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> t, Tokenizer::Load(path));
+  return UseTokenizer(*t);
+}
+
+Status RunTokenizerJson(std::span<const uint8_t> data, const FuzzPaths& paths) {
+  return RunTokenizerAt(data, paths.scratch + "/tokenizer.json");
+}
+
+Status RunSentencePiece(std::span<const uint8_t> data, const FuzzPaths& paths) {
+  return RunTokenizerAt(data, paths.scratch + "/tokenizer.model");
+}
+
+std::vector<std::string> TokenizerJsonSeeds(const std::string& source) {
+  std::vector<std::string> out;
+  for (const char* kind : {"gpt2", "llama2", "llama3", "mistral", "qwen2", "replace"}) {
+    out.push_back(ReadWhole(source + "/tests/data/golden/tokenizer_" + kind + ".json"));
+  }
+  // GPT-2's with an id past the vocab's entry count, leaving holes (the 2026-12-02 overflow: the
+  // id table was sized by the count).
+  nlohmann::json sparse = nlohmann::json::parse(out.front());
+  sparse["model"]["vocab"]["zz"] = sparse["model"]["vocab"].size() + 40;
+  out.push_back(sparse.dump());
+  return out;
+}
+
+std::vector<std::string> SentencePieceSeeds(const std::string& source) {
+  return {ReadWhole(source + "/tests/data/golden/sentencepiece_tiny.model")};
+}
+
+// ---- Text through the real tokenizers (`data prepare`'s input) ----
+// Byte 0 picks one of the golden tokenizers, byte 1 where to look for a cut; the rest is the
+// text. What `data prepare` relies on: valid UTF-8 always encodes (invalid is refused by byte),
+// every id is in the vocabulary, a byte-level tokenizer without a normalizer gives the text back,
+// and a cut LastCut offers encodes, side by side, to the whole text's ids ([Note: cutting a
+// text], tokenizer.h: the blocks of a parallel `data prepare`).
+
+constexpr std::array<const char*, 7> kTextTokenizers = {
+    "tokenizer_gpt2.json",     "tokenizer_llama3.json", "tokenizer_llama2.json",
+    "tokenizer_mistral.json",  "tokenizer_qwen2.json",  "tokenizer_replace.json",
+    "sentencepiece_tiny.model"};
+constexpr size_t kLosslessTokenizers = 2;  // GPT-2's and LLaMA-3's: byte-level, no normalizer
+
+// The golden tokenizers, loaded at the first input (loading one takes about a millisecond, the
+// text a few microseconds): the only state kept between inputs, and never changed by one.
+const Tokenizer& TextTokenizer(size_t which, const std::string& source) {
+  static std::array<std::unique_ptr<Tokenizer>, kTextTokenizers.size()> loaded;
+  if (!loaded[which]) {
+    StatusOr<std::unique_ptr<Tokenizer>> t =
+        Tokenizer::Load(source + "/tests/data/golden/" + kTextTokenizers[which]);
+    Require(t.ok(), "a golden tokenizer does not load");
+    loaded[which] = *std::move(t);
+  }
+  return *loaded[which];
+}
+
+Status RunText(std::span<const uint8_t> data, const FuzzPaths& paths) {
+  if (data.size() < 2) return absl::InvalidArgumentError("fuzz: no tokenizer or cut byte");
+  const size_t which = data[0] % kTextTokenizers.size();
+  const Tokenizer& t = TextTokenizer(which, paths.source);
+  const std::string_view text(reinterpret_cast<const char*>(data.data() + 2), data.size() - 2);
+  std::vector<int32_t> ids;
+  const Status encoded = t.Encode(text, ids);
+  const bool valid = !FirstInvalidUtf8(text).has_value();
+  Require(encoded.ok() == valid, "Encode's answer disagrees with the text's UTF-8 validity");
+  if (!valid) return encoded;
+  for (int32_t id : ids) {
+    Require(id >= 0 && id < t.vocab_size(), "Encode gave an id outside the vocabulary");
+  }
+  ZR_ASSIGN_OR_RETURN(const std::string decoded, t.Decode(ids));
+  if (which < kLosslessTokenizers) Require(decoded == text, "Decode(Encode(text)) is not the text");
+  const size_t end = text.size() * data[1] / 255;
+  if (const std::optional<TextCut> cut = t.LastCut(text, end)) {
+    Require(cut->first_end <= cut->second_begin && cut->second_begin <= end,
+            "LastCut's place is not before the end asked");
+    std::vector<int32_t> sides;
+    ZR_RETURN_IF_ERROR(t.Encode(text.substr(0, cut->first_end), sides));
+    ZR_RETURN_IF_ERROR(t.Encode(text.substr(cut->second_begin), sides));
+    Require(sides == ids, "the two sides of a cut do not encode to the whole text's ids");
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> TextSeeds(const std::string&) {
+  const std::vector<std::string> texts = {
+      "Hello world. The shard manager gathers\nand frees weights per layer.\n",
+      "It's 2026; they'll say: \"Grüße aus Köln\" -- 東京は晴れ 🙂\n\n  indented\tline\n",
+      "  leading spaces, trailing   \n\nnumbers 12345 678 and symbols #$%&*()\r\nend",
+      "e\xCC\x81 (e + combining acute) vs \xC3\xA9; \xE2\x96\x81 U+2581; <|endoftext|> and "
+      "</s> mid-text\nnew line"};
+  std::vector<std::string> out;
+  for (size_t which = 0; which < kTextTokenizers.size(); ++which) {
+    for (size_t i = 0; i < texts.size(); ++i) {
+      out.push_back(std::string{static_cast<char>(which), static_cast<char>(60 + 60 * i)} +
+                    texts[i]);
+    }
+  }
+  return out;
+}
+
+// ---- Run configs (zerort's and DeepSpeed's keys) ----
+
+Status RunConfigFile(std::span<const uint8_t> data, const FuzzPaths& paths) {
+  const std::string path = paths.scratch + "/config.json";
+  ZR_RETURN_IF_ERROR(WriteWhole(path, data));
+  ZR_ASSIGN_OR_RETURN(const RunConfig c, LoadRunConfig(path));
+  (void)c.ToJson().dump();
+  return absl::OkStatus();
+}
+
+std::vector<std::string> JsonFiles(const std::string& folder) {
+  std::vector<std::string> paths;
+  for (const auto& e : std::filesystem::directory_iterator(folder)) {
+    if (e.path().extension() == ".json") paths.push_back(e.path().string());
+  }
+  std::sort(paths.begin(), paths.end());
+  std::vector<std::string> out;
+  for (const std::string& p : paths) out.push_back(ReadWhole(p));
+  return out;
+}
+
+std::vector<std::string> RunConfigSeeds(const std::string& source) {
+  return JsonFiles(source + "/configs");
+}
+
+// Real DeepSpeed configs (tests/configs/deepspeed/SOURCES.md): alone, without a model, some are
+// refused (a key zerort does not support), and their keys are worth mutating.
+std::vector<std::string> DeepSpeedConfigs(const std::string& source) {
+  return JsonFiles(source + "/tests/configs/deepspeed");
+}
+
+constexpr std::array<FuzzTarget, 9> kTargets = {{
+    {"tokens", RunTokens, TokenSeeds, nullptr, false},
+    {"megatron", RunMegatron, MegatronSeeds, nullptr, false},
+    {"safetensors", RunSafetensors, SafetensorsSeeds, nullptr, false},
+    {"hf_config", RunHfConfig, HfConfigSeeds, nullptr, true},
+    {"metadata", RunMetadata, MetadataSeeds, nullptr, true},
+    {"tokenizer_json", RunTokenizerJson, TokenizerJsonSeeds, nullptr, true},
+    {"sentencepiece", RunSentencePiece, SentencePieceSeeds, nullptr, false},
+    {"tokenizer_text", RunText, TextSeeds, nullptr, false},
+    {"run_config", RunConfigFile, RunConfigSeeds, DeepSpeedConfigs, true},
+}};
+
+// ---- The mutator ----
+
+uint64_t Next(uint64_t& s) {  // splitmix64
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+size_t Below(uint64_t& s, size_t n) { return n == 0 ? 0 : static_cast<size_t>(Next(s) % n); }
+
+// A position biased to the start, where headers and their counts are.
+size_t Position(uint64_t& s, size_t size) {
+  if (size == 0) return 0;
+  return Below(s, 2) == 0 ? Below(s, std::min<size_t>(size, 64)) : Below(s, size);
+}
+
+void MutateBytes(std::string& b, uint64_t& s) {
+  static constexpr std::array<uint64_t, 10> kInteresting = {
+      0, 1, 0x7F, 0x80, 0xFF, 0x7FFF, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF, 0x7FFFFFFFFFFFFFFFull};
+  switch (Below(s, 7)) {
+    case 0:  // flip a bit
+      if (!b.empty()) b[Position(s, b.size())] ^= static_cast<char>(1 << Below(s, 8));
+      break;
+    case 1:  // a random byte
+      if (!b.empty()) b[Position(s, b.size())] = static_cast<char>(Next(s));
+      break;
+    case 2: {  // insert random bytes
+      std::string ins(1 + Below(s, 8), '\0');
+      for (char& c : ins) c = static_cast<char>(Next(s));
+      b.insert(Position(s, b.size() + 1), ins);
+      break;
+    }
+    case 3: {  // remove a range
+      if (b.empty()) break;
+      const size_t at = Position(s, b.size());
+      b.erase(at, 1 + Below(s, std::min<size_t>(b.size() - at, 16)));
+      break;
+    }
+    case 4: {  // copy a range elsewhere
+      if (b.empty()) break;
+      const size_t from = Below(s, b.size());
+      const std::string piece = b.substr(from, 1 + Below(s, std::min<size_t>(b.size() - from, 32)));
+      b.insert(Position(s, b.size() + 1), piece);
+      break;
+    }
+    case 5: {  // an interesting integer, 1-8 bytes little-endian
+      const int width = 1 << Below(s, 4);
+      if (b.size() < static_cast<size_t>(width)) break;
+      uint64_t v = kInteresting[Below(s, kInteresting.size())];
+      if (Below(s, 4) == 0) v = ~v;
+      const size_t at = Position(s, b.size() - width + 1);
+      for (int i = 0; i < width; ++i) b[at + i] = static_cast<char>((v >> (8 * i)) & 0xFF);
+      break;
+    }
+    default:  // cut the end
+      if (!b.empty()) b.resize(Below(s, b.size()));
+      break;
+  }
+}
+
+nlohmann::json HostileValue(uint64_t& s) {
+  switch (Below(s, 22)) {
+    case 0:
+      return 0;
+    case 1:
+      return -1;
+    case 2:
+      return 1;
+    case 3:
+      return 2;
+    case 4:
+      return 1.5;
+    case 5:
+      return -0.5;
+    case 6:
+      return 1e300;
+    case 7:
+      return int64_t{1} << 31;
+    case 8:
+      return int64_t{1} << 53;
+    case 9:
+      return INT64_MAX;
+    case 10:
+      return INT64_MIN;
+    case 11:
+      return uint64_t{UINT64_MAX};
+    case 12:
+      return "";
+    case 13:
+      return "x";
+    case 14:
+      return "..";
+    case 15:
+      return nullptr;
+    case 16:
+      return true;
+    case 17:
+      return nlohmann::json::array();
+    case 18:
+      return nlohmann::json::object();
+    case 19:
+      return std::string(5000, 'a');
+    case 20:
+      return -1e-300;
+    default:
+      return nlohmann::json::array({1, "a", nullptr});
+  }
+}
+
+// Every value in the tree with its parent (null for the root) in document order.
+struct Slot {
+  nlohmann::json* value;
+  nlohmann::json* parent;
+  std::string key;  // in an object parent
+  size_t index;     // in an array parent
+};
+void Collect(nlohmann::json& j, nlohmann::json* parent, std::string key, size_t index,
+             std::vector<Slot>& out) {
+  out.push_back({&j, parent, key, index});
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it) Collect(it.value(), &j, it.key(), 0, out);
+  } else if (j.is_array()) {
+    for (size_t i = 0; i < j.size(); ++i) Collect(j[i], &j, "", i, out);
+  }
+}
+
+bool MutateJson(std::string& text, uint64_t& s) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return false;
+  const int edits = 1 + static_cast<int>(Below(s, 2));
+  for (int e = 0; e < edits; ++e) {
+    std::vector<Slot> slots;
+    Collect(j, nullptr, "", 0, slots);
+    const Slot& slot = slots[Below(s, slots.size())];
+    nlohmann::json& v = *slot.value;
+    switch (Below(s, 5)) {
+      case 0:  // another value
+        v = HostileValue(s);
+        break;
+      case 1:  // a neighbouring or scaled number
+        if (v.is_number_integer()) {
+          const uint64_t n = static_cast<uint64_t>(v.get<int64_t>());  // wraps, as a bit flip
+          const uint64_t options[] = {n + 1, n - 1, n * 2, 0 - n, n >> 1, 0};
+          v = static_cast<int64_t>(options[Below(s, 6)]);
+        } else if (v.is_number_float()) {
+          const double options[] = {v.get<double>() * 2, -v.get<double>(), 0.0, 1e-30};
+          v = options[Below(s, 4)];
+        } else {
+          v = HostileValue(s);
+        }
+        break;
+      case 2:  // removed
+        if (slot.parent == nullptr) break;
+        if (slot.parent->is_object()) {
+          slot.parent->erase(slot.key);
+        } else {
+          slot.parent->erase(slot.index);
+        }
+        break;
+      case 3:  // an array element doubled, or an object's value copied under another key
+        if (slot.parent != nullptr && slot.parent->is_array()) {
+          slot.parent->push_back(nlohmann::json(v));
+        } else if (slot.parent != nullptr && slot.parent->is_object()) {
+          (*slot.parent)[slot.key + "_"] = nlohmann::json(v);
+        }
+        break;
+      default:  // a value moved: another slot's value put here
+        v = nlohmann::json(*slots[Below(s, slots.size())].value);
+        break;
+    }
+  }
+  text = j.dump();
+  return true;
+}
+
+}  // namespace
+
+std::span<const FuzzTarget> FuzzTargets() { return kTargets; }
+
+const FuzzTarget* FindFuzzTarget(std::string_view name) {
+  for (const FuzzTarget& t : FuzzTargets()) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+std::string Mutate(const std::string& seed, bool json, uint64_t& rng_state) {
+  std::string out = seed;
+  if (json && Below(rng_state, 3) != 0 && MutateJson(out, rng_state)) {
+    if (Below(rng_state, 4) != 0) return out;  // sometimes bytes too
+  }
+  const int edits = 1 + static_cast<int>(Below(rng_state, 4));
+  for (int e = 0; e < edits; ++e) MutateBytes(out, rng_state);
+  return out;
+}
+
+}  // namespace zerort::fuzz
