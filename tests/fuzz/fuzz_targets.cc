@@ -14,10 +14,12 @@
 
 #include "zerort/checkpoint/checkpoint_files.h"
 #include "zerort/checkpoint/hf_config.h"
+#include "zerort/checkpoint/hf_names.h"
 #include "zerort/checkpoint/safetensors.h"
 #include "zerort/config/config.h"
 #include "zerort/data/token_source.h"
 #include "zerort/data/tokenizer.h"
+#include "zerort/layers/decoder_model.h"
 
 namespace zerort::fuzz {
 namespace {
@@ -212,6 +214,73 @@ std::vector<std::string> HfConfigSeeds(const std::string&) {
           "tie_word_embeddings":true,"use_sliding_window":false,"sliding_window":32768})"};
 }
 
+// ---- A Hugging Face model directory's weights (model.init_from, checkpoint import) ----
+// Byte 0 picks the model (a tiny GPT-2 or LLaMA, its config.json below); the rest is its
+// model.safetensors. HfWeights::Open checks every tensor the model needs; then each parameter is
+// filled from the file, as ShardManager::Initialize does.
+
+constexpr std::array<const char*, 2> kHfModels = {
+    R"({"architectures":["GPT2LMHeadModel"],"model_type":"gpt2","vocab_size":16,
+        "n_positions":8,"n_embd":8,"n_layer":1,"n_head":2,"layer_norm_epsilon":1e-05,
+        "activation_function":"gelu_new","tie_word_embeddings":true})",
+    R"({"architectures":["LlamaForCausalLM"],"model_type":"llama","vocab_size":16,
+        "hidden_size":8,"intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2,
+        "num_key_value_heads":1,"max_position_embeddings":8,"rms_norm_eps":1e-05,
+        "rope_theta":10000.0,"hidden_act":"silu","tie_word_embeddings":false})"};
+
+StatusOr<DecoderConfig> HfModel(size_t which) {
+  return DecoderConfigFromHuggingFace(nlohmann::json::parse(kHfModels[which]), "config.json");
+}
+
+Status RunHfModel(std::span<const uint8_t> data, const FuzzPaths& paths) {
+  if (data.empty()) return absl::InvalidArgumentError("fuzz: no model byte");
+  ZR_ASSIGN_OR_RETURN(const DecoderConfig config, HfModel(data[0] % kHfModels.size()));
+  ZR_RETURN_IF_ERROR(WriteWhole(paths.scratch + "/model.safetensors", data.subspan(1)));
+  ZR_ASSIGN_OR_RETURN(std::shared_ptr<const HfWeights> weights,
+                      HfWeights::Open(paths.scratch, config));
+  const Initializer fill = HfWeights::AsInitializer(weights);
+  ZR_ASSIGN_OR_RETURN(const std::vector<DecoderUnit> units, DecoderUnits(config, 1, 0));
+  for (const DecoderUnit& u : units) {
+    for (const ParamSpec& p : u.params) {
+      std::vector<float> full(static_cast<size_t>(p.numel()));
+      fill(p, 0, full);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Each model's tensors as its config names them (F32 for GPT-2, BF16 for LLaMA), values i / 7.
+std::vector<std::string> HfModelSeeds(const std::string&) {
+  std::vector<std::string> out;
+  for (size_t which = 0; which < kHfModels.size(); ++which) {
+    const DecoderConfig config = *HfModel(which);
+    const int width = which == 0 ? 4 : 2;
+    nlohmann::json header = nlohmann::json::object();
+    std::string data;
+    const std::vector<DecoderUnit> units = *DecoderUnits(config, 1, 0);  // not a temporary's
+    for (const DecoderUnit& u : units) {
+      for (const ParamSpec& p : u.params) {
+        const HfName hf = *ToHuggingFace(p.name, config.arch);
+        Shape shape = p.real_shape();
+        if (hf.transpose) std::swap(shape[0], shape[1]);
+        const size_t begin = data.size();
+        for (int64_t i = 0; i < p.real_numel(); ++i) {
+          const float v = static_cast<float>(i % 13) / 7.0f;
+          uint32_t bits;
+          std::memcpy(&bits, &v, 4);
+          PutLittle(data, width == 4 ? bits : bits >> 16, width);
+        }
+        header[hf.name] = {{"dtype", width == 4 ? "F32" : "BF16"},
+                           {"shape", std::vector<int64_t>(shape.begin(), shape.end())},
+                           {"data_offsets", {begin, data.size()}}};
+      }
+    }
+    out.push_back(std::string(1, static_cast<char>(which)) + SafetensorsSeed(header.dump(), 0) +
+                  data);
+  }
+  return out;
+}
+
 // ---- A checkpoint's metadata.json ----
 
 Status RunMetadata(std::span<const uint8_t> data, const FuzzPaths& paths) {
@@ -378,11 +447,12 @@ std::vector<std::string> DeepSpeedConfigs(const std::string& source) {
   return JsonFiles(source + "/tests/configs/deepspeed");
 }
 
-constexpr std::array<FuzzTarget, 9> kTargets = {{
+constexpr std::array<FuzzTarget, 10> kTargets = {{
     {"tokens", RunTokens, TokenSeeds, nullptr, false},
     {"megatron", RunMegatron, MegatronSeeds, nullptr, false},
     {"safetensors", RunSafetensors, SafetensorsSeeds, nullptr, false},
     {"hf_config", RunHfConfig, HfConfigSeeds, nullptr, true},
+    {"hf_model", RunHfModel, HfModelSeeds, nullptr, false},
     {"metadata", RunMetadata, MetadataSeeds, nullptr, true},
     {"tokenizer_json", RunTokenizerJson, TokenizerJsonSeeds, nullptr, true},
     {"sentencepiece", RunSentencePiece, SentencePieceSeeds, nullptr, false},

@@ -1,11 +1,12 @@
 // [Note: the file fuzzers]
 // Every file format zerort reads from a user is untrusted input (token files, a Megatron index,
-// safetensors, Hugging Face config.json and tokenizer files, a checkpoint's metadata.json, run
-// configs). A fuzz target feeds one byte string to one format's reader, through the same entry a
-// run uses (the bytes written to a file in a scratch directory, then opened by path), and then
-// uses what it read the way a run would (reads the tokens, touches each tensor's first and last
-// byte, encodes and decodes a text). An error Status is an answer; a crash, a sanitizer report or a
-// hang is the bug. Two drivers run the targets:
+// safetensors and a model directory's weights, Hugging Face config.json and tokenizer files, a
+// checkpoint's metadata.json, run configs). A fuzz target feeds one byte string to one format's
+// reader, through the same entry a run uses (the bytes written to a file in a scratch directory,
+// then opened by path), and then uses what it read the way a run would (reads the tokens,
+// touches each tensor's first and last byte, fills the parameters, encodes and decodes a text).
+// An error Status is an answer; a crash, a sanitizer report or a hang is the bug. Two drivers run
+// the targets:
 //   - fuzz_replay (every build; tests/CMakeLists.txt runs it per target, under the sanitizer
 //     build too): each target's seeds, which must be read without error (so a format change that
 //     makes them stale fails the test instead of fuzzing nothing but the first check), then a
