@@ -83,8 +83,8 @@ std::string Model::Load(const std::string& serialized, std::unique_ptr<Model>* o
   return Guarded([&] {
     std::string error = Error(m->impl_->p.LoadFromSerializedProto(serialized));
     if (!error.empty()) return error;
-    // A load can succeed and leave the processor unusable (its status set, every query then
-    // logging and answering 0: a model of no pieces, found by the file fuzzers).
+    // A load can succeed and leave a processor of no pieces, every query then logging an error
+    // and answering 0 (found by the file fuzzers): its status and its size are checked here.
     if (error = Error(m->impl_->p.status()); !error.empty()) return error;
     if (m->impl_->p.GetPieceSize() <= 0) return std::string("the model has no pieces");
     m->impl_->cuts_at_spaces = SpacesCut(m->impl_->p);

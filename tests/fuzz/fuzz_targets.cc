@@ -249,7 +249,8 @@ Status RunHfModel(std::span<const uint8_t> data, const FuzzPaths& paths) {
   return absl::OkStatus();
 }
 
-// Each model's tensors as its config names them (F32 for GPT-2, BF16 for LLaMA), values i / 7.
+// Each model's tensors as its config names them (F32 for GPT-2, BF16 for LLaMA), values
+// (i mod 13) / 7.
 std::vector<std::string> HfModelSeeds(const std::string&) {
   std::vector<std::string> out;
   for (size_t which = 0; which < kHfModels.size(); ++which) {
