@@ -18,11 +18,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
 #include "tests/fuzz/fuzz_targets.h"
+#include "zerort/runtime/user_file.h"
 
 // Under a sanitizer its report ends the process without a signal: a death callback names the
 // input instead (the callback is the sanitizer runtime's, linked only in those builds).
@@ -68,11 +68,6 @@ void InstallCrashReport() {
 #ifdef ZR_HAVE_SANITIZER_CALLBACK
   __sanitizer_set_death_callback(WriteRunning);
 #endif
-}
-
-std::string ReadWhole(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 int Usage(const char* why) {
@@ -165,7 +160,11 @@ int main(int argc, char** argv) {
       ++failed;
     }
   }
-  for (const std::string& f : files) (void)run(ReadWhole(f), "file " + f);
+  for (const std::string& f : files) {
+    const zerort::StatusOr<std::string> input = zerort::ReadDataFile(f, int64_t{1} << 30);
+    if (!input.ok()) return Usage(std::string(input.status().message()).c_str());
+    (void)run(*input, "file " + f);
+  }
 
   long long refused = 0;
   uint64_t rng = seed;

@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "zerort/checkpoint/checkpoint_files.h"
@@ -20,15 +19,23 @@
 #include "zerort/data/token_source.h"
 #include "zerort/data/tokenizer.h"
 #include "zerort/layers/decoder_model.h"
+#include "zerort/runtime/user_file.h"
 
 namespace zerort::fuzz {
 namespace {
 
-std::string ReadWhole(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+// A committed seed file: a missing or unreadable one stops the driver naming it.
+std::string ReadSeed(const std::string& path) {
+  StatusOr<std::string> bytes = ReadDataFile(path, int64_t{64} << 20);
+  if (!bytes.ok()) {
+    std::fprintf(stderr, "fuzz: seed file %s\n", std::string(bytes.status().message()).c_str());
+    std::abort();
+  }
+  return *std::move(bytes);
 }
 
+// Not WriteFileAtomically: its fsync and rename per input would be most of a fuzzer's time, and a
+// scratch file needs neither.
 Status WriteWhole(const std::string& path, std::span<const uint8_t> data) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
@@ -41,11 +48,12 @@ void PutLittle(std::string& out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
 }
 
-// A reader that accepted a file and then gave something a run cannot use is a bug as much as a
-// crash: it aborts (the drivers report the input).
+// A promise broken (a reader that accepted a file and then gave something a run cannot use, a
+// tokenizer's ids changed by a cut) is a bug as much as a crash: it aborts (the drivers report the
+// input).
 void Require(bool ok, const char* what) {
   if (!ok) {
-    std::fprintf(stderr, "fuzz: a reader accepted an input and broke its promise: %s\n", what);
+    std::fprintf(stderr, "fuzz: a promise is broken: %s\n", what);
     std::abort();
   }
 }
@@ -290,8 +298,8 @@ Status RunMetadata(std::span<const uint8_t> data, const FuzzPaths& paths) {
 }
 
 std::vector<std::string> MetadataSeeds(const std::string& source) {
-  return {ReadWhole(source + "/tests/fuzz/seeds/metadata_gpt2.json"),
-          ReadWhole(source + "/tests/fuzz/seeds/metadata_llama.json")};
+  return {ReadSeed(source + "/tests/fuzz/seeds/metadata_gpt2.json"),
+          ReadSeed(source + "/tests/fuzz/seeds/metadata_llama.json")};
 }
 
 // ---- Tokenizers: tokenizer.json and SentencePiece's .model ----
@@ -333,7 +341,7 @@ Status RunSentencePiece(std::span<const uint8_t> data, const FuzzPaths& paths) {
 std::vector<std::string> TokenizerJsonSeeds(const std::string& source) {
   std::vector<std::string> out;
   for (const char* kind : {"gpt2", "llama2", "llama3", "mistral", "qwen2", "replace"}) {
-    out.push_back(ReadWhole(source + "/tests/data/golden/tokenizer_" + kind + ".json"));
+    out.push_back(ReadSeed(source + "/tests/data/golden/tokenizer_" + kind + ".json"));
   }
   // GPT-2's with an id past the vocab's entry count, leaving holes (the 2026-12-02 overflow: the
   // id table was sized by the count).
@@ -344,7 +352,7 @@ std::vector<std::string> TokenizerJsonSeeds(const std::string& source) {
 }
 
 std::vector<std::string> SentencePieceSeeds(const std::string& source) {
-  return {ReadWhole(source + "/tests/data/golden/sentencepiece_tiny.model")};
+  return {ReadSeed(source + "/tests/data/golden/sentencepiece_tiny.model")};
 }
 
 // ---- Text through the real tokenizers (`data prepare`'s input) ----
@@ -434,7 +442,7 @@ std::vector<std::string> JsonFiles(const std::string& folder) {
   }
   std::sort(paths.begin(), paths.end());
   std::vector<std::string> out;
-  for (const std::string& p : paths) out.push_back(ReadWhole(p));
+  for (const std::string& p : paths) out.push_back(ReadSeed(p));
   return out;
 }
 
