@@ -13,6 +13,8 @@
 #include "tests/kernels/cuda_twin.h"
 #include "zerort/kernels/model_math.h"
 #include "zerort/kernels/model_ops.h"
+#include "zerort/kernels/op_census.h"
+#include "zerort/kernels/op_timeline.h"
 
 namespace zerort::testing {
 namespace {
@@ -66,6 +68,15 @@ TEST(ModelKernelsCudaTest, FlashAttentionThroughTheModelKernels) {
   auto materialised = *MakeCudaModelKernels(DType::kBF16, DType::kF32, *stream, *t.allocator,
                                             AttentionProgram::kMaterialised);
   EXPECT_EQ(materialised->attention_program(2, 4, 64), AttentionProgram::kMaterialised);
+  // Wrapped for `bench model --census` and `--timeline`: the wrapper's program (and so the saved
+  // bytes the model allocates) is still the run's, not the shape's default (flash here, whose
+  // saved bytes are a log-sum-exp a query: the materialised probabilities would overrun them).
+  OpCensus census;
+  OpTimeline timeline(Device::Cuda(0));
+  auto counted = CountOperations(std::move(materialised), &census);
+  auto timed = TimeOperations(std::move(counted), &timeline);
+  EXPECT_EQ(timed->attention_program(2, 4, 64), AttentionProgram::kMaterialised);
+  EXPECT_EQ(timed->AttentionSavedBytes(2, 128, 4, 64), int64_t{2} * 4 * 128 * 128 * 2);
 }
 
 TEST(ModelKernelsCudaTest, LinearLayerNormGeluResidual) {
