@@ -66,7 +66,7 @@ class ForwardingKernels final : public ModelKernels {
   size_t act_size() const override { return k_->act_size(); }
   KernelBackend backend() const override { return k_->backend(); }
   AttentionProgram attention_program(int batch, int heads, int head_size) const override {
-    return k_->attention_program(batch, heads, head_size);  // a run's choice, not the default's
+    return k_->attention_program(batch, heads, head_size);  // model.attention_backend's
   }
   size_t grad_size() const override { return k_->grad_size(); }
   size_t stat_size() const override { return k_->stat_size(); }

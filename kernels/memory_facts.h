@@ -49,7 +49,7 @@ enum class KernelBackend {
 
 inline constexpr int64_t kCudaLtWorkspaceBytes = int64_t{32} << 20;  // cuBLASLt's advice for Hopper
 // The CUDA kernels' one workspace allocation: cuBLASLt's workspace, then 256 bytes holding the
-// training loss ledger (one fp32; [Note: the training loss ledger] in kernels/model_kernels.h).
+// training loss ledger (one fp32; [Note: the training loss ledger] in kernels/kernel_roles.h).
 inline constexpr int64_t kCudaLossLedgerBytes = 256;
 inline constexpr int64_t kCudaModelWorkspaceBytes = kCudaLtWorkspaceBytes + kCudaLossLedgerBytes;
 

@@ -121,6 +121,9 @@ class CpuModelKernels final : public ModelKernels {
   KernelBackend backend() const override {
     return std::is_same_v<T, float> ? KernelBackend::kCpu : KernelBackend::kCpuDouble;
   }
+  AttentionProgram attention_program(int batch, int heads, int head_size) const override {
+    return AttentionProgramFor(backend(), sizeof(T), batch, heads, head_size);
+  }
   Status Attention(void* out, void* saved, const void* qkv, int batch, int seq, int channels,
                    int heads, int kv_heads) override {
     const ScopedSeconds timed(&seconds_.attention);
@@ -383,6 +386,9 @@ class Cpu16ModelKernels final : public ModelKernels {
   }
   // The float kernels' saved state (fp32 log-sum-exp), kept in fp32.
   KernelBackend backend() const override { return f_.backend(); }
+  AttentionProgram attention_program(int batch, int heads, int head_size) const override {
+    return f_.attention_program(batch, heads, head_size);
+  }
   Status Attention(void* out, void* saved, const void* qkv, int batch, int seq, int channels,
                    int heads, int kv_heads) override {
     const int64_t n = int64_t{batch} * seq * channels;
