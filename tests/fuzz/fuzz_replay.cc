@@ -2,13 +2,14 @@
 // ([Note: the file fuzzers], fuzz_targets.h). Built with every compiler; no coverage guidance.
 //
 //   fuzz_replay TARGET --source REPO [--mutations N] [--seed S] [--only K] [--save FILE]
-//               [--write-seeds DIR] [FILE ...]
+//               [--write-seeds DIR] [--why] [FILE ...]
 //
 // Exit 0 when every seed was read without error and no input crashed; 1 when a seed was refused
 // (stale seeds: the message names it); a crash, a sanitizer report or an input that ran past 30 s
 // ends the process with the input named ("mutant K": `--only K --save FILE` writes it). FILEs are
 // inputs to replay as they are (a reproducer, a libFuzzer crash file); `--write-seeds DIR` writes
-// the seeds as files (a libFuzzer corpus) and exits.
+// the seeds as files (a libFuzzer corpus) and exits. `--why` prints each refused mutant's error,
+// to see how deep a target's mutants get (refused at the first check, or past it).
 #include <unistd.h>
 
 #include <chrono>
@@ -71,10 +72,11 @@ void InstallCrashReport() {
 }
 
 int Usage(const char* why) {
-  std::fprintf(stderr,
-               "fuzz_replay: %s\nusage: fuzz_replay TARGET --source REPO [--mutations N] "
-               "[--seed S] [--only K] [--save FILE] [--write-seeds DIR] [FILE ...]\ntargets:",
-               why);
+  std::fprintf(
+      stderr,
+      "fuzz_replay: %s\nusage: fuzz_replay TARGET --source REPO [--mutations N] "
+      "[--seed S] [--only K] [--save FILE] [--write-seeds DIR] [--why] [FILE ...]\ntargets:",
+      why);
   for (const zerort::fuzz::FuzzTarget& t : zerort::fuzz::FuzzTargets()) {
     std::fprintf(stderr, " %.*s", static_cast<int>(t.name.size()), t.name.data());
   }
@@ -92,6 +94,7 @@ int main(int argc, char** argv) {
   std::string source, save, write_seeds;
   long long mutations = 1000, only = -1;
   unsigned long long seed = 2026;
+  bool why = false;
   std::vector<std::string> files;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
@@ -108,6 +111,8 @@ int main(int argc, char** argv) {
       save = argv[++i];
     } else if (a == "--write-seeds" && has_value) {
       write_seeds = argv[++i];
+    } else if (a == "--why") {
+      why = true;
     } else if (!a.starts_with("--")) {
       files.push_back(a);
     } else {
@@ -179,7 +184,10 @@ int main(int argc, char** argv) {
       std::printf("fuzz_replay %s: mutant %lld (%zu bytes) written to %s\n", argv[1], k,
                   input.size(), save.c_str());
     }
-    if (!run(input, "mutant " + std::to_string(k)).ok()) ++refused;
+    const zerort::Status s = run(input, "mutant " + std::to_string(k));
+    if (s.ok()) continue;
+    ++refused;
+    if (why) std::printf("mutant %lld: %.200s\n", k, std::string(s.message()).c_str());
   }
   std::filesystem::remove_all(dir);
   const double seconds =

@@ -1,8 +1,10 @@
 // The file fuzzers' targets and mutator ([Note: the file fuzzers], fuzz_targets.h).
 #include "tests/fuzz/fuzz_targets.h"
 
+#include <xxhash.h>
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +13,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "zerort/checkpoint/checkpoint.h"
 #include "zerort/checkpoint/checkpoint_files.h"
 #include "zerort/checkpoint/hf_config.h"
 #include "zerort/checkpoint/hf_names.h"
@@ -302,6 +305,115 @@ std::vector<std::string> MetadataSeeds(const std::string& source) {
           ReadSeed(source + "/tests/fuzz/seeds/metadata_llama.json")};
 }
 
+// ---- A checkpoint: metadata.json over its shard files ----
+// The metadata target stops at metadata.json's validation; this one goes on to what a load does
+// with it: every file's size and checksum (VerifyFile), the pieces against the parameters and
+// their tiling (CheckpointReader), the saved config's model against the saved parameters
+// (InspectCheckpoint). The shard files are made from the input itself: each file a rank entry
+// names (a plain name ending in .bin, at most 1 MiB, at most 64 files) gets bytes that depend
+// only on its size (ShardBytes), and the seeds, real checkpoints of a GPT-2 at tensor x data 2 x 2
+// (ZeRO-3, a vocabulary the group does not divide) and a LLaMA in two pipeline stages, carry
+// those bytes' checksums, so a mutant that keeps a file's size passes VerifyFile and reaches the
+// pieces. Promises: a parameter read whole has its shape's element count, and a range of it read
+// alone is the same bits as that range of the whole.
+std::string ShardBytes(int64_t bytes) {
+  std::string out(static_cast<size_t>(bytes), '\0');
+  for (int64_t i = 0; i + 4 <= bytes; i += 4) {
+    const float v = static_cast<float>((i / 4) % 97) * 0.01f - 0.48f;
+    std::memcpy(out.data() + i, &v, 4);
+  }
+  return out;
+}
+
+bool PlainShardName(const std::string& name) {
+  if (name.size() < 5 || name.size() > 64 || name[0] == '.' || !name.ends_with(".bin")) {
+    return false;
+  }
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '.' || c == '-' || c == '_';
+  });
+}
+
+// Calls `f(file)` for each object under ranks[*].files of a parsed metadata.json.
+template <typename F>
+void ForEachShardFile(nlohmann::json& metadata, F&& f) {
+  if (!metadata.is_object() || !metadata.contains("ranks") || !metadata["ranks"].is_array()) return;
+  for (nlohmann::json& rank : metadata["ranks"]) {
+    if (!rank.is_object() || !rank.contains("files") || !rank["files"].is_object()) continue;
+    for (auto& entry : rank["files"].items()) {
+      if (entry.value().is_object()) f(entry.value());
+    }
+  }
+}
+
+Status RunCheckpoint(std::span<const uint8_t> data, const FuzzPaths& paths) {
+  ZR_RETURN_IF_ERROR(WriteWhole(paths.scratch + "/metadata.json", data));
+  const std::string text(data.begin(), data.end());
+  StatusOr<nlohmann::json> parsed = ParseMetadataText(text, "metadata.json");
+  if (parsed.ok()) {
+    int files = 0;
+    Status written = absl::OkStatus();
+    ForEachShardFile(*parsed, [&](const nlohmann::json& file) {
+      const auto name = file.find("name");
+      const auto bytes = file.find("bytes");
+      if (name == file.end() || !name->is_string() || bytes == file.end() ||
+          !bytes->is_number_integer()) {
+        return;
+      }
+      const int64_t n = bytes->get<int64_t>();
+      if (!PlainShardName(*name) || n < 0 || n > (int64_t{1} << 20) || ++files > 64) return;
+      const std::string content = ShardBytes(n);
+      if (written.ok()) {
+        written = WriteWhole(paths.scratch + "/" + name->get<std::string>(),
+                             {reinterpret_cast<const uint8_t*>(content.data()), content.size()});
+      }
+    });
+    ZR_RETURN_IF_ERROR(written);
+  }
+  StatusOr<CheckpointSummary> summary = InspectCheckpoint(paths.scratch);
+  ZR_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(paths.scratch));
+  for (const auto& [name, shape] : reader.params()) {
+    int64_t n = 1;
+    for (int64_t d : shape) {
+      Require(d >= 0 && !__builtin_mul_overflow(n, d, &n),
+              "the reader accepted a shape without a finite element count");
+    }
+    for (const char* kind : {"master", "exp_avg", "exp_avg_sq"}) {
+      if (!reader.HasKind(kind)) continue;
+      ZR_ASSIGN_OR_RETURN(const std::vector<float> all, reader.ReadAll(name, kind));
+      Require(static_cast<int64_t>(all.size()) == n,
+              "a parameter read whole has another element count than its shape's");
+      ZR_ASSIGN_OR_RETURN(const std::vector<float> part, reader.Read(name, kind, n / 3, n / 2));
+      Require(static_cast<int64_t>(part.size()) == n / 2 - n / 3 &&
+                  std::memcmp(part.data(), all.data() + n / 3, part.size() * sizeof(float)) == 0,
+              "a range read alone differs from the same range of the whole");
+    }
+  }
+  ZR_RETURN_IF_ERROR(summary.status());
+  if (!summary->ok) return absl::DataLossError("inspect: a shard file's size or checksum");
+  if (!summary->params.empty()) return absl::DataLossError("inspect: " + summary->params);
+  return absl::OkStatus();
+}
+
+// Real checkpoints' metadata with each file's checksum made ShardBytes'. The seeds are step 1 of a
+// one-step `zerort train` on the CPU with checkpoint.interval 1 (their paths then replaced by
+// runs/fuzz/...): a GPT-2 (n_layer 2, n_head 2, d_model 16, seq_len 8, vocab_size 257) on 4
+// ranks, parallel.tensor_parallel_size 2, ZeRO-3 with stage3_param_persistence_threshold 0; a
+// LLaMA (the same with n_kv_head 1, intermediate_size 32, vocab_size 256) on 2 ranks,
+// pipeline_parallel_size 2, ZeRO-1.
+std::vector<std::string> CheckpointSeeds(const std::string& source) {
+  std::vector<std::string> out;
+  for (const char* name : {"checkpoint_gpt2.json", "checkpoint_llama.json"}) {
+    nlohmann::json j = nlohmann::json::parse(ReadSeed(source + "/tests/fuzz/seeds/" + name));
+    ForEachShardFile(j, [](nlohmann::json& file) {
+      const std::string content = ShardBytes(file.at("bytes").get<int64_t>());
+      file["xxh3"] = ChecksumHex(XXH3_64bits(content.data(), content.size()));
+    });
+    out.push_back(j.dump(1));
+  }
+  return out;
+}
+
 // ---- Tokenizers: tokenizer.json and SentencePiece's .model ----
 
 Status UseTokenizer(const Tokenizer& t) {
@@ -456,13 +568,14 @@ std::vector<std::string> DeepSpeedConfigs(const std::string& source) {
   return JsonFiles(source + "/tests/configs/deepspeed");
 }
 
-constexpr std::array<FuzzTarget, 10> kTargets = {{
+constexpr std::array<FuzzTarget, 11> kTargets = {{
     {"tokens", RunTokens, TokenSeeds, nullptr, false},
     {"megatron", RunMegatron, MegatronSeeds, nullptr, false},
     {"safetensors", RunSafetensors, SafetensorsSeeds, nullptr, false},
     {"hf_config", RunHfConfig, HfConfigSeeds, nullptr, true},
     {"hf_model", RunHfModel, HfModelSeeds, nullptr, false},
     {"metadata", RunMetadata, MetadataSeeds, nullptr, true},
+    {"checkpoint", RunCheckpoint, CheckpointSeeds, nullptr, true},
     {"tokenizer_json", RunTokenizerJson, TokenizerJsonSeeds, nullptr, true},
     {"sentencepiece", RunSentencePiece, SentencePieceSeeds, nullptr, false},
     {"tokenizer_text", RunText, TextSeeds, nullptr, false},

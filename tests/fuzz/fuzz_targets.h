@@ -1,10 +1,11 @@
 // [Note: the file fuzzers]
 // Every file format zerort reads from a user is untrusted input (token files, a Megatron index,
 // safetensors and a model directory's weights, Hugging Face config.json and tokenizer files, a
-// checkpoint's metadata.json, run configs). A fuzz target feeds one byte string to one format's
-// reader, through the same entry a run uses (the bytes written to a file in a scratch directory,
-// then opened by path), and then uses what it read the way a run would (reads the tokens,
-// touches each tensor's first and last byte, fills the parameters, encodes and decodes a text).
+// checkpoint's metadata.json alone and over its shard files, run configs). A fuzz target feeds
+// one byte string to one format's reader, through the same entry a run uses (the bytes written to
+// a file in a scratch directory, then opened by path), and then uses what it read the way a run
+// would (reads the tokens, touches each tensor's first and last byte, fills the parameters,
+// reads a checkpoint's tensors, encodes and decodes a text).
 // An error Status is an answer; a crash, a sanitizer report or a hang is the bug. Two drivers run
 // the targets:
 //   - fuzz_replay (every build; tests/CMakeLists.txt runs it per target, under the sanitizer
