@@ -15,6 +15,7 @@
 
 #include "zerort/checkpoint/checkpoint.h"
 #include "zerort/checkpoint/checkpoint_files.h"
+#include "zerort/checkpoint/config_match.h"
 #include "zerort/checkpoint/hf_config.h"
 #include "zerort/checkpoint/hf_names.h"
 #include "zerort/checkpoint/safetensors.h"
@@ -309,7 +310,8 @@ std::vector<std::string> MetadataSeeds(const std::string& source) {
 // The metadata target stops at metadata.json's validation; this one goes on to what a load does
 // with it: every file's size and checksum (VerifyFile), the pieces against the parameters and
 // their tiling (CheckpointReader), the saved config's model against the saved parameters
-// (InspectCheckpoint). The shard files are made from the input itself: each file a rank entry
+// (InspectCheckpoint), the saved run config against a run's (CheckResumable,
+// CheckSameArchitecture). The shard files are made from the input itself: each file a rank entry
 // names (a plain name ending in .bin, at most 1 MiB, at most 64 files) gets bytes that depend
 // only on its size (ShardBytes), and the seeds, real checkpoints of a GPT-2 at tensor x data 2 x 2
 // (ZeRO-3, a vocabulary the group does not divide) and a LLaMA in two pipeline stages, carry
@@ -372,6 +374,15 @@ Status RunCheckpoint(std::span<const uint8_t> data, const FuzzPaths& paths) {
   }
   StatusOr<CheckpointSummary> summary = InspectCheckpoint(paths.scratch);
   ZR_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(paths.scratch));
+  // What `train --resume` and `eval` compare (config_match.h): the saved run config, whatever the
+  // mutant made of it, against each seed's own (a run's config as ToJson writes it).
+  const nlohmann::json saved = reader.metadata().value("config", nlohmann::json());
+  for (const char* seed : {"checkpoint_gpt2.json", "checkpoint_llama.json"}) {
+    const nlohmann::json now =
+        nlohmann::json::parse(ReadSeed(paths.source + "/tests/fuzz/seeds/" + seed)).at("config");
+    (void)CheckResumable(saved, now, paths.scratch);
+    (void)CheckSameArchitecture(saved, now, paths.scratch, "eval");
+  }
   for (const auto& [name, shape] : reader.params()) {
     int64_t n = 1;
     for (int64_t d : shape) {
