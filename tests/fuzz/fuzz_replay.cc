@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "tests/fuzz/fuzz_targets.h"
+#include "tests/fuzz/mutator.h"
 #include "zerort/runtime/user_file.h"
 
 // Under a sanitizer its report ends the process without a signal: a death callback names the

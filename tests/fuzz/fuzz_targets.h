@@ -12,7 +12,8 @@
 //     build too): each target's seeds, which must be read without error (so a format change that
 //     makes them stale fails the test instead of fuzzing nothing but the first check), then a
 //     fixed number of seeded mutations of them (bytes flipped, inserted, removed, copied, integers
-//     set to extremes, and for JSON a value replaced, removed or doubled in the parsed tree);
+//     set to extremes, and for JSON a value replaced, removed or doubled in the parsed tree:
+//     mutator.h);
 //   - with -DZR_FUZZ=ON and clang, one libFuzzer program per target (zr_fuzz_<name>), coverage-
 //     guided, for hours when wanted: docs/reliability.md says how.
 // One target checks promises rather than a format: `tokenizer_text` feeds text to the golden
@@ -54,8 +55,5 @@ struct FuzzTarget {
 std::span<const FuzzTarget> FuzzTargets();
 // nullptr when no target has that name.
 const FuzzTarget* FindFuzzTarget(std::string_view name);
-
-// The replay driver's mutation of `seed` (deterministic in `rng_state`, which it advances).
-std::string Mutate(const std::string& seed, bool json, uint64_t& rng_state);
 
 }  // namespace zerort::fuzz
