@@ -172,13 +172,15 @@ Status Run::Setup() {
 
 Status Run::SetupDevice() {
   const std::string& want = c_.train.device;
-  cuda_ = want == "cuda" || (want.empty() && CudaDeviceCount() > 0);
-  if (cuda_ && CudaDeviceCount() == 0) {
-    return absl::InvalidArgumentError(StrCat(
-        "train.device = \"cuda\", but there is no usable GPU: ", QueryCuda().unavailable_reason));
+  StatusOr<Device> chosen =
+      ChooseDevice(want == "cuda" || want.empty() ? want : "cpu", ctx_.local_rank);
+  if (!chosen.ok()) {
+    return absl::InvalidArgumentError(
+        StrCat("train.device = \"cuda\", but there is ", chosen.status().message()));
   }
+  cuda_ = chosen->is_cuda();
   if (cuda_) {
-    device_ = Device::Cuda(ctx_.local_rank % CudaDeviceCount());
+    device_ = *chosen;
     ZR_RETURN_IF_ERROR(SetCurrentDevice(device_));
     ZR_ASSIGN_OR_RETURN(allocator_, MakeCudaCachingAllocator(device_, &tracker_));
   } else {
@@ -216,10 +218,16 @@ Status Run::SetupModel() {
     // check (which a run may skip).
     const std::optional<AttentionProgram> attention =
         AttentionBackendNamed(c_.model.attention_backend);
+    // The flash programs' blocks against this GPU's shared memory a block (unknown: 0, unchecked).
+    const CudaInfo info = QueryCuda();
+    const size_t index = static_cast<size_t>(device_.index);
+    const int64_t shared =
+        index < info.devices.size() ? info.devices[index].shared_memory_per_block : 0;
     ZR_RETURN_IF_ERROR(internal::CheckAttentionBackend(
         attention, c_.model.flash_attention, compute,
         decoder::AttentionShapeOf(c_.model.shape, c_.parallel.tensor_parallel_size,
-                                  static_cast<int>(c_.train_micro_batch_size_per_gpu))));
+                                  static_cast<int>(c_.train_micro_batch_size_per_gpu)),
+        shared));
     ZR_ASSIGN_OR_RETURN(kernels_,
                         MakeCudaModelKernels(compute, DType::kF32, manager_->compute_stream(),
                                              *allocator_, attention, c_.model.flash_attention));

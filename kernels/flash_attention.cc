@@ -81,6 +81,34 @@ Status CheckFlashTiles(const FlashTiles& t, int head_size) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The launches' choices (kernels/cuda/flash_attention.cu's Forward and Backward dispatch).
+template <int D>
+int ForwardSharedBytes(const flash::ForwardBlock& b) {
+  if (b.warps == 8) return flash::ForwardSmem<D, 1, 8>::bytes;
+  if constexpr (D == 64) {
+    if (b.groups == 2) return flash::ForwardSmem<D, 2>::bytes;
+  }
+  return flash::ForwardSmem<D, 1>::bytes;
+}
+template <int D>
+int BackwardSharedBytes(int block_keys) {
+  const int keys = block_keys == 0 ? flash::kWarpRows * flash::kBackwardWarps<D> : block_keys;
+  return keys == 128 ? flash::BackwardSmem<D, 128>::bytes : flash::BackwardSmem<D, 64>::bytes;
+}
+
+}  // namespace
+
+FlashSharedBytes FlashSharedBytesOf(const FlashTiles& t, int head_size) {
+  const flash::ForwardBlock block =
+      flash::ForwardBlockFor(head_size, t.forward_block_queries, t.forward_warps);
+  if (head_size == 64) {
+    return {ForwardSharedBytes<64>(block), BackwardSharedBytes<64>(t.backward_block_keys)};
+  }
+  return {ForwardSharedBytes<128>(block), BackwardSharedBytes<128>(t.backward_block_keys)};
+}
+
 Status CheckCudnnAttention(DType dtype, const FlashAttentionShape& s) {
   if (dtype != DType::kBF16 && dtype != DType::kF16) {
     return absl::InvalidArgumentError(
@@ -99,8 +127,29 @@ Status CheckCudnnAttention(DType dtype, const FlashAttentionShape& s) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The flash program's blocks against the device's shared memory a block.
+Status CheckFlashFits(const FlashTiles& tiles, int head_size, int64_t limit) {
+  const FlashSharedBytes need = FlashSharedBytesOf(tiles, head_size);
+  const bool forward = need.forward > limit;
+  if (!forward && need.backward <= limit) return absl::OkStatus();
+  return absl::InvalidArgumentError(StrCat(
+      "zerort's flash attention at head size ", head_size, " takes ",
+      forward ? need.forward : need.backward, " bytes of shared memory a block in its ",
+      forward ? "forward" : "backward", tiles == FlashTiles{} ? "" : " (model.flash_attention)",
+      ", more than the ", limit,
+      " this GPU allows: set model.attention_backend to "
+      "\"materialised\"",
+      CudnnAttentionBuilt().ok() ? " or \"cudnn\"" : "",
+      tiles == FlashTiles{} || head_size == 128 ? "" : ", or model.flash_attention's defaults"));
+}
+
+}  // namespace
+
 Status CheckAttentionBackend(std::optional<AttentionProgram> requested, const FlashTiles& tiles,
-                             DType dtype, const FlashAttentionShape& shape) {
+                             DType dtype, const FlashAttentionShape& shape,
+                             int64_t shared_memory_per_block) {
   if (requested == AttentionProgram::kCudnn) {
     const Status s = CheckCudnnAttention(dtype, shape);
     if (!s.ok()) {
@@ -116,9 +165,15 @@ Status CheckAttentionBackend(std::optional<AttentionProgram> requested, const Fl
                  " (unset, the key runs the materialised program where flash does not apply)"));
     }
   }
-  if (tiles == FlashTiles{}) return absl::OkStatus();
-  if (AttentionProgramFor(KernelBackend::kCuda, static_cast<int64_t>(DTypeSize(dtype)), shape.batch,
-                          shape.heads, shape.head_size, requested) != AttentionProgram::kFlash) {
+  const bool flash =
+      AttentionProgramFor(KernelBackend::kCuda, static_cast<int64_t>(DTypeSize(dtype)), shape.batch,
+                          shape.heads, shape.head_size, requested) == AttentionProgram::kFlash;
+  const bool known = shared_memory_per_block > 0;
+  if (tiles == FlashTiles{}) {
+    if (!flash || !known) return absl::OkStatus();
+    return CheckFlashFits(tiles, shape.head_size, shared_memory_per_block);
+  }
+  if (!flash) {
     if (requested == AttentionProgram::kCudnn) {
       return absl::InvalidArgumentError(
           "model.flash_attention is set, but model.attention_backend = \"cudnn\" runs cuDNN's "
@@ -132,8 +187,9 @@ Status CheckAttentionBackend(std::optional<AttentionProgram> requested, const Fl
                "): the block shapes are the flash kernels'"));
   }
   const Status s = CheckFlashTiles(tiles, shape.head_size);
-  if (s.ok()) return s;
-  return absl::InvalidArgumentError(StrCat("model.flash_attention.", s.message()));
+  if (!s.ok()) return absl::InvalidArgumentError(StrCat("model.flash_attention.", s.message()));
+  if (!known) return absl::OkStatus();
+  return CheckFlashFits(tiles, shape.head_size, shared_memory_per_block);
 }
 
 }  // namespace zerort::internal

@@ -29,13 +29,27 @@ Status CheckFlashAttention(DType dtype, const FlashAttentionShape& shape);
 // what the head size takes; kernels/memory_facts.h's FlashTiles says what each one is).
 Status CheckFlashTiles(const FlashTiles& tiles, int head_size);
 
+// The shared memory a thread block of the flash programs `tiles` chooses takes at `head_size`
+// (64 or 128; tiles checked by CheckFlashTiles): the forward's and the backward's main program's
+// (the backward's other two take none). The launches in kernels/cuda/flash_attention.cu pick the
+// same programs. At head size 128 the backward takes 105 KiB: more than the 99 KiB a block an
+// RTX 4090, L40S or A10 allows (an A100 163, an H100 227).
+struct FlashSharedBytes {
+  int forward = 0, backward = 0;
+};
+FlashSharedBytes FlashSharedBytesOf(const FlashTiles& tiles, int head_size);
+
 // A run's model.attention_backend and model.flash_attention on CUDA: `requested` flash must be a
 // shape the kernels take, cudnn one CheckCudnnAttention takes (kernels/cudnn_attention.h; whether
 // the build has it is CudnnAttentionBuilt's to say), and block shapes other than the defaults
 // need the flash program and a head size that takes them (the errors name the key and why not);
-// unset (nullopt) and materialised always pass with the default tiles.
+// unset (nullopt) and materialised always pass with the default tiles. Where the flash program
+// runs (asked for, or unset and chosen) and `shared_memory_per_block` is known (> 0: the
+// device's CudaDeviceInfo), its blocks must fit in it; the error names both sizes and the keys
+// that choose another program.
 Status CheckAttentionBackend(std::optional<AttentionProgram> requested, const FlashTiles& tiles,
-                             DType dtype, const FlashAttentionShape& shape);
+                             DType dtype, const FlashAttentionShape& shape,
+                             int64_t shared_memory_per_block = 0);
 
 // out [batch, seq, heads x hs] and lse [batch, heads, seq] (fp32) from qkv ([Note: the qkv
 // layout]), on `stream` (CUDA), with `tiles.forward_block_queries` queries and

@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <vector>
 
+#include "zerort/runtime/build_info.h"
+#include "zerort/runtime/cuda_arch.h"
 #include "zerort/runtime/device.h"
 #include "zerort/runtime/internal/cublas_api.h"
 #include "zerort/runtime/internal/cuda_check.h"
@@ -167,7 +169,9 @@ Status CheckUsable(Device device) {
 }  // namespace
 
 StatusOr<std::unique_ptr<Stream>> CreateCudaStream(Device device, std::string name) {
-  ZR_RETURN_IF_ERROR(CheckUsable(device));
+  // Streams are made when a run or a test sets up, before any kernel: a device this build's code
+  // does not run on is named here, not by the first launch's "no kernel image".
+  ZR_RETURN_IF_ERROR(CheckCudaDeviceUsable(device.index));
   DeviceGuard guard(device.index);
   cudaStream_t stream = nullptr;
   ZR_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -255,8 +259,17 @@ CudaInfo QueryCuda() {
   for (int i = 0; i < count; ++i) {
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
-    info.devices.push_back(CudaDeviceInfo{i, prop.name, prop.major, prop.minor, prop.totalGlobalMem,
-                                          prop.multiProcessorCount});
+    const Status runs = CheckCudaDevice(GetBuildInfo().cuda_architectures, prop.major, prop.minor,
+                                        StrCat("CUDA device ", i, " (", prop.name, ")"));
+    info.devices.push_back(
+        CudaDeviceInfo{.index = i,
+                       .name = prop.name,
+                       .compute_capability_major = prop.major,
+                       .compute_capability_minor = prop.minor,
+                       .total_memory_bytes = prop.totalGlobalMem,
+                       .multiprocessor_count = prop.multiProcessorCount,
+                       .shared_memory_per_block = static_cast<int64_t>(prop.sharedMemPerBlockOptin),
+                       .unusable_reason = runs.ok() ? "" : std::string(runs.message())});
   }
   return info;
 }
@@ -268,6 +281,19 @@ int CudaDeviceCount() {
     return 0;
   }
   return count;
+}
+
+Status CheckCudaDeviceUsable(int index) {
+  ZR_RETURN_IF_ERROR(internal::CheckUsable(Device::Cuda(index)));
+  int major = 0, minor = 0;  // two attribute reads; the name only for the message
+  ZR_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index));
+  ZR_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index));
+  const std::string& built = GetBuildInfo().cuda_architectures;
+  if (CheckCudaDevice(built, major, minor, "").ok()) return absl::OkStatus();
+  cudaDeviceProp prop{};
+  const bool named = cudaGetDeviceProperties(&prop, index) == cudaSuccess;
+  return CheckCudaDevice(built, major, minor,
+                         StrCat("CUDA device ", index, named ? StrCat(" (", prop.name, ")") : ""));
 }
 
 Status SetCurrentDevice(Device device) {

@@ -172,6 +172,11 @@ struct CudaDeviceInfo {
   int compute_capability_minor = 0;
   size_t total_memory_bytes = 0;
   int multiprocessor_count = 0;
+  // The most shared memory a kernel may take a block (cudaDevAttrMaxSharedMemoryPerBlockOptin):
+  // 227 KiB on an H100, 163 on an A100, 99 on an RTX 4090 or L40S.
+  int64_t shared_memory_per_block = 0;
+  // Empty when this build's GPU code runs on it, else why not (runtime/cuda_arch.h).
+  std::string unusable_reason;
 };
 
 struct CudaInfo {
@@ -189,8 +194,20 @@ CudaInfo QueryCuda();
 // denominator; 0 when the name is not known.
 double DenseBf16PeakFlops(std::string_view device_name);
 
-// Number of usable CUDA devices (0 without CUDA, driver or device).
+// Number of visible CUDA devices (0 without CUDA, driver or device).
 int CudaDeviceCount();
+
+// OK when CUDA device `index` is visible and this build's GPU code runs on it ([Note: the GPUs a
+// build runs on] in runtime/cuda_arch.h), else FailedPrecondition saying why (which device, its
+// compute capability, what the build holds, the CMake option that fixes it).
+Status CheckCudaDeviceUsable(int index);
+
+// The device a rank runs on for a choice of "cpu", "cuda" or "" (train.device's; "" for a GPU
+// where one runs this build's code): "cuda" takes visible GPU local_rank modulo their number, and
+// is FailedPrecondition ("no usable GPU: " and why) where there is none or it cannot run this
+// build's code; "" takes that GPU when it can, else the CPU (with a warning when a GPU was
+// passed over).
+StatusOr<Device> ChooseDevice(std::string_view want, int local_rank);
 
 // Makes `device` current for this host thread (no-op for the CPU).
 Status SetCurrentDevice(Device device);

@@ -41,6 +41,10 @@ CudaInfo QueryCuda() {
 
 int CudaDeviceCount() { return 0; }
 
+Status CheckCudaDeviceUsable(int index) {
+  return internal::NoCuda("CUDA device " + std::to_string(index));
+}
+
 Status SetCurrentDevice(Device device) {
   if (device.is_cpu()) return absl::OkStatus();
   return internal::NoCuda("SetCurrentDevice");

@@ -56,13 +56,10 @@ StatusOr<std::unique_ptr<Session>> Session::Start(int* argc, char*** argv,
   std::unique_ptr<Session> s(new Session());
   ZR_ASSIGN_OR_RETURN(s->launch_, DiscoverLaunchEnv(ProcessEnv()));
   if (options.configure_logging) ConfigureLogging({s->launch_.rank, s->launch_.world_size});
-  const bool gpu = options.device == "cuda" || (options.device.empty() && CudaDeviceCount() > 0);
-  // Before MPI, NCCL or cudaSetDevice: a machine without a working driver fails here by name.
-  if (gpu && CudaDeviceCount() == 0) {
-    return absl::FailedPreconditionError(StrCat("no usable GPU: ", QueryCuda().unavailable_reason));
-  }
-  const Device device =
-      gpu ? Device::Cuda(s->launch_.local_rank % std::max(1, CudaDeviceCount())) : Device::Cpu();
+  // Before MPI, NCCL or cudaSetDevice: a machine without a working driver, or whose GPU this
+  // build's code does not run on, fails here by name.
+  ZR_ASSIGN_OR_RETURN(const Device device, ChooseDevice(options.device, s->launch_.local_rank));
+  const bool gpu = device.is_cuda();
   CommOptions comm_options;
   comm_options.name = "world";
   comm_options.timeout =

@@ -10,6 +10,7 @@
 #include "zerort/kernels/cudnn_attention.h"
 #include "zerort/kernels/openmp_waits.h"
 #include "zerort/runtime/build_info.h"
+#include "zerort/runtime/cuda_arch.h"
 #include "zerort/runtime/device.h"
 #include "zerort/runtime/device_mesh.h"
 #include "zerort/runtime/exit_codes.h"
@@ -92,7 +93,9 @@ int RunEnv(const EnvOptions& options, const LaunchEnv& launch, int* argc, char**
                        {"compute_capability", fmt::sprintf("%d.%d", d.compute_capability_major,
                                                            d.compute_capability_minor)},
                        {"memory_bytes", d.total_memory_bytes},
-                       {"multiprocessors", d.multiprocessor_count}});
+                       {"multiprocessors", d.multiprocessor_count},
+                       {"shared_memory_per_block", d.shared_memory_per_block},
+                       {"unusable_reason", d.unusable_reason}});
   }
   const nlohmann::json out = {
       {"version", build.version},
@@ -101,6 +104,7 @@ int RunEnv(const EnvOptions& options, const LaunchEnv& launch, int* argc, char**
         {"compiler", build.compiler},
         {"cuda", build.cuda},
         {"cuda_architectures", build.cuda ? build.cuda_architectures : ""},
+        {"cuda_code", build.cuda ? DescribeCudaArchitectures(build.cuda_architectures) : ""},
         {"mpi", build.mpi},
         {"nccl", build.nccl},
         {"cudnn_attention", internal::CudnnAttentionBuilt().ok()},
@@ -132,21 +136,24 @@ int RunEnv(const EnvOptions& options, const LaunchEnv& launch, int* argc, char**
   }
   std::printf("zerort %s (%s, %s)\n", build.version.c_str(), build.build_type.c_str(),
               build.compiler.c_str());
-  std::printf("%-10s cuda=%s%s mpi=%s nccl=%s cudnn-attention=%s sanitizers=%s\n",
-              "build:", build.cuda ? "on" : "off",
-              build.cuda ? (" (sm " + build.cuda_architectures + ")").c_str() : "",
-              build.mpi ? "on" : "off", build.nccl ? "on" : "off",
-              internal::CudnnAttentionBuilt().ok() ? "on" : "off",
-              build.sanitizers.empty() ? "none" : build.sanitizers.c_str());
+  std::printf(
+      "%-10s cuda=%s%s mpi=%s nccl=%s cudnn-attention=%s sanitizers=%s\n",
+      "build:", build.cuda ? "on" : "off",
+      build.cuda ? (" (" + DescribeCudaArchitectures(build.cuda_architectures) + ")").c_str() : "",
+      build.mpi ? "on" : "off", build.nccl ? "on" : "off",
+      internal::CudnnAttentionBuilt().ok() ? "on" : "off",
+      build.sanitizers.empty() ? "none" : build.sanitizers.c_str());
   std::printf("%-10s runtime %s, driver %s%s%s\n",
               "CUDA:", CudaVersionString(cuda.runtime_version).c_str(),
               CudaVersionString(cuda.driver_version).c_str(),
               cuda.unavailable_reason.empty() ? "" : "; ", cuda.unavailable_reason.c_str());
   if (cuda.devices.empty()) std::printf("%-10s none (runs use the CPU)\n", "devices:");
   for (const CudaDeviceInfo& d : cuda.devices) {
-    std::printf("%-10s cuda:%d %s, sm %d.%d, %.1f GiB, %d SMs\n", "device:", d.index,
-                d.name.c_str(), d.compute_capability_major, d.compute_capability_minor,
-                static_cast<double>(d.total_memory_bytes) / (1 << 30), d.multiprocessor_count);
+    std::printf("%-10s cuda:%d %s, sm %d.%d, %.1f GiB, %d SMs, %lld KiB shared a block%s%s\n",
+                "device:", d.index, d.name.c_str(), d.compute_capability_major,
+                d.compute_capability_minor, static_cast<double>(d.total_memory_bytes) / (1 << 30),
+                d.multiprocessor_count, static_cast<long long>(d.shared_memory_per_block / 1024),
+                d.unusable_reason.empty() ? "" : "; unusable: ", d.unusable_reason.c_str());
   }
   std::printf("%-10s %s\n", "NCCL:", NcclVersion().c_str());
   std::printf("%-10s %s\n", "MPI:", MpiLibraryVersion().c_str());

@@ -199,6 +199,16 @@ Status AllowSmem(int bytes) {
   ZR_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
   if (bit != 0 && (allowed.load(std::memory_order_acquire) & bit) != 0) return absl::OkStatus();
+  int limit = 0;  // the run's check (CheckAttentionBackend) says so first; this, for direct calls
+  ZR_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (bytes > limit) {
+    return absl::InvalidArgumentError(
+        "flash attention: this block shape takes " + std::to_string(bytes) +
+        " bytes of shared memory a block, more than the " + std::to_string(limit) +
+        " CUDA device " + std::to_string(device) +
+        " allows (FlashSharedBytesOf in kernels/flash_attention.h)");
+  }
   ZR_CUDA_RETURN_IF_ERROR(
       cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   allowed.fetch_or(bit, std::memory_order_acq_rel);

@@ -379,6 +379,66 @@ TEST(FlashTilesTest, TheBlockShapesAreCheckedAgainstTheHeadSize) {
       << fp32;
 }
 
+// The flash programs' shared memory a block, from their layouts (kernels/flash_forward.h's
+// ForwardSmem: the block's queries and two buffers each of K and V, 64 keys a tile; the
+// backward's BackwardSmem: six tiles of its keys' rows, four statistics arrays, dS^T), and a
+// device that allows less is told before the run starts which program and what to choose.
+TEST(FlashTilesTest, TheBlocksMustFitTheDevicesSharedMemory) {
+  using internal::CheckAttentionBackend;
+  using internal::FlashSharedBytesOf;
+  const auto bytes = [](const FlashTiles& t, int hs) {
+    const internal::FlashSharedBytes b = FlashSharedBytesOf(t, hs);
+    return std::pair{b.forward, b.backward};
+  };
+  // hs 64: Q 64 x 64 x 2 + 4 tiles of 64 x 64 x 2; backward 6 x 8 KiB + 4 x 64 x 4 + 64 x 64 x 2.
+  EXPECT_EQ(bytes({}, 64), std::pair(8192 + 4 * 8192, 6 * 8192 + 1024 + 8192));
+  EXPECT_EQ(bytes({128, 0, 0}, 64).first, 16384 + 4 * 8192);           // 128 queries on 4 warps
+  EXPECT_EQ(bytes({128, 0, 0, 8}, 64).first, 16384 + 4 * 8192);        // or on 8
+  EXPECT_EQ(bytes({0, 128, 0}, 64).second, 6 * 16384 + 2048 + 32768);  // 128-key blocks
+  EXPECT_EQ(bytes({0, 0, 32}, 64).second, 6 * 8192 + 1024 + 8192);     // chunks: the same tiles
+  // hs 128: the backward is 105 KiB.
+  EXPECT_EQ(bytes({}, 128), std::pair(16384 + 4 * 16384, 6 * 16384 + 1024 + 8192));
+  EXPECT_EQ(bytes({128, 0, 0}, 128).first, 32768 + 4 * 16384);
+
+  const internal::FlashAttentionShape hs64{2, 100, 4, 2, 64}, hs128{2, 100, 4, 2, 128};
+  constexpr int64_t kAda = 101376, kA100 = 166912, kH100 = 232448;  // opt-in bytes a block
+  EXPECT_TRUE(CheckAttentionBackend(std::nullopt, {}, DType::kBF16, hs64, kAda).ok());
+  EXPECT_TRUE(CheckAttentionBackend(std::nullopt, {}, DType::kBF16, hs128, kA100).ok());
+  EXPECT_TRUE(CheckAttentionBackend(std::nullopt, {0, 128, 0}, DType::kBF16, hs64, kA100).ok());
+  EXPECT_TRUE(CheckAttentionBackend(std::nullopt, {}, DType::kBF16, hs128, 0).ok());  // unknown
+  const Status ada = CheckAttentionBackend(std::nullopt, {}, DType::kBF16, hs128, kAda);
+  EXPECT_EQ(ada.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ada.message().find("zerort's flash attention at head size 128 takes 107520 bytes of "
+                               "shared memory a block in its backward, more than the 101376 this "
+                               "GPU allows: set model.attention_backend to \"materialised\""),
+            std::string_view::npos)
+      << ada;
+  EXPECT_EQ(CheckAttentionBackend(AttentionProgram::kFlash, {}, DType::kF16, hs128, kAda), ada);
+  const Status keys = CheckAttentionBackend(std::nullopt, {0, 128, 0}, DType::kBF16, hs64, kAda);
+  EXPECT_NE(keys.message().find("takes 133120 bytes of shared memory a block in its backward "
+                                "(model.flash_attention), more than the 101376"),
+            std::string_view::npos)
+      << keys;
+  EXPECT_NE(keys.message().find(", or model.flash_attention's defaults"), std::string_view::npos);
+  const Status forward = CheckAttentionBackend(std::nullopt, {}, DType::kBF16, hs64, 40000);
+  EXPECT_NE(forward.message().find("takes 40960 bytes of shared memory a block in its forward"),
+            std::string_view::npos)
+      << forward;
+  // The other programs take no large blocks: not checked.
+  EXPECT_TRUE(
+      CheckAttentionBackend(AttentionProgram::kMaterialised, {}, DType::kBF16, hs128, kAda).ok());
+  EXPECT_TRUE(CheckAttentionBackend(std::nullopt, {}, DType::kF32, hs128, kAda).ok());
+  EXPECT_TRUE(CheckAttentionBackend(AttentionProgram::kCudnn, {}, DType::kBF16, hs128, kAda).ok());
+  // Every block shape the kernels are built with fits an H100.
+  for (const FlashTiles& t : {FlashTiles{}, FlashTiles{128, 128, 32}, FlashTiles{128, 128, 64, 8},
+                              FlashTiles{0, 128, 0}}) {
+    EXPECT_TRUE(CheckAttentionBackend(std::nullopt, t, DType::kBF16, hs64, kH100).ok());
+  }
+  for (const FlashTiles& t : {FlashTiles{}, FlashTiles{128, 0, 0, 8}}) {
+    EXPECT_TRUE(CheckAttentionBackend(std::nullopt, t, DType::kBF16, hs128, kH100).ok());
+  }
+}
+
 // The memory model's choice of program (kernels/memory_facts.h, AttentionProgramFor) is the
 // kernels' own: CUDA takes the flash program exactly where CheckFlashAttention accepts the shape,
 // so the estimator and the model size the same saved tensor and scratch.

@@ -8,6 +8,25 @@
 namespace zerort {
 namespace {
 
+// [Note: the GPUs a build runs on] (runtime/cuda_arch.h): the GPU these tests run on is one the
+// build's code reaches (else every stream is refused, naming it), and QueryCuda says so with its
+// shared memory a block (the flash attention's blocks are checked against it).
+TEST(CudaAllocatorTest, TheGpuRunsThisBuildsCode) {
+  if (CudaDeviceCount() == 0) {
+    GTEST_SKIP() << "no CUDA device: " << QueryCuda().unavailable_reason;
+  }
+  const Status usable = CheckCudaDeviceUsable(0);
+  EXPECT_TRUE(usable.ok()) << usable;
+  const CudaInfo info = QueryCuda();
+  ASSERT_FALSE(info.devices.empty());
+  EXPECT_EQ(info.devices[0].unusable_reason, "");
+  EXPECT_GE(info.devices[0].shared_memory_per_block, 48 * 1024);  // every CUDA device since 2.0
+  StatusOr<Device> chosen = ChooseDevice("cuda", 0);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  EXPECT_TRUE(chosen->is_cuda());
+  EXPECT_TRUE(ChooseDevice("", 0)->is_cuda());
+}
+
 TEST(CudaAllocatorTest, DeviceAndPinnedAllocatorsWhenAGpuIsPresent) {
   if (CudaDeviceCount() == 0) {
     GTEST_SKIP() << "no CUDA device: " << QueryCuda().unavailable_reason;
