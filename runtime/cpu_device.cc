@@ -1,4 +1,5 @@
 // Device-independent parts of device.h; CPU streams and events are in cpu_streams.cc.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -143,11 +144,41 @@ Status FillBytes(void* ptr, Device device, size_t bytes, uint8_t value, Stream* 
 }
 
 double DenseBf16PeakFlops(std::string_view name) {
-  if (name.find("H100") != std::string_view::npos) {
-    return name.find("PCIe") != std::string_view::npos ? 756e12 : 989e12;
+  // The datasheets' dense bf16 tensor-core figures (without sparsity, fp32 accumulation), by the
+  // name's words as the driver reports them ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB",
+  // "NVIDIA H100 PCIe", "NVIDIA L40S"): whole words, so an A10G is not an A10 nor an A100.
+  struct Peak {
+    std::string_view model;
+    double sxm, pcie, nvl;  // the form's figure; 0: the first one's
+  };
+  static constexpr Peak kPeaks[] = {{"H100", 989e12, 756e12, 835e12},
+                                    {"H200", 989e12, 0, 835e12},
+                                    {"GH200", 989e12, 0, 0},
+                                    {"H800", 989e12, 756e12, 0},
+                                    {"H20", 148e12, 0, 0},
+                                    {"A100", 312e12, 0, 0},
+                                    {"A800", 312e12, 0, 0},
+                                    {"A30", 165e12, 0, 0},
+                                    {"A40", 149.7e12, 0, 0},
+                                    {"A10", 125e12, 0, 0},
+                                    {"L4", 121e12, 0, 0},
+                                    {"L40", 181.05e12, 0, 0},
+                                    {"L40S", 362.05e12, 0, 0}};
+  std::vector<std::string_view> words;
+  for (size_t at = 0; at < name.size();) {
+    const size_t end = std::min(name.find_first_of(" -", at), name.size());
+    if (end > at) words.push_back(name.substr(at, end - at));
+    at = end + 1;
   }
-  if (name.find("H200") != std::string_view::npos) return 989e12;
-  if (name.find("A100") != std::string_view::npos) return 312e12;
+  const auto has = [&](std::string_view w) {
+    return std::find(words.begin(), words.end(), w) != words.end();
+  };
+  for (const Peak& p : kPeaks) {
+    if (!has(p.model)) continue;
+    if (p.nvl > 0 && has("NVL")) return p.nvl;
+    if (p.pcie > 0 && (has("PCIe") || has("PCIE"))) return p.pcie;
+    return p.sxm;
+  }
   return 0;
 }
 

@@ -191,7 +191,8 @@ struct CudaInfo {
 CudaInfo QueryCuda();
 
 // Dense bf16 peak FLOP/s (no sparsity) of a GPU by its name (CudaDeviceInfo::name), the MFU
-// denominator; 0 when the name is not known.
+// denominator: the datasheets' figures for the H100 (SXM, PCIe, NVL), H200, GH200, H800, H20,
+// A100, A800, A30, A40, A10, L4, L40 and L40S; 0 when the name is not known (MFU unknown).
 double DenseBf16PeakFlops(std::string_view device_name);
 
 // Number of visible CUDA devices (0 without CUDA, driver or device).

@@ -433,10 +433,10 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
           {"gemms", gemms},
           {"others", others}};
     }
-    if (cuda) {
-      const double peak = DenseBf16PeakFlops(QueryCuda().devices.at(0).name);
+    const double peak = cuda ? DenseBf16PeakFlops(QueryCuda().devices.at(0).name) : 0.0;
+    if (peak > 0) {  // a GPU whose peak is not known has no MFU (runtime/device.h)
       result["bf16_peak_tflops"] = peak / 1e12;
-      result["mfu"] = peak > 0 ? flops / peak : 0.0;
+      result["mfu"] = flops / peak;
     }
     return absl::OkStatus();
   }();

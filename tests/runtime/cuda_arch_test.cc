@@ -103,6 +103,32 @@ TEST(CudaArchTest, TheBuildReachesTheGpusTheReadmeNames) {
   EXPECT_EQ(CudaCodeFor(build.cuda_architectures, 10, 0), kPtx);
 }
 
+// The MFU denominator by the names the driver reports (whole words: an A10G is not an A10).
+TEST(CudaArchTest, ThePeakOfTheGpusByName) {
+  const struct {
+    const char* name;
+    double peak;
+  } cases[] = {{"NVIDIA H100 80GB HBM3", 989e12},
+               {"NVIDIA H100 PCIe", 756e12},
+               {"NVIDIA H100 NVL", 835e12},
+               {"NVIDIA H200", 989e12},
+               {"NVIDIA H200 NVL", 835e12},
+               {"NVIDIA GH200 480GB", 989e12},
+               {"NVIDIA H800 PCIe", 756e12},
+               {"NVIDIA H20", 148e12},
+               {"NVIDIA A100-SXM4-80GB", 312e12},
+               {"NVIDIA A100 80GB PCIe", 312e12},
+               {"NVIDIA A100-PCIE-40GB", 312e12},
+               {"NVIDIA A10", 125e12},
+               {"NVIDIA A10G", 0},
+               {"NVIDIA L4", 121e12},
+               {"NVIDIA L40S", 362.05e12},
+               {"NVIDIA L40", 181.05e12},
+               {"NVIDIA GeForce RTX 4090", 0},
+               {"", 0}};
+  for (const auto& c : cases) EXPECT_EQ(DenseBf16PeakFlops(c.name), c.peak) << c.name;
+}
+
 // ChooseDevice: "cpu" is the CPU anywhere; "" the CPU where no GPU runs this build's code;
 // "cuda" there is refused saying why; anything else is named.
 TEST(CudaArchTest, TheDeviceChoiceWithoutAGpu) {
