@@ -124,6 +124,7 @@ class Run {
   }
   bool cuda_ = false;
   Device device_ = Device::Cpu();
+  CudaDeviceInfo gpu_;  // device_'s (name, memory, shared memory a block), queried once: cuda_
   MemoryTracker tracker_;
   std::unique_ptr<Allocator> allocator_;
   std::unique_ptr<ShardManager> manager_;

@@ -42,24 +42,21 @@ Status Run::ClaimRunFiles() {
     if (!ctx_.resume) ZR_RETURN_IF_ERROR(CheckNewRunDirectory(c_.checkpoint.dir, ctx_.overwrite));
   }
   ZR_ASSIGN_OR_RETURN(
-      metrics_,
-      MetricsSink::Open(
-          {.metrics_file = MetricsPath(),
-           .resume = ctx_.resume,
-           .overwrite = ctx_.overwrite,
-           .csv_dir = c_.csv_monitor.enabled ? c_.csv_monitor.Dir() : "",
-           .out = ctx_.out,
-           .progress_bar = ctx_.progress_bar,
-           .steps = c_.train.steps,
-           .steps_per_print = c_.steps_per_print,
-           .train_batch_size = c_.train_batch_size,
-           .seq_len = c_.model.shape.seq_len,
-           .flops_per_token = c_.model.shape.FlopsPerToken(),
-           .devices = world().size(),
-           .peak_flops =
-               cuda_ ? DenseBf16PeakFlops(QueryCuda().devices.at(device_.index).name) : 0.0,
-           .fp16 = c_.fp16.enabled,
-           .wall_clock_breakdown = c_.wall_clock_breakdown}));
+      metrics_, MetricsSink::Open({.metrics_file = MetricsPath(),
+                                   .resume = ctx_.resume,
+                                   .overwrite = ctx_.overwrite,
+                                   .csv_dir = c_.csv_monitor.enabled ? c_.csv_monitor.Dir() : "",
+                                   .out = ctx_.out,
+                                   .progress_bar = ctx_.progress_bar,
+                                   .steps = c_.train.steps,
+                                   .steps_per_print = c_.steps_per_print,
+                                   .train_batch_size = c_.train_batch_size,
+                                   .seq_len = c_.model.shape.seq_len,
+                                   .flops_per_token = c_.model.shape.FlopsPerToken(),
+                                   .devices = world().size(),
+                                   .peak_flops = cuda_ ? DenseBf16PeakFlops(gpu_.name) : 0.0,
+                                   .fp16 = c_.fp16.enabled,
+                                   .wall_clock_breakdown = c_.wall_clock_breakdown}));
   return absl::OkStatus();
 }
 
@@ -84,18 +81,10 @@ Status Run::CheckMemoryFits() {
   in.pipeline_stage = mesh_ ? mesh_->coord().pipeline : 0;
   // The nodes the mesh forms its qgZ levels over (FromConfig's default is one node).
   in.ranks_per_node = std::max(1, ctx_.local_world_size);
-  int64_t gpu = 0;
-  if (cuda_) {
-    const CudaInfo info = QueryCuda();
-    const size_t index = static_cast<size_t>(device_.index);
-    if (index < info.devices.size()) {
-      gpu = static_cast<int64_t>(info.devices[index].total_memory_bytes);
-    }
-  }
   return ::zerort::CheckMemoryFits(in, {.cuda = cuda_,
                                         .ranks_on_node = std::max(1, ctx_.local_world_size),
                                         .world_size = world().size(),
-                                        .gpu_bytes = gpu,
+                                        .gpu_bytes = static_cast<int64_t>(gpu_.total_memory_bytes),
                                         .host = QueryHostMemory()});
 }
 
@@ -181,6 +170,11 @@ Status Run::SetupDevice() {
   cuda_ = chosen->is_cuda();
   if (cuda_) {
     device_ = *chosen;
+    // Its name (the MFU's peak), memory (the memory check) and shared memory a block (the flash
+    // attention's blocks); unknown (zeros) where its properties do not read.
+    for (const CudaDeviceInfo& d : QueryCuda().devices) {
+      if (d.index == device_.index) gpu_ = d;
+    }
     ZR_RETURN_IF_ERROR(SetCurrentDevice(device_));
     ZR_ASSIGN_OR_RETURN(allocator_, MakeCudaCachingAllocator(device_, &tracker_));
   } else {
@@ -219,15 +213,11 @@ Status Run::SetupModel() {
     const std::optional<AttentionProgram> attention =
         AttentionBackendNamed(c_.model.attention_backend);
     // The flash programs' blocks against this GPU's shared memory a block (unknown: 0, unchecked).
-    const CudaInfo info = QueryCuda();
-    const size_t index = static_cast<size_t>(device_.index);
-    const int64_t shared =
-        index < info.devices.size() ? info.devices[index].shared_memory_per_block : 0;
     ZR_RETURN_IF_ERROR(internal::CheckAttentionBackend(
         attention, c_.model.flash_attention, compute,
         decoder::AttentionShapeOf(c_.model.shape, c_.parallel.tensor_parallel_size,
                                   static_cast<int>(c_.train_micro_batch_size_per_gpu)),
-        shared));
+        gpu_.shared_memory_per_block));
     ZR_ASSIGN_OR_RETURN(kernels_,
                         MakeCudaModelKernels(compute, DType::kF32, manager_->compute_stream(),
                                              *allocator_, attention, c_.model.flash_attention));

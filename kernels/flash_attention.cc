@@ -94,8 +94,8 @@ int ForwardSharedBytes(const flash::ForwardBlock& b) {
 }
 template <int D>
 int BackwardSharedBytes(int block_keys) {
-  const int keys = block_keys == 0 ? flash::kWarpRows * flash::kBackwardWarps<D> : block_keys;
-  return keys == 128 ? flash::BackwardSmem<D, 128>::bytes : flash::BackwardSmem<D, 64>::bytes;
+  return flash::BackwardBlockKeys<D>(block_keys) == 128 ? flash::BackwardSmem<D, 128>::bytes
+                                                        : flash::BackwardSmem<D, 64>::bytes;
 }
 
 }  // namespace
@@ -129,20 +129,27 @@ Status CheckCudnnAttention(DType dtype, const FlashAttentionShape& s) {
 
 namespace {
 
-// The flash program's blocks against the device's shared memory a block.
+bool Fits(const FlashSharedBytes& need, int64_t limit) {
+  return need.forward <= limit && need.backward <= limit;
+}
+
+// The flash program's blocks against the device's shared memory a block; the error suggests
+// model.flash_attention's defaults where those would fit.
 Status CheckFlashFits(const FlashTiles& tiles, int head_size, int64_t limit) {
   const FlashSharedBytes need = FlashSharedBytesOf(tiles, head_size);
+  if (Fits(need, limit)) return absl::OkStatus();
   const bool forward = need.forward > limit;
-  if (!forward && need.backward <= limit) return absl::OkStatus();
-  return absl::InvalidArgumentError(StrCat(
-      "zerort's flash attention at head size ", head_size, " takes ",
-      forward ? need.forward : need.backward, " bytes of shared memory a block in its ",
-      forward ? "forward" : "backward", tiles == FlashTiles{} ? "" : " (model.flash_attention)",
-      ", more than the ", limit,
-      " this GPU allows: set model.attention_backend to "
-      "\"materialised\"",
-      CudnnAttentionBuilt().ok() ? " or \"cudnn\"" : "",
-      tiles == FlashTiles{} || head_size == 128 ? "" : ", or model.flash_attention's defaults"));
+  return absl::InvalidArgumentError(
+      StrCat("zerort's flash attention at head size ", head_size, " takes ",
+             forward ? need.forward : need.backward, " bytes of shared memory a block in its ",
+             forward ? "forward" : "backward",
+             tiles == FlashTiles{} ? "" : " (model.flash_attention)", ", more than the ", limit,
+             " this GPU allows: set model.attention_backend to "
+             "\"materialised\"",
+             CudnnAttentionBuilt().ok() ? " or \"cudnn\"" : "",
+             tiles != FlashTiles{} && Fits(FlashSharedBytesOf({}, head_size), limit)
+                 ? ", or model.flash_attention's defaults"
+                 : ""));
 }
 
 }  // namespace

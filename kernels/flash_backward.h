@@ -170,6 +170,12 @@ inline constexpr int kBackwardChunk = D == 128 ? 32 : 64;
 // faster.
 template <int D>
 inline constexpr int kBackwardWarps = 4;
+// The main program's keys a block for model.flash_attention.backward_block_keys (0: the
+// default's): what the launch builds and what FlashSharedBytesOf sizes.
+template <int D>
+ZR_HOST_DEVICE constexpr int BackwardBlockKeys(int block_keys) {
+  return block_keys == 0 ? kWarpRows * kBackwardWarps<D> : block_keys;
+}
 
 // Program 2: a key tile of (batch, key/value head) `bkv`: dK and dV written into dqkv, dQ's part
 // into dq. C: the query chunk (kBackwardChunk).

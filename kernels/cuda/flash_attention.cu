@@ -290,9 +290,8 @@ Status Backward(const internal::FlashAttentionShape& shape, void* dqkv, float* w
   ZR_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   const int chunk = query_chunk == 0 ? flash::kBackwardChunk<D> : query_chunk;
   if constexpr (D == 64) {
-    const int keys = key_block == 0 ? flash::kWarpRows * flash::kBackwardWarps<D> : key_block;
     ZR_RETURN_IF_ERROR(
-        (keys == 128
+        (flash::BackwardBlockKeys<D>(key_block) == 128
              ? LaunchBackwardMain<D, E, 8>(chunk, sh, dqkv, dq, dout, qkv, lse, dvec, stream)
              : LaunchBackwardMain<D, E, 4>(chunk, sh, dqkv, dq, dout, qkv, lse, dvec, stream)));
   } else {

@@ -420,6 +420,11 @@ TEST(FlashTilesTest, TheBlocksMustFitTheDevicesSharedMemory) {
             std::string_view::npos)
       << keys;
   EXPECT_NE(keys.message().find(", or model.flash_attention's defaults"), std::string_view::npos);
+  // Where the defaults do not fit either, they are not suggested.
+  const Status neither =
+      CheckAttentionBackend(std::nullopt, {0, 128, 0}, DType::kBF16, hs64, 50000);
+  EXPECT_FALSE(neither.ok());
+  EXPECT_EQ(neither.message().find("defaults"), std::string_view::npos) << neither;
   const Status forward = CheckAttentionBackend(std::nullopt, {}, DType::kBF16, hs64, 40000);
   EXPECT_NE(forward.message().find("takes 40960 bytes of shared memory a block in its forward"),
             std::string_view::npos)
