@@ -159,10 +159,21 @@ Status Run::Setup() {
   return absl::OkStatus();
 }
 
+// The device for train.device `want`: the session's (`given`, where the caller passed it) or
+// chosen here. A session's device that train.device rules out is the caller's mistake.
+static StatusOr<Device> DeviceFor(const std::string& want, const std::optional<Device>& given,
+                                  int local_rank) {
+  const bool gpu_choice = want == "cuda" || want.empty();
+  if (!given.has_value()) return ChooseDevice(gpu_choice ? want : "cpu", local_rank);
+  if (given->is_cuda() == gpu_choice || (want.empty() && given->is_cpu())) return *given;
+  return absl::InvalidArgumentError(
+      StrCat("the session runs on ", given->ToString(), ", but train.device is \"", want, "\""));
+}
+
 Status Run::SetupDevice() {
   const std::string& want = c_.train.device;
-  StatusOr<Device> chosen =
-      ChooseDevice(want == "cuda" || want.empty() ? want : "cpu", ctx_.local_rank);
+  StatusOr<Device> chosen = DeviceFor(want, ctx_.device, ctx_.local_rank);
+  if (absl::IsInvalidArgument(chosen.status())) return chosen.status();
   if (!chosen.ok()) {
     return absl::InvalidArgumentError(
         StrCat("train.device = \"cuda\", but there is ", chosen.status().message()));

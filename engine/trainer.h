@@ -11,11 +11,13 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "zerort/config/config.h"
 #include "zerort/config/run_options.h"
 #include "zerort/runtime/communicator.h"
+#include "zerort/runtime/device.h"
 #include "zerort/runtime/memory.h"
 #include "zerort/runtime/topology.h"
 
@@ -25,11 +27,14 @@ struct TrainerContext {
   Communicator* world = nullptr;  // every rank of the run (required)
   std::string world_source;       // where its size came from ("mpirun (OMPI_COMM_WORLD_SIZE)")
   int local_rank = 0;             // picks the GPU on a multi-GPU node
-  std::FILE* out = stdout;        // rank 0's metrics lines and sample
-  bool progress_bar = false;      // draw one on `out` (rank 0): only when it is a terminal
-  bool resume = false;            // continue from checkpoint.dir/latest
-  bool overwrite = false;         // a new run where an earlier run's checkpoints or metrics are
-  int local_world_size = 1;       // ranks on this node (they share its host memory)
+  // The device a session already chose for train.device (Session::device()), so that the choice,
+  // and its warning when a GPU is passed over, is made once; unset: Train chooses by local_rank.
+  std::optional<Device> device;
+  std::FILE* out = stdout;    // rank 0's metrics lines and sample
+  bool progress_bar = false;  // draw one on `out` (rank 0): only when it is a terminal
+  bool resume = false;        // continue from checkpoint.dir/latest
+  bool overwrite = false;     // a new run where an earlier run's checkpoints or metrics are
+  int local_world_size = 1;   // ranks on this node (they share its host memory)
   const Topology* topology = nullptr;  // which ranks share a node (null: one node)
   FaultHooks faults;                   // tests only (the CLI reads them from the environment)
 };

@@ -133,6 +133,7 @@ int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** 
   StatusOr<TrainResult> result = Train(*config, {.world = &(*session)->world(),
                                                  .world_source = (*session)->world_source(),
                                                  .local_rank = launch.local_rank,
+                                                 .device = (*session)->device(),
                                                  .progress_bar = progress_bar,
                                                  .resume = o.resume,
                                                  .overwrite = o.overwrite,

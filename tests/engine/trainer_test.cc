@@ -266,6 +266,35 @@ TEST(TrainerTest, EodMaskLossAtTp2EqualsOneRank) {
       << s;
 }
 
+// A caller's session has chosen the device (TrainerContext::device): the run takes it rather
+// than choosing again (which would warn twice where a GPU is passed over); train.device "" runs
+// on the session's CPU even where a GPU is visible, and a device train.device rules out is an
+// error naming both.
+TEST(TrainerTest, TheSessionsDeviceIsTheRuns) {
+  const std::string metrics = ::testing::TempDir() + "/session_device.jsonl";
+  auto train = [&](const std::string& want, Device device) {
+    std::filesystem::remove(metrics);
+    RunConfig c = SmallRun(metrics);
+    c.train.steps = 2;
+    c.train.device = want;
+    std::FILE* sink = std::fopen("/dev/null", "w");
+    auto group = *CreateLoopbackGroup(1, {}, nullptr);
+    const Status s =
+        Train(c, {.world = group[0].get(), .world_source = "test", .device = device, .out = sink})
+            .status();
+    std::fclose(sink);
+    return s;
+  };
+  EXPECT_TRUE(train("", Device::Cpu()).ok());
+  EXPECT_EQ(testing::MetricLosses(metrics).size(), 2u);
+  EXPECT_TRUE(train("cpu-async", Device::Cpu()).ok());
+  const Status cpu = train("cpu", Device::Cuda(0));
+  EXPECT_TRUE(absl::IsInvalidArgument(cpu)) << cpu;
+  EXPECT_EQ(cpu.message(), "the session runs on cuda:0, but train.device is \"cpu\"");
+  const Status cuda = train("cuda", Device::Cpu());
+  EXPECT_EQ(cuda.message(), "the session runs on cpu, but train.device is \"cuda\"");
+}
+
 TEST(TrainerTest, MetricsCarryEveryField) {
   const std::string metrics = ::testing::TempDir() + "/fields.jsonl";
   std::filesystem::remove(metrics);  // a new run refuses an earlier run's metrics
