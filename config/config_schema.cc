@@ -373,6 +373,12 @@ std::vector<ConfigField> BuildTable() {
   t.push_back(Bool(tr, "overlap_host_step", ZR_MEMBER(train.overlap_host_step),
                    "offload_optimizer cpu on a GPU (and cpu-async): the CPU step of AdamW, Adam "
                    "and SGD overlaps the next forward (the same numbers; docs/offload.md)"));
+  t.push_back(With(Num<double>(tr, "peak_tflops", ZR_MEMBER(train.peak_tflops), 0, 1e5,
+                               "a device's peak TFLOP/s, MFU's denominator (step lines, "
+                               "metrics.jsonl, bench model); 0: the GPU's dense bf16 peak by its "
+                               "name where zerort knows it (H100, H200, A100, L40S, ...), else no "
+                               "MFU"),
+                   kOmitUnset));
   t.push_back(Bool(tr, "check_memory", ZR_MEMBER(train.check_memory),
                    "refuse (exit 2) a run whose estimated peak does not fit this rank's memory"));
 

@@ -54,7 +54,7 @@ Status Run::ClaimRunFiles() {
                                    .seq_len = c_.model.shape.seq_len,
                                    .flops_per_token = c_.model.shape.FlopsPerToken(),
                                    .devices = world().size(),
-                                   .peak_flops = cuda_ ? DenseBf16PeakFlops(gpu_.name) : 0.0,
+                                   .peak_flops = PeakFlops(c_.train.peak_tflops, cuda_, gpu_.name),
                                    .fp16 = c_.fp16.enabled,
                                    .wall_clock_breakdown = c_.wall_clock_breakdown}));
   return absl::OkStatus();

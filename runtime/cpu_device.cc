@@ -182,4 +182,9 @@ double DenseBf16PeakFlops(std::string_view name) {
   return 0;
 }
 
+double PeakFlops(double given_tflops, bool gpu, std::string_view device_name) {
+  if (given_tflops > 0) return given_tflops * 1e12;
+  return gpu ? DenseBf16PeakFlops(device_name) : 0.0;
+}
+
 }  // namespace zerort

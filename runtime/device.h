@@ -194,6 +194,9 @@ CudaInfo QueryCuda();
 // denominator: the datasheets' figures for the H100 (SXM, PCIe, NVL), H200, GH200, H800, H20,
 // A100, A800, A30, A40, A10, L4, L40 and L40S; 0 when the name is not known (MFU unknown).
 double DenseBf16PeakFlops(std::string_view device_name);
+// MFU's denominator in FLOP/s: `given_tflops` (train.peak_tflops) where positive, on any device;
+// else a GPU's DenseBf16PeakFlops; 0 (no MFU) on the CPU and for a GPU not known by name.
+double PeakFlops(double given_tflops, bool gpu, std::string_view device_name);
 
 // Number of visible CUDA devices (0 without CUDA, driver or device).
 int CudaDeviceCount();

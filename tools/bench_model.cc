@@ -51,6 +51,7 @@ struct BenchModelConfig {
   int64_t head_chunk_rows = 0;
   std::optional<AttentionProgram> attention;  // model.attention_backend (CUDA)
   FlashTiles flash_tiles;                     // model.flash_attention (CUDA)
+  double peak_tflops = 0;                     // train.peak_tflops: MFU's denominator
 };
 
 // A run config, read and validated as `zerort train` reads it; bench uses the model, the
@@ -73,6 +74,7 @@ StatusOr<BenchModelConfig> LoadBenchConfig(const std::string& path,
   c.head_chunk_rows = run.model.head_chunk_rows;
   c.attention = AttentionBackendNamed(run.model.attention_backend);
   c.flash_tiles = run.model.flash_attention;
+  c.peak_tflops = run.train.peak_tflops;
   return c;
 }
 
@@ -433,9 +435,15 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
           {"gemms", gemms},
           {"others", others}};
     }
-    const double peak = cuda ? DenseBf16PeakFlops(QueryCuda().devices.at(0).name) : 0.0;
-    if (peak > 0) {  // a GPU whose peak is not known has no MFU (runtime/device.h)
-      result["bf16_peak_tflops"] = peak / 1e12;
+    // The bench's own device's name (its index is the rank's), for a known GPU's peak.
+    std::string name;
+    for (const CudaDeviceInfo& d : cuda ? QueryCuda().devices : std::vector<CudaDeviceInfo>{}) {
+      if (d.index == device.index) name = d.name;
+    }
+    const double peak = PeakFlops(c.peak_tflops, cuda, name);
+    if (peak > 0) {  // the CPU, or a GPU whose peak is not known: no MFU (runtime/device.h)
+      result["peak_tflops"] = peak / 1e12;
+      result["peak_from"] = c.peak_tflops > 0 ? "train.peak_tflops" : "the device's name";
       result["mfu"] = flops / peak;
     }
     return absl::OkStatus();
@@ -465,7 +473,7 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
   std::printf("  GEMM baseline TFLOP/s %10.4f\n", result["gemm_tflops"].get<double>());
   std::printf("  ratio (model / GEMM)  %10.3f\n", result["ratio"].get<double>());
   if (result.contains("mfu")) {
-    std::printf("  MFU (bf16 peak %.0f)  %10.3f\n", result["bf16_peak_tflops"].get<double>(),
+    std::printf("  MFU (peak %-8g)    %10.3f\n", result["peak_tflops"].get<double>(),
                 result["mfu"].get<double>());
   }
   std::printf("  training step         %10.4f s   (%.1f tokens/s per device, with the optimizer)\n",

@@ -324,6 +324,34 @@ TEST(TrainerTest, MetricsCarryEveryField) {
   EXPECT_EQ(j["tokens"], 8 * 16);
 }
 
+// MFU against train.peak_tflops, on any device: each step's tflops_per_device over the given
+// peak; without it the CPU has no peak (null), as a GPU zerort does not know by name.
+TEST(TrainerTest, MfuAgainstTheGivenPeak) {
+  auto mfus = [](double peak_tflops) {
+    const std::string metrics = ::testing::TempDir() + "/mfu.jsonl";
+    std::filesystem::remove(metrics);
+    RunConfig c = SmallRun(metrics);
+    c.train.steps = 2;
+    c.train.peak_tflops = peak_tflops;
+    auto group = *CreateLoopbackGroup(1, {}, nullptr);
+    std::FILE* sink = std::fopen("/dev/null", "w");
+    EXPECT_TRUE(Train(c, {.world = group[0].get(), .world_source = "test", .out = sink}).ok());
+    std::fclose(sink);
+    std::vector<nlohmann::json> lines;
+    std::ifstream in(metrics);
+    for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+    return lines;
+  };
+  for (const nlohmann::json& j : mfus(0)) EXPECT_TRUE(j["mfu"].is_null()) << j;
+  const std::vector<nlohmann::json> given = mfus(0.25);
+  ASSERT_EQ(given.size(), 2u);
+  for (const nlohmann::json& j : given) {
+    const double tflops = j["tflops_per_device"].get<double>();
+    ASSERT_GT(tflops, 0) << j;
+    EXPECT_DOUBLE_EQ(j["mfu"].get<double>(), tflops / 0.25) << j;
+  }
+}
+
 TEST(TrainerTest, RefusesWhatCannotRun) {
   RunConfig c = SmallRun("");
   auto group = *CreateLoopbackGroup(1, {}, nullptr);

@@ -117,6 +117,14 @@ TEST(CudaArchTest, ThePeakOfTheGpusByName) {
                {"NVIDIA GeForce RTX 4090", 0},
                {"", 0}};
   for (const auto& c : cases) EXPECT_EQ(DenseBf16PeakFlops(c.name), c.peak) << c.name;
+  // MFU's denominator: train.peak_tflops where given (any device, a known GPU's name overruled),
+  // else a GPU's by its name, else none.
+  EXPECT_EQ(PeakFlops(165.2, true, "NVIDIA GeForce RTX 4090"), 165.2e12);
+  EXPECT_EQ(PeakFlops(900, true, "NVIDIA H100 80GB HBM3"), 900e12);
+  EXPECT_EQ(PeakFlops(2.5, false, ""), 2.5e12);
+  EXPECT_EQ(PeakFlops(0, true, "NVIDIA H100 80GB HBM3"), 989e12);
+  EXPECT_EQ(PeakFlops(0, true, "NVIDIA GeForce RTX 4090"), 0);
+  EXPECT_EQ(PeakFlops(0, false, "NVIDIA H100 80GB HBM3"), 0);
 }
 
 // ChooseDevice: "cpu" is the CPU anywhere; "" the CPU where no GPU runs this build's code;
