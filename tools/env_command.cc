@@ -88,14 +88,18 @@ int RunEnv(const EnvOptions& options, const LaunchEnv& launch, int* argc, char**
   const CudaInfo cuda = QueryCuda();
   nlohmann::json devices = nlohmann::json::array();
   for (const CudaDeviceInfo& d : cuda.devices) {
-    devices.push_back({{"index", d.index},
-                       {"name", d.name},
-                       {"compute_capability", fmt::sprintf("%d.%d", d.compute_capability_major,
-                                                           d.compute_capability_minor)},
-                       {"memory_bytes", d.total_memory_bytes},
-                       {"multiprocessors", d.multiprocessor_count},
-                       {"shared_memory_per_block", d.shared_memory_per_block},
-                       {"unusable_reason", d.unusable_reason}});
+    // MFU's denominator unless train.peak_tflops gives one; null: unknown.
+    const double peak = DenseBf16PeakFlops(d.name);
+    devices.push_back(
+        {{"index", d.index},
+         {"name", d.name},
+         {"compute_capability",
+          fmt::sprintf("%d.%d", d.compute_capability_major, d.compute_capability_minor)},
+         {"memory_bytes", d.total_memory_bytes},
+         {"multiprocessors", d.multiprocessor_count},
+         {"shared_memory_per_block", d.shared_memory_per_block},
+         {"dense_bf16_peak_tflops", peak > 0 ? nlohmann::json(peak / 1e12) : nlohmann::json()},
+         {"unusable_reason", d.unusable_reason}});
   }
   const nlohmann::json out = {
       {"version", build.version},
@@ -149,10 +153,14 @@ int RunEnv(const EnvOptions& options, const LaunchEnv& launch, int* argc, char**
               cuda.unavailable_reason.empty() ? "" : "; ", cuda.unavailable_reason.c_str());
   if (cuda.devices.empty()) std::printf("%-10s none (runs use the CPU)\n", "devices:");
   for (const CudaDeviceInfo& d : cuda.devices) {
-    std::printf("%-10s cuda:%d %s, sm %d.%d, %.1f GiB, %d SMs, %lld KiB shared a block%s%s\n",
+    const double peak = DenseBf16PeakFlops(d.name);
+    const std::string mfu = peak > 0 ? fmt::format("bf16 peak {:g} TFLOP/s", peak / 1e12)
+                                     : "bf16 peak unknown (MFU needs train.peak_tflops)";
+    std::printf("%-10s cuda:%d %s, sm %d.%d, %.1f GiB, %d SMs, %lld KiB shared a block, %s%s%s\n",
                 "device:", d.index, d.name.c_str(), d.compute_capability_major,
                 d.compute_capability_minor, static_cast<double>(d.total_memory_bytes) / (1 << 30),
                 d.multiprocessor_count, static_cast<long long>(d.shared_memory_per_block / 1024),
+                mfu.c_str(),
                 d.unusable_reason.empty() ? "" : "; unusable: ", d.unusable_reason.c_str());
   }
   std::printf("%-10s %s\n", "NCCL:", NcclVersion().c_str());
