@@ -27,6 +27,10 @@ env = json.loads(r.stdout)
 for key in ("version", "build", "cuda", "nccl", "mpi", "openblas", "launch"):
     check(f"env has {key}", key in env, r.stdout)
 check("env launch is single process", env["launch"]["world_size"] == 1, r.stdout)
+# Each GPU's MFU denominator: a positive peak where zerort knows the name, else null (a GPU only).
+for d in env["cuda"]["devices"]:
+    peak = d.get("dense_bf16_peak_tflops", 0)
+    check(f"env gives {d['name']}'s peak or null", peak is None or peak > 0, d)
 check("library logs go to stderr, not stdout", "[rank" not in r.stdout, r.stdout)
 
 r = run("env")
