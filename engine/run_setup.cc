@@ -160,32 +160,31 @@ Status Run::Setup() {
 }
 
 // The device for train.device `want`: the session's (`given`, where the caller passed it) or
-// chosen here. A session's device that train.device rules out is the caller's mistake.
+// chosen here. "" takes either; "cuda" only a GPU, "cpu" and "cpu-async" only the CPU. A session's
+// device that train.device rules out is the caller's mistake.
 static StatusOr<Device> DeviceFor(const std::string& want, const std::optional<Device>& given,
                                   int local_rank) {
   const bool gpu_choice = want == "cuda" || want.empty();
-  if (!given.has_value()) return ChooseDevice(gpu_choice ? want : "cpu", local_rank);
-  if (given->is_cuda() == gpu_choice || (want.empty() && given->is_cpu())) return *given;
+  if (given.has_value()) {
+    if (want.empty() || given->is_cuda() == gpu_choice) return *given;
+    return absl::InvalidArgumentError(
+        StrCat("the session runs on ", given->ToString(), ", but train.device is \"", want, "\""));
+  }
+  StatusOr<Device> chosen = ChooseDevice(gpu_choice ? want : "cpu", local_rank);
+  if (chosen.ok()) return chosen;
   return absl::InvalidArgumentError(
-      StrCat("the session runs on ", given->ToString(), ", but train.device is \"", want, "\""));
+      StrCat("train.device = \"cuda\", but there is ", chosen.status().message()));
 }
 
 Status Run::SetupDevice() {
-  const std::string& want = c_.train.device;
-  StatusOr<Device> chosen = DeviceFor(want, ctx_.device, ctx_.local_rank);
-  if (absl::IsInvalidArgument(chosen.status())) return chosen.status();
-  if (!chosen.ok()) {
-    return absl::InvalidArgumentError(
-        StrCat("train.device = \"cuda\", but there is ", chosen.status().message()));
-  }
-  cuda_ = chosen->is_cuda();
+  ZR_ASSIGN_OR_RETURN(const Device chosen,
+                      DeviceFor(c_.train.device, ctx_.device, ctx_.local_rank));
+  cuda_ = chosen.is_cuda();
   if (cuda_) {
-    device_ = *chosen;
+    device_ = chosen;
     // Its name (the MFU's peak), memory (the memory check) and shared memory a block (the flash
     // attention's blocks); unknown (zeros) where its properties do not read.
-    for (const CudaDeviceInfo& d : QueryCuda().devices) {
-      if (d.index == device_.index) gpu_ = d;
-    }
+    gpu_ = QueryCudaDevice(device_.index);
     ZR_RETURN_IF_ERROR(SetCurrentDevice(device_));
     ZR_ASSIGN_OR_RETURN(allocator_, MakeCudaCachingAllocator(device_, &tracker_));
   } else {

@@ -189,6 +189,9 @@ struct CudaInfo {
 
 // What CUDA can offer this process; never fails: a missing driver or device is a reason.
 CudaInfo QueryCuda();
+// QueryCuda's entry for the device of that index (its name, memory, shared memory a block); zeros
+// and an empty name where there is none (no driver, no such device).
+CudaDeviceInfo QueryCudaDevice(int index);
 
 // Dense bf16 peak FLOP/s (no sparsity) of a GPU by its name (CudaDeviceInfo::name), the MFU
 // denominator: the datasheets' figures for the H100 (SXM, PCIe, NVL), H200, GH200, H800, H20,

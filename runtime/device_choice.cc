@@ -1,9 +1,16 @@
-// ChooseDevice (device.h): a run's device from train.device's choice.
+// ChooseDevice (device.h): a run's device from train.device's choice; QueryCudaDevice.
 #include "zerort/runtime/device.h"
 #include "zerort/runtime/log.h"
 #include "zerort/runtime/strings.h"
 
 namespace zerort {
+
+CudaDeviceInfo QueryCudaDevice(int index) {
+  for (const CudaDeviceInfo& d : QueryCuda().devices) {
+    if (d.index == index) return d;
+  }
+  return {};
+}
 
 StatusOr<Device> ChooseDevice(std::string_view want, int local_rank) {
   if (want == "cpu") return Device::Cpu();

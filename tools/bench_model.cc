@@ -100,6 +100,8 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
   const bool cuda = !o.cpu && CudaDeviceCount() > 0;
   const Device device =
       cuda ? Device::Cuda(launch.local_rank % std::max(1, CudaDeviceCount())) : Device::Cpu();
+  // The bench's own GPU (its index is the rank's): its name, and a known GPU's MFU peak.
+  const CudaDeviceInfo gpu = cuda ? QueryCudaDevice(device.index) : CudaDeviceInfo{};
   const DType dtype = c.compute;
   const DecoderConfig& m = c.model;
   const int batch = c.micro_batch, seq = m.seq_len;
@@ -330,7 +332,7 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
         {"bench", "model"},
         {"baseline", "the model's largest GEMM shape ([rows, d] x [d, 4d]) alone, same GEMM path"},
         {"config", o.config},
-        {"device", cuda ? QueryCuda().devices.at(0).name : "cpu"},
+        {"device", cuda ? gpu.name : "cpu"},
         {"dtype", std::string(DTypeName(dtype))},
         {"params", m.NumParameters()},
         {"n_layer", m.n_layer},
@@ -435,12 +437,7 @@ int RunBenchModel(const BenchModelOptions& o, const LaunchEnv& launch, int* argc
           {"gemms", gemms},
           {"others", others}};
     }
-    // The bench's own device's name (its index is the rank's), for a known GPU's peak.
-    std::string name;
-    for (const CudaDeviceInfo& d : cuda ? QueryCuda().devices : std::vector<CudaDeviceInfo>{}) {
-      if (d.index == device.index) name = d.name;
-    }
-    const double peak = PeakFlops(c.peak_tflops, cuda, name);
+    const double peak = PeakFlops(c.peak_tflops, cuda, gpu.name);
     if (peak > 0) {  // the CPU, or a GPU whose peak is not known: no MFU (runtime/device.h)
       result["peak_tflops"] = peak / 1e12;
       result["peak_from"] = c.peak_tflops > 0 ? "train.peak_tflops" : "the device's name";

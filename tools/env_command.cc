@@ -152,10 +152,12 @@ int RunEnv(const EnvOptions& options, const LaunchEnv& launch, int* argc, char**
               CudaVersionString(cuda.driver_version).c_str(),
               cuda.unavailable_reason.empty() ? "" : "; ", cuda.unavailable_reason.c_str());
   if (cuda.devices.empty()) std::printf("%-10s none (runs use the CPU)\n", "devices:");
-  for (const CudaDeviceInfo& d : cuda.devices) {
-    const double peak = DenseBf16PeakFlops(d.name);
-    const std::string mfu = peak > 0 ? fmt::format("bf16 peak {:g} TFLOP/s", peak / 1e12)
-                                     : "bf16 peak unknown (MFU needs train.peak_tflops)";
+  for (size_t i = 0; i < cuda.devices.size(); ++i) {
+    const CudaDeviceInfo& d = cuda.devices[i];
+    const nlohmann::json& peak = devices[i]["dense_bf16_peak_tflops"];
+    const std::string mfu = !peak.is_null()
+                                ? fmt::format("bf16 peak {:g} TFLOP/s", peak.get<double>())
+                                : "bf16 peak unknown (MFU needs train.peak_tflops)";
     std::printf("%-10s cuda:%d %s, sm %d.%d, %.1f GiB, %d SMs, %lld KiB shared a block, %s%s%s\n",
                 "device:", d.index, d.name.c_str(), d.compute_capability_major,
                 d.compute_capability_minor, static_cast<double>(d.total_memory_bytes) / (1 << 30),

@@ -21,6 +21,10 @@ TEST(CudaAllocatorTest, TheGpuRunsThisBuildsCode) {
   ASSERT_FALSE(info.devices.empty());
   EXPECT_EQ(info.devices[0].unusable_reason, "");
   EXPECT_GE(info.devices[0].shared_memory_per_block, 48 * 1024);  // every CUDA device since 2.0
+  const CudaDeviceInfo first = QueryCudaDevice(0);  // the same entry, found by its index
+  EXPECT_EQ(first.name, info.devices[0].name);
+  EXPECT_EQ(first.total_memory_bytes, info.devices[0].total_memory_bytes);
+  EXPECT_EQ(QueryCudaDevice(static_cast<int>(info.devices.size())).name, "");
   StatusOr<Device> chosen = ChooseDevice("cuda", 0);
   ASSERT_TRUE(chosen.ok()) << chosen.status();
   EXPECT_TRUE(chosen->is_cuda());

@@ -143,6 +143,11 @@ TEST(CudaArchTest, TheDeviceChoiceWithoutAGpu) {
   EXPECT_EQ(cuda.status().message(), "no usable GPU: " + QueryCuda().unavailable_reason);
   const Status usable = CheckCudaDeviceUsable(0);
   EXPECT_EQ(usable.code(), absl::StatusCode::kFailedPrecondition) << usable;
+  // No device of that index: zeros and no name (the MFU's peak unknown, the memory check's GPU
+  // bytes 0).
+  const CudaDeviceInfo none = QueryCudaDevice(0);
+  EXPECT_EQ(none.name, "");
+  EXPECT_EQ(none.total_memory_bytes, 0u);
 }
 
 }  // namespace
