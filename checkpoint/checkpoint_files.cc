@@ -188,7 +188,9 @@ Status ValidateMetadata(const std::string& path, const nlohmann::json& j) {
       for (size_t d = 0; ok && d < v.size(); ++d) {
         ok = v[d].is_number_integer() && v[d].get<int64_t>() >= 1 &&
              v[d].get<int64_t>() <= (int64_t{1} << 40);
-        if (ok) numel = std::min<int64_t>(numel * v[d].get<int64_t>(), int64_t{1} << 41);
+        // Capped before the product, never after it: 2^41 x 2^40 would wrap past 2^63.
+        constexpr int64_t kCap = int64_t{1} << 41;
+        if (ok) numel = numel > kCap / v[d].get<int64_t>() ? kCap : numel * v[d].get<int64_t>();
       }
       if (!ok || numel > (int64_t{1} << 40)) {
         return bad(StrCat(where, ".", key), v,

@@ -178,6 +178,11 @@ cases += [
      "params[0].shape"),
     ("a 2^45-element shape", meta_edit(lambda m: m["params"][0].update(shape=[2**40, 32])),
      "params[0].shape"),
+    # Products past 2^64: the count must not wrap around to a small number on its way.
+    ("a 2^80-element shape", meta_edit(lambda m: m["params"][0].update(shape=[2**40, 2**40])),
+     "params[0].shape"),
+    ("a 2^64 + 2^33-element shape",
+     meta_edit(lambda m: m["params"][0].update(shape=[2**33, 2**31 + 1])), "params[0].shape"),
     ("a negative piece offset", meta_edit(lambda m: m["ranks"][0]["pieces"][0].__setitem__(1, -7)),
      "ranks[0].pieces[0]"),
     ("a piece stored twice",
