@@ -185,6 +185,14 @@ StatusOr<DecoderConfig> Gpt2FromHuggingFace(const Reader& r) {
     return r.Error("layer_norm_epsilon",
                    StrCat("= ", eps, ": zerort's GPT-2 LayerNorm uses 1e-05 (GPT-2's own)"));
   }
+  // transformers unties GPT2LMHeadModel's lm_head when this is false (its own lm_head.weight in
+  // the files); zerort's GPT-2 reads its logits through wte, so that model would not be this one.
+  ZR_ASSIGN_OR_RETURN(const bool tied, r.Bool("tie_word_embeddings", true));
+  if (!tied) {
+    return r.Error("tie_word_embeddings",
+                   "= false: zerort's GPT-2 ties its output projection to the token embedding "
+                   "(wte); a GPT-2 with its own lm_head is not implemented");
+  }
   ZR_RETURN_IF_ERROR(c.Validate());
   return c;
 }

@@ -239,6 +239,8 @@ TEST(HfConfigTest, HostileAndUnsupportedFieldsAreNamed) {
                                                              "activation_function = \"relu\""},
         {"activation_function", "gelu", "activation_function = \"gelu\""},
         {"layer_norm_epsilon", 1e-6, "layer_norm_epsilon = 1e-06"},
+        {"tie_word_embeddings", false, "tie_word_embeddings = false"},
+        {"tie_word_embeddings", "yes", "tie_word_embeddings"},
         {"n_layer", nullptr, "n_layer = null"}}) {
     nlohmann::json gpt2 = {{"model_type", "gpt2"}};
     gpt2[key] = value;
@@ -248,6 +250,8 @@ TEST(HfConfigTest, HostileAndUnsupportedFieldsAreNamed) {
   }
   nlohmann::json tanh = {{"model_type", "gpt2"}, {"activation_function", "gelu_pytorch_tanh"}};
   EXPECT_TRUE(DecoderConfigFromHuggingFace(tanh, "g.json").ok());  // gelu_new by another name
+  nlohmann::json tied = {{"model_type", "gpt2"}, {"tie_word_embeddings", true}};
+  EXPECT_TRUE(DecoderConfigFromHuggingFace(tied, "g.json").ok());  // GPT-2's own, said aloud
   EXPECT_FALSE(ReadHuggingFaceConfig("/nonexistent/config.json").ok());
 }
 
