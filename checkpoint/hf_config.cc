@@ -180,6 +180,21 @@ StatusOr<DecoderConfig> Gpt2FromHuggingFace(const Reader& r) {
                           "\": zerort's GPT-2 MLP computes gelu_new (GELU's tanh "
                           "approximation); another activation is not implemented"));
   }
+  // transformers' GPT-2 divides its attention scores by sqrt(head size) unless scale_attn_weights
+  // is false, and also by the layer's index + 1 with scale_attn_by_inverse_layer_idx (Stanford
+  // CRFM's Mistral GPT-2 runs): zerort's computes the first alone.
+  ZR_ASSIGN_OR_RETURN(const bool scaled, r.Bool("scale_attn_weights", true));
+  if (!scaled) {
+    return r.Error("scale_attn_weights",
+                   "= false: zerort's GPT-2 attention divides its scores by sqrt(head size); "
+                   "unscaled scores are not implemented");
+  }
+  ZR_ASSIGN_OR_RETURN(const bool by_layer, r.Bool("scale_attn_by_inverse_layer_idx", false));
+  if (by_layer) {
+    return r.Error("scale_attn_by_inverse_layer_idx",
+                   "= true: zerort's GPT-2 attention does not also divide its scores by the "
+                   "layer's index + 1; that scaling is not implemented");
+  }
   ZR_ASSIGN_OR_RETURN(const double eps, r.Number("layer_norm_epsilon", 0, 1, 1e-5));
   if (eps != 1e-5) {
     return r.Error("layer_norm_epsilon",

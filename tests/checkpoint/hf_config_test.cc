@@ -241,6 +241,8 @@ TEST(HfConfigTest, HostileAndUnsupportedFieldsAreNamed) {
         {"layer_norm_epsilon", 1e-6, "layer_norm_epsilon = 1e-06"},
         {"tie_word_embeddings", false, "tie_word_embeddings = false"},
         {"tie_word_embeddings", "yes", "tie_word_embeddings"},
+        {"scale_attn_weights", false, "scale_attn_weights = false"},
+        {"scale_attn_by_inverse_layer_idx", true, "scale_attn_by_inverse_layer_idx = true"},
         {"n_layer", nullptr, "n_layer = null"}}) {
     nlohmann::json gpt2 = {{"model_type", "gpt2"}};
     gpt2[key] = value;
@@ -250,7 +252,11 @@ TEST(HfConfigTest, HostileAndUnsupportedFieldsAreNamed) {
   }
   nlohmann::json tanh = {{"model_type", "gpt2"}, {"activation_function", "gelu_pytorch_tanh"}};
   EXPECT_TRUE(DecoderConfigFromHuggingFace(tanh, "g.json").ok());  // gelu_new by another name
-  nlohmann::json tied = {{"model_type", "gpt2"}, {"tie_word_embeddings", true}};
+  nlohmann::json tied = {{"model_type", "gpt2"},
+                         {"tie_word_embeddings", true},
+                         {"scale_attn_weights", true},
+                         {"scale_attn_by_inverse_layer_idx", false},
+                         {"reorder_and_upcast_attn", true}};       // the same function, upcast
   EXPECT_TRUE(DecoderConfigFromHuggingFace(tied, "g.json").ok());  // GPT-2's own, said aloud
   EXPECT_FALSE(ReadHuggingFaceConfig("/nonexistent/config.json").ok());
 }
