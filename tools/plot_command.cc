@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -172,18 +173,37 @@ Status Plot(const PlotOptions& o) {
       "set grid\n"
       "set key top right\n"
       "set xlabel 'step'\n"
-      "set multiplot layout 2,2 title '{}'\n"
-      "set title 'loss (nats per token)'\n"
-      "plot '{}' using 1:2 with lines lw 1.5 title 'train', "
-      "'' using 1:6 with linespoints pt 7 ps 0.6 lw 1.5 title 'validation'\n"
-      "set title 'learning rate'\n"
-      "plot '' using 1:3 with lines lw 1.5 notitle\n"
-      "set title 'tokens/s'\n"
-      "plot '' using 1:4 with lines lw 1.5 notitle\n"
-      "set title 'gradient norm'\n"
-      "plot '' using 1:5 with lines lw 1.5 notitle\n"
-      "unset multiplot\n",
-      png ? "pngcairo" : "svg", partial, title, data_path);
+      "set multiplot layout 2,2 title '{}'\n",
+      png ? "pngcairo" : "svg", partial, title);
+  // A panel whose series hold no finite value is drawn as empty axes saying so: gnuplot stops at
+  // a plot with no valid point ("x range is invalid"), and such a file is real: a diverged run
+  // records its loss as null, an fp16 run whose every step so far overflowed its gradient norm.
+  auto any_finite = [&rows](double MetricsRow::*field) {
+    return std::any_of(rows.begin(), rows.end(),
+                       [field](const MetricsRow& r) { return std::isfinite(r.*field); });
+  };
+  const int64_t first = rows.front().step;  // ReadMetrics keeps the steps ascending
+  const int64_t last = std::max(rows.back().step, first + 1);
+  auto panel = [&](const char* name, bool drawn, const std::string& series) {
+    if (drawn) return fmt::format("set title '{}'\nplot {}\n", name, series);
+    return fmt::format(
+        "set title '{} (no finite values)'\nset xrange [{}:{}]\nset yrange [0:1]\n"
+        "plot 2 notitle\nset autoscale\n",  // 2: off the axes' range, nothing drawn
+        name, first, last);
+  };
+  const std::string d = fmt::format("'{}'", data_path);
+  script += panel("loss (nats per token)",
+                  any_finite(&MetricsRow::loss) || any_finite(&MetricsRow::val_loss),
+                  fmt::format("{0} using 1:2 with lines lw 1.5 title 'train', {0} using 1:6 with "
+                              "linespoints pt 7 ps 0.6 lw 1.5 title 'validation'",
+                              d));
+  script += panel("learning rate", any_finite(&MetricsRow::lr),
+                  d + " using 1:3 with lines lw 1.5 notitle");
+  script += panel("tokens/s", any_finite(&MetricsRow::tokens_per_s),
+                  d + " using 1:4 with lines lw 1.5 notitle");
+  script += panel("gradient norm", any_finite(&MetricsRow::grad_norm),
+                  d + " using 1:5 with lines lw 1.5 notitle");
+  script += "unset multiplot\n";
   const std::string script_path = dir + "/plot.gp";
   ZR_RETURN_IF_ERROR(WriteFileAtomically(script_path, script, "zerort plot"));
   Status s = RunGnuplot(script_path);

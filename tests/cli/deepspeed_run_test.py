@@ -318,6 +318,22 @@ r = subprocess.run([zerort, "plot", damaged, "-o", os.path.join(tmp, "d.png")], 
 check("plot: a damaged line is exit 2 naming the file and line", r.returncode == 2 and
       "damaged.jsonl: line 2" in r.stderr and not os.path.exists(os.path.join(tmp, "d.png")),
       (r.returncode, r.stderr[-500:]))
+# A series without one finite value (a diverged run's loss, written as null; an fp16 run whose
+# every step so far overflowed, its gradient norm): its panel is drawn empty, not an error.
+for field, what in [("grad_norm", "every gradient norm"), ("loss", "every loss")]:
+    nulls = os.path.join(tmp, f"null-{field}.jsonl")
+    with open(nulls, "w") as f:
+        for line in lines:
+            record = json.loads(line)
+            record[field] = None
+            record.pop("val_loss", None)
+            f.write(json.dumps(record) + "\n")
+    out = os.path.join(tmp, f"null-{field}.png")
+    r = subprocess.run([zerort, "plot", nulls, "-o", out], capture_output=True, text=True,
+                       env=env, timeout=120)
+    check(f"plot: {what} null draws the other panels", r.returncode == 0 and
+          os.path.exists(out) and os.path.getsize(out) > 5000 and png_decodes(out)[0],
+          (r.returncode, r.stderr[-500:]))
 r = subprocess.run([zerort, "plot", plot_in, "-o", os.path.join(tmp, "x.jpg")],
                    capture_output=True, text=True, env=env, timeout=60)
 check("plot: -o x.jpg is exit 2", r.returncode == 2 and ".png or .svg" in r.stderr, r.stderr[-300:])
