@@ -52,9 +52,10 @@ run: build-cli
 LLAMA_RUN := runs/llama-tiny-cpu
 run-llama: build-cli
 	mkdir -p $(LLAMA_RUN)
-	$(ZERORT) data corpus $(LLAMA_RUN)/corpus.txt
-	$(ZERORT) data train-tokenizer $(LLAMA_RUN)/tokenizer.model --vocab-size 512 --threads 2
-	$(ZERORT) data prepare $(LLAMA_RUN)/corpus.txt $(LLAMA_RUN)/corpus.bin --tokenizer $(LLAMA_RUN)/tokenizer.model
+	$(ZERORT) data corpus $(LLAMA_RUN)/corpus.txt --overwrite
+	$(ZERORT) data train-tokenizer $(LLAMA_RUN)/tokenizer.model --vocab-size 512 --threads 2 --overwrite
+	$(ZERORT) data prepare $(LLAMA_RUN)/corpus.txt $(LLAMA_RUN)/corpus.bin --overwrite \
+	  --tokenizer $(LLAMA_RUN)/tokenizer.model
 	$(ZERORT) train configs/llama-tiny-cpu.json --overwrite
 
 test: format-check test-unit test-install test-asan test-tsan

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <regex>
+#include <set>
 
 #include "zerort/checkpoint/checkpoint.h"
 #include "zerort/checkpoint/config_match.h"
@@ -348,6 +350,30 @@ StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std
   if (saved.is_object()) config = MergeImportedConfig(saved, config);
   ZR_RETURN_IF_ERROR(
       WriteFileAtomically(out_dir + "/config.json", config.dump(2) + "\n", "checkpoint export"));
+  // An export into a directory that held an earlier one (the CLI's --overwrite: [Note: outputs
+  // the user named] in runtime/user_file.h) leaves none of that one's weights beside its own:
+  // transformers reads model.safetensors before an index, so an old single file would shadow new
+  // shards, and old shards of another count would lie about the model. Only weight files go.
+  std::set<std::string> mine;
+  for (size_t i = 0; i < n; ++i) mine.insert(file_of(i));
+  if (n > 1) mine.insert("model.safetensors.index.json");
+  static const std::regex kWeights(
+      R"(model\.safetensors|model\.safetensors\.index\.json|model-\d{5}-of-\d{5}\.safetensors)");
+  std::vector<fs::path> stale;
+  for (const fs::directory_entry& e : fs::directory_iterator(out_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!mine.contains(name) && std::regex_match(name, kWeights) &&
+        !fs::is_directory(e.symlink_status(ec))) {
+      stale.push_back(e.path());
+    }
+  }
+  if (ec) return absl::InternalError(StrCat("list ", out_dir, ": ", ec.message()));
+  for (const fs::path& p : stale) {
+    if (!fs::remove(p, ec) || ec) {
+      return absl::InternalError(StrCat("checkpoint export: remove the earlier export's ",
+                                        p.string(), ": ", ec.message()));
+    }
+  }
   return summary;
 }
 

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "zerort/runtime/strings.h"
 
@@ -62,6 +63,28 @@ Status CheckOutputPath(const std::string& path, std::string_view what) {
                "device is never replaced)"));
   }
   return absl::OkStatus();
+}
+
+Status CheckReplaceable(const std::string& path, bool overwrite, std::string_view what) {
+  ZR_RETURN_IF_ERROR(CheckOutputPath(path, what));
+  struct stat st {};
+  if (overwrite || ::stat(path.c_str(), &st) != 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      StrCat(what, ": ", path, " exists; pass --overwrite to replace it, or name a new file"));
+}
+
+Status CheckOutputDirectory(const std::string& dir, bool overwrite, std::string_view what) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(dir, ec);
+  if (!std::filesystem::exists(st)) return absl::OkStatus();
+  if (!std::filesystem::is_directory(st)) {
+    return absl::InvalidArgumentError(StrCat(what, ": ", dir, " exists and is not a directory"));
+  }
+  if (overwrite || std::filesystem::is_empty(dir, ec)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      StrCat(what, ": ", dir,
+             " exists and is not empty; pass --overwrite to write into it (files of the same "
+             "names are replaced) or name a new directory"));
 }
 
 Status WriteFileAtomically(const std::string& path, std::string_view text, std::string_view what) {

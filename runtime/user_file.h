@@ -26,6 +26,20 @@ Status WriteAll(int fd, std::string_view bytes, std::string_view what);
 // zerort's replaces a file, never a directory, FIFO or device.
 Status CheckOutputPath(const std::string& path, std::string_view what);
 
+// [Note: outputs the user named]
+// A command's output file or directory that already holds something is not replaced unless the
+// command was given --overwrite (`overwrite`): `zerort data corpus config.json`, an argument
+// order slipped, or `checkpoint export` into the directory a model was imported from, would
+// otherwise destroy what was saved there without a word. (`zerort plot -o` replaces its image: a
+// plot is redrawn as a run goes on.)
+// OK when `path` does not exist, or when it is a regular file and `overwrite`; else
+// InvalidArgument naming `what`, the path and the flag (CheckOutputPath's message where `path` is
+// not a regular file: that is never replaced).
+Status CheckReplaceable(const std::string& path, bool overwrite, std::string_view what);
+// OK when `dir` does not exist, is an empty directory, or is a directory and `overwrite`; else
+// InvalidArgument naming `what`, the directory and the flag.
+Status CheckOutputDirectory(const std::string& dir, bool overwrite, std::string_view what);
+
 // Writes `text` to `path` through `path`.tmp (CheckOutputPath first): every write, the fsync and
 // the close checked, then a rename; on any failure the .tmp is removed and the error names `what`
 // (the config key or command) and the file.

@@ -8,16 +8,15 @@
 #include "zerort/runtime/exit_codes.h"
 #include "zerort/runtime/log.h"
 #include "zerort/runtime/strings.h"
+#include "zerort/runtime/user_file.h"
 
 namespace zerort::cli {
-namespace {
+namespace {}  // namespace
 
 int Fail(const Status& s) {
   Logger()->error("{}", s.message());
   return ExitCodeOf(s);
 }
-
-}  // namespace
 
 int RunEval(const EvalOptions& o) {
   if (o.max_windows < 0) {
@@ -105,6 +104,11 @@ int RunCheckpointExport(const CheckpointOptions& o) {
   }
   StatusOr<std::string> step_dir = ResolveStepDir(o.dir);
   if (!step_dir.ok()) return Fail(step_dir.status());
+  // [Note: outputs the user named] (runtime/user_file.h): a model directory is not written into
+  // unasked (the one a run was initialised from, say).
+  if (Status out = CheckOutputDirectory(o.out_dir, o.overwrite, "checkpoint export"); !out.ok()) {
+    return Fail(out);
+  }
   StatusOr<ExportSummary> s =
       ExportHuggingFace(*step_dir, o.out_dir, DType::kF32, static_cast<int64_t>(*shard));
   if (!s.ok()) return Fail(s.status());

@@ -96,10 +96,11 @@ struct PlotOptions {
 int RunPlot(const PlotOptions& options);
 
 struct DataPrepareOptions {
-  std::string text;       // input text file (.jsonl: one document per line)
-  std::string out;        // token file to write
-  std::string tokenizer;  // a Hugging Face tokenizer.json; empty: byte tokens
-  int threads = 0;        // 0: every core
+  std::string text;        // input text file (.jsonl: one document per line)
+  std::string out;         // token file to write
+  std::string tokenizer;   // a Hugging Face tokenizer.json; empty: byte tokens
+  int threads = 0;         // 0: every core
+  bool overwrite = false;  // replace `out` ([Note: outputs the user named], runtime/user_file.h)
 };
 int RunDataPrepare(const DataPrepareOptions& options);
 struct TrainTokenizerOptions {
@@ -107,11 +108,12 @@ struct TrainTokenizerOptions {
   std::string input;  // text; empty: the built-in corpus
   int vocab_size = 512;
   std::string type = "bpe";
-  int threads = 0;  // the trainer's (its model depends on them); 0: every core
+  int threads = 0;         // the trainer's (its model depends on them); 0: every core
+  bool overwrite = false;  // replace `out`
 };
 int RunTrainTokenizer(const TrainTokenizerOptions& options);
 // zerort data corpus OUT.txt: the built-in corpus (the default run's text) as a file.
-int RunWriteCorpus(const std::string& out);
+int RunWriteCorpus(const std::string& out, bool overwrite);
 
 struct EvalOptions {
   std::string config;       // run config: the model shape (and data.path by default)
@@ -126,6 +128,7 @@ struct CheckpointOptions {
   std::string dir;                     // step directory, or a checkpoint directory with `latest`
   std::string out_dir;                 // export and import
   std::string max_shard_size = "5GB";  // export: Hugging Face's shard size (ParseBytes)
+  bool overwrite = false;              // export: into a directory that holds files
 };
 int RunCheckpointInspect(const CheckpointOptions& options);
 int RunCheckpointExport(const CheckpointOptions& options);
@@ -163,6 +166,8 @@ int RunEstimate(const EstimateOptions& options);
 // The exit code of a failed command: 2 for what the user can fix (bad config or input, a
 // missing or damaged checkpoint or data file, a feature not available yet), else 1.
 int ExitCodeOf(const Status& status);
+// Logs `s`'s message as the command's error and returns ExitCodeOf(s).
+int Fail(const Status& s);
 
 // Parses "4096", "4KiB", "64MiB", "1GiB", "1.5GB".
 StatusOr<size_t> ParseBytes(const std::string& text);

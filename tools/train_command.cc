@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -24,6 +25,7 @@
 #include "zerort/runtime/log.h"
 #include "zerort/runtime/session.h"
 #include "zerort/runtime/strings.h"
+#include "zerort/runtime/user_file.h"
 
 namespace zerort::cli {
 
@@ -152,6 +154,13 @@ int RunTrain(const TrainOptions& o, const LaunchEnv& launch, int* argc, char*** 
 }
 
 int RunDataPrepare(const DataPrepareOptions& o) {
+  // [Note: outputs the user named]; and never the text being read, --overwrite or not.
+  std::error_code ec;
+  Status out_ok = std::filesystem::equivalent(o.text, o.out, ec)
+                      ? absl::InvalidArgumentError(
+                            StrCat("data prepare: ", o.out, " is the text it would be made from"))
+                      : CheckReplaceable(o.out, o.overwrite, "data prepare");
+  if (!out_ok.ok()) return Fail(out_ok);
   const bool bar = ::isatty(STDERR_FILENO) != 0;
   const auto start = std::chrono::steady_clock::now();
   auto progress = [&](int64_t done, int64_t total) {
@@ -181,6 +190,9 @@ int RunDataPrepare(const DataPrepareOptions& o) {
 }
 
 int RunTrainTokenizer(const TrainTokenizerOptions& o) {
+  if (Status out_ok = CheckReplaceable(o.out, o.overwrite, "data train-tokenizer"); !out_ok.ok()) {
+    return Fail(out_ok);
+  }
   const Status s = TrainSentencePiece({.input = o.input,
                                        .output = o.out,
                                        .vocab_size = o.vocab_size,
@@ -196,8 +208,11 @@ int RunTrainTokenizer(const TrainTokenizerOptions& o) {
   return kExitOk;
 }
 
-int RunWriteCorpus(const std::string& out) {
+int RunWriteCorpus(const std::string& out, bool overwrite) {
   const std::string text = DefaultCorpus();
+  if (Status out_ok = CheckReplaceable(out, overwrite, "data corpus"); !out_ok.ok()) {
+    return Fail(out_ok);
+  }
   if (Status s = WriteFileAtomically(out, text, "data corpus"); !s.ok()) {
     Logger()->error("data corpus: {}", s.message());
     return ExitCodeOf(s);

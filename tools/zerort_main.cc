@@ -151,10 +151,16 @@ int main(int argc, char** argv) {
                       "A Hugging Face tokenizer.json (byte-level BPE); default: byte tokens");
   prepare->add_option("--threads", prepare_options.threads, "Threads (0: every core)")
       ->check(CLI::Range(0, 1024));
+  // [Note: outputs the user named] (runtime/user_file.h)
+  const char* const kOverwriteHelp =
+      "Replace out if it exists (else exit 2: nothing saved is replaced unasked)";
+  prepare->add_flag("--overwrite", prepare_options.overwrite, kOverwriteHelp);
   std::string corpus_out;
+  bool corpus_overwrite = false;
   CLI::App* corpus = data->add_subcommand(
       "corpus", "Write the built-in corpus (the default run's text) to a file");
   corpus->add_option("out", corpus_out, "Text file to write")->required();
+  corpus->add_flag("--overwrite", corpus_overwrite, kOverwriteHelp);
   cli::TrainTokenizerOptions tokenizer_options;
   CLI::App* train_tokenizer =
       data->add_subcommand("train-tokenizer",
@@ -172,6 +178,7 @@ int main(int argc, char** argv) {
       ->add_option("--threads", tokenizer_options.threads,
                    "Trainer threads (the model depends on them); 0: every core")
       ->check(CLI::Range(0, 1024));
+  train_tokenizer->add_flag("--overwrite", tokenizer_options.overwrite, kOverwriteHelp);
 
   cli::EvalOptions eval_options;
   CLI::App* eval = app.add_subcommand(
@@ -201,6 +208,9 @@ int main(int argc, char** argv) {
       ->add_option("--max-shard-size", ckpt_options.max_shard_size,
                    "Above this, safetensors shards and their index (Hugging Face's 5GB)")
       ->capture_default_str();
+  export_cmd->add_flag("--overwrite", ckpt_options.overwrite,
+                       "Write into out_dir though it holds files (else exit 2); the model files "
+                       "of an earlier export there are replaced");
   CLI::App* import_cmd = checkpoint->add_subcommand(
       "import", "A Hugging Face model directory (config.json, safetensors) as a zerort checkpoint");
   import_cmd->add_option("hf_dir", ckpt_options.dir, "Hugging Face model directory")->required();
@@ -354,7 +364,7 @@ int main(int argc, char** argv) {
   if (plot->parsed()) return cli::RunPlot(plot_options);
   if (prepare->parsed()) return cli::RunDataPrepare(prepare_options);
   if (train_tokenizer->parsed()) return cli::RunTrainTokenizer(tokenizer_options);
-  if (corpus->parsed()) return cli::RunWriteCorpus(corpus_out);
+  if (corpus->parsed()) return cli::RunWriteCorpus(corpus_out, corpus_overwrite);
   if (eval->parsed()) return cli::RunEval(eval_options);
   if (inspect->parsed()) return cli::RunCheckpointInspect(ckpt_options);
   if (export_cmd->parsed()) return cli::RunCheckpointExport(ckpt_options);

@@ -297,4 +297,64 @@ with open(path, "w") as f:
 r = train(path, "--resume")
 check("resume with another ZeRO stage and batch size runs", r.returncode == 0, r.stderr[-1500:])
 
+# A command's output that exists is not replaced unasked ([Note: outputs the user named] in
+# runtime/user_file.h): exit 2 naming it and --overwrite, the file byte-identical; with
+# --overwrite it is replaced. `data prepare` never writes over its own input.
+outs = os.path.join(tmp, "outputs")
+os.makedirs(outs)
+words = os.path.join(outs, "words.txt")
+with open(words, "w") as f:
+    f.write("a few words to tokenize\n" * 50)
+
+
+def zr(*args):
+    return subprocess.run([zerort, *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+for what, args, name in [
+        ("data corpus", ["data", "corpus"], "corpus.txt"),
+        ("data prepare", ["data", "prepare", words], "tokens.bin"),
+        ("data train-tokenizer", ["data", "train-tokenizer", "--vocab-size", "512", "--threads",
+                                  "1"], "tok.model")]:
+    out = os.path.join(outs, name)
+    with open(out, "w") as f:
+        f.write("saved before\n")
+    before = snapshot(outs)
+    r = zr(*args, out)
+    check(f"{what} onto an existing {name}: exit 2 naming it and --overwrite",
+          r.returncode == 2 and out in r.stderr and "--overwrite" in r.stderr,
+          f"{r.returncode} {r.stderr[-600:]}")
+    check(f"... {name} is byte-identical", snapshot(outs) == before)
+    r = zr(*args, out, "--overwrite")
+    check(f"{what} --overwrite replaces it", r.returncode == 0 and snapshot(outs)[name] !=
+          before[name], f"{r.returncode} {r.stderr[-600:]}")
+before = snapshot(outs)
+r = zr("data", "prepare", words, words, "--overwrite")
+check("data prepare onto its own input: exit 2 even with --overwrite, the text untouched",
+      r.returncode == 2 and "is the text it would be made from" in r.stderr and
+      snapshot(outs) == before, f"{r.returncode} {r.stderr[-600:]}")
+# checkpoint export into a directory that holds files (a model's own, say): exit 2, untouched;
+# with --overwrite the export's files are written and an earlier export's weight files it does
+# not write go (an old model.safetensors would shadow new shards), the user's other files stay.
+hf = os.path.join(tmp, "hf_out")
+os.makedirs(hf)
+with open(os.path.join(hf, "README.md"), "w") as f:
+    f.write("a model card\n")
+before = snapshot(hf)
+r = zr("checkpoint", "export", g, hf)
+check("export into a directory that holds files: exit 2 naming it and --overwrite",
+      r.returncode == 2 and hf in r.stderr and "--overwrite" in r.stderr,
+      f"{r.returncode} {r.stderr[-600:]}")
+check("... the directory is byte-identical", snapshot(hf) == before)
+r = zr("checkpoint", "export", g, hf, "--overwrite", "--max-shard-size", "8KiB")
+sharded = sorted(snapshot(hf))
+check("export --overwrite writes shards and their index beside the user's file",
+      r.returncode == 0 and "model.safetensors.index.json" in sharded and "README.md" in sharded
+      and "model.safetensors" not in sharded, f"{r.returncode} {sharded} {r.stderr[-600:]}")
+r = zr("checkpoint", "export", g, hf, "--overwrite")
+files = sorted(snapshot(hf))
+check("export --overwrite as one file removes the earlier export's shards and index",
+      r.returncode == 0 and files == ["README.md", "config.json", "model.safetensors"],
+      f"{r.returncode} {files} {r.stderr[-600:]}")
+
 sys.exit(checks.finish())
