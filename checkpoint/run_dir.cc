@@ -76,15 +76,19 @@ Status CheckNewRunDirectory(const std::string& dir, bool overwrite) {
              "to start a new run there (an earlier run's steps are never deleted by it)"));
 }
 
-Status CheckNewMetricsFile(const std::string& path, bool overwrite) {
+Status CheckNewRunFile(std::string_view key, const std::string& path, bool overwrite,
+                       std::string_view on_resume) {
   if (overwrite) return absl::OkStatus();
   std::error_code ec;
   const auto size = fs::file_size(path, ec);
   if (ec || size == 0) return absl::OkStatus();
   return absl::AlreadyExistsError(
-      StrCat("logging.metrics_file ", path, " already holds ", size,
-             " bytes of an earlier run: pass --resume to append to it, choose another file, or "
-             "pass --overwrite to replace it"));
+      StrCat(key, " ", path, " already holds ", size, " bytes of an earlier run: pass --resume to ",
+             on_resume, ", choose another file, or pass --overwrite to replace it"));
+}
+
+Status CheckNewMetricsFile(const std::string& path, bool overwrite) {
+  return CheckNewRunFile("logging.metrics_file", path, overwrite, "append to it");
 }
 
 std::string NewRunId() {

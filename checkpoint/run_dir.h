@@ -35,6 +35,10 @@ class RunLock {
 // A new run's checks (overwrite: the user's explicit consent). AlreadyExists naming what is there
 // and the three ways on: --resume, another directory or file, --overwrite.
 Status CheckNewRunDirectory(const std::string& dir, bool overwrite);
+// A file of the run's (`key`: logging.metrics_file, logging.trace_file) that holds bytes already;
+// `on_resume` says what --resume does with it.
+Status CheckNewRunFile(std::string_view key, const std::string& path, bool overwrite,
+                       std::string_view on_resume);
 Status CheckNewMetricsFile(const std::string& path, bool overwrite);
 
 // 16 lowercase hex digits, different for every call (random device, time and pid).

@@ -395,7 +395,8 @@ std::vector<ConfigField> BuildTable() {
   t.push_back(Str(lg, "level", ZR_MEMBER(logging.level),
                   {"trace", "debug", "info", "warn", "error", "off"}, "the log's level"));
   t.push_back(Str(lg, "trace_file", ZR_MEMBER(logging.trace_file), {},
-                  "Chrome trace-event JSON of every rank's work; empty: none"));
+                  "Chrome trace-event JSON of every rank's work; empty: none. A new run "
+                  "refuses a non-empty one unless --overwrite (a resumed run replaces it)"));
 
   const std::string_view cm = "csv_monitor";
   t.push_back(Bool(cm, "enabled", ZR_MEMBER(csv_monitor.enabled),

@@ -2,6 +2,7 @@
 #include "zerort/engine/csv_monitor.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -39,11 +40,17 @@ Status CsvMonitor::Write(std::string_view event, int64_t step, double value) {
         ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) return ErrnoError(StrCat("open csv_monitor file ", path), errno);
     it = fds_.emplace(file, fd).first;
-    const size_t slash = event.rfind('/');
-    const std::string_view header =
-        slash == std::string_view::npos ? event : event.substr(slash + 1);
-    ZR_RETURN_IF_ERROR(
-        WriteAll(fd, StrCat("step,", header, "\n"), StrCat("write csv_monitor file ", path)));
+    // The header starts a new file only: a later run appends its rows under the first run's, as
+    // DeepSpeed's monitor does (a second header mid-file is a row of text to a CSV reader).
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) return ErrnoError(StrCat("stat csv_monitor file ", path), errno);
+    if (st.st_size == 0) {
+      const size_t slash = event.rfind('/');
+      const std::string_view header =
+          slash == std::string_view::npos ? event : event.substr(slash + 1);
+      ZR_RETURN_IF_ERROR(
+          WriteAll(fd, StrCat("step,", header, "\n"), StrCat("write csv_monitor file ", path)));
+    }
   }
   return WriteAll(it->second, fmt::format("{},{}\n", step, value),
                   StrCat("write csv_monitor file ", path));

@@ -146,6 +146,12 @@ Status Run::Setup() {
   ZR_RETURN_IF_ERROR(AgreeAll(CheckMemoryFits(), "the memory check"));
   if (!c_.logging.trace_file.empty()) {
     timeline_ = std::make_unique<Timeline>(world().rank());
+    // A new run does not replace an earlier run's trace unasked, as with its metrics.
+    if (leader() && !ctx_.resume) {
+      ZR_RETURN_IF_ERROR(CheckNewRunFile("logging.trace_file", c_.logging.trace_file,
+                                         ctx_.overwrite,
+                                         "continue that run (its trace is then replaced)"));
+    }
     if (leader()) ZR_RETURN_IF_ERROR(Timeline::CheckWritable(c_.logging.trace_file));
   }
   ZR_RETURN_IF_ERROR(SetupManager());

@@ -245,6 +245,14 @@ if "Train_Samples_train_loss.csv" in files:
     check("csv_monitor: header, then a row per step by global samples, the metrics' losses",
           rows[0] == "step,train_loss" and len(rows) == 13 and rows[1].startswith("8,") and
           abs(float(rows[-1].split(",")[1]) - watched[-1]["loss"]) < 1e-6, rows[:3])
+    # A second run into the same directory appends its rows, as DeepSpeed's monitor does, under
+    # the one header (a second header mid-file is a row of text to a CSV reader).
+    train("csv_again", csv_monitor={"enabled": True, "output_path": csv_dir, "job_name": "job"},
+          fp16={"enabled": True}, train={**BASE["train"], "eval_interval": 6})
+    with open(os.path.join(csv_dir, "job", "Train_Samples_train_loss.csv")) as f:
+        rows = f.read().split()
+    check("csv_monitor: a second run appends its rows under the one header",
+          rows.count("step,train_loss") == 1 and len(rows) == 25, rows[:2] + rows[12:15])
 
 
 def png_decodes(path):

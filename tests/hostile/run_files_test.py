@@ -230,6 +230,29 @@ r = train(cfg, "--overwrite")
 check("--overwrite replaces it", r.returncode == 0, r.stderr[-1500:])
 with open(m) as f:
     check("... with this run's one step", len(f.readlines()) == 1)
+# The same for logging.trace_file (it was replaced without a word).
+t = os.path.join(tmp, "trace", "run.json")
+os.makedirs(os.path.dirname(t))
+with open(t, "w") as f:
+    f.write("an earlier run's trace, or the user's file\n")
+before = snapshot(os.path.dirname(t))
+with open(cfg) as f:
+    c = json.load(f)
+c["logging"] = {"trace_file": t}
+c["checkpoint"]["dir"] = os.path.join(tmp, "trace_ckpt")
+cfg_t = os.path.join(tmp, "trace.json")
+with open(cfg_t, "w") as f:
+    json.dump(c, f)
+r = train(cfg_t)
+check("a new run over a non-empty trace file: exit 2 naming it and the ways on",
+      r.returncode == 2 and "logging.trace_file " + t in r.stderr and "--overwrite" in r.stderr,
+      f"{r.returncode} {r.stderr[-800:]}")
+check("... the file is byte-identical", snapshot(os.path.dirname(t)) == before)
+r = train(cfg_t, "--overwrite")
+with open(t) as f:
+    replaced = f.read()
+check("--overwrite replaces it with this run's trace", r.returncode == 0 and
+      replaced.startswith("["), f"{r.returncode} {replaced[:80]} {r.stderr[-800:]}")
 
 # 7. Writes that fail are errors: a metrics file on a full disk (/dev/full) stops the run with
 #    exit 1 naming the file; a FIFO nobody reads and a directory are refused at once.
