@@ -99,6 +99,9 @@ class Run {
   Status AgreeAll(const Status& mine, std::string_view what);
   // The memory estimator's peak for this rank against what it may use (train.check_memory).
   Status CheckMemoryFits();
+  // Rank 0: logging.trace_file can be written and is not an earlier run's a new run would
+  // replace (checkpoint/run_dir.h's CheckNewRunFile).
+  Status CheckTraceFile();
   std::unique_ptr<Stream> setup_stream_;  // the setup's host collectives
   std::string MetricsPath() const {
     if (!c_.logging.metrics_file.empty()) return c_.logging.metrics_file;

@@ -73,6 +73,17 @@ Status Run::AgreeAll(const Status& mine, std::string_view what) {
   return absl::OkStatus();
 }
 
+// Rank 0's: the file can be written, and a new run does not replace an earlier run's trace
+// unasked (as with its metrics; a resumed run replaces it). Every rank learns the answer
+// (AgreeAll), so none waits in a collective the failing rank will not join.
+Status Run::CheckTraceFile() {
+  if (!ctx_.resume) {
+    ZR_RETURN_IF_ERROR(CheckNewRunFile("logging.trace_file", c_.logging.trace_file, ctx_.overwrite,
+                                       "continue that run (its trace is then replaced)"));
+  }
+  return Timeline::CheckWritable(c_.logging.trace_file);
+}
+
 Status Run::CheckMemoryFits() {
   if (!c_.train.check_memory) return absl::OkStatus();
   StatusOr<MemoryModelInput> input = MemoryModelInput::FromConfig(c_, world().size(), cuda_);
@@ -146,13 +157,8 @@ Status Run::Setup() {
   ZR_RETURN_IF_ERROR(AgreeAll(CheckMemoryFits(), "the memory check"));
   if (!c_.logging.trace_file.empty()) {
     timeline_ = std::make_unique<Timeline>(world().rank());
-    // A new run does not replace an earlier run's trace unasked, as with its metrics.
-    if (leader() && !ctx_.resume) {
-      ZR_RETURN_IF_ERROR(CheckNewRunFile("logging.trace_file", c_.logging.trace_file,
-                                         ctx_.overwrite,
-                                         "continue that run (its trace is then replaced)"));
-    }
-    if (leader()) ZR_RETURN_IF_ERROR(Timeline::CheckWritable(c_.logging.trace_file));
+    ZR_RETURN_IF_ERROR(
+        AgreeAll(leader() ? CheckTraceFile() : absl::OkStatus(), "logging.trace_file"));
   }
   ZR_RETURN_IF_ERROR(SetupManager());
   ZR_RETURN_IF_ERROR(SetupModel());

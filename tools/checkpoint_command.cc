@@ -11,7 +11,6 @@
 #include "zerort/runtime/user_file.h"
 
 namespace zerort::cli {
-namespace {}  // namespace
 
 int Fail(const Status& s) {
   Logger()->error("{}", s.message());
