@@ -5,11 +5,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <set>
 
 #include "zerort/checkpoint/checkpoint.h"
@@ -357,13 +357,23 @@ StatusOr<ExportSummary> ExportHuggingFace(const std::string& step_dir, const std
   std::set<std::string> mine;
   for (size_t i = 0; i < n; ++i) mine.insert(file_of(i));
   if (n > 1) mine.insert("model.safetensors.index.json");
-  static const std::regex kWeights(
-      R"(model\.safetensors|model\.safetensors\.index\.json|model-\d{5}-of-\d{5}\.safetensors)");
+  // model.safetensors, its index, or model-NNNNN-of-NNNNN.safetensors (file_of's names).
+  auto weights = [](const std::string& name) {
+    if (name == "model.safetensors" || name == "model.safetensors.index.json") return true;
+    const std::string_view shape = "model-00000-of-00000.safetensors";
+    if (name.size() != shape.size()) return false;
+    for (size_t i = 0; i < name.size(); ++i) {
+      const bool digit = shape[i] == '0';
+      if (digit ? !std::isdigit(static_cast<unsigned char>(name[i])) : name[i] != shape[i]) {
+        return false;
+      }
+    }
+    return true;
+  };
   std::vector<fs::path> stale;
   for (const fs::directory_entry& e : fs::directory_iterator(out_dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (!mine.contains(name) && std::regex_match(name, kWeights) &&
-        !fs::is_directory(e.symlink_status(ec))) {
+    if (!mine.contains(name) && weights(name) && !fs::is_directory(e.symlink_status(ec))) {
       stale.push_back(e.path());
     }
   }
