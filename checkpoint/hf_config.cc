@@ -56,8 +56,12 @@ class Reader {
     if (!j_.contains(key)) return fallback;
     return Number(j_.at(key), key, lo, hi);
   }
+  // A boolean key; `fallback` (transformers' default) when absent. A null is transformers' None,
+  // which its models test as false (a GPT-2 with "tie_word_embeddings": null is untied), so it
+  // reads as false, not as the default.
   StatusOr<bool> Bool(const char* key, bool fallback) const {
-    if (!Has(key)) return fallback;
+    if (!j_.contains(key)) return fallback;
+    if (j_.at(key).is_null()) return false;
     if (!j_.at(key).is_boolean()) {
       return Error(key, StrCat("= ", ShortDump(j_.at(key)), ": not a boolean"));
     }
@@ -70,6 +74,8 @@ class Reader {
     }
     return j_.at(key).get<std::string>();
   }
+  // The key's value as the file has it (for messages).
+  std::string Shown(const char* key) const { return ShortDump(j_.value(key, nlohmann::json())); }
   Status Error(const std::string& key, const std::string& what) const {
     return absl::InvalidArgumentError(StrCat(file_, ": ", key, " ", what));
   }
@@ -186,8 +192,9 @@ StatusOr<DecoderConfig> Gpt2FromHuggingFace(const Reader& r) {
   ZR_ASSIGN_OR_RETURN(const bool scaled, r.Bool("scale_attn_weights", true));
   if (!scaled) {
     return r.Error("scale_attn_weights",
-                   "= false: zerort's GPT-2 attention divides its scores by sqrt(head size); "
-                   "unscaled scores are not implemented");
+                   StrCat("= ", r.Shown("scale_attn_weights"),
+                          ": zerort's GPT-2 attention divides its scores by sqrt(head size); "
+                          "unscaled scores are not implemented"));
   }
   ZR_ASSIGN_OR_RETURN(const bool by_layer, r.Bool("scale_attn_by_inverse_layer_idx", false));
   if (by_layer) {
@@ -205,8 +212,9 @@ StatusOr<DecoderConfig> Gpt2FromHuggingFace(const Reader& r) {
   ZR_ASSIGN_OR_RETURN(const bool tied, r.Bool("tie_word_embeddings", true));
   if (!tied) {
     return r.Error("tie_word_embeddings",
-                   "= false: zerort's GPT-2 ties its output projection to the token embedding "
-                   "(wte); a GPT-2 with its own lm_head is not implemented");
+                   StrCat("= ", r.Shown("tie_word_embeddings"),
+                          ": zerort's GPT-2 ties its output projection to the token embedding "
+                          "(wte); a GPT-2 with its own lm_head is not implemented"));
   }
   ZR_RETURN_IF_ERROR(c.Validate());
   return c;

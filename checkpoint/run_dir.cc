@@ -87,10 +87,6 @@ Status CheckNewRunFile(std::string_view key, const std::string& path, bool overw
              on_resume, ", choose another file, or pass --overwrite to replace it"));
 }
 
-Status CheckNewMetricsFile(const std::string& path, bool overwrite) {
-  return CheckNewRunFile("logging.metrics_file", path, overwrite, "append to it");
-}
-
 std::string NewRunId() {
   std::random_device device;
   std::seed_seq seed{

@@ -39,7 +39,6 @@ Status CheckNewRunDirectory(const std::string& dir, bool overwrite);
 // `on_resume` says what --resume does with it.
 Status CheckNewRunFile(std::string_view key, const std::string& path, bool overwrite,
                        std::string_view on_resume);
-Status CheckNewMetricsFile(const std::string& path, bool overwrite);
 
 // 16 lowercase hex digits, different for every call (random device, time and pid).
 std::string NewRunId();

@@ -25,7 +25,10 @@ StatusOr<std::unique_ptr<MetricsSink>> MetricsSink::Open(const MetricsSinkOption
   }
   const std::string& path = options.metrics_file;
   if (path.empty()) return sink;
-  if (!options.resume) ZR_RETURN_IF_ERROR(CheckNewMetricsFile(path, options.overwrite));
+  if (!options.resume) {
+    ZR_RETURN_IF_ERROR(
+        CheckNewRunFile("logging.metrics_file", path, options.overwrite, "append to it"));
+  }
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   std::error_code ec;
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);

@@ -242,6 +242,10 @@ TEST(HfConfigTest, HostileAndUnsupportedFieldsAreNamed) {
         {"tie_word_embeddings", false, "tie_word_embeddings = false"},
         {"tie_word_embeddings", "yes", "tie_word_embeddings"},
         {"scale_attn_weights", false, "scale_attn_weights = false"},
+        // null is transformers' None, false to it: not the default true.
+        {"scale_attn_weights", nullptr, "scale_attn_weights = null"},
+        {"tie_word_embeddings", nullptr, "tie_word_embeddings = null"},
+        {"scale_attn_weights", 1, "scale_attn_weights = 1: not a boolean"},
         {"scale_attn_by_inverse_layer_idx", true, "scale_attn_by_inverse_layer_idx = true"},
         {"n_layer", nullptr, "n_layer = null"}}) {
     nlohmann::json gpt2 = {{"model_type", "gpt2"}};

@@ -351,6 +351,28 @@ for what, args, name in [
     r = zr(*args, out, "--overwrite")
     check(f"{what} --overwrite replaces it", r.returncode == 0 and snapshot(outs)[name] !=
           before[name], f"{r.returncode} {r.stderr[-600:]}")
+# --overwrite given a value, and what is never replaced even with it: a directory or a FIFO.
+os.mkdir(os.path.join(outs, "a_dir"))
+fifo = os.path.join(tmp, "out.fifo")  # outside `outs`: snapshot would block reading it
+os.mkfifo(fifo)
+before = snapshot(outs)
+for what, args, says in [
+        ("--overwrite=maybe", ["data", "corpus", os.path.join(outs, "new.txt"), "--overwrite=maybe"],
+         "--overwrite"),
+        ("data corpus --overwrite onto a directory",
+         ["data", "corpus", os.path.join(outs, "a_dir"), "--overwrite"], "is not a regular file"),
+        ("data prepare --overwrite onto a FIFO",
+         ["data", "prepare", words, fifo, "--overwrite"],
+         "is not a regular file"),
+        ("checkpoint export --overwrite into a file",
+         ["checkpoint", "export", g, os.path.join(outs, "words.txt"), "--overwrite"],
+         "is not a directory")]:
+    start = time.time()
+    r = zr(*args)
+    check(f"{what}: exit 2 within seconds, saying why", r.returncode == 2 and says in r.stderr and
+          time.time() - start < 10, f"{r.returncode} {r.stderr[-600:]}")
+    check(f"... {what}: nothing written", snapshot(outs) == before and
+          not os.path.exists(os.path.join(outs, "new.txt")))
 before = snapshot(outs)
 r = zr("data", "prepare", words, words, "--overwrite")
 check("data prepare onto its own input: exit 2 even with --overwrite, the text untouched",
