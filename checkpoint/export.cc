@@ -38,8 +38,8 @@ struct ShardEntry {
   int64_t bytes = 0;
 };
 
-// One safetensors file of `entries` (their masters in `dtype`), through path.tmp renamed at the
-// end; every write checked, the .tmp removed on any failure.
+// One safetensors file of `entries` (their masters in `dtype`), through a FileReplacement renamed
+// at the end; every write checked, nothing left on any failure.
 Status WriteShard(const std::string& path, const std::vector<ShardEntry>& entries,
                   CheckpointReader& reader, DType dtype, ExportSummary& summary) {
   const char* st_dtype = dtype == DType::kF32 ? "F32" : dtype == DType::kBF16 ? "BF16" : "F16";
@@ -53,22 +53,9 @@ Status WriteShard(const std::string& path, const std::vector<ShardEntry>& entrie
   header["__metadata__"] = {{"format", "pt"}, {"source", "zerort checkpoint export"}};
   std::string text = header.dump();
   while ((text.size() + 8) % 8 != 0) text.push_back(' ');  // data aligned to 8 bytes
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) return ErrnoError(StrCat("open ", tmp), errno);
-  bool committed = false;
-  struct Cleanup {
-    int fd;
-    const std::string& tmp;
-    bool& committed;
-    ~Cleanup() {
-      if (fd >= 0 && !committed) ::close(fd);
-      if (!committed) ::unlink(tmp.c_str());
-    }
-  } cleanup{fd, tmp, committed};
+  ZR_ASSIGN_OR_RETURN(FileReplacement file, FileReplacement::Begin(path, "checkpoint export"));
   auto write_all = [&](const void* data, size_t bytes) {
-    return WriteAll(fd, std::string_view(static_cast<const char*>(data), bytes),
-                    StrCat("write ", tmp));
+    return file.Write(std::string_view(static_cast<const char*>(data), bytes));
   };
   const uint64_t header_size = text.size();
   char size_bytes[8];
@@ -97,14 +84,7 @@ Status WriteShard(const std::string& path, const std::vector<ShardEntry>& entrie
     ++summary.tensors;
     summary.bytes += e.bytes;
   }
-  if (::fsync(fd) != 0) return ErrnoError(StrCat("fsync ", tmp), errno);
-  cleanup.fd = -1;
-  if (::close(fd) != 0) return ErrnoError(StrCat("close ", tmp), errno);
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return absl::InternalError(StrCat("rename ", tmp, " to ", path, ": ", ec.message()));
-  committed = true;
-  return absl::OkStatus();
+  return file.Commit();
 }
 
 // The model on one process at stage 0 on the CPU with plain SGD (no moments): what reads or

@@ -38,20 +38,15 @@ std::optional<TextCut> LastCut(std::string_view text, size_t end, bool lines,
   return tokenizer->LastCut(text, end);
 }
 
-// The token file written as it goes: header first (its count patched at the end).
+// The token file written as it goes: header first (its count patched at the end), through a
+// FileReplacement ([Note: a file written beside its target]).
 class TokenWriter {
  public:
   static StatusOr<std::unique_ptr<TokenWriter>> Create(const std::string& path, int vocab) {
-    ZR_RETURN_IF_ERROR(CheckOutputPath(path, "data prepare"));
-    auto w = std::unique_ptr<TokenWriter>(new TokenWriter(path, vocab));
-    w->fd_ = ::open(w->tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (w->fd_ < 0) return ErrnoError(StrCat("open ", w->tmp_), errno);
-    ZR_RETURN_IF_ERROR(WriteAll(w->fd_, w->Header(0), StrCat("write ", w->tmp_)));
+    ZR_ASSIGN_OR_RETURN(FileReplacement file, FileReplacement::Begin(path, "data prepare"));
+    auto w = std::unique_ptr<TokenWriter>(new TokenWriter(std::move(file), vocab));
+    ZR_RETURN_IF_ERROR(w->file_.Write(w->Header(0)));
     return w;
-  }
-  ~TokenWriter() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(tmp_.c_str());
   }
   Status Append(const std::vector<int32_t>& ids) {
     std::string out;
@@ -60,28 +55,21 @@ class TokenWriter {
       for (int b = 0; b < width_; ++b) out.push_back(static_cast<char>((t >> (8 * b)) & 0xff));
     }
     count_ += static_cast<int64_t>(ids.size());
-    return WriteAll(fd_, out, StrCat("write ", tmp_));
+    return file_.Write(out);
   }
   Status Commit() {
     const std::string header = Header(count_);
-    if (::pwrite(fd_, header.data(), header.size(), 0) != static_cast<ssize_t>(header.size())) {
-      return ErrnoError(StrCat("write ", tmp_), errno);
+    if (::pwrite(file_.fd(), header.data(), header.size(), 0) !=
+        static_cast<ssize_t>(header.size())) {
+      return ErrnoError(StrCat("write ", file_.temp_path()), errno);
     }
-    if (::fsync(fd_) != 0) return ErrnoError(StrCat("fsync ", tmp_), errno);
-    const int fd = std::exchange(fd_, -1);
-    if (::close(fd) != 0) return ErrnoError(StrCat("close ", tmp_), errno);
-    if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
-      return ErrnoError(StrCat("rename ", tmp_, " to ", path_), errno);
-    }
-    committed_ = true;
-    return absl::OkStatus();
+    return file_.Commit();
   }
   int64_t count() const { return count_; }
 
  private:
-  TokenWriter(std::string path, int vocab)
-      : path_(std::move(path)),
-        tmp_(path_ + ".tmp"),
+  TokenWriter(FileReplacement file, int vocab)
+      : file_(std::move(file)),
         vocab_(vocab),
         width_(vocab <= 256     ? 1
                : vocab <= 65536 ? 2
@@ -99,11 +87,9 @@ class TokenWriter {
     u32(0);
     return h;
   }
-  std::string path_, tmp_;
+  FileReplacement file_;
   int vocab_, width_;
-  int fd_ = -1;
   int64_t count_ = 0;
-  bool committed_ = false;
 };
 
 }  // namespace

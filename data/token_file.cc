@@ -3,11 +3,11 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <random>
 
 #include "zerort/data/token_source.h"
 #include "zerort/runtime/strings.h"
+#include "zerort/runtime/user_file.h"
 
 namespace zerort {
 namespace {
@@ -44,25 +44,7 @@ Status WriteTokenFile(const std::string& path, const std::vector<int32_t>& token
     for (int b = 0; b < width; ++b) out.push_back(static_cast<char>((t >> (8 * b)) & 0xff));
   }
   // Written next to the target and renamed: a reader never sees half a file.
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) {
-      const int err = errno;
-      return ErrnoError(StrCat("open ", tmp, " for writing"), err);
-    }
-    f.write(out.data(), static_cast<std::streamsize>(out.size()));
-    f.flush();
-    if (!f) {
-      const int err = errno;
-      return ErrnoError(StrCat("write ", tmp), err);
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    return ErrnoError(StrCat("rename ", tmp, " to ", path), err);
-  }
-  return absl::OkStatus();
+  return WriteFileAtomically(path, out, "token file");
 }
 
 StatusOr<TokenFile> ReadTokenFile(const std::string& path) {

@@ -1,7 +1,8 @@
-// ReadDataFile: regular files only, bounded. WriteFileAtomically: checked, then renamed.
+// ReadDataFile: regular files only, bounded. FileReplacement: a new file, checked, then renamed.
 #include "zerort/runtime/user_file.h"
 
 #include <fcntl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include "zerort/runtime/strings.h"
 
@@ -87,35 +89,83 @@ Status CheckOutputDirectory(const std::string& dir, bool overwrite, std::string_
              "names are replaced) or name a new directory"));
 }
 
-Status WriteFileAtomically(const std::string& path, std::string_view text, std::string_view what) {
+StatusOr<FileReplacement> FileReplacement::Begin(const std::string& path, std::string_view what) {
   ZR_RETURN_IF_ERROR(CheckOutputPath(path, what));
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) return ErrnoError(StrCat("open ", what, " ", tmp), errno);
+  for (int attempt = 0;; ++attempt) {
+    uint32_t random = 0;
+    if (::getrandom(&random, sizeof(random), 0) != static_cast<ssize_t>(sizeof(random))) {
+      random = static_cast<uint32_t>(::getpid()) * 2654435761u + static_cast<uint32_t>(attempt);
+    }
+    char suffix[32];
+    std::snprintf(suffix, sizeof(suffix), ".zerort-%08x.tmp", random);
+    std::string temp = path + suffix;
+    const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd >= 0) return FileReplacement(path, std::move(temp), std::string(what), fd);
+    if (errno != EEXIST || attempt == 15)
+      return ErrnoError(StrCat("open ", what, " ", temp), errno);
+  }
+}
+
+FileReplacement::FileReplacement(std::string target, std::string temp, std::string what, int fd)
+    : target_(std::move(target)), temp_(std::move(temp)), what_(std::move(what)), fd_(fd) {}
+
+FileReplacement::FileReplacement(FileReplacement&& other) noexcept
+    : target_(std::move(other.target_)),
+      temp_(std::move(other.temp_)),
+      what_(std::move(other.what_)),
+      fd_(std::exchange(other.fd_, -1)) {
+  other.temp_.clear();
+}
+
+FileReplacement& FileReplacement::operator=(FileReplacement&& other) noexcept {
+  if (this != &other) {
+    Discard();
+    target_ = std::move(other.target_);
+    temp_ = std::move(other.temp_);
+    what_ = std::move(other.what_);
+    fd_ = std::exchange(other.fd_, -1);
+    other.temp_.clear();
+  }
+  return *this;
+}
+
+FileReplacement::~FileReplacement() { Discard(); }
+
+void FileReplacement::Discard() {
+  if (fd_ >= 0) ::close(std::exchange(fd_, -1));
+  if (!temp_.empty()) ::unlink(std::exchange(temp_, std::string()).c_str());
+}
+
+Status FileReplacement::Write(std::string_view bytes) {
+  if (temp_.empty()) return absl::FailedPreconditionError(StrCat(what_, ": written after commit"));
+  Status s = WriteAll(fd_, bytes, StrCat("write ", what_, " ", temp_));
+  if (!s.ok()) Discard();
+  return s;
+}
+
+Status FileReplacement::Commit() {
+  if (temp_.empty()) return absl::FailedPreconditionError(StrCat(what_, ": committed twice"));
   auto fail = [&](const char* call, int err) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return ErrnoError(StrCat(call, " ", what, " ", tmp), err);
+    Status s = ErrnoError(StrCat(call, " ", what_, " ", temp_), err);
+    Discard();
+    return s;
   };
-  size_t done = 0;
-  while (done < text.size()) {  // not WriteAll: a failure here also removes the .tmp
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return fail("write", n < 0 ? errno : ENOSPC);
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 && errno != EINVAL) return fail("fsync", errno);
-  if (::close(fd) != 0) {
+  if (::fsync(fd_) != 0 && errno != EINVAL) return fail("fsync", errno);
+  if (::close(std::exchange(fd_, -1)) != 0) return fail("close", errno);
+  if (std::rename(temp_.c_str(), target_.c_str()) != 0) {
     const int err = errno;
-    ::unlink(tmp.c_str());
-    return ErrnoError(StrCat("close ", what, " ", tmp), err);
+    Status s = ErrnoError(StrCat("rename ", what_, " ", temp_, " to ", target_), err);
+    Discard();
+    return s;
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return ErrnoError(StrCat("rename ", what, " ", tmp, " to ", path), err);
-  }
+  temp_.clear();
   return absl::OkStatus();
+}
+
+Status WriteFileAtomically(const std::string& path, std::string_view text, std::string_view what) {
+  ZR_ASSIGN_OR_RETURN(FileReplacement file, FileReplacement::Begin(path, what));
+  ZR_RETURN_IF_ERROR(file.Write(text));
+  return file.Commit();
 }
 
 Status WriteAll(int fd, std::string_view bytes, std::string_view what) {

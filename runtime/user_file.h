@@ -40,9 +40,46 @@ Status CheckReplaceable(const std::string& path, bool overwrite, std::string_vie
 // InvalidArgument naming `what`, the directory and the flag.
 Status CheckOutputDirectory(const std::string& dir, bool overwrite, std::string_view what);
 
-// Writes `text` to `path` through `path`.tmp (CheckOutputPath first): every write, the fsync and
-// the close checked, then a rename; on any failure the .tmp is removed and the error names `what`
-// (the config key or command) and the file.
+// [Note: a file written beside its target]
+// An output of zerort's is written to a new file in the target's directory and renamed over the
+// target at the end, so a reader never sees half a file and a failure (a full disk, a kill)
+// leaves the target as it was. That file is the target's name followed by
+// ".zerort-<8 hex digits>.tmp", created exclusively (O_EXCL, a new random name on a clash): a
+// file of the user's beside the target (OUT.tmp, say) is never opened, truncated or removed, and
+// two writers of one target never share a file. Only a kill leaves one behind (its name says
+// whose it is); every failure zerort sees removes it.
+
+// A replacement of `path` being written ([Note: a file written beside its target]). Not
+// committed when destroyed: closed and removed, the target untouched.
+class FileReplacement {
+ public:
+  // CheckOutputPath(`path`, `what`), then the new file (mode 0644 less the umask).
+  static StatusOr<FileReplacement> Begin(const std::string& path, std::string_view what);
+  FileReplacement(FileReplacement&& other) noexcept;
+  FileReplacement& operator=(FileReplacement&& other) noexcept;
+  FileReplacement(const FileReplacement&) = delete;
+  FileReplacement& operator=(const FileReplacement&) = delete;
+  ~FileReplacement();
+
+  int fd() const { return fd_; }
+  // The file written, named in every error about it.
+  const std::string& temp_path() const { return temp_; }
+  // Appends `bytes` (WriteAll; the error names `what` and the file).
+  Status Write(std::string_view bytes);
+  // The data made durable (fsync), the file closed and renamed over the target; each step
+  // checked. On failure the file is removed.
+  Status Commit();
+
+ private:
+  FileReplacement(std::string target, std::string temp, std::string what, int fd);
+  void Discard();
+  std::string target_, temp_, what_;
+  int fd_ = -1;
+};
+
+// Writes `text` to `path` through a FileReplacement: every write, the fsync and the close
+// checked, then a rename; on any failure nothing is left and the error names `what` (the config
+// key or command) and the file.
 Status WriteFileAtomically(const std::string& path, std::string_view text, std::string_view what);
 
 }  // namespace zerort

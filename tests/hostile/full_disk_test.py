@@ -5,6 +5,7 @@ checkpoint save that runs out of space stops the run with exit 1 naming the file
 out of space are exit 1 naming the file with nothing partial left under their names; the metrics
 file likewise.
 Usage: full_disk_test.py PATH_TO_ZERORT"""
+import glob
 import json
 import os
 import subprocess
@@ -88,7 +89,7 @@ try:
         check(f"{what} on a full disk: names it", os.path.basename(name) in r.stderr and
               "No space left on device" in r.stderr, r.stderr[-800:])
         check(f"{what} on a full disk: nothing partial left",
-              not os.path.exists(name + ".tmp") and
+              not glob.glob(glob.escape(name) + "*.tmp") and
               (not os.path.exists(name) or os.path.getsize(name) == 0), str(os.listdir(full)))
     good = os.path.join(tmp, "good")
     r = subprocess.run([zerort, "train", write("good.json", dict(BASE,
@@ -98,11 +99,11 @@ try:
     r = subprocess.run([zerort, "checkpoint", "export", good, out], capture_output=True,
                        text=True, timeout=120)
     check("export on a full disk: exit 1", r.returncode == 1, f"{r.returncode} {r.stderr[-800:]}")
-    check("export on a full disk: names the file", "model.safetensors.tmp" in r.stderr and
+    check("export on a full disk: names the file", "model.safetensors.zerort-" in r.stderr and
           "No space left on device" in r.stderr, r.stderr[-800:])
     check("export on a full disk: nothing partial left",
           not os.path.exists(os.path.join(out, "model.safetensors")) and
-          not os.path.exists(os.path.join(out, "model.safetensors.tmp")),
+          not glob.glob(os.path.join(glob.escape(out), "model.safetensors*")),
           str(os.listdir(out)) if os.path.exists(out) else "")
 finally:
     for m in mounts:

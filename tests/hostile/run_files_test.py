@@ -402,4 +402,39 @@ check("export --overwrite as one file removes the earlier export's shards and in
       r.returncode == 0 and files == ["README.md", "config.json", "model.safetensors"],
       f"{r.returncode} {files} {r.stderr[-600:]}")
 
+# A file of the user's beside an output, named as zerort's own temporary once was (OUT.tmp), is
+# never opened, truncated or removed ([Note: a file written beside its target] in
+# runtime/user_file.h): every writer makes a new file of its own, exclusively, and leaves none
+# behind. Before that note each of these wrote through OUT.tmp and renamed it away.
+beside = os.path.join(tmp, "beside")
+os.makedirs(beside)
+cfg_b = config("beside", os.path.join(tmp, "beside_ckpt"), 1)
+with open(cfg_b) as f:
+    tc = json.load(f)
+tc["logging"] = {"trace_file": os.path.join(beside, "trace.json")}
+with open(cfg_b, "w") as f:
+    json.dump(tc, f)
+export_dir = os.path.join(beside, "hf")
+os.makedirs(export_dir)
+for what, args, target in [
+        ("data corpus", ["data", "corpus", os.path.join(beside, "c.txt")], "c.txt"),
+        ("data prepare", ["data", "prepare", words, os.path.join(beside, "t.bin")], "t.bin"),
+        ("data train-tokenizer", ["data", "train-tokenizer", os.path.join(beside, "k.model"),
+                                  "--vocab-size", "512", "--threads", "1"], "k.model"),
+        ("checkpoint export", ["checkpoint", "export", g, export_dir, "--overwrite"],
+         "hf/model.safetensors"),
+        ("logging.trace_file", ["train", cfg_b], "trace.json")]:
+    mine = os.path.join(beside, target + ".tmp")
+    with open(mine, "w") as f:
+        f.write("the user's own file\n")
+    before = snapshot(beside)
+    r = zr(*args)
+    after = snapshot(beside)
+    check(f"{what} beside the user's {target}.tmp: written", r.returncode == 0 and
+          target in after, f"{r.returncode} {r.stderr[-600:]}")
+    check(f"... {target}.tmp byte-identical", after.get(target + ".tmp") ==
+          before[target + ".tmp"], str(sorted(after)))
+    left = [n for n in after if ".zerort-" in n]
+    check(f"... nothing of its own left beside it", not left, str(left))
+
 sys.exit(checks.finish())
