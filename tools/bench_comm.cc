@@ -261,7 +261,7 @@ int RunBenchComm(const BenchCommOptions& o, const LaunchEnv& launch, int* argc, 
   const std::string backend =
       !o.backend.empty() ? o.backend : (launch.world_size > 1 ? "mpi" : "loopback");
   auto fail = [](const Status& s, int code) {
-    Logger()->error("bench comm: {}", s.ToString());
+    Logger()->error("bench comm: {}", s.message());
     return code;
   };
   StatusOr<DType> dtype = ParseDType(o.dtype);

@@ -134,7 +134,7 @@ int RunBenchOffload(const BenchOffloadOptions& o) {
                                        : IoEngine::kAuto;
   so.block_bytes = o.block_size;
   so.queue_depth = o.queue_depth;
-  if (Status s = NvmeStore::CheckFreeSpace(o.path, 2 * o.size_bytes, "bench offload"); !s.ok()) {
+  if (Status s = NvmeStore::CheckFreeSpace(o.path, 2 * o.size_bytes, "--path"); !s.ok()) {
     return fail(s);
   }
   StatusOr<std::unique_ptr<NvmeStore>> store = NvmeStore::Create(so);

@@ -7,6 +7,7 @@ hang or an exit 0.
 Usage: cli_flags_test.py PATH_TO_ZERORT CONFIGS_DIR"""
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -147,6 +148,12 @@ for args, says in cases:
     what = " ".join(a if len(a) < 30 else "..." + a[-20:] for a in args)
     check(f"{what}: exit 2", code == 2, f"{code} {out[-500:]}")
     check(f"{what}: names {says}", says in out, out[-500:])
+    # Said once, in words: no command prefix twice ("bench offload: bench offload: ..."), no
+    # status code's name ("FAILED_PRECONDITION: ...").
+    errors = [line.split("[error] ", 1)[1] for line in out.splitlines() if "[error] " in line]
+    doubled = [e for e in errors if e.split(": ", 1)[0] + ": " + e.split(": ", 1)[0] + ": " in e]
+    coded = [e for e in errors if re.search(r"\b[A-Z]+_[A-Z_]+: ", e)]
+    check(f"{what}: said once, in words", not doubled and not coded, str(doubled + coded))
     # About 0.2 s in a release build; the bound leaves room for the sanitizer build under load.
     check(f"{what}: within 3 s", seconds < 3, f"{seconds:.2f} s")
 
