@@ -430,11 +430,12 @@ StatusOr<ImportSummary> ImportHuggingFace(const std::string& hf_dir, const std::
   config.checkpoint.dir = out_dir;
   // The model is config.json's own: no comparison to make (InitialWeights' for a run's config).
   ZR_ASSIGN_OR_RETURN(std::shared_ptr<const HfWeights> weights, HfWeights::Open(hf_dir, shape));
-  const Initializer init = HfWeights::AsInitializer(std::move(weights));
+  const Initializer init = HfWeights::AsInitializer(weights);
   // One process at stage 0 on the CPU, as EvaluateCheckpoint: the checkpoint's logical layout
   // loads at any world size and layout.
   ZR_ASSIGN_OR_RETURN(auto one, MakeOneProcessModel(shape, 1));
   ZR_RETURN_IF_ERROR(one->manager->Initialize(init));
+  ZR_RETURN_IF_ERROR(weights->NonFinite());  // [Note: weights that are not numbers]
   ZR_ASSIGN_OR_RETURN(nlohmann::json hf_config, ReadHuggingFaceConfigJson(hf_dir));
   const RunState state{.step = 0,
                        .config = config.ToJson(),

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -296,7 +297,8 @@ StatusOr<std::shared_ptr<const HfWeights>> HfWeights::Open(const std::string& di
         return Bad(in->path(), StrCat("tensor '", hf.name, "' has shape ", ShortDump(t->shape),
                                       "; config.json's model needs ", ShortDump(want)));
       }
-      w->sources_[p.name] = Source{t, hf.transpose};
+      w->sources_[p.name] =
+          Source{.tensor = t, .transpose = hf.transpose, .hf_name = hf.name, .file = &in->path()};
       w->parameters_ += p.real_numel();
     }
   }
@@ -311,16 +313,33 @@ void HfWeights::Fill(const ParamSpec& spec, std::span<float> local) const {
   std::fill(local.begin(), local.end(), 0.0f);  // padding rows stay 0
   for (const GlobalRun& run : RealGlobalRuns(spec, 0, spec.numel())) {
     float* out = local.data() + run.local;
+    // ours [out, in] at (o, c) is HF's (GPT-2's Conv1D) [in, out] at (c, o)
+    auto file_index = [&](int64_t g) {
+      return s.transpose ? g % real[1] * real[0] + g / real[1] : g;
+    };
     if (!s.transpose) {  // a contiguous run of the file: widened in one typed loop
       LoadAsFloatRange(*s.tensor, run.global, run.length, out);
-      continue;
+    } else {
+      for (int64_t i = 0; i < run.length; ++i)
+        out[i] = ValueAt(*s.tensor, file_index(run.global + i));
     }
-    for (int64_t i = 0; i < run.length; ++i) {
-      // ours [out, in] at (o, c) is HF's (GPT-2's Conv1D) [in, out] at (c, o)
-      const int64_t g = run.global + i, o = g / real[1], c = g % real[1];
-      out[i] = ValueAt(*s.tensor, c * real[0] + o);
-    }
+    const float* bad =
+        std::find_if(out, out + run.length, [](float v) { return !std::isfinite(v); });
+    if (bad != out + run.length) NoteNonFinite(s, file_index(run.global + (bad - out)), *bad);
   }
+}
+
+void HfWeights::NoteNonFinite(const Source& s, int64_t element, float value) const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  if (!non_finite_.empty()) return;  // the first one found is the one named
+  non_finite_ = StrCat(*s.file, ": tensor '", s.hf_name, "' holds ", value, " at element ", element,
+                       " (every weight must be a finite number)");
+}
+
+Status HfWeights::NonFinite() const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  if (non_finite_.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(non_finite_);
 }
 
 Initializer HfWeights::AsInitializer(std::shared_ptr<const HfWeights> weights) {
@@ -329,12 +348,16 @@ Initializer HfWeights::AsInitializer(std::shared_ptr<const HfWeights> weights) {
   };
 }
 
-StatusOr<Initializer> InitialWeights(const ModelConfig& model) {
-  if (model.init_from.empty()) return DecoderInitializer(model.shape);
+namespace {
+
+Status NamedInitFrom(const Status& s) {
+  return absl::Status(s.code(), StrCat("model.init_from: ", s.message()));
+}
+
+// model.init_from's weights, checked against the run's model (InitialWeights).
+StatusOr<std::shared_ptr<const HfWeights>> OpenInitFrom(const ModelConfig& model) {
   const std::string& dir = model.init_from;
-  auto named = [&](const Status& s) {
-    return absl::Status(s.code(), StrCat("model.init_from: ", s.message()));
-  };
+  auto named = NamedInitFrom;
   StatusOr<DecoderConfig> hf = ReadHuggingFaceConfig(dir);
   if (!hf.ok()) return named(hf.status());
   DecoderConfig want = model.shape;
@@ -368,12 +391,23 @@ StatusOr<Initializer> InitialWeights(const ModelConfig& model) {
   }
   StatusOr<std::shared_ptr<const HfWeights>> weights = HfWeights::Open(dir, model.shape);
   if (!weights.ok()) return named(weights.status());
-  return HfWeights::AsInitializer(*std::move(weights));
+  return weights;
+}
+
+}  // namespace
+
+StatusOr<Initializer> InitialWeights(const ModelConfig& model) {
+  if (model.init_from.empty()) return DecoderInitializer(model.shape);
+  ZR_ASSIGN_OR_RETURN(std::shared_ptr<const HfWeights> weights, OpenInitFrom(model));
+  return HfWeights::AsInitializer(std::move(weights));
 }
 
 Status InitializeWeights(const ModelConfig& model, ShardManager& manager) {
-  ZR_ASSIGN_OR_RETURN(const Initializer init, InitialWeights(model));
-  return manager.Initialize(init);
+  if (model.init_from.empty()) return manager.Initialize(DecoderInitializer(model.shape));
+  ZR_ASSIGN_OR_RETURN(std::shared_ptr<const HfWeights> weights, OpenInitFrom(model));
+  ZR_RETURN_IF_ERROR(manager.Initialize(HfWeights::AsInitializer(weights)));
+  const Status finite = weights->NonFinite();
+  return finite.ok() ? finite : NamedInitFrom(finite);
 }
 
 }  // namespace zerort

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,13 @@ class HfWeights {
   // Fills a parameter (this tensor-parallel rank's part; padding rows 0) from the files: the
   // initializer of ShardManager::Initialize. Every parameter it is asked for was checked by Open.
   static Initializer AsInitializer(std::shared_ptr<const HfWeights> weights);
+  // [Note: weights that are not numbers]
+  // A NaN or infinity in a file's weights would start a run that diverges at its first step (or,
+  // in fp16 with loss scaling, skips every step) far from its cause. The values are checked as
+  // they are filled (Fill reads them anyway; Open, before any allocation, checks the layout
+  // only): after the initializer ran, NonFinite() is InvalidArgument naming the file, the
+  // tensor, the element and the value of the first such weight filled, or OK.
+  Status NonFinite() const;
   int64_t parameters() const { return parameters_; }
   int files() const { return static_cast<int>(files_.size()); }
 
@@ -70,11 +78,16 @@ class HfWeights {
   struct Source {
     const SafeTensor* tensor = nullptr;
     bool transpose = false;
+    std::string hf_name;                // the tensor's name in its file
+    const std::string* file = nullptr;  // its file's path
   };
   void Fill(const ParamSpec& spec, std::span<float> local) const;
+  void NoteNonFinite(const Source& s, int64_t element, float value) const;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, Source> sources_;  // by zerort name
   int64_t parameters_ = 0;
+  mutable std::mutex mu_;
+  mutable std::string non_finite_;  // guarded by mu_: the first non-finite weight's message
 };
 
 // A run's initial weights: GPT-2's initialisation (DecoderInitializer), or with model.init_from the
@@ -83,7 +96,9 @@ class HfWeights {
 // family, whose positions are rotary) and every tensor by HfWeights::Open. Errors name
 // model.init_from.
 StatusOr<Initializer> InitialWeights(const ModelConfig& model);
-// manager.Initialize(InitialWeights(model)).
+// manager.Initialize(InitialWeights(model)), then, with model.init_from, the weights' NonFinite()
+// (named model.init_from). Each rank fills its own part, so only the ranks whose part holds a
+// NaN see it: the caller agrees on the result among the ranks.
 Status InitializeWeights(const ModelConfig& model, ShardManager& manager);
 
 }  // namespace zerort

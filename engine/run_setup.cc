@@ -261,7 +261,8 @@ Status Run::SetupModel() {
                             .stage = part_},
                            *store_, *kernels_, *allocator_));
   model_->set_defer_training_loss(true);  // read once per step, not per micro-batch
-  ZR_RETURN_IF_ERROR(InitializeWeights(c_.model, *manager_));  // or model.init_from's
+  // Or model.init_from's; a NaN there is seen by the ranks whose part holds it, and agreed.
+  ZR_RETURN_IF_ERROR(AgreeAll(InitializeWeights(c_.model, *manager_), "model.init_from"));
   if (!c_.model.init_from.empty()) {  // kept for export (RunState::hf_config)
     ZR_ASSIGN_OR_RETURN(hf_config_, ReadHuggingFaceConfigJson(c_.model.init_from));
   }

@@ -125,7 +125,7 @@ CachingAllocator::~CachingAllocator() {
     return;
   }
   const Status status = ReleaseCachedSegments();
-  if (!status.ok()) Logger()->error("releasing cached memory: {}", status.ToString());
+  if (!status.ok()) Logger()->error("releasing cached memory: {}", status.message());
 }
 
 CachingAllocator::Pool& CachingAllocator::PoolFor(size_t rounded_bytes) {

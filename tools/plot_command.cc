@@ -162,7 +162,10 @@ Status Plot(const PlotOptions& o) {
   }
   const std::string data_path = dir + "/metrics.dat";
   ZR_RETURN_IF_ERROR(WriteFileAtomically(data_path, data, "zerort plot"));
-  const std::string partial = StrCat(o.out, ".partial-", ::getpid());
+  // gnuplot draws into a new file of zerort's beside the target ([Note: a file written beside its
+  // target]), renamed over it once gnuplot has succeeded; on any failure it is removed.
+  ZR_ASSIGN_OR_RETURN(FileReplacement image, FileReplacement::Begin(o.out, "zerort plot -o"));
+  const std::string& partial = image.temp_path();
   const bool png = ext == ".png";
   const std::string title = std::filesystem::path(o.metrics).filename().string();
   std::string script = fmt::format(
@@ -206,12 +209,8 @@ Status Plot(const PlotOptions& o) {
   script += "unset multiplot\n";
   const std::string script_path = dir + "/plot.gp";
   ZR_RETURN_IF_ERROR(WriteFileAtomically(script_path, script, "zerort plot"));
-  Status s = RunGnuplot(script_path);
-  if (s.ok() && ::rename(partial.c_str(), o.out.c_str()) != 0) {
-    s = ErrnoError(StrCat("rename ", partial, " to ", o.out), errno);
-  }
-  if (!s.ok()) ::unlink(partial.c_str());
-  return s;
+  ZR_RETURN_IF_ERROR(RunGnuplot(script_path));
+  return image.Commit();
 }
 
 }  // namespace

@@ -6,9 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <string>
 #include <tuple>
 
@@ -476,6 +478,57 @@ TEST(HfWeightsTest, HostileDirectoriesAreRefusedNamingTheFileAndTensor) {
   m.shape = config;
   m.shape.seq_len = 4;  // a shorter context than the checkpoint's: rotary positions allow it
   EXPECT_TRUE(InitialWeights(m).ok());
+}
+
+// [Note: weights that are not numbers]: a NaN or an infinity in a file is named after the fill
+// (file, tensor, element, value), the first one found; a clean directory says nothing.
+TEST(HfWeightsTest, WeightsThatAreNotNumbersAreNamed) {
+  const DecoderConfig config = *ReadHuggingFaceConfig(kHfDir);
+  const std::vector<DecoderUnit> units = *DecoderUnits(config, 1, 0);
+  auto fill_all = [&](const std::string& dir) {
+    const StatusOr<std::shared_ptr<const HfWeights>> w = HfWeights::Open(dir, config);
+    EXPECT_TRUE(w.ok()) << w.status();
+    if (!w.ok()) return w.status();
+    const Initializer init = HfWeights::AsInitializer(*w);
+    for (const DecoderUnit& u : units) {
+      for (const ParamSpec& p : u.params) {
+        std::vector<float> local(static_cast<size_t>(p.numel()));
+        init(p, 0, local);
+      }
+    }
+    return (*w)->NonFinite();
+  };
+  EXPECT_TRUE(fill_all(kHfDir).ok());
+  // Element `at` of tensor `name`, wherever the index put it, set to `value`; returns its file.
+  auto poison = [&](const std::string& dir, const std::string& name, int64_t at, float value) {
+    const nlohmann::json idx = nlohmann::json::parse(Slurp(dir + "/model.safetensors.index.json"));
+    const std::string file = dir + "/" + idx.at("weight_map").at(name).get<std::string>();
+    const std::string bytes = Slurp(file);
+    uint64_t header = 0;
+    std::memcpy(&header, bytes.data(), 8);
+    const nlohmann::json h = nlohmann::json::parse(bytes.substr(8, header));
+    EXPECT_EQ(h.at(name).at("dtype"), "F32");
+    const int64_t begin = h.at(name).at("data_offsets").at(0).get<int64_t>();
+    std::string v(4, '\0');
+    std::memcpy(v.data(), &value, 4);
+    Patch(file, 8 + static_cast<int64_t>(header) + begin + 4 * at, v);
+    return file;
+  };
+  const std::string nan_dir = CopyOfHfDir("nan");
+  const std::string nan_file = poison(nan_dir, "model.layers.1.mlp.up_proj.weight", 5,
+                                      std::numeric_limits<float>::quiet_NaN());
+  const Status nan = fill_all(nan_dir);
+  EXPECT_TRUE(absl::IsInvalidArgument(nan)) << nan;
+  EXPECT_NE(nan.message().find(nan_file + ": tensor 'model.layers.1.mlp.up_proj.weight' holds nan "
+                                          "at element 5"),
+            std::string::npos)
+      << nan;
+  const std::string inf_dir = CopyOfHfDir("inf");
+  poison(inf_dir, "model.norm.weight", 0, -std::numeric_limits<float>::infinity());
+  const Status inf = fill_all(inf_dir);
+  EXPECT_NE(inf.message().find("tensor 'model.norm.weight' holds -inf at element 0"),
+            std::string::npos)
+      << inf;
 }
 
 // Two tensors whose data_offsets overlap would read one's bytes as the other's: refused naming

@@ -296,6 +296,9 @@ for ext in ("png", "svg"):
                   len(root.findall(".//{http://www.w3.org/2000/svg}path")) > 4, root.tag)
         except ElementTree.ParseError as e:
             check("plot svg: parses", False, str(e))
+# gnuplot draws into a file of zerort's beside the image, renamed over it: nothing else is left.
+left = sorted(n for n in os.listdir(tmp) if n.startswith("loss.") and n not in ("loss.png", "loss.svg"))
+check("plot: nothing left beside the images", not left, left)
 with open(plot_in) as f:
     lines = f.read().splitlines()
 cut = os.path.join(tmp, "cut.jsonl")

@@ -283,6 +283,31 @@ t.check("Q/K/V and MLP biases without O's: trains, export exit 2 naming the flag
         r1.returncode == 0 and r2.returncode == 2 and "model.o_proj_bias" in r2.stderr and
         not os.path.exists(os.path.join(work, "odd_hf")), (r1.stderr + r2.stderr)[-500:])
 
+# 3f. A NaN in a file's weights ([Note: weights that are not numbers]): import and a run from it
+# are exit 2 naming the file, the tensor and the element; nothing is written.
+nan_dir = os.path.join(work, "hf_nan")
+shutil.copytree(hf_dir, nan_dir)
+with open(os.path.join(nan_dir, "model.safetensors.index.json")) as f:
+    nan_file = os.path.join(
+        nan_dir, json.load(f)["weight_map"]["model.layers.0.self_attn.k_proj.weight"])
+with open(nan_file, "r+b") as f:
+    (size,) = struct.unpack("<Q", f.read(8))
+    begin = json.loads(f.read(size))["model.layers.0.self_attn.k_proj.weight"]["data_offsets"][0]
+    f.seek(8 + size + begin + 4 * 3)
+    f.write(struct.pack("<f", float("nan")))
+says = f"{nan_file}: tensor 'model.layers.0.self_attn.k_proj.weight' holds nan at element 3"
+r = run("checkpoint", "import", nan_dir, "nan_imported")
+t.check("import of a NaN weight: exit 2 naming the file, tensor and element, nothing written",
+        r.returncode == 2 and says in r.stderr and
+        not any(n.startswith("nan_imported") for n in os.listdir(work)),
+        f"{r.returncode} {r.stderr[-400:]}")
+r = run("train", config(os.path.join(work, "nan.json"), model={"init_from": nan_dir},
+                        checkpoint={"dir": "nan_run", "interval": 4}))
+t.check("a run from a NaN weight: exit 2 naming model.init_from and the tensor, no checkpoint",
+        r.returncode == 2 and f"model.init_from: {says}" in r.stderr and
+        not os.path.exists(os.path.join(work, "nan_run", "step_4")),
+        f"{r.returncode} {r.stderr[-400:]}")
+
 # 4. The llama-tiny example (make run-llama), 40 steps of its 1500: a SentencePiece tokenizer
 # trained on the built-in corpus, the corpus tokenized with it, the model trained and sampled.
 r1 = run("data", "corpus", "corpus.txt")
