@@ -69,8 +69,8 @@ Status ReadRopeType(const JsonSection& s, std::string_view key, RunConfig& c) {
   const std::optional<RopeType> t = RopeTypeFromName(type);
   if (!t) {
     return absl::InvalidArgumentError(
-        StrCat(s.PathOf(key), " = \"", type,
-               "\": zerort computes \"default\" (none), \"linear\" and \"llama3\" (LLaMA 3.1's); "
+        StrCat(s.PathOf(key), " = ", ShortDump(nlohmann::json(type)),
+               ": zerort computes \"default\" (none), \"linear\" and \"llama3\" (LLaMA 3.1's); "
                "dynamic NTK, YaRN and LongRoPE scaling are not implemented"));
   }
   c.model.shape.rope_scaling.type = *t;

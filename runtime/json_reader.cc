@@ -273,6 +273,11 @@ Status JsonSection::String(std::string_view key, std::string& out,
   if (!v->is_string()) return TypeError(key, *v, "a string");
   const std::string s = v->get<std::string>();
   if (allowed.empty()) {
+    if (s.size() > kMaxStringValue) {
+      return absl::InvalidArgumentError(
+          StrCat(PathOf(key), " = ", ShortDump(*v), ": ", s.size(),
+                 " bytes, longer than any name or path zerort takes (", kMaxStringValue, ")"));
+    }
     if (AsciiLower(s) == "auto") return TypeError(key, *v, "a value");
     out = s;
     return absl::OkStatus();

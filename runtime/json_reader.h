@@ -81,7 +81,10 @@ class JsonSection {
   Status Float(std::string_view key, float& out, float min, float max) const;
   Status Bool(std::string_view key, bool& out) const;
   // With `allowed` non-empty, the value must be one of them (compared case-insensitively; `out`
-  // gets the spelling from `allowed`).
+  // gets the spelling from `allowed`, and an error quotes the value's start). Without `allowed`,
+  // a value longer than kMaxStringValue is refused, its start quoted: no name or path zerort
+  // takes is longer, and an error echoing it whole would be as long.
+  static constexpr size_t kMaxStringValue = 4096;  // PATH_MAX, the longest path Linux opens
   Status String(std::string_view key, std::string& out,
                 const std::vector<std::string>& allowed = {}) const;
   // A JSON array of exactly `n` numbers (any number when `n` is 0) in [min, max].
