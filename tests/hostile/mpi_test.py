@@ -6,6 +6,8 @@ job with its own error and exit code, not the others' collective timeout.
 Usage: mpi_test.py PATH_TO_ZERORT MPIEXEC"""
 import json
 import os
+import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -87,5 +89,41 @@ check("rank 1 fails alone: it ends the job saying why", "ending the job now" in 
       r.stderr[-2000:])
 check("rank 1 fails alone: no collective timeout", "timed out" not in r.stderr, r.stderr[-2000:])
 print(f"hostile_mpi_test: a rank failing alone ended the job in {seconds:.1f} s")
+
+# A NaN in model.init_from's weights that only one rank fills (the embedding, on the first
+# pipeline stage): every rank leaves at once with exit 2, that rank naming the tensor and the
+# other saying another rank refused ([Note: weights that are not numbers]).
+golden = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "layers", "golden")
+hf_nan = os.path.join(tmp, "hf_nan")
+shutil.copytree(os.path.join(golden, "llama_tiny_hf"), hf_nan)
+with open(os.path.join(hf_nan, "config.json")) as fh:
+    hf = json.load(fh)
+with open(os.path.join(hf_nan, "model.safetensors.index.json")) as fh:
+    shard = os.path.join(hf_nan, json.load(fh)["weight_map"]["model.embed_tokens.weight"])
+with open(shard, "r+b") as fh:
+    (size,) = struct.unpack("<Q", fh.read(8))
+    begin = json.loads(fh.read(size))["model.embed_tokens.weight"]["data_offsets"][0]
+    fh.seek(8 + size + begin)
+    fh.write(struct.pack("<f", float("nan")))
+tokens = os.path.join(tmp, "tokens.bin")
+with open(tokens, "wb") as fh:
+    fh.write(struct.pack("<4096H", *[i * 7 % 23 for i in range(4096)]))
+n = write("nan.json", dict(
+    BASE, data={"path": tokens, "format": "uint16"}, parallel={"pipeline_parallel_size": 2},
+    model={"arch": "llama", "n_layer": hf["num_hidden_layers"],
+           "n_head": hf["num_attention_heads"], "n_kv_head": hf["num_key_value_heads"],
+           "d_model": hf["hidden_size"], "intermediate_size": hf["intermediate_size"],
+           "rope_theta": hf["rope_theta"], "rms_norm_eps": hf["rms_norm_eps"],
+           "seq_len": hf["max_position_embeddings"], "vocab_size": hf["vocab_size"],
+           "init_from": hf_nan}))
+r, seconds = mpmd([n], [n])
+check("a NaN weight on one stage: exit 2", r.returncode == 2, f"{r.returncode} {r.stderr[-1500:]}")
+check("a NaN weight on one stage: its rank names the tensor",
+      "[rank 0/2] [error] model.init_from: " in r.stderr and
+      "tensor 'model.embed_tokens.weight' holds nan at element 0" in r.stderr, r.stderr[-1500:])
+check("a NaN weight on one stage: the other rank says another refused",
+      "[rank 1/2] [error] another rank refused to start the run: model.init_from" in r.stderr,
+      r.stderr[-1500:])
+check("a NaN weight on one stage: within a few seconds", seconds < 20, f"{seconds:.1f} s")
 
 sys.exit(checks.finish())
