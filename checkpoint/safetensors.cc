@@ -39,6 +39,18 @@ std::optional<DType> ReadableDType(const std::string& name) {
   return std::nullopt;
 }
 
+// Bits an element of a safetensors dtype takes (safetensors' own list, fp4/fp6 packed), or 0
+// for a name it does not list (a newer format's): such a tensor's range is checked, not its size.
+int DTypeBits(const std::string& name) {
+  static const std::map<std::string, int, std::less<>> kBits = {
+      {"F64", 64}, {"I64", 64},    {"U64", 64},    {"C64", 64},    {"F32", 32},
+      {"I32", 32}, {"U32", 32},    {"F16", 16},    {"BF16", 16},   {"I16", 16},
+      {"U16", 16}, {"F8_E4M3", 8}, {"F8_E5M2", 8}, {"F8_E8M0", 8}, {"I8", 8},
+      {"U8", 8},   {"BOOL", 8},    {"F6_E2M3", 6}, {"F6_E3M2", 6}, {"F4", 4}};
+  const auto it = kBits.find(name);
+  return it == kBits.end() ? 0 : it->second;
+}
+
 float ValueAt(const SafeTensor& t, int64_t i) {
   switch (t.dtype) {
     case DType::kBF16: {
@@ -148,14 +160,9 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
     SafeTensor t;
     t.dtype_name = entry.at("dtype").get<std::string>();
     const std::optional<DType> dtype = ReadableDType(t.dtype_name);
-    // Other dtypes (an integer buffer) may sit in the file; they are refused if a model needs
-    // them. Their size is still checked, by width.
-    const int64_t width = dtype ? static_cast<int64_t>(DTypeSize(*dtype))
-                          : t.dtype_name == "F64" || t.dtype_name == "I64" || t.dtype_name == "U64"
-                              ? 8
-                          : t.dtype_name == "I32" || t.dtype_name == "U32" ? 4
-                          : t.dtype_name == "I16" || t.dtype_name == "U16" ? 2
-                                                                           : 1;
+    // Other dtypes (an integer buffer, an fp8 or fp4 tensor) may sit in the file; they are
+    // refused if a model needs them. Their size is still checked where the dtype is known.
+    const int bits = DTypeBits(t.dtype_name);
     if (dtype) t.dtype = *dtype;
     uint64_t numel = 1;
     for (const nlohmann::json& d : entry.at("shape")) {
@@ -175,7 +182,8 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
       return Bad(path, StrCat(where, ": data_offsets ", ShortDump(off), " are not integers"));
     }
     const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
-    if (begin > end || end > data_size || end - begin != numel * static_cast<uint64_t>(width)) {
+    const uint64_t want = (numel * static_cast<uint64_t>(bits) + 7) / 8;  // sub-byte: packed
+    if (begin > end || end > data_size || (bits > 0 && end - begin != want)) {
       return Bad(path, StrCat(where, ": data_offsets [", begin, ", ", end, ") for ", numel,
                               " elements of ", t.dtype_name, " in ", data_size, " bytes of data"));
     }

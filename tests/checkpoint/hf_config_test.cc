@@ -557,5 +557,35 @@ TEST(HfWeightsTest, OverlappingDataOffsetsAreRefused) {
   EXPECT_TRUE(file({{"a", entry(0, 2)}, {"b", entry(8, 2)}, {"c", entry(8, 0)}}).ok());
 }
 
+// Tensors of dtypes zerort does not read sit beside the weights in real files (an integer
+// buffer, fp8 scales, packed fp4 blocks): their sizes are safetensors' (fp4 two to a byte), and
+// a name safetensors does not list has its range checked only.
+TEST(HfWeightsTest, OtherDtypesAreSizedAsSafetensorsSizesThem) {
+  const std::string dir = ::testing::TempDir() + "/hf_weights_dtypes";
+  fs::create_directories(dir);
+  auto file = [&](const char* dtype, int64_t n, int64_t bytes) {
+    nlohmann::json header = {
+        {"t", {{"dtype", dtype}, {"shape", {n}}, {"data_offsets", {0, bytes}}}}};
+    std::string text = header.dump();
+    while (text.size() % 8 != 0) text.push_back(' ');
+    std::string head(8, '\0');
+    for (int i = 0; i < 8; ++i) head[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
+    const std::string path = dir + "/t.safetensors";
+    Write(path, head + text + std::string(16, '\0'));
+    return SafetensorsFile::Open(path).status();
+  };
+  EXPECT_TRUE(file("C64", 2, 16).ok());
+  EXPECT_TRUE(file("F8_E4M3", 5, 5).ok());
+  EXPECT_TRUE(file("F4", 5, 3).ok());  // 20 bits in 3 bytes
+  EXPECT_TRUE(file("F6_E3M2", 4, 3).ok());
+  EXPECT_TRUE(file("BOOL", 7, 7).ok());
+  EXPECT_TRUE(file("X99", 3, 11).ok());  // not safetensors' name: its range only
+  const Status short_f4 = file("F4", 5, 2);
+  EXPECT_NE(short_f4.message().find("data_offsets [0, 2) for 5 elements of F4"), std::string::npos)
+      << short_f4;
+  EXPECT_FALSE(file("C64", 2, 2).ok());   // sized as one byte an element until 2026-12-04
+  EXPECT_FALSE(file("X99", 3, 17).ok());  // past the data
+}
+
 }  // namespace
 }  // namespace zerort
