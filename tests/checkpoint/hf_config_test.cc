@@ -531,19 +531,24 @@ TEST(HfWeightsTest, WeightsThatAreNotNumbersAreNamed) {
       << inf;
 }
 
+// `dir`/t.safetensors of `header` and 16 zero bytes of data, opened.
+StatusOr<std::unique_ptr<SafetensorsFile>> OpenWithHeader(const std::string& dir,
+                                                          const nlohmann::json& header) {
+  fs::create_directories(dir);
+  std::string text = header.dump();
+  while (text.size() % 8 != 0) text.push_back(' ');
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
+  const std::string path = dir + "/t.safetensors";
+  Write(path, bytes + text + std::string(16, '\0'));
+  return SafetensorsFile::Open(path);
+}
+
 // Two tensors whose data_offsets overlap would read one's bytes as the other's: refused naming
 // both (safetensors' own loader refuses it too); adjacent ones and empty ones are fine.
 TEST(HfWeightsTest, OverlappingDataOffsetsAreRefused) {
-  const std::string dir = ::testing::TempDir() + "/hf_weights_overlap";
-  fs::create_directories(dir);
-  auto file = [&](const nlohmann::json& header) {
-    std::string text = header.dump();
-    while (text.size() % 8 != 0) text.push_back(' ');
-    std::string bytes(8, '\0');
-    for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
-    const std::string path = dir + "/t.safetensors";
-    Write(path, bytes + text + std::string(16, '\0'));
-    return SafetensorsFile::Open(path);
+  auto file = [](const nlohmann::json& header) {
+    return OpenWithHeader(::testing::TempDir() + "/hf_weights_overlap", header);
   };
   auto entry = [](int64_t begin, int64_t n) {
     return nlohmann::json{
@@ -561,18 +566,10 @@ TEST(HfWeightsTest, OverlappingDataOffsetsAreRefused) {
 // buffer, fp8 scales, packed fp4 blocks): their sizes are safetensors' (fp4 two to a byte), and
 // a name safetensors does not list has its range checked only.
 TEST(HfWeightsTest, OtherDtypesAreSizedAsSafetensorsSizesThem) {
-  const std::string dir = ::testing::TempDir() + "/hf_weights_dtypes";
-  fs::create_directories(dir);
-  auto file = [&](const char* dtype, int64_t n, int64_t bytes) {
-    nlohmann::json header = {
+  auto file = [](const char* dtype, int64_t n, int64_t bytes) {
+    const nlohmann::json header = {
         {"t", {{"dtype", dtype}, {"shape", {n}}, {"data_offsets", {0, bytes}}}}};
-    std::string text = header.dump();
-    while (text.size() % 8 != 0) text.push_back(' ');
-    std::string head(8, '\0');
-    for (int i = 0; i < 8; ++i) head[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
-    const std::string path = dir + "/t.safetensors";
-    Write(path, head + text + std::string(16, '\0'));
-    return SafetensorsFile::Open(path).status();
+    return OpenWithHeader(::testing::TempDir() + "/hf_weights_dtypes", header).status();
   };
   EXPECT_TRUE(file("C64", 2, 16).ok());
   EXPECT_TRUE(file("F8_E4M3", 5, 5).ok());
