@@ -365,9 +365,8 @@ Status NamedInitFrom(const Status& s) {
 // model.init_from's weights, checked against the run's model (InitialWeights).
 StatusOr<std::shared_ptr<const HfWeights>> OpenInitFrom(const ModelConfig& model) {
   const std::string& dir = model.init_from;
-  auto named = NamedInitFrom;
   StatusOr<DecoderConfig> hf = ReadHuggingFaceConfig(dir);
-  if (!hf.ok()) return named(hf.status());
+  if (!hf.ok()) return NamedInitFrom(hf.status());
   DecoderConfig want = model.shape;
   if (want.llama() && want.seq_len <= hf->seq_len) want.seq_len = hf->seq_len;
   if (!(want == *hf)) {
@@ -398,7 +397,7 @@ StatusOr<std::shared_ptr<const HfWeights>> OpenInitFrom(const ModelConfig& model
                "; the config's first): set the model keys to the checkpoint's"));
   }
   StatusOr<std::shared_ptr<const HfWeights>> weights = HfWeights::Open(dir, model.shape);
-  if (!weights.ok()) return named(weights.status());
+  if (!weights.ok()) return NamedInitFrom(weights.status());
   return weights;
 }
 

@@ -94,7 +94,8 @@ class HfWeights {
 // Hugging Face model directory's weights, after its config.json was checked against the run's
 // model (every shape key equal; the context may be shorter than the checkpoint's for the LLaMA
 // family, whose positions are rotary) and every tensor by HfWeights::Open. Errors name
-// model.init_from.
+// model.init_from. The weights' values are not checked here (an Initializer cannot fail):
+// InitializeWeights does that after the fill.
 StatusOr<Initializer> InitialWeights(const ModelConfig& model);
 // manager.Initialize(InitialWeights(model)), then, with model.init_from, the weights' NonFinite()
 // (named model.init_from). Each rank fills its own part, so only the ranks whose part holds a

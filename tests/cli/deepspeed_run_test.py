@@ -297,7 +297,8 @@ for ext in ("png", "svg"):
         except ElementTree.ParseError as e:
             check("plot svg: parses", False, str(e))
 # gnuplot draws into a file of zerort's beside the image, renamed over it: nothing else is left.
-left = sorted(n for n in os.listdir(tmp) if n.startswith("loss.") and n not in ("loss.png", "loss.svg"))
+left = sorted(n for n in os.listdir(tmp)
+              if n.startswith("loss.") and n not in ("loss.png", "loss.svg"))
 check("plot: nothing left beside the images", not left, left)
 with open(plot_in) as f:
     lines = f.read().splitlines()

@@ -154,9 +154,10 @@ TEST(ConfigTest, WrongTypes) {
   EXPECT_ERROR_HAS(R"([1, 2])", "the top level must be a JSON object");
   EXPECT_ERROR_HAS(R"({"train_batch_size": 8,})", "not valid JSON");
   // A string longer than any path: refused with its start quoted, not echoed whole.
-  for (const char* key : {"data\": {\"path", "model\": {\"rope_scaling\": {\"rope_type"}) {
-    const std::string text =
-        StrCat("{\"", key, "\": \"", std::string(100000, 'x'), "\"}}", key[0] == 'm' ? "}" : "");
+  const std::string x(100000, 'x');
+  for (const std::string& text :
+       {StrCat(R"({"data": {"path": ")", x, R"("}})"),
+        StrCat(R"({"model": {"rope_scaling": {"rope_type": ")", x, R"("}}})")}) {
     const std::string message = Error(text);
     EXPECT_NE(message.find("100000 bytes, longer than any name or path zerort takes (4096)"),
               std::string::npos)

@@ -109,8 +109,8 @@ for what, path, says in cases + [
     code, err, seconds = run("train", cfg)
     check(f"data.path is {what}: exit 2", code == 2, f"{code} {err[-600:]}")
     check(f"data.path is {what}: names the file and why",
-          (path if len(path) <= 4096 else path[:50] + "...") in err and says in err and
-          len(err) < 4000, err[-600:])
+          (path if len(path) <= 4096 else path[:50] + "...") in err and says in err
+          and len(err) < 4000, err[-600:])
     check(f"data.path is {what}: within seconds", seconds < 10, f"{seconds:.1f} s")
 
 for what, path in [("a FIFO", fifo), ("/dev/zero", "/dev/zero"), ("a directory", tmp)]:
