@@ -273,7 +273,8 @@ std::vector<ConfigField> BuildTable() {
                        "materialised; flash: refused where those kernels do not apply; "
                        "materialised: the B x H x T x T probabilities saved (Megatron's "
                        "unfused); cudnn: cuDNN's fused flash attention (bf16/fp16, head sizes "
-                       "multiples of 8 up to 128; builds configured with ZR_CUDNN_FRONTEND, "
+                       "multiples of 8 up to 128, sequences longer than one token; builds "
+                       "configured with ZR_CUDNN_FRONTEND, "
                        "libcudnn 9 at run time). The CPU runs flash always"),
                    kOmitUnset));
   const std::string_view fa = "model.flash_attention";

@@ -45,7 +45,8 @@ namespace zerort::internal {
 Status CudnnAttentionBuilt();
 
 // The shapes the cuDNN path is asked for (bf16/fp16, head sizes multiples of 8 up to 128,
-// query heads a multiple of the key/value heads); the error names what is not.
+// query heads a multiple of the key/value heads, sequences other than one token); the error names
+// what is not.
 Status CheckCudnnAttention(DType dtype, const FlashAttentionShape& shape);
 
 class CudnnAttention {

@@ -124,6 +124,12 @@ Status CheckCudnnAttention(DType dtype, const FlashAttentionShape& s) {
                                              ", ", s.heads, " query heads over ", s.kv_heads,
                                              " key/value heads is not an attention shape"));
   }
+  // cuDNN 9's backward graph says "s_q = s_kv = 1 is not supported" (H200, 2026-12-04).
+  if (s.seq == 1) {
+    return absl::InvalidArgumentError(
+        "cuDNN's flash attention does not take sequences of one token (its backward graph refuses "
+        "s_q = s_kv = 1); model.attention_backend flash or materialised does");
+  }
   return absl::OkStatus();
 }
 

@@ -306,11 +306,12 @@ class ForwardingKernels final : public ModelKernels {
                     [=, this] { return k_->AddBias(out, bias, rows, cols); });
   }
   Status CrossEntropy(void* logits, void* losses, const int32_t* targets, int64_t rows, int vocab,
-                      float dscale) override {
-    return hook_.Op(
-        OpInfo::Traffic("CrossEntropy",
-                        (dscale != 0 ? 2 : 1) * Rows(rows, vocab) * a_ + rows * (st_ + 4)),
-        [=, this] { return k_->CrossEntropy(logits, losses, targets, rows, vocab, dscale); });
+                      int valid, float dscale) override {
+    return hook_.Op(OpInfo::Traffic("CrossEntropy", (dscale != 0 ? 2 : 1) * Rows(rows, vocab) * a_ +
+                                                        rows * (st_ + 4)),
+                    [=, this] {
+                      return k_->CrossEntropy(logits, losses, targets, rows, vocab, valid, dscale);
+                    });
   }
 
  private:

@@ -120,13 +120,16 @@ class TokenKernels {
                                    int batch, int seq, int channels, int vocab_begin,
                                    int vocab_count) = 0;
 
-  // Softmax cross-entropy per row: losses[r] = -log softmax(logits[r])[targets[r]] (stat dtype).
-  // With `dscale` non-zero, logits are overwritten by their gradient
-  // (softmax - onehot(target)) * dscale, the gradient of dscale x the sum of the losses (the mean
-  // over N rows: dscale = loss_scale / N, so that rows can come in chunks): the logits are not
-  // needed afterwards, and this saves a [rows, vocab] buffer.
+  // Softmax cross-entropy per row over its first `valid` columns (the vocabulary; the rest of a
+  // row of `vocab` is padding, parallel.make_vocab_size_divisible_by's, never counted; every
+  // target below `valid`):
+  // losses[r] = -log softmax(logits[r, :valid])[targets[r]] (stat dtype). With `dscale` non-zero,
+  // logits are overwritten by their gradient (softmax - onehot(target)) * dscale, 0 on padding,
+  // the gradient of dscale x the sum of the losses (the mean over N rows: dscale = loss_scale / N,
+  // so that rows can come in chunks): the logits are not needed afterwards, and this saves a
+  // [rows, vocab] buffer.
   virtual Status CrossEntropy(void* logits, void* losses, const int32_t* targets, int64_t rows,
-                              int vocab, float dscale) = 0;
+                              int vocab, int valid, float dscale) = 0;
   // Vocabulary-parallel softmax cross-entropy (Megatron), on this rank's columns of the logits,
   // [rows, vocab], global columns [begin, begin + vocab), of which the first `valid` are real
   // vocabulary (the rest is padding, never counted). Per-row values are stat dtype.

@@ -45,12 +45,13 @@ template <typename T>
 void SoftmaxCrossEntropyBackward(T* dlogits, const T* probs, const int32_t* targets, int64_t rows,
                                  int vocab, T dloss);
 
-// Per-row losses[r] = -log softmax(logits[r])[targets[r]]. With dscale != 0, logits are replaced
-// in place by (softmax - onehot(target)) * dscale, the gradient of dscale x the sum of the losses
-// (the fused classifier of the model).
+// Per-row losses[r] = -log softmax(logits[r, :valid])[targets[r]] (a row of `vocab`, the columns
+// from `valid` on padding). With dscale != 0, logits are replaced in place by (softmax -
+// onehot(target)) * dscale, 0 on padding, the gradient of dscale x the sum of the losses (the
+// fused classifier of the model).
 template <typename T>
 void SoftmaxCrossEntropyFused(T* logits, T* losses, const int32_t* targets, int64_t rows, int vocab,
-                              T dscale);
+                              int valid, T dscale);
 
 // Causal multi-head self-attention. qkv is [batch, seq, (heads + 2 kv_heads) hs] ([Note: the qkv
 // layout], kernels/model_math.h: query heads, then key heads, then value heads, hs = channels /

@@ -464,7 +464,8 @@ StatusOr<double> DecoderStages::HeadForward(MicroBatch& mb, float loss_scale,
     if (!mb.targets) continue;
     void* losses = at(mb.losses, r0, stat);
     if (g.whole_vocab()) {
-      ZR_RETURN_IF_ERROR(k.CrossEntropy(z.data(), losses, targets + r0, n, g.v_l, dscale));
+      ZR_RETURN_IF_ERROR(
+          k.CrossEntropy(z.data(), losses, targets + r0, n, g.v_l, g.v_valid, dscale));
     } else {
       ZR_RETURN_IF_ERROR(VocabParallelCrossEntropy(mb.tp, z.data(), losses, targets + r0, n, g.v_l,
                                                    g.v_valid, g.v_begin, dscale));

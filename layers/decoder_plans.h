@@ -44,7 +44,9 @@ struct Geometry {
   float eps = 0;
   Rope rope = {};
   int v_l = 0, v_begin = 0, v_valid = 0;  // vocabulary rows here, the first one's id, real ones
-  bool whole_vocab() const { return t == 1 && v_l == v_valid; }
+  // Every vocabulary row on this rank (padded or not): the fused cross-entropy, one pass a row
+  // (ModelKernels::CrossEntropy), else the vocabulary-parallel one's three with its statistics.
+  bool whole_vocab() const { return t == 1; }
 };
 
 Geometry MakeGeometry(const DecoderModelOptions& o, int batch, int seq);

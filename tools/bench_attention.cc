@@ -211,10 +211,11 @@ StatusOr<Paths> CudaPaths(const BenchAttentionOptions& o, int kv) {
   ZR_RETURN_IF_ERROR(alloc(&s->ref_out, rows * channels * 2));
   ZR_RETURN_IF_ERROR(alloc(&s->lse, stats * 4));
   // The flash backward's workspace: D, then the dQ accumulator (kernels/memory_facts.h).
-  ZR_RETURN_IF_ERROR(
-      alloc(&s->workspace, AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kFlash,
-                                                 true, o.batch, o.seq, channels, o.heads, 2)
-                               .at(0)));
+  ZR_RETURN_IF_ERROR(alloc(
+      &s->workspace,
+      AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kFlash, true, o.batch, o.seq,
+                            channels, o.heads, o.kv_heads > 0 ? o.kv_heads : o.heads, 2)
+          .at(0)));
   ZR_RETURN_IF_ERROR(alloc(&s->dqkv, rows * row * 2));
   ZR_RETURN_IF_ERROR(alloc(&s->ref_dqkv, rows * row * 2));
   const int64_t saved_bytes =
@@ -282,11 +283,13 @@ StatusOr<Paths> CudaPaths(const BenchAttentionOptions& o, int kv) {
     Logger()->info("bench attention: no cuDNN row: {}", made.status().message());
   } else {
     s->cudnn = *std::move(made);
+    const int kv = o.kv_heads > 0 ? o.kv_heads : o.heads;
     const std::vector<int64_t> fwd =
         AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kCudnn, false, o.batch, o.seq,
-                              channels, o.heads, 2);
-    const std::vector<int64_t> bwd = AttentionScratchBytes(
-        KernelBackend::kCuda, AttentionProgram::kCudnn, true, o.batch, o.seq, channels, o.heads, 2);
+                              channels, o.heads, kv, 2);
+    const std::vector<int64_t> bwd =
+        AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kCudnn, true, o.batch, o.seq,
+                              channels, o.heads, kv, 2);
     ZR_RETURN_IF_ERROR(alloc(&s->cudnn_fwd_ws, fwd.at(0)));
     ZR_RETURN_IF_ERROR(alloc(&s->cudnn_bwd_ws, bwd.at(0)));
     // Each direction once first (its graph built): one cuDNN refuses (a shape, the workspace

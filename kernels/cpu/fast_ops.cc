@@ -162,22 +162,25 @@ ZR_CPU_CLONES void GeluBackwardSpan(float* dinp, const float* inp, const float* 
   for (int64_t i = 0; i < n; ++i) dinp[i] = math::GeluBackward(dinp[i], inp[i], dout[i]);
 }
 
+// A row of `vocab` logits, the first `valid` of them the vocabulary (the rest padding: not counted,
+// gradient 0).
 ZR_CPU_CLONES void CrossEntropySpan(float* logits, float* losses, const int32_t* targets,
-                                    int64_t r0, int64_t r1, int vocab, float scale) {
+                                    int64_t r0, int64_t r1, int vocab, int valid, float scale) {
   for (int64_t r = r0; r < r1; ++r) {
     float* z = logits + r * vocab;
     float max = z[0];
 #pragma omp simd reduction(max : max)
-    for (int v = 1; v < vocab; ++v) max = std::max(max, z[v]);
+    for (int v = 1; v < valid; ++v) max = std::max(max, z[v]);
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-    for (int v = 0; v < vocab; ++v) sum += FastExp(z[v] - max);
+    for (int v = 0; v < valid; ++v) sum += FastExp(z[v] - max);
     const float log_sum = std::log(sum);
     losses[r] = math::CrossEntropyLoss(z[targets[r]], max, log_sum);
     if (scale == 0.0f) continue;
     const float shift = max + log_sum;
 #pragma omp simd
-    for (int v = 0; v < vocab; ++v) z[v] = math::CrossEntropyGrad(z[v], shift, scale);
+    for (int v = 0; v < valid; ++v) z[v] = math::CrossEntropyGrad(z[v], shift, scale);
+    std::fill(z + valid, z + vocab, 0.0f);
     z[targets[r]] = math::CrossEntropyTargetGrad(z[targets[r]], scale);
   }
 }
@@ -389,9 +392,9 @@ void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n) {
 }
 
 void SoftmaxCrossEntropyFused(float* logits, float* losses, const int32_t* targets, int64_t rows,
-                              int vocab, float dscale) {
+                              int vocab, int valid, float dscale) {
   ParallelFor(rows, RowGrain(vocab), [&](int64_t r0, int64_t r1) {
-    CrossEntropySpan(logits, losses, targets, r0, r1, vocab, dscale);
+    CrossEntropySpan(logits, losses, targets, r0, r1, vocab, valid, dscale);
   });
 }
 

@@ -34,7 +34,7 @@ void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n);
 void BiasGelu(float* pre, float* out, const float* bias, int64_t rows, int cols);
 
 void SoftmaxCrossEntropyFused(float* logits, float* losses, const int32_t* targets, int64_t rows,
-                              int vocab, float dscale);
+                              int vocab, int valid, float dscale);
 
 // Causal attention, flash-style: per (batch, head), tiles of 64 queries meet tiles of 64 keys
 // up to the diagonal with an online softmax, so neither the masked triangle nor the seq x seq

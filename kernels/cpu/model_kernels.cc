@@ -272,8 +272,8 @@ class CpuModelKernels final : public ModelKernels {
     return absl::OkStatus();
   }
   Status CrossEntropy(void* logits, void* losses, const int32_t* targets, int64_t rows, int vocab,
-                      float dscale) override {
-    cpu::SoftmaxCrossEntropyFused<T>(P(logits), P(losses), targets, rows, vocab, T(dscale));
+                      int valid, float dscale) override {
+    cpu::SoftmaxCrossEntropyFused<T>(P(logits), P(losses), targets, rows, vocab, valid, T(dscale));
     return absl::OkStatus();
   }
 
@@ -513,9 +513,9 @@ class Cpu16ModelKernels final : public ModelKernels {
     return o.Store();
   }
   Status CrossEntropy(void* logits, void* losses, const int32_t* targets, int64_t rows, int vocab,
-                      float dscale) override {
+                      int valid, float dscale) override {
     F z(this, logits, rows * vocab, true);
-    ZR_RETURN_IF_ERROR(f_.CrossEntropy(z.data(), losses, targets, rows, vocab, dscale));
+    ZR_RETURN_IF_ERROR(f_.CrossEntropy(z.data(), losses, targets, rows, vocab, valid, dscale));
     return dscale != 0.0f ? z.Store() : absl::OkStatus();
   }
 

@@ -183,21 +183,22 @@ void SoftmaxCrossEntropyBackward(T* dlogits, const T* probs, const int32_t* targ
 
 template <typename T>
 void SoftmaxCrossEntropyFused(T* logits, T* losses, const int32_t* targets, int64_t rows, int vocab,
-                              T dscale) {
+                              int valid, T dscale) {
   if constexpr (std::is_same_v<T, float>) {
-    return fast::SoftmaxCrossEntropyFused(logits, losses, targets, rows, vocab, dscale);
+    return fast::SoftmaxCrossEntropyFused(logits, losses, targets, rows, vocab, valid, dscale);
   }
   const T scale = dscale;
   for (int64_t r = 0; r < rows; ++r) {
     T* z = logits + r * vocab;
     T max = z[0];
-    for (int v = 1; v < vocab; ++v) max = std::max(max, z[v]);
+    for (int v = 1; v < valid; ++v) max = std::max(max, z[v]);
     T sum = 0;
-    for (int v = 0; v < vocab; ++v) sum += std::exp(z[v] - max);
+    for (int v = 0; v < valid; ++v) sum += std::exp(z[v] - max);
     const T log_sum = std::log(sum);
     losses[r] = -(z[targets[r]] - max - log_sum);
     if (scale == T(0)) continue;
-    for (int v = 0; v < vocab; ++v) z[v] = std::exp(z[v] - max - log_sum) * scale;
+    for (int v = 0; v < valid; ++v) z[v] = std::exp(z[v] - max - log_sum) * scale;
+    std::fill(z + valid, z + vocab, T(0));
     z[targets[r]] -= scale;
   }
 }
@@ -325,7 +326,7 @@ void EmbeddingBackward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, i
   template void GeluBackward<T>(T*, const T*, const T*, int64_t);                                  \
   template T SoftmaxCrossEntropyForward<T>(T*, const T*, const int32_t*, int64_t, int);            \
   template void SoftmaxCrossEntropyBackward<T>(T*, const T*, const int32_t*, int64_t, int, T);     \
-  template void SoftmaxCrossEntropyFused<T>(T*, T*, const int32_t*, int64_t, int, T);              \
+  template void SoftmaxCrossEntropyFused<T>(T*, T*, const int32_t*, int64_t, int, int, T);         \
   template void AttentionForward<T>(T*, T*, const T*, int, int, int, int, int);                    \
   template void AttentionBackward<T>(T*, const T*, const T*, const T*, int, int, int, int, int);   \
   template void EmbeddingForward<T>(T*, const int32_t*, const T*, const T*, int, int, int, int,    \

@@ -172,7 +172,7 @@ class MaterialisedAttention {
     // q, k, v, the scores: kernels/memory_facts.h's AttentionScratchBytes.
     const std::vector<int64_t> bytes =
         AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kMaterialised, false, batch,
-                              seq, channels, heads, sizeof(T));
+                              seq, channels, heads, kv_heads, sizeof(T));
     ZR_ASSIGN_OR_RETURN(Heads heads_qkv, SplitHeads(qkv, batch, seq, l, bytes));
     Buffer &q = heads_qkv.q, &k = heads_qkv.k, &v = heads_qkv.v;
     ZR_ASSIGN_OR_RETURN(Buffer preatt, ctx_.Scratch(bytes[3]));
@@ -206,7 +206,7 @@ class MaterialisedAttention {
     // q, k, v, dy, the scores' gradient, dk: kernels/memory_facts.h's AttentionScratchBytes.
     const std::vector<int64_t> bytes =
         AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kMaterialised, true, batch,
-                              seq, channels, heads, sizeof(T));
+                              seq, channels, heads, kv_heads, sizeof(T));
     ZR_ASSIGN_OR_RETURN(Heads heads_qkv, SplitHeads(qkv, batch, seq, l, bytes));
     Buffer &q = heads_qkv.q, &k = heads_qkv.k, &v = heads_qkv.v;
     ZR_ASSIGN_OR_RETURN(Buffer dy, ctx_.Scratch(bytes[3]));

@@ -331,7 +331,7 @@ class CudaModelKernels final : public ModelKernels {
     const AttentionProgram program = attention_program(batch, heads, hs);
     if (program == AttentionProgram::kCudnn) {
       const int64_t bytes = AttentionScratchBytes(backend(), program, false, batch, seq, channels,
-                                                  heads, sizeof(T))[0];
+                                                  heads, kv_heads, sizeof(T))[0];
       ZR_ASSIGN_OR_RETURN(Buffer workspace, Scratch(bytes));
       ZR_RETURN_IF_ERROR(cudnn_->Forward(act_, {batch, seq, heads, kv_heads, hs}, out,
                                          static_cast<float*>(att), qkv, workspace.data(), bytes));
@@ -357,7 +357,7 @@ class CudaModelKernels final : public ModelKernels {
     const AttentionProgram program = attention_program(batch, heads, hs);
     if (program == AttentionProgram::kCudnn) {
       const int64_t bytes = AttentionScratchBytes(backend(), program, true, batch, seq, channels,
-                                                  heads, sizeof(T))[0];
+                                                  heads, kv_heads, sizeof(T))[0];
       ZR_ASSIGN_OR_RETURN(Buffer workspace, Scratch(bytes));
       ZR_RETURN_IF_ERROR(cudnn_->Backward(act_, {batch, seq, heads, kv_heads, hs}, dqkv, dout, qkv,
                                           out, static_cast<const float*>(att), workspace.data(),
@@ -367,8 +367,8 @@ class CudaModelKernels final : public ModelKernels {
     }
     if (program == AttentionProgram::kFlash) {
       // D = dout . out and the dQ accumulator: kernels/memory_facts.h's AttentionScratchBytes.
-      const std::vector<int64_t> bytes =
-          AttentionScratchBytes(backend(), program, true, batch, seq, channels, heads, sizeof(T));
+      const std::vector<int64_t> bytes = AttentionScratchBytes(
+          backend(), program, true, batch, seq, channels, heads, kv_heads, sizeof(T));
       ZR_ASSIGN_OR_RETURN(Buffer workspace, Scratch(bytes[0]));
       ZR_RETURN_IF_ERROR(internal::CudaFlashAttentionBackward(
           act_, {batch, seq, heads, kv_heads, hs}, dqkv, workspace.as<float>(), dout, qkv, out,
@@ -528,12 +528,12 @@ class CudaModelKernels final : public ModelKernels {
     return Launched("AddBias");
   }
   Status CrossEntropy(void* logits, void* losses, const int32_t* targets, int64_t rows, int vocab,
-                      float dscale) override {
+                      int valid, float dscale) override {
     if (rows == 0) return absl::OkStatus();
     const auto grid = static_cast<unsigned>(rows);
     ByWidth(Vectorisable(vocab, {logits}), [&](auto w) {
       CrossEntropyKernel<T, decltype(w)::value><<<grid, kClassifierThreads, 0, s()>>>(
-          A(logits), static_cast<float*>(losses), targets, vocab, dscale);
+          A(logits), static_cast<float*>(losses), targets, vocab, valid, dscale);
     });
     return Launched("CrossEntropy");
   }

@@ -517,12 +517,14 @@ __device__ __forceinline__ float ExpShifted(float x, float m, float m2) {
 }
 
 // The row's maximum and sum in one pass: [Note: the cross-entropy's online sum] in
-// kernels/model_math.h.
+// kernels/model_math.h. The columns from `valid` on are padding (GPT-2's 50,257 in rows of
+// 50,304): read as -inf, a term of 0, and their gradient written 0.
 // W: the logits a thread takes at a time (kVec where a row is whole 128-bit vectors and the
 // logits 16-byte aligned, else 1); the element arithmetic is the same at both widths.
 template <typename T, int W>
 static __global__ void __launch_bounds__(kClassifierThreads)
-    CrossEntropyKernel(T* logits, float* losses, const int32_t* targets, int vocab, float scale) {
+    CrossEntropyKernel(T* logits, float* losses, const int32_t* targets, int vocab, int valid,
+                       float scale) {
   const int64_t row = blockIdx.x;
   T* z = logits + row * vocab;
   float x[W];
@@ -530,6 +532,10 @@ static __global__ void __launch_bounds__(kClassifierThreads)
   math::OnlineLogSum t;
   for (int c = threadIdx.x * W; c < vocab; c += blockDim.x * W) {
     LoadN(z + c, x);
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+      if (c + e >= valid) x[e] = -INFINITY;
+    }
     float vm = x[0];
 #pragma unroll
     for (int e = 1; e < W; ++e) vm = fmaxf(vm, x[e]);
@@ -551,7 +557,7 @@ static __global__ void __launch_bounds__(kClassifierThreads)
     for (int e = 0; e < W; ++e) {
       // math::CrossEntropyGrad's softmax(z) scale, its exp as above.
       const float g = math::Mul(ExpShifted<T>(x[e], shift, shift2), scale);
-      x[e] = c + e == target ? math::CrossEntropyTargetGrad(g, scale) : g;
+      x[e] = c + e >= valid ? 0.0f : c + e == target ? math::CrossEntropyTargetGrad(g, scale) : g;
     }
     StoreN(z + c, x);
   }

@@ -1,6 +1,6 @@
 """The CUDA device trains like the CPU one: for each configuration the same steps run with
 train.device "cpu" and "cuda", and every step's loss must agree within the precision's tolerance
-(fp32 1e-5 relative, bf16/fp16 1e-3, and the first step of the 16-bit flash cases 1e-4;
+(fp32 1e-5 relative, bf16/fp16 1e-3, the bf16 flash and cuDNN cases 2e-3 and their first step 1e-4;
 measured on an H100/H200: 1.0e-7 and 7.8e-5). The matrix
 covers ZeRO 0-3 with prefetch and reuse-distance keeps, unit-sized buckets, no overlap, gradient
 accumulation, bf16 and fp16, AdamW and LAMB on the device and host tiers, parameter and optimizer
@@ -64,6 +64,12 @@ FP32, HALF = 1e-5, 1e-3
 # (cpu::fast's flash `products`; FlashTilesTest.TheCpuModelKernelsRoundAsThePrograms). Before, the
 # CPU kept them in fp32 and the bf16 run differed by 2.65e-3 at one step on an H200. Besides the
 # trajectory, their first step's loss (the same weights, one forward) within FIRST_STEP.
+# Their bf16 trajectories within BF16_FLASH, half of bf16's unit roundoff (2^-8): since the flash
+# backward adds dQ by atomics (2026-11-30) the GPU's trajectory varies from run to run in its last
+# bits, and a 10-step run at the tiny run's learning rate amplifies that (the thirteenth run, H200,
+# 2026-12-04: 1.03e-3 at step 9, its first step within 1.5e-5). The rounding gap fixed above (2.65e-3)
+# would still fail it; fp16's flash case keeps HALF (3.4e-4 in that run).
+BF16_FLASH = 2e-3
 FLASH_CASES = {"bf16-flash-hs64", "fp16-flash-hs64", "llama-gqa-bf16-flash",
                "two-ranks-llama-bf16-flash"}
 FIRST_STEP = 1e-4
@@ -94,7 +100,7 @@ CASES = [
     ("checkpointing", 1, FP32, {"model": {"activation_checkpointing": True}}),
     # Head size 64 in bf16/fp16: the model's attention through zerort's flash kernels
     # (kernels/memory_facts.h's AttentionProgramFor), a sequence of 80 (a 64-row tile and a tail).
-    ("bf16-flash-hs64", 1, HALF, {"bf16": {"enabled": True},
+    ("bf16-flash-hs64", 1, BF16_FLASH, {"bf16": {"enabled": True},
                                   "model": {"d_model": 128, "seq_len": 80}}),
     ("fp16-flash-hs64", 1, HALF, {"fp16": {"enabled": True}, "zero_optimization": {"stage": 2},
                                   "model": {"d_model": 128, "seq_len": 80}}),
@@ -103,7 +109,7 @@ CASES = [
     # size 64 (flash, each key/value head read in place for its two query heads).
     ("llama-gqa", 1, FP32, {"model": {"arch": "llama", "n_head": 4, "n_kv_head": 2,
                                       "d_model": 64, "intermediate_size": 176}}),
-    ("llama-gqa-bf16-flash", 1, HALF, {"bf16": {"enabled": True},
+    ("llama-gqa-bf16-flash", 1, BF16_FLASH, {"bf16": {"enabled": True},
                                        "model": {"arch": "llama", "n_head": 4, "n_kv_head": 2,
                                                  "d_model": 256, "intermediate_size": 688,
                                                  "seq_len": 80}}),
@@ -113,15 +119,15 @@ CASES = [
 # its flash kernels for the same config.
 env = subprocess.run([zerort, "env", "--json"], capture_output=True, text=True)
 if env.returncode == 0 and json.loads(env.stdout)["build"].get("cudnn_attention"):
-    CASES.append(("bf16-cudnn-hs64", 1, HALF, {"bf16": {"enabled": True}, "model": {
+    CASES.append(("bf16-cudnn-hs64", 1, BF16_FLASH, {"bf16": {"enabled": True}, "model": {
         "d_model": 128, "seq_len": 80, "attention_backend": "cudnn"}}))
-    CASES.append(("llama-gqa-bf16-cudnn", 1, HALF, {"bf16": {"enabled": True}, "model": {
+    CASES.append(("llama-gqa-bf16-cudnn", 1, BF16_FLASH, {"bf16": {"enabled": True}, "model": {
         "arch": "llama", "n_head": 4, "n_kv_head": 2, "d_model": 256, "intermediate_size": 688,
         "seq_len": 80, "attention_backend": "cudnn"}}))
     FLASH_CASES |= {"bf16-cudnn-hs64", "llama-gqa-bf16-cudnn"}
 if mpiexec:  # two ranks on one GPU: NCCL refuses a duplicate GPU, MPI with host staging runs
     CASES.append(("two-ranks-one-gpu", 2, FP32, {}))
-    CASES.append(("two-ranks-llama-bf16-flash", 2, HALF, {
+    CASES.append(("two-ranks-llama-bf16-flash", 2, BF16_FLASH, {
         "bf16": {"enabled": True}, "model": {"arch": "llama", "n_head": 4, "n_kv_head": 2,
                                              "d_model": 256, "intermediate_size": 688}}))
     # ZeRO++'s int8 weight gather and gradient reduce-scatter, quantized on the GPU: the CUDA

@@ -589,7 +589,8 @@ TEST(MemoryModelTest, TheFlashBlockShapesChangeNoByte) {
 
 // cuDNN's attention saves what zerort's flash saves (the log-sum-exps), and its workspaces are
 // the budgets kernels/memory_facts.h gives it (1 MiB forward; the flash backward's, the sequence
-// rounded up to 128, plus 1 MiB): the same activations, the workspace's peak the larger budget.
+// rounded up to 128, its dQ part twice with grouped heads, plus 1 MiB): the same activations, the
+// workspace's peak the larger budget.
 TEST(MemoryModelTest, TheCudnnAttentionSavesWhatFlashSaves) {
   MemoryModelInput in = Gpt2Bf16Zero3OnCuda(8);
   in.attention = AttentionProgram::kFlash;
@@ -604,14 +605,21 @@ TEST(MemoryModelTest, TheCudnnAttentionSavesWhatFlashSaves) {
                 flash.Peak(MemoryTier::kDevice, MemoryCategory::kWorkspace),
             kCudnnForwardWorkspaceBytes);
   EXPECT_EQ(AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kCudnn, true, 8, 1024,
-                                  768, 12, 2),
+                                  768, 12, 12, 2),
             std::vector<int64_t>{flash_ws + kCudnnForwardWorkspaceBytes});
   EXPECT_EQ(AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kCudnn, true, 1, 100, 128,
-                                  2, 2),
+                                  2, 2, 2),
             std::vector<int64_t>{(2 * 128 + 128 * 128) * 4 + kCudnnForwardWorkspaceBytes});
-  EXPECT_TRUE(
-      AttentionScratchBytes(KernelBackend::kCpu, AttentionProgram::kCudnn, true, 1, 100, 128, 2, 2)
-          .empty());
+  // Grouped heads (LLaMA 3.2 1B at 4 x 2048: 32 query heads on 8): cuDNN 9 asked an H200 for
+  // 135,266,560 bytes, 67,108,864 more than the ungrouped budget.
+  const std::vector<int64_t> grouped = AttentionScratchBytes(
+      KernelBackend::kCuda, AttentionProgram::kCudnn, true, 4, 2048, 2048, 32, 8, 2);
+  EXPECT_EQ(grouped, std::vector<int64_t>{(4 * 32 * 2048 + 2 * 4 * 2048 * 2048) * 4 +
+                                          kCudnnForwardWorkspaceBytes});
+  EXPECT_GE(grouped[0], 135266560);
+  EXPECT_TRUE(AttentionScratchBytes(KernelBackend::kCpu, AttentionProgram::kCudnn, true, 1, 100,
+                                    128, 2, 2, 2)
+                  .empty());
 }
 
 // [Note: the host step behind the forward]: on a GPU with the optimizer on the host, the forward

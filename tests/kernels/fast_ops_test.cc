@@ -162,10 +162,37 @@ TEST(FastOpsTest, FusedCrossEntropyValueAndGradient) {
   for (int r = 0; r < rows; ++r) targets[r] = (r * 37) % vocab;
   std::vector<double> zd = z, ld(rows);
   std::vector<float> zf = ToFloat(z), lf(rows);
-  SoftmaxCrossEntropyFused(zd.data(), ld.data(), targets.data(), rows, vocab, 2.0);
-  SoftmaxCrossEntropyFused(zf.data(), lf.data(), targets.data(), rows, vocab, 2.0f);
+  SoftmaxCrossEntropyFused(zd.data(), ld.data(), targets.data(), rows, vocab, vocab, 2.0);
+  SoftmaxCrossEntropyFused(zf.data(), lf.data(), targets.data(), rows, vocab, vocab, 2.0f);
   ExpectClose("losses", lf, ld, 1e-5);
   ExpectClose("dlogits", zf, zd, 1e-5, 1e-3);
+}
+
+// Rows padded past the vocabulary (parallel.make_vocab_size_divisible_by): the padding, however
+// large, is not counted, and its gradient is 0; the rest is the unpadded row's, bitwise.
+TEST(FastOpsTest, FusedCrossEntropyIgnoresThePadding) {
+  const int rows = 9, vocab = 301, padded = 320;
+  const auto z = Random(rows * vocab, 17, 4);
+  std::vector<int32_t> targets(rows);
+  for (int r = 0; r < rows; ++r) targets[r] = (r * 53) % vocab;
+  auto check = [&](auto zero) {
+    using T = decltype(zero);
+    std::vector<T> whole(z.begin(), z.end()), lw(rows), pad(rows * padded, T(80)), lp(rows);
+    for (int r = 0; r < rows; ++r) {
+      std::copy_n(whole.begin() + r * vocab, vocab, pad.begin() + r * padded);
+    }
+    SoftmaxCrossEntropyFused(whole.data(), lw.data(), targets.data(), rows, vocab, vocab, T(2));
+    SoftmaxCrossEntropyFused(pad.data(), lp.data(), targets.data(), rows, padded, vocab, T(2));
+    EXPECT_EQ(lp, lw);
+    for (int r = 0; r < rows; ++r) {
+      for (int c = 0; c < padded; ++c) {
+        ASSERT_EQ(pad[r * padded + c], c < vocab ? whole[r * vocab + c] : T(0))
+            << "row " << r << " column " << c;
+      }
+    }
+  };
+  check(0.0);
+  check(0.0f);
 }
 
 struct AttentionShape {
@@ -287,7 +314,7 @@ TEST(FastOpsTest, ThreadCountChangesNoBit) {
     fast::BiasGelu(bgp.data(), bgo.data(), b.data(), kRows, kChannels);
     GeluForward(g.data(), x.data(), static_cast<int64_t>(x.size()));
     GeluBackward(dg.data(), x.data(), dy.data(), static_cast<int64_t>(x.size()));
-    SoftmaxCrossEntropyFused(z.data(), l.data(), targets.data(), kRows, kChannels, 1.0f);
+    SoftmaxCrossEntropyFused(z.data(), l.data(), targets.data(), kRows, kChannels, kChannels, 1.0f);
     std::vector<float> o(s.out()), a(s.lse()), dq(s.qkv());
     fast::FlashAttentionForward(o.data(), a.data(), qkv.data(), s.batch, s.seq, s.channels, s.heads,
                                 s.kv_heads);

@@ -261,7 +261,8 @@ TEST(FlashTilesTest, TheProgramsCheckTheirShapes) {
             DType::kF32, {1, 8, 2, 2, 64}, "takes bf16 or fp16, not f32"},
         {DType::kBF16, {1, 8, 2, 2, 100}, "multiples of 8 up to 128, not 100"},
         {DType::kBF16, {1, 8, 2, 2, 256}, "multiples of 8 up to 128, not 256"},
-        {DType::kBF16, {1, 8, 3, 2, 64}, "3 query heads over 2 key/value heads"}}) {
+        {DType::kBF16, {1, 8, 3, 2, 64}, "3 query heads over 2 key/value heads"},
+        {DType::kBF16, {2, 1, 2, 2, 64}, "does not take sequences of one token"}}) {
     const Status s = CheckAttentionBackend(AttentionProgram::kCudnn, {}, dtype, shape);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_NE(s.message().find(std::string("model.attention_backend = \"cudnn\": ")),
@@ -485,10 +486,10 @@ TEST(FlashTilesTest, TheMemoryModelChoosesWhatTheKernelsTake) {
   EXPECT_EQ(AttentionSavedBytes(AttentionProgram::kMaterialised, 8, 1024, 12, 2),
             int64_t{8} * 12 * 1024 * 1024 * 2);
   EXPECT_EQ(AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kFlash, true, 8, 1024,
-                                  768, 12, 2),
+                                  768, 12, 12, 2),
             std::vector<int64_t>{(8 * 12 * 1024 + 8 * 1024 * 768) * 4});
   EXPECT_TRUE(AttentionScratchBytes(KernelBackend::kCuda, AttentionProgram::kFlash, false, 8, 1024,
-                                    768, 12, 2)
+                                    768, 12, 12, 2)
                   .empty());
 }
 

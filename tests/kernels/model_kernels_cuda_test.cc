@@ -404,7 +404,7 @@ TEST(ModelKernelsCudaTest, MatmulOnSubViewsOddShapesAndNoRows) {
     EXPECT_TRUE(t.gpu->LayerNorm(scratch, scratch, scratch, scratch, glw, glw, 0, 32).ok());
     EXPECT_TRUE(t.gpu->Gelu(scratch, scratch, 0).ok());
     EXPECT_TRUE(t.gpu->Add(scratch, scratch, scratch, 0).ok());
-    EXPECT_TRUE(t.gpu->CrossEntropy(scratch, scratch, nullptr, 0, 64, 1.0f).ok());
+    EXPECT_TRUE(t.gpu->CrossEntropy(scratch, scratch, nullptr, 0, 64, 64, 1.0f).ok());
     EXPECT_TRUE(t.gpu->VocabMax(scratch, scratch, 0, 64, 64).ok());
     EXPECT_TRUE(t.stream->Synchronize().ok());
   }
@@ -562,16 +562,29 @@ TEST(ModelKernelsCudaTest, AttentionEmbeddingCrossEntropy) {
     // The fused cross-entropy over rows of 101 logits (the scalar kernel) and of 104 (whole
     // 128-bit vectors: CrossEntropyKernel at kVec); and of 20001 and 50304, where each of the
     // block's 1024 threads meets several logits or vectors and its running maximum rises
-    // ([Note: the cross-entropy's online sum]).
-    for (const int cv : {vocab, 104, 20001, 50304}) {
-      SCOPED_TRACE(::testing::Message() << "cross-entropy over " << cv);
+    // ([Note: the cross-entropy's online sum]); and padded rows (GPT-2's 50,257 of 50,304; 101
+    // of 104, the last vector part padding), the padding large and never counted, its gradient 0.
+    // The targets are tokens below `vocab` (101), so every one is a real column: a target in the
+    // padding is the caller's error (the thirteenth GPU run had 97 of 104, and the two sides
+    // wrote different gradients there).
+    for (const auto& [cv, valid] : {std::pair{vocab, vocab},
+                                    {104, 104},
+                                    {104, vocab},
+                                    {20001, 20001},
+                                    {50304, 50304},
+                                    {50304, 50257}}) {
+      SCOPED_TRACE(::testing::Message() << "cross-entropy over " << valid << " of " << cv);
       std::vector<float> logits = Random(rows * cv, 9, 3.0f), losses(rows);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::fill(logits.begin() + r * cv + valid, logits.begin() + (r + 1) * cv, 50.0f);
+      }
       void* glogits = t.A(logits);
       std::vector<float> zeros(rows);
       void* glosses = t.Up(zeros, DType::kF32);
-      ASSERT_TRUE(t.gpu->CrossEntropy(glogits, glosses, gtok, rows, cv, 2.0f).ok());
+      ASSERT_TRUE(t.gpu->CrossEntropy(glogits, glosses, gtok, rows, cv, valid, 2.0f).ok());
       ASSERT_TRUE(
-          t.cpu->CrossEntropy(logits.data(), losses.data(), tokens.data(), rows, cv, 2.0f).ok());
+          t.cpu->CrossEntropy(logits.data(), losses.data(), tokens.data(), rows, cv, valid, 2.0f)
+              .ok());
       t.Expect("CrossEntropy losses", glosses, losses, DType::kF32);
       t.Expect("CrossEntropy gradient", glogits, logits, act);
     }

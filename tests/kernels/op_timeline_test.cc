@@ -165,7 +165,7 @@ TEST(OpTimelineTest, TheMemoryBoundOperationsSayTheBytesTheyMove) {
   std::vector<uint16_t> logits(2 * 5);
   std::vector<float> losses(2);
   const std::vector<int32_t> targets = {1, 4};
-  ASSERT_TRUE(k->CrossEntropy(logits.data(), losses.data(), targets.data(), 2, 5, 0.5f).ok());
+  ASSERT_TRUE(k->CrossEntropy(logits.data(), losses.data(), targets.data(), 2, 5, 5, 0.5f).ok());
   ASSERT_TRUE(stream->Synchronize().ok());
   const std::vector<OpSample> s = *timeline.Collect();
   ASSERT_EQ(s.size(), 5u);

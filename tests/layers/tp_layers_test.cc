@@ -148,7 +148,7 @@ TEST(TpLayers, VocabularyParallelCrossEntropyEqualsTheWholeOne) {
   std::vector<float> want_grad = logits, want_loss(kRowsCe);
   ZR_CHECK_OK(MakeCpuModelKernels(CpuPrecision::kFloat)
                   ->CrossEntropy(want_grad.data(), want_loss.data(), targets.data(), kRowsCe,
-                                 kVocab, dloss));
+                                 kVocab, kVocab, dloss));
   for (int tp : {1, 2, 4}) {
     const int local = (kVocab + tp - 1) / tp;  // padded: local x tp >= kVocab
     OnRanks(tp, [&](const TpContext& ctx, int r) {
