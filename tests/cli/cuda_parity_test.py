@@ -66,9 +66,9 @@ FP32, HALF = 1e-5, 1e-3
 # trajectory, their first step's loss (the same weights, one forward) within FIRST_STEP.
 # Their bf16 trajectories within BF16_FLASH, half of bf16's unit roundoff (2^-8): since the flash
 # backward adds dQ by atomics (2026-11-30) the GPU's trajectory varies from run to run in its last
-# bits, and a 10-step run at the tiny run's learning rate amplifies that (the thirteenth run, H200,
-# 2026-12-04: 1.03e-3 at step 9, its first step within 1.5e-5). The rounding gap fixed above (2.65e-3)
-# would still fail it; fp16's flash case keeps HALF (3.4e-4 in that run).
+# bits, and a 10-step run at the tiny run's learning rate amplifies that (the thirteenth run,
+# H200, 2026-12-04: 1.03e-3 at step 9, its first step within 1.5e-5). The rounding gap fixed
+# above (2.65e-3) would still fail it; fp16's flash case keeps HALF (3.4e-4 in that run).
 BF16_FLASH = 2e-3
 FLASH_CASES = {"bf16-flash-hs64", "fp16-flash-hs64", "llama-gqa-bf16-flash",
                "two-ranks-llama-bf16-flash"}
