@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""tools/host_step_spans.py, which tools/gpu-check.sh runs on the traces of two host-optimizer runs
+(the step behind the next forward, and train.overlap_host_step=false): on real traces of both
+(the asynchronous CPU device defers the step as CUDA does) it prints both steps' totals and every
+unit's update in both; a trace without host optimizer spans (no offload) exits 2 naming it.
+Usage: host_step_spans_test.py PATH_TO_ZERORT REPO_ROOT"""
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Checks, merged, tiny_run, write_json  # noqa: E402
+
+zerort, root = sys.argv[1], sys.argv[2]
+script = os.path.join(root, "tools", "host_step_spans.py")
+checks = Checks("host_step_spans_test")
+check = checks.check
+tmp = tempfile.mkdtemp()
+
+
+def trace(name, extra):
+    """A 3-step run's trace file; asserts the run succeeded."""
+    path = os.path.join(tmp, name + ".json")
+    config = merged(tiny_run(3), merged({
+        "train": {"device": "cpu-async"},
+        "checkpoint": {"dir": os.path.join(tmp, name + "-ckpt")},
+        "logging": {"trace_file": path}}, extra))
+    cfg = write_json(tmp, name + ".cfg", config)
+    r = subprocess.run([zerort, "--log-level", "off", "train", cfg], capture_output=True, text=True)
+    check(f"{name}: zerort train exits 0", r.returncode == 0, (r.stdout + r.stderr)[-800:])
+    return path
+
+
+offload = {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}
+over = trace("overlapped", offload)
+serial = trace("serial", merged(offload, {"train": {"overlap_host_step": False}}))
+plain = trace("device", {})
+
+r = subprocess.run([sys.executable, script, over, serial], capture_output=True, text=True)
+check("both traces read", r.returncode == 0, r.stderr[-500:])
+lines = r.stdout.splitlines()
+check("a step's total for each run",
+      len(lines) > 2 and lines[0].startswith("overlapped") and lines[1].startswith("serial")
+      and "3 steps" in lines[0] and "3 steps" in lines[1], r.stdout)
+units = {line.split()[0] for line in lines[3:]}
+check("every unit of the 2-layer model in the table",
+      {"embeddings", "blocks.0", "blocks.1", "final_norm"} <= units, r.stdout)
+for line in lines[3:]:
+    fields = line.split()
+    check(f"{fields[0]}: two positive times and their ratio",
+          len(fields) == 4 and all(float(x) > 0 for x in fields[1:]), line)
+
+r = subprocess.run([sys.executable, script, plain, serial], capture_output=True, text=True)
+check("a trace without host optimizer spans exits 2 naming it",
+      r.returncode == 2 and plain in r.stderr and "no host optimizer spans" in r.stderr, r.stderr)
+
+checks.finish()
