@@ -6,9 +6,11 @@ with train.overlap_host_step=false. A unit's update is an "optimizer UNIT" span 
 track (overlapped) or the "host" track (serial); the steps are the "optimizer step N" spans.
 Prints, for each trace, the seconds a step of all units' updates, then each unit's median
 milliseconds in both and their ratio: where the thirteenth GPU run's 0.19 s a step against 0.04
-(docs/gpu.md) comes from. Exit 2, naming the file, for a trace that has no unit spans.
+(docs/gpu.md) comes from. Exit 2, naming the file, for one that is not a regular file, not a
+trace, or a trace without unit spans.
   tools/host_step_spans.py OVERLAPPED_TRACE SERIAL_TRACE"""
 import json
+import os
 import re
 import statistics
 import sys
@@ -16,15 +18,22 @@ import sys
 STEP = re.compile(r"optimizer step \d+$")
 
 
+def refuse(path, why):
+    sys.stderr.write(f"host_step_spans: {path}: {why}\n")
+    sys.exit(2)
+
+
 def read(path):
     """{unit: [seconds...]}, steps"""
+    if not os.path.isfile(path):  # a FIFO would block the read, a directory fail it
+        refuse(path, "not a regular file")
     try:
         with open(path) as f:
             events = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise SystemExit(f"host_step_spans: {path}: not a trace ({e})")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        refuse(path, f"not a trace ({e})")
     if not isinstance(events, list):
-        raise SystemExit(f"host_step_spans: {path}: not a trace (no event list)")
+        refuse(path, "not a trace (no event list)")
     units, steps = {}, 0
     for e in events:
         if not isinstance(e, dict) or e.get("ph") != "X":
@@ -35,9 +44,8 @@ def read(path):
         elif name.startswith("optimizer ") and e.get("cat") in ("host", "host step"):
             units.setdefault(name[len("optimizer "):], []).append(float(e.get("dur", 0)) / 1e6)
     if not units or steps == 0:
-        sys.stderr.write(f"host_step_spans: {path}: no host optimizer spans (a run with "
-                         "offload_optimizer.device cpu and logging.trace_file?)\n")
-        sys.exit(2)
+        refuse(path, "no host optimizer spans (a run with offload_optimizer.device cpu and "
+               "logging.trace_file?)")
     return units, steps
 
 

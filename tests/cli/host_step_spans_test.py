@@ -51,8 +51,25 @@ for line in lines[3:]:
     check(f"{fields[0]}: two positive times and their ratio",
           len(fields) == 4 and all(float(x) > 0 for x in fields[1:]), line)
 
-r = subprocess.run([sys.executable, script, plain, serial], capture_output=True, text=True)
-check("a trace without host optimizer spans exits 2 naming it",
-      r.returncode == 2 and plain in r.stderr and "no host optimizer spans" in r.stderr, r.stderr)
+# Hostile inputs: each exits 2 naming the file and why, at once (a FIFO is not opened).
+fifo = os.path.join(tmp, "fifo")
+os.mkfifo(fifo)
+garbage = os.path.join(tmp, "garbage.json")
+with open(garbage, "wb") as f:
+    f.write(b"\xff\xfe{not json")
+not_list = write_json(tmp, "object.json", {"traceEvents": []})
+for what, path, says in [("a trace without host optimizer spans", plain, "no host optimizer spans"),
+                         ("a directory", tmp, "not a regular file"),
+                         ("a FIFO", fifo, "not a regular file"),
+                         ("a missing file", os.path.join(tmp, "absent.json"), "not a regular file"),
+                         ("not JSON", garbage, "not a trace"),
+                         ("a JSON object", not_list, "not a trace (no event list)")]:
+    try:
+        r = subprocess.run([sys.executable, script, path, serial], capture_output=True, text=True,
+                           timeout=20)
+        check(f"{what}: exits 2 naming it and why",
+              r.returncode == 2 and path in r.stderr and says in r.stderr, r.stderr[-500:])
+    except subprocess.TimeoutExpired:
+        check(f"{what}: exits 2 naming it and why", False, "still running after 20 s")
 
 checks.finish()
