@@ -6,6 +6,8 @@
 //   Sum:            out += factor x sum(x) (a training step's losses, kept on the device)
 //   Scale:          x *= factor, in place
 //   AccumulateInto: dst (f32) += src (any float dtype), element-wise
+//   AssignInto:     dst (f32) = 0 + src: what AccumulateInto gives into a zeroed dst, bitwise
+//                   (-0 becomes +0), in one pass that does not read dst
 // CPU (vectorised, with a scalar reference for the tests) and CUDA twins. On CPU data each runs in
 // `stream`'s order (RunOnHostInOrder: on a queued CPU stream's thread, else at once).
 #pragma once
@@ -21,6 +23,7 @@ Status CountNonFinite(const TensorView& x, const TensorView& out, Stream* stream
 Status Sum(const TensorView& x, double factor, const TensorView& out, Stream* stream);
 Status Scale(const TensorView& x, float factor, Stream* stream);
 Status AccumulateInto(const TensorView& src, const TensorView& dst, Stream* stream);
+Status AssignInto(const TensorView& src, const TensorView& dst, Stream* stream);
 
 // Host views: the double sum behind SumOfSquares / CountNonFinite, continued from `running`.
 // Consecutive pieces of a buffer whose boundaries are multiples of kReduceChunk elements chain to
