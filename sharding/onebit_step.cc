@@ -54,7 +54,7 @@ Status ShardedOptimizer::EachPiece(int u, const OptimizerStepArgs& args, OneBitP
   UnitState& s = *units_[u];
   const OptimizerOptions& opt = resources_.options->optimizer;
   const FlatLayout& layout = s.unit->layout();
-  const TensorView master = s.master.View(), grad = s.grad.View(), m = s.exp_avg.View(),
+  const TensorView master = s.master.View(), grad = GradView(u), m = s.exp_avg.View(),
                    v = s.exp_avg_sq.View();
   for (const ShardPiece& piece : layout.ShardPieces(s.unit->layout_rank())) {
     const int64_t at = piece.shard_range.begin, n = piece.shard_range.size();
@@ -104,7 +104,7 @@ Status ShardedOptimizer::UpdateZeroOne(int u, const OptimizerStepArgs& args,
     // The gradient itself through the compressed all-reduce; the momentum from it. With one rank
     // DeepSpeed leaves the momentum as it is on these steps.
     if (s.worker_error) {
-      const TensorView g = s.grad.View();
+      const TensorView g = GradView(u);
       ZR_RETURN_IF_ERROR(Scale(g, args.grad_scale, stream));
       ZR_RETURN_IF_ERROR(CompressedMean(u, g, "gradient"));
       ZR_RETURN_IF_ERROR(EachPiece(u, args, OneBitPhase::kMomentum, 1.0f, out));
@@ -207,7 +207,7 @@ Status ShardedOptimizer::CompressLambMomentum(const OptimizerStepArgs& args) {
   const OneBitAdamHyper h{.beta1 = opt.beta1, .grad_scale = args.grad_scale};
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     UnitState& s = *units_[u];
-    const TensorView g = s.grad.View(), m = s.exp_avg.View();
+    const TensorView g = GradView(u), m = s.exp_avg.View();
     int64_t at = fused_at_[static_cast<size_t>(u)];
     for (const ShardPiece& piece : s.unit->layout().ShardPieces(s.unit->layout_rank())) {
       const int64_t from = piece.shard_range.begin, n = piece.shard_range.size();
@@ -236,7 +236,7 @@ Status ShardedOptimizer::UpdateOneBitLamb(int u, const OptimizerStepArgs& args,
   UnitState& s = *units_[u];
   const OptimizerOptions& opt = resources_.options->optimizer;
   Stream* stream = StreamFor(tier());
-  const TensorView master = s.master.View(), grad = s.grad.View(), m = s.exp_avg.View(),
+  const TensorView master = s.master.View(), grad = GradView(u), m = s.exp_avg.View(),
                    v = s.exp_avg_sq.View(), fresh = s.exp_avg_sq_fresh.View();
   if (!OneBitCompressing(opt, args.step)) {
     ZR_RETURN_IF_ERROR(UpdateLamb(u, args, master, grad, m, v, out, s.lamb));

@@ -23,6 +23,9 @@ struct ShardedOptimizer::UnitState {
   // zero), and its norm parts as of its last write.
   bool grad_written = false;
   float sum_sq = 0.0f, nonfinite = 0.0f;
+  // An in-memory host-tier gradient shard still holding a finished step's sums: it reads as zero
+  // ([Note: host gradient shards start stale]).
+  bool grad_stale = false;
   bool in_norm = true;  // false: a tied copy that another rank counts
 };
 

@@ -165,8 +165,19 @@ Status ShardedOptimizer::AccumulateGradient(const ShardedUnit& unit, const Tenso
 
 Status ShardedOptimizer::AddHostGradient(int u, const TensorView& host) {
   UnitState& s = *units_[u];
-  if (s.grad.in_memory()) return AccumulateInto(host, s.grad.View(), nullptr);
-  return AccumulateNvme(u, host);
+  if (!s.grad.in_memory()) return AccumulateNvme(u, host);
+  // [Note: host gradient shards start stale]: the step's first slice writes the shard.
+  if (std::exchange(s.grad_stale, false)) return AssignInto(host, s.grad.View(), nullptr);
+  return AccumulateInto(host, s.grad.View(), nullptr);
+}
+
+TensorView ShardedOptimizer::GradView(int u) {
+  UnitState& s = *units_[u];
+  if (std::exchange(s.grad_stale, false)) {  // read before any slice of this step came
+    const TensorView g = s.grad.View();
+    ZR_CHECK_OK(FillZero(g.data(), g.device(), g.nbytes(), nullptr));
+  }
+  return s.grad.View();
 }
 
 Status ShardedOptimizer::FinishHostGradients() {
@@ -259,9 +270,9 @@ Status ShardedOptimizer::AccumulateNorm(const TensorView& sum_sq, const TensorVi
     UnitState* s = units_[u].get();
     if (s->grad.in_memory()) {
       float part[2] = {0.0f, 0.0f};
-      ZR_RETURN_IF_ERROR(
-          SumOfSquaresOfNormRanges(u, s->grad.View(), 0, HostF32(&part[0], 1), nullptr));
-      ZR_RETURN_IF_ERROR(CountNonFinite(s->grad.View(), HostF32(&part[1], 1), nullptr));
+      const TensorView g = GradView(u);
+      ZR_RETURN_IF_ERROR(SumOfSquaresOfNormRanges(u, g, 0, HostF32(&part[0], 1), nullptr));
+      ZR_RETURN_IF_ERROR(CountNonFinite(g, HostF32(&part[1], 1), nullptr));
       totals[0] += part[0];
       totals[1] += part[1];
     } else if (s->grad_written) {
@@ -293,7 +304,9 @@ Status ShardedOptimizer::ZeroGradients() {
 
 Status ShardedOptimizer::ZeroGradient(int u) {
   UnitState& s = *units_[u];
-  if (s.grad.in_memory()) {
+  if (s.grad.tier() != MemoryTier::kDevice && s.grad.in_memory()) {
+    s.grad_stale = true;  // [Note: host gradient shards start stale]: no fill
+  } else if (s.grad.in_memory()) {
     const TensorView g = s.grad.View();
     ZR_RETURN_IF_ERROR(FillZero(g.data(), g.device(), g.nbytes(), StreamFor(s.grad.tier())));
   }
@@ -507,10 +520,10 @@ Status ShardedOptimizer::UpdateUnit(int u, const OptimizerStepArgs& args, const 
     case OptimizerKind::kOneBitLamb:
       return UpdateOneBitLamb(u, args, out);
     case OptimizerKind::kLamb:
-      return UpdateLamb(u, args, s.master.View(), s.grad.View(), view(s.exp_avg),
-                        view(s.exp_avg_sq), out);
+      return UpdateLamb(u, args, s.master.View(), GradView(u), view(s.exp_avg), view(s.exp_avg_sq),
+                        out);
     default:
-      return Update(u, Range{0, s.master.numel()}, args, s.master.View(), s.grad.View(),
+      return Update(u, Range{0, s.master.numel()}, args, s.master.View(), GradView(u),
                     view(s.exp_avg), view(s.exp_avg_sq), out);
   }
 }
@@ -606,9 +619,8 @@ Status ShardedOptimizer::WriteState(int u, StateKind kind, std::span<const float
 
 void ShardedOptimizer::ExcludeFromNorm(int u) { units_.at(u)->in_norm = false; }
 
-TensorView ShardedOptimizer::GradShard(int u) const {
-  const PlacedBuffer& g = units_.at(u)->grad;
-  return g.in_memory() ? g.View() : TensorView();
+TensorView ShardedOptimizer::GradShard(int u) {
+  return units_.at(u)->grad.in_memory() ? GradView(u) : TensorView();
 }
 
 }  // namespace zerort

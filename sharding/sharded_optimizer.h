@@ -105,8 +105,9 @@ class ShardedOptimizer {
   // the next forward's first units run on the device while the CPU updates the later ones (and
   // while units are pending, a prefetch completes at most one unit beyond those completed:
   // DeepSpeed's default prefetch bucket would otherwise ask for every unit at the first). The
-  // worker also zeroes each unit's gradient shard after its update (the next backward adds into
-  // it only after the unit's forward has completed it). Nothing changes in the arithmetic: the
+  // worker also marks each unit's gradient shard zero after its update ([Note: host gradient
+  // shards start stale]; the next backward writes into it only after the unit's forward has
+  // completed it). Nothing changes in the arithmetic: the
   // same kernels on the same values in the same order, bitwise the synchronous step. On a GPU the
   // compute values go through pinned staging; the worker then runs at most kStagedAhead units
   // ahead of the completions (the staging is bounded) and a completion issues the unit's copy on
@@ -123,6 +124,21 @@ class ShardedOptimizer {
   // its compute values to the device); a no-op for completed units or without a pending step.
   // ReadState and WriteState complete through their unit first.
   Status CompleteUnitStep(int u);
+  // Zeroes every unit's gradient shard for the next step: on the device tier a fill; a host-tier
+  // shard in memory is only marked.
+  //
+  // [Note: host gradient shards start stale]
+  // A host-tier fp32 gradient shard used to be zero-filled after each step and every micro-batch's
+  // slice added into it: a fill (4 bytes a parameter, one thread: 23 ms for GPT-2 124M here, on
+  // the step worker's critical path in [Note: the host step behind the forward]) and a first add
+  // that reads the zeros back (4 more). Now zeroing marks the shard stale, the step's first slice
+  // writes it (AssignInto: 0 + x, so that -0 lands as +0, bitwise what the add into zeros gave)
+  // and later slices add; a reader that comes before any slice (a unit that got no gradient this
+  // step: the norm, the update, a tied unit's all-reduce, GradShard) zero-fills it first
+  // (GradView). The marks are ordered as the shards are: set by the step's thread or the step
+  // worker, read by the thread adding slices only after the unit's step is completed. The NVMe
+  // tier's grad_written does the same for a shard on disk; the device tier's fill is a kernel on
+  // the compute stream and stays.
   Status ZeroGradients();
   // The 1-bit optimizers: zeroes every unit's compression errors, 0/1 Adam's accumulated local
   // steps and 1-bit LAMB's fused momentum (after a checkpoint load, as DeepSpeed resets them).
@@ -144,7 +160,7 @@ class ShardedOptimizer {
   // Overwrites it (the unit's compute copy is the caller's: ShardManager::LoadState).
   Status WriteState(int u, StateKind kind, std::span<const float> values);
   // The fp32 gradient shard of unit `u`, when it is in memory (tests, inspection).
-  TensorView GradShard(int u) const;
+  TensorView GradShard(int u);
   MemoryTier tier() const { return resources_.options->placement.optimizer; }
   // Where work on a buffer of `t` is ordered: the device tier's in the compute stream (CUDA
   // kernels, and the CPU device's, queued there on cpu-async); the host tiers' on the host, after
@@ -227,6 +243,9 @@ class ShardedOptimizer {
   Status AccumulateNvme(int u, const TensorView& reduced_host);
   // Adds a reduced slice in host memory into unit u's host or NVMe gradient shard.
   Status AddHostGradient(int u, const TensorView& host);
+  // Unit u's in-memory gradient shard to read, zero-filled first if it is stale ([Note: host
+  // gradient shards start stale]).
+  TensorView GradView(int u);
   // The oldest gradient in flight to the host tiers, once its copy is done, added.
   // The ranges of unit u's shard that enter this rank's norm: all of it, or without the
   // pieces of replicated parameters (count_replicated false).

@@ -640,6 +640,59 @@ TEST(ShardManagerTest, StepRefusesAGatheredUnitAndBadInputs) {
 // A unit whose Forward scope had no Backward scope before Step (a skipped layer backward, every
 // step or once) fails Step on every rank that skipped it, naming the unit and the rank; with
 // UnitOptions::needs_backward = false the same step is allowed (a frozen layer).
+// [Note: host gradient shards start stale]: a host-tier shard is not zero-filled after a step, so
+// a unit that gets no gradient in the next one (here fc1, whose backward is skipped) must still
+// read zeros: its shard, the norm and the update, bitwise the device tier's.
+TEST(ShardManagerTest, AUnitWithoutABackwardReadsZeroGradientsOnTheHostTier) {
+  auto run = [](MemoryTier optimizer, std::vector<std::vector<float>>& params) {
+    std::vector<std::string> errors(2);
+    const Status status = RunLoopbackRanks(2, {}, nullptr, [&](Communicator& comm) -> Status {
+      MemoryTracker tracker;
+      RunConfig c{.stage = ZeroStage::k3, .world = 2, .clip = 1.0f};
+      c.placement.optimizer = optimizer;
+      ZR_ASSIGN_OR_RETURN(MlpRun r, MakeMlpRun(Options(c), comm, tracker, Device::Cpu(), [](int l) {
+                            return UnitOptions{.needs_backward = l != 1};
+                          }));
+      ShardManager* m = r.manager.get();
+      ZR_RETURN_IF_ERROR(MlpForwardBackward(*m, r.units, 6 * comm.rank(), 6, 1.0f).status());
+      ZR_RETURN_IF_ERROR(m->Step({.lr = 0.01f}).status());
+      for (int l = 0; l < MlpLayers(); ++l) {
+        ZR_ASSIGN_OR_RETURN(UnitScope s, m->ForwardScope(r.units[l]));
+        ZR_RETURN_IF_ERROR(s.End());
+      }
+      for (int l = MlpLayers() - 1; l >= 0; --l) {
+        if (l == 1) continue;
+        ZR_ASSIGN_OR_RETURN(UnitScope s, m->BackwardScope(r.units[l]));
+        ZR_RETURN_IF_ERROR(s.End());
+      }
+      ZR_RETURN_IF_ERROR(m->ReduceGradients());
+      const TensorView g = m->optimizer().GradShard(r.units[1]);
+      for (int64_t i = 0; i < g.numel(); ++i) {
+        if (g.data_as<float>()[i] != 0.0f && errors[comm.rank()].empty()) {
+          errors[comm.rank()] =
+              StrCat("fc1's gradient shard element ", i, " is ", g.data_as<float>()[i], ", not 0");
+        }
+      }
+      ZR_RETURN_IF_ERROR(m->Step({.lr = 0.01f}).status());
+      for (int u : r.units) {
+        for (size_t i = 0; i < m->unit(u).layout().params().size(); ++i) {
+          std::vector<float> full(m->unit(u).layout().params()[i].numel());
+          ZR_RETURN_IF_ERROR(ShardManagerState(*m).GatherMaster(u, static_cast<int>(i), full));
+          if (comm.rank() == 0) params.push_back(std::move(full));
+        }
+      }
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(status.ok()) << status;
+    for (int rank = 0; rank < 2; ++rank) EXPECT_EQ(errors[rank], "") << "rank " << rank;
+  };
+  std::vector<std::vector<float>> device, host;
+  run(MemoryTier::kDevice, device);
+  run(MemoryTier::kHost, host);
+  ASSERT_FALSE(device.empty());
+  EXPECT_EQ(device, host);
+}
+
 TEST(ShardManagerTest, AUnitWithAForwardAndNoBackwardFailsStepNamingIt) {
   for (const ZeroStage stage : {ZeroStage::k1, ZeroStage::k3}) {
     for (const bool allowed : {false, true}) {
