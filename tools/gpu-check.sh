@@ -222,6 +222,19 @@ if want train; then
     --set logging.metrics_file=/tmp/gpu-check-metrics-offload-pinned.jsonl \
     >"$logs/train-gpt2-offload-pinned.log" 2>&1 || rc=1
   grep -E '^step +6/' "$logs/train-gpt2-offload-pinned.log"
+  # The device step and the host-optimizer step again at 16 micro-batches a step (131,072 tokens):
+  # the host's bytes a step grow with the parameters and the micro-batches, the device's time with
+  # the tokens (docs/gpu.md, "The host step's bytes"), so the ratio is measured at both.
+  for where in device cpu; do
+    off=()
+    [[ $where == cpu ]] && off=(--set zero_optimization.offload_optimizer.device=cpu)
+    guard 150 "train-gpt2-ga16-$where" "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite "${sets[@]}" \
+      --set train.steps=5 --set train.eval_interval=5 --set gradient_accumulation_steps=16 "${off[@]}" "${quick[@]}" \
+      --set checkpoint.dir="/tmp/gpu-check-ckpt-ga16-$where" \
+      --set logging.metrics_file="/tmp/gpu-check-metrics-ga16-$where.jsonl" \
+      >"$logs/train-gpt2-ga16-$where.log" 2>&1 || rc=1
+    grep -E '^step +5/' "$logs/train-gpt2-ga16-$where.log"
+  done
   # Pipeline parallelism over NCCL (pp 2, 1F1B, ZeRO-1; one rank per GPU: NCCL refuses two ranks
   # of a communicator on one device), on machines with two GPUs or more.
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')

@@ -82,6 +82,10 @@ for key in ("gemms_s", "in_turn_s", "beside_s", "step_s", "ratio", "hidden_fract
     check(f"bench adamw --overlap json has {key}", key in ov, r.stdout)
 check("bench adamw --overlap timings are positive",
       ov.get("in_turn_s", 0) > 0 and ov.get("gemms_s", 0) > 0, r.stdout)
+# The offloaded step's other host work, timed beside the step (positive rates).
+for key in ("worker_params_per_s", "worker_vs_caller", "grad_add_gbps", "grad_write_gbps",
+            "zero_fill_gbps"):
+    check(f"bench adamw json has a positive {key}", adamw.get(key, 0) > 0, r.stdout)
 r = run("bench", "adamw", "--params", "65536", "--rounds", "1", "--json")
 check("bench adamw without --overlap has no overlap key",
       r.returncode == 0 and "overlap" not in json.loads(r.stdout), r.stdout)
