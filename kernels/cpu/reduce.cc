@@ -173,10 +173,16 @@ void EachAsFloat(const void* in, DType dtype, float* out, int64_t n, Op op) {
 
 }  // namespace
 
-Status AccumulateInto(const TensorView& src, const TensorView& dst, Stream* stream) {
-  ZR_RETURN_IF_ERROR(CheckAccumulate("AccumulateInto", src, dst));
+namespace {
+
+// AccumulateInto (dst += src) and AssignInto (dst = 0 + src): the same checks and placement.
+Status IntoF32(const char* what, bool assign, const TensorView& src, const TensorView& dst,
+               Stream* stream) {
+  ZR_RETURN_IF_ERROR(CheckAccumulate(what, src, dst));
   if (src.device().is_cuda()) {
     ZR_RETURN_IF_ERROR(CheckStream(src, stream));
+    // AssignInto as the zero fill and the add: no second CUDA kernel to keep.
+    if (assign) ZR_RETURN_IF_ERROR(FillZero(dst.data(), dst.device(), dst.nbytes(), stream));
     return internal::CudaAccumulateInto(src.data(), src.dtype(), dst.data_as<float>(), src.numel(),
                                         stream);
   }
@@ -185,28 +191,23 @@ Status AccumulateInto(const TensorView& src, const TensorView& dst, Stream* stre
   const DType dtype = src.dtype();
   const int64_t n = src.numel();
   return RunOnHostInOrder(stream, [=] {
-    EachAsFloat(in, dtype, out, n, [](float acc, float x) { return acc + x; });
+    if (assign) {  // 0 + x, not x: a -0 becomes +0 as the add into a zeroed shard makes it
+      EachAsFloat(in, dtype, out, n, [](float, float x) { return 0.0f + x; });
+    } else {
+      EachAsFloat(in, dtype, out, n, [](float acc, float x) { return acc + x; });
+    }
     return absl::OkStatus();
   });
 }
 
+}  // namespace
+
+Status AccumulateInto(const TensorView& src, const TensorView& dst, Stream* stream) {
+  return IntoF32("AccumulateInto", false, src, dst, stream);
+}
+
 Status AssignInto(const TensorView& src, const TensorView& dst, Stream* stream) {
-  ZR_RETURN_IF_ERROR(CheckAccumulate("AssignInto", src, dst));
-  if (src.device().is_cuda()) {  // the zero fill and the add: no second CUDA kernel to keep
-    ZR_RETURN_IF_ERROR(CheckStream(src, stream));
-    ZR_RETURN_IF_ERROR(FillZero(dst.data(), dst.device(), dst.nbytes(), stream));
-    return internal::CudaAccumulateInto(src.data(), src.dtype(), dst.data_as<float>(), src.numel(),
-                                        stream);
-  }
-  float* out = dst.data_as<float>();
-  const void* in = src.data();
-  const DType dtype = src.dtype();
-  const int64_t n = src.numel();
-  return RunOnHostInOrder(stream, [=] {
-    // 0 + x, not x: a -0 becomes +0 as the add into a zeroed shard makes it.
-    EachAsFloat(in, dtype, out, n, [](float, float x) { return 0.0f + x; });
-    return absl::OkStatus();
-  });
+  return IntoF32("AssignInto", true, src, dst, stream);
 }
 
 double SumOfSquaresReference(const TensorView& x) {
