@@ -171,10 +171,6 @@ void EachAsFloat(const void* in, DType dtype, float* out, int64_t n, Op op) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // AccumulateInto (dst += src) and AssignInto (dst = 0 + src): the same checks and placement.
 Status IntoF32(const char* what, bool assign, const TensorView& src, const TensorView& dst,
                Stream* stream) {
