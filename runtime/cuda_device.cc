@@ -181,13 +181,14 @@ StatusOr<std::unique_ptr<Stream>> CreateCudaStream(Device device, std::string na
 // [Note: host waits sleep]
 // A thread that waits for an event (Event::Synchronize: the host step's write-backs, a gradient
 // slice's copy to the host) used to spin on a core until the GPU got there: CUDA's default for a
-// process with fewer contexts than cores. With the optimizer offloaded that core belongs to the host AdamW's OpenMP team, whose static split then waits for the one
-// thread that shares its core with the spinner (the thirteenth run's host update was about 4x
-// slower beside the forward than alone; docs/gpu.md). So every event is made with
-// cudaEventBlockingSync: the waiting thread sleeps and is woken when the event completes (tens of
-// microseconds later, off the GPU's path: the GPU has queued work while the host waits for it).
-// Stream-to-stream waits (cudaStreamWaitEvent) do not involve the host and are unchanged;
-// Stream::Synchronize (cudaStreamSynchronize) still spins. Not yet measured on a GPU.
+// process with fewer contexts than cores. With the optimizer offloaded that core belongs to the
+// host AdamW's OpenMP team, whose static split then waits for the one thread that shares its core
+// with the spinner (the thirteenth run's host update was about 4x slower beside the forward than
+// alone; docs/gpu.md). So every event is made with cudaEventBlockingSync: the waiting thread
+// sleeps and is woken when the event completes (tens of microseconds later, off the GPU's path:
+// the GPU has queued work while the host waits for it). Stream-to-stream waits
+// (cudaStreamWaitEvent) do not involve the host and are unchanged; Stream::Synchronize
+// (cudaStreamSynchronize) still spins. Not yet measured on a GPU.
 StatusOr<std::unique_ptr<Event>> CreateCudaEvent(Device device) {
   ZR_RETURN_IF_ERROR(CheckUsable(device));
   DeviceGuard guard(device.index);
