@@ -17,14 +17,28 @@ void OffloadRules(RunConfig& c, Problems& problems) {
        {std::pair<const char*, OffloadConfig*>{"offload_optimizer", &z.offload_optimizer},
         {"offload_param", &z.offload_param}}) {
     const std::string path = StrCat("zero_optimization.", name);
-    if (off->ratio != 1.0) {
-      problems.Add(StrCat(path, ".ratio = ", off->ratio,
-                          ": partial optimizer offload (DeepSpeed's ZeRO++ twin-flow) is not "
-                          "supported; use 1"));
-    }
     if (off->device == "nvme" && off->nvme_path.empty()) {
       problems.Add(StrCat(path, ".nvme_path is required when ", path, ".device is \"nvme\""));
     }
+  }
+  // DeepSpeed's Twin-Flow ([Note: partial optimizer offload], sharding/options.h).
+  const OffloadConfig& opt_off = z.offload_optimizer;
+  const std::string& type = c.optimizer.type;
+  if (opt_off.ratio != 1.0 && opt_off.device == "nvme") {
+    problems.Add(StrCat("zero_optimization.offload_optimizer.ratio = ", opt_off.ratio,
+                        ": a partial offload keeps its share in host memory; with device "
+                        "\"nvme\" use 1 (or device \"cpu\")"));
+  }
+  if (opt_off.ratio != 1.0 && opt_off.device == "cpu" &&
+      (type == "OneBitAdam" || type == "ZeroOneAdam" || type == "OneBitLamb")) {
+    problems.Add(StrCat("zero_optimization.offload_optimizer.ratio = ", opt_off.ratio,
+                        " with optimizer.type \"", type,
+                        "\" is not supported (its compression state spans the rank's units); "
+                        "use 1"));
+  }
+  if (opt_off.ratio != 1.0 && opt_off.device == "none") {
+    c.warnings.push_back(StrCat("zero_optimization.offload_optimizer.ratio = ", opt_off.ratio,
+                                " is ignored: offload_optimizer.device is \"none\""));
   }
   // DeepSpeed's rules: optimizer offload from stage 1, parameter offload at stage 3 only.
   if (z.offload_optimizer.device != "none" && z.stage == 0) {

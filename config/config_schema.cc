@@ -47,8 +47,10 @@ void AddOffload(std::vector<ConfigField>& t, std::string_view s, bool param) {
     t.push_back(Num<int>(s, "buffer_count", ZR_OFF(buffer_count), 2, 1024,
                          "optimizer chunks in flight through the NVMe pipeline, DeepSpeed's 4"));
     t.push_back(Num<double>(s, "ratio", ZR_OFF(ratio), 0, 1,
-                            "the share of the state offloaded: only 1 (DeepSpeed's partial "
-                            "offload is refused)"));
+                            "device cpu: the share of the units whose optimizer state goes to "
+                            "the host, the last ones; the first stay on the device (DeepSpeed's "
+                            "Twin-Flow, docs/offload.md; stages 1-3, DeepSpeed reads it at 3; "
+                            "not with nvme or the 1-bit optimizers)"));
 #undef ZR_OFF
   }
 }

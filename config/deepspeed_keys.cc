@@ -203,10 +203,7 @@ constexpr DsKey kKeys[] = {
      "zero_optimization.stage3_gather_16bit_weights_on_model_save", "true"},
     {"zero_optimization.stage3_gather_fp16_weights_on_model_save", M,
      "zero_optimization.stage3_gather_16bit_weights_on_model_save", "true"},
-    {"zero_optimization.offload_optimizer.ratio", R,
-     "partial optimizer offload (ZeRO++ twin-flow) is not implemented: zerort offloads all of "
-     "the optimizer state",
-     "0.3", "[1, 1.0]"},
+    {"zero_optimization.offload_optimizer.ratio", I, "", "0.3"},
     {"zero_optimization.offload_optimizer.pipeline_read", A,
      "zerort's NVMe tier always overlaps reads with the step", "true"},
     {"zero_optimization.offload_optimizer.pipeline_write", A,

@@ -62,6 +62,7 @@ ShardManagerOptions ShardManagerOptionsFrom(const RunConfig& c, int dp_size,
   off.nvme_path = c.zero.offload_optimizer.nvme_path.empty() ? c.zero.offload_param.nvme_path
                                                              : c.zero.offload_optimizer.nvme_path;
   off.optimizer_buffer_count = c.zero.offload_optimizer.buffer_count;
+  off.optimizer_ratio = c.zero.offload_optimizer.ratio;
   off.param_buffer_count = c.zero.offload_param.buffer_count;
   off.param_buffer_size = c.zero.offload_param.buffer_size;
   off.fail_io_request = faults.nvme_request;

@@ -13,14 +13,16 @@ namespace {
 using namespace memory_internal;
 
 // A unit of `params` laid out and planned as the runtime does (FlatLayout over the stage's shard
-// count, UnitPlan), appended to `units` and counted in `out.parameters`; its index.
+// count, UnitPlan, its optimizer tier as ShardManager::PlaceOptimizerState gives it to the unit
+// `units.size()` of `count`), appended to `units` and counted in `out.parameters`; its index.
 StatusOr<int> AddUnit(const MemoryModelInput& in, const ShardManagerOptions& options,
-                      const std::vector<ParamSpec>& params, std::vector<Unit>& units,
+                      const std::vector<ParamSpec>& params, int count, std::vector<Unit>& units,
                       MemoryEstimate& out) {
   for (const ParamSpec& p : params) out.parameters += p.numel();
   ZR_ASSIGN_OR_RETURN(FlatLayout layout,
                       FlatLayout::Create(params, ShardCount(in.manager.stage, in.shard_ranks())));
-  UnitPlan plan = PlanUnit(options, layout, in.shard_ranks());
+  const MemoryTier tier = UnitOptimizerTier(options, static_cast<int>(units.size()), count);
+  UnitPlan plan = PlanUnit(options, layout, in.shard_ranks(), tier);
   units.push_back(Unit{std::move(layout), std::move(plan)});
   return static_cast<int>(units.size()) - 1;
 }
@@ -48,10 +50,15 @@ StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& in) {
   std::vector<Unit> units;
   MemoryEstimate out;
   const ShardManagerOptions& options = in.manager;
+  // The rank's units in registration order (their count places the optimizer state: [Note:
+  // partial optimizer offload]).
+  const bool embedding = part.first || (part.last && in.model.tied());
+  int count = (embedding ? 1 : 0) + (part.last ? (in.model.tied() ? 1 : 2) : 0);
+  for (int l = 0; l < L; ++l) count += part.holds(l) ? 1 : 0;
   auto add = [&](const DecoderUnit& unit) -> StatusOr<int> {
-    return AddUnit(in, options, unit.params, units, out);
+    return AddUnit(in, options, unit.params, count, units, out);
   };
-  if (part.first || (part.last && in.model.tied())) {
+  if (embedding) {
     ZR_ASSIGN_OR_RETURN(stage.embedding, add(all[0]));
   }
   for (int l = 0; l < L; ++l) {
@@ -65,6 +72,7 @@ StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& in) {
       ZR_ASSIGN_OR_RETURN(stage.head, add(all[L + 2]));
     }
   }
+  ZR_CHECK(static_cast<int>(units.size()) == count) << units.size() << " units, " << count;
   stage.part = part;
   if (in.pp > 1) {
     ZR_ASSIGN_OR_RETURN(const PipelineSchedule schedule,
@@ -96,7 +104,8 @@ StatusOr<MemoryEstimate> EstimateColdModelStates(const MemoryModelInput& layout,
     ParamSpec spec;
     spec.name = StrCat("unit", i);
     spec.shape = {decoder.units[i]};
-    ZR_ASSIGN_OR_RETURN(const int u, AddUnit(in, options, {spec}, units, out));
+    ZR_ASSIGN_OR_RETURN(const int u, AddUnit(in, options, {spec},
+                                             static_cast<int>(decoder.units.size()), units, out));
     if (i == 0) {
       stage.embedding = u;
     } else if (decoder.has_norm && i + 1 == decoder.units.size()) {

@@ -138,14 +138,15 @@ class StepModel {
 
   const MemoryModelInput& in_;
   const ShardManagerOptions options_;
-  // [Note: the host step behind the forward]: whether the step is deferred (on a GPU: the
-  // estimate's compute stream is asynchronous there only), and units [0, settled_) refreshed.
-  const bool defers_ = DefersHostStep(in_.manager, in_.cuda);
-  int settled_ = 1 << 30;
   std::unique_ptr<Stream> compute_stream_, comm_stream_;
   Stream* compute_ = nullptr;
   Stream* comm_ = nullptr;
   std::vector<Unit> units_;
+  // [Note: the host step behind the forward]: whether the step is deferred (on a GPU: the
+  // estimate's compute stream is asynchronous there only), and units [0, settled_) refreshed.
+  // After units_: a partial offload with no unit on the host defers nothing.
+  const bool defers_ = DefersHostStep(in_.manager, in_.cuda, static_cast<int>(units_.size()));
+  int settled_ = 1 << 30;
   const StageUnits st_;
   MemoryEstimate& out_;
   Replay r_;

@@ -10,7 +10,8 @@
 namespace zerort {
 
 bool ShardedOptimizer::DefersStep() const {
-  return !units_.empty() && DefersHostStep(*resources_.options, resources_.compute->asynchronous());
+  return !units_.empty() && DefersHostStep(*resources_.options, resources_.compute->asynchronous(),
+                                           static_cast<int>(units_.size()));
 }
 
 int ShardedOptimizer::Ahead() const {
@@ -25,6 +26,10 @@ int ShardedOptimizer::Ahead() const {
 
 Status ShardedOptimizer::SubmitDeferred() {
   DeferredStep& d = *deferred_;
+  const int n = static_cast<int>(units_.size());
+  // Device-tier units were updated by Step ([Note: partial optimizer offload]).
+  while (d.submitted < n && tier(d.submitted) == MemoryTier::kDevice) ++d.submitted;
+  if (d.submitted == n) return absl::OkStatus();
   const int u = d.submitted;
   DeferredStep::UnitWork& w = d.units[u];
   // The staging is allocated here, on the issuing thread, as every allocation of the run is.
@@ -54,6 +59,10 @@ Status ShardedOptimizer::CompleteNext() {
   DeferredStep& d = *deferred_;
   const int u = d.completed;
   DeferredStep::UnitWork& w = d.units[u];
+  if (!w.task) {  // a device-tier unit: updated by Step itself
+    ++d.completed;
+    return absl::OkStatus();
+  }
   {
     ScopedSeconds timed(resources_.stats ? &resources_.stats->update_wait_s : nullptr);
     ZR_RETURN_IF_ERROR(

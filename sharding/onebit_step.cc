@@ -67,7 +67,7 @@ Status ShardedOptimizer::EachPiece(int u, const OptimizerStepArgs& args, OneBitP
         .grad_scale = grad_scale};
     ZR_RETURN_IF_ERROR(OneBitAdamStep(h, phase, master.Flat(at, n), grad.Flat(at, n), m.Flat(at, n),
                                       v.Flat(at, n), out.data() ? out.Flat(at, n) : TensorView(),
-                                      StreamFor(tier())));
+                                      StreamFor(tier(u))));
   }
   return absl::OkStatus();
 }
@@ -79,7 +79,7 @@ Status ShardedOptimizer::CompressedMean(int u, const TensorView& values, const c
     onebit_ = std::make_unique<OneBitAllReduce>(*resources_.dp, *resources_.tiers.device);
   resources_.dp->recorder().SetLabel(StrCat("1-bit ", what, " of ", s.unit->name()));
   Status status = onebit_->Run(OneBitSegments(s.unit->layout()), values, s.worker_error.View(),
-                               s.server_error.View(), StreamFor(tier()));
+                               s.server_error.View(), StreamFor(tier(u)));
   resources_.dp->recorder().SetLabel("");
   return status;
 }
@@ -98,7 +98,7 @@ Status ShardedOptimizer::UpdateZeroOne(int u, const OptimizerStepArgs& args,
                                        const ZeroOneStep& plan, const TensorView& out) {
   if (plan.init) return absl::OkStatus();  // DeepSpeed's initialisation step
   UnitState& s = *units_[u];
-  Stream* stream = StreamFor(tier());
+  Stream* stream = StreamFor(tier(u));
   if (!plan.frozen) {
     if (plan.variance) return EachPiece(u, args, OneBitPhase::kWarmup, args.grad_scale, out);
     // The gradient itself through the compressed all-reduce; the momentum from it. With one rank
@@ -151,7 +151,7 @@ StatusOr<::zerort::Buffer> ShardedOptimizer::DeviceWorkspace(int64_t n, Stream* 
 }
 
 Status ShardedOptimizer::SetLambScaling() {
-  Stream* stream = StreamFor(tier());
+  Stream* stream = StreamFor(placement());
   int64_t pieces = 0;
   for (const auto& s : units_) {
     pieces += static_cast<int64_t>(s->unit->layout().ShardPieces(s->unit->layout_rank()).size());
@@ -202,7 +202,7 @@ Status ShardedOptimizer::CompressLambMomentum(const OptimizerStepArgs& args) {
   if (!units_.empty() && !units_[0]->lamb.empty() && !(units_[0]->lamb[0].scaling > 0.0f)) {
     ZR_RETURN_IF_ERROR(SetLambScaling());
   }
-  Stream* stream = StreamFor(tier());
+  Stream* stream = StreamFor(placement());
   const TensorView fused = fused_.View();
   const OneBitAdamHyper h{.beta1 = opt.beta1, .grad_scale = args.grad_scale};
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
@@ -235,7 +235,7 @@ Status ShardedOptimizer::UpdateOneBitLamb(int u, const OptimizerStepArgs& args,
   if (args.step == 1) return absl::OkStatus();  // DeepSpeed's initialisation step
   UnitState& s = *units_[u];
   const OptimizerOptions& opt = resources_.options->optimizer;
-  Stream* stream = StreamFor(tier());
+  Stream* stream = StreamFor(tier(u));
   const TensorView master = s.master.View(), grad = GradView(u), m = s.exp_avg.View(),
                    v = s.exp_avg_sq.View(), fresh = s.exp_avg_sq_fresh.View();
   if (!OneBitCompressing(opt, args.step)) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -86,14 +87,17 @@ struct OffloadOptions {
   int64_t param_buffer_size = 100'000'000;  // offload_param.buffer_size: elements per fetch
   int64_t sub_group_size = 1'000'000'000;   // elements per optimizer chunk (DeepSpeed's key); 0:
                                             // one chunk per unit's shard
-  int64_t aio_block_size = 1 << 20;         // aio.block_size: bytes per I/O request
-  int aio_queue_depth = 8;                  // aio.queue_depth
-  int aio_thread_count = 1;                 // aio.thread_count: pread/pwrite engine threads
-  bool aio_single_submit = false;           // aio.single_submit
-  bool aio_overlap_events = true;           // aio.overlap_events
-  std::string aio_engine = "auto";          // auto | io_uring | threads (zerort's own key)
-  int64_t fail_io_request = 0;              // test hook: the k-th NVMe request fails (0: never)
-  int fail_io_errno = 5;                    // with this errno (EIO)
+  // offload_optimizer.ratio ([Note: partial optimizer offload]): the share of the units whose
+  // optimizer state a host placement takes; the others keep theirs on the device. 1: all.
+  double optimizer_ratio = 1.0;
+  int64_t aio_block_size = 1 << 20;  // aio.block_size: bytes per I/O request
+  int aio_queue_depth = 8;           // aio.queue_depth
+  int aio_thread_count = 1;          // aio.thread_count: pread/pwrite engine threads
+  bool aio_single_submit = false;    // aio.single_submit
+  bool aio_overlap_events = true;    // aio.overlap_events
+  std::string aio_engine = "auto";   // auto | io_uring | threads (zerort's own key)
+  int64_t fail_io_request = 0;       // test hook: the k-th NVMe request fails (0: never)
+  int fail_io_errno = 5;             // with this errno (EIO)
 };
 
 enum class HostStepOverlap { kAuto, kOn, kOff };
@@ -172,15 +176,43 @@ struct ShardManagerOptions {
 // ShardManagerOptions::poison_released's fill: every byte 0xFF, a NaN in each floating-point dtype.
 inline constexpr uint8_t kPoisonByte = 0xFF;
 
-// Whether a step of these options runs behind the next forward ([Note: the host step behind the
-// forward]): the optimizer on a host tier in memory (not NVMe), AdamW, Adam or SGD (no collective
-// inside the update), and overlap_host_step on, or kAuto with an asynchronous compute stream.
-// ShardedOptimizer and the memory model (estimate/step_model.cc) both ask this.
-inline bool DefersHostStep(const ShardManagerOptions& o, bool asynchronous_compute) {
-  const OptimizerKind k = o.optimizer.kind;
+// [Note: partial optimizer offload]
+// DeepSpeed's ZeRO-Offload++ "Twin-Flow" (offload_optimizer.ratio): with the optimizer placed on
+// the host, only the last units, a share `ratio` of them, keep their master, moments and gradient
+// shard there and are updated by the CPU; the first ones keep theirs on the device and are
+// updated by its kernels. DeepSpeed's rule over its optimizer sub-groups, applied to a rank's
+// units in registration order: unit i of n is on the host when i >= floor((1 - ratio) * n),
+// rounded as exact arithmetic would (DeepSpeed's float product puts (1 - 0.9) * 10 just under 1,
+// and one more sub-group on the host). The last units: the next forward reaches them last, so the
+// host has the most time to update them behind it ([Note: the host step behind the forward]),
+// and the step's host bytes shrink by the ratio. The arithmetic is every unit's own either way:
+// the same numbers as all on one tier (the global norm adds the units' parts in unit order on
+// both). A pure function of the options and the unit count: UnitPlan's caller (ShardManager,
+// the memory model) gives each unit its tier. Not with NVMe (its pipelined step covers every
+// unit) or the 1-bit optimizers (state of the whole rank): the config refuses those.
+inline int DeviceOptimizerUnits(const ShardManagerOptions& o, int units) {
   const MemoryTier t = o.placement.optimizer;
+  if (t != MemoryTier::kPinnedHost && t != MemoryTier::kHost) {
+    return t == MemoryTier::kDevice ? units : 0;
+  }
+  const double r = std::clamp(o.offload.optimizer_ratio, 0.0, 1.0);
+  return std::clamp(static_cast<int>(std::floor((1.0 - r) * units + 1e-9)), 0, units);
+}
+inline MemoryTier UnitOptimizerTier(const ShardManagerOptions& o, int unit, int units) {
+  return unit < DeviceOptimizerUnits(o, units) ? MemoryTier::kDevice : o.placement.optimizer;
+}
+
+// Whether a step of these options over `units` units runs behind the next forward ([Note: the
+// host step behind the forward]): some unit's optimizer on a host tier in memory (not NVMe),
+// AdamW, Adam or SGD (no collective inside the update), and overlap_host_step on, or kAuto with
+// an asynchronous compute stream. The device-tier units of a partial offload are updated by the
+// step itself. ShardedOptimizer and the memory model (estimate/step_model.cc) both ask this.
+inline bool DefersHostStep(const ShardManagerOptions& o, bool asynchronous_compute, int units) {
+  const OptimizerKind k = o.optimizer.kind;
   return (k == OptimizerKind::kAdamW || k == OptimizerKind::kAdam || k == OptimizerKind::kSgd) &&
-         (t == MemoryTier::kPinnedHost || t == MemoryTier::kHost) &&
+         (o.placement.optimizer == MemoryTier::kPinnedHost ||
+          o.placement.optimizer == MemoryTier::kHost) &&
+         DeviceOptimizerUnits(o, units) < units &&
          (o.overlap_host_step == HostStepOverlap::kOn ||
           (o.overlap_host_step == HostStepOverlap::kAuto && asynchronous_compute));
 }

@@ -214,6 +214,7 @@ class ShardManager {
   Status SettleAll() { return SettleThrough(num_units() - 1); }
   Status RefreshComputeCopies();
   Status CheckNvmeSpace() const;
+  Status PlaceOptimizerState();  // [Note: partial optimizer offload]
   Status EndScope(int unit, bool backward);
   // No unit had a Forward scope without a Backward since the last step
   // (UnitOptions::needs_backward); clears the record.

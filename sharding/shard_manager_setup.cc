@@ -298,7 +298,8 @@ StatusOr<int> ShardManager::AddUnit(std::string name, std::vector<ParamSpec> par
                "state in memory: offload_optimizer to nvme is not supported with it yet"));
   }
   ZR_ASSIGN_OR_RETURN(std::unique_ptr<ShardedUnit> unit,
-                      ShardedUnit::Create(std::move(name), std::move(params), UnitResourcesOf()));
+                      ShardedUnit::Create(std::move(name), std::move(params), UnitResourcesOf(),
+                                          options_.placement.optimizer));
   units_.push_back(std::move(unit));
   unit_options_.push_back(unit_options);
   scopes_since_step_.push_back(0);
@@ -309,6 +310,40 @@ StatusOr<int> ShardManager::AddUnit(std::string name, std::vector<ParamSpec> par
                           std::make_shared<const std::string>(StrCat(
                               "unit '", n, "' (Backward scope, data-parallel rank ", rank))});
   return static_cast<int>(units_.size() - 1);
+}
+
+// [Note: partial optimizer offload] (options.h): each unit's optimizer tier, now that the units
+// are known. AddUnit planned every unit on the placement's tier; the device-tier ones are planned
+// again (nothing is allocated before Initialize).
+Status ShardManager::PlaceOptimizerState() {
+  const int n = num_units();
+  const int on_device = DeviceOptimizerUnits(options_, n);
+  if (options_.placement.optimizer == MemoryTier::kDevice || on_device == 0) {
+    return absl::OkStatus();
+  }
+  int64_t host_params = 0, all_params = 0;
+  for (int i = 0; i < n; ++i) {
+    const int64_t numel = units_[i]->layout().params_numel();
+    all_params += numel;
+    if (i >= on_device) {
+      host_params += numel;
+      continue;
+    }
+    const ShardedUnit& old = *units_[i];
+    ZR_ASSIGN_OR_RETURN(units_[i], ShardedUnit::Create(old.name(), old.layout().params(),
+                                                       UnitResourcesOf(), MemoryTier::kDevice));
+  }
+  if (resources_.dp->rank() == 0 && on_device == n) {
+    Logger()->info("offload_optimizer.ratio = {}: every unit's optimizer state on the device",
+                   options_.offload.optimizer_ratio);
+  } else if (resources_.dp->rank() == 0) {
+    Logger()->info(
+        "offload_optimizer.ratio = {}: the optimizer state of the last {} of {} units ({} of {} "
+        "parameters, from unit '{}') on the host, of the first {} on the device",
+        options_.offload.optimizer_ratio, n - on_device, n, host_params, all_params,
+        units_[on_device]->name(), on_device);
+  }
+  return absl::OkStatus();
 }
 
 // [Note: every rank registers the same units] (sharding/unit_agreement.h): what must agree.
@@ -332,6 +367,7 @@ Status ShardManager::Initialize(const Initializer& init) {
   if (units_.empty()) return absl::FailedPreconditionError("no units were added");
   ZR_RETURN_IF_ERROR(AgreeOnUnits(*resources_.dp, *resources_.device_allocator, *resources_.compute,
                                   UnitEntries()));
+  ZR_RETURN_IF_ERROR(PlaceOptimizerState());
   ZR_RETURN_IF_ERROR(CheckNvmeSpace());
   ZR_RETURN_IF_ERROR(CreateParamStaging());
   std::vector<uint64_t> hashes;

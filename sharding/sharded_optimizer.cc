@@ -119,7 +119,7 @@ Status ShardedOptimizer::Finalize() {
     }
     return ZeroErrors(true);
   }
-  if (tier() != MemoryTier::kNvme || staging_) return absl::OkStatus();
+  if (placement() != MemoryTier::kNvme || staging_) return absl::OkStatus();
   const ShardManagerOptions& o = *resources_.options;
   int64_t largest = 0;
   for (const auto& s : units_) largest = std::max(largest, s->unit->layout().shard_numel());
@@ -254,21 +254,32 @@ Status ShardedOptimizer::SumOfSquaresOfNormRanges(int u, const TensorView& grad,
   return absl::OkStatus();
 }
 
+MemoryTier ShardedOptimizer::tier(int u) const { return units_.at(u)->master.tier(); }
+
 Status ShardedOptimizer::AccumulateNorm(const TensorView& sum_sq, const TensorView& nonfinite) {
   ZR_RETURN_IF_ERROR(FinishHostGradients());
   const int n = static_cast<int>(units_.size());
-  if (tier() == MemoryTier::kDevice) {
-    for (int u = 0; u < n; ++u) {
-      const TensorView g = units_[u]->grad.View();
-      ZR_RETURN_IF_ERROR(SumOfSquaresOfNormRanges(u, g, 0, sum_sq, resources_.compute));
-      ZR_RETURN_IF_ERROR(CountNonFinite(g, nonfinite, resources_.compute));
-    }
-    return absl::OkStatus();
+  // The device-tier units first (all of them, or the first of a partial offload: [Note: partial
+  // optimizer offload]), by kernels adding into the sums on the compute stream.
+  int first_host = 0;
+  for (; first_host < n && tier(first_host) == MemoryTier::kDevice; ++first_host) {
+    const TensorView g = units_[first_host]->grad.View();
+    ZR_RETURN_IF_ERROR(SumOfSquaresOfNormRanges(first_host, g, 0, sum_sq, resources_.compute));
+    ZR_RETURN_IF_ERROR(CountNonFinite(g, nonfinite, resources_.compute));
   }
-  // Host tiers: the same float additions, unit by unit, on the host.
-  float totals[2] = {0.0f, 0.0f};
-  for (int u = 0; u < n; ++u) {
+  if (first_host == n) return absl::OkStatus();
+  // Host tiers: the same float additions, unit by unit, on the host, after the device's.
+  float current[2];
+  Stream* compute = resources_.compute;
+  ZR_RETURN_IF_ERROR(
+      CopyBytes(&current[0], Device::Cpu(), sum_sq.data(), sum_sq.device(), 4, compute));
+  ZR_RETURN_IF_ERROR(
+      CopyBytes(&current[1], Device::Cpu(), nonfinite.data(), nonfinite.device(), 4, compute));
+  ZR_RETURN_IF_ERROR(compute->Synchronize());
+  for (int u = first_host; u < n; ++u) {
     UnitState* s = units_[u].get();
+    ZR_CHECK(tier(u) != MemoryTier::kDevice)
+        << "unit '" << s->unit->name() << "' on the device after a host-tier unit";
     if (s->grad.in_memory()) {
       float part[2] = {0.0f, 0.0f};
       const TensorView g = GradView(u);
@@ -282,22 +293,13 @@ Status ShardedOptimizer::AccumulateNorm(const TensorView& sum_sq, const TensorVi
       if (in_norm != g.numel() || !std::isfinite(part[0])) {
         ZR_RETURN_IF_ERROR(CountNonFinite(g, HostF32(&part[1], 1), nullptr));
       }
-      totals[0] += part[0];
-      totals[1] += part[1];
+      current[0] += part[0];
+      current[1] += part[1];
     } else if (s->grad_written) {
-      totals[0] += s->sum_sq;
-      totals[1] += s->nonfinite;
+      current[0] += s->sum_sq;
+      current[1] += s->nonfinite;
     }
   }
-  float current[2];
-  Stream* compute = resources_.compute;
-  ZR_RETURN_IF_ERROR(
-      CopyBytes(&current[0], Device::Cpu(), sum_sq.data(), sum_sq.device(), 4, compute));
-  ZR_RETURN_IF_ERROR(
-      CopyBytes(&current[1], Device::Cpu(), nonfinite.data(), nonfinite.device(), 4, compute));
-  ZR_RETURN_IF_ERROR(compute->Synchronize());
-  current[0] += totals[0];
-  current[1] += totals[1];
   ZR_RETURN_IF_ERROR(
       CopyBytes(sum_sq.data(), sum_sq.device(), &current[0], Device::Cpu(), 4, compute));
   ZR_RETURN_IF_ERROR(
@@ -333,7 +335,7 @@ Status ShardedOptimizer::Update(int u, const Range& range, const OptimizerStepAr
   const ShardManagerOptions& o = *resources_.options;
   const OptimizerOptions& opt = o.optimizer;
   const FlatLayout& layout = units_[u]->unit->layout();
-  Stream* stream = StreamFor(tier());
+  Stream* stream = StreamFor(tier(u));
   // Adam and AdamW: the range's parameter pieces in one call (one CUDA launch per
   // kAdamSegmentsPerLaunch pieces), each with its parameter's weight decay.
   std::vector<OptimizerSegment> segments;
@@ -379,7 +381,7 @@ Status ShardedOptimizer::UpdateLamb(int u, const OptimizerStepArgs& args, const 
   const OptimizerOptions& opt = resources_.options->optimizer;
   const FlatLayout& layout = units_[u]->unit->layout();
   const Device device = master.device();
-  Stream* stream = StreamFor(tier());
+  Stream* stream = StreamFor(tier(u));
   const int64_t params = static_cast<int64_t>(layout.params().size());
   Allocator* alloc = device.is_cpu() && !resources_.tiers.device->device().is_cpu()
                          ? resources_.tiers.host
@@ -458,13 +460,25 @@ StatusOr<StepCompletion> ShardedOptimizer::Step(const OptimizerStepArgs& args) {
     deferred_ = std::make_unique<DeferredStep>();
     deferred_->args = args;
     deferred_->units.resize(units_.size());
-    const int ahead = std::min<int>(Ahead(), static_cast<int>(units_.size()));
-    while (deferred_->submitted < ahead) ZR_RETURN_IF_ERROR(SubmitDeferred());
+    const int ahead = Ahead();  // host-tier units submitted before the first completion
+    for (int queued = 0; queued < ahead; ++queued) ZR_RETURN_IF_ERROR(SubmitDeferred());
+    // [Note: partial optimizer offload]: the device-tier units are updated here, by kernels on
+    // the compute stream ahead of the next forward's, and their shards zeroed after, while the
+    // worker takes the host-tier ones. A compute shard on the host (offload_param) is copied
+    // back before the step returns: a unit's completion does not wait for it.
+    WriteBacks device_copies;
+    for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
+      if (tier(u) != MemoryTier::kDevice) continue;
+      ZR_RETURN_IF_ERROR(StepInMemory(u, args, device_copies));
+      ZR_RETURN_IF_ERROR(ZeroGradient(u));
+    }
+    ZR_RETURN_IF_ERROR(device_copies.Drain(0));
     return StepCompletion::kPerUnit;
   }
-  ScopedSeconds timed(
-      resources_.stats && tier() != MemoryTier::kDevice ? &resources_.stats->optimizer_s : nullptr);
-  if (tier() == MemoryTier::kNvme) {
+  ScopedSeconds timed(resources_.stats && placement() != MemoryTier::kDevice
+                          ? &resources_.stats->optimizer_s
+                          : nullptr);
+  if (placement() == MemoryTier::kNvme) {
     if (resources_.options->optimizer.kind == OptimizerKind::kLamb) {
       return absl::UnimplementedError(
           "LAMB with the optimizer state on NVMe is not implemented (its per-parameter norms "
@@ -491,7 +505,7 @@ StatusOr<StepCompletion> ShardedOptimizer::Step(const OptimizerStepArgs& args) {
         traced ? std::chrono::system_clock::now() : std::chrono::system_clock::time_point();
     ZR_RETURN_IF_ERROR(StepInMemory(u, args, write_backs));
     if (traced) {  // the host's time: on a queued or CUDA stream, the issue
-      const Stream* s = StreamFor(tier());
+      const Stream* s = StreamFor(tier(u));
       (*resources_.span)(StrCat("optimizer ", units_[u]->unit->name()),
                          s != nullptr ? s->name() : "host", begin,
                          std::chrono::system_clock::now());
@@ -512,10 +526,20 @@ StatusOr<TensorView> ShardedOptimizer::UpdateTarget(int u, ::zerort::Buffer* sta
   if (copy.buffer == nullptr) return TensorView();
   ZR_CHECK(copy.buffer->in_memory()) << "an NVMe compute shard needs NVMe optimizer state";
   const TensorView target = copy.buffer->View().Flat(copy.offset, shard);
-  if (target.device() == s.master.View().device()) return target;
-  ZR_ASSIGN_OR_RETURN(*staged, resources_.tiers.StagingOrHost()->Allocate(
-                                   target.nbytes(), MemoryCategory::kStaging));
-  return TensorView(staged->data(), target.dtype(), {shard}, Device::Cpu());
+  const Device updates_on = s.master.View().device();
+  if (target.device() == updates_on) return target;
+  // Staged where the update runs: pinned host memory for a host-tier unit, device memory for a
+  // device-tier one whose compute shard is on the host (offload_param without the optimizer, or
+  // a partial offload's device units: [Note: partial optimizer offload]).
+  if (tier(u) == MemoryTier::kDevice) {
+    ZR_ASSIGN_OR_RETURN(*staged,
+                        resources_.tiers.device->Allocate(target.nbytes(), MemoryCategory::kStaging,
+                                                          resources_.compute));
+  } else {
+    ZR_ASSIGN_OR_RETURN(*staged, resources_.tiers.StagingOrHost()->Allocate(
+                                     target.nbytes(), MemoryCategory::kStaging));
+  }
+  return TensorView(staged->data(), target.dtype(), {shard}, updates_on);
 }
 
 Status ShardedOptimizer::UpdateUnit(int u, const OptimizerStepArgs& args, const TensorView& out) {
@@ -543,9 +567,9 @@ Status ShardedOptimizer::IssueWriteBack(int u, ::zerort::Buffer staged, WriteBac
   const ComputeCopy copy = s.unit->compute_copy();
   const TensorView target = copy.buffer->View().Flat(copy.offset, s.master.numel());
   Stream& compute = *resources_.compute;
-  ZR_RETURN_IF_ERROR(CopyBytes(target.data(), target.device(), staged.data(), Device::Cpu(),
-                               target.nbytes(), &compute));
-  ZR_ASSIGN_OR_RETURN(std::unique_ptr<Event> copied, CreateEvent(target.device()));
+  ZR_RETURN_IF_ERROR(CopyBytes(target.data(), target.device(), staged.data(),
+                               s.master.View().device(), target.nbytes(), &compute));
+  ZR_ASSIGN_OR_RETURN(std::unique_ptr<Event> copied, CreateEvent(compute.device()));
   const Status recorded = copied->Record(compute);
   if (!recorded.ok()) {
     (void)compute.Synchronize();  // the copy reads `staged` until then

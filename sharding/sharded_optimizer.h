@@ -161,7 +161,9 @@ class ShardedOptimizer {
   Status WriteState(int u, StateKind kind, std::span<const float> values);
   // The fp32 gradient shard of unit `u`, when it is in memory (tests, inspection).
   TensorView GradShard(int u);
-  MemoryTier tier() const { return resources_.options->placement.optimizer; }
+  // Where unit u's master, moments and gradient shard live: the optimizer's placement, or the
+  // device for the first units of a partial offload ([Note: partial optimizer offload]).
+  MemoryTier tier(int u) const;
   // Where work on a buffer of `t` is ordered: the device tier's in the compute stream (CUDA
   // kernels, and the CPU device's, queued there on cpu-async); the host tiers' on the host, after
   // the synchronisation that hands them their data (null). By tier, not by device: on a CPU run
@@ -172,6 +174,8 @@ class ShardedOptimizer {
 
  private:
   struct UnitState;
+  // The placement's tier: every unit's, but the device-tier units of a partial offload.
+  MemoryTier placement() const { return resources_.options->placement.optimizer; }
   struct Chunk {
     int unit;
     Range range;  // in the shard frame
@@ -201,10 +205,11 @@ class ShardedOptimizer {
   Status IssueWriteBack(int u, ::zerort::Buffer staged, WriteBacks& write_backs, size_t keep);
   Status ZeroGradient(int u);
   bool DefersStep() const;
-  // Units a deferred step's worker may run ahead of the completions: kStagedAhead when its
-  // compute values go through staging, else all.
+  // Host-tier units a deferred step's worker may run ahead of the completions: kStagedAhead when
+  // their compute values go through staging, else all.
   int Ahead() const;
-  // Submits unit `deferred_->submitted`'s update to the step worker.
+  // Submits the update of the next host-tier unit from `deferred_->submitted` to the step worker
+  // (device-tier ones are passed over: Step updated them); none when every unit is submitted.
   Status SubmitDeferred();
   // Completes unit `deferred_->completed` and submits the next update.
   Status CompleteNext();

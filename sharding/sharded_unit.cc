@@ -25,7 +25,8 @@ std::string_view ShardStateName(ShardState state) {
 
 StatusOr<std::unique_ptr<ShardedUnit>> ShardedUnit::Create(std::string name,
                                                            std::vector<ParamSpec> params,
-                                                           const UnitResources& r) {
+                                                           const UnitResources& r,
+                                                           MemoryTier optimizer_tier) {
   if (r.options == nullptr || r.dp == nullptr || r.tiers.device == nullptr ||
       r.compute == nullptr || r.comm == nullptr) {
     return absl::InvalidArgumentError(StrCat("unit '", name, "': missing resources"));
@@ -33,13 +34,15 @@ StatusOr<std::unique_ptr<ShardedUnit>> ShardedUnit::Create(std::string name,
   StatusOr<FlatLayout> layout = FlatLayout::Create(
       std::move(params), ShardCount(r.options->stage, r.dp->size()), r.options->alignment);
   if (!layout.ok()) return Annotate(layout.status(), StrCat("unit '", name, "'"));
-  return std::unique_ptr<ShardedUnit>(new ShardedUnit(std::move(name), std::move(*layout), r));
+  return std::unique_ptr<ShardedUnit>(
+      new ShardedUnit(std::move(name), std::move(*layout), r, optimizer_tier));
 }
 
-ShardedUnit::ShardedUnit(std::string name, FlatLayout layout, const UnitResources& resources)
+ShardedUnit::ShardedUnit(std::string name, FlatLayout layout, const UnitResources& resources,
+                         MemoryTier optimizer_tier)
     : name_(std::move(name)),
       layout_(std::move(layout)),
-      plan_(PlanUnit(*resources.options, layout_, resources.dp->size())),
+      plan_(PlanUnit(*resources.options, layout_, resources.dp->size(), optimizer_tier)),
       resources_(resources),
       grad_(name_, layout_, resources.options->reduce_dtype, *resources.tiers.device,
             *resources.compute, resources.options->poison_released) {

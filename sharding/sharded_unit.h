@@ -96,9 +96,11 @@ struct ComputeCopy {
 
 class ShardedUnit {
  public:
+  // `optimizer_tier`: where the optimizer's buffers of its plan go (UnitOptimizerTier).
   static StatusOr<std::unique_ptr<ShardedUnit>> Create(std::string name,
                                                        std::vector<ParamSpec> params,
-                                                       const UnitResources& resources);
+                                                       const UnitResources& resources,
+                                                       MemoryTier optimizer_tier);
   ~ShardedUnit();
 
   const std::string& name() const { return name_; }
@@ -155,7 +157,8 @@ class ShardedUnit {
   // Stages 1-2: the full compute parameters from every rank's shard of them, in collectives of
   // at most allgather_bucket_size elements.
   Status GatherUpdated(Stream* stream);
-  ShardedUnit(std::string name, FlatLayout layout, const UnitResources& resources);
+  ShardedUnit(std::string name, FlatLayout layout, const UnitResources& resources,
+              MemoryTier optimizer_tier);
   Status Allocate(PlacedBuffer* buffer, UnitBuffer which);
   Status Fail(const Status& status) const;  // annotates with the unit's name
   TensorView ComputeFlat() const;  // the whole compute-dtype flat vector (full or gathered)

@@ -75,11 +75,11 @@ bool GathersInPlace(const ShardManagerOptions& o, const FlatLayout& layout, int 
          !o.poison_released && o.hpz_partition_size <= 1;
 }
 
-UnitPlan PlanUnit(const ShardManagerOptions& o, const FlatLayout& layout, int data_ranks) {
+UnitPlan PlanUnit(const ShardManagerOptions& o, const FlatLayout& layout, int data_ranks,
+                  MemoryTier opt_tier) {
   UnitPlan plan;
   const int64_t shard = layout.shard_numel();
   const int64_t padded = layout.padded_numel();
-  const MemoryTier opt_tier = o.placement.optimizer;
   plan.partitioning = o.stage == ZeroStage::k0 ? Partitioning::kReplicated : Partitioning::kSharded;
   plan.sharded_params = o.stage == ZeroStage::k3;
   plan.gathers_in_place = GathersInPlace(o, layout, data_ranks);

@@ -81,8 +81,10 @@ inline bool IsOneBit(OptimizerKind kind) {
 // fp32 moments the optimizer keeps per element: Adam(W) 2, SGD with momentum 1, plain SGD 0.
 int OptimizerStateCount(const OptimizerOptions& optimizer);
 // The plan of a unit laid out by `layout` (whose dp_size is ShardCount(stage, dp)), for a
-// data-parallel group of `data_ranks` (the 1-bit optimizers' error buffers depend on it).
-UnitPlan PlanUnit(const ShardManagerOptions& options, const FlatLayout& layout, int data_ranks);
+// data-parallel group of `data_ranks` (the 1-bit optimizers' error buffers depend on it), its
+// optimizer state on `optimizer_tier` (UnitOptimizerTier: [Note: partial optimizer offload]).
+UnitPlan PlanUnit(const ShardManagerOptions& options, const FlatLayout& layout, int data_ranks,
+                  MemoryTier optimizer_tier);
 // Whether a stage-3 unit reads its compute shard in place ([Note: one shard rank]).
 bool GathersInPlace(const ShardManagerOptions& options, const FlatLayout& layout, int data_ranks);
 // 1-bit LAMB's buffers of one rank, after its units' ([Note: 1-bit LAMB]): the fused momentum of

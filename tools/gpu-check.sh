@@ -222,6 +222,15 @@ if want train; then
     --set logging.metrics_file=/tmp/gpu-check-metrics-offload-pinned.jsonl \
     >"$logs/train-gpt2-offload-pinned.log" 2>&1 || rc=1
   grep -E '^step +6/' "$logs/train-gpt2-offload-pinned.log"
+  # Half the units' optimizer state on the host (offload_optimizer.ratio, DeepSpeed's Twin-Flow:
+  # the last units there): the host's bytes a step halve ([Note: partial optimizer offload]).
+  guard 150 train-gpt2-offload-half "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite "${sets[@]}" --set train.steps=6 \
+    --set train.eval_interval=6 --set checkpoint.dir=/tmp/gpu-check-ckpt-offload-half \
+    --set zero_optimization.offload_optimizer.device=cpu "${quick[@]}" \
+    --set zero_optimization.offload_optimizer.ratio=0.5 \
+    --set logging.metrics_file=/tmp/gpu-check-metrics-offload-half.jsonl \
+    >"$logs/train-gpt2-offload-half.log" 2>&1 || rc=1
+  grep -E '^step +6/' "$logs/train-gpt2-offload-half.log"
   # The device step and the host-optimizer step again at 16 micro-batches a step (131,072 tokens):
   # the host's bytes a step grow with the parameters and the micro-batches, the device's time with
   # the tokens (docs/gpu.md, "The host step's bytes"), so the ratio is measured at both.

@@ -30,16 +30,16 @@ env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
            OMPI_MCA_btl_vader_single_copy_mechanism="none")
 
 
-def offload(optimizer="none", param="none", path=nvme, engine="auto"):
+def offload(optimizer="none", param="none", path=nvme, engine="auto", ratio=1):
     z = {"stage": 3, "stage3_param_persistence_threshold": 0, "sub_group_size": 65536,
-         "offload_optimizer": {"device": optimizer, "nvme_path": path},
+         "offload_optimizer": {"device": optimizer, "nvme_path": path, "ratio": ratio},
          "offload_param": {"device": param, "nvme_path": path, "buffer_size": 200000}}
     return z, {"engine": engine}
 
 
 def config(name, steps, ckpt=None, micro=4, optimizer="none", param="none", engine="auto",
-           path=nvme, **extra):
-    zero, aio = offload(optimizer, param, path, engine)
+           path=nvme, ratio=1, **extra):
+    zero, aio = offload(optimizer, param, path, engine, ratio)
     c = {
         "train_batch_size": 8, "train_micro_batch_size_per_gpu": micro,
         "zero_optimization": zero, "aio": aio,
@@ -80,6 +80,8 @@ check("device run exits 0", r.returncode == 0, r.stderr[-2000:])
 device = losses("device")
 for name, kw in [("cpu", dict(optimizer="cpu")),
                  ("cpu_params", dict(optimizer="cpu", param="cpu")),
+                 # DeepSpeed's Twin-Flow: the last half of the units' state on the host.
+                 ("cpu_half", dict(optimizer="cpu", param="cpu", ratio=0.5)),
                  ("nvme_uring", dict(optimizer="nvme", param="nvme", engine="io_uring")),
                  ("nvme_threads", dict(optimizer="nvme", param="nvme", engine="threads"))]:
     if name == "nvme_uring":  # traced too: the NVMe tier's reads and updates per chunk
@@ -89,6 +91,10 @@ for name, kw in [("cpu", dict(optimizer="cpu")),
     if check(f"{name} run exits 0", r.returncode == 0, r.stderr[-2000:]):
         check(f"{name} losses equal the device run's bitwise", losses(name) == device,
               (losses(name), device))
+    if name == "cpu_half":  # 4 units (embedding, 2 blocks, final norm): the last 2 on the host
+        check("cpu_half: the log says which units went where",
+              "ratio = 0.5: the optimizer state of the last 2 of 4 units" in r.stderr and
+              "from unit 'blocks.1'" in r.stderr, r.stderr[-2000:])
     if name == "nvme_uring":
         with open(os.path.join(tmp, name + ".jsonl")) as f:
             rec = json.loads(f.readline())
@@ -206,6 +212,8 @@ bad = [
      "offload_optimizer.nvme_path"),
     ("a file as nvme_path", dict(optimizer="nvme", path=plain), "is not a directory"),
     ("a FIFO as nvme_path", dict(optimizer="nvme", path=fifo), "is not a directory"),
+    ("a partial offload to nvme", dict(optimizer="nvme", ratio=0.5),
+     "zero_optimization.offload_optimizer.ratio = 0.5"),
 ]
 for what, kw, expect in bad:
     r = run(["train", config("bad", 2, **kw)])

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "zerort/config/run_options.h"
 #include "zerort/engine/preflight.h"
@@ -284,9 +285,12 @@ TEST(ConfigTest, OffloadKeysFollowDeepSpeedsRules) {
                        "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"},
                        "offload_param": {"device": "nvme", "nvme_path": "/var/tmp"}}})",
                    "differs from", "one NVMe file per rank");
-  EXPECT_ERROR_HAS(R"({"zero_optimization": {"stage": 1,
-                       "offload_optimizer": {"device": "cpu", "ratio": 0.3}}})",
-                   "offload_optimizer.ratio = 0.3", "does not support");
+  EXPECT_ERROR_HAS(R"({"zero_optimization": {"stage": 3,
+                       "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "ratio": 0.3}}})",
+                   "offload_optimizer.ratio = 0.3", "device \"cpu\"");
+  EXPECT_ERROR_HAS(R"({"optimizer": {"type": "OneBitAdam"}, "zero_optimization": {"stage": 1,
+                       "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})",
+                   "offload_optimizer.ratio = 0.5", "OneBitAdam");
   EXPECT_ERROR_HAS(R"({"zero_optimization": {"stage": 1,
                        "offload_optimizer": {"device": "cpu", "buffer_count": 1}}})",
                    "offload_optimizer.buffer_count");
@@ -310,6 +314,45 @@ TEST(ConfigTest, OffloadKeysFollowDeepSpeedsRules) {
   EXPECT_EQ(ok->zero.offload_param.buffer_size, 100'000'000);
   EXPECT_EQ(ok->manager.offload.sub_group_size, 100'000'000);
   EXPECT_EQ(ok->manager.offload.aio_block_size, 1 << 20);
+  // DeepSpeed's Twin-Flow: a share of the units on the host ([Note: partial optimizer offload]).
+  const StatusOr<RunConfig> twin = Parse(
+      R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.4}}})");
+  ASSERT_TRUE(twin.ok()) << twin.status();
+  const ShardManagerOptions twin_options = ShardManagerOptionsFrom(*twin, 1);
+  EXPECT_EQ(twin_options.offload.optimizer_ratio, 0.4);
+  EXPECT_EQ(twin_options.placement.optimizer, MemoryTier::kPinnedHost);
+  const StatusOr<RunConfig> none =
+      Parse(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"ratio": 0.4}}})");
+  ASSERT_TRUE(none.ok()) << none.status();
+  ASSERT_EQ(none->warnings.size(), 1u);
+  EXPECT_NE(none->warnings[0].find("ratio = 0.4 is ignored"), std::string::npos)
+      << none->warnings[0];
+}
+
+// [Note: partial optimizer offload]: DeepSpeed's rule, i >= floor((1 - ratio) * n) on the host,
+// without the float product's rounding (DeepSpeed's (1 - 0.9) * 10 is 0.999...: no unit left on
+// the device).
+TEST(ConfigTest, PartialOffloadPlacesTheLastUnitsOnTheHost) {
+  ShardManagerOptions o;
+  o.placement.optimizer = MemoryTier::kPinnedHost;
+  const std::vector<std::tuple<double, int, int>> cases = {
+      {1.0, 14, 0}, {0.0, 14, 14}, {0.9, 10, 1}, {0.5, 5, 2}, {0.3, 10, 7},
+      {0.7, 10, 3}, {0.25, 4, 3},  {0.5, 1, 0},  {0.01, 3, 2}};
+  for (const auto& [ratio, units, on_device] : cases) {
+    o.offload.optimizer_ratio = ratio;
+    EXPECT_EQ(DeviceOptimizerUnits(o, units), on_device) << ratio << " of " << units;
+    for (int u = 0; u < units; ++u) {
+      EXPECT_EQ(UnitOptimizerTier(o, u, units),
+                u < on_device ? MemoryTier::kDevice : MemoryTier::kPinnedHost);
+    }
+    EXPECT_EQ(DefersHostStep(o, true, units), on_device < units) << ratio << " of " << units;
+  }
+  o.placement.optimizer = MemoryTier::kDevice;  // no offload: the ratio does not matter
+  o.offload.optimizer_ratio = 0.5;
+  EXPECT_EQ(DeviceOptimizerUnits(o, 8), 8);
+  o.placement.optimizer = MemoryTier::kNvme;  // refused by the config; every unit if it came
+  EXPECT_EQ(DeviceOptimizerUnits(o, 8), 0);
+  EXPECT_FALSE(DefersHostStep(o, true, 8));
 }
 
 TEST(ConfigTest, MissingDataFileAndUnwritableCheckpointDir) {

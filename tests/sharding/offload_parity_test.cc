@@ -168,6 +168,89 @@ TEST(OffloadParity, TheHostStepBehindTheForwardEqualsTheSynchronousStep) {
   }
 }
 
+// [Note: partial optimizer offload]: the first units' optimizer state on the device, the last
+// ones' on the host, the host ones' step behind the forward or not, gives bitwise the numbers of
+// the run that keeps everything on the device: stages 1-3, one and two ranks, AdamW, SGD and
+// LAMB (not deferred), micro-batches and clipping (the global norm adds the device units' parts,
+// then the host units', in unit order), a checkpoint's read and load after a deferred step, and at
+// stage 3 the parameters on the host.
+TEST(OffloadParity, APartialOffloadEqualsTheDeviceRun) {
+  for (ZeroStage stage : {ZeroStage::k1, ZeroStage::k2, ZeroStage::k3}) {
+    for (int world : {1, 2}) {
+      for (OptimizerKind optimizer :
+           {OptimizerKind::kAdamW, OptimizerKind::kSgd, OptimizerKind::kLamb}) {
+        RunConfig device{.stage = stage,
+                         .world = world,
+                         .optimizer = optimizer,
+                         .clip = 0.05f,
+                         .micro_batches = 2,
+                         .steps = 5,
+                         .persistence_threshold = stage == ZeroStage::k3 ? 100 : 0,
+                         .reload_after = 3};
+        const RunResult d = Train(device);
+        ASSERT_EQ(d.error, "");
+        for (double ratio : {0.5, 0.25}) {
+          for (HostStepOverlap overlap : {HostStepOverlap::kOn, HostStepOverlap::kOff}) {
+            RunConfig partial = device;
+            // At stage 3 the parameters on the host too: the device units' updates write them
+            // there.
+            partial.placement = {
+                .optimizer = MemoryTier::kPinnedHost,
+                .params = stage == ZeroStage::k3 ? MemoryTier::kPinnedHost : MemoryTier::kDevice};
+            partial.offload_ratio = ratio;
+            partial.overlap_host_step = overlap;
+            const RunResult r = Train(partial);
+            const std::string name =
+                StrCat("stage ", static_cast<int>(stage), ", world ", world, ", ",
+                       optimizer == OptimizerKind::kSgd    ? "SGD"
+                       : optimizer == OptimizerKind::kLamb ? "LAMB"
+                                                           : "AdamW",
+                       ", ratio ", ratio,
+                       overlap == HostStepOverlap::kOn ? ", deferred" : ", synchronous");
+            ASSERT_EQ(r.error, "") << name;
+            EXPECT_EQ(r.params, d.params) << name;
+            EXPECT_EQ(r.grad_norms, d.grad_norms) << name;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(OffloadTiers, APartialOffloadKeepsTheFirstUnitsOnTheDevice) {
+  auto group = *CreateLoopbackGroup(1, {}, nullptr);
+  for (double ratio : {1.0, 0.5, 0.0}) {
+    MemoryTracker tracker;
+    ShardManagerOptions o = Options({.stage = ZeroStage::k3});
+    o.placement.optimizer = MemoryTier::kPinnedHost;
+    o.offload.optimizer_ratio = ratio;
+    StatusOr<MlpRun> run = MakeMlpRun(o, *group[0], tracker);
+    ASSERT_TRUE(run.ok()) << run.status();
+    const int n = static_cast<int>(run->units.size());
+    const int on_device = DeviceOptimizerUnits(o, n);
+    int64_t device_bytes = 0, host_bytes = 0;
+    for (int i = 0; i < n; ++i) {
+      const ShardedUnit& unit = run->manager->unit(run->units[i]);
+      const PlannedBuffer* master = unit.plan().Find(UnitBuffer::kMaster);
+      ASSERT_NE(master, nullptr);
+      EXPECT_EQ(master->tier, i < on_device ? MemoryTier::kDevice : MemoryTier::kPinnedHost)
+          << "ratio " << ratio << ", unit " << i;
+      EXPECT_EQ(run->manager->optimizer().tier(run->units[i]), master->tier);
+      (i < on_device ? device_bytes : host_bytes) += unit.layout().shard_numel() * 4;
+    }
+    EXPECT_EQ(on_device, ratio == 1.0 ? 0 : ratio == 0.5 ? n / 2 : n) << ratio;
+    // Adam's two moments of each unit on its own tier.
+    const MemorySnapshot s = tracker.Snapshot();
+    EXPECT_EQ(s.Get(MemoryTier::kDevice, MemoryCategory::kOptimizerState).current, 2 * device_bytes)
+        << ratio;
+    EXPECT_EQ(s.Get(MemoryTier::kPinnedHost, MemoryCategory::kOptimizerState).current,
+              2 * host_bytes)
+        << ratio;
+    EXPECT_EQ(s.Get(MemoryTier::kPinnedHost, MemoryCategory::kGradients).current, host_bytes)
+        << ratio;
+  }
+}
+
 // sub_group_size 0 (DeepSpeed: one optimizer sub-group per parameter) is one NVMe chunk per
 // unit's shard, and the step is the device run's, bitwise; so is a chunk smaller than a shard.
 TEST(OffloadParity, SubGroupSizeZeroIsOneChunkPerShard) {
