@@ -123,6 +123,19 @@ TEST(OffloadParity, AccumulationAndClippingOnNvmeEqualTheDeviceRun) {
   }
 }
 
+// The host step's parity runs: two micro-batches, clipping, five steps, every unit's state read
+// and loaded back after the third (a deferred step's completion), small units kept at stage 3.
+RunConfig ClippedRun(ZeroStage stage, int world, OptimizerKind optimizer) {
+  return RunConfig{.stage = stage,
+                   .world = world,
+                   .optimizer = optimizer,
+                   .clip = 0.05f,
+                   .micro_batches = 2,
+                   .steps = 5,
+                   .persistence_threshold = stage == ZeroStage::k3 ? 100 : 0,
+                   .reload_after = 3};
+}
+
 // [Note: the host step behind the forward]: the host-tier AdamW and SGD steps run on a worker
 // thread and each unit is completed at its next use, yet every number is the synchronous step's:
 // stages 1-3 (full parameters refreshed by all-gathers at 1-2, gathers of shards at 3, persistent
@@ -135,16 +148,8 @@ TEST(OffloadParity, TheHostStepBehindTheForwardEqualsTheSynchronousStep) {
     // compute shards in place ([Note: one shard rank]), which the worker's updates write.
     for (int world : {1, 2, 0}) {
       for (OptimizerKind optimizer : {OptimizerKind::kAdamW, OptimizerKind::kSgd}) {
-        RunConfig base{.stage = stage,
-                       .world = world,
-                       .optimizer = optimizer,
-                       .clip = 0.05f,
-                       .micro_batches = 2,
-                       .steps = 5,
-                       .persistence_threshold = stage == ZeroStage::k3 ? 100 : 0,
-                       .placement = {.optimizer = MemoryTier::kPinnedHost},
-                       .reload_after = 3};
-        base.world = std::max(world, 1);
+        RunConfig base = ClippedRun(stage, std::max(world, 1), optimizer);
+        base.placement = {.optimizer = MemoryTier::kPinnedHost};
         base.poison = world != 0;
         RunConfig synchronous = base;
         synchronous.overlap_host_step = HostStepOverlap::kOff;
@@ -179,14 +184,7 @@ TEST(OffloadParity, APartialOffloadEqualsTheDeviceRun) {
     for (int world : {1, 2}) {
       for (OptimizerKind optimizer :
            {OptimizerKind::kAdamW, OptimizerKind::kSgd, OptimizerKind::kLamb}) {
-        RunConfig device{.stage = stage,
-                         .world = world,
-                         .optimizer = optimizer,
-                         .clip = 0.05f,
-                         .micro_batches = 2,
-                         .steps = 5,
-                         .persistence_threshold = stage == ZeroStage::k3 ? 100 : 0,
-                         .reload_after = 3};
+        const RunConfig device = ClippedRun(stage, world, optimizer);
         const RunResult d = Train(device);
         ASSERT_EQ(d.error, "");
         for (double ratio : {0.5, 0.25}) {
