@@ -1,5 +1,6 @@
 // CPU optimizer steps: the scalar references and the vectorised versions (one fused pass, OpenMP
-// threads over static chunks, SIMD inside), plus the validating entries shared with CUDA.
+// threads taking chunks as they free up, SIMD inside), plus the validating entries shared with
+// CUDA.
 #include "zerort/kernels/optimizer.h"
 
 #include <algorithm>
@@ -25,54 +26,120 @@ inline void Store(Out* out, int64_t i, float value) {
   }
 }
 
+// [Note: the host update's schedule]
+// The CPU update is element-wise, so how its elements are split among threads changes no bit. It
+// was one `parallel for schedule(static)` region per parameter piece: each thread 1/T of the
+// piece, the region over when its slowest thread is. Behind the next forward on a GPU the step
+// worker's team shares the cores with the thread issuing the forward's kernels, and the team's
+// thread on that core ran at about half speed, so the whole update did (`bench adamw`'s
+// worker_beside_a_busy_core, one core kept busy: 0.54-0.63 of the update alone on 2 cores).
+// Now the pieces of a unit (the segments of one call) are cut into kUpdateChunk elements, handed
+// out one at a time in one region: a slowed thread takes fewer chunks, and a unit forks one
+// region, not one per piece. Under kUpdateChunk elements in all, the calling thread does it.
+constexpr int64_t kUpdateChunk = int64_t{1} << 15;
+
+struct UpdateChunk {
+  size_t segment;
+  int64_t begin, end;  // elements of the call's views
+};
+
+template <typename Body>  // Body(const UpdateChunk&)
+void ForEachUpdateChunk(std::span<const OptimizerSegment> segments, Body body) {
+  std::vector<UpdateChunk> chunks;
+  int64_t total = 0;
+  for (size_t s = 0; s < segments.size(); ++s) {
+    const int64_t end = segments[s].begin + segments[s].count;
+    total += segments[s].count;
+    for (int64_t b = segments[s].begin; b < end; b += kUpdateChunk) {
+      chunks.push_back({s, b, std::min(end, b + kUpdateChunk)});
+    }
+  }
+  const int64_t n = static_cast<int64_t>(chunks.size());
+#pragma omp parallel for schedule(dynamic, 1) if (total > kUpdateChunk)
+  for (int64_t i = 0; i < n; ++i) body(chunks[static_cast<size_t>(i)]);
+}
+
 template <typename Out>
-void AdamLoop(const AdamHyper& h, float* __restrict p, const float* __restrict g,
-              float* __restrict m, float* __restrict v, Out* __restrict out, int64_t n) {
-  const math::AdamScalars a = math::MakeAdamScalars(h);
+void AdamRange(const math::AdamScalars& a, float* __restrict p, const float* __restrict g,
+               float* __restrict m, float* __restrict v, Out* __restrict out, int64_t i0,
+               int64_t i1) {
   if constexpr (std::is_same_v<Out, Half>) {
-    // An fp16 compute copy: chunks of the update, each cast while still in cache by the cast
+    // An fp16 compute copy: pieces of the update, each cast while still in cache by the cast
     // kernel (F16C where the CPU has it, the same bits); the software conversion inside the fused
     // loop took 7 of a tiny fp16 step's 37 ms.
-    constexpr int64_t kChunk = 4096;
-    const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (n > (int64_t{1} << 15))
-    for (int64_t b = 0; b < chunks; ++b) {
-      const int64_t i0 = b * kChunk, i1 = std::min(n, i0 + kChunk);
+    constexpr int64_t kCast = 4096;
+    for (int64_t c0 = i0; c0 < i1; c0 += kCast) {
+      const int64_t c1 = std::min(i1, c0 + kCast);
 #pragma omp simd
-      for (int64_t i = i0; i < i1; ++i) p[i] = math::AdamElement(a, p[i], g[i], m[i], v[i]);
-      internal::CpuCast(p + i0, DType::kF32, out + i0, DType::kF16, i1 - i0);
+      for (int64_t i = c0; i < c1; ++i) p[i] = math::AdamElement(a, p[i], g[i], m[i], v[i]);
+      internal::CpuCast(p + c0, DType::kF32, out + c0, DType::kF16, c1 - c0);
     }
     return;
   }
-#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 15))
-  for (int64_t i = 0; i < n; ++i) {
+#pragma omp simd
+  for (int64_t i = i0; i < i1; ++i) {
     const float np = math::AdamElement(a, p[i], g[i], m[i], v[i]);
     p[i] = np;
     if constexpr (!std::is_same_v<Out, void>) Store(out, i, np);
   }
 }
 
+template <typename Out>
+void AdamChunks(const AdamHyper& h, std::span<const OptimizerSegment> segments, float* p,
+                const float* g, float* m, float* v, Out* out) {
+  std::vector<math::AdamScalars> scalars;
+  for (const OptimizerSegment& seg : segments) {
+    AdamHyper hs = h;
+    hs.weight_decay = seg.weight_decay;
+    scalars.push_back(math::MakeAdamScalars(hs));
+  }
+  ForEachUpdateChunk(segments, [&](const UpdateChunk& c) {
+    AdamRange(scalars[c.segment], p, g, m, v, out, c.begin, c.end);
+  });
+}
+
 // One loop per momentum case, so no loop carries a load through a null pointer.
 template <typename Out>
-void SgdLoop(const SgdHyper& h, float* __restrict p, const float* __restrict g,
-             float* __restrict buf, Out* __restrict out, int64_t n) {
-  const math::SgdScalars s = math::MakeSgdScalars(h);
+void SgdRange(const math::SgdScalars& s, float* __restrict p, const float* __restrict g,
+              float* __restrict buf, Out* __restrict out, int64_t i0, int64_t i1) {
   auto store = [&](int64_t i, float np) {
     p[i] = np;
     if constexpr (!std::is_same_v<Out, void>) Store(out, i, np);
   };
   if (s.momentum == 0.0f) {
-#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 15))
-    for (int64_t i = 0; i < n; ++i)
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i)
       store(i, math::SgdApply(s, p[i], math::SgdGradient(s, p[i], g[i]), 0.0f));
   } else {
-#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 15))
-    for (int64_t i = 0; i < n; ++i) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) {
       const float d = math::SgdGradient(s, p[i], g[i]);
       const float b = math::SgdMomentum(s, buf[i], d);
       buf[i] = b;
       store(i, math::SgdApply(s, p[i], d, b));
     }
+  }
+}
+
+template <typename Out>
+void SgdChunks(const SgdHyper& h, float* p, const float* g, float* buf, Out* out, int64_t n) {
+  const math::SgdScalars s = math::MakeSgdScalars(h);
+  const OptimizerSegment whole[] = {{.begin = 0, .count = n, .weight_decay = h.weight_decay}};
+  ForEachUpdateChunk(whole,
+                     [&](const UpdateChunk& c) { SgdRange(s, p, g, buf, out, c.begin, c.end); });
+}
+
+// Unit u's update over `segments`, the compute copy written as `out_dtype` (none when null).
+void CpuAdamSegments(const AdamHyper& h, std::span<const OptimizerSegment> segments, float* p,
+                     const float* g, float* m, float* v, void* out, DType out_dtype) {
+  if (out == nullptr) return AdamChunks<void>(h, segments, p, g, m, v, nullptr);
+  switch (out_dtype) {
+    case DType::kBF16:
+      return AdamChunks(h, segments, p, g, m, v, static_cast<BFloat16*>(out));
+    case DType::kF16:
+      return AdamChunks(h, segments, p, g, m, v, static_cast<Half*>(out));
+    default:
+      return AdamChunks(h, segments, p, g, m, v, static_cast<float*>(out));
   }
 }
 
@@ -134,27 +201,20 @@ namespace internal {
 
 void CpuAdam(const AdamHyper& h, float* p, const float* g, float* m, float* v, void* out,
              DType out_dtype, int64_t n) {
-  if (out == nullptr) return AdamLoop<void>(h, p, g, m, v, nullptr, n);
-  switch (out_dtype) {
-    case DType::kBF16:
-      return AdamLoop(h, p, g, m, v, static_cast<BFloat16*>(out), n);
-    case DType::kF16:
-      return AdamLoop(h, p, g, m, v, static_cast<Half*>(out), n);
-    default:
-      return AdamLoop(h, p, g, m, v, static_cast<float*>(out), n);
-  }
+  const OptimizerSegment whole[] = {{.begin = 0, .count = n, .weight_decay = h.weight_decay}};
+  CpuAdamSegments(h, whole, p, g, m, v, out, out_dtype);
 }
 
 void CpuSgd(const SgdHyper& h, float* p, const float* g, float* buf, void* out, DType out_dtype,
             int64_t n) {
-  if (out == nullptr) return SgdLoop<void>(h, p, g, buf, nullptr, n);
+  if (out == nullptr) return SgdChunks<void>(h, p, g, buf, nullptr, n);
   switch (out_dtype) {
     case DType::kBF16:
-      return SgdLoop(h, p, g, buf, static_cast<BFloat16*>(out), n);
+      return SgdChunks(h, p, g, buf, static_cast<BFloat16*>(out), n);
     case DType::kF16:
-      return SgdLoop(h, p, g, buf, static_cast<Half*>(out), n);
+      return SgdChunks(h, p, g, buf, static_cast<Half*>(out), n);
     default:
-      return SgdLoop(h, p, g, buf, static_cast<float*>(out), n);
+      return SgdChunks(h, p, g, buf, static_cast<float*>(out), n);
   }
 }
 
@@ -195,15 +255,8 @@ Status AdamStepSegments(const AdamHyper& h, std::span<const OptimizerSegment> se
   std::vector<OptimizerSegment> list(segments.begin(), segments.end());
   void* out = compute_out.data();
   const DType out_dtype = compute_out.dtype();
-  const size_t out_elem = DTypeSize(out_dtype);
   return RunOnHostInOrder(stream, [=] {
-    for (const OptimizerSegment& seg : list) {
-      AdamHyper hs = h;
-      hs.weight_decay = seg.weight_decay;
-      void* o = out != nullptr ? static_cast<char*>(out) + seg.begin * out_elem : nullptr;
-      internal::CpuAdam(hs, p + seg.begin, g + seg.begin, m + seg.begin, v + seg.begin, o,
-                        out_dtype, seg.count);
-    }
+    CpuAdamSegments(h, list, p, g, m, v, out, out_dtype);  // [Note: the host update's schedule]
     return absl::OkStatus();
   });
 }
