@@ -32,10 +32,11 @@ inline void Store(Out* out, int64_t i, float value) {
 // piece, the region over when its slowest thread is. Behind the next forward on a GPU the step
 // worker's team shares the cores with the thread issuing the forward's kernels, and the team's
 // thread on that core ran at about half speed, so the whole update did (`bench adamw`'s
-// worker_beside_a_busy_core, one core kept busy: 0.54-0.63 of the update alone on 2 cores).
-// Now the pieces of a unit (the segments of one call) are cut into kUpdateChunk elements, handed
-// out one at a time in one region: a slowed thread takes fewer chunks, and a unit forks one
-// region, not one per piece. Under kUpdateChunk elements in all, the calling thread does it.
+// worker_beside_a_busy_core, one of 2 cores kept busy: 0.50-0.55 of the update alone). Now the
+// pieces of a unit (the segments of one call) are cut into kUpdateChunk elements, handed out one
+// at a time in one region: a slowed thread takes fewer chunks (0.64-0.77 there; 0.75 is the ideal
+// with one of two threads at half speed), and a unit forks one region, not one per piece. Under
+// kUpdateChunk elements in all, the calling thread does it.
 constexpr int64_t kUpdateChunk = int64_t{1} << 15;
 
 struct UpdateChunk {
@@ -129,7 +130,8 @@ void SgdChunks(const SgdHyper& h, float* p, const float* g, float* buf, Out* out
                      [&](const UpdateChunk& c) { SgdRange(s, p, g, buf, out, c.begin, c.end); });
 }
 
-// Unit u's update over `segments`, the compute copy written as `out_dtype` (none when null).
+// One call's update over `segments` (a unit's parameter pieces), the compute copy written as
+// `out_dtype` (none when out is null).
 void CpuAdamSegments(const AdamHyper& h, std::span<const OptimizerSegment> segments, float* p,
                      const float* g, float* m, float* v, void* out, DType out_dtype) {
   if (out == nullptr) return AdamChunks<void>(h, segments, p, g, m, v, nullptr);
