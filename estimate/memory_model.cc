@@ -50,29 +50,25 @@ StatusOr<MemoryEstimate> EstimateMemory(const MemoryModelInput& in) {
   std::vector<Unit> units;
   MemoryEstimate out;
   const ShardManagerOptions& options = in.manager;
-  // The rank's units in registration order (their count places the optimizer state: [Note:
-  // partial optimizer offload]).
-  const bool embedding = part.first || (part.last && in.model.tied());
-  int count = (embedding ? 1 : 0) + (part.last ? (in.model.tied() ? 1 : 2) : 0);
-  for (int l = 0; l < L; ++l) count += part.holds(l) ? 1 : 0;
-  auto add = [&](const DecoderUnit& unit) -> StatusOr<int> {
-    return AddUnit(in, options, unit.params, count, units, out);
+  // The rank's units in registration order, then planned: their count places the optimizer
+  // state ([Note: partial optimizer offload]).
+  std::vector<const DecoderUnit*> order;
+  auto take = [&](const DecoderUnit& unit) {
+    order.push_back(&unit);
+    return static_cast<int>(order.size()) - 1;
   };
-  if (embedding) {
-    ZR_ASSIGN_OR_RETURN(stage.embedding, add(all[0]));
-  }
+  if (part.first || (part.last && in.model.tied())) stage.embedding = take(all[0]);
   for (int l = 0; l < L; ++l) {
-    if (!part.holds(l)) continue;
-    ZR_ASSIGN_OR_RETURN(const int u, add(all[1 + l]));
-    stage.blocks.push_back(u);
+    if (part.holds(l)) stage.blocks.push_back(take(all[1 + l]));
   }
   if (part.last) {
-    ZR_ASSIGN_OR_RETURN(stage.norm, add(all[L + 1]));
-    if (!in.model.tied()) {
-      ZR_ASSIGN_OR_RETURN(stage.head, add(all[L + 2]));
-    }
+    stage.norm = take(all[L + 1]);
+    if (!in.model.tied()) stage.head = take(all[L + 2]);
   }
-  ZR_CHECK(static_cast<int>(units.size()) == count) << units.size() << " units, " << count;
+  for (const DecoderUnit* unit : order) {
+    ZR_RETURN_IF_ERROR(
+        AddUnit(in, options, unit->params, static_cast<int>(order.size()), units, out).status());
+  }
   stage.part = part;
   if (in.pp > 1) {
     ZR_ASSIGN_OR_RETURN(const PipelineSchedule schedule,

@@ -191,6 +191,18 @@ TEST(ConfigTest, OutOfRangeValues) {
   EXPECT_ERROR_HAS(R"({"model": {"head_chunk_rows": 1.5}})", "model.head_chunk_rows = 1.5");
   EXPECT_ERROR_HAS(R"({"model": {"head_chunk_rows": 1e300}})", "model.head_chunk_rows");
   EXPECT_ERROR_HAS(R"({"model": {"head_chunk_rows": "all"}})", "model.head_chunk_rows");
+  // offload_optimizer.ratio (a partial offload): below 0, above 1, huge, a string, an array, an
+  // object. null reads as unset (every key's rule: JsonSection::Find), so the default 1.
+  for (const char* ratio : {"-0.1", "1.5", "1e300", "\"half\"", "[]", "{}"}) {
+    const std::string c = StrCat(
+        R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": )",
+        ratio, "}}}");
+    EXPECT_ERROR_HAS(c, "zero_optimization.offload_optimizer.ratio");
+  }
+  const StatusOr<RunConfig> unset = Parse(
+      R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": null}}})");
+  ASSERT_TRUE(unset.ok()) << unset.status();
+  EXPECT_EQ(unset->zero.offload_optimizer.ratio, 1.0);
 }
 
 TEST(ConfigTest, DuplicateKeys) {
