@@ -7,9 +7,11 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "zerort/checkpoint/checkpoint.h"
@@ -299,13 +301,19 @@ Status VerifyFile(const std::string& step_dir, const nlohmann::json& entry) {
   const int fd = *opened;
   XXH3_state_t* state = XXH3_createState();
   XXH3_64bits_reset(state);
-  std::vector<char> block(1 << 20);
+  // A block the file's size (plus one byte, so that a file longer than the metadata says shows in
+  // the first read), at most 1 MiB, not zero-filled: a checkpoint of many small shard files
+  // verifies without touching 1 MiB per file (the checkpoint fuzzer's mutants: 130 -> 28 s under
+  // AddressSanitizer, whose allocator hands each 1 MiB block fresh, zeroed pages).
+  const size_t block_size =
+      static_cast<size_t>(std::clamp<int64_t>(bytes, 4095, (1 << 20) - 1) + 1);
+  const std::unique_ptr<char[]> block = std::make_unique_for_overwrite<char[]>(block_size);
   int64_t size = 0;
   for (;;) {
-    const ssize_t n = ::read(fd, block.data(), block.size());
+    const ssize_t n = ::read(fd, block.get(), block_size);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
-    XXH3_64bits_update(state, block.data(), static_cast<size_t>(n));
+    XXH3_64bits_update(state, block.get(), static_cast<size_t>(n));
     size += n;
   }
   ::close(fd);
