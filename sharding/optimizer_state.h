@@ -20,9 +20,13 @@ struct ShardedOptimizer::UnitState {
   PlacedBuffer exp_avg_sq_fresh;            // 1-bit LAMB ([Note: 1-bit LAMB])
   std::vector<OneBitLambParam> lamb;        // 1-bit LAMB: per parameter, in layout order
   // NVMe gradient shards: whether the shard holds this step's gradient yet (else it reads as
-  // zero), and its norm parts as of its last write.
+  // zero), and its norm parts as of its last write. An in-memory host-tier shard's sum_sq too,
+  // where norm_taken says the add that last wrote it took it ([Note: the norm taken by the last
+  // add]); `adds` counts this step's adds, adds_last_step the step before's.
   bool grad_written = false;
   float sum_sq = 0.0f, nonfinite = 0.0f;
+  bool norm_taken = false;
+  int adds = 0, adds_last_step = 0;
   // An in-memory host-tier gradient shard still holding a finished step's sums: it reads as zero
   // ([Note: host gradient shards start stale]).
   bool grad_stale = false;

@@ -168,8 +168,22 @@ Status ShardedOptimizer::AddHostGradient(int u, const TensorView& host) {
   UnitState& s = *units_[u];
   if (!s.grad.in_memory()) return AccumulateNvme(u, host);
   // [Note: host gradient shards start stale]: the step's first slice writes the shard.
-  if (std::exchange(s.grad_stale, false)) return AssignInto(host, s.grad.View(), nullptr);
-  return AccumulateInto(host, s.grad.View(), nullptr);
+  const bool assign = std::exchange(s.grad_stale, false);
+  // [Note: the norm taken by the last add]: the add the last step's count says is the last.
+  s.norm_taken = ++s.adds == s.adds_last_step;
+  if (!s.norm_taken) {
+    return assign ? AssignInto(host, s.grad.View(), nullptr)
+                  : AccumulateInto(host, s.grad.View(), nullptr);
+  }
+  std::vector<ElementRange> ranges;
+  for (const Range& r : NormRanges(u)) ranges.push_back({r.begin, r.end});
+  StatusOr<float> sum_sq = HostAccumulateWithSumOfSquares(host, s.grad.View(), assign, ranges);
+  if (!sum_sq.ok()) {
+    s.norm_taken = false;
+    return sum_sq.status();
+  }
+  s.sum_sq = *sum_sq;
+  return absl::OkStatus();
 }
 
 TensorView ShardedOptimizer::GradView(int u) {
@@ -283,13 +297,18 @@ Status ShardedOptimizer::AccumulateNorm(const TensorView& sum_sq, const TensorVi
     if (s->grad.in_memory()) {
       float part[2] = {0.0f, 0.0f};
       const TensorView g = GradView(u);
-      ZR_RETURN_IF_ERROR(SumOfSquaresOfNormRanges(u, g, 0, HostF32(&part[0], 1), nullptr));
+      int64_t in_norm = 0;
+      for (const Range& r : NormRanges(u)) in_norm += r.size();
+      if (s->norm_taken) {  // [Note: the norm taken by the last add]
+        part[0] = s->sum_sq;
+      } else {
+        ZR_RETURN_IF_ERROR(SumOfSquaresOfNormRanges(u, g, 0, HostF32(&part[0], 1), nullptr));
+        if (resources_.stats != nullptr && in_norm > 0) ++resources_.stats->norm_passes;
+      }
       // A finite sum of squares over the whole shard has no inf or NaN among its terms: the
       // count is 0 without a second pass over the shard (4 bytes a parameter on the way from the
       // last backward to the host step). Otherwise, or when replicated pieces are out of the
       // norm, the count's own pass: its value is the same either way.
-      int64_t in_norm = 0;
-      for (const Range& r : NormRanges(u)) in_norm += r.size();
       if (in_norm != g.numel() || !std::isfinite(part[0])) {
         ZR_RETURN_IF_ERROR(CountNonFinite(g, HostF32(&part[1], 1), nullptr));
       }
@@ -323,6 +342,8 @@ Status ShardedOptimizer::ZeroGradient(int u) {
   }
   s.grad_written = false;
   s.sum_sq = s.nonfinite = 0.0f;
+  s.norm_taken = false;
+  s.adds_last_step = std::exchange(s.adds, 0);
   return absl::OkStatus();
 }
 
@@ -653,6 +674,7 @@ Status ShardedOptimizer::WriteState(int u, StateKind kind, std::span<const float
 void ShardedOptimizer::ExcludeFromNorm(int u) { units_.at(u)->in_norm = false; }
 
 TensorView ShardedOptimizer::GradShard(int u) {
+  units_.at(u)->norm_taken = false;  // the caller may write the shard
   return units_.at(u)->grad.in_memory() ? GradView(u) : TensorView();
 }
 

@@ -87,6 +87,20 @@ class ShardedOptimizer {
   Status FinishHostGradients();
   // Adds this rank's sum of squares and count of non-finite values over every gradient shard,
   // unit by unit in order, into one-element f32 device views (zeroed by the caller).
+  //
+  // [Note: the norm taken by the last add]
+  // Clipping needs the global norm before any update, so between the last backward and the host
+  // step (on a GPU: what the next forward waits for, docs/gpu.md "The host step's bytes") sat a
+  // pass over every in-memory host-tier gradient shard for its sum of squares: 4 bytes a
+  // parameter, about 6 ms for GPT-2 124M at a host's 88 GB/s. The last add into a shard has its
+  // values in cache: HostAccumulateWithSumOfSquares (kernels/reduce.h) adds and squares each
+  // chunk in one go, bitwise the two passes' result. Which add is the last, no caller says (the
+  // trainer, the pipeline executor, an embedder's loop), so each shard predicts it: the add that
+  // brings this step's count to the step before's takes the norm part (every step of a steady run
+  // from its second on; a tied unit added twice a micro-batch too). A wrong guess costs only
+  // the pass: a later add, a write through GradShard (a tied unit's all-reduce) or a step with
+  // fewer adds leaves norm_taken false and the pass runs as before. OffloadStats::norm_passes
+  // counts the passes. The NVMe tier takes its parts on every write (AccumulateNvme).
   Status AccumulateNorm(const TensorView& sum_sq, const TensorView& nonfinite);
   // Leaves unit `u` out of this rank's norm (a tied copy another rank counts).
   void ExcludeFromNorm(int u);
@@ -159,7 +173,9 @@ class ShardedOptimizer {
   Status ReadState(int u, StateKind kind, std::span<float> out);
   // Overwrites it (the unit's compute copy is the caller's: ShardManager::LoadState).
   Status WriteState(int u, StateKind kind, std::span<const float> values);
-  // The fp32 gradient shard of unit `u`, when it is in memory (tests, inspection).
+  // The fp32 gradient shard of unit `u`, when it is in memory (tests, inspection, a tied unit's
+  // all-reduce): the caller may write it, so the norm reads it again ([Note: the norm taken by
+  // the last add]).
   TensorView GradShard(int u);
   // Where unit u's master, moments and gradient shard live: the optimizer's placement, or the
   // device for the first units of a partial offload ([Note: partial optimizer offload]).

@@ -44,13 +44,16 @@ struct OffloadStats {
   // A deferred host step ([Note: the host step behind the forward]): the host that issues the
   // kernels waiting for a unit's update (optimizer_s counts the worker's update time).
   double update_wait_s = 0;
+  // In-memory host-tier gradient shards the norm read again because their last add did not take
+  // their sum of squares ([Note: the norm taken by the last add]): a count, not seconds.
+  int64_t norm_passes = 0;
 };
 // Field by field: a step's share of cumulative stats.
 inline OffloadStats operator-(const OffloadStats& a, const OffloadStats& b) {
-  return {a.fetch_wait_s - b.fetch_wait_s,  a.grad_io_s - b.grad_io_s,
-          a.optimizer_s - b.optimizer_s,    a.optimizer_io_wait_s - b.optimizer_io_wait_s,
-          a.grad_wait_s - b.grad_wait_s,    a.grad_add_s - b.grad_add_s,
-          a.update_wait_s - b.update_wait_s};
+  return {a.fetch_wait_s - b.fetch_wait_s,   a.grad_io_s - b.grad_io_s,
+          a.optimizer_s - b.optimizer_s,     a.optimizer_io_wait_s - b.optimizer_io_wait_s,
+          a.grad_wait_s - b.grad_wait_s,     a.grad_add_s - b.grad_add_s,
+          a.update_wait_s - b.update_wait_s, a.norm_passes - b.norm_passes};
 }
 
 // What a unit borrows from its manager.

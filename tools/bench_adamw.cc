@@ -134,6 +134,17 @@ int RunBenchAdamw(const BenchAdamwOptions& o) {
   auto grad_add = [&] { ZR_CHECK_OK(AccumulateInto(slice, shard, nullptr)); };
   auto grad_write = [&] { ZR_CHECK_OK(AssignInto(slice, shard, nullptr)); };
   auto zero_fill = [&] { ZR_CHECK_OK(FillZero(g.data(), Device::Cpu(), n * 4, nullptr)); };
+  // A step's last slice and the norm's part of the shard ([Note: the norm taken by the last
+  // add]): the add then a pass for the sum of squares (read 4 more), against the fused kernel.
+  volatile double sink = 0;
+  auto add_then_norm = [&] {
+    grad_add();
+    sink = sink + HostSumOfSquares(shard, 0.0);
+  };
+  const ElementRange whole[] = {{0, n}};
+  auto add_with_norm = [&] {
+    sink = sink + *HostAccumulateWithSumOfSquares(slice, shard, false, whole);
+  };
   adam_worker();
   const double worker_s = MedianSeconds(o.rounds, adam_worker);
   // A unit's update as the step worker runs it (parameter pieces of 2^20 elements in one call),
@@ -176,6 +187,14 @@ int RunBenchAdamw(const BenchAdamwOptions& o) {
   const double add_s = MedianSeconds(o.rounds, grad_add);
   const double write_s = MedianSeconds(o.rounds, grad_write);
   const double zero_s = MedianSeconds(o.rounds, zero_fill);
+  std::vector<double> t_two, t_fused;
+  for (int r = 0; r < o.rounds; ++r) {
+    t_two.push_back(MedianSeconds(1, add_then_norm));
+    t_fused.push_back(MedianSeconds(1, add_with_norm));
+  }
+  std::sort(t_two.begin(), t_two.end());
+  std::sort(t_fused.begin(), t_fused.end());
+  const double two_s = t_two[t_two.size() / 2], fused_s = t_fused[t_fused.size() / 2];
 
   nlohmann::json result = {
       {"bench", "adamw"},
@@ -194,6 +213,9 @@ int RunBenchAdamw(const BenchAdamwOptions& o) {
       {"grad_add_gbps", 10.0 * n / add_s / 1e9},
       {"grad_write_gbps", 6.0 * n / write_s / 1e9},
       {"zero_fill_gbps", 4.0 * n / zero_s / 1e9},
+      {"last_add_and_norm_s", two_s},
+      {"last_add_with_norm_s", fused_s},
+      {"last_add_norm_ratio", two_s / fused_s},
   };
 
   if (o.overlap) {
@@ -302,6 +324,10 @@ int RunBenchAdamw(const BenchAdamwOptions& o) {
       n / worker_s / 1e6, adam_s / worker_s, busy_ratio);
   std::printf("  gradient add bf16->f32 %9.2f GB/s; first write %.2f GB/s; zero fill %.2f GB/s\n",
               10.0 * n / add_s / 1e9, 6.0 * n / write_s / 1e9, 4.0 * n / zero_s / 1e9);
+  std::printf(
+      "  last add then the norm's pass %.2f ms; fused %.2f ms (%.2f GB/s); ratio %.3f (above 1: "
+      "the fused kernel pays)\n",
+      two_s * 1e3, fused_s * 1e3, 10.0 * n / fused_s / 1e9, two_s / fused_s);
   if (result.contains("overlap")) {
     const nlohmann::json& v = result["overlap"];
     std::printf(

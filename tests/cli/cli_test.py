@@ -84,7 +84,8 @@ check("bench adamw --overlap timings are positive",
       ov.get("in_turn_s", 0) > 0 and ov.get("gemms_s", 0) > 0, r.stdout)
 # The offloaded step's other host work, timed beside the step (positive rates).
 for key in ("worker_params_per_s", "worker_vs_caller", "worker_beside_a_busy_core",
-            "grad_add_gbps", "grad_write_gbps", "zero_fill_gbps"):
+            "grad_add_gbps", "grad_write_gbps", "zero_fill_gbps", "last_add_and_norm_s",
+            "last_add_with_norm_s", "last_add_norm_ratio"):
     check(f"bench adamw json has a positive {key}", adamw.get(key, 0) > 0, r.stdout)
 r = run("bench", "adamw", "--params", "65536", "--rounds", "1", "--json")
 check("bench adamw without --overlap has no overlap key",

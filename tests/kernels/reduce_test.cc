@@ -6,8 +6,11 @@
 #include <cstring>
 #include <random>
 
+#include <omp.h>
+
 #include "gtest/gtest.h"
 #include "zerort/kernels/model_kernels.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {
@@ -107,6 +110,72 @@ TEST(ReduceTest, AssignIntoIsTheAddIntoZeros) {
       AssignInto(TensorView(small, DType::kF32, {2}), TensorView(small, DType::kBF16, {2}), nullptr)
           .code(),
       absl::StatusCode::kInvalidArgument);
+}
+
+// [Note: the norm taken by the last add] (sharding/sharded_optimizer.h): the fused add and sum of
+// squares is bitwise AccumulateInto (AssignInto) and then SumOfSquares over each range, added
+// into a float from 0: whole buffers, none, ranges cut inside chunks, empty ones, many small ones
+// (each rounded to float before the next), a non-finite value, one thread and the default.
+TEST(ReduceTest, HostAccumulateWithSumOfSquaresIsTheTwoPasses) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> d(0.0f, 3.0f);
+  const int64_t n = 3 * kReduceChunk + 1234;
+  std::vector<std::vector<ElementRange>> cases = {
+      {{0, n}},
+      {},
+      {{0, 100000}, {150000, 150000}, {150001, 3 * kReduceChunk - 5}},
+      {{kReduceChunk + 7, n}},
+  };
+  std::vector<ElementRange> many;
+  for (int64_t b = 5; b + 900 < n; b += 4100) many.push_back({b, b + 900});
+  cases.push_back(many);
+  for (int threads : {1, omp_get_max_threads()}) {
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+      std::vector<uint32_t> storage(n);
+      for (int64_t i = 0; i < n; ++i) StoreFromFloat(storage.data(), dtype, i, d(rng));
+      const TensorView src(storage.data(), dtype, {n});
+      std::vector<float> start(n);
+      for (float& v : start) v = d(rng);
+      for (bool assign : {false, true}) {
+        for (bool infinite : {false, true}) {
+          for (const std::vector<ElementRange>& ranges : cases) {
+            std::vector<float> two = start, one = start;
+            if (infinite) two[n - 3] = one[n - 3] = INFINITY;
+            const TensorView two_view(two.data(), DType::kF32, {n});
+            ASSERT_TRUE((assign ? AssignInto(src, two_view, nullptr)
+                                : AccumulateInto(src, two_view, nullptr))
+                            .ok());
+            float want = 0.0f;
+            for (const ElementRange& r : ranges) {
+              ASSERT_TRUE(SumOfSquares(two_view.Flat(r.begin, r.end - r.begin),
+                                       TensorView(&want, DType::kF32, {1}), nullptr)
+                              .ok());
+            }
+            const StatusOr<float> got = HostAccumulateWithSumOfSquares(
+                src, TensorView(one.data(), DType::kF32, {n}), assign, ranges);
+            ASSERT_TRUE(got.ok()) << got.status();
+            const std::string what =
+                StrCat(DTypeName(dtype), assign ? " assign" : " add", infinite ? " inf" : "", ", ",
+                       ranges.size(), " ranges, ", threads, " threads");
+            EXPECT_EQ(std::memcmp(one.data(), two.data(), n * sizeof(float)), 0) << what;
+            EXPECT_EQ(std::memcmp(&*got, &want, sizeof(float)), 0)
+                << what << ": " << *got << " against " << want;
+          }
+        }
+      }
+    }
+    omp_set_num_threads(saved);
+  }
+  // Ranges out of order, overlapping or outside the buffer are refused.
+  std::vector<float> src(10, 1.0f), dst(10, 0.0f);
+  const TensorView s(src.data(), DType::kF32, {10}), t(dst.data(), DType::kF32, {10});
+  for (const std::vector<ElementRange>& bad : std::vector<std::vector<ElementRange>>{
+           {{5, 8}, {0, 2}}, {{0, 6}, {5, 8}}, {{3, 11}}, {{4, 3}}, {{-1, 2}}}) {
+    EXPECT_EQ(HostAccumulateWithSumOfSquares(s, t, false, bad).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
 }
 
 TEST(ReduceTest, ChecksArguments) {

@@ -22,6 +22,8 @@ struct RunConfig {
   DType compute = DType::kF32;
   float clip = 0.0f;
   int micro_batches = 1;
+  // When not empty: step s takes pattern[s % size] micro-batches (micro_batches is not used).
+  std::vector<int> micro_batch_pattern;
   int steps = 20;
   int64_t persistence_threshold = 0;         // stage 3: every unit is gathered and released
   int64_t reduce_bucket_size = 500'000'000;  // elements; 1 reduces every unit alone
@@ -119,6 +121,9 @@ struct RunResult {
   int64_t primary_gathers = 0, secondary_gathers = 0;
   std::vector<double> grad_norms;
   std::vector<bool> skipped;
+  // Rank 0's host-tier gradient shards the norm read again ([Note: the norm taken by the last
+  // add]), after each step.
+  std::vector<int64_t> norm_passes;
   std::string error;
 };
 
@@ -202,16 +207,21 @@ inline Status TrainRank(const RunConfig& c, Communicator& comm, RunResult& resul
   if (secondary) secondary->recorder().SetSpanSink(gathers);
   const std::vector<int>& units = run.units;
   const int per_rank = kGlobalBatch / c.world;
-  const int per_micro = per_rank / c.micro_batches;
   for (int step = 0; step < c.steps; ++step) {
-    for (int k = 0; k < c.micro_batches; ++k) {
+    const int micro_batches =
+        c.micro_batch_pattern.empty()
+            ? c.micro_batches
+            : c.micro_batch_pattern[static_cast<size_t>(step) % c.micro_batch_pattern.size()];
+    const int per_micro = per_rank / micro_batches;
+    for (int k = 0; k < micro_batches; ++k) {
       const int64_t first = int64_t{step} * kGlobalBatch + comm.rank() * per_rank + k * per_micro;
       ZR_RETURN_IF_ERROR(MlpForwardBackward(*m, units, first, per_micro, m->loss_scale()).status());
     }
-    ZR_ASSIGN_OR_RETURN(StepResult r, m->Step({.lr = kLr, .micro_batches = c.micro_batches}));
+    ZR_ASSIGN_OR_RETURN(StepResult r, m->Step({.lr = kLr, .micro_batches = micro_batches}));
     if (comm.rank() == 0) {
       result.grad_norms.push_back(r.grad_norm);
       result.skipped.push_back(r.skipped);
+      result.norm_passes.push_back(m->offload_stats().norm_passes);
     }
     if (step + 1 == c.reload_after) {
       ShardManagerState state(*m);

@@ -271,6 +271,45 @@ TEST(OffloadParity, SubGroupSizeZeroIsOneChunkPerShard) {
   }
 }
 
+// [Note: the norm taken by the last add]: a host-tier shard's norm part taken by the add that
+// the step before's count says is its last gives bitwise the device run's norms and parameters,
+// and the pass it saves is saved exactly when the prediction holds: micro-batches 2, 3, 3, 1, 1, 2
+// at stages 1-3, one and two ranks, the host step behind the forward, clipping.
+TEST(OffloadParity, TheNormTakenByTheLastAddEqualsTheDeviceRun) {
+  for (ZeroStage stage : {ZeroStage::k1, ZeroStage::k2, ZeroStage::k3}) {
+    for (int world : {1, 2}) {
+      RunConfig base{.stage = stage,
+                     .world = world,
+                     .clip = 0.05f,
+                     .micro_batch_pattern = {2, 3, 3, 1, 1, 2},
+                     .steps = 6,
+                     .reduce_bucket_size = 1};
+      RunConfig host = base;
+      host.placement = {.optimizer = MemoryTier::kPinnedHost};
+      const RunResult device = Train(base), r = Train(host);
+      const std::string name = StrCat("stage ", static_cast<int>(stage), ", world ", world);
+      ASSERT_EQ(device.error, "") << name;
+      ASSERT_EQ(r.error, "") << name;
+      EXPECT_EQ(r.params, device.params) << name;
+      EXPECT_EQ(r.grad_norms, device.grad_norms) << name;
+      ASSERT_EQ(r.norm_passes.size(), 6u) << name;
+      const int64_t units = r.norm_passes[0];  // the first step has no count to go by
+      EXPECT_GT(units, 0) << name;
+      std::vector<int64_t> per_step = {units};
+      for (size_t s = 1; s < r.norm_passes.size(); ++s) {
+        per_step.push_back(r.norm_passes[s] - r.norm_passes[s - 1]);
+      }
+      // Stage 1 reduces each unit once a step, at the step: every later step's last add is
+      // predicted. Stages 2-3 (reduce_bucket_size 1) add each micro-batch's slice as its unit's
+      // backward ends: the prediction holds where the count repeats (3 after 3, 1 after 1).
+      const std::vector<int64_t> want =
+          stage == ZeroStage::k1 ? std::vector<int64_t>{units, 0, 0, 0, 0, 0}
+                                 : std::vector<int64_t>{units, units, 0, units, 0, units};
+      EXPECT_EQ(per_step, want) << name;
+    }
+  }
+}
+
 TEST(OffloadParity, Bf16ComputeOnEveryTierEqualsTheDeviceRun) {
   // bf16 compute copies written by the CPU step into host memory or an NVMe region, and bf16
   // gradients reduced into fp32 shards on the host tiers (what configs/gpt2-xl-nvme.json runs).
