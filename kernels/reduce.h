@@ -18,6 +18,7 @@
 #include <span>
 
 #include "zerort/runtime/device.h"
+#include "zerort/runtime/range.h"
 #include "zerort/runtime/status.h"
 #include "zerort/runtime/tensor.h"
 
@@ -38,11 +39,6 @@ inline constexpr int64_t kReduceChunk = int64_t{1} << 16;
 double HostSumOfSquares(const TensorView& x, double running);
 double HostCountNonFinite(const TensorView& x, double running);
 
-// [begin, end) element offsets into a buffer.
-struct ElementRange {
-  int64_t begin = 0, end = 0;
-};
-
 // A host fp32 gradient shard's last add and its norm part in one pass: dst += src (dst = 0 + src
 // when `assign`), then the sum of squares of dst over each of `ranges` (in order, disjoint,
 // inside dst), added into a float from 0 range by range. Bitwise what AccumulateInto (AssignInto)
@@ -50,7 +46,7 @@ struct ElementRange {
 // squared as it is written: 4 bytes an element less memory traffic than the two passes. Runs at
 // once (host data only).
 StatusOr<float> HostAccumulateWithSumOfSquares(const TensorView& src, const TensorView& dst,
-                                               bool assign, std::span<const ElementRange> ranges);
+                                               bool assign, std::span<const Range> ranges);
 
 // Scalar references (CPU): double accumulation.
 double SumOfSquaresReference(const TensorView& x);

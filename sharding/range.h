@@ -1,30 +1,4 @@
-// Range: a half-open span [begin, end) of element positions in one named frame (flat, shard or
-// param; see README.md). Variables say their frame: flat_range, shard_range, param_range.
+// Range moved to runtime/range.h (kernels take it too); this header stays for code that names it.
 #pragma once
 
-#include <algorithm>
-#include <cstdint>
-#include <string>
-
-namespace zerort {
-
-struct Range {
-  int64_t begin = 0;
-  int64_t end = 0;
-
-  int64_t size() const { return end - begin; }
-  bool empty() const { return end <= begin; }
-  Range Intersect(const Range& other) const {
-    Range r{std::max(begin, other.begin), std::min(end, other.end)};
-    if (r.end < r.begin) r.end = r.begin;
-    return r;
-  }
-  // The same span expressed relative to `origin` (e.g. flat -> shard: Shift(-shard_begin)).
-  Range Shift(int64_t delta) const { return Range{begin + delta, end + delta}; }
-  std::string ToString() const {
-    return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
-  }
-  friend bool operator==(const Range&, const Range&) = default;
-};
-
-}  // namespace zerort
+#include "zerort/runtime/range.h"

@@ -175,9 +175,8 @@ Status ShardedOptimizer::AddHostGradient(int u, const TensorView& host) {
     return assign ? AssignInto(host, s.grad.View(), nullptr)
                   : AccumulateInto(host, s.grad.View(), nullptr);
   }
-  std::vector<ElementRange> ranges;
-  for (const Range& r : NormRanges(u)) ranges.push_back({r.begin, r.end});
-  StatusOr<float> sum_sq = HostAccumulateWithSumOfSquares(host, s.grad.View(), assign, ranges);
+  StatusOr<float> sum_sq =
+      HostAccumulateWithSumOfSquares(host, s.grad.View(), assign, NormRanges(u));
   if (!sum_sq.ok()) {
     s.norm_taken = false;
     return sum_sq.status();

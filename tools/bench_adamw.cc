@@ -141,7 +141,7 @@ int RunBenchAdamw(const BenchAdamwOptions& o) {
     grad_add();
     sink = sink + HostSumOfSquares(shard, 0.0);
   };
-  const ElementRange whole[] = {{0, n}};
+  const Range whole[] = {{0, n}};
   auto add_with_norm = [&] {
     sink = sink + *HostAccumulateWithSumOfSquares(slice, shard, false, whole);
   };

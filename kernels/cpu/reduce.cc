@@ -199,65 +199,11 @@ Status CheckAccumulate(const char* what, const TensorView& src, const TensorView
   return absl::OkStatus();
 }
 
-// out[i] = op(out[i], src[i] as fp32) with the source's conversion outside the loop, so that
-// each loop vectorises (a dtype switch per element kept GCC from it).
-template <typename Op>
-void EachAsFloat(const void* in, DType dtype, float* out, int64_t n, Op op) {
-  if (dtype == DType::kF32) {
-    const float* f = static_cast<const float*>(in);
-#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 16))
-    for (int64_t i = 0; i < n; ++i) out[i] = op(out[i], f[i]);
-  } else if (dtype == DType::kBF16) {
-    const uint16_t* b = static_cast<const uint16_t*>(in);
-#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 16))
-    for (int64_t i = 0; i < n; ++i) out[i] = op(out[i], Bf16BitsToFloat(b[i]));
-  } else {
-    const uint16_t* h = static_cast<const uint16_t*>(in);
-#pragma omp parallel for schedule(static) if (n > (int64_t{1} << 16))
-    for (int64_t i = 0; i < n; ++i) out[i] = op(out[i], F16BitsToFloat(h[i]));
-  }
-}
-
-// AccumulateInto (dst += src) and AssignInto (dst = 0 + src): the same checks and placement.
-Status IntoF32(const char* what, bool assign, const TensorView& src, const TensorView& dst,
-               Stream* stream) {
-  ZR_RETURN_IF_ERROR(CheckAccumulate(what, src, dst));
-  if (src.device().is_cuda()) {
-    ZR_RETURN_IF_ERROR(CheckStream(src, stream));
-    // AssignInto as the zero fill and the add: no second CUDA kernel to keep.
-    if (assign) ZR_RETURN_IF_ERROR(FillZero(dst.data(), dst.device(), dst.nbytes(), stream));
-    return internal::CudaAccumulateInto(src.data(), src.dtype(), dst.data_as<float>(), src.numel(),
-                                        stream);
-  }
-  float* out = dst.data_as<float>();
-  const void* in = src.data();
-  const DType dtype = src.dtype();
-  const int64_t n = src.numel();
-  return RunOnHostInOrder(stream, [=] {
-    if (assign) {  // 0 + x, not x: a -0 becomes +0 as the add into a zeroed shard makes it
-      EachAsFloat(in, dtype, out, n, [](float, float x) { return 0.0f + x; });
-    } else {
-      EachAsFloat(in, dtype, out, n, [](float acc, float x) { return acc + x; });
-    }
-    return absl::OkStatus();
-  });
-}
-
-}  // namespace
-
-Status AccumulateInto(const TensorView& src, const TensorView& dst, Stream* stream) {
-  return IntoF32("AccumulateInto", false, src, dst, stream);
-}
-
-Status AssignInto(const TensorView& src, const TensorView& dst, Stream* stream) {
-  return IntoF32("AssignInto", true, src, dst, stream);
-}
-
-namespace {
-
-// dst[begin, end) = dst + src (0 + src when `assign`), as EachAsFloat's ops, on this thread; with
-// `squares`, also the sum of squares of the new values, as ChunkSumOfSquaresF32 takes it over
-// dst[begin, end), in the same loop (each value squared as it is written).
+// dst[begin, end) = dst + src (0 + src when `assign`: a -0 becomes +0 as the add into zeros makes
+// it) on this thread, the source's conversion outside the loop so that it vectorises (a dtype
+// switch per element kept GCC from it); with `squares`, also the sum of squares of the new
+// values, as ChunkSumOfSquaresF32 takes it over dst[begin, end), in the same loop (each value
+// squared as it is written).
 double IntoF32Piece(const void* in, DType dtype, float* out, int64_t begin, int64_t end,
                     bool assign, bool squares) {
   SquareLanes s;
@@ -301,26 +247,14 @@ double IntoF32Piece(const void* in, DType dtype, float* out, int64_t begin, int6
   return squares ? s.Total() : 0.0;
 }
 
-}  // namespace
-
-StatusOr<float> HostAccumulateWithSumOfSquares(const TensorView& src, const TensorView& dst,
-                                               bool assign, std::span<const ElementRange> ranges) {
-  ZR_RETURN_IF_ERROR(CheckAccumulate("HostAccumulateWithSumOfSquares", src, dst));
-  if (!src.device().is_cpu()) {
-    return absl::InvalidArgumentError("HostAccumulateWithSumOfSquares on device data");
-  }
-  const int64_t n = dst.numel();
-  int64_t at = 0;
-  for (const ElementRange& r : ranges) {
-    if (r.begin < at || r.end < r.begin || r.end > n) {
-      return absl::InvalidArgumentError(StrCat("HostAccumulateWithSumOfSquares: range [", r.begin,
-                                               ", ", r.end, ") is not in order inside [0, ", n,
-                                               ")"));
-    }
-    at = r.end;
-  }
-  // Pieces of at most kReduceChunk elements covering [0, n) once, cut where SumOfSquares over
-  // each range cuts its chunks (from the range's start); `range` -1: outside every range.
+// dst (n fp32 values) = dst + src (0 + src when `assign`) in pieces of at most kReduceChunk
+// elements over the threads, and the sum of squares of the new values over `ranges` (in order,
+// disjoint, inside dst; not checked here), each range's as SumOfSquares over it gives it, added
+// into a float from 0: the pieces are cut where SumOfSquares cuts its chunks. AccumulateInto and
+// AssignInto are this without ranges.
+float IntoF32Pieces(const void* in, DType dtype, float* out, int64_t n, bool assign,
+                    std::span<const Range> ranges) {
+  // [0, n) once; `range` -1: outside every range.
   struct Piece {
     int64_t begin, end;
     int range;
@@ -331,7 +265,7 @@ StatusOr<float> HostAccumulateWithSumOfSquares(const TensorView& src, const Tens
       pieces.push_back({b, std::min(end, b + kReduceChunk), range});
     }
   };
-  at = 0;
+  int64_t at = 0;
   for (size_t i = 0; i < ranges.size(); ++i) {
     cut(at, ranges[i].begin, -1);
     cut(ranges[i].begin, ranges[i].end, static_cast<int>(i));
@@ -339,9 +273,6 @@ StatusOr<float> HostAccumulateWithSumOfSquares(const TensorView& src, const Tens
   }
   cut(at, n, -1);
   std::vector<double> partial(pieces.size(), 0.0);
-  float* out = dst.data_as<float>();
-  const void* in = src.data();
-  const DType dtype = src.dtype();
   const int64_t count = static_cast<int64_t>(pieces.size());
 #pragma omp parallel for schedule(static) if (count > 1)
   for (int64_t i = 0; i < count; ++i) {
@@ -364,6 +295,56 @@ StatusOr<float> HostAccumulateWithSumOfSquares(const TensorView& src, const Tens
   }
   if (current >= 0) sum += static_cast<float>(total);
   return sum;
+}
+
+// AccumulateInto (dst += src) and AssignInto (dst = 0 + src): the same checks and placement.
+Status IntoF32(const char* what, bool assign, const TensorView& src, const TensorView& dst,
+               Stream* stream) {
+  ZR_RETURN_IF_ERROR(CheckAccumulate(what, src, dst));
+  if (src.device().is_cuda()) {
+    ZR_RETURN_IF_ERROR(CheckStream(src, stream));
+    // AssignInto as the zero fill and the add: no second CUDA kernel to keep.
+    if (assign) ZR_RETURN_IF_ERROR(FillZero(dst.data(), dst.device(), dst.nbytes(), stream));
+    return internal::CudaAccumulateInto(src.data(), src.dtype(), dst.data_as<float>(), src.numel(),
+                                        stream);
+  }
+  float* out = dst.data_as<float>();
+  const void* in = src.data();
+  const DType dtype = src.dtype();
+  const int64_t n = src.numel();
+  return RunOnHostInOrder(stream, [=] {
+    (void)IntoF32Pieces(in, dtype, out, n, assign, {});
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace
+
+Status AccumulateInto(const TensorView& src, const TensorView& dst, Stream* stream) {
+  return IntoF32("AccumulateInto", false, src, dst, stream);
+}
+
+Status AssignInto(const TensorView& src, const TensorView& dst, Stream* stream) {
+  return IntoF32("AssignInto", true, src, dst, stream);
+}
+
+StatusOr<float> HostAccumulateWithSumOfSquares(const TensorView& src, const TensorView& dst,
+                                               bool assign, std::span<const Range> ranges) {
+  ZR_RETURN_IF_ERROR(CheckAccumulate("HostAccumulateWithSumOfSquares", src, dst));
+  if (!src.device().is_cpu()) {
+    return absl::InvalidArgumentError("HostAccumulateWithSumOfSquares on device data");
+  }
+  const int64_t n = dst.numel();
+  int64_t at = 0;
+  for (const Range& r : ranges) {
+    if (r.begin < at || r.end < r.begin || r.end > n) {
+      return absl::InvalidArgumentError(StrCat("HostAccumulateWithSumOfSquares: range ",
+                                               r.ToString(), " is not in order inside [0, ", n,
+                                               ")"));
+    }
+    at = r.end;
+  }
+  return IntoF32Pieces(src.data(), src.dtype(), dst.data_as<float>(), n, assign, ranges);
 }
 
 double SumOfSquaresReference(const TensorView& x) {

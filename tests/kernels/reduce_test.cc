@@ -120,13 +120,13 @@ TEST(ReduceTest, HostAccumulateWithSumOfSquaresIsTheTwoPasses) {
   std::mt19937 rng(11);
   std::normal_distribution<float> d(0.0f, 3.0f);
   const int64_t n = 3 * kReduceChunk + 1234;
-  std::vector<std::vector<ElementRange>> cases = {
+  std::vector<std::vector<Range>> cases = {
       {{0, n}},
       {},
       {{0, 100000}, {150000, 150000}, {150001, 3 * kReduceChunk - 5}},
       {{kReduceChunk + 7, n}},
   };
-  std::vector<ElementRange> many;
+  std::vector<Range> many;
   for (int64_t b = 5; b + 900 < n; b += 4100) many.push_back({b, b + 900});
   cases.push_back(many);
   for (int threads : {1, omp_get_max_threads()}) {
@@ -140,7 +140,7 @@ TEST(ReduceTest, HostAccumulateWithSumOfSquaresIsTheTwoPasses) {
       for (float& v : start) v = d(rng);
       for (bool assign : {false, true}) {
         for (bool infinite : {false, true}) {
-          for (const std::vector<ElementRange>& ranges : cases) {
+          for (const std::vector<Range>& ranges : cases) {
             std::vector<float> two = start, one = start;
             if (infinite) two[n - 3] = one[n - 3] = INFINITY;
             const TensorView two_view(two.data(), DType::kF32, {n});
@@ -148,7 +148,7 @@ TEST(ReduceTest, HostAccumulateWithSumOfSquaresIsTheTwoPasses) {
                                 : AccumulateInto(src, two_view, nullptr))
                             .ok());
             float want = 0.0f;
-            for (const ElementRange& r : ranges) {
+            for (const Range& r : ranges) {
               ASSERT_TRUE(SumOfSquares(two_view.Flat(r.begin, r.end - r.begin),
                                        TensorView(&want, DType::kF32, {1}), nullptr)
                               .ok());
@@ -171,7 +171,7 @@ TEST(ReduceTest, HostAccumulateWithSumOfSquaresIsTheTwoPasses) {
   // Ranges out of order, overlapping or outside the buffer are refused.
   std::vector<float> src(10, 1.0f), dst(10, 0.0f);
   const TensorView s(src.data(), DType::kF32, {10}), t(dst.data(), DType::kF32, {10});
-  for (const std::vector<ElementRange>& bad : std::vector<std::vector<ElementRange>>{
+  for (const std::vector<Range>& bad : std::vector<std::vector<Range>>{
            {{5, 8}, {0, 2}}, {{0, 6}, {5, 8}}, {{3, 11}}, {{4, 3}}, {{-1, 2}}}) {
     EXPECT_EQ(HostAccumulateWithSumOfSquares(s, t, false, bad).status().code(),
               absl::StatusCode::kInvalidArgument);
