@@ -56,6 +56,7 @@ int RunBenchAdamw(const BenchAdamwOptions& o) {
     Logger()->error("bench adamw: --rounds {} must be in [1, 1000]", o.rounds);
     return kExitUsage;
   }
+  if (o.lane) return RunBenchAdamwLane(o);
   const int64_t n = o.params;
   HostAllocator host({.alignment = 4096, .tier = MemoryTier::kHost, .tracker = nullptr});
   std::vector<Buffer> buffers;

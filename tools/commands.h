@@ -38,8 +38,11 @@ struct BenchAdamwOptions {
   // Also: can the step hide behind the backward? The update of --params on a thread of its own
   // while the main thread runs GEMMs of the GPT-2 124M MLP shape, against the two in turn.
   bool overlap = false;
+  // Instead: could a device lane take part of the host step's update? (bench_lane.cc)
+  bool lane = false;
 };
 int RunBenchAdamw(const BenchAdamwOptions& options);
+int RunBenchAdamwLane(const BenchAdamwOptions& options);
 
 struct BenchAttentionOptions {
   int batch = 4, seq = 1024, heads = 12, head_size = 64;  // GPT-2 124M's attention

@@ -336,6 +336,10 @@ if want bench; then
   done
   guard 60 bench-adamw "$zr" bench adamw --json >"$logs/bench-adamw.json" 2>"$logs/bench-adamw.log" &&
     cat "$logs/bench-adamw.json"
+  # Could a device lane take part of the host step's update (docs/gpu.md "A device lane for the
+  # host step?"): the update split between the CPU and pinned copies through the GPU.
+  guard 60 bench-adamw-lane "$zr" bench adamw --lane >"$logs/bench-adamw-lane.txt" 2>&1
+  cat "$logs/bench-adamw-lane.txt"
   guard 120 estimate-measure "$zr" estimate "$root/configs/gpt2-124m-bf16-zero3.json" --device cuda --measure \
     >"$logs/estimate-measure.txt" 2>&1; grep -E 'TOTAL|RESERVED' "$logs/estimate-measure.txt"
   save_logs

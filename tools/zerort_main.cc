@@ -67,8 +67,13 @@ int main(int argc, char** argv) {
   adamw->add_option("--rounds", adamw_options.rounds, "Alternating rounds (medians reported)")
       ->capture_default_str();
   adamw->add_flag("--json", adamw_options.json, "One JSON object instead of text");
-  adamw->add_flag("--overlap", adamw_options.overlap,
-                  "Also time the step on its own thread beside GEMMs, against the two in turn");
+  CLI::Option* overlap =
+      adamw->add_flag("--overlap", adamw_options.overlap,
+                      "Also time the step on its own thread beside GEMMs, against the two in turn");
+  adamw
+      ->add_flag("--lane", adamw_options.lane,
+                 "Instead: the update split between the CPU and a device lane (pinned copies)")
+      ->excludes(overlap);
 
   cli::BenchAttentionOptions attention_options;
   CLI::App* attention = bench->add_subcommand(

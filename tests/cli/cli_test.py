@@ -90,6 +90,21 @@ for key in ("worker_params_per_s", "worker_vs_caller", "worker_beside_a_busy_cor
 r = run("bench", "adamw", "--params", "65536", "--rounds", "1", "--json")
 check("bench adamw without --overlap has no overlap key",
       r.returncode == 0 and "overlap" not in json.loads(r.stdout), r.stdout)
+# The device lane's method (on this machine queued CPU streams stand in for the GPU): the split
+# update bitwise the CPU's, many chunks through two staging sets (an odd count: the last chunk
+# short), every share timed.
+r = run("bench", "adamw", "--params", "70001", "--rounds", "1", "--lane", "--json")
+check("bench adamw --lane exits 0", r.returncode == 0, r.stderr)
+lane = json.loads(r.stdout) if r.returncode == 0 else {}
+check("bench adamw --lane: the split update is bitwise the CPU's", lane.get("bitwise") is True,
+      r.stdout)
+check("bench adamw --lane runs several chunks", 0 < lane.get("chunk", 0) < 70001 / 8, r.stdout)
+check("bench adamw --lane times the CPU, the lane and six shares",
+      lane.get("cpu_s", 0) > 0 and lane.get("lane_s", 0) > 0 and
+      [row.get("share") for row in lane.get("shares", [])] == [0.3, 0.4, 0.5, 0.6, 0.7, 1.0] and
+      all(row.get("seconds", 0) > 0 for row in lane.get("shares", [])), r.stdout)
+r = run("bench", "adamw", "--params", "70001", "--lane", "--overlap")
+check("bench adamw --lane with --overlap is a usage error (exit 2)", r.returncode == 2, r.stderr)
 
 # bench attention: flash against the materialised path, grouped-query, in one run; and what it
 # refuses (a --kv-heads that does not divide --heads, a device it does not know or lacks).
