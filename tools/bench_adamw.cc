@@ -19,6 +19,7 @@
 
 #include "commands.h"
 #include "nlohmann/json.hpp"
+#include "zerort/engine/host_memory.h"
 #include "zerort/kernels/model_kernels.h"
 #include "zerort/kernels/optimizer.h"
 #include "zerort/kernels/reduce.h"
@@ -54,6 +55,17 @@ int RunBenchAdamw(const BenchAdamwOptions& o) {
   }
   if (o.rounds < 1 || o.rounds > 1000) {
     Logger()->error("bench adamw: --rounds {} must be in [1, 1000]", o.rounds);
+    return kExitUsage;
+  }
+  // Every buffer is filled before anything is timed, so what does not fit is refused here, naming
+  // the flag, instead of the machine running out of memory part-way through the fill (the kernel
+  // grants more than it has). The lane also keeps the CPU's reference copy of the state.
+  const double host_bytes = (o.lane ? 38.0 : 18.0) * static_cast<double>(o.params);
+  if (const HostMemory mem = QueryHostMemory();
+      mem.available >= 0 && host_bytes > static_cast<double>(mem.available)) {
+    Logger()->error("bench adamw: --params {} needs {} of host memory{}, but {} is available ({})",
+                    o.params, FormatBytes(host_bytes), o.lane ? " with --lane" : "",
+                    FormatBytes(static_cast<double>(mem.available)), mem.source);
     return kExitUsage;
   }
   if (o.lane) return RunBenchAdamwLane(o);
