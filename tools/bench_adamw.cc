@@ -48,6 +48,16 @@ double MedianSeconds(int repeats, F f) {
 
 }  // namespace
 
+bool ParamsFitHostMemory(const char* command, int64_t params, double bytes_per_param) {
+  const double bytes = bytes_per_param * static_cast<double>(params);
+  const HostMemory mem = QueryHostMemory();
+  if (mem.available < 0 || bytes <= static_cast<double>(mem.available)) return true;
+  Logger()->error("{}: --params {} needs {} of host memory, but {} is available ({})", command,
+                  params, FormatBytes(bytes), FormatBytes(static_cast<double>(mem.available)),
+                  mem.source);
+  return false;
+}
+
 int RunBenchAdamw(const BenchAdamwOptions& o) {
   if (o.params < 1024 || o.params > (int64_t{1} << 32)) {
     Logger()->error("bench adamw: --params {} must be in [1024, 2^32]", o.params);
@@ -57,18 +67,9 @@ int RunBenchAdamw(const BenchAdamwOptions& o) {
     Logger()->error("bench adamw: --rounds {} must be in [1, 1000]", o.rounds);
     return kExitUsage;
   }
-  // Every buffer is filled before anything is timed, so what does not fit is refused here, naming
-  // the flag, instead of the machine running out of memory part-way through the fill (the kernel
-  // grants more than it has). The lane also keeps the CPU's reference copy of the state.
-  const double host_bytes = (o.lane ? 38.0 : 18.0) * static_cast<double>(o.params);
-  if (const HostMemory mem = QueryHostMemory();
-      mem.available >= 0 && host_bytes > static_cast<double>(mem.available)) {
-    Logger()->error("bench adamw: --params {} needs {} of host memory{}, but {} is available ({})",
-                    o.params, FormatBytes(host_bytes), o.lane ? " with --lane" : "",
-                    FormatBytes(static_cast<double>(mem.available)), mem.source);
-    return kExitUsage;
-  }
   if (o.lane) return RunBenchAdamwLane(o);
+  // p, g, m, v (fp32) and the bf16 compute copy.
+  if (!ParamsFitHostMemory("bench adamw", o.params, 18.0)) return kExitUsage;
   const int64_t n = o.params;
   HostAllocator host({.alignment = 4096, .tier = MemoryTier::kHost, .tracker = nullptr});
   std::vector<Buffer> buffers;

@@ -8,7 +8,6 @@
 // (kernels/flash_attention.h) against the model's materialised CUDA attention, timed with CUDA
 // events; and cuDNN's flash attention beside them where the build has it and libcudnn loads
 // (kernels/cudnn_attention.h).
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -36,12 +35,6 @@
 
 namespace zerort::cli {
 namespace {
-
-double Seconds(const std::function<void()>& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // Calls a CUDA time spans ([Note: back-to-back calls]).
 constexpr int kCudaCalls = 10;

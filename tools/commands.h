@@ -43,6 +43,11 @@ struct BenchAdamwOptions {
 };
 int RunBenchAdamw(const BenchAdamwOptions& options);
 int RunBenchAdamwLane(const BenchAdamwOptions& options);
+// Whether `bytes_per_param` x --params of host memory is available (MemAvailable, or a cgroup's
+// limit; true when neither can be read); if not, logs that `command` cannot have it, naming
+// --params. The benches fill their buffers before timing anything, and the kernel grants more
+// memory than it has: refused here, what does not fit would run the machine out of it part-way.
+bool ParamsFitHostMemory(const char* command, int64_t params, double bytes_per_param);
 
 struct BenchAttentionOptions {
   int batch = 4, seq = 1024, heads = 12, head_size = 64;  // GPT-2 124M's attention

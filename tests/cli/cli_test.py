@@ -105,11 +105,13 @@ check("bench adamw --lane times the CPU, the lane and six shares",
       all(row.get("seconds", 0) > 0 for row in lane.get("shares", [])), r.stdout)
 r = run("bench", "adamw", "--params", "70001", "--lane", "--overlap")
 check("bench adamw --lane with --overlap is a usage error (exit 2)", r.returncode == 2, r.stderr)
+r = run("bench", "adamw", "--params", "70001", "--lane=often")
+check("bench adamw --lane=often is a usage error (exit 2)", r.returncode == 2, r.stderr)
 # Buffers larger than the memory available are refused before any is filled (the kernel would
 # grant them and the fill would run the machine out of memory): exit 2 naming --params.
 with open("/proc/meminfo") as f:
     available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-if 38 * 2**32 > available:
+if 38 * 2**32 > available:  # 38 bytes a parameter on a GPU, 40 without one
     r = run("bench", "adamw", "--params", str(2**32), "--rounds", "1", "--lane")
     check("bench adamw --lane refuses --params beyond the memory available (exit 2)",
           r.returncode == 2 and f"--params {2**32} needs" in r.stderr, r.stderr)
