@@ -6,9 +6,11 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "tests/kernels/random_floats.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {
@@ -173,16 +175,57 @@ TEST(OptimizerTest, AdamSegmentsEqualPerRangeStepsBitwise) {
       absl::StatusCode::kInvalidArgument);
 }
 
+// Without a compute copy too, and at a length whose last chunk is short: the vectorised update
+// is built per vector width ([Note: the host update's vector width]), the reference is not.
+TEST(OptimizerTest, VectorisedAdamWithoutComputeCopyMatchesReferenceBitwise) {
+  const size_t n = (1 << 16) + 37;
+  std::vector<float> p1 = Random(n, 13), m1 = Random(n, 14, 0.01f), v1 = Random(n, 15, 0.01f);
+  for (float& x : v1) x = std::abs(x);
+  std::vector<float> p2 = p1, m2 = m1, v2 = v1, g = Random(n, 16);
+  const AdamHyper h{.lr = 2e-3f, .weight_decay = 0.05f, .decoupled = false, .step = 2};
+  ASSERT_TRUE(AdamStep(h, View(p1), View(g), View(m1), View(v1), TensorView(), nullptr).ok());
+  ASSERT_TRUE(AdamStepReference(h, View(p2), View(g), View(m2), View(v2), TensorView()).ok());
+  ASSERT_EQ(std::memcmp(p1.data(), p2.data(), n * 4), 0);
+  ASSERT_EQ(std::memcmp(m1.data(), m2.data(), n * 4), 0);
+  ASSERT_EQ(std::memcmp(v1.data(), v2.data(), n * 4), 0);
+}
+
+// Each momentum case and compute-copy type, bitwise the scalar reference.
 TEST(OptimizerTest, VectorisedSgdMatchesReferenceBitwise) {
   const size_t n = (1 << 17) + 9;
-  std::vector<float> p1 = Random(n, 7), b1 = Random(n, 8), g = Random(n, 9);
-  std::vector<float> p2 = p1, b2 = b1;
-  const SgdHyper h{
-      .lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-4f, .nesterov = true, .step = 3};
-  ASSERT_TRUE(SgdStep(h, View(p1), View(g), View(b1), TensorView(), nullptr).ok());
-  ASSERT_TRUE(SgdStepReference(h, View(p2), View(g), View(b2), TensorView()).ok());
-  ASSERT_EQ(std::memcmp(p1.data(), p2.data(), n * 4), 0);
-  ASSERT_EQ(std::memcmp(b1.data(), b2.data(), n * 4), 0);
+  struct Case {
+    float momentum;
+    bool nesterov;
+  };
+  for (const Case& c : {Case{0.0f, false}, Case{0.9f, true}, Case{0.9f, false}}) {
+    for (const bool copy : {false, true}) {
+      for (DType out_dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+        if (!copy && out_dtype != DType::kF32) continue;
+        std::vector<float> p1 = Random(n, 7), b1 = Random(n, 8), g = Random(n, 9);
+        std::vector<float> p2 = p1, b2 = b1;
+        std::vector<uint16_t> out1(2 * n), out2(2 * n);
+        TensorView o1, o2;
+        if (copy) {
+          o1 = TensorView(out1.data(), out_dtype, {static_cast<int64_t>(n)});
+          o2 = TensorView(out2.data(), out_dtype, {static_cast<int64_t>(n)});
+        }
+        const SgdHyper h{.lr = 0.1f,
+                         .momentum = c.momentum,
+                         .weight_decay = 1e-4f,
+                         .nesterov = c.nesterov,
+                         .step = 3};
+        const std::string what = StrCat("momentum ", c.momentum, " nesterov ", c.nesterov,
+                                        copy ? StrCat(" copy ", DTypeName(out_dtype)) : "");
+        ASSERT_TRUE(SgdStep(h, View(p1), View(g), View(b1), o1, nullptr).ok()) << what;
+        ASSERT_TRUE(SgdStepReference(h, View(p2), View(g), View(b2), o2).ok()) << what;
+        ASSERT_EQ(std::memcmp(p1.data(), p2.data(), n * 4), 0) << what;
+        if (c.momentum != 0.0f) ASSERT_EQ(std::memcmp(b1.data(), b2.data(), n * 4), 0) << what;
+        if (copy) {
+          ASSERT_EQ(std::memcmp(out1.data(), out2.data(), n * DTypeSize(out_dtype)), 0) << what;
+        }
+      }
+    }
+  }
 }
 
 TEST(OptimizerTest, RejectsBadArguments) {
