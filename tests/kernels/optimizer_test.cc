@@ -219,7 +219,9 @@ TEST(OptimizerTest, VectorisedSgdMatchesReferenceBitwise) {
         ASSERT_TRUE(SgdStep(h, View(p1), View(g), View(b1), o1, nullptr).ok()) << what;
         ASSERT_TRUE(SgdStepReference(h, View(p2), View(g), View(b2), o2).ok()) << what;
         ASSERT_EQ(std::memcmp(p1.data(), p2.data(), n * 4), 0) << what;
-        if (c.momentum != 0.0f) ASSERT_EQ(std::memcmp(b1.data(), b2.data(), n * 4), 0) << what;
+        if (c.momentum != 0.0f) {
+          ASSERT_EQ(std::memcmp(b1.data(), b2.data(), n * 4), 0) << what;
+        }
         if (copy) {
           ASSERT_EQ(std::memcmp(out1.data(), out2.data(), n * DTypeSize(out_dtype)), 0) << what;
         }
