@@ -207,8 +207,8 @@ Status CheckAccumulate(const char* what, const TensorView& src, const TensorView
 // squared as it is written). Built for the baseline only: as clones per vector width
 // (ZR_CPU_CLONES) the add alone ran no faster on this project's 2-core machine, and the add with
 // the squares 13% slower (`bench adamw`'s last_add_with_norm_s, 2026-12-06). ChunkSumOfSquaresF32
-// is cloned (the norm's pass 10% faster there), with the same bits at every width: the explicit
-// lanes fix every sum's order.
+// is cloned (the add and then the norm's pass 8% faster there), the same bits at every width: the
+// explicit lanes fix every sum's order (reduce_test compares the two bitwise).
 double IntoF32Piece(const void* in, DType dtype, float* out, int64_t begin, int64_t end,
                     bool assign, bool squares) {
   SquareLanes s;
