@@ -69,7 +69,7 @@ void ForEachUpdateChunk(std::span<const OptimizerSegment> segments, Body body) {
 // not by the memory: on this project's 2-core machine `bench adamw`'s update moved 26 GB/s beside
 // the same run's triad at 20. Now the range functions below copy the scalars into registers and
 // are compiled for AVX-512, AVX2 and the baseline, picked at load time (ZR_CPU_CLONES,
-// vector_math.h): 35-36 GB/s there. The bits are the same at every width: each operation is
+// vector_math.h): 33-36 GB/s there. The bits are the same at every width: each operation is
 // rounded on its own (-ffp-contract=off in every clone), and the square root, the quotient and
 // the bf16 rounding are exact at any width (optimizer_test compares the update with the scalar
 // reference, which is not cloned). The element bodies are inlined into each clone
