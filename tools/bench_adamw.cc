@@ -8,7 +8,6 @@
 // adds into the fp32 shard, each against the triad.
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -17,6 +16,7 @@
 
 #include <omp.h>
 
+#include "bench_stats.h"
 #include "commands.h"
 #include "nlohmann/json.hpp"
 #include "zerort/engine/host_memory.h"
@@ -34,16 +34,12 @@ namespace {
 // Read p, g, m, v; write p, m, v (fp32) and the bf16 compute copy.
 constexpr double kBytesPerParam = 4 * 4 + 3 * 4 + 2;
 
+// The median of `repeats` calls' seconds.
 template <typename F>
 double MedianSeconds(int repeats, F f) {
   std::vector<double> times;
-  for (int r = 0; r < repeats; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  for (int r = 0; r < repeats; ++r) times.push_back(Seconds(f));
+  return Median(times);
 }
 
 }  // namespace
