@@ -119,6 +119,8 @@ struct TrainConfig {
   // false: ShardManagerOptions::overlap_host_step kOff ([Note: the host step behind the
   // forward]); true leaves the manager's own (kAuto unless RunConfig::manager says otherwise).
   bool overlap_host_step = true;
+  // OffloadOptions::device_grad_sums ([Note: gradient sums on the device], sharding/options.h).
+  bool device_grad_sums = false;
   // MFU's denominator, TFLOP/s a device; 0: the GPU's dense bf16 peak by its name
   // (DenseBf16PeakFlops, runtime/device.h), none on the CPU or an unknown GPU.
   double peak_tflops = 0;

@@ -40,6 +40,18 @@ void OffloadRules(RunConfig& c, Problems& problems) {
     c.warnings.push_back(StrCat("zero_optimization.offload_optimizer.ratio = ", opt_off.ratio,
                                 " is ignored: offload_optimizer.device is \"none\""));
   }
+  // [Note: gradient sums on the device] (sharding/options.h).
+  if (c.train.device_grad_sums) {
+    if (opt_off.device == "nvme") {
+      problems.Add(
+          "train.device_grad_sums = true: with offload_optimizer.device \"nvme\" the gradient "
+          "shards stream to the file; use false (or device \"cpu\")");
+    } else if (opt_off.device == "none") {
+      c.warnings.push_back(
+          "train.device_grad_sums = true is ignored: offload_optimizer.device is \"none\" (the "
+          "gradients are summed on the device already)");
+    }
+  }
   // DeepSpeed's rules: optimizer offload from stage 1, parameter offload at stage 3 only.
   if (z.offload_optimizer.device != "none" && z.stage == 0) {
     problems.Add(StrCat("zero_optimization.offload_optimizer.device = \"",

@@ -376,6 +376,11 @@ std::vector<ConfigField> BuildTable() {
   t.push_back(Bool(tr, "overlap_host_step", ZR_MEMBER(train.overlap_host_step),
                    "offload_optimizer cpu on a GPU (and cpu-async): the CPU step of AdamW, Adam "
                    "and SGD overlaps the next forward (the same numbers; docs/offload.md)"));
+  t.push_back(Bool(tr, "device_grad_sums", ZR_MEMBER(train.device_grad_sums),
+                   "offload_optimizer cpu: sum each step's micro-batch gradients on the device "
+                   "(fp32, 4 bytes a parameter of the rank's shard) and copy the sum to the host "
+                   "once a step, instead of every micro-batch's to the host to be summed there "
+                   "(the same numbers; docs/offload.md)"));
   t.push_back(With(Num<double>(tr, "peak_tflops", ZR_MEMBER(train.peak_tflops), 0, 1e5,
                                "a device's peak TFLOP/s, MFU's denominator (step lines, "
                                "metrics.jsonl, bench model); 0: the GPU's dense bf16 peak by its "

@@ -54,6 +54,7 @@ ShardManagerOptions ShardManagerOptionsFrom(const RunConfig& c, int dp_size,
   o.reduce_at_step = c.parallel.pipeline_parallel_size > 1;  // one reduction per step
   o.seed = c.seed;
   if (!c.train.overlap_host_step) o.overlap_host_step = HostStepOverlap::kOff;
+  o.offload.device_grad_sums = c.train.device_grad_sums;
   // Offload (DeepSpeed's offload_optimizer / offload_param): a placement of the buffers, the
   // NVMe directory either section names, and each section's buffer counts.
   o.placement.optimizer = OffloadTier(c.zero.offload_optimizer);

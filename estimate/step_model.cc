@@ -140,6 +140,7 @@ void StepModel::Ensure(int u) {
 
 void StepModel::SettleThrough(int u) {
   for (; settled_ <= u && settled_ < static_cast<int>(units_.size()); ++settled_) {
+    r_.Free(units_[settled_].grad_staged);  // as ShardedOptimizer::CompleteNext
     RefreshUpdated(units_[settled_]);
   }
 }
@@ -487,6 +488,25 @@ void StepModel::OneBitCompressedStep() {
   }
 }
 
+// [Note: gradient sums on the device]: each host-tier unit's gradient sum copied to the host
+// (ShardedOptimizer::StageGradient) before its update, in unit order: freed after the update by a
+// synchronous step, held to the unit's completion by a deferred one. On a GPU into pinned memory
+// with the other staging copies of offloaded shards (not modelled: kCaveats, zerort estimate);
+// here, on the CPU device, from the host tier's allocator.
+void StepModel::StageGradientSums() {
+  if (in_.cuda) return;
+  for (Unit& u : units_) {
+    const PlannedBuffer* grad = u.plan.Find(UnitBuffer::kGradShard);
+    const PlannedBuffer* master = u.plan.Find(UnitBuffer::kMaster);
+    if (grad == nullptr || master == nullptr || grad->tier != Tier::kDevice ||
+        master->tier == Tier::kDevice) {
+      continue;
+    }
+    u.grad_staged = r_.Alloc(Cat::kStaging, grad->bytes(), nullptr, master->tier);
+    if (!defers_) r_.Free(u.grad_staged);
+  }
+}
+
 void StepModel::Step() {
   r_.SetPhase(Replay::kStep);
   SettleThrough(static_cast<int>(units_.size()) - 1);  // as ShardManager::StepImpl
@@ -515,6 +535,7 @@ void StepModel::Step() {
     Reduce(PlanAllReduce(Sizes(bucket.Take()), Groups()), {});
   }
   Transient(Cat::kWorkspace, {8}, compute_);  // norm/overflow accumulator
+  StageGradientSums();
   // The updated units refreshed now, or as the next forward first uses them (a deferred step).
   if (defers_) {
     settled_ = 0;
@@ -548,6 +569,7 @@ void StepModel::Run() {
   for (Unit& u : units_) {
     r_.Free(u.gathered_buffer);
     r_.Free(u.full_grad);
+    r_.Free(u.grad_staged);
   }
 }
 

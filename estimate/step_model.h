@@ -24,6 +24,9 @@ struct Unit {
   bool gathered = false;         // stage 3: a gathered buffer exists (gathering or unsharded)
   bool secondary_valid = false;  // [Note: hpZ]: this step's weights in the secondary copy
   Replay::Handle gathered_buffer, full_grad;
+  // [Note: gradient sums on the device]: the sum staged to the host for a deferred update, held
+  // until the unit's completion (its first use in the next forward).
+  Replay::Handle grad_staged;
 };
 
 // What one pipeline stage holds (the whole model without pipeline parallelism), as unit indexes.
@@ -91,6 +94,7 @@ class StepModel {
   ReduceGroups Groups() const { return {in_.shard_ranks(), in_.replicas()}; }
   void QuantizedReduceScatter(int64_t bucket_shard);
   void OneBitCompressedStep();
+  void StageGradientSums();
   // 1-bit LAMB's fused momentum: the parameters' elements of every unit (stage 0).
   int64_t OneBitLambNumel() const;
   void AttentionScratch(bool backward);

@@ -34,12 +34,28 @@ Status ShardedOptimizer::SubmitDeferred() {
   DeferredStep::UnitWork& w = d.units[u];
   // The staging is allocated here, on the issuing thread, as every allocation of the run is.
   ZR_ASSIGN_OR_RETURN(w.out, UpdateTarget(u, &w.staged));
+  // [Note: gradient sums on the device]: the sum copied to the host and the device shard zeroed
+  // on the compute stream, issued here (the worker issues nothing); the worker waits for the copy.
+  const bool device_sums = GradOnDevice(u);
+  TensorView grad;
+  if (device_sums) {
+    ZR_ASSIGN_OR_RETURN(grad, StageGradient(u, &w.grad_staged, true));
+    StatusOr<std::unique_ptr<Event>> copied = CreateEvent(resources_.compute->device());
+    Status recorded = copied.status();
+    if (copied.ok()) recorded = (*copied)->Record(*resources_.compute);
+    if (!recorded.ok()) {
+      (void)resources_.compute->Synchronize();  // the copy writes the staging until then
+      return recorded;
+    }
+    w.grad_copied = *std::move(copied);
+  }
   if (!step_worker_) step_worker_ = std::make_unique<TaskPool>(1);
-  w.task = step_worker_->Submit([this, u, &d, &w]() -> Status {
+  w.task = step_worker_->Submit([this, u, &d, &w, grad, device_sums]() -> Status {
     w.begin = std::chrono::system_clock::now();
-    Status status = UpdateUnit(u, d.args, w.out);
+    Status status = device_sums ? w.grad_copied->Synchronize() : absl::OkStatus();
+    if (status.ok()) status = UpdateUnit(u, d.args, w.out, device_sums ? grad : GradView(u));
     // The next backward adds into the shard only after this unit is completed.
-    if (status.ok()) status = ZeroGradient(u);
+    if (status.ok()) status = ZeroGradient(u, !device_sums);
     w.end = std::chrono::system_clock::now();
     return status;
   });
@@ -77,6 +93,8 @@ Status ShardedOptimizer::CompleteNext() {
   if (w.staged) {  // [Note: the host step's write-backs]
     ZR_RETURN_IF_ERROR(IssueWriteBack(u, std::move(w.staged), d.write_backs, kStagedAhead));
   }
+  w.grad_staged = ::zerort::Buffer();  // read by the update, which has run
+  w.grad_copied.reset();
   w.out = TensorView();
   ++d.completed;
   if (d.submitted < static_cast<int>(units_.size())) return SubmitDeferred();

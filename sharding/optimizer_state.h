@@ -63,6 +63,10 @@ struct ShardedOptimizer::DeferredStep {
     Task task;                // the update, submitted `Ahead()` units before its completion
     TensorView out;           // where the update writes the compute values
     ::zerort::Buffer staged;  // `out`'s memory when the compute copy is on another device
+    // [Note: gradient sums on the device]: the unit's gradient copied to the host, and the
+    // event after that copy on the compute stream (the update waits for it).
+    ::zerort::Buffer grad_staged;
+    std::unique_ptr<Event> grad_copied;
     std::chrono::system_clock::time_point begin, end;  // the worker's update (spans)
   };
   OptimizerStepArgs args;

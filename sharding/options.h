@@ -90,6 +90,21 @@ struct OffloadOptions {
   // offload_optimizer.ratio ([Note: partial optimizer offload]): the share of the units whose
   // optimizer state a host placement takes; the others keep theirs on the device. 1: all.
   double optimizer_ratio = 1.0;
+  // [Note: gradient sums on the device]
+  // With the optimizer state on the host (kHost or kPinnedHost), each micro-batch's reduced
+  // gradient slice (fp32: reduce_dtype) goes to the host and is added into the unit's fp32
+  // gradient shard there, as DeepSpeed's ZeRO-Offload does: 4 bytes a parameter over the link
+  // and 12 through host memory every micro-batch, which on a GPU can take the host longer than
+  // the micro-batch takes the device (docs/gpu.md, "The gradient slices are fp32"). With this
+  // on, a host-tier unit's gradient shard lives on the device instead (planned there:
+  // PlanUnit), the slices are added into it by the device's kernels, the global norm is taken
+  // there, and the step copies each unit's sum to the host once (pinned staging) right before
+  // the CPU updates that unit, then zeroes it on the device. The same float additions in the
+  // same order (an fp32 add is the same on every device), so the same numbers as the host's
+  // sums and as the device-only run; 4 bytes a parameter of the rank's shard more on the device,
+  // 4 less on the host. Host tiers only: NVMe's gradient shards stream to its file (the config
+  // refuses the pair), and the 1-bit optimizers keep their state on the device.
+  bool device_grad_sums = false;
   int64_t aio_block_size = 1 << 20;  // aio.block_size: bytes per I/O request
   int aio_queue_depth = 8;           // aio.queue_depth
   int aio_thread_count = 1;          // aio.thread_count: pread/pwrite engine threads

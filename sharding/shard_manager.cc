@@ -197,7 +197,7 @@ Status ShardManager::ReduceGradients() {
     Communicator* tied = unit_options_[i].tied;
     if (tied == nullptr || tied->size() == 1) continue;
     const TensorView g = optimizer_->GradShard(static_cast<int>(i));
-    Stream* stream = optimizer_->StreamFor(optimizer_->tier(static_cast<int>(i)));
+    Stream* stream = optimizer_->GradStream(static_cast<int>(i));
     tied->recorder().SetLabel(StrCat("tied gradient of ", units_[i]->name()));
     if (stream == nullptr && !tied->moves_host_memory()) {
       // Host shards (the optimizer offloaded) and NCCL, which reads device memory only: staged

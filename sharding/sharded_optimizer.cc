@@ -268,14 +268,16 @@ Status ShardedOptimizer::SumOfSquaresOfNormRanges(int u, const TensorView& grad,
 }
 
 MemoryTier ShardedOptimizer::tier(int u) const { return units_.at(u)->master.tier(); }
+MemoryTier ShardedOptimizer::grad_tier(int u) const { return units_.at(u)->grad.tier(); }
 
 Status ShardedOptimizer::AccumulateNorm(const TensorView& sum_sq, const TensorView& nonfinite) {
   ZR_RETURN_IF_ERROR(FinishHostGradients());
   const int n = static_cast<int>(units_.size());
-  // The device-tier units first (all of them, or the first of a partial offload: [Note: partial
-  // optimizer offload]), by kernels adding into the sums on the compute stream.
+  // The units whose gradient shard is on the device first (the device-tier units: all of them,
+  // or the first of a partial offload, [Note: partial optimizer offload]; with [Note: gradient
+  // sums on the device] every unit), by kernels adding into the sums on the compute stream.
   int first_host = 0;
-  for (; first_host < n && tier(first_host) == MemoryTier::kDevice; ++first_host) {
+  for (; first_host < n && grad_tier(first_host) == MemoryTier::kDevice; ++first_host) {
     const TensorView g = units_[first_host]->grad.View();
     ZR_RETURN_IF_ERROR(SumOfSquaresOfNormRanges(first_host, g, 0, sum_sq, resources_.compute));
     ZR_RETURN_IF_ERROR(CountNonFinite(g, nonfinite, resources_.compute));
@@ -291,8 +293,9 @@ Status ShardedOptimizer::AccumulateNorm(const TensorView& sum_sq, const TensorVi
   ZR_RETURN_IF_ERROR(compute->Synchronize());
   for (int u = first_host; u < n; ++u) {
     UnitState* s = units_[u].get();
-    ZR_CHECK(tier(u) != MemoryTier::kDevice)
-        << "unit '" << s->unit->name() << "' on the device after a host-tier unit";
+    ZR_CHECK(grad_tier(u) != MemoryTier::kDevice)
+        << "unit '" << s->unit->name() << "' has its gradient on the device after a unit whose "
+        << "gradient is on the host";
     if (s->grad.in_memory()) {
       float part[2] = {0.0f, 0.0f};
       const TensorView g = GradView(u);
@@ -331,11 +334,11 @@ Status ShardedOptimizer::ZeroGradients() {
   return absl::OkStatus();
 }
 
-Status ShardedOptimizer::ZeroGradient(int u) {
+Status ShardedOptimizer::ZeroGradient(int u, bool fill_device) {
   UnitState& s = *units_[u];
   if (s.grad.tier() != MemoryTier::kDevice && s.grad.in_memory()) {
     s.grad_stale = true;  // [Note: host gradient shards start stale]: no fill
-  } else if (s.grad.in_memory()) {
+  } else if (s.grad.in_memory() && fill_device) {
     const TensorView g = s.grad.View();
     ZR_RETURN_IF_ERROR(FillZero(g.data(), g.device(), g.nbytes(), StreamFor(s.grad.tier())));
   }
@@ -562,7 +565,24 @@ StatusOr<TensorView> ShardedOptimizer::UpdateTarget(int u, ::zerort::Buffer* sta
   return TensorView(staged->data(), target.dtype(), {shard}, updates_on);
 }
 
-Status ShardedOptimizer::UpdateUnit(int u, const OptimizerStepArgs& args, const TensorView& out) {
+bool ShardedOptimizer::GradOnDevice(int u) const {
+  return tier(u) != MemoryTier::kDevice && grad_tier(u) == MemoryTier::kDevice;
+}
+
+StatusOr<TensorView> ShardedOptimizer::StageGradient(int u, ::zerort::Buffer* staged,
+                                                     bool then_zero) {
+  const TensorView g = units_[u]->grad.View();
+  Stream& compute = *resources_.compute;
+  ZR_ASSIGN_OR_RETURN(
+      *staged, resources_.tiers.StagingOrHost()->Allocate(g.nbytes(), MemoryCategory::kStaging));
+  ZR_RETURN_IF_ERROR(
+      CopyBytes(staged->data(), Device::Cpu(), g.data(), g.device(), g.nbytes(), &compute));
+  if (then_zero) ZR_RETURN_IF_ERROR(FillZero(g.data(), g.device(), g.nbytes(), &compute));
+  return TensorView(staged->data(), DType::kF32, {g.numel()}, Device::Cpu());
+}
+
+Status ShardedOptimizer::UpdateUnit(int u, const OptimizerStepArgs& args, const TensorView& out,
+                                    const TensorView& grad) {
   UnitState& s = *units_[u];
   auto view = [](PlacedBuffer& b) { return b ? b.View() : TensorView(); };
   switch (resources_.options->optimizer.kind) {
@@ -573,11 +593,10 @@ Status ShardedOptimizer::UpdateUnit(int u, const OptimizerStepArgs& args, const 
     case OptimizerKind::kOneBitLamb:
       return UpdateOneBitLamb(u, args, out);
     case OptimizerKind::kLamb:
-      return UpdateLamb(u, args, s.master.View(), GradView(u), view(s.exp_avg), view(s.exp_avg_sq),
-                        out);
+      return UpdateLamb(u, args, s.master.View(), grad, view(s.exp_avg), view(s.exp_avg_sq), out);
     default:
-      return Update(u, Range{0, s.master.numel()}, args, s.master.View(), GradView(u),
-                    view(s.exp_avg), view(s.exp_avg_sq), out);
+      return Update(u, Range{0, s.master.numel()}, args, s.master.View(), grad, view(s.exp_avg),
+                    view(s.exp_avg_sq), out);
   }
 }
 
@@ -603,7 +622,15 @@ Status ShardedOptimizer::StepInMemory(int u, const OptimizerStepArgs& args,
                                       WriteBacks& write_backs) {
   ::zerort::Buffer staged;  // the compute values on their way to another device (CUDA)
   ZR_ASSIGN_OR_RETURN(const TensorView out, UpdateTarget(u, &staged));
-  ZR_RETURN_IF_ERROR(UpdateUnit(u, args, out));
+  ::zerort::Buffer grad_staged;  // [Note: gradient sums on the device]: zeroed by ZeroGradients
+  TensorView grad;
+  if (GradOnDevice(u)) {
+    ZR_ASSIGN_OR_RETURN(grad, StageGradient(u, &grad_staged, false));
+    ZR_RETURN_IF_ERROR(resources_.compute->Synchronize());
+  } else {
+    grad = GradView(u);
+  }
+  ZR_RETURN_IF_ERROR(UpdateUnit(u, args, out, grad));
   if (!staged) return absl::OkStatus();
   return IssueWriteBack(u, std::move(staged), write_backs, kWriteBacksInFlight);
 }

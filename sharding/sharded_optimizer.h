@@ -177,9 +177,16 @@ class ShardedOptimizer {
   // all-reduce): the caller may write it, so the norm reads it again ([Note: the norm taken by
   // the last add]).
   TensorView GradShard(int u);
-  // Where unit u's master, moments and gradient shard live: the optimizer's placement, or the
-  // device for the first units of a partial offload ([Note: partial optimizer offload]).
+  // Where unit u's master and moments live: the optimizer's placement, or the device for the
+  // first units of a partial offload ([Note: partial optimizer offload]).
   MemoryTier tier(int u) const;
+  // Where work on unit u's gradient shard (GradShard) is ordered: StreamFor its tier.
+  Stream* GradStream(int u) const { return StreamFor(grad_tier(u)); }
+
+ private:
+  struct UnitState;
+  // Where its gradient shard lives: tier(u), or the device ([Note: gradient sums on the device]).
+  MemoryTier grad_tier(int u) const;
   // Where work on a buffer of `t` is ordered: the device tier's in the compute stream (CUDA
   // kernels, and the CPU device's, queued there on cpu-async); the host tiers' on the host, after
   // the synchronisation that hands them their data (null). By tier, not by device: on a CPU run
@@ -187,9 +194,6 @@ class ShardedOptimizer {
   Stream* StreamFor(MemoryTier t) const {
     return t == MemoryTier::kDevice ? resources_.compute : nullptr;
   }
-
- private:
-  struct UnitState;
   // The placement's tier: every unit's, but the device-tier units of a partial offload.
   MemoryTier placement() const { return resources_.options->placement.optimizer; }
   struct Chunk {
@@ -214,12 +218,23 @@ class ShardedOptimizer {
   // Where unit u's update writes its compute values: the compute copy itself, or (a copy on
   // another device) `staged`, allocated here. Empty when the unit has no compute copy of its own.
   StatusOr<TensorView> UpdateTarget(int u, ::zerort::Buffer* staged);
-  // The optimizer's update of unit u's in-memory state, the compute values written to `out`.
-  Status UpdateUnit(int u, const OptimizerStepArgs& args, const TensorView& out);
+  // The optimizer's update of unit u's in-memory state from the gradient `grad` (GradView(u), or
+  // its staged copy: StageGradient), the compute values written to `out`.
+  Status UpdateUnit(int u, const OptimizerStepArgs& args, const TensorView& out,
+                    const TensorView& grad);
+  // [Note: gradient sums on the device]: whether unit u's update reads a gradient summed on the
+  // device (a host-tier unit whose gradient shard is there).
+  bool GradOnDevice(int u) const;
+  // Copies that gradient into `staged` (allocated here, on the host: pinned on a GPU) on the
+  // compute stream, then queues the device shard's zero fill there when `then_zero`; returns
+  // the staged values' view, valid once the compute stream has run the copy.
+  StatusOr<TensorView> StageGradient(int u, ::zerort::Buffer* staged, bool then_zero);
   // Copies `staged` into unit u's compute copy on the compute stream, then frees the staging of
   // the copies that have landed, waiting while more than `keep` are in flight.
   Status IssueWriteBack(int u, ::zerort::Buffer staged, WriteBacks& write_backs, size_t keep);
-  Status ZeroGradient(int u);
+  // `fill_device` false: the device shard's fill is queued already (a deferred step's
+  // StageGradient); only the unit's gradient bookkeeping is reset.
+  Status ZeroGradient(int u, bool fill_device = true);
   bool DefersStep() const;
   // Host-tier units a deferred step's worker may run ahead of the completions: kStagedAhead when
   // their compute values go through staging, else all.

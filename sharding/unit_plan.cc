@@ -96,7 +96,10 @@ UnitPlan PlanUnit(const ShardManagerOptions& o, const FlatLayout& layout, int da
   const int states = OptimizerStateCount(o.optimizer);
   if (states >= 1) add(UnitBuffer::kExpAvg, shard, DType::kF32, opt_tier, C::kOptimizerState);
   if (states >= 2) add(UnitBuffer::kExpAvgSq, shard, DType::kF32, opt_tier, C::kOptimizerState);
-  add(UnitBuffer::kGradShard, shard, DType::kF32, opt_tier, C::kGradients);
+  // [Note: gradient sums on the device]: a host-tier unit's gradient shard on the device.
+  const bool host_tier = opt_tier == MemoryTier::kHost || opt_tier == MemoryTier::kPinnedHost;
+  add(UnitBuffer::kGradShard, shard, DType::kF32,
+      host_tier && o.offload.device_grad_sums ? MemoryTier::kDevice : opt_tier, C::kGradients);
   if (o.optimizer.kind == OptimizerKind::kZeroOneAdam) {
     add(UnitBuffer::kAccumulator, shard, DType::kF32, opt_tier, C::kOptimizerState);
   }

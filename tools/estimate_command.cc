@@ -94,7 +94,9 @@ std::vector<EstimateRow> Table(MemoryModelInput base, int ranks_per_node,
 
 const char* kCaveats =
     "Not modelled: the CUDA context and cuBLAS/NCCL internal buffers (typically 0.5-1 GiB per "
-    "GPU), the CUDA staging copies of offloaded shards (on a GPU; the CPU run has none), host "
+    "GPU), the CUDA staging copies of offloaded shards and of the gradient sums "
+    "train.device_grad_sums copies to the host (on a GPU; on the CPU the first do not exist and "
+    "the second are modelled), host "
     "memory of data loading and checkpointing, and the pipeline's boundary send/receive "
     "buffers (one micro-batch's residual stream each).";
 

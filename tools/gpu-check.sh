@@ -231,12 +231,22 @@ if want train; then
     --set logging.metrics_file=/tmp/gpu-check-metrics-offload-half.jsonl \
     >"$logs/train-gpt2-offload-half.log" 2>&1 || rc=1
   grep -E '^step +6/' "$logs/train-gpt2-offload-half.log"
+  # The micro-batches' gradients summed on the device, each unit's sum copied to the host once a
+  # step (train.device_grad_sums: [Note: gradient sums on the device]).
+  guard 150 train-gpt2-offload-sums "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite "${sets[@]}" --set train.steps=6 \
+    --set train.eval_interval=6 --set checkpoint.dir=/tmp/gpu-check-ckpt-offload-sums \
+    --set zero_optimization.offload_optimizer.device=cpu "${quick[@]}" \
+    --set train.device_grad_sums=true \
+    --set logging.metrics_file=/tmp/gpu-check-metrics-offload-sums.jsonl \
+    >"$logs/train-gpt2-offload-sums.log" 2>&1 || rc=1
+  grep -E '^step +6/' "$logs/train-gpt2-offload-sums.log"
   # The device step and the host-optimizer step again at 16 micro-batches a step (131,072 tokens):
   # the host's bytes a step grow with the parameters and the micro-batches, the device's time with
   # the tokens (docs/gpu.md, "The host step's bytes"), so the ratio is measured at both.
-  for where in device cpu; do
+  for where in device cpu cpu-sums; do
     off=()
-    [[ $where == cpu ]] && off=(--set zero_optimization.offload_optimizer.device=cpu)
+    [[ $where == cpu* ]] && off=(--set zero_optimization.offload_optimizer.device=cpu)
+    [[ $where == cpu-sums ]] && off+=(--set train.device_grad_sums=true)
     guard 150 "train-gpt2-ga16-$where" "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite "${sets[@]}" \
       --set train.steps=5 --set train.eval_interval=5 --set gradient_accumulation_steps=16 "${off[@]}" "${quick[@]}" \
       --set checkpoint.dir="/tmp/gpu-check-ckpt-ga16-$where" \

@@ -2,7 +2,8 @@
 # zerort itself under ThreadSanitizer (make test-tsan): short `zerort train` runs of a 2-layer
 # model on the asynchronous CPU device with jitter, so every stream's thread, the watchdog, the
 # NVMe engine and the host gradients in flight run together: one process with the optimizer and
-# parameters on NVMe, then two MPI ranks (host offload; tensor and sequence parallelism; ZeRO-2
+# parameters on NVMe, then two MPI ranks (host offload, and with the gradient sums on the device;
+# tensor and sequence parallelism; ZeRO-2
 # buckets in bf16; ZeRO-1 with fp16 and LAMB; 1-bit Adam and 0/1 Adam compressing), then four (ZeRO-3 gathering by broadcast: the
 # compute and comm streams share one communicator, [Note: one communicator, one order]). Any
 # report fails the run (halt_on_error).
@@ -46,6 +47,12 @@ if ! command -v mpirun >/dev/null; then
   exit 0
 fi
 run np2-host-offload 2 --set zero_optimization.offload_optimizer.device=cpu
+# [Note: gradient sums on the device]: the staged sums the host step's worker reads after the
+# copy's event. (Not under a pipeline: its links' sends and receives on their own threads meet
+# in Open MPI's ompi_sync_wait_mt, whose two locks TSan reports in both orders.)
+run np2-host-grad-sums 2 --set zero_optimization.offload_optimizer.device=cpu \
+  --set zero_optimization.stage=1 --set train.device_grad_sums=true \
+  --set gradient_accumulation_steps=2
 run np2-tensor-sequence-parallel 2 --set parallel.tensor_parallel_size=2 \
   --set parallel.sequence_parallel=true
 run np2-stage2-buckets-bf16 2 --set zero_optimization.stage=2 \

@@ -5,7 +5,8 @@ seeded jitter, and every checkpoint shard file (fp32 masters, moments) must be b
 The matrix covers ZeRO 0-3 with prefetch, reuse-distance keeps and small buckets, gradient
 accumulation, bf16 and fp16, optimizer and parameter offload to host memory and to NVMe, LAMB,
 tensor and sequence parallelism, pipeline parallelism (1F1B, and interleaved with dp 2), 1, 2
-and 4 ranks, and a checkpoint saved on cpu-async and resumed there. It also checks the device's config rules (exit 2, naming the key).
+and 4 ranks, host offload with the gradient sums on the device (bitwise the device run's files
+too), and a checkpoint saved on cpu-async and resumed there. It also checks the device's config rules (exit 2, naming the key).
 Usage: async_parity_test.py PATH_TO_ZERORT MPIEXEC"""
 import filecmp
 import json
@@ -134,6 +135,14 @@ CASES = [
     # stream by events ([Note: pipeline transfers on streams of their own]).
     ("pipeline-1f1b", 2, {"parallel": {"pipeline_parallel_size": 2},
                           "gradient_accumulation_steps": 4, "zero_optimization": {"stage": 1}}),
+    # [Note: gradient sums on the device]: the host-tier units' gradients summed on the device
+    # and staged to the host before each update (on cpu-async behind the forward, the worker
+    # waiting for the copy's event), the tied embedding's all-reduce on the compute stream.
+    ("pipeline-1f1b-host-grad-sums", 2, {"parallel": {"pipeline_parallel_size": 2},
+                                         "gradient_accumulation_steps": 4,
+                                         "train": {"device_grad_sums": True},
+                                         "zero_optimization": {
+                                             "stage": 1, "offload_optimizer": {"device": "cpu"}}}),
     ("pipeline-interleaved-dp2", 4, {"parallel": {"pipeline_parallel_size": 2,
                                                   "pipeline_schedule": "interleaved",
                                                   "virtual_pipeline_stages": 2},
@@ -146,6 +155,17 @@ CASES = [
 ]
 for name, np, extra in CASES:
     run_pair(name, np, extra)
+
+# The sums on the device are a placement, not another computation: the same bytes as the run that
+# keeps the optimizer on the device.
+device_dir = os.path.join(tmp, "pipeline-1f1b", "cpu", f"step_{STEPS}")
+sums_dir = os.path.join(tmp, "pipeline-1f1b-host-grad-sums", "cpu", f"step_{STEPS}")
+files = shard_files(device_dir)
+check("host offload with gradient sums on the device: the device run's shard files",
+      files and files == shard_files(sums_dir), f"{files} {shard_files(sums_dir)}")
+for f in files:
+    check(f"host offload with gradient sums on the device: {f} is bitwise the device run's",
+          filecmp.cmp(os.path.join(device_dir, f), os.path.join(sums_dir, f), shallow=False))
 
 # A checkpoint saved on cpu-async and resumed there equals the straight synchronous run.
 half = merged(BASE, {"train": dict({"device": "cpu-async", "steps": STEPS // 2}, **JITTER),

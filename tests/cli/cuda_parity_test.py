@@ -4,7 +4,8 @@ train.device "cpu" and "cuda", and every step's loss must agree within the preci
 measured on an H100/H200: 1.0e-7 and 7.8e-5). The matrix
 covers ZeRO 0-3 with prefetch and reuse-distance keeps, unit-sized buckets, no overlap, gradient
 accumulation, bf16 and fp16, AdamW and LAMB on the device and host tiers, parameter and optimizer
-offload to host memory and NVMe, activation checkpointing, the flash attention at head size 64
+offload to host memory (also with the gradients summed on the device) and NVMe, activation
+checkpointing, the flash attention at head size 64
 (bf16, fp16) and LLaMA (grouped-query, fp32 and bf16); with an MPI launcher, two ranks on
 one GPU against two CPU ranks (also LLaMA in bf16, ZeRO++'s qwZ and qgZ, 1-bit Adam and 0/1
 Adam). Without a usable GPU it exits 77, which ctest reports as skipped.
@@ -94,6 +95,12 @@ CASES = [
                               "offload_param": {"device": "cpu"}}}),
     ("offload-host-bf16", 1, HALF, {"bf16": {"enabled": True},
                                     "zero_optimization": {"offload_optimizer": {"device": "cpu"}}}),
+    # [Note: gradient sums on the device]: the host-tier units' gradients summed on the GPU, each
+    # unit's sum copied to pinned memory for its update behind the next forward.
+    ("offload-host-grad-sums", 1, FP32, {"gradient_accumulation_steps": 2,
+                                         "train": {"device_grad_sums": True},
+                                         "zero_optimization": {
+                                             "offload_optimizer": {"device": "cpu"}}}),
     ("offload-nvme", 1, FP32, {"zero_optimization": {"offload_optimizer": {"device": "nvme"},
                                                      "offload_param": {"device": "nvme"},
                                                      "sub_group_size": 4000}}),

@@ -339,6 +339,23 @@ TEST(ConfigTest, OffloadKeysFollowDeepSpeedsRules) {
   ASSERT_EQ(none->warnings.size(), 1u);
   EXPECT_NE(none->warnings[0].find("ratio = 0.4 is ignored"), std::string::npos)
       << none->warnings[0];
+  // [Note: gradient sums on the device]: the option reaches the manager with a host tier; NVMe is
+  // refused naming the key; without offload it is ignored with a warning.
+  const StatusOr<RunConfig> sums = Parse(R"({"train": {"device_grad_sums": true},
+      "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})");
+  ASSERT_TRUE(sums.ok()) << sums.status();
+  EXPECT_TRUE(sums->warnings.empty());
+  EXPECT_TRUE(ShardManagerOptionsFrom(*sums, 1).offload.device_grad_sums);
+  EXPECT_FALSE(ShardManagerOptionsFrom(*twin, 1).offload.device_grad_sums);
+  EXPECT_ERROR_HAS(R"({"train": {"device_grad_sums": true}, "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}})",
+                   "train.device_grad_sums = true", "nvme");
+  EXPECT_ERROR_HAS(R"({"train": {"device_grad_sums": "yes"}})", "train.device_grad_sums");
+  const StatusOr<RunConfig> no_offload = Parse(R"({"train": {"device_grad_sums": true}})");
+  ASSERT_TRUE(no_offload.ok()) << no_offload.status();
+  ASSERT_EQ(no_offload->warnings.size(), 1u);
+  EXPECT_NE(no_offload->warnings[0].find("device_grad_sums = true is ignored"), std::string::npos)
+      << no_offload->warnings[0];
 }
 
 // [Note: partial optimizer offload]: DeepSpeed's rule, i >= floor((1 - ratio) * n) on the host,

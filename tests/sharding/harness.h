@@ -32,9 +32,10 @@ struct RunConfig {
   // [Note: the host step behind the forward]: on here, where kAuto leaves the synchronous CPU
   // device without it.
   HostStepOverlap overlap_host_step = HostStepOverlap::kOn;
-  ShardPlacement placement;    // offload: optimizer state and (stage 3) parameters
-  double offload_ratio = 1.0;  // offload_optimizer.ratio ([Note: partial optimizer offload])
-  std::string nvme_path;       // for kNvme placements
+  ShardPlacement placement;       // offload: optimizer state and (stage 3) parameters
+  double offload_ratio = 1.0;     // offload_optimizer.ratio ([Note: partial optimizer offload])
+  bool device_grad_sums = false;  // [Note: gradient sums on the device]
+  std::string nvme_path;          // for kNvme placements
   IoEngine io_engine = IoEngine::kAuto;
   double predivide = 1.0;  // gradient_predivide_factor (prescale_gradients: the world size)
   bool allgather_partitions = true;
@@ -96,6 +97,7 @@ inline ShardManagerOptions Options(const RunConfig& c) {
   o.optimizer.factor_threshold = c.lamb_factor[1];
   o.placement = c.placement;
   o.offload.optimizer_ratio = c.offload_ratio;
+  o.offload.device_grad_sums = c.device_grad_sums;
   o.offload.nvme_path = c.nvme_path;
   o.offload.aio_engine = std::string(IoEngineName(c.io_engine));
   o.offload.optimizer_buffer_count = 2;   // the smallest pipeline: every staging set reused

@@ -249,6 +249,77 @@ TEST(OffloadTiers, APartialOffloadKeepsTheFirstUnitsOnTheDevice) {
   }
 }
 
+// [Note: gradient sums on the device]: a host-tier unit's gradient shard kept on the device, its
+// micro-batch slices added there, its sum staged to the host right before the unit's CPU update
+// (serial, or on the host step's worker behind the forward), gives bitwise the numbers of the run
+// that keeps everything on the device: stages 1-3, one and two ranks, AdamW, SGD and LAMB,
+// micro-batches and clipping (the norm of every shard taken on the device), a checkpoint's read
+// and load after a deferred step, a partial offload. Under ThreadSanitizer too (make test-tsan's
+// 'BehindTheForward'): the worker reads the staged sum only after the copy's event.
+TEST(OffloadParity, GradientSumsOnTheDeviceBehindTheForwardEqualTheDeviceRun) {
+  for (ZeroStage stage : {ZeroStage::k1, ZeroStage::k2, ZeroStage::k3}) {
+    for (int world : {1, 2}) {
+      for (OptimizerKind optimizer :
+           {OptimizerKind::kAdamW, OptimizerKind::kSgd, OptimizerKind::kLamb}) {
+        const RunConfig device = ClippedRun(stage, world, optimizer);
+        const RunResult d = Train(device);
+        ASSERT_EQ(d.error, "");
+        for (double ratio : {1.0, 0.5}) {
+          for (HostStepOverlap overlap : {HostStepOverlap::kOn, HostStepOverlap::kOff}) {
+            // LAMB's host step is never deferred: once is enough.
+            if (optimizer == OptimizerKind::kLamb && overlap == HostStepOverlap::kOn) continue;
+            RunConfig sums = device;
+            sums.placement = {
+                .optimizer = MemoryTier::kPinnedHost,
+                .params = stage == ZeroStage::k3 ? MemoryTier::kPinnedHost : MemoryTier::kDevice};
+            sums.offload_ratio = ratio;
+            sums.overlap_host_step = overlap;
+            sums.device_grad_sums = true;
+            const RunResult r = Train(sums);
+            const std::string name =
+                StrCat("stage ", static_cast<int>(stage), ", world ", world, ", ",
+                       optimizer == OptimizerKind::kSgd    ? "SGD"
+                       : optimizer == OptimizerKind::kLamb ? "LAMB"
+                                                           : "AdamW",
+                       ", ratio ", ratio,
+                       overlap == HostStepOverlap::kOn ? ", deferred" : ", synchronous");
+            ASSERT_EQ(r.error, "") << name;
+            EXPECT_EQ(r.params, d.params) << name;
+            EXPECT_EQ(r.grad_norms, d.grad_norms) << name;
+            // No host shard is read again for the norm: every gradient's is taken on the device.
+            for (int64_t passes : r.norm_passes) EXPECT_EQ(passes, 0) << name;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The gradient shards of the host-tier units on the device (4 bytes a parameter of the shard),
+// none on the host; the optimizer state stays on the host.
+TEST(OffloadTiers, GradientSumsOnTheDeviceKeepTheGradientShardsThere) {
+  auto group = *CreateLoopbackGroup(1, {}, nullptr);
+  MemoryTracker tracker;
+  ShardManagerOptions o = Options({.stage = ZeroStage::k3});
+  o.placement.optimizer = MemoryTier::kPinnedHost;
+  o.offload.device_grad_sums = true;
+  StatusOr<MlpRun> run = MakeMlpRun(o, *group[0], tracker);
+  ASSERT_TRUE(run.ok()) << run.status();
+  int64_t shards = 0;
+  for (int u : run->units) {
+    const ShardedUnit& unit = run->manager->unit(u);
+    const PlannedBuffer* grad = unit.plan().Find(UnitBuffer::kGradShard);
+    ASSERT_NE(grad, nullptr);
+    EXPECT_EQ(grad->tier, MemoryTier::kDevice) << unit.name();
+    EXPECT_EQ(run->manager->optimizer().tier(u), MemoryTier::kPinnedHost) << unit.name();
+    shards += unit.layout().shard_numel() * 4;
+  }
+  const MemorySnapshot s = tracker.Snapshot();
+  EXPECT_EQ(s.Get(MemoryTier::kDevice, MemoryCategory::kGradients).current, shards);
+  EXPECT_EQ(s.Get(MemoryTier::kPinnedHost, MemoryCategory::kGradients).current, 0);
+  EXPECT_EQ(s.Get(MemoryTier::kPinnedHost, MemoryCategory::kOptimizerState).current, 2 * shards);
+}
+
 // sub_group_size 0 (DeepSpeed: one optimizer sub-group per parameter) is one NVMe chunk per
 // unit's shard, and the step is the device run's, bitwise; so is a chunk smaller than a shard.
 TEST(OffloadParity, SubGroupSizeZeroIsOneChunkPerShard) {
