@@ -173,13 +173,13 @@ TEST(OffloadParity, TheHostStepBehindTheForwardEqualsTheSynchronousStep) {
   }
 }
 
-// [Note: partial optimizer offload]: the first units' optimizer state on the device, the last
-// ones' on the host, the host ones' step behind the forward or not, gives bitwise the numbers of
-// the run that keeps everything on the device: stages 1-3, one and two ranks, AdamW, SGD and
-// LAMB (not deferred), micro-batches and clipping (the global norm adds the device units' parts,
-// then the host units', in unit order), a checkpoint's read and load after a deferred step, and at
-// stage 3 the parameters on the host.
-TEST(OffloadParity, APartialOffloadEqualsTheDeviceRun) {
+// The device run against the optimizer state on the host for the last units (`ratios`: 1 all of
+// them), deferred or not, with the gradient sums on the device or on the host: stages 1-3, one and
+// two ranks, AdamW, SGD and LAMB (never deferred), micro-batches and clipping, a checkpoint's read
+// and load after a deferred step, at stage 3 the parameters on the host too (the device units'
+// updates write them there).
+void ExpectHostPlacementsEqualTheDeviceRun(std::initializer_list<double> ratios,
+                                           bool device_grad_sums) {
   for (ZeroStage stage : {ZeroStage::k1, ZeroStage::k2, ZeroStage::k3}) {
     for (int world : {1, 2}) {
       for (OptimizerKind optimizer :
@@ -187,27 +187,30 @@ TEST(OffloadParity, APartialOffloadEqualsTheDeviceRun) {
         const RunConfig device = ClippedRun(stage, world, optimizer);
         const RunResult d = Train(device);
         ASSERT_EQ(d.error, "");
-        for (double ratio : {0.5, 0.25}) {
+        for (double ratio : ratios) {
           for (HostStepOverlap overlap : {HostStepOverlap::kOn, HostStepOverlap::kOff}) {
-            RunConfig partial = device;
-            // At stage 3 the parameters on the host too: the device units' updates write them
-            // there.
-            partial.placement = {
+            RunConfig host = device;
+            host.placement = {
                 .optimizer = MemoryTier::kPinnedHost,
                 .params = stage == ZeroStage::k3 ? MemoryTier::kPinnedHost : MemoryTier::kDevice};
-            partial.offload_ratio = ratio;
-            partial.overlap_host_step = overlap;
-            const RunResult r = Train(partial);
-            const std::string name =
-                StrCat("stage ", static_cast<int>(stage), ", world ", world, ", ",
-                       optimizer == OptimizerKind::kSgd    ? "SGD"
-                       : optimizer == OptimizerKind::kLamb ? "LAMB"
-                                                           : "AdamW",
-                       ", ratio ", ratio,
-                       overlap == HostStepOverlap::kOn ? ", deferred" : ", synchronous");
+            host.offload_ratio = ratio;
+            host.overlap_host_step = overlap;
+            host.device_grad_sums = device_grad_sums;
+            const RunResult r = Train(host);
+            const std::string name = StrCat(
+                "stage ", static_cast<int>(stage), ", world ", world, ", ",
+                optimizer == OptimizerKind::kSgd    ? "SGD"
+                : optimizer == OptimizerKind::kLamb ? "LAMB"
+                                                    : "AdamW",
+                ", ratio ", ratio, overlap == HostStepOverlap::kOn ? ", deferred" : ", synchronous",
+                device_grad_sums ? ", sums on the device" : "");
             ASSERT_EQ(r.error, "") << name;
             EXPECT_EQ(r.params, d.params) << name;
             EXPECT_EQ(r.grad_norms, d.grad_norms) << name;
+            if (device_grad_sums) {
+              // No host shard is read again for the norm: every gradient's is taken on the device.
+              for (int64_t passes : r.norm_passes) EXPECT_EQ(passes, 0) << name;
+            }
           }
         }
       }
@@ -215,109 +218,69 @@ TEST(OffloadParity, APartialOffloadEqualsTheDeviceRun) {
   }
 }
 
+// [Note: partial optimizer offload]: the first units' optimizer state on the device, the last
+// ones' on the host, gives bitwise the numbers of the run that keeps everything on the device
+// (the global norm adds the device units' parts, then the host units', in unit order).
+TEST(OffloadParity, APartialOffloadEqualsTheDeviceRun) {
+  ExpectHostPlacementsEqualTheDeviceRun({0.5, 0.25}, false);
+}
+
+// And with the gradient sums on the device ([Note: gradient sums on the device]) every unit's
+// gradient shard on the device, none on the host, the optimizer state where the ratio puts it.
 TEST(OffloadTiers, APartialOffloadKeepsTheFirstUnitsOnTheDevice) {
   auto group = *CreateLoopbackGroup(1, {}, nullptr);
-  for (double ratio : {1.0, 0.5, 0.0}) {
-    MemoryTracker tracker;
-    ShardManagerOptions o = Options({.stage = ZeroStage::k3});
-    o.placement.optimizer = MemoryTier::kPinnedHost;
-    o.offload.optimizer_ratio = ratio;
-    StatusOr<MlpRun> run = MakeMlpRun(o, *group[0], tracker);
-    ASSERT_TRUE(run.ok()) << run.status();
-    const int n = static_cast<int>(run->units.size());
-    const int on_device = DeviceOptimizerUnits(o, n);
-    int64_t device_bytes = 0, host_bytes = 0;
-    for (int i = 0; i < n; ++i) {
-      const ShardedUnit& unit = run->manager->unit(run->units[i]);
-      const PlannedBuffer* master = unit.plan().Find(UnitBuffer::kMaster);
-      ASSERT_NE(master, nullptr);
-      EXPECT_EQ(master->tier, i < on_device ? MemoryTier::kDevice : MemoryTier::kPinnedHost)
-          << "ratio " << ratio << ", unit " << i;
-      EXPECT_EQ(run->manager->optimizer().tier(run->units[i]), master->tier);
-      (i < on_device ? device_bytes : host_bytes) += unit.layout().shard_numel() * 4;
+  for (bool sums : {false, true}) {
+    for (double ratio : {1.0, 0.5, 0.0}) {
+      const std::string name = StrCat("ratio ", ratio, sums ? ", sums on the device" : "");
+      MemoryTracker tracker;
+      ShardManagerOptions o = Options({.stage = ZeroStage::k3});
+      o.placement.optimizer = MemoryTier::kPinnedHost;
+      o.offload.optimizer_ratio = ratio;
+      o.offload.device_grad_sums = sums;
+      StatusOr<MlpRun> run = MakeMlpRun(o, *group[0], tracker);
+      ASSERT_TRUE(run.ok()) << run.status();
+      const int n = static_cast<int>(run->units.size());
+      const int on_device = DeviceOptimizerUnits(o, n);
+      int64_t device_bytes = 0, host_bytes = 0;
+      for (int i = 0; i < n; ++i) {
+        const ShardedUnit& unit = run->manager->unit(run->units[i]);
+        const PlannedBuffer* master = unit.plan().Find(UnitBuffer::kMaster);
+        const PlannedBuffer* grad = unit.plan().Find(UnitBuffer::kGradShard);
+        ASSERT_NE(master, nullptr);
+        ASSERT_NE(grad, nullptr);
+        EXPECT_EQ(master->tier, i < on_device ? MemoryTier::kDevice : MemoryTier::kPinnedHost)
+            << name << ", unit " << i;
+        EXPECT_EQ(grad->tier, sums ? MemoryTier::kDevice : master->tier) << name << ", unit " << i;
+        EXPECT_EQ(run->manager->optimizer().tier(run->units[i]), master->tier);
+        (i < on_device ? device_bytes : host_bytes) += unit.layout().shard_numel() * 4;
+      }
+      EXPECT_EQ(on_device, ratio == 1.0 ? 0 : ratio == 0.5 ? n / 2 : n) << name;
+      // Adam's two moments of each unit on its own tier.
+      const MemorySnapshot s = tracker.Snapshot();
+      EXPECT_EQ(s.Get(MemoryTier::kDevice, MemoryCategory::kOptimizerState).current,
+                2 * device_bytes)
+          << name;
+      EXPECT_EQ(s.Get(MemoryTier::kPinnedHost, MemoryCategory::kOptimizerState).current,
+                2 * host_bytes)
+          << name;
+      EXPECT_EQ(s.Get(MemoryTier::kDevice, MemoryCategory::kGradients).current,
+                sums ? device_bytes + host_bytes : device_bytes)
+          << name;
+      EXPECT_EQ(s.Get(MemoryTier::kPinnedHost, MemoryCategory::kGradients).current,
+                sums ? 0 : host_bytes)
+          << name;
     }
-    EXPECT_EQ(on_device, ratio == 1.0 ? 0 : ratio == 0.5 ? n / 2 : n) << ratio;
-    // Adam's two moments of each unit on its own tier.
-    const MemorySnapshot s = tracker.Snapshot();
-    EXPECT_EQ(s.Get(MemoryTier::kDevice, MemoryCategory::kOptimizerState).current, 2 * device_bytes)
-        << ratio;
-    EXPECT_EQ(s.Get(MemoryTier::kPinnedHost, MemoryCategory::kOptimizerState).current,
-              2 * host_bytes)
-        << ratio;
-    EXPECT_EQ(s.Get(MemoryTier::kPinnedHost, MemoryCategory::kGradients).current, host_bytes)
-        << ratio;
   }
 }
 
 // [Note: gradient sums on the device]: a host-tier unit's gradient shard kept on the device, its
 // micro-batch slices added there, its sum staged to the host right before the unit's CPU update
 // (serial, or on the host step's worker behind the forward), gives bitwise the numbers of the run
-// that keeps everything on the device: stages 1-3, one and two ranks, AdamW, SGD and LAMB,
-// micro-batches and clipping (the norm of every shard taken on the device), a checkpoint's read
-// and load after a deferred step, a partial offload. Under ThreadSanitizer too (make test-tsan's
-// 'BehindTheForward'): the worker reads the staged sum only after the copy's event.
+// that keeps everything on the device (the norm of every shard taken on the device), whole or
+// partial offload. Under ThreadSanitizer too (make test-tsan's 'BehindTheForward'): the worker
+// reads the staged sum only after the copy's event.
 TEST(OffloadParity, GradientSumsOnTheDeviceBehindTheForwardEqualTheDeviceRun) {
-  for (ZeroStage stage : {ZeroStage::k1, ZeroStage::k2, ZeroStage::k3}) {
-    for (int world : {1, 2}) {
-      for (OptimizerKind optimizer :
-           {OptimizerKind::kAdamW, OptimizerKind::kSgd, OptimizerKind::kLamb}) {
-        const RunConfig device = ClippedRun(stage, world, optimizer);
-        const RunResult d = Train(device);
-        ASSERT_EQ(d.error, "");
-        for (double ratio : {1.0, 0.5}) {
-          for (HostStepOverlap overlap : {HostStepOverlap::kOn, HostStepOverlap::kOff}) {
-            // LAMB's host step is never deferred: once is enough.
-            if (optimizer == OptimizerKind::kLamb && overlap == HostStepOverlap::kOn) continue;
-            RunConfig sums = device;
-            sums.placement = {
-                .optimizer = MemoryTier::kPinnedHost,
-                .params = stage == ZeroStage::k3 ? MemoryTier::kPinnedHost : MemoryTier::kDevice};
-            sums.offload_ratio = ratio;
-            sums.overlap_host_step = overlap;
-            sums.device_grad_sums = true;
-            const RunResult r = Train(sums);
-            const std::string name =
-                StrCat("stage ", static_cast<int>(stage), ", world ", world, ", ",
-                       optimizer == OptimizerKind::kSgd    ? "SGD"
-                       : optimizer == OptimizerKind::kLamb ? "LAMB"
-                                                           : "AdamW",
-                       ", ratio ", ratio,
-                       overlap == HostStepOverlap::kOn ? ", deferred" : ", synchronous");
-            ASSERT_EQ(r.error, "") << name;
-            EXPECT_EQ(r.params, d.params) << name;
-            EXPECT_EQ(r.grad_norms, d.grad_norms) << name;
-            // No host shard is read again for the norm: every gradient's is taken on the device.
-            for (int64_t passes : r.norm_passes) EXPECT_EQ(passes, 0) << name;
-          }
-        }
-      }
-    }
-  }
-}
-
-// The gradient shards of the host-tier units on the device (4 bytes a parameter of the shard),
-// none on the host; the optimizer state stays on the host.
-TEST(OffloadTiers, GradientSumsOnTheDeviceKeepTheGradientShardsThere) {
-  auto group = *CreateLoopbackGroup(1, {}, nullptr);
-  MemoryTracker tracker;
-  ShardManagerOptions o = Options({.stage = ZeroStage::k3});
-  o.placement.optimizer = MemoryTier::kPinnedHost;
-  o.offload.device_grad_sums = true;
-  StatusOr<MlpRun> run = MakeMlpRun(o, *group[0], tracker);
-  ASSERT_TRUE(run.ok()) << run.status();
-  int64_t shards = 0;
-  for (int u : run->units) {
-    const ShardedUnit& unit = run->manager->unit(u);
-    const PlannedBuffer* grad = unit.plan().Find(UnitBuffer::kGradShard);
-    ASSERT_NE(grad, nullptr);
-    EXPECT_EQ(grad->tier, MemoryTier::kDevice) << unit.name();
-    EXPECT_EQ(run->manager->optimizer().tier(u), MemoryTier::kPinnedHost) << unit.name();
-    shards += unit.layout().shard_numel() * 4;
-  }
-  const MemorySnapshot s = tracker.Snapshot();
-  EXPECT_EQ(s.Get(MemoryTier::kDevice, MemoryCategory::kGradients).current, shards);
-  EXPECT_EQ(s.Get(MemoryTier::kPinnedHost, MemoryCategory::kGradients).current, 0);
-  EXPECT_EQ(s.Get(MemoryTier::kPinnedHost, MemoryCategory::kOptimizerState).current, 2 * shards);
+  ExpectHostPlacementsEqualTheDeviceRun({1.0, 0.5}, true);
 }
 
 // sub_group_size 0 (DeepSpeed: one optimizer sub-group per parameter) is one NVMe chunk per
