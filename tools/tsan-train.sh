@@ -3,10 +3,10 @@
 # model on the asynchronous CPU device with jitter, so every stream's thread, the watchdog, the
 # NVMe engine and the host gradients in flight run together: one process with the optimizer and
 # parameters on NVMe, then two MPI ranks (host offload, and with the gradient sums on the device;
-# tensor and sequence parallelism; ZeRO-2
-# buckets in bf16; ZeRO-1 with fp16 and LAMB; 1-bit Adam and 0/1 Adam compressing), then four (ZeRO-3 gathering by broadcast: the
-# compute and comm streams share one communicator, [Note: one communicator, one order]). Any
-# report fails the run (halt_on_error).
+# tensor and sequence parallelism; ZeRO-2 buckets in bf16; ZeRO-1 with fp16 and LAMB; 1-bit Adam
+# and 0/1 Adam compressing), then four (ZeRO-3 gathering by broadcast: the compute and comm
+# streams share one communicator, [Note: one communicator, one order]). Any report fails the run
+# (halt_on_error).
 #   tools/tsan-train.sh ZERORT_BUILT_WITH_TSAN
 # Open MPI's TCP transport takes its own locks in both orders while it connects its peers (a
 # lock-order report inside mca_btl_tcp, not zerort's), so the ranks use shared memory only.
