@@ -186,7 +186,7 @@ if want train; then
   # Measurements (not tests): each prints one JSON object or table, kept in $logs.
   guard 150 train-gpt2 "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite "${sets[@]}" --set train.steps=12 \
     --set train.eval_interval=12 --set checkpoint.dir=/tmp/gpu-check-ckpt \
-    --set logging.metrics_file=/tmp/gpu-check-metrics.jsonl >"$logs/train-gpt2.log" 2>&1 || rc=1
+    --set logging.metrics_file="$logs/metrics-device.jsonl" >"$logs/train-gpt2.log" 2>&1 || rc=1
   grep -E '^step +(1|12)/' "$logs/train-gpt2.log"
   # The offload runs time steps: no text sample, one evaluation window (the run above does both).
   quick=(--set train.sample_tokens=0 --set train.eval_windows=1)
@@ -195,7 +195,7 @@ if want train; then
   guard 150 train-gpt2-offload "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite "${sets[@]}" --set train.steps=6 \
     --set train.eval_interval=6 --set checkpoint.dir=/tmp/gpu-check-ckpt-offload \
     --set zero_optimization.offload_optimizer.device=cpu "${quick[@]}" \
-    --set logging.metrics_file=/tmp/gpu-check-metrics-offload.jsonl \
+    --set logging.metrics_file="$logs/metrics-offload.jsonl" \
     --set logging.trace_file="$logs/trace-offload.json" \
     >"$logs/train-gpt2-offload.log" 2>&1 || rc=1
   grep -E '^step +(1|6)/' "$logs/train-gpt2-offload.log"
@@ -205,7 +205,7 @@ if want train; then
   guard 150 train-gpt2-offload-serial "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite "${sets[@]}" --set train.steps=6 \
     --set train.eval_interval=6 --set checkpoint.dir=/tmp/gpu-check-ckpt-offload-serial \
     --set zero_optimization.offload_optimizer.device=cpu "${quick[@]}" --set train.overlap_host_step=false \
-    --set logging.metrics_file=/tmp/gpu-check-metrics-offload-serial.jsonl \
+    --set logging.metrics_file="$logs/metrics-offload-serial.jsonl" \
     --set logging.trace_file="$logs/trace-offload-serial.json" \
     >"$logs/train-gpt2-offload-serial.log" 2>&1 || rc=1
   grep -E '^step +6/' "$logs/train-gpt2-offload-serial.log"
@@ -219,7 +219,7 @@ if want train; then
     --set train.eval_interval=6 --set checkpoint.dir=/tmp/gpu-check-ckpt-offload-pinned \
     --set zero_optimization.offload_optimizer.device=cpu "${quick[@]}" \
     --set zero_optimization.offload_optimizer.pin_memory=true \
-    --set logging.metrics_file=/tmp/gpu-check-metrics-offload-pinned.jsonl \
+    --set logging.metrics_file="$logs/metrics-offload-pinned.jsonl" \
     >"$logs/train-gpt2-offload-pinned.log" 2>&1 || rc=1
   grep -E '^step +6/' "$logs/train-gpt2-offload-pinned.log"
   # Half the units' optimizer state on the host (offload_optimizer.ratio, DeepSpeed's Twin-Flow:
@@ -228,7 +228,7 @@ if want train; then
     --set train.eval_interval=6 --set checkpoint.dir=/tmp/gpu-check-ckpt-offload-half \
     --set zero_optimization.offload_optimizer.device=cpu "${quick[@]}" \
     --set zero_optimization.offload_optimizer.ratio=0.5 \
-    --set logging.metrics_file=/tmp/gpu-check-metrics-offload-half.jsonl \
+    --set logging.metrics_file="$logs/metrics-offload-half.jsonl" \
     >"$logs/train-gpt2-offload-half.log" 2>&1 || rc=1
   grep -E '^step +6/' "$logs/train-gpt2-offload-half.log"
   # The micro-batches' gradients summed on the device, each unit's sum copied to the host once a
@@ -237,7 +237,7 @@ if want train; then
     --set train.eval_interval=6 --set checkpoint.dir=/tmp/gpu-check-ckpt-offload-sums \
     --set zero_optimization.offload_optimizer.device=cpu "${quick[@]}" \
     --set train.device_grad_sums=true \
-    --set logging.metrics_file=/tmp/gpu-check-metrics-offload-sums.jsonl \
+    --set logging.metrics_file="$logs/metrics-offload-sums.jsonl" \
     >"$logs/train-gpt2-offload-sums.log" 2>&1 || rc=1
   grep -E '^step +6/' "$logs/train-gpt2-offload-sums.log"
   # The device step and the host-optimizer step again at 16 micro-batches a step (131,072 tokens):
@@ -250,10 +250,24 @@ if want train; then
     guard 150 "train-gpt2-ga16-$where" "$zr" train "$root/configs/gpt2-124m-bf16-zero3.json" --overwrite "${sets[@]}" \
       --set train.steps=5 --set train.eval_interval=5 --set gradient_accumulation_steps=16 "${off[@]}" "${quick[@]}" \
       --set checkpoint.dir="/tmp/gpu-check-ckpt-ga16-$where" \
-      --set logging.metrics_file="/tmp/gpu-check-metrics-ga16-$where.jsonl" \
+      --set logging.metrics_file="$logs/metrics-ga16-$where.jsonl" \
       >"$logs/train-gpt2-ga16-$where.log" 2>&1 || rc=1
     grep -E '^step +5/' "$logs/train-gpt2-ga16-$where.log"
   done
+  # Each host-optimizer run's step against the device run's at the same micro-batches (issue 48:
+  # within 1.3x), and where the difference went (docs/gpu.md, "The host step's bytes").
+  # A run that failed has no metrics: the others are compared without it.
+  offload_steps() {  # DEVICE_METRICS RUN_METRICS...
+    local f runs=()
+    [[ -f $1 ]] || { echo "offload_steps: no device run ($1)"; return 0; }
+    for f in "${@:2}"; do [[ -f $f ]] && runs+=("$f"); done
+    python3 "$root/tools/offload_steps.py" "$1" "${runs[@]}"
+  }
+  m="$logs/metrics"
+  { offload_steps "$m-device.jsonl" "$m-offload.jsonl" "$m-offload-serial.jsonl" \
+      "$m-offload-pinned.jsonl" "$m-offload-half.jsonl" "$m-offload-sums.jsonl"
+    offload_steps "$m-ga16-device.jsonl" "$m-ga16-cpu.jsonl" "$m-ga16-cpu-sums.jsonl"
+  } | tee "$logs/offload-steps.txt" || rc=1
   # Pipeline parallelism over NCCL (pp 2, 1F1B, ZeRO-1; one rank per GPU: NCCL refuses two ranks
   # of a communicator on one device), on machines with two GPUs or more.
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
