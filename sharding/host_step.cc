@@ -35,16 +35,21 @@ Status ShardedOptimizer::SubmitDeferred() {
   // The staging is allocated here, on the issuing thread, as every allocation of the run is.
   ZR_ASSIGN_OR_RETURN(w.out, UpdateTarget(u, &w.staged));
   // [Note: gradient sums on the device]: the sum copied to the host and the device shard zeroed
-  // on the compute stream, issued here (the worker issues nothing); the worker waits for the copy.
+  // on the sums' stream once the step's last adds and norm have run (grads_final: today also
+  // implied by the manager's host read of the norm, which synchronises the compute stream; the
+  // wait keeps the order without it), issued here (the worker issues nothing); the worker waits
+  // for the copy and the fill.
   const bool device_sums = GradOnDevice(u);
   TensorView grad;
   if (device_sums) {
-    ZR_ASSIGN_OR_RETURN(grad, StageGradient(u, &w.grad_staged, true));
-    StatusOr<std::unique_ptr<Event>> copied = CreateEvent(resources_.compute->device());
+    Stream& sums = SumsStream();
+    if (d.grads_final) ZR_RETURN_IF_ERROR(sums.WaitEvent(*d.grads_final));
+    ZR_ASSIGN_OR_RETURN(grad, StageGradient(u, &w.grad_staged, sums, true));
+    StatusOr<std::unique_ptr<Event>> copied = CreateEvent(sums.device());
     Status recorded = copied.status();
-    if (copied.ok()) recorded = (*copied)->Record(*resources_.compute);
+    if (copied.ok()) recorded = (*copied)->Record(sums);
     if (!recorded.ok()) {
-      (void)resources_.compute->Synchronize();  // the copy writes the staging until then
+      (void)sums.Synchronize();  // the copy writes the staging until then
       return recorded;
     }
     w.grad_copied = *std::move(copied);
@@ -93,8 +98,10 @@ Status ShardedOptimizer::CompleteNext() {
   if (w.staged) {  // [Note: the host step's write-backs]
     ZR_RETURN_IF_ERROR(IssueWriteBack(u, std::move(w.staged), d.write_backs, kStagedAhead));
   }
-  w.grad_staged = ::zerort::Buffer();  // read by the update, which has run
+  // [Note: gradient sums on the device]: the update has run, so its wait for the copy and the
+  // device shard's fill has returned: the next backward's adds, issued later, follow the fill.
   w.grad_copied.reset();
+  w.grad_staged = ::zerort::Buffer();
   w.out = TensorView();
   ++d.completed;
   if (d.submitted < static_cast<int>(units_.size())) return SubmitDeferred();

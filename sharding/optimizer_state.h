@@ -64,7 +64,8 @@ struct ShardedOptimizer::DeferredStep {
     TensorView out;           // where the update writes the compute values
     ::zerort::Buffer staged;  // `out`'s memory when the compute copy is on another device
     // [Note: gradient sums on the device]: the unit's gradient copied to the host, and the
-    // event after that copy on the compute stream (the update waits for it).
+    // event after that copy and the device shard's fill on the sums' stream (the update waits
+    // for it).
     ::zerort::Buffer grad_staged;
     std::unique_ptr<Event> grad_copied;
     std::chrono::system_clock::time_point begin, end;  // the worker's update (spans)
@@ -74,6 +75,9 @@ struct ShardedOptimizer::DeferredStep {
   int submitted = 0;  // units whose update was submitted
   int completed = 0;  // units completed (CompleteUnitStep)
   WriteBacks write_backs;
+  // [Note: gradient sums on the device]: recorded on the compute stream by the step, after the
+  // last adds and the norm: what the sums' copies on their own stream wait for.
+  std::unique_ptr<Event> grads_final;
 };
 
 namespace optimizer_internal {

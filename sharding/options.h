@@ -99,7 +99,9 @@ struct OffloadOptions {
   // on, a host-tier unit's gradient shard lives on the device instead (planned there:
   // PlanUnit), the slices are added into it by the device's kernels, the global norm is taken
   // there, and the step copies each unit's sum to the host once (pinned staging) right before
-  // the CPU updates that unit, then zeroes it on the device. The same float additions in the
+  // the CPU updates that unit, then zeroes it on the device; behind the forward on a stream of
+  // their own ("grad sums", after an event the step records on the compute stream), so that the
+  // next forward's kernels do not queue behind the copies. The same float additions in the
   // same order (an fp32 add is the same on every device), so the same numbers as the host's
   // sums and as the device-only run; 4 bytes a parameter of the rank's shard more on the device,
   // 4 less on the host. Host tiers only: NVMe's gradient shards stream to its file (the config

@@ -226,6 +226,8 @@ class ShardManager {
   Resources resources_;
   std::unique_ptr<Stream> owned_compute_;
   std::unique_ptr<Stream> owned_comm_;
+  // [Note: gradient sums on the device]: the sums' copies to the host, off the compute stream.
+  std::unique_ptr<Stream> owned_sums_;
   std::unique_ptr<Allocator> owned_host_;
   std::unique_ptr<Allocator> owned_staging_;  // pinned, when the host tier is not (CUDA)
   std::unique_ptr<NvmeStore> nvme_;

@@ -145,6 +145,10 @@ StatusOr<std::unique_ptr<ShardManager>> ShardManager::Create(const ShardManagerO
     ZR_ASSIGN_OR_RETURN(m->owned_comm_, CreateStream(device, "comm", options.streams));
     m->resources_.comm = m->owned_comm_.get();
   }
+  if (options.offload.device_grad_sums && IsHostTier(options.placement.optimizer)) {
+    // [Note: gradient sums on the device]: the next forward's kernels need not queue behind them.
+    ZR_ASSIGN_OR_RETURN(m->owned_sums_, CreateStream(device, "grad sums", options.streams));
+  }
   ZR_RETURN_IF_ERROR(m->CreateTiers());
   if (resources.tensor_parallel_rank < 0) {
     return absl::InvalidArgumentError(
@@ -152,7 +156,7 @@ StatusOr<std::unique_ptr<ShardManager>> ShardManager::Create(const ShardManagerO
   }
   m->optimizer_ = std::make_unique<ShardedOptimizer>(OptimizerResources{
       &m->options_, resources.dp, m->tiers_, m->resources_.compute, &m->offload_stats_,
-      resources.tensor_parallel_rank == 0, &m->resources_.span});
+      resources.tensor_parallel_rank == 0, &m->resources_.span, m->owned_sums_.get()});
   m->reducer_ = std::make_unique<GradientReducer>(m->UnitResourcesOf(), m->optimizer_.get());
   return m;
 }

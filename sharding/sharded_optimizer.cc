@@ -483,6 +483,10 @@ StatusOr<StepCompletion> ShardedOptimizer::Step(const OptimizerStepArgs& args) {
     deferred_ = std::make_unique<DeferredStep>();
     deferred_->args = args;
     deferred_->units.resize(units_.size());
+    if (resources_.sums != nullptr) {  // [Note: gradient sums on the device]
+      ZR_ASSIGN_OR_RETURN(deferred_->grads_final, CreateEvent(resources_.compute->device()));
+      ZR_RETURN_IF_ERROR(deferred_->grads_final->Record(*resources_.compute));
+    }
     const int ahead = Ahead();  // host-tier units submitted before the first completion
     for (int queued = 0; queued < ahead; ++queued) ZR_RETURN_IF_ERROR(SubmitDeferred());
     // [Note: partial optimizer offload]: the device-tier units are updated here, by kernels on
@@ -570,14 +574,13 @@ bool ShardedOptimizer::GradOnDevice(int u) const {
 }
 
 StatusOr<TensorView> ShardedOptimizer::StageGradient(int u, ::zerort::Buffer* staged,
-                                                     bool then_zero) {
+                                                     Stream& stream, bool then_zero) {
   const TensorView g = units_[u]->grad.View();
-  Stream& compute = *resources_.compute;
   ZR_ASSIGN_OR_RETURN(
       *staged, resources_.tiers.StagingOrHost()->Allocate(g.nbytes(), MemoryCategory::kStaging));
   ZR_RETURN_IF_ERROR(
-      CopyBytes(staged->data(), Device::Cpu(), g.data(), g.device(), g.nbytes(), &compute));
-  if (then_zero) ZR_RETURN_IF_ERROR(FillZero(g.data(), g.device(), g.nbytes(), &compute));
+      CopyBytes(staged->data(), Device::Cpu(), g.data(), g.device(), g.nbytes(), &stream));
+  if (then_zero) ZR_RETURN_IF_ERROR(FillZero(g.data(), g.device(), g.nbytes(), &stream));
   return TensorView(staged->data(), DType::kF32, {g.numel()}, Device::Cpu());
 }
 
@@ -625,7 +628,7 @@ Status ShardedOptimizer::StepInMemory(int u, const OptimizerStepArgs& args,
   ::zerort::Buffer grad_staged;  // [Note: gradient sums on the device]: zeroed by ZeroGradients
   TensorView grad;
   if (GradOnDevice(u)) {
-    ZR_ASSIGN_OR_RETURN(grad, StageGradient(u, &grad_staged, false));
+    ZR_ASSIGN_OR_RETURN(grad, StageGradient(u, &grad_staged, *resources_.compute, false));
     ZR_RETURN_IF_ERROR(resources_.compute->Synchronize());
   } else {
     grad = GradView(u);

@@ -57,6 +57,9 @@ struct OptimizerResources {
   // the model-parallel group counts them once.
   bool count_replicated = true;
   const SpanSink* span = nullptr;  // null or empty: no spans (ShardManager::Resources::span)
+  // [Note: gradient sums on the device]: where a deferred step copies the sums to the host; null:
+  // the compute stream.
+  Stream* sums = nullptr;
 };
 
 // The NVMe tier's pipeline sizes (ShardedOptimizer's, and the memory model's): elements per chunk,
@@ -225,10 +228,14 @@ class ShardedOptimizer {
   // [Note: gradient sums on the device]: whether unit u's update reads a gradient summed on the
   // device (a host-tier unit whose gradient shard is there).
   bool GradOnDevice(int u) const;
-  // Copies that gradient into `staged` (allocated here, on the host: pinned on a GPU) on the
-  // compute stream, then queues the device shard's zero fill there when `then_zero`; returns
-  // the staged values' view, valid once the compute stream has run the copy.
-  StatusOr<TensorView> StageGradient(int u, ::zerort::Buffer* staged, bool then_zero);
+  // Copies that gradient into `staged` (allocated here, on the host: pinned on a GPU) on
+  // `stream`, then queues the device shard's zero fill there when `then_zero`; returns the staged
+  // values' view, valid once `stream` has run the copy.
+  StatusOr<TensorView> StageGradient(int u, ::zerort::Buffer* staged, Stream& stream,
+                                     bool then_zero);
+  // Where a deferred step stages them: a stream of their own (OptimizerResources::sums), so that
+  // the next forward's kernels do not queue behind the copies, or the compute stream.
+  Stream& SumsStream() const { return resources_.sums ? *resources_.sums : *resources_.compute; }
   // Copies `staged` into unit u's compute copy on the compute stream, then frees the staging of
   // the copies that have landed, waiting while more than `keep` are in flight.
   Status IssueWriteBack(int u, ::zerort::Buffer staged, WriteBacks& write_backs, size_t keep);
