@@ -44,9 +44,11 @@ if len(lines) == 3:
     d, h = lines[1].split(), lines[2].split()
     check("the device run: 2 steps counted, ratio 1, no offload times",
           d[0] == "device" and d[1] == "2" and d[4] == "1.000" and d[5:] == ["-"] * 4, lines[1])
-    check("the host run: 2 steps counted, a positive time, ratio and host update",
+    # The tiny model's host update can take under 0.05 ms, which prints as 0.0: the check is
+    # that the host run's optimizer time was read (a number, not "-"), not that it is large.
+    check("the host run: 2 steps counted, a positive time and ratio, its host update read",
           h[0] == "host-sums" and h[1] == "2" and float(h[2]) > 0 and float(h[4]) > 0
-          and len(h) == 9 and float(h[8]) > 0, lines[2])
+          and len(h) == 9 and h[8] != "-" and float(h[8]) >= 0, lines[2])
 
 # Hostile inputs: each exits 2 naming the file and why, at once (a FIFO is not opened).
 fifo = os.path.join(tmp, "fifo")
