@@ -1,6 +1,6 @@
 """Shared by the CLI tests: named checks that collect failures, and the report that ends a test;
-the small ZeRO-3 run config the device-parity tests vary, and the merge that varies it; a config
-written to a test's folder and a metrics file read back."""
+the small ZeRO-3 run config the device-parity tests vary, the merge that varies it, and a run of
+it; a tool's refusal of a file; a config written to a test's folder and a metrics file read back."""
 import json
 import os
 import subprocess
@@ -30,6 +30,35 @@ def tiny_run(steps):
         "train": {"steps": steps, "eval_windows": 2, "sample_tokens": 0},
         "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
     }
+
+
+def tiny_train(check, zerort, folder, name, steps, extra):
+    """`zerort train` on tiny_run(steps) with `extra` merged in, its config and checkpoints in
+    `folder` under `name`; checks that it exits 0."""
+    config = merged(tiny_run(steps), merged(
+        {"checkpoint": {"dir": os.path.join(folder, name + "-ckpt")}}, extra))
+    cfg = write_json(folder, name + ".cfg", config)
+    r = subprocess.run([zerort, "--log-level", "off", "train", cfg], capture_output=True, text=True)
+    check(f"{name}: zerort train exits 0", r.returncode == 0, (r.stdout + r.stderr)[-800:])
+
+
+def unreadable_paths(folder, suffix):
+    """The paths every file-reading tool refuses before opening, each (what, path, why): `folder`
+    itself, a FIFO made in it (which would block a read), and a missing file."""
+    fifo = os.path.join(folder, "fifo")
+    os.mkfifo(fifo)
+    return [("a directory", folder, "not a regular file"), ("a FIFO", fifo, "not a regular file"),
+            ("a missing file", os.path.join(folder, "absent" + suffix), "not a regular file")]
+
+
+def check_refuses(check, what, argv, path, why):
+    """Runs a tool's `argv`; checks that it exits 2 within 20 s, naming `path` and `why`."""
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+        check(f"{what}: exits 2 naming it and why",
+              r.returncode == 2 and path in r.stderr and why in r.stderr, r.stderr[-500:])
+    except subprocess.TimeoutExpired:
+        check(f"{what}: exits 2 naming it and why", False, "still running after 20 s")
 
 
 def write_json(folder, name, obj):
