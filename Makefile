@@ -15,7 +15,7 @@ export OMPI_MCA_btl_vader_single_copy_mechanism := none
 MPIRUN := mpirun --oversubscribe
 ZERORT := $(BUILD)/tools/zerort
 
-.PHONY: all deps configure build build-cli run run-llama test test-unit test-asan test-tsan test-install format format-check bench bench-peers bench-gemm clean
+.PHONY: all deps configure build build-cli run run-llama test test-unit test-cpu-levels test-asan test-tsan test-install format format-check bench bench-peers bench-gemm clean
 
 all: build
 
@@ -70,8 +70,17 @@ format: deps
 format-check: deps
 	@clang-format --dry-run --Werror $(FORMATTED) && echo "format-check: $(words $(FORMATTED)) files formatted"
 
+# Then the CPU kernels' tests again on emulated CPUs of the x86-64 levels below AVX-512
+# (tools/cpu_levels.py, [Note: the CPU levels]: QEMU's user mode as an AVX2 Haswell and an SSE4.2
+# Nehalem), so that the loops and OpenBLAS kernels such machines run are tested on this one.
+CPU_LEVELS_QUICK := ^(OptimizerTest|ReduceTest|FastOpsTest|FlashMathTest|ModelMathTest|ModelOpsTest|LambTest|OneBitKernelTest|QuantizeTest|DTypeTest|RopeTest|DecoderGoldenTest)\.
 test-unit: build
 	ctest --test-dir $(BUILD) -L 'cpu|mpi|gpu' --output-on-failure -j2
+	tools/cpu_levels.py $(BUILD) -R '$(CPU_LEVELS_QUICK)'
+
+# Every CPU test program of the Release build on both emulated levels (about an hour on 2 cores).
+test-cpu-levels: build
+	tools/cpu_levels.py $(BUILD)
 
 # The installed package, consumed by programs that know only find_package(zerort): a
 # communicator hello; a trainer that embeds the shard manager (ZeRO-3) for its own MLP, by manual

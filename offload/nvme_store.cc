@@ -32,6 +32,14 @@ std::string_view IoEngineName(IoEngine engine) {
   return "invalid";
 }
 
+Status IoUringUsable() {
+  io_uring ring;
+  const int rc = io_uring_queue_init(2, &ring, 0);
+  if (rc < 0) return ErrnoError("io_uring_queue_init", -rc);
+  io_uring_queue_exit(&ring);
+  return absl::OkStatus();
+}
+
 // One request's completion: the blocks still outstanding and the first error.
 struct IoHandle::State {
   std::mutex mu;

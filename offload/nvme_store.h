@@ -24,6 +24,11 @@ namespace zerort {
 
 enum class IoEngine { kAuto, kIoUring, kThreads };
 std::string_view IoEngineName(IoEngine engine);  // "auto", "io_uring", "threads"
+// OK when this process may set up an io_uring (what engine auto then picks); else why not,
+// from io_uring_queue_init: ENOSYS (a kernel built without it, or an emulator such as QEMU's
+// user mode), EPERM (the io_uring_disabled sysctl, or a seccomp profile: Docker's default since
+// 25.0). The tests of the io_uring engine skip, saying this, where it is not OK.
+Status IoUringUsable();
 
 struct NvmeStoreOptions {
   std::string dir;                    // nvme_path: an existing, writable directory

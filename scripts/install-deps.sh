@@ -12,6 +12,7 @@ packages=(
   liburing-dev libopenblas-dev libopenblas-openmp-dev libxxhash-dev fio
   libpcre2-dev libutf8proc-dev libsentencepiece-dev
   gnuplot-nox clang-format strace shellcheck
+  qemu-user  # tools/cpu_levels.py: the tests on emulated x86-64 CPUs of other vector widths
   python3
 )
 

@@ -9,6 +9,7 @@
 #include "zerort/kernels/blas.h"
 #include "zerort/kernels/cudnn_attention.h"
 #include "zerort/kernels/openmp_waits.h"
+#include "zerort/offload/nvme_store.h"
 #include "zerort/runtime/build_info.h"
 #include "zerort/runtime/cuda_arch.h"
 #include "zerort/runtime/device.h"
@@ -101,6 +102,9 @@ int RunEnv(const EnvOptions& options, const LaunchEnv& launch, int* argc, char**
          {"dense_bf16_peak_tflops", peak > 0 ? nlohmann::json(peak / 1e12) : nlohmann::json()},
          {"unusable_reason", d.unusable_reason}});
   }
+  // What aio.engine "auto" gets on this machine (offload/nvme_store.h).
+  const Status uring = IoUringUsable();
+  const std::string uring_refused = uring.ok() ? "" : std::string(uring.message());
   const nlohmann::json out = {
       {"version", build.version},
       {"build",
@@ -123,6 +127,8 @@ int RunEnv(const EnvOptions& options, const LaunchEnv& launch, int* argc, char**
       {"openblas", {{"config", BlasVersion()}, {"threads", BlasThreads()}}},
       {"cpu_gemm", CpuGemmLibrary()},
       {"cpu_gemm_warning", BlasCoreWarning()},
+      {"cpu_loops", CpuLoopLevel()},
+      {"nvme_io", {{"io_uring", uring.ok()}, {"io_uring_refused", uring_refused}}},
       {"openmp_waits", DescribeOpenMpWaits(ProcessEnv())},
       {"host", {{"hardware_threads", std::thread::hardware_concurrency()}}},
       {"launch",
@@ -172,6 +178,12 @@ int RunEnv(const EnvOptions& options, const LaunchEnv& launch, int* argc, char**
   if (const std::string w = BlasCoreWarning(); !w.empty()) {
     std::printf("%-10s %s\n", "warning:", w.c_str());
   }
+  std::printf("%-10s %s\n", "CPU loops:", CpuLoopLevel().c_str());
+  std::printf(
+      "%-10s %s\n", "NVMe I/O:",
+      uring.ok()
+          ? "io_uring (aio engine auto)"
+          : StrCat("threads for aio engine auto: io_uring refused (", uring_refused, ")").c_str());
   std::printf("%-10s %s\n", "OpenMP:", DescribeOpenMpWaits(ProcessEnv()).c_str());
   std::printf("%-10s %u hardware threads\n", "host:", std::thread::hardware_concurrency());
   std::printf("%-10s %s\n", "launch:", launch.ToString().c_str());

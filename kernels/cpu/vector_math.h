@@ -1,8 +1,12 @@
 // What the CPU kernels' hot loops share (internal to kernels/cpu):
 //   - ZR_CPU_CLONES: GCC function multiversioning. A function so marked is compiled for AVX-512
 //     (x86-64-v4), AVX2 + FMA (x86-64-v3) and the baseline, and the loader picks the best for the
-//     machine it runs on (an ifunc), so one portable binary uses the machine's vector width.
-//     -DZR_CPU_DISPATCH=OFF builds the baseline only.
+//     machine it runs on (an ifunc), so one portable binary uses the machine's vector width
+//     (`zerort env`: "CPU loops"). -DZR_CPU_DISPATCH=OFF builds the baseline only. Nothing is
+//     contracted into an FMA (CMakeLists.txt), so an element-wise loop gives the same bits in
+//     every version; a loop with `omp simd reduction` sums in as many partial sums as the width
+//     holds, so its last bits follow the width (docs/cpu-performance.md). tools/cpu_levels.py
+//     runs the tests with the other versions, on emulated CPUs.
 //   - FastExp: e^x for float without a libm call (kernels/model_math.h, shared with the CUDA
 //     kernels), so that loops calling it vectorise (std::exp and std::tanh are scalar calls into
 //     libm: the GELU's tanh was 20% of a tiny model's step).
@@ -20,8 +24,10 @@
 #include "zerort/kernels/model_math.h"
 
 #if defined(ZR_CPU_DISPATCH) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define ZR_CPU_CLONES_BUILT 1
 #define ZR_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
+#define ZR_CPU_CLONES_BUILT 0
 #define ZR_CPU_CLONES
 #endif
 

@@ -33,8 +33,8 @@ for d in env["cuda"]["devices"]:
     check(f"env gives {d['name']}'s peak or null", peak is None or peak > 0, d)
 check("library logs go to stderr, not stdout", "[rank" not in r.stdout, r.stdout)
 
-r = run("env")
-check("env text names OpenBLAS", "OpenBLAS:" in r.stdout, r.stdout)
+env_text = run("env").stdout
+check("env text names OpenBLAS", "OpenBLAS:" in env_text, env_text)
 
 # The OpenBLAS kernel set is named, and a warning says when OPENBLAS_CORETYPE holds it to AVX2
 # kernels on a CPU with AVX-512 (and only then).
@@ -48,7 +48,8 @@ def run_env(coretype):
 
 
 with open("/proc/cpuinfo") as f:
-    avx512 = " avx512f " in f.read().replace("\n", " ")
+    flags = set(next(line for line in f if line.startswith("flags")).split(":")[1].split())
+avx512 = "avx512f" in flags
 if env["cpu_gemm"].startswith("OpenBLAS"):
     held = run_env("Haswell")
     check("OPENBLAS_CORETYPE=Haswell is the kernel set named",
@@ -59,6 +60,24 @@ if env["cpu_gemm"].startswith("OpenBLAS"):
     free = run_env(None)
     check("no warning without OPENBLAS_CORETYPE", free["cpu_gemm_warning"] == "",
           free["cpu_gemm_warning"])
+
+# The CPU loops' version named by the CPU's features as the x86-64 levels define them (this
+# machine's; tools/cpu_levels.py checks the others on emulated CPUs), unless the build has one.
+V3 = {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"}
+V4 = V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+level = ("AVX-512 (x86-64-v4)" if V4 <= flags else
+         "AVX2 + FMA (x86-64-v3)" if V3 <= flags else "baseline x86-64")
+check("env names the CPU loops' version this CPU's features pick",
+      env["cpu_loops"] in (level, "baseline (the per-width versions are not built: "
+                                  "ZR_CPU_DISPATCH=OFF)"), (env["cpu_loops"], level))
+check("env text names it", f"CPU loops: {env['cpu_loops']}" in env_text, env_text)
+# The NVMe engine aio.engine auto gets: io_uring, or the threads engine and the kernel's refusal.
+uring = env["nvme_io"]
+check("env says whether io_uring is usable, and why not",
+      uring["io_uring"] is True and uring["io_uring_refused"] == "" or
+      uring["io_uring"] is False and "io_uring_queue_init" in uring["io_uring_refused"], uring)
+check("env text names the NVMe engine",
+      ("NVMe I/O:  io_uring" if uring["io_uring"] else "NVMe I/O:  threads") in env_text, env_text)
 
 r = run("bench", "comm", "--backend", "loopback", "--ranks", "3", "--min-bytes", "4KiB",
         "--max-bytes", "64KiB", "--rounds", "1", "--json")

@@ -17,6 +17,7 @@
 #include "zerort/offload/task_pool.h"
 #include "zerort/offload/transfer_engine.h"
 #include "zerort/runtime/allocator.h"
+#include "zerort/runtime/strings.h"
 
 namespace zerort {
 namespace {
@@ -129,8 +130,22 @@ TEST(TransferEngine, CpuCopiesOverlapOnAWorkerThread) {
   EXPECT_EQ(again, src);
 }
 
+// The io_uring engine's tests skip, saying why, where the kernel refuses io_uring (ENOSYS or
+// EPERM: IoUringUsable); engine auto then takes the threads engine, tested everywhere.
+std::string IoUringSkip() {
+  const Status uring = IoUringUsable();
+  return uring.ok() ? ""
+                    : StrCat("io_uring is refused on this machine (", uring.message(),
+                             "): the io_uring engine is not tested here");
+}
+
 class NvmeStoreTest : public ::testing::TestWithParam<IoEngine> {
  protected:
+  void SetUp() override {
+    if (const std::string why = IoUringSkip(); GetParam() == IoEngine::kIoUring && !why.empty()) {
+      GTEST_SKIP() << why;
+    }
+  }
   NvmeStoreOptions Options() {
     NvmeStoreOptions o;
     o.dir = dir_.str();
@@ -251,6 +266,7 @@ INSTANTIATE_TEST_SUITE_P(Engines, NvmeStoreTest,
                          [](const auto& info) { return std::string(IoEngineName(info.param)); });
 
 TEST(NvmeStore, BothEnginesWriteByteIdenticalFiles) {
+  if (const std::string why = IoUringSkip(); !why.empty()) GTEST_SKIP() << why;
   TempDir dir;
   const std::vector<char> data = RandomBytes(200'000, 3);
   std::vector<std::vector<char>> files;
