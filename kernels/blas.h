@@ -21,7 +21,8 @@ std::string BlasCoreWarning();
 // The version of the CPU kernels' hot loops (ZR_CPU_CLONES, kernels/cpu/vector_math.h) the loader
 // picks on this CPU: "AVX-512 (x86-64-v4)", "AVX2 + FMA (x86-64-v3)" or "baseline x86-64"; or
 // "baseline (the per-width versions are not built: ZR_CPU_DISPATCH=OFF)". The test of what it
-// says on other CPUs: tools/cpu_levels.py, which runs the tests on emulated ones.
+// says on other CPUs: tools/cpu_levels.py, which runs the tests on emulated ones. Defined beside
+// the loops, in kernels/cpu/fast_ops.cc.
 std::string CpuLoopLevel();
 
 }  // namespace zerort

@@ -2,28 +2,7 @@
 """A build's CPU tests on the x86-64 levels below this machine's, through QEMU's user-mode emulator
 (Debian's qemu-user): `make test` must pass on any x86-64 machine, and this one runs only its own.
 
-[Note: the CPU levels]
-The CPU kernels' hot loops are compiled three times (ZR_CPU_CLONES, kernels/cpu/vector_math.h):
-AVX-512 (x86-64-v4), AVX2 + FMA (x86-64-v3) and the baseline; the loader picks one by the CPU's
-features, and OpenBLAS picks its GEMM kernels by the CPU's model. A machine runs one of each, so
-the tests of a machine with AVX-512 never run the other loops: their tails (16, 8 and 4 lanes),
-their bitwise claims (the optimizers' updates equal the scalar reference at every width) and the
-golden values' tolerances under another OpenBLAS kernel set. qemu-x86_64 -cpu MODEL runs a test
-program on an emulated CPU whose CPUID reports MODEL's features, so both choices follow it:
-  x86-64-v3  Haswell (AVX2 + FMA, no AVX-512): the v3 loops, OpenBLAS's Haswell kernels
-  x86-64-v2  Nehalem (SSE4.2): the baseline loops, OpenBLAS's Nehalem kernels
-(QEMU's own `qemu64` and `max` models report an AMD CPU that OpenBLAS takes for an Opteron, whose
-kernels use 3DNow!, which QEMU does not emulate: not used.) Each level is first checked with
-`zerort env` under the same model: its "CPU loops" line must name the level, or nothing runs.
-A process that executes a program leaves the emulator (user-mode QEMU emulates one program), so
-the environment here is what zerort's re-execution sets (kernels/openmp_waits.h: GOMP_SPINCOUNT
-and ZERORT_OPENMP_WAITS); a test that starts another program (a death test's re-execution)
-runs that one natively. QEMU's user mode has no io_uring (ENOSYS), so the io_uring engine's
-tests skip there as on any machine whose kernel refuses it (offload/nvme_store.h, IoUringUsable).
-The tests are the build's `cpu` label that run one of its own programs
-(ctest's list); the `mpi` label and the Python CLI tests start mpirun or zerort: not emulated.
-Emulation runs a test about 5-15x slower than natively; each test's timeout is ctest's times
---timeout-scale.
+[Note: the CPU levels] below says how.
 
   tools/cpu_levels.py BUILD [--level x86-64-v3|x86-64-v2]... [-R REGEX] [-E REGEX] [-j N]
 
@@ -39,6 +18,29 @@ import shutil
 import subprocess
 import sys
 import time
+
+# [Note: the CPU levels]
+# The CPU kernels' hot loops are compiled three times (ZR_CPU_CLONES, kernels/cpu/vector_math.h):
+# AVX-512 (x86-64-v4), AVX2 + FMA (x86-64-v3) and the baseline; the loader picks one by the CPU's
+# features, and OpenBLAS picks its GEMM kernels by the CPU's model. A machine runs one of each, so
+# the tests of a machine with AVX-512 never run the other loops: their tails (16, 8 and 4 lanes),
+# their bitwise claims (the optimizers' updates equal the scalar reference at every width) and the
+# golden values' tolerances under another OpenBLAS kernel set. qemu-x86_64 -cpu MODEL runs a test
+# program on an emulated CPU whose CPUID reports MODEL's features, so both choices follow it:
+#   x86-64-v3  Haswell (AVX2 + FMA, no AVX-512): the v3 loops, OpenBLAS's Haswell kernels
+#   x86-64-v2  Nehalem (SSE4.2): the baseline loops, OpenBLAS's Nehalem kernels
+# (QEMU's own `qemu64` and `max` models report an AMD CPU that OpenBLAS takes for an Opteron, whose
+# kernels use 3DNow!, which QEMU does not emulate: not used.) Each level is first checked with
+# `zerort env` under the same model: its "CPU loops" line must name the level, or nothing runs.
+# A process that executes a program leaves the emulator (user-mode QEMU emulates one program), so
+# the environment here is what zerort's re-execution sets (kernels/openmp_waits.h: GOMP_SPINCOUNT
+# and ZERORT_OPENMP_WAITS); a test that starts another program (a death test's re-execution)
+# runs that one natively. QEMU's user mode has no io_uring (ENOSYS), so the io_uring engine's
+# tests skip there as on any machine whose kernel refuses it (offload/nvme_store.h, IoUringUsable).
+# The tests are those of the build's `cpu` label that run one of its own programs (ctest's list);
+# the `mpi` label and the Python CLI tests start mpirun or zerort: not emulated. Emulation runs a
+# test several times slower than natively (the AVX2 model slower than the SSE4.2 one); each
+# test's timeout is ctest's times --timeout-scale.
 
 # The emulated CPU models; the features QEMU's translator lacks are turned off so that it does
 # not warn about them on every start.

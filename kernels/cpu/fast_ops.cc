@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "zerort/kernels/blas.h"
 #include "zerort/kernels/cpu/sgemm.h"
 #include "zerort/kernels/cpu/vector_math.h"
 #include "zerort/kernels/flash_math.h"
@@ -486,3 +487,21 @@ void Accumulate(float* dst, const float* src, int64_t n) {
 }
 
 }  // namespace zerort::cpu::fast
+
+namespace zerort {
+
+// The loader's pick among a ZR_CPU_CLONES function's versions: GCC's resolver takes the first of
+// x86-64-v4, x86-64-v3 and the default that __builtin_cpu_supports accepts, so the same test here
+// names the same version.
+std::string CpuLoopLevel() {
+#if ZR_CPU_CLONES_BUILT
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("x86-64-v4")) return "AVX-512 (x86-64-v4)";
+  if (__builtin_cpu_supports("x86-64-v3")) return "AVX2 + FMA (x86-64-v3)";
+  return "baseline x86-64";
+#else
+  return "baseline (the per-width versions are not built: ZR_CPU_DISPATCH=OFF)";
+#endif
+}
+
+}  // namespace zerort
