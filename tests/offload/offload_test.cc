@@ -142,9 +142,8 @@ std::string IoUringSkip() {
 class NvmeStoreTest : public ::testing::TestWithParam<IoEngine> {
  protected:
   void SetUp() override {
-    if (const std::string why = IoUringSkip(); GetParam() == IoEngine::kIoUring && !why.empty()) {
-      GTEST_SKIP() << why;
-    }
+    if (GetParam() != IoEngine::kIoUring) return;
+    if (const std::string why = IoUringSkip(); !why.empty()) GTEST_SKIP() << why;
   }
   NvmeStoreOptions Options() {
     NvmeStoreOptions o;
