@@ -69,8 +69,8 @@ def ctest_list(build):
 
 
 def selected(tests, build, include, exclude):
-    """(name, argv, environment, working folder, timeout) of the cpu tests that run the build's
-    own programs, filtered by name as ctest's -R and -E filter."""
+    """(name, argv, environment, working folder, timeout, skip patterns) of the cpu tests that run
+    the build's own programs, filtered by name as ctest's -R and -E filter."""
     root = os.path.realpath(build) + os.sep
     out = []
     for t in tests:
@@ -120,7 +120,7 @@ def check_level(build, level):
         if value:
             lines.setdefault(key.strip(), value.strip())
     loops, gemm = lines.get("CPU loops", "?"), lines.get("CPU GEMM", "?")
-    return rc == 0 and loops.startswith(ENV_LINE[level]), f"CPU loops {loops}; GEMM {gemm}"
+    return loops.startswith(ENV_LINE[level]), f"CPU loops {loops}; GEMM {gemm}"
 
 
 def main():
