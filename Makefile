@@ -78,7 +78,8 @@ test-unit: build
 	ctest --test-dir $(BUILD) -L 'cpu|mpi|gpu' --output-on-failure -j2
 	tools/cpu_levels.py $(BUILD) -R '$(CPU_LEVELS_QUICK)'
 
-# Every CPU test program of the Release build on both emulated levels (about an hour on 2 cores).
+# Every CPU test program of the Release build on both emulated levels (on 2 cores about 32 min at
+# x86-64-v2 and more at x86-64-v3, whose AVX2 QEMU emulates more slowly: docs/benchmarks.md).
 test-cpu-levels: build
 	tools/cpu_levels.py $(BUILD)
 
