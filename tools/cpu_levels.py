@@ -134,6 +134,11 @@ def main():
     args = ap.parse_args()
     if args.jobs < 1 or args.timeout_scale <= 0:
         refuse("-j and --timeout-scale must be positive")
+    for flag, pattern in (("-R", args.include), ("-E", args.exclude)):
+        try:
+            re.compile(pattern or "")
+        except re.error as e:
+            refuse(f"{flag} {pattern!r}: not a regular expression ({e})")
     if platform.machine() != "x86_64":
         print(f"cpu_levels: a {platform.machine()} machine: the levels are x86-64's, nothing run")
         return 0

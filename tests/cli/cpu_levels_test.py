@@ -31,6 +31,11 @@ r = run(build, "-j", "0")
 check("-j 0 is refused", r.returncode == 2 and "-j" in r.stderr, r.stderr)
 r = run(build, "--level", "x86-64-v9")
 check("an unknown level is refused", r.returncode == 2 and "x86-64-v9" in r.stderr, r.stderr)
+for flag in ("-R", "-E"):
+    r = run(build, flag, "(")
+    check(f"{flag} with a broken pattern is refused naming it",
+          r.returncode == 2 and f"{flag} '('" in r.stderr and "not a regular expression" in r.stderr,
+          r.stderr)
 r = run(build, "-R", "^NoSuchTest\\.")
 check("a filter that selects nothing is refused",
       r.returncode == 2 and "no cpu test selected" in r.stderr, r.stderr)
