@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "zerort/runtime/strings.h"
+
 namespace zerort {
 
 struct Range {
@@ -24,7 +26,7 @@ struct Range {
   // The same span expressed relative to `origin` (e.g. flat -> shard: Shift(-shard_begin)).
   Range Shift(int64_t delta) const { return Range{begin + delta, end + delta}; }
   std::string ToString() const {
-    return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
+    return StrCat("[", begin, ", ", end, ")");  // not operator+: GCC 12's -Wrestrict misfires
   }
   friend bool operator==(const Range&, const Range&) = default;
 };

@@ -65,13 +65,8 @@ ZR_CPU_CLONES void LayerNormSpan(float* out, float* mean, float* rstd, const flo
   const float inv_c = math::InverseCount(channels);
   for (int64_t r = r0; r < r1; ++r) {
     const float* x = inp + r * channels;
-    float m = 0.0f;
-#pragma omp simd reduction(+ : m)
-    for (int c = 0; c < channels; ++c) m += x[c];
-    m *= inv_c;
-    float v = 0.0f;
-#pragma omp simd reduction(+ : v)
-    for (int c = 0; c < channels; ++c) v += math::SquaredDeviation(x[c], m);
+    const float m = RowSum(channels, [x](int c) { return x[c]; }) * inv_c;
+    const float v = RowSum(channels, [x, m](int c) { return math::SquaredDeviation(x[c], m); });
     const float s = math::LayerNormRstd(v, inv_c, eps);
     float* o = out + r * channels;
 #pragma omp simd
@@ -106,13 +101,10 @@ ZR_CPU_CLONES void LayerNormBackwardSpan(float* dinp, float* pw, float* pb, cons
     const float* x = inp + r * channels;
     const float* dy = dout + r * channels;
     const float m = mean[r], s = rstd[r];
-    float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
-    for (int c = 0; c < channels; ++c) {
+    auto [dnorm_mean, dnorm_norm_mean] = RowSums(channels, [=](int c) {
       const float dnorm = math::LayerNormDnorm(dy[c], weight[c]);
-      dnorm_mean += dnorm;
-      dnorm_norm_mean += math::LayerNormDnormNorm(dnorm, x[c], m, s);
-    }
+      return std::pair<float, float>(dnorm, math::LayerNormDnormNorm(dnorm, x[c], m, s));
+    });
     dnorm_mean *= inv_c;
     dnorm_norm_mean *= inv_c;
     if (dinp != nullptr && pw != nullptr && pb != nullptr) {  // the usual case: one more pass
@@ -172,9 +164,7 @@ ZR_CPU_CLONES void CrossEntropySpan(float* logits, float* losses, const int32_t*
     float max = z[0];
 #pragma omp simd reduction(max : max)
     for (int v = 1; v < valid; ++v) max = std::max(max, z[v]);
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int v = 0; v < valid; ++v) sum += FastExp(z[v] - max);
+    const float sum = RowSum(valid, [z, max](int v) { return FastExp(z[v] - max); });
     const float log_sum = std::log(sum);
     losses[r] = math::CrossEntropyLoss(z[targets[r]], max, log_sum);
     if (scale == 0.0f) continue;
@@ -201,12 +191,9 @@ ZR_CPU_CLONES void FlashForwardBlock(float* s, int ld, int m, int kn, int q0, in
     for (int j = 0; j < valid; ++j)
       block_max = std::max(block_max, math::ScaledScore(row[j], scale));
     const float alpha = sm[i].Rescale(block_max);
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int j = 0; j < valid; ++j) {
-      row[j] = sm[i].Prob(math::ScaledScore(row[j], scale));
-      sum += row[j];
-    }
+    const math::OnlineSoftmax soft = sm[i];  // a copy: the stores to row cannot change it
+    const float sum =
+        RowSum(valid, [=](int j) { return row[j] = soft.Prob(math::ScaledScore(row[j], scale)); });
     std::fill(row + valid, row + kn, 0.0f);
     sm[i].Accumulate(sum);
     float* a = acc + static_cast<int64_t>(i) * hs;
@@ -270,10 +257,7 @@ ZR_CPU_CLONES void RowDots(float* d, const float* dout, const float* out, int64_
   for (int t = 0; t < seq; ++t) {
     const float* a = dout + t * ld;
     const float* b = out + t * ld;
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int c = 0; c < hs; ++c) sum += a[c] * b[c];
-    d[t] = sum;
+    d[t] = RowSum(hs, [a, b](int c) { return a[c] * b[c]; });
   }
 }
 

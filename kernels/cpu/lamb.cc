@@ -1,10 +1,13 @@
-// LAMB on the CPU (two OpenMP passes) and the validating entries shared with CUDA.
+// LAMB on the CPU (two OpenMP passes, the norms' sums in fixed chunks) and the validating entries
+// shared with CUDA.
 #include "zerort/kernels/lamb.h"
 
 #include <algorithm>
 #include <cmath>
 
+#include "zerort/kernels/cpu/vector_math.h"
 #include "zerort/kernels/optimizer_math.h"
+#include "zerort/kernels/reduce.h"
 #include "zerort/runtime/dtype.h"
 #include "zerort/runtime/strings.h"
 
@@ -25,6 +28,22 @@ double StepSize(const LambHyper& h) {
   const double t = static_cast<double>(h.step);
   return h.lr * std::sqrt(1.0 - std::pow(static_cast<double>(h.beta2), t)) /
          (1.0 - std::pow(static_cast<double>(h.beta1), t));
+}
+
+// One chunk of the moments pass: each element's update written over its gradient, and the
+// chunk's sums of squares of the parameters and of the updates, in eight double lanes each
+// ([Note: sums in written-out lanes], kernels/cpu/vector_math.h).
+std::pair<double, double> MomentsChunk(const math::LambScalars& a, const float* p, float* g,
+                                       float* m, float* v, int64_t begin, int64_t end) {
+  cpu::Lanes<double, 8> w, u;
+  cpu::ForLanes<8>(end - begin, [&](int64_t k, int j) {
+    const int64_t i = begin + k;
+    const float update = math::LambUpdate(a, p[i], g[i], m[i], v[i]);
+    g[i] = update;
+    w.lane[j] += static_cast<double>(p[i]) * p[i];
+    u.lane[j] += static_cast<double>(update) * update;
+  });
+  return {w.Total(), u.Total()};
 }
 
 template <typename Out>
@@ -65,14 +84,13 @@ Status LambMoments(const LambHyper& h, const TensorView& master, const TensorVie
   }
   float* s = sums.data_as<float>();
   return RunOnHostInOrder(stream, [=] {
-    double w = 0, u = 0;
     const math::LambScalars a = math::MakeLambScalars(h);
-#pragma omp parallel for simd schedule(static) reduction(+ : w, u) if (n > (int64_t{1} << 15))
-    for (int64_t i = 0; i < n; ++i) {
-      const float update = math::LambUpdate(a, p[i], g[i], m[i], v[i]);
-      g[i] = update;
-      w += static_cast<double>(p[i]) * p[i];
-      u += static_cast<double>(update) * update;
+    double w = 0, u = 0;  // the chunks' sums in chunk order: the same bits at any thread count
+    for (const auto& [cw, cu] : cpu::ChunkResults(n, kReduceChunk, [&](int64_t b, int64_t e) {
+           return MomentsChunk(a, p, g, m, v, b, e);
+         })) {
+      w += cw;
+      u += cu;
     }
     s[0] += static_cast<float>(w);
     s[1] += static_cast<float>(u);

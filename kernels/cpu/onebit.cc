@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "zerort/kernels/cpu/vector_math.h"
 #include "zerort/kernels/optimizer_math.h"
+#include "zerort/kernels/reduce.h"
 #include "zerort/runtime/strings.h"
 
 namespace zerort {
@@ -25,6 +27,31 @@ Status CheckStream(const Device& device, Stream* stream, const char* what) {
         StrCat(what, " on CUDA views needs a stream of their device"));
   }
   return absl::OkStatus();
+}
+
+// One chunk of OneBitLambReconstruct's elements: the updates written, and the chunk's sums of
+// squares of the preliminary and final updates (eight double lanes each, [Note: sums in
+// written-out lanes], kernels/cpu/vector_math.h) and its largest ratio.
+struct LambChunkStats {
+  double prelim_sq = 0, update_sq = 0;
+  float ratio = 0;
+};
+LambChunkStats ReconstructChunk(const OneBitAdamHyper& h, float scaling, const float* p,
+                                const float* f, float* m, const float* v, float* vf, float* u,
+                                float ratio, int64_t begin, int64_t end) {
+  const float omb1 = 1.0f - h.beta1, omb2 = 1.0f - h.beta2;
+  cpu::Lanes<double, 8> prelim_sq, update_sq;
+  cpu::ForLanes<8>(end - begin, [&](int64_t k, int j) {
+    const int64_t i = begin + k;
+    const math::OneBitLambElement e =
+        math::OneBitLambReconstruct(f[i], scaling, m[i], v[i], vf[i], p[i], h.beta1, omb1, h.beta2,
+                                    omb2, h.eps, h.weight_decay);
+    u[i] = e.update;
+    prelim_sq.lane[j] += static_cast<double>(e.prelim) * e.prelim;
+    update_sq.lane[j] += static_cast<double>(e.update) * e.update;
+    ratio = std::max(ratio, e.ratio);
+  });
+  return {prelim_sq.Total(), update_sq.Total(), ratio};
 }
 
 }  // namespace
@@ -168,19 +195,14 @@ Status OneBitLambReconstruct(const OneBitAdamHyper& h, float scaling, const Tens
     return internal::CudaOneBitLambReconstruct(h, scaling, p, f, m, v, vf, u, st, n, stream);
   }
   return RunOnHostInOrder(stream, [=] {
-    const float omb1 = 1.0f - h.beta1, omb2 = 1.0f - h.beta2;
-    double prelim_sq = 0, update_sq = 0;
-    float ratio = st[2];
-#pragma omp parallel for schedule(static) reduction(+ : prelim_sq, update_sq) \
-    reduction(max : ratio) if (n > (int64_t{1} << 15))
-    for (int64_t i = 0; i < n; ++i) {
-      const math::OneBitLambElement e =
-          math::OneBitLambReconstruct(f[i], scaling, m[i], v[i], vf[i], p[i], h.beta1, omb1,
-                                      h.beta2, omb2, h.eps, h.weight_decay);
-      u[i] = e.update;
-      prelim_sq += static_cast<double>(e.prelim) * e.prelim;
-      update_sq += static_cast<double>(e.update) * e.update;
-      ratio = std::max(ratio, e.ratio);
+    double prelim_sq = 0, update_sq = 0;  // the chunks' in chunk order: the same bits at any
+    float ratio = st[2];                  // thread count
+    for (const LambChunkStats& c : cpu::ChunkResults(n, kReduceChunk, [&](int64_t b, int64_t e) {
+           return ReconstructChunk(h, scaling, p, f, m, v, vf, u, st[2], b, e);
+         })) {
+      prelim_sq += c.prelim_sq;
+      update_sq += c.update_sq;
+      ratio = std::max(ratio, c.ratio);
     }
     st[0] += static_cast<float>(prelim_sq);
     st[1] += static_cast<float>(update_sq);

@@ -54,22 +54,14 @@ struct Square {
 };
 
 // An fp32 chunk's sum of squares in kSquareLanes double sums, element i into lane i % kSquareLanes
-// (from the chunk's start), the lanes then added in a fixed tree. Written out rather than left to
-// the vectoriser's reduction (whose lanes are the compiler's choice, loop by loop), so that the
-// add fused with it below (HostAccumulateWithSumOfSquares) takes the same sums in the same order
-// whatever the compiler makes of either loop. Eight lanes: a pass over 32 Mi floats on one
-// thread of this project's 2-core machine ran at 26 GB/s, against 23 for the vectoriser's loop
-// and 20 for sixteen lanes (a scratch program with the build's flags, 2026-12-05).
+// (from the chunk's start), the lanes then added in a fixed tree ([Note: sums in written-out
+// lanes], kernels/cpu/vector_math.h), so that the add fused with it below
+// (HostAccumulateWithSumOfSquares) takes the same sums in the same order whatever the compiler
+// makes of either loop. Eight lanes: a pass over 32 Mi floats on one thread of this project's
+// 2-core machine ran at 26 GB/s, against 23 for the vectoriser's loop and 20 for sixteen lanes
+// (a scratch program with the build's flags, 2026-12-05).
 constexpr int kSquareLanes = 8;
-struct SquareLanes {
-  double lane[kSquareLanes] = {};
-  double Total() {
-    for (int w = kSquareLanes / 2; w >= 1; w /= 2) {
-      for (int j = 0; j < w; ++j) lane[j] += lane[j + w];
-    }
-    return lane[0];
-  }
-};
+using SquareLanes = cpu::Lanes<double, kSquareLanes>;
 
 ZR_CPU_CLONES double ChunkSumOfSquaresF32(const float* p, int64_t n) {
   SquareLanes s;
@@ -86,17 +78,13 @@ ZR_CPU_CLONES double ChunkSumOfSquaresF32(const float* p, int64_t n) {
 // elements, and deterministic.
 template <typename Chunk>
 double ChunkedSum(const TensorView& x, Chunk chunk, double total = 0.0) {
-  const int64_t n = x.numel();
-  constexpr int64_t kChunk = kReduceChunk;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  std::vector<double> partial(static_cast<size_t>(std::max<int64_t>(chunks, 1)), 0.0);
   const void* base = x.data();
   const DType dtype = x.dtype();
-#pragma omp parallel for schedule(static) if (chunks > 1)
-  for (int64_t c = 0; c < chunks; ++c) {
-    partial[static_cast<size_t>(c)] = chunk(base, dtype, c * kChunk, std::min(n, (c + 1) * kChunk));
+  for (double p : cpu::ChunkResults(x.numel(), kReduceChunk, [&](int64_t begin, int64_t end) {
+         return chunk(base, dtype, begin, end);
+       })) {
+    total += p;
   }
-  for (double p : partial) total += p;
   return total;
 }
 

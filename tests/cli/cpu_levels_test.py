@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """tools/cpu_levels.py ([Note: the CPU levels]): misuse refused by name (exit 2), and on this
 build the element-type tests run on an emulated SSE4.2 CPU after zerort env there named the
-baseline loops; in a sanitized build (whose programs QEMU's user mode does not run) only the
-refusals. Usage: cpu_levels_test.py BUILD_DIR SOURCE_DIR ZERORT"""
+baseline loops; a tiny training run gives the same bits natively and on the emulated AVX2 and
+SSE4.2 CPUs, OpenBLAS held to one kernel set ([Note: sums in written-out lanes],
+kernels/cpu/vector_math.h); in a sanitized build (whose programs QEMU's user mode does not run)
+only the refusals. Usage: cpu_levels_test.py BUILD_DIR SOURCE_DIR ZERORT"""
+import importlib.util
 import json
 import os
 import subprocess
@@ -10,7 +13,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Checks  # noqa: E402
+from harness import Checks, merged, read_jsonl, tiny_run, write_json  # noqa: E402
 
 build, source, zerort = sys.argv[1:4]
 tool = os.path.join(source, "tools", "cpu_levels.py")
@@ -49,5 +52,35 @@ else:
     check("the element-type tests pass on the emulated SSE4.2 CPU, its loops checked first",
           r.returncode == 0 and "x86-64-v2 (CPU loops baseline x86-64;" in r.stdout and
           " 0 failed of " in r.stdout and " 0 passed" not in r.stdout, r.stdout + r.stderr)
+
+    # The run's numbers on each CPU: OpenBLAS held to its Nehalem kernels (which every level
+    # runs), one thread, so that only the CPU loops' versions differ.
+    spec = importlib.util.spec_from_file_location("cpu_levels", tool)
+    levels = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(levels)
+    folder = tempfile.mkdtemp()
+    env = {"OPENBLAS_CORETYPE": "Nehalem", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+    def numbers(name, model):
+        cfg = write_json(folder, name + ".json", merged(tiny_run(10), {
+            "checkpoint": {"dir": os.path.join(folder, name + "-ckpt")},
+            "logging": {"metrics_file": os.path.join(folder, name + ".jsonl")}}))
+        argv = [zerort, "--log-level", "off", "train", cfg]
+        if model is None:
+            r = subprocess.run(argv, env=dict(os.environ, **env), capture_output=True, text=True,
+                               timeout=300)
+            rc, text = r.returncode, r.stdout + r.stderr
+        else:
+            rc, text = levels.emulated(model, argv, env, folder, 300)
+        check(f"the tiny run exits 0 ({name})", rc == 0, text[-500:])
+        return [(m["loss"], m["grad_norm"]) for m in read_jsonl(folder, name)] if rc == 0 else []
+
+    native = numbers("native", None)
+    for level, model in sorted(levels.LEVELS.items()):
+        got = numbers(level, model)
+        steps = [i + 1 for i, (a, b) in enumerate(zip(native, got)) if a != b]
+        check(f"a run's losses and grad norms at {level} are the native run's bits",
+              len(native) == 10 and got == native, f"steps {steps} differ; {got[:2]} against "
+              f"{native[:2]}")
 
 sys.exit(checks.finish())

@@ -14,6 +14,7 @@
 #include "tests/kernels/random_floats.h"
 #include "zerort/kernels/cpu/fast_ops.h"
 #include "zerort/kernels/cpu/vector_math.h"
+#include "zerort/kernels/model_math.h"
 #include "zerort/kernels/model_ops.h"
 
 namespace zerort::cpu {
@@ -193,6 +194,87 @@ TEST(FastOpsTest, FusedCrossEntropyIgnoresThePadding) {
   };
   check(0.0);
   check(0.0f);
+}
+
+// [Note: sums in written-out lanes] (kernels/cpu/vector_math.h): a row's sum with element c in
+// lane c % 16, the lanes then added 8, 4, 2 and 1 apart, in a plain scalar loop (this file is
+// built for the baseline alone). The kernels run the machine's ZR_CPU_CLONES version, and
+// tools/cpu_levels.py runs this test on emulated AVX2 and SSE4.2 CPUs: every version must give
+// these bits.
+float LaneSum(int n, const std::function<float(int)>& term) {
+  float lane[16] = {};
+  for (int c = 0; c < n; ++c) lane[c % 16] += term(c);
+  for (int w = 8; w >= 1; w /= 2) {
+    for (int j = 0; j < w; ++j) lane[j] += lane[j + w];
+  }
+  return lane[0];
+}
+
+// The LayerNorm forward and backward and the fused cross-entropy against the kernels' own
+// arithmetic (the shared element math of kernels/model_math.h) summed in LaneSum's order: the
+// same bits, whatever the machine's vector width. Rows of 101 channels: six rounds of the lanes
+// and a tail of five.
+TEST(FastOpsTest, RowSumsGiveTheSameBitsInEveryVectorWidth) {
+  const int rows = 9, ch = 101;
+  const float eps = 1e-5f;
+  const auto x = ToFloat(Random(rows * ch, 51, 2)), w = ToFloat(Random(ch, 52)),
+             b = ToFloat(Random(ch, 53)), dy = ToFloat(Random(rows * ch, 54)),
+             dx0 = ToFloat(Random(rows * ch, 55)), dw0 = ToFloat(Random(ch, 56));
+  std::vector<float> y(x.size()), mean(rows), rstd(rows), dx = dx0, dw = dw0;
+  fast::LayerNormForward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), rows, ch,
+                         eps);
+  fast::LayerNormBackward(dx.data(), dw.data(), nullptr, dy.data(), x.data(), w.data(), mean.data(),
+                          rstd.data(), rows, ch);
+  std::vector<float> ye(x.size()), me(rows), re(rows), dxe = dx0, dwe = dw0, pw(ch, 0.0f);
+  const float inv = math::InverseCount(ch);
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x.data() + r * ch;
+    const float* dyr = dy.data() + r * ch;
+    const float m = LaneSum(ch, [&](int c) { return xr[c]; }) * inv;
+    const float sq = LaneSum(ch, [&](int c) { return math::SquaredDeviation(xr[c], m); });
+    const float s = math::LayerNormRstd(sq, inv, eps);
+    for (int c = 0; c < ch; ++c) ye[r * ch + c] = math::LayerNormOut(xr[c], m, s, w[c], b[c]);
+    me[r] = m;
+    re[r] = s;
+    const float dm = LaneSum(ch, [&](int c) { return math::LayerNormDnorm(dyr[c], w[c]); }) * inv;
+    const float dnm =
+        LaneSum(ch,
+                [&](int c) {
+                  return math::LayerNormDnormNorm(math::LayerNormDnorm(dyr[c], w[c]), xr[c], m, s);
+                }) *
+        inv;
+    for (int c = 0; c < ch; ++c) {
+      dxe[r * ch + c] += math::LayerNormInputGrad(dyr[c], w[c], xr[c], m, s, dm, dnm);
+      pw[c] += math::LayerNormWeightGrad(xr[c], m, s, dyr[c]);  // one block of rows (< 32)
+    }
+  }
+  for (int c = 0; c < ch; ++c) dwe[c] += pw[c];
+  EXPECT_EQ(y, ye);
+  EXPECT_EQ(mean, me);
+  EXPECT_EQ(rstd, re);
+  EXPECT_EQ(dx, dxe);
+  EXPECT_EQ(dw, dwe);
+
+  const int vocab = 211, valid = 203;  // 12 rounds of the lanes and a tail of 11; padding
+  const float scale = 0.5f;
+  const auto z0 = ToFloat(Random(rows * vocab, 57, 4));
+  std::vector<int32_t> targets(rows);
+  for (int r = 0; r < rows; ++r) targets[r] = (r * 29) % valid;
+  std::vector<float> z = z0, loss(rows), ze = z0, losse(rows);
+  fast::SoftmaxCrossEntropyFused(z.data(), loss.data(), targets.data(), rows, vocab, valid, scale);
+  for (int r = 0; r < rows; ++r) {
+    float* zr = ze.data() + r * vocab;
+    float max = zr[0];
+    for (int v = 1; v < valid; ++v) max = std::max(max, zr[v]);
+    const float log_sum = std::log(LaneSum(valid, [&](int v) { return FastExp(zr[v] - max); }));
+    losse[r] = math::CrossEntropyLoss(zr[targets[r]], max, log_sum);
+    for (int v = 0; v < vocab; ++v) {
+      zr[v] = v < valid ? math::CrossEntropyGrad(zr[v], max + log_sum, scale) : 0.0f;
+    }
+    zr[targets[r]] = math::CrossEntropyTargetGrad(zr[targets[r]], scale);
+  }
+  EXPECT_EQ(loss, losse);
+  EXPECT_EQ(z, ze);
 }
 
 struct AttentionShape {
