@@ -8,8 +8,6 @@
 #include <cstdint>
 #include <string>
 
-#include "zerort/runtime/strings.h"
-
 namespace zerort {
 
 struct Range {
@@ -26,7 +24,12 @@ struct Range {
   // The same span expressed relative to `origin` (e.g. flat -> shard: Shift(-shard_begin)).
   Range Shift(int64_t delta) const { return Range{begin + delta, end + delta}; }
   std::string ToString() const {
-    return StrCat("[", begin, ", ", end, ")");  // not operator+: GCC 12's -Wrestrict misfires
+    std::string s = "[";  // appended, not "[" + ...: GCC 12's -Wrestrict misfires on that
+    s += std::to_string(begin);
+    s += ", ";
+    s += std::to_string(end);
+    s += ')';
+    return s;
   }
   friend bool operator==(const Range&, const Range&) = default;
 };
