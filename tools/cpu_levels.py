@@ -50,6 +50,8 @@ LEVELS = {
 }
 # What zerort env's "CPU loops" line starts with at each level (kernels/blas.h, CpuLoopLevel).
 ENV_LINE = {"x86-64-v3": "AVX2 + FMA (x86-64-v3)", "x86-64-v2": "baseline"}
+# A progress line after every this many tests of a level.
+PROGRESS_EVERY = 50
 # kernels/openmp_waits.h: the variables zerort's re-execution sets.
 NO_REEXEC = {"GOMP_SPINCOUNT": "1000", "ZERORT_OPENMP_WAITS": "1"}
 
@@ -152,7 +154,7 @@ def main():
         ok, described = check_level(args.build, level)
         if not ok:
             print(f"cpu_levels: {level}: zerort env under -cpu {LEVELS[level]} says {described}, "
-                  f"not {ENV_LINE[level]}: the tests would not run that level's loops")
+                  f"not {ENV_LINE[level]}: the tests would not run that level's loops", flush=True)
             failed_levels += 1
             continue
         start = time.monotonic()
@@ -165,17 +167,23 @@ def main():
             return name, rc, text, any(re.search(s, text) for s in skips)
 
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-            for name, rc, text, skip in pool.map(run, tests):
+            for done, (name, rc, text, skip) in enumerate(pool.map(run, tests), 1):
                 if skip:
                     skipped += 1
                 elif rc == 0:
                     passed += 1
                 else:
                     failures.append(name)
-                    print(f"cpu_levels: {level}: {name} failed (exit {rc}):\n{text[-4000:]}")
+                    print(f"cpu_levels: {level}: {name} failed (exit {rc}):\n{text[-4000:]}",
+                          flush=True)
+                if done % PROGRESS_EVERY == 0 and done < len(tests):
+                    # A run stopped early (a full level takes half an hour or more) leaves this.
+                    print(f"cpu_levels: {level}: {done} of {len(tests)} run ({passed} passed, "
+                          f"{skipped} skipped, {len(failures)} failed) in "
+                          f"{time.monotonic() - start:.0f} s, the last {name}", flush=True)
         print(f"cpu_levels: {level} ({described}): {passed} passed, {skipped} skipped, "
               f"{len(failures)} failed of {len(tests)} in {time.monotonic() - start:.0f} s"
-              + (f": {', '.join(failures)}" if failures else ""))
+              + (f": {', '.join(failures)}" if failures else ""), flush=True)
         failed_levels += bool(failures)
     return 1 if failed_levels else 0
 
