@@ -8,6 +8,7 @@ only the refusals. Usage: cpu_levels_test.py BUILD_DIR SOURCE_DIR ZERORT"""
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -77,10 +78,14 @@ else:
 
     native = numbers("native", None)
     for level, model in sorted(levels.LEVELS.items()):
+        ok, described = levels.check_level(build, level)
+        check(f"zerort env under the {level} model names that level's loops", ok, described)
         got = numbers(level, model)
         steps = [i + 1 for i, (a, b) in enumerate(zip(native, got)) if a != b]
         check(f"a run's losses and grad norms at {level} are the native run's bits",
               len(native) == 10 and got == native, f"steps {steps} differ; {got[:2]} against "
               f"{native[:2]}")
+    shutil.rmtree(folder, ignore_errors=True)
 
+shutil.rmtree(empty, ignore_errors=True)
 sys.exit(checks.finish())
