@@ -94,6 +94,9 @@ def selected(tests, build, include, exclude):
 
 
 def emulated(model, argv, env, cwd, timeout):
+    program = os.path.join(cwd, argv[0])  # argv[0] itself when absolute
+    if not os.access(program, os.X_OK):  # QEMU exits 1 saying nothing
+        return 127, f"{program}: no such program"
     full = dict(os.environ)
     full.update(NO_REEXEC)
     full.update(env)

@@ -16,7 +16,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import Checks, merged, read_jsonl, tiny_run, write_json  # noqa: E402
 
-build, source, zerort = sys.argv[1:4]
+build, source, zerort = (os.path.abspath(a) for a in sys.argv[1:4])
 tool = os.path.join(source, "tools", "cpu_levels.py")
 checks = Checks("cpu_levels_test")
 check = checks.check
