@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "zerort/kernels/cpu/vector_math.h"
 #include "zerort/kernels/optimizer_math.h"
@@ -38,7 +39,8 @@ struct LambChunkStats {
 };
 LambChunkStats ReconstructChunk(const OneBitAdamHyper& h, float scaling, const float* p,
                                 const float* f, float* m, const float* v, float* vf, float* u,
-                                float ratio, int64_t begin, int64_t end) {
+                                int64_t begin, int64_t end) {
+  float ratio = -std::numeric_limits<float>::infinity();
   const float omb1 = 1.0f - h.beta1, omb2 = 1.0f - h.beta2;
   cpu::Lanes<double, 8> prelim_sq, update_sq;
   cpu::ForLanes<8>(end - begin, [&](int64_t k, int j) {
@@ -198,7 +200,7 @@ Status OneBitLambReconstruct(const OneBitAdamHyper& h, float scaling, const Tens
     double prelim_sq = 0, update_sq = 0;  // the chunks' in chunk order: the same bits at any
     float ratio = st[2];                  // thread count
     for (const LambChunkStats& c : cpu::ChunkResults(n, kReduceChunk, [&](int64_t b, int64_t e) {
-           return ReconstructChunk(h, scaling, p, f, m, v, vf, u, st[2], b, e);
+           return ReconstructChunk(h, scaling, p, f, m, v, vf, u, b, e);
          })) {
       prelim_sq += c.prelim_sq;
       update_sq += c.update_sq;

@@ -65,11 +65,8 @@ using SquareLanes = cpu::Lanes<double, kSquareLanes>;
 
 ZR_CPU_CLONES double ChunkSumOfSquaresF32(const float* p, int64_t n) {
   SquareLanes s;
-  int64_t i = 0;
-  for (; i + kSquareLanes <= n; i += kSquareLanes) {
-    for (int j = 0; j < kSquareLanes; ++j) s.lane[j] += static_cast<double>(p[i + j]) * p[i + j];
-  }
-  for (int j = 0; i + j < n; ++j) s.lane[j] += static_cast<double>(p[i + j]) * p[i + j];
+  cpu::ForLanes<kSquareLanes>(
+      n, [&](int64_t i, int j) { s.lane[j] += static_cast<double>(p[i]) * p[i]; });
   return s.Total();
 }
 
@@ -206,19 +203,11 @@ double IntoF32Piece(const void* in, DType dtype, float* out, int64_t begin, int6
       for (int64_t i = begin; i < end; ++i) out[i] = value(i);
       return;
     }
-    int64_t i = begin;
-    for (; i + kSquareLanes <= end; i += kSquareLanes) {
-      for (int j = 0; j < kSquareLanes; ++j) {
-        const float v = value(i + j);
-        out[i + j] = v;
-        s.lane[j] += static_cast<double>(v) * v;
-      }
-    }
-    for (int j = 0; i + j < end; ++j) {
-      const float v = value(i + j);
-      out[i + j] = v;
+    cpu::ForLanes<kSquareLanes>(end - begin, [&](int64_t k, int j) {
+      const float v = value(begin + k);
+      out[begin + k] = v;
       s.lane[j] += static_cast<double>(v) * v;
-    }
+    });
   };
   auto apply = [&](auto load) {
     if (assign) {

@@ -104,7 +104,7 @@ template <typename F>
 auto ChunkResults(int64_t n, int64_t chunk, F&& f) {
   using Result = decltype(f(int64_t{0}, int64_t{0}));
   const int64_t chunks = (n + chunk - 1) / chunk;
-  std::vector<Result> results(static_cast<size_t>(std::max<int64_t>(chunks, 0)));
+  std::vector<Result> results(static_cast<size_t>(chunks));
 #pragma omp parallel for schedule(static) if (chunks > 1)
   for (int64_t k = 0; k < chunks; ++k) {
     results[static_cast<size_t>(k)] = f(k * chunk, std::min(n, (k + 1) * chunk));

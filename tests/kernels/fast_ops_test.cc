@@ -277,6 +277,36 @@ TEST(FastOpsTest, RowSumsGiveTheSameBitsInEveryVectorWidth) {
   EXPECT_EQ(z, ze);
 }
 
+// ChunkResults (kernels/cpu/vector_math.h), which LAMB's, 1-bit LAMB's and the norm's sums use:
+// a double sum over fixed chunks, added in chunk order, has the same bits at 1, 2 and 3 threads
+// and equals the chunks summed one after the other here. Values of mixed magnitudes, so that
+// another order (an OpenMP reduction's, or chunks that follow the thread count) changes bits.
+TEST(FastOpsTest, ChunkResultsSumTheSameAtAnyThreadCount) {
+  const int64_t n = 5 * 4096 + 123, chunk = 4096;
+  std::vector<double> x = Random(static_cast<size_t>(n), 61);
+  for (int64_t i = 0; i < n; ++i) x[i] *= std::ldexp(1.0, static_cast<int>(i % 41) - 20);
+  double want = 0;
+  for (int64_t b = 0; b < n; b += chunk) {
+    double part = 0;
+    for (int64_t i = b; i < std::min(n, b + chunk); ++i) part += x[i];
+    want += part;
+  }
+  const int threads = omp_get_max_threads();
+  for (int t : {1, 2, 3}) {
+    omp_set_num_threads(t);
+    double got = 0;
+    for (double part : ChunkResults(n, chunk, [&](int64_t b, int64_t e) {
+           double sum = 0;
+           for (int64_t i = b; i < e; ++i) sum += x[i];
+           return sum;
+         })) {
+      got += part;
+    }
+    EXPECT_EQ(got, want) << t << " threads";
+  }
+  omp_set_num_threads(threads);
+}
+
 struct AttentionShape {
   int batch = 2, seq = 150, channels = 48, heads = 3, kv_heads = 3;
   int row() const {
