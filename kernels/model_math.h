@@ -1,12 +1,13 @@
-// The GPT operations' element arithmetic, one definition for the CPU kernels (kernels/cpu/
-// fast_ops.cc, model_ops.cc) and the CUDA kernels (kernels/cuda/model_ops.cuh): e^x, GELU and its
-// derivative, LayerNorm's statistics, affine and backward terms, the fused softmax cross-entropy's
-// loss and gradient, the vocabulary-parallel finish, and the index maths of the embedding and of
-// the attention's head layouts. Each float function is written with kernels/rounded_math.h's
-// operations, so given the same inputs both devices produce the same bits, and the CPU tests
-// execute the GPU kernels' arithmetic. What is not shared (the order of each row's reduction, a
-// warp's shuffle tree on the GPU against a SIMD sum on the CPU; the one log per row, and the
-// vocabulary-parallel path's exp, which are each device's libm) is listed in kernels/README.md.
+// The models' element arithmetic, one definition for the CPU kernels (kernels/cpu/fast_ops.cc,
+// model_ops.cc) and the CUDA kernels (kernels/cuda/model_ops.cuh, llama_ops.cuh): e^x, GELU and
+// its derivative, LayerNorm's statistics, affine and backward terms, RMSNorm's and SwiGLU's
+// (the LLaMA family's), the fused softmax cross-entropy's loss and gradient, the vocabulary-
+// parallel finish, and the index maths of the embedding and of the attention's head layouts. Each
+// float function is written with kernels/rounded_math.h's operations, so given the same inputs both
+// devices produce the same bits, and the CPU tests execute the GPU kernels' arithmetic. What is not
+// shared (the order of each row's reduction, a warp's shuffle tree on the GPU against a SIMD sum on
+// the CPU; the one log per row, and the vocabulary-parallel path's exp, which are each device's
+// libm) is listed in kernels/README.md.
 #pragma once
 
 #include <cstdint>
@@ -129,6 +130,54 @@ ZR_HOST_DEVICE inline float LayerNormInputGrad(float dy, float weight, float x, 
 // One row's term of the weight gradient: (x - mean) rstd dy.
 ZR_HOST_DEVICE inline float LayerNormWeightGrad(float x, float mean, float rstd, float dy) {
   return Mul(Normalized(x, mean, rstd), dy);
+}
+
+// ---- RMSNorm and SwiGLU (the LLaMA family) -----------------------------------------------------
+
+// 1 / sqrt(mean(x^2) + eps), from the row's sum of squares (RmsNormSquare's terms) and
+// 1 / channels: LayerNorm's rstd without the mean.
+ZR_HOST_DEVICE inline float RmsNormSquare(float x) { return Mul(x, x); }
+ZR_HOST_DEVICE inline float RmsNormRstd(float sum_squares, float inv_count, float eps) {
+  return LayerNormRstd(sum_squares, inv_count, eps);
+}
+
+// x rstd weight
+ZR_HOST_DEVICE inline float RmsNormOut(float x, float rstd, float weight) {
+  return Mul(Mul(x, rstd), weight);
+}
+
+// The backward's row-sum term, dy weight x rstd (dn n with n = x rstd, dn = dy weight), whose
+// mean over the row is `dot_mean` below.
+ZR_HOST_DEVICE inline float RmsNormDot(float dy, float weight, float x, float rstd) {
+  return Mul(Mul(Mul(dy, weight), x), rstd);
+}
+
+// One input gradient after the backward's add: dinp + rstd (dy weight - x rstd dot_mean).
+ZR_HOST_DEVICE inline float RmsNormInputGrad(float dinp, float dy, float weight, float x,
+                                             float rstd, float dot_mean) {
+  return Add(dinp, Mul(rstd, Sub(Mul(dy, weight), Mul(Mul(x, rstd), dot_mean))));
+}
+
+// One row's term of the weight gradient: dy x rstd.
+ZR_HOST_DEVICE inline float RmsNormWeightGrad(float dy, float x, float rstd) {
+  return Mul(Mul(dy, x), rstd);
+}
+
+// sigmoid(g) = 1 / (1 + e^-g), with FastExp: the CPU's loops vectorise, and both devices agree.
+ZR_HOST_DEVICE inline float Sigmoid(float g) { return Div(1.0f, Add(1.0f, FastExp(-g))); }
+
+// silu(gate) up = gate / (1 + e^-gate) up
+ZR_HOST_DEVICE inline float SwiGlu(float gate, float up) {
+  return Mul(Div(gate, Add(1.0f, FastExp(-gate))), up);
+}
+
+// The backward's two gradients, with s = Sigmoid(gate): silu'(g) = s (1 + g (1 - s)), so
+// d gate = dy up s (1 + g (1 - s)) and d up = dy g s.
+ZR_HOST_DEVICE inline float SwiGluGateGrad(float dy, float gate, float up, float s) {
+  return Mul(Mul(Mul(dy, up), s), Add(1.0f, Mul(gate, Sub(1.0f, s))));
+}
+ZR_HOST_DEVICE inline float SwiGluUpGrad(float dy, float gate, float s) {
+  return Mul(Mul(dy, gate), s);
 }
 
 // ---- softmax cross-entropy -------------------------------------------------------------------

@@ -1,9 +1,14 @@
 // The LLaMA family's CPU operations (model_ops.h): RMSNorm, rotary embeddings with grouped-query
-// heads, SwiGLU. Templated on the element type (float for training, double for the gradient
-// checks); rows threaded by ParallelFor, each row computed the same way whatever the thread
-// count, and the weight gradient's rows summed in fixed blocks in order (vector_math.h).
+// heads, SwiGLU. Templated on the element type: double is the readable reference (the gradient
+// checks); float, the training path, takes RMSNorm and SwiGLU through the loops below, compiled
+// per vector width (ZR_CPU_CLONES) with kernels/model_math.h's element math (the CUDA kernels'
+// own, kernels/cuda/llama_ops.cuh) and the row sums in written-out lanes (RowSum), as the GPT
+// path's fast_ops.cc does. Rows threaded by ParallelFor, each row computed the same way whatever
+// the thread count, and the weight gradient's rows summed in fixed blocks in order
+// (vector_math.h).
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "zerort/kernels/cpu/vector_math.h"
@@ -35,11 +40,84 @@ void ForEachRotatedRow(int batch, int seq, int head_size, const Rope& rope, F&& 
   });
 }
 
+// ---- the float path ---------------------------------------------------------------------------
+
+// Rows per thread so that each gets at least 2^14 elements.
+int64_t LlamaRowGrain(int cols) {
+  return std::max<int64_t>(1, (int64_t{1} << 14) / std::max(cols, 1));
+}
+
+ZR_CPU_CLONES void RmsNormSpan(float* out, float* rstd, const float* inp, const float* weight,
+                               int64_t r0, int64_t r1, int channels, float eps) {
+  const float inv_c = math::InverseCount(channels);
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* x = inp + r * channels;
+    const float s = math::RmsNormRstd(
+        RowSum(channels, [x](int c) { return math::RmsNormSquare(x[c]); }), inv_c, eps);
+    float* y = out + r * channels;
+#pragma omp simd
+    for (int c = 0; c < channels; ++c) y[c] = math::RmsNormOut(x[c], s, weight[c]);
+    rstd[r] = s;
+  }
+}
+
+// Rows [r0, r1) of the backward: dinp (+=) row by row (null: skipped), and the rows' partial sums
+// of the weight gradient into pw (null: skipped; else overwritten).
+ZR_CPU_CLONES void RmsNormBackwardSpan(float* dinp, float* pw, const float* dout, const float* inp,
+                                       const float* weight, const float* rstd, int64_t r0,
+                                       int64_t r1, int channels) {
+  const float inv_c = math::InverseCount(channels);
+  if (pw != nullptr) std::fill(pw, pw + channels, 0.0f);
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* x = inp + r * channels;
+    const float* dy = dout + r * channels;
+    const float s = rstd[r];
+    if (dinp != nullptr) {
+      const float dot =
+          RowSum(channels, [=](int c) { return math::RmsNormDot(dy[c], weight[c], x[c], s); }) *
+          inv_c;
+      float* dx = dinp + r * channels;
+#pragma omp simd
+      for (int c = 0; c < channels; ++c) {
+        dx[c] = math::RmsNormInputGrad(dx[c], dy[c], weight[c], x[c], s, dot);
+      }
+    }
+    if (pw != nullptr) {
+#pragma omp simd
+      for (int c = 0; c < channels; ++c) pw[c] += math::RmsNormWeightGrad(dy[c], x[c], s);
+    }
+  }
+}
+
+// One row of SwiGLU: its `cols` gates and its `cols` ups are each contiguous in both layouts
+// (GatedIndex below).
+ZR_CPU_CLONES void SwiGluRow(float* out, const float* gate, const float* up, int cols) {
+#pragma omp simd
+  for (int c = 0; c < cols; ++c) out[c] = math::SwiGlu(gate[c], up[c]);
+}
+
+ZR_CPU_CLONES void SwiGluBackwardRow(float* dgate, float* dup, const float* dout, const float* gate,
+                                     const float* up, int cols) {
+#pragma omp simd
+  for (int c = 0; c < cols; ++c) {
+    const float s = math::Sigmoid(gate[c]);
+    const float dg = math::SwiGluGateGrad(dout[c], gate[c], up[c], s);
+    dup[c] = math::SwiGluUpGrad(dout[c], gate[c], s);
+    dgate[c] = dg;
+  }
+}
+
 }  // namespace
 
 template <typename T>
 void RmsNormForward(T* out, T* rstd, const T* inp, const T* weight, int64_t rows, int channels,
                     T eps) {
+  if constexpr (std::is_same_v<T, float>) {
+    ParallelFor(rows, LlamaRowGrain(channels), [&](int64_t r0, int64_t r1) {
+      RmsNormSpan(out, rstd, inp, weight, r0, r1, channels, eps);
+    });
+    return;
+  }
   ParallelFor(rows, 4, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* x = inp + r * channels;
@@ -58,6 +136,24 @@ void RmsNormBackward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
                      const T* rstd, int64_t rows, int channels) {
   // dx = rstd (dn - n mean(dn n)), with n = x rstd and dn = dy weight; dweight += sum dy n.
   // Either gradient may be null: skipped.
+  if constexpr (std::is_same_v<T, float>) {
+    const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+    std::vector<float> pw(dweight != nullptr ? static_cast<size_t>(blocks) * channels : 0);
+    ParallelFor(blocks, std::max<int64_t>(1, LlamaRowGrain(channels) / kRowBlock),
+                [&](int64_t b0, int64_t b1) {
+                  for (int64_t b = b0; b < b1; ++b) {
+                    RmsNormBackwardSpan(dinp, pw.empty() ? nullptr : pw.data() + b * channels, dout,
+                                        inp, weight, rstd, b * kRowBlock,
+                                        std::min(rows, (b + 1) * kRowBlock), channels);
+                  }
+                });
+    for (int64_t b = 0; dweight != nullptr && b < blocks; ++b) {
+      const float* p = pw.data() + b * channels;
+#pragma omp simd
+      for (int c = 0; c < channels; ++c) dweight[c] += p[c];
+    }
+    return;
+  }
   if (dinp != nullptr) {
     ParallelFor(rows, 4, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
@@ -167,6 +263,15 @@ struct GatedIndex {
 template <typename T>
 void SwiGluForward(T* out, const T* gate_up, int64_t rows, int cols, bool interleaved) {
   const GatedIndex at{rows, cols, interleaved};
+  if constexpr (std::is_same_v<T, float>) {
+    ParallelFor(rows, LlamaRowGrain(cols), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* g = gate_up + at.gate(r * cols);
+        SwiGluRow(out + r * cols, g, g + at.up(), cols);
+      }
+    });
+    return;
+  }
   ParallelFor(rows * cols, 4096, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t j = at.gate(i);
@@ -180,6 +285,16 @@ template <typename T>
 void SwiGluBackward(T* dgate_up, const T* dout, const T* gate_up, int64_t rows, int cols,
                     bool interleaved) {
   const GatedIndex at{rows, cols, interleaved};
+  if constexpr (std::is_same_v<T, float>) {
+    ParallelFor(rows, LlamaRowGrain(cols), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t j = at.gate(r * cols);
+        SwiGluBackwardRow(dgate_up + j, dgate_up + j + at.up(), dout + r * cols, gate_up + j,
+                          gate_up + j + at.up(), cols);
+      }
+    });
+    return;
+  }
   // silu'(g) = s (1 + g (1 - s)), s = sigmoid(g)
   ParallelFor(rows * cols, 4096, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {

@@ -50,9 +50,9 @@ using math::FastExp;
 // xmm for 16 floats): a LayerNorm's row sums over 768 channels ran as fast as the reduction's,
 // and faster at the baseline (a scratch program with the build's flags, 2026-12-06). Sums whose
 // terms are cheap and many (the norm's sum of squares, kernels/cpu/reduce.cc; LAMB's norms) use
-// eight double lanes; a row's sums (LayerNorm, the softmax and flash blocks' normalisers,
-// attention's D) sixteen float lanes. fast_ops_test compares them bitwise with a plain scalar
-// loop in the same order, natively and on the emulated CPUs.
+// eight double lanes; a row's sums (LayerNorm, RMSNorm, the softmax and flash blocks'
+// normalisers, attention's D) sixteen float lanes. fast_ops_test compares them bitwise with a
+// plain scalar loop in the same order, natively and on the emulated CPUs.
 template <typename T, int kN>
 struct Lanes {
   T lane[kN] = {};

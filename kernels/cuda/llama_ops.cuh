@@ -2,8 +2,9 @@
 // documents each): RMSNorm (a warp per row; the weight gradient by the column kernels'
 // deterministic phases), rotary embeddings with grouped-query heads and SwiGLU (grid-stride
 // element loops). Internal to kernels/cuda/, included by model_kernels.cu after model_ops.cuh.
-// fp32 arithmetic; the angles in fp32 from kernels/rope.h's inv_freq (theta^(-2i / hs) unscaled,
-// like Hugging Face's).
+// fp32 arithmetic; RMSNorm's and SwiGLU's element math is kernels/model_math.h's, the CPU's own
+// (only the row sums' order differs); the angles in fp32 from kernels/rope.h's inv_freq
+// (theta^(-2i / hs) unscaled, like Hugging Face's).
 #pragma once
 
 #include "zerort/kernels/cuda/model_ops.cuh"
@@ -27,14 +28,14 @@ static __global__ void RmsNormKernel(T* out, float* rstd, const T* inp, const T*
   for (int c = lane * W; c < channels; c += 32 * W) {
     LoadN(x + c, v);
 #pragma unroll
-    for (int e = 0; e < W; ++e) ss += v[e] * v[e];
+    for (int e = 0; e < W; ++e) ss = math::Add(ss, math::RmsNormSquare(v[e]));
   }
-  const float s = rsqrtf(WarpSum(ss) / static_cast<float>(channels) + eps);
+  const float s = math::RmsNormRstd(WarpSum(ss), math::InverseCount(channels), eps);
   for (int c = lane * W; c < channels; c += 32 * W) {
     LoadN(x + c, v);
     LoadN(w + c, u);
 #pragma unroll
-    for (int e = 0; e < W; ++e) v[e] = v[e] * s * u[e];
+    for (int e = 0; e < W; ++e) v[e] = math::RmsNormOut(v[e], s, u[e]);
     StoreN(out + row * channels + c, v);
   }
   if (lane == 0) rstd[row] = s;
@@ -56,9 +57,9 @@ __device__ __forceinline__ void RmsNormInputGradRow(T* dinp, const T* dout, cons
     LoadN(w + c, wv);
     LoadN(x + c, xv);
 #pragma unroll
-    for (int e = 0; e < W; ++e) dot += dv[e] * wv[e] * xv[e] * s;
+    for (int e = 0; e < W; ++e) dot = math::Add(dot, math::RmsNormDot(dv[e], wv[e], xv[e], s));
   }
-  dot = WarpSum(dot) / static_cast<float>(channels);
+  dot = math::Mul(WarpSum(dot), math::InverseCount(channels));
   for (int c = lane * W; c < channels; c += 32 * W) {
     T* d = dinp + row * channels + c;
     LoadN(dy + c, dv);
@@ -66,7 +67,7 @@ __device__ __forceinline__ void RmsNormInputGradRow(T* dinp, const T* dout, cons
     LoadN(x + c, xv);
     LoadN(d, gv);
 #pragma unroll
-    for (int e = 0; e < W; ++e) gv[e] = gv[e] + s * (dv[e] * wv[e] - xv[e] * s * dot);
+    for (int e = 0; e < W; ++e) gv[e] = math::RmsNormInputGrad(gv[e], dv[e], wv[e], xv[e], s, dot);
     StoreN(d, gv);
   }
 }
@@ -196,7 +197,7 @@ static __global__ void SwiGluKernel(T* out, const T* gate_up, GatedIndex at, int
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t j = at.gate(i);
     const float g = ToFloat(gate_up[j]);
-    out[i] = FromFloat<T>(g / (1.0f + expf(-g)) * ToFloat(gate_up[j + at.up()]));
+    out[i] = FromFloat<T>(math::SwiGlu(g, ToFloat(gate_up[j + at.up()])));
   }
 }
 
@@ -211,7 +212,7 @@ static __global__ void SwiGluVecKernel(T* out, const T* gate_up, GatedIndex at, 
     LoadVec(gate_up + j, g);
     LoadVec(gate_up + j + at.up(), u);
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) g[e] = g[e] / (1.0f + expf(-g[e])) * u[e];
+    for (int e = 0; e < kVec; ++e) g[e] = math::SwiGlu(g[e], u[e]);
     StoreVec(out + v * kVec, g);
   }
 }
@@ -223,9 +224,9 @@ static __global__ void SwiGluBackwardKernel(T* dgate_up, const T* dout, const T*
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t j = at.gate(i), u = j + at.up();
     const float g = ToFloat(gate_up[j]), dy = ToFloat(dout[i]);
-    const float s = 1.0f / (1.0f + expf(-g));
-    dgate_up[j] = FromFloat<T>(dy * ToFloat(gate_up[u]) * s * (1.0f + g * (1.0f - s)));
-    dgate_up[u] = FromFloat<T>(dy * g * s);
+    const float s = math::Sigmoid(g);
+    dgate_up[j] = FromFloat<T>(math::SwiGluGateGrad(dy, g, ToFloat(gate_up[u]), s));
+    dgate_up[u] = FromFloat<T>(math::SwiGluUpGrad(dy, g, s));
   }
 }
 
@@ -242,9 +243,9 @@ static __global__ void SwiGluBackwardVecKernel(T* dgate_up, const T* dout, const
     LoadVec(dout + v * kVec, dy);
 #pragma unroll
     for (int e = 0; e < kVec; ++e) {
-      const float s = 1.0f / (1.0f + expf(-g[e]));
-      dg[e] = dy[e] * up[e] * s * (1.0f + g[e] * (1.0f - s));
-      du[e] = dy[e] * g[e] * s;
+      const float s = math::Sigmoid(g[e]);
+      dg[e] = math::SwiGluGateGrad(dy[e], g[e], up[e], s);
+      du[e] = math::SwiGluUpGrad(dy[e], g[e], s);
     }
     StoreVec(dgate_up + j, dg);
     StoreVec(dgate_up + u, du);

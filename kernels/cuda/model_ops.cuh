@@ -426,7 +426,8 @@ __device__ __forceinline__ void ColumnPartialsTile(float* pw, float* pb, const T
           }
         } else {
 #pragma unroll
-          for (int e = 0; e < W; ++e) w[e] = math::Add(w[e], dy[e] * x[e] * s);
+          for (int e = 0; e < W; ++e)
+            w[e] = math::Add(w[e], math::RmsNormWeightGrad(dy[e], x[e], s));
         }
       }
     }

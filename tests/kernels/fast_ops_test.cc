@@ -196,6 +196,62 @@ TEST(FastOpsTest, FusedCrossEntropyIgnoresThePadding) {
   check(0.0f);
 }
 
+// The LLaMA family's float path (llama_ops.cc: RMSNorm and SwiGLU through the per-width loops)
+// against its double reference, forward and backward adding into non-zero gradients, SwiGLU in
+// both layouts; 200 rows: seven blocks of the weight gradient, split over the threads. And the
+// same bits at 1, 2 and 3 threads.
+TEST(FastOpsTest, RmsNormAndSwiGluAgainstTheDoubleReference) {
+  const int cols = 3 * kChannels + 5;
+  const auto x = Random(kRows * kChannels, 71, 2), w = Random(kChannels, 72),
+             dy = Random(kRows * kChannels, 73), dx0 = Random(kRows * kChannels, 74),
+             dw0 = Random(kChannels, 75), gu = Random(kRows * 2 * cols, 76, 3),
+             dout = Random(kRows * cols, 77), dgu0 = Random(kRows * 2 * cols, 78);
+  auto run = [&](auto zero) {
+    using T = decltype(zero);
+    auto in = [](const std::vector<double>& v) { return std::vector<T>(v.begin(), v.end()); };
+    const auto xt = in(x), wt = in(w), dyt = in(dy), gut = in(gu), doutt = in(dout);
+    std::vector<T> y(x.size()), rstd(kRows), dx = in(dx0), dw = in(dw0), dxo = in(dx0),
+                                             dwo = in(dw0);
+    RmsNormForward<T>(y.data(), rstd.data(), xt.data(), wt.data(), kRows, kChannels, T(1e-5));
+    RmsNormBackward<T>(dx.data(), dw.data(), dyt.data(), xt.data(), wt.data(), rstd.data(), kRows,
+                       kChannels);
+    // Each gradient alone, the other skipped.
+    RmsNormBackward<T>(dxo.data(), nullptr, dyt.data(), xt.data(), wt.data(), rstd.data(), kRows,
+                       kChannels);
+    RmsNormBackward<T>(nullptr, dwo.data(), dyt.data(), xt.data(), wt.data(), rstd.data(), kRows,
+                       kChannels);
+    std::vector<std::vector<T>> r{y, rstd, dx, dw, dxo, dwo};
+    for (bool interleaved : {false, true}) {
+      std::vector<T> o(dout.size()), d = in(dgu0);
+      SwiGluForward<T>(o.data(), gut.data(), kRows, cols, interleaved);
+      SwiGluBackward<T>(d.data(), doutt.data(), gut.data(), kRows, cols, interleaved);
+      r.push_back(o);
+      r.push_back(d);
+    }
+    return r;
+  };
+  const auto ref = run(0.0);
+  const auto got = run(0.0f);
+  const char* names[] = {"rmsnorm out",        "rstd",
+                         "rmsnorm dinp",       "rmsnorm dweight",
+                         "dinp alone",         "dweight alone",
+                         "swiglu planar",      "dgate_up planar",
+                         "swiglu interleaved", "dgate_up interleaved"};
+  const double floors[] = {1, 1, 1, 16, 1, 16, 1, 1, 1, 1};
+  for (size_t i = 0; i < ref.size(); ++i) ExpectClose(names[i], got[i], ref[i], 1e-5, floors[i]);
+  EXPECT_EQ(got[2], got[4]) << "the input gradient with and without the weight's";
+  EXPECT_EQ(got[3], got[5]) << "the weight gradient with and without the input's";
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    const auto again = run(0.0f);
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(again[i], got[i]) << names[i] << " at " << threads << " threads";
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
 // [Note: sums in written-out lanes] (kernels/cpu/vector_math.h): a row's sum with element c in
 // lane c % 16, the lanes then added 8, 4, 2 and 1 apart, in a plain scalar loop (this file is
 // built for the baseline alone). The kernels run the machine's ZR_CPU_CLONES version, and
@@ -210,10 +266,10 @@ float LaneSum(int n, const std::function<float(int)>& term) {
   return lane[0];
 }
 
-// The LayerNorm forward and backward and the fused cross-entropy against the kernels' own
-// arithmetic (the shared element math of kernels/model_math.h) summed in LaneSum's order: the
-// same bits, whatever the machine's vector width. Rows of 101 channels: six rounds of the lanes
-// and a tail of five.
+// The LayerNorm forward and backward, the fused cross-entropy, RMSNorm and SwiGLU against the
+// kernels' own arithmetic (the shared element math of kernels/model_math.h) summed in LaneSum's
+// order: the same bits, whatever the machine's vector width. Rows of 101 channels: six rounds of
+// the lanes and a tail of five.
 TEST(FastOpsTest, RowSumsGiveTheSameBitsInEveryVectorWidth) {
   const int rows = 9, ch = 101;
   const float eps = 1e-5f;
@@ -275,6 +331,42 @@ TEST(FastOpsTest, RowSumsGiveTheSameBitsInEveryVectorWidth) {
   }
   EXPECT_EQ(loss, losse);
   EXPECT_EQ(z, ze);
+
+  // RMSNorm (llama_ops.cc's float path), forward and backward, and SwiGLU's element math.
+  std::vector<float> ry(x.size()), rr(rows), rdx = dx0, rdw = dw0;
+  RmsNormForward<float>(ry.data(), rr.data(), x.data(), w.data(), rows, ch, eps);
+  RmsNormBackward<float>(rdx.data(), rdw.data(), dy.data(), x.data(), w.data(), rr.data(), rows,
+                         ch);
+  std::vector<float> rye(x.size()), rre(rows), rdxe = dx0, rdwe = dw0, rpw(ch, 0.0f);
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x.data() + r * ch;
+    const float* dyr = dy.data() + r * ch;
+    const float s =
+        math::RmsNormRstd(LaneSum(ch, [&](int c) { return math::RmsNormSquare(xr[c]); }), inv, eps);
+    for (int c = 0; c < ch; ++c) rye[r * ch + c] = math::RmsNormOut(xr[c], s, w[c]);
+    rre[r] = s;
+    const float dot =
+        LaneSum(ch, [&](int c) { return math::RmsNormDot(dyr[c], w[c], xr[c], rre[r]); }) * inv;
+    for (int c = 0; c < ch; ++c) {
+      rdxe[r * ch + c] = math::RmsNormInputGrad(rdxe[r * ch + c], dyr[c], w[c], xr[c], s, dot);
+      rpw[c] += math::RmsNormWeightGrad(dyr[c], xr[c], s);
+    }
+  }
+  for (int c = 0; c < ch; ++c) rdwe[c] += rpw[c];
+  EXPECT_EQ(ry, rye);
+  EXPECT_EQ(rr, rre);
+  EXPECT_EQ(rdx, rdxe);
+  EXPECT_EQ(rdw, rdwe);
+  std::vector<float> so(x.size()), sd(2 * x.size());
+  SwiGluForward<float>(so.data(), dx0.data(), rows, ch / 2, false);
+  SwiGluBackward<float>(sd.data(), dy.data(), dx0.data(), rows, ch / 2, false);
+  const int64_t n = int64_t{rows} * (ch / 2);
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = dx0[i], u = dx0[i + n], s = math::Sigmoid(g);
+    ASSERT_EQ(so[i], math::SwiGlu(g, u)) << "swiglu element " << i;
+    ASSERT_EQ(sd[i], math::SwiGluGateGrad(dy[i], g, u, s)) << "d gate element " << i;
+    ASSERT_EQ(sd[i + n], math::SwiGluUpGrad(dy[i], g, s)) << "d up element " << i;
+  }
 }
 
 // ChunkResults (kernels/cpu/vector_math.h), which LAMB's, 1-bit LAMB's and the norm's sums use:

@@ -301,9 +301,10 @@ TEST(ModelKernelsCudaTest, ColumnSumsOverManyRowChunks) {
 }
 
 // The element arithmetic both devices share (kernels/model_math.h) gives the same bits: GELU and
-// its backward element by element against the CPU kernels, and LayerNorm's output and input
-// gradient against the shared functions evaluated on the host with the GPU's own row statistics
-// (the order of a row's sum is what the devices do not share), in fp32 and bf16.
+// its backward and SwiGLU and its backward element by element against the CPU kernels, and
+// LayerNorm's and RMSNorm's outputs and LayerNorm's input gradient against the shared functions
+// evaluated on the host with the GPU's own row statistics (the order of a row's sum is what the
+// devices do not share), in fp32 and bf16.
 TEST(ModelKernelsCudaTest, SharedElementMathIsBitwiseTheCpus) {
   ZR_NEED_GPU();
   for (DType act : {DType::kF32, DType::kBF16}) {
@@ -356,6 +357,25 @@ TEST(ModelKernelsCudaTest, SharedElementMathIsBitwiseTheCpus) {
             << "LayerNormBackward dinp at row " << r << " column " << c;
       }
     }
+
+    // The LLaMA family's: RMSNorm's output from the GPU's rstd, SwiGLU and its backward (the
+    // gate_up rows interleaved: x as [rows, 2 x 384]; the vectorised kernels).
+    std::vector<float> rms(n);
+    void* grms = t.A(rms);
+    void* grr = t.Up(stats, DType::kF32);
+    ASSERT_TRUE(t.gpu->RmsNorm(grms, grr, gx, gw, rows, ch, 1e-5f).ok());
+    const std::vector<float> rr = t.Down(grr, rows, DType::kF32);
+    for (int64_t i = 0; i < n; ++i) want[i] = math::RmsNormOut(x[i], rr[i / ch], w[i % ch]);
+    ExpectSameBits("RmsNorm", t.Down(grms, n, act), RoundedTo(want, act));
+    const int cols = ch / 2;
+    std::vector<float> sg(n / 2), dgu = Random(n, 47);
+    void *gsg = t.A(sg), *gdgu = t.A(dgu);
+    ASSERT_TRUE(t.gpu->SwiGlu(gsg, gx, rows, cols, true).ok());
+    ASSERT_TRUE(t.cpu->SwiGlu(sg.data(), x.data(), rows, cols, true).ok());
+    ExpectSameBits("SwiGlu", t.Down(gsg, n / 2, act), RoundedTo(sg, act));
+    ASSERT_TRUE(t.gpu->SwiGluBackward(gdgu, gdout, gx, rows, cols, true).ok());
+    ASSERT_TRUE(t.cpu->SwiGluBackward(dgu.data(), dout.data(), x.data(), rows, cols, true).ok());
+    ExpectSameBits("SwiGluBackward", t.Down(gdgu, n, act), RoundedTo(dgu, act));
   }
 }
 

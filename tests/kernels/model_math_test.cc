@@ -93,6 +93,64 @@ TEST(ModelMathTest, LayerNormPiecesMatchDouble) {
   EXPECT_FLOAT_EQ(math::LayerNormInputGrad(3.0f, 0.5f, x[0], m, s, 0.0f, 0.0f), 1.5f * s);
 }
 
+// RMSNorm's pieces against double: rstd, the output, and the input gradient against central
+// differences of the row's normalised output (weights w, upstream dy).
+TEST(ModelMathTest, RmsNormPiecesMatchDouble) {
+  const int n = 96;
+  const std::vector<float> x = testing::RandomNormal<float>(n, 5, 2.0f),
+                           w = testing::RandomNormal<float>(n, 6),
+                           dy = testing::RandomNormal<float>(n, 7);
+  const float inv = math::InverseCount(n), eps = 1e-5f;
+  auto rms = [&](const std::vector<double>& v, int c) {
+    double sq = 0;
+    for (double e : v) sq += e * e;
+    return v[c] / std::sqrt(sq / n + eps) * w[c];
+  };
+  float fsq = 0;
+  for (float v : x) fsq = math::Add(fsq, math::RmsNormSquare(v));
+  const float s = math::RmsNormRstd(fsq, inv, eps);
+  const std::vector<double> xd(x.begin(), x.end());
+  double sq = 0;
+  for (double v : xd) sq += v * v;
+  EXPECT_NEAR(s, 1 / std::sqrt(sq / n + eps), 1e-6);
+  EXPECT_NEAR(math::RmsNormOut(x[7], s, w[7]), rms(xd, 7), 1e-5);
+  float dot = 0;
+  for (int c = 0; c < n; ++c) dot = math::Add(dot, math::RmsNormDot(dy[c], w[c], x[c], s));
+  dot = math::Mul(dot, inv);
+  for (int i : {0, 13, 95}) {
+    double want = 0;  // d/dx_i of sum_c dy_c out_c
+    const double h = 1e-4;
+    for (int c = 0; c < n; ++c) {
+      std::vector<double> up = xd, down = xd;
+      up[i] += h;
+      down[i] -= h;
+      want += dy[c] * (rms(up, c) - rms(down, c)) / (2 * h);
+    }
+    EXPECT_NEAR(math::RmsNormInputGrad(0.5f, dy[i], w[i], x[i], s, dot), 0.5 + want, 1e-4) << i;
+  }
+  EXPECT_EQ(math::RmsNormWeightGrad(2.0f, 3.0f, 0.25f), 1.5f);
+}
+
+// SwiGLU's output and its two gradients against the sigmoid in double, over the gate's range.
+TEST(ModelMathTest, SwiGluAndItsGradientsMatchTheSigmoid) {
+  for (float g = -30.0f; g < 30.0f; g += 0.0173f) {
+    const double sig = 1 / (1 + std::exp(-static_cast<double>(g))), up = 1.5, dy = -0.75;
+    EXPECT_NEAR(math::Sigmoid(g), sig, 1e-7) << g;
+    EXPECT_NEAR(math::SwiGlu(g, 1.5f), g * sig * up, 1e-6 * (1 + std::abs(g))) << g;
+    const float s = math::Sigmoid(g);
+    EXPECT_NEAR(math::SwiGluGateGrad(-0.75f, g, 1.5f, s), dy * up * sig * (1 + g * (1 - sig)),
+                1e-6 * (1 + std::abs(g)))
+        << g;
+    EXPECT_NEAR(math::SwiGluUpGrad(-0.75f, g, s), dy * g * sig, 1e-6 * (1 + std::abs(g))) << g;
+  }
+  EXPECT_EQ(math::SwiGlu(0.0f, 3.0f), 0.0f);
+  EXPECT_EQ(math::Sigmoid(0.0f), 0.5f);
+  // e^200 is clamped to e^88.4 (FastExp): silu(-200) is -8e-37 instead of -3e-85, still 0 to
+  // float's precision beside any other term; a NaN gate stays NaN.
+  EXPECT_LE(std::abs(math::SwiGlu(-200.0f, 1.0f)), 1e-36f);
+  EXPECT_TRUE(std::isnan(math::SwiGlu(NAN, 1.0f)));
+}
+
 TEST(ModelMathTest, CrossEntropyPieces) {
   // Row (1, 2, 3), target 2: loss log(e^1 + e^2 + e^3) - 3.
   const float max = 3.0f, log_sum = std::log(std::exp(-2.0f) + std::exp(-1.0f) + 1.0f);
