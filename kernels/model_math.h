@@ -134,9 +134,11 @@ ZR_HOST_DEVICE inline float LayerNormWeightGrad(float x, float mean, float rstd,
 
 // ---- RMSNorm and SwiGLU (the LLaMA family) -----------------------------------------------------
 
-// 1 / sqrt(mean(x^2) + eps), from the row's sum of squares (RmsNormSquare's terms) and
-// 1 / channels: LayerNorm's rstd without the mean.
+// x^2, one term of a row's sum of squares.
 ZR_HOST_DEVICE inline float RmsNormSquare(float x) { return Mul(x, x); }
+
+// 1 / sqrt(mean(x^2) + eps), from the row's sum of squares and 1 / channels: LayerNorm's rstd
+// without the mean.
 ZR_HOST_DEVICE inline float RmsNormRstd(float sum_squares, float inv_count, float eps) {
   return LayerNormRstd(sum_squares, inv_count, eps);
 }
