@@ -486,40 +486,42 @@ TEST(FastOpsTest, FlashAttentionIsCausal) {
   }
 }
 
-// Every float op at 1, 2 and 3 threads: the same bits.
+// Every float op at 1, 2 and 3 threads: the same bits. 1000 rows of 96, so that the row ops
+// split (at least 2^14 elements a thread: up to 5 pieces; the column sums' 32 blocks up to 6).
 TEST(FastOpsTest, ThreadCountChangesNoBit) {
+  const int rows = 1000;
   const AttentionShape s;
-  const auto x = ToFloat(Random(kRows * kChannels, 21)), w = ToFloat(Random(kChannels, 22)),
-             b = ToFloat(Random(kChannels, 23)), dy = ToFloat(Random(kRows * kChannels, 24)),
+  const auto x = ToFloat(Random(rows * kChannels, 21)), w = ToFloat(Random(kChannels, 22)),
+             b = ToFloat(Random(kChannels, 23)), dy = ToFloat(Random(rows * kChannels, 24)),
              qkv = ToFloat(Random(s.qkv(), 25)), dout = ToFloat(Random(s.out(), 26)),
              gw3 = ToFloat(Random(3 * kChannels * kChannels, 27));
   const AttentionShape gqa{.heads = 4, .kv_heads = 1};
   const auto gqkv = ToFloat(Random(gqa.qkv(), 28));
-  std::vector<int32_t> targets(kRows);
-  for (int r = 0; r < kRows; ++r) targets[r] = (r * 7) % kChannels;
+  std::vector<int32_t> targets(rows);
+  for (int r = 0; r < rows; ++r) targets[r] = (r * 7) % kChannels;
   auto run = [&](int threads) {
     omp_set_num_threads(threads);
     std::vector<std::vector<float>> r;
-    std::vector<float> y(x.size()), m(kRows), rs(kRows), dx(x.size()), dw(kChannels), db(kChannels),
-        g(x.size()), dg(x.size()), z = x, l(kRows);
-    LayerNormForward(y.data(), m.data(), rs.data(), x.data(), w.data(), b.data(), kRows, kChannels);
+    std::vector<float> y(x.size()), m(rows), rs(rows), dx(x.size()), dw(kChannels), db(kChannels),
+        g(x.size()), dg(x.size()), z = x, l(rows);
+    LayerNormForward(y.data(), m.data(), rs.data(), x.data(), w.data(), b.data(), rows, kChannels);
     LayerNormBackward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), m.data(),
-                      rs.data(), kRows, kChannels);
-    MatmulBackward<float>(nullptr, nullptr, db.data(), dy.data(), x.data(), w.data(), kRows, 1,
+                      rs.data(), rows, kChannels);
+    MatmulBackward<float>(nullptr, nullptr, db.data(), dy.data(), x.data(), w.data(), rows, 1,
                           kChannels);
     // The linear layer's three GEMMs (oneDNN or OpenBLAS), the weight gradient's k = rows.
-    std::vector<float> mo(static_cast<size_t>(kRows) * 3 * kChannels), mdx(x.size()),
+    std::vector<float> mo(static_cast<size_t>(rows) * 3 * kChannels), mdx(x.size()),
         mdw(static_cast<size_t>(3) * kChannels * kChannels);
-    MatmulForward<float>(mo.data(), x.data(), gw3.data(), nullptr, kRows, kChannels, 3 * kChannels);
-    MatmulBackward<float>(mdx.data(), mdw.data(), nullptr, mo.data(), x.data(), gw3.data(), kRows,
+    MatmulForward<float>(mo.data(), x.data(), gw3.data(), nullptr, rows, kChannels, 3 * kChannels);
+    MatmulBackward<float>(mdx.data(), mdw.data(), nullptr, mo.data(), x.data(), gw3.data(), rows,
                           kChannels, 3 * kChannels);
-    std::vector<float> asum = x, aln(x.size()), am(kRows), ar(kRows), bgp = x, bgo(x.size());
+    std::vector<float> asum = x, aln(x.size()), am(rows), ar(rows), bgp = x, bgo(x.size());
     fast::AddLayerNormForward(asum.data(), aln.data(), am.data(), ar.data(), asum.data(), dy.data(),
-                              w.data(), b.data(), kRows, kChannels, 1e-5f);
-    fast::BiasGelu(bgp.data(), bgo.data(), b.data(), kRows, kChannels);
+                              w.data(), b.data(), rows, kChannels, 1e-5f);
+    fast::BiasGelu(bgp.data(), bgo.data(), b.data(), rows, kChannels);
     GeluForward(g.data(), x.data(), static_cast<int64_t>(x.size()));
     GeluBackward(dg.data(), x.data(), dy.data(), static_cast<int64_t>(x.size()));
-    SoftmaxCrossEntropyFused(z.data(), l.data(), targets.data(), kRows, kChannels, kChannels, 1.0f);
+    SoftmaxCrossEntropyFused(z.data(), l.data(), targets.data(), rows, kChannels, kChannels, 1.0f);
     std::vector<float> o(s.out()), a(s.lse()), dq(s.qkv());
     fast::FlashAttentionForward(o.data(), a.data(), qkv.data(), s.batch, s.seq, s.channels, s.heads,
                                 s.kv_heads);
