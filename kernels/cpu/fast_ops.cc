@@ -18,11 +18,6 @@
 namespace zerort::cpu::fast {
 namespace {
 
-constexpr int64_t kElementGrain = int64_t{1} << 14;  // elements per thread, at least
-
-// Rows per thread so that each gets at least kElementGrain elements.
-int64_t RowGrain(int cols) { return std::max<int64_t>(1, kElementGrain / std::max(cols, 1)); }
-
 ZR_CPU_CLONES void FillRowsSpan(float* out, const float* bias, int64_t r0, int64_t r1, int cols) {
   for (int64_t r = r0; r < r1; ++r) {
     float* o = out + r * cols;
@@ -316,13 +311,12 @@ void FillRows(float* out, const float* bias, int64_t rows, int cols) {
 void AddColumnSums(float* dbias, const float* dout, int64_t rows, int cols) {
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
   std::vector<float> partials(static_cast<size_t>(blocks) * cols);
-  ParallelFor(blocks, std::max<int64_t>(1, RowGrain(cols) / kRowBlock),
-              [&](int64_t b0, int64_t b1) {
-                for (int64_t b = b0; b < b1; ++b) {
-                  ColumnSumSpan(partials.data() + b * cols, dout, b * kRowBlock,
-                                std::min(rows, (b + 1) * kRowBlock), cols);
-                }
-              });
+  ParallelFor(blocks, RowBlockGrain(cols), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      ColumnSumSpan(partials.data() + b * cols, dout, b * kRowBlock,
+                    std::min(rows, (b + 1) * kRowBlock), cols);
+    }
+  });
   SumBlocks(dbias, partials, blocks, cols);
 }
 
@@ -347,15 +341,14 @@ void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* d
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
   std::vector<float> pw(dweight != nullptr ? static_cast<size_t>(blocks) * channels : 0);
   std::vector<float> pb(dbias != nullptr ? static_cast<size_t>(blocks) * channels : 0);
-  ParallelFor(blocks, std::max<int64_t>(1, RowGrain(channels) / kRowBlock),
-              [&](int64_t b0, int64_t b1) {
-                for (int64_t b = b0; b < b1; ++b) {
-                  LayerNormBackwardSpan(dinp, pw.empty() ? nullptr : pw.data() + b * channels,
-                                        pb.empty() ? nullptr : pb.data() + b * channels, dout, inp,
-                                        weight, mean, rstd, b * kRowBlock,
-                                        std::min(rows, (b + 1) * kRowBlock), channels);
-                }
-              });
+  ParallelFor(blocks, RowBlockGrain(channels), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      LayerNormBackwardSpan(dinp, pw.empty() ? nullptr : pw.data() + b * channels,
+                            pb.empty() ? nullptr : pb.data() + b * channels, dout, inp, weight,
+                            mean, rstd, b * kRowBlock, std::min(rows, (b + 1) * kRowBlock),
+                            channels);
+    }
+  });
   if (dweight != nullptr) SumBlocks(dweight, pw, blocks, channels);
   if (dbias != nullptr) SumBlocks(dbias, pb, blocks, channels);
 }

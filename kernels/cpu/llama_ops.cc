@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "zerort/kernels/cpu/fast_ops.h"
 #include "zerort/kernels/cpu/vector_math.h"
 #include "zerort/kernels/model_math.h"
 #include "zerort/kernels/model_ops.h"
@@ -41,11 +42,6 @@ void ForEachRotatedRow(int batch, int seq, int head_size, const Rope& rope, F&& 
 }
 
 // ---- the float path ---------------------------------------------------------------------------
-
-// Rows per thread so that each gets at least 2^14 elements.
-int64_t LlamaRowGrain(int cols) {
-  return std::max<int64_t>(1, (int64_t{1} << 14) / std::max(cols, 1));
-}
 
 ZR_CPU_CLONES void RmsNormSpan(float* out, float* rstd, const float* inp, const float* weight,
                                int64_t r0, int64_t r1, int channels, float eps) {
@@ -101,9 +97,8 @@ ZR_CPU_CLONES void SwiGluBackwardRow(float* dgate, float* dup, const float* dout
 #pragma omp simd
   for (int c = 0; c < cols; ++c) {
     const float s = math::Sigmoid(gate[c]);
-    const float dg = math::SwiGluGateGrad(dout[c], gate[c], up[c], s);
+    dgate[c] = math::SwiGluGateGrad(dout[c], gate[c], up[c], s);
     dup[c] = math::SwiGluUpGrad(dout[c], gate[c], s);
-    dgate[c] = dg;
   }
 }
 
@@ -113,7 +108,7 @@ template <typename T>
 void RmsNormForward(T* out, T* rstd, const T* inp, const T* weight, int64_t rows, int channels,
                     T eps) {
   if constexpr (std::is_same_v<T, float>) {
-    ParallelFor(rows, LlamaRowGrain(channels), [&](int64_t r0, int64_t r1) {
+    ParallelFor(rows, RowGrain(channels), [&](int64_t r0, int64_t r1) {
       RmsNormSpan(out, rstd, inp, weight, r0, r1, channels, eps);
     });
     return;
@@ -139,18 +134,15 @@ void RmsNormBackward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
   if constexpr (std::is_same_v<T, float>) {
     const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
     std::vector<float> pw(dweight != nullptr ? static_cast<size_t>(blocks) * channels : 0);
-    ParallelFor(blocks, std::max<int64_t>(1, LlamaRowGrain(channels) / kRowBlock),
-                [&](int64_t b0, int64_t b1) {
-                  for (int64_t b = b0; b < b1; ++b) {
-                    RmsNormBackwardSpan(dinp, pw.empty() ? nullptr : pw.data() + b * channels, dout,
-                                        inp, weight, rstd, b * kRowBlock,
-                                        std::min(rows, (b + 1) * kRowBlock), channels);
-                  }
-                });
+    ParallelFor(blocks, RowBlockGrain(channels), [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        RmsNormBackwardSpan(dinp, pw.empty() ? nullptr : pw.data() + b * channels, dout, inp,
+                            weight, rstd, b * kRowBlock, std::min(rows, (b + 1) * kRowBlock),
+                            channels);
+      }
+    });
     for (int64_t b = 0; dweight != nullptr && b < blocks; ++b) {
-      const float* p = pw.data() + b * channels;
-#pragma omp simd
-      for (int c = 0; c < channels; ++c) dweight[c] += p[c];
+      fast::Accumulate(dweight, pw.data() + b * channels, channels);
     }
     return;
   }
@@ -264,7 +256,7 @@ template <typename T>
 void SwiGluForward(T* out, const T* gate_up, int64_t rows, int cols, bool interleaved) {
   const GatedIndex at{rows, cols, interleaved};
   if constexpr (std::is_same_v<T, float>) {
-    ParallelFor(rows, LlamaRowGrain(cols), [&](int64_t r0, int64_t r1) {
+    ParallelFor(rows, RowGrain(cols), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const float* g = gate_up + at.gate(r * cols);
         SwiGluRow(out + r * cols, g, g + at.up(), cols);
@@ -286,7 +278,7 @@ void SwiGluBackward(T* dgate_up, const T* dout, const T* gate_up, int64_t rows, 
                     bool interleaved) {
   const GatedIndex at{rows, cols, interleaved};
   if constexpr (std::is_same_v<T, float>) {
-    ParallelFor(rows, LlamaRowGrain(cols), [&](int64_t r0, int64_t r1) {
+    ParallelFor(rows, RowGrain(cols), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t j = at.gate(r * cols);
         SwiGluBackwardRow(dgate_up + j, dgate_up + j + at.up(), dout + r * cols, gate_up + j,

@@ -116,6 +116,15 @@ auto ChunkResults(int64_t n, int64_t chunk, F&& f) {
 // partial sums are computed by one thread and the blocks added in order.
 inline constexpr int64_t kRowBlock = 32;
 
+// Elements per OpenMP thread, at least, in the row and element-wise loops (ParallelFor's grain):
+// rows per thread so that each gets that many elements of rows `cols` wide, and the same in
+// blocks of kRowBlock rows.
+inline constexpr int64_t kElementGrain = int64_t{1} << 14;
+inline int64_t RowGrain(int cols) {
+  return std::max<int64_t>(1, kElementGrain / std::max(cols, 1));
+}
+inline int64_t RowBlockGrain(int cols) { return std::max<int64_t>(1, RowGrain(cols) / kRowBlock); }
+
 // f(begin, end) over [0, n) in at most one piece per OpenMP thread, each at least `grain`
 // elements; serial inside an enclosing parallel region or when the range is small.
 template <typename F>

@@ -347,7 +347,7 @@ TEST(FastOpsTest, RowSumsGiveTheSameBitsInEveryVectorWidth) {
     for (int c = 0; c < ch; ++c) rye[r * ch + c] = math::RmsNormOut(xr[c], s, w[c]);
     rre[r] = s;
     const float dot =
-        LaneSum(ch, [&](int c) { return math::RmsNormDot(dyr[c], w[c], xr[c], rre[r]); }) * inv;
+        LaneSum(ch, [&](int c) { return math::RmsNormDot(dyr[c], w[c], xr[c], s); }) * inv;
     for (int c = 0; c < ch; ++c) {
       rdxe[r * ch + c] = math::RmsNormInputGrad(rdxe[r * ch + c], dyr[c], w[c], xr[c], s, dot);
       rpw[c] += math::RmsNormWeightGrad(dyr[c], xr[c], s);
