@@ -1,13 +1,13 @@
 // The models' element arithmetic, one definition for the CPU kernels (kernels/cpu/fast_ops.cc,
 // model_ops.cc) and the CUDA kernels (kernels/cuda/model_ops.cuh, llama_ops.cuh): e^x, GELU and
-// its derivative, LayerNorm's statistics, affine and backward terms, RMSNorm's and SwiGLU's
-// (the LLaMA family's), the fused softmax cross-entropy's loss and gradient, the vocabulary-
-// parallel finish, and the index maths of the embedding and of the attention's head layouts. Each
-// float function is written with kernels/rounded_math.h's operations, so given the same inputs both
-// devices produce the same bits, and the CPU tests execute the GPU kernels' arithmetic. What is not
-// shared (the order of each row's reduction, a warp's shuffle tree on the GPU against a SIMD sum on
-// the CPU; the one log per row, and the vocabulary-parallel path's exp, which are each device's
-// libm) is listed in kernels/README.md.
+// its derivative, LayerNorm's statistics, affine and backward terms, RMSNorm's, SwiGLU's and the
+// rotary embeddings' (the LLaMA family's), the fused softmax cross-entropy's loss and gradient, the
+// vocabulary- parallel finish, and the index maths of the embedding and of the attention's head
+// layouts. Each float function is written with kernels/rounded_math.h's operations, so given the
+// same inputs both devices produce the same bits, and the CPU tests execute the GPU kernels'
+// arithmetic. What is not shared (the order of each row's reduction, a warp's shuffle tree on the
+// GPU against a SIMD sum on the CPU; the one log per row, and the vocabulary-parallel path's exp,
+// which are each device's libm) is listed in kernels/README.md.
 #pragma once
 
 #include <cstdint>
@@ -180,6 +180,72 @@ ZR_HOST_DEVICE inline float SwiGluGateGrad(float dy, float gate, float up, float
 }
 ZR_HOST_DEVICE inline float SwiGluUpGrad(float dy, float gate, float s) {
   return Mul(Mul(dy, gate), s);
+}
+
+// ---- rotary embeddings (the LLaMA family) ------------------------------------------------------
+
+// [Note: the rotary angles]
+// Channel pair i of a head at position t turns by the angle t x inv_freq(i) (kernels/rope.h).
+// The float kernels of both devices take inv_freq rounded once to float from rope.h's double
+// (`RopeFrequency`, on the host), the angle as one float product of the position and inv_freq
+// (as Hugging Face's LLaMA computes it), and its cosine and sine from `RopeCosSin`: the angle
+// reduced by pi/2 in double (Cody-Waite: two parts of pi/2), the reduced angle's sine and
+// cosine by fdlibm's kernel polynomials (k_sin.c, k_cos.c) in double, the quadrant's pair chosen
+// and each rounded once to float. So they are within a float rounding of the float angle's true
+// cosine and sine (model_math_test), and the same bits on both devices (each double operation
+// rounded on its own, rounded_math.h), where sincosf and the CPU's libm each differ. The CPU's
+// double reference keeps its double angles and libm.
+
+// The angle of position t for a pair whose frequency is inv_freq.
+ZR_HOST_DEVICE inline float RopeAngle(int t, float inv_freq) {
+  return Mul(static_cast<float>(t), inv_freq);
+}
+
+struct CosSin {
+  float cos, sin;
+};
+
+// cos and sin of `angle`, [Note: the rotary angles]. The reduction's q x kPiOver2Hi and its
+// difference from the angle are exact while q < 2^20 (angles up to about 1.6e6; a position times
+// an inv_freq of at most 1 at 1M positions), and no operation is fused: on a CPU without FMA a
+// fused one is a library call.
+ZR_HOST_DEVICE inline CosSin RopeCosSin(float angle) {
+  constexpr double kTwoOverPi = 6.36619772367581382433e-01;
+  constexpr double kPiOver2Hi = 1.57079632673412561417e+00;  // pi/2's first 33 bits
+  constexpr double kPiOver2Lo = 6.07710050650619224932e-11;  // pi/2 - kPiOver2Hi
+  const double x = angle;
+  const double q = RintD(MulD(x, kTwoOverPi));
+  const double r = AddD(AddD(x, -MulD(q, kPiOver2Hi)), -MulD(q, kPiOver2Lo));  // [-pi/4, pi/4]
+  const double z = MulD(r, r);
+  // sin r = r + r^3 (S1 + z (S2 + ... z S6)), cos r = 1 - z / 2 + z^2 (C1 + z (C2 + ... z C6)).
+  double ps = 1.58969099521155010221e-10;
+  ps = AddD(-2.50507602534068634195e-08, MulD(z, ps));
+  ps = AddD(2.75573137070700676789e-06, MulD(z, ps));
+  ps = AddD(-1.98412698298579493134e-04, MulD(z, ps));
+  ps = AddD(8.33333333332248946124e-03, MulD(z, ps));
+  ps = AddD(-1.66666666666666324348e-01, MulD(z, ps));
+  double pc = -1.13596475577881948265e-11;
+  pc = AddD(2.08757232129817482790e-09, MulD(z, pc));
+  pc = AddD(-2.75573143513906633035e-07, MulD(z, pc));
+  pc = AddD(2.48015872894767294178e-05, MulD(z, pc));
+  pc = AddD(-1.38888888888741095749e-03, MulD(z, pc));
+  pc = AddD(4.16666666666666019037e-02, MulD(z, pc));
+  const double sin_r = AddD(r, MulD(MulD(r, z), ps));
+  const double cos_r = AddD(AddD(1.0, MulD(-0.5, z)), MulD(MulD(z, z), pc));
+  // The angle is q pi/2 + r: q mod 4 picks the pair (exact: q is an integer).
+  const double quadrant = AddD(q, MulD(-4.0, FloorD(MulD(q, 0.25))));
+  const double c = quadrant == 0 ? cos_r : quadrant == 1 ? -sin_r : quadrant == 2 ? -cos_r : sin_r;
+  const double s = quadrant == 0 ? sin_r : quadrant == 1 ? cos_r : quadrant == 2 ? -sin_r : -cos_r;
+  return {static_cast<float>(c), static_cast<float>(s)};
+}
+
+// A pair (x1, x2) turned by the angle whose cosine and sine are c and s: (x1 c - x2 s, x2 c + x1
+// s). The transpose (the backward, and the in-place turn back) is the turn by -s.
+ZR_HOST_DEVICE inline float RopeTurnFirst(float x1, float x2, float c, float s) {
+  return Sub(Mul(x1, c), Mul(x2, s));
+}
+ZR_HOST_DEVICE inline float RopeTurnSecond(float x1, float x2, float c, float s) {
+  return Add(Mul(x2, c), Mul(x1, s));
 }
 
 // ---- softmax cross-entropy -------------------------------------------------------------------

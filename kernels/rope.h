@@ -1,6 +1,8 @@
 // Rotary position embeddings' frequencies, one definition for the CPU kernels
-// (kernels/cpu/llama_ops.cc, in double) and the CUDA kernels (kernels/cuda/llama_ops.cuh, in
-// float): channel pair i of a head of hs channels turns by position x inv_freq(i).
+// (kernels/cpu/llama_ops.cc) and the CUDA kernels (kernels/cuda/llama_ops.cuh): channel pair i of
+// a head of hs channels turns by position x inv_freq(i), inv_freq computed on the host in double
+// (the float kernels of both devices take it rounded once to float: [Note: the rotary angles],
+// kernels/model_math.h).
 //
 // [Note: rotary scaling]
 // Unscaled ("default"), inv_freq(i) = theta^(-2i / hs), Hugging Face's inv_freq. A model trained
@@ -19,8 +21,6 @@
 
 #include <cmath>
 
-#include "zerort/runtime/float_bits.h"  // ZR_HOST_DEVICE
-
 namespace zerort {
 
 enum class RopeType : int { kDefault = 0, kLinear = 1, kLlama3 = 2 };
@@ -34,31 +34,30 @@ struct RopeScaling {
   bool operator==(const RopeScaling&) const = default;
 };
 
-// What the rotary kernels take: the base and its scaling (trivially copyable: a CUDA kernel's
-// argument).
+// What the rotary kernels take: the base and its scaling.
 struct Rope {
   double theta = 10000.0;
   RopeScaling scaling = {};
 };
 
-// inv_freq of channel pair i of a head of `head_size` channels, in F (double on the CPU, float on
-// the GPU, as each device computed the unscaled angle before), [Note: rotary scaling].
-template <typename F>
-ZR_HOST_DEVICE inline F RopeInvFreq(const Rope& rope, int i, int head_size) {
-  using std::pow;
-  const F inv_freq = pow(static_cast<F>(rope.theta),
-                         static_cast<F>(-2) * static_cast<F>(i) / static_cast<F>(head_size));
+// inv_freq of channel pair i of a head of `head_size` channels, [Note: rotary scaling].
+inline double RopeInvFreq(const Rope& rope, int i, int head_size) {
+  const double inv_freq = std::pow(rope.theta, -2.0 * i / head_size);
   const RopeScaling& s = rope.scaling;
-  if (s.type == RopeType::kLinear) return inv_freq / static_cast<F>(s.factor);
+  if (s.type == RopeType::kLinear) return inv_freq / s.factor;
   if (s.type != RopeType::kLlama3) return inv_freq;
-  const F factor = static_cast<F>(s.factor), low = static_cast<F>(s.low_freq_factor),
-          high = static_cast<F>(s.high_freq_factor);
-  const F context = static_cast<F>(s.original_max_position_embeddings);
-  const F wavelen = static_cast<F>(2 * 3.14159265358979323846) / inv_freq;
+  const double factor = s.factor, low = s.low_freq_factor, high = s.high_freq_factor;
+  const double context = s.original_max_position_embeddings;
+  const double wavelen = 2 * 3.14159265358979323846 / inv_freq;
   if (wavelen < context / high) return inv_freq;
   if (wavelen > context / low) return inv_freq / factor;
-  const F smooth = (context / wavelen - low) / (high - low);
+  const double smooth = (context / wavelen - low) / (high - low);
   return (1 - smooth) * inv_freq / factor + smooth * inv_freq;
+}
+
+// inv_freq rounded once to float: the float kernels' frequency on both devices.
+inline float RopeFrequency(const Rope& rope, int i, int head_size) {
+  return static_cast<float>(RopeInvFreq(rope, i, head_size));
 }
 
 }  // namespace zerort

@@ -79,6 +79,44 @@ ZR_HOST_DEVICE inline float MaxNum(float a, float b) {
 #endif
 }
 
+// The same in double, for the few shared functions that need more than float's precision on
+// the way to a float result (the rotary embeddings' cosine and sine, model_math.h): each
+// operation rounded on its own (__dmul_rn, __dadd_rn on the GPU), so both devices give
+// the same bits.
+ZR_HOST_DEVICE inline double MulD(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+ZR_HOST_DEVICE inline double AddD(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+// The largest integer not above a (exact on both devices).
+ZR_HOST_DEVICE inline double FloorD(double a) {
+#if defined(__CUDA_ARCH__)
+  return floor(a);
+#else
+  return std::floor(a);
+#endif
+}
+
+// a rounded to the nearest integer, ties to even (exact on both devices).
+ZR_HOST_DEVICE inline double RintD(double a) {
+#if defined(__CUDA_ARCH__)
+  return rint(a);
+#else
+  return std::nearbyint(a);
+#endif
+}
+
 // Whether v is neither infinite nor NaN, from its exponent bits (the loss scaler's overflow
 // check on both devices: no dependence on how a compiler treats std::isfinite).
 ZR_HOST_DEVICE inline bool IsFinite(float v) { return (FloatBits(v) & 0x7f800000u) != 0x7f800000u; }

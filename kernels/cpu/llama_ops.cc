@@ -3,9 +3,9 @@
 // checks); float, the training path, takes RMSNorm and SwiGLU through the loops below, compiled
 // per vector width (ZR_CPU_CLONES) with kernels/model_math.h's element math (the CUDA kernels'
 // own, kernels/cuda/llama_ops.cuh) and the row sums in written-out lanes (RowSum), as the GPT
-// path's fast_ops.cc does. Rows threaded by ParallelFor, each row computed the same way whatever
-// the thread count, and the weight gradient's rows summed in fixed blocks in order
-// (vector_math.h).
+// path's fast_ops.cc does, and the rotary embeddings with model_math.h's angles and turns. Rows
+// threaded by ParallelFor, each row computed the same way whatever the thread count, and the weight
+// gradient's rows summed in fixed blocks in order (vector_math.h).
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -20,18 +20,27 @@ namespace zerort::cpu {
 namespace {
 
 // The rows of a [batch x seq] pass, threaded: fn(r, cos, sin) with the angles of row r's
-// position (cos and sin [hs / 2], in T, computed in double: angle = position x inv_freq,
-// kernels/rope.h's, Hugging Face's theta^(-2i / hs) unscaled).
+// position (cos and sin [hs / 2]): float's as the CUDA kernels compute them ([Note: the rotary
+// angles], model_math.h), double's in double (angle = position x inv_freq, kernels/rope.h's).
 template <typename T, typename F>
 void ForEachRotatedRow(int batch, int seq, int head_size, const Rope& rope, F&& fn) {
   const int half = head_size / 2;
   std::vector<T> cos_t(static_cast<size_t>(seq) * half), sin_t(cos_t.size());
   for (int i = 0; i < half; ++i) {
-    const double inv_freq = RopeInvFreq<double>(rope, i, head_size);
-    for (int t = 0; t < seq; ++t) {
-      const double angle = t * inv_freq;
-      cos_t[static_cast<size_t>(t) * half + i] = static_cast<T>(std::cos(angle));
-      sin_t[static_cast<size_t>(t) * half + i] = static_cast<T>(std::sin(angle));
+    if constexpr (std::is_same_v<T, float>) {
+      const float inv_freq = RopeFrequency(rope, i, head_size);
+      for (int t = 0; t < seq; ++t) {
+        const math::CosSin cs = math::RopeCosSin(math::RopeAngle(t, inv_freq));
+        cos_t[static_cast<size_t>(t) * half + i] = cs.cos;
+        sin_t[static_cast<size_t>(t) * half + i] = cs.sin;
+      }
+    } else {
+      const double inv_freq = RopeInvFreq(rope, i, head_size);
+      for (int t = 0; t < seq; ++t) {
+        const double angle = t * inv_freq;
+        cos_t[static_cast<size_t>(t) * half + i] = static_cast<T>(std::cos(angle));
+        sin_t[static_cast<size_t>(t) * half + i] = static_cast<T>(std::sin(angle));
+      }
     }
   }
   ParallelFor(int64_t{batch} * seq, 4, [&](int64_t begin, int64_t end) {
@@ -39,6 +48,19 @@ void ForEachRotatedRow(int batch, int seq, int head_size, const Rope& rope, F&& 
       fn(r, cos_t.data() + (r % seq) * half, sin_t.data() + (r % seq) * half);
     }
   });
+}
+
+// A pair (x1, x2) turned by cosine c and sine s: float by model_math.h's functions (the CUDA
+// kernels' own), double written out the same way.
+template <typename T>
+T TurnFirst(T x1, T x2, T c, T s) {
+  if constexpr (std::is_same_v<T, float>) return math::RopeTurnFirst(x1, x2, c, s);
+  return x1 * c - x2 * s;
+}
+template <typename T>
+T TurnSecond(T x1, T x2, T c, T s) {
+  if constexpr (std::is_same_v<T, float>) return math::RopeTurnSecond(x1, x2, c, s);
+  return x2 * c + x1 * s;
 }
 
 // ---- the float path ---------------------------------------------------------------------------
@@ -192,8 +214,8 @@ void RopeQkvInPlace(T* qkv, int batch, int seq, int heads, int kv_heads, int hea
       T* x = row + int64_t{h} * head_size;
       for (int i = 0; i < half; ++i) {
         const T x1 = x[i], x2 = x[i + half], si = sign * s[i];
-        x[i] = x1 * c[i] - x2 * si;
-        x[i + half] = x2 * c[i] + x1 * si;
+        x[i] = TurnFirst(x1, x2, c[i], si);
+        x[i + half] = TurnSecond(x1, x2, c[i], si);
       }
     }
   });
@@ -224,11 +246,12 @@ void RopeQkvBackward(T* dq, T* dk, T* dv, const T* dqkv, int batch, int seq, int
   const int64_t C = l.q_cols(), KV = l.kv_cols();
   ForEachRotatedRow<T>(batch, seq, head_size, rope, [&](int64_t r, const T* c, const T* s) {
     const T* in = dqkv + r * l.row();
-    // The rotation's transpose, added.
+    // The rotation's transpose (the turn by -angle), added.
     auto unrotate = [&](T* dx, const T* dy) {
       for (int i = 0; i < half; ++i) {
-        dx[i] += dy[i] * c[i] + dy[i + half] * s[i];
-        dx[i + half] += dy[i + half] * c[i] - dy[i] * s[i];
+        const T y1 = dy[i], y2 = dy[i + half];
+        dx[i] += TurnFirst(y1, y2, c[i], -s[i]);
+        dx[i + half] += TurnSecond(y1, y2, c[i], -s[i]);
       }
     };
     for (int h = 0; dq != nullptr && h < heads; ++h) {

@@ -2,9 +2,9 @@
 // documents each): RMSNorm (a warp per row; the weight gradient by the column kernels'
 // deterministic phases), rotary embeddings with grouped-query heads and SwiGLU (grid-stride
 // element loops). Internal to kernels/cuda/, included by model_kernels.cu after model_ops.cuh.
-// fp32 arithmetic; RMSNorm's and SwiGLU's element math is kernels/model_math.h's, the CPU's own
-// (only the row sums' order differs); the angles in fp32 from kernels/rope.h's inv_freq
-// (theta^(-2i / hs) unscaled, like Hugging Face's).
+// fp32 arithmetic; RMSNorm's, SwiGLU's and the rotary embeddings' element math is
+// kernels/model_math.h's, the CPU's own (only the row sums' order differs), the rotary angles
+// from kernels/rope.h's inv_freq ([Note: the rotary angles]).
 #pragma once
 
 #include "zerort/kernels/cuda/model_ops.cuh"
@@ -79,25 +79,41 @@ static __global__ void RmsNormInputGradKernel(T* dinp, const T* dout, const T* i
   RmsNormInputGradRow<T, W>(dinp, dout, inp, w, rstd[row], row, channels, threadIdx.x & 31);
 }
 
+// [Note: the rotary frequencies' argument]
+// A rotary kernel takes its pairs' frequencies by value (rope.h's RopeFrequency, computed on the
+// host: [Note: the rotary angles], model_math.h), so no device's powf enters the angle, and each
+// block first copies them to shared memory: a warp's threads read different pairs', and reads of
+// different words of a kernel's argument (constant memory) are serialised. Head sizes up to
+// 2 x kMaxRopePairs (1 KB of argument).
+inline constexpr int kMaxRopePairs = 256;
+struct RopeFrequencies {
+  float inv_freq[kMaxRopePairs];
+};
+
+__device__ __forceinline__ void LoadFrequencies(float* shared, const RopeFrequencies& f, int half) {
+  for (int j = threadIdx.x; j < half; j += blockDim.x) shared[j] = f.inv_freq[j];
+  __syncthreads();
+}
+
 // A rotary thread's work, from its index over rows x hs / 2 channel pairs: pair i of `row`,
 // turned by the angle whose cosine and sine are c and s, in every head slot of the row (0..heads-1
-// the query heads, then the key heads). The angle is the same in all of them, so its powf and
-// sincosf (and the index's int64 division) are paid once a row and pair, not once a head slot:
-// with a thread per slot they were about 300 instructions a pair, several times the kernel's
-// memory traffic (LLaMA-1B: 40 slots a row). The per-pair arithmetic is unchanged, so the bits.
-struct RopeAngle {
+// the query heads, then the key heads). The angle is the same in all of them, so its cosine and
+// sine (and the index's int64 division) are paid once a row and pair, not once a head slot
+// (LLaMA-1B: 40 slots a row).
+struct RotaryWork {
   int i;
   int64_t row;
   float c, s;
 };
-__device__ __forceinline__ RopeAngle RopeAngleOf(int64_t idx, int seq, int head_size,
-                                                 const Rope& rope) {
-  const int half = head_size / 2;
-  RopeAngle a;
+__device__ __forceinline__ RotaryWork RotaryWorkOf(int64_t idx, int seq, int half,
+                                                   const float* inv_freq) {
+  RotaryWork a;
   a.row = idx / half;
   a.i = static_cast<int>(idx - a.row * half);
-  const float inv_freq = RopeInvFreq<float>(rope, a.i, head_size);
-  sincosf(static_cast<float>(a.row % seq) * inv_freq, &a.s, &a.c);
+  const math::CosSin cs =
+      math::RopeCosSin(math::RopeAngle(static_cast<int>(a.row % seq), inv_freq[a.i]));
+  a.c = cs.cos;
+  a.s = cs.sin;
   return a;
 }
 
@@ -106,19 +122,21 @@ __device__ __forceinline__ RopeAngle RopeAngleOf(int64_t idx, int seq, int head_
 // copied. n = rows x hs / 2.
 template <typename T>
 static __global__ void RopeQkvKernel(T* qkv, const T* q, const T* k, const T* v, int seq, int heads,
-                                     int kv_heads, int head_size, Rope rope, int64_t n) {
+                                     int kv_heads, int head_size, RopeFrequencies f, int64_t n) {
   const math::QkvLayout l{heads, kv_heads, head_size};
   const int half = head_size / 2;
+  __shared__ float inv_freq[kMaxRopePairs];
+  LoadFrequencies(inv_freq, f, half);
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < n;
        idx += int64_t{gridDim.x} * blockDim.x) {
-    const auto [i, row, c, s] = RopeAngleOf(idx, seq, head_size, rope);
+    const auto [i, row, c, s] = RotaryWorkOf(idx, seq, half, inv_freq);
     for (int slot = 0; slot < heads + kv_heads; ++slot) {
       T* out = qkv + row * l.row() + int64_t{slot} * head_size;  // q head, or k head slot - heads
       const T* x = slot < heads ? q + row * l.q_cols() + int64_t{slot} * head_size
                                 : k + row * l.kv_cols() + int64_t{slot - heads} * head_size;
       const float x1 = ToFloat(x[i]), x2 = ToFloat(x[i + half]);
-      out[i] = FromFloat<T>(x1 * c - x2 * s);
-      out[i + half] = FromFloat<T>(x2 * c + x1 * s);
+      out[i] = FromFloat<T>(math::RopeTurnFirst(x1, x2, c, s));
+      out[i + half] = FromFloat<T>(math::RopeTurnSecond(x1, x2, c, s));
       if (slot >= heads) {
         const T* vs = v + row * l.kv_cols() + int64_t{slot - heads} * head_size;
         out[l.kv_cols() + i] = vs[i];
@@ -128,17 +146,20 @@ static __global__ void RopeQkvKernel(T* qkv, const T* q, const T* k, const T* v,
   }
 }
 
-// The transpose, added into dq, dk, dv (a null one skipped), over the same threads as the
-// forward: dqkv's key/value heads are already summed over their query heads (the attention's
-// backward did it).
+// The transpose (the turn by -angle), added into dq, dk, dv (a null one skipped), over the same
+// threads as the forward: dqkv's key/value heads are already summed over their query heads (the
+// attention's backward did it).
 template <typename T>
 static __global__ void RopeQkvBackwardKernel(T* dq, T* dk, T* dv, const T* dqkv, int seq, int heads,
-                                             int kv_heads, int head_size, Rope rope, int64_t n) {
+                                             int kv_heads, int head_size, RopeFrequencies f,
+                                             int64_t n) {
   const math::QkvLayout l{heads, kv_heads, head_size};
   const int half = head_size / 2;
+  __shared__ float inv_freq[kMaxRopePairs];
+  LoadFrequencies(inv_freq, f, half);
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < n;
        idx += int64_t{gridDim.x} * blockDim.x) {
-    const auto [i, row, c, s] = RopeAngleOf(idx, seq, head_size, rope);
+    const auto [i, row, c, s] = RotaryWorkOf(idx, seq, half, inv_freq);
     for (int slot = 0; slot < heads + kv_heads; ++slot) {
       const T* in = dqkv + row * l.row() + int64_t{slot} * head_size;
       T* d = slot < heads
@@ -147,13 +168,15 @@ static __global__ void RopeQkvBackwardKernel(T* dq, T* dk, T* dv, const T* dqkv,
                                   : dk + row * l.kv_cols() + int64_t{slot - heads} * head_size);
       const float y1 = ToFloat(in[i]), y2 = ToFloat(in[i + half]);
       if (d != nullptr) {
-        d[i] = FromFloat<T>(ToFloat(d[i]) + y1 * c + y2 * s);
-        d[i + half] = FromFloat<T>(ToFloat(d[i + half]) + y2 * c - y1 * s);
+        d[i] = FromFloat<T>(math::Add(ToFloat(d[i]), math::RopeTurnFirst(y1, y2, c, -s)));
+        d[i + half] =
+            FromFloat<T>(math::Add(ToFloat(d[i + half]), math::RopeTurnSecond(y1, y2, c, -s)));
       }
       if (slot >= heads && dv != nullptr) {
         T* dvs = dv + row * l.kv_cols() + int64_t{slot - heads} * head_size;
-        dvs[i] = FromFloat<T>(ToFloat(dvs[i]) + ToFloat(in[l.kv_cols() + i]));
-        dvs[i + half] = FromFloat<T>(ToFloat(dvs[i + half]) + ToFloat(in[l.kv_cols() + i + half]));
+        dvs[i] = FromFloat<T>(math::Add(ToFloat(dvs[i]), ToFloat(in[l.kv_cols() + i])));
+        dvs[i + half] =
+            FromFloat<T>(math::Add(ToFloat(dvs[i + half]), ToFloat(in[l.kv_cols() + i + half])));
       }
     }
   }
@@ -164,19 +187,21 @@ static __global__ void RopeQkvBackwardKernel(T* dq, T* dk, T* dv, const T* dqkv,
 // thread reads and writes its own pair in each slot.
 template <typename T>
 static __global__ void RopeQkvInPlaceKernel(T* qkv, int seq, int heads, int kv_heads, int head_size,
-                                            Rope rope, bool transpose, int64_t n) {
+                                            RopeFrequencies f, bool transpose, int64_t n) {
   const math::QkvLayout l{heads, kv_heads, head_size};
   const int half = head_size / 2;
+  __shared__ float inv_freq[kMaxRopePairs];
+  LoadFrequencies(inv_freq, f, half);
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < n;
        idx += int64_t{gridDim.x} * blockDim.x) {
-    const RopeAngle a = RopeAngleOf(idx, seq, head_size, rope);
+    const RotaryWork a = RotaryWorkOf(idx, seq, half, inv_freq);
     const int i = a.i;
     const float c = a.c, s = transpose ? -a.s : a.s;  // the transpose turns by -angle
     for (int slot = 0; slot < heads + kv_heads; ++slot) {
       T* x = qkv + a.row * l.row() + int64_t{slot} * head_size;  // a q head, or a k head
       const float x1 = ToFloat(x[i]), x2 = ToFloat(x[i + half]);
-      x[i] = FromFloat<T>(x1 * c - x2 * s);
-      x[i + half] = FromFloat<T>(x2 * c + x1 * s);
+      x[i] = FromFloat<T>(math::RopeTurnFirst(x1, x2, c, s));
+      x[i + half] = FromFloat<T>(math::RopeTurnSecond(x1, x2, c, s));
     }
   }
 }

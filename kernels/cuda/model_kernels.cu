@@ -421,24 +421,27 @@ class CudaModelKernels final : public ModelKernels {
                  int heads, int kv_heads, int head_size, const Rope& rope) override {
     const int64_t n = int64_t{batch} * seq * (head_size / 2);  // a thread a row and pair
     if (n == 0) return absl::OkStatus();
+    ZR_ASSIGN_OR_RETURN(const RopeFrequencies* f, Frequencies(rope, head_size));
     RopeQkvKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(qkv), A(q), A(k), A(v), seq, heads,
-                                                      kv_heads, head_size, rope, n);
+                                                      kv_heads, head_size, *f, n);
     return Launched("RopeQkv");
   }
   Status RopeQkvBackward(void* dq, void* dk, void* dv, const void* dqkv, int batch, int seq,
                          int heads, int kv_heads, int head_size, const Rope& rope) override {
     const int64_t n = int64_t{batch} * seq * (head_size / 2);  // a thread a row and pair
     if (n == 0) return absl::OkStatus();
+    ZR_ASSIGN_OR_RETURN(const RopeFrequencies* f, Frequencies(rope, head_size));
     RopeQkvBackwardKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(dq), A(dk), A(dv), A(dqkv), seq,
-                                                              heads, kv_heads, head_size, rope, n);
+                                                              heads, kv_heads, head_size, *f, n);
     return Launched("RopeQkvBackward");
   }
   Status RopeQkvInPlace(void* qkv, int batch, int seq, int heads, int kv_heads, int head_size,
                         const Rope& rope, bool transpose) override {
     const int64_t n = int64_t{batch} * seq * (head_size / 2);  // a thread a row and pair
     if (n == 0) return absl::OkStatus();
+    ZR_ASSIGN_OR_RETURN(const RopeFrequencies* f, Frequencies(rope, head_size));
     RopeQkvInPlaceKernel<T><<<Blocks(n), kThreads, 0, s()>>>(A(qkv), seq, heads, kv_heads,
-                                                             head_size, rope, transpose, n);
+                                                             head_size, *f, transpose, n);
     return Launched(transpose ? "RopeQkvInPlaceBackward" : "RopeQkvInPlace");
   }
   Status SwiGlu(void* out, const void* gate_up, int64_t rows, int cols, bool interleaved) override {
@@ -617,6 +620,25 @@ class CudaModelKernels final : public ModelKernels {
     return FinishColumns(dweight, dbias, pw, pb, p.chunks, channels);
   }
 
+  // The rotary kernels' argument ([Note: the rotary frequencies' argument], llama_ops.cuh), kept
+  // for the last rope and head size (every layer's call asks for the same).
+  StatusOr<const RopeFrequencies*> Frequencies(const Rope& rope, int head_size) {
+    if (head_size / 2 > kMaxRopePairs) {
+      return absl::InvalidArgumentError("the CUDA rotary embeddings take head sizes up to " +
+                                        std::to_string(2 * kMaxRopePairs) + "; got " +
+                                        std::to_string(head_size));
+    }
+    if (rope_head_size_ != head_size || !(rope_.theta == rope.theta) ||
+        !(rope_.scaling == rope.scaling)) {
+      for (int i = 0; i < head_size / 2; ++i) {
+        rope_frequencies_.inv_freq[i] = RopeFrequency(rope, i, head_size);
+      }
+      rope_ = rope;
+      rope_head_size_ = head_size;
+    }
+    return &rope_frequencies_;
+  }
+
   const internal::CublasApi& b_;  // loaded by MakeCudaModelKernels
   Stream& stream_;
   Allocator& ws_;
@@ -643,6 +665,9 @@ class CudaModelKernels final : public ModelKernels {
   const LaunchContext ctx_{stream_, ws_, launches_};
   MaterialisedAttention<T> materialised_;            // kernels/cuda/materialised_attention.cuh
   std::unique_ptr<internal::CudnnAttention> cudnn_;  // model.attention_backend "cudnn" only
+  Rope rope_;                                        // Frequencies()' last
+  int rope_head_size_ = 0;
+  RopeFrequencies rope_frequencies_ = {};
 };
 
 template <typename T, typename G>

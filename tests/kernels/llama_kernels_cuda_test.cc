@@ -103,5 +103,59 @@ TEST(ModelKernelsCudaTest, LlamaRmsNormRopeSwiGlu) {
   }
 }
 
+// The rotary embeddings compute model_math.h's angles and turns on both devices ([Note: the
+// rotary angles]): the same bits as the CPU's float kernels in fp32, bf16 and fp16, at a LLaMA
+// 3.1 model's frequencies and head size and positions up to 4095 (angles up to 4095 radians, a
+// few thousand quadrants), forward, backward and in place both ways. A head size the kernels'
+// argument cannot hold is refused by name.
+TEST(ModelKernelsCudaTest, RopeIsBitwiseTheCpus) {
+  ZR_NEED_GPU();
+  const Rope rope{.theta = 500000.0,
+                  .scaling = {.type = RopeType::kLlama3,
+                              .factor = 8,
+                              .low_freq_factor = 1,
+                              .high_freq_factor = 4,
+                              .original_max_position_embeddings = 8192}};
+  for (DType act : {DType::kF32, DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(DTypeName(act));
+    Twin t(act, DType::kF32);
+    const int batch = 2, seq = 4096, heads = 4, kv = 2, hs = 128, d = heads * hs;
+    const int64_t rows = int64_t{batch} * seq, q_n = rows * d, kv_n = rows * kv * hs,
+                  qkv_n = q_n + 2 * kv_n;
+    std::vector<float> q = Random(q_n, 61), k = Random(kv_n, 62), v = Random(kv_n, 63), qkv(qkv_n);
+    void *gq = t.A(q), *gk = t.A(k), *gv = t.A(v), *gqkv = t.A(qkv);
+    ASSERT_TRUE(t.gpu->RopeQkv(gqkv, gq, gk, gv, batch, seq, heads, kv, hs, rope).ok());
+    ASSERT_TRUE(
+        t.cpu->RopeQkv(qkv.data(), q.data(), k.data(), v.data(), batch, seq, heads, kv, hs, rope)
+            .ok());
+    ExpectSameBits("RopeQkv", t.Down(gqkv, qkv_n, act), RoundedTo(qkv, act));
+    std::vector<float> dqkv = Random(qkv_n, 64), dq = Random(q_n, 65), dk = Random(kv_n, 66),
+                       dv = Random(kv_n, 67);
+    void *gdqkv = t.A(dqkv), *gdq = t.A(dq), *gdk = t.A(dk), *gdv = t.A(dv);
+    ASSERT_TRUE(t.gpu->RopeQkvBackward(gdq, gdk, gdv, gdqkv, batch, seq, heads, kv, hs, rope).ok());
+    ASSERT_TRUE(t.cpu
+                    ->RopeQkvBackward(dq.data(), dk.data(), dv.data(), dqkv.data(), batch, seq,
+                                      heads, kv, hs, rope)
+                    .ok());
+    ExpectSameBits("RopeQkvBackward dq", t.Down(gdq, q_n, act), RoundedTo(dq, act));
+    ExpectSameBits("RopeQkvBackward dk", t.Down(gdk, kv_n, act), RoundedTo(dk, act));
+    ExpectSameBits("RopeQkvBackward dv", t.Down(gdv, kv_n, act), RoundedTo(dv, act));
+    for (const bool transpose : {false, true}) {
+      std::vector<float> x = Random(qkv_n, transpose ? 69 : 68);
+      void* gx = t.A(x);
+      ASSERT_TRUE(t.gpu->RopeQkvInPlace(gx, batch, seq, heads, kv, hs, rope, transpose).ok());
+      ASSERT_TRUE(t.cpu->RopeQkvInPlace(x.data(), batch, seq, heads, kv, hs, rope, transpose).ok());
+      ExpectSameBits(transpose ? "RopeQkvInPlace (transpose)" : "RopeQkvInPlace",
+                     t.Down(gx, qkv_n, act), RoundedTo(x, act));
+    }
+  }
+  Twin t(DType::kF32, DType::kF32);
+  std::vector<float> x = Random(2 * 1026, 70);
+  const Status too_wide = t.gpu->RopeQkvInPlace(t.A(x), 1, 1, 1, 0, 1026, {}, false);
+  EXPECT_EQ(too_wide.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(too_wide.message()).find("head sizes up to 512"), std::string::npos)
+      << too_wide;
+}
+
 }  // namespace
 }  // namespace zerort::testing

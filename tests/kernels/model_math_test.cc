@@ -15,6 +15,8 @@
 #include "tests/kernels/random_floats.h"
 #include "zerort/kernels/cpu/fast_ops.h"
 #include "zerort/kernels/launch_geometry.h"
+#include "zerort/kernels/model_ops.h"
+#include "zerort/kernels/rope.h"
 
 namespace zerort {
 namespace {
@@ -151,6 +153,60 @@ TEST(ModelMathTest, SwiGluAndItsGradientsMatchTheSigmoid) {
   EXPECT_TRUE(std::isnan(math::SwiGlu(NAN, 1.0f)));
 }
 
+// The distance in float steps between a and b of the same sign (0: the same bits).
+int64_t FloatSteps(float a, float b) {
+  return std::abs(int64_t{std::bit_cast<int32_t>(a)} - int64_t{std::bit_cast<int32_t>(b)});
+}
+
+// [Note: the rotary angles]: RopeCosSin's cosine and sine are the float angle's, rounded once
+// (against libm's double cos and sin of the same angle, rounded to float): every position of a
+// 128k context at four frequencies of a LLaMA 3 head (the highest, 1, turns 131,071 radians,
+// 83,443 quadrants), angles about each multiple of pi/2 up to 2^20 quadrants (where cos or sin
+// is nearly 0 and the reduction's error shows most), negative angles, and 0 exactly (1, 0).
+TEST(ModelMathTest, RopeCosSinIsTheFloatAnglesCosineAndSineRounded) {
+  std::vector<float> angles;
+  const Rope llama3{.theta = 500000.0};
+  for (const float f : {1.0f, RopeFrequency(llama3, 1, 128), RopeFrequency(llama3, 20, 128),
+                        RopeFrequency(llama3, 63, 128)}) {
+    for (int t = 0; t < 131072; ++t) angles.push_back(math::RopeAngle(t, f));
+  }
+  for (int64_t k = 1; k < (int64_t{1} << 20); k = k * 5 / 4 + 1) {
+    float a = static_cast<float>(k * (3.14159265358979323846 / 2));
+    for (int step = 0; step < 8; ++step) a = std::nextafter(a, 0.0f);
+    for (int step = 0; step < 16; ++step, a = std::nextafter(a, INFINITY)) {
+      angles.push_back(a);
+      angles.push_back(-a);
+    }
+  }
+  int64_t rounded_otherwise = 0;
+  for (const float a : angles) {
+    const math::CosSin got = math::RopeCosSin(a);
+    const float want_c = static_cast<float>(std::cos(double{a})),
+                want_s = static_cast<float>(std::sin(double{a}));
+    for (const auto [g, w] : {std::pair{got.cos, want_c}, std::pair{got.sin, want_s}}) {
+      if (SameBits(g, w)) continue;
+      ++rounded_otherwise;
+      // Off by one rounding, never more (a value a float step from libm's, of its sign).
+      ASSERT_LE(FloatSteps(g, w), 1) << "angle " << a << ": " << g << " against " << w;
+    }
+  }
+  EXPECT_LE(rounded_otherwise, 2) << "of " << 2 * angles.size();
+  const math::CosSin zero = math::RopeCosSin(0.0f);
+  EXPECT_TRUE(SameBits(zero.cos, 1.0f) && SameBits(zero.sin, 0.0f));
+}
+
+// The turn is a rotation (x1 c - x2 s, x2 c + x1 s); turning by -s undoes it to rounding.
+TEST(ModelMathTest, RopeTurnRotatesAndTheTransposeTurnsBack) {
+  const math::CosSin cs = math::RopeCosSin(0.7f);
+  const float x1 = 1.25f, x2 = -0.5f;
+  const float y1 = math::RopeTurnFirst(x1, x2, cs.cos, cs.sin),
+              y2 = math::RopeTurnSecond(x1, x2, cs.cos, cs.sin);
+  EXPECT_NEAR(y1, x1 * std::cos(0.7) - x2 * std::sin(0.7), 1e-6);
+  EXPECT_NEAR(y2, x2 * std::cos(0.7) + x1 * std::sin(0.7), 1e-6);
+  EXPECT_NEAR(math::RopeTurnFirst(y1, y2, cs.cos, -cs.sin), x1, 1e-6);
+  EXPECT_NEAR(math::RopeTurnSecond(y1, y2, cs.cos, -cs.sin), x2, 1e-6);
+}
+
 TEST(ModelMathTest, CrossEntropyPieces) {
   // Row (1, 2, 3), target 2: loss log(e^1 + e^2 + e^3) - 3.
   const float max = 3.0f, log_sum = std::log(std::exp(-2.0f) + std::exp(-1.0f) + 1.0f);
@@ -262,6 +318,57 @@ TEST(ModelMathTest, CpuKernelsComputeTheSharedFunctionsBitwise) {
     ASSERT_TRUE(
         SameBits(ln[i], math::LayerNormOut(x[i], mean[i / ch], rstd[i / ch], w[i % ch], b[i % ch])))
         << i;
+  }
+  // The rotary embeddings, forward, in place both ways and backward, against the shared angles
+  // and turns evaluated here (2 sequences of 37 positions, 3 query heads on 1 key/value head of
+  // 10 channels: [Note: the qkv layout]).
+  const int batch = 2, seq = 37, heads = 3, kv = 1, hs = 10, half = hs / 2;
+  const int row = (heads + 2 * kv) * hs;
+  const Rope rope{.theta = 1000.0, .scaling = {RopeType::kLlama3, 8, 1, 4, 16}};
+  const std::vector<float> qkv0 = testing::RandomNormal<float>(int64_t{batch} * seq * row, 10),
+                           dqkv = testing::RandomNormal<float>(qkv0.size(), 11);
+  auto turned = [&](const std::vector<float>& in, int64_t r, int slot, int i, bool second,
+                    float sign) {
+    const math::CosSin cs =
+        math::RopeCosSin(math::RopeAngle(static_cast<int>(r % seq), RopeFrequency(rope, i, hs)));
+    const float x1 = in[r * row + slot * hs + i], x2 = in[r * row + slot * hs + i + half];
+    return second ? math::RopeTurnSecond(x1, x2, cs.cos, sign * cs.sin)
+                  : math::RopeTurnFirst(x1, x2, cs.cos, sign * cs.sin);
+  };
+  for (const bool transpose : {false, true}) {
+    std::vector<float> qkv = qkv0;
+    cpu::RopeQkvInPlace<float>(qkv.data(), batch, seq, heads, kv, hs, rope, transpose);
+    for (int64_t r = 0; r < int64_t{batch} * seq; ++r) {
+      for (int slot = 0; slot < heads + 2 * kv; ++slot) {
+        for (int c = 0; c < hs; ++c) {
+          const float want = slot >= heads + kv ? qkv0[r * row + slot * hs + c]  // v: not turned
+                                                : turned(qkv0, r, slot, c % half, c >= half,
+                                                         transpose ? -1.0f : 1.0f);
+          ASSERT_TRUE(SameBits(qkv[r * row + slot * hs + c], want))
+              << "RopeQkvInPlace transpose " << transpose << " row " << r << " slot " << slot
+              << " channel " << c;
+        }
+      }
+    }
+  }
+  const int64_t q_n = int64_t{batch} * seq * heads * hs, kv_n = int64_t{batch} * seq * kv * hs;
+  const std::vector<float> dq0 = testing::RandomNormal<float>(q_n, 12),
+                           dk0 = testing::RandomNormal<float>(kv_n, 13);
+  std::vector<float> dq = dq0, dk = dk0;
+  cpu::RopeQkvBackward<float>(dq.data(), dk.data(), nullptr, dqkv.data(), batch, seq, heads, kv, hs,
+                              rope);
+  for (int64_t r = 0; r < int64_t{batch} * seq; ++r) {
+    for (int slot = 0; slot < heads + kv; ++slot) {
+      for (int c = 0; c < hs; ++c) {
+        const float before =
+            slot < heads ? dq0[(r * heads + slot) * hs + c] : dk0[(r * kv + slot - heads) * hs + c];
+        const float got =
+            slot < heads ? dq[(r * heads + slot) * hs + c] : dk[(r * kv + slot - heads) * hs + c];
+        const float want = math::Add(before, turned(dqkv, r, slot, c % half, c >= half, -1.0f));
+        ASSERT_TRUE(SameBits(got, want))
+            << "RopeQkvBackward row " << r << " slot " << slot << " channel " << c;
+      }
+    }
   }
 }
 
