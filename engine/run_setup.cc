@@ -19,6 +19,7 @@
 #include "zerort/estimate/memory_model.h"
 #include "zerort/kernels/blas.h"
 #include "zerort/kernels/flash_attention.h"
+#include "zerort/kernels/rope.h"
 #include "zerort/layers/decoder_plans.h"
 #include "zerort/runtime/log.h"
 #include "zerort/runtime/strings.h"
@@ -240,6 +241,9 @@ Status Run::SetupModel() {
         decoder::AttentionShapeOf(c_.model.shape, c_.parallel.tensor_parallel_size,
                                   static_cast<int>(c_.train_micro_batch_size_per_gpu)),
         gpu_.shared_memory_per_block));
+    if (c_.model.shape.features().qkv == QkvKind::kRotary) {
+      ZR_RETURN_IF_ERROR(Annotate(CheckCudaRope(c_.model.shape.head_size()), "model"));
+    }
     ZR_ASSIGN_OR_RETURN(kernels_,
                         MakeCudaModelKernels(compute, DType::kF32, manager_->compute_stream(),
                                              *allocator_, attention, c_.model.flash_attention));

@@ -20,6 +20,9 @@
 #pragma once
 
 #include <cmath>
+#include <string>
+
+#include "zerort/runtime/status.h"
 
 namespace zerort {
 
@@ -58,6 +61,17 @@ inline double RopeInvFreq(const Rope& rope, int i, int head_size) {
 // inv_freq rounded once to float: the float kernels' frequency on both devices.
 inline float RopeFrequency(const Rope& rope, int i, int head_size) {
   return static_cast<float>(RopeInvFreq(rope, i, head_size));
+}
+
+// The largest head size the CUDA rotary kernels take (their frequencies travel as a kernel
+// argument: [Note: the rotary frequencies' argument], kernels/cuda/llama_ops.cuh), and the check a
+// CUDA run makes before it starts (the error names the head size and the limit).
+inline constexpr int kMaxCudaRopeHeadSize = 512;
+inline Status CheckCudaRope(int head_size) {
+  if (head_size <= kMaxCudaRopeHeadSize) return absl::OkStatus();
+  return absl::InvalidArgumentError("head size " + std::to_string(head_size) +
+                                    ": the CUDA rotary embeddings take head sizes up to " +
+                                    std::to_string(kMaxCudaRopeHeadSize));
 }
 
 }  // namespace zerort

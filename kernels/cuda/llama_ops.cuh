@@ -84,8 +84,8 @@ static __global__ void RmsNormInputGradKernel(T* dinp, const T* dout, const T* i
 // host: [Note: the rotary angles], model_math.h), so no device's powf enters the angle, and each
 // block first copies them to shared memory: a warp's threads read different pairs', and reads of
 // different words of a kernel's argument (constant memory) are serialised. Head sizes up to
-// 2 x kMaxRopePairs (1 KB of argument).
-inline constexpr int kMaxRopePairs = 256;
+// kMaxCudaRopeHeadSize (rope.h: 1 KB of argument).
+inline constexpr int kMaxRopePairs = kMaxCudaRopeHeadSize / 2;
 struct RopeFrequencies {
   float inv_freq[kMaxRopePairs];
 };

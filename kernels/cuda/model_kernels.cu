@@ -623,11 +623,7 @@ class CudaModelKernels final : public ModelKernels {
   // The rotary kernels' argument ([Note: the rotary frequencies' argument], llama_ops.cuh), kept
   // for the last rope and head size (every layer's call asks for the same).
   StatusOr<const RopeFrequencies*> Frequencies(const Rope& rope, int head_size) {
-    if (head_size / 2 > kMaxRopePairs) {
-      return absl::InvalidArgumentError("the CUDA rotary embeddings take head sizes up to " +
-                                        std::to_string(2 * kMaxRopePairs) + "; got " +
-                                        std::to_string(head_size));
-    }
+    ZR_RETURN_IF_ERROR(CheckCudaRope(head_size));
     if (rope_head_size_ != head_size || !(rope_.theta == rope.theta) ||
         !(rope_.scaling == rope.scaling)) {
       for (int i = 0; i < head_size / 2; ++i) {

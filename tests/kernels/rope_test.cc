@@ -125,5 +125,14 @@ TEST(RopeTest, BackwardIsTheForwardsTransposeUnderEveryScaling) {
   }
 }
 
+// What a CUDA run checks before it starts (the rotary kernels' argument holds 256 frequencies).
+TEST(RopeTest, CudaRunsRefuseHeadSizesAbove512ByName) {
+  EXPECT_TRUE(CheckCudaRope(128).ok());
+  EXPECT_TRUE(CheckCudaRope(512).ok());
+  const Status wide = CheckCudaRope(514);
+  EXPECT_EQ(wide.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(wide.message(), "head size 514: the CUDA rotary embeddings take head sizes up to 512");
+}
+
 }  // namespace
 }  // namespace zerort
