@@ -2,7 +2,7 @@
 // model_ops.cc) and the CUDA kernels (kernels/cuda/model_ops.cuh, llama_ops.cuh): e^x, GELU and
 // its derivative, LayerNorm's statistics, affine and backward terms, RMSNorm's, SwiGLU's and the
 // rotary embeddings' (the LLaMA family's), the fused softmax cross-entropy's loss and gradient, the
-// vocabulary- parallel finish, and the index maths of the embedding and of the attention's head
+// vocabulary-parallel finish, and the index maths of the embedding and of the attention's head
 // layouts. Each float function is written with kernels/rounded_math.h's operations, so given the
 // same inputs both devices produce the same bits, and the CPU tests execute the GPU kernels'
 // arithmetic. What is not shared (the order of each row's reduction, a warp's shuffle tree on the
@@ -239,8 +239,8 @@ ZR_HOST_DEVICE inline CosSin RopeCosSin(float angle) {
   return {static_cast<float>(c), static_cast<float>(s)};
 }
 
-// A pair (x1, x2) turned by the angle whose cosine and sine are c and s: (x1 c - x2 s, x2 c + x1
-// s). The transpose (the backward, and the in-place turn back) is the turn by -s.
+// A pair (x1, x2) turned by the angle whose cosine and sine are c and s, to
+// (x1 c - x2 s, x2 c + x1 s). The transpose (the backward, the in-place turn back): by -s.
 ZR_HOST_DEVICE inline float RopeTurnFirst(float x1, float x2, float c, float s) {
   return Sub(Mul(x1, c), Mul(x2, s));
 }
