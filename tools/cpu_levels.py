@@ -38,7 +38,8 @@ import time
 # runs that one natively. QEMU's user mode has no io_uring (ENOSYS), so the io_uring engine's
 # tests skip there as on any machine whose kernel refuses it (offload/nvme_store.h, IoUringUsable).
 # The tests are those of the build's `cpu` label that run one of its own programs (ctest's list);
-# the `mpi` label and the Python CLI tests start mpirun or zerort: not emulated. Emulation runs a
+# the `mpi` label and the Python CLI tests start mpirun or zerort: not emulated. The caller's
+# OPENBLAS_CORETYPE is not passed on (a test's own ENVIRONMENT may set one). Emulation runs a
 # test several times slower than natively (the AVX2 model slower than the SSE4.2 one); each
 # test's timeout is ctest's times --timeout-scale.
 
@@ -97,7 +98,10 @@ def emulated(model, argv, env, cwd, timeout):
     program = os.path.join(cwd, argv[0])  # argv[0] itself when absolute
     if not os.access(program, os.X_OK):  # QEMU exits 1 saying nothing
         return 127, f"{program}: no such program"
-    full = dict(os.environ)
+    # OpenBLAS picks its kernels by the emulated CPU's model: a core type the caller's environment
+    # names (this project's machines set OPENBLAS_CORETYPE=Haswell) would run AVX2 kernels on the
+    # SSE4.2 model, which QEMU stops with SIGILL. A test's own environment may still name one.
+    full = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
     full.update(NO_REEXEC)
     full.update(env)
     try:

@@ -22,9 +22,9 @@ checks = Checks("cpu_levels_test")
 check = checks.check
 
 
-def run(*args):
+def run(*args, environment=None):
     return subprocess.run([sys.executable, tool, *args], capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, env=environment)
 
 
 empty = tempfile.mkdtemp()
@@ -53,6 +53,13 @@ else:
     check("the element-type tests pass on the emulated SSE4.2 CPU, its loops checked first",
           r.returncode == 0 and "x86-64-v2 (CPU loops baseline x86-64;" in r.stdout and
           " 0 failed of " in r.stdout and " 0 passed" not in r.stdout, r.stdout + r.stderr)
+    # OPENBLAS_CORETYPE=Haswell in the caller's environment (this project's machines set it): the
+    # SSE4.2 CPU still runs the kernels OpenBLAS picks for it, not AVX2 ones (QEMU: SIGILL).
+    r = run(build, "--level", "x86-64-v2", "-R", "^FastOpsTest\\.MatmulBiasAndItsGradient$",
+            environment=dict(os.environ, OPENBLAS_CORETYPE="Haswell"))
+    check("a GEMM test on the emulated SSE4.2 CPU takes its kernels, whatever the caller's "
+          "OPENBLAS_CORETYPE", r.returncode == 0 and "GEMM OpenBLAS, Nehalem kernels" in r.stdout
+          and "1 passed, 0 skipped, 0 failed of 1" in r.stdout, r.stdout + r.stderr)
 
     # The run's numbers on each CPU: OpenBLAS held to its Nehalem kernels (which every level
     # runs), one thread, so that only the CPU loops' versions differ.
