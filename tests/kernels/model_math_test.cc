@@ -183,7 +183,7 @@ TEST(ModelMathTest, RopeCosSinIsTheFloatAnglesCosineAndSineRounded) {
     const math::CosSin got = math::RopeCosSin(a);
     const float want_c = static_cast<float>(std::cos(double{a})),
                 want_s = static_cast<float>(std::sin(double{a}));
-    for (const auto [g, w] : {std::pair{got.cos, want_c}, std::pair{got.sin, want_s}}) {
+    for (const auto& [g, w] : {std::pair{got.cos, want_c}, std::pair{got.sin, want_s}}) {
       if (SameBits(g, w)) continue;
       ++rounded_otherwise;
       // Off by one rounding, never more (a value a float step from libm's, of its sign).
