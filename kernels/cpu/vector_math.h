@@ -6,7 +6,10 @@
 //     contracted into an FMA (CMakeLists.txt), so an element-wise loop gives the same bits in
 //     every version, and the sums along a row are written out in lanes (RowSum below) so that
 //     theirs do too (docs/cpu-performance.md). tools/cpu_levels.py runs the tests with the
-//     other versions, on emulated CPUs.
+//     other versions, on emulated CPUs; tools/cpu_clones.py reads the built library and fails
+//     where a loop that the AVX-512 version vectorises runs scalar in another (GCC's default
+//     -ftrapping-math did that to every loop with a float select below AVX-512: the library is
+//     built without it, kernels/CMakeLists.txt).
 //   - FastExp: e^x for float without a libm call (kernels/model_math.h, shared with the CUDA
 //     kernels), so that loops calling it vectorise (std::exp and std::tanh are scalar calls into
 //     libm: the GELU's tanh was 20% of a tiny model's step).
