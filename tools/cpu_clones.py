@@ -27,12 +27,12 @@ import sys
 # cross-entropy and the flash blocks ran 2-6x slower on AVX2 machines than they had to.
 # The count: packed floating-point arithmetic (add, sub, mul, div, min, max, sqrt, compare and the
 # FMAs, `ps` and `pd`, any register width; not the logic operations, which scalar code uses for
-# zeroing and signs). A function whose AVX-512 version has at least kLoop of them holds a
+# zeroing and signs). A function whose AVX-512 version has at least MIN_LOOP_OPS of them holds a
 # vectorised loop; each other version must then have at least half as many (a vectorised version
 # has about as many: the same loop, its tail loop in narrower vectors). Below that, scalar code
 # (its tails' few packed operations). A loop that cannot vectorise at the baseline is listed in
 # BASELINE_SCALAR with the reason.
-kLoop = 8
+MIN_LOOP_OPS = 8
 BASELINE_SCALAR = {
     # kernels/flash_math.h's ProbExponent2 is one fused multiply-add (math::Fma), as the CUDA
     # programs round it; the baseline has no FMA instruction, so it is a call to libm's fmaf.
@@ -117,13 +117,15 @@ def main():
     for mangled, full in zip(names, demangled(names)):
         c = counts[mangled]
         name = short_name(full)
-        print(f"{c['arch_x86_64_v4']:8} {c['arch_x86_64_v3']:6} {c['default']:9}  {full[:110]}")
+        why = f" (baseline scalar: {BASELINE_SCALAR[name]})" if name in BASELINE_SCALAR else ""
+        print(f"{c['arch_x86_64_v4']:8} {c['arch_x86_64_v3']:6} {c['default']:9}  "
+              f"{full[:110]}{why}")
         missing = [v for v in VERSIONS if v not in c]
         if missing:
             failures.append(f"{name}: no {', '.join(VERSIONS[v] for v in missing)} version")
             continue
         wide = c["arch_x86_64_v4"]
-        if wide < kLoop:
+        if wide < MIN_LOOP_OPS:
             continue
         for version in ("arch_x86_64_v3", "default"):
             if version == "default" and name in BASELINE_SCALAR:

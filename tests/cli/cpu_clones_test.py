@@ -81,7 +81,8 @@ check("FlashBackwardBlock's AVX2 version is still checked",
       r.returncode == 1 and "FlashBackwardBlock: the AVX2 version runs scalar" in r.stdout,
       f"exit {r.returncode}: {r.stdout[-400:]}")
 r = disassembly("0000000000001000 <_Z4Mainv>:\n    1000:\tvmulps %ymm1,%ymm2,%ymm3\n")
-check("a library without versions is skipped", r.returncode == 77 and "nothing to check" in r.stdout,
+check("a library without versions is skipped",
+      r.returncode == 77 and "nothing to check" in r.stdout,
       f"exit {r.returncode}: {r.stdout[-400:]}")
 
 # The build's kernels library.
