@@ -27,8 +27,8 @@ def run(*args):
 def function(name, version, packed, scalar=4):
     """objdump's lines for one symbol: `packed` packed multiplies among scalar adds."""
     lines = [f"0000000000001000 <{name}.{version}>:"]
-    lines += [f"    1000:\tvmulps %ymm1,%ymm2,%ymm3" for _ in range(packed)]
-    lines += [f"    1004:\tvaddss %xmm1,%xmm2,%xmm3" for _ in range(scalar)]
+    lines += ["    1000:\tvmulps %ymm1,%ymm2,%ymm3" for _ in range(packed)]
+    lines += ["    1004:\tvaddss %xmm1,%xmm2,%xmm3" for _ in range(scalar)]
     return "\n".join(lines + [""])
 
 
