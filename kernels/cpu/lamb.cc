@@ -32,9 +32,13 @@ double StepSize(const LambHyper& h) {
 
 // One chunk of the moments pass: each element's update written over its gradient, and the
 // chunk's sums of squares of the parameters and of the updates, in eight double lanes each
-// ([Note: sums in written-out lanes], kernels/cpu/vector_math.h).
-std::pair<double, double> MomentsChunk(const math::LambScalars& a, const float* p, float* g,
-                                       float* m, float* v, int64_t begin, int64_t end) {
+// ([Note: sums in written-out lanes], kernels/cpu/vector_math.h). Both passes are built per
+// vector width with their scalars in registers, as AdamW's are ([Note: the host update's vector
+// width], optimizer.cc): the same bits in every version (element-wise, the lanes written out).
+ZR_CPU_CLONES std::pair<double, double> MomentsChunk(const math::LambScalars& scalars,
+                                                     const float* p, float* g, float* m, float* v,
+                                                     int64_t begin, int64_t end) {
+  const math::LambScalars a = scalars;  // in registers
   cpu::Lanes<double, 8> w, u;
   cpu::ForLanes<8>(end - begin, [&](int64_t k, int j) {
     const int64_t i = begin + k;
@@ -47,9 +51,11 @@ std::pair<double, double> MomentsChunk(const math::LambScalars& a, const float* 
 }
 
 template <typename Out>
-void Apply(float step_coeff, float* p, const float* u, Out* out, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 15))
-  for (int64_t i = 0; i < n; ++i) {
+[[gnu::always_inline]] inline void ApplyBody(float step_coeff, float* __restrict p,
+                                             const float* __restrict u, Out* __restrict out,
+                                             int64_t i0, int64_t i1) {
+#pragma omp simd
+  for (int64_t i = i0; i < i1; ++i) {
     const float np = math::LambApplyElement(step_coeff, p[i], u[i]);
     p[i] = np;
     if constexpr (std::is_same_v<Out, float>) {
@@ -59,6 +65,21 @@ void Apply(float step_coeff, float* p, const float* u, Out* out, int64_t n) {
     } else if constexpr (std::is_same_v<Out, Half>) {
       out[i].bits = FloatToF16Bits(np);
     }
+  }
+}
+
+// Elements [i0, i1) of the second pass, the compute copy written as `out_dtype` (none when out
+// is null).
+ZR_CPU_CLONES void ApplyRange(float step_coeff, float* p, const float* u, void* out,
+                              DType out_dtype, int64_t i0, int64_t i1) {
+  if (out == nullptr) return ApplyBody<void>(step_coeff, p, u, nullptr, i0, i1);
+  switch (out_dtype) {
+    case DType::kBF16:
+      return ApplyBody(step_coeff, p, u, static_cast<BFloat16*>(out), i0, i1);
+    case DType::kF16:
+      return ApplyBody(step_coeff, p, u, static_cast<Half*>(out), i0, i1);
+    default:
+      return ApplyBody(step_coeff, p, u, static_cast<float*>(out), i0, i1);
   }
 }
 
@@ -121,15 +142,9 @@ Status LambApply(const LambHyper& h, float coeff, const TensorView& master,
     return internal::CudaLambApply(step_coeff, p, u, out.data(), out.dtype(), n, stream);
   }
   return RunOnHostInOrder(stream, [=, out = out.Detached()] {
-    if (out.data() == nullptr) {
-      Apply<void>(step_coeff, p, u, nullptr, n);
-    } else if (out.dtype() == DType::kBF16) {
-      Apply(step_coeff, p, u, static_cast<BFloat16*>(out.data()), n);
-    } else if (out.dtype() == DType::kF16) {
-      Apply(step_coeff, p, u, static_cast<Half*>(out.data()), n);
-    } else {
-      Apply(step_coeff, p, u, static_cast<float*>(out.data()), n);
-    }
+    cpu::ParallelFor(n, cpu::kElementGrain, [&](int64_t i0, int64_t i1) {
+      ApplyRange(step_coeff, p, u, out.data(), out.dtype(), i0, i1);
+    });
     return absl::OkStatus();
   });
 }
