@@ -118,15 +118,15 @@ TEST(LambTest, BothPassesAreBitwiseAScalarLoop) {
   const std::vector<float> g0 = testing::RandomNormal<float>(un, 24);
 
   // The reference: updates and sums.
-  std::vector<float> rp = p, rm = m, rv = v, ru(un);
+  std::vector<float> rm = m, rv = v, ru(un);
   const math::LambScalars a = math::MakeLambScalars(h);
   double w = 0, u = 0;
   for (int64_t begin = 0; begin < n; begin += kReduceChunk) {
     double wl[8] = {}, ul[8] = {};
     for (int64_t i = begin; i < std::min(n, begin + kReduceChunk); ++i) {
       const auto k = static_cast<size_t>(i);
-      ru[k] = math::LambUpdate(a, rp[k], g0[k], rm[k], rv[k]);
-      wl[(i - begin) % 8] += static_cast<double>(rp[k]) * rp[k];
+      ru[k] = math::LambUpdate(a, p[k], g0[k], rm[k], rv[k]);
+      wl[(i - begin) % 8] += static_cast<double>(p[k]) * p[k];
       ul[(i - begin) % 8] += static_cast<double>(ru[k]) * ru[k];
     }
     for (int half = 4; half >= 1; half /= 2) {
@@ -157,9 +157,11 @@ TEST(LambTest, BothPassesAreBitwiseAScalarLoop) {
     const TensorView o(out.data(), out_dtype, {n});
     ASSERT_TRUE(LambApply(h, coeff, View(q), View(g), o, nullptr).ok());
     const TensorView ro(rout.data(), out_dtype, {n});
+    // lamb.h: step size lr sqrt(1 - b2^t) / (1 - b1^t), in double, times the trust ratio.
+    const double t = static_cast<double>(h.step);
     const float step_coeff =
-        static_cast<float>(h.lr * std::sqrt(1.0 - std::pow(static_cast<double>(h.beta2), 3.0)) /
-                           (1.0 - std::pow(static_cast<double>(h.beta1), 3.0)) * coeff);
+        static_cast<float>(h.lr * std::sqrt(1.0 - std::pow(static_cast<double>(h.beta2), t)) /
+                           (1.0 - std::pow(static_cast<double>(h.beta1), t)) * coeff);
     for (int64_t i = 0; i < n; ++i) {
       const auto k = static_cast<size_t>(i);
       rq[k] = math::LambApplyElement(step_coeff, rq[k], ru[k]);
