@@ -58,13 +58,7 @@ template <typename Out>
   for (int64_t i = i0; i < i1; ++i) {
     const float np = math::LambApplyElement(step_coeff, p[i], u[i]);
     p[i] = np;
-    if constexpr (std::is_same_v<Out, float>) {
-      out[i] = np;
-    } else if constexpr (std::is_same_v<Out, BFloat16>) {
-      out[i].bits = FloatToBf16Bits(np);
-    } else if constexpr (std::is_same_v<Out, Half>) {
-      out[i].bits = FloatToF16Bits(np);
-    }
+    cpu::StoreAs(out, i, np);
   }
 }
 

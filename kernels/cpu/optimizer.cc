@@ -16,17 +16,6 @@
 namespace zerort {
 namespace {
 
-template <typename Out>
-inline void Store(Out* out, int64_t i, float value) {
-  if constexpr (std::is_same_v<Out, float>) {
-    out[i] = value;
-  } else if constexpr (std::is_same_v<Out, BFloat16>) {
-    out[i].bits = FloatToBf16Bits(value);
-  } else if constexpr (std::is_same_v<Out, Half>) {
-    out[i].bits = FloatToF16Bits(value);
-  }
-}
-
 // [Note: the host update's schedule]
 // The CPU update is element-wise, so how its elements are split among threads changes no bit. It
 // was one `parallel for schedule(static)` region per parameter piece: each thread 1/T of the
@@ -96,7 +85,7 @@ template <typename Out>
   for (int64_t i = i0; i < i1; ++i) {
     const float np = math::AdamElement(a, p[i], g[i], m[i], v[i]);
     p[i] = np;
-    if constexpr (!std::is_same_v<Out, void>) Store(out, i, np);
+    cpu::StoreAs(out, i, np);
   }
 }
 
@@ -123,7 +112,7 @@ template <typename Out>
                                            Out* __restrict out, int64_t i0, int64_t i1) {
   auto store = [&](int64_t i, float np) {
     p[i] = np;
-    if constexpr (!std::is_same_v<Out, void>) Store(out, i, np);
+    cpu::StoreAs(out, i, np);
   };
   if (s.momentum == 0.0f) {
 #pragma omp simd

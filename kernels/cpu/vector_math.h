@@ -24,10 +24,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "zerort/kernels/model_math.h"
+#include "zerort/runtime/dtype.h"
 
 #if defined(ZR_CPU_DISPATCH) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define ZR_CPU_CLONES_BUILT 1
@@ -41,6 +43,20 @@ namespace zerort::cpu {
 
 // e^x without a libm call: kernels/model_math.h's, shared with the CUDA kernels.
 using math::FastExp;
+
+// out[i] = value as Out (float, BFloat16 or Half; nothing for void), rounded to nearest even: a
+// compute copy's store in a vectorised update loop (the optimizers' host updates), inlined into
+// each ZR_CPU_CLONES version.
+template <typename Out>
+[[gnu::always_inline]] inline void StoreAs(Out* out, int64_t i, float value) {
+  if constexpr (std::is_same_v<Out, float>) {
+    out[i] = value;
+  } else if constexpr (std::is_same_v<Out, BFloat16>) {
+    out[i].bits = FloatToBf16Bits(value);
+  } else if constexpr (std::is_same_v<Out, Half>) {
+    out[i].bits = FloatToF16Bits(value);
+  }
+}
 
 // [Note: sums in written-out lanes]
 // A loop with `omp simd reduction` lets the vectoriser keep as many partial sums as the vector

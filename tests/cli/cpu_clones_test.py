@@ -90,6 +90,6 @@ r = run(library)
 check("the kernels library is vectorised in every version", r.returncode == 0,
       f"exit {r.returncode}:\n{r.stdout[-3000:]}{r.stderr[-500:]}")
 for name in ("GeluSpan", "GeluBackwardSpan", "SwiGluRow", "CrossEntropySpan", "FlashForwardBlock",
-             "AdamRange"):
+             "AdamRange", "MomentsChunk", "ApplyRange"):
     check(f"the kernels library's {name} is counted", f"::{name}(" in r.stdout, r.stdout[-2000:])
 checks.finish()
