@@ -163,12 +163,13 @@ void OptimizerRules(const RunConfig& c, const GivenKeys& given, Problems& proble
   if (o.type == "SGD" && p.nesterov && (p.momentum <= 0 || p.dampening != 0)) {
     problems.Add("optimizer.params.nesterov needs momentum > 0 and dampening 0 (as PyTorch's SGD)");
   }
-  // LAMB's per-parameter norms are summed over the data-parallel group only.
-  if ((o.type == "Lamb" || o.type == "OneBitLamb") && c.parallel.tensor_parallel_size > 1) {
-    problems.Add(StrCat(
-        "optimizer.type = \"", o.type,
-        "\" with parallel.tensor_parallel_size > 1 is not implemented (a split parameter's norm "
-        "would span the tensor-parallel group too)"));
+  // [Note: 1-bit LAMB]: the scaling coefficients average over a rank's parameters, which differ
+  // between the ranks of a tensor-parallel group (Lamb sums a split parameter's norm over it:
+  // [Note: LAMB with tensor parallelism]).
+  if (o.type == "OneBitLamb" && c.parallel.tensor_parallel_size > 1) {
+    problems.Add(
+        "optimizer.type = \"OneBitLamb\" with parallel.tensor_parallel_size > 1 is not "
+        "implemented (each rank would scale its momenta by its own parts' mean)");
   }
   // [Note: 1-bit LAMB]: the scaling coefficients average over a rank's parameters, so a tied
   // embedding's two copies on two stages would compress differently and drift apart.

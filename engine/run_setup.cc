@@ -219,6 +219,7 @@ Status Run::SetupManager() {
                                 .tracker = &tracker_,
                                 .model_parallel = mesh_ ? &mesh_->model_parallel() : nullptr,
                                 .tensor_parallel_rank = mesh_ ? mesh_->coord().tensor : 0,
+                                .tensor_parallel = mesh_ ? &mesh_->tensor() : nullptr,
                                 .span = timeline_ ? timeline_->Sink() : SpanSink()}));
   ZR_RETURN_IF_ERROR(AgreeAll(leader() ? ClaimRunFiles() : absl::OkStatus(),
                               "the checkpoint directory or metrics file"));

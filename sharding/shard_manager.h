@@ -137,6 +137,11 @@ class ShardManager {
     // tensor-parallel group (parameters replicated across that group count on index 0 only).
     Communicator* model_parallel = nullptr;
     int tensor_parallel_rank = 0;
+    // The tensor-parallel group itself (this rank's pipeline stage; null: none): LAMB's
+    // per-parameter norms of split parameters are summed over it ([Note: LAMB with tensor
+    // parallelism], sharding/sharded_optimizer.cc). Required with LAMB at a tensor-parallel
+    // rank above 0.
+    Communicator* tensor_parallel = nullptr;
     // Optional: the optimizer's work per unit, and the NVMe tier's reads per chunk, as spans
     // ("optimizer blocks.3" on the track of the tier's stream or "host", "nvme read blocks.3
     // [0, 65536)" on "io").

@@ -154,9 +154,20 @@ StatusOr<std::unique_ptr<ShardManager>> ShardManager::Create(const ShardManagerO
     return absl::InvalidArgumentError(
         StrCat("tensor-parallel rank ", resources.tensor_parallel_rank, " is negative"));
   }
-  m->optimizer_ = std::make_unique<ShardedOptimizer>(OptimizerResources{
-      &m->options_, resources.dp, m->tiers_, m->resources_.compute, &m->offload_stats_,
-      resources.tensor_parallel_rank == 0, &m->resources_.span, m->owned_sums_.get()});
+  const OptimizerKind kind = options.optimizer.kind;
+  if ((kind == OptimizerKind::kLamb || kind == OptimizerKind::kOneBitLamb) &&
+      resources.tensor_parallel_rank > 0 &&
+      (resources.tensor_parallel == nullptr ||
+       resources.tensor_parallel->rank() != resources.tensor_parallel_rank)) {
+    return absl::InvalidArgumentError(StrCat(
+        "LAMB at tensor-parallel rank ", resources.tensor_parallel_rank,
+        " needs Resources::tensor_parallel, the tensor-parallel group with this rank at that "
+        "index (a split parameter's norm spans it)"));
+  }
+  m->optimizer_ = std::make_unique<ShardedOptimizer>(
+      OptimizerResources{&m->options_, resources.dp, m->tiers_, m->resources_.compute,
+                         &m->offload_stats_, resources.tensor_parallel_rank == 0,
+                         &m->resources_.span, m->owned_sums_.get(), resources.tensor_parallel});
   m->reducer_ = std::make_unique<GradientReducer>(m->UnitResourcesOf(), m->optimizer_.get());
   return m;
 }

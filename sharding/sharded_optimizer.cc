@@ -457,6 +457,32 @@ Status ShardedOptimizer::UpdateLamb(int u, const OptimizerStepArgs& args, const 
   ZR_RETURN_IF_ERROR(
       CopyBytes(host.data(), Device::Cpu(), sums.data(), device, sums.nbytes(), stream));
   if (stream != nullptr) ZR_RETURN_IF_ERROR(stream->Synchronize());
+  // [Note: LAMB with tensor parallelism]
+  // A parameter split over the tensor-parallel group (its frame's split_dim) has one norm, as
+  // Megatron's LAMB takes it: the sums of p^2 and update^2 of each rank's part, summed over the
+  // group after the data-parallel reduction has made them whole for this rank's part. A
+  // replicated parameter (a norm's gain, a row-parallel bias) is the same on every rank of the
+  // group, so it enters the sum on tensor-parallel rank 0 only (count_replicated, as in the
+  // clipping norm): its sums stay its own, not tp times them (the ratio of two sums so scaled
+  // would agree only to rounding). The sums are the unit's 2 x params floats, reduced on the
+  // host side of the step (staged through the device for NCCL), after the data-parallel group's
+  // collective and in the same unit order on every rank, so the two groups' collectives cannot
+  // cross. Not for NVMe state (refused) nor 1-bit LAMB (config_rules.cc refuses it with tensor
+  // parallelism: its scaling coefficients average over each rank's own parts).
+  if (Communicator* tp = resources_.tp; tp != nullptr && tp->size() > 1) {
+    if (!resources_.count_replicated) {
+      for (int64_t i = 0; i < params; ++i) {
+        const GlobalFrame& f = layout.params()[static_cast<size_t>(i)].frame;
+        if (f.split_dim < 0 || f.parts <= 1) host[2 * i] = host[2 * i + 1] = 0.0f;
+      }
+    }
+    tp->recorder().SetLabel(StrCat("LAMB norms of ", units_[u]->unit->name()));
+    const Status reduced =
+        AllReduceHostValues(*tp, *resources_.tiers.device, *resources_.compute, host.data(),
+                            host.size(), DType::kF32, ReduceOp::kSum);
+    tp->recorder().SetLabel("");
+    ZR_RETURN_IF_ERROR(reduced);
+  }
   for (const ShardPiece& p : pieces) {
     const LambHyper h = hyper(p.param);
     const float coeff = LambCoefficient(h, host[2 * p.param], host[2 * p.param + 1]);

@@ -60,6 +60,9 @@ struct OptimizerResources {
   // [Note: gradient sums on the device]: where a deferred step copies the sums to the host; null:
   // the compute stream.
   Stream* sums = nullptr;
+  // The tensor-parallel group (null or one rank: none): LAMB's sums of split parameters
+  // ([Note: LAMB with tensor parallelism]).
+  Communicator* tp = nullptr;
 };
 
 // The NVMe tier's pipeline sizes (ShardedOptimizer's, and the memory model's): elements per chunk,
@@ -255,7 +258,8 @@ class ShardedOptimizer {
   // The fused kernel on one range of unit u, given fp32 views of that range and the compute out.
   // LAMB over a unit's in-memory shard: moments and updates per parameter piece, the pieces'
   // sums of p^2 and update^2 summed over the data-parallel group (a parameter's norm spans its
-  // shards), then each parameter's trust ratio applied.
+  // shards) and, for split parameters, the tensor-parallel group, then each parameter's trust
+  // ratio applied.
   // 1-bit LAMB's warm-up passes `onebit`: its parameters' frozen coefficients, averaged.
   Status UpdateLamb(int u, const OptimizerStepArgs& args, const TensorView& master,
                     const TensorView& grad, const TensorView& exp_avg, const TensorView& exp_avg_sq,

@@ -76,7 +76,8 @@ Status Train(zerort::Communicator& world, int tp, std::vector<double>& losses) {
                                         options, {.dp = &mesh->data(),
                                                   .device_allocator = allocator.get(),
                                                   .model_parallel = &mesh->model_parallel(),
-                                                  .tensor_parallel_rank = mesh->coord().tensor}));
+                                                  .tensor_parallel_rank = mesh->coord().tensor,
+                                                  .tensor_parallel = &mesh->tensor()}));
   const int r = mesh->coord().tensor;
   using zerort::TensorSplit;
   auto split = [&](const char* name, zerort::Shape shape, bool decay, TensorSplit how) {

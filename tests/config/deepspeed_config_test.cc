@@ -155,8 +155,11 @@ TEST(DeepSpeedKeysTest, TyposAreUnknownButDeepSpeedKeysAreNamedAsUnsupported) {
   const std::string ds = Error({{"sparse_attention", {{"mode", "fixed"}}}});
   EXPECT_NE(ds.find("a DeepSpeed key zerort does not support"), std::string::npos) << ds;
   EXPECT_EQ(ds.find("unknown"), std::string::npos) << ds;
+  // LAMB sums a split parameter's norm over the tensor group; 1-bit LAMB's scales would differ.
+  EXPECT_EQ(Error({{"optimizer", {{"type", "Lamb"}}}, {"parallel", {{"tensor_parallel_size", 2}}}}),
+            "");
   const std::string lamb =
-      Error({{"optimizer", {{"type", "Lamb"}}}, {"parallel", {{"tensor_parallel_size", 2}}}});
+      Error({{"optimizer", {{"type", "OneBitLamb"}}}, {"parallel", {{"tensor_parallel_size", 2}}}});
   EXPECT_NE(lamb.find("tensor_parallel_size > 1 is not implemented"), std::string::npos) << lamb;
   const std::string onebit =
       Error({{"optimizer", {{"type", "OneBitAdam"}}}, {"zero_optimization", {{"stage", 2}}}});

@@ -130,7 +130,8 @@ inline StatusOr<DecoderRank> MakeDecoderRank(const DecoderRunConfig& c, Communic
                      o, {.dp = &r.mesh->data(),
                          .device_allocator = r.allocator.get(),
                          .model_parallel = model_parallel ? &r.mesh->model_parallel() : nullptr,
-                         .tensor_parallel_rank = r.mesh->coord().tensor}));
+                         .tensor_parallel_rank = r.mesh->coord().tensor,
+                         .tensor_parallel = &r.mesh->tensor()}));
   r.store = MakeShardManagerStore(*r.manager);
   r.kernels = MakeCpuModelKernels(c.compute == DType::kBF16  ? CpuPrecision::kBf16
                                   : c.compute == DType::kF16 ? CpuPrecision::kF16

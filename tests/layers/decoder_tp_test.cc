@@ -227,6 +227,30 @@ TEST(DecoderTensorParallelTest, TwentyStepsEqualOneRank) {
   }
 }
 
+// LAMB's trust ratio takes each parameter's whole norm: a split parameter's parts summed over the
+// tensor group, a replicated one counted once ([Note: LAMB with tensor parallelism]). Summed
+// over one rank's parts only, the ratios of the split weights differ and so do the losses.
+TEST(DecoderTensorParallelTest, LambEqualsOneRank) {
+  for (bool llama : {false, true}) {
+    DecoderRunConfig c;
+    c.model = llama ? testing::TinyLlama() : Config();
+    c.steps = 8;
+    c.stage = ZeroStage::k0;
+    c.optimizer = OptimizerKind::kLamb;
+    c.lr = 0.1f;
+    const std::string what = llama ? "llama lamb" : "gpt lamb";
+    const std::vector<double> reference = testing::TrainLoopback(c, 1);
+    ASSERT_EQ(reference.size(), 8u);
+    // (The tiny GPT's batches leave LAMB at its first loss for 20 steps; the LLaMA learns.)
+    if (llama) EXPECT_LT(reference.back(), reference.front() - 0.3) << what << ": it did not learn";
+    c.tp = 2;
+    ExpectLosses(TrainLoopback(c, 2), reference, what + " tp 2");
+    c.stage = ZeroStage::k3;
+    c.sequence_parallel = true;
+    ExpectLosses(TrainLoopback(c, 4), reference, what + " dp 2 x tp 2 sp zero 3");
+  }
+}
+
 // The LLaMA family: query and key/value heads split (tp 2: one KV head per rank), SwiGLU's gate
 // and up column-parallel, the RMSNorm gains' gradients summed under SP; Q/K/V biases; and a tp
 // that does not divide the key/value heads refused by name.
