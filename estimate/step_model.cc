@@ -488,22 +488,32 @@ void StepModel::OneBitCompressedStep() {
   }
 }
 
-// [Note: gradient sums on the device]: each host-tier unit's gradient sum copied to the host
-// (ShardedOptimizer::StageGradient) before its update, in unit order: freed after the update by a
-// synchronous step, held to the unit's completion by a deferred one. On a GPU into pinned memory
-// with the other staging copies of offloaded shards (not modelled: kCaveats, zerort estimate);
-// here, on the CPU device, from the host tier's allocator.
-void StepModel::StageGradientSums() {
-  if (in_.cuda) return;
+// The units' updates in order, as ShardedOptimizer::StepInMemory allocates for them:
+// - [Note: gradient sums on the device]: each host-tier unit's gradient sum copied to the host
+//   (ShardedOptimizer::StageGradient) before its update: freed after the update by a synchronous
+//   step, held to the unit's completion by a deferred one. On a GPU into pinned memory with the
+//   other staging copies of offloaded shards (not modelled: kCaveats, zerort estimate); here, on
+//   the CPU device, from the host tier's allocator.
+// - LAMB's per-parameter sums (ShardedOptimizer::UpdateLamb: two floats a parameter of the unit,
+//   zero-filled), workspace while the unit updates: from the host tier's allocator for a
+//   host-tier unit on a GPU, else the device's (on the CPU device the host tier's master is
+//   device-readable), on the tier's stream (none for the host tiers). LAMB is never deferred.
+void StepModel::UnitUpdates() {
+  const bool lamb = in_.manager.optimizer.kind == OptimizerKind::kLamb;
   for (Unit& u : units_) {
     const PlannedBuffer* grad = u.plan.Find(UnitBuffer::kGradShard);
     const PlannedBuffer* master = u.plan.Find(UnitBuffer::kMaster);
-    if (grad == nullptr || master == nullptr || grad->tier != Tier::kDevice ||
-        master->tier == Tier::kDevice) {
-      continue;
+    if (master == nullptr) continue;
+    const bool on_host = master->tier != Tier::kDevice;
+    const bool staged = !in_.cuda && grad != nullptr && grad->tier == Tier::kDevice && on_host;
+    if (staged) u.grad_staged = r_.Alloc(Cat::kStaging, grad->bytes(), nullptr, master->tier);
+    if (lamb) {
+      const int64_t sums = 2 * static_cast<int64_t>(u.layout.params().size()) * 4;
+      Replay::Handle h = r_.Alloc(Cat::kWorkspace, sums, on_host ? nullptr : compute_,
+                                  on_host && in_.cuda ? master->tier : Tier::kDevice);
+      r_.Free(h);
     }
-    u.grad_staged = r_.Alloc(Cat::kStaging, grad->bytes(), nullptr, master->tier);
-    if (!defers_) r_.Free(u.grad_staged);
+    if (staged && !defers_) r_.Free(u.grad_staged);
   }
 }
 
@@ -535,7 +545,7 @@ void StepModel::Step() {
     Reduce(PlanAllReduce(Sizes(bucket.Take()), Groups()), {});
   }
   Transient(Cat::kWorkspace, {8}, compute_);  // norm/overflow accumulator
-  StageGradientSums();
+  UnitUpdates();
   // The updated units refreshed now, or as the next forward first uses them (a deferred step).
   if (defers_) {
     settled_ = 0;

@@ -94,7 +94,7 @@ class StepModel {
   ReduceGroups Groups() const { return {in_.shard_ranks(), in_.replicas()}; }
   void QuantizedReduceScatter(int64_t bucket_shard);
   void OneBitCompressedStep();
-  void StageGradientSums();
+  void UnitUpdates();
   // 1-bit LAMB's fused momentum: the parameters' elements of every unit (stage 0).
   int64_t OneBitLambNumel() const;
   void AttentionScratch(bool backward);

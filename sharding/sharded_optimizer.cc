@@ -464,11 +464,11 @@ Status ShardedOptimizer::UpdateLamb(int u, const OptimizerStepArgs& args, const 
   // replicated parameter (a norm's gain, a row-parallel bias) is the same on every rank of the
   // group, so it enters the sum on tensor-parallel rank 0 only (count_replicated, as in the
   // clipping norm): its sums stay its own, not tp times them (the ratio of two sums so scaled
-  // would agree only to rounding). The sums are the unit's 2 x params floats, reduced on the
-  // host side of the step (staged through the device for NCCL), after the data-parallel group's
-  // collective and in the same unit order on every rank, so the two groups' collectives cannot
-  // cross. Not for NVMe state (refused) nor 1-bit LAMB (config_rules.cc refuses it with tensor
-  // parallelism: its scaling coefficients average over each rank's own parts).
+  // would agree only to rounding). The sums are the unit's 2 x params floats, reduced in host
+  // memory (staged through the device for NCCL, a few bytes the estimator leaves out), after the
+  // data-parallel group's collective and in the same unit order on every rank, so the two groups'
+  // collectives cannot cross. Not for NVMe state (refused) nor 1-bit LAMB (config_rules.cc refuses
+  // it with tensor parallelism: its scaling coefficients average over each rank's own parts).
   if (Communicator* tp = resources_.tp; tp != nullptr && tp->size() > 1) {
     if (!resources_.count_replicated) {
       for (int64_t i = 0; i < params; ++i) {
@@ -477,11 +477,15 @@ Status ShardedOptimizer::UpdateLamb(int u, const OptimizerStepArgs& args, const 
       }
     }
     tp->recorder().SetLabel(StrCat("LAMB norms of ", units_[u]->unit->name()));
+    Stream& on = *resources_.compute;
     const Status reduced =
-        AllReduceHostValues(*tp, *resources_.tiers.device, *resources_.compute, host.data(),
-                            host.size(), DType::kF32, ReduceOp::kSum);
+        tp->moves_host_memory()
+            ? tp->AllReduce(host.data(), host.data(), host.size(), DType::kF32, ReduceOp::kSum, &on)
+            : AllReduceHostValues(*tp, *resources_.tiers.device, on, host.data(), host.size(),
+                                  DType::kF32, ReduceOp::kSum);
     tp->recorder().SetLabel("");
     ZR_RETURN_IF_ERROR(reduced);
+    ZR_RETURN_IF_ERROR(on.Synchronize());  // a queued stream reduces later
   }
   for (const ShardPiece& p : pieces) {
     const LambHyper h = hyper(p.param);

@@ -96,9 +96,10 @@ const char* kCaveats =
     "Not modelled: the CUDA context and cuBLAS/NCCL internal buffers (typically 0.5-1 GiB per "
     "GPU), the CUDA staging copies of offloaded shards and of the gradient sums "
     "train.device_grad_sums copies to the host (on a GPU; on the CPU the first do not exist and "
-    "the second are modelled), host "
-    "memory of data loading and checkpointing, and the pipeline's boundary send/receive "
-    "buffers (one micro-batch's residual stream each).";
+    "the second are modelled), the few bytes a host value's all-reduce over NCCL stages "
+    "through the device (LAMB's per-parameter sums of host-tier units, tied units' host "
+    "gradients), host memory of data loading and checkpointing, and the pipeline's boundary "
+    "send/receive buffers (one micro-batch's residual stream each).";
 
 // A table row as JSON: the estimate, its layout and the per-rank / per-node totals.
 nlohmann::json RowJson(const EstimateRow& r) {
