@@ -140,7 +140,7 @@ class ShardManager {
     // The tensor-parallel group itself (this rank's pipeline stage; null: none): LAMB's
     // per-parameter norms of split parameters are summed over it ([Note: LAMB with tensor
     // parallelism], sharding/sharded_optimizer.cc). Required with LAMB at a tensor-parallel
-    // rank above 0.
+    // rank above 0; when given, this rank's index in it must be tensor_parallel_rank.
     Communicator* tensor_parallel = nullptr;
     // Optional: the optimizer's work per unit, and the NVMe tier's reads per chunk, as spans
     // ("optimizer blocks.3" on the track of the tier's stream or "host", "nvme read blocks.3

@@ -154,15 +154,19 @@ StatusOr<std::unique_ptr<ShardManager>> ShardManager::Create(const ShardManagerO
     return absl::InvalidArgumentError(
         StrCat("tensor-parallel rank ", resources.tensor_parallel_rank, " is negative"));
   }
+  if (resources.tensor_parallel != nullptr &&
+      resources.tensor_parallel->rank() != resources.tensor_parallel_rank) {
+    return absl::InvalidArgumentError(StrCat(
+        "tensor-parallel rank ", resources.tensor_parallel_rank, " is not this rank's index ",
+        resources.tensor_parallel->rank(), " in Resources::tensor_parallel"));
+  }
   const OptimizerKind kind = options.optimizer.kind;
   if ((kind == OptimizerKind::kLamb || kind == OptimizerKind::kOneBitLamb) &&
-      resources.tensor_parallel_rank > 0 &&
-      (resources.tensor_parallel == nullptr ||
-       resources.tensor_parallel->rank() != resources.tensor_parallel_rank)) {
-    return absl::InvalidArgumentError(StrCat(
-        "LAMB at tensor-parallel rank ", resources.tensor_parallel_rank,
-        " needs Resources::tensor_parallel, the tensor-parallel group with this rank at that "
-        "index (a split parameter's norm spans it)"));
+      resources.tensor_parallel_rank > 0 && resources.tensor_parallel == nullptr) {
+    return absl::InvalidArgumentError(
+        StrCat("LAMB at tensor-parallel rank ", resources.tensor_parallel_rank,
+               " needs Resources::tensor_parallel, the tensor-parallel group (a split "
+               "parameter's norm spans it)"));
   }
   m->optimizer_ = std::make_unique<ShardedOptimizer>(
       OptimizerResources{&m->options_, resources.dp, m->tiers_, m->resources_.compute,

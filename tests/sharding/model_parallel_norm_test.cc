@@ -184,7 +184,7 @@ TEST(ModelParallelNorm, LambTakesASplitWeightsWholeNorm) {
   }
 }
 
-TEST(ModelParallelNorm, LambAtATensorRankAboveZeroNeedsTheGroup) {
+TEST(ModelParallelNorm, LambAtATensorRankAboveZeroNeedsItsGroup) {
   auto dp = *CreateLoopbackGroup(1, {}, nullptr);
   MemoryTracker tracker;
   auto allocator = MakeCpuCachingAllocator(&tracker);
@@ -196,6 +196,15 @@ TEST(ModelParallelNorm, LambAtATensorRankAboveZeroNeedsTheGroup) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.status().message().find("Resources::tensor_parallel"), std::string::npos)
       << refused.status();
+  // A group given must hold this rank at the index given.
+  auto tp = *CreateLoopbackGroup(1, {}, nullptr);
+  const auto mismatched = ShardManager::Create(o, {.dp = dp[0].get(),
+                                                   .device_allocator = allocator.get(),
+                                                   .tensor_parallel_rank = 1,
+                                                   .tensor_parallel = tp[0].get()});
+  ASSERT_FALSE(mismatched.ok());
+  EXPECT_NE(mismatched.status().message().find("is not this rank's index 0"), std::string::npos)
+      << mismatched.status();
 }
 
 }  // namespace
