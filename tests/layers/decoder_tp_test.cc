@@ -242,7 +242,9 @@ TEST(DecoderTensorParallelTest, LambEqualsOneRank) {
     const std::vector<double> reference = testing::TrainLoopback(c, 1);
     ASSERT_EQ(reference.size(), 8u);
     // (The tiny GPT's batches leave LAMB at its first loss for 20 steps; the LLaMA learns.)
-    if (llama) EXPECT_LT(reference.back(), reference.front() - 0.3) << what << ": it did not learn";
+    if (llama) {
+      EXPECT_LT(reference.back(), reference.front() - 0.3) << what << ": it did not learn";
+    }
     c.tp = 2;
     ExpectLosses(TrainLoopback(c, 2), reference, what + " tp 2");
     c.stage = ZeroStage::k3;

@@ -179,7 +179,9 @@ TEST(ModelParallelNorm, LambTakesASplitWeightsWholeNorm) {
     for (size_t k = 0; k < whole.size(); ++k) {
       // Rank r fills only its half of w; the bias is whole on both.
       const bool mine = k >= kRows * kCols || static_cast<int64_t>(k) / (kRows * kCols / 2) == r;
-      if (mine) EXPECT_NEAR(split[r][k], whole[k], 1e-6f * std::abs(whole[k])) << r << " " << k;
+      if (mine) {
+        EXPECT_NEAR(split[r][k], whole[k], 1e-6f * std::abs(whole[k])) << r << " " << k;
+      }
     }
   }
 }
