@@ -139,7 +139,7 @@ class ShardManager {
     int tensor_parallel_rank = 0;
     // The tensor-parallel group itself (this rank's pipeline stage; null: none): LAMB's
     // per-parameter norms of split parameters are summed over it ([Note: LAMB with tensor
-    // parallelism], sharding/sharded_optimizer.cc). Required with LAMB at a tensor-parallel
+    // parallelism], sharding/lamb_step.cc). Required with LAMB at a tensor-parallel
     // rank above 0; when given, this rank's index in it must be tensor_parallel_rank.
     Communicator* tensor_parallel = nullptr;
     // Optional: the optimizer's work per unit, and the NVMe tier's reads per chunk, as spans
