@@ -1,6 +1,6 @@
 // [Note: the reduce plan] by hand: which units a bucket holds, and each path's buffers and
 // collectives. GradientReducer runs these plans (shard_manager_test.cc and hybrid_shard_test.cc
-// check its sums) and the memory model replays them (memory_model_test.cc's grid measures the
+// check its sums) and the memory model replays them (memory_grid_test.cc measures the
 // buffers of every path against a real step, byte for byte).
 #include "zerort/sharding/reduce_plan.h"
 
