@@ -85,11 +85,55 @@ class Reader {
   const std::string& file_;
 };
 
+// YaRN's keys past its factor ([Note: rotary scaling], kernels/rope.h): each optional one absent
+// or null is transformers' default (0 here: computed where the kernels read it).
+StatusOr<RopeScaling> ReadYarn(const nlohmann::json& s, const std::string& key, const Reader& r,
+                               int positions, RopeScaling out) {
+  auto optional = [&](const char* name, double lo, double& to) -> Status {
+    if (!s.contains(name) || s.at(name).is_null()) return absl::OkStatus();
+    ZR_ASSIGN_OR_RETURN(to, r.Number(s.at(name), StrCat(key, ".", name), lo, 1e6));
+    return absl::OkStatus();
+  };
+  ZR_RETURN_IF_ERROR(optional("attention_factor", 1e-6, out.attention_factor));
+  ZR_RETURN_IF_ERROR(optional("beta_fast", 1e-6, out.beta_fast));
+  ZR_RETURN_IF_ERROR(optional("beta_slow", 1e-6, out.beta_slow));
+  ZR_RETURN_IF_ERROR(optional("mscale", 0, out.mscale));
+  ZR_RETURN_IF_ERROR(optional("mscale_all_dim", 0, out.mscale_all_dim));
+  // transformers' defaults written out read as unset, so that a run config leaving them out is
+  // the same model (model.init_from compares the two).
+  if (out.beta_fast == 32) out.beta_fast = 0;
+  if (out.beta_slow == 1) out.beta_slow = 0;
+  const double fast = out.beta_fast > 0 ? out.beta_fast : 32;
+  const double slow = out.beta_slow > 0 ? out.beta_slow : 1;
+  if (!(fast > slow)) {
+    return r.Error(StrCat(key, ".beta_fast"),
+                   StrCat("= ", fast, ": must be above beta_slow = ", slow));
+  }
+  if (s.contains("truncate") && s.at("truncate") != nlohmann::json(true)) {
+    return r.Error(StrCat(key, ".truncate"),
+                   StrCat("= ", ShortDump(s.at("truncate")),
+                          ": zerort's YaRN rounds the ramp's ends to whole pairs (truncate: "
+                          "true); an unrounded ramp is not implemented"));
+  }
+  out.original_max_position_embeddings = positions;
+  const std::string context = StrCat(key, ".original_max_position_embeddings");
+  if (s.contains("original_max_position_embeddings") &&
+      !s.at("original_max_position_embeddings").is_null()) {
+    const nlohmann::json& v = s.at("original_max_position_embeddings");
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > (1 << 24)) {
+      return r.Error(context, StrCat("= ", ShortDump(v), ": must be an integer in [1, 16777216]"));
+    }
+    out.original_max_position_embeddings = v.get<int>();
+  }
+  return out;
+}
+
 // A rope_scaling object (or transformers 5's rope_parameters) as a RopeScaling ([Note: rotary
-// scaling] in kernels/rope.h): "default" (or a null) none, "linear" and "llama3" with the
-// parameters transformers requires of them; another rope_type is refused by name.
+// scaling] in kernels/rope.h): "default" (or a null) none, "linear", "llama3" and "yarn" with the
+// parameters transformers requires of them (YaRN's original context `positions`, the config's
+// max_position_embeddings, where it has none); another rope_type is refused by name.
 StatusOr<RopeScaling> ReadRopeScaling(const nlohmann::json& s, const std::string& key,
-                                      const Reader& r) {
+                                      const Reader& r, int positions) {
   RopeScaling out;
   if (s.is_null()) return out;
   if (!s.is_object()) return r.Error(key, StrCat("= ", ShortDump(s), ": not an object"));
@@ -102,8 +146,8 @@ StatusOr<RopeScaling> ReadRopeScaling(const nlohmann::json& s, const std::string
   if (!t) {
     return r.Error(StrCat(key, ".", type_key),
                    StrCat("= ", ShortDump(type),
-                          ": zerort computes default, linear and llama3 (LLaMA 3.1's) rotary "
-                          "scaling; dynamic NTK, YaRN and LongRoPE are not implemented"));
+                          ": zerort computes default, linear, llama3 (LLaMA 3.1's) and yarn "
+                          "rotary scaling; dynamic NTK and LongRoPE are not implemented"));
   }
   out.type = *t;
   if (out.type == RopeType::kDefault) return out;
@@ -113,6 +157,7 @@ StatusOr<RopeScaling> ReadRopeScaling(const nlohmann::json& s, const std::string
   };
   ZR_ASSIGN_OR_RETURN(out.factor, number("factor", 1));
   if (out.type == RopeType::kLinear) return out;
+  if (out.type == RopeType::kYarn) return ReadYarn(s, key, r, positions, out);
   ZR_ASSIGN_OR_RETURN(out.low_freq_factor, number("low_freq_factor", 1e-6));
   ZR_ASSIGN_OR_RETURN(out.high_freq_factor, number("high_freq_factor", 1e-6));
   if (!(out.high_freq_factor > out.low_freq_factor)) {
@@ -150,9 +195,10 @@ Status ReadRope(const nlohmann::json& j, const Reader& r, double fallback, Decod
     c.rope_theta = theta;
   }
   const nlohmann::json& scaling = j.contains("rope_scaling") ? j.at("rope_scaling") : none;
-  ZR_ASSIGN_OR_RETURN(c.rope_scaling, ReadRopeScaling(scaling, "rope_scaling", r));
+  ZR_ASSIGN_OR_RETURN(c.rope_scaling, ReadRopeScaling(scaling, "rope_scaling", r, c.seq_len));
   if (params.is_object()) {
-    ZR_ASSIGN_OR_RETURN(const RopeScaling p, ReadRopeScaling(params, "rope_parameters", r));
+    ZR_ASSIGN_OR_RETURN(const RopeScaling p,
+                        ReadRopeScaling(params, "rope_parameters", r, c.seq_len));
     if (!scaling.is_null() && p != c.rope_scaling) {
       return r.Error("rope_parameters",
                      StrCat("(", RopeScalingText(p), ") disagrees with rope_scaling (",

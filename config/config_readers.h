@@ -13,8 +13,8 @@
 namespace zerort::config_readers {
 
 Status ReadPreset(const JsonSection& s, std::string_view key, RunConfig& c);
-// model.rope_scaling.rope_type: Hugging Face's names ("default", "linear", "llama3"); the scaled
-// kinds zerort does not compute (dynamic, yarn, longrope) refused by name.
+// model.rope_scaling.rope_type: Hugging Face's names ("default", "linear", "llama3", "yarn"); the
+// scaled kinds zerort does not compute (dynamic, longrope) refused by name.
 Status ReadRopeType(const JsonSection& s, std::string_view key, RunConfig& c);
 Status ReadBlend(const JsonSection& s, std::string_view key, RunConfig& c);
 Status ReadOptimizerType(const JsonSection& s, std::string_view key, RunConfig& c);

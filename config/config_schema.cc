@@ -304,11 +304,12 @@ std::vector<ConfigField> BuildTable() {
   const std::string_view rs = "model.rope_scaling";
   t.push_back(Custom(rs, "rope_type", ZR_ENUM(model.shape.rope_scaling.type), ReadRopeType,
                      {RopeTypeName(RopeType::kDefault), RopeTypeName(RopeType::kLinear),
-                      RopeTypeName(RopeType::kLlama3)},
+                      RopeTypeName(RopeType::kLlama3), RopeTypeName(RopeType::kYarn)},
                      "llama: the rotary frequencies' remap, Hugging Face's rope_scaling: default "
-                     "(none), linear (divided by factor), llama3 (LLaMA 3.1's bands)"));
+                     "(none), linear (divided by factor), llama3 (LLaMA 3.1's bands), yarn "
+                     "(YaRN's ramp and attention factor)"));
   t.push_back(With(Num<double>(rs, "factor", ZR_MEMBER(model.shape.rope_scaling.factor), 0, 1e6,
-                               "linear, llama3: the context's extension (>= 1)"),
+                               "linear, llama3, yarn: the context's extension (>= 1)"),
                    kOmitUnset));
   t.push_back(
       With(Num<double>(rs, "low_freq_factor", ZR_MEMBER(model.shape.rope_scaling.low_freq_factor),
@@ -320,8 +321,30 @@ std::vector<ConfigField> BuildTable() {
            kOmitUnset));
   t.push_back(With(Num<int>(rs, "original_max_position_embeddings",
                             ZR_MEMBER(model.shape.rope_scaling.original_max_position_embeddings), 0,
-                            1 << 24, "llama3: the context the model was first trained on"),
+                            1 << 24, "llama3, yarn: the context the model was first trained on"),
                    kOmitUnset));
+  t.push_back(
+      With(Num<double>(rs, "attention_factor", ZR_MEMBER(model.shape.rope_scaling.attention_factor),
+                       0, 1e6, "yarn: the cosines' and sines' scale; unset: 0.1 ln(factor) + 1"),
+           kOmitUnset));
+  t.push_back(
+      With(Num<double>(rs, "beta_fast", ZR_MEMBER(model.shape.rope_scaling.beta_fast), 0, 1e6,
+                       "yarn: pairs turning more often over the original context "
+                       "are kept; unset: 32"),
+           kOmitUnset));
+  t.push_back(
+      With(Num<double>(rs, "beta_slow", ZR_MEMBER(model.shape.rope_scaling.beta_slow), 0, 1e6,
+                       "yarn: pairs turning less often are divided by factor; "
+                       "unset: 1"),
+           kOmitUnset));
+  t.push_back(With(Num<double>(rs, "mscale", ZR_MEMBER(model.shape.rope_scaling.mscale), 0, 1e6,
+                               "yarn (DeepSeek's): with mscale_all_dim, the attention factor "
+                               "mscale(factor, mscale) / mscale(factor, mscale_all_dim)"),
+                   kOmitUnset));
+  t.push_back(
+      With(Num<double>(rs, "mscale_all_dim", ZR_MEMBER(model.shape.rope_scaling.mscale_all_dim), 0,
+                       1e6, "yarn: see mscale"),
+           kOmitUnset));
 
   t.push_back(Str("data", "path", ZR_MEMBER(data.path), {},
                   "token file: zerort's (zerort data prepare), an llm.c shard, a Megatron indexed "

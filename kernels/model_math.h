@@ -239,6 +239,12 @@ ZR_HOST_DEVICE inline CosSin RopeCosSin(float angle) {
   return {static_cast<float>(c), static_cast<float>(s)};
 }
 
+// A cosine and sine scaled by the rope's attention factor (kernels/rope.h's RopeCosSinScale: 1
+// but for YaRN), each one float product, as transformers scales its cos and sin tables.
+ZR_HOST_DEVICE inline CosSin RopeScaled(CosSin cs, float scale) {
+  return {Mul(cs.cos, scale), Mul(cs.sin, scale)};
+}
+
 // A pair (x1, x2) turned by the angle whose cosine and sine are c and s, to
 // (x1 c - x2 s, x2 c + x1 s). The transpose (the backward, the in-place turn back): by -s.
 ZR_HOST_DEVICE inline float RopeTurnFirst(float x1, float x2, float c, float s) {

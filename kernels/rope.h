@@ -7,18 +7,34 @@
 // [Note: rotary scaling]
 // Unscaled ("default"), inv_freq(i) = theta^(-2i / hs), Hugging Face's inv_freq. A model trained
 // on a short context and extended to a longer one remaps the frequencies once, before any
-// position is seen (transformers' ROPE_INIT_FUNCTIONS; the attention's scale stays 1 for both):
+// position is seen (transformers' ROPE_INIT_FUNCTIONS):
 //   linear  inv_freq / factor (positions interpolated);
 //   llama3  LLaMA 3.1's: with wavelength w = 2 pi / inv_freq and the original context L,
 //           w < L / high_freq_factor (high frequencies) unchanged; w > L / low_freq_factor (low
 //           frequencies) divided by factor; between the two blended, with
 //           s = (L / w - low_freq_factor) / (high_freq_factor - low_freq_factor),
-//           (1 - s) inv_freq / factor + s inv_freq.
-// The remap is of the frequencies only: the kernels, their backward and the positions are the
-// unscaled ones. Dynamic NTK, YaRN and LongRoPE change more than that and are refused where a
-// config is read.
+//           (1 - s) inv_freq / factor + s inv_freq;
+//   yarn    YaRN (Peng et al. 2023), as transformers 5 and vLLM compute it: the pairs that turn
+//           more than beta_fast (32) times over the original context L are kept, those that turn
+//           less than beta_slow (1) times divided by factor, and a linear ramp between, over pair
+//           indices: with d(b) = hs ln(L / (2 pi b)) / (2 ln theta), low = max(floor(d(beta_fast)),
+//           0), high = min(ceil(d(beta_slow)), hs - 1) (high + 0.001 where they meet) and
+//           r = clamp((i - low) / (high - low), 0, 1), r inv_freq / factor + (1 - r) inv_freq.
+//           It also scales every cosine and sine by the attention factor m (so each q.k score
+//           by m^2): attention_factor where given, else 0.1 ln(factor) + 1 (1 for factor <= 1),
+//           or DeepSeek's ratio mscale(factor, mscale) / mscale(factor, mscale_all_dim) where
+//           both are set. L is rope_scaling's original_max_position_embeddings, the model's
+//           max_position_embeddings where the Hugging Face config has none; factor is always
+//           rope_scaling's own (some transformers 4 releases replaced it by max_position_embeddings
+//           / original_max_position_embeddings where the latter is given: a different model
+//           wherever the two disagree).
+// The remap is of the frequencies and, for YaRN, their cosines' and sines' scale only: the
+// kernels, their backward (the transpose, scaled the same) and the positions are the unscaled
+// ones. Dynamic NTK and LongRoPE change the frequencies with the sequence's length and are
+// refused where a config is read.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -26,14 +42,19 @@
 
 namespace zerort {
 
-enum class RopeType : int { kDefault = 0, kLinear = 1, kLlama3 = 2 };
+enum class RopeType : int { kDefault = 0, kLinear = 1, kLlama3 = 2, kYarn = 3 };
 
 struct RopeScaling {
   RopeType type = RopeType::kDefault;
-  double factor = 0;                         // linear, llama3 (>= 1)
+  double factor = 0;                         // linear, llama3, yarn (>= 1)
   double low_freq_factor = 0;                // llama3
   double high_freq_factor = 0;               // llama3 (> low_freq_factor)
-  int original_max_position_embeddings = 0;  // llama3: the context L the model was trained on
+  int original_max_position_embeddings = 0;  // llama3, yarn: the context L the model was trained on
+  double attention_factor = 0;               // yarn: the cosines' scale; 0: from factor
+  double beta_fast = 0;                      // yarn: 0 is 32
+  double beta_slow = 0;                      // yarn: 0 is 1
+  double mscale = 0;                         // yarn (DeepSeek's): with mscale_all_dim, or 0
+  double mscale_all_dim = 0;                 // yarn
   bool operator==(const RopeScaling&) const = default;
 };
 
@@ -48,6 +69,20 @@ inline double RopeInvFreq(const Rope& rope, int i, int head_size) {
   const double inv_freq = std::pow(rope.theta, -2.0 * i / head_size);
   const RopeScaling& s = rope.scaling;
   if (s.type == RopeType::kLinear) return inv_freq / s.factor;
+  if (s.type == RopeType::kYarn) {
+    const double context = s.original_max_position_embeddings;
+    const double beta_fast = s.beta_fast > 0 ? s.beta_fast : 32;
+    const double beta_slow = s.beta_slow > 0 ? s.beta_slow : 1;
+    auto pair_of = [&](double turns) {  // the pair index that turns `turns` times over L
+      return head_size * std::log(context / (turns * 2 * 3.14159265358979323846)) /
+             (2 * std::log(rope.theta));
+    };
+    const double low = std::max(std::floor(pair_of(beta_fast)), 0.0);
+    double high = std::min(std::ceil(pair_of(beta_slow)), head_size - 1.0);
+    if (low == high) high += 0.001;
+    const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+    return ramp * (inv_freq / s.factor) + (1 - ramp) * inv_freq;
+  }
   if (s.type != RopeType::kLlama3) return inv_freq;
   const double factor = s.factor, low = s.low_freq_factor, high = s.high_freq_factor;
   const double context = s.original_max_position_embeddings;
@@ -58,9 +93,24 @@ inline double RopeInvFreq(const Rope& rope, int i, int head_size) {
   return (1 - smooth) * inv_freq / factor + smooth * inv_freq;
 }
 
+// The scale of every cosine and sine ([Note: rotary scaling]): YaRN's attention factor, else 1.
+inline double RopeAttentionFactor(const Rope& rope) {
+  const RopeScaling& s = rope.scaling;
+  if (s.type != RopeType::kYarn) return 1.0;
+  if (s.attention_factor > 0) return s.attention_factor;
+  auto mscale = [&](double m) { return s.factor <= 1 ? 1.0 : 0.1 * m * std::log(s.factor) + 1.0; };
+  if (s.mscale != 0 && s.mscale_all_dim != 0) return mscale(s.mscale) / mscale(s.mscale_all_dim);
+  return mscale(1.0);
+}
+
 // inv_freq rounded once to float: the float kernels' frequency on both devices.
 inline float RopeFrequency(const Rope& rope, int i, int head_size) {
   return static_cast<float>(RopeInvFreq(rope, i, head_size));
+}
+
+// The attention factor rounded once to float: the float kernels' scale of each cosine and sine.
+inline float RopeCosSinScale(const Rope& rope) {
+  return static_cast<float>(RopeAttentionFactor(rope));
 }
 
 // The largest head size the CUDA rotary kernels take (their frequencies travel as a kernel

@@ -69,6 +69,13 @@ Status ValidateRopeScaling(const RopeScaling& s) {
     return absl::InvalidArgumentError(StrCat(k, key, " is set, and ", k, "rope_type is \"",
                                              RopeTypeName(s.type), "\", which does not read it"));
   };
+  auto context = [&]() -> Status {
+    if (s.original_max_position_embeddings >= 1) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        StrCat(k, "original_max_position_embeddings = ", s.original_max_position_embeddings,
+               ": must be >= 1 (the context trained on)"));
+  };
+  const bool llama3 = s.type == RopeType::kLlama3, yarn = s.type == RopeType::kYarn;
   switch (s.type) {
     case RopeType::kDefault:
       ZR_RETURN_IF_ERROR(unused("factor", s.factor != 0));
@@ -87,16 +94,47 @@ Status ValidateRopeScaling(const RopeScaling& s) {
                                                  ": must be a finite number above ", k,
                                                  "low_freq_factor = ", s.low_freq_factor));
       }
-      if (s.original_max_position_embeddings < 1) {
-        return absl::InvalidArgumentError(
-            StrCat(k, "original_max_position_embeddings = ", s.original_max_position_embeddings,
-                   ": must be >= 1 (the context trained on)"));
+      ZR_RETURN_IF_ERROR(context());
+      break;
+    case RopeType::kYarn: {
+      ZR_RETURN_IF_ERROR(number("factor", s.factor, 1, "must be a finite number >= 1"));
+      ZR_RETURN_IF_ERROR(context());
+      ZR_RETURN_IF_ERROR(number("attention_factor", s.attention_factor, 0,
+                                "must be a finite number > 0 (0 or unset: from factor)"));
+      ZR_RETURN_IF_ERROR(
+          number("beta_slow", s.beta_slow, 0, "must be a finite number > 0 (0 or unset: 1)"));
+      ZR_RETURN_IF_ERROR(
+          number("beta_fast", s.beta_fast, 0, "must be a finite number > 0 (0 or unset: 32)"));
+      const double fast = s.beta_fast > 0 ? s.beta_fast : 32,
+                   slow = s.beta_slow > 0 ? s.beta_slow : 1;
+      if (!(fast > slow)) {
+        return absl::InvalidArgumentError(StrCat(k, "beta_fast = ", fast, " must be above ", k,
+                                                 "beta_slow = ", slow,
+                                                 " (the pairs kept turn more often than those "
+                                                 "interpolated)"));
       }
-      return absl::OkStatus();
+      ZR_RETURN_IF_ERROR(number("mscale", s.mscale, 0, "must be a finite number >= 0"));
+      ZR_RETURN_IF_ERROR(
+          number("mscale_all_dim", s.mscale_all_dim, 0, "must be a finite number >= 0"));
+      break;
+    }
   }
-  ZR_RETURN_IF_ERROR(unused("low_freq_factor", s.low_freq_factor != 0));
-  ZR_RETURN_IF_ERROR(unused("high_freq_factor", s.high_freq_factor != 0));
-  return unused("original_max_position_embeddings", s.original_max_position_embeddings != 0);
+  if (!llama3) {
+    ZR_RETURN_IF_ERROR(unused("low_freq_factor", s.low_freq_factor != 0));
+    ZR_RETURN_IF_ERROR(unused("high_freq_factor", s.high_freq_factor != 0));
+  }
+  if (!llama3 && !yarn) {
+    ZR_RETURN_IF_ERROR(
+        unused("original_max_position_embeddings", s.original_max_position_embeddings != 0));
+  }
+  if (!yarn) {
+    ZR_RETURN_IF_ERROR(unused("attention_factor", s.attention_factor != 0));
+    ZR_RETURN_IF_ERROR(unused("beta_fast", s.beta_fast != 0));
+    ZR_RETURN_IF_ERROR(unused("beta_slow", s.beta_slow != 0));
+    ZR_RETURN_IF_ERROR(unused("mscale", s.mscale != 0));
+    ZR_RETURN_IF_ERROR(unused("mscale_all_dim", s.mscale_all_dim != 0));
+  }
+  return absl::OkStatus();
 }
 
 std::string RopeScalingText(const RopeScaling& s) {
@@ -108,18 +146,27 @@ std::string RopeScalingText(const RopeScaling& s) {
     case RopeType::kLlama3:
       return StrCat("llama3 x", s.factor, " (low ", s.low_freq_factor, ", high ",
                     s.high_freq_factor, ", original ", s.original_max_position_embeddings, ")");
+    case RopeType::kYarn:
+      return StrCat("yarn x", s.factor, " (original ", s.original_max_position_embeddings,
+                    ", beta ", s.beta_fast > 0 ? s.beta_fast : 32, "/",
+                    s.beta_slow > 0 ? s.beta_slow : 1, ", attention factor ",
+                    RopeAttentionFactor(Rope{.scaling = s}), ")");
   }
   return "?";
 }
 
 std::string_view RopeTypeName(RopeType type) {
-  return type == RopeType::kLinear ? "linear" : type == RopeType::kLlama3 ? "llama3" : "default";
+  return type == RopeType::kLinear   ? "linear"
+         : type == RopeType::kLlama3 ? "llama3"
+         : type == RopeType::kYarn   ? "yarn"
+                                     : "default";
 }
 
 std::optional<RopeType> RopeTypeFromName(std::string_view name) {
   if (name == "default") return RopeType::kDefault;
   if (name == "linear") return RopeType::kLinear;
   if (name == "llama3") return RopeType::kLlama3;
+  if (name == "yarn") return RopeType::kYarn;
   return std::nullopt;
 }
 

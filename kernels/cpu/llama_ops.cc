@@ -21,7 +21,8 @@ namespace {
 
 // The rows of a [batch x seq] pass, threaded: fn(r, cos, sin) with the angles of row r's
 // position (cos and sin [hs / 2]): float's as the CUDA kernels compute them ([Note: the rotary
-// angles], model_math.h), double's in double (angle = position x inv_freq, kernels/rope.h's).
+// angles], model_math.h), double's in double (angle = position x inv_freq, kernels/rope.h's),
+// each scaled by the rope's attention factor (YaRN's; 1, an exact product, otherwise).
 template <typename T, typename F>
 void ForEachRotatedRow(int batch, int seq, int head_size, const Rope& rope, F&& fn) {
   const int half = head_size / 2;
@@ -29,17 +30,20 @@ void ForEachRotatedRow(int batch, int seq, int head_size, const Rope& rope, F&& 
   for (int i = 0; i < half; ++i) {
     if constexpr (std::is_same_v<T, float>) {
       const float inv_freq = RopeFrequency(rope, i, head_size);
+      const float scale = RopeCosSinScale(rope);
       for (int t = 0; t < seq; ++t) {
-        const math::CosSin cs = math::RopeCosSin(math::RopeAngle(t, inv_freq));
+        const math::CosSin cs =
+            math::RopeScaled(math::RopeCosSin(math::RopeAngle(t, inv_freq)), scale);
         cos_t[static_cast<size_t>(t) * half + i] = cs.cos;
         sin_t[static_cast<size_t>(t) * half + i] = cs.sin;
       }
     } else {
       const double inv_freq = RopeInvFreq(rope, i, head_size);
+      const double scale = RopeAttentionFactor(rope);
       for (int t = 0; t < seq; ++t) {
         const double angle = t * inv_freq;
-        cos_t[static_cast<size_t>(t) * half + i] = static_cast<T>(std::cos(angle));
-        sin_t[static_cast<size_t>(t) * half + i] = static_cast<T>(std::sin(angle));
+        cos_t[static_cast<size_t>(t) * half + i] = static_cast<T>(std::cos(angle) * scale);
+        sin_t[static_cast<size_t>(t) * half + i] = static_cast<T>(std::sin(angle) * scale);
       }
     }
   }

@@ -88,6 +88,7 @@ static __global__ void RmsNormInputGradKernel(T* dinp, const T* dout, const T* i
 inline constexpr int kMaxRopePairs = kMaxCudaRopeHeadSize / 2;
 struct RopeFrequencies {
   float inv_freq[kMaxRopePairs];
+  float scale;  // each cosine's and sine's (rope.h's RopeCosSinScale: YaRN's attention factor)
 };
 
 __device__ __forceinline__ void LoadFrequencies(float* shared, const RopeFrequencies& f, int half) {
@@ -106,12 +107,12 @@ struct RotaryWork {
   float c, s;
 };
 __device__ __forceinline__ RotaryWork RotaryWorkOf(int64_t idx, int seq, int half,
-                                                   const float* inv_freq) {
+                                                   const float* inv_freq, float scale) {
   RotaryWork a;
   a.row = idx / half;
   a.i = static_cast<int>(idx - a.row * half);
-  const math::CosSin cs =
-      math::RopeCosSin(math::RopeAngle(static_cast<int>(a.row % seq), inv_freq[a.i]));
+  const math::CosSin cs = math::RopeScaled(
+      math::RopeCosSin(math::RopeAngle(static_cast<int>(a.row % seq), inv_freq[a.i])), scale);
   a.c = cs.cos;
   a.s = cs.sin;
   return a;
@@ -129,7 +130,7 @@ static __global__ void RopeQkvKernel(T* qkv, const T* q, const T* k, const T* v,
   LoadFrequencies(inv_freq, f, half);
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < n;
        idx += int64_t{gridDim.x} * blockDim.x) {
-    const auto [i, row, c, s] = RotaryWorkOf(idx, seq, half, inv_freq);
+    const auto [i, row, c, s] = RotaryWorkOf(idx, seq, half, inv_freq, f.scale);
     for (int slot = 0; slot < heads + kv_heads; ++slot) {
       T* out = qkv + row * l.row() + int64_t{slot} * head_size;  // q head, or k head slot - heads
       const T* x = slot < heads ? q + row * l.q_cols() + int64_t{slot} * head_size
@@ -159,7 +160,7 @@ static __global__ void RopeQkvBackwardKernel(T* dq, T* dk, T* dv, const T* dqkv,
   LoadFrequencies(inv_freq, f, half);
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < n;
        idx += int64_t{gridDim.x} * blockDim.x) {
-    const auto [i, row, c, s] = RotaryWorkOf(idx, seq, half, inv_freq);
+    const auto [i, row, c, s] = RotaryWorkOf(idx, seq, half, inv_freq, f.scale);
     for (int slot = 0; slot < heads + kv_heads; ++slot) {
       const T* in = dqkv + row * l.row() + int64_t{slot} * head_size;
       T* d = slot < heads
@@ -194,7 +195,7 @@ static __global__ void RopeQkvInPlaceKernel(T* qkv, int seq, int heads, int kv_h
   LoadFrequencies(inv_freq, f, half);
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < n;
        idx += int64_t{gridDim.x} * blockDim.x) {
-    const RotaryWork a = RotaryWorkOf(idx, seq, half, inv_freq);
+    const RotaryWork a = RotaryWorkOf(idx, seq, half, inv_freq, f.scale);
     const int i = a.i;
     const float c = a.c, s = transpose ? -a.s : a.s;  // the transpose turns by -angle
     for (int slot = 0; slot < heads + kv_heads; ++slot) {

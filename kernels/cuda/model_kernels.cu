@@ -629,6 +629,7 @@ class CudaModelKernels final : public ModelKernels {
       for (int i = 0; i < head_size / 2; ++i) {
         rope_frequencies_.inv_freq[i] = RopeFrequency(rope, i, head_size);
       }
+      rope_frequencies_.scale = RopeCosSinScale(rope);
       rope_ = rope;
       rope_head_size_ = head_size;
     }

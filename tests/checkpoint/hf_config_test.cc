@@ -194,6 +194,57 @@ TEST(HfConfigTest, AbsentKeysAreTransformersDefaultsAndRopeParametersAreRead) {
       << both.status();
 }
 
+// Qwen2.5's long-context recipe (its model card: YaRN, factor 4 over the 32768 positions it was
+// trained on), in transformers 4's spelling and in transformers 5's rope_parameters; without
+// original_max_position_embeddings YaRN's context is max_position_embeddings; beta_fast and
+// beta_slow written at their defaults read as unset, DeepSeek's mscales as given.
+TEST(HfConfigTest, Qwen25YarnIsRead) {
+  nlohmann::json qwen = nlohmann::json::parse(R"({
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+    "intermediate_size": 18944, "num_attention_heads": 28, "num_hidden_layers": 28,
+    "num_key_value_heads": 4, "max_position_embeddings": 32768, "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-06, "tie_word_embeddings": false, "vocab_size": 152064,
+    "use_sliding_window": false, "sliding_window": 131072,
+    "rope_scaling": {"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"}})");
+  const RopeScaling want{
+      .type = RopeType::kYarn, .factor = 4, .original_max_position_embeddings = 32768};
+  StatusOr<DecoderConfig> c = DecoderConfigFromHuggingFace(qwen, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling, want);
+  EXPECT_TRUE(c->Validate().ok()) << c->Validate();
+  EXPECT_NE(RopeScalingText(c->rope_scaling).find("yarn x4 (original 32768, beta 32/1"),
+            std::string::npos)
+      << RopeScalingText(c->rope_scaling);
+
+  nlohmann::json five = qwen;
+  five.erase("rope_scaling");
+  five["rope_parameters"] = {{"rope_type", "yarn"},     {"factor", 4.0},
+                             {"rope_theta", 1000000.0}, {"beta_fast", 32.0},
+                             {"beta_slow", 1.0},        {"attention_factor", nullptr}};
+  five["max_position_embeddings"] = 32768;
+  c = DecoderConfigFromHuggingFace(five, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling, want);  // the context from max_position_embeddings
+
+  qwen["rope_scaling"] = {{"rope_type", "yarn"},
+                          {"factor", 40.0},
+                          {"beta_fast", 16},
+                          {"mscale", 1.0},
+                          {"mscale_all_dim", 0.5},
+                          {"attention_factor", 1.25},
+                          {"original_max_position_embeddings", 4096},
+                          {"truncate", true}};
+  c = DecoderConfigFromHuggingFace(qwen, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling, (RopeScaling{.type = RopeType::kYarn,
+                                          .factor = 40,
+                                          .original_max_position_embeddings = 4096,
+                                          .attention_factor = 1.25,
+                                          .beta_fast = 16,
+                                          .mscale = 1,
+                                          .mscale_all_dim = 0.5}));
+}
+
 TEST(HfConfigTest, HostileAndUnsupportedFieldsAreNamed) {
   struct Case {
     const char* key;
@@ -211,10 +262,20 @@ TEST(HfConfigTest, HostileAndUnsupportedFieldsAreNamed) {
       {"rope_scaling", nlohmann::json{{"rope_type", "llama3"}, {"factor", 8.0}},
        "rope_scaling.low_freq_factor is missing"},
       {"rope_scaling", nlohmann::json{{"type", "dynamic"}, {"factor", 2.0}},
-       "rope_scaling.type = \"dynamic\": zerort computes default, linear and llama3"},
+       "rope_scaling.type = \"dynamic\": zerort computes default, linear, llama3"},
       {"rope_scaling", nlohmann::json{{"rope_type", "linear"}}, "rope_scaling.factor is missing"},
-      {"rope_parameters", nlohmann::json{{"rope_type", "yarn"}, {"factor", 4.0}},
-       "rope_parameters.rope_type = \"yarn\""},
+      {"rope_parameters", nlohmann::json{{"rope_type", "longrope"}, {"factor", 4.0}},
+       "rope_parameters.rope_type = \"longrope\""},
+      {"rope_scaling", nlohmann::json{{"type", "yarn"}}, "rope_scaling.factor is missing"},
+      {"rope_scaling", nlohmann::json{{"type", "yarn"}, {"factor", 4.0}, {"beta_fast", 1.0}},
+       "rope_scaling.beta_fast = 1: must be above beta_slow = 1"},
+      {"rope_scaling", nlohmann::json{{"type", "yarn"}, {"factor", 4.0}, {"truncate", false}},
+       "rope_scaling.truncate = false: zerort's YaRN rounds the ramp's ends"},
+      {"rope_scaling",
+       nlohmann::json{{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 0}},
+       "rope_scaling.original_max_position_embeddings = 0: must be an integer in [1, 16777216]"},
+      {"rope_scaling", nlohmann::json{{"type", "yarn"}, {"factor", 4.0}, {"attention_factor", -1}},
+       "rope_scaling.attention_factor = -1: must be in"},
       {"rope_parameters", 5, "rope_parameters = 5: not an object"},
       {"hidden_act", "gelu", "hidden_act = \"gelu\": zerort's LLaMA-family MLP gates with SiLU"},
       {"hidden_act", 7, "hidden_act = 7: not a string"},

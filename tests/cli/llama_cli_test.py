@@ -273,6 +273,21 @@ t.check("eval without the checkpoint's rotary scaling: exit 2 naming model.rope_
 r = run("eval", config(os.path.join(work, "eval31.json"), model=model31),
         "--checkpoint", "imported31", "--max-windows", "2")
 t.check("eval with it: exit 0", r.returncode == 0, r.stderr[-400:])
+# YaRN ([Note: rotary scaling]; the values are qwen2_yarn_tiny's golden model's): a run config
+# with its keys trains, and export writes them back as config.json's rope_scaling, the optional
+# ones (beta_fast, attention_factor) among them.
+yarn = {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 64,
+        "beta_fast": 16, "attention_factor": 1.25}
+r1 = run("train", config(os.path.join(work, "yarn.json"), model=dict(model, rope_scaling=yarn),
+                         checkpoint={"dir": "yarn_run", "interval": 4}))
+r2 = run("checkpoint", "export", "yarn_run", "yarn_hf")
+yarn_config = {}
+if r2.returncode == 0:
+    with open(os.path.join(work, "yarn_hf", "config.json")) as f:
+        yarn_config = json.load(f)
+t.check("yarn: trains, and export's config.json has its rope_scaling",
+        (r1.returncode, r2.returncode) == (0, 0) and yarn_config.get("rope_scaling") == yarn,
+        (r1.stderr + r2.stderr)[-500:] + json.dumps(yarn_config.get("rope_scaling")))
 # Biases no Hugging Face architecture has (Q/K/V and MLP without O): zerort trains them; export
 # refuses, naming the flags, and writes nothing.
 odd = dict(model, qkv_bias=True, mlp_bias=True)

@@ -223,7 +223,9 @@ std::vector<std::string> HfConfigSeeds(const std::string&) {
           "hidden_size":896,"intermediate_size":4864,"num_hidden_layers":24,
           "num_attention_heads":14,"num_key_value_heads":2,"max_position_embeddings":32768,
           "rms_norm_eps":1e-06,"rope_theta":1000000.0,"hidden_act":"silu",
-          "tie_word_embeddings":true,"use_sliding_window":false,"sliding_window":32768})"};
+          "tie_word_embeddings":true,"use_sliding_window":false,"sliding_window":32768,
+          "rope_scaling":{"factor":4.0,"original_max_position_embeddings":32768,"type":"yarn",
+                          "beta_fast":32.0,"attention_factor":null,"mscale":1.0}})"};
 }
 
 // ---- A Hugging Face model directory's weights (model.init_from, checkpoint import) ----

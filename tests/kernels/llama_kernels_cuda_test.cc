@@ -106,18 +106,26 @@ TEST(ModelKernelsCudaTest, LlamaRmsNormRopeSwiGlu) {
 // The rotary embeddings compute model_math.h's angles and turns on both devices ([Note: the
 // rotary angles]): the same bits as the CPU's float kernels in fp32, bf16 and fp16, at a LLaMA
 // 3.1 model's frequencies and head size and positions up to 4095 (angles up to 4095 radians, a
-// few thousand quadrants), forward, backward and in place both ways. A head size the kernels'
+// few thousand quadrants), and at YaRN's (the cosines and sines scaled), forward, backward and in
+// place both ways. A head size the kernels'
 // argument cannot hold is refused by name.
 TEST(ModelKernelsCudaTest, RopeIsBitwiseTheCpus) {
   ZR_NEED_GPU();
-  const Rope rope{.theta = 500000.0,
-                  .scaling = {.type = RopeType::kLlama3,
-                              .factor = 8,
-                              .low_freq_factor = 1,
-                              .high_freq_factor = 4,
-                              .original_max_position_embeddings = 8192}};
-  for (DType act : {DType::kF32, DType::kBF16, DType::kF16}) {
-    SCOPED_TRACE(DTypeName(act));
+  const Rope llama31{.theta = 500000.0,
+                     .scaling = {.type = RopeType::kLlama3,
+                                 .factor = 8,
+                                 .low_freq_factor = 1,
+                                 .high_freq_factor = 4,
+                                 .original_max_position_embeddings = 8192}};
+  // Qwen2.5's YaRN for 128K: the cosines and sines scaled by 0.1 ln 4 + 1.
+  const Rope yarn{
+      .theta = 1000000.0,
+      .scaling = {.type = RopeType::kYarn, .factor = 4, .original_max_position_embeddings = 32768}};
+  for (const auto& [rope, act] : {std::pair{llama31, DType::kF32}, std::pair{llama31, DType::kBF16},
+                                  std::pair{llama31, DType::kF16}, std::pair{yarn, DType::kF32},
+                                  std::pair{yarn, DType::kBF16}}) {
+    SCOPED_TRACE(std::string(DTypeName(act)) +
+                 (rope.scaling.type == RopeType::kYarn ? " yarn" : " llama3"));
     Twin t(act, DType::kF32);
     const int batch = 2, seq = 4096, heads = 4, kv = 2, hs = 128, d = heads * hs;
     const int64_t rows = int64_t{batch} * seq, q_n = rows * d, kv_n = rows * kv * hs,

@@ -321,55 +321,62 @@ TEST(ModelMathTest, CpuKernelsComputeTheSharedFunctionsBitwise) {
   }
   // The rotary embeddings, forward, in place both ways and backward, against the shared angles
   // and turns evaluated here (2 sequences of 37 positions, 3 query heads on 1 key/value head of
-  // 10 channels: [Note: the qkv layout]).
+  // 10 channels: [Note: the qkv layout]), with LLaMA 3.1's frequencies and with YaRN's (whose
+  // cosines and sines are scaled).
   const int batch = 2, seq = 37, heads = 3, kv = 1, hs = 10, half = hs / 2;
   const int row = (heads + 2 * kv) * hs;
-  const Rope rope{.theta = 1000.0, .scaling = {RopeType::kLlama3, 8, 1, 4, 16}};
-  const std::vector<float> qkv0 = testing::RandomNormal<float>(int64_t{batch} * seq * row, 10),
-                           dqkv = testing::RandomNormal<float>(qkv0.size(), 11);
-  auto turned = [&](const std::vector<float>& in, int64_t r, int slot, int i, bool second,
-                    float sign) {
-    const math::CosSin cs =
-        math::RopeCosSin(math::RopeAngle(static_cast<int>(r % seq), RopeFrequency(rope, i, hs)));
-    const float x1 = in[r * row + slot * hs + i], x2 = in[r * row + slot * hs + i + half];
-    return second ? math::RopeTurnSecond(x1, x2, cs.cos, sign * cs.sin)
-                  : math::RopeTurnFirst(x1, x2, cs.cos, sign * cs.sin);
-  };
-  for (const bool transpose : {false, true}) {
-    std::vector<float> qkv = qkv0;
-    cpu::RopeQkvInPlace<float>(qkv.data(), batch, seq, heads, kv, hs, rope, transpose);
-    for (int64_t r = 0; r < int64_t{batch} * seq; ++r) {
-      for (int slot = 0; slot < heads + 2 * kv; ++slot) {
-        for (int c = 0; c < hs; ++c) {
-          const float want = slot >= heads + kv ? qkv0[r * row + slot * hs + c]  // v: not turned
-                                                : turned(qkv0, r, slot, c % half, c >= half,
-                                                         transpose ? -1.0f : 1.0f);
-          ASSERT_TRUE(SameBits(qkv[r * row + slot * hs + c], want))
-              << "RopeQkvInPlace transpose " << transpose << " row " << r << " slot " << slot
-              << " channel " << c;
+  for (const Rope& rope :
+       {Rope{.theta = 1000.0, .scaling = {RopeType::kLlama3, 8, 1, 4, 16}},
+        Rope{.theta = 1000.0,
+        .scaling = {
+            .type = RopeType::kYarn, .factor = 4, .original_max_position_embeddings = 16}}}) {
+    const std::vector<float> qkv0 = testing::RandomNormal<float>(int64_t{batch} * seq * row, 10),
+                             dqkv = testing::RandomNormal<float>(qkv0.size(), 11);
+    auto turned = [&](const std::vector<float>& in, int64_t r, int slot, int i, bool second,
+                      float sign) {
+      const math::CosSin cs = math::RopeScaled(
+          math::RopeCosSin(math::RopeAngle(static_cast<int>(r % seq), RopeFrequency(rope, i, hs))),
+          RopeCosSinScale(rope));
+      const float x1 = in[r * row + slot * hs + i], x2 = in[r * row + slot * hs + i + half];
+      return second ? math::RopeTurnSecond(x1, x2, cs.cos, sign * cs.sin)
+                    : math::RopeTurnFirst(x1, x2, cs.cos, sign * cs.sin);
+    };
+    for (const bool transpose : {false, true}) {
+      std::vector<float> qkv = qkv0;
+      cpu::RopeQkvInPlace<float>(qkv.data(), batch, seq, heads, kv, hs, rope, transpose);
+      for (int64_t r = 0; r < int64_t{batch} * seq; ++r) {
+        for (int slot = 0; slot < heads + 2 * kv; ++slot) {
+          for (int c = 0; c < hs; ++c) {
+            const float want = slot >= heads + kv ? qkv0[r * row + slot * hs + c]  // v: not turned
+                                                  : turned(qkv0, r, slot, c % half, c >= half,
+                                                           transpose ? -1.0f : 1.0f);
+            ASSERT_TRUE(SameBits(qkv[r * row + slot * hs + c], want))
+                << "RopeQkvInPlace transpose " << transpose << " row " << r << " slot " << slot
+                << " channel " << c;
+          }
         }
       }
     }
-  }
-  const int64_t q_n = int64_t{batch} * seq * heads * hs, kv_n = int64_t{batch} * seq * kv * hs;
-  const std::vector<float> dq0 = testing::RandomNormal<float>(q_n, 12),
-                           dk0 = testing::RandomNormal<float>(kv_n, 13);
-  std::vector<float> dq = dq0, dk = dk0;
-  cpu::RopeQkvBackward<float>(dq.data(), dk.data(), nullptr, dqkv.data(), batch, seq, heads, kv, hs,
-                              rope);
-  for (int64_t r = 0; r < int64_t{batch} * seq; ++r) {
-    for (int slot = 0; slot < heads + kv; ++slot) {
-      for (int c = 0; c < hs; ++c) {
-        const float before =
-            slot < heads ? dq0[(r * heads + slot) * hs + c] : dk0[(r * kv + slot - heads) * hs + c];
-        const float got =
-            slot < heads ? dq[(r * heads + slot) * hs + c] : dk[(r * kv + slot - heads) * hs + c];
-        const float want = math::Add(before, turned(dqkv, r, slot, c % half, c >= half, -1.0f));
-        ASSERT_TRUE(SameBits(got, want))
-            << "RopeQkvBackward row " << r << " slot " << slot << " channel " << c;
+    const int64_t q_n = int64_t{batch} * seq * heads * hs, kv_n = int64_t{batch} * seq * kv * hs;
+    const std::vector<float> dq0 = testing::RandomNormal<float>(q_n, 12),
+                             dk0 = testing::RandomNormal<float>(kv_n, 13);
+    std::vector<float> dq = dq0, dk = dk0;
+    cpu::RopeQkvBackward<float>(dq.data(), dk.data(), nullptr, dqkv.data(), batch, seq, heads, kv,
+                                hs, rope);
+    for (int64_t r = 0; r < int64_t{batch} * seq; ++r) {
+      for (int slot = 0; slot < heads + kv; ++slot) {
+        for (int c = 0; c < hs; ++c) {
+          const float before = slot < heads ? dq0[(r * heads + slot) * hs + c]
+                                            : dk0[(r * kv + slot - heads) * hs + c];
+          const float got =
+              slot < heads ? dq[(r * heads + slot) * hs + c] : dk[(r * kv + slot - heads) * hs + c];
+          const float want = math::Add(before, turned(dqkv, r, slot, c % half, c >= half, -1.0f));
+          ASSERT_TRUE(SameBits(got, want))
+              << "RopeQkvBackward row " << r << " slot " << slot << " channel " << c;
+        }
       }
     }
-  }
+  }  // each rope
 }
 
 TEST(ModelMathTest, IsFiniteAgreesWithStdOnEveryKindOfFloat) {

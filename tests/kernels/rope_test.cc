@@ -3,8 +3,9 @@
 // turns position t; LLaMA 3.1's bands for LLaMA 3.1 8B's shape (head size 128, theta 500000,
 // factor 8, bands 1 and 4 of an 8192 context) are the counts the logarithms give (29 pairs kept,
 // 6 blended, 29 divided), the blended ones between the two and the whole table decreasing; and the
-// CPU backward is the forward's transpose under every scaling. (The values themselves are checked
-// against transformers' computation by the llama31_tiny golden model.)
+// CPU backward is the forward's transpose under every scaling; YaRN's ramp for Qwen2.5's shape by
+// the same counts, and its attention factor. (The values themselves are checked against
+// PyTorch references by the llama31_tiny and qwen2_yarn_tiny golden models.)
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -82,11 +83,104 @@ TEST(RopeTest, Llama3BandsOfLlama31_8B) {
   EXPECT_EQ(divided, 29);
 }
 
+// YaRN for Qwen2.5's 128K (head size 128, theta 10^6, factor 4 over a 32768 context): pair i
+// turns 32768 theta^(-2i / 128) / (2 pi) times over the context, more than beta_fast = 32 times
+// for i < 64 ln(32768 / 64 pi) / ln 10^6 = 23.6 and fewer than beta_slow = 1 for i > 39.65, so
+// the ramp runs from pair 23 to pair 40: 24 pairs kept (0-23), 16 blended (24-39, each its share
+// (i - 23) / 17 interpolated), 24 divided by 4 (40-63).
+TEST(RopeTest, YarnRampOfQwen25) {
+  const Rope plain{.theta = 1e6};
+  const Rope yarn{
+      .theta = 1e6,
+      .scaling = {.type = RopeType::kYarn, .factor = 4, .original_max_position_embeddings = 32768}};
+  int kept = 0, blended = 0, divided = 0;
+  double previous = INFINITY;
+  for (int i = 0; i < 64; ++i) {
+    const double f = RopeInvFreq(plain, i, 128), s = RopeInvFreq(yarn, i, 128);
+    if (s == f) {
+      ++kept;
+    } else if (std::abs(s - f / 4) <= 1e-15 * f) {
+      ++divided;
+    } else {
+      ++blended;
+      const double share = (i - 23) / 17.0;
+      EXPECT_NEAR(s, share * f / 4 + (1 - share) * f, 1e-15 * f) << i;
+    }
+    EXPECT_LT(s, previous) << i;
+    previous = s;
+  }
+  EXPECT_EQ(kept, 24);
+  EXPECT_EQ(blended, 16);
+  EXPECT_EQ(divided, 24);
+  // beta_fast 16 and beta_slow 2 narrow the ramp: 64 ln(32768 / 32 pi) / ln 10^6 = 26.8 and
+  // 64 ln(32768 / 4 pi) / ln 10^6 = 36.4, so pairs 0-26 kept and 37-63 divided.
+  Rope narrow = yarn;
+  narrow.scaling.beta_fast = 16;
+  narrow.scaling.beta_slow = 2;
+  EXPECT_EQ(RopeInvFreq(narrow, 26, 128), RopeInvFreq(plain, 26, 128));
+  EXPECT_NE(RopeInvFreq(narrow, 27, 128), RopeInvFreq(plain, 27, 128));
+  EXPECT_NEAR(RopeInvFreq(narrow, 37, 128), RopeInvFreq(plain, 37, 128) / 4, 1e-30);
+  EXPECT_GT(RopeInvFreq(narrow, 36, 128), RopeInvFreq(plain, 36, 128) / 4);
+}
+
+// YaRN's attention factor: 0.1 ln(factor) + 1 by default, attention_factor where given,
+// DeepSeek's ratio of two mscales where both are set, 1 for a factor of 1 and for every other
+// scaling.
+TEST(RopeTest, YarnAttentionFactor) {
+  Rope r{.theta = 1e4,
+         .scaling = {.type = RopeType::kYarn, .factor = 4, .original_max_position_embeddings = 64}};
+  EXPECT_DOUBLE_EQ(RopeAttentionFactor(r), 1 + 0.1 * std::log(4.0));
+  EXPECT_EQ(RopeCosSinScale(r), static_cast<float>(1 + 0.1 * std::log(4.0)));
+  r.scaling.mscale = 1;
+  EXPECT_DOUBLE_EQ(RopeAttentionFactor(r), 1 + 0.1 * std::log(4.0));  // mscale alone: unused
+  r.scaling.factor = 40;
+  r.scaling.mscale_all_dim = 0.5;
+  EXPECT_DOUBLE_EQ(RopeAttentionFactor(r),
+                   (1 + 0.1 * std::log(40.0)) / (1 + 0.05 * std::log(40.0)));
+  r.scaling.mscale_all_dim = 1;  // DeepSeek-V3's: the two cancel
+  EXPECT_DOUBLE_EQ(RopeAttentionFactor(r), 1.0);
+  r.scaling.attention_factor = 0.75;
+  EXPECT_EQ(RopeAttentionFactor(r), 0.75);
+  r.scaling = {.type = RopeType::kYarn, .factor = 1, .original_max_position_embeddings = 64};
+  EXPECT_EQ(RopeAttentionFactor(r), 1.0);
+  EXPECT_EQ(RopeAttentionFactor(Rope{.scaling = {RopeType::kLinear, 4}}), 1.0);
+  EXPECT_EQ(RopeAttentionFactor(Rope{.scaling = {RopeType::kLlama3, 8, 1, 4, 64}}), 1.0);
+}
+
+// The attention factor scales the float kernels' output and nothing else: a factor of 2 (a power
+// of two, so every product exact) doubles every rotated channel, bit for bit, and leaves the
+// values alone; with the default factor the backward is still the forward's transpose (below).
+TEST(RopeTest, TheAttentionFactorScalesTheTurnedChannels) {
+  const int rows = kSeq, C = kHeads * kHeadSize, KV = kKvHeads * kHeadSize;
+  Rope one{.theta = 1000.0,
+           .scaling = {.type = RopeType::kYarn,
+                       .factor = 4,
+                       .original_max_position_embeddings = 64,
+                       .attention_factor = 1}};
+  Rope two = one;
+  two.scaling.attention_factor = 2;
+  const std::vector<float> q = testing::RandomNormal<float>(rows * C, 6, 1.0),
+                           k = testing::RandomNormal<float>(rows * KV, 7, 1.0),
+                           v = testing::RandomNormal<float>(rows * KV, 8, 1.0);
+  std::vector<float> a(rows * kRow), b(rows * kRow);
+  cpu::RopeQkvForward<float>(a.data(), q.data(), k.data(), v.data(), 1, kSeq, kHeads, kKvHeads,
+                             kHeadSize, one);
+  cpu::RopeQkvForward<float>(b.data(), q.data(), k.data(), v.data(), 1, kSeq, kHeads, kKvHeads,
+                             kHeadSize, two);
+  for (int i = 0; i < rows * kRow; ++i) {
+    const bool value = i % kRow >= C + KV;
+    EXPECT_EQ(b[i], value ? a[i] : 2 * a[i]) << i;
+  }
+}
+
 TEST(RopeTest, BackwardIsTheForwardsTransposeUnderEveryScaling) {
   const int rows = kSeq, C = kHeads * kHeadSize, KV = kKvHeads * kHeadSize;
   for (const Rope& rope :
        {Rope{.theta = 1000.0}, Rope{.theta = 1000.0, .scaling = {RopeType::kLinear, 4}},
-        Rope{.theta = 1000.0, .scaling = {RopeType::kLlama3, 8, 1, 4, 64}}}) {
+        Rope{.theta = 1000.0, .scaling = {RopeType::kLlama3, 8, 1, 4, 64}},
+        Rope{.theta = 1000.0,
+        .scaling = {
+            .type = RopeType::kYarn, .factor = 4, .original_max_position_embeddings = 64}}}) {
     const std::vector<double> q = testing::RandomNormal<double>(rows * C, 2, 1.0),
                               k = testing::RandomNormal<double>(rows * KV, 3, 1.0),
                               v = testing::RandomNormal<double>(rows * KV, 4, 1.0),

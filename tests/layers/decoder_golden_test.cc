@@ -1,11 +1,11 @@
 // The model against golden values from independent PyTorch implementations (committed output in
 // tests/layers/golden/): GPT-2 (tests/layers/gpt_reference.py), LLaMA with grouped-query
 // attention and an untied head, and Qwen2-style Q/K/V biases with tied embeddings
-// (tests/layers/llama_reference.py), and LLaMA 3.1's rotary scaling with every bias
-// (attention_bias, mlp_bias). Loss, logits and every parameter's gradient in fp32 to 1e-5, on plain
-// host weights, through the shard manager at ZeRO-3 on two ranks, and split over two
-// tensor-parallel ranks (sequence parallel, the vocabulary of 23 padded to 24, the
-// vocabulary-parallel cross-entropy; LLaMA: the query and key/value heads split).
+// (tests/layers/llama_reference.py), LLaMA 3.1's rotary scaling with every bias
+// (attention_bias, mlp_bias), and YaRN's on Qwen2's shape. Loss, logits and every parameter's
+// gradient in fp32 to 1e-5, on plain host weights, through the shard manager at ZeRO-3 on two
+// ranks, and split over two tensor-parallel ranks (sequence parallel, the vocabulary of 23 padded
+// to 24, the vocabulary-parallel cross-entropy; LLaMA: the query and key/value heads split).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -52,13 +52,20 @@ Golden LoadGolden(const std::string& name) {
     g.config.mlp_bias = c.value("mlp_bias", false);
     if (c.contains("rope_scaling") && c.at("rope_scaling").is_object()) {
       const auto& s = c.at("rope_scaling");
-      EXPECT_EQ(s.at("rope_type"), "llama3");
-      g.config.rope_scaling = {
-          .type = RopeType::kLlama3,
-          .factor = s.at("factor"),
-          .low_freq_factor = s.at("low_freq_factor"),
-          .high_freq_factor = s.at("high_freq_factor"),
-          .original_max_position_embeddings = s.at("original_max_position_embeddings")};
+      if (s.at("rope_type") == "yarn") {  // transformers' defaults for the rest
+        g.config.rope_scaling = {
+            .type = RopeType::kYarn,
+            .factor = s.at("factor"),
+            .original_max_position_embeddings = s.at("original_max_position_embeddings")};
+      } else {
+        EXPECT_EQ(s.at("rope_type"), "llama3");
+        g.config.rope_scaling = {
+            .type = RopeType::kLlama3,
+            .factor = s.at("factor"),
+            .low_freq_factor = s.at("low_freq_factor"),
+            .high_freq_factor = s.at("high_freq_factor"),
+            .original_max_position_embeddings = s.at("original_max_position_embeddings")};
+      }
     }
   }
   g.batch = j.at("batch");
@@ -92,7 +99,8 @@ double RelativeError(const A& got, const B& want) {
 
 class DecoderGoldenTest : public ::testing::TestWithParam<std::string> {};
 INSTANTIATE_TEST_SUITE_P(Models, DecoderGoldenTest,
-                         ::testing::Values("gpt_tiny", "llama_tiny", "qwen2_tiny", "llama31_tiny"));
+                         ::testing::Values("gpt_tiny", "llama_tiny", "qwen2_tiny", "llama31_tiny",
+                                           "qwen2_yarn_tiny"));
 
 TEST_P(DecoderGoldenTest, LossLogitsAndGradientsMatchPyTorch) {
   const Golden g = LoadGolden(GetParam());

@@ -7,7 +7,9 @@ inv_freq = theta^(-2i/hs), grouped-query attention (each key/value head repeated
 heads, repeat_kv), a SwiGLU MLP (down(silu(gate(x)) * up(x))), optional biases (Qwen2's on Q, K
 and V; LLaMA's attention_bias on Q, K, V and O, its mlp_bias on gate, up and down), LLaMA 3.1's
 rotary scaling (transformers' _compute_llama3_parameters: the frequencies remapped in three
-bands), and an output projection that is its own weight unless tie_word_embeddings. Fills
+bands), YaRN's (written from Peng et al. 2023 as transformers 5 parametrises it: a ramp over the
+pairs between beta_fast and beta_slow turns of the original context, and the cosines and sines
+scaled by the attention factor), and an output projection that is its own weight unless tie_word_embeddings. Fills
 the model with random float32 weights, runs one batch in float64, and writes the weights, the
 input, the loss, the logits at a few positions and every parameter's gradient to a JSON file that
 tests/layers/decoder_golden_test.cc reads; zerort's fp32 run must agree to 1e-5 relative.
@@ -15,7 +17,8 @@ tests/layers/decoder_golden_test.cc reads; zerort's fp32 run must agree to 1e-5 
 Regenerate (Debian: apt-get install python3-torch):
     /usr/bin/python3 tests/layers/llama_reference.py tests/layers/golden [VARIANT ...]
 writes llama_tiny.json (GQA 4:2, untied), qwen2_tiny.json (Q/K/V biases, tied embeddings) and
-llama31_tiny.json (every bias, llama3 rotary scaling, GQA 4:2), or only the variants named, and
+llama31_tiny.json (every bias, llama3 rotary scaling, GQA 4:2), qwen2_yarn_tiny.json (Qwen2's
+biases, YaRN scaling, GQA 4:2), or only the variants named, and
 llama_tiny_hf/ and llama31_tiny_hf/: the same weights as Hugging Face model directories
 (config.json, two safetensors shards and model.safetensors.index.json, Hugging Face's
 LlamaForCausalLM names, float32), written here without the safetensors library, for
@@ -46,6 +49,14 @@ VARIANTS = {
                          rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                                            high_freq_factor=4.0,
                                            original_max_position_embeddings=64)),
+    # YaRN's three kinds of pair all reached: head size 8, theta 1000 and an original context of
+    # 64 put the ramp's ends at pairs floor(-0.66) -> 0 and ceil(1.34) = 2: pair 0 kept, pair 1
+    # half interpolated, pairs 2 and 3 divided by the factor; attention factor 0.1 ln 4 + 1.
+    "qwen2_yarn_tiny": dict(n_layer=2, n_head=4, n_kv_head=2, d_model=32, seq_len=8,
+                            vocab_size=23, intermediate_size=20, rope_theta=1000.0,
+                            rms_norm_eps=1e-6, tie_word_embeddings=True, qkv_bias=True,
+                            rope_scaling=dict(rope_type="yarn", factor=4.0,
+                                              original_max_position_embeddings=64)),
 }
 BATCH = 2
 
@@ -78,16 +89,37 @@ def llama3_inv_freq(inv_freq, s):
     return torch.where(medium, smoothed, inv_freq_llama)
 
 
+def yarn_inv_freq(inv_freq, theta, hs, s):
+    """YaRN's frequencies and attention factor, in float64 (defaults: beta_fast 32, beta_slow 1,
+    the attention factor 0.1 ln(factor) + 1; the ramp's ends rounded outwards to whole pairs)."""
+    factor, context = s["factor"], s["original_max_position_embeddings"]
+    beta_fast, beta_slow = s.get("beta_fast") or 32, s.get("beta_slow") or 1
+
+    def pair_turning(turns):  # the pair index that turns `turns` times over the context
+        return hs * math.log(context / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = max(math.floor(pair_turning(beta_fast)), 0)
+    high = min(math.ceil(pair_turning(beta_slow)), hs - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(hs // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    scale = s.get("attention_factor") or (0.1 * math.log(factor) + 1 if factor > 1 else 1.0)
+    return inv_freq / factor * ramp + inv_freq * (1 - ramp), scale
+
+
 def rope(x, theta, scaling=None):
     # x: [b, heads, t, hs]
     t, hs = x.shape[2], x.shape[3]
     inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.float64) / hs))
-    if scaling is not None:
+    scale = 1.0
+    if scaling is not None and scaling["rope_type"] == "yarn":
+        inv_freq, scale = yarn_inv_freq(inv_freq, theta, hs, scaling)
+    elif scaling is not None:
         assert scaling["rope_type"] == "llama3"
         inv_freq = llama3_inv_freq(inv_freq, scaling)
     freqs = torch.outer(torch.arange(t, dtype=torch.float64), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
-    return x * emb.cos() + rotate_half(x) * emb.sin()
+    return x * (emb.cos() * scale) + rotate_half(x) * (emb.sin() * scale)
 
 
 class Block(nn.Module):
