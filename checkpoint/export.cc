@@ -231,6 +231,8 @@ StatusOr<nlohmann::json> HuggingFaceConfigOf(const nlohmann::json& model, ModelA
         {"torch_dtype", torch_dtype},
     };
     if (mlp) config["mlp_bias"] = true;
+    // A head width other than hidden_size / num_attention_heads (LLaMA, Mistral and Qwen2 read it).
+    if (model.value("head_dim", 0) > 0) config["head_dim"] = model.at("head_dim");
     if (window > 0) {
       config["sliding_window"] = window;
       if (qwen2) config["use_sliding_window"] = true;

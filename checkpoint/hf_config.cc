@@ -325,14 +325,12 @@ StatusOr<DecoderConfig> DecoderConfigFromHuggingFace(const nlohmann::json& j,
     c.qkv_bias = c.o_proj_bias = attention_bias;
     ZR_ASSIGN_OR_RETURN(c.mlp_bias, r.Bool("mlp_bias", false));
   }
+  // head_dim (LLaMA, Mistral and Qwen2 read it; null or absent: hidden_size /
+  // num_attention_heads): kept only where it differs, so a config that writes the quotient out
+  // is the same model as one that does not (LLaMA 3.2's 64 = 2048 / 32).
   if (r.Has("head_dim")) {
-    ZR_ASSIGN_OR_RETURN(const int head_dim, r.Int("head_dim", 1, kMaxInt, std::nullopt));
-    if (int64_t{head_dim} * c.n_head != c.d_model) {
-      return r.Error("head_dim", StrCat("= ", head_dim,
-                                        ": zerort needs hidden_size / "
-                                        "num_attention_heads = ",
-                                        c.d_model / c.n_head));
-    }
+    ZR_ASSIGN_OR_RETURN(const int head_dim, r.Int("head_dim", 1, 1 << 16, std::nullopt));
+    if (int64_t{head_dim} * c.n_head != c.d_model) c.head_dim = head_dim;
   }
   // A sliding window ([Note: sliding windows] in layers/decoder_config.h): Mistral attends through
   // its sliding_window (4096 by default; null: none); Qwen2 only with use_sliding_window. The

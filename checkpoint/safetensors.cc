@@ -380,6 +380,7 @@ StatusOr<std::shared_ptr<const HfWeights>> OpenInitFrom(const ModelConfig& model
     note("n_layer", m.n_layer, h.n_layer);
     note("n_head", m.n_head, h.n_head);
     note("n_kv_head", m.kv_heads(), h.kv_heads());
+    note("head_dim", m.head_size(), h.head_size());
     note("d_model", m.d_model, h.d_model);
     note("intermediate_size", m.intermediate_size, h.intermediate_size);
     note("vocab_size", m.vocab_size, h.vocab_size);

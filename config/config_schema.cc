@@ -242,6 +242,10 @@ std::vector<ConfigField> BuildTable() {
                        "vocabulary (256: zerort's byte tokens)"));
   t.push_back(Num<int>(m, "n_kv_head", ZR_MEMBER(model.shape.n_kv_head), 0, 1 << 16,
                        "llama: key/value heads (divides n_head; 1: multi-query); 0: n_head"));
+  t.push_back(With(Num<int>(m, "head_dim", ZR_MEMBER(model.shape.head_dim), 0, 1 << 16,
+                            "llama: a head's channels (Hugging Face's head_dim; Mistral-Nemo's 128 "
+                            "over d 5120 and 32 heads); 0 or unset: d_model / n_head"),
+                   kOmitUnset));
   t.push_back(Num<int>(m, "intermediate_size", ZR_MEMBER(model.shape.intermediate_size), 0, 1 << 24,
                        "llama: the SwiGLU MLP's channels (required)"));
   t.push_back(Num<double>(m, "rope_theta", ZR_MEMBER(model.shape.rope_theta), 1, 1e12,

@@ -242,9 +242,9 @@ void StepModel::AttentionScratch(bool backward) {
   const int heads = c.n_head / in_.tp;
   const AttentionProgram program =
       AttentionProgramFor(backend(), csize(), in_.micro_batch, heads, c.head_size(), in_.attention);
-  for (int64_t bytes :
-       AttentionScratchBytes(backend(), program, backward, in_.micro_batch, c.seq_len,
-                             c.d_model / in_.tp, heads, c.kv_heads() / in_.tp, csize())) {
+  for (int64_t bytes : AttentionScratchBytes(backend(), program, backward, in_.micro_batch,
+                                             c.seq_len, c.attention_channels() / in_.tp, heads,
+                                             c.kv_heads() / in_.tp, csize())) {
     h.push_back(r_.Alloc(Cat::kWorkspace, bytes, compute_));
   }
   for (auto& x : h) r_.Free(x);

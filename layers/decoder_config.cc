@@ -16,8 +16,9 @@ int64_t DecoderConfig::BlockParameters() const {
   const int64_t c = d_model;
   if (llama()) {
     const int64_t kv = static_cast<int64_t>(kv_heads()) * head_size(), f = intermediate_size;
+    const int64_t a = attention_channels();
     // two RMSNorms, q, k, v, o, gate, up, down, and the biases the flags give
-    return 2 * c + c * (c + 2 * kv) + (qkv_bias ? c + 2 * kv : 0) + c * c + (o_proj_bias ? c : 0) +
+    return 2 * c + c * (a + 2 * kv) + (qkv_bias ? a + 2 * kv : 0) + a * c + (o_proj_bias ? c : 0) +
            3 * c * f + (mlp_bias ? 2 * f + c : 0);
   }
   // ln1, qkv (w + b), proj (w + b), ln2, fc (w + b), fc proj (w + b)
@@ -47,15 +48,16 @@ double DecoderConfig::FlopsPerToken() const {
   int64_t lookups = learned_positions() ? static_cast<int64_t>(seq_len) * d_model : 0;
   if (!tied()) lookups += static_cast<int64_t>(vocab_size) * d_model;
   const double n = static_cast<double>(NumParameters() - lookups);
-  return 6.0 * n + 12.0 * n_layer * d_model * static_cast<double>(seq_len);
+  return 6.0 * n + 12.0 * n_layer * attention_channels() * static_cast<double>(seq_len);
 }
 
 std::string DecoderConfig::Describe() const {
-  return StrCat(
-      ModelArchName(arch), ", ", n_layer, " layers, d ", d_model, ", ", n_head, " heads",
-      llama() && kv_heads() != n_head ? StrCat(" (", kv_heads(), " KV)") : "", ", seq ", seq_len,
-      rope_scaling.type != RopeType::kDefault ? StrCat(", rope ", RopeScalingText(rope_scaling))
-                                              : "");
+  return StrCat(ModelArchName(arch), ", ", n_layer, " layers, d ", d_model, ", ", n_head, " heads",
+                llama() && kv_heads() != n_head ? StrCat(" (", kv_heads(), " KV)") : "",
+                head_dim > 0 ? StrCat(" of ", head_dim) : "", ", seq ", seq_len,
+                rope_scaling.type != RopeType::kDefault
+                    ? StrCat(", rope ", RopeScalingText(rope_scaling))
+                    : "");
 }
 
 Status ValidateRopeScaling(const RopeScaling& s) {
@@ -185,13 +187,19 @@ Status DecoderConfig::Validate() const {
   ZR_RETURN_IF_ERROR(positive("d_model", d_model));
   ZR_RETURN_IF_ERROR(positive("seq_len", seq_len));
   ZR_RETURN_IF_ERROR(positive("vocab_size", vocab_size));
-  if (d_model % n_head != 0) {
+  if (head_dim < 0 || head_dim > (1 << 16)) {
     return absl::InvalidArgumentError(
-        StrCat("model.n_head = ", n_head, " does not divide model.d_model = ", d_model));
+        StrCat("model.head_dim = ", head_dim, ": must be in [0, 65536] (0: d_model / n_head)"));
+  }
+  if (head_dim == 0 && d_model % n_head != 0) {
+    return absl::InvalidArgumentError(StrCat("model.n_head = ", n_head,
+                                             " does not divide model.d_model = ", d_model,
+                                             llama() ? " (or set model.head_dim)" : ""));
   }
   if (!llama()) {
     // The LLaMA keys have no meaning for GPT-2: set, they would be silently ignored.
     const char* set = n_kv_head != 0                  ? "n_kv_head"
+                      : head_dim != 0                 ? "head_dim"
                       : intermediate_size != 0        ? "intermediate_size"
                       : rope_theta != 10000.0         ? "rope_theta"
                       : norm_eps != 1e-5              ? "rms_norm_eps"
@@ -216,7 +224,7 @@ Status DecoderConfig::Validate() const {
   }
   if (head_size() % 2 != 0) {
     return absl::InvalidArgumentError(
-        StrCat("model.d_model / model.n_head = ", head_size(),
+        StrCat(head_dim > 0 ? "model.head_dim = " : "model.d_model / model.n_head = ", head_size(),
                ": rotary embeddings rotate pairs of channels, so the head size must be even"));
   }
   if (intermediate_size < 1) {

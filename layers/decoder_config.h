@@ -61,13 +61,14 @@ struct BlockFeatures {
 
 struct DecoderConfig {
   int n_layer = 2;       // transformer blocks
-  int n_head = 2;        // attention heads; must divide d_model
+  int n_head = 2;        // attention heads; must divide d_model (unless head_dim is set)
   int d_model = 32;      // channels (GPT-2's n_embd)
   int seq_len = 16;      // context length: rows of the position embedding (GPT-2)
   int vocab_size = 256;  // byte-level tokens by default
   ModelArch arch = ModelArch::kGpt2;
   // LLaMA only (Validate refuses them set for GPT-2):
   int n_kv_head = 0;            // key/value heads; 0: n_head (no grouping); 1: MQA
+  int head_dim = 0;             // a head's channels; 0: d_model / n_head (Hugging Face's head_dim)
   int intermediate_size = 0;    // the SwiGLU MLP's channels (required)
   double rope_theta = 10000.0;  // rotary base
   RopeScaling rope_scaling =
@@ -85,7 +86,10 @@ struct DecoderConfig {
   bool llama() const { return arch == ModelArch::kLlama; }
   // [Note: a block's features]: what each block computes, from arch and the bias keys.
   BlockFeatures features() const;
-  int head_size() const { return d_model / n_head; }
+  int head_size() const { return head_dim > 0 ? head_dim : d_model / n_head; }
+  // The query's and the attention output's channels, n_head x head_size(): d_model unless
+  // head_dim says otherwise (Mistral-Nemo: 32 heads of 128 over d 5120).
+  int attention_channels() const { return n_head * head_size(); }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   // The MLP's hidden channels: 4 d (GPT-2) or intermediate_size.
   int ffn_channels() const { return llama() ? intermediate_size : 4 * d_model; }

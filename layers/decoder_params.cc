@@ -52,6 +52,7 @@ StatusOr<std::vector<DecoderUnit>> LlamaUnits(const DecoderConfig& c, Param& par
   using enum TensorSplit;
   using enum ParamRole;
   const int64_t d = c.d_model, kv = int64_t{c.kv_heads()} * c.head_size(), f = c.intermediate_size;
+  const int64_t a = c.attention_channels();  // d unless head_dim says otherwise
   std::vector<DecoderUnit> units;
   auto vocab = [&](DecoderUnit& u, const char* name) -> Status {
     ZR_RETURN_IF_ERROR(param(u, name, {c.vocab_size, d}, kWeight, kVocab));
@@ -65,16 +66,16 @@ StatusOr<std::vector<DecoderUnit>> LlamaUnits(const DecoderConfig& c, Param& par
     DecoderUnit b{StrCat("blocks.", l), {}};
     // The order of decoder::LlamaParam (decoder_block.h); the optional biases last.
     ZR_RETURN_IF_ERROR(param(b, p + "attn_norm.weight", {d}, kNormGain, kReplicated));
-    ZR_RETURN_IF_ERROR(param(b, p + "attn.q.weight", {d, d}, kWeight, kColumn));
+    ZR_RETURN_IF_ERROR(param(b, p + "attn.q.weight", {a, d}, kWeight, kColumn));
     ZR_RETURN_IF_ERROR(param(b, p + "attn.k.weight", {kv, d}, kWeight, kColumn));
     ZR_RETURN_IF_ERROR(param(b, p + "attn.v.weight", {kv, d}, kWeight, kColumn));
-    ZR_RETURN_IF_ERROR(param(b, p + "attn.o.weight", {d, d}, kWeight, kRow));
+    ZR_RETURN_IF_ERROR(param(b, p + "attn.o.weight", {d, a}, kWeight, kRow));
     ZR_RETURN_IF_ERROR(param(b, p + "mlp_norm.weight", {d}, kNormGain, kReplicated));
     ZR_RETURN_IF_ERROR(param(b, p + "mlp.gate.weight", {f, d}, kWeight, kColumn));
     ZR_RETURN_IF_ERROR(param(b, p + "mlp.up.weight", {f, d}, kWeight, kColumn));
     ZR_RETURN_IF_ERROR(param(b, p + "mlp.down.weight", {d, f}, kWeight, kRow));
     if (c.qkv_bias) {
-      ZR_RETURN_IF_ERROR(param(b, p + "attn.q.bias", {d}, kBias, kColumn));
+      ZR_RETURN_IF_ERROR(param(b, p + "attn.q.bias", {a}, kBias, kColumn));
       ZR_RETURN_IF_ERROR(param(b, p + "attn.k.bias", {kv}, kBias, kColumn));
       ZR_RETURN_IF_ERROR(param(b, p + "attn.v.bias", {kv}, kBias, kColumn));
     }

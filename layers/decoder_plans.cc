@@ -23,7 +23,7 @@ Geometry MakeGeometry(const DecoderConfig& c, int tp_size, int tp_rank, bool seq
   g.sp = sequence_parallel && g.t > 1 && g.rows % g.t == 0;
   g.rows_l = g.sp ? g.rows / g.t : g.rows;
   g.d = c.d_model;
-  g.d_l = c.d_model / g.t;
+  g.d_l = c.attention_channels() / g.t;
   g.h_l = c.n_head / g.t;
   g.f_l = c.ffn_channels() / g.t;
   g.f = c.features();
@@ -40,7 +40,7 @@ Geometry MakeGeometry(const DecoderConfig& c, int tp_size, int tp_rank, bool seq
 std::vector<ScratchBuffer> BackwardScratchPlan(const Geometry& g, int64_t act, int64_t grad,
                                                bool head_gave_dbtc) {
   std::vector<ScratchBuffer> plan = {{&BackwardScratch::dres, g.rows_l * g.d * act}};
-  if (!head_gave_dbtc) plan.push_back({&BackwardScratch::dbtc, g.rows * g.d * act});
+  if (!head_gave_dbtc) plan.push_back({&BackwardScratch::dbtc, g.rows * DbtcCols(g) * act});
   if (g.sp) {
     plan.push_back({&BackwardScratch::dfull, g.rows * g.d * act});
     plan.push_back({&BackwardScratch::dloc, g.rows_l * g.d * act});
@@ -146,7 +146,7 @@ std::vector<MbPlanned> HeadPlan(const Geometry& g, int64_t act, int64_t stat, bo
                                 bool train, int64_t chunk) {
   std::vector<MbPlanned> plan;
   if (targets) plan.push_back({MbBuffer::kLosses, 0, Cat::kActivations, g.rows * stat});
-  if (train) plan.push_back({MbBuffer::kDbtc, 0, Cat::kWorkspace, g.rows * g.d * act});
+  if (train) plan.push_back({MbBuffer::kDbtc, 0, Cat::kWorkspace, g.rows * DbtcCols(g) * act});
   plan.push_back({MbBuffer::kLogits, 0, Cat::kWorkspace, chunk * g.v_l * act});
   return plan;
 }

@@ -9,6 +9,7 @@
 // these are every activation and workspace byte of a step.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -37,7 +38,7 @@ struct Geometry {
   bool sp = false;  // sequence parallelism in this pass: the residual stream split by rows
   int batch = 0, seq = 0;
   int64_t rows = 0, rows_l = 0;          // every row; this rank's rows of the residual stream
-  int d = 0, d_l = 0, h_l = 0, f_l = 0;  // channels; attention channels, heads, MLP channels here
+  int d = 0, d_l = 0, h_l = 0, f_l = 0;  // channels; attention channels (h_l hs), heads, MLP here
   BlockFeatures f;  // what the block computes ([Note: a block's features], decoder_config.h)
   // kRotary: kv_l key/value heads here of hs channels, rotated by `rope`; RMSNorm's eps.
   int kv_l = 0, hs = 0;
@@ -59,13 +60,18 @@ Geometry MakeGeometry(const DecoderConfig& c, int tp_size, int tp_rank, bool seq
 // ([Note: the qkv layout], kernels/model_math.h); 3 d_l for GPT-2.
 inline int64_t QkvCols(const Geometry& g) { return int64_t{g.h_l + 2 * g.kv_l} * g.hs; }
 
+// dbtc's columns: a column-parallel layer's input gradient [rows, d], which also holds the
+// attention output's gradient [rows, d_l] before the output projection's backward; d_l is above d
+// only with a head_dim wider than d_model / n_head (Mistral-Nemo's).
+inline int64_t DbtcCols(const Geometry& g) { return std::max<int64_t>(g.d, g.d_l); }
+
 // Scratch of the backward: gradients of activations (kWorkspace). A LLaMA block's d4a holds
 // d(SwiGLU output), then d(qkv) [rows, max(f_l, QkvCols)]; its d4b d(gate), d(up), then d(q),
 // d(k), d(v) [rows, max(2 f_l, QkvCols)].
 struct BackwardScratch {
   Buffer dres;   // [rows_l, d]: the gradient flowing down the residual stream (this rank's rows)
   Buffer dfull;  // [rows, d]: dres gathered from every rank (sequence parallelism)
-  Buffer dbtc;   // [rows, d]
+  Buffer dbtc;   // [rows, DbtcCols]: [rows, d], or the attention output's [rows, d_l]
   Buffer dloc;   // [rows_l, d]: dbtc reduce-scattered (sequence parallelism)
   Buffer d4a;    // [rows, 4d / tp] (GPT-2)
   Buffer d4b;    // [rows, 4d / tp] (GPT-2)
@@ -129,7 +135,8 @@ int64_t ProjectionScratchBytes(const Geometry& g, int64_t act);
 //                 scratch replaces them).
 //   HeadForward   the final LayerNorm's output (every row, [rows, d]) and its statistics
 //                 ([rows_l] each); once the head's unit is open, the losses ([rows], stat), the
-//                 gradient of the LayerNorm output (dbtc [rows, d], kWorkspace, when training)
+//                 gradient of the LayerNorm output (dbtc [rows, DbtcCols], kWorkspace, when
+//                 training)
 //                 and one chunk of the logits ([chunk, v_l], kWorkspace, freed when the head
 //                 ends); the vocabulary-parallel cross-entropy's statistics per chunk
 //                 (VocabParallelCrossEntropyScratch, tp_layers.h).

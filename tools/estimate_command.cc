@@ -448,7 +448,8 @@ StatusOr<DecoderConfig> ShapeOf(const EstimateOptions& o) {
   ZR_RETURN_IF_ERROR(shape.Validate());
   // The largest terms, in doubles: beyond 2^53 bytes (8 PiB) per rank the replay's 64-bit
   // counters could wrap, and no machine holds it anyway.
-  const double L = shape.n_layer, d = shape.d_model, H = shape.n_head, T = shape.seq_len;
+  const double L = shape.n_layer, H = shape.n_head, T = shape.seq_len;
+  const double d = std::max(shape.d_model, shape.attention_channels());
   const double rows = static_cast<double>(o.micro_batch) * T;
   const double f = shape.ffn_channels();
   const double largest =

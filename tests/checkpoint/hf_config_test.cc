@@ -245,6 +245,40 @@ TEST(HfConfigTest, Qwen25YarnIsRead) {
                                           .mscale_all_dim = 0.5}));
 }
 
+// Mistral-Nemo: 32 heads of head_dim 128 over a hidden size of 5120, so q_proj is [4096, 5120]
+// and o_proj [5120, 4096]; its safetensors index's total_size, 24,495,564,800 bytes of bf16, is
+// 12,247,782,400 parameters. A head_dim that is the quotient (LLaMA 3.2's) reads as unset.
+TEST(HfConfigTest, MistralNemosHeadDimIsRead) {
+  const nlohmann::json nemo = nlohmann::json::parse(R"({
+    "architectures": ["MistralForCausalLM"], "model_type": "mistral", "head_dim": 128,
+    "hidden_act": "silu", "hidden_size": 5120, "intermediate_size": 14336,
+    "max_position_embeddings": 1024000, "num_attention_heads": 32, "num_hidden_layers": 40,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+    "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "vocab_size": 131072})");
+  const StatusOr<DecoderConfig> c = DecoderConfigFromHuggingFace(nemo, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->head_size(), 128);
+  EXPECT_EQ(c->attention_channels(), 4096);
+  EXPECT_EQ(c->NumParameters(), 12'247'782'400);
+  const StatusOr<std::vector<DecoderUnit>> units = DecoderUnits(*c, 1, 0);
+  ASSERT_TRUE(units.ok()) << units.status();
+  int64_t total = 0;
+  for (const DecoderUnit& u : *units) {
+    for (const ParamSpec& p : u.params) {
+      total += p.numel();
+      if (p.name == "blocks.0.attn.q.weight") EXPECT_EQ(p.real_shape(), (Shape{4096, 5120}));
+      if (p.name == "blocks.0.attn.o.weight") EXPECT_EQ(p.real_shape(), (Shape{5120, 4096}));
+    }
+  }
+  EXPECT_EQ(total, c->NumParameters());
+
+  nlohmann::json quotient = nemo;
+  quotient["head_dim"] = 160;  // 5120 / 32
+  EXPECT_EQ(DecoderConfigFromHuggingFace(quotient, "config.json")->head_dim, 0);
+}
+
 TEST(HfConfigTest, HostileAndUnsupportedFieldsAreNamed) {
   struct Case {
     const char* key;
@@ -281,7 +315,8 @@ TEST(HfConfigTest, HostileAndUnsupportedFieldsAreNamed) {
       {"hidden_act", 7, "hidden_act = 7: not a string"},
       {"attention_bias", "no", "attention_bias = \"no\": not a boolean"},
       {"mlp_bias", 1, "mlp_bias = 1: not a boolean"},
-      {"head_dim", 256, "head_dim = 256"},
+      {"head_dim", 0, "head_dim = 0: must be in"},
+      {"head_dim", 127, "model.head_dim = 127: rotary embeddings rotate pairs"},
       {"tie_word_embeddings", 1, "tie_word_embeddings = 1: not a boolean"},
       {"model_type", "falcon", "model_type \"falcon\" is not one zerort builds"},
   };

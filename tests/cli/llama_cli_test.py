@@ -273,21 +273,34 @@ t.check("eval without the checkpoint's rotary scaling: exit 2 naming model.rope_
 r = run("eval", config(os.path.join(work, "eval31.json"), model=model31),
         "--checkpoint", "imported31", "--max-windows", "2")
 t.check("eval with it: exit 0", r.returncode == 0, r.stderr[-400:])
-# YaRN ([Note: rotary scaling]; the values are qwen2_yarn_tiny's golden model's): a run config
-# with its keys trains, and export writes them back as config.json's rope_scaling, the optional
-# ones (beta_fast, attention_factor) among them.
+# YaRN ([Note: rotary scaling]; the values are qwen2_yarn_tiny's golden model's) and a head_dim
+# other than d_model / n_head (8 over d 16 and 4 heads: q 32 channels): a run config with the
+# keys trains; export writes them back (rope_scaling's optional keys among them, q_proj and
+# o_proj [32, 16] and [16, 32]); a run from the export reads them from its config.json.
 yarn = {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 64,
         "beta_fast": 16, "attention_factor": 1.25}
-r1 = run("train", config(os.path.join(work, "yarn.json"), model=dict(model, rope_scaling=yarn),
+wide = dict(model, rope_scaling=yarn, head_dim=8)
+r1 = run("train", config(os.path.join(work, "yarn.json"), model=wide,
                          checkpoint={"dir": "yarn_run", "interval": 4}))
 r2 = run("checkpoint", "export", "yarn_run", "yarn_hf")
-yarn_config = {}
+yarn_config, yarn_tensors = {}, {}
 if r2.returncode == 0:
     with open(os.path.join(work, "yarn_hf", "config.json")) as f:
         yarn_config = json.load(f)
-t.check("yarn: trains, and export's config.json has its rope_scaling",
-        (r1.returncode, r2.returncode) == (0, 0) and yarn_config.get("rope_scaling") == yarn,
-        (r1.stderr + r2.stderr)[-500:] + json.dumps(yarn_config.get("rope_scaling")))
+    yarn_tensors = tensors(os.path.join(work, "yarn_hf"))
+shapes = [yarn_tensors.get(f"model.layers.0.self_attn.{p}_proj.weight", (0, 0))[1] for p in "qo"]
+t.check("yarn and head_dim: trains; export's config.json has rope_scaling and head_dim",
+        (r1.returncode, r2.returncode) == (0, 0) and yarn_config.get("rope_scaling") == yarn and
+        yarn_config.get("head_dim") == 8 and shapes == [[32, 16], [16, 32]],
+        (r1.stderr + r2.stderr)[-500:] + json.dumps(yarn_config) + str(shapes))
+r = run("train", config(os.path.join(work, "yarn_again.json"),
+                        model=dict(wide, init_from=os.path.join(work, "yarn_hf"))))
+t.check("yarn and head_dim: a run from the export trains", r.returncode == 0, r.stderr[-500:])
+r = run("train", config(os.path.join(work, "yarn_narrow.json"),
+                        model=dict(model, rope_scaling=yarn,
+                                   init_from=os.path.join(work, "yarn_hf"))))
+t.check("yarn and head_dim: a run config without head_dim is refused naming it",
+        r.returncode == 2 and "head_dim 4 vs 8" in r.stderr, r.stderr[-500:])
 # Biases no Hugging Face architecture has (Q/K/V and MLP without O): zerort trains them; export
 # refuses, naming the flags, and writes nothing.
 odd = dict(model, qkv_bias=True, mlp_bias=True)

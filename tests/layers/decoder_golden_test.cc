@@ -2,10 +2,11 @@
 // tests/layers/golden/): GPT-2 (tests/layers/gpt_reference.py), LLaMA with grouped-query
 // attention and an untied head, and Qwen2-style Q/K/V biases with tied embeddings
 // (tests/layers/llama_reference.py), LLaMA 3.1's rotary scaling with every bias
-// (attention_bias, mlp_bias), and YaRN's on Qwen2's shape. Loss, logits and every parameter's
-// gradient in fp32 to 1e-5, on plain host weights, through the shard manager at ZeRO-3 on two
-// ranks, and split over two tensor-parallel ranks (sequence parallel, the vocabulary of 23 padded
-// to 24, the vocabulary-parallel cross-entropy; LLaMA: the query and key/value heads split).
+// (attention_bias, mlp_bias), YaRN's on Qwen2's shape, and a head_dim other than d / n_head.
+// Loss, logits and every parameter's gradient in fp32 to 1e-5, on plain host weights, through the
+// shard manager at ZeRO-3 on two ranks, and split over two tensor-parallel ranks (sequence
+// parallel, the vocabulary of 23 padded to 24, the vocabulary-parallel cross-entropy; LLaMA: the
+// query and key/value heads split).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -43,6 +44,7 @@ Golden LoadGolden(const std::string& name) {
   if (c.contains("n_kv_head")) {  // llama_reference.py
     g.config.arch = ModelArch::kLlama;
     g.config.n_kv_head = c.at("n_kv_head");
+    g.config.head_dim = c.value("head_dim", 0);
     g.config.intermediate_size = c.at("intermediate_size");
     g.config.rope_theta = c.at("rope_theta");
     g.config.norm_eps = c.at("rms_norm_eps");
@@ -100,7 +102,7 @@ double RelativeError(const A& got, const B& want) {
 class DecoderGoldenTest : public ::testing::TestWithParam<std::string> {};
 INSTANTIATE_TEST_SUITE_P(Models, DecoderGoldenTest,
                          ::testing::Values("gpt_tiny", "llama_tiny", "qwen2_tiny", "llama31_tiny",
-                                           "qwen2_yarn_tiny"));
+                                           "qwen2_yarn_tiny", "llama_hd_tiny"));
 
 TEST_P(DecoderGoldenTest, LossLogitsAndGradientsMatchPyTorch) {
   const Golden g = LoadGolden(GetParam());

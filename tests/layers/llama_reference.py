@@ -9,7 +9,8 @@ and V; LLaMA's attention_bias on Q, K, V and O, its mlp_bias on gate, up and dow
 rotary scaling (transformers' _compute_llama3_parameters: the frequencies remapped in three
 bands), YaRN's (written from Peng et al. 2023 as transformers 5 parametrises it: a ramp over the
 pairs between beta_fast and beta_slow turns of the original context, and the cosines and sines
-scaled by the attention factor), and an output projection that is its own weight unless tie_word_embeddings. Fills
+scaled by the attention factor), a head width other than d_model / n_head (head_dim), and an
+output projection that is its own weight unless tie_word_embeddings. Fills
 the model with random float32 weights, runs one batch in float64, and writes the weights, the
 input, the loss, the logits at a few positions and every parameter's gradient to a JSON file that
 tests/layers/decoder_golden_test.cc reads; zerort's fp32 run must agree to 1e-5 relative.
@@ -18,7 +19,8 @@ Regenerate (Debian: apt-get install python3-torch):
     /usr/bin/python3 tests/layers/llama_reference.py tests/layers/golden [VARIANT ...]
 writes llama_tiny.json (GQA 4:2, untied), qwen2_tiny.json (Q/K/V biases, tied embeddings) and
 llama31_tiny.json (every bias, llama3 rotary scaling, GQA 4:2), qwen2_yarn_tiny.json (Qwen2's
-biases, YaRN scaling, GQA 4:2), or only the variants named, and
+biases, YaRN scaling, GQA 4:2), llama_hd_tiny.json (a head_dim of 8 over d 16 and 4 heads, the
+attention biases), or only the variants named, and
 llama_tiny_hf/ and llama31_tiny_hf/: the same weights as Hugging Face model directories
 (config.json, two safetensors shards and model.safetensors.index.json, Hugging Face's
 LlamaForCausalLM names, float32), written here without the safetensors library, for
@@ -57,6 +59,13 @@ VARIANTS = {
                             rms_norm_eps=1e-6, tie_word_embeddings=True, qkv_bias=True,
                             rope_scaling=dict(rope_type="yarn", factor=4.0,
                                               original_max_position_embeddings=64)),
+    # A head width that is not d_model / n_head (Hugging Face's head_dim; Mistral-Nemo's, Qwen3's):
+    # 4 heads of 8 over d 16, so q and the attention output have 32 channels; LLaMA's
+    # attention_bias sizes q's and o's biases by them.
+    "llama_hd_tiny": dict(n_layer=2, n_head=4, n_kv_head=2, head_dim=8, d_model=16, seq_len=8,
+                          vocab_size=23, intermediate_size=24, rope_theta=1000.0,
+                          rms_norm_eps=1e-5, tie_word_embeddings=False, qkv_bias=True,
+                          o_proj_bias=True),
 }
 BATCH = 2
 
@@ -126,7 +135,7 @@ class Block(nn.Module):
     def __init__(self, c):
         super().__init__()
         d, self.h, self.kv = c["d_model"], c["n_head"], c["n_kv_head"]
-        self.hs = d // self.h
+        self.hs = c.get("head_dim") or d // self.h
         self.theta = c["rope_theta"]
         self.scaling = c.get("rope_scaling")
         bias = c["qkv_bias"]
@@ -254,6 +263,8 @@ def write_hf(model, config, out):
           "torch_dtype": "float32"}
     if config.get("mlp_bias", False):
         hf["mlp_bias"] = True
+    if config.get("head_dim"):
+        hf["head_dim"] = config["head_dim"]
     assert config["qkv_bias"] == config.get("o_proj_bias", False)  # LLaMA's attention_bias
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(hf, f, indent=2)
