@@ -191,6 +191,10 @@ Status DecoderConfig::Validate() const {
     return absl::InvalidArgumentError(
         StrCat("model.head_dim = ", head_dim, ": must be in [0, 65536] (0: d_model / n_head)"));
   }
+  if (int64_t{n_head} * head_size() > (1 << 20)) {  // attention_channels() is an int
+    return absl::InvalidArgumentError(StrCat("model.n_head x model.head_dim = ", n_head, " x ",
+                                             head_size(), ": at most 1048576 attention channels"));
+  }
   if (head_dim == 0 && d_model % n_head != 0) {
     return absl::InvalidArgumentError(StrCat("model.n_head = ", n_head,
                                              " does not divide model.d_model = ", d_model,

@@ -268,8 +268,12 @@ TEST(HfConfigTest, MistralNemosHeadDimIsRead) {
   for (const DecoderUnit& u : *units) {
     for (const ParamSpec& p : u.params) {
       total += p.numel();
-      if (p.name == "blocks.0.attn.q.weight") EXPECT_EQ(p.real_shape(), (Shape{4096, 5120}));
-      if (p.name == "blocks.0.attn.o.weight") EXPECT_EQ(p.real_shape(), (Shape{5120, 4096}));
+      if (p.name == "blocks.0.attn.q.weight") {
+        EXPECT_EQ(p.real_shape(), (Shape{4096, 5120}));
+      }
+      if (p.name == "blocks.0.attn.o.weight") {
+        EXPECT_EQ(p.real_shape(), (Shape{5120, 4096}));
+      }
     }
   }
   EXPECT_EQ(total, c->NumParameters());
