@@ -101,10 +101,9 @@ StatusOr<RopeScaling> ReadYarn(const nlohmann::json& s, const std::string& key, 
   ZR_RETURN_IF_ERROR(optional("mscale_all_dim", 0, out.mscale_all_dim));
   // transformers' defaults written out read as unset, so that a run config leaving them out is
   // the same model (model.init_from compares the two).
-  if (out.beta_fast == 32) out.beta_fast = 0;
-  if (out.beta_slow == 1) out.beta_slow = 0;
-  const double fast = out.beta_fast > 0 ? out.beta_fast : 32;
-  const double slow = out.beta_slow > 0 ? out.beta_slow : 1;
+  if (out.beta_fast == kYarnBetaFast) out.beta_fast = 0;
+  if (out.beta_slow == kYarnBetaSlow) out.beta_slow = 0;
+  const double fast = YarnBetaFast(out), slow = YarnBetaSlow(out);
   if (!(fast > slow)) {
     return r.Error(StrCat(key, ".beta_fast"),
                    StrCat("= ", fast, ": must be above beta_slow = ", slow));

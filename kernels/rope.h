@@ -58,6 +58,15 @@ struct RopeScaling {
   bool operator==(const RopeScaling&) const = default;
 };
 
+// YaRN's ramp ends, transformers' defaults where the config leaves them unset (0).
+inline constexpr double kYarnBetaFast = 32, kYarnBetaSlow = 1;
+inline double YarnBetaFast(const RopeScaling& s) {
+  return s.beta_fast > 0 ? s.beta_fast : kYarnBetaFast;
+}
+inline double YarnBetaSlow(const RopeScaling& s) {
+  return s.beta_slow > 0 ? s.beta_slow : kYarnBetaSlow;
+}
+
 // What the rotary kernels take: the base and its scaling.
 struct Rope {
   double theta = 10000.0;
@@ -71,8 +80,7 @@ inline double RopeInvFreq(const Rope& rope, int i, int head_size) {
   if (s.type == RopeType::kLinear) return inv_freq / s.factor;
   if (s.type == RopeType::kYarn) {
     const double context = s.original_max_position_embeddings;
-    const double beta_fast = s.beta_fast > 0 ? s.beta_fast : 32;
-    const double beta_slow = s.beta_slow > 0 ? s.beta_slow : 1;
+    const double beta_fast = YarnBetaFast(s), beta_slow = YarnBetaSlow(s);
     auto pair_of = [&](double turns) {  // the pair index that turns `turns` times over L
       return head_size * std::log(context / (turns * 2 * 3.14159265358979323846)) /
              (2 * std::log(rope.theta));

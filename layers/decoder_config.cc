@@ -107,8 +107,7 @@ Status ValidateRopeScaling(const RopeScaling& s) {
           number("beta_slow", s.beta_slow, 0, "must be a finite number > 0 (0 or unset: 1)"));
       ZR_RETURN_IF_ERROR(
           number("beta_fast", s.beta_fast, 0, "must be a finite number > 0 (0 or unset: 32)"));
-      const double fast = s.beta_fast > 0 ? s.beta_fast : 32,
-                   slow = s.beta_slow > 0 ? s.beta_slow : 1;
+      const double fast = YarnBetaFast(s), slow = YarnBetaSlow(s);
       if (!(fast > slow)) {
         return absl::InvalidArgumentError(StrCat(k, "beta_fast = ", fast, " must be above ", k,
                                                  "beta_slow = ", slow,
@@ -150,8 +149,7 @@ std::string RopeScalingText(const RopeScaling& s) {
                     s.high_freq_factor, ", original ", s.original_max_position_embeddings, ")");
     case RopeType::kYarn:
       return StrCat("yarn x", s.factor, " (original ", s.original_max_position_embeddings,
-                    ", beta ", s.beta_fast > 0 ? s.beta_fast : 32, "/",
-                    s.beta_slow > 0 ? s.beta_slow : 1, ", attention factor ",
+                    ", beta ", YarnBetaFast(s), "/", YarnBetaSlow(s), ", attention factor ",
                     RopeAttentionFactor(Rope{.scaling = s}), ")");
   }
   return "?";

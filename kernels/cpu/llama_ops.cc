@@ -27,10 +27,11 @@ template <typename T, typename F>
 void ForEachRotatedRow(int batch, int seq, int head_size, const Rope& rope, F&& fn) {
   const int half = head_size / 2;
   std::vector<T> cos_t(static_cast<size_t>(seq) * half), sin_t(cos_t.size());
+  const float scale = RopeCosSinScale(rope);         // the float path's
+  const double scale_d = RopeAttentionFactor(rope);  // the double path's
   for (int i = 0; i < half; ++i) {
     if constexpr (std::is_same_v<T, float>) {
       const float inv_freq = RopeFrequency(rope, i, head_size);
-      const float scale = RopeCosSinScale(rope);
       for (int t = 0; t < seq; ++t) {
         const math::CosSin cs =
             math::RopeScaled(math::RopeCosSin(math::RopeAngle(t, inv_freq)), scale);
@@ -39,11 +40,10 @@ void ForEachRotatedRow(int batch, int seq, int head_size, const Rope& rope, F&& 
       }
     } else {
       const double inv_freq = RopeInvFreq(rope, i, head_size);
-      const double scale = RopeAttentionFactor(rope);
       for (int t = 0; t < seq; ++t) {
         const double angle = t * inv_freq;
-        cos_t[static_cast<size_t>(t) * half + i] = static_cast<T>(std::cos(angle) * scale);
-        sin_t[static_cast<size_t>(t) * half + i] = static_cast<T>(std::sin(angle) * scale);
+        cos_t[static_cast<size_t>(t) * half + i] = static_cast<T>(std::cos(angle) * scale_d);
+        sin_t[static_cast<size_t>(t) * half + i] = static_cast<T>(std::sin(angle) * scale_d);
       }
     }
   }
