@@ -3,7 +3,7 @@
 // bf16, optimizer, scheduler, gradient_clipping, steps_per_print), so a ds_config.json section can
 // be pasted in; zerort's own sections are model, data, train, checkpoint, logging, parallel.
 // A member's initializer is its key's default; what each key means, its type and its range are its
-// row in the field table (config/config_schema.cc, printed by `zerort config reference` and in
+// row in the field table (config/config_rows.cc, printed by `zerort config reference` and in
 // docs/config.md), and the rules between keys are config/config_rules.cc. LoadRunConfig is strict
 // (json_reader.h): unknown keys, wrong types, out-of-range values and duplicates are refused naming
 // the JSON path, all of a config's problems in one message; DeepSpeed's other keys, names and
@@ -172,7 +172,7 @@ struct RunConfig {
   // [Note: a key is its option] The shard manager's options, the very struct the runtime takes:
   // a key that sets one of its members one to one (zero_optimization's buckets, thresholds and
   // ZeRO++ switches, aio, the optimizer's parameters, fp16's scaler, gradient_clipping) is a
-  // field-table row bound to that member (config_schema.cc), with the member's default and doc
+  // field-table row bound to that member (config_rows.cc), with the member's default and doc
   // in sharding/options.h, and nothing copies it. The members no key sets one to one (the stage,
   // the dtypes, the tiers, the optimizer kind, the loss scale's mode, the predivide factor)
   // ShardManagerOptionsFrom maps from the sections below (config/run_options.cc).

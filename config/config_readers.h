@@ -1,5 +1,5 @@
 // The config keys whose reading is more than a typed getter (internal to config/): each is a
-// field-table row's CustomRead (config_schema.cc). model.preset sets the shape's members;
+// field-table row's CustomRead (config_rows.cc). model.preset sets the shape's members;
 // optimizer.type and scheduler.type refuse DeepSpeed's types zerort does not implement by name;
 // data.blend reads Megatron's weighted list of files.
 #pragma once

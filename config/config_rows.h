@@ -1,5 +1,6 @@
-// The field table's row builders (config_schema.cc), shared with the files that add a section's
-// rows (config_schema_optimizer.cc). Internal to config/.
+// The field table's row builders and its rows: BuildTable (config_rows.cc), which adds the
+// optimizer section's from config_schema_optimizer.cc. Internal to config/; config_schema.cc reads,
+// prints and indexes the table.
 #pragma once
 
 #include <string_view>
@@ -76,5 +77,7 @@ inline ConfigField Custom(std::string_view section, std::string_view key, AnyFie
 
 // The optimizer section: its type and every optimizer's parameters, each owned by its types.
 void AddOptimizerRows(std::vector<ConfigField>& t);
+// Every row of the table, in the order the keys are read, printed and documented.
+std::vector<ConfigField> BuildTable();
 
 }  // namespace zerort::config_rows

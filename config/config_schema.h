@@ -4,7 +4,7 @@
 // refuses unknown keys, ToJson / --print-config (FieldsToJson), `zerort config reference` and
 // docs/config.md. Rules that relate two keys are not here: config/config_rules.h.
 //
-// Adding a key: one row in config_schema.cc bound to the member it fills, which the code that uses
+// Adding a key: one row in config_rows.cc bound to the member it fills, which the code that uses
 // it reads: a member of RunConfig::manager (the ShardManagerOptions the runtime takes) when the key
 // sets one of the shard manager's options one to one ([Note: a key is its option], config.h),
 // else a member of its section in config.h.

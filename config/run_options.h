@@ -1,7 +1,7 @@
 // The runtime's options from a run config, built in one place: `zerort train` (engine/trainer.cc)
 // and the memory estimator (MemoryModelInput::FromConfig) both call these, so what the estimator
 // replays is the shard manager the run creates. A knob that reaches the shard manager is a field
-// table row (config/config_schema.cc), its RunConfig member (whose default is the option's,
+// table row (config/config_rows.cc), its RunConfig member (whose default is the option's,
 // RuntimeDefaults() in config.h) and one line here.
 #pragma once
 

@@ -1,5 +1,5 @@
 // DataConfig: what a run reads its tokens from (the run config's `data` section, config/config.h;
-// each key's meaning is its row in config/config_schema.cc). Here so that data/ depends on the
+// each key's meaning is its row in config/config_rows.cc). Here so that data/ depends on the
 // runtime alone.
 #pragma once
 

@@ -45,7 +45,7 @@ TEST(ConfigSchemaTest, DocsConfigIsTheTablesReference) {
   ASSERT_NE(b, std::string::npos);
   ASSERT_NE(e, std::string::npos);
   EXPECT_EQ(doc.substr(b + begin.size(), e - b - begin.size()), ConfigReferenceMarkdown())
-      << "docs/config.md differs from config/config_schema.cc: run sh scripts/update_docs.sh";
+      << "docs/config.md differs from config/config_rows.cc: run sh scripts/update_docs.sh";
 }
 
 TEST(ConfigSchemaTest, EveryRowReadsItsDefaultAndItsRangeEnds) {
