@@ -7,7 +7,7 @@
 #include "zerort/kernels/reduce.h"
 #include "zerort/runtime/host_collectives.h"
 #include "zerort/runtime/strings.h"
-#include "zerort/sharding/sharded_optimizer.h"
+#include "zerort/sharding/optimizer_state.h"
 
 namespace zerort {
 
