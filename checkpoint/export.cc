@@ -241,6 +241,13 @@ StatusOr<nlohmann::json> HuggingFaceConfigOf(const nlohmann::json& model, ModelA
     const nlohmann::json scaling = model.value("rope_scaling", nlohmann::json());
     if (scaling.is_object() && scaling.value("rope_type", std::string("default")) != "default") {
       config["rope_scaling"] = scaling;
+      // Dynamic NTK scales from max_position_embeddings, which transformers reads as the
+      // original context: the model's own, not the seq_len it ran at (a longer one is where the
+      // scaling starts).
+      if (scaling.value("rope_type", std::string()) == "dynamic" &&
+          scaling.contains("original_max_position_embeddings")) {
+        config["max_position_embeddings"] = scaling.at("original_max_position_embeddings");
+      }
     }
   }
   return config;

@@ -128,9 +128,10 @@ StatusOr<RopeScaling> ReadYarn(const nlohmann::json& s, const std::string& key, 
 }
 
 // A rope_scaling object (or transformers 5's rope_parameters) as a RopeScaling ([Note: rotary
-// scaling] in kernels/rope.h): "default" (or a null) none, "linear", "llama3" and "yarn" with the
-// parameters transformers requires of them (YaRN's original context `positions`, the config's
-// max_position_embeddings, where it has none); another rope_type is refused by name.
+// scaling] in kernels/rope.h): "default" (or a null) none, "linear", "llama3", "yarn" and
+// "dynamic" with the parameters transformers requires of them (YaRN's original context
+// `positions`, the config's max_position_embeddings, where it has none; dynamic's always
+// `positions`); another rope_type is refused by name.
 StatusOr<RopeScaling> ReadRopeScaling(const nlohmann::json& s, const std::string& key,
                                       const Reader& r, int positions) {
   RopeScaling out;
@@ -145,8 +146,8 @@ StatusOr<RopeScaling> ReadRopeScaling(const nlohmann::json& s, const std::string
   if (!t) {
     return r.Error(StrCat(key, ".", type_key),
                    StrCat("= ", ShortDump(type),
-                          ": zerort computes default, linear, llama3 (LLaMA 3.1's) and yarn "
-                          "rotary scaling; dynamic NTK and LongRoPE are not implemented"));
+                          ": zerort computes default, linear, llama3 (LLaMA 3.1's), yarn and "
+                          "dynamic (NTK) rotary scaling; LongRoPE is not implemented"));
   }
   out.type = *t;
   if (out.type == RopeType::kDefault) return out;
@@ -157,6 +158,12 @@ StatusOr<RopeScaling> ReadRopeScaling(const nlohmann::json& s, const std::string
   ZR_ASSIGN_OR_RETURN(out.factor, number("factor", 1));
   if (out.type == RopeType::kLinear) return out;
   if (out.type == RopeType::kYarn) return ReadYarn(s, key, r, positions, out);
+  if (out.type == RopeType::kDynamic) {
+    // transformers' dynamic NTK scales from max_position_embeddings: an
+    // original_max_position_embeddings in rope_scaling is not read there, nor here.
+    out.original_max_position_embeddings = positions;
+    return out;
+  }
   ZR_ASSIGN_OR_RETURN(out.low_freq_factor, number("low_freq_factor", 1e-6));
   ZR_ASSIGN_OR_RETURN(out.high_freq_factor, number("high_freq_factor", 1e-6));
   if (!(out.high_freq_factor > out.low_freq_factor)) {

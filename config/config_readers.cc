@@ -70,8 +70,8 @@ Status ReadRopeType(const JsonSection& s, std::string_view key, RunConfig& c) {
   if (!t) {
     return absl::InvalidArgumentError(
         StrCat(s.PathOf(key), " = ", ShortDump(nlohmann::json(type)),
-               ": zerort computes \"default\" (none), \"linear\", \"llama3\" (LLaMA 3.1's) "
-               "and \"yarn\"; dynamic NTK and LongRoPE scaling are not implemented"));
+               ": zerort computes \"default\" (none), \"linear\", \"llama3\" (LLaMA 3.1's), "
+               "\"yarn\" and \"dynamic\" (NTK); LongRoPE scaling is not implemented"));
   }
   c.model.shape.rope_scaling.type = *t;
   return absl::OkStatus();

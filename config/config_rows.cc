@@ -306,12 +306,14 @@ std::vector<ConfigField> BuildTable() {
   const std::string_view rs = "model.rope_scaling";
   t.push_back(Custom(rs, "rope_type", ZR_ENUM(model.shape.rope_scaling.type), ReadRopeType,
                      {RopeTypeName(RopeType::kDefault), RopeTypeName(RopeType::kLinear),
-                      RopeTypeName(RopeType::kLlama3), RopeTypeName(RopeType::kYarn)},
+                      RopeTypeName(RopeType::kLlama3), RopeTypeName(RopeType::kYarn),
+                      RopeTypeName(RopeType::kDynamic)},
                      "llama: the rotary frequencies' remap, Hugging Face's rope_scaling: default "
                      "(none), linear (divided by factor), llama3 (LLaMA 3.1's bands), yarn "
-                     "(YaRN's ramp and attention factor)"));
+                     "(YaRN's ramp and attention factor), dynamic (NTK: the base raised for a "
+                     "seq_len above original_max_position_embeddings)"));
   t.push_back(With(Num<double>(rs, "factor", ZR_MEMBER(model.shape.rope_scaling.factor), 0, 1e6,
-                               "linear, llama3, yarn: the context's extension (>= 1)"),
+                               "linear, llama3, yarn, dynamic: the context's extension (>= 1)"),
                    kOmitUnset));
   t.push_back(
       With(Num<double>(rs, "low_freq_factor", ZR_MEMBER(model.shape.rope_scaling.low_freq_factor),
@@ -321,10 +323,12 @@ std::vector<ConfigField> BuildTable() {
       With(Num<double>(rs, "high_freq_factor", ZR_MEMBER(model.shape.rope_scaling.high_freq_factor),
                        0, 1e6, "llama3: wavelengths below original / this are kept"),
            kOmitUnset));
-  t.push_back(With(Num<int>(rs, "original_max_position_embeddings",
-                            ZR_MEMBER(model.shape.rope_scaling.original_max_position_embeddings), 0,
-                            1 << 24, "llama3, yarn: the context the model was first trained on"),
-                   kOmitUnset));
+  t.push_back(With(
+      Num<int>(rs, "original_max_position_embeddings",
+               ZR_MEMBER(model.shape.rope_scaling.original_max_position_embeddings), 0, 1 << 24,
+               "llama3, yarn, dynamic: the context the model was first trained on "
+               "(dynamic: Hugging Face's max_position_embeddings)"),
+      kOmitUnset));
   t.push_back(
       With(Num<double>(rs, "attention_factor", ZR_MEMBER(model.shape.rope_scaling.attention_factor),
                        0, 1e6, "yarn: the cosines' and sines' scale; unset: 0.1 ln(factor) + 1"),

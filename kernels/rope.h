@@ -28,10 +28,19 @@
 //           rope_scaling's own (some transformers 4 releases replaced it by max_position_embeddings
 //           / original_max_position_embeddings where the latter is given: a different model
 //           wherever the two disagree).
+//   dynamic transformers' dynamic NTK: for a sequence of T positions longer than the context L
+//           (the model's max_position_embeddings, which transformers reads here, not
+//           rope_scaling's own original_max_position_embeddings), the base theta becomes
+//           theta ((factor T / L) - (factor - 1))^(hs / (hs - 2)); up to L it is unscaled. T is
+//           the run's seq_len (Rope::seq_len): every sequence zerort rotates has that many
+//           positions. transformers recomputes at each forward from the longest position it has
+//           seen (growing, and unscaled again below L); for a sequence of T positions its
+//           frequencies are these. So a run at seq_len <= L is the unscaled model (as training
+//           from a Hugging Face model always is: model.init_from refuses a longer seq_len), and
+//           `zerort eval` at a longer seq_len rotates as transformers does at that length.
 // The remap is of the frequencies and, for YaRN, their cosines' and sines' scale only: the
 // kernels, their backward (the transpose, scaled the same) and the positions are the unscaled
-// ones. Dynamic NTK and LongRoPE change the frequencies with the sequence's length and are
-// refused where a config is read.
+// ones. LongRoPE (Phi-3's per-pair factors) is refused where a config is read.
 #pragma once
 
 #include <algorithm>
@@ -42,14 +51,14 @@
 
 namespace zerort {
 
-enum class RopeType : int { kDefault = 0, kLinear = 1, kLlama3 = 2, kYarn = 3 };
+enum class RopeType : int { kDefault = 0, kLinear = 1, kLlama3 = 2, kYarn = 3, kDynamic = 4 };
 
 struct RopeScaling {
   RopeType type = RopeType::kDefault;
-  double factor = 0;                         // linear, llama3, yarn (>= 1)
+  double factor = 0;                         // linear, llama3, yarn, dynamic (>= 1)
   double low_freq_factor = 0;                // llama3
   double high_freq_factor = 0;               // llama3 (> low_freq_factor)
-  int original_max_position_embeddings = 0;  // llama3, yarn: the context L the model was trained on
+  int original_max_position_embeddings = 0;  // llama3, yarn, dynamic: the context L trained on
   double attention_factor = 0;               // yarn: the cosines' scale; 0: from factor
   double beta_fast = 0;                      // yarn: 0 is 32
   double beta_slow = 0;                      // yarn: 0 is 1
@@ -67,16 +76,27 @@ inline double YarnBetaSlow(const RopeScaling& s) {
   return s.beta_slow > 0 ? s.beta_slow : kYarnBetaSlow;
 }
 
-// What the rotary kernels take: the base and its scaling.
+// What the rotary kernels take: the base, its scaling and the run's sequence length.
 struct Rope {
   double theta = 10000.0;
   RopeScaling scaling = {};
+  // The positions every sequence rotates (DecoderConfig::seq_len): dynamic NTK's T; 0 (unknown)
+  // reads as the original context. The other scalings do not read it.
+  int seq_len = 0;
+  bool operator==(const Rope&) const = default;
 };
 
 // inv_freq of channel pair i of a head of `head_size` channels, [Note: rotary scaling].
 inline double RopeInvFreq(const Rope& rope, int i, int head_size) {
-  const double inv_freq = std::pow(rope.theta, -2.0 * i / head_size);
   const RopeScaling& s = rope.scaling;
+  if (s.type == RopeType::kDynamic) {
+    const double context = s.original_max_position_embeddings;
+    const double length = std::max(static_cast<double>(rope.seq_len), context);
+    const double base = rope.theta * std::pow(s.factor * length / context - (s.factor - 1),
+                                              head_size / (head_size - 2.0));
+    return std::pow(base, -2.0 * i / head_size);
+  }
+  const double inv_freq = std::pow(rope.theta, -2.0 * i / head_size);
   if (s.type == RopeType::kLinear) return inv_freq / s.factor;
   if (s.type == RopeType::kYarn) {
     const double context = s.original_max_position_embeddings;

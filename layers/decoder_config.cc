@@ -77,7 +77,8 @@ Status ValidateRopeScaling(const RopeScaling& s) {
         StrCat(k, "original_max_position_embeddings = ", s.original_max_position_embeddings,
                ": must be >= 1 (the context trained on)"));
   };
-  const bool llama3 = s.type == RopeType::kLlama3, yarn = s.type == RopeType::kYarn;
+  const bool llama3 = s.type == RopeType::kLlama3, yarn = s.type == RopeType::kYarn,
+             dynamic = s.type == RopeType::kDynamic;
   switch (s.type) {
     case RopeType::kDefault:
       ZR_RETURN_IF_ERROR(unused("factor", s.factor != 0));
@@ -119,12 +120,16 @@ Status ValidateRopeScaling(const RopeScaling& s) {
           number("mscale_all_dim", s.mscale_all_dim, 0, "must be a finite number >= 0"));
       break;
     }
+    case RopeType::kDynamic:
+      ZR_RETURN_IF_ERROR(number("factor", s.factor, 1, "must be a finite number >= 1"));
+      ZR_RETURN_IF_ERROR(context());
+      break;
   }
   if (!llama3) {
     ZR_RETURN_IF_ERROR(unused("low_freq_factor", s.low_freq_factor != 0));
     ZR_RETURN_IF_ERROR(unused("high_freq_factor", s.high_freq_factor != 0));
   }
-  if (!llama3 && !yarn) {
+  if (!llama3 && !yarn && !dynamic) {
     ZR_RETURN_IF_ERROR(
         unused("original_max_position_embeddings", s.original_max_position_embeddings != 0));
   }
@@ -151,15 +156,18 @@ std::string RopeScalingText(const RopeScaling& s) {
       return StrCat("yarn x", s.factor, " (original ", s.original_max_position_embeddings,
                     ", beta ", YarnBetaFast(s), "/", YarnBetaSlow(s), ", attention factor ",
                     RopeAttentionFactor(Rope{.scaling = s}), ")");
+    case RopeType::kDynamic:
+      return StrCat("dynamic x", s.factor, " (original ", s.original_max_position_embeddings, ")");
   }
   return "?";
 }
 
 std::string_view RopeTypeName(RopeType type) {
-  return type == RopeType::kLinear   ? "linear"
-         : type == RopeType::kLlama3 ? "llama3"
-         : type == RopeType::kYarn   ? "yarn"
-                                     : "default";
+  return type == RopeType::kLinear    ? "linear"
+         : type == RopeType::kLlama3  ? "llama3"
+         : type == RopeType::kYarn    ? "yarn"
+         : type == RopeType::kDynamic ? "dynamic"
+                                      : "default";
 }
 
 std::optional<RopeType> RopeTypeFromName(std::string_view name) {
@@ -167,6 +175,7 @@ std::optional<RopeType> RopeTypeFromName(std::string_view name) {
   if (name == "linear") return RopeType::kLinear;
   if (name == "llama3") return RopeType::kLlama3;
   if (name == "yarn") return RopeType::kYarn;
+  if (name == "dynamic") return RopeType::kDynamic;
   return std::nullopt;
 }
 

@@ -112,8 +112,9 @@ struct DecoderConfig {
   bool operator==(const DecoderConfig&) const = default;
 };
 
-// Rotary scaling's names (Hugging Face's rope_type: "default", "linear", "llama3") and its checks,
-// naming model.rope_scaling's keys: the parameters its type reads are in range, the others unset.
+// Rotary scaling's names (Hugging Face's rope_type: "default", "linear", "llama3", "yarn",
+// "dynamic") and its checks, naming model.rope_scaling's keys: the parameters its type reads are
+// in range, the others unset.
 std::string_view RopeTypeName(RopeType type);
 std::optional<RopeType> RopeTypeFromName(std::string_view name);
 Status ValidateRopeScaling(const RopeScaling& scaling);

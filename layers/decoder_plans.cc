@@ -30,7 +30,7 @@ Geometry MakeGeometry(const DecoderConfig& c, int tp_size, int tp_rank, bool seq
   g.hs = c.head_size();
   g.kv_l = c.kv_heads() / g.t;
   g.eps = static_cast<float>(c.norm_eps);
-  g.rope = Rope{.theta = c.rope_theta, .scaling = c.rope_scaling};
+  g.rope = Rope{.theta = c.rope_theta, .scaling = c.rope_scaling, .seq_len = c.seq_len};
   g.v_l = static_cast<int>(PaddedVocab(c, g.t, vocab_multiple) / g.t);
   g.v_begin = g.r * g.v_l;
   g.v_valid = std::clamp(c.vocab_size - g.v_begin, 0, g.v_l);

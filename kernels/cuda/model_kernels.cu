@@ -624,8 +624,7 @@ class CudaModelKernels final : public ModelKernels {
   // for the last rope and head size (every layer's call asks for the same).
   StatusOr<const RopeFrequencies*> Frequencies(const Rope& rope, int head_size) {
     ZR_RETURN_IF_ERROR(CheckCudaRope(head_size));
-    if (rope_head_size_ != head_size || !(rope_.theta == rope.theta) ||
-        !(rope_.scaling == rope.scaling)) {
+    if (rope_head_size_ != head_size || !(rope_ == rope)) {
       for (int i = 0; i < head_size / 2; ++i) {
         rope_frequencies_.inv_freq[i] = RopeFrequency(rope, i, head_size);
       }

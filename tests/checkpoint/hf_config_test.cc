@@ -245,6 +245,47 @@ TEST(HfConfigTest, Qwen25YarnIsRead) {
                                           .mscale_all_dim = 0.5}));
 }
 
+// Dynamic NTK ([Note: rotary scaling]): transformers scales from max_position_embeddings and
+// does not read rope_scaling's original_max_position_embeddings for it (optional, ignored), so
+// the context is always max_position_embeddings, in either spelling.
+TEST(HfConfigTest, DynamicNtkIsReadFromMaxPositionEmbeddings) {
+  nlohmann::json llama = nlohmann::json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+    "intermediate_size": 11008, "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 32, "max_position_embeddings": 4096, "rms_norm_eps": 1e-05,
+    "vocab_size": 32000, "rope_scaling": {"type": "dynamic", "factor": 2.0}})");
+  const RopeScaling want{
+      .type = RopeType::kDynamic, .factor = 2, .original_max_position_embeddings = 4096};
+  StatusOr<DecoderConfig> c = DecoderConfigFromHuggingFace(llama, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling, want);
+  EXPECT_EQ(c->seq_len, 4096);
+  EXPECT_TRUE(c->Validate().ok()) << c->Validate();
+  EXPECT_EQ(RopeScalingText(c->rope_scaling), "dynamic x2 (original 4096)");
+
+  llama["rope_scaling"]["original_max_position_embeddings"] = 2048;  // not read
+  c = DecoderConfigFromHuggingFace(llama, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling, want);
+
+  nlohmann::json five = llama;
+  five.erase("rope_scaling");
+  five["rope_parameters"] = {{"rope_type", "dynamic"}, {"factor", 2.0}, {"rope_theta", 10000.0}};
+  c = DecoderConfigFromHuggingFace(five, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling, want);
+
+  llama["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 0.5}};
+  c = DecoderConfigFromHuggingFace(llama, "config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("rope_scaling.factor"), std::string::npos) << c.status();
+  llama["rope_scaling"] = {{"rope_type", "dynamic"}};
+  c = DecoderConfigFromHuggingFace(llama, "config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("rope_scaling.factor is missing"), std::string::npos)
+      << c.status();
+}
+
 // Mistral-Nemo: 32 heads of head_dim 128 over a hidden size of 5120, so q_proj is [4096, 5120]
 // and o_proj [5120, 4096]; its safetensors index's total_size, 24,495,564,800 bytes of bf16, is
 // 12,247,782,400 parameters. A head_dim that is the quotient (LLaMA 3.2's) reads as unset.
@@ -299,8 +340,10 @@ TEST(HfConfigTest, HostileAndUnsupportedFieldsAreNamed) {
       {"rms_norm_eps", 2, "rms_norm_eps = 2: must be in"},
       {"rope_scaling", nlohmann::json{{"rope_type", "llama3"}, {"factor", 8.0}},
        "rope_scaling.low_freq_factor is missing"},
-      {"rope_scaling", nlohmann::json{{"type", "dynamic"}, {"factor", 2.0}},
-       "rope_scaling.type = \"dynamic\": zerort computes default, linear, llama3"},
+      {"rope_scaling", nlohmann::json{{"type", "longrope"}, {"factor", 2.0}},
+       "rope_scaling.type = \"longrope\": zerort computes default, linear, llama3"},
+      {"rope_scaling", nlohmann::json{{"type", "dynamic"}, {"factor", "2"}},
+       "rope_scaling.factor = \"2\": not a number"},
       {"rope_scaling", nlohmann::json{{"rope_type", "linear"}}, "rope_scaling.factor is missing"},
       {"rope_parameters", nlohmann::json{{"rope_type", "longrope"}, {"factor", 4.0}},
        "rope_parameters.rope_type = \"longrope\""},

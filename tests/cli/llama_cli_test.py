@@ -301,6 +301,28 @@ r = run("train", config(os.path.join(work, "yarn_narrow.json"),
                                    init_from=os.path.join(work, "yarn_hf"))))
 t.check("yarn and head_dim: a run config without head_dim is refused naming it",
         r.returncode == 2 and "head_dim 4 vs 8" in r.stderr, r.stderr[-500:])
+# Dynamic NTK (the values are llama_dynamic_tiny's golden model's: seq_len 8, twice the original
+# context): trains; export writes rope_scaling and the original context as max_position_embeddings
+# (what transformers scales from), and eval runs the checkpoint at a longer seq_len.
+dynamic = {"rope_type": "dynamic", "factor": 2, "original_max_position_embeddings": 4}
+r1 = run("train", config(os.path.join(work, "dynamic.json"),
+                         model=dict(model, rope_scaling=dynamic),
+                         checkpoint={"dir": "dynamic_run", "interval": 4}))
+r2 = run("checkpoint", "export", "dynamic_run", "dynamic_hf")
+dynamic_config = {}
+if r2.returncode == 0:
+    with open(os.path.join(work, "dynamic_hf", "config.json")) as f:
+        dynamic_config = json.load(f)
+t.check("dynamic NTK: trains; export's config.json has rope_scaling, max_position_embeddings 4",
+        (r1.returncode, r2.returncode) == (0, 0) and
+        dynamic_config.get("rope_scaling") == dynamic and
+        dynamic_config.get("max_position_embeddings") == 4,
+        (r1.stderr + r2.stderr)[-500:] + json.dumps(dynamic_config))
+r = run("eval", config(os.path.join(work, "dynamic_eval.json"),
+                       model=dict(model, rope_scaling=dynamic, seq_len=16)),
+        "--checkpoint", "dynamic_run", "--max-windows", "2")
+t.check("dynamic NTK: eval at seq_len 16 (four times the context) reads the checkpoint",
+        r.returncode == 0, r.stderr[-400:])
 # Biases no Hugging Face architecture has (Q/K/V and MLP without O): zerort trains them; export
 # refuses, naming the flags, and writes nothing.
 odd = dict(model, qkv_bias=True, mlp_bias=True)

@@ -4,8 +4,10 @@
 // factor 8, bands 1 and 4 of an 8192 context) are the counts the logarithms give (29 pairs kept,
 // 6 blended, 29 divided), the blended ones between the two and the whole table decreasing; and the
 // CPU backward is the forward's transpose under every scaling; YaRN's ramp for Qwen2.5's shape by
-// the same counts, and its attention factor. (The values themselves are checked against
-// PyTorch references by the llama31_tiny and qwen2_yarn_tiny golden models.)
+// the same counts, and its attention factor; dynamic NTK as the unscaled rotation of a larger
+// base beyond the original context and the unscaled one within it. (The values themselves are
+// checked against PyTorch references by the llama31_tiny, qwen2_yarn_tiny and llama_dynamic_tiny
+// golden models.)
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -173,14 +175,48 @@ TEST(RopeTest, TheAttentionFactorScalesTheTurnedChannels) {
   }
 }
 
+// Dynamic NTK is a change of base and nothing else: at a seq_len within the original context
+// (or unknown, 0) the unscaled frequencies exactly; beyond it, pair i's frequency is the unscaled
+// one of a base B with B^(hs - 2) = theta^(hs - 2) (factor T / L - factor + 1)^hs, so the
+// highest pair's frequency times B^((hs - 2) / hs) is 1; every pair but the first (1 at any
+// base) turns slower, the more so the longer T.
+TEST(RopeTest, DynamicNtkRaisesTheBaseBeyondTheOriginalContext) {
+  const int hs = 8, context = 64;
+  const RopeScaling dynamic{
+      .type = RopeType::kDynamic, .factor = 4, .original_max_position_embeddings = context};
+  const Rope plain{.theta = 1000.0};
+  for (int seq : {0, 1, 16, context}) {
+    const Rope within{.theta = 1000.0, .scaling = dynamic, .seq_len = seq};
+    for (int i = 0; i < hs / 2; ++i) {
+      EXPECT_EQ(RopeInvFreq(within, i, hs), RopeInvFreq(plain, i, hs)) << seq << " " << i;
+    }
+  }
+  double last = 1.0;
+  for (int seq : {2 * context, 4 * context, 100 * context}) {
+    const Rope beyond{.theta = 1000.0, .scaling = dynamic, .seq_len = seq};
+    const double ratio = 4.0 * seq / context - 3.0;  // factor T / L - (factor - 1)
+    const double base_power = std::pow(1000.0, hs - 2.0) * std::pow(ratio, hs);  // B^(hs - 2)
+    const double top = RopeInvFreq(beyond, hs / 2 - 1, hs);  // B^(-(hs - 2) / hs)
+    EXPECT_NEAR(top * std::pow(base_power, 1.0 / hs), 1.0, 1e-12) << seq;
+    EXPECT_EQ(RopeInvFreq(beyond, 0, hs), 1.0);
+    for (int i = 1; i < hs / 2; ++i) {
+      EXPECT_LT(RopeInvFreq(beyond, i, hs), RopeInvFreq(plain, i, hs)) << seq << " " << i;
+    }
+    EXPECT_LT(top, last) << seq;
+    last = top;
+  }
+}
+
 TEST(RopeTest, BackwardIsTheForwardsTransposeUnderEveryScaling) {
   const int rows = kSeq, C = kHeads * kHeadSize, KV = kKvHeads * kHeadSize;
   for (const Rope& rope :
        {Rope{.theta = 1000.0}, Rope{.theta = 1000.0, .scaling = {RopeType::kLinear, 4}},
         Rope{.theta = 1000.0, .scaling = {RopeType::kLlama3, 8, 1, 4, 64}},
         Rope{.theta = 1000.0,
-        .scaling = {
-            .type = RopeType::kYarn, .factor = 4, .original_max_position_embeddings = 64}}}) {
+        .scaling = {.type = RopeType::kYarn, .factor = 4, .original_max_position_embeddings = 64}},
+        Rope{.theta = 1000.0,
+        .scaling = {.type = RopeType::kDynamic, .factor = 2, .original_max_position_embeddings = 4},
+        .seq_len = kSeq}}) {
     const std::vector<double> q = testing::RandomNormal<double>(rows * C, 2, 1.0),
                               k = testing::RandomNormal<double>(rows * KV, 3, 1.0),
                               v = testing::RandomNormal<double>(rows * KV, 4, 1.0),

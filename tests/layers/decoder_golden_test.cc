@@ -54,9 +54,10 @@ Golden LoadGolden(const std::string& name) {
     g.config.mlp_bias = c.value("mlp_bias", false);
     if (c.contains("rope_scaling") && c.at("rope_scaling").is_object()) {
       const auto& s = c.at("rope_scaling");
-      if (s.at("rope_type") == "yarn") {  // transformers' defaults for the rest
+      if (s.at("rope_type") == "yarn" || s.at("rope_type") == "dynamic") {
+        // transformers' defaults for the rest of YaRN's keys
         g.config.rope_scaling = {
-            .type = RopeType::kYarn,
+            .type = s.at("rope_type") == "yarn" ? RopeType::kYarn : RopeType::kDynamic,
             .factor = s.at("factor"),
             .original_max_position_embeddings = s.at("original_max_position_embeddings")};
       } else {
@@ -102,7 +103,8 @@ double RelativeError(const A& got, const B& want) {
 class DecoderGoldenTest : public ::testing::TestWithParam<std::string> {};
 INSTANTIATE_TEST_SUITE_P(Models, DecoderGoldenTest,
                          ::testing::Values("gpt_tiny", "llama_tiny", "qwen2_tiny", "llama31_tiny",
-                                           "qwen2_yarn_tiny", "llama_hd_tiny"));
+                                           "qwen2_yarn_tiny", "llama_hd_tiny",
+                                           "llama_dynamic_tiny"));
 
 TEST_P(DecoderGoldenTest, LossLogitsAndGradientsMatchPyTorch) {
   const Golden g = LoadGolden(GetParam());

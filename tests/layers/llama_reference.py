@@ -9,8 +9,10 @@ and V; LLaMA's attention_bias on Q, K, V and O, its mlp_bias on gate, up and dow
 rotary scaling (transformers' _compute_llama3_parameters: the frequencies remapped in three
 bands), YaRN's (written from Peng et al. 2023 as transformers 5 parametrises it: a ramp over the
 pairs between beta_fast and beta_slow turns of the original context, and the cosines and sines
-scaled by the attention factor), a head width other than d_model / n_head (head_dim), and an
-output projection that is its own weight unless tie_word_embeddings. Fills
+scaled by the attention factor), dynamic NTK's (transformers' _compute_dynamic_ntk_parameters:
+the base raised for a sequence longer than the original context), a head width other than
+d_model / n_head (head_dim), and an output projection that is its own weight unless
+tie_word_embeddings. Fills
 the model with random float32 weights, runs one batch in float64, and writes the weights, the
 input, the loss, the logits at a few positions and every parameter's gradient to a JSON file that
 tests/layers/decoder_golden_test.cc reads; zerort's fp32 run must agree to 1e-5 relative.
@@ -20,7 +22,8 @@ Regenerate (Debian: apt-get install python3-torch):
 writes llama_tiny.json (GQA 4:2, untied), qwen2_tiny.json (Q/K/V biases, tied embeddings) and
 llama31_tiny.json (every bias, llama3 rotary scaling, GQA 4:2), qwen2_yarn_tiny.json (Qwen2's
 biases, YaRN scaling, GQA 4:2), llama_hd_tiny.json (a head_dim of 8 over d 16 and 4 heads, the
-attention biases), or only the variants named, and
+attention biases), llama_dynamic_tiny.json (dynamic NTK at twice the original context), or only
+the variants named, and
 llama_tiny_hf/ and llama31_tiny_hf/: the same weights as Hugging Face model directories
 (config.json, two safetensors shards and model.safetensors.index.json, Hugging Face's
 LlamaForCausalLM names, float32), written here without the safetensors library, for
@@ -66,6 +69,14 @@ VARIANTS = {
                           vocab_size=23, intermediate_size=24, rope_theta=1000.0,
                           rms_norm_eps=1e-5, tie_word_embeddings=False, qkv_bias=True,
                           o_proj_bias=True),
+    # Dynamic NTK at a seq_len of twice the original context (transformers' max_position_embeddings,
+    # zerort's original_max_position_embeddings): the base 1000 x (2 x 8 / 4 - 1)^(8 / 6), about
+    # 4327, for every pair but the first (whose frequency is 1 at any base).
+    "llama_dynamic_tiny": dict(n_layer=2, n_head=4, n_kv_head=2, d_model=32, seq_len=8,
+                               vocab_size=23, intermediate_size=20, rope_theta=1000.0,
+                               rms_norm_eps=1e-5, tie_word_embeddings=False, qkv_bias=False,
+                               rope_scaling=dict(rope_type="dynamic", factor=2.0,
+                                                 original_max_position_embeddings=4)),
 }
 BATCH = 2
 
@@ -116,14 +127,24 @@ def yarn_inv_freq(inv_freq, theta, hs, s):
     return inv_freq / factor * ramp + inv_freq * (1 - ramp), scale
 
 
+def dynamic_theta(theta, hs, t, s):
+    """transformers' dynamic NTK base for a sequence of t positions, in float64: raised only where
+    t exceeds the original context (transformers' max_position_embeddings)."""
+    factor, context = s["factor"], s["original_max_position_embeddings"]
+    length = max(t, context)
+    return theta * ((factor * length / context) - (factor - 1)) ** (hs / (hs - 2))
+
+
 def rope(x, theta, scaling=None):
     # x: [b, heads, t, hs]
     t, hs = x.shape[2], x.shape[3]
+    if scaling is not None and scaling["rope_type"] == "dynamic":
+        theta = dynamic_theta(theta, hs, t, scaling)
     inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.float64) / hs))
     scale = 1.0
     if scaling is not None and scaling["rope_type"] == "yarn":
         inv_freq, scale = yarn_inv_freq(inv_freq, theta, hs, scaling)
-    elif scaling is not None:
+    elif scaling is not None and scaling["rope_type"] != "dynamic":
         assert scaling["rope_type"] == "llama3"
         inv_freq = llama3_inv_freq(inv_freq, scaling)
     freqs = torch.outer(torch.arange(t, dtype=torch.float64), inv_freq)
