@@ -50,6 +50,7 @@ constexpr std::array<const char*, 2> kArchitecture[] = {{"model", "arch"},
                                                         {"model", "qkv_bias"},
                                                         {"model", "o_proj_bias"},
                                                         {"model", "mlp_bias"},
+                                                        {"model", "qk_norm"},
                                                         {"model", "rope_scaling"},
                                                         {"model", "sliding_window"}};
 

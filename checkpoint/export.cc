@@ -189,12 +189,20 @@ StatusOr<nlohmann::json> HuggingFaceConfigOf(const nlohmann::json& model, ModelA
   };
   if (arch == ModelArch::kLlama) {
     // Qwen2 is LLaMA with Q/K/V biases only; LLaMA's attention_bias biases Q, K, V and O, its
-    // mlp_bias the MLP. A sliding window is Mistral's (no biases; [Note: sliding windows],
-    // layers/decoder_config.h), or Qwen2's use_sliding_window.
+    // mlp_bias the MLP. Qwen3 is LLaMA with q_norm and k_norm (qk_norm) and attention_bias. A
+    // sliding window is Mistral's (no biases; [Note: sliding windows], layers/decoder_config.h),
+    // or Qwen2's and Qwen3's use_sliding_window.
     const bool qkv = model.value("qkv_bias", false), o = model.value("o_proj_bias", false),
-               mlp = model.value("mlp_bias", false);
+               mlp = model.value("mlp_bias", false), qwen3 = model.value("qk_norm", false);
     const int window = model.value("sliding_window", 0);
-    const bool qwen2 = qkv && !o && !mlp;
+    if (qwen3 && (qkv != o || mlp)) {
+      return absl::InvalidArgumentError(
+          StrCat("export: model.qk_norm with model.qkv_bias = ", qkv, ", model.o_proj_bias = ", o,
+                 ", model.mlp_bias = ", mlp,
+                 ": Qwen3, the architecture with q_norm and k_norm, biases Q, K, V and O together "
+                 "(attention_bias) and its MLP not at all"));
+    }
+    const bool qwen2 = !qwen3 && qkv && !o && !mlp;
     if (!qwen2 && qkv != o) {
       return absl::InvalidArgumentError(StrCat(
           "export: model.qkv_bias = ", qkv, " with model.o_proj_bias = ", o,
@@ -202,15 +210,16 @@ StatusOr<nlohmann::json> HuggingFaceConfigOf(const nlohmann::json& model, ModelA
           ": no Hugging Face architecture has these biases (LLaMA's attention_bias sets both, "
           "Qwen2 has Q/K/V biases alone)"));
     }
-    if (!qwen2 && window > 0 && (qkv || mlp)) {
+    if (!qwen2 && !qwen3 && window > 0 && (qkv || mlp)) {
       return absl::InvalidArgumentError(
           "export: model.sliding_window with LLaMA's biases: Mistral, the architecture with a "
           "window, has no biases");
     }
-    const char* type = qwen2 ? "qwen2" : window > 0 ? "mistral" : "llama";
+    const char* type = qwen3 ? "qwen3" : qwen2 ? "qwen2" : window > 0 ? "mistral" : "llama";
     config = {
         {"architectures",
-         {qwen2        ? "Qwen2ForCausalLM"
+         {qwen3        ? "Qwen3ForCausalLM"
+          : qwen2      ? "Qwen2ForCausalLM"
           : window > 0 ? "MistralForCausalLM"
                        : "LlamaForCausalLM"}},
         {"model_type", type},
@@ -231,11 +240,16 @@ StatusOr<nlohmann::json> HuggingFaceConfigOf(const nlohmann::json& model, ModelA
         {"torch_dtype", torch_dtype},
     };
     if (mlp) config["mlp_bias"] = true;
-    // A head width other than hidden_size / num_attention_heads (LLaMA, Mistral and Qwen2 read it).
-    if (model.value("head_dim", 0) > 0) config["head_dim"] = model.at("head_dim");
+    // A head width other than hidden_size / num_attention_heads (LLaMA, Mistral and Qwen2 read it);
+    // always for Qwen3, whose absent head_dim is 128.
+    if (model.value("head_dim", 0) > 0) {
+      config["head_dim"] = model.at("head_dim");
+    } else if (qwen3) {
+      config["head_dim"] = model.at("d_model").get<int>() / model.at("n_head").get<int>();
+    }
     if (window > 0) {
       config["sliding_window"] = window;
-      if (qwen2) config["use_sliding_window"] = true;
+      if (qwen2 || qwen3) config["use_sliding_window"] = true;
     }
     // [Note: rotary scaling]: the run config's rope_scaling has Hugging Face's keys.
     const nlohmann::json scaling = model.value("rope_scaling", nlohmann::json());

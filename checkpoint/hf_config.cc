@@ -13,13 +13,15 @@ namespace zerort {
 namespace {
 
 // transformers' defaults for the keys a config.json may leave out, per model_type (its
-// configuration_llama.py, configuration_mistral.py, configuration_qwen2.py and
-// configuration_gpt2.py): an absent key means what it means to transformers.
+// configuration_llama.py, configuration_mistral.py, configuration_qwen2.py, configuration_qwen3.py
+// and configuration_gpt2.py): an absent key means what it means to transformers.
 struct Defaults {
   int vocab, hidden, intermediate, layers, heads, kv_heads, positions;
   double rms_norm_eps, rope_theta;
+  int head_dim = 0;  // 0: hidden_size / num_attention_heads
 };
 Defaults DefaultsOf(const std::string& type) {
+  if (type == "qwen3") return {151936, 4096, 22016, 32, 32, 32, 32768, 1e-6, 10000.0, 128};
   if (type == "mistral") return {32000, 4096, 14336, 32, 32, 8, 4096 * 32, 1e-6, 10000.0};
   if (type == "qwen2") return {151936, 4096, 22016, 32, 32, 32, 32768, 1e-6, 10000.0};
   // llama; num_key_value_heads None: num_attention_heads (0 here).
@@ -288,13 +290,15 @@ StatusOr<DecoderConfig> DecoderConfigFromHuggingFace(const nlohmann::json& j,
            : a == "LlamaForCausalLM"   ? "llama"
            : a == "MistralForCausalLM" ? "mistral"
            : a == "Qwen2ForCausalLM"   ? "qwen2"
+           : a == "Qwen3ForCausalLM"   ? "qwen3"
                                        : a;
   }
   if (type == "gpt2") return Gpt2FromHuggingFace(r);
-  if (type != "llama" && type != "mistral" && type != "qwen2") {
+  if (type != "llama" && type != "mistral" && type != "qwen2" && type != "qwen3") {
     return absl::InvalidArgumentError(
         StrCat(file, ": model_type ", type.empty() ? "(none)" : "\"" + type + "\"",
-               " is not one zerort builds (llama, mistral, qwen2: model.arch llama; gpt2)"));
+               " is not one zerort builds (llama, mistral, qwen2, qwen3: model.arch llama; "
+               "gpt2)"));
   }
   constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
   const Defaults d = DefaultsOf(type);
@@ -323,26 +327,31 @@ StatusOr<DecoderConfig> DecoderConfigFromHuggingFace(const nlohmann::json& j,
                           "a gate of another activation (GELU's: GeGLU) is not implemented"));
   }
   // Biases: Qwen2's Q/K/V biases are in its architecture, not its config (it has no others);
-  // LLaMA's attention_bias gives q, k, v and o_proj one, and mlp_bias gate, up and down_proj;
-  // Mistral has none (transformers ignores both keys for it and for Qwen2).
+  // LLaMA's and Qwen3's attention_bias gives q, k, v and o_proj one, LLaMA's mlp_bias gate, up
+  // and down_proj; Mistral has none (transformers ignores both keys for it and for Qwen2).
   c.qkv_bias = type == "qwen2";
-  if (type == "llama") {
+  if (type == "llama" || type == "qwen3") {
     ZR_ASSIGN_OR_RETURN(const bool attention_bias, r.Bool("attention_bias", false));
     c.qkv_bias = c.o_proj_bias = attention_bias;
+  }
+  if (type == "llama") {
     ZR_ASSIGN_OR_RETURN(c.mlp_bias, r.Bool("mlp_bias", false));
   }
-  // head_dim (LLaMA, Mistral and Qwen2 read it; null or absent: hidden_size /
-  // num_attention_heads): kept only where it differs, so a config that writes the quotient out
-  // is the same model as one that does not (LLaMA 3.2's 64 = 2048 / 32).
+  // Qwen3 RMSNorms each query and key head before the rotation (its q_norm, k_norm).
+  c.qk_norm = type == "qwen3";
+  // head_dim (null or absent: Qwen3's 128, the others' hidden_size / num_attention_heads): kept
+  // only where it differs from the quotient, so a config that writes the quotient out is the same
+  // model as one that does not (LLaMA 3.2's 64 = 2048 / 32).
+  int head_dim = d.head_dim;
   if (r.Has("head_dim")) {
-    ZR_ASSIGN_OR_RETURN(const int head_dim, r.Int("head_dim", 1, 1 << 16, std::nullopt));
-    if (int64_t{head_dim} * c.n_head != c.d_model) c.head_dim = head_dim;
+    ZR_ASSIGN_OR_RETURN(head_dim, r.Int("head_dim", 1, 1 << 16, std::nullopt));
   }
+  if (head_dim > 0 && int64_t{head_dim} * c.n_head != c.d_model) c.head_dim = head_dim;
   // A sliding window ([Note: sliding windows] in layers/decoder_config.h): Mistral attends through
   // its sliding_window (4096 by default; null: none); Qwen2 only with use_sliding_window. The
   // model's context is then at most the window, where full causal attention is what they compute.
   bool windowed = type == "mistral";
-  if (type == "qwen2") {
+  if (type == "qwen2" || type == "qwen3") {
     ZR_ASSIGN_OR_RETURN(windowed, r.Bool("use_sliding_window", false));
   }
   if (windowed && (!j.contains("sliding_window") || r.Has("sliding_window"))) {

@@ -38,11 +38,12 @@ StatusOr<HfName> ToHuggingFace(const std::string& ours, ModelArch arch) {
                                  {"mlp.fc.", "mlp.c_fc."},
                                  {"mlp.proj.", "mlp.c_proj."}};
     static const Part kLlama[] = {
-        {"attn_norm.", "input_layernorm."}, {"attn.q.", "self_attn.q_proj."},
-        {"attn.k.", "self_attn.k_proj."},   {"attn.v.", "self_attn.v_proj."},
-        {"attn.o.", "self_attn.o_proj."},   {"mlp_norm.", "post_attention_layernorm."},
-        {"mlp.gate.", "mlp.gate_proj."},    {"mlp.up.", "mlp.up_proj."},
-        {"mlp.down.", "mlp.down_proj."}};
+        {"attn_norm.", "input_layernorm."},   {"attn.q.", "self_attn.q_proj."},
+        {"attn.k.", "self_attn.k_proj."},     {"attn.v.", "self_attn.v_proj."},
+        {"attn.o.", "self_attn.o_proj."},     {"mlp_norm.", "post_attention_layernorm."},
+        {"mlp.gate.", "mlp.gate_proj."},      {"mlp.up.", "mlp.up_proj."},
+        {"mlp.down.", "mlp.down_proj."},      {"attn.q_norm.", "self_attn.q_norm."},
+        {"attn.k_norm.", "self_attn.k_norm."}};
     for (const auto& [from, to] :
          llama ? std::span<const Part>(kLlama) : std::span<const Part>(kGpt2)) {
       const std::string f = from;

@@ -391,6 +391,7 @@ StatusOr<std::shared_ptr<const HfWeights>> OpenInitFrom(const ModelConfig& model
     note("qkv_bias", m.qkv_bias, h.qkv_bias);
     note("o_proj_bias", m.o_proj_bias, h.o_proj_bias);
     note("mlp_bias", m.mlp_bias, h.mlp_bias);
+    note("qk_norm", m.qk_norm, h.qk_norm);
     note("rope_scaling", RopeScalingText(m.rope_scaling), RopeScalingText(h.rope_scaling));
     note("sliding_window", m.sliding_window, h.sliding_window);
     return absl::InvalidArgumentError(

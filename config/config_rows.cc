@@ -259,6 +259,10 @@ std::vector<ConfigField> BuildTable() {
                    "llama: the attention's output projection with a bias"));
   t.push_back(Bool(m, "mlp_bias", ZR_MEMBER(model.shape.mlp_bias),
                    "llama: gate, up and down projections with biases (LLaMA's mlp_bias)"));
+  t.push_back(Bool(m, "qk_norm", ZR_MEMBER(model.shape.qk_norm),
+                   "llama: each query and key head RMSNorm-ed before the rotation, one gain of "
+                   "head size for the query heads and one for the key heads (Qwen3's q_norm and "
+                   "k_norm)"));
   t.push_back(Num<int>(m, "sliding_window", ZR_MEMBER(model.shape.sliding_window), 0, 1 << 24,
                        "llama: Mistral's attention window; 0: none (seq_len may not exceed it: "
                        "full causal attention is exact up to the window)"));

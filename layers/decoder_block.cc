@@ -8,7 +8,10 @@ namespace zerort::decoder {
 
 int LlamaSlot(const Geometry& g, LlamaParam p) {
   auto has = [&g](int q) {
-    return q < kQB || (q <= kVB ? g.f.qkv_bias : q == kOB ? g.f.o_proj_bias : g.f.mlp_bias);
+    return q < kQB || (q <= kVB     ? g.f.qkv_bias
+                       : q == kOB   ? g.f.o_proj_bias
+                       : q < kQNorm ? g.f.mlp_bias
+                                    : g.f.qk_norm);
   };
   if (!has(p)) return -1;
   int slot = 0;

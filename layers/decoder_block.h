@@ -35,7 +35,7 @@ enum BlockParam {
 
 // Parameters of a LLaMA block, in their order in the unit (decoder_params.cc): the weights, then
 // the biases the config has (qkv_bias: Q, K, V, Qwen2's; o_proj_bias: O; mlp_bias: gate, up, down),
-// in this order; LlamaSlot says where each is.
+// then Qwen3's per-head norms (qk_norm: q's, k's), in this order; LlamaSlot says where each is.
 enum LlamaParam {
   kAttnNorm,
   kQW,
@@ -53,6 +53,8 @@ enum LlamaParam {
   kGateB,
   kUpB,
   kDownB,
+  kQNorm,
+  kKNorm,
   kLlamaParams,
 };
 

@@ -17,9 +17,9 @@ int64_t DecoderConfig::BlockParameters() const {
   if (llama()) {
     const int64_t kv = static_cast<int64_t>(kv_heads()) * head_size(), f = intermediate_size;
     const int64_t a = attention_channels();
-    // two RMSNorms, q, k, v, o, gate, up, down, and the biases the flags give
+    // two RMSNorms, q, k, v, o, gate, up, down, the biases the flags give, q's and k's norms
     return 2 * c + c * (a + 2 * kv) + (qkv_bias ? a + 2 * kv : 0) + a * c + (o_proj_bias ? c : 0) +
-           3 * c * f + (mlp_bias ? 2 * f + c : 0);
+           3 * c * f + (mlp_bias ? 2 * f + c : 0) + (qk_norm ? 2 * head_size() : 0);
   }
   // ln1, qkv (w + b), proj (w + b), ln2, fc (w + b), fc proj (w + b)
   return 2 * c + (3 * c * c + 3 * c) + (c * c + c) + 2 * c + (4 * c * c + 4 * c) + (4 * c * c + c);
@@ -32,7 +32,8 @@ BlockFeatures DecoderConfig::features() const {
                        .mlp = MlpKind::kSwiGlu,
                        .qkv_bias = qkv_bias,
                        .o_proj_bias = o_proj_bias,
-                       .mlp_bias = mlp_bias};
+                       .mlp_bias = mlp_bias,
+                       .qk_norm = qk_norm};
 }
 
 int64_t DecoderConfig::NumParameters() const {
@@ -218,6 +219,7 @@ Status DecoderConfig::Validate() const {
                       : qkv_bias                      ? "qkv_bias"
                       : o_proj_bias                   ? "o_proj_bias"
                       : mlp_bias                      ? "mlp_bias"
+                      : qk_norm                       ? "qk_norm"
                       : sliding_window != 0           ? "sliding_window"
                       : rope_scaling != RopeScaling{} ? "rope_scaling"
                                                       : nullptr;
@@ -330,6 +332,17 @@ const Preset kPresets[] = {
                                 .rope_theta = 1000000.0,
                                 .norm_eps = 1e-6,
                                 .qkv_bias = true}},
+    {"qwen3-8b", DecoderConfig{.n_layer = 36,
+                               .n_head = 32,
+                               .d_model = 4096,
+                               .seq_len = 40960,
+                               .vocab_size = 151936,
+                               .arch = ModelArch::kLlama,
+                               .n_kv_head = 8,
+                               .intermediate_size = 12288,
+                               .rope_theta = 1000000.0,
+                               .norm_eps = 1e-6,
+                               .qk_norm = true}},
 };
 }  // namespace
 

@@ -43,7 +43,9 @@ std::string_view ModelArchName(ModelArch arch);
 //   qkv      kFused: one [3d, d] projection, learned positions (GPT-2); kRotary: Q, K and V
 //            projections of their own with n_kv_head key/value heads, rotated (the LLaMA family);
 //   mlp      kGelu: GELU(x W1 + b) W2 (tanh GELU, GPT-2); kSwiGlu: (SiLU(x Wg) * x Wu) Wd;
-//   biases   per projection: Q/K/V, the attention's output, the MLP's (GPT-2: all).
+//   biases   per projection: Q/K/V, the attention's output, the MLP's (GPT-2: all);
+//   qk_norm  each query and key head RMSNorm-ed over its hs channels before the rotation, one
+//            [hs] gain for every query head and one for every key head (Qwen3's q_norm, k_norm).
 // The two block bodies (decoder_block.cc, llama_block.cc) compute {LayerNorm, kFused, kGelu} and
 // {RMSNorm, kRotary, kSwiGlu}; another combination is a field and its code, not an architecture.
 enum class NormKind { kLayerNorm, kRmsNorm };
@@ -54,6 +56,7 @@ struct BlockFeatures {
   QkvKind qkv = QkvKind::kFused;
   MlpKind mlp = MlpKind::kGelu;
   bool qkv_bias = true, o_proj_bias = true, mlp_bias = true;
+  bool qk_norm = false;
   bool norm_has_bias() const { return norm == NormKind::kLayerNorm; }
   bool gated_mlp() const { return mlp == MlpKind::kSwiGlu; }
   bool operator==(const BlockFeatures&) const = default;
@@ -78,6 +81,7 @@ struct DecoderConfig {
   bool qkv_bias = false;     // Q, K and V have biases (Qwen2; LLaMA's attention_bias)
   bool o_proj_bias = false;  // the attention's output projection has one (LLaMA's attention_bias)
   bool mlp_bias = false;     // gate, up and down projections have biases (LLaMA's mlp_bias)
+  bool qk_norm = false;      // per-head RMSNorm of q and k before the rotation (Qwen3's)
   // Mistral's (and Qwen2's, with use_sliding_window) attention window; 0: none. [Note: sliding
   // windows]: zerort computes full causal attention, which is exactly what a window computes
   // while seq_len <= sliding_window, so a longer seq_len is refused.

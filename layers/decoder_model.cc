@@ -541,7 +541,7 @@ Status DecoderStages::EnsureBackwardScratch(MicroBatch& mb) {
     ZR_ASSIGN_OR_RETURN(s.*b.member, activations_.Allocate(static_cast<size_t>(b.bytes),
                                                            MemoryCategory::kWorkspace, st));
   }
-  if (g.sp) ZR_RETURN_IF_ERROR(FillZero(s.norm.data(), k.device(), s.norm.bytes(), st));
+  if (s.norm) ZR_RETURN_IF_ERROR(FillZero(s.norm.data(), k.device(), s.norm.bytes(), st));
   return absl::OkStatus();
 }
 

@@ -88,6 +88,14 @@ StatusOr<std::vector<DecoderUnit>> LlamaUnits(const DecoderConfig& c, Param& par
       ZR_RETURN_IF_ERROR(param(b, p + "mlp.up.bias", {f}, kBias, kColumn));
       ZR_RETURN_IF_ERROR(param(b, p + "mlp.down.bias", {d}, kBias, kRow));
     }
+    // Qwen3's per-head norms: one gain over a head's channels, shared by every head here and on
+    // every tensor-parallel rank (each rank's heads add their part: decoder_block.h).
+    if (c.qk_norm) {
+      ZR_RETURN_IF_ERROR(
+          param(b, p + "attn.q_norm.weight", {c.head_size()}, kNormGain, kReplicated));
+      ZR_RETURN_IF_ERROR(
+          param(b, p + "attn.k_norm.weight", {c.head_size()}, kNormGain, kReplicated));
+    }
     units.push_back(std::move(b));
   }
   DecoderUnit norm{"final_norm", {}};

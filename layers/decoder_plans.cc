@@ -44,7 +44,11 @@ std::vector<ScratchBuffer> BackwardScratchPlan(const Geometry& g, int64_t act, i
   if (g.sp) {
     plan.push_back({&BackwardScratch::dfull, g.rows * g.d * act});
     plan.push_back({&BackwardScratch::dloc, g.rows_l * g.d * act});
-    plan.push_back({&BackwardScratch::norm, 4 * g.d * grad});
+  }
+  // [Note: per-head norms under tensor parallelism]
+  if (g.sp || QkNormGradsSummed(g)) {
+    const int64_t qk = QkNormGradsSummed(g) ? 2 * int64_t{g.hs} : 0;
+    plan.push_back({&BackwardScratch::norm, (QkNormGradOffset(g) + qk) * grad});
   }
   return plan;
 }
@@ -61,7 +65,7 @@ std::vector<ScratchBuffer> BlockBackwardScratchPlan(const Geometry& g, int64_t a
 }
 
 bool QkvFusedInLayout(const Geometry& g, int64_t alignment) {
-  if (g.f.qkv != QkvKind::kRotary) return false;
+  if (g.f.qkv != QkvKind::kRotary || g.f.qk_norm) return false;
   const int64_t q = int64_t{g.h_l} * g.hs, kv = int64_t{g.kv_l} * g.hs;
   auto whole = [alignment](int64_t elements) { return elements % alignment == 0; };
   // Q's and K's tensors end where the next begins (V's end is not another's start).
@@ -91,6 +95,10 @@ std::vector<BlockActBuffer> BlockActPlan(const Geometry& g, int64_t act, int64_t
   add(&BlockActs::ln1, rows * d * act);  // every row: the input of column layers
   if (mean) add(&BlockActs::ln1_mean, rows_l * stat);
   add(&BlockActs::ln1_rstd, rows_l * stat);
+  if (g.f.qk_norm) {  // q's and k's heads before their norms, and each head's rstd
+    add(&BlockActs::qk_pre, rows * (g.h_l + g.kv_l) * g.hs * act);
+    add(&BlockActs::qk_rstd, rows * (g.h_l + g.kv_l) * stat);
+  }
   add(&BlockActs::qkv, rows * QkvCols(g) * act);  // kRotary: after the rotation
   add(&BlockActs::atty, rows * g.d_l * act);
   // What the kernels' attention keeps for its backward (the CPU: a log-sum-exp per query).

@@ -27,9 +27,12 @@ namespace zerort::decoder {
 // output), att (its probabilities or log-sum-exps), res2 (the residual after attention), mlp_in
 // (the MLP's first projection before its activation: GPT-2's fc; SwiGLU's gate and up side by
 // side, ModelKernels::SwiGlu's layouts) and mlp_act (the activation's output: GELU(mlp_in) or
-// SiLU(gate) x up), the down projection's input.
+// SiLU(gate) x up), the down projection's input; with qk_norm (Qwen3's) qk_pre, q and k before
+// their per-head norms ([rows, (h_l + kv_l) hs]: every query head's, then every key head's), and
+// qk_rstd, each head's rstd ([rows h_l] then [rows kv_l]).
 struct BlockActs {
-  Buffer ln1, ln1_mean, ln1_rstd, qkv, atty, att, res2, ln2, ln2_mean, ln2_rstd, mlp_in, mlp_act;
+  Buffer ln1, ln1_mean, ln1_rstd, qk_pre, qk_rstd, qkv, atty, att, res2, ln2, ln2_mean, ln2_rstd,
+      mlp_in, mlp_act;
 };
 
 // The sizes one rank works with in a pass: t tensor-parallel ranks, this one r.
@@ -75,8 +78,19 @@ struct BackwardScratch {
   Buffer dloc;   // [rows_l, d]: dbtc reduce-scattered (sequence parallelism)
   Buffer d4a;    // [rows, 4d / tp] (GPT-2)
   Buffer d4b;    // [rows, 4d / tp] (GPT-2)
-  Buffer norm;   // [4d] grad dtype: LayerNorm weight gradients of this rank's rows (SP)
+  // [4d] grad dtype: the norms' weight gradients of this rank's rows (SP); with QkNormGradsSummed,
+  // then q_norm's and k_norm's [2 hs] (from QkNormGradOffset).
+  Buffer norm;
 };
+
+// [Note: per-head norms under tensor parallelism] Qwen3's q_norm and k_norm (qk_norm) are one
+// [hs] gain each, replicated over the tensor-parallel group, and every head applies it: a rank's
+// gradient of it is its own heads' part. So under tensor parallelism the block's backward writes
+// those parts into BackwardScratch::norm from QkNormGradOffset, all-reduces them over the group
+// and adds the sums to the gains' gradients (every rank then holds the same whole gradient, as a
+// replicated parameter must); on one rank they go to the gradients directly.
+inline bool QkNormGradsSummed(const Geometry& g) { return g.f.qk_norm && g.t > 1; }
+inline int64_t QkNormGradOffset(const Geometry& g) { return 4 * int64_t{g.d}; }
 
 // [Note: the backward's scratch] What a micro-batch's backward allocates when it begins, in order,
 // with each buffer's bytes (d4a and d4b follow at the first block's backward): the table

@@ -1,7 +1,8 @@
 // A LLaMA-family block over ModelKernels (decoder_block.h): RMSNorm, Q/K/V projections with grouped
-// key/value heads, rotary embeddings, causal attention, the output projection, RMSNorm, the
-// SwiGLU MLP; under tensor and sequence parallelism through the same transitions as GPT-2's
-// block (NormToColumn, RowToResidual, ReduceColumnInputGrad, NormBackward).
+// key/value heads (with qk_norm, Qwen3's, each head of q and k RMSNorm-ed), rotary embeddings,
+// causal attention, the output projection, RMSNorm, the SwiGLU MLP; under tensor and sequence
+// parallelism through the same transitions as GPT-2's block (NormToColumn, RowToResidual,
+// ReduceColumnInputGrad, NormBackward).
 #include "zerort/layers/decoder_block.h"
 
 namespace zerort::decoder {
@@ -49,8 +50,10 @@ bool Follows(const Slots& tensors, LlamaParam a, LlamaParam b, int64_t elements,
 
 // [Note: a LLaMA block's projections]: whether Q, K and V's weights (and biases, where the block
 // has them) among `tensors` lie back to back, elements of `size` bytes: one [(h_l + 2 kv_l) hs, d]
-// weight whose single GEMM writes qkv's layout.
+// weight whose single GEMM writes qkv's layout. Never with per-head norms (qk_norm), which
+// normalise q and k between the projections and the rotation (QkvFusedInLayout says the same).
 bool QkvContiguous(const Geometry& g, const Slots& tensors, size_t size) {
+  if (g.f.qk_norm) return false;
   const Projections p = Split(g);
   const bool weights = Follows(tensors, kQW, kKW, int64_t{p.q_cols} * g.d, size) &&
                        Follows(tensors, kKW, kVW, int64_t{p.kv_cols} * g.d, size);
@@ -62,6 +65,21 @@ bool QkvContiguous(const Geometry& g, const Slots& tensors, size_t size) {
 bool GateUpContiguous(const Geometry& g, const Slots& tensors, size_t size) {
   const bool weights = Follows(tensors, kGateW, kUpW, int64_t{g.f_l} * g.d, size);
   return weights && (!g.f.mlp_bias || Follows(tensors, kGateB, kUpB, g.f_l, size));
+}
+
+// [Note: per-head norms under tensor parallelism]: this rank's heads' parts of q_norm's and
+// k_norm's gradients (s.norm from QkNormGradOffset) summed over the group, added to the gains'
+// gradients, and zeroed for the next block.
+Status SumQkNormGrads(const Ctx& c, BackwardScratch& s, void* dq_norm, void* dk_norm) {
+  const Geometry& g = c.g;
+  ModelKernels& k = c.k;
+  void* parts = At(s.norm.data(), QkNormGradOffset(g), k.grad_size());
+  ZR_ASSIGN_OR_RETURN(const DType grad, CollectiveDType(k.grad_dtype(), "weight gradients"));
+  ZR_RETURN_IF_ERROR(c.tp.group.comm->AllReduce(parts, parts, 2 * int64_t{g.hs}, grad,
+                                                ReduceOp::kSum, &k.stream()));
+  ZR_RETURN_IF_ERROR(k.AccumulateGrad(dq_norm, parts, g.hs));
+  ZR_RETURN_IF_ERROR(k.AccumulateGrad(dk_norm, At(parts, g.hs, k.grad_size()), g.hs));
+  return FillZero(parts, k.device(), 2 * g.hs * k.grad_size(), &k.stream());
 }
 
 }  // namespace
@@ -90,8 +108,20 @@ Status LlamaBlockForward(const Ctx& c, const std::vector<void*>& params, const v
     void* q = proj.data();
     void* kk = At(proj.data(), p.k, act);
     void* v = At(proj.data(), p.v, act);
-    ZR_RETURN_IF_ERROR(k.Matmul(q, a.ln1.data(), w[kQW], w[kQB], g.rows, g.d, p.q_cols));
-    ZR_RETURN_IF_ERROR(k.Matmul(kk, a.ln1.data(), w[kKW], w[kKB], g.rows, g.d, p.kv_cols));
+    if (g.f.qk_norm) {
+      // Qwen3: q and k projected into qk_pre (saved), each head RMSNorm-ed into the scratch.
+      void* q_pre = a.qk_pre.data();
+      void* k_pre = At(a.qk_pre.data(), p.k, act);
+      ZR_RETURN_IF_ERROR(k.Matmul(q_pre, a.ln1.data(), w[kQW], w[kQB], g.rows, g.d, p.q_cols));
+      ZR_RETURN_IF_ERROR(k.Matmul(k_pre, a.ln1.data(), w[kKW], w[kKB], g.rows, g.d, p.kv_cols));
+      ZR_RETURN_IF_ERROR(
+          k.RmsNorm(q, a.qk_rstd.data(), q_pre, w[kQNorm], g.rows * g.h_l, g.hs, g.eps));
+      ZR_RETURN_IF_ERROR(k.RmsNorm(kk, At(a.qk_rstd.data(), g.rows * g.h_l, k.stat_size()), k_pre,
+                                   w[kKNorm], g.rows * g.kv_l, g.hs, g.eps));
+    } else {
+      ZR_RETURN_IF_ERROR(k.Matmul(q, a.ln1.data(), w[kQW], w[kQB], g.rows, g.d, p.q_cols));
+      ZR_RETURN_IF_ERROR(k.Matmul(kk, a.ln1.data(), w[kKW], w[kKB], g.rows, g.d, p.kv_cols));
+    }
     ZR_RETURN_IF_ERROR(k.Matmul(v, a.ln1.data(), w[kVW], w[kVB], g.rows, g.d, p.kv_cols));
     ZR_RETURN_IF_ERROR(
         k.RopeQkv(a.qkv.data(), q, kk, v, g.batch, g.seq, g.h_l, g.kv_l, g.hs, g.rope));
@@ -174,6 +204,26 @@ Status LlamaBlockBackward(const Ctx& c, const UnitTensors& u, const void* x, con
     ZR_RETURN_IF_ERROR(FillZero(s.d4b.data(), dev, p.v * act + g.rows * p.kv_cols * act, st));
     ZR_RETURN_IF_ERROR(
         k.RopeQkvBackward(dq, dk, dv, s.d4a.data(), g.batch, g.seq, g.h_l, g.kv_l, g.hs, g.rope));
+    if (g.f.qk_norm) {
+      // Back through q's and k's per-head norms into d4a (dqkv, read by the rotation's backward,
+      // is spent); the gains' gradients per [Note: per-head norms under tensor parallelism].
+      void* dq_pre = s.d4a.data();
+      void* dk_pre = At(s.d4a.data(), p.k, act);
+      ZR_RETURN_IF_ERROR(FillZero(s.d4a.data(), dev, p.v * act, st));
+      void* dwq = gr[kQNorm];
+      void* dwk = gr[kKNorm];
+      if (QkNormGradsSummed(g)) {
+        dwq = At(s.norm.data(), QkNormGradOffset(g), k.grad_size());
+        dwk = At(dwq, g.hs, k.grad_size());
+      }
+      ZR_RETURN_IF_ERROR(k.RmsNormBackward(dq_pre, dwq, dq, a.qk_pre.data(), w[kQNorm],
+                                           a.qk_rstd.data(), g.rows * g.h_l, g.hs));
+      ZR_RETURN_IF_ERROR(k.RmsNormBackward(
+          dk_pre, dwk, dk, At(a.qk_pre.data(), p.k, act), w[kKNorm],
+          At(a.qk_rstd.data(), g.rows * g.h_l, k.stat_size()), g.rows * g.kv_l, g.hs));
+      dq = dq_pre;
+      dk = dk_pre;
+    }
     ZR_RETURN_IF_ERROR(k.MatmulBackwardWrite(s.dbtc.data(), gr[kQW], gr[kQB], dq, a.ln1.data(),
                                              w[kQW], g.rows, g.d, p.q_cols));
     ZR_RETURN_IF_ERROR(k.MatmulBackward(s.dbtc.data(), gr[kKW], gr[kKB], dk, a.ln1.data(), w[kKW],
@@ -184,6 +234,9 @@ Status LlamaBlockBackward(const Ctx& c, const UnitTensors& u, const void* x, con
   ZR_ASSIGN_OR_RETURN(const void* dln1, ReduceColumnInputGrad(c, s));
   ZR_RETURN_IF_ERROR(
       NormBackward(c, s, 1, dln1, x, u.params, u.grads, kAttnNorm, nullptr, a.ln1_rstd.data()));
+  if (QkNormGradsSummed(g)) {  // [Note: per-head norms under tensor parallelism]
+    ZR_RETURN_IF_ERROR(SumQkNormGrads(c, s, gr[kQNorm], gr[kKNorm]));
+  }
   return ReduceNormGrads(c, s, {{gr[kMlpNorm], nullptr}, {gr[kAttnNorm], nullptr}});
 }
 

@@ -236,9 +236,9 @@ int main(int argc, char** argv) {
                      "Run two real steps and print estimate against measured, per category");
   estimate->add_option("--model", est.model,
                        "tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-tiny, llama-3-8b, "
-                       "llama-3-70b or qwen2-72b");
+                       "llama-3-70b, qwen2-72b or qwen3-8b");
   estimate->add_option("--hf-config", est.hf_config,
-                       "Shape: a Hugging Face config.json (LLaMA, Mistral, Qwen2, GPT-2)");
+                       "Shape: a Hugging Face config.json (LLaMA, Mistral, Qwen2, Qwen3, GPT-2)");
   estimate->add_option("--tp", est.tp, "Shape: tensor-parallel size")->capture_default_str();
   estimate->add_option("--pp", est.pp, "Shape: pipeline stages (1F1B, pp micro-batches)")
       ->capture_default_str();

@@ -57,6 +57,22 @@ TEST(HfConfigTest, PublishedConfigsGiveThePresetsAndTheirParameterCounts) {
   EXPECT_EQ(*qwen, *DecoderPreset("qwen2-72b"));
   EXPECT_EQ(qwen->NumParameters(), 72'706'203'648);
 
+  // Qwen3-8B's config.json (head_dim 128 = 4096 / 32: unset); 8.2B parameters, 6.95B of them
+  // outside the two embeddings.
+  const StatusOr<DecoderConfig> qwen3 = DecoderConfigFromHuggingFace(nlohmann::json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 12288,
+    "max_position_embeddings": 40960, "max_window_layers": 36, "model_type": "qwen3",
+    "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_sliding_window": false,
+    "vocab_size": 151936})"),
+                                                                     "config.json");
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status();
+  EXPECT_EQ(*qwen3, *DecoderPreset("qwen3-8b"));
+  EXPECT_EQ(qwen3->NumParameters(), 8'190'735'360);
+  EXPECT_EQ(qwen3->NumParameters() - 2 * int64_t{151936} * 4096, 6'946'075'648);
+
   nlohmann::json big = Llama3_8B();
   big["hidden_size"] = 8192;
   big["num_hidden_layers"] = 80;
@@ -284,6 +300,49 @@ TEST(HfConfigTest, DynamicNtkIsReadFromMaxPositionEmbeddings) {
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("rope_scaling.factor is missing"), std::string::npos)
       << c.status();
+}
+
+// Qwen3-0.6B's config.json: q_norm and k_norm (qk_norm), 16 heads of head_dim 128 over a hidden
+// size of 1024 (q_proj [2048, 1024]), 8 key/value heads, tied: 155,582,464 embedding parameters
+// and 28 blocks of 15,730,944 (two norms 2048, q/k/v 4,194,304, o 2,097,152, the MLP 9,437,184,
+// q_norm and k_norm 256) and the final norm: 596,049,920. An absent head_dim is Qwen3's 128.
+TEST(HfConfigTest, Qwen3sPerHeadNormsAreRead) {
+  nlohmann::json qwen3 = nlohmann::json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+    "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+    "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+    "tie_word_embeddings": true, "torch_dtype": "bfloat16", "use_cache": true,
+    "use_sliding_window": false, "vocab_size": 151936})");
+  StatusOr<DecoderConfig> c = DecoderConfigFromHuggingFace(qwen3, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_FALSE(c->qkv_bias || c->o_proj_bias || c->mlp_bias);
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->attention_channels(), 2048);
+  EXPECT_EQ(c->sliding_window, 0);
+  EXPECT_EQ(c->NumParameters(), 596'049'920);
+  StatusOr<std::vector<DecoderUnit>> units = DecoderUnits(*c, 1, 0);
+  ASSERT_TRUE(units.ok()) << units.status();
+  int64_t sum = 0;
+  for (const DecoderUnit& u : *units) {
+    for (const ParamSpec& p : u.params) {
+      sum += p.numel();
+      if (p.name == "blocks.0.attn.q_norm.weight" || p.name == "blocks.0.attn.k_norm.weight") {
+        EXPECT_EQ(p.real_shape(), (Shape{128})) << p.name;
+      }
+    }
+  }
+  EXPECT_EQ(sum, c->NumParameters());
+
+  qwen3.erase("head_dim");  // Qwen3Config's default
+  qwen3["attention_bias"] = true;
+  c = DecoderConfigFromHuggingFace(qwen3, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_TRUE(c->qkv_bias && c->o_proj_bias && !c->mlp_bias);
 }
 
 // Mistral-Nemo: 32 heads of head_dim 128 over a hidden size of 5120, so q_proj is [4096, 5120]

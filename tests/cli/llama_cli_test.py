@@ -323,6 +323,35 @@ r = run("eval", config(os.path.join(work, "dynamic_eval.json"),
         "--checkpoint", "dynamic_run", "--max-windows", "2")
 t.check("dynamic NTK: eval at seq_len 16 (four times the context) reads the checkpoint",
         r.returncode == 0, r.stderr[-400:])
+# Qwen3 (qwen3_tiny's golden model's features): per-head q and k norms with a head_dim of 8 and
+# attention_bias; trains, exports as Qwen3ForCausalLM with q_norm and k_norm tensors of [8] and
+# its head_dim written out (Qwen3's absent head_dim is 128), and a run from the export trains.
+# With an MLP bias (no Qwen3 has one) export is refused naming model.qk_norm.
+qwen3 = dict(model, qk_norm=True, head_dim=8, qkv_bias=True, o_proj_bias=True)
+r1 = run("train", config(os.path.join(work, "qwen3.json"), model=qwen3,
+                         checkpoint={"dir": "qwen3_run", "interval": 4}))
+r2 = run("checkpoint", "export", "qwen3_run", "qwen3_hf")
+qwen3_config, qwen3_tensors = {}, {}
+if r2.returncode == 0:
+    with open(os.path.join(work, "qwen3_hf", "config.json")) as f:
+        qwen3_config = json.load(f)
+    qwen3_tensors = tensors(os.path.join(work, "qwen3_hf"))
+norms = [qwen3_tensors.get(f"model.layers.1.self_attn.{p}_norm.weight", (0, 0))[1] for p in "qk"]
+t.check("qk_norm: trains; exports as Qwen3ForCausalLM with q_norm and k_norm of [8]",
+        (r1.returncode, r2.returncode) == (0, 0) and
+        qwen3_config.get("architectures") == ["Qwen3ForCausalLM"] and
+        qwen3_config.get("model_type") == "qwen3" and qwen3_config.get("head_dim") == 8 and
+        qwen3_config.get("attention_bias") is True and norms == [[8], [8]],
+        (r1.stderr + r2.stderr)[-500:] + json.dumps(qwen3_config) + str(norms))
+r = run("train", config(os.path.join(work, "qwen3_again.json"),
+                        model=dict(qwen3, init_from=os.path.join(work, "qwen3_hf"))))
+t.check("qk_norm: a run from the export trains", r.returncode == 0, r.stderr[-500:])
+r1 = run("train", config(os.path.join(work, "qwen3_mlp.json"), model=dict(qwen3, mlp_bias=True),
+                         checkpoint={"dir": "qwen3_mlp_run", "interval": 4}))
+r2 = run("checkpoint", "export", "qwen3_mlp_run", "qwen3_mlp_hf")
+t.check("qk_norm with an MLP bias: trains, export exit 2 naming model.qk_norm",
+        r1.returncode == 0 and r2.returncode == 2 and "model.qk_norm" in r2.stderr and
+        not os.path.exists(os.path.join(work, "qwen3_mlp_hf")), (r1.stderr + r2.stderr)[-500:])
 # Biases no Hugging Face architecture has (Q/K/V and MLP without O): zerort trains them; export
 # refuses, naming the flags, and writes nothing.
 odd = dict(model, qkv_bias=True, mlp_bias=True)

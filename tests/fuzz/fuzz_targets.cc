@@ -225,7 +225,13 @@ std::vector<std::string> HfConfigSeeds(const std::string&) {
           "rms_norm_eps":1e-06,"rope_theta":1000000.0,"hidden_act":"silu",
           "tie_word_embeddings":true,"use_sliding_window":false,"sliding_window":32768,
           "rope_scaling":{"factor":4.0,"original_max_position_embeddings":32768,"type":"yarn",
-                          "beta_fast":32.0,"attention_factor":null,"mscale":1.0}})"};
+                          "beta_fast":32.0,"attention_factor":null,"mscale":1.0}})",
+      R"({"architectures":["Qwen3ForCausalLM"],"model_type":"qwen3","vocab_size":151936,
+          "hidden_size":1024,"intermediate_size":3072,"num_hidden_layers":28,"head_dim":128,
+          "num_attention_heads":16,"num_key_value_heads":8,"max_position_embeddings":40960,
+          "rms_norm_eps":1e-06,"rope_theta":1000000,"hidden_act":"silu","attention_bias":false,
+          "tie_word_embeddings":true,"use_sliding_window":false,"sliding_window":null,
+          "rope_scaling":{"type":"dynamic","factor":2.0}})"};
 }
 
 // ---- A Hugging Face model directory's weights (model.init_from, checkpoint import) ----

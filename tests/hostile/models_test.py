@@ -105,6 +105,9 @@ for what, model, says in [
         ("mlp_bias a string", {"mlp_bias": "true"}, "model.mlp_bias"),
         ("o_proj_bias on GPT-2", {"arch": "gpt2", "n_kv_head": 0, "intermediate_size": 0,
                                   "o_proj_bias": True}, "model.o_proj_bias is a LLaMA key"),
+        ("qk_norm a string", {"qk_norm": "yes"}, "model.qk_norm"),
+        ("qk_norm on GPT-2", {"arch": "gpt2", "n_kv_head": 0, "intermediate_size": 0,
+                              "qk_norm": True}, "model.qk_norm is a LLaMA key"),
         ("rope_scaling a string", {"rope_scaling": "llama3"}, "model.rope_scaling"),
         ("rope_scaling longrope", {"rope_scaling": {"rope_type": "longrope", "factor": 2}},
          "model.rope_scaling.rope_type = \"longrope\""),
@@ -268,12 +271,17 @@ for what, extra, says in [
          "sliding_window = 1099511627776"),
         ("use_sliding_window a string (Qwen2)", {"model_type": "qwen2",
                                                  "use_sliding_window": "true"},
-         "use_sliding_window = \"true\": not a boolean")]:
+         "use_sliding_window = \"true\": not a boolean"),
+        ("attention_bias a string (Qwen3)", {"model_type": "qwen3", "attention_bias": "no"},
+         "attention_bias = \"no\": not a boolean"),
+        ("head_dim odd (Qwen3)", {"model_type": "qwen3", "head_dim": 7}, "head_dim = 7"),
+        ("Qwen3 with its head_dim left out", {"model_type": "qwen3"}, None)]:
     d = os.path.join(tmp, "hf_" + str(abs(hash(what))))
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(dict(hf_base, **extra), f)
-    if says is None:  # accepted (an empty rope_parameters: no scaling and the default theta)
+    if says is None:  # accepted (an empty rope_parameters: no scaling and the default theta;
+        # Qwen3's default head_dim of 128 over 4 heads of d 32)
         code, err, seconds = run("estimate", "--hf-config", d)
         check(f"config.json: {what}: exit 0", code == 0, f"{code} {err[-300:]}")
         continue

@@ -11,8 +11,8 @@ bands), YaRN's (written from Peng et al. 2023 as transformers 5 parametrises it:
 pairs between beta_fast and beta_slow turns of the original context, and the cosines and sines
 scaled by the attention factor), dynamic NTK's (transformers' _compute_dynamic_ntk_parameters:
 the base raised for a sequence longer than the original context), a head width other than
-d_model / n_head (head_dim), and an output projection that is its own weight unless
-tie_word_embeddings. Fills
+d_model / n_head (head_dim), Qwen3's q_norm and k_norm (each head's q and k RMSNorm-ed before
+the rotation), and an output projection that is its own weight unless tie_word_embeddings. Fills
 the model with random float32 weights, runs one batch in float64, and writes the weights, the
 input, the loss, the logits at a few positions and every parameter's gradient to a JSON file that
 tests/layers/decoder_golden_test.cc reads; zerort's fp32 run must agree to 1e-5 relative.
@@ -22,7 +22,8 @@ Regenerate (Debian: apt-get install python3-torch):
 writes llama_tiny.json (GQA 4:2, untied), qwen2_tiny.json (Q/K/V biases, tied embeddings) and
 llama31_tiny.json (every bias, llama3 rotary scaling, GQA 4:2), qwen2_yarn_tiny.json (Qwen2's
 biases, YaRN scaling, GQA 4:2), llama_hd_tiny.json (a head_dim of 8 over d 16 and 4 heads, the
-attention biases), llama_dynamic_tiny.json (dynamic NTK at twice the original context), or only
+attention biases), llama_dynamic_tiny.json (dynamic NTK at twice the original context),
+qwen3_tiny.json (Qwen3's per-head q and k norms, head_dim 8 over d 16, attention_bias), or only
 the variants named, and
 llama_tiny_hf/ and llama31_tiny_hf/: the same weights as Hugging Face model directories
 (config.json, two safetensors shards and model.safetensors.index.json, Hugging Face's
@@ -72,6 +73,11 @@ VARIANTS = {
     # Dynamic NTK at a seq_len of twice the original context (transformers' max_position_embeddings,
     # zerort's original_max_position_embeddings): the base 1000 x (2 x 8 / 4 - 1)^(8 / 6), about
     # 4327, for every pair but the first (whose frequency is 1 at any base).
+    # Qwen3 (Qwen3-0.6B's shape in small: head_dim 8 over d 16, so q is 32 wide; tied): q and k
+    # RMSNorm-ed per head before the rotation (q_norm, k_norm), with attention_bias's four biases.
+    "qwen3_tiny": dict(n_layer=2, n_head=4, n_kv_head=2, head_dim=8, d_model=16, seq_len=8,
+                       vocab_size=23, intermediate_size=24, rope_theta=10000.0, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True, qkv_bias=True, o_proj_bias=True, qk_norm=True),
     "llama_dynamic_tiny": dict(n_layer=2, n_head=4, n_kv_head=2, d_model=32, seq_len=8,
                                vocab_size=23, intermediate_size=20, rope_theta=1000.0,
                                rms_norm_eps=1e-5, tie_word_embeddings=False, qkv_bias=False,
@@ -171,11 +177,19 @@ class Block(nn.Module):
         self.gate = nn.Linear(d, f, bias=mlp_bias)
         self.up = nn.Linear(d, f, bias=mlp_bias)
         self.down = nn.Linear(f, d, bias=mlp_bias)
+        # Qwen3's q_norm and k_norm: an RMSNorm over each head's channels, one gain for all.
+        self.q_norm = self.k_norm = None
+        if c.get("qk_norm"):
+            self.q_norm = RMSNorm(self.hs, c["rms_norm_eps"])
+            self.k_norm = RMSNorm(self.hs, c["rms_norm_eps"])
 
     def attention(self, x):
         b, t, _ = x.shape
-        q = self.q(x).view(b, t, self.h, self.hs).transpose(1, 2)
-        k = self.k(x).view(b, t, self.kv, self.hs).transpose(1, 2)
+        q = self.q(x).view(b, t, self.h, self.hs)
+        k = self.k(x).view(b, t, self.kv, self.hs)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v(x).view(b, t, self.kv, self.hs).transpose(1, 2)
         q, k = rope(q, self.theta, self.scaling), rope(k, self.theta, self.scaling)
         rep = self.h // self.kv
@@ -231,6 +245,9 @@ class Llama(nn.Module):
             if b.gate.bias is not None:
                 out += [(p + "mlp.gate.bias", b.gate.bias), (p + "mlp.up.bias", b.up.bias),
                         (p + "mlp.down.bias", b.down.bias)]
+            if b.q_norm is not None:
+                out += [(p + "attn.q_norm.weight", b.q_norm.weight),
+                        (p + "attn.k_norm.weight", b.k_norm.weight)]
         out.append(("norm.weight", self.norm.weight))
         if self.lm_head is not None:
             out.append(("lm_head.weight", self.lm_head.weight))
@@ -239,7 +256,8 @@ class Llama(nn.Module):
 
 HF_NAMES = {"wte": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
             "lm_head.weight": "lm_head.weight"}
-HF_PARTS = [("attn_norm.", "input_layernorm."), ("attn.q.", "self_attn.q_proj."),
+HF_PARTS = [("attn_norm.", "input_layernorm."), ("attn.q_norm.", "self_attn.q_norm."),
+            ("attn.k_norm.", "self_attn.k_norm."), ("attn.q.", "self_attn.q_proj."),
             ("attn.k.", "self_attn.k_proj."), ("attn.v.", "self_attn.v_proj."),
             ("attn.o.", "self_attn.o_proj."), ("mlp_norm.", "post_attention_layernorm."),
             ("mlp.gate.", "mlp.gate_proj."), ("mlp.up.", "mlp.up_proj."),
