@@ -6,7 +6,8 @@ covers ZeRO 0-3 with prefetch and reuse-distance keeps, unit-sized buckets, no o
 accumulation, bf16 and fp16, AdamW and LAMB on the device and host tiers, parameter and optimizer
 offload to host memory (also with the gradients summed on the device) and NVMe, activation
 checkpointing, the flash attention at head size 64
-(bf16, fp16) and LLaMA (grouped-query, fp32 and bf16); with an MPI launcher, two ranks on
+(bf16, fp16), LLaMA (grouped-query, fp32 and bf16) and Qwen3 (per-head q/k norms, a wide
+head_dim, dynamic NTK; fp32 and bf16); with an MPI launcher, two ranks on
 one GPU against two CPU ranks (also LLaMA in bf16, ZeRO++'s qwZ and qgZ, 1-bit Adam and 0/1
 Adam). Without a usable GPU it exits 77, which ctest reports as skipped.
 Usage: cuda_parity_test.py PATH_TO_ZERORT [MPIEXEC]"""
@@ -120,7 +121,20 @@ CASES = [
                                        "model": {"arch": "llama", "n_head": 4, "n_kv_head": 2,
                                                  "d_model": 256, "intermediate_size": 688,
                                                  "seq_len": 80}}),
+    # Qwen3: each query and key head RMSNorm-ed before the rotation (qk_norm), a head_dim wider
+    # than d_model / n_head (4 heads of 32 over d 64), attention_bias's four biases, and dynamic
+    # NTK past half the sequence (seq_len 32 over an original context of 16); in fp32, and in bf16
+    # at head size 64 through flash attention.
+    ("qwen3-qk-norm", 1, FP32, {"model": {
+        "arch": "llama", "n_head": 4, "n_kv_head": 2, "d_model": 64, "head_dim": 32,
+        "intermediate_size": 176, "qk_norm": True, "qkv_bias": True, "o_proj_bias": True,
+        "rope_scaling": {"rope_type": "dynamic", "factor": 2,
+                         "original_max_position_embeddings": 16}}}),
+    ("qwen3-qk-norm-bf16-flash", 1, BF16_FLASH, {"bf16": {"enabled": True}, "model": {
+        "arch": "llama", "n_head": 4, "n_kv_head": 2, "d_model": 128, "head_dim": 64,
+        "intermediate_size": 352, "qk_norm": True, "seq_len": 80}}),
 ]
+FLASH_CASES.add("qwen3-qk-norm-bf16-flash")
 # cuDNN's attention (model.attention_backend cudnn), where the build has it: it rounds P and dS for
 # its tensor-core products as FlashAttention-2 does, so the flash cases' tolerances; the CPU runs
 # its flash kernels for the same config.
