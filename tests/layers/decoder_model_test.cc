@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -19,6 +20,18 @@ namespace {
 using testing::DecoderRunConfig;
 using testing::TestBatch;
 using testing::TinyGpt;
+
+// `llama` with Qwen3's features: q and k RMSNorm-ed per head, heads twice d / n_head wide, the
+// attention biases, and dynamic NTK at twice the original context.
+DecoderConfig TinyQwen3(DecoderConfig llama) {
+  llama.qk_norm = true;
+  llama.head_dim = 2 * llama.d_model / llama.n_head;
+  llama.qkv_bias = llama.o_proj_bias = true;
+  llama.rope_scaling = {.type = RopeType::kDynamic,
+                        .factor = 2,
+                        .original_max_position_embeddings = std::max(1, llama.seq_len / 2)};
+  return llama;
+}
 
 template <typename T>
 struct HostModel {
@@ -157,7 +170,8 @@ TEST(DecoderModelTest, MaskedTargetsAddNeitherLossNorGradient) {
 
 // The LLaMA family: grouped-query attention (4 query heads on 2 key/value heads) with an untied
 // head; multi-query attention (1 key/value head) with Q/K/V biases and the head tied; every bias
-// with LLaMA 3.1's rotary scaling.
+// with LLaMA 3.1's rotary scaling; Qwen3's per-head q/k norms with a head wider than d / n_head
+// and dynamic NTK past the original context.
 TEST(LlamaGradientTest, WholeModelGradientMatchesFiniteDifferences) {
   const DecoderConfig llama{.n_layer = 2,
                             .n_head = 4,
@@ -183,6 +197,7 @@ TEST(LlamaGradientTest, WholeModelGradientMatchesFiniteDifferences) {
                          .high_freq_factor = 4,
                          .original_max_position_embeddings = 16};
   CheckGradients(biased, 0);
+  CheckGradients(TinyQwen3(llama), 3);
 }
 
 TEST(DecoderModelTest, CountsAndPresets) {
@@ -473,18 +488,21 @@ TEST(DecoderModelTest, KernelsOffTheStoresAsynchronousStreamAreRefused) {
                   .ok());
 }
 
-class CheckpointingTest : public ::testing::TestWithParam<bool> {};
-INSTANTIATE_TEST_SUITE_P(Arch, CheckpointingTest, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "llama" : "gpt2"; });
+class CheckpointingTest : public ::testing::TestWithParam<int> {};
+INSTANTIATE_TEST_SUITE_P(Arch, CheckpointingTest, ::testing::Values(0, 1, 2), [](const auto& info) {
+  return info.param == 0 ? "gpt2" : info.param == 1 ? "llama" : "qwen3";
+});
 
-// GPT-2 and the LLaMA family (whose recomputed forward takes its projections' workspace again).
+// GPT-2 and the LLaMA family (whose recomputed forward takes its projections' workspace again),
+// also with Qwen3's per-head norms (whose recomputed forward saves q and k before them again).
 TEST_P(CheckpointingTest, ChangesNoNumberAndSavesMemory) {
   DecoderConfig config{.n_layer = 4, .n_head = 2, .d_model = 16, .seq_len = 16, .vocab_size = 29};
-  if (GetParam()) {
+  if (GetParam() > 0) {
     config = testing::TinyLlama(4);
     config.seq_len = 16;
     config.vocab_size = 29;
   }
+  if (GetParam() == 2) config = TinyQwen3(config);
   HostModel<float> plain(config, 3, false), ckpt(config, 3, true);
   std::vector<int32_t> tokens, targets;
   TestBatch(5, 3, config.seq_len, config.vocab_size, tokens, targets);
