@@ -124,22 +124,38 @@ Status NormBackward(const Ctx& c, BackwardScratch& s, int slot, const void* dout
 }
 
 Status ReduceNormGrads(const Ctx& c, BackwardScratch& s,
-                       std::initializer_list<std::pair<void*, void*>> targets) {
+                       std::initializer_list<std::pair<void*, void*>> targets,
+                       std::pair<void*, void*> qk_norms) {
   const Geometry& g = c.g;
-  if (!g.sp) return absl::OkStatus();
-  const int64_t n = static_cast<int64_t>(targets.size()) * 2 * g.d;
-  ZR_ASSIGN_OR_RETURN(const DType grad, CollectiveDType(c.k.grad_dtype(), "weight gradients"));
-  ZR_RETURN_IF_ERROR(c.tp.group.comm->AllReduce(s.norm.data(), s.norm.data(), n, grad,
-                                                ReduceOp::kSum, &c.k.stream()));
+  // [Note: per-head norms under tensor parallelism]: the q/k gains' parts follow the norms' in
+  // s.norm, so one all-reduce sums both; without sequence parallelism only theirs.
+  const bool rows = g.sp, heads = qk_norms.first != nullptr && QkNormGradsSummed(g);
+  if (!rows && !heads) return absl::OkStatus();
+  const int64_t norms_end = static_cast<int64_t>(targets.size()) * 2 * g.d;
+  ZR_CHECK(!heads || norms_end <= QkNormGradOffset(g));
+  const int64_t begin = rows ? 0 : QkNormGradOffset(g);
+  const int64_t end = heads ? QkNormGradOffset(g) + 2 * int64_t{g.hs} : norms_end;
+  const size_t gsize = c.k.grad_size();
   auto* base = static_cast<std::byte*>(s.norm.data());
-  const size_t vec = static_cast<size_t>(g.d) * c.k.grad_size();
-  size_t i = 0;
-  for (const auto& [dw, db] : targets) {
-    ZR_RETURN_IF_ERROR(c.k.AccumulateGrad(dw, base + (i++) * vec, g.d));
-    if (db != nullptr) ZR_RETURN_IF_ERROR(c.k.AccumulateGrad(db, base + i * vec, g.d));
-    ++i;
+  ZR_ASSIGN_OR_RETURN(const DType grad, CollectiveDType(c.k.grad_dtype(), "weight gradients"));
+  ZR_RETURN_IF_ERROR(c.tp.group.comm->AllReduce(base + begin * gsize, base + begin * gsize,
+                                                end - begin, grad, ReduceOp::kSum, &c.k.stream()));
+  if (rows) {
+    const size_t vec = static_cast<size_t>(g.d) * gsize;
+    size_t i = 0;
+    for (const auto& [dw, db] : targets) {
+      ZR_RETURN_IF_ERROR(c.k.AccumulateGrad(dw, base + (i++) * vec, g.d));
+      if (db != nullptr) ZR_RETURN_IF_ERROR(c.k.AccumulateGrad(db, base + i * vec, g.d));
+      ++i;
+    }
   }
-  return FillZero(s.norm.data(), c.k.device(), s.norm.bytes(), &c.k.stream());
+  if (heads) {
+    std::byte* parts = base + QkNormGradOffset(g) * gsize;
+    ZR_RETURN_IF_ERROR(c.k.AccumulateGrad(qk_norms.first, parts, g.hs));
+    ZR_RETURN_IF_ERROR(c.k.AccumulateGrad(qk_norms.second, parts + g.hs * gsize, g.hs));
+  }
+  return FillZero(base + begin * gsize, c.k.device(), static_cast<size_t>(end - begin) * gsize,
+                  &c.k.stream());
 }
 
 Status BlockBackward(const Ctx& c, const UnitTensors& u, const void* x, const BlockActs& a,

@@ -108,8 +108,11 @@ Status NormBackward(const Ctx& c, BackwardScratch& s, int slot, const void* dout
 
 // Sums the `norms` LayerNorms' gradients in s.norm over the group (one all-reduce) and adds
 // them to the weights' gradients; `targets` lists each norm's weight gradient, bias next to it.
+// `qk_norms`: a Qwen3 block's q_norm and k_norm gradients, whose parts in s.norm the same
+// all-reduce sums ([Note: per-head norms under tensor parallelism]); null for other blocks.
 Status ReduceNormGrads(const Ctx& c, BackwardScratch& s,
-                       std::initializer_list<std::pair<void*, void*>> targets);
+                       std::initializer_list<std::pair<void*, void*>> targets,
+                       std::pair<void*, void*> qk_norms = {nullptr, nullptr});
 
 // A block's backward: dres holds d(out) on entry and d(x) on return (this rank's rows); weight
 // gradients are added.

@@ -86,9 +86,10 @@ struct BackwardScratch {
 // [Note: per-head norms under tensor parallelism] Qwen3's q_norm and k_norm (qk_norm) are one
 // [hs] gain each, replicated over the tensor-parallel group, and every head applies it: a rank's
 // gradient of it is its own heads' part. So under tensor parallelism the block's backward writes
-// those parts into BackwardScratch::norm from QkNormGradOffset, all-reduces them over the group
-// and adds the sums to the gains' gradients (every rank then holds the same whole gradient, as a
-// replicated parameter must); on one rank they go to the gradients directly.
+// those parts into BackwardScratch::norm from QkNormGradOffset, after the norms' own (SP), and
+// ReduceNormGrads all-reduces them over the group with those (one collective) and adds the sums
+// to the gains' gradients (every rank then holds the same whole gradient, as a replicated
+// parameter must); on one rank they go to the gradients directly.
 inline bool QkNormGradsSummed(const Geometry& g) { return g.f.qk_norm && g.t > 1; }
 inline int64_t QkNormGradOffset(const Geometry& g) { return 4 * int64_t{g.d}; }
 

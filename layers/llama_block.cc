@@ -67,21 +67,6 @@ bool GateUpContiguous(const Geometry& g, const Slots& tensors, size_t size) {
   return weights && (!g.f.mlp_bias || Follows(tensors, kGateB, kUpB, g.f_l, size));
 }
 
-// [Note: per-head norms under tensor parallelism]: this rank's heads' parts of q_norm's and
-// k_norm's gradients (s.norm from QkNormGradOffset) summed over the group, added to the gains'
-// gradients, and zeroed for the next block.
-Status SumQkNormGrads(const Ctx& c, BackwardScratch& s, void* dq_norm, void* dk_norm) {
-  const Geometry& g = c.g;
-  ModelKernels& k = c.k;
-  void* parts = At(s.norm.data(), QkNormGradOffset(g), k.grad_size());
-  ZR_ASSIGN_OR_RETURN(const DType grad, CollectiveDType(k.grad_dtype(), "weight gradients"));
-  ZR_RETURN_IF_ERROR(c.tp.group.comm->AllReduce(parts, parts, 2 * int64_t{g.hs}, grad,
-                                                ReduceOp::kSum, &k.stream()));
-  ZR_RETURN_IF_ERROR(k.AccumulateGrad(dq_norm, parts, g.hs));
-  ZR_RETURN_IF_ERROR(k.AccumulateGrad(dk_norm, At(parts, g.hs, k.grad_size()), g.hs));
-  return FillZero(parts, k.device(), 2 * g.hs * k.grad_size(), &k.stream());
-}
-
 }  // namespace
 
 Status LlamaBlockForward(const Ctx& c, const std::vector<void*>& params, const void* x,
@@ -234,10 +219,8 @@ Status LlamaBlockBackward(const Ctx& c, const UnitTensors& u, const void* x, con
   ZR_ASSIGN_OR_RETURN(const void* dln1, ReduceColumnInputGrad(c, s));
   ZR_RETURN_IF_ERROR(
       NormBackward(c, s, 1, dln1, x, u.params, u.grads, kAttnNorm, nullptr, a.ln1_rstd.data()));
-  if (QkNormGradsSummed(g)) {  // [Note: per-head norms under tensor parallelism]
-    ZR_RETURN_IF_ERROR(SumQkNormGrads(c, s, gr[kQNorm], gr[kKNorm]));
-  }
-  return ReduceNormGrads(c, s, {{gr[kMlpNorm], nullptr}, {gr[kAttnNorm], nullptr}});
+  return ReduceNormGrads(c, s, {{gr[kMlpNorm], nullptr}, {gr[kAttnNorm], nullptr}},
+                         {gr[kQNorm], gr[kKNorm]});
 }
 
 }  // namespace zerort::decoder
