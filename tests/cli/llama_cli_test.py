@@ -183,6 +183,17 @@ def kept(c, want):
     return all(c.get(k) == v for k, v in want.items())
 
 
+def train_and_export(name, model_keys):
+    """Trains `model_keys` with a checkpoint in NAME_run and exports it to NAME_hf: the two
+    processes, and the export's config.json and tensors (empty where the export failed)."""
+    r1 = run("train", config(os.path.join(work, name + ".json"), model=model_keys,
+                             checkpoint={"dir": name + "_run", "interval": 4}))
+    r2 = run("checkpoint", "export", name + "_run", name + "_hf")
+    if r2.returncode != 0:
+        return r1, r2, {}, {}
+    return r1, r2, exported_config(name + "_hf"), tensors(os.path.join(work, name + "_hf"))
+
+
 r1 = run("train", config(os.path.join(work, "extra.json"), model={"init_from": extra_dir},
                          checkpoint={"dir": "extra_run", "interval": 2}, train={"steps": 2}))
 r2 = run("train", config(os.path.join(work, "extra.json"), model={"init_from": extra_dir},
@@ -280,14 +291,7 @@ t.check("eval with it: exit 0", r.returncode == 0, r.stderr[-400:])
 yarn = {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 64,
         "beta_fast": 16, "attention_factor": 1.25}
 wide = dict(model, rope_scaling=yarn, head_dim=8)
-r1 = run("train", config(os.path.join(work, "yarn.json"), model=wide,
-                         checkpoint={"dir": "yarn_run", "interval": 4}))
-r2 = run("checkpoint", "export", "yarn_run", "yarn_hf")
-yarn_config, yarn_tensors = {}, {}
-if r2.returncode == 0:
-    with open(os.path.join(work, "yarn_hf", "config.json")) as f:
-        yarn_config = json.load(f)
-    yarn_tensors = tensors(os.path.join(work, "yarn_hf"))
+r1, r2, yarn_config, yarn_tensors = train_and_export("yarn", wide)
 shapes = [yarn_tensors.get(f"model.layers.0.self_attn.{p}_proj.weight", (0, 0))[1] for p in "qo"]
 t.check("yarn and head_dim: trains; export's config.json has rope_scaling and head_dim",
         (r1.returncode, r2.returncode) == (0, 0) and yarn_config.get("rope_scaling") == yarn and
@@ -305,14 +309,7 @@ t.check("yarn and head_dim: a run config without head_dim is refused naming it",
 # context): trains; export writes rope_scaling and the original context as max_position_embeddings
 # (what transformers scales from), and eval runs the checkpoint at a longer seq_len.
 dynamic = {"rope_type": "dynamic", "factor": 2, "original_max_position_embeddings": 4}
-r1 = run("train", config(os.path.join(work, "dynamic.json"),
-                         model=dict(model, rope_scaling=dynamic),
-                         checkpoint={"dir": "dynamic_run", "interval": 4}))
-r2 = run("checkpoint", "export", "dynamic_run", "dynamic_hf")
-dynamic_config = {}
-if r2.returncode == 0:
-    with open(os.path.join(work, "dynamic_hf", "config.json")) as f:
-        dynamic_config = json.load(f)
+r1, r2, dynamic_config, _ = train_and_export("dynamic", dict(model, rope_scaling=dynamic))
 t.check("dynamic NTK: trains; export's config.json has rope_scaling, max_position_embeddings 4",
         (r1.returncode, r2.returncode) == (0, 0) and
         dynamic_config.get("rope_scaling") == dynamic and
@@ -328,14 +325,7 @@ t.check("dynamic NTK: eval at seq_len 16 (four times the context) reads the chec
 # its head_dim written out (Qwen3's absent head_dim is 128), and a run from the export trains.
 # With an MLP bias (no Qwen3 has one) export is refused naming model.qk_norm.
 qwen3 = dict(model, qk_norm=True, head_dim=8, qkv_bias=True, o_proj_bias=True)
-r1 = run("train", config(os.path.join(work, "qwen3.json"), model=qwen3,
-                         checkpoint={"dir": "qwen3_run", "interval": 4}))
-r2 = run("checkpoint", "export", "qwen3_run", "qwen3_hf")
-qwen3_config, qwen3_tensors = {}, {}
-if r2.returncode == 0:
-    with open(os.path.join(work, "qwen3_hf", "config.json")) as f:
-        qwen3_config = json.load(f)
-    qwen3_tensors = tensors(os.path.join(work, "qwen3_hf"))
+r1, r2, qwen3_config, qwen3_tensors = train_and_export("qwen3", qwen3)
 norms = [qwen3_tensors.get(f"model.layers.1.self_attn.{p}_norm.weight", (0, 0))[1] for p in "qk"]
 t.check("qk_norm: trains; exports as Qwen3ForCausalLM with q_norm and k_norm of [8]",
         (r1.returncode, r2.returncode) == (0, 0) and
@@ -346,18 +336,13 @@ t.check("qk_norm: trains; exports as Qwen3ForCausalLM with q_norm and k_norm of 
 r = run("train", config(os.path.join(work, "qwen3_again.json"),
                         model=dict(qwen3, init_from=os.path.join(work, "qwen3_hf"))))
 t.check("qk_norm: a run from the export trains", r.returncode == 0, r.stderr[-500:])
-r1 = run("train", config(os.path.join(work, "qwen3_mlp.json"), model=dict(qwen3, mlp_bias=True),
-                         checkpoint={"dir": "qwen3_mlp_run", "interval": 4}))
-r2 = run("checkpoint", "export", "qwen3_mlp_run", "qwen3_mlp_hf")
+r1, r2, _, _ = train_and_export("qwen3_mlp", dict(qwen3, mlp_bias=True))
 t.check("qk_norm with an MLP bias: trains, export exit 2 naming model.qk_norm",
         r1.returncode == 0 and r2.returncode == 2 and "model.qk_norm" in r2.stderr and
         not os.path.exists(os.path.join(work, "qwen3_mlp_hf")), (r1.stderr + r2.stderr)[-500:])
 # Biases no Hugging Face architecture has (Q/K/V and MLP without O): zerort trains them; export
 # refuses, naming the flags, and writes nothing.
-odd = dict(model, qkv_bias=True, mlp_bias=True)
-r1 = run("train", config(os.path.join(work, "odd.json"), model=odd,
-                         checkpoint={"dir": "odd_run", "interval": 4}))
-r2 = run("checkpoint", "export", "odd_run", "odd_hf")
+r1, r2, _, _ = train_and_export("odd", dict(model, qkv_bias=True, mlp_bias=True))
 t.check("Q/K/V and MLP biases without O's: trains, export exit 2 naming the flags",
         r1.returncode == 0 and r2.returncode == 2 and "model.o_proj_bias" in r2.stderr and
         not os.path.exists(os.path.join(work, "odd_hf")), (r1.stderr + r2.stderr)[-500:])
