@@ -127,7 +127,7 @@ t.check("gpt2 round trip is bitwise", a1 and a1 == a2,
         f"{len(a1)} tensors, differing: {[k for k in a1 if a2.get(k) != a1[k]][:3]}")
 
 # 2. model.init_from: the run starts from the weights (their values are checked bitwise against
-# PyTorch's in hf_config_test; here: the run takes them, not the default initialisation).
+# PyTorch's in hf_weights_test; here: the run takes them, not the default initialisation).
 r = run("train", config(os.path.join(work, "init.json"), model={"init_from": hf_dir}))
 t.check("init_from trains", r.returncode == 0, r.stderr[-800:])
 losses = [float(line.split("loss ")[1].split()[0]) for line in r.stdout.splitlines()
